@@ -1,0 +1,266 @@
+"""Bind checkpoint tensors to canonical slots (export/slots.py) and write the receipt.
+
+Binding is all-or-nothing: every required slot filled by exactly one exact name, every
+tensor of the checkpoint either bound or declared ignorable, every shape and dtype as
+the config says. Any failure is a ``UserError`` naming the slot, the candidates seen
+and the file. The receipt records, for every slot, the key, shard, shape, dtype and
+the sha256 of the raw bytes, and for a draft the target tensors it relies on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specrt.errors import UserError
+from specrt.export import slots as S
+from specrt.export.checkpoint import TensorEntry, TensorReader, scan_folder
+from specrt.export.config import DraftConfig, TargetConfig, load_draft_config, load_target_config
+
+RECEIPT_FORMAT = "specrt-binding-receipt/1"
+
+
+@dataclass(frozen=True)
+class BoundTensor:
+    slot: str
+    entry: TensorEntry
+    sha256: str
+
+    def to_json(self, folder: Path) -> dict[str, Any]:
+        return {
+            "key": self.entry.name,
+            "file": str(self.entry.file.relative_to(folder)) if self.entry.file.is_relative_to(folder) else str(self.entry.file),
+            "shape": list(self.entry.shape),
+            "dtype": self.entry.dtype,
+            "sha256": self.sha256,
+        }
+
+
+@dataclass
+class Bound:
+    """Slots of one checkpoint. ``get(slot)`` returns float32 (floats) or the stored ints/bools."""
+
+    folder: Path
+    slots: dict[str, BoundTensor]
+    reader: TensorReader
+    aliases: dict[str, str] = field(default_factory=dict)  # slot -> slot it is served by (ties)
+
+    def has(self, slot: str) -> bool:
+        return slot in self.slots or slot in self.aliases
+
+    def get(self, slot: str) -> np.ndarray:
+        slot = self.aliases.get(slot, slot)
+        if slot not in self.slots:
+            raise KeyError(slot)
+        return self.reader.array(self.slots[slot].entry)
+
+    def sha(self, slot: str) -> str:
+        return self.slots[self.aliases.get(slot, slot)].sha256
+
+    def table(self) -> dict[str, Any]:
+        out = {s: b.to_json(self.folder) for s, b in self.slots.items()}
+        for s, served_by in self.aliases.items():
+            out[s] = {"tied_to": served_by, "sha256": self.slots[served_by].sha256}
+        return out
+
+
+@dataclass
+class BoundTarget(Bound):
+    config: TargetConfig = None  # type: ignore[assignment]
+
+
+@dataclass
+class BoundDraft(Bound):
+    config: DraftConfig = None  # type: ignore[assignment]
+    target: BoundTarget | None = None
+    aux_layer_ids: tuple[int, ...] = ()
+
+    def get(self, slot: str) -> np.ndarray:
+        # A draft without its own embeddings uses the verifier's (DESIGN.md §1).
+        if slot == "embed" and "embed" not in self.slots:
+            assert self.target is not None
+            return self.target.get("embed")
+        return super().get(slot)
+
+    def has(self, slot: str) -> bool:
+        return super().has(slot) or (slot == "embed" and self.target is not None)
+
+
+def _candidates(missing_names: tuple[str, ...], leftovers: list[str]) -> list[str]:
+    """Leftover keys that share the last two name components with a wanted name: shown in
+    the error message only, never bound (no suffix matching)."""
+    tails = {".".join(n.split(".")[-2:]) for n in missing_names}
+    return sorted(k for k in leftovers if ".".join(k.split(".")[-2:]) in tails)
+
+
+def _bind(
+    folder: Path,
+    entries: dict[str, TensorEntry],
+    rows: list,
+    cfg_decoder,
+    extra_of,  # layer index -> extra dict for shape functions
+    ignorable: tuple[str, ...],
+    num_layers: int,
+    what: str,
+    reader: TensorReader,
+) -> dict[str, BoundTensor]:
+    bound: dict[str, BoundTensor] = {}
+    used: set[str] = set()
+    missing: list[tuple[str, tuple[str, ...]]] = []
+    for slot, names, spec, i in rows:
+        extra = extra_of(i)
+        present = [n for n in names if n in entries]
+        if len(present) > 1:
+            files = ", ".join(f"'{n}' in {entries[n].file.name}" for n in present)
+            raise UserError(f"{folder}: {what} slot '{slot}' is filled by more than one tensor: {files}")
+        if not present:
+            if spec.required(cfg_decoder, extra):
+                missing.append((slot, names))
+            continue
+        e = entries[present[0]]
+        want = tuple(spec.shape(cfg_decoder, extra))
+        if e.shape != want:
+            raise UserError(
+                f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') has shape {list(e.shape)}, the config implies {list(want)}"
+            )
+        if e.dtype not in spec.dtypes:
+            raise UserError(
+                f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') has dtype {e.dtype}, expected one of {', '.join(spec.dtypes)}"
+            )
+        bound[slot] = BoundTensor(slot, e, reader.sha256(e))
+        used.add(e.name)
+    ignore = {t.format(i=i) for t in ignorable for i in range(num_layers)}
+    leftovers = sorted(set(entries) - used - ignore)
+    if missing:
+        slot, names = missing[0]
+        seen = _candidates(names, leftovers)
+        hint = f"; similar tensors present but not declared for it: {', '.join(seen)}" if seen else ""
+        more = f" ({len(missing) - 1} more slots missing)" if len(missing) > 1 else ""
+        raise UserError(
+            f"{folder}: {what} slot '{slot}' is missing: expected one of {', '.join(repr(n) for n in names)}{hint}{more}"
+        )
+    if leftovers:
+        shown = ", ".join(f"'{k}' ({entries[k].file.name})" for k in leftovers[:10])
+        more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
+        raise UserError(f"{folder}: {what} tensors that fill no slot and are not declared ignorable: {shown}{more}")
+    return bound
+
+
+def bind_target(folder: str | Path, allow_pickle: bool = False) -> BoundTarget:
+    folder = Path(folder)
+    cfg = load_target_config(folder)
+    S.check_table(S.TARGET_SLOTS)
+    entries = scan_folder(folder, allow_pickle)
+    d = cfg.decoder
+    rows = S.expand(S.TARGET_SLOTS, d.num_layers)
+    reader = TensorReader()
+    slots = _bind(folder, entries, rows, d, lambda i: {"i": i}, S.TARGET_IGNORABLE, d.num_layers, "target", reader)
+    aliases = {}
+    if d.tie_word_embeddings:
+        if "lm_head" in slots:
+            raise UserError(f"{folder}: config says tie_word_embeddings=true but the checkpoint has its own lm_head "
+                            f"('{slots['lm_head'].entry.name}')")
+        aliases["lm_head"] = "embed"
+    return BoundTarget(folder=folder, slots=slots, reader=reader, aliases=aliases, config=cfg)
+
+
+def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -> tuple[int, ...]:
+    """Target/draft agreement; returns the resolved aux layer ids."""
+    tc = target.config.decoder
+    where = f"{draft_folder}/config.json"
+    th = dc.target_hidden_size or dc.decoder.hidden_size
+    if th != tc.hidden_size:
+        raise UserError(
+            f"{where}: draft was built for a verifier of hidden size {th}, the target {target.folder} has hidden size {tc.hidden_size}"
+        )
+    if dc.decoder.vocab_size != tc.vocab_size:
+        raise UserError(
+            f"{where}: draft was built for a verifier vocabulary of {dc.decoder.vocab_size}, the target has {tc.vocab_size}"
+        )
+    if target.config.architecture not in dc.verifier_architectures:
+        raise UserError(
+            f"{where}: speculators_config.verifier.architectures is {list(dc.verifier_architectures)}, "
+            f"the target is {target.config.architecture}"
+        )
+    aux = dc.resolved_aux_ids(tc.num_layers)
+    bad = [i for i in aux if not 0 <= i < tc.num_layers]
+    if bad:
+        raise UserError(f"{where}: eagle_aux_hidden_state_layer_ids {list(aux)} must lie in [0, {tc.num_layers - 1}] "
+                        f"for a target of {tc.num_layers} layers")
+    if dc.draft_vocab_size > tc.vocab_size:
+        raise UserError(f"{where}: draft_vocab_size {dc.draft_vocab_size} exceeds the target vocabulary {tc.vocab_size}")
+    if dc.kind == "peagle" and not (0 <= dc.mask_token_id < tc.vocab_size):
+        raise UserError(f"{where}: mask_token_id {dc.mask_token_id} is outside the target vocabulary [0, {tc.vocab_size})")
+    if dc.norm_output:
+        raise UserError(f"{where}: norm_output=true is not supported by specrt yet")
+    return aux
+
+
+def _check_vocab_map(draft: BoundDraft) -> None:
+    """d2t maps draft ids into distinct target ids, and t2d marks exactly those."""
+    if "d2t" not in draft.slots:
+        return
+    V = draft.config.decoder.vocab_size
+    d2t = draft.get("d2t")
+    t2d = draft.get("t2d")
+    tgt = np.arange(d2t.shape[0], dtype=np.int64) + d2t
+    f = draft.slots["d2t"].entry.file
+    if tgt.min() < 0 or tgt.max() >= V:
+        k = int(np.argmax((tgt < 0) | (tgt >= V)))
+        raise UserError(f"{f}: d2t maps draft id {k} to target id {int(tgt[k])}, outside [0, {V})")
+    if len(np.unique(tgt)) != len(tgt):
+        raise UserError(f"{f}: d2t maps two draft ids to the same target id")
+    mark = np.zeros(V, dtype=bool)
+    mark[tgt] = True
+    if not np.array_equal(mark, t2d.astype(bool)):
+        raise UserError(f"{f}: t2d disagrees with d2t ({int(t2d.sum())} target ids marked, d2t reaches {len(tgt)})")
+
+
+def bind_draft(folder: str | Path, target: BoundTarget) -> BoundDraft:
+    folder = Path(folder)
+    dc = load_draft_config(folder)
+    aux = _check_agreement(folder, dc, target)
+    S.check_table(S.DRAFT_SLOTS)
+    entries = scan_folder(folder)
+    extra = S.draft_extra(dc, target.config.decoder.hidden_size)
+    rows = S.expand(S.DRAFT_SLOTS, dc.decoder.num_layers)
+    reader = TensorReader()
+    slots = _bind(folder, entries, rows, dc.decoder, lambda i: {**extra, "i": i}, S.DRAFT_IGNORABLE,
+                  dc.decoder.num_layers, "draft", reader)
+    draft = BoundDraft(folder=folder, slots=slots, reader=reader, config=dc, target=target, aux_layer_ids=aux)
+    if "embed" not in slots and target.config.decoder.hidden_size != dc.decoder.hidden_size:
+        raise UserError(f"{folder}: draft has no embed_tokens.weight and its width {dc.decoder.hidden_size} differs "
+                        f"from the target's {target.config.decoder.hidden_size}, so the target's cannot serve")
+    _check_vocab_map(draft)
+    return draft
+
+
+def _canonical_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, Any]:
+    """The binding receipt: JSON-ready; ``receipt_id`` hashes everything else in it."""
+    r: dict[str, Any] = {
+        "format": RECEIPT_FORMAT,
+        "target": {"folder": str(target.folder), "config": target.config.to_json(), "slots": target.table()},
+    }
+    if draft is not None:
+        relies = {"final_norm": target.sha("final_norm"), "lm_head": target.sha("lm_head")}
+        if "embed" not in draft.slots:
+            relies["embed"] = target.sha("embed")
+        r["draft"] = {
+            "folder": str(draft.folder),
+            "config": draft.config.to_json(),
+            "aux_layer_ids": list(draft.aux_layer_ids),
+            "embed_from_target": "embed" not in draft.slots,
+            "slots": draft.table(),
+            "relies_on_target": relies,
+        }
+    r["receipt_id"] = _canonical_hash(r)
+    return r

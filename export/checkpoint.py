@@ -1,0 +1,218 @@
+"""Reading checkpoint folders: safetensors (single or sharded), pickles only on request.
+
+The safetensors header is parsed here rather than trusted to a library so that every
+malformed input becomes a ``UserError`` naming the file: a short or oversized header,
+bad JSON, offsets outside the file, a dtype or shape that disagrees with the byte
+count. Tensors are read lazily through ``mmap`` and hashed from their raw bytes.
+
+Nothing is ever imported or executed from a checkpoint folder, and ``.bin`` pickles
+are read only when the caller passes ``allow_pickle=True`` (and even then with
+``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specrt.errors import UserError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# A safetensors header larger than this is refused (the format's own reference limit is 100 MB).
+MAX_HEADER = 100 * 1024 * 1024
+
+# safetensors dtype -> (numpy dtype of the stored bytes, bytes per element)
+_DTYPES = {
+    "F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2),
+    "I64": (np.int64, 8), "I32": (np.int32, 4), "I16": (np.int16, 2), "I8": (np.int8, 1),
+    "U8": (np.uint8, 1), "BOOL": (np.bool_, 1),
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives: file, byte range, dtype and shape as the header says."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def _header(path: Path) -> tuple[dict, int]:
+    """Parse and validate a safetensors header; returns (header, data start offset)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise UserError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > MAX_HEADER or 8 + n > size:
+                raise UserError(f"{path}: malformed safetensors header (declares {n} header bytes, file has {size})")
+            text = fh.read(n)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: malformed safetensors header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: malformed safetensors header (expected a JSON object)")
+    return header, 8 + n
+
+
+def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
+    """All tensor entries of one safetensors file, validated against the file size."""
+    header, start = _header(path)
+    size = path.stat().st_size
+    out: dict[str, TensorEntry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor '{name}'"
+        if not isinstance(info, dict):
+            raise UserError(f"{where}: malformed header entry")
+        dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _DTYPES:
+            raise UserError(f"{where}: unsupported dtype {dtype!r} (supported: {', '.join(_DTYPES)})")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise UserError(f"{where}: malformed shape {shape!r}")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+            raise UserError(f"{where}: malformed data_offsets {offs!r}")
+        b, e = offs
+        expect = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
+        if not (0 <= b <= e) or e - b != expect:
+            raise UserError(f"{where}: data_offsets {offs} hold {e - b} bytes, shape {shape} x {dtype} needs {expect}")
+        if start + e > size:
+            raise UserError(f"{where}: data ends at byte {start + e} but the file has {size} bytes (truncated?)")
+        out[name] = TensorEntry(name, path, dtype, tuple(shape), start + b, start + e)
+    return out
+
+
+def _shard_path(folder: Path, index_path: Path, shard: object) -> Path:
+    """A shard named by the index must be a plain file name inside the checkpoint folder."""
+    if not isinstance(shard, str) or not shard or shard in (".", ".."):
+        raise UserError(f"{index_path}: shard name {shard!r} is not a file name")
+    if "/" in shard or "\\" in shard or "\x00" in shard or os.path.isabs(shard):
+        raise UserError(f"{index_path}: shard '{shard}' points outside the checkpoint folder {folder}")
+    p = folder / shard
+    if not p.resolve().is_relative_to(folder.resolve()):
+        raise UserError(f"{index_path}: shard '{shard}' points outside the checkpoint folder {folder}")
+    if not p.is_file():
+        raise UserError(f"{index_path}: shard '{shard}' named in the index is missing from {folder}")
+    return p
+
+
+def scan_folder(folder: Path, allow_pickle: bool = False) -> dict[str, TensorEntry]:
+    """Every tensor of a checkpoint folder: ``model.safetensors``, or an index plus shards."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a checkpoint folder (not a directory)")
+    index = folder / INDEX_NAME
+    single = folder / SINGLE_NAME
+    if index.is_file():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{index}: not valid JSON ({e})") from None
+        wmap = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wmap, dict) or not wmap:
+            raise UserError(f"{index}: expected a non-empty 'weight_map' object")
+        entries: dict[str, TensorEntry] = {}
+        by_shard: dict[str, dict[str, TensorEntry]] = {}
+        for name, shard in wmap.items():
+            if shard not in by_shard:
+                by_shard[shard] = read_safetensors_index(_shard_path(folder, index, shard))
+            if name not in by_shard[shard]:
+                raise UserError(f"{index}: tensor '{name}' is mapped to '{shard}', which does not contain it")
+            entries[name] = by_shard[shard][name]
+        for shard, tensors in by_shard.items():
+            extra = sorted(set(tensors) - set(wmap))
+            if extra:
+                raise UserError(f"{folder / shard}: tensors not listed in {INDEX_NAME}: {', '.join(extra[:8])}")
+        return entries
+    if single.is_file():
+        return read_safetensors_index(single)
+    pickles = [folder / n for n in PICKLE_NAMES if (folder / n).is_file()]
+    if pickles:
+        if not allow_pickle:
+            raise UserError(
+                f"{folder}: only pickle weights ({pickles[0].name}) found; they are not read unless you pass "
+                "--allow-pickle (unpickling can execute code). Convert to safetensors if you can."
+            )
+        return _scan_pickle(folder, pickles[0])
+    raise UserError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} found")
+
+
+def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
+    """Opt-in only: convert a torch pickle to a temporary safetensors file and scan that."""
+    import tempfile
+
+    try:
+        import torch
+        from safetensors.torch import save_file
+    except ImportError:  # pragma: no cover - the export extra brings torch
+        raise UserError("--allow-pickle needs torch: pip install 'specrt[export]'") from None
+    if path.name.endswith(".index.json"):
+        raise UserError(f"{path}: sharded pickle checkpoints are not supported; convert to safetensors")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    tmp = Path(tempfile.mkdtemp(prefix="specrt-pickle-")) / SINGLE_NAME
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+    return read_safetensors_index(tmp)
+
+
+class TensorReader:
+    """Reads tensors lazily from their files through one ``mmap`` per file."""
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, mmap.mmap] = {}
+
+    def _map(self, path: Path) -> mmap.mmap:
+        m = self._maps.get(path)
+        if m is None:
+            with open(path, "rb") as fh:
+                m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[path] = m
+        return m
+
+    def raw(self, e: TensorEntry) -> memoryview:
+        return memoryview(self._map(e.file))[e.begin : e.end]
+
+    def sha256(self, e: TensorEntry) -> str:
+        return hashlib.sha256(self.raw(e)).hexdigest()
+
+    def array(self, e: TensorEntry, as_float32: bool = True) -> np.ndarray:
+        """The tensor as numpy; float dtypes widen to float32 unless ``as_float32=False``."""
+        np_dtype, _ = _DTYPES[e.dtype]
+        a = np.frombuffer(self.raw(e), dtype=np_dtype).reshape(e.shape)
+        if e.dtype == "BF16":
+            # bfloat16 is the high half of a float32.
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+            return a if as_float32 else a
+        if as_float32 and e.dtype in ("F16", "F64"):
+            return a.astype(np.float32)
+        return np.array(a)  # own the memory: the mmap may close
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            try:
+                m.close()
+            except BufferError:  # a view is still alive; the OS reclaims it at exit
+                pass
+        self._maps.clear()

@@ -1,0 +1,352 @@
+"""Normalised model configurations: the one place HF and speculators configs are read.
+
+Every field the rest of specrt uses is read here, explicitly. A missing field is a
+``UserError`` naming the file and key; nothing is inferred from file or folder names
+(STYLE.md conventions 2-3). Only ``config.json`` is read: a ``config.py`` beside it
+(speculators writes one for ``auto_map``) is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specrt.errors import UserError
+
+# Decoder families that share the Llama block (pre-norm, RMSNorm, RoPE, SwiGLU).
+# Differences are declared here as data, not branched on elsewhere.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # model_type: {qk_norm: per-head RMSNorm on q/k (Qwen3), qkv_bias: q/k/v projections carry a bias}
+    "llama": {"qk_norm": False, "qkv_bias": False, "hf_class": "LlamaForCausalLM"},
+    "mistral": {"qk_norm": False, "qkv_bias": False, "hf_class": "MistralForCausalLM"},
+    "qwen2": {"qk_norm": False, "qkv_bias": True, "hf_class": "Qwen2ForCausalLM"},
+    "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM"},
+}
+
+ROPE_TYPES = ("default", "llama3", "linear")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """RoPE parameters; ``inv_freq()`` gives the per-pair frequencies [head_dim/2]."""
+
+    rope_type: str
+    theta: float
+    head_dim: int
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def inv_freq(self):
+        import numpy as np
+
+        d = self.head_dim
+        inv = 1.0 / (self.theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        if self.rope_type == "linear":
+            inv = inv / self.factor
+        elif self.rope_type == "llama3":
+            # Llama 3.1 frequency-dependent scaling (transformers' _compute_llama3_parameters).
+            low_wavelen = self.original_max_position_embeddings / self.low_freq_factor
+            high_wavelen = self.original_max_position_embeddings / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            inv = np.where(medium, smoothed, scaled)
+        return inv.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """A Llama-family decoder stack as specrt needs it (target, or a draft's layer config)."""
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    qk_norm: bool
+    qkv_bias: bool
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    decoder: DecoderConfig
+    architecture: str  # the HF class name in config.json's "architectures"
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "architecture": self.architecture,
+            "eos_token_ids": list(self.eos_token_ids),
+            "bos_token_id": self.bos_token_id,
+            "decoder": self.decoder.to_json(),
+        }
+
+
+DRAFT_TYPES = ("peagle", "eagle3")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """A speculators draft (P-EAGLE or EAGLE-3); field meanings in DESIGN.md §1/§3."""
+
+    kind: str  # "peagle" | "eagle3"
+    decoder: DecoderConfig  # transformer_layer_config; vocab_size is the target vocabulary
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...] | None  # None: the target's default [2, L//2, L-3]
+    mask_token_id: int | None  # P-EAGLE only
+    norm_before_residual: bool
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    speculative_tokens: int
+    verifier_architectures: tuple[str, ...]
+    target_hidden_size: int | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_aux_ids(self, target_layers: int) -> tuple[int, ...]:
+        if self.aux_layer_ids is not None:
+            return self.aux_layer_ids
+        return default_aux_layer_ids(target_layers)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["decoder"] = self.decoder.to_json()
+        return d
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """speculators' default when the config names none (DESIGN.md §2)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"{path}: not found (expected a JSON config file)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
+    return data
+
+
+class _Fields:
+    """Typed access to one JSON object, with errors naming the file and key path."""
+
+    def __init__(self, data: dict[str, Any], where: str):
+        self.data = data
+        self.where = where
+
+    def _get(self, key: str, types: tuple[type, ...], required: bool, default: Any = None):
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise UserError(f"{self.where}: missing required field '{key}'")
+            return default
+        v = self.data[key]
+        # bool is an int subclass: reject it where a number is expected, and vice versa.
+        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+        if not ok:
+            names = "/".join(t.__name__ for t in types)
+            raise UserError(f"{self.where}: field '{key}' must be {names}, found {v!r}")
+        return v
+
+    def int(self, key: str, required: bool = True, default: Any = None, minimum: int | None = 1):
+        v = self._get(key, (int,), required, default)
+        if v is not None and minimum is not None and v < minimum:
+            raise UserError(f"{self.where}: field '{key}' must be >= {minimum}, found {v}")
+        return v
+
+    def float(self, key: str, required: bool = True, default: Any = None):
+        v = self._get(key, (int, float), required, default)
+        return None if v is None else float(v)
+
+    def bool(self, key: str, required: bool = True, default: Any = None):
+        return self._get(key, (bool,), required, default)
+
+    def str(self, key: str, required: bool = True, default: Any = None):
+        return self._get(key, (str,), required, default)
+
+    def dict(self, key: str, required: bool = True) -> "_Fields | None":
+        v = self._get(key, (dict,), required)
+        return None if v is None else _Fields(v, f"{self.where}.{key}")
+
+    def list(self, key: str, required: bool = True):
+        return self._get(key, (list,), required)
+
+
+def _rope(f: _Fields, head_dim: int) -> RopeConfig:
+    # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
+    # "rope_theta" plus an optional "rope_scaling" dict.
+    params = f.dict("rope_parameters", required=False)
+    if params is None:
+        params = f.dict("rope_scaling", required=False)
+        theta = f.float("rope_theta", required=False, default=10000.0)
+    else:
+        theta = params.float("rope_theta", required=False) or f.float("rope_theta")
+    if params is None:
+        return RopeConfig("default", theta, head_dim)
+    rope_type = params.str("rope_type", required=False) or params.str("type", required=False) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise UserError(
+            f"{params.where}: rope_type '{rope_type}' is not supported (supported: {', '.join(ROPE_TYPES)})"
+        )
+    if rope_type == "default":
+        return RopeConfig("default", theta, head_dim)
+    return RopeConfig(
+        rope_type,
+        theta,
+        head_dim,
+        factor=params.float("factor"),
+        low_freq_factor=params.float("low_freq_factor", required=rope_type == "llama3", default=1.0),
+        high_freq_factor=params.float("high_freq_factor", required=rope_type == "llama3", default=4.0),
+        original_max_position_embeddings=params.int(
+            "original_max_position_embeddings", required=rope_type == "llama3", default=8192
+        ),
+    )
+
+
+def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = None) -> DecoderConfig:
+    f = _Fields(data, where)
+    model_type = f.str("model_type")
+    if model_type not in ARCHITECTURES:
+        raise UserError(
+            f"{where}: model_type '{model_type}' is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
+    arch = ARCHITECTURES[model_type]
+    hidden = f.int("hidden_size")
+    heads = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", required=False, default=heads)
+    if heads % kv_heads:
+        raise UserError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    head_dim = f.int("head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise UserError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise UserError(f"{where}: head_dim {head_dim} must be even for RoPE")
+    act = f.str("hidden_act", required=False, default="silu")
+    if act != "silu":
+        raise UserError(f"{where}: hidden_act '{act}' is not supported (expected 'silu')")
+    if f.bool("mlp_bias", required=False, default=False):
+        raise UserError(f"{where}: mlp_bias=true is not supported")
+    qkv_bias = arch["qkv_bias"] or f.bool("attention_bias", required=False, default=False)
+    tie = f.bool("tie_word_embeddings", required=tie_default is None, default=tie_default)
+    return DecoderConfig(
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=f.int("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=f.int("intermediate_size"),
+        vocab_size=f.int("vocab_size"),
+        rms_norm_eps=f.float("rms_norm_eps"),
+        rope=_rope(f, head_dim),
+        tie_word_embeddings=bool(tie),
+        max_position_embeddings=f.int("max_position_embeddings", required=False, default=4096),
+        qk_norm=arch["qk_norm"],
+        qkv_bias=bool(qkv_bias),
+    )
+
+
+def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    vals = v if isinstance(v, list) else [v]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in vals):
+        raise UserError(f"{where}: field '{key}' must be a token id or a list of them, found {v!r}")
+    return tuple(vals)
+
+
+def load_target_config(folder: Path) -> TargetConfig:
+    """Read ``folder/config.json`` (and ``generation_config.json`` for EOS ids when present)."""
+    path = Path(folder) / "config.json"
+    data = read_json(path)
+    f = _Fields(data, str(path))
+    archs = f.list("architectures")
+    if not archs or not all(isinstance(a, str) for a in archs):
+        raise UserError(f"{path}: field 'architectures' must be a non-empty list of class names")
+    # transformers' PretrainedConfig default for tie_word_embeddings is true.
+    decoder = parse_decoder(data, str(path), tie_default=True)
+    expected = ARCHITECTURES[decoder.model_type]["hf_class"]
+    if archs[0] != expected:
+        raise UserError(f"{path}: architectures[0] is '{archs[0]}', expected '{expected}' for model_type '{decoder.model_type}'")
+    eos = _token_ids(data.get("eos_token_id"), str(path), "eos_token_id")
+    gen_path = Path(folder) / "generation_config.json"
+    if gen_path.is_file():
+        gen = read_json(gen_path)
+        eos = _token_ids(gen.get("eos_token_id"), str(gen_path), "eos_token_id") or eos
+    bos = _token_ids(data.get("bos_token_id"), str(path), "bos_token_id")
+    return TargetConfig(decoder=decoder, architecture=archs[0], eos_token_ids=eos, bos_token_id=bos[0] if bos else None)
+
+
+def load_draft_config(folder: Path) -> DraftConfig:
+    """Read a speculators draft's ``config.json`` (never its ``config.py``)."""
+    path = Path(folder) / "config.json"
+    data = read_json(path)
+    f = _Fields(data, str(path))
+    kind = f.str("speculators_model_type")
+    if kind not in DRAFT_TYPES:
+        raise UserError(f"{path}: speculators_model_type '{kind}' is not supported (supported: {', '.join(DRAFT_TYPES)})")
+    layer = f.dict("transformer_layer_config")
+    decoder = parse_decoder(layer.data, layer.where, tie_default=False)
+    spec = f.dict("speculators_config")
+    algorithm = spec.str("algorithm")
+    if algorithm != kind:
+        raise UserError(f"{spec.where}: algorithm '{algorithm}' disagrees with speculators_model_type '{kind}'")
+    methods = spec.list("proposal_methods")
+    if not methods or not isinstance(methods[0], dict):
+        raise UserError(f"{spec.where}: proposal_methods must be a non-empty list of objects")
+    k = _Fields(methods[0], f"{spec.where}.proposal_methods[0]").int("speculative_tokens")
+    verifier = spec.dict("verifier")
+    v_arch = verifier.list("architectures")
+    aux = f.list("eagle_aux_hidden_state_layer_ids", required=False)
+    if aux is not None:
+        if len(aux) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
+            raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 3 layer ids, found {aux!r}")
+        aux = tuple(aux)
+    mask = f.int("mask_token_id", required=kind == "peagle", minimum=0)
+    return DraftConfig(
+        kind=kind,
+        decoder=decoder,
+        draft_vocab_size=f.int("draft_vocab_size"),
+        aux_layer_ids=aux,
+        mask_token_id=mask,
+        norm_before_residual=f.bool("norm_before_residual", required=False, default=False),
+        norm_before_fc=f.bool("norm_before_fc", required=False, default=False),
+        fc_norm=f.bool("fc_norm", required=False, default=False),
+        norm_output=f.bool("norm_output", required=False, default=False),
+        speculative_tokens=k,
+        verifier_architectures=tuple(str(a) for a in v_arch),
+        target_hidden_size=f.int("target_hidden_size", required=False),
+    )

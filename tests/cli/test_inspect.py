@@ -1,0 +1,50 @@
+"""`specrt inspect`: the binding table, JSON receipt, and user errors as exit 1 without traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.cli import main
+
+REF = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
+
+
+def test_inspect_table():
+    r = CliRunner().invoke(main, ["inspect", str(REF / "verifier"), "--draft", str(REF / "draft")])
+    assert r.exit_code == 0, r.output
+    assert "final_norm" in r.output and "model.norm.weight" in r.output and "mask_hidden" in r.output
+    assert "bound 54 slots" in r.output
+
+
+def test_inspect_json():
+    r = CliRunner().invoke(main, ["inspect", str(REF / "verifier"), "--draft", str(REF / "draft"), "--json"])
+    data = json.loads(r.output)
+    assert data["draft"]["aux_layer_ids"] == [1, 2, 3]
+    assert data["target"]["slots"]["final_norm"]["key"] == "model.norm.weight"
+
+
+def test_user_error_exit_1_no_traceback(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    p = subprocess.run([sys.executable, "-m", "specrt.cli", "inspect", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 1
+    assert p.stderr.startswith("error: ") and "config.json: not valid JSON" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_inspect_real_smollm2():
+    from tests.real_model import smollm2_folder
+
+    folder = smollm2_folder()
+    r = CliRunner().invoke(main, ["inspect", str(folder), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    # 30 layers x 9 slots + embed + final norm (lm_head tied to the embeddings)
+    assert len(data["target"]["slots"]) == 30 * 9 + 3
+    assert data["target"]["slots"]["lm_head"] == {"tied_to": "embed", "sha256": data["target"]["slots"]["embed"]["sha256"]}

@@ -1,0 +1,305 @@
+"""Binding: every slot by exact name or declared alias, every failure a clear UserError."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from specrt.errors import UserError
+from specrt.export import slots as S
+from specrt.export.binding import bind_draft, bind_target, receipt
+
+from .conftest import REFERENCE, copy_tree, rewrite, write_eagle3
+
+
+def _state(folder: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "llama_tied", "llama_sharded", "qwen3", "qwen3_tied"])
+def test_binds_transformers_checkpoints(hf_models, name):
+    folder = hf_models[name]
+    t = bind_target(folder)
+    state = _state(folder)
+    d = t.config.decoder
+    # Every tensor of the checkpoint is bound to the slot its transformers name means.
+    np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
+    for i in range(d.num_layers):
+        np.testing.assert_array_equal(t.get(f"layers.{i}.q"), state[f"model.layers.{i}.self_attn.q_proj.weight"])
+        np.testing.assert_array_equal(t.get(f"layers.{i}.attn_norm"), state[f"model.layers.{i}.input_layernorm.weight"])
+        np.testing.assert_array_equal(t.get(f"layers.{i}.mlp_norm"),
+                                      state[f"model.layers.{i}.post_attention_layernorm.weight"])
+    bound_keys = {b.entry.name for b in t.slots.values()}
+    assert bound_keys == set(state)
+    if "tied" in name:
+        assert d.tie_word_embeddings and "lm_head" not in t.slots
+        np.testing.assert_array_equal(t.get("lm_head"), state["model.embed_tokens.weight"])
+    else:
+        np.testing.assert_array_equal(t.get("lm_head"), state["lm_head.weight"])
+    assert d.qk_norm == name.startswith("qwen3")
+    if d.qk_norm:
+        np.testing.assert_array_equal(t.get("layers.2.k_norm"), state["model.layers.2.self_attn.k_norm.weight"])
+    if name == "llama_sharded":
+        assert len({b.entry.file for b in t.slots.values()}) > 1
+
+
+def test_table_has_no_alias_for_two_slots():
+    for table in (S.TARGET_SLOTS, S.DRAFT_SLOTS):
+        owner = S.check_table(table, num_layers=40)
+        assert owner  # every concrete name has exactly one slot
+
+
+def test_table_check_catches_a_shared_alias():
+    bad = S.TARGET_SLOTS + [S.SlotSpec("other_norm", ("model.norm.weight",), lambda c, e: (c.hidden_size,))]
+    with pytest.raises(AssertionError, match="two slots"):
+        S.check_table(bad)
+
+
+def test_no_suffix_matching_in_the_table():
+    # Every name is an exact template: no wildcard beyond the layer index.
+    for table in (S.TARGET_SLOTS, S.DRAFT_SLOTS):
+        for spec in table:
+            for n in spec.names:
+                assert re.fullmatch(r"[A-Za-z0-9_.{}]+", n) and n.replace("{i}", "0").count("{") == 0
+
+
+def test_drift_case_final_norm_under_llm_prefix_binds_through_alias(hf_models, tmp_path):
+    """The historical drift: the final norm lives at model.llm.norm.weight while layer norms end in
+    'layernorm.weight'. It must bind the declared alias, never a layer norm."""
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    state = _state(folder)
+    rename = {k: k.replace("model.", "model.llm.", 1) for k in state if k.startswith("model.")}
+    rewrite(folder, rename=rename)
+    t = bind_target(folder)
+    assert t.slots["final_norm"].entry.name == "model.llm.norm.weight"
+    np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
+    np.testing.assert_array_equal(t.get("layers.3.mlp_norm"), state["model.layers.3.post_attention_layernorm.weight"])
+
+
+def test_drift_case_undeclared_prefix_fails_naming_the_slot(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, rename={"model.norm.weight": "model.decoder.final.norm.weight"})
+    with pytest.raises(UserError) as e:
+        bind_target(folder)
+    msg = str(e.value)
+    assert "slot 'final_norm' is missing" in msg and "model.norm.weight" in msg
+    assert "model.decoder.final.norm.weight" in msg  # shown as a candidate, not bound
+    assert str(folder) in msg
+
+
+def test_two_keys_for_one_slot(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={"model.llm.norm.weight": np.ones(64, np.float32)})
+    with pytest.raises(UserError, match=r"slot 'final_norm' is filled by more than one tensor.*model.norm.weight.*model.llm.norm.weight"):
+        bind_target(folder)
+
+
+def test_leftover_tensors_listed(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={"model.layers.0.self_attn.extra_scale": np.ones(4, np.float32),
+                         "model.layers.1.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    with pytest.raises(UserError) as e:
+        bind_target(folder)
+    assert "model.layers.0.self_attn.extra_scale" in str(e.value)
+    assert "inv_freq" not in str(e.value)  # declared ignorable
+
+
+def test_ignorable_rotary_buffers_are_skipped(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={"model.layers.1.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    assert "layers.1.q" in bind_target(folder).slots
+
+
+def test_shape_disagreeing_with_config(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, change={"model.layers.2.self_attn.k_proj.weight": np.zeros((64, 64), np.float32)})
+    with pytest.raises(UserError, match=r"'model.layers.2.self_attn.k_proj.weight' \(target slot 'layers.2.k'\) has shape \[64, 64\], the config implies \[32, 64\]"):
+        bind_target(folder)
+
+
+def test_dtype_disagreeing(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, change={"model.norm.weight": np.ones(64, np.int64)})
+    with pytest.raises(UserError, match=r"'model.norm.weight' \(target slot 'final_norm'\) has dtype I64"):
+        bind_target(folder)
+
+
+def test_tied_config_with_own_lm_head_refused(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama_tied"], tmp_path / "m")
+    rewrite(folder, add={"lm_head.weight": np.zeros((1000, 64), np.float32)})
+    with pytest.raises(UserError, match="tie_word_embeddings=true"):
+        bind_target(folder)
+
+
+def test_missing_shard(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    shard = sorted(folder.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(UserError, match=f"shard '{shard.name}' named in the index is missing"):
+        bind_target(folder)
+
+
+@pytest.mark.parametrize("hostile", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", ".."])
+def test_shard_outside_folder(hf_models, tmp_path, hostile):
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    (tmp_path / "outside.safetensors").write_bytes((folder / sorted(folder.glob("model-*"))[0].name).read_bytes())
+    idx = folder / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = hostile
+    idx.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="outside the checkpoint folder|not a file name"):
+        bind_target(folder)
+
+
+def test_truncated_file(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    f = folder / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) - 100])
+    with pytest.raises(UserError, match=r"model.safetensors: tensor '.*': data ends at byte \d+ but the file has"):
+        bind_target(folder)
+
+
+def test_pickle_only_without_opt_in(tmp_path):
+    folder = copy_tree(REFERENCE / "verifier", tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(UserError, match="--allow-pickle"):
+        bind_target(folder)
+
+
+def test_pickle_with_opt_in(hf_models, tmp_path):
+    import torch
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    state = _state(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, folder / "pytorch_model.bin")
+    t = bind_target(folder, allow_pickle=True)
+    np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
+
+
+def test_never_imports_config_py(tmp_path):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    (folder / "draft" / "config.py").write_text("raise SystemExit('config.py was executed')\n")
+    t = bind_target(folder / "verifier")
+    bind_draft(folder / "draft", t)  # would exit if config.py were imported
+
+
+# ---- drafts --------------------------------------------------------------------------
+
+
+def test_peagle_reference_binds_with_receipt():
+    t = bind_target(REFERENCE / "verifier")
+    d = bind_draft(REFERENCE / "draft", t)
+    assert d.config.kind == "peagle" and d.config.mask_token_id == 999
+    assert d.aux_layer_ids == (1, 2, 3)
+    assert d.get("mask_hidden").shape == (1, 1, 192) and d.get("fc").shape == (64, 192)
+    r = receipt(t, d)
+    state = load_file(str(REFERENCE / "draft" / "model.safetensors"))
+    assert {v["key"] for v in r["draft"]["slots"].values()} == set(state)
+    assert r["draft"]["relies_on_target"]["final_norm"] == r["target"]["slots"]["final_norm"]["sha256"]
+    assert r["draft"]["relies_on_target"]["lm_head"] == r["target"]["slots"]["lm_head"]["sha256"]
+    # The receipt id hashes the content: changing one weight changes it.
+    assert len(r["receipt_id"]) == 64
+
+
+def test_receipt_changes_with_one_weight(tmp_path):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    t = bind_target(folder / "verifier")
+    before = receipt(t, bind_draft(folder / "draft", t))
+    w = load_file(str(folder / "draft" / "model.safetensors"))["norm.weight"].copy()
+    w[0] += 1
+    rewrite(folder / "draft", change={"norm.weight": w})
+    after = receipt(t, bind_draft(folder / "draft", t))
+    assert before["receipt_id"] != after["receipt_id"]
+    assert before["draft"]["slots"]["final_norm"]["sha256"] != after["draft"]["slots"]["final_norm"]["sha256"]
+
+
+def test_draft_without_embeddings_uses_target(tmp_path):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    rewrite(folder / "draft", drop=("embed_tokens.weight",))
+    t = bind_target(folder / "verifier")
+    d = bind_draft(folder / "draft", t)
+    np.testing.assert_array_equal(d.get("embed"), t.get("embed"))
+    r = receipt(t, d)
+    assert r["draft"]["embed_from_target"] and r["draft"]["relies_on_target"]["embed"] == t.sha("embed")
+
+
+def test_eagle3_reduced_vocab(tmp_path):
+    t = bind_target(REFERENCE / "verifier")
+    d = bind_draft(write_eagle3(tmp_path / "e3"), t)
+    assert d.config.kind == "eagle3" and d.config.draft_vocab_size == 500
+    d2t, t2d = d.get("d2t"), d.get("t2d")
+    assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.sum() == 500
+    assert d.get("lm_head").shape == (500, 64)
+
+
+def test_eagle3_bad_d2t(tmp_path):
+    folder = write_eagle3(tmp_path / "e3")
+    d2t = load_file(str(folder / "model.safetensors"))["d2t"].copy()
+    d2t[-1] = 10_000
+    rewrite(folder, change={"d2t": d2t})
+    with pytest.raises(UserError, match=r"d2t maps draft id 499 to target id \d+, outside \[0, 1000\)"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_eagle3_t2d_disagrees(tmp_path):
+    folder = write_eagle3(tmp_path / "e3")
+    t2d = load_file(str(folder / "model.safetensors"))["t2d"].copy()
+    t2d[np.argmin(t2d)] = True
+    rewrite(folder, change={"t2d": t2d})
+    with pytest.raises(UserError, match="t2d disagrees with d2t"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_draft_for_another_verifier_refused(tmp_path):
+    t = bind_target(REFERENCE / "verifier")
+    folder = write_eagle3(tmp_path / "e3", hidden=96)
+    with pytest.raises(UserError, match="hidden size 96.*hidden size 64"):
+        bind_draft(folder, t)
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    p = folder / "config.json"
+    cfg = json.loads(p.read_text())
+    for k, v in changes.items():
+        node = cfg
+        *path, last = k.split("__")
+        for part in path:
+            node = node[part]
+        node[last] = v
+    p.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}, r"must lie in \[0, 3\]"),
+    ({"mask_token_id": 1000}, r"mask_token_id 1000 is outside the target vocabulary"),
+    ({"transformer_layer_config__vocab_size": 2000}, "vocabulary of 2000, the target has 1000"),
+    ({"speculators_config__verifier__architectures": ["Qwen3ForCausalLM"]}, "the target is LlamaForCausalLM"),
+    ({"speculators_model_type": "medusa"}, "speculators_model_type 'medusa' is not supported"),
+    ({"draft_vocab_size": None}, "missing required field 'draft_vocab_size'"),
+    ({"transformer_layer_config__hidden_size": "64"}, "field 'hidden_size' must be int"),
+])
+def test_draft_config_disagreements(tmp_path, change, message):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    _edit_config(folder / "draft", **change)
+    with pytest.raises(UserError, match=message):
+        bind_draft(folder / "draft", bind_target(folder / "verifier"))
+
+
+def test_draft_layer_shape_checked(tmp_path):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    w = load_file(str(folder / "draft" / "model.safetensors"))["layers.0.self_attn.q_proj.weight"]
+    rewrite(folder / "draft", change={"layers.0.self_attn.q_proj.weight": w[:, :64].copy()})
+    with pytest.raises(UserError, match=r"draft slot 'layers.0.q'\) has shape \[64, 64\], the config implies \[64, 128\]"):
+        bind_draft(folder / "draft", bind_target(folder / "verifier"))
