@@ -72,5 +72,20 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool)
     click.echo(f"bound {n} slots; receipt {r['receipt_id'][:16]}")
 
 
+@main.command()
+@click.argument("target", callback=_existing_dir)
+@click.option("--draft", callback=_existing_dir, help="A speculators draft folder (P-EAGLE or EAGLE-3).")
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Export folder to write.")
+@click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
+@click.option("--force", is_flag=True, help="Replace an existing export folder.")
+@click.option("--allow-pickle", is_flag=True, help="Read pytorch_model.bin pickles (unpickling can run code).")
+def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool) -> None:
+    """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
+    from specrt.export.export import export as run_export
+
+    run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,
+               log=lambda s: click.echo(s, err=True))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,125 @@
+"""``specrt export``: bound weights -> ONNX graphs + ``export.json``, written atomically.
+
+Folder layout (every file hashed in the manifest):
+
+    export.json                 manifest: I/O contracts, dims, receipt, vocab map, hashes
+    target.onnx[.data]          target graph (prefill and verify)
+    draft.onnx[.data]           P-EAGLE one-pass or EAGLE-3 one-step draft graph
+    draft_vocab.safetensors     d2t (int64 [Vd]) when the draft vocabulary is reduced
+    tokenizer.json, tokenizer_config.json, generation_config.json, ... (copied)
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.errors import UserError
+from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, receipt
+from specrt.export.config import default_aux_layer_ids
+from specrt.manifest import EXPORT_FORMAT, EXPORT_MANIFEST, atomic_folder, file_record, tool_versions, write_json
+
+DTYPES = ("float32", "float16", "bfloat16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
+
+
+def _graph_files(folder: Path, stem: str) -> list[dict[str, Any]]:
+    return [file_record(folder, p.name) for p in sorted(folder.glob(f"{stem}.onnx*"))]
+
+
+def _save(model, folder: Path, stem: str) -> list[dict[str, Any]]:
+    from specrt.export.graphs import save_model
+
+    save_model(model, folder / f"{stem}.onnx")
+    return _graph_files(folder, stem)
+
+
+def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
+           allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Export target (and draft) to ``out``; returns the manifest."""
+    from specrt.export import graphs
+
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
+    t0 = time.perf_counter()
+    target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
+    draft: BoundDraft | None = bind_draft(draft_dir, target) if draft_dir is not None else None
+    tc = target.config.decoder
+    aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
+    rec = receipt(target, draft)
+    log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
+
+    with atomic_folder(Path(out), force=force) as tmp:
+        model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)
+        io = C.target_io(tc.num_layers, tc.num_kv_heads, tc.head_dim, tc.vocab_size, tc.hidden_size, dtype)
+        target_files = _save(model, tmp, "target")
+        del model
+        gc.collect()
+        log(f"wrote target graph ({time.perf_counter() - t0:.1f} s)")
+        graphs_json: dict[str, Any] = {"target": {"io": io.to_json(), "files": target_files}}
+        draft_json = None
+        if draft is not None:
+            dc = draft.config
+            if dc.kind == "peagle":
+                model = graphs.build_peagle_graph(dc, draft.get, dtype=dtype)
+                dio = C.peagle_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
+                                  dc.draft_vocab_size, tc.hidden_size, dtype)
+            else:
+                model = graphs.build_eagle3_graph(dc, draft.get, dtype=dtype)
+                dio = C.eagle3_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
+                                  dc.draft_vocab_size, dc.decoder.hidden_size, tc.hidden_size, dtype)
+            graphs_json["draft"] = {"io": dio.to_json(), "files": _save(model, tmp, "draft")}
+            del model
+            vocab_file = None
+            if draft.has("d2t") and "d2t" in draft.slots:
+                from safetensors.numpy import save_file
+
+                save_file({"d2t": np.ascontiguousarray(draft.get("d2t"))}, str(tmp / "draft_vocab.safetensors"))
+                vocab_file = file_record(tmp, "draft_vocab.safetensors")
+            draft_json = {
+                "kind": dc.kind,
+                "num_layers": dc.decoder.num_layers,
+                "hidden_size": dc.decoder.hidden_size,
+                "num_kv_heads": dc.decoder.num_kv_heads,
+                "head_dim": dc.decoder.head_dim,
+                "draft_vocab_size": dc.draft_vocab_size,
+                "speculative_tokens": dc.speculative_tokens,
+                "mask_token_id": dc.mask_token_id,
+                "vocab_map": vocab_file,
+            }
+            log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")
+        tok = []
+        for n in TOKENIZER_FILES:
+            if (Path(target_dir) / n).is_file():
+                shutil.copyfile(Path(target_dir) / n, tmp / n)
+                tok.append(file_record(tmp, n))
+        manifest = {
+            "format": EXPORT_FORMAT,
+            "dtype": dtype,
+            "target": {
+                "num_layers": tc.num_layers,
+                "hidden_size": tc.hidden_size,
+                "num_kv_heads": tc.num_kv_heads,
+                "head_dim": tc.head_dim,
+                "vocab_size": tc.vocab_size,
+                "max_position_embeddings": tc.max_position_embeddings,
+                "aux_layer_ids": list(aux),
+                "eos_token_ids": list(target.config.eos_token_ids),
+                "bos_token_id": target.config.bos_token_id,
+            },
+            "draft": draft_json,
+            "graphs": graphs_json,
+            "tokenizer": tok,
+            "binding_receipt": rec,
+            "tool_versions": tool_versions(),
+        }
+        write_json(tmp / EXPORT_MANIFEST, manifest)
+    log(f"export complete: {out} ({time.perf_counter() - t0:.1f} s)")
+    return manifest

@@ -1,0 +1,242 @@
+"""The draft / verify loop (batch 1). Rules in DESIGN.md §3-§4; KV contract in contracts.py.
+
+Invariants between rounds, with x the token sequence so far (prompt + emitted):
+
+    target KV holds positions [0, n)      n = len(x) - 1: x[-1] is emitted but not yet fed
+    draft KV holds real slots  [0, m)     m = n after every draft pass
+    pending real slots         [m, n)     slot t carries token x[t+1] and the target's aux h_t
+
+A round: (1) the draft consumes the pending real slots and proposes K tokens (P-EAGLE:
+one pass with K-1 mask slots; EAGLE-3: K sequential steps whose speculative rows are
+rolled back); (2) the governor picks the verify depth d <= K; (3) the target scores
+[x[-1], d_1 .. d_d] at positions n .. n+d; (4) the verify rule accepts a drafts and
+emits a + 1 tokens; the target commits a + 1 KV rows and those rows become the next
+pending slots. Rejected rows are never committed, so rollback costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.errors import InternalError, UserError
+
+from .kvcache import KVCache
+from .sampling import SamplingParams, make_rng, probs, sample
+from .telemetry import RoundResult, Telemetry
+from .verify import one_hot, scatter_draft_probs, verify_greedy, verify_sampling
+
+
+class Runner(Protocol):
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class Engines(Protocol):
+    """What the loop needs of an engine set (engines/ provides it; tests may adapt sessions)."""
+
+    export: dict  # the export manifest (export.json)
+    max_context: int  # positions the KV caches hold
+
+    def target(self, new_tokens: int) -> Runner: ...  # a runner specialised for S = new_tokens if built
+
+    def draft(self) -> Runner | None: ...
+
+
+@dataclass
+class Finished:
+    reason: str  # "eos" | "length" | "context" | "stop"
+
+
+def _softmax_max(logits: np.ndarray) -> np.ndarray:
+    """Per row, the probability of the most likely token: the draft's confidence [K]."""
+    x = logits.astype(np.float32)
+    m = x.max(-1, keepdims=True)
+    return 1.0 / np.exp(x - m).sum(-1)
+
+
+class Generator:
+    """Speculative generation over one engine set. ``stream`` yields lists of new token ids."""
+
+    def __init__(self, engines: Engines, governor, params: SamplingParams = SamplingParams(),
+                 d2t: np.ndarray | None = None):
+        self.e = engines
+        self.governor = governor
+        self.params = params
+        m = engines.export
+        t, d = m["target"], m.get("draft")
+        dtype = np.float16 if m["dtype"] == "float16" else np.float32
+        self.vocab = t["vocab_size"]
+        self.tkv = KVCache(t["num_layers"], t["num_kv_heads"], t["head_dim"], engines.max_context, dtype)
+        self.draft_kind = d["kind"] if d else None
+        self.dkv = KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], engines.max_context + 16, dtype) if d else None
+        self.mask_id = d["mask_token_id"] if d else None
+        self.hidden = d["hidden_size"] if d else 0
+        self.aux_width = 3 * t["hidden_size"]
+        self.dtype = dtype
+        self.d2t = d2t
+        self.telemetry = Telemetry()
+        self.finished: Finished | None = None
+
+    # ---- engines --------------------------------------------------------------------
+
+    def _run(self, runner: Runner, feeds: dict, what: str) -> tuple[dict, float]:
+        t0 = time.perf_counter()
+        out = runner.infer(feeds)
+        return out, time.perf_counter() - t0
+
+    def _target(self, tokens, start: int) -> tuple[dict, float]:
+        """Score ``tokens`` at positions start.. on top of the committed target KV."""
+        s = len(tokens)
+        feeds = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None],
+                 C.POSITION_IDS: np.arange(start, start + s, dtype=np.int64)[None],
+                 **self.tkv.past_feeds()}
+        return self._run(self.e.target(s), feeds, "target")
+
+    def _pick(self, logits: np.ndarray, rng) -> int:
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        return sample(probs(logits[None], self.params)[0], rng)
+
+    # ---- drafting -------------------------------------------------------------------
+
+    def _draft_tokens(self, logits: np.ndarray, ids: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray | None]:
+        """Draft tokens (target ids) and, when sampling, their distributions q [K, V]."""
+        if self.params.greedy:
+            return ids.astype(np.int64), None
+        qd = probs(logits, self.params, engine="draft")  # [K, Vd]
+        picks = np.array([sample(row, rng) for row in qd], np.int64)
+        q = scatter_draft_probs(qd, self.d2t, self.vocab)
+        tgt = picks + (self.d2t[picks] if self.d2t is not None else 0)
+        return tgt, q
+
+    def _draft_peagle(self, pending_tok, pending_aux, start: int, k: int, rng):
+        a, m = len(pending_tok), k - 1
+        feeds = {C.INPUT_IDS: np.asarray(list(pending_tok) + [self.mask_id] * m, np.int64)[None],
+                 C.POSITION_IDS: np.arange(start, start + a + m, dtype=np.int64)[None],
+                 C.DRAFT_AUX_IN: np.ascontiguousarray(pending_aux[None], dtype=self.dtype),
+                 **self.dkv.past_feeds()}
+        out, dt = self._run(self.e.draft(), feeds, "draft")
+        self.dkv.commit(out, a)  # real slots persist; mask slots are per-round scratch
+        logits = out[C.DRAFT_LOGITS][0]  # [K, Vd]
+        drafts, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0], rng)
+        return drafts, q, _softmax_max(logits), dt
+
+    def _draft_eagle3(self, pending_tok, pending_aux, start: int, k: int, rng):
+        """k sequential steps; step j+1 feeds step j's token (sampled when sampling) and its
+        pre-norm hidden as g. Speculative draft-KV rows are rolled back afterwards."""
+        runner, total = self.e.draft(), 0.0
+        feeds = {C.INPUT_IDS: np.asarray(pending_tok, np.int64)[None],
+                 C.POSITION_IDS: np.arange(start, start + len(pending_tok), dtype=np.int64)[None],
+                 C.DRAFT_AUX_IN: np.ascontiguousarray(pending_aux[None], dtype=self.dtype),
+                 C.DRAFT_PREV_HIDDEN: np.zeros((1, 0, self.hidden), self.dtype)}
+        real = self.dkv.length + len(pending_tok)
+        drafts, qs, confs = np.zeros(k, np.int64), [], np.zeros(k, np.float32)
+        for j in range(k):
+            out, dt = self._run(runner, {**feeds, **self.dkv.past_feeds()}, "draft")
+            total += dt
+            self.dkv.commit(out, feeds[C.INPUT_IDS].shape[1])
+            logits = out[C.DRAFT_LOGITS][0, -1:]  # [1, Vd]
+            tok, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0, -1:], rng)
+            drafts[j], confs[j] = tok[0], _softmax_max(logits)[0]
+            if q is not None:
+                qs.append(q[0])
+            pos = int(feeds[C.POSITION_IDS][0, -1]) + 1
+            # the next step's token is this draft, in draft-graph (target) ids
+            feeds = {C.INPUT_IDS: drafts[j : j + 1][None], C.POSITION_IDS: np.array([[pos]], np.int64),
+                     C.DRAFT_AUX_IN: np.zeros((1, 0, self.aux_width), self.dtype),
+                     C.DRAFT_PREV_HIDDEN: np.ascontiguousarray(out[C.DRAFT_HIDDEN_OUT][:, -1:])}
+        self.dkv.rollback(real)  # speculative rows go; the real slots stay
+        return drafts, (np.stack(qs) if qs else None), confs, total
+
+    # ---- the loop -------------------------------------------------------------------
+
+    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> Iterator[list[int]]:
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise UserError("the prompt is empty")
+        bad = [i for i in prompt if not 0 <= i < self.vocab]
+        if bad:
+            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        if max_new_tokens < 1:
+            raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1")
+        if len(prompt) + 1 > self.e.max_context:
+            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
+        eos = set(int(e) for e in eos_ids)
+        rng = make_rng(self.params.seed)
+        tel = self.telemetry = Telemetry()
+        self.tkv.reset()
+        if self.dkv is not None:
+            self.dkv.reset()
+        t_start = time.perf_counter()
+        emitted = 0
+        try:
+            out, dt = self._target(prompt, 0)
+            tel.engine_time("prefill", dt)
+            self.tkv.commit(out, len(prompt))
+            first = self._pick(out[C.LOGITS][0, -1], rng)
+            x = prompt + [first]
+            pend_tok, pend_aux, pend_start = x[1:], out[C.AUX_HIDDEN][0], 0
+            emitted = 1
+            yield [first]
+            if first in eos:
+                self.finished = Finished("eos")
+                return
+            use_draft = self.dkv is not None and self.governor.draft_length() > 0
+            while emitted < max_new_tokens:
+                n = self.tkv.length
+                room = self.e.max_context - n - 1  # drafts that still fit after x[-1]
+                if room < 0:
+                    self.finished = Finished("context")
+                    return
+                t_round = time.perf_counter()
+                drafts, q, conf, t_draft = np.zeros(0, np.int64), None, None, 0.0
+                if use_draft:
+                    k = self.governor.draft_length()
+                    if self.dkv.length != pend_start:
+                        raise InternalError(f"draft KV at {self.dkv.length}, pending slots start at {pend_start}")
+                    fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
+                    drafts, q, conf, t_draft = fn(pend_tok, pend_aux, pend_start, k, rng)
+                    # never verify more than fits the context or the token budget (d drafts + 1)
+                    d = min(self.governor.choose(conf), room, max_new_tokens - emitted - 1)
+                else:
+                    d = 0
+                out, t_verify = self._target([x[-1], *drafts[:d]], n)
+                logits = out[C.LOGITS][0]  # [d+1, V]
+                if self.params.greedy:
+                    v = verify_greedy(logits, drafts[:d])
+                else:
+                    p = probs(logits, self.params)
+                    v = verify_sampling(p, q[:d] if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
+                self.tkv.commit(out, v.accepted + 1)
+                pend_tok, pend_aux, pend_start = [int(t) for t in v.tokens], out[C.AUX_HIDDEN][0, : v.accepted + 1], n
+                r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
+                                conf if conf is not None else None)
+                tel.record(r)
+                self.governor.observe(r)
+                new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
+                stop = next((j for j, t in enumerate(new) if t in eos), None)
+                if stop is not None:
+                    new = new[: stop + 1]
+                x += new
+                emitted += len(new)
+                yield new
+                if stop is not None:
+                    self.finished = Finished("eos")
+                    return
+            self.finished = Finished("length")
+        except InternalError as e:
+            if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
+                raise UserError(str(e)) from None
+            raise
+        finally:
+            tel.finish(emitted, time.perf_counter() - t_start)
+
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:
+        out: list[int] = []
+        for chunk in self.stream(prompt_ids, max_new_tokens, eos_ids):
+            out += chunk
+        return out

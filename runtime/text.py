@@ -1,0 +1,88 @@
+"""Text in and out: the exported tokenizer, its chat template, incremental decoding.
+
+Only the ``tokenizers`` library and a sandboxed Jinja environment are used: the chat
+template is data from the checkpoint and is rendered in jinja2's immutable sandbox,
+never executed as Python.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specrt.errors import UserError
+
+
+class Text:
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        tok = folder / "tokenizer.json"
+        if not tok.is_file():
+            raise UserError(f"{folder}: no tokenizer.json (export the target from a folder that has one)")
+        self.tokenizer = Tokenizer.from_file(str(tok))
+        cfg_path = folder / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+        template = self.config.get("chat_template")
+        jinja = folder / "chat_template.jinja"
+        if jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        self.chat_template = template if isinstance(template, str) else None
+        self.vocab_size = self.tokenizer.get_vocab_size()
+
+    def _special(self, key: str) -> str:
+        v = self.config.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        return v if isinstance(v, str) else ""
+
+    def render_chat(self, user: str) -> str:
+        if self.chat_template is None:
+            raise UserError("--chat: the exported tokenizer has no chat template (tokenizer_config.json chat_template)")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(msg):
+            raise UserError(f"chat template: {msg}")
+
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+            bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
+
+    def encode(self, prompt: str, chat: bool) -> list[int]:
+        if not prompt:
+            raise UserError("the prompt is empty")
+        text = self.render_chat(prompt) if chat else prompt
+        # A rendered template already holds its special tokens.
+        return self.tokenizer.encode(text, add_special_tokens=not chat).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class Detokenizer:
+    """Incremental decoding: ``push(ids)`` returns only the text that is now final.
+
+    Decoding the whole generated list each time is O(n^2) over a run but handles every
+    byte-level merge exactly; a trailing U+FFFD (half a UTF-8 character) is held back.
+    """
+
+    def __init__(self, text: Text):
+        self.text = text
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, ids) -> str:
+        self.ids.extend(int(i) for i in ids)
+        s = self.text.decode(self.ids)
+        if s.endswith("\ufffd"):
+            return ""
+        piece, self.emitted = s[self.emitted:], len(s)
+        return piece
+
+    @property
+    def full(self) -> str:
+        return self.text.decode(self.ids)

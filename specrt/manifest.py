@@ -1,0 +1,134 @@
+"""Manifests shared by every stage: file hashing, atomic folders, and the export manifest.
+
+An export folder (``export.json``) and an engines folder (``engines.json``) are each
+written into a temporary sibling folder and renamed into place only when complete, so
+an interrupted run leaves nothing a later stage accepts. Every file a manifest names
+carries its sha256; loading re-hashes and refuses any difference, naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from specrt.errors import UserError
+
+EXPORT_MANIFEST = "export.json"
+EXPORT_FORMAT = "specrt-export/1"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tool_versions() -> dict[str, str]:
+    import numpy
+    import onnx
+    import onnxruntime
+
+    import specrt
+
+    return {"specrt": specrt.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "numpy": numpy.__version__}
+
+
+@contextlib.contextmanager
+def atomic_folder(out: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out``; on success rename it to ``out``.
+
+    On any exception the temporary folder is removed and ``out`` is untouched. An
+    existing ``out`` is refused unless ``force``, then replaced only after the new
+    folder is complete.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise UserError(f"{out}: already exists (pass --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def file_record(folder: Path, name: str) -> dict[str, Any]:
+    p = folder / name
+    return {"file": name, "sha256": sha256_file(p), "bytes": p.stat().st_size}
+
+
+def verify_files(folder: Path, records: list[dict[str, Any]], what: str) -> None:
+    """Re-hash every recorded file; a missing or changed file is a UserError naming it."""
+    for r in records:
+        p = folder / r["file"]
+        if not p.is_file():
+            raise UserError(f"{folder}: {what} file '{r['file']}' is missing")
+        if p.stat().st_size != r["bytes"] or sha256_file(p) != r["sha256"]:
+            raise UserError(f"{p}: content differs from the {what} manifest (sha256 mismatch); "
+                            "it was modified after it was written: re-run the stage that made it")
+
+
+def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any]:
+    folder = Path(folder)
+    p = folder / name
+    if not p.is_file():
+        raise UserError(f"{folder}: not a complete {what} folder (no {name})")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise UserError(f"{p}: not a {what} manifest (expected format '{fmt}')")
+    return data
+
+
+def all_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every ``{"file", "sha256", "bytes"}`` record anywhere in a manifest."""
+    out: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if {"file", "sha256", "bytes"} <= set(node):
+                out.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(manifest)
+    return out
+
+
+def load_export(folder: Path, verify: bool = True) -> dict[str, Any]:
+    """The export manifest, with every file's hash checked (``verify=False`` skips re-hashing)."""
+    m = read_manifest(folder, EXPORT_MANIFEST, EXPORT_FORMAT, "export")
+    if verify:
+        verify_files(Path(folder), all_records(m), "export")
+    return m
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """A hash of a manifest's content, which later stages record to tie themselves to it."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
