@@ -1,0 +1,460 @@
+"""Depth governors: how many drafts the target verifies each round (DESIGN.md §5).
+
+The depths are those the engines were built for (verify graphs specialised per depth,
+e.g. (1, 2, 4, 8)); 0 means no speculation (a plain decode step). Once per round:
+
+    d = gov.choose(GovernorState())               # before drafting: 0 = plain decode step
+    if d and gov.uses_confidences:                # DSpark: draft the full block (largest
+        d = gov.choose(GovernorState(confidences=conf))   # built depth), then pick d <= K
+    ... draft (if not done), verify d tokens ...
+    gov.observe(RoundResult(...))                 # telemetry.RoundResult
+
+``conf`` [K] is the draft's own probability of the token it proposed at depths 1..K
+(greedy drafts: the max of its softmax). ``GovernorState.limit`` caps the answer (tokens
+left, context room): a governor then returns the largest built depth <= limit, or 0.
+Output is lossless whatever is chosen; governors only trade speed.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.errors import InternalError, UserError
+
+from .telemetry import RoundResult
+
+
+@dataclass(frozen=True)
+class GovernorState:
+    confidences: np.ndarray | None = None  # [K] draft's probability of its own token at depth 1..K
+    limit: int | None = None  # largest depth the scheduler can take this round
+
+
+def check_depths(depths: Sequence[int]) -> tuple[int, ...]:
+    """The built depths as a sorted tuple of distinct positive integers."""
+    try:
+        ds = tuple(sorted(set(int(d) for d in depths)))
+        ok = bool(ds) and ds[0] >= 1 and all(int(d) == d for d in depths)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"built depths {depths!r}: expected one or more positive integers")
+    return ds
+
+
+class Governor:
+    uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
+
+    def __init__(self, depths: Sequence[int]):
+        self.depths = check_depths(depths)
+
+    def choose(self, state: GovernorState) -> int:
+        raise NotImplementedError
+
+    def observe(self, result: RoundResult) -> None:
+        pass
+
+    def _cap(self, d: int, state: GovernorState) -> int:
+        if state.limit is None or d <= state.limit:
+            return d
+        return self.depths[bisect_right(self.depths, state.limit) - 1] if state.limit >= self.depths[0] else 0
+
+
+class OffGovernor(Governor):
+    """Depth 0 every round: target-only decoding through the same scheduler."""
+
+    def __init__(self, depths: Sequence[int] = (1,)):
+        super().__init__(depths)
+
+    def choose(self, state: GovernorState) -> int:
+        return 0
+
+
+class FixedGovernor(Governor):
+    def __init__(self, depths: Sequence[int], k: int):
+        super().__init__(depths)
+        if k != 0 and k not in self.depths:
+            raise UserError(f"depth {k!r} is not built; available depths: {', '.join(map(str, self.depths))} (or 0: no speculation)")
+        self.k = int(k)
+
+    def choose(self, state: GovernorState) -> int:
+        return self._cap(self.k, state)
+
+
+class AdaptiveGovernor(Governor):
+    """onnxruntime-genai 0.18's adaptive K (AdaptiveKController), on the built depths.
+
+    Per depth K an estimate of committed tokens, seconds and acceptance, each an EWMA
+    where a new round weighs 25%. A round's acceptance is accepted / evaluated, evaluated
+    = accepted + 1 at a rejection, K when all are accepted; its throughput is committed
+    tokens (accepted + 1) / (t_draft + t_verify). Only rounds at the current K train it.
+
+    * no probe running, cooldown over, K's estimate has >= 2 samples:
+      acceptance < 50% and K above the floor -> probe K-1;
+      acceptance >= 75%, K below the ceiling, >= 2 rounds since the last move -> probe K+1.
+    * while probing: throughput < 80% of the origin's -> revert at once; after 2 rounds
+      keep K' iff throughput >= 97% of the origin's (and, going up, acceptance >= 75%).
+    * then wait 1 round after a kept probe, 6 after a reverted one.
+
+    Interpretation: K-1 / K+1 are the adjacent *built* depths (1, 2, 4, 8 -> from 4 the
+    probes are 2 and 8), since only those have engines. The floor and start is
+    ``min_depth`` (onnxruntime-genai's min_adaptive_k), default the smallest built depth;
+    the ceiling is the largest built depth (it has 16). Its cooldown (a plain step after
+    three zero-accept rounds, off by default there) is not part of this rule.
+    """
+
+    ALPHA, HIGH, LOW, KEEP, SEVERE = 0.25, 0.75, 0.50, 0.97, 0.80
+    MIN_SAMPLES, PROBE_SAMPLES, COOLDOWN_KEPT, COOLDOWN_REVERTED = 2, 2, 1, 6
+
+    def __init__(self, depths: Sequence[int], min_depth: int | None = None):
+        super().__init__(depths)
+        self.min_depth = self.depths[0] if min_depth is None else min_depth
+        if self.min_depth not in self.depths:
+            raise UserError(f"adaptive min depth {min_depth!r} is not built; available depths: {', '.join(map(str, self.depths))}")
+        self.k = self.min_depth
+        self.est = {d: [0.0, 0.0, 0.0, 0] for d in self.depths}  # d -> [tokens, seconds, acceptance, samples]
+        self.origin = 0  # K the running probe started from; 0: none
+        self.probe_rounds = self.stable_rounds = self.cooldown = 0
+        self.increases = self.decreases = self.probes = self.observations = 0
+
+    def choose(self, state: GovernorState) -> int:
+        return self._cap(self.k, state)
+
+    def throughput(self, d: int) -> float:
+        tok, sec, _, _ = self.est[d]
+        return tok / sec if sec > 0 else 0.0
+
+    def observe(self, r: RoundResult) -> None:
+        total = r.t_draft + r.t_verify
+        if r.depth != self.k or r.depth == 0 or not np.isfinite(total) or total <= 0:
+            return
+        e = self.est[self.k]
+        sample = (float(r.emitted), total, r.accepted / min(r.accepted + 1, r.depth))
+        if e[3] == 0:
+            e[:3] = sample
+        else:
+            for j in range(3):
+                e[j] += self.ALPHA * (sample[j] - e[j])
+        e[3] += 1
+        self.observations += 1
+
+        if self.origin:
+            self.probe_rounds += 1
+            base, now = self.throughput(self.origin), self.throughput(self.k)
+            if base > 0 and now < base * self.SEVERE:
+                self._finish_probe(keep=False)
+            elif self.probe_rounds >= self.PROBE_SAMPLES:
+                fast = base <= 0 or now >= base * self.KEEP
+                accepting = self.k < self.origin or e[2] >= self.HIGH
+                self._finish_probe(keep=fast and accepting)
+            return
+
+        self.stable_rounds += 1
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return
+        if e[3] < self.MIN_SAMPLES:
+            return
+        i = self.depths.index(self.k)
+        if e[2] < self.LOW and self.k > self.min_depth:
+            self._start_probe(self.depths[i - 1])
+        elif e[2] >= self.HIGH and i + 1 < len(self.depths) and self.stable_rounds >= self.MIN_SAMPLES:
+            self._start_probe(self.depths[i + 1])
+
+    def _move(self, d: int) -> None:
+        self.increases += d > self.k
+        self.decreases += d < self.k
+        self.k = d
+
+    def _start_probe(self, d: int) -> None:
+        self.origin, self.probe_rounds, self.stable_rounds = self.k, 0, 0
+        self.probes += 1
+        self._move(d)
+
+    def _finish_probe(self, keep: bool) -> None:
+        if not keep:
+            self._move(self.origin)
+        self.origin = self.probe_rounds = self.stable_rounds = 0
+        self.cooldown = self.COOLDOWN_KEPT if keep else self.COOLDOWN_REVERTED
+
+
+# ---- DSpark-style choice --------------------------------------------------------------
+
+
+def ece(pred: np.ndarray, observed: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error: sum_b (n_b / N) |mean(pred_b) - mean(observed_b)|,
+    equal-width bins of pred over [0, 1]."""
+    pred, observed = np.asarray(pred, float), np.asarray(observed, float)
+    if pred.size == 0:
+        return 0.0
+    b = np.minimum((np.clip(pred, 0.0, 1.0) * bins).astype(int), bins - 1)
+    gap = np.bincount(b, pred, bins) - np.bincount(b, observed, bins)
+    return float(np.abs(gap).sum() / pred.size)
+
+
+def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted isotonic (non-decreasing) fit of y by pool-adjacent-violators."""
+    vals, wts, sizes = [], [], []
+    for yi, wi in zip(y.tolist(), w.tolist()):
+        vals.append(yi), wts.append(wi), sizes.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            v, wt, s = vals.pop(), wts.pop(), sizes.pop()
+            vals[-1] = (vals[-1] * wts[-1] + v * wt) / (wts[-1] + wt)
+            wts[-1] += wt
+            sizes[-1] += s
+    return np.repeat(vals, sizes)
+
+
+class Calibration:
+    """Per-position map from draft confidence to conditional acceptance c_k.
+
+    Sufficient statistics: per position k and confidence bin b (B equal bins of [0, 1]),
+    n[k, b] rounds that reached position k with a confidence in b and a[k, b] of them
+    accepted. The map is piecewise linear through the knots
+
+        x = (0, centre_1 .. centre_B, 1)
+        y = (a_1 / (n_1 + m), (a_b + m centre_b) / (n_b + m) for each b, (a_B + m) / (n_B + m))
+
+    i.e. the bin acceptance rate shrunk towards the identity with m pseudo-rounds, so an
+    empty calibration *is* the identity (the documented default when none is stored) and
+    it moves to the data as rounds arrive. "isotonic" additionally makes y non-decreasing
+    (weighted PAV, weights n + m). ``fit`` picks the kind with the lower 2-fold held-out
+    ECE; ``update`` adds one round's observations online and refits every ``refit_every``
+    rounds; a position holding more than ``window`` rounds halves its counts (forgetting).
+    Positions past the last one share its map. Stored as JSON (to_dict / from_dict).
+    """
+
+    KINDS = ("histogram", "isotonic")
+
+    def __init__(self, kind: str = "histogram", positions: int = 8, bins: int = 20, prior: float = 4.0,
+                 window: int = 4096, refit_every: int = 32):
+        if kind not in self.KINDS:
+            raise UserError(f"calibration kind {kind!r}: expected one of {', '.join(self.KINDS)}")
+        if positions < 1 or bins < 1 or prior <= 0 or window < 1 or refit_every < 1:
+            raise UserError(f"calibration positions={positions}, bins={bins}, prior={prior}, window={window}, "
+                            f"refit_every={refit_every}: expected positive values")
+        self.kind, self.bins, self.prior, self.window, self.refit_every = kind, int(bins), float(prior), int(window), int(refit_every)
+        self.n = np.zeros((positions, bins))  # [P, B]
+        self.a = np.zeros((positions, bins))  # [P, B]
+        self.centres = (np.arange(bins) + 0.5) / bins  # [B]
+        self.xs = np.concatenate(([0.0], self.centres, [1.0]))  # [B+2]
+        self._xs = self.xs.tolist()
+        self._pending = 0
+        self.refit()
+
+    @property
+    def positions(self) -> int:
+        return self.n.shape[0]
+
+    def refit(self) -> None:
+        m, n, a = self.prior, self.n, self.a
+        y = np.concatenate((a[:, :1] / (n[:, :1] + m), (a + m * self.centres) / (n + m), (a[:, -1:] + m) / (n[:, -1:] + m)), 1)
+        if self.kind == "isotonic":
+            w = np.concatenate((n[:, :1], n, n[:, -1:]), 1) + m
+            y = np.stack([_pav(yk, wk) for yk, wk in zip(y, w)])
+        self.ys = y  # [P, B+2]
+        self._rows = y.tolist()  # the same knots as Python lists: the per-round path avoids numpy overhead
+        self._pending = 0
+
+    def predict(self, confidence: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """c = map_k(confidence) elementwise, position k (0-based) per element."""
+        x = np.clip(np.asarray(confidence, float), 0.0, 1.0)
+        j = np.minimum(np.searchsorted(self.xs, x, side="right") - 1, self.bins)  # knot left of x
+        k = np.minimum(position, self.positions - 1)
+        x0, x1 = self.xs[j], self.xs[j + 1]
+        y0, y1 = self.ys[k, j], self.ys[k, j + 1]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def __call__(self, confidences: Sequence[float]) -> list[float]:
+        """confidences [K] at depths 1..K -> c [K]; ``predict`` for one round, in plain Python
+        (a few microseconds for K <= 8, where numpy's per-call overhead would dominate)."""
+        out, xs, rows, B = [], self._xs, self._rows, self.bins
+        for k, x in enumerate(confidences):
+            x = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+            j = min(int(x * B + 0.5), B)  # knot left of x: knots are 0, (i - 0.5) / B, 1
+            y = rows[k] if k < len(rows) else rows[-1]
+            out.append(y[j] + (y[j + 1] - y[j]) * (x - xs[j]) / (xs[j + 1] - xs[j]))
+        return out
+
+    def _add(self, confidence: np.ndarray, position: np.ndarray, accepted: np.ndarray) -> None:
+        b = np.minimum((np.clip(confidence, 0.0, 1.0) * self.bins).astype(int), self.bins - 1)
+        k = np.minimum(position, self.positions - 1)
+        np.add.at(self.n, (k, b), 1.0)
+        np.add.at(self.a, (k, b), np.asarray(accepted, float))
+
+    def update(self, confidences: np.ndarray, accepted: int) -> None:
+        """One verified round: confidences [d] of the verified drafts, ``accepted`` of them taken.
+        Positions 1..min(accepted+1, d) were reached; the first ``accepted`` were accepted."""
+        n, a, B, P = self.n, self.a, self.bins, self.positions
+        for k in range(min(accepted + 1, len(confidences))):
+            x = float(confidences[k])
+            if not math.isfinite(x):
+                raise InternalError(f"draft engine produced a non-finite confidence {x} at position {k + 1}")
+            b = min(max(int(x * B), 0), B - 1)
+            n[min(k, P - 1), b] += 1.0
+            a[min(k, P - 1), b] += k < accepted
+        self._pending += 1
+        if self._pending >= self.refit_every:
+            full = self.n.sum(1) > self.window
+            self.n[full] *= 0.5
+            self.a[full] *= 0.5
+            self.refit()
+
+    @classmethod
+    def fit(cls, confidence, position, accepted, kinds: Sequence[str] = KINDS, **kw) -> Calibration:
+        """Fit from (confidence, position, accepted) triples, choosing the kind by held-out ECE."""
+        conf, pos, acc = (np.asarray(v) for v in (confidence, position, accepted))
+        if not (conf.shape == pos.shape == acc.shape) or conf.ndim != 1:
+            raise UserError("calibration fit: confidence, position and accepted must be 1-D of equal length")
+        kw.setdefault("positions", int(pos.max()) + 1 if pos.size else 8)
+        folds = (np.arange(conf.size) % 2 == 0, np.arange(conf.size) % 2 == 1)
+        scores = {}
+        for kind in kinds:
+            err = 0.0
+            for train, test in (folds, folds[::-1]):
+                cal = cls(kind, **kw)
+                cal._add(conf[train], pos[train], acc[train])
+                cal.refit()
+                err += ece(cal.predict(conf[test], pos[test]), acc[test]) * test.sum() / max(conf.size, 1)
+            scores[kind] = err
+        best = min(scores, key=scores.get)  # ties: first listed
+        cal = cls(best, **kw)
+        cal._add(conf, pos, acc)
+        cal.refit()
+        cal.cv_ece = scores
+        return cal
+
+    def to_dict(self) -> dict:
+        return {"format": "specrt.calibration/1", "kind": self.kind, "bins": self.bins, "prior": self.prior,
+                "window": self.window, "refit_every": self.refit_every,
+                "counts": self.n.tolist(), "accepted": self.a.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Calibration:
+        try:
+            if d["format"] != "specrt.calibration/1":
+                raise UserError(f"calibration format {d['format']!r}: expected 'specrt.calibration/1'")
+            n, a = np.asarray(d["counts"], float), np.asarray(d["accepted"], float)
+            cal = cls(d["kind"], positions=n.shape[0], bins=int(d["bins"]), prior=float(d["prior"]),
+                      window=int(d["window"]), refit_every=int(d["refit_every"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise UserError(f"calibration JSON is malformed ({type(e).__name__}: {e}); expected Calibration.to_dict() output") from None
+        if n.shape != cal.n.shape or a.shape != n.shape or (a < 0).any() or (a > n).any():
+            raise UserError(f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {cal.bins} bins")
+        cal.n, cal.a = n, a
+        cal.refit()
+        return cal
+
+
+class DSparkGovernor(Governor):
+    """Verify the length with the best expected tokens per second (vLLM's rule, DSpark's survival).
+
+        c_k = calibration_k(confidence_k)        conditional acceptance of draft k
+        S_k = prod_{j<=k} c_j                    P(first k drafts all accepted)
+        E(d) = 1 + sum_{k<=d} S_k                expected tokens of a round verifying d
+        d*  = argmax_d E(d) / (t_draft + t_verify(d)),   d over the built depths <= K
+
+    Ties go to the smaller depth (strict improvement needed). d = 0 (E = 1) is a candidate
+    once the plain decode step's cost t_verify(0) is known (given, or measured on the
+    first depth-0 round); after drafting its cost is t_draft + t_verify(0), since the draft
+    is already paid.
+
+    Before drafting there are no confidences, so the pre-draft call only decides whether
+    to draft: yes (returning the largest built depth: draft the full block) unless the
+    measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
+    ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
+    instead proved too noisy (0/1 samples) and switched speculation off for long spells.
+    After ``probe_every`` consecutive pre-draft 0s one round drafts anyway, so the rate
+    cannot freeze. Costs are EWMAs of the measured t_draft and t_verify(d); the
+    calibration is updated online from every verified round when ``learn``.
+    """
+
+    uses_confidences = True
+    RATE_EMA = 0.1  # weight of a round in the pre-draft rate (costs use ``ema``)
+
+    def __init__(self, depths: Sequence[int], t_draft: float, t_verify: Mapping[int, float],
+                 calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True):
+        super().__init__(depths)
+        missing = [d for d in self.depths if d not in t_verify]
+        if missing:
+            raise UserError(f"cost table lacks depth(s) {missing}; it has {sorted(t_verify)}, built depths {list(self.depths)}")
+        for d, t in [("draft", t_draft), *t_verify.items()]:
+            if not (np.isfinite(t) and t > 0):
+                raise UserError(f"cost of {d!r} = {t!r} s: expected a positive number of seconds")
+        self.t_draft = float(t_draft)
+        self.t_verify = {d: float(t_verify[d]) for d in self.depths}  # seconds, EWMA-refreshed
+        self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
+        self.calibration = calibration if calibration is not None else Calibration(positions=self.depths[-1])
+        self.ema, self.probe_every, self.learn = ema, probe_every, learn
+        self.rate: float | None = None  # EWMA of max_d E(d) / (t_draft + t_verify(d)) over drafted rounds
+        self._zeros = 0
+
+    def choose(self, state: GovernorState) -> int:
+        if state.confidences is None:
+            return self._draft_or_not(state)
+        # Plain Python on K <= 16 floats: a few microseconds, no per-round numpy arrays.
+        conf = state.confidences[: self.depths[-1]]
+        conf = conf.tolist() if isinstance(conf, np.ndarray) else list(conf)
+        if not all(map(math.isfinite, conf)):
+            raise InternalError(f"draft engine produced non-finite confidences {conf}")
+        c = self.calibration(conf)
+        limit = len(c) if state.limit is None else min(len(c), state.limit)
+        best, best_rate, e, s, i, depths = 0, -1.0, 1.0, 1.0, 0, self.depths
+        for k in range(1, limit + 1):
+            s *= c[k - 1]  # S_k
+            e += s  # E(k)
+            if k == depths[i]:
+                rate = e / (self.t_draft + self.t_verify[k])
+                if rate > best_rate:  # strict: ties keep the smaller depth
+                    best, best_rate = k, rate
+                i += 1
+                if i == len(depths):
+                    break
+        if best:  # the rate the pre-draft call expects from drafting: a smoothed prediction
+            self.rate = best_rate if self.rate is None else self.rate + self.RATE_EMA * (best_rate - self.rate)
+        if self.t_decode is not None and best_rate <= 1.0 / (self.t_draft + self.t_decode):
+            return 0
+        return best
+
+    def _draft_or_not(self, state: GovernorState) -> int:
+        full = self._cap(self.depths[-1], state)
+        if full and self.t_decode is not None and self.rate is not None \
+                and self.rate <= 1.0 / self.t_decode and self._zeros < self.probe_every:
+            self._zeros += 1
+            return 0
+        self._zeros = 0
+        return full
+
+    def observe(self, r: RoundResult) -> None:
+        a = self.ema
+        if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
+            self.t_draft += a * (r.t_draft - self.t_draft)
+        if r.depth == 0:
+            self.t_decode = r.t_verify if self.t_decode is None else self.t_decode + a * (r.t_verify - self.t_decode)
+            return
+        if r.depth in self.t_verify:
+            self.t_verify[r.depth] += a * (r.t_verify - self.t_verify[r.depth])
+        if self.learn and r.confidences is not None:
+            self.calibration.update(r.confidences[: r.depth], r.accepted)
+
+
+def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | None = None,
+              t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
+    """'off' | 'adaptive' | 'dspark' | an integer depth -> a Governor over the built depths."""
+    s = str(spec).strip().lower()
+    if s == "off":
+        return OffGovernor(depths)
+    if s == "adaptive":
+        return AdaptiveGovernor(depths)
+    if s == "dspark":
+        if t_draft is None or t_verify is None:
+            raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
+        return DSparkGovernor(depths, t_draft, t_verify, calibration)
+    if s.isdigit():
+        return FixedGovernor(depths, int(s))
+    raise UserError(f"governor {spec!r}: expected 'off', 'adaptive', 'dspark' or a built depth ({', '.join(map(str, check_depths(depths)))})")

@@ -1,0 +1,92 @@
+"""Preallocated KV cache with a named committed length (contracts.py, issue 3 decision).
+
+One buffer per layer and kind, ``[1, MAX, KVH, D]``, and a committed length ``n``:
+
+    feed      past_key(i) = K[i][:, :n]          a view: contiguous prefix, no copy
+    run       graph returns new_key(i) [1, S, KVH, D] for the S new positions only
+    commit a  K[i][:, n:n+a] = new[:, :a]; n += a   O(a) copy of accepted rows
+    rollback  n = m (m <= n)                        O(1): rows past n are dead
+
+Rejected drafts are never written, so a verify round commits ``accepted + 1`` rows (the
+last committed token's slot plus the accepted drafts) and needs no rollback; rollback
+exists for callers that commit speculatively (e.g. a draft's scratch rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from specrt import contracts
+from specrt.errors import InternalError, UserError
+
+
+class KVCache:
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype="float32"):
+        for name, v in (("num_layers", num_layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("max_len", max_len)):
+            if int(v) != v or v < 1:
+                raise UserError(f"KV cache {name}={v!r}: expected a positive integer")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise UserError(f"KV cache dtype {dtype!r}: expected a numpy float dtype (float32, float16)") from None
+        if dt.kind != "f":
+            raise UserError(f"KV cache dtype {dtype!r}: expected a numpy float dtype (float32, float16)")
+        shape = (1, max_len, kv_heads, head_dim)
+        self.keys = [np.zeros(shape, dt) for _ in range(num_layers)]  # [1, MAX, KVH, D] each
+        self.values = [np.zeros(shape, dt) for _ in range(num_layers)]
+        self.max_len = max_len
+        self._n = 0
+
+    @property
+    def length(self) -> int:
+        """n: committed positions; rows [n, MAX) hold nothing valid."""
+        return self._n
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def check_room(self, new_tokens: int) -> None:
+        """UserError unless ``new_tokens`` more positions fit in the context limit."""
+        if self._n + new_tokens > self.max_len:
+            raise UserError(
+                f"context limit reached: {self._n} cached + {new_tokens} new tokens > max_len {self.max_len}; "
+                "shorten the prompt or max_new_tokens, or rebuild with a larger max length")
+
+    def past_feeds(self, key_name: Callable[[int], str] = contracts.past_key,
+                   value_name: Callable[[int], str] = contracts.past_value) -> dict[str, np.ndarray]:
+        """{past_key(i): K[i][:, :n], past_value(i): V[i][:, :n]}: views [1, n, KVH, D], no copy."""
+        n, feeds = self._n, {}
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            feeds[key_name(i)] = k[:, :n]
+            feeds[value_name(i)] = v[:, :n]
+        return feeds
+
+    def commit(self, new_kv: Mapping[str, np.ndarray], count: int,
+               key_name: Callable[[int], str] = contracts.new_key,
+               value_name: Callable[[int], str] = contracts.new_value) -> None:
+        """Append the first ``count`` of the S new rows of every layer: buf[:, n:n+count] = new[:, :count]."""
+        if count == 0:
+            return
+        self.check_room(count)
+        n = self._n
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            for buf, name in ((k, key_name(i)), (v, value_name(i))):
+                new = new_kv.get(name)
+                if new is None:
+                    raise InternalError(f"commit: graph outputs lack {name!r}")
+                if new.ndim != 4 or new.shape[0] != 1 or new.shape[2:] != buf.shape[2:] or not 0 <= count <= new.shape[1]:
+                    raise InternalError(f"commit: {name} has shape {new.shape}, cannot take {count} rows of [1, S, {buf.shape[2]}, {buf.shape[3]}]")
+                buf[:, n : n + count] = new[:, :count]
+        self._n = n + count
+
+    def rollback(self, to_length: int) -> None:
+        """Forget positions [to_length, n): O(1), only ever shrinks."""
+        if not 0 <= to_length <= self._n:
+            raise InternalError(f"rollback to {to_length} outside [0, {self._n}]")
+        self._n = to_length
+
+    def reset(self) -> None:
+        self._n = 0

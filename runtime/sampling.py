@@ -1,0 +1,112 @@
+"""Logits -> probabilities (temperature, top-k, top-p) and a seeded sampler.
+
+The processing order is transformers': temperature, then top-k, then top-p. The same
+processed distribution ``p`` is what target-only sampling draws from and what
+speculative verification (verify.py) must reproduce, so both paths call ``probs``.
+
+    p = softmax(logits / T)               float64, max subtracted first
+    top-k:  keep tokens whose logit >= the k-th largest (ties at the edge are kept)
+    top-p:  keep the smallest prefix of tokens sorted by p whose mass reaches top_p
+            (always at least the most likely token), then renormalise
+
+Temperature 0 is greedy: ``probs`` returns the one-hot of the argmax (first maximum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.errors import InternalError, UserError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = fresh entropy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (np.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"temperature={self.temperature!r}: expected a finite number >= 0 (0 = greedy)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise UserError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 = off)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise UserError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = off)")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
+            raise UserError(f"seed={self.seed!r}: expected a non-negative integer or none")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """The one random source of a run (PCG64): same seed, same tokens."""
+    return np.random.default_rng(seed)
+
+
+def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray | None = None) -> np.ndarray:
+    """Raise if a row of an engine's logits [S, V] holds NaN or +inf or is all -inf (-inf
+    alone is a legal mask). One pass: a row's max is NaN, +inf or -inf exactly then.
+    ``rowmax`` [S]: the rows' maxima (or the values at their argmax) when already known."""
+    m = logits.max(-1) if rowmax is None else rowmax
+    if not np.isfinite(m).all():
+        k = int(np.flatnonzero(~np.isfinite(m))[0])
+        what = "NaN" if np.isnan(m[k]) else "+inf" if m[k] > 0 else "all -inf"
+        raise InternalError(f"{engine} engine produced {what} logits at position {k} "
+                            "(an overflow in reduced precision? try the float32 engines)")
+    return m
+
+
+def probs(logits: np.ndarray, params: SamplingParams, engine: str = "target") -> np.ndarray:
+    """logits [S, V] (any float dtype) -> processed probabilities [S, V] float64, rows sum to 1."""
+    logits = np.atleast_2d(logits)
+    S, V = logits.shape
+    p = np.zeros((S, V))
+    if params.greedy:
+        best = logits.argmax(-1)  # [S]; a NaN row's argmax is its first NaN
+        check_logits(logits, engine, logits[np.arange(S), best])
+        p[np.arange(S), best] = 1.0
+        return p
+    m = check_logits(logits, engine)  # [S]
+    for s in range(S):
+        idx, e = _kept(logits[s], float(m[s]), params)
+        p[s, idx] = e / e.sum()
+    return p
+
+
+def _kept(x: np.ndarray, m: float, params: SamplingParams) -> tuple[np.ndarray | slice, np.ndarray]:
+    """One row x [V] with max m -> (kept token ids, their weights exp((x - m) / T) float64).
+
+    Only the kept tokens are exponentiated and sorted: top-k partitions in O(V); top-p
+    sorts the 1024 heaviest candidates, enough whenever they hold top_p of the mass (the
+    next token then has >= top_p before it and is dropped), else the whole row."""
+    V, k, top_p = len(x), params.top_k, params.top_p
+    if 0 < k < V:
+        idx = np.flatnonzero(x >= np.partition(x, V - k)[V - k])  # ties at the k-th logit kept
+    else:
+        idx = slice(None)
+    e = np.exp((x[idx].astype(np.float64) - m) / params.temperature)
+    if top_p < 1.0:
+        z, n = e.sum(), len(e)
+        cand = np.sort(np.argpartition(-e, 1023)[:1024]) if n > 1024 else np.arange(n)
+        order = cand[np.argsort(-e[cand], kind="stable")]  # heaviest first, ties by token id
+        if n > 1024 and e[order].sum() < top_p * z:
+            order = np.argsort(-e, kind="stable")
+        se = e[order]
+        # keep a token while the mass strictly before it is < top_p: the first always survives
+        keep = order[np.cumsum(se) - se < top_p * z]
+        idx, e = np.arange(V)[idx][keep], e[keep]
+    return idx, e
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from p [V] by inverse CDF with a single uniform; a zero-mass token is never drawn."""
+    c = np.cumsum(p)
+    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
+    return i if i < len(c) else int(np.flatnonzero(p)[-1])  # u * c[-1] rounded up to c[-1]

@@ -1,0 +1,116 @@
+"""Per-run counters (DESIGN.md §6, speculators' perf_utils definitions).
+
+A "draft round" is a round that put d >= 1 draft tokens to the target; a plain decode
+step (d = 0) is a round too but drafts nothing. With a rounds' accepted counts a_r and
+verified depths d_r over the R draft rounds:
+
+    tau                        = 1 + sum(a_r) / R        mean tokens per draft round (bonus counted)
+    acceptance_by_position[i]  = #{a_r >= i} / #{d_r >= i}                  unconditional, i = 1..
+    acceptance_conditional[i]  = #{a_r >= i} / #{a_r >= i-1 and d_r >= i}   P(accept i | reached i)
+
+At a fixed depth the conditional equals pos_i / pos_{i-1} as in §6; with a varying depth
+(adaptive governors) each position only counts the rounds that verified it. With DSpark
+the block is drafted in full but only d tokens are verified: "drafted" here means verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.errors import InternalError
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round did; the scheduler builds it, Telemetry and governors consume it."""
+
+    depth: int  # d: draft tokens verified (0 = plain decode step)
+    accepted: int  # a, 0 <= a <= d; the round emitted a + 1 tokens
+    t_draft: float = 0.0  # seconds in the draft engine this round
+    t_verify: float = 0.0  # seconds in the target engine this round
+    t_round: float | None = None  # wall seconds of the whole round (engines + Python); None: not measured
+    confidences: np.ndarray | None = None  # [K >= d] draft's probability of its own token per position
+
+    def __post_init__(self):
+        if not 0 <= self.accepted <= self.depth:
+            raise InternalError(f"round accepted {self.accepted} of {self.depth} drafts")
+
+    @property
+    def emitted(self) -> int:
+        return self.accepted + 1
+
+
+class Telemetry:
+    def __init__(self):
+        self.rounds = 0  # all rounds, plain decode steps included
+        self.draft_rounds = 0  # R
+        self.drafted = 0  # sum d_r
+        self.accepted = 0  # sum a_r
+        self.accepted_at: list[int] = []  # [i-1] = #{a_r >= i}
+        self.offered_at: list[int] = []  # [i-1] = #{d_r >= i}
+        self.reached_at: list[int] = []  # [i-1] = #{a_r >= i-1 and d_r >= i}
+        self.depths: dict[int, int] = {}  # d -> rounds
+        self.engine_s: dict[str, float] = {"draft": 0.0, "verify": 0.0}
+        self.new_tokens = 0
+        self.seconds = 0.0
+
+    def record(self, r: RoundResult) -> None:
+        self.rounds += 1
+        self.depths[r.depth] = self.depths.get(r.depth, 0) + 1
+        self.engine_s["draft"] += r.t_draft
+        self.engine_s["verify"] += r.t_verify
+        if r.depth == 0:
+            return
+        self.draft_rounds += 1
+        self.drafted += r.depth
+        self.accepted += r.accepted
+        for lst in (self.accepted_at, self.offered_at, self.reached_at):
+            lst.extend([0] * (r.depth - len(lst)))
+        for i in range(r.depth):  # position i + 1
+            self.offered_at[i] += 1
+            self.accepted_at[i] += i < r.accepted
+            self.reached_at[i] += i <= r.accepted
+
+    def engine_time(self, engine: str, seconds: float) -> None:
+        """Time spent outside rounds in an engine, e.g. "prefill"."""
+        self.engine_s[engine] = self.engine_s.get(engine, 0.0) + seconds
+
+    def finish(self, new_tokens: int, seconds: float) -> None:
+        """Close the run: tokens handed to the caller and wall seconds of the whole generation."""
+        self.new_tokens, self.seconds = new_tokens, seconds
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.accepted / self.draft_rounds if self.draft_rounds else 1.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / o for a, o in zip(self.accepted_at, self.offered_at)]
+
+    @property
+    def acceptance_conditional(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached_at)]
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds per engine, plus "python" = wall - engines (scheduling, sampling, copies)."""
+        split = dict(self.engine_s)
+        split["python"] = max(self.seconds - sum(self.engine_s.values()), 0.0)
+        return split
+
+    def to_json(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.new_tokens / self.seconds if self.seconds > 0 else 0.0,
+            "tau": self.tau,
+            "acceptance_by_position": self.acceptance_by_position,
+            "acceptance_conditional": self.acceptance_conditional,
+            "rounds": self.rounds,
+            "draft_rounds": self.draft_rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
+            "time_split": self.time_split(),
+        }

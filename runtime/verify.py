@@ -1,0 +1,121 @@
+"""Lossless verification of a block of d draft tokens (DESIGN.md §4).
+
+The target scores ``d + 1`` positions in one pass: the last committed token followed by
+the d drafts, so row k of its output is the target's distribution for the token after
+draft k (row 0: for draft 1's slot; row d: the bonus slot). Both rules return a
+``Verdict``: ``accepted`` drafts a (0 <= a <= d) and the ``tokens`` to emit, int64
+[a + 1]: the a accepted drafts then one target token (the correction at the first
+rejection, or the bonus when all d are accepted). Every round therefore emits >= 1 token.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from specrt.errors import InternalError
+
+from .sampling import check_logits, sample
+
+
+class Verdict(NamedTuple):
+    accepted: int  # a
+    tokens: np.ndarray  # int64 [a + 1]
+
+
+def verify_greedy(logits: np.ndarray, draft: np.ndarray) -> Verdict:
+    """Greedy rule: emit argmax(logits[k]) for k = 0, 1, ... up to and including the first
+    k where it differs from draft[k]; if all d drafts match, the last one is the bonus.
+
+    logits [d+1, V]; draft int [d] in target ids. The output equals target-only greedy
+    decoding token for token, since every emitted token is a target argmax given a
+    prefix of target argmaxes.
+    """
+    d = len(draft)
+    if logits.ndim != 2 or logits.shape[0] != d + 1:
+        raise InternalError(f"verify_greedy: logits {logits.shape} for {d} drafts, expected [{d + 1}, V]")
+    best = logits.argmax(-1)  # [d+1]; a NaN row's argmax is its first NaN
+    check_logits(logits, "target", logits[np.arange(d + 1), best])
+    match = best[:d] == draft
+    a = d if match.all() else int(match.argmin())
+    return Verdict(a, best[: a + 1].astype(np.int64))
+
+
+def scatter_draft_probs(q_draft: np.ndarray, d2t: np.ndarray | None, vocab: int) -> np.ndarray:
+    """Draft-vocab probabilities q_draft [d, Vd] -> target-vocab q [d, V] float64.
+
+    ``target_id = draft_id + d2t[draft_id]``; target tokens outside the draft vocabulary
+    get q = 0, so verification leaves all their p-mass in the residual (DESIGN.md §4).
+    ``d2t`` None means the draft shares the target vocabulary.
+    """
+    if d2t is None:
+        if q_draft.shape[-1] != vocab:
+            raise InternalError(f"draft vocab {q_draft.shape[-1]} != target vocab {vocab} and no d2t given")
+        return q_draft.astype(np.float64)
+    ids = np.arange(len(d2t)) + d2t  # [Vd] target ids
+    if q_draft.shape[-1] != len(d2t) or ids.min() < 0 or ids.max() >= vocab:
+        raise InternalError(f"d2t of {len(d2t)} entries does not map draft vocab {q_draft.shape[-1]} into [0, {vocab})")
+    q = np.zeros((q_draft.shape[0], vocab))
+    q[:, ids] = q_draft
+    return q
+
+
+def one_hot(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """q [d, V] of deterministic (greedy) drafts: all mass on the drafted token."""
+    q = np.zeros((len(tokens), vocab))
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return q
+
+
+def accept_probability(p: float, q: float) -> float:
+    """min(1, p/q) for the drafted token; verify_sampling accepts iff u < it, u ~ U[0, 1).
+
+    q = 0 cannot happen for a token drawn from q (greedy drafts have q = 1 on their
+    token); if a caller passes it anyway, any p > 0 accepts (the limit of p/q) and the
+    division is never reached: p >= q returns first, and p < q implies q > 0.
+    """
+    if p <= 0.0:
+        return 0.0
+    return 1.0 if p >= q else p / q
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """normalise(max(0, p - q)) [V]: the correction distribution after a rejection.
+
+    A rejection needs p(t) < q(t) for the drafted t, so sum(max(0, p - q)) =
+    sum(max(0, q - p)) > 0 in exact arithmetic; if rounding leaves no mass (p ~= q) we fall
+    back to p, the distribution the residual would then equal.
+    """
+    r = np.maximum(p - q, 0.0)
+    z = r.sum()
+    return r / z if z > 0.0 else p
+
+
+def verify_sampling(p: np.ndarray, q: np.ndarray, draft: np.ndarray, rng: np.random.Generator) -> Verdict:
+    """Speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023).
+
+    For k = 0 .. d-1: accept draft[k] with probability min(1, p[k, t] / q[k, t]); at the
+    first rejection emit a token ~ normalise(max(0, p[k] - q[k])) and stop. If all d are
+    accepted emit the bonus ~ p[d]. The emitted sequence is then distributed exactly as
+    sampling from p alone.
+
+    p [d+1, V]: processed target probabilities (sampling.probs); q [d, V]: draft
+    probabilities in target ids (scatter_draft_probs; one_hot for greedy drafts);
+    draft int [d] in target ids; rng: the run's generator (one uniform per tested draft,
+    one inverse-CDF uniform for the final token).
+    """
+    d = len(draft)
+    if p.shape[0] != d + 1 or q.shape != (d, p.shape[1]):
+        raise InternalError(f"verify_sampling: p {p.shape}, q {q.shape} for {d} drafts, expected [{d + 1}, V] and [{d}, V]")
+    for k in range(d):
+        t = draft[k]
+        if not rng.random() < accept_probability(float(p[k, t]), float(q[k, t])):
+            tokens = np.empty(k + 1, np.int64)
+            tokens[:k] = draft[:k]
+            tokens[k] = sample(residual(p[k], q[k]), rng)
+            return Verdict(k, tokens)
+    tokens = np.empty(d + 1, np.int64)
+    tokens[:d] = draft
+    tokens[d] = sample(p[d], rng)
+    return Verdict(d, tokens)

@@ -1,0 +1,301 @@
+import json
+import timeit
+
+import numpy as np
+import pytest
+
+from specrt.errors import InternalError, UserError
+from specrt.runtime.governor import (AdaptiveGovernor, Calibration, DSparkGovernor, FixedGovernor, GovernorState,
+                                     OffGovernor, ece, from_spec)
+from specrt.runtime.telemetry import RoundResult
+
+DEPTHS = (1, 2, 4, 8)
+NONE = GovernorState()
+
+
+def conf(*c):
+    return GovernorState(confidences=np.array(c, float))
+
+
+# ---- fixed / off ----------------------------------------------------------------------
+
+
+def test_fixed_and_off():
+    assert FixedGovernor(DEPTHS, 4).choose(NONE) == 4
+    assert FixedGovernor(DEPTHS, 0).choose(NONE) == 0
+    assert OffGovernor(DEPTHS).choose(conf(1.0)) == 0
+    with pytest.raises(UserError, match="depth 3 is not built; available depths: 1, 2, 4, 8"):
+        FixedGovernor(DEPTHS, 3)
+    with pytest.raises(UserError, match="built depths"):
+        FixedGovernor((0, 2), 2)
+
+
+def test_limit_caps_to_a_built_depth():
+    g = FixedGovernor(DEPTHS, 8)
+    assert g.choose(GovernorState(limit=5)) == 4
+    assert g.choose(GovernorState(limit=1)) == 1
+    assert g.choose(GovernorState(limit=0)) == 0
+
+
+def test_from_spec():
+    assert isinstance(from_spec("off", DEPTHS), OffGovernor)
+    assert from_spec("4", DEPTHS).choose(NONE) == 4
+    assert isinstance(from_spec("adaptive", DEPTHS), AdaptiveGovernor)
+    assert isinstance(from_spec("dspark", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS}), DSparkGovernor)
+    with pytest.raises(UserError, match="cost table"):
+        from_spec("dspark", DEPTHS)
+    with pytest.raises(UserError, match="'off', 'adaptive', 'dspark' or a built depth"):
+        from_spec("fast", DEPTHS)
+
+
+# ---- adaptive (onnxruntime-genai rule) ------------------------------------------------
+
+
+def run(g, n, accept_rate, cost=lambda d: 1.0 + 0.1 * d):
+    """n rounds at the governor's depth; accepted = round(rate * d); throughput = (a+1)/cost(d)."""
+    trace = []
+    for _ in range(n):
+        d = g.choose(NONE)
+        a = int(round(accept_rate * d))
+        g.observe(RoundResult(d, a, t_draft=0.2, t_verify=cost(d) - 0.2))
+        trace.append(d)
+    return trace
+
+
+def test_adaptive_climbs_built_depths_when_everything_is_accepted():
+    g = AdaptiveGovernor(DEPTHS)
+    # 2 rounds to qualify, probe 2 rounds, 1 cooldown round, 2 stable rounds, ...
+    assert run(g, 12, 1.0) == [1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 8, 8]
+    assert (g.increases, g.decreases, g.probes) == (3, 0, 3)
+    assert run(g, 5, 1.0) == [8] * 5  # ceiling
+
+
+def test_adaptive_floor_blocks_probes_down():
+    g = AdaptiveGovernor(DEPTHS, min_depth=4)
+    assert run(g, 8, 0.0) == [4] * 8 and g.probes == 0  # acceptance 0 but 4 is the floor
+    with pytest.raises(UserError, match="min depth 3"):
+        AdaptiveGovernor(DEPTHS, min_depth=3)
+
+
+def test_adaptive_probe_down_kept_then_stays_at_floor():
+    g = AdaptiveGovernor(DEPTHS)
+    g.k = 4  # as after climbing
+    trace = run(g, 10, 0.0)
+    assert trace[:4] == [4, 4, 2, 2]  # probe 2, kept (same tokens, lower cost)
+    assert 1 in trace and g.k == 1  # then down to the floor 1, never 0
+    assert run(g, 5, 0.0) == [1] * 5
+
+
+def test_adaptive_severe_regression_reverts_at_once_then_waits_six():
+    g = AdaptiveGovernor(DEPTHS)
+    slow_two = lambda d: 1.0 if d == 1 else 10.0  # depth 2 is 10x slower
+    trace = run(g, 12, 1.0, slow_two)
+    # qualify (2 rounds), probe 2 for one round (throughput < 80%: revert at once),
+    # 6 cooldown rounds, qualified again at once (stable rounds kept counting): probe, revert
+    assert trace == [1, 1, 2] + [1] * 7 + [2, 1]
+    assert (g.increases, g.decreases, g.probes) == (2, 2, 2)
+
+
+def test_adaptive_upward_probe_needs_high_acceptance():
+    g = AdaptiveGovernor(DEPTHS)
+    for _ in range(2):
+        g.observe(RoundResult(1, 1, 0.1, 0.9))  # 100% at depth 1: probe 2
+    assert g.k == 2
+    g.observe(RoundResult(2, 1, 0.1, 0.9))  # acceptance 1/2, throughput ok
+    g.observe(RoundResult(2, 1, 0.1, 0.9))
+    assert g.k == 1  # not kept: acceptance < 75% going up
+
+
+def test_adaptive_ignores_rounds_at_other_depths_and_bad_timing():
+    g = AdaptiveGovernor(DEPTHS)
+    for r in (RoundResult(2, 2, 0.1, 0.1), RoundResult(0, 0, 0.0, 0.1), RoundResult(1, 1, 0.0, 0.0),
+              RoundResult(1, 1, float("nan"), 0.1)):
+        g.observe(r)
+    assert g.observations == 0
+
+
+# ---- DSpark ---------------------------------------------------------------------------
+
+
+def dspark(t_draft=0.5, tv=None, **kw):
+    return DSparkGovernor(DEPTHS, t_draft, tv or {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}, **kw)
+
+
+def test_dspark_maximises_expected_tokens_per_second():
+    g = dspark()
+    # c = 1: E(d) = 1 + d -> rates 2/1.5, 3/1.6, 5/1.7, 9/2.1: depth 8
+    assert g.choose(conf(*[1.0] * 8)) == 8
+    # c = (0.9, 0.5, 0.1, ...): E = 1.9, 2.35, 2.3585.. ; rates 1.267, 1.469, 1.387: depth 2
+    assert g.choose(conf(0.9, 0.5, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1)) == 2
+    # only 3 drafted: depths 4 and 8 are not candidates
+    assert g.choose(conf(1.0, 1.0, 1.0)) == 2
+    assert g.choose(GovernorState(confidences=np.ones(8), limit=4)) == 4
+
+
+def test_dspark_ties_go_to_the_smaller_depth():
+    g = dspark(tv={d: 1.0 for d in DEPTHS})
+    assert g.choose(conf(*[0.0] * 8)) == 1  # E = 1 everywhere, equal costs
+    g = dspark(tv={0: 1.0, **{d: 1.0 for d in DEPTHS}})
+    assert g.choose(conf(*[0.0] * 8)) == 0  # drafted: 1 / (0.5 + 1.0) for d = 0 and d = 1
+    g = dspark(tv={0: 1.5, **{d: 1.0 for d in DEPTHS}})
+    assert g.choose(conf(*[0.0] * 8)) == 1  # drafted: d = 0 costs 0.5 + 1.5 now
+    assert g.rate == pytest.approx(1 / 1.5)  # the predicted rate of drafting
+    assert g.choose(NONE) == 0  # before drafting: 1 / 1.5 (no draft) == rate: tie -> 0
+
+
+def test_dspark_costs_can_make_depth_zero_best():
+    g = dspark(tv={0: 0.3, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    assert g.choose(conf(0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5)) == 0
+    assert g.choose(conf(*[1.0] * 8)) == 8  # 9 / 2.1 > 1 / 0.8
+    g = dspark()  # no decode cost known: 0 is not a candidate
+    assert g.choose(conf(*[0.0] * 8)) == 1
+
+
+def test_dspark_degenerate_confidences_and_errors():
+    g = dspark()
+    assert g.choose(conf(1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)) == 1  # S_k = 0 after a zero
+    with pytest.raises(InternalError, match="non-finite"):
+        g.choose(conf(np.nan, 1.0))
+    with pytest.raises(UserError, match=r"cost table lacks depth\(s\) \[8\]"):
+        DSparkGovernor(DEPTHS, 0.5, {1: 1.0, 2: 1.0, 4: 1.0})
+    with pytest.raises(UserError, match="positive number of seconds"):
+        DSparkGovernor(DEPTHS, 0.0, {d: 1.0 for d in DEPTHS})
+
+
+def test_dspark_decides_whether_to_draft_from_the_predicted_rate():
+    g = dspark(tv={0: 0.5, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    assert g.choose(NONE) == 8  # nothing known yet: draft the full block
+    assert g.choose(GovernorState(limit=3)) == 2
+    assert g.choose(conf(*[0.1] * 8)) == 0  # 1.1 / 1.5 < 1 / (0.5 + 0.5)
+    assert g.rate == pytest.approx(1.1 / 1.5)
+    assert g.choose(NONE) == 0  # 1.1 / 1.5 < 1 / 0.5: skip drafting
+    for _ in range(40):
+        g.choose(conf(*[1.0] * 8))  # 9 / 2.1 per round
+    assert g.rate > 1 / 0.5 and g.choose(NONE) == 8
+
+
+def test_dspark_learns_costs_and_decode_step_online():
+    g = dspark(ema=0.5)
+    g.observe(RoundResult(0, 0, t_verify=0.2))  # first plain step: decode cost now known
+    assert g.t_decode == 0.2
+    g.observe(RoundResult(4, 1, t_draft=1.5, t_verify=2.2, confidences=np.array([0.9, 0.2, 0.9, 0.9])))
+    assert g.t_draft == pytest.approx(1.0) and g.t_verify[4] == pytest.approx(1.7)
+    assert g.calibration.n.sum() == 2  # positions 1 and 2 observed
+
+
+def test_dspark_probes_after_consecutive_zeros():
+    g = dspark(tv={0: 0.1, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}, probe_every=3)
+    g.rate = 1.0  # < 1 / 0.1
+    assert [g.choose(NONE) for _ in range(5)] == [0, 0, 0, 8, 0]
+
+
+def test_dspark_decision_is_cheap():
+    g = dspark(tv={0: 0.3, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    s = conf(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+    n = 2000
+    per_call = min(timeit.repeat(lambda: g.choose(s), number=n, repeat=3)) / n
+    assert per_call < 100e-6, per_call  # measured ~10-20 us here; loose bound for shared CPUs
+
+
+# ---- calibration ----------------------------------------------------------------------
+
+
+def test_ece():
+    assert ece(np.full(10, 0.9), np.array([1] * 5 + [0] * 5)) == pytest.approx(0.4)
+    assert ece(np.array([0.1, 0.9]), np.array([0, 1]), bins=2) == pytest.approx(0.1)
+    assert ece(np.array([]), np.array([])) == 0.0
+
+
+def test_empty_calibration_is_identity():
+    cal = Calibration()
+    x = np.array([0.0, 0.01, 0.3, 0.5, 0.77, 0.99, 1.0])
+    np.testing.assert_allclose(cal(x[:7]), x, atol=1e-12)
+    np.testing.assert_allclose(cal.predict(x, np.full(7, 20)), x, atol=1e-12)  # past the last position
+
+
+def synthetic(rng, n, positions=4):
+    """Overconfident draft: true conditional acceptance = conf ** (k + 2) at position k."""
+    c = rng.beta(2, 2, n)
+    k = rng.integers(0, positions, n)
+    return c, k, (rng.random(n) < c ** (k + 2)).astype(float)
+
+
+@pytest.mark.parametrize("kinds", [("histogram",), ("isotonic",), Calibration.KINDS])
+def test_fit_reduces_ece_on_miscalibrated_data(kinds):
+    rng = np.random.default_rng(0)
+    cal = Calibration.fit(*synthetic(rng, 20000), kinds=kinds)
+    c, k, acc = synthetic(rng, 20000)
+    raw, fitted = ece(c, acc), ece(cal.predict(c, k), acc)
+    assert fitted < 0.3 * raw, (raw, fitted)
+    assert cal.kind in kinds and set(cal.cv_ece) == set(kinds)
+    if cal.kind == "isotonic":
+        assert (np.diff(cal.ys, axis=1) >= -1e-12).all()
+
+
+def test_online_update_moves_towards_observed_acceptance():
+    rng = np.random.default_rng(1)
+    cal = Calibration(positions=2, refit_every=8)
+    for _ in range(4000):  # confidence 0.925 (a bin centre) but accepted 30% of the time
+        a = 0 if rng.random() >= 0.3 else 1 + (rng.random() < 0.3)
+        cal.update(np.array([0.925, 0.925]), a)
+    assert cal(np.array([0.925, 0.925])) == pytest.approx([0.3, 0.3], abs=0.05)
+    assert cal(np.array([0.5]))[0] == pytest.approx(0.5)  # no data there: still the identity
+    assert cal.n[0].sum() <= cal.window + cal.refit_every  # forgetting keeps counts bounded
+
+
+def test_calibration_json_round_trip_and_errors():
+    rng = np.random.default_rng(2)
+    cal = Calibration.fit(*synthetic(rng, 5000))
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    x = np.linspace(0, 1, 11)
+    np.testing.assert_allclose(back.predict(x, np.arange(11) % 4), cal.predict(x, np.arange(11) % 4))
+    assert back.kind == cal.kind
+    with pytest.raises(UserError, match="malformed"):
+        Calibration.from_dict({"format": "specrt.calibration/1"})
+    bad = cal.to_dict() | {"accepted": (cal.n + 1).tolist()}
+    with pytest.raises(UserError, match="inconsistent"):
+        Calibration.from_dict(bad)
+    with pytest.raises(UserError, match="kind"):
+        Calibration("platt")
+
+
+# ---- a simulated workload -------------------------------------------------------------
+
+T_DRAFT, T_VERIFY = 0.004, {0: 0.016, 1: 0.018, 2: 0.019, 4: 0.021, 8: 0.026}
+
+
+def easy(rng):  # overconfident draft: acceptance = confidence ** 1.5
+    c = np.clip(rng.beta(5, 2, 8) * (0.6 if rng.random() < 0.5 else 1.0), 0, 1)
+    return c, rng.random(8) < c ** 1.5
+
+
+def hard(rng):
+    c = rng.beta(2, 5, 8)
+    return c, rng.random(8) < c ** 2
+
+
+def tokens_per_s(g, env, rounds=2000, seed=0):
+    rng, tokens, seconds = np.random.default_rng(seed), 0, 0.0
+    for i in range(rounds):
+        c, ok = env(i, rng)
+        d = g.choose(NONE)
+        td = T_DRAFT if d else 0.0
+        if d and g.uses_confidences:
+            d = g.choose(GovernorState(confidences=c))
+        a = d if ok[:d].all() else int(np.argmin(ok[:d]))
+        tokens, seconds = tokens + a + 1, seconds + td + T_VERIFY[d]
+        g.observe(RoundResult(d, a, td, T_VERIFY[d], confidences=c if td else None))
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("name,env", [("easy", lambda i, r: easy(r)), ("hard", lambda i, r: hard(r)),
+                                      ("alternating", lambda i, r: (easy if i // 300 % 2 == 0 else hard)(r))],
+                         ids=["easy", "hard", "alternating"])
+def test_dspark_is_never_much_worse_than_the_best_fixed_choice(name, env):
+    rate = {k: tokens_per_s(FixedGovernor(DEPTHS, k), env) for k in (0, *DEPTHS)}
+    rate["adaptive"] = tokens_per_s(AdaptiveGovernor(DEPTHS), env)
+    dsp = tokens_per_s(DSparkGovernor(DEPTHS, T_DRAFT, T_VERIFY), env)
+    best = max(rate.values())
+    assert dsp > 0.95 * best, (dsp, rate)
+    if name == "alternating":
+        assert dsp > 1.05 * best, (dsp, rate)  # it follows the phases, no fixed depth can

@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from specrt import contracts
+from specrt.errors import InternalError, UserError
+from specrt.runtime.kvcache import KVCache
+
+L, KVH, D, MAX = 2, 3, 4, 10
+
+
+def new_rows(s, start, cache=None):
+    """Graph outputs for S new positions; row j of layer i holds value 1000 i + start + j."""
+    out = {}
+    for i in range(L):
+        rows = (1000 * i + start + np.arange(s, dtype=np.float32))[None, :, None, None]
+        out[contracts.new_key(i)] = np.broadcast_to(rows, (1, s, KVH, D)).copy()
+        out[contracts.new_value(i)] = -out[contracts.new_key(i)]
+    return out
+
+
+def test_feeds_are_contiguous_views_without_copy():
+    c = KVCache(L, KVH, D, MAX)
+    c.commit(new_rows(3, 0), 3)
+    feeds = c.past_feeds()
+    assert sorted(feeds) == sorted([contracts.past_key(i) for i in range(L)] + [contracts.past_value(i) for i in range(L)])
+    for i in range(L):
+        k, v = feeds[contracts.past_key(i)], feeds[contracts.past_value(i)]
+        assert k.shape == v.shape == (1, 3, KVH, D)
+        assert np.shares_memory(k, c.keys[i]) and np.shares_memory(v, c.values[i])
+        assert k.flags.c_contiguous and v.flags.c_contiguous
+        assert k.base is c.keys[i]
+    assert c.past_feeds()[contracts.past_key(0)].shape == (1, 3, KVH, D)
+    assert KVCache(L, KVH, D, MAX).past_feeds()[contracts.past_key(1)].shape == (1, 0, KVH, D)
+
+
+def test_commit_copies_only_the_accepted_rows():
+    c = KVCache(L, KVH, D, MAX, "float16")
+    c.commit(new_rows(2, 0), 2)  # prefill of 2
+    c.commit(new_rows(5, 100), 3)  # verify of S = 5, a + 1 = 3 accepted rows
+    assert c.length == 5
+    k1 = c.past_feeds()[contracts.past_key(1)]
+    assert k1.dtype == np.float16
+    assert k1[0, :, 0, 0].tolist() == [1000, 1001, 1100, 1101, 1102]
+    assert c.past_feeds()[contracts.past_value(0)][0, :, 1, 2].tolist() == [0, -1, -100, -101, -102]
+    assert (c.keys[0][:, 5:] == 0).all()  # rejected rows never written
+    c.commit(new_rows(1, 7), 0)
+    assert c.length == 5
+
+
+def test_rollback_is_o1_and_only_shrinks():
+    c = KVCache(L, KVH, D, MAX)
+    c.commit(new_rows(6, 0), 6)
+    before = c.keys[0].copy()
+    c.rollback(4)
+    assert c.length == 4 and (c.keys[0] == before).all()  # nothing touched
+    c.commit(new_rows(2, 50), 2)  # overwrites the forgotten rows
+    assert c.past_feeds()[contracts.past_key(0)][0, :, 0, 0].tolist() == [0, 1, 2, 3, 50, 51]
+    with pytest.raises(InternalError, match="rollback to 9"):
+        c.rollback(9)
+    with pytest.raises(InternalError):
+        c.rollback(-1)
+    c.reset()
+    assert c.length == 0
+
+
+def test_overflow_is_a_user_error_naming_the_limit():
+    c = KVCache(L, KVH, D, MAX)
+    c.commit(new_rows(8, 0), 8)
+    c.check_room(2)
+    with pytest.raises(UserError, match="max_len 10"):
+        c.check_room(3)
+    with pytest.raises(UserError, match="context limit"):
+        c.commit(new_rows(3, 0), 3)
+    assert c.length == 8
+
+
+def test_bad_graph_outputs_are_internal_errors():
+    c = KVCache(L, KVH, D, MAX)
+    rows = new_rows(2, 0)
+    del rows[contracts.new_value(1)]
+    with pytest.raises(InternalError, match="new_value.1"):
+        c.commit(rows, 2)
+    with pytest.raises(InternalError, match="cannot take 3 rows"):
+        c.commit(new_rows(2, 0), 3)
+    with pytest.raises(InternalError, match="shape"):
+        c.commit({k: v[..., :2] for k, v in new_rows(2, 0).items()}, 1)
+    assert c.length == 0
+
+
+def test_bad_construction_is_a_user_error():
+    with pytest.raises(UserError, match="max_len"):
+        KVCache(L, KVH, D, 0)
+    with pytest.raises(UserError, match="dtype"):
+        KVCache(L, KVH, D, MAX, "int8")
+    with pytest.raises(UserError, match="dtype"):
+        KVCache(L, KVH, D, MAX, "bfloat16")

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from specrt.errors import InternalError, UserError
+from specrt.runtime.sampling import SamplingParams, check_logits, make_rng, probs, sample
+
+
+def test_softmax_is_stable_and_float64():
+    p = probs(np.array([[1000.0, 1001.0, -1000.0]], np.float32), SamplingParams(temperature=1.0))
+    assert p.dtype == np.float64
+    np.testing.assert_allclose(p[0], [1 / (1 + np.e), np.e / (1 + np.e), 0.0], atol=1e-12)
+
+
+def test_temperature_zero_is_one_hot_argmax():
+    p = probs(np.array([[0.0, 3.0, 3.0, 1.0]]), SamplingParams())
+    assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]  # first maximum
+
+
+def test_temperature_scales_logits():
+    x = np.array([[0.0, 1.0]])
+    p = probs(x, SamplingParams(temperature=0.5))
+    np.testing.assert_allclose(p[0, 1] / p[0, 0], np.exp(2.0))
+
+
+def test_top_k_keeps_k_and_ties():
+    p = probs(np.array([[1.0, 4.0, 3.0, 2.0, 0.0]]), SamplingParams(temperature=1.0, top_k=2))
+    assert np.flatnonzero(p[0]).tolist() == [1, 2]
+    p = probs(np.array([[1.0, 4.0, 3.0, 3.0]]), SamplingParams(temperature=1.0, top_k=2))
+    assert np.flatnonzero(p[0]).tolist() == [1, 2, 3]  # tie at the k-th logit kept (as transformers)
+    assert probs(np.array([[1.0, 2.0]]), SamplingParams(temperature=1.0, top_k=5)).min() > 0  # k >= V: off
+
+
+def test_top_p_smallest_prefix_reaching_mass():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda top_p: np.flatnonzero(probs(logits, SamplingParams(temperature=1.0, top_p=top_p))[0]).tolist()
+    assert kept(0.5) == [0]  # 0.5 reached by the first token
+    assert kept(0.6) == [0, 1]
+    assert kept(0.85) == [0, 1, 2]  # 0.8 < 0.85 needs the third token
+    assert kept(1e-9) == [0]  # always at least one token
+    p = probs(logits, SamplingParams(temperature=1.0, top_p=0.85))
+    np.testing.assert_allclose(p[0, :3], np.array([0.5, 0.3, 0.15]) / 0.95)
+
+
+def test_top_k_then_top_p_rows_independent():
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    p = probs(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.7))
+    # after top-k: [0.4, 0.3, 0.2]/0.9 = [.444, .333, .222]; top-p 0.7 keeps two
+    assert [np.flatnonzero(r).tolist() for r in p] == [[0, 1], [2, 3]]
+    np.testing.assert_allclose(p.sum(-1), 1.0)
+
+
+def test_bad_options_are_user_errors():
+    for kw, name in [({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+                     ({"top_k": -2}, "top_k"), ({"top_k": 1.5}, "top_k"), ({"top_p": 0.0}, "top_p"),
+                     ({"top_p": 1.5}, "top_p"), ({"seed": -1}, "seed")]:
+        with pytest.raises(UserError, match=name):
+            SamplingParams(**kw)
+
+
+def test_nan_and_inf_logits_raise_naming_the_position():
+    x = np.zeros((3, 4))
+    x[2, 1] = np.nan
+    with pytest.raises(InternalError, match="target engine produced NaN logits at position 2"):
+        probs(x, SamplingParams(temperature=1.0))
+    x[2, 1] = np.inf
+    with pytest.raises(InternalError, match=r"\+inf logits at position 2"):
+        check_logits(x, "target")
+    x[2] = -np.inf
+    with pytest.raises(InternalError, match="all -inf logits at position 2"):
+        check_logits(x, "draft")
+    x[2, 0] = 0.0  # -inf elsewhere is a legal mask
+    assert probs(x, SamplingParams(temperature=1.0))[2].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_sampler_is_seeded_and_matches_p():
+    p = np.array([0.1, 0.0, 0.6, 0.3])
+    a = [sample(p, make_rng(3)) for _ in range(3)]
+    assert a == [sample(p, make_rng(3))] * 3
+    rng = make_rng(0)
+    draws = np.bincount([sample(p, rng) for _ in range(20000)], minlength=4) / 20000
+    assert draws[1] == 0.0  # zero mass never drawn
+    np.testing.assert_allclose(draws, p, atol=0.015)
+    assert sample(np.array([0.0, 0.0, 1.0, 0.0]), rng) == 2
+
+
+def reference_probs(x, t, k, top_p):
+    """The textbook definition, dense and slow: temperature, top-k (ties kept), top-p."""
+    x = x.astype(np.float64) / t
+    if 0 < k < x.shape[-1]:
+        x = np.where(x >= np.sort(x, -1)[:, -k:-k + 1], x, -np.inf)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    order = np.argsort(-p, -1, kind="stable")
+    sp = np.take_along_axis(p, order, -1)
+    keep = np.zeros(p.shape, bool)
+    np.put_along_axis(keep, order, np.cumsum(sp, -1) - sp < top_p, -1)
+    p = np.where(keep, p, 0.0)
+    return p / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 8.0])  # flat (top-p needs the full sort) to peaked
+def test_fast_paths_equal_the_reference_definition(scale):
+    rng = np.random.default_rng(int(scale * 10))
+    x = (rng.normal(0, scale, (3, 5000))).astype(np.float32)
+    x[1, :7] = x[1].max()  # a tie at the top
+    for t, k, top_p in [(1.0, 0, 1.0), (0.7, 50, 1.0), (0.7, 0, 0.9), (1.3, 2000, 0.95), (0.5, 7, 0.5)]:
+        np.testing.assert_allclose(probs(x, SamplingParams(t, k, top_p)), reference_probs(x, t, k, top_p),
+                                   rtol=1e-9, atol=1e-15)
