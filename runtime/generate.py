@@ -25,6 +25,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
 
+from .governor import GovernorState
 from .kvcache import KVCache
 from .sampling import SamplingParams, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
@@ -179,13 +180,13 @@ class Generator:
             self.tkv.commit(out, len(prompt))
             first = self._pick(out[C.LOGITS][0, -1], rng)
             x = prompt + [first]
-            pend_tok, pend_aux, pend_start = x[1:], out[C.AUX_HIDDEN][0], 0
+            # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
+            pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0]], 0
             emitted = 1
             yield [first]
             if first in eos:
                 self.finished = Finished("eos")
                 return
-            use_draft = self.dkv is not None and self.governor.draft_length() > 0
             while emitted < max_new_tokens:
                 n = self.tkv.length
                 room = self.e.max_context - n - 1  # drafts that still fit after x[-1]
@@ -194,16 +195,21 @@ class Generator:
                     return
                 t_round = time.perf_counter()
                 drafts, q, conf, t_draft = np.zeros(0, np.int64), None, None, 0.0
-                if use_draft:
-                    k = self.governor.draft_length()
+                # never verify more than fits the context or the token budget (d drafts + 1)
+                limit = min(room, max_new_tokens - emitted - 1)
+                d = self.governor.choose(GovernorState(limit=limit)) if self.dkv is not None else 0
+                if d > 0:
                     if self.dkv.length != pend_start:
                         raise InternalError(f"draft KV at {self.dkv.length}, pending slots start at {pend_start}")
+                    # DSpark drafts the whole block and then picks the verified length from
+                    # its confidences; the others draft exactly what they verify.
+                    k = self.governor.depths[-1] if self.governor.uses_confidences else d
                     fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
-                    drafts, q, conf, t_draft = fn(pend_tok, pend_aux, pend_start, k, rng)
-                    # never verify more than fits the context or the token budget (d drafts + 1)
-                    d = min(self.governor.choose(conf), room, max_new_tokens - emitted - 1)
-                else:
-                    d = 0
+                    aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
+                    drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, k, rng)
+                    pend_tok, pend_aux, pend_start = [], [], n
+                    if self.governor.uses_confidences:
+                        d = self.governor.choose(GovernorState(confidences=conf, limit=limit))
                 out, t_verify = self._target([x[-1], *drafts[:d]], n)
                 logits = out[C.LOGITS][0]  # [d+1, V]
                 if self.params.greedy:
@@ -212,7 +218,9 @@ class Generator:
                     p = probs(logits, self.params)
                     v = verify_sampling(p, q[:d] if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
                 self.tkv.commit(out, v.accepted + 1)
-                pend_tok, pend_aux, pend_start = [int(t) for t in v.tokens], out[C.AUX_HIDDEN][0, : v.accepted + 1], n
+                if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
+                    pend_tok += [int(t) for t in v.tokens]
+                    pend_aux.append(out[C.AUX_HIDDEN][0, : v.accepted + 1])
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None)
                 tel.record(r)
