@@ -107,3 +107,41 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)), *kv_in),
         outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, 3 * hidden)), *kv_out),
     )
+
+
+def peagle_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, target_hidden: int,
+              dtype: str) -> GraphIO:
+    """One P-EAGLE drafting pass over S = A + M slots (A real, then M = K - 1 mask slots).
+
+    ``aux_hidden`` holds the target's aux hidden states of the A real slots (A >= 1);
+    ``input_ids`` carries mask_token_id in the mask slots. ``draft_logits`` and
+    ``draft_token_ids`` cover K = M + 1 rows: the last real slot, then the M mask slots.
+    The new KV covers all S slots; the runtime commits only the first A (mask slots are
+    per-round scratch).
+    """
+    kv_in, kv_out = kv_specs(num_layers, kv_heads, head_dim, dtype)
+    return GraphIO(
+        inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
+                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)), *kv_in),
+        outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_DEPTH, draft_vocab)),
+                 TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_DEPTH)), *kv_out),
+    )
+
+
+def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, hidden: int, target_hidden: int,
+              dtype: str) -> GraphIO:
+    """One sequential EAGLE-3 step over S = A + B positions.
+
+    The first A positions take g = fc(aux_hidden) (target hidden states, e.g. the tokens
+    just verified), the next B take g = prev_hidden (the draft's own ``hidden_out`` of an
+    earlier step); A or B may be 0. Outputs cover all S positions.
+    """
+    kv_in, kv_out = kv_specs(num_layers, kv_heads, head_dim, dtype)
+    return GraphIO(
+        inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
+                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)),
+                TensorSpec(DRAFT_PREV_HIDDEN, dtype, (1, DIM_PREV, hidden)), *kv_in),
+        outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_NEW, draft_vocab)),
+                 TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_NEW)),
+                 TensorSpec(DRAFT_HIDDEN_OUT, dtype, (1, DIM_NEW, hidden)), *kv_out),
+    )

@@ -1,0 +1,301 @@
+"""Lower the target and the drafts to ONNX graphs, from numpy weights keyed by slot.
+
+``get(slot) -> np.ndarray`` serves the canonical slots of export/slots.py in HF layout
+([out, in]); ``bind_target``/``bind_draft`` (export/binding.py) provide it. The graphs'
+inputs and outputs are exactly those of specrt/contracts.py; the blocks they are made
+of (RMSNorm, RoPE, GQA attention over past + new KV, SwiGLU) live in export/onnx_ops.py.
+
+dtype: "float32" (default), "float16" or "bfloat16" sets the weights and every float
+input/output; RMSNorm statistics, RoPE tables and softmax are float32 inside.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from specrt import contracts as C
+from specrt.errors import InternalError, UserError
+from specrt.export import onnx_ops as ops
+from specrt.export.config import DecoderConfig, DraftConfig
+
+# Above this many bytes of tensors a model is saved with its weights in a side file
+# (protobuf cannot serialise a single message past 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_500_000_000
+
+
+def _weights(b: ops.GraphBuilder, get: ops.Get):
+    """Slot -> initializer name; each slot is fetched once, converted, and its numpy
+    array dropped (a tied head reuses the embedding without fetching it again)."""
+    return lambda slot: slot if b.has_weight(slot) else b.weight(slot, get(slot))
+
+
+def _kv_names(i: int) -> tuple[str, str, str, str]:
+    return C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i)
+
+
+def _layers(b: ops.GraphBuilder, cfg: DecoderConfig, h: str, ctx: ops.AttnContext, W, start: int,
+            taps: dict[int, str] | None = None) -> str:
+    """Decoder layers start..L-1 on the residual h [S, H]; taps[i] = residual entering layer i."""
+    for i in range(start, cfg.num_layers):
+        if taps is not None:
+            taps[i] = h
+        h = ops.decoder_layer(b, cfg, h, ctx, W, i, _kv_names(i))
+    if taps is not None:
+        taps[cfg.num_layers] = h
+    return h
+
+
+# ---- target ----------------------------------------------------------------------------
+
+
+def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: str = "float32") -> onnx.ModelProto:
+    """The target: any S >= 1 new tokens over any P >= 0 committed ones (prefill and verify).
+
+    I/O: ``contracts.target_io``. ``aux_hidden`` [1, S, 3H] = concat of the residual
+    stream entering layer i for each aux id (id 0 = embeddings; id L = the last layer's
+    output before the final norm). Tied models share the embedding for the head.
+    """
+    aux = tuple(int(i) for i in aux_layer_ids)
+    if len(aux) != 3 or not all(0 <= i <= cfg.num_layers for i in aux):
+        raise UserError(f"aux layer ids {list(aux)}: expected 3 ids in [0, {cfg.num_layers}]")
+    b = ops.GraphBuilder(dtype)
+    W = _weights(b, get)
+    H, V = cfg.hidden_size, cfg.vocab_size
+    ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
+    taps: dict[int, str] = {}
+    h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
+    b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
+    h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
+    # Tied: Gemm(transB=1) reads the embedding table itself, stored once.
+    ops.lm_head(b, h, W("embed") if cfg.tie_word_embeddings else W("lm_head"), V, C.LOGITS)
+    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype)
+    return b.model(io, "specrt_target", f"target {cfg.model_type}, aux ids {list(aux)}")
+
+
+# ---- drafts ----------------------------------------------------------------------------
+
+
+def _check_draft(dc: DraftConfig) -> None:
+    if dc.norm_output:
+        # Its place in the draft's forward is not documented in the speculators format
+        # we follow (DESIGN.md §1): refuse rather than guess.
+        raise UserError("draft config has norm_output=true, which specrt does not support")
+
+
+def _pre_fc(x, dc: DraftConfig, get: ops.Get, b: ops.GraphBuilder | None = None, W=None):
+    """The optional norms on the 3*Ht aux input before fc: input_norm over all 3*Ht
+    (norm_before_fc), then fc_norm.j over each third (fc_norm). On a graph tensor when
+    ``b``/``W`` are given, else on a numpy array (constants folded at export)."""
+    eps = dc.decoder.rms_norm_eps
+
+    def norm(v, slot):
+        return ops.np_rmsnorm(v, get(slot), eps) if b is None else ops.rmsnorm(b, v, W(slot), eps)
+
+    if dc.norm_before_fc:
+        x = norm(x, "input_norm")
+    if dc.fc_norm:
+        parts = np.split(x, 3, axis=-1) if b is None else b.ops("Split", [x], 3, axis=-1)
+        normed = [norm(p, f"fc_norm.{j}") for j, p in enumerate(parts)]
+        x = np.concatenate(normed, axis=-1) if b is None else b.op("Concat", *normed, axis=-1)
+    return x
+
+
+def _fc_aux(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, target_hidden: int) -> str:
+    """aux_hidden [1, A, 3Ht] -> g = fc(norms(aux)) [A, H]."""
+    x = _pre_fc(b.reshape(C.DRAFT_AUX_IN, -1, 3 * target_hidden), dc, get, b, W)
+    return ops.linear(b, x, W("fc"))
+
+
+def _draft_body(b: ops.GraphBuilder, dc: DraftConfig, W, g: str) -> str:
+    """EAGLE-3 layer 0 then ordinary layers; g [S, H] -> pre-norm output [S, H].
+
+    Layer 0: x = concat(input_layernorm(embed(tok)), hidden_norm(g)) [S, 2H] into q/k/v;
+    residual = g, or hidden_norm(g) when norm_before_residual.
+    """
+    cfg = dc.decoder
+    eps = cfg.rms_norm_eps
+    ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
+    e = ops.rmsnorm(b, ops.embed(b, C.INPUT_IDS, W("embed"), cfg.hidden_size), W("layers.0.attn_norm"), eps)
+    gn = ops.rmsnorm(b, g, W("layers.0.hidden_norm"), eps)
+    x = b.op("Concat", e, gn, axis=-1)
+    h = ops.decoder_layer(b, cfg, gn if dc.norm_before_residual else g, ctx, W, 0, _kv_names(0), attn_in=x)
+    return _layers(b, cfg, h, ctx, W, 1)
+
+
+def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str) -> None:
+    """h [K, H] -> draft_logits [1, K, Vd] and draft_token_ids [1, K] in target ids."""
+    Vd = dc.draft_vocab_size
+    h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
+    logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
+    if Vd < dc.decoder.vocab_size:
+        ids = b.op("ArgMax", logits, axis=-1, keepdims=0)  # [1, K] draft ids
+        # target_id = draft_id + d2t[draft_id]
+        d2t = b.const(np.asarray(get("d2t"), dtype=np.int64), "int64")
+        b.op("Add", ids, b.op("Gather", d2t, ids), out=C.DRAFT_TOKENS)
+    else:
+        b.op("ArgMax", logits, axis=-1, keepdims=0, out=C.DRAFT_TOKENS)
+
+
+def _target_hidden(dc: DraftConfig, get: ops.Get) -> tuple[int, np.ndarray]:
+    fc = get("fc")  # [H, 3*Ht]
+    if fc.shape[0] != dc.decoder.hidden_size or fc.shape[1] % 3:
+        raise UserError(f"draft fc weight has shape {list(fc.shape)}, "
+                        f"expected [{dc.decoder.hidden_size}, 3 * target hidden size]")
+    return fc.shape[1] // 3, fc
+
+
+def build_peagle_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float32") -> onnx.ModelProto:
+    """One P-EAGLE parallel drafting pass (DESIGN.md §3). I/O: ``contracts.peagle_io``.
+
+    Slots: A real (g = fc(aux)), then M mask slots (g = fc(mask_hidden), folded to a
+    constant here); M = S - A from the input shapes. Logits at the last real slot and the
+    M mask slots: K = M + 1 rows. Needs A >= 1.
+    """
+    dc = draft_cfg
+    _check_draft(dc)
+    if dc.kind != "peagle":
+        raise UserError(f"build_peagle_graph needs a P-EAGLE draft, got speculators_model_type '{dc.kind}'")
+    cfg = dc.decoder
+    H = cfg.hidden_size
+    Ht, fc = _target_hidden(dc, get)
+    b = ops.GraphBuilder(dtype)
+    W = _weights(b, get)
+    g_real = _fc_aux(b, dc, get, W, Ht)  # [A, H]
+    mask_g = _pre_fc(np.asarray(get("mask_hidden"), np.float32).reshape(1, 3 * Ht), dc, get) @ fc.astype(np.float32).T
+    n_aux, n_new = b.dim(C.DRAFT_AUX_IN, 1), b.dim(C.INPUT_IDS, 1)
+    n_mask = b.op("Sub", n_new, n_aux)
+    g_mask = b.op("Expand", b.const(mask_g, dtype), b.op("Concat", n_mask, b.ints(H), axis=0))  # [M, H]
+    h = _draft_body(b, dc, W, b.op("Concat", g_real, g_mask, axis=0))
+    # rows A-1 .. S-1: the last real slot and the mask slots
+    last_real = b.op("Sub", n_aux, b.ints(1))
+    h = b.op("Slice", h, last_real, n_new, b.ints(0))
+    _draft_head(b, dc, get, W, h)
+    io = C.peagle_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, Ht, dtype)
+    return b.model(io, "specrt_peagle", f"P-EAGLE draft, mask_token_id {dc.mask_token_id}")
+
+
+def build_eagle3_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float32") -> onnx.ModelProto:
+    """One sequential EAGLE-3 step over S = A + B positions. I/O: ``contracts.eagle3_io``.
+
+    g = concat(fc(aux_hidden) [A, H], prev_hidden [B, H]); outputs logits, greedy target
+    ids and hidden_out (the draft's pre-norm output, the next step's prev_hidden) for all S.
+    """
+    dc = draft_cfg
+    _check_draft(dc)
+    cfg = dc.decoder
+    H = cfg.hidden_size
+    Ht, _ = _target_hidden(dc, get)
+    b = ops.GraphBuilder(dtype)
+    W = _weights(b, get)
+    g = b.op("Concat", _fc_aux(b, dc, get, W, Ht), b.reshape(C.DRAFT_PREV_HIDDEN, -1, H), axis=0)
+    h = _draft_body(b, dc, W, g)
+    b.reshape(h, 1, -1, H, out=C.DRAFT_HIDDEN_OUT)
+    _draft_head(b, dc, get, W, h)
+    io = C.eagle3_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, H, Ht, dtype)
+    return b.model(io, "specrt_eagle3", "EAGLE-3 draft step")
+
+
+# ---- saving ----------------------------------------------------------------------------
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool | None = None) -> Path:
+    """Write ``model`` to ``path``; weights go to ``<name>.data`` beside it when
+    ``external_data`` is true, or (None) when they exceed ~1.5 GB.
+
+    Memory: neither way holds a second copy of the weights. A single file is streamed
+    one tensor at a time (``onnx.save_model`` would serialise the whole model, twice
+    over inside protobuf); with external data onnx writes tensor by tensor, and the
+    model object is modified in place (its tensors become references to the data file).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data is None:
+        external_data = tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    if not external_data:
+        _write_streamed(model, path)
+        return path
+    location = path.name + ".data"
+    data = path.parent / location
+    if data.exists():  # onnx appends to an existing data file
+        os.remove(data)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=location, size_threshold=1024)
+    return path
+
+
+# Protobuf wire format: a length-delimited field is varint(field << 3 | 2), varint(len), bytes.
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, length: int) -> bytes:
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+def _without(msg, skip: str):
+    """A copy of ``msg`` without field ``skip`` (the big field is never copied)."""
+    out = type(msg)()
+    for fd, v in msg.ListFields():
+        if fd.name == skip:
+            continue
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if repeated:
+            getattr(out, fd.name).extend(v)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(out, fd.name).CopyFrom(v)
+        else:
+            setattr(out, fd.name, v)
+    return out
+
+
+def _tensor_chunks(t: onnx.TensorProto) -> tuple[int, list]:
+    """(encoded length, pieces) of one initializer: its header fields, then raw_data, which
+    is fetched only when written (one copy of one tensor at a time)."""
+    if not t.raw_data:
+        b = t.SerializeToString()
+        return len(b), [b]
+    # Our initializers carry name, dims, data_type and raw_data only; copying the header
+    # field by field avoids materialising raw_data here. _write_streamed checks the sizes.
+    head = onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString()
+    return t.ByteSize(), [head, t]
+
+
+def _write_streamed(model: onnx.ModelProto, path: Path) -> None:
+    """The model's protobuf encoding, written field by field: the model without its graph,
+    then the graph field, whose initializers follow one at a time. Parsers accept fields
+    in any order, so the file reads back as exactly ``model``."""
+    graph = _without(model.graph, "initializer").SerializeToString()
+    tensors = [_tensor_chunks(t) for t in model.graph.initializer]
+    graph_len = len(graph) + sum(len(_field(_GRAPH_INITIALIZER, n)) + n for n, _ in tensors)
+    with open(path, "wb") as f:
+        f.write(_without(model, "graph").SerializeToString())
+        f.write(_field(_MODEL_GRAPH, graph_len) + graph)
+        for n, pieces in tensors:
+            f.write(_field(_GRAPH_INITIALIZER, n))
+            for p in pieces:
+                if isinstance(p, bytes):
+                    f.write(p)
+                    continue
+                raw = p.raw_data
+                head = _field(_TENSOR_RAW_DATA, len(raw))
+                if len(pieces[0]) + len(head) + len(raw) != n:
+                    raise InternalError(f"initializer '{p.name}' has fields besides name/dims/data_type/raw_data")
+                f.write(head)
+                f.write(raw)
+                del raw

@@ -1,0 +1,294 @@
+"""Building blocks of the Llama-family graphs, written with ``onnx.helper``.
+
+Every function appends nodes to a ``GraphBuilder`` and returns the name of its output
+tensor. Conventions (batch is always 1, so the residual stream is kept 2-D):
+
+* hidden states are ``[S, H]`` (S new tokens); projections are ``Gemm(x, W, transB=1)``
+  on the checkpoint's ``[out, in]`` weights, so no weight is ever transposed or copied;
+* float tensors are in the graph dtype ``b.dtype`` (float32/float16/bfloat16); RMSNorm
+  statistics, the RoPE tables and the softmax are computed in float32;
+* opset 17, default domain only (TensorRT's ONNX parser reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from specrt.contracts import GraphIO, TensorSpec
+from specrt.errors import UserError
+from specrt.export.config import DecoderConfig
+
+OPSET = 17
+DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+_ELEM = {**DTYPES, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
+
+# Score of a masked key: finite, so a fully masked row could never produce NaN via inf-inf.
+# Applied to float32 scores only (it does not fit in float16).
+MASKED = np.float32(-1e30)
+INT64_MAX = np.iinfo(np.int64).max  # a Slice end meaning "to the end"
+
+Get = Callable[[str], np.ndarray]
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise UserError(f"dtype '{dtype}' is not supported (supported: {', '.join(DTYPES)})")
+
+
+def _bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float -> bfloat16 bit patterns (uint16), round to nearest even, as torch does."""
+    if a.dtype.name == "bfloat16":  # already bf16 (ml_dtypes): reinterpret, no rounding
+        return a.view(np.uint16)
+    u = np.asarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+
+
+def to_tensor(name: str, a: np.ndarray, dtype: str) -> onnx.TensorProto:
+    """numpy -> TensorProto in ``dtype`` ("float32"/"float16"/"bfloat16"/"int64"/"bool")."""
+    if dtype == "bfloat16":
+        bits = _bf16_bits(np.asarray(a))
+        return helper.make_tensor(name, TensorProto.BFLOAT16, bits.shape, bits.tobytes(), raw=True)
+    return numpy_helper.from_array(np.asarray(a, dtype=np.dtype(dtype)), name)
+
+
+class GraphBuilder:
+    """Accumulates nodes and initializers; names every node and intermediate uniquely."""
+
+    def __init__(self, dtype: str):
+        check_dtype(dtype)
+        self.dtype = dtype
+        self.elem = DTYPES[dtype]
+        self.nodes: list[onnx.NodeProto] = []
+        # Initializers are written straight into the final model's graph: make_graph and
+        # make_model would each copy every tensor (3x the weights at peak).
+        self.proto = onnx.ModelProto()
+        self._count: dict[str, int] = {}
+        self._consts: dict[tuple, str] = {}
+        self._weights: set[str] = set()
+
+    def fresh(self, base: str) -> str:
+        n = self._count.get(base, 0)
+        self._count[base] = n + 1
+        return f"{base}_{n}"
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        """One node with one output; returns the output name (``out`` names a graph output)."""
+        return self.ops(op_type, list(inputs), 1, outs=[out] if out else None, **attrs)[0]
+
+    def ops(self, op_type: str, inputs: list[str], n_out: int, outs: list[str] | None = None, **attrs) -> list[str]:
+        name = self.fresh(op_type)
+        outs = outs or [f"{name}/out{k}" for k in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
+        return outs
+
+    # ---- initializers -------------------------------------------------------------
+
+    def has_weight(self, name: str) -> bool:
+        return name in self._weights
+
+    def weight(self, name: str, a: np.ndarray) -> str:
+        """A weight in the graph dtype, named by its slot (each slot stored once)."""
+        if name not in self._weights:
+            self.proto.graph.initializer.add().CopyFrom(to_tensor(name, a, self.dtype))
+            self._weights.add(name)
+        return name
+
+    def const(self, value, dtype: str) -> str:
+        """A small constant (shapes, eps, scales), deduplicated by value."""
+        a = np.asarray(value)
+        key = (dtype, a.shape, a.tobytes())
+        if key not in self._consts:
+            name = self.fresh("const")
+            self.proto.graph.initializer.add().CopyFrom(to_tensor(name, a, dtype))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, dtype=np.int64), "int64")
+
+    def f32(self, x: str) -> str:
+        return x if self.dtype == "float32" else self.op("Cast", x, to=TensorProto.FLOAT)
+
+    def model_dtype(self, x: str) -> str:
+        return x if self.dtype == "float32" else self.op("Cast", x, to=self.elem)
+
+    def reshape(self, x: str, *shape: int, out: str | None = None) -> str:
+        return self.op("Reshape", x, self.ints(*shape), out=out)
+
+    def dim(self, x: str, axis: int) -> str:
+        """int64 [1]: the runtime size of ``x`` along ``axis``."""
+        return self.op("Shape", x, start=axis, end=axis + 1)
+
+    # ---- the model ----------------------------------------------------------------
+
+    def value_info(self, t: TensorSpec) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(t.name, _ELEM[t.dtype], list(t.shape))
+
+    def model(self, io: GraphIO, graph_name: str, doc: str = "") -> onnx.ModelProto:
+        """The finished model (call once: the builder hands over its proto, not a copy)."""
+        m, g = self.proto, self.proto.graph
+        g.name, g.doc_string = graph_name, doc
+        g.node.extend(self.nodes)
+        g.input.extend(self.value_info(t) for t in io.inputs)
+        g.output.extend(self.value_info(t) for t in io.outputs)
+        m.opset_import.append(helper.make_opsetid("", OPSET))
+        m.producer_name = "specrt"
+        m.ir_version = 8  # opset 17 needs IR >= 8; the lowest keeps older TensorRT/ORT readers happy
+        return m
+
+
+# ---- numerics ------------------------------------------------------------------------
+
+
+def rmsnorm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
+    """y = w * x / sqrt(mean(x^2, -1) + eps), statistics in float32 (as transformers'
+    LlamaRMSNorm: normalise in fp32, cast back, then scale). Shape preserved.
+    The Pow/ReduceMean/Add/Sqrt/Div chain is the pattern ONNX Runtime fuses."""
+    xf = b.f32(x)
+    var = b.op("ReduceMean", b.op("Pow", xf, b.const(np.float32(2), "float32")), axes=[-1], keepdims=1)
+    y = b.op("Div", xf, b.op("Sqrt", b.op("Add", var, b.const(np.float32(eps), "float32"))))
+    return b.op("Mul", b.model_dtype(y), w)
+
+
+def np_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The same RMSNorm in numpy (float32), for constants folded at export."""
+    x = x.astype(np.float32)
+    return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))) * w.astype(np.float32)
+
+
+def linear(b: GraphBuilder, x: str, w: str, bias: str | None = None) -> str:
+    """x [M, in] @ W^T + bias, W in HF layout [out, in] -> [M, out]."""
+    return b.op("Gemm", x, w, *([bias] if bias else []), transB=1)
+
+
+def silu(b: GraphBuilder, x: str) -> str:
+    return b.op("Mul", x, b.op("Sigmoid", x))
+
+
+@dataclass(frozen=True)
+class AttnContext:
+    """Per-graph tensors every attention layer shares.
+
+    cos, sin_signed: [S, 1, D] in the graph dtype; future: bool [g*S, S], true where the
+    key's position is after the query's; past_len: int64 [1] = P, where the new score
+    block starts along the key axis.
+    """
+
+    cos: str
+    sin: str
+    future: str
+    past_len: str
+
+
+def rope_tables(b: GraphBuilder, position_ids: str, inv_freq: np.ndarray) -> tuple[str, str]:
+    """cos/sin for rotate_half RoPE, computed in float32 from position_ids [1, S].
+
+    freqs[s, j] = pos[s] * inv_freq[j] (j < D/2); cos = [cos f, cos f];
+    sin_signed = [-sin f, sin f], so that rotate_half(x) * sin == swap_halves(x) * sin_signed.
+    Returns two [S, 1, D] tensors in the graph dtype (transformers casts them the same way).
+    """
+    pos = b.reshape(b.op("Cast", position_ids, to=TensorProto.FLOAT), -1, 1)  # [S, 1]
+    freqs = b.op("Mul", pos, b.const(inv_freq.astype(np.float32), "float32"))  # [S, D/2]
+    c, s = b.op("Cos", freqs), b.op("Sin", freqs)
+    cos = b.op("Concat", c, c, axis=-1)
+    sin = b.op("Concat", b.op("Neg", s), s, axis=-1)
+    d = 2 * len(inv_freq)
+    return b.model_dtype(b.reshape(cos, -1, 1, d)), b.model_dtype(b.reshape(sin, -1, 1, d))
+
+
+def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str) -> str:
+    """x [S, heads, D] -> x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]."""
+    x1, x2 = b.ops("Split", [x], 2, axis=-1)  # equal halves of D
+    swapped = b.op("Concat", x2, x1, axis=-1)
+    return b.op("Add", b.op("Mul", x, cos), b.op("Mul", swapped, sin))
+
+
+def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: DecoderConfig) -> AttnContext:
+    """RoPE tables, the causal mask among the S new tokens, and the past length P."""
+    cos, sin = rope_tables(b, position_ids, cfg.rope.inv_freq())
+    g = cfg.num_heads // cfg.num_kv_heads
+    # future[r, j] = pos[j] > pos[query of row r]: that query may not see new key j (the past
+    # is always visible). Query rows are laid out (group, token) -> row group*S + token.
+    q_pos = b.reshape(position_ids, -1, 1)  # [S, 1]
+    if g > 1:
+        q_pos = b.op("Tile", q_pos, b.ints(g, 1))  # [g*S, 1]
+    future = b.op("Greater", position_ids, q_pos)  # [g*S, S]
+    return AttnContext(cos, sin, future, b.dim(past_key0, 1))
+
+
+def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: Callable[[str], str], i: int,
+              past_k: str, past_v: str, new_k: str, new_v: str) -> str:
+    """Self-attention of layer i over the committed past and the S new tokens.
+
+    x [S, in] -> [S, H]. Writes new_k/new_v [1, S, KVH, D] (keys after RoPE).
+    GQA without repeating KV: query head h = kv*g + j uses kv head h // g, so the
+    queries are regrouped to [1, KVH, g*S, D] and multiply each KV head once.
+    Scores against the past [1, KVH, g*S, P] and against the new keys [.., S] are two
+    blocks joined on the key axis; the past is never concatenated with the new KV.
+    """
+    NH, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = NH // KVH
+    p = f"layers.{i}."
+    bias = (lambda n: W(p + n)) if cfg.qkv_bias else (lambda n: None)
+    q = b.reshape(linear(b, x, W(p + "q"), bias("q_bias")), -1, NH, D)  # [S, NH, D]
+    k = b.reshape(linear(b, x, W(p + "k"), bias("k_bias")), -1, KVH, D)  # [S, KVH, D]
+    v = b.reshape(linear(b, x, W(p + "v"), bias("v_bias")), 1, -1, KVH, D, out=new_v)  # [1, S, KVH, D]
+    if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE
+        q = rmsnorm(b, q, W(p + "q_norm"), cfg.rms_norm_eps)
+        k = rmsnorm(b, k, W(p + "k_norm"), cfg.rms_norm_eps)
+    # 1/sqrt(D) folded into q (S*NH*D multiplies instead of NH*S*(P+S))
+    q = b.op("Mul", apply_rope(b, q, ctx.cos, ctx.sin), b.const(np.float32(D ** -0.5), b.dtype))
+    k = b.reshape(apply_rope(b, k, ctx.cos, ctx.sin), 1, -1, KVH, D, out=new_k)  # [1, S, KVH, D]
+
+    q = b.op("Transpose", b.reshape(q, -1, KVH, g, D), perm=[1, 2, 0, 3])  # [KVH, g, S, D]
+    q = b.reshape(q, 1, KVH, -1, D)  # [1, KVH, g*S, D]
+    kt_past = b.op("Transpose", past_k, perm=[0, 2, 3, 1])  # [1, KVH, D, P]
+    kt_new = b.op("Transpose", k, perm=[0, 2, 3, 1])  # [1, KVH, D, S]
+    v_past = b.op("Transpose", past_v, perm=[0, 2, 1, 3])  # [1, KVH, P, D]
+    v_new = b.op("Transpose", v, perm=[0, 2, 1, 3])  # [1, KVH, S, D]
+
+    s_past = b.f32(b.op("MatMul", q, kt_past))  # [1, KVH, g*S, P]
+    s_new = b.f32(b.op("MatMul", q, kt_new))  # [1, KVH, g*S, S]
+    s_new = b.op("Where", ctx.future, b.const(MASKED, "float32"), s_new)
+    probs = b.model_dtype(b.op("Softmax", b.op("Concat", s_past, s_new, axis=-1), axis=-1))
+    # Two Slices rather than a Split with runtime sizes, which TensorRT parses less surely.
+    p_past = b.op("Slice", probs, b.ints(0), ctx.past_len, b.ints(-1))
+    p_new = b.op("Slice", probs, ctx.past_len, b.ints(INT64_MAX), b.ints(-1))
+    o = b.op("Add", b.op("MatMul", p_past, v_past), b.op("MatMul", p_new, v_new))  # [1, KVH, g*S, D]
+    o = b.op("Transpose", b.reshape(o, KVH, g, -1, D), perm=[2, 0, 1, 3])  # [S, KVH, g, D]
+    return linear(b, b.reshape(o, -1, NH * D), W(p + "o"))  # [S, H]
+
+
+def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int) -> str:
+    """SwiGLU: down(silu(gate x) * up x). [S, H] -> [S, H]."""
+    p = f"layers.{i}."
+    h = b.op("Mul", silu(b, linear(b, x, W(p + "gate"))), linear(b, x, W(p + "up")))
+    return linear(b, h, W(p + "down"))
+
+
+def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: AttnContext, W: Callable[[str], str], i: int,
+                  kv: tuple[str, str, str, str], attn_in: str | None = None) -> str:
+    """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h)). h [S, H] is the residual.
+
+    ``attn_in`` replaces norm(h) as the attention input (EAGLE-3 layer 0 reads
+    concat(norm(embeds), norm(g)) of width 2H while its residual is g).
+    """
+    x = attn_in if attn_in is not None else rmsnorm(b, h, W(f"layers.{i}.attn_norm"), cfg.rms_norm_eps)
+    h = b.op("Add", h, attention(b, cfg, x, ctx, W, i, *kv))
+    x = rmsnorm(b, h, W(f"layers.{i}.mlp_norm"), cfg.rms_norm_eps)
+    return b.op("Add", h, mlp(b, x, W, i))
+
+
+def embed(b: GraphBuilder, input_ids: str, table: str, hidden: int) -> str:
+    """input_ids [1, S] -> [S, H] rows of the embedding table."""
+    return b.reshape(b.op("Gather", table, input_ids), -1, hidden)
+
+
+def lm_head(b: GraphBuilder, h: str, w: str, vocab: int, out: str) -> str:
+    """[S, H] -> logits [1, S, V]."""
+    return b.reshape(linear(b, h, w), 1, -1, vocab, out=out)

@@ -1,0 +1,123 @@
+"""Tiny checkpoints for tests, written by the real libraries' own savers.
+
+``write_tiny_target`` saves a random transformers model (Llama / Qwen3 / Qwen2, GQA:
+hidden 64, 4 heads, 2 KV heads, head_dim 16, 4 layers, vocab 1000) with
+``save_pretrained``. ``write_tiny_draft`` writes a speculators-format EAGLE-3 or
+P-EAGLE draft (config keys and tensor names of DESIGN.md §1) against such a target.
+
+Weights are random with a scale large enough that attention is far from uniform and
+every norm weight differs from 1, so a mask, RoPE or slot mix-up shows in the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=1000, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+# rope_parameters of a Llama-3.1-style scaled RoPE, scaled down so that it matters at head_dim 16.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _randomise(model, seed: int, scale: float = 0.1) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * r)
+            else:
+                p.copy_(scale * r)
+
+
+def write_tiny_target(path: Path, model_type: str = "llama", tied: bool = False, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random ``{Llama,Qwen3,Qwen2}ForCausalLM`` to ``path``; returns ``path``."""
+    import transformers
+
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
+    cfg_cls, model_cls = classes[model_type]
+    cfg = cfg_cls(**{**TINY, "tie_word_embeddings": tied, **overrides})
+    model = model_cls(cfg)
+    _randomise(model, seed)
+    model.save_pretrained(path)
+    return Path(path)
+
+
+def load_hf(path: Path):
+    """The saved model back in transformers, eager attention, fp32, eval mode."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers: int = 2, draft_vocab: int = 500,
+                     norm_before_fc: bool = False, fc_norm: bool = False, norm_before_residual: bool = False,
+                     own_embed: bool = False, mask_token_id: int = 999, seed: int = 1) -> Path:
+    """A speculators draft for the target saved at ``target`` (same width and family)."""
+    t = json.loads((Path(target) / "config.json").read_text())
+    rng = np.random.default_rng(seed)
+    H, V, D = t["hidden_size"], t["vocab_size"], t["head_dim"]
+    NH, KVH, I = t["num_attention_heads"], t["num_key_value_heads"], t["intermediate_size"]
+    layer_cfg = {k: t[k] for k in ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                   "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size",
+                                   "max_position_embeddings", "rope_parameters")}
+    layer_cfg.update(num_hidden_layers=num_layers, hidden_act="silu", tie_word_embeddings=False)
+    cfg = {
+        "architectures": ["PEagleDraftModel" if kind == "peagle" else "Eagle3DraftModel"],
+        "speculators_model_type": kind, "draft_vocab_size": draft_vocab,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc,
+        "fc_norm": fc_norm, "norm_output": False, "embed_requires_grad": False, "target_hidden_size": None,
+        "transformer_layer_config": layer_cfg,
+        "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 4}],
+                               "verifier": {"architectures": t["architectures"], "name_or_path": str(target)}},
+    }
+    if kind == "peagle":
+        cfg["mask_token_id"] = mask_token_id
+
+    def w(*shape):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    x: dict[str, np.ndarray] = {"fc.weight": w(H, 3 * H), "layers.0.hidden_norm.weight": norm(H),
+                                "norm.weight": norm(H), "lm_head.weight": w(draft_vocab, H)}
+    for i in range(num_layers):
+        p, fan_in = f"layers.{i}.", 2 * H if i == 0 else H
+        x.update({p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H),
+                  p + "self_attn.q_proj.weight": w(NH * D, fan_in), p + "self_attn.k_proj.weight": w(KVH * D, fan_in),
+                  p + "self_attn.v_proj.weight": w(KVH * D, fan_in), p + "self_attn.o_proj.weight": w(H, NH * D),
+                  p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H),
+                  p + "mlp.down_proj.weight": w(H, I)})
+        if t["model_type"] == "qwen3":
+            x.update({p + "self_attn.q_norm.weight": norm(D), p + "self_attn.k_norm.weight": norm(D)})
+    if draft_vocab < V:
+        chosen = np.sort(rng.choice(V, draft_vocab, replace=False))
+        x["d2t"] = (chosen - np.arange(draft_vocab)).astype(np.int64)
+        x["t2d"] = np.zeros(V, dtype=bool)
+        x["t2d"][chosen] = True
+    if kind == "peagle":
+        x["mask_hidden"] = w(1, 1, 3 * H) * 10
+    if norm_before_fc:
+        x["input_norm.weight"] = norm(3 * H)
+    if fc_norm:
+        x.update({f"fc_norm.{j}.weight": norm(H) for j in range(3)})
+    if own_embed:
+        x["embed_tokens.weight"] = w(V, H)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(x, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
