@@ -58,6 +58,9 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
 
     with atomic_folder(Path(out), force=force) as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)
+        # The graph now owns copies of the weights: drop the checkpoint's mapped pages
+        # before serialising (peak RSS 2.1x instead of 2.55x the fp32 weights on SmolLM2).
+        target.reader.close()
         io = C.target_io(tc.num_layers, tc.num_kv_heads, tc.head_dim, tc.vocab_size, tc.hidden_size, dtype)
         target_files = _save(model, tmp, "target")
         del model
@@ -75,10 +78,12 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 model = graphs.build_eagle3_graph(dc, draft.get, dtype=dtype)
                 dio = C.eagle3_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
                                   dc.draft_vocab_size, dc.decoder.hidden_size, tc.hidden_size, dtype)
+            draft.reader.close()
+            target.reader.close()
             graphs_json["draft"] = {"io": dio.to_json(), "files": _save(model, tmp, "draft")}
             del model
             vocab_file = None
-            if draft.has("d2t") and "d2t" in draft.slots:
+            if "d2t" in draft.slots:
                 from safetensors.numpy import save_file
 
                 save_file({"d2t": np.ascontiguousarray(draft.get("d2t"))}, str(tmp / "draft_vocab.safetensors"))
