@@ -1,0 +1,104 @@
+"""`specrt export`: the folder, its manifest, atomic writing, and hash checks on load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from specrt.errors import UserError
+from specrt.export import export as export_mod
+from specrt.manifest import load_export
+from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+from .conftest import REFERENCE
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exp")
+    m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", root / "out")
+    return root / "out", m
+
+
+def test_folder_and_manifest(exported):
+    out, m = exported
+    assert (out / "export.json").is_file() and (out / "target.onnx").is_file() and (out / "draft.onnx").is_file()
+    assert m["draft"]["kind"] == "peagle" and m["draft"]["mask_token_id"] == 999
+    assert m["target"]["aux_layer_ids"] == [1, 2, 3]
+    assert m["binding_receipt"]["draft"]["aux_layer_ids"] == [1, 2, 3]
+    names = [t["name"] for t in m["graphs"]["target"]["io"]["inputs"]]
+    assert names[:4] == ["input_ids", "position_ids", "past_key.0", "past_value.0"]
+    for g in ("target", "draft"):
+        onnx.checker.check_model(str(out / f"{g}.onnx"), full_check=True)
+        model = onnx.load(str(out / f"{g}.onnx"), load_external_data=False)
+        io = m["graphs"][g]["io"]
+        assert [i.name for i in model.graph.input] == [t["name"] for t in io["inputs"]]
+        assert [o.name for o in model.graph.output] == [t["name"] for t in io["outputs"]]
+    assert load_export(out)["format"] == "specrt-export/1"
+
+
+def test_tampered_graph_refused(exported, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(exported[0], out)
+    data = bytearray((out / "draft.onnx").read_bytes())
+    data[-10] ^= 1
+    (out / "draft.onnx").write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"draft.onnx: content differs from the export manifest"):
+        load_export(out)
+    (out / "draft.onnx").unlink()
+    with pytest.raises(UserError, match=r"export file 'draft.onnx' is missing"):
+        load_export(out)
+
+
+def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch):
+    from specrt.export import graphs
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(graphs, "build_peagle_graph", boom)
+    with pytest.raises(KeyboardInterrupt):
+        export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []  # no out, no partial folder
+    with pytest.raises(UserError, match="not a complete export folder"):
+        load_export(tmp_path / "out")
+
+
+def test_existing_folder_needs_force(exported):
+    with pytest.raises(UserError, match="already exists"):
+        export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", exported[0])
+
+
+def test_bad_dtype_names_the_option(tmp_path):
+    with pytest.raises(UserError, match="--dtype 'int8' is not supported"):
+        export_mod.export(REFERENCE / "verifier", None, tmp_path / "o", dtype="int8")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_reduced_precision_exports_check(tmp_path, dtype):
+    m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "o", dtype=dtype)
+    assert m["dtype"] == dtype
+    onnx.checker.check_model(str(tmp_path / "o" / "target.onnx"), full_check=True)
+
+
+def test_eagle3_reduced_vocab_export(tmp_path):
+    target = write_tiny_target(tmp_path / "t", "qwen3")
+    draft = write_tiny_draft(tmp_path / "d", target, kind="eagle3", draft_vocab=300)
+    m = export_mod.export(target, draft, tmp_path / "o")
+    assert m["draft"]["kind"] == "eagle3" and m["draft"]["vocab_map"]["file"] == "draft_vocab.safetensors"
+    load_export(tmp_path / "o")
+
+
+def test_cli_export_user_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "specrt.cli", "export", str(REFERENCE / "verifier"), "--draft",
+                        str(REFERENCE / "verifier"), "-o", str(tmp_path / "o")], capture_output=True, text=True)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "missing required field 'speculators_model_type'" in p.stderr
+    assert not (tmp_path / "o").exists()
