@@ -1,0 +1,171 @@
+"""The one interface the runtime calls, whatever the backend: a ``Runner`` per engine role.
+
+Polygraphy's runner protocol (STYLE.md): ``activate()`` acquires the engine (an ONNX
+Runtime session, a TensorRT execution context), ``infer(feeds)`` runs one call,
+``deactivate()`` releases it; ``with runner:`` does both. The base class validates the
+feeds against the role's input metadata (names, dtypes, ranks, fixed and ranged
+dimensions, the context limit), so backends implement only ``*_impl``.
+
+Buffers. ``infer`` reads its inputs in place: past KV comes in as contiguous views of the
+runtime's preallocated cache (``buf[:, :n]``) and is never copied on the host.
+Outputs whose shape is fixed by the role (decode and verify: logits [1, d+1, V], new KV
+[1, d+1, KVH, D], ...) are preallocated once per runner and overwritten by every call:
+the arrays ``infer`` returns stay valid until the next ``infer`` of the same runner;
+copy what must outlive it. Outputs with a dynamic dimension (prefill, draft) are
+allocated per call, in proportion to the new tokens, never to the context.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.engines.plan import Role
+from specrt.errors import InternalError, UserError
+
+
+def np_dtype(name: str) -> np.dtype | None:
+    """numpy dtype of a contract dtype name; None for bfloat16 without ml_dtypes installed."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:  # pragma: no cover - depends on the environment
+            return None
+    return np.dtype(name)
+
+
+def specialise(t: C.TensorSpec, role: Role) -> C.TensorSpec:
+    """Replace each symbolic dim that the role fixes (min == max) by its value."""
+    shape = tuple(role.dims[d].min if isinstance(d, str) and d in role.dims and role.dims[d].fixed else d
+                  for d in t.shape)
+    return C.TensorSpec(t.name, t.dtype, shape)
+
+
+def specs_from_json(items: list[dict[str, Any]]) -> tuple[C.TensorSpec, ...]:
+    return tuple(C.TensorSpec(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
+
+
+class Runner(abc.ABC):
+    """One engine role (``prefill``, ``decode``, ``verify.{d}``, ``draft``) on one backend.
+
+    ``inputs``/``outputs``: the graph's contract specs, specialised to the role (a
+    verify.4 runner's input_ids is ``(1, 5)``; past KV keeps ``past_tokens``).
+    ``dims``: every symbolic input dim -> its allowed range; ``max_context``: the most
+    positions one call may reach (past + new).
+    """
+
+    backend = "abstract"
+
+    def __init__(self, role: Role, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...]):
+        self.role = role
+        self.name = role.name
+        self.dims = dict(role.dims)
+        self.max_context = role.limit  # past + new <= max_context
+        self.inputs = tuple(specialise(t, role) for t in inputs)
+        self.outputs = tuple(specialise(t, role) for t in outputs)
+        self._dtypes = {t.name: np_dtype(t.dtype) for t in self.inputs}
+        self.is_active = False
+        self.last_inference_time: float | None = None  # seconds of the last infer_impl
+
+    # ---- metadata ------------------------------------------------------------------
+
+    def get_input_metadata(self) -> tuple[C.TensorSpec, ...]:
+        return self.inputs
+
+    def get_output_metadata(self) -> tuple[C.TensorSpec, ...]:
+        return self.outputs
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def activate(self) -> None:
+        if self.is_active:
+            raise InternalError(f"runner {self.name} is already active")
+        self.activate_impl()
+        self.is_active = True
+
+    def deactivate(self) -> None:
+        if not self.is_active:
+            return
+        try:
+            self.deactivate_impl()
+        finally:
+            self.is_active = False
+
+    def __enter__(self) -> "Runner":
+        self.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    # ---- inference -----------------------------------------------------------------
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One call. feeds: every input by name (numpy, C-contiguous). Returns outputs by name."""
+        if not self.is_active:
+            raise InternalError(f"runner {self.name}: infer() before activate()")
+        self.check_feeds(feeds)
+        t0 = time.perf_counter()
+        out = self.infer_impl(feeds)
+        self.last_inference_time = time.perf_counter() - t0
+        return out
+
+    def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """Validate feeds; returns the value of every symbolic dim. Raises UserError naming the tensor."""
+        where = f"engine '{self.name}'"
+        if len(feeds) != len(self.inputs):
+            known = {t.name for t in self.inputs}
+            extra = sorted(set(feeds) - known)
+            missing = sorted(known - set(feeds))
+            raise UserError(f"{where}: inputs do not match: missing {missing}, unknown {extra}")
+        seen: dict[str, int] = {}
+        for t in self.inputs:
+            a = feeds.get(t.name)
+            if a is None:
+                raise UserError(f"{where}: input '{t.name}' is missing")
+            want = self._dtypes[t.name]
+            if not isinstance(a, np.ndarray):
+                raise UserError(f"{where}: input '{t.name}' must be a numpy array, got {type(a).__name__}")
+            if want is not None and a.dtype != want:
+                raise UserError(f"{where}: input '{t.name}' has dtype {a.dtype}, expected {want}")
+            if a.ndim != len(t.shape):
+                raise UserError(f"{where}: input '{t.name}' has shape {list(a.shape)}, expected rank {len(t.shape)} "
+                                f"{list(t.shape)}")
+            if not a.flags.c_contiguous:
+                raise UserError(f"{where}: input '{t.name}' must be C-contiguous (a prefix view [:, :n] of the "
+                                "cache buffer is; a strided view would be copied on every call)")
+            for want_d, got in zip(t.shape, a.shape):
+                if isinstance(want_d, int):
+                    if got != want_d:
+                        raise UserError(f"{where}: input '{t.name}' has shape {list(a.shape)}, expected {list(t.shape)}")
+                elif seen.setdefault(want_d, got) != got:
+                    raise UserError(f"{where}: input '{t.name}' has {want_d} = {got}, but another input has "
+                                    f"{seen[want_d]}")
+        for d, v in seen.items():
+            r = self.dims.get(d)
+            if r is not None and not r.min <= v <= r.max:
+                raise UserError(f"{where}: {d} = {v} is outside the engine's range [{r.min}, {r.max}]")
+        if C.DIM_PAST in seen and C.DIM_NEW in seen and seen[C.DIM_PAST] + seen[C.DIM_NEW] > self.max_context:
+            raise UserError(f"{where}: past {seen[C.DIM_PAST]} + new {seen[C.DIM_NEW]} tokens exceed the limit "
+                            f"{self.max_context} it was built for (see --max-context)")
+        return seen
+
+    # ---- backend hooks -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def activate_impl(self) -> None: ...
+
+    @abc.abstractmethod
+    def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def deactivate_impl(self) -> None: ...
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({'active' if self.is_active else 'inactive'})>"

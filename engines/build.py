@@ -1,0 +1,162 @@
+"""``specrt build``: an export folder -> depth-specialised engines + ``engines.json``.
+
+Steps, all inside ``atomic_folder(out)`` so an interrupted build leaves nothing that
+loads (engines.json is written last, and the folder is renamed into place only after):
+
+1. verify the export (hashes) and link or copy it into ``out/export/``;
+2. plan the roles (plan.py): prefill, decode, verify.{d} for each depth, draft;
+3. build: TensorRT plans (tensorrt.py); ONNX Runtime needs no compilation, its session
+   settings are recorded (onnxruntime.py);
+4. open the engines from the unfinished folder and profile the cost table (costs.py);
+5. write engines.json.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from specrt.engines import costs as _costs
+from specrt.engines.engine_set import EngineSet
+from specrt.engines.manifest import BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment
+from specrt.engines.plan import (PRECISIONS, make_roles, normalise_precision, parse_depths, trt_plan)
+from specrt.errors import UserError
+from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
+                             write_json)
+
+# Seam for tests: the profiling step (monkeypatched to interrupt a build midway).
+profile_costs = _costs.profile_costs
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard link (same file system: no copy of multi-GB weights), else copy. The copy is
+    hash-checked at load either way, so a later in-place edit of the source is caught."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _embed_export(export_dir: Path, exp: dict[str, Any], dst: Path) -> dict[str, str]:
+    names = sorted({r["file"] for r in all_records(exp)})
+    for n in names:
+        _link_or_copy(export_dir / n, dst / n)
+    shutil.copyfile(export_dir / EXPORT_MANIFEST, dst / EXPORT_MANIFEST)
+    return {r["file"]: r["sha256"] for r in all_records(exp)}
+
+
+def _graph_file(exp: dict[str, Any], graph: str) -> str:
+    files = [r["file"] for r in exp["graphs"][graph]["files"] if r["file"].endswith(".onnx")]
+    if len(files) != 1:
+        raise UserError(f"export.json: graph '{graph}' should have exactly one .onnx file, found {files}")
+    return files[0]
+
+
+def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: str | None = None,
+                  force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
+                  ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
+                  profile_pasts: tuple[int, ...] = (128, 512), profile_repeats: int = 10,
+                  draft_accepted: int = 2) -> dict[str, Any]:
+    """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
+
+    backend: "onnxruntime" | "tensorrt". precision: fp32/fp16/bf16 (default: the export's
+    dtype; ONNX Runtime runs only the export's dtype). max_context: the context limit C
+    (default: the target's max_position_embeddings). ort_settings: OrtSettings fields
+    (onnxruntime.py), e.g. {"sessions": "per-depth"}. trt_layout: "profiles" | "engines"
+    (plan.py). profile_*: the cost table's past lengths and repeats (costs.py).
+    """
+    from specrt.engines.onnxruntime import OrtSettings
+
+    t0 = time.perf_counter()
+    export_dir, out = Path(export_dir), Path(out)
+    if backend not in BACKENDS:
+        raise UserError(f"--backend '{backend}' is not one of {', '.join(BACKENDS)}")
+    if not export_dir.is_dir():
+        raise UserError(f"{export_dir}: no such export folder (run `specrt export` first)")
+    if out.exists() and not force:
+        raise UserError(f"{out}: already exists (pass --force to replace it)")
+    exp = load_export(export_dir)
+    dtype = exp["dtype"]
+    depth_list = parse_depths(depths)
+    prec = normalise_precision(precision, dtype)
+    if backend == "onnxruntime" and PRECISIONS[prec] != dtype:
+        raise UserError(f"--precision {prec}: ONNX Runtime runs the graph in its exported dtype ({dtype}); "
+                        f"re-export with --dtype {PRECISIONS[prec]}")
+    limit = int(exp["target"]["max_position_embeddings"])
+    ctx = limit if max_context is None else int(max_context)
+    if not 0 < ctx <= limit:
+        raise UserError(f"--max-context {ctx} must be in 1..{limit} (the target's max_position_embeddings)")
+    draft_kind = (exp.get("draft") or {}).get("kind")
+    if draft_kind == "peagle" and max(depth_list) > exp["draft"]["speculative_tokens"]:
+        log(f"note: depth {max(depth_list)} is deeper than the {exp['draft']['speculative_tokens']} tokens the "
+            "P-EAGLE draft was trained to propose; its later positions may rarely be accepted")
+    roles = make_roles(depth_list, ctx, draft_kind, opt_past=max(profile_pasts), draft_accepted=draft_accepted)
+    graph_files = {g: f"{EXPORT_SUBDIR}/{_graph_file(exp, g)}" for g in exp["graphs"]}
+
+    # Fail before any work if the backend is missing or settings are invalid.
+    if backend == "tensorrt":
+        from specrt.engines.tensorrt import require_tensorrt
+
+        require_tensorrt()
+        plan = trt_plan(roles, {g: v["io"] for g, v in exp["graphs"].items()}, graph_files, prec, dtype, trt_layout)
+        settings = None
+    else:
+        plan = None
+        settings = OrtSettings.from_json(ort_settings or {}).resolved()
+
+    with atomic_folder(out, force=force) as tmp:
+        hashes = _embed_export(export_dir, exp, tmp / EXPORT_SUBDIR)
+        log(f"linked export {export_dir} ({len(hashes)} files) into {out / EXPORT_SUBDIR}")
+        role_json = {}
+        if plan is not None:
+            from specrt.engines import tensorrt
+
+            tensorrt.build(plan, tmp, log)
+            files = [file_record(tmp, e.file) for e in plan.engines]
+            if (tmp / plan.timing_cache).is_file():
+                files.append(file_record(tmp, plan.timing_cache))
+            for name, role in roles.items():
+                f, i = plan.roles[name]
+                role_json[name] = {**role.to_json(), "engine": {"file": f, "profile": i}}
+            weight_bytes = {e.graph: (tmp / e.file).stat().st_size for e in plan.engines}
+            backend_json = {"tensorrt": plan.to_json()}
+            env = environment(backend)
+        else:
+            files = []
+            for name, role in roles.items():
+                role_json[name] = {**role.to_json(), "engine": {"onnx": graph_files[role.graph]}}
+            weight_bytes = {g: sum(r["bytes"] for r in exp["graphs"][g]["files"]) for g in exp["graphs"]}
+            backend_json = {"onnxruntime": settings.to_json()}
+            env = environment(backend, settings.providers)
+        manifest: dict[str, Any] = {
+            "format": ENGINES_FORMAT,
+            "backend": backend,
+            "precision": prec,
+            "depths": list(depth_list),
+            "draft_depth": max(depth_list),
+            "max_context": ctx,
+            "roles": role_json,
+            "files": files,
+            "export": {"folder": EXPORT_SUBDIR, "digest": manifest_digest(exp), "dtype": dtype, "files": hashes},
+            "environment": env,
+            **backend_json,
+            "weight_bytes": weight_bytes,
+        }
+        engines = EngineSet(tmp, manifest, exp)
+        pasts = tuple(p for p in profile_pasts if p + max(depth_list) + 1 <= ctx) or (ctx // 2,)
+        log(f"profiling {len(engines.runners)} engines at past {', '.join(map(str, pasts))} "
+            f"(median of {profile_repeats})")
+        with engines:
+            vocab = {"target": int(exp["target"]["vocab_size"]), "draft": int(exp["target"]["vocab_size"])}
+            manifest["costs"] = profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind,
+                                              pasts=pasts, draft_accepted=draft_accepted, repeats=profile_repeats,
+                                              log=log)
+        manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
+        write_json(tmp / ENGINES_MANIFEST, manifest)
+    log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
+        f"{manifest['built_seconds']:.1f} s)")
+    return manifest

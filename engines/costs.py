@@ -1,0 +1,170 @@
+"""The cost table: each engine's latency per call, profiled at build time for the governor.
+
+DESIGN.md §5 picks the verify depth maximising expected tokens per unit time,
+``(1 + sum_{k<=d} S_k) / (t_draft + t_verify(d))``; the t_* come from here.
+
+Method: synthetic feeds of the exact shapes the runtime sends (past KV as prefix views of
+a preallocated buffer, random values), ``warmup`` untimed calls, then the median of
+``repeats`` timed ``Runner.infer`` calls (validation and binding included: that is what
+the runtime pays). Measured at every past length in ``pasts`` that fits the context.
+
+Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` gives ints):
+
+    unit "seconds", statistic "median", repeats, warmup
+    pasts [128, 512]          past lengths profiled (those that fit max_context)
+    reference_past 128        the past the flat entries below are measured at
+    verify {d: s}             verify.{d} (S = d + 1 new tokens)
+    decode s                  one target token (S = 1)
+    draft s                   one draft call: P-EAGLE one pass for draft_depth tokens with
+                              draft_accepted real slots; EAGLE-3 one step of one token
+    prefill s                 prefill_tokens new tokens over an empty cache
+    by_past {p: {verify {d: s}, decode s, draft s}}
+    draft_accepted, draft_depth, draft_kind, prefill_tokens
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.engines.base import Runner, np_dtype
+from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
+from specrt.errors import InternalError
+
+
+def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Feeds of the runner's inputs with symbolic dims set from ``sizes`` (dim name -> value).
+
+    Past KV tensors are prefix views of a buffer one row longer, as the runtime sends them.
+    """
+    past = sizes.get(C.DIM_PAST, 0)
+    feeds = {}
+    for t in runner.inputs:
+        shape = [d if isinstance(d, int) else sizes[d] for d in t.shape]
+        if t.name == C.INPUT_IDS:
+            feeds[t.name] = rng.integers(0, vocab, size=shape, dtype=np.int64)
+        elif t.name == C.POSITION_IDS:
+            feeds[t.name] = np.arange(past, past + shape[1], dtype=np.int64)[None, :]
+        elif t.shape[1:2] == (C.DIM_PAST,):
+            buf = (rng.standard_normal([shape[0], shape[1] + 1, *shape[2:]], dtype=np.float32) * 0.5)
+            feeds[t.name] = buf.astype(np_dtype(t.dtype) or np.float32, copy=False)[:, :shape[1]]
+        else:
+            dt = np_dtype(t.dtype) or np.float32
+            feeds[t.name] = (rng.standard_normal(shape, dtype=np.float32) * 0.5).astype(dt, copy=False)
+    return feeds
+
+
+def time_calls(runner: Runner, feeds: dict[str, np.ndarray], repeats: int, warmup: int) -> float:
+    """Median seconds of ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        runner.infer(feeds)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        runner.infer(feeds)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def role_sizes(runner: Runner, past: int, *, draft_depth: int, draft_accepted: int, prefill_tokens: int,
+               draft_kind: str | None) -> dict[str, int] | None:
+    """Symbolic dim sizes of one profiled call of ``runner`` at ``past``; None if it does not fit."""
+    name = runner.name
+    if name == PREFILL:
+        s, past = min(prefill_tokens, runner.max_context), 0
+        sizes = {C.DIM_NEW: s, C.DIM_PAST: past}
+    elif name == DRAFT:
+        if draft_kind == "peagle":
+            a = draft_accepted
+            sizes = {C.DIM_NEW: a + draft_depth - 1, C.DIM_AUX: a, C.DIM_PAST: past}
+        else:  # EAGLE-3: one drafted token fed back with its hidden state
+            sizes = {C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: past}
+    else:
+        sizes = {C.DIM_NEW: role_depth(name) + 1, C.DIM_PAST: past}
+    for d, v in sizes.items():
+        r = runner.dims.get(d)
+        if r is not None and not r.min <= v <= r.max:
+            return None
+    if sizes[C.DIM_NEW] + sizes[C.DIM_PAST] > runner.max_context:
+        return None
+    return sizes
+
+
+def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: tuple[int, ...],
+                  draft_kind: str | None, pasts: tuple[int, ...] = (128, 512), draft_accepted: int = 2,
+                  prefill_tokens: int = 128, repeats: int = 10, warmup: int = 2, seed: int = 0,
+                  log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Profile every role. ``runners`` must be active; ``vocab``: graph -> input vocabulary size."""
+    rng = np.random.default_rng(seed)
+    draft_depth = max(depths)
+    kw = dict(draft_depth=draft_depth, draft_accepted=draft_accepted, prefill_tokens=prefill_tokens,
+              draft_kind=draft_kind)
+    graph_of = {name: ("draft" if name == DRAFT else "target") for name in runners}
+    by_past: dict[str, dict[str, Any]] = {}
+    for p in pasts:
+        row: dict[str, Any] = {"verify": {}}
+        for name, r in runners.items():
+            if name == PREFILL:
+                continue
+            sizes = role_sizes(r, p, **kw)
+            if sizes is None:
+                continue
+            t = time_calls(r, synthetic_feeds(r, sizes, vocab[graph_of[name]], rng), repeats, warmup)
+            d = role_depth(name)
+            if name == DRAFT:
+                row["draft"] = t
+            elif name == DECODE:
+                row["decode"] = t
+            else:
+                row["verify"][str(d)] = t
+        if row["verify"] and len(row["verify"]) == len(depths):
+            by_past[str(p)] = row
+            log(f"costs at past {p}: decode {row.get('decode', 0) * 1e3:.2f} ms, "
+                + ", ".join(f"verify.{d} {v * 1e3:.2f} ms" for d, v in row["verify"].items())
+                + (f", draft {row['draft'] * 1e3:.2f} ms" if "draft" in row else ""))
+    if not by_past:
+        raise InternalError(f"no profiled past length in {list(pasts)} fits the context limit")
+    ref = next(iter(by_past))
+    table: dict[str, Any] = {
+        "unit": "seconds", "statistic": "median", "repeats": repeats, "warmup": warmup,
+        "pasts": [int(p) for p in by_past], "reference_past": int(ref),
+        **{k: v for k, v in by_past[ref].items()},
+        "by_past": by_past,
+        "draft_kind": draft_kind, "draft_accepted": draft_accepted, "draft_depth": draft_depth,
+        "prefill_tokens": prefill_tokens,
+    }
+    if PREFILL in runners:
+        sizes = role_sizes(runners[PREFILL], 0, **kw)
+        table["prefill"] = time_calls(runners[PREFILL], synthetic_feeds(runners[PREFILL], sizes, vocab["target"], rng),
+                                      max(1, repeats // 3), 1)
+        table["prefill_tokens"] = sizes[C.DIM_NEW]
+    return table
+
+
+def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
+    """engines.json's table with integer depth and past keys."""
+    if not table:
+        return {}
+    out = dict(table)
+    out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
+    out["by_past"] = {int(p): {**row, "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()}}
+                      for p, row in table.get("by_past", {}).items()}
+    return out
+
+
+def interpolate(points: dict[int, float], past: int) -> float:
+    """Latency at ``past`` from the profiled points: linear between them (attention is
+    linear in P); below the first, its value; above the last, the last segment's slope
+    when it is positive (a noisy negative slope is not extrapolated)."""
+    xs = sorted(points)
+    if past <= xs[0] or len(xs) == 1:
+        return points[xs[0]]
+    if past >= xs[-1]:
+        a, b = xs[-2], xs[-1]
+        slope = (points[b] - points[a]) / (b - a)
+        return points[b] + max(slope, 0.0) * (past - b)
+    a, b = next((a, b) for a, b in zip(xs, xs[1:]) if a <= past <= b)
+    return points[a] + (points[b] - points[a]) * (past - a) / (b - a)

@@ -1,0 +1,148 @@
+"""``engines.json``: the contract between ``specrt build`` and the runtime.
+
+An engines folder is self-contained:
+
+    engines.json        this manifest (written last, inside an atomic folder)
+    export/             the export folder it was built from (hard links or copies),
+                        with its own export.json and hashes
+    target.plan ...     TensorRT plans and timing.cache (TensorRT backend only)
+
+Manifest keys:
+
+    format              "specrt-engines/1"
+    backend             "onnxruntime" | "tensorrt"
+    precision           "fp32" | "fp16" | "bf16"
+    depths              verify depths [1, 2, 4, 8]; draft_depth = max(depths)
+    max_context         context limit C the engines accept (past + new <= C)
+    roles               role -> {graph, dims {name: [min, opt, max]}, engine {...}}
+    files               [{file, sha256, bytes}] of every engine file (plans, timing cache)
+    export              {folder, digest (manifest_digest of export.json), dtype, files {name: sha256}}
+    environment         {backend, backend_version, device, tool_versions}
+    onnxruntime|tensorrt  backend settings (session options | build plan)
+    weight_bytes        {graph: bytes of its weights as the backend holds them}
+    costs               the cost table (costs.py)
+
+Loading refuses, with a UserError naming what differs: an engine file or export file
+whose bytes changed, an export.json whose digest differs from the recorded one, a
+backend version or device other than the build's (TensorRT plans are tied to both; ONNX
+Runtime costs and kernel choices are tied to the CPU's ISA).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from specrt.errors import UserError
+from specrt.manifest import load_export, manifest_digest, read_manifest, tool_versions, verify_files
+
+ENGINES_MANIFEST = "engines.json"
+ENGINES_FORMAT = "specrt-engines/1"
+EXPORT_SUBDIR = "export"
+BACKENDS = ("onnxruntime", "tensorrt")
+
+# CPU features that change which kernels MLAS (ONNX Runtime) picks, hence the costs.
+_ISA = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+        "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "sve2", "bf16",
+        "i8mm")
+
+
+def cpu_info() -> dict[str, Any]:
+    name, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("model name", "Model name") and name is None:
+                name = v.strip()
+            elif k in ("flags", "Features") and not flags:
+                flags = set(v.split())
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    from specrt.engines.onnxruntime import physical_cores
+
+    return {"kind": "cpu", "name": name or platform.processor() or platform.machine(),
+            "isa": [f for f in _ISA if f in flags], "physical_cores": physical_cores()}
+
+
+def gpu_info() -> dict[str, Any]:
+    """The first visible NVIDIA GPU's name (nvidia-smi), without importing CUDA bindings."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise UserError("no NVIDIA GPU found (nvidia-smi is not on PATH)")
+    r = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                       timeout=30)
+    names = [n.strip() for n in r.stdout.splitlines() if n.strip()]
+    if r.returncode != 0 or not names:
+        raise UserError(f"nvidia-smi found no GPU ({r.stderr.strip() or r.stdout.strip()})")
+    return {"kind": "gpu", "name": names[0]}
+
+
+def backend_version(backend: str) -> str:
+    if backend == "onnxruntime":
+        import onnxruntime
+
+        return onnxruntime.__version__
+    if backend == "tensorrt":
+        try:
+            import tensorrt
+        except ImportError:
+            raise UserError("the tensorrt backend needs TensorRT (pip install 'specrt[tensorrt]' on a machine "
+                            "with an NVIDIA GPU)") from None
+        return tensorrt.__version__
+    raise UserError(f"--backend '{backend}' is not one of {', '.join(BACKENDS)}")
+
+
+def environment(backend: str, providers: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """What an engines folder is tied to: backend version and device (plus informational versions)."""
+    gpu = backend == "tensorrt" or "CUDAExecutionProvider" in providers
+    versions = tool_versions()
+    if backend == "tensorrt":
+        import polygraphy
+
+        versions["polygraphy"] = polygraphy.__version__
+    return {"backend": backend, "backend_version": backend_version(backend),
+            "device": gpu_info() if gpu else cpu_info(), "tool_versions": versions}
+
+
+def _device_id(d: dict[str, Any]) -> str:
+    isa = f" [{' '.join(d['isa'])}]" if d.get("isa") else ""
+    return f"{d.get('kind')} '{d.get('name')}'{isa}"
+
+
+def check_environment(folder: Path, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+    diffs = []
+    if recorded.get("backend_version") != current["backend_version"]:
+        diffs.append(f"{current['backend']} version: built with {recorded.get('backend_version')}, "
+                     f"this machine has {current['backend_version']}")
+    rd, cd = recorded.get("device") or {}, current["device"]
+    if any(rd.get(k) != cd.get(k) for k in ("kind", "name", "isa")):
+        diffs.append(f"device: built on {_device_id(rd)}, this machine is {_device_id(cd)}")
+    if diffs:
+        raise UserError(f"{folder}: engines were built for another environment ({'; '.join(diffs)}); "
+                        "rebuild them here with `specrt build`")
+
+
+def read_engines_manifest(folder: Path) -> dict[str, Any]:
+    m = read_manifest(Path(folder), ENGINES_MANIFEST, ENGINES_FORMAT, "engines")
+    if m.get("backend") not in BACKENDS:
+        raise UserError(f"{Path(folder) / ENGINES_MANIFEST}: unknown backend '{m.get('backend')}'")
+    return m
+
+
+def verify_engines(folder: Path, manifest: dict[str, Any], verify: bool = True) -> dict[str, Any]:
+    """Check environment, engine-file hashes, and the embedded export; returns the export manifest."""
+    folder = Path(folder)
+    providers = manifest.get("onnxruntime", {}).get("providers", ())
+    check_environment(folder, manifest.get("environment", {}), environment(manifest["backend"], providers))
+    if verify:
+        verify_files(folder, manifest.get("files", []), "engines")
+    exp_dir = folder / manifest["export"]["folder"]
+    exp = load_export(exp_dir, verify=verify)
+    if manifest_digest(exp) != manifest["export"]["digest"]:
+        raise UserError(f"{exp_dir / 'export.json'}: differs from the export these engines were built from "
+                        "(manifest digest mismatch); rebuild with `specrt build`")
+    return exp

@@ -1,0 +1,279 @@
+"""The build plan: which engines exist, for which shapes. Pure data, no backend imported.
+
+An export folder holds two graphs (contracts.py): ``target`` (any S new tokens over any
+P committed ones) and ``draft``. Engines specialise them into *roles*:
+
+    role        graph   new_tokens S          past_tokens P       other dims
+    prefill     target  1 .. C (opt 128)      0 .. C-1 (opt 0)
+    decode      target  1 (fixed)             0 .. C-1
+    verify.{d}  target  d + 1 (fixed)         0 .. C-d-1          one role per depth d
+    draft       draft   P-EAGLE: A + M        0 .. C+K-1          aux_tokens A 1 .. C (opt: typical A)
+                        EAGLE-3: A + B                            aux A 0 .. C, prev B 0 .. C+K
+
+C is the context limit (``max_context``): a target call needs past + new <= C; the draft
+runs up to K = max(depths) positions ahead of the committed tokens, so its limit is C + K. Verify at depth d scores the last committed
+token plus d draft tokens, so S = d + 1 and its logits give d + 1 target distributions.
+The draft is specialised to nothing but its ranges: a P-EAGLE pass drafts K = M + 1
+tokens for any M the caller feeds (the runtime always drafts the deepest block,
+K = max(depths); only the verified length changes, DESIGN.md §5).
+
+TensorRT layout decision (DESIGN.md §7, NVIDIA/TensorRT-LLM#2506): an engine built for a
+range of S runs slower at small S than one built for a single S, so every verify depth
+and decode get ``min = opt = max`` on S. Two ways to get that:
+
+* ``profiles`` (default): ONE target engine holding one optimisation profile per role.
+  TensorRT selects tactics per profile, so each depth runs kernels chosen for exactly its
+  shape, while the weights are stored and loaded once. Separate engines would hold one
+  device copy of the weights per depth (5 engines for depths 1,2,4,8 = 5x the weight
+  memory), which the runtime's memory target (peak <= 1.3x weights + KV) forbids.
+* ``engines``: one plan per role with a single profile each: independent rebuilds and
+  no cross-profile constraints, at N x the weight memory. Kept for measuring on a GPU
+  (tools/device_check_trt.py builds both).
+
+The past length P is dynamic in every role (it grows every round); its ``opt`` is the
+typical context the cost table is profiled at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specrt import contracts as C
+from specrt.errors import InternalError, UserError
+
+PREFILL, DECODE, DRAFT = "prefill", "decode", "draft"
+LAYOUTS = ("profiles", "engines")
+# precision name -> graph dtypes it can be built from (a lower precision from float32 lets
+# TensorRT pick fp16/bf16 kernels; ONNX Runtime runs the graph's own dtype only).
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+MAX_DEPTH = 64
+
+
+def verify_role(d: int) -> str:
+    return f"verify.{d}"
+
+
+def role_depth(role: str) -> int | None:
+    """verify.{d} -> d; decode -> 0; other roles -> None."""
+    if role == DECODE:
+        return 0
+    if role.startswith("verify."):
+        return int(role.split(".", 1)[1])
+    return None
+
+
+def normalise_precision(precision: str | None, export_dtype: str) -> str:
+    """``fp32``/``float32`` etc. -> ``fp32``; None -> the export's own dtype."""
+    if precision is None:
+        for k, v in PRECISIONS.items():
+            if v == export_dtype:
+                return k
+        raise UserError(f"export dtype '{export_dtype}' is not one of {', '.join(PRECISIONS.values())}")
+    p = precision.lower()
+    for k, v in PRECISIONS.items():
+        if p in (k, v):
+            return k
+    raise UserError(f"--precision '{precision}' is not supported (choose one of {', '.join(PRECISIONS)})")
+
+
+def parse_depths(depths: Any) -> tuple[int, ...]:
+    """``"1,2,4,8"`` or an iterable of ints -> sorted unique positive depths."""
+    if isinstance(depths, str):
+        parts = [p.strip() for p in depths.split(",") if p.strip()]
+        try:
+            vals = [int(p) for p in parts]
+        except ValueError:
+            raise UserError(f"--depths '{depths}': expected comma-separated integers such as 1,2,4,8") from None
+    else:
+        vals = [int(d) for d in depths]
+    if not vals:
+        raise UserError("--depths: at least one verify depth is needed")
+    bad = [d for d in vals if not 1 <= d <= MAX_DEPTH]
+    if bad:
+        raise UserError(f"--depths: {bad} out of range (each depth must be in 1..{MAX_DEPTH})")
+    return tuple(sorted(set(vals)))
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """A dimension's range in one role: ``min <= opt <= max`` (equal when specialised)."""
+
+    min: int
+    opt: int
+    max: int
+
+    def __post_init__(self):
+        if not 0 <= self.min <= self.opt <= self.max:
+            raise InternalError(f"bad dimension range {self}")
+
+    @property
+    def fixed(self) -> bool:
+        return self.min == self.max
+
+    def to_json(self) -> list[int]:
+        return [self.min, self.opt, self.max]
+
+    @classmethod
+    def of(cls, v: int) -> "DimRange":
+        return cls(v, v, v)
+
+
+ShapeTriple = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Role:
+    """One engine role: a graph and the range of every symbolic dimension of its inputs."""
+
+    name: str
+    graph: str  # "target" | "draft"
+    dims: dict[str, DimRange]
+    limit: int  # most positions one call may reach: past + new <= limit
+
+    def shapes(self, inputs: list[dict[str, Any]]) -> dict[str, ShapeTriple]:
+        """Exact (min, opt, max) shapes for every input of the graph's I/O (JSON form)."""
+        out: dict[str, ShapeTriple] = {}
+        for t in inputs:
+            lo, op, hi = [], [], []
+            for d in t["shape"]:
+                r = DimRange.of(d) if isinstance(d, int) else self.dims.get(d)
+                if r is None:
+                    raise InternalError(f"role {self.name}: input {t['name']} has dim '{d}' with no range")
+                lo.append(r.min)
+                op.append(r.opt)
+                hi.append(r.max)
+            out[t["name"]] = (tuple(lo), tuple(op), tuple(hi))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"graph": self.graph, "dims": {k: v.to_json() for k, v in self.dims.items()}, "limit": self.limit}
+
+    @classmethod
+    def from_json(cls, name: str, data: dict[str, Any]) -> "Role":
+        return cls(name, data["graph"], {k: DimRange(*v) for k, v in data["dims"].items()}, int(data["limit"]))
+
+
+def make_roles(depths: tuple[int, ...], max_context: int, draft_kind: str | None, *, opt_past: int = 512,
+               opt_prompt: int = 128, draft_accepted: int = 2) -> dict[str, Role]:
+    """Every role of an engine set, with its dimension ranges (see the module docstring).
+
+    ``draft_kind``: "peagle", "eagle3" or None (no draft). ``opt_past``/``opt_prompt``/
+    ``draft_accepted`` are the typical sizes TensorRT tunes ``opt`` for (clipped to range).
+    """
+    Cx = int(max_context)
+    if Cx < max(depths) + 2:
+        raise UserError(f"--max-context {Cx} is too small for depth {max(depths)}")
+    clip = lambda v, lo, hi: max(lo, min(v, hi))  # noqa: E731
+    roles: dict[str, Role] = {
+        PREFILL: Role(PREFILL, "target", {C.DIM_NEW: DimRange(1, clip(opt_prompt, 1, Cx), Cx),
+                                          C.DIM_PAST: DimRange(0, 0, Cx - 1)}, Cx),
+        DECODE: Role(DECODE, "target", {C.DIM_NEW: DimRange.of(1),
+                                        C.DIM_PAST: DimRange(0, clip(opt_past, 0, Cx - 1), Cx - 1)}, Cx),
+    }
+    for d in depths:
+        s = d + 1
+        roles[verify_role(d)] = Role(verify_role(d), "target", {
+            C.DIM_NEW: DimRange.of(s), C.DIM_PAST: DimRange(0, clip(opt_past, 0, Cx - s), Cx - s)}, Cx)
+    # The draft runs ahead of the committed tokens: its pass covers positions up to
+    # last committed + K - 1 (P-EAGLE mask slots, EAGLE-3 drafted tokens), so its limit is
+    # C + K where K = max(depths).
+    Dx = Cx + max(depths)
+    past = DimRange(0, clip(opt_past, 0, Dx - 1), Dx - 1)
+    if draft_kind == "peagle":
+        m = max(depths) - 1  # mask slots of the deepest block
+        a = clip(draft_accepted, 1, Cx)
+        roles[DRAFT] = Role(DRAFT, "draft", {C.DIM_NEW: DimRange(1, a + m, Dx), C.DIM_AUX: DimRange(1, a, Cx),
+                                             C.DIM_PAST: past}, Dx)
+    elif draft_kind == "eagle3":
+        # typical step: one drafted token fed back with its own hidden state (A = 0, B = 1)
+        roles[DRAFT] = Role(DRAFT, "draft", {C.DIM_NEW: DimRange(1, 1, Dx), C.DIM_AUX: DimRange(0, 0, Cx),
+                                             C.DIM_PREV: DimRange(0, 1, Dx), C.DIM_PAST: past}, Dx)
+    elif draft_kind is not None:
+        raise UserError(f"draft kind '{draft_kind}' has no engine (expected peagle or eagle3)")
+    return roles
+
+
+# ---- TensorRT ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrtProfile:
+    role: str
+    shapes: dict[str, ShapeTriple]  # every input of the graph: (min, opt, max)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "shapes": {k: [list(s) for s in v] for k, v in self.shapes.items()}}
+
+
+@dataclass(frozen=True)
+class TrtEngine:
+    file: str  # plan file name inside the engines folder
+    graph: str  # "target" | "draft"
+    onnx: str  # the graph file it is built from, relative to the engines folder
+    profiles: tuple[TrtProfile, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "graph": self.graph, "onnx": self.onnx,
+                "profiles": [p.to_json() for p in self.profiles]}
+
+
+@dataclass(frozen=True)
+class TrtPlan:
+    """Everything a TensorRT build does, decided without TensorRT."""
+
+    precision: str
+    flags: dict[str, bool]  # CreateConfig keyword flags: tf32, fp16, bf16
+    layout: str
+    timing_cache: str  # file name inside the engines folder, shared by every build
+    engines: tuple[TrtEngine, ...]
+    roles: dict[str, tuple[str, int]] = field(default_factory=dict)  # role -> (plan file, profile index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"precision": self.precision, "flags": dict(self.flags), "layout": self.layout,
+                "timing_cache": self.timing_cache, "engines": [e.to_json() for e in self.engines],
+                "roles": {r: {"file": f, "profile": i} for r, (f, i) in self.roles.items()}}
+
+
+def trt_flags(precision: str, export_dtype: str) -> dict[str, bool]:
+    """CreateConfig flags. fp32 disables TF32 so that fp32 engines match ONNX Runtime to 1e-5."""
+    want = PRECISIONS[precision]
+    if want != export_dtype and export_dtype != "float32":
+        raise UserError(f"precision {precision} cannot be built from a {export_dtype} export "
+                        f"(export with --dtype {want} or float32)")
+    return {"tf32": False, "fp16": precision == "fp16", "bf16": precision == "bf16"}
+
+
+def trt_plan(roles: dict[str, Role], graph_io: dict[str, dict[str, Any]], graph_files: dict[str, str],
+             precision: str, export_dtype: str, layout: str = "profiles") -> TrtPlan:
+    """The TensorRT build plan. ``graph_io``: graph -> its I/O JSON (export.json's
+    ``graphs[g]["io"]``); ``graph_files``: graph -> ONNX path relative to the engines folder."""
+    if layout not in LAYOUTS:
+        raise UserError(f"TensorRT layout '{layout}' is not one of {', '.join(LAYOUTS)}")
+    flags = trt_flags(precision, export_dtype)
+    engines: list[TrtEngine] = []
+    where: dict[str, tuple[str, int]] = {}
+    for graph in ("target", "draft"):
+        mine = [r for r in roles.values() if r.graph == graph]
+        if not mine:
+            continue
+        inputs = graph_io[graph]["inputs"]
+        profiles = [TrtProfile(r.name, r.shapes(inputs)) for r in mine]
+        if layout == "profiles" or len(profiles) == 1:
+            file = f"{graph}.plan"
+            engines.append(TrtEngine(file, graph, graph_files[graph], tuple(profiles)))
+            where.update({p.role: (file, i) for i, p in enumerate(profiles)})
+        else:
+            for p in profiles:
+                file = f"{graph}.{p.role}.plan"
+                engines.append(TrtEngine(file, graph, graph_files[graph], (p,)))
+                where[p.role] = (file, 0)
+    return TrtPlan(precision, flags, layout, "timing.cache", tuple(engines), where)
+
+
+def trt_ep_profile_options(role: Role, inputs: list[dict[str, Any]]) -> dict[str, str]:
+    """ONNX Runtime TensorRT EP provider options giving one role its explicit profile
+    (``trt_profile_{min,opt,max}_shapes`` strings, ``name:1x5,name2:...``)."""
+    shapes = role.shapes(inputs)
+    fmt = lambda k: ",".join(f"{n}:{'x'.join(str(v) for v in s[k])}" for n, s in shapes.items())  # noqa: E731
+    return {"trt_profile_min_shapes": fmt(0), "trt_profile_opt_shapes": fmt(1), "trt_profile_max_shapes": fmt(2)}

@@ -1,0 +1,134 @@
+"""TensorRT backend, through polygraphy's lazy loaders (DESIGN.md §7).
+
+Build (per ``plan.TrtPlan`` engine):
+
+    SaveEngine(EngineFromNetwork(NetworkFromOnnxPath(graph.onnx),
+                                 config=CreateConfig(tf32=, fp16=, bf16=, profiles=[...],
+                                                     load_timing_cache=timing.cache),
+                                 save_timing_cache=timing.cache),
+               path=<plan file>)
+
+Every input of every profile has explicit (min, opt, max) shapes from the plan; decode
+and the verify depths are ``min = opt = max`` on ``new_tokens``. One timing cache file
+is loaded and re-saved by every build, so later builds (the draft, per-role plans in the
+``engines`` layout, rebuilds) reuse the tactic timings of earlier ones.
+
+Run: each plan is deserialised once (``EngineFromBytes``) and shared by the runners of
+its roles; a runner is ``polygraphy TrtRunner(engine, optimization_profile=i,
+allocation_strategy="profile")`` so that each execution context holds activation memory
+for its own profile's maximum shapes, not the prefill profile's.
+
+Nothing here imports tensorrt at module import: polygraphy loads it on first call, and
+this module is importable (and its loader composition testable) on machines without it.
+Known limit: TrtRunner takes host numpy feeds, so the past KV is copied to the device on
+every call (O(context) per step); a device-resident KV cache (DeviceView feeds) is the
+next step for this backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.engines.base import Runner
+from specrt.engines.plan import Role, TrtEngine, TrtPlan
+from specrt.errors import UserError
+
+
+def require_tensorrt() -> None:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        raise UserError("the tensorrt backend needs TensorRT, which is not installed here (pip install "
+                        "'specrt[tensorrt]' on a machine with an NVIDIA GPU), or build --backend onnxruntime") from None
+
+
+def engine_loader(plan: TrtPlan, engine: TrtEngine, folder: Path):
+    """The lazy polygraphy loader that builds ``engine`` and saves its plan into ``folder``.
+    Constructing it needs no TensorRT; calling it builds."""
+    from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, Profile, SaveEngine
+
+    folder = Path(folder)
+    profiles = []
+    for p in engine.profiles:
+        prof = Profile()
+        for name, (lo, opt, hi) in p.shapes.items():
+            prof.add(name, min=list(lo), opt=list(opt), max=list(hi))
+        profiles.append(prof)
+    cache = str(folder / plan.timing_cache)
+    config = CreateConfig(profiles=profiles, load_timing_cache=cache, **plan.flags)
+    network = NetworkFromOnnxPath(str(folder / engine.onnx))
+    return SaveEngine(EngineFromNetwork(network, config=config, save_timing_cache=cache), path=str(folder / engine.file))
+
+
+def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> None:
+    """Build and save every plan of ``plan`` into ``folder`` (which holds export/)."""
+    import time
+
+    require_tensorrt()
+    for e in plan.engines:
+        t0 = time.perf_counter()
+        log(f"tensorrt: building {e.file} from {e.onnx} ({len(e.profiles)} profile(s): "
+            f"{', '.join(p.role for p in e.profiles)}; flags {plan.flags})")
+        try:
+            engine_loader(plan, e, folder)()
+        except UserError:
+            raise
+        except Exception as ex:  # polygraphy raises PolygraphyException on parser/builder failure
+            raise UserError(f"TensorRT could not build {e.file} from {e.onnx}: {ex}") from None
+        log(f"tensorrt: {e.file} built in {time.perf_counter() - t0:.1f} s")
+
+
+class TrtEngines:
+    """Deserialised plans shared by runners: each plan loaded once, freed with its last user."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._engines: dict[str, Any] = {}
+        self._users: dict[str, int] = {}
+
+    def acquire(self, file: str):
+        if file not in self._engines:
+            require_tensorrt()
+            from polygraphy.backend.common import BytesFromPath
+            from polygraphy.backend.trt import EngineFromBytes
+
+            self._engines[file] = EngineFromBytes(BytesFromPath(str(self.folder / file)))()
+        self._users[file] = self._users.get(file, 0) + 1
+        return self._engines[file]
+
+    def release(self, file: str) -> None:
+        self._users[file] -= 1
+        if self._users[file] == 0:
+            del self._engines[file], self._users[file]
+
+
+class TrtRunner(Runner):
+    backend = "tensorrt"
+
+    def __init__(self, role: Role, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...],
+                 engines: TrtEngines, file: str, profile: int):
+        super().__init__(role, inputs, outputs)
+        self.engines, self.file, self.profile = engines, file, int(profile)
+        self._runner = None
+
+    def activate_impl(self) -> None:
+        from polygraphy.backend.trt import TrtRunner as PgTrtRunner
+
+        engine = self.engines.acquire(self.file)
+        self._runner = PgTrtRunner(engine, name=self.name, optimization_profile=self.profile,
+                                   allocation_strategy="profile")
+        self._runner.activate()
+
+    def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(self._runner.infer(feeds, check_inputs=False))
+
+    def deactivate_impl(self) -> None:
+        try:
+            self._runner.deactivate()
+        finally:
+            self._runner = None
+            self.engines.release(self.file)

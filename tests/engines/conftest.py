@@ -1,0 +1,52 @@
+"""The tiny reference pair (a random 4-layer Llama + its P-EAGLE draft, written by
+transformers and speculators), exported once per session, and engines built from it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
+DEPTHS = (1, 2, 4, 8)
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory) -> Path:
+    from specrt.export.export import export
+
+    out = tmp_path_factory.mktemp("tiny") / "export"
+    export(REFERENCE / "verifier", REFERENCE / "draft", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_engines(tiny_export, tmp_path_factory) -> Path:
+    """ONNX Runtime engines for depths 1,2,4,8 (never modified by tests: copy first)."""
+    from specrt.engines import build_engines
+
+    out = tmp_path_factory.mktemp("tiny") / "engines"
+    build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=2)
+    return out
+
+
+@pytest.fixture
+def engines_copy(tiny_engines, tmp_path) -> Path:
+    """A private copy of the engines folder (real copies, no hard links) to tamper with."""
+    dst = tmp_path / "engines"
+    shutil.copytree(tiny_engines, dst)
+    return dst
+
+
+def rewrite_byte(path: Path, offset: int | None = None) -> None:
+    """Flip one byte of ``path`` (written as a new file, so hard links elsewhere keep the old bytes)."""
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.unlink()
+    path.write_bytes(bytes(data))

@@ -1,0 +1,175 @@
+"""``build_engines``/``load_engines``: the manifest, refusal of stale or tampered engines,
+atomic builds, and the user errors of bad arguments."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specrt import contracts as C
+from specrt.engines import build, build_engines, load_engines
+from specrt.engines.manifest import ENGINES_FORMAT, cpu_info
+from specrt.errors import UserError
+from specrt.manifest import load_export, manifest_digest
+
+from .conftest import DEPTHS, quiet, rewrite_byte
+
+
+def edit_manifest(folder, fn):
+    p = folder / "engines.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    p.write_text(json.dumps(m))
+
+
+def test_manifest_records_what_the_runtime_trusts(tiny_engines, tiny_export):
+    m = json.loads((tiny_engines / "engines.json").read_text())
+    assert m["format"] == ENGINES_FORMAT
+    assert (m["backend"], m["precision"], m["depths"], m["draft_depth"]) == ("onnxruntime", "fp32", list(DEPTHS), 8)
+    assert m["max_context"] == 256
+    assert set(m["roles"]) == {"prefill", "decode", "draft"} | {f"verify.{d}" for d in DEPTHS}
+    assert m["roles"]["verify.4"]["dims"][C.DIM_NEW] == [5, 5, 5]
+    assert m["roles"]["verify.4"]["engine"] == {"onnx": "export/target.onnx"}
+    exp = load_export(tiny_export)
+    assert m["export"]["digest"] == manifest_digest(exp)
+    assert m["export"]["files"]["target.onnx"] == next(r["sha256"] for r in exp["graphs"]["target"]["files"])
+    env = m["environment"]
+    assert env["backend_version"] == __import__("onnxruntime").__version__
+    assert env["device"]["name"] == cpu_info()["name"]
+    assert m["onnxruntime"]["sessions"] == "shared" and m["onnxruntime"]["inter_op_num_threads"] == 1
+    assert m["weight_bytes"]["target"] > 0
+    costs = m["costs"]
+    assert set(costs["verify"]) == {str(d) for d in DEPTHS}
+    assert all(v > 0 for v in costs["verify"].values())
+    assert costs["decode"] > 0 and costs["draft"] > 0 and costs["prefill"] > 0
+    assert costs["reference_past"] == 128 and list(costs["by_past"]) == ["128"]  # 512 does not fit C = 256
+
+
+def test_engine_set_api(tiny_engines):
+    e = load_engines(tiny_engines)
+    assert e.costs["verify"][4] == e.cost("verify.4", 128)
+    assert e.cost("decode", 10) == e.costs["decode"]  # below the profiled pasts: the first point
+    assert e.export["draft"]["kind"] == "peagle"
+    assert (e.export_dir / "target.onnx").is_file()
+    assert e.target(1).name == "decode" and e.target(9).name == "verify.8" and e.target(4).name == "prefill"
+
+
+def test_engines_folder_alone_suffices(tiny_export, tmp_path):
+    exp = tmp_path / "export"
+    shutil.copytree(tiny_export, exp)
+    out = tmp_path / "moved"
+    build_engines(exp, "onnxruntime", [2], tmp_path / "engines", log=quiet, profile_repeats=1)
+    shutil.rmtree(exp)
+    shutil.move(tmp_path / "engines", out)
+    with load_engines(out) as e:
+        feeds = {C.INPUT_IDS: np.array([[5, 6, 7]]), C.POSITION_IDS: np.array([[0, 1, 2]]),
+                 **{n: np.zeros((1, 0, 2, 16), np.float32) for i in range(4) for n in (C.past_key(i), C.past_value(i))}}
+        assert e.verify(2).infer(feeds)[C.LOGITS].shape == (1, 3, 1000)
+
+
+def test_tampered_graph_is_refused(engines_copy):
+    rewrite_byte(engines_copy / "export" / "target.onnx")
+    with pytest.raises(UserError, match=r"target\.onnx: content differs"):
+        load_engines(engines_copy)
+
+
+def test_tampered_engine_file_is_refused(engines_copy):
+    (engines_copy / "extra.plan").write_bytes(b"\x00" * 64)
+    from specrt.manifest import file_record
+
+    edit_manifest(engines_copy, lambda m: m["files"].append(file_record(engines_copy, "extra.plan")))
+    load_engines(engines_copy)  # recorded and intact: fine
+    rewrite_byte(engines_copy / "extra.plan", 10)
+    with pytest.raises(UserError, match=r"extra\.plan: content differs"):
+        load_engines(engines_copy)
+    (engines_copy / "extra.plan").unlink()
+    with pytest.raises(UserError, match="'extra.plan' is missing"):
+        load_engines(engines_copy)
+
+
+def test_changed_export_is_refused(engines_copy):
+    p = engines_copy / "export" / "export.json"
+    m = json.loads(p.read_text())
+    m["target"]["eos_token_ids"] = [3]  # files still match their hashes; the export is another one
+    p.write_text(json.dumps(m))
+    with pytest.raises(UserError, match="differs from the export these engines were built from"):
+        load_engines(engines_copy)
+
+
+def test_other_device_is_refused(engines_copy):
+    edit_manifest(engines_copy, lambda m: m["environment"]["device"].update(name="Some Other CPU"))
+    with pytest.raises(UserError, match="device: built on cpu 'Some Other CPU'.*this machine is cpu"):
+        load_engines(engines_copy)
+
+
+def test_other_backend_version_is_refused(engines_copy):
+    edit_manifest(engines_copy, lambda m: m["environment"].update(backend_version="1.0.0"))
+    with pytest.raises(UserError, match="onnxruntime version: built with 1.0.0"):
+        load_engines(engines_copy)
+
+
+def test_incomplete_folder_is_refused(engines_copy):
+    (engines_copy / "engines.json").unlink()
+    with pytest.raises(UserError, match="not a complete engines folder"):
+        load_engines(engines_copy)
+
+
+def test_interrupted_build_leaves_nothing_that_loads(tiny_export, tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise KeyboardInterrupt  # as if the user pressed Ctrl-C while profiling
+
+    monkeypatch.setattr(build, "profile_costs", boom)
+    out = tmp_path / "engines"
+    with pytest.raises(KeyboardInterrupt):
+        build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no partial folder left beside it
+    with pytest.raises(UserError, match="no such engines folder"):
+        load_engines(out)
+
+
+def test_existing_output_needs_force(tiny_export, tmp_path):
+    out = tmp_path / "engines"
+    build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
+    with pytest.raises(UserError, match="already exists"):
+        build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
+    build_engines(tiny_export, "onnxruntime", [1, 3], out, force=True, log=quiet, profile_repeats=1)
+    assert load_engines(out).depths == (1, 3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend="onnx"), "--backend 'onnx' is not one of"),
+    (dict(depths="1,x"), "comma-separated integers"),
+    (dict(depths="0,2"), r"\[0\] out of range"),
+    (dict(precision="fp16"), "ONNX Runtime runs the graph in its exported dtype"),
+    (dict(precision="int8"), "--precision 'int8' is not supported"),
+    (dict(max_context=100_000), "--max-context 100000 must be in 1..256"),
+    (dict(ort_settings={"sessions": "many"}), "sessions 'many' is not one of"),
+])
+def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
+    args = dict(backend="onnxruntime", depths="1,2")
+    args.update(kwargs)
+    with pytest.raises(UserError, match=message):
+        build_engines(tiny_export, args.pop("backend"), args.pop("depths"), tmp_path / "e", log=quiet, **args)
+    assert not (tmp_path / "e").exists()
+
+
+def test_missing_export_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such export folder"):
+        build_engines(tmp_path / "nope", "onnxruntime", "1", tmp_path / "e", log=quiet)
+
+
+def test_tensorrt_without_tensorrt_is_a_user_error(tiny_export, tmp_path):
+    pytest.importorskip("polygraphy")
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed here; tests/engines/test_tensorrt.py covers it")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match="needs TensorRT"):
+        build_engines(tiny_export, "tensorrt", "1,2", tmp_path / "e", log=quiet)
+    assert not (tmp_path / "e").exists()

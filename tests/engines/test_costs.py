@@ -1,0 +1,37 @@
+"""The cost table's helpers: past interpolation and synthetic feeds of the exact shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.engines.costs import interpolate, parse_costs, role_sizes, synthetic_feeds
+from specrt.engines import load_engines
+
+
+def test_interpolate_is_linear_between_points_and_careful_outside():
+    pts = {128: 1.0, 512: 2.0}
+    assert interpolate(pts, 320) == 1.5
+    assert interpolate(pts, 0) == 1.0  # below the first point: its value
+    assert interpolate(pts, 896) == 3.0  # above: the last slope
+    assert interpolate({128: 2.0, 512: 1.0}, 1000) == 1.0  # a noisy negative slope is not extrapolated
+    assert interpolate({128: 2.0}, 999) == 2.0
+
+
+def test_parse_costs_gives_integer_keys():
+    t = parse_costs({"verify": {"1": 0.1, "8": 0.2}, "by_past": {"128": {"verify": {"1": 0.1}, "decode": 0.05}}})
+    assert t["verify"] == {1: 0.1, 8: 0.2} and t["by_past"][128]["verify"] == {1: 0.1}
+    assert parse_costs(None) == {}
+
+
+def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines):
+    e = load_engines(tiny_engines, verify=False)
+    rng = np.random.default_rng(0)
+    for name, r in e.runners.items():
+        sizes = role_sizes(r, 100, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+        feeds = synthetic_feeds(r, sizes, 1000, rng)
+        seen = r.check_feeds(feeds)
+        assert seen[C.DIM_PAST] == (0 if name == "prefill" else 100)
+        kv = feeds[C.past_key(0)]
+        assert kv.base is not None and kv.base.shape[1] == kv.shape[1] + 1  # a view of a longer buffer
+    assert role_sizes(e.verify(8), 250, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle") is None

@@ -1,0 +1,198 @@
+"""ONNX Runtime engines give the export graph's outputs, per depth, on realistic inputs.
+
+Reference: the export's own graph run by a plain ``onnxruntime.InferenceSession``
+(default options). Inputs: a 24-token prompt prefilled by that plain session; its new
+KV becomes the committed past (held in preallocated [1, MAX, KVH, D] buffers and fed as
+prefix views, as the runtime does); then every depth's verify step and a draft round.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from specrt import contracts as C
+from specrt.engines import load_engines
+from specrt.errors import InternalError, UserError
+
+from .conftest import DEPTHS
+
+PROMPT = 24
+MAX = 256
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def plain(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+class State:
+    """Committed target and draft KV after a real prefill of a prompt."""
+
+    def __init__(self, export_dir, manifest):
+        rng = np.random.default_rng(0)
+        t, d = manifest["target"], manifest["draft"]
+        self.target = plain(export_dir / "target.onnx")
+        self.draft = plain(export_dir / "draft.onnx")
+        self.mask = d["mask_token_id"]
+        self.vocab = t["vocab_size"]
+        self.prompt = rng.integers(3, self.vocab - 2, PROMPT)
+        self.tkv = {n: np.zeros((1, MAX, t["num_kv_heads"], t["head_dim"]), np.float32)
+                    for i in range(t["num_layers"]) for n in (C.past_key(i), C.past_value(i))}
+        self.dkv = {n: np.zeros((1, MAX, d["num_kv_heads"], d["head_dim"]), np.float32)
+                    for i in range(d["num_layers"]) for n in (C.past_key(i), C.past_value(i))}
+        out = self.run_target(self.prompt, 0, commit=True)
+        self.aux = out[C.AUX_HIDDEN]  # [1, PROMPT, 3H]
+        nxt = int(out[C.LOGITS][0, -1].argmax())
+        # draft round 1 over the prompt: slot t carries token t+1 with the target's hidden at t
+        real = np.append(self.prompt[1:], nxt)
+        dout = self.draft.run(None, self.draft_feeds(real, self.aux, 0, 0))
+        names = [o.name for o in self.draft.get_outputs()]
+        for n, v in zip(names, dout):
+            if n.startswith("new_"):
+                self.dkv[n.replace("new_", "past_")][:, :PROMPT] = v[:, :PROMPT]
+        self.n = PROMPT
+
+    def past(self, kv, n):
+        return {k: v[:, :n] for k, v in kv.items()}
+
+    def target_feeds(self, tokens, start):
+        return {C.INPUT_IDS: np.asarray(tokens, np.int64)[None],
+                C.POSITION_IDS: np.arange(start, start + len(tokens), dtype=np.int64)[None], **self.past(self.tkv, start)}
+
+    def run_target(self, tokens, start, commit=False):
+        feeds = self.target_feeds(tokens, start)
+        names = [o.name for o in self.target.get_outputs()]
+        out = dict(zip(names, self.target.run(None, feeds)))
+        if commit:
+            for k, v in out.items():
+                if k.startswith("new_"):
+                    self.tkv[k.replace("new_", "past_")][:, start:start + len(tokens)] = v
+        return out
+
+    def draft_feeds(self, real, aux, start_pos, past_n, k=max(DEPTHS)):
+        ids = np.concatenate([np.asarray(real, np.int64), np.full(k - 1, self.mask, np.int64)])
+        return {C.INPUT_IDS: ids[None], C.POSITION_IDS: np.arange(start_pos, start_pos + len(ids), dtype=np.int64)[None],
+                C.DRAFT_AUX_IN: np.ascontiguousarray(aux, np.float32), **self.past(self.dkv, past_n)}
+
+
+@pytest.fixture(scope="module")
+def state(tiny_engines):
+    from specrt.manifest import load_export
+
+    exp_dir = tiny_engines / "export"
+    return State(exp_dir, load_export(exp_dir))
+
+
+def check_same(runner, session, feeds):
+    got = runner.infer(feeds)
+    names = [o.name for o in session.get_outputs()]
+    want = dict(zip(names, session.run(None, feeds)))
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k].shape == v.shape, k
+        if v.dtype.kind == "i":
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+        else:
+            np.testing.assert_allclose(got[k], v, err_msg=k, **TOL)
+    return got
+
+
+@pytest.mark.parametrize("sessions", ["shared", "per-depth"])
+def test_every_role_matches_the_export_graph(tiny_engines, state, sessions):
+    rng = np.random.default_rng(1)
+    engines = load_engines(tiny_engines, ort_overrides={"sessions": sessions})
+    with engines:
+        # prefill over an empty cache (past views of length 0)
+        check_same(engines.target(PROMPT), state.target, state.target_feeds(state.prompt, 0))
+        for d in (0, *DEPTHS):
+            tokens = rng.integers(0, state.vocab, d + 1)
+            runner = engines.target(d + 1)
+            assert runner.name == ("decode" if d == 0 else f"verify.{d}")
+            check_same(runner, state.target, state.target_feeds(tokens, state.n))
+        # a draft round: A = 2 real slots (the accepted token and the bonus) + K - 1 masks
+        real = rng.integers(0, state.vocab, 2)
+        aux = state.run_target(real, state.n)[C.AUX_HIDDEN]
+        check_same(engines.draft(), state.draft, state.draft_feeds(real, aux, state.n, state.n))
+
+
+def test_fixed_outputs_are_reused_buffers_and_stay_correct(tiny_engines, state):
+    rng = np.random.default_rng(2)
+    with load_engines(tiny_engines) as engines:
+        r = engines.verify(4)
+        first = check_same(r, state.target, state.target_feeds(rng.integers(0, 999, 5), state.n))
+        logits = first[C.LOGITS]
+        again = check_same(r, state.target, state.target_feeds(rng.integers(0, 999, 5), state.n - 3))
+        assert again[C.LOGITS] is logits  # preallocated once, overwritten in place
+
+
+def test_a_decode_step_allocates_nothing_proportional_to_the_context(tiny_engines, state):
+    """Python-side allocations per step (tracemalloc sees numpy's) are small and the same at
+    a short and a long past: past KV is bound in place, outputs are preallocated."""
+    rng = np.random.default_rng(3)
+    big = {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in state.tkv.items()}
+    peaks = {}
+    with load_engines(tiny_engines) as engines:
+        r = engines.verify(2)
+        for past in (8, 240):
+            feeds = {C.INPUT_IDS: np.ones((1, 3), np.int64),
+                     C.POSITION_IDS: np.arange(past, past + 3, dtype=np.int64)[None],
+                     **{k: v[:, :past] for k, v in big.items()}}
+            r.infer(feeds)
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(20):
+                r.infer(feeds)
+            peaks[past] = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+    kv_bytes = sum(v[:, :240].nbytes for v in big.values())
+    assert max(peaks.values()) < 16 * 1024, peaks
+    assert max(peaks.values()) < kv_bytes / 20, (peaks, kv_bytes)
+
+
+def test_feeds_are_checked_against_the_role(tiny_engines, state):
+    with load_engines(tiny_engines) as engines:
+        r = engines.verify(4)
+        good = state.target_feeds(np.arange(5), state.n)
+        with pytest.raises(UserError, match="input_ids"):
+            r.infer(state.target_feeds(np.arange(3), state.n))
+        with pytest.raises(UserError, match="dtype int32"):
+            r.infer({**good, C.INPUT_IDS: good[C.INPUT_IDS].astype(np.int32)})
+        with pytest.raises(UserError, match="C-contiguous"):
+            r.infer({**good, C.past_key(0): state.tkv[C.past_key(0)][:, : 2 * state.n : 2]})
+        with pytest.raises(UserError, match="missing"):
+            r.infer({k: v for k, v in good.items() if k != C.past_value(3)})
+        with pytest.raises(UserError, match="past_tokens = 30, but another input has 24"):
+            r.infer({**good, C.past_key(2): state.tkv[C.past_key(2)][:, :30]})
+        with pytest.raises(UserError, match="past_tokens = 252 is outside"):
+            r.infer(state.target_feeds(np.arange(5), 252))
+        with pytest.raises(UserError, match="no verify engine for depth 3"):
+            engines.verify(3)
+    with pytest.raises(InternalError, match="before activate"):
+        r.infer(good)
+
+
+def test_metadata_is_specialised_per_depth(tiny_engines):
+    engines = load_engines(tiny_engines, verify=False)
+    for d in DEPTHS:
+        ins = {t.name: t.shape for t in engines.verify(d).get_input_metadata()}
+        outs = {t.name: t.shape for t in engines.verify(d).get_output_metadata()}
+        assert ins[C.INPUT_IDS] == (1, d + 1)
+        assert ins[C.past_key(0)] == (1, C.DIM_PAST, 2, 16)
+        assert outs[C.LOGITS] == (1, d + 1, 1000)
+    ins = {t.name: t.shape for t in engines.target(100).get_input_metadata()}
+    assert ins[C.INPUT_IDS] == (1, C.DIM_NEW)  # prefill stays dynamic
+    assert {t.name: t.shape for t in engines.draft().get_input_metadata()}[C.DRAFT_AUX_IN] == (1, C.DIM_AUX, 192)
+
+
+def test_sessions_are_shared_by_default(tiny_engines):
+    with load_engines(tiny_engines) as engines:
+        target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
+        assert len(target) == 1
+    with load_engines(tiny_engines, ort_overrides={"sessions": "per-depth"}) as engines:
+        target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
+        assert len(target) == len(DEPTHS) + 2  # prefill, decode, verify.d
+        assert engines.ort_settings.prepack is False  # one copy of the weights

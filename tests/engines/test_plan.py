@@ -1,0 +1,142 @@
+"""The build plan as data (no TensorRT needed): roles, TensorRT profiles, flags, files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrt import contracts as C
+from specrt.engines.plan import (DimRange, Role, make_roles, normalise_precision, parse_depths, trt_ep_profile_options,
+                                 trt_plan)
+from specrt.errors import UserError
+
+L, KVH, D, V, H = 4, 2, 16, 1000, 64
+CTX = 256
+DEPTHS = (1, 2, 4, 8)
+IO = {"target": C.target_io(L, KVH, D, V, H, "float32").to_json(),
+      "draft": C.peagle_io(1, KVH, D, V, H, "float32").to_json()}
+FILES = {"target": "export/target.onnx", "draft": "export/draft.onnx"}
+
+
+def kv_names(n):
+    return [x for i in range(n) for x in (C.past_key(i), C.past_value(i))]
+
+
+@pytest.fixture
+def plan():
+    roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)
+    return trt_plan(roles, {g: v for g, v in IO.items()}, FILES, "fp16", "float32")
+
+
+def test_profiles_pin_every_depth_and_cover_every_input(plan):
+    target = next(e for e in plan.engines if e.graph == "target")
+    assert target.file == "target.plan" and target.onnx == "export/target.onnx"
+    assert [p.role for p in target.profiles] == ["prefill", "decode", "verify.1", "verify.2", "verify.4", "verify.8"]
+    for p in target.profiles[1:]:
+        s = 1 if p.role == "decode" else int(p.role.split(".")[1]) + 1
+        assert set(p.shapes) == {C.INPUT_IDS, C.POSITION_IDS, *kv_names(L)}  # every input, nothing else
+        for name in (C.INPUT_IDS, C.POSITION_IDS):
+            assert p.shapes[name] == ((1, s), (1, s), (1, s))  # min = opt = max
+        for name in kv_names(L):
+            assert p.shapes[name] == ((1, 0, KVH, D), (1, 128, KVH, D), (1, CTX - s, KVH, D))
+        assert plan.roles[p.role] == ("target.plan", target.profiles.index(p))
+
+
+def test_prefill_and_draft_keep_dynamic_ranges(plan):
+    target = next(e for e in plan.engines if e.graph == "target")
+    pre = target.profiles[0]
+    assert pre.shapes[C.INPUT_IDS] == ((1, 1), (1, 128), (1, CTX))
+    assert pre.shapes[C.past_key(3)] == ((1, 0, KVH, D), (1, 0, KVH, D), (1, CTX - 1, KVH, D))
+    draft = next(e for e in plan.engines if e.graph == "draft")
+    assert draft.file == "draft.plan" and len(draft.profiles) == 1
+    d = draft.profiles[0].shapes
+    assert set(d) == {C.INPUT_IDS, C.POSITION_IDS, C.DRAFT_AUX_IN, *kv_names(1)}
+    k = max(DEPTHS)
+    assert d[C.INPUT_IDS] == ((1, 1), (1, 2 + k - 1), (1, CTX + k))  # A + M slots, A = 2 typical
+    assert d[C.DRAFT_AUX_IN] == ((1, 1, 3 * H), (1, 2, 3 * H), (1, CTX, 3 * H))
+    assert d[C.past_key(0)] == ((1, 0, KVH, D), (1, 128, KVH, D), (1, CTX + k - 1, KVH, D))
+    assert plan.roles["draft"] == ("draft.plan", 0)
+
+
+def test_flags_timing_cache_and_json(plan):
+    assert plan.flags == {"tf32": False, "fp16": True, "bf16": False}
+    assert plan.timing_cache == "timing.cache"
+    j = json.loads(json.dumps(plan.to_json()))
+    assert j["roles"]["verify.4"] == {"file": "target.plan", "profile": 4}
+    assert j["engines"][0]["profiles"][4]["shapes"][C.INPUT_IDS] == [[1, 5], [1, 5], [1, 5]]
+
+
+def test_engine_per_role_layout():
+    roles = make_roles((2, 4), CTX, "peagle")
+    p = trt_plan(roles, IO, FILES, "fp32", "float32", layout="engines")
+    assert [e.file for e in p.engines] == ["target.prefill.plan", "target.decode.plan", "target.verify.2.plan",
+                                           "target.verify.4.plan", "draft.plan"]
+    assert all(len(e.profiles) == 1 for e in p.engines)
+    assert p.roles["verify.4"] == ("target.verify.4.plan", 0)
+    assert p.flags == {"tf32": False, "fp16": False, "bf16": False}  # fp32: TF32 off, to match ORT to 1e-5
+
+
+def test_precision_rules():
+    roles = make_roles((1,), CTX, None)
+    assert trt_plan(roles, IO, FILES, "bf16", "float32").flags["bf16"]
+    assert trt_plan(roles, IO, FILES, "fp16", "float16").flags["fp16"]
+    with pytest.raises(UserError, match="cannot be built from a float16 export"):
+        trt_plan(roles, IO, FILES, "fp32", "float16")
+    with pytest.raises(UserError, match="layout"):
+        trt_plan(roles, IO, FILES, "fp32", "float32", layout="one")
+    assert normalise_precision(None, "float16") == "fp16"
+    assert normalise_precision("bfloat16", "float32") == "bf16"
+
+
+def test_no_draft_no_draft_engine():
+    roles = make_roles((1, 2), CTX, None)
+    assert set(roles) == {"prefill", "decode", "verify.1", "verify.2"}
+    assert [e.graph for e in trt_plan(roles, IO, FILES, "fp32", "float32").engines] == ["target"]
+
+
+def test_eagle3_draft_ranges():
+    roles = make_roles((1, 4), CTX, "eagle3")
+    d = roles["draft"].dims
+    assert d[C.DIM_AUX] == DimRange(0, 0, CTX) and d[C.DIM_PREV] == DimRange(0, 1, CTX + 4)
+    assert d[C.DIM_NEW] == DimRange(1, 1, CTX + 4)
+
+
+def test_depths_and_context_are_checked():
+    assert parse_depths("8, 1,2,2") == (1, 2, 8)
+    assert parse_depths([4]) == (4,)
+    with pytest.raises(UserError, match="at least one"):
+        parse_depths("")
+    with pytest.raises(UserError, match="too small for depth 8"):
+        make_roles((8,), 9, None)
+
+
+def test_role_json_round_trip():
+    r = make_roles((2,), CTX, "peagle")["verify.2"]
+    assert Role.from_json(r.name, json.loads(json.dumps(r.to_json()))) == r
+
+
+def test_ort_tensorrt_ep_profile_strings():
+    r = make_roles((2,), CTX, None)["verify.2"]
+    o = trt_ep_profile_options(r, IO["target"]["inputs"])
+    assert o["trt_profile_min_shapes"].startswith("input_ids:1x3,position_ids:1x3,past_key.0:1x0x2x16,")
+    assert "past_value.3:1x253x2x16" in o["trt_profile_max_shapes"]
+
+
+def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
+    """The lazy loader chain is built from the plan; nothing runs until it is called."""
+    pytest.importorskip("polygraphy")
+    from specrt.engines.tensorrt import engine_loader
+
+    target = plan.engines[0]
+    save = engine_loader(plan, target, tmp_path)
+    assert save.path == str(tmp_path / "target.plan")
+    build = save._engine  # EngineFromNetwork
+    assert build.timing_cache_path == str(tmp_path / "timing.cache")
+    cfg = build._config
+    assert (cfg.fp16, cfg.bf16, cfg.tf32) == (True, False, False)
+    assert cfg.timing_cache_path == str(tmp_path / "timing.cache")  # the same cache is loaded and saved
+    assert len(cfg.profiles) == len(target.profiles)
+    verify4 = cfg.profiles[4]
+    assert tuple(verify4[C.INPUT_IDS].min) == tuple(verify4[C.INPUT_IDS].max) == (1, 5)
+    assert build._network.path == str(tmp_path / "export/target.onnx")
