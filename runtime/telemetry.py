@@ -81,6 +81,20 @@ class Telemetry:
         """Close the run: tokens handed to the caller and wall seconds of the whole generation."""
         self.new_tokens, self.seconds = new_tokens, seconds
 
+    def merge(self, other: "Telemetry") -> None:
+        """Add another run's counts (several prompts in one report)."""
+        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
+                             (self.reached_at, other.reached_at)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        for d, n in other.depths.items():
+            self.depths[d] = self.depths.get(d, 0) + n
+        for k, v in other.engine_s.items():
+            self.engine_s[k] = self.engine_s.get(k, 0.0) + v
+
     @property
     def tau(self) -> float:
         return 1.0 + self.accepted / self.draft_rounds if self.draft_rounds else 1.0

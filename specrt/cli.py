@@ -87,5 +87,94 @@ def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool,
                log=lambda s: click.echo(s, err=True))
 
 
+def _depths(ctx, param, value):
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"'{value}': expected comma-separated integers such as 1,2,4,8") from None
+
+
+@main.command()
+@click.argument("export_dir", callback=_existing_dir)
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
+@click.option("--depths", default="1,2,4,8", show_default=True, callback=_depths, help="Verify depths to specialise.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
+@click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
+@click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
+@click.option("--force", is_flag=True, help="Replace an existing engines folder.")
+def build(export_dir: Path, backend: str, depths, out: Path, precision: str | None, max_context: int | None,
+          force: bool) -> None:
+    """Build depth-specialised engines from EXPORT_DIR into OUT, with engines.json and a cost table."""
+    from specrt.engines.build import build_engines
+
+    build_engines(export_dir, backend, depths, out, precision=precision, force=force, max_context=max_context,
+                  log=lambda s: click.echo(s, err=True))
+
+
+def _read_prompts(path: Path) -> list[str]:
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt'")
+        prompts.append(obj["prompt"])
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return prompts
+
+
+@main.command()
+@click.argument("engines_dir", callback=_existing_dir)
+@click.option("--prompt", help="One prompt.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="JSON lines with a 'prompt' field, decoded in turn.")
+@click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--governor", default="dspark", show_default=True, help="off | fixed:K | adaptive | dspark")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
+@click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
+@click.option("--quiet", is_flag=True, help="Do not print the generated text.")
+def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
+        stops, stats_file, quiet) -> None:
+    """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+    from specrt.runtime.telemetry import Telemetry
+
+    if (prompt is None) == (prompts_file is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    prompts = [prompt] if prompt is not None else _read_prompts(prompts_file)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    with Session(engines_dir, governor=governor, sampling=params) as s:
+        if s.untrusted:
+            click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
+        if governor == "dspark":
+            click.echo(f"dspark: {s.calibration_note}", err=True)
+        total, per_prompt = Telemetry(), []
+        for p in prompts:
+            for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops)):
+                if not quiet:
+                    click.echo(piece, nl=False)
+            if not quiet:
+                click.echo()
+            st = s.stats()
+            total.merge(s.generator.telemetry)
+            per_prompt.append({"prompt": p, **st})
+        stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir), "prompts": per_prompt}
+        click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
+                   f"tau {stats['tau']:.2f}, governor {governor}]", err=True)
+        if stats_file:
+            stats_file.write_text(json.dumps(stats, indent=2))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

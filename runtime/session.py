@@ -1,0 +1,161 @@
+"""A ready-to-run speculative decoder over one engines folder: the Python API of ``specrt run``.
+
+    with Session("ENGINES", governor="dspark") as s:
+        for piece in s.stream("Write a haiku", chat=True, max_new_tokens=64):
+            print(piece, end="")
+        print(s.stats())                         # telemetry of the last prompt
+
+Governors: ``off`` (no speculation, same engines), ``fixed:K``, ``adaptive``
+(onnxruntime-genai's scalar rule) and ``dspark`` (calibrated confidence and the engines'
+cost table). The calibration comes from ``ENGINES/calibration.json`` (``specrt
+calibrate``); without one, or with one made for other engines, the identity map is used
+and ``calibration_note`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from specrt.errors import UserError
+
+from .generate import Finished, Generator
+from .governor import AdaptiveGovernor, Calibration, DSparkGovernor, FixedGovernor, Governor, OffGovernor
+from .sampling import SamplingParams
+from .text import Detokenizer, Text
+
+CALIBRATION_FILE = "calibration.json"
+ACCEPTANCE_FILE = "acceptance_receipt.json"
+GOVERNORS = "off | fixed:K | adaptive | dspark"
+# Context length at which the cost table is read for the DSpark governor's first rounds;
+# online EMAs of the measured times take over from there.
+COST_PAST = 256
+
+
+def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
+    vm = (export.get("draft") or {}).get("vocab_map")
+    if not vm:
+        return None
+    from safetensors.numpy import load_file
+
+    return load_file(str(export_dir / vm["file"]))["d2t"]
+
+
+def load_calibration(engines) -> tuple[Calibration | None, str]:
+    """(calibration, note). A calibration is tied to the engines' export digest."""
+    p = Path(engines.folder) / CALIBRATION_FILE
+    if not p.is_file():
+        return None, "no calibration stored: DSpark uses the identity map (run `specrt calibrate`)"
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p}: not valid JSON ({e})") from None
+    if data.get("export_digest") != engines.manifest["export"]["digest"]:
+        return None, f"{p} was fitted for other engines (export digest differs): using the identity map"
+    return Calibration.from_dict(data["calibration"]), f"calibration from {p.name} ({data.get('rounds', '?')} rounds)"
+
+
+def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
+    depths = engines.depths
+    s = str(spec).strip().lower()
+    if s == "off":
+        return OffGovernor(depths)
+    if s == "adaptive":
+        return AdaptiveGovernor(depths)
+    if s.startswith("fixed:") and s[6:].isdigit():
+        return FixedGovernor(depths, int(s[6:]))
+    if s == "dspark":
+        t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in depths}
+        t_verify[0] = engines.cost("decode", COST_PAST)
+        return DSparkGovernor(depths, engines.cost("draft", COST_PAST), t_verify, calibration)
+    raise UserError(f"--governor '{spec}': expected one of {GOVERNORS} (built depths: {', '.join(map(str, depths))})")
+
+
+class Session:
+    def __init__(self, engines_dir: str | Path, governor: str = "dspark", sampling: SamplingParams = SamplingParams(),
+                 ort_overrides: dict | None = None):
+        from specrt.engines.engine_set import load_engines
+
+        self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
+        if self.engines.export.get("draft") is None and str(governor).lower() != "off":
+            raise UserError(f"{engines_dir}: the engines have no draft; only --governor off can run")
+        # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
+        self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
+        self.calibration, self.calibration_note = load_calibration(self.engines)
+        self.governor_spec = governor
+        self.sampling = sampling
+        self.d2t = read_d2t(self.engines.export_dir, self.engines.export)
+        self.eos = tuple(self.engines.export["target"]["eos_token_ids"])
+        self.acceptance = self._acceptance_receipt()
+        self.engines.activate()
+        self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling, self.d2t)
+
+    def _acceptance_receipt(self) -> dict | None:
+        p = Path(self.engines.folder) / ACCEPTANCE_FILE
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    @property
+    def untrusted(self) -> str | None:
+        """A loud warning when the acceptance canary found the draft far below its training accuracy."""
+        a = self.acceptance
+        if a is not None and not a.get("trusted", True):
+            return (f"UNTRUSTED DRAFT: measured depth-1 acceptance {a['measured_depth1']:.2f} is far below the "
+                    f"training receipt's {a['training_depth1']:.2f} (binding receipt {a['binding_receipt_id'][:12]}): "
+                    "a weight is probably bound to the wrong slot")
+        return None
+
+    def close(self) -> None:
+        self.engines.deactivate()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def new_governor(self) -> None:
+        """A fresh governor state (e.g. between benchmark runs)."""
+        self.generator.governor = make_governor(self.governor_spec, self.engines, self.calibration)
+
+    def stream_ids(self, ids: list[int], max_new_tokens: int) -> Iterator[list[int]]:
+        return self.generator.stream(ids, max_new_tokens, self.eos)
+
+    def stream(self, prompt: str, chat: bool = False, max_new_tokens: int = 128,
+               stop: tuple[str, ...] = ()) -> Iterator[str]:
+        """Yield text as tokens are accepted; ``stop`` strings end generation (not included)."""
+        if self.text is None:
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
+        ids = self.text.encode(prompt, chat)
+        detok = Detokenizer(self.text)
+        self.last_prompt_ids, self.last_output_ids = ids, detok.ids
+        held = ""
+        gen = self.stream_ids(ids, max_new_tokens)
+        for chunk in gen:
+            held += detok.push(chunk)
+            if stop:
+                hit = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
+                if hit >= 0:
+                    yield held[:hit]
+                    gen.close()
+                    self.generator.finished = Finished("stop")
+                    return
+                keep = max(len(s) for s in stop) - 1  # could be the start of a stop string
+                if keep and len(held) > keep:
+                    yield held[:-keep]
+                    held = held[-keep:]
+                    continue
+                if keep:
+                    continue
+            yield held
+            held = ""
+        if held:
+            yield held
+
+    def stats(self) -> dict:
+        s = self.generator.telemetry.to_json()
+        s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
+        s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
+        return s
