@@ -247,6 +247,11 @@ class OrtRunner(Runner):
         b = self._binding
         for name, a in feeds.items():
             b.bind_cpu_input(name, a)
+        # A dynamic output bound to a device keeps the OrtValue of the previous call, whose
+        # shape would be reused as a preallocated buffer: rebind so each call allocates anew.
+        for t in self.outputs:
+            if t.name not in self._fixed:
+                b.bind_output(t.name, "cpu")
         self._sess.run_with_iobinding(b)
         if len(self._fixed) == len(self.outputs):
             return dict(self._fixed)

@@ -1,0 +1,201 @@
+"""The draft/verify loop over real engines: greedy token identity and sampling losslessness.
+
+Tiny random targets (Llama, Qwen3) with random P-EAGLE and EAGLE-3 drafts exercise the
+rejection paths constantly; small-vocabulary targets make random drafts get accepted
+often enough to exercise the accept, bonus and commit paths too.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specrt.engines import build_engines
+from specrt.engines.engine_set import load_engines
+from specrt.errors import UserError
+from specrt.export.export import export
+from specrt.runtime import generate as G
+from specrt.runtime.governor import AdaptiveGovernor, DSparkGovernor, FixedGovernor, OffGovernor
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.session import read_d2t
+from tests.fixtures_models import load_hf, write_tiny_draft, write_tiny_target
+from tests.runtime.test_verify import chi2_pvalue
+
+DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, depths=DEPTHS) -> Path:
+    t = write_tiny_target(root / "t", model_type, vocab_size=vocab)
+    d = write_tiny_draft(root / "d", t, kind=kind, num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", depths, root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root
+
+
+@pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 1000, 300),
+                                        ("llama", "peagle", 16, 12), ("qwen3", "eagle3", 16, 16)],
+                ids=lambda p: f"{p[0]}-{p[1]}-V{p[2]}")
+def pair(request, tmp_path_factory):
+    root = _pair(tmp_path_factory.mktemp("gen"), *request.param)
+    engines = load_engines(root / "eng")
+    engines.activate()
+    yield root, engines
+    engines.deactivate()
+
+
+def _gen(engines, governor, params=SamplingParams(), export_dir=None):
+    return G.Generator(engines, governor, params, read_d2t(engines.export_dir, engines.export))
+
+
+def test_greedy_identity_every_depth_and_governor(pair):
+    root, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 40)
+    hf = load_hf(root / "t")
+    import torch
+
+    want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert ref == want  # target-only decoding on the engines equals transformers' greedy generate
+    accepted = 0
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    govs = [FixedGovernor(DEPTHS, k) for k in DEPTHS] + [AdaptiveGovernor(DEPTHS),
+                                                          DSparkGovernor(DEPTHS, 2e-4, costs)]
+    for gov in govs:
+        g = _gen(engines, gov)
+        out = g.generate(PROMPT, 40)
+        assert out == ref, f"{type(gov).__name__} {getattr(gov, 'k', '')}: speculative output differs"
+        t = g.telemetry.to_json()
+        assert t["new_tokens"] == 40
+        accepted += t["accepted"]
+    if engines.export["target"]["vocab_size"] == 16:
+        assert accepted > 0  # the accept and bonus paths ran
+
+
+def test_eos_and_budget_stop(pair):
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 30)
+    eos = ref[7]
+    g = _gen(engines, FixedGovernor(DEPTHS, 4))
+    out = g.generate(PROMPT, 30, eos_ids=(eos,))
+    assert out == ref[: ref.index(eos) + 1] and g.finished.reason == "eos"
+    for n in (1, 2, 5, 9):
+        g = _gen(engines, FixedGovernor(DEPTHS, 8))
+        assert g.generate(PROMPT, n) == ref[:n] and g.finished.reason == "length"
+
+
+def test_context_limit(pair):
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 8))
+    with pytest.raises(UserError, match="context limit is 128"):
+        g.generate(list(range(5)) * 40, 4)
+    out = g.generate(list(range(5)) * 24, 50)  # 120 prompt tokens: stops at the limit, no crash
+    # 8 more positions fit in the cache; the 9th token is emitted without being fed
+    assert g.finished.reason == "context" and len(out) == 128 - 120 + 1
+    assert out == _gen(engines, OffGovernor(DEPTHS)).generate(list(range(5)) * 24, 9)
+
+
+@pytest.mark.parametrize("bad, message", [([], "the prompt is empty"), ([1, 2, 10**6], "outside the vocabulary"),
+                                          ([1, -1], "outside the vocabulary")])
+def test_bad_prompts(pair, bad, message):
+    _, engines = pair
+    with pytest.raises(UserError, match=message):
+        _gen(engines, FixedGovernor(DEPTHS, 2)).generate(bad, 4)
+
+
+def test_nan_logits_are_a_clear_error(pair):
+    _, engines = pair
+
+    class NaNTarget:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def infer(self, feeds):
+            out = dict(self.inner.infer(feeds))
+            out["logits"] = np.full_like(out["logits"], np.nan)
+            return out
+
+    class Broken:
+        export, max_context = engines.export, engines.max_context
+
+        def target(self, s):
+            return NaNTarget(engines.target(s))
+
+        def draft(self):
+            return engines.draft()
+
+    with pytest.raises(UserError, match="target engine produced NaN logits at position 0"):
+        G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
+
+
+# ---- sampling: the generated sequences are distributed exactly as the target's ----------
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """V = 6 target, P-EAGLE draft over a reduced vocabulary of 4 (d2t)."""
+    root = _pair(tmp_path_factory.mktemp("small"), "llama", "peagle", 6, 4, depths=(1, 2, 4))
+    engines = load_engines(root / "eng")
+    engines.activate()
+    yield engines
+    engines.deactivate()
+
+
+def _exact(engines, prompt, length, params):
+    """P(first `length` tokens) under target-only sampling, from the target engine itself."""
+    from specrt.runtime.sampling import probs
+
+    runner, out = engines.target(0), {}
+    V = engines.export["target"]["vocab_size"]
+    L = engines.export["target"]["num_layers"]
+    kv = engines.export["target"]
+    for seq in product(range(V), repeat=length):
+        p = 1.0
+        for j in range(length):
+            ids = prompt + list(seq[:j])
+            feeds = {"input_ids": np.array([ids]), "position_ids": np.arange(len(ids))[None]}
+            for i in range(L):
+                z = np.zeros((1, 0, kv["num_kv_heads"], kv["head_dim"]), np.float32)
+                feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = z, z
+            logits = engines.target(len(ids)).infer(feeds)["logits"][0, -1]
+            p *= probs(logits[None], params)[0][seq[j]]
+        out[seq] = p
+    return out
+
+
+def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None):
+    prompt, length = [1, 2, 3], 3
+    want = _exact(engines, prompt, length, params)
+    keys = sorted(want)
+    counts = np.zeros(len(keys))
+    d2t = read_d2t(engines.export_dir, engines.export)
+    g = G.Generator(engines, FixedGovernor((1, 2, 4), depth), params, d2t)
+    for s in range(n):
+        g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
+        # budget 1 + depth + 1: the first verify round can use the whole depth
+        out = g.generate(prompt, 1 + depth + 1)
+        counts[keys.index(tuple(out[:length]))] += 1
+    return chi2_pvalue(counts, n * np.array([want[k] for k in keys]))
+
+
+@pytest.mark.parametrize("depth, params", [(1, SamplingParams(temperature=1.0)), (2, SamplingParams(temperature=1.0)),
+                                           (4, SamplingParams(temperature=1.0)),
+                                           (4, SamplingParams(temperature=0.7, top_k=4, top_p=0.9))],
+                         ids=["d1-T1", "d2-T1", "d4-T1", "d4-T0.7-k4-p0.9"])
+def test_sampling_matches_target_distribution(small, depth, params):
+    assert _pvalue(small, depth, params, n=1200) > 0.01
+
+
+def test_sampling_test_detects_a_wrong_rule(small, monkeypatch):
+    """The same statistic rejects a rule that accepts drafts without the p/q test."""
+    from specrt.runtime.verify import Verdict
+
+    def accept_all(p, q, draft, rng):
+        return Verdict(len(draft), np.append(draft, np.argmax(p[-1])).astype(np.int64))
+
+    monkeypatch.setattr(G, "verify_sampling", accept_all)
+    assert _pvalue(small, 2, SamplingParams(temperature=1.0), n=1200) < 1e-6
