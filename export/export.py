@@ -26,6 +26,7 @@ from specrt.export.config import default_aux_layer_ids
 from specrt.manifest import EXPORT_FORMAT, EXPORT_MANIFEST, atomic_folder, file_record, tool_versions, write_json
 
 DTYPES = ("float32", "float16", "bfloat16")
+TRAINING_RECEIPT = "training_receipt.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
 
@@ -88,6 +89,12 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
 
                 save_file({"d2t": np.ascontiguousarray(draft.get("d2t"))}, str(tmp / "draft_vocab.safetensors"))
                 vocab_file = file_record(tmp, "draft_vocab.safetensors")
+            # The training receipt (tools/train_peagle.py writes one beside the draft) travels
+            # with the export: the acceptance canary compares measured acceptance with it.
+            receipt_file = None
+            if (Path(draft_dir) / TRAINING_RECEIPT).is_file():
+                shutil.copyfile(Path(draft_dir) / TRAINING_RECEIPT, tmp / TRAINING_RECEIPT)
+                receipt_file = file_record(tmp, TRAINING_RECEIPT)
             draft_json = {
                 "kind": dc.kind,
                 "num_layers": dc.decoder.num_layers,
@@ -98,6 +105,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 "speculative_tokens": dc.speculative_tokens,
                 "mask_token_id": dc.mask_token_id,
                 "vocab_map": vocab_file,
+                "training_receipt": receipt_file,
             }
             log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")
         tok = []

@@ -102,13 +102,51 @@ def _depths(ctx, param, value):
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
 @click.option("--force", is_flag=True, help="Replace an existing engines folder.")
+@click.option("--no-canary", is_flag=True, help="Skip the acceptance canary after building.")
 def build(export_dir: Path, backend: str, depths, out: Path, precision: str | None, max_context: int | None,
-          force: bool) -> None:
-    """Build depth-specialised engines from EXPORT_DIR into OUT, with engines.json and a cost table."""
+          force: bool, no_canary: bool) -> None:
+    """Build depth-specialised engines from EXPORT_DIR into OUT, with engines.json and a cost table.
+
+    Then, when the export has a draft, the acceptance canary decodes a few prompts at depth 1
+    and writes OUT/acceptance_receipt.json (see `specrt canary`)."""
     from specrt.engines.build import build_engines
 
-    build_engines(export_dir, backend, depths, out, precision=precision, force=force, max_context=max_context,
-                  log=lambda s: click.echo(s, err=True))
+    m = build_engines(export_dir, backend, depths, out, precision=precision, force=force, max_context=max_context,
+                      log=lambda s: click.echo(s, err=True))
+    if not no_canary and m.get("draft_depth") and _has_draft(out):
+        _canary(out)
+
+
+def _has_draft(engines_dir: Path) -> bool:
+    from specrt.manifest import load_export
+
+    return load_export(engines_dir / "export", verify=False).get("draft") is not None
+
+
+def _canary(engines_dir: Path) -> None:
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.canary import run_canary
+
+    with load_engines(engines_dir, verify=False) as engines:
+        r = run_canary(engines)
+    line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
+            + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
+               else " (no training receipt to compare with)"))
+    if r["trusted"]:
+        click.echo(line, err=True)
+    else:
+        click.secho(f"{line}\nUNTRUSTED: measured acceptance is far below the training receipt; a weight is probably "
+                    f"bound to the wrong slot (binding receipt {r['binding_receipt_id'][:12]}). "
+                    f"{engines_dir}/acceptance_receipt.json records it and `specrt run` will warn.", fg="red", err=True)
+
+
+@main.command()
+@click.argument("engines_dir", callback=_existing_dir)
+def canary(engines_dir: Path) -> None:
+    """Re-run the acceptance canary on ENGINES_DIR and rewrite its acceptance receipt."""
+    if not _has_draft(engines_dir):
+        raise UserError(f"{engines_dir}: the engines have no draft; nothing to check")
+    _canary(engines_dir)
 
 
 def _read_prompts(path: Path) -> list[str]:

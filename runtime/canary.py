@@ -1,0 +1,101 @@
+"""The acceptance canary: a short greedy run that catches a mis-bound pair (issue 4).
+
+A weight bound to the wrong slot can leave training accuracy looking fine while
+acceptance collapses (a speculators loader once bound ``norm.weight`` by suffix: ~63%
+training accuracy, ~10% acceptance). Right after building, specrt decodes a few prompts
+at depth 1 and compares the measured depth-1 acceptance with what the draft's training
+receipt promises:
+
+    expected = receipt["heldout"]["acceptance_at_pos"][0]      (unseen prompts, if present)
+             | receipt["training_last_window"]["depth_1"]["accuracy"]
+    trusted  = measured >= UNTRUSTED_RATIO * expected
+
+The held-out estimate is preferred because a small draft's training accuracy overstates
+what it does on new text (DESIGN.md §10: 0.75 on training prompts, 0.24 unseen), which
+would make an honest pair look broken. The receipt ``ENGINES/acceptance_receipt.json``
+names the binding receipt and the target tensors the draft relies on, so it is tied to
+exactly these weights; ``specrt run`` prints a loud warning when it says untrusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .generate import Generator
+from .governor import FixedGovernor
+from .session import ACCEPTANCE_FILE, read_d2t
+from .text import Text
+
+UNTRUSTED_RATIO = 0.5
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain what a binary search does.",
+    "List three fruits that are red.",
+    "How many days are in a leap year?",
+    "Give me a tip for learning to cook.",
+)
+
+
+def expected_depth1(receipt: dict) -> tuple[float | None, str]:
+    held = (receipt.get("heldout") or {}).get("acceptance_at_pos")
+    if held:
+        return float(held[0]), "heldout.acceptance_at_pos[0]"
+    acc = ((receipt.get("training_last_window") or {}).get("depth_1") or {}).get("accuracy")
+    if acc is not None:
+        return float(acc), "training_last_window.depth_1.accuracy"
+    return None, "none"
+
+
+def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
+    """Measure depth-1 greedy acceptance on ``engines`` (an active EngineSet) and write the receipt."""
+    exp, export_dir = engines.export, Path(engines.export_dir)
+    draft = exp.get("draft")
+    if draft is None:
+        return {}
+    if (export_dir / "tokenizer.json").is_file():
+        text = Text(export_dir)
+        chat = text.chat_template is not None
+        token_prompts = [text.encode(p, chat) for p in prompts]
+    else:  # tokenizer-less test models: fixed pseudo-random prompts
+        rng = np.random.default_rng(0)
+        token_prompts = [rng.integers(0, exp["target"]["vocab_size"], 12).tolist() for _ in prompts]
+    depth = 1 if 1 in engines.depths else engines.depths[0]  # position 1 is measured at any depth
+    gen = Generator(engines, FixedGovernor(engines.depths, depth), d2t=read_d2t(export_dir, exp))
+    drafted = accepted = 0
+    for ids in token_prompts:
+        gen.generate(ids, max_new_tokens, exp["target"]["eos_token_ids"])
+        t = gen.telemetry
+        drafted += t.offered_at[0] if t.offered_at else 0
+        accepted += t.accepted_at[0] if t.accepted_at else 0
+    measured = accepted / drafted if drafted else 0.0
+    training = None
+    if draft.get("training_receipt"):
+        training = json.loads((export_dir / draft["training_receipt"]["file"]).read_text())
+    expected, source = expected_depth1(training) if training else (None, "none")
+    trusted = True if expected is None else measured >= UNTRUSTED_RATIO * expected
+    rec = exp["binding_receipt"]
+    result = {
+        "format": "specrt-acceptance-receipt/1",
+        "binding_receipt_id": rec["receipt_id"],
+        "draft_relies_on_target": rec["draft"]["relies_on_target"],
+        "draft_slot_hashes": {s: v["sha256"] for s, v in rec["draft"]["slots"].items()},
+        "measured_depth1": measured,
+        "drafts": drafted,
+        "prompts": len(token_prompts),
+        "max_new_tokens": max_new_tokens,
+        "training_depth1": expected,
+        "training_source": source,
+        "untrusted_ratio": UNTRUSTED_RATIO,
+        "trusted": bool(trusted),
+        "note": None if expected is not None else "no training receipt: nothing to compare with",
+    }
+    path = Path(engines.folder) / ACCEPTANCE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, path)
+    return result

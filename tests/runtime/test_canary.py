@@ -1,0 +1,96 @@
+"""The acceptance canary: measured depth-1 acceptance against the training receipt."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrt.engines import build_engines
+from specrt.engines.engine_set import load_engines
+from specrt.export.export import export
+from specrt.runtime.canary import run_canary
+from specrt.runtime.session import Session
+from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _engines(root: Path, receipt: dict | None) -> Path:
+    t = write_tiny_target(root / "t", "llama", vocab_size=16)
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
+    if receipt is not None:
+        (d / "training_receipt.json").write_text(json.dumps(receipt))
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", (1, 2), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng"
+
+
+def _measure(eng: Path) -> dict:
+    with load_engines(eng) as e:
+        return run_canary(e, max_new_tokens=24)
+
+
+def test_trusted_when_acceptance_matches(tmp_path):
+    eng = _engines(tmp_path / "a", {"training_last_window": {"depth_1": {"accuracy": 0.0}}})
+    r = _measure(eng)
+    assert r["trusted"] and r["drafts"] > 50 and r["training_source"] == "training_last_window.depth_1.accuracy"
+    assert json.loads((eng / "acceptance_receipt.json").read_text())["binding_receipt_id"] == r["binding_receipt_id"]
+    with Session(eng, governor="fixed:1") as s:
+        assert s.untrusted is None
+
+
+def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
+    eng = _engines(tmp_path / "b", {"heldout": {"acceptance_at_pos": [0.95, 0.5]},
+                                   "training_last_window": {"depth_1": {"accuracy": 0.97}}})
+    r = _measure(eng)
+    assert r["training_depth1"] == 0.95 and r["training_source"] == "heldout.acceptance_at_pos[0]"
+    assert r["measured_depth1"] < 0.5 * 0.95 and not r["trusted"]
+    with Session(eng, governor="fixed:1") as s:
+        assert "UNTRUSTED DRAFT" in s.untrusted
+    ids = tmp_path / "p.jsonl"
+    ids.write_text(json.dumps({"prompt": "x"}) + "\n")
+    # the CLI repeats the warning loudly on every run (this tiny model has no tokenizer, so
+    # the run itself then fails with a clear error after the warning)
+    p = subprocess.run([sys.executable, "-m", "specrt.cli", "run", str(eng), "--prompts", str(ids),
+                        "--governor", "fixed:1"], capture_output=True, text=True)
+    assert "WARNING: UNTRUSTED DRAFT" in p.stderr and "no tokenizer.json" in p.stderr and p.returncode == 1
+
+
+def test_no_receipt_is_trusted_with_a_note(tmp_path):
+    r = _measure(_engines(tmp_path / "c", None))
+    assert r["trusted"] and r["training_depth1"] is None and "no training receipt" in r["note"]
+
+
+@pytest.mark.slow
+def test_mis_bound_real_pair_is_caught(tmp_path):
+    """The historical failure: the target's final norm replaced by a layer norm (what a suffix
+    match on 'norm.weight' binds). Binding cannot see it (names and shapes are right), the
+    canary does: acceptance collapses against the trained draft's receipt."""
+    from safetensors.numpy import load_file, save_file
+
+    from tests.real_model import committed_draft, smollm2_folder
+
+    draft = committed_draft()
+    if not (draft / "model.safetensors").is_file():
+        pytest.skip("the trained draft fixtures/peagle-smollm2 is not committed yet")
+    good = smollm2_folder()
+    bad = tmp_path / "misbound"
+    shutil.copytree(good, bad)
+    w = load_file(str(bad / "model.safetensors"))
+    w["model.norm.weight"] = w["model.layers.29.post_attention_layernorm.weight"].copy()
+    save_file(w, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    results = {}
+    for name, target in (("good", good), ("bad", bad)):
+        export(target, draft, tmp_path / f"exp-{name}")
+        build_engines(tmp_path / f"exp-{name}", "onnxruntime", (1,), tmp_path / f"eng-{name}", log=lambda s: None,
+                      profile_repeats=1, profile_pasts=(64,), max_context=512)
+        results[name] = _measure(tmp_path / f"eng-{name}")
+    assert results["good"]["trusted"], results["good"]
+    assert not results["bad"]["trusted"], results["bad"]
+    assert results["bad"]["binding_receipt_id"] != results["good"]["binding_receipt_id"]
