@@ -1,0 +1,261 @@
+"""``specrt calibrate``: fit the DSpark governor's confidence -> acceptance map (DESIGN.md §5).
+
+    report = calibrate("ENGINES", prompts, chat=True, max_new_tokens=128, holdout=0.25)
+
+1. Every prompt is decoded greedily with the full block drafted *and verified* each round
+   (FixedGovernor at the largest built depth K, capped near the token budget as usual), so
+   each round shows the draft's confidence at every position 1..d and how many of the
+   drafts the target accepted (a).
+2. Samples for the conditional map: positions k = 1..min(a+1, d) were *reached*; the first
+   a of them were accepted (the (a+1)-th was rejected unless a = d).
+3. The prompts are split (deterministically) into a training and a held-out part;
+   ``Calibration.fit`` (histogram or isotonic, chosen by 2-fold ECE) runs on the training
+   rounds. On the held-out rounds the report gives, per position k, the expected
+   calibration error (runtime.governor.ece, 10 bins) of
+       conditional acceptance  c_k = map_k(conf_k)      vs accepted | reached k
+       survival                S_k = prod_{j<=k} c_j     vs the first k drafts all accepted
+   before (identity map: the raw draft confidence) and after calibration.
+4. ``ENGINES/calibration.json`` is written atomically (temp file + os.replace) holding the
+   calibration fitted on the training prompts (the one the held-out numbers describe) and
+   the engines' export digest, which ``session.load_calibration`` checks.
+
+Online refinement happens at run time (DSparkGovernor.observe -> Calibration.update).
+No torch, no transformers: engines and numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specrt.errors import UserError
+
+from .governor import Calibration, FixedGovernor, ece
+from .session import CALIBRATION_FILE, Session
+from .telemetry import RoundResult, Telemetry
+
+FILE_FORMAT = "specrt.calibration-file/1"
+SPLIT_SEED = 0
+ECE_BINS = 10
+
+Round = tuple[np.ndarray, int, int]  # (confidences [K], verified depth d, accepted a)
+
+
+class RecordingGovernor(FixedGovernor):
+    """FixedGovernor at depth k that keeps every verified round's (confidences, d, a)."""
+
+    def __init__(self, depths: Sequence[int], k: int):
+        super().__init__(depths, k)
+        self.rounds: list[Round] = []
+
+    def observe(self, r: RoundResult) -> None:
+        if r.depth > 0 and r.confidences is not None:
+            self.rounds.append((np.asarray(r.confidences, np.float64).copy(), int(r.depth), int(r.accepted)))
+
+
+def conditional_samples(rounds: Sequence[Round]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(confidence, 0-based position, accepted) for every reached position of every round."""
+    conf, pos, acc = [], [], []
+    for c, d, a in rounds:
+        reach = min(a + 1, d)
+        conf.extend(c[:reach].tolist())
+        pos.extend(range(reach))
+        acc.extend(k < a for k in range(reach))
+    return np.asarray(conf, np.float64), np.asarray(pos, np.int64), np.asarray(acc, np.float64)
+
+
+def _per_position(pred: list[list[float]], obs: list[list[float]]) -> dict:
+    """ECE per position (None where no sample), pooled ECE, counts, mean predicted / observed."""
+    out = {"ece": [], "n": [], "predicted": [], "observed": []}
+    for p, o in zip(pred, obs):
+        n = len(p)
+        out["n"].append(n)
+        out["ece"].append(ece(np.asarray(p), np.asarray(o), ECE_BINS) if n else None)
+        out["predicted"].append(float(np.mean(p)) if n else None)
+        out["observed"].append(float(np.mean(o)) if n else None)
+    allp = np.concatenate([np.asarray(p, float) for p in pred]) if pred else np.zeros(0)
+    allo = np.concatenate([np.asarray(o, float) for o in obs]) if obs else np.zeros(0)
+    out["ece_all"] = ece(allp, allo, ECE_BINS)
+    return out
+
+
+def evaluate(rounds: Sequence[Round], cmap: Callable[[np.ndarray], Sequence[float]], depth: int) -> dict:
+    """Per-position calibration of ``cmap`` (confidences [d] -> conditional acceptance [d]) on
+    ``rounds``: conditional acceptance on reached positions, survival on every verified one."""
+    cp, co = [[] for _ in range(depth)], [[] for _ in range(depth)]
+    sp, so = [[] for _ in range(depth)], [[] for _ in range(depth)]
+    for c, d, a in rounds:
+        cond = np.clip(np.asarray(cmap(c[:d]), np.float64), 0.0, 1.0)
+        surv = np.cumprod(cond)
+        for k in range(min(d, depth)):
+            if k <= a:  # reached position k + 1
+                cp[k].append(cond[k])
+                co[k].append(float(k < a))
+            sp[k].append(surv[k])
+            so[k].append(float(a > k))
+    return {"conditional": _per_position(cp, co), "survival": _per_position(sp, so)}
+
+
+def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
+    """(train, held-out) prompt indices: a fixed-seed shuffle, so prompt files grouped by
+    kind still give a mixed held-out part. holdout = 0: everything trains."""
+    if not 0.0 <= holdout < 1.0:
+        raise UserError(f"--holdout {holdout}: expected a fraction in [0, 1)")
+    if holdout == 0.0:
+        return list(range(n)), []
+    if n < 2:
+        raise UserError(f"--holdout {holdout} needs at least 2 prompts (got {n}); or pass --holdout 0")
+    k = min(max(int(round(holdout * n)), 1), n - 1)
+    perm = np.random.default_rng(SPLIT_SEED).permutation(n)
+    return sorted(perm[k:].tolist()), sorted(perm[:k].tolist())
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
+    if isinstance(prompt, str):
+        if session.text is None:
+            raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
+        ids = session.text.encode(prompt, chat)
+    else:
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise UserError(f"prompt {i + 1}: expected text or a list of token ids") from None
+    if not ids:
+        raise UserError(f"prompt {i + 1} is empty")
+    return ids
+
+
+def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
+              max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
+              *, write: bool = True) -> dict:
+    """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
+
+    ``prompts``: texts (tokenised with the export's tokenizer, chat template when ``chat``)
+    or token-id lists. Returns the report (see the module docstring); ``report["file"]`` is
+    the calibration written (``write=False``: nothing written, "file" is None)."""
+    engines_dir = Path(engines_dir)
+    prompts = list(prompts)
+    if not prompts:
+        raise UserError("no prompts to calibrate on")
+    if max_new_tokens < 2:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 2 (one round needs two new tokens)")
+    train_idx, hold_idx = split_prompts(len(prompts), holdout)
+
+    with Session(engines_dir, governor="off") as s:
+        if s.engines.export.get("draft") is None:
+            raise UserError(f"{engines_dir}: the engines have no draft; there is nothing to calibrate")
+        depths = s.engines.depths
+        K = depths[-1]
+        digest = s.engines.manifest["export"]["digest"]
+        ids = [_encode(s, p, chat, i) for i, p in enumerate(prompts)]
+        per_prompt: list[list[Round]] = []
+        total = Telemetry()
+        t0 = time.perf_counter()
+        for i, p in enumerate(ids):
+            gov = RecordingGovernor(depths, K)
+            s.generator.governor = gov
+            for _ in s.stream_ids(p, max_new_tokens):
+                pass
+            tel = s.generator.telemetry
+            total.merge(tel)
+            per_prompt.append(gov.rounds)
+            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} tokens, {len(gov.rounds)} rounds, tau {tel.tau:.2f}")
+        seconds = time.perf_counter() - t0
+
+    train = [r for i in train_idx for r in per_prompt[i]]
+    hold = [r for i in hold_idx for r in per_prompt[i]]
+    if not train:
+        raise UserError("no draft rounds in the training prompts (each ended before a round could run): "
+                        "give longer generations (--max-new-tokens) or more prompts")
+    conf, pos, acc = conditional_samples(train)
+    cal = Calibration.fit(conf, pos, acc, positions=K)
+    eval_rounds, evaluated_on = (hold, "holdout") if hold else (train, "train")
+    if not eval_rounds:
+        raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
+    before = evaluate(eval_rounds, lambda c: c, K)
+    after = evaluate(eval_rounds, cal, K)
+    ece_rep = {which: {"before": before[which]["ece"], "after": after[which]["ece"],
+                       "before_all": before[which]["ece_all"], "after_all": after[which]["ece_all"],
+                       "n": before[which]["n"], "observed": before[which]["observed"],
+                       "predicted_before": before[which]["predicted"], "predicted_after": after[which]["predicted"]}
+               for which in ("conditional", "survival")}
+    n_hold_samples = int(sum(min(a + 1, d) for _, d, a in hold))
+    report = {
+        "engines": str(engines_dir),
+        "export_digest": digest,
+        "depth": K,
+        "depths": list(depths),
+        "kind": cal.kind,
+        "cv_ece": {k: float(v) for k, v in cal.cv_ece.items()},
+        "prompts": {"train": len(train_idx), "holdout": len(hold_idx)},
+        "rounds": {"train": len(train), "holdout": len(hold)},
+        "samples": {"train": int(conf.size), "holdout": n_hold_samples},
+        "evaluated_on": evaluated_on,
+        "ece": ece_rep,
+        "ece_bins": ECE_BINS,
+        "max_new_tokens": max_new_tokens,
+        "chat": bool(chat),
+        "new_tokens": total.new_tokens,
+        "seconds": seconds,
+        "tau": total.tau,
+        "acceptance_by_position": total.acceptance_by_position,
+        "acceptance_conditional": total.acceptance_conditional,
+        "file": None,
+    }
+    if write:
+        path = engines_dir / CALIBRATION_FILE
+        data = {"format": FILE_FORMAT, "export_digest": digest, "rounds": len(train), "depth": K,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "prompts": len(train_idx), "max_new_tokens": max_new_tokens, "chat": bool(chat),
+                "calibration": cal.to_dict(),
+                "heldout_ece": {w: {"before_all": ece_rep[w]["before_all"], "after_all": ece_rep[w]["after_all"]}
+                                for w in ece_rep}, "evaluated_on": evaluated_on}
+        try:
+            write_atomic(path, data)
+        except OSError as e:
+            raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
+        report["file"] = str(path)
+        log(f"wrote {path} ({cal.kind}, {len(train)} rounds)")
+    return report
+
+
+def format_report(r: dict) -> str:
+    """A per-position table of the report, for the command line."""
+    def f(v):
+        return "   -  " if v is None else f"{v:6.3f}"
+
+    c, s = r["ece"]["conditional"], r["ece"]["survival"]
+    lines = [f"calibration ({r['kind']}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
+             f"evaluated on {r['evaluated_on']} ({r['prompts']['holdout']} prompts, {r['rounds']['holdout']} rounds); "
+             f"depth {r['depth']}, tau {r['tau']:.2f}",
+             "  pos |  n reach  accept  ECE c before  after | n verif  surviv  ECE S before  after"]
+    for k in range(r["depth"]):
+        lines.append(f"  {k + 1:3d} | {c['n'][k]:7d}  {f(c['observed'][k])}        {f(c['before'][k])} {f(c['after'][k])} |"
+                     f" {s['n'][k]:7d}  {f(s['observed'][k])}        {f(s['before'][k])} {f(s['after'][k])}")
+    lines.append(f"  all |                        {f(c['before_all'])} {f(c['after_all'])} |"
+                 f"                        {f(s['before_all'])} {f(s['after_all'])}")
+    return "\n".join(lines)

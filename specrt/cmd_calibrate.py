@@ -1,0 +1,77 @@
+"""``specrt calibrate ENGINES --prompts FILE.jsonl``: fit and store DSpark's calibration.
+
+Registered in cli.py with ``main.add_command(calibrate)``. The logic is runtime/calibrate.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from specrt.errors import UserError
+
+
+def read_prompts(path: Path) -> list[str | list[int]]:
+    """JSON lines, each with a string 'prompt' or a list of token ids 'prompt_ids'."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the prompts ({e})") from None
+    prompts: list[str | list[int]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            prompts.append(obj["prompt"])
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt_ids"), list) \
+                and obj["prompt_ids"] and all(isinstance(t, int) and not isinstance(t, bool) for t in obj["prompt_ids"]):
+            prompts.append(obj["prompt_ids"])
+        else:
+            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt' "
+                            "(or a non-empty list of token ids 'prompt_ids')")
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return prompts
+
+
+def _engines_dir(ctx, param, value):
+    p = Path(value)
+    if not p.is_dir():
+        raise click.BadParameter(f"{p} is not a folder")
+    return p
+
+
+@click.command()
+@click.argument("engines_dir", callback=_engines_dir)
+@click.option("--prompts", "prompts_file", required=True,
+              type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
+@click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
+@click.option("--holdout", type=float, default=0.25, show_default=True,
+              help="Fraction of the prompts held out to measure calibration error (0: none).")
+@click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the full report as JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens: int, holdout: float,
+              report_file: Path | None, as_json: bool) -> None:
+    """Fit the DSpark governor's per-position confidence calibration on ENGINES_DIR.
+
+    Decodes the prompts greedily verifying the full draft block every round, fits the
+    map from draft confidence to acceptance on the training prompts, reports the
+    expected calibration error before / after on the held-out prompts and stores
+    ENGINES_DIR/calibration.json (tied to the engines' export digest)."""
+    from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
+
+    prompts = read_prompts(prompts_file)
+    report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
+                           log=lambda s: click.echo(s, err=True))
+    if report_file is not None:
+        report_file.write_text(json.dumps(report, indent=2))
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

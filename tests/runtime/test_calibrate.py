@@ -1,0 +1,224 @@
+"""``specrt calibrate`` and the DSpark governor end to end on tiny engines: the stored
+calibration, its refusal for other engines, ECE report fields, and lossless greedy output
+whatever the governor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specrt.errors import UserError
+from specrt.runtime.calibrate import (calibrate, conditional_samples, evaluate, format_report, split_prompts,
+                                      write_atomic)
+from specrt.runtime.governor import Calibration, DSparkGovernor
+from specrt.runtime.session import CALIBRATION_FILE, Session, load_calibration
+
+from tests.engines.conftest import REFERENCE, quiet
+
+DEPTHS = (1, 2, 4)
+GOVERNORS = ("off", "fixed:1", "fixed:4", "adaptive", "dspark")
+
+
+def _build(export_dir: Path, out: Path) -> Path:
+    from specrt.engines import build_engines
+
+    build_engines(export_dir, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory) -> Path:
+    """The tiny reference pair (vocab 1000, random draft: acceptance ~ 0), depths 1,2,4."""
+    from specrt.export.export import export
+
+    root = tmp_path_factory.mktemp("cal-tiny")
+    export(REFERENCE / "verifier", REFERENCE / "draft", root / "export")
+    return _build(root / "export", root / "engines")
+
+
+@pytest.fixture(scope="module")
+def small_vocab_engines(tmp_path_factory) -> Path:
+    """A 16-token target and a P-EAGLE draft over the same 16 tokens: drafts get accepted
+    (these seeds: ~16% at position 1, a few rounds accept all 4; most seeds accept less)."""
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    root = tmp_path_factory.mktemp("cal-v16")
+    write_tiny_target(root / "target", vocab_size=16, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+                      seed=2)
+    write_tiny_draft(root / "draft", root / "target", kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15,
+                     seed=3)
+    export(root / "target", root / "draft", root / "export")
+    return _build(root / "export", root / "engines")
+
+
+def prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab - 1, int(rng.integers(3, 9))).tolist() for _ in range(n)]
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ---- pure helpers -----------------------------------------------------------------------
+
+
+def test_samples_and_evaluation_on_known_rounds():
+    rounds = [(np.array([0.9, 0.8, 0.7, 0.6]), 4, 2),  # reached 1..3, accepted 1..2
+              (np.array([0.5, 0.4, 0.3, 0.2]), 2, 2)]  # verified 2 (capped), all accepted
+    conf, pos, acc = conditional_samples(rounds)
+    np.testing.assert_allclose(conf, [0.9, 0.8, 0.7, 0.5, 0.4])
+    assert pos.tolist() == [0, 1, 2, 0, 1] and acc.tolist() == [1, 1, 0, 1, 1]
+    ev = evaluate(rounds, lambda c: c, 4)
+    assert ev["conditional"]["n"] == [2, 2, 1, 0] and ev["conditional"]["ece"][3] is None
+    assert ev["survival"]["n"] == [2, 2, 1, 1]
+    assert ev["survival"]["observed"] == [1.0, 1.0, 0.0, 0.0]
+    assert ev["survival"]["predicted"][1] == pytest.approx((0.9 * 0.8 + 0.5 * 0.4) / 2)
+    assert ev["survival"]["ece"][2] == pytest.approx(0.9 * 0.8 * 0.7)  # one sample, observed 0
+    perfect = evaluate([(np.ones(2), 2, 2)], lambda c: c, 2)
+    assert perfect["conditional"]["ece_all"] == 0.0 and perfect["survival"]["ece_all"] == 0.0
+
+
+def test_split_prompts():
+    tr, ho = split_prompts(8, 0.25)
+    assert len(ho) == 2 and sorted(tr + ho) == list(range(8)) and (tr, ho) == split_prompts(8, 0.25)
+    assert split_prompts(3, 0.0) == ([0, 1, 2], [])
+    assert len(split_prompts(2, 0.9)[0]) == 1  # at least one training prompt
+    with pytest.raises(UserError, match=r"--holdout 1.0: expected a fraction in \[0, 1\)"):
+        split_prompts(4, 1.0)
+    with pytest.raises(UserError, match="at least 2 prompts"):
+        split_prompts(1, 0.5)
+
+
+def test_write_atomic_keeps_old_file_on_failure(tmp_path):
+    p = tmp_path / "calibration.json"
+    write_atomic(p, {"a": 1})
+    with pytest.raises(TypeError):
+        write_atomic(p, {"a": object()})  # not JSON-serialisable half way through
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert [q.name for q in tmp_path.iterdir()] == ["calibration.json"]  # no temp file left
+
+
+# ---- calibrate on engines ---------------------------------------------------------------
+
+
+def test_calibrate_writes_a_calibration_load_calibration_accepts(engines, tmp_path):
+    eng = copy(engines, tmp_path / "engines")
+    with Session(eng, governor="dspark") as s:
+        assert s.calibration is None and "no calibration stored" in s.calibration_note
+        assert isinstance(s.generator.governor, DSparkGovernor)
+    logs = []
+    rep = calibrate(eng, prompts(1000, 6), max_new_tokens=16, holdout=0.34, log=logs.append)
+    assert rep["file"] == str(eng / CALIBRATION_FILE) and any("wrote" in m for m in logs)
+    assert rep["prompts"] == {"train": 4, "holdout": 2} and rep["evaluated_on"] == "holdout"
+    assert rep["rounds"]["train"] > 0 and rep["rounds"]["holdout"] > 0 and rep["depth"] == 4
+    data = json.loads((eng / CALIBRATION_FILE).read_text())
+    assert data["export_digest"] == json.loads((eng / "engines.json").read_text())["export"]["digest"]
+    assert data["rounds"] == rep["rounds"]["train"]
+    assert sorted(p.name for p in eng.iterdir() if p.name.startswith(".")) == []  # no temp file left
+
+    with Session(eng, governor="dspark") as s:
+        cal = s.calibration
+        assert isinstance(cal, Calibration) and cal.positions == 4
+        assert s.calibration_note == f"calibration from {CALIBRATION_FILE} ({rep['rounds']['train']} rounds)"
+        assert s.generator.governor.calibration is cal
+        assert cal.n.sum() == rep["samples"]["train"] and cal.a.sum() <= cal.n.sum()
+    assert "ECE" in format_report(rep)
+
+
+def test_calibration_for_other_engines_is_refused_with_a_note(engines, small_vocab_engines, tmp_path):
+    a = copy(engines, tmp_path / "a")
+    calibrate(a, prompts(1000, 2), max_new_tokens=8, holdout=0.0)
+    b = copy(small_vocab_engines, tmp_path / "b")
+    shutil.copy(a / CALIBRATION_FILE, b / CALIBRATION_FILE)  # fitted for a, not b
+    with Session(b, governor="dspark") as s:
+        assert s.calibration is None
+        assert s.calibration_note == f"{b / CALIBRATION_FILE} was fitted for other engines (export digest differs): using the identity map"
+        ident = s.generator.governor.calibration  # the identity map
+        x = np.array([0.0, 0.3, 0.77, 1.0])
+        np.testing.assert_allclose(ident.predict(x, np.zeros(4, int)), x, atol=1e-12)
+    (b / CALIBRATION_FILE).unlink()
+    from specrt.engines import load_engines
+
+    cal, note = load_calibration(load_engines(b, verify=False))
+    assert cal is None and note.startswith("no calibration stored")
+
+
+def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, tmp_path):
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    rep = calibrate(eng, prompts(16, 8, seed=1), max_new_tokens=24, holdout=0.25)
+    assert rep["kind"] in Calibration.KINDS and rep["samples"]["holdout"] > 0
+    for which in ("conditional", "survival"):
+        e = rep["ece"][which]
+        assert len(e["before"]) == len(e["after"]) == len(e["n"]) == rep["depth"] == 4
+        for v in [e["before_all"], e["after_all"], *e["before"], *e["after"]]:
+            assert v is None or 0.0 <= v <= 1.0
+        assert e["before"][0] is not None and e["after"][0] is not None
+    assert rep["acceptance_by_position"][0] > 0  # this pair accepts drafts
+    json.dumps(rep)  # the report is JSON
+
+
+@pytest.mark.parametrize("which", ["engines", "small_vocab_engines"])
+def test_greedy_output_is_the_same_whatever_the_governor(which, request, tmp_path):
+    eng = copy(request.getfixturevalue(which), tmp_path / "engines")
+    vocab = 1000 if which == "engines" else 16
+    ps = prompts(vocab, 3, seed=2)
+    if which == "small_vocab_engines":  # dspark with a stored calibration as well
+        calibrate(eng, prompts(vocab, 4, seed=3), max_new_tokens=24, holdout=0.0)
+    outs, accepted = {}, {}
+    for gov in GOVERNORS:
+        with Session(eng, governor=gov) as s:
+            outs[gov], accepted[gov] = [], 0
+            for p in ps:
+                outs[gov].append([t for chunk in s.stream_ids(p, 24) for t in chunk])
+                accepted[gov] += s.generator.telemetry.accepted
+    for gov in GOVERNORS:
+        assert outs[gov] == outs["off"], gov
+    assert all(len(o) == 24 for o in outs["off"])
+    if which == "small_vocab_engines":
+        assert accepted["fixed:4"] > 0  # drafts do get accepted here, so identity is not trivial
+
+
+# ---- command line -----------------------------------------------------------------------
+
+
+def cli():
+    from specrt.cli import main
+    from specrt.cmd_calibrate import calibrate as cmd
+
+    if "calibrate" not in main.commands:
+        main.add_command(cmd)
+    return main
+
+
+def test_cli_calibrate(small_vocab_engines, tmp_path):
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("\n".join(json.dumps({"prompt_ids": p}) for p in prompts(16, 4)) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "12",
+                                   "--holdout", "0.5", "--report", str(tmp_path / "rep.json")])
+    assert r.exit_code == 0, r.output
+    assert "ECE c before" in r.output and (eng / CALIBRATION_FILE).is_file()
+    assert json.loads((tmp_path / "rep.json").read_text())["prompts"] == {"train": 2, "holdout": 2}
+
+
+@pytest.mark.parametrize("lines, args, message", [
+    (['{"text": "x"}'], [], "expected an object with a string field 'prompt'"),
+    (["not json"], [], "not a JSON line"),
+    (['{"prompt_ids": [1, 2]}'], ["--holdout", "1.5"], "--holdout 1.5: expected a fraction"),
+    (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "1"], "expected >= 2"),
+    (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
+])
+def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
+    assert r.exit_code == 1 and message in r.output, r.output
+    assert not (engines / CALIBRATION_FILE).exists()
