@@ -1,0 +1,648 @@
+"""``specrt compare``: every engine role against a reference on the same realistic inputs,
+through polygraphy's Comparator (DESIGN.md §7).
+
+    report = compare_engines("ENGINES", reference="onnxruntime")   # or "torch"
+    report["passed"], report["roles"]["verify.4"]["outputs"]["logits"]["max_abs"]
+
+For each role (prefill, decode, verify.{d}, draft) the engine and the reference run as
+polygraphy runners, ``Comparator.run([engine, reference], data_loader=feeds)``, then
+``Comparator.compare_accuracy(results, compare_func=[simple, tokens])``.
+
+Runners (polygraphy's ``BaseRunner``: ``activate / infer / deactivate`` + ``*_impl``):
+
+* ``EngineRunner``: one specrt engine role (any backend) behind polygraphy's interface.
+* reference ``onnxruntime``: polygraphy's ``OnnxrtRunner(SessionFromOnnx(graph))`` on the
+  export's graph files. For TensorRT engines this is the TensorRT-vs-ONNX-Runtime check.
+  For ONNX Runtime engines the engine *is* that graph file, so it checks what the engines
+  add to it (session settings, prepacking, per-depth sessions, I/O binding, the graph file a
+  role points at), not the export itself: use ``torch`` for that.
+* reference ``torch``: the target checkpoint in transformers (eager attention, fp32),
+  ``TorchTargetRunner``. Target roles only: transformers has no P-EAGLE/EAGLE-3 draft.
+
+Inputs (``RoleInputs``): real token ids (the export's tokenizer on a fixed text, else a
+fixed pseudo-random sequence in the vocabulary), consecutive positions, and a KV cache from
+a real prefill of the prompt by the engines' own prefill: its new_key/new_value are the
+past of decode and verify, its aux_hidden the draft's aux input. Both runners of a role get
+the identical feeds, so a fault in the prefill engine cannot hide a fault elsewhere; it
+shows in the prefill row itself.
+
+Tolerances (``TOLERANCES``): polygraphy's elemwise check, per output: an element passes if
+``|a - b| <= atol`` OR ``|a - b| <= rtol * |b|`` (b = reference). ``draft_token_ids`` must
+match exactly, except at rows where the two sides' draft logits agree within tolerance and
+the reference's top two are within that tolerance of each other (a tie either side may
+break); the report then gives the agreement rate.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from specrt import contracts as C
+from specrt.engines.base import Runner, np_dtype
+from specrt.engines.engine_set import EngineSet, load_engines
+from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
+from specrt.errors import UserError
+from specrt.manifest import write_json
+
+REFERENCES = ("onnxruntime", "torch")
+KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT)
+
+# (atol, rtol) per output kind, by engine precision and reference.
+# fp32 vs ONNX Runtime: the same maths with other kernels or reduction orders, ~1e-6
+#   relative after 30 layers; 1e-4 leaves 100x margin and still catches one changed weight.
+# fp32 vs torch: eager attention (softmax over the full row, then matmul) against the
+#   graph's two-block attention and fused kernels: ~1e-5 relative; hidden states of real
+#   models reach |h| ~ 1e2 (massive activations), where rtol 1e-3 is what bounds them.
+# fp16 (unit roundoff 2^-11 = 4.9e-4) and bf16 (2^-8 = 3.9e-3): errors grow ~ sqrt(L)
+#   times the roundoff through the residual stream; these bounds are ~20x the roundoff,
+#   not yet measured on a GPU build (no TensorRT here).
+_F32 = {k: (1e-4, 1e-4) for k in KINDS}
+_F32_TORCH = {k: (1e-3, 1e-3) for k in KINDS}
+_F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), "new_key": (2e-2, 1e-2), "new_value": (2e-2, 1e-2),
+        C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2)}
+_BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
+TOLERANCES = {("fp32", "onnxruntime"): _F32, ("fp32", "torch"): _F32_TORCH,
+              ("fp16", "onnxruntime"): _F16, ("fp16", "torch"): _F16,
+              ("bf16", "onnxruntime"): _BF16, ("bf16", "torch"): _BF16}
+
+SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding lets a small draft model "
+               "propose several tokens that the target model then verifies in a single forward pass, so the "
+               "output is exactly what the target alone would have produced, only faster. ")
+
+
+def kind_of(output: str) -> str:
+    """``new_key.3`` -> ``new_key``; other names are their own kind."""
+    return output.split(".", 1)[0]
+
+
+# ---- tolerances -------------------------------------------------------------------------
+
+
+def resolve_tolerances(outputs, precision: str, reference: str, atol=None, rtol=None) -> dict[str, tuple[float, float]]:
+    """Output name -> (atol, rtol). ``atol``/``rtol``: None, a float (every output), or a dict
+    whose keys are output names, kinds (``new_key``) or "" (every other output)."""
+    table = TOLERANCES[(precision, reference)]
+    names = [o for o in outputs if o != C.DRAFT_TOKENS]
+
+    def pick(over, name: str, i: int) -> float:
+        if isinstance(over, (int, float)):
+            return float(over)
+        over = over or {}
+        for key in (name, kind_of(name), ""):
+            if key in over:
+                return float(over[key])
+        return table[kind_of(name)][i]
+
+    return {n: (pick(atol, n, 0), pick(rtol, n, 1)) for n in names}
+
+
+def check_tolerance_keys(over, known: set[str]) -> None:
+    if isinstance(over, Mapping):
+        bad = sorted(k for k in over if k and k not in known and kind_of(k) not in known)
+        if bad:
+            raise UserError(f"tolerance for unknown output(s) {bad}: expected one of {', '.join(sorted(KINDS))}, "
+                            "an output name such as new_key.3, or a bare value for every output")
+
+
+# ---- runners ----------------------------------------------------------------------------
+
+
+def _metadata(specs):
+    from polygraphy.common import TensorMetadata
+
+    meta = TensorMetadata()
+    for t in specs:
+        meta.add(t.name, np_dtype(t.dtype), [d if isinstance(d, int) else None for d in t.shape])
+    return meta
+
+
+def _base_runner():
+    try:
+        from polygraphy.backend.base import BaseRunner
+    except ImportError:
+        raise UserError("specrt compare needs polygraphy (pip install 'specrt[dev]' or pip install polygraphy)") from None
+    return BaseRunner
+
+
+def engine_runner(inner: Runner, name: str):
+    """A specrt engine role as a polygraphy runner. It activates the role only if the caller
+    has not (an active EngineSet shares one session per graph across roles)."""
+    BaseRunner = _base_runner()
+
+    class EngineRunner(BaseRunner):
+        def __init__(self):
+            super().__init__(name=name, prefix="specrt")
+            self.inner, self._owned = inner, False
+
+        def activate_impl(self):
+            self._owned = not self.inner.is_active
+            if self._owned:
+                self.inner.activate()
+
+        def get_input_metadata_impl(self):
+            return _metadata(self.inner.get_input_metadata())
+
+        def infer_impl(self, feed_dict):
+            out = self.inner.infer(dict(feed_dict))
+            self.inference_time = self.inner.last_inference_time
+            # the engine's fixed-shape outputs are overwritten by its next call: copy
+            return OrderedDict((k, np.array(v, copy=True)) for k, v in out.items())
+
+        def deactivate_impl(self):
+            if self._owned:
+                self.inner.deactivate()
+            self._owned = False
+
+    return EngineRunner()
+
+
+def torch_target_runner(model, inputs, aux_layer_ids, name: str):
+    """The target in transformers behind polygraphy's runner interface: the target graph's
+    feeds (contracts.target_io) in, its outputs out. Past KV [1, P, KVH, D] becomes a
+    DynamicCache [1, KVH, P, D]; aux_hidden concatenates the residual stream entering layer
+    i (output_hidden_states[i]; i = L: the last layer's output before the final norm,
+    which output_hidden_states does not give, so a hook takes it)."""
+    import inspect
+
+    import torch
+    from transformers import DynamicCache
+
+    BaseRunner = _base_runner()
+    cfg = model.config
+    L = int(cfg.num_hidden_layers)
+    layers = model.get_decoder().layers
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2 renamed it
+
+    def bhsd(a: np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(0, 2, 1, 3)))
+
+    def layer_kv(cache, i: int):
+        if hasattr(cache, "layers"):
+            return cache.layers[i].keys, cache.layers[i].values
+        return cache.key_cache[i], cache.value_cache[i]  # pragma: no cover - transformers < 4.56
+
+    class TorchTargetRunner(BaseRunner):
+        def __init__(self):
+            super().__init__(name=name, prefix="torch")
+
+        def get_input_metadata_impl(self):
+            return _metadata(inputs)
+
+        def infer_impl(self, feed_dict):
+            t0 = time.perf_counter()
+            ids, pos = feed_dict[C.INPUT_IDS], feed_dict[C.POSITION_IDS]
+            s, p = ids.shape[1], feed_dict[C.past_key(0)].shape[1]
+            if not np.array_equal(pos[0], np.arange(p, p + s)):
+                raise UserError(f"{name}: the torch reference needs consecutive positions {p}..{p + s - 1} after "
+                                f"{p} past tokens, got {pos[0].tolist()}")
+            cache = DynamicCache(config=cfg)
+            for i in range(L):
+                if p:
+                    cache.update(bhsd(feed_dict[C.past_key(i)]), bhsd(feed_dict[C.past_value(i)]), i)
+            taps = {}
+            hook = layers[L - 1].register_forward_hook(
+                lambda mod, args, out: taps.__setitem__(L, out[0] if isinstance(out, tuple) else out))
+            try:
+                with torch.inference_mode():
+                    out = model(input_ids=torch.from_numpy(ids), position_ids=torch.from_numpy(pos), use_cache=True,
+                                output_hidden_states=True, **{cache_kw: cache})
+            finally:
+                hook.remove()
+            hs = out.hidden_states
+            aux = torch.cat([taps[i] if i == L else hs[i] for i in aux_layer_ids], dim=-1)
+            res = OrderedDict([(C.LOGITS, out.logits.float().numpy()), (C.AUX_HIDDEN, aux.float().numpy())])
+            for i in range(L):
+                k, v = layer_kv(cache, i)
+                res[C.new_key(i)] = k[:, :, p:].permute(0, 2, 1, 3).contiguous().numpy()
+                res[C.new_value(i)] = v[:, :, p:].permute(0, 2, 1, 3).contiguous().numpy()
+            self.inference_time = time.perf_counter() - t0
+            return res
+
+    return TorchTargetRunner()
+
+
+def load_torch_target(folder: Path, exp: dict[str, Any]):
+    """The target checkpoint in transformers: eager attention, fp32, eval mode."""
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise UserError("--reference torch needs torch and transformers (pip install 'specrt[export]')") from None
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{folder}: no config.json, not a transformers checkpoint (the torch reference loads the "
+                        "target folder recorded in the export's binding receipt; --target DIR overrides it)")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+    if int(model.config.num_hidden_layers) != int(exp["target"]["num_layers"]):
+        raise UserError(f"{folder}: {model.config.num_hidden_layers} layers, but the export has "
+                        f"{exp['target']['num_layers']}: not the checkpoint these engines were exported from")
+    return model
+
+
+# ---- inputs -----------------------------------------------------------------------------
+
+
+def token_ids(export_dir: Path, vocab: int, n: int, seed: int = 0) -> tuple[np.ndarray, str]:
+    """``n`` real token ids: the exported tokenizer on SAMPLE_TEXT (repeated if short), else a
+    fixed pseudo-random sequence in [0, vocab)."""
+    tok = Path(export_dir) / "tokenizer.json"
+    if tok.is_file():
+        from tokenizers import Tokenizer
+
+        ids = [i for i in Tokenizer.from_file(str(tok)).encode(SAMPLE_TEXT).ids if 0 <= i < vocab]
+        if ids:
+            return np.resize(np.asarray(ids, np.int64), n), "tokenizer.json on a fixed English text"
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab, n, dtype=np.int64), f"pseudo-random ids in [0, {vocab}) (seed {seed})"
+
+
+class RoleInputs:
+    """Feeds for every role from one prompt of ``n`` tokens (then its continuation).
+
+    prefill    [ids[:n] at 0.. over no past], [ids[h:n] at h.. over the prefill KV [:h]]  (h = n/2)
+    decode     [ids[n] at n over the prefill KV]
+    verify.d   [ids[n:n+d+1] at n.. over the prefill KV]
+    draft      P-EAGLE: the first pass after prefill (A = n real slots + K-1 mask slots, no past),
+               then a later round (A = 2 over the draft's own KV of the first n-2 slots);
+               EAGLE-3: A = n slots, then one step on its own token and hidden_out (A = 0, B = 1).
+    """
+
+    def __init__(self, engines: EngineSet, n: int, seed: int = 0):
+        self.e, self.exp, self.n = engines, engines.export, int(n)
+        t = self.exp["target"]
+        self.dtype = np_dtype(self.exp["dtype"])
+        k = max(engines.depths) + 1
+        self.ids, self.source = token_ids(engines.export_dir, int(t["vocab_size"]), self.n + k + 1, seed)
+        out = self._run(PREFILL, self._target_feeds(self.ids[: self.n], 0, None))
+        self.kv = {n: v for n, v in out.items() if n.startswith(("new_key.", "new_value."))}
+        self.aux = out[C.AUX_HIDDEN]  # [1, n, 3H]
+
+    def _run(self, role: str, feeds: dict) -> dict[str, np.ndarray]:
+        return {k: np.array(v, copy=True) for k, v in self.e.runner(role).infer(feeds).items()}
+
+    def _past(self, part: str, kv: dict | None, rows: int) -> dict[str, np.ndarray]:
+        g = self.exp[part]
+        shape = (1, 0, int(g["num_kv_heads"]), int(g["head_dim"]))
+        feeds = {}
+        for i in range(int(g["num_layers"])):
+            for past, new in ((C.past_key(i), C.new_key(i)), (C.past_value(i), C.new_value(i))):
+                feeds[past] = np.ascontiguousarray(kv[new][:, :rows]) if kv else np.zeros(shape, self.dtype)
+        return feeds
+
+    def _target_feeds(self, ids, start: int, kv: dict | None) -> dict[str, np.ndarray]:
+        return {C.INPUT_IDS: np.asarray(ids, np.int64)[None],
+                C.POSITION_IDS: np.arange(start, start + len(ids), dtype=np.int64)[None],
+                **self._past("target", kv, start)}
+
+    def feeds(self, role: str) -> list[dict[str, np.ndarray]]:
+        n, ids = self.n, self.ids
+        if role == PREFILL:
+            h = n // 2
+            return [self._target_feeds(ids[:n], 0, None), self._target_feeds(ids[h:n], h, self.kv)]
+        d = role_depth(role)
+        if d is not None:
+            return [self._target_feeds(ids[n : n + d + 1], n, self.kv)]
+        if role == DRAFT:
+            return self._peagle() if self.exp["draft"]["kind"] == "peagle" else self._eagle3()
+        raise UserError(f"no inputs for engine role '{role}'")
+
+    def _draft_feeds(self, tokens, start: int, aux, kv: dict | None, prev=None) -> dict[str, np.ndarray]:
+        f = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None],
+             C.POSITION_IDS: np.arange(start, start + len(tokens), dtype=np.int64)[None],
+             C.DRAFT_AUX_IN: np.ascontiguousarray(aux, dtype=self.dtype)}
+        if prev is not None:
+            f[C.DRAFT_PREV_HIDDEN] = np.ascontiguousarray(prev, dtype=self.dtype)
+        return {**f, **self._past("draft", kv, start)}
+
+    def _peagle(self) -> list[dict[str, np.ndarray]]:
+        # real slot t carries token x[t+1] and the target's aux h_t (runtime/generate.py)
+        n, x, masks = self.n, self.ids, [int(self.exp["draft"]["mask_token_id"])] * (max(self.e.depths) - 1)
+        first = self._draft_feeds([*x[1 : n + 1], *masks], 0, self.aux, None)
+        a = 2
+        earlier = self._run(DRAFT, self._draft_feeds([*x[1 : n - a + 1], *masks], 0, self.aux[:, : n - a], None))
+        later = self._draft_feeds([*x[n - a + 1 : n + 1], *masks], n - a, self.aux[:, n - a : n], earlier)
+        return [first, later]
+
+    def _eagle3(self) -> list[dict[str, np.ndarray]]:
+        n, x, hidden = self.n, self.ids, int(self.exp["draft"]["hidden_size"])
+        first = self._draft_feeds(x[1 : n + 1], 0, self.aux, None, np.zeros((1, 0, hidden), self.dtype))
+        out = self._run(DRAFT, first)
+        step = self._draft_feeds(out[C.DRAFT_TOKENS][0, -1:], n, np.zeros((1, 0, self.aux.shape[-1]), self.dtype),
+                                 out, out[C.DRAFT_HIDDEN_OUT][:, -1:])
+        return [first, step]
+
+
+# ---- comparison -------------------------------------------------------------------------
+
+
+class TokenMatch:
+    """The verdict on ``draft_token_ids`` of one iteration (truthy when it passes)."""
+
+    def __init__(self, rows: int, agree: int, ties: int):
+        self.rows, self.agree, self.ties = rows, agree, ties
+
+    def __bool__(self) -> bool:
+        return self.agree + self.ties == self.rows
+
+
+class TokenCompare:
+    """compare_func for ``draft_token_ids``: exact, except at rows where a near-tie in the draft
+    logits explains the difference: the two sides' argmaxes differ, their logits agree within
+    (atol, rtol) elementwise, and the reference's logits at the two argmaxes are within
+    atol + rtol * |max| of each other."""
+
+    def __init__(self, tol: tuple[float, float]):
+        self.atol, self.rtol = tol
+
+    def __call__(self, r0, r1) -> OrderedDict:
+        if C.DRAFT_TOKENS not in r0:
+            return OrderedDict()
+        a, b = np.asarray(r0[C.DRAFT_TOKENS]).reshape(-1), np.asarray(r1[C.DRAFT_TOKENS]).reshape(-1)
+        if a.shape != b.shape:
+            return OrderedDict([(C.DRAFT_TOKENS, TokenMatch(max(len(a), len(b)), 0, 0))])
+        la = np.asarray(r0[C.DRAFT_LOGITS], np.float64).reshape(len(a), -1)
+        lb = np.asarray(r1[C.DRAFT_LOGITS], np.float64).reshape(len(b), -1)
+        ties = 0
+        for row in np.flatnonzero(a != b):
+            ia, ib = int(la[row].argmax()), int(lb[row].argmax())
+            close = np.all(np.abs(la[row] - lb[row]) <= self.atol + self.rtol * np.abs(lb[row]))
+            gap = abs(lb[row, ib] - lb[row, ia])
+            # same argmax but other ids: the id output itself is wrong (e.g. the d2t map), no tie
+            ties += bool(ia != ib and close and gap <= self.atol + self.rtol * abs(lb[row, ib]))
+        return OrderedDict([(C.DRAFT_TOKENS, TokenMatch(len(a), int((a == b).sum()), ties))])
+
+
+def _simple_compare(tol: dict[str, tuple[float, float]]):
+    from polygraphy import comparator
+
+    atol = {n: v[0] for n, v in tol.items()}
+    rtol = {n: v[1] for n, v in tol.items()}
+    # token ids are TokenCompare's; everything else is compared by name
+    find = lambda name, index, other: [] if name == C.DRAFT_TOKENS else [name]  # noqa: E731
+    make = getattr(comparator, "SimpleCompareFunc", None)  # polygraphy >= 0.53 deprecates CompareFunc.simple
+    if make is None:  # pragma: no cover - older polygraphy
+        make = comparator.CompareFunc.simple
+    return make(atol=atol, rtol=rtol, check_error_stat="elemwise", find_output_func=find)
+
+
+def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str, tuple[float, float]],
+                 outputs: list[str]) -> dict[str, Any]:
+    """Run both runners on ``feeds`` and compare every output; returns the role's report."""
+    from polygraphy.comparator import Comparator
+
+    t0 = time.perf_counter()
+    results = Comparator.run([engine, reference], data_loader=feeds)
+    token_tol = tol.get(C.DRAFT_LOGITS, (0.0, 0.0))
+    acc = Comparator.compare_accuracy(results, compare_func=[_simple_compare(tol), TokenCompare(token_tol)])
+    pair = (engine.name, reference.name)
+    per_iter_simple, per_iter_tokens = acc[0][pair], acc[1][pair]
+    out: dict[str, Any] = {}
+    for name in outputs:
+        if name == C.DRAFT_TOKENS:
+            ms = [it[name] for it in per_iter_tokens if name in it]
+            rows, agree, ties = (sum(getattr(m, f) for m in ms) for f in ("rows", "agree", "ties"))
+            out[name] = {"kind": "tokens", "rows": rows, "agree": agree, "ties": ties,
+                         "agreement": agree / rows if rows else None, "passed": bool(ms) and all(ms)}
+            continue
+        rs = [it.get(name) for it in per_iter_simple]
+        if any(r is None for r in rs):
+            out[name] = {"passed": False, "error": "missing from the reference's outputs"}
+            continue
+        if any(isinstance(r, bool) for r in rs):  # polygraphy returns a bare False on a shape mismatch
+            out[name] = {"passed": False, "error": "shapes differ"}
+            continue
+        out[name] = {"max_abs": max(r.max_absdiff for r in rs), "max_rel": max(r.max_reldiff for r in rs),
+                     "mean_abs": max(r.mean_absdiff for r in rs), "atol": tol[name][0], "rtol": tol[name][1],
+                     "passed": all(bool(r) for r in rs)}
+    info = {}
+    for key in (C.LOGITS, C.DRAFT_LOGITS):  # greedy agreement: informational, not a verdict
+        if key in outputs:
+            eng, ref = results[engine.name], results[reference.name]
+            same = [np.asarray(i0[key]).argmax(-1) == np.asarray(i1[key]).argmax(-1) for i0, i1 in zip(eng, ref)]
+            info[f"{key}_argmax_agreement"] = float(np.mean(np.concatenate([s.reshape(-1) for s in same])))
+    shapes = [{k: list(v.shape) for k, v in f.items() if k in (C.INPUT_IDS, C.past_key(0), C.DRAFT_AUX_IN)}
+              for f in feeds]
+    return {"iterations": len(feeds), "input_shapes": shapes, "outputs": out, **info,
+            "passed": all(o["passed"] for o in out.values()), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+# ---- report -----------------------------------------------------------------------------
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2e}"
+
+
+def role_table(role: str, r: dict[str, Any]) -> list[str]:
+    """Rows of one role; the per-layer KV outputs fold into one row per kind (worst layer)."""
+    d = role_depth(role)
+    title = f"{role}" + (f" (depth {d})" if d else "") + f": {r['iterations']} iteration(s), {r['seconds']:.2f} s"
+    if f"{C.LOGITS}_argmax_agreement" in r:
+        title += f", argmax agreement {r[f'{C.LOGITS}_argmax_agreement']:.0%}"
+    lines = [title, f"  {'output':24s} {'max abs':>9s} {'max rel':>9s} {'atol':>9s} {'rtol':>9s}  result"]
+    groups: dict[str, list[str]] = {}
+    for name in r["outputs"]:
+        groups.setdefault(kind_of(name) if name.startswith(("new_key.", "new_value.")) else name, []).append(name)
+    for label, names in groups.items():
+        rows = [r["outputs"][n] for n in names]
+        verdict = "pass" if all(x["passed"] for x in rows) else "FAIL"
+        if rows[0].get("kind") == "tokens":
+            x = rows[0]
+            note = f"exact {x['agree']}/{x['rows']}" + (f", {x['ties']} tie(s)" if x["ties"] else "")
+            lines.append(f"  {label:24s} {note:>39s}  {verdict}")
+            continue
+        if any("error" in x for x in rows):
+            bad = next(n for n, x in zip(names, rows) if "error" in x)
+            lines.append(f"  {label:24s} {bad}: {r['outputs'][bad]['error']}  FAIL")
+            continue
+        worst = max(range(len(rows)), key=lambda i: (not rows[i]["passed"], rows[i]["max_abs"]))
+        w = rows[worst]
+        shown = label if len(names) == 1 else f"{label}.* ({len(names)}, worst {names[worst].split('.')[-1]})"
+        lines.append(f"  {shown:24s} {_fmt(w['max_abs']):>9s} {_fmt(w['max_rel']):>9s} {_fmt(w['atol']):>9s} "
+                     f"{_fmt(w['rtol']):>9s}  {verdict}")
+    return lines
+
+
+def failures(roles: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for role, r in roles.items():
+        for name, o in r["outputs"].items():
+            if not o["passed"]:
+                out.append({"role": role, "output": name, **{k: v for k, v in o.items() if k != "passed"}})
+    return out
+
+
+def summary(fails: list[dict[str, Any]], reference: str) -> str:
+    def one(f):
+        if "error" in f:
+            return f"{f['role']} {f['output']} ({f['error']})"
+        if f.get("kind") == "tokens":
+            return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
+        return f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, max rel {f['max_rel']:.3g})"
+
+    shown = "; ".join(one(f) for f in fails[:8]) + (f"; and {len(fails) - 8} more" if len(fails) > 8 else "")
+    return f"{len(fails)} output(s) differ from the {reference} reference beyond tolerance: {shown}"
+
+
+def _tol_args(values: dict[str, float]) -> list[str]:
+    """polygraphy's ``--atol``/``--rtol`` form: the most common value bare, the others name:value."""
+    default = Counter(values.values()).most_common(1)[0][0]
+    return [f"{default:g}", *(f"{n}:{v:g}" for n, v in values.items() if v != default)]
+
+
+def polygraphy_command(graph: Path, shapes: dict[str, Any], precision: str, tol: dict[str, tuple[float, float]],
+                       inputs_file: Path) -> str:
+    """The ``polygraphy run`` line that repeats one comparison by hand: TensorRT (built with this
+    role's profile and precision) against ONNX Runtime, on the saved inputs."""
+    fmt = lambda k: [f"{n}:[{','.join(str(v) for v in s[k])}]" for n, s in shapes.items()]  # noqa: E731
+    argv = ["polygraphy", "run", str(graph), "--trt", "--onnxrt",
+            "--trt-min-shapes", *fmt(0), "--trt-opt-shapes", *fmt(1), "--trt-max-shapes", *fmt(2)]
+    argv += {"fp16": ["--fp16"], "bf16": ["--bf16"]}.get(precision, [])
+    argv += ["--atol", *_tol_args({n: v[0] for n, v in tol.items()}),
+             "--rtol", *_tol_args({n: v[1] for n, v in tol.items()}),
+             "--check-error-stat", "elemwise", "--load-inputs", str(inputs_file)]
+    return shlex.join(argv)
+
+
+# ---- entry point ------------------------------------------------------------------------
+
+
+def _graph_file(engines: EngineSet, graph: str) -> Path:
+    files = [r["file"] for r in engines.export["graphs"][graph]["files"] if r["file"].endswith(".onnx")]
+    return engines.export_dir / files[0]
+
+
+def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: Path | None = None, atol=None,
+                    rtol=None, log: Callable[[str], None] = print, *, verify: bool = True,
+                    target_folder: Path | None = None, inputs_file: Path | None = None,
+                    prompt_tokens: int = 32) -> dict[str, Any]:
+    """Compare every role of ``engines_dir`` with ``reference``; print a table per role, write
+    the JSON report (``report``) and the inputs of one comparison (``inputs_file``, default
+    beside the report), and return the report (``passed``, ``failures``, ``summary``).
+
+    atol/rtol: None (defaults for the engines' precision), a float for every output, or a
+    dict keyed by output kind, output name or "" (see ``resolve_tolerances``).
+    target_folder: the transformers checkpoint for ``torch`` (default: the binding receipt's).
+    """
+    if reference not in REFERENCES:
+        raise UserError(f"--reference '{reference}' is not one of {', '.join(REFERENCES)}")
+    _base_runner()
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.json import save_json
+    from polygraphy.logger import G_LOGGER
+
+    t_start = time.perf_counter()
+    engines = load_engines(engines_dir, verify=verify)
+    exp = engines.export
+    n = int(prompt_tokens)
+    if not 2 <= n <= engines.max_context - max(engines.depths) - 2:
+        raise UserError(f"--prompt-tokens {n}: expected 2..{engines.max_context - max(engines.depths) - 2} "
+                        f"for a context limit of {engines.max_context}")
+    known = set(KINDS) | {o.name for r in engines.runners.values() for o in r.get_output_metadata()}
+    check_tolerance_keys(atol, known)
+    check_tolerance_keys(rtol, known)
+
+    notes, skipped = [], {}
+    if reference == "torch":
+        folder = Path(target_folder or exp["binding_receipt"]["target"]["folder"])
+        model = load_torch_target(folder, exp)
+        ref_detail = f"transformers {__import__('transformers').__version__} eager attention, fp32, from {folder}"
+        if DRAFT in engines.runners:
+            skipped[DRAFT] = "the torch reference covers the target roles only (transformers has no draft model)"
+    else:
+        model, sessions = None, {}
+        ref_detail = f"polygraphy OnnxrtRunner(SessionFromOnnx) on {engines.export_dir}, CPU"
+        if engines.backend == "onnxruntime":
+            notes.append("ONNX Runtime engines run the same graph files as this reference: this checks the engines' "
+                         "session settings and bindings, not the export (use --reference torch for that)")
+
+    def reference_runner(role: str):
+        graph = engines.roles[role].graph
+        name = f"{reference}[{role}]"
+        if model is not None:
+            return torch_target_runner(model, engines.runner(role).get_input_metadata(),
+                                       tuple(exp["target"]["aux_layer_ids"]), name)
+        from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+        if graph not in sessions:  # one session per graph, shared by its roles
+            sessions[graph] = SessionFromOnnx(str(_graph_file(engines, graph)), providers=["cpu"])()
+        return OnnxrtRunner(sessions[graph], name=name)
+
+    roles_out: dict[str, Any] = {}
+    tolerances: dict[str, Any] = {}
+    order = [r for r in (PREFILL, DECODE) if r in engines.runners]
+    order += sorted((r for r in engines.runners if r.startswith("verify.")), key=role_depth)
+    order += [DRAFT] if DRAFT in engines.runners else []
+    show_role = f"verify.{max(engines.depths)}"
+    saved_feeds = None
+    log(f"compare {engines.folder} ({engines.backend}, {engines.precision}) against {reference}: {ref_detail}")
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines:
+            inputs = RoleInputs(engines, n)
+            log(f"inputs: {n} prompt tokens, {inputs.source}; past KV from the engines' prefill")
+            for note in notes:
+                log(f"note: {note}")
+            for role in order:
+                if role in skipped:
+                    log(f"{role}: skipped: {skipped[role]}")
+                    continue
+                outputs = [t.name for t in engines.runner(role).get_output_metadata()]
+                tol = resolve_tolerances(outputs, engines.precision, reference, atol, rtol)
+                tolerances[role] = {k: list(v) for k, v in tol.items()}
+                feeds = inputs.feeds(role)
+                if role == show_role:
+                    saved_feeds = feeds
+                eng = engine_runner(engines.runner(role), f"{engines.backend}[{role}]")
+                roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs)
+                for line in role_table(role, roles_out[role]):
+                    log(line)
+    except PolygraphyException as e:
+        raise UserError(f"polygraphy: {e}") from None
+
+    fails = failures(roles_out)
+    result: dict[str, Any] = {
+        "format": "specrt-compare/1", "engines": str(engines.folder), "backend": engines.backend,
+        "precision": engines.precision, "reference": reference, "reference_detail": ref_detail,
+        "check": "polygraphy elemwise: |a-b| <= atol or |a-b| <= rtol*|reference|; draft_token_ids exact or tie",
+        "inputs": {"prompt_tokens": n, "source": inputs.source}, "notes": notes, "skipped": skipped,
+        "tolerances": tolerances, "roles": roles_out, "failures": fails, "passed": not fails,
+        "summary": summary(fails, reference) if fails else f"all {len(roles_out)} roles match the {reference} reference",
+    }
+    if saved_feeds is not None:
+        if inputs_file is None:
+            inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
+                           else Path(tempfile.mkdtemp(prefix="specrt-compare-")) / "inputs.json")
+        Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+            save_json(saved_feeds, str(inputs_file), description=f"{show_role} inputs")
+        shapes = engines.roles[show_role].shapes(exp["graphs"]["target"]["io"]["inputs"])
+        # the command compares against ONNX Runtime whatever this run's reference was
+        tol = resolve_tolerances([t.name for t in engines.runner(show_role).get_output_metadata()],
+                                 engines.precision, "onnxruntime", atol, rtol)
+        cmd = polygraphy_command(_graph_file(engines, "target"), shapes, engines.precision, tol, Path(inputs_file))
+        result.update(inputs_file=str(inputs_file), polygraphy_role=show_role, polygraphy_command=cmd)
+        log(f"reproduce {show_role} by hand (TensorRT vs ONNX Runtime, needs TensorRT):")
+        log(f"  {cmd}")
+    result["seconds"] = round(time.perf_counter() - t_start, 2)
+    log(("PASSED: " if not fails else "FAILED: ") + result["summary"] + f" ({result['seconds']:.1f} s)")
+    if report is not None:
+        Path(report).parent.mkdir(parents=True, exist_ok=True)
+        write_json(Path(report), result)
+        log(f"report: {report}")
+    return result

@@ -1,0 +1,59 @@
+"""``specrt compare ENGINES``: every engine role against a reference (engines/compare.py).
+
+Registered in cli.py with ``main.add_command(compare)``. A mismatch is a UserError
+carrying the summary (role and output named), so the CLI exits 1 without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specrt.errors import UserError
+
+
+def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, float] | None:
+    """polygraphy's form: ``VALUE`` for every output, or ``OUTPUT:VALUE`` (an output kind such
+    as ``logits``/``new_key``, or a name such as ``new_key.3``), repeatable."""
+    if not values:
+        return None
+    out: dict[str, float] = {}
+    for v in values:
+        name, _, num = v.rpartition(":")
+        try:
+            out[name] = float(num)
+        except ValueError:
+            raise UserError(f"{option} '{v}': expected VALUE or OUTPUT:VALUE, e.g. 1e-4 or logits:1e-3") from None
+        if out[name] < 0:
+            raise UserError(f"{option} '{v}': a tolerance cannot be negative")
+    return out
+
+
+@click.command()
+@click.argument("engines_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--reference", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
+              help="onnxruntime: the export's graphs in ONNX Runtime (polygraphy OnnxrtRunner); torch: the target "
+                   "checkpoint in transformers, eager fp32 (target roles only).")
+@click.option("--report", type=click.Path(path_type=Path, dir_okay=False), help="Write the JSON report here.")
+@click.option("--atol", multiple=True, metavar="[OUTPUT:]VALUE",
+              help="Absolute tolerance, for every output or one output kind/name (repeatable).")
+@click.option("--rtol", multiple=True, metavar="[OUTPUT:]VALUE",
+              help="Relative tolerance, for every output or one output kind/name (repeatable).")
+@click.option("--save-inputs", type=click.Path(path_type=Path, dir_okay=False),
+              help="Where to save the inputs of the polygraphy command (default: beside --report, else a temp folder).")
+@click.option("--target", "target_folder", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="The target checkpoint for --reference torch (default: the one the export was bound from).")
+@click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Prompt length of the test inputs.")
+def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, save_inputs: Path | None,
+            target_folder: Path | None, prompt_tokens: int) -> None:
+    """Run every engine of ENGINES_DIR (prefill, decode, verify.{d}, draft) and a reference on the
+    same inputs through polygraphy's Comparator; print a table per role, exit 1 on a mismatch."""
+    from specrt.engines.compare import compare_engines
+
+    result = compare_engines(engines_dir, reference=reference, report=report,
+                             atol=parse_tolerances(atol, "--atol"), rtol=parse_tolerances(rtol, "--rtol"),
+                             log=click.echo, target_folder=target_folder, inputs_file=save_inputs,
+                             prompt_tokens=prompt_tokens)
+    if not result["passed"]:
+        raise UserError(result["summary"] + (f" (report: {report})" if report else ""))

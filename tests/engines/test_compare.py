@@ -1,0 +1,217 @@
+"""``specrt compare``: good engines pass against ONNX Runtime and torch, one changed weight is
+caught with its role and output named (CLI exit 1), and the printed polygraphy command and its
+saved inputs work with polygraphy itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specrt import contracts as C
+from specrt.cmd_compare import compare, parse_tolerances
+from specrt.engines.compare import TokenCompare, compare_engines, resolve_tolerances
+from specrt.errors import UserError
+from specrt.manifest import file_record
+
+from .conftest import DEPTHS, quiet
+
+pytest.importorskip("polygraphy")
+
+TARGET_ROLES = {"prefill", "decode"} | {f"verify.{d}" for d in DEPTHS}
+
+
+def cli():
+    """The compare command under specrt's own group (user errors -> exit 1, no traceback)."""
+    from specrt.cli import _Group
+
+    group = _Group("specrt")
+    group.add_command(compare)
+    return group
+
+
+def corrupt_engine(folder: Path, initializer: str = "lm_head", delta: float = 1.0) -> None:
+    """Point every target role at a copy of the graph with ONE weight element changed, recorded in
+    engines.json's file hashes as a build would record it: only the comparison can catch it."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(folder / "export" / "target.onnx"))
+    init = next(t for t in model.graph.initializer if t.name == initializer)
+    w = numpy_helper.to_array(init).copy()
+    w.flat[0] += delta
+    init.CopyFrom(numpy_helper.from_array(w, initializer))
+    (folder / "corrupt").mkdir()
+    onnx.save(model, str(folder / "corrupt" / "target.onnx"))
+    m = json.loads((folder / "engines.json").read_text())
+    for role in m["roles"].values():
+        if role["graph"] == "target":
+            role["engine"]["onnx"] = "corrupt/target.onnx"
+    m["files"].append(file_record(folder, "corrupt/target.onnx"))
+    (folder / "engines.json").write_text(json.dumps(m))
+
+
+def test_good_engines_pass_against_onnxruntime(tiny_engines, tmp_path):
+    lines: list[str] = []
+    r = compare_engines(tiny_engines, report=tmp_path / "r.json", log=lines.append)
+    assert r["passed"] and not r["failures"]
+    assert set(r["roles"]) == TARGET_ROLES | {"draft"}
+    assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(r))
+    v = r["roles"]["verify.4"]
+    assert v["input_shapes"][0][C.INPUT_IDS] == [1, 5] and v["input_shapes"][0][C.past_key(0)] == [1, 32, 2, 16]
+    assert {C.LOGITS, C.AUX_HIDDEN, C.new_key(3), C.new_value(0)} <= set(v["outputs"])
+    assert v["outputs"][C.LOGITS]["max_abs"] <= 1e-4 and v["outputs"][C.LOGITS]["atol"] == 1e-4
+    assert r["roles"]["prefill"]["iterations"] == 2  # from scratch, then a chunk over a real past
+    tok = r["roles"]["draft"]["outputs"][C.DRAFT_TOKENS]
+    assert tok["passed"] and tok["agreement"] == 1.0 and tok["rows"] == 2 * max(DEPTHS)
+    text = "\n".join(lines)
+    assert all(f"\n{role}" in text for role in TARGET_ROLES | {"draft"})
+    assert "new_key.* (4, worst" in text and "PASSED" in text
+
+
+def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
+    pytest.importorskip("transformers")
+    lines: list[str] = []
+    r = compare_engines(tiny_engines, reference="torch", report=tmp_path / "t.json", log=lines.append)
+    assert r["passed"], r["summary"]
+    assert set(r["roles"]) == TARGET_ROLES
+    assert "draft" in r["skipped"] and "target roles only" in r["skipped"]["draft"]
+    assert any(line.startswith("draft: skipped") for line in lines)
+    assert r["roles"]["prefill"]["outputs"][C.AUX_HIDDEN]["atol"] == 1e-3
+    assert r["roles"]["verify.8"]["logits_argmax_agreement"] == 1.0
+
+
+def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_path):
+    corrupt_engine(engines_copy)
+    r = compare_engines(engines_copy, log=quiet)  # the hashes check out: only the numbers differ
+    assert not r["passed"]
+    by_role: dict[str, set[str]] = {}
+    for f in r["failures"]:
+        by_role.setdefault(f["role"], set()).add(f["output"])
+    # lm_head[0, 0] moves logit 0 only: logits fail in every target role, KV and aux do not,
+    # and the draft (its own graph, fed the prefill's unchanged aux) passes
+    assert by_role == {role: {C.LOGITS} for role in TARGET_ROLES}
+    assert r["roles"]["draft"]["passed"]
+    assert all(f["max_abs"] > f["atol"] for f in r["failures"])
+
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--report", str(tmp_path / "bad.json")])
+    assert res.exit_code == 1, res.output
+    assert "error:" in res.output and "prefill logits (max abs" in res.output and "Traceback" not in res.output
+    assert json.loads((tmp_path / "bad.json").read_text())["passed"] is False
+
+
+def test_a_loose_enough_tolerance_accepts_it(engines_copy):
+    corrupt_engine(engines_copy, delta=1e-3)
+    assert not compare_engines(engines_copy, log=quiet)["passed"]
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--atol", "logits:1", "--rtol", "logits:1"])
+    assert res.exit_code == 0, res.output
+
+
+def _strip_trt(argv: list[str]) -> list[str]:
+    out, skipping = [], False
+    for a in argv:
+        if a.startswith("--"):
+            skipping = a.startswith("--trt")
+        if not skipping:
+            out.append(a)
+    return out
+
+
+def test_polygraphy_command_parses_and_its_inputs_load(tiny_engines, tmp_path):
+    from polygraphy.json import load_json
+    from polygraphy.tools._main import main as polygraphy_main
+    from polygraphy.tools.registry import TOOL_REGISTRY
+
+    r = compare_engines(tiny_engines, report=tmp_path / "r.json", log=quiet)
+    argv = shlex.split(r["polygraphy_command"])
+    assert argv[:3] == ["polygraphy", "run", str(tiny_engines / "export" / "target.onnx")]
+
+    # polygraphy's own parser accepts every argument, with the role's profile shapes
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="tools")
+    for tool in TOOL_REGISTRY:
+        tool.setup_parser(sub)
+    args, unknown = parser.parse_known_args(argv[1:])
+    assert unknown == []
+    args.subcommand.parse(args)
+    groups = {type(g).__name__: g for g in args.subcommand.arg_groups.values()}
+    assert [name for name, _ in groups["RunnerSelectArgs"].runners] == ["trt", "onnxrt"]
+    prof = groups["TrtConfigArgs"].profile_dicts[0]
+    assert prof[C.INPUT_IDS] == ([1, 9], [1, 9], [1, 9])  # verify.8: S = 9 fixed
+    assert prof[C.past_key(0)][0] == [1, 0, 2, 16]
+    assert groups["CompareFuncSimpleArgs"].atol == {"": 1e-4}
+    assert groups["DataLoaderArgs"].load_inputs_paths == [r["inputs_file"]]
+
+    # the saved inputs load with polygraphy's load_json and are the verify.8 feeds
+    feeds = load_json(r["inputs_file"])
+    assert len(feeds) == 1 and feeds[0][C.INPUT_IDS].shape == (1, 9)
+    assert np.array_equal(feeds[0][C.POSITION_IDS], np.arange(32, 41)[None])
+    assert feeds[0][C.past_key(0)].shape == (1, 32, 2, 16) and feeds[0][C.past_key(0)].dtype == np.float32
+
+    # and the ONNX Runtime half of the command runs on them here (TensorRT is not installed)
+    out = tmp_path / "outputs.json"
+    assert polygraphy_main(_strip_trt(argv[1:]) + ["--save-outputs", str(out)]) in (0, None)
+    assert out.is_file()
+
+
+def test_eagle3_draft_is_compared(tmp_path):
+    pytest.importorskip("transformers")
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "target")
+    d = write_tiny_draft(tmp_path / "draft", t, kind="eagle3")
+    export(t, d, tmp_path / "export")
+    build_engines(tmp_path / "export", "onnxruntime", (1, 2), tmp_path / "engines", log=quiet, profile_repeats=1)
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8)
+    assert r["passed"], r["summary"]
+    shapes = r["roles"]["draft"]["input_shapes"]
+    assert shapes[0][C.INPUT_IDS] == [1, 8] and shapes[1][C.INPUT_IDS] == [1, 1]  # A = 8; then one step, B = 1
+    assert shapes[1][C.past_key(0)][1] == 8
+    assert r["roles"]["draft"]["outputs"][C.DRAFT_HIDDEN_OUT]["passed"]
+
+
+def test_token_ids_pass_on_a_tie_only():
+    logits = np.zeros((1, 2, 5), np.float32)
+    logits[0, 0, [1, 3]] = 2.0  # row 0: tokens 1 and 3 tie
+    logits[0, 1, 2] = 3.0  # row 1: token 2 clearly
+    ref = {C.DRAFT_LOGITS: logits, C.DRAFT_TOKENS: np.array([[1, 2]])}
+    flipped = logits.copy()
+    flipped[0, 0, 3] += 1e-6  # the engine breaks the tie the other way
+    tied = {C.DRAFT_LOGITS: flipped, C.DRAFT_TOKENS: np.array([[3, 2]])}
+    wrong = {C.DRAFT_LOGITS: logits, C.DRAFT_TOKENS: np.array([[1, 4]])}
+    m = TokenCompare((1e-4, 1e-4))(tied, ref)[C.DRAFT_TOKENS]
+    assert m and (m.agree, m.ties) == (1, 1)
+    m = TokenCompare((1e-4, 1e-4))(wrong, ref)[C.DRAFT_TOKENS]
+    assert not m and (m.agree, m.ties) == (1, 0)  # same logits, other id: the id output is wrong
+    far = flipped.copy()
+    far[0, 0, 3] += 1.0
+    m = TokenCompare((1e-4, 1e-4))({C.DRAFT_LOGITS: far, C.DRAFT_TOKENS: np.array([[3, 2]])}, ref)[C.DRAFT_TOKENS]
+    assert not m  # the logits themselves differ: no tie
+
+
+def test_tolerance_options():
+    assert parse_tolerances(("1e-3", "logits:0.5", "new_key.3:2"), "--atol") == {"": 1e-3, "logits": 0.5,
+                                                                                   "new_key.3": 2.0}
+    with pytest.raises(UserError, match="OUTPUT:VALUE"):
+        parse_tolerances(("logits=1",), "--atol")
+    tol = resolve_tolerances([C.LOGITS, C.new_key(3), C.new_key(0), C.DRAFT_TOKENS], "fp32", "onnxruntime",
+                             atol={"": 1e-3, "new_key.3": 2.0}, rtol=None)
+    assert tol == {C.LOGITS: (1e-3, 1e-4), C.new_key(3): (2.0, 1e-4), C.new_key(0): (1e-3, 1e-4)}
+    assert resolve_tolerances([C.LOGITS], "fp16", "torch")[C.LOGITS] == (5e-2, 1e-2)
+
+
+def test_user_errors(tiny_engines):
+    with pytest.raises(UserError, match="unknown output"):
+        compare_engines(tiny_engines, atol={"logit": 1.0}, log=quiet)
+    with pytest.raises(UserError, match="--reference"):
+        compare_engines(tiny_engines, reference="tensorrt", log=quiet)
+    res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target",
+                                     str(tiny_engines)])
+    assert res.exit_code == 1 and "not a transformers checkpoint" in res.output
