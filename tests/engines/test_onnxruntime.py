@@ -196,3 +196,47 @@ def test_sessions_are_shared_by_default(tiny_engines):
         target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
         assert len(target) == len(DEPTHS) + 2  # prefill, decode, verify.d
         assert engines.ort_settings.prepack is False  # one copy of the weights
+
+
+def test_dynamic_outputs_follow_each_calls_shape(tiny_engines, state):
+    """Prefill and draft outputs are sized per call: a shorter call after a longer one
+    (and the reverse) returns outputs of its own shape, equal to the plain session's."""
+    rng = np.random.default_rng(4)
+    with load_engines(tiny_engines) as engines:
+        for s in (24, 7, 13):
+            got = check_same(engines.runner("prefill"), state.target,
+                             state.target_feeds(rng.integers(0, 999, s), state.n))
+            assert got[C.LOGITS].shape == (1, s, 1000)
+        for a in (5, 1, 3):
+            real = rng.integers(0, state.vocab, a)
+            aux = state.run_target(real, state.n)[C.AUX_HIDDEN]
+            got = check_same(engines.draft(), state.draft, state.draft_feeds(real, aux, state.n, state.n))
+            assert got[C.new_key(0)].shape[1] == a + max(DEPTHS) - 1
+
+
+def test_eagle3_draft_engine_matches_its_graph(tmp_path):
+    """EAGLE-3 (reduced draft vocabulary): one step with target hidden states (A = 3, B = 0),
+    then a step on the draft's own hidden state (A = 0, B = 1)."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.export.conftest import write_eagle3
+
+    from .conftest import REFERENCE, quiet
+
+    draft = write_eagle3(tmp_path / "eagle3")
+    export(REFERENCE / "verifier", draft, tmp_path / "export")
+    build_engines(tmp_path / "export", "onnxruntime", (1, 2), tmp_path / "engines", log=quiet, profile_repeats=1)
+    rng = np.random.default_rng(5)
+    session = plain(tmp_path / "engines" / "export" / "draft.onnx")
+    with load_engines(tmp_path / "engines") as engines:
+        r = engines.draft()
+        assert r.dims[C.DIM_PREV].max == 256 + 2
+        kv = {n: rng.standard_normal((1, 64, 2, 16), dtype=np.float32) for n in (C.past_key(0), C.past_value(0))}
+        for a, b, past in ((3, 0, 10), (0, 1, 13)):
+            feeds = {C.INPUT_IDS: rng.integers(0, 1000, (1, a + b)),
+                     C.POSITION_IDS: np.arange(past, past + a + b)[None],
+                     C.DRAFT_AUX_IN: rng.standard_normal((1, a, 192), dtype=np.float32),
+                     C.DRAFT_PREV_HIDDEN: rng.standard_normal((1, b, 64), dtype=np.float32),
+                     **{k: v[:, :past] for k, v in kv.items()}}
+            got = check_same(r, session, feeds)
+            assert got[C.DRAFT_LOGITS].shape == (1, a + b, 500)

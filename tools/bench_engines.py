@@ -1,0 +1,237 @@
+"""Engine benchmark on SmolLM2-135M, CPU: verify latency per depth, allocation per step, RSS.
+
+    .venv/bin/python tools/bench_engines.py [--variants shared,per-depth,plain] [--contexts 128,512]
+                                            [--depths 1,2,4,8] [--repeats 15] [--rounds 3] [--steps 300]
+
+Steps: SmolLM2 folder (tools/smollm2.py) -> target-only export (cached under
+$SPECRT_CACHE/bench-engines/) -> ``build_engines(..., "onnxruntime", depths)`` -> one
+child process per variant, so that each variant's RSS is its own. A child:
+
+* loads the engine set with the variant's ONNX Runtime settings and reports RSS before
+  and after activation against the engine weight bytes;
+* times verify at every depth (and decode, S = 1) at each context: past KV as prefix views
+  of a preallocated cache filled with random values, depths interleaved within each
+  round so machine noise hits them alike; median over rounds x repeats; prints each
+  depth's latency relative to depth 1 measured in the same run;
+* runs ``--steps`` decode steps with a growing past, tracking Python allocations per step
+  (tracemalloc) and RSS growth from step 20 to the end.
+
+Variants: ``shared`` (the default build: one prepacked session per graph), ``per-depth``
+(a session per depth with new_tokens fixed, weights shared, no prepacking),
+``per-depth-prepack`` (a session per depth with its own prepacked weights: N x memory, to
+isolate the effect of specialisation), ``basic``/``extended`` (graph optimisation level),
+``1-thread``, and ``plain`` (the export graph in a default InferenceSession called with
+``session.run``: the baseline). Targets (issue 5): depth 4 <= 1.2x and depth 8 <= 1.35x
+of depth 1; peak RSS <= 1.3x (weights + KV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+VARIANTS = {
+    "shared": {},
+    "per-depth": {"sessions": "per-depth"},
+    "per-depth-prepack": {"sessions": "per-depth", "prepack": True},
+    "basic": {"graph_optimization_level": "ORT_ENABLE_BASIC"},
+    "extended": {"graph_optimization_level": "ORT_ENABLE_EXTENDED"},
+    "1-thread": {"intra_op_num_threads": 1},
+    "plain": None,  # a default InferenceSession on the export graph, session.run
+}
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---- child: one variant ----------------------------------------------------------------
+
+
+class PlainRunner:
+    """The baseline: the export graph in a default InferenceSession, called with run()."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.names = [o.name for o in sess.get_outputs()]
+
+    def infer(self, feeds):
+        return dict(zip(self.names, self.sess.run(None, feeds)))
+
+
+def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[int], repeats: int, rounds: int,
+           steps: int) -> dict:
+    import numpy as np
+
+    from specrt import contracts as C
+    from specrt.engines import load_engines
+
+    rss0 = rss_bytes()
+    e = load_engines(engines_dir, verify=False, ort_overrides=VARIANTS[variant] or {})
+    t = e.export["target"]
+    L, KVH, D, V = t["num_layers"], t["num_kv_heads"], t["head_dim"], t["vocab_size"]
+    weights = e.manifest["weight_bytes"]["target"]
+    t0 = time.perf_counter()
+    if VARIANTS[variant] is None:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(e.export_dir / "target.onnx"), providers=["CPUExecutionProvider"])
+        runner = PlainRunner(sess)
+        target = lambda s: runner  # noqa: E731
+    else:
+        e.activate()
+        target = e.target
+    load_s = time.perf_counter() - t0
+    rss_loaded = rss_bytes()
+    max_ctx = max(contexts) + max(depths) + 1 + steps
+    rng = np.random.default_rng(0)
+    cache = {n: (rng.standard_normal((1, max_ctx, KVH, D), dtype=np.float32) * 0.5)
+             for i in range(L) for n in (C.past_key(i), C.past_value(i))}
+    kv_bytes = sum(v.nbytes for v in cache.values())  # the preallocated cache, as the runtime holds it
+
+    def feeds(s: int, past: int):
+        return {C.INPUT_IDS: rng.integers(0, V, (1, s), dtype=np.int64),
+                C.POSITION_IDS: np.arange(past, past + s, dtype=np.int64)[None],
+                **{k: v[:, :past] for k, v in cache.items()}}
+
+    all_depths = [0, *depths]  # 0 = decode (S = 1)
+    samples: dict[tuple[int, int], list[float]] = {(c, d): [] for c in contexts for d in all_depths}
+    for _ in range(rounds):
+        for c in contexts:
+            for d in all_depths:
+                r, f = target(d + 1), feeds(d + 1, c)
+                for _ in range(2):
+                    r.infer(f)
+                for _ in range(repeats):
+                    t1 = time.perf_counter()
+                    r.infer(f)
+                    samples[(c, d)].append(time.perf_counter() - t1)
+    lat = {f"{c}/{d}": float(np.median(v)) for (c, d), v in samples.items()}
+
+    # allocation per step: decode with a growing past, as generation does
+    r = target(1)
+    per_step, rss_20 = [], None
+    tracemalloc.start()
+    for i in range(steps):
+        past = max(contexts) + i
+        f = feeds(1, past)
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        r.infer(f)
+        per_step.append(tracemalloc.get_traced_memory()[1] - base)
+        if i == 20:
+            rss_20 = rss_bytes()
+    tracemalloc.stop()
+    rss_end = rss_bytes()
+    if VARIANTS[variant] is not None:
+        e.deactivate()
+    return {"variant": variant, "settings": VARIANTS[variant], "weights": weights, "kv_bytes": kv_bytes,
+            "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
+            "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]), "alloc_per_step_median": float(np.median(per_step)),
+            "rss_growth": rss_end - rss_20, "steps": steps, "step_past": [max(contexts), max(contexts) + steps]}
+
+
+# ---- parent ------------------------------------------------------------------------------
+
+
+def prepare(depths: str, rebuild: bool, draft: Path | None) -> Path:
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from specrt.manifest import load_export
+    from tests.real_model import smollm2_folder
+
+    root = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "bench-engines"
+    exp = root / "export"
+    try:
+        load_export(exp)
+    except Exception:
+        print(f"exporting SmolLM2-135M to {exp} ...", flush=True)
+        export(smollm2_folder(), draft, exp, force=True, log=lambda s: print("  " + s, flush=True))
+    out = root / "engines"
+    print(f"building onnxruntime engines (depths {depths}) into {out} ...", flush=True)
+    build_engines(exp, "onnxruntime", depths, out, force=True, max_context=2048, profile_repeats=10,
+                  log=lambda s: print("  " + s, flush=True))
+    return out
+
+
+def report(res: dict, contexts: list[int], depths: list[int]) -> None:
+    mib = 2 ** 20
+    w, kv = res["weights"], res["kv_bytes"]
+    print(f"\n== {res['variant']} {json.dumps(res['settings']) if res['settings'] is not None else '(plain session.run)'}")
+    grown = res["rss_loaded"] - res["rss_before"]
+    print(f"load {res['load_s']:.1f} s; engine weights {w / mib:.0f} MiB; RSS after activation "
+          f"{res['rss_loaded'] / mib:.0f} MiB (+{grown / mib:.0f} MiB over the process before loading = "
+          f"{grown / w:.2f}x weights); peak RSS {res['peak_rss'] / mib:.0f} MiB = {res['peak_rss'] / (w + kv):.2f}x "
+          f"(weights + preallocated KV cache {kv / mib:.0f} MiB)")
+    for c in contexts:
+        base = res["latency"][f"{c}/1"]
+        cells = [f"decode {res['latency'][f'{c}/0'] * 1e3:.1f} ms"]
+        cells += [f"d{d} {res['latency'][f'{c}/{d}'] * 1e3:.1f} ms ({res['latency'][f'{c}/{d}'] / base:.2f}x)"
+                  for d in depths]
+        print(f"context {c:4d}: " + ", ".join(cells))
+    print(f"per decode step over {res['steps']} steps (past {res['step_past'][0]}->{res['step_past'][1]}): "
+          f"Python allocations max {res['alloc_per_step_max']} B, median {res['alloc_per_step_median']:.0f} B; "
+          f"RSS growth from step 20 to the end {res['rss_growth'] / 1024:.0f} KiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="shared,per-depth,plain")
+    ap.add_argument("--contexts", default="128,512")
+    ap.add_argument("--depths", default="1,2,4,8")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--draft", type=Path, default=None, help="optional draft folder to export with the target")
+    ap.add_argument("--engines", type=Path, default=None, help="use this engines folder instead of building")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    contexts = [int(x) for x in args.contexts.split(",")]
+    depths = [int(x) for x in args.depths.split(",")]
+    if args.worker:
+        res = worker(args.engines, args.worker, contexts, depths, args.repeats, args.rounds, args.steps)
+        print("RESULT " + json.dumps(res))
+        return 0
+    for v in args.variants.split(","):
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v} (choose from {', '.join(VARIANTS)})")
+    engines = args.engines or prepare(args.depths, True, args.draft)
+    m = json.loads((engines / "engines.json").read_text())
+    c = m["costs"]
+    print(f"cost table of the build (median of {c['repeats']}, seconds): verify "
+          f"{ {d: round(v, 5) for d, v in c['verify'].items()} } decode {c['decode']:.5f} at past {c['reference_past']}; "
+          f"by past: { {p: {d: round(v, 5) for d, v in row['verify'].items()} for p, row in c['by_past'].items()} }")
+    print(f"machine: {m['environment']['device']}, load average {os.getloadavg()}")
+    for v in args.variants.split(","):
+        cmd = [sys.executable, __file__, "--worker", v, "--engines", str(engines), "--contexts", args.contexts,
+               "--depths", args.depths, "--repeats", str(args.repeats), "--rounds", str(args.rounds),
+               "--steps", str(args.steps)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if out.returncode != 0 or line is None:
+            print(f"\n== {v}: failed\n{out.stderr[-3000:]}")
+            continue
+        report(json.loads(line[7:]), contexts, depths)
+    print(f"\nload average at the end {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
