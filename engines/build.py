@@ -5,8 +5,9 @@ loads (engines.json is written last, and the folder is renamed into place only a
 
 1. verify the export (hashes) and link or copy it into ``out/export/``;
 2. plan the roles (plan.py): prefill, decode, verify.{d} for each depth, draft;
-3. build: TensorRT plans (tensorrt.py); ONNX Runtime needs no compilation, its session
-   settings are recorded (onnxruntime.py);
+3. build: TensorRT plans (tensorrt.py); for ONNX Runtime, the graphs rewritten with
+   external weights (``target.onnx`` + ``target.onnx.data``: lower load peak, see
+   ``_external_weights``) and the session settings (onnxruntime.py);
 4. open the engines from the unfinished folder and profile the cost table (costs.py);
 5. write engines.json.
 """
@@ -47,6 +48,22 @@ def _embed_export(export_dir: Path, exp: dict[str, Any], dst: Path) -> dict[str,
         _link_or_copy(export_dir / n, dst / n)
     shutil.copyfile(export_dir / EXPORT_MANIFEST, dst / EXPORT_MANIFEST)
     return {r["file"]: r["sha256"] for r in all_records(exp)}
+
+
+def _external_weights(src: Path, dst: Path) -> bool:
+    """Write ``src`` to ``dst`` with its weights in ``dst.data`` unless they already are
+    external; returns whether it wrote. Why: ONNX Runtime maps external weights from the
+    file and prepacks them, but it parses embedded ones as part of the protobuf and holds
+    both copies while it prepacks. Measured on SmolLM2-135M (538 MB of weights): peak RSS
+    of session creation 934 MB embedded vs 639 MB external (steady state 639 MB both)."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return False
+    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=dst.name + ".data", size_threshold=1024)
+    return True
 
 
 def _graph_file(exp: dict[str, Any], graph: str) -> str:
@@ -126,9 +143,14 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             backend_json = {"tensorrt": plan.to_json()}
             env = environment(backend)
         else:
-            files = []
+            files, onnx_files = [], dict(graph_files)
+            for g in exp["graphs"]:
+                name = f"{g}.onnx"
+                if _external_weights(tmp / graph_files[g], tmp / name):
+                    files += [file_record(tmp, name), file_record(tmp, name + ".data")]
+                    onnx_files[g] = name
             for name, role in roles.items():
-                role_json[name] = {**role.to_json(), "engine": {"onnx": graph_files[role.graph]}}
+                role_json[name] = {**role.to_json(), "engine": {"onnx": onnx_files[role.graph]}}
             weight_bytes = {g: sum(r["bytes"] for r in exp["graphs"][g]["files"]) for g in exp["graphs"]}
             backend_json = {"onnxruntime": settings.to_json()}
             env = environment(backend, settings.providers)

@@ -5,7 +5,9 @@ An engines folder is self-contained:
     engines.json        this manifest (written last, inside an atomic folder)
     export/             the export folder it was built from (hard links or copies),
                         with its own export.json and hashes
-    target.plan ...     TensorRT plans and timing.cache (TensorRT backend only)
+    target.plan ...     TensorRT plans and timing.cache (TensorRT backend)
+    target.onnx(.data)  ONNX Runtime: the graphs with external weights (when the export
+                        embeds them), the files its sessions load
 
 Manifest keys:
 

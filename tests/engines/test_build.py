@@ -32,7 +32,9 @@ def test_manifest_records_what_the_runtime_trusts(tiny_engines, tiny_export):
     assert m["max_context"] == 256
     assert set(m["roles"]) == {"prefill", "decode", "draft"} | {f"verify.{d}" for d in DEPTHS}
     assert m["roles"]["verify.4"]["dims"][C.DIM_NEW] == [5, 5, 5]
-    assert m["roles"]["verify.4"]["engine"] == {"onnx": "export/target.onnx"}
+    assert m["roles"]["verify.4"]["engine"] == {"onnx": "target.onnx"}  # rewritten with external weights
+    assert m["roles"]["draft"]["engine"] == {"onnx": "draft.onnx"}
+    assert {f["file"] for f in m["files"]} == {"target.onnx", "target.onnx.data", "draft.onnx", "draft.onnx.data"}
     exp = load_export(tiny_export)
     assert m["export"]["digest"] == manifest_digest(exp)
     assert m["export"]["files"]["target.onnx"] == next(r["sha256"] for r in exp["graphs"]["target"]["files"])
@@ -77,16 +79,11 @@ def test_tampered_graph_is_refused(engines_copy):
 
 
 def test_tampered_engine_file_is_refused(engines_copy):
-    (engines_copy / "extra.plan").write_bytes(b"\x00" * 64)
-    from specrt.manifest import file_record
-
-    edit_manifest(engines_copy, lambda m: m["files"].append(file_record(engines_copy, "extra.plan")))
-    load_engines(engines_copy)  # recorded and intact: fine
-    rewrite_byte(engines_copy / "extra.plan", 10)
-    with pytest.raises(UserError, match=r"extra\.plan: content differs"):
+    rewrite_byte(engines_copy / "target.onnx.data")
+    with pytest.raises(UserError, match=r"target\.onnx\.data: content differs"):
         load_engines(engines_copy)
-    (engines_copy / "extra.plan").unlink()
-    with pytest.raises(UserError, match="'extra.plan' is missing"):
+    (engines_copy / "target.onnx.data").unlink()
+    with pytest.raises(UserError, match="'target.onnx.data' is missing"):
         load_engines(engines_copy)
 
 
