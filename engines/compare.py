@@ -48,7 +48,7 @@ from specrt import contracts as C
 from specrt.engines.base import Runner, np_dtype
 from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
-from specrt.errors import UserError
+from specrt.errors import InternalError, UserError
 from specrt.manifest import write_json
 
 REFERENCES = ("onnxruntime", "torch")
@@ -127,7 +127,7 @@ def _base_runner():
     try:
         from polygraphy.backend.base import BaseRunner
     except ImportError:
-        raise UserError("specrt compare needs polygraphy (pip install 'specrt[dev]' or pip install polygraphy)") from None
+        raise UserError("specrt compare needs polygraphy (pip install polygraphy)") from None
     return BaseRunner
 
 
@@ -388,6 +388,18 @@ class TokenCompare:
         return OrderedDict([(C.DRAFT_TOKENS, TokenMatch(len(a), int((a == b).sum()), ties))])
 
 
+def tolerance_ratio(a, b, atol: float, rtol: float) -> float:
+    """max over elements of min(|a-b| / atol, |a-b| / (rtol |b|)): the elemwise check passes
+    iff this is <= 1, and it says how close to failing the worst element is."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d = np.abs(a - b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.minimum(d / atol, d / (rtol * np.abs(b)))
+    r[d == 0] = 0.0
+    r[np.isnan(r)] = np.inf
+    return float(r.max()) if r.size else 0.0
+
+
 def _simple_compare(tol: dict[str, tuple[float, float]]):
     from polygraphy import comparator
 
@@ -406,6 +418,8 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
     """Run both runners on ``feeds`` and compare every output; returns the role's report."""
     from polygraphy.comparator import Comparator
 
+    if engine.name == reference.name:
+        raise InternalError(f"runner names must differ (results are looked up by name): {engine.name}")
     t0 = time.perf_counter()
     results = Comparator.run([engine, reference], data_loader=feeds)
     token_tol = tol.get(C.DRAFT_LOGITS, (0.0, 0.0))
@@ -427,9 +441,11 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
         if any(isinstance(r, bool) for r in rs):  # polygraphy returns a bare False on a shape mismatch
             out[name] = {"passed": False, "error": "shapes differ"}
             continue
+        ratio = max(tolerance_ratio(i0[name], i1[name], *tol[name])
+                    for i0, i1 in zip(results[engine.name], results[reference.name]))
         out[name] = {"max_abs": max(r.max_absdiff for r in rs), "max_rel": max(r.max_reldiff for r in rs),
                      "mean_abs": max(r.mean_absdiff for r in rs), "atol": tol[name][0], "rtol": tol[name][1],
-                     "passed": all(bool(r) for r in rs)}
+                     "tol_ratio": ratio, "passed": all(bool(r) for r in rs)}
     info = {}
     for key in (C.LOGITS, C.DRAFT_LOGITS):  # greedy agreement: informational, not a verdict
         if key in outputs:
@@ -455,7 +471,9 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
     title = f"{role}" + (f" (depth {d})" if d else "") + f": {r['iterations']} iteration(s), {r['seconds']:.2f} s"
     if f"{C.LOGITS}_argmax_agreement" in r:
         title += f", argmax agreement {r[f'{C.LOGITS}_argmax_agreement']:.0%}"
-    lines = [title, f"  {'output':24s} {'max abs':>9s} {'max rel':>9s} {'atol':>9s} {'rtol':>9s}  result"]
+    # worst/tol: the worst element's error over its tolerance (the elemwise check passes iff <= 1)
+    lines = [title, f"  {'output':26s} {'max abs':>9s} {'max rel':>9s} {'atol':>9s} {'rtol':>9s} {'worst/tol':>9s}"
+                    "  result"]
     groups: dict[str, list[str]] = {}
     for name in r["outputs"]:
         groups.setdefault(kind_of(name) if name.startswith(("new_key.", "new_value.")) else name, []).append(name)
@@ -465,17 +483,17 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
         if rows[0].get("kind") == "tokens":
             x = rows[0]
             note = f"exact {x['agree']}/{x['rows']}" + (f", {x['ties']} tie(s)" if x["ties"] else "")
-            lines.append(f"  {label:24s} {note:>39s}  {verdict}")
+            lines.append(f"  {label:26s} {note:>49s}  {verdict}")
             continue
         if any("error" in x for x in rows):
             bad = next(n for n, x in zip(names, rows) if "error" in x)
-            lines.append(f"  {label:24s} {bad}: {r['outputs'][bad]['error']}  FAIL")
+            lines.append(f"  {label:26s} {bad}: {r['outputs'][bad]['error']}  FAIL")
             continue
-        worst = max(range(len(rows)), key=lambda i: (not rows[i]["passed"], rows[i]["max_abs"]))
+        worst = max(range(len(rows)), key=lambda i: (not rows[i]["passed"], rows[i]["tol_ratio"]))
         w = rows[worst]
         shown = label if len(names) == 1 else f"{label}.* ({len(names)}, worst {names[worst].split('.')[-1]})"
-        lines.append(f"  {shown:24s} {_fmt(w['max_abs']):>9s} {_fmt(w['max_rel']):>9s} {_fmt(w['atol']):>9s} "
-                     f"{_fmt(w['rtol']):>9s}  {verdict}")
+        lines.append(f"  {shown:26s} {_fmt(w['max_abs']):>9s} {_fmt(w['max_rel']):>9s} {_fmt(w['atol']):>9s} "
+                     f"{_fmt(w['rtol']):>9s} {w['tol_ratio']:>9.3g}  {verdict}")
     return lines
 
 
@@ -494,7 +512,8 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
             return f"{f['role']} {f['output']} ({f['error']})"
         if f.get("kind") == "tokens":
             return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
-        return f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, max rel {f['max_rel']:.3g})"
+        return (f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, "
+                f"max rel {f['max_rel']:.3g})")
 
     shown = "; ".join(one(f) for f in fails[:8]) + (f"; and {len(fails) - 8} more" if len(fails) > 8 else "")
     return f"{len(fails)} output(s) differ from the {reference} reference beyond tolerance: {shown}"
@@ -574,7 +593,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
 
     def reference_runner(role: str):
         graph = engines.roles[role].graph
-        name = f"{reference}[{role}]"
+        name = f"reference-{reference}[{role}]"
         if model is not None:
             return torch_target_runner(model, engines.runner(role).get_input_metadata(),
                                        tuple(exp["target"]["aux_layer_ids"]), name)
@@ -608,7 +627,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 feeds = inputs.feeds(role)
                 if role == show_role:
                     saved_feeds = feeds
-                eng = engine_runner(engines.runner(role), f"{engines.backend}[{role}]")
+                eng = engine_runner(engines.runner(role), f"engine-{engines.backend}[{role}]")
                 roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs)
                 for line in role_table(role, roles_out[role]):
                     log(line)
@@ -622,7 +641,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         "check": "polygraphy elemwise: |a-b| <= atol or |a-b| <= rtol*|reference|; draft_token_ids exact or tie",
         "inputs": {"prompt_tokens": n, "source": inputs.source}, "notes": notes, "skipped": skipped,
         "tolerances": tolerances, "roles": roles_out, "failures": fails, "passed": not fails,
-        "summary": summary(fails, reference) if fails else f"all {len(roles_out)} roles match the {reference} reference",
+        "summary": (summary(fails, reference) if fails
+                    else f"all {len(roles_out)} roles match the {reference} reference"),
     }
     if saved_feeds is not None:
         if inputs_file is None:
