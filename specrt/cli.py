@@ -214,5 +214,16 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
             stats_file.write_text(json.dumps(stats, indent=2))
 
 
+def _register() -> None:
+    """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from specrt.cmd_calibrate import calibrate
+    from specrt.cmd_compare import compare
+
+    main.add_command(calibrate)
+    main.add_command(compare)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
