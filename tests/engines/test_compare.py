@@ -89,7 +89,8 @@ def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
 
 def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_path):
     corrupt_engine(engines_copy)
-    r = compare_engines(engines_copy, log=quiet)  # the hashes check out: only the numbers differ
+    # the hashes check out: only the numbers differ
+    r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
     assert not r["passed"]
     by_role: dict[str, set[str]] = {}
     for f in r["failures"]:
@@ -110,10 +111,11 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
     assert json.loads((tmp_path / "bad.json").read_text())["passed"] is False
 
 
-def test_a_loose_enough_tolerance_accepts_it(engines_copy):
+def test_a_loose_enough_tolerance_accepts_it(engines_copy, tmp_path):
     corrupt_engine(engines_copy, delta=1e-3)
-    assert not compare_engines(engines_copy, log=quiet)["passed"]
-    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--atol", "logits:1", "--rtol", "logits:1"])
+    assert not compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")["passed"]
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--atol", "logits:1", "--rtol", "logits:1",
+                                     "--save-inputs", str(tmp_path / "in.json")])
     assert res.exit_code == 0, res.output
 
 
@@ -174,7 +176,7 @@ def test_eagle3_draft_is_compared(tmp_path):
     d = write_tiny_draft(tmp_path / "draft", t, kind="eagle3")
     export(t, d, tmp_path / "export")
     build_engines(tmp_path / "export", "onnxruntime", (1, 2), tmp_path / "engines", log=quiet, profile_repeats=1)
-    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8)
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
     assert r["passed"], r["summary"]
     shapes = r["roles"]["draft"]["input_shapes"]
     assert shapes[0][C.INPUT_IDS] == [1, 8] and shapes[1][C.INPUT_IDS] == [1, 1]  # A = 8; then one step, B = 1
