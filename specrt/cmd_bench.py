@@ -1,0 +1,784 @@
+"""``specrt bench``: specrt against itself and its peers on the same prompts and budget.
+
+    specrt bench ENGINES --prompts FILE.jsonl -o REPORT_DIR [--chat] [--max-new-tokens 128]
+                 [--governors off,fixed:1,...,adaptive,dspark] [--peers hf,hf-lookup,ortgenai]
+                 [--threads 2] [--limit N]
+
+Configurations, each decoding every prompt greedily, batch 1, in its **own subprocess**
+(so its peak RSS, ``ru_maxrss``, is its own and one configuration's caches cannot warm
+another's):
+
+* ``specrt:<governor>`` for each ``--governors`` entry over ENGINES (``specrt:off`` is
+  always run: it is the reference the others are compared with);
+* ``hf``: transformers ``generate`` (eager attention, fp32, greedy) of the target's
+  Hugging Face folder (the export manifest's binding receipt names it);
+* ``hf-lookup``: the same with prompt-lookup speculation (``--lookup-tokens``, default the
+  engines' largest depth);
+* ``ortgenai``: onnxruntime-genai autoregressive decoding of the same target, built once
+  with its model builder (fp32, CPU) into ``$SPECRT_CACHE/ortgenai/`` (or ``--ortgenai-cache``).
+
+Peers that cannot run here (a package missing, a tokenizer-less target for the
+onnxruntime-genai builder) are skipped with the reason printed and reported. Peer code
+lives in ``tools/bench_lib.py`` (imported lazily, by path); the specrt configurations
+need only the runtime.
+
+Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
+template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
+generation of ``--warmup-tokens`` tokens, then times each prompt: wall seconds of the
+whole generation, prefill included. ``tokens/s`` is new tokens / seconds per prompt;
+the report gives the median over prompts (and the total ratio).
+
+Greedy outputs must be token-identical. Every configuration is compared with
+``specrt:off`` per prompt: identical or not, the identical-prefix length and the first
+differing position. A mismatch between specrt's own governors (same engines, same
+numerics) is a hard failure (exit 2, after the report is written); a peer mismatch is
+reported loudly, since fp32 numerics of different runtimes can legitimately diverge on
+near-ties after many tokens.
+
+Report (``REPORT_DIR/bench.json``; PNG plots beside it):
+
+    machine        CPU model, cores, threads, ISA, memory, load, OS, versions
+    settings       engines, prompts, max_new_tokens, threads, governors, peers, ...
+    configs        name -> tokens_per_s_median, ratio_vs_ortgenai, ratio_vs_off,
+                   peak_rss_bytes, load_seconds, per-prompt numbers; specrt adds tau,
+                   acceptance_by_position / _conditional, depth_histogram, time_split
+                   (draft / verify / prefill / python seconds and fractions),
+                   draft_passes_per_round, sequential_passes_avoided(_per_round)
+                   (P-EAGLE: the K-1 passes of a sequential drafter its one parallel pass
+                   replaced), and "predicted" (below)
+    identity       reference, per configuration and prompt: identical, identical_prefix,
+                   first_diff; failures (specrt) and peer mismatches
+    efficiency     (a) decode without speculation vs onnxruntime-genai: same model, same
+                   threads; (b) per specrt configuration, decode-phase tokens/s predicted
+                   from tau and the engines' cost table vs measured
+    skipped        configuration -> reason;  plots: file names
+
+Prediction (b): the cost table gives seconds per call at a past length; for each prompt,
+at its mean past (prompt + half the new tokens),
+
+    predicted_s = draft_passes * t_draft + sum over rounds of t_verify(d_r)    (t_verify(0) = decode)
+    predicted tokens/s = (new_tokens - 1) / predicted_s
+
+which for a fixed depth d is tau / (t_draft + t_verify(d)) per round. It is compared with
+the measured decode phase ((new_tokens - 1) / (seconds - prefill)), and with the engines'
+own measured seconds, so the gap splits into "engines slower than profiled" and "Python".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from specrt.errors import UserError
+
+REPORT_FILE = "bench.json"
+PROGRESS = "@@specrt-bench-progress "
+DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
+REFERENCE = "specrt:off"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCH_LIB = REPO_ROOT / "tools" / "bench_lib.py"
+
+
+# ---- helpers --------------------------------------------------------------------------
+
+
+def load_bench_lib():
+    """tools/bench_lib.py (peers, machine info), or None outside a repository checkout."""
+    if not BENCH_LIB.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("specrt_bench_lib", BENCH_LIB)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rss_now() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
+        return 0
+
+
+def _peak_rss() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if sys.platform == "darwin" else int(r) * 1024
+
+
+def _median(xs: list[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def read_prompts(path: Path) -> list[dict[str, Any]]:
+    """JSON lines with a string 'prompt' and/or a list of ints 'prompt_ids' (other fields kept)."""
+    items = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+        ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
+        ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
+        ok_ids = isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)
+        if not (ok_text or ok_ids):
+            raise UserError(f"{path}:{n}: expected an object with a string 'prompt' or a list of ints 'prompt_ids'")
+        items.append(obj)
+    if not items:
+        raise UserError(f"{path}: no prompts")
+    return items
+
+
+def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:
+    from specrt.runtime.text import Text
+
+    text = None
+    out = []
+    for i, obj in enumerate(items):
+        if isinstance(obj.get("prompt_ids"), list):
+            ids = [int(t) for t in obj["prompt_ids"]]
+        else:
+            if text is None:
+                if not (engines.export_dir / "tokenizer.json").is_file():
+                    raise UserError(f"{engines.export_dir}: no tokenizer.json, so text prompts cannot be encoded; "
+                                    "give 'prompt_ids' in the prompts file")
+                text = Text(engines.export_dir)
+            ids = text.encode(obj["prompt"], chat)
+        if len(ids) + 1 > engines.max_context:
+            raise UserError(f"prompt {i + 1} has {len(ids)} tokens; the engines hold {engines.max_context}")
+        out.append(ids)
+    return out
+
+
+# ---- the worker (one configuration, one process) --------------------------------------
+
+
+class _Counting:
+    """A runner proxy counting calls (and, for the P-EAGLE draft, its mask slots). Target
+    calls close a round: ``rounds["drafting"]`` counts rounds in which the draft ran."""
+
+    def __init__(self, runner, is_draft: bool, peagle: bool, rounds: dict):
+        self._runner = runner
+        self._draft = is_draft
+        self._peagle = peagle
+        self._rounds = rounds
+        self.calls = 0
+        self.mask_slots = 0
+
+    def infer(self, feeds):
+        self.calls += 1
+        if self._draft:
+            self._rounds["pending"] = True
+            if self._peagle:
+                from specrt import contracts as C
+
+                self.mask_slots += int(feeds[C.INPUT_IDS].shape[1] - feeds[C.DRAFT_AUX_IN].shape[1])
+        elif self._rounds["pending"]:
+            self._rounds["pending"] = False
+            self._rounds["drafting"] += 1
+        return self._runner.infer(feeds)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+
+class _SpecrtWorker:
+    def __init__(self, job: dict):
+        from specrt.engines.plan import DRAFT
+        from specrt.runtime.session import Session
+        from specrt.runtime.telemetry import Telemetry
+
+        overrides = {"intra_op_num_threads": int(job["threads"])} if job.get("threads") else None
+        self.session = Session(job["engines"], governor=job["governor"], ort_overrides=overrides)
+        e = self.session.engines
+        kind = (e.export.get("draft") or {}).get("kind")
+        self.counters = {}
+        self.rounds = {"pending": False, "drafting": 0}
+        for role, r in list(e.runners.items()):
+            c = _Counting(r, role == DRAFT, kind == "peagle", self.rounds)
+            e.runners[role] = c
+            self.counters[role] = c
+        self.draft_role = DRAFT
+        self.total = Telemetry()
+
+    def warmup(self, ids, n, eos):
+        for _ in self.session.stream_ids(ids, n):
+            pass
+        self.session.new_governor()  # the timed prompts start from a fresh governor
+
+    def run(self, ids, n, eos) -> dict:
+        for c in self.counters.values():
+            c.calls = c.mask_slots = 0
+        self.rounds.update(pending=False, drafting=0)
+        out: list[int] = []
+        for chunk in self.session.stream_ids(ids, n):
+            out += chunk
+        tel = self.session.generator.telemetry
+        self.total.merge(tel)
+        rec = tel.to_json()
+        d = self.counters.get(self.draft_role)
+        rec.update(output_ids=out, engine_calls={r: c.calls for r, c in self.counters.items()},
+                   draft_passes=d.calls if d else 0, mask_slots=d.mask_slots if d else 0,
+                   drafting_rounds=self.rounds["drafting"],
+                   finish_reason=self.session.generator.finished.reason if self.session.generator.finished else None)
+        return rec
+
+    def extra(self) -> dict:
+        return {"total": self.total.to_json(),
+                "ort_threads": getattr(self.session.engines, "ort_settings", None) and
+                self.session.engines.ort_settings.intra_op_num_threads}
+
+    def close(self):
+        self.session.close()
+
+
+class _PeerWorker:
+    def __init__(self, job: dict):
+        lib = load_bench_lib()
+        if lib is None:
+            raise RuntimeError(f"{BENCH_LIB} is missing")
+        self.peer = lib.make_peer(job["peer"], job)
+
+    def warmup(self, ids, n, eos):
+        self.peer.generate(ids, n, eos)
+
+    def run(self, ids, n, eos) -> dict:
+        out, dt = self.peer.generate(ids, n, eos)
+        return {"output_ids": out, "new_tokens": len(out), "seconds": dt,
+                "tokens_per_s": len(out) / dt if dt > 0 else 0.0}
+
+    def extra(self) -> dict:
+        return {}
+
+    def close(self):
+        pass
+
+
+def worker_main(job_path: str, result_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    result: dict[str, Any] = {"ok": False, "load_average_start": list(os.getloadavg())}
+    t0 = time.perf_counter()
+    try:
+        w = _SpecrtWorker(job) if job["kind"] == "specrt" else _PeerWorker(job)
+    except Exception as e:  # a skipped peer or a failure to load: reported, not raised
+        kind = "skipped" if type(e).__name__ == "PeerSkipped" else "error"
+        result[kind] = f"{type(e).__name__}: {e}" if kind == "error" else str(e)
+        Path(result_path).write_text(json.dumps(result))
+        if kind == "error":
+            raise
+        return 0
+    result["load_seconds"] = time.perf_counter() - t0
+    result["rss_after_load_bytes"] = _rss_now()
+    prompts, n, eos = job["prompts"], int(job["max_new_tokens"]), list(job["eos"])
+    if job.get("warmup_tokens", 0) > 0:
+        w.warmup(prompts[0], min(int(job["warmup_tokens"]), n), eos)
+    print(f"{PROGRESS}warm", flush=True)
+    per_prompt = []
+    for i, ids in enumerate(prompts):
+        per_prompt.append(w.run(ids, n, eos))
+        print(f"{PROGRESS}{i + 1}", flush=True)
+    result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
+                  rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
+                  modules_loaded={m: m in sys.modules for m in job.get("check_modules", ("torch", "transformers"))})
+    w.close()
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = lambda s: None) -> dict:
+    """Run one configuration in a fresh ``python -m specrt.cmd_bench --worker`` process.
+
+    Returns the worker's result: ``ok`` with ``per_prompt``, or ``skipped`` / ``error``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="specrt-bench-") as tmp:
+        jp, rp = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        jp.write_text(json.dumps(job))
+        with open(log_path, "w") as log:
+            p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(rp)],
+                                 stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+            for line in p.stdout:
+                if line.startswith(PROGRESS):
+                    on_progress(line[len(PROGRESS):].strip())
+                else:
+                    log.write(line)
+            rc = p.wait()
+        res = json.loads(rp.read_text()) if rp.is_file() else {"ok": False}
+    if not res.get("ok") and "skipped" not in res:
+        tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-8:])
+        res.setdefault("error", f"worker exited {rc}")
+        res["error"] += f"\n{tail}" if tail else ""
+    return res
+
+
+# ---- analysis --------------------------------------------------------------------------
+
+
+def _cost(engines, role: str, past: int) -> float:
+    from specrt.engines.plan import verify_role
+
+    if role.startswith("verify."):
+        d = int(role.split(".")[1])
+        if d not in engines.depths:  # the budget cut a round below a built depth: prefill runner
+            larger = [x for x in engines.depths if x >= d]
+            role = verify_role(larger[0] if larger else max(engines.depths))
+    return engines.cost(role, past)
+
+
+def predict(engines, rec: dict, prompt_len: int) -> dict:
+    """Decode-phase seconds predicted from the cost table for one prompt's run (module doc)."""
+    past = prompt_len + rec["new_tokens"] // 2
+    t_draft = engines.cost("draft", past) if rec.get("draft_passes") else 0.0
+    s_draft = rec.get("draft_passes", 0) * t_draft
+    s_target = 0.0
+    for d, n in rec.get("depth_histogram", {}).items():
+        d = int(d)
+        s_target += n * (engines.cost("decode", past) if d == 0 else _cost(engines, f"verify.{d}", past))
+    return {"draft": s_draft, "target": s_target}
+
+
+def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) -> dict:
+    pp = res["per_prompt"]
+    tps = [r["new_tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in pp]
+    tokens, seconds = sum(r["new_tokens"] for r in pp), sum(r["seconds"] for r in pp)
+    s: dict[str, Any] = {
+        "tokens_per_s_median": _median(tps),
+        "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+        "tokens_per_s_total": tokens / seconds if seconds > 0 else 0.0,
+        "tokens_per_s_per_prompt": tps,
+        "new_tokens": tokens, "seconds": seconds,
+        "peak_rss_bytes": res.get("peak_rss_bytes"), "rss_after_load_bytes": res.get("rss_after_load_bytes"),
+        "load_seconds": res.get("load_seconds"),
+        "load_average": {"start": res.get("load_average_start"), "end": res.get("load_average_end")},
+    }
+    if not name.startswith("specrt:"):
+        return s
+    tot = res["total"]
+    split = dict(tot["time_split"])
+    wall = tot["seconds"]
+    passes = sum(r["draft_passes"] for r in pp)
+    avoided = sum(r["mask_slots"] for r in pp)
+    DR = sum(r.get("drafting_rounds", 0) for r in pp)  # rounds in which the draft ran
+    R = tot["draft_rounds"]  # rounds that verified >= 1 draft token
+    s.update({
+        "tau": tot["tau"],
+        "acceptance_by_position": tot["acceptance_by_position"],
+        "acceptance_conditional": tot["acceptance_conditional"],
+        "depth_histogram": tot["depth_histogram"],
+        "rounds": tot["rounds"], "draft_rounds": R, "drafted": tot["drafted"], "accepted": tot["accepted"],
+        "time_split": split,
+        "time_split_fraction": {k: (v / wall if wall > 0 else 0.0) for k, v in split.items()},
+        "python_share": split.get("python", 0.0) / wall if wall > 0 else 0.0,
+        "draft_passes": passes,
+        "drafting_rounds": DR,
+        "drafted_but_unverified_rounds": DR - R,
+        "draft_passes_per_round": passes / DR if DR else 0.0,
+        "sequential_passes_avoided": avoided,
+        "sequential_passes_avoided_per_round": avoided / DR if DR else 0.0,
+        "ort_threads": res.get("ort_threads"),
+    })
+    pred_s = measured_decode_s = engines_s = 0.0
+    decode_tokens = 0
+    for rec, ids in zip(pp, prompts):
+        p = predict(engines, rec, len(ids))
+        pred_s += p["draft"] + p["target"]
+        ts = rec["time_split"]
+        measured_decode_s += rec["seconds"] - ts.get("prefill", 0.0)
+        engines_s += ts.get("draft", 0.0) + ts.get("verify", 0.0)
+        decode_tokens += max(rec["new_tokens"] - 1, 0)
+    s["predicted"] = {
+        "decode_tokens": decode_tokens,
+        "predicted_seconds": pred_s,
+        "predicted_tokens_per_s": decode_tokens / pred_s if pred_s > 0 else None,
+        "engines_seconds": engines_s,
+        "engines_tokens_per_s": decode_tokens / engines_s if engines_s > 0 else None,
+        "measured_seconds": measured_decode_s,
+        "measured_tokens_per_s": decode_tokens / measured_decode_s if measured_decode_s > 0 else None,
+    }
+    pr = s["predicted"]
+    pr["measured_over_predicted"] = (pr["measured_tokens_per_s"] / pr["predicted_tokens_per_s"]
+                                     if pr["measured_tokens_per_s"] and pr["predicted_tokens_per_s"] else None)
+    return s
+
+
+def identity(outputs: dict[str, list[list[int]]], reference: str) -> dict:
+    ref = outputs[reference]
+    per_config, failures, peer_mismatches = {}, [], []
+    for name, outs in outputs.items():
+        if name == reference:
+            continue
+        rows = []
+        for i, (a, b) in enumerate(zip(ref, outs)):
+            k = common_prefix(a, b)
+            same = a == b
+            row = {"prompt": i, "identical": same, "identical_prefix": k, "first_diff": None if same else k,
+                   "len_reference": len(a), "len": len(b)}
+            if not same:
+                row["reference_token"] = a[k] if k < len(a) else None
+                row["token"] = b[k] if k < len(b) else None
+                (failures if name.startswith("specrt:") else peer_mismatches).append({"config": name, **row})
+            rows.append(row)
+        per_config[name] = {
+            "identical_prompts": sum(r["identical"] for r in rows), "prompts": len(rows),
+            "identical_prefix_min": min((r["identical_prefix"] for r in rows), default=None),
+            "identical_prefix_per_prompt": [r["identical_prefix"] for r in rows],
+            "per_prompt": rows,
+        }
+    names = list(outputs)
+    pairwise = {a: {b: sum(x == y for x, y in zip(outputs[a], outputs[b])) for b in names} for a in names}
+    return {"reference": reference, "configs": per_config, "failures": failures,
+            "peer_mismatches": peer_mismatches, "pairwise_identical_prompts": pairwise}
+
+
+def efficiency(configs: dict) -> dict:
+    off, og = configs.get(REFERENCE), configs.get("ortgenai")
+    a = None
+    if off and og and og.get("tokens_per_s_median"):
+        a = {"specrt_off_tokens_per_s": off["tokens_per_s_median"], "ortgenai_tokens_per_s": og["tokens_per_s_median"],
+             "ratio": off["tokens_per_s_median"] / og["tokens_per_s_median"],
+             "specrt_off_python_share": off.get("python_share"),
+             "specrt_off_peak_rss_bytes": off.get("peak_rss_bytes"), "ortgenai_peak_rss_bytes": og.get("peak_rss_bytes")}
+    b = {n: {**c["predicted"], "tau": c["tau"], "python_share": c["python_share"]}
+         for n, c in configs.items() if n.startswith("specrt:") and "predicted" in c}
+    return {"a_off_vs_ortgenai": a, "b_predicted_vs_measured": b}
+
+
+# ---- plots -----------------------------------------------------------------------------
+
+
+def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "matplotlib not installed: no plots"
+    files = []
+    cfg = report["configs"]
+    names = list(cfg)
+    med = [cfg[n]["tokens_per_s_median"] or 0.0 for n in names]
+    lo = [m - cfg[n]["tokens_per_s_min"] for n, m in zip(names, med)]
+    hi = [cfg[n]["tokens_per_s_max"] - m for n, m in zip(names, med)]
+    colors = ["tab:blue" if n.startswith("specrt:") else "tab:gray" for n in names]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names) + 2), 4.5))
+    ax.bar(range(len(names)), med, yerr=[lo, hi], color=colors, capsize=3)
+    for i, n in enumerate(names):
+        parts = []
+        if cfg[n].get("ratio_vs_ortgenai") is not None:
+            parts.append(f"{cfg[n]['ratio_vs_ortgenai']:.2f}x ogenai")
+        if cfg[n].get("ratio_vs_off") is not None:
+            parts.append(f"{cfg[n]['ratio_vs_off']:.2f}x off")
+        ax.text(i, med[i] + (hi[i] if hi else 0), "\n".join(parts), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("tokens/s (median over prompts; bars: min-max)")
+    s = report["settings"]
+    ax.set_title(f"{len(report['prompts'])} prompts x {s['max_new_tokens']} tokens, {s['threads']} threads, "
+                 f"{report['machine']['cpu_model']}", fontsize=9)
+    ax.margins(y=0.2)
+    fig.tight_layout()
+    fig.savefig(out / "tokens_per_s.png", dpi=120)
+    plt.close(fig)
+    files.append("tokens_per_s.png")
+
+    spec = [n for n in names if n.startswith("specrt:") and cfg[n].get("acceptance_by_position")]
+    if spec:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for n in spec:
+            a, c = cfg[n]["acceptance_by_position"], cfg[n]["acceptance_conditional"]
+            axes[0].plot(range(1, len(a) + 1), a, marker="o", label=f"{n} (tau {cfg[n]['tau']:.2f})")
+            axes[1].plot(range(1, len(c) + 1), c, marker="o", label=n)
+        axes[0].set_title("acceptance by position (unconditional)", fontsize=9)
+        axes[1].set_title("acceptance by position (conditional)", fontsize=9)
+        for ax in axes:
+            ax.set_xlabel("draft position")
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "acceptance.png", dpi=120)
+        plt.close(fig)
+        files.append("acceptance.png")
+
+    spec = [n for n in names if n.startswith("specrt:")]
+    if spec:
+        keys = ["prefill", "draft", "verify", "python"]
+        fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(spec) + 2), 4))
+        bottom = [0.0] * len(spec)
+        for k in keys:
+            v = [cfg[n]["time_split_fraction"].get(k, 0.0) for n in spec]
+            ax.bar(range(len(spec)), v, bottom=bottom, label=k)
+            bottom = [b + x for b, x in zip(bottom, v)]
+        ax.set_xticks(range(len(spec)), spec, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("share of wall time")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "time_split.png", dpi=120)
+        plt.close(fig)
+        files.append("time_split.png")
+    return files, None
+
+
+# ---- the command -----------------------------------------------------------------------
+
+
+def _split(value: str | None) -> list[str]:
+    return [x.strip() for x in (value or "").split(",") if x.strip() and x.strip().lower() != "none"]
+
+
+def _progress(total: int, quiet: bool):
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="prompt", file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+        return None
+
+
+def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = False, max_new_tokens: int = 128,
+              governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
+              limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
+              warmup_tokens: int = 8, quiet: bool = False, echo: Callable[..., None] = click.echo) -> dict:
+    """The whole benchmark; returns the report (also written to OUT/bench.json)."""
+    from specrt.engines.engine_set import load_engines
+    from specrt.engines.onnxruntime import physical_cores
+
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 1")
+    engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
+    has_draft = engines.export.get("draft") is not None
+    govs = _split(governors) if governors else (
+        ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark"] if has_draft else ["off"])
+    if "off" not in [g.lower() for g in govs]:
+        govs.insert(0, "off")
+    from specrt.runtime.session import make_governor
+
+    for g in govs:
+        make_governor(g, engines)  # UserError on a bad spec, before anything runs
+        if g.lower() != "off" and not has_draft:
+            raise UserError(f"--governors {g}: the engines have no draft; only off can run")
+    peer_list = _split(peers)
+    threads = int(threads) if threads else physical_cores()
+    lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
+
+    items = read_prompts(prompts_file)[: limit or None]
+    prompts = tokenize_prompts(items, engines, chat)
+    eos = [int(e) for e in engines.export["target"]["eos_token_ids"]]
+    over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > engines.max_context]
+    if over:
+        raise UserError(f"prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens {max_new_tokens} "
+                        f"exceeds the engines' context limit {engines.max_context}")
+    out = Path(out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    lib = load_bench_lib()
+    receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
+    hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
+
+    machine = lib.machine_info(threads) if lib else {"threads": threads, "note": f"{BENCH_LIB} missing"}
+    skipped: dict[str, str] = {}
+    jobs: list[tuple[str, dict]] = []
+    base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
+            "warmup_tokens": warmup_tokens}
+    for g in govs:
+        jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
+                                     "governor": g}))
+    for peer in peer_list:
+        if lib is None:
+            skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
+            continue
+        reason = lib.peer_unavailable(peer, hf_folder)
+        job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup}
+        if reason is None and peer == "ortgenai":
+            try:
+                job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
+                    hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True)))
+            except lib.PeerSkipped as e:
+                reason = str(e)
+        if reason:
+            skipped[peer] = reason
+            echo(f"skipping peer {peer}: {reason}", err=True)
+            continue
+        jobs.append((peer, job))
+
+    # Order: the reference first, then the peer baselines, then the speculative configurations.
+    order = {REFERENCE: 0, "ortgenai": 1, "hf": 2, "hf-lookup": 3}
+    jobs.sort(key=lambda j: order.get(j[0], 4))
+    bar = _progress(len(jobs) * len(prompts), quiet)
+    results: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+    for name, job in jobs:
+        if bar is not None:
+            bar.set_description(f"{name} (loading)")
+        else:
+            echo(f"running {name} ...", err=True)
+
+        def on_progress(msg, name=name):
+            if bar is None:
+                return
+            if msg == "warm":
+                bar.set_description(name)
+            else:
+                bar.update(1)
+
+        res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
+        if res.get("ok"):
+            results[name] = res
+        elif "skipped" in res:
+            skipped[name] = res["skipped"]
+            echo(f"skipping {name}: {res['skipped']}", err=True)
+        else:
+            failed[name] = res.get("error", "failed")
+            click.secho(f"FAILED {name}: {failed[name]}", fg="red", err=True)
+        if bar is not None and not res.get("ok"):
+            bar.update(len(prompts))
+    if bar is not None:
+        bar.close()
+
+    configs = {n: summarise_config(n, r, prompts, engines) for n, r in results.items()}
+    off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
+    og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
+    for c in configs.values():
+        m = c["tokens_per_s_median"]
+        c["ratio_vs_off"] = m / off_tps if off_tps and m is not None else None
+        c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
+    outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
+    ident = identity(outputs, REFERENCE) if REFERENCE in outputs else {"reference": None, "configs": {},
+                                                                          "failures": [], "peer_mismatches": []}
+    report = {
+        "format": "specrt-bench/1",
+        "machine": machine,
+        "settings": {"engines": str(engines_dir), "backend": engines.backend, "precision": engines.precision,
+                     "depths": list(engines.depths), "max_context": engines.max_context,
+                     "draft_kind": (engines.export.get("draft") or {}).get("kind"),
+                     "prompts_file": str(prompts_file), "chat": chat, "max_new_tokens": max_new_tokens,
+                     "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
+                         "intra_op_num_threads"), "governors": govs, "peers": peer_list,
+                     "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
+                     "target_hf_folder": str(hf_folder) if hf_folder else None,
+                     "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
+        "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
+                    for i, (p, it) in enumerate(zip(prompts, items))],
+        "configs": configs,
+        "identity": ident,
+        "efficiency": efficiency(configs),
+        "skipped": skipped,
+        "failed": failed,
+        "outputs": outputs,
+    }
+    report["plots"], note = plots(report, out) if configs else ([], "no configuration ran")
+    if note:
+        report["plots_note"] = note
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    if not quiet:
+        print_summary(report, out, echo)
+    return report
+
+
+def _mib(b) -> str:
+    return f"{b / 2**20:.0f}" if b else "-"
+
+
+def print_summary(report: dict, out: Path, echo=click.echo) -> None:
+    cfg, ident = report["configs"], report["identity"]
+    m = report["machine"]
+    echo(f"machine: {m.get('cpu_model')}, {m.get('physical_cores')} cores, {report['settings']['threads']} threads; "
+         f"load at start {m.get('load_average_at_start')}")
+    echo(f"{len(report['prompts'])} prompts x {report['settings']['max_new_tokens']} new tokens, greedy, batch 1")
+    echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'tau':>5s} {'python':>6s} "
+         f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
+    for n, c in cfg.items():
+        idc = ident["configs"].get(n)
+        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else "ref"
+        f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
+        echo(f"{n:18s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
+             f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('tau'), '%5.2f')} "
+             f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
+             f"{f(c.get('draft_passes_per_round') if c.get('drafting_rounds') else None, '%9.2f')} "
+             f"{_mib(c.get('peak_rss_bytes')):>6s}Mi {same:>9s}")
+    for n, c in cfg.items():
+        if c.get("drafting_rounds"):
+            acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"]) or "-"
+            extra = (f"; sequential passes avoided {c['sequential_passes_avoided_per_round']:.2f}/round"
+                     if c.get("sequential_passes_avoided") else "")
+            if c.get("drafted_but_unverified_rounds"):
+                extra += f"; {c['drafted_but_unverified_rounds']} of {c['drafting_rounds']} drafted rounds verified nothing"
+            echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
+    eff = report["efficiency"]
+    a = eff["a_off_vs_ortgenai"]
+    if a:
+        echo(f"(a) decode without speculation: specrt-off {a['specrt_off_tokens_per_s']:.1f} tok/s vs "
+             f"onnxruntime-genai {a['ortgenai_tokens_per_s']:.1f} tok/s = {a['ratio']:.2f}x")
+    else:
+        echo("(a) decode without speculation vs onnxruntime-genai: not measured (" +
+             report["skipped"].get("ortgenai", report["failed"].get("ortgenai", "no ortgenai run")) + ")")
+    for n, b in eff["b_predicted_vs_measured"].items():
+        if b.get("predicted_tokens_per_s"):
+            echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}, cost "
+                 f"table), engines-only {b['engines_tokens_per_s'] or 0:.1f}, measured "
+                 f"{b['measured_tokens_per_s'] or 0:.1f} = {b['measured_over_predicted'] or 0:.2f}x predicted")
+    for n, r in report["skipped"].items():
+        echo(f"skipped {n}: {r}")
+    for mm in ident.get("peer_mismatches", []):
+        click.secho(f"MISMATCH {mm['config']} vs {ident['reference']}: prompt {mm['prompt']} differs at token "
+                    f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')}); identical prefix "
+                    f"{mm['identical_prefix']} of {mm['len_reference']}", fg="yellow", err=True)
+    for mm in ident.get("failures", []):
+        click.secho(f"FAILURE {mm['config']} vs {ident['reference']} (same engines): prompt {mm['prompt']} differs "
+                    f"at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
+                    fg="red", err=True)
+    echo(f"report: {out / REPORT_FILE}" + (f"; plots: {', '.join(report['plots'])}" if report["plots"] else ""))
+
+
+@click.command()
+@click.argument("engines_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+              help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Report folder to write.")
+@click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--governors", default=None,
+              help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark).")
+@click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
+@click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--lookup-tokens", type=int, default=None, help="hf-lookup's prompt_lookup_num_tokens (default: the largest depth).")
+@click.option("--ortgenai-cache", type=click.Path(path_type=Path), default=None,
+              help="Where the onnxruntime-genai model is built (default: $SPECRT_CACHE or ~/.cache/specrt).")
+@click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary.")
+def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
+          ortgenai_cache, warmup_tokens, quiet) -> None:
+    """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
+    report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
+                       peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
+                       ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, quiet=quiet)
+    if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
+        click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
+                    f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        sys.exit(worker_main(sys.argv[2], sys.argv[3]))
+    bench()

@@ -1,0 +1,226 @@
+"""``specrt bench`` (specrt/cmd_bench.py, tools/bench_lib.py) on the tiny reference pair.
+
+The tiny target has no tokenizer, so prompts come as token ids and the onnxruntime-genai
+peer (whose model builder needs the tokenizer) must be skipped with that reason; the
+transformers peers run when torch and transformers are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.cmd_bench import (REFERENCE, bench, common_prefix, identity, load_bench_lib, predict, read_prompts,
+                              summarise_config)
+from specrt.errors import UserError
+
+REFERENCE_PAIR = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
+REQUIRED_KEYS = {"format", "machine", "settings", "prompts", "configs", "identity", "efficiency", "skipped", "failed",
+                 "plots", "outputs"}
+SPECRT_KEYS = {"tokens_per_s_median", "ratio_vs_off", "ratio_vs_ortgenai", "peak_rss_bytes", "tau",
+               "acceptance_by_position", "acceptance_conditional", "time_split", "time_split_fraction", "python_share",
+               "draft_passes_per_round", "sequential_passes_avoided_per_round", "predicted", "depth_histogram"}
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tmp_path_factory) -> Path:
+    from specrt.engines.build import build_engines
+    from specrt.export.export import export
+
+    root = tmp_path_factory.mktemp("bench")
+    # An absolute target folder, so the binding receipt names it wherever pytest runs.
+    export(REFERENCE_PAIR.resolve() / "verifier", REFERENCE_PAIR.resolve() / "draft", root / "export", log=_quiet)
+    build_engines(root / "export", "onnxruntime", (1, 2, 4), root / "engines", profile_repeats=2, log=_quiet)
+    return root / "engines"
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    rng = random.Random(0)
+    p = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    # a repeated stretch gives prompt lookup something to find
+    rows = [[rng.randrange(3, 1000) for _ in range(6)] * 2, [rng.randrange(3, 1000) for _ in range(9)]]
+    p.write_text("".join(json.dumps({"prompt_ids": r, "kind": "ids"}) + "\n" for r in rows))
+    return p
+
+
+@pytest.fixture(scope="module")
+def report(tiny_engines, prompts_file, tmp_path_factory) -> tuple[dict, Path, str]:
+    out = tmp_path_factory.mktemp("report")
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                   "--max-new-tokens", "10", "--governors", "off,fixed:2,adaptive,dspark",
+                                   "--threads", "1", "--warmup-tokens", "2"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads((out / "bench.json").read_text()), out, r.output
+
+
+def test_report_has_required_keys(report):
+    rep, out, text = report
+    assert REQUIRED_KEYS <= set(rep)
+    for name in (REFERENCE, "specrt:fixed:2", "specrt:adaptive", "specrt:dspark"):
+        assert SPECRT_KEYS <= set(rep["configs"][name]), name
+        assert rep["configs"][name]["new_tokens"] > 0
+        assert rep["configs"][name]["peak_rss_bytes"] > 0
+    assert rep["configs"][REFERENCE]["ratio_vs_off"] == pytest.approx(1.0)
+    m = rep["machine"]
+    assert {"cpu_model", "physical_cores", "threads", "versions"} <= set(m) and m["threads"] == 1
+    assert rep["settings"]["max_new_tokens"] == 10 and rep["settings"]["threads"] == 1
+    for f in rep["plots"]:
+        assert (out / f).stat().st_size > 0
+    assert "tokens_per_s.png" in rep["plots"]
+    assert "report:" in text
+
+
+def test_ortgenai_skipped_with_reason(report):
+    rep, _, text = report
+    assert "ortgenai" not in rep["configs"]
+    assert "tokenizer" in rep["skipped"]["ortgenai"]
+    assert "skipped ortgenai" in text
+    assert rep["efficiency"]["a_off_vs_ortgenai"] is None
+
+
+def test_transformers_peers_run_or_are_skipped(report):
+    rep, _, _ = report
+    lib = load_bench_lib()
+    hf_folder = Path(rep["settings"]["target_hf_folder"])
+    for peer in ("hf", "hf-lookup"):
+        reason = lib.peer_unavailable(peer, hf_folder)
+        if reason is None:
+            assert peer in rep["configs"], rep["failed"]
+            # fp32 on a tiny model: the same greedy tokens as specrt
+            ident = rep["identity"]["configs"][peer]
+            assert ident["identical_prompts"] == ident["prompts"], ident
+        else:
+            assert rep["skipped"][peer] == reason
+
+
+def test_governors_identical_and_counted(report):
+    rep, _, _ = report
+    ident = rep["identity"]
+    assert ident["reference"] == REFERENCE and ident["failures"] == []
+    for name in ("specrt:fixed:2", "specrt:adaptive", "specrt:dspark"):
+        assert ident["configs"][name]["identical_prompts"] == 2
+    f2 = rep["configs"]["specrt:fixed:2"]
+    # P-EAGLE: one draft pass per round, and each round at depth 2 replaced 1 sequential pass
+    assert f2["draft_passes_per_round"] == pytest.approx(1.0)
+    assert 0 < f2["sequential_passes_avoided_per_round"] <= 1.0
+    assert rep["configs"][REFERENCE]["draft_passes"] == 0
+    assert rep["configs"][REFERENCE]["tau"] == 1.0
+    b = rep["efficiency"]["b_predicted_vs_measured"]["specrt:fixed:2"]
+    assert b["predicted_tokens_per_s"] > 0 and b["measured_tokens_per_s"] > 0
+
+
+def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_path):
+    from specrt.cmd_bench import run_config
+
+    job = {"kind": "specrt", "engines": str(tiny_engines), "governor": "off", "threads": 1,
+           "prompts": [[5, 6, 7]], "max_new_tokens": 3, "eos": [2], "warmup_tokens": 0,
+           "check_modules": ["torch", "transformers", "onnxruntime_genai"]}
+    res = run_config(job, tmp_path / "w.log")
+    assert res["ok"], res
+    assert res["modules_loaded"] == {"torch": False, "transformers": False, "onnxruntime_genai": False}
+
+
+def test_identity_classifies_mismatches():
+    outs = {REFERENCE: [[1, 2, 3, 4], [5, 6]], "specrt:fixed:1": [[1, 2, 3, 4], [5, 7]],
+            "hf": [[1, 2, 9, 9], [5, 6]], "ortgenai": [[1, 2, 3], [5, 6]]}
+    ident = identity(outs, REFERENCE)
+    assert [(f["config"], f["prompt"], f["first_diff"]) for f in ident["failures"]] == [("specrt:fixed:1", 1, 1)]
+    peer = {(m["config"], m["prompt"]): m for m in ident["peer_mismatches"]}
+    assert peer[("hf", 0)]["first_diff"] == 2 and peer[("hf", 0)]["identical_prefix"] == 2
+    assert peer[("hf", 0)]["reference_token"] == 3 and peer[("hf", 0)]["token"] == 9
+    assert peer[("ortgenai", 0)]["first_diff"] == 3 and peer[("ortgenai", 0)]["token"] is None
+    assert ident["configs"]["hf"]["identical_prefix_per_prompt"] == [2, 2]
+    assert ident["pairwise_identical_prompts"]["hf"]["ortgenai"] == 1
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_prediction_matches_the_fixed_depth_formula():
+    class E:
+        depths = (1, 2, 4)
+        costs = {"draft": 0.01, "decode": 0.02, "verify.1": 0.03, "verify.2": 0.04, "verify.4": 0.05}
+
+        def cost(self, role, past):
+            return self.costs[role]
+
+    # fixed:2, 10 rounds, 15 accepted: tau = 2.5; new tokens = 1 (prefill) + 10 rounds + 15
+    rec = {"new_tokens": 26, "draft_passes": 10, "depth_histogram": {"2": 10}}
+    p = predict(E(), rec, prompt_len=5)
+    tau = 2.5
+    assert (rec["new_tokens"] - 1) / (p["draft"] + p["target"]) == pytest.approx(tau / (0.01 + 0.04))
+    # a round cut to depth 3 by the budget runs on the prefill runner: costed as the next built depth
+    p = predict(E(), {"new_tokens": 5, "draft_passes": 1, "depth_histogram": {"3": 1}}, prompt_len=5)
+    assert p["target"] == pytest.approx(0.05)
+
+
+def test_summary_of_a_fake_run_has_ratios_inputs():
+    class E:
+        depths = (1,)
+
+        def cost(self, role, past):
+            return 0.01
+
+    rec = {"output_ids": [1, 2], "new_tokens": 2, "seconds": 0.5, "draft_passes": 1, "mask_slots": 0,
+           "depth_histogram": {"1": 1}, "time_split": {"draft": 0.1, "verify": 0.1, "prefill": 0.1, "python": 0.2}}
+    tot = {"seconds": 0.5, "tau": 2.0, "acceptance_by_position": [1.0], "acceptance_conditional": [1.0],
+           "depth_histogram": {"1": 1}, "rounds": 1, "draft_rounds": 1, "drafted": 1, "accepted": 1,
+           "time_split": rec["time_split"]}
+    s = summarise_config("specrt:fixed:1", {"per_prompt": [rec], "total": tot}, [[7, 8, 9]], E())
+    assert s["tokens_per_s_median"] == pytest.approx(4.0)
+    assert s["python_share"] == pytest.approx(0.4)
+    assert s["predicted"]["predicted_tokens_per_s"] == pytest.approx(1 / 0.02)
+    assert s["predicted"]["measured_tokens_per_s"] == pytest.approx(1 / 0.4)
+
+
+def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(UserError, match="prompt"):
+        read_prompts(bad)
+    text = tmp_path / "text.jsonl"
+    text.write_text('{"prompt": "hello"}\n')
+    runner = CliRunner()
+    r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(text), "-o", str(tmp_path / "r"), "--peers", "none"])
+    assert isinstance(r.exception, UserError) and "tokenizer.json" in str(r.exception)
+    r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                              "--governors", "fixed:banana", "--peers", "none"])
+    assert isinstance(r.exception, UserError) and "governor" in str(r.exception)
+
+
+@pytest.mark.slow
+def test_real_model_against_all_peers(tmp_path):
+    """SmolLM2-135M with a random P-EAGLE draft: every peer runs (onnxruntime-genai built once
+    into the cache) and greedy outputs agree on 2 chat prompts x 16 tokens."""
+    from specrt.engines.build import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft
+    from tests.real_model import smollm2_folder
+
+    target = smollm2_folder()
+    draft = write_tiny_draft(tmp_path / "draft", target, kind="peagle", num_layers=1, draft_vocab=8192,
+                             mask_token_id=0)
+    export(target, draft, tmp_path / "export", log=_quiet)
+    build_engines(tmp_path / "export", "onnxruntime", (1, 2), tmp_path / "engines", max_context=256,
+                  profile_repeats=2, log=_quiet)
+    prompts = Path(__file__).resolve().parents[2] / "tools" / "data" / "heldout_prompts.jsonl"
+    out = tmp_path / "report"
+    r = CliRunner().invoke(bench, [str(tmp_path / "engines"), "--prompts", str(prompts), "--chat", "--limit", "2",
+                                   "-o", str(out), "--max-new-tokens", "16", "--governors", "off,fixed:2"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    lib = load_bench_lib()
+    for peer in ("hf", "hf-lookup", "ortgenai"):
+        if lib.peer_unavailable(peer, target) is None and peer not in rep["skipped"]:
+            assert peer in rep["configs"], rep["failed"]
+            assert rep["identity"]["configs"][peer]["identical_prefix_min"] >= 8
+    if "ortgenai" in rep["configs"]:
+        assert rep["efficiency"]["a_off_vs_ortgenai"]["ratio"] > 0

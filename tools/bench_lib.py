@@ -1,0 +1,275 @@
+"""Peers for ``specrt bench`` and the machine description of its report.
+
+Each peer decodes the same prompt token ids greedily with the same token budget as
+specrt, batch 1, and returns ``(new token ids, wall seconds)`` per prompt:
+
+* ``hf``: transformers ``generate``, eager attention, fp32, greedy (``do_sample=False``);
+* ``hf-lookup``: the same with prompt-lookup speculation (``prompt_lookup_num_tokens``);
+* ``ortgenai``: onnxruntime-genai autoregressive decoding of the same target, built once
+  with its own model builder (``python -m onnxruntime_genai.models.builder -i HF_FOLDER
+  -p fp32 -e cpu``) into a cache folder keyed by the target's weight hashes.
+
+Everything heavy (torch, transformers, onnxruntime_genai) is imported lazily, inside the
+peer's own subprocess: the specrt runtime never imports them. ``peer_unavailable``
+answers cheaply, without importing them, why a peer cannot run (``None`` when it can).
+
+Timing: the wall time of one whole generation, prefill included, exactly as specrt's
+telemetry ``seconds`` (``perf_counter`` around the call; tokenisation excluded on all
+sides because everyone is handed token ids).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PEERS = ("hf", "hf-lookup", "ortgenai")
+# The onnxruntime-genai 0.18 model builder imports onnx_ir, which its wheel does not
+# declare; tools/gen_chat_data.py installs it into this folder of the specrt cache.
+BUILDER_DEPS = "ort-builder-deps"
+ONNX_IR = "onnx-ir==1.1.0"
+
+
+class PeerSkipped(Exception):
+    """A peer that does not apply here; the message is the reason printed and reported."""
+
+
+def specrt_cache() -> Path:
+    env = os.environ.get("SPECRT_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specrt"
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ---- machine description ---------------------------------------------------------------
+
+
+def machine_info(threads: int) -> dict:
+    """CPU model, cores, memory, load, OS and the versions that matter to the numbers."""
+    cpu_model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == "model name" and cpu_model in ("unknown", "", "x86_64"):
+                cpu_model = v.strip()
+            elif k.strip() == "flags" and not flags:
+                flags = set(v.split())
+    except OSError:
+        pass
+    mem_total = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_total = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        from specrt.engines.onnxruntime import physical_cores
+
+        phys = physical_cores()
+    except Exception:  # pragma: no cover - specrt not importable
+        phys = None
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        affinity = os.cpu_count()
+    isa = [f for f in ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+           if f in flags]
+    return {
+        "cpu_model": cpu_model,
+        "logical_cpus": os.cpu_count(),
+        "cpus_in_affinity": affinity,
+        "physical_cores": phys,
+        "threads": threads,
+        "isa": isa,
+        "memory_bytes": mem_total,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {d: _version(d) for d in ("specrt", "numpy", "onnxruntime", "onnxruntime-genai", "torch",
+                                              "transformers", "tokenizers")},
+    }
+
+
+# ---- applicability ---------------------------------------------------------------------
+
+
+def peer_unavailable(peer: str, hf_folder: Path | None) -> str | None:
+    """Why ``peer`` cannot run here (None: it can), without importing anything heavy."""
+    if peer not in PEERS:
+        return f"unknown peer '{peer}' (known: {', '.join(PEERS)})"
+    if hf_folder is None or not (Path(hf_folder) / "config.json").is_file():
+        return (f"the target's Hugging Face folder ({hf_folder}, from the export's binding receipt) "
+                "is not on this machine")
+    if peer in ("hf", "hf-lookup"):
+        missing = [m for m in ("torch", "transformers") if not _has(m)]
+        if missing:
+            return f"{' and '.join(missing)} not installed (pip install -e '.[export]')"
+        return None
+    if not _has("onnxruntime_genai"):
+        return "onnxruntime-genai not installed (pip install onnxruntime-genai)"
+    if not (Path(hf_folder) / "tokenizer.json").is_file():
+        return (f"the onnxruntime-genai model builder needs the target's tokenizer and {hf_folder} has no "
+                "tokenizer.json")
+    return None
+
+
+# ---- onnxruntime-genai model -----------------------------------------------------------
+
+
+def target_key(receipt_target: dict | None, hf_folder: Path) -> str:
+    """A short digest of the target's weights: the binding receipt's slot hashes when
+    given (the bytes specrt exported), else config.json + the weight files' sizes/mtimes."""
+    h = hashlib.sha256()
+    if receipt_target and receipt_target.get("slots"):
+        h.update(json.dumps(receipt_target["slots"], sort_keys=True).encode())
+    else:
+        h.update((Path(hf_folder) / "config.json").read_bytes())
+        for p in sorted(Path(hf_folder).glob("*.safetensors")):
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _builder_env(cache: Path) -> dict:
+    env = dict(os.environ)
+    if _has("onnx_ir"):
+        return env
+    deps = cache / BUILDER_DEPS
+    if (deps / "onnx_ir").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(deps), env.get("PYTHONPATH")]))
+        return env
+    raise PeerSkipped("the onnxruntime-genai 0.18 model builder needs onnx_ir, which is not installed: "
+                      f"pip install --no-deps --target {deps} {ONNX_IR}")
+
+
+def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_target: dict | None = None,
+                          log=lambda s: None) -> Path:
+    """The onnxruntime-genai fp32 CPU model of ``hf_folder``, built once into
+    ``cache/ortgenai/<folder name>-<weights digest>-fp32`` (atomic rename); raises
+    PeerSkipped with the reason when it cannot be built."""
+    hf_folder = Path(hf_folder)
+    reason = peer_unavailable("ortgenai", hf_folder)
+    if reason:
+        raise PeerSkipped(reason)
+    cache = Path(cache) if cache else specrt_cache()
+    out = cache / "ortgenai" / f"{hf_folder.name}-{target_key(receipt_target, hf_folder)}-fp32"
+    if (out / "genai_config.json").is_file():
+        return out
+    env = _builder_env(cache)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    hf_cache = out.with_name(out.name + f".hf{os.getpid()}")
+    log(f"building the onnxruntime-genai model of {hf_folder} into {out} (once)")
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder),
+                            "-o", str(tmp), "-p", "fp32", "-e", "cpu", "-c", str(hf_cache)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0 or not (tmp / "genai_config.json").is_file():
+            tail = "\n".join(r.stdout.strip().splitlines()[-5:])
+            raise PeerSkipped(f"the onnxruntime-genai model builder failed (exit {r.returncode}): {tail}")
+        (tmp / "specrt_source.json").write_text(json.dumps(
+            {"hf_folder": str(hf_folder), "builder": f"onnxruntime-genai {_version('onnxruntime-genai')}",
+             "precision": "fp32", "execution_provider": "cpu", "seconds": time.perf_counter() - t0}, indent=2))
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(hf_cache, ignore_errors=True)
+    log(f"onnxruntime-genai model built in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+# ---- runners (each lives in its own subprocess) -----------------------------------------
+
+
+class HfPeer:
+    """transformers generate, eager attention, fp32, greedy; ``lookup_tokens`` > 0 turns on
+    prompt-lookup speculation (``prompt_lookup_num_tokens``)."""
+
+    def __init__(self, folder: Path, threads: int, lookup_tokens: int | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(int(threads))
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+        self.lookup = int(lookup_tokens) if lookup_tokens else None
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
+        torch = self.torch
+        x = torch.tensor([ids], dtype=torch.long)
+        kw = dict(max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1, use_cache=True,
+                  eos_token_id=list(eos) or None, pad_token_id=(eos[0] if eos else 0),
+                  attention_mask=torch.ones_like(x), temperature=None, top_p=None, top_k=None)
+        if self.lookup:
+            kw["prompt_lookup_num_tokens"] = self.lookup
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(x, **kw)
+        dt = time.perf_counter() - t0
+        return [int(t) for t in out[0, len(ids):].tolist()], dt
+
+
+class OrtGenaiPeer:
+    """onnxruntime-genai greedy decoding, one ``generate_next_token`` per token, with the
+    session's intra-op threads set through a config overlay."""
+
+    def __init__(self, model_dir: Path, threads: int):
+        import onnxruntime_genai as og
+
+        self.og = og
+        cfg = og.Config(str(model_dir))
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(cfg)
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
+        import numpy as np
+
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=len(ids) + int(max_new_tokens), do_sample=False)
+        gen = og.Generator(self.model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(np.asarray([ids], dtype=np.int32))
+        while not gen.is_done():
+            gen.generate_next_token()
+        dt = time.perf_counter() - t0
+        new = [int(t) for t in gen.get_sequence(0)[len(ids):]]
+        eos_set = set(eos)
+        stop = next((j for j, t in enumerate(new) if t in eos_set), None)
+        return (new[: stop + 1] if stop is not None else new), dt
+
+
+def make_peer(peer: str, job: dict):
+    """The runner of ``peer`` for a worker job (see specrt/cmd_bench.py)."""
+    if peer == "hf":
+        return HfPeer(Path(job["hf_folder"]), job["threads"])
+    if peer == "hf-lookup":
+        return HfPeer(Path(job["hf_folder"]), job["threads"], lookup_tokens=job["lookup_tokens"])
+    if peer == "ortgenai":
+        return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"])
+    raise PeerSkipped(f"unknown peer '{peer}'")
