@@ -76,6 +76,16 @@ def run_cli_rss(engines_dir: Path, prompts: list[str], chat: bool, max_new: int,
             "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else []}
 
 
+def baseline_rss() -> int:
+    """Peak RSS of a child that only imports what ``specrt run`` imports (no engines)."""
+    code = ("import numpy, onnxruntime, tokenizers, jinja2, click\n"
+            "import specrt.cli, specrt.runtime.session, specrt.engines.engine_set")
+    p = subprocess.Popen([sys.executable, "-c", code])
+    _, _, ru = os.wait4(p.pid, 0)
+    p.returncode = 0
+    return ru.ru_maxrss * 1024
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("engines", type=Path)
@@ -179,6 +189,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{RSS_TARGET}x: {'PASS' if x <= RSS_TARGET else 'FAIL'}")
         print(f"  (that run: {cli['stats']['new_tokens']} tokens at {cli['stats']['tokens_per_s']:.2f} tok/s, "
               f"tau {cli['stats']['tau']:.2f})")
+        base = baseline_rss()
+        w = results[best]
+        steady = max(w["rss_after_load_bytes"], w["rss_end_bytes"])
+        rss.update(baseline_bytes=base, worker_rss_after_load_bytes=w["rss_after_load_bytes"],
+                   worker_rss_end_bytes=w["rss_end_bytes"], worker_peak_rss_bytes=w["peak_rss_bytes"],
+                   steady_ratio=steady / budget)
+        print(f"  breakdown ({best} worker): interpreter + libraries {base / 2**20:.0f} MiB; RSS after loading the "
+              f"engines {w['rss_after_load_bytes'] / 2**20:.0f} MiB, after the last prompt "
+              f"{w['rss_end_bytes'] / 2**20:.0f} MiB ({steady / budget:.2f}x weights + KV), peak "
+              f"{w['peak_rss_bytes'] / 2**20:.0f} MiB" + (" (the peak lies above every steady state: a transient, "
+                                                         "e.g. while ONNX Runtime creates the sessions)"
+                                                         if w["peak_rss_bytes"] > 1.05 * steady else ""))
     else:
         print("peak RSS of `specrt run`: skipped (the prompts file has token ids, not text)")
     print(f"per-configuration worker peak RSS: " + ", ".join(
