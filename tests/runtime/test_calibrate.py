@@ -44,15 +44,15 @@ def engines(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def small_vocab_engines(tmp_path_factory) -> Path:
     """A 16-token target and a P-EAGLE draft over the same 16 tokens: drafts get accepted
-    (these seeds: ~16% at position 1, a few rounds accept all 4; most seeds accept less)."""
+    (these seeds: ~5-20% at position 1 on random prompts; most seed pairs accept less)."""
     from specrt.export.export import export
     from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
     root = tmp_path_factory.mktemp("cal-v16")
     write_tiny_target(root / "target", vocab_size=16, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-                      seed=2)
+                      seed=1)
     write_tiny_draft(root / "draft", root / "target", kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15,
-                     seed=3)
+                     seed=4)
     export(root / "target", root / "draft", root / "export")
     return _build(root / "export", root / "engines")
 
@@ -183,7 +183,7 @@ def test_greedy_output_is_the_same_whatever_the_governor(which, request, tmp_pat
         assert outs[gov] == outs["off"], gov
     assert all(len(o) == 24 for o in outs["off"])
     if which == "small_vocab_engines":
-        assert accepted["fixed:4"] > 0  # drafts do get accepted here, so identity is not trivial
+        assert accepted["fixed:4"] > 0, accepted  # drafts do get accepted here, so identity is not trivial
 
 
 # ---- command line -----------------------------------------------------------------------

@@ -1,0 +1,294 @@
+"""Governor benchmark on SmolLM2-135M + a P-EAGLE draft, CPU: DSpark vs fixed depths vs adaptive.
+
+    .venv/bin/python tools/bench_governors.py [--draft DIR | --random-draft | --engines ENG]
+        [--depths 1,2,3,4,6,8] [--per-kind 4] [--max-new-tokens 64] [--repeats 1]
+        [--calibrate-per-kind 0] [--no-chat] [--work DIR] [--out DIR]
+
+Engines: ``--engines`` as given, else the draft (default fixtures/peagle-smollm2; or
+``--random-draft``: a random P-EAGLE draft of the target's width, acceptance ~ 0) is
+exported with the SmolLM2 target (tools/smollm2.py) and built for ``--depths`` under
+``--work`` (reused when present). ``--calibrate-per-kind M`` first runs
+``runtime.calibrate.calibrate`` on M further prompts per kind (disjoint from the
+benchmark prompts) and stores ENG/calibration.json; otherwise DSpark uses whatever
+calibration is stored there (or the identity map) and refines it online.
+
+The run: ``--per-kind`` prompts of each kind from tools/data/heldout_prompts.jsonl
+(chat, code, lists, stories, arithmetic), interleaved by kind, greedy, chat template,
+``--max-new-tokens`` each. One engine set (one Session); one governor object per spec
+(off, fixed:d for every built depth, adaptive, dspark) that lives for the whole run, as
+in a long-running ``specrt run --prompts``. For each prompt every governor runs in turn
+(order rotated from prompt to prompt, so machine noise spreads over all of them),
+``--repeats`` times. Time per run is decode time: wall seconds minus prefill, for the
+tokens after the first (the first comes from prefill, the same for every governor);
+per prompt the median over repeats. tokens/s of a set = sum tokens / sum seconds.
+
+Checks: greedy outputs identical across governors and repeats (lossless; exit 1 if
+not); issue 7's targets: dspark >= 1.05x the best fixed depth on the mixed set, >= 0.98x
+on every kind, above adaptive everywhere. Writes OUT/bench_governors.json and
+OUT/bench_governors.png (per-position acceptance at the full depth, per kind; histogram
+of the depths DSpark chose, per kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KINDS = ("chat", "code", "lists", "stories", "arithmetic")
+PROMPTS = ROOT / "tools" / "data" / "heldout_prompts.jsonl"
+DEFAULT_DRAFT = ROOT / "fixtures" / "peagle-smollm2"
+DEFAULT_WORK = Path("/tmp/specrt-bench-governors")
+
+
+def log(msg: str) -> None:
+    print(f"[bench_governors] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_engines(args) -> Path:
+    """The engines folder: given, or exported + built from the SmolLM2 target and the draft."""
+    if args.engines is not None:
+        return args.engines
+    from tests.real_model import smollm2_folder
+
+    target = Path(smollm2_folder())
+    if args.random_draft:
+        from tests.fixtures_models import write_tiny_draft
+
+        draft = args.work / "random-draft"
+        if not (draft / "config.json").is_file():
+            write_tiny_draft(draft, target, kind="peagle", num_layers=1, draft_vocab=8192, mask_token_id=0)
+        tag = "random"
+    else:
+        draft = args.draft or DEFAULT_DRAFT
+        if not (draft / "config.json").is_file():
+            sys.exit(f"no draft at {draft}: pass --draft DIR, --engines ENG or --random-draft")
+        tag = "draft"
+    depths = ",".join(map(str, args.depths))
+    exp, eng = args.work / f"{tag}-export", args.work / f"{tag}-engines-{depths.replace(',', '-')}"
+    stamp = args.work / f"{tag}-source.json"
+    source = {"target": str(target), "draft": str(draft.resolve()),
+              "draft_mtime": max(p.stat().st_mtime for p in draft.iterdir())}
+    if eng.is_dir() and stamp.is_file() and json.loads(stamp.read_text()) == source:
+        log(f"reusing {eng}")
+        return eng
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    export(target, draft, exp, force=True, log=log)
+    build_engines(exp, "onnxruntime", args.depths, eng, force=True, log=log)
+    stamp.write_text(json.dumps(source))
+    log(f"export + build: {time.perf_counter() - t0:.0f} s")
+    return eng
+
+
+def load_prompts(per_kind: int, offset: int = 0) -> list[dict]:
+    """``per_kind`` prompts of each kind (from index ``offset`` within the kind), interleaved."""
+    by_kind = defaultdict(list)
+    for line in PROMPTS.read_text().splitlines():
+        if line.strip():
+            o = json.loads(line)
+            by_kind[o["kind"]].append(o["prompt"])
+    out = []
+    for i in range(offset, offset + per_kind):
+        for k in KINDS:
+            if i < len(by_kind[k]):
+                out.append({"kind": k, "prompt": by_kind[k][i]})
+    return out
+
+
+def agg(runs: list[dict]) -> dict:
+    """Sum of per-prompt medians: tokens, seconds, tokens/s; merged counters."""
+    from specrt.runtime.telemetry import Telemetry
+
+    tokens = sum(r["tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    tel = Telemetry()
+    for r in runs:
+        tel.merge(r["telemetry"])
+    j = tel.to_json()
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "tau": j["tau"], "acceptance_by_position": j["acceptance_by_position"],
+            "acceptance_conditional": j["acceptance_conditional"], "depth_histogram": j["depth_histogram"],
+            "rounds": j["rounds"], "draft_rounds": j["draft_rounds"]}
+
+
+def plot(results: dict, specs: list[str], depths, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = [*KINDS, "mixed"]
+    groups = [g for g in groups if g in results]
+    full = f"fixed:{depths[-1]}"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for g in groups:
+        acc = results[g][full]["acceptance_by_position"]
+        a1.plot(range(1, len(acc) + 1), acc, marker="o", label=g, lw=2.5 if g == "mixed" else 1.2,
+                color="black" if g == "mixed" else None)
+    a1.set_xlabel("draft position k")
+    a1.set_ylabel("acceptance at position k (first k all accepted)")
+    a1.set_title(f"per-position acceptance, {full} (full block verified)")
+    a1.set_ylim(0, 1)
+    a1.grid(alpha=0.3)
+    a1.legend()
+    ds = [0, *depths]
+    w = 0.8 / len(groups)
+    for i, g in enumerate(groups):
+        h = results[g]["dspark"]["depth_histogram"]
+        n = sum(h.values()) or 1
+        a2.bar(np.arange(len(ds)) + (i - (len(groups) - 1) / 2) * w, [h.get(str(d), 0) / n for d in ds], w, label=g)
+    a2.set_xticks(range(len(ds)), [str(d) for d in ds])
+    a2.set_xlabel("verified depth chosen by dspark (0 = plain decode step)")
+    a2.set_ylabel("fraction of rounds")
+    a2.set_title("DSpark's depth choices")
+    a2.legend()
+    a2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--draft", type=Path, help=f"P-EAGLE draft folder (default {DEFAULT_DRAFT})")
+    src.add_argument("--random-draft", action="store_true", help="a random P-EAGLE draft (acceptance ~ 0)")
+    src.add_argument("--engines", type=Path, help="an engines folder already built")
+    ap.add_argument("--depths", default="1,2,3,4,6,8", type=lambda s: tuple(int(x) for x in s.split(",")))
+    ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help="export / engines cache")
+    ap.add_argument("--per-kind", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--calibrate-per-kind", type=int, default=0,
+                    help="first fit ENG/calibration.json on this many other prompts per kind")
+    ap.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
+    ap.add_argument("--out", type=Path, default=None, help="where the JSON and PNG go (default: --work)")
+    args = ap.parse_args()
+    chat = not args.no_chat
+    args.out = args.out or args.work
+
+    from specrt.runtime.session import Session, make_governor
+
+    eng = ensure_engines(args)
+    report: dict = {"engines": str(eng), "chat": chat, "max_new_tokens": args.max_new_tokens,
+                    "per_kind": args.per_kind, "repeats": args.repeats}
+    if args.calibrate_per_kind > 0:
+        from specrt.runtime.calibrate import calibrate, format_report
+
+        cal_prompts = load_prompts(args.calibrate_per_kind, offset=args.per_kind)
+        log(f"calibrating on {len(cal_prompts)} prompts ({args.calibrate_per_kind} per kind, disjoint from the run)")
+        rep = calibrate(eng, [p["prompt"] for p in cal_prompts], chat=chat, max_new_tokens=args.max_new_tokens,
+                        holdout=0.25 if len(cal_prompts) >= 2 else 0.0, log=log)
+        print(format_report(rep))
+        report["calibration"] = rep
+
+    prompts = load_prompts(args.per_kind)
+    with Session(eng, governor="off") as s:
+        depths = s.engines.depths
+        specs = ["off", *(f"fixed:{d}" for d in depths), "adaptive", "dspark"]
+        report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
+                      costs=s.engines.manifest.get("costs"))
+        log(f"dspark: {s.calibration_note}")
+        govs = {spec: make_governor(spec, s.engines, s.calibration) for spec in specs}
+        ids = [s.text.encode(p["prompt"], chat) for p in prompts]
+
+        def once(spec: str, p: list[int]) -> dict:
+            s.generator.governor = govs[spec]
+            out = [t for chunk in s.stream_ids(p, args.max_new_tokens) for t in chunk]
+            tel = s.generator.telemetry
+            return {"out": out, "seconds": tel.seconds - tel.engine_s.get("prefill", 0.0),
+                    "tokens": len(out) - 1, "telemetry": tel}
+
+        for spec in (f"fixed:{depths[-1]}", "off"):  # warm-up: first ORT runs allocate
+            s.generator.governor = make_governor(spec, s.engines, s.calibration)
+            for _ in s.stream_ids(ids[0][:16], 8):
+                pass
+
+        runs: dict[str, list[dict]] = {spec: [] for spec in specs}
+        mismatches = []
+        t0 = time.perf_counter()
+        for i, (p, meta) in enumerate(zip(ids, prompts)):
+            reps: dict[str, list[dict]] = defaultdict(list)
+            for r in range(args.repeats):
+                shift = (i * args.repeats + r) % len(specs)
+                for spec in specs[shift:] + specs[:shift]:
+                    reps[spec].append(once(spec, p))
+            ref = reps["off"][0]["out"]
+            for spec in specs:
+                for r, x in enumerate(reps[spec]):
+                    if x["out"] != ref:
+                        j = next((j for j, (a, b) in enumerate(zip(x["out"], ref)) if a != b), min(len(x["out"]), len(ref)))
+                        mismatches.append({"prompt": i, "kind": meta["kind"], "governor": spec, "repeat": r,
+                                           "first_difference": j})
+                secs = statistics.median(x["seconds"] for x in reps[spec])
+                runs[spec].append({"kind": meta["kind"], "prompt": i, "tokens": reps[spec][0]["tokens"],
+                                   "seconds": secs, "telemetry": reps[spec][0]["telemetry"],
+                                   "all_seconds": [x["seconds"] for x in reps[spec]]})
+            line = "  ".join(f"{spec}={runs[spec][-1]['tokens'] / max(runs[spec][-1]['seconds'], 1e-9):.1f}"
+                             for spec in specs)
+            log(f"prompt {i + 1}/{len(ids)} ({meta['kind']}, {len(p)} tokens): tok/s {line}")
+        report["run_seconds"] = time.perf_counter() - t0
+
+    groups = [k for k in KINDS if any(m["kind"] == k for m in prompts)] + ["mixed"]
+    results = {g: {spec: agg([r for r in runs[spec] if g == "mixed" or r["kind"] == g]) for spec in specs}
+               for g in groups}
+    fixed = [f"fixed:{d}" for d in depths]
+    summary, ok = {}, {"lossless": not mismatches}
+    for g in groups:
+        res = results[g]
+        best_fixed = max(fixed, key=lambda f: res[f]["tokens_per_s"])
+        best_static = max([*fixed, "off"], key=lambda f: res[f]["tokens_per_s"])
+        ds = res["dspark"]["tokens_per_s"]
+        summary[g] = {"best_fixed": best_fixed, "best_static": best_static,
+                      "dspark_vs_best_fixed": ds / res[best_fixed]["tokens_per_s"],
+                      "dspark_vs_best_static": ds / res[best_static]["tokens_per_s"],
+                      "dspark_vs_adaptive": ds / res["adaptive"]["tokens_per_s"],
+                      "dspark_vs_off": ds / res["off"]["tokens_per_s"]}
+        need = 1.05 if g == "mixed" else 0.98
+        ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
+        ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
+    report.update(results=results, summary=summary, targets=ok, mismatches=mismatches,
+                  per_prompt={spec: [{k: v for k, v in r.items() if k != "telemetry"} for r in runs[spec]]
+                              for spec in specs})
+
+    # ---- table ------------------------------------------------------------------------
+    w = len("dspark_vs_best_static") + 1
+    print(f"\ndecode tokens/s (greedy, {args.max_new_tokens} new tokens, {args.per_kind} prompts per kind, "
+          f"median of {args.repeats}); engines {eng}")
+    print(f"{'governor':{w}s}" + "".join(f"{g:>11s}" for g in groups))
+    for spec in specs:
+        print(f"{spec:{w}s}" + "".join(f"{results[g][spec]['tokens_per_s']:11.2f}" for g in groups))
+    print(f"{'tau(full)':{w}s}" + "".join(f"{results[g][f'fixed:{depths[-1]}']['tau']:11.2f}" for g in groups))
+    print(f"{'tau(dspark)':{w}s}" + "".join(f"{results[g]['dspark']['tau']:11.2f}" for g in groups))
+    for key in ("dspark_vs_best_fixed", "dspark_vs_best_static", "dspark_vs_adaptive", "dspark_vs_off"):
+        print(f"{key:{w}s}" + "".join(f"{summary[g][key]:11.3f}" for g in groups))
+    print(f"{'best fixed':{w}s}" + "".join(f"{summary[g]['best_fixed']:>11s}" for g in groups))
+    print("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
+    print("acceptance by position (full depth, mixed): "
+          + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
+    print(f"lossless: {'yes' if not mismatches else f'NO, {len(mismatches)} mismatching runs: {mismatches[:3]}'}")
+    for name, passed in ok.items():
+        print(f"  [{'PASS' if passed else 'FAIL'}] {name}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    jpath, ppath = args.out / "bench_governors.json", args.out / "bench_governors.png"
+    jpath.write_text(json.dumps(report, indent=1, default=float))
+    plot(results, specs, depths, ppath)
+    print(f"wrote {jpath} and {ppath}")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
