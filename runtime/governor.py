@@ -370,8 +370,9 @@ class DSparkGovernor(Governor):
     ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
     instead proved too noisy (0/1 samples) and switched speculation off for long spells.
     After ``probe_every`` consecutive pre-draft 0s one round drafts anyway, so the rate
-    cannot freeze. Costs are EWMAs of the measured t_draft and t_verify(d); the
-    calibration is updated online from every verified round when ``learn``.
+    cannot freeze. Costs are the profiled table times load factors, EWMAs (weight ``ema``)
+    of measured / profiled time (see ``observe``); the calibration is updated online from
+    every verified round when ``learn``.
     """
 
     uses_confidences = True
@@ -393,6 +394,9 @@ class DSparkGovernor(Governor):
         self.ema, self.probe_every, self.learn = ema, probe_every, learn
         self.rate: float | None = None  # EWMA of max_d E(d) / (t_draft + t_verify(d)) over drafted rounds
         self._zeros = 0
+        # profiled costs (the cost table) and the load factors observe() keeps
+        self._p_draft, self._p_verify, self._p_decode = self.t_draft, dict(self.t_verify), self.t_decode
+        self.load_target = self.load_draft = 1.0
 
     def choose(self, state: GovernorState) -> int:
         if state.confidences is None:
@@ -431,15 +435,26 @@ class DSparkGovernor(Governor):
         return full
 
     def observe(self, r: RoundResult) -> None:
+        """Refresh costs through two load factors (measured / profiled): one for the target,
+        one for the draft. A single factor moves every target cost together, so depths not
+        verified lately still follow the machine's current speed (per-depth EWMAs left the
+        unvisited depths at their build-time figures while load changed, and DSpark then
+        verified drafts that could not pay off)."""
         a = self.ema
         if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
-            self.t_draft += a * (r.t_draft - self.t_draft)
+            self.load_draft += a * (r.t_draft / self._p_draft - self.load_draft)
+            self.t_draft = self.load_draft * self._p_draft
         if r.depth == 0:
-            self.t_decode = r.t_verify if self.t_decode is None else self.t_decode + a * (r.t_verify - self.t_decode)
-            return
-        if r.depth in self.t_verify:
-            self.t_verify[r.depth] += a * (r.t_verify - self.t_verify[r.depth])
-        if self.learn and r.confidences is not None:
+            if self._p_decode is None:
+                self._p_decode = r.t_verify / self.load_target
+            else:
+                self.load_target += a * (r.t_verify / self._p_decode - self.load_target)
+        elif r.depth in self._p_verify:
+            self.load_target += a * (r.t_verify / self._p_verify[r.depth] - self.load_target)
+        self.t_verify = {d: self.load_target * p for d, p in self._p_verify.items()}
+        if self._p_decode is not None:
+            self.t_decode = self.load_target * self._p_decode
+        if r.depth and self.learn and r.confidences is not None:
             self.calibration.update(r.confidences[: r.depth], r.accepted)
 
 

@@ -299,3 +299,16 @@ def test_dspark_is_never_much_worse_than_the_best_fixed_choice(name, env):
     assert dsp > 0.95 * best, (dsp, rate)
     if name == "alternating":
         assert dsp > 1.05 * best, (dsp, rate)  # it follows the phases, no fixed depth can
+
+
+def test_dspark_load_factor_moves_every_depth():
+    """A slower machine, seen only through plain decode steps, raises every depth's cost."""
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    g = DSparkGovernor((1, 2, 4), 0.01, {0: 0.05, 1: 0.06, 2: 0.07, 4: 0.09}, ema=1.0)
+    g.observe(RoundResult(0, 0, 0.0, 0.10))  # decode measured at 2x its profile
+    assert g.load_target == pytest.approx(2.0)
+    assert g.t_verify == pytest.approx({1: 0.12, 2: 0.14, 4: 0.18}) and g.t_decode == pytest.approx(0.10)
+    g.observe(RoundResult(2, 1, 0.02, 0.07))  # back to normal, seen through depth 2
+    assert g.t_verify[4] == pytest.approx(0.09) and g.t_draft == pytest.approx(0.02)
