@@ -595,6 +595,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
 
     machine = lib.machine_info(threads) if lib else {"threads": threads, "note": f"{BENCH_LIB} missing"}
+    warnings = []
+    load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load1 > 0.5 * cpus:
+        warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
+                        "CPUs): other processes compete for the cores and the tokens/s are not clean")
+    if threads > (machine.get("physical_cores") or threads):
+        warnings.append(f"--threads {threads} exceeds the {machine.get('physical_cores')} physical cores")
     skipped: dict[str, str] = {}
     jobs: list[tuple[str, dict]] = []
     base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
@@ -683,6 +690,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         "efficiency": efficiency(configs),
         "skipped": skipped,
         "failed": failed,
+        "warnings": warnings,
         "outputs": outputs,
     }
     report["plots"], note = plots(report, out) if configs else ([], "no configuration ran")
@@ -738,6 +746,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
                  f"{b['measured_tokens_per_s'] or 0:.1f} = {b['measured_over_predicted'] or 0:.2f}x predicted")
     for n, r in report["skipped"].items():
         echo(f"skipped {n}: {r}")
+    for w in report.get("warnings", []):
+        click.secho(f"WARNING: {w}", fg="yellow", err=True)
     for mm in ident.get("peer_mismatches", []):
         click.secho(f"MISMATCH {mm['config']} vs {ident['reference']}: prompt {mm['prompt']} differs at token "
                     f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')}); identical prefix "

@@ -20,7 +20,7 @@ from specrt.errors import UserError
 
 REFERENCE_PAIR = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
 REQUIRED_KEYS = {"format", "machine", "settings", "prompts", "configs", "identity", "efficiency", "skipped", "failed",
-                 "plots", "outputs"}
+                 "plots", "outputs", "warnings"}
 SPECRT_KEYS = {"tokens_per_s_median", "ratio_vs_off", "ratio_vs_ortgenai", "peak_rss_bytes", "tau",
                "acceptance_by_position", "acceptance_conditional", "time_split", "time_split_fraction", "python_share",
                "draft_passes_per_round", "sequential_passes_avoided_per_round", "predicted", "depth_histogram"}
