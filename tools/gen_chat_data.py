@@ -1,13 +1,24 @@
-"""Generate the target's own greedy chat answers for the TRAIN prompts (resumable).
+"""Generate the target's own greedy chat answers for the TRAIN prompts, with its features.
 
 Each TRAIN prompt of ``tools/prompts.py`` is wrapped in SmolLM2's chat template
 (add_generation_prompt) and answered greedily, at most 256 new tokens, stopping
-at EOS (``<|im_end|>``, id 2; kept as the answer's last token). One JSON line per
-prompt is appended to ``$SPECRT_CACHE/peagle-data/chat.jsonl``::
+at EOS (``<|im_end|>``, id 2; kept as the answer's last token). Under
+``$SPECRT_CACHE/peagle-data/``:
 
-    {"idx", "kind", "prompt", "prompt_ids", "answer_ids", "answer", "engine"}
+    chat.jsonl         one line per prompt: {"idx", "kind", "prompt", "prompt_ids",
+                       "answer_ids", "answer", "engine"}; readable while it grows
+    chat-feats.jsonl   {"idx", "row", "n"}: the target's features of that sequence's
+                       positions 0..n-1 (n = len(prompt_ids + answer_ids) - 1) are rows
+                       row..row+n-1 of
+    chat-feats.aux.f16    [rows, 7*576] fp16: hidden_states[i] for i in FEATURE_LAYERS
+    chat-feats.final.f16  [rows, 576] fp16: hidden_states[-1] (after the final norm)
 
-so the file can be read while it grows and a restarted run skips what is done.
+Capturing the features while generating saves the trainer a second pass of the
+target over every sequence (the decode computes them anyway). Seven layers are
+kept so the trainer can choose its three aux layers among them. The last
+position of a sequence needs no features (no slot reads it). A restarted run
+skips finished prompts, truncates torn feature rows, and first fills in features
+for any answered prompt that lacks them (one teacher-forced prefill each).
 
 Engines, measured here on one thread (batch 32, 128 new tokens, the same 32
 prompts, identical outputs): onnxruntime-genai 0.18 fp32 190 tok/s, HF generate
@@ -16,9 +27,11 @@ mask comes from pad_token_id, and SmolLM2's pad is its EOS, which also occurs
 inside every chat prompt; with another pad id the outputs still differ from
 unpadded decoding), so prompts are grouped into batches of *equal token length*
 and no padding is ever used. Its outputs then equal HF batch-1 greedy decoding
-(checked on 3 prompts x 128 tokens). The ORT model is built once with the
-onnxruntime-genai model builder (needs the ``onnx-ir`` package) into
-``$SPECRT_CACHE/smollm2-135m-instruct-ort-fp32``.
+(checked on 3 prompts x 128 tokens), and its hidden states equal transformers'
+``output_hidden_states`` to 4e-4 (values up to 2.5e4). The ORT model is built
+once with the onnxruntime-genai model builder (which needs ``onnx-ir``, installed
+into the cache if the venv lacks it) into ``$SPECRT_CACHE/smollm2-135m-instruct-ort-fp32-aux``.
+``--engine hf`` (HF generate, left padding) writes answers without features.
 
     nice -n 10 env OMP_NUM_THREADS=1 python tools/gen_chat_data.py [--engine ort|hf] [--batch 32]
 
@@ -36,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import train_prompts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
@@ -43,6 +58,9 @@ from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 MAX_NEW = 256
 ONNX_IR = "onnx-ir==1.1.0"  # the onnxruntime-genai 0.18 model builder's one missing dependency
 EOS = 2  # <|im_end|>
+HIDDEN = 576
+FEATURE_LAYERS = (2, 8, 15, 20, 27, 28, 29)  # output_hidden_states indices (residual entering layer i)
+FP16_MAX = 65504.0
 
 
 def _log(msg: str) -> None:
@@ -50,10 +68,9 @@ def _log(msg: str) -> None:
 
 
 def ensure_ort_model(hf_dir: Path, cache: Path) -> Path:
-    """Build (once) the onnxruntime-genai fp32 CPU model of the HF folder, 1 thread."""
-    out = cache / "smollm2-135m-instruct-ort-fp32"
-    cfg = out / "genai_config.json"
-    if cfg.is_file():
+    """Build (once) the onnxruntime-genai fp32 CPU model with hidden-state outputs, 1 thread."""
+    out = cache / "smollm2-135m-instruct-ort-fp32-aux"
+    if (out / "genai_config.json").is_file():
         return out
     tmp = cache / ".smollm2-ort-tmp"
     env = dict(os.environ)
@@ -70,8 +87,9 @@ def ensure_ort_model(hf_dir: Path, cache: Path) -> Path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(deps), env.get("PYTHONPATH")]))
     _log(f"building onnxruntime-genai model into {out}")
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-                    "-o", str(tmp), "-p", "fp32", "-e", "cpu"], check=True,
-                   stdout=subprocess.DEVNULL, env=env)
+                    "-o", str(tmp), "-p", "fp32", "-e", "cpu", "--extra_options", "include_hidden_states=1",
+                    "aux_hidden_state_layers=" + ",".join(map(str, FEATURE_LAYERS))],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
     c = json.loads((tmp / "genai_config.json").read_text())
     c["model"]["decoder"]["session_options"].update(intra_op_num_threads=1, inter_op_num_threads=1)
     (tmp / "genai_config.json").write_text(json.dumps(c, indent=2))
@@ -80,31 +98,64 @@ def ensure_ort_model(hf_dir: Path, cache: Path) -> Path:
 
 
 class OrtEngine:
-    """Equal-length batches only (see module docstring)."""
+    """Equal-length batches only (see module docstring); returns answers and features."""
 
     def __init__(self, path: Path):
         import onnxruntime_genai as og
         self.og, self.model = og, og.Model(str(path))
 
-    def generate(self, batch: list[list[int]]) -> list[list[int]]:
-        import numpy as np
-        L = len(batch[0])
-        assert all(len(p) == L for p in batch)
+    def _generator(self, batch: list[list[int]], max_length: int):
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=L + MAX_NEW, batch_size=len(batch), do_sample=False)
+        params.set_search_options(max_length=max_length, batch_size=len(batch), do_sample=False)
         gen = self.og.Generator(self.model, params)
-        gen.append_tokens(np.asarray(batch, dtype=np.int32))
+        gen.append_tokens(np.asarray(batch, dtype=np.int32))  # runs the prefill
+        return gen
+
+    def _outputs(self, gen) -> tuple[np.ndarray, np.ndarray]:
+        return gen.get_output("aux_hidden_states").copy(), gen.get_output("hidden_states").copy()
+
+    def generate(self, batch: list[list[int]]):
+        """-> [(answer_ids, aux [n, 7H], final [n, H])] with n = prompt + answer - 1 positions."""
+        P = len(batch[0])
+        assert all(len(p) == P for p in batch)
+        gen = self._generator(batch, P + MAX_NEW)
+        aux, fin = [], []
+        a, f = self._outputs(gen)  # positions 0..P-1
+        aux.append(a)
+        fin.append(f)
+        gen.generate_next_token()  # samples from the prefill logits; runs nothing new
         while not gen.is_done():
+            # each further call first runs the model on the last sampled token (the
+            # next position), then samples: its outputs are that position's
             gen.generate_next_token()
-        return [list(map(int, gen.get_sequence(i)[L:])) for i in range(len(batch))]
+            a, f = self._outputs(gen)
+            aux.append(a)
+            fin.append(f)
+        aux_all, fin_all = np.concatenate(aux, 1), np.concatenate(fin, 1)  # [B, positions, .]
+        out = []
+        for i in range(len(batch)):
+            ans = cut_at_eos([int(x) for x in gen.get_sequence(i)[P:]])
+            n = P + len(ans) - 1
+            assert aux_all.shape[1] >= n, "features missing for a generated position"
+            out.append((ans, aux_all[i, :n], fin_all[i, :n]))
+        return out
+
+    def features(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Teacher-forced features of positions 0..len(ids)-2 of one sequence."""
+        gen = self._generator([ids[:-1]], len(ids) + 1)
+        a, f = self._outputs(gen)
+        return a[0], f[0]
 
 
 class HfEngine:
-    def __init__(self, path: Path):
+    """HF generate with left padding (outputs equal batch-1 decoding; checked on 2 x 64 tokens)."""
+
+    def __init__(self, path: Path | None = None, model=None, max_new: int = MAX_NEW):
         import torch
         from transformers import AutoModelForCausalLM
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.torch, self.max_new = torch, max_new
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32).eval()
 
     def generate(self, batch: list[list[int]]) -> list[list[int]]:
         torch = self.torch
@@ -112,26 +163,68 @@ class HfEngine:
         ids = torch.tensor([[EOS] * (L - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW,
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new,
                                       do_sample=False, pad_token_id=EOS)
         return out[:, L:].tolist()
 
 
-def _cut(seq: list[int]) -> list[int]:
+def chat_ids(tok, prompt: str) -> list[int]:
+    """Token ids of one user turn with SmolLM2's chat template and the assistant header."""
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def cut_at_eos(seq: list[int]) -> list[int]:
     """Answer up to and including the first EOS."""
     return seq[:seq.index(EOS) + 1] if EOS in seq else seq
 
 
-def done_indices(path: Path) -> set[int]:
-    done = set()
+def read_jsonl(path: Path) -> list[dict]:
+    """All complete lines (a torn last line after a kill is skipped)."""
+    out = []
     if path.is_file():
         with open(path) as f:
             for line in f:
                 try:
-                    done.add(json.loads(line)["idx"])
-                except (json.JSONDecodeError, KeyError):  # a torn last line after a kill
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
                     pass
-    return done
+    return out
+
+
+class FeatureStore:
+    """Append-only fp16 row files plus an index line per sequence, written in that order."""
+
+    def __init__(self, folder: Path):
+        self.index = folder / "chat-feats.jsonl"
+        self.aux_path, self.fin_path = folder / "chat-feats.aux.f16", folder / "chat-feats.final.f16"
+        self.entries = {d["idx"]: d for d in read_jsonl(self.index)}
+        self.rows = max((d["row"] + d["n"] for d in self.entries.values()), default=0)
+        # drop rows written after the last index line (a kill between the two writes)
+        for path, width in ((self.aux_path, len(FEATURE_LAYERS) * HIDDEN), (self.fin_path, HIDDEN)):
+            with open(path, "ab") as f:
+                f.truncate(self.rows * width * 2)
+
+    def add(self, idx: int, aux: np.ndarray, fin: np.ndarray) -> None:
+        n = len(aux)
+        assert len(fin) == n
+        for path, x in ((self.aux_path, aux), (self.fin_path, fin)):
+            with open(path, "ab") as f:
+                f.write(np.clip(x, -FP16_MAX, FP16_MAX).astype(np.float16).tobytes())
+        entry = {"idx": idx, "row": self.rows, "n": n}
+        with open(self.index, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        self.entries[idx] = entry
+        self.rows += n
+
+
+def load_features(folder: Path) -> tuple[dict[int, dict], np.ndarray, np.ndarray]:
+    """(index by prompt idx, aux memmap [rows, 7H], final memmap [rows, H]) for the trainer."""
+    entries = {d["idx"]: d for d in read_jsonl(folder / "chat-feats.jsonl")}
+    rows = max((d["row"] + d["n"] for d in entries.values()), default=0)
+    aux = np.memmap(folder / "chat-feats.aux.f16", np.float16, "r", shape=(rows, len(FEATURE_LAYERS) * HIDDEN))
+    fin = np.memmap(folder / "chat-feats.final.f16", np.float16, "r", shape=(rows, HIDDEN))
+    return entries, aux, fin
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,11 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if args.engine == "ort" else HfEngine(hf_dir)
+    ort = args.engine == "ort"
+    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir)
+    store = FeatureStore(out.parent) if ort else None
 
     todo = train_prompts()[:args.limit]
-    done = done_indices(out)
+    rows = read_jsonl(out)
+    done = {d["idx"] for d in rows}
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}")
+    if ort:
+        missing = [d for d in rows if d["idx"] not in store.entries]
+        for k, d in enumerate(missing):
+            store.add(d["idx"], *engine.features(d["prompt_ids"] + d["answer_ids"]))
+            if k % 50 == 49 or k == len(missing) - 1:
+                _log(f"features filled in for {k + 1}/{len(missing)} earlier answers")
 
     # ORT needs equal-length batches: fill one bucket per prompt length, run a
     # bucket when it holds --batch prompts, and flush the leftovers at the end.
@@ -165,13 +267,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(group: list) -> None:
         nonlocal n_tok, n_rows
-        answers = [_cut(a) for a in engine.generate([ids for _, _, ids in group])]
-        with open(out, "a") as f:
-            for (idx, d, ids), ans in zip(group, answers):
+        results = engine.generate([ids for _, _, ids in group])
+        for (idx, d, ids), res in zip(group, results):
+            ans = res[0] if ort else cut_at_eos(res)
+            if ort:
+                store.add(idx, res[1], res[2])
+            with open(out, "a") as f:
                 f.write(json.dumps({"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
                                     "answer_ids": ans, "answer": tok.decode(ans), "engine": args.engine},
                                    ensure_ascii=False) + "\n")
-        n_tok += sum(map(len, answers))
+            n_tok += len(ans)
         n_rows += len(group)
         dt = time.time() - t0
         _log(f"+{len(group)} rows (len {len(group[0][2])}), session {n_rows} rows {n_tok} tokens "
@@ -180,9 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     for idx, d in enumerate(todo):
         if idx in done:
             continue
-        ids = tok.apply_chat_template([{"role": "user", "content": d["prompt"]}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        key = len(ids) if args.engine == "ort" else 0
+        ids = chat_ids(tok, d["prompt"])
+        key = len(ids) if ort else 0
         buckets[key].append((idx, d, ids))
         if len(buckets[key]) == args.batch:
             run(buckets.pop(key))

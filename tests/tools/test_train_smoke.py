@@ -1,0 +1,154 @@
+"""tools/train_peagle.py: the draft maths against speculators, the saved format, a small run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.real_model import ROOT, committed_draft
+
+REFERENCE = ROOT / "tests" / "data" / "speculators-peagle-tiny"
+KINDS = {"chat", "code", "lists", "stories", "arithmetic"}
+
+
+def _tool(name: str):
+    """Import tools/<name>.py as a module registered in sys.modules (its dataclasses need that)."""
+    tools = str(ROOT / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module(name)
+
+
+RECEIPT_KEYS = {"target", "data", "steps", "seed", "aux_layer_ids", "training_last_window", "heldout",
+                "wall_seconds", "mask_token_id", "draft_vocab_size", "K"}
+
+
+def check_draft_folder(folder: Path, max_mb: float = 25.0) -> dict:
+    """The speculators P-EAGLE format of DESIGN.md §1, as the reference writes it."""
+    from safetensors import safe_open
+
+    from export.config import load_draft_config
+
+    cfg = json.loads((folder / "config.json").read_text())
+    ref = json.loads((REFERENCE / "draft" / "config.json").read_text())
+    assert set(cfg) == set(ref) - {"auto_map"}  # never point at a config.py
+    assert set(cfg["transformer_layer_config"]) == set(ref["transformer_layer_config"])
+    assert cfg["speculators_model_type"] == "peagle" and cfg["architectures"] == ["PEagleDraftModel"]
+    draft = load_draft_config(folder)  # the project's own reader accepts it
+    c = cfg["transformer_layer_config"]
+    H, V, Vd = c["hidden_size"], c["vocab_size"], cfg["draft_vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    I = c["intermediate_size"]
+    expected = {
+        "fc.weight": (H, 3 * H), "layers.0.input_layernorm.weight": (H,), "layers.0.hidden_norm.weight": (H,),
+        "layers.0.post_attention_layernorm.weight": (H,),
+        "layers.0.self_attn.q_proj.weight": (q, 2 * H), "layers.0.self_attn.k_proj.weight": (kv, 2 * H),
+        "layers.0.self_attn.v_proj.weight": (kv, 2 * H), "layers.0.self_attn.o_proj.weight": (H, q),
+        "layers.0.mlp.gate_proj.weight": (I, H), "layers.0.mlp.up_proj.weight": (I, H),
+        "layers.0.mlp.down_proj.weight": (H, I), "norm.weight": (H,), "lm_head.weight": (Vd, H),
+        "mask_hidden": (1, 1, 3 * H), "d2t": (Vd,), "t2d": (V,),
+    }
+    path = folder / "model.safetensors"
+    assert path.stat().st_size <= max_mb * 2**20
+    with safe_open(path, "pt") as f:
+        assert set(f.keys()) == set(expected)  # embed_tokens.weight omitted: the verifier's is used
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    import torch
+
+    for k, shape in expected.items():
+        assert tuple(t[k].shape) == shape, k
+        if k not in ("d2t", "t2d"):
+            assert t[k].dtype in (torch.float16, torch.bfloat16), k
+    assert t["d2t"].dtype == torch.int64 and t["t2d"].dtype == torch.bool
+    target_ids = torch.arange(Vd) + t["d2t"]
+    assert torch.equal(torch.nonzero(t["t2d"]).flatten(), target_ids)  # target_id = draft_id + d2t[draft_id]
+    assert 0 <= cfg["mask_token_id"] < V
+    assert draft.speculative_tokens == 4 and len(cfg["eagle_aux_hidden_state_layer_ids"]) == 3
+    receipt = json.loads((folder / "training_receipt.json").read_text())
+    assert RECEIPT_KEYS <= set(receipt)
+    acc = receipt["heldout"]["acceptance_at_pos"]
+    assert len(acc) == 4 and all(a >= b for a, b in zip(acc, acc[1:]))
+    assert receipt["heldout"]["tau"] == pytest.approx(1 + sum(acc), abs=1e-3)
+    return receipt
+
+
+def test_draft_forward_matches_speculators_reference():
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    assert tp.check_reference(REFERENCE) < 1e-4
+
+
+def test_heldout_prompts_are_written_and_disjoint():
+    prompts = _tool("prompts")
+    train, held = prompts.build()
+    on_disk = [json.loads(line) for line in prompts.HELDOUT_PATH.read_text().splitlines()]
+    assert on_disk == held
+    assert len(held) >= 60 and {d["kind"] for d in held} == KINDS
+    assert not {d["prompt"] for d in train} & {d["prompt"] for d in held}
+    assert prompts.build() == (train, held)  # deterministic
+
+
+def test_committed_draft_format():
+    pytest.importorskip("torch")
+    folder = committed_draft()
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"{folder} not committed yet")
+    receipt = check_draft_folder(folder)
+    assert receipt["heldout"]["anchors"] > 1000 and not receipt["small"]
+
+
+@pytest.mark.slow
+def test_small_training_run(tmp_path):
+    pytest.importorskip("torch")
+    smollm2 = _tool("smollm2")
+    if not smollm2.is_complete(smollm2.default_cache() / smollm2.SUBFOLDER):
+        print("SmolLM2 folder not in the cache: run `python tools/smollm2.py` first")
+        pytest.skip("SmolLM2 folder not in the cache (python tools/smollm2.py)")
+    tp = _tool("train_peagle")
+    out = tmp_path / "draft"
+    assert tp.main(["--small", "--out", str(out), "--budget-minutes", "8"]) == 0
+    receipt = check_draft_folder(out)
+    assert receipt["small"] and receipt["steps"] > 0
+    assert receipt["training_last_window"]["depth_1"]["accuracy"] > 0.1  # it learnt something
+
+
+def test_training_layout_equals_inference_passes():
+    """Every (anchor, depth) output of the packed training pass equals the one-pass
+    P-EAGLE inference of DESIGN.md §3 with that anchor as the last accepted position."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from safetensors.torch import load_file
+
+    tp = _tool("train_peagle")
+    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
+    w = load_file(REFERENCE / "draft" / "model.safetensors")
+    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
+    m.load_state_dict(w, strict=False)
+    m.d2t.zero_()
+    rng = np.random.default_rng(0)
+    K, H3 = 4, 3 * cfg["transformer_layer_config"]["hidden_size"]
+    seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((14, 4), (11, 3))]
+    rows = [len(s.ids) - 1 for s in seqs]  # features of positions 0..N-2
+    feats = tp.Features(rng.standard_normal((sum(rows), H3)).astype(np.float16), None, None,
+                        np.concatenate([[0], np.cumsum(rows)]))
+    b = tp.build_batch([0, 1], seqs, feats, K, [1.0] * K, rng)
+    with torch.no_grad():
+        packed = m(b.tokens, b.aux, b.is_mask, b.pos, b.segments)[b.loss_slot]
+        for j, s in enumerate(seqs):
+            off = int(feats.offsets[j])
+            for t in range(s.prompt_len - 1, len(s.ids) - 1 - K):
+                # real slots 0..t (token t+1, aux t), then K-1 mask slots at t+1 .. t+K-1
+                tokens = torch.tensor(s.ids[1:t + 2] + [tp.MASK_TOKEN_ID] * (K - 1))
+                S = len(tokens)
+                aux = torch.zeros(S, H3)
+                aux[:t + 1] = torch.from_numpy(feats.aux[off:off + t + 1].astype(np.float32))
+                is_mask = torch.arange(S) > t
+                one = m(tokens, aux, is_mask, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+                for d in range(1, K + 1):
+                    sel = (b.anchor_row == off + t) & (b.loss_depth == d)
+                    assert int(sel.sum()) == 1
+                    torch.testing.assert_close(packed[sel][0], one[t + d - 1], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,778 @@
+"""Train a P-EAGLE draft for SmolLM2-135M-Instruct and save it in the speculators format.
+
+Architecture and conventions follow DESIGN.md §1-3 (checked against the
+speculators library's own one-pass reference before every run):
+
+* one decoder layer of the target's width; ``g = fc(concat(aux))`` for real slots,
+  ``g = fc(mask_hidden)`` for mask slots; ``x = concat(input_layernorm(embed(tok)),
+  hidden_norm(g))`` feeds q/k/v (2H wide); residual ``g``; causal attention with
+  RoPE; o_proj, residual add; post_attention_layernorm + SwiGLU MLP + residual;
+  ``lm_head(norm(h))`` over the draft vocabulary;
+* slot of target position t carries token t+1 and the target's aux hidden at t
+  (``output_hidden_states`` entry i = residual entering layer i);
+* embeddings frozen to the target's and not saved; ``lm_head`` initialised from the
+  target's (tied) embedding rows of the draft vocabulary, ``norm`` from the target's
+  final norm; draft vocabulary = the most frequent target tokens of the training
+  answers, ``target_id = draft_id + d2t[draft_id]``.
+
+Training layout (P-EAGLE, all anchors of a sequence at once): the real slots
+0..N-2 of a sequence, then for each depth d = 2..K and each sampled anchor t one
+mask slot at position t+d-1 that sees the real slots <= t and the mask slots of
+the same anchor with depth <= d -- exactly what the mask slot sees at inference
+when t is the last accepted position. The depth-d output at anchor t is trained
+with KL(p_target || q_draft), p_target = the target's distribution at position
+t+d restricted (renormalised) to the draft vocabulary; loss only on answer
+positions. Mask slots of depth >= 2 are sampled per anchor with probability
+``--depth-keep`` (COD-style: fewer deep slots per step, more sequences per step).
+
+The mask token is ``<empty_output>`` (id 16): a special token of SmolLM2's
+StarCoder-heritage vocabulary that never occurs in chat or in the offline text, so
+its frozen embedding marks mask slots unambiguously.
+
+Data: the target's own greedy chat answers (tools/gen_chat_data.py), repeated
+``--chat-weight`` times per epoch, plus optional teacher-forced offline text from
+Python's pydoc topics (PSF licence). Held-out estimate: teacher-forced on the
+target's greedy answers to tools/data/heldout_prompts.jsonl; since P-EAGLE's
+depth-k draft does not depend on the draft's own earlier tokens, per-anchor
+acceptance is exact: acc_k = P(draft depths 1..k all equal the target's greedy
+tokens), tau = 1 + sum_k acc_k (DESIGN.md §6).
+
+    python tools/train_peagle.py --budget-minutes 100 --out fixtures/peagle-smollm2
+    python tools/train_peagle.py --small --out /tmp/peagle-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_chat_data import FEATURE_LAYERS, FP16_MAX, load_features, read_jsonl  # noqa: E402
+from smollm2 import default_cache, ensure_smollm2  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# Written by the speculators library itself (copied into the tests from the shared reference).
+REFERENCE_IN_TESTS = ROOT / "tests" / "data" / "speculators-peagle-tiny"
+REFERENCE = Path("/work/shared/reference/speculators-peagle-tiny")
+HELDOUT = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
+MASK_TOKEN_ID = 16  # <empty_output>
+EOS = 2
+
+
+def _log(msg: str) -> None:
+    print(f"[train] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+# --- the draft model -----------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * w, computed in fp32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default RoPE (rotate-half layout). pos: [S] -> cos, sin: [S, head_dim]."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    f = pos.float()[..., None] * inv  # [S, hd/2]
+    emb = torch.cat([f, f], -1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class DraftLayer(nn.Module):
+    """The first (and only) P-EAGLE layer: attention over concat(embeds, hidden), 2H wide."""
+
+    def __init__(self, c: dict):
+        super().__init__()
+        H, nh, nkv, hd, I = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
+                             c["head_dim"], c["intermediate_size"])
+        eps = c["rms_norm_eps"]
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.input_layernorm, self.hidden_norm = RMSNorm(H, eps), RMSNorm(H, eps)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * H, nh * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.self_attn.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(H, I, bias=False)
+        self.mlp.up_proj = nn.Linear(H, I, bias=False)
+        self.mlp.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, emb, g, cos, sin, segments):
+        """emb, g: [S, H] (packed slots); cos, sin: [S, hd]; segments: [(start, end, allowed)]
+        with allowed [end-start, end-start] bool (query, key): attention never crosses a
+        segment, so packed sequences cost no more attention than separate ones. -> [S, H]."""
+        S = g.shape[0]
+        a = self.self_attn
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(g)], -1)
+        q = apply_rope(a.q_proj(x).view(S, self.nh, self.hd).transpose(0, 1), cos, sin)  # [nh, S, hd]
+        k = apply_rope(a.k_proj(x).view(S, self.nkv, self.hd).transpose(0, 1), cos, sin)  # [nkv, S, hd]
+        v = a.v_proj(x).view(S, self.nkv, self.hd).transpose(0, 1)
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        o = torch.cat([F.scaled_dot_product_attention(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], attn_mask=m)
+                       for lo, hi, m in segments], 1)  # [nh, S, hd]
+        h = g + a.o_proj(o.transpose(0, 1).reshape(S, -1))
+        m = self.mlp
+        y = self.post_attention_layernorm(h)
+        return h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
+
+
+class PEagleDraft(nn.Module):
+    """P-EAGLE draft with speculators tensor names (embed_tokens is external and frozen)."""
+
+    def __init__(self, c: dict, draft_vocab: int, embed: torch.Tensor):
+        super().__init__()
+        H = c["hidden_size"]
+        self.c = c
+        self.register_buffer("embed", embed, persistent=False)  # [V_target, H], frozen
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.layers = nn.ModuleList([DraftLayer(c)])
+        self.norm = RMSNorm(H, c["rms_norm_eps"])
+        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
+        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * H))
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c["vocab_size"], dtype=torch.bool))
+
+    def hidden(self, tokens, aux, is_mask, pos, segments):
+        """Packed slots: tokens, pos, is_mask: [S]; aux: [S, 3H] (ignored where is_mask);
+        segments as in DraftLayer.forward. Returns norm(h): [S, H]; logits = lm_head of it."""
+        g = torch.where(is_mask[:, None], self.fc(self.mask_hidden.view(1, -1)), self.fc(aux))
+        cos, sin = rope_cos_sin(pos, self.c["head_dim"], self.c["rope_parameters"]["rope_theta"])
+        h = self.layers[0](F.embedding(tokens, self.embed), g, cos, sin, segments)
+        return self.norm(h)
+
+    def forward(self, tokens, aux, is_mask, pos, segments):
+        return self.lm_head(self.hidden(tokens, aux, is_mask, pos, segments))
+
+    def state_for_save(self, dtype) -> dict[str, torch.Tensor]:
+        sd = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
+              for k, v in self.state_dict().items()}
+        return sd  # embed is a non-persistent buffer: embed_tokens.weight is omitted
+
+
+def check_reference(ref_dir: Path | None = None, atol: float = 1e-4) -> float:
+    """Run the speculators one-pass reference through PEagleDraft; returns max |dlogits|."""
+    from safetensors.torch import load_file
+    ref_dir = ref_dir or (REFERENCE_IN_TESTS if REFERENCE_IN_TESTS.is_dir() else REFERENCE)
+    cfg = json.loads((ref_dir / "draft" / "config.json").read_text())
+    w = load_file(ref_dir / "draft" / "model.safetensors")
+    ref = load_file(ref_dir / "peagle_one_pass_reference.safetensors")
+    c = cfg["transformer_layer_config"]
+    m = PEagleDraft(c, cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
+    missing, unexpected = m.load_state_dict(w, strict=False)
+    if unexpected or set(missing) - {"d2t", "t2d"}:
+        raise RuntimeError(f"reference draft tensors disagree: missing={missing} unexpected={unexpected}")
+    ids, pos = ref["input_ids"][0], ref["position_ids"][0]  # batch 1
+    S = len(ids)
+    is_mask = ids == cfg["mask_token_id"]
+    real = ref["aux_hidden_states"][0]
+    aux = torch.cat([real, torch.zeros(S - len(real), real.shape[-1])])  # mask slots use mask_hidden
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    with torch.no_grad():
+        logits = m(ids, aux, is_mask, pos, [(0, S, causal)])
+    err = (logits - ref["logits"][0]).abs().max().item()
+    if err > atol:
+        raise RuntimeError(f"draft forward disagrees with the speculators reference: max |dlogits| {err:.3g}")
+    return err
+
+
+# --- data ------------------------------------------------------------------------
+
+@dataclass
+class Seq:
+    ids: list[int]
+    prompt_len: int  # supervised outputs predict positions >= prompt_len (anchors >= prompt_len - 1)
+    source: str  # "chat" | "text" | "heldout"
+    kind: str = ""
+    idx: int = -1  # TRAIN prompt index (chat): the key of its recorded features
+
+
+def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
+    """Chat answers in file order, up to ``max_tokens`` answer tokens."""
+    out, n = [], 0
+    for d in read_jsonl(path):
+        out.append(Seq(d["prompt_ids"] + d["answer_ids"], len(d["prompt_ids"]), "chat", d["kind"], d["idx"]))
+        n += len(d["answer_ids"])
+        if max_tokens is not None and n >= max_tokens:
+            break
+    return out
+
+
+def offline_text(tok, max_tokens: int, chunk: int = 384) -> list[Seq]:
+    """Python's pydoc topics (PSF licence) as plain text chunks, teacher-forced."""
+    from pydoc_data.topics import topics
+    out, n = [], 0
+    for key in sorted(topics):
+        ids = tok(topics[key], add_special_tokens=False)["input_ids"]
+        for i in range(0, len(ids) - 32, chunk):
+            part = ids[i:i + chunk]
+            out.append(Seq(part, 1, "text", "text"))
+            n += len(part)
+            if n >= max_tokens:
+                return out
+    return out
+
+
+def select_draft_vocab(seqs: list[Seq], vocab: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target tokens among the predicted positions; sorted ids."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for s in seqs:
+        np.add.at(counts, np.asarray(s.ids[s.prompt_len:]), 1)
+    counts[EOS] += 1 << 40  # EOS must be draftable
+    # Ties (mostly zero counts) broken by token id for determinism.
+    order = np.lexsort((np.arange(vocab), -counts))[:size]
+    return torch.from_numpy(np.sort(order)).long()
+
+
+@dataclass
+class Features:
+    """The target's features of positions 0..N-2 of each sequence (position N-1 feeds no
+    slot), concatenated: sequence j owns rows offsets[j] .. offsets[j+1]-1."""
+    aux: np.ndarray  # [R, 3H] fp16  concat(hidden_states[i] for i in the aux ids)
+    final: np.ndarray  # [R, H] fp16  hidden_states[-1] (after the final norm)
+    argmax: np.ndarray  # [R] int32, the target's greedy next token (positions >= prompt_len - 1)
+    offsets: np.ndarray  # [nseq + 1]
+
+
+def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tokens_per_batch: int = 2048) -> Features:
+    """Features from the store that tools/gen_chat_data.py recorded while generating, else
+    from one pass of the target (fp32, right-padded batches: attention is causal, so padding
+    never reaches real positions)."""
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(s.ids) - 1 for s in seqs])
+    R, H = int(offsets[-1]), target.config.hidden_size
+    aux = np.zeros((R, len(aux_ids) * H), dtype=np.float16)
+    final = np.zeros((R, H), dtype=np.float16)
+    argmax = np.zeros(R, dtype=np.int32)
+    entries, s_aux, s_fin = load_features(store_dir) if store_dir and (store_dir / "chat-feats.jsonl").is_file() \
+        else ({}, None, None)
+    if any(i not in FEATURE_LAYERS for i in aux_ids):
+        entries = {}  # the store lacks a requested layer: recompute everything
+    cols = np.concatenate([np.arange(FEATURE_LAYERS.index(i) * H, (FEATURE_LAYERS.index(i) + 1) * H)
+                           for i in aux_ids]) if entries else None
+    rest = []
+    for j, s in enumerate(seqs):
+        e = entries.get(s.idx) if s.source == "chat" else None
+        if e is None or e["n"] != len(s.ids) - 1:
+            rest.append(j)
+            continue
+        lo, hi = offsets[j], offsets[j + 1]
+        aux[lo:hi] = s_aux[e["row"]:e["row"] + e["n"]][:, cols]
+        final[lo:hi] = s_fin[e["row"]:e["row"] + e["n"]]
+        # recorded answers are the target's greedy tokens: argmax at p is token p+1
+        argmax[lo:hi] = s.ids[1:]
+    if len(seqs) > len(rest):
+        _log(f"features of {len(seqs) - len(rest)} sequences read from {store_dir}")
+    if rest:
+        _log(f"computing features of {len(rest)} sequences ({sum(len(seqs[j].ids) for j in rest)} tokens)")
+        _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tokens_per_batch)
+    return Features(aux, final, argmax, offsets)
+
+
+def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_per_batch):
+    order = sorted(which, key=lambda j: len(seqs[j].ids))
+    W = target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight
+    t0, done, i, last = time.time(), 0, 0, time.time()
+    with torch.inference_mode():
+        while i < len(order):
+            group = order[i:i + max(1, tokens_per_batch // len(seqs[order[i]].ids))]
+            L = max(len(seqs[j].ids) for j in group)
+            x = torch.full((len(group), L), EOS, dtype=torch.long)
+            for r, j in enumerate(group):
+                x[r, : len(seqs[j].ids)] = torch.tensor(seqs[j].ids)
+            hs = target.model(input_ids=x, output_hidden_states=True).hidden_states
+            a = torch.cat([hs[k] for k in aux_ids], -1)
+            fin = hs[-1]
+            for r, j in enumerate(group):
+                lo, n, p0 = offsets[j], len(seqs[j].ids) - 1, max(seqs[j].prompt_len - 1, 0)
+                aux[lo:lo + n] = a[r, :n].clamp(-FP16_MAX, FP16_MAX).numpy()
+                final[lo:lo + n] = fin[r, :n].numpy()
+                # the greedy token is only read at supervised positions (>= prompt_len - 1)
+                argmax[lo + p0:lo + n] = (fin[r, p0:n] @ W.T).argmax(-1).numpy()
+                done += n + 1
+            i += len(group)
+            if i == len(order) or time.time() - last > 60:
+                last = time.time()
+                _log(f"features {done} tokens, {done / (time.time() - t0):.0f} tok/s")
+
+
+# --- P-EAGLE training layout -------------------------------------------------------
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [S] packed slots of several sequences
+    aux: torch.Tensor  # [S, 3H]
+    is_mask: torch.Tensor  # [S]
+    pos: torch.Tensor  # [S]
+    segments: list  # [(start, end, allowed [n, n] bool)] one per sequence
+    loss_slot: torch.Tensor  # [M] slot index of each supervised output
+    loss_depth: torch.Tensor  # [M] 1..K
+    target_row: torch.Tensor  # [M] global feature row of the target position t+d
+    anchor_row: torch.Tensor  # [M] global feature row of the anchor t
+
+
+def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, keep: list[float],
+                rng: np.random.Generator) -> Batch:
+    """Pack sequences into one run of real + mask slots, one attention segment each."""
+    tok, auxrow, ismask, pos, anc, dep = [], [], [], [], [], []
+    ls, ld, lt, la = [], [], [], []
+    base, bounds = 0, []
+    for q, j in enumerate(seqs_idx):
+        s, off = seqs[j], int(feats.offsets[j])
+        N = len(s.ids)
+        first = max(s.prompt_len - 1, 0)  # first anchor with a supervised output
+        T = N - 1  # real slots t = 0..N-2: token t+1, aux of t
+        tok += s.ids[1:]
+        auxrow += list(range(off, off + T))
+        ismask += [False] * T
+        pos += list(range(T))
+        anc += list(range(T))
+        dep += [1] * T
+        # depth 1 at anchor t predicts the target's distribution at t+1 (<= N-2)
+        for t in range(first, N - 2):
+            ls.append(base + t); ld.append(1); lt.append(off + t + 1); la.append(off + t)
+        n_slots = T
+        for d in range(2, K + 1):
+            anchors = np.arange(first, N - 1 - d)  # t + d <= N - 2
+            if keep[d - 1] < 1.0:
+                anchors = anchors[rng.random(len(anchors)) < keep[d - 1]]
+            for t in anchors.tolist():
+                tok.append(MASK_TOKEN_ID); auxrow.append(off); ismask.append(True)
+                pos.append(t + d - 1); anc.append(t); dep.append(d)
+                ls.append(base + n_slots); ld.append(d); lt.append(off + t + d); la.append(off + t)
+                n_slots += 1
+        bounds.append((base, base + n_slots))
+        base += n_slots
+    anc_t, dep_t, ism = torch.tensor(anc), torch.tensor(dep), torch.tensor(ismask)
+    segments = []
+    for lo, hi in bounds:
+        a, d, m = anc_t[lo:hi], dep_t[lo:hi], ism[lo:hi]
+        # a real key is visible up to the query's anchor; a mask key only to the
+        # same anchor's slots of equal or greater depth
+        real_key = (~m)[None, :] & (a[None, :] <= a[:, None])
+        mask_key = m[None, :] & (a[None, :] == a[:, None]) & (d[None, :] <= d[:, None])
+        segments.append((lo, hi, real_key | mask_key))
+    aux = torch.from_numpy(feats.aux[np.asarray(auxrow)].astype(np.float32))
+    return Batch(torch.tensor(tok), aux, ism, torch.tensor(pos), segments,
+                 torch.tensor(ls), torch.tensor(ld), torch.tensor(lt), torch.tensor(la))
+
+
+def draft_outputs(model: PEagleDraft, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities over the draft vocabulary at the supervised slots [M, Vd], and the
+    greedy draft tokens as TARGET ids [M] (target_id = draft_id + d2t[draft_id])."""
+    h = model.hidden(b.tokens, b.aux, b.is_mask, b.pos, b.segments)[b.loss_slot]  # [M, H]
+    logq = F.log_softmax(model.lm_head(h).float(), -1)
+    top = logq.argmax(-1)
+    return logq, top + model.d2t[top]
+
+
+def greedy_targets(b: Batch, feats: Features) -> torch.Tensor:
+    """The target's greedy token at each supervised output's position t+d: [M]."""
+    return torch.from_numpy(feats.argmax[b.target_row.numpy()].astype(np.int64))
+
+
+def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Tensor, K: int):
+    """Per depth: (sum of KL(p_target || q_draft), correct greedy drafts, count).
+
+    p_target = softmax of the target's logits at t+d over the draft vocabulary, from its
+    final normed hidden state and its head rows ``head_w`` [Vd, H]."""
+    logq, draft_tok = draft_outputs(model, b)
+    # A position is the target of up to K outputs (depth d of anchor p-d): compute each
+    # position's distribution once, in fp32 even under bf16 autocast.
+    rows, inv = torch.unique(b.target_row, return_inverse=True)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        fin = torch.from_numpy(feats.final[rows.numpy()].astype(np.float32))
+        logp = F.log_softmax(fin @ head_w.T, -1)[inv]  # [M, Vd]
+    kl = (logp.exp() * (logp - logq)).sum(-1)  # [M]
+    correct = (draft_tok == greedy_targets(b, feats)).float()
+    out = []
+    for d in range(1, K + 1):
+        sel = b.loss_depth == d
+        out.append((kl[sel].sum(), correct[sel].sum().item(), int(sel.sum())))
+    return out
+
+
+# --- training ---------------------------------------------------------------------------
+
+def make_batches(seqs: list[Seq], weights: dict[str, int], slots: int, rng: random.Random) -> list[list[int]]:
+    """One epoch: each sequence repeated per its source weight, shuffled, packed to ~slots real slots."""
+    idx = [j for j, s in enumerate(seqs) for _ in range(weights.get(s.source, 1))]
+    rng.shuffle(idx)
+    batches, cur, n = [], [], 0
+    for j in idx:
+        L = len(seqs[j].ids)
+        if cur and n + L > slots:
+            batches.append(cur)
+            cur, n = [], 0
+        cur.append(j)
+        n += L
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def draft_layer_config(tc: dict) -> dict:
+    keys = ("attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim", "hidden_act",
+            "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings", "mlp_bias",
+            "model_type", "num_attention_heads", "num_key_value_heads", "pad_token_id", "pretraining_tp",
+            "rms_norm_eps", "rope_parameters", "vocab_size")
+    c = {k: tc[k] for k in keys}
+    c.update(num_hidden_layers=1, tie_word_embeddings=False, use_cache=True)
+    return dict(sorted(c.items()))
+
+
+def speculators_config(layer_cfg: dict, aux_ids, draft_vocab: int, K: int, verifier: str) -> dict:
+    """config.json with exactly the keys of the speculators-written reference (DESIGN.md §1)."""
+    return {
+        "architectures": ["PEagleDraftModel"],
+        "draft_vocab_size": draft_vocab,
+        "dtype": "float16",
+        "eagle_aux_hidden_state_layer_ids": list(aux_ids),
+        "embed_requires_grad": False,
+        "fc_norm": False,
+        "mask_token_id": MASK_TOKEN_ID,
+        "norm_before_fc": False,
+        "norm_before_residual": False,
+        "norm_output": False,
+        "speculators_config": {
+            "algorithm": "peagle",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
+                                  "speculative_tokens": K, "verifier_accept_k": 1}],
+            "verifier": {"architectures": ["LlamaForCausalLM"], "name_or_path": verifier},
+        },
+        "speculators_model_type": "peagle",
+        "speculators_version": "0.9.0",
+        "target_hidden_size": None,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": layer_cfg,
+        "transformers_version": transformers_version(),
+    }
+
+
+def transformers_version() -> str:
+    import transformers
+    return transformers.__version__
+
+
+def save_draft(out: Path, model: PEagleDraft, config: dict, receipt: dict, dtype=torch.float16) -> None:
+    """Write config.json, model.safetensors, training_receipt.json into ``out`` atomically."""
+    from safetensors.torch import save_file
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(model.state_for_save(dtype), tmp / "model.safetensors", metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "training_receipt.json").write_text(json.dumps(receipt, indent=2) + "\n")
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+
+
+def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new: int, source_sha: str) -> list[Seq]:
+    """The target's greedy answers to the held-out prompts (cached: they depend only on the target)."""
+    from gen_chat_data import HfEngine, chat_ids, cut_at_eos
+    prompts = [json.loads(line) for line in HELDOUT.read_text().splitlines() if line.strip()][:limit]
+    path = cache / "peagle-data" / f"heldout-{source_sha[:12]}-{max_new}.jsonl" if cache else None
+    have = {}
+    if path is not None and path.is_file():
+        for line in path.read_text().splitlines():
+            d = json.loads(line)
+            have[d["prompt"]] = d
+    todo = [p for p in prompts if p["prompt"] not in have]
+    if todo:
+        _log(f"generating target answers for {len(todo)} held-out prompts")
+        engine = HfEngine(model=target, max_new=max_new)
+        for i in range(0, len(todo), 16):
+            group = todo[i:i + 16]
+            ids = [chat_ids(tok, p["prompt"]) for p in group]
+            for p, x, y in zip(group, ids, engine.generate(ids)):
+                have[p["prompt"]] = {"prompt": p["prompt"], "kind": p["kind"], "prompt_ids": x,
+                                     "answer_ids": cut_at_eos(y)}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w") as f:
+                for d in have.values():
+                    f.write(json.dumps(d) + "\n")
+    return [Seq(have[p["prompt"]]["prompt_ids"] + have[p["prompt"]]["answer_ids"],
+                len(have[p["prompt"]]["prompt_ids"]), "heldout", p["kind"]) for p in prompts]
+
+
+@torch.no_grad()
+def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> dict:
+    """Teacher-forced per-anchor acceptance on the target's greedy answers.
+
+    Anchors t in [P-1, N-2-K] (every depth has a target token); acc_k = fraction of
+    anchors whose depths 1..k all equal the target's greedy tokens.
+    """
+    model.eval()
+    per_kind: dict[str, np.ndarray] = {}
+    tot = np.zeros(K + 1)
+    for j, s in enumerate(seqs):
+        b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0))
+        ok = draft_outputs(model, b)[1] == greedy_targets(b, feats)
+        N = len(s.ids)
+        anchors = range(s.prompt_len - 1, N - 1 - K)
+        table = {(int(a), int(d)): bool(o) for a, d, o in zip(b.anchor_row - int(feats.offsets[j]), b.loss_depth, ok)}
+        c = np.zeros(K + 1)
+        for t in anchors:
+            c[0] += 1
+            for d in range(1, K + 1):
+                if not table[(t, d)]:
+                    break
+                c[d] += 1
+        per_kind.setdefault(s.kind, np.zeros(K + 1))
+        per_kind[s.kind] += c
+        tot += c
+
+    def summary(c):
+        acc = [round(float(c[d] / max(c[0], 1)), 4) for d in range(1, K + 1)]
+        return {"anchors": int(c[0]), "acceptance_at_pos": acc, "tau": round(1 + sum(acc), 4)}
+
+    model.train()
+    return {**summary(tot), "by_kind": {k: summary(v) for k, v in sorted(per_kind.items())}}
+
+
+def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features) -> PEagleDraft:
+    """Random decoder layer (std = initializer_range); head rows, final norm from the target."""
+    embed = target.model.embed_tokens.weight.detach().clone()
+    Vd = len(draft_ids)
+    model = PEagleDraft(layer_cfg, Vd, embed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=layer_cfg["initializer_range"])
+        model.lm_head.weight.copy_(embed[draft_ids])
+        model.norm.weight.copy_(target.model.norm.weight)
+        model.d2t.copy_(draft_ids - torch.arange(Vd))
+        model.t2d.zero_()
+        model.t2d[draft_ids] = True
+        # A typical hidden state is a better start for the learned mask vector than zeros.
+        sample = feats.aux[:: max(1, len(feats.aux) // 4096)].astype(np.float32)
+        model.mask_hidden.copy_(torch.from_numpy(sample.mean(0)).view(1, 1, -1))
+    return model
+
+
+def _per_depth(stats: np.ndarray) -> dict:
+    """(kl sum, correct, count) rows -> {"depth_k": {"kl", "accuracy"}}."""
+    return {f"depth_{d + 1}": {"kl": round(float(r[0] / max(r[2], 1)), 4), "accuracy": round(float(r[1] / max(r[2], 1)), 4)}
+            for d, r in enumerate(stats)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "fixtures" / "peagle-smollm2"))
+    ap.add_argument("--cache", default=None, help="default $SPECRT_CACHE or ~/.cache/specrt")
+    ap.add_argument("--chat", default=None, help="default <cache>/peagle-data/chat.jsonl")
+    ap.add_argument("--budget-minutes", type=float, default=100.0, help="wall-time bound for the whole run")
+    ap.add_argument("--small", action="store_true", help="a few minutes: tiny data, a few hundred steps")
+    ap.add_argument("--aux-layers", default="2,15,27")
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--K", type=int, default=4)
+    ap.add_argument("--chat-tokens", type=int, default=None, help="cap on chat answer tokens used")
+    ap.add_argument("--chat-weight", type=int, default=1, help="repeats of each chat answer per epoch")
+    ap.add_argument("--text-tokens", type=int, default=0, help="offline pydoc text tokens (teacher-forced)")
+    ap.add_argument("--slots", type=int, default=1536, help="real slots per step (mask slots come on top)")
+    ap.add_argument("--depth-keep", default="1,0.5,0.5,0.5", help="per-depth fraction of anchors trained")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                    help="autocast of the draft's matmuls (master weights and target distributions fp32)")
+    ap.add_argument("--heldout-limit", type=int, default=None)
+    ap.add_argument("--heldout-max-new", type=int, default=256)
+    ap.add_argument("--eval-reserve-minutes", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    t_start = time.time()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng, nrng = random.Random(args.seed), np.random.default_rng(args.seed)
+    K = args.K
+    keep = [float(x) for x in args.depth_keep.split(",")]
+    aux_ids = [int(x) for x in args.aux_layers.split(",")]
+    if len(keep) != K:
+        raise SystemExit(f"--depth-keep needs {K} values")
+    if args.small:
+        args.chat_tokens = args.chat_tokens or 6000
+        args.text_tokens = args.text_tokens or 6000
+        args.max_steps = args.max_steps or 200
+        args.slots = min(args.slots, 512)
+        args.heldout_limit = args.heldout_limit or 10
+        args.heldout_max_new = min(args.heldout_max_new, 48)
+        args.draft_vocab = min(args.draft_vocab, 2048)
+    reserve = args.eval_reserve_minutes if args.eval_reserve_minutes is not None else (0.5 if args.small else 2.0)
+
+    ref_err = check_reference()
+    _log(f"draft forward matches the speculators reference (max |dlogits| {ref_err:.2e})")
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cache = Path(args.cache) if args.cache else default_cache()
+    hf_dir = ensure_smollm2(cache)
+    source = json.loads((hf_dir / "source.json").read_text())
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    tc = json.loads((hf_dir / "config.json").read_text())
+    if len(aux_ids) != 3 or not all(0 <= i < tc["num_hidden_layers"] for i in aux_ids):
+        raise SystemExit(f"--aux-layers must be 3 ids in [0, {tc['num_hidden_layers']})")
+
+    chat_path = Path(args.chat) if args.chat else cache / "peagle-data" / "chat.jsonl"
+    chat = load_chat(chat_path, args.chat_tokens)
+    text = offline_text(tok, args.text_tokens) if args.text_tokens else []
+    seqs = chat + text
+    if not seqs:
+        raise SystemExit(f"no training data: {chat_path} is missing and --text-tokens is 0")
+    n_chat = sum(len(s.ids) - s.prompt_len for s in chat)
+    n_text = sum(len(s.ids) for s in text)
+    _log(f"data: {len(chat)} chat answers ({n_chat} answer tokens), {len(text)} text chunks ({n_text} tokens)")
+    draft_ids = select_draft_vocab(seqs, tc["vocab_size"], args.draft_vocab)
+    covered = sum(int(np.isin(np.asarray(s.ids[s.prompt_len:]), draft_ids.numpy()).sum()) for s in chat)
+    _log(f"draft vocabulary {len(draft_ids)}: covers {covered / max(n_chat, 1):.4f} of the chat answer tokens")
+
+    feats = build_features(target, seqs, aux_ids, chat_path.parent)
+    # Held-out answers and features before training, so the budget's tail is only evaluation.
+    held = heldout_answers(target, tok, cache, args.heldout_limit, args.heldout_max_new, source["sha256"])
+    hfeats = build_features(target, held, aux_ids, None)
+    probe = chat[:len(held)]  # the same estimate on training answers shows what is memorised
+    pfeats = build_features(target, probe, aux_ids, chat_path.parent) if probe else None
+    t_prep = time.time() - t_start
+
+    layer_cfg = draft_layer_config(tc)
+    model = init_draft(layer_cfg, target, draft_ids, feats)
+    model.lm_head.weight.requires_grad_(args.train_head)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    head_w = model.embed[draft_ids]  # the target's head rows: p_target over the draft vocabulary
+
+    weights = {"chat": args.chat_weight, "text": 1}
+    step, epoch, warmup, outputs_seen = 0, 0, 10 if args.small else 50, 0
+    window, all_steps = np.zeros((K, 3)), np.zeros((K, 3))  # (kl sum, correct, count) per depth
+    last_window = window.copy()
+    t_train = last_log = time.time()
+    budget_s = t_start + 60 * (args.budget_minutes - reserve) - t_train
+    if budget_s <= 0:
+        raise SystemExit(f"--budget-minutes {args.budget_minutes} is spent before training starts "
+                         f"({t_prep / 60:.1f} min of preparation)")
+    _log(f"training: {n_params} trainable parameters, K={K}, aux {aux_ids}, {budget_s / 60:.1f} min left")
+    done = False
+    while not done:
+        epoch += 1
+        for b_idx in make_batches(seqs, weights, args.slots, rng):
+            # cosine schedule over whichever runs out first: steps or wall time
+            progress = max(step / args.max_steps if args.max_steps else 0.0, (time.time() - t_train) / budget_s)
+            if progress >= 1.0:
+                done = True
+                break
+            lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            b = build_batch(b_idx, seqs, feats, K, keep, nrng)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                per_depth = depth_losses(model, b, feats, head_w, K)
+            # each depth's KL averaged over its own outputs (sampling out deep slots does
+            # not shrink that depth's weight); depths weighted equally
+            loss = sum(kl / c for kl, _, c in per_depth if c) / K
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            for d, (kl, cor, c) in enumerate(per_depth):
+                window[d] += (kl.item(), cor, c)
+                outputs_seen += c
+            if time.time() - last_log > (10 if args.small else 60):
+                last_log = time.time()
+                msg = " ".join(f"d{d + 1} kl {r[0] / max(r[2], 1):.3f} acc {r[1] / max(r[2], 1):.3f}"
+                               for d, r in enumerate(window))
+                _log(f"step {step} ep {epoch} lr {lr:.2e} {(time.time() - t_train) / step:.2f}s/step | {msg}")
+                all_steps += window
+                last_window, window = window, np.zeros((K, 3))
+    all_steps += window
+    if window[:, 2].sum():
+        last_window = window
+    t_train = time.time() - t_train
+
+    # Evaluate the weights as they are saved (fp16).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.float16).float())
+    result = evaluate(model, held, hfeats, K)
+    _log(f"held-out: acceptance by position {result['acceptance_at_pos']}, tau {result['tau']} at K={K}")
+    probe_eval = evaluate(model, probe, pfeats, K) if probe else None
+
+    receipt = {
+        "target": {"name": "SmolLM2-135M-Instruct", "licence": "Apache-2.0", "source": source,
+                   "made_by": "tools/smollm2.py"},
+        "data": {
+            "chat": {"path": str(chat_path), "answers": len(chat), "answer_tokens": n_chat, "weight": args.chat_weight,
+                     "source": "greedy answers of the target itself (tools/gen_chat_data.py) to the TRAIN prompts of "
+                               "tools/prompts.py (written for this project); model outputs of an Apache-2.0 model"},
+            "text": {"tokens": n_text, "chunks": len(text),
+                     "source": "Python pydoc_data.topics (Python Software Foundation License)"} if text else None,
+            "feature_rows": int(feats.offsets[-1]),
+        },
+        "draft_vocab_size": len(draft_ids), "draft_vocab_coverage_of_chat_answers": round(covered / max(n_chat, 1), 4),
+        "mask_token_id": MASK_TOKEN_ID, "mask_token": "<empty_output>",
+        "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": n_params,
+        "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch, "real_slots_per_step": args.slots,
+        "supervised_outputs_seen": outputs_seen, "lr": args.lr, "precision": args.precision, "seed": args.seed,
+        "threads": args.threads,
+        "training_last_window": _per_depth(last_window), "training_all_steps": _per_depth(all_steps),
+        "heldout": {"prompts": str(HELDOUT.relative_to(ROOT)), "max_new_tokens": args.heldout_max_new,
+                    "method": "teacher-forced on the target's greedy answers; per anchor, acceptance at depth k = "
+                              "draft depths 1..k all equal the target's greedy tokens", **result},
+        "train_answers_same_estimate": probe_eval,
+        "reference_check_max_abs_logit_diff": ref_err,
+        "wall_seconds": {"preparation": round(t_prep, 1), "training": round(t_train, 1),
+                         "total": round(time.time() - t_start, 1)},
+        "budget_minutes": args.budget_minutes, "small": args.small,
+        "command": " ".join(["python", "tools/train_peagle.py"] + (argv if argv is not None else sys.argv[1:])),
+        "torch": torch.__version__,
+    }
+    config = speculators_config(layer_cfg, aux_ids, len(draft_ids), K, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    save_draft(Path(args.out), model, config, receipt)
+    _log(f"saved {args.out} ({(time.time() - t_start) / 60:.1f} min total)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
