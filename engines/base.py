@@ -143,7 +143,8 @@ class Runner(abc.ABC):
             for want_d, got in zip(t.shape, a.shape):
                 if isinstance(want_d, int):
                     if got != want_d:
-                        raise UserError(f"{where}: input '{t.name}' has shape {list(a.shape)}, expected {list(t.shape)}")
+                        raise UserError(f"{where}: input '{t.name}' has shape {list(a.shape)}, "
+                                        f"expected {list(t.shape)}")
                 elif seen.setdefault(want_d, got) != got:
                     raise UserError(f"{where}: input '{t.name}' has {want_d} = {got}, but another input has "
                                     f"{seen[want_d]}")

@@ -35,7 +35,8 @@ from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.errors import InternalError
 
 
-def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Feeds of the runner's inputs with symbolic dims set from ``sizes`` (dim name -> value).
 
     Past KV tensors are prefix views of a buffer one row longer, as the runtime sends them.

@@ -64,7 +64,8 @@ class EngineSet:
             graphs: dict[str, OrtGraph] = {}
             for name, role in self.roles.items():
                 if role.graph not in graphs:
-                    graphs[role.graph] = OrtGraph(self.folder / self.manifest["roles"][name]["engine"]["onnx"], settings)
+                    path = self.folder / self.manifest["roles"][name]["engine"]["onnx"]
+                    graphs[role.graph] = OrtGraph(path, settings)
                 runners[name] = OrtRunner(role, *self._io(role.graph), graphs[role.graph])
         else:
             from specrt.engines.tensorrt import TrtEngines, TrtRunner

@@ -13,6 +13,11 @@ Settings (``OrtSettings``), and why:
 * ``intra_op_num_threads`` = physical cores (hyper-threads share the FMA units that a
   GEMM saturates), ``inter_op_num_threads = 1``, sequential execution: a decoder is one
   chain of ops, so parallel execution only adds scheduling overhead.
+* no spinning (``session.intra_op.allow_spinning = 0``): the runtime alternates two
+  sessions (draft, target) with Python work in between, and a spinning pool burns the
+  cores the other session and the sampler need. Measured on SmolLM2-135M, 2 cores shared
+  with other jobs (tools/bench_engines.py, same run, alternating): decode 67-71 ms
+  spinning vs 36-41 ms not spinning (1 thread: 35 ms).
 
 Sessions (``OrtSettings.sessions``):
 
@@ -27,8 +32,12 @@ Sessions (``OrtSettings.sessions``):
   packed copy (measured: +520 MB per session for SmolLM2-135M's 538 MB), so this mode
   disables prepacking to keep one copy of the weights.
 
-tools/bench_engines.py measures both; the default is the one that wins on latency
-within the memory target (the report of issue 5 holds the numbers).
+Measured (tools/bench_engines.py, SmolLM2-135M, 538 MB fp32 weights, 2 shared cores):
+per-depth with shared unpacked weights is ~3x slower per step (176 vs 56 ms decode in
+one run); per-depth with prepacking costs 7.2x the weights in RSS and its depth ratios
+were no better than the shared session's (d8/d1 1.34-1.48x vs 1.24-1.34x). On CPU,
+fixing S does not change the kernels that dominate (GEMMs over the weights), so the
+default is ``shared``.
 
 Buffers: inputs are bound in place (``IOBinding.bind_cpu_input`` wraps the numpy
 memory, measured at ~1 us for any size, no copy); fixed-shape outputs are bound to
@@ -96,6 +105,7 @@ class OrtSettings:
     execution_mode: str = "sequential"
     providers: tuple[str, ...] = ()  # (): select_providers()
     prepack: bool | None = None  # None: on for shared sessions, off for per-depth (see module doc)
+    spin: bool = False  # intra-op threads busy-wait between ops (ONNX Runtime's default: True)
     extra: dict[str, str] = field(default_factory=dict)  # more session config entries
 
     def resolved(self) -> "OrtSettings":
@@ -112,7 +122,7 @@ class OrtSettings:
             inter_op_num_threads=self.inter_op_num_threads, execution_mode=self.execution_mode,
             providers=tuple(self.providers) or tuple(select_providers()),
             prepack=(self.sessions == "shared") if self.prepack is None else bool(self.prepack),
-            extra=dict(self.extra))
+            spin=bool(self.spin), extra=dict(self.extra))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -137,6 +147,7 @@ class OrtSettings:
         so.log_severity_level = 3
         if not self.prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spin else "0")
         for k, v in self.extra.items():
             so.add_session_config_entry(k, str(v))
         for name, value in (free_dims or {}).items():

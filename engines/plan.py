@@ -11,8 +11,9 @@ P committed ones) and ``draft``. Engines specialise them into *roles*:
                         EAGLE-3: A + B                            aux A 0 .. C, prev B 0 .. C+K
 
 C is the context limit (``max_context``): a target call needs past + new <= C; the draft
-runs up to K = max(depths) positions ahead of the committed tokens, so its limit is C + K. Verify at depth d scores the last committed
-token plus d draft tokens, so S = d + 1 and its logits give d + 1 target distributions.
+runs up to K = max(depths) positions ahead of the committed tokens, so its limit is C + K.
+Verify at depth d scores the last committed token plus d draft tokens, so S = d + 1 and
+its logits give d + 1 target distributions.
 The draft is specialised to nothing but its ranges: a P-EAGLE pass drafts K = M + 1
 tokens for any M the caller feeds (the runtime always drafts the deepest block,
 K = max(depths); only the verified length changes, DESIGN.md §5).

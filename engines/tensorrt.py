@@ -61,7 +61,8 @@ def engine_loader(plan: TrtPlan, engine: TrtEngine, folder: Path):
     cache = str(folder / plan.timing_cache)
     config = CreateConfig(profiles=profiles, load_timing_cache=cache, **plan.flags)
     network = NetworkFromOnnxPath(str(folder / engine.onnx))
-    return SaveEngine(EngineFromNetwork(network, config=config, save_timing_cache=cache), path=str(folder / engine.file))
+    build = EngineFromNetwork(network, config=config, save_timing_cache=cache)
+    return SaveEngine(build, path=str(folder / engine.file))
 
 
 def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> None:

@@ -16,11 +16,12 @@ child process per variant, so that each variant's RSS is its own. A child:
 * runs ``--steps`` decode steps with a growing past, tracking Python allocations per step
   (tracemalloc) and RSS growth from step 20 to the end.
 
-Variants: ``shared`` (the default build: one prepacked session per graph), ``per-depth``
-(a session per depth with new_tokens fixed, weights shared, no prepacking),
+Variants: ``shared`` (the default build: one prepacked session per graph, no spinning),
+``per-depth`` (a session per depth with new_tokens fixed, weights shared, no prepacking),
 ``per-depth-prepack`` (a session per depth with its own prepacked weights: N x memory, to
 isolate the effect of specialisation), ``basic``/``extended`` (graph optimisation level),
-``1-thread``, and ``plain`` (the export graph in a default InferenceSession called with
+``1-thread``, ``spin`` (intra-op threads busy-wait between ops, ONNX Runtime's default),
+and ``plain`` (the export graph in a default InferenceSession called with
 ``session.run``: the baseline). Targets (issue 5): depth 4 <= 1.2x and depth 8 <= 1.35x
 of depth 1; peak RSS <= 1.3x (weights + KV).
 """
@@ -47,6 +48,7 @@ VARIANTS = {
     "basic": {"graph_optimization_level": "ORT_ENABLE_BASIC"},
     "extended": {"graph_optimization_level": "ORT_ENABLE_EXTENDED"},
     "1-thread": {"intra_op_num_threads": 1},
+    "spin": {"spin": True},
     "plain": None,  # a default InferenceSession on the export graph, session.run
 }
 
@@ -59,6 +61,11 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
+    """VmHWM: this process image's high-water RSS. (ru_maxrss would do on its own, but Linux
+    carries it across fork + exec, so a child would report the parent's peak.)"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -144,7 +151,8 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
         e.deactivate()
     return {"variant": variant, "settings": VARIANTS[variant], "weights": weights, "kv_bytes": kv_bytes,
             "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
-            "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]), "alloc_per_step_median": float(np.median(per_step)),
+            "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]),
+            "alloc_per_step_median": float(np.median(per_step)),
             "rss_growth": rss_end - rss_20, "steps": steps, "step_past": [max(contexts), max(contexts) + steps]}
 
 
@@ -174,7 +182,8 @@ def prepare(depths: str, rebuild: bool, draft: Path | None) -> Path:
 def report(res: dict, contexts: list[int], depths: list[int]) -> None:
     mib = 2 ** 20
     w, kv = res["weights"], res["kv_bytes"]
-    print(f"\n== {res['variant']} {json.dumps(res['settings']) if res['settings'] is not None else '(plain session.run)'}")
+    how = json.dumps(res["settings"]) if res["settings"] is not None else "(plain session.run)"
+    print(f"\n== {res['variant']} {how}")
     grown = res["rss_loaded"] - res["rss_before"]
     print(f"load {res['load_s']:.1f} s; engine weights {w / mib:.0f} MiB; RSS after activation "
           f"{res['rss_loaded'] / mib:.0f} MiB (+{grown / mib:.0f} MiB over the process before loading = "
@@ -216,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     m = json.loads((engines / "engines.json").read_text())
     c = m["costs"]
     print(f"cost table of the build (median of {c['repeats']}, seconds): verify "
-          f"{ {d: round(v, 5) for d, v in c['verify'].items()} } decode {c['decode']:.5f} at past {c['reference_past']}; "
+          f"{ {d: round(v, 5) for d, v in c['verify'].items()} } decode {c['decode']:.5f} "
+          f"at past {c['reference_past']}; "
           f"by past: { {p: {d: round(v, 5) for d, v in row['verify'].items()} for p, row in c['by_past'].items()} }")
     print(f"machine: {m['environment']['device']}, load average {os.getloadavg()}")
     for v in args.variants.split(","):

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plans = {f["file"]: f["bytes"] for f in m["files"]}
         check(True, f"[{layout}] build in {time.perf_counter() - t0:.1f} s; plans {plans}")
-        print(f"  cost table: verify {m['costs']['verify']} decode {m['costs']['decode']} draft {m['costs'].get('draft')}")
+        c = m["costs"]
+        print(f"  cost table: verify {c['verify']} decode {c['decode']} draft {c.get('draft')}")
 
         # polygraphy Comparator, role by role, against ONNX Runtime on the export graph
         engines = load_engines(out)

@@ -34,4 +34,5 @@ def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines):
         assert seen[C.DIM_PAST] == (0 if name == "prefill" else 100)
         kv = feeds[C.past_key(0)]
         assert kv.base is not None and kv.base.shape[1] == kv.shape[1] + 1  # a view of a longer buffer
-    assert role_sizes(e.verify(8), 250, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle") is None
+    kw = dict(draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+    assert role_sizes(e.verify(8), 250, **kw) is None

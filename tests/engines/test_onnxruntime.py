@@ -61,7 +61,8 @@ class State:
 
     def target_feeds(self, tokens, start):
         return {C.INPUT_IDS: np.asarray(tokens, np.int64)[None],
-                C.POSITION_IDS: np.arange(start, start + len(tokens), dtype=np.int64)[None], **self.past(self.tkv, start)}
+                C.POSITION_IDS: np.arange(start, start + len(tokens), dtype=np.int64)[None],
+                **self.past(self.tkv, start)}
 
     def run_target(self, tokens, start, commit=False):
         feeds = self.target_feeds(tokens, start)
@@ -75,7 +76,8 @@ class State:
 
     def draft_feeds(self, real, aux, start_pos, past_n, k=max(DEPTHS)):
         ids = np.concatenate([np.asarray(real, np.int64), np.full(k - 1, self.mask, np.int64)])
-        return {C.INPUT_IDS: ids[None], C.POSITION_IDS: np.arange(start_pos, start_pos + len(ids), dtype=np.int64)[None],
+        pos = np.arange(start_pos, start_pos + len(ids), dtype=np.int64)[None]
+        return {C.INPUT_IDS: ids[None], C.POSITION_IDS: pos,
                 C.DRAFT_AUX_IN: np.ascontiguousarray(aux, np.float32), **self.past(self.dkv, past_n)}
 
 
