@@ -270,11 +270,3 @@ def trt_plan(roles: dict[str, Role], graph_io: dict[str, dict[str, Any]], graph_
                 engines.append(TrtEngine(file, graph, graph_files[graph], (p,)))
                 where[p.role] = (file, 0)
     return TrtPlan(precision, flags, layout, "timing.cache", tuple(engines), where)
-
-
-def trt_ep_profile_options(role: Role, inputs: list[dict[str, Any]]) -> dict[str, str]:
-    """ONNX Runtime TensorRT EP provider options giving one role its explicit profile
-    (``trt_profile_{min,opt,max}_shapes`` strings, ``name:1x5,name2:...``)."""
-    shapes = role.shapes(inputs)
-    fmt = lambda k: ",".join(f"{n}:{'x'.join(str(v) for v in s[k])}" for n, s in shapes.items())  # noqa: E731
-    return {"trt_profile_min_shapes": fmt(0), "trt_profile_opt_shapes": fmt(1), "trt_profile_max_shapes": fmt(2)}

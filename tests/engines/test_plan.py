@@ -7,8 +7,7 @@ import json
 import pytest
 
 from specrt import contracts as C
-from specrt.engines.plan import (DimRange, Role, make_roles, normalise_precision, parse_depths, trt_ep_profile_options,
-                                 trt_plan)
+from specrt.engines.plan import DimRange, Role, make_roles, normalise_precision, parse_depths, trt_plan
 from specrt.errors import UserError
 
 L, KVH, D, V, H = 4, 2, 16, 1000, 64
@@ -114,13 +113,6 @@ def test_depths_and_context_are_checked():
 def test_role_json_round_trip():
     r = make_roles((2,), CTX, "peagle")["verify.2"]
     assert Role.from_json(r.name, json.loads(json.dumps(r.to_json()))) == r
-
-
-def test_ort_tensorrt_ep_profile_strings():
-    r = make_roles((2,), CTX, None)["verify.2"]
-    o = trt_ep_profile_options(r, IO["target"]["inputs"])
-    assert o["trt_profile_min_shapes"].startswith("input_ids:1x3,position_ids:1x3,past_key.0:1x0x2x16,")
-    assert "past_value.3:1x253x2x16" in o["trt_profile_max_shapes"]
 
 
 def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
