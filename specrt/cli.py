@@ -101,18 +101,25 @@ def _depths(ctx, param, value):
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: physical cores).")
+@click.option("--sessions", type=click.Choice(["shared", "per-depth"]), default=None,
+              help="ONNX Runtime: one prepacked session per graph (default), or one per depth (weights shared, "
+                   "not prepacked; slower on CPU).")
+@click.option("--trt-layout", type=click.Choice(["profiles", "engines"]), default="profiles", show_default=True,
+              help="TensorRT: one engine with a profile per depth (weights once), or one engine per depth.")
 @click.option("--force", is_flag=True, help="Replace an existing engines folder.")
 @click.option("--no-canary", is_flag=True, help="Skip the acceptance canary after building.")
-def build(export_dir: Path, backend: str, depths, out: Path, precision: str | None, max_context: int | None,
+def build(export_dir: Path, backend: str, depths, out: Path, precision, max_context, threads, sessions, trt_layout,
           force: bool, no_canary: bool) -> None:
     """Build depth-specialised engines from EXPORT_DIR into OUT, with engines.json and a cost table.
 
     Then, when the export has a draft, the acceptance canary decodes a few prompts at depth 1
     and writes OUT/acceptance_receipt.json (see `specrt canary`)."""
-    from specrt.engines.build import build_engines
+    from specrt.engines import build_engines
 
+    ort = {k: v for k, v in (("intra_op_num_threads", threads), ("sessions", sessions)) if v is not None}
     m = build_engines(export_dir, backend, depths, out, precision=precision, force=force, max_context=max_context,
-                      log=lambda s: click.echo(s, err=True))
+                      ort_settings=ort or None, trt_layout=trt_layout, log=lambda s: click.echo(s, err=True))
     if not no_canary and m.get("draft_depth") and _has_draft(out):
         _canary(out)
 
