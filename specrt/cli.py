@@ -223,9 +223,11 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
 
 def _register() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from specrt.cmd_bench import bench
     from specrt.cmd_calibrate import calibrate
     from specrt.cmd_compare import compare
 
+    main.add_command(bench)
     main.add_command(calibrate)
     main.add_command(compare)
 

@@ -1,0 +1,66 @@
+"""The real pair: SmolLM2-135M-Instruct with the committed P-EAGLE draft (slow).
+
+Greedy speculative output equals target-only output and transformers' generate, token for
+token, on 30 held-out chat prompts at every depth 1..8.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NEW_TOKENS = 24
+N_PROMPTS = 30
+DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.real_model import committed_draft, smollm2_folder
+
+    draft = committed_draft()
+    if not (draft / "model.safetensors").is_file():
+        pytest.skip("the trained draft fixtures/peagle-smollm2 is not committed yet")
+    target = smollm2_folder()
+    root = tmp_path_factory.mktemp("real")
+    export(target, draft, root / "exp")
+    build_engines(root / "exp", "onnxruntime", DEPTHS, root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(64,), max_context=512)
+    return target, root / "eng"
+
+
+def test_greedy_identity_30_prompts_every_depth(real):
+    import torch
+    import transformers
+
+    from specrt.runtime.session import Session
+
+    target, eng = real
+    lines = (ROOT / "tools" / "data" / "heldout_prompts.jsonl").read_text().splitlines()
+    prompts = [json.loads(x)["prompt"] for x in lines][:: max(1, len(lines) // N_PROMPTS)][:N_PROMPTS]
+    assert len(prompts) == N_PROMPTS
+    outputs: dict[str, list[list[int]]] = {}
+    accepted = 0
+    for gov in ["off", *(f"fixed:{d}" for d in DEPTHS), "adaptive", "dspark"]:
+        with Session(eng, governor=gov) as s:
+            ids = [s.text.encode(p, chat=True) for p in prompts]
+            outputs[gov] = [s.generator.generate(x, NEW_TOKENS, s.eos) for x in ids]
+            accepted += s.generator.telemetry.accepted
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target).eval()
+    with torch.no_grad():
+        want = [hf.generate(torch.tensor([x]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(x):].tolist()
+                for x in ids]
+    for gov, outs in outputs.items():
+        for i, (got, ref) in enumerate(zip(outs, outputs["off"])):
+            assert got == ref, f"{gov}: prompt {i} differs from target-only decoding"
+    for i, (got, ref) in enumerate(zip(outputs["off"], want)):
+        n = len(got)
+        assert got == ref[:n], f"prompt {i}: engines differ from transformers' generate"
+    assert accepted > 0
