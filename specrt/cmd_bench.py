@@ -5,7 +5,7 @@
                  [--threads 2] [--limit N]
 
 Configurations, each decoding every prompt greedily, batch 1, in its **own subprocess**
-(so its peak RSS, ``ru_maxrss``, is its own and one configuration's caches cannot warm
+(so its peak RSS, the worker's ``VmHWM``, is its own and one configuration's caches cannot warm
 another's):
 
 * ``specrt:<governor>`` for each ``--governors`` entry over ENGINES (``specrt:off`` is
@@ -111,6 +111,14 @@ def _rss_now() -> int:
 
 
 def _peak_rss() -> int:
+    """VmHWM, this process image's high-water RSS. Not ru_maxrss: Linux carries that across
+    exec (the spawning parent's peak would show as the worker's)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - non-Linux
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r) if sys.platform == "darwin" else int(r) * 1024
 
@@ -297,6 +305,7 @@ def worker_main(job_path: str, result_path: str) -> int:
         per_prompt.append(w.run(ids, n, eos))
         print(f"{PROGRESS}{i + 1}", flush=True)
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
+                  ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
                   modules_loaded={m: m in sys.modules for m in job.get("check_modules", ("torch", "transformers"))})
     w.close()

@@ -12,7 +12,9 @@ without it, greedy, the same prompts and token budget, in one run.
    (telemetry ``time_split["python"] / seconds``: wall minus time inside engines;
    target <= 10%), and the acceptance.
 3. Runs ``specrt run ENGINES --prompts ... --governor fixed:BEST --quiet`` as a child
-   process and reads its own peak RSS (``os.wait4``), compared with the engines' weight
+   process and reads its own peak RSS (``os.wait4``'s ru_maxrss when it exceeds this
+   process's own high-water mark, which Linux carries into it across exec; else the
+   child's polled VmHWM), compared with the engines' weight
    bytes (``engines.json`` weight_bytes) plus the KV caches at the context limit,
    ``2 * layers * max_context * kv_heads * head_dim * bytes`` for target and draft
    (target <= 1.3x).
@@ -29,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +40,17 @@ sys.path.insert(0, str(ROOT))
 
 PYTHON_SHARE_TARGET = 0.10
 RSS_TARGET = 1.3
+
+
+def _hwm(status: str) -> int:
+    """VmHWM bytes from a /proc/PID/status file (0 when it cannot be read)."""
+    try:
+        for line in Path(status).read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def kv_bytes(engines) -> dict[str, int]:
@@ -65,25 +79,40 @@ def run_cli_rss(engines_dir: Path, prompts: list[str], chat: bool, max_new: int,
         env = dict(os.environ)
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+        polled = [0]
+        done = threading.Event()
+
+        def poll():  # the child's VmHWM, in case ru_maxrss is not its own (below)
+            while not done.is_set():
+                polled[0] = max(polled[0], _hwm(f"/proc/{p.pid}/status"))
+                done.wait(0.02)
+
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
         err = p.stderr.read()
         _, status, ru = os.wait4(p.pid, 0)
+        done.set()
+        th.join()
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         if p.returncode != 0:
             raise SystemExit(f"specrt run failed (exit {p.returncode}):\n{err}")
         stats = json.loads(sf.read_text())
-    return {"peak_rss_bytes": ru.ru_maxrss * 1024, "wall_seconds": wall, "stats": stats, "command": cmd,
+    # Linux carries ru_maxrss across exec, so the child's value is max(its own peak, this
+    # process's peak at spawn): it is the child's own when it exceeds our high-water mark.
+    maxrss, parent = ru.ru_maxrss * 1024, _hwm("/proc/self/status")
+    peak = maxrss if maxrss > parent else polled[0]
+    return {"peak_rss_bytes": peak, "ru_maxrss_bytes": maxrss, "polled_vmhwm_bytes": polled[0],
+            "parent_vmhwm_bytes": parent, "wall_seconds": wall, "stats": stats, "command": cmd,
             "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else []}
 
 
 def baseline_rss() -> int:
-    """Peak RSS of a child that only imports what ``specrt run`` imports (no engines)."""
+    """VmHWM of a child that only imports what ``specrt run`` imports (no engines)."""
     code = ("import numpy, onnxruntime, tokenizers, jinja2, click\n"
-            "import specrt.cli, specrt.runtime.session, specrt.engines.engine_set")
-    p = subprocess.Popen([sys.executable, "-c", code])
-    _, _, ru = os.wait4(p.pid, 0)
-    p.returncode = 0
-    return ru.ru_maxrss * 1024
+            "import specrt.cli, specrt.runtime.session, specrt.engines.engine_set\n"
+            "print([l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1])")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) * 1024
 
 
 def main(argv: list[str] | None = None) -> int:
