@@ -524,26 +524,22 @@ def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new:
     from gen_chat_data import HfEngine, chat_ids, cut_at_eos
     prompts = [json.loads(line) for line in HELDOUT.read_text().splitlines() if line.strip()][:limit]
     path = cache / "peagle-data" / f"heldout-{source_sha[:12]}-{max_new}.jsonl" if cache else None
-    have = {}
-    if path is not None and path.is_file():
-        for line in path.read_text().splitlines():
-            d = json.loads(line)
-            have[d["prompt"]] = d
+    have = {d["prompt"]: d for d in read_jsonl(path)} if path is not None else {}
     todo = [p for p in prompts if p["prompt"] not in have]
     if todo:
         _log(f"generating target answers for {len(todo)} held-out prompts")
         engine = HfEngine(model=target, max_new=max_new)
-        for i in range(0, len(todo), 16):
-            group = todo[i:i + 16]
-            ids = [chat_ids(tok, p["prompt"]) for p in group]
-            for p, x, y in zip(group, ids, engine.generate(ids)):
-                have[p["prompt"]] = {"prompt": p["prompt"], "kind": p["kind"], "prompt_ids": x,
-                                     "answer_ids": cut_at_eos(y)}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "w") as f:
-                for d in have.values():
-                    f.write(json.dumps(d) + "\n")
+        for i in range(0, len(todo), 16):  # appended per batch: a killed run keeps what it made
+            group = todo[i:i + 16]
+            ids = [chat_ids(tok, p["prompt"]) for p in group]
+            new = [{"prompt": p["prompt"], "kind": p["kind"], "prompt_ids": x, "answer_ids": cut_at_eos(y)}
+                   for p, x, y in zip(group, ids, engine.generate(ids))]
+            have.update((d["prompt"], d) for d in new)
+            if path is not None:
+                with open(path, "a") as f:
+                    f.writelines(json.dumps(d) + "\n" for d in new)
     return [Seq(have[p["prompt"]]["prompt_ids"] + have[p["prompt"]]["answer_ids"],
                 len(have[p["prompt"]]["prompt_ids"]), "heldout", p["kind"]) for p in prompts]
 
