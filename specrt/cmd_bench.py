@@ -22,6 +22,11 @@ onnxruntime-genai builder) are skipped with the reason printed and reported. Pee
 lives in ``tools/bench_lib.py`` (imported lazily, by path); the specrt configurations
 need only the runtime.
 
+Threads: every configuration runs with ``--threads`` intra-op threads; with
+``--peer-threading matched`` (default) the peers' idle threads also wait the way the
+engines' do (``engines.json`` onnxruntime ``spin``; tools/bench_lib.py explains why this
+matters several-fold on shared cores).
+
 Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
 generation of ``--warmup-tokens`` tokens, then times each prompt: wall seconds of the
@@ -567,7 +572,8 @@ def _progress(total: int, quiet: bool):
 def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = False, max_new_tokens: int = 128,
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
-              warmup_tokens: int = 8, quiet: bool = False, echo: Callable[..., None] = click.echo) -> dict:
+              warmup_tokens: int = 8, peer_threading: str = "matched", quiet: bool = False,
+              echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json)."""
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
@@ -615,6 +621,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     jobs: list[tuple[str, dict]] = []
     base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
             "warmup_tokens": warmup_tokens}
+    engines_spin = bool(engines.manifest.get("onnxruntime", {}).get("spin", False))
+    peer_spin = engines_spin if peer_threading == "matched" else None
     for g in govs:
         jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
                                      "governor": g}))
@@ -623,7 +631,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
             continue
         reason = lib.peer_unavailable(peer, hf_folder)
-        job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup}
+        job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
+               "spin": peer_spin}
         if reason is None and peer == "ortgenai":
             try:
                 job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
@@ -690,6 +699,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
+                     "engines_spin": engines_spin, "peer_threading": peer_threading,
+                     "peer_spin": peer_spin,
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -720,7 +731,10 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     m = report["machine"]
     echo(f"machine: {m.get('cpu_model')}, {m.get('physical_cores')} cores, {report['settings']['threads']} threads; "
          f"load at start {m.get('load_average_at_start')}")
-    echo(f"{len(report['prompts'])} prompts x {report['settings']['max_new_tokens']} new tokens, greedy, batch 1")
+    st = report["settings"]
+    spin = {None: "their defaults", True: "spinning", False: "sleeping"}[st.get("peer_spin")]
+    echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, greedy, batch 1; idle threads: "
+         f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}")
     echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
@@ -784,13 +798,16 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
 @click.option("--ortgenai-cache", type=click.Path(path_type=Path), default=None,
               help="Where the onnxruntime-genai model is built (default: $SPECRT_CACHE or ~/.cache/specrt).")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
+@click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
+              help="matched: peers' idle threads wait like specrt's engines (spin or sleep); defaults: as shipped.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
-                       ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, quiet=quiet)
+                       ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
+                       quiet=quiet)
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

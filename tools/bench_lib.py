@@ -13,6 +13,15 @@ Everything heavy (torch, transformers, onnxruntime_genai) is imported lazily, in
 peer's own subprocess: the specrt runtime never imports them. ``peer_unavailable``
 answers cheaply, without importing them, why a peer cannot run (``None`` when it can).
 
+Threads: every peer gets the same thread count as specrt, and by default (``specrt bench
+--peer-threading matched``) the same idle-thread policy as specrt's engines
+(``engines.json`` onnxruntime ``spin``, off by default): onnxruntime-genai through
+``session.intra_op.allow_spinning``, torch through ``OMP_WAIT_POLICY``. On shared cores a
+busy-waiting pool is several times slower (measured here under load: onnxruntime-genai 11
+-> 20 tok/s, transformers 1.5 -> 9 tok/s with passive waiting), so leaving the peers at
+their defaults would measure the policy, not the runtime. ``--peer-threading defaults``
+runs them as shipped.
+
 Timing: the wall time of one whole generation, prefill included, exactly as specrt's
 telemetry ``seconds`` (``perf_counter`` around the call; tokenisation excluded on all
 sides because everyone is handed token ids).
@@ -206,9 +215,17 @@ def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_ta
 
 class HfPeer:
     """transformers generate, eager attention, fp32, greedy; ``lookup_tokens`` > 0 turns on
-    prompt-lookup speculation (``prompt_lookup_num_tokens``)."""
+    prompt-lookup speculation (``prompt_lookup_num_tokens``).
 
-    def __init__(self, folder: Path, threads: int, lookup_tokens: int | None = None):
+    ``spin``: None leaves OpenMP's wait policy alone; False sets ``OMP_WAIT_POLICY=PASSIVE``
+    (idle threads sleep instead of busy-waiting, as specrt's engines do), True ``ACTIVE``.
+    It must be set before torch loads libgomp, so this runs in a fresh worker process."""
+
+    def __init__(self, folder: Path, threads: int, lookup_tokens: int | None = None, spin: bool | None = None):
+        if spin is not None:
+            if "torch" in sys.modules:
+                raise RuntimeError("HfPeer(spin=...) must be created before torch is imported")
+            os.environ["OMP_WAIT_POLICY"] = "ACTIVE" if spin else "PASSIVE"
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -235,15 +252,20 @@ class HfPeer:
 
 class OrtGenaiPeer:
     """onnxruntime-genai greedy decoding, one ``generate_next_token`` per token, with the
-    session's intra-op threads set through a config overlay."""
+    session's intra-op threads (and, unless ``spin`` is None, ONNX Runtime's
+    ``session.intra_op.allow_spinning``; onnxruntime-genai passes unknown session_options
+    keys to ``AddConfigEntry``) set through a config overlay."""
 
-    def __init__(self, model_dir: Path, threads: int):
+    def __init__(self, model_dir: Path, threads: int, spin: bool | None = None):
         import onnxruntime_genai as og
 
         self.og = og
+        so = {"intra_op_num_threads": int(threads), "inter_op_num_threads": 1}
+        if spin is not None:
+            so["session.intra_op.allow_spinning"] = "1" if spin else "0"
+            so["session.inter_op.allow_spinning"] = "1" if spin else "0"
         cfg = og.Config(str(model_dir))
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
         self.model = og.Model(cfg)
 
     def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
@@ -266,10 +288,11 @@ class OrtGenaiPeer:
 
 def make_peer(peer: str, job: dict):
     """The runner of ``peer`` for a worker job (see specrt/cmd_bench.py)."""
+    spin = job.get("spin")  # None: the peer's own default
     if peer == "hf":
-        return HfPeer(Path(job["hf_folder"]), job["threads"])
+        return HfPeer(Path(job["hf_folder"]), job["threads"], spin=spin)
     if peer == "hf-lookup":
-        return HfPeer(Path(job["hf_folder"]), job["threads"], lookup_tokens=job["lookup_tokens"])
+        return HfPeer(Path(job["hf_folder"]), job["threads"], lookup_tokens=job["lookup_tokens"], spin=spin)
     if peer == "ortgenai":
-        return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"])
+        return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"], spin=spin)
     raise PeerSkipped(f"unknown peer '{peer}'")
