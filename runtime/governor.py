@@ -17,6 +17,8 @@ Output is lossless whatever is chosen; governors only trade speed.
 
 from __future__ import annotations
 
+import abc
+
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -47,14 +49,15 @@ def check_depths(depths: Sequence[int]) -> tuple[int, ...]:
     return ds
 
 
-class Governor:
+class Governor(abc.ABC):
     uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
 
+    @abc.abstractmethod
     def choose(self, state: GovernorState) -> int:
-        raise NotImplementedError
+        """The verify depth for this round (0 = a plain decode step)."""
 
     def observe(self, result: RoundResult) -> None:
         pass
