@@ -281,9 +281,20 @@ class OrtGenaiPeer:
             gen.generate_next_token()
         dt = time.perf_counter() - t0
         new = [int(t) for t in gen.get_sequence(0)[len(ids):]]
-        eos_set = set(eos)
-        stop = next((j for j, t in enumerate(new) if t in eos_set), None)
-        return (new[: stop + 1] if stop is not None else new), dt
+        return ortgenai_tokens(new, [int(t) for t in gen.get_next_tokens()], int(max_new_tokens), eos), dt
+
+
+def ortgenai_tokens(new: list[int], next_tokens: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
+    """The new tokens with specrt's and transformers' convention: up to and including the
+    first EOS. onnxruntime-genai 0.18 stops at EOS without appending it to the sequence
+    (``get_next_tokens()`` still holds it), so it is put back here."""
+    eos_set = set(eos)
+    stop = next((j for j, t in enumerate(new) if t in eos_set), None)
+    if stop is not None:
+        return new[: stop + 1]
+    if len(new) < max_new_tokens and next_tokens and next_tokens[0] in eos_set:
+        return new + [next_tokens[0]]
+    return new
 
 
 def make_peer(peer: str, job: dict):

@@ -225,3 +225,12 @@ def test_real_model_against_all_peers(tmp_path):
             assert rep["identity"]["configs"][peer]["identical_prefix_min"] >= 8
     if "ortgenai" in rep["configs"]:
         assert rep["efficiency"]["a_off_vs_ortgenai"]["ratio"] > 0
+
+
+def test_ortgenai_eos_convention():
+    """onnxruntime-genai stops at EOS without putting it in the sequence; the peer puts it back."""
+    f = load_bench_lib().ortgenai_tokens
+    assert f([5, 6], [2], 10, [2]) == [5, 6, 2]  # stopped on EOS
+    assert f([5, 6, 7], [7], 3, [2]) == [5, 6, 7]  # stopped on the budget
+    assert f([5, 2, 7], [7], 10, [2]) == [5, 2]  # an EOS inside: cut after it
+    assert f([5, 6], [6], 10, [2]) == [5, 6]
