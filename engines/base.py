@@ -62,8 +62,12 @@ class Runner(abc.ABC):
 
     backend = "abstract"
 
-    def __init__(self, role: Role, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...]):
+    def __init__(self, role: Role, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...],
+                 aliases: Mapping[str, str] | None = None):
         self.role = role
+        # output -> input whose buffer it is (in-place KV, contracts.py): the engine
+        # writes into the caller's array and that array is what infer returns for it
+        self.aliases = dict(aliases or {})
         self.name = role.name
         self.dims = dict(role.dims)
         self.max_context = role.limit  # past + new <= max_context
@@ -152,10 +156,23 @@ class Runner(abc.ABC):
             r = self.dims.get(d)
             if r is not None and not r.min <= v <= r.max:
                 raise UserError(f"{where}: {d} = {v} is outside the engine's range [{r.min}, {r.max}]")
+        if C.DIM_CACHE in seen or (self.aliases and C.POSITION_IDS in feeds):
+            self._check_inplace_positions(feeds, where)
         if C.DIM_PAST in seen and C.DIM_NEW in seen and seen[C.DIM_PAST] + seen[C.DIM_NEW] > self.max_context:
             raise UserError(f"{where}: past {seen[C.DIM_PAST]} + new {seen[C.DIM_NEW]} tokens exceed the limit "
                             f"{self.max_context} it was built for (see --max-context)")
         return seen
+
+    def _check_inplace_positions(self, feeds: Mapping[str, np.ndarray], where: str) -> None:
+        """In-place KV writes the new rows at position_ids: they must be consecutive and end
+        inside every cache buffer (else the engine would write out of bounds)."""
+        pos = feeds[C.POSITION_IDS].reshape(-1)
+        if pos.size == 0:
+            return
+        cap = min(feeds[src].shape[2] for src in self.aliases.values())
+        if pos[0] < 0 or pos[-1] >= cap or (pos.size > 1 and np.any(np.diff(pos) != 1)):
+            raise UserError(f"{where}: position_ids {pos[0]}..{pos[-1]} must be consecutive and inside the "
+                            f"in-place KV buffers ({cap} rows)")
 
     # ---- backend hooks -------------------------------------------------------------
 

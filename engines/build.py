@@ -7,7 +7,10 @@ loads (engines.json is written last, and the folder is renamed into place only a
 2. plan the roles (plan.py): prefill, decode, verify.{d} for each depth, draft;
 3. build: TensorRT plans (tensorrt.py); for ONNX Runtime, the graphs rewritten with
    external weights (``target.onnx`` + ``target.onnx.data``: lower load peak, see
-   ``_external_weights``) and the session settings (onnxruntime.py);
+   ``_external_weights``) and the session settings (onnxruntime.py). The target is
+   re-lowered with in-place KV (``ort_kv``, contracts.py "In-place KV") when this ONNX
+   Runtime passes the GroupQueryAttention probe; its I/O then lives in
+   ``engines.json["graphs"]["target"]`` and its roles get the fixed ``cache_tokens`` dim;
 4. open the engines from the unfinished folder and profile the cost table (costs.py);
 5. write engines.json.
 """
@@ -20,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from specrt import contracts as C
 from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
 from specrt.engines.manifest import BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment
-from specrt.engines.plan import (PRECISIONS, make_roles, normalise_precision, parse_depths, trt_plan)
+from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
 from specrt.errors import UserError
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
                              write_json)
@@ -66,6 +70,30 @@ def _external_weights(src: Path, dst: Path) -> bool:
     return True
 
 
+def _resolve_kv(ort_kv: str, backend: str, exp: dict[str, Any], settings, log: Callable[[str], None]) -> str:
+    """"inplace" or "append" for the target graph (see build_engines' ``ort_kv``)."""
+    if ort_kv not in ("auto", *C.KV_LAYOUTS):
+        raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
+    if ort_kv == "append" or backend != "onnxruntime":
+        return "append"
+    why = None
+    if "decoder" not in exp["target"]:
+        why = "the export predates target.decoder in export.json (re-export to get it)"
+    elif exp["dtype"] not in ("float32", "float16"):
+        why = f"GroupQueryAttention has no {exp['dtype']} CPU kernel"
+    else:
+        from specrt.engines.onnxruntime import probe_inplace_gqa
+
+        dec = exp["target"]["decoder"]
+        why = probe_inplace_gqa(settings, dec["num_heads"], dec["num_kv_heads"], dec["head_dim"])
+    if why is None:
+        return "inplace"
+    if ort_kv == "inplace":
+        raise UserError(f"--ort-kv inplace: {why}")
+    log(f"note: portable KV graph (no in-place KV: {why})")
+    return "append"
+
+
 def _graph_file(exp: dict[str, Any], graph: str) -> str:
     files = [r["file"] for r in exp["graphs"][graph]["files"] if r["file"].endswith(".onnx")]
     if len(files) != 1:
@@ -77,7 +105,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
                   profile_pasts: tuple[int, ...] = (128, 512), profile_repeats: int = 10,
-                  draft_accepted: int = 2) -> dict[str, Any]:
+                  draft_accepted: int = 2, ort_kv: str = "auto") -> dict[str, Any]:
     """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
 
     backend: "onnxruntime" | "tensorrt". precision: fp32/fp16/bf16 (default: the export's
@@ -85,6 +113,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     (default: the target's max_position_embeddings). ort_settings: OrtSettings fields
     (onnxruntime.py), e.g. {"sessions": "per-depth"}. trt_layout: "profiles" | "engines"
     (plan.py). profile_*: the cost table's past lengths and repeats (costs.py).
+    ort_kv: "auto" (in-place when possible), "inplace" (error if not possible) or "append"
+    (the export's portable target graph).
     """
     from specrt.engines.onnxruntime import OrtSettings
 
@@ -124,6 +154,13 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     else:
         plan = None
         settings = OrtSettings.from_json(ort_settings or {}).resolved()
+    kv = _resolve_kv(ort_kv, backend, exp, settings, log)
+    if kv == "inplace":
+        from dataclasses import replace
+
+        for name, role in list(roles.items()):
+            if role.graph == "target":
+                roles[name] = replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(ctx)})
 
     with atomic_folder(out, force=force) as tmp:
         hashes = _embed_export(export_dir, exp, tmp / EXPORT_SUBDIR)
@@ -143,16 +180,26 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             backend_json = {"tensorrt": plan.to_json()}
             env = environment(backend)
         else:
-            files, onnx_files = [], dict(graph_files)
+            files, onnx_files, graphs_json = [], dict(graph_files), {}
             for g in exp["graphs"]:
                 name = f"{g}.onnx"
-                if _external_weights(tmp / graph_files[g], tmp / name):
+                if g == "target" and kv == "inplace":
+                    from specrt.engines.onnxruntime import write_inplace_target
+
+                    t = exp["target"]
+                    io = write_inplace_target(tmp / graph_files[g], t["decoder"], t["aux_layer_ids"], dtype, ctx,
+                                              tmp / name)
+                    files += [file_record(tmp, name), file_record(tmp, name + ".data")]
+                    onnx_files[g] = name
+                    graphs_json[g] = {"io": io.to_json(), "kv": "inplace"}
+                    log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
+                elif _external_weights(tmp / graph_files[g], tmp / name):
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
             for name, role in roles.items():
                 role_json[name] = {**role.to_json(), "engine": {"onnx": onnx_files[role.graph]}}
             weight_bytes = {g: sum(r["bytes"] for r in exp["graphs"][g]["files"]) for g in exp["graphs"]}
-            backend_json = {"onnxruntime": settings.to_json()}
+            backend_json = {"onnxruntime": settings.to_json(), "graphs": graphs_json}
             env = environment(backend, settings.providers)
         manifest: dict[str, Any] = {
             "format": ENGINES_FORMAT,

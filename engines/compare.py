@@ -294,7 +294,7 @@ class RoleInputs:
         self.aux = out[C.AUX_HIDDEN]  # [1, n, 3H]
 
     def _run(self, role: str, feeds: dict) -> dict[str, np.ndarray]:
-        return {k: np.array(v, copy=True) for k, v in self.e.runner(role).infer(feeds).items()}
+        return {k: np.array(v, copy=True) for k, v in self.e.portable(role).infer(feeds).items()}
 
     def _past(self, part: str, kv: dict | None, rows: int) -> dict[str, np.ndarray]:
         g = self.exp[part]
@@ -573,7 +573,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     if not 2 <= n <= engines.max_context - max(engines.depths) - 2:
         raise UserError(f"--prompt-tokens {n}: expected 2..{engines.max_context - max(engines.depths) - 2} "
                         f"for a context limit of {engines.max_context}")
-    known = set(KINDS) | {o.name for r in engines.runners.values() for o in r.get_output_metadata()}
+    known = set(KINDS) | {o["name"] for g in exp["graphs"].values() for o in g["io"]["outputs"]}
     check_tolerance_keys(atol, known)
     check_tolerance_keys(rtol, known)
 
@@ -587,7 +587,11 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     else:
         model, sessions = None, {}
         ref_detail = f"polygraphy OnnxrtRunner(SessionFromOnnx) on {engines.export_dir}, CPU"
-        if engines.backend == "onnxruntime":
+        if engines.backend == "onnxruntime" and engines.kv_layout("target") == "inplace":
+            notes.append("the target engine is the export's target re-lowered with in-place KV (ONNX Runtime "
+                         "GroupQueryAttention, contracts.py); it is compared through the portable past/new contract "
+                         "with the export's own graph; the draft runs the same graph file as this reference")
+        elif engines.backend == "onnxruntime":
             notes.append("ONNX Runtime engines run the same graph files as this reference: this checks the engines' "
                          "session settings and bindings, not the export (use --reference torch for that)")
 
@@ -595,7 +599,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         graph = engines.roles[role].graph
         name = f"reference-{reference}[{role}]"
         if model is not None:
-            return torch_target_runner(model, engines.runner(role).get_input_metadata(),
+            return torch_target_runner(model, engines.portable(role).get_input_metadata(),
                                        tuple(exp["target"]["aux_layer_ids"]), name)
         from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
@@ -621,13 +625,13 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 if role in skipped:
                     log(f"{role}: skipped: {skipped[role]}")
                     continue
-                outputs = [t.name for t in engines.runner(role).get_output_metadata()]
+                outputs = [t.name for t in engines.portable(role).get_output_metadata()]
                 tol = resolve_tolerances(outputs, engines.precision, reference, atol, rtol)
                 tolerances[role] = {k: list(v) for k, v in tol.items()}
                 feeds = inputs.feeds(role)
                 if role == show_role:
                     saved_feeds = feeds
-                eng = engine_runner(engines.runner(role), f"engine-{engines.backend}[{role}]")
+                eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
                 roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs)
                 for line in role_table(role, roles_out[role]):
                     log(line)
@@ -653,7 +657,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             save_json(saved_feeds, str(inputs_file), description=f"{show_role} inputs")
         shapes = engines.roles[show_role].shapes(exp["graphs"]["target"]["io"]["inputs"])
         # the command compares against ONNX Runtime whatever this run's reference was
-        tol = resolve_tolerances([t.name for t in engines.runner(show_role).get_output_metadata()],
+        tol = resolve_tolerances([t.name for t in engines.portable(show_role, activate=False).get_output_metadata()],
                                  engines.precision, "onnxruntime", atol, rtol)
         cmd = polygraphy_command(_graph_file(engines, "target"), shapes, engines.precision, tol, Path(inputs_file))
         result.update(inputs_file=str(inputs_file), polygraphy_role=show_role, polygraphy_command=cmd)

@@ -15,11 +15,57 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from specrt import contracts as C
 from specrt.engines.base import Runner, specs_from_json
 from specrt.engines.costs import interpolate, parse_costs
 from specrt.engines.manifest import read_engines_manifest, verify_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, Role, verify_role
 from specrt.errors import UserError
+
+
+class PortableView(Runner):
+    """The portable past/new contract (contracts.py) over an in-place KV runner, for tools
+    that feed or compare engines tensor by tensor (``specrt compare``, tests): the past
+    views are copied into scratch buffers of the engine's layout, the engine runs, and the
+    S rows it wrote come back as ``new_key.{i}``/``new_value.{i}``. O(past) copies per call:
+    for comparison, never for decoding (the runtime feeds the in-place buffers itself)."""
+
+    backend = "portable-view"
+
+    def __init__(self, inner: Runner, inputs, outputs):
+        super().__init__(inner.role, inputs, outputs)
+        self.inner = inner
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def activate_impl(self) -> None:
+        if not self.inner.is_active:
+            raise UserError(f"engine '{self.name}': activate the engine set before using its portable view")
+
+    def deactivate_impl(self) -> None:
+        self._bufs = {}
+
+    def infer_impl(self, feeds):
+        feeds = dict(feeds)
+        past = feeds[C.past_key(0)].shape[1]
+        s = feeds[C.INPUT_IDS].shape[1]
+        inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(("past_key.", "past_value."))}
+        layers = sum(1 for t in self.inner.inputs if t.name.startswith("cache_key."))
+        for i in range(layers):
+            for src, dst in ((C.past_key(i), C.cache_key(i)), (C.past_value(i), C.cache_value(i))):
+                spec = next(t for t in self.inner.inputs if t.name == dst)
+                buf = self._bufs.get(dst)
+                if buf is None:
+                    buf = self._bufs[dst] = np.zeros(spec.shape, feeds[src].dtype)
+                buf[0, :, :past] = feeds[src][0].transpose(1, 0, 2)
+                inner_feeds[dst] = buf
+        out = self.inner.infer(inner_feeds)
+        res = {n: a for n, a in out.items() if not n.startswith("cache_")}
+        for i in range(layers):
+            for dst, src in ((C.new_key(i), C.cache_key(i)), (C.new_value(i), C.cache_value(i))):
+                res[dst] = np.ascontiguousarray(self._bufs[src][0, :, past:past + s].transpose(1, 0, 2)[None])
+        return res
 
 
 class EngineSet:
@@ -45,11 +91,23 @@ class EngineSet:
         self.roles = {name: Role.from_json(name, d) for name, d in manifest["roles"].items()}
         self.costs = parse_costs(manifest.get("costs"))
         self.runners: dict[str, Runner] = self._make_runners(ort_overrides or {})
+        self._views: dict[str, Runner] = {}
         self.is_active = False
 
+    def _graph_io(self, graph: str) -> dict[str, Any]:
+        """The engines' own I/O of ``graph`` when the build re-lowered it (in-place KV),
+        else the export's."""
+        own = self.manifest.get("graphs", {}).get(graph)
+        return own["io"] if own else self.export["graphs"][graph]["io"]
+
     def _io(self, graph: str):
-        io = self.export["graphs"][graph]["io"]
+        io = self._graph_io(graph)
         return specs_from_json(io["inputs"]), specs_from_json(io["outputs"])
+
+    def kv_layout(self, graph: str) -> str:
+        """"inplace" when ``graph``'s engine updates whole KV buffers in place (contracts.py),
+        else "append"."""
+        return "inplace" if self._graph_io(graph).get("aliases") else "append"
 
     def _make_runners(self, ort_overrides: dict[str, Any]) -> dict[str, Runner]:
         runners: dict[str, Runner] = {}
@@ -66,7 +124,8 @@ class EngineSet:
                 if role.graph not in graphs:
                     path = self.folder / self.manifest["roles"][name]["engine"]["onnx"]
                     graphs[role.graph] = OrtGraph(path, settings)
-                runners[name] = OrtRunner(role, *self._io(role.graph), graphs[role.graph])
+                runners[name] = OrtRunner(role, *self._io(role.graph), graphs[role.graph],
+                                          self._graph_io(role.graph).get("aliases"))
         else:
             from specrt.engines.tensorrt import TrtEngines, TrtRunner
 
@@ -95,6 +154,26 @@ class EngineSet:
                             f"{', '.join(map(str, self.depths))})")
         return r
 
+    def portable(self, role: str, activate: bool = True) -> Runner:
+        """``role``'s runner under the portable past/new KV contract: itself, or a
+        PortableView when its graph is in-place (activated unless ``activate`` is false;
+        the engine set must be active then)."""
+        r = self.runner(role)
+        if not r.aliases:
+            return r
+        view = self._views.get(role)
+        if view is None:
+            io = self.export["graphs"][r.role.graph]["io"]
+            view = PortableView(r, specs_from_json(io["inputs"]), specs_from_json(io["outputs"]))
+            self._views[role] = view
+        if activate and not view.is_active:
+            view.activate()
+        return view
+
+    def portable_target(self, new_tokens: int) -> Runner:
+        """target(new_tokens) under the portable contract (see portable)."""
+        return self.portable(self.target(new_tokens).name)
+
     def runner(self, role: str) -> Runner:
         if role not in self.runners:
             raise UserError(f"{self.folder}: no engine for role '{role}' (built: {', '.join(self.runners)})")
@@ -115,6 +194,8 @@ class EngineSet:
         self.is_active = True
 
     def deactivate(self) -> None:
+        for v in self._views.values():
+            v.deactivate()
         for r in reversed(list(self.runners.values())):
             r.deactivate()
         self.is_active = False

@@ -230,12 +230,13 @@ class OrtRunner(Runner):
     backend = "onnxruntime"
 
     def __init__(self, role: Role, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...],
-                 graph: OrtGraph):
-        super().__init__(role, inputs, outputs)
+                 graph: OrtGraph, aliases: Mapping[str, str] | None = None):
+        super().__init__(role, inputs, outputs, aliases)
         self.graph = graph
         self._sess = None
         self._binding = None
         self._fixed: dict[str, np.ndarray] = {}
+        self._bound: dict[str, int] = {}  # aliased output -> address it is bound to
 
     def activate_impl(self) -> None:
         self._sess = self.graph.acquire(self.role)
@@ -244,8 +245,11 @@ class OrtRunner(Runner):
         # Bind every output once. Fixed shapes: into preallocated arrays the runner owns
         # (a decode/verify step then allocates nothing on the host). Dynamic ones: ONNX
         # Runtime allocates per call, in proportion to the new tokens.
+        self._bound = {}
         for t in self.outputs:
             dt = np_dtype(t.dtype)
+            if t.name in self.aliases:
+                continue  # bound to its input's buffer at every call (infer_impl)
             if dt is not None and all(isinstance(d, int) for d in t.shape):
                 arr = np.empty(t.shape, dt)
                 b.bind_output(t.name, "cpu", 0, dt, list(arr.shape), arr.ctypes.data)
@@ -260,18 +264,151 @@ class OrtRunner(Runner):
             b.bind_cpu_input(name, a)
         # A dynamic output bound to a device keeps the OrtValue of the previous call, whose
         # shape would be reused as a preallocated buffer: rebind so each call allocates anew.
+        # An in-place output is bound to the memory of its input (the runtime's cache
+        # buffer), rebound only when the caller hands a different buffer.
+        for out, src in self.aliases.items():
+            a = feeds[src]
+            if self._bound.get(out) != a.ctypes.data:
+                b.bind_output(out, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+                self._bound[out] = a.ctypes.data
         for t in self.outputs:
-            if t.name not in self._fixed:
+            if t.name not in self._fixed and t.name not in self.aliases:
                 b.bind_output(t.name, "cpu")
         self._sess.run_with_iobinding(b)
-        if len(self._fixed) == len(self.outputs):
-            return dict(self._fixed)
-        values = b.get_outputs()  # in binding order = self.outputs order
-        return {t.name: self._fixed[t.name] if t.name in self._fixed else v.numpy()
-                for t, v in zip(self.outputs, values)}
+        res = {out: feeds[src] for out, src in self.aliases.items()}
+        if len(self._fixed) + len(self.aliases) == len(self.outputs):
+            return {**self._fixed, **res}
+        # binding order: the non-aliased outputs first (bound at activation, in order),
+        # then the aliased ones (bound at the first call)
+        values = b.get_outputs()
+        plain = [t for t in self.outputs if t.name not in self.aliases]
+        for t, v in zip(plain, values):
+            res[t.name] = self._fixed[t.name] if t.name in self._fixed else v.numpy()
+        return res
 
     def deactivate_impl(self) -> None:
         self._binding = None
         self._sess = None
         self._fixed = {}
+        self._bound = {}
         self.graph.release(self.role)
+
+
+# ---- in-place KV (contracts.py "In-place KV") -------------------------------------------
+
+
+def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> str | None:
+    """None when this ONNX Runtime (with ``settings``' providers) runs GroupQueryAttention
+    in place the way the in-place target graph needs it: a shared past/present buffer
+    longer than the sequence, S > 1 new tokens over a non-empty past, causal among them,
+    RoPE from the positions, for the target's head counts and head size (the CPU kernel
+    wants head_dim % 16 == 0). Otherwise the reason, in words. A 1-layer graph checked
+    against numpy; versions before the op supported S > 1 over a past fail here."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto as T
+        from onnx import helper
+
+        nh, kvh, d, cap, past, s = int(num_heads), int(kv_heads), int(head_dim), 12, 5, 3
+        inv = 1.0 / (10000.0 ** (np.arange(0, d, 2) / d))
+        ang = np.arange(cap)[:, None] * inv[None]
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        vi = helper.make_tensor_value_info
+        graph = helper.make_graph(
+            [helper.make_node("GroupQueryAttention", ["q", "k", "v", "ck", "cv", "sl", "tot", "cos", "sin"],
+                              ["o", "ck_out", "cv_out"], domain="com.microsoft", num_heads=nh, kv_num_heads=kvh,
+                              scale=d ** -0.5, do_rotary=1, rotary_interleaved=0)],
+            "probe",
+            [vi("q", T.FLOAT, [1, s, nh * d]), vi("k", T.FLOAT, [1, s, kvh * d]), vi("v", T.FLOAT, [1, s, kvh * d]),
+             vi("ck", T.FLOAT, [1, kvh, cap, d]), vi("cv", T.FLOAT, [1, kvh, cap, d]), vi("sl", T.INT32, [1]),
+             vi("tot", T.INT32, [])],
+            [vi("o", T.FLOAT, [1, s, nh * d]), vi("ck_out", T.FLOAT, [1, kvh, cap, d]),
+             vi("cv_out", T.FLOAT, [1, kvh, cap, d])],
+            [helper.make_tensor("cos", T.FLOAT, cos.shape, cos.ravel()),
+             helper.make_tensor("sin", T.FLOAT, sin.shape, sin.ravel())])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 8
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # the failure is reported in words by the caller
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=list(settings.providers))
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, s, n * d)).astype(np.float32) for n in (nh, kvh, kvh))
+        ck, cv = (rng.standard_normal((1, kvh, cap, d)).astype(np.float32) for _ in range(2))
+        k0, v0 = ck.copy(), cv.copy()
+        b = sess.io_binding()
+        for name, a in (("q", q), ("k", k), ("v", v), ("ck", ck), ("cv", cv),
+                        ("sl", np.array([past + s - 1], np.int32)), ("tot", np.array(past + s, np.int32))):
+            b.bind_cpu_input(name, a)
+        for name, a in (("ck_out", ck), ("cv_out", cv)):
+            b.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+        b.bind_output("o", "cpu")
+        sess.run_with_iobinding(b)
+        o = b.get_outputs()[2].numpy().reshape(s, nh, d)
+
+        def rope(x, pos):  # [S, h, d], rotate_half
+            c = np.concatenate([cos[pos]] * 2, -1)[:, None]
+            sn = np.concatenate([sin[pos]] * 2, -1)[:, None]
+            return x * c + np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1) * sn
+
+        pos = np.arange(past, past + s)
+        qh, kh = rope(q.reshape(s, nh, d), pos), rope(k.reshape(s, kvh, d), pos)
+        keys = np.concatenate([k0[0, :, :past].transpose(1, 0, 2), kh])
+        vals = np.concatenate([v0[0, :, :past].transpose(1, 0, 2), v.reshape(s, kvh, d)])
+        err = float(np.abs(ck[0, :, past:past + s].transpose(1, 0, 2) - kh).max())
+        for h in range(nh):
+            sc = qh[:, h] @ keys[:, h // (nh // kvh)].T * d ** -0.5
+            sc[np.arange(past + s)[None] > pos[:, None]] = -np.inf
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            ref = (p / p.sum(-1, keepdims=True)) @ vals[:, h // (nh // kvh)]
+            err = max(err, float(np.abs(o[:, h] - ref).max()))
+        if not err < 1e-4:
+            return f"GroupQueryAttention in place differs from the reference by {err:.2e}"
+        return None
+    except Exception as e:  # an older ONNX Runtime without the op or without S > 1 over a past
+        return f"GroupQueryAttention in place is unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+
+
+def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtype: str, cache_len: int,
+                         dst: Path) -> Any:
+    """Re-lower the export's target graph with in-place KV (export/graphs.py, kv="inplace")
+    from the weights in ``src`` (read one tensor at a time, external data by offset), into
+    ``dst`` + ``dst.data``; returns its GraphIO."""
+    import onnx
+    from onnx import numpy_helper
+
+    from specrt.export.config import DecoderConfig
+    from specrt.export.graphs import build_target_graph, save_model
+    from specrt.export.onnx_ops import check_dtype
+
+    check_dtype(dtype)
+    model = onnx.load(str(src), load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    np_types = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
+
+    def get(slot: str) -> np.ndarray:
+        t = inits.get(slot)
+        if t is None:
+            raise UserError(f"{src}: has no weight '{slot}' to re-lower the target with in-place KV")
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return numpy_helper.to_array(t)
+        info = {e.key: e.value for e in t.external_data}
+        dt = np_types.get(t.data_type)
+        if dt is None:
+            raise UserError(f"{src}: weight '{slot}' has ONNX type {t.data_type}; in-place KV needs float32/float16")
+        path = src.parent / info["location"]
+        if path.resolve().parent != src.parent.resolve():
+            raise UserError(f"{src}: weight '{slot}' points outside its folder ({info['location']})")
+        count = int(np.prod(t.dims)) if len(t.dims) else 1
+        a = np.fromfile(path, dtype=dt, count=count, offset=int(info.get("offset", 0)))
+        if a.size != count:
+            raise UserError(f"{path}: too short for weight '{slot}'")
+        return a.reshape(tuple(t.dims))
+
+    cfg = DecoderConfig.from_json(decoder)
+    out = build_target_graph(cfg, get, aux_layer_ids, dtype, kv="inplace", cache_len=int(cache_len))
+    del model, inits
+    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.hidden_size, dtype,
+                     kv="inplace")
+    save_model(out, dst, external_data=True)
+    return io

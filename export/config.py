@@ -93,6 +93,13 @@ class DecoderConfig:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "DecoderConfig":
+        """The inverse of to_json (export.json's ``target.decoder``, read by engines/build.py)."""
+        d = dict(d)
+        d["rope"] = RopeConfig(**d["rope"])
+        return cls(**d)
+
 
 @dataclass(frozen=True)
 class TargetConfig:

@@ -126,6 +126,9 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 "aux_layer_ids": list(aux),
                 "eos_token_ids": list(target.config.eos_token_ids),
                 "bos_token_id": target.config.bos_token_id,
+                # everything a backend needs to re-lower the graph (the ONNX Runtime
+                # engines' in-place KV flavour, engines/build.py)
+                "decoder": tc.to_json(),
             },
             "draft": draft_json,
             "graphs": graphs_json,

@@ -37,13 +37,18 @@ def _kv_names(i: int) -> tuple[str, str, str, str]:
     return C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i)
 
 
-def _layers(b: ops.GraphBuilder, cfg: DecoderConfig, h: str, ctx: ops.AttnContext, W, start: int,
+def _inplace_kv_names(i: int) -> tuple[str, str, str, str]:
+    return C.cache_key(i), C.cache_value(i), C.cache_key_out(i), C.cache_value_out(i)
+
+
+def _layers(b: ops.GraphBuilder, cfg: DecoderConfig, h: str, ctx, W, start: int,
             taps: dict[int, str] | None = None) -> str:
     """Decoder layers start..L-1 on the residual h [S, H]; taps[i] = residual entering layer i."""
+    names = _inplace_kv_names if isinstance(ctx, ops.InplaceContext) else _kv_names
     for i in range(start, cfg.num_layers):
         if taps is not None:
             taps[i] = h
-        h = ops.decoder_layer(b, cfg, h, ctx, W, i, _kv_names(i))
+        h = ops.decoder_layer(b, cfg, h, ctx, W, i, names(i))
     if taps is not None:
         taps[cfg.num_layers] = h
     return h
@@ -52,28 +57,39 @@ def _layers(b: ops.GraphBuilder, cfg: DecoderConfig, h: str, ctx: ops.AttnContex
 # ---- target ----------------------------------------------------------------------------
 
 
-def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: str = "float32") -> onnx.ModelProto:
+def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: str = "float32",
+                       kv: str = "append", cache_len: int | None = None) -> onnx.ModelProto:
     """The target: any S >= 1 new tokens over any P >= 0 committed ones (prefill and verify).
 
     I/O: ``contracts.target_io``. ``aux_hidden`` [1, S, 3H] = concat of the residual
     stream entering layer i for each aux id (id 0 = embeddings; id L = the last layer's
     output before the final norm). Tied models share the embedding for the head.
+    ``kv="inplace"``: the ONNX Runtime flavour over in-place buffers of ``cache_len`` rows
+    (contracts.py; float32/float16 only: GroupQueryAttention's CPU kernel has no bfloat16).
     """
+    if kv not in C.KV_LAYOUTS:
+        raise InternalError(f"kv layout {kv!r} is not one of {C.KV_LAYOUTS}")
+    if kv == "inplace" and (dtype not in ("float32", "float16") or not cache_len or cache_len < 1):
+        raise InternalError(f"in-place KV needs float32/float16 and a cache length (got {dtype}, {cache_len})")
     aux = tuple(int(i) for i in aux_layer_ids)
     if len(aux) != 3 or not all(0 <= i <= cfg.num_layers for i in aux):
         raise UserError(f"aux layer ids {list(aux)}: expected 3 ids in [0, {cfg.num_layers}]")
     b = ops.GraphBuilder(dtype)
     W = _weights(b, get)
     H, V = cfg.hidden_size, cfg.vocab_size
-    ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
+    if kv == "inplace":
+        ctx = ops.inplace_context(b, C.POSITION_IDS, cfg, int(cache_len))
+    else:
+        ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
     taps: dict[int, str] = {}
     h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
     b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
     h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
     # Tied: Gemm(transB=1) reads the embedding table itself, stored once.
     ops.lm_head(b, h, W("embed") if cfg.tie_word_embeddings else W("lm_head"), V, C.LOGITS)
-    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype)
-    return b.model(io, "specrt_target", f"target {cfg.model_type}, aux ids {list(aux)}")
+    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv)
+    return b.model(io, "specrt_target", f"target {cfg.model_type}, aux ids {list(aux)}"
+                   + (f", in-place KV of {cache_len} rows (ONNX Runtime GroupQueryAttention)" if kv == "inplace" else ""))
 
 
 # ---- drafts ----------------------------------------------------------------------------

@@ -7,7 +7,9 @@ tensor. Conventions (batch is always 1, so the residual stream is kept 2-D):
   on the checkpoint's ``[out, in]`` weights, so no weight is ever transposed or copied;
 * float tensors are in the graph dtype ``b.dtype`` (float32/float16/bfloat16); RMSNorm
   statistics, the RoPE tables and the softmax are computed in float32;
-* opset 17, default domain only (TensorRT's ONNX parser reads it).
+* opset 17, default domain only (TensorRT's ONNX parser reads it), except the in-place
+  KV flavour for ONNX Runtime (``attention_inplace``), which uses ONNX Runtime's
+  ``com.microsoft.GroupQueryAttention``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class GraphBuilder:
         self._count: dict[str, int] = {}
         self._consts: dict[tuple, str] = {}
         self._weights: set[str] = set()
+        self.domains: set[str] = set()  # non-default opset domains used (com.microsoft)
 
     def fresh(self, base: str) -> str:
         n = self._count.get(base, 0)
@@ -137,6 +140,8 @@ class GraphBuilder:
         g.input.extend(self.value_info(t) for t in io.inputs)
         g.output.extend(self.value_info(t) for t in io.outputs)
         m.opset_import.append(helper.make_opsetid("", OPSET))
+        for d in sorted(self.domains):
+            m.opset_import.append(helper.make_opsetid(d, 1))
         m.producer_name = "specrt"
         m.ir_version = 8  # opset 17 needs IR >= 8; the lowest keeps older TensorRT/ORT readers happy
         return m
@@ -221,6 +226,54 @@ def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: Decode
     return AttnContext(cos, sin, future, b.dim(past_key0, 1))
 
 
+@dataclass(frozen=True)
+class InplaceContext:
+    """Per-graph tensors of the in-place flavour: GroupQueryAttention's ``seqlens_k``
+    (int32 [1] = last position) and ``total_sequence_length`` (int32 scalar = last
+    position + 1), and its RoPE caches [C, D/2] in the graph dtype."""
+
+    seqlens_k: str
+    total: str
+    cos_cache: str
+    sin_cache: str
+
+
+def inplace_context(b: GraphBuilder, position_ids: str, cfg: DecoderConfig, cache_len: int) -> InplaceContext:
+    """GroupQueryAttention takes the new tokens' positions to be total - S .. total - 1 and
+    derives RoPE positions the same way; the runner checks that position_ids are exactly
+    that (consecutive, starting at the committed length), so both come from the last one."""
+    last = b.op("Gather", b.reshape(position_ids, -1), b.ints(-1))  # int64 [1]
+    seqlens = b.op("Cast", last, to=TensorProto.INT32)
+    total = b.op("Cast", b.reshape(b.op("Add", last, b.ints(1))), to=TensorProto.INT32)
+    freqs = np.arange(cache_len, dtype=np.float64)[:, None] * cfg.rope.inv_freq().astype(np.float64)[None, :]
+    cos = b.const(np.cos(freqs).astype(np.float32), b.dtype)
+    sin = b.const(np.sin(freqs).astype(np.float32), b.dtype)
+    return InplaceContext(seqlens, total, cos, sin)
+
+
+def attention_inplace(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceContext, W: Callable[[str], str],
+                      i: int, cache_k: str, cache_v: str, out_k: str, out_v: str) -> str:
+    """Self-attention of layer i with ONNX Runtime's GroupQueryAttention on in-place KV
+    buffers (contracts.py, "In-place KV"): RoPE (rotate_half, non-interleaved), the causal
+    mask and the cache update happen inside the op. x [S, in] -> [S, H]."""
+    NH, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p = f"layers.{i}."
+    bias = (lambda n: W(p + n)) if cfg.qkv_bias else (lambda n: None)
+    q = linear(b, x, W(p + "q"), bias("q_bias"))  # [S, NH*D]
+    k = linear(b, x, W(p + "k"), bias("k_bias"))  # [S, KVH*D]
+    v = linear(b, x, W(p + "v"), bias("v_bias"))
+    if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE (which the op applies)
+        q = rmsnorm(b, b.reshape(q, -1, NH, D), W(p + "q_norm"), cfg.rms_norm_eps)
+        k = rmsnorm(b, b.reshape(k, -1, KVH, D), W(p + "k_norm"), cfg.rms_norm_eps)
+    q, k, v = (b.reshape(t, 1, -1, n * D) for t, n in ((q, NH), (k, KVH), (v, KVH)))
+    b.domains.add("com.microsoft")
+    o, _, _ = b.ops("GroupQueryAttention", [q, k, v, cache_k, cache_v, ctx.seqlens_k, ctx.total,
+                                            ctx.cos_cache, ctx.sin_cache], 3,
+                    outs=[b.fresh("gqa") + "/out", out_k, out_v], domain="com.microsoft",
+                    num_heads=NH, kv_num_heads=KVH, scale=float(D ** -0.5), do_rotary=1, rotary_interleaved=0)
+    return linear(b, b.reshape(o, -1, NH * D), W(p + "o"))  # [S, H]
+
+
 def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: Callable[[str], str], i: int,
               past_k: str, past_v: str, new_k: str, new_v: str) -> str:
     """Self-attention of layer i over the committed past and the S new tokens.
@@ -271,15 +324,16 @@ def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int) -> str:
     return linear(b, h, W(p + "down"))
 
 
-def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: AttnContext, W: Callable[[str], str], i: int,
-                  kv: tuple[str, str, str, str], attn_in: str | None = None) -> str:
+def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: "AttnContext | InplaceContext",
+                  W: Callable[[str], str], i: int, kv: tuple[str, str, str, str], attn_in: str | None = None) -> str:
     """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h)). h [S, H] is the residual.
 
     ``attn_in`` replaces norm(h) as the attention input (EAGLE-3 layer 0 reads
     concat(norm(embeds), norm(g)) of width 2H while its residual is g).
     """
     x = attn_in if attn_in is not None else rmsnorm(b, h, W(f"layers.{i}.attn_norm"), cfg.rms_norm_eps)
-    h = b.op("Add", h, attention(b, cfg, x, ctx, W, i, *kv))
+    attn = attention_inplace if isinstance(ctx, InplaceContext) else attention
+    h = b.op("Add", h, attn(b, cfg, x, ctx, W, i, *kv))
     x = rmsnorm(b, h, W(f"layers.{i}.mlp_norm"), cfg.rms_norm_eps)
     return b.op("Add", h, mlp(b, x, W, i))
 

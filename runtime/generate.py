@@ -46,6 +46,8 @@ class Engines(Protocol):
 
     def draft(self) -> Runner | None: ...
 
+    # optional: def kv_layout(self, graph: str) -> str  ("append" when absent)
+
 
 @dataclass
 class Finished:
@@ -71,7 +73,8 @@ class Generator:
         t, d = m["target"], m.get("draft")
         dtype = np.float16 if m["dtype"] == "float16" else np.float32
         self.vocab = t["vocab_size"]
-        self.tkv = KVCache(t["num_layers"], t["num_kv_heads"], t["head_dim"], engines.max_context, dtype)
+        layout = engines.kv_layout("target") if hasattr(engines, "kv_layout") else "append"
+        self.tkv = KVCache(t["num_layers"], t["num_kv_heads"], t["head_dim"], engines.max_context, dtype, layout)
         self.draft_kind = d["kind"] if d else None
         self.dkv = KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], engines.max_context + 16, dtype) if d else None
         self.mask_id = d["mask_token_id"] if d else None

@@ -10,6 +10,11 @@ One buffer per layer and kind, ``[1, MAX, KVH, D]``, and a committed length ``n`
 Rejected drafts are never written, so a verify round commits ``accepted + 1`` rows (the
 last committed token's slot plus the accepted drafts) and needs no rollback; rollback
 exists for callers that commit speculatively (e.g. a draft's scratch rows).
+
+``layout="inplace"`` (engines whose graph updates the buffers itself, contracts.py
+"In-place KV"): buffers ``[1, KVH, MAX, D]``, fed whole as ``cache_key(i)``; the engine
+writes the S new rows at positions n..n+S-1, so commit is ``n += a`` (O(1)) and the
+rejected rows past n are dead until the next call overwrites them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from specrt.errors import InternalError, UserError
 
 
 class KVCache:
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype="float32"):
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype="float32",
+                 layout: str = "append"):
         for name, v in (("num_layers", num_layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("max_len", max_len)):
             if int(v) != v or v < 1:
                 raise UserError(f"KV cache {name}={v!r}: expected a positive integer")
@@ -33,8 +39,11 @@ class KVCache:
             raise UserError(f"KV cache dtype {dtype!r}: expected a numpy float dtype (float32, float16)") from None
         if dt.kind != "f":
             raise UserError(f"KV cache dtype {dtype!r}: expected a numpy float dtype (float32, float16)")
-        shape = (1, max_len, kv_heads, head_dim)
-        self.keys = [np.zeros(shape, dt) for _ in range(num_layers)]  # [1, MAX, KVH, D] each
+        if layout not in contracts.KV_LAYOUTS:
+            raise InternalError(f"KV layout {layout!r} is not one of {contracts.KV_LAYOUTS}")
+        self.layout = layout
+        shape = (1, max_len, kv_heads, head_dim) if layout == "append" else (1, kv_heads, max_len, head_dim)
+        self.keys = [np.zeros(shape, dt) for _ in range(num_layers)]  # [1, MAX, KVH, D] each (append)
         self.values = [np.zeros(shape, dt) for _ in range(num_layers)]
         self.max_len = max_len
         self._n = 0
@@ -57,8 +66,14 @@ class KVCache:
 
     def past_feeds(self, key_name: Callable[[int], str] = contracts.past_key,
                    value_name: Callable[[int], str] = contracts.past_value) -> dict[str, np.ndarray]:
-        """{past_key(i): K[i][:, :n], past_value(i): V[i][:, :n]}: views [1, n, KVH, D], no copy."""
+        """{past_key(i): K[i][:, :n], past_value(i): V[i][:, :n]}: views [1, n, KVH, D], no copy.
+        In-place layout: {cache_key(i): K[i], cache_value(i): V[i]}, the whole buffers."""
         n, feeds = self._n, {}
+        if self.layout == "inplace":
+            for i, (k, v) in enumerate(zip(self.keys, self.values)):
+                feeds[contracts.cache_key(i)] = k
+                feeds[contracts.cache_value(i)] = v
+            return feeds
         for i, (k, v) in enumerate(zip(self.keys, self.values)):
             feeds[key_name(i)] = k[:, :n]
             feeds[value_name(i)] = v[:, :n]
@@ -72,6 +87,12 @@ class KVCache:
             return
         self.check_room(count)
         n = self._n
+        if self.layout == "inplace":  # the engine wrote rows n.. itself; check it was this cache
+            k0 = new_kv.get(contracts.cache_key_out(0))
+            if k0 is None or k0.ctypes.data != self.keys[0].ctypes.data:
+                raise InternalError("commit: the outputs are not this in-place cache's buffers")
+            self._n = n + count
+            return
         for i, (k, v) in enumerate(zip(self.keys, self.values)):
             for buf, name in ((k, key_name(i)), (v, value_name(i))):
                 new = new_kv.get(name)

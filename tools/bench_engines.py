@@ -21,7 +21,9 @@ Variants: ``shared`` (the default build: one prepacked session per graph, no spi
 ``per-depth-prepack`` (a session per depth with its own prepacked weights: N x memory, to
 isolate the effect of specialisation), ``basic``/``extended`` (graph optimisation level),
 ``1-thread``, ``spin`` (intra-op threads busy-wait between ops, ONNX Runtime's default),
-and ``plain`` (the export graph in a default InferenceSession called with
+``append`` (engines built with ``ort_kv="append"``: the export's portable target graph,
+past KV as prefix views, new KV copied out; every other variant runs the default build,
+whose target is re-lowered with in-place KV when ONNX Runtime allows it), and ``plain`` (the export graph in a default InferenceSession called with
 ``session.run``: the baseline). Targets (issue 5): depth 4 <= 1.2x and depth 8 <= 1.35x
 of depth 1; peak RSS <= 1.3x (weights + KV).
 """
@@ -50,6 +52,7 @@ VARIANTS = {
     "1-thread": {"intra_op_num_threads": 1},
     "spin": {"spin": True},
     "plain": None,  # a default InferenceSession on the export graph, session.run
+    "append": {},  # the default settings on engines built with ort_kv="append" (the portable target graph)
 }
 
 
@@ -108,15 +111,23 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
     load_s = time.perf_counter() - t0
     rss_loaded = rss_bytes()
     max_ctx = max(contexts) + max(depths) + 1 + steps
+    if max_ctx > e.max_context:
+        raise SystemExit(f"contexts + depths + steps need {max_ctx} positions; the engines hold {e.max_context}")
     rng = np.random.default_rng(0)
-    cache = {n: (rng.standard_normal((1, max_ctx, KVH, D), dtype=np.float32) * 0.5)
-             for i in range(L) for n in (C.past_key(i), C.past_value(i))}
-    kv_bytes = sum(v.nbytes for v in cache.values())  # the preallocated cache, as the runtime holds it
+    inplace = VARIANTS[variant] is not None and e.kv_layout("target") == "inplace"
+    # the preallocated cache as the runtime holds it: max_context rows in the engine's layout
+    if inplace:
+        cache = {n: (rng.standard_normal((1, KVH, e.max_context, D), dtype=np.float32) * 0.5)
+                 for i in range(L) for n in (C.cache_key(i), C.cache_value(i))}
+    else:
+        cache = {n: (rng.standard_normal((1, e.max_context, KVH, D), dtype=np.float32) * 0.5)
+                 for i in range(L) for n in (C.past_key(i), C.past_value(i))}
+    kv_bytes = sum(v.nbytes for v in cache.values())
 
     def feeds(s: int, past: int):
         return {C.INPUT_IDS: rng.integers(0, V, (1, s), dtype=np.int64),
                 C.POSITION_IDS: np.arange(past, past + s, dtype=np.int64)[None],
-                **{k: v[:, :past] for k, v in cache.items()}}
+                **(cache if inplace else {k: v[:, :past] for k, v in cache.items()})}
 
     all_depths = [0, *depths]  # 0 = decode (S = 1)
     samples: dict[tuple[int, int], list[float]] = {(c, d): [] for c in contexts for d in all_depths}
@@ -149,7 +160,8 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
     rss_end = rss_bytes()
     if VARIANTS[variant] is not None:
         e.deactivate()
-    return {"variant": variant, "settings": VARIANTS[variant], "weights": weights, "kv_bytes": kv_bytes,
+    return {"variant": variant, "settings": VARIANTS[variant], "kv_layout": "inplace" if inplace else "append",
+            "weights": weights, "kv_bytes": kv_bytes,
             "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
             "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]),
             "alloc_per_step_median": float(np.median(per_step)),
@@ -159,7 +171,7 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
 # ---- parent ------------------------------------------------------------------------------
 
 
-def prepare(depths: str, rebuild: bool, draft: Path | None) -> Path:
+def prepare(depths: str, rebuild: bool, draft: Path | None, kv: str = "auto") -> Path:
     from specrt.engines import build_engines
     from specrt.export.export import export
     from specrt.manifest import load_export
@@ -172,10 +184,10 @@ def prepare(depths: str, rebuild: bool, draft: Path | None) -> Path:
     except Exception:
         print(f"exporting SmolLM2-135M to {exp} ...", flush=True)
         export(smollm2_folder(), draft, exp, force=True, log=lambda s: print("  " + s, flush=True))
-    out = root / "engines"
-    print(f"building onnxruntime engines (depths {depths}) into {out} ...", flush=True)
+    out = root / ("engines" if kv == "auto" else f"engines-{kv}")
+    print(f"building onnxruntime engines (depths {depths}, KV {kv}) into {out} ...", flush=True)
     build_engines(exp, "onnxruntime", depths, out, force=True, max_context=2048, profile_repeats=10,
-                  log=lambda s: print("  " + s, flush=True))
+                  log=lambda s: print("  " + s, flush=True), ort_kv=kv)
     return out
 
 
@@ -183,7 +195,7 @@ def report(res: dict, contexts: list[int], depths: list[int]) -> None:
     mib = 2 ** 20
     w, kv = res["weights"], res["kv_bytes"]
     how = json.dumps(res["settings"]) if res["settings"] is not None else "(plain session.run)"
-    print(f"\n== {res['variant']} {how}")
+    print(f"\n== {res['variant']} {how}, {res['kv_layout']} KV")
     grown = res["rss_loaded"] - res["rss_before"]
     print(f"load {res['load_s']:.1f} s; engine weights {w / mib:.0f} MiB; RSS after activation "
           f"{res['rss_loaded'] / mib:.0f} MiB (+{grown / mib:.0f} MiB over the process before loading = "
@@ -210,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--draft", type=Path, default=None, help="optional draft folder to export with the target")
     ap.add_argument("--engines", type=Path, default=None, help="use this engines folder instead of building")
+    ap.add_argument("--append-engines", type=Path, default=None,
+                    help="for the append variant: engines built with ort_kv=append (default: built)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -222,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v} (choose from {', '.join(VARIANTS)})")
     engines = args.engines or prepare(args.depths, True, args.draft)
+    append_engines = None
+    if "append" in args.variants.split(","):
+        append_engines = args.append_engines or prepare(args.depths, True, args.draft, kv="append")
     m = json.loads((engines / "engines.json").read_text())
     c = m["costs"]
     print(f"cost table of the build (median of {c['repeats']}, seconds): verify "
@@ -230,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
           f"by past: { {p: {d: round(v, 5) for d, v in row['verify'].items()} for p, row in c['by_past'].items()} }")
     print(f"machine: {m['environment']['device']}, load average {os.getloadavg()}")
     for v in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--worker", v, "--engines", str(engines), "--contexts", args.contexts,
+        folder = append_engines if v == "append" else engines
+        cmd = [sys.executable, __file__, "--worker", v, "--engines", str(folder), "--contexts", args.contexts,
                "--depths", args.depths, "--repeats", str(args.repeats), "--rounds", str(args.rounds),
                "--steps", str(args.steps)]
         out = subprocess.run(cmd, capture_output=True, text=True)

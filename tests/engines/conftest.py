@@ -35,6 +35,17 @@ def tiny_engines(tiny_export, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_engines_append(tiny_export, tmp_path_factory) -> Path:
+    """The same engines with the export's portable target graph (ort_kv="append"): the
+    contract TensorRT engines use, exercised here on ONNX Runtime."""
+    from specrt.engines import build_engines
+
+    out = tmp_path_factory.mktemp("tiny") / "engines-append"
+    build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=2, ort_kv="append")
+    return out
+
+
 @pytest.fixture
 def engines_copy(tiny_engines, tmp_path) -> Path:
     """A private copy of the engines folder (real copies, no hard links) to tamper with."""

@@ -69,7 +69,7 @@ def test_engines_folder_alone_suffices(tiny_export, tmp_path):
     with load_engines(out) as e:
         feeds = {C.INPUT_IDS: np.array([[5, 6, 7]]), C.POSITION_IDS: np.array([[0, 1, 2]]),
                  **{n: np.zeros((1, 0, 2, 16), np.float32) for i in range(4) for n in (C.past_key(i), C.past_value(i))}}
-        assert e.verify(2).infer(feeds)[C.LOGITS].shape == (1, 3, 1000)
+        assert e.portable("verify.2").infer(feeds)[C.LOGITS].shape == (1, 3, 1000)
 
 
 def test_tampered_graph_is_refused(engines_copy):

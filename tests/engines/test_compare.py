@@ -41,14 +41,14 @@ def corrupt_engine(folder: Path, initializer: str = "lm_head", delta: float = 1.
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(folder / "export" / "target.onnx"))
+    m = json.loads((folder / "engines.json").read_text())
+    model = onnx.load(str(folder / m["roles"]["decode"]["engine"]["onnx"]))  # the engine's own target graph
     init = next(t for t in model.graph.initializer if t.name == initializer)
     w = numpy_helper.to_array(init).copy()
     w.flat[0] += delta
     init.CopyFrom(numpy_helper.from_array(w, initializer))
     (folder / "corrupt").mkdir()
     onnx.save(model, str(folder / "corrupt" / "target.onnx"))
-    m = json.loads((folder / "engines.json").read_text())
     for role in m["roles"].values():
         if role["graph"] == "target":
             role["engine"]["onnx"] = "corrupt/target.onnx"

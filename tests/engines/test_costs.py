@@ -24,8 +24,8 @@ def test_parse_costs_gives_integer_keys():
     assert parse_costs(None) == {}
 
 
-def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines):
-    e = load_engines(tiny_engines, verify=False)
+def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_append):
+    e = load_engines(tiny_engines_append, verify=False)
     rng = np.random.default_rng(0)
     for name, r in e.runners.items():
         sizes = role_sizes(r, 100, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")

@@ -82,11 +82,23 @@ class State:
 
 
 @pytest.fixture(scope="module")
-def state(tiny_engines):
+def state(tiny_engines_append):
     from specrt.manifest import load_export
 
-    exp_dir = tiny_engines / "export"
+    exp_dir = tiny_engines_append / "export"
     return State(exp_dir, load_export(exp_dir))
+
+
+def alloc_peak(runner, feeds, calls: int = 20) -> int:
+    """Peak Python-side bytes (tracemalloc: numpy's too) over ``calls`` warm calls."""
+    runner.infer(feeds)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(calls):
+        runner.infer(feeds)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return peak
 
 
 def check_same(runner, session, feeds):
@@ -104,9 +116,9 @@ def check_same(runner, session, feeds):
 
 
 @pytest.mark.parametrize("sessions", ["shared", "per-depth"])
-def test_every_role_matches_the_export_graph(tiny_engines, state, sessions):
+def test_every_role_matches_the_export_graph(tiny_engines_append, state, sessions):
     rng = np.random.default_rng(1)
-    engines = load_engines(tiny_engines, ort_overrides={"sessions": sessions})
+    engines = load_engines(tiny_engines_append, ort_overrides={"sessions": sessions})
     with engines:
         # prefill over an empty cache (past views of length 0)
         check_same(engines.target(PROMPT), state.target, state.target_feeds(state.prompt, 0))
@@ -121,9 +133,9 @@ def test_every_role_matches_the_export_graph(tiny_engines, state, sessions):
         check_same(engines.draft(), state.draft, state.draft_feeds(real, aux, state.n, state.n))
 
 
-def test_fixed_outputs_are_reused_buffers_and_stay_correct(tiny_engines, state):
+def test_fixed_outputs_are_reused_buffers_and_stay_correct(tiny_engines_append, state):
     rng = np.random.default_rng(2)
-    with load_engines(tiny_engines) as engines:
+    with load_engines(tiny_engines_append) as engines:
         r = engines.verify(4)
         first = check_same(r, state.target, state.target_feeds(rng.integers(0, 999, 5), state.n))
         logits = first[C.LOGITS]
@@ -131,32 +143,26 @@ def test_fixed_outputs_are_reused_buffers_and_stay_correct(tiny_engines, state):
         assert again[C.LOGITS] is logits  # preallocated once, overwritten in place
 
 
-def test_a_decode_step_allocates_nothing_proportional_to_the_context(tiny_engines, state):
+def test_a_decode_step_allocates_nothing_proportional_to_the_context(tiny_engines_append, state):
     """Python-side allocations per step (tracemalloc sees numpy's) are small and the same at
     a short and a long past: past KV is bound in place, outputs are preallocated."""
     rng = np.random.default_rng(3)
     big = {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in state.tkv.items()}
     peaks = {}
-    with load_engines(tiny_engines) as engines:
+    with load_engines(tiny_engines_append) as engines:
         r = engines.verify(2)
         for past in (8, 240):
             feeds = {C.INPUT_IDS: np.ones((1, 3), np.int64),
                      C.POSITION_IDS: np.arange(past, past + 3, dtype=np.int64)[None],
                      **{k: v[:, :past] for k, v in big.items()}}
-            r.infer(feeds)
-            tracemalloc.start()
-            base = tracemalloc.get_traced_memory()[0]
-            for _ in range(20):
-                r.infer(feeds)
-            peaks[past] = tracemalloc.get_traced_memory()[1] - base
-            tracemalloc.stop()
+            peaks[past] = alloc_peak(r, feeds)
     kv_bytes = sum(v[:, :240].nbytes for v in big.values())
     assert max(peaks.values()) < 16 * 1024, peaks
     assert max(peaks.values()) < kv_bytes / 20, (peaks, kv_bytes)
 
 
-def test_feeds_are_checked_against_the_role(tiny_engines, state):
-    with load_engines(tiny_engines) as engines:
+def test_feeds_are_checked_against_the_role(tiny_engines_append, state):
+    with load_engines(tiny_engines_append) as engines:
         r = engines.verify(4)
         good = state.target_feeds(np.arange(5), state.n)
         with pytest.raises(UserError, match="input_ids"):
@@ -177,8 +183,8 @@ def test_feeds_are_checked_against_the_role(tiny_engines, state):
         r.infer(good)
 
 
-def test_metadata_is_specialised_per_depth(tiny_engines):
-    engines = load_engines(tiny_engines, verify=False)
+def test_metadata_is_specialised_per_depth(tiny_engines_append):
+    engines = load_engines(tiny_engines_append, verify=False)
     for d in DEPTHS:
         ins = {t.name: t.shape for t in engines.verify(d).get_input_metadata()}
         outs = {t.name: t.shape for t in engines.verify(d).get_output_metadata()}
@@ -190,21 +196,21 @@ def test_metadata_is_specialised_per_depth(tiny_engines):
     assert {t.name: t.shape for t in engines.draft().get_input_metadata()}[C.DRAFT_AUX_IN] == (1, C.DIM_AUX, 192)
 
 
-def test_sessions_are_shared_by_default(tiny_engines):
-    with load_engines(tiny_engines) as engines:
+def test_sessions_are_shared_by_default(tiny_engines_append):
+    with load_engines(tiny_engines_append) as engines:
         target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
         assert len(target) == 1
-    with load_engines(tiny_engines, ort_overrides={"sessions": "per-depth"}) as engines:
+    with load_engines(tiny_engines_append, ort_overrides={"sessions": "per-depth"}) as engines:
         target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
         assert len(target) == len(DEPTHS) + 2  # prefill, decode, verify.d
         assert engines.ort_settings.prepack is False  # one copy of the weights
 
 
-def test_dynamic_outputs_follow_each_calls_shape(tiny_engines, state):
+def test_dynamic_outputs_follow_each_calls_shape(tiny_engines_append, state):
     """Prefill and draft outputs are sized per call: a shorter call after a longer one
     (and the reverse) returns outputs of its own shape, equal to the plain session's."""
     rng = np.random.default_rng(4)
-    with load_engines(tiny_engines) as engines:
+    with load_engines(tiny_engines_append) as engines:
         for s in (24, 7, 13):
             got = check_same(engines.runner("prefill"), state.target,
                              state.target_feeds(rng.integers(0, 999, s), state.n))

@@ -83,19 +83,22 @@ def targets(tmp_path_factory) -> dict[str, Path]:
     return {name: write_tiny_target(root / name, seed=k, **kw) for k, (name, kw) in enumerate(TARGETS.items())}
 
 
+def hf_reference(folder: Path, vocab: int):
+    """9 random ids and transformers' logits and aux hidden states over them (one forward)."""
+    import torch
+
+    ids = np.random.default_rng(7).integers(0, vocab, (1, 9))
+    with torch.no_grad():
+        ref = load_hf(folder)(torch.tensor(ids), output_hidden_states=True)
+    return ids, ref.logits.numpy(), np.concatenate([ref.hidden_states[i].numpy() for i in AUX_IDS], axis=-1)
+
+
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_target_matches_transformers(targets, name):
     t = bind_target(targets[name])
     d = t.config.decoder
     s = session(build_target_graph(d, t.get, AUX_IDS))
-    ids = np.random.default_rng(7).integers(0, d.vocab_size, (1, 9))
-    hf = load_hf(targets[name])
-    import torch
-
-    with torch.no_grad():
-        ref = hf(torch.tensor(ids), output_hidden_states=True)
-    ref_logits = ref.logits.numpy()
-    ref_aux = np.concatenate([ref.hidden_states[i].numpy() for i in AUX_IDS], axis=-1)
+    ids, ref_logits, ref_aux = hf_reference(targets[name], d.vocab_size)
     # (past, new) = (0, 9); then (0, 1), (1, 4), (5, 1), (6, 3), each past from the ONNX calls before.
     for chunks in ([9], [1, 4, 1, 3]):
         kv, n = KV(d.num_layers, d.num_kv_heads, d.head_dim), 0
@@ -106,6 +109,47 @@ def test_target_matches_transformers(targets, name):
             assert maxerr(out[C.LOGITS], ref_logits[:, n:n + c]) <= TOL, (name, n, c)
             assert maxerr(out[C.AUX_HIDDEN], ref_aux[:, n:n + c]) <= TOL, (name, n, c)
             kv.commit(out)
+            n += c
+
+
+def run_inplace(s: ort.InferenceSession, feed: dict, bufs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One call with the cache buffers bound in place (as OrtRunner binds them)."""
+    b = s.io_binding()
+    for name, a in {**feed, **bufs}.items():
+        b.bind_cpu_input(name, np.ascontiguousarray(a))
+    for o in s.get_outputs():
+        if o.name.startswith("cache_"):  # cache_key_out.i -> the buffer of cache_key.i
+            a = bufs[o.name.replace("_out", "")]
+            b.bind_output(o.name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+        else:
+            b.bind_output(o.name, "cpu")
+    s.run_with_iobinding(b)
+    outs = dict(zip([o.name for o in s.get_outputs()], b.get_outputs()))
+    return {n: v.numpy() for n, v in outs.items() if not n.startswith("cache_")}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_inplace_target_matches_transformers(targets, name):
+    """The ONNX Runtime flavour (GroupQueryAttention on in-place buffers): the same chunks,
+    and a rolled-back chunk whose dead rows the next call must overwrite, not read."""
+    t = bind_target(targets[name])
+    d = t.config.decoder
+    model = build_target_graph(d, t.get, AUX_IDS, kv="inplace", cache_len=16)
+    onnx.checker.check_model(model)
+    s = session(model)
+    ids, ref_logits, ref_aux = hf_reference(targets[name], d.vocab_size)
+    shape = (1, d.num_kv_heads, 16, d.head_dim)
+    for chunks in ([9], [1, 4, 1, 3], [1, 4, (5, "wrong"), 1, 3]):
+        bufs = {f(i): np.full(shape, 7.0, np.float32) for i in range(d.num_layers) for f in (C.cache_key, C.cache_value)}
+        n = 0
+        for c in chunks:
+            if isinstance(c, tuple):  # 5 junk tokens written at n.. and then rolled back (n unchanged)
+                junk = (ids[:, :c[0]] + 1) % d.vocab_size
+                run_inplace(s, {C.INPUT_IDS: junk, C.POSITION_IDS: np.arange(n, n + c[0])[None]}, bufs)
+                continue
+            out = run_inplace(s, {C.INPUT_IDS: ids[:, n:n + c], C.POSITION_IDS: np.arange(n, n + c)[None]}, bufs)
+            assert maxerr(out[C.LOGITS], ref_logits[:, n:n + c]) <= TOL, (name, n, c)
+            assert maxerr(out[C.AUX_HIDDEN], ref_aux[:, n:n + c]) <= TOL, (name, n, c)
             n += c
 
 

@@ -1,0 +1,151 @@
+"""In-place KV engines (contracts.py "In-place KV"): the ONNX Runtime build's default target.
+
+The target graph is re-lowered with ONNX Runtime's GroupQueryAttention over whole
+[1, KVH, C, D] buffers that the engine updates in place. Checked here: every role gives
+the export graph's outputs (through the portable view and natively, rows written where
+the positions say), the outputs are the caller's buffers, a decode step allocates
+nothing in proportion to the context, bad positions are refused before the engine could
+write out of bounds, the cost table's feeds are valid, and the build falls back (or
+refuses, when asked for in-place) with the reason when in-place KV is impossible.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specrt import contracts as C
+from specrt.engines import build_engines, load_engines
+from specrt.engines.costs import role_sizes, synthetic_feeds
+from specrt.engines.onnxruntime import OrtSettings, probe_inplace_gqa
+from specrt.errors import UserError
+
+from .conftest import DEPTHS, quiet
+from .test_onnxruntime import State, alloc_peak, check_same
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def state(tiny_engines):
+    return State(tiny_engines / "export", json.loads((tiny_engines / "export" / "export.json").read_text()))
+
+
+def test_the_default_build_is_in_place_and_records_its_own_io(tiny_engines):
+    m = json.loads((tiny_engines / "engines.json").read_text())
+    assert m["graphs"]["target"]["kv"] == "inplace"
+    io = m["graphs"]["target"]["io"]
+    assert io["aliases"] == {C.cache_key_out(i) if k else C.cache_value_out(i): C.cache_key(i) if k else C.cache_value(i)
+                             for i in range(4) for k in (0, 1)}
+    assert m["roles"]["decode"]["dims"][C.DIM_CACHE] == [m["max_context"]] * 3
+    assert m["roles"]["decode"]["engine"]["onnx"] == "target.onnx"
+    e = load_engines(tiny_engines, verify=False)
+    assert (e.kv_layout("target"), e.kv_layout("draft")) == ("inplace", "append")
+    ins = {t.name: t.shape for t in e.verify(4).get_input_metadata()}
+    assert ins[C.cache_key(0)] == (1, 2, m["max_context"], 16)
+    assert C.past_key(0) not in ins
+
+
+def test_every_role_matches_the_export_graph_through_the_portable_view(tiny_engines, state):
+    rng = np.random.default_rng(1)
+    with load_engines(tiny_engines) as engines:
+        for d in (0, *DEPTHS):
+            check_same(engines.portable_target(d + 1), state.target,
+                       state.target_feeds(rng.integers(0, state.vocab, d + 1), state.n))
+        check_same(engines.portable("prefill"), state.target, state.target_feeds(rng.integers(0, 999, 11), 0))
+
+
+def test_native_calls_write_the_new_rows_in_place(tiny_engines, state):
+    """The runtime's own path: whole buffers in, the rows at position_ids written, the
+    outputs ARE the buffers, rows past the committed length ignored (a rolled-back round)."""
+    rng = np.random.default_rng(5)
+    t = state.target
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        bufs = {}
+        for i in range(4):
+            for past, name in ((C.past_key(i), C.cache_key(i)), (C.past_value(i), C.cache_value(i))):
+                b = rng.standard_normal((1, 2, C_, 16), dtype=np.float32)  # junk everywhere ...
+                b[0, :, :state.n] = state.tkv[past][0, :state.n].transpose(1, 0, 2)  # ... but the committed rows
+                bufs[name] = b
+        toks = rng.integers(0, state.vocab, 5)
+        out = engines.verify(4).infer({C.INPUT_IDS: toks[None], C.POSITION_IDS: np.arange(state.n, state.n + 5)[None],
+                                       **bufs})
+        ref = dict(zip([o.name for o in t.get_outputs()], t.run(None, state.target_feeds(toks, state.n))))
+        np.testing.assert_allclose(out[C.LOGITS], ref[C.LOGITS], **TOL)
+        np.testing.assert_allclose(out[C.AUX_HIDDEN], ref[C.AUX_HIDDEN], **TOL)
+        for i in range(4):
+            assert out[C.cache_key_out(i)] is bufs[C.cache_key(i)]
+            written = bufs[C.cache_key(i)][0, :, state.n:state.n + 5].transpose(1, 0, 2)
+            np.testing.assert_allclose(written, ref[C.new_key(i)][0], **TOL)
+            np.testing.assert_allclose(bufs[C.cache_value(i)][0, :, state.n:state.n + 5].transpose(1, 0, 2),
+                                       ref[C.new_value(i)][0], **TOL)
+
+
+def test_a_decode_step_allocates_nothing_proportional_to_the_context(tiny_engines):
+    rng = np.random.default_rng(3)
+    peaks = {}
+    with load_engines(tiny_engines) as engines:
+        bufs = {n: rng.standard_normal((1, 2, engines.max_context, 16), dtype=np.float32)
+                for i in range(4) for n in (C.cache_key(i), C.cache_value(i))}
+        r = engines.verify(2)
+        for past in (8, 240):
+            feeds = {C.INPUT_IDS: np.ones((1, 3), np.int64),
+                     C.POSITION_IDS: np.arange(past, past + 3, dtype=np.int64)[None], **bufs}
+            peaks[past] = alloc_peak(r, feeds)
+    assert max(peaks.values()) < 16 * 1024, peaks
+
+
+def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        bufs = {n: np.zeros((1, 2, C_, 16), np.float32) for i in range(4) for n in (C.cache_key(i), C.cache_value(i))}
+        r = engines.verify(2)
+        for pos, what in (([[C_ - 2, C_ - 1, C_]], "inside the in-place KV buffers"),
+                          ([[5, 7, 8]], "consecutive"), ([[-1, 0, 1]], "consecutive")):
+            with pytest.raises(UserError, match=what):
+                r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array(pos), **bufs})
+        short = {**bufs, C.cache_key(1): np.zeros((1, 2, C_ - 1, 16), np.float32)}
+        with pytest.raises(UserError, match="cache_key.1"):
+            r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[0, 1, 2]]), **short})
+
+
+def test_cost_table_feeds_are_valid_whole_buffers(tiny_engines):
+    e = load_engines(tiny_engines, verify=False)
+    rng = np.random.default_rng(0)
+    for name, r in e.runners.items():
+        if name == "draft":
+            continue
+        sizes = role_sizes(r, 100, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+        feeds = synthetic_feeds(r, sizes, 1000, rng)
+        r.check_feeds(feeds)
+        assert feeds[C.cache_key(0)].shape == (1, 2, e.max_context, 16)
+        assert feeds[C.POSITION_IDS][0, 0] == (0 if name == "prefill" else 100)
+    m = json.loads((e.folder / "engines.json").read_text())
+    assert set(m["costs"]["verify"]) == {str(d) for d in DEPTHS}
+
+
+def test_probe_names_what_the_kernel_cannot_do():
+    s = OrtSettings().resolved()
+    assert probe_inplace_gqa(s, 4, 2, 16) is None
+    assert "head_size" in probe_inplace_gqa(s, 4, 2, 8)  # the CPU kernel wants head_dim % 16 == 0
+
+
+def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):
+    import shutil
+
+    exp = tmp_path / "export"
+    shutil.copytree(tiny_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    del m["target"]["decoder"]  # an export written before the decoder config was recorded
+    (exp / "export.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="--ort-kv inplace: the export predates target.decoder"):
+        build_engines(exp, "onnxruntime", [1], tmp_path / "e1", log=quiet, ort_kv="inplace")
+    notes = []
+    build_engines(exp, "onnxruntime", [1], tmp_path / "e2", log=notes.append, profile_repeats=1)
+    assert any("portable KV graph" in n and "re-export" in n for n in notes)
+    assert load_engines(tmp_path / "e2").kv_layout("target") == "append"
+    with pytest.raises(UserError, match="--ort-kv 'sideways'"):
+        build_engines(exp, "onnxruntime", [1], tmp_path / "e3", log=quiet, ort_kv="sideways")
