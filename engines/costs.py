@@ -17,8 +17,10 @@ Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` giv
     decode s                  one target token (S = 1)
     draft s                   one draft call: P-EAGLE one pass for draft_depth tokens with
                               draft_accepted real slots; EAGLE-3 one step of one token
+    draft_by_depth {k: s}     drafting a block of k (P-EAGLE: one pass of k tokens, profiled
+                              at every built depth; EAGLE-3: k steps = k x draft)
     prefill s                 prefill_tokens new tokens over an empty cache
-    by_past {p: {verify {d: s}, decode s, draft s}}
+    by_past {p: {verify {d: s}, decode s, draft s, draft_by_depth {k: s}}}
     draft_accepted, draft_depth, draft_kind, prefill_tokens
 """
 
@@ -117,6 +119,18 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
             d = role_depth(name)
             if name == DRAFT:
                 row["draft"] = t
+                by = {str(draft_depth): t}
+                for k in depths:
+                    if k == draft_depth:
+                        continue
+                    if draft_kind == "peagle":
+                        sz = role_sizes(r, p, **{**kw, "draft_depth": k})
+                        by[str(k)] = time_calls(r, synthetic_feeds(r, sz, vocab["draft"], rng), repeats, warmup)
+                    else:
+                        by[str(k)] = k * t
+                if draft_kind != "peagle":
+                    by[str(draft_depth)] = draft_depth * t
+                row["draft_by_depth"] = dict(sorted(by.items(), key=lambda kv: int(kv[0])))
             elif name == DECODE:
                 row["decode"] = t
             else:
@@ -151,7 +165,8 @@ def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     out = dict(table)
     out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
-    out["by_past"] = {int(p): {**row, "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()}}
+    out["by_past"] = {int(p): {**row, "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()},
+                               "draft_by_depth": {int(k): float(v) for k, v in row.get("draft_by_depth", {}).items()}}
                       for p, row in table.get("by_past", {}).items()}
     return out
 

@@ -224,6 +224,16 @@ class EngineSet:
             raise UserError(f"{self.folder}: the cost table has no entry for '{role}'")
         return interpolate(pts, past)
 
+    def draft_costs(self, past: int) -> dict[int, float]:
+        """Seconds to draft a block of k, per profiled k (``draft_by_depth``), at ``past``;
+        builds that predate it give {draft_depth: cost("draft")}."""
+        by_past = self.costs.get("by_past", {})
+        ks = sorted({k for row in by_past.values() for k in row.get("draft_by_depth", {})})
+        if not ks:
+            return {self.draft_depth: self.cost("draft", past)}
+        return {k: interpolate({p: row["draft_by_depth"][k] for p, row in by_past.items()
+                                if k in row.get("draft_by_depth", {})}, past) for k in ks}
+
     @property
     def weight_bytes(self) -> int:
         return int(sum(self.manifest.get("weight_bytes", {}).values()))

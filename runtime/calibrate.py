@@ -151,19 +151,28 @@ def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
 
 def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
               max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
-              *, write: bool = True) -> dict:
+              *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None) -> dict:
     """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
 
     ``prompts``: texts (tokenised with the export's tokenizer, chat template when ``chat``)
-    or token-id lists. Returns the report (see the module docstring); ``report["file"]`` is
-    the calibration written (``write=False``: nothing written, "file" is None)."""
+    or token-id lists. ``holdout_prompts``: a separate held-out set (then every prompt of
+    ``prompts`` trains and ``holdout`` is ignored); otherwise a ``holdout`` fraction of
+    ``prompts`` is held out. Returns the report (see the module docstring);
+    ``report["file"]`` is the calibration written (``write=False``: nothing written)."""
     engines_dir = Path(engines_dir)
     prompts = list(prompts)
     if not prompts:
         raise UserError("no prompts to calibrate on")
     if max_new_tokens < 2:
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 2 (one round needs two new tokens)")
-    train_idx, hold_idx = split_prompts(len(prompts), holdout)
+    if holdout_prompts is not None:
+        extra = list(holdout_prompts)
+        if not extra:
+            raise UserError("the held-out prompt set is empty")
+        train_idx, hold_idx = list(range(len(prompts))), list(range(len(prompts), len(prompts) + len(extra)))
+        prompts += extra
+    else:
+        train_idx, hold_idx = split_prompts(len(prompts), holdout)
 
     with Session(engines_dir, governor="off") as s:
         if s.engines.export.get("draft") is None:
@@ -211,7 +220,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         "depths": list(depths),
         "kind": cal.kind,
         "cv_ece": {k: float(v) for k, v in cal.cv_ece.items()},
-        "prompts": {"train": len(train_idx), "holdout": len(hold_idx)},
+        "prompts": {"train": len(train_idx), "holdout": len(hold_idx),
+                    "holdout_source": "separate set" if holdout_prompts is not None else f"{holdout:g} of the prompts"},
         "rounds": {"train": len(train), "holdout": len(hold)},
         "samples": {"train": int(conf.size), "holdout": n_hold_samples},
         "evaluated_on": evaluated_on,

@@ -204,9 +204,9 @@ class Generator:
                 if d > 0:
                     if self.dkv.length != pend_start:
                         raise InternalError(f"draft KV at {self.dkv.length}, pending slots start at {pend_start}")
-                    # DSpark drafts the whole block and then picks the verified length from
-                    # its confidences; the others draft exactly what they verify.
-                    k = self.governor.depths[-1] if self.governor.uses_confidences else d
+                    # d is the block to draft: DSpark then picks the verified length <= d from
+                    # the drafts' confidences; the others verify exactly what they draft.
+                    k = d
                     fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
                     aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
                     drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, k, rng)

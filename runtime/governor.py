@@ -262,6 +262,7 @@ class Calibration:
             y = np.stack([_pav(yk, wk) for yk, wk in zip(y, w)])
         self.ys = y  # [P, B+2]
         self._rows = y.tolist()  # the same knots as Python lists: the per-round path avoids numpy overhead
+        self.upper = y.max(1).tolist()  # per position, the largest c_k any confidence can map to
         self._pending = 0
 
     def predict(self, confidence: np.ndarray, position: np.ndarray) -> np.ndarray:
@@ -367,8 +368,14 @@ class DSparkGovernor(Governor):
     first depth-0 round); after drafting its cost is t_draft + t_verify(0), since the draft
     is already paid.
 
-    Before drafting there are no confidences, so the pre-draft call only decides whether
-    to draft: yes (returning the largest built depth: draft the full block) unless the
+    Before drafting there are no confidences, so the pre-draft call decides whether to
+    draft and how deep: the block K is the depth the rule would pick under the most
+    favourable confidences the calibration can map to (``Calibration.upper``; lower
+    confidences only shrink the later S_k, so they never favour a deeper block), with the
+    draft's cost for K blocks (``t_draft`` may map K -> seconds: a P-EAGLE pass grows with
+    its mask slots, EAGLE-3 takes K steps). Drafting a block no round can verify is waste:
+    measured on SmolLM2-135M with the committed draft, the full 8-deep block cost DSpark
+    2-7% against fixed depths. No draft at all when the
     measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
     ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
     instead proved too noisy (0/1 samples) and switched speculation off for long spells.
@@ -381,16 +388,22 @@ class DSparkGovernor(Governor):
     uses_confidences = True
     RATE_EMA = 0.1  # weight of a round in the pre-draft rate (costs use ``ema``)
 
-    def __init__(self, depths: Sequence[int], t_draft: float, t_verify: Mapping[int, float],
+    def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True):
         super().__init__(depths)
         missing = [d for d in self.depths if d not in t_verify]
         if missing:
             raise UserError(f"cost table lacks depth(s) {missing}; it has {sorted(t_verify)}, built depths {list(self.depths)}")
-        for d, t in [("draft", t_draft), *t_verify.items()]:
+        by_k = {int(k): v for k, v in t_draft.items()} if isinstance(t_draft, Mapping) else {self.depths[-1]: t_draft}
+        for d, t in [*((f"draft.{k}", v) for k, v in by_k.items()), *t_verify.items()]:
             if not (np.isfinite(t) and t > 0):
                 raise UserError(f"cost of {d!r} = {t!r} s: expected a positive number of seconds")
-        self.t_draft = float(t_draft)
+        # draft cost per block depth K: profiled K's, others from the nearest profiled K at or
+        # above (a deeper block costs at least as much), else the deepest
+        ks = sorted(by_k)
+        self._p_draft_by = {k: float(by_k[next((j for j in ks if j >= k), ks[-1])]) for k in range(1, self.depths[-1] + 1)}
+        self._draft_k = self.depths[-1]  # the block the last pre-draft call asked for
+        self.t_draft = self._p_draft_by[self.depths[-1]]
         self.t_verify = {d: float(t_verify[d]) for d in self.depths}  # seconds, EWMA-refreshed
         self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
         self.calibration = calibration if calibration is not None else Calibration(positions=self.depths[-1])
@@ -398,8 +411,26 @@ class DSparkGovernor(Governor):
         self.rate: float | None = None  # EWMA of max_d E(d) / (t_draft + t_verify(d)) over drafted rounds
         self._zeros = 0
         # profiled costs (the cost table) and the load factors observe() keeps
-        self._p_draft, self._p_verify, self._p_decode = self.t_draft, dict(self.t_verify), self.t_decode
+        self._p_verify, self._p_decode = dict(self.t_verify), self.t_decode
         self.load_target = self.load_draft = 1.0
+
+    def draft_cost(self, k: int) -> float:
+        """Seconds to draft a block of k (profiled, times the draft's load factor)."""
+        return self.load_draft * self._p_draft_by[min(max(int(k), 1), self.depths[-1])]
+
+    def draft_depth(self, limit: int | None = None) -> int:
+        """The block worth drafting: the rule's pick under the calibration's upper bounds."""
+        up = self.calibration.upper
+        top = self.depths[-1] if limit is None else min(self.depths[-1], limit)
+        best, best_rate, e, s = 0, -1.0, 1.0, 1.0
+        for k in range(1, top + 1):
+            s *= up[k - 1] if k <= len(up) else up[-1]
+            e += s
+            if k in self.t_verify:
+                rate = e / (self.draft_cost(k) + self.t_verify[k])
+                if rate > best_rate:
+                    best, best_rate = k, rate
+        return best
 
     def choose(self, state: GovernorState) -> int:
         if state.confidences is None:
@@ -410,13 +441,14 @@ class DSparkGovernor(Governor):
         if not all(map(math.isfinite, conf)):
             raise InternalError(f"draft engine produced non-finite confidences {conf}")
         c = self.calibration(conf)
+        t_draft = self.draft_cost(len(c))  # paid already: common to every choice below
         limit = len(c) if state.limit is None else min(len(c), state.limit)
         best, best_rate, e, s, i, depths = 0, -1.0, 1.0, 1.0, 0, self.depths
         for k in range(1, limit + 1):
             s *= c[k - 1]  # S_k
             e += s  # E(k)
             if k == depths[i]:
-                rate = e / (self.t_draft + self.t_verify[k])
+                rate = e / (t_draft + self.t_verify[k])
                 if rate > best_rate:  # strict: ties keep the smaller depth
                     best, best_rate = k, rate
                 i += 1
@@ -424,12 +456,12 @@ class DSparkGovernor(Governor):
                     break
         if best:  # the rate the pre-draft call expects from drafting: a smoothed prediction
             self.rate = best_rate if self.rate is None else self.rate + self.RATE_EMA * (best_rate - self.rate)
-        if self.t_decode is not None and best_rate <= 1.0 / (self.t_draft + self.t_decode):
+        if self.t_decode is not None and best_rate <= 1.0 / (t_draft + self.t_decode):
             return 0
         return best
 
     def _draft_or_not(self, state: GovernorState) -> int:
-        full = self._cap(self.depths[-1], state)
+        full = self.draft_depth(state.limit)
         if full and self.t_decode is not None and self.rate is not None \
                 and self.rate <= 1.0 / self.t_decode and self._zeros < self.probe_every:
             self._zeros += 1
@@ -445,8 +477,10 @@ class DSparkGovernor(Governor):
         verified drafts that could not pay off)."""
         a = self.ema
         if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
-            self.load_draft += a * (r.t_draft / self._p_draft - self.load_draft)
-            self.t_draft = self.load_draft * self._p_draft
+            k = len(r.confidences) if r.confidences is not None else self.depths[-1]
+            p = self._p_draft_by[min(max(k, 1), self.depths[-1])]
+            self.load_draft += a * (r.t_draft / p - self.load_draft)
+            self.t_draft = self.draft_cost(self.depths[-1])
         if r.depth == 0:
             if self._p_decode is None:
                 self._p_decode = r.t_verify / self.load_target

@@ -70,7 +70,8 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None) ->
     if s == "dspark":
         t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in depths}
         t_verify[0] = engines.cost("decode", COST_PAST)
-        return DSparkGovernor(depths, engines.cost("draft", COST_PAST), t_verify, calibration)
+        draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
+        return DSparkGovernor(depths, draft, t_verify, calibration)
     raise UserError(f"--governor '{spec}': expected one of {GOVERNORS} (built depths: {', '.join(map(str, depths))})")
 
 

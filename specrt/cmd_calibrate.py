@@ -56,11 +56,14 @@ def _engines_dir(ctx, param, value):
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
 @click.option("--holdout", type=float, default=0.25, show_default=True,
               help="Fraction of the prompts held out to measure calibration error (0: none).")
+@click.option("--holdout-prompts", "holdout_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="A separate held-out prompt file (same format) to measure calibration error on; "
+                   "then every prompt of --prompts trains and --holdout is ignored.")
 @click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the full report as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
 def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens: int, holdout: float,
-              report_file: Path | None, as_json: bool) -> None:
+              holdout_file: Path | None, report_file: Path | None, as_json: bool) -> None:
     """Fit the DSpark governor's per-position confidence calibration on ENGINES_DIR.
 
     Decodes the prompts greedily verifying the full draft block every round, fits the
@@ -70,8 +73,9 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens:
     from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
 
     prompts = read_prompts(prompts_file)
+    held = read_prompts(holdout_file) if holdout_file is not None else None
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
-                           log=lambda s: click.echo(s, err=True))
+                           log=lambda s: click.echo(s, err=True), holdout_prompts=held)
     if report_file is not None:
         report_file.write_text(json.dumps(report, indent=2))
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -367,11 +367,32 @@ def write_heldout(path: Path = HELDOUT_PATH) -> Path:
     return path
 
 
+CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration_prompts.jsonl"
+FIRST_UNTRAINED = 2560  # TRAIN prompts from here on were never answered for draft training (gen_chat_data)
+
+
+def write_calibration(path: Path = CALIBRATION_PATH, per_kind: int = 12, seed: int = 0) -> Path:
+    """DSpark calibration prompts: ``per_kind`` of each kind, drawn (fixed seed) from TRAIN
+    prompts the draft never saw (index >= FIRST_UNTRAINED), so calibration measures the
+    draft as it behaves on new text; topics stay disjoint from the held-out prompts."""
+    rng = random.Random(seed)
+    pool = train_prompts()[FIRST_UNTRAINED:]
+    out = []
+    for kind in KINDS:
+        out += rng.sample([d for d in pool if d["kind"] == kind], per_kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for d in out:
+            f.write(json.dumps({"prompt": d["prompt"], "kind": d["kind"]}, ensure_ascii=False) + "\n")
+    return path
+
+
 def main() -> int:
     train, held = build()
     counts = {k: (sum(d["kind"] == k for d in train), sum(d["kind"] == k for d in held)) for k in KINDS}
     print(f"train {len(train)}  heldout {len(held)}  (train, heldout) by kind: {counts}", file=sys.stderr)
     print(write_heldout())
+    print(write_calibration())
     return 0
 
 

@@ -117,7 +117,8 @@ def test_calibrate_writes_a_calibration_load_calibration_accepts(engines, tmp_pa
     logs = []
     rep = calibrate(eng, prompts(1000, 6), max_new_tokens=16, holdout=0.34, log=logs.append)
     assert rep["file"] == str(eng / CALIBRATION_FILE) and any("wrote" in m for m in logs)
-    assert rep["prompts"] == {"train": 4, "holdout": 2} and rep["evaluated_on"] == "holdout"
+    assert rep["prompts"] == {"train": 4, "holdout": 2, "holdout_source": "0.34 of the prompts"}
+    assert rep["evaluated_on"] == "holdout"
     assert rep["rounds"]["train"] > 0 and rep["rounds"]["holdout"] > 0 and rep["depth"] == 4
     data = json.loads((eng / CALIBRATION_FILE).read_text())
     assert data["export_digest"] == json.loads((eng / "engines.json").read_text())["export"]["digest"]
@@ -206,7 +207,16 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
                                    "--holdout", "0.5", "--report", str(tmp_path / "rep.json")])
     assert r.exit_code == 0, r.output
     assert "ECE c before" in r.output and (eng / CALIBRATION_FILE).is_file()
-    assert json.loads((tmp_path / "rep.json").read_text())["prompts"] == {"train": 2, "holdout": 2}
+    assert json.loads((tmp_path / "rep.json").read_text())["prompts"]["train"] == 2
+    # a separate held-out file: every --prompts prompt trains, the other file is evaluated
+    hf = tmp_path / "h.jsonl"
+    hf.write_text("\n".join(json.dumps({"prompt_ids": p}) for p in prompts(16, 3, seed=5)) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "12",
+                                   "--holdout-prompts", str(hf), "--report", str(tmp_path / "rep2.json")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "rep2.json").read_text())
+    assert rep["prompts"] == {"train": 4, "holdout": 3, "holdout_source": "separate set"}
+    assert rep["rounds"]["holdout"] > 0 and rep["evaluated_on"] == "holdout"
 
 
 @pytest.mark.parametrize("lines, args, message", [

@@ -162,6 +162,43 @@ def test_dspark_degenerate_confidences_and_errors():
         DSparkGovernor(DEPTHS, 0.0, {d: 1.0 for d in DEPTHS})
 
 
+def _calibrated(upper: list[float], rounds: int = 400) -> Calibration:
+    """A calibration whose map at position k tops out near upper[k] (accepted at that rate
+    whatever the confidence)."""
+    cal = Calibration(positions=len(upper), prior=1.0)
+    rng = np.random.default_rng(0)
+    for k, u in enumerate(upper):
+        x = rng.random(rounds)
+        cal._add(x, np.full(rounds, k), rng.random(rounds) < u)
+    cal.refit()
+    return cal
+
+
+def test_dspark_drafts_only_as_deep_as_a_round_could_verify():
+    # empty calibration = identity: upper bound 1 everywhere -> the full block
+    assert dspark().draft_depth() == 8
+    # position 1 accepted at most ~0.45, later ones ~0.03: even the best confidences make
+    # depth 1 the best -> draft 1, not 8 (rates under the bounds: ~1.45/1.5 vs ~1.50/1.6 ...)
+    g = dspark(calibration=_calibrated([0.45] + [0.03] * 7, rounds=2000))
+    assert max(g.calibration.upper[1:]) < 0.15
+    assert g.draft_depth() == 1 and g.choose(NONE) == 1
+    # high ceilings but a draft whose cost grows with its block: deep blocks do not pay
+    g = dspark(t_draft={1: 0.1, 2: 0.2, 4: 2.0, 8: 6.0}, calibration=_calibrated([0.95] * 8))
+    assert g.draft_depth() == 2
+    assert g.draft_depth(limit=1) == 1 and g.draft_depth(limit=0) == 0
+    # the sunk draft cost is the drafted block's: 2 drafted -> rates over 0.2 + t_verify
+    assert g.choose(conf(1.0, 1.0)) == 2
+
+
+def test_dspark_draft_load_factor_uses_the_drafted_blocks_profile():
+    g = dspark(t_draft={1: 0.1, 8: 0.8}, ema=1.0)
+    g.observe(RoundResult(1, 1, 0.2, 1.0, confidences=np.ones(1)))  # block 1 took 2x its profile
+    assert g.load_draft == pytest.approx(2.0)
+    assert g.draft_cost(8) == pytest.approx(1.6) and g.draft_cost(4) == pytest.approx(1.6)
+    g.observe(RoundResult(8, 1, 0.8, 1.6, confidences=np.ones(8)))  # block 8 as profiled
+    assert g.load_draft == pytest.approx(1.0)
+
+
 def test_dspark_decides_whether_to_draft_from_the_predicted_rate():
     g = dspark(tv={0: 0.5, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
     assert g.choose(NONE) == 8  # nothing known yet: draft the full block
