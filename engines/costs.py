@@ -4,9 +4,11 @@ DESIGN.md §5 picks the verify depth maximising expected tokens per unit time,
 ``(1 + sum_{k<=d} S_k) / (t_draft + t_verify(d))``; the t_* come from here.
 
 Method: synthetic feeds of the exact shapes the runtime sends (past KV as prefix views of
-a preallocated buffer, random values), ``warmup`` untimed calls, then the median of
-``repeats`` timed ``Runner.infer`` calls (validation and binding included: that is what
-the runtime pays). Measured at every past length in ``pasts`` that fits the context.
+a preallocated buffer, or the whole buffers of an in-place engine; random values),
+``warmup`` untimed rounds, then the median of ``repeats`` timed ``Runner.infer`` calls
+(validation and binding included: that is what the runtime pays), the roles timed
+round-robin so that machine noise hits them alike. Measured at every past length in
+``pasts`` that fits the context.
 
 Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` gives ints):
 
@@ -72,6 +74,21 @@ def time_calls(runner: Runner, feeds: dict[str, np.ndarray], repeats: int, warmu
     return float(np.median(ts))
 
 
+def time_round_robin(calls: list[tuple[Any, Runner, dict]], repeats: int, warmup: int) -> dict[Any, float]:
+    """Median seconds per key of ``calls`` [(key, runner, feeds)], timed one call of each in
+    turn per repeat after ``warmup`` untimed rounds."""
+    for _ in range(warmup):
+        for _, r, f in calls:
+            r.infer(f)
+    ts: dict[Any, list[float]] = {key: [] for key, _, _ in calls}
+    for _ in range(repeats):
+        for key, r, f in calls:
+            t0 = time.perf_counter()
+            r.infer(f)
+            ts[key].append(time.perf_counter() - t0)
+    return {key: float(np.median(v)) for key, v in ts.items()}
+
+
 def role_sizes(runner: Runner, past: int, *, draft_depth: int, draft_accepted: int, prefill_tokens: int,
                draft_kind: str | None) -> dict[str, int] | None:
     """Symbolic dim sizes of one profiled call of ``runner`` at ``past``; None if it does not fit."""
@@ -108,29 +125,35 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
     graph_of = {name: ("draft" if name == DRAFT else "target") for name in runners}
     by_past: dict[str, dict[str, Any]] = {}
     for p in pasts:
-        row: dict[str, Any] = {"verify": {}}
+        # every call to profile at this past: (key, runner, feeds); timed round-robin, one call
+        # of each per repeat, so a burst of machine load hits every role alike instead of
+        # inflating whichever role it happened to fall on (measured: blocked timing on a
+        # shared 2-core machine ranked verify.2 below verify.1)
+        calls: list[tuple[tuple, Runner, dict]] = []
         for name, r in runners.items():
             if name == PREFILL:
                 continue
             sizes = role_sizes(r, p, **kw)
             if sizes is None:
                 continue
-            t = time_calls(r, synthetic_feeds(r, sizes, vocab[graph_of[name]], rng), repeats, warmup)
+            calls.append(((name, None), r, synthetic_feeds(r, sizes, vocab[graph_of[name]], rng)))
+            if name == DRAFT and draft_kind == "peagle":
+                for k in depths:
+                    if k != draft_depth:
+                        sz = role_sizes(r, p, **{**kw, "draft_depth": k})
+                        calls.append(((name, k), r, synthetic_feeds(r, sz, vocab["draft"], rng)))
+        times = time_round_robin(calls, repeats, warmup)
+        row: dict[str, Any] = {"verify": {}}
+        for (name, k), t in times.items():
+            if k is not None:
+                continue
             d = role_depth(name)
             if name == DRAFT:
                 row["draft"] = t
-                by = {str(draft_depth): t}
-                for k in depths:
-                    if k == draft_depth:
-                        continue
-                    if draft_kind == "peagle":
-                        sz = role_sizes(r, p, **{**kw, "draft_depth": k})
-                        by[str(k)] = time_calls(r, synthetic_feeds(r, sz, vocab["draft"], rng), repeats, warmup)
-                    else:
-                        by[str(k)] = k * t
-                if draft_kind != "peagle":
-                    by[str(draft_depth)] = draft_depth * t
-                row["draft_by_depth"] = dict(sorted(by.items(), key=lambda kv: int(kv[0])))
+                if draft_kind == "peagle":  # one pass per block, profiled at every depth
+                    row["draft_by_depth"] = {str(j): t if j == draft_depth else times[(name, j)] for j in depths}
+                else:  # EAGLE-3: a block of j is j steps
+                    row["draft_by_depth"] = {str(j): j * t for j in depths}
             elif name == DECODE:
                 row["decode"] = t
             else:

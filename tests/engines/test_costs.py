@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specrt import contracts as C
 from specrt.engines.costs import interpolate, parse_costs, role_sizes, synthetic_feeds
@@ -36,3 +37,19 @@ def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_appen
         assert kv.base is not None and kv.base.shape[1] == kv.shape[1] + 1  # a view of a longer buffer
     kw = dict(draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
     assert role_sizes(e.verify(8), 250, **kw) is None
+
+
+def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
+    """P-EAGLE: one pass per block depth, profiled at every built depth; EngineSet.draft_costs
+    interpolates them at a past and the DSpark governor is built from them."""
+    e = load_engines(tiny_engines, verify=False)
+    for p, row in e.costs["by_past"].items():
+        assert sorted(row["draft_by_depth"]) == list(e.depths)
+        assert row["draft_by_depth"][max(e.depths)] == row["draft"]
+        assert all(v > 0 for v in row["draft_by_depth"].values())
+    by = e.draft_costs(100)
+    assert sorted(by) == list(e.depths) and all(v > 0 for v in by.values())
+    from specrt.runtime.session import make_governor
+
+    g = make_governor("dspark", e)
+    assert g.draft_cost(1) == pytest.approx(by[1]) and g.draft_cost(8) == pytest.approx(by[8])
