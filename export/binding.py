@@ -248,14 +248,14 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
     """The binding receipt: JSON-ready; ``receipt_id`` hashes everything else in it."""
     r: dict[str, Any] = {
         "format": RECEIPT_FORMAT,
-        "target": {"folder": str(target.folder), "config": target.config.to_json(), "slots": target.table()},
+        "target": {"folder": str(Path(target.folder).resolve()), "config": target.config.to_json(), "slots": target.table()},
     }
     if draft is not None:
         relies = {"final_norm": target.sha("final_norm"), "lm_head": target.sha("lm_head")}
         if "embed" not in draft.slots:
             relies["embed"] = target.sha("embed")
         r["draft"] = {
-            "folder": str(draft.folder),
+            "folder": str(Path(draft.folder).resolve()),
             "config": draft.config.to_json(),
             "aux_layer_ids": list(draft.aux_layer_ids),
             "embed_from_target": "embed" not in draft.slots,

@@ -161,20 +161,9 @@ def canary(engines_dir: Path) -> None:
 
 
 def _read_prompts(path: Path) -> list[str]:
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt'")
-        prompts.append(obj["prompt"])
-    if not prompts:
-        raise UserError(f"{path}: no prompts")
-    return prompts
+    from specrt.prompt_files import read_prompt_file
+
+    return [obj["prompt"] for obj in read_prompt_file(path, allow_ids=False)]
 
 
 @main.command()

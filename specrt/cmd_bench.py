@@ -142,23 +142,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     """JSON lines with a string 'prompt' and/or a list of ints 'prompt_ids' (other fields kept)."""
-    items = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
-        ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
-        ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
-        ok_ids = isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)
-        if not (ok_text or ok_ids):
-            raise UserError(f"{path}:{n}: expected an object with a string 'prompt' or a list of ints 'prompt_ids'")
-        items.append(obj)
-    if not items:
-        raise UserError(f"{path}: no prompts")
-    return items
+    from specrt.prompt_files import read_prompt_file
+
+    return read_prompt_file(path)
 
 
 def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:

@@ -10,34 +10,12 @@ from pathlib import Path
 
 import click
 
-from specrt.errors import UserError
+from specrt.prompt_files import prompts_of, read_prompt_file
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
     """JSON lines, each with a string 'prompt' or a list of token ids 'prompt_ids'."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the prompts ({e})") from None
-    prompts: list[str | list[int]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
-        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-            prompts.append(obj["prompt"])
-        elif isinstance(obj, dict) and isinstance(obj.get("prompt_ids"), list) \
-                and obj["prompt_ids"] and all(isinstance(t, int) and not isinstance(t, bool) for t in obj["prompt_ids"]):
-            prompts.append(obj["prompt_ids"])
-        else:
-            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt' "
-                            "(or a non-empty list of token ids 'prompt_ids')")
-    if not prompts:
-        raise UserError(f"{path}: no prompts")
-    return prompts
+    return prompts_of(read_prompt_file(path))
 
 
 def _engines_dir(ctx, param, value):

@@ -1,0 +1,45 @@
+"""Prompt files: JSON lines, each an object with a string ``prompt`` and/or a non-empty
+list of token ids ``prompt_ids`` (other fields, such as ``kind``, are kept). Read by
+``specrt run --prompts``, ``specrt calibrate`` and ``specrt bench``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specrt.errors import UserError
+
+
+def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
+    """The objects of ``path``; UserError naming the file and line for anything else.
+    ``allow_ids=False``: every line needs the text field ``prompt``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the prompts ({e})") from None
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+        ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
+        ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
+        ok_ids = allow_ids and isinstance(ids, list) and bool(ids) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids)
+        if not (ok_text or ok_ids):
+            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt'"
+                            + (" (or a non-empty list of token ids 'prompt_ids')" if allow_ids else ""))
+        items.append(obj)
+    if not items:
+        raise UserError(f"{path}: no prompts")
+    return items
+
+
+def prompts_of(items: list[dict[str, Any]]) -> list[str | list[int]]:
+    """Each item's token ids when it has them, else its text."""
+    return [obj["prompt_ids"] if isinstance(obj.get("prompt_ids"), list) else obj["prompt"] for obj in items]
