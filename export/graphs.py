@@ -75,7 +75,7 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
     if len(aux) != 3 or not all(0 <= i <= cfg.num_layers for i in aux):
         raise UserError(f"aux layer ids {list(aux)}: expected 3 ids in [0, {cfg.num_layers}]")
     b = ops.GraphBuilder(dtype)
-    W = _weights(b, get)
+    W = _weights(b, ops.fusing_get(get) if kv == "inplace" else get)
     H, V = cfg.hidden_size, cfg.vocab_size
     if kv == "inplace":
         ctx = ops.inplace_context(b, C.POSITION_IDS, cfg, int(cache_len))

@@ -258,10 +258,10 @@ def attention_inplace(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceC
     mask and the cache update happen inside the op. x [S, in] -> [S, H]."""
     NH, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     p = f"layers.{i}."
-    bias = (lambda n: W(p + n)) if cfg.qkv_bias else (lambda n: None)
-    q = linear(b, x, W(p + "q"), bias("q_bias"))  # [S, NH*D]
-    k = linear(b, x, W(p + "k"), bias("k_bias"))  # [S, KVH*D]
-    v = linear(b, x, W(p + "v"), bias("v_bias"))
+    # one Gemm over the fused [q; k; v] weight (FUSED_SLOTS), split after: a decode step is
+    # ~200 small GEMMs whose per-call cost adds up
+    qkv = linear(b, x, W(p + "qkv"), W(p + "qkv_bias") if cfg.qkv_bias else None)
+    q, k, v = b.ops("Split", [qkv, b.ints(NH * D, KVH * D, KVH * D)], 3, axis=-1)
     if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE (which the op applies)
         q = rmsnorm(b, b.reshape(q, -1, NH, D), W(p + "q_norm"), cfg.rms_norm_eps)
         k = rmsnorm(b, b.reshape(k, -1, KVH, D), W(p + "k_norm"), cfg.rms_norm_eps)
@@ -317,11 +317,37 @@ def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: 
     return linear(b, b.reshape(o, -1, NH * D), W(p + "o"))  # [S, H]
 
 
-def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int) -> str:
-    """SwiGLU: down(silu(gate x) * up x). [S, H] -> [S, H]."""
+def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int, fused: bool = False) -> str:
+    """SwiGLU: down(silu(gate x) * up x). [S, H] -> [S, H]. ``fused``: one Gemm over the
+    [gate; up] weight (FUSED_SLOTS), split after."""
     p = f"layers.{i}."
-    h = b.op("Mul", silu(b, linear(b, x, W(p + "gate"))), linear(b, x, W(p + "up")))
+    if fused:
+        gate, up = b.ops("Split", [linear(b, x, W(p + "gate_up"))], 2, axis=-1)
+    else:
+        gate, up = linear(b, x, W(p + "gate")), linear(b, x, W(p + "up"))
+    h = b.op("Mul", silu(b, gate), up)
     return linear(b, h, W(p + "down"))
+
+
+# Slots of the in-place flavour made of checkpoint slots (concatenated on the output axis
+# of the [out, in] weights): fused -> parts, "{i}" the layer.
+FUSED_SLOTS = {"layers.{i}.qkv": ("layers.{i}.q", "layers.{i}.k", "layers.{i}.v"),
+               "layers.{i}.qkv_bias": ("layers.{i}.q_bias", "layers.{i}.k_bias", "layers.{i}.v_bias"),
+               "layers.{i}.gate_up": ("layers.{i}.gate", "layers.{i}.up")}
+
+
+def fusing_get(get: Get) -> Get:
+    """``get`` that also serves FUSED_SLOTS by concatenating their parts."""
+    import re
+
+    def fused(slot: str) -> np.ndarray:
+        m = re.fullmatch(r"layers\.(\d+)\.(qkv|qkv_bias|gate_up)", slot)
+        if m is None:
+            return get(slot)
+        parts = FUSED_SLOTS["layers.{i}." + m.group(2)]
+        return np.concatenate([np.asarray(get(t.format(i=m.group(1)))) for t in parts], axis=0)
+
+    return fused
 
 
 def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: "AttnContext | InplaceContext",
@@ -335,7 +361,7 @@ def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: "AttnContext
     attn = attention_inplace if isinstance(ctx, InplaceContext) else attention
     h = b.op("Add", h, attn(b, cfg, x, ctx, W, i, *kv))
     x = rmsnorm(b, h, W(f"layers.{i}.mlp_norm"), cfg.rms_norm_eps)
-    return b.op("Add", h, mlp(b, x, W, i))
+    return b.op("Add", h, mlp(b, x, W, i, fused=isinstance(ctx, InplaceContext)))
 
 
 def embed(b: GraphBuilder, input_ids: str, table: str, hidden: int) -> str:
