@@ -262,7 +262,15 @@ class Calibration:
             y = np.stack([_pav(yk, wk) for yk, wk in zip(y, w)])
         self.ys = y  # [P, B+2]
         self._rows = y.tolist()  # the same knots as Python lists: the per-round path avoids numpy overhead
-        self.upper = y.max(1).tolist()  # per position, the largest c_k any confidence can map to
+        # per position, the largest c_k among the confidence bins it has data for (>= 3
+        # rounds; the empty bins' identity prior would say 1.0); a position with no such bin
+        # takes the previous position's bound (later drafts are not easier), the first 1.0
+        seen = n >= 3
+        upper, prev = [], 1.0
+        for k in range(n.shape[0]):
+            prev = float(y[k, 1:-1][seen[k]].max()) if seen[k].any() else prev
+            upper.append(prev)
+        self.upper = upper
         self._pending = 0
 
     def predict(self, confidence: np.ndarray, position: np.ndarray) -> np.ndarray:
@@ -369,13 +377,15 @@ class DSparkGovernor(Governor):
     is already paid.
 
     Before drafting there are no confidences, so the pre-draft call decides whether to
-    draft and how deep: the block K is the depth the rule would pick under the most
-    favourable confidences the calibration can map to (``Calibration.upper``; lower
-    confidences only shrink the later S_k, so they never favour a deeper block), with the
-    draft's cost for K blocks (``t_draft`` may map K -> seconds: a P-EAGLE pass grows with
-    its mask slots, EAGLE-3 takes K steps). Drafting a block no round can verify is waste:
-    measured on SmolLM2-135M with the committed draft, the full 8-deep block cost DSpark
-    2-7% against fixed depths. No draft at all when the
+    draft and how deep: the block K is the depth the rule would pick under optimistic
+    conditional acceptances u_k (lower ones only shrink the later S_k, so they never
+    favour a deeper block), with the draft's cost for K blocks (``t_draft`` may map K ->
+    seconds: a P-EAGLE pass grows with its mask slots, EAGLE-3 takes K steps). u_k is a
+    decaying maximum of the calibrated c_k of recent rounds (``ceiling_decay`` per round,
+    starting at 1, capped by ``Calibration.upper``); every ``probe_every`` drafted rounds
+    the full block is drafted so every position's u_k stays measured. Drafting a block no
+    round can verify is waste: measured on SmolLM2-135M with the committed draft, the
+    full 8-deep block cost DSpark 2-7% against fixed depths. No draft at all when the
     measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
     ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
     instead proved too noisy (0/1 samples) and switched speculation off for long spells.
@@ -389,7 +399,8 @@ class DSparkGovernor(Governor):
     RATE_EMA = 0.1  # weight of a round in the pre-draft rate (costs use ``ema``)
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
-                 calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True):
+                 calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
+                 ceiling_decay: float = 0.02):
         super().__init__(depths)
         missing = [d for d in self.depths if d not in t_verify]
         if missing:
@@ -402,7 +413,9 @@ class DSparkGovernor(Governor):
         # above (a deeper block costs at least as much), else the deepest
         ks = sorted(by_k)
         self._p_draft_by = {k: float(by_k[next((j for j in ks if j >= k), ks[-1])]) for k in range(1, self.depths[-1] + 1)}
-        self._draft_k = self.depths[-1]  # the block the last pre-draft call asked for
+        self.ceiling = [1.0] * self.depths[-1]  # u_k: decaying max of recent calibrated c_k
+        self.ceiling_decay = float(ceiling_decay)
+        self._since_full = 0  # drafted rounds since the last full block
         self.t_draft = self._p_draft_by[self.depths[-1]]
         self.t_verify = {d: float(t_verify[d]) for d in self.depths}  # seconds, EWMA-refreshed
         self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
@@ -420,7 +433,8 @@ class DSparkGovernor(Governor):
 
     def draft_depth(self, limit: int | None = None) -> int:
         """The block worth drafting: the rule's pick under the calibration's upper bounds."""
-        up = self.calibration.upper
+        cap = self.calibration.upper
+        up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
         top = self.depths[-1] if limit is None else min(self.depths[-1], limit)
         best, best_rate, e, s = 0, -1.0, 1.0, 1.0
         for k in range(1, top + 1):
@@ -442,6 +456,10 @@ class DSparkGovernor(Governor):
             raise InternalError(f"draft engine produced non-finite confidences {conf}")
         c = self.calibration(conf)
         t_draft = self.draft_cost(len(c))  # paid already: common to every choice below
+        keep = 1.0 - self.ceiling_decay
+        for k, ck in enumerate(c[: len(self.ceiling)]):
+            u = self.ceiling[k] * keep
+            self.ceiling[k] = ck if ck > u else u
         limit = len(c) if state.limit is None else min(len(c), state.limit)
         best, best_rate, e, s, i, depths = 0, -1.0, 1.0, 1.0, 0, self.depths
         for k in range(1, limit + 1):
@@ -461,7 +479,12 @@ class DSparkGovernor(Governor):
         return best
 
     def _draft_or_not(self, state: GovernorState) -> int:
-        full = self.draft_depth(state.limit)
+        self._since_full += 1
+        if self._since_full >= self.probe_every:  # refresh every position's ceiling
+            self._since_full = 0
+            full = self._cap(self.depths[-1], state)
+        else:
+            full = self.draft_depth(state.limit)
         if full and self.t_decode is not None and self.rate is not None \
                 and self.rate <= 1.0 / self.t_decode and self._zeros < self.probe_every:
             self._zeros += 1

@@ -190,6 +190,32 @@ def test_dspark_drafts_only_as_deep_as_a_round_could_verify():
     assert g.choose(conf(1.0, 1.0)) == 2
 
 
+def test_dspark_block_follows_the_recent_ceiling_and_probes_the_full_block():
+    """No calibration (identity): the full block until rounds show what later positions
+    reach; then the block shrinks to what could pay; every probe_every-th draft is full."""
+    g = dspark(t_draft={1: 0.1, 2: 0.12, 4: 0.2, 8: 0.4}, probe_every=10)
+    assert g.choose(NONE) == 8
+    for _ in range(150):  # confident first draft, hopeless later ones
+        g.choose(conf(0.9, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05))
+    assert g.ceiling[0] == pytest.approx(0.9) and max(g.ceiling[1:]) < 0.1
+    blocks = [g.choose(NONE) for _ in range(20)]
+    assert blocks.count(8) == 2 and set(blocks) == {1, 8}  # 18 short blocks, 2 probes
+    # a confident spike at position 2 lifts its ceiling: deeper blocks again, decaying back
+    g.choose(conf(0.95, 0.95, 0.05, 0.05))
+    assert g.ceiling[1] == pytest.approx(0.95)
+    assert g.draft_depth() == 2
+
+
+def test_calibration_upper_is_the_best_bin_with_data():
+    cal = _calibrated([0.45, 0.03], rounds=2000)
+    assert 0.4 < cal.upper[0] < 0.6 and cal.upper[1] < 0.15
+    assert Calibration(positions=3).upper == [1.0, 1.0, 1.0]  # no data: no bound
+    part = Calibration(positions=3, prior=1.0)
+    part._add(np.full(50, 0.5), np.zeros(50, int), np.ones(50))
+    part.refit()
+    assert part.upper[1] == part.upper[2] == part.upper[0] > 0.9  # later positions take the last bound
+
+
 def test_dspark_draft_load_factor_uses_the_drafted_blocks_profile():
     g = dspark(t_draft={1: 0.1, 8: 0.8}, ema=1.0)
     g.observe(RoundResult(1, 1, 0.2, 1.0, confidences=np.ones(1)))  # block 1 took 2x its profile

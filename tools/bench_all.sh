@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every benchmark behind the README's results table, in one go, on SmolLM2-135M-Instruct
+# and the committed P-EAGLE draft (ONNX Runtime, CPU). Run it on an otherwise idle machine:
+# the figures are ratios measured in one run, but a busy machine still blurs them.
+#
+#   bash tools/bench_all.sh [OUT]        # default OUT=out/bench-all; reports under results/
+#
+# Steps (each prints what it measured):
+#   1. export, and two engine sets from it: the default build (target re-lowered with
+#      in-place KV) and --ort-kv append (the export's portable graph, TensorRT's contract);
+#   2. DSpark calibration on tools/data/calibration_prompts.jsonl, evaluated on the
+#      held-out prompts (results/calibration_report.json), unless OUT/engines already has
+#      one for this export (SPECRT_RECALIBRATE=1 forces it);
+#   3. tools/bench_engines.py: verify latency per depth vs depth 1 at contexts 128 and 512,
+#      allocation per step, RSS; in-place vs append vs a plain session (results/engines.txt);
+#   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
+#      matched to specrt's (results/bench/);
+#   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
+#      (results/governors/);
+#   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
+#      `specrt run` vs weights + KV (results/runtime/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out/bench-all}
+PY=.venv/bin/python
+SPECRT=.venv/bin/specrt
+[ -x $SPECRT ] || { echo "error: $SPECRT missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
+$PY -m pip install -q --disable-pip-version-check -e ".[export,bench]"
+TARGET=$($PY tools/smollm2.py)
+mkdir -p "$OUT" results
+stamp() { echo "[bench_all] $(date +%T) $*"; }
+
+stamp "export + build"
+[ -f "$OUT/export/export.json" ] || $SPECRT export "$TARGET" --draft fixtures/peagle-smollm2 -o "$OUT/export" --force
+$SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines" --force
+$SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines-append" --force \
+  --ort-kv append --no-canary
+
+if [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 1 ]; then
+  stamp "calibrate"
+  $SPECRT calibrate "$OUT/engines" --prompts tools/data/calibration_prompts.jsonl \
+    --holdout-prompts tools/data/heldout_prompts.jsonl --chat --max-new-tokens 128 \
+    --report results/calibration_report.json
+fi
+
+stamp "engines: latency per depth, in-place vs append vs plain"
+$PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
+  --variants shared,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 --steps 200 \
+  | tee results/engines.txt
+
+stamp "specrt bench against the peers"
+$SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
+  --governors off,fixed:1,fixed:2,adaptive,dspark -o results/bench
+
+stamp "governors per prompt kind"
+$PY tools/bench_governors.py --engines "$OUT/engines" --per-kind 4 --max-new-tokens 128 --out results/governors
+stamp "runtime: speculation vs none, Python share, peak RSS"
+$PY tools/bench_runtime.py "$OUT/engines" --depths 1,2 -o results/runtime
+stamp "done"
