@@ -17,7 +17,6 @@ from specrt import contracts as C
 from specrt.cmd_compare import compare, parse_tolerances
 from specrt.engines.compare import TokenCompare, compare_engines, resolve_tolerances
 from specrt.errors import UserError
-from specrt.manifest import file_record
 
 from .conftest import DEPTHS, quiet
 
@@ -36,24 +35,15 @@ def cli():
 
 
 def corrupt_engine(folder: Path, initializer: str = "lm_head", delta: float = 1.0) -> None:
-    """Point every target role at a copy of the graph with ONE weight element changed, recorded in
-    engines.json's file hashes as a build would record it: only the comparison can catch it."""
-    import onnx
-    from onnx import numpy_helper
+    """ONE weight element of the target engine changed, recorded in engines.json's hashes as a
+    build would record it (tools/corrupt_engine.py): only the comparison can catch it."""
+    import importlib
+    import sys
 
-    m = json.loads((folder / "engines.json").read_text())
-    model = onnx.load(str(folder / m["roles"]["decode"]["engine"]["onnx"]))  # the engine's own target graph
-    init = next(t for t in model.graph.initializer if t.name == initializer)
-    w = numpy_helper.to_array(init).copy()
-    w.flat[0] += delta
-    init.CopyFrom(numpy_helper.from_array(w, initializer))
-    (folder / "corrupt").mkdir()
-    onnx.save(model, str(folder / "corrupt" / "target.onnx"))
-    for role in m["roles"].values():
-        if role["graph"] == "target":
-            role["engine"]["onnx"] = "corrupt/target.onnx"
-    m["files"].append(file_record(folder, "corrupt/target.onnx"))
-    (folder / "engines.json").write_text(json.dumps(m))
+    tools = str(Path(__file__).resolve().parents[2] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    importlib.import_module("corrupt_engine").corrupt(folder, initializer, delta)
 
 
 def test_good_engines_pass_against_onnxruntime(tiny_engines, tmp_path):
