@@ -382,8 +382,8 @@ class DSparkGovernor(Governor):
     favour a deeper block), with the draft's cost for K blocks (``t_draft`` may map K ->
     seconds: a P-EAGLE pass grows with its mask slots, EAGLE-3 takes K steps). u_k is a
     decaying maximum of the calibrated c_k of recent rounds (``ceiling_decay`` per round,
-    starting at 1, capped by ``Calibration.upper``); every ``probe_every`` drafted rounds
-    the full block is drafted so every position's u_k stays measured. Drafting a block no
+    starting at 1, capped by ``Calibration.upper``); every ``probe_every``-th pre-draft
+    call drafts the full block so that every position's u_k stays measured. Drafting a block no
     round can verify is waste: measured on SmolLM2-135M with the committed draft, the
     full 8-deep block cost DSpark 2-7% against fixed depths. No draft at all when the
     measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
@@ -432,7 +432,9 @@ class DSparkGovernor(Governor):
         return self.load_draft * self._p_draft_by[min(max(int(k), 1), self.depths[-1])]
 
     def draft_depth(self, limit: int | None = None) -> int:
-        """The block worth drafting: the rule's pick under the calibration's upper bounds."""
+        """The block worth drafting: the rule's pick under the optimistic u_k (the decaying
+        ceiling of recent calibrated c_k, capped by ``Calibration.upper``), each block
+        depth K costing ``draft_cost(K) + t_verify(K)``."""
         cap = self.calibration.upper
         up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
         top = self.depths[-1] if limit is None else min(self.depths[-1], limit)

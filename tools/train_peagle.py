@@ -51,7 +51,7 @@ training the head helps (the fixture uses --train-head). bf16 autocast makes a
 step 1.8x faster than fp32 here; the target's distributions stay fp32.
 
     python tools/gen_chat_data.py                    # hours, resumable (see its docstring)
-    python tools/train_peagle.py --budget-minutes 105 --train-head --out fixtures/peagle-smollm2
+    python tools/train_peagle.py --budget-minutes 90 --threads 1 --train-head --out fixtures/peagle-smollm2
     python tools/train_peagle.py --small --out /tmp/peagle-small
 """
 
@@ -623,7 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads; on a busy 2-core machine use 1 (a second OpenMP thread that loses its "
+                         "core stalls every op: held-out generation took >11 min with 2, 3 min with 1)")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                     help="autocast of the draft's matmuls (master weights and target distributions fp32)")
     ap.add_argument("--heldout-limit", type=int, default=None)
