@@ -9,8 +9,8 @@
 #   1. export, and two engine sets from it: the default build (target re-lowered with
 #      in-place KV) and --ort-kv append (the export's portable graph, TensorRT's contract);
 #   2. DSpark calibration on tools/data/calibration_prompts.jsonl, evaluated on the
-#      held-out prompts (results/calibration_report.json), unless OUT/engines already has
-#      one for this export (SPECRT_RECALIBRATE=1 forces it);
+#      held-out prompts (results/calibration_report.json); SPECRT_CALIBRATION=FILE copies
+#      a calibration.json made the same way on other engines of this export instead;
 #   3. tools/bench_engines.py: verify latency per depth vs depth 1 at contexts 128 and 512,
 #      allocation per step, RSS; in-place vs append vs a plain session (results/engines.txt);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
@@ -36,7 +36,12 @@ $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/eng
 $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines-append" --force \
   --ort-kv append --no-canary
 
-if [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 1 ]; then
+if [ -n "${SPECRT_CALIBRATION:-}" ]; then
+  # a calibration.json made by `specrt calibrate` on other engines of the same export (the
+  # runtime checks the export digest); its report is the one to keep in results/
+  stamp "calibration copied from $SPECRT_CALIBRATION"
+  cp "$SPECRT_CALIBRATION" "$OUT/engines/calibration.json"
+elif [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 1 ]; then
   stamp "calibrate"
   $SPECRT calibrate "$OUT/engines" --prompts tools/data/calibration_prompts.jsonl \
     --holdout-prompts tools/data/heldout_prompts.jsonl --chat --max-new-tokens 128 \
