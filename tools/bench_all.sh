@@ -50,7 +50,7 @@ fi
 
 stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
-  --variants shared,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 --steps 200 \
+  --variants shared,append,plain,ortgenai --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 --steps 200 \
   | tee results/engines.txt
 
 stamp "specrt bench against the peers"

@@ -23,7 +23,11 @@ isolate the effect of specialisation), ``basic``/``extended`` (graph optimisatio
 ``1-thread``, ``spin`` (intra-op threads busy-wait between ops, ONNX Runtime's default),
 ``append`` (engines built with ``ort_kv="append"``: the export's portable target graph,
 past KV as prefix views, new KV copied out; every other variant runs the default build,
-whose target is re-lowered with in-place KV when ONNX Runtime allows it), and ``plain`` (the export graph in a default InferenceSession called with
+whose target is re-lowered with in-place KV when ONNX Runtime allows it), ``ortgenai``
+(onnxruntime-genai 0.18's decode of the same target, its builder's fp32 CPU model, the
+engines' thread count, no spinning: ``generate_next_token`` timed after a prompt of each
+context's length, the reference for "depth 1 no slower than onnxruntime-genai's per-token
+time"), and ``plain`` (the export graph in a default InferenceSession called with
 ``session.run``: the baseline). Targets (issue 5): depth 4 <= 1.2x and depth 8 <= 1.35x
 of depth 1; peak RSS <= 1.3x (weights + KV).
 """
@@ -53,6 +57,7 @@ VARIANTS = {
     "spin": {"spin": True},
     "plain": None,  # a default InferenceSession on the export graph, session.run
     "append": {},  # the default settings on engines built with ort_kv="append" (the portable target graph)
+    "ortgenai": None,  # onnxruntime-genai's own decode of the same target: per-token time at each context
 }
 
 
@@ -84,6 +89,36 @@ class PlainRunner:
 
     def infer(self, feeds):
         return dict(zip(self.names, self.sess.run(None, feeds)))
+
+
+def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds: int) -> dict:
+    """Per-token seconds of onnxruntime-genai decoding after a prompt of each context."""
+    import numpy as np
+
+    import bench_lib
+    from specrt.engines import load_engines
+
+    e = load_engines(engines_dir, verify=False)
+    folder = Path(e.export["binding_receipt"]["target"]["folder"])
+    model = bench_lib.ensure_ortgenai_model(folder, receipt_target=e.export["binding_receipt"]["target"])
+    threads = int(e.manifest["onnxruntime"]["intra_op_num_threads"])
+    peer = bench_lib.OrtGenaiPeer(model, threads, spin=False)
+    og, rng, lat = peer.og, np.random.default_rng(0), {}
+    for c in contexts:
+        ts = []
+        for _ in range(rounds):
+            params = og.GeneratorParams(peer.model)
+            params.set_search_options(max_length=c + repeats + 3, do_sample=False)
+            gen = og.Generator(peer.model, params)
+            gen.append_tokens(rng.integers(3, 40000, (1, c), dtype=np.int32))
+            gen.generate_next_token()  # the first token comes from the prompt pass
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                gen.generate_next_token()
+                ts.append(time.perf_counter() - t0)
+        lat[f"{c}/ortgenai"] = float(np.median(ts))
+    return {"variant": "ortgenai", "settings": {"threads": threads, "spin": False}, "kv_layout": "ortgenai",
+            "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model)}
 
 
 def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[int], repeats: int, rounds: int,
@@ -191,8 +226,19 @@ def prepare(depths: str, rebuild: bool, draft: Path | None, kv: str = "auto") ->
     return out
 
 
-def report(res: dict, contexts: list[int], depths: list[int]) -> None:
+def report(res: dict, contexts: list[int], depths: list[int], engines_res: dict | None = None) -> None:
     mib = 2 ** 20
+    if res["variant"] == "ortgenai":
+        print(f"\n== ortgenai {json.dumps(res['settings'])} ({res['model']})")
+        for c in contexts:
+            t = res["latency"][f"{c}/ortgenai"]
+            line = f"context {c:4d}: onnxruntime-genai {t * 1e3:.1f} ms per token"
+            if engines_res is not None:
+                d, v1 = engines_res["latency"][f"{c}/0"], engines_res["latency"][f"{c}/1"]
+                line += (f"; specrt ({engines_res['variant']}) decode {d * 1e3:.1f} ms ({d / t:.2f}x), "
+                         f"depth 1 {v1 * 1e3:.1f} ms ({v1 / t:.2f}x)")
+            print(line)
+        return
     w, kv = res["weights"], res["kv_bytes"]
     how = json.dumps(res["settings"]) if res["settings"] is not None else "(plain session.run)"
     print(f"\n== {res['variant']} {how}, {res['kv_layout']} KV")
@@ -228,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     contexts = [int(x) for x in args.contexts.split(",")]
     depths = [int(x) for x in args.depths.split(",")]
+    if args.worker == "ortgenai":
+        sys.path.insert(0, str(ROOT / "tools"))
+        res = ortgenai_worker(args.engines, contexts, args.repeats, args.rounds)
+        print("RESULT " + json.dumps(res))
+        return 0
     if args.worker:
         res = worker(args.engines, args.worker, contexts, depths, args.repeats, args.rounds, args.steps)
         print("RESULT " + json.dumps(res))
@@ -246,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
           f"at past {c['reference_past']}; "
           f"by past: { {p: {d: round(v, 5) for d, v in row['verify'].items()} for p, row in c['by_past'].items()} }")
     print(f"machine: {m['environment']['device']}, load average {os.getloadavg()}")
+    first = None
     for v in args.variants.split(","):
         folder = append_engines if v == "append" else engines
         cmd = [sys.executable, __file__, "--worker", v, "--engines", str(folder), "--contexts", args.contexts,
@@ -256,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if out.returncode != 0 or line is None:
             print(f"\n== {v}: failed\n{out.stderr[-3000:]}")
             continue
-        report(json.loads(line[7:]), contexts, depths)
+        res = json.loads(line[7:])
+        report(res, contexts, depths, first)
+        if first is None and res["variant"] != "ortgenai":
+            first = res  # the ortgenai line compares with the first engines variant
     print(f"\nload average at the end {os.getloadavg()}")
     return 0
 
