@@ -85,7 +85,7 @@ def _resolve_kv(ort_kv: str, backend: str, exp: dict[str, Any], settings, log: C
         from specrt.engines.onnxruntime import probe_inplace_gqa
 
         dec = exp["target"]["decoder"]
-        why = probe_inplace_gqa(settings, dec["num_heads"], dec["num_kv_heads"], dec["head_dim"])
+        why = probe_inplace_gqa(settings, dec["num_heads"], dec["num_kv_heads"], dec["head_dim"], exp["dtype"])
     if why is None:
         return "inplace"
     if ort_kv == "inplace":

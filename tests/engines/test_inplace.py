@@ -149,3 +149,26 @@ def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):
     assert load_engines(tmp_path / "e2").kv_layout("target") == "append"
     with pytest.raises(UserError, match="--ort-kv 'sideways'"):
         build_engines(exp, "onnxruntime", [1], tmp_path / "e3", log=quiet, ort_kv="sideways")
+
+
+def test_float16_in_place_engines_match_the_portable_graph(tmp_path):
+    """GroupQueryAttention's float16 CPU kernel: the in-place fp16 target gives the portable
+    fp16 graph's logits within fp16 rounding, and the same greedy tokens."""
+    from specrt.export.export import export
+    from specrt.runtime.session import Session
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t")
+    export(t, write_tiny_draft(tmp_path / "d", t, kind="peagle"), tmp_path / "exp", dtype="float16", log=quiet)
+    out = {}
+    for kv in ("inplace", "append"):
+        build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / kv, profile_repeats=1, ort_kv=kv, log=quiet)
+        with load_engines(tmp_path / kv) as e:
+            assert e.kv_layout("target") == kv
+            feeds = {C.INPUT_IDS: np.arange(3, 14)[None], C.POSITION_IDS: np.arange(11)[None],
+                     **{n: np.zeros((1, 0, 2, 16), np.float16) for i in range(4) for n in (C.past_key(i), C.past_value(i))}}
+            out[kv] = np.array(e.portable("prefill").infer(feeds)[C.LOGITS], np.float32)
+        with Session(tmp_path / kv, governor="fixed:2") as s:
+            out[kv + "-tokens"] = s.generator.generate([3, 1, 4, 1, 5], 20, s.eos)
+    assert np.abs(out["inplace"] - out["append"]).max() <= 1e-2 * max(1.0, np.abs(out["append"]).max())
+    assert out["inplace-tokens"] == out["append-tokens"]
