@@ -18,7 +18,9 @@
 #   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
 #      (results/governors/);
 #   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
-#      `specrt run` vs weights + KV (results/runtime/).
+#      `specrt run` vs weights + KV (results/runtime/);
+#   7. specrt compare against the export graphs and against transformers, and on a copy with
+#      one weight changed (tools/corrupt_engine.py), which must fail (results/compare/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out/bench-all}
@@ -61,4 +63,17 @@ stamp "governors per prompt kind"
 $PY tools/bench_governors.py --engines "$OUT/engines" --per-kind 4 --max-new-tokens 128 --out results/governors
 stamp "runtime: speculation vs none, Python share, peak RSS"
 $PY tools/bench_runtime.py "$OUT/engines" --depths 1,2 -o results/runtime
+stamp "compare"
+mkdir -p results/compare
+$SPECRT compare "$OUT/engines" --report results/compare/smollm2_vs_onnxruntime.json 2>&1 \
+  | tee results/compare/smollm2_vs_onnxruntime.txt
+$SPECRT compare "$OUT/engines" --reference torch --report results/compare/smollm2_vs_torch.json 2>&1 \
+  | tee results/compare/smollm2_vs_torch.txt
+rm -rf "$OUT/engines-corrupted"
+$PY tools/corrupt_engine.py "$OUT/engines" "$OUT/engines-corrupted" | tee results/compare/smollm2_corrupted.txt
+if $SPECRT compare "$OUT/engines-corrupted" --report results/compare/smollm2_corrupted.json \
+    >> results/compare/smollm2_corrupted.txt 2>&1; then
+  echo "error: the corrupted engine passed the comparison" >&2; exit 1
+fi
+tail -1 results/compare/smollm2_corrupted.txt
 stamp "done"
