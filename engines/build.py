@@ -71,9 +71,8 @@ def _external_weights(src: Path, dst: Path) -> bool:
 
 
 def _resolve_kv(ort_kv: str, backend: str, exp: dict[str, Any], settings, log: Callable[[str], None]) -> str:
-    """"inplace" or "append" for the target graph (see build_engines' ``ort_kv``)."""
-    if ort_kv not in ("auto", *C.KV_LAYOUTS):
-        raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
+    """"inplace" or "append" for the target graph (see build_engines' ``ort_kv``, checked
+    by the caller)."""
     if ort_kv == "append" or backend != "onnxruntime":
         return "append"
     why = None
@@ -145,6 +144,11 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     graph_files = {g: f"{EXPORT_SUBDIR}/{_graph_file(exp, g)}" for g in exp["graphs"]}
 
     # Fail before any work if the backend is missing or settings are invalid.
+    if ort_kv not in ("auto", *C.KV_LAYOUTS):
+        raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
+    if ort_kv == "inplace" and backend != "onnxruntime":
+        raise UserError(f"--ort-kv inplace applies to the onnxruntime backend, not {backend} "
+                        "(TensorRT engines use the export's portable graphs)")
     if backend == "tensorrt":
         from specrt.engines.tensorrt import require_tensorrt
 

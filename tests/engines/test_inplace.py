@@ -149,6 +149,8 @@ def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):
     assert load_engines(tmp_path / "e2").kv_layout("target") == "append"
     with pytest.raises(UserError, match="--ort-kv 'sideways'"):
         build_engines(exp, "onnxruntime", [1], tmp_path / "e3", log=quiet, ort_kv="sideways")
+    with pytest.raises(UserError, match="--ort-kv inplace applies to the onnxruntime backend"):
+        build_engines(exp, "tensorrt", [1], tmp_path / "e4", log=quiet, ort_kv="inplace")
 
 
 def test_float16_in_place_engines_match_the_portable_graph(tmp_path):
