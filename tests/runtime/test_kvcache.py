@@ -94,3 +94,24 @@ def test_bad_construction_is_a_user_error():
         KVCache(L, KVH, D, MAX, "int8")
     with pytest.raises(UserError, match="dtype"):
         KVCache(L, KVH, D, MAX, "bfloat16")
+
+
+def test_inplace_layout_feeds_whole_buffers_and_commits_by_length():
+    """In-place KV: the engine writes rows n..n+S-1 into the buffers it was fed; commit only
+    moves the length, rollback too, and outputs that are not this cache's buffers are a bug."""
+    kv = KVCache(2, 3, 4, 16, layout="inplace")
+    feeds = kv.past_feeds()
+    assert set(feeds) == {contracts.cache_key(i) for i in range(2)} | {contracts.cache_value(i) for i in range(2)}
+    assert feeds[contracts.cache_key(1)] is kv.keys[1] and kv.keys[1].shape == (1, 3, 16, 4)
+    outs = {contracts.cache_key_out(i): kv.keys[i] for i in range(2)}
+    kv.keys[0][0, :, 0:5] = 1.0  # what the engine wrote for 5 new positions
+    kv.commit(outs, 3)  # 3 accepted: rows 3, 4 are dead
+    assert kv.length == 3 and kv.keys[0][0, :, 3:5].sum() > 0  # nothing copied or cleared
+    kv.rollback(1)
+    assert kv.length == 1
+    with pytest.raises(InternalError, match="not this in-place cache"):
+        kv.commit({contracts.cache_key_out(0): np.zeros((1, 3, 16, 4), np.float32)}, 1)
+    with pytest.raises(UserError, match="context limit"):
+        kv.commit(outs, 16)
+    with pytest.raises(InternalError, match="KV layout"):
+        KVCache(2, 3, 4, 16, layout="sideways")
