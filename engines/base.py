@@ -156,7 +156,7 @@ class Runner(abc.ABC):
             r = self.dims.get(d)
             if r is not None and not r.min <= v <= r.max:
                 raise UserError(f"{where}: {d} = {v} is outside the engine's range [{r.min}, {r.max}]")
-        if C.DIM_CACHE in seen or (self.aliases and C.POSITION_IDS in feeds):
+        if self.aliases and C.POSITION_IDS in feeds:
             self._check_inplace_positions(feeds, where)
         if C.DIM_PAST in seen and C.DIM_NEW in seen and seen[C.DIM_PAST] + seen[C.DIM_NEW] > self.max_context:
             raise UserError(f"{where}: past {seen[C.DIM_PAST]} + new {seen[C.DIM_NEW]} tokens exceed the limit "

@@ -37,6 +37,12 @@ class PortableView(Runner):
     def __init__(self, inner: Runner, inputs, outputs):
         super().__init__(inner.role, inputs, outputs)
         self.inner = inner
+        shapes = {t.name: t.shape for t in inner.inputs}
+        layers = sum(1 for n in shapes if n.startswith("cache_key."))
+        # per layer and kind: (past input, new output, in-place buffer input, its shape)
+        self._kv = [(past, new, buf, shapes[buf]) for i in range(layers)
+                    for past, new, buf in ((C.past_key(i), C.new_key(i), C.cache_key(i)),
+                                           (C.past_value(i), C.new_value(i), C.cache_value(i)))]
         self._bufs: dict[str, np.ndarray] = {}
 
     def activate_impl(self) -> None:
@@ -47,24 +53,19 @@ class PortableView(Runner):
         self._bufs = {}
 
     def infer_impl(self, feeds):
-        feeds = dict(feeds)
         past = feeds[C.past_key(0)].shape[1]
         s = feeds[C.INPUT_IDS].shape[1]
         inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(("past_key.", "past_value."))}
-        layers = sum(1 for t in self.inner.inputs if t.name.startswith("cache_key."))
-        for i in range(layers):
-            for src, dst in ((C.past_key(i), C.cache_key(i)), (C.past_value(i), C.cache_value(i))):
-                spec = next(t for t in self.inner.inputs if t.name == dst)
-                buf = self._bufs.get(dst)
-                if buf is None:
-                    buf = self._bufs[dst] = np.zeros(spec.shape, feeds[src].dtype)
-                buf[0, :, :past] = feeds[src][0].transpose(1, 0, 2)
-                inner_feeds[dst] = buf
+        for src, _, name, shape in self._kv:
+            buf = self._bufs.get(name)
+            if buf is None:
+                buf = self._bufs[name] = np.zeros(shape, feeds[src].dtype)
+            buf[0, :, :past] = feeds[src][0].transpose(1, 0, 2)
+            inner_feeds[name] = buf
         out = self.inner.infer(inner_feeds)
         res = {n: a for n, a in out.items() if not n.startswith("cache_")}
-        for i in range(layers):
-            for dst, src in ((C.new_key(i), C.cache_key(i)), (C.new_value(i), C.cache_value(i))):
-                res[dst] = np.ascontiguousarray(self._bufs[src][0, :, past:past + s].transpose(1, 0, 2)[None])
+        for _, new, name, _ in self._kv:
+            res[new] = np.ascontiguousarray(self._bufs[name][0, :, past:past + s].transpose(1, 0, 2)[None])
         return res
 
 
@@ -210,12 +211,14 @@ class EngineSet:
     # ---- costs ---------------------------------------------------------------------
 
     def cost(self, role: str, past: int) -> float:
-        """Seconds per call of ``role`` ("decode", "verify.{d}", "draft") at ``past`` committed
-        tokens, interpolated through the profiled pasts."""
+        """Seconds per call of ``role`` ("decode", "verify.{d}", "draft", or "draft.{k}": a
+        block of k drafts) at ``past`` committed tokens, interpolated through the profiled pasts."""
         pts = {}
         for p, row in self.costs.get("by_past", {}).items():
             if role.startswith("verify."):
                 v = row["verify"].get(int(role.split(".", 1)[1]))
+            elif role.startswith("draft."):
+                v = row.get("draft_by_depth", {}).get(int(role.split(".", 1)[1]))
             else:
                 v = row.get(role)
             if v is not None:
@@ -227,12 +230,10 @@ class EngineSet:
     def draft_costs(self, past: int) -> dict[int, float]:
         """Seconds to draft a block of k, per profiled k (``draft_by_depth``), at ``past``;
         builds that predate it give {draft_depth: cost("draft")}."""
-        by_past = self.costs.get("by_past", {})
-        ks = sorted({k for row in by_past.values() for k in row.get("draft_by_depth", {})})
+        ks = sorted({k for row in self.costs.get("by_past", {}).values() for k in row.get("draft_by_depth", {})})
         if not ks:
             return {self.draft_depth: self.cost("draft", past)}
-        return {k: interpolate({p: row["draft_by_depth"][k] for p, row in by_past.items()
-                                if k in row.get("draft_by_depth", {})}, past) for k in ks}
+        return {k: self.cost(f"draft.{k}", past) for k in ks}
 
     @property
     def weight_bytes(self) -> int:

@@ -206,10 +206,9 @@ class Generator:
                         raise InternalError(f"draft KV at {self.dkv.length}, pending slots start at {pend_start}")
                     # d is the block to draft: DSpark then picks the verified length <= d from
                     # the drafts' confidences; the others verify exactly what they draft.
-                    k = d
                     fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
                     aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
-                    drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, k, rng)
+                    drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, d, rng)
                     pend_tok, pend_aux, pend_start = [], [], n
                     if self.governor.uses_confidences:
                         d = self.governor.choose(GovernorState(confidences=conf, limit=limit))

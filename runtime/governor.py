@@ -416,7 +416,6 @@ class DSparkGovernor(Governor):
         self.ceiling = [1.0] * self.depths[-1]  # u_k: decaying max of recent calibrated c_k
         self.ceiling_decay = float(ceiling_decay)
         self._since_full = 0  # drafted rounds since the last full block
-        self.t_draft = self._p_draft_by[self.depths[-1]]
         self.t_verify = {d: float(t_verify[d]) for d in self.depths}  # seconds, EWMA-refreshed
         self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
         self.calibration = calibration if calibration is not None else Calibration(positions=self.depths[-1])
@@ -426,6 +425,11 @@ class DSparkGovernor(Governor):
         # profiled costs (the cost table) and the load factors observe() keeps
         self._p_verify, self._p_decode = dict(self.t_verify), self.t_decode
         self.load_target = self.load_draft = 1.0
+
+    @property
+    def t_draft(self) -> float:
+        """Seconds to draft the full block (the deepest built depth), as draft_cost gives it."""
+        return self.draft_cost(self.depths[-1])
 
     def draft_cost(self, k: int) -> float:
         """Seconds to draft a block of k (profiled, times the draft's load factor)."""
@@ -505,7 +509,6 @@ class DSparkGovernor(Governor):
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
             p = self._p_draft_by[min(max(k, 1), self.depths[-1])]
             self.load_draft += a * (r.t_draft / p - self.load_draft)
-            self.t_draft = self.draft_cost(self.depths[-1])
         if r.depth == 0:
             if self._p_decode is None:
                 self._p_decode = r.t_verify / self.load_target
