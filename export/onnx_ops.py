@@ -261,11 +261,13 @@ def attention_inplace(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceC
     # one Gemm over the fused [q; k; v] weight (FUSED_SLOTS), split after: a decode step is
     # ~200 small GEMMs whose per-call cost adds up
     qkv = linear(b, x, W(p + "qkv"), W(p + "qkv_bias") if cfg.qkv_bias else None)
-    q, k, v = b.ops("Split", [qkv, b.ints(NH * D, KVH * D, KVH * D)], 3, axis=-1)
     if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE (which the op applies)
+        q, k, v = b.ops("Split", [qkv, b.ints(NH * D, KVH * D, KVH * D)], 3, axis=-1)
         q = rmsnorm(b, b.reshape(q, -1, NH, D), W(p + "q_norm"), cfg.rms_norm_eps)
         k = rmsnorm(b, b.reshape(k, -1, KVH, D), W(p + "k_norm"), cfg.rms_norm_eps)
-    q, k, v = (b.reshape(t, 1, -1, n * D) for t, n in ((q, NH), (k, KVH), (v, KVH)))
+        q, k, v = (b.reshape(t, 1, -1, n * D) for t, n in ((q, NH), (k, KVH), (v, KVH)))
+    else:  # packed: the op reads q, k and v from one [1, S, (NH + 2 KVH) D] input
+        q, k, v = b.reshape(qkv, 1, -1, (NH + 2 * KVH) * D), "", ""
     b.domains.add("com.microsoft")
     o, _, _ = b.ops("GroupQueryAttention", [q, k, v, cache_k, cache_v, ctx.seqlens_k, ctx.total,
                                             ctx.cos_cache, ctx.sin_cache], 3,
