@@ -13,11 +13,20 @@ Settings (``OrtSettings``), and why:
 * ``intra_op_num_threads`` = physical cores (hyper-threads share the FMA units that a
   GEMM saturates), ``inter_op_num_threads = 1``, sequential execution: a decoder is one
   chain of ops, so parallel execution only adds scheduling overhead.
-* no spinning (``session.intra_op.allow_spinning = 0``): the runtime alternates two
-  sessions (draft, target) with Python work in between, and a spinning pool burns the
-  cores the other session and the sampler need. Measured on SmolLM2-135M, 2 cores shared
-  with other jobs (tools/bench_engines.py, same run, alternating): decode 67-71 ms
-  spinning vs 36-41 ms not spinning (1 thread: 35 ms).
+* idle intra-op threads spin within a run and stop when it ends (``spin = True``, the
+  default: ``session.intra_op.allow_spinning = 1`` and ``session.force_spinning_stop =
+  1``). Between two ops of a run, a spinning worker picks up the next parallel section at
+  once instead of being woken (a decode step is ~600 ops, and waking a sleeping thread
+  costs microseconds each time). The runtime alternates two sessions (draft, target) with
+  Python work in between: with ONNX Runtime's default, a session's workers keep spinning
+  after its run and burn the cores the other session needs; ``force_spinning_stop``
+  puts them to sleep when the run returns. Measured on SmolLM2-135M, 2 cores, target and
+  draft alternating in one process (decode at 128 past tokens / a draft pass): spinning
+  within runs 18.9-19.4 / 2.1 ms; sleeping pools 20.0-20.6 / 2.3 ms; spinning without
+  the stop 39.4 / 3.4 ms. (ONNX Runtime's process-wide pool measured the same as
+  spinning within runs, but once it exists every session in the process must use it,
+  which a library cannot impose on its caller.) ``spin = False``: sleeping pools, the
+  setting of engine folders built before this one.
 
 Sessions (``OrtSettings.sessions``):
 
@@ -113,7 +122,7 @@ class OrtSettings:
     execution_mode: str = "sequential"
     providers: tuple[str, ...] = ()  # (): select_providers()
     prepack: bool | None = None  # None: on for shared sessions, off for per-depth (see module doc)
-    spin: bool = False  # intra-op threads busy-wait between ops (ONNX Runtime's default: True)
+    spin: bool = True  # idle intra-op threads spin within a run, sleep after it (module doc)
     extra: dict[str, str] = field(default_factory=dict)  # more session config entries
 
     def resolved(self) -> "OrtSettings":
@@ -156,6 +165,8 @@ class OrtSettings:
         if not self.prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spin else "0")
+        if self.spin:  # ... within a run only: another session runs next (module doc)
+            so.add_session_config_entry("session.force_spinning_stop", "1")
         for k, v in self.extra.items():
             so.add_session_config_entry(k, str(v))
         for name, value in (free_dims or {}).items():

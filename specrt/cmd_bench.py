@@ -242,9 +242,8 @@ class _SpecrtWorker:
         return rec
 
     def extra(self) -> dict:
-        return {"total": self.total.to_json(),
-                "ort_threads": getattr(self.session.engines, "ort_settings", None) and
-                self.session.engines.ort_settings.intra_op_num_threads}
+        st = getattr(self.session.engines, "ort_settings", None)
+        return {"total": self.total.to_json(), "ort_threads": st and st.intra_op_num_threads}
 
     def close(self):
         self.session.close()

@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_engines.py [--variants shared,per-depth,plain] [--contexts 128,512]
                                             [--depths 1,2,4,8] [--repeats 15] [--rounds 3] [--steps 300]
+                                            [--passes 1]
 
 Steps: SmolLM2 folder (tools/smollm2.py) -> target-only export (cached under
 $SPECRT_CACHE/bench-engines/) -> ``build_engines(..., "onnxruntime", depths)`` -> one
@@ -16,18 +17,21 @@ child process per variant, so that each variant's RSS is its own. A child:
 * runs ``--steps`` decode steps with a growing past, tracking Python allocations per step
   (tracemalloc) and RSS growth from step 20 to the end.
 
-Variants: ``shared`` (the default build: one prepacked session per graph, no spinning),
+Variants: ``shared`` (the build's settings: one prepacked session per graph; engines built
+now spin within a run, engines/onnxruntime.py),
 ``per-depth`` (a session per depth with new_tokens fixed, weights shared, no prepacking),
 ``per-depth-prepack`` (a session per depth with its own prepacked weights: N x memory, to
 isolate the effect of specialisation), ``basic``/``extended`` (graph optimisation level),
-``1-thread``, ``spin`` (intra-op threads busy-wait between ops, ONNX Runtime's default),
+``1-thread``, ``sleeping`` (idle intra-op threads sleep: the default before), ``spin``
+(threads spin within runs, for engine folders built with ``spin = False``),
 ``append`` (engines built with ``ort_kv="append"``: the export's portable target graph,
 past KV as prefix views, new KV copied out; every other variant runs the default build,
 whose target is re-lowered with in-place KV when ONNX Runtime allows it), ``ortgenai``
 (onnxruntime-genai 0.18's decode of the same target, its builder's fp32 CPU model, the
-engines' thread count, no spinning: ``generate_next_token`` timed after a prompt of each
-context's length, the reference for "depth 1 no slower than onnxruntime-genai's per-token
-time"), and ``plain`` (the export graph in a default InferenceSession called with
+engines' thread count and idle-thread policy (the manifest's ``spin``):
+``generate_next_token`` timed after a prompt of each context's length, the reference for
+"depth 1 no slower than onnxruntime-genai's per-token time"), and
+``plain`` (the export graph in a default InferenceSession called with
 ``session.run``: the baseline). Targets (issue 5): depth 4 <= 1.2x and depth 8 <= 1.35x
 of depth 1; peak RSS <= 1.3x (weights + KV).
 """
@@ -38,6 +42,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -54,6 +59,7 @@ VARIANTS = {
     "basic": {"graph_optimization_level": "ORT_ENABLE_BASIC"},
     "extended": {"graph_optimization_level": "ORT_ENABLE_EXTENDED"},
     "1-thread": {"intra_op_num_threads": 1},
+    "sleeping": {"spin": False},
     "spin": {"spin": True},
     "plain": None,  # a default InferenceSession on the export graph, session.run
     "append": {},  # the default settings on engines built with ort_kv="append" (the portable target graph)
@@ -102,7 +108,8 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
     folder = Path(e.export["binding_receipt"]["target"]["folder"])
     model = bench_lib.ensure_ortgenai_model(folder, receipt_target=e.export["binding_receipt"]["target"])
     threads = int(e.manifest["onnxruntime"]["intra_op_num_threads"])
-    peer = bench_lib.OrtGenaiPeer(model, threads, spin=False)
+    spin = bool(e.manifest["onnxruntime"].get("spin", False))
+    peer = bench_lib.OrtGenaiPeer(model, threads, spin=spin)
     og, rng, lat = peer.og, np.random.default_rng(0), {}
     for c in contexts:
         ts = []
@@ -117,7 +124,7 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
                 gen.generate_next_token()
                 ts.append(time.perf_counter() - t0)
         lat[f"{c}/ortgenai"] = float(np.median(ts))
-    return {"variant": "ortgenai", "settings": {"threads": threads, "spin": False}, "kv_layout": "ortgenai",
+    return {"variant": "ortgenai", "settings": {"threads": threads, "spin": spin}, "kv_layout": "ortgenai",
             "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model)}
 
 
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--passes", type=int, default=1, help="run the variants in turn this many times")
     ap.add_argument("--draft", type=Path, default=None, help="optional draft folder to export with the target")
     ap.add_argument("--engines", type=Path, default=None, help="use this engines folder instead of building")
     ap.add_argument("--append-engines", type=Path, default=None,
@@ -297,18 +305,28 @@ def main(argv: list[str] | None = None) -> int:
           f"at past {c['reference_past']}; "
           f"by past: { {p: {d: round(v, 5) for d, v in row['verify'].items()} for p, row in c['by_past'].items()} }")
     print(f"machine: {m['environment']['device']}, load average {os.getloadavg()}")
+    results: dict[str, list[dict]] = {v: [] for v in args.variants.split(",")}
+    for p in range(args.passes):  # variants alternate, so slow spells of the machine hit them alike
+        for v in results:
+            folder = append_engines if v == "append" else engines
+            cmd = [sys.executable, __file__, "--worker", v, "--engines", str(folder), "--contexts", args.contexts,
+                   "--depths", args.depths, "--repeats", str(args.repeats), "--rounds", str(args.rounds),
+                   "--steps", str(args.steps)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if out.returncode != 0 or line is None:
+                print(f"\n== {v} (pass {p + 1}): failed\n{out.stderr[-3000:]}")
+                continue
+            results[v].append(json.loads(line[7:]))
+    if args.passes > 1:
+        print(f"\n{args.passes} passes over the variants in turn; latencies are medians over the passes' medians")
     first = None
-    for v in args.variants.split(","):
-        folder = append_engines if v == "append" else engines
-        cmd = [sys.executable, __file__, "--worker", v, "--engines", str(folder), "--contexts", args.contexts,
-               "--depths", args.depths, "--repeats", str(args.repeats), "--rounds", str(args.rounds),
-               "--steps", str(args.steps)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if out.returncode != 0 or line is None:
-            print(f"\n== {v}: failed\n{out.stderr[-3000:]}")
+    for v, runs in results.items():
+        if not runs:
             continue
-        res = json.loads(line[7:])
+        res = dict(runs[0])
+        res["latency"] = {k: float(statistics.median(r["latency"][k] for r in runs)) for k in runs[0]["latency"]}
+        res["peak_rss"] = max(r["peak_rss"] for r in runs)
         report(res, contexts, depths, first)
         if first is None and res["variant"] != "ortgenai":
             first = res  # the ortgenai line compares with the first engines variant

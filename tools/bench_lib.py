@@ -15,7 +15,8 @@ answers cheaply, without importing them, why a peer cannot run (``None`` when it
 
 Threads: every peer gets the same thread count as specrt, and by default (``specrt bench
 --peer-threading matched``) the same idle-thread policy as specrt's engines
-(``engines.json`` onnxruntime ``spin``, off by default): onnxruntime-genai through
+(``engines.json`` onnxruntime ``spin``, on by default: specrt's idle threads spin within
+a run and sleep after it, engines/onnxruntime.py): onnxruntime-genai through
 ``session.intra_op.allow_spinning``, torch through ``OMP_WAIT_POLICY``. On shared cores a
 busy-waiting pool is several times slower (measured here under load: onnxruntime-genai 11
 -> 20 tok/s, transformers 1.5 -> 9 tok/s with passive waiting), so leaving the peers at

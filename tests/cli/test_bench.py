@@ -73,7 +73,8 @@ def test_report_has_required_keys(report):
     m = rep["machine"]
     assert {"cpu_model", "physical_cores", "threads", "versions"} <= set(m) and m["threads"] == 1
     assert rep["settings"]["max_new_tokens"] == 10 and rep["settings"]["threads"] == 1
-    assert rep["settings"]["peer_threading"] == "matched" and rep["settings"]["peer_spin"] is False
+    # engines built now spin within runs, and matched peers spin with them
+    assert rep["settings"]["peer_threading"] == "matched" and rep["settings"]["peer_spin"] is True
     for f in rep["plots"]:
         assert (out / f).stat().st_size > 0
     assert "tokens_per_s.png" in rep["plots"]
