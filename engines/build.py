@@ -84,7 +84,8 @@ def _resolve_kv(ort_kv: str, backend: str, exp: dict[str, Any], settings, log: C
         from specrt.engines.onnxruntime import probe_inplace_gqa
 
         dec = exp["target"]["decoder"]
-        why = probe_inplace_gqa(settings, dec["num_heads"], dec["num_kv_heads"], dec["head_dim"], exp["dtype"])
+        why = probe_inplace_gqa(settings, dec["num_heads"], dec["num_kv_heads"], dec["head_dim"], exp["dtype"],
+                                packed=not dec.get("qk_norm", False))
     if why is None:
         return "inplace"
     if ort_kv == "inplace":

@@ -317,13 +317,15 @@ class OrtRunner(Runner):
 
 
 def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
-                      dtype: str = "float32") -> str | None:
+                      dtype: str = "float32", packed: bool = True) -> str | None:
     """None when this ONNX Runtime (with ``settings``' providers) runs GroupQueryAttention
     in place the way the in-place target graph needs it: a shared past/present buffer
     longer than the sequence, S > 1 new tokens over a non-empty past, causal among them,
     RoPE from the positions, for the target's head counts, head size (the CPU kernel
-    wants head_dim % 16 == 0) and dtype. Otherwise the reason, in words. A 1-layer graph checked
-    against numpy; versions before the op supported S > 1 over a past fail here."""
+    wants head_dim % 16 == 0) and dtype, q/k/v packed in one input when ``packed`` (the
+    graph packs them unless the model has qk-norm); and SkipSimplifiedLayerNormalization
+    in that dtype. Otherwise the reason, in words. A 1-layer graph checked against numpy;
+    versions before the op supported S > 1 over a past fail here."""
     import onnxruntime as ort
     import onnxruntime.capi.onnxruntime_pybind11_state as ort_state
     from onnx import TensorProto as T
@@ -345,16 +347,23 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         ang = np.arange(cap)[:, None] * inv[None]
         cos, sin = np.cos(ang).astype(npt), np.sin(ang).astype(npt)
         vi = helper.make_tensor_value_info
+        qkv_in = ["qkv", "", ""] if packed else ["q", "k", "v"]
+        gamma = np.linspace(0.5, 1.5, nh * d).astype(npt)
         graph = helper.make_graph(
-            [helper.make_node("GroupQueryAttention", ["q", "k", "v", "ck", "cv", "sl", "tot", "cos", "sin"],
+            [helper.make_node("Concat", ["q", "k", "v"], ["qkv"], axis=-1),
+             helper.make_node("GroupQueryAttention", [*qkv_in, "ck", "cv", "sl", "tot", "cos", "sin"],
                               ["o", "ck_out", "cv_out"], domain="com.microsoft", num_heads=nh, kv_num_heads=kvh,
-                              scale=d ** -0.5, do_rotary=1, rotary_interleaved=0)],
+                              scale=d ** -0.5, do_rotary=1, rotary_interleaved=0),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["q", "q", "gamma"], ["norm", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-6)],
             "probe",
             [vi("q", ft, [1, s, nh * d]), vi("k", ft, [1, s, kvh * d]), vi("v", ft, [1, s, kvh * d]),
              vi("ck", ft, [1, kvh, cap, d]), vi("cv", ft, [1, kvh, cap, d]), vi("sl", T.INT32, [1]),
              vi("tot", T.INT32, [])],
-            [vi("o", ft, [1, s, nh * d]), vi("ck_out", ft, [1, kvh, cap, d]), vi("cv_out", ft, [1, kvh, cap, d])],
-            [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+            [vi("o", ft, [1, s, nh * d]), vi("ck_out", ft, [1, kvh, cap, d]), vi("cv_out", ft, [1, kvh, cap, d]),
+             vi("norm", ft, [1, s, nh * d]), vi("sum", ft, [1, s, nh * d])],
+            [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
+             numpy_helper.from_array(gamma, "gamma")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                         helper.make_opsetid("com.microsoft", 1)])
         model.ir_version = 8
@@ -371,9 +380,12 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
             b.bind_cpu_input(name, a)
         for name, a in (("ck_out", ck), ("cv_out", cv)):
             b.bind_output(name, "cpu", 0, npt, list(a.shape), a.ctypes.data)
-        b.bind_output("o", "cpu")
+        for name in ("o", "norm", "sum"):
+            b.bind_output(name, "cpu")
         sess.run_with_iobinding(b)
-        o = b.get_outputs()[2].numpy().astype(np.float64).reshape(s, nh, d)
+        outs = b.get_outputs()  # bound in order: ck_out, cv_out, o, norm, sum
+        o = outs[2].numpy().astype(np.float64).reshape(s, nh, d)
+        norm, total = (x.numpy().astype(np.float64) for x in outs[3:5])
         q, k, v, ck, cv, k0, v0 = (x.astype(np.float64) for x in (q, k, v, ck, cv, k0, v0))
         cos, sin = cos.astype(np.float64), sin.astype(np.float64)
 
@@ -393,11 +405,18 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
             p = np.exp(sc - sc.max(-1, keepdims=True))
             ref = (p / p.sum(-1, keepdims=True)) @ vals[:, h // (nh // kvh)]
             err = max(err, float(np.abs(o[:, h] - ref).max()))
-        if not err < (1e-4 if dtype == "float32" else 2e-2):
+        tol = 1e-4 if dtype == "float32" else 2e-2
+        if not err < tol:
             return f"GroupQueryAttention in place differs from the reference by {err:.2e} ({dtype})"
+        x2 = 2 * q
+        ref = x2 / np.sqrt((x2 ** 2).mean(-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+        err = max(float(np.abs(norm - ref).max()), float(np.abs(total - x2).max()))
+        if not err < 4 * tol:
+            return f"SkipSimplifiedLayerNormalization differs from the reference by {err:.2e} ({dtype})"
         return None
     except ort_errors as e:  # an older ONNX Runtime without the op or without S > 1 over a past
-        return f"GroupQueryAttention in place is unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        return (f"GroupQueryAttention in place or SkipSimplifiedLayerNormalization is unavailable "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 
 
 def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtype: str, cache_len: int,

@@ -44,14 +44,29 @@ def _inplace_kv_names(i: int) -> tuple[str, str, str, str]:
 def _layers(b: ops.GraphBuilder, cfg: DecoderConfig, h: str, ctx, W, start: int,
             taps: dict[int, str] | None = None) -> str:
     """Decoder layers start..L-1 on the residual h [S, H]; taps[i] = residual entering layer i."""
-    names = _inplace_kv_names if isinstance(ctx, ops.InplaceContext) else _kv_names
     for i in range(start, cfg.num_layers):
         if taps is not None:
             taps[i] = h
-        h = ops.decoder_layer(b, cfg, h, ctx, W, i, names(i))
+        h = ops.decoder_layer(b, cfg, h, ctx, W, i, _kv_names(i))
     if taps is not None:
         taps[cfg.num_layers] = h
     return h
+
+
+def _inplace_layers(b: ops.GraphBuilder, cfg: DecoderConfig, W, aux: tuple[int, ...], cache_len: int) -> str:
+    """The in-place flavour's decoder (onnx_ops module doc): embeddings [1, S, H] through
+    every layer, each residual add fused into the norm after it; writes aux_hidden and
+    returns the final norm's output [1, S, H]."""
+    ctx = ops.inplace_context(b, C.POSITION_IDS, cfg, cache_len)
+    h = b.op("Gather", W("embed"), C.INPUT_IDS)  # [1, S, H]
+    taps = {0: h}
+    x = ops.rmsnorm(b, h, W("layers.0.attn_norm"), cfg.rms_norm_eps)
+    for i in range(cfg.num_layers):
+        nxt = W(f"layers.{i + 1}.attn_norm") if i + 1 < cfg.num_layers else W("final_norm")
+        x, h = ops.ort_decoder_layer(b, cfg, h, x, ctx, W, i, _inplace_kv_names(i), nxt)
+        taps[i + 1] = h
+    b.op("Concat", *[taps[i] for i in aux], axis=-1, out=C.AUX_HIDDEN)
+    return x
 
 
 # ---- target ----------------------------------------------------------------------------
@@ -75,16 +90,17 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
     if len(aux) != 3 or not all(0 <= i <= cfg.num_layers for i in aux):
         raise UserError(f"aux layer ids {list(aux)}: expected 3 ids in [0, {cfg.num_layers}]")
     b = ops.GraphBuilder(dtype)
-    W = _weights(b, ops.fusing_get(get) if kv == "inplace" else get)
     H, V = cfg.hidden_size, cfg.vocab_size
     if kv == "inplace":
-        ctx = ops.inplace_context(b, C.POSITION_IDS, cfg, int(cache_len))
+        W = _weights(b, ops.fusing_get(get))
+        h = b.reshape(_inplace_layers(b, cfg, W, aux, int(cache_len)), -1, H)  # the final norm's output
     else:
+        W = _weights(b, get)
         ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
-    taps: dict[int, str] = {}
-    h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
-    b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
-    h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
+        taps: dict[int, str] = {}
+        h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
+        b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
+        h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
     # Tied: Gemm(transB=1) reads the embedding table itself, stored once.
     ops.lm_head(b, h, W("embed") if cfg.tie_word_embeddings else W("lm_head"), V, C.LOGITS)
     io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv)

@@ -8,8 +8,13 @@ tensor. Conventions (batch is always 1, so the residual stream is kept 2-D):
 * float tensors are in the graph dtype ``b.dtype`` (float32/float16/bfloat16); RMSNorm
   statistics, the RoPE tables and the softmax are computed in float32;
 * opset 17, default domain only (TensorRT's ONNX parser reads it), except the in-place
-  KV flavour for ONNX Runtime (``attention_inplace``), which uses ONNX Runtime's
-  ``com.microsoft.GroupQueryAttention``.
+  KV flavour for ONNX Runtime (``ort_decoder_layer``), written in ONNX Runtime's own ops.
+
+The in-place flavour (ONNX Runtime only) is laid out as onnxruntime-genai's builder lays
+out its models, because ONNX Runtime runs that layout with the fewest ops per layer (10
+against 14): a ``[1, S, H]`` residual, ``MatMul`` over pre-transposed ``[in, out]``
+weights (slots ``<slot>.T`` of ``fusing_get``), each residual add fused into the norm
+that follows it (``com.microsoft.SkipSimplifiedLayerNormalization``), ``com.microsoft.GroupQueryAttention`` on packed q/k/v over in-place KV buffers.
 """
 
 from __future__ import annotations
@@ -251,31 +256,6 @@ def inplace_context(b: GraphBuilder, position_ids: str, cfg: DecoderConfig, cach
     return InplaceContext(seqlens, total, cos, sin)
 
 
-def attention_inplace(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceContext, W: Callable[[str], str],
-                      i: int, cache_k: str, cache_v: str, out_k: str, out_v: str) -> str:
-    """Self-attention of layer i with ONNX Runtime's GroupQueryAttention on in-place KV
-    buffers (contracts.py, "In-place KV"): RoPE (rotate_half, non-interleaved), the causal
-    mask and the cache update happen inside the op. x [S, in] -> [S, H]."""
-    NH, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    p = f"layers.{i}."
-    # one Gemm over the fused [q; k; v] weight (FUSED_SLOTS), split after: a decode step is
-    # ~200 small GEMMs whose per-call cost adds up
-    qkv = linear(b, x, W(p + "qkv"), W(p + "qkv_bias") if cfg.qkv_bias else None)
-    if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE (which the op applies)
-        q, k, v = b.ops("Split", [qkv, b.ints(NH * D, KVH * D, KVH * D)], 3, axis=-1)
-        q = rmsnorm(b, b.reshape(q, -1, NH, D), W(p + "q_norm"), cfg.rms_norm_eps)
-        k = rmsnorm(b, b.reshape(k, -1, KVH, D), W(p + "k_norm"), cfg.rms_norm_eps)
-        q, k, v = (b.reshape(t, 1, -1, n * D) for t, n in ((q, NH), (k, KVH), (v, KVH)))
-    else:  # packed: the op reads q, k and v from one [1, S, (NH + 2 KVH) D] input
-        q, k, v = b.reshape(qkv, 1, -1, (NH + 2 * KVH) * D), "", ""
-    b.domains.add("com.microsoft")
-    o, _, _ = b.ops("GroupQueryAttention", [q, k, v, cache_k, cache_v, ctx.seqlens_k, ctx.total,
-                                            ctx.cos_cache, ctx.sin_cache], 3,
-                    outs=[b.fresh("gqa") + "/out", out_k, out_v], domain="com.microsoft",
-                    num_heads=NH, kv_num_heads=KVH, scale=float(D ** -0.5), do_rotary=1, rotary_interleaved=0)
-    return linear(b, b.reshape(o, -1, NH * D), W(p + "o"))  # [S, H]
-
-
 def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: Callable[[str], str], i: int,
               past_k: str, past_v: str, new_k: str, new_v: str) -> str:
     """Self-attention of layer i over the committed past and the S new tokens.
@@ -319,14 +299,10 @@ def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: 
     return linear(b, b.reshape(o, -1, NH * D), W(p + "o"))  # [S, H]
 
 
-def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int, fused: bool = False) -> str:
-    """SwiGLU: down(silu(gate x) * up x). [S, H] -> [S, H]. ``fused``: one Gemm over the
-    [gate; up] weight (FUSED_SLOTS), split after."""
+def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int) -> str:
+    """SwiGLU: down(silu(gate x) * up x). [S, H] -> [S, H]."""
     p = f"layers.{i}."
-    if fused:
-        gate, up = b.ops("Split", [linear(b, x, W(p + "gate_up"))], 2, axis=-1)
-    else:
-        gate, up = linear(b, x, W(p + "gate")), linear(b, x, W(p + "up"))
+    gate, up = linear(b, x, W(p + "gate")), linear(b, x, W(p + "up"))
     h = b.op("Mul", silu(b, gate), up)
     return linear(b, h, W(p + "down"))
 
@@ -334,16 +310,18 @@ def mlp(b: GraphBuilder, x: str, W: Callable[[str], str], i: int, fused: bool = 
 # Slots of the in-place flavour made of checkpoint slots (concatenated on the output axis
 # of the [out, in] weights): fused -> parts, "{i}" the layer.
 FUSED_SLOTS = {"layers.{i}.qkv": ("layers.{i}.q", "layers.{i}.k", "layers.{i}.v"),
-               "layers.{i}.qkv_bias": ("layers.{i}.q_bias", "layers.{i}.k_bias", "layers.{i}.v_bias"),
-               "layers.{i}.gate_up": ("layers.{i}.gate", "layers.{i}.up")}
+               "layers.{i}.qkv_bias": ("layers.{i}.q_bias", "layers.{i}.k_bias", "layers.{i}.v_bias")}
 
 
 def fusing_get(get: Get) -> Get:
-    """``get`` that also serves FUSED_SLOTS by concatenating their parts."""
+    """``get`` that also serves FUSED_SLOTS by concatenating their parts, and ``<slot>.T``
+    as the [in, out] transpose of a 2-D slot (the in-place flavour's MatMul weights)."""
     import re
 
     def fused(slot: str) -> np.ndarray:
-        m = re.fullmatch(r"layers\.(\d+)\.(qkv|qkv_bias|gate_up)", slot)
+        if slot.endswith(".T"):
+            return np.ascontiguousarray(np.asarray(fused(slot[:-2])).T)
+        m = re.fullmatch(r"layers\.(\d+)\.(qkv|qkv_bias)", slot)
         if m is None:
             return get(slot)
         parts = FUSED_SLOTS["layers.{i}." + m.group(2)]
@@ -352,7 +330,63 @@ def fusing_get(get: Get) -> Get:
     return fused
 
 
-def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: "AttnContext | InplaceContext",
+# ---- the in-place flavour (ONNX Runtime ops; module doc) ------------------------------
+
+
+def ort_linear(b: GraphBuilder, x: str, w_t: str, bias: str | None = None) -> str:
+    """x [1, S, in] @ w_t [in, out] (+ bias) -> [1, S, out]."""
+    y = b.op("MatMul", x, w_t)
+    return b.op("Add", y, bias) if bias else y
+
+
+def ort_add_rmsnorm(b: GraphBuilder, h: str, y: str, w: str, eps: float) -> tuple[str, str]:
+    """(rmsnorm(h + y), h + y): a residual add fused into the next norm."""
+    b.domains.add("com.microsoft")
+    normed, _, _, total = b.ops("SkipSimplifiedLayerNormalization", [h, y, w], 4,
+                                outs=[b.fresh("skipnorm") + "/out", "", "", b.fresh("skipnorm") + "/sum"],
+                                domain="com.microsoft", epsilon=float(eps))
+    return normed, total
+
+
+def ort_attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceContext, W: Callable[[str], str],
+                  i: int, cache_k: str, cache_v: str, out_k: str, out_v: str) -> str:
+    """Self-attention of layer i with ONNX Runtime's GroupQueryAttention on in-place KV
+    buffers (contracts.py, "In-place KV"): RoPE (rotate_half, non-interleaved), the causal
+    mask and the cache update happen inside the op. x [1, S, in] -> [1, S, H]."""
+    NH, KVH, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p = f"layers.{i}."
+    # one MatMul over the fused [q; k; v] weight (FUSED_SLOTS)
+    qkv = ort_linear(b, x, W(p + "qkv.T"), W(p + "qkv_bias") if cfg.qkv_bias else None)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over D of every head, before RoPE (which the op applies)
+        q, k, v = b.ops("Split", [qkv, b.ints(NH * D, KVH * D, KVH * D)], 3, axis=-1)
+        q = rmsnorm(b, b.reshape(q, 1, -1, NH, D), W(p + "q_norm"), cfg.rms_norm_eps)
+        k = rmsnorm(b, b.reshape(k, 1, -1, KVH, D), W(p + "k_norm"), cfg.rms_norm_eps)
+        q, k = b.reshape(q, 1, -1, NH * D), b.reshape(k, 1, -1, KVH * D)
+    else:  # packed: the op reads q, k and v from the one [1, S, (NH + 2 KVH) D] tensor
+        q, k, v = qkv, "", ""
+    b.domains.add("com.microsoft")
+    o, _, _ = b.ops("GroupQueryAttention", [q, k, v, cache_k, cache_v, ctx.seqlens_k, ctx.total,
+                                            ctx.cos_cache, ctx.sin_cache], 3,
+                    outs=[b.fresh("gqa") + "/out", out_k, out_v], domain="com.microsoft",
+                    num_heads=NH, kv_num_heads=KVH, scale=float(D ** -0.5), do_rotary=1, rotary_interleaved=0)
+    return ort_linear(b, o, W(p + "o.T"))
+
+
+def ort_decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, x: str, ctx: InplaceContext,
+                      W: Callable[[str], str], i: int, kv: tuple[str, str, str, str],
+                      next_norm: str) -> tuple[str, str]:
+    """Layer i on the residual h [1, S, H] whose normed value x the previous step made;
+    returns (next_norm(h'), h') with h' the residual leaving the layer: the norm that
+    follows (the next layer's, or the final one) is fused with the layer's last add."""
+    eps = cfg.rms_norm_eps
+    x, h = ort_add_rmsnorm(b, h, ort_attention(b, cfg, x, ctx, W, i, *kv), W(f"layers.{i}.mlp_norm"), eps)
+    p = f"layers.{i}."
+    gate, up = ort_linear(b, x, W(p + "gate.T")), ort_linear(b, x, W(p + "up.T"))
+    y = ort_linear(b, b.op("Mul", silu(b, gate), up), W(p + "down.T"))
+    return ort_add_rmsnorm(b, h, y, next_norm, eps)
+
+
+def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: AttnContext,
                   W: Callable[[str], str], i: int, kv: tuple[str, str, str, str], attn_in: str | None = None) -> str:
     """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h)). h [S, H] is the residual.
 
@@ -360,10 +394,9 @@ def decoder_layer(b: GraphBuilder, cfg: DecoderConfig, h: str, ctx: "AttnContext
     concat(norm(embeds), norm(g)) of width 2H while its residual is g).
     """
     x = attn_in if attn_in is not None else rmsnorm(b, h, W(f"layers.{i}.attn_norm"), cfg.rms_norm_eps)
-    attn = attention_inplace if isinstance(ctx, InplaceContext) else attention
-    h = b.op("Add", h, attn(b, cfg, x, ctx, W, i, *kv))
+    h = b.op("Add", h, attention(b, cfg, x, ctx, W, i, *kv))
     x = rmsnorm(b, h, W(f"layers.{i}.mlp_norm"), cfg.rms_norm_eps)
-    return b.op("Add", h, mlp(b, x, W, i, fused=isinstance(ctx, InplaceContext)))
+    return b.op("Add", h, mlp(b, x, W, i))
 
 
 def embed(b: GraphBuilder, input_ids: str, table: str, hidden: int) -> str:

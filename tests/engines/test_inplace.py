@@ -129,7 +129,9 @@ def test_cost_table_feeds_are_valid_whole_buffers(tiny_engines):
 
 def test_probe_names_what_the_kernel_cannot_do():
     s = OrtSettings().resolved()
-    assert probe_inplace_gqa(s, 4, 2, 16) is None
+    for dtype in ("float32", "float16"):
+        for packed in (True, False):  # q/k/v packed in one input, or three (qk-norm models)
+            assert probe_inplace_gqa(s, 4, 2, 16, dtype, packed=packed) is None, (dtype, packed)
     assert "head_size" in probe_inplace_gqa(s, 4, 2, 8)  # the CPU kernel wants head_dim % 16 == 0
 
 
