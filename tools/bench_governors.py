@@ -24,7 +24,10 @@ per prompt the median over repeats. tokens/s of a set = sum tokens / sum seconds
 
 Checks: greedy outputs identical across governors and repeats (lossless; exit 1 if
 not); issue 7's targets: dspark >= 1.05x the best fixed depth on the mixed set, >= 0.98x
-on every kind, above adaptive everywhere. Writes OUT/bench_governors.json and
+on every kind, above adaptive everywhere. Bounds: what a governor that knew each
+round's acceptance after drafting (the most DSpark can learn from confidences), or
+before, would reach over the best fixed depth, estimated from the deepest fixed depth's
+rounds and the cost table (``bounds``). Writes OUT/bench_governors.json and
 OUT/bench_governors.png (per-position acceptance at the full depth, per kind; histogram
 of the depths DSpark chose, per kind).
 """
@@ -122,6 +125,57 @@ def agg(runs: list[dict]) -> dict:
             "rounds": j["rounds"], "draft_rounds": j["draft_rounds"]}
 
 
+class Recording:
+    """A governor that also keeps every round's accepted count (for ``bounds``)."""
+
+    def __init__(self, gov):
+        self.gov, self.uses_confidences, self.accepted = gov, gov.uses_confidences, []
+
+    def choose(self, state):
+        return self.gov.choose(state)
+
+    def observe(self, r) -> None:
+        if r.depth:
+            self.accepted.append(int(r.accepted))
+        self.gov.observe(r)
+
+
+def bounds(accepted: list[int], costs: dict, depths) -> dict:
+    """What depth choice could gain with this draft, on the anchors of a full-depth run
+    (every round verifying the deepest block; a_r drafts accepted) and the build's cost
+    table (decode, verify.d, draft block k): tokens per second of
+
+    * fixed:d  -- min(a_r, d) + 1 tokens for draft(d) + verify(d) a round;
+    * a post-draft oracle -- a governor that learns after drafting how many drafts the
+      target will take, as DSpark tries to from the drafts' confidences: a_r > 0 verifies
+      the smallest built depth >= a_r (a_r + 1 tokens), a_r = 0 decodes (draft(1) +
+      decode for 1 token);
+    * a pre-draft oracle -- knows before drafting, so a_r = 0 costs a decode alone.
+
+    An estimate: other policies would visit other anchors. Both oracles are upper bounds
+    for their kind of governor; divided by the best fixed depth, they bound what any
+    governor could gain over it."""
+    if not accepted:
+        return {}
+    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
+    by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
+
+    def draft(k: int) -> float:
+        return by[min((j for j in by if j >= k), default=max(by))]
+
+    def up(a: int) -> int:
+        return next(d for d in depths if d >= a)
+
+    fixed = {d: sum(min(a, d) + 1 for a in accepted) / sum(draft(d) + ver[d] for _ in accepted) for d in depths}
+    tokens = sum(a + 1 for a in accepted)
+    post = tokens / sum(draft(up(a)) + ver[up(a)] if a else draft(1) + dec for a in accepted)
+    pre = tokens / sum(draft(up(a)) + ver[up(a)] if a else dec for a in accepted)
+    best = max(fixed, key=fixed.get)
+    return {"rounds": len(accepted), "fixed_tokens_per_s": {str(d): v for d, v in fixed.items()},
+            "off_tokens_per_s": 1.0 / dec, "best_fixed": f"fixed:{best}",
+            "post_draft_oracle_vs_best_fixed": post / fixed[best], "pre_draft_oracle_vs_best_fixed": pre / fixed[best]}
+
+
 def plot(results: dict, specs: list[str], depths, path: Path) -> None:
     import matplotlib
 
@@ -202,12 +256,17 @@ def main() -> int:
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")
         govs = {spec: make_governor(spec, s.engines, s.calibration) for spec in specs}
+        full = f"fixed:{depths[-1]}"
+        govs[full] = Recording(govs[full])
+        kinds_of_rounds: list[str] = []  # the prompt kind of each recorded full-depth round
         ids = [s.text.encode(p["prompt"], chat) for p in prompts]
 
-        def once(spec: str, p: list[int]) -> dict:
+        def once(spec: str, p: list[int], kind: str = "") -> dict:
             s.generator.governor = govs[spec]
+            before = len(govs[full].accepted)
             out = [t for chunk in s.stream_ids(p, args.max_new_tokens) for t in chunk]
             tel = s.generator.telemetry
+            kinds_of_rounds.extend([kind] * (len(govs[full].accepted) - before))
             return {"out": out, "seconds": tel.seconds - tel.engine_s.get("prefill", 0.0),
                     "tokens": len(out) - 1, "telemetry": tel}
 
@@ -224,7 +283,7 @@ def main() -> int:
             for r in range(args.repeats):
                 shift = (i * args.repeats + r) % len(specs)
                 for spec in specs[shift:] + specs[:shift]:
-                    reps[spec].append(once(spec, p))
+                    reps[spec].append(once(spec, p, meta["kind"]))
             ref = reps["off"][0]["out"]
             for spec in specs:
                 for r, x in enumerate(reps[spec]):
@@ -259,6 +318,10 @@ def main() -> int:
         need = 1.05 if g == "mixed" else 0.98
         ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
         ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
+    costs = report["costs"] or {}
+    acc = govs[full].accepted
+    report["bounds"] = {g: bounds([a for a, k in zip(acc, kinds_of_rounds) if g == "mixed" or k == g], costs, depths)
+                        for g in groups} if costs.get("verify") else {}
     report.update(results=results, summary=summary, targets=ok, mismatches=mismatches,
                   per_prompt={spec: [{k: v for k, v in r.items() if k != "telemetry"} for r in runs[spec]]
                               for spec in specs})
@@ -278,6 +341,11 @@ def main() -> int:
     print("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
     print("acceptance by position (full depth, mixed): "
           + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
+    if report["bounds"]:
+        b = report["bounds"]
+        print(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")
+        for key in ("post_draft_oracle_vs_best_fixed", "pre_draft_oracle_vs_best_fixed"):
+            print(f"  {key:{w - 2}s}" + "".join(f"{b[g].get(key, float('nan')):11.3f}" for g in groups))
     print(f"lossless: {'yes' if not mismatches else f'NO, {len(mismatches)} mismatching runs: {mismatches[:3]}'}")
     for name, passed in ok.items():
         print(f"  [{'PASS' if passed else 'FAIL'}] {name}")
