@@ -523,10 +523,16 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: r.depth], r.accepted)
 
 
-def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | None = None,
+SPECS = "off | fixed:K | adaptive | dspark"
+
+
+def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
-    """'off' | 'adaptive' | 'dspark' | an integer depth -> a Governor over the built depths."""
+    """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark' -> a Governor over the built depths.
+    DSpark needs the cost table: ``t_draft`` (seconds, or block depth -> seconds) and
+    ``t_verify`` (depth -> seconds; 0: a plain decode step)."""
     s = str(spec).strip().lower()
+    k = s[6:] if s.startswith("fixed:") else s
     if s == "off":
         return OffGovernor(depths)
     if s == "adaptive":
@@ -535,6 +541,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | None =
         if t_draft is None or t_verify is None:
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
         return DSparkGovernor(depths, t_draft, t_verify, calibration)
-    if s.isdigit():
-        return FixedGovernor(depths, int(s))
-    raise UserError(f"governor {spec!r}: expected 'off', 'adaptive', 'dspark' or a built depth ({', '.join(map(str, check_depths(depths)))})")
+    if k.isdigit():
+        return FixedGovernor(depths, int(k))
+    raise UserError(f"--governor '{spec}': expected one of {SPECS} "
+                    f"(built depths: {', '.join(map(str, check_depths(depths)))})")

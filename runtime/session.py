@@ -23,13 +23,12 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import AdaptiveGovernor, Calibration, DSparkGovernor, FixedGovernor, Governor, OffGovernor
+from .governor import Calibration, Governor, from_spec
 from .sampling import SamplingParams
 from .text import Detokenizer, Text
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
-GOVERNORS = "off | fixed:K | adaptive | dspark"
 # Context length at which the cost table is read for the DSpark governor's first rounds;
 # online EMAs of the measured times take over from there.
 COST_PAST = 256
@@ -59,20 +58,13 @@ def load_calibration(engines) -> tuple[Calibration | None, str]:
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
-    depths = engines.depths
-    s = str(spec).strip().lower()
-    if s == "off":
-        return OffGovernor(depths)
-    if s == "adaptive":
-        return AdaptiveGovernor(depths)
-    if s.startswith("fixed:") and s[6:].isdigit():
-        return FixedGovernor(depths, int(s[6:]))
-    if s == "dspark":
-        t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in depths}
-        t_verify[0] = engines.cost("decode", COST_PAST)
-        draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
-        return DSparkGovernor(depths, draft, t_verify, calibration)
-    raise UserError(f"--governor '{spec}': expected one of {GOVERNORS} (built depths: {', '.join(map(str, depths))})")
+    """``governor.from_spec`` with DSpark's costs read from the engines' cost table."""
+    if str(spec).strip().lower() != "dspark":
+        return from_spec(spec, engines.depths)
+    t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
+    t_verify[0] = engines.cost("decode", COST_PAST)
+    draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
+    return from_spec("dspark", engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)
 
 
 class Session:

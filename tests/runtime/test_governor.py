@@ -1,4 +1,5 @@
 import json
+import re
 import timeit
 
 import numpy as np
@@ -40,12 +41,15 @@ def test_limit_caps_to_a_built_depth():
 def test_from_spec():
     assert isinstance(from_spec("off", DEPTHS), OffGovernor)
     assert from_spec("4", DEPTHS).choose(NONE) == 4
+    assert from_spec("fixed:2", DEPTHS).choose(NONE) == 2
     assert isinstance(from_spec("adaptive", DEPTHS), AdaptiveGovernor)
     assert isinstance(from_spec("dspark", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS}), DSparkGovernor)
     with pytest.raises(UserError, match="cost table"):
         from_spec("dspark", DEPTHS)
-    with pytest.raises(UserError, match="'off', 'adaptive', 'dspark' or a built depth"):
+    with pytest.raises(UserError, match=re.escape("'fast': expected one of off | fixed:K | adaptive | dspark")):
         from_spec("fast", DEPTHS)
+    with pytest.raises(UserError, match="depth 3 is not built"):
+        from_spec("fixed:3", DEPTHS)
 
 
 # ---- adaptive (onnxruntime-genai rule) ------------------------------------------------
