@@ -12,7 +12,8 @@
 #      held-out prompts (results/calibration_report.json); SPECRT_CALIBRATION=FILE copies
 #      a calibration.json made the same way on other engines of this export instead;
 #   3. tools/bench_engines.py: verify latency per depth vs depth 1 at contexts 128 and 512,
-#      allocation per step, RSS; in-place vs append vs a plain session (results/engines.txt);
+#      allocation per step, RSS; in-place vs onnxruntime-genai vs sleeping threads vs append vs
+#      a plain session, the variants run in turn three times (results/engines.txt);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
 #      matched to specrt's (results/bench/);
 #   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
@@ -52,8 +53,8 @@ fi
 
 stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
-  --variants shared,append,plain,ortgenai --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 --steps 200 \
-  | tee results/engines.txt
+  --variants shared,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
+  --steps 200 --passes 3 | tee results/engines.txt
 
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
