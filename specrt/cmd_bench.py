@@ -6,7 +6,12 @@
 
 Configurations, each decoding every prompt greedily, batch 1, in its **own subprocess**
 (so its peak RSS, the worker's ``VmHWM``, is its own and one configuration's caches cannot warm
-another's):
+another's). ``--schedule interleaved`` (default) loads every worker first, then runs
+prompt by prompt, the configurations taking turns (order rotated per prompt): a shared
+VM's speed drifts by 10-20% over minutes, and one configuration after another
+(``--schedule sequential``, which holds one model in memory at a time) measured
+onnxruntime-genai at 0.95x and then 1.26x of specrt's plain decoding in two runs of the
+same command. Configurations:
 
 * ``specrt:<governor>`` for each ``--governors`` entry over ENGINES (``specrt:off`` is
   always run: it is the reference the others are compared with);
@@ -25,7 +30,9 @@ need only the runtime.
 Threads: every configuration runs with ``--threads`` intra-op threads; with
 ``--peer-threading matched`` (default) the peers' idle threads also wait the way the
 engines' do (``engines.json`` onnxruntime ``spin``; tools/bench_lib.py explains why this
-matters several-fold on shared cores).
+matters several-fold on shared cores). Interleaved, no idle worker may spin while another
+runs: onnxruntime-genai's threads spin within a run and sleep after it, as the engines'
+do; transformers keeps OpenMP's default (spin briefly, then sleep), not ``ACTIVE``.
 
 Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
@@ -90,6 +97,7 @@ from specrt.errors import UserError
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
 DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
+SCHEDULES = ("interleaved", "sequential")
 REFERENCE = "specrt:off"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_LIB = REPO_ROOT / "tools" / "bench_lib.py"
@@ -291,9 +299,22 @@ def worker_main(job_path: str, result_path: str) -> int:
         w.warmup(prompts[0], min(int(job["warmup_tokens"]), n), eos)
     print(f"{PROGRESS}warm", flush=True)
     per_prompt = []
-    for i, ids in enumerate(prompts):
-        per_prompt.append(w.run(ids, n, eos))
-        print(f"{PROGRESS}{i + 1}", flush=True)
+    if job.get("interleaved"):  # the parent sends "run I" per prompt, then "end"
+        done: dict[int, dict] = {}
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd or cmd[0] == "end":
+                break
+            i = int(cmd[1])
+            done[i] = w.run(prompts[i], n, eos)
+            print(f"{PROGRESS}{i}", flush=True)
+        if sorted(done) != list(range(len(prompts))):
+            raise RuntimeError(f"interleaved worker ended after prompts {sorted(done)} of {len(prompts)}")
+        per_prompt = [done[i] for i in range(len(prompts))]
+    else:
+        for i, ids in enumerate(prompts):
+            per_prompt.append(w.run(ids, n, eos))
+            print(f"{PROGRESS}{i + 1}", flush=True)
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
                   ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
@@ -320,12 +341,64 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
                 else:
                     log.write(line)
             rc = p.wait()
-        res = json.loads(rp.read_text()) if rp.is_file() else {"ok": False}
+        return _finish_result(rp, rc, log_path)
+
+
+def _finish_result(rp: Path, rc: int, log_path: Path) -> dict:
+    res = json.loads(rp.read_text()) if rp.is_file() else {"ok": False}
     if not res.get("ok") and "skipped" not in res:
         tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-8:])
         res.setdefault("error", f"worker exited {rc}")
         res["error"] += f"\n{tail}" if tail else ""
     return res
+
+
+class InterleavedWorker:
+    """One configuration's worker process, loaded and warmed once, then driven a prompt at
+    a time (``run(i)``) so that the configurations take turns on every prompt."""
+
+    def __init__(self, job: dict, log_path: Path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = tempfile.TemporaryDirectory(prefix="specrt-bench-")
+        jp, self.rp, self.log_path = Path(self.tmp.name) / "job.json", Path(self.tmp.name) / "result.json", log_path
+        jp.write_text(json.dumps({**job, "interleaved": True}))
+        self.log = open(log_path, "w")
+        self.p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(self.rp)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                  bufsize=1)
+
+    def _ack(self) -> str | None:
+        """The worker's next progress message; None when it has exited."""
+        for line in self.p.stdout:
+            if line.startswith(PROGRESS):
+                return line[len(PROGRESS):].strip()
+            self.log.write(line)
+        return None
+
+    def warm(self) -> bool:
+        return self._ack() == "warm"
+
+    def run(self, i: int) -> bool:
+        try:
+            self.p.stdin.write(f"run {i}\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            return False
+        return self._ack() == str(i)
+
+    def finish(self) -> dict:
+        try:
+            self.p.stdin.write("end\n")
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+        while self._ack() is not None:
+            pass
+        rc = self.p.wait()
+        self.log.close()
+        res = _finish_result(self.rp, rc, self.log_path)
+        self.tmp.cleanup()
+        return res
 
 
 # ---- analysis --------------------------------------------------------------------------
@@ -554,17 +627,60 @@ def _progress(total: int, quiet: bool):
         return None
 
 
+def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo) -> None:
+    """Every configuration's worker loaded and warmed (one at a time), then prompt by
+    prompt each configuration in turn (the order rotated per prompt), so that a slow
+    spell of the machine falls on all of them alike."""
+    workers: dict[str, InterleavedWorker] = {}
+    for name, job in jobs:
+        if bar is not None:
+            bar.set_description(f"{name} (loading)")
+        else:
+            echo(f"loading {name} ...", err=True)
+        w = InterleavedWorker(job, out / "logs" / f"{name.replace(':', '_')}.log")
+        if w.warm():
+            workers[name] = w
+        else:
+            _record(name, w.finish(), results, skipped, failed, echo)
+    names = list(workers)
+    for i in range(n_prompts):
+        if bar is not None:
+            bar.set_description(f"prompt {i + 1}/{n_prompts}")
+        k = i % max(len(names), 1)
+        for name in names[k:] + names[:k]:
+            if name in workers and not workers[name].run(i):
+                _record(name, workers.pop(name).finish(), results, skipped, failed, echo)
+            if bar is not None:
+                bar.update(1)
+    for name, w in workers.items():
+        _record(name, w.finish(), results, skipped, failed, echo)
+
+
+def _record(name: str, res: dict, results: dict, skipped: dict, failed: dict, echo) -> None:
+    if res.get("ok"):
+        results[name] = res
+    elif "skipped" in res:
+        skipped[name] = res["skipped"]
+        echo(f"skipping {name}: {res['skipped']}", err=True)
+    else:
+        failed[name] = res.get("error", "failed")
+        click.secho(f"FAILED {name}: {failed[name]}", fg="red", err=True)
+
+
 def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = False, max_new_tokens: int = 128,
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
-              warmup_tokens: int = 8, peer_threading: str = "matched", quiet: bool = False,
-              echo: Callable[..., None] = click.echo) -> dict:
+              warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
+              quiet: bool = False, echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json)."""
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 1")
+    if schedule not in SCHEDULES:
+        raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
+    interleaved = schedule == "interleaved"
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     govs = _split(governors) if governors else (
@@ -616,8 +732,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
             continue
         reason = lib.peer_unavailable(peer, hf_folder)
+        spin = peer_spin
+        if interleaved and spin and peer in ("hf", "hf-lookup"):
+            # OMP_WAIT_POLICY=ACTIVE would keep an idle worker's threads spinning while the
+            # others run; OpenMP's default spins briefly after a parallel region, then sleeps
+            spin = None
         job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
-               "spin": peer_spin}
+               "spin": spin, "stop_spinning": bool(interleaved and spin)}
         if reason is None and peer == "ortgenai":
             try:
                 job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
@@ -636,7 +757,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     bar = _progress(len(jobs) * len(prompts), quiet)
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
-    for name, job in jobs:
+    if interleaved:
+        _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo)
+        jobs_to_run: list = []
+    else:
+        jobs_to_run = jobs
+    for name, job in jobs_to_run:
         if bar is not None:
             bar.set_description(f"{name} (loading)")
         else:
@@ -651,14 +777,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                 bar.update(1)
 
         res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
-        if res.get("ok"):
-            results[name] = res
-        elif "skipped" in res:
-            skipped[name] = res["skipped"]
-            echo(f"skipping {name}: {res['skipped']}", err=True)
-        else:
-            failed[name] = res.get("error", "failed")
-            click.secho(f"FAILED {name}: {failed[name]}", fg="red", err=True)
+        _record(name, res, results, skipped, failed, echo)
         if bar is not None and not res.get("ok"):
             bar.update(len(prompts))
     if bar is not None:
@@ -685,7 +804,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
-                     "peer_spin": peer_spin,
+                     "peer_spin": peer_spin, "schedule": schedule,
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -785,14 +904,17 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
               help="matched: peers' idle threads wait like specrt's engines (spin or sleep); defaults: as shipped.")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="interleaved", show_default=True,
+              help="interleaved: every configuration loaded at once, taking turns prompt by prompt; "
+                   "sequential: one configuration after another (less memory).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, schedule, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
-                       quiet=quiet)
+                       schedule=schedule, quiet=quiet)
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

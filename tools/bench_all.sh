@@ -32,6 +32,9 @@ $PY -m pip install -q --disable-pip-version-check -e ".[export,bench]"
 TARGET=$($PY tools/smollm2.py)
 mkdir -p "$OUT" results
 stamp() { echo "[bench_all] $(date +%T) $*"; }
+# wait (up to 3 minutes) for the 1-minute load to fall below 1: the previous step's
+# spinning threads keep it near 2 for a while, and specrt bench warns on a busy machine
+settle() { for _ in $(seq 60); do awk '{exit !($1 < 1.0)}' /proc/loadavg && return 0; sleep 3; done; }
 
 stamp "export + build"
 [ -f "$OUT/export/export.json" ] || $SPECRT export "$TARGET" --draft fixtures/peagle-smollm2 -o "$OUT/export" --force
@@ -51,17 +54,21 @@ elif [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 
     --report results/calibration_report.json
 fi
 
+settle
 stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
   --variants shared,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
   --steps 200 --passes 3 | tee results/engines.txt
 
+settle
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
   --governors off,fixed:1,fixed:2,adaptive,dspark -o results/bench
 
+settle
 stamp "governors per prompt kind"
 $PY tools/bench_governors.py --engines "$OUT/engines" --per-kind 4 --max-new-tokens 128 --out results/governors
+settle
 stamp "runtime: speculation vs none, Python share, peak RSS"
 $PY tools/bench_runtime.py "$OUT/engines" --depths 1,2 -o results/runtime
 stamp "compare"

@@ -257,7 +257,7 @@ class OrtGenaiPeer:
     ``session.intra_op.allow_spinning``; onnxruntime-genai passes unknown session_options
     keys to ``AddConfigEntry``) set through a config overlay."""
 
-    def __init__(self, model_dir: Path, threads: int, spin: bool | None = None):
+    def __init__(self, model_dir: Path, threads: int, spin: bool | None = None, stop_spinning: bool = False):
         import onnxruntime_genai as og
 
         self.og = og
@@ -265,6 +265,8 @@ class OrtGenaiPeer:
         if spin is not None:
             so["session.intra_op.allow_spinning"] = "1" if spin else "0"
             so["session.inter_op.allow_spinning"] = "1" if spin else "0"
+        if stop_spinning:  # idle threads sleep once a run returns (another runtime runs next)
+            so["session.force_spinning_stop"] = "1"
         cfg = og.Config(str(model_dir))
         cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
         self.model = og.Model(cfg)
@@ -306,5 +308,6 @@ def make_peer(peer: str, job: dict):
     if peer == "hf-lookup":
         return HfPeer(Path(job["hf_folder"]), job["threads"], lookup_tokens=job["lookup_tokens"], spin=spin)
     if peer == "ortgenai":
-        return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"], spin=spin)
+        return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"], spin=spin,
+                            stop_spinning=bool(job.get("stop_spinning")))
     raise PeerSkipped(f"unknown peer '{peer}'")

@@ -75,6 +75,7 @@ def test_report_has_required_keys(report):
     assert rep["settings"]["max_new_tokens"] == 10 and rep["settings"]["threads"] == 1
     # engines built now spin within runs, and matched peers spin with them
     assert rep["settings"]["peer_threading"] == "matched" and rep["settings"]["peer_spin"] is True
+    assert rep["settings"]["schedule"] == "interleaved"
     for f in rep["plots"]:
         assert (out / f).stat().st_size > 0
     assert "tokens_per_s.png" in rep["plots"]
@@ -129,6 +130,26 @@ def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_pa
     res = run_config(job, tmp_path / "w.log")
     assert res["ok"], res
     assert res["modules_loaded"] == {"torch": False, "transformers": False, "onnxruntime_genai": False}
+
+
+def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_path):
+    """The interleaved schedule's worker: warm, prompts in any order the parent sends, then
+    the same per-prompt results (in prompt order) as a sequential worker."""
+    from specrt.cmd_bench import InterleavedWorker, run_config
+
+    job = {"kind": "specrt", "engines": str(tiny_engines), "governor": "fixed:2", "threads": 1,
+           "prompts": [[5, 6, 7], [9, 10, 11, 12]], "max_new_tokens": 4, "eos": [2], "warmup_tokens": 0}
+    w = InterleavedWorker(job, tmp_path / "i.log")
+    assert w.warm()
+    assert w.run(1) and w.run(0)
+    res = w.finish()
+    seq = run_config(job, tmp_path / "s.log")
+    assert res["ok"] and seq["ok"], (res, seq)
+    assert [r["output_ids"] for r in res["per_prompt"]] == [r["output_ids"] for r in seq["per_prompt"]]
+    w = InterleavedWorker(job, tmp_path / "j.log")  # ended before every prompt ran: an error, named
+    assert w.warm() and w.run(0)
+    res = w.finish()
+    assert not res["ok"] and "ended after prompts [0] of 2" in res["error"]
 
 
 def test_identity_classifies_mismatches():
