@@ -1,20 +1,25 @@
 """Building blocks of the Llama-family graphs, written with ``onnx.helper``.
 
 Every function appends nodes to a ``GraphBuilder`` and returns the name of its output
-tensor. Conventions (batch is always 1, so the residual stream is kept 2-D):
+tensor. Conventions of the export's (portable) graphs (batch is always 1, so the residual
+stream is kept 2-D):
 
 * hidden states are ``[S, H]`` (S new tokens); projections are ``Gemm(x, W, transB=1)``
   on the checkpoint's ``[out, in]`` weights, so no weight is ever transposed or copied;
 * float tensors are in the graph dtype ``b.dtype`` (float32/float16/bfloat16); RMSNorm
   statistics, the RoPE tables and the softmax are computed in float32;
-* opset 17, default domain only (TensorRT's ONNX parser reads it), except the in-place
-  KV flavour for ONNX Runtime (``ort_decoder_layer``), written in ONNX Runtime's own ops.
+* opset 17, default domain only (TensorRT's ONNX parser reads it).
 
-The in-place flavour (ONNX Runtime only) is laid out as onnxruntime-genai's builder lays
-out its models, because ONNX Runtime runs that layout with the fewest ops per layer (10
-against 14): a ``[1, S, H]`` residual, ``MatMul`` over pre-transposed ``[in, out]``
-weights (slots ``<slot>.T`` of ``fusing_get``), each residual add fused into the norm
-that follows it (``com.microsoft.SkipSimplifiedLayerNormalization``), ``com.microsoft.GroupQueryAttention`` on packed q/k/v over in-place KV buffers.
+The in-place KV flavour for ONNX Runtime (``ort_decoder_layer``) is written in ONNX
+Runtime's own ops and laid out as onnxruntime-genai's builder lays out its models (10
+ops per layer against 14), so that the two runtimes are compared graph for graph: a
+``[1, S, H]`` residual, ``MatMul`` over pre-transposed ``[in, out]`` weights (slots
+``<slot>.T`` of ``fusing_get``), each residual add fused into the norm that follows it
+(``com.microsoft.SkipSimplifiedLayerNormalization``), and
+``com.microsoft.GroupQueryAttention`` on packed q/k/v over in-place KV buffers. Measured
+on SmolLM2-135M: the same speed per step as onnxruntime-genai's own model (median
+0.99-1.00x over 6 processes, S = 1 and 2), and as this module's earlier 2-D in-place
+layout within noise.
 """
 
 from __future__ import annotations
