@@ -16,17 +16,18 @@ Settings (``OrtSettings``), and why:
 * idle intra-op threads spin within a run and stop when it ends (``spin = True``, the
   default: ``session.intra_op.allow_spinning = 1`` and ``session.force_spinning_stop =
   1``). Between two ops of a run, a spinning worker picks up the next parallel section at
-  once instead of being woken (a decode step is ~600 ops, and waking a sleeping thread
+  once instead of being woken (a decode step is ~300 ops, and waking a sleeping thread
   costs microseconds each time). The runtime alternates two sessions (draft, target) with
   Python work in between: with ONNX Runtime's default, a session's workers keep spinning
   after its run and burn the cores the other session needs; ``force_spinning_stop``
   puts them to sleep when the run returns. Measured on SmolLM2-135M, 2 cores, target and
   draft alternating in one process (decode at 128 past tokens / a draft pass): spinning
   within runs 18.9-19.4 / 2.1 ms; sleeping pools 20.0-20.6 / 2.3 ms; spinning without
-  the stop 39.4 / 3.4 ms. (ONNX Runtime's process-wide pool measured the same as
-  spinning within runs, but once it exists every session in the process must use it,
-  which a library cannot impose on its caller.) ``spin = False``: sleeping pools, the
-  setting of engine folders built before this one.
+  the stop 39.4 / 3.4 ms; tools/bench_engines.py (calls alternating, 3 passes) decode
+  19.6 vs 20.8 ms sleeping at 128 past tokens, 21.2 vs 22.7 ms at 512. (ONNX Runtime's
+  process-wide pool measured the same as spinning within runs, but once it exists every
+  session in the process must use it, which a library cannot impose on its caller.)
+  ``spin = False``: sleeping pools, the setting of engine folders built before this one.
 
 Sessions (``OrtSettings.sessions``):
 
@@ -53,8 +54,9 @@ export's target with GroupQueryAttention over whole ``[1, KVH, C, D]`` buffers
 (``write_inplace_target``) once ``probe_inplace_gqa`` has shown this ONNX Runtime and
 its providers do what the graph needs; an ``OrtRunner`` binds each aliased output
 (``cache_key_out.{i}``) to the memory of its input (``cache_key.{i}``), so the engine
-writes the new rows into the runtime's cache. Measured on SmolLM2-135M, 2 idle cores:
-decode 20.1 ms vs 22.6 ms (portable graph) at 128 past tokens, 20.7 vs 25.9 ms at 512.
+writes the new rows into the runtime's cache. Measured on SmolLM2-135M, 2 idle cores
+(results/engines.txt): decode 19.6 ms vs 20.3 ms (portable graph) at 128 past tokens,
+21.2 vs 23.1 ms at 512.
 
 Buffers: inputs are bound in place (``IOBinding.bind_cpu_input`` wraps the numpy
 memory, measured at ~1 us for any size, no copy); fixed-shape outputs are bound to
