@@ -11,7 +11,9 @@ prompt by prompt, the configurations taking turns (order rotated per prompt): a 
 VM's speed drifts by 10-20% over minutes, and one configuration after another
 (``--schedule sequential``, which holds one model in memory at a time) measured
 onnxruntime-genai at 0.95x and then 1.26x of specrt's plain decoding in two runs of the
-same command. Configurations:
+same command; when the workers would not fit in memory together (about 1.5x the
+engines' weight bytes each), the run falls back to sequential with a warning.
+Configurations:
 
 * ``specrt:<governor>`` for each ``--governors`` entry over ENGINES (``specrt:off`` is
   always run: it is the reference the others are compared with);
@@ -627,6 +629,25 @@ def _progress(total: int, quiet: bool):
         return None
 
 
+def _mem_available() -> int | None:
+    """Bytes of memory available to new processes (/proc/meminfo MemAvailable), if known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def interleaved_fits(n_workers: int, weight_bytes: int, available: int | None) -> bool:
+    """Whether every worker can be resident at once: each holds about 1.5x the engines'
+    weight bytes (measured for SmolLM2: specrt 1.3-1.6x, the peers 1.5-1.8x of the target's
+    fp32 weights), and a fifth of the memory is left to the rest of the machine. Unknown
+    memory: assume it fits."""
+    return available is None or n_workers * 1.5 * weight_bytes <= 0.8 * available
+
+
 def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo) -> None:
     """Every configuration's worker loaded and warmed (one at a time), then prompt by
     prompt each configuration in turn (the order rotated per prompt), so that a slow
@@ -754,6 +775,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # Order: the reference first, then the peer baselines, then the speculative configurations.
     order = {REFERENCE: 0, "ortgenai": 1, "hf": 2, "hf-lookup": 3}
     jobs.sort(key=lambda j: order.get(j[0], 4))
+    if interleaved and not interleaved_fits(len(jobs), engines.weight_bytes, _mem_available()):
+        each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
+        warnings.append(f"--schedule interleaved would hold {len(jobs)} workers of ~{each:.1f} GiB at once "
+                        f"({len(jobs) * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
+                        "so the configurations' ratios include the machine's drift")
+        echo(f"warning: {warnings[-1]}", err=True)
+        schedule, interleaved = "sequential", False
     bar = _progress(len(jobs) * len(prompts), quiet)
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}

@@ -152,6 +152,15 @@ def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_pat
     assert not res["ok"] and "ended after prompts [0] of 2" in res["error"]
 
 
+def test_interleaved_schedule_needs_the_memory_for_every_worker():
+    from specrt.cmd_bench import interleaved_fits
+
+    gib = 2 ** 30
+    assert interleaved_fits(8, gib // 2, 24 * gib)  # SmolLM2-sized engines on this machine
+    assert not interleaved_fits(8, 16 * gib, 24 * gib)  # an 8B model in fp16: sequential instead
+    assert interleaved_fits(8, 16 * gib, None)  # unknown memory: assume it fits
+
+
 def test_identity_classifies_mismatches():
     outs = {REFERENCE: [[1, 2, 3, 4], [5, 6]], "specrt:fixed:1": [[1, 2, 3, 4], [5, 7]],
             "hf": [[1, 2, 9, 9], [5, 6]], "ortgenai": [[1, 2, 3], [5, 6]]}
