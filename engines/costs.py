@@ -64,14 +64,7 @@ def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int,
 
 def time_calls(runner: Runner, feeds: dict[str, np.ndarray], repeats: int, warmup: int) -> float:
     """Median seconds of ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        runner.infer(feeds)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        runner.infer(feeds)
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    return time_round_robin([(None, runner, feeds)], repeats, warmup)[None]
 
 
 def time_round_robin(calls: list[tuple[Any, Runner, dict]], repeats: int, warmup: int) -> dict[Any, float]:

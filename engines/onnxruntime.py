@@ -340,7 +340,6 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         "Fail", "InvalidArgument", "NotImplemented", "InvalidGraph", "RuntimeException", "EPFail")
         if hasattr(ort_state, n)))
     try:
-
         nh, kvh, d, cap, past, s = int(num_heads), int(kv_heads), int(head_dim), 12, 5, 3
         if dtype not in ("float32", "float16"):
             return f"GroupQueryAttention in place is not probed for {dtype}"
@@ -351,8 +350,9 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         vi = helper.make_tensor_value_info
         qkv_in = ["qkv", "", ""] if packed else ["q", "k", "v"]
         gamma = np.linspace(0.5, 1.5, nh * d).astype(npt)
+        pack = [helper.make_node("Concat", ["q", "k", "v"], ["qkv"], axis=-1)] if packed else []
         graph = helper.make_graph(
-            [helper.make_node("Concat", ["q", "k", "v"], ["qkv"], axis=-1),
+            [*pack,
              helper.make_node("GroupQueryAttention", [*qkv_in, "ck", "cv", "sl", "tot", "cos", "sin"],
                               ["o", "ck_out", "cv_out"], domain="com.microsoft", num_heads=nh, kv_num_heads=kvh,
                               scale=d ** -0.5, do_rotary=1, rotary_interleaved=0),

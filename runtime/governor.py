@@ -431,9 +431,13 @@ class DSparkGovernor(Governor):
         """Seconds to draft the full block (the deepest built depth), as draft_cost gives it."""
         return self.draft_cost(self.depths[-1])
 
+    def _profiled_draft(self, k: int) -> float:
+        """The cost table's seconds to draft a block of k (k clamped to 1..deepest)."""
+        return self._p_draft_by[min(max(int(k), 1), self.depths[-1])]
+
     def draft_cost(self, k: int) -> float:
         """Seconds to draft a block of k (profiled, times the draft's load factor)."""
-        return self.load_draft * self._p_draft_by[min(max(int(k), 1), self.depths[-1])]
+        return self.load_draft * self._profiled_draft(k)
 
     def draft_depth(self, limit: int | None = None) -> int:
         """The block worth drafting: the rule's pick under the optimistic u_k (the decaying
@@ -507,8 +511,7 @@ class DSparkGovernor(Governor):
         a = self.ema
         if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
-            p = self._p_draft_by[min(max(k, 1), self.depths[-1])]
-            self.load_draft += a * (r.t_draft / p - self.load_draft)
+            self.load_draft += a * (r.t_draft / self._profiled_draft(k) - self.load_draft)
         if r.depth == 0:
             if self._p_decode is None:
                 self._p_decode = r.t_verify / self.load_target
