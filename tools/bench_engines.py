@@ -98,6 +98,28 @@ class PlainRunner:
         return dict(zip(self.names, self.sess.run(None, feeds)))
 
 
+def synthetic_cache(e, rng, inplace: bool):
+    """The preallocated target cache as the runtime holds it (max_context rows in the
+    engine's layout, random values) and ``feeds(s, past)``: s new tokens after ``past``."""
+    import numpy as np
+
+    from specrt import contracts as C
+
+    t = e.export["target"]
+    L, KVH, D = t["num_layers"], t["num_kv_heads"], t["head_dim"]
+    shape = (1, KVH, e.max_context, D) if inplace else (1, e.max_context, KVH, D)
+    names = [n for i in range(L) for n in ((C.cache_key(i), C.cache_value(i)) if inplace
+                                           else (C.past_key(i), C.past_value(i)))]
+    cache = {n: rng.standard_normal(shape, dtype=np.float32) * 0.5 for n in names}
+
+    def feeds(s: int, past: int) -> dict:
+        return {C.INPUT_IDS: rng.integers(0, t["vocab_size"], (1, s), dtype=np.int64),
+                C.POSITION_IDS: np.arange(past, past + s, dtype=np.int64)[None],
+                **(cache if inplace else {k: v[:, :past] for k, v in cache.items()})}
+
+    return cache, feeds
+
+
 def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds: int) -> dict:
     """Per-token seconds of onnxruntime-genai decoding after a prompt of each context, and
     in the same process, call for call in turn, specrt's decode step and depth-1 verify at
@@ -107,7 +129,6 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
     import numpy as np
 
     import bench_lib
-    from specrt import contracts as C
     from specrt.engines import load_engines
 
     e = load_engines(engines_dir, verify=False)
@@ -117,19 +138,11 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
     spin = bool(e.manifest["onnxruntime"].get("spin", False))
     peer = bench_lib.OrtGenaiPeer(model, threads, spin=spin, stop_spinning=spin)
     e.activate()
-    t = e.export["target"]
-    L, KVH, D = t["num_layers"], t["num_kv_heads"], t["head_dim"]
     rng = np.random.default_rng(0)
-    inplace = e.kv_layout("target") == "inplace"
-    shape = (1, KVH, e.max_context, D) if inplace else (1, e.max_context, KVH, D)
-    names = [n for i in range(L) for n in ((C.cache_key(i), C.cache_value(i)) if inplace
-                                           else (C.past_key(i), C.past_value(i)))]
-    cache = {n: rng.standard_normal(shape, dtype=np.float32) * 0.5 for n in names}
+    _, make_feeds = synthetic_cache(e, rng, e.kv_layout("target") == "inplace")
     og, lat = peer.og, {}
     for c in contexts:
-        feeds = {s: {C.INPUT_IDS: rng.integers(0, t["vocab_size"], (1, s), dtype=np.int64),
-                     C.POSITION_IDS: np.arange(c, c + s, dtype=np.int64)[None],
-                     **(cache if inplace else {k: v[:, :c] for k, v in cache.items()})} for s in (1, 2)}
+        feeds = {s: make_feeds(s, c) for s in (1, 2)}
         ts: dict[str, list[float]] = {"ortgenai": [], "decode": [], "1": []}
         for _ in range(rounds):
             params = og.GeneratorParams(peer.model)
@@ -158,13 +171,11 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
            steps: int) -> dict:
     import numpy as np
 
-    from specrt import contracts as C
     from specrt.engines import load_engines
+    from specrt.engines.costs import time_round_robin
 
     rss0 = rss_bytes()
     e = load_engines(engines_dir, verify=False, ort_overrides=VARIANTS[variant] or {})
-    t = e.export["target"]
-    L, KVH, D, V = t["num_layers"], t["num_kv_heads"], t["head_dim"], t["vocab_size"]
     weights = e.manifest["weight_bytes"]["target"]
     t0 = time.perf_counter()
     if VARIANTS[variant] is None:
@@ -183,34 +194,14 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
         raise SystemExit(f"contexts + depths + steps need {max_ctx} positions; the engines hold {e.max_context}")
     rng = np.random.default_rng(0)
     inplace = VARIANTS[variant] is not None and e.kv_layout("target") == "inplace"
-    # the preallocated cache as the runtime holds it: max_context rows in the engine's layout
-    if inplace:
-        cache = {n: (rng.standard_normal((1, KVH, e.max_context, D), dtype=np.float32) * 0.5)
-                 for i in range(L) for n in (C.cache_key(i), C.cache_value(i))}
-    else:
-        cache = {n: (rng.standard_normal((1, e.max_context, KVH, D), dtype=np.float32) * 0.5)
-                 for i in range(L) for n in (C.past_key(i), C.past_value(i))}
+    cache, feeds = synthetic_cache(e, rng, inplace)
     kv_bytes = sum(v.nbytes for v in cache.values())
 
-    def feeds(s: int, past: int):
-        return {C.INPUT_IDS: rng.integers(0, V, (1, s), dtype=np.int64),
-                C.POSITION_IDS: np.arange(past, past + s, dtype=np.int64)[None],
-                **(cache if inplace else {k: v[:, :past] for k, v in cache.items()})}
-
     all_depths = [0, *depths]  # 0 = decode (S = 1)
-    samples: dict[tuple[int, int], list[float]] = {(c, d): [] for c in contexts for d in all_depths}
-    cases = [(c, d, target(d + 1), feeds(d + 1, c)) for c in contexts for d in all_depths]
-    for _, _, r, f in cases:
-        for _ in range(2):
-            r.infer(f)
     # one call per case in turn: a slow spell of the machine (seconds long on a shared VM)
     # then hits every depth alike instead of the few whose calls it happened to cover
-    for _ in range(rounds * repeats):
-        for c, d, r, f in cases:
-            t1 = time.perf_counter()
-            r.infer(f)
-            samples[(c, d)].append(time.perf_counter() - t1)
-    lat = {f"{c}/{d}": float(np.median(v)) for (c, d), v in samples.items()}
+    cases = [((c, d), target(d + 1), feeds(d + 1, c)) for c in contexts for d in all_depths]
+    lat = {f"{c}/{d}": t for (c, d), t in time_round_robin(cases, rounds * repeats, warmup=2).items()}
 
     # allocation per step: decode with a growing past, as generation does
     r = target(1)
