@@ -10,7 +10,9 @@ loads (engines.json is written last, and the folder is renamed into place only a
    ``_external_weights``) and the session settings (onnxruntime.py). The target is
    re-lowered with in-place KV (``ort_kv``, contracts.py "In-place KV") when this ONNX
    Runtime passes the GroupQueryAttention probe; its I/O then lives in
-   ``engines.json["graphs"]["target"]`` and its roles get the fixed ``cache_tokens`` dim;
+   ``engines.json["graphs"]["target"]`` and its roles get the fixed ``cache_tokens`` dim.
+   With ``draft_weights="int8"`` the draft graph is rewritten with weight-only int8
+   MatMuls (quantize.py; recorded in ``engines.json["graphs"]["draft"]``);
 4. open the engines from the unfinished folder and profile the cost table (costs.py);
 5. write engines.json.
 """
@@ -28,6 +30,7 @@ from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
 from specrt.engines.manifest import BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment
 from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
+from specrt.engines.quantize import DRAFT_WEIGHTS, quantize_draft
 from specrt.errors import UserError
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
                              write_json)
@@ -105,7 +108,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
                   profile_pasts: tuple[int, ...] = (128, 512), profile_repeats: int = 10,
-                  draft_accepted: int = 2, ort_kv: str = "auto") -> dict[str, Any]:
+                  draft_accepted: int = 2, ort_kv: str = "auto", draft_weights: str = "fp") -> dict[str, Any]:
     """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
 
     backend: "onnxruntime" | "tensorrt". precision: fp32/fp16/bf16 (default: the export's
@@ -114,7 +117,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     (onnxruntime.py), e.g. {"sessions": "per-depth"}. trt_layout: "profiles" | "engines"
     (plan.py). profile_*: the cost table's past lengths and repeats (costs.py).
     ort_kv: "auto" (in-place when possible), "inplace" (error if not possible) or "append"
-    (the export's portable target graph).
+    (the export's portable target graph). draft_weights: "fp" (as exported) or "int8"
+    (ONNX Runtime: weight-only int8 draft, quantize.py).
     """
     from specrt.engines.onnxruntime import OrtSettings
 
@@ -147,6 +151,16 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     # Fail before any work if the backend is missing or settings are invalid.
     if ort_kv not in ("auto", *C.KV_LAYOUTS):
         raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
+    if draft_weights not in DRAFT_WEIGHTS:
+        raise UserError(f"--draft-weights '{draft_weights}' is not one of {', '.join(DRAFT_WEIGHTS)}")
+    if draft_weights != "fp":
+        if backend != "onnxruntime":
+            raise UserError(f"--draft-weights {draft_weights} applies to the onnxruntime backend, not {backend}")
+        if "draft" not in exp["graphs"]:
+            raise UserError(f"--draft-weights {draft_weights}: {export_dir} has no draft graph")
+        if dtype != "float32":
+            raise UserError(f"--draft-weights {draft_weights} needs a float32 export (this one is {dtype}): "
+                            "ONNX Runtime's MatMulNBits CPU kernel takes float32 activations")
     if ort_kv == "inplace" and backend != "onnxruntime":
         raise UserError(f"--ort-kv inplace applies to the onnxruntime backend, not {backend} "
                         "(TensorRT engines use the export's portable graphs)")
@@ -198,6 +212,13 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                     onnx_files[g] = name
                     graphs_json[g] = {"io": io.to_json(), "kv": "inplace"}
                     log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
+                elif g == "draft" and draft_weights == "int8":
+                    q = quantize_draft(tmp / graph_files[g], tmp / name, dtype)
+                    files += [file_record(tmp, name), file_record(tmp, name + ".data")]
+                    onnx_files[g] = name
+                    graphs_json[g] = {"quantized": q}
+                    log(f"draft weights quantized to int8 ({q['matmuls_quantized']} MatMulNBits, blocks of "
+                        f"{q['block_size']}): {out / name}")
                 elif _external_weights(tmp / graph_files[g], tmp / name):
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name

@@ -98,8 +98,14 @@ class EngineSet:
     def _graph_io(self, graph: str) -> dict[str, Any]:
         """The engines' own I/O of ``graph`` when the build re-lowered it (in-place KV),
         else the export's."""
-        own = self.manifest.get("graphs", {}).get(graph)
-        return own["io"] if own else self.export["graphs"][graph]["io"]
+        own = self.manifest.get("graphs", {}).get(graph) or {}
+        return own["io"] if "io" in own else self.export["graphs"][graph]["io"]
+
+    @property
+    def draft_weights(self) -> str:
+        """"int8" when the build quantized the draft's weights (quantize.py), else "fp"."""
+        q = (self.manifest.get("graphs", {}).get("draft") or {}).get("quantized")
+        return q["weights"] if q else "fp"
 
     def _io(self, graph: str):
         io = self._graph_io(graph)
