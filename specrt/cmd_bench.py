@@ -17,6 +17,9 @@ Configurations:
 
 * ``specrt:<governor>`` for each ``--governors`` entry over ENGINES (``specrt:off`` is
   always run: it is the reference the others are compared with);
+* ``specrt:<governor>@<label>`` for each ``--variant LABEL=DIR``: the same governors on
+  another engines folder built from the same target graph (another build option, such as
+  ``--draft-weights int8``), so two builds are measured in one interleaved run;
 * ``hf``: transformers ``generate`` (eager attention, fp32, greedy) of the target's
   Hugging Face folder (the export manifest's binding receipt names it);
 * ``hf-lookup``: the same with prompt-lookup speculation (``--lookup-tokens``, default the
@@ -692,8 +695,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
-              quiet: bool = False, echo: Callable[..., None] = click.echo) -> dict:
-    """The whole benchmark; returns the report (also written to OUT/bench.json)."""
+              variants: dict[str, Path] | None = None, quiet: bool = False,
+              echo: Callable[..., None] = click.echo) -> dict:
+    """The whole benchmark; returns the report (also written to OUT/bench.json).
+
+    variants: label -> another engines folder built from the same target graph (e.g.
+    ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``."""
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
@@ -714,6 +721,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         make_governor(g, engines)  # UserError on a bad spec, before anything runs
         if g.lower() != "off" and not has_draft:
             raise UserError(f"--governors {g}: the engines have no draft; only off can run")
+    variant_engines = {label: check_variant(label, Path(d), engines, govs) for label, d in (variants or {}).items()}
     peer_list = _split(peers)
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
@@ -748,6 +756,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     for g in govs:
         jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
                                      "governor": g}))
+    for label, ve in variant_engines.items():
+        for g in govs:
+            jobs.append((f"specrt:{g}@{label}", {**base, "kind": "specrt", "engines": str(ve.folder.resolve()),
+                                                 "governor": g}))
     for peer in peer_list:
         if lib is None:
             skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
@@ -811,7 +823,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if bar is not None:
         bar.close()
 
-    configs = {n: summarise_config(n, r, prompts, engines) for n, r in results.items()}
+    configs = {n: summarise_config(n, r, prompts, variant_engines.get(n.partition("@")[2], engines))
+               for n, r in results.items()}
     off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
     og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
     for c in configs.values():
@@ -830,6 +843,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "prompts_file": str(prompts_file), "chat": chat, "max_new_tokens": max_new_tokens,
                      "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
+                     "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
+                                          "depths": list(ve.depths)} for label, ve in variant_engines.items()},
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
                      "peer_spin": peer_spin, "schedule": schedule,
@@ -852,6 +867,31 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if not quiet:
         print_summary(report, out, echo)
     return report
+
+
+def check_variant(label: str, folder: Path, engines, govs: list[str]):
+    """The engine set of ``--variant LABEL=DIR``, loaded (hashes verified) and checked: built
+    from the same target graph as ENGINES, so its greedy output must be identical too."""
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.session import make_governor
+
+    if not label.replace("-", "").replace("_", "").isalnum():
+        raise UserError(f"--variant '{label}={folder}': the label must be letters, digits, - or _")
+    if not folder.is_dir():
+        raise UserError(f"--variant {label}: {folder} is not an engines folder")
+    ve = load_engines(folder)
+
+    def target_hash(e):
+        return next((r["sha256"] for r in e.export["graphs"]["target"]["files"] if r["file"].endswith(".onnx")), None)
+
+    if target_hash(ve) != target_hash(engines):
+        raise UserError(f"--variant {label}: {folder} was built from another target graph than "
+                        f"{engines.folder} (export.json target hashes differ); outputs could not be compared")
+    for g in govs:
+        make_governor(g, ve)
+        if g.lower() != "off" and ve.export.get("draft") is None:
+            raise UserError(f"--variant {label}: {folder} has no draft; governor {g} cannot run on it")
+    return ve
 
 
 def _mib(b) -> str:
@@ -914,6 +954,18 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     echo(f"report: {out / REPORT_FILE}" + (f"; plots: {', '.join(report['plots'])}" if report["plots"] else ""))
 
 
+def _parse_variants(values) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for v in values:
+        label, eq, d = v.partition("=")
+        if not eq or not label or not d:
+            raise UserError(f"--variant '{v}': expected LABEL=DIR")
+        if label in out:
+            raise UserError(f"--variant {label}: given twice")
+        out[label] = Path(d)
+    return out
+
+
 @click.command()
 @click.argument("engines_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
@@ -935,14 +987,17 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="interleaved", show_default=True,
               help="interleaved: every configuration loaded at once, taking turns prompt by prompt; "
                    "sequential: one configuration after another (less memory).")
+@click.option("--variant", "variants", multiple=True, metavar="LABEL=DIR",
+              help="Also run the governors on another engines folder built from the same target (e.g. "
+                   "--draft-weights int8), reported as specrt:<governor>@LABEL. Repeatable.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, schedule, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
-                       schedule=schedule, quiet=quiet)
+                       schedule=schedule, variants=_parse_variants(variants), quiet=quiet)
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

@@ -265,3 +265,43 @@ def test_ortgenai_eos_convention():
     assert f([5, 6, 7], [7], 3, [2]) == [5, 6, 7]  # stopped on the budget
     assert f([5, 2, 7], [7], 10, [2]) == [5, 2]  # an EOS inside: cut after it
     assert f([5, 6], [6], 10, [2]) == [5, 6]
+
+
+def test_variant_runs_the_governors_on_another_build(tiny_engines, prompts_file, tmp_path):
+    """--variant: an int8-draft build of the same export measured in the same interleaved run,
+    its configurations identity-checked against specrt:off and costed with its own table."""
+    from specrt.engines.build import build_engines
+
+    q8 = tmp_path / "int8"
+    build_engines(tiny_engines / "export", "onnxruntime", (1, 2), q8, profile_repeats=1, log=_quiet,
+                  draft_weights="int8")
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                   "--max-new-tokens", "8", "--governors", "off,fixed:2", "--peers", "none",
+                                   "--threads", "1", "--warmup-tokens", "2", "--variant", f"q8={q8}", "--quiet"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    assert set(rep["configs"]) == {"specrt:off", "specrt:fixed:2", "specrt:off@q8", "specrt:fixed:2@q8"}
+    assert rep["identity"]["failures"] == []
+    assert rep["identity"]["configs"]["specrt:fixed:2@q8"]["identical_prompts"] == 2
+    assert rep["settings"]["variants"]["q8"]["draft_weights"] == "int8"
+    assert rep["configs"]["specrt:fixed:2@q8"]["draft_passes"] > 0
+
+
+def test_variant_errors(tiny_engines, prompts_file, tmp_path):
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+
+    runner = CliRunner()
+    base = [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"), "--peers", "none"]
+    r = runner.invoke(bench, [*base, "--variant", "nolabel"])
+    assert isinstance(r.exception, UserError) and "expected LABEL=DIR" in str(r.exception)
+    r = runner.invoke(bench, [*base, "--variant", f"x={tmp_path / 'missing'}"])
+    assert isinstance(r.exception, UserError) and "not an engines folder" in str(r.exception)
+    from specrt.engines.build import build_engines
+
+    export(write_tiny_target(tmp_path / "t", "llama"), None, tmp_path / "exp", log=_quiet)
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "other", profile_repeats=1, log=_quiet)
+    r = runner.invoke(bench, [*base, "--variant", f"o={tmp_path / 'other'}"])
+    assert isinstance(r.exception, UserError) and "another target graph" in str(r.exception)
