@@ -6,8 +6,9 @@
 #   bash tools/bench_all.sh [OUT]        # default OUT=out/bench-all; reports under results/
 #
 # Steps (each prints what it measured):
-#   1. export, and two engine sets from it: the default build (target re-lowered with
-#      in-place KV) and --ort-kv append (the export's portable graph, TensorRT's contract);
+#   1. export, and three engine sets from it: the default build (target re-lowered with
+#      in-place KV), --ort-kv append (the export's portable graph, TensorRT's contract) and
+#      --draft-weights int8 (the default build with a weight-only int8 draft);
 #   2. DSpark calibration on tools/data/calibration_prompts.jsonl, evaluated on the
 #      held-out prompts (results/calibration_report.json); SPECRT_CALIBRATION=FILE copies
 #      a calibration.json made the same way on other engines of this export instead;
@@ -15,7 +16,8 @@
 #      allocation per step, RSS; in-place vs onnxruntime-genai vs sleeping threads vs append vs
 #      a plain session, the variants run in turn three times (results/engines.txt);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
-#      matched to specrt's (results/bench/);
+#      matched to specrt's, and the same governors on the int8-draft engines (--variant int8)
+#      (results/bench/);
 #   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
 #      (results/governors/);
 #   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
@@ -41,6 +43,8 @@ stamp "export + build"
 $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines" --force
 $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines-append" --force \
   --ort-kv append --no-canary
+$SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines-int8" --force \
+  --draft-weights int8 --no-canary
 
 if [ -n "${SPECRT_CALIBRATION:-}" ]; then
   # a calibration.json made by `specrt calibrate` on other engines of the same export (the
@@ -53,6 +57,8 @@ elif [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 
     --holdout-prompts tools/data/heldout_prompts.jsonl --chat --max-new-tokens 128 \
     --report results/calibration_report.json
 fi
+# the int8 draft's engines use the same calibration (same export; the runtime checks its digest)
+cp "$OUT/engines/calibration.json" "$OUT/engines-int8/calibration.json"
 
 settle
 stamp "engines: latency per depth, in-place vs append vs plain"
@@ -63,7 +69,7 @@ $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engin
 settle
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
-  --governors off,fixed:1,fixed:2,adaptive,dspark -o results/bench
+  --governors off,fixed:1,fixed:2,adaptive,dspark --variant int8="$OUT/engines-int8" -o results/bench
 
 settle
 stamp "governors per prompt kind"
