@@ -31,6 +31,15 @@ def main() -> None:
     """Deploy speculative decoding (P-EAGLE, EAGLE-3) to ONNX Runtime and TensorRT."""
 
 
+def entry() -> None:
+    """The ``specrt`` command: restarted once with huge pages for the weights where the
+    kernel gives them on request (specrt/hugepages.py; SPECRT_THP=0 turns it off)."""
+    from specrt.hugepages import reexec_with_thp
+
+    reexec_with_thp(sys.argv[1:])
+    main()
+
+
 def _existing_dir(ctx, param, value):
     if value is None:
         return None

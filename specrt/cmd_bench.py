@@ -38,6 +38,9 @@ engines' do (``engines.json`` onnxruntime ``spin``; tools/bench_lib.py explains 
 matters several-fold on shared cores). Interleaved, no idle worker may spin while another
 runs: onnxruntime-genai's threads spin within a run and sleep after it, as the engines'
 do; transformers keeps OpenMP's default (spin briefly, then sleep), not ``ACTIVE``.
+Memory: specrt's workers get huge pages for their weights as the ``specrt`` command does
+(specrt/hugepages.py: glibc's ``malloc.hugetlb`` tunable where the kernel's THP mode is
+``madvise``); under ``matched`` the peers' workers get the same, under ``defaults`` not.
 
 Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
@@ -329,6 +332,15 @@ def worker_main(job_path: str, result_path: str) -> int:
     return 0
 
 
+def worker_env(job: dict) -> dict:
+    """A worker's environment: specrt's workers run with huge pages for the weights as the
+    ``specrt`` command does (specrt/hugepages.py); peers too under ``--peer-threading
+    matched`` (job "hugepages"), else as shipped, without the tunable."""
+    from specrt.hugepages import with_thp
+
+    return with_thp(on=job.get("kind") == "specrt" or bool(job.get("hugepages")))
+
+
 def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = lambda s: None) -> dict:
     """Run one configuration in a fresh ``python -m specrt.cmd_bench --worker`` process.
 
@@ -339,7 +351,7 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
         jp.write_text(json.dumps(job))
         with open(log_path, "w") as log:
             p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(rp)],
-                                 stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+                                 stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=worker_env(job))
             for line in p.stdout:
                 if line.startswith(PROGRESS):
                     on_progress(line[len(PROGRESS):].strip())
@@ -370,7 +382,7 @@ class InterleavedWorker:
         self.log = open(log_path, "w")
         self.p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(self.rp)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                  bufsize=1)
+                                  bufsize=1, env=worker_env(job))
 
     def _ack(self) -> str | None:
         """The worker's next progress message; None when it has exited."""
@@ -771,7 +783,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             # others run; OpenMP's default spins briefly after a parallel region, then sleeps
             spin = None
         job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
-               "spin": spin, "stop_spinning": bool(interleaved and spin)}
+               "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
         if reason is None and peer == "ortgenai":
             try:
                 job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
@@ -847,7 +859,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                           "depths": list(ve.depths)} for label, ve in variant_engines.items()},
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
-                     "peer_spin": peer_spin, "schedule": schedule,
+                     "peer_spin": peer_spin, "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -867,6 +879,17 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if not quiet:
         print_summary(report, out, echo)
     return report
+
+
+def hugepages_settings(peer_threading: str) -> dict:
+    """Whether specrt's workers and the peers' get huge pages for their weights."""
+    from specrt.hugepages import TUNABLE, thp_mode
+
+    def on(job):
+        return TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "") or thp_mode() == "always"
+
+    return {"kernel_thp": thp_mode(), "specrt": on({"kind": "specrt"}),
+            "peers": on({"kind": "peer", "hugepages": peer_threading == "matched"})}
 
 
 def check_variant(label: str, folder: Path, engines, govs: list[str]):
@@ -983,7 +1006,8 @@ def _parse_variants(values) -> dict[str, Path]:
               help="Where the onnxruntime-genai model is built (default: $SPECRT_CACHE or ~/.cache/specrt).")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
-              help="matched: peers' idle threads wait like specrt's engines (spin or sleep); defaults: as shipped.")
+              help="matched: peers' idle threads wait like specrt's engines (spin or sleep) and get huge pages as "
+                   "specrt's do; defaults: as shipped.")
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="interleaved", show_default=True,
               help="interleaved: every configuration loaded at once, taking turns prompt by prompt; "
                    "sequential: one configuration after another (less memory).")

@@ -1,0 +1,82 @@
+"""specrt/hugepages.py: the glibc huge-page tunable is added where the kernel gives huge pages
+on request, kept out where the user or the kernel setting says no, and the ``specrt`` command
+restarts itself with it exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrt.cmd_bench import worker_env
+from specrt.hugepages import TUNABLE, thp_mode, wanted, with_thp
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages via glibc tunables: Linux only")
+
+
+def _setting(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "enabled"
+    p.write_text(text)
+    return p
+
+
+def test_thp_mode_reads_the_bracketed_choice(tmp_path):
+    assert thp_mode(_setting(tmp_path, "always [madvise] never\n")) == "madvise"
+    assert thp_mode(_setting(tmp_path, "[always] madvise never\n")) == "always"
+    assert thp_mode(tmp_path / "missing") is None
+
+
+@linux
+def test_tunable_added_only_where_it_helps(tmp_path):
+    madvise, always = _setting(tmp_path, "always [madvise] never"), tmp_path / "a"
+    always.write_text("[always] madvise never")
+    assert with_thp({}, setting=madvise)["GLIBC_TUNABLES"] == TUNABLE
+    # other tunables kept, ours appended once
+    env = with_thp({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, setting=madvise)
+    assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
+    assert with_thp(env, setting=madvise)["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]
+    assert "GLIBC_TUNABLES" not in with_thp({}, setting=always)  # the kernel does it anyway
+    assert "GLIBC_TUNABLES" not in with_thp({"SPECRT_THP": "0"}, setting=madvise)  # the user said no
+    assert not wanted({"SPECRT_THP": "0"}, setting=madvise)
+    # a peer run as shipped loses ours and keeps the rest
+    assert with_thp({"GLIBC_TUNABLES": f"a=1:{TUNABLE}"}, on=False)["GLIBC_TUNABLES"] == "a=1"
+    assert "GLIBC_TUNABLES" not in with_thp({"GLIBC_TUNABLES": TUNABLE}, on=False)
+
+
+@linux
+def test_bench_workers_environment(monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("SPECRT_THP", raising=False)
+    expect = thp_mode() == "madvise"
+    assert (TUNABLE in worker_env({"kind": "specrt"}).get("GLIBC_TUNABLES", "")) == expect
+    assert (TUNABLE in worker_env({"kind": "peer", "hugepages": True}).get("GLIBC_TUNABLES", "")) == expect
+    assert TUNABLE not in worker_env({"kind": "peer", "hugepages": False}).get("GLIBC_TUNABLES", "")
+
+
+def _reexec(env: dict) -> str:
+    """Run reexec_with_thp in a fresh interpreter whose re-executed code prints what it got."""
+    show = "import os, sys; print('child', os.environ.get('GLIBC_TUNABLES', ''), os.environ.get('SPECRT_THP_REEXEC'), sys.argv[1:])"
+    r = subprocess.run([sys.executable, "-c", "from specrt.hugepages import reexec_with_thp; "
+                        f"reexec_with_thp(['run', '--x'], code={show!r}); print('parent')"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@linux
+def test_specrt_command_restarts_once_with_the_tunable():
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC")}
+    if thp_mode() == "madvise":
+        assert _reexec(env) == f"child {TUNABLE} 1 ['run', '--x']"
+    else:
+        assert _reexec(env) == "parent"  # always / never: nothing to ask for
+    assert _reexec({**env, "SPECRT_THP": "0"}) == "parent"
+    assert _reexec({**env, "SPECRT_THP_REEXEC": "1"}) == "parent"  # never twice
+
+
+def test_console_entry_is_the_restarting_one():
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert 'specrt = "specrt.cli:entry"' in text
