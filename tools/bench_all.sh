@@ -22,8 +22,9 @@
 #      (results/governors/);
 #   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
 #      `specrt run` vs weights + KV (results/runtime/);
-#   7. specrt compare against the export graphs and against transformers, and on a copy with
-#      one weight changed (tools/corrupt_engine.py), which must fail (results/compare/).
+#   7. specrt compare against the export graphs and against transformers, the int8 draft's
+#      engines within its int8 bounds, and a copy with one weight changed
+#      (tools/corrupt_engine.py), which must fail (results/compare/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out/bench-all}
@@ -63,7 +64,7 @@ cp "$OUT/engines/calibration.json" "$OUT/engines-int8/calibration.json"
 settle
 stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
-  --variants shared,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
+  --variants shared,4k-pages,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
   --steps 200 --passes 3 | tee results/engines.txt
 
 settle
@@ -83,6 +84,8 @@ $SPECRT compare "$OUT/engines" --report results/compare/smollm2_vs_onnxruntime.j
   | tee results/compare/smollm2_vs_onnxruntime.txt
 $SPECRT compare "$OUT/engines" --reference torch --report results/compare/smollm2_vs_torch.json 2>&1 \
   | tee results/compare/smollm2_vs_torch.txt
+$SPECRT compare "$OUT/engines-int8" --report results/compare/smollm2_int8_draft_vs_onnxruntime.json 2>&1 \
+  | tee results/compare/smollm2_int8_draft_vs_onnxruntime.txt
 rm -rf "$OUT/engines-corrupted"
 $PY tools/corrupt_engine.py "$OUT/engines" "$OUT/engines-corrupted" | tee results/compare/smollm2_corrupted.txt
 if $SPECRT compare "$OUT/engines-corrupted" --report results/compare/smollm2_corrupted.json \

@@ -6,8 +6,11 @@ without it, greedy, the same prompts and token budget, in one run.
 
 1. ``specrt:off`` and ``specrt:fixed:D`` for every built depth D (or ``--depths``), each in
    its own subprocess (specrt/cmd_bench.py's workers: one warm-up, then every prompt
-   timed, prefill included); the best fixed depth is the one with the highest median
-   tokens/s. Outputs must be token-identical to ``off``.
+   timed, prefill included), interleaved as ``specrt bench`` does (every worker loaded,
+   then prompt by prompt each in turn; ``--schedule sequential`` runs one configuration
+   after another, which on a drifting VM mixes the machine's drift into the ratio); the
+   best fixed depth is the one with the highest median tokens/s. Outputs must be
+   token-identical to ``off``.
 2. Prints the tokens/s ratio best-fixed / off, the Python orchestration share of wall time
    (telemetry ``time_split["python"] / seconds``: wall minus time inside engines;
    target <= 10%), and the acceptance.
@@ -124,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--depths", default=None, help="fixed depths to try (default: every built depth)")
     ap.add_argument("--no-chat", action="store_true")
+    ap.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved")
     ap.add_argument("-o", "--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from specrt.cmd_bench import (REFERENCE, identity, load_bench_lib, read_prompts, run_config, summarise_config,
-                                  tokenize_prompts)
+    from specrt.cmd_bench import (REFERENCE, _run_interleaved, identity, load_bench_lib, read_prompts, run_config,
+                                  summarise_config, tokenize_prompts)
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
@@ -160,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         bar = None
     logs = Path(tempfile.mkdtemp(prefix="specrt-runtime-bench-logs-"))
     results = {}
+    if args.schedule == "interleaved":
+        failed: dict[str, str] = {}
+        _run_interleaved([(f"specrt:{g}", {**base, "governor": g}) for g in govs], len(prompts), logs, bar, results,
+                         failed, failed, print)
+        if failed:
+            raise SystemExit(f"failed: {failed}")
+        govs = []
     for g in govs:
         if bar is not None:
             bar.set_description(f"specrt:{g}")
@@ -232,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          if w["peak_rss_bytes"] > 1.05 * steady else ""))
     else:
         print("peak RSS of `specrt run`: skipped (the prompts file has token ids, not text)")
-    print(f"per-configuration worker peak RSS: " + ", ".join(
+    print("per-configuration worker peak RSS: " + ", ".join(
         f"{n} {c['peak_rss_bytes'] / 2**20:.0f} MiB" for n, c in configs.items()))
     bad = ident["failures"]
     for f in bad:
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "runtime_bench.json").write_text(json.dumps(
             {"machine": machine, "engines": str(args.engines), "prompts": len(prompts),
-             "max_new_tokens": args.max_new_tokens, "threads": threads, "best": best, "ratio_vs_off": ratio,
+             "max_new_tokens": args.max_new_tokens, "threads": threads, "schedule": args.schedule, "best": best, "ratio_vs_off": ratio,
              "python_share": b["python_share"], "rss": rss, "configs": configs, "identity": ident}, indent=2))
         print(f"report: {args.out / 'runtime_bench.json'}")
     return 1 if bad else 0
