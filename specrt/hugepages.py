@@ -68,6 +68,11 @@ def enabled() -> bool:
 CLI_CODE = "import sys; from specrt.cli import main; sys.argv[0] = 'specrt'; main()"
 
 
+def script_code(path: str) -> str:
+    """``reexec_with_thp``'s code for a script (tools/*.py) rather than the ``specrt`` command."""
+    return f"import runpy, sys; sys.argv[0] = {path!r}; runpy.run_path({path!r}, run_name='__main__')"
+
+
 def reexec_with_thp(argv: list[str], code: str = CLI_CODE) -> None:
     """Replace this process by ``python -c code argv...`` (the ``specrt`` command) with the
     tunable set, when wanted and not done yet; returns only when nothing was to be done."""

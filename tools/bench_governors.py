@@ -230,6 +230,9 @@ def main() -> int:
     ap.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     ap.add_argument("--out", type=Path, default=None, help="where the JSON and PNG go (default: --work)")
     args = ap.parse_args()
+    from specrt.hugepages import reexec_with_thp, script_code
+
+    reexec_with_thp(sys.argv[1:], script_code(__file__))  # huge pages for the weights, as the specrt command
     chat = not args.no_chat
     args.out = args.out or args.work
 

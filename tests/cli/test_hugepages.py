@@ -80,3 +80,16 @@ def test_specrt_command_restarts_once_with_the_tunable():
 def test_console_entry_is_the_restarting_one():
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert 'specrt = "specrt.cli:entry"' in text
+
+
+@linux
+def test_a_script_restarts_as_itself(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("import os, sys\nfrom specrt.hugepages import reexec_with_thp, script_code\n"
+                      "reexec_with_thp(sys.argv[1:], script_code(__file__))\n"
+                      "print(os.environ.get('SPECRT_THP_REEXEC'), sys.argv[1:])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC")}
+    r = subprocess.run([sys.executable, str(script), "--a", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = "1" if thp_mode() == "madvise" else "None"
+    assert r.stdout.strip() == f"{want} ['--a', '1']"
