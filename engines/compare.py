@@ -69,12 +69,14 @@ _F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), "new_key": (2e-2, 1e
         C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2)}
 _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
 # A draft built with int8 weights (--draft-weights int8, quantize.py) against the export's
-#   float draft: the weights' rounding (half a step of blocks of 32) moves the SmolLM2
-#   draft's logits by up to 0.32 and its KV by up to 0.07 (|logits| ~ 10-20); these bounds
-#   leave ~1.5x margin. Its greedy tokens must still agree except at near-ties within the
-#   logits bound.
-INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), "new_key": (0.15, 0.05),
-              "new_value": (0.15, 0.05)}
+#   float draft: the weights' rounding (half a step of blocks of 32) moves the committed
+#   SmolLM2 draft's logits by up to 0.33 (|logits| up to ~18, rms error 2-3% of their std)
+#   and its KV by up to 0.24 (|KV| up to ~18, rms error ~1% of its std), measured at 32- and
+#   128-token prompts; an earlier, weaker draft with smaller KV moved it by 0.07 only, so the
+#   KV bound is set from the values' scale (3% of |KV|max), ~2x the worst seen. Its greedy
+#   tokens must still agree except at near-ties within the logits bound.
+INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), "new_key": (0.5, 0.05),
+              "new_value": (0.5, 0.05)}
 TOLERANCES = {("fp32", "onnxruntime"): _F32, ("fp32", "torch"): _F32_TORCH,
               ("fp16", "onnxruntime"): _F16, ("fp16", "torch"): _F16,
               ("bf16", "onnxruntime"): _BF16, ("bf16", "torch"): _BF16}

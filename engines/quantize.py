@@ -77,7 +77,11 @@ def quantize_draft(src: Path, dst: Path, dtype: str) -> dict:
     """Write ``src`` (the export's draft graph) to ``dst`` + ``dst.data`` with int8 weights;
     returns the engines.json record of what was done."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as e:  # it imports onnx_ir, a dependency of specrt that an old install may lack
+        raise UserError(f"--draft-weights int8 needs onnxruntime.quantization's MatMulNBits quantizer, which "
+                        f"failed to import ({e}); pip install 'onnx-ir>=1.1'") from None
 
     if dtype != "float32":
         raise UserError(f"{src}: int8 draft weights need a float32 graph, not {dtype}")
