@@ -400,7 +400,7 @@ class DSparkGovernor(Governor):
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
-                 ceiling_decay: float = 0.02):
+                 ceiling_decay: float = 0.02, shape_ema: float = 0.05):
         super().__init__(depths)
         missing = [d for d in self.depths if d not in t_verify]
         if missing:
@@ -425,6 +425,12 @@ class DSparkGovernor(Governor):
         # profiled costs (the cost table) and the load factors observe() keeps
         self._p_verify, self._p_decode = dict(self.t_verify), self.t_decode
         self.load_target = self.load_draft = 1.0
+        # per-depth shape factors (0: the plain decode step): measured / (load x profiled) of
+        # the depths actually verified, a slow EWMA (``shape_ema``), so that a depth whose
+        # cost relative to the others differs from the build's table (another machine state,
+        # a longer context) is costed as measured
+        self.shape = {d: 1.0 for d in (0, *self.depths)}
+        self.shape_ema = float(shape_ema)
 
     @property
     def t_draft(self) -> float:
@@ -507,23 +513,28 @@ class DSparkGovernor(Governor):
         one for the draft. A single factor moves every target cost together, so depths not
         verified lately still follow the machine's current speed (per-depth EWMAs left the
         unvisited depths at their build-time figures while load changed, and DSpark then
-        verified drafts that could not pay off)."""
+        verified drafts that could not pay off). On top of it, each verified depth's shape
+        factor (a slower EWMA of measured / (load x profiled)) corrects the table's ratios
+        between depths: measured on SmolLM2, a build-time table gave verify.2 / verify.1 =
+        1.01 where the same engines later took 1.06, and a shared factor alone kept that
+        error, so DSpark verified 2-3 deep too often."""
         a = self.ema
         if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
             self.load_draft += a * (r.t_draft / self._profiled_draft(k) - self.load_draft)
-        if r.depth == 0:
-            if self._p_decode is None:
-                self._p_decode = r.t_verify / self.load_target
-            else:
-                self.load_target += a * (r.t_verify / self._p_decode - self.load_target)
-        elif r.depth in self._p_verify:
-            self.load_target += a * (r.t_verify / self._p_verify[r.depth] - self.load_target)
-        self.t_verify = {d: self.load_target * p for d, p in self._p_verify.items()}
+        d = r.depth
+        if d == 0 and self._p_decode is None:
+            self._p_decode = r.t_verify / self.load_target
+        elif d == 0 or d in self._p_verify:
+            p = self._p_decode if d == 0 else self._p_verify[d]
+            if r.t_verify > 0:
+                self.load_target += a * (r.t_verify / (p * self.shape[d]) - self.load_target)
+                self.shape[d] += self.shape_ema * (r.t_verify / (p * self.load_target) - self.shape[d])
+        self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
-            self.t_decode = self.load_target * self._p_decode
-        if r.depth and self.learn and r.confidences is not None:
-            self.calibration.update(r.confidences[: r.depth], r.accepted)
+            self.t_decode = self.load_target * self._p_decode * self.shape[0]
+        if d and self.learn and r.confidences is not None:
+            self.calibration.update(r.confidences[: d], r.accepted)
 
 
 SPECS = "off | fixed:K | adaptive | dspark"

@@ -242,12 +242,34 @@ def test_dspark_decides_whether_to_draft_from_the_predicted_rate():
 
 
 def test_dspark_learns_costs_and_decode_step_online():
-    g = dspark(ema=0.5)
+    g = dspark(ema=0.5, shape_ema=0.0)  # load factors only (shapes: the next test)
     g.observe(RoundResult(0, 0, t_verify=0.2))  # first plain step: decode cost now known
     assert g.t_decode == 0.2
     g.observe(RoundResult(4, 1, t_draft=1.5, t_verify=2.2, confidences=np.array([0.9, 0.2, 0.9, 0.9])))
     assert g.t_draft == pytest.approx(1.0) and g.t_verify[4] == pytest.approx(1.7)
     assert g.calibration.n.sum() == 2  # positions 1 and 2 observed
+
+
+def test_dspark_learns_the_depths_cost_ratios_the_table_got_wrong():
+    """The table says verify.2 costs 1.01x verify.1; the engines take 1.2x, and later the whole
+    machine slows by 1.5x. The shape factors learn the ratio (and keep it through the load
+    change), and the choice that the table's ratio got wrong is made right."""
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    g = DSparkGovernor((1, 2), 0.01, {1: 0.100, 2: 0.101}, learn=False)
+    c = [0.9, 0.15]  # E(1) = 1.9, E(2) = 2.035
+    assert g.choose(GovernorState(confidences=c)) == 2  # 2.035 / 0.111 > 1.9 / 0.110
+    truth = {1: 0.100, 2: 0.120}
+    for i in range(400):
+        slow = 1.5 if i >= 200 else 1.0
+        d = 1 + i % 2
+        g.observe(RoundResult(d, 0, 0.01 * slow, truth[d] * slow, confidences=np.ones(2)))
+        if i == 199:
+            assert g.t_verify[2] / g.t_verify[1] == pytest.approx(1.2, rel=0.02)
+    assert g.t_verify[2] / g.t_verify[1] == pytest.approx(1.2, rel=0.02)
+    assert g.t_verify[1] == pytest.approx(0.15, rel=0.03) and g.t_draft == pytest.approx(0.015)
+    assert g.choose(GovernorState(confidences=c)) == 1  # 2.035 / 0.195 < 1.9 / 0.165
 
 
 def test_dspark_probes_after_consecutive_zeros():
