@@ -9,8 +9,8 @@
 2. Samples for the conditional map: positions k = 1..min(a+1, d) were *reached*; the first
    a of them were accepted (the (a+1)-th was rejected unless a = d).
 3. The prompts are split (deterministically) into a training and a held-out part;
-   ``Calibration.fit`` (histogram or isotonic, chosen by 2-fold ECE) runs on the training
-   rounds. On the held-out rounds the report gives, per position k, the expected
+   ``Calibration.fit`` (histogram or isotonic, chosen by 2-fold ECE with each prompt's
+   rounds in one fold) runs on the training rounds. On the held-out rounds the report gives, per position k, the expected
    calibration error (runtime.governor.ece, 10 bins) of
        conditional acceptance  c_k = map_k(conf_k)      vs accepted | reached k
        survival                S_k = prod_{j<=k} c_j     vs the first k drafts all accepted
@@ -201,7 +201,10 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         raise UserError("no draft rounds in the training prompts (each ended before a round could run): "
                         "give longer generations (--max-new-tokens) or more prompts")
     conf, pos, acc = conditional_samples(train)
-    cal = Calibration.fit(conf, pos, acc, positions=K)
+    # the prompt each sample came from: cross-validation folds keep a prompt's rounds together
+    groups = np.concatenate([np.full(conditional_samples(per_prompt[i])[0].size, j, np.int64)
+                             for j, i in enumerate(train_idx)]) if train_idx else np.zeros(0, np.int64)
+    cal = Calibration.fit(conf, pos, acc, positions=K, groups=groups)
     eval_rounds, evaluated_on = (hold, "holdout") if hold else (train, "train")
     if not eval_rounds:
         raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
@@ -220,6 +223,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         "depths": list(depths),
         "kind": cal.kind,
         "cv_ece": {k: float(v) for k, v in cal.cv_ece.items()},
+        "cv_by_position": cal.cv_by_position,
         "prompts": {"train": len(train_idx), "holdout": len(hold_idx),
                     "holdout_source": "separate set" if holdout_prompts is not None else f"{holdout:g} of the prompts"},
         "rounds": {"train": len(train), "holdout": len(hold)},

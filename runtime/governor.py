@@ -318,27 +318,46 @@ class Calibration:
             self.refit()
 
     @classmethod
-    def fit(cls, confidence, position, accepted, kinds: Sequence[str] = KINDS, **kw) -> Calibration:
-        """Fit from (confidence, position, accepted) triples, choosing the kind by held-out ECE."""
+    def fit(cls, confidence, position, accepted, kinds: Sequence[str] = KINDS, groups=None, **kw) -> Calibration:
+        """Fit from (confidence, position, accepted) triples, choosing the kind by held-out ECE.
+
+        2-fold cross-validation; ``groups`` (e.g. the prompt each sample came from) keeps a
+        group's samples in one fold: rounds of one prompt are alike, so folds that split a
+        prompt reward a map for having learnt that prompt. ``cv_by_position`` records, per
+        position, the chosen kind's fold-held-out ECE next to the raw confidence's."""
         conf, pos, acc = (np.asarray(v) for v in (confidence, position, accepted))
         if not (conf.shape == pos.shape == acc.shape) or conf.ndim != 1:
             raise UserError("calibration fit: confidence, position and accepted must be 1-D of equal length")
         kw.setdefault("positions", int(pos.max()) + 1 if pos.size else 8)
-        folds = (np.arange(conf.size) % 2 == 0, np.arange(conf.size) % 2 == 1)
-        scores = {}
+        first = (np.asarray(groups) % 2 == 0) if groups is not None else None
+        if groups is not None and np.shape(groups) != conf.shape:
+            raise UserError("calibration fit: groups must have one entry per sample")
+        if first is None or first.all() or not first.any():  # no groups, or all in one fold
+            first = np.arange(conf.size) % 2 == 0
+        folds = (first, ~first)
+        scores, held = {}, {}
         for kind in kinds:
-            err = 0.0
+            err, pred = 0.0, np.zeros(conf.size)
             for train, test in (folds, folds[::-1]):
                 cal = cls(kind, **kw)
                 cal._add(conf[train], pos[train], acc[train])
                 cal.refit()
-                err += ece(cal.predict(conf[test], pos[test]), acc[test]) * test.sum() / max(conf.size, 1)
-            scores[kind] = err
+                pred[test] = cal.predict(conf[test], pos[test])
+                err += ece(pred[test], acc[test]) * test.sum() / max(conf.size, 1)
+            scores[kind], held[kind] = err, pred
         best = min(scores, key=scores.get)  # ties: first listed
         cal = cls(best, **kw)
         cal._add(conf, pos, acc)
+        k_of = np.minimum(pos, cal.positions - 1)
+        by_position = {}
+        for k in range(cal.positions):
+            m = k_of == k
+            if m.any():
+                by_position[k + 1] = {"fitted": ece(held[best][m], acc[m]),
+                                      "identity": ece(np.clip(conf[m], 0.0, 1.0), acc[m]), "n": int(m.sum())}
         cal.refit()
         cal.cv_ece = scores
+        cal.cv_by_position = by_position
         return cal
 
     def to_dict(self) -> dict:

@@ -321,6 +321,24 @@ def test_fit_reduces_ece_on_miscalibrated_data(kinds):
         assert (np.diff(cal.ys, axis=1) >= -1e-12).all()
 
 
+def test_fit_folds_keep_a_group_together():
+    """Each group has its own acceptance offset, which the raw confidence does not show: a
+    map fitted on some groups does not carry to others, and folds by group see that (the
+    raw confidence wins), where folds that split every group reward the fit."""
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(40), 500)
+    offset = rng.choice([-0.25, 0.25], 40)[groups]
+    c = rng.uniform(0.3, 0.7, groups.size)
+    acc = (rng.random(groups.size) < c + offset).astype(float)
+    k = np.zeros(groups.size, int)
+    by_group = Calibration.fit(c, k, acc, groups=groups)
+    by_sample = Calibration.fit(c, k, acc)
+    assert by_group.cv_by_position[1]["fitted"] > by_sample.cv_by_position[1]["fitted"]
+    assert by_group.cv_by_position[1]["n"] == groups.size
+    with pytest.raises(UserError, match="groups"):
+        Calibration.fit(c, k, acc, groups=groups[:10])
+
+
 def test_online_update_moves_towards_observed_acceptance():
     rng = np.random.default_rng(1)
     cal = Calibration(positions=2, refit_every=8)
