@@ -14,7 +14,9 @@
 #      a calibration.json made the same way on other engines of this export instead;
 #   3. tools/bench_engines.py: verify latency per depth vs depth 1 at contexts 128 and 512,
 #      allocation per step, RSS; in-place vs onnxruntime-genai vs sleeping threads vs append vs
-#      a plain session, the variants run in turn three times (results/engines.txt);
+#      a plain session, the variants run in turn three times (results/engines.txt); then
+#      tools/bench_gemm_rows.py: MatMul time per row count, where depths step up on this CPU
+#      (results/gemm_rows.txt);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
 #      matched to specrt's, and the same governors on the int8-draft engines (--variant int8)
 #      (results/bench/);
@@ -66,6 +68,9 @@ stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
   --variants shared,4k-pages,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
   --steps 200 --passes 3 | tee results/engines.txt
+
+stamp "MatMul time per row count (where verify depths step up on this CPU)"
+$PY tools/bench_gemm_rows.py --export "$OUT/export" | tee results/gemm_rows.txt
 
 settle
 stamp "specrt bench against the peers"
