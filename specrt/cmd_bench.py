@@ -4,14 +4,19 @@
                  [--governors off,fixed:1,...,adaptive,dspark] [--peers hf,hf-lookup,ortgenai]
                  [--threads 2] [--limit N]
 
-Configurations, each decoding every prompt greedily, batch 1, in its **own subprocess**
-(so its peak RSS, the worker's ``VmHWM``, is its own and one configuration's caches cannot warm
-another's). ``--schedule interleaved`` (default) loads every worker first, then runs
-prompt by prompt, the configurations taking turns (order rotated per prompt): a shared
-VM's speed drifts by 10-20% over minutes, and one configuration after another
-(``--schedule sequential``, which holds one model in memory at a time) measured
-onnxruntime-genai at 0.95x and then 1.26x of specrt's plain decoding in two runs of the
-same command; when the workers would not fit in memory together (about 1.5x the
+Configurations, each decoding every prompt greedily, batch 1, in worker subprocesses.
+``--schedule interleaved`` (default) loads every worker first, then runs prompt by
+prompt, the configurations taking turns (order rotated per prompt): a shared VM's speed
+drifts by 10-20% over minutes, and one configuration after another (``--schedule
+sequential``, which holds one model in memory at a time) measured onnxruntime-genai at
+0.95x and then 1.26x of specrt's plain decoding in two runs of the same command. In the
+interleaved schedule specrt's governors on one engines folder share one worker (one
+Session, a governor object per configuration): two worker processes doing the same work
+measured up to 8% apart (``off@int8``, which never runs the draft, vs ``off``), a
+difference of process and memory placement that separate workers would add to the
+governors' ratios; each peer, and each ``--variant`` folder, has its own worker, and peak
+RSS (the worker's ``VmHWM``) is per worker. Sequentially every configuration has a
+process of its own. When the workers would not fit in memory together (about 1.5x the
 engines' weight bytes each), the run falls back to sequential with a warning.
 Configurations:
 
@@ -217,13 +222,19 @@ class _Counting:
 
 
 class _SpecrtWorker:
+    """specrt on one engines folder: one Session, one governor object per spec that lives for
+    the whole run (``job["governors"]``, or the single ``job["governor"]``); ``run`` decodes
+    a prompt with the named governor. Governors sharing a worker share its sessions, so
+    their ratios carry no difference of process or memory placement."""
+
     def __init__(self, job: dict):
         from specrt.engines.plan import DRAFT
         from specrt.runtime.session import Session
         from specrt.runtime.telemetry import Telemetry
 
         overrides = {"intra_op_num_threads": int(job["threads"])} if job.get("threads") else None
-        self.session = Session(job["engines"], governor=job["governor"], ort_overrides=overrides)
+        self.specs = list(job.get("governors") or [job["governor"]])
+        self.session = Session(job["engines"], governor=self.specs[0], ort_overrides=overrides)
         e = self.session.engines
         kind = (e.export.get("draft") or {}).get("kind")
         self.counters = {}
@@ -233,14 +244,25 @@ class _SpecrtWorker:
             e.runners[role] = c
             self.counters[role] = c
         self.draft_role = DRAFT
-        self.total = Telemetry()
+        self.total = {g: Telemetry() for g in self.specs}
+        self._fresh_governors()
+
+    def _fresh_governors(self) -> None:
+        from specrt.runtime.session import make_governor
+
+        s = self.session
+        self.governors = {g: make_governor(g, s.engines, s.calibration) for g in self.specs}
 
     def warmup(self, ids, n, eos):
-        for _ in self.session.stream_ids(ids, n):
-            pass
-        self.session.new_governor()  # the timed prompts start from a fresh governor
+        for g in self.specs:
+            self.session.generator.governor = self.governors[g]
+            for _ in self.session.stream_ids(ids, n):
+                pass
+        self._fresh_governors()  # the timed prompts start from fresh governors
 
-    def run(self, ids, n, eos) -> dict:
+    def run(self, ids, n, eos, governor: str | None = None) -> dict:
+        g = governor or self.specs[0]
+        self.session.generator.governor = self.governors[g]
         for c in self.counters.values():
             c.calls = c.mask_slots = 0
         self.rounds.update(pending=False, drafting=0)
@@ -248,7 +270,7 @@ class _SpecrtWorker:
         for chunk in self.session.stream_ids(ids, n):
             out += chunk
         tel = self.session.generator.telemetry
-        self.total.merge(tel)
+        self.total[g].merge(tel)
         rec = tel.to_json()
         d = self.counters.get(self.draft_role)
         rec.update(output_ids=out, engine_calls={r: c.calls for r, c in self.counters.items()},
@@ -259,7 +281,10 @@ class _SpecrtWorker:
 
     def extra(self) -> dict:
         st = getattr(self.session.engines, "ort_settings", None)
-        return {"total": self.total.to_json(), "ort_threads": st and st.intra_op_num_threads}
+        threads = st and st.intra_op_num_threads
+        if len(self.specs) == 1:
+            return {"total": self.total[self.specs[0]].to_json(), "ort_threads": threads}
+        return {"totals": {g: t.to_json() for g, t in self.total.items()}, "ort_threads": threads}
 
     def close(self):
         self.session.close()
@@ -307,18 +332,25 @@ def worker_main(job_path: str, result_path: str) -> int:
         w.warmup(prompts[0], min(int(job["warmup_tokens"]), n), eos)
     print(f"{PROGRESS}warm", flush=True)
     per_prompt = []
-    if job.get("interleaved"):  # the parent sends "run I" per prompt, then "end"
-        done: dict[int, dict] = {}
+    group = job.get("governors")  # several governors in this worker: results per governor
+    if job.get("interleaved"):  # the parent sends "run I [GOVERNOR]" per prompt, then "end"
+        done: dict[tuple[str | None, int], dict] = {}
         for line in sys.stdin:
             cmd = line.split()
             if not cmd or cmd[0] == "end":
                 break
-            i = int(cmd[1])
-            done[i] = w.run(prompts[i], n, eos)
+            i, g = int(cmd[1]), (cmd[2] if len(cmd) > 2 else None)
+            done[(g, i)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
             print(f"{PROGRESS}{i}", flush=True)
-        if sorted(done) != list(range(len(prompts))):
-            raise RuntimeError(f"interleaved worker ended after prompts {sorted(done)} of {len(prompts)}")
-        per_prompt = [done[i] for i in range(len(prompts))]
+        for g in group or [None]:
+            got = sorted(i for h, i in done if h == g)
+            if got != list(range(len(prompts))):
+                raise RuntimeError(f"interleaved worker ended after prompts {got} of {len(prompts)}"
+                                   + (f" for governor {g}" if g else ""))
+        if group:
+            result["per_governor"] = {g: [done[(g, i)] for i in range(len(prompts))] for g in group}
+        else:
+            per_prompt = [done[(None, i)] for i in range(len(prompts))]
     else:
         for i, ids in enumerate(prompts):
             per_prompt.append(w.run(ids, n, eos))
@@ -395,9 +427,9 @@ class InterleavedWorker:
     def warm(self) -> bool:
         return self._ack() == "warm"
 
-    def run(self, i: int) -> bool:
+    def run(self, i: int, governor: str | None = None) -> bool:
         try:
-            self.p.stdin.write(f"run {i}\n")
+            self.p.stdin.write(f"run {i} {governor}\n" if governor else f"run {i}\n")
             self.p.stdin.flush()
         except BrokenPipeError:
             return False
@@ -663,33 +695,81 @@ def interleaved_fits(n_workers: int, weight_bytes: int, available: int | None) -
     return available is None or n_workers * 1.5 * weight_bytes <= 0.8 * available
 
 
-def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo) -> None:
-    """Every configuration's worker loaded and warmed (one at a time), then prompt by
-    prompt each configuration in turn (the order rotated per prompt), so that a slow
-    spell of the machine falls on all of them alike."""
-    workers: dict[str, InterleavedWorker] = {}
+def group_jobs(jobs) -> list[tuple[str, dict, dict[str, str]]]:
+    """The interleaved schedule's worker processes: one per specrt engines folder, serving
+    every governor run on it (``job["governors"]``), and one per peer. Returns
+    (worker name, job, {configuration name: governor or "" for a peer}) in ``jobs``' order."""
+    groups: dict[str, tuple[str, dict, dict[str, str]]] = {}
     for name, job in jobs:
+        key = f"specrt@{job['engines']}" if job.get("kind") == "specrt" else name
+        if key not in groups:
+            base = {k: v for k, v in job.items() if k != "governor"}
+            groups[key] = (name.partition(":")[0] + (f"@{name.partition('@')[2]}" if "@" in name else "")
+                           if job.get("kind") == "specrt" else name, base, {})
+            if job.get("kind") == "specrt":
+                base["governors"] = []
+        wname, base, members = groups[key]
+        if job.get("kind") == "specrt":
+            base["governors"].append(job["governor"])
+            members[name] = job["governor"]
+        else:
+            members[name] = ""
+    return list(groups.values())
+
+
+def split_group_result(res: dict, members: dict[str, str]) -> dict[str, dict]:
+    """A shared worker's result -> one result per configuration (load time and RSS shared)."""
+    if "per_governor" not in res:
+        return {name: res for name in members}
+    shared = {k: v for k, v in res.items() if k not in ("per_governor", "totals", "per_prompt")}
+    return {name: {**shared, "per_prompt": res["per_governor"][g], "total": res["totals"][g],
+                   "shared_worker": sorted(members)} for name, g in members.items()}
+
+
+def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo) -> None:
+    """Every worker loaded and warmed (one at a time), then prompt by prompt each
+    configuration in turn (the order rotated per prompt), so that a slow spell of the
+    machine falls on all of them alike. specrt's governors on one engines folder share one
+    worker process (``group_jobs``): an A/A test of two processes doing the same work
+    measured up to 8% apart, which separate processes would add to the governors' ratios."""
+    workers: dict[str, InterleavedWorker] = {}
+    member_of: dict[str, tuple[str, str]] = {}  # configuration -> (worker, governor)
+    members: dict[str, dict[str, str]] = {}
+    for wname, job, mem in group_jobs(jobs):
         if bar is not None:
-            bar.set_description(f"{name} (loading)")
+            bar.set_description(f"{wname} (loading)")
         else:
-            echo(f"loading {name} ...", err=True)
-        w = InterleavedWorker(job, out / "logs" / f"{name.replace(':', '_')}.log")
+            echo(f"loading {wname} ...", err=True)
+        w = InterleavedWorker(job, out / "logs" / f"{wname.replace(':', '_')}.log")
+        members[wname] = mem
         if w.warm():
-            workers[name] = w
+            workers[wname] = w
+            member_of.update({name: (wname, g) for name, g in mem.items()})
         else:
-            _record(name, w.finish(), results, skipped, failed, echo)
-    names = list(workers)
+            _record_group(wname, w.finish(), mem, results, skipped, failed, echo)
+    names = list(member_of)
     for i in range(n_prompts):
         if bar is not None:
             bar.set_description(f"prompt {i + 1}/{n_prompts}")
         k = i % max(len(names), 1)
         for name in names[k:] + names[:k]:
-            if name in workers and not workers[name].run(i):
-                _record(name, workers.pop(name).finish(), results, skipped, failed, echo)
+            wname, g = member_of[name]
+            if wname in workers and not workers[wname].run(i, g or None):
+                _record_group(wname, workers.pop(wname).finish(), members[wname], results, skipped, failed, echo)
             if bar is not None:
                 bar.update(1)
-    for name, w in workers.items():
-        _record(name, w.finish(), results, skipped, failed, echo)
+    for wname, w in workers.items():
+        _record_group(wname, w.finish(), members[wname], results, skipped, failed, echo)
+
+
+def _record_group(wname: str, res: dict, members: dict[str, str], results: dict, skipped: dict, failed: dict,
+                  echo) -> None:
+    if not res.get("ok"):
+        for name in members:
+            _record(name, res, results, skipped, failed, echo)
+        return
+    for name, r in split_group_result(res, members).items():
+        _record(name, r, results, skipped, failed, echo)
 
 
 def _record(name: str, res: dict, results: dict, skipped: dict, failed: dict, echo) -> None:
@@ -799,10 +879,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # Order: the reference first, then the peer baselines, then the speculative configurations.
     order = {REFERENCE: 0, "ortgenai": 1, "hf": 2, "hf-lookup": 3}
     jobs.sort(key=lambda j: order.get(j[0], 4))
-    if interleaved and not interleaved_fits(len(jobs), engines.weight_bytes, _mem_available()):
+    n_workers = len(group_jobs(jobs))
+    if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
         each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
-        warnings.append(f"--schedule interleaved would hold {len(jobs)} workers of ~{each:.1f} GiB at once "
-                        f"({len(jobs) * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
+        warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
+                        f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
                         "so the configurations' ratios include the machine's drift")
         echo(f"warning: {warnings[-1]}", err=True)
         schedule, interleaved = "sequential", False
@@ -860,6 +941,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
                      "peer_spin": peer_spin, "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
+                     "workers": ("one process per engines folder, shared by its governors; one per peer"
+                                 if interleaved else "one process per configuration"),
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}

@@ -152,6 +152,42 @@ def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_pat
     assert not res["ok"] and "ended after prompts [0] of 2" in res["error"]
 
 
+def test_governors_on_one_engines_folder_share_a_worker(tiny_engines, tmp_path):
+    """The interleaved schedule runs every governor of one engines folder in one worker
+    process (one Session): per governor the same outputs and token counts as a worker of its
+    own; peers and other folders get workers of their own."""
+    from specrt.cmd_bench import InterleavedWorker, group_jobs, run_config, split_group_result
+
+    base = {"kind": "specrt", "engines": str(tiny_engines), "threads": 1, "prompts": [[5, 6, 7], [9, 10, 11, 12]],
+            "max_new_tokens": 4, "eos": [2], "warmup_tokens": 2}
+    jobs = [("specrt:off", {**base, "governor": "off"}), ("ortgenai", {"kind": "peer", "peer": "ortgenai"}),
+            ("specrt:fixed:2", {**base, "governor": "fixed:2"}),
+            ("specrt:off@int8", {**base, "engines": "/elsewhere", "governor": "off"})]
+    groups = group_jobs(jobs)
+    assert [(w, m) for w, _, m in groups] == [("specrt", {"specrt:off": "off", "specrt:fixed:2": "fixed:2"}),
+                                              ("ortgenai", {"ortgenai": ""}), ("specrt@int8", {"specrt:off@int8": "off"})]
+    wname, job, members = groups[0]
+    assert job["governors"] == ["off", "fixed:2"] and "governor" not in job
+    w = InterleavedWorker(job, tmp_path / "g.log")
+    assert w.warm()
+    assert w.run(0, "fixed:2") and w.run(0, "off") and w.run(1, "off") and w.run(1, "fixed:2")
+    res = w.finish()
+    assert res["ok"], res
+    split = split_group_result(res, members)
+    for name, gov in members.items():
+        alone = run_config({**base, "governor": gov}, tmp_path / f"{gov}.log")
+        assert alone["ok"], alone
+        assert [r["output_ids"] for r in split[name]["per_prompt"]] == [r["output_ids"] for r in alone["per_prompt"]]
+        assert split[name]["total"]["new_tokens"] == alone["total"]["new_tokens"]
+        assert split[name]["shared_worker"] == sorted(members)
+    assert split["specrt:fixed:2"]["per_prompt"][0]["drafting_rounds"] > 0
+    assert split["specrt:off"]["per_prompt"][0]["drafting_rounds"] == 0
+    w = InterleavedWorker(job, tmp_path / "h.log")  # a governor left short: an error naming it
+    assert w.warm() and w.run(0, "off") and w.run(1, "off") and w.run(0, "fixed:2")
+    res = w.finish()
+    assert not res["ok"] and "ended after prompts [0] of 2 for governor fixed:2" in res["error"]
+
+
 def test_interleaved_schedule_needs_the_memory_for_every_worker():
     from specrt.cmd_bench import interleaved_fits
 
