@@ -542,13 +542,14 @@ class DSparkGovernor(Governor):
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
             self.load_draft += a * (r.t_draft / self._profiled_draft(k) - self.load_draft)
         d = r.depth
-        if d == 0 and self._p_decode is None:
+        if r.t_verify <= 0:  # no timing (a round that did not run the target): nothing to learn
+            pass
+        elif d == 0 and self._p_decode is None:
             self._p_decode = r.t_verify / self.load_target
         elif d == 0 or d in self._p_verify:
             p = self._p_decode if d == 0 else self._p_verify[d]
-            if r.t_verify > 0:
-                self.load_target += a * (r.t_verify / (p * self.shape[d]) - self.load_target)
-                self.shape[d] += self.shape_ema * (r.t_verify / (p * self.load_target) - self.shape[d])
+            self.load_target += a * (r.t_verify / (p * self.shape[d]) - self.load_target)
+            self.shape[d] += self.shape_ema * (r.t_verify / (p * self.load_target) - self.shape[d])
         self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
             self.t_decode = self.load_target * self._p_decode * self.shape[0]

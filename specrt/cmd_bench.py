@@ -746,7 +746,7 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
             workers[wname] = w
             member_of.update({name: (wname, g) for name, g in mem.items()})
         else:
-            _record_group(wname, w.finish(), mem, results, skipped, failed, echo)
+            _record_group(w.finish(), mem, results, skipped, failed, echo)
     names = list(member_of)
     for i in range(n_prompts):
         if bar is not None:
@@ -755,15 +755,14 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
         for name in names[k:] + names[:k]:
             wname, g = member_of[name]
             if wname in workers and not workers[wname].run(i, g or None):
-                _record_group(wname, workers.pop(wname).finish(), members[wname], results, skipped, failed, echo)
+                _record_group(workers.pop(wname).finish(), members[wname], results, skipped, failed, echo)
             if bar is not None:
                 bar.update(1)
     for wname, w in workers.items():
-        _record_group(wname, w.finish(), members[wname], results, skipped, failed, echo)
+        _record_group(w.finish(), members[wname], results, skipped, failed, echo)
 
 
-def _record_group(wname: str, res: dict, members: dict[str, str], results: dict, skipped: dict, failed: dict,
-                  echo) -> None:
+def _record_group(res: dict, members: dict[str, str], results: dict, skipped: dict, failed: dict, echo) -> None:
     if not res.get("ok"):
         for name in members:
             _record(name, res, results, skipped, failed, echo)
