@@ -10,8 +10,8 @@
    a of them were accepted (the (a+1)-th was rejected unless a = d).
 3. The prompts are split (deterministically) into a training and a held-out part;
    ``Calibration.fit`` (histogram or isotonic, chosen by 2-fold ECE with each prompt's
-   rounds in one fold) runs on the training rounds. On the held-out rounds the report gives, per position k, the expected
-   calibration error (runtime.governor.ece, 10 bins) of
+   rounds in one fold) runs on the training rounds. On the held-out rounds the report
+   gives, per position k, the expected calibration error (runtime.governor.ece, 10 bins) of
        conditional acceptance  c_k = map_k(conf_k)      vs accepted | reached k
        survival                S_k = prod_{j<=k} c_j     vs the first k drafts all accepted
    before (identity map: the raw draft confidence) and after calibration.
@@ -200,10 +200,11 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     if not train:
         raise UserError("no draft rounds in the training prompts (each ended before a round could run): "
                         "give longer generations (--max-new-tokens) or more prompts")
-    conf, pos, acc = conditional_samples(train)
-    # the prompt each sample came from: cross-validation folds keep a prompt's rounds together
-    groups = np.concatenate([np.full(conditional_samples(per_prompt[i])[0].size, j, np.int64)
-                             for j, i in enumerate(train_idx)]) if train_idx else np.zeros(0, np.int64)
+    # samples per training prompt, and the prompt each came from: cross-validation folds
+    # keep a prompt's rounds together (train is non-empty, so train_idx is too)
+    per = [conditional_samples(per_prompt[i]) for i in train_idx]
+    conf, pos, acc = (np.concatenate([p[j] for p in per]) for j in range(3))
+    groups = np.concatenate([np.full(p[0].size, j, np.int64) for j, p in enumerate(per)])
     cal = Calibration.fit(conf, pos, acc, positions=K, groups=groups)
     eval_rounds, evaluated_on = (hold, "holdout") if hold else (train, "train")
     if not eval_rounds:

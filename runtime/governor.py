@@ -329,9 +329,9 @@ class Calibration:
         if not (conf.shape == pos.shape == acc.shape) or conf.ndim != 1:
             raise UserError("calibration fit: confidence, position and accepted must be 1-D of equal length")
         kw.setdefault("positions", int(pos.max()) + 1 if pos.size else 8)
-        first = (np.asarray(groups) % 2 == 0) if groups is not None else None
         if groups is not None and np.shape(groups) != conf.shape:
             raise UserError("calibration fit: groups must have one entry per sample")
+        first = (np.asarray(groups) % 2 == 0) if groups is not None else None
         if first is None or first.all() or not first.any():  # no groups, or all in one fold
             first = np.arange(conf.size) % 2 == 0
         folds = (first, ~first)

@@ -701,19 +701,18 @@ def group_jobs(jobs) -> list[tuple[str, dict, dict[str, str]]]:
     (worker name, job, {configuration name: governor or "" for a peer}) in ``jobs``' order."""
     groups: dict[str, tuple[str, dict, dict[str, str]]] = {}
     for name, job in jobs:
-        key = f"specrt@{job['engines']}" if job.get("kind") == "specrt" else name
-        if key not in groups:
+        specrt = job.get("kind") == "specrt"
+        key = f"specrt@{job['engines']}" if specrt else name
+        if key not in groups:  # a specrt worker is named "specrt" or "specrt@LABEL" (--variant)
+            wname = "specrt" + (name[name.index("@"):] if "@" in name else "") if specrt else name
             base = {k: v for k, v in job.items() if k != "governor"}
-            groups[key] = (name.partition(":")[0] + (f"@{name.partition('@')[2]}" if "@" in name else "")
-                           if job.get("kind") == "specrt" else name, base, {})
-            if job.get("kind") == "specrt":
+            if specrt:
                 base["governors"] = []
-        wname, base, members = groups[key]
-        if job.get("kind") == "specrt":
+            groups[key] = (wname, base, {})
+        _, base, members = groups[key]
+        if specrt:
             base["governors"].append(job["governor"])
-            members[name] = job["governor"]
-        else:
-            members[name] = ""
+        members[name] = job["governor"] if specrt else ""
     return list(groups.values())
 
 

@@ -4,11 +4,12 @@ without it, greedy, the same prompts and token budget, in one run.
     .venv/bin/python tools/bench_runtime.py ENGINES [--prompts tools/data/heldout_prompts.jsonl]
         [--n 10] [--max-new-tokens 128] [--threads N] [--depths 1,2,4] [-o REPORT_DIR]
 
-1. ``specrt:off`` and ``specrt:fixed:D`` for every built depth D (or ``--depths``), each in
-   its own subprocess (specrt/cmd_bench.py's workers: one warm-up, then every prompt
-   timed, prefill included), interleaved as ``specrt bench`` does (every worker loaded,
-   then prompt by prompt each in turn; ``--schedule sequential`` runs one configuration
-   after another, which on a drifting VM mixes the machine's drift into the ratio); the
+1. ``specrt:off`` and ``specrt:fixed:D`` for every built depth D (or ``--depths``) in
+   specrt/cmd_bench.py's workers (one warm-up, then every prompt timed, prefill
+   included), interleaved as ``specrt bench`` does (one worker process serving every
+   configuration, prompt by prompt each in turn; ``--schedule sequential`` runs each
+   configuration in a process of its own, one after another, which on a drifting VM
+   mixes the machine's drift into the ratio); the
    best fixed depth is the one with the highest median tokens/s. Outputs must be
    token-identical to ``off``.
 2. Prints the tokens/s ratio best-fixed / off, the Python orchestration share of wall time
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          if w["peak_rss_bytes"] > 1.05 * steady else ""))
     else:
         print("peak RSS of `specrt run`: skipped (the prompts file has token ids, not text)")
-    print("per-configuration worker peak RSS: " + ", ".join(
+    print("worker peak RSS (one worker for every configuration when interleaved): " + ", ".join(
         f"{n} {c['peak_rss_bytes'] / 2**20:.0f} MiB" for n, c in configs.items()))
     bad = ident["failures"]
     for f in bad:
