@@ -127,4 +127,22 @@ class Telemetry:
             "accepted": self.accepted,
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
             "time_split": self.time_split(),
+            # the raw counts behind the ratios above, so that runs can be merged after the fact
+            # (Telemetry.from_json); acceptance_by_position[i] = accepted_at[i] / offered_at[i]
+            "counts": {"accepted_at": list(self.accepted_at), "offered_at": list(self.offered_at),
+                       "reached_at": list(self.reached_at), "engine_s": dict(self.engine_s)},
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Telemetry":
+        """The Telemetry whose ``to_json`` gave ``d`` (which must carry its ``counts``)."""
+        t = cls()
+        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens"):
+            setattr(t, name, int(d[name]))
+        t.seconds = float(d["seconds"])
+        c = d["counts"]
+        t.accepted_at, t.offered_at, t.reached_at = (list(map(int, c[k])) for k in
+                                                     ("accepted_at", "offered_at", "reached_at"))
+        t.engine_s = {k: float(v) for k, v in c["engine_s"].items()}
+        t.depths = {int(k): int(v) for k, v in d["depth_histogram"].items()}
+        return t

@@ -2,7 +2,7 @@
 
     specrt bench ENGINES --prompts FILE.jsonl -o REPORT_DIR [--chat] [--max-new-tokens 128]
                  [--governors off,fixed:1,...,adaptive,dspark] [--peers hf,hf-lookup,ortgenai]
-                 [--threads 2] [--limit N]
+                 [--threads 2] [--limit N] [--variant LABEL=DIR] [--processes N]
 
 Configurations, each decoding every prompt greedily, batch 1, in worker subprocesses.
 ``--schedule interleaved`` (default) loads every worker first, then runs prompt by
@@ -15,7 +15,10 @@ Session, a governor object per configuration): two worker processes doing the sa
 measured up to 8% apart (``off@int8``, which never runs the draft, vs ``off``), a
 difference of process and memory placement that separate workers would add to the
 governors' ratios; each peer, and each ``--variant`` folder, has its own worker, and peak
-RSS (the worker's ``VmHWM``) is per worker. Sequentially every configuration has a
+RSS (the worker's ``VmHWM``) is per worker. Between workers that difference remains:
+``--processes N`` runs every worker as N processes, prompt i on process i mod N (each
+record says which), so one placement weighs on 1/N of a configuration's prompts, for N
+times the memory. Sequentially every configuration has a
 process of its own. When the workers would not fit in memory together (about 1.5x the
 engines' weight bytes each), the run falls back to sequential with a warning.
 Configurations:
@@ -230,8 +233,6 @@ class _SpecrtWorker:
     def __init__(self, job: dict):
         from specrt.engines.plan import DRAFT
         from specrt.runtime.session import Session
-        from specrt.runtime.telemetry import Telemetry
-
         overrides = {"intra_op_num_threads": int(job["threads"])} if job.get("threads") else None
         self.specs = list(job.get("governors") or [job["governor"]])
         self.session = Session(job["engines"], governor=self.specs[0], ort_overrides=overrides)
@@ -244,7 +245,6 @@ class _SpecrtWorker:
             e.runners[role] = c
             self.counters[role] = c
         self.draft_role = DRAFT
-        self.total = {g: Telemetry() for g in self.specs}
         self._fresh_governors()
 
     def _fresh_governors(self) -> None:
@@ -270,7 +270,6 @@ class _SpecrtWorker:
         for chunk in self.session.stream_ids(ids, n):
             out += chunk
         tel = self.session.generator.telemetry
-        self.total[g].merge(tel)
         rec = tel.to_json()
         d = self.counters.get(self.draft_role)
         rec.update(output_ids=out, engine_calls={r: c.calls for r, c in self.counters.items()},
@@ -282,9 +281,7 @@ class _SpecrtWorker:
     def extra(self) -> dict:
         st = getattr(self.session.engines, "ort_settings", None)
         threads = st and st.intra_op_num_threads
-        if len(self.specs) == 1:
-            return {"total": self.total[self.specs[0]].to_json(), "ort_threads": threads}
-        return {"totals": {g: t.to_json() for g, t in self.total.items()}, "ort_threads": threads}
+        return {"ort_threads": threads}
 
     def close(self):
         self.session.close()
@@ -328,8 +325,12 @@ def worker_main(job_path: str, result_path: str) -> int:
     result["load_seconds"] = time.perf_counter() - t0
     result["rss_after_load_bytes"] = _rss_now()
     prompts, n, eos = job["prompts"], int(job["max_new_tokens"]), list(job["eos"])
+    # the prompts this process times (--processes spreads a configuration's prompts over
+    # several); results come back in this order
+    mine = [int(i) for i in job.get("prompt_indices", range(len(prompts)))]
+    result["prompt_indices"] = mine
     if job.get("warmup_tokens", 0) > 0:
-        w.warmup(prompts[0], min(int(job["warmup_tokens"]), n), eos)
+        w.warmup(prompts[mine[0] if mine else 0], min(int(job["warmup_tokens"]), n), eos)
     print(f"{PROGRESS}warm", flush=True)
     per_prompt = []
     group = job.get("governors")  # several governors in this worker: results per governor
@@ -344,17 +345,18 @@ def worker_main(job_path: str, result_path: str) -> int:
             print(f"{PROGRESS}{i}", flush=True)
         for g in group or [None]:
             got = sorted(i for h, i in done if h == g)
-            if got != list(range(len(prompts))):
-                raise RuntimeError(f"interleaved worker ended after prompts {got} of {len(prompts)}"
+            if got != sorted(mine):
+                raise RuntimeError(f"interleaved worker ended after prompts {got} of "
+                                   + (f"{len(prompts)}" if len(mine) == len(prompts) else f"{sorted(mine)}")
                                    + (f" for governor {g}" if g else ""))
         if group:
-            result["per_governor"] = {g: [done[(g, i)] for i in range(len(prompts))] for g in group}
+            result["per_governor"] = {g: [done[(g, i)] for i in mine] for g in group}
         else:
-            per_prompt = [done[(None, i)] for i in range(len(prompts))]
+            per_prompt = [done[(None, i)] for i in mine]
     else:
-        for i, ids in enumerate(prompts):
-            per_prompt.append(w.run(ids, n, eos))
-            print(f"{PROGRESS}{i + 1}", flush=True)
+        for k, i in enumerate(mine):
+            per_prompt.append(w.run(prompts[i], n, eos))
+            print(f"{PROGRESS}{k + 1}", flush=True)
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
                   ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
@@ -476,6 +478,17 @@ def predict(engines, rec: dict, prompt_len: int) -> dict:
     return {"draft": s_draft, "target": s_target}
 
 
+def total_telemetry(per_prompt: list[dict]) -> dict:
+    """One configuration's telemetry over all its prompts, merged from each prompt's record
+    (Telemetry.to_json with its counts): the same whichever worker processes ran them."""
+    from specrt.runtime.telemetry import Telemetry
+
+    t = Telemetry()
+    for rec in per_prompt:
+        t.merge(Telemetry.from_json(rec))
+    return t.to_json()
+
+
 def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) -> dict:
     pp = res["per_prompt"]
     tps = [r["new_tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in pp]
@@ -492,7 +505,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     }
     if not name.startswith("specrt:"):
         return s
-    tot = res["total"]
+    tot = total_telemetry(pp)
     split = dict(tot["time_split"])
     wall = tot["seconds"]
     passes = sum(r["draft_passes"] for r in pp)
@@ -720,32 +733,82 @@ def split_group_result(res: dict, members: dict[str, str]) -> dict[str, dict]:
     """A shared worker's result -> one result per configuration (load time and RSS shared)."""
     if "per_governor" not in res:
         return {name: res for name in members}
-    shared = {k: v for k, v in res.items() if k not in ("per_governor", "totals", "per_prompt")}
-    return {name: {**shared, "per_prompt": res["per_governor"][g], "total": res["totals"][g],
-                   "shared_worker": sorted(members)} for name, g in members.items()}
+    shared = {k: v for k, v in res.items() if k not in ("per_governor", "per_prompt")}
+    return {name: {**shared, "per_prompt": res["per_governor"][g], "shared_worker": sorted(members)}
+            for name, g in members.items()}
 
 
-def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo) -> None:
+def merge_process_results(parts: list[dict], n_prompts: int) -> dict:
+    """The results of one worker's processes (each ran the prompts in its
+    ``prompt_indices``) -> one result over every prompt, in prompt order, as one process
+    would have given: per-prompt records (``per_prompt``, or ``per_governor`` for a shared
+    worker) gain ``process``, the index of the process that ran them; peak RSS is the
+    largest process's, load time the median. A failed or skipped part is the result."""
+    for r in parts:
+        if not r.get("ok"):
+            return r
+    if len(parts) == 1:
+        return parts[0]
+    out = {k: v for k, v in parts[0].items() if k not in ("per_prompt", "per_governor", "prompt_indices")}
+    for key in ("peak_rss_bytes", "ru_maxrss_bytes", "rss_after_load_bytes", "rss_end_bytes"):
+        if all(r.get(key) is not None for r in parts):
+            out[key] = max(r[key] for r in parts)
+    out["load_seconds"] = _median([r["load_seconds"] for r in parts])
+    out["load_average_end"] = parts[-1].get("load_average_end")
+    if all("modules_loaded" in r for r in parts):
+        out["modules_loaded"] = {m: any(r["modules_loaded"][m] for r in parts) for m in parts[0]["modules_loaded"]}
+    out["processes"] = len(parts)
+
+    def gather(lists: list[list[dict]]) -> list[dict]:
+        by_index: dict[int, dict] = {}
+        for k, (r, recs) in enumerate(zip(parts, lists)):
+            for i, rec in zip(r["prompt_indices"], recs):
+                by_index[i] = {**rec, "process": k}
+        if sorted(by_index) != list(range(n_prompts)):
+            raise RuntimeError(f"the processes ran prompts {sorted(by_index)} of {n_prompts}")
+        return [by_index[i] for i in range(n_prompts)]
+
+    if "per_governor" in parts[0]:
+        out["per_governor"] = {g: gather([r["per_governor"][g] for r in parts]) for g in parts[0]["per_governor"]}
+        out["per_prompt"] = []
+    else:
+        out["per_prompt"] = gather([r["per_prompt"] for r in parts])
+    return out
+
+
+def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo,
+                     processes: int = 1) -> None:
     """Every worker loaded and warmed (one at a time), then prompt by prompt each
     configuration in turn (the order rotated per prompt), so that a slow spell of the
     machine falls on all of them alike. specrt's governors on one engines folder share one
     worker process (``group_jobs``): an A/A test of two processes doing the same work
-    measured up to 8% apart, which separate processes would add to the governors' ratios."""
-    workers: dict[str, InterleavedWorker] = {}
+    measured up to 8% apart, which separate processes would add to the governors' ratios.
+    Between workers (specrt vs a peer, or vs a --variant folder) that difference remains;
+    ``processes`` > 1 gives every worker that many processes, prompt i running on process
+    i mod N, so that each process's placement weighs on 1/N of a configuration's prompts."""
+    procs = max(int(processes), 1)
+    workers: dict[str, list[InterleavedWorker]] = {}
     member_of: dict[str, tuple[str, str]] = {}  # configuration -> (worker, governor)
     members: dict[str, dict[str, str]] = {}
     for wname, job, mem in group_jobs(jobs):
-        if bar is not None:
-            bar.set_description(f"{wname} (loading)")
-        else:
-            echo(f"loading {wname} ...", err=True)
-        w = InterleavedWorker(job, out / "logs" / f"{wname.replace(':', '_')}.log")
         members[wname] = mem
-        if w.warm():
-            workers[wname] = w
-            member_of.update({name: (wname, g) for name, g in mem.items()})
+        started: list[InterleavedWorker] = []
+        for k in range(min(procs, max(n_prompts, 1))):
+            label = wname if procs == 1 else f"{wname}#{k + 1}"
+            if bar is not None:
+                bar.set_description(f"{label} (loading)")
+            else:
+                echo(f"loading {label} ...", err=True)
+            pjob = job if procs == 1 else {**job, "prompt_indices": list(range(k, n_prompts, procs))}
+            w = InterleavedWorker(pjob, out / "logs" / f"{label.replace(':', '_').replace('#', '_')}.log")
+            started.append(w)
+            if not w.warm():
+                _record_group(merge_process_results([x.finish() for x in reversed(started)], n_prompts), mem,
+                              results, skipped, failed, echo)
+                break
         else:
-            _record_group(w.finish(), mem, results, skipped, failed, echo)
+            workers[wname] = started
+            member_of.update({name: (wname, g) for name, g in mem.items()})
     names = list(member_of)
     for i in range(n_prompts):
         if bar is not None:
@@ -753,12 +816,18 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
         k = i % max(len(names), 1)
         for name in names[k:] + names[:k]:
             wname, g = member_of[name]
-            if wname in workers and not workers[wname].run(i, g or None):
-                _record_group(workers.pop(wname).finish(), members[wname], results, skipped, failed, echo)
+            ws = workers.get(wname)
+            if ws is not None and not ws[i % len(ws)].run(i, g or None):
+                bad = ws[i % len(ws)].finish()
+                for w in workers.pop(wname):
+                    if w is not ws[i % len(ws)]:
+                        w.finish()
+                _record_group(bad, members[wname], results, skipped, failed, echo)
             if bar is not None:
                 bar.update(1)
-    for wname, w in workers.items():
-        _record_group(w.finish(), members[wname], results, skipped, failed, echo)
+    for wname, ws in workers.items():
+        _record_group(merge_process_results([w.finish() for w in ws], n_prompts), members[wname], results, skipped,
+                      failed, echo)
 
 
 def _record_group(res: dict, members: dict[str, str], results: dict, skipped: dict, failed: dict, echo) -> None:
@@ -785,7 +854,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
-              variants: dict[str, Path] | None = None, quiet: bool = False,
+              variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
               echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json).
 
@@ -799,6 +868,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if schedule not in SCHEDULES:
         raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
     interleaved = schedule == "interleaved"
+    if processes < 1:
+        raise UserError(f"--processes {processes}: expected >= 1")
+    if processes > 1 and not interleaved:
+        raise UserError(f"--processes {processes} needs --schedule interleaved (the sequential schedule runs one "
+                        "process per configuration)")
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     govs = _split(governors) if governors else (
@@ -877,19 +951,20 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # Order: the reference first, then the peer baselines, then the speculative configurations.
     order = {REFERENCE: 0, "ortgenai": 1, "hf": 2, "hf-lookup": 3}
     jobs.sort(key=lambda j: order.get(j[0], 4))
-    n_workers = len(group_jobs(jobs))
+    n_workers = len(group_jobs(jobs)) * processes
     if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
         each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
         warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
                         f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
-                        "so the configurations' ratios include the machine's drift")
+                        "so the configurations' ratios include the machine's drift"
+                        + (f" (--processes {processes} ignored)" if processes > 1 else ""))
         echo(f"warning: {warnings[-1]}", err=True)
-        schedule, interleaved = "sequential", False
+        schedule, interleaved, processes = "sequential", False, 1
     bar = _progress(len(jobs) * len(prompts), quiet)
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
     if interleaved:
-        _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo)
+        _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes)
         jobs_to_run: list = []
     else:
         jobs_to_run = jobs
@@ -940,7 +1015,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
                      "peer_spin": peer_spin, "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
                      "workers": ("one process per engines folder, shared by its governors; one per peer"
+                                 + (f"; each of them {processes} times, prompt i on process i mod {processes}"
+                                    if processes > 1 else "")
                                  if interleaved else "one process per configuration"),
+                     "processes": processes,
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -1010,7 +1088,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     st = report["settings"]
     spin = {None: "their defaults", True: "spinning", False: "sleeping"}[st.get("peer_spin")]
     echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, greedy, batch 1; idle threads: "
-         f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}")
+         f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
+         + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
     echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
@@ -1095,14 +1174,18 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--variant", "variants", multiple=True, metavar="LABEL=DIR",
               help="Also run the governors on another engines folder built from the same target (e.g. "
                    "--draft-weights int8), reported as specrt:<governor>@LABEL. Repeatable.")
+@click.option("--processes", type=int, default=1, show_default=True,
+              help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
+                   "one process's memory placement (two identical processes have measured up to 8% apart) "
+                   "weighs on 1/N of each configuration's prompts. N times the memory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
-                       schedule=schedule, variants=_parse_variants(variants), quiet=quiet)
+                       schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet)
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

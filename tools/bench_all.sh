@@ -18,8 +18,9 @@
 #      tools/bench_gemm_rows.py: MatMul time per row count, where depths step up on this CPU
 #      (results/gemm_rows.txt);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
-#      matched to specrt's, and the same governors on the int8-draft engines (--variant int8)
-#      (results/bench/);
+#      matched to specrt's, and the same governors on the int8-draft engines (--variant int8),
+#      every worker as 3 processes taking the prompts in turn (--processes 3), so that no
+#      one process's memory placement decides a ratio between workers (results/bench/);
 #   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
 #      (results/governors/);
 #   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
@@ -75,7 +76,7 @@ $PY tools/bench_gemm_rows.py --export "$OUT/export" | tee results/gemm_rows.txt
 settle
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
-  --governors off,fixed:1,fixed:2,adaptive,dspark --variant int8="$OUT/engines-int8" -o results/bench
+  --governors off,fixed:1,fixed:2,adaptive,dspark --variant int8="$OUT/engines-int8" --processes 3 -o results/bench
 
 settle
 stamp "governors per prompt kind"

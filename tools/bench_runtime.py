@@ -166,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="specrt-runtime-bench-logs-"))
     results = {}
     if args.schedule == "interleaved":
+        skipped: dict[str, str] = {}
         failed: dict[str, str] = {}
         _run_interleaved([(f"specrt:{g}", {**base, "governor": g}) for g in govs], len(prompts), logs, bar, results,
-                         failed, failed, print)
-        if failed:
-            raise SystemExit(f"failed: {failed}")
+                         skipped, failed, print)
+        if failed or skipped:
+            raise SystemExit(f"failed: {failed or skipped}")
         govs = []
     for g in govs:
         if bar is not None:

@@ -156,7 +156,7 @@ def test_governors_on_one_engines_folder_share_a_worker(tiny_engines, tmp_path):
     """The interleaved schedule runs every governor of one engines folder in one worker
     process (one Session): per governor the same outputs and token counts as a worker of its
     own; peers and other folders get workers of their own."""
-    from specrt.cmd_bench import InterleavedWorker, group_jobs, run_config, split_group_result
+    from specrt.cmd_bench import InterleavedWorker, group_jobs, run_config, split_group_result, total_telemetry
 
     base = {"kind": "specrt", "engines": str(tiny_engines), "threads": 1, "prompts": [[5, 6, 7], [9, 10, 11, 12]],
             "max_new_tokens": 4, "eos": [2], "warmup_tokens": 2}
@@ -178,7 +178,8 @@ def test_governors_on_one_engines_folder_share_a_worker(tiny_engines, tmp_path):
         alone = run_config({**base, "governor": gov}, tmp_path / f"{gov}.log")
         assert alone["ok"], alone
         assert [r["output_ids"] for r in split[name]["per_prompt"]] == [r["output_ids"] for r in alone["per_prompt"]]
-        assert split[name]["total"]["new_tokens"] == alone["total"]["new_tokens"]
+        assert total_telemetry(split[name]["per_prompt"])["new_tokens"] == total_telemetry(alone["per_prompt"])[
+            "new_tokens"]
         assert split[name]["shared_worker"] == sorted(members)
     assert split["specrt:fixed:2"]["per_prompt"][0]["drafting_rounds"] > 0
     assert split["specrt:off"]["per_prompt"][0]["drafting_rounds"] == 0
@@ -186,6 +187,39 @@ def test_governors_on_one_engines_folder_share_a_worker(tiny_engines, tmp_path):
     assert w.warm() and w.run(0, "off") and w.run(1, "off") and w.run(0, "fixed:2")
     res = w.finish()
     assert not res["ok"] and "ended after prompts [0] of 2 for governor fixed:2" in res["error"]
+
+
+def test_processes_spread_each_workers_prompts(tiny_engines, tmp_path):
+    """--processes 2: every worker runs as two processes, prompt i on process i mod 2; the
+    merged results are those of one process (same outputs, every prompt in order), each
+    record naming the process that ran it."""
+    from specrt.cmd_bench import _run_interleaved, merge_process_results
+
+    base = {"kind": "specrt", "engines": str(tiny_engines), "threads": 1,
+            "prompts": [[5, 6, 7], [9, 10, 11, 12], [20, 21], [30, 31, 32]], "max_new_tokens": 4, "eos": [2],
+            "warmup_tokens": 2}
+    jobs = [("specrt:off", {**base, "governor": "off"}), ("specrt:fixed:2", {**base, "governor": "fixed:2"})]
+    got = {}
+    for n in (1, 2):
+        results, skipped, failed = {}, {}, {}
+        _run_interleaved(jobs, 4, tmp_path / f"p{n}", None, results, skipped, failed, _quiet_echo, processes=n)
+        assert not failed and not skipped and set(results) == {"specrt:off", "specrt:fixed:2"}
+        got[n] = results
+    for name in got[1]:
+        assert [r["output_ids"] for r in got[2][name]["per_prompt"]] == [r["output_ids"] for r in
+                                                                        got[1][name]["per_prompt"]]
+        assert [r["process"] for r in got[2][name]["per_prompt"]] == [0, 1, 0, 1]
+        assert got[2][name]["processes"] == 2 and got[2][name]["peak_rss_bytes"] > 0
+    assert sorted(f.name for f in (tmp_path / "p2" / "logs").iterdir()) == ["specrt_1.log", "specrt_2.log"]
+    # a failed process is the merged result; prompts left unrun are an error, not a short list
+    ok = {"ok": True, "prompt_indices": [0], "per_prompt": [{"x": 1}], "load_seconds": 1.0}
+    assert merge_process_results([ok, {"ok": False, "error": "boom"}], 2) == {"ok": False, "error": "boom"}
+    with pytest.raises(RuntimeError, match=r"ran prompts \[0\] of 2"):
+        merge_process_results([ok, {**ok, "prompt_indices": [0]}], 2)
+
+
+def _quiet_echo(*_a, **_k) -> None:
+    pass
 
 
 def test_interleaved_schedule_needs_the_memory_for_every_worker():
@@ -236,12 +270,16 @@ def test_summary_of_a_fake_run_has_ratios_inputs():
         def cost(self, role, past):
             return 0.01
 
-    rec = {"output_ids": [1, 2], "new_tokens": 2, "seconds": 0.5, "draft_passes": 1, "mask_slots": 0,
-           "depth_histogram": {"1": 1}, "time_split": {"draft": 0.1, "verify": 0.1, "prefill": 0.1, "python": 0.2}}
-    tot = {"seconds": 0.5, "tau": 2.0, "acceptance_by_position": [1.0], "acceptance_conditional": [1.0],
-           "depth_histogram": {"1": 1}, "rounds": 1, "draft_rounds": 1, "drafted": 1, "accepted": 1,
-           "time_split": rec["time_split"]}
-    s = summarise_config("specrt:fixed:1", {"per_prompt": [rec], "total": tot}, [[7, 8, 9]], E())
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    t = Telemetry()
+    t.engine_time("prefill", 0.1)
+    t.record(RoundResult(depth=1, accepted=1, t_draft=0.1, t_verify=0.1))
+    t.finish(new_tokens=2, seconds=0.5)
+    rec = {**t.to_json(), "output_ids": [1, 2], "draft_passes": 1, "mask_slots": 0}
+    assert rec["time_split"] == pytest.approx({"draft": 0.1, "verify": 0.1, "prefill": 0.1, "python": 0.2})
+    s = summarise_config("specrt:fixed:1", {"per_prompt": [rec]}, [[7, 8, 9]], E())
+    assert s["tau"] == 2.0 and s["acceptance_by_position"] == [1.0]
     assert s["tokens_per_s_median"] == pytest.approx(4.0)
     assert s["python_share"] == pytest.approx(0.4)
     assert s["predicted"]["predicted_tokens_per_s"] == pytest.approx(1 / 0.02)
@@ -261,6 +299,11 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                               "--governors", "fixed:banana", "--peers", "none"])
     assert isinstance(r.exception, UserError) and "governor" in str(r.exception)
+    for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
+                         (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved")):
+        r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                  "--peers", "none", *extra])
+        assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
 
 
 @pytest.mark.slow

@@ -48,3 +48,29 @@ def test_empty_run_and_bad_round():
     with pytest.raises(InternalError):
         RoundResult(depth=2, accepted=3)
     assert RoundResult(depth=2, accepted=2).emitted == 3
+
+
+def test_runs_merged_from_their_json_equal_runs_merged_live():
+    """Bench workers report each prompt's to_json(); the parent merges them afterwards
+    (Telemetry.from_json), which must give what merging the live objects gives."""
+    runs = []
+    for rounds in ([(3, 3), (3, 0), (1, 1)], [(0, 0), (4, 2)], [(2, 1)]):
+        t = Telemetry()
+        t.engine_time("prefill", 0.05)
+        for d, a in rounds:
+            t.record(RoundResult(depth=d, accepted=a, t_draft=0.01 * d, t_verify=0.02 + 0.001 * d))
+        t.finish(new_tokens=sum(a + 1 for _, a in rounds), seconds=0.4)
+        runs.append(t)
+    live, after = Telemetry(), Telemetry()
+    for t in runs:
+        live.merge(t)
+        after.merge(Telemetry.from_json(json.loads(json.dumps(t.to_json()))))
+    a, b = after.to_json(), live.to_json()
+    assert a.keys() == b.keys()
+    for k in ("time_split", "counts"):
+        assert a.pop(k) == b.pop(k), k  # the same float sums, added in the same order
+    assert a == b
+    assert a["acceptance_by_position"] == pytest.approx([4 / 5, 2 / 4, 1 / 3, 0.0])
+    assert a["depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 2, "4": 1}
+    with pytest.raises(KeyError):
+        Telemetry.from_json({k: v for k, v in runs[0].to_json().items() if k != "counts"})
