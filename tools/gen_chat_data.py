@@ -1,6 +1,7 @@
 """Generate the target's own greedy chat answers for the TRAIN prompts, with its features.
 
-Each TRAIN prompt of ``tools/prompts.py`` is wrapped in SmolLM2's chat template
+Each TRAIN prompt of ``tools/prompts.py`` (but the DSpark calibration prompts, which
+``prompts.answerable_train_prompts`` keeps out of training) is wrapped in SmolLM2's chat template
 (add_generation_prompt) and answered greedily, at most 256 new tokens, stopping
 at EOS (``<|im_end|>``, id 2; kept as the answer's last token). Under
 ``$SPECRT_CACHE/peagle-data/``:
@@ -52,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prompts import train_prompts  # noqa: E402
+from prompts import answerable_train_prompts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
 MAX_NEW = 256
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default $SPECRT_CACHE/peagle-data/chat.jsonl")
     ap.add_argument("--engine", choices=("ort", "hf"), default="ort")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--limit", type=int, default=None, help="stop after this many TRAIN prompts")
+    ap.add_argument("--limit", type=int, default=None, help="the first N TRAIN prompts (the calibration prompts among them are skipped)")
     args = ap.parse_args(argv)
 
     import torch
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir)
     store = FeatureStore(out.parent) if ort else None
 
-    todo = train_prompts()[:args.limit]
+    todo = answerable_train_prompts(args.limit)  # the calibration prompts are never answered
     rows = read_jsonl(out)
     done = {d["idx"] for d in rows}
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"+{len(group)} rows (len {len(group[0][2])}), session {n_rows} rows {n_tok} tokens "
              f"{n_tok / dt:.1f} tok/s, total done {len(done) + n_rows}")
 
-    for idx, d in enumerate(todo):
+    for idx, d in todo:
         if idx in done:
             continue
         ids = chat_ids(tok, d["prompt"])

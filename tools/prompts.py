@@ -387,6 +387,17 @@ def write_calibration(path: Path = CALIBRATION_PATH, per_kind: int = 12, seed: i
     return path
 
 
+def answerable_train_prompts(limit: int | None = None) -> list[tuple[int, dict]]:
+    """(index, prompt) of the first ``limit`` TRAIN prompts that draft training may answer:
+    every one except the DSpark calibration prompts (CALIBRATION_PATH, drawn from index
+    FIRST_UNTRAINED on), so that data generated past the committed draft's 2560 prompts
+    never puts a calibration prompt into training and calibration keeps measuring the
+    draft on text it never saw."""
+    reserved = {json.loads(line)["prompt"] for line in CALIBRATION_PATH.read_text().splitlines() if line.strip()} \
+        if CALIBRATION_PATH.is_file() else set()
+    return [(i, d) for i, d in enumerate(train_prompts()[:limit]) if d["prompt"] not in reserved]
+
+
 def main() -> int:
     train, held = build()
     counts = {k: (sum(d["kind"] == k for d in train), sum(d["kind"] == k for d in held)) for k in KINDS}

@@ -80,6 +80,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_chat_data import FEATURE_LAYERS, FP16_MAX, load_features, read_jsonl  # noqa: E402
+from prompts import CALIBRATION_PATH  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,13 +238,22 @@ class Seq:
 
 
 def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
-    """Chat answers in file order, up to ``max_tokens`` answer tokens."""
-    out, n = [], 0
+    """Chat answers in file order, up to ``max_tokens`` answer tokens; answers to a DSpark
+    calibration prompt (tools/data/calibration_prompts.jsonl), which only a data file made
+    before gen_chat_data skipped them could hold, are left out so calibration keeps
+    measuring the draft on text it never saw."""
+    reserved = {d["prompt"] for d in read_jsonl(CALIBRATION_PATH)} if CALIBRATION_PATH.is_file() else set()
+    out, n, dropped = [], 0, 0
     for d in read_jsonl(path):
+        if d.get("prompt") in reserved:
+            dropped += 1
+            continue
         out.append(Seq(d["prompt_ids"] + d["answer_ids"], len(d["prompt_ids"]), "chat", d["kind"], d["idx"]))
         n += len(d["answer_ids"])
         if max_tokens is not None and n >= max_tokens:
             break
+    if dropped:
+        _log(f"{path}: left out {dropped} answers to calibration prompts")
     return out
 
 

@@ -92,6 +92,29 @@ def test_heldout_prompts_are_written_and_disjoint():
     assert prompts.build() == (train, held)  # deterministic
 
 
+def test_calibration_prompts_never_become_training_data(tmp_path):
+    """The DSpark calibration prompts are TRAIN prompts from index 2560 on: data generation
+    skips them whatever its --limit, and training leaves out any answer to one, so the
+    calibration measures the draft on text it never saw."""
+    prompts = _tool("prompts")
+    cal = {json.loads(line)["prompt"] for line in prompts.CALIBRATION_PATH.read_text().splitlines()}
+    train = prompts.train_prompts()
+    idx = sorted(i for i, d in enumerate(train) if d["prompt"] in cal)
+    assert len(idx) == len(cal) == 60 and idx[0] >= prompts.FIRST_UNTRAINED
+    answerable = prompts.answerable_train_prompts()
+    assert len(answerable) == len(train) - 60 and not {d["prompt"] for _, d in answerable} & cal
+    assert [i for i, _ in answerable] == [i for i in range(len(train)) if i not in set(idx)]  # indices kept
+    # the committed draft's 2560 prompts: exactly the first 2560
+    assert prompts.answerable_train_prompts(2560) == list(enumerate(train[:2560]))
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    rows = [{"idx": i, "kind": train[i]["kind"], "prompt": train[i]["prompt"], "prompt_ids": [1, 2, 3],
+             "answer_ids": [4, 5]} for i in (0, idx[0], 1)]
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [q.idx for q in tp.load_chat(f, None)] == [0, 1]
+
+
 def test_committed_draft_format():
     pytest.importorskip("torch")
     folder = committed_draft()
