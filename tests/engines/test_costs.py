@@ -53,3 +53,28 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
 
     g = make_governor("dspark", e)
     assert g.draft_cost(1) == pytest.approx(by[1]) and g.draft_cost(8) == pytest.approx(by[8])
+
+
+def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
+    """The cost profile calls the roles in the runtime's order: decode, then per depth the
+    draft pass for that block and the verify right after it (the loop's neighbours: what a
+    draft pass leaves in the caches and thread pools is what the verify meets)."""
+    from specrt.engines.costs import loop_order
+
+    e = load_engines(tiny_engines, verify=False)
+    kw = dict(draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+    graph_of = {n: ("draft" if n == "draft" else "target") for n in e.runners}
+    with e:
+        calls = loop_order(e.runners, 100, (1, 2, 4, 8), "peagle", {"target": 1000, "draft": 1000}, graph_of, kw,
+                           np.random.default_rng(0))
+        keys = [k for k, _, _ in calls]
+        assert keys == [("decode", None), ("draft", 1), ("verify.1", None), ("draft", 2), ("verify.2", None),
+                        ("draft", 4), ("verify.4", None), ("draft", None), ("verify.8", None)]
+        for (name, k), r, feeds in calls:
+            r.check_feeds(feeds)
+            want = 1 if name == "decode" else 2 + (k or 8) - 1 if name == "draft" else int(name.split(".")[1]) + 1
+            assert feeds[C.INPUT_IDS].shape[1] == want, (name, k)
+        # a past where verify.8 no longer fits: its draft pass is still profiled, after the rest
+        tight = loop_order(e.runners, e.max_context - 5, (1, 2, 4, 8), "peagle", {"target": 1000, "draft": 1000},
+                           graph_of, kw, np.random.default_rng(0))
+        assert [k for k, _, _ in tight][-2:] == [("verify.4", None), ("draft", None)]
