@@ -8,11 +8,15 @@
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
 #
 # The committed run (fixtures/peagle-smollm2/training_receipt.json "command"): 2000 steps,
-# lm_head trained, cosine schedule over the steps; 44 minutes at 2 threads on an otherwise
-# idle machine. A busier or slower machine takes longer but trains the same recipe.
-# Estimated total from an empty cache: ~65 min of data + ~46 min of training here; the
-# previous recipe (2048 answers, 592 steps, frozen head) was reproduced in 71 minutes
-# (results/draft_reproduction); this one has not been re-run from an empty cache yet.
+# lm_head trained, cosine schedule over the steps; 44 minutes at 2 threads in bf16 on an
+# otherwise idle AVX512_BF16 host. train_peagle's --precision auto takes fp32 on a CPU
+# without native bf16 (emulated bf16 ran ~50 s a step on the AVX2-only host of 2026-11-30,
+# fp32 ~2.8 s): there the training step takes about 95 minutes. A busier or slower machine
+# takes longer but trains the same recipe.
+# Measured from an empty cache (2026-11-29/30, AVX2-only host): the data step 80 minutes
+# (about 70 of generation, one core, with other work on the machine; 2560 answers, 492,865
+# answer tokens); its training step first ran in emulated bf16 and was stopped (the reason
+# for --precision auto); results/draft_reproduction says what has been reproduced.
 # Float reductions still differ with threads and load, so the result is the same recipe,
 # not the same bytes: compare the held-out figures.
 set -euo pipefail

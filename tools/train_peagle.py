@@ -47,8 +47,12 @@ slots, bf16, 40 held-out prompts x 128 tokens; held-out acceptance by depth, tau
   aux [8, 20, 29]             0.281 / 0.023 / 0.001 / 0, tau 1.305
   aux [2, 15, 27] + --train-head 0.316 / 0.024 / 0.001 / 0, tau 1.340
 so the aux layers barely matter at this scale (the speculators default stays) and
-training the head helps. bf16 autocast makes a step 1.8x faster than fp32 here; the
-target's distributions stay fp32. Longer training on all 2560 answers (512k tokens)
+training the head helps. bf16 autocast made a step 1.8x faster than fp32 on the
+AVX512_BF16 host these runs had; on a CPU without native bf16 PyTorch emulates it and a
+step of the committed recipe took about 50 s against about 2.8 s in fp32 (AVX2-only
+host, 2026-11-30), so ``--precision auto`` (the default) takes bf16 only where the CPU
+has it (``native_bf16``) and records what it took in the receipt. The target's
+distributions stay fp32. Longer training on all 2560 answers (512k tokens)
 is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   2048 answers, 592 steps, frozen head (22 min)   0.362 / 0.031 / 0.002 / 0,     tau 1.395
   2560 answers, 2000 steps, --train-head (44 min) 0.472 / 0.108 / 0.017 / 0.003, tau 1.600
@@ -90,6 +94,17 @@ REFERENCE = Path("/work/shared/reference/speculators-peagle-tiny")
 HELDOUT = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
 MASK_TOKEN_ID = 16  # <empty_output>
 EOS = 2
+
+
+def native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 AVX512_BF16 or AMX-BF16, Arm BF16),
+    from /proc/cpuinfo's flags; elsewhere PyTorch's bf16 matmuls are emulated."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    return bool(set(cpuinfo.split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _log(msg: str) -> None:
@@ -641,8 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads; on a busy 2-core machine use 1 (a second OpenMP thread that loses its "
                          "core stalls every op: held-out generation took >11 min with 2, 3 min with 1)")
-    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
-                    help="autocast of the draft's matmuls (master weights and target distributions fp32)")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="autocast of the draft's matmuls (master weights and target distributions fp32); auto: "
+                         "bf16 where the CPU multiplies bf16 natively, else fp32 (emulated bf16 is ~18x slower)")
     ap.add_argument("--heldout-limit", type=int, default=None)
     ap.add_argument("--heldout-max-new", type=int, default=256)
     ap.add_argument("--eval-reserve-minutes", type=float, default=None)
@@ -650,6 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="go on from the state a killed run saved")
     ap.add_argument("--save-every-minutes", type=float, default=10.0, help="how often that state is saved")
     args = ap.parse_args(argv)
+    if args.precision == "auto":
+        args.precision = "bf16" if native_bf16() else "fp32"
+        _log(f"--precision auto: {args.precision} (" + ("the CPU multiplies bf16 natively" if args.precision == "bf16"
+                                                       else "no native bf16 on this CPU: emulated bf16 is ~18x slower")
+             + ")")
 
     t_start = time.time()
     torch.set_num_threads(args.threads)

@@ -176,3 +176,13 @@ def test_training_layout_equals_inference_passes():
                     sel = (b.anchor_row == off + t) & (b.loss_depth == d)
                     assert int(sel.sum()) == 1
                     torch.testing.assert_close(packed[sel][0], one[t + d - 1], atol=1e-4, rtol=1e-4)
+
+
+def test_precision_auto_takes_bf16_only_where_the_cpu_has_it():
+    """Emulated bf16 made a training step ~18x slower than fp32 on an AVX2-only host."""
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    assert tp.native_bf16("flags : fpu sse avx2 avx512f avx512_bf16 amx_tile")
+    assert tp.native_bf16("Features : fp asimd bf16 i8mm")  # Arm
+    assert not tp.native_bf16("flags : fpu sse avx2 fma avx512f avx512bw avx512_vnni")
+    assert not tp.native_bf16("")
