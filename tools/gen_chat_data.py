@@ -36,6 +36,12 @@ into the cache if the venv lacks it) into ``$SPECRT_CACHE/smollm2-135m-instruct-
 
     nice -n 10 env OMP_NUM_THREADS=1 python tools/gen_chat_data.py [--engine ort|hf] [--batch 32]
 
+A generator uses one core. On N cores run N shards, each into its own folder, then merge:
+
+    python tools/gen_chat_data.py --limit 8479 --shard 0/2 --out $SPECRT_CACHE/peagle-data-0/chat.jsonl &
+    python tools/gen_chat_data.py --limit 8479 --shard 1/2 --out $SPECRT_CACHE/peagle-data-1/chat.jsonl
+    python tools/gen_chat_data.py --merge $SPECRT_CACHE/peagle-data-0 $SPECRT_CACHE/peagle-data-1
+
 Progress: ``wc -l $SPECRT_CACHE/peagle-data/chat.jsonl`` and the stderr log.
 """
 
@@ -228,6 +234,46 @@ def load_features(folder: Path) -> tuple[dict[int, dict], np.ndarray, np.ndarray
     return entries, aux, fin
 
 
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """``--shard I/N`` -> (I, N): this generator answers every N-th prompt from the I-th."""
+    if spec is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard {spec}: expected I/N, e.g. 0/2") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise SystemExit(f"--shard {spec}: expected 0 <= I < N")
+    return i, n
+
+
+def merge(sources: list[Path], out: Path) -> tuple[int, int]:
+    """Append the answers and features of generator folders (each a ``chat.jsonl`` with its
+    feature store beside it, e.g. one per ``--shard``) to the folder of ``out``; a prompt
+    index already there is skipped, so merging again is harmless. Returns (answers added,
+    answers skipped)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store = FeatureStore(out.parent)
+    have = {d["idx"] for d in read_jsonl(out)}
+    added = skipped = 0
+    for src in sources:
+        src_dir = src.parent if src.suffix == ".jsonl" else src
+        rows = read_jsonl(src_dir / "chat.jsonl")
+        entries, s_aux, s_fin = load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file() else ({}, None, None)
+        for d in rows:
+            e = entries.get(d["idx"])
+            if d["idx"] in have or e is None:  # already merged, or its features never written
+                skipped += 1
+                continue
+            store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
+                      np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
+            with open(out, "a") as f:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+            have.add(d["idx"])
+            added += 1
+    return added, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=None)
@@ -235,7 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=("ort", "hf"), default="ort")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--limit", type=int, default=None, help="the first N TRAIN prompts (the calibration prompts among them are skipped)")
+    ap.add_argument("--shard", default=None, metavar="I/N",
+                    help="answer every N-th of those prompts from the I-th (run N generators, one per core, each "
+                         "with its own --out folder, then --merge them)")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
+                    help="append these generator folders' answers and features to --out's folder, then exit")
     args = ap.parse_args(argv)
+    shard = parse_shard(args.shard)
+    if args.merge:
+        out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
+        added, skipped = merge(args.merge, out)
+        _log(f"merged {added} answers into {out} ({skipped} already there or without features)")
+        return 0
 
     import torch
     torch.set_num_threads(1)
@@ -250,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir)
     store = FeatureStore(out.parent) if ort else None
 
-    todo = answerable_train_prompts(args.limit)  # the calibration prompts are never answered
+    todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
     rows = read_jsonl(out)
     done = {d["idx"] for d in rows}
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}")

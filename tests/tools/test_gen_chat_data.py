@@ -1,0 +1,58 @@
+"""tools/gen_chat_data.py: prompt shards and merging generator folders (no model needed)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.real_model import ROOT
+
+
+def _tool(name: str):
+    tools = str(ROOT / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module(name)
+
+
+def test_shards_split_the_prompts_without_overlap():
+    g, prompts = _tool("gen_chat_data"), _tool("prompts")
+    assert g.parse_shard(None) == (0, 1) and g.parse_shard("1/3") == (1, 3)
+    for bad in ("3/3", "1", "a/b", "0/0"):
+        with pytest.raises(SystemExit, match="--shard"):
+            g.parse_shard(bad)
+    todo = prompts.answerable_train_prompts(200)
+    parts = [todo[i::3] for i in range(3)]
+    assert sorted(i for part in parts for i, _ in part) == [i for i, _ in todo]
+
+
+def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
+    g = _tool("gen_chat_data")
+    W = len(g.FEATURE_LAYERS) * g.HIDDEN
+    rng = np.random.default_rng(0)
+    made = {}
+    for folder, idxs in (("a", [4, 0]), ("b", [1, 4])):  # prompt 4 answered by both
+        d = tmp_path / folder
+        d.mkdir()
+        store = g.FeatureStore(d)
+        for idx in idxs:
+            n = 3 + idx
+            aux, fin = rng.standard_normal((n, W)).astype(np.float16), rng.standard_normal((n, g.HIDDEN))
+            store.add(idx, aux, fin)
+            made.setdefault(idx, (aux, fin.astype(np.float16)))
+            with open(d / "chat.jsonl", "a") as f:
+                f.write(json.dumps({"idx": idx, "prompt_ids": [1] * 2, "answer_ids": [2] * (n - 1)}) + "\n")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "chat.jsonl").write_text(json.dumps({"idx": 9, "prompt_ids": [1], "answer_ids": [2]}) + "\n")
+    out = tmp_path / "merged" / "chat.jsonl"
+    assert g.merge([tmp_path / "a", tmp_path / "b" / "chat.jsonl", tmp_path / "c"], out) == (3, 2)
+    assert [d["idx"] for d in g.read_jsonl(out)] == [4, 0, 1]
+    entries, aux, fin = g.load_features(out.parent)
+    for idx, (a, f) in made.items():
+        e = entries[idx]
+        assert np.array_equal(aux[e["row"]:e["row"] + e["n"]], a) and np.array_equal(fin[e["row"]:e["row"] + e["n"]], f)
+    assert g.merge([tmp_path / "a", tmp_path / "b"], out) == (0, 4)  # again: nothing added
