@@ -280,8 +280,7 @@ class _SpecrtWorker:
 
     def extra(self) -> dict:
         st = getattr(self.session.engines, "ort_settings", None)
-        threads = st and st.intra_op_num_threads
-        return {"ort_threads": threads}
+        return {"ort_threads": st and st.intra_op_num_threads}
 
     def close(self):
         self.session.close()
@@ -817,11 +816,12 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
         for name in names[k:] + names[:k]:
             wname, g = member_of[name]
             ws = workers.get(wname)
-            if ws is not None and not ws[i % len(ws)].run(i, g or None):
-                bad = ws[i % len(ws)].finish()
-                for w in workers.pop(wname):
-                    if w is not ws[i % len(ws)]:
-                        w.finish()
+            w = ws[i % len(ws)] if ws else None
+            if w is not None and not w.run(i, g or None):  # its process died: the whole worker fails
+                bad = w.finish()
+                for other in workers.pop(wname):
+                    if other is not w:
+                        other.finish()
                 _record_group(bad, members[wname], results, skipped, failed, echo)
             if bar is not None:
                 bar.update(1)

@@ -387,14 +387,20 @@ def write_calibration(path: Path = CALIBRATION_PATH, per_kind: int = 12, seed: i
     return path
 
 
+def calibration_prompt_texts() -> set[str]:
+    """The DSpark calibration prompts' texts (CALIBRATION_PATH; empty if not written)."""
+    if not CALIBRATION_PATH.is_file():
+        return set()
+    return {json.loads(line)["prompt"] for line in CALIBRATION_PATH.read_text().splitlines() if line.strip()}
+
+
 def answerable_train_prompts(limit: int | None = None) -> list[tuple[int, dict]]:
     """(index, prompt) of the first ``limit`` TRAIN prompts that draft training may answer:
     every one except the DSpark calibration prompts (CALIBRATION_PATH, drawn from index
     FIRST_UNTRAINED on), so that data generated past the committed draft's 2560 prompts
     never puts a calibration prompt into training and calibration keeps measuring the
     draft on text it never saw."""
-    reserved = {json.loads(line)["prompt"] for line in CALIBRATION_PATH.read_text().splitlines() if line.strip()} \
-        if CALIBRATION_PATH.is_file() else set()
+    reserved = calibration_prompt_texts()
     return [(i, d) for i, d in enumerate(train_prompts()[:limit]) if d["prompt"] not in reserved]
 
 

@@ -84,7 +84,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_chat_data import FEATURE_LAYERS, FP16_MAX, load_features, read_jsonl  # noqa: E402
-from prompts import CALIBRATION_PATH  # noqa: E402
+from prompts import calibration_prompt_texts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
     calibration prompt (tools/data/calibration_prompts.jsonl), which only a data file made
     before gen_chat_data skipped them could hold, are left out so calibration keeps
     measuring the draft on text it never saw."""
-    reserved = {d["prompt"] for d in read_jsonl(CALIBRATION_PATH)} if CALIBRATION_PATH.is_file() else set()
+    reserved = calibration_prompt_texts()
     out, n, dropped = [], 0, 0
     for d in read_jsonl(path):
         if d.get("prompt") in reserved:
