@@ -32,7 +32,10 @@ and no padding is ever used. Its outputs then equal HF batch-1 greedy decoding
 ``output_hidden_states`` to 4e-4 (values up to 2.5e4). The ORT model is built
 once with the onnxruntime-genai model builder (which needs ``onnx-ir``, installed
 into the cache if the venv lacks it) into ``$SPECRT_CACHE/smollm2-135m-instruct-ort-fp32-aux``.
-``--engine hf`` (HF generate, left padding) writes answers without features.
+``--engine hf`` (HF generate, left padding) writes answers without features (the
+trainer computes them in one teacher-forced pass); with ``--device cuda`` it batches
+prompts of similar length on the GPU (fp32, TF32 off), and ``--max-seconds`` bounds a
+run on a machine lent for a fixed time (tools/device_train_draft.sh).
 
     nice -n 10 env OMP_NUM_THREADS=1 python tools/gen_chat_data.py [--engine ort|hf] [--batch 32]
 
@@ -157,21 +160,22 @@ class OrtEngine:
 class HfEngine:
     """HF generate with left padding (outputs equal batch-1 decoding; checked on 2 x 64 tokens)."""
 
-    def __init__(self, path: Path | None = None, model=None, max_new: int = MAX_NEW):
+    def __init__(self, path: Path | None = None, model=None, max_new: int = MAX_NEW, device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM
         self.torch, self.max_new = torch, max_new
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32).eval()
+            path, dtype=torch.float32).eval().to(device)
 
     def generate(self, batch: list[list[int]]) -> list[list[int]]:
         torch = self.torch
         L = max(len(p) for p in batch)
         ids = torch.tensor([[EOS] * (L - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch])
+        dev = self.model.device
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new,
-                                      do_sample=False, pad_token_id=EOS)
+            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                      max_new_tokens=self.max_new, do_sample=False, pad_token_id=EOS)
         return out[:, L:].tolist()
 
 
@@ -280,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default $SPECRT_CACHE/peagle-data/chat.jsonl")
     ap.add_argument("--engine", choices=("ort", "hf"), default="ort")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cpu",
+                    help="torch device of --engine hf (cuda: fp32, TF32 off; prompts batched by length)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no new batch after this many seconds (what is written stays; rerun to go on)")
     ap.add_argument("--limit", type=int, default=None, help="the first N TRAIN prompts (the calibration prompts among them are skipped)")
     ap.add_argument("--shard", default=None, metavar="I/N",
                     help="answer every N-th of those prompts from the I-th (run N generators, one per core, each "
@@ -304,12 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     ort = args.engine == "ort"
-    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir)
+    if args.device != "cpu" and ort:
+        raise SystemExit("--device applies to --engine hf only (the ORT generator runs on the CPU)")
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False  # the target's own fp32 arithmetic, not TF32
+        torch.backends.cudnn.allow_tf32 = False
+    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device)
     store = FeatureStore(out.parent) if ort else None
 
     todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
     rows = read_jsonl(out)
-    done = {d["idx"] for d in rows}
+    # done by text: an answer counts whatever index the list that made it gave its prompt
+    answered = {d["prompt"] for d in rows}
+    done = {idx for idx, d in todo if d["prompt"] in answered}
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}")
     if ort:
         missing = [d for d in rows if d["idx"] not in store.entries]
@@ -332,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                 store.add(idx, res[1], res[2])
             with open(out, "a") as f:
                 f.write(json.dumps({"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
-                                    "answer_ids": ans, "answer": tok.decode(ans), "engine": args.engine},
+                                    "answer_ids": ans, "answer": tok.decode(ans),
+                                    "engine": args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"},
                                    ensure_ascii=False) + "\n")
             n_tok += len(ans)
         n_rows += len(group)
@@ -340,15 +356,28 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"+{len(group)} rows (len {len(group[0][2])}), session {n_rows} rows {n_tok} tokens "
              f"{n_tok / dt:.1f} tok/s, total done {len(done) + n_rows}")
 
-    for idx, d in todo:
-        if idx in done:
-            continue
-        ids = chat_ids(tok, d["prompt"])
-        key = len(ids) if ort else 0
-        buckets[key].append((idx, d, ids))
+    pending = [(idx, d, chat_ids(tok, d["prompt"])) for idx, d in todo if idx not in done]
+    if not ort and args.device != "cpu":
+        # a wide batch on an accelerator: similar prompt lengths waste the least padding
+        pending.sort(key=lambda x: len(x[2]))
+
+    def out_of_time() -> bool:
+        if args.max_seconds is not None and time.time() - t0 > args.max_seconds:
+            _log(f"--max-seconds {args.max_seconds:g} spent: stopping ({len(done) + n_rows} of {len(todo)} done; "
+                 "rerun to go on)")
+            return True
+        return False
+
+    for item in pending:
+        key = len(item[2]) if ort else 0
+        buckets[key].append(item)
         if len(buckets[key]) == args.batch:
+            if out_of_time():
+                return 0
             run(buckets.pop(key))
     for key in sorted(buckets):
+        if out_of_time():
+            return 0
         run(buckets[key])
     _log("all TRAIN prompts done")
     return 0

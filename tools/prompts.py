@@ -4,19 +4,26 @@ Prompts are templates x topics over five kinds (chat, code, lists, stories,
 arithmetic); "chat" also covers explanations, how-to, comparisons, advice and
 summaries of short offline passages (Python's own pydoc topics, PSF licence).
 Everything here is written in this file or taken from the running Python's
-pydoc_data, so the set is the same on any fresh machine with the same Python
-minor version (the summary passages are the only part that depends on it).
+pydoc_data. The passages differ between Python minor versions, and since one seeded
+random stream makes every split, on another Python *every* kind's topic split after
+them differs too (seen on a GPU machine's Python 3.12, 2026-11-30: 31 of the 80
+held-out prompts had their topic, 14 their exact text, among that machine's TRAIN
+prompts). So the lists are frozen: ``build()`` (run on Python 3.11) wrote
+tools/data/train_prompts.jsonl.gz and tools/data/heldout_prompts.jsonl, and
+``train_prompts()`` / ``heldout_prompts()`` read those files on every machine.
 
 The split is by *topic*: each kind's topic pool is shuffled with a fixed seed and
 its first slice is reserved for HELD-OUT, so no held-out prompt shares a topic (story
 character, arithmetic person or item) with any training prompt, and the two sets
 never share a prompt string.
 
-    python tools/prompts.py            # writes tools/data/heldout_prompts.jsonl, prints counts
+    python tools/prompts.py --check    # build() here equals the frozen files? (exit 1 if not)
+    python tools/prompts.py --write    # (re)write the frozen files from build() on this Python
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import sys
@@ -26,6 +33,8 @@ KINDS = ("chat", "code", "lists", "stories", "arithmetic")
 HELDOUT_PER_KIND = 16
 SEED = 20261129
 HELDOUT_PATH = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
+TRAIN_PATH = Path(__file__).resolve().parent / "data" / "train_prompts.jsonl.gz"
+BUILT_ON = (3, 11)  # the Python minor version whose pydoc_data the frozen lists come from
 
 # --- topic pools -------------------------------------------------------------
 
@@ -351,19 +360,32 @@ def build() -> tuple[list[dict], list[dict]]:
     return train, held
 
 
+def _read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def train_prompts() -> list[dict]:
-    return build()[0]
+    """The frozen TRAIN list (TRAIN_PATH), the same on every Python."""
+    return _read_jsonl(TRAIN_PATH)
 
 
 def heldout_prompts() -> list[dict]:
-    return build()[1]
+    """The frozen HELD-OUT list (HELDOUT_PATH), the same on every Python."""
+    return _read_jsonl(HELDOUT_PATH)
 
 
-def write_heldout(path: Path = HELDOUT_PATH) -> Path:
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for d in heldout_prompts():
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    text = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in rows)
+    if path.suffix == ".gz":
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:  # byte-stable
+            f.write(text.encode("utf-8"))
+    else:
+        tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
     return path
 
 
@@ -404,13 +426,27 @@ def answerable_train_prompts(limit: int | None = None) -> list[tuple[int, dict]]
     return [(i, d) for i, d in enumerate(train_prompts()[:limit]) if d["prompt"] not in reserved]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the frozen lists from build() on this Python")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless build() here equals the frozen lists")
+    args = ap.parse_args(argv)
     train, held = build()
     counts = {k: (sum(d["kind"] == k for d in train), sum(d["kind"] == k for d in held)) for k in KINDS}
     print(f"train {len(train)}  heldout {len(held)}  (train, heldout) by kind: {counts}", file=sys.stderr)
-    print(write_heldout())
-    print(write_calibration())
-    return 0
+    if args.write:
+        if sys.version_info[:2] != BUILT_ON:
+            print(f"warning: Python {sys.version_info[0]}.{sys.version_info[1]}, not {BUILT_ON[0]}.{BUILT_ON[1]}: "
+                  "these lists differ from those the committed draft and its data used", file=sys.stderr)
+        print(_write_jsonl(TRAIN_PATH, train))
+        print(_write_jsonl(HELDOUT_PATH, held))
+        print(write_calibration())
+        return 0
+    same = train == train_prompts() and held == heldout_prompts()
+    print(f"build() on Python {sys.version_info[0]}.{sys.version_info[1]} "
+          + ("equals the frozen lists" if same else "DIFFERS from the frozen lists (they stay what every tool reads)"))
+    return 0 if same or not args.check else 1
 
 
 if __name__ == "__main__":

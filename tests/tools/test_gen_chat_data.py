@@ -56,3 +56,9 @@ def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
         e = entries[idx]
         assert np.array_equal(aux[e["row"]:e["row"] + e["n"]], a) and np.array_equal(fin[e["row"]:e["row"] + e["n"]], f)
     assert g.merge([tmp_path / "a", tmp_path / "b"], out) == (0, 4)  # again: nothing added
+
+
+def test_device_applies_to_the_hf_engine_only(tmp_path):
+    g = _tool("gen_chat_data")
+    with pytest.raises(SystemExit, match="--device applies to --engine hf only"):
+        g.main(["--engine", "ort", "--device", "cuda", "--out", str(tmp_path / "chat.jsonl")])

@@ -1,0 +1,79 @@
+"""Held-out acceptance of saved P-EAGLE drafts, side by side on the same answers.
+
+Teacher-forced on the target's greedy answers to tools/data/heldout_prompts.jsonl
+(128 new tokens, the answers train_peagle caches), exactly as train_peagle's receipt
+measures it (acc_k = P(draft depths 1..k all equal the target's greedy tokens)), for
+each draft folder given, optionally on a subset of the held-out prompts: ``--subset
+FILE:KEY`` reads a JSON object and keeps the prompt indices listed under KEY (used to
+leave out held-out prompts whose topics a draft's data contained).
+
+    python tools/eval_draft.py fixtures/peagle-smollm2 out/other-draft [--subset split.json:clean]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_peagle as tp  # noqa: E402
+from smollm2 import default_cache, ensure_smollm2  # noqa: E402
+
+
+def load_draft(folder: Path, embed: torch.Tensor) -> tp.PEagleDraft:
+    """A speculators P-EAGLE folder written by train_peagle, in fp32, with the verifier's embeddings."""
+    from safetensors.torch import load_file
+    cfg = json.loads((folder / "config.json").read_text())
+    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], embed)
+    w = {k: v.float() if v.is_floating_point() else v for k, v in load_file(folder / "model.safetensors").items()}
+    missing, unexpected = m.load_state_dict(w, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{folder / 'model.safetensors'}: missing {missing}, unexpected {unexpected}")
+    return m.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("drafts", nargs="+", type=Path)
+    ap.add_argument("--subset", default=None, metavar="FILE:KEY")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-o", "--out", type=Path, default=None, help="write the table as JSON here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cache = default_cache()
+    hf_dir = ensure_smollm2(cache)
+    source = json.loads((hf_dir / "source.json").read_text())
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    held = tp.heldout_answers(target, tok, cache, None, args.max_new, source["sha256"])
+    keep = list(range(len(held)))
+    if args.subset:
+        path, key = args.subset.rsplit(":", 1)
+        keep = json.loads(Path(path).read_text())[key]
+    held = [held[i] for i in keep]
+    table = {"prompts": len(held), "subset": args.subset, "drafts": {}}
+    embed = target.model.embed_tokens.weight.detach().clone()
+    feats = {}
+    for folder in args.drafts:
+        cfg = json.loads((folder / "config.json").read_text())
+        aux = tuple(cfg["eagle_aux_hidden_state_layer_ids"])
+        if aux not in feats:
+            feats[aux] = tp.build_features(target, held, list(aux), None)
+        K = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        r = tp.evaluate(load_draft(folder, embed), held, feats[aux], K)
+        table["drafts"][str(folder)] = r
+        print(f"{folder}: acceptance by position {r['acceptance_at_pos']}, tau {r['tau']} "
+              f"({r['anchors']} anchors, {len(held)} prompts)", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(table, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
