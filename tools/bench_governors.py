@@ -94,10 +94,10 @@ def ensure_engines(args) -> Path:
     return eng
 
 
-def load_prompts(per_kind: int, offset: int = 0) -> list[dict]:
+def load_prompts(per_kind: int, offset: int = 0, path: Path = PROMPTS) -> list[dict]:
     """``per_kind`` prompts of each kind (from index ``offset`` within the kind), interleaved."""
     by_kind = defaultdict(list)
-    for line in PROMPTS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.strip():
             o = json.loads(line)
             by_kind[o["kind"]].append(o["prompt"])
@@ -223,6 +223,8 @@ def main() -> int:
     ap.add_argument("--depths", default="1,2,3,4,6,8", type=lambda s: tuple(int(x) for x in s.split(",")))
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help="export / engines cache")
     ap.add_argument("--per-kind", type=int, default=4)
+    ap.add_argument("--prompts", type=Path, default=PROMPTS,
+                    help="JSON lines with 'prompt' and 'kind' (default: the held-out prompts)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--calibrate-per-kind", type=int, default=0,
@@ -244,14 +246,14 @@ def main() -> int:
     if args.calibrate_per_kind > 0:
         from specrt.runtime.calibrate import calibrate, format_report
 
-        cal_prompts = load_prompts(args.calibrate_per_kind, offset=args.per_kind)
+        cal_prompts = load_prompts(args.calibrate_per_kind, offset=args.per_kind, path=args.prompts)
         log(f"calibrating on {len(cal_prompts)} prompts ({args.calibrate_per_kind} per kind, disjoint from the run)")
         rep = calibrate(eng, [p["prompt"] for p in cal_prompts], chat=chat, max_new_tokens=args.max_new_tokens,
                         holdout=0.25 if len(cal_prompts) >= 2 else 0.0, log=log)
         print(format_report(rep))
         report["calibration"] = rep
 
-    prompts = load_prompts(args.per_kind)
+    prompts = load_prompts(args.per_kind, path=args.prompts)
     with Session(eng, governor="off") as s:
         depths = s.engines.depths
         specs = ["off", *(f"fixed:{d}" for d in depths), "adaptive", "dspark"]

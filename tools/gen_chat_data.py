@@ -254,27 +254,31 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
 def merge(sources: list[Path], out: Path) -> tuple[int, int]:
     """Append the answers and features of generator folders (each a ``chat.jsonl`` with its
     feature store beside it, e.g. one per ``--shard``) to the folder of ``out``; a prompt
-    index already there is skipped, so merging again is harmless. Returns (answers added,
-    answers skipped)."""
+    index already there is skipped, so merging again is harmless. An answer without
+    recorded features (``--engine hf``) is merged too: the trainer computes its features
+    in one teacher-forced pass. Returns (answers added, answers skipped)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     store = FeatureStore(out.parent)
     have = {d["idx"] for d in read_jsonl(out)}
     added = skipped = 0
-    for src in sources:
-        src_dir = src.parent if src.suffix == ".jsonl" else src
-        rows = read_jsonl(src_dir / "chat.jsonl")
-        entries, s_aux, s_fin = load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file() else ({}, None, None)
-        for d in rows:
-            e = entries.get(d["idx"])
-            if d["idx"] in have or e is None:  # already merged, or its features never written
-                skipped += 1
-                continue
-            store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
-                      np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
-            with open(out, "a") as f:
+    with open(out, "a") as f:
+        for src in sources:
+            src_dir = src.parent if src.suffix == ".jsonl" else src
+            rows = read_jsonl(src_dir / "chat.jsonl")
+            entries, s_aux, s_fin = (load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file()
+                                     else ({}, None, None))
+            for d in rows:
+                if d["idx"] in have:
+                    skipped += 1
+                    continue
+                e = entries.get(d["idx"])
+                if e is not None:  # features first, then the answer line: a kill leaves no answer without them
+                    store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
+                              np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
                 f.write(json.dumps(d, ensure_ascii=False) + "\n")
-            have.add(d["idx"])
-            added += 1
+                f.flush()
+                have.add(d["idx"])
+                added += 1
     return added, skipped
 
 
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)
-        _log(f"merged {added} answers into {out} ({skipped} already there or without features)")
+        _log(f"merged {added} answers into {out} ({skipped} already there)")
         return 0
 
     import torch

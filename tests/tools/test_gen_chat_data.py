@@ -46,16 +46,17 @@ def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
             made.setdefault(idx, (aux, fin.astype(np.float16)))
             with open(d / "chat.jsonl", "a") as f:
                 f.write(json.dumps({"idx": idx, "prompt_ids": [1] * 2, "answer_ids": [2] * (n - 1)}) + "\n")
-    (tmp_path / "c").mkdir()
+    (tmp_path / "c").mkdir()  # an --engine hf folder: answers without features
     (tmp_path / "c" / "chat.jsonl").write_text(json.dumps({"idx": 9, "prompt_ids": [1], "answer_ids": [2]}) + "\n")
     out = tmp_path / "merged" / "chat.jsonl"
-    assert g.merge([tmp_path / "a", tmp_path / "b" / "chat.jsonl", tmp_path / "c"], out) == (3, 2)
-    assert [d["idx"] for d in g.read_jsonl(out)] == [4, 0, 1]
+    assert g.merge([tmp_path / "a", tmp_path / "b" / "chat.jsonl", tmp_path / "c"], out) == (4, 1)
+    assert [d["idx"] for d in g.read_jsonl(out)] == [4, 0, 1, 9]
     entries, aux, fin = g.load_features(out.parent)
+    assert set(entries) == {4, 0, 1}  # the trainer computes prompt 9's features itself
     for idx, (a, f) in made.items():
         e = entries[idx]
         assert np.array_equal(aux[e["row"]:e["row"] + e["n"]], a) and np.array_equal(fin[e["row"]:e["row"] + e["n"]], f)
-    assert g.merge([tmp_path / "a", tmp_path / "b"], out) == (0, 4)  # again: nothing added
+    assert g.merge([tmp_path / "a", tmp_path / "b", tmp_path / "c"], out) == (0, 5)  # again: nothing added
 
 
 def test_device_applies_to_the_hf_engine_only(tmp_path):
