@@ -14,7 +14,9 @@
    gives, per position k, the expected calibration error (runtime.governor.ece, 10 bins) of
        conditional acceptance  c_k = map_k(conf_k)      vs accepted | reached k
        survival                S_k = prod_{j<=k} c_j     vs the first k drafts all accepted
-   before (identity map: the raw draft confidence) and after calibration.
+   before (identity map: the raw draft confidence) and after calibration, and the AUC of
+   each (runtime.governor.auc): how well it ranks rounds by outcome. ECE can be small while
+   AUC is near 0.5 (right on average, no help choosing a depth round by round).
 4. ``ENGINES/calibration.json`` is written atomically (temp file + os.replace) holding the
    calibration fitted on the training prompts (the one the held-out numbers describe) and
    the engines' export digest, which ``session.load_calibration`` checks.
@@ -36,7 +38,7 @@ import numpy as np
 
 from specrt.errors import UserError
 
-from .governor import Calibration, FixedGovernor, ece
+from .governor import Calibration, FixedGovernor, auc, ece
 from .session import CALIBRATION_FILE, Session
 from .telemetry import RoundResult, Telemetry
 
@@ -71,12 +73,14 @@ def conditional_samples(rounds: Sequence[Round]) -> tuple[np.ndarray, np.ndarray
 
 
 def _per_position(pred: list[list[float]], obs: list[list[float]]) -> dict:
-    """ECE per position (None where no sample), pooled ECE, counts, mean predicted / observed."""
-    out = {"ece": [], "n": [], "predicted": [], "observed": []}
+    """ECE and AUC per position (None where no sample, or for AUC one class only), pooled ECE,
+    counts, mean predicted / observed."""
+    out = {"ece": [], "auc": [], "n": [], "predicted": [], "observed": []}
     for p, o in zip(pred, obs):
         n = len(p)
         out["n"].append(n)
         out["ece"].append(ece(np.asarray(p), np.asarray(o), ECE_BINS) if n else None)
+        out["auc"].append(auc(np.asarray(p), np.asarray(o)) if n else None)
         out["predicted"].append(float(np.mean(p)) if n else None)
         out["observed"].append(float(np.mean(o)) if n else None)
     allp = np.concatenate([np.asarray(p, float) for p in pred]) if pred else np.zeros(0)
@@ -213,6 +217,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     after = evaluate(eval_rounds, cal, K)
     ece_rep = {which: {"before": before[which]["ece"], "after": after[which]["ece"],
                        "before_all": before[which]["ece_all"], "after_all": after[which]["ece_all"],
+                       "auc_before": before[which]["auc"], "auc_after": after[which]["auc"],
                        "n": before[which]["n"], "observed": before[which]["observed"],
                        "predicted_before": before[which]["predicted"], "predicted_after": after[which]["predicted"]}
                for which in ("conditional", "survival")}
@@ -267,10 +272,13 @@ def format_report(r: dict) -> str:
     lines = [f"calibration ({r['kind']}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
              f"evaluated on {r['evaluated_on']} ({r['prompts']['holdout']} prompts, {r['rounds']['holdout']} rounds); "
              f"depth {r['depth']}, tau {r['tau']:.2f}",
-             "  pos |  n reach  accept  ECE c before  after | n verif  surviv  ECE S before  after"]
+             "  pos |  n reach  accept  ECE c before  after  AUC c | n verif  surviv  ECE S before  after  AUC S"]
     for k in range(r["depth"]):
-        lines.append(f"  {k + 1:3d} | {c['n'][k]:7d}  {f(c['observed'][k])}        {f(c['before'][k])} {f(c['after'][k])} |"
-                     f" {s['n'][k]:7d}  {f(s['observed'][k])}        {f(s['before'][k])} {f(s['after'][k])}")
-    lines.append(f"  all |                        {f(c['before_all'])} {f(c['after_all'])} |"
+        lines.append(f"  {k + 1:3d} | {c['n'][k]:7d}  {f(c['observed'][k])}        {f(c['before'][k])} {f(c['after'][k])}"
+                     f" {f(c['auc_before'][k])} | {s['n'][k]:7d}  {f(s['observed'][k])}        {f(s['before'][k])}"
+                     f" {f(s['after'][k])} {f(s['auc_after'][k])}")
+    lines.append(f"  all |                        {f(c['before_all'])} {f(c['after_all'])}        |"
                  f"                        {f(s['before_all'])} {f(s['after_all'])}")
+    lines.append("  (AUC c: the raw confidence ranking reached positions by acceptance; AUC S: the calibrated "
+                 "survival ranking verified rounds by reaching past the position; 0.5 = no better than chance)")
     return "\n".join(lines)

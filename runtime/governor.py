@@ -200,6 +200,27 @@ def ece(pred: np.ndarray, observed: np.ndarray, bins: int = 10) -> float:
     return float(np.abs(gap).sum() / pred.size)
 
 
+def auc(score: np.ndarray, label: np.ndarray) -> float | None:
+    """Area under the ROC curve of ``score`` for the binary ``label``: the probability that a
+    random positive scores above a random negative (ties count half; Mann-Whitney U from
+    average ranks). None when either class is empty. Calibration (ECE) says whether a
+    confidence means what it says on average; this says how well it tells rounds apart."""
+    score, label = np.asarray(score, float), np.asarray(label, float) > 0.5
+    n_pos, n_neg = int(label.sum()), int((~label).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(score, kind="mergesort")
+    s = score[order]
+    ranks = np.empty(len(s))
+    start = 0
+    for end in np.append(np.flatnonzero(np.diff(s)) + 1, len(s)):  # runs of equal scores share their mean rank
+        ranks[start:end] = (start + end + 1) / 2.0
+        start = end
+    r = np.empty(len(s))
+    r[order] = ranks
+    return float((r[label].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
 def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Weighted isotonic (non-decreasing) fit of y by pool-adjacent-violators."""
     vals, wts, sizes = [], [], []

@@ -162,6 +162,8 @@ def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, t
         for v in [e["before_all"], e["after_all"], *e["before"], *e["after"]]:
             assert v is None or 0.0 <= v <= 1.0
         assert e["before"][0] is not None and e["after"][0] is not None
+        assert len(e["auc_before"]) == len(e["auc_after"]) == 4
+        assert all(v is None or 0.0 <= v <= 1.0 for v in e["auc_before"] + e["auc_after"])
     assert rep["acceptance_by_position"][0] > 0  # this pair accepts drafts
     json.dumps(rep)  # the report is JSON
 
@@ -232,3 +234,27 @@ def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
     assert r.exit_code == 1 and message in r.output, r.output
     assert not (engines / CALIBRATION_FILE).exists()
+
+
+def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(small_vocab_engines, tmp_path):
+    """tools/governor_replay.py: DSpark's post-draft rule replayed on recorded full-depth rounds."""
+    import importlib.util
+
+    from tests.real_model import ROOT
+
+    spec = importlib.util.spec_from_file_location("governor_replay", ROOT / "tools" / "governor_replay.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(16, 8, seed=1), max_new_tokens=24, holdout=0.25)
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts(16, 6, seed=2)))
+    out = tmp_path / "replay.json"
+    assert tool.main([str(eng), "--prompts", str(f), "--max-new-tokens", "24", "-o", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["rounds"] > 0 and rep["best_fixed"] in {f"fixed:{d}" for d in DEPTHS}
+    assert max(rep["fixed_vs_best"].values()) == pytest.approx(1.0)
+    assert set(rep["vs_best_fixed"]) == {"post_draft_oracle", "dspark_rule_calibrated", "dspark_rule_raw_confidence",
+                                         "dspark_rule_mean_confidence"}
+    assert all(v > 0 for v in rep["vs_best_fixed"].values())
+    assert sum(rep["choices"]["calibrated"].values()) == rep["rounds"]

@@ -419,3 +419,17 @@ def test_dspark_load_factor_moves_every_depth():
     assert g.t_verify == pytest.approx({1: 0.12, 2: 0.14, 4: 0.18}) and g.t_decode == pytest.approx(0.10)
     g.observe(RoundResult(2, 1, 0.02, 0.07))  # back to normal, seen through depth 2
     assert g.t_verify[4] == pytest.approx(0.09) and g.t_draft == pytest.approx(0.02)
+
+
+def test_auc_ranks_with_ties_and_needs_both_classes():
+    from specrt.runtime.governor import auc
+
+    assert auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert auc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert auc([0.5, 0.5, 0.5, 0.5], [0, 1, 0, 1]) == 0.5  # all tied: chance
+    # one negative (0.3) against three positives: above it, tied with it, below it
+    assert auc([0.3, 0.7, 0.3, 0.1], [0, 1, 1, 1]) == pytest.approx((1 + 0.5 + 0) / 3)
+    assert auc([0.2, 0.4], [1, 1]) is None and auc([], []) is None
+    rng = np.random.default_rng(0)
+    x, y = rng.random(2000), rng.random(2000) < 0.4
+    assert auc(x, y) == pytest.approx(0.5, abs=0.05)  # an uninformative score

@@ -1,0 +1,107 @@
+"""Replay DSpark's depth rule on recorded rounds: how much of the oracle's room does it take?
+
+Decodes prompts with every round verifying the full block (as ``specrt calibrate`` does),
+keeping each round's draft confidences and accepted count, then prices, on those same
+anchors and the build's cost table (tools/bench_governors.py ``bounds``: a round of depth
+d costs draft(d) + verify(d) and yields min(a, d) + 1 tokens; depth 0 costs draft(1) +
+decode for one token):
+
+* every fixed depth, the post-draft oracle (verifies exactly what will be accepted);
+* DSpark's post-draft rule (runtime.governor.DSparkGovernor.choose, the engines' stored
+  calibration, profiled costs, no online learning) on each round's confidences;
+* the same rule with the raw confidences (identity map) and with the confidences'
+  ranking information removed (every round given the mean calibrated survival):
+  separates what calibration and what per-round resolution contribute.
+
+No timing of the live loop: this is the rule's decision quality alone, apart from the
+runtime's own costs (bench_governors measures those).
+
+    python tools/governor_replay.py ENGINES --prompts FILE [--chat] [--max-new-tokens 128] [-o OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_governors import bounds  # noqa: E402
+
+
+def price(choices: list[int], accepted: list[int], costs: dict, depths) -> float:
+    """Tokens per second of choosing ``choices[r]`` on round r (0: a plain decode)."""
+    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
+    by = {int(k): v for k, v in costs["draft_by_depth"].items()}
+
+    def draft(k: int) -> float:
+        return by[min((j for j in by if j >= k), default=max(by))]
+
+    tokens = sum(min(a, d) + 1 for d, a in zip(choices, accepted))
+    seconds = sum(draft(d) + ver[d] if d else draft(1) + dec for d in choices)
+    return tokens / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("engines", type=Path)
+    ap.add_argument("--prompts", type=Path, required=True, help="JSON lines with a 'prompt' (text) or 'prompt_ids' field")
+    ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("-o", "--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from specrt.runtime.calibrate import RecordingGovernor
+    from specrt.runtime.governor import GovernorState
+    from specrt.runtime.session import Session, load_calibration, make_governor
+
+    prompts = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()]
+    with Session(args.engines, governor="off") as s:
+        depths, K = s.engines.depths, s.engines.depths[-1]
+        rec = RecordingGovernor(depths, K)
+        for i, p in enumerate(prompts):
+            s.generator.governor = rec
+            ids = list(p["prompt_ids"]) if "prompt_ids" in p else s.text.encode(p["prompt"], args.chat)
+            for _ in s.stream_ids(ids, args.max_new_tokens):
+                pass
+            print(f"prompt {i + 1}/{len(prompts)}: {len(rec.rounds)} rounds so far", file=sys.stderr, flush=True)
+        cal, note = load_calibration(s.engines)
+        costs = s.engines.manifest["costs"]
+        rounds = [(c, a) for c, d, a in rec.rounds if d == K]
+
+        def replay(calibration) -> list[int]:
+            gov = make_governor("dspark", s.engines, calibration)
+            return [gov.choose(GovernorState(confidences=c)) for c, _ in rounds]
+
+        accepted = [a for _, a in rounds]
+        b = bounds(accepted, costs, depths)
+        best = b["fixed_tokens_per_s"][b["best_fixed"].split(":")[1]]
+        calibrated = replay(cal)
+        identity = replay(None)  # no calibration: DSpark's identity map
+        # no resolution: every round gets the same confidences (their mean per position)
+        mean_conf = np.mean([c for c, _ in rounds], axis=0)
+        gov = make_governor("dspark", s.engines, cal)
+        flat = [gov.choose(GovernorState(confidences=mean_conf))] * len(rounds)
+    oracle = [next(d for d in depths if d >= a) if a else 0 for a in accepted]
+    table = {name: price(ch, accepted, costs, depths) / best
+             for name, ch in (("post_draft_oracle", oracle), ("dspark_rule_calibrated", calibrated),
+                              ("dspark_rule_raw_confidence", identity), ("dspark_rule_mean_confidence", flat))}
+    hist = {name: {str(d): int(n) for d, n in zip(*np.unique(ch, return_counts=True))}
+            for name, ch in (("calibrated", calibrated), ("raw", identity), ("oracle", oracle))}
+    report = {"engines": str(args.engines), "prompts": len(prompts), "rounds": len(rounds), "calibration": note,
+              "best_fixed": b["best_fixed"], "vs_best_fixed": table, "choices": hist,
+              "fixed_vs_best": {d: v / best for d, v in b["fixed_tokens_per_s"].items()}}
+    for name, v in table.items():
+        print(f"{name:30s} {v:.3f}x the best fixed depth ({b['best_fixed']})")
+    print("choices:", json.dumps(hist))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
