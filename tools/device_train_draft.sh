@@ -64,6 +64,7 @@ CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
 CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz}
 : "${OUT:?OUT must name the folder for the results}"
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/device.log") 2>&1
 since() { echo $(( $(date +%s) - T0 )); }
