@@ -440,8 +440,12 @@ class DSparkGovernor(Governor):
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
-                 ceiling_decay: float = 0.02, shape_ema: float = 0.05):
+                 ceiling_decay: float = 0.02, shape_ema: float = 0.05, block: int | None = None):
         super().__init__(depths)
+        if block is not None and int(block) not in self.depths:
+            raise UserError(f"dspark block {block}: expected one of the built depths {list(self.depths)}")
+        # a fixed pre-draft block (None: sized each round from the ceilings u_k below)
+        self.block = None if block is None else int(block)
         missing = [d for d in self.depths if d not in t_verify]
         if missing:
             raise UserError(f"cost table lacks depth(s) {missing}; it has {sorted(t_verify)}, built depths {list(self.depths)}")
@@ -536,7 +540,9 @@ class DSparkGovernor(Governor):
 
     def _draft_or_not(self, state: GovernorState) -> int:
         self._since_full += 1
-        if self._since_full >= self.probe_every:  # refresh every position's ceiling
+        if self.block is not None:
+            full = self._cap(self.block, state)
+        elif self._since_full >= self.probe_every:  # refresh every position's ceiling
             self._since_full = 0
             full = self._cap(self.depths[-1], state)
         else:
@@ -578,7 +584,7 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: d], r.accepted)
 
 
-SPECS = "off | fixed:K | adaptive | dspark"
+SPECS = "off | fixed:K | adaptive | dspark | dspark:block=K"
 
 
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
@@ -592,10 +598,13 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
         return OffGovernor(depths)
     if s == "adaptive":
         return AdaptiveGovernor(depths)
-    if s == "dspark":
+    if s == "dspark" or s.startswith("dspark:"):
         if t_draft is None or t_verify is None:
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
-        return DSparkGovernor(depths, t_draft, t_verify, calibration)
+        opt = s[len("dspark:"):] if s.startswith("dspark:") else ""
+        if opt and not (opt.startswith("block=") and opt[6:].isdigit()):
+            raise UserError(f"--governor '{spec}': expected dspark or dspark:block=K (K a built depth)")
+        return DSparkGovernor(depths, t_draft, t_verify, calibration, block=int(opt[6:]) if opt else None)
     if k.isdigit():
         return FixedGovernor(depths, int(k))
     raise UserError(f"--governor '{spec}': expected one of {SPECS} "

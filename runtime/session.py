@@ -59,12 +59,12 @@ def load_calibration(engines) -> tuple[Calibration | None, str]:
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
     """``governor.from_spec`` with DSpark's costs read from the engines' cost table."""
-    if str(spec).strip().lower() != "dspark":
+    if not str(spec).strip().lower().startswith("dspark"):
         return from_spec(spec, engines.depths)
     t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
     t_verify[0] = engines.cost("decode", COST_PAST)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
-    return from_spec("dspark", engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)
+    return from_spec(spec, engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)
 
 
 class Session:

@@ -52,6 +52,9 @@ class Telemetry:
         self.offered_at: list[int] = []  # [i-1] = #{d_r >= i}
         self.reached_at: list[int] = []  # [i-1] = #{a_r >= i-1 and d_r >= i}
         self.depths: dict[int, int] = {}  # d -> rounds
+        # drafted block -> rounds (a governor may verify fewer drafts than it drafted: DSpark)
+        self.blocks: dict[int, int] = {}
+        self.unverified = 0  # sum over drafting rounds of block - d: drafts paid for, never verified
         self.engine_s: dict[str, float] = {"draft": 0.0, "verify": 0.0}
         self.new_tokens = 0
         self.seconds = 0.0
@@ -61,6 +64,10 @@ class Telemetry:
         self.depths[r.depth] = self.depths.get(r.depth, 0) + 1
         self.engine_s["draft"] += r.t_draft
         self.engine_s["verify"] += r.t_verify
+        if r.confidences is not None:  # the round ran the draft: its block is what it drafted
+            block = len(r.confidences)
+            self.blocks[block] = self.blocks.get(block, 0) + 1
+            self.unverified += block - r.depth
         if r.depth == 0:
             return
         self.draft_rounds += 1
@@ -83,8 +90,10 @@ class Telemetry:
 
     def merge(self, other: "Telemetry") -> None:
         """Add another run's counts (several prompts in one report)."""
-        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds"):
+        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for b, n in other.blocks.items():
+            self.blocks[b] = self.blocks.get(b, 0) + n
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -126,6 +135,8 @@ class Telemetry:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
+            "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
+            "drafted_unverified": self.unverified,
             "time_split": self.time_split(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
             # (Telemetry.from_json); acceptance_by_position[i] = accepted_at[i] / offered_at[i]
@@ -145,4 +156,7 @@ class Telemetry:
                                                      ("accepted_at", "offered_at", "reached_at"))
         t.engine_s = {k: float(v) for k, v in c["engine_s"].items()}
         t.depths = {int(k): int(v) for k, v in d["depth_histogram"].items()}
+        # absent from reports written before these were recorded
+        t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
+        t.unverified = int(d.get("drafted_unverified", 0))
         return t

@@ -186,7 +186,8 @@ def _read_prompts(path: Path) -> list[str]:
               help="JSON lines with a 'prompt' field, decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--governor", default="dspark", show_default=True, help="off | fixed:K | adaptive | dspark")
+@click.option("--governor", default="dspark", show_default=True,
+              help="off | fixed:K | adaptive | dspark | dspark:block=K (DSpark drafting a fixed block of K)")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True)
@@ -208,7 +209,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
-        if governor == "dspark":
+        if governor.strip().lower().startswith("dspark"):
             click.echo(f"dspark: {s.calibration_note}", err=True)
         total, per_prompt = Telemetry(), []
         for p in prompts:

@@ -223,6 +223,8 @@ def main() -> int:
     ap.add_argument("--depths", default="1,2,3,4,6,8", type=lambda s: tuple(int(x) for x in s.split(",")))
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help="export / engines cache")
     ap.add_argument("--per-kind", type=int, default=4)
+    ap.add_argument("--extra-governors", default=[], type=lambda v: [g for g in v.split(",") if g],
+                    help="more governor specs to run beside the standard set (e.g. dspark:block=4)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS,
                     help="JSON lines with 'prompt' and 'kind' (default: the held-out prompts)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -256,7 +258,7 @@ def main() -> int:
     prompts = load_prompts(args.per_kind, path=args.prompts)
     with Session(eng, governor="off") as s:
         depths = s.engines.depths
-        specs = ["off", *(f"fixed:{d}" for d in depths), "adaptive", "dspark"]
+        specs = ["off", *(f"fixed:{d}" for d in depths), "adaptive", "dspark", *args.extra_governors]
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")

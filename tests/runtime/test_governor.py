@@ -433,3 +433,18 @@ def test_auc_ranks_with_ties_and_needs_both_classes():
     rng = np.random.default_rng(0)
     x, y = rng.random(2000), rng.random(2000) < 0.4
     assert auc(x, y) == pytest.approx(0.5, abs=0.05)  # an uninformative score
+
+
+def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth():
+    kw = dict(t_draft=0.004, t_verify={0: 0.016, 1: 0.018, 2: 0.019, 4: 0.021, 8: 0.026})
+    g = from_spec("dspark:block=4", DEPTHS, **kw)
+    assert isinstance(g, DSparkGovernor) and g.block == 4
+    for _ in range(40):  # every pre-draft call: the block, whatever the ceilings
+        assert g.choose(NONE) == 4
+    assert g.choose(GovernorState(limit=3)) == 2  # capped to a built depth that fits
+    assert g.choose(GovernorState(confidences=np.array([0.9, 0.05, 0.05, 0.05]))) == 1  # post-draft: the rule
+    assert from_spec("dspark", DEPTHS, **kw).block is None
+    with pytest.raises(UserError, match="dspark block 3: expected one of the built depths"):
+        from_spec("dspark:block=3", DEPTHS, **kw)
+    with pytest.raises(UserError, match="expected dspark or dspark:block=K"):
+        from_spec("dspark:deep", DEPTHS, **kw)

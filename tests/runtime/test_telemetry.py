@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from specrt.errors import InternalError
@@ -40,6 +41,12 @@ def test_json_report():
     assert j["tokens_per_s"] == 2.0 and j["tau"] == 2.0
     assert j["time_split"] == pytest.approx({"draft": 0.1, "verify": 0.3, "prefill": 0.25, "python": 0.35})
     assert j["depth_histogram"] == {"2": 1}
+    assert j["draft_block_histogram"] == {} and j["drafted_unverified"] == 0  # no confidences recorded
+    t.record(RoundResult(depth=0, accepted=0, confidences=np.full(3, 0.1)))  # drafted 3, verified none
+    j = t.to_json()
+    assert j["draft_block_histogram"] == {"3": 1} and j["drafted_unverified"] == 3
+    assert Telemetry.from_json({k: v for k, v in j.items() if k not in ("draft_block_histogram",
+                                                                         "drafted_unverified")}).unverified == 0
 
 
 def test_empty_run_and_bad_round():
@@ -58,7 +65,8 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
         t = Telemetry()
         t.engine_time("prefill", 0.05)
         for d, a in rounds:
-            t.record(RoundResult(depth=d, accepted=a, t_draft=0.01 * d, t_verify=0.02 + 0.001 * d))
+            conf = np.full(4, 0.5) if d in (1, 2) else None  # a block of 4 drafted, d verified
+            t.record(RoundResult(depth=d, accepted=a, t_draft=0.01 * d, t_verify=0.02 + 0.001 * d, confidences=conf))
         t.finish(new_tokens=sum(a + 1 for _, a in rounds), seconds=0.4)
         runs.append(t)
     live, after = Telemetry(), Telemetry()
@@ -72,5 +80,6 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
     assert a == b
     assert a["acceptance_by_position"] == pytest.approx([4 / 5, 2 / 4, 1 / 3, 0.0])
     assert a["depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 2, "4": 1}
+    assert a["draft_block_histogram"] == {"4": 2} and a["drafted_unverified"] == (4 - 1) + (4 - 2)
     with pytest.raises(KeyError):
         Telemetry.from_json({k: v for k, v in runs[0].to_json().items() if k != "counts"})
