@@ -584,7 +584,7 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: d], r.accepted)
 
 
-SPECS = "off | fixed:K | adaptive | dspark | dspark:block=K"
+SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled]"
 
 
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
@@ -601,10 +601,15 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     if s == "dspark" or s.startswith("dspark:"):
         if t_draft is None or t_verify is None:
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
-        opt = s[len("dspark:"):] if s.startswith("dspark:") else ""
-        if opt and not (opt.startswith("block=") and opt[6:].isdigit()):
-            raise UserError(f"--governor '{spec}': expected dspark or dspark:block=K (K a built depth)")
-        return DSparkGovernor(depths, t_draft, t_verify, calibration, block=int(opt[6:]) if opt else None)
+        kw: dict = {}
+        for opt in s.split(":")[1:]:  # dspark[:block=K][:profiled]
+            if opt.startswith("block=") and opt[6:].isdigit() and "block" not in kw:
+                kw["block"] = int(opt[6:])
+            elif opt == "profiled" and "ema" not in kw:  # costs stay the cost table's: no online factors
+                kw.update(ema=0.0, shape_ema=0.0)
+            else:
+                raise UserError(f"--governor '{spec}': expected dspark[:block=K][:profiled] (K a built depth)")
+        return DSparkGovernor(depths, t_draft, t_verify, calibration, **kw)
     if k.isdigit():
         return FixedGovernor(depths, int(k))
     raise UserError(f"--governor '{spec}': expected one of {SPECS} "

@@ -187,7 +187,8 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governor", default="dspark", show_default=True,
-              help="off | fixed:K | adaptive | dspark | dspark:block=K (DSpark drafting a fixed block of K)")
+              help="off | fixed:K | adaptive | dspark[:block=K][:profiled] (block: DSpark drafts a fixed "
+                   "block of K; profiled: its costs stay the build's cost table)")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True)

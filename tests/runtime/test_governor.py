@@ -446,5 +446,13 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
     assert from_spec("dspark", DEPTHS, **kw).block is None
     with pytest.raises(UserError, match="dspark block 3: expected one of the built depths"):
         from_spec("dspark:block=3", DEPTHS, **kw)
-    with pytest.raises(UserError, match="expected dspark or dspark:block=K"):
+    with pytest.raises(UserError, match=re.escape("expected dspark[:block=K][:profiled]")):
         from_spec("dspark:deep", DEPTHS, **kw)
+    g = from_spec("dspark:block=4:profiled", DEPTHS, **kw)
+    assert g.block == 4 and g.ema == 0.0 and g.shape_ema == 0.0
+    before = dict(g.t_verify)
+    g.observe(RoundResult(2, 1, t_draft=0.009, t_verify=0.05, confidences=np.array([0.9, 0.5, 0.2, 0.1])))
+    assert g.t_verify == before  # profiled: a slow round moves no cost
+    g = from_spec("dspark", DEPTHS, **kw)
+    g.observe(RoundResult(2, 1, t_draft=0.009, t_verify=0.05, confidences=np.array([0.9, 0.5, 0.2, 0.1])))
+    assert g.t_verify[2] > before[2]  # the default follows the machine
