@@ -587,6 +587,12 @@ class DSparkGovernor(Governor):
 SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled]"
 
 
+def is_dspark(spec: str | int) -> bool:
+    """Whether a governor spec names DSpark (``dspark`` or ``dspark:<options>``): it needs the cost table."""
+    s = str(spec).strip().lower()
+    return s == "dspark" or s.startswith("dspark:")
+
+
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
     """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark' -> a Governor over the built depths.
@@ -598,7 +604,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
         return OffGovernor(depths)
     if s == "adaptive":
         return AdaptiveGovernor(depths)
-    if s == "dspark" or s.startswith("dspark:"):
+    if is_dspark(s):
         if t_draft is None or t_verify is None:
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
         kw: dict = {}

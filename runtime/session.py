@@ -23,7 +23,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, from_spec
+from .governor import Calibration, Governor, from_spec, is_dspark
 from .sampling import SamplingParams
 from .text import Detokenizer, Text
 
@@ -59,7 +59,7 @@ def load_calibration(engines) -> tuple[Calibration | None, str]:
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
     """``governor.from_spec`` with DSpark's costs read from the engines' cost table."""
-    if not str(spec).strip().lower().startswith("dspark"):
+    if not is_dspark(spec):
         return from_spec(spec, engines.depths)
     t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
     t_verify[0] = engines.cost("decode", COST_PAST)

@@ -199,6 +199,7 @@ def _read_prompts(path: Path) -> list[str]:
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
         stops, stats_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
+    from specrt.runtime.governor import is_dspark
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.telemetry import Telemetry
@@ -210,7 +211,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
-        if governor.strip().lower().startswith("dspark"):
+        if is_dspark(governor):
             click.echo(f"dspark: {s.calibration_note}", err=True)
         total, per_prompt = Telemetry(), []
         for p in prompts:

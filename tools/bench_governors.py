@@ -140,10 +140,30 @@ class Recording:
         self.gov.observe(r)
 
 
+def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:
+    """Tokens per second, by the build's cost table (decode, verify.d, draft block k), of
+    verifying ``choices[r]`` drafts on a round whose target takes ``accepted[r]``: min(a, d)
+    + 1 tokens for draft(d) + verify(d); d = 0 is a plain decode for one token, after a
+    draft(1) already paid (``drafted_zero``) or without one."""
+    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
+    by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
+
+    def draft(k: int) -> float:
+        return by[min((j for j in by if j >= k), default=max(by))]
+
+    tokens = sum(min(a, d) + 1 for d, a in zip(choices, accepted))
+    return tokens / sum(draft(d) + ver[d] if d else (draft(1) if drafted_zero else 0.0) + dec for d in choices)
+
+
+def oracle_choices(accepted: list[int], depths) -> list[int]:
+    """What a governor that knew each round's outcome verifies: the smallest built depth >= a_r, 0 for a_r = 0."""
+    return [next(d for d in depths if d >= a) if a else 0 for a in accepted]
+
+
 def bounds(accepted: list[int], costs: dict, depths) -> dict:
     """What depth choice could gain with this draft, on the anchors of a full-depth run
     (every round verifying the deepest block; a_r drafts accepted) and the build's cost
-    table (decode, verify.d, draft block k): tokens per second of
+    table (``price``): tokens per second of
 
     * fixed:d  -- min(a_r, d) + 1 tokens for draft(d) + verify(d) a round;
     * a post-draft oracle -- a governor that learns after drafting how many drafts the
@@ -157,22 +177,13 @@ def bounds(accepted: list[int], costs: dict, depths) -> dict:
     governor could gain over it."""
     if not accepted:
         return {}
-    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
-    by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
-
-    def draft(k: int) -> float:
-        return by[min((j for j in by if j >= k), default=max(by))]
-
-    def up(a: int) -> int:
-        return next(d for d in depths if d >= a)
-
-    fixed = {d: sum(min(a, d) + 1 for a in accepted) / sum(draft(d) + ver[d] for _ in accepted) for d in depths}
-    tokens = sum(a + 1 for a in accepted)
-    post = tokens / sum(draft(up(a)) + ver[up(a)] if a else draft(1) + dec for a in accepted)
-    pre = tokens / sum(draft(up(a)) + ver[up(a)] if a else dec for a in accepted)
+    fixed = {d: price([d] * len(accepted), accepted, costs, depths) for d in depths}
+    oracle = oracle_choices(accepted, depths)
+    post = price(oracle, accepted, costs, depths)
+    pre = price(oracle, accepted, costs, depths, drafted_zero=False)
     best = max(fixed, key=fixed.get)
     return {"rounds": len(accepted), "fixed_tokens_per_s": {str(d): v for d, v in fixed.items()},
-            "off_tokens_per_s": 1.0 / dec, "best_fixed": f"fixed:{best}",
+            "off_tokens_per_s": 1.0 / costs["decode"], "best_fixed": f"fixed:{best}",
             "post_draft_oracle_vs_best_fixed": post / fixed[best], "pre_draft_oracle_vs_best_fixed": pre / fixed[best]}
 
 

@@ -73,6 +73,12 @@ FEATURE_LAYERS = (2, 8, 15, 20, 27, 28, 29)  # output_hidden_states indices (res
 FP16_MAX = 65504.0
 
 
+def exact_fp32(torch) -> None:
+    """CUDA matmuls in the target's own fp32 arithmetic, not TF32 (its answers and features)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def _log(msg: str) -> None:
     print(f"[gen] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
@@ -319,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device != "cpu" and ort:
         raise SystemExit("--device applies to --engine hf only (the ORT generator runs on the CPU)")
     if args.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False  # the target's own fp32 arithmetic, not TF32
-        torch.backends.cudnn.allow_tf32 = False
+        exact_fp32(torch)
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device)
     store = FeatureStore(out.parent) if ort else None
 

@@ -30,20 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from bench_governors import bounds  # noqa: E402
-
-
-def price(choices: list[int], accepted: list[int], costs: dict, depths) -> float:
-    """Tokens per second of choosing ``choices[r]`` on round r (0: a plain decode)."""
-    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
-    by = {int(k): v for k, v in costs["draft_by_depth"].items()}
-
-    def draft(k: int) -> float:
-        return by[min((j for j in by if j >= k), default=max(by))]
-
-    tokens = sum(min(a, d) + 1 for d, a in zip(choices, accepted))
-    seconds = sum(draft(d) + ver[d] if d else draft(1) + dec for d in choices)
-    return tokens / seconds
+from bench_governors import bounds, oracle_choices, price  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         mean_conf = np.mean([c for c, _ in rounds], axis=0)
         gov = make_governor("dspark", s.engines, cal)
         flat = [gov.choose(GovernorState(confidences=mean_conf))] * len(rounds)
-    oracle = [next(d for d in depths if d >= a) if a else 0 for a in accepted]
+    oracle = oracle_choices(accepted, depths)
     table = {name: price(ch, accepted, costs, depths) / best
              for name, ch in (("post_draft_oracle", oracle), ("dspark_rule_calibrated", calibrated),
                               ("dspark_rule_raw_confidence", identity), ("dspark_rule_mean_confidence", flat))}

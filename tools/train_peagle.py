@@ -89,7 +89,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_chat_data import FEATURE_LAYERS, FP16_MAX, load_features, read_jsonl  # noqa: E402
+from gen_chat_data import FEATURE_LAYERS, FP16_MAX, exact_fp32, load_features, read_jsonl  # noqa: E402
 from prompts import calibration_prompt_texts, heldout_prompts, train_prompts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
@@ -216,7 +216,7 @@ class PEagleDraft(nn.Module):
         return self.lm_head(self.hidden(tokens, aux, is_mask, pos, segments))
 
     def state_for_save(self, dtype) -> dict[str, torch.Tensor]:
-        sd = {k: v.detach().cpu().to(dtype).contiguous() if v.is_floating_point() else v.detach().cpu().contiguous()
+        sd = {k: (v.detach().cpu().to(dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
               for k, v in self.state_dict().items()}
         return sd  # embed is a non-persistent buffer: embed_tokens.weight is omitted
 
@@ -701,8 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
-        torch.backends.cuda.matmul.allow_tf32 = False  # the target's features in its own fp32 arithmetic
-        torch.backends.cudnn.allow_tf32 = False
+        exact_fp32(torch)  # the target's features in its own fp32 arithmetic
     if args.precision == "auto":
         if dev.type == "cuda":
             args.precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"

@@ -191,8 +191,7 @@ def test_a_training_step_on_cuda_equals_the_cpu_one():
     import numpy as np
     from safetensors.torch import load_file
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    _tool("gen_chat_data").exact_fp32(torch)
     tp = _tool("train_peagle")
     cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
     w = load_file(REFERENCE / "draft" / "model.safetensors")
