@@ -30,8 +30,9 @@ under the 14-19 ms it takes to stream the 513 MiB of weights once, so the matmul
 puts every depth up to 8 at 1.00x depth 1, where the build's cost table measures 1.40x at
 depth 8 and 1.09x at depth 4. The ratio targets are not held back by this CPU's arithmetic
 or memory but by the GEMM kernel: from M = 7 its second row block costs nearly as much as
-the first. A kernel that keeps all rows of a verify in one pass over the weights (or an
-AVX-512 host, 1.25x measured) is where depth 8 <= 1.35x lies.
+the first. A one-pass nine-row kernel does not help on AVX2 (tools/spike_onepass_gemm.py:
+load-bound with 16 vector registers, as slow as MLAS); an AVX-512 host (1.25x measured) is
+where depth 8 <= 1.35x lies.
 """
 
 from __future__ import annotations
