@@ -37,13 +37,9 @@ def cli():
 def corrupt_engine(folder: Path, initializer: str = "lm_head", delta: float = 1.0) -> None:
     """ONE weight element of the target engine changed, recorded in engines.json's hashes as a
     build would record it (tools/corrupt_engine.py): only the comparison can catch it."""
-    import importlib
-    import sys
+    from tests.real_model import tool
 
-    tools = str(Path(__file__).resolve().parents[2] / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    importlib.import_module("corrupt_engine").corrupt(folder, initializer, delta)
+    tool("corrupt_engine").corrupt(folder, initializer, delta)
 
 
 def test_good_engines_pass_against_onnxruntime(tiny_engines, tmp_path):

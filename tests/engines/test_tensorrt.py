@@ -9,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrt import contracts as C
-
 from .conftest import quiet
 
 pytestmark = pytest.mark.gpu

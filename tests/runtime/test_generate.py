@@ -150,7 +150,7 @@ def _exact(engines, prompt, length, params):
     """P(first `length` tokens) under target-only sampling, from the target engine itself."""
     from specrt.runtime.sampling import probs
 
-    runner, out = engines.target(0), {}
+    out = {}
     V = engines.export["target"]["vocab_size"]
     L = engines.export["target"]["num_layers"]
     kv = engines.export["target"]

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
-from tests.real_model import ROOT
+from tests.real_model import tool
 
 
 def _tool():
-    tools = str(ROOT / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    return importlib.import_module("bench_gemm_rows")
+    return tool("bench_gemm_rows")
 
 
 def test_shapes_of_a_gqa_decoder():

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from tests.real_model import ROOT
+from tests.real_model import tool as _tool
 
-
-def _tool(name: str):
-    tools = str(ROOT / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    return importlib.import_module(name)
 
 
 def test_shards_split_the_prompts_without_overlap():

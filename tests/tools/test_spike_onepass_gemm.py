@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.real_model import ROOT
+from tests.real_model import tool
 
 
 def _tool():
-    tools = str(ROOT / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    return importlib.import_module("spike_onepass_gemm")
+    return tool("spike_onepass_gemm")
 
 
 def test_every_accumulator_is_a_register_variable():

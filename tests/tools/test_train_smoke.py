@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -10,17 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.real_model import ROOT, committed_draft
+from tests.real_model import tool as _tool
 
 REFERENCE = ROOT / "tests" / "data" / "speculators-peagle-tiny"
 KINDS = {"chat", "code", "lists", "stories", "arithmetic"}
 
-
-def _tool(name: str):
-    """Import tools/<name>.py as a module registered in sys.modules (its dataclasses need that)."""
-    tools = str(ROOT / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    return importlib.import_module(name)
 
 
 RECEIPT_KEYS = {"target", "data", "steps", "seed", "aux_layer_ids", "training_last_window", "heldout",
