@@ -260,32 +260,48 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
 def merge(sources: list[Path], out: Path) -> tuple[int, int]:
     """Append the answers and features of generator folders (each a ``chat.jsonl`` with its
     feature store beside it, e.g. one per ``--shard``) to the folder of ``out``; a prompt
-    index already there is skipped, so merging again is harmless. An answer without
-    recorded features (``--engine hf``) is merged too: the trainer computes its features
-    in one teacher-forced pass. Returns (answers added, answers skipped)."""
+    already answered there or earlier in ``sources`` (the same text, as the generator
+    recognises finished prompts; the index where a row has no text) is skipped, so merging
+    again is harmless. An answer without recorded features (``--engine hf``) is merged
+    too: the trainer computes its features in one teacher-forced pass. The feature store
+    is keyed by prompt index, so a folder giving an index to another prompt text than
+    ``out`` or an earlier source does (one made from another prompt list) is refused with
+    SystemExit before anything is written. Returns (answers added, answers skipped)."""
+    def key(d: dict):
+        return d["prompt"] if d.get("prompt") is not None else ("idx", d["idx"])
+
+    text_of = {d["idx"]: key(d) for d in read_jsonl(out)}
+    have = set(text_of.values())
+    plan, skipped = [], 0  # (source folder, row) to append, checked before writing
+    for src in sources:
+        src_dir = src.parent if src.suffix == ".jsonl" else src
+        for d in read_jsonl(src_dir / "chat.jsonl"):
+            if key(d) in have:
+                skipped += 1
+                continue
+            if d["idx"] in text_of:
+                raise SystemExit(f"{src_dir / 'chat.jsonl'}: prompt index {d['idx']} is {key(d)!r} there but "
+                                 f"{text_of[d['idx']]!r} in {out} or an earlier folder; they come from different "
+                                 "prompt lists (tools/prompts.py --check)")
+            have.add(key(d))
+            text_of[d["idx"]] = key(d)
+            plan.append((src_dir, d))
     out.parent.mkdir(parents=True, exist_ok=True)
     store = FeatureStore(out.parent)
-    have = {d["idx"] for d in read_jsonl(out)}
-    added = skipped = 0
+    features: dict[Path, tuple] = {}
     with open(out, "a") as f:
-        for src in sources:
-            src_dir = src.parent if src.suffix == ".jsonl" else src
-            rows = read_jsonl(src_dir / "chat.jsonl")
-            entries, s_aux, s_fin = (load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file()
+        for src_dir, d in plan:
+            if src_dir not in features:
+                features[src_dir] = (load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file()
                                      else ({}, None, None))
-            for d in rows:
-                if d["idx"] in have:
-                    skipped += 1
-                    continue
-                e = entries.get(d["idx"])
-                if e is not None:  # features first, then the answer line: a kill leaves no answer without them
-                    store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
-                              np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-                f.flush()
-                have.add(d["idx"])
-                added += 1
-    return added, skipped
+            entries, s_aux, s_fin = features[src_dir]
+            e = entries.get(d["idx"])
+            if e is not None:  # features first, then the answer line: a kill leaves no answer without them
+                store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
+                          np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+            f.flush()
+    return len(plan), skipped
 
 
 def main(argv: list[str] | None = None) -> int:

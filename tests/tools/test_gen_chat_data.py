@@ -51,6 +51,27 @@ def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
     assert g.merge([tmp_path / "a", tmp_path / "b", tmp_path / "c"], out) == (0, 5)  # again: nothing added
 
 
+def test_merge_knows_a_prompt_by_its_text_and_refuses_another_list(tmp_path):
+    g = _tool("gen_chat_data")
+
+    def folder(name, rows):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "chat.jsonl").write_text(
+            "".join(json.dumps({"idx": i, "prompt": t, "prompt_ids": [1], "answer_ids": [2]}) + "\n" for i, t in rows))
+        return tmp_path / name
+
+    out = tmp_path / "merged" / "chat.jsonl"
+    assert g.merge([folder("a", [(0, "alpha"), (1, "beta")])], out) == (2, 0)
+    # the same text under another index (a generator run over another list) is already answered
+    assert g.merge([folder("b", [(5, "beta"), (2, "gamma")])], out) == (1, 1)
+    before = out.read_text()
+    # index 2 holds "gamma": a folder that gives it to "delta" comes from another list
+    with pytest.raises(SystemExit, match=r"c/chat.jsonl: prompt index 2 is 'delta' there but 'gamma'"):
+        g.merge([folder("d", [(3, "epsilon")]), folder("c", [(2, "delta")])], out)
+    assert out.read_text() == before  # nothing of either folder was written
+    assert [d["prompt"] for d in g.read_jsonl(out)] == ["alpha", "beta", "gamma"]
+
+
 def test_device_applies_to_the_hf_engine_only(tmp_path):
     g = _tool("gen_chat_data")
     with pytest.raises(SystemExit, match="--device applies to --engine hf only"):
