@@ -33,14 +33,20 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_governors import bounds, oracle_choices, price  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def recording_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a tool that records full-depth rounds: ENGINES --prompts [--chat]
+    [--max-new-tokens] [-o OUT.json]."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("engines", type=Path)
     ap.add_argument("--prompts", type=Path, required=True, help="JSON lines with a 'prompt' (text) or 'prompt_ids' field")
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-o", "--out", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = recording_parser(__doc__).parse_args(argv)
 
     from specrt.runtime.calibrate import RecordingGovernor
     from specrt.runtime.governor import GovernorState

@@ -258,3 +258,47 @@ def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(sma
                                          "dspark_rule_mean_confidence"}
     assert all(v > 0 for v in rep["vs_best_fixed"].values())
     assert sum(rep["choices"]["calibrated"].values()) == rep["rounds"]
+
+
+def test_target_confidence_experiment_records_and_analyses(small_vocab_engines, tmp_path):
+    """tools/exp_target_confidence.py on real engines: every full-depth round carries the
+    drafts' confidences and the target's confidence in a probability's range."""
+    from tests.real_model import tool
+
+    exp = tool("exp_target_confidence")
+    rec = exp.record(small_vocab_engines, [{"prompt_ids": p} for p in prompts(16, 4, seed=3)], False, 24)
+    r, K = rec["rows"], DEPTHS[-1]
+    assert len(r["accepted"]) > 0 and r["conf"].shape == (len(r["accepted"]), K)
+    assert np.all((r["tconf"] >= 1 / 16 - 1e-6) & (r["tconf"] <= 1 + 1e-9))
+    assert np.all((r["tent"] >= -1e-9) & (r["tent"] <= np.log(16) + 1e-6))
+    assert set(r["prompt"].tolist()) <= {0, 1, 2, 3} and np.all((r["accepted"] >= 0) & (r["accepted"] <= K))
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts(16, 4, seed=3)))
+    out = tmp_path / "exp.json"
+    assert exp.main([str(small_vocab_engines), "--prompts", str(f), "--max-new-tokens", "24", "-o", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["rounds"] == len(r["accepted"]) and rep["best_fixed"] in {f"fixed:{d}" for d in DEPTHS}
+    assert set(rep["rule_vs_best_fixed"]) == {"draft_only", "draft_and_target"}
+
+
+def test_target_confidence_analysis_finds_a_signal_only_where_there_is_one():
+    """Constructed rounds whose first draft is accepted exactly when the target was sure:
+    the draft's confidence is noise, the target's confidence separates the rounds."""
+    from tests.real_model import tool
+
+    exp = tool("exp_target_confidence")
+    rng = np.random.default_rng(0)
+    n, K = 2000, DEPTHS[-1]
+    tconf = rng.uniform(0.05, 0.95, n)
+    accepted = np.where(tconf > 0.5, rng.integers(1, K + 1, n), 0)
+    conf = rng.uniform(0.05, 0.95, (n, K))
+    costs = {"decode": 0.020, "draft": 0.002, "verify": {"1": 0.021, "2": 0.022, "4": 0.024}}
+    rep = exp.analyse(conf, accepted, tconf, -np.log(tconf), np.arange(n) % 40, costs, list(DEPTHS))
+    assert rep["auc_position1"]["target_confidence"] == pytest.approx(1.0)
+    assert abs(rep["auc_position1"]["draft_confidence"] - 0.5) < 0.05
+    assert rep["auc_crossfitted"]["draft_and_target"]["S1"] > 0.99
+    assert abs(rep["auc_crossfitted"]["draft_only"]["S1"] - 0.5) < 0.05
+    assert rep["auc_pre_draft_target_only"] > 0.99
+    # with the signal, the rule decodes the hopeless rounds and gains on the best fixed depth
+    assert rep["rule_vs_best_fixed"]["draft_and_target"] > rep["rule_vs_best_fixed"]["draft_only"]
+    assert rep["rule_vs_best_fixed"]["draft_and_target"] <= rep["post_draft_oracle_vs_best_fixed"] + 1e-9
