@@ -16,6 +16,8 @@ one half of the prompts, predict the other):
 
 * AUC of "position 1 accepted" for the draft's confidence, the target's confidence and
   entropy, and logistic models per position on the draft's logit alone vs draft + target;
+* the same from a direct model of survival, S_k on every confidence up to k (is the
+  product of per-position fits losing information?);
 * DSpark's post-draft rule (E(d) / (t_draft + t_verify(d)), decode when no depth beats
   it; the build's cost table) on each model's conditional acceptances, priced as
   tools/bench_governors.py ``price`` does, against the best fixed depth and the
@@ -28,7 +30,8 @@ chat, 128 new tokens): committed draft (3382 rounds, 54% accept nothing): AUC 0.
 the best fixed depth (oracle 1.049x). The GPU run-4 draft (2972 rounds): AUC 0.814 draft,
 0.632 target, S1 0.813 -> 0.814; rule 1.034x -> 1.034x (oracle 1.118x). Pre-draft AUC from
 the target alone 0.63. The target's confidence adds nothing the drafts' confidences do
-not already carry, so DSpark does not take it.
+not already carry, so DSpark does not take it. The direct survival model does no better
+than the product either (rule 1.003x and 1.031x): results/governors_target_confidence.
 """
 
 from __future__ import annotations
@@ -95,6 +98,23 @@ def rule_choices(cond: np.ndarray, costs: dict, depths) -> list[int]:
     return out
 
 
+def direct_survival(conf: np.ndarray, accepted: np.ndarray, fold: np.ndarray) -> np.ndarray:
+    """Conditional acceptances from a direct model of survival: S_k = P(a >= k) fitted on the
+    logits of every confidence up to k (not a product of per-position fits), cross-fitted,
+    made non-increasing in k, then c_k = S_k / S_{k-1}."""
+    K, x = conf.shape[1], logit(conf)
+    surv = np.zeros((len(accepted), K))
+    for k in range(K):
+        label = (accepted >= k + 1).astype(np.float64)
+        for f in np.unique(fold):
+            train, test = fold != f, fold == f
+            surv[test, k] = predict_logistic(fit_logistic(x[train, : k + 1], label[train]), x[test, : k + 1])
+    surv = np.minimum.accumulate(surv, axis=1)
+    cond = surv.copy()
+    cond[:, 1:] = surv[:, 1:] / np.maximum(surv[:, :-1], 1e-12)
+    return cond
+
+
 def analyse(conf: np.ndarray, accepted: np.ndarray, tconf: np.ndarray, tent: np.ndarray, prompt: np.ndarray,
             costs: dict, depths) -> dict:
     from specrt.runtime.governor import auc
@@ -111,13 +131,14 @@ def analyse(conf: np.ndarray, accepted: np.ndarray, tconf: np.ndarray, tent: np.
     for f in np.unique(fold):
         x = np.c_[logit(tconf), tent]
         pre[fold == f] = predict_logistic(fit_logistic(x[fold != f], y1[fold != f]), x[fold == f])
-    models = {"draft_only": draft_only, "draft_and_target": with_target}
+    models = {"draft_only": draft_only, "draft_and_target": with_target,
+              "draft_direct_survival": direct_survival(conf, accepted, fold)}
     return {
         "rounds": len(acc), "accept_nothing_share": float(np.mean(accepted == 0)),
         "auc_position1": {"draft_confidence": auc(conf[:, 0], y1), "target_confidence": auc(tconf, y1),
                           "target_negative_entropy": auc(-tent, y1)},
-        "auc_crossfitted": {name: {"S1": auc(m[:, 0], y1), "S2": auc(m[:, 0] * m[:, 1], (accepted >= 2).astype(float))}
-                            for name, m in models.items()},
+        "auc_crossfitted": {name: {f"S{k + 1}": auc(np.prod(m[:, : k + 1], axis=1), (accepted >= k + 1).astype(float))
+                                   for k in range(min(K, 4))} for name, m in models.items()},
         "best_fixed": f"fixed:{best}",
         "post_draft_oracle_vs_best_fixed": price(oracle_choices(acc, depths), acc, costs, depths) / fixed[best],
         "rule_vs_best_fixed": {name: price(rule_choices(m, costs, depths), acc, costs, depths) / fixed[best]
@@ -179,13 +200,24 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = recording_parser(__doc__).parse_args(argv)
+    ap = recording_parser(__doc__)
+    ap.add_argument("--rows", type=Path, help="an .npz of the recorded rounds: written after recording, "
+                                              "or read instead of recording when it exists")
+    a = ap.parse_args(argv)
     try:
         prompts = [json.loads(x) for x in a.prompts.read_text().splitlines() if x.strip()]
     except (OSError, ValueError) as e:
         print(f"error: {a.prompts}: expected JSON lines with a 'prompt' field ({e})", file=sys.stderr)
         return 1
-    rec = record(a.engines, prompts, a.chat, a.max_new_tokens)
+    if a.rows is not None and a.rows.is_file():  # analyse recorded rounds again
+        saved = np.load(a.rows)
+        rec = {"rows": {k: saved[k] for k in ("prompt", "conf", "accepted", "tconf", "tent")},
+               "costs": json.loads(str(saved["costs"])), "depths": saved["depths"].tolist()}
+        print(f"rounds from {a.rows}", file=sys.stderr)
+    else:
+        rec = record(a.engines, prompts, a.chat, a.max_new_tokens)
+        if a.rows is not None:
+            np.savez(a.rows, **rec["rows"], costs=json.dumps(rec["costs"]), depths=np.asarray(rec["depths"]))
     r = rec["rows"]
     report = {"engines": str(a.engines), "prompts": len(prompts),
               **analyse(r["conf"], r["accepted"], r["tconf"], r["tent"], r["prompt"], rec["costs"], rec["depths"])}

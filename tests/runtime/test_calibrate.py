@@ -274,11 +274,15 @@ def test_target_confidence_experiment_records_and_analyses(small_vocab_engines, 
     assert set(r["prompt"].tolist()) <= {0, 1, 2, 3} and np.all((r["accepted"] >= 0) & (r["accepted"] <= K))
     f = tmp_path / "p.jsonl"
     f.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts(16, 4, seed=3)))
-    out = tmp_path / "exp.json"
-    assert exp.main([str(small_vocab_engines), "--prompts", str(f), "--max-new-tokens", "24", "-o", str(out)]) == 0
+    out, rows = tmp_path / "exp.json", tmp_path / "rows.npz"
+    args = [str(small_vocab_engines), "--prompts", str(f), "--max-new-tokens", "24", "--rows", str(rows)]
+    assert exp.main([*args, "-o", str(out)]) == 0 and rows.is_file()
     rep = json.loads(out.read_text())
     assert rep["rounds"] == len(r["accepted"]) and rep["best_fixed"] in {f"fixed:{d}" for d in DEPTHS}
-    assert set(rep["rule_vs_best_fixed"]) == {"draft_only", "draft_and_target"}
+    assert set(rep["rule_vs_best_fixed"]) == {"draft_only", "draft_and_target", "draft_direct_survival"}
+    # the saved rounds analysed again give the same report
+    assert exp.main([*args, "-o", str(tmp_path / "again.json")]) == 0
+    assert json.loads((tmp_path / "again.json").read_text()) == rep
 
 
 def test_target_confidence_analysis_finds_a_signal_only_where_there_is_one():
@@ -302,3 +306,25 @@ def test_target_confidence_analysis_finds_a_signal_only_where_there_is_one():
     # with the signal, the rule decodes the hopeless rounds and gains on the best fixed depth
     assert rep["rule_vs_best_fixed"]["draft_and_target"] > rep["rule_vs_best_fixed"]["draft_only"]
     assert rep["rule_vs_best_fixed"]["draft_and_target"] <= rep["post_draft_oracle_vs_best_fixed"] + 1e-9
+
+
+def test_direct_survival_sees_what_a_product_of_positions_misses():
+    """Constructed rounds where whether the second draft is accepted depends on the FIRST
+    draft's confidence: per-position fits cannot see it, a direct survival model can."""
+    from tests.real_model import tool
+
+    exp = tool("exp_target_confidence")
+    rng = np.random.default_rng(1)
+    n = 4000
+    conf = rng.uniform(0.05, 0.95, (n, 3))
+    first = rng.uniform(size=n) < 0.5  # the first draft: a coin, whatever its confidence
+    second = first & (conf[:, 0] > 0.5)  # the second: taken when the FIRST draft was sure
+    accepted = first.astype(int) + second + (second & (rng.uniform(size=n) < 0.5))
+    fold = np.arange(n) % 2
+    from specrt.runtime.governor import auc
+
+    label = (accepted >= 2).astype(float)
+    product = np.prod(exp.crossfit(lambda k: exp.logit(conf[:, k])[:, None], accepted, fold, 3)[:, :2], axis=1)
+    direct = np.prod(exp.direct_survival(conf, accepted, fold)[:, :2], axis=1)
+    assert auc(direct, label) > 0.8 and abs(auc(product, label) - 0.5) < 0.05
+    assert np.all(np.diff(np.cumprod(exp.direct_survival(conf, accepted, fold), axis=1), axis=1) <= 1e-12)
