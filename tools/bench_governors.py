@@ -140,17 +140,24 @@ class Recording:
         self.gov.observe(r)
 
 
-def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:
-    """Tokens per second, by the build's cost table (decode, verify.d, draft block k), of
-    verifying ``choices[r]`` drafts on a round whose target takes ``accepted[r]``: min(a, d)
-    + 1 tokens for draft(d) + verify(d); d = 0 is a plain decode for one token, after a
-    draft(1) already paid (``drafted_zero``) or without one."""
-    dec, ver = costs["decode"], {int(d): v for d, v in costs["verify"].items()}
+def table_costs(costs: dict, depths):
+    """(decode seconds, {depth: verify seconds}, draft(k) -> seconds of a k-block) from a
+    build's cost table; a block without its own entry costs the next larger profiled one."""
+    ver = {int(d): v for d, v in costs["verify"].items()}
     by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
 
     def draft(k: int) -> float:
         return by[min((j for j in by if j >= k), default=max(by))]
 
+    return costs["decode"], ver, draft
+
+
+def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:
+    """Tokens per second, by the build's cost table (decode, verify.d, draft block k), of
+    verifying ``choices[r]`` drafts on a round whose target takes ``accepted[r]``: min(a, d)
+    + 1 tokens for draft(d) + verify(d); d = 0 is a plain decode for one token, after a
+    draft(1) already paid (``drafted_zero``) or without one."""
+    dec, ver, draft = table_costs(costs, depths)
     tokens = sum(min(a, d) + 1 for d, a in zip(choices, accepted))
     return tokens / sum(draft(d) + ver[d] if d else (draft(1) if drafted_zero else 0.0) + dec for d in choices)
 

@@ -13,7 +13,16 @@ decode for one token):
   ranking information removed (every round given the mean calibrated survival):
   separates what calibration and what per-round resolution contribute.
 
-No timing of the live loop: this is the rule's decision quality alone, apart from the
+* the whole governor as ``specrt run`` drives it, simulated on the same rounds: its
+  pre-draft call sizes the block (or decodes without drafting), the post-draft call picks
+  the depth from the block's confidences (the first k of the recorded 8: a draft's
+  position i does not depend on later positions), ``observe`` gets each round's outcome
+  at the table's costs (so the calibration learns online as it does live; load factors
+  stay 1), and the round is priced at draft(block) + verify(depth), or decode alone when
+  it did not draft. Unlike the rule's replay, which charges draft(d) for the chosen d,
+  this charges the block actually drafted.
+
+No timing of the live loop: this is the decisions' quality alone, apart from the
 runtime's own costs (bench_governors measures those).
 
     python tools/governor_replay.py ENGINES --prompts FILE [--chat] [--max-new-tokens 128] [-o OUT.json]
@@ -30,7 +39,33 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from bench_governors import bounds, oracle_choices, price  # noqa: E402
+from bench_governors import bounds, oracle_choices, price, table_costs  # noqa: E402
+
+
+def simulate(gov, rounds, costs: dict, depths) -> tuple[float, dict]:
+    """Tokens per second of governor ``gov`` driven as the generator drives it over recorded
+    full-depth rounds (confidences, accepted), at the cost table's prices; and how often it
+    took each (block, depth) ("0/0": decoded without drafting)."""
+    from specrt.runtime.governor import GovernorState
+    from specrt.runtime.telemetry import RoundResult
+
+    dec, ver, draft = table_costs(costs, depths)
+    tokens = seconds = 0.0
+    taken: dict[str, int] = {}
+    for conf, a in rounds:
+        k = gov.choose(GovernorState())
+        if k == 0:
+            tokens, seconds = tokens + 1, seconds + dec
+            gov.observe(RoundResult(0, 0, 0.0, dec))
+            taken["0/0"] = taken.get("0/0", 0) + 1
+            continue
+        block = np.asarray(conf[:k])
+        d = gov.choose(GovernorState(confidences=block))
+        got, t_target = min(int(a), d), (ver[d] if d else dec)
+        tokens, seconds = tokens + got + 1, seconds + draft(k) + t_target
+        gov.observe(RoundResult(d, got, draft(k), t_target, None, block))
+        taken[f"{k}/{d}"] = taken.get(f"{k}/{d}", 0) + 1
+    return tokens / seconds, taken
 
 
 def recording_parser(doc: str) -> argparse.ArgumentParser:
@@ -49,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = recording_parser(__doc__).parse_args(argv)
 
     from specrt.runtime.calibrate import RecordingGovernor
-    from specrt.runtime.governor import GovernorState
+    from specrt.runtime.governor import Calibration, GovernorState
     from specrt.runtime.session import Session, load_calibration, make_governor
 
     prompts = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()]
@@ -79,14 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         mean_conf = np.mean([c for c, _ in rounds], axis=0)
         gov = make_governor("dspark", s.engines, cal)
         flat = [gov.choose(GovernorState(confidences=mean_conf))] * len(rounds)
+        # the whole governor, learning online from a copy of the stored calibration
+        live = make_governor("dspark", s.engines, Calibration.from_dict(cal.to_dict()) if cal else None)
+        simulated, taken = simulate(live, rounds, costs, depths)
     oracle = oracle_choices(accepted, depths)
     table = {name: price(ch, accepted, costs, depths) / best
              for name, ch in (("post_draft_oracle", oracle), ("dspark_rule_calibrated", calibrated),
                               ("dspark_rule_raw_confidence", identity), ("dspark_rule_mean_confidence", flat))}
+    table["dspark_simulated"] = simulated / best
     hist = {name: {str(d): int(n) for d, n in zip(*np.unique(ch, return_counts=True))}
             for name, ch in (("calibrated", calibrated), ("raw", identity), ("oracle", oracle))}
     report = {"engines": str(args.engines), "prompts": len(prompts), "rounds": len(rounds), "calibration": note,
               "best_fixed": b["best_fixed"], "vs_best_fixed": table, "choices": hist,
+              "simulated_block_depth": dict(sorted(taken.items(), key=lambda x: -x[1])),
               "fixed_vs_best": {d: v / best for d, v in b["fixed_tokens_per_s"].items()}}
     for name, v in table.items():
         print(f"{name:30s} {v:.3f}x the best fixed depth ({b['best_fixed']})")

@@ -255,7 +255,8 @@ def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(sma
     assert rep["rounds"] > 0 and rep["best_fixed"] in {f"fixed:{d}" for d in DEPTHS}
     assert max(rep["fixed_vs_best"].values()) == pytest.approx(1.0)
     assert set(rep["vs_best_fixed"]) == {"post_draft_oracle", "dspark_rule_calibrated", "dspark_rule_raw_confidence",
-                                         "dspark_rule_mean_confidence"}
+                                         "dspark_rule_mean_confidence", "dspark_simulated"}
+    assert sum(rep["simulated_block_depth"].values()) == rep["rounds"]
     assert all(v > 0 for v in rep["vs_best_fixed"].values())
     assert sum(rep["choices"]["calibrated"].values()) == rep["rounds"]
 
@@ -328,3 +329,24 @@ def test_direct_survival_sees_what_a_product_of_positions_misses():
     direct = np.prod(exp.direct_survival(conf, accepted, fold)[:, :2], axis=1)
     assert auc(direct, label) > 0.8 and abs(auc(product, label) - 0.5) < 0.05
     assert np.all(np.diff(np.cumprod(exp.direct_survival(conf, accepted, fold), axis=1), axis=1) <= 1e-12)
+
+
+def test_simulating_a_fixed_governor_prices_like_the_fixed_depth():
+    """tools/governor_replay.simulate drives a governor as the generator does; a fixed depth
+    driven that way costs exactly what bench_governors.price says it costs, and `off`
+    decodes every round."""
+    from specrt.runtime.governor import FixedGovernor, OffGovernor
+    from tests.real_model import tool
+
+    replay, bench = tool("governor_replay"), tool("bench_governors")
+    rng = np.random.default_rng(0)
+    rounds = [(rng.uniform(size=4), int(a)) for a in rng.integers(0, 5, 300)]
+    costs = {"decode": 0.020, "draft": 0.003, "draft_by_depth": {"2": 0.002, "4": 0.003},
+             "verify": {"1": 0.021, "2": 0.022, "4": 0.025}}
+    accepted = [a for _, a in rounds]
+    for k in DEPTHS:
+        rate, taken = replay.simulate(FixedGovernor(DEPTHS, k), rounds, costs, DEPTHS)
+        assert rate == pytest.approx(bench.price([k] * len(rounds), accepted, costs, DEPTHS))
+        assert taken == {f"{k}/{k}": len(rounds)}
+    rate, taken = replay.simulate(OffGovernor(), rounds, costs, DEPTHS)
+    assert rate == pytest.approx(1 / 0.020) and taken == {"0/0": len(rounds)}
