@@ -56,6 +56,12 @@ class Telemetry:
         self.blocks: dict[int, int] = {}
         self.unverified = 0  # sum over drafting rounds of block - d: drafts paid for, never verified
         self.engine_s: dict[str, float] = {"draft": 0.0, "verify": 0.0}
+        # seconds summed per verified depth (target engine; whole round, engines + Python) and
+        # per drafted block (draft engine): what each depth costs in this run, beside the table
+        self.verify_s_by_depth: dict[int, float] = {}
+        self.round_s_by_depth: dict[int, float] = {}
+        self.draft_s_by_block: dict[int, float] = {}
+        self.timed_rounds: dict[int, int] = {}  # d -> rounds that carried a wall time
         self.new_tokens = 0
         self.seconds = 0.0
 
@@ -64,9 +70,14 @@ class Telemetry:
         self.depths[r.depth] = self.depths.get(r.depth, 0) + 1
         self.engine_s["draft"] += r.t_draft
         self.engine_s["verify"] += r.t_verify
+        self.verify_s_by_depth[r.depth] = self.verify_s_by_depth.get(r.depth, 0.0) + r.t_verify
+        if r.t_round is not None:  # (the generator times every round; a caller may not)
+            self.round_s_by_depth[r.depth] = self.round_s_by_depth.get(r.depth, 0.0) + r.t_round
+            self.timed_rounds[r.depth] = self.timed_rounds.get(r.depth, 0) + 1
         if r.confidences is not None:  # the round ran the draft: its block is what it drafted
             block = len(r.confidences)
             self.blocks[block] = self.blocks.get(block, 0) + 1
+            self.draft_s_by_block[block] = self.draft_s_by_block.get(block, 0.0) + r.t_draft
             self.unverified += block - r.depth
         if r.depth == 0:
             return
@@ -101,6 +112,12 @@ class Telemetry:
                 mine[i] += v
         for d, n in other.depths.items():
             self.depths[d] = self.depths.get(d, 0) + n
+        for mine, theirs in ((self.verify_s_by_depth, other.verify_s_by_depth),
+                             (self.round_s_by_depth, other.round_s_by_depth),
+                             (self.draft_s_by_block, other.draft_s_by_block),
+                             (self.timed_rounds, other.timed_rounds)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
         for k, v in other.engine_s.items():
             self.engine_s[k] = self.engine_s.get(k, 0.0) + v
 
@@ -122,6 +139,16 @@ class Telemetry:
         split["python"] = max(self.seconds - sum(self.engine_s.values()), 0.0)
         return split
 
+    def mean_seconds(self) -> dict[str, dict[str, float]]:
+        """Mean seconds per round by verified depth (target engine; whole round) and per
+        drafting round by drafted block (draft engine)."""
+        return {"verify_by_depth": {str(d): t / self.depths[d] for d, t in sorted(self.verify_s_by_depth.items())
+                                    if self.depths.get(d)},
+                "round_by_depth": {str(d): t / self.timed_rounds[d] for d, t in sorted(self.round_s_by_depth.items())
+                                   if self.timed_rounds.get(d)},
+                "draft_by_block": {str(b): t / self.blocks[b] for b, t in sorted(self.draft_s_by_block.items())
+                                   if self.blocks.get(b)}}
+
     def to_json(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
@@ -138,10 +165,15 @@ class Telemetry:
             "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
             "drafted_unverified": self.unverified,
             "time_split": self.time_split(),
+            "mean_seconds": self.mean_seconds(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
             # (Telemetry.from_json); acceptance_by_position[i] = accepted_at[i] / offered_at[i]
             "counts": {"accepted_at": list(self.accepted_at), "offered_at": list(self.offered_at),
-                       "reached_at": list(self.reached_at), "engine_s": dict(self.engine_s)},
+                       "reached_at": list(self.reached_at), "engine_s": dict(self.engine_s),
+                       "verify_s_by_depth": {str(k): v for k, v in self.verify_s_by_depth.items()},
+                       "round_s_by_depth": {str(k): v for k, v in self.round_s_by_depth.items()},
+                       "draft_s_by_block": {str(k): v for k, v in self.draft_s_by_block.items()},
+                       "timed_rounds": {str(k): v for k, v in self.timed_rounds.items()}},
         }
 
     @classmethod
@@ -159,4 +191,7 @@ class Telemetry:
         # absent from reports written before these were recorded
         t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
         t.unverified = int(d.get("drafted_unverified", 0))
+        for name in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block"):
+            setattr(t, name, {int(k): float(v) for k, v in c.get(name, {}).items()})
+        t.timed_rounds = {int(k): int(v) for k, v in c.get("timed_rounds", {}).items()}
         return t

@@ -122,7 +122,7 @@ def agg(runs: list[dict]) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "tau": j["tau"], "acceptance_by_position": j["acceptance_by_position"],
             "acceptance_conditional": j["acceptance_conditional"], "depth_histogram": j["depth_histogram"],
-            "rounds": j["rounds"], "draft_rounds": j["draft_rounds"]}
+            "rounds": j["rounds"], "draft_rounds": j["draft_rounds"], "mean_seconds": j["mean_seconds"]}
 
 
 class Recording:
@@ -366,6 +366,12 @@ def main() -> int:
     print("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
     print("acceptance by position (full depth, mixed): "
           + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
+    print("measured ms per round on the mixed set (verify by depth d; round = engines + Python; draft by block):")
+    for spec in specs:
+        m = results["mixed"][spec]["mean_seconds"]
+        print(f"  {spec:{w - 2}s} " + "  ".join(f"{part} " + " ".join(f"{k}:{v * 1e3:.1f}" for k, v in m[key].items())
+                                               for part, key in (("verify", "verify_by_depth"), ("round", "round_by_depth"),
+                                                                 ("draft", "draft_by_block")) if m[key]))
     if report["bounds"]:
         b = report["bounds"]
         print(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")

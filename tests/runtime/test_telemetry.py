@@ -83,3 +83,23 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
     assert a["draft_block_histogram"] == {"4": 2} and a["drafted_unverified"] == (4 - 1) + (4 - 2)
     with pytest.raises(KeyError):
         Telemetry.from_json({k: v for k, v in runs[0].to_json().items() if k != "counts"})
+
+
+def test_mean_seconds_per_depth_and_block():
+    """What each verified depth and drafted block cost in this run, beside the cost table."""
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1, t_draft=0.002, t_verify=0.020, t_round=0.025, confidences=np.ones(4)))
+    t.record(RoundResult(depth=2, accepted=0, t_draft=0.004, t_verify=0.024, t_round=0.031, confidences=np.ones(4)))
+    t.record(RoundResult(depth=1, accepted=1, t_draft=0.001, t_verify=0.019, confidences=np.ones(2)))  # no t_round
+    t.record(RoundResult(depth=0, accepted=0, t_verify=0.018, t_round=0.019))  # a plain step, no draft
+    m = t.mean_seconds()
+    assert m["verify_by_depth"] == pytest.approx({"0": 0.018, "1": 0.019, "2": 0.022})
+    assert m["round_by_depth"] == pytest.approx({"0": 0.019, "2": 0.028})
+    assert m["draft_by_block"] == pytest.approx({"2": 0.001, "4": 0.003})
+    again = Telemetry.from_json(json.loads(json.dumps(t.to_json())))
+    assert again.mean_seconds() == m
+    # a report written before these sums existed still loads, with none of them
+    old = t.to_json()
+    for k in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block", "timed_rounds"):
+        del old["counts"][k]
+    assert Telemetry.from_json(old).mean_seconds() == {"verify_by_depth": {}, "round_by_depth": {}, "draft_by_block": {}}
