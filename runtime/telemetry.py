@@ -103,23 +103,16 @@ class Telemetry:
         """Add another run's counts (several prompts in one report)."""
         for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for b, n in other.blocks.items():
-            self.blocks[b] = self.blocks.get(b, 0) + n
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
-        for d, n in other.depths.items():
-            self.depths[d] = self.depths.get(d, 0) + n
-        for mine, theirs in ((self.verify_s_by_depth, other.verify_s_by_depth),
-                             (self.round_s_by_depth, other.round_s_by_depth),
-                             (self.draft_s_by_block, other.draft_s_by_block),
-                             (self.timed_rounds, other.timed_rounds)):
-            for k, v in theirs.items():
+        for name in ("depths", "blocks", "engine_s", "verify_s_by_depth", "round_s_by_depth", "draft_s_by_block",
+                     "timed_rounds"):  # keyed counts and sums
+            mine = getattr(self, name)
+            for k, v in getattr(other, name).items():
                 mine[k] = mine.get(k, 0) + v
-        for k, v in other.engine_s.items():
-            self.engine_s[k] = self.engine_s.get(k, 0.0) + v
 
     @property
     def tau(self) -> float:
