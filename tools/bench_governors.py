@@ -140,16 +140,31 @@ class Recording:
         self.gov.observe(r)
 
 
+def _draft_table(costs: dict, depths) -> dict[int, float]:
+    """{block k: draft seconds} of a build's cost table (one entry, the deepest, when it
+    profiled the draft at one block only)."""
+    return {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
+
+
 def table_costs(costs: dict, depths):
     """(decode seconds, {depth: verify seconds}, draft(k) -> seconds of a k-block) from a
     build's cost table; a block without its own entry costs the next larger profiled one."""
     ver = {int(d): v for d, v in costs["verify"].items()}
-    by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
+    by = _draft_table(costs, depths)
 
     def draft(k: int) -> float:
         return by[min((j for j in by if j >= k), default=max(by))]
 
     return costs["decode"], ver, draft
+
+
+def dspark_from_table(costs: dict, depths, calibration=None, **options):
+    """runtime.governor.DSparkGovernor on a build's cost table alone (no engines loaded), as
+    session.make_governor builds it from the engines; ``options`` go to the governor."""
+    from specrt.runtime.governor import DSparkGovernor
+
+    dec, ver, _ = table_costs(costs, depths)
+    return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, calibration, **options)
 
 
 def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_governors import oracle_choices, price  # noqa: E402
+from bench_governors import dspark_from_table, oracle_choices, price  # noqa: E402
 from governor_replay import recording_parser  # noqa: E402
 
 
@@ -82,20 +82,12 @@ def crossfit(features, accepted: np.ndarray, fold: np.ndarray, positions: int) -
 
 
 def rule_choices(cond: np.ndarray, costs: dict, depths) -> list[int]:
-    """DSpark's post-draft rule on conditional acceptances, the full block drafted."""
-    ver = {int(d): v for d, v in costs["verify"].items()}
-    by = {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
-    t_draft = by[min((j for j in by if j >= depths[-1]), default=max(by))]
-    out = []
-    for c in cond:
-        s, e, best, best_rate = 1.0, 1.0, 0, -1.0
-        for k in range(1, depths[-1] + 1):
-            s *= c[k - 1]
-            e += s
-            if k in ver and e / (t_draft + ver[k]) > best_rate:
-                best, best_rate = k, e / (t_draft + ver[k])
-        out.append(0 if best_rate <= 1 / (t_draft + costs["decode"]) else best)
-    return out
+    """DSpark's post-draft rule (DSparkGovernor.choose, the identity map: ``cond`` are
+    conditional acceptances already) on each round, the full block drafted."""
+    from specrt.runtime.governor import GovernorState
+
+    gov = dspark_from_table(costs, depths, learn=False)
+    return [gov.choose(GovernorState(confidences=c)) for c in cond]
 
 
 def direct_survival(conf: np.ndarray, accepted: np.ndarray, fold: np.ndarray) -> np.ndarray:

@@ -42,28 +42,31 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_governors import bounds, oracle_choices, price, table_costs  # noqa: E402
 
 
-def simulate(gov, rounds, costs: dict, depths) -> tuple[float, dict]:
+def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None) -> tuple[float, dict]:
     """Tokens per second of governor ``gov`` driven as the generator drives it over recorded
-    full-depth rounds (confidences, accepted), at the cost table's prices; and how often it
-    took each (block, depth) ("0/0": decoded without drafting)."""
+    full-depth rounds (confidences, accepted): it observes each round at the cost table
+    ``costs``' prices, and the run is priced at ``pay``'s (another table, e.g. costs measured
+    live; default ``costs``); and how often it took each (block, depth) ("0/0": decoded
+    without drafting)."""
     from specrt.runtime.governor import GovernorState
     from specrt.runtime.telemetry import RoundResult
 
     dec, ver, draft = table_costs(costs, depths)
+    p_dec, p_ver, p_draft = table_costs(pay, depths) if pay is not None else (dec, ver, draft)
     tokens = seconds = 0.0
     taken: dict[str, int] = {}
     for conf, a in rounds:
         k = gov.choose(GovernorState())
         if k == 0:
-            tokens, seconds = tokens + 1, seconds + dec
+            tokens, seconds = tokens + 1, seconds + p_dec
             gov.observe(RoundResult(0, 0, 0.0, dec))
             taken["0/0"] = taken.get("0/0", 0) + 1
             continue
         block = np.asarray(conf[:k])
         d = gov.choose(GovernorState(confidences=block))
-        got, t_target = min(int(a), d), (ver[d] if d else dec)
-        tokens, seconds = tokens + got + 1, seconds + draft(k) + t_target
-        gov.observe(RoundResult(d, got, draft(k), t_target, None, block))
+        got = min(int(a), d)
+        tokens, seconds = tokens + got + 1, seconds + p_draft(k) + (p_ver[d] if d else p_dec)
+        gov.observe(RoundResult(d, got, draft(k), ver[d] if d else dec, None, block))
         taken[f"{k}/{d}"] = taken.get(f"{k}/{d}", 0) + 1
     return tokens / seconds, taken
 

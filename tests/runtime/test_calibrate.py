@@ -350,3 +350,7 @@ def test_simulating_a_fixed_governor_prices_like_the_fixed_depth():
         assert taken == {f"{k}/{k}": len(rounds)}
     rate, taken = replay.simulate(OffGovernor(), rounds, costs, DEPTHS)
     assert rate == pytest.approx(1 / 0.020) and taken == {"0/0": len(rounds)}
+    # seen at one table, paid at another: the choices stay, the price is the other table's
+    dear = {**costs, "verify": {d: 2 * v for d, v in costs["verify"].items()}}
+    rate, taken = replay.simulate(FixedGovernor(DEPTHS, 2), rounds, costs, DEPTHS, pay=dear)
+    assert rate == pytest.approx(bench.price([2] * len(rounds), accepted, dear, DEPTHS)) and taken == {"2/2": len(rounds)}
