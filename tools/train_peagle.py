@@ -91,7 +91,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_chat_data import FEATURE_LAYERS, FP16_MAX, exact_fp32, load_features, read_jsonl  # noqa: E402
 from prompts import calibration_prompt_texts, heldout_prompts, train_prompts  # noqa: E402
-from smollm2 import default_cache, ensure_smollm2  # noqa: E402
+from smollm2 import default_cache, ensure_smollm2, sha256_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Written by the speculators library itself (copied into the tests from the shared reference).
@@ -247,6 +247,18 @@ def check_reference(ref_dir: Path | None = None, atol: float = 1e-4) -> float:
     return err
 
 
+
+def load_draft(folder: Path, embed: torch.Tensor) -> PEagleDraft:
+    """A speculators P-EAGLE folder written by this script, in fp32, with the verifier's embeddings."""
+    from safetensors.torch import load_file
+    cfg = json.loads((folder / "config.json").read_text())
+    m = PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], embed)
+    w = {k: v.float() if v.is_floating_point() else v for k, v in load_file(folder / "model.safetensors").items()}
+    missing, unexpected = m.load_state_dict(w, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{folder / 'model.safetensors'}: missing {missing}, unexpected {unexpected}")
+    return m.eval()
+
 # --- data ------------------------------------------------------------------------
 
 @dataclass
@@ -338,12 +350,22 @@ def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tok
         entries = {}  # the store lacks a requested layer: recompute everything
     cols = np.concatenate([np.arange(FEATURE_LAYERS.index(i) * H, (FEATURE_LAYERS.index(i) + 1) * H)
                            for i in aux_ids]) if entries else None
-    rest = []
+    rest, stored = [], []
     for j, s in enumerate(seqs):
         e = entries.get(s.idx) if s.source == "chat" else None
         if e is None or e["n"] != len(s.ids) - 1:
             rest.append(j)
-            continue
+        else:
+            stored.append(j)
+    if stored:  # a store is keyed by prompt index only: check that its rows are these tokens'
+        wrong = set(stale_features(target, [seqs[j] for j in stored], [entries[seqs[j].idx] for j in stored], s_fin))
+        if wrong:
+            _log(f"{store_dir}: the recorded features of {len(wrong)} of {len(stored)} answers belong to other "
+                 f"tokens (the target's greedy token there differs); computing theirs")
+            rest = sorted(rest + [stored[i] for i in wrong])
+            stored = [j for i, j in enumerate(stored) if i not in wrong]
+    for j in stored:
+        s, e = seqs[j], entries[seqs[j].idx]
         lo, hi = offsets[j], offsets[j + 1]
         aux[lo:hi] = s_aux[e["row"]:e["row"] + e["n"]][:, cols]
         final[lo:hi] = s_fin[e["row"]:e["row"] + e["n"]]
@@ -356,6 +378,29 @@ def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tok
         tpb = tokens_per_batch or (2048 if target.device.type == "cpu" else 32768)
         _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tpb)
     return Features(aux, final, argmax, offsets)
+
+
+def stale_features(target, seqs: list[Seq], entries: list[dict], s_fin: np.ndarray, rows: int = 8192) -> list[int]:
+    """Indices i whose recorded final hidden rows are not ``seqs[i]``'s: the store's answers are
+    the target's greedy tokens, so at an answer position p the head's argmax of the recorded
+    row must be token p+1. Checked at two positions per answer (its last and its middle); one
+    disagreement marks it (a near-tie between the recording engine and this one costs only
+    a recomputation)."""
+    W = (target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight).detach()
+    picks = []  # (i, store row, expected token)
+    for i, (s, e) in enumerate(zip(seqs, entries)):
+        lo, last = max(s.prompt_len - 1, 0), len(s.ids) - 2
+        for p in sorted({last, (lo + last) // 2}):
+            if p >= lo:
+                picks.append((i, e["row"] + p, s.ids[p + 1]))
+    bad = set()
+    with torch.inference_mode():
+        for k in range(0, len(picks), rows):
+            part = picks[k:k + rows]
+            x = torch.from_numpy(np.asarray(s_fin[[r for _, r, _ in part]], dtype=np.float32)).to(W.device)
+            top = (x @ W.float().T).argmax(-1).cpu().tolist()
+            bad.update(i for (i, _, tok), t in zip(part, top) if t != tok)
+    return sorted(bad)
 
 
 def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_per_batch):
@@ -695,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-reserve-minutes", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="go on from the state a killed run saved")
+    ap.add_argument("--init", type=Path, default=None, metavar="DRAFT_DIR",
+                    help="start from a draft this script saved (its weights, draft vocabulary and aux layers; "
+                         "--aux-layers and --draft-vocab are then ignored) instead of a random layer")
     ap.add_argument("--save-every-minutes", type=float, default=10.0, help="how often that state is saved")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -731,6 +779,19 @@ def main(argv: list[str] | None = None) -> int:
         args.draft_vocab = min(args.draft_vocab, 2048)
     reserve = args.eval_reserve_minutes if args.eval_reserve_minutes is not None else (0.5 if args.small else 2.0)
 
+    init_cfg = None
+    if args.init is not None:
+        for f in ("config.json", "model.safetensors"):
+            if not (args.init / f).is_file():
+                raise SystemExit(f"--init {args.init}: {f} missing (expected a draft folder this script saved)")
+        init_cfg = json.loads((args.init / "config.json").read_text())
+        if init_cfg.get("speculators_model_type") != "peagle":
+            raise SystemExit(f"--init {args.init}/config.json: speculators_model_type "
+                             f"{init_cfg.get('speculators_model_type')!r}, expected 'peagle'")
+        aux_ids = list(init_cfg["eagle_aux_hidden_state_layer_ids"])
+        init_k = init_cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if init_k != K:
+            raise SystemExit(f"--init {args.init}: drafts K = {init_k}, this run --K {K}")
     ref_err = check_reference()
     _log(f"draft forward matches the speculators reference (max |dlogits| {ref_err:.2e})")
 
@@ -753,7 +814,11 @@ def main(argv: list[str] | None = None) -> int:
     n_chat = sum(len(s.ids) - s.prompt_len for s in chat)
     n_text = sum(len(s.ids) for s in text)
     _log(f"data: {len(chat)} chat answers ({n_chat} answer tokens), {len(text)} text chunks ({n_text} tokens)")
-    draft_ids = select_draft_vocab(seqs, tc["vocab_size"], args.draft_vocab)
+    if args.init is not None:  # keep the draft's vocabulary: its head rows are trained for those ids
+        init_model = load_draft(args.init, target.model.embed_tokens.weight.detach().cpu().clone())
+        draft_ids = init_model.d2t + torch.arange(len(init_model.d2t))
+    else:
+        draft_ids = select_draft_vocab(seqs, tc["vocab_size"], args.draft_vocab)
     covered = sum(int(np.isin(np.asarray(s.ids[s.prompt_len:]), draft_ids.numpy()).sum()) for s in chat)
     _log(f"draft vocabulary {len(draft_ids)}: covers {covered / max(n_chat, 1):.4f} of the chat answer tokens")
 
@@ -766,7 +831,12 @@ def main(argv: list[str] | None = None) -> int:
     t_prep = time.time() - t_start
 
     layer_cfg = draft_layer_config(tc)
-    model = init_draft(layer_cfg, target, draft_ids, feats).to(dev)
+    if args.init is not None:
+        if init_cfg["transformer_layer_config"] != layer_cfg:
+            raise SystemExit(f"--init {args.init}: its transformer_layer_config differs from this target's")
+        model = init_model.train().to(dev)
+    else:
+        model = init_draft(layer_cfg, target, draft_ids, feats).to(dev)
     model.lm_head.weight.requires_grad_(args.train_head)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -781,7 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     # A run killed part-way can go on with --resume from the state saved every 10 minutes.
     state_path = cache / "peagle-data" / "train-state.pt"
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
-                 "seed": args.seed, "lr": args.lr, "head": args.train_head, "keep": keep, "out": str(args.out)}
+                 "seed": args.seed, "lr": args.lr, "head": args.train_head, "keep": keep, "out": str(args.out),
+                 "init": str(args.init)}
     if args.resume and state_path.is_file():
         saved = torch.load(state_path, weights_only=False)
         if saved["signature"] != signature:
@@ -879,6 +950,10 @@ def main(argv: list[str] | None = None) -> int:
         "draft_vocab_size": len(draft_ids), "draft_vocab_coverage_of_chat_answers": round(covered / max(n_chat, 1), 4),
         "mask_token_id": MASK_TOKEN_ID, "mask_token": "<empty_output>",
         "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": n_params,
+        "init": None if args.init is None else {
+            "path": str(args.init), "model_sha256": sha256_file(args.init / "model.safetensors"),
+            "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
+                            if (args.init / "training_receipt.json").is_file() else None)},
         "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch, "real_slots_per_step": args.slots,
         "supervised_outputs_seen": outputs_seen, "lr": args.lr, "precision": args.precision, "seed": args.seed,
         "threads": args.threads,

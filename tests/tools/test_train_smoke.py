@@ -121,6 +121,33 @@ def test_small_training_run(tmp_path):
     receipt = check_draft_folder(out)
     assert receipt["small"] and receipt["steps"] > 0
     assert receipt["training_last_window"]["depth_1"]["accuracy"] > 0.1  # it learnt something
+    # --init goes on from that draft: its weights and vocabulary (at lr 1e-9 one step changes
+    # nothing measurable, so the held-out estimate is the first run's; a random layer gets ~0)
+    out2 = tmp_path / "draft2"
+    assert tp.main(["--small", "--init", str(out), "--max-steps", "1", "--lr", "1e-9", "--out", str(out2),
+                    "--budget-minutes", "8", "--threads", "1"]) == 0
+    again = check_draft_folder(out2)
+    assert again["init"]["model_sha256"] == tp.sha256_file(out / "model.safetensors")
+    assert again["init"]["its_heldout"] == receipt["heldout"]
+    from safetensors.torch import load_file
+    assert load_file(out2 / "model.safetensors")["d2t"].equal(load_file(out / "model.safetensors")["d2t"])
+    a, b = receipt["heldout"]["acceptance_at_pos"], again["heldout"]["acceptance_at_pos"]
+    assert a[0] > 0.02 and all(abs(x - y) <= 0.01 for x, y in zip(a, b)), (a, b)
+
+
+def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    with pytest.raises(SystemExit, match=r"--init .*config.json missing"):
+        tp.main(["--init", str(tmp_path)])
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"speculators_model_type 'eagle3', expected 'peagle'"):
+        tp.main(["--init", str(tmp_path)])
+    cfg = json.loads((committed_draft() / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit, match=r"drafts K = 4, this run --K 3"):
+        tp.main(["--init", str(tmp_path), "--K", "3", "--depth-keep", "1,0.5,0.5"])
 
 
 def test_training_layout_equals_inference_passes():
@@ -240,3 +267,35 @@ def test_prompt_lists_are_frozen_files_and_foreign_answers_are_left_out(tmp_path
     f = tmp_path / "chat.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [q.idx for q in tp.load_chat(f, None)] == [0, 3]
+
+
+def test_recorded_features_are_used_only_for_the_tokens_they_were_recorded_for():
+    """The feature store is keyed by prompt index: a chat file swapped under it (another
+    machine's answers to the same prompts) must not pair its tokens with other tokens' rows."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+
+    tp = _tool("train_peagle")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    seqs, rows, entries = [], [], []
+    with torch.no_grad():
+        for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
+            x = torch.tensor([prompt])
+            for _ in range(12):  # greedy answer, as gen_chat_data records them
+                x = torch.cat([x, model(x).logits[:, -1:].argmax(-1)], 1)
+            ids = x[0].tolist()
+            fin = model(x, output_hidden_states=True).hidden_states[-1][0, :-1]
+            entries.append({"row": sum(len(r) for r in rows), "n": len(ids) - 1})
+            rows.append(fin.half().numpy())
+            seqs.append(tp.Seq(ids, len(prompt), "chat"))
+    s_fin = np.concatenate(rows)
+    assert tp.stale_features(model, seqs, entries, s_fin) == []
+    # answer 1 replaced by other tokens of the same length: its rows are no longer its own
+    other = seqs[1].ids[:2] + [(t + 1) % 300 for t in seqs[1].ids[2:]]
+    swapped = [seqs[0], tp.Seq(other, 2, "chat"), seqs[2]]
+    assert tp.stale_features(model, swapped, entries, s_fin) == [1]
+    assert tp.stale_features(model, seqs, [entries[0], entries[2], entries[1]], s_fin) != []
