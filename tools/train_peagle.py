@@ -56,8 +56,11 @@ distributions stay fp32. Longer training on all 2560 answers (512k tokens)
 is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   2048 answers, 592 steps, frozen head (22 min)   0.362 / 0.031 / 0.002 / 0,     tau 1.395
   2560 answers, 2000 steps, --train-head (44 min) 0.472 / 0.108 / 0.017 / 0.003, tau 1.600
-the second is fixtures/peagle-smollm2 (training accuracy at depth 1 reached 0.63 by
-epoch 5 against 0.47 held out: more epochs of the same data would mostly memorise).
+  that draft, --init, 4678 answers (900k), 2087 steps, --lr 5e-4 (60 min + 17 min of features, fp32, AVX2)
+                                                  0.508 / 0.145 / 0.035 / 0.007, tau 1.694
+the third is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
+0.63 by epoch 5 against 0.47 held out: more epochs of the same data would mostly
+memorise, so the third run adds 2118 answers it never saw; results/draft_warm).
 On a GPU (``--device cuda``; tools/device_train_draft.sh on a lent H200, bf16 autocast,
 ``--slots 4096``, 0.10 s/step) three times the answers and 3.6x the slots did move it:
 8444 answers, 2727 steps in 265 s reached tau 1.921 on the 49 held-out prompts whose
@@ -66,6 +69,7 @@ topics its data lacked, against the committed draft's 1.640 on the same 49
 
     python tools/gen_chat_data.py --limit 2560       # about an hour, resumable (see its docstring)
     python tools/train_peagle.py --train-head --max-steps 2000 --heldout-max-new 128 --out fixtures/peagle-smollm2
+    python tools/train_peagle.py --init fixtures/peagle-smollm2 --train-head --lr 5e-4 ...   # go on from a draft
     python tools/train_peagle.py --small --out /tmp/peagle-small
     python tools/train_peagle.py --device cuda --train-head --slots 4096 --budget-minutes 6 ...   # a GPU
 """
