@@ -251,7 +251,6 @@ def check_reference(ref_dir: Path | None = None, atol: float = 1e-4) -> float:
     return err
 
 
-
 def load_draft(folder: Path, embed: torch.Tensor) -> PEagleDraft:
     """A speculators P-EAGLE folder written by this script, in fp32, with the verifier's embeddings."""
     from safetensors.torch import load_file
@@ -262,6 +261,7 @@ def load_draft(folder: Path, embed: torch.Tensor) -> PEagleDraft:
     if missing or unexpected:
         raise SystemExit(f"{folder / 'model.safetensors'}: missing {missing}, unexpected {unexpected}")
     return m.eval()
+
 
 # --- data ------------------------------------------------------------------------
 
