@@ -269,18 +269,24 @@ def test_prompt_lists_are_frozen_files_and_foreign_answers_are_left_out(tmp_path
     assert [q.idx for q in tp.load_chat(f, None)] == [0, 3]
 
 
+def _tiny_llama(layers: int):
+    """A random 300-token Llama (hidden 64) for the feature tests."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def test_recorded_features_are_used_only_for_the_tokens_they_were_recorded_for():
     """The feature store is keyed by prompt index: a chat file swapped under it (another
     machine's answers to the same prompts) must not pair its tokens with other tokens' rows."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     import numpy as np
 
     tp = _tool("train_peagle")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama(2)
     seqs, rows, entries = [], [], []
     with torch.no_grad():
         for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
@@ -299,3 +305,49 @@ def test_recorded_features_are_used_only_for_the_tokens_they_were_recorded_for()
     swapped = [seqs[0], tp.Seq(other, 2, "chat"), seqs[2]]
     assert tp.stale_features(model, swapped, entries, s_fin) == [1]
     assert tp.stale_features(model, seqs, [entries[0], entries[2], entries[1]], s_fin) != []
+
+
+def test_computed_features_are_kept_for_the_next_run_keyed_by_content(tmp_path, capsys):
+    """A warm start on the same answers reads the features the last run computed instead of
+    recomputing them (35 minutes here for 1M tokens); rows are found by the sequence's tokens,
+    so an answer with other tokens is computed, and a killed append is ignored."""
+    import numpy as np
+
+    tp = _tool("train_peagle")
+    model = _tiny_llama(3)
+    rng = np.random.default_rng(0)
+    seqs = [tp.Seq(rng.integers(3, 300, n).tolist(), p, "chat", "chat", i)
+            for i, (n, p) in enumerate([(20, 5), (33, 7), (12, 3)])]
+    cache = tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 2], 64)
+    first = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
+    assert "computing features of 3 sequences" in capsys.readouterr().err
+    again = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
+    err = capsys.readouterr().err
+    assert "computing" not in err and "features of 3 sequences read from" in err
+    for a, b in zip((first.aux, first.final, first.argmax), (again.aux, again.final, again.argmax)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert first.argmax[first.offsets[1] - 1] != 0  # supervised rows carry the target's argmax
+    # another answer: only it is computed, the others' rows are read where they now lie
+    other = tp.Seq(seqs[1].ids[:7] + [(t + 1) % 300 for t in seqs[1].ids[7:]], 7, "chat", "chat", 1)
+    mixed = tp.build_features(model, [seqs[2], other, seqs[0]], [0, 1, 2], None, cache=cache)
+    assert "computing features of 1 sequences" in capsys.readouterr().err
+    assert np.array_equal(mixed.final[: mixed.offsets[1]], first.final[first.offsets[2]:])
+    fresh = tp.build_features(model, [other], [0, 1, 2], None, cache=None)
+    assert np.array_equal(mixed.final[mixed.offsets[1]:mixed.offsets[2]], fresh.final)
+    capsys.readouterr()
+    # a killed append: rows half-written and a cut index line are ignored, then overwritten
+    with open(cache.paths["aux"], "ab") as f:
+        f.write(b"\0" * 100)
+    with open(cache.index, "a") as f:
+        f.write('{"key": "x", "ro')
+    n_before = cache._rows()
+    assert tp.build_features(model, seqs, [0, 1, 2], None, cache=cache).final.tobytes() == first.final.tobytes()
+    assert "computing" not in capsys.readouterr().err
+    third = tp.Seq(seqs[0].ids[::-1], 5, "chat", "chat", 3)
+    tp.build_features(model, [third], [0, 1, 2], None, cache=cache)
+    assert cache._rows() == n_before + len(third.ids) - 1
+    assert tp.build_features(model, [third], [0, 1, 2], None, cache=cache).final.tobytes() \
+        == tp.build_features(model, [third], [0, 1, 2], None, cache=None).final.tobytes()
+    # features of another target or other layers never mix with these
+    assert tp.FeatureCache(tmp_path, "cd" * 32, [0, 1, 2], 64).dir != cache.dir
+    assert tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 1], 64).dir != cache.dir
