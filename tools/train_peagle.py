@@ -61,9 +61,12 @@ is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   2560 answers, 2000 steps, --train-head (44 min) 0.472 / 0.108 / 0.017 / 0.003, tau 1.600
   that draft, --init, 4678 answers (900k), 2087 steps, --lr 5e-4 (60 min + 17 min of features, fp32, AVX2)
                                                   0.508 / 0.145 / 0.035 / 0.007, tau 1.694
-the third is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
+  that draft, --init, all 7090 answers (1.36M), 1805 steps, --lr 5e-4 (50 min + 38 min of features)
+                                                  0.524 / 0.173 / 0.056 / 0.016, tau 1.768
+the fourth is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
 0.63 by epoch 5 against 0.47 held out: more epochs of the same data would mostly
-memorise, so the third run adds 2118 answers it never saw; results/draft_warm).
+memorise, so the third run adds 2118 answers it never saw, results/draft_warm, and the
+fourth the 2412 left, results/draft_stage3).
 On a GPU (``--device cuda``; tools/device_train_draft.sh on a lent H200, bf16 autocast,
 ``--slots 4096``, 0.10 s/step) three times the answers and 3.6x the slots did move it:
 8444 answers, 2727 steps in 265 s reached tau 1.921 on the 49 held-out prompts whose
