@@ -12,7 +12,7 @@ import time, sys
 import numpy as np
 from specrt.engines import load_engines
 from specrt.engines.costs import loop_order
-from specrt.engines.plan import DRAFT
+from specrt.engines.plan import DRAFT, verify_role
 e = load_engines(sys.argv[1], verify=False)
 e.activate()
 runners = e.runners
@@ -25,7 +25,7 @@ by = {k: (r, f) for k, r, f in calls}
 print(sorted(map(str, by)))
 def call(k):
     r, f = by[k]; t = time.perf_counter(); r.infer(f); return time.perf_counter() - t
-v = {d: next(k for k in by if k[0].endswith(f".{d}") and k[0] != DRAFT and k[1] is None) for d in (1, 2, 3)}
+v = {d: (verify_role(d), None) for d in (1, 2, 3)}
 dr = (DRAFT, None)
 for _ in range(5):
     for d in (1, 2, 3): call(dr); call(v[d])

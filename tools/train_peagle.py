@@ -344,6 +344,11 @@ class Features:
     argmax: np.ndarray  # [R] int32, the target's greedy next token (positions >= prompt_len - 1)
     offsets: np.ndarray  # [nseq + 1]
 
+    def head(self, n: int) -> "Features":
+        """The first ``n`` sequences' features (views, no copy)."""
+        r = int(self.offsets[n])
+        return Features(self.aux[:r], self.final[:r], self.argmax[:r], self.offsets[:n + 1])
+
 
 class FeatureCache:
     """The features this script computed, kept for its next run: a warm start on the same
@@ -954,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
     held = heldout_answers(target, tok, cache, args.heldout_limit, args.heldout_max_new, source["sha256"])
     hfeats = build_features(target, held, aux_ids, None, cache=fcache)
     probe = chat[:len(held)]  # the same estimate on training answers shows what is memorised
-    pfeats = build_features(target, probe, aux_ids, chat_path.parent, cache=fcache) if probe else None
+    pfeats = feats.head(len(probe)) if probe else None  # seqs = chat + text: its first rows
     t_prep = time.time() - t_start
 
     layer_cfg = draft_layer_config(tc)
