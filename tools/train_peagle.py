@@ -448,15 +448,18 @@ class FeatureCache:
             for f in files.values():
                 f.close()
         if lines:
+            # a killed append may have cut the last line short: start on a line of our own
+            cut = self.index.is_file() and self.index.stat().st_size > 0 and not self.index.read_bytes().endswith(b"\n")
             with open(self.index, "a") as f:
-                f.write("\n".join(lines) + "\n")
+                f.write("\n" * cut + "\n".join(lines) + "\n")
 
 
 def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tokens_per_batch: int | None = None,
-                   cache: FeatureCache | None = None) -> Features:
+                   cache: FeatureCache | None = None, keep_every_s: float = 300.0) -> Features:
     """Features from the store that tools/gen_chat_data.py recorded while generating, else
     from one pass of the target (fp32, right-padded batches: attention is causal, so padding
-    never reaches real positions)."""
+    never reaches real positions). Computed features go to ``cache`` as they come, every
+    ``keep_every_s`` seconds and at the end, so a run killed in this step keeps its progress."""
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s.ids) - 1 for s in seqs])
     R, H = int(offsets[-1]), target.config.hidden_size
@@ -501,9 +504,9 @@ def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tok
     if rest:
         _log(f"computing features of {len(rest)} sequences ({sum(len(seqs[j].ids) for j in rest)} tokens)")
         tpb = tokens_per_batch or (2048 if target.device.type == "cpu" else 32768)
-        _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tpb)
+        keep = None if cache is None else (lambda done: cache.write(seqs, done, feats))
+        _extract(target, seqs, rest, aux_ids, offsets, aux, final, argmax, tpb, keep, keep_every_s)
         if cache is not None:
-            cache.write(seqs, rest, feats)
             _log(f"features of {len(rest)} sequences kept in {cache.dir}")
     return feats
 
@@ -531,8 +534,12 @@ def stale_features(target, seqs: list[Seq], entries: list[dict], s_fin: np.ndarr
     return sorted(bad)
 
 
-def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_per_batch):
+def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_per_batch, keep=None,
+             keep_every_s: float = 300.0):
+    """Fill the rows of the sequences ``which``; ``keep(done)``, when given, receives the
+    sequences finished since its last call, every ``keep_every_s`` seconds and at the end."""
     order = sorted(which, key=lambda j: len(seqs[j].ids))
+    kept, last_keep = 0, time.time()
     W = target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight
     t0, done, i, last = time.time(), 0, 0, time.time()
     with torch.inference_mode():
@@ -556,6 +563,9 @@ def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_p
                 argmax[lo + p0:lo + n] = top[r].numpy()
                 done += n + 1
             i += len(group)
+            if keep is not None and (i == len(order) or time.time() - last_keep >= keep_every_s):
+                keep(order[kept:i])
+                kept, last_keep = i, time.time()
             if i == len(order) or time.time() - last > 60:
                 last = time.time()
                 _log(f"features {done} tokens, {done / (time.time() - t0):.0f} tok/s")

@@ -346,8 +346,43 @@ def test_computed_features_are_kept_for_the_next_run_keyed_by_content(tmp_path, 
     third = tp.Seq(seqs[0].ids[::-1], 5, "chat", "chat", 3)
     tp.build_features(model, [third], [0, 1, 2], None, cache=cache)
     assert cache._rows() == n_before + len(third.ids) - 1
+    capsys.readouterr()
+    # its index line went on a line of its own, after the cut one: it is read, not recomputed
     assert tp.build_features(model, [third], [0, 1, 2], None, cache=cache).final.tobytes() \
         == tp.build_features(model, [third], [0, 1, 2], None, cache=None).final.tobytes()
+    assert capsys.readouterr().err.count("computing") == 1  # the cache=None call only
     # features of another target or other layers never mix with these
     assert tp.FeatureCache(tmp_path, "cd" * 32, [0, 1, 2], 64).dir != cache.dir
     assert tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 1], 64).dir != cache.dir
+
+
+def test_features_are_kept_as_they_are_computed(tmp_path, capsys, monkeypatch):
+    """A run killed in the feature step (38 minutes for the committed answers here) keeps
+    what it computed: the next run reads those sequences and computes only the rest, and
+    the rows equal an uninterrupted run's."""
+    import numpy as np
+
+    tp = _tool("train_peagle")
+    model = _tiny_llama(3)
+    rng = np.random.default_rng(1)
+    seqs = [tp.Seq(rng.integers(3, 300, n).tolist(), 4, "chat", "chat", i) for i, n in enumerate([10, 14, 18, 22])]
+    whole = tp.build_features(model, seqs, [0, 1, 2], None, cache=None)
+    cache = tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 2], 64)
+    real, calls = model.model.forward, []
+
+    def killed_on_third_batch(*a, **kw):  # the run dies during its third forward pass
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(model.model, "forward", killed_on_third_batch)
+    with pytest.raises(KeyboardInterrupt):  # one sequence a batch, kept after every batch
+        tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache, keep_every_s=0.0)
+    monkeypatch.undo()
+    capsys.readouterr()
+    again = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
+    err = capsys.readouterr().err
+    assert "features of 2 sequences read from" in err and "computing features of 2 sequences" in err
+    for a, b in zip((whole.aux, whole.final, whole.argmax), (again.aux, again.final, again.argmax)):
+        assert np.array_equal(a, b)
