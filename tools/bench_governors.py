@@ -366,41 +366,48 @@ def main() -> int:
                   per_prompt={spec: [{k: v for k, v in r.items() if k != "telemetry"} for r in runs[spec]]
                               for spec in specs})
 
-    # ---- table ------------------------------------------------------------------------
+    # ---- table (printed, and kept as summary.txt beside the JSON) ------------------------
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        print(line)
+        lines.append(line.lstrip("\n"))
+
     w = len("dspark_vs_best_static") + 1
-    print(f"\ndecode tokens/s (greedy, {args.max_new_tokens} new tokens, {args.per_kind} prompts per kind, "
-          f"median of {args.repeats}); engines {eng}")
-    print(f"{'governor':{w}s}" + "".join(f"{g:>11s}" for g in groups))
+    out(f"\ndecode tokens/s (greedy, {args.max_new_tokens} new tokens, {args.per_kind} prompts per kind, "
+        f"median of {args.repeats}); engines {eng}")
+    out(f"{'governor':{w}s}" + "".join(f"{g:>11s}" for g in groups))
     for spec in specs:
-        print(f"{spec:{w}s}" + "".join(f"{results[g][spec]['tokens_per_s']:11.2f}" for g in groups))
-    print(f"{'tau(full)':{w}s}" + "".join(f"{results[g][f'fixed:{depths[-1]}']['tau']:11.2f}" for g in groups))
-    print(f"{'tau(dspark)':{w}s}" + "".join(f"{results[g]['dspark']['tau']:11.2f}" for g in groups))
+        out(f"{spec:{w}s}" + "".join(f"{results[g][spec]['tokens_per_s']:11.2f}" for g in groups))
+    out(f"{'tau(full)':{w}s}" + "".join(f"{results[g][f'fixed:{depths[-1]}']['tau']:11.2f}" for g in groups))
+    out(f"{'tau(dspark)':{w}s}" + "".join(f"{results[g]['dspark']['tau']:11.2f}" for g in groups))
     for key in ("dspark_vs_best_fixed", "dspark_vs_best_static", "dspark_vs_adaptive", "dspark_vs_off"):
-        print(f"{key:{w}s}" + "".join(f"{summary[g][key]:11.3f}" for g in groups))
-    print(f"{'best fixed':{w}s}" + "".join(f"{summary[g]['best_fixed']:>11s}" for g in groups))
-    print("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
-    print("acceptance by position (full depth, mixed): "
-          + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
-    print("measured ms per round on the mixed set (verify by depth d; round = engines + Python; draft by block):")
+        out(f"{key:{w}s}" + "".join(f"{summary[g][key]:11.3f}" for g in groups))
+    out(f"{'best fixed':{w}s}" + "".join(f"{summary[g]['best_fixed']:>11s}" for g in groups))
+    out("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
+    out("acceptance by position (full depth, mixed): "
+        + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
+    out("measured ms per round on the mixed set (verify by depth d; round = engines + Python; draft by block):")
     for spec in specs:
         m = results["mixed"][spec]["mean_seconds"]
-        print(f"  {spec:{w - 2}s} " + "  ".join(f"{part} " + " ".join(f"{k}:{v * 1e3:.1f}" for k, v in m[key].items())
-                                               for part, key in (("verify", "verify_by_depth"), ("round", "round_by_depth"),
-                                                                 ("draft", "draft_by_block")) if m[key]))
+        out(f"  {spec:{w - 2}s} " + "  ".join(f"{part} " + " ".join(f"{k}:{v * 1e3:.1f}" for k, v in m[key].items())
+                                             for part, key in (("verify", "verify_by_depth"), ("round", "round_by_depth"),
+                                                               ("draft", "draft_by_block")) if m[key]))
     if report["bounds"]:
         b = report["bounds"]
-        print(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")
+        out(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")
         for key in ("post_draft_oracle_vs_best_fixed", "pre_draft_oracle_vs_best_fixed"):
-            print(f"  {key:{w - 2}s}" + "".join(f"{b[g].get(key, float('nan')):11.3f}" for g in groups))
-    print(f"lossless: {'yes' if not mismatches else f'NO, {len(mismatches)} mismatching runs: {mismatches[:3]}'}")
+            out(f"  {key:{w - 2}s}" + "".join(f"{b[g].get(key, float('nan')):11.3f}" for g in groups))
+    out(f"lossless: {'yes' if not mismatches else f'NO, {len(mismatches)} mismatching runs: {mismatches[:3]}'}")
     for name, passed in ok.items():
-        print(f"  [{'PASS' if passed else 'FAIL'}] {name}")
+        out(f"  [{'PASS' if passed else 'FAIL'}] {name}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    jpath, ppath = args.out / "bench_governors.json", args.out / "bench_governors.png"
+    jpath, ppath, tpath = (args.out / f for f in ("bench_governors.json", "bench_governors.png", "summary.txt"))
     jpath.write_text(json.dumps(report, indent=1, default=float))
+    tpath.write_text("\n".join(lines) + "\n")
     plot(results, specs, depths, ppath)
-    print(f"wrote {jpath} and {ppath}")
+    print(f"wrote {jpath}, {tpath} and {ppath}")
     return 1 if mismatches else 0
 
 
