@@ -209,6 +209,19 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def open_append(path: Path):
+    """``open(path, "a")`` for JSON lines, after ending a last line that a killed write cut
+    short: otherwise the next line would be glued to it and lost with it."""
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+        if cut:
+            with open(path, "ab") as f:
+                f.write(b"\n")
+    return open(path, "a")
+
+
 class FeatureStore:
     """Append-only fp16 row files plus an index line per sequence, written in that order."""
 
@@ -229,7 +242,7 @@ class FeatureStore:
             with open(path, "ab") as f:
                 f.write(np.clip(x, -FP16_MAX, FP16_MAX).astype(np.float16).tobytes())
         entry = {"idx": idx, "row": self.rows, "n": n}
-        with open(self.index, "a") as f:
+        with open_append(self.index) as f:
             f.write(json.dumps(entry) + "\n")
         self.entries[idx] = entry
         self.rows += n
@@ -289,7 +302,7 @@ def merge(sources: list[Path], out: Path) -> tuple[int, int]:
     out.parent.mkdir(parents=True, exist_ok=True)
     store = FeatureStore(out.parent)
     features: dict[Path, tuple] = {}
-    with open(out, "a") as f:
+    with open_append(out) as f:
         for src_dir, d in plan:
             if src_dir not in features:
                 features[src_dir] = (load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file()
@@ -370,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             ans = res[0] if ort else cut_at_eos(res)
             if ort:
                 store.add(idx, res[1], res[2])
-            with open(out, "a") as f:
+            with open_append(out) as f:
                 f.write(json.dumps({"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
                                     "answer_ids": ans, "answer": tok.decode(ans),
                                     "engine": args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"},

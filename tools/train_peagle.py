@@ -100,7 +100,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_chat_data import FEATURE_LAYERS, FP16_MAX, exact_fp32, load_features, read_jsonl  # noqa: E402
+from gen_chat_data import FEATURE_LAYERS, FP16_MAX, exact_fp32, load_features, open_append, read_jsonl  # noqa: E402
 from prompts import calibration_prompt_texts, heldout_prompts, train_prompts  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2, sha256_file  # noqa: E402
 
@@ -448,10 +448,8 @@ class FeatureCache:
             for f in files.values():
                 f.close()
         if lines:
-            # a killed append may have cut the last line short: start on a line of our own
-            cut = self.index.is_file() and self.index.stat().st_size > 0 and not self.index.read_bytes().endswith(b"\n")
-            with open(self.index, "a") as f:
-                f.write("\n" * cut + "\n".join(lines) + "\n")
+            with open_append(self.index) as f:  # after a line a killed append cut short
+                f.write("\n".join(lines) + "\n")
 
 
 def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tokens_per_batch: int | None = None,
@@ -778,7 +776,7 @@ def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new:
                    for p, x, y in zip(group, ids, engine.generate(ids))]
             have.update((d["prompt"], d) for d in new)
             if path is not None:
-                with open(path, "a") as f:
+                with open_append(path) as f:
                     f.writelines(json.dumps(d) + "\n" for d in new)
     return [Seq(have[p["prompt"]]["prompt_ids"] + have[p["prompt"]]["answer_ids"],
                 len(have[p["prompt"]]["prompt_ids"]), "heldout", p["kind"]) for p in prompts]

@@ -51,6 +51,26 @@ def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
     assert g.merge([tmp_path / "a", tmp_path / "b", tmp_path / "c"], out) == (0, 5)  # again: nothing added
 
 
+def test_a_line_cut_by_a_killed_write_does_not_swallow_the_next(tmp_path):
+    """Answers and feature index lines are appended as they come: after a kill mid-line,
+    the next entry goes on a line of its own instead of being glued to the cut one (which
+    lost it, and the generator then redid that prompt on every resume)."""
+    g = _tool("gen_chat_data")
+    W = len(g.FEATURE_LAYERS) * g.HIDDEN
+    store = g.FeatureStore(tmp_path)
+    store.add(0, np.ones((3, W), np.float16), np.ones((3, g.HIDDEN)))
+    with open(store.index, "a") as f:
+        f.write('{"idx": 1, "ro')  # killed after the rows' write began: no rows of idx 1 in full
+    store = g.FeatureStore(tmp_path)
+    assert set(store.entries) == {0} and store.rows == 3
+    store.add(2, np.full((2, W), 2, np.float16), np.full((2, g.HIDDEN), 2.0))
+    entries, aux, _ = g.load_features(tmp_path)
+    assert set(entries) == {0, 2} and entries[2]["row"] == 3 and (aux[3:5] == 2).all()
+    with g.open_append(tmp_path / "empty.jsonl") as f:  # a new file gets no blank first line
+        f.write("{}\n")
+    assert (tmp_path / "empty.jsonl").read_text() == "{}\n"
+
+
 def test_merge_knows_a_prompt_by_its_text_and_refuses_another_list(tmp_path):
     g = _tool("gen_chat_data")
 
