@@ -63,33 +63,24 @@ mkdir -p "$D2"
 gunzip -c fixtures/peagle-data/chat.jsonl.gz > "$D2/chat.jsonl"
 for f in chat-feats.jsonl chat-feats.aux.f16 chat-feats.final.f16; do ln -sfn "../peagle-data/$f" "$D2/$f"; done
 steps() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$1"; }
-STEPS=$(steps results/draft_warm/stage2_reference_receipt.json)
-echo "[repro] $(date +%T) stage 2: $STEPS steps from $OUT"
-SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$OUT" --chat "$D2/chat.jsonl" --chat-tokens 900000 --train-head \
-  --lr 5e-4 --max-steps "$STEPS" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
-  --heldout-max-new 128 --out "$OUT-warm"
-t3=$(date +%s)
-echo "[repro] $(date +%T) stage 2 took $(( (t3 - t2) / 60 )) min; total $(( (t3 - t0) / 60 )) min"
-$PY tools/compare_receipts.py results/draft_warm/stage2_reference_receipt.json "$OUT-warm/training_receipt.json" \
-  || echo "[repro] stage 2 differs from its reference beyond three standard errors (stage 3 goes on from it anyway)"
-
+# warm N FROM TO LR REFERENCE_RECEIPT [train_peagle options]: stage N goes on from the draft in
+# FROM for the reference's number of steps, writes TO and compares TO's receipt with the reference
+warm() {
+  local n=$1 from=$2 to=$3 lr=$4 ref=$5 t s
+  shift 5
+  t=$(date +%s)
+  s=$(steps "$ref")
+  echo "[repro] $(date +%T) stage $n: $s steps from $from"
+  SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$from" --chat "$D2/chat.jsonl" --train-head "$@" \
+    --lr "$lr" --max-steps "$s" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
+    --heldout-max-new 128 --out "$to"
+  echo "[repro] $(date +%T) stage $n took $(( ($(date +%s) - t) / 60 )) min; total $(( ($(date +%s) - t0) / 60 )) min"
+  $PY tools/compare_receipts.py "$ref" "$to/training_receipt.json" \
+    || echo "[repro] stage $n differs from its reference beyond three standard errors (a next stage goes on from it anyway)"
+}
+# Stage 2: up to 900k answer tokens, from stage 1's draft
+warm 2 "$OUT" "$OUT-warm" 5e-4 results/draft_warm/stage2_reference_receipt.json --chat-tokens 900000
 # Stage 3: every committed answer, from stage 2's draft
-STEPS=$(steps results/draft_stage3/stage3_reference_receipt.json)
-echo "[repro] $(date +%T) stage 3: $STEPS steps from $OUT-warm"
-SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$OUT-warm" --chat "$D2/chat.jsonl" --train-head \
-  --lr 5e-4 --max-steps "$STEPS" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
-  --heldout-max-new 128 --out "$OUT-warm2"
-t4=$(date +%s)
-echo "[repro] $(date +%T) stage 3 took $(( (t4 - t3) / 60 )) min; total $(( (t4 - t0) / 60 )) min"
-$PY tools/compare_receipts.py results/draft_stage3/stage3_reference_receipt.json "$OUT-warm2/training_receipt.json" \
-  || echo "[repro] stage 3 differs from its reference beyond three standard errors (stage 4 goes on from it anyway)"
-
-# Stage 4: the same answers again, from stage 3's draft (the committed draft)
-STEPS=$(steps fixtures/peagle-smollm2/training_receipt.json)
-echo "[repro] $(date +%T) stage 4: $STEPS steps from $OUT-warm2"
-SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$OUT-warm2" --chat "$D2/chat.jsonl" --train-head \
-  --lr 4e-4 --max-steps "$STEPS" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
-  --heldout-max-new 128 --out "$OUT-warm3"
-t5=$(date +%s)
-echo "[repro] $(date +%T) stage 4 took $(( (t5 - t4) / 60 )) min; total $(( (t5 - t0) / 60 )) min"
-$PY tools/compare_receipts.py fixtures/peagle-smollm2/training_receipt.json "$OUT-warm3/training_receipt.json"
+warm 3 "$OUT-warm" "$OUT-warm2" 5e-4 results/draft_stage3/stage3_reference_receipt.json
+# Stage 4: the same answers again, from stage 3's draft: the committed draft
+warm 4 "$OUT-warm2" "$OUT-warm3" 4e-4 fixtures/peagle-smollm2/training_receipt.json
