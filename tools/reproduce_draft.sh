@@ -23,7 +23,7 @@
 # then the held-out figures of each stage beside its reference (tools/compare_receipts.py).
 #
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
-#                                                  # stage 1 in OUT, stage 2 in OUT-warm, 3 in OUT-warm2
+#                                                  # stage 1 in OUT, 2 in OUT-warm, 3 in OUT-warm2, 4 in OUT-warm3
 #
 # Stage 1 (the previous committed run, its receipt's "command"): 2000 steps, cosine schedule
 # over the steps; 44 minutes at 2 threads in bf16 on an otherwise idle AVX512_BF16 host.
