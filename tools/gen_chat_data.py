@@ -45,6 +45,10 @@ A generator uses one core. On N cores run N shards, each into its own folder, th
     python tools/gen_chat_data.py --limit 8479 --shard 1/2 --out $SPECRT_CACHE/peagle-data-1/chat.jsonl
     python tools/gen_chat_data.py --merge $SPECRT_CACHE/peagle-data-0 $SPECRT_CACHE/peagle-data-1
 
+To add answers to a folder the trainer already uses (its features computed) without
+refilling its features, generate into new folders with ``--skip-answered
+FOLDER/chat.jsonl`` and ``--merge`` them into FOLDER.
+
 Progress: ``wc -l $SPECRT_CACHE/peagle-data/chat.jsonl`` and the stderr log.
 """
 
@@ -270,6 +274,19 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     return i, n
 
 
+def answered_prompts(todo: list[tuple[int, dict]], out: Path, skip: list[Path] = ()) -> set[int]:
+    """The indices in ``todo`` whose prompt ``out`` (which may not exist yet) or one of the
+    ``--skip-answered`` files ``skip`` answers: done by text, so an answer counts whatever index
+    the list that made it gave its prompt. A ``skip`` file must exist: a mistyped path would
+    silently answer its prompts again."""
+    answered = {d["prompt"] for d in read_jsonl(out)}
+    for path in skip:
+        if not path.is_file():
+            raise SystemExit(f"--skip-answered: {path} is not a file (expected a generator's chat.jsonl)")
+        answered.update(d["prompt"] for d in read_jsonl(path))
+    return {idx for idx, d in todo if d["prompt"] in answered}
+
+
 def merge(sources: list[Path], out: Path) -> tuple[int, int]:
     """Append the answers and features of generator folders (each a ``chat.jsonl`` with its
     feature store beside it, e.g. one per ``--shard``) to the folder of ``out``; a prompt
@@ -333,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                          "with its own --out folder, then --merge them)")
     ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                     help="append these generator folders' answers and features to --out's folder, then exit")
+    ap.add_argument("--skip-answered", nargs="+", type=Path, default=[], metavar="CHAT_JSONL",
+                    help="leave out the prompts these files already answer (another folder's chat.jsonl, "
+                         "whose answers this run's will be merged with), without reading their features")
     args = ap.parse_args(argv)
     shard = parse_shard(args.shard)
     if args.merge:
@@ -360,10 +380,9 @@ def main(argv: list[str] | None = None) -> int:
 
     todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
     rows = read_jsonl(out)
-    # done by text: an answer counts whatever index the list that made it gave its prompt
-    answered = {d["prompt"] for d in rows}
-    done = {idx for idx, d in todo if d["prompt"] in answered}
-    _log(f"{len(done)} of {len(todo)} prompts already done -> {out}")
+    done = answered_prompts(todo, out, args.skip_answered)
+    _log(f"{len(done)} of {len(todo)} prompts already done -> {out}"
+         + (f" or in {', '.join(map(str, args.skip_answered))}" if args.skip_answered else ""))
     if ort:
         missing = [d for d in rows if d["idx"] not in store.entries]
         for k, d in enumerate(missing):

@@ -96,3 +96,20 @@ def test_device_applies_to_the_hf_engine_only(tmp_path):
     g = _tool("gen_chat_data")
     with pytest.raises(SystemExit, match="--device applies to --engine hf only"):
         g.main(["--engine", "ort", "--device", "cuda", "--out", str(tmp_path / "chat.jsonl")])
+
+
+def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
+    g, prompts = _tool("gen_chat_data"), _tool("prompts")
+    todo = prompts.answerable_train_prompts(6)
+    (i0, p0), (i1, p1), (i2, p2) = todo[:3]
+    out, other = tmp_path / "new" / "chat.jsonl", tmp_path / "old" / "chat.jsonl"
+    other.parent.mkdir()
+    other.write_text(json.dumps({"idx": i0, "prompt": p0["prompt"]}) + "\n"
+                     + json.dumps({"idx": 99999, "prompt": p2["prompt"]}) + "\n")  # another list's index
+    assert g.answered_prompts(todo, out) == set()
+    assert g.answered_prompts(todo, out, [other]) == {i0, i2}
+    out.parent.mkdir()
+    out.write_text(json.dumps({"idx": i1, "prompt": p1["prompt"]}) + "\n")
+    assert g.answered_prompts(todo, out, [other]) == {i0, i1, i2}
+    with pytest.raises(SystemExit, match="--skip-answered: .*nowhere.*chat.jsonl"):
+        g.answered_prompts(todo, out, [tmp_path / "nowhere" / "chat.jsonl"])
