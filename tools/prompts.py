@@ -390,7 +390,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration_prompts.jsonl"
-FIRST_UNTRAINED = 2560  # TRAIN prompts from here on were never answered for draft training (gen_chat_data)
+FIRST_UNTRAINED = 2560  # no TRAIN prompt from here on had been answered for draft training when the
+# calibration prompts were drawn; answerable_train_prompts keeps those out of training since
 
 
 def write_calibration(path: Path = CALIBRATION_PATH, per_kind: int = 12, seed: int = 0) -> Path:
