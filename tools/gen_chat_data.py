@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                          "whose answers this run's will be merged with), without reading their features")
     args = ap.parse_args(argv)
     shard = parse_shard(args.shard)
+    answered_prompts([], Path(os.devnull), args.skip_answered)  # a mistyped file fails before the model loads
     if args.merge:
         out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)

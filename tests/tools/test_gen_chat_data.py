@@ -113,3 +113,5 @@ def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
     assert g.answered_prompts(todo, out, [other]) == {i0, i1, i2}
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere.*chat.jsonl"):
         g.answered_prompts(todo, out, [tmp_path / "nowhere" / "chat.jsonl"])
+    with pytest.raises(SystemExit, match="--skip-answered: .*nowhere"):  # checked before any model loads
+        g.main(["--skip-answered", str(tmp_path / "nowhere" / "chat.jsonl"), "--out", str(out)])
