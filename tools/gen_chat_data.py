@@ -274,12 +274,12 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     return i, n
 
 
-def answered_prompts(todo: list[tuple[int, dict]], out: Path, skip: list[Path] = ()) -> set[int]:
-    """The indices in ``todo`` whose prompt ``out`` (which may not exist yet) or one of the
+def answered_prompts(todo: list[tuple[int, dict]], rows: list[dict], skip: list[Path] = ()) -> set[int]:
+    """The indices in ``todo`` whose prompt ``rows`` (the output file's answers) or one of the
     ``--skip-answered`` files ``skip`` answers: done by text, so an answer counts whatever index
     the list that made it gave its prompt. A ``skip`` file must exist: a mistyped path would
     silently answer its prompts again."""
-    answered = {d["prompt"] for d in read_jsonl(out)}
+    answered = {d["prompt"] for d in rows}
     for path in skip:
         if not path.is_file():
             raise SystemExit(f"--skip-answered: {path} is not a file (expected a generator's chat.jsonl)")
@@ -355,20 +355,25 @@ def main(argv: list[str] | None = None) -> int:
                          "whose answers this run's will be merged with), without reading their features")
     args = ap.parse_args(argv)
     shard = parse_shard(args.shard)
-    answered_prompts([], Path(os.devnull), args.skip_answered)  # a mistyped file fails before the model loads
     if args.merge:
         out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)
         _log(f"merged {added} answers into {out} ({skipped} already there)")
         return 0
 
+    cache = Path(args.cache) if args.cache else default_cache()
+    out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
+    todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
+    rows = read_jsonl(out)
+    done = answered_prompts(todo, rows, args.skip_answered)  # before the model loads: a mistyped file fails fast
+    _log(f"{len(done)} of {len(todo)} prompts already done -> {out}"
+         + (f" or in {', '.join(map(str, args.skip_answered))}" if args.skip_answered else ""))
+
     import torch
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
-    cache = Path(args.cache) if args.cache else default_cache()
     hf_dir = ensure_smollm2(cache)
-    out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     ort = args.engine == "ort"
@@ -379,11 +384,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device)
     store = FeatureStore(out.parent) if ort else None
 
-    todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
-    rows = read_jsonl(out)
-    done = answered_prompts(todo, out, args.skip_answered)
-    _log(f"{len(done)} of {len(todo)} prompts already done -> {out}"
-         + (f" or in {', '.join(map(str, args.skip_answered))}" if args.skip_answered else ""))
     if ort:
         missing = [d for d in rows if d["idx"] not in store.entries]
         for k, d in enumerate(missing):

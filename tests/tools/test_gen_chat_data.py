@@ -106,12 +106,12 @@ def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
     other.parent.mkdir()
     other.write_text(json.dumps({"idx": i0, "prompt": p0["prompt"]}) + "\n"
                      + json.dumps({"idx": 99999, "prompt": p2["prompt"]}) + "\n")  # another list's index
-    assert g.answered_prompts(todo, out) == set()
-    assert g.answered_prompts(todo, out, [other]) == {i0, i2}
+    assert g.answered_prompts(todo, g.read_jsonl(out)) == set()
+    assert g.answered_prompts(todo, g.read_jsonl(out), [other]) == {i0, i2}
     out.parent.mkdir()
     out.write_text(json.dumps({"idx": i1, "prompt": p1["prompt"]}) + "\n")
-    assert g.answered_prompts(todo, out, [other]) == {i0, i1, i2}
+    assert g.answered_prompts(todo, g.read_jsonl(out), [other]) == {i0, i1, i2}
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere.*chat.jsonl"):
-        g.answered_prompts(todo, out, [tmp_path / "nowhere" / "chat.jsonl"])
+        g.answered_prompts(todo, g.read_jsonl(out), [tmp_path / "nowhere" / "chat.jsonl"])
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere"):  # checked before any model loads
         g.main(["--skip-answered", str(tmp_path / "nowhere" / "chat.jsonl"), "--out", str(out)])
