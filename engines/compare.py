@@ -48,6 +48,7 @@ from specrt import contracts as C
 from specrt.engines.base import Runner, np_dtype
 from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
+from specrt.engines.quantize import check_int8_weights
 from specrt.errors import InternalError, UserError
 from specrt.manifest import write_json
 
@@ -69,20 +70,27 @@ _F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), "new_key": (2e-2, 1e
         C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2)}
 _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
 # A draft built with int8 weights (--draft-weights int8, quantize.py) against the export's
-#   float draft: the weights' rounding (half a step of blocks of 32) moves the SmolLM2
-#   drafts' logits by an rms ~3% of their std, and the worst element by about as much as
-#   the logits grow: the draft committed until 2026-11-30 07:00 by up to 0.36 (|logits| up
-#   to ~23), the one trained on from it by up to 0.85 (|logits| up to ~26; greedy tokens
-#   all equal, the runtime's acceptance that of its float draft). So the logits bound grows
-#   with the reference's own scale (``INT8_DRAFT_SCALE``: 5% of its max |logit|, never below
-#   0.5), while a wrong block scale moves the logits it touches by their own size (tested:
-#   one doubled head scale fails). The KV moved by up to 0.24 (|KV| up to ~18, rms ~1% of
-#   its std; an earlier, weaker draft 0.07), so its bound is set from the values' scale (3%
-#   of |KV|max), ~2x the worst seen. Greedy tokens must agree except at near-ties within
-#   the logits bound.
+#   float draft. Two checks. The weights, exactly (quantize.check_int8_weights): every block's
+#   step is its largest |weight| / 128 and every weight within half a step (one where clipped),
+#   so a wrong scale or a stale weight fails by a whole multiple. The outputs, statistically:
+#   the weights' rounding and the kernel's int8 activations (accuracy_level 4) move the
+#   logits by an rms of 3-9% of a row's std, and the worst of a compare's 2 x 8 x 8192
+#   logits by 0.21 / 0.29 / 0.38 of the largest row std for the stage-3 / 4 / 5 SmolLM2
+#   drafts (0.51 / 0.70 / 0.84 absolute; rising as training went on while the logits'
+#   spread fell). A bound from the largest |logit| (5% of it, used until 2026-11-30) failed
+#   the stage-5 draft; the logits bound is now ``INT8_DRAFT_ROW_STD`` x the reference's
+#   largest per-row std (over the vocabulary), never below 0.5: ~2.6x the worst seen. A
+#   wrong head scale moves the logits it touches by their own size, several row stds
+#   (tested: doubling a quarter of the head's scales fails both checks). The KV (rows of 64
+#   per head) moved by 0.36 / 0.41 / 0.36 for the same drafts, 0.054-0.060 of its largest
+#   row std (|KV| up to ~23); its bound, 0.2 x that std (never below 0.5), is ~3.3x the
+#   worst. Greedy tokens must agree except at near-ties within the logits bound (implied
+#   by the elementwise bound: a flipped argmax needs a gap <= 2 atol).
 INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), "new_key": (0.5, 0.05),
               "new_value": (0.5, 0.05)}
-INT8_DRAFT_SCALE = {C.DRAFT_LOGITS: 0.05}  # atol >= this fraction of the reference's max |value|
+# atol >= this multiple of the reference's largest std along the last axis (by name or kind)
+INT8_DRAFT_ROW_STD = {C.DRAFT_LOGITS: 1.0, "new_key": 0.2, "new_value": 0.2}
+INT8_WEIGHTS = "int8_weights"  # the draft role's weight check (quantize.check_int8_weights), a report entry
 TOLERANCES = {("fp32", "onnxruntime"): _F32, ("fp32", "torch"): _F32_TORCH,
               ("fp16", "onnxruntime"): _F16, ("fp16", "torch"): _F16,
               ("bf16", "onnxruntime"): _BF16, ("bf16", "torch"): _BF16}
@@ -431,10 +439,11 @@ def _simple_compare(tol: dict[str, tuple[float, float]]):
 
 
 def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str, tuple[float, float]],
-                 outputs: list[str], scale_atol: Mapping[str, float] | None = None) -> dict[str, Any]:
+                 outputs: list[str], row_std_atol: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Run both runners on ``feeds`` and compare every output; returns the role's report.
-    ``scale_atol``: output -> fraction f; that output's atol becomes at least f x the
-    reference's largest |value| over the iterations (the report gives the atol used)."""
+    ``row_std_atol``: output name or kind -> multiple m; that output's atol becomes at least m x the
+    reference's largest standard deviation along its last axis over the iterations (the
+    report gives the atol used and that std)."""
     from polygraphy.comparator import Comparator
 
     if engine.name == reference.name:
@@ -442,10 +451,15 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
     t0 = time.perf_counter()
     results = Comparator.run([engine, reference], data_loader=feeds)
     tol = dict(tol)
-    for name, f in (scale_atol or {}).items():
-        if name in tol:
-            top = max(float(np.abs(np.asarray(it[name])).max()) for it in results[reference.name])
-            tol[name] = (max(tol[name][0], f * top), tol[name][1])
+    row_std: dict[str, float] = {}
+    multiple: dict[str, float] = {}
+    for name in tol:
+        m = (row_std_atol or {}).get(name, (row_std_atol or {}).get(kind_of(name)))
+        if m is not None:
+            multiple[name] = m
+            row_std[name] = max(float(np.asarray(it[name], dtype=np.float64).std(-1).max())
+                                for it in results[reference.name])
+            tol[name] = (max(tol[name][0], m * row_std[name]), tol[name][1])
     token_tol = tol.get(C.DRAFT_LOGITS, (0.0, 0.0))
     acc = Comparator.compare_accuracy(results, compare_func=[_simple_compare(tol), TokenCompare(token_tol)])
     pair = (engine.name, reference.name)
@@ -470,8 +484,8 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
         out[name] = {"max_abs": max(r.max_absdiff for r in rs), "max_rel": max(r.max_reldiff for r in rs),
                      "mean_abs": max(r.mean_absdiff for r in rs), "atol": tol[name][0], "rtol": tol[name][1],
                      "tol_ratio": ratio, "passed": all(bool(r) for r in rs)}
-        if name in (scale_atol or {}):
-            out[name]["atol_scale"] = scale_atol[name]
+        if name in row_std:
+            out[name].update(atol_row_std=multiple[name], reference_row_std=row_std[name])
     info = {}
     for key in (C.LOGITS, C.DRAFT_LOGITS):  # greedy agreement: informational, not a verdict
         if key in outputs:
@@ -506,6 +520,13 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
     for label, names in groups.items():
         rows = [r["outputs"][n] for n in names]
         verdict = "pass" if all(x["passed"] for x in rows) else "FAIL"
+        if rows[0].get("kind") == "weights":
+            x = rows[0]
+            note = (f"{x['matmuls']} MatMulNBits, {x['blocks']} blocks: worst {x['max_error_steps']:.3g} step "
+                    f"({x['max_clipped_error_steps']:.3g} clipped), steps off by {x['max_step_error']:.1e}")
+            lines.append(f"  {label:26s} {note:>49s}  {verdict}")
+            lines += [f"    {b['matmul']}: {b['problem']}" for b in x["bad"][:4]]
+            continue
         if rows[0].get("kind") == "tokens":
             x = rows[0]
             note = f"exact {x['agree']}/{x['rows']}" + (f", {x['ties']} tie(s)" if x["ties"] else "")
@@ -536,6 +557,9 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
     def one(f):
         if "error" in f:
             return f"{f['role']} {f['output']} ({f['error']})"
+        if f.get("kind") == "weights":
+            return (f"{f['role']} {f['output']} ({len(f['bad'])} of {f['matmuls']} MatMulNBits off their float "
+                    f"weights: " + "; ".join(f"{b['matmul']}: {b['problem']}" for b in f["bad"][:2]) + ")")
         if f.get("kind") == "tokens":
             return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
         return (f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, "
@@ -627,7 +651,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
 
     if DRAFT in engines.runners and DRAFT not in skipped and engines.draft_weights == "int8":
         notes.append("the draft engine has int8 weights (built with --draft-weights int8): it is compared with the "
-                     "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie")
+                     "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie, and its "
+                     "weights with the float weights block by block (quantize.check_int8_weights)")
 
     def reference_runner(role: str):
         graph = engines.roles[role].graph
@@ -668,7 +693,12 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                     saved_feeds = feeds
                 eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
                 roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs,
-                                               INT8_DRAFT_SCALE if int8 and atol is None else None)
+                                               INT8_DRAFT_ROW_STD if int8 and atol is None else None)
+                if int8:  # the weights themselves, exactly (quantize.check_int8_weights)
+                    w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
+                                           engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
+                    roles_out[role]["outputs"][INT8_WEIGHTS] = {"kind": "weights", **w}
+                    roles_out[role]["passed"] = roles_out[role]["passed"] and w["passed"]
                 for line in role_table(role, roles_out[role]):
                     log(line)
     except PolygraphyException as e:

@@ -15,7 +15,8 @@ one row, not the table), stays as exported.
 
 Measured on the SmolLM2 P-EAGLE draft (2 cores, K = 4, results/engines.txt): one draft
 pass 1.22 vs 1.77 ms; draft logits within ~0.1 of the fp32 graph, greedy draft tokens
-unchanged on the compare inputs. 4-bit blocks agreed with the fp32 draft on only 75%
+unchanged on the compare inputs. ``check_int8_weights`` (used by ``specrt compare``) checks
+a built draft's blocks against the float weights exactly. 4-bit blocks agreed with the fp32 draft on only 75%
 of greedy tokens, so 8 bits is the one offered.
 """
 
@@ -100,3 +101,84 @@ def quantize_draft(src: Path, dst: Path, dtype: str) -> dict:
     return {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": BITS, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "matmuls_quantized": quantized}
 
+
+
+# ONNX Runtime's symmetric 8-bit blocks (measured on the SmolLM2 drafts, 2026-11-30):
+# step = the block's signed largest weight / -128, so that weight is code 0 (-128 after the
+# zero point 128) exactly; every other weight rounds to the nearest code, within half a
+# step, except where rounding would give +128, which clips to code 255 (+127): up to one
+# step. Float32 rounding of the step and the dequantization is ~1e-7 relative.
+STEP_DIVISOR = 128
+ZERO_POINT = 128
+_REL = 1e-5
+
+
+def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
+    """Check every MatMulNBits weight of ``int8_graph`` against the float weight it came from
+    in ``float_graph`` (the export's draft; matched by the MatMul's output name): each block's
+    step must be its largest |weight| / 128 and each weight must dequantize to within half a
+    step of the float one (one step where it clipped at the top code). This is exact, not
+    statistical: a wrong scale, a swapped or stale weight fails it by a whole multiple.
+    Returns {"matmuls", "blocks", "max_error_steps", "max_clipped_error_steps",
+    "max_step_error", "bad": [{"matmul", "problem"}], "passed"}."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    fmodel = onnx.load(str(float_graph))
+    gemms_to_matmul(fmodel)
+    finits = {t.name: t for t in fmodel.graph.initializer}
+    by_output = {n.output[0]: n.input[1] for n in fmodel.graph.node
+                 if n.op_type == "MatMul" and n.input[1] in finits}
+    qmodel = onnx.load(str(int8_graph))
+    qinits = {t.name: t for t in qmodel.graph.initializer}
+    bad: list[dict] = []
+    matmuls = blocks = 0
+    worst = worst_clipped = worst_step = 0.0
+    for n in qmodel.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        matmuls += 1
+        out = n.output[0]
+        if out not in by_output:
+            bad.append({"matmul": out, "problem": f"no MatMul of {float_graph.name} with a constant weight writes it"})
+            continue
+        bits, block = _attr(n, "bits", 0), _attr(n, "block_size", 0)
+        if bits != BITS or len(n.input) > 3 and n.input[3]:
+            bad.append({"matmul": out, "problem": f"bits {bits}, zero points {n.input[3:] or 'none'}: expected "
+                                                  f"{BITS} bits, symmetric (no zero-point input)"})
+            continue
+        w = numpy_helper.to_array(finits[by_output[out]]).astype(np.float64)  # [K, N]
+        codes = numpy_helper.to_array(qinits[n.input[1]])  # [N, blocks, block bytes]
+        step = numpy_helper.to_array(qinits[n.input[2]]).astype(np.float64)
+        k, cols = w.shape
+        nb = -(-k // block)
+        if codes.shape != (cols, nb, block) or step.size != cols * nb:
+            bad.append({"matmul": out, "problem": f"codes {list(codes.shape)} and {step.size} steps do not fit a "
+                                                  f"[{k}, {cols}] weight in blocks of {block}"})
+            continue
+        step = step.reshape(cols, nb, 1)
+        wb = np.zeros((cols, nb * block))
+        wb[:, :k] = w.T
+        wb = wb.reshape(cols, nb, block)
+        top = np.abs(wb).max(-1, keepdims=True)
+        blocks += cols * nb
+        step_err = np.abs(np.abs(step) * STEP_DIVISOR - top) / np.maximum(top, 1e-30)
+        err = np.abs((codes.astype(np.float64) - ZERO_POINT) * step - wb) / np.maximum(np.abs(step), 1e-30)
+        clipped = codes == 255
+        e_plain = float(np.where(clipped, 0.0, err).max())
+        e_clip = float(np.where(clipped, err, 0.0).max())
+        s_err = float(np.where(top > 0, step_err, 0.0).max())
+        worst, worst_clipped, worst_step = max(worst, e_plain), max(worst_clipped, e_clip), max(worst_step, s_err)
+        problems = []
+        if s_err > _REL:
+            i = np.unravel_index(int(np.argmax(np.where(top > 0, step_err, 0.0))), step_err.shape)
+            problems.append(f"block ({i[0]}, {i[1]}): step {abs(step[i]):.4g} x {STEP_DIVISOR} = "
+                            f"{abs(step[i]) * STEP_DIVISOR:.4g}, its largest |weight| is {top[i]:.4g}")
+        if e_plain > 0.5 + _REL or e_clip > 1 + _REL:
+            problems.append(f"a weight dequantizes {max(e_plain, e_clip):.3g} steps from the float one (at most 0.5, "
+                            f"1 where clipped)")
+        if problems:
+            bad.append({"matmul": out, "problem": "; ".join(problems)})
+    return {"matmuls": matmuls, "blocks": blocks, "max_error_steps": worst, "max_clipped_error_steps": worst_clipped,
+            "max_step_error": worst_step, "bad": bad, "passed": matmuls > 0 and not bad}

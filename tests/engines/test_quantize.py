@@ -11,7 +11,8 @@ import pytest
 
 from specrt import contracts as C
 from specrt.engines import build_engines, load_engines
-from specrt.engines.compare import INT8_DRAFT, INT8_DRAFT_SCALE, compare_engines
+from specrt.engines.compare import INT8_DRAFT, INT8_DRAFT_ROW_STD, INT8_WEIGHTS, compare_engines
+from specrt.engines.quantize import check_int8_weights
 from specrt.errors import UserError
 from specrt.manifest import file_record
 
@@ -62,44 +63,97 @@ def test_int8_draft_is_lossless_and_still_drafts(int8_engines, tiny_engines):
             assert g.telemetry.to_json()["drafted"] > 0
 
 
-def test_compare_uses_the_int8_bounds_and_catches_a_wrong_scale(int8_engines, tmp_path):
+def _rewrite_draft(engines: Path, folder: Path, change) -> Path:
+    """A copy of ``engines`` whose draft.onnx has ``change(model)`` applied, re-recorded in
+    engines.json so that it loads (the hash check is not what these tests are about)."""
     import shutil
 
     import onnx
+
+    shutil.copytree(engines, folder)
+    model = onnx.load(str(folder / "draft.onnx"))
+    change(model)
+    (folder / "draft.onnx").unlink()
+    (folder / "draft.onnx.data").unlink()
+    onnx.save_model(model, str(folder / "draft.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="draft.onnx.data", size_threshold=1024)
+    m = json.loads((folder / "engines.json").read_text())
+    m["files"] = [f for f in m["files"] if not f["file"].startswith("draft.onnx")]
+    m["files"] += [file_record(folder, "draft.onnx"), file_record(folder, "draft.onnx.data")]
+    (folder / "engines.json").write_text(json.dumps(m))
+    return folder
+
+
+def _edit_initializer(model, name: str, edit) -> None:
     from onnx import numpy_helper
+
+    t = next(t for t in model.graph.initializer if t.name == name)
+    a = numpy_helper.to_array(t).copy()
+    edit(a)
+    t.CopyFrom(numpy_helper.from_array(a, name))
+
+
+def test_compare_uses_the_int8_bounds_and_catches_a_wrong_scale(int8_engines, tmp_path):
+    import onnx
 
     lines: list[str] = []
     r = compare_engines(int8_engines, log=lines.append, inputs_file=tmp_path / "in.json")
     assert r["passed"], r["summary"]
     d = r["roles"]["draft"]["outputs"]
-    # the logits bound: the int8 floor, or a fraction of the float draft's largest |logit|
-    assert d[C.DRAFT_LOGITS]["atol_scale"] == INT8_DRAFT_SCALE[C.DRAFT_LOGITS]
-    assert d[C.DRAFT_LOGITS]["atol"] >= INT8_DRAFT[C.DRAFT_LOGITS][0]
-    assert d[C.DRAFT_LOGITS]["max_abs"] > 1e-4  # the weights really changed: the float bounds would fail
+    # the logits bound: the int8 floor, or a multiple of the float draft's largest row std
+    logits = d[C.DRAFT_LOGITS]
+    assert logits["atol_row_std"] == INT8_DRAFT_ROW_STD[C.DRAFT_LOGITS]
+    assert logits["atol"] == pytest.approx(max(INT8_DRAFT[C.DRAFT_LOGITS][0],
+                                               INT8_DRAFT_ROW_STD[C.DRAFT_LOGITS] * logits["reference_row_std"]))
+    assert logits["max_abs"] > 1e-4  # the weights really changed: the float bounds would fail
+    assert all(o["atol_row_std"] == INT8_DRAFT_ROW_STD["new_key"] for n, o in d.items() if n.startswith("new_key"))
+    w = d[INT8_WEIGHTS]  # every quantized weight within half a step (one where clipped)
+    assert w["passed"] and w["matmuls"] == 9 and w["bad"] == []
+    assert 0.4 < w["max_error_steps"] <= 0.5 + 1e-5 and w["max_step_error"] < 1e-5
     assert r["roles"]["decode"]["outputs"][C.LOGITS]["atol"] == 1e-4  # the target keeps its own bounds
     assert any("int8 weights" in n for n in r["notes"])
+    assert any(line.lstrip().startswith(INT8_WEIGHTS) and line.endswith("pass") for line in lines)
 
-    # one block scale of the draft's head doubled: outside the int8 bounds, named
-    bad = tmp_path / "bad"
-    shutil.copytree(int8_engines, bad)
-    model = onnx.load(str(bad / "draft.onnx"))
-    head = [n for n in model.graph.node if n.op_type == "MatMulNBits"][-1]
-    scales = next(t for t in model.graph.initializer if t.name == head.input[2])
-    s = numpy_helper.to_array(scales).copy()
-    s[: s.size // 4] *= 2.0
-    scales.CopyFrom(numpy_helper.from_array(s, scales.name))
-    (bad / "draft.onnx").unlink()
-    (bad / "draft.onnx.data").unlink()
-    onnx.save_model(model, str(bad / "draft.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="draft.onnx.data", size_threshold=1024)
-    m = json.loads((bad / "engines.json").read_text())
-    m["files"] = [f for f in m["files"] if not f["file"].startswith("draft.onnx")]
-    m["files"] += [file_record(bad, "draft.onnx"), file_record(bad, "draft.onnx.data")]
-    (bad / "engines.json").write_text(json.dumps(m))
+    # a quarter of the draft head's block scales doubled: outside both int8 checks, named
+    def double_quarter(scales):
+        flat = scales.reshape(-1)
+        flat[: flat.size // 4] *= 2.0
+
+    def double_head_scales(model):
+        head = [n for n in model.graph.node if n.op_type == "MatMulNBits"][-1]
+        _edit_initializer(model, head.input[2], double_quarter)
+
+    bad = _rewrite_draft(int8_engines, tmp_path / "bad", double_head_scales)
     r = compare_engines(bad, log=quiet, inputs_file=tmp_path / "in2.json")
     assert not r["passed"]
     assert {f["role"] for f in r["failures"]} == {"draft"}
-    assert C.DRAFT_LOGITS in {f["output"] for f in r["failures"]}
+    assert {C.DRAFT_LOGITS, INT8_WEIGHTS} <= {f["output"] for f in r["failures"]}
+    head_out = [n for n in onnx.load(str(bad / "draft.onnx")).graph.node if n.op_type == "MatMulNBits"][-1].output[0]
+    w = r["roles"]["draft"]["outputs"][INT8_WEIGHTS]
+    assert [b["matmul"] for b in w["bad"]] == [head_out] and "largest |weight|" in w["bad"][0]["problem"]
+    assert INT8_WEIGHTS in r["summary"] and head_out in r["summary"]
+
+
+def test_weight_check_catches_what_the_outputs_cannot(int8_engines, tmp_path):
+    """One int8 code moved by 3 steps in the first MatMul: the outputs barely move (the
+    statistical bounds pass), the exact weight check names it."""
+    import onnx
+
+    first = [n for n in onnx.load(str(int8_engines / "draft.onnx")).graph.node if n.op_type == "MatMulNBits"][0]
+
+    def three_steps(codes):
+        flat = codes.reshape(-1)  # a view: the edit lands in ``codes``
+        flat[0] = flat[0] + 3 if flat[0] <= 252 else flat[0] - 3
+
+    def nudge(model):
+        _edit_initializer(model, first.input[1], three_steps)
+
+    bad = _rewrite_draft(int8_engines, tmp_path / "nudged", nudge)
+    w = check_int8_weights(load_engines(bad, verify=False).export_dir / "draft.onnx", bad / "draft.onnx")
+    assert not w["passed"] and [b["matmul"] for b in w["bad"]] == [first.output[0]]
+    assert "steps from the float one" in w["bad"][0]["problem"]
+    r = compare_engines(bad, log=quiet, inputs_file=tmp_path / "in.json")
+    assert [(f["role"], f["output"]) for f in r["failures"]] == [("draft", INT8_WEIGHTS)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
