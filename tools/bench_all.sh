@@ -21,8 +21,9 @@
 #      matched to specrt's, and the same governors on the int8-draft engines (--variant int8),
 #      every worker as 3 processes taking the prompts in turn (--processes 3), so that no
 #      one process's memory placement decides a ratio between workers (results/bench/);
-#   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind
-#      (results/governors/);
+#   5. tools/bench_governors.py: DSpark vs every fixed depth vs adaptive, per prompt kind,
+#      each prompt 3 times per governor, the median kept (results/governors/; one run each
+#      let single slow runs decide kinds: 0.976x vs 1.032x mixed on the same engines);
 #   6. tools/bench_runtime.py: best fixed depth vs no speculation, Python share, peak RSS of
 #      `specrt run` vs weights + KV (results/runtime/);
 #   7. specrt compare against the export graphs and against transformers, the int8 draft's
@@ -80,7 +81,7 @@ $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat -
 
 settle
 stamp "governors per prompt kind"
-$PY tools/bench_governors.py --engines "$OUT/engines" --per-kind 4 --max-new-tokens 128 --out results/governors
+$PY tools/bench_governors.py --engines "$OUT/engines" --per-kind 4 --max-new-tokens 128 --repeats 3 --out results/governors
 settle
 stamp "runtime: speculation vs none, Python share, peak RSS"
 $PY tools/bench_runtime.py "$OUT/engines" --depths 1,2 -o results/runtime

@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                          "whose answers this run's will be merged with), without reading their features")
     args = ap.parse_args(argv)
     shard = parse_shard(args.shard)
+    if args.device != "cpu" and args.engine == "ort":  # before anything loads
+        raise SystemExit("--device applies to --engine hf only (the ORT generator runs on the CPU)")
     if args.merge:
         out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)
@@ -377,8 +379,6 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     ort = args.engine == "ort"
-    if args.device != "cpu" and ort:
-        raise SystemExit("--device applies to --engine hf only (the ORT generator runs on the CPU)")
     if args.device.startswith("cuda"):
         exact_fp32(torch)
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device)
