@@ -651,8 +651,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
 
     if DRAFT in engines.runners and DRAFT not in skipped and engines.draft_weights == "int8":
         notes.append("the draft engine has int8 weights (built with --draft-weights int8): it is compared with the "
-                     "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie, and its "
-                     "weights with the float weights block by block (quantize.check_int8_weights)")
+                     "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie, "
+                     "and its weights with the float weights block by block (quantize.check_int8_weights)")
 
     def reference_runner(role: str):
         graph = engines.roles[role].graph

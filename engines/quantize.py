@@ -16,8 +16,8 @@ one row, not the table), stays as exported.
 Measured on the SmolLM2 P-EAGLE draft (2 cores, K = 4, results/engines.txt): one draft
 pass 1.22 vs 1.77 ms; draft logits within ~0.1 of the fp32 graph, greedy draft tokens
 unchanged on the compare inputs. ``check_int8_weights`` (used by ``specrt compare``) checks
-a built draft's blocks against the float weights exactly. 4-bit blocks agreed with the fp32 draft on only 75%
-of greedy tokens, so 8 bits is the one offered.
+a built draft's blocks against the float weights exactly. 4-bit blocks agreed with the
+fp32 draft on only 75% of greedy tokens, so 8 bits is the one offered.
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ def quantize_draft(src: Path, dst: Path, dtype: str) -> dict:
                     location=dst.name + ".data", size_threshold=1024)
     return {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": BITS, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "matmuls_quantized": quantized}
-
 
 
 # ONNX Runtime's symmetric 8-bit blocks (measured on the SmolLM2 drafts, 2026-11-30):
