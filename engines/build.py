@@ -149,6 +149,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     graph_files = {g: f"{EXPORT_SUBDIR}/{_graph_file(exp, g)}" for g in exp["graphs"]}
 
     # Fail before any work if the backend is missing or settings are invalid.
+    if not isinstance(profile_repeats, int) or isinstance(profile_repeats, bool) or profile_repeats < 1:
+        raise UserError(f"--profile-repeats {profile_repeats!r}: expected a whole number >= 1")
     if ort_kv not in ("auto", *C.KV_LAYOUTS):
         raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
     if draft_weights not in DRAFT_WEIGHTS:

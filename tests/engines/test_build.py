@@ -145,6 +145,7 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     (dict(precision="int8"), "--precision 'int8' is not supported"),
     (dict(max_context=100_000), "--max-context 100000 must be in 1..256"),
     (dict(ort_settings={"sessions": "many"}), "sessions 'many' is not one of"),
+    (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number >= 1"),
 ])
 def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     args = dict(backend="onnxruntime", depths="1,2")
@@ -170,3 +171,19 @@ def test_tensorrt_without_tensorrt_is_a_user_error(tiny_export, tmp_path):
     with pytest.raises(UserError, match="needs TensorRT"):
         build_engines(tiny_export, "tensorrt", "1,2", tmp_path / "e", log=quiet)
     assert not (tmp_path / "e").exists()
+
+
+def test_cli_profile_repeats(tiny_export, tmp_path):
+    """`specrt build --profile-repeats N` reaches the cost table; 0 is a clear error, exit 1."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "bad"),
+                                    "--profile-repeats", "0", "--no-canary"])
+    assert res.exit_code == 1 and "--profile-repeats 0: expected a whole number >= 1" in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "bad").exists()
+    res = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "e"),
+                                    "--profile-repeats", "3", "--no-canary"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "e" / "engines.json").read_text())["costs"]["repeats"] == 3
