@@ -451,10 +451,11 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
     t0 = time.perf_counter()
     results = Comparator.run([engine, reference], data_loader=feeds)
     tol = dict(tol)
+    by = row_std_atol or {}
     row_std: dict[str, float] = {}
     multiple: dict[str, float] = {}
     for name in tol:
-        m = (row_std_atol or {}).get(name, (row_std_atol or {}).get(kind_of(name)))
+        m = by.get(name, by.get(kind_of(name)))
         if m is not None:
             multiple[name] = m
             row_std[name] = max(float(np.asarray(it[name], dtype=np.float64).std(-1).max())

@@ -30,8 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from bench_governors import _draft_table, oracle_choices, price, table_costs  # noqa: E402
-from governor_replay import recording_parser  # noqa: E402
+from bench_governors import dspark_from_table, oracle_choices, price, table_costs  # noqa: E402
+from governor_replay import record_rounds, recording_parser  # noqa: E402
 
 
 def live_costs(report: dict, depths) -> dict:
@@ -40,14 +40,13 @@ def live_costs(report: dict, depths) -> dict:
     ver = {str(d): m[f"fixed:{d}"]["mean_seconds"]["verify_by_depth"][str(d)] for d in depths}
     draft = m[f"fixed:{depths[-1]}"]["mean_seconds"]["draft_by_block"]
     return {"verify": ver, "decode": m["off"]["mean_seconds"]["verify_by_depth"]["0"],
-            "draft_by_depth": {k: v for k, v in draft.items()}, "draft": max(draft.values())}
+            "draft_by_depth": dict(draft), "draft": max(draft.values())}
 
 
 def ratio_rule(costs: dict, depths, calibration, rounds) -> list[int]:
-    from specrt.runtime.governor import DSparkGovernor, GovernorState
+    from specrt.runtime.governor import GovernorState
 
-    dec, ver, _ = table_costs(costs, depths)
-    g = DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, calibration, learn=False)
+    g = dspark_from_table(costs, depths, calibration, learn=False)
     return [g.choose(GovernorState(confidences=np.asarray(c))) for c, _, _ in rounds]
 
 
@@ -107,25 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", type=Path, required=True, help="tools/bench_governors.py's JSON report on these engines")
     args = ap.parse_args(argv)
 
-    from specrt.runtime.calibrate import RecordingGovernor
     from specrt.runtime.session import Session, load_calibration
 
     prompts = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()]
     with Session(args.engines, governor="off") as s:
-        depths, K = s.engines.depths, s.engines.depths[-1]
-        rec = RecordingGovernor(depths, K)
-        pid: list[int] = []
-        for i, p in enumerate(prompts):
-            s.generator.governor = rec
-            before = len(rec.rounds)
-            ids = list(p["prompt_ids"]) if "prompt_ids" in p else s.text.encode(p["prompt"], args.chat)
-            for _ in s.stream_ids(ids, args.max_new_tokens):
-                pass
-            pid += [i] * (len(rec.rounds) - before)
-            print(f"prompt {i + 1}/{len(prompts)}: {len(rec.rounds)} rounds so far", file=sys.stderr, flush=True)
+        depths = s.engines.depths
+        rounds = record_rounds(s, prompts, args.chat, args.max_new_tokens)
         cal, note = load_calibration(s.engines)
         table = s.engines.manifest["costs"]
-    rounds = [(list(map(float, c)), int(a), pid[j]) for j, (c, d, a) in enumerate(rec.rounds) if d == K]
     acc = [a for _, a, _ in rounds]
     tables = {"table": table, "live": live_costs(json.loads(args.live.read_text()), depths)}
     report: dict = {"engines": str(args.engines), "prompts": len(prompts), "rounds": len(rounds), "calibration": note,

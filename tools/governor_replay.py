@@ -71,6 +71,26 @@ def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None) -> tuple
     return tokens / seconds, taken
 
 
+def record_rounds(s, prompts: list[dict], chat: bool, max_new_tokens: int) -> list[tuple]:
+    """Decode ``prompts`` (dicts with 'prompt' text or 'prompt_ids') on the open Session ``s``
+    with every round verifying the full block; returns the full-depth rounds as
+    (confidences, accepted, prompt index)."""
+    from specrt.runtime.calibrate import RecordingGovernor
+
+    depths = s.engines.depths
+    rec = RecordingGovernor(depths, depths[-1])
+    pid: list[int] = []
+    for i, p in enumerate(prompts):
+        s.generator.governor = rec
+        before = len(rec.rounds)
+        ids = list(p["prompt_ids"]) if "prompt_ids" in p else s.text.encode(p["prompt"], chat)
+        for _ in s.stream_ids(ids, max_new_tokens):
+            pass
+        pid += [i] * (len(rec.rounds) - before)
+        print(f"prompt {i + 1}/{len(prompts)}: {len(rec.rounds)} rounds so far", file=sys.stderr, flush=True)
+    return [(c, a, pid[j]) for j, (c, d, a) in enumerate(rec.rounds) if d == depths[-1]]
+
+
 def recording_parser(doc: str) -> argparse.ArgumentParser:
     """The arguments of a tool that records full-depth rounds: ENGINES --prompts [--chat]
     [--max-new-tokens] [-o OUT.json]."""
@@ -86,23 +106,15 @@ def recording_parser(doc: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = recording_parser(__doc__).parse_args(argv)
 
-    from specrt.runtime.calibrate import RecordingGovernor
     from specrt.runtime.governor import Calibration, GovernorState
     from specrt.runtime.session import Session, load_calibration, make_governor
 
     prompts = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()]
     with Session(args.engines, governor="off") as s:
-        depths, K = s.engines.depths, s.engines.depths[-1]
-        rec = RecordingGovernor(depths, K)
-        for i, p in enumerate(prompts):
-            s.generator.governor = rec
-            ids = list(p["prompt_ids"]) if "prompt_ids" in p else s.text.encode(p["prompt"], args.chat)
-            for _ in s.stream_ids(ids, args.max_new_tokens):
-                pass
-            print(f"prompt {i + 1}/{len(prompts)}: {len(rec.rounds)} rounds so far", file=sys.stderr, flush=True)
+        depths = s.engines.depths
+        rounds = [(c, a) for c, a, _ in record_rounds(s, prompts, args.chat, args.max_new_tokens)]
         cal, note = load_calibration(s.engines)
         costs = s.engines.manifest["costs"]
-        rounds = [(c, a) for c, d, a in rec.rounds if d == K]
 
         def replay(calibration) -> list[int]:
             gov = make_governor("dspark", s.engines, calibration)
