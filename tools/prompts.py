@@ -17,6 +17,13 @@ its first slice is reserved for HELD-OUT, so no held-out prompt shares a topic (
 character, arithmetic person or item) with any training prompt, and the two sets
 never share a prompt string.
 
+The TRAIN list has two batches. The first (indices 0..FIRST_EXTRA-1, 8479 prompts) is
+what build() made until 2026-11-30; every answerable one has its answer in
+fixtures/peagle-data. The second (``_extra``, 4135 prompts, appended on 2026-11-30 when
+the first had run out) reuses the first batch's TRAIN topics under new templates and new
+seeded draws, from its own random stream, so the first batch, the held-out split and the
+calibration prompts (drawn from the first batch only) are unchanged.
+
     python tools/prompts.py --check    # build() here equals the frozen files? (exit 1 if not)
     python tools/prompts.py --write    # (re)write the frozen files from build() on this Python
 """
@@ -229,6 +236,30 @@ T_STORY = ["Write a short story about {c} {s}.", "Tell me a short story about {c
 
 POOL_SEP = ";"
 
+# Templates of the second TRAIN batch (``_extra``): none equals one above, so every
+# extra prompt is a new string; they reuse only the TRAIN topics.
+T_EXPLAIN2 = ["How would you explain {t} to a friend?", "Write a short blog post about {t}.",
+              "What are the most common misconceptions about {t}?", "Summarize what is known about {t}.",
+              "Give me five quick facts about {t}.", "How does {t} affect everyday life?",
+              "What is the history of {t}?", "Explain {t} using an analogy.",
+              "Write a short quiz with three questions about {t}, with answers.",
+              "What questions do people often ask about {t}? Answer two of them."]
+T_HOWTO2 = ["What mistakes should I avoid when I {t}?", "Write a checklist to {t}.",
+            "My friend asked me how to {t}. What should I tell them?", "How long does it take to {t}, and what do I need?"]
+T_COMPARE2 = ["Write a short essay comparing {t}.", "Give three similarities and three differences between {t}.",
+              "Make a table comparing {t}."]
+T_LIST2 = ["Give me seven {t}, each with a short explanation.", "What are the top five {t}?",
+           "Write a numbered list of {t} for a beginner.", "Can you suggest some {t}?"]
+T_CODE2 = ["Write a Python function that {t}, and write two tests for it.",
+           "Write a Python class with a method that {t}.",
+           "Explain step by step how to write a Python function that {t}.",
+           "Write a Python function that {t}, without using any imports."]
+T_MODULE2 = ["Write a small script that uses Python's `{t}` module.", "What are the main functions of Python's `{t}` module?"]
+T_STORY2 = ["Write a funny short story about {c} {s}.", "Write a story for children about {c} who learns about {m}.",
+            "Write a short adventure story about {c} {s}.", "Write a diary entry by {c} {s}.",
+            "Write a short dialogue between {c} and a friend about {m}."]
+EXTRA_SEED = SEED + 1
+
 
 def _pool(text: str) -> list[str]:
     return [x.strip() for x in text.replace("\n", " ").split(POOL_SEP) if x.strip()]
@@ -357,7 +388,36 @@ def build() -> tuple[list[dict], list[dict]]:
     # Drop duplicate strings (keeping order) and the few arithmetic problems whose
     # template names no person or item and whose numbers happen to equal a held-out one.
     train = [d for d in {d["prompt"]: d for d in train}.values() if d["prompt"] not in held_set]
-    return train, held
+    topics = dict(subjects=subj_tr, howtos=how_tr, pairs=pair_tr, code=code_tr, modules=mod_tr, lists=list_tr,
+                  chars=char_tr, settings=settings, themes=themes, names=name_tr, items=item_tr)
+    seen = held_set | {d["prompt"] for d in train}
+    return train + [d for d in _extra(topics) if d["prompt"] not in seen], held
+
+
+def _extra(t: dict) -> list[dict]:
+    """The second TRAIN batch (from index FIRST_EXTRA of the frozen list): the TRAIN topics
+    only, under new templates (T_*2) and new seeded draws, from its own random stream
+    (EXTRA_SEED), so the first batch and the held-out split stay what they were."""
+    rng = random.Random(EXTRA_SEED)
+    out: list[dict] = []
+
+    def add(kind, prompts):
+        out.extend({"prompt": p, "kind": kind} for p in prompts)
+
+    add("chat", [x.format(t=s) for s in t["subjects"] for x in rng.sample(T_EXPLAIN2, 3)]
+        + [x.format(t=s) for s in t["howtos"] for x in rng.sample(T_HOWTO2, 2)]
+        + [x.format(t=p) for p in t["pairs"] for x in rng.sample(T_COMPARE2, 2)])
+    add("code", [x.format(t=c) for c in t["code"] for x in T_CODE2] + [x.format(t=m) for m in t["modules"] for x in T_MODULE2])
+    add("lists", [x.format(t=s) for s in t["lists"] for x in T_LIST2])
+    stories: set[str] = set()
+    while len(stories) < 1200:
+        stories.add(rng.choice(T_STORY2).format(c=rng.choice(t["chars"]), s=rng.choice(t["settings"]),
+                                                m=rng.choice(t["themes"])))
+    add("stories", sorted(stories))
+    add("arithmetic", sorted(set(_arithmetic(rng, t["names"], t["items"], 1200))))
+    out = list({d["prompt"]: d for d in out}.values())
+    rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
+    return out
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -390,6 +450,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration_prompts.jsonl"
+FIRST_EXTRA = 8479  # the second TRAIN batch (_extra, appended 2026-11-30) starts here
 FIRST_UNTRAINED = 2560  # no TRAIN prompt from here on had been answered for draft training when the
 # calibration prompts were drawn; answerable_train_prompts keeps those out of training since
 
@@ -399,7 +460,7 @@ def write_calibration(path: Path = CALIBRATION_PATH, per_kind: int = 12, seed: i
     prompts the draft never saw (index >= FIRST_UNTRAINED), so calibration measures the
     draft as it behaves on new text; topics stay disjoint from the held-out prompts."""
     rng = random.Random(seed)
-    pool = train_prompts()[FIRST_UNTRAINED:]
+    pool = train_prompts()[FIRST_UNTRAINED:FIRST_EXTRA]
     out = []
     for kind in KINDS:
         out += rng.sample([d for d in pool if d["kind"] == kind], per_kind)

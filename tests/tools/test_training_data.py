@@ -1,10 +1,12 @@
 """The committed draft-training answers (fixtures/peagle-data): every line answers its own frozen
-TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice."""
+TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
+second TRAIN batch (tools/prompts.py ``_extra``) keeps the held-out topics out."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from tests.real_model import tool as _tool
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "peagle-data"
-FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz")
+FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz")
 
 
 def _rows(name: str) -> list[dict]:
@@ -49,5 +51,34 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
         assert not set(texts) & reserved, name
         assert len(set(texts)) == len(texts) and not set(texts) & seen, name
         seen |= set(texts)
-    # together they answer every answerable TRAIN prompt
-    assert seen == {d["prompt"] for _, d in prompts.answerable_train_prompts()}
+    # the first two answer every answerable prompt of the first TRAIN batch; chat-extra answers
+    # prompts of the second batch only (from prompts.FIRST_EXTRA), each once
+    answerable = prompts.answerable_train_prompts()
+    first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
+    second = {d["prompt"] for i, d in answerable if i >= prompts.FIRST_EXTRA}
+    assert {d["prompt"] for name in FILES[:2] for d in rows[name]} == first
+    extra = {d["prompt"] for d in rows["chat-extra.jsonl.gz"]}
+    assert extra <= second and len(extra) >= 1000
+
+
+def test_second_batch_keeps_heldout_topics_out():
+    """The second batch reuses TRAIN topics only: no held-out story character or arithmetic
+    name occurs in it, and it repeats no prompt of the first batch or the held-out list."""
+    prompts = _tool("prompts")
+    train, held = prompts.train_prompts(), prompts.heldout_prompts()
+    assert prompts.FIRST_EXTRA == 8479 and len(train) > prompts.FIRST_EXTRA
+    first, second = train[:prompts.FIRST_EXTRA], train[prompts.FIRST_EXTRA:]
+    assert {d["kind"] for d in second} == set(prompts.KINDS)
+    texts = [d["prompt"] for d in second]
+    assert len(set(texts)) == len(texts)
+    assert not set(texts) & ({d["prompt"] for d in first} | {d["prompt"] for d in held})
+
+    def used(pool: str, kind: str, rows: list[dict]) -> set[str]:
+        return {x for x in prompts._pool(getattr(prompts, pool)) for d in rows
+                if d["kind"] == kind and re.search(rf"\b{re.escape(x)}\b", d["prompt"])}
+    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
+    assert len(held_chars) >= 4 and len(held_names) >= 4  # the test sees the held-out topics
+    assert not held_chars & used("CHARACTERS", "stories", second)
+    assert not held_names & used("NAMES", "arithmetic", second)
+    # the calibration prompts are drawn from the first batch only, so the second left them as they were
+    assert prompts.calibration_prompt_texts() <= {d["prompt"] for d in first[prompts.FIRST_UNTRAINED:]}
