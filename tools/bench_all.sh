@@ -16,7 +16,9 @@
 #      allocation per step, RSS; in-place vs onnxruntime-genai vs sleeping threads vs append vs
 #      a plain session, the variants run in turn three times (results/engines.txt); then
 #      tools/bench_gemm_rows.py: MatMul time per row count, where depths step up on this CPU
-#      (results/gemm_rows.txt);
+#      (results/gemm_rows.txt); SPECRT_BENCH_ENGINES=0 skips this step (5 minutes; its figures
+#      depend on the graphs' shapes, not on the draft's weights, so a new draft of the same
+#      shape leaves them as they were);
 #   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
 #      matched to specrt's, and the same governors on the int8-draft engines (--variant int8),
 #      every worker as 3 processes taking the prompts in turn (--processes 3), so that no
@@ -65,6 +67,9 @@ fi
 # the int8 draft's engines use the same calibration (same export; the runtime checks its digest)
 cp "$OUT/engines/calibration.json" "$OUT/engines-int8/calibration.json"
 
+if [ "${SPECRT_BENCH_ENGINES:-1}" = 0 ]; then
+  stamp "engines and MatMul rows skipped (SPECRT_BENCH_ENGINES=0): results/engines.txt and gemm_rows.txt kept"
+else
 settle
 stamp "engines: latency per depth, in-place vs append vs plain"
 $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
@@ -73,6 +78,7 @@ $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engin
 
 stamp "MatMul time per row count (where verify depths step up on this CPU)"
 $PY tools/bench_gemm_rows.py --export "$OUT/export" | tee results/gemm_rows.txt
+fi
 
 settle
 stamp "specrt bench against the peers"

