@@ -54,7 +54,7 @@ if [ "${1:-}" = prepare ]; then
 fi
 T0=$(date +%s)
 DEVICE=${DEVICE:-cuda}
-GEN_LIMIT=${GEN_LIMIT:-12614}  # every TRAIN prompt, both batches (the calibration prompts among them are skipped)
+GEN_LIMIT=${GEN_LIMIT:-}  # the first N TRAIN prompts; empty: every one (the calibration prompts among them are skipped)
 GEN_BATCH=${GEN_BATCH:-512}
 GEN_SECONDS=${GEN_SECONDS:-240}
 END_SECONDS=${END_SECONDS:-500}
@@ -94,7 +94,7 @@ cp "$CARRY2"/heldout-*.jsonl "$SPECRT_CACHE/peagle-data/" 2>/dev/null || true
 echo "answers at the start: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
 
 echo "== generate ($(since) s)"
-[ "$GEN_SECONDS" = 0 ] || python3 tools/gen_chat_data.py --engine hf --device "$DEVICE" --batch "$GEN_BATCH" --limit "$GEN_LIMIT" \
+[ "$GEN_SECONDS" = 0 ] || python3 tools/gen_chat_data.py --engine hf --device "$DEVICE" --batch "$GEN_BATCH" ${GEN_LIMIT:+--limit "$GEN_LIMIT"} \
     --max-seconds "$GEN_SECONDS" || echo "gen_chat_data exited $? (training goes on with what was written)"
 echo "answers now: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
 gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"

@@ -261,6 +261,11 @@ T_STORY2 = ["Write a funny short story about {c} {s}.", "Write a story for child
 EXTRA_SEED = SEED + 1
 
 
+def _add(dst: list[dict], kind: str, prompts) -> None:
+    """Append ``prompts`` to ``dst`` as {"prompt", "kind"} rows."""
+    dst.extend({"prompt": p, "kind": kind} for p in prompts)
+
+
 def _pool(text: str) -> list[str]:
     return [x.strip() for x in text.replace("\n", " ").split(POOL_SEP) if x.strip()]
 
@@ -326,10 +331,6 @@ def build() -> tuple[list[dict], list[dict]]:
     h = HELDOUT_PER_KIND
     train: list[dict] = []
     held: list[dict] = []
-
-    def add(dst, kind, prompts):
-        dst.extend({"prompt": p, "kind": kind} for p in prompts)
-
     # chat: explanations, how-to, comparisons, summaries
     # Held-out: 8 subjects, 4 how-tos, 2 pairs, 2 passages, one template each.
     subj_tr, subj_ho = _split_topics(_pool(SUBJECTS), rng, 8)
@@ -347,21 +348,21 @@ def build() -> tuple[list[dict], list[dict]]:
         out += [rng.choice(T_SUMMARY).format(t=p) for p in passages]
         return out
 
-    add(train, "chat", chat(subj_tr, how_tr, pair_tr, pas_tr, lambda ts: ts))
-    add(held, "chat", chat(subj_ho, how_ho, pair_ho, pas_ho, lambda ts: [rng.choice(ts)]))
+    _add(train, "chat", chat(subj_tr, how_tr, pair_tr, pas_tr, lambda ts: ts))
+    _add(held, "chat", chat(subj_ho, how_ho, pair_ho, pas_ho, lambda ts: [rng.choice(ts)]))
 
     # code: tasks and stdlib modules
     code_tr, code_ho = _split_topics(_pool(CODE_TASKS), rng, 12)
     mod_tr, mod_ho = _split_topics(_pool(MODULES), rng, 4)
-    add(train, "code", [t.format(t=c) for c in code_tr for t in T_CODE]
+    _add(train, "code", [t.format(t=c) for c in code_tr for t in T_CODE]
         + [t.format(t=m) for m in mod_tr for t in T_MODULE])
     ho_code = [rng.choice(T_CODE).format(t=c) for c in code_ho] + [rng.choice(T_MODULE).format(t=m) for m in mod_ho]
-    add(held, "code", ho_code[:h])
+    _add(held, "code", ho_code[:h])
 
     # lists
     list_tr, list_ho = _split_topics(_pool(LIST_SUBJECTS), rng, h)
-    add(train, "lists", [t.format(t=s) for s in list_tr for t in T_LIST])
-    add(held, "lists", [rng.choice(T_LIST).format(t=s) for s in list_ho])
+    _add(train, "lists", [t.format(t=s) for s in list_tr for t in T_LIST])
+    _add(held, "lists", [rng.choice(T_LIST).format(t=s) for s in list_ho])
 
     # stories: held-out characters never appear in training stories
     char_tr, char_ho = _split_topics(_pool(CHARACTERS), rng, 8)
@@ -373,14 +374,14 @@ def build() -> tuple[list[dict], list[dict]]:
             out.add(rng.choice(T_STORY).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
         return sorted(out)
 
-    add(train, "stories", stories(char_tr, 1500))
-    add(held, "stories", stories(char_ho, h))
+    _add(train, "stories", stories(char_tr, 1500))
+    _add(held, "stories", stories(char_ho, h))
 
     # arithmetic: held-out names and items never appear in training problems
     name_tr, name_ho = _split_topics(_pool(NAMES), rng, 6)
     item_tr, item_ho = _split_topics(_pool(ITEMS), rng, 4)
-    add(train, "arithmetic", sorted(set(_arithmetic(rng, name_tr, item_tr, 1500))))
-    add(held, "arithmetic", sorted(set(_arithmetic(rng, name_ho, item_ho, h)))[:h])
+    _add(train, "arithmetic", sorted(set(_arithmetic(rng, name_tr, item_tr, 1500))))
+    _add(held, "arithmetic", sorted(set(_arithmetic(rng, name_ho, item_ho, h)))[:h])
 
     rng.shuffle(train)  # kinds interleaved, so any prefix of TRAIN is a balanced sample
     held_set = {d["prompt"] for d in held}
@@ -400,21 +401,18 @@ def _extra(t: dict) -> list[dict]:
     (EXTRA_SEED), so the first batch and the held-out split stay what they were."""
     rng = random.Random(EXTRA_SEED)
     out: list[dict] = []
-
-    def add(kind, prompts):
-        out.extend({"prompt": p, "kind": kind} for p in prompts)
-
-    add("chat", [x.format(t=s) for s in t["subjects"] for x in rng.sample(T_EXPLAIN2, 3)]
+    _add(out, "chat", [x.format(t=s) for s in t["subjects"] for x in rng.sample(T_EXPLAIN2, 3)]
         + [x.format(t=s) for s in t["howtos"] for x in rng.sample(T_HOWTO2, 2)]
         + [x.format(t=p) for p in t["pairs"] for x in rng.sample(T_COMPARE2, 2)])
-    add("code", [x.format(t=c) for c in t["code"] for x in T_CODE2] + [x.format(t=m) for m in t["modules"] for x in T_MODULE2])
-    add("lists", [x.format(t=s) for s in t["lists"] for x in T_LIST2])
+    _add(out, "code", [x.format(t=c) for c in t["code"] for x in T_CODE2]
+         + [x.format(t=m) for m in t["modules"] for x in T_MODULE2])
+    _add(out, "lists", [x.format(t=s) for s in t["lists"] for x in T_LIST2])
     stories: set[str] = set()
     while len(stories) < 1200:
         stories.add(rng.choice(T_STORY2).format(c=rng.choice(t["chars"]), s=rng.choice(t["settings"]),
                                                 m=rng.choice(t["themes"])))
-    add("stories", sorted(stories))
-    add("arithmetic", sorted(set(_arithmetic(rng, t["names"], t["items"], 1200))))
+    _add(out, "stories", sorted(stories))
+    _add(out, "arithmetic", sorted(set(_arithmetic(rng, t["names"], t["items"], 1200))))
     out = list({d["prompt"]: d for d in out}.values())
     rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
     return out
