@@ -284,6 +284,33 @@ def report(res: dict, contexts: list[int], depths: list[int]) -> None:
           f"RSS growth from step 20 to the end {res['rss_growth'] / 1024:.0f} KiB")
 
 
+# issue 5's targets for the default engines (the ``shared`` variant): verify latency relative
+# to depth 1 at every context, and depth 1 against onnxruntime-genai's per-token time
+DEPTH_TARGETS = {4: 1.20, 8: 1.35}
+
+
+def verdicts(merged: dict[str, dict], contexts: list[int]) -> list[tuple[str, bool]]:
+    """Issue 5's latency targets checked on the merged results (variant -> its result with
+    median latencies): each depth in DEPTH_TARGETS within its ratio to depth 1 on the
+    ``shared`` engines, and their depth 1 no slower than onnxruntime-genai's token, called
+    in turn in one process (the ``ortgenai`` variant). Returns (line, passed) pairs; a
+    variant that did not run gives no lines."""
+    out: list[tuple[str, bool]] = []
+    lat = merged.get("shared", {}).get("latency", {})
+    for c in contexts:
+        for d, limit in DEPTH_TARGETS.items():
+            if f"{c}/{d}" in lat and f"{c}/1" in lat:
+                r = lat[f"{c}/{d}"] / lat[f"{c}/1"]
+                out.append((f"context {c}: depth {d} {r:.2f}x depth 1 (target <= {limit:.2f}x)", r <= limit))
+    og = merged.get("ortgenai", {}).get("latency", {})
+    for c in contexts:
+        if f"{c}/ortgenai" in og:
+            r = og[f"{c}/1"] / og[f"{c}/ortgenai"]
+            out.append((f"context {c}: depth 1 {r:.2f}x onnxruntime-genai's per-token time (target <= 1.00x)",
+                        r <= 1.0))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="shared,per-depth,plain")
@@ -340,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             results[v].append(json.loads(line[7:]))
     if args.passes > 1:
         print(f"\n{args.passes} passes over the variants in turn; latencies are medians over the passes' medians")
+    merged: dict[str, dict] = {}
     for v, runs in results.items():
         if not runs:
             continue
@@ -347,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         res["latency"] = {k: float(statistics.median(r["latency"][k] for r in runs)) for k in runs[0]["latency"]}
         res["peak_rss"] = max(r["peak_rss"] for r in runs)
         report(res, contexts, depths)
+        merged[v] = res
+    checks = verdicts(merged, contexts)
+    if checks:
+        print("\nissue 5's latency targets, default engines (shared):")
+        for line, ok in checks:
+            print(f"  [{'PASS' if ok else 'FAIL'}] {line}")
     print(f"\nload average at the end {os.getloadavg()}")
     return 0
 
