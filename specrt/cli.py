@@ -1,7 +1,9 @@
 """The ``specrt`` command line: one command per capability.
 
-User errors print ``error: <message>`` and exit 1 without a traceback; anything else
-is a bug and keeps its traceback.
+User errors print ``error: <message>`` and exit 1 without a traceback; so do click's
+own errors (a missing file, a bad option value, an unknown option: click exits 2 for
+these by default, the project's rule is 1 for every bad input). Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ from specrt.errors import UserError
 
 
 class _Group(click.Group):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:  # click's standalone handling, with exit 1 for its usage errors
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(1)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)  # --help, --version: click's exit code (0)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
