@@ -84,8 +84,12 @@ def _kept(x: np.ndarray, m: float, params: SamplingParams) -> tuple[np.ndarray |
     """One row x [V] with max m -> (kept token ids, their weights exp((x - m) / T) float64).
 
     Only the kept tokens are exponentiated and sorted: top-k partitions in O(V); top-p
-    sorts the 1024 heaviest candidates, enough whenever they hold top_p of the mass (the
-    next token then has >= top_p before it and is dropped), else the whole row."""
+    sorts only the candidates at or above a weight threshold, starting at 1e-4 of the
+    heaviest and lowered until they hold top_p of the mass (with a margin for rounding):
+    every token below the threshold then has at least top_p before it in the heaviest-
+    first order and is dropped, so the kept set is exactly the whole row's. A threshold
+    and a masked sum cost two passes over the row; an argpartition of it cost 0.3 ms a
+    row, 12% of a sampled decode's time on SmolLM2's 49152 tokens."""
     V, k, top_p = len(x), params.top_k, params.top_p
     if 0 < k < V:
         idx = np.flatnonzero(x >= np.partition(x, V - k)[V - k])  # ties at the k-th logit kept
@@ -93,11 +97,18 @@ def _kept(x: np.ndarray, m: float, params: SamplingParams) -> tuple[np.ndarray |
         idx = slice(None)
     e = np.exp((x[idx].astype(np.float64) - m) / params.temperature)
     if top_p < 1.0:
-        z, n = e.sum(), len(e)
-        cand = np.sort(np.argpartition(-e, 1023)[:1024]) if n > 1024 else np.arange(n)
+        z = e.sum()
+        need = top_p * z * (1.0 + 1e-9)  # the margin keeps the sorted cumulative sum past top_p * z
+        t, cand = float(e.max()) * 1e-4, None
+        while t > 1e-300:
+            mask = e >= t
+            if e[mask].sum() >= need:
+                cand = np.flatnonzero(mask)  # ascending token ids
+                break
+            t *= 1e-8
+        if cand is None:
+            cand = np.arange(len(e))
         order = cand[np.argsort(-e[cand], kind="stable")]  # heaviest first, ties by token id
-        if n > 1024 and e[order].sum() < top_p * z:
-            order = np.argsort(-e, kind="stable")
         se = e[order]
         # keep a token while the mass strictly before it is < top_p: the first always survives
         keep = order[np.cumsum(se) - se < top_p * z]

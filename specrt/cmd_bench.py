@@ -235,7 +235,9 @@ class _SpecrtWorker:
         from specrt.runtime.session import Session
         overrides = {"intra_op_num_threads": int(job["threads"])} if job.get("threads") else None
         self.specs = list(job.get("governors") or [job["governor"]])
-        self.session = Session(job["engines"], governor=self.specs[0], ort_overrides=overrides)
+        from specrt.runtime.sampling import SamplingParams
+        sampling = SamplingParams(**job["sampling"]) if job.get("sampling") else SamplingParams()
+        self.session = Session(job["engines"], governor=self.specs[0], sampling=sampling, ort_overrides=overrides)
         e = self.session.engines
         kind = (e.export.get("draft") or {}).get("kind")
         self.counters = {}
@@ -855,8 +857,15 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
-              echo: Callable[..., None] = click.echo) -> dict:
+              sampling: dict | None = None, echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json).
+
+    sampling: SamplingParams fields (temperature, top_p, top_k, seed) for specrt's
+    configurations; temperature > 0 samples (rejection sampling when speculating), every
+    configuration from the same seed. Sampled outputs differ between configurations by
+    design (speculation draws its randomness in another order; the distribution is the
+    target's, which tests/runtime checks), so no token identity is checked, and the
+    peers, which this benchmark runs greedy only, are skipped: `off` is the baseline.
 
     variants: label -> another engines folder built from the same target graph (e.g.
     ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``."""
@@ -873,6 +882,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if processes > 1 and not interleaved:
         raise UserError(f"--processes {processes} needs --schedule interleaved (the sequential schedule runs one "
                         "process per configuration)")
+    from specrt.runtime.sampling import SamplingParams
+
+    params = SamplingParams(**(sampling or {}))  # UserError on a bad value, before anything runs
+    sampled = not params.greedy
+    sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed}
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     govs = _split(governors) if governors else (
@@ -919,14 +933,18 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     peer_spin = engines_spin if peer_threading == "matched" else None
     for g in govs:
         jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
-                                     "governor": g}))
+                                     "governor": g, "sampling": sampling}))
     for label, ve in variant_engines.items():
         for g in govs:
             jobs.append((f"specrt:{g}@{label}", {**base, "kind": "specrt", "engines": str(ve.folder.resolve()),
-                                                 "governor": g}))
+                                                 "governor": g, "sampling": sampling}))
     for peer in peer_list:
         if lib is None:
             skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
+            continue
+        if sampled:
+            skipped[peer] = (f"--temperature {params.temperature:g}: the peers run greedy only; specrt without "
+                             "speculation (off) is the sampled baseline")
             continue
         reason = lib.peer_unavailable(peer, hf_folder)
         spin = peer_spin
@@ -998,8 +1016,14 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         c["ratio_vs_off"] = m / off_tps if off_tps and m is not None else None
         c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
     outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
-    ident = identity(outputs, REFERENCE) if REFERENCE in outputs else {"reference": None, "configs": {},
-                                                                          "failures": [], "peer_mismatches": []}
+    if sampled:
+        ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": [],
+                 "note": "sampled: outputs are not compared token for token (speculative sampling is exact in "
+                         "distribution, not per seed)"}
+    elif REFERENCE in outputs:
+        ident = identity(outputs, REFERENCE)
+    else:
+        ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
     report = {
         "format": "specrt-bench/1",
         "machine": machine,
@@ -1011,7 +1035,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                      "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
                                           "depths": list(ve.depths)} for label, ve in variant_engines.items()},
-                     "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": True, "batch": 1,
+                     "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": not sampled,
+                     "sampling": sampling if sampled else None, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
                      "peer_spin": peer_spin, "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
                      "workers": ("one process per engines folder, shared by its governors; one per peer"
@@ -1087,14 +1112,17 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
          f"load at start {m.get('load_average_at_start')}")
     st = report["settings"]
     spin = {None: "their defaults", True: "spinning", False: "sleeping"}[st.get("peer_spin")]
-    echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, greedy, batch 1; idle threads: "
+    sp = st.get("sampling")
+    how = ("greedy" if not sp else f"sampled (temperature {sp['temperature']:g}, top-p {sp['top_p']:g}, "
+           f"top-k {sp['top_k']}, seed {sp['seed']})")
+    echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, {how}, batch 1; idle threads: "
          f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
     echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
-        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else "ref"
+        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("-" if sp else "ref")
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         echo(f"{n:18s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('tau'), '%5.2f')} "
@@ -1134,6 +1162,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
         click.secho(f"FAILURE {mm['config']} vs {ident['reference']} (same engines): prompt {mm['prompt']} differs "
                     f"at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
                     fg="red", err=True)
+    if ident.get("note"):
+        echo(ident["note"])
     echo(f"report: {out / REPORT_FILE}" + (f"; plots: {', '.join(report['plots'])}" if report["plots"] else ""))
 
 
@@ -1178,14 +1208,22 @@ def _parse_variants(values) -> dict[str, Path]:
               help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
                    "one process's memory placement (two identical processes have measured up to 8% apart) "
                    "weighs on 1/N of each configuration's prompts. N times the memory.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
+                   "checked, `off` is the baseline). 0: greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Every configuration samples from this seed.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
+          seed, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
-                       schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet)
+                       schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,
+                       sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed})
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

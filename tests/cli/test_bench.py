@@ -384,3 +384,35 @@ def test_variant_errors(tiny_engines, prompts_file, tmp_path):
     build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "other", profile_repeats=1, log=_quiet)
     r = runner.invoke(bench, [*base, "--variant", f"o={tmp_path / 'other'}"])
     assert isinstance(r.exception, UserError) and "another target graph" in str(r.exception)
+
+
+def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, prompts_file, tmp_path, report):
+    """--temperature > 0: specrt's governors sample from one seed, peers are skipped with the
+    reason, and the report says outputs are not compared; the same seed gives the same
+    tokens again (the runtime's one random source)."""
+    outs = []
+    for run in ("a", "b"):
+        r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / run),
+                                       "--max-new-tokens", "10", "--governors", "off,fixed:2", "--threads", "1",
+                                       "--warmup-tokens", "2", "--temperature", "0.8", "--top-p", "0.9",
+                                       "--seed", "7"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        rep = json.loads((tmp_path / run / "bench.json").read_text())
+        assert rep["settings"]["greedy"] is False
+        assert rep["settings"]["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 0, "seed": 7}
+        assert set(rep["configs"]) == {"specrt:off", "specrt:fixed:2"}
+        assert all("greedy only" in rep["skipped"][p] for p in ("ortgenai", "hf", "hf-lookup"))
+        assert rep["identity"]["configs"] == {} and "not compared" in rep["identity"]["note"]
+        assert "sampled (temperature 0.8, top-p 0.9, top-k 0, seed 7)" in r.output
+        outs.append(rep["outputs"])
+    assert outs[0] == outs[1]  # same seed, same samples, each configuration
+    assert outs[0]["specrt:off"] != report[0]["outputs"]["specrt:off"]  # it sampled: not the greedy tokens
+
+
+def test_bad_sampling_options_are_user_errors(tiny_engines, prompts_file, tmp_path):
+    for extra, match in ((["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
+                         (["--top-k", "-2"], "top_k"), (["--seed", "-1"], "seed")):
+        r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                       "--peers", "none", *extra])
+        assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
+        assert not (tmp_path / "r").exists()
