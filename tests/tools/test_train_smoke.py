@@ -321,7 +321,7 @@ def test_computed_features_are_kept_for_the_next_run_keyed_by_content(tmp_path, 
     cache = tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 2], 64)
     first = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
     assert "computing features of 3 sequences" in capsys.readouterr().err
-    again = tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache)
+    again = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
     err = capsys.readouterr().err
     assert "computing" not in err and "features of 3 sequences read from" in err
     for a, b in zip((first.aux, first.final, first.argmax), (again.aux, again.final, again.argmax)):
@@ -384,7 +384,7 @@ def test_features_are_kept_as_they_are_computed(tmp_path, capsys, monkeypatch):
         tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache, keep_every_s=0.0)
     monkeypatch.undo()
     capsys.readouterr()
-    again = tp.build_features(model, seqs, [0, 1, 2], None, cache=cache)
+    again = tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache)
     err = capsys.readouterr().err
     assert "features of 2 sequences read from" in err and "computing features of 2 sequences" in err
     for a, b in zip((whole.aux, whole.final, whole.argmax), (again.aux, again.final, again.argmax)):
