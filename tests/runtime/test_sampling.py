@@ -90,19 +90,30 @@ def reference_probs(x, t, k, top_p):
         x = np.where(x >= np.sort(x, -1)[:, -k:-k + 1], x, -np.inf)
     p = np.exp(x - x.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    order = np.argsort(-p, -1, kind="stable")
-    sp = np.take_along_axis(p, order, -1)
-    keep = np.zeros(p.shape, bool)
-    np.put_along_axis(keep, order, np.cumsum(sp, -1) - sp < top_p, -1)
-    p = np.where(keep, p, 0.0)
+    if top_p < 1.0:  # 1 is off (a cumulative sum can round to 1.0 before the last tokens)
+        order = np.argsort(-p, -1, kind="stable")
+        sp = np.take_along_axis(p, order, -1)
+        keep = np.zeros(p.shape, bool)
+        np.put_along_axis(keep, order, np.cumsum(sp, -1) - sp < top_p, -1)
+        p = np.where(keep, p, 0.0)
     return p / p.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("scale", [0.3, 3.0, 8.0])  # flat (top-p needs the full sort) to peaked
+@pytest.mark.parametrize("scale", [0.05, 0.3, 3.0, 8.0])  # flat (top-p needs the full sort) to peaked
 def test_fast_paths_equal_the_reference_definition(scale):
-    rng = np.random.default_rng(int(scale * 10))
-    x = (rng.normal(0, scale, (3, 5000))).astype(np.float32)
+    """The top-p fast path sorts only the tokens above a weight threshold: the kept set and
+    the weights must be the full sort's, on rows shaped like SmolLM2's (49152 tokens) too."""
+    rng = np.random.default_rng(int(scale * 100))
+    x = (rng.normal(0, scale, (6, 5000))).astype(np.float32)
     x[1, :7] = x[1].max()  # a tie at the top
-    for t, k, top_p in [(1.0, 0, 1.0), (0.7, 50, 1.0), (0.7, 0, 0.9), (1.3, 2000, 0.95), (0.5, 7, 0.5)]:
-        np.testing.assert_allclose(probs(x, SamplingParams(t, k, top_p)), reference_probs(x, t, k, top_p),
-                                   rtol=1e-9, atol=1e-15)
+    x[2, 100] = x[2].max() + 12.0  # one dominant token: top-p keeps it alone
+    x[3, 200:260] = np.float32(np.sort(x[3])[-40])  # a run of ties across the top-p edge
+    x[4] = np.round(x[4] / scale * 4) * scale / 4  # ~30 tied levels (not all one value: then the
+    # top-p edge falls exactly on a tie's cumulative mass, where rounding alone decides)
+    wide = rng.normal(0, scale, (2, 49152)).astype(np.float32)
+    for rows in (x, wide):
+        for t, k, top_p in [(1.0, 0, 1.0), (0.7, 50, 1.0), (0.7, 0, 0.9), (1.3, 2000, 0.95), (0.5, 7, 0.5),
+                            (1.0, 0, 0.95), (1.3, 0, 0.5), (0.7, 0, 0.999), (0.7, 50, 0.9)]:
+            got, want = probs(rows, SamplingParams(t, k, top_p)), reference_probs(rows, t, k, top_p)
+            np.testing.assert_array_equal(got > 0, want > 0, err_msg=f"kept set, t={t} k={k} top_p={top_p}")
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
