@@ -2,7 +2,8 @@
 
     report = calibrate("ENGINES", prompts, chat=True, max_new_tokens=128, holdout=0.25)
 
-1. Every prompt is decoded greedily with the full block drafted *and verified* each round
+1. Every prompt is decoded (greedily, or sampled with the given ``SamplingParams``: one
+   calibration per decoding mode) with the full block drafted *and verified* each round
    (FixedGovernor at the largest built depth K, capped near the token budget as usual), so
    each round shows the draft's confidence at every position 1..d and how many of the
    drafts the target accepted (a).
@@ -17,9 +18,10 @@
    before (identity map: the raw draft confidence) and after calibration, and the AUC of
    each (runtime.governor.auc): how well it ranks rounds by outcome. ECE can be small while
    AUC is near 0.5 (right on average, no help choosing a depth round by round).
-4. ``ENGINES/calibration.json`` is written atomically (temp file + os.replace) holding the
-   calibration fitted on the training prompts (the one the held-out numbers describe) and
-   the engines' export digest, which ``session.load_calibration`` checks.
+4. ``ENGINES/calibration.json`` is written atomically (temp file + os.replace) holding,
+   under the decoding mode's key, the calibration fitted on the training prompts (the one
+   the held-out numbers describe), next to the other modes' calibrations for the same
+   engines, and the engines' export digest, which ``session.load_calibration`` checks.
 
 Online refinement happens at run time (DSparkGovernor.observe -> Calibration.update).
 No torch, no transformers: engines and numpy only.
@@ -39,10 +41,11 @@ import numpy as np
 from specrt.errors import UserError
 
 from .governor import Calibration, FixedGovernor, auc, ece
-from .session import CALIBRATION_FILE, Session
+from .sampling import SamplingParams
+from .session import CALIBRATION_FILE, Session, prior_from, read_calibration_file
 from .telemetry import RoundResult, Telemetry
 
-FILE_FORMAT = "specrt.calibration-file/1"
+FILE_FORMAT = "specrt.calibration-file/2"  # {"export_digest", "modes": {SamplingParams.mode: entry}}
 SPLIT_SEED = 0
 ECE_BINS = 10
 
@@ -155,8 +158,14 @@ def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
 
 def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
               max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
-              *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None) -> dict:
+              *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None,
+              sampling: SamplingParams = SamplingParams()) -> dict:
     """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
+
+    ``sampling``: the decoding mode to calibrate for (greedy by default; a temperature > 0
+    decodes by rejection sampling, where acceptance is lower and the map differs). The
+    file keeps one calibration per mode (``SamplingParams.mode``): writing one mode keeps
+    the others fitted for the same engines.
 
     ``prompts``: texts (tokenised with the export's tokenizer, chat template when ``chat``)
     or token-id lists. ``holdout_prompts``: a separate held-out set (then every prompt of
@@ -178,7 +187,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     else:
         train_idx, hold_idx = split_prompts(len(prompts), holdout)
 
-    with Session(engines_dir, governor="off") as s:
+    with Session(engines_dir, governor="off", sampling=sampling) as s:
         if s.engines.export.get("draft") is None:
             raise UserError(f"{engines_dir}: the engines have no draft; there is nothing to calibrate")
         depths = s.engines.depths
@@ -215,6 +224,22 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
     before = evaluate(eval_rounds, lambda c: c, K)
     after = evaluate(eval_rounds, cal, K)
+    # what a run in this mode would start from without this fit: another mode's calibration
+    # of these engines, as a prior (session.load_calibration)
+    path = engines_dir / CALIBRATION_FILE
+    modes: dict[str, dict] = {}
+    if path.is_file():
+        try:
+            modes = read_calibration_file(path, digest) or {}
+        except UserError as e:
+            log(f"{path.name} is not usable ({e}); it will be replaced")
+    others = {m: e for m, e in modes.items() if m != sampling.mode}
+    other_mode = None
+    if others:
+        near, prior = prior_from(others, sampling)
+        o = evaluate(eval_rounds, prior, K)
+        other_mode = {"mode": near, **{which: {"ece": o[which]["ece"], "ece_all": o[which]["ece_all"],
+                                               "predicted": o[which]["predicted"]} for which in o}}
     ece_rep = {which: {"before": before[which]["ece"], "after": after[which]["ece"],
                        "before_all": before[which]["ece_all"], "after_all": after[which]["ece_all"],
                        "auc_before": before[which]["auc"], "auc_after": after[which]["auc"],
@@ -225,6 +250,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     report = {
         "engines": str(engines_dir),
         "export_digest": digest,
+        "mode": sampling.mode,
+        "sampling": None if sampling.greedy else sampling.as_dict(),
         "depth": K,
         "depths": list(depths),
         "kind": cal.kind,
@@ -244,22 +271,24 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         "tau": total.tau,
         "acceptance_by_position": total.acceptance_by_position,
         "acceptance_conditional": total.acceptance_conditional,
+        "other_mode": other_mode,
         "file": None,
     }
     if write:
-        path = engines_dir / CALIBRATION_FILE
-        data = {"format": FILE_FORMAT, "export_digest": digest, "rounds": len(train), "depth": K,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "prompts": len(train_idx), "max_new_tokens": max_new_tokens, "chat": bool(chat),
-                "calibration": cal.to_dict(),
-                "heldout_ece": {w: {"before_all": ece_rep[w]["before_all"], "after_all": ece_rep[w]["after_all"]}
-                                for w in ece_rep}, "evaluated_on": evaluated_on}
+        entry = {"sampling": report["sampling"], "rounds": len(train), "depth": K,
+                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "prompts": len(train_idx), "max_new_tokens": max_new_tokens, "chat": bool(chat),
+                 "calibration": cal.to_dict(),
+                 "heldout_ece": {w: {"before_all": ece_rep[w]["before_all"], "after_all": ece_rep[w]["after_all"]}
+                                 for w in ece_rep}, "evaluated_on": evaluated_on}
+        kept = sorted(others)  # the other modes' calibrations of these engines stay
         try:
-            write_atomic(path, data)
+            write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest, "modes": {**others, sampling.mode: entry}})
         except OSError as e:
             raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
         report["file"] = str(path)
-        log(f"wrote {path} ({cal.kind}, {len(train)} rounds)")
+        log(f"wrote {path} ({sampling.mode}: {cal.kind}, {len(train)} rounds"
+            + (f"; kept {', '.join(kept)})" if kept else ")"))
     return report
 
 
@@ -269,7 +298,7 @@ def format_report(r: dict) -> str:
         return "   -  " if v is None else f"{v:6.3f}"
 
     c, s = r["ece"]["conditional"], r["ece"]["survival"]
-    lines = [f"calibration ({r['kind']}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
+    lines = [f"calibration ({r['kind']}, {r.get('mode', 'greedy')}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
              f"evaluated on {r['evaluated_on']} ({r['prompts']['holdout']} prompts, {r['rounds']['holdout']} rounds); "
              f"depth {r['depth']}, tau {r['tau']:.2f}",
              "  pos |  n reach  accept  ECE c before  after  AUC c | n verif  surviv  ECE S before  after  AUC S"]
@@ -279,6 +308,11 @@ def format_report(r: dict) -> str:
                      f" {f(s['after'][k])} {f(s['auc_after'][k])}")
     lines.append(f"  all |                        {f(c['before_all'])} {f(c['after_all'])}        |"
                  f"                        {f(s['before_all'])} {f(s['after_all'])}")
+    om = r.get("other_mode")
+    if om:
+        lines.append(f"  without this fit a run in this mode starts from the {om['mode']} calibration (as a prior): "
+                     f"ECE c {f(om['conditional']['ece_all']).strip()}, S {f(om['survival']['ece_all']).strip()} "
+                     f"on the same rounds; by position c " + " ".join(f(v).strip() for v in om["conditional"]["ece"]))
     lines.append("  (AUC c: the raw confidence ranking reached positions by acceptance; AUC S: the calibrated "
                  "survival ranking verified rounds by reaching past the position; 0.5 = no better than chance)")
     return "\n".join(lines)

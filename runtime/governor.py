@@ -381,6 +381,17 @@ class Calibration:
         cal.cv_by_position = by_position
         return cal
 
+    def softened(self, rounds: float) -> Calibration:
+        """A copy whose counts are scaled down to at most ``rounds`` per position (the same
+        map, less weight): a prior that online updates soon outweigh."""
+        cal = Calibration(self.kind, positions=self.positions, bins=self.bins, prior=self.prior,
+                          window=self.window, refit_every=self.refit_every)
+        total = self.n.sum(1, keepdims=True)  # [P, 1]
+        f = np.where(total > rounds, rounds / np.maximum(total, 1e-300), 1.0)
+        cal.n, cal.a = self.n * f, self.a * f
+        cal.refit()
+        return cal
+
     def to_dict(self) -> dict:
         return {"format": "specrt.calibration/1", "kind": self.kind, "bins": self.bins, "prior": self.prior,
                 "window": self.window, "refit_every": self.refit_every,

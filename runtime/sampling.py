@@ -44,6 +44,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def mode(self) -> str:
+        """The decoding mode a calibration is fitted for (acceptance depends on it, not on
+        the seed): 'greedy', or e.g. 'temperature=0.7,top_k=0,top_p=0.9'."""
+        if self.greedy:
+            return "greedy"
+        return f"temperature={float(self.temperature):g},top_k={int(self.top_k)},top_p={float(self.top_p):g}"
+
+    def as_dict(self) -> dict:
+        return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
+                "seed": None if self.seed is None else int(self.seed)}
+
 
 def make_rng(seed: int | None) -> np.random.Generator:
     """The one random source of a run (PCG64): same seed, same tokens."""

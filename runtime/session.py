@@ -8,8 +8,9 @@
 Governors: ``off`` (no speculation, same engines), ``fixed:K``, ``adaptive``
 (onnxruntime-genai's scalar rule) and ``dspark`` (calibrated confidence and the engines'
 cost table). The calibration comes from ``ENGINES/calibration.json`` (``specrt
-calibrate``); without one, or with one made for other engines, the identity map is used
-and ``calibration_note`` says so.
+calibrate``), fitted for the run's decoding mode (greedy, or the same temperature /
+top-k / top-p); one fitted for another mode serves only as a weak prior; without one, or
+with one made for other engines, the identity map is used. ``calibration_note`` says which.
 """
 
 from __future__ import annotations
@@ -43,18 +44,75 @@ def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
     return load_file(str(export_dir / vm["file"]))["d2t"]
 
 
-def load_calibration(engines) -> tuple[Calibration | None, str]:
-    """(calibration, note). A calibration is tied to the engines' export digest."""
+# A calibration fitted under another decoding mode (greedy vs sampled, or another
+# temperature / top-k / top-p) is only a prior: its counts are scaled down to this many
+# rounds per position, so that the online updates take over within a prompt or two.
+# Acceptance differs between modes (SmolLM2 + the committed draft: position 2's
+# conditional acceptance 0.32 greedy, 0.26 at temperature 0.7 / top-p 0.9; the greedy
+# map over-predicts the sampled first position by 0.05), and a full calibration's counts
+# (thousands of rounds) would outweigh a run's own rounds for good.
+PRIOR_ROUNDS = 64
+
+
+def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, dict] | None:
+    """The calibrations stored in ``path`` by decoding mode (``SamplingParams.mode``):
+    {mode: entry with 'calibration', 'rounds', 'sampling', ...}. None when the file was
+    fitted for other engines (``digest`` given and different). Format /1 (one greedy
+    calibration at the top level) reads as {'greedy': ...}."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if fmt == "specrt.calibration-file/1":
+        modes = {"greedy": {k: v for k, v in data.items() if k not in ("format", "export_digest")}}
+    elif fmt == "specrt.calibration-file/2" and isinstance(data.get("modes"), dict) and data["modes"]:
+        modes = data["modes"]
+    else:
+        raise UserError(f"{path}: format {fmt!r}: expected 'specrt.calibration-file/2' (or /1) with "
+                        "at least one calibration; written by `specrt calibrate`")
+    for m, e in modes.items():
+        if not isinstance(e, dict) or "calibration" not in e:
+            raise UserError(f"{path}: mode {m!r} has no 'calibration'")
+    if digest is not None and data.get("export_digest") != digest:
+        return None
+    return modes
+
+
+def _temperature_of(mode: str, entry: dict) -> float:
+    return 0.0 if mode == "greedy" else float((entry.get("sampling") or {}).get("temperature", 1.0))
+
+
+def prior_from(modes: dict[str, dict], sampling: SamplingParams) -> tuple[str, Calibration]:
+    """(mode, calibration): the stored calibration of the temperature nearest ``sampling``'s
+    (greedy counts as 0; ties by name), softened to a prior of PRIOR_ROUNDS rounds a position."""
+    t = 0.0 if sampling.greedy else sampling.temperature
+    near = min(modes, key=lambda m: (abs(_temperature_of(m, modes[m]) - t), m))
+    return near, Calibration.from_dict(modes[near]["calibration"]).softened(PRIOR_ROUNDS)
+
+
+def load_calibration(engines, sampling: SamplingParams = SamplingParams()) -> tuple[Calibration | None, str]:
+    """(calibration, note) for decoding with ``sampling``. A calibration is tied to the
+    engines' export digest and to a decoding mode: the mode's own when stored; otherwise
+    the stored one of the nearest temperature, as a prior of PRIOR_ROUNDS rounds a
+    position that the run's own rounds soon outweigh."""
     p = Path(engines.folder) / CALIBRATION_FILE
     if not p.is_file():
         return None, "no calibration stored: DSpark uses the identity map (run `specrt calibrate`)"
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p}: not valid JSON ({e})") from None
-    if data.get("export_digest") != engines.manifest["export"]["digest"]:
+    modes = read_calibration_file(p, engines.manifest["export"]["digest"])
+    if modes is None:
         return None, f"{p} was fitted for other engines (export digest differs): using the identity map"
-    return Calibration.from_dict(data["calibration"]), f"calibration from {p.name} ({data.get('rounds', '?')} rounds)"
+    want = sampling.mode
+    if want in modes:
+        e = modes[want]
+        return Calibration.from_dict(e["calibration"]), f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
+    near, cal = prior_from(modes, sampling)
+    how = "--temperature ..." if want != "greedy" else "(greedy)"
+    return cal, (f"{p.name} holds no calibration for {want}: the {near} one serves as a prior of "
+                 f"{PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate` {how} "
+                 "and the same sampling options)")
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
@@ -77,7 +135,7 @@ class Session:
             raise UserError(f"{engines_dir}: the engines have no draft; only --governor off can run")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
-        self.calibration, self.calibration_note = load_calibration(self.engines)
+        self.calibration, self.calibration_note = load_calibration(self.engines, sampling)
         self.governor_spec = governor
         self.sampling = sampling
         self.d2t = read_d2t(self.engines.export_dir, self.engines.export)

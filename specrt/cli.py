@@ -16,6 +16,7 @@ import click
 
 from specrt import __version__
 from specrt.errors import UserError
+from specrt.sampling_options import sampling_options
 
 
 class _Group(click.Group):
@@ -207,10 +208,7 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--governor", default="dspark", show_default=True,
               help="off | fixed:K | adaptive | dspark[:block=K][:profiled] (block: DSpark drafts a fixed "
                    "block of K; profiled: its costs stay the build's cost table)")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--seed", type=int, default=None)
+@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")

@@ -109,6 +109,7 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError
+from specrt.sampling_options import sampling_options
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
@@ -282,7 +283,7 @@ class _SpecrtWorker:
 
     def extra(self) -> dict:
         st = getattr(self.session.engines, "ort_settings", None)
-        return {"ort_threads": st and st.intra_op_num_threads}
+        return {"ort_threads": st and st.intra_op_num_threads, "calibration_note": self.session.calibration_note}
 
     def close(self):
         self.session.close()
@@ -530,6 +531,8 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "sequential_passes_avoided_per_round": avoided / DR if DR else 0.0,
         "ort_threads": res.get("ort_threads"),
     })
+    if "dspark" in name:  # which calibration DSpark started from (its decoding mode's, a prior, none)
+        s["calibration_note"] = res.get("calibration_note")
     pred_s = measured_decode_s = engines_s = 0.0
     decode_tokens = 0
     for rec, ids in zip(pp, prompts):
@@ -1137,6 +1140,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             if c.get("drafted_but_unverified_rounds"):
                 extra += f"; {c['drafted_but_unverified_rounds']} of {c['drafting_rounds']} drafted rounds verified nothing"
             echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
+            if c.get("calibration_note"):
+                echo(f"  {n}: {c['calibration_note']}")
     eff = report["efficiency"]
     a = eff["a_off_vs_ortgenai"]
     if a:
@@ -1208,12 +1213,9 @@ def _parse_variants(values) -> dict[str, Path]:
               help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
                    "one process's memory placement (two identical processes have measured up to 8% apart) "
                    "weighs on 1/N of each configuration's prompts. N times the memory.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
-                   "checked, `off` is the baseline). 0: greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Every configuration samples from this seed.")
+@sampling_options("> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
+                  "checked, `off` is the baseline). 0: greedy.", seed=0,
+                  seed_help="Every configuration samples from this seed.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,

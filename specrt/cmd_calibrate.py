@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.prompt_files import prompts_of, read_prompt_file
+from specrt.sampling_options import sampling_options
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
@@ -40,20 +41,28 @@ def _engines_dir(ctx, param, value):
 @click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the full report as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+@sampling_options("Calibrate for sampled decoding at this temperature (0 = greedy), with --top-p / --top-k as "
+                  "`specrt run` will use them. One calibration is kept per mode.", seed=0,
+                  seed_help="Seed of the sampled decoding.")
 def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens: int, holdout: float,
-              holdout_file: Path | None, report_file: Path | None, as_json: bool) -> None:
+              holdout_file: Path | None, report_file: Path | None, as_json: bool, temperature: float, top_p: float,
+              top_k: int, seed: int) -> None:
     """Fit the DSpark governor's per-position confidence calibration on ENGINES_DIR.
 
-    Decodes the prompts greedily verifying the full draft block every round, fits the
-    map from draft confidence to acceptance on the training prompts, reports the
-    expected calibration error before / after on the held-out prompts and stores
-    ENGINES_DIR/calibration.json (tied to the engines' export digest)."""
+    Decodes the prompts (greedily, or sampled with --temperature) verifying the full
+    draft block every round, fits the map from draft confidence to acceptance on the
+    training prompts, reports the expected calibration error before / after on the
+    held-out prompts and stores it in ENGINES_DIR/calibration.json under its decoding
+    mode (tied to the engines' export digest; other modes' calibrations are kept)."""
     from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
+    from specrt.runtime.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
     prompts = read_prompts(prompts_file)
     held = read_prompts(holdout_file) if holdout_file is not None else None
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
-                           log=lambda s: click.echo(s, err=True), holdout_prompts=held)
+                           log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling)
     if report_file is not None:
         report_file.write_text(json.dumps(report, indent=2))
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

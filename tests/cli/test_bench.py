@@ -112,6 +112,9 @@ def test_governors_identical_and_counted(report):
     for name in ("specrt:fixed:2", "specrt:adaptive", "specrt:dspark"):
         assert ident["configs"][name]["identical_prompts"] == 2
     f2 = rep["configs"]["specrt:fixed:2"]
+    # which calibration DSpark started from is reported (these engines have none)
+    assert rep["configs"]["specrt:dspark"]["calibration_note"].startswith("no calibration stored")
+    assert "calibration_note" not in f2
     # P-EAGLE: one draft pass per round, and each round at depth 2 replaced 1 sequential pass
     assert f2["draft_passes_per_round"] == pytest.approx(1.0)
     assert 0 < f2["sequential_passes_avoided_per_round"] <= 1.0

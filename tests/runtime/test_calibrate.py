@@ -16,7 +16,8 @@ from specrt.errors import UserError
 from specrt.runtime.calibrate import (calibrate, conditional_samples, evaluate, format_report, split_prompts,
                                       write_atomic)
 from specrt.runtime.governor import Calibration, DSparkGovernor
-from specrt.runtime.session import CALIBRATION_FILE, Session, load_calibration
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.session import CALIBRATION_FILE, PRIOR_ROUNDS, Session, load_calibration
 
 from tests.engines.conftest import REFERENCE, quiet
 
@@ -122,13 +123,14 @@ def test_calibrate_writes_a_calibration_load_calibration_accepts(engines, tmp_pa
     assert rep["rounds"]["train"] > 0 and rep["rounds"]["holdout"] > 0 and rep["depth"] == 4
     data = json.loads((eng / CALIBRATION_FILE).read_text())
     assert data["export_digest"] == json.loads((eng / "engines.json").read_text())["export"]["digest"]
-    assert data["rounds"] == rep["rounds"]["train"]
+    assert data["format"] == "specrt.calibration-file/2" and list(data["modes"]) == ["greedy"]
+    assert data["modes"]["greedy"]["rounds"] == rep["rounds"]["train"] and rep["mode"] == "greedy"
     assert sorted(p.name for p in eng.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
     with Session(eng, governor="dspark") as s:
         cal = s.calibration
         assert isinstance(cal, Calibration) and cal.positions == 4
-        assert s.calibration_note == f"calibration from {CALIBRATION_FILE} ({rep['rounds']['train']} rounds)"
+        assert s.calibration_note == f"calibration from {CALIBRATION_FILE} ({rep['rounds']['train']} rounds, greedy)"
         assert s.generator.governor.calibration is cal
         assert cal.n.sum() == rep["samples"]["train"] and cal.a.sum() <= cal.n.sum()
     assert "ECE" in format_report(rep)
@@ -150,6 +152,66 @@ def test_calibration_for_other_engines_is_refused_with_a_note(engines, small_voc
 
     cal, note = load_calibration(load_engines(b, verify=False))
     assert cal is None and note.startswith("no calibration stored")
+
+
+def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
+    """Sampled decoding accepts drafts at other rates than greedy: calibrate keeps one map per
+    mode (temperature / top-k / top-p, not the seed), a run loads its own mode's, and a run
+    in a mode with none takes the nearest temperature's as a weak prior, saying so."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    hot = SamplingParams(temperature=1.3, top_p=0.95, seed=3)
+    g = calibrate(eng, prompts(16, 6, seed=2), max_new_tokens=40, holdout=0.0)
+    h = calibrate(eng, prompts(16, 6, seed=2), max_new_tokens=40, holdout=0.0, sampling=hot)
+    assert h["mode"] == "temperature=1.3,top_k=0,top_p=0.95" and h["sampling"]["temperature"] == 1.3
+    # the report prices the calibration the sampled mode would otherwise start from
+    assert g["other_mode"] is None and h["other_mode"]["mode"] == "greedy"
+    assert 0.0 <= h["other_mode"]["conditional"]["ece_all"] <= 1.0
+    assert len(h["other_mode"]["survival"]["ece"]) == h["depth"]
+    assert "starts from the greedy calibration (as a prior)" in format_report(h)
+    data = json.loads((eng / CALIBRATION_FILE).read_text())
+    assert sorted(data["modes"]) == ["greedy", h["mode"]]  # the sampled fit kept the greedy one
+    assert data["modes"][h["mode"]]["rounds"] == h["rounds"]["train"]
+    assert data["modes"]["greedy"]["rounds"] == g["rounds"]["train"]
+    greedy_cal = Calibration.from_dict(data["modes"]["greedy"]["calibration"])
+    hot_cal = Calibration.from_dict(data["modes"][h["mode"]]["calibration"])
+    assert not np.array_equal(greedy_cal.n, hot_cal.n)  # two different sets of rounds
+
+    with Session(eng, governor="dspark", sampling=SamplingParams(1.3, 0, 0.95, seed=9)) as s:  # another seed: same mode
+        assert s.calibration_note.endswith(f"rounds, {h['mode']})")
+        np.testing.assert_array_equal(s.calibration.n, hot_cal.n)
+    # a mode with no calibration: the nearest temperature's map, its counts cut to a prior
+    for params, near in [(SamplingParams(temperature=0.9, top_p=0.95), h["mode"]),
+                         (SamplingParams(temperature=0.2), "greedy")]:
+        with Session(eng, governor="dspark", sampling=params) as s:
+            assert f"no calibration for {params.mode}: the {near} one serves as a prior of {PRIOR_ROUNDS}" \
+                in s.calibration_note
+            src = hot_cal if near != "greedy" else greedy_cal
+            big = src.n.sum(1) > PRIOR_ROUNDS  # positions with more rounds than a prior holds
+            assert big.any()
+            np.testing.assert_allclose(s.calibration.n.sum(1)[big], PRIOR_ROUNDS)
+            np.testing.assert_array_equal(s.calibration.n[~big], src.n[~big])
+            seen = src.n > 0
+            np.testing.assert_allclose(s.calibration.a[seen] / s.calibration.n[seen], src.a[seen] / src.n[seen])
+    # greedy again: the greedy fit replaced, the sampled one kept
+    calibrate(eng, prompts(16, 3, seed=4), max_new_tokens=12, holdout=0.0)
+    assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", h["mode"]]
+
+
+def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
+    eng = copy(engines, tmp_path / "engines")
+    calibrate(eng, prompts(1000, 2), max_new_tokens=8, holdout=0.0)
+    data = json.loads((eng / CALIBRATION_FILE).read_text())
+    entry = data["modes"]["greedy"]
+    old = {"format": "specrt.calibration-file/1", "export_digest": data["export_digest"], **entry}
+    (eng / CALIBRATION_FILE).write_text(json.dumps(old))  # written by specrt before sampled modes
+    with Session(eng, governor="dspark") as s:
+        assert s.calibration_note.endswith(f"({entry['rounds']} rounds, greedy)")
+    for bad, message in [({"format": "specrt.calibration-file/9"}, "expected 'specrt.calibration-file/2'"),
+                         ({"format": "specrt.calibration-file/2", "modes": {}}, "at least one calibration"),
+                         ({"format": "specrt.calibration-file/2", "modes": {"greedy": {}}}, "mode 'greedy' has no")]:
+        (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
+        with pytest.raises(UserError, match=message):
+            Session(eng, governor="dspark")
 
 
 def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, tmp_path):
@@ -219,6 +281,11 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     rep = json.loads((tmp_path / "rep2.json").read_text())
     assert rep["prompts"] == {"train": 4, "holdout": 3, "holdout_source": "separate set"}
     assert rep["rounds"]["holdout"] > 0 and rep["evaluated_on"] == "holdout"
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "12",
+                                   "--holdout", "0", "--temperature", "0.8", "--top-k", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["mode"] == "temperature=0.8,top_k=5,top_p=1"
+    assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", "temperature=0.8,top_k=5,top_p=1"]
 
 
 @pytest.mark.parametrize("lines, args, message", [
@@ -227,6 +294,8 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     (['{"prompt_ids": [1, 2]}'], ["--holdout", "1.5"], "--holdout 1.5: expected a fraction"),
     (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "1"], "expected >= 2"),
     (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "temperature=-1.0: expected a finite number"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "top_p=0.0: expected a number in (0, 1]"),
 ])
 def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     pf = tmp_path / "p.jsonl"

@@ -1,0 +1,28 @@
+"""The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``.
+
+    @sampling_options("0 = greedy", seed=None)
+    def run(..., temperature, top_p, top_k, seed): ...
+
+Values are checked where they are used, by ``runtime.sampling.SamplingParams``.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+def sampling_options(temperature_help: str, seed: int | None, seed_help: str | None = None):
+    """--temperature, --top-p, --top-k and --seed (default ``seed``; None = fresh entropy)."""
+    opts = [
+        click.option("--temperature", type=float, default=0.0, show_default=True, help=temperature_help),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+        click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help),
+    ]
+
+    def decorate(f):
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return decorate
