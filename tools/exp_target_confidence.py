@@ -36,7 +36,6 @@ than the product either (rule 1.003x and 1.031x): results/governors_target_confi
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_governors import dspark_from_table, oracle_choices, price  # noqa: E402
-from governor_replay import recording_parser  # noqa: E402
+from governor_replay import decode_rounds, recorded_experiment  # noqa: E402
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -107,6 +106,25 @@ def direct_survival(conf: np.ndarray, accepted: np.ndarray, fold: np.ndarray) ->
     return cond
 
 
+def price_models(models: dict[str, np.ndarray], accepted: np.ndarray, costs: dict, depths) -> dict:
+    """Per model (conditional acceptances [rounds, K]): cross-fitted AUC of S_1..S_4, and
+    DSpark's rule on it priced at the cost table against the best fixed depth; the oracle."""
+    from specrt.runtime.governor import auc
+
+    K = next(iter(models.values())).shape[1]
+    acc = [int(a) for a in accepted]
+    fixed = {d: price([d] * len(acc), acc, costs, depths) for d in depths}
+    best = max(fixed, key=fixed.get)
+    return {
+        "auc_crossfitted": {name: {f"S{k + 1}": auc(np.prod(m[:, : k + 1], axis=1), (accepted >= k + 1).astype(float))
+                                   for k in range(min(K, 4))} for name, m in models.items()},
+        "best_fixed": f"fixed:{best}",
+        "post_draft_oracle_vs_best_fixed": price(oracle_choices(acc, depths), acc, costs, depths) / fixed[best],
+        "rule_vs_best_fixed": {name: price(rule_choices(m, costs, depths), acc, costs, depths) / fixed[best]
+                               for name, m in models.items()},
+    }
+
+
 def analyse(conf: np.ndarray, accepted: np.ndarray, tconf: np.ndarray, tent: np.ndarray, prompt: np.ndarray,
             costs: dict, depths) -> dict:
     from specrt.runtime.governor import auc
@@ -116,25 +134,17 @@ def analyse(conf: np.ndarray, accepted: np.ndarray, tconf: np.ndarray, tent: np.
     fold = prompt % 2
     draft_only = crossfit(lambda k: logit(conf[:, k])[:, None], accepted, fold, K)
     with_target = crossfit(lambda k: np.c_[logit(conf[:, k]), logit(tconf), tent], accepted, fold, K)
-    acc = [int(a) for a in accepted]
-    fixed = {d: price([d] * len(acc), acc, costs, depths) for d in depths}
-    best = max(fixed, key=fixed.get)
-    pre = np.zeros(len(acc))
+    pre = np.zeros(len(accepted))
     for f in np.unique(fold):
         x = np.c_[logit(tconf), tent]
         pre[fold == f] = predict_logistic(fit_logistic(x[fold != f], y1[fold != f]), x[fold == f])
     models = {"draft_only": draft_only, "draft_and_target": with_target,
               "draft_direct_survival": direct_survival(conf, accepted, fold)}
     return {
-        "rounds": len(acc), "accept_nothing_share": float(np.mean(accepted == 0)),
+        "rounds": len(accepted), "accept_nothing_share": float(np.mean(accepted == 0)),
         "auc_position1": {"draft_confidence": auc(conf[:, 0], y1), "target_confidence": auc(tconf, y1),
                           "target_negative_entropy": auc(-tent, y1)},
-        "auc_crossfitted": {name: {f"S{k + 1}": auc(np.prod(m[:, : k + 1], axis=1), (accepted >= k + 1).astype(float))
-                                   for k in range(min(K, 4))} for name, m in models.items()},
-        "best_fixed": f"fixed:{best}",
-        "post_draft_oracle_vs_best_fixed": price(oracle_choices(acc, depths), acc, costs, depths) / fixed[best],
-        "rule_vs_best_fixed": {name: price(rule_choices(m, costs, depths), acc, costs, depths) / fixed[best]
-                               for name, m in models.items()},
+        **price_models(models, accepted, costs, depths),
         "auc_pre_draft_target_only": auc(pre, y1),
     }
 
@@ -181,42 +191,11 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
                     rows["tent"].append(float(-(p * np.log(np.maximum(p, 1e-30))).sum()))
                 self.prev = last["logits"][r.accepted]
 
-        for i, p in enumerate(prompts):
-            g.governor = Recorder(i)
-            ids = list(p["prompt_ids"]) if "prompt_ids" in p else s.text.encode(p["prompt"], chat)
-            for _ in s.stream_ids(ids, max_new_tokens):
-                pass
-            print(f"prompt {i + 1}/{len(prompts)}: {len(rows['accepted'])} rounds", file=sys.stderr, flush=True)
-        costs = s.engines.manifest["costs"]
-    return {"rows": {k: np.asarray(v) for k, v in rows.items()}, "costs": costs, "depths": list(depths)}
+        return decode_rounds(s, prompts, chat, max_new_tokens, Recorder, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = recording_parser(__doc__)
-    ap.add_argument("--rows", type=Path, help="an .npz of the recorded rounds: written after recording, "
-                                              "or read instead of recording when it exists")
-    a = ap.parse_args(argv)
-    try:
-        prompts = [json.loads(x) for x in a.prompts.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"error: {a.prompts}: expected JSON lines with a 'prompt' field ({e})", file=sys.stderr)
-        return 1
-    if a.rows is not None and a.rows.is_file():  # analyse recorded rounds again
-        saved = np.load(a.rows)
-        rec = {"rows": {k: saved[k] for k in ("prompt", "conf", "accepted", "tconf", "tent")},
-               "costs": json.loads(str(saved["costs"])), "depths": saved["depths"].tolist()}
-        print(f"rounds from {a.rows}", file=sys.stderr)
-    else:
-        rec = record(a.engines, prompts, a.chat, a.max_new_tokens)
-        if a.rows is not None:
-            np.savez(a.rows, **rec["rows"], costs=json.dumps(rec["costs"]), depths=np.asarray(rec["depths"]))
-    r = rec["rows"]
-    report = {"engines": str(a.engines), "prompts": len(prompts),
-              **analyse(r["conf"], r["accepted"], r["tconf"], r["tent"], r["prompt"], rec["costs"], rec["depths"])}
-    print(json.dumps(report, indent=2))
-    if a.out:
-        a.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return recorded_experiment(__doc__, argv, record, analyse, ("conf", "accepted", "tconf", "tent", "prompt"))
 
 
 if __name__ == "__main__":

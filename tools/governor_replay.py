@@ -103,6 +103,67 @@ def recording_parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+def full_depth_recorder(depths, on_round):
+    """prompt index -> a governor verifying the full block every round that calls
+    ``on_round(prompt_index, result)`` on each full-depth round with confidences."""
+    from specrt.runtime.governor import FixedGovernor
+
+    class Recorder(FixedGovernor):
+        def __init__(self, i: int):
+            super().__init__(depths, depths[-1])
+            self.i = i
+
+        def observe(self, r):
+            if r.depth == depths[-1] and r.confidences is not None:
+                on_round(self.i, r)
+
+    return Recorder
+
+
+def decode_rounds(session, prompts: list[dict], chat: bool, max_new_tokens: int, recorder, rows: dict) -> dict:
+    """Decode each prompt with ``recorder(i)`` as the governor (it appends to ``rows``) ->
+    {"rows": {key: array}, "costs": the build's cost table, "depths"}."""
+    for i, p in enumerate(prompts):
+        session.generator.governor = recorder(i)
+        ids = list(p["prompt_ids"]) if "prompt_ids" in p else session.text.encode(p["prompt"], chat)
+        for _ in session.stream_ids(ids, max_new_tokens):
+            pass
+        print(f"prompt {i + 1}/{len(prompts)}: {len(rows['accepted'])} rounds", file=sys.stderr, flush=True)
+    return {"rows": {k: np.asarray(v) for k, v in rows.items()}, "costs": session.engines.manifest["costs"],
+            "depths": list(session.engines.depths)}
+
+
+def recorded_experiment(doc: str, argv: list[str] | None, record, analyse, keys: tuple[str, ...]) -> int:
+    """main() of an experiment on recorded full-depth rounds: ``record(engines, prompts, chat,
+    max_new_tokens)`` -> {"rows": {key: array}, "costs", "depths"}, saved to / read from
+    ``--rows`` (.npz), then ``analyse(*rows[keys], costs, depths)`` -> the JSON report."""
+    ap = recording_parser(doc)
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--rows", type=Path, help="an .npz of the recorded rounds: written after recording, "
+                                              "or read instead of recording when it exists")
+    a = ap.parse_args(argv)
+    try:
+        prompts = [json.loads(x) for x in a.prompts.read_text().splitlines() if x.strip()][: a.limit]
+    except (OSError, ValueError) as e:
+        print(f"error: {a.prompts}: expected JSON lines with a 'prompt' field ({e})", file=sys.stderr)
+        return 1
+    if a.rows is not None and a.rows.is_file():  # analyse recorded rounds again
+        saved = np.load(a.rows)
+        rec = {"rows": {k: saved[k] for k in keys}, "costs": json.loads(str(saved["costs"])),
+               "depths": saved["depths"].tolist()}
+        print(f"rounds from {a.rows}", file=sys.stderr)
+    else:
+        rec = record(a.engines, prompts, a.chat, a.max_new_tokens)
+        if a.rows is not None:
+            np.savez(a.rows, **rec["rows"], costs=json.dumps(rec["costs"]), depths=np.asarray(rec["depths"]))
+    report = {"engines": str(a.engines), "prompts": len(prompts),
+              **analyse(*(rec["rows"][k] for k in keys), rec["costs"], rec["depths"])}
+    print(json.dumps(report, indent=2))
+    if a.out:
+        a.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = recording_parser(__doc__).parse_args(argv)
 

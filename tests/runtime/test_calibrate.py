@@ -330,6 +330,20 @@ def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(sma
     assert sum(rep["choices"]["calibrated"].values()) == rep["rounds"]
 
 
+def main_twice(exp, engines: Path, tmp_path: Path) -> dict:
+    """An experiment tool's main on 4 prompts recording --rows, then again from the saved
+    rounds: the two reports must be the same; returns it."""
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts(16, 4, seed=3)))
+    out, rows = tmp_path / "exp.json", tmp_path / "rows.npz"
+    args = [str(engines), "--prompts", str(f), "--max-new-tokens", "24", "--rows", str(rows)]
+    assert exp.main([*args, "-o", str(out)]) == 0 and rows.is_file()
+    assert exp.main([*args, "-o", str(tmp_path / "again.json")]) == 0
+    rep = json.loads(out.read_text())
+    assert json.loads((tmp_path / "again.json").read_text()) == rep
+    return rep
+
+
 def test_target_confidence_experiment_records_and_analyses(small_vocab_engines, tmp_path):
     """tools/exp_target_confidence.py on real engines: every full-depth round carries the
     drafts' confidences and the target's confidence in a probability's range."""
@@ -342,17 +356,44 @@ def test_target_confidence_experiment_records_and_analyses(small_vocab_engines, 
     assert np.all((r["tconf"] >= 1 / 16 - 1e-6) & (r["tconf"] <= 1 + 1e-9))
     assert np.all((r["tent"] >= -1e-9) & (r["tent"] <= np.log(16) + 1e-6))
     assert set(r["prompt"].tolist()) <= {0, 1, 2, 3} and np.all((r["accepted"] >= 0) & (r["accepted"] <= K))
-    f = tmp_path / "p.jsonl"
-    f.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts(16, 4, seed=3)))
-    out, rows = tmp_path / "exp.json", tmp_path / "rows.npz"
-    args = [str(small_vocab_engines), "--prompts", str(f), "--max-new-tokens", "24", "--rows", str(rows)]
-    assert exp.main([*args, "-o", str(out)]) == 0 and rows.is_file()
-    rep = json.loads(out.read_text())
+    rep = main_twice(exp, small_vocab_engines, tmp_path)
     assert rep["rounds"] == len(r["accepted"]) and rep["best_fixed"] in {f"fixed:{d}" for d in DEPTHS}
     assert set(rep["rule_vs_best_fixed"]) == {"draft_only", "draft_and_target", "draft_direct_survival"}
-    # the saved rounds analysed again give the same report
-    assert exp.main([*args, "-o", str(tmp_path / "again.json")]) == 0
-    assert json.loads((tmp_path / "again.json").read_text()) == rep
+
+
+def test_draft_features_experiment_records_and_analyses(small_vocab_engines, tmp_path):
+    """tools/exp_draft_features.py on real engines: per full-depth round and position, the
+    draft's top probability (the runtime's confidence), entropy and runner-up probability."""
+    from tests.real_model import tool
+
+    exp = tool("exp_draft_features")
+    rec = exp.record(small_vocab_engines, [{"prompt_ids": p} for p in prompts(16, 4, seed=3)], False, 24)
+    r, K = rec["rows"], DEPTHS[-1]
+    assert len(r["accepted"]) > 0 and r["feats"].shape == (len(r["accepted"]), K, 3)
+    top, ent, sec = r["feats"][..., 0], r["feats"][..., 1], r["feats"][..., 2]
+    assert np.all((top >= 1 / 16 - 1e-6) & (top <= 1 + 1e-9) & (sec <= top + 1e-12) & (sec >= 0))
+    assert np.all((ent >= -1e-9) & (ent <= np.log(16) + 1e-6))
+    rep = main_twice(exp, small_vocab_engines, tmp_path)
+    assert rep["rounds"] == len(r["accepted"]) and set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second"}
+
+
+def test_draft_features_analysis_finds_a_signal_only_where_there_is_one():
+    """Constructed rounds whose first draft is accepted exactly when the draft's runner-up
+    is unlikely, whatever its top probability: only the three-feature model sees it."""
+    from tests.real_model import tool
+
+    exp = tool("exp_draft_features")
+    rng = np.random.default_rng(1)
+    n, K = 2000, DEPTHS[-1]
+    top = rng.uniform(0.3, 0.9, (n, K))
+    sec = (1 - top) * rng.uniform(0.0, 1.0, (n, K))
+    ent = rng.uniform(0.1, 2.0, (n, K))
+    accepted = np.where(sec[:, 0] < 0.5 * (1 - top[:, 0]), rng.integers(1, K + 1, n), 0)
+    costs = {"decode": 0.020, "draft": 0.002, "verify": {"1": 0.021, "2": 0.022, "4": 0.024}}
+    rep = exp.analyse(np.stack([top, ent, sec], -1), accepted, np.arange(n) % 40, costs, list(DEPTHS))
+    assert rep["auc_crossfitted"]["top_entropy_second"]["S1"] > 0.8
+    assert rep["auc_crossfitted"]["top_only"]["S1"] < rep["auc_crossfitted"]["top_entropy_second"]["S1"] - 0.1
+    assert rep["rule_vs_best_fixed"]["top_entropy_second"] > rep["rule_vs_best_fixed"]["top_only"]
 
 
 def test_target_confidence_analysis_finds_a_signal_only_where_there_is_one():
