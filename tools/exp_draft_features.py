@@ -6,13 +6,16 @@
 DSpark's confidence in draft k is the draft's probability of its own token (the maximum of
 its softmax). A confidence head (DSpark's own design) would read more of the draft's state;
 the cheapest such features are already in the logits the runtime has: the entropy of the
-draft's distribution and the probability of its runner-up token. This decodes the prompts
-with every round verifying the full block (as ``specrt calibrate`` does), keeping per round
-and position the draft's top probability, entropy and second probability and the accepted
-count, then, with two-fold cross-fitting by prompt (tools/exp_target_confidence.py):
+draft's distribution and the probability of its runner-up token; a head on hidden states
+would read the target's auxiliary hidden states the draft reads (P-EAGLE's graph does not
+return its own). This decodes the prompts with every round verifying the full block (as
+``specrt calibrate`` does), keeping per round and position the draft's top probability,
+entropy and second probability, the aux hidden states of the last accepted token and the
+accepted count, then, with two-fold cross-fitting by prompt (tools/exp_target_confidence.py):
 
 * AUC of the survival S_k (k = 1..4) from per-position logistic models on the top
-  probability alone and on all three features;
+  probability alone, on all three features, and on the top probability with the first 32
+  principal components of the aux hidden states (fitted without the predicted fold; L2 30);
 * DSpark's post-draft rule on each model's conditional acceptances, priced at the build's
   cost table against the best fixed depth and the post-draft oracle.
 
@@ -22,7 +25,10 @@ AUC of "position 1 accepted" 0.815 top probability, 0.795 negative entropy, 0.80
 to the runner-up; cross-fitted S1 / S2 / S3 0.815 / 0.817 / 0.900 on the top probability
 alone, 0.813 / 0.817 / 0.901 with entropy and runner-up; the rule 1.0219x vs 1.0217x the
 best fixed depth (fixed:2; oracle 1.092x). The rest of the draft's distribution adds
-nothing its top probability does not carry: results/governors_draft_features.
+nothing its top probability does not carry. The aux hidden states add a little: S1 / S2 /
+S3 0.819 / 0.835 / 0.916, the rule 1.0257x (8 or 128 components, L2 1 or 30: 1.0226-1.0257x):
+a linear confidence head on them would buy DSpark ~0.4%, not the 5% issue 7 asks.
+results/governors_draft_features.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from exp_target_confidence import crossfit, logit, price_models  # noqa: E402
 from governor_replay import decode_rounds, full_depth_recorder, recorded_experiment  # noqa: E402
 
 FEATURES = ("top", "entropy", "second")
+AUX_COMPONENTS, AUX_L2 = 32, 30.0  # of 8 / 32 / 128 components at L2 1 / 30, the best S1-S3 AUC
 
 
 def row_features(logits: np.ndarray) -> np.ndarray:
@@ -49,8 +56,19 @@ def row_features(logits: np.ndarray) -> np.ndarray:
     return np.c_[two[:, 1], ent, two[:, 0]]
 
 
-def analyse(feats: np.ndarray, accepted: np.ndarray, prompt: np.ndarray, costs: dict, depths) -> dict:
-    """feats [rounds, K, 3], accepted [rounds], prompt [rounds] (the fold is the prompt's parity)."""
+def principal_components(x: np.ndarray, train: np.ndarray, n: int) -> np.ndarray:
+    """x [rounds, F] -> [rounds, n]: standardised and projected on the first n principal
+    axes of the ``train`` rows, scaled to unit variance there."""
+    mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
+    z = (x - mu) / sd
+    _, s, vt = np.linalg.svd(z[train], full_matrices=False)
+    return z @ vt[:n].T / (s[:n] / np.sqrt(train.sum()))
+
+
+def analyse(feats: np.ndarray, accepted: np.ndarray, prompt: np.ndarray, costs: dict, depths,
+            aux: np.ndarray | None = None) -> dict:
+    """feats [rounds, K, 3], accepted [rounds], prompt [rounds] (the fold is the prompt's
+    parity); aux [rounds, 3H]: the target's aux hidden states the draft read last."""
     from specrt.runtime.governor import auc
 
     K = feats.shape[1]
@@ -61,6 +79,10 @@ def analyse(feats: np.ndarray, accepted: np.ndarray, prompt: np.ndarray, costs: 
         "top_entropy_second": crossfit(lambda k: np.c_[logit(top[:, k]), ent[:, k], logit(sec[:, k])],
                                        accepted, fold, K),
     }
+    if aux is not None and len(aux):  # + the target's aux hidden states, principal components per fold
+        proj = {f: principal_components(aux.astype(np.float64), fold != f, AUX_COMPONENTS) for f in np.unique(fold)}
+        models[f"top_and_aux{AUX_COMPONENTS}"] = crossfit(lambda k, f: np.c_[logit(top[:, k]), proj[f]], accepted,
+                                                         fold, K, l2=AUX_L2, by_fold=True)
     y1 = (accepted >= 1).astype(np.float64)
     return {
         "rounds": len(accepted), "accept_nothing_share": float(np.mean(accepted == 0)),
@@ -75,7 +97,7 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
     from specrt import contracts as C
     from specrt.runtime.session import Session
 
-    rows: dict[str, list] = {"prompt": [], "feats": [], "accepted": []}
+    rows: dict[str, list] = {"prompt": [], "feats": [], "accepted": [], "aux": []}
     with Session(engines, governor="off") as s:
         g, depths = s.generator, s.engines.depths
         if (s.engines.export.get("draft") or {}).get("kind") != "peagle":
@@ -85,7 +107,7 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
 
         def keep(runner, feeds, what):
             out, dt = run(runner, feeds, what)
-            last[what] = out
+            last[what], last[f"{what}_feeds"] = out, feeds
             return out, dt
 
         g._run = keep
@@ -97,12 +119,14 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
             rows["prompt"].append(i)
             rows["feats"].append(f)
             rows["accepted"].append(int(r.accepted))
+            # the target's auxiliary hidden states at the last accepted token: what the draft read last
+            rows["aux"].append(last["draft_feeds"][C.DRAFT_AUX_IN][0, -1].astype(np.float16))
 
         return decode_rounds(s, prompts, chat, max_new_tokens, full_depth_recorder(depths, on_round), rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return recorded_experiment(__doc__, argv, record, analyse, ("feats", "accepted", "prompt"))
+    return recorded_experiment(__doc__, argv, record, analyse, ("feats", "accepted", "prompt"), optional=("aux",))
 
 
 if __name__ == "__main__":

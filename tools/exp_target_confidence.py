@@ -67,16 +67,19 @@ def predict_logistic(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-np.c_[np.ones(len(x)), x] @ w))
 
 
-def crossfit(features, accepted: np.ndarray, fold: np.ndarray, positions: int) -> np.ndarray:
+def crossfit(features, accepted: np.ndarray, fold: np.ndarray, positions: int, l2: float = 1e-3,
+             by_fold: bool = False) -> np.ndarray:
     """Conditional acceptance [rounds, positions]: at position k, P(draft k+1 accepted | drafts
-    1..k accepted) from ``features(k)`` [rounds, f], fitted on the rounds of the other fold
-    that reached position k."""
+    1..k accepted) from ``features(k)`` [rounds, f] (``by_fold``: ``features(k, f)``, features
+    fitted without fold f, e.g. a projection), fitted on the rounds of the other fold that
+    reached position k."""
     out = np.zeros((len(accepted), positions))
     for k in range(positions):
-        reached, label, x = accepted >= k, (accepted >= k + 1).astype(np.float64), features(k)
+        reached, label = accepted >= k, (accepted >= k + 1).astype(np.float64)
         for f in np.unique(fold):
+            x = features(k, f) if by_fold else features(k)
             train, test = reached & (fold != f), fold == f
-            out[test, k] = predict_logistic(fit_logistic(x[train], label[train]), x[test])
+            out[test, k] = predict_logistic(fit_logistic(x[train], label[train], l2), x[test])
     return out
 
 

@@ -133,10 +133,12 @@ def decode_rounds(session, prompts: list[dict], chat: bool, max_new_tokens: int,
             "depths": list(session.engines.depths)}
 
 
-def recorded_experiment(doc: str, argv: list[str] | None, record, analyse, keys: tuple[str, ...]) -> int:
+def recorded_experiment(doc: str, argv: list[str] | None, record, analyse, keys: tuple[str, ...],
+                        optional: tuple[str, ...] = ()) -> int:
     """main() of an experiment on recorded full-depth rounds: ``record(engines, prompts, chat,
     max_new_tokens)`` -> {"rows": {key: array}, "costs", "depths"}, saved to / read from
-    ``--rows`` (.npz), then ``analyse(*rows[keys], costs, depths)`` -> the JSON report."""
+    ``--rows`` (.npz), then ``analyse(*rows[keys], costs, depths, **rows[optional keys
+    present])`` -> the JSON report."""
     ap = recording_parser(doc)
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--rows", type=Path, help="an .npz of the recorded rounds: written after recording, "
@@ -149,7 +151,7 @@ def recorded_experiment(doc: str, argv: list[str] | None, record, analyse, keys:
         return 1
     if a.rows is not None and a.rows.is_file():  # analyse recorded rounds again
         saved = np.load(a.rows)
-        rec = {"rows": {k: saved[k] for k in keys}, "costs": json.loads(str(saved["costs"])),
+        rec = {"rows": {k: saved[k] for k in (*keys, *optional) if k in saved}, "costs": json.loads(str(saved["costs"])),
                "depths": saved["depths"].tolist()}
         print(f"rounds from {a.rows}", file=sys.stderr)
     else:
@@ -157,7 +159,8 @@ def recorded_experiment(doc: str, argv: list[str] | None, record, analyse, keys:
         if a.rows is not None:
             np.savez(a.rows, **rec["rows"], costs=json.dumps(rec["costs"]), depths=np.asarray(rec["depths"]))
     report = {"engines": str(a.engines), "prompts": len(prompts),
-              **analyse(*(rec["rows"][k] for k in keys), rec["costs"], rec["depths"])}
+              **analyse(*(rec["rows"][k] for k in keys), rec["costs"], rec["depths"],
+                        **{k: rec["rows"][k] for k in optional if k in rec["rows"]})}
     print(json.dumps(report, indent=2))
     if a.out:
         a.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -373,8 +373,10 @@ def test_draft_features_experiment_records_and_analyses(small_vocab_engines, tmp
     top, ent, sec = r["feats"][..., 0], r["feats"][..., 1], r["feats"][..., 2]
     assert np.all((top >= 1 / 16 - 1e-6) & (top <= 1 + 1e-9) & (sec <= top + 1e-12) & (sec >= 0))
     assert np.all((ent >= -1e-9) & (ent <= np.log(16) + 1e-6))
+    assert r["aux"].shape[0] == len(r["accepted"]) and r["aux"].ndim == 2 and np.isfinite(r["aux"]).all()
     rep = main_twice(exp, small_vocab_engines, tmp_path)
-    assert rep["rounds"] == len(r["accepted"]) and set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second"}
+    assert rep["rounds"] == len(r["accepted"])
+    assert set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second", "top_and_aux32"}
 
 
 def test_draft_features_analysis_finds_a_signal_only_where_there_is_one():
