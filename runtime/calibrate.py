@@ -283,7 +283,9 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
                                  for w in ece_rep}, "evaluated_on": evaluated_on}
         kept = sorted(others)  # the other modes' calibrations of these engines stay
         try:
-            write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest, "modes": {**others, sampling.mode: entry}})
+            kept_entries = {m: {**e, "calibration": e["calibration"].to_dict()} for m, e in others.items()}
+            write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest,
+                                "modes": {**kept_entries, sampling.mode: entry}})
         except OSError as e:
             raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
         report["file"] = str(path)

@@ -56,7 +56,7 @@ PRIOR_ROUNDS = 64
 
 def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, dict] | None:
     """The calibrations stored in ``path`` by decoding mode (``SamplingParams.mode``):
-    {mode: entry with 'calibration', 'rounds', 'sampling', ...}. None when the file was
+    {mode: entry with 'calibration' (a Calibration), 'rounds', 'sampling', ...}. None when the file was
     fitted for other engines (``digest`` given and different). Format /1 (one greedy
     calibration at the top level) reads as {'greedy': ...}."""
     try:
@@ -76,6 +76,10 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     for m, e in modes.items():
         if not isinstance(e, dict) or "calibration" not in e:
             raise UserError(f"{path}: mode {m!r} has no 'calibration'")
+        try:
+            e["calibration"] = Calibration.from_dict(e["calibration"])
+        except UserError as err:
+            raise UserError(f"{path}: mode {m!r}: {err}") from None
     if digest is not None and data.get("export_digest") != digest:
         return None
     return modes
@@ -90,7 +94,7 @@ def prior_from(modes: dict[str, dict], sampling: SamplingParams) -> tuple[str, C
     (greedy counts as 0; ties by name), softened to a prior of PRIOR_ROUNDS rounds a position."""
     t = 0.0 if sampling.greedy else sampling.temperature
     near = min(modes, key=lambda m: (abs(_temperature_of(m, modes[m]) - t), m))
-    return near, Calibration.from_dict(modes[near]["calibration"]).softened(PRIOR_ROUNDS)
+    return near, modes[near]["calibration"].softened(PRIOR_ROUNDS)
 
 
 def load_calibration(engines, sampling: SamplingParams = SamplingParams()) -> tuple[Calibration | None, str]:
@@ -107,12 +111,13 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams()) -> tu
     want = sampling.mode
     if want in modes:
         e = modes[want]
-        return Calibration.from_dict(e["calibration"]), f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
+        return e["calibration"], f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
     near, cal = prior_from(modes, sampling)
-    how = "--temperature ..." if want != "greedy" else "(greedy)"
+    how = "" if sampling.greedy else (f" --temperature {sampling.temperature:g} --top-p {sampling.top_p:g} "
+                                      f"--top-k {sampling.top_k}")
     return cal, (f"{p.name} holds no calibration for {want}: the {near} one serves as a prior of "
-                 f"{PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate` {how} "
-                 "and the same sampling options)")
+                 f"{PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate "
+                 f"{engines.folder} --prompts FILE{how}`)")
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:

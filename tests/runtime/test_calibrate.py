@@ -208,7 +208,10 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
         assert s.calibration_note.endswith(f"({entry['rounds']} rounds, greedy)")
     for bad, message in [({"format": "specrt.calibration-file/9"}, "expected 'specrt.calibration-file/2'"),
                          ({"format": "specrt.calibration-file/2", "modes": {}}, "at least one calibration"),
-                         ({"format": "specrt.calibration-file/2", "modes": {"greedy": {}}}, "mode 'greedy' has no")]:
+                         ({"format": "specrt.calibration-file/2", "modes": {"greedy": {}}}, "mode 'greedy' has no"),
+                         ({"format": "specrt.calibration-file/2", "modes": {"greedy": {**entry, "calibration": {
+                             **entry["calibration"], "counts": [[1, 2]]}}}},
+                          f"{CALIBRATION_FILE}: mode 'greedy': calibration JSON: counts")]:
         (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")
