@@ -76,6 +76,11 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     for m, e in modes.items():
         if not isinstance(e, dict) or "calibration" not in e:
             raise UserError(f"{path}: mode {m!r} has no 'calibration'")
+        s = e.get("sampling")
+        if m != "greedy" and not (isinstance(s, dict) and isinstance(s.get("temperature"), (int, float))
+                                  and s["temperature"] > 0):
+            raise UserError(f"{path}: mode {m!r}: 'sampling' {e.get('sampling')!r}: expected an object with a "
+                            "temperature > 0")
         try:
             e["calibration"] = Calibration.from_dict(e["calibration"])
         except UserError as err:

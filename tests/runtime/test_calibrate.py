@@ -211,7 +211,9 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
                          ({"format": "specrt.calibration-file/2", "modes": {"greedy": {}}}, "mode 'greedy' has no"),
                          ({"format": "specrt.calibration-file/2", "modes": {"greedy": {**entry, "calibration": {
                              **entry["calibration"], "counts": [[1, 2]]}}}},
-                          f"{CALIBRATION_FILE}: mode 'greedy': calibration JSON: counts")]:
+                          f"{CALIBRATION_FILE}: mode 'greedy': calibration JSON: counts"),
+                         ({"format": "specrt.calibration-file/2", "modes": {"temperature=1,top_k=0,top_p=1": {
+                             **entry, "sampling": "hot"}}}, "'sampling' 'hot': expected an object")]:
         (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")
