@@ -27,9 +27,9 @@ from specrt.errors import InternalError, UserError
 
 from .governor import GovernorState
 from .kvcache import KVCache
-from .sampling import SamplingParams, make_rng, probs, sample
+from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
-from .verify import one_hot, scatter_draft_probs, verify_greedy, verify_sampling
+from .verify import LazyRows, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
 
 
 class Runner(Protocol):
@@ -113,7 +113,8 @@ class Generator:
             return ids.astype(np.int64), None
         qd = probs(logits, self.params, engine="draft")  # [K, Vd]
         picks = np.array([sample(row, rng) for row in qd], np.int64)
-        q = scatter_draft_probs(qd, self.d2t, self.vocab)
+        # in target ids, a row only when verification reaches it
+        q = LazyRows(lambda k: scatter_draft_probs(qd[k : k + 1], self.d2t, self.vocab)[0], len(qd), self.vocab)
         tgt = picks + (self.d2t[picks] if self.d2t is not None else 0)
         return tgt, q
 
@@ -217,8 +218,9 @@ class Generator:
                 if self.params.greedy:
                     v = verify_greedy(logits, drafts[:d])
                 else:
-                    p = probs(logits, self.params)
-                    v = verify_sampling(p, q[:d] if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
+                    check_logits(logits)  # every row, as greedy does, before any is used
+                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params)[0], d + 1, self.vocab)
+                    v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]

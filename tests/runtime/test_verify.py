@@ -25,8 +25,8 @@ import pytest
 
 from specrt.errors import InternalError
 from specrt.runtime.sampling import SamplingParams, make_rng, probs, sample
-from specrt.runtime.verify import (accept_probability, one_hot, residual, scatter_draft_probs, verify_greedy,
-                                   verify_sampling)
+from specrt.runtime.verify import (LazyRows, accept_probability, one_hot, residual, scatter_draft_probs,
+                                   verify_greedy, verify_sampling)
 
 V = 5
 PROMPT = (0, 1)
@@ -292,6 +292,34 @@ def test_verify_sampling_with_zero_q_and_one_hot_q():
     assert v.accepted == 1
     v = verify_sampling(p, one_hot(np.array([2]), 3), np.array([2]), make_rng(0))  # p(d) = 0: rejected
     assert v.accepted == 0 and v.tokens.tolist() == [1]
+
+
+def test_lazy_rows_are_made_once_and_only_while_drafts_are_accepted():
+    """verify_sampling on LazyRows gives the dense arrays' verdict from the same seed, and
+    makes no row of p or q past the first rejection."""
+    rng = np.random.default_rng(3)
+    d, width = 4, 6
+    p = rng.dirichlet(np.ones(width), d + 1)
+    q = rng.dirichlet(np.ones(width), d + 2)  # rows past d are never read
+    made = {"p": [], "q": []}
+
+    def lazy(name, rows):
+        return LazyRows(lambda k: made[name].append(k) or rows[k], len(rows), width)
+
+    for seed in range(40):
+        draft = rng.integers(0, width, d)
+        made["p"].clear(), made["q"].clear()
+        want = verify_sampling(p, q, draft, make_rng(seed))
+        got = verify_sampling(lazy("p", p), lazy("q", q), draft, make_rng(seed))
+        assert got.accepted == want.accepted and got.tokens.tolist() == want.tokens.tolist()
+        a = want.accepted
+        assert made["q"] == list(range(min(a + 1, d)))  # q rows of the tested drafts, once each
+        assert made["p"] == (list(range(a + 1)) if a < d else list(range(d + 1)))
+    rows = LazyRows(lambda k: p[k], d + 1, width)
+    assert rows[-1] is rows[d] and np.array_equal(rows[d], p[d])  # made once, kept
+    assert len(rows) == d + 1 and rows.shape == (d + 1, width)
+    with pytest.raises(IndexError):
+        rows[d + 1]
 
 
 def test_residual_fallback_when_p_equals_q():
