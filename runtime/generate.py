@@ -218,8 +218,9 @@ class Generator:
                 if self.params.greedy:
                     v = verify_greedy(logits, drafts[:d])
                 else:
-                    check_logits(logits)  # every row, as greedy does, before any is used
-                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params)[0], d + 1, self.vocab)
+                    m = check_logits(logits)  # every row, as greedy does, before any is used
+                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0], d + 1,
+                                 self.vocab)
                     v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)

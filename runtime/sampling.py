@@ -75,8 +75,10 @@ def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray 
     return m
 
 
-def probs(logits: np.ndarray, params: SamplingParams, engine: str = "target") -> np.ndarray:
-    """logits [S, V] (any float dtype) -> processed probabilities [S, V] float64, rows sum to 1."""
+def probs(logits: np.ndarray, params: SamplingParams, engine: str = "target",
+          rowmax: np.ndarray | None = None) -> np.ndarray:
+    """logits [S, V] (any float dtype) -> processed probabilities [S, V] float64, rows sum to 1.
+    ``rowmax`` [S]: the rows' maxima when the caller already has them (check_logits)."""
     logits = np.atleast_2d(logits)
     S, V = logits.shape
     p = np.zeros((S, V))
@@ -85,7 +87,7 @@ def probs(logits: np.ndarray, params: SamplingParams, engine: str = "target") ->
         check_logits(logits, engine, logits[np.arange(S), best])
         p[np.arange(S), best] = 1.0
         return p
-    m = check_logits(logits, engine)  # [S]
+    m = check_logits(logits, engine, rowmax)  # [S]
     for s in range(S):
         idx, e = _kept(logits[s], float(m[s]), params)
         p[s, idx] = e / e.sum()

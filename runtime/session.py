@@ -91,7 +91,7 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
 
 
 def _temperature_of(mode: str, entry: dict) -> float:
-    return 0.0 if mode == "greedy" else float((entry.get("sampling") or {}).get("temperature", 1.0))
+    return 0.0 if mode == "greedy" else float(entry["sampling"]["temperature"])  # checked when read
 
 
 def prior_from(modes: dict[str, dict], sampling: SamplingParams) -> tuple[str, Calibration]:

@@ -889,7 +889,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
     params = SamplingParams(**(sampling or {}))  # UserError on a bad value, before anything runs
     sampled = not params.greedy
-    sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed}
+    sampling = params.as_dict()
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     govs = _split(governors) if governors else (
