@@ -7,7 +7,10 @@ feeds against the role's input metadata (names, dtypes, ranks, fixed and ranged
 dimensions, the context limit), so backends implement only ``*_impl``.
 
 Buffers. ``infer`` reads its inputs in place: past KV comes in as contiguous views of the
-runtime's preallocated cache (``buf[:, :n]``) and is never copied on the host.
+runtime's preallocated cache (``buf[:, :n]``) and is never copied on the host. An array
+fed again as the same input (the same object, shape and dtype: the in-place KV buffers
+at every call) is not checked or bound again, which saved ~0.15 ms of a target call's
+~0.2 ms host time (tools/bench_call_overhead.py); its contents are read afresh.
 Outputs whose shape is fixed by the role (decode and verify: logits [1, d+1, V], new KV
 [1, d+1, KVH, D], ...) are preallocated once per runner and overwritten by every call:
 the arrays ``infer`` returns stay valid until the next ``infer`` of the same runner;
@@ -74,6 +77,10 @@ class Runner(abc.ABC):
         self.inputs = tuple(specialise(t, role) for t in inputs)
         self.outputs = tuple(specialise(t, role) for t in outputs)
         self._dtypes = {t.name: np_dtype(t.dtype) for t in self.inputs}
+        # input -> (array, shape, dtype, its symbolic dims) of the last feed that passed the
+        # per-input checks: the runtime feeds the same cache buffers every call (in-place
+        # KV), which then skip them (check_feeds)
+        self._checked: dict[str, tuple[np.ndarray, tuple[int, ...], np.dtype, tuple[tuple[str, int], ...]]] = {}
         self.is_active = False
         self.last_inference_time: float | None = None  # seconds of the last infer_impl
 
@@ -100,6 +107,7 @@ class Runner(abc.ABC):
             self.deactivate_impl()
         finally:
             self.is_active = False
+            self._checked = {}  # drop the references to the caller's buffers
 
     def __enter__(self) -> "Runner":
         self.activate()
@@ -129,10 +137,21 @@ class Runner(abc.ABC):
             missing = sorted(known - set(feeds))
             raise UserError(f"{where}: inputs do not match: missing {missing}, unknown {extra}")
         seen: dict[str, int] = {}
+        checked = self._checked
         for t in self.inputs:
             a = feeds.get(t.name)
             if a is None:
                 raise UserError(f"{where}: input '{t.name}' is missing")
+            prev = checked.get(t.name)
+            if prev is not None and prev[0] is a and prev[1] == a.shape and prev[2] is a.dtype:
+                # the very array that passed last time (an in-place KV buffer): its type,
+                # dtype, rank, contiguity and fixed dims cannot have changed; its symbolic
+                # dims still meet the other inputs' below
+                for d, got in prev[3]:
+                    if seen.setdefault(d, got) != got:
+                        raise UserError(f"{where}: input '{t.name}' has {d} = {got}, but another input has "
+                                        f"{seen[d]}")
+                continue
             want = self._dtypes[t.name]
             if not isinstance(a, np.ndarray):
                 raise UserError(f"{where}: input '{t.name}' must be a numpy array, got {type(a).__name__}")
@@ -152,6 +171,8 @@ class Runner(abc.ABC):
                 elif seen.setdefault(want_d, got) != got:
                     raise UserError(f"{where}: input '{t.name}' has {want_d} = {got}, but another input has "
                                     f"{seen[want_d]}")
+            checked[t.name] = (a, a.shape, a.dtype,
+                               tuple((d, got) for d, got in zip(t.shape, a.shape) if not isinstance(d, int)))
         for d, v in seen.items():
             r = self.dims.get(d)
             if r is not None and not r.min <= v <= r.max:

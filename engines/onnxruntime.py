@@ -257,7 +257,10 @@ class OrtRunner(Runner):
         self._sess = None
         self._binding = None
         self._fixed: dict[str, np.ndarray] = {}
-        self._bound: dict[str, int] = {}  # aliased output -> address it is bound to
+        # aliased output -> (array, address, shape) it is bound to
+        self._bound: dict[str, tuple[np.ndarray, int, tuple[int, ...]]] = {}
+        self._fed: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}  # input -> array (and shape) bound to it
+        self._dynamic: list[str] = []  # outputs ONNX Runtime allocates per call
 
     def activate_impl(self) -> None:
         self._sess = self.graph.acquire(self.role)
@@ -278,23 +281,35 @@ class OrtRunner(Runner):
             else:
                 b.bind_output(t.name, "cpu")
         self._binding = b
+        self._fed = {}
+        self._dynamic = [t.name for t in self.outputs if t.name not in self._fixed and t.name not in self.aliases]
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         b = self._binding
+        fed = self._fed
         for name, a in feeds.items():
-            b.bind_cpu_input(name, a)
+            # The binding holds the array itself (no copy: check_feeds made it contiguous
+            # and of the graph's dtype) and a reference to it, so the same array, as the
+            # in-place KV buffers are at every call, stays bound with its current contents;
+            # rebinding 60 of them cost ~0.08 ms a call.
+            prev = fed.get(name)
+            if prev is None or prev[0] is not a or prev[1] != a.shape:
+                b.bind_cpu_input(name, a)
+                fed[name] = (a, a.shape)
         # A dynamic output bound to a device keeps the OrtValue of the previous call, whose
         # shape would be reused as a preallocated buffer: rebind so each call allocates anew.
         # An in-place output is bound to the memory of its input (the runtime's cache
         # buffer), rebound only when the caller hands a different buffer.
         for out, src in self.aliases.items():
             a = feeds[src]
-            if self._bound.get(out) != a.ctypes.data:
-                b.bind_output(out, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-                self._bound[out] = a.ctypes.data
-        for t in self.outputs:
-            if t.name not in self._fixed and t.name not in self.aliases:
-                b.bind_output(t.name, "cpu")
+            prev = self._bound.get(out)
+            if prev is None or prev[0] is not a or prev[2] != a.shape:  # (a.ctypes.data costs ~1 us)
+                addr = a.ctypes.data
+                if prev is None or prev[1] != addr or prev[2] != a.shape:
+                    b.bind_output(out, "cpu", 0, a.dtype, list(a.shape), addr)
+                self._bound[out] = (a, addr, a.shape)
+        for name in self._dynamic:
+            b.bind_output(name, "cpu")
         self._sess.run_with_iobinding(b)
         res = {out: feeds[src] for out, src in self.aliases.items()}
         if len(self._fixed) + len(self.aliases) == len(self.outputs):
@@ -312,6 +327,7 @@ class OrtRunner(Runner):
         self._sess = None
         self._fixed = {}
         self._bound = {}
+        self._fed = {}
         self.graph.release(self.role)
 
 

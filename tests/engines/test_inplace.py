@@ -98,6 +98,44 @@ def test_a_decode_step_allocates_nothing_proportional_to_the_context(tiny_engine
     assert max(peaks.values()) < 16 * 1024, peaks
 
 
+def test_buffers_fed_again_stay_bound_and_are_read_afresh(tiny_engines):
+    """The runner keeps the arrays it was fed bound and checked while the caller feeds
+    the same ones (the runtime's cache buffers, every call): contents changed in place
+    are what the next call reads, different arrays are bound anew (read, and written
+    into), and a fed-again array reshaped in place is checked again and refused. Each
+    result is checked against a freshly loaded runner's first call."""
+    rng = np.random.default_rng(11)
+    head = {C.INPUT_IDS: np.array([[3, 1, 4]]), C.POSITION_IDS: np.arange(20, 23)[None]}
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        names = [n for i in range(4) for n in (C.cache_key(i), C.cache_value(i))]
+        bufs = {n: rng.standard_normal((1, 2, C_, 16), dtype=np.float32) for n in names}
+        r = engines.verify(2)
+        first = r.infer({**head, **bufs})[C.LOGITS].copy()
+        for b in bufs.values():  # new committed rows, written into the same arrays
+            b[0, :, :20] = rng.standard_normal((2, 20, 16), dtype=np.float32)
+        again = r.infer({**head, **bufs})[C.LOGITS].copy()
+        assert not np.allclose(again, first, **TOL)
+        contents_b = {n: b.copy() for n, b in bufs.items()}
+        others = {n: rng.standard_normal((1, 2, C_, 16), dtype=np.float32) for n in names}
+        for b in others.values():
+            b[0, :, 20:23] = 0.0
+        contents_c = {n: b.copy() for n, b in others.items()}
+        out = r.infer({**head, **others})
+        other = out[C.LOGITS].copy()
+        assert not np.allclose(other, again, **TOL)
+        assert all(np.abs(others[C.cache_key(i)][0, :, 20:23]).min() > 0 for i in range(4))  # written into
+        out = r.infer({**head, **bufs})
+        np.testing.assert_allclose(out[C.LOGITS], again, **TOL)
+        bufs[C.cache_key(1)].shape = (1, 2, 2 * C_, 8)
+        with pytest.raises(UserError, match=r"cache_key.1' has shape \[1, 2, %d, 8\]" % (2 * C_)):
+            r.infer({**head, **bufs})
+    with load_engines(tiny_engines) as engines:
+        np.testing.assert_allclose(engines.verify(2).infer({**head, **contents_b})[C.LOGITS], again, **TOL)
+    with load_engines(tiny_engines) as engines:
+        np.testing.assert_allclose(engines.verify(2).infer({**head, **contents_c})[C.LOGITS], other, **TOL)
+
+
 def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
     with load_engines(tiny_engines) as engines:
         C_ = engines.max_context
