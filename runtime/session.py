@@ -26,7 +26,7 @@ from specrt.errors import UserError
 from .generate import Finished, Generator
 from .governor import Calibration, Governor, from_spec, is_dspark
 from .sampling import SamplingParams
-from .text import Detokenizer, Text
+from .text import Detokenizer, StopScanner, Text
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
@@ -189,31 +189,22 @@ class Session:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included)."""
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
+        scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = self.text.encode(prompt, chat)
         detok = Detokenizer(self.text)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids
-        held = ""
         gen = self.stream_ids(ids, max_new_tokens)
         for chunk in gen:
-            held += detok.push(chunk)
-            if stop:
-                hit = min((i for i in (held.find(s) for s in stop) if i >= 0), default=-1)
-                if hit >= 0:
-                    yield held[:hit]
-                    gen.close()
-                    self.generator.finished = Finished("stop")
-                    return
-                keep = max(len(s) for s in stop) - 1  # could be the start of a stop string
-                if keep and len(held) > keep:
-                    yield held[:-keep]
-                    held = held[-keep:]
-                    continue
-                if keep:
-                    continue
-            yield held
-            held = ""
-        if held:
-            yield held
+            piece = scan.push(detok.push(chunk))
+            if piece:
+                yield piece
+            if scan.hit:
+                gen.close()
+                self.generator.finished = Finished("stop")
+                return
+        rest = scan.flush()
+        if rest:
+            yield rest
 
     def stats(self) -> dict:
         s = self.generator.telemetry.to_json()

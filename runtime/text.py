@@ -86,3 +86,51 @@ class Detokenizer:
     @property
     def full(self) -> str:
         return self.text.decode(self.ids)
+
+
+class StopScanner:
+    """Stop strings over streamed text: ``push(piece)`` returns the text that is safe to
+    emit now, ``hit`` turns True at the first stop string (which, and what follows it,
+    is never emitted), ``flush()`` returns what was held back once the stream ends.
+
+    Up to ``max(len(stop)) - 1`` characters are held back, since they could begin a stop
+    string. Where several stop strings occur, the one that is complete first in the text
+    wins (the smallest end; at the same end the longer one): the result is then the same
+    however the text arrives in pieces, one token at a time or a verify round's burst.
+    """
+
+    def __init__(self, stops=()):
+        stops = tuple(stops)
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise UserError(f"stop string {s!r}: expected a non-empty string")
+        self.stops = stops
+        self.keep = max((len(s) for s in stops), default=1) - 1
+        self.held = ""
+        self.hit = False
+
+    def push(self, piece: str) -> str:
+        if self.hit:
+            return ""
+        held = self.held + piece
+        if not self.stops:
+            self.held = ""
+            return held
+        best = None  # (end, start) of the stop string complete first
+        for s in self.stops:
+            i = held.find(s)
+            if i >= 0 and (best is None or (i + len(s), i) < best):
+                best = (i + len(s), i)
+        if best is not None:
+            self.hit, self.held = True, ""
+            return held[: best[1]]
+        cut = len(held) - self.keep
+        if cut <= 0:
+            self.held = held
+            return ""
+        self.held = held[cut:]
+        return held[:cut]
+
+    def flush(self) -> str:
+        out, self.held = ("" if self.hit else self.held), ""
+        return out

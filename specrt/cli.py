@@ -219,11 +219,13 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.telemetry import Telemetry
+    from specrt.runtime.text import StopScanner
 
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     prompts = [prompt] if prompt is not None else _read_prompts(prompts_file)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    StopScanner(stops)  # a bad stop string is refused before the engines load
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
