@@ -156,7 +156,17 @@ class Session:
 
     def _acceptance_receipt(self) -> dict | None:
         p = Path(self.engines.folder) / ACCEPTANCE_FILE
-        return json.loads(p.read_text()) if p.is_file() else None
+        if not p.is_file():
+            return None
+        try:
+            a = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
+                            "writes it again") from None
+        if not isinstance(a, dict):
+            raise UserError(f"{p}: expected a JSON object (the acceptance receipt); `specrt canary "
+                            f"{self.engines.folder}` writes it again")
+        return a
 
     @property
     def untrusted(self) -> str | None:

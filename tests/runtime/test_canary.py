@@ -12,6 +12,7 @@ import pytest
 
 from specrt.engines import build_engines
 from specrt.engines.engine_set import load_engines
+from specrt.errors import UserError
 from specrt.export.export import export
 from specrt.runtime.canary import run_canary
 from specrt.runtime.session import Session
@@ -65,6 +66,11 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
 def test_no_receipt_is_trusted_with_a_note(tmp_path):
     r = _measure(_engines(tmp_path / "c", None))
     assert r["trusted"] and r["training_depth1"] is None and "no training receipt" in r["note"]
+    eng = tmp_path / "c" / "eng"
+    for text, what in (("{not json", "cannot read the acceptance receipt"), ("[1, 2]", "expected a JSON object")):
+        (eng / "acceptance_receipt.json").write_text(text)
+        with pytest.raises(UserError, match=f"acceptance_receipt.json: {what}.*specrt canary"):
+            Session(eng, governor="fixed:1")
 
 
 @pytest.mark.slow
