@@ -26,7 +26,7 @@ from specrt.errors import UserError
 from .generate import Finished, Generator
 from .governor import Calibration, Governor, from_spec, is_dspark
 from .sampling import SamplingParams
-from .text import Detokenizer, StopScanner, Text
+from .text import Detokenizer, StopScanner, Text, tokens_through
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
@@ -196,7 +196,10 @@ class Session:
 
     def stream(self, prompt: str, chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = ()) -> Iterator[str]:
-        """Yield text as tokens are accepted; ``stop`` strings end generation (not included)."""
+        """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
+        ``stats()['output_token_ids']`` then end with the token that completed the stop
+        string, as transformers' ``stop_strings`` do (a verify round may have accepted
+        more; the telemetry counts every generated token)."""
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
         scan = StopScanner(stop)  # checks the stop strings before anything runs
@@ -206,12 +209,15 @@ class Session:
         gen = self.stream_ids(ids, max_new_tokens)
         for chunk in gen:
             piece = scan.push(detok.push(chunk))
-            if piece:
-                yield piece
-            if scan.hit:
+            if scan.hit:  # settled before the last piece goes out: a caller may stop at it
                 gen.close()
                 self.generator.finished = Finished("stop")
+                del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end):]
+                if piece:
+                    yield piece
                 return
+            if piece:
+                yield piece
         rest = scan.flush()
         if rest:
             yield rest

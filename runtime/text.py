@@ -63,6 +63,21 @@ class Text:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def tokens_through(text: "Text", ids: list[int], end: int) -> int:
+    """The fewest of ``ids`` whose text holds the first ``end`` characters of the whole
+    text of ``ids``: how many tokens it took to write them (a bisection: a longer prefix
+    of tokens writes a longer prefix of the text)."""
+    whole = text.decode(ids)[:end]
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        k = (lo + hi) // 2
+        if text.decode(ids[:k]).startswith(whole):
+            hi = k
+        else:
+            lo = k + 1
+    return lo
+
+
 class Detokenizer:
     """Incremental decoding: ``push(ids)`` returns only the text that is now final.
 
@@ -91,7 +106,8 @@ class Detokenizer:
 class StopScanner:
     """Stop strings over streamed text: ``push(piece)`` returns the text that is safe to
     emit now, ``hit`` turns True at the first stop string (which, and what follows it,
-    is never emitted), ``flush()`` returns what was held back once the stream ends.
+    is never emitted), ``flush()`` returns what was held back once the stream ends;
+    ``stop_end`` is then where that stop string ends in the whole text.
 
     Up to ``max(len(stop)) - 1`` characters are held back, since they could begin a stop
     string. Where several stop strings occur, the one that is complete first in the text
@@ -108,6 +124,8 @@ class StopScanner:
         self.keep = max((len(s) for s in stops), default=1) - 1
         self.held = ""
         self.hit = False
+        self.offset = 0  # characters of the whole text before ``held``
+        self.stop_end: int | None = None
 
     def push(self, piece: str) -> str:
         if self.hit:
@@ -122,13 +140,13 @@ class StopScanner:
             if i >= 0 and (best is None or (i + len(s), i) < best):
                 best = (i + len(s), i)
         if best is not None:
-            self.hit, self.held = True, ""
+            self.hit, self.held, self.stop_end = True, "", self.offset + best[0]
             return held[: best[1]]
         cut = len(held) - self.keep
         if cut <= 0:
             self.held = held
             return ""
-        self.held = held[cut:]
+        self.held, self.offset = held[cut:], self.offset + cut
         return held[:cut]
 
     def flush(self) -> str:

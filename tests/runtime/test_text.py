@@ -1,6 +1,8 @@
 """Stop strings over streamed text (runtime/text.py StopScanner): what is emitted does
 not depend on how the text arrives in pieces (one token at a time, or a verify round's
-burst), the first stop string to complete wins, and a bad stop string is refused."""
+burst), the first stop string to complete wins, and a bad stop string is refused. End to
+end on a tiny model with a word-level tokenizer: the same text and output token ids
+(through the token that completed the stop string) with and without speculation."""
 
 from __future__ import annotations
 
@@ -69,3 +71,55 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi", "--stop", ""])
     assert r.exit_code == 1 and "stop string '': expected a non-empty string" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+@pytest.fixture(scope="module")
+def worded(tmp_path_factory):
+    """A tiny Llama (16 tokens) with a word-level tokenizer ("w0" .. "w15") and a random
+    P-EAGLE draft, built for depths 1 and 3: text in and out through real engines."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    root = tmp_path_factory.mktemp("worded")
+    t = write_tiny_target(root / "t", "llama", vocab_size=16)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(t / "tokenizer.json"))
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng"
+
+
+def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
+    from specrt.runtime.session import Session
+
+    prompt = "w3 w1 w4 w1 w5 w9"
+    with Session(worded, governor="off") as s:
+        full = "".join(s.stream(prompt, max_new_tokens=40))
+        ids = s.stats()["output_token_ids"]
+    words = full.split(" ")
+    assert len(words) == 40
+    stop = " ".join(words[16:19])  # three words from the middle; maybe found earlier
+    at = full.index(stop)
+    # the definition: the fewest tokens whose text holds the stop string
+    need = next(k for k in range(len(ids) + 1) if stop in " ".join(f"w{i}" for i in ids[:k]))
+    for gov in ("off", "fixed:1", "fixed:3"):
+        with Session(worded, governor=gov) as s:
+            pieces = list(s.stream(prompt, max_new_tokens=40, stop=(stop, "no such words")))
+            st = s.stats()
+        assert "".join(pieces) == full[:at], gov
+        assert st["output_token_ids"] == ids[:need] and st["finish_reason"] == "stop", gov
+        if gov == "fixed:3":
+            assert st["accepted"] > 0  # bursts of accepted tokens reached the stop scanner
+    with Session(worded, governor="fixed:3") as s:  # a caller that stops at the last piece
+        got = ""
+        for piece in s.stream(prompt, max_new_tokens=40, stop=(stop,)):
+            got += piece
+            if got == full[:at]:
+                break
+        assert s.stats()["finish_reason"] == "stop" and s.stats()["output_token_ids"] == ids[:need]
