@@ -185,15 +185,26 @@ class Runner(abc.ABC):
         return seen
 
     def _check_inplace_positions(self, feeds: Mapping[str, np.ndarray], where: str) -> None:
-        """In-place KV writes the new rows at position_ids: they must be consecutive and end
-        inside every cache buffer (else the engine would write out of bounds)."""
+        """In-place KV writes the S new rows at buffer slots p .. p + S - 1 (p = the first
+        position): they must end inside every cache buffer (else the engine would write
+        out of bounds), and the positions must be a chain p, p + 1, .. or a token tree (a
+        chain p .. p + d, d >= 1, then siblings of its second token, each at p + 1:
+        contracts.py "Token trees"), the two forms the graph's mask is right for."""
         pos = feeds[C.POSITION_IDS].reshape(-1)
         if pos.size == 0:
             return
         cap = min(feeds[src].shape[2] for src in self.aliases.values())
-        if pos[0] < 0 or pos[-1] >= cap or (pos.size > 1 and np.any(np.diff(pos) != 1)):
-            raise UserError(f"{where}: position_ids {pos[0]}..{pos[-1]} must be consecutive and inside the "
-                            f"in-place KV buffers ({cap} rows)")
+        p, s = int(pos[0]), int(pos.size)
+        if s > 1:
+            step = np.diff(pos)
+            chain = int(np.argmin(step == 1)) if not (step == 1).all() else s - 1  # consecutive steps from p
+            ok = chain == s - 1 or (chain >= 1 and (pos[chain + 1:] == p + 1).all())
+        else:
+            ok = True
+        if p < 0 or p + s > cap or not ok:
+            raise UserError(f"{where}: position_ids {pos.tolist() if s <= 16 else f'{p}..{int(pos[-1])}'} must be "
+                            f"consecutive (or a chain then siblings of its second token) and the {s} new rows "
+                            f"must fit the in-place KV buffers ({cap} rows)")
 
     # ---- backend hooks -------------------------------------------------------------
 

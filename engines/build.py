@@ -212,7 +212,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                                               tmp / name)
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
-                    graphs_json[g] = {"io": io.to_json(), "kv": "inplace"}
+                    # "tree": the graph's mask follows the positions (contracts.py "Token trees")
+                    graphs_json[g] = {"io": io.to_json(), "kv": "inplace", "tree": True}
                     log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
                 elif g == "draft" and draft_weights == "int8":
                     q = quantize_draft(tmp / graph_files[g], tmp / name, dtype)

@@ -111,6 +111,11 @@ class EngineSet:
         io = self._graph_io(graph)
         return specs_from_json(io["inputs"]), specs_from_json(io["outputs"])
 
+    def verifies_trees(self) -> bool:
+        """Whether the target engine verifies token trees (contracts.py "Token trees"):
+        in-place engines built since the graph's mask follows the positions."""
+        return bool(self.manifest.get("graphs", {}).get("target", {}).get("tree"))
+
     def kv_layout(self, graph: str) -> str:
         """"inplace" when ``graph``'s engine updates whole KV buffers in place (contracts.py),
         else "append"."""

@@ -339,7 +339,9 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
     """None when this ONNX Runtime (with ``settings``' providers) runs GroupQueryAttention
     in place the way the in-place target graph needs it: a shared past/present buffer
     longer than the sequence, S > 1 new tokens over a non-empty past, causal among them,
-    RoPE from the positions, for the target's head counts, head size (the CPU kernel
+    RoPE from the positions (the op's position_ids) and a token tree's mask (its
+    attention_bias: the last of 3 new tokens a sibling of the second, contracts.py
+    "Token trees"), for the target's head counts, head size (the CPU kernel
     wants head_dim % 16 == 0) and dtype, q/k/v packed in one input when ``packed`` (the
     graph packs them unless the model has qk-norm); and SkipSimplifiedLayerNormalization
     in that dtype. Otherwise the reason, in words. A 1-layer graph checked against numpy;
@@ -369,7 +371,7 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         pack = [helper.make_node("Concat", ["q", "k", "v"], ["qkv"], axis=-1)] if packed else []
         graph = helper.make_graph(
             [*pack,
-             helper.make_node("GroupQueryAttention", [*qkv_in, "ck", "cv", "sl", "tot", "cos", "sin"],
+             helper.make_node("GroupQueryAttention", [*qkv_in, "ck", "cv", "sl", "tot", "cos", "sin", "pos", "bias"],
                               ["o", "ck_out", "cv_out"], domain="com.microsoft", num_heads=nh, kv_num_heads=kvh,
                               scale=d ** -0.5, do_rotary=1, rotary_interleaved=0),
              helper.make_node("SkipSimplifiedLayerNormalization", ["q", "q", "gamma"], ["norm", "", "", "sum"],
@@ -377,7 +379,7 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
             "probe",
             [vi("q", ft, [1, s, nh * d]), vi("k", ft, [1, s, kvh * d]), vi("v", ft, [1, s, kvh * d]),
              vi("ck", ft, [1, kvh, cap, d]), vi("cv", ft, [1, kvh, cap, d]), vi("sl", T.INT32, [1]),
-             vi("tot", T.INT32, [])],
+             vi("tot", T.INT32, []), vi("pos", T.INT64, [1, s]), vi("bias", ft, [1, 1, s, past + s])],
             [vi("o", ft, [1, s, nh * d]), vi("ck_out", ft, [1, kvh, cap, d]), vi("cv_out", ft, [1, kvh, cap, d]),
              vi("norm", ft, [1, s, nh * d]), vi("sum", ft, [1, s, nh * d])],
             [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
@@ -392,9 +394,14 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         q, k, v = (rng.standard_normal((1, s, n * d)).astype(npt) for n in (nh, kvh, kvh))
         ck, cv = (rng.standard_normal((1, kvh, cap, d)).astype(npt) for _ in range(2))
         k0, v0 = ck.copy(), cv.copy()
+        pos = np.array([past, past + 1, past + 1])  # x, a1 and b1, a sibling of a1
+        seen = np.concatenate([np.ones((s, past), bool),
+                               (pos[None] < pos[:, None]) | np.eye(s, dtype=bool)], 1)  # [S, past + S]
+        bias = np.where(seen, 0.0, np.finfo(npt).min).astype(npt)[None, None]
         b = sess.io_binding()
         for name, a in (("q", q), ("k", k), ("v", v), ("ck", ck), ("cv", cv),
-                        ("sl", np.array([past + s - 1], np.int32)), ("tot", np.array(past + s, np.int32))):
+                        ("sl", np.array([past + s - 1], np.int32)), ("tot", np.array(past + s, np.int32)),
+                        ("pos", pos[None]), ("bias", bias)):
             b.bind_cpu_input(name, a)
         for name, a in (("ck_out", ck), ("cv_out", cv)):
             b.bind_output(name, "cpu", 0, npt, list(a.shape), a.ctypes.data)
@@ -412,14 +419,13 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
             sn = np.concatenate([sin[pos]] * 2, -1)[:, None]
             return x * c + np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1) * sn
 
-        pos = np.arange(past, past + s)
         qh, kh = rope(q.reshape(s, nh, d), pos), rope(k.reshape(s, kvh, d), pos)
         keys = np.concatenate([k0[0, :, :past].transpose(1, 0, 2), kh])
         vals = np.concatenate([v0[0, :, :past].transpose(1, 0, 2), v.reshape(s, kvh, d)])
         err = float(np.abs(ck[0, :, past:past + s].transpose(1, 0, 2) - kh).max())
         for h in range(nh):
             sc = qh[:, h] @ keys[:, h // (nh // kvh)].T * d ** -0.5
-            sc[np.arange(past + s)[None] > pos[:, None]] = -np.inf
+            sc[~seen] = -np.inf
             p = np.exp(sc - sc.max(-1, keepdims=True))
             ref = (p / p.sum(-1, keepdims=True)) @ vals[:, h // (nh // kvh)]
             err = max(err, float(np.abs(o[:, h] - ref).max()))

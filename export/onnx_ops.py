@@ -239,26 +239,46 @@ def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: Decode
 @dataclass(frozen=True)
 class InplaceContext:
     """Per-graph tensors of the in-place flavour: GroupQueryAttention's ``seqlens_k``
-    (int32 [1] = last position) and ``total_sequence_length`` (int32 scalar = last
-    position + 1), and its RoPE caches [C, D/2] in the graph dtype."""
+    (int32 [1] = the last new token's buffer slot) and ``total_sequence_length`` (int32
+    scalar = that slot + 1), the tokens' ``position_ids`` (int64 [1, S], for RoPE), the
+    ``attention_bias`` [1, 1, S, past + S] of a token tree (see ``inplace_context``) and
+    the RoPE caches [C, D/2], all but the ints in the graph dtype."""
 
     seqlens_k: str
     total: str
     cos_cache: str
     sin_cache: str
+    position_ids: str
+    bias: str
 
 
 def inplace_context(b: GraphBuilder, position_ids: str, cfg: DecoderConfig, cache_len: int) -> InplaceContext:
-    """GroupQueryAttention takes the new tokens' positions to be total - S .. total - 1 and
-    derives RoPE positions the same way; the runner checks that position_ids are exactly
-    that (consecutive, starting at the committed length), so both come from the last one."""
-    last = b.op("Gather", b.reshape(position_ids, -1), b.ints(-1))  # int64 [1]
+    """GroupQueryAttention writes the S new tokens' K/V at buffer slots past .. past + S - 1
+    (past = the first token's position, the committed length) and rotates each token at
+    its own position. New token i sees the past and every new token j with position_j <
+    position_i, and itself: for consecutive positions that is the causal mask; for a
+    token tree laid out as a chain x, a1 .. ad followed by siblings of a1 (each at a1's
+    position, contracts.py "Token trees") it is the tree's: a sibling sees x and the past
+    only. The runner checks that positions have one of these two forms."""
+    pos = b.reshape(position_ids, -1)  # int64 [S]
+    first = b.op("Gather", pos, b.ints(0))  # int64 [1]: the committed length
+    s = b.dim(position_ids, 1)  # int64 [1]
+    last = b.op("Sub", b.op("Add", first, s), b.ints(1))  # the last new token's slot
     seqlens = b.op("Cast", last, to=TensorProto.INT32)
     total = b.op("Cast", b.reshape(b.op("Add", last, b.ints(1))), to=TensorProto.INT32)
+    idx = b.op("Range", b.const(np.array(0, np.int64), "int64"), b.reshape(s), b.const(np.array(1, np.int64), "int64"))
+    visible = b.op("Or", b.op("Less", b.op("Unsqueeze", pos, b.ints(0)), b.op("Unsqueeze", pos, b.ints(1))),
+                   b.op("Equal", b.op("Unsqueeze", idx, b.ints(0)), b.op("Unsqueeze", idx, b.ints(1))))  # [S, S]
+    lowest = np.finfo(np.float16 if b.dtype == "float16" else np.float32).min  # exp() of it is 0
+    new = b.op("Where", visible, b.const(np.array(0.0, np.float32), "float32"),
+               b.const(np.array(lowest, np.float32), "float32"))
+    past = b.op("ConstantOfShape", b.op("Concat", s, first, axis=0),
+                value=numpy_helper.from_array(np.zeros(1, np.float32)))  # [S, past]: all visible
+    bias = b.model_dtype(b.op("Unsqueeze", b.op("Concat", past, new, axis=1), b.ints(0, 1)))  # [1, 1, S, past + S]
     freqs = np.arange(cache_len, dtype=np.float64)[:, None] * cfg.rope.inv_freq().astype(np.float64)[None, :]
     cos = b.const(np.cos(freqs).astype(np.float32), b.dtype)
     sin = b.const(np.sin(freqs).astype(np.float32), b.dtype)
-    return InplaceContext(seqlens, total, cos, sin)
+    return InplaceContext(seqlens, total, cos, sin, position_ids, bias)
 
 
 def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: Callable[[str], str], i: int,
@@ -371,7 +391,7 @@ def ort_attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: InplaceConte
         q, k, v = qkv, "", ""
     b.domains.add("com.microsoft")
     o, _, _ = b.ops("GroupQueryAttention", [q, k, v, cache_k, cache_v, ctx.seqlens_k, ctx.total,
-                                            ctx.cos_cache, ctx.sin_cache], 3,
+                                            ctx.cos_cache, ctx.sin_cache, ctx.position_ids, ctx.bias], 3,
                     outs=[b.fresh("gqa") + "/out", out_k, out_v], domain="com.microsoft",
                     num_heads=NH, kv_num_heads=KVH, scale=float(D ** -0.5), do_rotary=1, rotary_interleaved=0)
     return ort_linear(b, o, W(p + "o.T"))

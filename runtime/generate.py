@@ -29,7 +29,7 @@ from .governor import GovernorState
 from .kvcache import KVCache
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
-from .verify import LazyRows, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
+from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
 
 
 class Runner(Protocol):
@@ -84,6 +84,25 @@ class Generator:
         self.d2t = d2t
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
+        self.tree_width = 1  # the governor's (``tree_width``), read at every stream
+        self._siblings: list[int] = []  # the last draft's runners-up for its first position
+
+    def resolve_tree_width(self) -> int:
+        """Token trees (contracts.py "Token trees"): a governor with ``tree_width`` W > 1
+        (``--governor fixed:2:tree=3``) has the draft's next W - 1 choices for the first
+        position verified beside the chain as siblings of a1; when the target picks one of
+        them, it and the target's token after it are emitted."""
+        w = getattr(self.governor, "tree_width", 1)
+        if w > 1:
+            if self.dkv is None:
+                raise UserError("a token tree needs a draft; these engines have none")
+            if not self.params.greedy:
+                raise UserError("token trees verify greedy decoding only (temperature 0); sampled runs use chains "
+                                "(drop ':tree=W' from the governor)")
+            if not (hasattr(self.e, "verifies_trees") and self.e.verifies_trees()):
+                raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
+                                "(ONNX Runtime engines with in-place KV, built since trees were added)")
+        return w
 
     # ---- engines --------------------------------------------------------------------
 
@@ -92,13 +111,25 @@ class Generator:
         out = runner.infer(feeds)
         return out, time.perf_counter() - t0
 
-    def _target(self, tokens, start: int) -> tuple[dict, float]:
-        """Score ``tokens`` at positions start.. on top of the committed target KV."""
+    def _target(self, tokens, start: int, siblings: int = 0) -> tuple[dict, float]:
+        """Score ``tokens`` at positions start.. on top of the committed target KV; the last
+        ``siblings`` of them are siblings of tokens[1], at its position (a token tree)."""
         s = len(tokens)
-        feeds = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None],
-                 C.POSITION_IDS: np.arange(start, start + s, dtype=np.int64)[None],
+        pos = np.arange(start, start + s, dtype=np.int64)
+        if siblings:
+            pos[s - siblings:] = start + 1
+        feeds = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None], C.POSITION_IDS: pos[None],
                  **self.tkv.past_feeds()}
         return self._run(self.e.target(s), feeds, "target")
+
+    def _runners_up(self, row: np.ndarray, first: int) -> list[int]:
+        """The draft's next tree_width - 1 choices after ``first`` for one position, in
+        target ids, most likely first (row: the draft's logits there [Vd])."""
+        w = self.tree_width
+        top = np.argpartition(-row, w)[: w + 1] if len(row) > w + 1 else np.arange(len(row))
+        top = top[np.argsort(-row[top], kind="stable")]
+        ids = top + (self.d2t[top] if self.d2t is not None else 0)
+        return [int(t) for t in ids if t != first][: w - 1]
 
     def _pick(self, logits: np.ndarray, rng) -> int:
         if self.params.greedy:
@@ -128,6 +159,8 @@ class Generator:
         self.dkv.commit(out, a)  # real slots persist; mask slots are per-round scratch
         logits = out[C.DRAFT_LOGITS][0]  # [K, Vd]
         drafts, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0], rng)
+        if self.tree_width > 1:
+            self._siblings = self._runners_up(logits[0], int(drafts[0]))
         return drafts, q, _softmax_max(logits), dt
 
     def _draft_eagle3(self, pending_tok, pending_aux, start: int, k: int, rng):
@@ -147,6 +180,8 @@ class Generator:
             logits = out[C.DRAFT_LOGITS][0, -1:]  # [1, Vd]
             tok, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0, -1:], rng)
             drafts[j], confs[j] = tok[0], _softmax_max(logits)[0]
+            if j == 0 and self.tree_width > 1:
+                self._siblings = self._runners_up(logits[0], int(tok[0]))
             if q is not None:
                 qs.append(q[0])
             pos = int(feeds[C.POSITION_IDS][0, -1]) + 1
@@ -171,6 +206,7 @@ class Generator:
         if len(prompt) + 1 > self.e.max_context:
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
         eos = set(int(e) for e in eos_ids)
+        self.tree_width = self.resolve_tree_width()
         rng = make_rng(self.params.seed)
         tel = self.telemetry = Telemetry()
         self.tkv.reset()
@@ -213,10 +249,23 @@ class Generator:
                     pend_tok, pend_aux, pend_start = [], [], n
                     if self.governor.uses_confidences:
                         d = self.governor.choose(GovernorState(confidences=conf, limit=limit))
-                out, t_verify = self._target([x[-1], *drafts[:d]], n)
-                logits = out[C.LOGITS][0]  # [d+1, V]
+                # a token tree: the draft's runners-up for the first position, where they fit
+                sib = self._siblings[: max(0, room - d)] if self.tree_width > 1 and d >= 1 else []
+                out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
+                logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
+                aux_rows: slice | list[int] = slice(None)
                 if self.params.greedy:
-                    v = verify_greedy(logits, drafts[:d])
+                    v = verify_greedy(logits[: d + 1], drafts[:d])
+                    if sib:
+                        tel.tree_rounds += 1
+                        if v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
+                            row = d + 1 + sib.index(int(v.tokens[0]))
+                            best = int(np.argmax(logits[row]))
+                            check_logits(logits[row : row + 1], "target", logits[row : row + 1, best])
+                            v = Verdict(1, np.array([v.tokens[0], best], np.int64))
+                            self.tkv.move_row(n + row, n + 1)  # its K/V row to the slot after x's
+                            aux_rows = [0, row]
+                            tel.sibling_accepts += 1
                 else:
                     m = check_logits(logits)  # every row, as greedy does, before any is used
                     p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0], d + 1,
@@ -225,7 +274,8 @@ class Generator:
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
-                    pend_aux.append(out[C.AUX_HIDDEN][0, : v.accepted + 1])
+                    aux = out[C.AUX_HIDDEN][0]
+                    pend_aux.append(aux[aux_rows] if isinstance(aux_rows, list) else aux[: v.accepted + 1])
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None)
                 tel.record(r)

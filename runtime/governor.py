@@ -51,6 +51,7 @@ def check_depths(depths: Sequence[int]) -> tuple[int, ...]:
 
 class Governor(abc.ABC):
     uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
+    tree_width = 1  # > 1: each round also verifies the draft's runners-up for position 1 (from_spec ':tree=W')
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
@@ -595,7 +596,7 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: d], r.accepted)
 
 
-SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled]"
+SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off [:tree=W]"
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -604,12 +605,32 @@ def is_dspark(spec: str | int) -> bool:
     return s == "dspark" or s.startswith("dspark:")
 
 
+def split_tree(spec: str | int) -> tuple[str, int]:
+    """(governor spec, token tree width): a trailing ``:tree=W`` (W >= 1) is the width of
+    the token tree each round verifies (generate.py; 1, the default, is a chain)."""
+    s = str(spec).strip().lower()
+    head, sep, tail = s.rpartition(":tree=")
+    if not sep:
+        return s, 1
+    if not tail.isdigit() or int(tail) < 1 or not head or head == "off":
+        raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
+                        f"({SPECS})")
+    return head, int(tail)
+
+
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
-    """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark' -> a Governor over the built depths.
+    """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark', each but 'off' with an optional
+    ':tree=W' -> a Governor over the built depths (its ``tree_width`` W, 1 without).
     DSpark needs the cost table: ``t_draft`` (seconds, or block depth -> seconds) and
     ``t_verify`` (depth -> seconds; 0: a plain decode step)."""
-    s = str(spec).strip().lower()
+    s, width = split_tree(spec)
+    gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration)
+    gov.tree_width = width
+    return gov
+
+
+def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration) -> Governor:
     k = s[6:] if s.startswith("fixed:") else s
     if s == "off":
         return OffGovernor(depths)

@@ -103,6 +103,18 @@ class KVCache:
                 buf[:, n : n + count] = new[:, :count]
         self._n = n + count
 
+    def move_row(self, src: int, dst: int) -> None:
+        """In-place layout: copy buffer slot ``src`` to slot ``dst`` in every layer's K and V
+        (a token tree's accepted sibling, written after the chain, to the slot after the
+        committed ones: contracts.py "Token trees"). One row per layer, O(layers)."""
+        if self.layout != "inplace":
+            raise InternalError("move_row: only the in-place layout holds rows past the committed length")
+        if not (0 <= dst < self.max_len and 0 <= src < self.keys[0].shape[2]):
+            raise InternalError(f"move_row {src} -> {dst} outside the buffers ({self.keys[0].shape[2]} rows)")
+        for k, v in zip(self.keys, self.values):
+            k[:, :, dst] = k[:, :, src]
+            v[:, :, dst] = v[:, :, src]
+
     def rollback(self, to_length: int) -> None:
         """Forget positions [to_length, n): O(1), only ever shrinks."""
         if not 0 <= to_length <= self._n:

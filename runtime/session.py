@@ -153,6 +153,11 @@ class Session:
         self.acceptance = self._acceptance_receipt()
         self.engines.activate()
         self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling, self.d2t)
+        try:
+            self.generator.resolve_tree_width()  # a token tree these engines or this mode cannot run: now
+        except UserError:
+            self.engines.deactivate()
+            raise
 
     def _acceptance_receipt(self) -> dict | None:
         p = Path(self.engines.folder) / ACCEPTANCE_FILE

@@ -64,6 +64,10 @@ class Telemetry:
         self.timed_rounds: dict[int, int] = {}  # d -> rounds that carried a wall time
         self.new_tokens = 0
         self.seconds = 0.0
+        # token trees (generate.py tree_width): rounds that verified the draft's runners-up
+        # beside the chain, and rounds whose first position a runner-up won
+        self.tree_rounds = 0
+        self.sibling_accepts = 0
 
     def record(self, r: RoundResult) -> None:
         self.rounds += 1
@@ -101,7 +105,8 @@ class Telemetry:
 
     def merge(self, other: "Telemetry") -> None:
         """Add another run's counts (several prompts in one report)."""
-        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified"):
+        for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified",
+                     "tree_rounds", "sibling_accepts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at)):
@@ -157,6 +162,7 @@ class Telemetry:
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
             "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
             "drafted_unverified": self.unverified,
+            "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts},
             "time_split": self.time_split(),
             "mean_seconds": self.mean_seconds(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
@@ -184,6 +190,8 @@ class Telemetry:
         # absent from reports written before these were recorded
         t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
         t.unverified = int(d.get("drafted_unverified", 0))
+        tree = d.get("tree", {})
+        t.tree_rounds, t.sibling_accepts = int(tree.get("rounds", 0)), int(tree.get("sibling_accepts", 0))
         for name in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block"):
             setattr(t, name, {int(k): float(v) for k, v in c.get(name, {}).items()})
         t.timed_rounds = {int(k): int(v) for k, v in c.get("timed_rounds", {}).items()}

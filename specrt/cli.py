@@ -206,8 +206,10 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governor", default="dspark", show_default=True,
-              help="off | fixed:K | adaptive | dspark[:block=K][:profiled] (block: DSpark drafts a fixed "
-                   "block of K; profiled: its costs stay the build's cost table)")
+              help="off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off with an optional "
+                   ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
+                   "table; tree=W: greedy rounds also verify the draft's next W-1 choices for the first "
+                   "position)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")

@@ -30,12 +30,23 @@ present share a buffer, which removes every per-step transpose and copy of the c
 the portable graph vs 33.7 ms for onnxruntime-genai's GQA graph, the gap being the
 attention ops and their node count). Graphs of this flavour take the whole buffers
 ``cache_key.{i}``/``cache_value.{i}`` ``[1, KVH, C, D]`` ("BNSH", C = the engines'
-context limit), write the S new rows at ``position_ids`` (which must be consecutive,
-starting at the committed length n), and return the same buffers as
+context limit), write the S new rows at buffer slots n .. n + S - 1 (n = the first
+position, the committed length; ``position_ids`` consecutive from n, or a token tree,
+below), and return the same buffers as
 ``cache_key_out.{i}``/``cache_value_out.{i}`` (``GraphIO.aliases``: a runner binds each
 such output to its input's memory). Commit is then ``n += a`` and rollback ``n = m``,
 both O(1); rows past n are dead and are overwritten by the next call. TensorRT
 engines keep the portable contract above.
+
+Token trees (in-place graphs only). ``position_ids`` may also be a chain n, n + 1, ..,
+n + d (d >= 1) followed by siblings of its second token, each at position n + 1: the
+draft's runners-up for the first drafted position. The graph derives its attention mask
+from the positions (new token i sees the past, itself and every new token at a smaller
+position; GroupQueryAttention's ``attention_bias``, RoPE from ``position_ids``), so a
+sibling sees x and the past but not the chain, and its logits and K/V row are those of
+the chain x, sibling; its K/V row lands at slot n + d + 1 + j, and accepting it moves that
+row to slot n + 1 (``KVCache.move_row``). For consecutive positions the mask is the
+causal one: chains are unchanged.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Greedy ``fixed:1`` decoding of the first N prompts on ENGINES (one draft per rou
 every round tests the draft's first position): for each round, the rank of the target's
 greedy token among the draft's first-position logits (mapped to target ids). A tree
 that verifies the draft's top w candidates beside each other at that position (one
-extra verify row each; tools/probe_tree_attention.py shows the in-place engines' attention
-can) gains P(rank 2) + ... + P(rank w) tokens a round: the candidate the target chose is
-accepted and the target's row for it gives one more token.
+extra verify row each: ``--governor fixed:K:tree=W``) gains P(rank 2) + ... + P(rank W)
+tokens a round: the candidate the target chose is accepted and the target's row for it
+gives one more token.
 
 Measured 2026-12-01 (out/bench-v10 engines, stage-6 draft, 20 held-out chat prompts,
 1445 rounds): ranks 1 / 2 / 3 0.509 / 0.128 / 0.064, so a width-2 tree adds ~0.13

@@ -12,8 +12,9 @@ chains' rows, and that b1's K/V row (written at the buffer slot after a1's) equa
 chain x -> b1's row at a1's slot, so that accepting b1 would cost one row copy per layer.
 
 Measured 2026-12-01 with ONNX Runtime 1.32 (CPU): all four checks hold; the bias must be
-[1, 1, S, past + S] (the buffer's length is refused). Nothing in specrt uses trees yet:
-see the closing note of 2026-12-01 for what the draft's runner-up would add.
+[1, 1, S, past + S] (the buffer's length is refused). The in-place target graph now
+builds that bias from the positions (export/onnx_ops.py ``inplace_context``) and the
+build's probe (engines/onnxruntime.py ``probe_inplace_gqa``) checks a tree like this one.
 """
 
 from __future__ import annotations

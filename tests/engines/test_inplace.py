@@ -141,10 +141,12 @@ def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
         C_ = engines.max_context
         bufs = {n: np.zeros((1, 2, C_, 16), np.float32) for i in range(4) for n in (C.cache_key(i), C.cache_value(i))}
         r = engines.verify(2)
-        for pos, what in (([[C_ - 2, C_ - 1, C_]], "inside the in-place KV buffers"),
-                          ([[5, 7, 8]], "consecutive"), ([[-1, 0, 1]], "consecutive")):
-            with pytest.raises(UserError, match=what):
+        for pos in ([[C_ - 2, C_ - 1, C_]], [[C_ - 2, C_ - 1, C_ - 1]], [[5, 7, 8]], [[-1, 0, 1]], [[5, 5, 5]],
+                    [[5, 6, 5]], [[5, 6, 8]]):
+            with pytest.raises(UserError, match=r"position_ids .* must be consecutive \(or a chain then siblings "
+                                                r"of its second token\) and the 3 new rows must fit"):
                 r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array(pos), **bufs})
+        r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[5, 6, 6]]), **bufs})  # a tree
         short = {**bufs, C.cache_key(1): np.zeros((1, 2, C_ - 1, 16), np.float32)}
         with pytest.raises(UserError, match="cache_key.1"):
             r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[0, 1, 2]]), **short})
@@ -214,3 +216,29 @@ def test_float16_in_place_engines_match_the_portable_graph(tmp_path):
             out[kv + "-tokens"] = s.generator.generate([3, 1, 4, 1, 5], 20, s.eos)
     assert np.abs(out["inplace"] - out["append"]).max() <= 1e-2 * max(1.0, np.abs(out["append"]).max())
     assert out["inplace-tokens"] == out["append-tokens"]
+
+
+def test_a_token_tree_verifies_as_its_chains(tiny_engines):
+    """One call over x, a1, a2 and b1, c1 (siblings of a1, at a1's position) gives the rows
+    of the chains x a1 a2, x b1 and x c1 run separately, and writes b1's and c1's K/V rows
+    (at the slots after the chain's) as those chains write them at a1's slot."""
+    rng = np.random.default_rng(12)
+    with load_engines(tiny_engines) as engines:
+        C_, n = engines.max_context, 30
+        base = {nm: rng.standard_normal((1, 2, C_, 16), dtype=np.float32)
+                for i in range(4) for nm in (C.cache_key(i), C.cache_value(i))}
+        x, a1, a2, b1, c1 = 7, 11, 12, 13, 14
+
+        def call(tokens, positions):
+            bufs = {k: v.copy() for k, v in base.items()}
+            out = engines.target(len(tokens)).infer({C.INPUT_IDS: np.array([tokens]),
+                                                     C.POSITION_IDS: np.array([positions]), **bufs})
+            return out[C.LOGITS][0].copy(), out[C.AUX_HIDDEN][0].copy(), bufs
+
+        tree, tree_aux, tree_kv = call([x, a1, a2, b1, c1], [n, n + 1, n + 2, n + 1, n + 1])
+        for rows, toks in (([0, 1, 2], [x, a1, a2]), ([0, 3], [x, b1]), ([0, 4], [x, c1])):
+            ref, ref_aux, ref_kv = call(toks, list(range(n, n + len(toks))))
+            np.testing.assert_allclose(tree[rows], ref, **TOL)
+            np.testing.assert_allclose(tree_aux[rows], ref_aux, **TOL)
+            for nm in base:
+                np.testing.assert_allclose(tree_kv[nm][0, :, n + rows[-1]], ref_kv[nm][0, :, n + len(toks) - 1], **TOL)

@@ -76,6 +76,45 @@ def test_greedy_identity_every_depth_and_governor(pair):
         assert accepted > 0  # the accept and bonus paths ran
 
 
+def test_token_trees_keep_greedy_identity(pair):
+    """Chains with the draft's runners-up for the first position verified beside them
+    (widths 2 and 3, every depth; the deepest trees run on the dynamic-length prefill
+    engine) give target-only output; on the 16-token models runners-up win rounds."""
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 40)
+    wins = 0
+    for width in (2, 3):
+        for k in DEPTHS:
+            gov = FixedGovernor(DEPTHS, k)
+            gov.tree_width = width
+            g = _gen(engines, gov)
+            assert g.generate(PROMPT, 40) == ref, f"fixed:{k}:tree={width}: output differs"
+            t = g.telemetry.to_json()
+            assert t["tree"]["rounds"] == t["draft_rounds"] > 0
+            wins += t["tree"]["sibling_accepts"]
+    if engines.export["target"]["vocab_size"] == 16:
+        assert wins > 0  # the sibling path (row move, aux rows, bonus) ran
+
+
+def test_token_trees_are_refused_where_they_cannot_run(pair):
+    _, engines = pair
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.tree_width = 2
+    with pytest.raises(UserError, match="token trees verify greedy decoding only"):
+        _gen(engines, gov, SamplingParams(temperature=0.8, seed=1)).generate(PROMPT, 4)
+
+    class Untreed:  # engines built before trees: the manifest has no "tree"
+        export, max_context = engines.export, engines.max_context
+        kv_layout = staticmethod(engines.kv_layout)
+        target, draft = staticmethod(engines.target), staticmethod(engines.draft)
+
+        def verifies_trees(self):
+            return False
+
+    with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
+        G.Generator(Untreed(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
+
+
 def test_eos_and_budget_stop(pair):
     _, engines = pair
     ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 30)

@@ -50,6 +50,16 @@ def test_from_spec():
         from_spec("fast", DEPTHS)
     with pytest.raises(UserError, match="depth 3 is not built"):
         from_spec("fixed:3", DEPTHS)
+    # token trees: a width after any speculative governor
+    assert from_spec("fixed:2", DEPTHS).tree_width == 1
+    g = from_spec("fixed:2:tree=3", DEPTHS)
+    assert isinstance(g, FixedGovernor) and g.choose(NONE) == 2 and g.tree_width == 3
+    g = from_spec("dspark:block=4:tree=2", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS})
+    assert isinstance(g, DSparkGovernor) and g.block == 4 and g.tree_width == 2
+    assert from_spec("adaptive:tree=1", DEPTHS).tree_width == 1
+    for bad in ("off:tree=2", "fixed:2:tree=0", "fixed:2:tree=x", ":tree=2"):
+        with pytest.raises(UserError, match="':tree=W' takes a width W >= 1 after a speculative governor"):
+            from_spec(bad, DEPTHS)
 
 
 # ---- adaptive (onnxruntime-genai rule) ------------------------------------------------

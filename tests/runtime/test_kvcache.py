@@ -115,3 +115,19 @@ def test_inplace_layout_feeds_whole_buffers_and_commits_by_length():
         kv.commit(outs, 16)
     with pytest.raises(InternalError, match="KV layout"):
         KVCache(2, 3, 4, 16, layout="sideways")
+
+
+def test_move_row_copies_one_slot_of_every_layer():
+    """A token tree's accepted sibling: its K/V row moves from the slot it was written at
+    to the slot after the committed ones, in every layer; the append layout refuses."""
+    kv = KVCache(2, 3, 4, 16, layout="inplace")
+    for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
+        k[0, :, 9], v[0, :, 9] = 10.0 + i, 20.0 + i
+    kv.move_row(9, 5)
+    for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
+        assert (k[0, :, 5] == 10.0 + i).all() and (v[0, :, 5] == 20.0 + i).all()
+        assert (k[0, :, 4] == 0).all() and (k[0, :, 6] == 0).all()
+    with pytest.raises(InternalError, match="outside the buffers"):
+        kv.move_row(16, 5)
+    with pytest.raises(InternalError, match="only the in-place layout"):
+        KVCache(2, 3, 4, 16).move_row(3, 1)
