@@ -221,7 +221,7 @@ class Generator:
             first = self._pick(out[C.LOGITS][0, -1], rng)
             x = prompt + [first]
             # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
-            pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0]], 0
+            pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0].copy()], 0
             emitted = 1
             yield [first]
             if first in eos:
@@ -274,8 +274,10 @@ class Generator:
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
+                    # a copy: the engine's output buffer is rewritten by its next call, which
+                    # comes before the next draft when this round or the next drafts nothing
                     aux = out[C.AUX_HIDDEN][0]
-                    pend_aux.append(aux[aux_rows] if isinstance(aux_rows, list) else aux[: v.accepted + 1])
+                    pend_aux.append(aux[aux_rows] if isinstance(aux_rows, list) else aux[: v.accepted + 1].copy())
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None)
                 tel.record(r)

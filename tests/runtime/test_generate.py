@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specrt import contracts as C
 from specrt.engines import build_engines
 from specrt.engines.engine_set import load_engines
 from specrt.errors import UserError
@@ -113,6 +114,48 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
 
     with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
         G.Generator(Untreed(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
+
+
+def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
+    """Rounds without a draft (a governor's 0: plain decode steps) leave their tokens and the
+    target's aux hidden rows pending for the next draft. The engines reuse their output
+    buffers, so each round's rows must be kept as they were: checked against the target's
+    aux rows for the whole sequence, after runs of 1 to 3 plain steps."""
+    _, engines = pair
+    if engines.export["draft"]["kind"] != "peagle":
+        pytest.skip("the P-EAGLE pair covers the pending rows (EAGLE-3 reads them the same way)")
+
+    class Script(FixedGovernor):
+        def __init__(self, plan):
+            super().__init__(DEPTHS, 2)
+            self.plan = list(plan)
+
+        def choose(self, state):
+            return min(self.plan.pop(0) if self.plan else 2, state.limit if state.limit is not None else 2)
+
+    seen = []
+    g = _gen(engines, Script([0, 0, 2, 0, 2, 0, 0, 0, 2]))
+    draft = g._draft_peagle
+
+    def record(pending_tok, pending_aux, start, k, rng):
+        seen.append((start, np.array(pending_aux, copy=True)))
+        return draft(pending_tok, pending_aux, start, k, rng)
+
+    g._draft_peagle = record
+    out = g.generate(PROMPT, 16)
+    full = PROMPT + out
+    ref = engines.target(len(full) - 1)  # the prefill engine over every position but the last
+    rows = ref.infer({C.INPUT_IDS: np.array([full[:-1]]), C.POSITION_IDS: np.arange(len(full) - 1)[None],
+                      **G.KVCache(**_kv_shape(engines)).past_feeds()})[C.AUX_HIDDEN][0]
+    assert len(seen) >= 4 and any(len(a) >= 3 for _, a in seen[1:])  # drafts after plain-step runs
+    for start, aux in seen:
+        np.testing.assert_allclose(aux, rows[start : start + len(aux)], rtol=1e-4, atol=1e-4)
+
+
+def _kv_shape(engines) -> dict:
+    t = engines.export["target"]
+    return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],
+                max_len=engines.max_context, layout=engines.kv_layout("target"))
 
 
 def test_eos_and_budget_stop(pair):
