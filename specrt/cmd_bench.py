@@ -87,7 +87,8 @@ at its mean past (prompt + half the new tokens),
     predicted_s = draft_passes * t_draft + sum over rounds of t_verify(d_r)    (t_verify(0) = decode)
     predicted tokens/s = (new_tokens - 1) / predicted_s
 
-which for a fixed depth d is tau / (t_draft + t_verify(d)) per round. It is compared with
+which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (with a token tree
+of width W, ``:tree=W``, a round at depth d is costed t_verify(d + W - 1): its rows). It is compared with
 the measured decode phase ((new_tokens - 1) / (seconds - prefill)), and with the engines'
 own measured seconds, so the gap splits into "engines slower than profiled" and "Python".
 """
@@ -468,15 +469,19 @@ def _cost(engines, role: str, past: int) -> float:
     return engines.cost(role, past)
 
 
-def predict(engines, rec: dict, prompt_len: int) -> dict:
-    """Decode-phase seconds predicted from the cost table for one prompt's run (module doc)."""
+def predict(engines, rec: dict, prompt_len: int, tree_width: int = 1) -> dict:
+    """Decode-phase seconds predicted from the cost table for one prompt's run (module doc).
+    With a token tree a round verifying d drafts calls the target on d + tree_width rows,
+    costed as verify.{d + tree_width - 1} (the rare rounds whose siblings the context cut
+    short are costed so too)."""
     past = prompt_len + rec["new_tokens"] // 2
     t_draft = engines.cost("draft", past) if rec.get("draft_passes") else 0.0
     s_draft = rec.get("draft_passes", 0) * t_draft
     s_target = 0.0
+    extra = tree_width - 1 if (rec.get("tree") or {}).get("rounds") else 0
     for d, n in rec.get("depth_histogram", {}).items():
         d = int(d)
-        s_target += n * (engines.cost("decode", past) if d == 0 else _cost(engines, f"verify.{d}", past))
+        s_target += n * (engines.cost("decode", past) if d == 0 else _cost(engines, f"verify.{d + extra}", past))
     return {"draft": s_draft, "target": s_target}
 
 
@@ -535,8 +540,11 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         s["calibration_note"] = res.get("calibration_note")
     pred_s = measured_decode_s = engines_s = 0.0
     decode_tokens = 0
+    from specrt.runtime.governor import split_tree
+
+    width = split_tree(name.split(":", 1)[1].split("@", 1)[0])[1]  # specrt:SPEC[@variant]
     for rec, ids in zip(pp, prompts):
-        p = predict(engines, rec, len(ids))
+        p = predict(engines, rec, len(ids), width)
         pred_s += p["draft"] + p["target"]
         ts = rec["time_split"]
         measured_decode_s += rec["seconds"] - ts.get("prefill", 0.0)

@@ -264,6 +264,11 @@ def test_prediction_matches_the_fixed_depth_formula():
     # a round cut to depth 3 by the budget runs on the prefill runner: costed as the next built depth
     p = predict(E(), {"new_tokens": 5, "draft_passes": 1, "depth_histogram": {"3": 1}}, prompt_len=5)
     assert p["target"] == pytest.approx(0.05)
+    # a token tree of width 3 at depth 2 verifies 4 rows: costed as verify.4 (the next built depth)
+    tree = {"new_tokens": 26, "draft_passes": 10, "depth_histogram": {"2": 10}, "tree": {"rounds": 10}}
+    assert predict(E(), tree, prompt_len=5, tree_width=3)["target"] == pytest.approx(10 * 0.05)
+    assert predict(E(), tree, prompt_len=5, tree_width=2)["target"] == pytest.approx(10 * 0.05)  # verify.3 -> .4
+    assert predict(E(), {**tree, "tree": {"rounds": 0}}, prompt_len=5, tree_width=3)["target"] == pytest.approx(0.4)
 
 
 def test_summary_of_a_fake_run_has_ratios_inputs():
