@@ -24,7 +24,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, from_spec, is_dspark
+from .governor import Calibration, Governor, from_spec, is_dspark, split_tree
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -126,10 +126,18 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams()) -> tu
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
-    """``governor.from_spec`` with DSpark's costs read from the engines' cost table."""
+    """``governor.from_spec`` with DSpark's costs read from the engines' cost table. With a
+    token tree of width W (``:tree=W``) a round verifying d drafts runs d + W rows: DSpark
+    costs it as verify.{d + W - 1} (the next built depth at or above, else the deepest)."""
     if not is_dspark(spec):
         return from_spec(spec, engines.depths)
-    t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
+    extra = split_tree(spec)[1] - 1
+
+    def rows(d: int) -> int:
+        want = d + extra
+        return next((b for b in sorted(engines.depths) if b >= want), max(engines.depths))
+
+    t_verify = {d: engines.cost(f"verify.{rows(d)}", COST_PAST) for d in engines.depths}
     t_verify[0] = engines.cost("decode", COST_PAST)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
     return from_spec(spec, engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)

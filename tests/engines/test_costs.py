@@ -49,10 +49,16 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
         assert all(v > 0 for v in row["draft_by_depth"].values())
     by = e.draft_costs(100)
     assert sorted(by) == list(e.depths) and all(v > 0 for v in by.values())
-    from specrt.runtime.session import make_governor
+    from specrt.runtime.session import COST_PAST, make_governor
 
     g = make_governor("dspark", e)
     assert g.draft_cost(1) == pytest.approx(by[1]) and g.draft_cost(8) == pytest.approx(by[8])
+    # a token tree of width 2 adds a row to every round: depth d is costed as the next built
+    # depth at or above d + 1 (tiny engines: depths 1, 2, 4, 8)
+    g = make_governor("dspark:tree=2", e)
+    assert g.tree_width == 2
+    for d, rows in ((1, 2), (2, 4), (4, 8), (8, 8)):
+        assert g.t_verify[d] == pytest.approx(e.cost(f"verify.{rows}", COST_PAST)), d
 
 
 def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
