@@ -279,7 +279,7 @@ class Generator:
                     aux = out[C.AUX_HIDDEN][0]
                     pend_aux.append(aux[aux_rows] if isinstance(aux_rows, list) else aux[: v.accepted + 1].copy())
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
-                                conf if conf is not None else None)
+                                conf if conf is not None else None, sibling=isinstance(aux_rows, list))
                 tel.record(r)
                 self.governor.observe(r)
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]

@@ -449,6 +449,7 @@ class DSparkGovernor(Governor):
 
     uses_confidences = True
     RATE_EMA = 0.1  # weight of a round in the pre-draft rate (costs use ``ema``)
+    SIBLING_PRIOR = (1.0, 8.0)  # (wins, tries) before any tree round: a rate of 1/8
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
@@ -487,6 +488,17 @@ class DSparkGovernor(Governor):
         # a longer context) is costed as measured
         self.shape = {d: 1.0 for d in (0, *self.depths)}
         self.shape_ema = float(shape_ema)
+        # token trees (tree_width > 1, set by from_spec after construction): how often a
+        # runner-up wins position 1 when the first draft is rejected, counted with a prior
+        # of SIBLING_PRIOR (wins, tries); the sibling's token is worth (1 - c_1) * rate in E(d)
+        self.sib_wins, self.sib_tries = self.SIBLING_PRIOR
+
+    def sibling_value(self, c1: float) -> float:
+        """Expected tokens a token tree's runners-up add to a round whose first draft has
+        conditional acceptance c1: (1 - c1) x P(a runner-up wins | the first is rejected)."""
+        if self.tree_width <= 1:
+            return 0.0
+        return (1.0 - c1) * (self.sib_wins / self.sib_tries)
 
     @property
     def t_draft(self) -> float:
@@ -511,7 +523,7 @@ class DSparkGovernor(Governor):
         best, best_rate, e, s = 0, -1.0, 1.0, 1.0
         for k in range(1, top + 1):
             s *= up[k - 1] if k <= len(up) else up[-1]
-            e += s
+            e += s + (self.sibling_value(up[0]) if k == 1 else 0.0)
             if k in self.t_verify:
                 rate = e / (self.draft_cost(k) + self.t_verify[k])
                 if rate > best_rate:
@@ -536,7 +548,7 @@ class DSparkGovernor(Governor):
         best, best_rate, e, s, i, depths = 0, -1.0, 1.0, 1.0, 0, self.depths
         for k in range(1, limit + 1):
             s *= c[k - 1]  # S_k
-            e += s  # E(k)
+            e += s + (self.sibling_value(c[0]) if k == 1 else 0.0)  # E(k), a tree's runners-up in it
             if k == depths[i]:
                 rate = e / (t_draft + self.t_verify[k])
                 if rate > best_rate:  # strict: ties keep the smaller depth
@@ -592,8 +604,13 @@ class DSparkGovernor(Governor):
         self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
             self.t_decode = self.load_target * self._p_decode * self.shape[0]
+        if d and self.tree_width > 1 and (r.sibling or r.accepted == 0):  # the first draft was rejected
+            self.sib_tries += 1.0
+            self.sib_wins += float(r.sibling)
         if d and self.learn and r.confidences is not None:
-            self.calibration.update(r.confidences[: d], r.accepted)
+            # a runner-up's win is the chain's first draft rejected: the calibration maps the
+            # draft's confidence in its own first choice
+            self.calibration.update(r.confidences[: d], 0 if r.sibling else r.accepted)
 
 
 SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off [:tree=W]"

@@ -32,10 +32,14 @@ class RoundResult:
     t_verify: float = 0.0  # seconds in the target engine this round
     t_round: float | None = None  # wall seconds of the whole round (engines + Python); None: not measured
     confidences: np.ndarray | None = None  # [K >= d] draft's probability of its own token per position
+    # a token tree's runner-up won position 1 (accepted == 1 then; the chain's first draft was rejected)
+    sibling: bool = False
 
     def __post_init__(self):
         if not 0 <= self.accepted <= self.depth:
             raise InternalError(f"round accepted {self.accepted} of {self.depth} drafts")
+        if self.sibling and self.accepted != 1:
+            raise InternalError(f"a runner-up's round accepted {self.accepted}, not 1")
 
     @property
     def emitted(self) -> int:

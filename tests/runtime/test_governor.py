@@ -466,3 +466,30 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
     g = from_spec("dspark", DEPTHS, **kw)
     g.observe(RoundResult(2, 1, t_draft=0.009, t_verify=0.05, confidences=np.array([0.9, 0.5, 0.2, 0.1])))
     assert g.t_verify[2] > before[2]  # the default follows the machine
+
+
+def test_dspark_with_a_token_tree_values_and_learns_the_runners_up():
+    """With ':tree=W' a round also verifies the draft's runners-up for position 1: E(d) gains
+    (1 - c_1) x P(a runner-up wins | the first draft is rejected) for every d >= 1, which
+    favours the cheaper depths; a runner-up's win counts toward that rate and as a
+    rejection of the first draft in the calibration (which maps the draft's confidence in
+    its own first choice)."""
+    g = DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.25})
+    # chain: E(1) = 1.5 -> 1.5 / 1.0; E(2) = 1.95 -> 1.56: depth 2
+    assert g.sibling_value(0.5) == 0.0 and g.choose(conf(0.5, 0.9)) == 2
+    g = from_spec("dspark:tree=2", (1, 2), t_draft=1e-6, t_verify={1: 1.0, 2: 1.25})
+    assert g.sibling_value(0.5) == pytest.approx(0.5 / 8)  # the prior rate, 1/8
+    g.sib_wins, g.sib_tries = 8.0, 10.0
+    # + 0.5 * 0.8 = 0.4 each: 1.9 / 1.0 against 2.35 / 1.25 = 1.88: depth 1
+    assert g.choose(conf(0.5, 0.9)) == 1
+    c = np.array([0.5, 0.9])
+    before = g.calibration.n.copy(), g.calibration.a.copy()
+    g.observe(RoundResult(2, 1, 1e-6, 1.0, confidences=c, sibling=True))
+    assert (g.sib_wins, g.sib_tries) == (9.0, 11.0)
+    assert g.calibration.n.sum() == before[0].sum() + 1 and g.calibration.a.sum() == before[1].sum()  # rejected
+    g.observe(RoundResult(2, 0, 1e-6, 1.0, confidences=c))  # no runner-up won either
+    assert (g.sib_wins, g.sib_tries) == (9.0, 12.0)
+    g.observe(RoundResult(2, 2, 1e-6, 1.0, confidences=c))  # the chain won: no question for the siblings
+    assert (g.sib_wins, g.sib_tries) == (9.0, 12.0) and g.calibration.a.sum() == before[1].sum() + 2
+    with pytest.raises(InternalError, match="runner-up's round accepted 2"):
+        RoundResult(2, 2, sibling=True)
