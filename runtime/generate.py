@@ -96,9 +96,6 @@ class Generator:
         if w > 1:
             if self.dkv is None:
                 raise UserError("a token tree needs a draft; these engines have none")
-            if not self.params.greedy:
-                raise UserError("token trees verify greedy decoding only (temperature 0); sampled runs use chains "
-                                "(drop ':tree=W' from the governor)")
             if not (hasattr(self.e, "verifies_trees") and self.e.verifies_trees()):
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
@@ -256,21 +253,25 @@ class Generator:
                 aux_rows: slice | list[int] = slice(None)
                 if self.params.greedy:
                     v = verify_greedy(logits[: d + 1], drafts[:d])
-                    if sib:
-                        tel.tree_rounds += 1
-                        if v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
-                            row = d + 1 + sib.index(int(v.tokens[0]))
-                            best = int(np.argmax(logits[row]))
-                            check_logits(logits[row : row + 1], "target", logits[row : row + 1, best])
-                            v = Verdict(1, np.array([v.tokens[0], best], np.int64))
-                            self.tkv.move_row(n + row, n + 1)  # its K/V row to the slot after x's
-                            aux_rows = [0, row]
-                            tel.sibling_accepts += 1
+                    if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
+                        j = sib.index(int(v.tokens[0]))
+                        row = d + 1 + j
+                        best = int(np.argmax(logits[row]))
+                        check_logits(logits[row : row + 1], "target", logits[row : row + 1, best])
+                        v = Verdict(1, np.array([v.tokens[0], best], np.int64), j)
                 else:
                     m = check_logits(logits)  # every row, as greedy does, before any is used
-                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0], d + 1,
-                                 self.vocab)
-                    v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng)
+                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0],
+                                 d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
+                    v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng,
+                                        sib, lambda j: p[d + 1 + j])
+                if sib:
+                    tel.tree_rounds += 1
+                    if v.sibling >= 0:
+                        row = d + 1 + v.sibling
+                        self.tkv.move_row(n + row, n + 1)  # its K/V row to the slot after x's
+                        aux_rows = [0, row]
+                        tel.sibling_accepts += 1
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]

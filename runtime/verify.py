@@ -22,6 +22,7 @@ from .sampling import check_logits, sample
 class Verdict(NamedTuple):
     accepted: int  # a
     tokens: np.ndarray  # int64 [a + 1]
+    sibling: int = -1  # a token tree's runner-up j that won position 1 (accepted = 1), else -1
 
 
 def verify_greedy(logits: np.ndarray, draft: np.ndarray) -> Verdict:
@@ -120,7 +121,7 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def verify_sampling(p: np.ndarray | LazyRows, q: np.ndarray | LazyRows, draft: np.ndarray,
-                    rng: np.random.Generator) -> Verdict:
+                    rng: np.random.Generator, siblings=(), p_sibling=None) -> Verdict:
     """Speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023).
 
     For k = 0 .. d-1: accept draft[k] with probability min(1, p[k, t] / q[k, t]); at the
@@ -133,18 +134,42 @@ def verify_sampling(p: np.ndarray | LazyRows, q: np.ndarray | LazyRows, draft: n
     past d are not read); either may be LazyRows, whose rows past the first rejection are
     never made. draft int [d] in target ids; rng: the run's generator (one uniform per
     tested draft, one inverse-CDF uniform for the final token).
+
+    Token trees: ``siblings`` (target ids, distinct from draft[0]) are further candidates
+    for the first position, each a deterministic proposal (q = all mass on it). After
+    draft[0] is rejected they are tested in turn against the residual r: accepted with
+    probability min(1, r(b) / 1) = r(b), else r loses b and is renormalised (the residual
+    of a one-hot proposal). The first accepted one is emitted with a bonus token ~
+    ``p_sibling(j)``, the target's processed row after it; if none is, the token is drawn
+    from what is left of r. Each step is the rule above with a valid proposal, so the
+    emitted tokens stay distributed as the target's; without siblings no extra uniform is
+    drawn.
     """
     d = len(draft)
-    if p.shape[0] != d + 1 or q.shape[0] < d or q.shape[1] != p.shape[1]:
+    if siblings is not None and len(siblings) and p_sibling is None:
+        raise InternalError("verify_sampling: siblings without their target rows (p_sibling)")
+    if p.shape[0] < d + 1 or q.shape[0] < d or q.shape[1] != p.shape[1]:
         raise InternalError(f"verify_sampling: p {p.shape}, q {q.shape} for {d} drafts, expected [{d + 1}, V] "
                             f"and [>= {d}, V]")
     for k in range(d):
         t = draft[k]
         pk, qk = p[k], q[k]
         if not rng.random() < accept_probability(float(pk[t]), float(qk[t])):
+            r = residual(pk, qk)
+            if k == 0:
+                for j, b in enumerate(siblings):
+                    b = int(b)
+                    if rng.random() < r[b]:
+                        return Verdict(1, np.array([b, sample(p_sibling(j), rng)], np.int64), j)
+                    left = 1.0 - r[b]
+                    if left <= 0.0:  # r was all on b: the test above accepted (u < 1)
+                        break
+                    r = r.copy() if j == 0 else r
+                    r[b] = 0.0
+                    r /= left
             tokens = np.empty(k + 1, np.int64)
             tokens[:k] = draft[:k]
-            tokens[k] = sample(residual(pk, qk), rng)
+            tokens[k] = sample(r, rng)
             return Verdict(k, tokens)
     tokens = np.empty(d + 1, np.int64)
     tokens[:d] = draft

@@ -208,7 +208,7 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--governor", default="dspark", show_default=True,
               help="off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off with an optional "
                    ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
-                   "table; tree=W: greedy rounds also verify the draft's next W-1 choices for the first "
+                   "table; tree=W: each round also verifies the draft's next W-1 choices for the first "
                    "position)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")

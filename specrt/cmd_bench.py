@@ -910,9 +910,6 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         gov = make_governor(g, engines)  # UserError on a bad spec, before anything runs
         if g.lower() != "off" and not has_draft:
             raise UserError(f"--governors {g}: the engines have no draft; only off can run")
-        if gov.tree_width > 1 and sampled:
-            raise UserError(f"--governors {g}: token trees verify greedy decoding only; drop ':tree=W' "
-                            "or --temperature")
         if gov.tree_width > 1 and not engines.verifies_trees():
             raise UserError(f"--governors {g}: {engines_dir} does not verify token trees: rebuild it with "
                             "`specrt build` (ONNX Runtime engines with in-place KV, built since trees were added)")

@@ -424,7 +424,3 @@ def test_bad_sampling_options_are_user_errors(tiny_engines, prompts_file, tmp_pa
                                        "--peers", "none", *extra])
         assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
         assert not (tmp_path / "r").exists()
-    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
-                                   "--peers", "none", "--governors", "fixed:1:tree=2", "--temperature", "0.7"])
-    assert isinstance(r.exception, UserError) and "token trees verify greedy decoding only" in str(r.exception)
-    assert not (tmp_path / "r").exists()

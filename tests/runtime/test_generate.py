@@ -101,8 +101,6 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
     _, engines = pair
     gov = FixedGovernor(DEPTHS, 2)
     gov.tree_width = 2
-    with pytest.raises(UserError, match="token trees verify greedy decoding only"):
-        _gen(engines, gov, SamplingParams(temperature=0.8, seed=1)).generate(PROMPT, 4)
 
     class Untreed:  # engines built before trees: the manifest has no "tree"
         export, max_context = engines.export, engines.max_context
@@ -250,13 +248,15 @@ def _exact(engines, prompt, length, params):
     return out
 
 
-def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None):
+def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1):
     prompt, length = [1, 2, 3], 3
     want = _exact(engines, prompt, length, params)
     keys = sorted(want)
     counts = np.zeros(len(keys))
     d2t = read_d2t(engines.export_dir, engines.export)
-    g = G.Generator(engines, FixedGovernor((1, 2, 4), depth), params, d2t)
+    gov = FixedGovernor((1, 2, 4), depth)
+    gov.tree_width = tree
+    g = G.Generator(engines, gov, params, d2t)
     for s in range(n):
         g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
         # budget 1 + depth + 1: the first verify round can use the whole depth
@@ -273,12 +273,38 @@ def test_sampling_matches_target_distribution(small, depth, params):
     assert _pvalue(small, depth, params, n=1200) > 0.01
 
 
+@pytest.mark.parametrize("depth, tree, params", [(1, 2, SamplingParams(temperature=1.0)),
+                                                 (2, 3, SamplingParams(temperature=1.0)),
+                                                 (1, 3, SamplingParams(temperature=0.7, top_k=4, top_p=0.9))],
+                         ids=["d1-w2-T1", "d2-w3-T1", "d1-w3-T0.7-k4-p0.9"])
+def test_sampling_with_token_trees_matches_target_distribution(small, depth, tree, params):
+    """The draft's runners-up for position 1, tested against the residual after the first
+    draft's rejection (verify.py), leave the distribution of sequences the target's."""
+    assert _pvalue(small, depth, params, n=1200, tree=tree) > 0.01
+
+
 def test_sampling_test_detects_a_wrong_rule(small, monkeypatch):
     """The same statistic rejects a rule that accepts drafts without the p/q test."""
     from specrt.runtime.verify import Verdict
 
-    def accept_all(p, q, draft, rng):
-        return Verdict(len(draft), np.append(draft, np.argmax(p[-1])).astype(np.int64))
+    def accept_all(p, q, draft, rng, *siblings):
+        return Verdict(len(draft), np.append(draft, np.argmax(p[len(draft)])).astype(np.int64))
 
     monkeypatch.setattr(G, "verify_sampling", accept_all)
     assert _pvalue(small, 2, SamplingParams(temperature=1.0), n=1200) < 1e-6
+
+
+def test_sampling_test_detects_a_wrong_sibling_rule(small, monkeypatch):
+    """... and a tree rule that takes the first runner-up whenever the first draft is
+    rejected (no test against the residual): the siblings are exercised by these runs."""
+    from specrt.runtime.sampling import sample
+    from specrt.runtime.verify import Verdict, verify_sampling
+
+    def take_sibling(p, q, draft, rng, siblings=(), p_sibling=None):
+        v = verify_sampling(p, q, draft, rng)
+        if v.accepted == 0 and len(siblings):
+            return Verdict(1, np.array([siblings[0], sample(p_sibling(0), rng)], np.int64), 0)
+        return v
+
+    monkeypatch.setattr(G, "verify_sampling", take_sibling)
+    assert _pvalue(small, 1, SamplingParams(temperature=1.0), n=1200, tree=2) < 1e-6

@@ -69,7 +69,7 @@ def speculative(toy, depth, length, rng, rule=verify_sampling):
             c += (t,)
         q = np.stack([toy.q(ctx + tuple(drafts[:k])) for k in range(depth)])
         p = np.stack([toy.p(ctx + tuple(drafts[:k])) for k in range(depth + 1)])
-        _, tokens = rule(p, q, np.array(drafts), rng)
+        tokens = rule(p, q, np.array(drafts), rng)[1]  # (accepted, tokens, ...)
         out += tokens.tolist()
         ctx += tuple(tokens.tolist())
     return tuple(out[:length])
@@ -96,7 +96,7 @@ def test_greedy_equals_target_greedy(depth, reduced):
                 drafts.append(int(ids[dl[(ctx + tuple(drafts))[-1]].argmax()]))
             c = ctx + tuple(drafts)
             logits = np.stack([tl[c[len(ctx) + k - 2], c[len(ctx) + k - 1]] for k in range(depth + 1)])
-            a, tokens = verify_greedy(logits, np.array(drafts))
+            a, tokens, _ = verify_greedy(logits, np.array(drafts))
             assert len(tokens) == a + 1 and list(tokens[:a]) == drafts[:a]
             accepted += a
             out += tokens.tolist()
