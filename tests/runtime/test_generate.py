@@ -120,8 +120,6 @@ def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
     buffers, so each round's rows must be kept as they were: checked against the target's
     aux rows for the whole sequence, after runs of 1 to 3 plain steps."""
     _, engines = pair
-    if engines.export["draft"]["kind"] != "peagle":
-        pytest.skip("the P-EAGLE pair covers the pending rows (EAGLE-3 reads them the same way)")
 
     class Script(FixedGovernor):
         def __init__(self, plan):
@@ -133,13 +131,14 @@ def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
 
     seen = []
     g = _gen(engines, Script([0, 0, 2, 0, 2, 0, 0, 0, 2]))
-    draft = g._draft_peagle
+    name = "_draft_peagle" if engines.export["draft"]["kind"] == "peagle" else "_draft_eagle3"
+    draft = getattr(g, name)
 
     def record(pending_tok, pending_aux, start, k, rng):
         seen.append((start, np.array(pending_aux, copy=True)))
         return draft(pending_tok, pending_aux, start, k, rng)
 
-    g._draft_peagle = record
+    setattr(g, name, record)
     out = g.generate(PROMPT, 16)
     full = PROMPT + out
     ref = engines.target(len(full) - 1)  # the prefill engine over every position but the last
