@@ -1109,9 +1109,12 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
         raise UserError(f"--variant {label}: {folder} was built from another target graph than "
                         f"{engines.folder} (export.json target hashes differ); outputs could not be compared")
     for g in govs:
-        make_governor(g, ve)
+        gov = make_governor(g, ve)
         if g.lower() != "off" and ve.export.get("draft") is None:
             raise UserError(f"--variant {label}: {folder} has no draft; governor {g} cannot run on it")
+        if gov.tree_width > 1 and not ve.verifies_trees():
+            raise UserError(f"--variant {label}: {folder} does not verify token trees, which governor {g} "
+                            "needs: rebuild it with `specrt build`")
     return ve
 
 

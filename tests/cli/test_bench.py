@@ -417,6 +417,25 @@ def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, pro
     assert outs[0]["specrt:off"] != report[0]["outputs"]["specrt:off"]  # it sampled: not the greedy tokens
 
 
+def test_trees_on_engines_that_cannot_verify_them_are_refused(tiny_engines, prompts_file, tmp_path):
+    """Engines built before token trees (no graphs.target.tree in engines.json) are refused
+    for a ':tree=W' governor before anything runs, as ENGINES and as a --variant."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_engines, old)
+    m = json.loads((old / "engines.json").read_text())
+    del m["graphs"]["target"]["tree"]
+    (old / "engines.json").write_text(json.dumps(m))
+    args = ["--prompts", str(prompts_file), "-o", str(tmp_path / "r"), "--peers", "none", "--governors",
+            "off,fixed:1:tree=2"]
+    r = CliRunner().invoke(bench, [str(old), *args])
+    assert isinstance(r.exception, UserError) and "does not verify token trees" in str(r.exception), r.output
+    r = CliRunner().invoke(bench, [str(tiny_engines), *args, "--variant", f"old={old}"])
+    assert isinstance(r.exception, UserError) and "--variant old" in str(r.exception), r.output
+    assert not (tmp_path / "r").exists()
+
+
 def test_bad_sampling_options_are_user_errors(tiny_engines, prompts_file, tmp_path):
     for extra, match in ((["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
                          (["--top-k", "-2"], "top_k"), (["--seed", "-1"], "seed")):
