@@ -613,7 +613,7 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: d], 0 if r.sibling else r.accepted)
 
 
-SPECS = "off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off [:tree=W]"
+SPECS = "auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W]"
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -629,7 +629,7 @@ def split_tree(spec: str | int) -> tuple[str, int]:
     head, sep, tail = s.rpartition(":tree=")
     if not sep:
         return s, 1
-    if not tail.isdigit() or int(tail) < 1 or not head or head == "off":
+    if not tail.isdigit() or int(tail) < 1 or not head or head in ("off", "auto"):
         raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
                         f"({SPECS})")
     return head, int(tail)

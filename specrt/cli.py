@@ -205,11 +205,12 @@ def _read_prompts(path: Path) -> list[str]:
               help="JSON lines with a 'prompt' field, decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--governor", default="dspark", show_default=True,
-              help="off | fixed:K | adaptive | dspark[:block=K][:profiled], each but off with an optional "
+@click.option("--governor", default="auto", show_default=True,
+              help="auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off with an "
+                   "optional "
                    ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
                    "table; tree=W: each round also verifies the draft's next W-1 choices for the first "
-                   "position)")
+                   "position; auto: dspark:tree=3 on engines that verify token trees, else dspark)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
@@ -231,8 +232,9 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
+        governor = s.governor_spec  # ``auto`` resolved
         if is_dspark(governor):
-            click.echo(f"dspark: {s.calibration_note}", err=True)
+            click.echo(f"{governor}: {s.calibration_note}", err=True)
         total, per_prompt = Telemetry(), []
         for p in prompts:
             for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops)):

@@ -46,7 +46,7 @@ def test_from_spec():
     assert isinstance(from_spec("dspark", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS}), DSparkGovernor)
     with pytest.raises(UserError, match="cost table"):
         from_spec("dspark", DEPTHS)
-    with pytest.raises(UserError, match=re.escape("'fast': expected one of off | fixed:K | adaptive | dspark")):
+    with pytest.raises(UserError, match=re.escape("'fast': expected one of auto | off | fixed:K | adaptive | dspark")):
         from_spec("fast", DEPTHS)
     with pytest.raises(UserError, match="depth 3 is not built"):
         from_spec("fixed:3", DEPTHS)
@@ -57,7 +57,7 @@ def test_from_spec():
     g = from_spec("dspark:block=4:tree=2", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS})
     assert isinstance(g, DSparkGovernor) and g.block == 4 and g.tree_width == 2
     assert from_spec("adaptive:tree=1", DEPTHS).tree_width == 1
-    for bad in ("off:tree=2", "fixed:2:tree=0", "fixed:2:tree=x", ":tree=2"):
+    for bad in ("off:tree=2", "auto:tree=2", "fixed:2:tree=0", "fixed:2:tree=x", ":tree=2"):
         with pytest.raises(UserError, match="':tree=W' takes a width W >= 1 after a speculative governor"):
             from_spec(bad, DEPTHS)
 
