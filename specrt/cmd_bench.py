@@ -901,7 +901,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     govs = _split(governors) if governors else (
-        ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark"] if has_draft else ["off"])
+        ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
+         *(["dspark:tree=3"] if engines.verifies_trees() else [])] if has_draft else ["off"])
     if "off" not in [g.lower() for g in govs]:
         govs.insert(0, "off")
     from specrt.runtime.session import make_governor
@@ -1206,7 +1207,8 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governors", default=None,
-              help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark).")
+              help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark, and "
+                   "dspark:tree=3 where the engines verify token trees).")
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")

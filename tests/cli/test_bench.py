@@ -56,7 +56,7 @@ def prompts_file(tmp_path_factory) -> Path:
 def report(tiny_engines, prompts_file, tmp_path_factory) -> tuple[dict, Path, str]:
     out = tmp_path_factory.mktemp("report")
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
-                                   "--max-new-tokens", "10", "--governors", "off,fixed:2,adaptive,dspark",
+                                   "--max-new-tokens", "10", "--governors", "off,fixed:2,adaptive,dspark,fixed:2:tree=2",
                                    "--threads", "1", "--warmup-tokens", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return json.loads((out / "bench.json").read_text()), out, r.output
@@ -109,7 +109,7 @@ def test_governors_identical_and_counted(report):
     rep, _, _ = report
     ident = rep["identity"]
     assert ident["reference"] == REFERENCE and ident["failures"] == []
-    for name in ("specrt:fixed:2", "specrt:adaptive", "specrt:dspark"):
+    for name in ("specrt:fixed:2", "specrt:adaptive", "specrt:dspark", "specrt:fixed:2:tree=2"):
         assert ident["configs"][name]["identical_prompts"] == 2
     f2 = rep["configs"]["specrt:fixed:2"]
     # which calibration DSpark started from is reported (these engines have none)
