@@ -250,15 +250,12 @@ class Generator:
                 sib = self._siblings[: max(0, room - d)] if self.tree_width > 1 and d >= 1 else []
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
-                aux_rows: slice | list[int] = slice(None)
                 if self.params.greedy:
                     v = verify_greedy(logits[: d + 1], drafts[:d])
                     if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
                         j = sib.index(int(v.tokens[0]))
-                        row = d + 1 + j
-                        best = int(np.argmax(logits[row]))
-                        check_logits(logits[row : row + 1], "target", logits[row : row + 1, best])
-                        v = Verdict(1, np.array([v.tokens[0], best], np.int64), j)
+                        bonus = verify_greedy(logits[d + 1 + j : d + 2 + j], drafts[:0]).tokens[0]  # its row's argmax
+                        v = Verdict(1, np.array([v.tokens[0], bonus], np.int64), j)
                 else:
                     m = check_logits(logits)  # every row, as greedy does, before any is used
                     p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0],
@@ -267,20 +264,18 @@ class Generator:
                                         sib, lambda j: p[d + 1 + j])
                 if sib:
                     tel.tree_rounds += 1
-                    if v.sibling >= 0:
-                        row = d + 1 + v.sibling
-                        self.tkv.move_row(n + row, n + 1)  # its K/V row to the slot after x's
-                        aux_rows = [0, row]
-                        tel.sibling_accepts += 1
+                    tel.sibling_accepts += v.sibling >= 0
+                rows = [0, d + 1 + v.sibling] if v.sibling >= 0 else slice(0, v.accepted + 1)  # x's, then the accepted
+                if v.sibling >= 0:
+                    self.tkv.move_row(n + rows[1], n + 1)  # the runner-up's K/V row to the slot after x's
                 self.tkv.commit(out, v.accepted + 1)
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
                     # a copy: the engine's output buffer is rewritten by its next call, which
                     # comes before the next draft when this round or the next drafts nothing
-                    aux = out[C.AUX_HIDDEN][0]
-                    pend_aux.append(aux[aux_rows] if isinstance(aux_rows, list) else aux[: v.accepted + 1].copy())
+                    pend_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
-                                conf if conf is not None else None, sibling=isinstance(aux_rows, list))
+                                conf if conf is not None else None, sibling=v.sibling >= 0)
                 tel.record(r)
                 self.governor.observe(r)
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]

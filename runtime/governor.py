@@ -49,6 +49,12 @@ def check_depths(depths: Sequence[int]) -> tuple[int, ...]:
     return ds
 
 
+def depth_at_least(depths: Sequence[int], d: int) -> int:
+    """The smallest of ``depths`` >= d, else the largest: what a round of d (a budget-cut
+    depth, a token tree's extra rows, a draft block) is costed as from a table of built ones."""
+    return next((b for b in sorted(depths) if b >= d), max(depths))
+
+
 class Governor(abc.ABC):
     uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
     tree_width = 1  # > 1: each round also verifies the draft's runners-up for position 1 (from_spec ':tree=W')
@@ -469,7 +475,7 @@ class DSparkGovernor(Governor):
         # draft cost per block depth K: profiled K's, others from the nearest profiled K at or
         # above (a deeper block costs at least as much), else the deepest
         ks = sorted(by_k)
-        self._p_draft_by = {k: float(by_k[next((j for j in ks if j >= k), ks[-1])]) for k in range(1, self.depths[-1] + 1)}
+        self._p_draft_by = {k: float(by_k[depth_at_least(ks, k)]) for k in range(1, self.depths[-1] + 1)}
         self.ceiling = [1.0] * self.depths[-1]  # u_k: decaying max of recent calibrated c_k
         self.ceiling_decay = float(ceiling_decay)
         self._since_full = 0  # drafted rounds since the last full block

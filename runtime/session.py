@@ -26,7 +26,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, from_spec, is_dspark, split_tree
+from .governor import Calibration, Governor, depth_at_least, from_spec, is_dspark, split_tree
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -150,12 +150,8 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None) ->
     if not is_dspark(spec):
         return from_spec(spec, engines.depths)
     extra = split_tree(spec)[1] - 1
-
-    def rows(d: int) -> int:
-        want = d + extra
-        return next((b for b in sorted(engines.depths) if b >= want), max(engines.depths))
-
-    t_verify = {d: engines.cost(f"verify.{rows(d)}", COST_PAST) for d in engines.depths}
+    t_verify = {d: engines.cost(f"verify.{depth_at_least(engines.depths, d + extra)}", COST_PAST)
+                for d in engines.depths}
     t_verify[0] = engines.cost("decode", COST_PAST)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
     return from_spec(spec, engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)

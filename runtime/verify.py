@@ -146,7 +146,7 @@ def verify_sampling(p: np.ndarray | LazyRows, q: np.ndarray | LazyRows, draft: n
     drawn.
     """
     d = len(draft)
-    if siblings is not None and len(siblings) and p_sibling is None:
+    if len(siblings) and p_sibling is None:
         raise InternalError("verify_sampling: siblings without their target rows (p_sibling)")
     if p.shape[0] < d + 1 or q.shape[0] < d or q.shape[1] != p.shape[1]:
         raise InternalError(f"verify_sampling: p {p.shape}, q {q.shape} for {d} drafts, expected [{d + 1}, V] "

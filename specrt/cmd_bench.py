@@ -460,12 +460,12 @@ class InterleavedWorker:
 
 def _cost(engines, role: str, past: int) -> float:
     from specrt.engines.plan import verify_role
+    from specrt.runtime.governor import depth_at_least
 
     if role.startswith("verify."):
-        d = int(role.split(".")[1])
-        if d not in engines.depths:  # the budget cut a round below a built depth: prefill runner
-            larger = [x for x in engines.depths if x >= d]
-            role = verify_role(larger[0] if larger else max(engines.depths))
+        # a depth not built (a round the budget cut, a token tree's rows) runs on the prefill
+        # runner: costed as the next built depth
+        role = verify_role(depth_at_least(engines.depths, int(role.split(".")[1])))
     return engines.cost(role, past)
 
 
