@@ -247,7 +247,9 @@ class Generator:
                     if self.governor.uses_confidences:
                         d = self.governor.choose(GovernorState(confidences=conf, limit=limit))
                 # a token tree: the draft's runners-up for the first position, where they fit
-                sib = self._siblings[: max(0, room - d)] if self.tree_width > 1 and d >= 1 else []
+                # (as many as the governor takes this round: DSpark sizes the tree from c_1)
+                sib = self._siblings[: max(0, min(room - d, self.governor.round_siblings()))] \
+                    if self.tree_width > 1 and d >= 1 else []
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
                 if self.params.greedy:
@@ -262,9 +264,6 @@ class Generator:
                                  d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
                     v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng,
                                         sib, lambda j: p[d + 1 + j])
-                if sib:
-                    tel.tree_rounds += 1
-                    tel.sibling_accepts += v.sibling >= 0
                 rows = [0, d + 1 + v.sibling] if v.sibling >= 0 else slice(0, v.accepted + 1)  # x's, then the accepted
                 if v.sibling >= 0:
                     self.tkv.move_row(n + rows[1], n + 1)  # the runner-up's K/V row to the slot after x's
@@ -275,7 +274,7 @@ class Generator:
                     # comes before the next draft when this round or the next drafts nothing
                     pend_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
-                                conf if conf is not None else None, sibling=v.sibling >= 0)
+                                conf if conf is not None else None, siblings=len(sib), sibling=v.sibling)
                 tel.record(r)
                 self.governor.observe(r)
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]

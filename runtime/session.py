@@ -26,7 +26,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, depth_at_least, from_spec, is_dspark, split_tree
+from .governor import Calibration, Governor, from_spec, is_dspark
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -143,15 +143,12 @@ def resolve_spec(spec: str, engines) -> str:
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
     """``governor.from_spec`` (``auto`` resolved first) with DSpark's costs read from the
-    engines' cost table. With a
-    token tree of width W (``:tree=W``) a round verifying d drafts runs d + W rows: DSpark
-    costs it as verify.{d + W - 1} (the next built depth at or above, else the deepest)."""
+    engines' cost table. With a token tree (``:tree=W``) DSpark verifies 0..W-1 runners-up
+    a round, costing d drafts and n runners-up as verify.{d + n} (built depths only)."""
     spec = resolve_spec(spec, engines)
     if not is_dspark(spec):
         return from_spec(spec, engines.depths)
-    extra = split_tree(spec)[1] - 1
-    t_verify = {d: engines.cost(f"verify.{depth_at_least(engines.depths, d + extra)}", COST_PAST)
-                for d in engines.depths}
+    t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
     t_verify[0] = engines.cost("decode", COST_PAST)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
     return from_spec(spec, engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)

@@ -32,14 +32,23 @@ class RoundResult:
     t_verify: float = 0.0  # seconds in the target engine this round
     t_round: float | None = None  # wall seconds of the whole round (engines + Python); None: not measured
     confidences: np.ndarray | None = None  # [K >= d] draft's probability of its own token per position
-    # a token tree's runner-up won position 1 (accepted == 1 then; the chain's first draft was rejected)
-    sibling: bool = False
+    # a token tree: the draft's runners-up for position 1 verified beside the chain, and the
+    # one that won position 1 (-1: none; accepted == 1 then, the chain's first draft rejected)
+    siblings: int = 0
+    sibling: int = -1
 
     def __post_init__(self):
         if not 0 <= self.accepted <= self.depth:
             raise InternalError(f"round accepted {self.accepted} of {self.depth} drafts")
-        if self.sibling and self.accepted != 1:
+        if self.siblings < 0 or (self.siblings and not self.depth) or not -1 <= self.sibling < self.siblings:
+            raise InternalError(f"round of depth {self.depth} with runner-up {self.sibling} of {self.siblings}")
+        if self.sibling >= 0 and self.accepted != 1:
             raise InternalError(f"a runner-up's round accepted {self.accepted}, not 1")
+
+    @property
+    def target_depth(self) -> int:
+        """The target call's depth: its rows - 1 (drafts and runners-up; 0: a plain decode step)."""
+        return self.depth + self.siblings
 
     @property
     def emitted(self) -> int:
@@ -72,10 +81,23 @@ class Telemetry:
         # beside the chain, and rounds whose first position a runner-up won
         self.tree_rounds = 0
         self.sibling_accepts = 0
+        self.runners_up = 0  # runners-up verified, over all rounds
+        self.wins_by_rank: list[int] = []  # [j]: rounds the runner-up of rank j + 2 won
+        # the target call's depth (drafts + runners-up; 0: decode) -> rounds: what each
+        # round cost, where a governor sizes the tree per round (DSpark)
+        self.target_depths: dict[int, int] = {}
 
     def record(self, r: RoundResult) -> None:
         self.rounds += 1
         self.depths[r.depth] = self.depths.get(r.depth, 0) + 1
+        self.target_depths[r.target_depth] = self.target_depths.get(r.target_depth, 0) + 1
+        if r.siblings:
+            self.tree_rounds += 1
+            self.runners_up += r.siblings
+        if r.sibling >= 0:
+            self.sibling_accepts += 1
+            self.wins_by_rank.extend([0] * (r.sibling + 1 - len(self.wins_by_rank)))
+            self.wins_by_rank[r.sibling] += 1
         self.engine_s["draft"] += r.t_draft
         self.engine_s["verify"] += r.t_verify
         self.verify_s_by_depth[r.depth] = self.verify_s_by_depth.get(r.depth, 0.0) + r.t_verify
@@ -110,15 +132,15 @@ class Telemetry:
     def merge(self, other: "Telemetry") -> None:
         """Add another run's counts (several prompts in one report)."""
         for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified",
-                     "tree_rounds", "sibling_accepts"):
+                     "tree_rounds", "sibling_accepts", "runners_up"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
-                             (self.reached_at, other.reached_at)):
+                             (self.reached_at, other.reached_at), (self.wins_by_rank, other.wins_by_rank)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
         for name in ("depths", "blocks", "engine_s", "verify_s_by_depth", "round_s_by_depth", "draft_s_by_block",
-                     "timed_rounds"):  # keyed counts and sums
+                     "timed_rounds", "target_depths"):  # keyed counts and sums
             mine = getattr(self, name)
             for k, v in getattr(other, name).items():
                 mine[k] = mine.get(k, 0) + v
@@ -166,7 +188,11 @@ class Telemetry:
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
             "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
             "drafted_unverified": self.unverified,
-            "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts},
+            # token trees: rounds with runners-up, their wins (by rank: 2nd, 3rd, ... choice), how
+            # many were verified, and each round's target depth (drafts + runners-up)
+            "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts,
+                     "runners_up": self.runners_up, "wins_by_rank": list(self.wins_by_rank),
+                     "target_depth_histogram": {str(d): n for d, n in sorted(self.target_depths.items())}},
             "time_split": self.time_split(),
             "mean_seconds": self.mean_seconds(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
@@ -196,6 +222,8 @@ class Telemetry:
         t.unverified = int(d.get("drafted_unverified", 0))
         tree = d.get("tree", {})
         t.tree_rounds, t.sibling_accepts = int(tree.get("rounds", 0)), int(tree.get("sibling_accepts", 0))
+        t.runners_up, t.wins_by_rank = int(tree.get("runners_up", 0)), list(map(int, tree.get("wins_by_rank", [])))
+        t.target_depths = {int(k): int(v) for k, v in tree.get("target_depth_histogram", {}).items()}
         for name in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block"):
             setattr(t, name, {int(k): float(v) for k, v in c.get(name, {}).items()})
         t.timed_rounds = {int(k): int(v) for k, v in c.get("timed_rounds", {}).items()}

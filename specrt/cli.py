@@ -210,7 +210,7 @@ def _read_prompts(path: Path) -> list[str]:
                    "optional "
                    ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
                    "table; tree=W: each round also verifies the draft's next W-1 choices for the first "
-                   "position; auto: dspark:tree=3 on engines that verify token trees, else dspark)")
+                   "position, dspark as many of them as pay that round; auto: dspark:tree=3 on engines that verify token trees, else dspark)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")

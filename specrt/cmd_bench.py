@@ -87,8 +87,8 @@ at its mean past (prompt + half the new tokens),
     predicted_s = draft_passes * t_draft + sum over rounds of t_verify(d_r)    (t_verify(0) = decode)
     predicted tokens/s = (new_tokens - 1) / predicted_s
 
-which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (with a token tree
-of width W, ``:tree=W``, a round at depth d is costed t_verify(d + W - 1): its rows). It is compared with
+which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (with a token tree,
+``:tree=W``, a round of d drafts and n runners-up is costed t_verify(d + n): its rows). It is compared with
 the measured decode phase ((new_tokens - 1) / (seconds - prefill)), and with the engines'
 own measured seconds, so the gap splits into "engines slower than profiled" and "Python".
 """
@@ -471,15 +471,18 @@ def _cost(engines, role: str, past: int) -> float:
 
 def predict(engines, rec: dict, prompt_len: int, tree_width: int = 1) -> dict:
     """Decode-phase seconds predicted from the cost table for one prompt's run (module doc).
-    With a token tree a round verifying d drafts calls the target on d + tree_width rows,
-    costed as verify.{d + tree_width - 1} (the rare rounds whose siblings the context cut
-    short are costed so too)."""
+    With a token tree a round verifying d drafts and n runners-up calls the target on
+    d + n + 1 rows, costed as verify.{d + n}: from the telemetry's target depths, or, in
+    reports written before those were recorded, as verify.{d + tree_width - 1}."""
     past = prompt_len + rec["new_tokens"] // 2
     t_draft = engines.cost("draft", past) if rec.get("draft_passes") else 0.0
     s_draft = rec.get("draft_passes", 0) * t_draft
     s_target = 0.0
-    extra = tree_width - 1 if (rec.get("tree") or {}).get("rounds") else 0
-    for d, n in rec.get("depth_histogram", {}).items():
+    tree = rec.get("tree") or {}
+    hist, extra = tree.get("target_depth_histogram"), 0
+    if not hist:
+        hist, extra = rec.get("depth_histogram", {}), tree_width - 1 if tree.get("rounds") else 0
+    for d, n in hist.items():
         d = int(d)
         s_target += n * (engines.cost("decode", past) if d == 0 else _cost(engines, f"verify.{d + extra}", past))
     return {"draft": s_draft, "target": s_target}
@@ -524,6 +527,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "acceptance_by_position": tot["acceptance_by_position"],
         "acceptance_conditional": tot["acceptance_conditional"],
         "depth_histogram": tot["depth_histogram"],
+        "tree": tot["tree"],  # token trees: rounds with runners-up, their wins by rank, target depths
         "rounds": tot["rounds"], "draft_rounds": R, "drafted": tot["drafted"], "accepted": tot["accepted"],
         "time_split": split,
         "time_split_fraction": {k: (v / wall if wall > 0 else 0.0) for k, v in split.items()},
@@ -1155,6 +1159,11 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             if c.get("drafted_but_unverified_rounds"):
                 extra += f"; {c['drafted_but_unverified_rounds']} of {c['drafting_rounds']} drafted rounds verified nothing"
             echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
+            tree = c.get("tree") or {}
+            if tree.get("rounds"):
+                echo(f"  {n}: token tree in {tree['rounds']} of {c['draft_rounds']} rounds, "
+                     f"{tree['runners_up'] / tree['rounds']:.2f} runners-up a tree round, won "
+                     f"{tree['sibling_accepts']} (by rank {'/'.join(map(str, tree['wins_by_rank'])) or '-'})")
             if c.get("calibration_note"):
                 echo(f"  {n}: {c['calibration_note']}")
     eff = report["efficiency"]

@@ -42,12 +42,15 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_governors import bounds, oracle_choices, price, table_costs  # noqa: E402
 
 
-def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None) -> tuple[float, dict]:
+def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None, ranks=None) -> tuple[float, dict]:
     """Tokens per second of governor ``gov`` driven as the generator drives it over recorded
     full-depth rounds (confidences, accepted): it observes each round at the cost table
     ``costs``' prices, and the run is priced at ``pay``'s (another table, e.g. costs measured
     live; default ``costs``); and how often it took each (block, depth) ("0/0": decoded
-    without drafting)."""
+    without drafting). A token tree (``gov.tree_width`` > 1) needs ``ranks``: per round the
+    rank of the target's first token among the draft's first-position choices (0: the
+    first draft; tools/exp_tree_width.py); a round with n runners-up costs depth d + n and
+    wins position 1 when a = 0 and 1 <= rank <= n (keys "block/depth/runners-up")."""
     from specrt.runtime.governor import GovernorState
     from specrt.runtime.telemetry import RoundResult
 
@@ -55,19 +58,24 @@ def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None) -> tuple
     p_dec, p_ver, p_draft = table_costs(pay, depths) if pay is not None else (dec, ver, draft)
     tokens = seconds = 0.0
     taken: dict[str, int] = {}
-    for conf, a in rounds:
+    tree = gov.tree_width > 1
+    for i, (conf, a) in enumerate(rounds):
         k = gov.choose(GovernorState())
         if k == 0:
             tokens, seconds = tokens + 1, seconds + p_dec
             gov.observe(RoundResult(0, 0, 0.0, dec))
-            taken["0/0"] = taken.get("0/0", 0) + 1
+            key = "0/0/0" if tree else "0/0"
+            taken[key] = taken.get(key, 0) + 1
             continue
         block = np.asarray(conf[:k])
         d = gov.choose(GovernorState(confidences=block))
-        got = min(int(a), d)
-        tokens, seconds = tokens + got + 1, seconds + p_draft(k) + (p_ver[d] if d else p_dec)
-        gov.observe(RoundResult(d, got, draft(k), ver[d] if d else dec, None, block))
-        taken[f"{k}/{d}"] = taken.get(f"{k}/{d}", 0) + 1
+        n = gov.round_siblings() if d and tree else 0
+        sib = int(ranks[i]) - 1 if n and a == 0 and 1 <= ranks[i] <= n else -1
+        got = 1 if sib >= 0 else min(int(a), d)
+        tokens, seconds = tokens + got + 1, seconds + p_draft(k) + (p_ver[d + n] if d else p_dec)
+        gov.observe(RoundResult(d, got, draft(k), ver[d + n] if d else dec, None, block, siblings=n, sibling=sib))
+        key = f"{k}/{d}/{n}" if tree else f"{k}/{d}"
+        taken[key] = taken.get(key, 0) + 1
     return tokens / seconds, taken
 
 

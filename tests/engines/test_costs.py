@@ -53,12 +53,15 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
 
     g = make_governor("dspark", e)
     assert g.draft_cost(1) == pytest.approx(by[1]) and g.draft_cost(8) == pytest.approx(by[8])
-    # a token tree of width 2 adds a row to every round: depth d is costed as the next built
-    # depth at or above d + 1 (tiny engines: depths 1, 2, 4, 8)
+    # a token tree: DSpark reads every built depth's own cost and adds a round's runners-up
+    # itself (d drafts and n runners-up cost verify.{d + n}, built depths only: 1, 2, 4, 8 here)
     g = make_governor("dspark:tree=2", e)
     assert g.tree_width == 2
-    for d, rows in ((1, 2), (2, 4), (4, 8), (8, 8)):
-        assert g.t_verify[d] == pytest.approx(e.cost(f"verify.{rows}", COST_PAST)), d
+    for d in e.depths:
+        assert g.t_verify[d] == pytest.approx(e.cost(f"verify.{d}", COST_PAST)), d
+    g.sib_wins, g.sib_tries = [1.0], [1.0]  # a runner-up always wins a rejected round: worth it where built
+    assert g._best_tree(1.0, 0.0, 0.0, 1)[1] == 1  # 1 + 1 = 2 built
+    assert g._best_tree(1.0, 0.0, 0.0, 2)[1] == 0  # 2 + 1 = 3 not built: no runner-up
 
 
 def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):

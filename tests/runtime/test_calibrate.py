@@ -384,6 +384,29 @@ def test_draft_features_experiment_records_and_analyses(small_vocab_engines, tmp
     assert set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second", "top_and_aux32"}
 
 
+def test_tree_width_experiment_records_and_analyses(small_vocab_engines, tmp_path):
+    """tools/exp_tree_width.py on real engines: per full-depth round the rank of the target's
+    first token among the draft's first-position choices (0 exactly when the first draft is
+    accepted, greedy) and the draft's top-4 probabilities there; the report prices fixed
+    (depth, width) pairs, the rules and the runtime's governor simulated."""
+    from tests.real_model import tool
+
+    exp = tool("exp_tree_width")
+    rec = exp.record(small_vocab_engines, [{"prompt_ids": p} for p in prompts(16, 4, seed=3)], False, 24)
+    r = rec["rows"]
+    assert len(r["accepted"]) > 0 and r["conf"].shape == (len(r["accepted"]), DEPTHS[-1])
+    assert np.array_equal(r["rank"] == 0, r["accepted"] >= 1)
+    assert np.all((r["rank"] >= 0) & (r["rank"] <= exp.TOP)) and (r["rank"] >= 1).any()
+    q = r["q"]
+    assert q.shape == (len(r["accepted"]), 4) and np.all(np.diff(q, axis=1) <= 1e-12) and np.all(q.sum(1) <= 1 + 1e-9)
+    assert np.allclose(q[:, 0], r["conf"][:, 0], atol=1e-4)  # the top probability is the runtime's confidence
+    rep = main_twice(exp, small_vocab_engines, tmp_path)
+    assert rep["rounds"] == len(r["accepted"]) and max(rep["fixed_vs_best"].values()) == pytest.approx(1.0)
+    for k in ("rule_w3", "rule_width_per_round", "dspark_tree3_simulated", "dspark_tree4_simulated"):
+        assert rep[k]["vs_best_fixed"] > 0
+    assert rep["post_draft_oracle"] >= max(rep[k]["vs_best_fixed"] for k in rep if k.startswith("rule_")) - 1e-9
+
+
 def test_draft_features_analysis_finds_a_signal_only_where_there_is_one():
     """Constructed rounds whose first draft is accepted exactly when the draft's runner-up
     is unlikely, whatever its top probability: only the three-feature model sees it."""

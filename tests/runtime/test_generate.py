@@ -93,6 +93,16 @@ def test_token_trees_keep_greedy_identity(pair):
             t = g.telemetry.to_json()
             assert t["tree"]["rounds"] == t["draft_rounds"] > 0
             wins += t["tree"]["sibling_accepts"]
+    # DSpark sizing the tree each round (0..2 runners-up), costs that make every size pay somewhere
+    costs = {d: 1e-3 * (1 + 0.01 * d) for d in (0, *DEPTHS)}
+    gov = DSparkGovernor(DEPTHS, 2e-4, costs)
+    gov.tree_width = 3
+    g = _gen(engines, gov)
+    assert g.generate(PROMPT, 40) == ref, "dspark:tree=3: output differs"
+    t = g.telemetry.to_json()["tree"]
+    assert sum(t["target_depth_histogram"].values()) == g.telemetry.rounds
+    assert t["runners_up"] >= t["rounds"] and sum(t["wins_by_rank"]) == t["sibling_accepts"]
+    wins += t["sibling_accepts"]
     if engines.export["target"]["vocab_size"] == 16:
         assert wins > 0  # the sibling path (row move, aux rows, bonus) ran
 

@@ -469,27 +469,46 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
 
 
 def test_dspark_with_a_token_tree_values_and_learns_the_runners_up():
-    """With ':tree=W' a round also verifies the draft's runners-up for position 1: E(d) gains
-    (1 - c_1) x P(a runner-up wins | the first draft is rejected) for every d >= 1, which
-    favours the cheaper depths; a runner-up's win counts toward that rate and as a
-    rejection of the first draft in the calibration (which maps the draft's confidence in
-    its own first choice)."""
+    """With ':tree=W' a round may also verify the draft's first W - 1 runners-up for
+    position 1: n of them add (1 - c_1) x (the sum of their per-rank win rates given a
+    rejected first draft) to E(d) and cost the rows of depth d + n; DSpark picks (d, n)
+    each round, so a confident first draft gets no runners-up and an unsure one the most
+    that pay. A runner-up's win counts toward its rank's rate and as a rejection of the
+    first draft in the calibration (which maps the draft's confidence in its own choice)."""
     g = DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.25})
     # chain: E(1) = 1.5 -> 1.5 / 1.0; E(2) = 1.95 -> 1.56: depth 2
-    assert g.sibling_value(0.5) == 0.0 and g.choose(conf(0.5, 0.9)) == 2
-    g = from_spec("dspark:tree=2", (1, 2), t_draft=1e-6, t_verify={1: 1.0, 2: 1.25})
-    assert g.sibling_value(0.5) == pytest.approx(0.5 / 8)  # the prior rate, 1/8
-    g.sib_wins, g.sib_tries = 8.0, 10.0
-    # + 0.5 * 0.8 = 0.4 each: 1.9 / 1.0 against 2.35 / 1.25 = 1.88: depth 1
-    assert g.choose(conf(0.5, 0.9)) == 1
+    assert g.sibling_value(0.5) == 0.0 and g.choose(conf(0.5, 0.9)) == 2 and g.round_siblings() == 0
+    costs = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.3}
+    g = from_spec("dspark:tree=3", (1, 2, 3, 4), t_draft=1e-6, t_verify=costs)
+    # the prior rates: 1/4 for the second choice, 1/8 for the third
+    assert g.sibling_value(0.5, 1) == pytest.approx(0.5 / 4) and g.sibling_value(0.5) == pytest.approx(0.5 * 3 / 8)
+    # unsure, c = (0.2, 0.1): d = 1 with 0 / 1 / 2 runners-up: 1.2 / 1.0, 1.4 / 1.02, 1.5 / 1.04 = 1.44;
+    # d = 2 (E 1.22): 1.22 / 1.02, 1.42 / 1.04, 1.52 / 1.3: depth 1 and both runners-up
+    assert g.choose(conf(0.2, 0.1)) == 1 and g.round_siblings() == 2
+    # confident, c = (0.95, 0.1, 0.05): d = 1: 1.95 / 1.0 = 1.95 at best; d = 2: 2.045 / 1.02 = 2.005
+    # without runners-up (2.0575 / 1.04 = 1.98 with one); d = 3: 2.0498 / 1.04: depth 2, none
+    assert g.choose(conf(0.95, 0.1, 0.05, 0.01)) == 2 and g.round_siblings() == 0
+    # a tree whose rows would need an unbuilt depth (3 + 1 = 4 is built, 3 + 2 = 5 is not) stays
+    # within the built ones: (E + value) / t_verify(4) for one runner-up, never verify.5
+    assert g._best_tree(2.0, 0.5, 1e-6, 3)[1] in (0, 1)
     c = np.array([0.5, 0.9])
     before = g.calibration.n.copy(), g.calibration.a.copy()
-    g.observe(RoundResult(2, 1, 1e-6, 1.0, confidences=c, sibling=True))
-    assert (g.sib_wins, g.sib_tries) == (9.0, 11.0)
+    g.observe(RoundResult(1, 1, 1e-6, 1.0, confidences=c, siblings=2, sibling=1))  # the third choice won
+    assert (g.sib_wins, g.sib_tries) == ([2.0, 2.0], [9.0, 9.0])
     assert g.calibration.n.sum() == before[0].sum() + 1 and g.calibration.a.sum() == before[1].sum()  # rejected
-    g.observe(RoundResult(2, 0, 1e-6, 1.0, confidences=c))  # no runner-up won either
-    assert (g.sib_wins, g.sib_tries) == (9.0, 12.0)
-    g.observe(RoundResult(2, 2, 1e-6, 1.0, confidences=c))  # the chain won: no question for the siblings
-    assert (g.sib_wins, g.sib_tries) == (9.0, 12.0) and g.calibration.a.sum() == before[1].sum() + 2
+    g.observe(RoundResult(1, 0, 1e-6, 1.0, confidences=c, siblings=1))  # the second choice alone, lost
+    assert (g.sib_wins, g.sib_tries) == ([2.0, 2.0], [10.0, 9.0])
+    g.observe(RoundResult(2, 2, 1e-6, 1.0, confidences=c, siblings=2))  # the chain won: no question for the runners-up
+    assert (g.sib_wins, g.sib_tries) == ([2.0, 2.0], [10.0, 9.0]) and g.calibration.a.sum() == before[1].sum() + 2
+    # a tree round's time is the cost of its rows' depth: depth 1 + 2 runners-up -> verify.3
+    shape = dict(g.shape)
+    g.observe(RoundResult(1, 0, 1e-6, 2.0, confidences=c, siblings=2))
+    assert g.shape[3] > shape[3] and g.shape[1] == shape[1]
+    # fixed widths verify every runner-up
+    assert from_spec("fixed:2:tree=3", (1, 2, 3, 4)).round_siblings() == 2
     with pytest.raises(InternalError, match="runner-up's round accepted 2"):
-        RoundResult(2, 2, sibling=True)
+        RoundResult(2, 2, siblings=1, sibling=0)
+    with pytest.raises(InternalError, match="runner-up 1 of 1"):
+        RoundResult(2, 1, siblings=1, sibling=1)
+    with pytest.raises(InternalError, match="depth 0 with runner-up -1 of 2"):
+        RoundResult(0, 0, siblings=2)
