@@ -18,6 +18,11 @@
    before (identity map: the raw draft confidence) and after calibration, and the AUC of
    each (runtime.governor.auc): how well it ranks rounds by outcome. ECE can be small while
    AUC is near 0.5 (right on average, no help choosing a depth round by round).
+   On engines that verify token trees every round also verifies the draft's first
+   RUNNER_UPS runners-up for position 1 (``:tree=RUNNER_UPS + 1``): how often each rank
+   wins a round whose first draft was rejected, in this decoding mode, is stored with the
+   calibration (``Calibration.runner_ups``; DSpark's starting rates for ``:tree=W``). A
+   round a runner-up won counts as the first draft rejected in the samples above.
 4. ``ENGINES/calibration.json`` is written atomically (temp file + os.replace) holding,
    under the decoding mode's key, the calibration fitted on the training prompts (the one
    the held-out numbers describe), next to the other modes' calibrations for the same
@@ -52,16 +57,28 @@ ECE_BINS = 10
 Round = tuple[np.ndarray, int, int]  # (confidences [K], verified depth d, accepted a)
 
 
-class RecordingGovernor(FixedGovernor):
-    """FixedGovernor at depth k that keeps every verified round's (confidences, d, a)."""
+RUNNER_UPS = 3  # runners-up per round when the engines verify token trees (ranks 2..4)
 
-    def __init__(self, depths: Sequence[int], k: int):
+
+class RecordingGovernor(FixedGovernor):
+    """FixedGovernor at depth k that keeps every verified round's (confidences, d, a), a the
+    drafts the chain accepted (0 when a runner-up won), and with a token tree (``tree_width``
+    W > 1) per runner-up rank the (wins, tries) of rounds whose first draft was rejected."""
+
+    def __init__(self, depths: Sequence[int], k: int, tree_width: int = 1):
         super().__init__(depths, k)
+        self.tree_width = tree_width
         self.rounds: list[Round] = []
+        self.wins, self.tries = [0] * (tree_width - 1), [0] * (tree_width - 1)
 
     def observe(self, r: RoundResult) -> None:
         if r.depth > 0 and r.confidences is not None:
-            self.rounds.append((np.asarray(r.confidences, np.float64).copy(), int(r.depth), int(r.accepted)))
+            a = 0 if r.sibling >= 0 else int(r.accepted)
+            self.rounds.append((np.asarray(r.confidences, np.float64).copy(), int(r.depth), a))
+            if a == 0:
+                for j in range(r.siblings):
+                    self.tries[j] += 1
+                    self.wins[j] += r.sibling == j
 
 
 def conditional_samples(rounds: Sequence[Round]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,6 +124,20 @@ def evaluate(rounds: Sequence[Round], cmap: Callable[[np.ndarray], Sequence[floa
             sp[k].append(surv[k])
             so[k].append(float(a > k))
     return {"conditional": _per_position(cp, co), "survival": _per_position(sp, so)}
+
+
+def chain_acceptance(rounds: Sequence[Round]) -> dict:
+    """tau (1 + mean accepted), and acceptance per position, unconditional (a >= k among
+    rounds verifying k) and conditional (among those reaching k), of recorded rounds."""
+    K = max((d for _, d, _ in rounds), default=0)
+    acc, off, reach = np.zeros(K), np.zeros(K), np.zeros(K)
+    for _, d, a in rounds:
+        off[:d] += 1
+        acc[:a] += 1
+        reach[: min(a + 1, d)] += 1
+    return {"tau": 1.0 + (sum(a for _, _, a in rounds) / len(rounds) if rounds else 0.0),
+            "acceptance_by_position": (acc / np.maximum(off, 1)).tolist(),
+            "acceptance_conditional": (acc / np.maximum(reach, 1)).tolist()}
 
 
 def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
@@ -195,16 +226,19 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         digest = s.engines.manifest["export"]["digest"]
         ids = [_encode(s, p, chat, i) for i, p in enumerate(prompts)]
         per_prompt: list[list[Round]] = []
+        per_prompt_ranks: list[tuple[list[int], list[int]]] = []
+        width = RUNNER_UPS + 1 if getattr(s.engines, "verifies_trees", lambda: False)() else 1
         total = Telemetry()
         t0 = time.perf_counter()
         for i, p in enumerate(ids):
-            gov = RecordingGovernor(depths, K)
+            gov = RecordingGovernor(depths, K, width)
             s.generator.governor = gov
             for _ in s.stream_ids(p, max_new_tokens):
                 pass
             tel = s.generator.telemetry
             total.merge(tel)
             per_prompt.append(gov.rounds)
+            per_prompt_ranks.append((gov.wins, gov.tries))
             log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} tokens, {len(gov.rounds)} rounds, tau {tel.tau:.2f}")
         seconds = time.perf_counter() - t0
 
@@ -219,6 +253,10 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     conf, pos, acc = (np.concatenate([p[j] for p in per]) for j in range(3))
     groups = np.concatenate([np.full(p[0].size, j, np.int64) for j, p in enumerate(per)])
     cal = Calibration.fit(conf, pos, acc, positions=K, groups=groups)
+    runner_ups = None
+    if width > 1:  # the training prompts' runner-up counts, per rank
+        w, t = (np.sum([per_prompt_ranks[i][j] for i in train_idx], axis=0).tolist() for j in (0, 1))
+        cal.runner_ups = runner_ups = ([float(x) for x in w], [float(x) for x in t])
     eval_rounds, evaluated_on = (hold, "holdout") if hold else (train, "train")
     if not eval_rounds:
         raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
@@ -268,9 +306,11 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         "chat": bool(chat),
         "new_tokens": total.new_tokens,
         "seconds": seconds,
-        "tau": total.tau,
-        "acceptance_by_position": total.acceptance_by_position,
-        "acceptance_conditional": total.acceptance_conditional,
+        # the chain's (a runner-up's win counts as the first draft rejected), every prompt
+        **chain_acceptance([r for rs in per_prompt for r in rs]),
+        "runner_ups": None if runner_ups is None else {
+            "ranks": list(range(2, width + 1)), "wins": runner_ups[0], "tries": runner_ups[1],
+            "rates": [wi / ti if ti else None for wi, ti in zip(*runner_ups)]},
         "other_mode": other_mode,
         "file": None,
     }
@@ -315,6 +355,11 @@ def format_report(r: dict) -> str:
         lines.append(f"  without this fit a run in this mode starts from the {om['mode']} calibration (as a prior): "
                      f"ECE c {f(om['conditional']['ece_all']).strip()}, S {f(om['survival']['ece_all']).strip()} "
                      f"on the same rounds; by position c " + " ".join(f(v).strip() for v in om["conditional"]["ece"]))
+    ru = r.get("runner_ups")
+    if ru:
+        lines.append("  token trees: when the first draft is rejected, the runner-up of rank "
+                     + ", ".join(f"{k} wins {f(v).strip()} ({int(t)} rounds)" for k, v, t in
+                                 zip(ru["ranks"], ru["rates"], ru["tries"])))
     lines.append("  (AUC c: the raw confidence ranking reached positions by acceptance; AUC S: the calibrated "
                  "survival ranking verified rounds by reaching past the position; 0.5 = no better than chance)")
     return "\n".join(lines)

@@ -264,6 +264,11 @@ class Calibration:
     ECE; ``update`` adds one round's observations online and refits every ``refit_every``
     rounds; a position holding more than ``window`` rounds halves its counts (forgetting).
     Positions past the last one share its map. Stored as JSON (to_dict / from_dict).
+
+    ``runner_ups`` (optional, ``specrt calibrate`` on engines that verify token trees): per
+    runner-up rank j = 2, 3, ... the rounds whose first draft was rejected with that rank
+    verified beside it (tries) and those it won (wins), in this decoding mode: DSpark's
+    starting rates for token trees.
     """
 
     KINDS = ("histogram", "isotonic")
@@ -282,6 +287,7 @@ class Calibration:
         self.xs = np.concatenate(([0.0], self.centres, [1.0]))  # [B+2]
         self._xs = self.xs.tolist()
         self._pending = 0
+        self.runner_ups: tuple[list[float], list[float]] | None = None  # (wins, tries) per rank
         self.refit()
 
     @property
@@ -406,9 +412,12 @@ class Calibration:
         return cal
 
     def to_dict(self) -> dict:
-        return {"format": "specrt.calibration/1", "kind": self.kind, "bins": self.bins, "prior": self.prior,
-                "window": self.window, "refit_every": self.refit_every,
-                "counts": self.n.tolist(), "accepted": self.a.tolist()}
+        d = {"format": "specrt.calibration/1", "kind": self.kind, "bins": self.bins, "prior": self.prior,
+             "window": self.window, "refit_every": self.refit_every,
+             "counts": self.n.tolist(), "accepted": self.a.tolist()}
+        if self.runner_ups is not None:
+            d["runner_ups"] = {"wins": list(self.runner_ups[0]), "tries": list(self.runner_ups[1])}
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Calibration:
@@ -423,6 +432,16 @@ class Calibration:
         if n.shape != cal.n.shape or a.shape != n.shape or (a < 0).any() or (a > n).any():
             raise UserError(f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {cal.bins} bins")
         cal.n, cal.a = n, a
+        if d.get("runner_ups") is not None:
+            try:
+                w, t = (list(map(float, d["runner_ups"][k])) for k in ("wins", "tries"))
+            except (KeyError, TypeError, ValueError) as e:
+                raise UserError(f"calibration JSON: runner_ups malformed ({type(e).__name__}: {e}); expected "
+                                "{'wins': [...], 'tries': [...]}") from None
+            if len(w) != len(t) or any(not 0 <= wi <= ti for wi, ti in zip(w, t)):
+                raise UserError(f"calibration JSON: runner_ups wins {w} / tries {t}: expected 0 <= wins <= tries, "
+                                "one of each per rank")
+            cal.runner_ups = (w, t)
         cal.refit()
         return cal
 
@@ -470,10 +489,13 @@ class DSparkGovernor(Governor):
 
     uses_confidences = True
     RATE_EMA = 0.1  # weight of a round in the pre-draft rate (costs use ``ema``)
-    # (wins, tries) of the runner-up of rank j + 2 before any tree round: rates 1/4, 1/8,
-    # 1/16, ... (measured on SmolLM2-135M + the committed draft, 4965 rounds: 0.25, 0.11,
-    # 0.07 of the rounds whose first draft was rejected); learnt online from there
+    # (wins, tries) of the runner-up of rank j + 2 before any tree round: the calibration's
+    # measured rate (Calibration.runner_ups) weighted as at most SIBLING_PRIOR_MAX tries,
+    # else rates 1/4, 1/8, 1/16, ... of SIBLING_PRIOR_TRIES (measured on SmolLM2-135M + the
+    # committed draft, 4965 rounds: 0.25, 0.11, 0.07 of the rounds whose first draft was
+    # rejected); learnt online from there
     SIBLING_PRIOR_TRIES = 8.0
+    SIBLING_PRIOR_MAX = 64.0
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
@@ -521,9 +543,16 @@ class DSparkGovernor(Governor):
         self._sibs = 0  # runners-up the last choose() picked
 
     def _grow_ranks(self) -> None:
+        measured = self.calibration.runner_ups or ([], [])
         while len(self.sib_wins) < self.tree_width - 1:
-            self.sib_wins.append(self.SIBLING_PRIOR_TRIES / 2 ** (len(self.sib_wins) + 2))
-            self.sib_tries.append(self.SIBLING_PRIOR_TRIES)
+            j = len(self.sib_wins)
+            if j < len(measured[1]) and measured[1][j] > 0:
+                tries = min(measured[1][j], self.SIBLING_PRIOR_MAX)
+                self.sib_wins.append(tries * measured[0][j] / measured[1][j])
+                self.sib_tries.append(tries)
+            else:
+                self.sib_wins.append(self.SIBLING_PRIOR_TRIES / 2 ** (j + 2))
+                self.sib_tries.append(self.SIBLING_PRIOR_TRIES)
 
     def sibling_value(self, c1: float, n: int | None = None) -> float:
         """Expected tokens n of a token tree's runners-up (default: all W - 1) add to a round

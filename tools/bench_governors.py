@@ -130,9 +130,13 @@ class Recording:
 
     def __init__(self, gov):
         self.gov, self.uses_confidences, self.accepted = gov, gov.uses_confidences, []
+        self.tree_width = gov.tree_width
 
     def choose(self, state):
         return self.gov.choose(state)
+
+    def round_siblings(self) -> int:
+        return self.gov.round_siblings()
 
     def observe(self, r) -> None:
         if r.depth:
@@ -209,7 +213,7 @@ def bounds(accepted: list[int], costs: dict, depths) -> dict:
             "post_draft_oracle_vs_best_fixed": post / fixed[best], "pre_draft_oracle_vs_best_fixed": pre / fixed[best]}
 
 
-def plot(results: dict, specs: list[str], depths, path: Path) -> None:
+def plot(results: dict, specs: list[str], depths, path: Path, tree: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,7 +222,7 @@ def plot(results: dict, specs: list[str], depths, path: Path) -> None:
 
     groups = [*KINDS, "mixed"]
     groups = [g for g in groups if g in results]
-    full = f"fixed:{depths[-1]}"
+    full, dspark = f"fixed:{depths[-1]}{tree}", f"dspark{tree}"
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
     for g in groups:
         acc = results[g][full]["acceptance_by_position"]
@@ -233,11 +237,11 @@ def plot(results: dict, specs: list[str], depths, path: Path) -> None:
     ds = [0, *depths]
     w = 0.8 / len(groups)
     for i, g in enumerate(groups):
-        h = results[g]["dspark"]["depth_histogram"]
+        h = results[g][dspark]["depth_histogram"]
         n = sum(h.values()) or 1
         a2.bar(np.arange(len(ds)) + (i - (len(groups) - 1) / 2) * w, [h.get(str(d), 0) / n for d in ds], w, label=g)
     a2.set_xticks(range(len(ds)), [str(d) for d in ds])
-    a2.set_xlabel("verified depth chosen by dspark (0 = plain decode step)")
+    a2.set_xlabel(f"verified depth chosen by {dspark} (0 = plain decode step)")
     a2.set_ylabel("fraction of rounds")
     a2.set_title("DSpark's depth choices")
     a2.legend()
@@ -256,6 +260,9 @@ def main() -> int:
     ap.add_argument("--depths", default="1,2,3,4,6,8", type=lambda s: tuple(int(x) for x in s.split(",")))
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help="export / engines cache")
     ap.add_argument("--per-kind", type=int, default=4)
+    ap.add_argument("--tree", type=int, default=1,
+                    help="W > 1: every speculative governor verifies a token tree of width W (fixed:d:tree=W, "
+                         "adaptive:tree=W, dspark:tree=W; DSpark sizes it per round), compared as the chains are")
     ap.add_argument("--extra-governors", default=[], type=lambda v: [g for g in v.split(",") if g],
                     help="more governor specs to run beside the standard set (e.g. dspark:block=4)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS,
@@ -291,12 +298,15 @@ def main() -> int:
     prompts = load_prompts(args.per_kind, path=args.prompts)
     with Session(eng, governor="off") as s:
         depths = s.engines.depths
-        specs = ["off", *(f"fixed:{d}" for d in depths), "adaptive", "dspark", *args.extra_governors]
+        # with --tree W every speculative governor verifies a token tree (``:tree=W``)
+        tree = f":tree={args.tree}" if args.tree > 1 else ""
+        fixed = [f"fixed:{d}{tree}" for d in depths]
+        dspark, adaptive, full = f"dspark{tree}", f"adaptive{tree}", fixed[-1]
+        specs = ["off", *fixed, adaptive, dspark, *args.extra_governors]
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")
         govs = {spec: make_governor(spec, s.engines, s.calibration) for spec in specs}
-        full = f"fixed:{depths[-1]}"
         govs[full] = Recording(govs[full])
         kinds_of_rounds: list[str] = []  # the prompt kind of each recorded full-depth round
         ids = [s.text.encode(p["prompt"], chat) for p in prompts]
@@ -310,7 +320,7 @@ def main() -> int:
             return {"out": out, "seconds": tel.seconds - tel.engine_s.get("prefill", 0.0),
                     "tokens": len(out) - 1, "telemetry": tel}
 
-        for spec in (f"fixed:{depths[-1]}", "off"):  # warm-up: first ORT runs allocate
+        for spec in (full, "off"):  # warm-up: first ORT runs allocate
             s.generator.governor = make_governor(spec, s.engines, s.calibration)
             for _ in s.stream_ids(ids[0][:16], 8):
                 pass
@@ -343,25 +353,25 @@ def main() -> int:
     groups = [k for k in KINDS if any(m["kind"] == k for m in prompts)] + ["mixed"]
     results = {g: {spec: agg([r for r in runs[spec] if g == "mixed" or r["kind"] == g]) for spec in specs}
                for g in groups}
-    fixed = [f"fixed:{d}" for d in depths]
     summary, ok = {}, {"lossless": not mismatches}
     for g in groups:
         res = results[g]
         best_fixed = max(fixed, key=lambda f: res[f]["tokens_per_s"])
         best_static = max([*fixed, "off"], key=lambda f: res[f]["tokens_per_s"])
-        ds = res["dspark"]["tokens_per_s"]
+        ds = res[dspark]["tokens_per_s"]
         summary[g] = {"best_fixed": best_fixed, "best_static": best_static,
                       "dspark_vs_best_fixed": ds / res[best_fixed]["tokens_per_s"],
                       "dspark_vs_best_static": ds / res[best_static]["tokens_per_s"],
-                      "dspark_vs_adaptive": ds / res["adaptive"]["tokens_per_s"],
+                      "dspark_vs_adaptive": ds / res[adaptive]["tokens_per_s"],
                       "dspark_vs_off": ds / res["off"]["tokens_per_s"]}
         need = 1.05 if g == "mixed" else 0.98
         ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
         ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
     costs = report["costs"] or {}
     acc = govs[full].accepted
+    # (chains only: tools/exp_tree_width.py bounds trees)
     report["bounds"] = {g: bounds([a for a, k in zip(acc, kinds_of_rounds) if g == "mixed" or k == g], costs, depths)
-                        for g in groups} if costs.get("verify") else {}
+                        for g in groups} if costs.get("verify") and not tree else {}
     report.update(results=results, summary=summary, targets=ok, mismatches=mismatches,
                   per_prompt={spec: [{k: v for k, v in r.items() if k != "telemetry"} for r in runs[spec]]
                               for spec in specs})
@@ -373,20 +383,21 @@ def main() -> int:
         print(line)
         lines.append(line.lstrip("\n"))
 
-    w = len("dspark_vs_best_static") + 1
+    w = max(len("dspark_vs_best_static"), *map(len, specs)) + 1
+    c = 11 + len(tree)  # column width: "fixed:6:tree=3" fits
     out(f"\ndecode tokens/s (greedy, {args.max_new_tokens} new tokens, {args.per_kind} prompts per kind, "
         f"median of {args.repeats}); engines {eng}")
-    out(f"{'governor':{w}s}" + "".join(f"{g:>11s}" for g in groups))
+    out(f"{'governor':{w}s}" + "".join(f"{g:>{c}s}" for g in groups))
     for spec in specs:
-        out(f"{spec:{w}s}" + "".join(f"{results[g][spec]['tokens_per_s']:11.2f}" for g in groups))
-    out(f"{'tau(full)':{w}s}" + "".join(f"{results[g][f'fixed:{depths[-1]}']['tau']:11.2f}" for g in groups))
-    out(f"{'tau(dspark)':{w}s}" + "".join(f"{results[g]['dspark']['tau']:11.2f}" for g in groups))
+        out(f"{spec:{w}s}" + "".join(f"{results[g][spec]['tokens_per_s']:{c}.2f}" for g in groups))
+    out(f"{'tau(full)':{w}s}" + "".join(f"{results[g][full]['tau']:{c}.2f}" for g in groups))
+    out(f"{'tau(dspark)':{w}s}" + "".join(f"{results[g][dspark]['tau']:{c}.2f}" for g in groups))
     for key in ("dspark_vs_best_fixed", "dspark_vs_best_static", "dspark_vs_adaptive", "dspark_vs_off"):
-        out(f"{key:{w}s}" + "".join(f"{summary[g][key]:11.3f}" for g in groups))
-    out(f"{'best fixed':{w}s}" + "".join(f"{summary[g]['best_fixed']:>11s}" for g in groups))
-    out("dspark depth histogram: " + "; ".join(f"{g} {results[g]['dspark']['depth_histogram']}" for g in groups))
+        out(f"{key:{w}s}" + "".join(f"{summary[g][key]:{c}.3f}" for g in groups))
+    out(f"{'best fixed':{w}s}" + "".join(f"{summary[g]['best_fixed']:>{c}s}" for g in groups))
+    out("dspark depth histogram: " + "; ".join(f"{g} {results[g][dspark]['depth_histogram']}" for g in groups))
     out("acceptance by position (full depth, mixed): "
-        + " ".join(f"{a:.2f}" for a in results["mixed"][f"fixed:{depths[-1]}"]["acceptance_by_position"]))
+        + " ".join(f"{a:.2f}" for a in results["mixed"][full]["acceptance_by_position"]))
     out("measured ms per round on the mixed set (verify by depth d; round = engines + Python; draft by block):")
     for spec in specs:
         m = results["mixed"][spec]["mean_seconds"]
@@ -397,7 +408,7 @@ def main() -> int:
         b = report["bounds"]
         out(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")
         for key in ("post_draft_oracle_vs_best_fixed", "pre_draft_oracle_vs_best_fixed"):
-            out(f"  {key:{w - 2}s}" + "".join(f"{b[g].get(key, float('nan')):11.3f}" for g in groups))
+            out(f"  {key:{w - 2}s}" + "".join(f"{b[g].get(key, float('nan')):{c}.3f}" for g in groups))
     out(f"lossless: {'yes' if not mismatches else f'NO, {len(mismatches)} mismatching runs: {mismatches[:3]}'}")
     for name, passed in ok.items():
         out(f"  [{'PASS' if passed else 'FAIL'}] {name}")
@@ -406,7 +417,7 @@ def main() -> int:
     jpath, ppath, tpath = (args.out / f for f in ("bench_governors.json", "bench_governors.png", "summary.txt"))
     jpath.write_text(json.dumps(report, indent=1, default=float))
     tpath.write_text("\n".join(lines) + "\n")
-    plot(results, specs, depths, ppath)
+    plot(results, specs, depths, ppath, tree)
     print(f"wrote {jpath}, {tpath} and {ppath}")
     return 1 if mismatches else 0
 

@@ -197,6 +197,58 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", h["mode"]]
 
 
+def test_calibrate_measures_the_runner_ups_where_the_engines_verify_trees(small_vocab_engines, tmp_path):
+    """On engines that verify token trees calibrate's rounds also verify 3 runners-up: per
+    rank, the rounds whose first draft was rejected and those the rank won, the same counts
+    a fixed:4:tree=4 run reports; stored with the calibration, DSpark starts from them (at
+    most SIBLING_PRIOR_MAX tries), and the chain's acceptance stays the samples' outcome."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    ps = prompts(16, 6, seed=2)
+    rep = calibrate(eng, ps, max_new_tokens=40, holdout=0.0)
+    ru = rep["runner_ups"]
+    assert ru["ranks"] == [2, 3, 4] and ru["tries"][0] > 0 and ru["wins"][0] > 0
+    assert all(0 <= w <= t for w, t in zip(ru["wins"], ru["tries"])) and ru["tries"] == sorted(ru["tries"], reverse=True)
+    assert "token trees: when the first draft is rejected, the runner-up of rank 2 wins" in format_report(rep)
+    wins = [0, 0, 0]
+    with Session(eng, governor="fixed:4:tree=4") as s:
+        for p in ps:
+            for _ in s.stream_ids(p, 40):
+                pass
+            for j, w in enumerate(s.generator.telemetry.to_json()["tree"]["wins_by_rank"]):
+                wins[j] += w
+    assert [int(w) for w in ru["wins"]] == wins
+    cal = Calibration.from_dict(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]["greedy"]["calibration"])
+    assert cal.runner_ups == (ru["wins"], ru["tries"])
+    # a runner-up's win is the first draft rejected: the position-1 samples count it so
+    assert cal.n[0].sum() == rep["rounds"]["train"] and rep["acceptance_by_position"][0] < 1
+    assert rep["tau"] == pytest.approx(1 + cal.a.sum() / rep["rounds"]["train"])  # accepted drafts a round
+    with Session(eng, governor="dspark:tree=3") as s:
+        g = s.generator.governor
+        rates = g._win_rates()
+        assert rates[1] == pytest.approx(ru["wins"][0] / ru["tries"][0])
+        assert rates[2] == pytest.approx(ru["wins"][0] / ru["tries"][0] + ru["wins"][1] / ru["tries"][1])
+        assert g.sib_tries == [min(t, DSparkGovernor.SIBLING_PRIOR_MAX) for t in ru["tries"][:2]]
+
+
+def test_runner_up_counts_round_trip_and_malformed_ones_are_refused():
+    cal = Calibration(positions=2)
+    assert "runner_ups" not in cal.to_dict()
+    cal.runner_ups = ([3.0, 1.0], [10.0, 9.0])
+    assert Calibration.from_dict(cal.to_dict()).runner_ups == ([3.0, 1.0], [10.0, 9.0])
+    for bad in ({"wins": [3.0], "tries": [1.0]}, {"wins": [1.0], "tries": [1.0, 2.0]}, {"wins": "x"}):
+        with pytest.raises(UserError, match="calibration JSON: runner_ups"):
+            Calibration.from_dict({**cal.to_dict(), "runner_ups": bad})
+    # no measured rank: DSpark's generic priors 1/4, 1/8, ...
+    g = DSparkGovernor((1, 2, 4), 1e-3, {1: 1.0, 2: 1.1, 4: 1.2}, Calibration(positions=4))
+    g.tree_width = 4
+    assert g._win_rates() == pytest.approx([0.0, 0.25, 0.375, 0.4375])
+    c = Calibration(positions=4)
+    c.runner_ups = ([50.0], [200.0])  # measured rank 2 only: its rate at 64 tries, the rest generic
+    g = DSparkGovernor((1, 2, 4), 1e-3, {1: 1.0, 2: 1.1, 4: 1.2}, c)
+    g.tree_width = 3
+    assert g._win_rates() == pytest.approx([0.0, 0.25, 0.375]) and g.sib_tries == [64.0, 8.0]
+
+
 def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
     eng = copy(engines, tmp_path / "engines")
     calibrate(eng, prompts(1000, 2), max_new_tokens=8, holdout=0.0)
