@@ -55,10 +55,12 @@ class Finished:
 
 
 def _softmax_max(logits: np.ndarray) -> np.ndarray:
-    """Per row, the probability of the most likely token: the draft's confidence [K]."""
-    x = logits.astype(np.float32)
-    m = x.max(-1, keepdims=True)
-    return 1.0 / np.exp(x - m).sum(-1)
+    """Per row, the probability of the most likely token: the draft's confidence [K].
+    (~40 us a row of 49152 here, nearly all of it exp; one temporary, exp in place.)"""
+    x = np.asarray(logits, np.float32)
+    e = x - x.max(-1, keepdims=True)
+    np.exp(e, out=e)
+    return 1.0 / e.sum(-1)
 
 
 class Generator:
