@@ -246,8 +246,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
             total.merge(s.generator.telemetry)
             per_prompt.append({"prompt": p, **st})
         stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir), "prompts": per_prompt}
+        tree = stats["tree"]
+        trees = (f", runners-up in {tree['rounds']} rounds, {tree['sibling_accepts']} won" if tree["rounds"] else "")
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
-                   f"tau {stats['tau']:.2f}, governor {governor}]", err=True)
+                   f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:
             stats_file.write_text(json.dumps(stats, indent=2))
 

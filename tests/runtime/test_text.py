@@ -154,3 +154,9 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
     assert json.loads(stats.read_text())["governor"] == "dspark:tree=3"
+    # a tree's rounds are summed up on the closing line
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
+                                  "--governor", "fixed:1:tree=2", "--stats", str(stats)])
+    t = json.loads(stats.read_text())["tree"]
+    assert r.exit_code == 0 and t["rounds"] > 0, r.output
+    assert f"governor fixed:1:tree=2, runners-up in {t['rounds']} rounds, {t['sibling_accepts']} won]" in r.output
