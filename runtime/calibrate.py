@@ -227,7 +227,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         ids = [_encode(s, p, chat, i) for i, p in enumerate(prompts)]
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []
-        width = RUNNER_UPS + 1 if getattr(s.engines, "verifies_trees", lambda: False)() else 1
+        width = RUNNER_UPS + 1 if s.engines.verifies_trees() else 1
         total = Telemetry()
         t0 = time.perf_counter()
         for i, p in enumerate(ids):

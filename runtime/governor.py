@@ -554,15 +554,9 @@ class DSparkGovernor(Governor):
                 self.sib_wins.append(self.SIBLING_PRIOR_TRIES / 2 ** (j + 2))
                 self.sib_tries.append(self.SIBLING_PRIOR_TRIES)
 
-    def sibling_value(self, c1: float, n: int | None = None) -> float:
-        """Expected tokens n of a token tree's runners-up (default: all W - 1) add to a round
-        whose first draft has conditional acceptance c1: (1 - c1) x P(one of them wins | the
-        first draft is rejected), the sum of their learnt per-rank rates."""
-        n = self.tree_width - 1 if n is None else min(n, self.tree_width - 1)
-        return (1.0 - c1) * self._win_rates()[n] if n > 0 else 0.0
-
     def _win_rates(self) -> list[float]:
-        """[n]: P(one of the first n runners-up wins | the first draft is rejected), n = 0..W-1."""
+        """[n]: P(one of the first n runners-up wins | the first draft is rejected), n = 0..W-1;
+        n runners-up add (1 - c_1) x [n] expected tokens to a round (``_best_tree``)."""
         self._grow_ranks()
         out = [0.0]
         for w, t in zip(self.sib_wins, self.sib_tries):

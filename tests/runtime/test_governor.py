@@ -477,11 +477,11 @@ def test_dspark_with_a_token_tree_values_and_learns_the_runners_up():
     first draft in the calibration (which maps the draft's confidence in its own choice)."""
     g = DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.25})
     # chain: E(1) = 1.5 -> 1.5 / 1.0; E(2) = 1.95 -> 1.56: depth 2
-    assert g.sibling_value(0.5) == 0.0 and g.choose(conf(0.5, 0.9)) == 2 and g.round_siblings() == 0
+    assert g._win_rates() == [0.0] and g.choose(conf(0.5, 0.9)) == 2 and g.round_siblings() == 0
     costs = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.3}
     g = from_spec("dspark:tree=3", (1, 2, 3, 4), t_draft=1e-6, t_verify=costs)
-    # the prior rates: 1/4 for the second choice, 1/8 for the third
-    assert g.sibling_value(0.5, 1) == pytest.approx(0.5 / 4) and g.sibling_value(0.5) == pytest.approx(0.5 * 3 / 8)
+    # the prior rates: 1/4 for the second choice, 1/8 for the third (n runners-up: their sum)
+    assert g._win_rates() == pytest.approx([0.0, 1 / 4, 3 / 8])
     # unsure, c = (0.2, 0.1): d = 1 with 0 / 1 / 2 runners-up: 1.2 / 1.0, 1.4 / 1.02, 1.5 / 1.04 = 1.44;
     # d = 2 (E 1.22): 1.22 / 1.02, 1.42 / 1.04, 1.52 / 1.3: depth 1 and both runners-up
     assert g.choose(conf(0.2, 0.1)) == 1 and g.round_siblings() == 2
