@@ -27,6 +27,7 @@ from specrt.errors import InternalError, UserError
 
 from .governor import GovernorState
 from .kvcache import KVCache
+from .ngram import NgramIndex, NgramPolicy
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
 from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
@@ -87,6 +88,7 @@ class Generator:
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
+        self.lookup: NgramPolicy | None = None  # prompt lookup (``--governor SPEC:ngram``): ngram.py
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
 
     def resolve_tree_width(self) -> int:
@@ -102,6 +104,15 @@ class Generator:
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
         return w
+
+    def resolve_lookup(self, past: int = 256) -> NgramPolicy | None:
+        """Prompt lookup (ngram.py) when the governor asks for it (``:ngram``); its policy is
+        kept across streams (what it learnt about the lookup's acceptance and the costs)."""
+        if not getattr(self.governor, "lookup", False):
+            self.lookup = None
+        elif self.lookup is None:
+            self.lookup = NgramPolicy.from_engines(self.e, past)
+        return self.lookup
 
     # ---- engines --------------------------------------------------------------------
 
@@ -206,6 +217,7 @@ class Generator:
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
         eos = set(int(e) for e in eos_ids)
         self.tree_width = self.resolve_tree_width()
+        lookup = self.resolve_lookup()
         rng = make_rng(self.params.seed)
         tel = self.telemetry = Telemetry()
         self.tkv.reset()
@@ -222,6 +234,10 @@ class Generator:
             # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
             pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0].copy()], 0
             emitted = 1
+            index = None
+            if lookup is not None:
+                index = NgramIndex()
+                index.extend(x)
             yield [first]
             if first in eos:
                 self.finished = Finished("eos")
@@ -236,8 +252,16 @@ class Generator:
                 drafts, q, conf, t_draft = np.zeros(0, np.int64), None, None, 0.0
                 # never verify more than fits the context or the token budget (d drafts + 1)
                 limit = min(room, max_new_tokens - emitted - 1)
-                d = self.governor.choose(GovernorState(limit=limit)) if self.dkv is not None else 0
-                if d > 0:
+                found, n_match, d = [], 0, 0
+                if index is not None:  # prompt lookup: its tokens instead of the governor's route?
+                    found, n_match = index.propose(min(limit, lookup.max_len))
+                    d = lookup.choose(len(found), n_match, limit) if found else 0
+                if d > 0:  # one-hot proposals (q None), no draft pass, no runners-up
+                    drafts = np.asarray(found[:d], np.int64)
+                else:
+                    n_match = 0
+                    d = self.governor.choose(GovernorState(limit=limit)) if self.dkv is not None else 0
+                if d > 0 and not n_match:
                     if self.dkv.length != pend_start:
                         raise InternalError(f"draft KV at {self.dkv.length}, pending slots start at {pend_start}")
                     # d is the block to draft: DSpark then picks the verified length <= d from
@@ -251,7 +275,7 @@ class Generator:
                 # a token tree: the draft's runners-up for the first position, where they fit
                 # (as many as the governor takes this round: DSpark sizes the tree from c_1)
                 sib = self._siblings[: max(0, min(room - d, self.governor.round_siblings()))] \
-                    if self.tree_width > 1 and d >= 1 else []
+                    if self.tree_width > 1 and d >= 1 and not n_match else []
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
                 if self.params.greedy:
@@ -276,14 +300,21 @@ class Generator:
                     # comes before the next draft when this round or the next drafts nothing
                     pend_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
-                                conf if conf is not None else None, siblings=len(sib), sibling=v.sibling)
+                                conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
+                                lookup=n_match)
                 tel.record(r)
-                self.governor.observe(r)
+                if not n_match:  # governors learn from their own rounds
+                    self.governor.observe(r)
+                if lookup is not None:
+                    lookup.observe(d + 1 + len(sib), t_verify, r.t_round, v.accepted + 1,
+                                   (n_match, v.accepted) if n_match else None)
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
                 stop = next((j for j, t in enumerate(new) if t in eos), None)
                 if stop is not None:
                     new = new[: stop + 1]
                 x += new
+                if index is not None:
+                    index.extend(new)
                 emitted += len(new)
                 yield new
                 if stop is not None:

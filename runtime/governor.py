@@ -58,6 +58,7 @@ def depth_at_least(depths: Sequence[int], d: int) -> int:
 class Governor(abc.ABC):
     uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
     tree_width = 1  # > 1: each round also verifies the draft's runners-up for position 1 (from_spec ':tree=W')
+    lookup = False  # True: prompt lookup may take a round before this governor's (':ngram', ngram.py)
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
@@ -701,13 +702,24 @@ class DSparkGovernor(Governor):
             self.calibration.update(r.confidences[: r.depth], 0 if r.sibling >= 0 else r.accepted)
 
 
-SPECS = "auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W]"
+SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "
+         "each [:ngram]")
 
 
 def is_dspark(spec: str | int) -> bool:
     """Whether a governor spec names DSpark (``dspark`` or ``dspark:<options>``): it needs the cost table."""
     s = str(spec).strip().lower()
     return s == "dspark" or s.startswith("dspark:")
+
+
+def split_lookup(spec: str | int) -> tuple[str, bool]:
+    """(governor spec, prompt lookup): an ``:ngram`` option after any governor (``off:ngram``:
+    prompt lookup alone) lets ngram.py's lookup take rounds before the governor's."""
+    parts = str(spec).strip().lower().split(":")
+    n = parts[1:].count("ngram")
+    if n > 1 or parts[0] == "ngram":
+        raise UserError(f"--governor '{spec}': ':ngram' goes once, after a governor ({SPECS})")
+    return ":".join(p for i, p in enumerate(parts) if i == 0 or p != "ngram"), n == 1
 
 
 def split_tree(spec: str | int) -> tuple[str, int]:
@@ -726,12 +738,15 @@ def split_tree(spec: str | int) -> tuple[str, int]:
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
     """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark', each but 'off' with an optional
-    ':tree=W' -> a Governor over the built depths (its ``tree_width`` W, 1 without).
+    ':tree=W' -> a Governor over the built depths (its ``tree_width`` W, 1 without); any
+    with ':ngram' -> its ``lookup`` set (prompt lookup, ngram.py).
     DSpark needs the cost table: ``t_draft`` (seconds, or block depth -> seconds) and
     ``t_verify`` (depth -> seconds; 0: a plain decode step)."""
-    s, width = split_tree(spec)
+    s, lookup = split_lookup(spec)
+    s, width = split_tree(s)
     gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration)
     gov.tree_width = width
+    gov.lookup = lookup
     return gov
 
 

@@ -9,7 +9,9 @@ Governors: ``off`` (no speculation, same engines), ``fixed:K``, ``adaptive``
 (onnxruntime-genai's scalar rule) and ``dspark`` (calibrated confidence and the engines'
 cost table), each with an optional token tree (``:tree=W``); ``auto`` (the default) is
 ``dspark:tree=3`` on engines that verify token trees, ``dspark`` on others, ``off``
-without a draft. The calibration comes from ``ENGINES/calibration.json`` (``specrt
+without a draft. Any of them with ``:ngram`` adds prompt lookup (ngram.py): in rounds
+where it pays, the tokens that followed an earlier occurrence of the context's last 2-4
+tokens are verified instead of drafts (``off:ngram``: prompt lookup alone, no draft needed). The calibration comes from ``ENGINES/calibration.json`` (``specrt
 calibrate``), fitted for the run's decoding mode (greedy, or the same temperature /
 top-k / top-p); one fitted for another mode serves only as a weak prior; without one, or
 with one made for other engines, the identity map is used. ``calibration_note`` says which.
@@ -26,7 +28,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, from_spec, is_dspark
+from .governor import Calibration, Governor, from_spec, is_dspark, split_lookup
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -135,11 +137,13 @@ def resolve_spec(spec: str, engines) -> str:
     dspark:tree=3 (sizing its tree each round) measured 1.44x ``off`` and 1.42x
     onnxruntime-genai greedy, 1.32x ``off`` sampled, on SmolLM2 + the committed draft,
     against 1.35x, 1.33x and 1.23x for dspark's chains (README, token trees)."""
-    if str(spec).strip().lower() != "auto":
+    s, lookup = split_lookup(spec)
+    if s != "auto":
         return spec
+    tail = ":ngram" if lookup else ""
     if engines.export.get("draft") is None:
-        return "off"
-    return AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark"
+        return "off" + tail
+    return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark") + tail
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
@@ -162,8 +166,9 @@ class Session:
 
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
-        if self.engines.export.get("draft") is None and str(governor).lower() != "off":
-            raise UserError(f"{engines_dir}: the engines have no draft; only --governor off can run")
+        if self.engines.export.get("draft") is None and split_lookup(governor)[0] != "off":
+            raise UserError(f"{engines_dir}: the engines have no draft; only --governor off (or off:ngram, "
+                            f"prompt lookup) can run")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
         self.calibration, self.calibration_note = load_calibration(self.engines, sampling)

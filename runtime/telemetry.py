@@ -36,12 +36,17 @@ class RoundResult:
     # one that won position 1 (-1: none; accepted == 1 then, the chain's first draft rejected)
     siblings: int = 0
     sibling: int = -1
+    # prompt lookup (ngram.py): the length n of the context's n-gram whose earlier
+    # continuation was verified instead of drafts (0: the governor's round)
+    lookup: int = 0
 
     def __post_init__(self):
         if not 0 <= self.accepted <= self.depth:
             raise InternalError(f"round accepted {self.accepted} of {self.depth} drafts")
         if self.siblings < 0 or (self.siblings and not self.depth) or not -1 <= self.sibling < self.siblings:
             raise InternalError(f"round of depth {self.depth} with runner-up {self.sibling} of {self.siblings}")
+        if self.lookup and (self.siblings or not self.depth or self.confidences is not None):
+            raise InternalError(f"a lookup round of depth {self.depth} with a draft or runners-up")
         if self.sibling >= 0 and self.accepted != 1:
             raise InternalError(f"a runner-up's round accepted {self.accepted}, not 1")
 
@@ -86,9 +91,24 @@ class Telemetry:
         # the target call's depth (drafts + runners-up; 0: decode) -> rounds: what each
         # round cost, where a governor sizes the tree per round (DSpark)
         self.target_depths: dict[int, int] = {}
+        # prompt lookup (ngram.py): its rounds are counted here, not as draft rounds (tau and
+        # the acceptance by position stay the draft's); per match length n: rounds, looked-up
+        # tokens verified, accepted
+        self.lookup_rounds: dict[int, list[int]] = {}
+        self.lookup_s = 0.0  # wall seconds of lookup rounds
+        self.lookup_depths: dict[int, int] = {}  # tokens verified -> lookup rounds
 
     def record(self, r: RoundResult) -> None:
         self.rounds += 1
+        if r.lookup:
+            c = self.lookup_rounds.setdefault(r.lookup, [0, 0, 0])
+            c[0] += 1
+            c[1] += r.depth
+            c[2] += r.accepted
+            self.lookup_depths[r.depth] = self.lookup_depths.get(r.depth, 0) + 1
+            self.engine_s["verify"] += r.t_verify
+            self.lookup_s += r.t_round or 0.0
+            return
         self.depths[r.depth] = self.depths.get(r.depth, 0) + 1
         self.target_depths[r.target_depth] = self.target_depths.get(r.target_depth, 0) + 1
         if r.siblings:
@@ -139,8 +159,13 @@ class Telemetry:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
+        for n, c in other.lookup_rounds.items():
+            mine = self.lookup_rounds.setdefault(n, [0, 0, 0])
+            for i in range(3):
+                mine[i] += c[i]
+        self.lookup_s += other.lookup_s
         for name in ("depths", "blocks", "engine_s", "verify_s_by_depth", "round_s_by_depth", "draft_s_by_block",
-                     "timed_rounds", "target_depths"):  # keyed counts and sums
+                     "timed_rounds", "target_depths", "lookup_depths"):  # keyed counts and sums
             mine = getattr(self, name)
             for k, v in getattr(other, name).items():
                 mine[k] = mine.get(k, 0) + v
@@ -148,6 +173,11 @@ class Telemetry:
     @property
     def tau(self) -> float:
         return 1.0 + self.accepted / self.draft_rounds if self.draft_rounds else 1.0
+
+    @property
+    def lookup_tokens_per_round(self) -> float:
+        r = sum(c[0] for c in self.lookup_rounds.values())
+        return 1.0 + sum(c[2] for c in self.lookup_rounds.values()) / r if r else 0.0
 
     @property
     def acceptance_by_position(self) -> list[float]:
@@ -193,6 +223,13 @@ class Telemetry:
             "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts,
                      "runners_up": self.runners_up, "wins_by_rank": list(self.wins_by_rank),
                      "target_depth_histogram": {str(d): n for d, n in sorted(self.target_depths.items())}},
+            # prompt lookup: per match length n, rounds / tokens verified / accepted, and the
+            # tokens per round of all lookup rounds (the bonus token counted)
+            "lookup": {"rounds": sum(c[0] for c in self.lookup_rounds.values()),
+                       "tokens_per_round": self.lookup_tokens_per_round, "seconds": self.lookup_s,
+                       "depth_histogram": {str(d): n for d, n in sorted(self.lookup_depths.items())},
+                       "by_match": {str(n): {"rounds": c[0], "verified": c[1], "accepted": c[2]}
+                                    for n, c in sorted(self.lookup_rounds.items())}},
             "time_split": self.time_split(),
             "mean_seconds": self.mean_seconds(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
@@ -227,4 +264,9 @@ class Telemetry:
         for name in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block"):
             setattr(t, name, {int(k): float(v) for k, v in c.get(name, {}).items()})
         t.timed_rounds = {int(k): int(v) for k, v in c.get("timed_rounds", {}).items()}
+        lk = d.get("lookup", {})
+        t.lookup_rounds = {int(n): [int(c["rounds"]), int(c["verified"]), int(c["accepted"])]
+                           for n, c in lk.get("by_match", {}).items()}
+        t.lookup_s = float(lk.get("seconds", 0.0))
+        t.lookup_depths = {int(k): int(v) for k, v in lk.get("depth_histogram", {}).items()}
         return t

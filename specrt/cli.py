@@ -210,7 +210,10 @@ def _read_prompts(path: Path) -> list[str]:
                    "optional "
                    ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
                    "table; tree=W: each round also verifies the draft's next W-1 choices for the first "
-                   "position, dspark as many of them as pay that round; auto: dspark:tree=3 on engines that verify token trees, else dspark)")
+                   "position, dspark as many of them as pay that round; auto: dspark:tree=3 on engines that verify token trees, else dspark); "
+                   "any of them with :ngram: prompt lookup, the tokens that followed an earlier occurrence of the "
+                   "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
+                   "(off:ngram: prompt lookup alone)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
@@ -248,6 +251,9 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir), "prompts": per_prompt}
         tree = stats["tree"]
         trees = (f", runners-up in {tree['rounds']} rounds, {tree['sibling_accepts']} won" if tree["rounds"] else "")
+        lk = stats["lookup"]
+        if lk["rounds"]:
+            trees += f", prompt lookup in {lk['rounds']} rounds, {lk['tokens_per_round']:.2f} tokens a round"
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                    f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:

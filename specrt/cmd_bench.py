@@ -485,6 +485,8 @@ def predict(engines, rec: dict, prompt_len: int, tree_width: int = 1) -> dict:
     for d, n in hist.items():
         d = int(d)
         s_target += n * (engines.cost("decode", past) if d == 0 else _cost(engines, f"verify.{d + extra}", past))
+    for d, n in (rec.get("lookup") or {}).get("depth_histogram", {}).items():  # prompt lookup's rounds
+        s_target += n * _cost(engines, f"verify.{d}", past)
     return {"draft": s_draft, "target": s_target}
 
 
@@ -528,6 +530,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "acceptance_conditional": tot["acceptance_conditional"],
         "depth_histogram": tot["depth_histogram"],
         "tree": tot["tree"],  # token trees: rounds with runners-up, their wins by rank, target depths
+        "lookup": tot.get("lookup"),  # prompt lookup (:ngram): its rounds by match length
         "rounds": tot["rounds"], "draft_rounds": R, "drafted": tot["drafted"], "accepted": tot["accepted"],
         "time_split": split,
         "time_split_fraction": {k: (v / wall if wall > 0 else 0.0) for k, v in split.items()},
@@ -544,9 +547,9 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         s["calibration_note"] = res.get("calibration_note")
     pred_s = measured_decode_s = engines_s = 0.0
     decode_tokens = 0
-    from specrt.runtime.governor import split_tree
+    from specrt.runtime.governor import split_lookup, split_tree
 
-    width = split_tree(name.split(":", 1)[1].split("@", 1)[0])[1]  # specrt:SPEC[@variant]
+    width = split_tree(split_lookup(name.split(":", 1)[1].split("@", 1)[0])[0])[1]  # specrt:SPEC[@variant]
     for rec, ids in zip(pp, prompts):
         p = predict(engines, rec, len(ids), width)
         pred_s += p["draft"] + p["target"]
@@ -1159,6 +1162,12 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             if c.get("drafted_but_unverified_rounds"):
                 extra += f"; {c['drafted_but_unverified_rounds']} of {c['drafting_rounds']} drafted rounds verified nothing"
             echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
+            lk = c.get("lookup") or {}
+            if lk.get("rounds"):
+                echo(f"  {n}: prompt lookup in {lk['rounds']} of {lk['rounds'] + c['draft_rounds']} rounds with "
+                     f"verified tokens, {lk['tokens_per_round']:.2f} tokens a lookup round (by match length: "
+                     + ", ".join(f"{m}: {b['rounds']} rounds, {b['accepted']}/{b['verified']} accepted"
+                                 for m, b in lk["by_match"].items()) + ")")
             tree = c.get("tree") or {}
             if tree.get("rounds"):
                 echo(f"  {n}: token tree in {tree['rounds']} of {c['draft_rounds']} rounds, "

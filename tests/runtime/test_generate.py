@@ -107,6 +107,52 @@ def test_token_trees_keep_greedy_identity(pair):
         assert wins > 0  # the sibling path (row move, aux rows, bonus) ran
 
 
+REPEATING = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]  # lookups match from the first round
+
+
+def _always_look_up(monkeypatch):
+    """Prompt lookup takes every round it can (the deepest built depth its tokens fill):
+    what the policy decides changes speed only, and this exercises the path most."""
+    from specrt.runtime.ngram import NgramPolicy
+
+    def choose(self, proposal_len, n, limit):
+        return max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
+
+    monkeypatch.setattr(NgramPolicy, "choose", choose)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
+def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
+    """Rounds that verify the tokens after an earlier occurrence of the context's last
+    n-gram instead of drafts (``:ngram``; with the draft's governor, alone with ``off``, and
+    beside a token tree) give target-only output; forced into every round they can take,
+    they are accepted on the 16-token models, and the draft then catches up on the tokens
+    they committed."""
+    _, engines = pair
+    if forced:
+        _always_look_up(monkeypatch)
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(REPEATING, 40)
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    looked = accepted = 0
+    for gov in (OffGovernor(DEPTHS), FixedGovernor(DEPTHS, 2), FixedGovernor(DEPTHS, 3),
+                DSparkGovernor(DEPTHS, 2e-4, costs)):
+        gov.lookup = True
+        g = _gen(engines, gov)
+        for _ in range(2):  # the policy keeps what it learnt across streams
+            assert g.generate(REPEATING, 40) == ref, f"{type(gov).__name__}:ngram: output differs"
+        t = g.telemetry.to_json()["lookup"]
+        looked += t["rounds"]
+        accepted += sum(m["accepted"] for m in t["by_match"].values())
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.tree_width, gov.lookup = 3, True
+    if engines.verifies_trees():
+        assert _gen(engines, gov).generate(REPEATING, 40) == ref, "fixed:2:tree=3:ngram: output differs"
+    if forced:
+        assert looked > 0
+        if engines.export["target"]["vocab_size"] == 16:
+            assert accepted > 0
+
+
 def test_token_trees_are_refused_where_they_cannot_run(pair):
     _, engines = pair
     gov = FixedGovernor(DEPTHS, 2)
@@ -257,14 +303,15 @@ def _exact(engines, prompt, length, params):
     return out
 
 
-def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1):
-    prompt, length = [1, 2, 3], 3
+def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False):
+    prompt, length = list(prompt), 3
     want = _exact(engines, prompt, length, params)
     keys = sorted(want)
     counts = np.zeros(len(keys))
     d2t = read_d2t(engines.export_dir, engines.export)
     gov = FixedGovernor((1, 2, 4), depth)
     gov.tree_width = tree
+    gov.lookup = lookup
     g = G.Generator(engines, gov, params, d2t)
     for s in range(n):
         g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
@@ -290,6 +337,33 @@ def test_sampling_with_token_trees_matches_target_distribution(small, depth, tre
     """The draft's runners-up for position 1, tested against the residual after the first
     draft's rejection (verify.py), leave the distribution of sequences the target's."""
     assert _pvalue(small, depth, params, n=1200, tree=tree) > 0.01
+
+
+LOOKUP_PROMPT = (1, 0, 1, 2, 1, 3, 1, 4, 1, 5, 1)  # whatever comes next, "1 t" occurred before (t != 1)
+
+
+@pytest.mark.parametrize("depth, params", [(2, SamplingParams(temperature=1.0)),
+                                           (4, SamplingParams(temperature=0.7, top_k=4, top_p=0.9))],
+                         ids=["d2-T1", "d4-T0.7-k4-p0.9"])
+def test_sampling_with_prompt_lookup_matches_target_distribution(small, depth, params, monkeypatch):
+    """Looked-up tokens, taken in every round they can be (the prompt makes a lookup match
+    after almost any first token), verified as one-hot proposals keep the distribution of sequences the target's."""
+    _always_look_up(monkeypatch)
+    assert _pvalue(small, depth, params, n=1200, prompt=LOOKUP_PROMPT, lookup=True) > 0.01
+
+
+def test_sampling_test_detects_a_wrong_lookup_rule(small, monkeypatch):
+    """... and rejects a rule that accepts looked-up tokens without their test."""
+    from specrt.runtime.verify import Verdict, verify_sampling
+
+    def accept_one_hot(p, q, draft, rng, *siblings):
+        if len(draft) and q[0].max() == 1.0:  # a one-hot row: a looked-up token (or a draft
+            return Verdict(1, np.array([draft[0], np.argmax(p[1])], np.int64))  # that was certain)
+        return verify_sampling(p, q, draft, rng, *siblings)
+
+    _always_look_up(monkeypatch)
+    monkeypatch.setattr(G, "verify_sampling", accept_one_hot)
+    assert _pvalue(small, 2, SamplingParams(temperature=1.0), n=1200, prompt=LOOKUP_PROMPT, lookup=True) < 1e-6
 
 
 def test_sampling_test_detects_a_wrong_rule(small, monkeypatch):

@@ -1,0 +1,150 @@
+"""Prompt lookup beside the draft (``--governor SPEC:ngram``).
+
+Small models decoding greedily repeat themselves, and answers repeat their prompts
+(names, code, list items): the tokens that followed the last earlier occurrence of the
+context's final n tokens are then a free proposal, with no draft pass. Measured on the 80
+held-out SmolLM2 prompts' greedy answers (9258 tokens, target only): the context's last 4
+tokens occurred before at 20% of the positions, and the 8 tokens that followed them there
+were accepted with conditional rates 0.77, 0.82, 0.84, 0.84, 0.85, 0.87, 0.90, 0.90 (the
+trained draft's first position: ~0.5); 3- and 2-token matches were weaker (first position
+0.61 and 0.52), 1-token ones too weak to use (0.20).
+
+``NgramIndex`` keeps, for n = 2..4, the position after the last earlier occurrence of every
+n-gram of the context (prompt and output), updated as tokens arrive: a lookup is one
+dict access per n. ``NgramPolicy`` decides each round, before the draft would run,
+whether to verify the lookup's tokens instead: the chain length L maximising
+
+    (1 + sum_{k <= L} S_k) / (t_verify(L) + t_python)
+
+over the built depths L, against the measured tokens per second of the rounds that drafted (the governor's own
+route, which keeps every round the policy passes on). S_k are products of per-position
+conditional acceptance rates for the match length n, learnt online from priors (the
+figures above, weighted as 16 rounds). Costs are the engines' table times a load factor
+learnt from every round's measured target time.
+
+Lossless either way: greedy verification emits the target's argmax whatever was
+proposed; under sampling each looked-up token is a one-hot proposal (verify.py, DESIGN.md
+§4), chosen before the round's randomness is drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .governor import depth_at_least
+
+NMAX, NMIN = 4, 2
+# conditional acceptance per position of a lookup of n tokens (module doc; positions past
+# the list take its last value)
+PRIORS = {4: (0.77, 0.82, 0.84, 0.84, 0.85, 0.87, 0.9, 0.9),
+          3: (0.61, 0.65, 0.72, 0.8, 0.8, 0.8, 0.8, 0.8),
+          2: (0.52, 0.62, 0.68, 0.74, 0.78, 0.78, 0.78, 0.78)}
+PRIOR_ROUNDS = 16.0
+EMA = 0.1
+
+
+class NgramIndex:
+    """The context's tokens and, per n-gram (n = NMIN..NMAX), where its last earlier
+    occurrence was followed: an n-gram is indexed once the token after it exists, so the
+    context's own final n tokens are only found where they occurred before."""
+
+    def __init__(self, nmax: int = NMAX, nmin: int = NMIN):
+        self.ns = tuple(range(nmax, nmin - 1, -1))  # longest match first
+        self.tokens: list[int] = []
+        self._after: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ns}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        x = self.tokens
+        for t in tokens:
+            i = len(x)  # the new token's index: the n-grams ending just before it are followed by it
+            for n in self.ns:
+                if i >= n:
+                    self._after[n][tuple(x[i - n : i])] = i
+            x.append(int(t))
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """(up to ``limit`` tokens that followed the longest matching n-gram, n), or ([], 0)."""
+        x = self.tokens
+        if limit < 1:
+            return [], 0
+        for n in self.ns:
+            if len(x) < n:
+                continue
+            j = self._after[n].get(tuple(x[-n:]))
+            if j is not None:
+                return x[j : j + limit], n
+        return [], 0
+
+
+class NgramPolicy:
+    """Per round: the lookup chain's length to verify (0: the governor's route instead)."""
+
+    def __init__(self, depths: Sequence[int], t_verify: Mapping[int, float], t_draft: float | None):
+        self.depths = tuple(sorted(depths))
+        self.table = dict(t_verify)  # depth -> seconds (0: a plain decode step)
+        self.max_len = self.depths[-1]
+        self.load = 1.0  # measured / table target time
+        self.python = 0.5e-3  # seconds a lookup round spends outside the engine (learnt)
+        # the governor's route: measured tokens per second of its rounds (None: none yet;
+        # then the table's guess for a draft round of tau 1.5, or a plain step without draft)
+        decode = self.table.get(0, min(self.table.values()))
+        self.route_rate: float | None = None
+        self.route_guess = 1.5 / (decode + t_draft) if t_draft else 1.0 / decode
+        self.wins = {n: [p * PRIOR_ROUNDS for p in PRIORS[n]] for n in PRIORS}
+        self.tries = {n: [PRIOR_ROUNDS] * len(PRIORS[n]) for n in PRIORS}
+
+    def cost(self, rows: int) -> float:
+        """Seconds for a target call of ``rows`` tokens (a verify of rows - 1), now."""
+        d = rows - 1
+        t = self.table[0] if d == 0 and 0 in self.table else self.table[depth_at_least(self.depths, d)]
+        return self.load * t
+
+    def rates(self, n: int) -> list[float]:
+        return [w / t for w, t in zip(self.wins[n], self.tries[n])]
+
+    @classmethod
+    def from_engines(cls, engines, past: int) -> "NgramPolicy":
+        """Costs from the engines' table at ``past`` committed tokens."""
+        t_verify = {d: engines.cost(f"verify.{d}", past) for d in engines.depths}
+        t_verify[0] = engines.cost("decode", past)
+        draft = engines.cost("draft", past) if engines.export.get("draft") else None
+        return cls(engines.depths, t_verify, draft)
+
+    def choose(self, proposal_len: int, n: int, limit: int) -> int:
+        top = min(proposal_len, limit, self.max_len)
+        if top < 1 or n not in self.wins:
+            return 0
+        c = self.rates(n)
+        best, best_rate, e, s = 0, self.route_rate if self.route_rate is not None else self.route_guess, 1.0, 1.0
+        for k in range(1, top + 1):
+            s *= c[min(k, len(c)) - 1]
+            e += s
+            if k in self.depths:  # built depths only, as the governors (an unbuilt one runs on prefill)
+                rate = e / (self.cost(k + 1) + self.python)
+                if rate > best_rate:  # strict: a tie keeps the governor's route
+                    best, best_rate = k, rate
+        return best
+
+    def observe(self, rows: int, t_verify: float, t_round: float | None, tokens: int,
+                lookup: tuple[int, int] | None = None) -> None:
+        """Any round: its target call (``rows`` tokens) and wall time; ``lookup`` = (n,
+        accepted) for a lookup round, whose accepted count teaches n's rates, else the
+        round's ``tokens`` per second teach the governor route's rate."""
+        if t_verify > 0:
+            self.load += EMA * (t_verify / self.cost(rows) * self.load - self.load)
+        if t_round is not None and lookup is not None:
+            self.python += EMA * (max(t_round - t_verify, 0.0) - self.python)
+        if lookup is None:
+            if t_round:
+                r = tokens / t_round
+                self.route_rate = r if self.route_rate is None else self.route_rate + EMA * (r - self.route_rate)
+            return
+        n, a = lookup
+        w, t = self.wins[n], self.tries[n]
+        L = rows - 1
+        for k in range(min(a + 1, L)):  # positions reached: 1..a accepted, a + 1 rejected (if verified)
+            if k >= len(t):
+                w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
+                t.append(PRIOR_ROUNDS)
+            t[k] += 1.0
+            w[k] += float(k < a)

@@ -1,0 +1,126 @@
+"""Prompt lookup (runtime/ngram.py): the index, the per-round choice, the spec option and
+its telemetry. The loop over real engines (greedy identity, sampling distribution) is in
+test_generate.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrt.errors import InternalError, UserError
+from specrt.runtime.governor import GovernorState, from_spec, split_lookup
+from specrt.runtime.ngram import PRIOR_ROUNDS, PRIORS, NgramIndex, NgramPolicy
+from specrt.runtime.telemetry import RoundResult, Telemetry
+
+DEPTHS = (1, 2, 4, 8)
+COSTS = {0: 0.020, 1: 0.022, 2: 0.023, 4: 0.025, 8: 0.032}
+
+
+def _index(tokens):
+    ix = NgramIndex()
+    ix.extend(tokens)
+    return ix
+
+
+def test_lookup_proposes_what_followed_the_last_earlier_occurrence():
+    # "5 6 7" occurred twice before the end: the later occurrence's continuation wins
+    ix = _index([5, 6, 7, 1, 2, 5, 6, 7, 3, 4, 9, 5, 6, 7])
+    assert ix.propose(3) == ([3, 4, 9], 3)
+    assert ix.propose(8) == ([3, 4, 9, 5, 6, 7], 3)  # up to the context's end
+    assert ix.propose(0) == ([], 0)
+    # the longest match first: "1 6 7" was never seen, "6 7" was (followed by 3)
+    ix = _index([5, 6, 7, 3, 8, 1, 6, 7])
+    assert ix.propose(2) == ([3, 8], 2)
+
+
+def test_lookup_never_matches_the_context_end_with_itself_and_follows_new_tokens():
+    ix = _index([1, 2, 3, 4])
+    assert ix.propose(4) == ([], 0)  # no n-gram of length >= 2 repeats
+    ix.extend([1, 2])
+    assert ix.propose(4) == ([3, 4, 1, 2], 2)
+    ix.extend([3])
+    assert ix.propose(4) == ([4, 1, 2, 3], 3)
+    ix.extend([4, 1])
+    assert ix.propose(2) == ([2, 3], 4)  # "3 4 1" and "2 3 4 1": the 4-gram, latest occurrence
+    # a periodic context proposes its period: "a b" "a b" ... "a"
+    ix = _index([7, 8, 7, 8, 7])
+    assert ix.propose(5) == ([8, 7], 3)  # "7 8 7" was followed by 8 at index 3 ("8 7 8 7" never occurred)
+    # one-token matches are not used (first position accepted 0.20 on SmolLM2)
+    assert _index([4, 9, 4]).propose(3) == ([], 0)
+
+
+def test_policy_prefers_the_governors_route_when_it_is_faster():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    # no measured route yet: the guess is tau 1.5 over decode + draft (68 tok/s)
+    assert p.route_guess == pytest.approx(1.5 / 0.022)
+    # a 4-gram chain of 8 on these costs: E(8) / (t_verify(8) + python) well above it
+    assert p.choose(8, 4, limit=100) == 8
+    assert p.choose(8, 4, limit=3) == 2  # a budget of 3: the deepest built depth it allows
+    assert p.choose(0, 0, limit=100) == 0
+    # a route measured at 200 tok/s: no lookup chain pays
+    p.route_rate = 200.0
+    assert p.choose(8, 4, limit=100) == 0
+    # unbuilt lengths cost as the next built depth: 5 costs verify.8
+    assert p.cost(6) == pytest.approx(COSTS[8])
+    assert p.cost(1) == pytest.approx(COSTS[0])
+
+
+def test_policy_learns_rates_route_speed_and_load():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    before = p.rates(2)[0]
+    assert before == pytest.approx(PRIORS[2][0])
+    for _ in range(50):  # 2-gram chains of 4, always rejected at once
+        p.observe(5, t_verify=0.025, t_round=0.026, tokens=1, lookup=(2, 0))
+    assert p.rates(2)[0] == pytest.approx(PRIOR_ROUNDS * PRIORS[2][0] / (PRIOR_ROUNDS + 50))
+    assert p.rates(2)[1] == pytest.approx(PRIORS[2][1])  # never reached: unchanged
+    assert p.choose(4, 2, limit=100) == 0  # no longer worth a round
+    assert p.python == pytest.approx(0.001, rel=0.01)
+    for _ in range(60):  # the target now runs 2x slower than its table
+        p.observe(2, t_verify=2 * COSTS[1], t_round=0.05, tokens=2)
+    assert p.load == pytest.approx(2.0, rel=0.01)
+    assert p.route_rate == pytest.approx(2 / 0.05, rel=0.01)
+    # chains of 8 fully accepted teach every position, past the priors' length too
+    q = NgramPolicy((1, 2, 4, 8, 12), {**COSTS, 12: 0.04}, t_draft=None)
+    assert q.route_guess == pytest.approx(1 / 0.020)
+    q.observe(13, t_verify=0.04, t_round=0.041, tokens=13, lookup=(4, 12))
+    assert len(q.tries[4]) == 12 and q.tries[4][11] == PRIOR_ROUNDS + 1
+
+
+def test_spec_option():
+    assert split_lookup("dspark:tree=3:ngram") == ("dspark:tree=3", True)
+    assert split_lookup("Fixed:2:NGRAM:tree=2") == ("fixed:2:tree=2", True)
+    assert split_lookup("off:ngram") == ("off", True)
+    assert split_lookup("dspark") == ("dspark", False)
+    for bad in ("ngram", "fixed:2:ngram:ngram"):
+        with pytest.raises(UserError, match=":ngram"):
+            split_lookup(bad)
+    g = from_spec("fixed:2:ngram:tree=3", DEPTHS)
+    assert g.lookup and g.tree_width == 3 and g.choose(GovernorState()) == 2
+    assert not from_spec("fixed:2", DEPTHS).lookup and from_spec("off:ngram", DEPTHS).lookup
+    with pytest.raises(UserError, match="expected one of"):
+        from_spec("fixed:2:ngrams", DEPTHS)
+
+
+def test_lookup_rounds_are_counted_apart_from_the_drafts():
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1, t_draft=0.002, t_verify=0.02, t_round=0.023, confidences=[0.5, 0.5]))
+    t.record(RoundResult(depth=4, accepted=3, t_verify=0.025, t_round=0.026, lookup=4))
+    t.record(RoundResult(depth=4, accepted=0, t_verify=0.025, t_round=0.027, lookup=2))
+    j = t.to_json()
+    assert j["tau"] == 2.0 and j["draft_rounds"] == 1 and j["rounds"] == 3  # the draft's tau
+    assert j["acceptance_by_position"] == [1.0, 0.0]
+    assert j["lookup"]["rounds"] == 2 and j["lookup"]["tokens_per_round"] == pytest.approx(2.5)
+    assert j["lookup"]["by_match"] == {"2": {"rounds": 1, "verified": 4, "accepted": 0},
+                                       "4": {"rounds": 1, "verified": 4, "accepted": 3}}
+    assert j["lookup"]["depth_histogram"] == {"4": 2} and j["lookup"]["seconds"] == pytest.approx(0.053)
+    assert j["time_split"]["verify"] == pytest.approx(0.07)
+    again = Telemetry.from_json(json.loads(json.dumps(j)))
+    both = Telemetry()
+    both.merge(again)
+    both.merge(t)
+    assert both.to_json()["lookup"]["by_match"]["4"] == {"rounds": 2, "verified": 8, "accepted": 6}
+    with pytest.raises(InternalError, match="lookup round"):
+        RoundResult(depth=2, accepted=0, siblings=1, lookup=3)
+    with pytest.raises(InternalError, match="lookup round"):
+        RoundResult(depth=0, accepted=0, lookup=3)
