@@ -88,7 +88,6 @@ class Generator:
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
-        self.lookup: NgramPolicy | None = None  # prompt lookup (``--governor SPEC:ngram``): ngram.py
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
 
     def resolve_tree_width(self) -> int:
@@ -106,13 +105,14 @@ class Generator:
         return w
 
     def resolve_lookup(self, past: int = 256) -> NgramPolicy | None:
-        """Prompt lookup (ngram.py) when the governor asks for it (``:ngram``); its policy is
-        kept across streams (what it learnt about the lookup's acceptance and the costs)."""
+        """Prompt lookup (ngram.py) when the governor asks for it (``:ngram``). Its policy
+        lives with the governor, across streams, as the governor's own learnt state does
+        (a caller may swap governors between streams)."""
         if not getattr(self.governor, "lookup", False):
-            self.lookup = None
-        elif self.lookup is None:
-            self.lookup = NgramPolicy.from_engines(self.e, past)
-        return self.lookup
+            return None
+        if getattr(self.governor, "lookup_policy", None) is None:
+            self.governor.lookup_policy = NgramPolicy.from_engines(self.e, past)
+        return self.governor.lookup_policy
 
     # ---- engines --------------------------------------------------------------------
 

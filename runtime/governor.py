@@ -59,6 +59,7 @@ class Governor(abc.ABC):
     uses_confidences = False  # True: wants a second choose() with the drafted block's confidences
     tree_width = 1  # > 1: each round also verifies the draft's runners-up for position 1 (from_spec ':tree=W')
     lookup = False  # True: prompt lookup may take a round before this governor's (':ngram', ngram.py)
+    lookup_policy = None  # its ngram.NgramPolicy, made by the generator at the first stream
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)

@@ -907,9 +907,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     sampling = params.as_dict()
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
+    from specrt.runtime.session import resolve_spec
     govs = _split(governors) if governors else (
         ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
-         *(["dspark:tree=3"] if engines.verifies_trees() else [])] if has_draft else ["off"])
+         *(["dspark:tree=3"] if engines.verifies_trees() else []), resolve_spec("auto", engines)]
+        if has_draft else ["off", "off:ngram"])
     if "off" not in [g.lower() for g in govs]:
         govs.insert(0, "off")
     from specrt.runtime.session import make_governor
@@ -1225,8 +1227,9 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governors", default=None,
-              help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark, and "
-                   "dspark:tree=3 where the engines verify token trees).")
+              help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark, "
+                   "dspark:tree=3 where the engines verify token trees, and auto: the same with prompt lookup, "
+                   "dspark[:tree=3]:ngram; without a draft off and off:ngram).")
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")

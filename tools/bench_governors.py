@@ -130,7 +130,7 @@ class Recording:
 
     def __init__(self, gov):
         self.gov, self.uses_confidences, self.accepted = gov, gov.uses_confidences, []
-        self.tree_width = gov.tree_width
+        self.tree_width, self.lookup = gov.tree_width, gov.lookup
 
     def choose(self, state):
         return self.gov.choose(state)
@@ -263,6 +263,8 @@ def main() -> int:
     ap.add_argument("--tree", type=int, default=1,
                     help="W > 1: every speculative governor verifies a token tree of width W (fixed:d:tree=W, "
                          "adaptive:tree=W, dspark:tree=W; DSpark sizes it per round), compared as the chains are")
+    ap.add_argument("--ngram", action="store_true",
+                    help="every speculative governor with prompt lookup (:ngram), off:ngram beside off")
     ap.add_argument("--extra-governors", default=[], type=lambda v: [g for g in v.split(",") if g],
                     help="more governor specs to run beside the standard set (e.g. dspark:block=4)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS,
@@ -299,10 +301,11 @@ def main() -> int:
     with Session(eng, governor="off") as s:
         depths = s.engines.depths
         # with --tree W every speculative governor verifies a token tree (``:tree=W``)
-        tree = f":tree={args.tree}" if args.tree > 1 else ""
+        # and with --ngram prompt lookup (``:ngram``): the suffix names every speculative one
+        tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "")
         fixed = [f"fixed:{d}{tree}" for d in depths]
         dspark, adaptive, full = f"dspark{tree}", f"adaptive{tree}", fixed[-1]
-        specs = ["off", *fixed, adaptive, dspark, *args.extra_governors]
+        specs = ["off", *(["off:ngram"] if args.ngram else []), *fixed, adaptive, dspark, *args.extra_governors]
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")

@@ -24,8 +24,8 @@ $SPECRT build "$OUT/export" --backend onnxruntime --depths 1,2,3,4 --max-context
 if $SPECRT --help | grep -q calibrate; then
   $SPECRT calibrate "$OUT/engines" --prompts tools/data/calibration_prompts.jsonl --chat --max-new-tokens 64
 fi
-echo "== specrt run --governor dspark:tree=3"
-$SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor dspark:tree=3 --stats "$OUT/dspark.json"
+echo "== specrt run --governor dspark:tree=3:ngram"
+$SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor dspark:tree=3:ngram --stats "$OUT/dspark.json"
 echo "== the same engines without speculation"
 $SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor off --stats "$OUT/off.json" --quiet
 $PY - "$OUT" <<'PYEOF'
@@ -33,7 +33,7 @@ import json, sys
 out = sys.argv[1]
 s, o = (json.load(open(f"{out}/{n}.json")) for n in ("dspark", "off"))
 same = s["prompts"][0]["output_token_ids"] == o["prompts"][0]["output_token_ids"]
-print(f"speculative (dspark:tree=3): {s['tokens_per_s']:.1f} tok/s, tau {s['tau']:.2f}; "
+print(f"speculative (dspark:tree=3:ngram): {s['tokens_per_s']:.1f} tok/s, tau {s['tau']:.2f}; "
       f"no speculation: {o['tokens_per_s']:.1f} tok/s; speed-up {s['tokens_per_s'] / o['tokens_per_s']:.2f}x; "
       f"outputs identical: {same}")
 PYEOF

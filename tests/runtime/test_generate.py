@@ -153,6 +153,27 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
             assert accepted > 0
 
 
+def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
+    """Engines built without a draft run ``auto`` as ``off:ngram``: prompt lookup alone,
+    target-only output, its rounds in the telemetry."""
+    from specrt.runtime.session import Session
+
+    _always_look_up(monkeypatch)
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    export(t, None, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2, 4), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    with Session(tmp_path / "eng", governor="off") as s:
+        ref = s.generator.generate(REPEATING, 30)
+    with Session(tmp_path / "eng") as s:
+        assert s.governor_spec == "off:ngram"
+        assert s.generator.generate(REPEATING, 30) == ref
+        lk = s.generator.telemetry.to_json()["lookup"]
+        assert lk["rounds"] > 0 and s.generator.telemetry.draft_rounds == 0
+    with pytest.raises(UserError, match="no draft"):
+        Session(tmp_path / "eng", governor="fixed:1:ngram")
+
+
 def test_token_trees_are_refused_where_they_cannot_run(pair):
     _, engines = pair
     gov = FixedGovernor(DEPTHS, 2)

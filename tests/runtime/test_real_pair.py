@@ -1,7 +1,7 @@
 """The real pair: SmolLM2-135M-Instruct with the committed P-EAGLE draft (slow).
 
 Greedy speculative output equals target-only output and transformers' generate, token for
-token, on 30 held-out chat prompts at every depth 1..8, and with token trees.
+token, on 30 held-out chat prompts at every depth 1..8, with token trees and with prompt lookup.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def test_greedy_identity_30_prompts_every_depth(real):
     assert len(prompts) == N_PROMPTS
     outputs: dict[str, list[list[int]]] = {}
     accepted = 0
-    for gov in ["off", *(f"fixed:{d}" for d in DEPTHS), "adaptive", "dspark", "fixed:2:tree=3", "dspark:tree=2"]:
+    for gov in ["off", *(f"fixed:{d}" for d in DEPTHS), "adaptive", "dspark", "fixed:2:tree=3", "dspark:tree=2",
+                "dspark:tree=3:ngram", "off:ngram"]:
         with Session(eng, governor=gov) as s:
             ids = [s.text.encode(p, chat=True) for p in prompts]
             outputs[gov] = [s.generator.generate(x, NEW_TOKENS, s.eos) for x in ids]

@@ -127,14 +127,16 @@ def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
 
 def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_path):
     """The default governor: dspark:tree=3 on engines that verify token trees, dspark on
-    engines built before them, off without a draft; the CLI reports the resolved one."""
+    engines built before them, off without a draft, each with prompt lookup; the CLI
+    reports the resolved one."""
     import json
     import shutil
 
     from specrt.runtime.session import Session, resolve_spec
 
     with Session(worded) as s:
-        assert s.governor_spec == "dspark:tree=3" and s.generator.governor.tree_width == 3
+        assert s.governor_spec == "dspark:tree=3:ngram" and s.generator.governor.tree_width == 3
+        assert s.generator.governor.lookup
         text = "".join(s.stream("w3 w1 w4", max_new_tokens=12))
     old = tmp_path / "old"
     shutil.copytree(worded, old)
@@ -142,18 +144,19 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     del m["graphs"]["target"]["tree"]
     (old / "engines.json").write_text(json.dumps(m))
     with Session(old) as s:
-        assert s.governor_spec == "dspark" and s.generator.governor.tree_width == 1
+        assert s.governor_spec == "dspark:ngram" and s.generator.governor.tree_width == 1
         assert "".join(s.stream("w3 w1 w4", max_new_tokens=12)) == text
 
     class NoDraft:
         export = {"draft": None}
 
-    assert resolve_spec("auto", NoDraft()) == "off" and resolve_spec("fixed:2", NoDraft()) == "fixed:2"
+    assert resolve_spec("auto", NoDraft()) == "off:ngram" and resolve_spec("fixed:2", NoDraft()) == "fixed:2"
+    assert resolve_spec("auto:ngram", NoDraft()) == "off:ngram"
     stats = tmp_path / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
-    assert json.loads(stats.read_text())["governor"] == "dspark:tree=3"
+    assert json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram"
     # a tree's rounds are summed up on the closing line
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--governor", "fixed:1:tree=2", "--stats", str(stats)])
