@@ -11,7 +11,10 @@ one pass with K-1 mask slots; EAGLE-3: K sequential steps whose speculative rows
 rolled back); (2) the governor picks the verify depth d <= K; (3) the target scores
 [x[-1], d_1 .. d_d] at positions n .. n+d; (4) the verify rule accepts a drafts and
 emits a + 1 tokens; the target commits a + 1 KV rows and those rows become the next
-pending slots. Rejected rows are never committed, so rollback costs nothing.
+pending slots. Rejected rows are never committed, so rollback costs nothing. With prompt
+lookup (``:ngram``, ngram.py) a round may instead verify the tokens that followed an
+earlier occurrence of x's last n-gram: no draft pass, one-hot proposals; the draft
+consumes those rows as pending slots at its next pass.
 """
 
 from __future__ import annotations
