@@ -238,6 +238,10 @@ class EngineSet:
             raise UserError(f"{self.folder}: the cost table has no entry for '{role}'")
         return interpolate(pts, past)
 
+    def target_costs(self, past: int) -> dict[int, float]:
+        """Seconds per target call at ``past``: {0: decode, d: verify.d for each built depth}."""
+        return {0: self.cost("decode", past), **{d: self.cost(f"verify.{d}", past) for d in self.depths}}
+
     def draft_costs(self, past: int) -> dict[int, float]:
         """Seconds to draft a block of k, per profiled k (``draft_by_depth``), at ``past``;
         builds that predate it give {draft_depth: cost("draft")}."""

@@ -28,7 +28,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
 
-from .governor import GovernorState
+from .governor import COST_PAST, GovernorState
 from .kvcache import KVCache
 from .ngram import NgramIndex, NgramPolicy
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
@@ -107,14 +107,14 @@ class Generator:
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
         return w
 
-    def resolve_lookup(self, past: int = 256) -> NgramPolicy | None:
+    def resolve_lookup(self) -> NgramPolicy | None:
         """Prompt lookup (ngram.py) when the governor asks for it (``:ngram``). Its policy
         lives with the governor, across streams, as the governor's own learnt state does
         (a caller may swap governors between streams)."""
         if not getattr(self.governor, "lookup", False):
             return None
         if getattr(self.governor, "lookup_policy", None) is None:
-            self.governor.lookup_policy = NgramPolicy.from_engines(self.e, past)
+            self.governor.lookup_policy = NgramPolicy.from_engines(self.e, COST_PAST)
         return self.governor.lookup_policy
 
     # ---- engines --------------------------------------------------------------------

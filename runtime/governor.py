@@ -31,6 +31,11 @@ from specrt.errors import InternalError, UserError
 from .telemetry import RoundResult
 
 
+# Context length at which the cost table is read for a governor's (and prompt lookup's)
+# first rounds; online factors from the measured times take over from there.
+COST_PAST = 256
+
+
 @dataclass(frozen=True)
 class GovernorState:
     confidences: np.ndarray | None = None  # [K] draft's probability of its own token at depth 1..K

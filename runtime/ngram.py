@@ -105,10 +105,8 @@ class NgramPolicy:
     @classmethod
     def from_engines(cls, engines, past: int) -> "NgramPolicy":
         """Costs from the engines' table at ``past`` committed tokens."""
-        t_verify = {d: engines.cost(f"verify.{d}", past) for d in engines.depths}
-        t_verify[0] = engines.cost("decode", past)
         draft = engines.cost("draft", past) if engines.export.get("draft") else None
-        return cls(engines.depths, t_verify, draft)
+        return cls(engines.depths, engines.target_costs(past), draft)
 
     def choose(self, proposal_len: int, n: int, limit: int) -> int:
         top = min(proposal_len, limit, self.max_len)

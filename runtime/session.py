@@ -28,16 +28,12 @@ import numpy as np
 from specrt.errors import UserError
 
 from .generate import Finished, Generator
-from .governor import Calibration, Governor, from_spec, is_dspark, split_lookup
+from .governor import COST_PAST, Calibration, Governor, from_spec, is_dspark, split_lookup
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
-# Context length at which the cost table is read for the DSpark governor's first rounds;
-# online EMAs of the measured times take over from there.
-COST_PAST = 256
-
 
 def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
     vm = (export.get("draft") or {}).get("vocab_map")
@@ -154,10 +150,9 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None) ->
     spec = resolve_spec(spec, engines)
     if not is_dspark(spec):
         return from_spec(spec, engines.depths)
-    t_verify = {d: engines.cost(f"verify.{d}", COST_PAST) for d in engines.depths}
-    t_verify[0] = engines.cost("decode", COST_PAST)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
-    return from_spec(spec, engines.depths, t_draft=draft, t_verify=t_verify, calibration=calibration)
+    return from_spec(spec, engines.depths, t_draft=draft, t_verify=engines.target_costs(COST_PAST),
+                     calibration=calibration)
 
 
 class Session:
