@@ -237,6 +237,7 @@ class Generator:
             # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
             pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0].copy()], 0
             emitted = 1
+            behind = True  # pending rows come from steps the draft did not run in (here: the prompt)
             index = None
             if lookup is not None:
                 index = NgramIndex()
@@ -253,6 +254,7 @@ class Generator:
                     return
                 t_round = time.perf_counter()
                 drafts, q, conf, t_draft = np.zeros(0, np.int64), None, None, 0.0
+                catch_up = False
                 # never verify more than fits the context or the token budget (d drafts + 1)
                 limit = min(room, max_new_tokens - emitted - 1)
                 found, n_match, d = [], 0, 0
@@ -273,6 +275,7 @@ class Generator:
                     aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
                     drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, d, rng)
                     pend_tok, pend_aux, pend_start = [], [], n
+                    catch_up, behind = behind, False
                     if self.governor.uses_confidences:
                         d = self.governor.choose(GovernorState(confidences=conf, limit=limit))
                 # a token tree: the draft's runners-up for the first position, where they fit
@@ -304,7 +307,8 @@ class Generator:
                     pend_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
-                                lookup=n_match)
+                                lookup=n_match, catch_up=catch_up)
+                behind = behind or t_draft == 0.0  # this step's rows wait for a later pass
                 tel.record(r)
                 if not n_match:  # governors learn from their own rounds
                     self.governor.observe(r)

@@ -682,7 +682,12 @@ class DSparkGovernor(Governor):
         1.01 where the same engines later took 1.06, and a shared factor alone kept that
         error, so DSpark verified 2-3 deep too often."""
         a = self.ema
-        if r.t_draft > 0:  # a drafted round (DSpark may verify 0 after drafting)
+        if r.t_draft > 0 and not r.catch_up:  # a drafted round (DSpark may verify 0 after drafting)
+            # A catch-up pass (the prompt's, or after lookup rounds / plain steps) also took in
+            # the rows of steps it did not draft for, and costs more with each. What those rows
+            # cost is paid whatever the governor decides, so it has no place in its prices:
+            # counted, they left the load at 1.8-2.1 after 10 prompts with prompt lookup
+            # (1.08 without), and DSpark priced every draft at about twice its cost.
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
             self.load_draft += a * (r.t_draft / self._profiled_draft(k) - self.load_draft)
         d = r.depth if not r.siblings else depth_at_least(self.depths, r.depth + r.siblings)  # the rows it ran

@@ -39,6 +39,11 @@ class RoundResult:
     # prompt lookup (ngram.py): the length n of the context's n-gram whose earlier
     # continuation was verified instead of drafts (0: the governor's round)
     lookup: int = 0
+    # the draft pass also took in rows of steps it did not draft for (the prompt after
+    # prefill, lookup rounds, plain decode steps): a catch-up pass, whose time grows with
+    # those rows (SmolLM2's draft: ~0.45 ms a row; the prompt's pass 10-40 ms) and says
+    # nothing about what a normal pass costs
+    catch_up: bool = False
 
     def __post_init__(self):
         if not 0 <= self.accepted <= self.depth:

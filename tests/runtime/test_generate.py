@@ -153,6 +153,27 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
             assert accepted > 0
 
 
+def test_catch_up_passes_are_marked(pair, monkeypatch):
+    """RoundResult.catch_up: the first draft pass of a stream (it takes in the prompt) and
+    any pass after a round that drafted nothing (lookup, plain step) are catch-up passes;
+    a pass after a drafted round is not, and rounds without a pass never are."""
+    from specrt.runtime.telemetry import Telemetry
+
+    _, engines = pair
+    _always_look_up(monkeypatch)
+    seen = []
+    record = Telemetry.record
+    monkeypatch.setattr(Telemetry, "record", lambda self, r: (seen.append(r), record(self, r))[1])
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    _gen(engines, gov).generate(PROMPT + REPEATING, 40)
+    drafted = [r.t_draft > 0 for r in seen]
+    assert drafted[0] and seen[0].catch_up
+    assert any(r.lookup for r in seen) and any(not r.catch_up for r in seen if r.t_draft > 0)
+    for prev, r, did in zip(seen, seen[1:], drafted[1:]):
+        assert r.catch_up == (did and prev.t_draft == 0)
+
+
 def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
     """Engines built without a draft run ``auto`` as ``off:ngram``: prompt lookup alone,
     target-only output, its rounds in the telemetry."""

@@ -239,6 +239,17 @@ def test_dspark_draft_load_factor_uses_the_drafted_blocks_profile():
     assert g.load_draft == pytest.approx(1.0)
 
 
+def test_dspark_draft_load_ignores_catch_up_passes():
+    """A pass that also took in the prompt or the rows of lookup rounds / plain steps costs
+    more with each row; it must not price every later pass (it drove the load to ~2x)."""
+    g = dspark(t_draft={1: 0.1, 8: 0.8}, ema=1.0)
+    g.observe(RoundResult(1, 1, 0.5, 1.0, confidences=np.ones(1), catch_up=True))  # 5x: the prompt's pass
+    assert g.load_draft == pytest.approx(1.0)
+    g.observe(RoundResult(1, 1, 0.15, 1.0, confidences=np.ones(1)))  # a normal pass at 1.5x
+    assert g.load_draft == pytest.approx(1.5)
+    assert g.t_verify[1] == pytest.approx(1.0)  # the target's time is learnt from either
+
+
 def test_dspark_decides_whether_to_draft_from_the_predicted_rate():
     g = dspark(tv={0: 0.5, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
     assert g.choose(NONE) == 8  # nothing known yet: draft the full block
