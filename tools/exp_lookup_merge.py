@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from governor_replay import recorded_experiment  # noqa: E402
 
-from runtime.ngram import PRIORS, NgramIndex  # noqa: E402
+from runtime.ngram import NgramIndex, NgramPolicy  # noqa: E402
 
 PY = 1.0e-3  # seconds of Python per round (bench: ~1 ms)
 KEYS = ("pos", "drafts", "conf", "prompt", "seq", "seqlen")
@@ -174,17 +174,16 @@ def analyse(pos, drafts, conf, prompt, seq, seqlen, costs, depths) -> dict:
     R = route[D]
     out["best_route_depth"] = D
 
-    def pre_len(f, m) -> int:  # ngram.py's rule at the priors against the route's rate
-        best, best_rate, e, s = 0, R, 1.0, 1.0
-        for k in range(1, len(f) + 1):
-            s *= PRIORS[m][min(k, len(PRIORS[m])) - 1]
-            e += s
-            if k in ver and e / (ver[k] + PY) > best_rate:
-                best, best_rate = k, e / (ver[k] + PY)
-        return best
+    # ngram.py's own rule at its priors (no online learning), the table's costs, this
+    # Python time, against the best route's rate
+    policy = NgramPolicy(sorted(ver), ver, None)
+    policy.route_rate, policy.python = R, PY
 
-    out["pre (ngram.py's rule)"] = round(price(lambda f, m, d0: ("lookup", pre_len(f, m), False)
-                                               if m and pre_len(f, m) else ("route",), D), 2)
+    def pre(f, m, d0):
+        L = policy.choose(len(f), m, len(f)) if m else 0
+        return ("lookup", L, False) if L else ("route",)
+
+    out["pre (ngram.py's rule)"] = round(price(pre, D), 2)
     table = {}
     for L in (2, 3, 4):
         table[f"L={L}: lookup on every match"] = price(lambda f, m, d0: ("lookup", L, False) if m else ("route",), D)
