@@ -181,9 +181,36 @@ def price(choices: list[int], accepted: list[int], costs: dict, depths, *, draft
     return tokens / sum(draft(d) + ver[d] if d else (draft(1) if drafted_zero else 0.0) + dec for d in choices)
 
 
-def oracle_choices(accepted: list[int], depths) -> list[int]:
-    """What a governor that knew each round's outcome verifies: the smallest built depth >= a_r, 0 for a_r = 0."""
-    return [next(d for d in depths if d >= a) if a else 0 for a in accepted]
+def rate_optimal(tokens, cost) -> np.ndarray:
+    """Per round r the option o maximising the whole run's rate sum_r tokens[r, o_r] /
+    sum_r cost[o_r] (tokens [rounds, options], cost [options]): Dinkelbach's iteration,
+    each round maximising tokens - rate * cost at the current rate, until the rate stops
+    rising (finitely many choices, so it ends at the optimum)."""
+    import numpy as np
+
+    tokens, cost = np.asarray(tokens, np.float64), np.asarray(cost, np.float64)
+    rows, rate = np.arange(len(tokens)), 0.0
+    while True:
+        pick = np.argmax(tokens - rate * cost[None], axis=1)
+        new = tokens[rows, pick].sum() / cost[pick].sum()
+        if new <= rate * (1 + 1e-12):
+            return pick
+        rate = new
+
+
+def oracle_choices(accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> list[int]:
+    """What a governor that knew each round's outcome verifies, priced as ``price`` does: the
+    per-round depths (0: decode) that maximise the run's tokens per second. Usually the
+    smallest built depth >= a_r and 0 for a_r = 0, but not on every table: where a
+    verify costs less than a decode, or a deeper profile less than a shallower one, the
+    cheaper one gets the same tokens."""
+    import numpy as np
+
+    dec, ver, draft = table_costs(costs, depths)
+    options = [0, *depths]
+    cost = [(draft(1) if drafted_zero else 0.0) + dec] + [draft(d) + ver[d] for d in depths]
+    tokens = np.minimum(np.asarray(accepted)[:, None], np.asarray(options)[None]) + 1
+    return [options[i] for i in rate_optimal(tokens, cost)]
 
 
 def bounds(accepted: list[int], costs: dict, depths) -> dict:
@@ -193,10 +220,11 @@ def bounds(accepted: list[int], costs: dict, depths) -> dict:
 
     * fixed:d  -- min(a_r, d) + 1 tokens for draft(d) + verify(d) a round;
     * a post-draft oracle -- a governor that learns after drafting how many drafts the
-      target will take, as DSpark tries to from the drafts' confidences: a_r > 0 verifies
-      the smallest built depth >= a_r (a_r + 1 tokens), a_r = 0 decodes (draft(1) +
-      decode for 1 token);
-    * a pre-draft oracle -- knows before drafting, so a_r = 0 costs a decode alone.
+      target will take, as DSpark tries to from the drafts' confidences, and picks each
+      round's depth for the best rate (``oracle_choices``; on the usual table a_r > 0
+      verifies the smallest built depth >= a_r for a_r + 1 tokens, a_r = 0 decodes:
+      draft(1) + decode for 1 token);
+    * a pre-draft oracle -- knows before drafting, so a decode costs a decode alone.
 
     An estimate: other policies would visit other anchors. Both oracles are upper bounds
     for their kind of governor; divided by the best fixed depth, they bound what any
@@ -204,9 +232,8 @@ def bounds(accepted: list[int], costs: dict, depths) -> dict:
     if not accepted:
         return {}
     fixed = {d: price([d] * len(accepted), accepted, costs, depths) for d in depths}
-    oracle = oracle_choices(accepted, depths)
-    post = price(oracle, accepted, costs, depths)
-    pre = price(oracle, accepted, costs, depths, drafted_zero=False)
+    post = price(oracle_choices(accepted, costs, depths), accepted, costs, depths)
+    pre = price(oracle_choices(accepted, costs, depths, drafted_zero=False), accepted, costs, depths, drafted_zero=False)
     best = max(fixed, key=fixed.get)
     return {"rounds": len(accepted), "fixed_tokens_per_s": {str(d): v for d, v in fixed.items()},
             "off_tokens_per_s": 1.0 / costs["decode"], "best_fixed": f"fixed:{best}",

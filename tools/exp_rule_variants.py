@@ -123,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         decisions[f"ratio_rule@{name}"] = ratio_rule(costs, depths, cal, rounds)
         decisions[f"dinkelbach@{name}"], lam = dinkelbach_rule(costs, depths, cal, rounds)
         report[f"dinkelbach_lambda@{name}"] = lam
-    decisions["post_draft_oracle"] = oracle_choices(acc, depths)
+    decisions["post_draft_oracle"] = oracle_choices(acc, table, depths)
     for pay_name, pay in tables.items():
         fixed = {d: price([d] * len(acc), acc, pay, depths) for d in depths}
         best = max(fixed, key=fixed.get)
         row = {"best_fixed": f"fixed:{best}", "fixed_vs_best": {str(d): v / fixed[best] for d, v in fixed.items()}}
-        row.update({k: price(ch, acc, pay, depths) / fixed[best] for k, ch in decisions.items()})
+        # the oracle knows the costs it is paid at ("choices" below: its picks at the table's)
+        paid = {**decisions, "post_draft_oracle": oracle_choices(acc, pay, depths)}
+        row.update({k: price(ch, acc, pay, depths) / fixed[best] for k, ch in paid.items()})
         report["priced_at"][pay_name] = row
         print(f"priced at the {pay_name} costs, vs the best fixed depth there ({row['best_fixed']}):")
         for k in decisions:

@@ -122,7 +122,7 @@ def price_models(models: dict[str, np.ndarray], accepted: np.ndarray, costs: dic
         "auc_crossfitted": {name: {f"S{k + 1}": auc(np.prod(m[:, : k + 1], axis=1), (accepted >= k + 1).astype(float))
                                    for k in range(min(K, 4))} for name, m in models.items()},
         "best_fixed": f"fixed:{best}",
-        "post_draft_oracle_vs_best_fixed": price(oracle_choices(acc, depths), acc, costs, depths) / fixed[best],
+        "post_draft_oracle_vs_best_fixed": price(oracle_choices(acc, costs, depths), acc, costs, depths) / fixed[best],
         "rule_vs_best_fixed": {name: price(rule_choices(m, costs, depths), acc, costs, depths) / fixed[best]
                                for name, m in models.items()},
     }

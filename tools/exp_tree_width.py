@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_governors import table_costs  # noqa: E402
+from bench_governors import rate_optimal, table_costs  # noqa: E402
 from governor_replay import decode_rounds, full_depth_recorder, recorded_experiment, simulate  # noqa: E402
 
 TOP = 8  # ranks recorded (rank TOP: beyond the draft's top TOP)
@@ -110,9 +110,11 @@ def analyse(conf, accepted, rank, q, prompt, costs, depths) -> dict:
     fixed = {f"{d}:{w}": rate([d] * n, [w] * n) for d in depths for w in WIDTHS}
     best_chain = max((k for k in fixed if k.endswith(":1")), key=fixed.get)
     best = max(fixed, key=fixed.get)
-    # post-draft oracle: the cheapest (d, W) that gets the round's tokens
-    od = [next(x for x in depths if x >= ai) if ai else (1 if 1 <= r < WIDTHS[-1] else 0) for ai, r in zip(a, rank)]
-    ow = [1 if ai else (r + 1 if 1 <= r < WIDTHS[-1] else 1) for ai, r in zip(a, rank)]
+    # post-draft oracle: per round the (d, W) that, knowing every round's outcome, gives the
+    # best rate over the run (usually the cheapest one that gets the round's tokens)
+    options = [(0, 1)] + [(d, w) for d in depths for w in WIDTHS]
+    pick = rate_optimal(np.stack([tokens(d, w) for d, w in options], 1), [cost(d, w) for d, w in options])
+    od, ow = [options[i][0] for i in pick], [options[i][1] for i in pick]
 
     # the engines' calibration, fitted here by two-fold cross-fitting on prompts (the stored
     # one was fitted on other rounds; this keeps the experiment self-contained)

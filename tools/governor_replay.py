@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         # the whole governor, learning online from a copy of the stored calibration
         live = make_governor("dspark", s.engines, Calibration.from_dict(cal.to_dict()) if cal else None)
         simulated, taken = simulate(live, rounds, costs, depths)
-    oracle = oracle_choices(accepted, depths)
+    oracle = oracle_choices(accepted, costs, depths)
     table = {name: price(ch, accepted, costs, depths) / best
              for name, ch in (("post_draft_oracle", oracle), ("dspark_rule_calibrated", calibrated),
                               ("dspark_rule_raw_confidence", identity), ("dspark_rule_mean_confidence", flat))}

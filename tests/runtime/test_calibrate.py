@@ -457,6 +457,12 @@ def test_tree_width_experiment_records_and_analyses(small_vocab_engines, tmp_pat
     for k in ("rule_w3", "rule_width_per_round", "dspark_tree3_simulated", "dspark_tree4_simulated"):
         assert rep[k]["vs_best_fixed"] > 0
     assert rep["post_draft_oracle"] >= max(rep[k]["vs_best_fixed"] for k in rep if k.startswith("rule_")) - 1e-9
+    # at any table: a CI host once measured these engines' decode dearer than verify + draft,
+    # where the oracle that always decoded a rejected round fell to 0.67x the best fixed pair
+    costs = json.loads((small_vocab_engines / "engines.json").read_text())["costs"]
+    dear = {**costs, "decode": 2 * max(costs["verify"].values())}
+    rep = exp.analyse(r["conf"], r["accepted"], r["rank"], r["q"], r["prompt"], dear, list(DEPTHS))
+    assert rep["post_draft_oracle"] >= max(1.0, *(rep[k]["vs_best_fixed"] for k in rep if k.startswith("rule_"))) - 1e-9
 
 
 def test_draft_features_analysis_finds_a_signal_only_where_there_is_one():
@@ -546,3 +552,36 @@ def test_simulating_a_fixed_governor_prices_like_the_fixed_depth():
     dear = {**costs, "verify": {d: 2 * v for d, v in costs["verify"].items()}}
     rate, taken = replay.simulate(FixedGovernor(DEPTHS, 2), rounds, costs, DEPTHS, pay=dear)
     assert rate == pytest.approx(bench.price([2] * len(rounds), accepted, dear, DEPTHS)) and taken == {"2/2": len(rounds)}
+
+
+@pytest.mark.parametrize("table", ["usual", "decode_dear", "deep_cheap"])
+def test_the_post_draft_oracle_is_the_best_rate_any_per_round_choice_gets(table):
+    """bench_governors.oracle_choices against every choice of depths for 7 rounds (4^7),
+    priced by bench_governors.price: none beats it. On the usual table it is the smallest
+    depth >= a_r (decode for a_r = 0); where a verify costs less than a decode (the small
+    test engines' table on a CI host once), or a deeper profile less than a shallower one,
+    the old rule lost to a fixed depth while this one cannot."""
+    import itertools
+
+    from tests.real_model import tool
+
+    bench = tool("bench_governors")
+    costs = {"decode": 0.020, "draft": 0.003, "draft_by_depth": {"2": 0.002, "4": 0.003},
+             "verify": {"1": 0.021, "2": 0.022, "4": 0.025}}
+    if table == "decode_dear":
+        costs["decode"] = 0.040
+    elif table == "deep_cheap":
+        costs["verify"]["4"] = 0.020
+    accepted = [0, 2, 1, 4, 0, 3, 2]
+    for drafted_zero in (True, False):
+        best = max(bench.price(list(ch), accepted, costs, DEPTHS, drafted_zero=drafted_zero)
+                   for ch in itertools.product((0, *DEPTHS), repeat=len(accepted)))
+        oracle = bench.oracle_choices(accepted, costs, DEPTHS, drafted_zero=drafted_zero)
+        assert bench.price(oracle, accepted, costs, DEPTHS, drafted_zero=drafted_zero) == pytest.approx(best, rel=1e-12)
+    oracle = bench.oracle_choices(accepted, costs, DEPTHS)
+    if table == "usual":
+        assert oracle == [0, 2, 1, 4, 0, 4, 2]
+    elif table == "decode_dear":
+        assert 0 not in oracle
+    else:
+        assert oracle == [0, 4, 1, 4, 0, 4, 4]
