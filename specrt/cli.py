@@ -187,6 +187,9 @@ def _canary(engines_dir: Path) -> None:
 @click.argument("engines_dir", callback=_existing_dir)
 def canary(engines_dir: Path) -> None:
     """Re-run the acceptance canary on ENGINES_DIR and rewrite its acceptance receipt."""
+    from specrt.engines.manifest import read_engines_manifest
+
+    read_engines_manifest(engines_dir)  # an engines folder, before its export is looked at
     if not _has_draft(engines_dir):
         raise UserError(f"{engines_dir}: the engines have no draft; nothing to check")
     _canary(engines_dir)
@@ -221,6 +224,8 @@ def _read_prompts(path: Path) -> list[str]:
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
         stops, stats_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
+    from specrt.paths import check_output_file
+    from specrt.runtime.calibrate import write_atomic
     from specrt.runtime.governor import is_dspark
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
@@ -232,6 +237,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     prompts = [prompt] if prompt is not None else _read_prompts(prompts_file)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     StopScanner(stops)  # a bad stop string is refused before the engines load
+    if stats_file is not None:
+        check_output_file(stats_file, "--stats")
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
@@ -257,7 +264,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                    f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:
-            stats_file.write_text(json.dumps(stats, indent=2))
+            stats_file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(stats_file, stats)
 
 
 def _register() -> None:

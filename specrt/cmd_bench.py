@@ -110,11 +110,13 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError
+from specrt.paths import check_output_folder
 from specrt.sampling_options import sampling_options
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
 DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
+KNOWN_PEERS = tuple(DEFAULT_PEERS.split(","))
 SCHEDULES = ("interleaved", "sequential")
 REFERENCE = "specrt:off"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -925,6 +927,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             "`specrt build` (ONNX Runtime engines with in-place KV, built since trees were added)")
     variant_engines = {label: check_variant(label, Path(d), engines, govs) for label, d in (variants or {}).items()}
     peer_list = _split(peers)
+    unknown = [x for x in peer_list if x not in KNOWN_PEERS]
+    if unknown:
+        raise UserError(f"--peers {unknown[0]!r}: expected a comma-separated list of {', '.join(KNOWN_PEERS)}, "
+                        "or none")
+    check_output_folder(Path(out), "-o")
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 

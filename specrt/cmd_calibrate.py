@@ -54,15 +54,19 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens:
     training prompts, reports the expected calibration error before / after on the
     held-out prompts and stores it in ENGINES_DIR/calibration.json under its decoding
     mode (tied to the engines' export digest; other modes' calibrations are kept)."""
-    from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
+    from specrt.paths import check_output_file
+    from specrt.runtime.calibrate import calibrate as run_calibrate, format_report, write_atomic
     from specrt.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if report_file is not None:
+        check_output_file(report_file, "--report")
 
     prompts = read_prompts(prompts_file)
     held = read_prompts(holdout_file) if holdout_file is not None else None
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
                            log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling)
     if report_file is not None:
-        report_file.write_text(json.dumps(report, indent=2))
+        report_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -50,7 +50,11 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
     """Run every engine of ENGINES_DIR (prefill, decode, verify.{d}, draft) and a reference on the
     same inputs through polygraphy's Comparator; print a table per role, exit 1 on a mismatch."""
     from specrt.engines.compare import compare_engines
+    from specrt.paths import check_output_file
 
+    for path, option in ((report, "--report"), (save_inputs, "--save-inputs")):
+        if path is not None:
+            check_output_file(path, option)
     result = compare_engines(engines_dir, reference=reference, report=report,
                              atol=parse_tolerances(atol, "--atol"), rtol=parse_tolerances(rtol, "--rtol"),
                              log=click.echo, target_folder=target_folder, inputs_file=save_inputs,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specrt.errors import UserError
+from specrt.paths import check_output_folder
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -53,8 +54,12 @@ def atomic_folder(out: Path, force: bool = False) -> Iterator[Path]:
     out = Path(out)
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    check_output_folder(out.parent, "-o", of=out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:
+        raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
     try:
         yield tmp
         if out.exists():

@@ -307,11 +307,17 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                               "--governors", "fixed:banana", "--peers", "none"])
     assert isinstance(r.exception, UserError) and "governor" in str(r.exception)
+    (tmp_path / "afile").write_text("")
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
-                         (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved")):
+                         (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
+                         (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
+                                                            "hf, hf-lookup, ortgenai, or none"),
+                         (["-o", str(tmp_path / "afile" / "r")], f"-o {tmp_path / 'afile' / 'r'}: "
+                                                                f"{tmp_path / 'afile'} is a file, not a folder")):
         r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                                   "--peers", "none", *extra])
         assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

@@ -23,8 +23,41 @@ def test_usage_errors_exit_1(tmp_path, args, message):
 
 
 def test_user_errors_exit_1(tmp_path):
-    r = CliRunner().invoke(main, ["compare", str(tmp_path)])
-    assert r.exit_code == 1 and "no engines.json" in r.output, r.output
+    for command in ("compare", "canary"):  # canary named the export inside before
+        r = CliRunner().invoke(main, [command, str(tmp_path)])
+        assert r.exit_code == 1 and f"{tmp_path}: not a complete engines folder (no engines.json)" in r.output, r.output
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, monkeypatch):
+    """check_output_file / check_output_folder name the option and the part of the path
+    in the way, and create nothing; export and build (atomic_folder) refuse an -o under a
+    file the same way."""
+    import os
+    from pathlib import Path
+
+    from specrt.errors import UserError
+    from specrt.manifest import atomic_folder
+    from specrt.paths import check_output_file, check_output_folder
+
+    f = tmp_path / "afile"
+    f.write_text("")
+    check_output_file(tmp_path / "a" / "b" / "r.json", "--report")  # missing folders are fine
+    check_output_folder(tmp_path / "a" / "b", "-o")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile"]
+    with pytest.raises(UserError, match=f"--report {f}/x/r.json: {f} is a file, not a folder"):
+        check_output_file(f / "x" / "r.json", "--report")
+    with pytest.raises(UserError, match=f"--stats {tmp_path}: is a folder"):
+        check_output_file(tmp_path, "--stats")
+    with pytest.raises(UserError, match=f"-o {f}/e: {f} is a file, not a folder"):
+        with atomic_folder(f / "e"):
+            pass
+    # a folder this user cannot write (as root every folder is writable: ask os.access as a user would)
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        monkeypatch.setattr("specrt.paths.os.access", lambda p, mode: Path(p) != ro)
+    with pytest.raises(UserError, match=f"--report {ro}/r.json: {ro} is not writable"):
+        check_output_file(ro / "r.json", "--report")
 
 
 def test_help_and_version_exit_0():

@@ -163,3 +163,27 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     t = json.loads(stats.read_text())["tree"]
     assert r.exit_code == 0 and t["rounds"] > 0, r.output
     assert f"governor fixed:1:tree=2, runners-up in {t['rounds']} rounds, {t['sibling_accepts']} won]" in r.output
+
+
+def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, tmp_path):
+    """--stats under a file, or naming a folder, is refused before the engines decode
+    anything; a missing folder is made, and the file gets the umask's usual permissions."""
+    import json
+    import os
+
+    (tmp_path / "afile").write_text("")
+    for bad, message in ((tmp_path / "afile" / "s.json", "is a file, not a folder"),
+                         (tmp_path, "is a folder; expected a file")):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6",
+                                      "--stats", str(bad)])
+        assert r.exit_code == 1 and f"--stats {bad}: " in r.output and message in r.output, r.output
+        assert "Traceback" not in r.output and "tokens in" not in r.output, r.output
+    stats = tmp_path / "new" / "dir" / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
+                                  "--stats", str(stats)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(stats.read_text())["new_tokens"] == 6
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stats.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [x.name for x in stats.parent.iterdir()] == ["s.json"]  # no temporary file left

@@ -1,0 +1,31 @@
+"""Output paths checked before any work starts, so a run never ends in an unwritable file."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specrt.errors import UserError
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """``path`` can be written (its missing folders made then): refuse a folder in its place,
+    a file where a folder of it should be, or a folder this user cannot write, naming the
+    option. Creates nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder; expected a file to write")
+    check_output_folder(path.parent, option, of=path)
+
+
+def check_output_folder(folder: Path, option: str, of: Path | None = None) -> None:
+    """``folder`` exists as a writable folder or can be made: its nearest existing ancestor
+    is a folder this user can write. Creates nothing."""
+    folder = Path(folder).absolute()
+    named = f"{option} {of if of is not None else folder}"
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{named}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{named}: {probe} is not writable")
