@@ -181,7 +181,7 @@ def price(choices: list[int], accepted: list[int], costs: dict, depths, *, draft
     return tokens / sum(draft(d) + ver[d] if d else (draft(1) if drafted_zero else 0.0) + dec for d in choices)
 
 
-def rate_optimal(tokens, cost) -> np.ndarray:
+def rate_optimal(tokens, cost):
     """Per round r the option o maximising the whole run's rate sum_r tokens[r, o_r] /
     sum_r cost[o_r] (tokens [rounds, options], cost [options]): Dinkelbach's iteration,
     each round maximising tokens - rate * cost at the current rate, until the rate stops

@@ -40,7 +40,6 @@ would tell them apart costs more than it saves. Nothing of it went into the runt
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
