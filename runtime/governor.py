@@ -409,14 +409,22 @@ class Calibration:
 
     def softened(self, rounds: float) -> Calibration:
         """A copy whose counts are scaled down to at most ``rounds`` per position (the same
-        map, less weight): a prior that online updates soon outweigh."""
+        map, less weight): a prior that online updates soon outweigh. The runner-up rates
+        go along as they are (DSpark already weighs them as at most 64 rounds)."""
         cal = Calibration(self.kind, positions=self.positions, bins=self.bins, prior=self.prior,
                           window=self.window, refit_every=self.refit_every)
         total = self.n.sum(1, keepdims=True)  # [P, 1]
         f = np.where(total > rounds, rounds / np.maximum(total, 1e-300), 1.0)
         cal.n, cal.a = self.n * f, self.a * f
+        if self.runner_ups is not None:
+            cal.runner_ups = (list(self.runner_ups[0]), list(self.runner_ups[1]))
         cal.refit()
         return cal
+
+    def copy(self) -> Calibration:
+        """An independent copy (counts, runner-up rates): what one governor learns online
+        stays its own."""
+        return Calibration.from_dict(self.to_dict())
 
     def to_dict(self) -> dict:
         d = {"format": "specrt.calibration/1", "kind": self.kind, "bins": self.bins, "prior": self.prior,

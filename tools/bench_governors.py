@@ -164,11 +164,13 @@ def table_costs(costs: dict, depths):
 
 def dspark_from_table(costs: dict, depths, calibration=None, **options):
     """runtime.governor.DSparkGovernor on a build's cost table alone (no engines loaded), as
-    session.make_governor builds it from the engines; ``options`` go to the governor."""
+    session.make_governor builds it from the engines (learning on its own copy of
+    ``calibration``); ``options`` go to the governor."""
     from specrt.runtime.governor import DSparkGovernor
 
     dec, ver, _ = table_costs(costs, depths)
-    return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, calibration, **options)
+    cal = calibration.copy() if calibration is not None else None
+    return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, cal, **options)
 
 
 def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:

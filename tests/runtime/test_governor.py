@@ -387,6 +387,24 @@ def test_calibration_json_round_trip_and_errors():
         Calibration("platt")
 
 
+def test_calibration_copy_is_independent_and_softened_keeps_the_runner_up_rates():
+    rng = np.random.default_rng(3)
+    cal = Calibration.fit(*synthetic(rng, 3000))
+    cal.runner_ups = ([3.0, 1.0], [10.0, 7.0])
+    twin = cal.copy()
+    x = np.linspace(0, 1, 11)
+    np.testing.assert_array_equal(twin.predict(x, np.arange(11) % 4), cal.predict(x, np.arange(11) % 4))
+    assert twin.runner_ups == cal.runner_ups and twin.kind == cal.kind
+    before = cal.n.copy()
+    for _ in range(64):
+        twin.update(np.array([0.9, 0.9, 0.9]), 0)
+    np.testing.assert_array_equal(cal.n, before)  # the original learnt nothing
+    assert twin.n.sum() > before.sum()
+    soft = cal.softened(16)
+    assert soft.runner_ups == cal.runner_ups and soft.runner_ups[0] is not cal.runner_ups[0]
+    assert soft.n.sum(1).max() <= 16 + 1e-9
+
+
 # ---- a simulated workload -------------------------------------------------------------
 
 T_DRAFT, T_VERIFY = 0.004, {0: 0.016, 1: 0.018, 2: 0.019, 4: 0.021, 8: 0.026}

@@ -187,3 +187,25 @@ def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, t
     os.umask(umask)
     assert stats.stat().st_mode & 0o777 == 0o666 & ~umask
     assert [x.name for x in stats.parent.iterdir()] == ["s.json"]  # no temporary file left
+
+
+def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
+    """make_governor hands DSpark a copy of the session's calibration: two governors made
+    from it (two configurations of one `specrt bench` worker, Session.new_governor) learn
+    apart, and the session's own stays the stored one. They shared one object, so each
+    configuration learnt from the others' rounds too, and a 'fresh' governor was not."""
+    from specrt.runtime.governor import Calibration
+    from specrt.runtime.session import Session, make_governor
+    from specrt.runtime.telemetry import RoundResult
+
+    cal = Calibration(positions=4)
+    with Session(worded, governor="dspark") as s:
+        g1, g2 = (make_governor("dspark:tree=2", s.engines, cal) for _ in range(2))
+        assert g1.calibration is not cal and g2.calibration is not g1.calibration
+        for _ in range(40):
+            g1.observe(RoundResult(2, 0, 0.001, 0.002, None, np.array([0.9, 0.9])))
+        assert g1.calibration([0.9])[0] < 0.8  # it learnt: first drafts at 0.9 were all rejected
+        assert g2.calibration([0.9])[0] == pytest.approx(0.9) and cal([0.9])[0] == pytest.approx(0.9)
+        s.calibration = cal
+        s.new_governor()
+        assert s.generator.governor.calibration is not cal
