@@ -480,10 +480,16 @@ class DSparkGovernor(Governor):
     favour a deeper block), with the draft's cost for K blocks (``t_draft`` may map K ->
     seconds: a P-EAGLE pass grows with its mask slots, EAGLE-3 takes K steps). u_k is a
     decaying maximum of the calibrated c_k of recent rounds (``ceiling_decay`` per round,
-    starting at 1, capped by ``Calibration.upper``); every ``probe_every``-th pre-draft
+    starting at 1, capped by ``Calibration.upper``); every ``full_every``-th pre-draft
     call drafts the full block so that every position's u_k stays measured. Drafting a block no
     round can verify is waste: measured on SmolLM2-135M with the committed draft, the
-    full 8-deep block cost DSpark 2-7% against fixed depths. No draft at all when the
+    full 8-deep block cost DSpark 2-7% against fixed depths. ``ceiling_decay`` 0.05 and
+    ``full_every`` 64 (were 0.02 and 16) replayed 1.007x / 1.012x the old pair on the 60
+    calibration / 80 held-out prompts' recorded rounds with ``:tree=3``, better on every
+    prompt kind; a block that knew the round's confidences would reach 1.029x / 1.028x
+    (tools/exp_draft_block.py, results/draft_block). Live, interleaved on 20 held-out
+    prompts: 1.012x the old pair with ``:tree=3``, 1.001x with ``:tree=3:ngram``, where
+    lookup takes many of the rounds (tools/exp_dspark_ab.py). No draft at all when the
     measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
     ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
     instead proved too noisy (0/1 samples) and switched speculation off for long spells.
@@ -513,8 +519,9 @@ class DSparkGovernor(Governor):
     SIBLING_PRIOR_MAX = 64.0
 
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
-                 calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16, learn: bool = True,
-                 ceiling_decay: float = 0.02, shape_ema: float = 0.05, block: int | None = None):
+                 calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16,
+                 full_every: int = 64, learn: bool = True,
+                 ceiling_decay: float = 0.05, shape_ema: float = 0.05, block: int | None = None):
         super().__init__(depths)
         if block is not None and int(block) not in self.depths:
             raise UserError(f"dspark block {block}: expected one of the built depths {list(self.depths)}")
@@ -538,6 +545,7 @@ class DSparkGovernor(Governor):
         self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
         self.calibration = calibration if calibration is not None else Calibration(positions=self.depths[-1])
         self.ema, self.probe_every, self.learn = ema, probe_every, learn
+        self.full_every = int(full_every)
         self.rate: float | None = None  # EWMA of max_d E(d) / (t_draft + t_verify(d)) over drafted rounds
         self._zeros = 0
         # profiled costs (the cost table) and the load factors observe() keeps
@@ -667,7 +675,7 @@ class DSparkGovernor(Governor):
         self._since_full += 1
         if self.block is not None:
             full = self._cap(self.block, state)
-        elif self._since_full >= self.probe_every:  # refresh every position's ceiling
+        elif self._since_full >= self.full_every:  # refresh every position's ceiling
             self._since_full = 0
             full = self._cap(self.depths[-1], state)
         else:

@@ -36,6 +36,68 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("chat", "code", "lists", "stories", "arithmetic")
 
 
+def ab_parser(doc: str) -> argparse.ArgumentParser:
+    """ENGINES [--per-kind 4] [--repeats 2] [--ngram] [--max-new-tokens 128]."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("engines", type=Path)
+    ap.add_argument("--per-kind", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ngram", action="store_true")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    return ap
+
+
+def pick_prompts(per_kind: int) -> list[dict]:
+    """The first ``per_kind`` held-out prompts of each kind, in file order."""
+    held = [json.loads(x) for x in (ROOT / "tools" / "data" / "heldout_prompts.jsonl").read_text().splitlines() if x]
+    seen: collections.Counter = collections.Counter()
+    prompts = []
+    for d in held:
+        if seen[d["kind"]] < per_kind:
+            seen[d["kind"]] += 1
+            prompts.append(d)
+    return prompts
+
+
+def interleaved(s, govs: dict, prompts: list[dict], repeats: int, max_new_tokens: int) -> dict | None:
+    """Each governor of ``govs`` (spec -> object, kept for the whole run) on each prompt in
+    rotated order, ``repeats`` times, on the open Session ``s``; decode seconds (wall minus
+    prefill) per prompt the median. Returns {spec: {kind and "mixed": tokens/s}}, None
+    (after printing which) when an output differs."""
+    specs = list(govs)
+    tok = {sp: collections.Counter() for sp in specs}
+    sec = {sp: collections.Counter() for sp in specs}
+    for i, p in enumerate(prompts):
+        ids = s.text.encode(p["prompt"], True)
+        order = specs[i % len(specs):] + specs[: i % len(specs)]
+        runs = collections.defaultdict(list)
+        ref = None
+        for _ in range(repeats):
+            for sp in order:
+                s.generator.governor = govs[sp]
+                out = [t for chunk in s.stream_ids(ids, max_new_tokens) for t in chunk]
+                ref = out if ref is None else ref
+                if out != ref:
+                    print(f"error: prompt {i}: {sp} output differs", file=sys.stderr)
+                    return None
+                tel = s.generator.telemetry
+                runs[sp].append(tel.seconds - tel.engine_s.get("prefill", 0.0))
+        for sp in specs:
+            t = float(np.median(runs[sp]))
+            for k in (p["kind"], "mixed"):
+                tok[sp][k] += len(ref) - 1  # the first token comes from prefill
+                sec[sp][k] += t
+        print(f"prompt {i + 1}/{len(prompts)} ({p['kind']}): "
+              + "  ".join(f"{sp}={(len(ref) - 1) / np.median(runs[sp]):.1f}" for sp in specs), flush=True)
+    kinds = [k for k in (*KINDS, "mixed") if tok[specs[0]][k]]
+    rate = {sp: {k: tok[sp][k] / sec[sp][k] for k in kinds} for sp in specs}
+    for sp in specs:
+        print(f"{sp:30s} " + " ".join(f"{k} {v:.2f}" for k, v in rate[sp].items()))
+    for sp in specs[1:]:
+        print(f"{sp:30s} vs {specs[0]}: " + " ".join(f"{k} {rate[sp][k] / rate[specs[0]][k]:.3f}" for k in rate[sp]))
+    return rate
+
+
 def main(argv: list[str] | None = None) -> int:
     from specrt.runtime.governor import DSparkGovernor
     from specrt.runtime.session import Session, make_governor
@@ -44,24 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         def observe(self, r):
             super().observe(dataclasses.replace(r, catch_up=False))
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("engines", type=Path)
-    ap.add_argument("--per-kind", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--ngram", action="store_true")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    a = ap.parse_args(argv)
-    held = [json.loads(x) for x in (ROOT / "tools" / "data" / "heldout_prompts.jsonl").read_text().splitlines() if x]
-    seen: collections.Counter = collections.Counter()
-    prompts = []
-    for d in held:
-        if seen[d["kind"]] < a.per_kind:
-            seen[d["kind"]] += 1
-            prompts.append(d)
+    a = ab_parser(__doc__).parse_args(argv)
+    prompts = pick_prompts(a.per_kind)
     sfx = ":ngram" if a.ngram else ""
     specs = [f"fixed:2:tree=3{sfx}", f"dspark:tree=3{sfx}", f"before:dspark:tree=3{sfx}"]
-    tok = {sp: collections.Counter() for sp in specs}
-    sec = {sp: collections.Counter() for sp in specs}
     with Session(a.engines, specs[0]) as s:
         govs = {}
         for sp in specs:
@@ -69,33 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             if sp.startswith("before:"):
                 g.__class__ = Before
             govs[sp] = g
-        for i, p in enumerate(prompts):
-            ids = s.text.encode(p["prompt"], True)
-            order = specs[i % len(specs):] + specs[: i % len(specs)]
-            runs = collections.defaultdict(list)
-            ref = None
-            for _ in range(a.repeats):
-                for sp in order:
-                    s.generator.governor = govs[sp]
-                    out = [t for chunk in s.stream_ids(ids, a.max_new_tokens) for t in chunk]
-                    ref = out if ref is None else ref
-                    if out != ref:
-                        print(f"error: prompt {i}: {sp} output differs", file=sys.stderr)
-                        return 1
-                    tel = s.generator.telemetry
-                    runs[sp].append(tel.seconds - tel.engine_s.get("prefill", 0.0))
-            for sp in specs:
-                t = float(np.median(runs[sp]))
-                for k in (p["kind"], "mixed"):
-                    tok[sp][k] += len(ref) - 1  # the first token comes from prefill
-                    sec[sp][k] += t
-            print(f"prompt {i + 1}/{len(prompts)} ({p['kind']}): "
-                  + "  ".join(f"{sp}={(len(ref) - 1) / np.median(runs[sp]):.1f}" for sp in specs), flush=True)
-    rate = {sp: {k: tok[sp][k] / sec[sp][k] for k in (*KINDS, "mixed")} for sp in specs}
-    for sp in specs:
-        print(f"{sp:30s} " + " ".join(f"{k} {v:.2f}" for k, v in rate[sp].items()))
-    for sp in specs[1:]:
-        print(f"{sp:30s} vs {specs[0]}: " + " ".join(f"{k} {rate[sp][k] / rate[specs[0]][k]:.3f}" for k in rate[sp]))
+        rate = interleaved(s, govs, prompts, a.repeats, a.max_new_tokens)
+    if rate is None:
+        return 1
     print("now vs before: " + " ".join(f"{k} {rate[specs[1]][k] / rate[specs[2]][k]:.3f}" for k in rate[specs[1]]))
     print("final draft load factor: " + ", ".join(f"{sp} {govs[sp].load_draft:.3f}" for sp in specs[1:]))
     return 0

@@ -465,6 +465,28 @@ def test_tree_width_experiment_records_and_analyses(small_vocab_engines, tmp_pat
     assert rep["post_draft_oracle"] >= max(1.0, *(rep[k]["vs_best_fixed"] for k in rep if k.startswith("rule_"))) - 1e-9
 
 
+def test_draft_block_experiment_replays_the_tree_width_rounds(small_vocab_engines, tmp_path):
+    """tools/exp_draft_block.py on exp_tree_width's recorded rounds: every variant priced
+    on every kind and mixed against the old (0.02, 16) pair, which is 1 by construction."""
+    from tests.real_model import tool
+
+    tool("exp_tree_width")  # exp_draft_block imports it
+    exp = tool("exp_draft_block")
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt_ids": p, "kind": k}) + "\n"
+                         for p, k in zip(prompts(16, 4, seed=3), ("a", "b", "a", "b"))))
+    rows, out = tmp_path / "rows.npz", tmp_path / "r.json"
+    args = [str(small_vocab_engines), "--prompts", str(f), "--max-new-tokens", "24", "--rows", str(rows), "-o", str(out)]
+    assert exp.main(args) == 0 and rows.is_file()
+    rep = json.loads(out.read_text())
+    assert set(rep["rounds"]) == {"mixed", "a", "b"} and rep["rounds"]["mixed"] == rep["rounds"]["a"] + rep["rounds"]["b"]
+    v = rep["vs_baseline"]
+    assert v["ceiling_decay=0.02 full_every=16"] == {"mixed": 1.0, "a": 1.0, "b": 1.0}
+    assert {"defaults", "peek", "block=1", "ceiling_decay=0.05 full_every=64"} <= set(v)
+    assert v["defaults"] == v["ceiling_decay=0.05 full_every=64"]  # the runtime's defaults are that pair
+    assert all(r > 0 for row in v.values() for r in row.values())
+
+
 def test_draft_features_analysis_finds_a_signal_only_where_there_is_one():
     """Constructed rounds whose first draft is accepted exactly when the draft's runner-up
     is unlikely, whatever its top probability: only the three-feature model sees it."""

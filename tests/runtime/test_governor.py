@@ -206,8 +206,9 @@ def test_dspark_drafts_only_as_deep_as_a_round_could_verify():
 
 def test_dspark_block_follows_the_recent_ceiling_and_probes_the_full_block():
     """No calibration (identity): the full block until rounds show what later positions
-    reach; then the block shrinks to what could pay; every probe_every-th draft is full."""
-    g = dspark(t_draft={1: 0.1, 2: 0.12, 4: 0.2, 8: 0.4}, probe_every=10)
+    reach; then the block shrinks to what could pay; every full_every-th draft is full
+    (probe_every, the cadence of drafting after plain steps, does not set it)."""
+    g = dspark(t_draft={1: 0.1, 2: 0.12, 4: 0.2, 8: 0.4}, full_every=10, probe_every=3)
     assert g.choose(NONE) == 8
     for _ in range(150):  # confident first draft, hopeless later ones
         g.choose(conf(0.9, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05))
