@@ -207,7 +207,7 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field, decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--governor", default="auto", show_default=True,
               help="auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off with an "
                    "optional "
@@ -246,10 +246,15 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)
         total, per_prompt = Telemetry(), []
-        for p in prompts:
-            for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops)):
-                if not quiet:
-                    click.echo(piece, nl=False)
+        for i, p in enumerate(prompts):
+            try:
+                for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops)):
+                    if not quiet:
+                        click.echo(piece, nl=False)
+            except UserError as e:
+                if prompts_file is None:
+                    raise
+                raise UserError(f"{prompts_file}:{i + 1}: {e}") from None
             if not quiet:
                 click.echo()
             st = s.stats()

@@ -209,3 +209,14 @@ def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
         s.calibration = cal
         s.new_governor()
         assert s.generator.governor.calibration is not cal
+
+
+def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_loading(worded, tmp_path):
+    import json
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w1 " * 5000}) + "\n")
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4", "--quiet"])
+    assert r.exit_code == 1 and f"{f}:2: the prompt has 5000 tokens" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3", "--max-new-tokens", "0"])
+    assert r.exit_code == 1 and "--max-new-tokens" in r.output and "calibration" not in r.output, r.output
