@@ -155,8 +155,10 @@ def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
 
 
 def write_atomic(path: Path, data: dict) -> None:
-    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent."""
+    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent
+    (missing folders above it are made)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)

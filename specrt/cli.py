@@ -269,7 +269,6 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                    f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:
-            stats_file.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(stats_file, stats)
 
 

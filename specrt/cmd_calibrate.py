@@ -67,6 +67,5 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens:
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
                            log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling)
     if report_file is not None:
-        report_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

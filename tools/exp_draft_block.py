@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_governors import dspark_from_table  # noqa: E402
-from exp_tree_width import CALIBRATION, record  # noqa: E402
+from exp_tree_width import CALIBRATION, load_stored_calibration, record  # noqa: E402
 from governor_replay import recorded_experiment, simulate  # noqa: E402
 
 WIDTH = 3
@@ -115,13 +115,7 @@ def analyse(conf, accepted, rank, prompt, costs, depths) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and Path(args[0], "calibration.json").is_file():
-        from specrt.runtime.session import read_calibration_file
-
-        digest = json.loads(Path(args[0], "engines.json").read_text())["export"]["digest"]
-        modes = read_calibration_file(Path(args[0], "calibration.json"), digest) or {}
-        if "greedy" in modes:
-            CALIBRATION.update(calibration=modes["greedy"]["calibration"], note=f"{args[0]}/calibration.json (greedy)")
+    load_stored_calibration(args)
     if "--prompts" in args:
         f = Path(args[args.index("--prompts") + 1])
         if f.is_file():

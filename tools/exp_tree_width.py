@@ -87,6 +87,18 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
 CALIBRATION: dict = {}  # main(): the engines' stored greedy calibration, for the governor's simulation
 
 
+def load_stored_calibration(args: list[str]) -> None:
+    """CALIBRATION from ENGINES/calibration.json's greedy mode, ENGINES the first argument
+    (left empty when there is none: the governor then starts from the identity map)."""
+    if args and Path(args[0], "calibration.json").is_file():
+        from specrt.runtime.session import read_calibration_file
+
+        digest = __import__("json").loads(Path(args[0], "engines.json").read_text())["export"]["digest"]
+        modes = read_calibration_file(Path(args[0], "calibration.json"), digest) or {}
+        if "greedy" in modes:
+            CALIBRATION.update(calibration=modes["greedy"]["calibration"], note=f"{args[0]}/calibration.json (greedy)")
+
+
 def analyse(conf, accepted, rank, q, prompt, costs, depths) -> dict:
     from specrt.runtime.governor import Calibration, depth_at_least
 
@@ -196,14 +208,7 @@ def analyse(conf, accepted, rank, q, prompt, costs, depths) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args and Path(args[0], "calibration.json").is_file():
-        from specrt.runtime.session import read_calibration_file
-
-        digest = __import__("json").loads(Path(args[0], "engines.json").read_text())["export"]["digest"]
-        modes = read_calibration_file(Path(args[0], "calibration.json"), digest) or {}
-        if "greedy" in modes:
-            CALIBRATION.update(calibration=modes["greedy"]["calibration"], note=f"{args[0]}/calibration.json (greedy)")
+    load_stored_calibration(sys.argv[1:] if argv is None else argv)
     return recorded_experiment(__doc__, argv, record, analyse, ("conf", "accepted", "rank", "q", "prompt"))
 
 
