@@ -16,6 +16,9 @@ calibration, learning online on its own copy, priced at the build's cost table) 
 
 * a grid of ``ceiling_decay`` x ``full_every``, and the governor's defaults;
 * a fixed block (``dspark:block=K``);
+* "running-rates": the block whose running rate is best, EWMAs of the tokens and seconds
+  each block K would have got on recent rounds' calibrated confidences
+  (``running_rates_class``), instead of the ceilings' optimistic pick;
 * "peek": the block set to what its post-draft rule then picks on the round's own
   confidences (not a governor: it knows the confidences before drafting) -- how much a
   perfect block choice would gain;
@@ -35,6 +38,13 @@ drafting after plain steps, stays 16). Live (tools/exp_dspark_ab.py out/ng/engin
 --options ceiling_decay=0.02,full_every=16 [--ngram], 20 held-out prompts x 2,
 interleaved; results/draft_block/ab_tree.log, ab_ngram.log): the new pair 1.012x the old
 one with :tree=3 (per kind 0.983-1.026x), 1.001x with :tree=3:ngram (0.996-1.016x).
+
+Running rates (2026-12-01 evening, same rows): EWMA weight 0.05 / 0.1 / 0.2 gave 1.0076 /
+1.0084 / 1.0103x the old pair mixed on the calibration prompts (defaults 1.0067x) and
+1.0049 / 1.0080 / 1.0113x on the held-out ones (defaults 1.0119x), per kind 0.995-1.018x
+against the defaults' 1.007-1.016x: no better than the ceilings, not adopted. The
+averaged rates cannot tell this round's drafts from the last ones'; what peek has and
+no rule gets is the round's own confidences.
 """
 from __future__ import annotations
 
@@ -53,10 +63,61 @@ from governor_replay import recorded_experiment, simulate  # noqa: E402
 WIDTH = 3
 GRID = {"ceiling_decay": (0.02, 0.03, 0.05, 0.08), "full_every": (16, 32, 64, 128)}
 BLOCKS = (1, 2, 3, 4)
+RUNNING_RATES = (0.05, 0.1, 0.2)  # EWMA weights of the running-rates block rule
 KINDS: list[str] = []  # main(): the prompts' kinds, in file order
 
 
-def _governor(costs, depths, rounds_conf=None, **options):
+def running_rates_class():
+    """DSparkGovernor whose pre-draft block is the K with the best running rate: after
+    each drafted round, for every built K, the tokens and seconds its post-draft rule
+    would have got with a block of K on that round's calibrated confidences (positions
+    past the drafted block at the ceilings u_k) update EWMAs (weight ``rr_alpha``); the
+    next block is the K whose EWMA tokens / EWMA seconds is highest. The ceiling rule
+    until the first drafted round. A replay variant only (row "running-rates ...")."""
+    from specrt.runtime.governor import DSparkGovernor
+
+    class RunningRates(DSparkGovernor):
+        rr_alpha = 0.1
+
+        def choose(self, state):
+            d = DSparkGovernor.choose(self, state)
+            if state.confidences is None:
+                return d
+            sibs = self._sibs
+            c = self.calibration(np.asarray(state.confidences[: self.depths[-1]], float).tolist())
+            cap = self.calibration.upper
+            up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
+            full = c + up[len(c):]
+            rates = self._win_rates() if self.tree_width > 1 else None
+            stats = self.__dict__.setdefault("_rr", {})
+            for blk in self.depths:
+                t_draft, e, s = self.draft_cost(blk), 1.0, 1.0
+                best = (1.0, t_draft + self.t_decode) if self.t_decode is not None else (0.0, 1.0)
+                for k in range(1, blk + 1):
+                    s *= full[k - 1]
+                    e += s
+                    if k in self.t_verify:
+                        rate, n = self._best_tree(e, full[0], t_draft, k, rates) if rates \
+                            else (e / (t_draft + self.t_verify[k]), 0)
+                        if rate > best[0] / best[1]:
+                            best = (rate * (t_draft + self.t_verify[k + n]), t_draft + self.t_verify[k + n])
+                tok, sec = stats.get(blk, best)
+                stats[blk] = (tok + self.rr_alpha * (best[0] - tok), sec + self.rr_alpha * (best[1] - sec))
+            self._sibs = sibs
+            return d
+
+        def draft_depth(self, limit=None):
+            stats = self.__dict__.get("_rr")
+            if not stats:
+                return DSparkGovernor.draft_depth(self, limit)
+            top = self.depths[-1] if limit is None else min(self.depths[-1], limit)
+            ok = [k for k in self.depths if k <= top]
+            return max(ok, key=lambda k: (stats[k][0] / stats[k][1], -k)) if ok else 0
+
+    return RunningRates
+
+
+def _governor(costs, depths, rounds_conf=None, running_rates=None, **options):
     """DSpark as the runtime builds it; with ``rounds_conf`` (the coming rounds' confidences,
     in order) its pre-draft block is what its post-draft rule picks on the round's own
     confidences, decided on a scratch copy (the "peek" bound)."""
@@ -64,6 +125,9 @@ def _governor(costs, depths, rounds_conf=None, **options):
 
     g = dspark_from_table(costs, depths, CALIBRATION.get("calibration"), **options)
     g.tree_width = WIDTH
+    if running_rates is not None:
+        g.__class__ = running_rates_class()
+        g.rr_alpha = running_rates
     if rounds_conf is not None:
         coming = iter(rounds_conf)
 
@@ -90,6 +154,8 @@ def analyse(conf, accepted, rank, prompt, costs, depths) -> dict:
     for k in BLOCKS:
         if k in depths:
             variants[f"block={k}"] = {"block": k}
+    for alpha in RUNNING_RATES:
+        variants[f"running-rates alpha={alpha}"] = {"running_rates": alpha}
     variants["peek"] = {"peek": True}
 
     def rate(opts: dict, mask) -> tuple[float, dict]:

@@ -483,7 +483,7 @@ def test_draft_block_experiment_replays_the_tree_width_rounds(small_vocab_engine
     assert set(rep["rounds"]) == {"mixed", "a", "b"} and rep["rounds"]["mixed"] == rep["rounds"]["a"] + rep["rounds"]["b"]
     v = rep["vs_baseline"]
     assert v["ceiling_decay=0.02 full_every=16"] == {"mixed": 1.0, "a": 1.0, "b": 1.0}
-    assert {"defaults", "peek", "block=1", "ceiling_decay=0.05 full_every=64"} <= set(v)
+    assert {"defaults", "peek", "block=1", "ceiling_decay=0.05 full_every=64", "running-rates alpha=0.1"} <= set(v)
     assert v["defaults"] == v["ceiling_decay=0.05 full_every=64"]  # the runtime's defaults are that pair
     assert all(r > 0 for row in v.values() for r in row.values())
 
@@ -608,3 +608,32 @@ def test_the_post_draft_oracle_is_the_best_rate_any_per_round_choice_gets(table)
         assert 0 not in oracle
     else:
         assert oracle == [0, 4, 1, 4, 0, 4, 4]
+
+
+def test_draft_block_running_rates_variant_follows_the_rounds_it_saw():
+    """exp_draft_block's running-rates rule: after rounds whose drafts are sure for two
+    positions and hopeless beyond, it drafts a block of 2; after rounds sure all the way,
+    the full block (the ceilings, decaying 5% a round, still draft deeper after 20 of the first kind)."""
+    from specrt.runtime.governor import GovernorState
+    from tests.real_model import tool
+
+    tool("exp_tree_width")
+    exp = tool("exp_draft_block")
+    dspark_from_table = exp.dspark_from_table  # tools/bench_governors.py's
+
+    costs = {"decode": 0.020, "draft": 0.004, "draft_by_depth": {"1": 0.0025, "2": 0.003, "3": 0.0035, "4": 0.004},
+             "verify": {"1": 0.021, "2": 0.022, "3": 0.023, "4": 0.024}}
+    depths = [1, 2, 3, 4]
+
+    def after(conf):
+        g = dspark_from_table(costs, depths)
+        ceilings = dspark_from_table(costs, depths)
+        g.__class__ = exp.running_rates_class()
+        for _ in range(20):
+            for gov in (g, ceilings):
+                gov.choose(GovernorState(confidences=np.asarray(conf)))
+        return g.draft_depth(), ceilings.draft_depth()
+
+    rr, ceil = after([0.99, 0.99, 0.01, 0.01])
+    assert rr == 2 and ceil > 2
+    assert after([0.99, 0.99, 0.99, 0.99])[0] == 4
