@@ -18,6 +18,7 @@ Output is lossless whatever is chosen; governors only trade speed.
 from __future__ import annotations
 
 import abc
+import inspect
 
 import math
 from bisect import bisect_right
@@ -763,22 +764,26 @@ def split_tree(spec: str | int) -> tuple[str, int]:
 
 
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
-              t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None) -> Governor:
+              t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None,
+              options: Mapping[str, object] | None = None) -> Governor:
     """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark', each but 'off' with an optional
     ':tree=W' -> a Governor over the built depths (its ``tree_width`` W, 1 without); any
     with ':ngram' -> its ``lookup`` set (prompt lookup, ngram.py).
     DSpark needs the cost table: ``t_draft`` (seconds, or block depth -> seconds) and
-    ``t_verify`` (depth -> seconds; 0: a plain decode step)."""
+    ``t_verify`` (depth -> seconds; 0: a plain decode step); ``options`` are more of
+    DSparkGovernor's keyword arguments (ceiling_decay=..., ...), for DSpark only."""
     s, lookup = split_lookup(spec)
     s, width = split_tree(s)
-    gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration)
+    gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration, dict(options or {}))
     gov.tree_width = width
     gov.lookup = lookup
     return gov
 
 
-def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration) -> Governor:
+def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: dict) -> Governor:
     k = s[6:] if s.startswith("fixed:") else s
+    if options and not is_dspark(s):
+        raise UserError(f"governor '{spec}': options {sorted(options)} are DSpark's; this governor takes none")
     if s == "off":
         return OffGovernor(depths)
     if s == "adaptive":
@@ -794,7 +799,12 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration) -> Governor
                 kw.update(ema=0.0, shape_ema=0.0)
             else:
                 raise UserError(f"--governor '{spec}': expected dspark[:block=K][:profiled] (K a built depth)")
-        return DSparkGovernor(depths, t_draft, t_verify, calibration, **kw)
+        known = set(inspect.signature(DSparkGovernor.__init__).parameters) - {"self", "depths", "t_draft", "t_verify",
+                                                                                "calibration"}
+        bad = sorted(set(options) - known)
+        if bad:
+            raise UserError(f"DSpark option(s) {bad}: expected some of {sorted(known)}")
+        return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
     if k.isdigit():
         return FixedGovernor(depths, int(k))
     raise UserError(f"--governor '{spec}': expected one of {SPECS} "

@@ -143,19 +143,20 @@ def resolve_spec(spec: str, engines) -> str:
     return AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram"
 
 
-def make_governor(spec: str, engines, calibration: Calibration | None = None) -> Governor:
+def make_governor(spec: str, engines, calibration: Calibration | None = None, **options) -> Governor:
     """``governor.from_spec`` (``auto`` resolved first) with DSpark's costs read from the
     engines' cost table. With a token tree (``:tree=W``) DSpark verifies 0..W-1 runners-up
     a round, costing d drafts and n runners-up as verify.{d + n} (built depths only).
     DSpark refines its calibration online on a copy of ``calibration``: governors made
     from one session's calibration (``specrt bench``'s configurations in one worker,
-    ``Session.new_governor``) each start from the stored one and learn apart."""
+    ``Session.new_governor``) each start from the stored one and learn apart.
+    ``options``: more DSparkGovernor keyword arguments (DSpark only; tools/exp_dspark_ab.py)."""
     spec = resolve_spec(spec, engines)
     if not is_dspark(spec):
-        return from_spec(spec, engines.depths)
+        return from_spec(spec, engines.depths, options=options)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
     return from_spec(spec, engines.depths, t_draft=draft, t_verify=engines.target_costs(COST_PAST),
-                     calibration=calibration.copy() if calibration is not None else None)
+                     calibration=calibration.copy() if calibration is not None else None, options=options)
 
 
 class Session:

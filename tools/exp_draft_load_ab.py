@@ -48,15 +48,15 @@ def ab_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def pick_prompts(per_kind: int) -> list[dict]:
-    """The first ``per_kind`` held-out prompts of each kind, in file order."""
+    """The first ``per_kind`` held-out prompts of each kind, the kinds taking turns (as
+    tools/bench_governors.py's load_prompts orders them), so that a drift of the host's
+    speed during the run falls on every kind alike. Runs before 2026-12-01 evening took
+    them grouped by kind, in file order."""
     held = [json.loads(x) for x in (ROOT / "tools" / "data" / "heldout_prompts.jsonl").read_text().splitlines() if x]
-    seen: collections.Counter = collections.Counter()
-    prompts = []
+    by_kind: dict[str, list[dict]] = {}
     for d in held:
-        if seen[d["kind"]] < per_kind:
-            seen[d["kind"]] += 1
-            prompts.append(d)
-    return prompts
+        by_kind.setdefault(d["kind"], []).append(d)
+    return [ps[i] for i in range(per_kind) for ps in by_kind.values() if i < len(ps)]
 
 
 def interleaved(s, govs: dict, prompts: list[dict], repeats: int, max_new_tokens: int) -> dict | None:

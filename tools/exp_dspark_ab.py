@@ -28,24 +28,27 @@ def parse_options(text: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specrt.runtime.governor import DSparkGovernor
+    from specrt.errors import UserError
     from specrt.runtime.session import Session, make_governor
 
     ap = ab_parser(__doc__)
     ap.add_argument("--options", required=True, help="k=v,... DSparkGovernor keyword arguments of variant B")
     ap.add_argument("--tree", type=int, default=3)
     a = ap.parse_args(argv)
-    options = parse_options(a.options)
+    try:
+        options = parse_options(a.options)
+    except ValueError:
+        print(f"error: --options {a.options}: expected k=v,... with numbers as values", file=sys.stderr)
+        return 1
     sfx = (f":tree={a.tree}" if a.tree > 1 else "") + (":ngram" if a.ngram else "")
     specs = [f"fixed:2{sfx}", f"dspark{sfx}", f"dspark{sfx}@{a.options}"]
     with Session(a.engines, specs[0]) as s:
-        govs = {sp: make_governor(sp.split("@")[0], s.engines, s.calibration) for sp in specs}
-        b = govs[specs[2]]
-        for k, v in options.items():
-            if not hasattr(b, k) or k not in DSparkGovernor.__init__.__code__.co_varnames:
-                print(f"error: --options {k}: not a DSparkGovernor option", file=sys.stderr)
-                return 1
-            setattr(b, k, v)
+        try:  # B through DSparkGovernor's constructor, which checks and converts its arguments
+            govs = {sp: make_governor(sp.split("@")[0], s.engines, s.calibration, **(options if "@" in sp else {}))
+                    for sp in specs}
+        except (UserError, ValueError, TypeError) as e:
+            print(f"error: --options {a.options}: {e}", file=sys.stderr)
+            return 1
         rate = interleaved(s, govs, pick_prompts(a.per_kind), a.repeats, a.max_new_tokens)
     if rate is None:
         return 1

@@ -637,3 +637,32 @@ def test_draft_block_running_rates_variant_follows_the_rounds_it_saw():
     rr, ceil = after([0.99, 0.99, 0.01, 0.01])
     assert rr == 2 and ceil > 2
     assert after([0.99, 0.99, 0.99, 0.99])[0] == 4
+
+
+def test_dspark_ab_refuses_options_dspark_does_not_take(small_vocab_engines, capsys):
+    """tools/exp_dspark_ab.py builds variant B through DSparkGovernor's constructor: an
+    option it does not take, or a value that is not a number, is an error naming it."""
+    from tests.real_model import tool
+
+    tool("exp_draft_load_ab")  # exp_dspark_ab imports it
+    exp = tool("exp_dspark_ab")
+    assert exp.parse_options("ceiling_decay=0.02,full_every=16") == {"ceiling_decay": 0.02, "full_every": 16}
+    assert exp.main([str(small_vocab_engines), "--options", "ceiling=0.1"]) == 1
+    assert "DSpark option(s) ['ceiling']" in capsys.readouterr().err
+    assert exp.main([str(small_vocab_engines), "--options", "full_every=x"]) == 1
+    assert "expected k=v,... with numbers" in capsys.readouterr().err
+
+
+def test_ab_tools_take_the_kinds_in_turns():
+    """exp_draft_load_ab.pick_prompts (and exp_dspark_ab, which shares it): per_kind
+    held-out prompts of each kind, kinds alternating, each kind's in file order."""
+    from tests.real_model import tool
+
+    exp = tool("exp_draft_load_ab")
+    held = [json.loads(x) for x in (Path(exp.__file__).parent / "data" / "heldout_prompts.jsonl").read_text().splitlines()
+            if x]
+    kinds = list(dict.fromkeys(d["kind"] for d in held))
+    got = exp.pick_prompts(2)
+    assert [d["kind"] for d in got] == kinds * 2
+    for k in kinds:
+        assert [d for d in got if d["kind"] == k] == [d for d in held if d["kind"] == k][:2]

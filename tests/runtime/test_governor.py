@@ -62,6 +62,22 @@ def test_from_spec():
             from_spec(bad, DEPTHS)
 
 
+def test_from_spec_passes_dspark_options_through_its_constructor():
+    """Keyword options reach DSparkGovernor's constructor (converted and checked there);
+    a name it does not take, or options for another governor, are refused by name."""
+    costs = dict(t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS})
+    g = from_spec("dspark:tree=3:ngram", DEPTHS, **costs, options={"ceiling_decay": 0.1, "full_every": 8})
+    assert isinstance(g, DSparkGovernor) and g.ceiling_decay == 0.1 and g.full_every == 8
+    assert g.tree_width == 3 and g.lookup is not None
+    assert from_spec("dspark:block=2", DEPTHS, **costs, options={"block": 4}).block == 4  # the option wins
+    with pytest.raises(UserError, match=r"DSpark option\(s\) \['ceiling'\]: expected some of .*'ceiling_decay'"):
+        from_spec("dspark", DEPTHS, **costs, options={"ceiling": 0.1})
+    with pytest.raises(UserError, match=r"governor 'fixed:2': options \['full_every'\] are DSpark's"):
+        from_spec("fixed:2", DEPTHS, options={"full_every": 8})
+    with pytest.raises(UserError, match="dspark block 3: expected one of the built depths"):
+        from_spec("dspark", DEPTHS, **costs, options={"block": 3})
+
+
 # ---- adaptive (onnxruntime-genai rule) ------------------------------------------------
 
 
