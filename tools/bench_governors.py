@@ -110,7 +110,8 @@ def load_prompts(per_kind: int, offset: int = 0, path: Path = PROMPTS) -> list[d
 
 
 def agg(runs: list[dict]) -> dict:
-    """Sum of per-prompt medians: tokens, seconds, tokens/s; merged counters."""
+    """Sum of per-prompt medians: tokens, seconds, tokens/s; merged counters (acceptance,
+    depths, token-tree and prompt-lookup rounds, engine / Python time)."""
     from specrt.runtime.telemetry import Telemetry
 
     tokens = sum(r["tokens"] for r in runs)
@@ -122,7 +123,9 @@ def agg(runs: list[dict]) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "tau": j["tau"], "acceptance_by_position": j["acceptance_by_position"],
             "acceptance_conditional": j["acceptance_conditional"], "depth_histogram": j["depth_histogram"],
-            "rounds": j["rounds"], "draft_rounds": j["draft_rounds"], "mean_seconds": j["mean_seconds"]}
+            "rounds": j["rounds"], "draft_rounds": j["draft_rounds"], "mean_seconds": j["mean_seconds"],
+            "tree": j.get("tree"), "lookup": j.get("lookup"), "time_split": j.get("time_split"),
+            "draft_block_histogram": j.get("draft_block_histogram"), "drafted_unverified": j.get("drafted_unverified")}
 
 
 class Recording:
@@ -436,6 +439,14 @@ def main() -> int:
         out(f"  {spec:{w - 2}s} " + "  ".join(f"{part} " + " ".join(f"{k}:{v * 1e3:.1f}" for k, v in m[key].items())
                                              for part, key in (("verify", "verify_by_depth"), ("round", "round_by_depth"),
                                                                ("draft", "draft_by_block")) if m[key]))
+    out("rounds on the mixed set (drafted rounds, token trees: rounds / runners-up verified / won; "
+        "prompt lookup: rounds / tokens a round; drafted positions never verified):")
+    for spec in specs:
+        r = results["mixed"][spec]
+        t, lk = r.get("tree") or {}, r.get("lookup") or {}
+        out(f"  {spec:{w - 2}s} {r['rounds']} rounds, drafted {r['draft_rounds']}; tree {t.get('rounds', 0)} / "
+            f"{t.get('runners_up', 0)} / {t.get('sibling_accepts', 0)}; lookup {lk.get('rounds', 0)} / "
+            f"{lk.get('tokens_per_round', 0.0):.2f}; unverified {r.get('drafted_unverified') or 0}")
     if report["bounds"]:
         b = report["bounds"]
         out(f"upper bounds from the {full} rounds and the cost table (``bounds``), vs the best fixed depth there:")
