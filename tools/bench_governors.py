@@ -24,7 +24,8 @@ per prompt the median over repeats. tokens/s of a set = sum tokens / sum seconds
 
 Checks: greedy outputs identical across governors and repeats (lossless; exit 1 if
 not); issue 7's targets: dspark >= 1.05x the best fixed depth on the mixed set, >= 0.98x
-on every kind, above adaptive everywhere. Bounds: what a governor that knew each
+on every kind, above adaptive everywhere, and its decisions (``choose`` and ``observe``,
+timed in the run: ``Timed``) <= 1% of its decode time. Bounds: what a governor that knew each
 round's acceptance after drafting (the most DSpark can learn from confidences), or
 before, would reach over the best fixed depth, estimated from the deepest fixed depth's
 rounds and the cost table (``bounds``). Writes OUT/bench_governors.json and
@@ -145,6 +146,35 @@ class Recording:
         if r.depth:
             self.accepted.append(int(r.accepted))
         self.gov.observe(r)
+
+
+class Timed:
+    """A governor whose decisions are timed: wall seconds inside ``choose`` (before and
+    after drafting) and ``observe`` (its online learning), and how many calls of each.
+    Issue 7 wants DSpark's decision to add <= 1% of a step's time: the summary divides
+    these seconds by the same governor's decode seconds in the same run."""
+
+    def __init__(self, gov):
+        self.gov, self.seconds, self.choose_calls, self.observe_calls = gov, 0.0, 0, 0
+
+    def choose(self, state):
+        t = time.perf_counter()
+        try:
+            return self.gov.choose(state)
+        finally:
+            self.seconds += time.perf_counter() - t
+            self.choose_calls += 1
+
+    def observe(self, r) -> None:
+        t = time.perf_counter()
+        try:
+            self.gov.observe(r)
+        finally:
+            self.seconds += time.perf_counter() - t
+            self.observe_calls += 1
+
+    def __getattr__(self, name):  # uses_confidences, tree_width, lookup, round_siblings, ...
+        return getattr(self.gov, name)
 
 
 def _draft_table(costs: dict, depths) -> dict[int, float]:
@@ -343,6 +373,7 @@ def main() -> int:
         log(f"dspark: {s.calibration_note}")
         govs = {spec: make_governor(spec, s.engines, s.calibration) for spec in specs}
         govs[full] = Recording(govs[full])
+        govs[dspark] = Timed(govs[dspark])
         kinds_of_rounds: list[str] = []  # the prompt kind of each recorded full-depth round
         ids = [s.text.encode(p["prompt"], chat) for p in prompts]
 
@@ -402,6 +433,13 @@ def main() -> int:
         need = 1.05 if g == "mixed" else 0.98
         ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
         ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
+    timed = govs[dspark]
+    spent = sum(sum(r["all_seconds"]) for r in runs[dspark])  # every repeat's decode seconds
+    share = timed.seconds / spent if spent > 0 else 0.0
+    report["dspark_decision"] = {"seconds": timed.seconds, "choose_calls": timed.choose_calls,
+                                 "observe_calls": timed.observe_calls, "decode_seconds": spent,
+                                 "share_of_decode": share}
+    ok["dspark decision <= 1% of its decode time"] = share <= 0.01
     costs = report["costs"] or {}
     acc = govs[full].accepted
     # (chains only: tools/exp_tree_width.py bounds trees)
@@ -439,6 +477,10 @@ def main() -> int:
         out(f"  {spec:{w - 2}s} " + "  ".join(f"{part} " + " ".join(f"{k}:{v * 1e3:.1f}" for k, v in m[key].items())
                                              for part, key in (("verify", "verify_by_depth"), ("round", "round_by_depth"),
                                                                ("draft", "draft_by_block")) if m[key]))
+    dd = report["dspark_decision"]
+    out(f"{dspark} decisions: {dd['choose_calls']} choose + {dd['observe_calls']} observe calls, "
+        f"{dd['seconds'] * 1e6 / max(dd['observe_calls'], 1):.1f} us a round, {dd['share_of_decode']:.3%} of its "
+        f"decode time ({dd['seconds']:.3f} of {dd['decode_seconds']:.1f} s)")
     out("rounds on the mixed set (drafted rounds, token trees: rounds / runners-up verified / won; "
         "prompt lookup: rounds / tokens a round; drafted positions never verified):")
     for spec in specs:

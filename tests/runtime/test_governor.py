@@ -1,6 +1,5 @@
 import json
 import re
-import timeit
 
 import numpy as np
 import pytest
@@ -316,12 +315,28 @@ def test_dspark_probes_after_consecutive_zeros():
     assert [g.choose(NONE) for _ in range(5)] == [0, 0, 0, 8, 0]
 
 
-def test_dspark_decision_is_cheap():
-    g = dspark(tv={0: 0.3, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
-    s = conf(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
-    n = 2000
-    per_call = min(timeit.repeat(lambda: g.choose(s), number=n, repeat=3)) / n
-    assert per_call < 100e-6, per_call  # measured ~10-20 us here; loose bound for shared CPUs
+def test_dspark_decision_timing_wrapper_is_transparent():
+    """Issue 7's "the decision adds <= 1% of a step" is measured live by
+    tools/bench_governors.py (``Timed``: its choose / observe seconds over the same
+    governor's decode seconds in the same run), not by a timed unit test. The wrapper
+    decides exactly as the governor it wraps and counts every call."""
+    from tests.real_model import tool
+
+    Timed = tool("bench_governors").Timed
+    plain, timed = (dspark(tv={0: 0.3, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}) for _ in range(2))
+    timed.tree_width = plain.tree_width = 3
+    t = Timed(timed)
+    assert t.uses_confidences and t.tree_width == 3 and t.round_siblings() == 0
+    rng = np.random.default_rng(0)
+    for i in range(50):
+        c = GovernorState(confidences=rng.uniform(0.05, 0.95, 8))
+        assert t.choose(NONE) == plain.choose(NONE)
+        d = plain.choose(c)
+        assert t.choose(c) == d and t.round_siblings() == plain.round_siblings()
+        r = RoundResult(d, int(rng.integers(0, d + 1)), 0.01, 1.0 + 0.1 * d, confidences=c.confidences)
+        plain.observe(r)
+        t.observe(r)
+    assert (t.choose_calls, t.observe_calls) == (100, 50) and t.seconds > 0
 
 
 # ---- calibration ----------------------------------------------------------------------
