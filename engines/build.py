@@ -28,7 +28,8 @@ from typing import Any, Callable
 from specrt import contracts as C
 from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
-from specrt.engines.manifest import BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment
+from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment,
+                                     read_engines_manifest)
 from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
 from specrt.engines.quantize import DRAFT_WEIGHTS, quantize_draft
 from specrt.errors import UserError
@@ -258,3 +259,44 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
         f"{manifest['built_seconds']:.1f} s)")
     return manifest
+
+
+def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None] = print
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure ``folder``'s cost table again on this machine, now, and rewrite it in
+    engines.json (atomically; the engine files and their hashes are untouched). The first
+    rewrite keeps the build's table as ``costs_build``. Same pasts, draft shape and
+    round-robin timing as the build (``profile_costs``), ``repeats`` calls per role.
+    Returns (previous table, new table).
+
+    The table is where DSpark's prices start each session and what ``specrt bench``
+    predicts from; DSpark's online load factors correct a uniform drift of the machine's
+    speed, but only slowly a change in the ratios between depths, and a table profiled
+    when the machine was faster or quieter misleads both (measured on SmolLM2: decode
+    phases at 0.84-0.92x of a build-time table's prediction hours later)."""
+    from specrt.engines.engine_set import load_engines
+    from specrt.paths import write_atomic
+
+    folder = Path(folder)
+    engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
+    raw = read_engines_manifest(folder)  # as on disk, to write back with only the costs changed
+    old = raw.get("costs") or {}
+    if not old.get("verify"):
+        raise UserError(f"{folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' with "
+                        f"'verify'); rebuild with `specrt build`")
+    depth_list = tuple(engines.depths)
+    ctx = engines.max_context
+    pasts = tuple(int(p) for p in old.get("pasts", (128, 512)) if int(p) + max(depth_list) + 1 <= ctx) \
+        or (ctx // 2,)
+    vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
+    draft_kind = (engines.export.get("draft") or {}).get("kind")
+    log(f"profiling {len(engines.runners)} engines at past {', '.join(map(str, pasts))} (median of {repeats})")
+    with engines:
+        new = profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
+                            draft_accepted=int(old.get("draft_accepted", 2)), repeats=repeats, log=log)
+    raw.setdefault("costs_build", old)
+    raw["costs"] = new
+    raw["costs_profiled"] = {"by": "specrt profile", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "repeats": repeats}
+    write_atomic(folder / ENGINES_MANIFEST, raw, indent=2)
+    return old, new

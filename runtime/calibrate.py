@@ -34,9 +34,6 @@ No torch, no transformers: engines and numpy only.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
+from specrt.paths import write_atomic  # noqa: F401  (its home until 2026-12-01; callers import it from here)
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams
@@ -152,29 +150,6 @@ def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
     k = min(max(int(round(holdout * n)), 1), n - 1)
     perm = np.random.default_rng(SPLIT_SEED).permutation(n)
     return sorted(perm[k:].tolist()), sorted(perm[:k].tolist())
-
-
-def write_atomic(path: Path, data: dict) -> None:
-    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent
-    (missing folders above it are made)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's are 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:

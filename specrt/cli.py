@@ -195,6 +195,32 @@ def canary(engines_dir: Path) -> None:
     _canary(engines_dir)
 
 
+@main.command()
+@click.argument("engines_dir", callback=_existing_dir)
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed calls per engine and past length (the median is kept).")
+def profile(engines_dir: Path, repeats: int) -> None:
+    """Measure ENGINES_DIR's cost table again on this machine now and rewrite it in
+    engines.json (the build's table is kept as costs_build). DSpark's prices start from
+    this table each session and `specrt bench` predicts from it: refresh it when the
+    machine's speed has changed since the build."""
+    from specrt.engines.build import reprofile_engines
+
+    old, new = reprofile_engines(engines_dir, repeats, log=lambda m: click.echo(m, err=True))
+    ref = str(new["reference_past"])
+    before = (old.get("by_past") or {}).get(ref) or old
+    after = new["by_past"][ref]
+    rows = [("decode", before.get("decode"), after.get("decode")),
+            *((f"verify.{d}", before.get("verify", {}).get(d), t) for d, t in after["verify"].items()),
+            *((f"draft.{k}", (before.get("draft_by_depth") or {}).get(k), t)
+              for k, t in (after.get("draft_by_depth") or {}).items())]
+    click.echo(f"{engines_dir}/engines.json: cost table at past {ref} (ms), before -> now")
+    for name, b, a in rows:
+        if a is not None:
+            click.echo(f"  {name:10s} " + (f"{b * 1e3:8.2f} -> {a * 1e3:8.2f}  ({a / b:.2f}x)" if b else
+                                           f"{'-':>8s} -> {a * 1e3:8.2f}"))
+
+
 def _read_prompts(path: Path) -> list[str]:
     from specrt.prompt_files import read_prompt_file
 

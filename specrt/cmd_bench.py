@@ -1197,6 +1197,12 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}, cost "
                  f"table), engines-only {b['engines_tokens_per_s'] or 0:.1f}, measured "
                  f"{b['measured_tokens_per_s'] or 0:.1f} = {b['measured_over_predicted'] or 0:.2f}x predicted")
+    off_b = eff["b_predicted_vs_measured"].get(REFERENCE) or {}
+    if off_b.get("engines_tokens_per_s") and off_b.get("predicted_tokens_per_s"):
+        drift = off_b["engines_tokens_per_s"] / off_b["predicted_tokens_per_s"]
+        if not 0.9 <= drift <= 1.1:  # the engines themselves, not Python: the table is stale
+            echo(f"(b) {REFERENCE}'s engine calls ran at {drift:.2f}x the cost table's speed: the machine has changed "
+                 f"since the table was profiled; `specrt profile {report['settings']['engines']}` measures it again")
     for n, r in report["skipped"].items():
         echo(f"skipped {n}: {r}")
     for w in report.get("warnings", []):

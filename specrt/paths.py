@@ -1,7 +1,10 @@
-"""Output paths checked before any work starts, so a run never ends in an unwritable file."""
+"""Output paths checked before any work starts, so a run never ends in an unwritable file;
+JSON written whole or not at all."""
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
 
 from specrt.errors import UserError
@@ -29,3 +32,26 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{named}: {probe} is not writable")
+
+
+def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
+    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent
+    (missing folders above it are made)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's are 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=indent)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

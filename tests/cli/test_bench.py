@@ -124,6 +124,27 @@ def test_governors_identical_and_counted(report):
     assert b["predicted_tokens_per_s"] > 0 and b["measured_tokens_per_s"] > 0
 
 
+def test_summary_points_to_specrt_profile_when_the_table_is_stale(report):
+    """When `off`'s engine calls (Python excluded) ran more than 10% off the cost table's
+    prediction, the summary says so and names `specrt profile ENGINES`; within 10%, not."""
+    import copy
+
+    from specrt.cmd_bench import print_summary
+
+    rep, out, _ = report
+    lines: list[str] = []
+    for ratio, expected in ((0.6, True), (1.0, False), (1.3, True)):
+        r = copy.deepcopy(rep)
+        b = r["efficiency"]["b_predicted_vs_measured"][REFERENCE]
+        b["engines_tokens_per_s"] = ratio * b["predicted_tokens_per_s"]
+        lines.clear()
+        print_summary(r, out, echo=lines.append)
+        hint = [x for x in lines if "specrt profile" in x]
+        assert bool(hint) == expected, lines
+        if expected:
+            assert f"ran at {ratio:.2f}x the cost table's speed" in hint[0] and rep["settings"]["engines"] in hint[0]
+
+
 def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_path):
     from specrt.cmd_bench import run_config
 

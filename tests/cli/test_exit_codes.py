@@ -23,7 +23,7 @@ def test_usage_errors_exit_1(tmp_path, args, message):
 
 
 def test_user_errors_exit_1(tmp_path):
-    for command in ("compare", "canary"):  # canary named the export inside before
+    for command in ("compare", "canary", "profile"):  # canary named the export inside before
         r = CliRunner().invoke(main, [command, str(tmp_path)])
         assert r.exit_code == 1 and f"{tmp_path}: not a complete engines folder (no engines.json)" in r.output, r.output
 

@@ -187,3 +187,43 @@ def test_cli_profile_repeats(tiny_export, tmp_path):
                                     "--profile-repeats", "3", "--no-canary"])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "e" / "engines.json").read_text())["costs"]["repeats"] == 3
+
+
+def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy):
+    """`specrt profile`: a new table (every depth, the draft's blocks) replaces the old in
+    engines.json, the build's is kept as costs_build (only the first time), nothing else
+    changes and the engines still load with every hash checked; the printout names each role."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    before = json.loads((engines_copy / "engines.json").read_text())
+    r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "2"])
+    assert r.exit_code == 0, r.output
+    after = json.loads((engines_copy / "engines.json").read_text())
+    assert after["costs_build"] == before["costs"] and after["costs"] != before["costs"]
+    assert after["costs_profiled"]["by"] == "specrt profile" and after["costs_profiled"]["repeats"] == 2
+    assert {k: v for k, v in after.items() if not k.startswith("costs")} == \
+        {k: v for k, v in before.items() if not k.startswith("costs")}
+    assert sorted(after["costs"]["verify"]) == sorted(before["costs"]["verify"])
+    assert after["costs"]["pasts"] == before["costs"]["pasts"] and after["costs"]["repeats"] == 2
+    for name in ("decode", *(f"verify.{d}" for d in DEPTHS)):
+        assert f"  {name} " in r.output
+    with load_engines(engines_copy) as e:  # hashes re-checked
+        assert e.cost("verify.1", 128) == pytest.approx(after["costs"]["by_past"]["128"]["verify"]["1"])
+    r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((engines_copy / "engines.json").read_text())["costs_build"] == before["costs"]  # still the build's
+
+
+def test_profile_refuses_tampered_engines_and_writes_nothing(engines_copy):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    text = (engines_copy / "engines.json").read_text()
+    rewrite_byte(engines_copy / "target.onnx.data")
+    r = CliRunner().invoke(main, ["profile", str(engines_copy)])
+    assert r.exit_code == 1 and "target.onnx.data: content differs" in r.output and "Traceback" not in r.output, r.output
+    assert (engines_copy / "engines.json").read_text() == text
+    assert sorted(p.name for p in engines_copy.iterdir() if p.name.startswith(".engines.json")) == []
