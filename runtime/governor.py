@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import inspect
-
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
