@@ -261,19 +261,41 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     return manifest
 
 
+def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The cost table of ``engines`` (an EngineSet, not yet active) measured now on this
+    machine: the pasts and draft shape of its stored table, the build's round-robin timing
+    (``profile_costs``), ``repeats`` calls per role. Activates the engines for the
+    measurement and releases them after."""
+    old = engines.manifest.get("costs") or {}
+    if not old.get("verify"):
+        raise UserError(f"{engines.folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' "
+                        f"with 'verify'); rebuild with `specrt build`")
+    depth_list = tuple(engines.depths)
+    ctx = engines.max_context
+    pasts = tuple(int(p) for p in old.get("pasts", (128, 512)) if int(p) + max(depth_list) + 1 <= ctx) \
+        or (ctx // 2,)
+    vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
+    draft_kind = (engines.export.get("draft") or {}).get("kind")
+    log(f"profiling {len(engines.runners)} engines of {engines.folder} at past {', '.join(map(str, pasts))} "
+        f"(median of {repeats})")
+    with engines:
+        return profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
+                             draft_accepted=int(old.get("draft_accepted", 2)), repeats=repeats, log=log)
+
+
 def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None] = print
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure ``folder``'s cost table again on this machine, now, and rewrite it in
-    engines.json (atomically; the engine files and their hashes are untouched). The first
-    rewrite keeps the build's table as ``costs_build``. Same pasts, draft shape and
-    round-robin timing as the build (``profile_costs``), ``repeats`` calls per role.
-    Returns (previous table, new table).
+    """Measure ``folder``'s cost table again on this machine, now (``measure_costs``), and
+    rewrite it in engines.json (atomically; the engine files and their hashes are
+    untouched). The first rewrite keeps the build's table as ``costs_build``. Returns
+    (previous table, new table).
 
     The table is where DSpark's prices start each session and what ``specrt bench``
-    predicts from; DSpark's online load factors correct a uniform drift of the machine's
-    speed, but only slowly a change in the ratios between depths, and a table profiled
-    when the machine was faster or quieter misleads both (measured on SmolLM2: decode
-    phases at 0.84-0.92x of a build-time table's prediction hours later)."""
+    predicts from unless it profiles itself; DSpark's online load factors correct a
+    uniform drift of the machine's speed, but only slowly a change in the ratios between
+    depths, and a table profiled when the machine was faster or quieter misleads both
+    (measured on SmolLM2: decode phases at 0.84-0.92x of a build-time table's prediction
+    hours later; a profile on a slowed host: decode 38-43 ms against the table's 26.4)."""
     from specrt.engines.engine_set import load_engines
     from specrt.paths import write_atomic
 
@@ -281,19 +303,7 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
     raw = read_engines_manifest(folder)  # as on disk, to write back with only the costs changed
     old = raw.get("costs") or {}
-    if not old.get("verify"):
-        raise UserError(f"{folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' with "
-                        f"'verify'); rebuild with `specrt build`")
-    depth_list = tuple(engines.depths)
-    ctx = engines.max_context
-    pasts = tuple(int(p) for p in old.get("pasts", (128, 512)) if int(p) + max(depth_list) + 1 <= ctx) \
-        or (ctx // 2,)
-    vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
-    draft_kind = (engines.export.get("draft") or {}).get("kind")
-    log(f"profiling {len(engines.runners)} engines at past {', '.join(map(str, pasts))} (median of {repeats})")
-    with engines:
-        new = profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
-                            draft_accepted=int(old.get("draft_accepted", 2)), repeats=repeats, log=log)
+    new = measure_costs(engines, repeats, log)
     raw.setdefault("costs_build", old)
     raw["costs"] = new
     raw["costs_profiled"] = {"by": "specrt profile", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -78,10 +78,13 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
                    first_diff; failures (specrt) and peer mismatches
     efficiency     (a) decode without speculation vs onnxruntime-genai: same model, same
                    threads; (b) per specrt configuration, decode-phase tokens/s predicted
-                   from tau and the engines' cost table vs measured
+                   from tau and the engines' cost table vs measured (the table measured
+                   again before the workers start, ``--no-profile``: the stored one;
+                   settings.prediction_costs says which, profiled_costs holds them)
     skipped        configuration -> reason;  plots: file names
 
-Prediction (b): the cost table gives seconds per call at a past length; for each prompt,
+Prediction (b): the cost table (profiled in this run unless ``--no-profile``) gives seconds
+per call at a past length; for each prompt,
 at its mean past (prompt + half the new tokens),
 
     predicted_s = draft_passes * t_draft + sum over rounds of t_verify(d_r)    (t_verify(0) = decode)
@@ -877,7 +880,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
-              sampling: dict | None = None, echo: Callable[..., None] = click.echo) -> dict:
+              sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
+              echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json).
 
     sampling: SamplingParams fields (temperature, top_p, top_k, seed) for specrt's
@@ -888,7 +892,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     peers, which this benchmark runs greedy only, are skipped: `off` is the baseline.
 
     variants: label -> another engines folder built from the same target graph (e.g.
-    ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``."""
+    ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``.
+
+    profile: before the workers start, measure each engines folder's cost table again at
+    the run's threads (engines.build.measure_costs, ``profile_repeats`` calls per role)
+    and predict (b) from it, so that the prediction and the measurement come from the same
+    run; engines.json is not changed (``specrt profile`` does that). Off: (b) uses the
+    stored tables."""
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
@@ -1009,6 +1019,20 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                         + (f" (--processes {processes} ignored)" if processes > 1 else ""))
         echo(f"warning: {warnings[-1]}", err=True)
         schedule, interleaved, processes = "sequential", False, 1
+    predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
+    profiled: dict[str, dict] = {}
+    if profile:
+        import copy
+
+        from specrt.engines.build import measure_costs
+        from specrt.engines.costs import parse_costs
+
+        for label, e in list(predictors.items()):
+            fresh = load_engines(e.folder, verify=False, ort_overrides={"intra_op_num_threads": threads})
+            table = measure_costs(fresh, profile_repeats, log=lambda m: None if quiet else echo(m, err=True))
+            predictors[label] = copy.copy(e)
+            predictors[label].costs = parse_costs(table)
+            profiled[label or "engines"] = table
     bar = _progress(len(jobs) * len(prompts), quiet)
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
@@ -1038,7 +1062,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if bar is not None:
         bar.close()
 
-    configs = {n: summarise_config(n, r, prompts, variant_engines.get(n.partition("@")[2], engines))
+    configs = {n: summarise_config(n, r, prompts, predictors.get(n.partition("@")[2], engines))
                for n, r in results.items()}
     off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
     og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
@@ -1075,6 +1099,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                     if processes > 1 else "")
                                  if interleaved else "one process per configuration"),
                      "processes": processes,
+                     "prediction_costs": (f"profiled at the start of this run (median of {profile_repeats})"
+                                          if profile else "the engines' stored cost tables"),
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -1082,6 +1108,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         "configs": configs,
         "identity": ident,
         "efficiency": efficiency(configs),
+        "profiled_costs": profiled,
         "skipped": skipped,
         "failed": failed,
         "warnings": warnings,
@@ -1192,13 +1219,14 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     else:
         echo("(a) decode without speculation vs onnxruntime-genai: not measured (" +
              report["skipped"].get("ortgenai", report["failed"].get("ortgenai", "no ortgenai run")) + ")")
+    src = st.get("prediction_costs") or "the engines' stored cost tables"
     for n, b in eff["b_predicted_vs_measured"].items():
         if b.get("predicted_tokens_per_s"):
-            echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}, cost "
-                 f"table), engines-only {b['engines_tokens_per_s'] or 0:.1f}, measured "
+            echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}, costs "
+                 f"{src}), engines-only {b['engines_tokens_per_s'] or 0:.1f}, measured "
                  f"{b['measured_tokens_per_s'] or 0:.1f} = {b['measured_over_predicted'] or 0:.2f}x predicted")
     off_b = eff["b_predicted_vs_measured"].get(REFERENCE) or {}
-    if off_b.get("engines_tokens_per_s") and off_b.get("predicted_tokens_per_s"):
+    if off_b.get("engines_tokens_per_s") and off_b.get("predicted_tokens_per_s") and "stored" in src:
         drift = off_b["engines_tokens_per_s"] / off_b["predicted_tokens_per_s"]
         if not 0.9 <= drift <= 1.1:  # the engines themselves, not Python: the table is stale
             echo(f"(b) {REFERENCE}'s engine calls ran at {drift:.2f}x the cost table's speed: the machine has changed "
@@ -1266,12 +1294,16 @@ def _parse_variants(values) -> dict[str, Path]:
 @sampling_options("> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
                   "checked, `off` is the baseline). 0: greedy.", seed=0,
                   seed_help="Every configuration samples from this seed.")
+@click.option("--profile/--no-profile", default=True, show_default=True,
+              help="Measure the engines' cost tables again before the run and predict (b) from them (engines.json "
+                   "is left as it is); --no-profile predicts from the stored tables.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
-          seed, quiet) -> None:
+          seed, profile, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
+                       profile=profile,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,

@@ -124,17 +124,33 @@ def test_governors_identical_and_counted(report):
     assert b["predicted_tokens_per_s"] > 0 and b["measured_tokens_per_s"] > 0
 
 
+def test_bench_predicts_from_costs_profiled_in_the_run(report, tiny_engines):
+    """(b) comes from the cost table measured before the workers start (every built
+    depth), reported with the report; engines.json keeps its own."""
+    rep, _, output = report
+    assert rep["settings"]["prediction_costs"] == "profiled at the start of this run (median of 10)"
+    table = rep["profiled_costs"]["engines"]
+    assert sorted(map(int, table["verify"])) == [1, 2, 4] and table["repeats"] == 10 and table["decode"] > 0
+    assert "costs profiled at the start of this run" in output
+    assert json.loads((tiny_engines / "engines.json").read_text())["costs"] != table
+    assert "costs_build" not in json.loads((tiny_engines / "engines.json").read_text())
+
+
 def test_summary_points_to_specrt_profile_when_the_table_is_stale(report):
-    """When `off`'s engine calls (Python excluded) ran more than 10% off the cost table's
-    prediction, the summary says so and names `specrt profile ENGINES`; within 10%, not."""
+    """With the stored table (--no-profile), when `off`'s engine calls (Python excluded)
+    ran more than 10% off its prediction, the summary says so and names `specrt profile
+    ENGINES`; within 10%, or with a table profiled in the run, not."""
     import copy
 
     from specrt.cmd_bench import print_summary
 
     rep, out, _ = report
     lines: list[str] = []
-    for ratio, expected in ((0.6, True), (1.0, False), (1.3, True)):
+    for ratio, expected, source in ((0.6, True, "stored"), (1.0, False, "stored"), (1.3, True, "stored"),
+                                    (0.6, False, "profiled")):
         r = copy.deepcopy(rep)
+        if source == "stored":
+            r["settings"]["prediction_costs"] = "the engines' stored cost tables"
         b = r["efficiency"]["b_predicted_vs_measured"][REFERENCE]
         b["engines_tokens_per_s"] = ratio * b["predicted_tokens_per_s"]
         lines.clear()
@@ -430,9 +446,10 @@ def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, pro
         r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / run),
                                        "--max-new-tokens", "10", "--governors", "off,fixed:2", "--threads", "1",
                                        "--warmup-tokens", "2", "--temperature", "0.8", "--top-p", "0.9",
-                                       "--seed", "7"], catch_exceptions=False)
+                                       "--seed", "7", "--no-profile"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
         rep = json.loads((tmp_path / run / "bench.json").read_text())
+        assert rep["settings"]["prediction_costs"] == "the engines' stored cost tables" and rep["profiled_costs"] == {}
         assert rep["settings"]["greedy"] is False
         assert rep["settings"]["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 0, "seed": 7}
         assert set(rep["configs"]) == {"specrt:off", "specrt:fixed:2"}
