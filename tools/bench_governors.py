@@ -174,6 +174,8 @@ class Timed:
             self.observe_calls += 1
 
     def __getattr__(self, name):  # uses_confidences, tree_width, lookup, round_siblings, ...
+        if name == "gov":  # not set yet (copy, pickle): no recursion through this method
+            raise AttributeError(name)
         return getattr(self.gov, name)
 
 
