@@ -245,20 +245,28 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             **backend_json,
             "weight_bytes": weight_bytes,
         }
-        engines = EngineSet(tmp, manifest, exp)
-        pasts = tuple(p for p in profile_pasts if p + max(depth_list) + 1 <= ctx) or (ctx // 2,)
-        log(f"profiling {len(engines.runners)} engines at past {', '.join(map(str, pasts))} "
-            f"(median of {profile_repeats})")
-        with engines:
-            vocab = {"target": int(exp["target"]["vocab_size"]), "draft": int(exp["target"]["vocab_size"])}
-            manifest["costs"] = profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind,
-                                              pasts=pasts, draft_accepted=draft_accepted, repeats=profile_repeats,
-                                              log=log)
+        manifest["costs"] = _profile(EngineSet(tmp, manifest, exp), profile_pasts, draft_accepted, profile_repeats,
+                                     log)
         manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
         write_json(tmp / ENGINES_MANIFEST, manifest)
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
         f"{manifest['built_seconds']:.1f} s)")
     return manifest
+
+
+def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: Callable[[str], None],
+             where: str = "") -> dict[str, Any]:
+    """``profile_costs`` on ``engines`` (activated for it, released after) at the ``pasts``
+    that fit their context (else half of it), for the build and ``measure_costs`` alike."""
+    depth_list = tuple(engines.depths)
+    ctx = engines.max_context
+    pasts = tuple(int(p) for p in pasts if int(p) + max(depth_list) + 1 <= ctx) or (ctx // 2,)
+    vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
+    draft_kind = (engines.export.get("draft") or {}).get("kind")
+    log(f"profiling {len(engines.runners)} engines{where} at past {', '.join(map(str, pasts))} (median of {repeats})")
+    with engines:
+        return profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
+                             draft_accepted=draft_accepted, repeats=repeats, log=log)
 
 
 def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -270,17 +278,8 @@ def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], No
     if not old.get("verify"):
         raise UserError(f"{engines.folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' "
                         f"with 'verify'); rebuild with `specrt build`")
-    depth_list = tuple(engines.depths)
-    ctx = engines.max_context
-    pasts = tuple(int(p) for p in old.get("pasts", (128, 512)) if int(p) + max(depth_list) + 1 <= ctx) \
-        or (ctx // 2,)
-    vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
-    draft_kind = (engines.export.get("draft") or {}).get("kind")
-    log(f"profiling {len(engines.runners)} engines of {engines.folder} at past {', '.join(map(str, pasts))} "
-        f"(median of {repeats})")
-    with engines:
-        return profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
-                             draft_accepted=int(old.get("draft_accepted", 2)), repeats=repeats, log=log)
+    return _profile(engines, old.get("pasts", (128, 512)), int(old.get("draft_accepted", 2)), repeats, log,
+                    where=f" of {engines.folder}")
 
 
 def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None] = print

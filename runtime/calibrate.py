@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
-from specrt.paths import write_atomic  # noqa: F401  (its home until 2026-12-01; callers import it from here)
+from specrt.paths import write_atomic
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams

@@ -250,8 +250,7 @@ def _read_prompts(path: Path) -> list[str]:
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
         stops, stats_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
-    from specrt.paths import check_output_file
-    from specrt.runtime.calibrate import write_atomic
+    from specrt.paths import check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session

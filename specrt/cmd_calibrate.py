@@ -54,8 +54,8 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens:
     training prompts, reports the expected calibration error before / after on the
     held-out prompts and stores it in ENGINES_DIR/calibration.json under its decoding
     mode (tied to the engines' export digest; other modes' calibrations are kept)."""
-    from specrt.paths import check_output_file
-    from specrt.runtime.calibrate import calibrate as run_calibrate, format_report, write_atomic
+    from specrt.paths import check_output_file, write_atomic
+    from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
     from specrt.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

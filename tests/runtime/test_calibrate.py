@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from specrt.errors import UserError
-from specrt.runtime.calibrate import (calibrate, conditional_samples, evaluate, format_report, split_prompts,
-                                      write_atomic)
+from specrt.paths import write_atomic
+from specrt.runtime.calibrate import calibrate, conditional_samples, evaluate, format_report, split_prompts
 from specrt.runtime.governor import Calibration, DSparkGovernor
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.session import CALIBRATION_FILE, PRIOR_ROUNDS, Session, load_calibration
