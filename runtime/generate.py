@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -30,6 +31,8 @@ from specrt.errors import InternalError, UserError
 
 from .governor import COST_PAST, GovernorState
 from .kvcache import KVCache
+from .corpus import FILE as CORPUS_FILE
+from .corpus import Corpus
 from .ngram import NgramIndex, NgramPolicy
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
@@ -114,8 +117,22 @@ class Generator:
         if not getattr(self.governor, "lookup", False):
             return None
         if getattr(self.governor, "lookup_policy", None) is None:
-            self.governor.lookup_policy = NgramPolicy.from_engines(self.e, COST_PAST)
+            policy = NgramPolicy.from_engines(self.e, COST_PAST)
+            policy.corpus = self._load_corpus() if getattr(self.governor, "corpus", False) else None
+            if policy.corpus is not None:
+                policy.add_source(policy.corpus.source_priors())
+            self.governor.lookup_policy = policy
         return self.governor.lookup_policy
+
+    def _load_corpus(self) -> Corpus:
+        """``ENGINES/corpus.npz`` (corpus.py), made by ``specrt corpus`` for these engines."""
+        folder = getattr(self.e, "folder", None)
+        path = Path(folder) / CORPUS_FILE if folder is not None else None
+        if path is None or not path.is_file():
+            raise UserError(f"':corpus' needs {path or 'a corpus file in the engines folder'}: make it with "
+                            f"`specrt corpus {folder or 'ENGINES'} ANSWERS.jsonl ...`")
+        digest = getattr(self.e, "manifest", {}).get("export", {}).get("digest")
+        return Corpus.load(path, self.vocab, digest)
 
     # ---- engines --------------------------------------------------------------------
 
@@ -260,7 +277,12 @@ class Generator:
                 found, n_match, d = [], 0, 0
                 if index is not None:  # prompt lookup: its tokens instead of the governor's route?
                     found, n_match = index.propose(min(limit, lookup.max_len))
-                    d = lookup.choose(len(found), n_match, limit) if found else 0
+                    d, rate = lookup.choose_rate(len(found), n_match, limit) if found else (0, 0.0)
+                    if lookup.corpus is not None:  # and the corpus's, where it promises more
+                        c_found, c_key = lookup.corpus.propose(x, min(limit, lookup.max_len))
+                        c_d, c_rate = lookup.choose_rate(len(c_found), c_key, limit) if c_found else (0, 0.0)
+                        if c_d > 0 and (d == 0 or c_rate > rate):
+                            found, n_match, d = c_found, c_key, c_d
                 if d > 0:  # one-hot proposals (q None), no draft pass, no runners-up
                     drafts = np.asarray(found[:d], np.int64)
                 else:

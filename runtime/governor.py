@@ -65,6 +65,7 @@ class Governor(abc.ABC):
     tree_width = 1  # > 1: each round also verifies the draft's runners-up for position 1 (from_spec ':tree=W')
     lookup = False  # True: prompt lookup may take a round before this governor's (':ngram', ngram.py)
     lookup_policy = None  # its ngram.NgramPolicy, made by the generator at the first stream
+    corpus = False  # True: the lookup also searches the engines' corpus (':corpus', corpus.py)
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
@@ -730,7 +731,7 @@ class DSparkGovernor(Governor):
 
 
 SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "
-         "each [:ngram]")
+         "each [:ngram] [:corpus]")
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -741,12 +742,22 @@ def is_dspark(spec: str | int) -> bool:
 
 def split_lookup(spec: str | int) -> tuple[str, bool]:
     """(governor spec, prompt lookup): an ``:ngram`` option after any governor (``off:ngram``:
-    prompt lookup alone) lets ngram.py's lookup take rounds before the governor's."""
+    prompt lookup alone) lets ngram.py's lookup take rounds before the governor's;
+    ``:corpus`` (corpus.py) does too, with the engines' corpus beside the context."""
     parts = str(spec).strip().lower().split(":")
-    n = parts[1:].count("ngram")
-    if n > 1 or parts[0] == "ngram":
-        raise UserError(f"--governor '{spec}': ':ngram' goes once, after a governor ({SPECS})")
-    return ":".join(p for i, p in enumerate(parts) if i == 0 or p != "ngram"), n == 1
+    for opt in LOOKUP_OPTIONS:
+        if parts[1:].count(opt) > 1 or parts[0] == opt:
+            raise UserError(f"--governor '{spec}': ':{opt}' goes once, after a governor ({SPECS})")
+    n = sum(parts[1:].count(opt) for opt in LOOKUP_OPTIONS)
+    return ":".join(p for i, p in enumerate(parts) if i == 0 or p not in LOOKUP_OPTIONS), n > 0
+
+
+LOOKUP_OPTIONS = ("ngram", "corpus")
+
+
+def wants_corpus(spec: str | int) -> bool:
+    """Whether a governor spec has ``:corpus`` (corpus lookup, corpus.py)."""
+    return "corpus" in str(spec).strip().lower().split(":")[1:]
 
 
 def split_tree(spec: str | int) -> tuple[str, int]:
@@ -776,6 +787,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration, dict(options or {}))
     gov.tree_width = width
     gov.lookup = lookup
+    gov.corpus = wants_corpus(spec)
     return gov
 
 

@@ -95,6 +95,7 @@ class NgramPolicy:
         self.route_guess = 1.5 / (decode + t_draft) if t_draft else 1.0 / decode
         self.wins = {n: [p * PRIOR_ROUNDS for p in PRIORS[n]] for n in PRIORS}
         self.tries = {n: [PRIOR_ROUNDS] * len(PRIORS[n]) for n in PRIORS}
+        self.corpus = None  # corpus.Corpus when the governor has ':corpus' (the generator sets it)
 
     def cost(self, rows: int) -> float:
         """Seconds for a target call of ``rows`` tokens (a verify of rows - 1), now."""
@@ -111,12 +112,26 @@ class NgramPolicy:
         draft = engines.cost("draft", past) if engines.export.get("draft") else None
         return cls(engines.depths, engines.target_costs(past), draft)
 
+    def add_source(self, priors: Mapping[int, Sequence[float]]) -> None:
+        """More proposal sources under their own keys (corpus.py's bins), each with its
+        per-position prior rates, weighted as PRIOR_ROUNDS rounds as prompt lookup's."""
+        for key, rates in priors.items():
+            if key in PRIORS:
+                raise ValueError(f"source key {key} is prompt lookup's")
+            self.wins[key] = [float(p) * PRIOR_ROUNDS for p in rates]
+            self.tries[key] = [PRIOR_ROUNDS] * len(rates)
+
     def choose(self, proposal_len: int, n: int, limit: int) -> int:
+        return self.choose_rate(proposal_len, n, limit)[0]
+
+    def choose_rate(self, proposal_len: int, n: int, limit: int) -> tuple[int, float]:
+        """(the chain length to verify, 0: the governor's route; its expected tokens per second)."""
         top = min(proposal_len, limit, self.max_len)
+        route = self.route_rate if self.route_rate is not None else self.route_guess
         if top < 1 or n not in self.wins:
-            return 0
+            return 0, route
         c = self.rates(n)
-        best, best_rate, e, s = 0, self.route_rate if self.route_rate is not None else self.route_guess, 1.0, 1.0
+        best, best_rate, e, s = 0, route, 1.0, 1.0
         for k in range(1, top + 1):
             s *= c[min(k, len(c)) - 1]
             e += s
@@ -124,7 +139,7 @@ class NgramPolicy:
                 rate = e / (self.cost(k + 1) + self.python)
                 if rate > best_rate:  # strict: a tie keeps the governor's route
                     best, best_rate = k, rate
-        return best
+        return best, best_rate
 
     def observe(self, rows: int, t_verify: float, t_round: float | None, tokens: int,
                 lookup: tuple[int, int] | None = None) -> None:

@@ -11,7 +11,9 @@ cost table), each with an optional token tree (``:tree=W``); ``auto`` (the defau
 ``dspark:tree=3:ngram`` on engines that verify token trees, ``dspark:ngram`` on others,
 ``off:ngram`` without a draft. Any of them with ``:ngram`` adds prompt lookup (ngram.py): in rounds
 where it pays, the tokens that followed an earlier occurrence of the context's last 2-4
-tokens are verified instead of drafts (``off:ngram``: prompt lookup alone, no draft needed). The calibration comes from ``ENGINES/calibration.json`` (``specrt
+tokens are verified instead of drafts (``off:ngram``: prompt lookup alone, no draft needed); with
+``:corpus`` the engines' corpus (corpus.py, ``specrt corpus``) proposes too, and ``auto`` adds
+it wherever ``ENGINES/corpus.npz`` exists. The calibration comes from ``ENGINES/calibration.json`` (``specrt
 calibrate``), fitted for the run's decoding mode (greedy, or the same temperature /
 top-k / top-p); one fitted for another mode serves only as a weak prior; without one, or
 with one made for other engines, the identity map is used. ``calibration_note`` says which.
@@ -27,8 +29,9 @@ import numpy as np
 
 from specrt.errors import UserError
 
+from .corpus import FILE as CORPUS_FILE
 from .generate import Finished, Generator
-from .governor import COST_PAST, Calibration, Governor, from_spec, is_dspark, split_lookup
+from .governor import COST_PAST, Calibration, Governor, from_spec, is_dspark, split_lookup, wants_corpus
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -134,13 +137,19 @@ def resolve_spec(spec: str, engines) -> str:
     onnxruntime-genai greedy, 1.32x ``off`` sampled, on SmolLM2 + the committed draft,
     against 1.35x, 1.33x and 1.23x for dspark's chains (README, token trees); with prompt
     lookup (``:ngram``) 1.43x against 1.32x ``off`` on 40 held-out prompts on a slower
-    host, 1.28x against 1.22x sampled on 20 (README, prompt lookup)."""
+    host, 1.28x against 1.22x sampled on 20 (README, prompt lookup); with corpus lookup
+    (``:corpus``) 1.52x against 1.44x ``off`` on those 40 (README, corpus lookup)."""
     if split_lookup(spec)[0] != "auto":
         return spec
-    # prompt lookup is part of auto (``auto:ngram`` says no more than ``auto``)
+    # prompt lookup is part of auto (``auto:ngram`` says no more than ``auto``), and so is
+    # corpus lookup where the engines have a corpus (``specrt corpus``; ``auto:corpus`` asks
+    # for it, an error without one)
+    folder = getattr(engines, "folder", None)
+    has_corpus = folder is not None and (Path(folder) / CORPUS_FILE).is_file()
+    extra = ":corpus" if wants_corpus(spec) or has_corpus else ""
     if engines.export.get("draft") is None:
-        return "off:ngram"
-    return AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram"
+        return "off:ngram" + extra
+    return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram") + extra
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None, **options) -> Governor:

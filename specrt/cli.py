@@ -221,6 +221,56 @@ def profile(engines_dir: Path, repeats: int) -> None:
                                            f"{'-':>8s} -> {a * 1e3:8.2f}"))
 
 
+@main.command()
+@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--nmin", type=click.IntRange(min=1), default=3, show_default=True, help="Shortest n-gram matched.")
+@click.option("--nmax", type=click.IntRange(min=1), default=8, show_default=True, help="Longest n-gram matched.")
+def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -> None:
+    """Make ENGINES_DIR/corpus.npz for corpus lookup (`--governor ...:corpus`) from
+    ANSWERS: JSON lines (.gz too) with prompt_ids and answer_ids (the target's answers,
+    e.g. the draft's training data) or text. Its per-position acceptance priors are
+    measured on every 20th answer against a corpus of the others."""
+    from specrt.runtime.corpus import BINS, FILE, build_with_priors, read_sequences
+
+    if nmin > nmax:
+        raise UserError(f"--nmin {nmin} > --nmax {nmax}")
+    manifest_path = engines_dir / "engines.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        export_dir = engines_dir / manifest["export"]["folder"]
+        vocab = int(json.loads((export_dir / "export.json").read_text())["target"]["vocab_size"])
+        digest = manifest["export"]["digest"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{manifest_path}: not an engines folder's manifest ({e}); build one with `specrt build`") \
+            from None
+
+    def encode(text: str) -> list[int]:
+        from specrt.runtime.text import Text
+
+        encode.text = getattr(encode, "text", None) or Text(export_dir)
+        return encode.text.encode(text, chat=False)
+
+    pairs = read_sequences(list(answers), encode)
+    for where, (ctx, ans) in enumerate(pairs):
+        bad = next((t for t in ctx + ans if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise UserError(f"answer {where + 1} of {', '.join(map(str, answers))}: token id {bad} is outside "
+                            f"the vocabulary [0, {vocab})")
+    if not pairs:
+        raise UserError(f"{', '.join(map(str, answers))}: no answers")
+    tokens = sum(len(c) + len(a) for c, a in pairs)
+    click.echo(f"{len(pairs)} answers, {tokens} tokens; measuring priors, then the corpus ...", err=True)
+    c, tries = build_with_priors(pairs, nmin, nmax, info={"export_digest": digest, "answers": len(pairs),
+                                                          "tokens": tokens, "files": [p.name for p in answers]})
+    c.save(engines_dir / FILE)
+    click.echo(f"{engines_dir / FILE}: {len(c)} n-grams (n = {nmin}..{nmax}) from {len(pairs)} answers")
+    names = {v: k for k, v in BINS.items()}
+    for key, rates in sorted(c.priors.items()):
+        click.echo(f"  first step {names.get(key, key):15s} prior acceptance by position "
+                   + " ".join(f"{r:.2f}" for r in rates[:6]) + f"  ({tries[key][0]} tries)")
+
+
 def _read_prompts(path: Path) -> list[str]:
     from specrt.prompt_files import read_prompt_file
 
@@ -242,7 +292,8 @@ def _read_prompts(path: Path) -> list[str]:
                    "position, dspark as many of them as pay that round; auto: dspark:tree=3:ngram on engines that verify token trees, else dspark:ngram; off:ngram without a draft); "
                    "any of them with :ngram: prompt lookup, the tokens that followed an earlier occurrence of the "
                    "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
-                   "(off:ngram: prompt lookup alone)")
+                   "(off:ngram: prompt lookup alone); any with :corpus: also the corpus `specrt corpus` "
+                   "stored with the engines")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")

@@ -4,29 +4,41 @@ list of token ids ``prompt_ids`` (other fields, such as ``kind``, are kept). Rea
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
 
 
-def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
-    """The objects of ``path``; UserError naming the file and line for anything else.
-    ``allow_ids=False``: every line needs the text field ``prompt``."""
+def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank JSON line of ``path`` (gzip-compressed when it
+    ends in .gz); UserError naming the file (and line) when it cannot be read or parsed."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the prompts ({e})") from None
-    items = []
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read {what} ({e})") from None
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+
+
+def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
+    """The objects of ``path``; UserError naming the file and line for anything else.
+    ``allow_ids=False``: every line needs the text field ``prompt``."""
+    items = []
+    for n, obj in json_lines(path):
         ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
         ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
         ok_ids = allow_ids and isinstance(ids, list) and bool(ids) and all(

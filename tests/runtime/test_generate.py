@@ -115,10 +115,11 @@ def _always_look_up(monkeypatch):
     what the policy decides changes speed only, and this exercises the path most."""
     from specrt.runtime.ngram import NgramPolicy
 
-    def choose(self, proposal_len, n, limit):
-        return max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
+    def choose_rate(self, proposal_len, n, limit):
+        d = max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
+        return d, float(d)  # the longer proposal wins between prompt lookup and a corpus
 
-    monkeypatch.setattr(NgramPolicy, "choose", choose)
+    monkeypatch.setattr(NgramPolicy, "choose_rate", choose_rate)
 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
@@ -151,6 +152,52 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
         assert looked > 0
         if engines.export["target"]["vocab_size"] == 16:
             assert accepted > 0
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
+def test_corpus_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
+    """Corpus lookup (``:corpus``, corpus.py) from a corpus of the target's own answers:
+    output identical to target-only decoding with DSpark and a fixed depth (and a token
+    tree); forced into every round it can take, its rounds run and, the corpus holding
+    these very answers, get accepted."""
+    from specrt.runtime.corpus import FILE, build_with_priors
+
+    _, engines = pair
+    if forced:
+        _always_look_up(monkeypatch)
+    off = _gen(engines, OffGovernor(DEPTHS))
+    prompts = [PROMPT, [7, 7, 2, 9, 4, 4, 1], [5, 3, 8, 1]]
+    answers = [off.generate(p, 40) for p in prompts]
+    corpus, _ = build_with_priors([(p, a) for p, a in zip(prompts, answers)] * 4,
+                                  info={"export_digest": engines.manifest["export"]["digest"]})
+    corpus.save(engines.folder / FILE)
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    rounds = accepted = 0
+    try:
+        govs = [FixedGovernor(DEPTHS, 2), DSparkGovernor(DEPTHS, 2e-4, costs)]
+        if engines.verifies_trees():
+            govs.append(FixedGovernor(DEPTHS, 2))
+            govs[-1].tree_width = 3
+        for gov in govs:
+            gov.lookup = gov.corpus = True
+            g = _gen(engines, gov)
+            for p, ref in zip(prompts, answers):
+                assert g.generate(p, 40) == ref, f"{type(gov).__name__}:corpus: output differs"
+                by = g.telemetry.to_json()["lookup"]["by_match"]
+                rounds += sum(m["rounds"] for k, m in by.items() if int(k) >= 11)
+                accepted += sum(m["accepted"] for k, m in by.items() if int(k) >= 11)
+    finally:
+        (engines.folder / FILE).unlink()
+    if forced:
+        assert rounds > 0 and accepted > 0
+
+
+def test_corpus_lookup_needs_its_file(pair):
+    _, engines = pair
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = gov.corpus = True
+    with pytest.raises(UserError, match="specrt corpus"):
+        _gen(engines, gov).generate(PROMPT, 4)
 
 
 def test_catch_up_passes_are_marked(pair, monkeypatch):

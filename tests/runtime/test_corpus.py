@@ -1,0 +1,167 @@
+"""Corpus lookup (runtime/corpus.py): the n-gram tables, chained proposals, priors, the
+file (atomic, never unpickled, refused for other engines) and the spec option. The loop
+over real engines (greedy identity) is in test_generate.py, `specrt corpus` in tests/cli."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from specrt.errors import UserError
+from specrt.runtime.corpus import BINS, DEFAULT_PRIOR, FILE, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors, read_sequences
+from specrt.runtime.governor import from_spec, split_lookup, wants_corpus
+from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
+
+SEQS = [[1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 6], [7, 2, 3, 4, 5, 8], [3, 4, 5, 9, 9, 9]]
+
+
+def test_longest_match_and_counts():
+    c = Corpus.build(SEQS, nmin=2, nmax=4)
+    # "2 3 4" is followed by 5 twice and 6 once; "1 2 3 4" only by 5 and 6 once each
+    assert c.next([2, 3, 4]) == (5, 2, 3, 3)
+    tok, top, total, n = c.next([0, 1, 2, 3, 4])
+    assert (n, total, top) == (4, 2, 1) and tok == 5  # a tie: the smaller token id
+    assert c.next([3, 4]) == (5, 3, 4, 2)  # "3 4" -> 5 5 5 6
+    assert c.next([4]) is None  # shorter than nmin
+    assert c.next([8, 8]) is None  # never seen
+    assert c.next([9, 7]) is None  # no n-gram crosses from one sequence into the next
+
+
+def test_propose_chains_and_bins():
+    c = Corpus.build(SEQS, nmin=2, nmax=4)
+    assert c.propose([7, 2, 3], 3) == ([4, 5, 8], BINS["seen once"])  # "7 2 3" once, then "2 3 4 5" ...
+    assert c.propose([2, 3], 1) == ([4], BINS["share>=0.95"])  # "2 3" -> 4 every time (3 of 3)
+    assert c.propose([2, 3], 0) == ([], 0)
+    assert c.propose([6, 6], 4) == ([], 0)
+    assert bin_of(1, 1) == BINS["seen once"] and bin_of(19, 20) == BINS["share>=0.95"]
+    assert bin_of(3, 5) == BINS["share 0.5-0.95"] and bin_of(2, 5) == BINS["share<0.5"]
+
+
+def test_chain_stops_where_the_corpus_does():
+    c = Corpus.build([[1, 2, 3, 4]], nmin=2, nmax=3)
+    assert c.propose([1, 2], 8) == ([3, 4], BINS["seen once"])
+
+
+def test_priors_are_measured_on_held_back_answers():
+    # every PRIOR_HOLDOUT-th pair is held back: the corpus of the others proposes on it
+    pairs = [([5, 6], [1, 2, 3, 4])] * (2 * PRIOR_HOLDOUT)
+    c, tries = build_with_priors(pairs, nmin=2, nmax=3)
+    key = BINS["share>=0.95"]
+    assert c.priors[key][:2] == [1.0, 1.0] and tries[key][0] == 2 * 4  # 2 held back x 4 positions (first: 1..4)
+    stats = Corpus.measure(c, [([5, 6], [1, 2, 7, 4])])
+    t, w = stats[key]
+    assert (t[0], w[0], t[1], w[1], t[2], w[2]) == (3, 2, 2, 1, 1, 0)  # 7 is never proposed
+
+
+def test_save_load_and_refusals(tmp_path):
+    c = Corpus.build(SEQS, nmin=2, nmax=4, info={"export_digest": "ab" * 32})
+    c.priors = {BINS["seen once"]: [0.5, 0.6]}
+    c.save(tmp_path / FILE)
+    assert [p.name for p in tmp_path.iterdir()] == [FILE]  # no temporary left
+    d = Corpus.load(tmp_path / FILE, vocab_size=16, export_digest="ab" * 32)
+    assert d.next([2, 3, 4]) == c.next([2, 3, 4]) and d.priors == c.priors and d.info["export_digest"] == "ab" * 32
+    assert d.source_priors() == {**{b: list(DEFAULT_PRIOR) for b in BINS.values()}, BINS["seen once"]: [0.5, 0.6]}
+    with pytest.raises(UserError, match="another export"):
+        Corpus.load(tmp_path / FILE, export_digest="cd" * 32)
+    with pytest.raises(UserError, match=r"outside the vocabulary \[0, 8\)"):
+        Corpus.load(tmp_path / FILE, vocab_size=8)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="junk.npz: not a corpus file"):
+        Corpus.load(tmp_path / "junk.npz")
+    # an object array would need unpickling: refused, never loaded
+    with open(tmp_path / "pickled.npz", "wb") as f:
+        np.savez(f, keys=np.array([object()], dtype=object), tokens=c.tokens, top=c.top, total=c.total,
+                 meta=np.frombuffer(b"{}", np.uint8))
+    with pytest.raises(UserError, match="pickled.npz: not a corpus file"):
+        Corpus.load(tmp_path / "pickled.npz")
+
+
+def test_read_sequences(tmp_path):
+    p = tmp_path / "a.jsonl.gz"
+    with gzip.open(p, "wt") as f:
+        f.write(json.dumps({"prompt_ids": [1, 2], "answer_ids": [3]}) + "\n\n" + json.dumps({"text": "hi"}) + "\n")
+    assert read_sequences([p], encode=lambda s: [len(s)]) == [([1, 2], [3]), ([], [2])]
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"answer_ids": [1]}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(UserError, match=r"b.jsonl:2: expected an object with answer_ids"):
+        read_sequences([bad])
+    bad.write_text("{oops\n")
+    with pytest.raises(UserError, match=r"b.jsonl:1: not a JSON line"):
+        read_sequences([bad])
+    bad.write_text(json.dumps({"answer_ids": [1, "2"]}) + "\n")
+    with pytest.raises(UserError, match="lists of token ids"):
+        read_sequences([bad])
+
+
+def test_spec_option_and_policy_sources():
+    assert split_lookup("dspark:tree=3:corpus") == ("dspark:tree=3", True)
+    assert split_lookup("fixed:2:ngram:corpus") == ("fixed:2", True)
+    assert wants_corpus("dspark:tree=3:ngram:corpus") and not wants_corpus("dspark:ngram")
+    with pytest.raises(UserError, match=":corpus"):
+        split_lookup("fixed:2:corpus:corpus")
+    g = from_spec("fixed:2:corpus", (1, 2, 4))
+    assert g.lookup and g.corpus and not from_spec("fixed:2:ngram", (1, 2, 4)).corpus
+    q = NgramPolicy((1, 2, 4), {0: 0.02, 1: 0.022, 2: 0.023, 4: 0.025}, 0.002)
+    q.add_source({11: [0.9, 0.9], 14: [0.1]})
+    assert q.rates(11) == pytest.approx([0.9, 0.9]) and q.tries[14] == [PRIOR_ROUNDS]
+    d, rate = q.choose_rate(4, 11, 8)
+    assert d == 4 and rate == pytest.approx((1 + 0.9 + 0.81 + 0.729 + 0.6561) / (0.025 + q.python))
+    assert q.choose_rate(4, 14, 8)[0] == 0  # worse than the draft route's guess
+    with pytest.raises(ValueError, match="prompt lookup's"):
+        q.add_source({4: [0.5]})
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tmp_path_factory):
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    root = tmp_path_factory.mktemp("corpus")
+    t = write_tiny_target(root / "t", "llama", vocab_size=16)
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", (1, 2, 4), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng"
+
+
+def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
+    """`specrt corpus ENGINES ANSWERS`: the file beside the engines, its priors printed;
+    a session with ':corpus' (and 'auto:corpus') decodes exactly as target-only; bad
+    answers exit 1 naming the line, writing nothing."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.runtime.session import Session
+
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8], [9, 9, 8]]
+    with Session(tiny_engines, governor="off") as s:
+        answers = [s.generator.generate(p, 30) for p in prompts]
+    src = tmp_path / "answers.jsonl"
+    src.write_text("".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n" for p, a in zip(prompts, answers))
+                   * 10)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt_ids": [1], "answer_ids": [99]}) + "\n")
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(bad)])
+    assert r.exit_code == 1 and "token id 99 is outside the vocabulary [0, 16)" in r.output, r.output
+    assert "Traceback" not in r.output and not (tiny_engines / FILE).exists()
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", "5", "--nmax", "4"])
+    assert r.exit_code == 1 and "--nmin 5 > --nmax 4" in r.output
+    with Session(tiny_engines, governor="fixed:1:corpus") as s, pytest.raises(UserError, match="specrt corpus"):
+        s.generator.generate(prompts[0], 4)
+    with Session(tiny_engines) as s:
+        assert not s.governor_spec.endswith(":corpus")  # auto without a corpus
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src)])
+    assert r.exit_code == 0, r.output
+    assert f"{tiny_engines / FILE}: " in r.output and "prior acceptance by position" in r.output
+    try:
+        for spec in ("fixed:1:corpus", "auto:corpus", "auto"):  # auto takes the corpus where there is one
+            with Session(tiny_engines, governor=spec) as s:
+                assert s.governor_spec.endswith(":corpus")
+                assert [s.generator.generate(p, 30) for p in prompts] == answers, spec
+    finally:
+        (tiny_engines / FILE).unlink()
