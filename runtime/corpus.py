@@ -54,6 +54,12 @@ PRIOR_POSITIONS = 8
 PRIOR_MAX_NEW = 128
 
 
+def match_name(key: int) -> str:
+    """A lookup round's key in words: prompt lookup's match length n, or a corpus bin."""
+    names = {v: k for k, v in BINS.items()}
+    return f"corpus {names[key]}" if key in names else f"{key}-gram"
+
+
 def bin_of(top: int, total: int) -> int:
     if total < 2:
         return BINS["seen once"]

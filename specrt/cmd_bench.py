@@ -1167,6 +1167,8 @@ def _mib(b) -> str:
 
 
 def print_summary(report: dict, out: Path, echo=click.echo) -> None:
+    from specrt.runtime.corpus import match_name
+
     cfg, ident = report["configs"], report["identity"]
     m = report["machine"]
     echo(f"machine: {m.get('cpu_model')}, {m.get('physical_cores')} cores, {report['settings']['threads']} threads; "
@@ -1201,8 +1203,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             lk = c.get("lookup") or {}
             if lk.get("rounds"):
                 echo(f"  {n}: prompt lookup in {lk['rounds']} of {lk['rounds'] + c['draft_rounds']} rounds with "
-                     f"verified tokens, {lk['tokens_per_round']:.2f} tokens a lookup round (by match length: "
-                     + ", ".join(f"{m}: {b['rounds']} rounds, {b['accepted']}/{b['verified']} accepted"
+                     f"verified tokens, {lk['tokens_per_round']:.2f} tokens a lookup round (by match: "
+                     + ", ".join(f"{match_name(int(m))}: {b['rounds']} rounds, {b['accepted']}/{b['verified']} accepted"
                                  for m, b in lk["by_match"].items()) + ")")
             tree = c.get("tree") or {}
             if tree.get("rounds"):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from specrt.errors import UserError
-from specrt.runtime.corpus import BINS, DEFAULT_PRIOR, FILE, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors, read_sequences
+from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors,
+                                   match_name, read_sequences)
 from specrt.runtime.governor import from_spec, split_lookup, wants_corpus
 from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
 
@@ -38,6 +39,7 @@ def test_propose_chains_and_bins():
     assert c.propose([6, 6], 4) == ([], 0)
     assert bin_of(1, 1) == BINS["seen once"] and bin_of(19, 20) == BINS["share>=0.95"]
     assert bin_of(3, 5) == BINS["share 0.5-0.95"] and bin_of(2, 5) == BINS["share<0.5"]
+    assert match_name(3) == "3-gram" and match_name(BINS["seen once"]) == "corpus seen once"
 
 
 def test_chain_stops_where_the_corpus_does():
