@@ -10,8 +10,9 @@ corpus holds gives the next token, which joins the context for the next step (th
 REST and SuffixDecoding, on hashed n-gram tables: numpy only, one searchsorted a step).
 
 Rounds are sized as prompt lookup's (ngram.NgramPolicy): per-position conditional acceptance
-rates per bin of the first step's evidence (BINS: the top token's share of the n-gram's
-continuations and whether it was seen more than once), learnt online from priors that
+rates per bin of the first step's evidence (the top token's share of the n-gram's
+continuations, or seen once; with the "fine" binning also the match's length and count:
+FINE_BINS), learnt online from priors that
 ``specrt corpus`` measures on a held-back twentieth of the corpus (never on the prompts a
 benchmark uses). Lossless as any proposal: greedy verification emits the target's argmax;
 under sampling each proposed token is a one-hot proposal chosen before the round's
@@ -44,8 +45,16 @@ _P = 1_000_003
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 # the first step's evidence -> the key its rounds are learnt under (telemetry's lookup
-# "match length": prompt lookup's n is 2..4, a corpus bin 11..14)
-BINS = {"share>=0.95": 11, "share 0.5-0.95": 12, "share<0.5": 13, "seen once": 14}
+# "match length": prompt lookup's n is 2..4, a corpus bin 11 and up). SHARES: the top next
+# token's share of the n-gram's continuations (an n-gram seen once apart). Binning "share":
+# those four (keys 11-14); "fine" (the default): each also split by the match's length
+# (n >= 6) and, seen more than once, by its count (total >= 5) (keys 20-35).
+SHARES = ("share>=0.95", "share 0.5-0.95", "share<0.5", "seen once")
+BINNINGS = ("fine", "share")
+BINS = {name: 11 + i for i, name in enumerate(SHARES)}
+FINE_BINS = {f"{name}, n{'>=6' if long else '<6'}" + ("" if i == 3 else f", seen{'>=5' if many else '<5'}"):
+             20 + 4 * i + 2 * long + many
+             for i, name in enumerate(SHARES) for long in (0, 1) for many in ((0,) if i == 3 else (0, 1))}
 PRIOR_HOLDOUT = 20  # every 20th sequence measures the priors
 # a bin's prior where the held-back answers gave it fewer than 8 first-step tries (as low
 # as the weakest bin measured, share<0.5: 0.19, 0.49 on SmolLM2's answers)
@@ -56,15 +65,19 @@ PRIOR_MAX_NEW = 128
 
 def match_name(key: int) -> str:
     """A lookup round's key in words: prompt lookup's match length n, or a corpus bin."""
-    names = {v: k for k, v in BINS.items()}
+    names = {v: k for k, v in {**BINS, **FINE_BINS}.items()}
     return f"corpus {names[key]}" if key in names else f"{key}-gram"
 
 
-def bin_of(top: int, total: int) -> int:
-    if total < 2:
-        return BINS["seen once"]
-    s = top / total
-    return BINS["share>=0.95"] if s >= 0.95 else BINS["share 0.5-0.95"] if s >= 0.5 else BINS["share<0.5"]
+def bin_of(top: int, total: int, n: int = 0, binning: str = "share") -> int:
+    i = 3 if total < 2 else 0 if top / total >= 0.95 else 1 if top / total >= 0.5 else 2
+    if binning == "share":
+        return 11 + i
+    return 20 + 4 * i + 2 * (n >= 6) + (i != 3 and total >= 5)
+
+
+def bins_of(binning: str) -> dict[str, int]:
+    return BINS if binning == "share" else FINE_BINS
 
 
 def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
@@ -121,16 +134,19 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
 class Corpus:
     def __init__(self, keys: np.ndarray, tokens: np.ndarray, top: np.ndarray, total: np.ndarray,
                  nmin: int = NMIN, nmax: int = NMAX, priors: dict[int, list[float]] | None = None,
-                 info: dict | None = None):
+                 info: dict | None = None, binning: str = "fine"):
+        if binning not in BINNINGS:
+            raise UserError(f"corpus binning {binning!r}: expected one of {', '.join(BINNINGS)}")
         self.keys, self.tokens, self.top, self.total = keys, tokens, top, total
-        self.nmin, self.nmax = nmin, nmax
+        self.nmin, self.nmax, self.binning = nmin, nmax, binning
         self.ns = np.arange(nmax, nmin - 1, -1)  # longest first
         self.priors = priors or {}
         self.info = info or {}
 
     @classmethod
-    def build(cls, seqs: Sequence[Sequence[int]], nmin: int = NMIN, nmax: int = NMAX, info: dict | None = None):
-        return cls(*_tables(seqs, nmin, nmax), nmin=nmin, nmax=nmax, info=info)
+    def build(cls, seqs: Sequence[Sequence[int]], nmin: int = NMIN, nmax: int = NMAX, info: dict | None = None,
+              binning: str = "fine"):
+        return cls(*_tables(seqs, nmin, nmax), nmin=nmin, nmax=nmax, info=info, binning=binning)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -163,7 +179,7 @@ class Corpus:
 
     def source_priors(self) -> dict[int, list[float]]:
         """Every bin's per-position prior rates (DEFAULT_PRIOR where none was measured)."""
-        return {b: list(self.priors.get(b, DEFAULT_PRIOR)) for b in BINS.values()}
+        return {b: list(self.priors.get(b, DEFAULT_PRIOR)) for b in bins_of(self.binning).values()}
 
     def propose(self, ctx: Sequence[int], limit: int) -> tuple[list[int], int]:
         """(up to ``limit`` chained tokens, the first step's bin key), or ([], 0)."""
@@ -180,7 +196,7 @@ class Corpus:
             if got is None:
                 break
             out.append(got[0])
-        return out, bin_of(first[1], first[2])
+        return out, bin_of(first[1], first[2], first[3], self.binning)
 
     # ---- priors ---------------------------------------------------------------------
 
@@ -211,7 +227,7 @@ class Corpus:
     def save(self, path: Path) -> None:
         """Atomically: a temporary file in the same folder, then a rename."""
         path = Path(path)
-        meta = {"format": FORMAT, "nmin": self.nmin, "nmax": self.nmax,
+        meta = {"format": FORMAT, "nmin": self.nmin, "nmax": self.nmax, "binning": self.binning,
                 "priors": {str(k): v for k, v in self.priors.items()}, **self.info}
         fd, tmp = tempfile.mkstemp(prefix=".corpus-", suffix=".npz", dir=path.parent)
         try:
@@ -246,8 +262,9 @@ class Corpus:
         if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
             raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
         priors = {int(k): [float(x) for x in v] for k, v in meta.get("priors", {}).items()}
-        info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors")}
-        return cls(keys, tokens, top, total, int(meta["nmin"]), int(meta["nmax"]), priors, info)
+        info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors", "binning")}
+        return cls(keys, tokens, top, total, int(meta["nmin"]), int(meta["nmax"]), priors, info,
+                   str(meta.get("binning", "share")))
 
 
 def read_sequences(paths: Sequence[Path], encode=None) -> list[tuple[list[int], list[int]]]:
@@ -270,14 +287,14 @@ def read_sequences(paths: Sequence[Path], encode=None) -> list[tuple[list[int], 
 
 
 def build_with_priors(pairs: Sequence[tuple[list[int], list[int]]], nmin: int = NMIN, nmax: int = NMAX,
-                      info: dict | None = None) -> tuple[Corpus, dict]:
+                      info: dict | None = None, binning: str = "fine") -> tuple[Corpus, dict]:
     """The corpus of every pair (context + answer), with priors measured by a corpus of the
     pairs but every PRIOR_HOLDOUT-th on those held back. Returns it and the tries per bin."""
     held = [p for i, p in enumerate(pairs) if i % PRIOR_HOLDOUT == PRIOR_HOLDOUT - 1]
     rest = [p for i, p in enumerate(pairs) if i % PRIOR_HOLDOUT != PRIOR_HOLDOUT - 1]
     priors, tries = {}, {}
     if held and rest:
-        part = Corpus.build([c + a for c, a in rest], nmin, nmax)
+        part = Corpus.build([c + a for c, a in rest], nmin, nmax, binning=binning)
         for b, (t, w) in Corpus.measure(part, held).items():
             # the rates per position while there are tries; later positions keep the last
             rates, last = [], None
@@ -287,6 +304,6 @@ def build_with_priors(pairs: Sequence[tuple[list[int], list[int]]], nmin: int = 
                     rates.append(round(last, 4))
             if rates:
                 priors[b], tries[b] = rates, t
-    corpus = Corpus.build([c + a for c, a in pairs], nmin, nmax, info)
+    corpus = Corpus.build([c + a for c, a in pairs], nmin, nmax, info, binning)
     corpus.priors = priors
     return corpus, tries

@@ -231,7 +231,7 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     ANSWERS: JSON lines (.gz too) with prompt_ids and answer_ids (the target's answers,
     e.g. the draft's training data) or text. Its per-position acceptance priors are
     measured on every 20th answer against a corpus of the others."""
-    from specrt.runtime.corpus import BINS, FILE, build_with_priors, read_sequences
+    from specrt.runtime.corpus import FILE, build_with_priors, match_name, read_sequences
 
     if nmin > nmax:
         raise UserError(f"--nmin {nmin} > --nmax {nmax}")
@@ -265,9 +265,8 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
                                                           "tokens": tokens, "files": [p.name for p in answers]})
     c.save(engines_dir / FILE)
     click.echo(f"{engines_dir / FILE}: {len(c)} n-grams (n = {nmin}..{nmax}) from {len(pairs)} answers")
-    names = {v: k for k, v in BINS.items()}
     for key, rates in sorted(c.priors.items()):
-        click.echo(f"  first step {names.get(key, key):15s} prior acceptance by position "
+        click.echo(f"  {match_name(key):38s} prior acceptance by position "
                    + " ".join(f"{r:.2f}" for r in rates[:6]) + f"  ({tries[key][0]} tries)")
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specrt.errors import UserError
-from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors,
+from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors,
                                    match_name, read_sequences)
 from specrt.runtime.governor import from_spec, split_lookup, wants_corpus
 from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
@@ -32,7 +32,7 @@ def test_longest_match_and_counts():
 
 
 def test_propose_chains_and_bins():
-    c = Corpus.build(SEQS, nmin=2, nmax=4)
+    c = Corpus.build(SEQS, nmin=2, nmax=4, binning="share")
     assert c.propose([7, 2, 3], 3) == ([4, 5, 8], BINS["seen once"])  # "7 2 3" once, then "2 3 4 5" ...
     assert c.propose([2, 3], 1) == ([4], BINS["share>=0.95"])  # "2 3" -> 4 every time (3 of 3)
     assert c.propose([2, 3], 0) == ([], 0)
@@ -40,17 +40,27 @@ def test_propose_chains_and_bins():
     assert bin_of(1, 1) == BINS["seen once"] and bin_of(19, 20) == BINS["share>=0.95"]
     assert bin_of(3, 5) == BINS["share 0.5-0.95"] and bin_of(2, 5) == BINS["share<0.5"]
     assert match_name(3) == "3-gram" and match_name(BINS["seen once"]) == "corpus seen once"
+    # fine (the default): also by the match's length and, seen more than once, its count
+    f = Corpus.build(SEQS, nmin=2, nmax=4)
+    assert f.binning == "fine" and f.propose([2, 3], 1) == ([4], FINE_BINS["share>=0.95, n<6, seen<5"])
+    assert bin_of(19, 20, 6, "fine") == FINE_BINS["share>=0.95, n>=6, seen>=5"]
+    assert bin_of(3, 5, 3, "fine") == FINE_BINS["share 0.5-0.95, n<6, seen>=5"]
+    assert bin_of(1, 1, 8, "fine") == FINE_BINS["seen once, n>=6"]
+    assert len(set(FINE_BINS.values())) == len(FINE_BINS) == 14 and not set(FINE_BINS.values()) & set(BINS.values())
+    assert match_name(FINE_BINS["seen once, n<6"]) == "corpus seen once, n<6"
+    with pytest.raises(UserError, match="binning 'coarse'"):
+        Corpus.build(SEQS, binning="coarse")
 
 
 def test_chain_stops_where_the_corpus_does():
     c = Corpus.build([[1, 2, 3, 4]], nmin=2, nmax=3)
-    assert c.propose([1, 2], 8) == ([3, 4], BINS["seen once"])
+    assert c.propose([1, 2], 8) == ([3, 4], FINE_BINS["seen once, n<6"])
 
 
 def test_priors_are_measured_on_held_back_answers():
     # every PRIOR_HOLDOUT-th pair is held back: the corpus of the others proposes on it
     pairs = [([5, 6], [1, 2, 3, 4])] * (2 * PRIOR_HOLDOUT)
-    c, tries = build_with_priors(pairs, nmin=2, nmax=3)
+    c, tries = build_with_priors(pairs, nmin=2, nmax=3, binning="share")
     key = BINS["share>=0.95"]
     assert c.priors[key][:2] == [1.0, 1.0] and tries[key][0] == 2 * 4  # 2 held back x 4 positions (first: 1..4)
     stats = Corpus.measure(c, [([5, 6], [1, 2, 7, 4])])
@@ -59,12 +69,13 @@ def test_priors_are_measured_on_held_back_answers():
 
 
 def test_save_load_and_refusals(tmp_path):
-    c = Corpus.build(SEQS, nmin=2, nmax=4, info={"export_digest": "ab" * 32})
+    c = Corpus.build(SEQS, nmin=2, nmax=4, info={"export_digest": "ab" * 32}, binning="share")
     c.priors = {BINS["seen once"]: [0.5, 0.6]}
     c.save(tmp_path / FILE)
     assert [p.name for p in tmp_path.iterdir()] == [FILE]  # no temporary left
     d = Corpus.load(tmp_path / FILE, vocab_size=16, export_digest="ab" * 32)
     assert d.next([2, 3, 4]) == c.next([2, 3, 4]) and d.priors == c.priors and d.info["export_digest"] == "ab" * 32
+    assert d.binning == "share" and Corpus.load(_saved(tmp_path, Corpus.build(SEQS))).binning == "fine"
     assert d.source_priors() == {**{b: list(DEFAULT_PRIOR) for b in BINS.values()}, BINS["seen once"]: [0.5, 0.6]}
     with pytest.raises(UserError, match="another export"):
         Corpus.load(tmp_path / FILE, export_digest="cd" * 32)
@@ -79,6 +90,13 @@ def test_save_load_and_refusals(tmp_path):
                  meta=np.frombuffer(b"{}", np.uint8))
     with pytest.raises(UserError, match="pickled.npz: not a corpus file"):
         Corpus.load(tmp_path / "pickled.npz")
+
+
+def _saved(folder, corpus):
+    p = folder / "other" / FILE
+    p.parent.mkdir(exist_ok=True)
+    corpus.save(p)
+    return p
 
 
 def test_read_sequences(tmp_path):
