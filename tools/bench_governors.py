@@ -329,6 +329,9 @@ def main() -> int:
                          "adaptive:tree=W, dspark:tree=W; DSpark sizes it per round), compared as the chains are")
     ap.add_argument("--ngram", action="store_true",
                     help="every speculative governor with prompt lookup (:ngram), off:ngram beside off")
+    ap.add_argument("--corpus", action="store_true",
+                    help="every speculative governor (and off:ngram) with corpus lookup too (:corpus; the engines need "
+                         "a corpus.npz from `specrt corpus`)")
     ap.add_argument("--extra-governors", default=[], type=lambda v: [g for g in v.split(",") if g],
                     help="more governor specs to run beside the standard set (e.g. dspark:block=4)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS,
@@ -366,10 +369,12 @@ def main() -> int:
         depths = s.engines.depths
         # with --tree W every speculative governor verifies a token tree (``:tree=W``)
         # and with --ngram prompt lookup (``:ngram``): the suffix names every speculative one
-        tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "")
+        corpus = ":corpus" if args.corpus else ""
+        tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "") + corpus
         fixed = [f"fixed:{d}{tree}" for d in depths]
         dspark, adaptive, full = f"dspark{tree}", f"adaptive{tree}", fixed[-1]
-        specs = ["off", *(["off:ngram"] if args.ngram else []), *fixed, adaptive, dspark, *args.extra_governors]
+        specs = ["off", *([f"off:ngram{corpus}"] if args.ngram or corpus else []), *fixed, adaptive, dspark,
+                 *args.extra_governors]
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")

@@ -84,7 +84,7 @@ def test_mis_bound_real_pair_is_caught(tmp_path):
 
     draft = committed_draft()
     if not (draft / "model.safetensors").is_file():
-        pytest.skip("the trained draft fixtures/peagle-smollm2 is not committed yet")
+        pytest.skip(f"{draft / 'model.safetensors'} is missing from this checkout (the committed trained draft)")
     good = smollm2_folder()
     bad = tmp_path / "misbound"
     shutil.copytree(good, bad)

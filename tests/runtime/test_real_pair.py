@@ -27,7 +27,7 @@ def real(tmp_path_factory):
 
     draft = committed_draft()
     if not (draft / "model.safetensors").is_file():
-        pytest.skip("the trained draft fixtures/peagle-smollm2 is not committed yet")
+        pytest.skip(f"{draft / 'model.safetensors'} is missing from this checkout (the committed trained draft)")
     target = smollm2_folder()
     root = tmp_path_factory.mktemp("real")
     export(target, draft, root / "exp")
