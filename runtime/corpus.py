@@ -28,15 +28,16 @@ draft's teacher-forced 0.56, 0.39, 0.41, 0.44.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from specrt.errors import UserError
+from specrt.paths import atomic_file
 from specrt.prompt_files import json_lines
+
+from .ngram import tally
 
 FILE = "corpus.npz"
 FORMAT = 1
@@ -213,32 +214,19 @@ class Corpus:
             for i in range(len(answer)):
                 prop, b = corpus.propose(ctx, min(positions, len(answer) - i))
                 if prop:
-                    tries, wins = stats.setdefault(b, ([0] * positions, [0] * positions))
-                    for k, t in enumerate(prop):
-                        tries[k] += 1
-                        if t != answer[i + k]:
-                            break
-                        wins[k] += 1
+                    tally(prop, answer[i:], *stats.setdefault(b, ([0] * positions, [0] * positions)))
                 ctx.append(answer[i])
         return stats
 
     # ---- files ----------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Atomically: a temporary file in the same folder, then a rename."""
-        path = Path(path)
+        """Atomically (specrt.paths.atomic_file): whole or absent."""
         meta = {"format": FORMAT, "nmin": self.nmin, "nmax": self.nmax, "binning": self.binning,
                 "priors": {str(k): v for k, v in self.priors.items()}, **self.info}
-        fd, tmp = tempfile.mkstemp(prefix=".corpus-", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, keys=self.keys, tokens=self.tokens, top=self.top, total=self.total,
-                         meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
-            os.chmod(tmp, 0o644)  # as the engines' other files (mkstemp makes 0600)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as f:
+            np.savez(f, keys=self.keys, tokens=self.tokens, top=self.top, total=self.total,
+                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
 
     @classmethod
     def load(cls, path: Path, vocab_size: int | None = None, export_digest: str | None = None) -> "Corpus":

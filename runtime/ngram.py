@@ -46,6 +46,17 @@ PRIOR_ROUNDS = 16.0
 EMA = 0.1
 
 
+def tally(proposal: Sequence[int], truth: Sequence[int], tries: list, wins: list) -> None:
+    """Count a proposal against what greedy decoding produced (``truth``, from the same
+    position): position k is tried when 1..k-1 matched and the truth goes on that far, won
+    when it matched too (tools/lookup_priors.py, corpus.Corpus.measure)."""
+    for k, (p, t) in enumerate(zip(proposal, truth)):
+        tries[k] += 1
+        if p != t:
+            break
+        wins[k] += 1
+
+
 class NgramIndex:
     """The context's tokens and, per n-gram (n = NMIN..NMAX), where its last earlier
     occurrence was followed: an n-gram is indexed once the token after it exists, so the

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from specrt.errors import UserError
 
@@ -34,9 +37,11 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: {probe} is not writable")
 
 
-def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
-    """JSON to ``path`` via a temp file in the same folder and os.replace: whole or absent
-    (missing folders above it are made)."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` when the block ends without an exception: written
+    to a temp file in the same folder, synced, then os.replace; whole or absent (on an
+    exception the temp file goes and ``path`` is untouched; missing folders above it are made)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -44,8 +49,8 @@ def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's are 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=indent)
+        with os.fdopen(fd, "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -55,3 +60,9 @@ def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
+    """JSON to ``path``, whole or absent (``atomic_file``)."""
+    with atomic_file(path) as f:
+        f.write(json.dumps(data, indent=indent).encode("utf-8"))

@@ -51,12 +51,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from runtime.text import Text  # noqa: E402
-
     from runtime.corpus import BINS, Corpus  # noqa: E402
+    from runtime.text import Text  # noqa: E402
+    from specrt.paths import write_atomic  # noqa: E402
 
     seqs = [p + a for p, a in read_train()]
-    corpus = Corpus.build(seqs, args.nmin, args.nmax)
+    corpus = Corpus.build(seqs, args.nmin, args.nmax, binning="share")  # the four bins it reports (BINS)
     print(f"corpus: {len(seqs)} sequences, {sum(map(len, seqs))} tokens, {len(corpus)} n-grams (n = "
           f"{args.nmin}..{args.nmax})")
     export_dir = args.engines / json.loads((args.engines / "engines.json").read_text())["export"]["folder"]
@@ -87,8 +87,7 @@ def main(argv=None) -> int:
     for k, v in per_kind.items():
         print(f"  {k:10s} {rates(v)}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        write_atomic(args.out, out)
     return 0
 
 

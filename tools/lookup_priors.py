@@ -28,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from runtime.ngram import NMAX, NMIN, NgramIndex  # noqa: E402
+from runtime.ngram import NMAX, NMIN, NgramIndex, tally  # noqa: E402
+from specrt.paths import write_atomic  # noqa: E402
 
 DATA = ROOT / "fixtures" / "peagle-data"
 DEFAULT = [DATA / f for f in ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz")]
@@ -53,14 +54,7 @@ def count(prompt: list[int], answer: list[int], positions: int, stats) -> None:
         stats["positions"] += 1
         if n:
             stats["matched"][n] += 1
-            tries, wins = stats[n]
-            for k, p in enumerate(proposal):
-                if i + k >= len(answer):
-                    break
-                tries[k] += 1
-                if p != answer[i + k]:
-                    break
-                wins[k] += 1
+            tally(proposal, answer[i:], *stats[n])
         index.extend([tok])
 
 
@@ -104,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         out["by_kind"][kind] = {n: rates(s, n) for n in range(NMAX, NMIN - 1, -1)}
         print(f"  {kind:10s} " + "  ".join(f"{n}: {rates(s, n)[:4]}" for n in range(NMAX, NMIN - 1, -1)))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        write_atomic(args.out, out)
     return 0
 
 
