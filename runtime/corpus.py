@@ -23,11 +23,20 @@ draft's 12,554 training answers (3.0M tokens with their prompts) matched 68.5% o
 held-out answers' positions; where the first step's share was >= 0.95 (21% of positions) the
 chain's conditional acceptance was 0.80, 0.63, 0.72, 0.77 at positions 1-4, against the
 draft's teacher-forced 0.56, 0.39, 0.41, 0.44.
+
+``:grow`` (Growth) makes the session's own finished sequences (prompt and output) a
+proposal source too, SuffixDecoding's idea: the n-grams of its last GROW_SEQUENCES
+sequences (a Generator's governor: a ``--prompts`` file, a bench configuration, a Python
+session) are counted as a corpus's, chained the same way, and binned the same way under
+keys of their own (GROW_OFFSET above the corpus's), so that their rates are learnt apart:
+traffic that repeats itself (the same questions, agent loops, templated answers) is
+proposed from its own history, and a history unlike the traffic costs little.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -62,12 +71,32 @@ PRIOR_HOLDOUT = 20  # every 20th sequence measures the priors
 DEFAULT_PRIOR = (0.2, 0.5)
 PRIOR_POSITIONS = 8
 PRIOR_MAX_NEW = 128
+# ':grow' keeps the n-grams of the session's last 256 finished sequences
+GROW_SEQUENCES = 256
+GROW_OFFSET = 20  # a grown chain's key: its fine bin's + 20 (keys 40-55)
+# per-key prior rates of ':grow': each held-out answer (of the 80,
+# results/corpus/heldout_off.json) measured against a Growth of the answers before it
+# (tools/exp_grow.py, results/corpus/grow_priors.json; positions with >= 20 tries, later
+# ones take the last); keys with fewer than 40 first-step tries take DEFAULT_PRIOR
+GROW_PRIORS: dict[int, tuple[float, ...]] = {
+    40: (0.568, 0.337, 0.613),
+    42: (0.961, 0.813, 0.818, 0.787, 0.758, 0.783),
+    44: (0.1,),
+    46: (0.255,),
+    48: (0.02,),
+    49: (0.154, 0.208),
+    51: (0.145,),
+    52: (0.393, 0.478, 0.663, 0.655, 0.778, 0.786),
+    54: (0.723, 0.792, 0.832, 0.862, 0.864, 0.881),
+}
 
 
 def match_name(key: int) -> str:
-    """A lookup round's key in words: prompt lookup's match length n, or a corpus bin."""
-    names = {v: k for k, v in {**BINS, **FINE_BINS}.items()}
-    return f"corpus {names[key]}" if key in names else f"{key}-gram"
+    """A lookup round's key in words: prompt lookup's match length n, a corpus bin, or a
+    grown one (``:grow``)."""
+    names = {v: f"corpus {k}" for k, v in {**BINS, **FINE_BINS}.items()}
+    names.update({v + GROW_OFFSET: f"grown {k}" for k, v in FINE_BINS.items()})
+    return names.get(key, f"{key}-gram")
 
 
 def bin_of(top: int, total: int, n: int = 0, binning: str = "share") -> int:
@@ -132,6 +161,126 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
     return rk[kstarts], rx[pick].astype(np.int32), top.astype(np.int32), total.astype(np.int32)
 
 
+def _key_list(ctx: Sequence[int], nmin: int, nmax: int) -> list[int]:
+    """The mixed keys of the context's last n tokens, n = nmax .. nmin (longest first); 0
+    where the context is shorter than n (no key is 0 but by chance). _tables's hash."""
+    out, h = [0] * (nmax - nmin + 1), 0
+    for j in range(min(nmax, len(ctx))):
+        h = (h * _P + int(ctx[-1 - j]) + 2) & _MASK
+        n = j + 1
+        if n >= nmin:
+            out[nmax - n] = (h * _MIX + n) & _MASK
+    return out
+
+
+_LOW = (1 << 32) - 1
+
+
+class Growth:
+    """``:grow``: per n-gram (n = nmin..nmax) of the last ``cap`` sequences added, what
+    followed it and how often, under the corpus's keys. A key maps to an int packing
+    (token << 32 | count) while one token followed it, else to a dict token -> count."""
+
+    def __init__(self, nmin: int = NMIN, nmax: int = NMAX, cap: int = GROW_SEQUENCES):
+        if cap < 1:
+            raise UserError(f"growth cap {cap}: expected >= 1 sequence")
+        self.nmin, self.nmax, self.cap = nmin, nmax, cap
+        self.table: dict[int, int | dict[int, int]] = {}
+        self.seqs: deque[list[int]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def _pairs(self, seq: list[int]):
+        """(key, next token) for every n-gram of ``seq`` followed by a token in it."""
+        nmin, nmax = self.nmin, self.nmax
+        for i in range(nmin - 1, len(seq) - 1):
+            h, nxt = 0, seq[i + 1]
+            for j in range(min(nmax, i + 1)):
+                h = (h * _P + seq[i - j] + 2) & _MASK
+                if j + 1 >= nmin:
+                    yield (h * _MIX + j + 1) & _MASK, nxt
+
+    def add(self, seq: Sequence[int]) -> None:
+        """Count ``seq``'s n-grams; past ``cap`` sequences the oldest's counts go."""
+        seq = [int(t) for t in seq]
+        table = self.table
+        for key, nxt in self._pairs(seq):
+            v = table.get(key)
+            if v is None:
+                table[key] = nxt << 32 | 1
+            elif isinstance(v, int):
+                table[key] = v + 1 if v >> 32 == nxt else {v >> 32: v & _LOW, nxt: 1}
+            else:
+                v[nxt] = v.get(nxt, 0) + 1
+        self.seqs.append(seq)
+        while len(self.seqs) > self.cap:
+            self._remove(self.seqs.popleft())
+
+    def _remove(self, seq: list[int]) -> None:
+        table = self.table
+        for key, nxt in self._pairs(seq):
+            v = table[key]
+            if isinstance(v, int):
+                if v & _LOW > 1:
+                    table[key] = v - 1
+                else:
+                    del table[key]
+            else:
+                if v[nxt] > 1:
+                    v[nxt] -= 1
+                else:
+                    del v[nxt]
+                if len(v) == 1:
+                    (t, c), = v.items()
+                    table[key] = t << 32 | c
+
+    def next(self, ctx: Sequence[int]) -> tuple[int, int, int, int] | None:
+        """(token, its count, the n-gram's total, n) of the longest n-gram of ``ctx`` held,
+        or None; as Corpus.next (ties: the smallest id)."""
+        if len(ctx) < self.nmin or not self.table:
+            return None
+        for n, key in zip(range(self.nmax, self.nmin - 1, -1), _key_list(ctx, self.nmin, self.nmax)):
+            v = self.table.get(key) if key else None
+            if v is None:
+                continue
+            if isinstance(v, int):
+                return v >> 32, v & _LOW, v & _LOW, n
+            tok = min(v, key=lambda t: (-v[t], t))
+            return tok, v[tok], sum(v.values()), n
+        return None
+
+    def propose(self, ctx: Sequence[int], limit: int) -> tuple[list[int], int]:
+        """(up to ``limit`` chained tokens, the first step's key: its fine bin + GROW_OFFSET),
+        or ([], 0)."""
+        out, b = _chain(self.next, ctx, limit, self.nmax)
+        return out, (bin_of(*b, "fine") + GROW_OFFSET if out else 0)
+
+    @staticmethod
+    def source_priors() -> dict[int, list[float]]:
+        """Every grown key's per-position prior rates (GROW_PRIORS, else DEFAULT_PRIOR)."""
+        return {b + GROW_OFFSET: list(GROW_PRIORS.get(b + GROW_OFFSET, DEFAULT_PRIOR)) for b in FINE_BINS.values()}
+
+
+def _chain(step, ctx: Sequence[int], limit: int, nmax: int) -> tuple[list[int], tuple]:
+    """Up to ``limit`` tokens chained greedily by ``step`` (a table's ``next``) from the
+    context's end, and the first step's (count, total, n); ([], ()) when none."""
+    if limit < 1:
+        return [], ()
+    tail = list(ctx[-nmax:])
+    first = step(tail)
+    if first is None:
+        return [], ()
+    out = [first[0]]
+    while len(out) < limit:
+        tail = tail[1:] + [out[-1]] if len(tail) >= nmax else tail + [out[-1]]
+        got = step(tail)
+        if got is None:
+            break
+        out.append(got[0])
+    return out, first[1:]
+
+
 class Corpus:
     def __init__(self, keys: np.ndarray, tokens: np.ndarray, top: np.ndarray, total: np.ndarray,
                  nmin: int = NMIN, nmax: int = NMAX, priors: dict[int, list[float]] | None = None,
@@ -154,22 +303,11 @@ class Corpus:
 
     # ---- lookup ---------------------------------------------------------------------
 
-    def _keys(self, ctx: Sequence[int]) -> np.ndarray:
-        """The mixed keys of the context's last n tokens, n = nmax .. nmin (longest first);
-        0 where the context is shorter than n (no key is 0 but by chance)."""
-        out, h = [0] * (self.nmax - self.nmin + 1), 0
-        for j in range(min(self.nmax, len(ctx))):
-            h = (h * _P + int(ctx[-1 - j]) + 2) & _MASK
-            n = j + 1
-            if n >= self.nmin:
-                out[self.nmax - n] = (h * _MIX + n) & _MASK
-        return np.array(out, dtype=np.uint64)
-
     def next(self, ctx: Sequence[int]) -> tuple[int, int, int, int] | None:
         """(token, its count, the n-gram's total, n) of the longest matching n-gram, or None."""
         if len(self.keys) == 0 or len(ctx) < self.nmin:
             return None
-        q = self._keys(ctx)
+        q = np.array(_key_list(ctx, self.nmin, self.nmax), dtype=np.uint64)
         j = np.searchsorted(self.keys, q)
         j[j >= len(self.keys)] = 0
         hit = np.flatnonzero(self.keys[j] == q)
@@ -184,29 +322,18 @@ class Corpus:
 
     def propose(self, ctx: Sequence[int], limit: int) -> tuple[list[int], int]:
         """(up to ``limit`` chained tokens, the first step's bin key), or ([], 0)."""
-        if limit < 1:
-            return [], 0
-        tail = list(ctx[-self.nmax:])
-        first = self.next(tail)
-        if first is None:
-            return [], 0
-        out = [first[0]]
-        while len(out) < limit:
-            tail = tail[1:] + [out[-1]] if len(tail) >= self.nmax else tail + [out[-1]]
-            got = self.next(tail)
-            if got is None:
-                break
-            out.append(got[0])
-        return out, bin_of(first[1], first[2], first[3], self.binning)
+        out, b = _chain(self.next, ctx, limit, self.nmax)
+        return out, (bin_of(*b, self.binning) if out else 0)
 
     # ---- priors ---------------------------------------------------------------------
 
     @staticmethod
-    def measure(corpus: "Corpus", pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
+    def measure(corpus: "Corpus | Growth", pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
                 positions: int = PRIOR_POSITIONS, max_new: int = PRIOR_MAX_NEW) -> dict[int, tuple[list, list]]:
         """Per bin, tries and wins per chain position of ``corpus``'s proposals at every
         position of each (context, answer) pair's answer (its first ``max_new`` tokens):
-        wins = the k-th token matched given tokens 1..k-1 did (greedy acceptance)."""
+        wins = the k-th token matched given tokens 1..k-1 did (greedy acceptance). A
+        Growth proposes as ``:grow`` does: each pair joins it once measured."""
         stats: dict[int, tuple[list, list]] = {}
         for ctx, answer in pairs:
             answer = list(answer[:max_new])
@@ -216,6 +343,8 @@ class Corpus:
                 if prop:
                     tally(prop, answer[i:], *stats.setdefault(b, ([0] * positions, [0] * positions)))
                 ctx.append(answer[i])
+            if isinstance(corpus, Growth):
+                corpus.add(ctx)
         return stats
 
     # ---- files ----------------------------------------------------------------------
@@ -255,16 +384,43 @@ class Corpus:
                    str(meta.get("binning", "share")))
 
 
+def _ids(v) -> bool:
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, output_token_ids) of each prompt of a ``specrt run --stats`` file."""
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: cannot read `specrt run --stats` JSON ({e})") from None
+    if not isinstance(stats, dict) or not isinstance(stats.get("prompts"), list):
+        raise UserError(f"{path}: expected `specrt run --stats` JSON (an object with a 'prompts' list)")
+    out = []
+    for i, r in enumerate(stats["prompts"]):
+        ids = r.get("prompt_ids") if isinstance(r, dict) else None
+        if not (isinstance(r, dict) and _ids(ids) and _ids(r.get("output_token_ids"))):
+            raise UserError(f"{path}: prompts[{i}]: expected prompt_ids and output_token_ids, lists of token ids "
+                            "(stats of `specrt run` since session growth; older ones lack prompt_ids)")
+        out.append((ids, r["output_token_ids"]))
+    return out
+
+
 def read_sequences(paths: Sequence[Path], encode=None) -> list[tuple[list[int], list[int]]]:
     """(context, answer) token lists from JSON lines (.gz too): ``prompt_ids`` + ``answer_ids``
     (tools/gen_chat_data.py's format), or ``text`` (tokenized by ``encode``; the context
-    empty). A line with neither is an error naming the file and line."""
+    empty); or from a ``.json`` file that ``specrt run --stats`` wrote (each prompt's
+    ``prompt_ids`` and ``output_token_ids``: a deployment's own traffic). Anything else is an
+    error naming the file (and line)."""
     out = []
     for p in paths:
+        if Path(p).suffix == ".json":
+            out += _run_stats(Path(p))
+            continue
         for no, r in json_lines(Path(p), "the answers"):
             if isinstance(r, dict) and isinstance(r.get("answer_ids"), list):
                 ids = r.get("prompt_ids", [])
-                if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids + r["answer_ids"]):
+                if not (_ids(ids) and _ids(r["answer_ids"])):
                     raise UserError(f"{p}:{no}: prompt_ids / answer_ids must be lists of token ids")
                 out.append((ids, r["answer_ids"]))
             elif isinstance(r, dict) and isinstance(r.get("text"), str) and encode is not None:

@@ -32,7 +32,7 @@ from specrt.errors import InternalError, UserError
 from .governor import COST_PAST, GovernorState
 from .kvcache import KVCache
 from .corpus import FILE as CORPUS_FILE
-from .corpus import Corpus
+from .corpus import Corpus, Growth
 from .ngram import NgramIndex, NgramPolicy
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
@@ -95,6 +95,7 @@ class Generator:
         self.finished: Finished | None = None
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
+        self._corpus: tuple[tuple, Corpus] | None = None  # the loaded corpus file, by (path, mtime, size)
 
     def resolve_tree_width(self) -> int:
         """Token trees (contracts.py "Token trees"): a governor with ``tree_width`` W > 1
@@ -121,6 +122,9 @@ class Generator:
             policy.corpus = self._load_corpus() if getattr(self.governor, "corpus", False) else None
             if policy.corpus is not None:
                 policy.add_source(policy.corpus.source_priors())
+            if getattr(self.governor, "grow", False):  # the session's own sequences (this governor's)
+                policy.growth = Growth()
+                policy.add_source(policy.growth.source_priors())
             self.governor.lookup_policy = policy
         return self.governor.lookup_policy
 
@@ -131,8 +135,12 @@ class Generator:
         if path is None or not path.is_file():
             raise UserError(f"':corpus' needs {path or 'a corpus file in the engines folder'}: make it with "
                             f"`specrt corpus {folder or 'ENGINES'} ANSWERS.jsonl ...`")
-        digest = getattr(self.e, "manifest", {}).get("export", {}).get("digest")
-        return Corpus.load(path, self.vocab, digest)
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if self._corpus is None or self._corpus[0] != key:  # governors of one generator share it (read-only)
+            digest = getattr(self.e, "manifest", {}).get("export", {}).get("digest")
+            self._corpus = (key, Corpus.load(path, self.vocab, digest))
+        return self._corpus[1]
 
     # ---- engines --------------------------------------------------------------------
 
@@ -245,6 +253,7 @@ class Generator:
             self.dkv.reset()
         t_start = time.perf_counter()
         emitted = 0
+        x: list[int] = []
         try:
             out, dt = self._target(prompt, 0)
             tel.engine_time("prefill", dt)
@@ -278,11 +287,11 @@ class Generator:
                 if index is not None:  # prompt lookup: its tokens instead of the governor's route?
                     found, n_match = index.propose(min(limit, lookup.max_len))
                     d, rate = lookup.choose_rate(len(found), n_match, limit) if found else (0, 0.0)
-                    if lookup.corpus is not None:  # and the corpus's, where it promises more
-                        c_found, c_key = lookup.corpus.propose(x, min(limit, lookup.max_len))
+                    for source in lookup.sources():  # and the corpus's, the grown one's, where they promise more
+                        c_found, c_key = source.propose(x, min(limit, lookup.max_len))
                         c_d, c_rate = lookup.choose_rate(len(c_found), c_key, limit) if c_found else (0, 0.0)
                         if c_d > 0 and (d == 0 or c_rate > rate):
-                            found, n_match, d = c_found, c_key, c_d
+                            found, n_match, d, rate = c_found, c_key, c_d, c_rate
                 if d > 0:  # one-hot proposals (q None), no draft pass, no runners-up
                     drafts = np.asarray(found[:d], np.int64)
                 else:
@@ -356,6 +365,8 @@ class Generator:
             raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start)
+            if lookup is not None and lookup.growth is not None and emitted:
+                lookup.growth.add(x)  # ':grow': later streams of this governor search it
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:
         out: list[int] = []

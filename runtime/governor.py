@@ -66,6 +66,7 @@ class Governor(abc.ABC):
     lookup = False  # True: prompt lookup may take a round before this governor's (':ngram', ngram.py)
     lookup_policy = None  # its ngram.NgramPolicy, made by the generator at the first stream
     corpus = False  # True: the lookup also searches the engines' corpus (':corpus', corpus.py)
+    grow = False  # True: ... and the session's own finished sequences (':grow', corpus.Growth)
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
@@ -731,7 +732,7 @@ class DSparkGovernor(Governor):
 
 
 SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "
-         "each [:ngram] [:corpus]")
+         "each [:ngram] [:corpus] [:grow]")
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -743,7 +744,8 @@ def is_dspark(spec: str | int) -> bool:
 def split_lookup(spec: str | int) -> tuple[str, bool]:
     """(governor spec, prompt lookup): an ``:ngram`` option after any governor (``off:ngram``:
     prompt lookup alone) lets ngram.py's lookup take rounds before the governor's;
-    ``:corpus`` (corpus.py) does too, with the engines' corpus beside the context."""
+    ``:corpus`` (corpus.py) does too, with the engines' corpus beside the context, and
+    ``:grow`` with the session's own finished sequences (with or without the corpus)."""
     parts = str(spec).strip().lower().split(":")
     for opt in LOOKUP_OPTIONS:
         if parts[1:].count(opt) > 1 or parts[0] == opt:
@@ -752,12 +754,17 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
     return ":".join(p for i, p in enumerate(parts) if i == 0 or p not in LOOKUP_OPTIONS), n > 0
 
 
-LOOKUP_OPTIONS = ("ngram", "corpus")
+LOOKUP_OPTIONS = ("ngram", "corpus", "grow")
 
 
 def wants_corpus(spec: str | int) -> bool:
     """Whether a governor spec has ``:corpus`` (corpus lookup, corpus.py)."""
     return "corpus" in str(spec).strip().lower().split(":")[1:]
+
+
+def wants_grow(spec: str | int) -> bool:
+    """Whether a governor spec has ``:grow`` (session growth, corpus.Growth)."""
+    return "grow" in str(spec).strip().lower().split(":")[1:]
 
 
 def split_tree(spec: str | int) -> tuple[str, int]:
@@ -788,6 +795,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     gov.tree_width = width
     gov.lookup = lookup
     gov.corpus = wants_corpus(spec)
+    gov.grow = wants_grow(spec)
     return gov
 
 

@@ -107,6 +107,11 @@ class NgramPolicy:
         self.wins = {n: [p * PRIOR_ROUNDS for p in PRIORS[n]] for n in PRIORS}
         self.tries = {n: [PRIOR_ROUNDS] * len(PRIORS[n]) for n in PRIORS}
         self.corpus = None  # corpus.Corpus when the governor has ':corpus' (the generator sets it)
+        self.growth = None  # corpus.Growth when it has ':grow' (the generator sets it and adds to it)
+
+    def sources(self) -> list:
+        """The proposal sources beside prompt lookup: the corpus, the session's growth."""
+        return [s for s in (self.corpus, self.growth) if s is not None]
 
     def cost(self, rows: int) -> float:
         """Seconds for a target call of ``rows`` tokens (a verify of rows - 1), now."""

@@ -8,12 +8,14 @@
 Governors: ``off`` (no speculation, same engines), ``fixed:K``, ``adaptive``
 (onnxruntime-genai's scalar rule) and ``dspark`` (calibrated confidence and the engines'
 cost table), each with an optional token tree (``:tree=W``); ``auto`` (the default) is
-``dspark:tree=3:ngram`` on engines that verify token trees, ``dspark:ngram`` on others,
-``off:ngram`` without a draft. Any of them with ``:ngram`` adds prompt lookup (ngram.py): in rounds
+``dspark:tree=3:ngram:grow`` on engines that verify token trees, ``dspark:ngram:grow`` on
+others, ``off:ngram:grow`` without a draft. Any of them with ``:ngram`` adds prompt lookup (ngram.py): in rounds
 where it pays, the tokens that followed an earlier occurrence of the context's last 2-4
 tokens are verified instead of drafts (``off:ngram``: prompt lookup alone, no draft needed); with
 ``:corpus`` the engines' corpus (corpus.py, ``specrt corpus``) proposes too, and ``auto`` adds
-it wherever ``ENGINES/corpus.npz`` exists. The calibration comes from ``ENGINES/calibration.json`` (``specrt
+it wherever ``ENGINES/corpus.npz`` exists; with ``:grow`` each finished stream (prompt and
+output) joins the search for the session's later streams (corpus.Growth, with or without
+the corpus; ``auto`` has it). The calibration comes from ``ENGINES/calibration.json`` (``specrt
 calibrate``), fitted for the run's decoding mode (greedy, or the same temperature /
 top-k / top-p); one fitted for another mode serves only as a weak prior; without one, or
 with one made for other engines, the identity map is used. ``calibration_note`` says which.
@@ -138,15 +140,17 @@ def resolve_spec(spec: str, engines) -> str:
     against 1.35x, 1.33x and 1.23x for dspark's chains (README, token trees); with prompt
     lookup (``:ngram``) 1.43x against 1.32x ``off`` on 40 held-out prompts on a slower
     host, 1.28x against 1.22x sampled on 20 (README, prompt lookup); with corpus lookup
-    (``:corpus``) 1.52x against 1.44x ``off`` on those 40 (README, corpus lookup)."""
+    (``:corpus``) 1.52x against 1.44x ``off`` on those 40 (README, corpus lookup); with
+    session growth (``:grow``) +0.5-2% on 40 distinct prompts, 2.2x on prompts repeated
+    (README, session growth)."""
     if split_lookup(spec)[0] != "auto":
         return spec
-    # prompt lookup is part of auto (``auto:ngram`` says no more than ``auto``), and so is
-    # corpus lookup where the engines have a corpus (``specrt corpus``; ``auto:corpus`` asks
-    # for it, an error without one)
+    # prompt lookup and session growth are part of auto (``auto:ngram``, ``auto:grow`` say
+    # no more than ``auto``), and so is corpus lookup where the engines have a corpus
+    # (``specrt corpus``; ``auto:corpus`` asks for it, an error without one)
     folder = getattr(engines, "folder", None)
     has_corpus = folder is not None and (Path(folder) / CORPUS_FILE).is_file()
-    extra = ":corpus" if wants_corpus(spec) or has_corpus else ""
+    extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + ":grow"
     if engines.export.get("draft") is None:
         return "off:ngram" + extra
     return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram") + extra
@@ -264,6 +268,7 @@ class Session:
 
     def stats(self) -> dict:
         s = self.generator.telemetry.to_json()
+        s["prompt_ids"] = list(getattr(self, "last_prompt_ids", []))  # what `specrt corpus` reads back
         s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
         s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
         return s

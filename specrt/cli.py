@@ -229,8 +229,9 @@ def profile(engines_dir: Path, repeats: int) -> None:
 def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -> None:
     """Make ENGINES_DIR/corpus.npz for corpus lookup (`--governor ...:corpus`) from
     ANSWERS: JSON lines (.gz too) with prompt_ids and answer_ids (the target's answers,
-    e.g. the draft's training data) or text. Its per-position acceptance priors are
-    measured on every 20th answer against a corpus of the others."""
+    e.g. the draft's training data) or text, or `specrt run --stats` JSON files (each
+    prompt's prompt_ids and output_token_ids: your own traffic). Its per-position acceptance
+    priors are measured on every 20th answer against a corpus of the others."""
     from specrt.runtime.corpus import FILE, build_with_priors, match_name, read_sequences
 
     if nmin > nmax:
@@ -292,7 +293,8 @@ def _read_prompts(path: Path) -> list[str]:
                    "any of them with :ngram: prompt lookup, the tokens that followed an earlier occurrence of the "
                    "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
                    "(off:ngram: prompt lookup alone); any with :corpus: also the corpus `specrt corpus` "
-                   "stored with the engines")
+                   "stored with the engines; any with :grow: also the run's own earlier answers (each prompt "
+                   "of --prompts, with its answer, joins the search for the next ones)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")

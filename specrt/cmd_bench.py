@@ -1271,8 +1271,10 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governors", default=None,
               help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark, "
-                   "dspark:tree=3 where the engines verify token trees, and auto: the same with prompt lookup, "
-                   "dspark[:tree=3]:ngram; without a draft off and off:ngram).")
+                   "dspark:tree=3 where the engines verify token trees, and auto: the same with prompt lookup and "
+                   "session growth, dspark[:tree=3]:ngram:grow (:corpus too where the engines have one; a "
+                   "configuration's growth holds the answers to the prompts before); without a draft off and "
+                   "off:ngram).")
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")

@@ -38,6 +38,17 @@ def read_train():
                 yield r["prompt_ids"], r["answer_ids"]
 
 
+def heldout_pairs(engines: Path, heldout: Path, prompts: Path) -> list[tuple[list[int], list[int]]]:
+    """(chat prompt ids, greedy answer ids) of the held-out prompts, from ``specrt run --stats``."""
+    from runtime.text import Text  # noqa: E402
+
+    export_dir = engines / json.loads((engines / "engines.json").read_text())["export"]["folder"]
+    text = Text(export_dir)
+    stats = json.loads(heldout.read_text())
+    items = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
+    return [(text.encode(pr["prompt"], chat=True), rec["output_token_ids"]) for rec, pr in zip(stats["prompts"], items)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heldout", type=Path, required=True, help="specrt run --stats JSON (greedy, off)")
@@ -52,19 +63,14 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(ROOT))
     from runtime.corpus import BINS, Corpus  # noqa: E402
-    from runtime.text import Text  # noqa: E402
     from specrt.paths import write_atomic  # noqa: E402
 
     seqs = [p + a for p, a in read_train()]
     corpus = Corpus.build(seqs, args.nmin, args.nmax, binning="share")  # the four bins it reports (BINS)
     print(f"corpus: {len(seqs)} sequences, {sum(map(len, seqs))} tokens, {len(corpus)} n-grams (n = "
           f"{args.nmin}..{args.nmax})")
-    export_dir = args.engines / json.loads((args.engines / "engines.json").read_text())["export"]["folder"]
-    text = Text(export_dir)
-    stats = json.loads(args.heldout.read_text())
+    pairs = heldout_pairs(args.engines, args.heldout, args.prompts)
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-    pairs = [(text.encode(pr["prompt"], chat=True), rec["output_token_ids"])
-             for rec, pr in zip(stats["prompts"], prompts)]
     positions = sum(min(len(a), args.max_new) for _, a in pairs)
     tw = Corpus.measure(corpus, pairs, args.positions, args.max_new)
     tw = {name: tw[key] for name, key in BINS.items() if key in tw}

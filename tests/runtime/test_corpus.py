@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from specrt.errors import UserError
-from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, PRIOR_HOLDOUT, Corpus, bin_of, build_with_priors,
-                                   match_name, read_sequences)
-from specrt.runtime.governor import from_spec, split_lookup, wants_corpus
+from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, GROW_OFFSET, GROW_PRIORS, PRIOR_HOLDOUT, Corpus,
+                                   Growth, bin_of, build_with_priors, match_name, read_sequences)
+from specrt.runtime.governor import from_spec, split_lookup, wants_corpus, wants_grow
 from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
 
 SEQS = [[1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 6], [7, 2, 3, 4, 5, 8], [3, 4, 5, 9, 9, 9]]
@@ -29,6 +29,51 @@ def test_longest_match_and_counts():
     assert c.next([4]) is None  # shorter than nmin
     assert c.next([8, 8]) is None  # never seen
     assert c.next([9, 7]) is None  # no n-gram crosses from one sequence into the next
+
+
+def test_growth_counts_as_a_built_corpus():
+    """Growth (':grow') holds exactly what Corpus.build would for the same sequences:
+    the same token, count, total and n at every context, ties to the smaller id; its
+    chains are a corpus's under keys GROW_OFFSET above."""
+    rng = np.random.default_rng(3)
+    seqs = [list(rng.integers(0, 6, size=int(rng.integers(4, 40)))) for _ in range(30)]
+    built, grown = Corpus.build(seqs, nmin=2, nmax=5), Growth(nmin=2, nmax=5)
+    assert grown.next([1, 2, 3]) is None and grown.propose([1, 2, 3], 4) == ([], 0)
+    for q in seqs:
+        grown.add(q)
+    found = 0
+    for _ in range(400):
+        ctx = [int(t) for t in rng.integers(0, 6, size=int(rng.integers(1, 8)))]
+        assert grown.next(ctx) == built.next(ctx), ctx
+        chain, key = built.propose(ctx, 5)
+        assert grown.propose(ctx, 5) == (chain, key + GROW_OFFSET if chain else 0)
+        found += built.next(ctx) is not None
+    assert found > 200  # the contexts did hit
+    assert match_name(FINE_BINS["seen once, n>=6"] + GROW_OFFSET) == "grown seen once, n>=6"
+    assert set(Growth.source_priors()) == {b + GROW_OFFSET for b in FINE_BINS.values()}
+    assert set(GROW_PRIORS) <= set(Growth.source_priors())
+
+
+def _grown(seqs, nmin=2, nmax=3):
+    g = Growth(nmin, nmax)
+    for q in seqs:
+        g.add(q)
+    return g
+
+
+def test_growth_forgets_the_oldest_sequences():
+    g = Growth(nmin=2, nmax=3, cap=2)
+    g.add([1, 2, 3, 7])
+    g.add([9, 2, 3, 5])
+    assert g.next([1, 2, 3]) == (7, 1, 1, 3) and g.next([8, 2, 3]) == (5, 1, 2, 2)  # "2 3": 5 and 7 once each
+    g.add([4, 4, 4])  # the cap is 2: [1, 2, 3, 7] goes
+    assert g.next([1, 2, 3]) == (5, 1, 1, 2) and g.table == _grown([[9, 2, 3, 5], [4, 4, 4]]).table
+    g.add([4, 4, 5])
+    g.add([6, 6, 6])  # [9, 2, 3, 5] and [4, 4, 4] gone: their keys and counts too
+    assert g.table == _grown([[4, 4, 5], [6, 6, 6]]).table and g.next([8, 2, 3]) is None
+    assert len(g.seqs) == 2
+    with pytest.raises(UserError, match="growth cap 0"):
+        Growth(cap=0)
 
 
 def test_propose_chains_and_bins():
@@ -132,6 +177,12 @@ def test_spec_option_and_policy_sources():
     assert q.choose_rate(4, 14, 8)[0] == 0  # worse than the draft route's guess
     with pytest.raises(ValueError, match="prompt lookup's"):
         q.add_source({4: [0.5]})
+    g = from_spec("off:grow", (1, 2, 4))
+    assert g.lookup and g.grow and not g.corpus and wants_grow("dspark:ngram:corpus:grow")
+    assert split_lookup("dspark:tree=3:ngram:corpus:grow") == ("dspark:tree=3", True)
+    with pytest.raises(UserError, match=":grow"):
+        split_lookup("fixed:2:grow:grow")
+    assert all(b - GROW_OFFSET in FINE_BINS.values() and 0 < len(r) <= 6 for b, r in GROW_PRIORS.items())
 
 
 @pytest.fixture(scope="module")
@@ -174,14 +225,42 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     with Session(tiny_engines, governor="fixed:1:corpus") as s, pytest.raises(UserError, match="specrt corpus"):
         s.generator.generate(prompts[0], 4)
     with Session(tiny_engines) as s:
-        assert not s.governor_spec.endswith(":corpus")  # auto without a corpus
+        assert ":corpus" not in s.governor_spec  # auto without a corpus
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src)])
     assert r.exit_code == 0, r.output
     assert f"{tiny_engines / FILE}: " in r.output and "prior acceptance by position" in r.output
     try:
         for spec in ("fixed:1:corpus", "auto:corpus", "auto"):  # auto takes the corpus where there is one
             with Session(tiny_engines, governor=spec) as s:
-                assert s.governor_spec.endswith(":corpus")
+                assert ":corpus" in s.governor_spec
                 assert [s.generator.generate(p, 30) for p in prompts] == answers, spec
+                loaded = s.generator.governor.lookup_policy.corpus
+                s.new_governor()  # governors of one generator (a bench worker's) share the file's tables
+                assert s.generator.generate(prompts[0], 30) == answers[0]
+                assert s.generator.governor.lookup_policy.corpus is loaded
     finally:
         (tiny_engines / FILE).unlink()
+
+
+def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines):
+    """':grow': each finished stream (prompt + output) joins the governor's Growth; a
+    prompt seen before in the session is then proposed from its own earlier answer
+    (grown keys, >= 40), the output staying target-only greedy's."""
+    from specrt.runtime.session import Session
+
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8], [3, 1, 4, 1, 5]]
+    with Session(tiny_engines, governor="off") as s:
+        ref = [s.generator.generate(p, 30) for p in prompts]
+    for spec in ("off:grow", "fixed:1:ngram:grow", "auto:grow"):
+        with Session(tiny_engines, governor=spec) as s:
+            assert s.governor_spec.endswith(":grow")
+            got, keys = [], []
+            for p in prompts:
+                got.append(s.generator.generate(p, 30))
+                keys.append({int(k) for k in s.generator.telemetry.to_json()["lookup"]["by_match"]})
+            assert got == ref, spec
+            growth = s.generator.governor.lookup_policy.growth
+            assert [q[: len(p)] for q, p in zip(growth.seqs, prompts)] == prompts
+            assert [len(q) for q in growth.seqs] == [len(p) + len(a) for p, a in zip(prompts, ref)]
+            assert not any(k >= 40 for k in keys[0]), spec  # nothing grown yet
+            assert any(k >= 40 for k in keys[2]), (spec, keys)

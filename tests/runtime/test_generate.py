@@ -154,6 +154,22 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
             assert accepted > 0
 
 
+LOOKUP_PROMPTS = [PROMPT, [7, 7, 2, 9, 4, 4, 1], [5, 3, 8, 1]]
+
+
+def _lookup_case(engines):
+    """(the prompts' target-only answers, the drafted governors a lookup source is tried
+    beside: a fixed depth, DSpark, and a fixed depth with a token tree where there are trees)."""
+    off = _gen(engines, OffGovernor(DEPTHS))
+    answers = [off.generate(p, 40) for p in LOOKUP_PROMPTS]
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    govs = [FixedGovernor(DEPTHS, 2), DSparkGovernor(DEPTHS, 2e-4, costs)]
+    if engines.verifies_trees():
+        govs.append(FixedGovernor(DEPTHS, 2))
+        govs[-1].tree_width = 3
+    return answers, govs
+
+
 @pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
 def test_corpus_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
     """Corpus lookup (``:corpus``, corpus.py) from a corpus of the target's own answers:
@@ -165,29 +181,46 @@ def test_corpus_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
     _, engines = pair
     if forced:
         _always_look_up(monkeypatch)
-    off = _gen(engines, OffGovernor(DEPTHS))
-    prompts = [PROMPT, [7, 7, 2, 9, 4, 4, 1], [5, 3, 8, 1]]
-    answers = [off.generate(p, 40) for p in prompts]
-    corpus, _ = build_with_priors([(p, a) for p, a in zip(prompts, answers)] * 4,
+    answers, govs = _lookup_case(engines)
+    corpus, _ = build_with_priors([(p, a) for p, a in zip(LOOKUP_PROMPTS, answers)] * 4,
                                   info={"export_digest": engines.manifest["export"]["digest"]})
     corpus.save(engines.folder / FILE)
-    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
     rounds = accepted = 0
     try:
-        govs = [FixedGovernor(DEPTHS, 2), DSparkGovernor(DEPTHS, 2e-4, costs)]
-        if engines.verifies_trees():
-            govs.append(FixedGovernor(DEPTHS, 2))
-            govs[-1].tree_width = 3
         for gov in govs:
             gov.lookup = gov.corpus = True
             g = _gen(engines, gov)
-            for p, ref in zip(prompts, answers):
+            for p, ref in zip(LOOKUP_PROMPTS, answers):
                 assert g.generate(p, 40) == ref, f"{type(gov).__name__}:corpus: output differs"
                 by = g.telemetry.to_json()["lookup"]["by_match"]
                 rounds += sum(m["rounds"] for k, m in by.items() if int(k) >= 11)
                 accepted += sum(m["accepted"] for k, m in by.items() if int(k) >= 11)
     finally:
         (engines.folder / FILE).unlink()
+    if forced:
+        assert rounds > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
+def test_grow_keeps_greedy_identity(pair, forced, monkeypatch):
+    """Session growth (``:grow``, corpus.Growth) alone and beside a draft's governor (and a
+    token tree): every stream's output is target-only greedy's; the prompts' second pass
+    finds the first pass's answers, and forced into every round it can take, those rounds
+    run and get accepted."""
+    _, engines = pair
+    if forced:
+        _always_look_up(monkeypatch)
+    answers, govs = _lookup_case(engines)
+    rounds = accepted = 0
+    for gov in [OffGovernor(DEPTHS), *govs]:
+        gov.lookup = gov.grow = True
+        g = _gen(engines, gov)
+        for p, ref in list(zip(LOOKUP_PROMPTS, answers)) * 2:
+            assert g.generate(p, 40) == ref, f"{type(gov).__name__}:grow: output differs"
+            by = g.telemetry.to_json()["lookup"]["by_match"]
+            rounds += sum(m["rounds"] for k, m in by.items() if int(k) >= 40)  # grown keys
+            accepted += sum(m["accepted"] for k, m in by.items() if int(k) >= 40)
+        assert len(gov.lookup_policy.growth.seqs) == 2 * len(LOOKUP_PROMPTS)
     if forced:
         assert rounds > 0 and accepted > 0
 
@@ -222,7 +255,7 @@ def test_catch_up_passes_are_marked(pair, monkeypatch):
 
 
 def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
-    """Engines built without a draft run ``auto`` as ``off:ngram``: prompt lookup alone,
+    """Engines built without a draft run ``auto`` as ``off:ngram:grow``: prompt lookup alone,
     target-only output, its rounds in the telemetry."""
     from specrt.runtime.session import Session
 
@@ -234,7 +267,7 @@ def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
     with Session(tmp_path / "eng", governor="off") as s:
         ref = s.generator.generate(REPEATING, 30)
     with Session(tmp_path / "eng") as s:
-        assert s.governor_spec == "off:ngram"
+        assert s.governor_spec == "off:ngram:grow"
         assert s.generator.generate(REPEATING, 30) == ref
         lk = s.generator.telemetry.to_json()["lookup"]
         assert lk["rounds"] > 0 and s.generator.telemetry.draft_rounds == 0

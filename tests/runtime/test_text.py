@@ -135,8 +135,8 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     from specrt.runtime.session import Session, resolve_spec
 
     with Session(worded) as s:
-        assert s.governor_spec == "dspark:tree=3:ngram" and s.generator.governor.tree_width == 3
-        assert s.generator.governor.lookup
+        assert s.governor_spec == "dspark:tree=3:ngram:grow" and s.generator.governor.tree_width == 3
+        assert s.generator.governor.lookup and s.generator.governor.grow
         text = "".join(s.stream("w3 w1 w4", max_new_tokens=12))
     old = tmp_path / "old"
     shutil.copytree(worded, old)
@@ -144,19 +144,19 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     del m["graphs"]["target"]["tree"]
     (old / "engines.json").write_text(json.dumps(m))
     with Session(old) as s:
-        assert s.governor_spec == "dspark:ngram" and s.generator.governor.tree_width == 1
+        assert s.governor_spec == "dspark:ngram:grow" and s.generator.governor.tree_width == 1
         assert "".join(s.stream("w3 w1 w4", max_new_tokens=12)) == text
 
     class NoDraft:
         export = {"draft": None}
 
-    assert resolve_spec("auto", NoDraft()) == "off:ngram" and resolve_spec("fixed:2", NoDraft()) == "fixed:2"
-    assert resolve_spec("auto:ngram", NoDraft()) == "off:ngram"
+    assert resolve_spec("auto", NoDraft()) == "off:ngram:grow" and resolve_spec("fixed:2", NoDraft()) == "fixed:2"
+    assert resolve_spec("auto:ngram", NoDraft()) == "off:ngram:grow" == resolve_spec("auto:grow", NoDraft())
     stats = tmp_path / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
-    assert json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram"
+    assert json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram:grow"
     # a tree's rounds are summed up on the closing line
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--governor", "fixed:1:tree=2", "--stats", str(stats)])
@@ -187,6 +187,43 @@ def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, t
     os.umask(umask)
     assert stats.stat().st_mode & 0o777 == 0o666 & ~umask
     assert [x.name for x in stats.parent.iterdir()] == ["s.json"]  # no temporary file left
+
+
+def test_run_stats_grow_a_corpus(worded, tmp_path):
+    """`specrt run --prompts ... --governor SPEC:grow --stats S` prints what `off` does (the
+    session's answers grow its search); `specrt corpus ENGINES S` makes the engines' corpus
+    from those stats (each prompt's prompt_ids and output_token_ids: a deployment's own
+    traffic); a stats file without them is refused naming it, writing nothing."""
+    import json
+
+    from specrt.runtime.corpus import FILE
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ["w3 w1 w4", "w2 w7", "w3 w1 w4"]))
+    outs = {}
+    for gov in ("off", "off:grow", "dspark:ngram:grow"):
+        stats = tmp_path / f"{gov}.json"
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(prompts), "--max-new-tokens", "12",
+                                      "--governor", gov, "--stats", str(stats)])
+        assert r.exit_code == 0, r.output
+        outs[gov] = [(q["prompt_ids"], q["output_token_ids"]) for q in json.loads(stats.read_text())["prompts"]]
+    assert outs["off:grow"] == outs["off"] == outs["dspark:ngram:grow"]
+    assert outs["off"][0] == outs["off"][2] and len(outs["off"][0][1]) == 12
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"prompts": [{"prompt": "w1", "output_token_ids": [1, 2]}]}))
+    r = CliRunner().invoke(main, ["corpus", str(worded), str(bad)])
+    assert r.exit_code == 1 and f"{bad}: prompts[0]: expected prompt_ids and output_token_ids" in r.output, r.output
+    assert "Traceback" not in r.output and not (worded / FILE).exists()
+    try:
+        r = CliRunner().invoke(main, ["corpus", str(worded), str(tmp_path / "off.json")])
+        assert r.exit_code == 0 and "from 3 answers" in r.output, r.output
+        from specrt.runtime.corpus import Corpus
+
+        c = Corpus.load(worded / FILE)
+        ids, out = outs["off"][0]
+        assert c.next(ids + out[:5])[0] == out[5]  # the answer's own continuation
+    finally:
+        (worded / FILE).unlink(missing_ok=True)
 
 
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
