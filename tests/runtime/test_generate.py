@@ -425,7 +425,8 @@ def _exact(engines, prompt, length, params):
     return out
 
 
-def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False):
+def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False,
+            grow=False):
     prompt, length = list(prompt), 3
     want = _exact(engines, prompt, length, params)
     keys = sorted(want)
@@ -433,13 +434,18 @@ def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, pr
     d2t = read_d2t(engines.export_dir, engines.export)
     gov = FixedGovernor((1, 2, 4), depth)
     gov.tree_width = tree
-    gov.lookup = lookup
+    gov.lookup = lookup or grow
+    gov.grow = grow  # the draws' own earlier outputs propose (one Generator, one governor)
     g = G.Generator(engines, gov, params, d2t)
     for s in range(n):
         g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
         # budget 1 + depth + 1: the first verify round can use the whole depth
         out = g.generate(prompt, 1 + depth + 1)
         counts[keys.index(tuple(out[:length]))] += 1
+    if grow:  # grown rounds ran (each adds a try at position 1 of its key, beyond the prior's)
+        from specrt.runtime.ngram import PRIOR_ROUNDS
+        policy = g.governor.lookup_policy
+        assert sum(t[0] - PRIOR_ROUNDS for k, t in policy.tries.items() if k >= 40) > n / 4
     return chi2_pvalue(counts, n * np.array([want[k] for k in keys]))
 
 
@@ -472,6 +478,16 @@ def test_sampling_with_prompt_lookup_matches_target_distribution(small, depth, p
     after almost any first token), verified as one-hot proposals keep the distribution of sequences the target's."""
     _always_look_up(monkeypatch)
     assert _pvalue(small, depth, params, n=1200, prompt=LOOKUP_PROMPT, lookup=True) > 0.01
+
+
+@pytest.mark.parametrize("depth, params", [(2, SamplingParams(temperature=1.0)),
+                                           (4, SamplingParams(temperature=0.7, top_k=4, top_p=0.9))],
+                         ids=["d2-T1", "d4-T0.7-k4-p0.9"])
+def test_sampling_with_growth_matches_target_distribution(small, depth, params, monkeypatch):
+    """Session growth (``:grow``) proposes each draw from the earlier draws' sampled
+    outputs, taken in every round it can be: still the target's distribution."""
+    _always_look_up(monkeypatch)
+    assert _pvalue(small, depth, params, n=1200, grow=True) > 0.01
 
 
 def test_sampling_test_detects_a_wrong_lookup_rule(small, monkeypatch):
