@@ -289,7 +289,7 @@ def _read_prompts(path: Path) -> list[str]:
                    "optional "
                    ":tree=W (block: DSpark drafts a fixed block of K; profiled: its costs stay the build's cost "
                    "table; tree=W: each round also verifies the draft's next W-1 choices for the first "
-                   "position, dspark as many of them as pay that round; auto: dspark:tree=3:ngram on engines that verify token trees, else dspark:ngram; off:ngram without a draft); "
+                   "position, dspark as many of them as pay that round; auto: dspark:tree=3:ngram:grow on engines that verify token trees, else dspark:ngram:grow; off:ngram:grow without a draft); "
                    "any of them with :ngram: prompt lookup, the tokens that followed an earlier occurrence of the "
                    "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
                    "(off:ngram: prompt lookup alone); any with :corpus: also the corpus `specrt corpus` "

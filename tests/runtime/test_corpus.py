@@ -62,18 +62,20 @@ def _grown(seqs, nmin=2, nmax=3):
 
 
 def test_growth_forgets_the_oldest_sequences():
-    g = Growth(nmin=2, nmax=3, cap=2)
+    g = Growth(nmin=2, nmax=3, max_tokens=8)
     g.add([1, 2, 3, 7])
     g.add([9, 2, 3, 5])
     assert g.next([1, 2, 3]) == (7, 1, 1, 3) and g.next([8, 2, 3]) == (5, 1, 2, 2)  # "2 3": 5 and 7 once each
-    g.add([4, 4, 4])  # the cap is 2: [1, 2, 3, 7] goes
+    g.add([4, 4, 4])  # 11 tokens > 8: [1, 2, 3, 7] goes
     assert g.next([1, 2, 3]) == (5, 1, 1, 2) and g.table == _grown([[9, 2, 3, 5], [4, 4, 4]]).table
     g.add([4, 4, 5])
     g.add([6, 6, 6])  # [9, 2, 3, 5] and [4, 4, 4] gone: their keys and counts too
     assert g.table == _grown([[4, 4, 5], [6, 6, 6]]).table and g.next([8, 2, 3]) is None
-    assert len(g.seqs) == 2
-    with pytest.raises(UserError, match="growth cap 0"):
-        Growth(cap=0)
+    assert len(g.seqs) == 2 and g.tokens == 6
+    g.add(list(range(10)))  # longer than the cap alone: the newest stays
+    assert [len(q) for q in g.seqs] == [10] and g.table == _grown([list(range(10))]).table
+    with pytest.raises(UserError, match="growth cap of 0 tokens"):
+        Growth(max_tokens=0)
 
 
 def test_propose_chains_and_bins():
