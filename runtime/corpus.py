@@ -44,7 +44,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.paths import atomic_file
-from specrt.prompt_files import json_lines
+from specrt.prompt_files import is_token_ids, json_lines
 
 from .ngram import tally
 
@@ -390,10 +390,6 @@ class Corpus:
                    str(meta.get("binning", "share")))
 
 
-def _ids(v) -> bool:
-    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-
-
 def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, output_token_ids) of each prompt of a ``specrt run --stats`` file."""
     try:
@@ -405,7 +401,7 @@ def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:
     out = []
     for i, r in enumerate(stats["prompts"]):
         ids = r.get("prompt_ids") if isinstance(r, dict) else None
-        if not (isinstance(r, dict) and _ids(ids) and _ids(r.get("output_token_ids"))):
+        if not (isinstance(r, dict) and is_token_ids(ids) and is_token_ids(r.get("output_token_ids"))):
             raise UserError(f"{path}: prompts[{i}]: expected prompt_ids and output_token_ids, lists of token ids "
                             "(stats of `specrt run` since session growth; older ones lack prompt_ids)")
         out.append((ids, r["output_token_ids"]))
@@ -426,7 +422,7 @@ def read_sequences(paths: Sequence[Path], encode=None) -> list[tuple[list[int], 
         for no, r in json_lines(Path(p), "the answers"):
             if isinstance(r, dict) and isinstance(r.get("answer_ids"), list):
                 ids = r.get("prompt_ids", [])
-                if not (_ids(ids) and _ids(r["answer_ids"])):
+                if not (is_token_ids(ids) and is_token_ids(r["answer_ids"])):
                     raise UserError(f"{p}:{no}: prompt_ids / answer_ids must be lists of token ids")
                 out.append((ids, r["answer_ids"]))
             elif isinstance(r, dict) and isinstance(r.get("text"), str) and encode is not None:

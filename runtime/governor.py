@@ -757,14 +757,19 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
 LOOKUP_OPTIONS = ("ngram", "corpus", "grow")
 
 
+def has_lookup_option(spec: str | int, opt: str) -> bool:
+    """Whether a governor spec has the option ``:opt`` after its governor (LOOKUP_OPTIONS)."""
+    return opt in str(spec).strip().lower().split(":")[1:]
+
+
 def wants_corpus(spec: str | int) -> bool:
     """Whether a governor spec has ``:corpus`` (corpus lookup, corpus.py)."""
-    return "corpus" in str(spec).strip().lower().split(":")[1:]
+    return has_lookup_option(spec, "corpus")
 
 
 def wants_grow(spec: str | int) -> bool:
     """Whether a governor spec has ``:grow`` (session growth, corpus.Growth)."""
-    return "grow" in str(spec).strip().lower().split(":")[1:]
+    return has_lookup_option(spec, "grow")
 
 
 def split_tree(spec: str | int) -> tuple[str, int]:

@@ -34,6 +34,11 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
             raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
 
 
+def is_token_ids(v: Any) -> bool:
+    """Whether ``v`` is a list of ints (bools refused; empty allowed)."""
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
 def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
     """The objects of ``path``; UserError naming the file and line for anything else.
     ``allow_ids=False``: every line needs the text field ``prompt``."""
@@ -41,8 +46,7 @@ def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]
     for n, obj in json_lines(path):
         ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
         ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
-        ok_ids = allow_ids and isinstance(ids, list) and bool(ids) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in ids)
+        ok_ids = allow_ids and bool(ids) and is_token_ids(ids)
         if not (ok_text or ok_ids):
             raise UserError(f"{path}:{n}: expected an object with a string field 'prompt'"
                             + (" (or a non-empty list of token ids 'prompt_ids')" if allow_ids else ""))

@@ -38,6 +38,17 @@ def read_train():
                 yield r["prompt_ids"], r["answer_ids"]
 
 
+def add_heldout_args(ap: argparse.ArgumentParser, heldout_default: Path | None = None) -> None:
+    """The held-out answers' options (``--heldout`` required without a default) and the
+    measurement's (--positions, --max-new), as this tool and tools/exp_grow.py take them."""
+    ap.add_argument("--heldout", type=Path, default=heldout_default, required=heldout_default is None,
+                    help="specrt run --stats JSON (greedy, off)")
+    ap.add_argument("--engines", type=Path, default=ROOT / "out" / "ng" / "engines")
+    ap.add_argument("--prompts", type=Path, default=ROOT / "tools" / "data" / "heldout_prompts.jsonl")
+    ap.add_argument("--positions", type=int, default=6)
+    ap.add_argument("--max-new", type=int, default=128)
+
+
 def heldout_pairs(engines: Path, heldout: Path, prompts: Path) -> list[tuple[list[int], list[int]]]:
     """(chat prompt ids, greedy answer ids) of the held-out prompts, from ``specrt run --stats``."""
     from runtime.text import Text  # noqa: E402
@@ -51,13 +62,9 @@ def heldout_pairs(engines: Path, heldout: Path, prompts: Path) -> list[tuple[lis
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--heldout", type=Path, required=True, help="specrt run --stats JSON (greedy, off)")
-    ap.add_argument("--engines", type=Path, default=ROOT / "out" / "ng" / "engines")
-    ap.add_argument("--prompts", type=Path, default=ROOT / "tools" / "data" / "heldout_prompts.jsonl")
+    add_heldout_args(ap)
     ap.add_argument("--nmin", type=int, default=3)
     ap.add_argument("--nmax", type=int, default=8)
-    ap.add_argument("--positions", type=int, default=6)
-    ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("-o", "--out", type=Path)
     args = ap.parse_args(argv)
 

@@ -21,19 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:
+    from exp_corpus import add_heldout_args, heldout_pairs  # this folder's: no heavy imports
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--heldout", type=Path, default=ROOT / "results" / "corpus" / "heldout_off.json",
-                    help="specrt run --stats JSON (greedy, off)")
-    ap.add_argument("--engines", type=Path, default=ROOT / "out" / "ng" / "engines")
-    ap.add_argument("--prompts", type=Path, default=ROOT / "tools" / "data" / "heldout_prompts.jsonl")
-    ap.add_argument("--positions", type=int, default=6)
-    ap.add_argument("--max-new", type=int, default=128)
+    add_heldout_args(ap, ROOT / "results" / "corpus" / "heldout_off.json")
     ap.add_argument("--min-tries", type=int, default=40)
     ap.add_argument("-o", "--out", type=Path)
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from exp_corpus import heldout_pairs  # noqa: E402
     from runtime.corpus import Corpus, Growth, match_name  # noqa: E402
     from specrt.paths import write_atomic  # noqa: E402
 
