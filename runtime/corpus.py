@@ -4,10 +4,12 @@ Prompt lookup (ngram.py) proposes what followed an earlier occurrence of the con
 n-gram in the context itself. A corpus extends the search to a token corpus stored with the
 engines (``ENGINES/corpus.npz``, made by ``specrt corpus ENGINES FILE...`` from the target's
 answers to prompts like the deployment's, e.g. the draft's training data): per n-gram
-(n = NMIN..NMAX) of the corpus, the token that most often followed it, its count and the
-n-gram's total count. A proposal chains greedily: the longest n-gram of the context that the
-corpus holds gives the next token, which joins the context for the next step (the idea of
-REST and SuffixDecoding, on hashed n-gram tables: numpy only, one searchsorted a step).
+(n = NMIN..NMAX) of the corpus, the token that most often followed it and a code of the
+evidence (its share of the n-gram's continuations, the n-gram's count), the n-grams that a
+shorter suffix answers alike pruned (_tables). A proposal chains greedily: the longest
+n-gram of the context that the corpus holds gives the next token, which joins the context
+for the next step (the idea of REST and SuffixDecoding, on hashed n-gram tables: numpy
+only, one searchsorted a step).
 
 Rounds are sized as prompt lookup's (ngram.NgramPolicy): per-position conditional acceptance
 rates per bin of the first step's evidence (the top token's share of the n-gram's
@@ -49,7 +51,7 @@ from specrt.prompt_files import is_token_ids, json_lines
 from .ngram import tally
 
 FILE = "corpus.npz"
-FORMAT = 1
+FORMAT = 2  # 2: pruned, an evidence code per n-gram instead of its counts (1: counts, unpruned)
 NMIN, NMAX = 3, 8
 _P = 1_000_003
 _MIX = 0x9E3779B97F4A7C15
@@ -58,22 +60,27 @@ _MASK = (1 << 64) - 1
 # "match length": prompt lookup's n is 2..4, a corpus bin 11 and up). SHARES: the top next
 # token's share of the n-gram's continuations (an n-gram seen once apart). Binning "share":
 # those four (keys 11-14); "fine" (the default): each also split by the match's length
-# (n >= 6) and, seen more than once, by its count (total >= 5) (keys 20-35).
+# (n >= LONG) and, seen more than once, by its count (total >= MANY) (keys 20-35). What a
+# table keeps per n-gram is its next token and the evidence code of its counts (evidence():
+# 2 * share class + many), all a bin needs besides n.
 SHARES = ("share>=0.95", "share 0.5-0.95", "share<0.5", "seen once")
 BINNINGS = ("fine", "share")
 BINS = {name: 11 + i for i, name in enumerate(SHARES)}
 FINE_BINS = {f"{name}, n{'>=6' if long else '<6'}" + ("" if i == 3 else f", seen{'>=5' if many else '<5'}"):
              20 + 4 * i + 2 * long + many
              for i, name in enumerate(SHARES) for long in (0, 1) for many in ((0,) if i == 3 else (0, 1))}
+LONG, MANY = 6, 5
 PRIOR_HOLDOUT = 20  # every 20th sequence measures the priors
 # a bin's prior where the held-back answers gave it fewer than 8 first-step tries (as low
 # as the weakest bin measured, share<0.5: 0.19, 0.49 on SmolLM2's answers)
 DEFAULT_PRIOR = (0.2, 0.5)
 PRIOR_POSITIONS = 8
 PRIOR_MAX_NEW = 128
-# ':grow' keeps the n-grams of the session's latest finished sequences, up to 65,536 tokens
-# in all (measured at the cap with the TRAIN chats: 412 sequences, 235k n-grams, 39 MB)
-GROW_TOKENS = 65536
+# ':grow' keeps the n-grams of the session's latest finished sequences, up to 32,768 tokens
+# in all (':grow=N' sets another cap). Measured at the cap, TRAIN chats added in turn: 132
+# sequences, 109k n-grams, 18.6 MiB allocated (29 MiB at the peak of a table resize), the
+# process's RSS 26 MiB more; at 65,536 tokens: 219k n-grams, 37 MiB, RSS 65 MiB more
+GROW_TOKENS = 32768
 GROW_OFFSET = 20  # a grown chain's key: its fine bin's + 20 (keys 40-55)
 # per-key prior rates of ':grow': each held-out answer (of the 80,
 # results/corpus/heldout_off.json) measured against a Growth of the answers before it
@@ -100,21 +107,33 @@ def match_name(key: int) -> str:
     return names.get(key, f"{key}-gram")
 
 
-def bin_of(top: int, total: int, n: int = 0, binning: str = "share") -> int:
+def evidence(top: int, total: int) -> int:
+    """An n-gram's counts (its top next token's and its total) as the code a bin needs:
+    2 * share class (SHARES' order) + 1 where seen more than once and >= MANY times."""
     i = 3 if total < 2 else 0 if top / total >= 0.95 else 1 if top / total >= 0.5 else 2
+    return 2 * i + (i != 3 and total >= MANY)
+
+
+def bin_of(ev: int, n: int = 0, binning: str = "share") -> int:
+    """The bin of a first step's evidence code (evidence()) and match length n."""
+    i = ev >> 1
     if binning == "share":
         return 11 + i
-    return 20 + 4 * i + 2 * (n >= 6) + (i != 3 and total >= 5)
+    return 20 + 4 * i + 2 * (n >= LONG) + (ev & 1)
 
 
 def bins_of(binning: str) -> dict[str, int]:
     return BINS if binning == "share" else FINE_BINS
 
 
-def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
+def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = True):
     """Sorted keys (hash of the n-gram, n mixed in) and, per key, the most frequent next
-    token, its count and the key's total, over every n-gram followed by a token inside one
-    sequence."""
+    token (ties: the smallest id) and the evidence code of its counts, over every n-gram
+    followed by a token inside one sequence. ``prune`` drops each n-gram (n > nmin) whose
+    (n-1)-token suffix has the same next token and code and falls on the same side of
+    LONG: a longest-first lookup then finds that suffix (or, pruned in turn, a shorter one
+    equal to it), so every chain and first-step bin stays what the full table gives (on
+    SmolLM2's 3.0M-token corpus 57% of 6.6M n-grams go)."""
     lens = [len(s) for s in seqs]
     toks = np.full(sum(lens) + len(seqs), -1, dtype=np.int64)  # -1 after each sequence
     at = 0
@@ -125,11 +144,12 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
     nxt[:-1] = toks[1:]
     boundary = np.cumsum(toks < 0)  # a sequence's id; changes after each separator
     h = np.zeros(len(toks), dtype=np.uint64)
-    keys, nexts = [], []
+    keys, nexts, ns, sufs = [], [], [], []
     with np.errstate(over="ignore"):
         for n in range(1, nmax + 1):
             back = np.full(len(toks), -1, dtype=np.int64)  # token n - 1 places back
             back[n - 1:] = toks[: len(toks) - n + 1]
+            suffix = h  # the hash of the last n - 1 tokens
             h = h * np.uint64(_P) + (back + 2).astype(np.uint64)
             if n < nmin:
                 continue
@@ -138,13 +158,14 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
             ok = same & (back >= 0) & (toks >= 0) & (nxt >= 0)
             keys.append(h[ok] * np.uint64(_MIX) + np.uint64(n))
             nexts.append(nxt[ok])
-    k = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-    x = np.concatenate(nexts) if nexts else np.zeros(0, np.int64)
+            if prune:
+                ns.append(np.full(int(ok.sum()), n, dtype=np.int8))
+                sufs.append(suffix[ok] * np.uint64(_MIX) + np.uint64(n - 1))
+    if not keys or not sum(map(len, keys)):
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint16), np.zeros(0, np.uint8)
+    k, x = np.concatenate(keys), np.concatenate(nexts)
     order = np.lexsort((x, k))
     k, x = k[order], x[order]
-    if not len(k):
-        z = np.zeros(0, np.int64)
-        return np.zeros(0, np.uint64), z.astype(np.int32), z.astype(np.int32), z.astype(np.int32)
     run = np.ones(len(k), dtype=bool)
     run[1:] = (k[1:] != k[:-1]) | (x[1:] != x[:-1])
     starts = np.flatnonzero(run)
@@ -159,7 +180,17 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int):
     winners = np.flatnonzero(count == top[group])  # ties: the smallest token id (sorted first)
     pick = np.full(len(kstarts), -1, dtype=np.int64)
     pick[group[winners[::-1]]] = winners[::-1]
-    return rk[kstarts], rx[pick].astype(np.int32), top.astype(np.int32), total.astype(np.int32)
+    share = top / total
+    i = np.where(total < 2, 3, np.where(share >= 0.95, 0, np.where(share >= 0.5, 1, 2)))
+    ev = (2 * i + ((i != 3) & (total >= MANY))).astype(np.uint8)  # evidence(top, total)
+    key, tok = rk[kstarts], rx[pick]
+    if prune:
+        row = order[starts[kstarts]]  # an occurrence of each key, in the unsorted arrays
+        n, suf = np.concatenate(ns)[row], np.concatenate(sufs)[row]
+        j = np.minimum(np.searchsorted(key, suf), len(key) - 1)
+        keep = ~((n > nmin) & (key[j] == suf) & (tok[j] == tok) & (ev[j] == ev) & ((n >= LONG) == (n - 1 >= LONG)))
+        key, tok, ev = key[keep], tok[keep], ev[keep]
+    return key, tok.astype(np.uint16 if tok.max() < 1 << 16 else np.int32), ev
 
 
 def _key_list(ctx: Sequence[int], nmin: int, nmax: int) -> list[int]:
@@ -241,9 +272,9 @@ class Growth:
                     (t, c), = v.items()
                     table[key] = t << 32 | c
 
-    def next(self, ctx: Sequence[int]) -> tuple[int, int, int, int] | None:
-        """(token, its count, the n-gram's total, n) of the longest n-gram of ``ctx`` held,
-        or None; as Corpus.next (ties: the smallest id)."""
+    def next(self, ctx: Sequence[int]) -> tuple[int, int, int] | None:
+        """(token, evidence code, n) of the longest n-gram of ``ctx`` held, or None; as an
+        unpruned Corpus.next (ties: the smallest id)."""
         if len(ctx) < self.nmin or not self.table:
             return None
         for n, key in zip(range(self.nmax, self.nmin - 1, -1), _key_list(ctx, self.nmin, self.nmax)):
@@ -251,16 +282,16 @@ class Growth:
             if v is None:
                 continue
             if isinstance(v, int):
-                return v >> 32, v & _LOW, v & _LOW, n
+                return v >> 32, evidence(v & _LOW, v & _LOW), n
             tok = min(v, key=lambda t: (-v[t], t))
-            return tok, v[tok], sum(v.values()), n
+            return tok, evidence(v[tok], sum(v.values())), n
         return None
 
     def propose(self, ctx: Sequence[int], limit: int) -> tuple[list[int], int]:
         """(up to ``limit`` chained tokens, the first step's key: its fine bin + GROW_OFFSET),
         or ([], 0)."""
         out, b = _chain(self.next, ctx, limit, self.nmax)
-        return out, (bin_of(*b, "fine") + GROW_OFFSET if out else 0)
+        return out, (bin_of(*b, binning="fine") + GROW_OFFSET if out else 0)
 
     @staticmethod
     def source_priors() -> dict[int, list[float]]:
@@ -270,7 +301,7 @@ class Growth:
 
 def _chain(step, ctx: Sequence[int], limit: int, nmax: int) -> tuple[list[int], tuple]:
     """Up to ``limit`` tokens chained greedily by ``step`` (a table's ``next``) from the
-    context's end, and the first step's (count, total, n); ([], ()) when none."""
+    context's end, and the first step's (evidence code, n); ([], ()) when none."""
     if limit < 1:
         return [], ()
     tail = list(ctx[-nmax:])
@@ -288,12 +319,11 @@ def _chain(step, ctx: Sequence[int], limit: int, nmax: int) -> tuple[list[int], 
 
 
 class Corpus:
-    def __init__(self, keys: np.ndarray, tokens: np.ndarray, top: np.ndarray, total: np.ndarray,
-                 nmin: int = NMIN, nmax: int = NMAX, priors: dict[int, list[float]] | None = None,
+    def __init__(self, keys: np.ndarray, tokens: np.ndarray, ev: np.ndarray, nmin: int = NMIN, nmax: int = NMAX, priors: dict[int, list[float]] | None = None,
                  info: dict | None = None, binning: str = "fine"):
         if binning not in BINNINGS:
             raise UserError(f"corpus binning {binning!r}: expected one of {', '.join(BINNINGS)}")
-        self.keys, self.tokens, self.top, self.total = keys, tokens, top, total
+        self.keys, self.tokens, self.ev = keys, tokens, ev
         self.nmin, self.nmax, self.binning = nmin, nmax, binning
         self.ns = np.arange(nmax, nmin - 1, -1)  # longest first
         self.priors = priors or {}
@@ -301,16 +331,17 @@ class Corpus:
 
     @classmethod
     def build(cls, seqs: Sequence[Sequence[int]], nmin: int = NMIN, nmax: int = NMAX, info: dict | None = None,
-              binning: str = "fine"):
-        return cls(*_tables(seqs, nmin, nmax), nmin=nmin, nmax=nmax, info=info, binning=binning)
+              binning: str = "fine", prune: bool = True):
+        return cls(*_tables(seqs, nmin, nmax, prune), nmin=nmin, nmax=nmax, info=info, binning=binning)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     # ---- lookup ---------------------------------------------------------------------
 
-    def next(self, ctx: Sequence[int]) -> tuple[int, int, int, int] | None:
-        """(token, its count, the n-gram's total, n) of the longest matching n-gram, or None."""
+    def next(self, ctx: Sequence[int]) -> tuple[int, int, int] | None:
+        """(token, evidence code, n) of the longest matching n-gram held, or None (pruned:
+        an n-gram that was dropped answers through its suffix, same token and bin)."""
         if len(self.keys) == 0 or len(ctx) < self.nmin:
             return None
         q = np.array(_key_list(ctx, self.nmin, self.nmax), dtype=np.uint64)
@@ -320,7 +351,7 @@ class Corpus:
         if not len(hit):
             return None
         i, n = int(j[hit[0]]), int(self.ns[hit[0]])
-        return int(self.tokens[i]), int(self.top[i]), int(self.total[i]), n
+        return int(self.tokens[i]), int(self.ev[i]), n
 
     def source_priors(self) -> dict[int, list[float]]:
         """Every bin's per-position prior rates (DEFAULT_PRIOR where none was measured)."""
@@ -329,7 +360,7 @@ class Corpus:
     def propose(self, ctx: Sequence[int], limit: int) -> tuple[list[int], int]:
         """(up to ``limit`` chained tokens, the first step's bin key), or ([], 0)."""
         out, b = _chain(self.next, ctx, limit, self.nmax)
-        return out, (bin_of(*b, self.binning) if out else 0)
+        return out, (bin_of(*b, binning=self.binning) if out else 0)
 
     # ---- priors ---------------------------------------------------------------------
 
@@ -360,7 +391,7 @@ class Corpus:
         meta = {"format": FORMAT, "nmin": self.nmin, "nmax": self.nmax, "binning": self.binning,
                 "priors": {str(k): v for k, v in self.priors.items()}, **self.info}
         with atomic_file(path) as f:
-            np.savez(f, keys=self.keys, tokens=self.tokens, top=self.top, total=self.total,
+            np.savez(f, keys=self.keys, tokens=self.tokens, ev=self.ev,
                      meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
 
     @classmethod
@@ -370,14 +401,18 @@ class Corpus:
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
-                keys, tokens, top, total = (z[k] for k in ("keys", "tokens", "top", "total"))
                 meta = json.loads(bytes(z["meta"]).decode())
+                if not isinstance(meta, dict):
+                    raise ValueError("its meta is not a JSON object")
+                if meta.get("format") == FORMAT:
+                    keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))
         except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: not a corpus file ({e}); make it with `specrt corpus`") from None
         if meta.get("format") != FORMAT:
             raise UserError(f"{path}: corpus format {meta.get('format')!r}, expected {FORMAT}; make it again "
                             "with `specrt corpus`")
-        if not (keys.dtype == np.uint64 and len(keys) == len(tokens) == len(top) == len(total)):
+        if not (keys.dtype == np.uint64 and tokens.dtype in (np.uint16, np.int32) and ev.dtype == np.uint8
+                and len(keys) == len(tokens) == len(ev) and (not len(ev) or ev.max() <= 6)):
             raise UserError(f"{path}: inconsistent corpus arrays; make it again with `specrt corpus`")
         if export_digest is not None and meta.get("export_digest") not in (None, export_digest):
             raise UserError(f"{path}: made for another export (digest {str(meta.get('export_digest'))[:12]}, "
@@ -386,7 +421,7 @@ class Corpus:
             raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
         priors = {int(k): [float(x) for x in v] for k, v in meta.get("priors", {}).items()}
         info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors", "binning")}
-        return cls(keys, tokens, top, total, int(meta["nmin"]), int(meta["nmax"]), priors, info,
+        return cls(keys, tokens, ev, int(meta["nmin"]), int(meta["nmax"]), priors, info,
                    str(meta.get("binning", "share")))
 
 

@@ -32,7 +32,7 @@ from specrt.errors import InternalError, UserError
 from .governor import COST_PAST, GovernorState
 from .kvcache import KVCache
 from .corpus import FILE as CORPUS_FILE
-from .corpus import Corpus, Growth
+from .corpus import GROW_TOKENS, Corpus, Growth
 from .ngram import NgramIndex, NgramPolicy
 from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
@@ -123,7 +123,7 @@ class Generator:
             if policy.corpus is not None:
                 policy.add_source(policy.corpus.source_priors())
             if getattr(self.governor, "grow", False):  # the session's own sequences (this governor's)
-                policy.growth = Growth()
+                policy.growth = Growth(max_tokens=getattr(self.governor, "grow_tokens", None) or GROW_TOKENS)
                 policy.add_source(policy.growth.source_priors())
             self.governor.lookup_policy = policy
         return self.governor.lookup_policy

@@ -732,7 +732,7 @@ class DSparkGovernor(Governor):
 
 
 SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "
-         "each [:ngram] [:corpus] [:grow]")
+         "each [:ngram] [:corpus] [:grow[=TOKENS]]")
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -745,8 +745,9 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
     """(governor spec, prompt lookup): an ``:ngram`` option after any governor (``off:ngram``:
     prompt lookup alone) lets ngram.py's lookup take rounds before the governor's;
     ``:corpus`` (corpus.py) does too, with the engines' corpus beside the context, and
-    ``:grow`` with the session's own finished sequences (with or without the corpus)."""
-    parts = str(spec).strip().lower().split(":")
+    ``:grow`` with the session's own finished sequences (with or without the corpus; ``:grow=N``
+    keeps the latest N tokens of them, corpus.GROW_TOKENS without)."""
+    parts = [_option(p) for p in str(spec).strip().lower().split(":")]
     for opt in LOOKUP_OPTIONS:
         if parts[1:].count(opt) > 1 or parts[0] == opt:
             raise UserError(f"--governor '{spec}': ':{opt}' goes once, after a governor ({SPECS})")
@@ -757,9 +758,30 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
 LOOKUP_OPTIONS = ("ngram", "corpus", "grow")
 
 
+def _option(part: str) -> str:
+    """A spec part's option name: ``grow=N`` is ``grow``; any other part is itself."""
+    return "grow" if part.startswith("grow=") else part
+
+
 def has_lookup_option(spec: str | int, opt: str) -> bool:
     """Whether a governor spec has the option ``:opt`` after its governor (LOOKUP_OPTIONS)."""
-    return opt in str(spec).strip().lower().split(":")[1:]
+    return opt in [_option(p) for p in str(spec).strip().lower().split(":")[1:]]
+
+
+def grow_tokens(spec: str | int) -> int | None:
+    """The token cap of a spec's ``:grow=N`` (N >= 1), corpus.GROW_TOKENS for a bare
+    ``:grow``, None without it."""
+    from .corpus import GROW_TOKENS
+
+    for p in str(spec).strip().lower().split(":")[1:]:
+        if p == "grow":
+            return GROW_TOKENS
+        if p.startswith("grow="):
+            n = p[5:]
+            if not n.isdigit() or int(n) < 1:
+                raise UserError(f"--governor '{spec}': ':grow=N' takes a number of tokens N >= 1 ({SPECS})")
+            return int(n)
+    return None
 
 
 def wants_corpus(spec: str | int) -> bool:
@@ -801,6 +823,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     gov.lookup = lookup
     gov.corpus = wants_corpus(spec)
     gov.grow = wants_grow(spec)
+    gov.grow_tokens = grow_tokens(spec)
     return gov
 
 

@@ -150,7 +150,8 @@ def resolve_spec(spec: str, engines) -> str:
     # (``specrt corpus``; ``auto:corpus`` asks for it, an error without one)
     folder = getattr(engines, "folder", None)
     has_corpus = folder is not None and (Path(folder) / CORPUS_FILE).is_file()
-    extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + ":grow"
+    grow = next((p for p in str(spec).strip().lower().split(":")[1:] if p.startswith("grow=")), "grow")
+    extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + ":" + grow  # auto:grow=N keeps its cap
     if engines.export.get("draft") is None:
         return "off:ngram" + extra
     return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram") + extra

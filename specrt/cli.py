@@ -294,7 +294,8 @@ def _read_prompts(path: Path) -> list[str]:
                    "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
                    "(off:ngram: prompt lookup alone); any with :corpus: also the corpus `specrt corpus` "
                    "stored with the engines; any with :grow: also the run's own earlier answers (each prompt "
-                   "of --prompts, with its answer, joins the search for the next ones)")
+                   "of --prompts, with its answer, joins the search for the next ones; :grow=N keeps the "
+                   "latest N tokens of them, 32768 without)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")

@@ -25,6 +25,10 @@ without it, greedy, the same prompts and token budget, in one run.
 
 Prompts are chat-wrapped (``--no-chat`` to send them raw). Writes ``runtime_bench.json``
 into ``-o`` when given.
+
+``--rss-governors auto,off,...`` measures step 3 alone, once per governor spec given (each
+``specrt run`` over the same prompts in a process of its own): what ``auto`` costs with the
+engines' corpus (``specrt corpus``) and session growth (``:grow``) beside the weights.
 """
 
 from __future__ import annotations
@@ -119,6 +123,41 @@ def baseline_rss() -> int:
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) * 1024
 
 
+def rss_only(args) -> int:
+    """``--rss-governors``: the peak RSS of ``specrt run`` per governor spec against the
+    engines' weights + KV caches (RSS_TARGET)."""
+    from specrt.cmd_bench import read_prompts
+    from specrt.engines.engine_set import load_engines
+
+    engines = load_engines(args.engines)
+    texts = [it.get("prompt") for it in read_prompts(args.prompts)[: args.n]]
+    if not all(isinstance(t, str) for t in texts):
+        raise SystemExit(f"{args.prompts}: --rss-governors needs text prompts (`specrt run` takes them)")
+    weights, kv = engines.weight_bytes, kv_bytes(engines)
+    budget = weights + sum(kv.values())
+    corpus = Path(args.engines) / "corpus.npz"
+    print(f"engines {args.engines}: weights {weights / 2**20:.0f} MiB + KV {sum(kv.values()) / 2**20:.0f} MiB "
+          f"(context {engines.max_context}) = {budget / 2**20:.0f} MiB; corpus "
+          + (f"{corpus.stat().st_size / 2**20:.1f} MiB on disk" if corpus.is_file() else "none"))
+    print(f"{len(texts)} prompts x {args.max_new_tokens} tokens, chat={not args.no_chat}; interpreter + libraries "
+          f"{baseline_rss() / 2**20:.0f} MiB")
+    out = {}
+    for gov in args.rss_governors.split(","):
+        cli = run_cli_rss(args.engines, texts, not args.no_chat, args.max_new_tokens, gov, args.threads)
+        x = cli["peak_rss_bytes"] / budget
+        st = cli["stats"]
+        print(f"{gov:34s} ({st.get('governor', gov)}) peak RSS {cli['peak_rss_bytes'] / 2**20:.0f} MiB = {x:.2f}x "
+              f"weights + KV -> target <= {RSS_TARGET}x: {'PASS' if x <= RSS_TARGET else 'FAIL'}  "
+              f"({st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s)")
+        out[gov] = {"peak_rss_bytes": cli["peak_rss_bytes"], "ratio": x, "governor": st.get("governor", gov),
+                    "tokens_per_s": st["tokens_per_s"], "new_tokens": st["new_tokens"]}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "rss.json").write_text(json.dumps({"weight_bytes": weights, "kv_bytes": kv, "runs": out},
+                                                      indent=1))
+    return 0 if all(r["ratio"] <= RSS_TARGET for r in out.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("engines", type=Path)
@@ -129,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default=None, help="fixed depths to try (default: every built depth)")
     ap.add_argument("--no-chat", action="store_true")
     ap.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved")
+    ap.add_argument("--rss-governors", default=None,
+                    help="comma-separated governor specs: only the peak RSS of `specrt run` with each")
     ap.add_argument("-o", "--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.rss_governors:
+        return rss_only(args)
 
     from specrt.cmd_bench import (REFERENCE, _run_interleaved, identity, load_bench_lib, read_prompts, run_config,
                                   summarise_config, tokenize_prompts)

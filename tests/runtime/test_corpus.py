@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from specrt.errors import UserError
-from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, GROW_OFFSET, GROW_PRIORS, PRIOR_HOLDOUT, Corpus,
-                                   Growth, bin_of, build_with_priors, match_name, read_sequences)
+from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, GROW_OFFSET, GROW_PRIORS, GROW_TOKENS,
+                                   PRIOR_HOLDOUT, Corpus, Growth, bin_of, build_with_priors, evidence, match_name,
+                                   read_sequences)
 from specrt.runtime.governor import from_spec, split_lookup, wants_corpus, wants_grow
 from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
 
@@ -20,16 +21,44 @@ SEQS = [[1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 6], [7, 2, 3, 4, 5, 8], [3, 4, 5, 9, 9,
 
 
 def test_longest_match_and_counts():
-    c = Corpus.build(SEQS, nmin=2, nmax=4)
+    c = Corpus.build(SEQS, nmin=2, nmax=4, prune=False)
     # "2 3 4" is followed by 5 twice and 6 once; "1 2 3 4" only by 5 and 6 once each
-    assert c.next([2, 3, 4]) == (5, 2, 3, 3)
-    tok, top, total, n = c.next([0, 1, 2, 3, 4])
-    assert (n, total, top) == (4, 2, 1) and tok == 5  # a tie: the smaller token id
-    assert c.next([3, 4]) == (5, 3, 4, 2)  # "3 4" -> 5 5 5 6
+    assert c.next([2, 3, 4]) == (5, evidence(2, 3), 3)
+    assert c.next([0, 1, 2, 3, 4]) == (5, evidence(1, 2), 4)  # a tie: the smaller token id
+    assert c.next([3, 4]) == (5, evidence(3, 4), 2)  # "3 4" -> 5 5 5 6
     assert c.next([4]) is None  # shorter than nmin
     assert c.next([8, 8]) is None  # never seen
     assert c.next([9, 7]) is None  # no n-gram crosses from one sequence into the next
+    # pruned (the default): "1 2 3 4" (5 once of 2) says what "2 3 4" (5 twice of 3) and
+    # "3 4" (5 three times of 4) do, share 0.5-0.95 seen < 5 all: the shortest answers
+    p = Corpus.build(SEQS, nmin=2, nmax=4)
+    assert p.next([0, 1, 2, 3, 4]) == (5, evidence(1, 2), 2) and len(p) < len(c)
+    assert p.tokens.dtype == np.uint16 and p.ev.dtype == np.uint8
+    assert (evidence(1, 1), evidence(4, 4), evidence(3, 4), evidence(2, 5), evidence(20, 20)) == (6, 0, 2, 5, 1)
 
+
+def test_pruning_keeps_every_chain_and_bin():
+    """A pruned corpus proposes exactly what the full table does (chain and first-step
+    bin), in both binnings, at every context; on repetitive sequences it is much smaller."""
+    rng = np.random.default_rng(5)
+    seqs = [list(rng.integers(0, 5, size=int(rng.integers(5, 60)))) for _ in range(60)]
+    for binning in ("fine", "share"):
+        full = Corpus.build(seqs, nmin=3, nmax=8, binning=binning, prune=False)
+        pruned = Corpus.build(seqs, nmin=3, nmax=8, binning=binning)
+        assert len(pruned) < 0.8 * len(full)
+        found = 0
+        for i in range(1500):
+            ctx = [int(t) for t in rng.integers(0, 5, size=int(rng.integers(2, 12)))]
+            if i % 2:  # a window of a sequence, its first token changed: long matches, near misses
+                q, m = seqs[i % len(seqs)], len(ctx)
+                at = int(rng.integers(0, max(1, len(q) - m)))
+                ctx = [ctx[0]] + [int(t) for t in q[at + 1: at + m]]
+            got = full.propose(ctx, 6)
+            assert pruned.propose(ctx, 6) == got, ctx
+            a, b = full.next(ctx), pruned.next(ctx)
+            assert (a is None) == (b is None) and (a is None or a[:2] == b[:2]), ctx
+            found += bool(got[0]) and full.next(ctx)[2] >= 6
+        assert found > 100  # long matches were exercised
 
 def test_growth_counts_as_a_built_corpus():
     """Growth (':grow') holds exactly what Corpus.build would for the same sequences:
@@ -37,7 +66,7 @@ def test_growth_counts_as_a_built_corpus():
     chains are a corpus's under keys GROW_OFFSET above."""
     rng = np.random.default_rng(3)
     seqs = [list(rng.integers(0, 6, size=int(rng.integers(4, 40)))) for _ in range(30)]
-    built, grown = Corpus.build(seqs, nmin=2, nmax=5), Growth(nmin=2, nmax=5)
+    built, grown = Corpus.build(seqs, nmin=2, nmax=5, prune=False), Growth(nmin=2, nmax=5)
     assert grown.next([1, 2, 3]) is None and grown.propose([1, 2, 3], 4) == ([], 0)
     for q in seqs:
         grown.add(q)
@@ -65,9 +94,9 @@ def test_growth_forgets_the_oldest_sequences():
     g = Growth(nmin=2, nmax=3, max_tokens=8)
     g.add([1, 2, 3, 7])
     g.add([9, 2, 3, 5])
-    assert g.next([1, 2, 3]) == (7, 1, 1, 3) and g.next([8, 2, 3]) == (5, 1, 2, 2)  # "2 3": 5 and 7 once each
+    assert g.next([1, 2, 3]) == (7, evidence(1, 1), 3) and g.next([8, 2, 3]) == (5, evidence(1, 2), 2)  # 5, 7 once
     g.add([4, 4, 4])  # 11 tokens > 8: [1, 2, 3, 7] goes
-    assert g.next([1, 2, 3]) == (5, 1, 1, 2) and g.table == _grown([[9, 2, 3, 5], [4, 4, 4]]).table
+    assert g.next([1, 2, 3]) == (5, evidence(1, 1), 2) and g.table == _grown([[9, 2, 3, 5], [4, 4, 4]]).table
     g.add([4, 4, 5])
     g.add([6, 6, 6])  # [9, 2, 3, 5] and [4, 4, 4] gone: their keys and counts too
     assert g.table == _grown([[4, 4, 5], [6, 6, 6]]).table and g.next([8, 2, 3]) is None
@@ -84,15 +113,15 @@ def test_propose_chains_and_bins():
     assert c.propose([2, 3], 1) == ([4], BINS["share>=0.95"])  # "2 3" -> 4 every time (3 of 3)
     assert c.propose([2, 3], 0) == ([], 0)
     assert c.propose([6, 6], 4) == ([], 0)
-    assert bin_of(1, 1) == BINS["seen once"] and bin_of(19, 20) == BINS["share>=0.95"]
-    assert bin_of(3, 5) == BINS["share 0.5-0.95"] and bin_of(2, 5) == BINS["share<0.5"]
+    assert bin_of(evidence(1, 1)) == BINS["seen once"] and bin_of(evidence(19, 20)) == BINS["share>=0.95"]
+    assert bin_of(evidence(3, 5)) == BINS["share 0.5-0.95"] and bin_of(evidence(2, 5)) == BINS["share<0.5"]
     assert match_name(3) == "3-gram" and match_name(BINS["seen once"]) == "corpus seen once"
     # fine (the default): also by the match's length and, seen more than once, its count
     f = Corpus.build(SEQS, nmin=2, nmax=4)
     assert f.binning == "fine" and f.propose([2, 3], 1) == ([4], FINE_BINS["share>=0.95, n<6, seen<5"])
-    assert bin_of(19, 20, 6, "fine") == FINE_BINS["share>=0.95, n>=6, seen>=5"]
-    assert bin_of(3, 5, 3, "fine") == FINE_BINS["share 0.5-0.95, n<6, seen>=5"]
-    assert bin_of(1, 1, 8, "fine") == FINE_BINS["seen once, n>=6"]
+    assert bin_of(evidence(19, 20), 6, "fine") == FINE_BINS["share>=0.95, n>=6, seen>=5"]
+    assert bin_of(evidence(3, 5), 3, "fine") == FINE_BINS["share 0.5-0.95, n<6, seen>=5"]
+    assert bin_of(evidence(1, 1), 8, "fine") == FINE_BINS["seen once, n>=6"]
     assert len(set(FINE_BINS.values())) == len(FINE_BINS) == 14 and not set(FINE_BINS.values()) & set(BINS.values())
     assert match_name(FINE_BINS["seen once, n<6"]) == "corpus seen once, n<6"
     with pytest.raises(UserError, match="binning 'coarse'"):
@@ -133,10 +162,22 @@ def test_save_load_and_refusals(tmp_path):
         Corpus.load(tmp_path / "junk.npz")
     # an object array would need unpickling: refused, never loaded
     with open(tmp_path / "pickled.npz", "wb") as f:
-        np.savez(f, keys=np.array([object()], dtype=object), tokens=c.tokens, top=c.top, total=c.total,
-                 meta=np.frombuffer(b"{}", np.uint8))
+        np.savez(f, keys=np.array([object()], dtype=object), tokens=c.tokens, ev=c.ev,
+                 meta=np.frombuffer(b'{"format": 2}', np.uint8))
     with pytest.raises(UserError, match="pickled.npz: not a corpus file"):
         Corpus.load(tmp_path / "pickled.npz")
+    # a format-1 file (counts, unpruned) is made again, not misread; bad arrays are named
+    for name, meta, arrays in (("old.npz", b'{"format": 1}', {"top": c.ev, "total": c.ev}),
+                               ("bad.npz", b'{"format": 2}', {"ev": c.ev + 7}),
+                               ("list.npz", b'[2]', {"ev": c.ev})):
+        with open(tmp_path / name, "wb") as f:
+            np.savez(f, keys=c.keys, tokens=c.tokens, meta=np.frombuffer(meta, np.uint8), **arrays)
+    with pytest.raises(UserError, match="old.npz: corpus format 1, expected 2; make it again"):
+        Corpus.load(tmp_path / "old.npz")
+    with pytest.raises(UserError, match="bad.npz: inconsistent corpus arrays"):
+        Corpus.load(tmp_path / "bad.npz")
+    with pytest.raises(UserError, match="list.npz: not a corpus file"):
+        Corpus.load(tmp_path / "list.npz")
 
 
 def _saved(folder, corpus):
@@ -184,6 +225,20 @@ def test_spec_option_and_policy_sources():
     assert split_lookup("dspark:tree=3:ngram:corpus:grow") == ("dspark:tree=3", True)
     with pytest.raises(UserError, match=":grow"):
         split_lookup("fixed:2:grow:grow")
+    # ':grow=N' caps the growth at N tokens (GROW_TOKENS without)
+    assert from_spec("off:grow", (1, 2, 4)).grow_tokens == GROW_TOKENS
+    g = from_spec("dspark:tree=3:ngram:grow=500", (1, 2, 4), t_draft=0.01, t_verify={1: 0.02, 2: 0.02, 4: 0.03})
+    assert g.grow and g.grow_tokens == 500 and g.tree_width == 3 and g.lookup and wants_grow("off:grow=7")
+    assert from_spec("fixed:2", (1, 2, 4)).grow_tokens is None
+    for bad in ("off:grow=0", "off:grow=x", "off:grow="):
+        with pytest.raises(UserError, match="':grow=N' takes a number of tokens"):
+            from_spec(bad, (1, 2, 4))
+    with pytest.raises(UserError, match="':grow' goes once"):
+        split_lookup("off:grow=5:grow")
+    from specrt.cli import run
+
+    assert f"latest N tokens of them, {GROW_TOKENS} without" in " ".join(
+        next(p.help for p in run.params if p.name == "governor").split())  # the help says the cap
     assert all(b - GROW_OFFSET in FINE_BINS.values() and 0 < len(r) <= 6 for b, r in GROW_PRIORS.items())
 
 
@@ -266,3 +321,10 @@ def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines):
             assert [len(q) for q in growth.seqs] == [len(p) + len(a) for p, a in zip(prompts, ref)]
             assert not any(k >= 40 for k in keys[0]), spec  # nothing grown yet
             assert any(k >= 40 for k in keys[2]), (spec, keys)
+    # ':grow=N': the newest sequences within N tokens (the newest always), auto keeping the cap
+    for spec in ("off:grow=40", "auto:grow=40"):
+        with Session(tiny_engines, governor=spec) as s:
+            assert s.governor_spec.endswith(":grow=40")
+            assert [s.generator.generate(p, 30) for p in prompts] == ref, spec
+            growth = s.generator.governor.lookup_policy.growth
+            assert growth.max_tokens == 40 and [q[: len(p)] for q, p in zip(growth.seqs, prompts[2:])] == prompts[2:]
