@@ -133,7 +133,8 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = T
     (n-1)-token suffix has the same next token and code and falls on the same side of
     LONG: a longest-first lookup then finds that suffix (or, pruned in turn, a shorter one
     equal to it), so every chain and first-step bin stays what the full table gives (on
-    SmolLM2's 3.0M-token corpus 57% of 6.6M n-grams go)."""
+    SmolLM2's 3.0M-token corpus 57% of 6.6M n-grams go). One n at a time, so that the
+    temporaries stay a few arrays of the corpus's length (~0.5 GB a 3M-token corpus)."""
     lens = [len(s) for s in seqs]
     toks = np.full(sum(lens) + len(seqs), -1, dtype=np.int64)  # -1 after each sequence
     at = 0
@@ -144,7 +145,7 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = T
     nxt[:-1] = toks[1:]
     boundary = np.cumsum(toks < 0)  # a sequence's id; changes after each separator
     h = np.zeros(len(toks), dtype=np.uint64)
-    keys, nexts, ns, sufs = [], [], [], []
+    parts, prev = [], None  # prev: the n - 1 table, unpruned
     with np.errstate(over="ignore"):
         for n in range(1, nmax + 1):
             back = np.full(len(toks), -1, dtype=np.int64)  # token n - 1 places back
@@ -156,14 +157,31 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = T
             same = np.zeros(len(toks), dtype=bool)
             same[n - 1:] = boundary[n - 1:] == boundary[: len(toks) - n + 1]
             ok = same & (back >= 0) & (toks >= 0) & (nxt >= 0)
-            keys.append(h[ok] * np.uint64(_MIX) + np.uint64(n))
-            nexts.append(nxt[ok])
-            if prune:
-                ns.append(np.full(int(ok.sum()), n, dtype=np.int8))
-                sufs.append(suffix[ok] * np.uint64(_MIX) + np.uint64(n - 1))
-    if not keys or not sum(map(len, keys)):
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint16), np.zeros(0, np.uint8)
-    k, x = np.concatenate(keys), np.concatenate(nexts)
+            key, tok, ev, row = _aggregate(h[ok] * np.uint64(_MIX) + np.uint64(n), nxt[ok])
+            table = (key, tok, ev)
+            if prune and prev is not None and len(key) and len(prev[0]) and (n >= LONG) == (n - 1 >= LONG):
+                suf = suffix[ok][row] * np.uint64(_MIX) + np.uint64(n - 1)
+                pk, pt, pe = prev
+                j = np.minimum(np.searchsorted(pk, suf), len(pk) - 1)
+                keep = ~((pk[j] == suf) & (pt[j] == tok) & (pe[j] == ev))
+                key, tok, ev = key[keep], tok[keep], ev[keep]
+            parts.append((key, tok, ev))
+            prev = table
+    key = np.concatenate([q[0] for q in parts]) if parts else np.zeros(0, np.uint64)
+    tok = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int64)
+    ev = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, np.uint8)
+    order = np.argsort(key, kind="stable")
+    small = not len(tok) or tok.max() < 1 << 16
+    return key[order], tok[order].astype(np.uint16 if small else np.int32), ev[order]
+
+
+def _aggregate(k: np.ndarray, x: np.ndarray):
+    """Per distinct key of k (keys, next tokens x): (sorted keys, the most frequent next
+    token, ties to the smallest id, the evidence code of its counts, an index into k of
+    one occurrence)."""
+    if not len(k):
+        z = np.zeros(0, np.int64)
+        return np.zeros(0, np.uint64), z, np.zeros(0, np.uint8), z
     order = np.lexsort((x, k))
     k, x = k[order], x[order]
     run = np.ones(len(k), dtype=bool)
@@ -183,14 +201,7 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = T
     share = top / total
     i = np.where(total < 2, 3, np.where(share >= 0.95, 0, np.where(share >= 0.5, 1, 2)))
     ev = (2 * i + ((i != 3) & (total >= MANY))).astype(np.uint8)  # evidence(top, total)
-    key, tok = rk[kstarts], rx[pick]
-    if prune:
-        row = order[starts[kstarts]]  # an occurrence of each key, in the unsorted arrays
-        n, suf = np.concatenate(ns)[row], np.concatenate(sufs)[row]
-        j = np.minimum(np.searchsorted(key, suf), len(key) - 1)
-        keep = ~((n > nmin) & (key[j] == suf) & (tok[j] == tok) & (ev[j] == ev) & ((n >= LONG) == (n - 1 >= LONG)))
-        key, tok, ev = key[keep], tok[keep], ev[keep]
-    return key, tok.astype(np.uint16 if tok.max() < 1 << 16 else np.int32), ev
+    return rk[kstarts], rx[pick], ev, order[starts[kstarts]]
 
 
 def _key_list(ctx: Sequence[int], nmin: int, nmax: int) -> list[int]:

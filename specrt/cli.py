@@ -8,6 +8,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -246,11 +247,14 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
         raise UserError(f"{manifest_path}: not an engines folder's manifest ({e}); build one with `specrt build`") \
             from None
 
-    def encode(text: str) -> list[int]:
+    @functools.cache
+    def tokenizer():  # loaded once, and only when an answers file has text
         from specrt.runtime.text import Text
 
-        encode.text = getattr(encode, "text", None) or Text(export_dir)
-        return encode.text.encode(text, chat=False)
+        return Text(export_dir)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer().encode(text, chat=False)
 
     pairs = read_sequences(list(answers), encode)
     for where, (ctx, ans) in enumerate(pairs):

@@ -222,6 +222,16 @@ def test_run_stats_grow_a_corpus(worded, tmp_path):
         c = Corpus.load(worded / FILE)
         ids, out = outs["off"][0]
         assert c.next(ids + out[:5])[0] == out[5]  # the answer's own continuation
+        # text answers are tokenized with the engines' tokenizer (loaded once, for them only)
+        from specrt.runtime.text import Text
+
+        texts = tmp_path / "texts.jsonl"
+        texts.write_text(json.dumps({"text": "w5 w6 w7 w8 w9"}) + "\n" + json.dumps({"text": "w9 w8 w7 w6"}) + "\n")
+        r = CliRunner().invoke(main, ["corpus", str(worded), str(tmp_path / "off.json"), str(texts)])
+        assert r.exit_code == 0 and "from 5 answers" in r.output, r.output
+        export_dir = worded / json.loads((worded / "engines.json").read_text())["export"]["folder"]
+        words = Text(export_dir).encode("w5 w6 w7 w8 w9", chat=False)
+        assert Corpus.load(worded / FILE).next(words[:-1])[0] == words[-1]
     finally:
         (worded / FILE).unlink(missing_ok=True)
 
