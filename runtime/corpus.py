@@ -148,14 +148,15 @@ def _tables(seqs: Sequence[Sequence[int]], nmin: int, nmax: int, prune: bool = T
     parts, prev = [], None  # prev: the n - 1 table, unpruned
     with np.errstate(over="ignore"):
         for n in range(1, nmax + 1):
+            m = max(0, len(toks) - n + 1)  # positions with n - 1 tokens before them
             back = np.full(len(toks), -1, dtype=np.int64)  # token n - 1 places back
-            back[n - 1:] = toks[: len(toks) - n + 1]
+            back[len(toks) - m:] = toks[:m]
             suffix = h  # the hash of the last n - 1 tokens
             h = h * np.uint64(_P) + (back + 2).astype(np.uint64)
             if n < nmin:
                 continue
             same = np.zeros(len(toks), dtype=bool)
-            same[n - 1:] = boundary[n - 1:] == boundary[: len(toks) - n + 1]
+            same[len(toks) - m:] = boundary[len(toks) - m:] == boundary[:m]
             ok = same & (back >= 0) & (toks >= 0) & (nxt >= 0)
             key, tok, ev, row = _aggregate(h[ok] * np.uint64(_MIX) + np.uint64(n), nxt[ok])
             table = (key, tok, ev)

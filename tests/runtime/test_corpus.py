@@ -133,6 +133,18 @@ def test_chain_stops_where_the_corpus_does():
     assert c.propose([1, 2], 8) == ([3, 4], FINE_BINS["seen once, n<6"])
 
 
+def test_short_sequences_and_large_vocabularies(tmp_path):
+    """Sequences shorter than nmax (or than any n-gram) build a corpus, empty where nothing
+    is followed; token ids past uint16 are kept as int32."""
+    assert len(Corpus.build([])) == 0 and len(Corpus.build([[1, 2]])) == 0
+    empty = Corpus.load(_saved(tmp_path, Corpus.build([[1, 2], [3]])), vocab_size=4)
+    assert empty.propose([1, 2], 4) == ([], 0) and empty.next([1, 2, 3]) is None
+    c = Corpus.build([[1, 2, 3, 4], [5]], nmin=2, nmax=8)
+    assert c.propose([0, 1, 2], 8) == ([3, 4], FINE_BINS["seen once, n<6"])
+    big = Corpus.build([[70000, 70001, 70002, 70003]], nmin=3, nmax=8)
+    assert big.tokens.dtype == np.int32 and big.propose([70000, 70001, 70002], 2) == ([70003], FINE_BINS["seen once, n<6"])
+
+
 def test_priors_are_measured_on_held_back_answers():
     # every PRIOR_HOLDOUT-th pair is held back: the corpus of the others proposes on it
     pairs = [([5, 6], [1, 2, 3, 4])] * (2 * PRIOR_HOLDOUT)
