@@ -33,7 +33,8 @@ from specrt.errors import UserError
 
 from .corpus import FILE as CORPUS_FILE
 from .generate import Finished, Generator
-from .governor import COST_PAST, Calibration, Governor, from_spec, is_dspark, split_lookup, wants_corpus
+from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
+                       wants_corpus)
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, tokens_through
 
@@ -150,8 +151,9 @@ def resolve_spec(spec: str, engines) -> str:
     # (``specrt corpus``; ``auto:corpus`` asks for it, an error without one)
     folder = getattr(engines, "folder", None)
     has_corpus = folder is not None and (Path(folder) / CORPUS_FILE).is_file()
-    grow = next((p for p in str(spec).strip().lower().split(":")[1:] if p.startswith("grow=")), "grow")
-    extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + ":" + grow  # auto:grow=N keeps its cap
+    cap = grow_tokens(spec)  # auto:grow=N keeps its cap (a bad N named as the user wrote it)
+    grow = f":grow={cap}" if cap is not None and "grow=" in str(spec).lower() else ":grow"
+    extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + grow
     if engines.export.get("draft") is None:
         return "off:ngram" + extra
     return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram") + extra

@@ -334,6 +334,8 @@ def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines):
             assert not any(k >= 40 for k in keys[0]), spec  # nothing grown yet
             assert any(k >= 40 for k in keys[2]), (spec, keys)
     # ':grow=N': the newest sequences within N tokens (the newest always), auto keeping the cap
+    with pytest.raises(UserError, match="'auto:grow=x'"):  # named as written, not as auto resolves
+        Session(tiny_engines, governor="auto:grow=x")
     for spec in ("off:grow=40", "auto:grow=40"):
         with Session(tiny_engines, governor=spec) as s:
             assert s.governor_spec.endswith(":grow=40")
