@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +51,7 @@ from specrt.prompt_files import is_token_ids, json_lines
 from .ngram import tally
 
 FILE = "corpus.npz"
+GROW_FORMAT = 1  # a growth file (Growth.save): its sequences, not its tables
 FORMAT = 2  # 2: pruned, an evidence code per n-gram instead of its counts (1: counts, unpruned)
 NMIN, NMAX = 3, 8
 _P = 1_000_003
@@ -82,6 +83,7 @@ PRIOR_MAX_NEW = 128
 # process's RSS 26 MiB more; at 65,536 tokens: 219k n-grams, 37 MiB, RSS 65 MiB more
 GROW_TOKENS = 32768
 GROW_OFFSET = 20  # a grown chain's key: its fine bin's + 20 (keys 40-55)
+RATE_TRIES = 256.0  # a growth file keeps each position's learnt rate with at most this many tries
 # per-key prior rates of ':grow': each held-out answer (of the 80,
 # results/corpus/heldout_off.json) measured against a Growth of the answers before it
 # (tools/exp_grow.py, results/corpus/grow_priors.json; positions with >= 20 tries, later
@@ -233,6 +235,7 @@ class Growth:
         self.tokens = 0  # in the sequences held
         self.table: dict[int, int | dict[int, int]] = {}
         self.seqs: deque[list[int]] = deque()
+        self.rates: dict[int, tuple[list[float], list[float]]] = {}  # learnt rates a growth file held
 
     def __len__(self) -> int:
         return len(self.table)
@@ -304,6 +307,65 @@ class Growth:
         or ([], 0)."""
         out, b = _chain(self.next, ctx, limit, self.nmax)
         return out, (bin_of(*b, binning="fine") + GROW_OFFSET if out else 0)
+
+    def save(self, path: Path, export_digest: str | None = None,
+             rates: Mapping[int, tuple[Sequence[float], Sequence[float]]] | None = None) -> None:
+        """The sequences held, oldest first (token ids, int32, and their lengths), to an
+        .npz file atomically (whole or absent); Growth.load adds them again. ``rates``: the
+        lookup policy's learnt (wins, tries) per position of the grown keys, kept beside
+        them (each position's tries cut to RATE_TRIES, its rate unchanged) so that the next
+        run starts from what this one learnt."""
+        seqs = list(self.seqs)
+        kept = {}
+        for key, (w, t) in (rates or {}).items():
+            cut = [min(1.0, RATE_TRIES / tk) if tk > 0 else 1.0 for tk in t]
+            kept[str(int(key))] = [[float(wk) * c for wk, c in zip(w, cut)], [float(tk) * c for tk, c in zip(t, cut)]]
+        meta = {"format": GROW_FORMAT, "kind": "specrt growth", "nmin": self.nmin, "nmax": self.nmax,
+                "export_digest": export_digest, "rates": kept}
+        with atomic_file(path) as f:
+            np.savez(f, tokens=np.array([t for q in seqs for t in q], dtype=np.int32),
+                     lengths=np.array([len(q) for q in seqs], dtype=np.int64),
+                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+
+    @classmethod
+    def load(cls, path: Path, vocab_size: int, export_digest: str | None = None,
+             max_tokens: int = GROW_TOKENS) -> "Growth":
+        """A Growth holding a growth file's sequences (the newest within ``max_tokens``).
+        Never unpickles; refuses a file written for another export or with token ids outside
+        the vocabulary, naming the file."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                tokens, lengths = z["tokens"], z["lengths"]
+            if not isinstance(meta, dict) or meta.get("kind") != "specrt growth":
+                raise ValueError("its meta does not say 'specrt growth'")
+        except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}: not a growth file ({e}); `specrt run --grow-file` writes them") from None
+        if meta.get("format") != GROW_FORMAT:
+            raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
+        if export_digest is not None and meta.get("export_digest") not in (None, export_digest):
+            raise UserError(f"{path}: written for another export (digest {str(meta.get('export_digest'))[:12]}, "
+                            f"these engines' {export_digest[:12]}); remove it or pass another --grow-file")
+        if not (tokens.ndim == lengths.ndim == 1 and tokens.dtype.kind in "iu" and lengths.dtype.kind in "iu"
+                and (lengths >= 0).all() and int(lengths.sum()) == len(tokens)):
+            raise UserError(f"{path}: inconsistent growth arrays (lengths do not add up to the tokens)")
+        if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+            raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
+        g = cls(max_tokens=max_tokens)  # the tables are made again from the sequences, as add() makes them
+        for q in np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []:
+            g.add(q.tolist())  # oldest first: past the cap the oldest go again
+        g.rates = {}
+        grown = set(g.source_priors())
+        for key, wt in (meta.get("rates") or {}).items():
+            ok = (isinstance(wt, list) and len(wt) == 2 and all(isinstance(v, list) for v in wt)
+                  and len(wt[0]) == len(wt[1]) > 0 and all(isinstance(x, (int, float)) for x in wt[0] + wt[1]))
+            if not (ok and str(key).isdigit() and int(key) in grown
+                    and all(0 <= w <= t for w, t in zip(*wt)) and all(t > 0 for t in wt[1])):
+                raise UserError(f"{path}: learnt rates of key {key!r}: expected [wins, tries] per position, "
+                                "0 <= wins <= tries, of a grown key")
+            g.rates[int(key)] = ([float(x) for x in wt[0]], [float(x) for x in wt[1]])
+        return g
 
     @staticmethod
     def source_priors() -> dict[int, list[float]]:

@@ -32,6 +32,7 @@ import numpy as np
 from specrt.errors import UserError
 
 from .corpus import FILE as CORPUS_FILE
+from .corpus import Growth
 from .generate import Finished, Generator
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
                        wants_corpus)
@@ -237,6 +238,34 @@ class Session:
     def new_governor(self) -> None:
         """A fresh governor state (e.g. between benchmark runs)."""
         self.generator.governor = make_governor(self.governor_spec, self.engines, self.calibration)
+
+    def _growth_policy(self, path: Path):
+        policy = self.generator.resolve_lookup()
+        if policy is None or policy.growth is None:
+            raise UserError(f"--grow-file {path}: governor '{self.governor_spec}' has no session growth (add :grow, "
+                            "or use auto)")
+        return policy
+
+    def load_growth(self, path: str | Path) -> int:
+        """Session growth (``:grow``) from a file that save_growth wrote (``specrt run
+        --grow-file``): the governor's grown table starts from its sequences (the newest
+        within the governor's cap). Returns how many it holds: 0 when there is no such file
+        yet (an error, as for save_growth, when the governor has no ``:grow``)."""
+        policy = self._growth_policy(Path(path))
+        if not Path(path).exists():
+            return 0
+        policy.growth = Growth.load(Path(path), self.generator.vocab, self.engines.manifest["export"]["digest"],
+                                    max_tokens=policy.growth.max_tokens)
+        for key, (w, t) in policy.growth.rates.items():  # where the last run's rounds left them
+            policy.wins[key], policy.tries[key] = list(w), list(t)
+        return len(policy.growth.seqs)
+
+    def save_growth(self, path: str | Path) -> None:
+        """The governor's grown sequences to ``path`` (atomically; corpus.Growth.save)."""
+        policy = self._growth_policy(Path(path))
+        grown = policy.growth.source_priors()
+        policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
+                           {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
     def stream_ids(self, ids: list[int], max_new_tokens: int) -> Iterator[list[int]]:
         return self.generator.stream(ids, max_new_tokens, self.eos)

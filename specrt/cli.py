@@ -303,9 +303,12 @@ def _read_prompts(path: Path) -> list[str]:
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
+@click.option("--grow-file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Session growth (:grow, part of auto) across runs: start from this file's sequences when it "
+                   "exists, and write the run's latest ones back to it at the end.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
-        stops, stats_file, quiet) -> None:
+        stops, stats_file, grow_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
@@ -321,12 +324,18 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
+    if grow_file is not None:
+        check_output_file(grow_file, "--grow-file")
     with Session(engines_dir, governor=governor, sampling=params) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
         governor = s.governor_spec  # ``auto`` resolved
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)
+        if grow_file is not None:
+            existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
+            if existed:
+                click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
         total, per_prompt = Telemetry(), []
         for i, p in enumerate(prompts):
             try:
@@ -352,6 +361,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
                    f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:
             write_atomic(stats_file, stats)
+        if grow_file is not None:
+            s.save_growth(grow_file)
 
 
 def _register() -> None:

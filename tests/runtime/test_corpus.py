@@ -83,6 +83,47 @@ def test_growth_counts_as_a_built_corpus():
     assert set(GROW_PRIORS) <= set(Growth.source_priors())
 
 
+def test_growth_file_round_trip_and_refusals(tmp_path):
+    """Growth.save writes the sequences held (not the tables); Growth.load makes the same
+    tables from them, keeping the newest within its own cap; a file for another export,
+    with ids outside the vocabulary, inconsistent, or not a growth file is refused by name."""
+    rng = np.random.default_rng(7)
+    g = Growth(max_tokens=400)
+    for _ in range(30):
+        g.add([int(t) for t in rng.integers(0, 9, size=int(rng.integers(3, 30)))])
+    path = tmp_path / "g.npz"
+    g.save(path, export_digest="ab" * 32)
+    assert [p.name for p in tmp_path.iterdir()] == ["g.npz"]  # written whole, no temporary left
+    back = Growth.load(path, vocab_size=9, export_digest="ab" * 32, max_tokens=400)
+    assert back.table == g.table and list(back.seqs) == list(g.seqs) and back.tokens == g.tokens
+    small = Growth.load(path, vocab_size=9, max_tokens=50)  # a smaller cap: the newest only
+    assert 1 <= len(small.seqs) < len(g.seqs) and list(small.seqs) == list(g.seqs)[-len(small.seqs):]
+    assert small.tokens <= 50 or len(small.seqs) == 1
+    assert small.table == _grown(list(small.seqs), 3, 8).table
+    with pytest.raises(UserError, match="g.npz: written for another export"):
+        Growth.load(path, vocab_size=9, export_digest="cd" * 32)
+    with pytest.raises(UserError, match=r"g.npz: token ids outside the vocabulary \[0, 5\)"):
+        Growth.load(path, vocab_size=5)
+    Corpus.build([[1, 2, 3, 4]]).save(tmp_path / "c.npz")
+    with pytest.raises(UserError, match="c.npz: not a growth file"):
+        Growth.load(tmp_path / "c.npz", vocab_size=9)
+    with open(tmp_path / "bad.npz", "wb") as f:
+        np.savez(f, tokens=np.arange(5, dtype=np.int32), lengths=np.array([2, 2]),
+                 meta=np.frombuffer(b'{"format": 1, "kind": "specrt growth"}', np.uint8))
+    with pytest.raises(UserError, match="bad.npz: inconsistent growth arrays"):
+        Growth.load(tmp_path / "bad.npz", vocab_size=9)
+    empty = tmp_path / "empty.npz"
+    Growth().save(empty)
+    assert Growth.load(empty, vocab_size=9).table == {} and Growth.load(empty, vocab_size=9).rates == {}
+    # the lookup policy's learnt rates of grown keys ride along, each position cut to RATE_TRIES tries
+    g.save(path, rates={42: ([10.0, 5.0], [12.0, 10.0]), 54: ([600.0], [1024.0])})
+    assert Growth.load(path, vocab_size=9).rates == {42: ([10.0, 5.0], [12.0, 10.0]), 54: ([150.0], [256.0])}
+    for rates in ({3: ([1.0], [2.0])}, {42: ([3.0], [2.0])}, {42: ([], [])}):
+        g.save(path, rates=rates)
+        with pytest.raises(UserError, match="g.npz: learnt rates of key"):
+            Growth.load(path, vocab_size=9)
+
+
 def _grown(seqs, nmin=2, nmax=3):
     g = Growth(nmin, nmax)
     for q in seqs:

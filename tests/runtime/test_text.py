@@ -236,6 +236,48 @@ def test_run_stats_grow_a_corpus(worded, tmp_path):
         (worded / FILE).unlink(missing_ok=True)
 
 
+def test_grow_file_carries_growth_across_runs(worded, tmp_path):
+    """`specrt run --grow-file F`: the run's sequences are written to F at the end; the next
+    run starts its growth from them, so a prompt of the first run is proposed from its
+    earlier answer at once (grown keys, >= 40), its output still `off`'s. A governor
+    without :grow, or a file that is not a growth file, exits 1 naming it, before decoding."""
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ["w3 w1 w4", "w2 w7"]))
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n")
+    grow = tmp_path / "state" / "grow.npz"
+
+    def run(prompts_file, gov, *extra):
+        stats = tmp_path / "s.json"
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(prompts_file), "--max-new-tokens", "12",
+                                      "--governor", gov, "--stats", str(stats), "--quiet", *extra])
+        return r, (json.loads(stats.read_text()) if r.exit_code == 0 else None)
+
+    _, off = run(again, "off")
+    r, first = run(prompts, "off:grow", "--grow-file", str(grow))
+    assert r.exit_code == 0 and grow.is_file(), r.output
+    r, second = run(again, "off:grow", "--grow-file", str(grow))
+    assert r.exit_code == 0 and "session growth from" in r.output and "(2 sequences)" in r.output, r.output
+    assert second["prompts"][0]["output_token_ids"] == off["prompts"][0]["output_token_ids"]
+    assert any(int(k) >= 40 for k in second["lookup"]["by_match"]), second["lookup"]  # grown at once
+    r, fresh = run(again, "off:grow")  # without the file: nothing grown in a first prompt
+    assert not any(int(k) >= 40 for k in fresh["lookup"]["by_match"])
+    from specrt.runtime.corpus import Growth
+
+    held = Growth.load(grow, vocab_size=16)
+    assert len(held.seqs) == 3  # the second run's sequence joined
+    learnt = [k for k, v in second["lookup"]["by_match"].items() if int(k) >= 40]
+    assert all(sum(held.rates[int(k)][1]) > 16.0 * len(held.rates[int(k)][1]) for k in learnt)  # past the priors
+    r, _ = run(again, "off", "--grow-file", str(grow))
+    assert r.exit_code == 1 and "has no session growth" in r.output and "Traceback" not in r.output
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not a zip")
+    r, _ = run(again, "auto", "--grow-file", str(junk))
+    assert r.exit_code == 1 and "junk.npz: not a growth file" in r.output and "Traceback" not in r.output
+
+
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
     """make_governor hands DSpark a copy of the session's calibration: two governors made
     from it (two configurations of one `specrt bench` worker, Session.new_governor) learn
