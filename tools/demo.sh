@@ -25,15 +25,22 @@ if $SPECRT --help | grep -q calibrate; then
   $SPECRT calibrate "$OUT/engines" --prompts tools/data/calibration_prompts.jsonl --chat --max-new-tokens 64
 fi
 echo "== specrt run --governor dspark:tree=3:ngram"
-$SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor dspark:tree=3:ngram --stats "$OUT/dspark.json"
-echo "== the same engines without speculation"
-$SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor off --stats "$OUT/off.json" --quiet
-$PY - "$OUT" <<'PYEOF'
+$SPECRT run "$OUT/engines" --chat --prompt "$PROMPT" --max-new-tokens 128 --governor dspark:tree=3:ngram
+# The speed-up: one run each on this 2-core VM varies by 10-20% from one minute to the next
+# (the demo has printed 0.98x and 1.13x for the same engines), so the prompt runs 3 times
+# with each governor in turn in one process (specrt bench), and the medians are compared.
+echo "== speed: the prompt 3 times with and without speculation, in turn (specrt bench)"
+$PY -c 'import json, sys; print((json.dumps({"prompt": sys.argv[1]}) + "\n") * 3, end="")' "$PROMPT" \
+  > "$OUT/prompt_x3.jsonl"
+$SPECRT bench "$OUT/engines" --prompts "$OUT/prompt_x3.jsonl" --chat --max-new-tokens 128 \
+  --governors off,dspark:tree=3:ngram --peers none --no-profile --quiet -o "$OUT/bench"
+$PY - "$OUT/bench/bench.json" <<'PYEOF'
 import json, sys
-out = sys.argv[1]
-s, o = (json.load(open(f"{out}/{n}.json")) for n in ("dspark", "off"))
-same = s["prompts"][0]["output_token_ids"] == o["prompts"][0]["output_token_ids"]
-print(f"speculative (dspark:tree=3:ngram): {s['tokens_per_s']:.1f} tok/s, tau {s['tau']:.2f}; "
-      f"no speculation: {o['tokens_per_s']:.1f} tok/s; speed-up {s['tokens_per_s'] / o['tokens_per_s']:.2f}x; "
-      f"outputs identical: {same}")
+b = json.load(open(sys.argv[1]))
+s, o = b["configs"]["specrt:dspark:tree=3:ngram"], b["configs"]["specrt:off"]
+same = b["identity"]["configs"]["specrt:dspark:tree=3:ngram"]
+print(f"speculative (dspark:tree=3:ngram): {s['tokens_per_s_median']:.1f} tok/s, tau {s['tau']:.2f}; "
+      f"no speculation: {o['tokens_per_s_median']:.1f} tok/s (medians of 3); "
+      f"speed-up {s['tokens_per_s_median'] / o['tokens_per_s_median']:.2f}x; "
+      f"outputs identical: {same['identical_prompts'] == same['prompts']} ({same['identical_prompts']}/{same['prompts']})")
 PYEOF
