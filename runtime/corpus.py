@@ -355,9 +355,10 @@ class Growth:
         g = cls(max_tokens=max_tokens)  # the tables are made again from the sequences, as add() makes them
         for q in np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []:
             g.add(q.tolist())  # oldest first: past the cap the oldest go again
-        g.rates = {}
-        grown = set(g.source_priors())
-        for key, wt in (meta.get("rates") or {}).items():
+        g.rates, grown, rates = {}, set(g.source_priors()), meta.get("rates") or {}
+        if not isinstance(rates, dict):
+            raise UserError(f"{path}: learnt rates: expected an object of grown key -> [wins, tries]")
+        for key, wt in rates.items():
             ok = (isinstance(wt, list) and len(wt) == 2 and all(isinstance(v, list) for v in wt)
                   and len(wt[0]) == len(wt[1]) > 0 and all(isinstance(x, (int, float)) for x in wt[0] + wt[1]))
             if not (ok and str(key).isdigit() and int(key) in grown
@@ -393,8 +394,8 @@ def _chain(step, ctx: Sequence[int], limit: int, nmax: int) -> tuple[list[int], 
 
 
 class Corpus:
-    def __init__(self, keys: np.ndarray, tokens: np.ndarray, ev: np.ndarray, nmin: int = NMIN, nmax: int = NMAX, priors: dict[int, list[float]] | None = None,
-                 info: dict | None = None, binning: str = "fine"):
+    def __init__(self, keys: np.ndarray, tokens: np.ndarray, ev: np.ndarray, nmin: int = NMIN, nmax: int = NMAX,
+                 priors: dict[int, list[float]] | None = None, info: dict | None = None, binning: str = "fine"):
         if binning not in BINNINGS:
             raise UserError(f"corpus binning {binning!r}: expected one of {', '.join(BINNINGS)}")
         self.keys, self.tokens, self.ev = keys, tokens, ev

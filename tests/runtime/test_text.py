@@ -236,12 +236,17 @@ def test_run_stats_grow_a_corpus(worded, tmp_path):
         (worded / FILE).unlink(missing_ok=True)
 
 
-def test_grow_file_carries_growth_across_runs(worded, tmp_path):
+def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     """`specrt run --grow-file F`: the run's sequences are written to F at the end; the next
     run starts its growth from them, so a prompt of the first run is proposed from its
-    earlier answer at once (grown keys, >= 40), its output still `off`'s. A governor
+    earlier answer at once (grown keys, >= 40; lookup forced into every round it can take,
+    as the policy's choice depends on measured times), its output still `off`'s. A governor
     without :grow, or a file that is not a growth file, exits 1 naming it, before decoding."""
     import json
+
+    from tests.runtime.test_generate import _always_look_up
+
+    _always_look_up(monkeypatch)
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ["w3 w1 w4", "w2 w7"]))
