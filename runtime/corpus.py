@@ -222,6 +222,27 @@ def _key_list(ctx: Sequence[int], nmin: int, nmax: int) -> list[int]:
 _LOW = (1 << 32) - 1
 
 
+def _meta(z) -> dict:
+    """The JSON object an .npz of this module keeps as its ``meta`` bytes (ValueError else)."""
+    meta = json.loads(bytes(z["meta"]).decode())
+    if not isinstance(meta, dict):
+        raise ValueError("its meta is not a JSON object")
+    return meta
+
+
+def _refuse_other_export(path: Path, meta: dict, export_digest: str | None, made: str, remedy: str) -> None:
+    """UserError naming ``path`` when its meta's export digest is another export's."""
+    if export_digest is not None and meta.get("export_digest") not in (None, export_digest):
+        raise UserError(f"{path}: {made} for another export (digest {str(meta.get('export_digest'))[:12]}, "
+                        f"these engines' {export_digest[:12]}); {remedy}")
+
+
+def _refuse_ids_outside(path: Path, tokens: np.ndarray, vocab_size: int | None) -> None:
+    """UserError naming ``path`` when a token id falls outside [0, vocab_size)."""
+    if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
+
+
 class Growth:
     """``:grow``: per n-gram (n = nmin..nmax) of the latest sequences added (up to
     ``max_tokens`` in all; the newest always), what followed it and how often, under the
@@ -336,22 +357,19 @@ class Growth:
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
+                meta = _meta(z)
                 tokens, lengths = z["tokens"], z["lengths"]
-            if not isinstance(meta, dict) or meta.get("kind") != "specrt growth":
+            if meta.get("kind") != "specrt growth":
                 raise ValueError("its meta does not say 'specrt growth'")
         except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path}: not a growth file ({e}); `specrt run --grow-file` writes them") from None
         if meta.get("format") != GROW_FORMAT:
             raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
-        if export_digest is not None and meta.get("export_digest") not in (None, export_digest):
-            raise UserError(f"{path}: written for another export (digest {str(meta.get('export_digest'))[:12]}, "
-                            f"these engines' {export_digest[:12]}); remove it or pass another --grow-file")
+        _refuse_other_export(path, meta, export_digest, "written", "remove it or pass another --grow-file")
         if not (tokens.ndim == lengths.ndim == 1 and tokens.dtype.kind in "iu" and lengths.dtype.kind in "iu"
                 and (lengths >= 0).all() and int(lengths.sum()) == len(tokens)):
             raise UserError(f"{path}: inconsistent growth arrays (lengths do not add up to the tokens)")
-        if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-            raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
+        _refuse_ids_outside(path, tokens, vocab_size)
         g = cls(max_tokens=max_tokens)  # the tables are made again from the sequences, as add() makes them
         for q in np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []:
             g.add(q.tolist())  # oldest first: past the cap the oldest go again
@@ -476,9 +494,7 @@ class Corpus:
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
-                if not isinstance(meta, dict):
-                    raise ValueError("its meta is not a JSON object")
+                meta = _meta(z)
                 if meta.get("format") == FORMAT:
                     keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))
         except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -489,11 +505,8 @@ class Corpus:
         if not (keys.dtype == np.uint64 and tokens.dtype in (np.uint16, np.int32) and ev.dtype == np.uint8
                 and len(keys) == len(tokens) == len(ev) and (not len(ev) or ev.max() <= 6)):
             raise UserError(f"{path}: inconsistent corpus arrays; make it again with `specrt corpus`")
-        if export_digest is not None and meta.get("export_digest") not in (None, export_digest):
-            raise UserError(f"{path}: made for another export (digest {str(meta.get('export_digest'))[:12]}, "
-                            f"these engines' {export_digest[:12]}); make it again with `specrt corpus`")
-        if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-            raise UserError(f"{path}: token ids outside the vocabulary [0, {vocab_size})")
+        _refuse_other_export(path, meta, export_digest, "made", "make it again with `specrt corpus`")
+        _refuse_ids_outside(path, tokens, vocab_size)
         priors = {int(k): [float(x) for x in v] for k, v in meta.get("priors", {}).items()}
         info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors", "binning")}
         return cls(keys, tokens, ev, int(meta["nmin"]), int(meta["nmax"]), priors, info,

@@ -74,6 +74,12 @@ def kv_bytes(engines) -> dict[str, int]:
     return out
 
 
+def budget_bytes(engines) -> tuple[int, dict[str, int], int]:
+    """(engine weight bytes, KV bytes per graph, their sum): what RSS_TARGET is a multiple of."""
+    weights, kv = engines.weight_bytes, kv_bytes(engines)
+    return weights, kv, weights + sum(kv.values())
+
+
 def run_cli_rss(engines_dir: Path, prompts: list[str], chat: bool, max_new: int, governor: str,
                 threads: int | None) -> dict:
     """``specrt run`` in a child process: its own ru_maxrss and its stats JSON."""
@@ -133,8 +139,7 @@ def rss_only(args) -> int:
     texts = [it.get("prompt") for it in read_prompts(args.prompts)[: args.n]]
     if not all(isinstance(t, str) for t in texts):
         raise SystemExit(f"{args.prompts}: --rss-governors needs text prompts (`specrt run` takes them)")
-    weights, kv = engines.weight_bytes, kv_bytes(engines)
-    budget = weights + sum(kv.values())
+    weights, kv, budget = budget_bytes(engines)
     corpus = Path(args.engines) / "corpus.npz"
     print(f"engines {args.engines}: weights {weights / 2**20:.0f} MiB + KV {sum(kv.values()) / 2**20:.0f} MiB "
           f"(context {engines.max_context}) = {budget / 2**20:.0f} MiB; corpus "
@@ -262,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     rss = None
     if all(isinstance(t, str) for t in texts):
         cli = run_cli_rss(args.engines, texts, chat, args.max_new_tokens, gov, threads)
-        weights = engines.weight_bytes
-        kv = kv_bytes(engines)
-        budget = weights + sum(kv.values())
+        weights, kv, budget = budget_bytes(engines)
         x = cli["peak_rss_bytes"] / budget
         rss = {"peak_rss_bytes": cli["peak_rss_bytes"], "weight_bytes": weights, "kv_bytes": kv,
                "ratio": x, "wall_seconds": cli["wall_seconds"], "tokens_per_s": cli["stats"]["tokens_per_s"]}
