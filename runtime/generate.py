@@ -287,9 +287,11 @@ class Generator:
                 if index is not None:  # prompt lookup: its tokens instead of the governor's route?
                     found, n_match = index.propose(min(limit, lookup.max_len))
                     d, rate = lookup.choose_rate(len(found), n_match, limit) if found else (0, 0.0)
+                    lookup.note(n_match, found, len(x), x)  # learnt in hindsight, chosen or not
                     for source in lookup.sources():  # and the corpus's, the grown one's, where they promise more
                         c_found, c_key = source.propose(x, min(limit, lookup.max_len))
                         c_d, c_rate = lookup.choose_rate(len(c_found), c_key, limit) if c_found else (0, 0.0)
+                        lookup.note(c_key, c_found, len(x), x)
                         if c_d > 0 and (d == 0 or c_rate > rate):
                             found, n_match, d, rate = c_found, c_key, c_d, c_rate
                 if d > 0:  # one-hot proposals (q None), no draft pass, no runners-up
@@ -353,6 +355,7 @@ class Generator:
                 x += new
                 if index is not None:
                     index.extend(new)
+                    lookup.settle(x)
                 emitted += len(new)
                 yield new
                 if stop is not None:
@@ -365,6 +368,8 @@ class Generator:
             raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start)
+            if lookup is not None:
+                lookup.settle(x, final=True)
             if lookup is not None and lookup.growth is not None and emitted:
                 lookup.growth.add(x)  # ':grow': later streams of this governor search it
 

@@ -25,6 +25,17 @@ conditional acceptance rates for the match length n, learnt online from priors (
 figures above, weighted as 16 rounds). Costs are the engines' table times a load factor
 learnt from every round's measured target time.
 
+The rates are learnt in hindsight (``note`` / ``settle``): every proposal a round was
+offered, verified or not, is tallied against the tokens the stream then emitted, as far as
+they go. A round verifies L positions at most, so learning from verified rounds alone left
+positions past the lengths a key's rounds chose at their priors (a prompt asked a third
+time, grown key 42, verified ~5.6 tokens a lookup round where the second time, key 54,
+verified 7.6), and a key whose priors lose to the draft was never tried at all. Exact for
+greedy decoding (position k is accepted iff the proposal's first k tokens are what the
+target emits), unbiased under sampling (a one-hot proposal x is accepted with probability
+p(x), which is the probability that the emitted token is x, and a rejected one is never
+emitted).
+
 Lossless either way: greedy verification emits the target's argmax whatever was
 proposed; under sampling each looked-up token is a one-hot proposal (verify.py, DESIGN.md
 §4), chosen before the round's randomness is drawn.
@@ -106,6 +117,8 @@ class NgramPolicy:
         self.route_guess = 1.5 / (decode + t_draft) if t_draft else 1.0 / decode
         self.wins = {n: [p * PRIOR_ROUNDS for p in PRIORS[n]] for n in PRIORS}
         self.tries = {n: [PRIOR_ROUNDS] * len(PRIORS[n]) for n in PRIORS}
+        self.hindsight = True  # learn rates from every offered proposal (note/settle); False: verified rounds only
+        self._pending: list[tuple[int, int, list[int], list[int]]] = []  # (key, start, proposal, the stream's tokens)
         self.corpus = None  # corpus.Corpus when the governor has ':corpus' (the generator sets it)
         self.growth = None  # corpus.Growth when it has ':grow' (the generator sets it and adds to it)
 
@@ -157,11 +170,49 @@ class NgramPolicy:
                     best, best_rate = k, rate
         return best, best_rate
 
+    def note(self, key: int, tokens: list[int], start: int, stream: list[int]) -> None:
+        """A proposal offered this round under ``key``, chosen or not: ``tokens`` would follow
+        ``stream[:start]``; ``settle`` tallies it once ``stream`` (appended to in place) shows
+        how far it matched."""
+        if self.hindsight and tokens and key in self.tries:
+            self._pending.append((key, start, list(tokens), stream))
+
+    def settle(self, stream: list[int], final: bool = False) -> None:
+        """Tally the noted proposals of ``stream`` that its tokens now decide (a mismatch
+        seen, or every position covered); ``final``: all of them, as far as the stream went
+        (positions past its end untried). Proposals of another stream (one abandoned
+        unfinished) are dropped untallied."""
+        keep = []
+        for item in self._pending:
+            key, start, prop, xs = item
+            if xs is not stream:
+                continue
+            truth = stream[start : start + len(prop)]
+            if final or len(truth) == len(prop) or any(p != t for p, t in zip(prop, truth)):
+                self._count(key, prop, truth)
+            else:
+                keep.append(item)
+        self._pending = keep
+
+    def _count(self, key: int, proposal: Sequence[int], truth: Sequence[int]) -> None:
+        """tally() into ``key``'s counts, positions past its priors' length starting from
+        the last one's rate at PRIOR_ROUNDS."""
+        w, t = self.wins[key], self.tries[key]
+        for k, (p, q) in enumerate(zip(proposal, truth)):
+            if k >= len(t):
+                w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
+                t.append(PRIOR_ROUNDS)
+            t[k] += 1.0
+            if p != q:
+                break
+            w[k] += 1.0
+
     def observe(self, rows: int, t_verify: float, t_round: float | None, tokens: int,
                 lookup: tuple[int, int] | None = None) -> None:
         """Any round: its target call (``rows`` tokens) and wall time; ``lookup`` = (n,
-        accepted) for a lookup round, whose accepted count teaches n's rates, else the
-        round's ``tokens`` per second teach the governor route's rate."""
+        accepted) for a lookup round (its accepted count teaches n's rates when they are not
+        learnt in hindsight), else the round's ``tokens`` per second teach the governor
+        route's rate."""
         if t_verify > 0:
             self.load += EMA * (t_verify / self.cost(rows) * self.load - self.load)
         if t_round is not None and lookup is not None:
@@ -170,6 +221,8 @@ class NgramPolicy:
             if t_round:
                 r = tokens / t_round
                 self.route_rate = r if self.route_rate is None else self.route_rate + EMA * (r - self.route_rate)
+            return
+        if self.hindsight:
             return
         n, a = lookup
         w, t = self.wins[n], self.tries[n]

@@ -154,6 +154,48 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
             assert accepted > 0
 
 
+def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeypatch):
+    """The policy's learnt counts are its priors plus every proposal offered to a round
+    (chosen or not) tallied against what the stream emitted after it (ngram.py's
+    hindsight), over two streams."""
+    from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy, tally
+
+    _, engines = pair
+    offered = []
+    real_note = NgramPolicy.note
+
+    def note(self, key, tokens, start, stream):
+        offered.append((key, list(tokens), start, stream))
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    g = _gen(engines, gov)
+    outs = [g.generate(REPEATING, 40), g.generate(REPEATING[::-1], 30)]
+    policy = gov.lookup_policy
+    want = NgramPolicy(DEPTHS, {d: 1.0 for d in (0, *DEPTHS)}, None)
+    order = list(dict.fromkeys(id(s) for *_, s in offered))  # the streams' lists, first seen first
+    assert len(order) == 2
+    full = [REPEATING + outs[0], REPEATING[::-1] + outs[1]]
+    tallied = 0
+    for key, tokens, start, stream in offered:
+        assert stream == full[order.index(id(stream))]  # the stream's own list, complete at the end
+        if not tokens:
+            continue
+        w, t = want.wins[key], want.tries[key]
+        while len(t) < len(tokens):
+            w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
+            t.append(PRIOR_ROUNDS)
+        tally(tokens, stream[start:], t, w)
+        tallied += 1
+    assert tallied > 0
+    for key in policy.tries:
+        assert policy.tries[key] == pytest.approx(want.tries[key]), key
+        assert policy.wins[key] == pytest.approx(want.wins[key]), key
+    assert not policy._pending
+
+
 LOOKUP_PROMPTS = [PROMPT, [7, 7, 2, 9, 4, 4, 1], [5, 3, 8, 1]]
 
 

@@ -66,8 +66,53 @@ def test_policy_prefers_the_governors_route_when_it_is_faster():
     assert p.cost(1) == pytest.approx(COSTS[0])
 
 
+def test_policy_learns_rates_in_hindsight():
+    """Every offered proposal, verified or not, is tallied against the tokens the stream
+    then emitted, once they decide it: position k tried when 1..k-1 matched, won when k
+    did too, past the length any round verified and past the priors' length."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    x = [9, 9, 9]
+    p.note(2, [5, 6, 7, 8], len(x), x)  # offered, never chosen: no observe() for it
+    p.note(4, [5, 6], len(x), x)
+    p.note(3, [], len(x), x)  # nothing offered: nothing to learn
+    p.note(77, [5], len(x), x)  # a key the policy has no rates for
+    x += [5]
+    p.settle(x)
+    assert p.tries[2] == [PRIOR_ROUNDS] * 8 and p.tries[4] == [PRIOR_ROUNDS] * 8  # undecided yet
+    x += [6, 1]
+    p.settle(x)  # key 4's both positions matched; key 2's third missed
+    assert p.tries[4][:3] == [PRIOR_ROUNDS + 1, PRIOR_ROUNDS + 1, PRIOR_ROUNDS]
+    assert p.wins[4][:2] == [PRIORS[4][0] * PRIOR_ROUNDS + 1, PRIORS[4][1] * PRIOR_ROUNDS + 1]
+    assert p.tries[2][:4] == [PRIOR_ROUNDS + 1] * 3 + [PRIOR_ROUNDS]
+    assert p.wins[2][:3] == [PRIORS[2][0] * PRIOR_ROUNDS + 1, PRIORS[2][1] * PRIOR_ROUNDS + 1, PRIORS[2][2] * PRIOR_ROUNDS]
+    assert p.tries[3] == [PRIOR_ROUNDS] * 8 and 77 not in p.tries and not p._pending
+    # a verified lookup round's observe() teaches no rates then (its tokens are noted instead)
+    p.observe(3, t_verify=0.023, t_round=0.024, tokens=2, lookup=(2, 1))
+    assert p.tries[2][:4] == [PRIOR_ROUNDS + 1] * 3 + [PRIOR_ROUNDS]
+    # the stream's end settles the rest as far as it went; positions past the priors' 8 extend them
+    p.note(3, list(range(10)), len(x), x)
+    x += list(range(9))
+    p.settle(x)
+    assert len(p._pending) == 1
+    p.settle(x, final=True)
+    w8 = PRIORS[3][7] * PRIOR_ROUNDS + 1  # position 8 won, then the 9th starts from its rate
+    assert p.tries[3] == [PRIOR_ROUNDS + 1] * 9
+    assert p.wins[3][8] == pytest.approx(w8 / (PRIOR_ROUNDS + 1) * PRIOR_ROUNDS + 1)
+    # a proposal of another stream (one abandoned unfinished) is dropped, untallied
+    y = [1, 2]
+    p.note(2, [3], len(y), y)
+    p.settle(x, final=True)
+    assert not p._pending and p.tries[2][0] == PRIOR_ROUNDS + 1
+    # hindsight off: offered proposals are not kept, the verified rounds teach (below)
+    q = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    q.hindsight = False
+    q.note(2, [5], 0, x)
+    assert not q._pending
+
+
 def test_policy_learns_rates_route_speed_and_load():
     p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.hindsight = False  # the verified rounds' counts (learnt in hindsight: the test above)
     before = p.rates(2)[0]
     assert before == pytest.approx(PRIORS[2][0])
     for _ in range(50):  # 2-gram chains of 4, always rejected at once
@@ -82,6 +127,7 @@ def test_policy_learns_rates_route_speed_and_load():
     assert p.route_rate == pytest.approx(2 / 0.05, rel=0.01)
     # chains of 8 fully accepted teach every position, past the priors' length too
     q = NgramPolicy((1, 2, 4, 8, 12), {**COSTS, 12: 0.04}, t_draft=None)
+    q.hindsight = False
     assert q.route_guess == pytest.approx(1 / 0.020)
     q.observe(13, t_verify=0.04, t_round=0.041, tokens=13, lookup=(4, 12))
     assert len(q.tries[4]) == 12 and q.tries[4][11] == PRIOR_ROUNDS + 1
