@@ -29,8 +29,9 @@ The rates are learnt in hindsight (``note`` / ``settle``): every proposal a roun
 offered, verified or not, is tallied against the tokens the stream then emitted, as far as
 they go. A round verifies L positions at most, so learning from verified rounds alone left
 positions past the lengths a key's rounds chose at their priors (a prompt asked a third
-time, grown key 42, verified ~5.6 tokens a lookup round where the second time, key 54,
-verified 7.6), and a key whose priors lose to the draft was never tried at all. Exact for
+time in a session, grown key 42, verified 6.4 tokens a lookup round where the second time,
+key 54, verified 8.5; with hindsight 8.3, results/lookup_hindsight), and a key whose priors
+lose to the draft was never tried at all. Exact for
 greedy decoding (position k is accepted iff the proposal's first k tokens are what the
 target emits), unbiased under sampling (a one-hot proposal x is accepted with probability
 p(x), which is the probability that the emitted token is x, and a rejected one is never
@@ -195,17 +196,21 @@ class NgramPolicy:
         self._pending = keep
 
     def _count(self, key: int, proposal: Sequence[int], truth: Sequence[int]) -> None:
-        """tally() into ``key``'s counts, positions past its priors' length starting from
-        the last one's rate at PRIOR_ROUNDS."""
-        w, t = self.wins[key], self.tries[key]
+        """tally() into ``key``'s counts."""
         for k, (p, q) in enumerate(zip(proposal, truth)):
-            if k >= len(t):
-                w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
-                t.append(PRIOR_ROUNDS)
-            t[k] += 1.0
+            self._tried(key, k, p == q)
             if p != q:
                 break
-            w[k] += 1.0
+
+    def _tried(self, key: int, k: int, won: bool) -> None:
+        """One try of position k + 1 of ``key``; positions past its priors' length start
+        from the last one's rate at PRIOR_ROUNDS."""
+        w, t = self.wins[key], self.tries[key]
+        if k >= len(t):
+            w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
+            t.append(PRIOR_ROUNDS)
+        t[k] += 1.0
+        w[k] += float(won)
 
     def observe(self, rows: int, t_verify: float, t_round: float | None, tokens: int,
                 lookup: tuple[int, int] | None = None) -> None:
@@ -225,11 +230,5 @@ class NgramPolicy:
         if self.hindsight:
             return
         n, a = lookup
-        w, t = self.wins[n], self.tries[n]
-        L = rows - 1
-        for k in range(min(a + 1, L)):  # positions reached: 1..a accepted, a + 1 rejected (if verified)
-            if k >= len(t):
-                w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
-                t.append(PRIOR_ROUNDS)
-            t[k] += 1.0
-            w[k] += float(k < a)
+        for k in range(min(a + 1, rows - 1)):  # positions reached: 1..a accepted, a + 1 rejected (if verified)
+            self._tried(n, k, k < a)
