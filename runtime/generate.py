@@ -370,8 +370,8 @@ class Generator:
             tel.finish(emitted, time.perf_counter() - t_start)
             if lookup is not None:
                 lookup.settle(x, final=True)
-            if lookup is not None and lookup.growth is not None and emitted:
-                lookup.growth.add(x)  # ':grow': later streams of this governor search it
+                if lookup.growth is not None and emitted:
+                    lookup.growth.add(x)  # ':grow': later streams of this governor search it
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:
         out: list[int] = []

@@ -18,12 +18,13 @@ tokens a lookup round, and the ratio now / before; exits 1 if outputs differ.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specrt.errors import UserError
+    from specrt.prompt_files import read_prompt_file
     from specrt.runtime.session import Session, make_governor
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     a = ap.parse_args(argv)
-    prompts = [json.loads(x)["prompt"] for x in a.prompts.read_text().splitlines() if x.strip()]
+    try:
+        prompts = [p["prompt"] for p in read_prompt_file(a.prompts, allow_ids=False)]
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     prompts = prompts[: a.n] if a.n else prompts
     names = ("now", "before")
     with Session(a.engines, a.governor) as s:
