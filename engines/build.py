@@ -33,6 +33,7 @@ from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST,
 from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
 from specrt.engines.quantize import DRAFT_WEIGHTS, quantize_draft
 from specrt.errors import UserError
+from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
                              write_json)
 
@@ -109,7 +110,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
                   profile_pasts: tuple[int, ...] = (128, 512), profile_repeats: int = 10,
-                  draft_accepted: int = 2, ort_kv: str = "auto", draft_weights: str = "fp") -> dict[str, Any]:
+                  draft_accepted: int = 2, ort_kv: str = "auto", draft_weights: str = "fp",
+                  target_head: str = "full") -> dict[str, Any]:
     """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
 
     backend: "onnxruntime" | "tensorrt". precision: fp32/fp16/bf16 (default: the export's
@@ -119,7 +121,9 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     (plan.py). profile_*: the cost table's past lengths and repeats (costs.py).
     ort_kv: "auto" (in-place when possible), "inplace" (error if not possible) or "append"
     (the export's portable target graph). draft_weights: "fp" (as exported) or "int8"
-    (ONNX Runtime: weight-only int8 draft, quantize.py).
+    (ONNX Runtime: weight-only int8 draft, quantize.py). target_head: "full" (exact fp32
+    logits) or "screened" (int8 logits and an exact greedy argmax, specrt/head.py; ONNX
+    Runtime, float32, in-place KV).
     """
     from specrt.engines.onnxruntime import OrtSettings
 
@@ -164,6 +168,11 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if dtype != "float32":
             raise UserError(f"--draft-weights {draft_weights} needs a float32 export (this one is {dtype}): "
                             "ONNX Runtime's MatMulNBits CPU kernel takes float32 activations")
+    if target_head not in C.HEADS:
+        raise UserError(f"--target-head '{target_head}' is not one of {', '.join(C.HEADS)}")
+    if target_head != "full" and (backend != "onnxruntime" or dtype != "float32" or ort_kv == "append"):
+        raise UserError(f"--target-head {target_head} needs the onnxruntime backend, a float32 export and in-place "
+                        f"KV (here: {backend}, {dtype}, --ort-kv {ort_kv})")
     if ort_kv == "inplace" and backend != "onnxruntime":
         raise UserError(f"--ort-kv inplace applies to the onnxruntime backend, not {backend} "
                         "(TensorRT engines use the export's portable graphs)")
@@ -177,6 +186,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         plan = None
         settings = OrtSettings.from_json(ort_settings or {}).resolved()
     kv = _resolve_kv(ort_kv, backend, exp, settings, log)
+    if target_head != "full" and kv != "inplace":
+        raise UserError(f"--target-head {target_head} needs in-place KV, which these settings cannot have")
     if kv == "inplace":
         from dataclasses import replace
 
@@ -210,11 +221,16 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
 
                     t = exp["target"]
                     io = write_inplace_target(tmp / graph_files[g], t["decoder"], t["aux_layer_ids"], dtype, ctx,
-                                              tmp / name)
+                                              tmp / name, head=target_head)
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
                     # "tree": the graph's mask follows the positions (contracts.py "Token trees")
                     graphs_json[g] = {"io": io.to_json(), "kv": "inplace", "tree": True}
+                    if target_head == "screened":
+                        files += [file_record(tmp, HEAD_WEIGHT_FILE), file_record(tmp, HEAD_BOUNDS_FILE)]
+                        graphs_json[g]["head"] = target_head
+                        log(f"target head screened: int8 logits beside {n_outliers(int(t['hidden_size']))} fp32 outlier "
+                            f"channels for greedy steps, the exact argmax from {HEAD_WEIGHT_FILE}")
                     log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
                 elif g == "draft" and draft_weights == "int8":
                     q = quantize_draft(tmp / graph_files[g], tmp / name, dtype)

@@ -650,6 +650,11 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             notes.append("ONNX Runtime engines run the same graph files as this reference: this checks the engines' "
                          "session settings and bindings, not the export (use --reference torch for that)")
 
+    if engines.head is not None:
+        notes.append("the target head is screened (built with --target-head screened): the logits compared here are "
+                     "its fp32 branch's (head_exact = true, what sampling and the prefill use); greedy steps take "
+                     "int8 logits that only screen the argmax, exact by an error bound (specrt/head.py, "
+                     "tests/runtime/test_head.py)")
     if DRAFT in engines.runners and DRAFT not in skipped and engines.draft_weights == "int8":
         notes.append("the draft engine has int8 weights (built with --draft-weights int8): it is compared with the "
                      "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie, "

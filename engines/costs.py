@@ -58,7 +58,9 @@ def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int,
     feeds = {}
     for t in runner.inputs:
         shape = [d if isinstance(d, int) else sizes[d] for d in t.shape]
-        if t.name == C.INPUT_IDS:
+        if t.name == C.HEAD_EXACT:  # a screened head (specrt/head.py): the greedy path's cost
+            feeds[t.name] = np.array(False)
+        elif t.name == C.INPUT_IDS:
             feeds[t.name] = rng.integers(0, vocab, size=shape, dtype=np.int64)
         elif t.name == C.POSITION_IDS:
             feeds[t.name] = np.arange(past, past + shape[1], dtype=np.int64)[None, :]

@@ -30,13 +30,15 @@ class PortableView(Runner):
     that feed or compare engines tensor by tensor (``specrt compare``, tests): the past
     views are copied into scratch buffers of the engine's layout, the engine runs, and the
     S rows it wrote come back as ``new_key.{i}``/``new_value.{i}``. O(past) copies per call:
-    for comparison, never for decoding (the runtime feeds the in-place buffers itself)."""
+    for comparison, never for decoding (the runtime feeds the in-place buffers itself).
+    With a screened head (specrt/head.py) the view asks for the engine's fp32 logits
+    (``head_exact``), as the export's graph gives them."""
 
     backend = "portable-view"
 
-    def __init__(self, inner: Runner, inputs, outputs):
+    def __init__(self, inner: Runner, inputs, outputs, head=None):
         super().__init__(inner.role, inputs, outputs)
-        self.inner = inner
+        self.inner, self.head = inner, head
         shapes = {t.name: t.shape for t in inner.inputs}
         layers = sum(1 for n in shapes if n.startswith("cache_key."))
         # per layer and kind: (past input, new output, in-place buffer input, its shape)
@@ -56,6 +58,8 @@ class PortableView(Runner):
         past = feeds[C.past_key(0)].shape[1]
         s = feeds[C.INPUT_IDS].shape[1]
         inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(("past_key.", "past_value."))}
+        if self.head is not None:
+            inner_feeds[C.HEAD_EXACT] = np.array(True)
         for src, _, name, shape in self._kv:
             buf = self._bufs.get(name)
             if buf is None:
@@ -64,6 +68,9 @@ class PortableView(Runner):
             inner_feeds[name] = buf
         out = self.inner.infer(inner_feeds)
         res = {n: a for n, a in out.items() if not n.startswith("cache_")}
+        if self.head is not None:
+            res.pop(C.HEAD_HIDDEN, None)
+            res.pop(C.HEAD_NORMS, None)
         for _, new, name, _ in self._kv:
             res[new] = np.ascontiguousarray(self._bufs[name][0, :, past:past + s].transpose(1, 0, 2)[None])
         return res
@@ -94,6 +101,12 @@ class EngineSet:
         self.runners: dict[str, Runner] = self._make_runners(ort_overrides or {})
         self._views: dict[str, Runner] = {}
         self.is_active = False
+        # a screened target head (specrt/head.py): its exact weights beside the engines
+        self.head = None
+        if (manifest.get("graphs", {}).get("target") or {}).get("head") == "screened":
+            from specrt.head import HeadScreen
+
+            self.head = HeadScreen.load(self.folder)
 
     def _graph_io(self, graph: str) -> dict[str, Any]:
         """The engines' own I/O of ``graph`` when the build re-lowered it (in-place KV),
@@ -176,7 +189,8 @@ class EngineSet:
         view = self._views.get(role)
         if view is None:
             io = self.export["graphs"][r.role.graph]["io"]
-            view = PortableView(r, specs_from_json(io["inputs"]), specs_from_json(io["outputs"]))
+            view = PortableView(r, specs_from_json(io["inputs"]), specs_from_json(io["outputs"]),
+                                head=self.head if r.role.graph == "target" else None)
             self._views[role] = view
         if activate and not view.is_active:
             view.activate()

@@ -444,7 +444,7 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
 
 
 def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtype: str, cache_len: int,
-                         dst: Path) -> Any:
+                         dst: Path, head: str = "full") -> Any:
     """Re-lower the export's target graph with in-place KV (export/graphs.py, kv="inplace")
     from the weights in ``src`` (read one tensor at a time, external data by offset), into
     ``dst`` + ``dst.data``; returns its GraphIO."""
@@ -480,9 +480,49 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
         return a.reshape(tuple(t.dims))
 
     cfg = DecoderConfig.from_json(decoder)
-    out = build_target_graph(cfg, get, aux_layer_ids, dtype, kv="inplace", cache_len=int(cache_len))
+    outliers = None
+    if head == "screened":  # the exact head and its bounds beside the graph (specrt/head.py)
+        from specrt.head import BOUNDS_FILE, WEIGHT_FILE, choose_outliers, n_outliers, quantize_head
+
+        states = _head_states(cfg, get, aux_layer_ids, dtype, src.parent, dst.parent)
+        outliers = choose_outliers(states, n_outliers(cfg.hidden_size))
+        w = np.asarray(get("embed" if cfg.tie_word_embeddings else "lm_head"), np.float32)
+        np.save(dst.parent / WEIGHT_FILE, w, allow_pickle=False)
+        np.save(dst.parent / BOUNDS_FILE, quantize_head(w, outliers)[2], allow_pickle=False)
+    out = build_target_graph(cfg, get, aux_layer_ids, dtype, kv="inplace", cache_len=int(cache_len), head=head,
+                             outliers=outliers)
     del model, inits
     io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.hidden_size, dtype,
-                     kv="inplace")
+                     kv="inplace", head=head)
     save_model(out, dst, external_data=True)
     return io
+
+
+def _head_states(cfg, get, aux_layer_ids, dtype: str, export_dir: Path, scratch: Path) -> np.ndarray:
+    """The target's final hidden states (the head's input) [N, H] over the canary's prompts
+    (runtime/canary.py), to choose a screened head's fp32 channels: the portable graph with
+    ``head_hidden`` out, written to ``scratch`` (external data: no 2 GB protobuf limit) and
+    removed after one prefill a prompt."""
+    import onnxruntime as ort
+
+    from specrt.export.graphs import build_target_graph, save_model
+    from specrt.runtime.canary import prompt_ids
+
+    path = scratch / "head_calibration.onnx"
+    save_model(build_target_graph(cfg, get, aux_layer_ids, dtype, head="hidden"), path, external_data=True)
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        empty = np.zeros((1, 0, cfg.num_kv_heads, cfg.head_dim), np.float32)
+        kv = {i.name: empty for i in sess.get_inputs() if i.name not in (C.INPUT_IDS, C.POSITION_IDS)}
+        states = []
+        for ids in prompt_ids(export_dir, cfg.vocab_size):
+            feeds = {C.INPUT_IDS: np.array([ids], np.int64),
+                     C.POSITION_IDS: np.arange(len(ids), dtype=np.int64)[None]}
+            states.append(sess.run([C.HEAD_HIDDEN], {**feeds, **kv})[0][0])
+        del sess
+    finally:
+        for p in (path, path.with_name(path.name + ".data")):
+            p.unlink(missing_ok=True)
+    return np.concatenate(states)

@@ -73,7 +73,8 @@ def _inplace_layers(b: ops.GraphBuilder, cfg: DecoderConfig, W, aux: tuple[int, 
 
 
 def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: str = "float32",
-                       kv: str = "append", cache_len: int | None = None) -> onnx.ModelProto:
+                       kv: str = "append", cache_len: int | None = None, head: str = "full",
+                       outliers: np.ndarray | None = None) -> onnx.ModelProto:
     """The target: any S >= 1 new tokens over any P >= 0 committed ones (prefill and verify).
 
     I/O: ``contracts.target_io``. ``aux_hidden`` [1, S, 3H] = concat of the residual
@@ -81,6 +82,10 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
     output before the final norm). Tied models share the embedding for the head.
     ``kv="inplace"``: the ONNX Runtime flavour over in-place buffers of ``cache_len`` rows
     (contracts.py; float32/float16 only: GroupQueryAttention's CPU kernel has no bfloat16).
+    ``head="screened"``: int8 logits for an exact greedy argmax beside the fp32 head
+    (specrt/head.py; float32 graphs; ``outliers``: the channels kept in fp32), with
+    ``head_hidden`` and ``head_norms`` out; ``head="hidden"``: the full head and
+    ``head_hidden`` (to choose those channels).
     """
     if kv not in C.KV_LAYOUTS:
         raise InternalError(f"kv layout {kv!r} is not one of {C.KV_LAYOUTS}")
@@ -101,11 +106,76 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
         h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
         b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
         h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
-    # Tied: Gemm(transB=1) reads the embedding table itself, stored once.
-    ops.lm_head(b, h, W("embed") if cfg.tie_word_embeddings else W("lm_head"), V, C.LOGITS)
-    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv)
+    head_slot = "embed" if cfg.tie_word_embeddings else "lm_head"
+    if head == "screened":
+        if dtype != "float32":
+            raise UserError(f"a screened head needs a float32 target (this one is {dtype})")
+        if outliers is None:
+            raise InternalError("a screened head needs its outlier channels (specrt/head.py)")
+        _screened_head(b, h, W(head_slot), get(head_slot), V, H, outliers)
+    elif head in ("full", "hidden"):
+        # Tied: Gemm(transB=1) reads the embedding table itself, stored once.
+        ops.lm_head(b, h, W(head_slot), V, C.LOGITS)
+        if head == "hidden":  # the build's calibration of a screened head (engines/onnxruntime.py)
+            b.reshape(h, 1, -1, H, out=C.HEAD_HIDDEN)
+    else:
+        raise InternalError(f"head {head!r} is not one of {C.HEADS}")
+    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv, head=head)
     return b.model(io, "specrt_target", f"target {cfg.model_type}, aux ids {list(aux)}"
                    + (f", in-place KV of {cache_len} rows (ONNX Runtime GroupQueryAttention)" if kv == "inplace" else ""))
+
+
+def _screened_head(b: ops.GraphBuilder, h: str, w_name: str, w: np.ndarray, V: int, H: int,
+                   outliers: np.ndarray) -> None:
+    """h [S, H] -> ``head_hidden`` [1, S, H] = h, and behind an If on the ``head_exact``
+    input (bool []): true, the fp32 head's ``logits`` (``w_name``, the graph's own weight)
+    and zero ``head_norms``; false, screened ``logits`` (the outlier channels' fp32 product
+    + the rest's MatMulInteger with each row's h quantized on its own scale) and
+    ``head_norms`` [1, S, 2] = (||h_R||, ||h_R - h'_R||) (specrt/head.py)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.head import HMAX, quantize_head, rest_channels
+
+    outliers = np.asarray(outliers, np.int64)
+    rest = rest_channels(H, outliers)
+    q, s, _ = quantize_head(w, outliers)
+    g = b.proto.graph
+    for name, a in (("head_q", np.ascontiguousarray(q.T)),  # [|R|, V] int8
+                    ("head_scale", s),  # [V]
+                    ("head_w_outlier", np.ascontiguousarray(np.asarray(w, np.float32)[:, outliers].T)),  # [k, V]
+                    ("head_outlier_ids", outliers), ("head_rest_ids", rest)):
+        g.initializer.add().CopyFrom(numpy_helper.from_array(a, name))
+    f = lambda x: b.const(np.float32(x), "float32")  # noqa: E731
+    outer, b.nodes = b.nodes, []
+    # the exact branch: the full head, as a "full" graph computes it
+    exact = b.reshape(ops.linear(b, h, w_name), 1, -1, V)
+    zero = b.op("ConstantOfShape", b.op("Concat", b.op("Shape", h, end=-1), b.ints(2), axis=0),
+                value=numpy_helper.from_array(np.zeros(1, np.float32)))
+    zero = b.reshape(zero, 1, -1, 2)
+    then_nodes, b.nodes = b.nodes, []
+    # the screened branch
+    h_o = b.op("Gather", h, "head_outlier_ids", axis=-1)
+    h_r = b.op("Gather", h, "head_rest_ids", axis=-1)
+    # per row: t = max|h_R| / 127 (a tiny floor keeps an all-zero row finite: q = 0, exact)
+    t = b.op("Max", b.op("Div", b.op("ReduceMax", b.op("Abs", h_r), axes=[-1], keepdims=1), f(HMAX)), f(1e-30))
+    qf = b.op("Clip", b.op("Round", b.op("Div", h_r, t)), f(-HMAX), f(HMAX))
+    qu = b.op("Cast", b.op("Add", qf, f(128)), to=TensorProto.UINT8)
+    acc = b.op("Cast", b.op("MatMulInteger", qu, "head_q", b.const(np.uint8(128), "uint8")), to=TensorProto.FLOAT)
+    rest_part = b.op("Mul", b.op("Mul", acc, "head_scale"), t)
+    approx = b.reshape(b.op("Add", rest_part, b.op("MatMul", h_o, "head_w_outlier")), 1, -1, V)
+    norms = b.op("Concat", b.op("ReduceL2", h_r, axes=[-1], keepdims=1),
+                 b.op("ReduceL2", b.op("Sub", h_r, b.op("Mul", qf, t)), axes=[-1], keepdims=1), axis=-1)
+    norms = b.reshape(norms, 1, -1, 2)
+    else_nodes, b.nodes = b.nodes, outer
+
+    def branch(nodes, outs, name):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                   for o in outs])
+
+    b.ops("If", [C.HEAD_EXACT], 2, outs=[C.LOGITS, C.HEAD_NORMS],
+          then_branch=branch(then_nodes, [exact, zero], "head_exact"),
+          else_branch=branch(else_nodes, [approx, norms], "head_screened"))
+    b.reshape(h, 1, -1, H, out=C.HEAD_HIDDEN)
 
 
 # ---- drafts ----------------------------------------------------------------------------

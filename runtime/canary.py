@@ -51,19 +51,24 @@ def expected_depth1(receipt: dict) -> tuple[float | None, str]:
     return None, "none"
 
 
+def prompt_ids(export_dir: Path, vocab_size: int, prompts=PROMPTS) -> list[list[int]]:
+    """``prompts`` as token ids through the export's tokenizer (and chat template, when it
+    has one); tokenizer-less test models get fixed pseudo-random prompts instead."""
+    if (Path(export_dir) / "tokenizer.json").is_file():
+        text = Text(export_dir)
+        chat = text.chat_template is not None
+        return [text.encode(p, chat) for p in prompts]
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab_size, 12).tolist() for _ in prompts]
+
+
 def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     """Measure depth-1 greedy acceptance on ``engines`` (an active EngineSet) and write the receipt."""
     exp, export_dir = engines.export, Path(engines.export_dir)
     draft = exp.get("draft")
     if draft is None:
         return {}
-    if (export_dir / "tokenizer.json").is_file():
-        text = Text(export_dir)
-        chat = text.chat_template is not None
-        token_prompts = [text.encode(p, chat) for p in prompts]
-    else:  # tokenizer-less test models: fixed pseudo-random prompts
-        rng = np.random.default_rng(0)
-        token_prompts = [rng.integers(0, exp["target"]["vocab_size"], 12).tolist() for _ in prompts]
+    token_prompts = prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
     depth = 1 if 1 in engines.depths else engines.depths[0]  # position 1 is measured at any depth
     gen = Generator(engines, FixedGovernor(engines.depths, depth), d2t=read_d2t(export_dir, exp))
     drafted = accepted = 0

@@ -96,6 +96,13 @@ class Generator:
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
         self._corpus: tuple[tuple, Corpus] | None = None  # the loaded corpus file, by (path, mtime, size)
+        # a screened target head (specrt/head.py): greedy decoding screens its int8 logits for
+        # the exact argmax; sampling and the prefill (its many rows' int8 temporaries would
+        # cost more memory than they save time) ask for the fp32 head's logits (head_exact)
+        head = getattr(engines, "head", None)
+        self.screen = head if head is not None and params.greedy else None
+        self._head_feeds = ({C.HEAD_EXACT: np.array(not params.greedy)}, {C.HEAD_EXACT: np.array(True)}) \
+            if head is not None else ({}, {})
 
     def resolve_tree_width(self) -> int:
         """Token trees (contracts.py "Token trees"): a governor with ``tree_width`` W > 1
@@ -149,15 +156,16 @@ class Generator:
         out = runner.infer(feeds)
         return out, time.perf_counter() - t0
 
-    def _target(self, tokens, start: int, siblings: int = 0) -> tuple[dict, float]:
+    def _target(self, tokens, start: int, siblings: int = 0, exact: bool = False) -> tuple[dict, float]:
         """Score ``tokens`` at positions start.. on top of the committed target KV; the last
-        ``siblings`` of them are siblings of tokens[1], at its position (a token tree)."""
+        ``siblings`` of them are siblings of tokens[1], at its position (a token tree).
+        ``exact``: a screened head's fp32 logits even when greedy."""
         s = len(tokens)
         pos = np.arange(start, start + s, dtype=np.int64)
         if siblings:
             pos[s - siblings:] = start + 1
         feeds = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None], C.POSITION_IDS: pos[None],
-                 **self.tkv.past_feeds()}
+                 **self.tkv.past_feeds(), **self._head_feeds[exact]}
         return self._run(self.e.target(s), feeds, "target")
 
     def _runners_up(self, row: np.ndarray, first: int) -> list[int]:
@@ -168,6 +176,16 @@ class Generator:
         top = top[np.argsort(-row[top], kind="stable")]
         ids = top + (self.d2t[top] if self.d2t is not None else 0)
         return [int(t) for t in ids if t != first][: w - 1]
+
+    def _first_token(self, out: dict, rng) -> int:
+        """The token after the prompt, from the prefill's last row (a screened head's fp32 row:
+        zero norms, so the screen only rescores the tokens within float rounding of the top,
+        and the tie rule stays the one every later step follows)."""
+        logits = out[C.LOGITS][0]
+        if self.screen is not None:
+            return int(self.screen.argmax(logits, out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0],
+                                          range(len(logits) - 1, len(logits)))[0])
+        return self._pick(logits[-1], rng)
 
     def _pick(self, logits: np.ndarray, rng) -> int:
         if self.params.greedy:
@@ -255,10 +273,10 @@ class Generator:
         emitted = 0
         x: list[int] = []
         try:
-            out, dt = self._target(prompt, 0)
+            out, dt = self._target(prompt, 0, exact=True)
             tel.engine_time("prefill", dt)
             self.tkv.commit(out, len(prompt))
-            first = self._pick(out[C.LOGITS][0, -1], rng)
+            first = self._first_token(out, rng)
             x = prompt + [first]
             # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
             pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0].copy()], 0
@@ -317,11 +335,16 @@ class Generator:
                     if self.tree_width > 1 and d >= 1 and not n_match else []
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
+                screen = self.screen  # a screened head: greedy logits approximate (specrt/head.py)
                 if self.params.greedy:
-                    v = verify_greedy(logits[: d + 1], drafts[:d])
+                    hid, nrm = (out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0]) if screen is not None else (None, None)
+                    v = verify_greedy(logits[: d + 1], drafts[:d],
+                                      best=screen.argmax(logits, hid, nrm, range(d + 1)) if screen is not None else None)
                     if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
                         j = sib.index(int(v.tokens[0]))
-                        bonus = verify_greedy(logits[d + 1 + j : d + 2 + j], drafts[:0]).tokens[0]  # its row's argmax
+                        row = d + 1 + j  # its row's argmax
+                        bonus = screen.argmax(logits, hid, nrm, range(row, row + 1))[0] if screen is not None else \
+                            verify_greedy(logits[row : row + 1], drafts[:0]).tokens[0]
                         v = Verdict(1, np.array([v.tokens[0], bonus], np.int64), j)
                 else:
                     m = check_logits(logits)  # every row, as greedy does, before any is used

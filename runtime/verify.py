@@ -25,19 +25,23 @@ class Verdict(NamedTuple):
     sibling: int = -1  # a token tree's runner-up j that won position 1 (accepted = 1), else -1
 
 
-def verify_greedy(logits: np.ndarray, draft: np.ndarray) -> Verdict:
+def verify_greedy(logits: np.ndarray | None, draft: np.ndarray, best: np.ndarray | None = None) -> Verdict:
     """Greedy rule: emit argmax(logits[k]) for k = 0, 1, ... up to and including the first
     k where it differs from draft[k]; if all d drafts match, the last one is the bonus.
 
     logits [d+1, V]; draft int [d] in target ids. The output equals target-only greedy
     decoding token for token, since every emitted token is a target argmax given a
-    prefix of target argmaxes.
+    prefix of target argmaxes. ``best`` [d+1]: the rows' argmaxes when the caller has them
+    (a screened head, specrt/head.py; ``logits`` then unused).
     """
     d = len(draft)
-    if logits.ndim != 2 or logits.shape[0] != d + 1:
-        raise InternalError(f"verify_greedy: logits {logits.shape} for {d} drafts, expected [{d + 1}, V]")
-    best = logits.argmax(-1)  # [d+1]; a NaN row's argmax is its first NaN
-    check_logits(logits, "target", logits[np.arange(d + 1), best])
+    if best is None:
+        if logits.ndim != 2 or logits.shape[0] != d + 1:
+            raise InternalError(f"verify_greedy: logits {logits.shape} for {d} drafts, expected [{d + 1}, V]")
+        best = logits.argmax(-1)  # [d+1]; a NaN row's argmax is its first NaN
+        check_logits(logits, "target", logits[np.arange(d + 1), best])
+    elif len(best) != d + 1:
+        raise InternalError(f"verify_greedy: {len(best)} argmaxes for {d} drafts, expected {d + 1}")
     match = best[:d] == draft
     a = d if match.all() else int(match.argmin())
     return Verdict(a, best[: a + 1].astype(np.int64))

@@ -139,13 +139,19 @@ def _depths(ctx, param, value):
 @click.option("--draft-weights", type=click.Choice(["fp", "int8"]), default="fp", show_default=True,
               help="ONNX Runtime: keep the draft's weights as exported, or quantize them to int8 (weight-only, "
                    "blocks of 32; a faster draft pass, output still lossless: the target verifies every token).")
+@click.option("--target-head", type=click.Choice(["full", "screened"]), default="full", show_default=True,
+              help="ONNX Runtime, float32, in-place KV: 'screened' gives greedy decoding int8 logits (48 outlier "
+                   "channels in fp32) and finds each token exactly from the fp32 head's rows that an error bound "
+                   "leaves (specrt/head.py: ~10% off a decode step on SmolLM2); sampling and the prefill switch the "
+                   "graph to the fp32 head.")
 @click.option("--profile-repeats", type=int, default=10, show_default=True,
               help="Timed passes per engine for the cost table (the median is kept): more passes, a steadier "
                    "table on a noisy machine, at about 0.5 s a pass on SmolLM2 with 2 cores.")
 @click.option("--force", is_flag=True, help="Replace an existing engines folder.")
 @click.option("--no-canary", is_flag=True, help="Skip the acceptance canary after building.")
 def build(export_dir: Path, backend: str, depths, out: Path, precision, max_context, threads, sessions, trt_layout,
-          ort_kv: str, draft_weights: str, profile_repeats: int, force: bool, no_canary: bool) -> None:
+          ort_kv: str, draft_weights: str, target_head: str, profile_repeats: int, force: bool,
+          no_canary: bool) -> None:
     """Build depth-specialised engines from EXPORT_DIR into OUT, with engines.json and a cost table.
 
     Then, when the export has a draft, the acceptance canary decodes a few prompts at depth 1
@@ -155,7 +161,7 @@ def build(export_dir: Path, backend: str, depths, out: Path, precision, max_cont
     ort = {k: v for k, v in (("intra_op_num_threads", threads), ("sessions", sessions)) if v is not None}
     m = build_engines(export_dir, backend, depths, out, precision=precision, force=force, max_context=max_context,
                       ort_settings=ort or None, trt_layout=trt_layout, ort_kv=ort_kv,
-                      draft_weights=draft_weights, profile_repeats=profile_repeats,
+                      draft_weights=draft_weights, target_head=target_head, profile_repeats=profile_repeats,
                       log=lambda s: click.echo(s, err=True))
     if not no_canary and m.get("draft_depth") and _has_draft(out):
         _canary(out)

@@ -59,6 +59,10 @@ INPUT_IDS = "input_ids"  # int64 [1, S]: token ids of the new positions
 POSITION_IDS = "position_ids"  # int64 [1, S]: absolute positions of the new tokens
 LOGITS = "logits"  # float [1, S, V]: target logits at every new position
 AUX_HIDDEN = "aux_hidden"  # float [1, S, 3H]: concat of the residual streams named by the aux ids
+HEAD_HIDDEN = "head_hidden"  # float [1, S, H]: the head's input (screened heads only, specrt/head.py)
+HEAD_NORMS = "head_norms"  # float [1, S, 2]: ||h_R||, ||h_R - h'_R|| (screened heads only)
+HEAD_EXACT = "head_exact"  # bool []: a screened head's fp32 logits (true) or its screen (false)
+HEADS = ("full", "screened")  # the target's head: exact logits, or int8 logits + head_hidden + head_norms
 
 # Draft graphs.
 DRAFT_AUX_IN = "aux_hidden"  # float [1, A, 3H_target]: target aux hidden of the real slots
@@ -167,16 +171,22 @@ def inplace_kv_specs(num_layers: int, kv_heads: int, head_dim: int, dtype: str):
 
 
 def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden: int, dtype: str,
-              kv: str = "append") -> GraphIO:
+              kv: str = "append", head: str = "full") -> GraphIO:
     """The target graph: one graph serves prefill and verify (any S >= 1, any P >= 0).
-    ``kv``: "append" (portable past/new tensors) or "inplace" (whole buffers, see above)."""
+    ``kv``: "append" (portable past/new tensors) or "inplace" (whole buffers, see above).
+    ``head``: "screened" adds the ``head_exact`` input and the ``head_hidden`` and
+    ``head_norms`` outputs, ``logits`` approximate unless ``head_exact`` (specrt/head.py);
+    "hidden" (the build's own calibration) adds ``head_hidden``."""
     if kv == "inplace":
         kv_in, kv_out, aliases = inplace_kv_specs(num_layers, kv_heads, head_dim, dtype)
     else:
         (kv_in, kv_out), aliases = kv_specs(num_layers, kv_heads, head_dim, dtype), ()
     return GraphIO(
-        inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)), *kv_in),
-        outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, 3 * hidden)), *kv_out),
+        inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)), *kv_in,
+                *((TensorSpec(HEAD_EXACT, "bool", ()),) if head == "screened" else ())),
+        outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, 3 * hidden)),
+                 *((TensorSpec(HEAD_HIDDEN, dtype, (1, DIM_NEW, hidden)),) if head != "full" else ()),
+                 *((TensorSpec(HEAD_NORMS, dtype, (1, DIM_NEW, 2)),) if head == "screened" else ()), *kv_out),
         aliases=aliases,
     )
 

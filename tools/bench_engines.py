@@ -117,7 +117,8 @@ def synthetic_cache(e, rng, inplace: bool):
     cache = {n: rng.standard_normal(shape, dtype=np.float32) * 0.5 for n in names}
 
     def feeds(s: int, past: int) -> dict:
-        return {C.INPUT_IDS: rng.integers(0, t["vocab_size"], (1, s), dtype=np.int64),
+        return {**({C.HEAD_EXACT: np.array(False)} if e.head is not None else {}),
+                C.INPUT_IDS: rng.integers(0, t["vocab_size"], (1, s), dtype=np.int64),
                 C.POSITION_IDS: np.arange(past, past + s, dtype=np.int64)[None],
                 **(cache if inplace else {k: v[:, :past] for k, v in cache.items()})}
 
@@ -129,10 +130,14 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
     in the same process, call for call in turn, specrt's decode step and depth-1 verify at
     that context: the two runtimes then see the same machine (a shared VM's speed drifts
     by 10% or more over seconds). Every session's idle threads spin within a run and sleep
-    after it, as specrt's engines do, so neither runtime's pool spins through the other's."""
+    after it, as specrt's engines do, so neither runtime's pool spins through the other's.
+    Each timed specrt call includes choosing its greedy tokens, as onnxruntime-genai's
+    includes its search: argmax of the logits, or a screened head's exact argmax
+    (specrt/head.py, the numpy screen the runtime runs)."""
     import numpy as np
 
     import bench_lib
+    from specrt import contracts as C
     from specrt.engines import load_engines
 
     e = load_engines(engines_dir, verify=False)
@@ -145,6 +150,12 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
     rng = np.random.default_rng(0)
     _, make_feeds = synthetic_cache(e, rng, e.kv_layout("target") == "inplace")
     og, lat = peer.og, {}
+
+    def greedy(out: dict):
+        if e.head is None:
+            return out[C.LOGITS][0].argmax(-1)
+        return e.head.argmax(out[C.LOGITS][0], out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0])
+
     for c in contexts:
         feeds = {s: make_feeds(s, c) for s in (1, 2)}
         ts: dict[str, list[float]] = {"ortgenai": [], "decode": [], "1": []}
@@ -160,9 +171,9 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
                 t0 = time.perf_counter()
                 gen.generate_next_token()
                 t1 = time.perf_counter()
-                e.target(1).infer(feeds[1])
+                greedy(e.target(1).infer(feeds[1]))
                 t2 = time.perf_counter()
-                e.target(2).infer(feeds[2])
+                greedy(e.target(2).infer(feeds[2]))
                 ts["ortgenai"].append(t1 - t0), ts["decode"].append(t2 - t1), ts["1"].append(time.perf_counter() - t2)
         for k, v in ts.items():
             lat[f"{c}/{k}"] = float(np.median(v))

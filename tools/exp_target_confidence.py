@@ -165,8 +165,8 @@ def record(engines: Path, prompts: list[dict], chat: bool, max_new_tokens: int) 
         last: dict = {}
         target = g._target  # an experiment's hook: keep the target's logits of every call
 
-        def keep_logits(tokens, start, *siblings):
-            out, dt = target(tokens, start, *siblings)
+        def keep_logits(tokens, start, *siblings, **kw):
+            out, dt = target(tokens, start, *siblings, **kw)
             last["logits"] = out[C.LOGITS][0]
             return out, dt
 

@@ -17,8 +17,9 @@ answers (transformers, after the final norm):
 (2) candidates per row: weight-only (h exact), and with h quantized per row, the k
     channels of largest |h| kept in fp32 beside the int8 product (k = 0, 4, 16, 48),
     ||h - h'|| exact (replicating the quantization) or its worst case sqrt(H) * scale.
-The branch screened-head-wip holds the engine and runtime code for k = 0 (results/README.md
-"A screened head"). Nothing on main uses this.
+Session 27 built k = 48 into `specrt build --target-head screened` (specrt/head.py, with
+h quantized symmetrically per row rather than DynamicQuantizeLinear's asymmetric grid);
+results/README.md "A screened head".
 """
 
 from __future__ import annotations

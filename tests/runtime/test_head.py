@@ -1,0 +1,261 @@
+"""The screened target head (``specrt build --target-head screened``, specrt/head.py): the
+greedy argmax from int8 logits plus an error bound is the exact one, on ONNX Runtime's
+own kernels; engines built with it decode token for token as the full head's and sample
+the target's distribution."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from specrt import contracts as C
+from specrt.engines import build_engines
+from specrt.engines.engine_set import load_engines
+from specrt.errors import UserError
+from specrt.export import onnx_ops as ops
+from specrt.export.graphs import _screened_head
+from specrt.head import QMAX, HeadScreen, choose_outliers, quantize_head, rest_channels
+from specrt.runtime import generate as G
+from specrt.runtime.governor import DSparkGovernor, FixedGovernor, OffGovernor
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.session import read_d2t
+from tests.runtime.test_generate import PROMPT, REPEATING, _pair, _pvalue
+
+DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+class _Head:
+    """The screened head alone in an ONNX Runtime session: run(h) -> (logits, hidden, norms),
+    the screen's (head_exact false) or the fp32 head's (exact=True)."""
+
+    def __init__(self, w: np.ndarray, outliers):
+        V, H = w.shape
+        b = ops.GraphBuilder("float32")
+        _screened_head(b, "h", b.weight("head_w", w), w, V, H, np.asarray(outliers, np.int64))
+        io = C.GraphIO(inputs=(C.TensorSpec("h", "float32", ("S", H)), C.TensorSpec(C.HEAD_EXACT, "bool", ())),
+                   outputs=(C.TensorSpec(C.LOGITS, "float32", (1, "S", V)),
+                            C.TensorSpec(C.HEAD_HIDDEN, "float32", (1, "S", H)),
+                            C.TensorSpec(C.HEAD_NORMS, "float32", (1, "S", 2))))
+        self.sess = ort.InferenceSession(b.model(io, "head").SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def run(self, h: np.ndarray, exact: bool = False):
+        return self.sess.run(None, {"h": h, C.HEAD_EXACT: np.array(exact)})
+
+
+def _head_session(w: np.ndarray, outliers) -> _Head:
+    return _Head(w, outliers)
+
+
+def test_quantize_head_rows_and_bounds():
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.05, (40, 24)).astype(np.float32)
+    w[3] = 0.0  # an all-zero row is exact
+    w[5, [0, 1, 2, 4, 6, 7] + list(range(8, 24))] = 0.0  # zero outside the outliers: exact too
+    out = np.array([3, 5, 17])
+    rest = rest_channels(24, out)
+    assert len(rest) == 21 and not set(rest) & set(out)
+    q, s, bounds = quantize_head(w, out)
+    assert q.dtype == np.int8 and q.shape == (40, 21) and np.abs(q).max() == QMAX and s.shape == (40,)
+    deq = q * s[:, None].astype(np.float64)
+    np.testing.assert_allclose(bounds[0], np.linalg.norm(w[:, rest] - deq, axis=1))
+    np.testing.assert_allclose(bounds[1], np.linalg.norm(deq, axis=1))
+    np.testing.assert_allclose(bounds[2], np.linalg.norm(w.astype(np.float64), axis=1))
+    assert bounds[0, 3] == 0 and bounds[1, 3] == 0 and bounds[0, 5] == 0 and bounds[1, 5] == 0 and bounds[2, 5] > 0
+    assert (np.abs(w[:, rest] - deq) <= s[:, None] / 2 + 1e-9).all()
+
+
+def test_outliers_are_the_largest_channels():
+    states = np.ones((5, 10), np.float32)
+    states[2, 7], states[4, 1], states[0, 3] = -40.0, 9.0, 5.0
+    np.testing.assert_array_equal(choose_outliers(states, 2), [1, 7])
+    np.testing.assert_array_equal(choose_outliers(states, 3), [1, 3, 7])
+    states[1, 1] = np.nan
+    with pytest.raises(Exception, match="NaN"):
+        choose_outliers(states, 2)
+
+
+@pytest.mark.parametrize("delta", [1e-3, -1e-3, 1e-5, -1e-5, 0.0])
+def test_screened_argmax_is_exact_at_near_ties(delta):
+    """Rows built so that two tokens' exact logits differ by ``delta`` (0: a tie, which goes
+    to the smaller id) far below the int8 head's error: the screen keeps both, and the
+    exact rescoring picks the right one. Through ONNX Runtime's own kernels, rows of very
+    different scales in one call, outlier channels in fp32 and the rest quantized."""
+    rng = np.random.default_rng(1)
+    V, H, S = 300, 64, 6
+    h = rng.normal(0, 1, (S, H)).astype(np.float32)
+    h[2] *= 30.0  # rows of very different scales in one call
+    h[:, [5, 40]] *= 12.0  # outlier channels
+    out = np.array([5, 40, 63])  # two of them, and a channel that is not one
+    w = rng.normal(0, 0.05, (V, H))
+    pairs = [(10 + 2 * r, 11 + 2 * r) for r in range(S)]
+    dual = np.linalg.pinv(h.astype(np.float64))  # [H, S]: h @ dual = I, so a row's boost spares the others
+    for r, (a, b) in enumerate(pairs):
+        u = dual[:, r]
+        w[a] += 3.0 * u * max(1.0, float(np.abs(w @ h[r]).max()))  # a leads by far
+        w[b] = w[a] + delta * u  # b's logit = a's + delta
+    w = w.astype(np.float32)
+    sess = _head_session(w, out)
+    approx, hid, nrm = sess.run(h)
+    np.testing.assert_array_equal(hid[0], h)
+    exact = w.astype(np.float64) @ h.astype(np.float64).T  # [V, S]
+    bounds = quantize_head(w, out)[2]
+    # the graph's norms are the per-row quantization's, and the bound holds for every token
+    hr = h[:, rest_channels(H, out)].astype(np.float64)
+    t = np.abs(hr).max(1, keepdims=True) / 127
+    np.testing.assert_allclose(nrm[0][:, 0], np.linalg.norm(hr, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(nrm[0][:, 1], np.linalg.norm(hr - t * np.rint(hr / t), axis=1), rtol=1e-3)
+    err = np.abs(exact.T - approx[0])
+    allowed = bounds[0][None] * nrm[0][:, :1] + bounds[1][None] * nrm[0][:, 1:] + 1e-4
+    assert (err <= allowed).all() and (err > 1e-3).any()  # a real approximation, within its bound
+    screen = HeadScreen(w, bounds)
+    got = screen.argmax(approx[0], hid[0], nrm[0])
+    want = np.array([int(exact[:, r].argmax()) for r in range(S)])
+    np.testing.assert_array_equal(got, want)
+    for r, (a, b) in enumerate(pairs):
+        e_a, e_b = float(w[a].astype(np.float64) @ h[r]), float(w[b].astype(np.float64) @ h[r])
+        assert want[r] == (a if e_a >= e_b else b)
+    assert screen.candidates >= 2 * S  # both of each pair were rescored
+    np.testing.assert_array_equal(screen.argmax(approx[0], hid[0], nrm[0], [4, 1]), want[[4, 1]])
+    # the fp32 branch (the prefill's): zero norms, the screen rescores what float rounding ties
+    full, _, zero = sess.run(h, exact=True)
+    assert (zero == 0).all()
+    np.testing.assert_array_equal(screen.argmax(full[0], hid[0], zero[0]), want)
+
+
+def test_screened_argmax_on_random_rows_and_nan():
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.1, (500, 32)).astype(np.float32)
+    h = rng.normal(0, 2, (64, 32)).astype(np.float32)
+    h[:, 0] *= 10
+    out = choose_outliers(h, 4)
+    assert 0 in out
+    sess = _head_session(w, out)
+    approx, hid, nrm = sess.run(h)
+    screen = HeadScreen(w, quantize_head(w, out)[2])
+    np.testing.assert_array_equal(screen.argmax(approx[0], hid[0], nrm[0]),
+                                  (h.astype(np.float64) @ w.T.astype(np.float64)).argmax(1))
+    assert screen.candidates < 64 * 20  # the screen leaves a few candidates a row, not the vocabulary
+    zero = sess.run(np.zeros((2, 32), np.float32))  # all-zero rows: finite, exact
+    assert np.isfinite(zero[0]).all() and (zero[0] == 0).all() and (zero[2] == 0).all()
+    np.testing.assert_array_equal(screen.argmax(zero[0][0], zero[1][0], zero[2][0]), [0, 0])
+    full, hid2, zero = sess.run(h, exact=True)  # the If's other branch: the fp32 head, no screen
+    np.testing.assert_allclose(full[0], h @ w.T, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(full, approx, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(hid2, hid)
+    assert zero.shape == (1, 64, 2) and (zero == 0).all()
+    bad = hid[0].copy()
+    bad[3, 0] = np.nan
+    with pytest.raises(Exception, match="produced NaN"):
+        screen.argmax(approx[0], bad, nrm[0])
+
+
+@pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 16, 16)],
+                ids=lambda p: f"{p[0]}-{p[1]}-V{p[2]}")
+def both(request, tmp_path_factory):
+    """(full-head engines, screened-head engines) of one tiny pair."""
+    root = _pair(tmp_path_factory.mktemp("head"), *request.param)
+    build_engines(root / "exp", "onnxruntime", DEPTHS, root / "scr", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128, target_head="screened")
+    full, scr = load_engines(root / "eng"), load_engines(root / "scr")
+    assert full.head is None and scr.head is not None
+    full.activate()
+    scr.activate()
+    yield full, scr
+    full.deactivate()
+    scr.deactivate()
+
+
+def _gen(engines, gov, params=SamplingParams()):
+    return G.Generator(engines, gov, params, read_d2t(engines.export_dir, engines.export))
+
+
+def test_screened_engines_decode_as_the_full_head(both):
+    full, scr = both
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+
+    def governors():
+        yield OffGovernor(DEPTHS)
+        yield FixedGovernor(DEPTHS, 2)
+        yield FixedGovernor(DEPTHS, 8)
+        yield DSparkGovernor(DEPTHS, 2e-4, costs)
+        g = FixedGovernor(DEPTHS, 2)
+        g.lookup = True
+        yield g
+        if full.verifies_trees():
+            g = FixedGovernor(DEPTHS, 3)
+            g.tree_width = 3
+            yield g
+
+    for prompt in (PROMPT, REPEATING):
+        ref = _gen(full, OffGovernor(DEPTHS)).generate(prompt, 40)
+        for gf, gs in zip(governors(), governors()):
+            name = type(gf).__name__
+            assert _gen(full, gf).generate(prompt, 40) == ref, name
+            assert _gen(scr, gs).generate(prompt, 40) == ref, f"screened {name}"
+    assert scr.head.rows > 0
+    # sampling: the graph's fp32 head (head_exact), the same logits as the full head's, so the
+    # same draws from the same seed (where the depths do not depend on measured times, as
+    # DSpark's refreshed costs do)
+    rows = scr.head.rows
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    for gf, gs in zip(governors(), governors()):
+        if not isinstance(gf, DSparkGovernor):
+            assert _gen(scr, gs, params).generate(PROMPT, 40) == _gen(full, gf, params).generate(PROMPT, 40)
+    assert scr.head.rows == rows  # no screening when sampling
+
+
+@pytest.fixture(scope="module")
+def small_screened(tmp_path_factory):
+    root = _pair(tmp_path_factory.mktemp("small-head"), "llama", "peagle", 6, 4, depths=(1, 2, 4))
+    build_engines(root / "exp", "onnxruntime", (1, 2, 4), root / "scr", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128, target_head="screened")
+    engines = load_engines(root / "scr")
+    engines.activate()
+    yield engines
+    engines.deactivate()
+
+
+def test_screened_engines_sample_the_target_distribution(small_screened):
+    """Sampling asks the graph for the fp32 head's logits (head_exact)."""
+    assert _pvalue(small_screened, 2, SamplingParams(temperature=1.0), n=1200) > 0.01
+
+
+def test_build_refuses_a_screened_head_it_cannot_make(tmp_path):
+    from tests.engines.conftest import REFERENCE
+    from specrt.export.export import export
+
+    exp = export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "exp") and tmp_path / "exp"
+    with pytest.raises(UserError, match="--target-head 'bogus'"):
+        build_engines(exp, "onnxruntime", (1,), tmp_path / "a", log=lambda s: None, target_head="bogus")
+    with pytest.raises(UserError, match="--target-head screened needs .* in-place"):
+        build_engines(exp, "onnxruntime", (1,), tmp_path / "b", log=lambda s: None, target_head="screened",
+                      ort_kv="append")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    out = tmp_path / "c"
+    build_engines(exp, "onnxruntime", (1, 2), out, log=lambda s: None, profile_repeats=1, profile_pasts=(16,),
+                  max_context=64, target_head="screened")
+    bad = tmp_path / "d"
+    shutil.copytree(out, bad)
+    w = np.load(bad / "head_weight.npy")
+    w[0, 0] += 1.0
+    np.save(bad / "head_weight.npy", w)
+    with pytest.raises(UserError, match="head_weight.npy"):
+        load_engines(bad)
+
+
+def test_compare_checks_a_screened_build_fp32_branch(small_screened, tmp_path):
+    """`specrt compare` runs the screened target's fp32 branch (head_exact) against the
+    export's graph, every role within the usual tolerance, and says so."""
+    from specrt.engines.compare import compare_engines
+
+    lines: list[str] = []
+    r = compare_engines(small_screened.folder, report=tmp_path / "r.json", log=lines.append)
+    assert r["passed"] and not r["failures"], r["failures"]
+    assert {"decode", "verify.1", "verify.4", "prefill"} <= set(r["roles"])
+    v = r["roles"]["verify.4"]["outputs"]
+    assert C.LOGITS in v and v[C.LOGITS]["max_abs"] <= v[C.LOGITS]["atol"]
+    assert C.HEAD_HIDDEN not in v and C.HEAD_NORMS not in v
+    assert any("head_exact = true" in n for n in r["notes"])
