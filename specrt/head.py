@@ -19,12 +19,14 @@ and, per row, ``head_norms`` = (||h_R||, ||h_R - h'_R||). By Cauchy-Schwarz
 
 Every token whose a_j + b_j reaches max_i (a_i - b_i) is a candidate, the exact argmax is
 among them, and their exact logits (float64, from the fp32 weights kept beside the
-engines, ``head_weight.npy``, memory-mapped) decide it; ties go to the smallest id, as
-numpy's argmax. On SmolLM2's greedy answers a row leaves a median of ~5 candidates with
-48 outlier channels (results/screened_head). The exact logits are the real-number ones:
+engines, ``head_weight.npy``, read row by row) decide it; ties go to the smallest id, as
+numpy's argmax. On SmolLM2's greedy answers a row leaves 8-12 candidates with 48 outlier
+channels (results/README.md, "A screened head"). The exact logits are the real-number ones:
 a full fp32 head may order two tokens within its own rounding (~1e-6) differently.
 Sampling needs every probability: the graph's ``head_exact`` input switches it (an If) to
-the fp32 head's logits, the weights the graph holds anyway (tied models: the embedding).
+the fp32 head's logits, the weights the graph holds anyway (tied models: the embedding);
+the prefill takes that branch too, with zero norms, so the screen there only rescores the
+tokens within float rounding of the top.
 """
 
 from __future__ import annotations
