@@ -246,6 +246,10 @@ class _SpecrtWorker:
         sampling = SamplingParams(**job["sampling"]) if job.get("sampling") else SamplingParams()
         self.session = Session(job["engines"], governor=self.specs[0], sampling=sampling, ort_overrides=overrides)
         e = self.session.engines
+        if job.get("costs"):  # --governor-costs profiled: the table measured at the start of the run
+            from specrt.engines.costs import parse_costs
+
+            e.costs = parse_costs(job["costs"])
         kind = (e.export.get("draft") or {}).get("kind")
         self.counters = {}
         self.rounds = {"pending": False, "drafting": 0}
@@ -288,8 +292,14 @@ class _SpecrtWorker:
         return rec
 
     def extra(self) -> dict:
-        st = getattr(self.session.engines, "ort_settings", None)
-        return {"ort_threads": st and st.intra_op_num_threads, "calibration_note": self.session.calibration_note}
+        from specrt.runtime.governor import COST_PAST
+
+        e = self.session.engines
+        st = getattr(e, "ort_settings", None)
+        # the verify costs (seconds, depth 0 = decode) the governors started from
+        priced = {str(d): t for d, t in e.target_costs(COST_PAST).items()} if e.costs.get("by_past") else None
+        return {"ort_threads": st and st.intra_op_num_threads, "calibration_note": self.session.calibration_note,
+                "priced_costs": priced}
 
     def close(self):
         self.session.close()
@@ -547,6 +557,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "sequential_passes_avoided": avoided,
         "sequential_passes_avoided_per_round": avoided / DR if DR else 0.0,
         "ort_threads": res.get("ort_threads"),
+        "priced_costs": res.get("priced_costs"),  # what the governors priced from (--governor-costs)
     })
     if "dspark" in name:  # which calibration DSpark started from (its decoding mode's, a prior, none)
         s["calibration_note"] = res.get("calibration_note")
@@ -881,7 +892,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
-              echo: Callable[..., None] = click.echo) -> dict:
+              governor_costs: str = "stored", echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json).
 
     sampling: SamplingParams fields (temperature, top_p, top_k, seed) for specrt's
@@ -898,10 +909,20 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     the run's threads (engines.build.measure_costs, ``profile_repeats`` calls per role)
     and predict (b) from it, so that the prediction and the measurement come from the same
     run; engines.json is not changed (``specrt profile`` does that). Off: (b) uses the
-    stored tables."""
+    stored tables.
+
+    governor_costs: "stored" (the governors price their rounds from engines.json, as
+    ``specrt run`` does) or "profiled" (from the table profiled at the start of this run;
+    needs ``profile``): two builds whose stored tables were measured hours apart then
+    compare fairly (DSpark's choices follow the table: session 27 measured a tree rate of
+    535 against 402 rounds in 754 between two tables of the same kind of engines)."""
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
+    if governor_costs not in ("stored", "profiled"):
+        raise UserError(f"--governor-costs {governor_costs!r}: expected stored or profiled")
+    if governor_costs == "profiled" and not profile:
+        raise UserError("--governor-costs profiled needs the run's own profile (drop --no-profile)")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 1")
     if schedule not in SCHEDULES:
@@ -1033,6 +1054,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             predictors[label] = copy.copy(e)
             predictors[label].costs = parse_costs(table)
             profiled[label or "engines"] = table
+            if governor_costs == "profiled":  # the workers' governors price from it too
+                folder = str(Path(e.folder).resolve())
+                for _, job in jobs:
+                    if job.get("kind") == "specrt" and job.get("engines") == folder:
+                        job["costs"] = table
     bar = _progress(len(jobs) * len(prompts), quiet)
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
@@ -1101,6 +1127,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "processes": processes,
                      "prediction_costs": (f"profiled at the start of this run (median of {profile_repeats})"
                                           if profile else "the engines' stored cost tables"),
+                     "governor_costs": governor_costs,
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
                      "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
@@ -1301,13 +1328,17 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Measure the engines' cost tables again before the run and predict (b) from them (engines.json "
                    "is left as it is); --no-profile predicts from the stored tables.")
+@click.option("--governor-costs", type=click.Choice(["stored", "profiled"]), default="stored", show_default=True,
+              help="What the governors price their rounds from: the engines' stored tables (as `specrt run`), or "
+                   "the tables profiled at the start of this run, so that builds profiled at different times "
+                   "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
-          seed, profile, quiet) -> None:
+          seed, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
-                       profile=profile,
+                       profile=profile, governor_costs=governor_costs,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,

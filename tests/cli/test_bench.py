@@ -134,6 +134,22 @@ def test_bench_predicts_from_costs_profiled_in_the_run(report, tiny_engines):
     assert "costs profiled at the start of this run" in output
     assert json.loads((tiny_engines / "engines.json").read_text())["costs"] != table
     assert "costs_build" not in json.loads((tiny_engines / "engines.json").read_text())
+    # by default the governors still price from the stored table, as `specrt run` does
+    assert rep["settings"]["governor_costs"] == "stored"
+    assert rep["configs"]["specrt:dspark"]["priced_costs"] == _priced(tiny_engines)
+
+
+def _priced(engines_dir, table=None) -> dict[str, float]:
+    """The verify costs a governor on ``engines_dir`` starts from (``table``: instead of the
+    stored one), as the bench reports them."""
+    from specrt.engines.costs import parse_costs
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.governor import COST_PAST
+
+    e = load_engines(engines_dir, verify=False)
+    if table is not None:
+        e.costs = parse_costs(table)
+    return {str(d): t for d, t in e.target_costs(COST_PAST).items()}
 
 
 def test_summary_points_to_specrt_profile_when_the_table_is_stale(report):
@@ -408,15 +424,27 @@ def test_variant_runs_the_governors_on_another_build(tiny_engines, prompts_file,
     out = tmp_path / "r"
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
                                    "--max-new-tokens", "8", "--governors", "off,fixed:2", "--peers", "none",
-                                   "--threads", "1", "--warmup-tokens", "2", "--variant", f"q8={q8}", "--quiet"],
-                           catch_exceptions=False)
+                                   "--threads", "1", "--warmup-tokens", "2", "--variant", f"q8={q8}", "--quiet",
+                                   "--governor-costs", "profiled"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = json.loads((out / "bench.json").read_text())
+    # --governor-costs profiled: each build's governors price from its own table of this run
+    assert rep["settings"]["governor_costs"] == "profiled"
+    for name, label, folder in (("specrt:fixed:2", "engines", tiny_engines), ("specrt:off@q8", "q8", q8)):
+        priced = rep["configs"][name]["priced_costs"]
+        assert priced == _priced(folder, rep["profiled_costs"][label]) and priced != _priced(folder), name
     assert set(rep["configs"]) == {"specrt:off", "specrt:fixed:2", "specrt:off@q8", "specrt:fixed:2@q8"}
     assert rep["identity"]["failures"] == []
     assert rep["identity"]["configs"]["specrt:fixed:2@q8"]["identical_prompts"] == 2
     assert rep["settings"]["variants"]["q8"]["draft_weights"] == "int8"
     assert rep["configs"]["specrt:fixed:2@q8"]["draft_passes"] > 0
+
+
+def test_governor_costs_profiled_needs_the_profile(tiny_engines, prompts_file, tmp_path):
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                   "--peers", "none", "--governor-costs", "profiled", "--no-profile", "--quiet"])
+    assert isinstance(r.exception, UserError) and "--governor-costs profiled needs" in str(r.exception)
+    assert not (tmp_path / "r").exists()
 
 
 def test_variant_errors(tiny_engines, prompts_file, tmp_path):
