@@ -29,6 +29,15 @@ nothing its top probability does not carry. The aux hidden states add a little: 
 S3 0.819 / 0.835 / 0.916, the rule 1.0257x (8 or 128 components, L2 1 or 30: 1.0226-1.0257x):
 a linear confidence head on them would buy DSpark ~0.4%, not the 5% issue 7 asks.
 results/governors_draft_features.
+
+What the round before accepted (rounds start after a miss more often than not, and the
+next round's drafts fare worse then: tools/exp_loop_fidelity.py) adds nothing either
+(2026-12-02, the same 80 prompts on out/ng/engines, 4960 rounds, --rows kept in /tmp):
+conditional acceptance at positions 1 / 2 is 0.475 / 0.253 after a round that accepted
+nothing and 0.658 / 0.575 after one that accepted 3 or more, but the draft's top
+probability moves with it (mean 0.421 vs 0.546); cross-fitted S1 / S2 / S3 0.812 / 0.822 /
+0.902 with it against 0.813 / 0.821 / 0.900 without, the rule 1.0326x vs 1.0316x the best
+fixed depth (oracle 1.155x).
 """
 
 from __future__ import annotations
@@ -73,11 +82,15 @@ def analyse(feats: np.ndarray, accepted: np.ndarray, prompt: np.ndarray, costs: 
 
     K = feats.shape[1]
     fold = prompt % 2
+    prev = np.r_[-1, np.where(prompt[1:] == prompt[:-1], accepted[:-1], -1)]
     top, ent, sec = feats[..., 0], feats[..., 1], feats[..., 2]
     models = {
         "top_only": crossfit(lambda k: logit(top[:, k])[:, None], accepted, fold, K),
         "top_entropy_second": crossfit(lambda k: np.c_[logit(top[:, k]), ent[:, k], logit(sec[:, k])],
                                        accepted, fold, K),
+        # what the round before accepted (-1: the first round of a prompt; rows are in order)
+        "top_and_previous_round": crossfit(lambda k: np.c_[logit(top[:, k]), np.minimum(prev, 3), prev < 0, prev == 0],
+                                           accepted, fold, K),
     }
     if aux is not None and len(aux):  # + the target's aux hidden states, principal components per fold
         proj = {f: principal_components(aux.astype(np.float64), fold != f, AUX_COMPONENTS) for f in np.unique(fold)}
