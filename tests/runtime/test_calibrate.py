@@ -434,7 +434,7 @@ def test_draft_features_experiment_records_and_analyses(small_vocab_engines, tmp
     assert r["aux"].shape[0] == len(r["accepted"]) and r["aux"].ndim == 2 and np.isfinite(r["aux"]).all()
     rep = main_twice(exp, small_vocab_engines, tmp_path)
     assert rep["rounds"] == len(r["accepted"])
-    assert set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second", "top_and_aux32"}
+    assert set(rep["rule_vs_best_fixed"]) == {"top_only", "top_entropy_second", "top_and_previous_round", "top_and_aux32"}
 
 
 def test_tree_width_experiment_records_and_analyses(small_vocab_engines, tmp_path):
