@@ -11,8 +11,9 @@ loads (engines.json is written last, and the folder is renamed into place only a
    re-lowered with in-place KV (``ort_kv``, contracts.py "In-place KV") when this ONNX
    Runtime passes the GroupQueryAttention probe; its I/O then lives in
    ``engines.json["graphs"]["target"]`` and its roles get the fixed ``cache_tokens`` dim.
-   With ``draft_weights="int8"`` the draft graph is rewritten with weight-only int8
-   MatMuls (quantize.py; recorded in ``engines.json["graphs"]["draft"]``);
+   With ``draft_weights="int8"`` the draft graph is rewritten with int8 weights in the
+   form whose draft pass is faster on this machine (``int8:blocks`` / ``int8:dynamic``
+   force one; quantize.py; recorded in ``engines.json["graphs"]["draft"]``);
 4. open the engines from the unfinished folder and profile the cost table (costs.py);
 5. write engines.json.
 """
@@ -31,7 +32,7 @@ from specrt.engines.engine_set import EngineSet
 from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment,
                                      read_engines_manifest)
 from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
-from specrt.engines.quantize import DRAFT_WEIGHTS, quantize_draft
+from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
 from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
@@ -167,7 +168,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             raise UserError(f"--draft-weights {draft_weights}: {export_dir} has no draft graph")
         if dtype != "float32":
             raise UserError(f"--draft-weights {draft_weights} needs a float32 export (this one is {dtype}): "
-                            "ONNX Runtime's MatMulNBits CPU kernel takes float32 activations")
+                            "ONNX Runtime's int8 CPU kernels take float32 activations")
     if target_head not in C.HEADS:
         raise UserError(f"--target-head '{target_head}' is not one of {', '.join(C.HEADS)}")
     if target_head != "full" and (backend != "onnxruntime" or dtype != "float32" or ort_kv == "append"):
@@ -232,13 +233,14 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                         log(f"target head screened: int8 logits beside {n_outliers(int(t['hidden_size']))} fp32 outlier "
                             f"channels for greedy steps, the exact argmax from {HEAD_WEIGHT_FILE}")
                     log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
-                elif g == "draft" and draft_weights == "int8":
-                    q = quantize_draft(tmp / graph_files[g], tmp / name, dtype)
+                elif g == "draft" and draft_weights != "fp":
+                    q = _int8_draft(tmp, graph_files[g], name, dtype, draft_weights, exp, depth_list, ctx,
+                                    draft_accepted, profile_pasts, settings.intra_op_num_threads, log)
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
                     graphs_json[g] = {"quantized": q}
-                    log(f"draft weights quantized to int8 ({q['matmuls_quantized']} MatMulNBits, blocks of "
-                        f"{q['block_size']}): {out / name}")
+                    log(f"draft weights quantized to int8, {q['form']} form ({q['matmuls_quantized']} {q['op']}"
+                        f"{', blocks of %d' % q['block_size'] if q['form'] == 'blocks' else ''}): {out / name}")
                 elif _external_weights(tmp / graph_files[g], tmp / name):
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
@@ -268,6 +270,34 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
         f"{manifest['built_seconds']:.1f} s)")
     return manifest
+
+
+def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, exp: dict, depths, ctx: int,
+                draft_accepted: int, pasts, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Write ``tmp/name`` (+ .data), the export's draft ``tmp/src`` with int8 weights: in the
+    form ``draft_weights`` names, or for plain "int8" the faster of both on this machine
+    (quantize.choose_form, timed at the loop's shapes: ``draft_accepted`` pending slots and
+    each verify depth up to 4 as the block, after min(pasts) rows). Returns the record."""
+    form = draft_weights.partition(":")[2]
+    if form:
+        return {**quantize_draft(tmp / src, tmp / name, dtype, form), "chosen_by": f"--draft-weights {draft_weights}"}
+    blocks = [d for d in depths if d <= 4] or [min(depths)]
+    a = draft_accepted
+    past = max(0, min(min(pasts), ctx - max(depths) - a - 1))
+    if (exp.get("draft") or {}).get("kind") == "peagle":
+        sizes = [{C.DIM_NEW: a + b - 1, C.DIM_AUX: a, C.DIM_PAST: past} for b in blocks]
+    else:  # EAGLE-3: a step feeds one drafted token and its hidden state
+        sizes = [{C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: past}]
+    scratch = tmp / ".int8-forms"
+    scratch.mkdir()
+    try:
+        kept, forms = choose_form(tmp / src, scratch, dtype, sizes, threads)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log("int8 draft forms timed (ms a pass at " + ", ".join(f"{s[C.DIM_NEW]} new" for s in sizes) + "): "
+        + "; ".join(f"{f} {' / '.join(f'{t:.2f}' for t in v['ms'])}" for f, v in forms.items()) + f": keeping {kept}")
+    q = quantize_draft(tmp / src, tmp / name, dtype, kept)
+    return {**q, "chosen_by": "timing", "timed_ms": {f: v["ms"] for f, v in forms.items()}, "timed_sizes": sizes}
 
 
 def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: Callable[[str], None],

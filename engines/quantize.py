@@ -6,28 +6,55 @@ distribution (DESIGN.md §4 uses whatever q the proposal was drawn from). What i
 change is how often proposals are accepted, which the acceptance canary and
 ``specrt bench`` measure.
 
-Lowering: each Gemm/MatMul of the draft whose weight is an initializer becomes
-``com.microsoft.MatMulNBits`` (ONNX Runtime's blocked weight-only kernel): 8-bit
-symmetric blocks of ``block_size`` along the input dimension, one scale per block,
-``accuracy_level`` 4 (int8 activations in the kernel; 0 keeps fp32 activations and
-ran 7x slower here). Everything else, the embedding Gather included (a lookup reads
-one row, not the table), stays as exported.
+Two forms (``--draft-weights int8:blocks`` / ``int8:dynamic``; plain ``int8`` builds both,
+times a draft pass of each on this machine and keeps the faster, ``choose_form``):
 
-Measured on the SmolLM2 P-EAGLE draft (2 cores, K = 4, results/engines.txt): one draft
-pass 1.22 vs 1.77 ms; draft logits within ~0.1 of the fp32 graph, greedy draft tokens
-unchanged on the compare inputs. ``check_int8_weights`` (used by ``specrt compare``) checks
-a built draft's blocks against the float weights exactly. 4-bit blocks agreed with the
-fp32 draft on only 75% of greedy tokens, so 8 bits is the one offered.
+* blocks: each Gemm/MatMul of the draft whose weight is an initializer becomes
+  ``com.microsoft.MatMulNBits`` (ONNX Runtime's blocked weight-only kernel): 8-bit
+  symmetric blocks of ``block_size`` along the input dimension, one scale per block,
+  ``accuracy_level`` 4 (int8 activations in the kernel, quantized per block; 0 keeps fp32
+  activations and ran 7x slower here);
+* dynamic: ONNX Runtime's ``quantize_dynamic`` on the weights of ``DYNAMIC_SLOTS`` only
+  (the MLP's gate and up projections and the head, whose inputs are normed hidden
+  states): per output column symmetric int8 codes in [-64, 64] (``reduce_range``: u8 x s8
+  pairs cannot saturate AVX2's 16-bit sums), the activations quantized to uint8 with one
+  scale per call (DynamicQuantizeLinear), MatMulInteger; fc (the target's aux hidden
+  states, whose outlier channels one activation scale cannot hold), q/k/v/o and down stay
+  float.
+
+Everything else, the embedding Gather included (a lookup reads one row, not the table),
+stays as exported.
+
+Measured on the SmolLM2 P-EAGLE draft. On the AVX-512 host (2 cores, K = 4,
+results/engines.txt) the blocks form's pass took 1.22 vs 1.77 ms in float; on the
+AVX2-only host of 2026-12-02 MatMulNBits grows ~0.65 ms a row, and a pass at blocks 1 / 2 /
+4 / 8 took 2.10 / 2.90 / 4.10 / 6.82 ms in blocks, 2.09 / 2.36 / 2.80 / 3.87 dynamic, 2.87 /
+3.16 / 3.40 / 4.28 float, both int8 forms accepting as the float draft does
+(tools/exp_draft_quant.py; results/README.md "The draft's int8 form"). Quantizing every
+matmul dynamically lost acceptance (tau 1.72 vs 1.83 at fixed:4). Blocks' draft logits
+are within ~0.1 of the fp32 graph, greedy draft tokens unchanged on the compare inputs.
+``check_int8_weights`` (used by ``specrt compare``) checks a built draft's codes against
+the float weights exactly, either form. 4-bit blocks agreed with the fp32 draft on only
+75% of greedy tokens, so 8 bits is the one offered.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
+import time
 from pathlib import Path
 
 from specrt.errors import UserError
 
-DRAFT_WEIGHTS = ("fp", "int8")
+INT8_FORMS = ("blocks", "dynamic")
+DRAFT_WEIGHTS = ("fp", "int8", *(f"int8:{f}" for f in INT8_FORMS))
+# the dynamic form's weights, by the draft graph's slot names (export/slots.py), exactly
+DYNAMIC_SLOTS = re.compile(r"layers\.\d+\.(gate|up)|lm_head")
+DYNAMIC_RANGE = 64  # codes in [-64, 64]: step = a column's largest |weight| / 64
+# plain int8 keeps the dynamic form only if its passes take less than this share of the blocks form's
+DYNAMIC_MARGIN = 0.97
 BITS = 8
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4
@@ -74,32 +101,109 @@ def gemms_to_matmul(model) -> int:
     return done
 
 
-def quantize_draft(src: Path, dst: Path, dtype: str) -> dict:
-    """Write ``src`` (the export's draft graph) to ``dst`` + ``dst.data`` with int8 weights;
-    returns the engines.json record of what was done."""
+def quantize_draft(src: Path, dst: Path, dtype: str, form: str = "blocks") -> dict:
+    """Write ``src`` (the export's draft graph) to ``dst`` + ``dst.data`` with int8 weights
+    in ``form`` (INT8_FORMS); returns the engines.json record of what was done."""
     import onnx
-    try:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    except ImportError as e:  # it imports onnx_ir, a dependency of specrt that an old install may lack
-        raise UserError(f"--draft-weights int8 needs onnxruntime.quantization's MatMulNBits quantizer, which "
-                        f"failed to import ({e}); pip install 'onnx-ir>=1.1'") from None
 
     if dtype != "float32":
         raise UserError(f"{src}: int8 draft weights need a float32 graph, not {dtype}")
+    if form not in INT8_FORMS:
+        raise UserError(f"int8 form '{form}' is not one of {', '.join(INT8_FORMS)}")
     model = onnx.load(str(src))  # with its external weights: the draft is small
     gemms_to_matmul(model)
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)  # it logs every node at INFO
-    q = MatMulNBitsQuantizer(model, bits=BITS, block_size=BLOCK_SIZE, is_symmetric=True,
-                             accuracy_level=ACCURACY_LEVEL)
-    q.process()
-    out = q.model.model
-    quantized = sum(1 for n in out.graph.node if n.op_type == "MatMulNBits")
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # it logs every node at INFO
+    if form == "blocks":
+        try:
+            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        except ImportError as e:  # it imports onnx_ir, a dependency of specrt that an old install may lack
+            raise UserError(f"--draft-weights int8 needs onnxruntime.quantization's MatMulNBits quantizer, which "
+                            f"failed to import ({e}); pip install 'onnx-ir>=1.1'") from None
+        q = MatMulNBitsQuantizer(model, bits=BITS, block_size=BLOCK_SIZE, is_symmetric=True,
+                                 accuracy_level=ACCURACY_LEVEL)
+        q.process()
+        out = q.model.model
+        record = {"weights": "int8", "form": "blocks", "op": "com.microsoft.MatMulNBits", "bits": BITS,
+                  "block_size": BLOCK_SIZE, "symmetric": True, "accuracy_level": ACCURACY_LEVEL}
+        quantized = sum(1 for n in out.graph.node if n.op_type == "MatMulNBits")
+    else:
+        out, kept = _quantize_dynamic(model)
+        record = {"weights": "int8", "form": "dynamic", "op": "MatMulInteger", "bits": BITS,
+                  "codes": [-DYNAMIC_RANGE, DYNAMIC_RANGE], "scales": "per output column",
+                  "activations": "uint8, one scale per call (DynamicQuantizeLinear)", "kept_float": kept}
+        quantized = sum(1 for n in out.graph.node if n.op_type == "MatMulInteger")
     if quantized == 0:
         raise UserError(f"{src}: no MatMul with a constant weight to quantize")
     onnx.save_model(out, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=dst.name + ".data", size_threshold=1024)
-    return {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": BITS, "block_size": BLOCK_SIZE,
-            "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "matmuls_quantized": quantized}
+    return {**record, "matmuls_quantized": quantized}
+
+
+def _quantize_dynamic(model):
+    """(the quantized model, the weights kept float): quantize_dynamic on DYNAMIC_SLOTS' MatMuls."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    inits = {t.name for t in model.graph.initializer}
+    weighted = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    keep = [n for n in weighted if not DYNAMIC_SLOTS.fullmatch(n.input[1])]
+    root = logging.getLogger()
+    level = root.level
+    with tempfile.TemporaryDirectory() as tmp:  # quantize_dynamic reads and writes files
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        onnx.save_model(model, str(src), save_as_external_data=True, location="float.onnx.data")
+        root.setLevel(max(level, logging.ERROR))  # it logs every tensor (and advice) on the root logger
+        try:
+            quantize_dynamic(str(src), str(dst), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul"], nodes_to_exclude=[n.name for n in keep])
+        finally:
+            root.setLevel(level)
+        return onnx.load(str(dst)), sorted(n.input[1] for n in keep)
+
+
+def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]], threads: int,
+                repeats: int = 5) -> tuple[str, dict]:
+    """Quantize ``src`` in both INT8_FORMS under ``folder`` and time a draft pass of each, in
+    turn on the same synthetic feeds (one per ``sizes``: symbolic dim -> value, the loop's
+    shapes), sessions without spinning threads; -> (the form kept, {form: {"ms": [median
+    per size], "record": quantize_draft's record, "path"}}). The dynamic form is kept when
+    its passes take under DYNAMIC_MARGIN of the blocks form's in all."""
+    import numpy as np
+    import onnxruntime as ort
+
+    forms = {}
+    for form in INT8_FORMS:
+        path = folder / f"draft.{form}.onnx"
+        forms[form] = {"record": quantize_draft(src, path, dtype, form), "path": path}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a spinning one steals the next's cores
+    sessions = {f: ort.InferenceSession(str(v["path"]), so, providers=["CPUExecutionProvider"])
+                for f, v in forms.items()}
+    rng = np.random.default_rng(0)
+    first = sessions[INT8_FORMS[0]]
+    times = {f: [] for f in forms}
+    for sz in sizes:
+        feeds = {}
+        for i in first.get_inputs():
+            shape = [d if isinstance(d, int) else sz[d] for d in i.shape]
+            feeds[i.name] = (np.arange(shape[1], dtype=np.int64)[None] if i.type == "tensor(int64)"
+                             else (rng.standard_normal(shape) * 0.5).astype(np.float32))
+        for s in sessions.values():
+            s.run(None, feeds)
+        per = {f: [] for f in forms}
+        for _ in range(repeats):
+            for f, s in sessions.items():
+                t = time.perf_counter()
+                s.run(None, feeds)
+                per[f].append(time.perf_counter() - t)
+        for f in forms:
+            times[f].append(round(float(np.median(per[f])) * 1e3, 4))
+    del sessions
+    for f in forms:
+        forms[f]["ms"] = times[f]
+    kept = "dynamic" if sum(times["dynamic"]) < DYNAMIC_MARGIN * sum(times["blocks"]) else "blocks"
+    return kept, forms
 
 
 # ONNX Runtime's symmetric 8-bit blocks (measured on the SmolLM2 drafts, 2026-11-30):
@@ -113,13 +217,16 @@ _REL = 1e-5
 
 
 def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
-    """Check every MatMulNBits weight of ``int8_graph`` against the float weight it came from
-    in ``float_graph`` (the export's draft; matched by the MatMul's output name): each block's
-    step must be its largest |weight| / 128 and each weight must dequantize to within half a
-    step of the float one (one step where it clipped at the top code). This is exact, not
+    """Check every int8 weight of ``int8_graph`` against the float weight it came from in
+    ``float_graph`` (the export's draft). MatMulNBits (the blocks form; matched by the
+    MatMul's output name): each block's step must be its largest |weight| / 128 and each
+    weight must dequantize to within half a step of the float one (one step where it
+    clipped at the top code). MatMulInteger (the dynamic form; matched by the weight's name,
+    ``<name>_quantized`` with ``<name>_scale``): each column's step must be its largest
+    |weight| / 64, its zero point 0, and each code within half a step. This is exact, not
     statistical: a wrong scale, a swapped or stale weight fails it by a whole multiple.
-    Returns {"matmuls", "blocks", "max_error_steps", "max_clipped_error_steps",
-    "max_step_error", "bad": [{"matmul", "problem"}], "passed"}."""
+    Returns {"matmuls", "op", "unit", "blocks" (blocks, or columns of the dynamic form), "max_error_steps",
+    "max_clipped_error_steps", "max_step_error", "bad": [{"matmul", "problem"}], "passed"}."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -132,12 +239,27 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     qmodel = onnx.load(str(int8_graph))
     qinits = {t.name: t for t in qmodel.graph.initializer}
     bad: list[dict] = []
+    ops: set[str] = set()
     matmuls = blocks = 0
     worst = worst_clipped = worst_step = 0.0
     for n in qmodel.graph.node:
+        if n.op_type == "MatMulInteger" and n.input[1] in qinits:
+            matmuls += 1
+            r = _check_columns(n, finits, qinits)
+            if isinstance(r, str):
+                bad.append({"matmul": n.input[1], "problem": r})
+                continue
+            cols, e_plain, s_err, problems = r
+            blocks += cols
+            ops.add("MatMulInteger")
+            worst, worst_step = max(worst, e_plain), max(worst_step, s_err)
+            if problems:
+                bad.append({"matmul": n.input[1], "problem": "; ".join(problems)})
+            continue
         if n.op_type != "MatMulNBits":
             continue
         matmuls += 1
+        ops.add("MatMulNBits")
         out = n.output[0]
         if out not in by_output:
             bad.append({"matmul": out, "problem": f"no MatMul of {float_graph.name} with a constant weight writes it"})
@@ -179,5 +301,40 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
                             f"1 where clipped)")
         if problems:
             bad.append({"matmul": out, "problem": "; ".join(problems)})
-    return {"matmuls": matmuls, "blocks": blocks, "max_error_steps": worst, "max_clipped_error_steps": worst_clipped,
+    return {"matmuls": matmuls, "op": "+".join(sorted(ops)) or "none",
+            "unit": "blocks" if ops == {"MatMulNBits"} else "columns" if ops == {"MatMulInteger"} else "blocks/columns",
+            "blocks": blocks, "max_error_steps": worst, "max_clipped_error_steps": worst_clipped,
             "max_step_error": worst_step, "bad": bad, "passed": matmuls > 0 and not bad}
+
+
+def _check_columns(n, finits: dict, qinits: dict):
+    """One MatMulInteger of the dynamic form against its float weight: (columns, worst
+    error in steps, worst relative step error, problems) or a problem string."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    qname = n.input[1]
+    name = qname[: -len("_quantized")] if qname.endswith("_quantized") else None
+    if name is None or name not in finits or name + "_scale" not in qinits:
+        return f"weight {qname}: no float weight of that name (without _quantized) with a {name}_scale beside it"
+    zp = numpy_helper.to_array(qinits[n.input[3]]) if len(n.input) > 3 and n.input[3] in qinits else None
+    if zp is None or np.any(zp != 0):
+        return "the weight's zero point is not 0: expected symmetric codes"
+    w = numpy_helper.to_array(finits[name]).astype(np.float64)  # [K, N]
+    codes = numpy_helper.to_array(qinits[qname]).astype(np.float64)
+    step = numpy_helper.to_array(qinits[name + "_scale"]).astype(np.float64).reshape(-1)
+    if codes.shape != w.shape or step.size != w.shape[1]:
+        return f"codes {list(codes.shape)} and {step.size} steps do not fit a {list(w.shape)} weight by columns"
+    top = np.abs(w).max(0)
+    step_err = np.where(top > 0, np.abs(step * DYNAMIC_RANGE - top) / np.maximum(top, 1e-30), 0.0)
+    err = np.abs(codes * step - w) / np.maximum(step, 1e-30)
+    e_plain, s_err = float(err.max()), float(step_err.max())
+    problems = []
+    if s_err > _REL:
+        j = int(np.argmax(step_err))
+        problems.append(f"column {j}: step {step[j]:.4g} x {DYNAMIC_RANGE} = {step[j] * DYNAMIC_RANGE:.4g}, its largest "
+                        f"|weight| is {top[j]:.4g}")
+    if e_plain > 0.5 + _REL or np.abs(codes).max() > DYNAMIC_RANGE:
+        problems.append(f"a weight dequantizes {e_plain:.3g} steps from the float one (at most 0.5, codes within "
+                        f"+-{DYNAMIC_RANGE})")
+    return w.shape[1], e_plain, s_err, problems

@@ -136,9 +136,12 @@ def _depths(ctx, param, value):
 @click.option("--ort-kv", type=click.Choice(["auto", "inplace", "append"]), default="auto", show_default=True,
               help="ONNX Runtime: re-lower the target with in-place KV (GroupQueryAttention updating preallocated "
                    "buffers; auto = when this ONNX Runtime supports it), or keep the export's portable graph.")
-@click.option("--draft-weights", type=click.Choice(["fp", "int8"]), default="fp", show_default=True,
-              help="ONNX Runtime: keep the draft's weights as exported, or quantize them to int8 (weight-only, "
-                   "blocks of 32; a faster draft pass, output still lossless: the target verifies every token).")
+@click.option("--draft-weights", type=click.Choice(["fp", "int8", "int8:blocks", "int8:dynamic"]), default="fp",
+              show_default=True,
+              help="ONNX Runtime: keep the draft's weights as exported, or quantize them to int8 for a faster draft "
+                   "pass (output still lossless: the target verifies every token). int8 times both int8 forms on "
+                   "this machine and keeps the faster: blocks (MatMulNBits, blocks of 32, every weight) or dynamic "
+                   "(MatMulInteger, per-column codes, the MLP's gate/up and the head).")
 @click.option("--target-head", type=click.Choice(["full", "screened"]), default="full", show_default=True,
               help="ONNX Runtime, float32, in-place KV: 'screened' gives greedy decoding int8 logits (48 outlier "
                    "channels in fp32) and finds each token exactly from the fp32 head's rows that an error bound "

@@ -8,7 +8,7 @@
 # Steps (each prints what it measured):
 #   1. export, and three engine sets from it: the default build (target re-lowered with
 #      in-place KV), --ort-kv append (the export's portable graph, TensorRT's contract) and
-#      --draft-weights int8 (the default build with a weight-only int8 draft);
+#      --draft-weights int8 (the default build with an int8 draft, the form faster here);
 #   2. DSpark calibration on tools/data/calibration_prompts.jsonl, evaluated on the
 #      held-out prompts (results/calibration_report.json); SPECRT_CALIBRATION=FILE copies
 #      a calibration.json made the same way on other engines of this export instead;

@@ -3,19 +3,21 @@
     .venv/bin/python tools/exp_draft_quant.py ENGINES [--pending 2] [--blocks 1,2,4,8]
         [--past 256] [--repeats 7] [--keep DIR]
 
-ENGINES: a build with ``--draft-weights int8`` (its draft.onnx: ``com.microsoft.MatMulNBits``,
-8-bit blocks of 32, accuracy level 4, engines/quantize.py) whose export folder holds the
-float draft graph. Variants of that float graph, written to a scratch folder (``--keep``
-keeps them):
+ENGINES: a build whose export folder holds the float draft graph. Variants of that graph,
+written to a scratch folder (``--keep`` keeps them):
 
-- ``nbits8``: the build's own draft (MatMulNBits on every weight matmul);
+- ``nbits8``: `specrt build --draft-weights int8:blocks`'s draft (engines/quantize.py:
+  MatMulNBits, 8-bit blocks of 32, accuracy level 4, on every weight matmul);
 - ``dynamic_all``: ONNX Runtime's ``quantize_dynamic`` (per-column symmetric int8 weights
   in [-64, 64], ``reduce_range``; each call's activations quantized per tensor to uint8;
   MatMulInteger) on every weight matmul;
-- ``dynamic_gate_up_head``: the same on the MLP's gate and up projections and the head
-  only (their inputs are normed hidden states); fc (the aux hidden states, with their
-  outlier channels), q/k/v/o and down stay float;
+- ``dynamic_gate_up_head``: `--draft-weights int8:dynamic`'s draft, the same on the MLP's
+  gate and up projections and the head only (their inputs are normed hidden states); fc
+  (the aux hidden states, with their outlier channels), q/k/v/o and down stay float;
 - ``float``: the export's graph (Gemm rewritten as MatMul).
+
+(Plain ``--draft-weights int8`` times nbits8 and dynamic_gate_up_head at build and keeps
+the faster: quantize.choose_form.)
 
 Each is timed on the same synthetic feeds (``--pending`` real slots + block - 1 mask slots
 after ``--past`` draft-cache rows), one call of each in turn, sessions without spinning
@@ -46,15 +48,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GATE_UP_HEAD = ("gate", "up", "lm_head")  # weight names ending so are quantized in that variant
-
-
 def variants(engines: Path, scratch: Path) -> dict[str, Path]:
     """name -> draft graph path (written under ``scratch``)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from specrt.engines.quantize import gemms_to_matmul
+    from specrt.engines.quantize import gemms_to_matmul, quantize_draft
 
     src = engines / "export" / "draft.onnx"
     if not src.is_file():
@@ -63,15 +62,15 @@ def variants(engines: Path, scratch: Path) -> dict[str, Path]:
     gemms_to_matmul(model)
     flt = scratch / "float.onnx"
     onnx.save_model(model, str(flt), save_as_external_data=True, location="float.onnx.data")
-    inits = {t.name for t in model.graph.initializer}
-    keep_float = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-                  and not n.input[1].endswith(GATE_UP_HEAD)]
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
-    out = {"nbits8": engines / "draft.onnx"}
-    for name, exclude in (("dynamic_all", []), ("dynamic_gate_up_head", keep_float)):
-        quantize_dynamic(str(flt), str(scratch / f"{name}.onnx"), per_channel=True, reduce_range=True,
-                         weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude)
+    logging.getLogger().setLevel(logging.WARNING)  # quantize_dynamic logs every tensor at INFO
+    out = {}
+    for name, form in (("nbits8", "blocks"), ("dynamic_gate_up_head", "dynamic")):
+        quantize_draft(src, scratch / f"{name}.onnx", "float32", form)
         out[name] = scratch / f"{name}.onnx"
+    quantize_dynamic(str(flt), str(scratch / "dynamic_all.onnx"), per_channel=True, reduce_range=True,
+                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    out["dynamic_all"] = scratch / "dynamic_all.onnx"
     out["float"] = flt
     return out
 

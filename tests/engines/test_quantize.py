@@ -1,6 +1,7 @@
-"""``specrt build --draft-weights int8``: the draft graph rewritten with weight-only int8
-MatMulNBits, recorded and hash-checked like any engine file, compared within the int8 bounds,
-and lossless (the target verifies every token)."""
+"""``specrt build --draft-weights int8``: the draft graph rewritten with int8 weights (the
+blocks form, MatMulNBits; the dynamic form, MatMulInteger on gate/up/head; plain int8 keeps
+the faster of the two on this machine), recorded and hash-checked like any engine file,
+compared within the int8 bounds, and lossless (the target verifies every token)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from specrt import contracts as C
 from specrt.engines import build_engines, load_engines
 from specrt.engines.compare import INT8_DRAFT, INT8_DRAFT_ROW_STD, INT8_WEIGHTS, compare_engines
-from specrt.engines.quantize import check_int8_weights
+from specrt.engines.quantize import DYNAMIC_MARGIN, check_int8_weights
 from specrt.errors import UserError
 from specrt.manifest import file_record
 
@@ -24,7 +25,14 @@ DEPTHS = (1, 2, 4)
 @pytest.fixture(scope="module")
 def int8_engines(tiny_export, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("int8") / "engines"
-    build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=1, draft_weights="int8")
+    build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=1, draft_weights="int8:blocks")
+    return out
+
+
+@pytest.fixture(scope="module")
+def dynamic_engines(tiny_export, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("int8dyn") / "engines"
+    build_engines(tiny_export, "onnxruntime", DEPTHS, out, log=quiet, profile_repeats=1, draft_weights="int8:dynamic")
     return out
 
 
@@ -48,6 +56,11 @@ def test_build_rewrites_and_records_the_draft(int8_engines, tiny_engines):
 
 
 def test_int8_draft_is_lossless_and_still_drafts(int8_engines, tiny_engines):
+    _assert_lossless(int8_engines, tiny_engines)
+
+
+def _assert_lossless(int8_engines: Path, tiny_engines: Path) -> None:
+    """Greedy output of the int8 build at every depth == the float build's without speculation."""
     from specrt.runtime import generate as G
     from specrt.runtime.governor import FixedGovernor, OffGovernor
     from specrt.runtime.sampling import SamplingParams
@@ -157,7 +170,8 @@ def test_weight_check_catches_what_the_outputs_cannot(int8_engines, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(draft_weights="int4"), "--draft-weights 'int4' is not one of fp, int8"),
+    (dict(draft_weights="int4"), "--draft-weights 'int4' is not one of fp, int8, int8:blocks, int8:dynamic"),
+    (dict(draft_weights="int8:nibbles"), "--draft-weights 'int8:nibbles' is not one of"),
     (dict(draft_weights="int8", backend="tensorrt"), "applies to the onnxruntime backend"),
 ])
 def test_bad_draft_weights(tiny_export, tmp_path, kwargs, message):
@@ -186,3 +200,64 @@ def test_target_only_export_is_refused(tmp_path):
     export(write_tiny_target(tmp_path / "t", "llama"), None, tmp_path / "exp", log=quiet)
     with pytest.raises(UserError, match="has no draft graph"):
         build_engines(tmp_path / "exp", "onnxruntime", "1", tmp_path / "e", log=quiet, draft_weights="int8")
+
+
+def test_dynamic_form_is_recorded_checked_and_lossless(dynamic_engines, tiny_engines, tmp_path):
+    import onnx
+
+    q = json.loads((dynamic_engines / "engines.json").read_text())["graphs"]["draft"]["quantized"]
+    assert (q["weights"], q["form"], q["op"], q["codes"], q["chosen_by"]) == \
+        ("int8", "dynamic", "MatMulInteger", [-64, 64], "--draft-weights int8:dynamic")
+    # gate, up and the head; fc, q, k, v, o and down stay float (by slot name, exactly)
+    assert q["matmuls_quantized"] == 3 and _ops(dynamic_engines / "draft.onnx").count("MatMulInteger") == 3
+    assert q["kept_float"] == ["fc", "layers.0.down", "layers.0.k", "layers.0.o", "layers.0.q", "layers.0.v"]
+    assert load_engines(dynamic_engines, verify=False).draft_weights == "int8"
+    _assert_lossless(dynamic_engines, tiny_engines)
+
+    lines: list[str] = []
+    r = compare_engines(dynamic_engines, log=lines.append, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+    w = r["roles"]["draft"]["outputs"][INT8_WEIGHTS]
+    assert w["passed"] and (w["matmuls"], w["op"], w["unit"]) == (3, "MatMulInteger", "columns")
+    assert 0.4 < w["max_error_steps"] <= 0.5 + 1e-5 and w["max_step_error"] < 1e-5
+    assert any(line.lstrip().startswith(INT8_WEIGHTS) and "MatMulInteger" in line and line.endswith("pass")
+               for line in lines)
+
+    # one code of the head moved by 3 steps, and a column's scale doubled: each named
+    head = [n for n in onnx.load(str(dynamic_engines / "draft.onnx")).graph.node if n.op_type == "MatMulInteger"][-1]
+
+    def three_steps(codes):
+        codes.reshape(-1)[0] += 3 if codes.reshape(-1)[0] <= 61 else -3
+
+    def double_column(scales):
+        scales.reshape(-1)[1] *= 2.0
+
+    for label, name, edit, problem in (("code", head.input[1], three_steps, "steps from the float one"),
+                                       ("scale", head.input[1][: -len("_quantized")] + "_scale", double_column,
+                                        "column 1: step")):
+        bad = _rewrite_draft(dynamic_engines, tmp_path / label, lambda m: _edit_initializer(m, name, edit))
+        w = check_int8_weights(load_engines(bad, verify=False).export_dir / "draft.onnx", bad / "draft.onnx")
+        assert not w["passed"] and [b["matmul"] for b in w["bad"]] == [head.input[1]], label
+        assert problem in w["bad"][0]["problem"], label
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_plain_int8_keeps_the_faster_form_on_this_machine(tmp_path, kind):
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    export(t, write_tiny_draft(tmp_path / "d", t, kind=kind), tmp_path / "exp", log=quiet)
+    logs: list[str] = []
+    build_engines(tmp_path / "exp", "onnxruntime", "1,2,4,6", tmp_path / "e", log=logs.append, profile_repeats=1,
+                  draft_weights="int8")
+    q = json.loads((tmp_path / "e" / "engines.json").read_text())["graphs"]["draft"]["quantized"]
+    assert q["chosen_by"] == "timing" and set(q["timed_ms"]) == {"blocks", "dynamic"}
+    n = 3 if kind == "peagle" else 1  # P-EAGLE: a block per depth up to 4 (1, 2, 4); EAGLE-3: one step
+    assert len(q["timed_sizes"]) == n and all(len(v) == n and min(v) > 0 for v in q["timed_ms"].values())
+    faster = sum(q["timed_ms"]["dynamic"]) < DYNAMIC_MARGIN * sum(q["timed_ms"]["blocks"])
+    assert q["form"] == ("dynamic" if faster else "blocks")
+    assert any(line.startswith("int8 draft forms timed") and line.endswith(f"keeping {q['form']}") for line in logs)
+    assert not (tmp_path / "e" / ".int8-forms").exists()  # the losing form is not left behind
+    assert {f["file"] for f in json.loads((tmp_path / "e" / "engines.json").read_text())["files"]} >= \
+        {"draft.onnx", "draft.onnx.data"}
