@@ -162,7 +162,7 @@ def _quantize_dynamic(model):
 
 
 def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]], threads: int,
-                repeats: int = 5) -> tuple[str, dict]:
+                repeats: int = 10) -> tuple[str, dict]:
     """Quantize ``src`` in both INT8_FORMS under ``folder`` and time a draft pass of each, in
     turn on the same synthetic feeds (one per ``sizes``: symbolic dim -> value, the loop's
     shapes), sessions without spinning threads; -> (the form kept, {form: {"ms": [median
