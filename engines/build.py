@@ -235,7 +235,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                     log(f"target re-lowered with in-place KV ({ctx} rows, GroupQueryAttention): {out / name}")
                 elif g == "draft" and draft_weights != "fp":
                     q = _int8_draft(tmp, graph_files[g], name, dtype, draft_weights, exp, depth_list, ctx,
-                                    draft_accepted, profile_pasts, settings.intra_op_num_threads, log)
+                                    draft_accepted, profile_pasts, settings, log)
                     files += [file_record(tmp, name), file_record(tmp, name + ".data")]
                     onnx_files[g] = name
                     graphs_json[g] = {"quantized": q}
@@ -273,11 +273,12 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
 
 
 def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, exp: dict, depths, ctx: int,
-                draft_accepted: int, pasts, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+                draft_accepted: int, pasts, settings, log: Callable[[str], None]) -> dict[str, Any]:
     """Write ``tmp/name`` (+ .data), the export's draft ``tmp/src`` with int8 weights: in the
     form ``draft_weights`` names, or for plain "int8" the faster of both on this machine
     (quantize.choose_form, timed at the loop's shapes: ``draft_accepted`` pending slots and
-    each verify depth up to 4 as the block, after min(pasts) rows). Returns the record."""
+    each verify depth up to 4 as the block, after min(pasts) rows, with the engines'
+    threads and providers, ``settings``). Returns the record."""
     form = draft_weights.partition(":")[2]
     if form:
         return {**quantize_draft(tmp / src, tmp / name, dtype, form), "chosen_by": f"--draft-weights {draft_weights}"}
@@ -291,7 +292,8 @@ def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, 
     scratch = tmp / ".int8-forms"
     scratch.mkdir()
     try:
-        kept, forms = choose_form(tmp / src, scratch, dtype, sizes, threads)
+        kept, forms = choose_form(tmp / src, scratch, dtype, sizes, settings.intra_op_num_threads,
+                                  providers=settings.providers)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log("int8 draft forms timed (ms a pass at " + ", ".join(f"{s[C.DIM_NEW]} new" for s in sizes) + "): "

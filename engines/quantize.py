@@ -162,10 +162,10 @@ def _quantize_dynamic(model):
 
 
 def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]], threads: int,
-                repeats: int = 10) -> tuple[str, dict]:
+                repeats: int = 10, providers=("CPUExecutionProvider",)) -> tuple[str, dict]:
     """Quantize ``src`` in both INT8_FORMS under ``folder`` and time a draft pass of each, in
     turn on the same synthetic feeds (one per ``sizes``: symbolic dim -> value, the loop's
-    shapes), sessions without spinning threads; -> (the form kept, {form: {"ms": [median
+    shapes), sessions on the engines' ``providers`` without spinning threads; -> (the form kept, {form: {"ms": [median
     per size], "record": quantize_draft's record, "path"}}). The dynamic form is kept when
     its passes take under DYNAMIC_MARGIN of the blocks form's in all."""
     import numpy as np
@@ -178,7 +178,7 @@ def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]]
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a spinning one steals the next's cores
-    sessions = {f: ort.InferenceSession(str(v["path"]), so, providers=["CPUExecutionProvider"])
+    sessions = {f: ort.InferenceSession(str(v["path"]), so, providers=list(providers))
                 for f, v in forms.items()}
     rng = np.random.default_rng(0)
     first = sessions[INT8_FORMS[0]]
