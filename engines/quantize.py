@@ -165,9 +165,9 @@ def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]]
                 repeats: int = 10, providers=("CPUExecutionProvider",)) -> tuple[str, dict]:
     """Quantize ``src`` in both INT8_FORMS under ``folder`` and time a draft pass of each, in
     turn on the same synthetic feeds (one per ``sizes``: symbolic dim -> value, the loop's
-    shapes), sessions on the engines' ``providers`` without spinning threads; -> (the form kept, {form: {"ms": [median
-    per size], "record": quantize_draft's record, "path"}}). The dynamic form is kept when
-    its passes take under DYNAMIC_MARGIN of the blocks form's in all."""
+    shapes), sessions on the engines' ``providers`` without spinning threads; -> (the form
+    kept, {form: {"ms": [median per size], "record": quantize_draft's record, "path"}}). The
+    dynamic form is kept when its passes take under DYNAMIC_MARGIN of the blocks form's in all."""
     import numpy as np
     import onnxruntime as ort
 
@@ -199,7 +199,7 @@ def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]]
                 per[f].append(time.perf_counter() - t)
         for f in forms:
             times[f].append(round(float(np.median(per[f])) * 1e3, 4))
-    del sessions
+    del sessions, first  # the sessions hold the scratch files open
     for f in forms:
         forms[f]["ms"] = times[f]
     kept = "dynamic" if sum(times["dynamic"]) < DYNAMIC_MARGIN * sum(times["blocks"]) else "blocks"
