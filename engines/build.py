@@ -289,17 +289,29 @@ def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, 
         sizes = [{C.DIM_NEW: a + b - 1, C.DIM_AUX: a, C.DIM_PAST: past} for b in blocks]
     else:  # EAGLE-3: a step feeds one drafted token and its hidden state
         sizes = [{C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: past}]
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from specrt.engines.base import specs_from_json
+
+    draft_in = SimpleNamespace(inputs=specs_from_json(exp["graphs"]["draft"]["io"]["inputs"]))
+    rng = np.random.default_rng(0)
+    feeds = [_costs.synthetic_feeds(draft_in, sz, int(exp["target"]["vocab_size"]), rng) for sz in sizes]
     scratch = tmp / ".int8-forms"
     scratch.mkdir()
     try:
-        kept, forms = choose_form(tmp / src, scratch, dtype, sizes, settings.intra_op_num_threads,
+        kept, forms = choose_form(tmp / src, scratch, name, dtype, feeds, settings.intra_op_num_threads,
                                   providers=settings.providers)
+        path = forms[kept]["path"]  # quantized once: the kept form moves into place with its data file
+        os.replace(path, tmp / name)
+        os.replace(path.with_name(name + ".data"), tmp / (name + ".data"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log("int8 draft forms timed (ms a pass at " + ", ".join(f"{s[C.DIM_NEW]} new" for s in sizes) + "): "
         + "; ".join(f"{f} {' / '.join(f'{t:.2f}' for t in v['ms'])}" for f, v in forms.items()) + f": keeping {kept}")
-    q = quantize_draft(tmp / src, tmp / name, dtype, kept)
-    return {**q, "chosen_by": "timing", "timed_ms": {f: v["ms"] for f, v in forms.items()}, "timed_sizes": sizes}
+    return {**forms[kept]["record"], "chosen_by": "timing", "timed_ms": {f: v["ms"] for f, v in forms.items()},
+            "timed_sizes": sizes}
 
 
 def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: Callable[[str], None],

@@ -161,49 +161,50 @@ def _quantize_dynamic(model):
         return onnx.load(str(dst)), sorted(n.input[1] for n in keep)
 
 
-def choose_form(src: Path, folder: Path, dtype: str, sizes: list[dict[str, int]], threads: int,
+def choose_form(src: Path, folder: Path, name: str, dtype: str, feeds: list[dict], threads: int,
                 repeats: int = 10, providers=("CPUExecutionProvider",)) -> tuple[str, dict]:
-    """Quantize ``src`` in both INT8_FORMS under ``folder`` and time a draft pass of each, in
-    turn on the same synthetic feeds (one per ``sizes``: symbolic dim -> value, the loop's
-    shapes), sessions on the engines' ``providers`` without spinning threads; -> (the form
-    kept, {form: {"ms": [median per size], "record": quantize_draft's record, "path"}}). The
-    dynamic form is kept when its passes take under DYNAMIC_MARGIN of the blocks form's in all."""
+    """Quantize ``src`` in both INT8_FORMS, each to ``folder/<form>/<name>`` (+ .data, so the
+    kept one moves into place as it is), and time a draft pass of each on ``feeds`` (the
+    loop's shapes; ``time_passes``); -> (the form kept, {form: {"ms": [median per feeds],
+    "record": quantize_draft's record, "path"}}). The dynamic form is kept when its passes
+    take under DYNAMIC_MARGIN of the blocks form's in all."""
+    forms = {}
+    for form in INT8_FORMS:
+        (folder / form).mkdir()
+        path = folder / form / name
+        forms[form] = {"record": quantize_draft(src, path, dtype, form), "path": path}
+    times = time_passes({f: v["path"] for f, v in forms.items()}, feeds, threads, repeats, providers)
+    for f in forms:
+        forms[f]["ms"] = [round(t, 4) for t in times[f]]
+    kept = "dynamic" if sum(times["dynamic"]) < DYNAMIC_MARGIN * sum(times["blocks"]) else "blocks"
+    return kept, forms
+
+
+def time_passes(paths: dict[str, Path], feeds: list[dict], threads: int, repeats: int = 10,
+                providers=("CPUExecutionProvider",)) -> dict[str, list[float]]:
+    """{name: [median ms per feeds]}: one session per graph in ``paths`` on ``providers``,
+    without spinning threads (a spinning one steals the next one's cores), ``repeats`` calls
+    of each in turn on each feeds after one untimed call. The sessions are released on return."""
     import numpy as np
     import onnxruntime as ort
 
-    forms = {}
-    for form in INT8_FORMS:
-        path = folder / f"draft.{form}.onnx"
-        forms[form] = {"record": quantize_draft(src, path, dtype, form), "path": path}
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a spinning one steals the next's cores
-    sessions = {f: ort.InferenceSession(str(v["path"]), so, providers=list(providers))
-                for f, v in forms.items()}
-    rng = np.random.default_rng(0)
-    first = sessions[INT8_FORMS[0]]
-    times = {f: [] for f in forms}
-    for sz in sizes:
-        feeds = {}
-        for i in first.get_inputs():
-            shape = [d if isinstance(d, int) else sz[d] for d in i.shape]
-            feeds[i.name] = (np.arange(shape[1], dtype=np.int64)[None] if i.type == "tensor(int64)"
-                             else (rng.standard_normal(shape) * 0.5).astype(np.float32))
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sessions = {k: ort.InferenceSession(str(p), so, providers=list(providers)) for k, p in paths.items()}
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for f in feeds:
         for s in sessions.values():
-            s.run(None, feeds)
-        per = {f: [] for f in forms}
+            s.run(None, f)
+        per: dict[str, list[float]] = {k: [] for k in sessions}
         for _ in range(repeats):
-            for f, s in sessions.items():
+            for k, s in sessions.items():
                 t = time.perf_counter()
-                s.run(None, feeds)
-                per[f].append(time.perf_counter() - t)
-        for f in forms:
-            times[f].append(round(float(np.median(per[f])) * 1e3, 4))
-    del sessions, first  # the sessions hold the scratch files open
-    for f in forms:
-        forms[f]["ms"] = times[f]
-    kept = "dynamic" if sum(times["dynamic"]) < DYNAMIC_MARGIN * sum(times["blocks"]) else "blocks"
-    return kept, forms
+                s.run(None, f)
+                per[k].append(time.perf_counter() - t)
+        for k in sessions:
+            times[k].append(float(np.median(per[k])) * 1e3)
+    return times
 
 
 # ONNX Runtime's symmetric 8-bit blocks (measured on the SmolLM2 drafts, 2026-11-30):

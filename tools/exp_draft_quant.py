@@ -19,10 +19,10 @@ written to a scratch folder (``--keep`` keeps them):
 (Plain ``--draft-weights int8`` times nbits8 and dynamic_gate_up_head at build and keeps
 the faster: quantize.choose_form.)
 
-Each is timed on the same synthetic feeds (``--pending`` real slots + block - 1 mask slots
-after ``--past`` draft-cache rows), one call of each in turn, sessions without spinning
-threads (a spinning session would steal the next one's cores), medians of ``--repeats``
-rounds of 15 calls.
+Each is timed on the same synthetic feeds (engines/costs.py ``synthetic_feeds``: ``--pending``
+real slots + block - 1 mask slots after ``--past`` draft-cache rows), one call of each in
+turn, sessions without spinning threads (engines/quantize.py ``time_passes``, what the build
+times its two int8 forms with), medians of ``--repeats`` rounds of 15 calls.
 
 Measured 2026-12-02 on the 2-core AMD EPYC without AVX-512 (out/ng/engines, pending 2,
 past 256; ms a draft pass at blocks 1 / 2 / 4 / 8): nbits8 2.08 / 2.73 / 4.06 / 6.74,
@@ -37,10 +37,10 @@ draft.onnx): nbits8 tau 1.8286 (0.543 at position 1), dynamic_gate_up_head 1.827
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -75,22 +75,13 @@ def variants(engines: Path, scratch: Path) -> dict[str, Path]:
     return out
 
 
-def feeds_for(session, pending: int, block: int, past: int, rng) -> dict[str, np.ndarray]:
-    """Synthetic draft feeds: ``pending`` real slots and block - 1 mask slots after ``past`` rows."""
-    f = {}
-    for i in session.get_inputs():
-        shape = [d if isinstance(d, int) else pending if "aux" in d else past if "past" in d else pending + block - 1
-                 for d in i.shape]
-        if i.type == "tensor(int64)":
-            f[i.name] = (np.arange(past, past + shape[1])[None] if "position" in i.name
-                         else rng.integers(0, 1000, shape)).astype(np.int64)
-        else:
-            f[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
-    return f
-
-
 def main(argv: list[str] | None = None) -> int:
-    import onnxruntime as ort
+    from types import SimpleNamespace
+
+    from specrt import contracts as C
+    from specrt.engines.base import specs_from_json
+    from specrt.engines.costs import synthetic_feeds
+    from specrt.engines.quantize import time_passes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("engines", type=Path)
@@ -102,31 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="write the variant graphs here and keep them")
     args = ap.parse_args(argv)
     blocks = [int(b) for b in args.blocks.split(",")]
+    exp = json.loads((args.engines / "export" / "export.json").read_text())
+    draft_in = SimpleNamespace(inputs=specs_from_json(exp["graphs"]["draft"]["io"]["inputs"]))
+    rng = np.random.default_rng(0)
+    a = args.pending  # P-EAGLE: a real slots and block - 1 mask slots after --past rows
+    feeds = [synthetic_feeds(draft_in, {C.DIM_NEW: a + b - 1, C.DIM_AUX: a, C.DIM_PAST: args.past},
+                             int(exp["target"]["vocab_size"]), rng) for b in blocks]
     with tempfile.TemporaryDirectory() as tmp:
         scratch = args.keep or Path(tmp)
         scratch.mkdir(parents=True, exist_ok=True)
         paths = variants(args.engines, scratch)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sessions = {k: ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]) for k, p in paths.items()}
-        rng = np.random.default_rng(0)
-        first = next(iter(sessions.values()))
-        res: dict[str, dict[int, list[float]]] = {k: {b: [] for b in blocks} for k in sessions}
-        for _ in range(args.repeats):
-            for b in blocks:
-                feeds = feeds_for(first, args.pending, b, args.past, rng)
-                for s in sessions.values():
-                    for _ in range(2):
-                        s.run(None, feeds)
-                times: dict[str, list[float]] = {k: [] for k in sessions}
-                for _ in range(15):
-                    for k, s in sessions.items():
-                        t = time.perf_counter()
-                        s.run(None, feeds)
-                        times[k].append(time.perf_counter() - t)
-                for k in sessions:
-                    res[k][b].append(float(np.median(times[k])) * 1e3)
+        res: dict[str, dict[int, list[float]]] = {k: {b: [] for b in blocks} for k in paths}
+        for _ in range(args.repeats):  # rounds of 15 calls a variant and block, in turn
+            for k, ms in time_passes(paths, feeds, args.threads, repeats=15).items():
+                for b, t in zip(blocks, ms):
+                    res[k][b].append(t)
     print(f"ms a draft pass ({args.pending} pending slots, past {args.past}; medians of {args.repeats} rounds)")
     for k, by in res.items():
         print(f"{k:>22}", "  ".join(f"block {b}: {np.median(t):.3f}" for b, t in by.items()))
