@@ -31,7 +31,11 @@ Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` giv
     draft_by_depth {k: s}     drafting a block of k (P-EAGLE: one pass of k tokens, profiled
                               at every built depth; EAGLE-3: k steps = k x draft)
     prefill s                 prefill_tokens new tokens over an empty cache
-    by_past {p: {verify {d: s}, decode s, draft s, draft_by_depth {k: s}}}
+    chain {L: s}              a lookup chain of L tokens past the deepest verify depth D:
+                              the prefill engine (dynamic S) at S = L + 1 over the past,
+                              at L = D + 1, 16 and 32 (chain_lengths); ngram.py prices
+                              the lengths between and beyond by straight lines through them
+    by_past {p: {verify {d: s}, decode s, draft s, draft_by_depth {k: s}, chain {L: s}}}
     draft_accepted, draft_depth, draft_kind, prefill_tokens
 """
 
@@ -93,6 +97,31 @@ def time_round_robin(calls: list[tuple[Any, Runner, dict]], repeats: int, warmup
     return {key: float(np.median(v)) for key, v in ts.items()}
 
 
+# The longest lookup chain (ngram.py, corpus.py) priced by default: prompt lookup's
+# proposals are one-hot and cost no draft pass, so a long match is worth verifying past
+# the deepest verify engine, on the prefill engine. On the target's greedy answers to 16
+# prompts that quote their input (edits, code, lists; 981 tokens), a cap of 4 / 8 / 16 /
+# 32 tokens left 567 / 528 / 509 / 501 rounds; on prompts asked again with ':grow', a cap
+# of 4 / 16 / 32 ran 235 / 438 / 476 tok/s (results/lookup_chains).
+CHAIN_TOKENS = 32
+
+
+def chain_lengths(depths) -> list[int]:
+    """The lookup chain lengths profiled on the prefill engine: D + 1, 16 and CHAIN_TOKENS
+    (D the deepest built depth), those above D."""
+    deepest = max(depths)
+    return sorted({L for L in (deepest + 1, 16, CHAIN_TOKENS) if L > deepest})
+
+
+def fits(runner: Runner, sizes: dict[str, int]) -> bool:
+    """Whether a call of ``runner`` with these symbolic dim sizes is within its dims and context."""
+    for d, v in sizes.items():
+        r = runner.dims.get(d)
+        if r is not None and not r.min <= v <= r.max:
+            return False
+    return sizes[C.DIM_NEW] + sizes.get(C.DIM_PAST, 0) <= runner.max_context
+
+
 def role_sizes(runner: Runner, past: int, *, draft_depth: int, draft_accepted: int, prefill_tokens: int,
                draft_kind: str | None) -> dict[str, int] | None:
     """Symbolic dim sizes of one profiled call of ``runner`` at ``past``; None if it does not fit."""
@@ -108,13 +137,7 @@ def role_sizes(runner: Runner, past: int, *, draft_depth: int, draft_accepted: i
             sizes = {C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: past}
     else:
         sizes = {C.DIM_NEW: role_depth(name) + 1, C.DIM_PAST: past}
-    for d, v in sizes.items():
-        r = runner.dims.get(d)
-        if r is not None and not r.min <= v <= r.max:
-            return None
-    if sizes[C.DIM_NEW] + sizes[C.DIM_PAST] > runner.max_context:
-        return None
-    return sizes
+    return sizes if fits(runner, sizes) else None
 
 
 def loop_order(runners: dict[str, Runner], past: int, depths: tuple[int, ...], draft_kind: str | None,
@@ -153,6 +176,12 @@ def loop_order(runners: dict[str, Runner], past: int, depths: tuple[int, ...], d
         calls.append(((name, None), *feeds[(name, None)]))
     seen = {key for key, _, _ in calls}
     calls += [(key, *rf) for key, rf in feeds.items() if key not in seen]  # a draft depth with no verify
+    if PREFILL in runners:  # lookup chains past the deepest depth: the prefill engine over the past
+        r = runners[PREFILL]
+        for L in chain_lengths(depths):
+            sizes = {C.DIM_NEW: L + 1, C.DIM_PAST: past}
+            if fits(r, sizes):
+                calls.append(((PREFILL, L), r, synthetic_feeds(r, sizes, vocab[graph_of[PREFILL]], rng)))
     return calls
 
 
@@ -176,6 +205,9 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
         times = time_round_robin(calls, repeats, warmup)
         row: dict[str, Any] = {"verify": {}}
         for (name, k), t in times.items():
+            if name == PREFILL:
+                row.setdefault("chain", {})[str(k)] = t
+                continue
             if k is not None:
                 continue
             d = role_depth(name)
@@ -193,7 +225,8 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
             by_past[str(p)] = row
             log(f"costs at past {p}: decode {row.get('decode', 0) * 1e3:.2f} ms, "
                 + ", ".join(f"verify.{d} {v * 1e3:.2f} ms" for d, v in row["verify"].items())
-                + (f", draft {row['draft'] * 1e3:.2f} ms" if "draft" in row else ""))
+                + (f", draft {row['draft'] * 1e3:.2f} ms" if "draft" in row else "")
+                + "".join(f", chain.{L} {v * 1e3:.2f} ms" for L, v in row.get("chain", {}).items()))
     if not by_past:
         raise InternalError(f"no profiled past length in {list(pasts)} fits the context limit")
     ref = next(iter(by_past))
@@ -219,8 +252,11 @@ def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     out = dict(table)
     out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
+    if "chain" in table:
+        out["chain"] = {int(L): float(v) for L, v in table["chain"].items()}
     out["by_past"] = {int(p): {**row, "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()},
-                               "draft_by_depth": {int(k): float(v) for k, v in row.get("draft_by_depth", {}).items()}}
+                               "draft_by_depth": {int(k): float(v) for k, v in row.get("draft_by_depth", {}).items()},
+                               "chain": {int(k): float(v) for k, v in row.get("chain", {}).items()}}
                       for p, row in table.get("by_past", {}).items()}
     return out
 

@@ -256,6 +256,17 @@ class EngineSet:
         """Seconds per target call at ``past``: {0: decode, d: verify.d for each built depth}."""
         return {0: self.cost("decode", past), **{d: self.cost(f"verify.{d}", past) for d in self.depths}}
 
+    def chain_costs(self, past: int) -> dict[int, float]:
+        """Seconds per lookup chain of L tokens verified on the prefill engine (L past the
+        deepest depth, costs.chain_lengths), per profiled L, at ``past``; {} for tables
+        profiled before chains were (2026-12-02: `specrt profile` adds them)."""
+        Ls = sorted({L for row in self.costs.get("by_past", {}).values() for L in row.get("chain", {})})
+        out = {}
+        for L in Ls:
+            pts = {p: row["chain"][L] for p, row in self.costs["by_past"].items() if L in row.get("chain", {})}
+            out[L] = interpolate(pts, past)
+        return out
+
     def draft_costs(self, past: int) -> dict[int, float]:
         """Seconds to draft a block of k, per profiled k (``draft_by_depth``), at ``past``;
         builds that predate it give {draft_depth: cost("draft")}."""

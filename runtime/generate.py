@@ -125,7 +125,7 @@ class Generator:
         if not getattr(self.governor, "lookup", False):
             return None
         if getattr(self.governor, "lookup_policy", None) is None:
-            policy = NgramPolicy.from_engines(self.e, COST_PAST)
+            policy = NgramPolicy.from_engines(self.e, COST_PAST, getattr(self.governor, "lookup_chain", None))
             policy.corpus = self._load_corpus() if getattr(self.governor, "corpus", False) else None
             if policy.corpus is not None:
                 policy.add_source(policy.corpus.source_priors())

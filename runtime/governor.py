@@ -67,6 +67,7 @@ class Governor(abc.ABC):
     lookup_policy = None  # its ngram.NgramPolicy, made by the generator at the first stream
     corpus = False  # True: the lookup also searches the engines' corpus (':corpus', corpus.py)
     grow = False  # True: ... and the session's own finished sequences (':grow', corpus.Growth)
+    lookup_chain = None  # ':ngram=L': the longest lookup chain verified (None: ngram.NgramPolicy's default)
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)
@@ -732,7 +733,7 @@ class DSparkGovernor(Governor):
 
 
 SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "
-         "each [:ngram] [:corpus] [:grow[=TOKENS]]")
+         "each [:ngram[=L]] [:corpus] [:grow[=TOKENS]]")
 
 
 def is_dspark(spec: str | int) -> bool:
@@ -746,7 +747,8 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
     prompt lookup alone) lets ngram.py's lookup take rounds before the governor's;
     ``:corpus`` (corpus.py) does too, with the engines' corpus beside the context, and
     ``:grow`` with the session's own finished sequences (with or without the corpus; ``:grow=N``
-    keeps the latest N tokens of them, corpus.GROW_TOKENS without)."""
+    keeps the latest N tokens of them, corpus.GROW_TOKENS without). ``:ngram=L`` verifies
+    lookup chains of L tokens at most (default: the longest the cost table prices, ngram.py)."""
     parts = [_option(p) for p in str(spec).strip().lower().split(":")]
     for opt in LOOKUP_OPTIONS:
         if parts[1:].count(opt) > 1 or parts[0] == opt:
@@ -759,8 +761,11 @@ LOOKUP_OPTIONS = ("ngram", "corpus", "grow")
 
 
 def _option(part: str) -> str:
-    """A spec part's option name: ``grow=N`` is ``grow``; any other part is itself."""
-    return "grow" if part.startswith("grow=") else part
+    """A spec part's option name: ``grow=N`` is ``grow``, ``ngram=L`` is ``ngram``; any other part is itself."""
+    for opt in ("grow", "ngram"):
+        if part.startswith(opt + "="):
+            return opt
+    return part
 
 
 def has_lookup_option(spec: str | int, opt: str) -> bool:
@@ -768,20 +773,30 @@ def has_lookup_option(spec: str | int, opt: str) -> bool:
     return opt in [_option(p) for p in str(spec).strip().lower().split(":")[1:]]
 
 
+def _option_value(spec: str | int, opt: str, var: str, what: str) -> int | None:
+    """The number of a spec's ``:opt=<var>`` (>= 1), None for a bare ``:opt`` or none."""
+    for p in str(spec).strip().lower().split(":")[1:]:
+        if p.startswith(opt + "="):
+            n = p[len(opt) + 1:]
+            if not n.isdigit() or int(n) < 1:
+                raise UserError(f"--governor '{spec}': ':{opt}={var}' takes {what} {var} >= 1 ({SPECS})")
+            return int(n)
+    return None
+
+
 def grow_tokens(spec: str | int) -> int | None:
     """The token cap of a spec's ``:grow=N`` (N >= 1), corpus.GROW_TOKENS for a bare
     ``:grow``, None without it."""
     from .corpus import GROW_TOKENS
 
-    for p in str(spec).strip().lower().split(":")[1:]:
-        if p == "grow":
-            return GROW_TOKENS
-        if p.startswith("grow="):
-            n = p[5:]
-            if not n.isdigit() or int(n) < 1:
-                raise UserError(f"--governor '{spec}': ':grow=N' takes a number of tokens N >= 1 ({SPECS})")
-            return int(n)
-    return None
+    n = _option_value(spec, "grow", "N", "a number of tokens")
+    return n if n is not None else (GROW_TOKENS if has_lookup_option(spec, "grow") else None)
+
+
+def lookup_chain(spec: str | int) -> int | None:
+    """The longest lookup chain of a spec's ``:ngram=L`` (L >= 1); None for a bare
+    ``:ngram`` or none (ngram.NgramPolicy's default)."""
+    return _option_value(spec, "ngram", "L", "a chain length in tokens")
 
 
 def wants_corpus(spec: str | int) -> bool:
@@ -824,6 +839,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     gov.corpus = wants_corpus(spec)
     gov.grow = wants_grow(spec)
     gov.grow_tokens = grow_tokens(spec)
+    gov.lookup_chain = lookup_chain(spec)
     return gov
 
 

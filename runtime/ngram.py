@@ -19,8 +19,15 @@ whether to verify the lookup's tokens instead: the chain length L maximising
 
     (1 + sum_{k <= L} S_k) / (t_verify(L) + t_python)
 
-over the built depths L, against the measured tokens per second of the rounds that drafted (the governor's own
-route, which keeps every round the policy passes on). S_k are products of per-position
+over the built depths L and, past the deepest D, any L up to the longest chain (32 tokens,
+or ``:ngram=L``), against the measured tokens per second of the rounds that drafted (the governor's own
+route, which keeps every round the policy passes on). A chain past D costs no draft pass and
+runs on the prefill engine (dynamic length) at the price the cost table profiled for it
+(engines/costs.py chain_lengths: L = D + 1, 16 and 32, straight lines between and beyond;
+tables profiled before 2026-12-02 have none, and their lookup stops at D unless
+``:ngram=L`` asks for more, priced on the verify engines' last slope). Why: a lookup's
+matches are often longer than D (on 16 prompts that quote their input, 85 of 151 lookup
+rounds capped at 4 tokens were fully accepted; results/lookup_chains). S_k are products of per-position
 conditional acceptance rates for the match length n, learnt online from priors (the
 figures above, weighted as 16 rounds). Costs are the engines' table times a load factor
 learnt from every round's measured target time.
@@ -45,6 +52,8 @@ proposed; under sampling each looked-up token is a one-hot proposal (verify.py, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+from specrt.engines.costs import interpolate
 
 from .governor import depth_at_least
 
@@ -105,10 +114,18 @@ class NgramIndex:
 class NgramPolicy:
     """Per round: the lookup chain's length to verify (0: the governor's route instead)."""
 
-    def __init__(self, depths: Sequence[int], t_verify: Mapping[int, float], t_draft: float | None):
+    def __init__(self, depths: Sequence[int], t_verify: Mapping[int, float], t_draft: float | None,
+                 chain: Mapping[int, float] | None = None, max_len: int | None = None):
         self.depths = tuple(sorted(depths))
         self.table = dict(t_verify)  # depth -> seconds (0: a plain decode step)
-        self.max_len = self.depths[-1]
+        # chains past the deepest depth run on the prefill engine: seconds per chain length
+        # L as profiled (engines/costs.py chain_lengths), a straight line between and beyond
+        self.chain = dict(chain or {})
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len={max_len}: expected >= 1")
+        # the longest chain verified: the longest profiled, else the deepest depth; a given
+        # max_len past both is priced on the verify engines' last slope
+        self.max_len = max_len if max_len is not None else max([self.depths[-1], *self.chain])
         self.load = 1.0  # measured / table target time
         self.python = 0.5e-3  # seconds a lookup round spends outside the engine (learnt)
         # the governor's route: measured tokens per second of its rounds (None: none yet;
@@ -130,17 +147,20 @@ class NgramPolicy:
     def cost(self, rows: int) -> float:
         """Seconds for a target call of ``rows`` tokens (a verify of rows - 1), now."""
         d = rows - 1
-        t = self.table[0] if d == 0 and 0 in self.table else self.table[depth_at_least(self.depths, d)]
+        if d > self.depths[-1]:  # a chain on the prefill engine
+            t = interpolate(self.chain or {k: v for k, v in self.table.items() if k}, d)
+        else:
+            t = self.table[0] if d == 0 and 0 in self.table else self.table[depth_at_least(self.depths, d)]
         return self.load * t
 
     def rates(self, n: int) -> list[float]:
         return [w / t for w, t in zip(self.wins[n], self.tries[n])]
 
     @classmethod
-    def from_engines(cls, engines, past: int) -> "NgramPolicy":
+    def from_engines(cls, engines, past: int, max_len: int | None = None) -> "NgramPolicy":
         """Costs from the engines' table at ``past`` committed tokens."""
         draft = engines.cost("draft", past) if engines.export.get("draft") else None
-        return cls(engines.depths, engines.target_costs(past), draft)
+        return cls(engines.depths, engines.target_costs(past), draft, engines.chain_costs(past), max_len)
 
     def add_source(self, priors: Mapping[int, Sequence[float]]) -> None:
         """More proposal sources under their own keys (corpus.py's bins), each with its
@@ -165,7 +185,9 @@ class NgramPolicy:
         for k in range(1, top + 1):
             s *= c[min(k, len(c)) - 1]
             e += s
-            if k in self.depths:  # built depths only, as the governors (an unbuilt one runs on prefill)
+            # built depths only, as the governors (an unbuilt one runs on prefill), and past
+            # the deepest one any length, on the prefill engine
+            if k in self.depths or k > self.depths[-1]:
                 rate = e / (self.cost(k + 1) + self.python)
                 if rate > best_rate:  # strict: a tie keeps the governor's route
                     best, best_rate = k, rate

@@ -223,7 +223,8 @@ def profile(engines_dir: Path, repeats: int) -> None:
     rows = [("decode", before.get("decode"), after.get("decode")),
             *((f"verify.{d}", before.get("verify", {}).get(d), t) for d, t in after["verify"].items()),
             *((f"draft.{k}", (before.get("draft_by_depth") or {}).get(k), t)
-              for k, t in (after.get("draft_by_depth") or {}).items())]
+              for k, t in (after.get("draft_by_depth") or {}).items()),
+            *((f"chain.{L}", (before.get("chain") or {}).get(L), t) for L, t in (after.get("chain") or {}).items())]
     click.echo(f"{engines_dir}/engines.json: cost table at past {ref} (ms), before -> now")
     for name, b, a in rows:
         if a is not None:

@@ -91,7 +91,8 @@ at its mean past (prompt + half the new tokens),
     predicted tokens/s = (new_tokens - 1) / predicted_s
 
 which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (with a token tree,
-``:tree=W``, a round of d drafts and n runners-up is costed t_verify(d + n): its rows). It is compared with
+``:tree=W``, a round of d drafts and n runners-up is costed t_verify(d + n): its rows; a
+lookup chain past the deepest depth at the table's chain prices, ngram.py). It is compared with
 the measured decode phase ((new_tokens - 1) / (seconds - prefill)), and with the engines'
 own measured seconds, so the gap splits into "engines slower than profiled" and "Python".
 """
@@ -474,13 +475,18 @@ class InterleavedWorker:
 
 
 def _cost(engines, role: str, past: int) -> float:
+    from specrt.engines.costs import interpolate
     from specrt.engines.plan import verify_role
     from specrt.runtime.governor import depth_at_least
 
     if role.startswith("verify."):
+        d = int(role.split(".")[1])
+        chain = engines.chain_costs(past) if d > max(engines.depths) else {}
+        if chain:  # a lookup chain past the deepest depth: the prefill engine, as profiled
+            return interpolate(chain, d)
         # a depth not built (a round the budget cut, a token tree's rows) runs on the prefill
         # runner: costed as the next built depth
-        role = verify_role(depth_at_least(engines.depths, int(role.split(".")[1])))
+        role = verify_role(depth_at_least(engines.depths, d))
     return engines.cost(role, past)
 
 

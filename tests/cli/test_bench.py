@@ -305,9 +305,13 @@ def test_prediction_matches_the_fixed_depth_formula():
     class E:
         depths = (1, 2, 4)
         costs = {"draft": 0.01, "decode": 0.02, "verify.1": 0.03, "verify.2": 0.04, "verify.4": 0.05}
+        chain: dict = {}  # a table profiled before lookup chains were
 
         def cost(self, role, past):
             return self.costs[role]
+
+        def chain_costs(self, past):
+            return self.chain
 
     # fixed:2, 10 rounds, 15 accepted: tau = 2.5; new tokens = 1 (prefill) + 10 rounds + 15
     rec = {"new_tokens": 26, "draft_passes": 10, "depth_histogram": {"2": 10}}
@@ -322,6 +326,13 @@ def test_prediction_matches_the_fixed_depth_formula():
     assert predict(E(), tree, prompt_len=5, tree_width=3)["target"] == pytest.approx(10 * 0.05)
     assert predict(E(), tree, prompt_len=5, tree_width=2)["target"] == pytest.approx(10 * 0.05)  # verify.3 -> .4
     assert predict(E(), {**tree, "tree": {"rounds": 0}}, prompt_len=5, tree_width=3)["target"] == pytest.approx(0.4)
+    # lookup chains past the deepest depth: the table's chain prices (prefill engine), a
+    # straight line between them; without them, the deepest depth's
+    looked = {"new_tokens": 30, "lookup": {"depth_histogram": {"4": 1, "10": 2}}, "depth_histogram": {}}
+    assert predict(E(), looked, prompt_len=5)["target"] == pytest.approx(0.05 + 2 * 0.05)
+    e = E()
+    e.chain = {5: 0.06, 16: 0.1}
+    assert predict(e, looked, prompt_len=5)["target"] == pytest.approx(0.05 + 2 * (0.06 + 0.04 * 5 / 11))
 
 
 def test_summary_of_a_fake_run_has_ratios_inputs():

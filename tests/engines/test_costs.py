@@ -78,12 +78,47 @@ def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
                            np.random.default_rng(0))
         keys = [k for k, _, _ in calls]
         assert keys == [("decode", None), ("draft", 1), ("verify.1", None), ("draft", 2), ("verify.2", None),
-                        ("draft", 4), ("verify.4", None), ("draft", None), ("verify.8", None)]
+                        ("draft", 4), ("verify.4", None), ("draft", None), ("verify.8", None),
+                        ("prefill", 9), ("prefill", 16), ("prefill", 32)]  # lookup chains past depth 8
         for (name, k), r, feeds in calls:
             r.check_feeds(feeds)
-            want = 1 if name == "decode" else 2 + (k or 8) - 1 if name == "draft" else int(name.split(".")[1]) + 1
+            want = (1 if name == "decode" else 2 + (k or 8) - 1 if name == "draft" else k + 1 if name == "prefill"
+                    else int(name.split(".")[1]) + 1)
             assert feeds[C.INPUT_IDS].shape[1] == want, (name, k)
+            assert feeds[C.POSITION_IDS][0, 0] == 100 or name == "draft", (name, k)  # at the past
         # a past where verify.8 no longer fits: its draft pass is still profiled, after the rest
         tight = loop_order(e.runners, e.max_context - 5, (1, 2, 4, 8), "peagle", {"target": 1000, "draft": 1000},
                            graph_of, kw, np.random.default_rng(0))
+        # nor do the chains (10, 17 and 33 rows)
         assert [k for k, _, _ in tight][-2:] == [("verify.4", None), ("draft", None)]
+
+
+def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
+    """The prefill engine timed at L = D + 1, 16 and CHAIN_TOKENS (32) rows over each past (what a
+    lookup chain past the deepest verify depth runs on), read back per past by chain_costs
+    and priced in between and beyond by the lookup policy; tables without them leave the
+    lookup at the deepest depth."""
+    from specrt.engines.costs import CHAIN_TOKENS, chain_lengths
+    from specrt.runtime.ngram import NgramPolicy
+
+    assert CHAIN_TOKENS == 32
+    assert chain_lengths((1, 2, 4, 8)) == [9, 16, 32] and chain_lengths((1, 2, 4)) == [5, 16, 32]
+    assert chain_lengths((1, 16)) == [17, 32] and chain_lengths((4, 24)) == [25, 32] and chain_lengths((40,)) == [41]
+    e = load_engines(tiny_engines, verify=False)
+    for p, row in e.costs["by_past"].items():
+        assert sorted(row["chain"]) == [9, 16, 32] and all(v > 0 for v in row["chain"].values()), p
+    lo, hi = min(e.costs["by_past"]), max(e.costs["by_past"])
+    assert e.chain_costs(lo) == e.costs["by_past"][lo]["chain"]
+    mid = e.chain_costs((lo + hi) // 2)
+    for L in mid:  # linear in the past between the profiled ones
+        a, b = e.costs["by_past"][lo]["chain"][L], e.costs["by_past"][hi]["chain"][L]
+        assert min(a, b) <= mid[L] <= max(a, b)
+    pol = NgramPolicy.from_engines(e, lo)
+    assert pol.max_len == CHAIN_TOKENS and pol.chain == e.chain_costs(lo)
+    c9, c16, c32 = pol.chain[9], pol.chain[16], pol.chain[32]
+    assert pol.cost(10) == pytest.approx(c9) and pol.cost(17) == pytest.approx(c16) and pol.cost(33) == pytest.approx(c32)
+    assert pol.cost(13) == pytest.approx(c9 + (c16 - c9) * 3 / 7)  # 12 tokens: between
+    assert pol.cost(25) == pytest.approx(c16 + (c32 - c16) * 8 / 16)
+    assert pol.cost(9) == pytest.approx(e.cost("verify.8", lo))  # built depths: their own engine
+    old = NgramPolicy(e.depths, e.target_costs(lo), None)  # a table profiled before chains
+    assert old.max_len == 8 and old.choose(16, 4, 100) <= 8

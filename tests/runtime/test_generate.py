@@ -110,31 +110,36 @@ def test_token_trees_keep_greedy_identity(pair):
 REPEATING = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]  # lookups match from the first round
 
 
-def _always_look_up(monkeypatch):
-    """Prompt lookup takes every round it can (the deepest built depth its tokens fill):
-    what the policy decides changes speed only, and this exercises the path most."""
+def _always_look_up(monkeypatch, whole: bool = False):
+    """Prompt lookup takes every round it can (the deepest built depth its tokens fill, or
+    with ``whole`` all of them, up to the policy's longest chain: past the deepest depth
+    on the prefill engine): what the policy decides changes speed only, and this exercises
+    the path most."""
     from specrt.runtime.ngram import NgramPolicy
 
     def choose_rate(self, proposal_len, n, limit):
         d = max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
+        if whole:
+            d = min(proposal_len, limit, self.max_len)
         return d, float(d)  # the longer proposal wins between prompt lookup and a corpus
 
     monkeypatch.setattr(NgramPolicy, "choose_rate", choose_rate)
 
 
-@pytest.mark.parametrize("forced", [False, True], ids=["policy", "forced"])
+@pytest.mark.parametrize("forced", [False, True, "whole"], ids=["policy", "forced", "whole"])
 def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
     """Rounds that verify the tokens after an earlier occurrence of the context's last
     n-gram instead of drafts (``:ngram``; with the draft's governor, alone with ``off``, and
     beside a token tree) give target-only output; forced into every round they can take,
     they are accepted on the 16-token models, and the draft then catches up on the tokens
-    they committed."""
+    they committed. ``whole``: each proposal verified whole, chains past the deepest
+    depth (8) on the prefill engine."""
     _, engines = pair
     if forced:
-        _always_look_up(monkeypatch)
+        _always_look_up(monkeypatch, whole=forced == "whole")
     ref = _gen(engines, OffGovernor(DEPTHS)).generate(REPEATING, 40)
     costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
-    looked = accepted = 0
+    looked = accepted = longest = 0
     for gov in (OffGovernor(DEPTHS), FixedGovernor(DEPTHS, 2), FixedGovernor(DEPTHS, 3),
                 DSparkGovernor(DEPTHS, 2e-4, costs)):
         gov.lookup = True
@@ -144,6 +149,7 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
         t = g.telemetry.to_json()["lookup"]
         looked += t["rounds"]
         accepted += sum(m["accepted"] for m in t["by_match"].values())
+        longest = max([longest, *map(int, t["depth_histogram"])])
     gov = FixedGovernor(DEPTHS, 2)
     gov.tree_width, gov.lookup = 3, True
     if engines.verifies_trees():
@@ -152,6 +158,8 @@ def test_prompt_lookup_keeps_greedy_identity(pair, forced, monkeypatch):
         assert looked > 0
         if engines.export["target"]["vocab_size"] == 16:
             assert accepted > 0
+    if forced == "whole" and engines.export["target"]["vocab_size"] == 16:
+        assert longest > max(DEPTHS), longest  # the 16-token models repeat: chains past depth 8 ran
 
 
 def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeypatch):
@@ -184,7 +192,9 @@ def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeyp
         if not tokens:
             continue
         w, t = want.wins[key], want.tries[key]
-        while len(t) < len(tokens):
+        reached = next((k + 1 for k, (p, q) in enumerate(zip(tokens, stream[start:])) if p != q),
+                       min(len(tokens), len(stream) - start))  # positions tried: to the first miss
+        while len(t) < reached:  # positions past the priors start from the last one's rate
             w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
             t.append(PRIOR_ROUNDS)
         tally(tokens, stream[start:], t, w)
@@ -468,7 +478,7 @@ def _exact(engines, prompt, length, params):
 
 
 def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False,
-            grow=False):
+            grow=False, budget=None):
     prompt, length = list(prompt), 3
     want = _exact(engines, prompt, length, params)
     keys = sorted(want)
@@ -482,7 +492,7 @@ def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, pr
     for s in range(n):
         g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
         # budget 1 + depth + 1: the first verify round can use the whole depth
-        out = g.generate(prompt, 1 + depth + 1)
+        out = g.generate(prompt, budget or 1 + depth + 1)
         counts[keys.index(tuple(out[:length]))] += 1
     if grow:  # grown rounds ran (each adds a try at position 1 of its key, beyond the prior's)
         from specrt.runtime.ngram import PRIOR_ROUNDS
@@ -520,6 +530,24 @@ def test_sampling_with_prompt_lookup_matches_target_distribution(small, depth, p
     after almost any first token), verified as one-hot proposals keep the distribution of sequences the target's."""
     _always_look_up(monkeypatch)
     assert _pvalue(small, depth, params, n=1200, prompt=LOOKUP_PROMPT, lookup=True) > 0.01
+
+
+def test_sampling_with_lookup_chains_past_the_deepest_depth(small, monkeypatch):
+    """Each proposal verified whole (up to 9 tokens here, past the deepest depth 4: on the
+    prefill engine), as one-hot proposals: the target's distribution still."""
+    _always_look_up(monkeypatch, whole=True)
+    seen = []
+    real = G.Generator._target
+
+    def spy(self, tokens, start, siblings=0, exact=False):
+        if start > 0:  # not the prefill
+            seen.append(len(tokens))
+        return real(self, tokens, start, siblings, exact)
+
+    monkeypatch.setattr(G.Generator, "_target", spy)
+    assert _pvalue(small, 4, SamplingParams(temperature=1.0), n=1200, prompt=LOOKUP_PROMPT, lookup=True,
+                   budget=10) > 0.01
+    assert sum(s > 5 for s in seen) > 100  # calls past verify.4's 5 rows
 
 
 @pytest.mark.parametrize("depth, params", [(2, SamplingParams(temperature=1.0)),

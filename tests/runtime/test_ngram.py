@@ -146,6 +146,50 @@ def test_spec_option():
     assert not from_spec("fixed:2", DEPTHS).lookup and from_spec("off:ngram", DEPTHS).lookup
     with pytest.raises(UserError, match="expected one of"):
         from_spec("fixed:2:ngrams", DEPTHS)
+    # ':ngram=L': the longest chain verified
+    assert split_lookup("off:ngram=12:corpus") == ("off", True)
+    g = from_spec("dspark:ngram=12", DEPTHS, t_draft=0.002, t_verify=COSTS)
+    assert g.lookup and g.lookup_chain == 12 and from_spec("off:ngram", DEPTHS).lookup_chain is None
+    for bad in ("off:ngram=0", "off:ngram=x", "off:ngram=4:ngram"):
+        with pytest.raises(UserError, match=":ngram"):
+            from_spec(bad, DEPTHS)
+
+
+CHAIN = {9: 0.034, 16: 0.040}  # the prefill engine at 10 and 17 rows
+
+
+def test_policy_verifies_long_chains_on_the_prefill_engine_when_they_pay():
+    """Past the deepest depth (8) a chain of any length up to the longest priced (16 here)
+    is a candidate, at the cost table's chain prices (a straight line between 9 and 16);
+    without them the lookup stops at 8, unless a longest chain is given (then priced on
+    the verify engines' last slope)."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002, chain=CHAIN)
+    assert p.max_len == 16
+    assert p.cost(13) == pytest.approx(0.034 + 0.006 * 3 / 7)  # 12 tokens
+    assert p.cost(9) == pytest.approx(COSTS[8])  # a built depth: its own engine
+    # the 4-gram's priors (0.93 past position 8): E(16) / t(16) beats E(8) / t(8)
+    assert p.choose(20, 4, limit=100) == 16
+    assert p.choose(12, 4, limit=100) == 12  # any length past 8: the proposal's
+    assert p.choose(20, 4, limit=10) == 10  # the token budget
+    # a 2-gram's rates fall off: a long chain does not pay for its rows
+    for k in range(8, 16):
+        p.wins[2].append(0.0), p.tries[2].append(PRIOR_ROUNDS)
+    assert p.choose(20, 2, limit=100) <= 8
+    # a chain priced far above (the prefill engine slow): the deepest built depth instead
+    slow = NgramPolicy(DEPTHS, COSTS, t_draft=0.002, chain={9: 0.2, 16: 0.4})
+    assert slow.choose(20, 4, limit=100) == 8
+    # no chain prices (a table profiled before them): 8 at most ...
+    old = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    assert old.max_len == 8 and old.choose(20, 4, limit=100) == 8
+    # ... unless asked: the verify engines' last slope (8: 0.032, 4: 0.025) prices 12
+    asked = NgramPolicy(DEPTHS, COSTS, t_draft=0.002, max_len=12)
+    assert asked.cost(13) == pytest.approx(0.032 + 4 * 0.007 / 4)
+    assert 8 < asked.choose(20, 4, limit=100) <= 12
+    # a shorter longest chain than the deepest depth caps the built depths too
+    short = NgramPolicy(DEPTHS, COSTS, t_draft=0.002, chain=CHAIN, max_len=4)
+    assert short.choose(20, 4, limit=100) == 4
+    with pytest.raises(ValueError, match="max_len"):
+        NgramPolicy(DEPTHS, COSTS, t_draft=0.002, max_len=0)
 
 
 def test_lookup_rounds_are_counted_apart_from_the_drafts():
