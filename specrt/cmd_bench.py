@@ -67,8 +67,8 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
 
     machine        CPU model, cores, threads, ISA, memory, load, OS, versions
     settings       engines, prompts, max_new_tokens, threads, governors, peers, ...
-    configs        name -> tokens_per_s_median, ratio_vs_ortgenai, ratio_vs_off,
-                   peak_rss_bytes, load_seconds, per-prompt numbers; specrt adds tau,
+    configs        name -> tokens_per_s_median, ratio_vs_ortgenai, ratio_vs_off (of the
+                   medians), ratio_vs_off_paired (the median of per-prompt ratios), peak_rss_bytes, load_seconds, per-prompt numbers; specrt adds tau,
                    acceptance_by_position / _conditional, depth_histogram, time_split
                    (draft / verify / prefill / python seconds and fractions),
                    draft_passes_per_round, sequential_passes_avoided(_per_round)
@@ -509,6 +509,17 @@ def predict(engines, rec: dict, prompt_len: int, tree_width: int = 1) -> dict:
     for d, n in (rec.get("lookup") or {}).get("depth_histogram", {}).items():  # prompt lookup's rounds
         s_target += n * _cost(engines, f"verify.{d}", past)
     return {"draft": s_draft, "target": s_target}
+
+
+def paired_ratio(a: list[float] | None, b: list[float] | None) -> float | None:
+    """The median over prompts of each prompt's tokens/s under A over its tokens/s under B:
+    in an interleaved run each prompt runs every configuration in turn, so the pair shares
+    the prompt and nearly the moment, which a ratio of the two medians over prompts does
+    not (on a noisy host the steadier figure; tools/bench_paired.py takes any two)."""
+    if not a or not b or len(a) != len(b):
+        return None
+    ratios = [x / y for x, y in zip(a, b) if y > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def total_telemetry(per_prompt: list[dict]) -> dict:
@@ -1098,10 +1109,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                for n, r in results.items()}
     off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
     og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
+    off_pp = (configs.get(REFERENCE) or {}).get("tokens_per_s_per_prompt")
     for c in configs.values():
         m = c["tokens_per_s_median"]
         c["ratio_vs_off"] = m / off_tps if off_tps and m is not None else None
         c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
+        c["ratio_vs_off_paired"] = paired_ratio(c.get("tokens_per_s_per_prompt"), off_pp)
     outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
     if sampled:
         ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": [],
@@ -1214,14 +1227,14 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, {how}, batch 1; idle threads: "
          f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
-    echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'tau':>5s} {'python':>6s} "
+    echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
         same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("-" if sp else "ref")
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         echo(f"{n:18s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
-             f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('tau'), '%5.2f')} "
+             f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "
              f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
              f"{f(c.get('draft_passes_per_round') if c.get('drafting_rounds') else None, '%9.2f')} "
              f"{_mib(c.get('peak_rss_bytes')):>6s}Mi {same:>9s}")

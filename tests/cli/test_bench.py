@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from specrt.errors import UserError
 REFERENCE_PAIR = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
 REQUIRED_KEYS = {"format", "machine", "settings", "prompts", "configs", "identity", "efficiency", "skipped", "failed",
                  "plots", "outputs", "warnings"}
-SPECRT_KEYS = {"tokens_per_s_median", "ratio_vs_off", "ratio_vs_ortgenai", "peak_rss_bytes", "tau",
+SPECRT_KEYS = {"tokens_per_s_median", "ratio_vs_off", "ratio_vs_off_paired", "ratio_vs_ortgenai", "peak_rss_bytes", "tau",
                "acceptance_by_position", "acceptance_conditional", "time_split", "time_split_fraction", "python_share",
                "draft_passes_per_round", "sequential_passes_avoided_per_round", "predicted", "depth_histogram"}
 
@@ -70,6 +71,12 @@ def test_report_has_required_keys(report):
         assert rep["configs"][name]["new_tokens"] > 0
         assert rep["configs"][name]["peak_rss_bytes"] > 0
     assert rep["configs"][REFERENCE]["ratio_vs_off"] == pytest.approx(1.0)
+    assert rep["configs"][REFERENCE]["ratio_vs_off_paired"] == pytest.approx(1.0)
+    # the paired ratio: the median of each prompt's ratio to off's on the same prompt
+    c, off = rep["configs"]["specrt:fixed:2"], rep["configs"][REFERENCE]
+    want = statistics.median(a / b for a, b in zip(c["tokens_per_s_per_prompt"], off["tokens_per_s_per_prompt"]))
+    assert c["ratio_vs_off_paired"] == pytest.approx(want)
+    assert "paired" in text.splitlines()[next(i for i, l in enumerate(text.splitlines()) if "configuration" in l)]
     m = rep["machine"]
     assert {"cpu_model", "physical_cores", "threads", "versions"} <= set(m) and m["threads"] == 1
     assert rep["settings"]["max_new_tokens"] == 10 and rep["settings"]["threads"] == 1
@@ -526,3 +533,12 @@ def test_bad_sampling_options_are_user_errors(tiny_engines, prompts_file, tmp_pa
                                        "--peers", "none", *extra])
         assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
         assert not (tmp_path / "r").exists()
+
+
+def test_paired_ratio_is_the_median_of_per_prompt_ratios():
+    from specrt.cmd_bench import paired_ratio
+
+    # medians 30 / 30: 1.00x; per prompt 2.0, 0.5, 1.5: a median of 1.5
+    assert paired_ratio([20.0, 30.0, 60.0], [10.0, 60.0, 40.0]) == pytest.approx(1.5)
+    assert paired_ratio([1.0], [1.0, 2.0]) is None and paired_ratio(None, [1.0]) is None
+    assert paired_ratio([1.0, 2.0], [0.0, 1.0]) == pytest.approx(2.0)  # a zero rate is left out
