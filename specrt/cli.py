@@ -306,7 +306,9 @@ def _read_prompts(path: Path) -> list[str]:
                    "position, dspark as many of them as pay that round; auto: dspark:tree=3:ngram:grow on engines that verify token trees, else dspark:ngram:grow; off:ngram:grow without a draft); "
                    "any of them with :ngram: prompt lookup, the tokens that followed an earlier occurrence of the "
                    "context's last 2-4 tokens, verified instead of drafts in the rounds where that pays "
-                   "(off:ngram: prompt lookup alone); any with :corpus: also the corpus `specrt corpus` "
+                   "(off:ngram: prompt lookup alone; :ngram=L: chains of L tokens at most, by default 32 where "
+                   "the cost table prices chains past the deepest verify depth, which run on the prefill "
+                   "engine); any with :corpus: also the corpus `specrt corpus` "
                    "stored with the engines; any with :grow: also the run's own earlier answers (each prompt "
                    "of --prompts, with its answer, joins the search for the next ones; :grow=N keeps the "
                    "latest N tokens of them, 32768 without)")
