@@ -32,7 +32,8 @@ Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` giv
                               at every built depth; EAGLE-3: k steps = k x draft)
     prefill s                 prefill_tokens new tokens over an empty cache
     chain {L: s}              a lookup chain of L tokens past the deepest verify depth D:
-                              the prefill engine (dynamic S) at S = L + 1 over the past,
+                              the prefill engine (dynamic S) at S = L + 1 over the past
+                              (timed in a round-robin of their own, after the loop's roles),
                               at L = D + 1, 16 and 32 (chain_lengths); ngram.py prices
                               the lengths between and beyond by straight lines through them
     by_past {p: {verify {d: s}, decode s, draft s, draft_by_depth {k: s}, chain {L: s}}}
@@ -176,13 +177,23 @@ def loop_order(runners: dict[str, Runner], past: int, depths: tuple[int, ...], d
         calls.append(((name, None), *feeds[(name, None)]))
     seen = {key for key, _, _ in calls}
     calls += [(key, *rf) for key, rf in feeds.items() if key not in seen]  # a draft depth with no verify
-    if PREFILL in runners:  # lookup chains past the deepest depth: the prefill engine over the past
-        r = runners[PREFILL]
-        for L in chain_lengths(depths):
-            sizes = {C.DIM_NEW: L + 1, C.DIM_PAST: past}
-            if fits(r, sizes):
-                calls.append(((PREFILL, L), r, synthetic_feeds(r, sizes, vocab[graph_of[PREFILL]], rng)))
     return calls
+
+
+def chain_calls(runners: dict[str, Runner], past: int, depths: tuple[int, ...], vocab: dict[str, int],
+                rng) -> list[tuple[tuple, Runner, dict]]:
+    """The prefill engine's calls for lookup chains of L tokens past the deepest depth
+    (chain_lengths), over ``past``: ((prefill, L), runner, feeds), those that fit. Timed in a
+    round-robin of their own after the loop's (profile_costs), so that the loop's roles
+    keep the neighbours they have in the runtime (a 33-row call before a decode step would
+    leave it other caches than a verify does)."""
+    r = runners.get(PREFILL)
+    out = []
+    for L in chain_lengths(depths) if r is not None else []:
+        sizes = {C.DIM_NEW: L + 1, C.DIM_PAST: past}
+        if fits(r, sizes):
+            out.append(((PREFILL, L), r, synthetic_feeds(r, sizes, vocab["target"], rng)))
+    return out
 
 
 def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: tuple[int, ...],
@@ -203,6 +214,9 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
         # shared 2-core machine ranked verify.2 below verify.1)
         calls = loop_order(runners, p, depths, draft_kind, vocab, graph_of, kw, rng)
         times = time_round_robin(calls, repeats, warmup)
+        chains = chain_calls(runners, p, depths, vocab, rng)
+        if chains:
+            times.update(time_round_robin(chains, repeats, warmup))
         row: dict[str, Any] = {"verify": {}}
         for (name, k), t in times.items():
             if name == PREFILL:

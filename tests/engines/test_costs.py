@@ -68,7 +68,7 @@ def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
     """The cost profile calls the roles in the runtime's order: decode, then per depth the
     draft pass for that block and the verify right after it (the loop's neighbours: what a
     draft pass leaves in the caches and thread pools is what the verify meets)."""
-    from specrt.engines.costs import loop_order
+    from specrt.engines.costs import chain_calls, loop_order
 
     e = load_engines(tiny_engines, verify=False)
     kw = dict(draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
@@ -78,9 +78,11 @@ def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
                            np.random.default_rng(0))
         keys = [k for k, _, _ in calls]
         assert keys == [("decode", None), ("draft", 1), ("verify.1", None), ("draft", 2), ("verify.2", None),
-                        ("draft", 4), ("verify.4", None), ("draft", None), ("verify.8", None),
-                        ("prefill", 9), ("prefill", 16), ("prefill", 32)]  # lookup chains past depth 8
-        for (name, k), r, feeds in calls:
+                        ("draft", 4), ("verify.4", None), ("draft", None), ("verify.8", None)]
+        # lookup chains past depth 8: the prefill engine over the same past, timed apart
+        chains = chain_calls(e.runners, 100, (1, 2, 4, 8), {"target": 1000, "draft": 1000}, np.random.default_rng(0))
+        assert [k for k, _, _ in chains] == [("prefill", 9), ("prefill", 16), ("prefill", 32)]
+        for (name, k), r, feeds in calls + chains:
             r.check_feeds(feeds)
             want = (1 if name == "decode" else 2 + (k or 8) - 1 if name == "draft" else k + 1 if name == "prefill"
                     else int(name.split(".")[1]) + 1)
@@ -89,8 +91,10 @@ def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):
         # a past where verify.8 no longer fits: its draft pass is still profiled, after the rest
         tight = loop_order(e.runners, e.max_context - 5, (1, 2, 4, 8), "peagle", {"target": 1000, "draft": 1000},
                            graph_of, kw, np.random.default_rng(0))
-        # nor do the chains (10, 17 and 33 rows)
         assert [k for k, _, _ in tight][-2:] == [("verify.4", None), ("draft", None)]
+        # nor do the chains (10, 17 and 33 rows)
+        assert chain_calls(e.runners, e.max_context - 5, (1, 2, 4, 8), {"target": 1000, "draft": 1000},
+                           np.random.default_rng(0)) == []
 
 
 def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
