@@ -236,14 +236,17 @@ class EngineSet:
     # ---- costs ---------------------------------------------------------------------
 
     def cost(self, role: str, past: int) -> float:
-        """Seconds per call of ``role`` ("decode", "verify.{d}", "draft", or "draft.{k}": a
-        block of k drafts) at ``past`` committed tokens, interpolated through the profiled pasts."""
+        """Seconds per call of ``role`` ("decode", "verify.{d}", "draft", "draft.{k}": a
+        block of k drafts, or "chain.{L}": a lookup chain of L on the prefill engine) at
+        ``past`` committed tokens, interpolated through the profiled pasts."""
         pts = {}
         for p, row in self.costs.get("by_past", {}).items():
             if role.startswith("verify."):
                 v = row["verify"].get(int(role.split(".", 1)[1]))
             elif role.startswith("draft."):
                 v = row.get("draft_by_depth", {}).get(int(role.split(".", 1)[1]))
+            elif role.startswith("chain."):
+                v = row.get("chain", {}).get(int(role.split(".", 1)[1]))
             else:
                 v = row.get(role)
             if v is not None:
@@ -261,11 +264,7 @@ class EngineSet:
         deepest depth, costs.chain_lengths), per profiled L, at ``past``; {} for tables
         profiled before chains were (2026-12-02: `specrt profile` adds them)."""
         Ls = sorted({L for row in self.costs.get("by_past", {}).values() for L in row.get("chain", {})})
-        out = {}
-        for L in Ls:
-            pts = {p: row["chain"][L] for p, row in self.costs["by_past"].items() if L in row.get("chain", {})}
-            out[L] = interpolate(pts, past)
-        return out
+        return {L: self.cost(f"chain.{L}", past) for L in Ls}
 
     def draft_costs(self, past: int) -> dict[int, float]:
         """Seconds to draft a block of k, per profiled k (``draft_by_depth``), at ``past``;

@@ -20,6 +20,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specrt.cmd_bench import paired_ratio  # noqa: E402
+
 
 def paired(report: dict, a: str, b: str, lo: int | None = None, hi: int | None = None) -> dict:
     """{median, faster, prompts, median_a/b, total_a/b} of A over B (module doc); totals are
@@ -37,7 +40,7 @@ def paired(report: dict, a: str, b: str, lo: int | None = None, hi: int | None =
     if len(ta) != len(tb) or not ta:
         raise SystemExit(f"'{a}' and '{b}' have {len(ta)} and {len(tb)} prompts in the range")
     ratios = [x / y for x, y in zip(ta, tb) if y > 0]
-    return {"median": statistics.median(ratios), "faster": sum(r > 1 for r in ratios), "prompts": len(ratios),
+    return {"median": paired_ratio(ta, tb), "faster": sum(r > 1 for r in ratios), "prompts": len(ratios),
             "median_a": statistics.median(ta), "median_b": statistics.median(tb),
             "total_a": totals[a], "total_b": totals[b]}
 
