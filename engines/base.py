@@ -47,11 +47,12 @@ def specialise(t: C.TensorSpec, role: Role) -> C.TensorSpec:
     """Replace each symbolic dim that the role fixes (min == max) by its value."""
     shape = tuple(role.dims[d].min if isinstance(d, str) and d in role.dims and role.dims[d].fixed else d
                   for d in t.shape)
-    return C.TensorSpec(t.name, t.dtype, shape)
+    return C.TensorSpec(t.name, t.dtype, shape, t.optional)
 
 
 def specs_from_json(items: list[dict[str, Any]]) -> tuple[C.TensorSpec, ...]:
-    return tuple(C.TensorSpec(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
+    return tuple(C.TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), bool(t.get("optional", False)))
+                 for t in items)
 
 
 class Runner(abc.ABC):
@@ -77,6 +78,8 @@ class Runner(abc.ABC):
         self.inputs = tuple(specialise(t, role) for t in inputs)
         self.outputs = tuple(specialise(t, role) for t in outputs)
         self._dtypes = {t.name: np_dtype(t.dtype) for t in self.inputs}
+        # optional inputs (contracts.TensorSpec.optional): zeros when a caller leaves them out
+        self._defaults = {t.name: np.zeros(t.shape, self._dtypes[t.name]) for t in self.inputs if t.optional}
         # input -> (array, shape, dtype, its symbolic dims) of the last feed that passed the
         # per-input checks: the runtime feeds the same cache buffers every call (in-place
         # KV), which then skip them (check_feeds)
@@ -122,6 +125,8 @@ class Runner(abc.ABC):
         """One call. feeds: every input by name (numpy, C-contiguous). Returns outputs by name."""
         if not self.is_active:
             raise InternalError(f"runner {self.name}: infer() before activate()")
+        if self._defaults and not self._defaults.keys() <= feeds.keys():
+            feeds = {**{k: v for k, v in self._defaults.items() if k not in feeds}, **feeds}
         self.check_feeds(feeds)
         t0 = time.perf_counter()
         out = self.infer_impl(feeds)
@@ -179,10 +184,22 @@ class Runner(abc.ABC):
                 raise UserError(f"{where}: {d} = {v} is outside the engine's range [{r.min}, {r.max}]")
         if self.aliases and C.POSITION_IDS in feeds:
             self._check_inplace_positions(feeds, where)
+        if C.LOGITS_FROM in feeds and C.INPUT_IDS in feeds:
+            self._check_logits_from(int(feeds[C.LOGITS_FROM]), feeds[C.INPUT_IDS].shape[-1], where)
         if C.DIM_PAST in seen and C.DIM_NEW in seen and seen[C.DIM_PAST] + seen[C.DIM_NEW] > self.max_context:
             raise UserError(f"{where}: past {seen[C.DIM_PAST]} + new {seen[C.DIM_NEW]} tokens exceed the limit "
                             f"{self.max_context} it was built for (see --max-context)")
         return seen
+
+    def _check_logits_from(self, first: int, s: int, where: str) -> None:
+        """``logits_from`` (contracts.py "Logits of the last rows only"): a row of the call;
+        0 on a role of fixed S, whose runner binds the whole [1, S, V] logits."""
+        r = self.dims.get(C.DIM_NEW)
+        if r is not None and r.fixed and first != 0:
+            raise UserError(f"{where}: {C.LOGITS_FROM} = {first}: this engine's {C.DIM_NEW} is fixed at {r.min}, "
+                            "so it computes every row's logits (0); ask the prefill engine for fewer rows")
+        if not 0 <= first < s:
+            raise UserError(f"{where}: {C.LOGITS_FROM} = {first} is not a row of the {s} new tokens")
 
     def _check_inplace_positions(self, feeds: Mapping[str, np.ndarray], where: str) -> None:
         """In-place KV writes the S new rows at buffer slots p .. p + S - 1 (p = the first

@@ -65,6 +65,8 @@ def synthetic_feeds(runner: Runner, sizes: dict[str, int], vocab: int,
         shape = [d if isinstance(d, int) else sizes[d] for d in t.shape]
         if t.name == C.HEAD_EXACT:  # a screened head (specrt/head.py): the greedy path's cost
             feeds[t.name] = np.array(False)
+        elif t.optional:  # its default, zeros (logits_from: every row's, a verify's or a chain's cost)
+            feeds[t.name] = np.zeros(shape, np_dtype(t.dtype))
         elif t.name == C.INPUT_IDS:
             feeds[t.name] = rng.integers(0, vocab, size=shape, dtype=np.int64)
         elif t.name == C.POSITION_IDS:

@@ -99,6 +99,8 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
     if kv == "inplace":
         W = _weights(b, ops.fusing_get(get))
         h = b.reshape(_inplace_layers(b, cfg, W, aux, int(cache_len)), -1, H)  # the final norm's output
+        # only rows logits_from.. reach the head (contracts.py "Logits of the last rows only")
+        h = b.op("Slice", h, b.reshape(C.LOGITS_FROM, 1), b.ints(np.iinfo(np.int64).max), b.ints(0))
     else:
         W = _weights(b, get)
         ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)

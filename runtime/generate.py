@@ -38,6 +38,12 @@ from .sampling import SamplingParams, check_logits, make_rng, probs, sample
 from .telemetry import RoundResult, Telemetry
 from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
 
+# The most pending rows one draft pass takes in (Generator._catch_up): a prompt's are
+# taken in passes of this many, which bounds the draft attention's temporaries.
+DRAFT_CHUNK = 256
+# The most prompt rows one target call takes in (the prefill runs in passes of this many).
+PREFILL_CHUNK = 256
+
 
 class Runner(Protocol):
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
@@ -103,6 +109,10 @@ class Generator:
         self.screen = head if head is not None and params.greedy else None
         self._head_feeds = ({C.HEAD_EXACT: np.array(not params.greedy)}, {C.HEAD_EXACT: np.array(True)}) \
             if head is not None else ({}, {})
+        # engines whose target takes logits_from (contracts.py "Logits of the last rows only"):
+        # 0 at every call but a prefill on the dynamic-length runner, which asks for its last row
+        self._from0 = ({C.LOGITS_FROM: np.array(0, np.int64)}
+                       if any(t.name == C.LOGITS_FROM for t in getattr(engines.target(1), "inputs", ())) else {})
 
     def resolve_tree_width(self) -> int:
         """Token trees (contracts.py "Token trees"): a governor with ``tree_width`` W > 1
@@ -156,17 +166,24 @@ class Generator:
         out = runner.infer(feeds)
         return out, time.perf_counter() - t0
 
-    def _target(self, tokens, start: int, siblings: int = 0, exact: bool = False) -> tuple[dict, float]:
+    def _target(self, tokens, start: int, siblings: int = 0, exact: bool = False,
+                last: bool = False) -> tuple[dict, float]:
         """Score ``tokens`` at positions start.. on top of the committed target KV; the last
         ``siblings`` of them are siblings of tokens[1], at its position (a token tree).
-        ``exact``: a screened head's fp32 logits even when greedy."""
+        ``exact``: a screened head's fp32 logits even when greedy. ``last``: only the last
+        row's logits are read (a prefill): engines that take ``logits_from`` may compute
+        just that row (the other outputs stay whole)."""
         s = len(tokens)
         pos = np.arange(start, start + s, dtype=np.int64)
         if siblings:
             pos[s - siblings:] = start + 1
+        runner = self.e.target(s)
+        rows = self._from0
+        if last and rows and s > 1 and not runner.role.dims[C.DIM_NEW].fixed:
+            rows = {C.LOGITS_FROM: np.array(s - 1, np.int64)}
         feeds = {C.INPUT_IDS: np.asarray(tokens, np.int64)[None], C.POSITION_IDS: pos[None],
-                 **self.tkv.past_feeds(), **self._head_feeds[exact]}
-        return self._run(self.e.target(s), feeds, "target")
+                 **self.tkv.past_feeds(), **self._head_feeds[exact], **rows}
+        return self._run(runner, feeds, "target")
 
     def _runners_up(self, row: np.ndarray, first: int) -> list[int]:
         """The draft's next tree_width - 1 choices after ``first`` for one position, in
@@ -205,7 +222,30 @@ class Generator:
         tgt = picks + (self.d2t[picks] if self.d2t is not None else 0)
         return tgt, q
 
+    def _catch_up(self, pending_tok, pending_aux, start: int, eagle3: bool = False):
+        """The draft takes in a long run of pending rows (the prompt, after the prefill) in
+        passes of DRAFT_CHUNK rows, each committing its rows' draft KV, so that its
+        attention's temporaries ([heads, rows, past + rows] floats: 150 MB for the whole of
+        a 850-token prompt in one pass) stay bounded; returns the rows left for the round's
+        own pass (at most DRAFT_CHUNK) and the seconds spent. The same rows in fewer
+        passes: the draft's KV and logits equal within float rounding (the attention sums
+        over the past and the new rows in two blocks)."""
+        total = 0.0
+        while len(pending_tok) > DRAFT_CHUNK:
+            c = DRAFT_CHUNK
+            feeds = {C.INPUT_IDS: np.asarray(pending_tok[:c], np.int64)[None],
+                     C.POSITION_IDS: np.arange(start, start + c, dtype=np.int64)[None],
+                     C.DRAFT_AUX_IN: np.ascontiguousarray(pending_aux[None, :c], dtype=self.dtype),
+                     **({C.DRAFT_PREV_HIDDEN: np.zeros((1, 0, self.hidden), self.dtype)} if eagle3 else {}),
+                     **self.dkv.past_feeds()}
+            out, dt = self._run(self.e.draft(), feeds, "draft")
+            self.dkv.commit(out, c)
+            total += dt
+            pending_tok, pending_aux, start = pending_tok[c:], pending_aux[c:], start + c
+        return pending_tok, pending_aux, start, total
+
     def _draft_peagle(self, pending_tok, pending_aux, start: int, k: int, rng):
+        pending_tok, pending_aux, start, t_catch = self._catch_up(pending_tok, pending_aux, start)
         a, m = len(pending_tok), k - 1
         feeds = {C.INPUT_IDS: np.asarray(list(pending_tok) + [self.mask_id] * m, np.int64)[None],
                  C.POSITION_IDS: np.arange(start, start + a + m, dtype=np.int64)[None],
@@ -217,12 +257,13 @@ class Generator:
         drafts, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0], rng)
         if self.tree_width > 1:
             self._siblings = self._runners_up(logits[0], int(drafts[0]))
-        return drafts, q, _softmax_max(logits), dt
+        return drafts, q, _softmax_max(logits), dt + t_catch
 
     def _draft_eagle3(self, pending_tok, pending_aux, start: int, k: int, rng):
         """k sequential steps; step j+1 feeds step j's token (sampled when sampling) and its
         pre-norm hidden as g. Speculative draft-KV rows are rolled back afterwards."""
-        runner, total = self.e.draft(), 0.0
+        pending_tok, pending_aux, start, total = self._catch_up(pending_tok, pending_aux, start, eagle3=True)
+        runner = self.e.draft()
         feeds = {C.INPUT_IDS: np.asarray(pending_tok, np.int64)[None],
                  C.POSITION_IDS: np.arange(start, start + len(pending_tok), dtype=np.int64)[None],
                  C.DRAFT_AUX_IN: np.ascontiguousarray(pending_aux[None], dtype=self.dtype),
@@ -273,13 +314,19 @@ class Generator:
         emitted = 0
         x: list[int] = []
         try:
-            out, dt = self._target(prompt, 0, exact=True)
-            tel.engine_time("prefill", dt)
-            self.tkv.commit(out, len(prompt))
+            # the prompt in passes of PREFILL_CHUNK rows (bounded temporaries), the last
+            # one's last row giving the first token
+            pend_aux = []  # aux hidden chunks [*, 3H] of the draft's pending real slots
+            for at in range(0, len(prompt), PREFILL_CHUNK):
+                part = prompt[at:at + PREFILL_CHUNK]
+                out, dt = self._target(part, at, exact=True, last=True)
+                tel.engine_time("prefill", dt)
+                self.tkv.commit(out, len(part))
+                pend_aux.append(out[C.AUX_HIDDEN][0].copy())
             first = self._first_token(out, rng)
             x = prompt + [first]
-            # pending real slots for the draft: tokens, aux hidden chunks [*, 3H], first position
-            pend_tok, pend_aux, pend_start = x[1:], [out[C.AUX_HIDDEN][0].copy()], 0
+            # pending real slots for the draft: tokens, aux hidden chunks, first position
+            pend_tok, pend_start = x[1:], 0
             emitted = 1
             behind = True  # pending rows come from steps the draft did not run in (here: the prompt)
             index = None

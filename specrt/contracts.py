@@ -47,6 +47,16 @@ sibling sees x and the past but not the chain, and its logits and K/V row are th
 the chain x, sibling; its K/V row lands at slot n + d + 1 + j, and accepting it moves that
 row to slot n + 1 (``KVCache.move_row``). For consecutive positions the mask is the
 causal one: chains are unchanged.
+
+Logits of the last rows only (in-place graphs only). ``logits_from`` (int64 []) is the
+first new row whose ``logits`` (and a screened head's ``head_hidden``/``head_norms``) the
+graph computes: it returns S - logits_from rows. A prefill feeds S - 1 (its first token
+needs the last row; ``aux_hidden`` and the KV rows stay whole), which saves the head's
+product over every other prompt row (S x H x V: 15% of a 1000-token prefill of
+SmolLM2-135M) and its S x V output (197 MB there). Every other call feeds 0, the only
+value a role with a fixed S may take (its runner binds the full [1, S, V] output). It
+is optional: a runner feeds 0 when a caller leaves it out. Engines built before this
+input lack it; the runtime then feeds nothing and reads the last row as before.
 """
 
 from __future__ import annotations
@@ -57,11 +67,12 @@ from dataclasses import dataclass
 
 INPUT_IDS = "input_ids"  # int64 [1, S]: token ids of the new positions
 POSITION_IDS = "position_ids"  # int64 [1, S]: absolute positions of the new tokens
-LOGITS = "logits"  # float [1, S, V]: target logits at every new position
+LOGITS = "logits"  # float [1, S, V]: target logits at every new position (rows logits_from.. in-place)
 AUX_HIDDEN = "aux_hidden"  # float [1, S, 3H]: concat of the residual streams named by the aux ids
 HEAD_HIDDEN = "head_hidden"  # float [1, S, H]: the head's input (screened heads only, specrt/head.py)
 HEAD_NORMS = "head_norms"  # float [1, S, 2]: ||h_R||, ||h_R - h'_R|| (screened heads only)
 HEAD_EXACT = "head_exact"  # bool []: a screened head's fp32 logits (true) or its screen (false)
+LOGITS_FROM = "logits_from"  # int64 []: in-place targets: logits of new rows logits_from.. only (above)
 HEADS = ("full", "screened")  # the target's head: exact logits, or int8 logits + head_hidden + head_norms
 
 # Draft graphs.
@@ -127,9 +138,11 @@ class TensorSpec:
     name: str
     dtype: str  # numpy dtype name: "int64", "float32", "float16", "bfloat16"
     shape: tuple[int | str, ...]
+    optional: bool = False  # an input a caller may leave out: the runner feeds zeros (engines/base.py)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return {**d, "optional": True} if self.optional else d
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,7 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
               kv: str = "append", head: str = "full") -> GraphIO:
     """The target graph: one graph serves prefill and verify (any S >= 1, any P >= 0).
     ``kv``: "append" (portable past/new tensors) or "inplace" (whole buffers, see above).
+    In-place graphs take ``logits_from`` (above).
     ``head``: "screened" adds the ``head_exact`` input and the ``head_hidden`` and
     ``head_norms`` outputs, ``logits`` approximate unless ``head_exact`` (specrt/head.py);
     "hidden" (the build's own calibration) adds ``head_hidden``."""
@@ -183,7 +197,8 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
         (kv_in, kv_out), aliases = kv_specs(num_layers, kv_heads, head_dim, dtype), ()
     return GraphIO(
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)), *kv_in,
-                *((TensorSpec(HEAD_EXACT, "bool", ()),) if head == "screened" else ())),
+                *((TensorSpec(HEAD_EXACT, "bool", ()),) if head == "screened" else ()),
+                *((TensorSpec(LOGITS_FROM, "int64", (), optional=True),) if kv == "inplace" else ())),
         outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, 3 * hidden)),
                  *((TensorSpec(HEAD_HIDDEN, dtype, (1, DIM_NEW, hidden)),) if head != "full" else ()),
                  *((TensorSpec(HEAD_NORMS, dtype, (1, DIM_NEW, 2)),) if head == "screened" else ()), *kv_out),

@@ -242,3 +242,37 @@ def test_a_token_tree_verifies_as_its_chains(tiny_engines):
             np.testing.assert_allclose(tree_aux[rows], ref_aux, **TOL)
             for nm in base:
                 np.testing.assert_allclose(tree_kv[nm][0, :, n + rows[-1]], ref_kv[nm][0, :, n + len(toks) - 1], **TOL)
+
+
+def test_a_prefill_can_ask_for_its_last_rows_logits_only(tiny_engines):
+    """``logits_from`` (contracts.py "Logits of the last rows only"): the prefill engine
+    returns the logits of rows logits_from.. only, equal to those rows of a whole call, with
+    the aux hidden states and the KV rows written whole; left out, it is 0 (every row); a
+    role of fixed S refuses any value but 0, and a value past the last row is refused."""
+    rng = np.random.default_rng(21)
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        base = {nm: rng.standard_normal((1, 2, C_, 16), dtype=np.float32)
+                for i in range(4) for nm in (C.cache_key(i), C.cache_value(i))}
+        s = 13  # past every built depth: the prefill engine
+        r = engines.target(s)
+        assert r is engines.runners["prefill"] and [t.name for t in r.inputs if t.optional] == [C.LOGITS_FROM]
+        feeds = {C.INPUT_IDS: rng.integers(0, 999, (1, s)), C.POSITION_IDS: np.arange(s)[None]}
+        whole_kv = {k: v.copy() for k, v in base.items()}
+        whole = {k: v.copy() for k, v in r.infer({**feeds, **whole_kv}).items()}
+        assert whole[C.LOGITS].shape[1] == s
+        for first in (s - 1, 5, 0):
+            kv = {k: v.copy() for k, v in base.items()}
+            out = r.infer({**feeds, **kv, C.LOGITS_FROM: np.array(first)})
+            assert out[C.LOGITS].shape == (1, s - first, whole[C.LOGITS].shape[-1])
+            np.testing.assert_allclose(out[C.LOGITS], whole[C.LOGITS][:, first:], **TOL)
+            np.testing.assert_allclose(out[C.AUX_HIDDEN], whole[C.AUX_HIDDEN], **TOL)
+            for k in kv:
+                np.testing.assert_allclose(kv[k][0, :, :s], whole_kv[k][0, :, :s], **TOL)
+        r.infer({**feeds, **base, C.LOGITS_FROM: np.array(s - 1)})
+        assert r.infer({**feeds, **base})[C.LOGITS].shape[1] == s  # left out again: every row
+        with pytest.raises(UserError, match=r"logits_from = 13 is not a row of the 13 new tokens"):
+            r.infer({**feeds, **base, C.LOGITS_FROM: np.array(s)})
+        three = {C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.arange(3)[None]}
+        with pytest.raises(UserError, match=r"verify.2'.*logits_from = 2: this engine's new_tokens is fixed at 3"):
+            engines.verify(2).infer({**three, **base, C.LOGITS_FROM: np.array(2)})

@@ -131,7 +131,9 @@ def run_inplace(s: ort.InferenceSession, feed: dict, bufs: dict[str, np.ndarray]
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_inplace_target_matches_transformers(targets, name):
     """The ONNX Runtime flavour (GroupQueryAttention on in-place buffers): the same chunks,
-    and a rolled-back chunk whose dead rows the next call must overwrite, not read."""
+    and a rolled-back chunk whose dead rows the next call must overwrite, not read; each
+    chunk again with ``logits_from`` at its last row (a prefill's call): that row's logits
+    alone, the aux hidden states whole."""
     t = bind_target(targets[name])
     d = t.config.decoder
     model = build_target_graph(d, t.get, AUX_IDS, kv="inplace", cache_len=16)
@@ -145,11 +147,17 @@ def test_inplace_target_matches_transformers(targets, name):
         for c in chunks:
             if isinstance(c, tuple):  # 5 junk tokens written at n.. and then rolled back (n unchanged)
                 junk = (ids[:, :c[0]] + 1) % d.vocab_size
-                run_inplace(s, {C.INPUT_IDS: junk, C.POSITION_IDS: np.arange(n, n + c[0])[None]}, bufs)
+                run_inplace(s, {C.INPUT_IDS: junk, C.POSITION_IDS: np.arange(n, n + c[0])[None],
+                                C.LOGITS_FROM: np.array(0)}, bufs)
                 continue
-            out = run_inplace(s, {C.INPUT_IDS: ids[:, n:n + c], C.POSITION_IDS: np.arange(n, n + c)[None]}, bufs)
+            feed = {C.INPUT_IDS: ids[:, n:n + c], C.POSITION_IDS: np.arange(n, n + c)[None]}
+            out = run_inplace(s, {**feed, C.LOGITS_FROM: np.array(0)}, bufs)
             assert maxerr(out[C.LOGITS], ref_logits[:, n:n + c]) <= TOL, (name, n, c)
             assert maxerr(out[C.AUX_HIDDEN], ref_aux[:, n:n + c]) <= TOL, (name, n, c)
+            last = run_inplace(s, {**feed, C.LOGITS_FROM: np.array(c - 1)}, bufs)  # writes the same rows again
+            assert last[C.LOGITS].shape == (1, 1, d.vocab_size), last[C.LOGITS].shape
+            assert maxerr(last[C.LOGITS], ref_logits[:, n + c - 1:n + c]) <= TOL, (name, n, c)
+            assert maxerr(last[C.AUX_HIDDEN], ref_aux[:, n:n + c]) <= TOL, (name, n, c)
             n += c
 
 

@@ -379,6 +379,52 @@ def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
         np.testing.assert_allclose(aux, rows[start : start + len(aux)], rtol=1e-4, atol=1e-4)
 
 
+def test_a_long_catch_up_runs_in_chunks(pair, monkeypatch):
+    """The draft takes in a prompt longer than DRAFT_CHUNK rows in passes of that many
+    (Generator._catch_up): the first round's drafts, their confidences and the draft's KV
+    rows equal those of one pass over the whole prompt within float rounding, and the
+    output is unchanged."""
+    _, engines = pair
+    name = "_draft_peagle" if engines.export["draft"]["kind"] == "peagle" else "_draft_eagle3"
+    prompt = PROMPT * 3
+
+    def first_round(chunk):
+        monkeypatch.setattr(G, "DRAFT_CHUNK", chunk)
+        g = _gen(engines, FixedGovernor(DEPTHS, 4))
+        calls, got = [], {}
+        run, draft = g._run, getattr(g, name)
+
+        def spy_run(runner, feeds, what):
+            if what == "draft":
+                calls.append(feeds[C.INPUT_IDS].shape[1])
+            return run(runner, feeds, what)
+
+        def spy_draft(*args):
+            res = draft(*args)
+            if not got:
+                n = g.dkv.length
+                got.update(drafts=res[0].copy(), conf=np.array(res[2], np.float64),
+                           kv=[a[:, :n].copy() for a in g.dkv.keys + g.dkv.values])
+            return res
+
+        g._run = spy_run
+        setattr(g, name, spy_draft)
+        return g.generate(prompt, 12), got, calls
+
+    out, one, calls_one = first_round(10_000)
+    out3, three, calls3 = first_round(3)
+    pending = len(prompt)  # the prompt's last len - 1 tokens and the first emitted one
+    # one pass of every pending row (and P-EAGLE's mask slots), against passes of 3 and the last 3 + masks
+    assert calls_one[0] >= pending and calls3[:pending // 3 - 1] == [3] * (pending // 3 - 1), (calls_one, calls3)
+    assert calls3[pending // 3 - 1] == calls_one[0] - pending + 3
+    assert out3 == out
+    np.testing.assert_array_equal(three["drafts"], one["drafts"])
+    np.testing.assert_allclose(three["conf"], one["conf"], rtol=1e-5, atol=1e-6)
+    assert len(three["kv"]) == len(one["kv"]) and three["kv"][0].shape[1] == pending
+    for a, b in zip(three["kv"], one["kv"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],
@@ -440,6 +486,35 @@ def test_nan_logits_are_a_clear_error(pair):
 
     with pytest.raises(UserError, match="target engine produced NaN logits at position 0"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
+
+
+@pytest.mark.parametrize("chunk", [10_000, 10])
+def test_the_prefill_asks_for_its_last_rows_logits_only(pair, chunk, monkeypatch):
+    """A prompt longer than every verify length runs on the prefill engine, which returns
+    one row of logits (contracts.py "Logits of the last rows only"); every later call gets
+    every row; the output is the one without it (the engines' own target-only decode).
+    With PREFILL_CHUNK = 10 the prompt goes in as 10, 10 and 4 rows (the last on verify.3,
+    every row's logits), the output unchanged."""
+    _, engines = pair
+    monkeypatch.setattr(G, "PREFILL_CHUNK", chunk)
+    rows = []
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    run = g._run
+
+    def spy(runner, feeds, what):
+        out, dt = run(runner, feeds, what)
+        if what == "target":
+            rows.append((feeds[C.INPUT_IDS].shape[1], out[C.LOGITS].shape[1]))
+        return out, dt
+
+    g._run = spy
+    prompt = PROMPT * 3
+    assert len(prompt) == 24 and len(prompt) > max(DEPTHS) + 1
+    out = g.generate(prompt, 12)
+    prefill = [(24, 1)] if chunk > 24 else [(10, 1), (10, 1), (4, 4)]
+    assert rows[:len(prefill)] == prefill and all(s == n for s, n in rows[len(prefill):]), rows
+    monkeypatch.setattr(G, "PREFILL_CHUNK", 10_000)
+    assert out == _gen(engines, OffGovernor(DEPTHS)).generate(prompt, 12)
 
 
 # ---- sampling: the generated sequences are distributed exactly as the target's ----------
@@ -539,10 +614,10 @@ def test_sampling_with_lookup_chains_past_the_deepest_depth(small, monkeypatch):
     seen = []
     real = G.Generator._target
 
-    def spy(self, tokens, start, siblings=0, exact=False):
+    def spy(self, tokens, start, siblings=0, exact=False, last=False):
         if start > 0:  # not the prefill
             seen.append(len(tokens))
-        return real(self, tokens, start, siblings, exact)
+        return real(self, tokens, start, siblings, exact, last)
 
     monkeypatch.setattr(G.Generator, "_target", spy)
     assert _pvalue(small, 4, SamplingParams(temperature=1.0), n=1200, prompt=LOOKUP_PROMPT, lookup=True,
