@@ -45,6 +45,19 @@ DRAFT_CHUNK = 256
 PREFILL_CHUNK = 256
 
 
+def _passes(start: int, end: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) as consecutive (a, b) passes of at most ``most`` rows, none of one row
+    unless the whole is one row."""
+    out, at = [], start
+    while at < end:
+        b = min(at + most, end)
+        if end - b == 1 and b - at > 2:  # keep a one-row remainder from the last pass
+            b -= 1
+        out.append((at, b))
+        at = b
+    return out
+
+
 class Runner(Protocol):
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
@@ -93,6 +106,10 @@ class Generator:
         self.draft_kind = d["kind"] if d else None
         self.dkv = KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], engines.max_context + 16, dtype) if d else None
         self.mask_id = d["mask_token_id"] if d else None
+        # Prefix reuse (stream): the last prompt's ids and its target aux rows [len, 3H],
+        # kept once its prefill completed; its KV rows stay in the caches until overwritten
+        self.reuse_prefix = True
+        self._prefix: tuple[list[int], np.ndarray] | None = None
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
         self.dtype = dtype
@@ -209,6 +226,26 @@ class Generator:
             return int(np.argmax(logits))
         return sample(probs(logits[None], self.params)[0], rng)
 
+    def _reusable(self, prompt: list[int]) -> tuple[int, int, np.ndarray | None]:
+        """Prefix reuse: (s0, d0, aux). The target's KV rows 0..s0-1 and the draft's rows
+        0..d0-1 are the last prompt's, left in the caches by its prefill and the draft's
+        catch-up (a row depends only on the tokens up to it, and the prefill's rows come out
+        bit for bit the same in passes of any lengths >= 2 on ONNX Runtime's CPU kernels,
+        tested): the prefill computes rows s0.. only, and the draft takes in rows d0.. with
+        the kept aux rows for d0..s0-1. s0 <= the common prefix and leaves >= 2 rows to
+        compute; a draft row i holds token i + 1, so d0 < the common prefix. (0, 0, None)
+        when off, or nothing is shared."""
+        if not self.reuse_prefix or self._prefix is None:
+            return 0, 0, None
+        ids, aux = self._prefix
+        n = min(len(ids), len(prompt))
+        c = n if ids[:n] == prompt[:n] else next(i for i in range(n) if ids[i] != prompt[i])
+        s0 = max(0, min(c, len(prompt) - 2, self.tkv.length))
+        if s0 == 0:
+            return 0, 0, None
+        d0 = max(0, min(self.dkv.length, s0, c - 1)) if self.dkv is not None else 0
+        return s0, d0, aux
+
     # ---- drafting -------------------------------------------------------------------
 
     def _draft_tokens(self, logits: np.ndarray, ids: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray | None]:
@@ -307,26 +344,32 @@ class Generator:
         lookup = self.resolve_lookup()
         rng = make_rng(self.params.seed)
         tel = self.telemetry = Telemetry()
-        self.tkv.reset()
+        s0, d0, saved = self._reusable(prompt)
+        self._prefix = None  # until this prompt's prefill completes
+        self.tkv.rollback(s0)
         if self.dkv is not None:
-            self.dkv.reset()
+            self.dkv.rollback(d0)
+        tel.prompt_tokens, tel.prefix_reused = len(prompt), s0
         t_start = time.perf_counter()
         emitted = 0
         x: list[int] = []
         try:
-            # the prompt in passes of PREFILL_CHUNK rows (bounded temporaries), the last
-            # one's last row giving the first token
-            pend_aux = []  # aux hidden chunks [*, 3H] of the draft's pending real slots
-            for at in range(0, len(prompt), PREFILL_CHUNK):
-                part = prompt[at:at + PREFILL_CHUNK]
-                out, dt = self._target(part, at, exact=True, last=True)
+            # the prompt's rows s0.. in passes of at most PREFILL_CHUNK rows (bounded
+            # temporaries; never a last pass of one row, which the decode engine's kernels
+            # would compute differently), the last one's last row giving the first token
+            new_aux = []
+            for at, end in _passes(s0, len(prompt), PREFILL_CHUNK):
+                out, dt = self._target(prompt[at:end], at, exact=True, last=True)
                 tel.engine_time("prefill", dt)
-                self.tkv.commit(out, len(part))
-                pend_aux.append(out[C.AUX_HIDDEN][0].copy())
+                self.tkv.commit(out, end - at)
+                new_aux.append(out[C.AUX_HIDDEN][0].copy())
+            aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved[:s0]] if s0 else []) + new_aux)
+            self._prefix = (prompt, aux)
             first = self._first_token(out, rng)
             x = prompt + [first]
-            # pending real slots for the draft: tokens, aux hidden chunks, first position
-            pend_tok, pend_start = x[1:], 0
+            # pending real slots for the draft (rows d0.. : its KV holds those before):
+            # tokens, aux hidden chunks [*, 3H], first position
+            pend_tok, pend_aux, pend_start = x[d0 + 1:], [aux[d0:]], d0
             emitted = 1
             behind = True  # pending rows come from steps the draft did not run in (here: the prompt)
             index = None

@@ -178,7 +178,7 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None, **
 
 class Session:
     def __init__(self, engines_dir: str | Path, governor: str = "auto", sampling: SamplingParams = SamplingParams(),
-                 ort_overrides: dict | None = None):
+                 ort_overrides: dict | None = None, reuse_prefix: bool = True):
         from specrt.engines.engine_set import load_engines
 
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
@@ -196,6 +196,7 @@ class Session:
         self.acceptance = self._acceptance_receipt()
         self.engines.activate()
         self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling, self.d2t)
+        self.generator.reuse_prefix = reuse_prefix  # a prompt starting as the last did reuses its KV rows
         try:
             self.generator.resolve_tree_width()  # a token tree these engines or this mode cannot run: now
         except UserError:

@@ -101,6 +101,8 @@ class Telemetry:
         # tokens verified, accepted
         self.lookup_rounds: dict[int, list[int]] = {}
         self.lookup_s = 0.0  # wall seconds of lookup rounds
+        self.prompt_tokens = 0
+        self.prefix_reused = 0  # prompt rows whose target KV came from the previous prompt (Generator)
         self.lookup_depths: dict[int, int] = {}  # tokens verified -> lookup rounds
 
     def record(self, r: RoundResult) -> None:
@@ -157,7 +159,7 @@ class Telemetry:
     def merge(self, other: "Telemetry") -> None:
         """Add another run's counts (several prompts in one report)."""
         for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified",
-                     "tree_rounds", "sibling_accepts", "runners_up"):
+                     "tree_rounds", "sibling_accepts", "runners_up", "prompt_tokens", "prefix_reused"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at), (self.wins_by_rank, other.wins_by_rank)):
@@ -223,6 +225,10 @@ class Telemetry:
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
             "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
             "drafted_unverified": self.unverified,
+            # prompt tokens, and those of them whose target KV a previous prompt's prefill
+            # left (Generator.reuse_prefix): not computed again
+            "prompt_tokens": self.prompt_tokens,
+            "prefix_reused": self.prefix_reused,
             # token trees: rounds with runners-up, their wins (by rank: 2nd, 3rd, ... choice), how
             # many were verified, and each round's target depth (drafts + runners-up)
             "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts,
@@ -262,6 +268,7 @@ class Telemetry:
         # absent from reports written before these were recorded
         t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
         t.unverified = int(d.get("drafted_unverified", 0))
+        t.prompt_tokens, t.prefix_reused = int(d.get("prompt_tokens", 0)), int(d.get("prefix_reused", 0))
         tree = d.get("tree", {})
         t.tree_rounds, t.sibling_accepts = int(tree.get("rounds", 0)), int(tree.get("sibling_accepts", 0))
         t.runners_up, t.wins_by_rank = int(tree.get("runners_up", 0)), list(map(int, tree.get("wins_by_rank", [])))

@@ -318,9 +318,14 @@ def _read_prompts(path: Path) -> list[str]:
 @click.option("--grow-file", type=click.Path(path_type=Path, dir_okay=False),
               help="Session growth (:grow, part of auto) across runs: start from this file's sequences when it "
                    "exists, and write the run's latest ones back to it at the end.")
+@click.option("--no-prefix-reuse", is_flag=True,
+              help="Prefill every prompt of --prompts from an empty cache. By default a prompt that begins with "
+                   "the previous one's tokens (a chat's growing history, a document asked about again, the chat "
+                   "template's system prompt) reuses their KV cache rows, computed the same way, and prefills "
+                   "only the rest.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
-        stops, stats_file, grow_file, quiet) -> None:
+        stops, stats_file, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
@@ -338,7 +343,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         check_output_file(stats_file, "--stats")
     if grow_file is not None:
         check_output_file(grow_file, "--grow-file")
-    with Session(engines_dir, governor=governor, sampling=params) as s:
+    with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
         governor = s.governor_spec  # ``auto`` resolved
@@ -369,6 +374,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         lk = stats["lookup"]
         if lk["rounds"]:
             trees += f", prompt lookup in {lk['rounds']} rounds, {lk['tokens_per_round']:.2f} tokens a round"
+        if stats["prefix_reused"]:
+            trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                    f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
         if stats_file:

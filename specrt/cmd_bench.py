@@ -245,7 +245,10 @@ class _SpecrtWorker:
         self.specs = list(job.get("governors") or [job["governor"]])
         from specrt.runtime.sampling import SamplingParams
         sampling = SamplingParams(**job["sampling"]) if job.get("sampling") else SamplingParams()
-        self.session = Session(job["engines"], governor=self.specs[0], sampling=sampling, ort_overrides=overrides)
+        # every prompt prefilled from an empty cache, as the peers do: governors taking turns on
+        # the same prompt would otherwise reuse each other's prefill (Generator.reuse_prefix)
+        self.session = Session(job["engines"], governor=self.specs[0], sampling=sampling, ort_overrides=overrides,
+                               reuse_prefix=False)
         e = self.session.engines
         if job.get("costs"):  # --governor-costs profiled: the table measured at the start of the run
             from specrt.engines.costs import parse_costs

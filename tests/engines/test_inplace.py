@@ -276,3 +276,31 @@ def test_a_prefill_can_ask_for_its_last_rows_logits_only(tiny_engines):
         three = {C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.arange(3)[None]}
         with pytest.raises(UserError, match=r"verify.2'.*logits_from = 2: this engine's new_tokens is fixed at 3"):
             engines.verify(2).infer({**three, **base, C.LOGITS_FROM: np.array(2)})
+
+
+def test_prompt_rows_come_out_the_same_in_calls_of_any_length_from_two(tiny_engines):
+    """What prefix reuse and the prefill's passes rely on (runtime/generate.py
+    Generator._reusable, _passes): a prompt's rows computed in one call or in two (the
+    second of >= 2 rows) are the same bits: logits, aux hidden states and KV rows."""
+    rng = np.random.default_rng(31)
+    toks = rng.integers(0, 999, 30)
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+
+        def run(splits):
+            bufs = {nm: np.zeros((1, 2, C_, 16), np.float32) for i in range(4) for nm in (C.cache_key(i), C.cache_value(i))}
+            at, aux = 0, []
+            for s in splits:
+                out = engines.target(s).infer({C.INPUT_IDS: toks[None, at:at + s],
+                                               C.POSITION_IDS: np.arange(at, at + s)[None], **bufs})
+                aux.append(out[C.AUX_HIDDEN][0].copy())
+                last, at = out[C.LOGITS][0, -1].copy(), at + s
+            return np.concatenate(aux), last, {k: v[:, :, :30].copy() for k, v in bufs.items()}
+
+        whole = run([30])
+        for splits in ([28, 2], [25, 5], [13, 17]):
+            got = run(splits)
+            np.testing.assert_array_equal(got[0], whole[0], err_msg=str(splits))
+            np.testing.assert_array_equal(got[1], whole[1], err_msg=str(splits))
+            for k in whole[2]:
+                np.testing.assert_array_equal(got[2][k], whole[2][k], err_msg=f"{splits} {k}")

@@ -425,6 +425,43 @@ def test_a_long_catch_up_runs_in_chunks(pair, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_a_prompt_reuses_the_last_prompts_prefix(pair):
+    """Prefix reuse (Generator._reusable): a prompt sharing its first tokens with the last
+    one computes only its own rows (and at least two), the draft takes in only the rows
+    its KV does not hold, and every output equals a fresh generator's, token for token:
+    a longer prompt, the same prompt again, a shorter one, an unrelated one, and with
+    reuse off."""
+    _, engines = pair
+    a = PROMPT * 3  # 24 tokens
+    # (prompt, target rows reused, draft rows reused: a draft row holds the next token, so
+    # fewer than the tokens in common)
+    cases = [(a + [7, 8, 9, 10, 11], 24, 23), (a, 22, 22), (a[:13] + [2, 2, 2], 13, 12), ([5] + a, 0, 0)]
+    g = _gen(engines, FixedGovernor(DEPTHS, 3))
+    calls = []
+    run = g._run
+
+    def spy(runner, feeds, what):
+        calls.append((what, int(feeds[C.POSITION_IDS][0, 0]), feeds[C.INPUT_IDS].shape[1]))
+        return run(runner, feeds, what)
+
+    g._run = spy
+    g.generate(a, 16)
+    assert g.telemetry.to_json()["prefix_reused"] == 0
+    for prompt, s0, d0 in cases:
+        calls.clear()
+        out = g.generate(prompt, 16)
+        t = g.telemetry.to_json()
+        assert (t["prompt_tokens"], t["prefix_reused"]) == (len(prompt), s0)
+        assert calls[0] == ("target", s0, len(prompt) - s0), calls[:2]  # the prefill: rows s0..
+        first_draft = next(c for c in calls if c[0] == "draft")
+        assert first_draft[1] == d0, (first_draft, d0)
+        assert out == _gen(engines, FixedGovernor(DEPTHS, 3)).generate(prompt, 16), (prompt, s0)
+    g.reuse_prefix = False
+    calls.clear()
+    assert g.generate(a, 16) == _gen(engines, FixedGovernor(DEPTHS, 3)).generate(a, 16)
+    assert g.telemetry.to_json()["prefix_reused"] == 0 and calls[0] == ("target", 0, len(a))
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],

@@ -198,11 +198,12 @@ def test_screened_engines_decode_as_the_full_head(both):
     assert scr.head.rows > 0
     # sampling: the graph's fp32 head (head_exact), the same logits as the full head's, so the
     # same draws from the same seed (where the depths do not depend on measured times, as
-    # DSpark's refreshed costs do)
+    # DSpark's refreshed costs and prompt lookup's load factor (runtime/ngram.py) do: on a
+    # busy machine a lookup round taken in one run and not the other moves every later draw)
     rows = scr.head.rows
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
     for gf, gs in zip(governors(), governors()):
-        if not isinstance(gf, DSparkGovernor):
+        if not isinstance(gf, DSparkGovernor) and not getattr(gf, "lookup", False):
             assert _gen(scr, gs, params).generate(PROMPT, 40) == _gen(full, gf, params).generate(PROMPT, 40)
     assert scr.head.rows == rows  # no screening when sampling
 

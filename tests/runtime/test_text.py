@@ -314,3 +314,27 @@ def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_l
     assert r.exit_code == 1 and f"{f}:2: the prompt has 5000 tokens" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3", "--max-new-tokens", "0"])
     assert r.exit_code == 1 and "--max-new-tokens" in r.output and "calibration" not in r.output, r.output
+
+
+def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
+    """`specrt run --prompts`: a prompt that begins as the one before reuses its KV rows
+    (stats and the summary line say how many), with the output it has without reuse
+    (`--no-prefix-reuse`)."""
+    import json
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("w3 w1 w4 w1 w5 w9", "w3 w1 w4 w1 w5 w2 w6")))
+    out, lines = {}, {}
+    for flag in ((), ("--no-prefix-reuse",)):
+        s = tmp_path / f"s{len(flag)}.json"
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "6", "--quiet",
+                                      "--governor", "fixed:3", "--stats", str(s), *flag])
+        assert r.exit_code == 0, r.output
+        out[flag], lines[flag] = json.loads(s.read_text()), r.output
+    reused = [p["prefix_reused"] for p in out[()]["prompts"]]
+    assert reused[0] == 0 and reused[1] >= 5, reused
+    assert f"{reused[1]} of {out[()]['prompt_tokens']} prompt tokens reused from the one before" in lines[()]
+    assert [p["prefix_reused"] for p in out[("--no-prefix-reuse",)]["prompts"]] == [0, 0]
+    assert "reused" not in lines[("--no-prefix-reuse",)]
+    assert [p["output_token_ids"] for p in out[()]["prompts"]] == \
+        [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
