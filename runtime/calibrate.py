@@ -42,6 +42,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.paths import write_atomic
+from specrt.prompt_files import is_messages
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams
@@ -153,7 +154,7 @@ def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
 
 
 def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) or is_messages(prompt):
         if session.text is None:
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
         ids = session.text.encode(prompt, chat)

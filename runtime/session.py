@@ -271,9 +271,11 @@ class Session:
     def stream_ids(self, ids: list[int], max_new_tokens: int) -> Iterator[list[int]]:
         return self.generator.stream(ids, max_new_tokens, self.eos)
 
-    def stream(self, prompt: str, chat: bool = False, max_new_tokens: int = 128,
+    def stream(self, prompt: str | list[dict], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = ()) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
+        ``prompt``: text (through the chat template when ``chat``), or a conversation of
+        role/content objects (always through it: runtime/text.py).
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do (a verify round may have accepted
         more; the telemetry counts every generated token)."""

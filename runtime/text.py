@@ -37,7 +37,10 @@ class Text:
             v = v.get("content")
         return v if isinstance(v, str) else ""
 
-    def render_chat(self, user: str) -> str:
+    def render_chat(self, user: str | list[dict]) -> str:
+        """The chat template over one user message, or a conversation (``messages``:
+        role/content objects, a system prompt and earlier turns included), then the
+        assistant's turn."""
         if self.chat_template is None:
             raise UserError("--chat: the exported tokenizer has no chat template (tokenizer_config.json chat_template)")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -49,12 +52,16 @@ class Text:
 
         env.globals["raise_exception"] = raise_exception
         return env.from_string(self.chat_template).render(
-            messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+            messages=[{"role": "user", "content": user}] if isinstance(user, str) else list(user),
+            add_generation_prompt=True,
             bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
 
-    def encode(self, prompt: str, chat: bool) -> list[int]:
+    def encode(self, prompt: str | list[dict], chat: bool) -> list[int]:
+        """Token ids of a text prompt (through the chat template when ``chat``) or of a
+        conversation (always through it)."""
         if not prompt:
             raise UserError("the prompt is empty")
+        chat = chat or not isinstance(prompt, str)
         text = self.render_chat(prompt) if chat else prompt
         # A rendered template already holds its special tokens.
         return self.tokenizer.encode(text, add_special_tokens=not chat).ids

@@ -285,17 +285,18 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
                    + " ".join(f"{r:.2f}" for r in rates[:6]) + f"  ({tries[key][0]} tries)")
 
 
-def _read_prompts(path: Path) -> list[str]:
-    from specrt.prompt_files import read_prompt_file
+def _read_prompts(path: Path) -> list[str | list[dict]]:
+    from specrt.prompt_files import read_prompt_file, text_of
 
-    return [obj["prompt"] for obj in read_prompt_file(path, allow_ids=False)]
+    return [text_of(obj) for obj in read_prompt_file(path, allow_ids=False)]
 
 
 @main.command()
 @click.argument("engines_dir", callback=_existing_dir)
 @click.option("--prompt", help="One prompt.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="JSON lines with a 'prompt' field, decoded in turn.")
+              help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
+                   "system prompt, earlier turns; rendered with the chat template), decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--governor", default="auto", show_default=True,

@@ -180,6 +180,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
 
 
 def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:
+    from specrt.prompt_files import text_of
     from specrt.runtime.text import Text
 
     text = None
@@ -193,7 +194,7 @@ def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:
                     raise UserError(f"{engines.export_dir}: no tokenizer.json, so text prompts cannot be encoded; "
                                     "give 'prompt_ids' in the prompts file")
                 text = Text(engines.export_dir)
-            ids = text.encode(obj["prompt"], chat)
+            ids = text.encode(text_of(obj), chat)
         if len(ids) + 1 > engines.max_context:
             raise UserError(f"prompt {i + 1} has {len(ids)} tokens; the engines hold {engines.max_context}")
         out.append(ids)

@@ -1,6 +1,9 @@
-"""Prompt files: JSON lines, each an object with a string ``prompt`` and/or a non-empty
-list of token ids ``prompt_ids`` (other fields, such as ``kind``, are kept). Read by
-``specrt run --prompts``, ``specrt calibrate`` and ``specrt bench``."""
+"""Prompt files: JSON lines, each an object with a string ``prompt``, a conversation
+``messages`` (a non-empty list of ``{"role": ..., "content": ...}`` objects, rendered with
+the exported chat template: a system prompt, earlier turns) and/or a non-empty list of
+token ids ``prompt_ids`` (other fields, such as ``kind``, are kept). Token ids come
+first, then messages, then the text. Read by ``specrt run --prompts``, ``specrt
+calibrate`` and ``specrt bench``."""
 
 from __future__ import annotations
 
@@ -39,23 +42,38 @@ def is_token_ids(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
+def is_messages(v: Any) -> bool:
+    """Whether ``v`` is a conversation: a non-empty list of objects with string ``role``
+    and ``content``."""
+    return (isinstance(v, list) and bool(v) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                     and isinstance(m.get("content"), str) for m in v))
+
+
 def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
     """The objects of ``path``; UserError naming the file and line for anything else.
-    ``allow_ids=False``: every line needs the text field ``prompt``."""
+    ``allow_ids=False``: every line needs text, ``prompt`` or ``messages``."""
     items = []
     for n, obj in json_lines(path):
-        ok_text = isinstance(obj, dict) and isinstance(obj.get("prompt"), str)
+        if isinstance(obj, dict) and "messages" in obj and not is_messages(obj["messages"]):
+            raise UserError(f"{path}:{n}: 'messages' must be a non-empty list of objects with string fields "
+                            "'role' and 'content'")
+        ok_text = isinstance(obj, dict) and (isinstance(obj.get("prompt"), str) or "messages" in obj)
         ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
         ok_ids = allow_ids and bool(ids) and is_token_ids(ids)
         if not (ok_text or ok_ids):
-            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt'"
-                            + (" (or a non-empty list of token ids 'prompt_ids')" if allow_ids else ""))
+            raise UserError(f"{path}:{n}: expected an object with a string field 'prompt' or a conversation "
+                            "'messages'" + (" (or a non-empty list of token ids 'prompt_ids')" if allow_ids else ""))
         items.append(obj)
     if not items:
         raise UserError(f"{path}: no prompts")
     return items
 
 
-def prompts_of(items: list[dict[str, Any]]) -> list[str | list[int]]:
-    """Each item's token ids when it has them, else its text."""
-    return [obj["prompt_ids"] if isinstance(obj.get("prompt_ids"), list) else obj["prompt"] for obj in items]
+def prompts_of(items: list[dict[str, Any]]) -> list[str | list[int] | list[dict]]:
+    """Each item's token ids when it has them, else its conversation, else its text."""
+    return [obj["prompt_ids"] if isinstance(obj.get("prompt_ids"), list) else text_of(obj) for obj in items]
+
+
+def text_of(obj: dict[str, Any]) -> str | list[dict]:
+    """An item's conversation when it has one, else its text (``Text.encode`` takes either)."""
+    return obj["messages"] if "messages" in obj else obj["prompt"]

@@ -6,6 +6,8 @@ end on a tiny model with a word-level tokenizer: the same text and output token 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -88,6 +90,11 @@ def worded(tmp_path_factory):
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(t / "tokenizer.json"))
+    # a chat template in words: system w3, user w1, assistant w2
+    roles = "{'system': 'w3', 'user': 'w1', 'assistant': 'w2'}"
+    (t / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ " + roles + "[m.role] }} {{ m.content }} {% endfor %}"
+        "{% if add_generation_prompt %}w2{% endif %}")}))
     d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
     export(t, d, root / "exp")
     build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
@@ -338,3 +345,44 @@ def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
     assert "reused" not in lines[("--no-prefix-reuse",)]
     assert [p["output_token_ids"] for p in out[()]["prompts"]] == \
         [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
+
+
+def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
+    """A prompt file's ``messages`` (a system prompt, earlier turns) are rendered with the
+    exported chat template, with or without --chat; a conversation that goes on from the
+    one before reuses its rows; a malformed one is refused naming the line."""
+    from specrt.runtime.text import Text
+
+    text = Text(worded / "export")
+    conv = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"}]
+    assert text.encode(conv, chat=False) == [3, 5, 1, 6, 7, 2]
+    assert text.encode("w6 w7", chat=True) == [1, 6, 7, 2] and text.encode("w6 w7", chat=False) == [6, 7]
+    more = conv + [{"role": "assistant", "content": "w8 w9"}, {"role": "user", "content": "w10"}]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(o) + "\n" for o in ({"messages": conv}, {"messages": more}, {"prompt": "w4"})))
+    s = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4", "--quiet",
+                                  "--governor", "fixed:1", "--stats", str(s)])
+    assert r.exit_code == 0, r.output
+    st = json.loads(s.read_text())["prompts"]
+    assert [p["prompt_ids"] for p in st] == [[3, 5, 1, 6, 7, 2], [3, 5, 1, 6, 7, 2, 8, 9, 1, 10, 2], [4]]
+    assert st[0]["prompt"] == conv and st[1]["prefix_reused"] == 6
+    for bad in ([], [{"role": "user"}], "w1", [{"role": 1, "content": "w1"}]):
+        f.write_text(json.dumps({"prompt": "w1"}) + "\n" + json.dumps({"messages": bad}) + "\n")
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--quiet"])
+        assert r.exit_code == 1 and f"{f}:2: 'messages' must be a non-empty list" in r.output, (bad, r.output)
+        assert "Traceback" not in r.output
+
+
+def test_prompt_files_take_ids_then_messages_then_text(tmp_path):
+    from specrt.errors import UserError
+    from specrt.prompt_files import prompts_of, read_prompt_file
+
+    conv = [{"role": "user", "content": "hi"}]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(o) + "\n" for o in (
+        {"prompt_ids": [1, 2], "messages": conv, "prompt": "a"}, {"messages": conv, "prompt": "a"}, {"prompt": "a"})))
+    assert prompts_of(read_prompt_file(f)) == [[1, 2], conv, "a"]
+    f.write_text(json.dumps({"prompt_ids": [1, 2]}) + "\n")
+    with pytest.raises(UserError, match=r"p.jsonl:1: expected an object with a string field 'prompt' or a conversation"):
+        read_prompt_file(f, allow_ids=False)
