@@ -385,6 +385,40 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
             s.save_growth(grow_file)
 
 
+@main.command()
+@click.argument("engines_dir", callback=_existing_dir)
+@click.option("--system", help="A system prompt for the conversation.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="The longest answer, a turn.")
+@click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
+@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
+def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p, top_k, seed) -> None:
+    """A conversation on ENGINES_DIR through the exported chat template: each line read is
+    a user turn, the answer streams as it is accepted, and every turn reuses the KV rows of
+    the conversation so far (prefix reuse). An empty line or the end of input ends it."""
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    with Session(engines_dir, governor=governor, sampling=params) as s:
+        messages = [{"role": "system", "content": system}] if system else []
+        while True:
+            click.echo("> ", nl=False, err=True)
+            line = sys.stdin.readline()
+            if not line.strip():
+                return
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            answer = []
+            for piece in s.stream(messages, max_new_tokens=max_new_tokens):
+                click.echo(piece, nl=False)
+                answer.append(piece)
+            click.echo()
+            messages.append({"role": "assistant", "content": "".join(answer)})
+            st = s.stats()
+            click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}; "
+                       f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)
+
+
 def _register() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
     from specrt.cmd_bench import bench

@@ -386,3 +386,24 @@ def test_prompt_files_take_ids_then_messages_then_text(tmp_path):
     f.write_text(json.dumps({"prompt_ids": [1, 2]}) + "\n")
     with pytest.raises(UserError, match=r"p.jsonl:1: expected an object with a string field 'prompt' or a conversation"):
         read_prompt_file(f, allow_ids=False)
+
+
+def test_chat_keeps_the_conversation_and_reuses_it(worded):
+    """`specrt chat`: each input line is a user turn after the system prompt and the turns
+    before (their answers included), which the next turn's prompt reuses; the answers are
+    what `specrt run` gives for the same conversations; an empty line ends it."""
+    from specrt.runtime.session import Session
+
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
+                                  "fixed:1"], input="w6 w7\nw8\n\nw9\n")
+    assert r.exit_code == 0, r.output
+    turns = [ln for ln in r.output.splitlines() if ln.startswith("[")]
+    assert len(turns) == 2 and "0 of 6 prompt tokens reused" in turns[0], r.output
+    assert "of " in turns[1] and not turns[1].split("; ")[1].startswith("0 of"), turns
+    answers = [ln.removeprefix("> ") for ln in r.output.splitlines() if not ln.startswith("[") and ln.strip("> ")]
+    conv = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"}]
+    with Session(worded, governor="fixed:1") as s:
+        first = "".join(s.stream(conv, max_new_tokens=3))
+        conv += [{"role": "assistant", "content": first}, {"role": "user", "content": "w8"}]
+        second = "".join(s.stream(conv, max_new_tokens=3))
+    assert answers == [first, second], (answers, r.output)
