@@ -366,6 +366,7 @@ class Generator:
             aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved[:s0]] if s0 else []) + new_aux)
             self._prefix = (prompt, aux)
             first = self._first_token(out, rng)
+            tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]
             # pending real slots for the draft (rows d0.. : its KV holds those before):
             # tokens, aux hidden chunks [*, 3H], first position

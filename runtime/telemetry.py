@@ -102,6 +102,8 @@ class Telemetry:
         self.lookup_rounds: dict[int, list[int]] = {}
         self.lookup_s = 0.0  # wall seconds of lookup rounds
         self.prompt_tokens = 0
+        self.streams = 0  # prompts decoded (1 for one run; merge adds them up)
+        self.first_token_s = 0.0  # seconds from a stream's start to its first token, summed over streams
         self.prefix_reused = 0  # prompt rows whose target KV came from the previous prompt (Generator)
         self.lookup_depths: dict[int, int] = {}  # tokens verified -> lookup rounds
 
@@ -159,7 +161,8 @@ class Telemetry:
     def merge(self, other: "Telemetry") -> None:
         """Add another run's counts (several prompts in one report)."""
         for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified",
-                     "tree_rounds", "sibling_accepts", "runners_up", "prompt_tokens", "prefix_reused"):
+                     "tree_rounds", "sibling_accepts", "runners_up", "prompt_tokens", "prefix_reused", "streams",
+                     "first_token_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at), (self.wins_by_rank, other.wins_by_rank)):
@@ -229,6 +232,9 @@ class Telemetry:
             # left (Generator.reuse_prefix): not computed again
             "prompt_tokens": self.prompt_tokens,
             "prefix_reused": self.prefix_reused,
+            # time to the first token (the prefill and its pick), the mean over the prompts
+            "first_token_s": self.first_token_s / self.streams if self.streams else 0.0,
+            "prompt_count": self.streams,
             # token trees: rounds with runners-up, their wins (by rank: 2nd, 3rd, ... choice), how
             # many were verified, and each round's target depth (drafts + runners-up)
             "tree": {"rounds": self.tree_rounds, "sibling_accepts": self.sibling_accepts,
@@ -269,6 +275,8 @@ class Telemetry:
         t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
         t.unverified = int(d.get("drafted_unverified", 0))
         t.prompt_tokens, t.prefix_reused = int(d.get("prompt_tokens", 0)), int(d.get("prefix_reused", 0))
+        t.streams = int(d.get("prompt_count", 0))
+        t.first_token_s = float(d.get("first_token_s", 0.0)) * t.streams
         tree = d.get("tree", {})
         t.tree_rounds, t.sibling_accepts = int(tree.get("rounds", 0)), int(tree.get("sibling_accepts", 0))
         t.runners_up, t.wins_by_rank = int(tree.get("runners_up", 0)), list(map(int, tree.get("wins_by_rank", [])))

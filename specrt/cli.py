@@ -378,7 +378,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         if stats["prefix_reused"]:
             trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
-                   f"tau {stats['tau']:.2f}, governor {governor}{trees}]", err=True)
+                   f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
+                   f"{governor}{trees}]", err=True)
         if stats_file:
             write_atomic(stats_file, stats)
         if grow_file is not None:

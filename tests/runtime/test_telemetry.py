@@ -61,9 +61,10 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
     """Bench workers report each prompt's to_json(); the parent merges them afterwards
     (Telemetry.from_json), which must give what merging the live objects gives."""
     runs = []
-    for rounds in ([(3, 3), (3, 0), (1, 1)], [(0, 0), (4, 2)], [(2, 1)]):
+    for i, rounds in enumerate(([(3, 3), (3, 0), (1, 1)], [(0, 0), (4, 2)], [(2, 1)])):
         t = Telemetry()
         t.engine_time("prefill", 0.05)
+        t.streams, t.first_token_s, t.prompt_tokens, t.prefix_reused = 1, 0.125 * (i + 1), 10, i
         for d, a in rounds:
             conf = np.full(4, 0.5) if d in (1, 2) else None  # a block of 4 drafted, d verified
             t.record(RoundResult(depth=d, accepted=a, t_draft=0.01 * d, t_verify=0.02 + 0.001 * d, confidences=conf))
@@ -81,6 +82,7 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
     assert a["acceptance_by_position"] == pytest.approx([4 / 5, 2 / 4, 1 / 3, 0.0])
     assert a["depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 2, "4": 1}
     assert a["draft_block_histogram"] == {"4": 2} and a["drafted_unverified"] == (4 - 1) + (4 - 2)
+    assert (a["prompt_count"], a["first_token_s"], a["prompt_tokens"], a["prefix_reused"]) == (3, 0.25, 30, 3)
     with pytest.raises(KeyError):
         Telemetry.from_json({k: v for k, v in runs[0].to_json().items() if k != "counts"})
 

@@ -343,6 +343,11 @@ def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
     assert f"{reused[1]} of {out[()]['prompt_tokens']} prompt tokens reused from the one before" in lines[()]
     assert [p["prefix_reused"] for p in out[("--no-prefix-reuse",)]["prompts"]] == [0, 0]
     assert "reused" not in lines[("--no-prefix-reuse",)]
+    for st in out.values():  # time to the first token: each prompt's, and their mean
+        firsts = [p["first_token_s"] for p in st["prompts"]]
+        assert st["prompt_count"] == len(st["prompts"]) == 2 and all(0 < f <= p["seconds"] for f, p in zip(firsts, st["prompts"]))
+        assert st["first_token_s"] == pytest.approx(sum(firsts) / 2)
+    assert "first token after " in lines[()]
     assert [p["output_token_ids"] for p in out[()]["prompts"]] == \
         [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
 
