@@ -396,7 +396,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
 def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p, top_k, seed) -> None:
     """A conversation on ENGINES_DIR through the exported chat template: each line read is
     a user turn, the answer streams as it is accepted, and every turn reuses the KV rows of
-    the conversation so far (prefix reuse). An empty line or the end of input ends it."""
+    the conversation so far (prefix reuse). When the conversation and room for an answer
+    (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
+    its oldest turns are dropped (the system prompt stays), and it says so. An empty line
+    or the end of input ends it."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
@@ -409,6 +412,15 @@ def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p
             if not line.strip():
                 return
             messages.append({"role": "user", "content": line.rstrip("\n")})
+            room = min(max_new_tokens, s.engines.max_context // 4)
+            first = 1 if system else 0
+            dropped = 0
+            while len(s.text.encode(messages, True)) + room > s.engines.max_context and len(messages) > first + 1:
+                del messages[first:first + 2]  # the oldest user turn and its answer
+                dropped += 1
+            if dropped:
+                click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
+                           "tokens]", err=True)
             answer = []
             for piece in s.stream(messages, max_new_tokens=max_new_tokens):
                 click.echo(piece, nl=False)

@@ -412,3 +412,18 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
         conv += [{"role": "assistant", "content": first}, {"role": "user", "content": "w8"}]
         second = "".join(s.stream(conv, max_new_tokens=3))
     assert answers == [first, second], (answers, r.output)
+
+
+def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
+    """The worded engines hold 128 tokens: turns of 54 tokens (system, 50 words, 4 of
+    answer) fit two at a time, so the third and fourth push the oldest out (the system
+    prompt stays) and the chat goes on; one turn longer than the context is the usual
+    clear error."""
+    long = " ".join(["w4"] * 50)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "fixed:1"], input=f"{long}\n{long}\n{long}\n{long}\n\n")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("[dropped the oldest 1 turn(s) to fit the context of 128 tokens]") == 2, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 4, r.output
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"], input=" ".join(["w4"] * 200) + "\n")
+    assert r.exit_code == 1 and "the engines' context limit is 128" in r.output and "Traceback" not in r.output, r.output
