@@ -28,6 +28,7 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
+from specrt.prompt_files import common_prefix
 
 from .governor import COST_PAST, GovernorState
 from .kvcache import KVCache
@@ -238,8 +239,7 @@ class Generator:
         if not self.reuse_prefix or self._prefix is None:
             return 0, 0, None
         ids, aux = self._prefix
-        n = min(len(ids), len(prompt))
-        c = n if ids[:n] == prompt[:n] else next(i for i in range(n) if ids[i] != prompt[i])
+        c = common_prefix(ids, prompt)
         s0 = max(0, min(c, len(prompt) - 2, self.tkv.length))
         if s0 == 0:
             return 0, 0, None

@@ -115,6 +115,7 @@ import click
 
 from specrt.errors import UserError
 from specrt.paths import check_output_folder
+from specrt.prompt_files import common_prefix
 from specrt.sampling_options import sampling_options
 
 REPORT_FILE = "bench.json"
@@ -162,14 +163,6 @@ def _peak_rss() -> int:
 
 def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:

@@ -42,6 +42,16 @@ def is_token_ids(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two id lists share (bench's identity check; the runtime's
+    prefix reuse)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 def is_messages(v: Any) -> bool:
     """Whether ``v`` is a conversation: a non-empty list of objects with string ``role``
     and ``content``."""
