@@ -110,7 +110,9 @@ class Generator:
         # Prefix reuse (stream): the last prompt's ids and its target aux rows [len, 3H],
         # kept once its prefill completed; its KV rows stay in the caches until overwritten
         self.reuse_prefix = True
-        self._prefix: tuple[list[int], np.ndarray] | None = None
+        # the tokens of the target's committed KV rows (the last prompt's, then its output's)
+        # and their aux hidden rows in chunks: what the next prompt may reuse
+        self._prefix: tuple[list[int], list[np.ndarray]] | None = None
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
         self.dtype = dtype
@@ -228,23 +230,33 @@ class Generator:
         return sample(probs(logits[None], self.params)[0], rng)
 
     def _reusable(self, prompt: list[int]) -> tuple[int, int, np.ndarray | None]:
-        """Prefix reuse: (s0, d0, aux). The target's KV rows 0..s0-1 and the draft's rows
-        0..d0-1 are the last prompt's, left in the caches by its prefill and the draft's
-        catch-up (a row depends only on the tokens up to it, and the prefill's rows come out
-        bit for bit the same in passes of any lengths >= 2 on ONNX Runtime's CPU kernels,
-        tested): the prefill computes rows s0.. only, and the draft takes in rows d0.. with
-        the kept aux rows for d0..s0-1. s0 <= the common prefix and leaves >= 2 rows to
-        compute; a draft row i holds token i + 1, so d0 < the common prefix. (0, 0, None)
-        when off, or nothing is shared."""
+        """Prefix reuse: (s0, d0, aux rows 0..s0-1). The target's KV rows 0..s0-1 and the
+        draft's rows 0..d0-1 are the last stream's, left in the caches by its prefill, its
+        rounds and the draft's passes: the prefill computes rows s0.. only, and the draft
+        takes in rows d0.. with the kept aux rows for d0..s0-1. A row depends only on the
+        tokens up to it; the prompt's rows come out bit for bit the same in passes of any
+        lengths >= 2 on ONNX Runtime's CPU kernels (tested), the output's rows are the ones
+        its verify calls computed (as speculation itself uses them; a one-row call's differ
+        from a prefill's in float rounding, ~1e-5). s0 <= the common prefix and leaves >= 2
+        rows to compute; a draft row i holds token i + 1, so d0 < the common prefix.
+        (0, 0, None) when off, or nothing is shared."""
         if not self.reuse_prefix or self._prefix is None:
             return 0, 0, None
-        ids, aux = self._prefix
+        ids, chunks = self._prefix
         c = common_prefix(ids, prompt)
         s0 = max(0, min(c, len(prompt) - 2, self.tkv.length))
         if s0 == 0:
             return 0, 0, None
         d0 = max(0, min(self.dkv.length, s0, c - 1)) if self.dkv is not None else 0
-        return s0, d0, aux
+        rows, got = [], 0
+        for a in chunks:  # the aux chunks cover ids, in order
+            rows.append(a[: s0 - got])
+            got += len(rows[-1])
+            if got == s0:
+                break
+        if got != s0:
+            raise InternalError(f"prefix reuse: aux rows for {got} of {s0} reused rows")
+        return s0, d0, rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     # ---- drafting -------------------------------------------------------------------
 
@@ -363,8 +375,10 @@ class Generator:
                 tel.engine_time("prefill", dt)
                 self.tkv.commit(out, end - at)
                 new_aux.append(out[C.AUX_HIDDEN][0].copy())
-            aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved[:s0]] if s0 else []) + new_aux)
-            self._prefix = (prompt, aux)
+            aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved] if s0 else []) + new_aux)
+            # the committed rows' tokens and aux, grown with every round's, for the next stream
+            kv_ids, kv_aux = list(prompt), [aux]
+            self._prefix = (kv_ids, kv_aux)
             first = self._first_token(out, rng)
             tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]
@@ -447,11 +461,13 @@ class Generator:
                 if v.sibling >= 0:
                     self.tkv.move_row(n + rows[1], n + 1)  # the runner-up's K/V row to the slot after x's
                 self.tkv.commit(out, v.accepted + 1)
+                # a copy: the engine's output buffer is rewritten by its next call, which
+                # comes before the next draft when this round or the next drafts nothing
+                kv_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))  # (first: the chunks cover kv_ids)
+                kv_ids += [x[-1], *(int(t) for t in v.tokens[: v.accepted])]  # the rows just committed
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
-                    # a copy: the engine's output buffer is rewritten by its next call, which
-                    # comes before the next draft when this round or the next drafts nothing
-                    pend_aux.append(np.array(out[C.AUX_HIDDEN][0, rows]))
+                    pend_aux.append(kv_aux[-1])
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
                                 lookup=n_match, catch_up=catch_up)

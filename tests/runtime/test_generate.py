@@ -462,6 +462,42 @@ def test_a_prompt_reuses_the_last_prompts_prefix(pair):
     assert g.telemetry.to_json()["prefix_reused"] == 0 and calls[0] == ("target", 0, len(a))
 
 
+def test_a_conversation_reuses_the_answers_rows_too(pair):
+    """Prefix reuse covers the output's rows as well as the prompt's: a next prompt that
+    goes on from the last prompt and its answer (a conversation's next turn) computes only
+    the rows after the answer's committed ones, the draft takes in only what its KV lacks,
+    and the output equals a fresh generator's, with every governor kind (`off`'s one-row
+    calls too), token trees, and after an answer cut short by max_new_tokens."""
+    _, engines = pair
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    for make, tree, n in [(lambda: FixedGovernor(DEPTHS, 3), 1, 16), (lambda: OffGovernor(DEPTHS), 1, 16),
+                          (lambda: DSparkGovernor(DEPTHS, 2e-4, costs), 1, 16),
+                          (lambda: FixedGovernor(DEPTHS, 2), 3, 16), (lambda: FixedGovernor(DEPTHS, 4), 1, 5)]:
+        gov = make()
+        gov.tree_width = tree
+        g = _gen(engines, gov)
+        calls = []
+        run = g._run
+
+        def spy(runner, feeds, what, run=run, calls=calls):
+            calls.append((what, int(feeds[C.POSITION_IDS][0, 0]), feeds[C.INPUT_IDS].shape[1]))
+            return run(runner, feeds, what)
+
+        g._run = spy
+        answer = g.generate(PROMPT, n)
+        committed = g.tkv.length  # the prompt's rows and the answer's but (at least) its last token's
+        assert len(PROMPT) + len(answer) - 1 <= committed <= len(PROMPT) + n + 8
+        turn = PROMPT + answer + [7, 8, 9]
+        calls.clear()
+        out = g.generate(turn, 12)
+        s0 = g.telemetry.to_json()["prefix_reused"]
+        assert s0 >= len(PROMPT) + len(answer) - 1, (s0, committed)
+        assert calls[0] == ("target", s0, len(turn) - s0), calls[:2]
+        gov = make()
+        gov.tree_width = tree
+        assert out == _gen(engines, gov).generate(turn, 12), (type(gov).__name__, tree, n)
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],
