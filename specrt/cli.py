@@ -437,10 +437,12 @@ def _register() -> None:
     from specrt.cmd_bench import bench
     from specrt.cmd_calibrate import calibrate
     from specrt.cmd_compare import compare
+    from specrt.cmd_serve import serve
 
     main.add_command(bench)
     main.add_command(calibrate)
     main.add_command(compare)
+    main.add_command(serve)
 
 
 _register()

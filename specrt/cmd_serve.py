@@ -1,0 +1,343 @@
+"""``specrt serve``: the engines behind an OpenAI-compatible HTTP endpoint.
+
+    specrt serve ENGINES [--host 127.0.0.1] [--port 8000] [--governor auto] [--max-new-tokens 256]
+
+    POST /v1/chat/completions   messages -> an answer through the exported chat template
+    POST /v1/completions        a text prompt, no template
+    GET  /v1/models, /health
+
+Requests take ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
+``top_k``, ``seed``, ``stop`` (a string or a list) and ``stream`` (server-sent events, as
+OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
+chunk); other fields are ignored, ``n`` > 1 is refused. Each response carries a
+``specrt`` object beside ``usage``: tau, tokens/s, the time to the first token and the
+prompt tokens reused.
+
+One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
+the order they arrive. Each decoding mode (greedy; each temperature / top-k / top-p)
+gets its own generator, with the governor calibrated for that mode and KV caches of its
+own (the four most recent modes are kept), so a conversation's next turn reuses the
+rows of its earlier turns and answers (prefix reuse) as `specrt chat` does.
+The standard library's HTTP server: for a local endpoint or behind a proxy, not for
+untrusted networks. Bad requests get HTTP 400 with OpenAI's error object naming the
+field; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from specrt.errors import UserError
+
+MAX_MODES = 4  # generators kept, one per decoding mode
+MAX_BODY = 16 << 20  # bytes of request body accepted
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+    if ok and lo is not None:
+        ok = v > lo if lo_open else v >= lo
+    if ok and hi is not None:
+        ok = v <= hi
+    if not ok:
+        rng = ("" if lo is None else f" {'>' if lo_open else '>='} {lo}") + ("" if hi is None else f", <= {hi}")
+        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}{rng}; got {v!r}", name)
+    return kind(v)
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are "
+                                 "supported", "messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise BadRequest(f"messages[{i}]: expected an object with a string 'role' and a string (or text "
+                             "parts) 'content'", "messages")
+        out.append({"role": role, "content": content})
+    return out
+
+
+class Server:
+    """The session and its generators; ``complete`` runs one request (under the lock)."""
+
+    def __init__(self, engines_dir: Path, governor: str, defaults, max_new_tokens: int, model: str,
+                 log=lambda s: click.echo(s, err=True)):
+        from specrt.runtime.session import Session
+
+        self.session = Session(engines_dir, governor=governor, sampling=defaults)
+        self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
+        self.generators = {defaults.mode: self.session.generator}
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _generator(self, params):
+        """The generator of ``params``' decoding mode (made on first use: the governor
+        with that mode's calibration), its seed set for this request."""
+        from dataclasses import replace
+
+        from specrt.runtime.generate import Generator
+        from specrt.runtime.session import load_calibration, make_governor
+
+        s = self.session
+        g = self.generators.pop(params.mode, None)
+        if g is None:
+            cal, note = load_calibration(s.engines, params)
+            g = Generator(s.engines, make_governor(s.governor_spec, s.engines, cal), params, s.d2t)
+            g.reuse_prefix = True
+            self.log(f"[{params.mode}: a generator of its own; {note}]")
+            while len(self.generators) >= MAX_MODES:
+                self.generators.pop(next(iter(self.generators)))  # the least recently used
+        self.generators[params.mode] = g  # most recently used last
+        g.params = replace(g.params, seed=params.seed)
+        return g
+
+    def parse(self, body: Any, chat: bool) -> dict:
+        from specrt.runtime.sampling import SamplingParams
+        from specrt.runtime.text import StopScanner
+
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if chat:
+            prompt = _messages(body)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if not isinstance(prompt, str) or not prompt:
+                raise BadRequest("'prompt' must be a non-empty string (one prompt a request)", "prompt")
+        if _number(body, "n", 1, int, 1) != 1:
+            raise BadRequest("'n' > 1 is not supported: one answer a request", "n")
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_new = _number(body, name, self.max_new_tokens, int, 1)
+        d = self.defaults
+        params = SamplingParams(temperature=_number(body, "temperature", d.temperature, float, 0.0),
+                                top_p=_number(body, "top_p", d.top_p, float, 0.0, 1.0, lo_open=True),
+                                top_k=_number(body, "top_k", d.top_k, int, 0),
+                                seed=_number(body, "seed", d.seed, int, 0))
+        stop = body.get("stop")
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > 4:
+            raise BadRequest("'stop' must be a non-empty string or a list of at most 4 of them", "stop")
+        try:
+            StopScanner(tuple(stop))
+        except UserError as e:
+            raise BadRequest(str(e), "stop") from None
+        opts = body.get("stream_options") or {}
+        return {"prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+                "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
+
+    def complete(self, req: dict) -> Iterator[str | dict]:
+        """Text pieces as they are accepted, then a final dict: finish reason and usage.
+        The caller holds the lock for the whole of it."""
+        s = self.session
+        s.generator = self._generator(req["params"])
+        t0 = time.perf_counter()
+        gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"])
+        try:
+            yield from gen
+        finally:
+            gen.close()
+        st = s.stats()
+        reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
+        n_out = len(st["output_token_ids"])
+        self.log(f"[{st['prompt_tokens']} prompt tokens ({st['prefix_reused']} reused), {n_out} new in "
+                 f"{time.perf_counter() - t0:.2f} s, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}, "
+                 f"{req['params'].mode}, finish {reason}]")
+        yield {"finish_reason": reason,
+               "usage": {"prompt_tokens": st["prompt_tokens"], "completion_tokens": n_out,
+                         "total_tokens": st["prompt_tokens"] + n_out},
+               "specrt": {"tau": st["tau"], "tokens_per_s": st["tokens_per_s"], "first_token_s": st["first_token_s"],
+                          "prefix_reused": st["prefix_reused"], "governor": s.governor_spec,
+                          "mode": req["params"].mode}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "specrt"
+    app: Server  # set on the subclass serve() makes
+
+    def log_message(self, fmt, *args):  # requests are logged by Server.complete
+        pass
+
+    def _send_json(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, e: BadRequest) -> None:
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": None}})
+
+    def do_GET(self):
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._send_json(200, {"object": "list", "data": [{"id": self.app.model, "object": "model",
+                                                              "owned_by": "specrt", "created": 0}]})
+        elif self.path.rstrip("/") == "/health":
+            self._send_json(200, {"status": "ok"})
+        else:
+            self._error(BadRequest(f"no such path: GET {self.path}", status=404))
+
+    def do_POST(self):
+        path = self.path.rstrip("/")
+        chat = path in ("/v1/chat/completions", "/chat/completions")
+        if not chat and path not in ("/v1/completions", "/completions"):
+            return self._error(BadRequest(f"no such path: POST {self.path}", status=404))
+        try:
+            size = int(self.headers.get("Content-Length") or 0)
+            if not 0 < size <= MAX_BODY:
+                raise BadRequest(f"expected a JSON body of 1 to {MAX_BODY} bytes (Content-Length {size})")
+            try:
+                body = json.loads(self.rfile.read(size))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise BadRequest(f"the request body is not valid JSON ({e})") from None
+            req = self.app.parse(body, chat)
+        except BadRequest as e:
+            return self._error(e)
+        except UserError as e:
+            return self._error(BadRequest(str(e)))
+        with self.app.lock:
+            self._respond(req, chat)
+
+    def _respond(self, req: dict, chat: bool) -> None:
+        app = self.app
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        head = {"id": rid, "created": created, "model": app.model}
+        pieces = app.complete(req)
+        try:
+            first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
+        except UserError as e:
+            return self._error(BadRequest(str(e)))
+        except StopIteration:  # pragma: no cover - complete always ends with its dict
+            return self._error(BadRequest("no output", status=500))
+        except Exception as e:  # an engine failure: an error response, the server goes on
+            app.log(f"[error: {type(e).__name__}: {e}]")
+            return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
+        if not req["stream"]:
+            text, last = [], first
+            try:
+                while isinstance(last, str):
+                    text.append(last)
+                    last = next(pieces)
+            except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
+                app.log(f"[error: {type(e).__name__}: {e}]")
+                return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
+            content = "".join(text)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
+                      else {"index": 0, "text": content, "logprobs": None})
+            return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
+                                         "choices": [{**choice, "finish_reason": last["finish_reason"]}],
+                                         "usage": last["usage"], "specrt": last["specrt"]})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(delta: dict | None, finish=None, **extra) -> None:
+            choice = ({"index": 0, "delta": delta or {}} if chat else {"index": 0, "text": (delta or {}).get("content", "")})
+            payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}], **extra}
+            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            self.wfile.flush()
+
+        try:
+            if chat:
+                event({"role": "assistant", "content": ""})
+            item = first
+            while isinstance(item, str):
+                event({"content": item})
+                item = next(pieces)
+            event(None, item["finish_reason"], specrt=item["specrt"])
+            if req["usage_chunk"]:
+                self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
+                                                         "usage": item["usage"]}).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating
+            pieces.close()
+        except Exception as e:  # mid-answer, after the headers: an error event ends the stream
+            app.log(f"[error: {type(e).__name__}: {e}]")
+            kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
+            try:
+                self.wfile.write(b"data: " + json.dumps({"error": {"message": str(e), "type": kind}}).encode()
+                                 + b"\n\ndata: [DONE]\n\n")
+                self.wfile.flush()
+            except OSError:
+                pass
+
+
+def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
+    handler = type("BoundHandler", (Handler,), {"app": app})
+    return ThreadingHTTPServer((host, port), handler)
+
+
+@click.command()
+@click.argument("engines_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
+@click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="A request's max_tokens when it gives none.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="A request's temperature when it gives none (0 = greedy).")
+@click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the folder's name).")
+def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name) -> None:
+    """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
+    /v1/completions, /v1/models), one stream at a time, each conversation's next turn
+    reusing the KV rows of the turns before it. Ctrl-C stops it."""
+    from specrt.runtime.sampling import SamplingParams
+
+    if not engines_dir.is_dir():
+        raise UserError(f"{engines_dir}: no such engines folder")
+    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens,
+                 model_name or engines_dir.resolve().name)
+    try:
+        if app.session.untrusted:
+            click.secho(f"WARNING: {app.session.untrusted}", fg="red", err=True)
+        try:
+            httpd = make_server(app, host, port)
+        except OSError as e:
+            raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+        h, p = httpd.server_address[:2]
+        click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
+                   f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
+                   "/v1/models); Ctrl-C stops", err=True)
+        sys.stderr.flush()
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            httpd.server_close()
+    finally:
+        app.close()

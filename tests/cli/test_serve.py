@@ -1,0 +1,181 @@
+"""`specrt serve`: OpenAI-compatible requests over real HTTP against real (tiny) engines,
+answered as `Session.stream` answers the same prompt."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from specrt.runtime.sampling import SamplingParams
+from tests.runtime.test_text import worded  # noqa: F401  (the fixture: a word-level tiny pair)
+
+
+def _post(url: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict | list]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            if r.headers.get("Content-Type") == "text/event-stream":
+                events = [e[len("data: "):] for e in text.split("\n\n") if e]
+                assert events[-1] == "[DONE]", events[-1]
+                return r.status, [json.loads(e) for e in events[:-1]]
+            return r.status, json.loads(text)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _get(url: str, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def served(worded):  # noqa: F811
+    from specrt.cmd_serve import Server, make_server
+
+    logs = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", logs
+    httpd.shutdown()
+    httpd.server_close()
+    app.close()
+
+
+def _reference(worded, prompt, chat=True, max_new_tokens=6, stop=(), params=SamplingParams()):  # noqa: F811
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3", sampling=params) as s:
+        text = "".join(s.stream(prompt, chat=chat, max_new_tokens=max_new_tokens, stop=stop))
+        return text, s.stats()
+
+
+def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, worded):  # noqa: F811
+    url, _ = served
+    conv = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"}]
+    want, st = _reference(worded, conv)
+    code, r = _post(url, "/v1/chat/completions", {"model": "anything", "messages": conv, "max_tokens": 6})
+    assert code == 200, r
+    assert r["object"] == "chat.completion" and r["model"] == "tiny" and r["id"].startswith("chatcmpl-")
+    ch = r["choices"][0]
+    assert ch["message"] == {"role": "assistant", "content": want} and want
+    assert ch["finish_reason"] == {"eos": "stop"}.get(st["finish_reason"], "length")
+    assert r["usage"]["prompt_tokens"] == len(st["prompt_ids"]) == st["prompt_tokens"]
+    assert r["usage"]["completion_tokens"] == len(st["output_token_ids"])
+    assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+    assert r["specrt"]["governor"] == "fixed:3" and r["specrt"]["mode"] == "greedy" and r["specrt"]["tau"] >= 1
+    # content parts, streamed, with the usage chunk
+    parts = [conv[0], {"role": "user", "content": [{"type": "text", "text": "w6 "}, {"type": "text", "text": "w7"}]}]
+    code, events = _post(url, "/v1/chat/completions", {"messages": parts, "max_tokens": 6, "stream": True,
+                                                       "stream_options": {"include_usage": True}})
+    assert code == 200
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(e["object"] == "chat.completion.chunk" and e["id"] == events[0]["id"] for e in events)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == want
+    assert events[-2]["choices"][0]["finish_reason"] == ch["finish_reason"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == r["usage"]
+
+
+def test_the_next_turn_reuses_the_conversations_rows(served, worded):  # noqa: F811
+    url, _ = served
+    conv = [{"role": "user", "content": "w4 w9 w4"}]
+    _, r1 = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 6})
+    conv2 = conv + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "w8"}]
+    _, r2 = _post(url, "/v1/chat/completions", {"messages": conv2, "max_tokens": 6})
+    want, st = _reference(worded, conv2)
+    assert r2["choices"][0]["message"]["content"] == want
+    # the first turn's prompt and its answer's rows (all but the answer's last token)
+    assert r2["specrt"]["prefix_reused"] >= r1["usage"]["prompt_tokens"] + r1["usage"]["completion_tokens"] - 1
+    assert st["prefix_reused"] == 0  # (the fresh reference prefilled it all)
+
+
+def test_completions_stop_strings_and_sampling(served, worded):  # noqa: F811
+    url, logs = served
+    want, _ = _reference(worded, "w3 w1 w4", chat=False, max_new_tokens=8)
+    code, r = _post(url, "/v1/completions", {"prompt": "w3 w1 w4"})  # the server's max_tokens: 8
+    assert code == 200 and r["object"] == "text_completion" and r["choices"][0]["text"] == want, r
+    code, events = _post(url, "/v1/completions", {"prompt": ["w3 w1 w4"], "stream": True})
+    assert "".join(e["choices"][0]["text"] for e in events) == want
+    stop = want.split()[2]
+    want_stop, st = _reference(worded, "w3 w1 w4", chat=False, max_new_tokens=8, stop=(stop,))
+    _, r = _post(url, "/v1/completions", {"prompt": "w3 w1 w4", "stop": stop})
+    assert r["choices"][0]["text"] == want_stop and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == len(st["output_token_ids"])
+    # sampling: a generator of its own for the mode, the seed's draw as the session's
+    p = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
+    want_s, _ = _reference(worded, "w3 w1 w4", chat=False, max_new_tokens=8, params=p)
+    body = {"prompt": "w3 w1 w4", "temperature": 0.9, "top_p": 0.95, "seed": 11}
+    got = [_post(url, "/v1/completions", body)[1] for _ in range(2)]
+    assert [g["choices"][0]["text"] for g in got] == [want_s, want_s]
+    assert got[0]["specrt"]["mode"] == p.mode and any("a generator of its own" in line for line in logs)
+    # greedy again, on the first generator
+    assert _post(url, "/v1/completions", {"prompt": "w3 w1 w4"})[1]["choices"][0]["text"] == want
+
+
+@pytest.mark.parametrize("body, param, words", [
+    (None, None, "not valid JSON"),
+    ([1], None, "JSON object"),
+    ({}, "messages", "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "user"}]}, "messages", "messages[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "only text parts"),
+    ({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 0}, "max_tokens", "'max_tokens' must be"),
+    ({"messages": [{"role": "user", "content": "w1"}], "temperature": -1}, "temperature", ">= 0.0"),
+    ({"messages": [{"role": "user", "content": "w1"}], "top_p": 0}, "top_p", "'top_p' must be"),
+    ({"messages": [{"role": "user", "content": "w1"}], "n": 2}, "n", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
+    ({"messages": [{"role": "user", "content": "w1 " * 500}]}, None, "context limit"),
+])
+def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(served, body, param, words):
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", body, raw=b"{nope" if body is None else None)
+    assert code == 400, r
+    assert r["error"]["type"] == "invalid_request_error" and r["error"]["param"] == param
+    assert words in r["error"]["message"], r["error"]["message"]
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w2"}], "max_tokens": 2})
+    assert code == 200 and r["usage"]["completion_tokens"] >= 1
+
+
+def test_models_health_and_unknown_paths(served):
+    url, _ = served
+    assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
+                                                                         "owned_by": "specrt", "created": 0}]})
+    assert _get(url, "/health") == (200, {"status": "ok"})
+    code, r = _get(url, "/v2/nothing")
+    assert code == 404 and "no such path" in r["error"]["message"]
+    code, r = _post(url, "/v1/embeddings", {"input": "w1"})
+    assert code == 404
+
+
+def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
+                          "fixed:1", "--model-name", "w"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "serving" not in line:
+            line = p.stderr.readline()
+            assert line, "the server exited before serving"
+        url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
+        code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3})
+        assert code == 200 and r["model"] == "w" and r["specrt"]["governor"] == "fixed:1"
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+        p.stderr.close()
+    r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "none")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "no such engines folder" in r.stderr and "Traceback" not in r.stderr
