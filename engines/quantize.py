@@ -69,6 +69,15 @@ def _attr(node, name: str, default):
     return default
 
 
+def input_readers(graph) -> dict[str, int]:
+    """How many node inputs read each tensor name (a weight read twice is shared)."""
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    return readers
+
+
 def gemms_to_matmul(model) -> int:
     """Rewrite ``Gemm(A, W, transB=1)`` (and transB=0) without bias, alpha = beta = 1, whose
     W is an initializer, as ``MatMul(A, W^T)`` in place: MatMulNBits quantizes MatMul only.
@@ -78,10 +87,7 @@ def gemms_to_matmul(model) -> int:
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    uses: dict[str, int] = {}
-    for n in g.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
+    uses = input_readers(g)
     done = 0
     for n in g.node:
         if n.op_type != "Gemm" or len(n.input) != 2 or n.input[1] not in inits:

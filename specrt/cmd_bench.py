@@ -33,7 +33,11 @@ Configurations:
 * ``hf-lookup``: the same with prompt-lookup speculation (``--lookup-tokens``, default the
   engines' largest depth);
 * ``ortgenai``: onnxruntime-genai autoregressive decoding of the same target, built once
-  with its model builder (fp32, CPU) into ``$SPECRT_CACHE/ortgenai/`` (or ``--ortgenai-cache``).
+  with its model builder (fp32, CPU) into ``$SPECRT_CACHE/ortgenai/`` (or ``--ortgenai-cache``);
+  ``ortgenai-int8`` / ``ortgenai-int4`` (not in the default list): its builder's weight-only
+  int8 / int4 models (MatMulNBits, symmetric blocks of 32, int8 activations on CPU), what a
+  CPU user may pick instead of a float model. Another model: its tokens are reported
+  against ``specrt:off``'s, never a failure, and its speed is not a like-for-like ratio.
 
 Peers that cannot run here (a package missing, a tokenizer-less target for the
 onnxruntime-genai builder) are skipped with the reason printed and reported. Peer code
@@ -121,7 +125,7 @@ from specrt.sampling_options import sampling_options
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
 DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
-KNOWN_PEERS = tuple(DEFAULT_PEERS.split(","))
+KNOWN_PEERS = (*DEFAULT_PEERS.split(","), "ortgenai-int8", "ortgenai-int4")
 SCHEDULES = ("interleaved", "sequential")
 REFERENCE = "specrt:off"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1030,10 +1034,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             spin = None
         job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
                "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
-        if reason is None and peer == "ortgenai":
+        if reason is None and peer.startswith("ortgenai"):
             try:
                 job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
-                    hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True)))
+                    hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True),
+                    precision=lib.ORTGENAI_PRECISION[peer]))
             except lib.PeerSkipped as e:
                 reason = str(e)
         if reason:
@@ -1043,7 +1048,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         jobs.append((peer, job))
 
     # Order: the reference first, then the peer baselines, then the speculative configurations.
-    order = {REFERENCE: 0, "ortgenai": 1, "hf": 2, "hf-lookup": 3}
+    order = {REFERENCE: 0, "ortgenai": 1, "ortgenai-int8": 1, "ortgenai-int4": 1, "hf": 2, "hf-lookup": 3}
     jobs.sort(key=lambda j: order.get(j[0], 4))
     n_workers = len(group_jobs(jobs)) * processes
     if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
@@ -1145,7 +1150,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                           if profile else "the engines' stored cost tables"),
                      "governor_costs": governor_costs,
                      "target_hf_folder": str(hf_folder) if hf_folder else None,
-                     "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None)},
+                     "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
+                     "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")}},
         "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
                     for i, (p, it) in enumerate(zip(prompts, items))],
         "configs": configs,

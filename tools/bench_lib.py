@@ -42,7 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-PEERS = ("hf", "hf-lookup", "ortgenai")
+PEERS = ("hf", "hf-lookup", "ortgenai", "ortgenai-int8", "ortgenai-int4")
+# onnxruntime-genai's builder precisions, by peer name: int8 / int4 are its weight-only
+# MatMulNBits builds (RTN, symmetric, blocks of 32, accuracy level 4 on CPU: the same scheme
+# as `specrt build --target-weights`), for a like-for-like peer of a quantized specrt build
+ORTGENAI_PRECISION = {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
 # The onnxruntime-genai 0.18 model builder imports onnx_ir, which its wheel does not
 # declare; tools/gen_chat_data.py installs it into this folder of the specrt cache.
 BUILDER_DEPS = "ort-builder-deps"
@@ -175,16 +179,16 @@ def _builder_env(cache: Path) -> dict:
 
 
 def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_target: dict | None = None,
-                          log=lambda s: None) -> Path:
-    """The onnxruntime-genai fp32 CPU model of ``hf_folder``, built once into
-    ``cache/ortgenai/<folder name>-<weights digest>-fp32`` (atomic rename); raises
-    PeerSkipped with the reason when it cannot be built."""
+                          log=lambda s: None, precision: str = "fp32") -> Path:
+    """The onnxruntime-genai CPU model of ``hf_folder`` in ``precision`` (fp32, int8, int4),
+    built once into ``cache/ortgenai/<folder name>-<weights digest>-<precision>`` (atomic
+    rename); raises PeerSkipped with the reason when it cannot be built."""
     hf_folder = Path(hf_folder)
     reason = peer_unavailable("ortgenai", hf_folder)
     if reason:
         raise PeerSkipped(reason)
     cache = Path(cache) if cache else specrt_cache()
-    out = cache / "ortgenai" / f"{hf_folder.name}-{target_key(receipt_target, hf_folder)}-fp32"
+    out = cache / "ortgenai" / f"{hf_folder.name}-{target_key(receipt_target, hf_folder)}-{precision}"
     if (out / "genai_config.json").is_file():
         return out
     env = _builder_env(cache)
@@ -195,14 +199,14 @@ def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_ta
     t0 = time.perf_counter()
     try:
         r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder),
-                            "-o", str(tmp), "-p", "fp32", "-e", "cpu", "-c", str(hf_cache)],
+                            "-o", str(tmp), "-p", precision, "-e", "cpu", "-c", str(hf_cache)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0 or not (tmp / "genai_config.json").is_file():
             tail = "\n".join(r.stdout.strip().splitlines()[-5:])
             raise PeerSkipped(f"the onnxruntime-genai model builder failed (exit {r.returncode}): {tail}")
         (tmp / "specrt_source.json").write_text(json.dumps(
             {"hf_folder": str(hf_folder), "builder": f"onnxruntime-genai {_version('onnxruntime-genai')}",
-             "precision": "fp32", "execution_provider": "cpu", "seconds": time.perf_counter() - t0}, indent=2))
+             "precision": precision, "execution_provider": "cpu", "seconds": time.perf_counter() - t0}, indent=2))
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -307,7 +311,7 @@ def make_peer(peer: str, job: dict):
         return HfPeer(Path(job["hf_folder"]), job["threads"], spin=spin)
     if peer == "hf-lookup":
         return HfPeer(Path(job["hf_folder"]), job["threads"], lookup_tokens=job["lookup_tokens"], spin=spin)
-    if peer == "ortgenai":
+    if peer in ORTGENAI_PRECISION:
         return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"], spin=spin,
                             stop_spinning=bool(job.get("stop_spinning")))
     raise PeerSkipped(f"unknown peer '{peer}'")

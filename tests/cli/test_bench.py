@@ -382,7 +382,7 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
-                                                            "hf, hf-lookup, ortgenai, or none"),
+                                                            "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, or none"),
                          (["-o", str(tmp_path / "afile" / "r")], f"-o {tmp_path / 'afile' / 'r'}: "
                                                                 f"{tmp_path / 'afile'} is a file, not a folder")):
         r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
@@ -409,8 +409,8 @@ def test_real_model_against_all_peers(tmp_path):
     prompts = Path(__file__).resolve().parents[2] / "tools" / "data" / "heldout_prompts.jsonl"
     out = tmp_path / "report"
     r = CliRunner().invoke(bench, [str(tmp_path / "engines"), "--prompts", str(prompts), "--chat", "--limit", "2",
-                                   "-o", str(out), "--max-new-tokens", "16", "--governors", "off,fixed:2"],
-                           catch_exceptions=False)
+                                   "-o", str(out), "--max-new-tokens", "16", "--governors", "off,fixed:2",
+                                   "--peers", "hf,hf-lookup,ortgenai,ortgenai-int4"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = json.loads((out / "bench.json").read_text())
     lib = load_bench_lib()
@@ -420,6 +420,23 @@ def test_real_model_against_all_peers(tmp_path):
             assert rep["identity"]["configs"][peer]["identical_prefix_min"] >= 8
     if "ortgenai" in rep["configs"]:
         assert rep["efficiency"]["a_off_vs_ortgenai"]["ratio"] > 0
+    # the int4 build of onnxruntime-genai: another model, measured, its tokens only reported
+    if lib.peer_unavailable("ortgenai-int4", target) is None and "ortgenai-int4" not in rep["skipped"]:
+        assert rep["configs"]["ortgenai-int4"]["tokens_per_s_median"] > 0, rep["failed"]
+        assert not [f for f in rep["identity"]["failures"] if f["config"] == "ortgenai-int4"]
+        model = Path(rep["settings"]["ortgenai_models"]["ortgenai-int4"])
+        assert model.name.endswith("-int4") and json.loads((model / "specrt_source.json").read_text())["precision"] == "int4"
+
+
+def test_quantized_onnxruntime_genai_peers_are_known():
+    """``--peers ortgenai-int8,ortgenai-int4``: the builder's int8 / int4 models, each its own
+    cache folder; on a target without a tokenizer they are skipped with the reason."""
+    lib = load_bench_lib()
+    assert lib.ORTGENAI_PRECISION == {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
+    tiny = REFERENCE_PAIR.resolve() / "verifier"
+    for peer in ("ortgenai-int8", "ortgenai-int4"):
+        assert peer in lib.PEERS
+        assert "tokenizer.json" in lib.peer_unavailable(peer, tiny)
 
 
 def test_ortgenai_eos_convention():
