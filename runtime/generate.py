@@ -107,11 +107,11 @@ class Generator:
         self.draft_kind = d["kind"] if d else None
         self.dkv = KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], engines.max_context + 16, dtype) if d else None
         self.mask_id = d["mask_token_id"] if d else None
-        # Prefix reuse (stream): the last prompt's ids and its target aux rows [len, 3H],
-        # kept once its prefill completed; its KV rows stay in the caches until overwritten
+        # Prefix reuse (stream, _reusable): the tokens of the target's committed KV rows
+        # (the last stream's prompt, then its rounds') and their aux hidden rows [*, 3H] in
+        # chunks, kept from the end of its prefill; the rows stay in the caches until
+        # overwritten
         self.reuse_prefix = True
-        # the tokens of the target's committed KV rows (the last prompt's, then its output's)
-        # and their aux hidden rows in chunks: what the next prompt may reuse
         self._prefix: tuple[list[int], list[np.ndarray]] | None = None
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
