@@ -127,6 +127,26 @@ def test_completions_stop_strings_and_sampling(served, worded):  # noqa: F811
     assert _post(url, "/v1/completions", {"prompt": "w3 w1 w4"})[1]["choices"][0]["text"] == want
 
 
+def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded):  # noqa: F811
+    """Requests that arrive together wait on the server's lock, one stream at a time, and
+    each answer is its own prompt's (no interleaving of two streams on one generator)."""
+    url, _ = served
+    prompts = ["w3 w1 w4", "w9 w2 w6 w5", "w7 w7 w1"]
+    want = [_reference(worded, p, chat=False, max_new_tokens=8)[0] for p in prompts]
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        code, events = _post(url, "/v1/completions", {"prompt": prompts[i], "stream": True})
+        got[i] = "".join(e["choices"][0]["text"] for e in events) if code == 200 else f"HTTP {code}"
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [got.get(i) for i in range(len(prompts))] == want
+
+
 @pytest.mark.parametrize("body, param, words", [
     (None, None, "not valid JSON"),
     ([1], None, "JSON object"),
