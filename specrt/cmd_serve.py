@@ -310,7 +310,8 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="A request's max_tokens when it gives none.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="A request's temperature when it gives none (0 = greedy).")
-@click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the folder's name).")
+@click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
+                                   "target's folder the export was made from, e.g. smollm2-135m-instruct).")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models), one stream at a time, each conversation's next turn
@@ -319,8 +320,10 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
 
     if not engines_dir.is_dir():
         raise UserError(f"{engines_dir}: no such engines folder")
-    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens,
-                 model_name or engines_dir.resolve().name)
+    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "")
+    if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
+        folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
+        app.model = Path(folder).name if folder else engines_dir.resolve().name
     try:
         if app.session.untrusted:
             click.secho(f"WARNING: {app.session.untrusted}", fg="red", err=True)

@@ -182,8 +182,14 @@ def test_models_health_and_unknown_paths(served):
 
 
 def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
+    from pathlib import Path
+
+    from specrt.engines import load_engines
+
+    # the default model id: the name of the target folder the export was made from
+    model = Path(load_engines(worded, verify=False).export["binding_receipt"]["target"]["folder"]).name
     p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
-                          "fixed:1", "--model-name", "w"], stderr=subprocess.PIPE, text=True)
+                          "fixed:1"], stderr=subprocess.PIPE, text=True)
     try:
         line = ""
         while "serving" not in line:
@@ -191,7 +197,7 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
             assert line, "the server exited before serving"
         url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
         code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3})
-        assert code == 200 and r["model"] == "w" and r["specrt"]["governor"] == "fixed:1"
+        assert code == 200 and r["model"] == model == "t" and r["specrt"]["governor"] == "fixed:1"
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=60) == 0
