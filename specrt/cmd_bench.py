@@ -125,7 +125,8 @@ from specrt.sampling_options import sampling_options
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
 DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
-KNOWN_PEERS = (*DEFAULT_PEERS.split(","), "ortgenai-int8", "ortgenai-int4")
+OTHER_MODEL_PEERS = ("ortgenai-int8", "ortgenai-int4")  # quantized weights: another model than the target
+KNOWN_PEERS = (*DEFAULT_PEERS.split(","), *OTHER_MODEL_PEERS)
 SCHEDULES = ("interleaved", "sequential")
 REFERENCE = "specrt:off"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1286,7 +1287,15 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
         echo(f"skipped {n}: {r}")
     for w in report.get("warnings", []):
         click.secho(f"WARNING: {w}", fg="yellow", err=True)
+    for peer in OTHER_MODEL_PEERS:  # expected to differ: one line each, not one a prompt
+        c = ident.get("configs", {}).get(peer)
+        if c:
+            pre = c["identical_prefix_per_prompt"]
+            echo(f"{peer} decodes another model (quantized weights): identical to {ident['reference']} on "
+                 f"{c['identical_prompts']}/{c['prompts']} prompts, identical prefixes {min(pre)}-{max(pre)} tokens")
     for mm in ident.get("peer_mismatches", []):
+        if mm["config"] in OTHER_MODEL_PEERS:
+            continue
         click.secho(f"MISMATCH {mm['config']} vs {ident['reference']}: prompt {mm['prompt']} differs at token "
                     f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')}); identical prefix "
                     f"{mm['identical_prefix']} of {mm['len_reference']}", fg="yellow", err=True)

@@ -428,6 +428,27 @@ def test_real_model_against_all_peers(tmp_path):
         assert model.name.endswith("-int4") and json.loads((model / "specrt_source.json").read_text())["precision"] == "int4"
 
 
+def test_summary_gives_a_quantized_peer_one_line_not_one_a_prompt(tmp_path, capsys):
+    """The committed run with ortgenai-int8/int4 (results/quantized_targets): those peers
+    decode another model, so the summary says how far they agree in one line each, while
+    an fp32 peer's mismatches stay one line a prompt."""
+    from specrt.cmd_bench import print_summary
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                     .read_text())
+    rep["identity"]["peer_mismatches"].append({"config": "ortgenai", "prompt": 3, "first_diff": 7,
+                                               "reference_token": 1, "token": 2, "identical_prefix": 7,
+                                               "len_reference": 128})
+    lines: list[str] = []
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+    err = capsys.readouterr().err
+    for peer, n in (("ortgenai-int8", 2), ("ortgenai-int4", 0)):
+        assert sum(line.startswith(f"{peer} decodes another model") for line in lines) == 1
+        assert any(line.startswith(f"{peer} decodes another model") and f"on {n}/10 prompts" in line for line in lines)
+        assert f"MISMATCH {peer} " not in err
+    assert "MISMATCH ortgenai vs specrt:off: prompt 3 differs at token 7" in err
+
+
 def test_quantized_onnxruntime_genai_peers_are_known():
     """``--peers ortgenai-int8,ortgenai-int4``: the builder's int8 / int4 models, each its own
     cache folder; on a target without a tokenizer they are skipped with the reason."""
