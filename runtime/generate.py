@@ -76,6 +76,21 @@ class Engines(Protocol):
     # optional: def kv_layout(self, graph: str) -> str  ("append" when absent)
 
 
+SET_ASIDE_ROWS = 32  # prefix snapshots: live rows a prompt would overwrite before they are kept
+
+
+@dataclass
+class Snapshot:
+    """A conversation's rows set aside (Generator.prefix_snapshots): the tokens of its
+    committed target rows, their aux hidden rows, and copies of the target's and the
+    draft's KV rows (KVCache.save_rows)."""
+
+    ids: list[int]
+    aux: np.ndarray
+    target_rows: tuple
+    draft_rows: tuple | None
+
+
 @dataclass
 class Finished:
     reason: str  # "eos" | "length" | "context" | "stop"
@@ -113,6 +128,13 @@ class Generator:
         # overwritten
         self.reuse_prefix = True
         self._prefix: tuple[list[int], list[np.ndarray]] | None = None
+        # Up to this many other conversations' rows kept as snapshots (0: none; `specrt
+        # serve` keeps 4): a prompt that shares more with one of them than with the live
+        # caches swaps it in (the live rows set aside in its place), so clients taking
+        # turns keep their prefixes. Each costs a copy of its rows (~46 KB a row on
+        # SmolLM2) when set aside.
+        self.prefix_snapshots = 0
+        self._snapshots: list[Snapshot] = []
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
         self.dtype = dtype
@@ -240,7 +262,10 @@ class Generator:
         from a prefill's in float rounding, ~1e-5). s0 <= the common prefix and leaves >= 2
         rows to compute; a draft row i holds token i + 1, so d0 < the common prefix.
         (0, 0, None) when off, or nothing is shared."""
-        if not self.reuse_prefix or self._prefix is None:
+        if not self.reuse_prefix:
+            return 0, 0, None
+        self._swap_in(prompt)
+        if self._prefix is None:
             return 0, 0, None
         ids, chunks = self._prefix
         c = common_prefix(ids, prompt)
@@ -257,6 +282,44 @@ class Generator:
         if got != s0:
             raise InternalError(f"prefix reuse: aux rows for {got} of {s0} reused rows")
         return s0, d0, rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _shared(self, ids: list[int], rows: int, prompt: list[int]) -> int:
+        """The target rows a prompt could reuse of a token list whose first ``rows`` are
+        cached (as _reusable counts them)."""
+        return max(0, min(common_prefix(ids, prompt), len(prompt) - 2, rows))
+
+    def _swap_in(self, prompt: list[int]) -> None:
+        """Prefix snapshots (``prefix_snapshots`` > 0): when a kept snapshot shares more rows
+        with ``prompt`` than the live caches do, set the live rows aside as a snapshot and
+        load the snapshot's rows into the caches; when the prompt would overwrite at least
+        SET_ASIDE_ROWS live rows it does not share (another conversation, not the next turn
+        of this one), set them aside first. The oldest snapshots go past the limit."""
+        if self.prefix_snapshots <= 0:
+            self._snapshots.clear()
+            return
+        live_n = min(self.tkv.length, len(self._prefix[0])) if self._prefix is not None else 0
+        live = self._shared(self._prefix[0], live_n, prompt) if self._prefix is not None else 0
+        best = max(self._snapshots, key=lambda sn: self._shared(sn.ids, len(sn.aux), prompt), default=None)
+        if best is not None and self._shared(best.ids, len(best.aux), prompt) > live:
+            self._snapshots.remove(best)
+            self._set_aside(live_n)
+            self.tkv.load_rows(best.target_rows)
+            if self.dkv is not None:
+                self.dkv.load_rows(best.draft_rows)
+            self._prefix = (best.ids, [best.aux])
+        elif live_n - live >= SET_ASIDE_ROWS:  # rows the prompt does not share would be overwritten
+            self._set_aside(live_n)
+
+    def _set_aside(self, n: int) -> None:
+        """The live caches' first ``n`` rows (with their tokens and aux rows) as the newest
+        snapshot; the oldest past ``prefix_snapshots`` dropped."""
+        if self._prefix is None or n < 2:
+            return
+        ids, chunks = self._prefix
+        aux = (np.concatenate(chunks) if len(chunks) > 1 else chunks[0])[:n].copy()
+        self._snapshots.append(Snapshot(list(ids[:n]), aux, self.tkv.save_rows(n),
+                                        self.dkv.save_rows(min(self.dkv.length, n)) if self.dkv is not None else None))
+        del self._snapshots[: max(0, len(self._snapshots) - self.prefix_snapshots)]
 
     # ---- drafting -------------------------------------------------------------------
 

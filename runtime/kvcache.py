@@ -115,6 +115,25 @@ class KVCache:
             k[:, :, dst] = k[:, :, src]
             v[:, :, dst] = v[:, :, src]
 
+    def save_rows(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copies of rows [0, n) of every layer's K and V (a prefix snapshot, load_rows
+        puts them back)."""
+        if not 0 <= n <= self._n:
+            raise InternalError(f"save_rows {n} outside [0, {self._n}]")
+        cut = (slice(None), slice(0, n)) if self.layout == "append" else (slice(None), slice(None), slice(0, n))
+        return [k[cut].copy() for k in self.keys], [v[cut].copy() for v in self.values]
+
+    def load_rows(self, rows: tuple[list[np.ndarray], list[np.ndarray]]) -> None:
+        """Rows [0, n) of every layer from ``save_rows``; the committed length becomes n."""
+        keys, values = rows
+        n = keys[0].shape[1 if self.layout == "append" else 2]
+        if len(keys) != len(self.keys) or not n <= self.max_len:
+            raise InternalError(f"load_rows: {len(keys)} layers of {n} rows do not fit this cache")
+        cut = (slice(None), slice(0, n)) if self.layout == "append" else (slice(None), slice(None), slice(0, n))
+        for buf, new in zip(self.keys + self.values, keys + values):
+            buf[cut] = new
+        self._n = n
+
     def rollback(self, to_length: int) -> None:
         """Forget positions [to_length, n): O(1), only ever shrinks."""
         if not 0 <= to_length <= self._n:

@@ -17,7 +17,9 @@ One stream at a time (batch 1, as the engines are built): requests wait on a loc
 the order they arrive. Each decoding mode (greedy; each temperature / top-k / top-p)
 gets its own generator, with the governor calibrated for that mode and KV caches of its
 own (the four most recent modes are kept), so a conversation's next turn reuses the
-rows of its earlier turns and answers (prefix reuse) as `specrt chat` does.
+rows of its earlier turns and answers (prefix reuse) as `specrt chat` does; each keeps
+SNAPSHOTS other conversations' rows set aside (Generator.prefix_snapshots), so clients
+taking turns keep theirs.
 The standard library's HTTP server: for a local endpoint or behind a proxy, not for
 untrusted networks. Bad requests get HTTP 400 with OpenAI's error object naming the
 field; the server keeps serving.
@@ -39,6 +41,7 @@ import click
 from specrt.errors import UserError
 
 MAX_MODES = 4  # generators kept, one per decoding mode
+SNAPSHOTS = 4  # other conversations' rows a generator keeps (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
 
 
@@ -92,6 +95,7 @@ class Server:
 
         self.session = Session(engines_dir, governor=governor, sampling=defaults)
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
+        self.session.generator.prefix_snapshots = SNAPSHOTS
         self.generators = {defaults.mode: self.session.generator}
         self.lock = threading.Lock()
 
@@ -111,7 +115,7 @@ class Server:
         if g is None:
             cal, note = load_calibration(s.engines, params)
             g = Generator(s.engines, make_governor(s.governor_spec, s.engines, cal), params, s.d2t)
-            g.reuse_prefix = True
+            g.reuse_prefix, g.prefix_snapshots = True, SNAPSHOTS
             self.log(f"[{params.mode}: a generator of its own; {note}]")
             while len(self.generators) >= MAX_MODES:
                 self.generators.pop(next(iter(self.generators)))  # the least recently used

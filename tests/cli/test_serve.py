@@ -104,6 +104,26 @@ def test_the_next_turn_reuses_the_conversations_rows(served, worded):  # noqa: F
     assert st["prefix_reused"] == 0  # (the fresh reference prefilled it all)
 
 
+def test_two_clients_taking_turns_keep_their_rows(served, worded):  # noqa: F811
+    """Two conversations alternating on the server: each next turn still reuses its own
+    conversation's rows (prefix snapshots), with the answer a fresh session gives."""
+    url, _ = served
+    convs = {"x": [{"role": "user", "content": " ".join(["w3 w5 w7 w9"] * 9)}],  # past SET_ASIDE_ROWS
+             "y": [{"role": "user", "content": " ".join(["w8 w6 w4"] * 12)}]}
+    first = {}
+    for turn in range(2):
+        for k, conv in convs.items():
+            code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 5})
+            assert code == 200, r
+            assert r["choices"][0]["message"]["content"] == _reference(worded, conv, max_new_tokens=5)[0]
+            if turn == 0:
+                first[k] = r["usage"]
+            else:  # the other conversation came in between: this one's rows were kept all the same
+                assert r["specrt"]["prefix_reused"] >= first[k]["prompt_tokens"] + first[k]["completion_tokens"] - 1
+            conv += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "w2 w1"}]
+
+
 def test_completions_stop_strings_and_sampling(served, worded):  # noqa: F811
     url, logs = served
     want, _ = _reference(worded, "w3 w1 w4", chat=False, max_new_tokens=8)

@@ -498,6 +498,44 @@ def test_a_conversation_reuses_the_answers_rows_too(pair):
         assert out == _gen(engines, gov).generate(turn, 12), (type(gov).__name__, tree, n)
 
 
+def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
+    """Generator.prefix_snapshots: two conversations alternating on one generator each
+    reuse their own rows (set aside when the other came in, swapped back when they
+    return), with a fresh generator's output; without snapshots each turn after a switch
+    prefills everything; a conversation sharing only a common start keeps the rest."""
+    _, engines = pair
+    a = PROMPT * 3 + [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]  # 36 tokens each, disjoint from the start
+    b = [5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 3
+    for snaps in (2, 0):
+        g = _gen(engines, FixedGovernor(DEPTHS, 2))
+        g.prefix_snapshots = snaps
+        conv = {"a": a, "b": b}
+        reused = []
+        for turn in range(3):
+            for k in ("a", "b"):
+                out = g.generate(conv[k], 8)
+                reused.append(g.telemetry.to_json()["prefix_reused"])
+                assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(conv[k], 8), (snaps, turn, k)
+                conv[k] = conv[k] + out + [1 + turn]  # the next turn: the answer and a new message
+        if snaps:
+            # from the second round on every turn reuses its own conversation's rows
+            assert reused[:2] == [0, 0] and all(r >= 36 + 8 * (i // 2 - 1) for i, r in enumerate(reused) if i >= 2), \
+                reused
+            assert len(g._snapshots) <= snaps
+        else:
+            assert reused == [0] * 6 and g._snapshots == []
+    # a prompt that shares only the first rows with the live caches: the rest set aside first
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 1
+    long = a + b
+    g.generate(long, 4)
+    g.generate(a[:6] + [9, 9, 9, 9], 4)
+    assert g.telemetry.to_json()["prefix_reused"] == 6 and len(g._snapshots) == 1
+    out = g.generate(long + [2, 2], 4)  # back to the long one: swapped in from its snapshot
+    assert g.telemetry.to_json()["prefix_reused"] == len(long)
+    assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(long + [2, 2], 4)
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],

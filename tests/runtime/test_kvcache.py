@@ -131,3 +131,28 @@ def test_move_row_copies_one_slot_of_every_layer():
         kv.move_row(16, 5)
     with pytest.raises(InternalError, match="only the in-place layout"):
         KVCache(2, 3, 4, 16).move_row(3, 1)
+
+
+@pytest.mark.parametrize("layout", ["append", "inplace"])
+def test_save_and_load_rows_restore_a_prefix(layout):
+    """A prefix snapshot: copies of rows [0, n) that load back into a cache whose rows were
+    overwritten since, in either layout."""
+    kv = KVCache(2, 2, 4, 16, layout=layout)
+    rng = np.random.default_rng(0)
+    for buf in kv.keys + kv.values:
+        buf[...] = rng.standard_normal(buf.shape)
+    kv._n = 10
+    saved = kv.save_rows(7)
+    before = [b.copy() for b in kv.keys + kv.values]
+    for buf in kv.keys + kv.values:
+        buf[...] = 0.0  # overwritten by another conversation
+    kv.rollback(3)
+    kv.load_rows(saved)
+    assert kv.length == 7
+    cut = (slice(None), slice(0, 7)) if layout == "append" else (slice(None), slice(None), slice(0, 7))
+    for got, want in zip(kv.keys + kv.values, before):
+        np.testing.assert_array_equal(got[cut], want[cut])
+    saved[0][0][...] = 5.0  # copies: the snapshot does not alias the buffers
+    assert not np.any(kv.keys[0][cut] == 5.0)
+    with pytest.raises(InternalError):
+        kv.save_rows(8)
