@@ -178,7 +178,7 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None, **
 
 class Session:
     def __init__(self, engines_dir: str | Path, governor: str = "auto", sampling: SamplingParams = SamplingParams(),
-                 ort_overrides: dict | None = None, reuse_prefix: bool = True):
+                 ort_overrides: dict | None = None, reuse_prefix: bool = True, prefix_snapshots: int = 0):
         from specrt.engines.engine_set import load_engines
 
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
@@ -197,6 +197,9 @@ class Session:
         self.engines.activate()
         self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling, self.d2t)
         self.generator.reuse_prefix = reuse_prefix  # a prompt starting as the last did reuses its KV rows
+        # other conversations' rows kept aside (Generator.prefix_snapshots): interleaved
+        # conversations each keep their prefix, at a copy of its rows apiece
+        self.generator.prefix_snapshots = int(prefix_snapshots)
         try:
             self.generator.resolve_tree_width()  # a token tree these engines or this mode cannot run: now
         except UserError:

@@ -93,9 +93,8 @@ class Server:
                  log=lambda s: click.echo(s, err=True)):
         from specrt.runtime.session import Session
 
-        self.session = Session(engines_dir, governor=governor, sampling=defaults)
+        self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=SNAPSHOTS)
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
-        self.session.generator.prefix_snapshots = SNAPSHOTS
         self.generators = {defaults.mode: self.session.generator}
         self.lock = threading.Lock()
 

@@ -49,9 +49,8 @@ def main() -> None:
     modes = ("snapshots", "answers", "off") if a.alternate else MODES
     rows = [json.loads(line) for line in open(a.prompts)]
     firsts = [r["prompt"] for r in rows if r.get("kind") == "chat"][: a.conversations]
-    sessions = {m: Session(a.engines, governor=a.governor, reuse_prefix=m != "off") for m in modes}
-    if "snapshots" in sessions:
-        sessions["snapshots"].generator.prefix_snapshots = 4
+    sessions = {m: Session(a.engines, governor=a.governor, reuse_prefix=m != "off",
+                           prefix_snapshots=4 if m == "snapshots" else 0) for m in modes}
     # --alternate: conversations two at a time, their turns taking turns on each session
     groups = [list(range(i, min(i + 2, len(firsts)))) for i in range(0, len(firsts), 2)] if a.alternate \
         else [[i] for i in range(len(firsts))]
