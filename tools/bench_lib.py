@@ -7,7 +7,9 @@ specrt, batch 1, and returns ``(new token ids, wall seconds)`` per prompt:
 * ``hf-lookup``: the same with prompt-lookup speculation (``prompt_lookup_num_tokens``);
 * ``ortgenai``: onnxruntime-genai autoregressive decoding of the same target, built once
   with its own model builder (``python -m onnxruntime_genai.models.builder -i HF_FOLDER
-  -p fp32 -e cpu``) into a cache folder keyed by the target's weight hashes.
+  -p fp32 -e cpu``) into a cache folder keyed by the target's weight hashes;
+  ``ortgenai-int8`` / ``ortgenai-int4``: the same with ``-p int8`` / ``-p int4`` (another
+  model: quantized weights), each in its own cache folder.
 
 Everything heavy (torch, transformers, onnxruntime_genai) is imported lazily, inside the
 peer's own subprocess: the specrt runtime never imports them. ``peer_unavailable``
@@ -44,8 +46,9 @@ from pathlib import Path
 
 PEERS = ("hf", "hf-lookup", "ortgenai", "ortgenai-int8", "ortgenai-int4")
 # onnxruntime-genai's builder precisions, by peer name: int8 / int4 are its weight-only
-# MatMulNBits builds (RTN, symmetric, blocks of 32, accuracy level 4 on CPU: the same scheme
-# as `specrt build --target-weights`), for a like-for-like peer of a quantized specrt build
+# MatMulNBits builds (RTN, symmetric, blocks of 32, accuracy level 4 on CPU: the scheme of
+# tools/exp_quantized_target.py's experimental targets), what a CPU user may pick instead
+# of a float model; another model than the target (results/quantized_targets)
 ORTGENAI_PRECISION = {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
 # The onnxruntime-genai 0.18 model builder imports onnx_ir, which its wheel does not
 # declare; tools/gen_chat_data.py installs it into this folder of the specrt cache.
