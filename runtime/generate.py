@@ -79,6 +79,27 @@ class Engines(Protocol):
 SET_ASIDE_ROWS = 32  # prefix snapshots: live rows a prompt would overwrite before they are kept
 
 
+def _reusable_rows(common: int, cached: int, prompt_len: int) -> int:
+    """The target rows a prompt may reuse of a token list it shares ``common`` leading
+    tokens with and whose first ``cached`` rows are in a cache: at most those, and at
+    least two of the prompt's rows left to compute (Generator._reusable)."""
+    return max(0, min(common, prompt_len - 2, cached))
+
+
+def _first_rows(chunks: list[np.ndarray], n: int) -> np.ndarray:
+    """The first ``n`` rows of aux chunks that cover a token list in order (a view when
+    one chunk holds them)."""
+    rows, got = [], 0
+    for a in chunks:
+        rows.append(a[: n - got])
+        got += len(rows[-1])
+        if got == n:
+            break
+    if got != n:
+        raise InternalError(f"prefix reuse: aux rows for {got} of {n} reused rows")
+    return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+
 @dataclass
 class Snapshot:
     """A conversation's rows set aside (Generator.prefix_snapshots): the tokens of its
@@ -269,24 +290,11 @@ class Generator:
             return 0, 0, None
         ids, chunks = self._prefix
         c = common_prefix(ids, prompt)
-        s0 = max(0, min(c, len(prompt) - 2, self.tkv.length))
+        s0 = _reusable_rows(c, self.tkv.length, len(prompt))
         if s0 == 0:
             return 0, 0, None
         d0 = max(0, min(self.dkv.length, s0, c - 1)) if self.dkv is not None else 0
-        rows, got = [], 0
-        for a in chunks:  # the aux chunks cover ids, in order
-            rows.append(a[: s0 - got])
-            got += len(rows[-1])
-            if got == s0:
-                break
-        if got != s0:
-            raise InternalError(f"prefix reuse: aux rows for {got} of {s0} reused rows")
-        return s0, d0, rows[0] if len(rows) == 1 else np.concatenate(rows)
-
-    def _shared(self, ids: list[int], rows: int, prompt: list[int]) -> int:
-        """The target rows a prompt could reuse of a token list whose first ``rows`` are
-        cached (as _reusable counts them)."""
-        return max(0, min(common_prefix(ids, prompt), len(prompt) - 2, rows))
+        return s0, d0, _first_rows(chunks, s0)
 
     def _swap_in(self, prompt: list[int]) -> None:
         """Prefix snapshots (``prefix_snapshots`` > 0): when a kept snapshot shares more rows
@@ -298,10 +306,12 @@ class Generator:
             self._snapshots.clear()
             return
         live_n = min(self.tkv.length, len(self._prefix[0])) if self._prefix is not None else 0
-        live = self._shared(self._prefix[0], live_n, prompt) if self._prefix is not None else 0
-        best = max(self._snapshots, key=lambda sn: self._shared(sn.ids, len(sn.aux), prompt), default=None)
-        if best is not None and self._shared(best.ids, len(best.aux), prompt) > live:
-            self._snapshots.remove(best)
+        live = _reusable_rows(common_prefix(self._prefix[0], prompt), live_n, len(prompt)) if live_n else 0
+        scored = [(_reusable_rows(common_prefix(sn.ids, prompt), len(sn.aux), len(prompt)), i)
+                  for i, sn in enumerate(self._snapshots)]
+        shared, i = max(scored, key=lambda t: t[0], default=(0, -1))  # the first of the best
+        if shared > live:
+            best = self._snapshots.pop(i)
             self._set_aside(live_n)
             self.tkv.load_rows(best.target_rows)
             if self.dkv is not None:
@@ -316,8 +326,7 @@ class Generator:
         if self._prefix is None or n < 2:
             return
         ids, chunks = self._prefix
-        aux = (np.concatenate(chunks) if len(chunks) > 1 else chunks[0])[:n].copy()
-        self._snapshots.append(Snapshot(list(ids[:n]), aux, self.tkv.save_rows(n),
+        self._snapshots.append(Snapshot(list(ids[:n]), _first_rows(chunks, n).copy(), self.tkv.save_rows(n),
                                         self.dkv.save_rows(min(self.dkv.length, n)) if self.dkv is not None else None))
         del self._snapshots[: max(0, len(self._snapshots) - self.prefix_snapshots)]
 

@@ -1035,7 +1035,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             spin = None
         job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
                "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
-        if reason is None and peer.startswith("ortgenai"):
+        if reason is None and peer in lib.ORTGENAI_PRECISION:
             try:
                 job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
                     hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True),
@@ -1049,7 +1049,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         jobs.append((peer, job))
 
     # Order: the reference first, then the peer baselines, then the speculative configurations.
-    order = {REFERENCE: 0, "ortgenai": 1, "ortgenai-int8": 1, "ortgenai-int4": 1, "hf": 2, "hf-lookup": 3}
+    order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "hf": 2, "hf-lookup": 3}
     jobs.sort(key=lambda j: order.get(j[0], 4))
     n_workers = len(group_jobs(jobs)) * processes
     if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
