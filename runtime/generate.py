@@ -35,7 +35,7 @@ from .kvcache import KVCache
 from .corpus import FILE as CORPUS_FILE
 from .corpus import GROW_TOKENS, Corpus, Growth
 from .ngram import NgramIndex, NgramPolicy
-from .sampling import SamplingParams, check_logits, make_rng, probs, sample
+from .sampling import SamplingParams, TokenLogprob, check_logits, make_rng, probs, sample, token_logprobs
 from .telemetry import RoundResult, Telemetry
 from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
 
@@ -162,6 +162,12 @@ class Generator:
         self.d2t = d2t
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
+        # logprobs (None: off): each emitted token's log-probability under the target with
+        # this many alternatives (sampling.token_logprobs), in ``output_logprobs`` as the
+        # stream yields (its tokens, trimmed as they are). A screened head then gives its
+        # fp32 rows (head_exact) at every call; its argmax stays the screen's.
+        self.logprobs: int | None = None
+        self.output_logprobs: list[TokenLogprob] = []
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
         self._corpus: tuple[tuple, Corpus] | None = None  # the loaded corpus file, by (path, mtime, size)
@@ -428,6 +434,10 @@ class Generator:
         lookup = self.resolve_lookup()
         rng = make_rng(self.params.seed)
         tel = self.telemetry = Telemetry()
+        top = self.logprobs
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise UserError(f"logprobs={top!r}: expected None or an integer >= 0 (alternatives a token)")
+        lps = self.output_logprobs = []
         s0, d0, saved = self._reusable(prompt)
         self._prefix = None  # until this prompt's prefill completes
         self.tkv.rollback(s0)
@@ -454,6 +464,8 @@ class Generator:
             first = self._first_token(out, rng)
             tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]
+            if top is not None:
+                lps += token_logprobs(out[C.LOGITS][0][-1:], [first], top)
             # pending real slots for the draft (rows d0.. : its KV holds those before):
             # tokens, aux hidden chunks [*, 3H], first position
             pend_tok, pend_aux, pend_start = x[d0 + 1:], [aux[d0:]], d0
@@ -510,7 +522,7 @@ class Generator:
                 # (as many as the governor takes this round: DSpark sizes the tree from c_1)
                 sib = self._siblings[: max(0, min(room - d, self.governor.round_siblings()))] \
                     if self.tree_width > 1 and d >= 1 and not n_match else []
-                out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib))
+                out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib), exact=top is not None)
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
                 screen = self.screen  # a screened head: greedy logits approximate (specrt/head.py)
                 if self.params.greedy:
@@ -554,6 +566,8 @@ class Generator:
                 stop = next((j for j, t in enumerate(new) if t in eos), None)
                 if stop is not None:
                     new = new[: stop + 1]
+                if top is not None:  # each token's row: x's, the accepted drafts', a winning runner-up's
+                    lps += token_logprobs(logits[rows][: len(new)], new, top)
                 x += new
                 if index is not None:
                     index.extend(new)

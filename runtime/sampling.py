@@ -15,6 +15,7 @@ Temperature 0 is greedy: ``probs`` returns the one-hot of the argmax (first maxi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -135,3 +136,34 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     c = np.cumsum(p)
     i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
     return i if i < len(c) else int(np.flatnonzero(p)[-1])  # u * c[-1] rounded up to c[-1]
+
+
+class TokenLogprob(NamedTuple):
+    """An emitted token's log-probability under the target (``Generator.logprobs``): the
+    model's own distribution, log_softmax of its logits before temperature, top-k or
+    top-p (as vLLM's default raw logprobs), with the ``top`` most likely tokens' (id,
+    logprob), most likely first (ties by id)."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]:
+    """rows [n, V] (the target's logits for each token's position), tokens [n] -> one
+    TokenLogprob each, in float64 (max subtracted before exp). ~0.1 ms a row of 49152."""
+    out = []
+    for row, t in zip(np.atleast_2d(rows), tokens):
+        x = np.asarray(row, np.float64)
+        m = float(x.max())
+        if not np.isfinite(m):
+            raise InternalError("target engine produced non-finite logits (logprobs)")
+        lse = m + float(np.log(np.exp(x - m).sum()))
+        best: tuple[tuple[int, float], ...] = ()
+        if top > 0:
+            k = min(top, len(x))
+            idx = np.argpartition(-x, k - 1)[:k] if k < len(x) else np.arange(len(x))
+            idx = idx[np.lexsort((idx, -x[idx]))]
+            best = tuple((int(i), float(x[i]) - lse) for i in idx)
+        out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
+    return out

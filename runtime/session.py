@@ -271,12 +271,17 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
-    def stream_ids(self, ids: list[int], max_new_tokens: int) -> Iterator[list[int]]:
+    def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None) -> Iterator[list[int]]:
+        self.generator.logprobs = logprobs
         return self.generator.stream(ids, max_new_tokens, self.eos)
 
     def stream(self, prompt: str | list[dict], chat: bool = False, max_new_tokens: int = 128,
-               stop: tuple[str, ...] = ()) -> Iterator[str]:
+               stop: tuple[str, ...] = (), logprobs: int | None = None) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
+        ``logprobs`` N: ``stats()['output_logprobs']`` then holds each output token's
+        log-probability under the target with its N most likely alternatives
+        (``logprob_entries``; the model's own distribution, before temperature, top-k and
+        top-p).
         ``prompt``: text (through the chat template when ``chat``), or a conversation of
         role/content objects (always through it: runtime/text.py).
         ``stats()['output_token_ids']`` then end with the token that completed the stop
@@ -288,7 +293,7 @@ class Session:
         ids = self.text.encode(prompt, chat)
         detok = Detokenizer(self.text)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids
-        gen = self.stream_ids(ids, max_new_tokens)
+        gen = self.stream_ids(ids, max_new_tokens, logprobs)
         for chunk in gen:
             piece = scan.push(detok.push(chunk))
             if scan.hit:  # settled before the last piece goes out: a caller may stop at it
@@ -309,4 +314,21 @@ class Session:
         s["prompt_ids"] = list(getattr(self, "last_prompt_ids", []))  # what `specrt corpus` reads back
         s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
         s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
+        if self.generator.logprobs is not None:
+            s["output_logprobs"] = self.logprob_entries(0, len(s["output_token_ids"]))
         return s
+
+    def logprob_entries(self, start: int, end: int) -> list[dict]:
+        """The last stream's output tokens start..end-1 with their logprobs (``stream(...,
+        logprobs=N)``), each {id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
+        logprob}]}: token as text (``bytes:\\xNN`` for part of a character), bytes its UTF-8
+        bytes as a list (as OpenAI's). Without a tokenizer, ids only."""
+        def entry(i: int, lp: float) -> dict:
+            e: dict = {"id": i}
+            if self.text is not None:
+                e["token"], e["bytes"] = self.text.token_text(i), list(self.text.token_bytes(i))
+            e["logprob"] = lp
+            return e
+
+        return [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                for t in self.generator.output_logprobs[start:end]]

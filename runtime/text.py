@@ -30,6 +30,7 @@ class Text:
             template = jinja.read_text(encoding="utf-8")
         self.chat_template = template if isinstance(template, str) else None
         self.vocab_size = self.tokenizer.get_vocab_size()
+        self._bytes: tuple | None = None  # token_bytes' table, made on first use
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
@@ -68,6 +69,65 @@ class Text:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for (logprobs' ``bytes``): a byte-level BPE piece
+        (SmolLM2, Llama 3, Qwen3) through GPT-2's byte-to-character table, so a piece that is
+        half a UTF-8 character gives its own bytes; a SentencePiece byte token ``<0xNN>``
+        its byte, its ``▁`` a space; an added token its content; anything else its own
+        decoding."""
+        if self._bytes is None:
+            self._bytes = _byte_table(self.tokenizer)
+        piece = self.tokenizer.id_to_token(int(i))
+        if piece is None:
+            raise UserError(f"token id {i} is not in the tokenizer's vocabulary")
+        kind, table, added = self._bytes
+        if piece in added:
+            return piece.encode()
+        if kind == "bytelevel" and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        if kind == "metaspace":
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                try:
+                    return bytes([int(piece[3:5], 16)])
+                except ValueError:
+                    pass
+            return piece.replace("\u2581", " ").encode()
+        return self.tokenizer.decode([int(i)], skip_special_tokens=False).encode()
+
+    def token_text(self, i: int) -> str:
+        """Token ``i`` as text, or OpenAI's ``bytes:\\xNN...`` when its bytes are not whole
+        UTF-8 characters."""
+        b = self.token_bytes(i)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
+
+
+def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
+    """(kind, character -> byte of GPT-2's byte-level alphabet, added tokens' contents) of a
+    tokenizer: kind "bytelevel" when its decoder is (or holds) ByteLevel, "metaspace" for
+    SentencePiece-style decoders (Metaspace, ByteFallback), else "other"."""
+    spec = json.loads(tokenizer.to_str())
+    kinds, todo = set(), [spec.get("decoder") or {}]
+    while todo:
+        d = todo.pop()
+        if isinstance(d, dict):
+            kinds.add(d.get("type"))
+            todo += d.get("decoders") or []
+    kind = "bytelevel" if "ByteLevel" in kinds else "metaspace" if kinds & {"Metaspace", "ByteFallback"} else "other"
+    # GPT-2's table: printable Latin-1 bytes stand for themselves, the other 68 bytes for
+    # the characters from U+0100 on, in byte order
+    direct = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+              *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table, extra = {chr(b): b for b in direct}, 0
+    for b in range(256):
+        if b not in table.values():
+            table[chr(256 + extra)] = b
+            extra += 1
+    added = {t["content"] for t in spec.get("added_tokens") or [] if isinstance(t.get("content"), str)}
+    return kind, table, added
 
 
 def tokens_through(text: "Text", ids: list[int], end: int) -> int:

@@ -316,6 +316,10 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None,
+              help="Record each generated token's log-probability under the target (the model's own, before "
+                   "temperature / top-k / top-p) and its N most likely alternatives in --stats (per prompt "
+                   "'output_logprobs').")
 @click.option("--grow-file", type=click.Path(path_type=Path, dir_okay=False),
               help="Session growth (:grow, part of auto) across runs: start from this file's sequences when it "
                    "exists, and write the run's latest ones back to it at the end.")
@@ -326,7 +330,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
                    "only the rest.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
-        stops, stats_file, grow_file, no_prefix_reuse, quiet) -> None:
+        stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
@@ -342,6 +346,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
+    elif logprobs is not None:
+        raise UserError("--logprobs N: the logprobs go into the --stats file; give --stats FILE too")
     if grow_file is not None:
         check_output_file(grow_file, "--grow-file")
     with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse) as s:
@@ -357,7 +363,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         total, per_prompt = Telemetry(), []
         for i, p in enumerate(prompts):
             try:
-                for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops)):
+                for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
+                                      logprobs=logprobs):
                     if not quiet:
                         click.echo(piece, nl=False)
             except UserError as e:

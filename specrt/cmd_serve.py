@@ -7,9 +7,12 @@
     GET  /v1/models, /health
 
 Requests take ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
-``top_k``, ``seed``, ``stop`` (a string or a list) and ``stream`` (server-sent events, as
+``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
-chunk); other fields are ignored, ``n`` > 1 is refused. Each response carries a
+chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
+``logprobs`` 0-20; each output token's log-probability under the target, the model's own
+distribution before temperature / top-k / top-p, as vLLM reports by default); other fields
+are ignored, ``n`` > 1 is refused. Each response carries a
 ``specrt`` object beside ``usage``: tau, tokens/s, the time to the first token and the
 prompt tokens reused.
 
@@ -86,6 +89,32 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
+def _chat_logprobs(entries: list[dict] | None) -> dict | None:
+    """OpenAI's chat ``logprobs``: {content: [{token, logprob, bytes, top_logprobs}], refusal}
+    (each entry also keeps its token ``id``)."""
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+class _CompletionLogprobs:
+    """OpenAI's (legacy) completions ``logprobs``: {tokens, token_logprobs, top_logprobs
+    (a token -> logprob object a token; null when none were asked for), text_offset (where
+    each token's text starts in the completion)}, chunk by chunk."""
+
+    def __init__(self, text, top: int):
+        self.text, self.top, self.ids = text, top, []
+
+    def __call__(self, entries: list[dict] | None) -> dict | None:
+        if entries is None:
+            return None
+        offsets = []
+        for e in entries:
+            offsets.append(len(self.text.decode(self.ids)))
+            self.ids.append(e["id"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]
+                if self.top else None, "text_offset": offsets}
+
+
 class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
@@ -153,19 +182,39 @@ class Server:
             StopScanner(tuple(stop))
         except UserError as e:
             raise BadRequest(str(e), "stop") from None
+        if chat:
+            want = body.get("logprobs")
+            if want is not None and not isinstance(want, bool):
+                raise BadRequest(f"'logprobs' must be true or false; got {want!r}", "logprobs")
+            top = _number(body, "top_logprobs", None, int, 0, 20)
+            if top is not None and not want:
+                raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            logprobs = (top or 0) if want else None
+        else:
+            logprobs = _number(body, "logprobs", None, int, 0, 20)
         opts = body.get("stream_options") or {}
-        return {"prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+        return {"logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
-    def complete(self, req: dict) -> Iterator[str | dict]:
-        """Text pieces as they are accepted, then a final dict: finish reason and usage.
-        The caller holds the lock for the whole of it."""
+    def complete(self, req: dict) -> Iterator[dict]:
+        """{'text': piece, 'logprobs': the entries of the tokens since the last piece, or
+        None} as tokens are accepted, then a final dict: finish reason, usage and the
+        entries no piece carried (an EOS token writes no text). The caller holds the lock for
+        the whole of it."""
         s = self.session
         s.generator = self._generator(req["params"])
         t0 = time.perf_counter()
-        gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"])
+        lp = req["logprobs"]
+        gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
+                       logprobs=lp)
+        sent = 0
         try:
-            yield from gen
+            for piece in gen:
+                entries = None
+                if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
+                    n = len(s.last_output_ids)
+                    entries, sent = s.logprob_entries(sent, n), n
+                yield {"text": piece, "logprobs": entries}
         finally:
             gen.close()
         st = s.stats()
@@ -174,7 +223,7 @@ class Server:
         self.log(f"[{st['prompt_tokens']} prompt tokens ({st['prefix_reused']} reused), {n_out} new in "
                  f"{time.perf_counter() - t0:.2f} s, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}, "
                  f"{req['params'].mode}, finish {reason}]")
-        yield {"finish_reason": reason,
+        yield {"finish_reason": reason, "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None,
                "usage": {"prompt_tokens": st["prompt_tokens"], "completion_tokens": n_out,
                          "total_tokens": st["prompt_tokens"] + n_out},
                "specrt": {"tau": st["tau"], "tokens_per_s": st["tokens_per_s"], "first_token_s": st["first_token_s"],
@@ -237,6 +286,7 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
         pieces = app.complete(req)
+        lp = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"] or 0)
         try:
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
         except UserError as e:
@@ -247,17 +297,19 @@ class Handler(BaseHTTPRequestHandler):
             app.log(f"[error: {type(e).__name__}: {e}]")
             return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
         if not req["stream"]:
-            text, last = [], first
+            text, entries, last = [], [], first
             try:
-                while isinstance(last, str):
-                    text.append(last)
+                while "text" in last:
+                    text.append(last["text"])
+                    entries += last["logprobs"] or []
                     last = next(pieces)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
             content = "".join(text)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
-                      else {"index": 0, "text": content, "logprobs": None})
+            logprobs = lp(entries + last["logprobs"]) if last["logprobs"] is not None else None
+            choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
+                      if chat else {"index": 0, "text": content, "logprobs": logprobs})
             return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
                                          "choices": [{**choice, "finish_reason": last["finish_reason"]}],
                                          "usage": last["usage"], "specrt": last["specrt"]})
@@ -267,8 +319,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def event(delta: dict | None, finish=None, **extra) -> None:
+        def event(delta: dict | None, finish=None, entries=None, **extra) -> None:
             choice = ({"index": 0, "delta": delta or {}} if chat else {"index": 0, "text": (delta or {}).get("content", "")})
+            if req["logprobs"] is not None:
+                choice["logprobs"] = lp(entries or [])
             payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}], **extra}
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             self.wfile.flush()
@@ -277,10 +331,10 @@ class Handler(BaseHTTPRequestHandler):
             if chat:
                 event({"role": "assistant", "content": ""})
             item = first
-            while isinstance(item, str):
-                event({"content": item})
+            while "text" in item:
+                event({"content": item["text"]}, entries=item["logprobs"])
                 item = next(pieces)
-            event(None, item["finish_reason"], specrt=item["specrt"])
+            event(None, item["finish_reason"], entries=item["logprobs"], specrt=item["specrt"])
             if req["usage_chunk"]:
                 self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
                                                          "usage": item["usage"]}).encode() + b"\n\n")

@@ -179,6 +179,10 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": "w1"}], "n": 2}, "n", "not supported"),
     ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
     ({"messages": [{"role": "user", "content": "w1 " * 500}]}, None, "context limit"),
+    ({"messages": [{"role": "user", "content": "w1"}], "logprobs": 2}, "logprobs", "true or false"),
+    ({"messages": [{"role": "user", "content": "w1"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs",
+     "<= 20"),
+    ({"messages": [{"role": "user", "content": "w1"}], "top_logprobs": 2}, "top_logprobs", "needs 'logprobs'"),
 ])
 def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(served, body, param, words):
     url, _ = served
@@ -188,6 +192,70 @@ def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(served, bo
     assert words in r["error"]["message"], r["error"]["message"]
     code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w2"}], "max_tokens": 2})
     assert code == 200 and r["usage"]["completion_tokens"] >= 1
+
+
+def _target_only_logprobs(worded, prompt, chat, max_new_tokens, top, stop=()):  # noqa: F811
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="off") as s:
+        text = "".join(s.stream(prompt, chat=chat, max_new_tokens=max_new_tokens, stop=stop, logprobs=top))
+        return text, s.stats()
+
+
+def _close(got: list[dict], want: list[dict]) -> None:
+    assert [e["token"] for e in got] == [e["token"] for e in want]
+    assert [e["bytes"] for e in got] == [list(e["token"].encode()) for e in want]
+    assert [[t["token"] for t in e["top_logprobs"]] for e in got] == \
+        [[t["token"] for t in e["top_logprobs"]] for e in want]
+    flat = lambda es: [x for e in es for x in (e["logprob"], *(t["logprob"] for t in e["top_logprobs"]))]  # noqa: E731
+    assert flat(got) == pytest.approx(flat(want), abs=1e-4)
+
+
+def test_logprobs_are_target_only_decodings_plain_and_streamed(served, worded):  # noqa: F811
+    """Chat ``logprobs`` / ``top_logprobs`` and completions ``logprobs`` N: one entry an
+    output token (trimmed at a stop string), the target-only decoding's values although
+    the server speculates (fixed:3), the same streamed chunk by chunk."""
+    url, _ = served
+    conv = [{"role": "user", "content": "w6 w3 w6"}]
+    text, st = _target_only_logprobs(worded, conv, True, 8, 2)
+    body = {"messages": conv, "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+    code, r = _post(url, "/v1/chat/completions", body)
+    assert code == 200, r
+    ch = r["choices"][0]
+    assert ch["message"]["content"] == text and ch["logprobs"]["refusal"] is None
+    got = ch["logprobs"]["content"]
+    assert len(got) == r["usage"]["completion_tokens"] == len(st["output_token_ids"])
+    assert [e["id"] for e in got] == st["output_token_ids"]
+    _close(got, st["output_logprobs"])
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in got)
+    code, events = _post(url, "/v1/chat/completions", {**body, "stream": True})
+    assert code == 200
+    streamed = [x for e in events for x in (e["choices"][0]["logprobs"] or {}).get("content", [])]
+    _close(streamed, got)
+    _, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 8})
+    assert r["choices"][0]["logprobs"] is None
+    # completions: tokens, token_logprobs, top_logprobs, text_offset; a stop string trims them
+    # (w4 w14 w14 w14 w8 w4 ...: at fixed:3 the round that writes w8 accepted two more tokens)
+    want_text, st = _target_only_logprobs(worded, "w11 w12 w5", False, 8, 1, stop=("w8",))
+    assert st["finish_reason"] == "stop" and len(st["output_token_ids"]) == 5
+    for stream in (False, True):
+        code, r = _post(url, "/v1/completions", {"prompt": "w11 w12 w5", "max_tokens": 8, "logprobs": 1,
+                                                   "stop": "w8", "stream": stream})
+        assert code == 200, r
+        chunks = r if stream else [r]
+        lps = [c["choices"][0]["logprobs"] for c in chunks]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == want_text
+        tokens = [t for x in lps for t in x["tokens"]]
+        want = st["output_logprobs"]
+        assert tokens == [e["token"] for e in want] and len(tokens) == len(st["output_token_ids"])
+        assert [v for x in lps for v in x["token_logprobs"]] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
+        assert [t for x in lps for t in x["top_logprobs"]] == [{e["top_logprobs"][0]["token"]: pytest.approx(
+            e["top_logprobs"][0]["logprob"], abs=1e-4)} for e in want]
+        from specrt.runtime.text import Text
+
+        words = Text(worded.parent / "exp")
+        ids = st["output_token_ids"]
+        assert [o for x in lps for o in x["text_offset"]] == [len(words.decode(ids[:i])) for i in range(len(ids))]
 
 
 def test_models_health_and_unknown_paths(served):

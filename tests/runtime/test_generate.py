@@ -536,6 +536,73 @@ def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
     assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(long + [2, 2], 4)
 
 
+def _hf_logprobs(root: Path, prompt: list[int], out: list[int]) -> np.ndarray:
+    """log_softmax of transformers' logits for each of ``out``'s tokens after ``prompt`` [n, V]."""
+    import torch
+
+    hf = load_hf(root / "t")
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1]
+    return torch.log_softmax(logits.double(), -1).numpy()
+
+
+def test_logprobs_are_the_targets_own(pair, monkeypatch):
+    """Each emitted token's logprob (and the top alternatives) is transformers' log_softmax
+    at its position, whichever round emitted it: x's row, an accepted draft's, a bonus, a
+    runner-up's that won and the one after it, a lookup round's, the prefill's first token;
+    sampled too (the model's own distribution, before temperature); one entry a token,
+    trimmed with the output at EOS and the budget."""
+    root, engines = pair
+    V = engines.export["target"]["vocab_size"]
+    costs = {d: 1e-3 * (1 + 0.01 * d) for d in (0, *DEPTHS)}
+    cases = [("off", OffGovernor(DEPTHS), SamplingParams()), ("fixed:3", FixedGovernor(DEPTHS, 3), SamplingParams()),
+             ("dspark", DSparkGovernor(DEPTHS, 2e-4, costs), SamplingParams()),
+             ("fixed:2 sampled", FixedGovernor(DEPTHS, 2), SamplingParams(temperature=0.8, top_k=5, seed=3))]
+    if engines.verifies_trees():
+        gov = FixedGovernor(DEPTHS, 2)
+        gov.tree_width = 3
+        cases.append(("fixed:2:tree=3", gov, SamplingParams()))
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    cases.append(("fixed:2:ngram", gov, SamplingParams()))
+    _always_look_up(monkeypatch)
+    ref = None
+    for name, gov, params in cases:
+        g = _gen(engines, gov, params)
+        g.logprobs = 3
+        out = g.generate(REPEATING, 30)
+        if params.greedy:
+            ref = ref or out
+            assert out == ref, name
+        want = _hf_logprobs(root, REPEATING, out)
+        got = g.output_logprobs
+        assert [e.id for e in got] == out, name
+        np.testing.assert_allclose([e.logprob for e in got], want[np.arange(len(out)), out], atol=2e-4, err_msg=name)
+        for e, w in zip(got, want):
+            ids = [i for i, _ in e.top]
+            assert len(ids) == min(3, V) and len(set(ids)) == len(ids), name
+            np.testing.assert_allclose([lp for _, lp in e.top], w[ids], atol=2e-4, err_msg=name)
+            assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True), name
+            assert np.sort(w)[::-1][len(ids) - 1] <= w[ids].min() + 2e-4, name  # they are the most likely
+            if params.greedy:
+                assert ids[0] == e.id, name
+    t = g.telemetry.to_json()
+    assert t["lookup"]["rounds"] > 0  # the last case took lookup rounds
+    eos = ref[5]
+    g = _gen(engines, FixedGovernor(DEPTHS, 4))
+    g.logprobs = 0
+    out = g.generate(REPEATING, 30, eos_ids=(eos,))
+    assert len(g.output_logprobs) == len(out) == ref.index(eos) + 1 and all(e.top == () for e in g.output_logprobs)
+    out = g.generate(REPEATING, 7)
+    assert [e.id for e in g.output_logprobs] == out == ref[:7]
+    g.logprobs = None
+    g.generate(REPEATING, 7)
+    assert g.output_logprobs == []
+    g.logprobs = -1
+    with pytest.raises(UserError, match="logprobs=-1"):
+        g.generate(REPEATING, 7)
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],

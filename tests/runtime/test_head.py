@@ -208,6 +208,24 @@ def test_screened_engines_decode_as_the_full_head(both):
     assert scr.head.rows == rows  # no screening when sampling
 
 
+def test_screened_engines_give_the_full_heads_logprobs(both):
+    """With logprobs asked for, a screened build computes its verify rows' fp32 logits
+    (head_exact) and still picks each token by its screen: the tokens, logprobs and
+    alternatives are the full head's."""
+    full, scr = both
+    gf, gs = FixedGovernor(DEPTHS, 3), FixedGovernor(DEPTHS, 3)
+    a, b = _gen(full, gf), _gen(scr, gs)
+    a.logprobs = b.logprobs = 2
+    rows = scr.head.rows
+    assert a.generate(REPEATING, 30) == b.generate(REPEATING, 30)
+    assert scr.head.rows > rows  # greedy tokens still went through the screen
+    for x, y in zip(a.output_logprobs, b.output_logprobs):
+        assert x.id == y.id and [i for i, _ in x.top] == [i for i, _ in y.top]
+        np.testing.assert_allclose([x.logprob, *(lp for _, lp in x.top)], [y.logprob, *(lp for _, lp in y.top)],
+                                   atol=1e-5)
+    assert len(b.output_logprobs) == 30
+
+
 @pytest.fixture(scope="module")
 def small_screened(tmp_path_factory):
     root = _pair(tmp_path_factory.mktemp("small-head"), "llama", "peagle", 6, 4, depths=(1, 2, 4))

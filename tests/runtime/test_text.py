@@ -427,3 +427,64 @@ def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 4, r.output
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"], input=" ".join(["w4"] * 200) + "\n")
     assert r.exit_code == 1 and "the engines' context limit is 128" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
+    """`specrt run --logprobs N --stats S`: per prompt, each output token's entry (id, token,
+    bytes, logprob, N alternatives) as the Session gives them; without --stats an error
+    before the engines load."""
+    import json
+
+    from specrt.runtime.session import Session
+
+    stats = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
+                                  "--governor", "fixed:3", "--logprobs", "2", "--stats", str(stats)])
+    assert r.exit_code == 0, r.output
+    p = json.loads(stats.read_text())["prompts"][0]
+    got = p["output_logprobs"]
+    assert [e["id"] for e in got] == p["output_token_ids"] and len(got) == 6
+    assert [e["token"] for e in got] == [f"w{i}" for i in p["output_token_ids"]]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["id"] == e["id"] for e in got)
+    with Session(worded, governor="off") as s:
+        "".join(s.stream("w3 w1 w4", max_new_tokens=6, logprobs=2))
+        want = s.stats()["output_logprobs"]
+    assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "2"])
+    assert r.exit_code == 1 and "--logprobs N" in r.output and "--stats FILE" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "21", "--stats",
+                                  str(stats)])
+    assert r.exit_code == 1 and "--logprobs" in r.output and "0<=x<=20" in r.output, r.output
+
+
+def test_token_bytes_of_a_byte_level_tokenizer_spell_the_text(tmp_path):
+    """A byte-level BPE (as SmolLM2's, Llama 3's, Qwen3's): the tokens' bytes joined are the
+    text's UTF-8 bytes, pieces that are part of a character included (token_text then
+    says ``bytes:\\xNN``); added tokens give their content; a word-level tokenizer falls
+    back to each token's decoding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from specrt.runtime.text import Text
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world", "héllo wörld", "the cat sat"] * 20, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    s = "héllo wörld, 中文 🙂 the<|end|>"
+    ids = tok.encode(s).ids
+    assert b"".join(text.token_bytes(i) for i in ids) == s.encode()
+    parts = [text.token_text(i) for i in ids]
+    assert "<|end|>" in parts and any(p.startswith("bytes:\\x") for p in parts)  # 中 is three byte tokens here
+    partial = next(i for i, p in zip(ids, parts) if p.startswith("bytes:"))
+    assert text.token_text(partial) == "bytes:" + "".join(f"\\x{b:02x}" for b in text.token_bytes(partial))
+    with pytest.raises(UserError, match="token id 99999"):
+        text.token_bytes(99999)
+    words = Tokenizer(models.WordLevel({"w0": 0, "w1": 1}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "w").mkdir()
+    words.save(str(tmp_path / "w" / "tokenizer.json"))
+    assert Text(tmp_path / "w").token_bytes(1) == b"w1"
