@@ -185,6 +185,14 @@ class Telemetry:
         return 1.0 + self.accepted / self.draft_rounds if self.draft_rounds else 1.0
 
     @property
+    def tokens_per_call(self) -> float:
+        """Tokens a target call emitted after the prefill, over every round: draft rounds
+        (tau's), prompt lookup's and plain decode steps. Where lookup takes the rounds, tau
+        (the draft's) says little of the speed and this says it."""
+        looked = sum(c[2] for c in self.lookup_rounds.values())
+        return (self.rounds + self.accepted + looked) / self.rounds if self.rounds else 0.0
+
+    @property
     def lookup_tokens_per_round(self) -> float:
         r = sum(c[0] for c in self.lookup_rounds.values())
         return 1.0 + sum(c[2] for c in self.lookup_rounds.values()) / r if r else 0.0
@@ -219,6 +227,7 @@ class Telemetry:
             "seconds": self.seconds,
             "tokens_per_s": self.new_tokens / self.seconds if self.seconds > 0 else 0.0,
             "tau": self.tau,
+            "tokens_per_call": self.tokens_per_call,
             "acceptance_by_position": self.acceptance_by_position,
             "acceptance_conditional": self.acceptance_conditional,
             "rounds": self.rounds,

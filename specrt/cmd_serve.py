@@ -13,8 +13,9 @@ chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; complet
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default); other fields
 are ignored, ``n`` > 1 is refused. Each response carries a
-``specrt`` object beside ``usage``: tau, tokens/s, the time to the first token and the
-prompt tokens reused.
+``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
+prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
+reused.
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
 the order they arrive. Each decoding mode (greedy; each temperature / top-k / top-p)
@@ -222,11 +223,12 @@ class Server:
         n_out = len(st["output_token_ids"])
         self.log(f"[{st['prompt_tokens']} prompt tokens ({st['prefix_reused']} reused), {n_out} new in "
                  f"{time.perf_counter() - t0:.2f} s, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}, "
+                 f"{st['tokens_per_call']:.2f} tokens a target call, "
                  f"{req['params'].mode}, finish {reason}]")
         yield {"finish_reason": reason, "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None,
                "usage": {"prompt_tokens": st["prompt_tokens"], "completion_tokens": n_out,
                          "total_tokens": st["prompt_tokens"] + n_out},
-               "specrt": {"tau": st["tau"], "tokens_per_s": st["tokens_per_s"], "first_token_s": st["first_token_s"],
+               "specrt": {"tau": st["tau"], "tokens_per_call": st["tokens_per_call"], "tokens_per_s": st["tokens_per_s"], "first_token_s": st["first_token_s"],
                           "prefix_reused": st["prefix_reused"], "governor": s.governor_spec,
                           "mode": req["params"].mode}}
 

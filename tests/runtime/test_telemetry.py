@@ -49,6 +49,20 @@ def test_json_report():
                                                                          "drafted_unverified")}).unverified == 0
 
 
+def test_tokens_per_call_counts_every_round():
+    """Draft rounds (a + 1 each), decode steps (1), lookup rounds (their accepted + 1):
+    tau stays the draft rounds' alone."""
+    t = Telemetry()
+    t.record(RoundResult(depth=3, accepted=2))  # 3 tokens
+    t.record(RoundResult(depth=0, accepted=0))  # 1
+    t.record(RoundResult(depth=5, accepted=4, lookup=3))  # 5
+    t.record(RoundResult(depth=4, accepted=0, lookup=2))  # 1
+    assert t.tau == pytest.approx(3.0)
+    assert t.to_json()["tokens_per_call"] == pytest.approx(10 / 4)
+    assert Telemetry.from_json(t.to_json()).tokens_per_call == pytest.approx(10 / 4)
+    assert Telemetry().tokens_per_call == 0.0
+
+
 def test_empty_run_and_bad_round():
     j = Telemetry().to_json()
     assert j["tau"] == 1.0 and j["tokens_per_s"] == 0.0 and j["acceptance_by_position"] == []
