@@ -11,8 +11,9 @@ Requests take ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
-distribution before temperature / top-k / top-p, as vLLM reports by default); other fields
-are ignored, ``n`` > 1 is refused. Each response carries a
+distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
+(up to 16 choices, decoded one after another, choice i with seed + i); other fields are
+ignored. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused.
@@ -47,6 +48,7 @@ from specrt.errors import UserError
 MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
+MAX_N = 16  # choices a request may ask for (decoded one after another)
 
 
 class BadRequest(Exception):
@@ -166,8 +168,7 @@ class Server:
                 prompt = prompt[0]
             if not isinstance(prompt, str) or not prompt:
                 raise BadRequest("'prompt' must be a non-empty string (one prompt a request)", "prompt")
-        if _number(body, "n", 1, int, 1) != 1:
-            raise BadRequest("'n' > 1 is not supported: one answer a request", "n")
+        n = _number(body, "n", 1, int, 1, MAX_N)
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         max_new = _number(body, name, self.max_new_tokens, int, 1)
         d = self.defaults
@@ -194,43 +195,54 @@ class Server:
         else:
             logprobs = _number(body, "logprobs", None, int, 0, 20)
         opts = body.get("stream_options") or {}
-        return {"logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+        return {"n": n, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
     def complete(self, req: dict) -> Iterator[dict]:
-        """{'text': piece, 'logprobs': the entries of the tokens since the last piece, or
-        None} as tokens are accepted, then a final dict: finish reason, usage and the
-        entries no piece carried (an EOS token writes no text). The caller holds the lock for
-        the whole of it."""
-        s = self.session
-        s.generator = self._generator(req["params"])
-        t0 = time.perf_counter()
-        lp = req["logprobs"]
-        gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
-                       logprobs=lp)
-        sent = 0
-        try:
-            for piece in gen:
-                entries = None
-                if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
-                    n = len(s.last_output_ids)
-                    entries, sent = s.logprob_entries(sent, n), n
-                yield {"text": piece, "logprobs": entries}
-        finally:
-            gen.close()
-        st = s.stats()
-        reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
-        n_out = len(st["output_token_ids"])
-        self.log(f"[{st['prompt_tokens']} prompt tokens ({st['prefix_reused']} reused), {n_out} new in "
-                 f"{time.perf_counter() - t0:.2f} s, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}, "
-                 f"{st['tokens_per_call']:.2f} tokens a target call, "
-                 f"{req['params'].mode}, finish {reason}]")
-        yield {"finish_reason": reason, "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None,
-               "usage": {"prompt_tokens": st["prompt_tokens"], "completion_tokens": n_out,
-                         "total_tokens": st["prompt_tokens"] + n_out},
-               "specrt": {"tau": st["tau"], "tokens_per_call": st["tokens_per_call"], "tokens_per_s": st["tokens_per_s"], "first_token_s": st["first_token_s"],
-                          "prefix_reused": st["prefix_reused"], "governor": s.governor_spec,
-                          "mode": req["params"].mode}}
+        """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
+        'logprobs': the entries of the tokens since its last piece, or None} as tokens are
+        accepted, then {'index': i, 'finish_reason': ..., 'logprobs': the entries no piece
+        carried (an EOS token writes no text)}; last {'usage', 'specrt'} of the whole request.
+        Choice i samples with seed + i where a seed is given; after the first, each prefills
+        almost nothing (prefix reuse). The caller holds the lock for the whole of it."""
+        from dataclasses import replace
+
+        from specrt.runtime.telemetry import Telemetry
+
+        s, lp, params = self.session, req["logprobs"], req["params"]
+        t0, total, completion, prompt_tokens = time.perf_counter(), Telemetry(), 0, 0
+        for i in range(req["n"]):
+            s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
+            gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
+                           logprobs=lp)
+            sent = 0
+            try:
+                for piece in gen:
+                    entries = None
+                    if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
+                        n = len(s.last_output_ids)
+                        entries, sent = s.logprob_entries(sent, n), n
+                    yield {"index": i, "text": piece, "logprobs": entries}
+            finally:
+                gen.close()
+            st = s.stats()
+            total.merge(s.generator.telemetry)
+            n_out, prompt_tokens = len(st["output_token_ids"]), st["prompt_tokens"]
+            completion += n_out
+            reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
+            yield {"index": i, "finish_reason": reason,
+                   "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None}
+        t = total.to_json()
+        choices = "" if req["n"] == 1 else f"in {req['n']} choices "
+        self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
+                 f"{choices}in {time.perf_counter() - t0:.2f} s, "
+                 f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a target "
+                 f"call, {params.mode}, finish {reason}]")
+        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                         "total_tokens": prompt_tokens + completion},
+               "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
+                          "first_token_s": t["first_token_s"], "prefix_reused": t["prefix_reused"],
+                          "governor": s.governor_spec, "mode": params.mode}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -288,7 +300,15 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
         pieces = app.complete(req)
-        lp = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"] or 0)
+        formats: dict[int, Any] = {}  # choice -> its logprobs format (completions count text offsets a choice)
+
+        def lp(i: int, entries: list[dict] | None):
+            if req["logprobs"] is None:
+                return None
+            if i not in formats:
+                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"])
+            return formats[i](entries or [])
+
         try:
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
         except UserError as e:
@@ -299,44 +319,59 @@ class Handler(BaseHTTPRequestHandler):
             app.log(f"[error: {type(e).__name__}: {e}]")
             return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
         if not req["stream"]:
-            text, entries, last = [], [], first
+            text: dict[int, list[str]] = {}
+            entries: dict[int, list[dict]] = {}
+            finish: dict[int, str] = {}
+            last = first
             try:
-                while "text" in last:
-                    text.append(last["text"])
-                    entries += last["logprobs"] or []
+                while "usage" not in last:
+                    i = last["index"]
+                    if "text" in last:
+                        text.setdefault(i, []).append(last["text"])
+                    else:
+                        finish[i] = last["finish_reason"]
+                    entries.setdefault(i, []).extend(last["logprobs"] or [])
                     last = next(pieces)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
-            content = "".join(text)
-            logprobs = lp(entries + last["logprobs"]) if last["logprobs"] is not None else None
-            choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
-                      if chat else {"index": 0, "text": content, "logprobs": logprobs})
+            choices = []
+            for i in range(req["n"]):
+                content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []))
+                choice = ({"index": i, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
+                          if chat else {"index": i, "text": content, "logprobs": logprobs})
+                choices.append({**choice, "finish_reason": finish[i]})
             return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
-                                         "choices": [{**choice, "finish_reason": last["finish_reason"]}],
-                                         "usage": last["usage"], "specrt": last["specrt"]})
+                                         "choices": choices, "usage": last["usage"], "specrt": last["specrt"]})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def event(delta: dict | None, finish=None, entries=None, **extra) -> None:
-            choice = ({"index": 0, "delta": delta or {}} if chat else {"index": 0, "text": (delta or {}).get("content", "")})
+        def event(i: int, delta: dict | None, finish=None, entries=None, **extra) -> None:
+            choice = ({"index": i, "delta": delta or {}} if chat else {"index": i, "text": (delta or {}).get("content", "")})
             if req["logprobs"] is not None:
-                choice["logprobs"] = lp(entries or [])
+                choice["logprobs"] = lp(i, entries)
             payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}], **extra}
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             self.wfile.flush()
 
         try:
-            if chat:
-                event({"role": "assistant", "content": ""})
-            item = first
-            while "text" in item:
-                event({"content": item["text"]}, entries=item["logprobs"])
+            item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
+            while "usage" not in item:
+                i = item["index"]
+                if chat and i not in started:
+                    started.add(i)
+                    event(i, {"role": "assistant", "content": ""})
+                if "text" in item:
+                    event(i, {"content": item["text"]}, entries=item["logprobs"])
+                elif i < req["n"] - 1:
+                    event(i, None, item["finish_reason"], entries=item["logprobs"])
+                else:
+                    held = item
                 item = next(pieces)
-            event(None, item["finish_reason"], entries=item["logprobs"], specrt=item["specrt"])
+            event(held["index"], None, held["finish_reason"], entries=held["logprobs"], specrt=item["specrt"])
             if req["usage_chunk"]:
                 self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
                                                          "usage": item["usage"]}).encode() + b"\n\n")

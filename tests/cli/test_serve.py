@@ -177,7 +177,7 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 0}, "max_tokens", "'max_tokens' must be"),
     ({"messages": [{"role": "user", "content": "w1"}], "temperature": -1}, "temperature", ">= 0.0"),
     ({"messages": [{"role": "user", "content": "w1"}], "top_p": 0}, "top_p", "'top_p' must be"),
-    ({"messages": [{"role": "user", "content": "w1"}], "n": 2}, "n", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "n": 17}, "n", "<= 16"),
     ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
     ({"messages": [{"role": "user", "content": "w1 " * 500}]}, None, "context limit"),
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": 2}, "logprobs", "true or false"),
@@ -257,6 +257,40 @@ def test_logprobs_are_target_only_decodings_plain_and_streamed(served, worded): 
         words = Text(worded.parent / "exp")
         ids = st["output_token_ids"]
         assert [o for x in lps for o in x["text_offset"]] == [len(words.decode(ids[:i])) for i in range(len(ids))]
+
+
+def test_n_choices_are_seeds_one_after_another(served, worded):  # noqa: F811
+    """``n`` > 1: choice i is the session's answer with seed + i (greedy: n equal answers),
+    streamed choice by choice with their indexes; usage counts the prompt once and every
+    choice's tokens; completions' logprobs count text offsets a choice."""
+    url, _ = served
+    conv = [{"role": "user", "content": "w9 w2 w9"}]
+    p = SamplingParams(temperature=1.0, seed=40)
+    want = [_reference(worded, conv, params=SamplingParams(temperature=1.0, seed=40 + i)) for i in range(3)]
+    assert len({w[0] for w in want}) > 1  # the seeds differ in what they draw
+    body = {"messages": conv, "max_tokens": 6, "n": 3, "temperature": p.temperature, "seed": p.seed}
+    code, r = _post(url, "/v1/chat/completions", body)
+    assert code == 200, r
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in r["choices"]] == [w[0] for w in want]
+    assert r["usage"]["prompt_tokens"] == want[0][1]["prompt_tokens"]
+    assert r["usage"]["completion_tokens"] == sum(len(w[1]["output_token_ids"]) for w in want)
+    # choices 1 and 2 reuse the prompt (all but the 2 rows a prefill computes at least)
+    assert r["specrt"]["prefix_reused"] >= 2 * (r["usage"]["prompt_tokens"] - 2)
+    code, events = _post(url, "/v1/chat/completions", {**body, "stream": True})
+    assert code == 200
+    got = {}
+    for e in events:
+        for c in e["choices"]:
+            got.setdefault(c["index"], []).append(c["delta"].get("content", ""))
+    assert ["".join(got[i]) for i in range(3)] == [w[0] for w in want]
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]] == \
+        [c["finish_reason"] for c in r["choices"]] and "specrt" in events[-1]
+    _, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 6, "n": 2})
+    assert r["choices"][0]["message"] == r["choices"][1]["message"]  # greedy
+    _, r = _post(url, "/v1/completions", {"prompt": "w11 w12 w5", "max_tokens": 4, "n": 2, "logprobs": 0})
+    assert [c["logprobs"]["text_offset"][0] for c in r["choices"]] == [0, 0]
+    assert [c["logprobs"]["tokens"] for c in r["choices"]] == [c["text"].split() for c in r["choices"]]
 
 
 def test_models_health_and_unknown_paths(served):
