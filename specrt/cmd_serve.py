@@ -4,7 +4,7 @@
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
-    GET  /v1/models, /health
+    GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits)
 
 Requests take ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
@@ -118,6 +118,74 @@ class _CompletionLogprobs:
                 if self.top else None, "text_offset": offsets}
 
 
+class Metrics:
+    """The server's counters in Prometheus' text format (GET /metrics): requests by endpoint
+    and status, tokens, the speculation's rounds (acceptance = accepted / verified draft
+    tokens; tokens a target call = (completion tokens - prompts) / target calls), requests
+    waiting for the engines, and histograms of the wait, the time to the first text and the
+    whole request, each from the request's arrival."""
+
+    BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+    COUNTERS = {  # name -> help; all *_total counters
+        "prompt_tokens": "Prompt tokens, each choice's counted (prefill plus reused rows).",
+        "prompt_tokens_reused": "Prompt tokens whose KV rows an earlier request left (prefix reuse).",
+        "completion_tokens": "Tokens generated into answers.",
+        "target_calls": "Target engine calls after the prefills (decode steps, verify rounds, lookup rounds).",
+        "draft_rounds": "Rounds that verified draft tokens.",
+        "draft_tokens_verified": "Draft tokens put to the target.",
+        "draft_tokens_accepted": "Draft tokens the target accepted.",
+        "lookup_rounds": "Rounds that verified prompt lookup's tokens instead of drafts.",
+        "generation_seconds": "Seconds spent generating (prefill included, queueing not).",
+    }
+    HISTOGRAMS = {
+        "queue_wait_seconds": "Seconds a request waited for the engines (one stream at a time).",
+        "time_to_first_token_seconds": "Seconds from a request's arrival to its first text.",
+        "request_seconds": "Seconds from a request's arrival to the end of its response.",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = {}
+        self.counts = dict.fromkeys(self.COUNTERS, 0.0)
+        self.hists = {h: [0] * (len(self.BUCKETS) + 1) + [0.0] for h in self.HISTOGRAMS}  # buckets, +Inf, sum
+        self.waiting = 0
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self.lock:
+            self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
+
+    def observe(self, name: str, seconds: float) -> None:
+        with self.lock:
+            h = self.hists[name]
+            h[next((i for i, b in enumerate(self.BUCKETS) if seconds <= b), len(self.BUCKETS))] += 1
+            h[-1] += seconds
+
+    def add(self, **counts: float) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                self.counts[k] += v
+
+    def render(self) -> str:
+        with self.lock:
+            out = ["# HELP specrt_requests_total Requests answered, by endpoint and HTTP status.",
+                   "# TYPE specrt_requests_total counter"]
+            out += [f'specrt_requests_total{{endpoint="{e}",status="{c}"}} {n}'
+                    for (e, c), n in sorted(self.requests.items())]
+            for k, text in self.COUNTERS.items():
+                out += [f"# HELP specrt_{k}_total {text}", f"# TYPE specrt_{k}_total counter",
+                        f"specrt_{k}_total {self.counts[k]:g}"]
+            out += ["# HELP specrt_requests_waiting Requests waiting for the engines.",
+                    "# TYPE specrt_requests_waiting gauge", f"specrt_requests_waiting {self.waiting}"]
+            for k, text in self.HISTOGRAMS.items():
+                h, cum = self.hists[k], 0
+                out += [f"# HELP specrt_{k} {text}", f"# TYPE specrt_{k} histogram"]
+                for b, n in zip((*map(str, self.BUCKETS), "+Inf"), h[:-1]):
+                    cum += n
+                    out.append(f'specrt_{k}_bucket{{le="{b}"}} {cum}')
+                out += [f"specrt_{k}_sum {h[-1]:g}", f"specrt_{k}_count {cum}"]
+        return "\n".join(out) + "\n"
+
+
 class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
@@ -129,6 +197,7 @@ class Server:
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
         self.generators = {defaults.mode: self.session.generator}
         self.lock = threading.Lock()
+        self.metrics = Metrics()
 
     def close(self) -> None:
         self.session.close()
@@ -233,6 +302,11 @@ class Server:
             yield {"index": i, "finish_reason": reason,
                    "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None}
         t = total.to_json()
+        lk = t["lookup"]["rounds"]
+        self.metrics.add(prompt_tokens=t["prompt_tokens"], prompt_tokens_reused=t["prefix_reused"],
+                         completion_tokens=completion, target_calls=t["rounds"], draft_rounds=t["draft_rounds"],
+                         draft_tokens_verified=t["drafted"], draft_tokens_accepted=t["accepted"], lookup_rounds=lk,
+                         generation_seconds=time.perf_counter() - t0)
         choices = "" if req["n"] == 1 else f"in {req['n']} choices "
         self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
                  f"{choices}in {time.perf_counter() - t0:.2f} s, "
@@ -253,6 +327,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _send_json(self, status: int, obj: dict) -> None:
+        if getattr(self, "_endpoint", None):  # a POST's answer
+            self.app.metrics.request(self._endpoint, status)
         data = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -270,14 +346,23 @@ class Handler(BaseHTTPRequestHandler):
                                                               "owned_by": "specrt", "created": 0}]})
         elif self.path.rstrip("/") == "/health":
             self._send_json(200, {"status": "ok"})
+        elif self.path.rstrip("/") == "/metrics":
+            data = self.app.metrics.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._error(BadRequest(f"no such path: GET {self.path}", status=404))
 
     def do_POST(self):
+        self._arrived = time.perf_counter()
         path = self.path.rstrip("/")
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path not in ("/v1/completions", "/completions"):
             return self._error(BadRequest(f"no such path: POST {self.path}", status=404))
+        self._endpoint = "chat" if chat else "completions"
         try:
             size = int(self.headers.get("Content-Length") or 0)
             if not 0 < size <= MAX_BODY:
@@ -291,8 +376,15 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(e)
         except UserError as e:
             return self._error(BadRequest(str(e)))
+        m = self.app.metrics
+        with m.lock:
+            m.waiting += 1
         with self.app.lock:
+            with m.lock:
+                m.waiting -= 1
+            m.observe("queue_wait_seconds", time.perf_counter() - self._arrived)
             self._respond(req, chat)
+        m.observe("request_seconds", time.perf_counter() - self._arrived)
 
     def _respond(self, req: dict, chat: bool) -> None:
         app = self.app
@@ -318,6 +410,7 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # an engine failure: an error response, the server goes on
             app.log(f"[error: {type(e).__name__}: {e}]")
             return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
+        app.metrics.observe("time_to_first_token_seconds", time.perf_counter() - self._arrived)
         if not req["stream"]:
             text: dict[int, list[str]] = {}
             entries: dict[int, list[dict]] = {}
@@ -343,6 +436,7 @@ class Handler(BaseHTTPRequestHandler):
                 choices.append({**choice, "finish_reason": finish[i]})
             return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
                                          "choices": choices, "usage": last["usage"], "specrt": last["specrt"]})
+        app.metrics.request(self._endpoint, 200)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -408,7 +502,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
-    /v1/completions, /v1/models), one stream at a time, each conversation's next turn
+    /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
     from specrt.runtime.sampling import SamplingParams
 

@@ -293,6 +293,48 @@ def test_n_choices_are_seeds_one_after_another(served, worded):  # noqa: F811
     assert [c["logprobs"]["tokens"] for c in r["choices"]] == [c["text"].split() for c in r["choices"]]
 
 
+def test_metrics_count_what_the_requests_did(worded):  # noqa: F811
+    """GET /metrics (Prometheus text): on a server of its own, after two chat requests (one
+    streamed), one completion and one bad request, the counters are the responses' sums."""
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        rs = [_post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w4 w5"}]})[1],
+              _post(url, "/v1/completions", {"prompt": "w3 w1 w4", "max_tokens": 5})[1]]
+        _, events = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w6"}],
+                                                        "stream": True, "stream_options": {"include_usage": True}})
+        rs.append(events[-1])
+        assert _post(url, "/v1/chat/completions", {"messages": []})[0] == 400
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            assert r.headers.get("Content-Type").startswith("text/plain; version=0.0.4")
+            text = r.read().decode()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+    m = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            m[k] = float(v)
+    assert m['specrt_requests_total{endpoint="chat",status="200"}'] == 2
+    assert m['specrt_requests_total{endpoint="completions",status="200"}'] == 1
+    assert m['specrt_requests_total{endpoint="chat",status="400"}'] == 1
+    for k in ("prompt_tokens", "completion_tokens"):
+        assert m[f"specrt_{k}_total"] == sum(r["usage"][k] for r in rs), k
+    assert m["specrt_draft_tokens_accepted_total"] <= m["specrt_draft_tokens_verified_total"]
+    assert m["specrt_draft_rounds_total"] > 0 and m["specrt_target_calls_total"] >= m["specrt_draft_rounds_total"]
+    assert m["specrt_requests_waiting"] == 0 and m["specrt_generation_seconds_total"] > 0
+    for h in ("queue_wait_seconds", "time_to_first_token_seconds", "request_seconds"):
+        assert m[f'specrt_{h}_bucket{{le="+Inf"}}'] == m[f"specrt_{h}_count"] == 3, h
+        assert m[f"specrt_{h}_sum"] >= 0
+    assert m["specrt_request_seconds_sum"] >= m["specrt_time_to_first_token_seconds_sum"]
+
+
 def test_models_health_and_unknown_paths(served):
     url, _ = served
     assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
