@@ -198,6 +198,7 @@ class Server:
         self.generators = {defaults.mode: self.session.generator}
         self.lock = threading.Lock()
         self.metrics = Metrics()
+        self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
 
     def close(self) -> None:
         self.session.close()
@@ -338,9 +339,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, e: BadRequest) -> None:
         kind = "invalid_request_error" if e.status < 500 else "server_error"
+        kind = "authentication_error" if e.status == 401 else kind
         self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": None}})
 
+    def _authorised(self) -> bool:
+        """With ``--api-key`` (Server.api_key), the /v1 paths need ``Authorization: Bearer KEY``
+        (as OpenAI's clients send it); /health and /metrics stay open."""
+        key = self.app.api_key
+        if not key or self.path.rstrip("/") in ("/health", "/metrics"):
+            return True
+        import hmac
+
+        got = self.headers.get("Authorization") or ""
+        if got.startswith("Bearer ") and hmac.compare_digest(got[len("Bearer "):].encode(), key.encode()):
+            return True
+        self._error(BadRequest("missing or wrong API key (expected the header 'Authorization: Bearer KEY')",
+                               status=401))
+        return False
+
     def do_GET(self):
+        if not self._authorised():
+            return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._send_json(200, {"object": "list", "data": [{"id": self.app.model, "object": "model",
                                                               "owned_by": "specrt", "created": 0}]})
@@ -358,6 +377,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self._arrived = time.perf_counter()
+        if not self._authorised():
+            return
         path = self.path.rstrip("/")
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path not in ("/v1/completions", "/completions"):
@@ -500,7 +521,9 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="A request's temperature when it gives none (0 = greedy).")
 @click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
-def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name) -> None:
+@click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
+              "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
+def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
@@ -508,7 +531,10 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
 
     if not engines_dir.is_dir():
         raise UserError(f"{engines_dir}: no such engines folder")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key: expected a non-empty key")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "")
+    app.api_key = api_key
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
         app.model = Path(folder).name if folder else engines_dir.resolve().name
@@ -522,7 +548,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         h, p = httpd.server_address[:2]
         click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
                    f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
-                   "/v1/models); Ctrl-C stops", err=True)
+                   f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
         sys.stderr.flush()
         try:
             httpd.serve_forever()

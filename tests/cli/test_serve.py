@@ -335,6 +335,51 @@ def test_metrics_count_what_the_requests_did(worded):  # noqa: F811
     assert m["specrt_request_seconds_sum"] >= m["specrt_time_to_first_token_seconds_sum"]
 
 
+def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
+    """``--api-key``: /v1 requests without ``Authorization: Bearer KEY``, or with another key,
+    get 401 with OpenAI's error object; with it they are answered; /health and /metrics stay
+    open; the command refuses an empty key."""
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
+    app.api_key = "s3cret"
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    def call(path, key=None, body=None):
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    chat = {"messages": [{"role": "user", "content": "w4"}]}
+    try:
+        for key in (None, "wrong", "s3cret "):
+            code, body = call("/v1/chat/completions", key, chat)
+            err = json.loads(body)["error"]
+            assert code == 401 and err["type"] == "authentication_error" and "API key" in err["message"], body
+            assert call("/v1/models", key)[0] == 401
+        code, body = call("/v1/chat/completions", "s3cret", chat)
+        assert code == 200 and json.loads(body)["usage"]["completion_tokens"] >= 1
+        assert call("/v1/models", "s3cret")[0] == 200
+        assert call("/health")[0] == 200 and call("/metrics")[0] == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(worded), "--api-key", " "])
+    assert r.exit_code == 1 and "--api-key: expected a non-empty key" in r.output, r.output
+
+
 def test_models_health_and_unknown_paths(served):
     url, _ = served
     assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
