@@ -44,12 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-PEERS = ("hf", "hf-lookup", "ortgenai", "ortgenai-int8", "ortgenai-int4")
 # onnxruntime-genai's builder precisions, by peer name: int8 / int4 are its weight-only
 # MatMulNBits builds (RTN, symmetric, blocks of 32, accuracy level 4 on CPU: the scheme of
 # tools/exp_quantized_target.py's experimental targets), what a CPU user may pick instead
 # of a float model; another model than the target (results/quantized_targets)
 ORTGENAI_PRECISION = {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
+# every peer this file runs: specrt/cmd_bench.py KNOWN_PEERS names the same (its --peers
+# check runs without this file; tests/cli/test_bench.py holds the two equal)
+PEERS = ("hf", "hf-lookup", *ORTGENAI_PRECISION)
 # The onnxruntime-genai 0.18 model builder imports onnx_ir, which its wheel does not
 # declare; tools/gen_chat_data.py installs it into this folder of the specrt cache.
 BUILDER_DEPS = "ort-builder-deps"

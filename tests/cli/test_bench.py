@@ -455,6 +455,9 @@ def test_quantized_onnxruntime_genai_peers_are_known():
     lib = load_bench_lib()
     assert lib.ORTGENAI_PRECISION == {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
     tiny = REFERENCE_PAIR.resolve() / "verifier"
+    from specrt.cmd_bench import KNOWN_PEERS
+
+    assert sorted(lib.PEERS) == sorted(KNOWN_PEERS)  # the --peers check and the peers run agree
     for peer in ("ortgenai-int8", "ortgenai-int4"):
         assert peer in lib.PEERS
         assert "tokenizer.json" in lib.peer_unavailable(peer, tiny)
