@@ -144,9 +144,16 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         raise UserError(f"--precision {prec}: ONNX Runtime runs the graph in its exported dtype ({dtype}); "
                         f"re-export with --dtype {PRECISIONS[prec]}")
     limit = int(exp["target"]["max_position_embeddings"])
+    window = exp["target"].get("decoder", {}).get("sliding_window")
+    why = "the target's max_position_embeddings"
+    if window is not None and window < limit:  # specrt's graphs attend to the whole context
+        limit, why = int(window), (f"the target's sliding window: past {window} tokens the model attends to the "
+                                   f"last {window} only, which specrt's full-attention graphs do not do")
+        if max_context is None:
+            log(f"note: context limit {limit}, the target's sliding window")
     ctx = limit if max_context is None else int(max_context)
     if not 0 < ctx <= limit:
-        raise UserError(f"--max-context {ctx} must be in 1..{limit} (the target's max_position_embeddings)")
+        raise UserError(f"--max-context {ctx} must be in 1..{limit} ({why})")
     draft_kind = (exp.get("draft") or {}).get("kind")
     if draft_kind == "peagle" and max(depth_list) > exp["draft"]["speculative_tokens"]:
         log(f"note: depth {max(depth_list)} is deeper than the {exp['draft']['speculative_tokens']} tokens the "

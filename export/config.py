@@ -81,6 +81,9 @@ class DecoderConfig:
     max_position_embeddings: int
     qk_norm: bool
     qkv_bias: bool
+    # the attention window transformers gives some layer (sliding_window_of); None: every layer
+    # attends to the whole context, as specrt's graphs do. Within it the two are the same.
+    sliding_window: int | None = None
 
     @property
     def q_size(self) -> int:
@@ -91,7 +94,10 @@ class DecoderConfig:
         return self.num_kv_heads * self.head_dim
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["sliding_window"] is None:  # (exports of models without one read as before)
+            del d["sliding_window"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "DecoderConfig":
@@ -241,6 +247,31 @@ def _rope(f: _Fields, head_dim: int) -> RopeConfig:
     )
 
 
+def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | None:
+    """The attention window transformers applies to some layer of this config, as its
+    classes read it: Mistral to every layer, ``sliding_window`` (4096 when the key is
+    absent, none when null); Qwen2 / Qwen3 only with ``use_sliding_window`` true, to the
+    layers ``layer_types`` marks "sliding_attention" (without it, those from
+    ``max_window_layers``, 28 by default, on); Llama never."""
+    if model_type == "llama":
+        return None
+    qwen = model_type in ("qwen2", "qwen3")
+    if qwen and not f.bool("use_sliding_window", required=False, default=False):
+        return None
+    window = f.int("sliding_window", required=False) if "sliding_window" in f.data else 4096
+    if window is None:
+        return None
+    if qwen:
+        types = f.list("layer_types", required=False)
+        if types is not None:
+            sliding = "sliding_attention" in types
+        else:
+            sliding = f.int("max_window_layers", required=False, default=28, minimum=0) < num_layers
+        if not sliding:
+            return None
+    return window
+
+
 def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = None) -> DecoderConfig:
     f = _Fields(data, where)
     model_type = f.str("model_type")
@@ -268,10 +299,11 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
         raise UserError(f"{where}: mlp_bias=true is not supported")
     qkv_bias = arch["qkv_bias"] or f.bool("attention_bias", required=False, default=False)
     tie = f.bool("tie_word_embeddings", required=tie_default is None, default=tie_default)
+    layers = f.int("num_hidden_layers")
     return DecoderConfig(
         model_type=model_type,
         hidden_size=hidden,
-        num_layers=f.int("num_hidden_layers"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -283,6 +315,7 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
         max_position_embeddings=f.int("max_position_embeddings", required=False, default=4096),
         qk_norm=arch["qk_norm"],
         qkv_bias=bool(qkv_bias),
+        sliding_window=sliding_window_of(f, model_type, layers),
     )
 
 

@@ -39,12 +39,13 @@ def _randomise(model, seed: int, scale: float = 0.1) -> None:
 
 
 def write_tiny_target(path: Path, model_type: str = "llama", tied: bool = False, seed: int = 0, **overrides) -> Path:
-    """Save a tiny random ``{Llama,Qwen3,Qwen2}ForCausalLM`` to ``path``; returns ``path``."""
+    """Save a tiny random ``{Llama,Qwen3,Qwen2,Mistral}ForCausalLM`` to ``path``; returns ``path``."""
     import transformers
 
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+               "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}
     cfg_cls, model_cls = classes[model_type]
     cfg = cfg_cls(**{**TINY, "tie_word_embeddings": tied, **overrides})
     model = model_cls(cfg)
