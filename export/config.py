@@ -225,6 +225,13 @@ def _rope(f: _Fields, head_dim: int) -> RopeConfig:
         theta = f.float("rope_theta", required=False, default=10000.0)
     else:
         theta = params.float("rope_theta", required=False) or f.float("rope_theta")
+    # transformers rotates only this share of each head's dimensions (for every rope type;
+    # it moves a top-level one into rope_parameters); specrt's graphs rotate all of them
+    for where in (f, params):
+        prf = where.float("partial_rotary_factor", required=False) if where is not None else None
+        if prf is not None and prf != 1.0:
+            raise UserError(f"{where.where}: partial_rotary_factor {prf:g} is not supported (RoPE on the whole "
+                            "head only, 1.0)")
     if params is None:
         return RopeConfig("default", theta, head_dim)
     rope_type = params.str("rope_type", required=False) or params.str("type", required=False) or "default"

@@ -86,3 +86,15 @@ def test_the_context_limit_stops_at_a_sliding_window(tmp_path):
         build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng2", log=lambda s: None,
                       profile_repeats=1, profile_pasts=(4,), max_context=9)
     assert not (tmp_path / "eng2").exists()
+
+
+@pytest.mark.parametrize("fields", [{"partial_rotary_factor": 0.5},
+                                    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                         "partial_rotary_factor": 0.25}}])
+def test_partial_rotary_embeddings_are_refused(fields):
+    """transformers would rotate only part of each head (any rope type): refused, naming it;
+    1.0 reads as the default."""
+    with pytest.raises(UserError, match="partial_rotary_factor 0.25|partial_rotary_factor 0.5"):
+        parse_decoder({**BASE, "model_type": "llama", **fields}, "config.json")
+    cfg = parse_decoder({**BASE, "model_type": "llama", "partial_rotary_factor": 1.0}, "config.json")
+    assert cfg.rope.rope_type == "default"
