@@ -12,8 +12,10 @@ OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds th
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
-(up to 16 choices, decoded one after another, choice i with seed + i); other fields are
-ignored. Each response carries a
+(up to 16 choices, decoded one after another, choice i with seed + i). Fields that would
+change the output and that specrt does not do (penalties, min_p, logit_bias, echo,
+best_of, suffix, tools, a JSON response format) are refused with 400 unless they hold
+their neutral value; others (user, metadata, ...) are ignored. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused.
@@ -70,6 +72,24 @@ def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=Fals
         rng = ("" if lo is None else f" {'>' if lo_open else '>='} {lo}") + ("" if hi is None else f", <= {hi}")
         raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}{rng}; got {v!r}", name)
     return kind(v)
+
+
+# Fields that would change what is generated and that specrt does not do: refused unless
+# they hold their neutral value, so that no client gets output it did not ask for. (Others,
+# e.g. user, metadata, service_tier, change nothing here and are ignored.)
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+           "min_p": (0, 0.0), "logit_bias": ({},), "echo": (False,), "best_of": (1,), "suffix": ("",),
+           "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
+
+
+def _unsupported(body: dict) -> None:
+    for name, neutral in NEUTRAL.items():
+        v = body.get(name)
+        if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
+            raise BadRequest(f"'{name}' is not supported (got {v!r}; only {neutral[0]!r} or leaving it out)", name)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise BadRequest(f"'response_format' {fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -238,6 +258,7 @@ class Server:
                 prompt = prompt[0]
             if not isinstance(prompt, str) or not prompt:
                 raise BadRequest("'prompt' must be a non-empty string (one prompt a request)", "prompt")
+        _unsupported(body)
         n = _number(body, "n", 1, int, 1, MAX_N)
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         max_new = _number(body, name, self.max_new_tokens, int, 1)

@@ -184,6 +184,17 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs",
      "<= 20"),
     ({"messages": [{"role": "user", "content": "w1"}], "top_logprobs": 2}, "top_logprobs", "needs 'logprobs'"),
+    ({"messages": [{"role": "user", "content": "w1"}], "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "frequency_penalty": True}, "frequency_penalty",
+     "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "logit_bias": {"3": 5}}, "logit_bias", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "tool_choice": "required"}, "tool_choice", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "response_format": {"type": "json_object"}},
+     "response_format", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "echo": True}, "echo", "not supported"),
+    ({"messages": [{"role": "user", "content": "w1"}], "repetition_penalty": 1.1}, "repetition_penalty",
+     "not supported"),
 ])
 def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(served, body, param, words):
     url, _ = served
@@ -378,6 +389,22 @@ def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
 
     r = CliRunner().invoke(main, ["serve", str(worded), "--api-key", " "])
     assert r.exit_code == 1 and "--api-key: expected a non-empty key" in r.output, r.output
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(served, worded):  # noqa: F811
+    """What clients send by default (zero penalties, empty tools, tool_choice none / auto, text
+    response format, echo false, best_of 1) changes nothing and is answered as without it."""
+    url, _ = served
+    conv = [{"role": "user", "content": "w4 w2"}]
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0,
+               "logit_bias": {}, "tools": [], "tool_choice": "auto", "response_format": {"type": "text"},
+               "user": "someone", "metadata": {"a": "b"}}
+    code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 5, **neutral})
+    assert code == 200, r
+    assert r["choices"][0]["message"]["content"] == _reference(worded, conv, max_new_tokens=5)[0]
+    code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 5, "echo": False, "best_of": 1,
+                                             "suffix": ""})
+    assert code == 200, r
 
 
 def test_models_health_and_unknown_paths(served):
