@@ -14,6 +14,7 @@ Temperature 0 is greedy: ``probs`` returns the one-hot of the argmax (first maxi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -151,18 +152,22 @@ class TokenLogprob(NamedTuple):
 
 def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]:
     """rows [n, V] (the target's logits for each token's position), tokens [n] -> one
-    TokenLogprob each, in float64 (max subtracted before exp). ~0.1 ms a row of 49152."""
+    TokenLogprob each: exp in float32 on one temporary after the max is subtracted, summed
+    in float64 (1e-10 from a float64 log-sum-exp on SmolLM2's rows). ~0.15 ms a row of 49152
+    on the AVX2 host, 0.25 ms with 5 alternatives (a partition), against ~19 ms a token."""
     out = []
     for row, t in zip(np.atleast_2d(rows), tokens):
-        x = np.asarray(row, np.float64)
+        x = np.asarray(row, np.float32)
         m = float(x.max())
         if not np.isfinite(m):
             raise InternalError("target engine produced non-finite logits (logprobs)")
-        lse = m + float(np.log(np.exp(x - m).sum()))
+        e = x - m
+        np.exp(e, out=e)
+        lse = m + math.log(float(e.sum(dtype=np.float64)))
         best: tuple[tuple[int, float], ...] = ()
         if top > 0:
             k = min(top, len(x))
-            idx = np.argpartition(-x, k - 1)[:k] if k < len(x) else np.arange(len(x))
+            idx = np.argpartition(x, len(x) - k)[len(x) - k:]
             idx = idx[np.lexsort((idx, -x[idx]))]
             best = tuple((int(i), float(x[i]) - lse) for i in idx)
         out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
