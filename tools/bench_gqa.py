@@ -1,7 +1,7 @@
 """Attention's share of a verify: ONNX Runtime's GroupQueryAttention per layer, by new rows S and past.
 
     .venv/bin/python tools/bench_gqa.py [--pasts 128,512,1024] [--rows 1,2,3,5,9]
-                                        [--cache-len 2048] [--threads 2] [--repeats 200]
+                                        [--cache-len 2048] [--threads 2] [--repeats 200] [--rows-agree]
 
 The in-place engines run one ``com.microsoft.GroupQueryAttention`` per layer over KV
 buffers of the context limit (export/onnx_ops.py ``ort_attention``; SmolLM2-135M: 9 query
@@ -93,6 +93,35 @@ def measure(pasts, rows, cache_len: int, threads: int, repeats: int, heads=(9, 3
     return out
 
 
+def rows_agree(pasts, rows, cache_len: int, threads: int, heads=(9, 3, 64)) -> dict:
+    """``--rows-agree``: {past: {S: (max |row 0 of an S-row call - the one-row call's|, the
+    same against the two-row call's, whether the K/V row written equals the one-row call's)}}
+    on random q/k/v and caches (one set a past, the same for every S).
+    Measured 2026-12-02 (AVX2 host, pasts 5 / 128 / 511): calls of 2, 3, 5, 9 rows give row 0
+    bit for bit alike (0.0 against the two-row call), their K/V rows equal; against the
+    one-row call 3.6e-7 / 4.5e-8 / 7.5e-8 (results/README.md, "Serving")."""
+    import onnxruntime as ort
+
+    nh, kvh, d = heads
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    s = ort.InferenceSession(gqa_model(nh, kvh, d, cache_len), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    out: dict[int, dict[int, tuple[float, float, bool]]] = {}
+    for past in pasts:
+        ck0, cv0 = ((rng.standard_normal((1, kvh, cache_len, d)) * 0.5).astype(np.float32) for _ in range(2))
+        qkv = rng.standard_normal((1, max(rows), (nh + 2 * kvh) * d)).astype(np.float32)
+        got = {}
+        for S in sorted(set(rows) | {1, 2}):
+            o, ok, _ = s.run(None, {"qkv": qkv[:, :S], "ck": ck0.copy(), "cv": cv0.copy(),
+                                     "seqlens_k": np.array([past + S - 1], np.int32),
+                                     "total": np.array(past + S, np.int32)})
+            got[S] = (o[0, 0], ok[0, :, past])
+        out[past] = {S: (float(np.abs(o - got[1][0]).max()), float(np.abs(o - got[2][0]).max()),
+                         bool((k == got[1][1]).all())) for S, (o, k) in got.items()}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pasts", default="128,512,1024")
@@ -100,12 +129,19 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-len", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--rows-agree", action="store_true",
+                    help="Instead of timing: whether a row comes out the same in calls of different row counts.")
     a = ap.parse_args(argv)
     try:
         pasts = [int(x) for x in a.pasts.split(",")]
         rows = [int(x) for x in a.rows.split(",")]
         if 1 not in rows or min(rows) < 1 or min(pasts) < 0:
             raise ValueError("--rows must include 1 and be >= 1; --pasts >= 0")
+        if a.rows_agree:
+            for past, by in rows_agree(pasts, rows, a.cache_len, a.threads).items():
+                print(f"past {past:5d}: " + "  ".join(f"S={S} vs 1-row {x:.2g} vs 2-row {y:.2g} kv {'=' if k else '!='}"
+                                                       for S, (x, y, k) in by.items()))
+            return 0
         res = measure(pasts, rows, a.cache_len, a.threads, a.repeats)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
