@@ -110,6 +110,7 @@ class Snapshot:
     aux: np.ndarray
     target_rows: tuple
     draft_rows: tuple | None
+    owner: str | None = None  # the stream's Generator.owner
 
 
 @dataclass
@@ -156,6 +157,12 @@ class Generator:
         # SmolLM2) when set aside.
         self.prefix_snapshots = 0
         self._snapshots: list[Snapshot] = []
+        # Whose rows these are: a stream reuses (and swaps in) only rows its own owner's
+        # streams left, so that clients of one server who must not learn of each other's
+        # text cannot, from what or how fast reuse saves (`specrt serve --isolate-clients`:
+        # the request's ``user``). None: everyone's, as one client's.
+        self.owner: str | None = None
+        self._prefix_owner: str | None = None
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
         self.dtype = dtype
@@ -292,7 +299,7 @@ class Generator:
         if not self.reuse_prefix:
             return 0, 0, None
         self._swap_in(prompt)
-        if self._prefix is None:
+        if self._prefix is None or self._prefix_owner != self.owner:
             return 0, 0, None
         ids, chunks = self._prefix
         c = common_prefix(ids, prompt)
@@ -312,9 +319,10 @@ class Generator:
             self._snapshots.clear()
             return
         live_n = min(self.tkv.length, len(self._prefix[0])) if self._prefix is not None else 0
-        live = _reusable_rows(common_prefix(self._prefix[0], prompt), live_n, len(prompt)) if live_n else 0
+        mine = self._prefix_owner == self.owner  # another owner's rows share nothing with this prompt
+        live = _reusable_rows(common_prefix(self._prefix[0], prompt), live_n, len(prompt)) if live_n and mine else 0
         scored = [(_reusable_rows(common_prefix(sn.ids, prompt), len(sn.aux), len(prompt)), i)
-                  for i, sn in enumerate(self._snapshots)]
+                  for i, sn in enumerate(self._snapshots) if sn.owner == self.owner]
         shared, i = max(scored, key=lambda t: t[0], default=(0, -1))  # the first of the best
         if shared > live:
             best = self._snapshots.pop(i)
@@ -322,7 +330,7 @@ class Generator:
             self.tkv.load_rows(best.target_rows)
             if self.dkv is not None:
                 self.dkv.load_rows(best.draft_rows)
-            self._prefix = (best.ids, [best.aux])
+            self._prefix, self._prefix_owner = (best.ids, [best.aux]), best.owner
         elif live_n - live >= SET_ASIDE_ROWS:  # rows the prompt does not share would be overwritten
             self._set_aside(live_n)
 
@@ -333,7 +341,8 @@ class Generator:
             return
         ids, chunks = self._prefix
         self._snapshots.append(Snapshot(list(ids[:n]), _first_rows(chunks, n).copy(), self.tkv.save_rows(n),
-                                        self.dkv.save_rows(min(self.dkv.length, n)) if self.dkv is not None else None))
+                                        self.dkv.save_rows(min(self.dkv.length, n)) if self.dkv is not None else None,
+                                        self._prefix_owner))
         del self._snapshots[: max(0, len(self._snapshots) - self.prefix_snapshots)]
 
     # ---- drafting -------------------------------------------------------------------
@@ -460,7 +469,7 @@ class Generator:
             aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved] if s0 else []) + new_aux)
             # the committed rows' tokens and aux, grown with every round's, for the next stream
             kv_ids, kv_aux = list(prompt), [aux]
-            self._prefix = (kv_ids, kv_aux)
+            self._prefix, self._prefix_owner = (kv_ids, kv_aux), self.owner
             first = self._first_token(out, rng)
             tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]

@@ -26,7 +26,8 @@ gets its own generator, with the governor calibrated for that mode and KV caches
 own (the four most recent modes are kept), so a conversation's next turn reuses the
 rows of its earlier turns and answers (prefix reuse) as `specrt chat` does; each keeps
 SNAPSHOTS other conversations' rows set aside (Generator.prefix_snapshots), so clients
-taking turns keep theirs.
+taking turns keep theirs. Those rows and session growth are shared by every request unless
+``--isolate-clients``: then rows are reused only within one ``user`` and growth is off.
 The standard library's HTTP server: for a local endpoint or behind a proxy, not for
 untrusted networks. Bad requests get HTTP 400 with OpenAI's error object naming the
 field; the server keeps serving.
@@ -210,10 +211,19 @@ class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
     def __init__(self, engines_dir: Path, governor: str, defaults, max_new_tokens: int, model: str,
-                 log=lambda s: click.echo(s, err=True)):
+                 log=lambda s: click.echo(s, err=True), isolate: bool = False):
         from specrt.runtime.session import Session
 
         self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=SNAPSHOTS)
+        # --isolate-clients: rows reused only between requests of one ``user`` (Generator.owner)
+        # and no session growth (its table would propose one client's text to another)
+        self.isolate = isolate
+        if isolate:
+            spec = self.session.governor_spec
+            kept = ":".join(p for p in spec.split(":") if p.lower() != "grow" and not p.lower().startswith("grow="))
+            if kept != spec:
+                self.session.governor_spec = kept
+                self.session.new_governor()
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
         self.generators = {defaults.mode: self.session.generator}
         self.lock = threading.Lock()
@@ -285,8 +295,11 @@ class Server:
             logprobs = (top or 0) if want else None
         else:
             logprobs = _number(body, "logprobs", None, int, 0, 20)
+        user = body.get("user")
+        if user is not None and not isinstance(user, str):
+            raise BadRequest(f"'user' must be a string; got {user!r}", "user")
         opts = body.get("stream_options") or {}
-        return {"n": n, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+        return {"owner": (user or "") if self.isolate else None, "n": n, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
     def complete(self, req: dict) -> Iterator[dict]:
@@ -304,6 +317,7 @@ class Server:
         t0, total, completion, prompt_tokens = time.perf_counter(), Telemetry(), 0, 0
         for i in range(req["n"]):
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
+            s.generator.owner = req["owner"]
             gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
                            logprobs=lp)
             sent = 0
@@ -542,9 +556,14 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="A request's temperature when it gives none (0 = greedy).")
 @click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
+@click.option("--isolate-clients", is_flag=True,
+              help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
+                   "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
+                   "from what reuse or lookup saves. By default all requests share both, as one client's.")
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
-def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, api_key) -> None:
+def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, isolate_clients,
+          api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
@@ -554,7 +573,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         raise UserError(f"{engines_dir}: no such engines folder")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
-    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "")
+    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "",
+                 isolate=isolate_clients)
     app.api_key = api_key
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")

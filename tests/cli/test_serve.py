@@ -407,6 +407,40 @@ def test_neutral_values_of_unsupported_fields_are_accepted(served, worded):  # n
     assert code == 200, r
 
 
+def test_isolated_clients_reuse_only_their_own_rows(worded, served):  # noqa: F811
+    """``--isolate-clients``: a request reuses rows only of requests with its ``user``
+    (the shared server, the contrast: another user's identical prompt reuses them), and
+    ``auto`` loses its session growth; answers as a fresh session's."""
+    from specrt.cmd_serve import Server, make_server
+
+    conv = [{"role": "user", "content": " ".join(["w5 w7 w9 w3"] * 10)}]  # past SET_ASIDE_ROWS
+    url, _ = served
+    _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4, "user": "alice"})
+    _, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4, "user": "bob"})
+    assert r["specrt"]["prefix_reused"] > 30  # shared by default
+    app = Server(worded, "auto", SamplingParams(), 4, "tiny", log=lambda s: None, isolate=True)
+    assert app.session.governor_spec == "dspark:tree=3:ngram"  # auto, less :grow
+    assert not getattr(app.session.generator.governor, "grow", False) and app.session.generator.governor.lookup
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        want = _reference(worded, conv, max_new_tokens=4)[0]
+        reused = {}
+        for user in ("alice", "bob", "alice", None, "bob"):
+            body = {"messages": conv, "max_tokens": 4, **({"user": user} if user else {})}
+            code, r = _post(url, "/v1/chat/completions", body)
+            assert code == 200 and r["choices"][0]["message"]["content"] == want, r
+            reused.setdefault(user, []).append(r["specrt"]["prefix_reused"])
+        assert reused["alice"][0] == reused["bob"][0] == reused[None][0] == 0  # each one's first request
+        assert reused["alice"][1] > 30 and reused["bob"][1] > 30  # their own rows, kept aside meanwhile
+        assert _post(url, "/v1/chat/completions", {"messages": conv, "user": 7})[0] == 400
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
 def test_models_health_and_unknown_paths(served):
     url, _ = served
     assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",

@@ -536,6 +536,34 @@ def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
     assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(long + [2, 2], 4)
 
 
+def test_owners_reuse_only_their_own_rows(pair):
+    """Generator.owner: a stream reuses rows (live or set aside) that its owner's streams
+    left only; another owner's prompt with the very same tokens prefills them all, and the
+    first owner's next turn still finds its rows (set aside, swapped back in). Outputs as a
+    fresh generator's."""
+    _, engines = pair
+    a = list(PROMPT) * 5  # 40 tokens: past SET_ASIDE_ROWS
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    g.owner = "alice"
+    out_a = g.generate(a, 6)
+    g.owner = "bob"
+    out_b = g.generate(a, 6)  # the same prompt, another owner
+    assert g.telemetry.to_json()["prefix_reused"] == 0 and out_b == out_a
+    g.owner = "alice"
+    turn = a + out_a + [1, 2]
+    out = g.generate(turn, 6)
+    assert g.telemetry.to_json()["prefix_reused"] >= len(a) + len(out_a) - 1
+    assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(turn, 6)
+    g.owner = "bob"
+    g.generate(a + [3], 6)
+    assert g.telemetry.to_json()["prefix_reused"] >= len(a) - 1  # bob's own rows, set aside
+    g.owner = None  # no owner: reuses only rows other ownerless streams left, swaps none in
+    g.generate(a, 6)
+    assert g.telemetry.to_json()["prefix_reused"] == 0
+    assert sorted(sn.owner for sn in g._snapshots) == ["alice", "bob"]  # both kept
+
+
 def _hf_logprobs(root: Path, prompt: list[int], out: list[int]) -> np.ndarray:
     """log_softmax of transformers' logits for each of ``out``'s tokens after ``prompt`` [n, V]."""
     import torch
