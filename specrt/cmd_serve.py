@@ -25,7 +25,7 @@ the order they arrive. Each decoding mode (greedy; each temperature / top-k / to
 gets its own generator, with the governor calibrated for that mode and KV caches of its
 own (the four most recent modes are kept), so a conversation's next turn reuses the
 rows of its earlier turns and answers (prefix reuse) as `specrt chat` does; each keeps
-SNAPSHOTS other conversations' rows set aside (Generator.prefix_snapshots), so clients
+SNAPSHOTS (``--prefix-snapshots``) other conversations' rows set aside (Generator.prefix_snapshots), so clients
 taking turns keep theirs. Those rows and session growth are shared by every request unless
 ``--isolate-clients``: then rows are reused only within one ``user`` and growth is off.
 The standard library's HTTP server: for a local endpoint or behind a proxy, not for
@@ -49,7 +49,7 @@ import click
 from specrt.errors import UserError
 
 MAX_MODES = 4  # generators kept, one per decoding mode
-SNAPSHOTS = 4  # other conversations' rows a generator keeps (Generator.prefix_snapshots)
+SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
 
@@ -211,10 +211,11 @@ class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
     def __init__(self, engines_dir: Path, governor: str, defaults, max_new_tokens: int, model: str,
-                 log=lambda s: click.echo(s, err=True), isolate: bool = False):
+                 log=lambda s: click.echo(s, err=True), isolate: bool = False, snapshots: int = SNAPSHOTS):
         from specrt.runtime.session import Session
 
-        self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=SNAPSHOTS)
+        self.snapshots = snapshots
+        self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=snapshots)
         # --isolate-clients: rows reused only between requests of one ``user`` (Generator.owner)
         # and no session growth (its table would propose one client's text to another)
         self.isolate = isolate
@@ -246,7 +247,7 @@ class Server:
         if g is None:
             cal, note = load_calibration(s.engines, params)
             g = Generator(s.engines, make_governor(s.governor_spec, s.engines, cal), params, s.d2t)
-            g.reuse_prefix, g.prefix_snapshots = True, SNAPSHOTS
+            g.reuse_prefix, g.prefix_snapshots = True, self.snapshots
             self.log(f"[{params.mode}: a generator of its own; {note}]")
             while len(self.generators) >= MAX_MODES:
                 self.generators.pop(next(iter(self.generators)))  # the least recently used
@@ -556,14 +557,17 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="A request's temperature when it gives none (0 = greedy).")
 @click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
+@click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,
+              help="Other conversations whose KV rows are kept aside for their next turn (a copy of their rows "
+                   "each: on SmolLM2-135M ~46 KB a token), a decoding mode; the oldest goes first.")
 @click.option("--isolate-clients", is_flag=True,
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
                    "from what reuse or lookup saves. By default all requests share both, as one client's.")
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
-def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, isolate_clients,
-          api_key) -> None:
+def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
+          isolate_clients, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
@@ -574,7 +578,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "",
-                 isolate=isolate_clients)
+                 isolate=isolate_clients, snapshots=prefix_snapshots)
     app.api_key = api_key
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")

@@ -418,7 +418,8 @@ def test_isolated_clients_reuse_only_their_own_rows(worded, served):  # noqa: F8
     _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4, "user": "alice"})
     _, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4, "user": "bob"})
     assert r["specrt"]["prefix_reused"] > 30  # shared by default
-    app = Server(worded, "auto", SamplingParams(), 4, "tiny", log=lambda s: None, isolate=True)
+    app = Server(worded, "auto", SamplingParams(), 4, "tiny", log=lambda s: None, isolate=True, snapshots=3)
+    assert app.session.generator.prefix_snapshots == 3
     assert app.session.governor_spec == "dspark:tree=3:ngram"  # auto, less :grow
     assert not getattr(app.session.generator.governor, "grow", False) and app.session.generator.governor.lookup
     httpd = make_server(app, "127.0.0.1", 0)
