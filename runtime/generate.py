@@ -175,6 +175,12 @@ class Generator:
         # fp32 rows (head_exact) at every call; its argmax stays the screen's.
         self.logprobs: int | None = None
         self.output_logprobs: list[TokenLogprob] = []
+        # prompt_logprobs (None: off): the prompt's tokens' too, from its prefill's rows, in
+        # ``prompt_logprobs_out`` (the first token has none); such a stream prefills the whole
+        # prompt (no prefix reuse: reused rows have no logits) and may ask for 0 new tokens
+        # (a prompt scored only, as `echo` with `max_tokens` 0 does)
+        self.prompt_logprobs: int | None = None
+        self.prompt_logprobs_out: list[TokenLogprob | None] = []
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
         self._corpus: tuple[tuple, Corpus] | None = None  # the loaded corpus file, by (path, mtime, size)
@@ -309,6 +315,15 @@ class Generator:
         d0 = max(0, min(self.dkv.length, s0, c - 1)) if self.dkv is not None else 0
         return s0, d0, _first_rows(chunks, s0)
 
+    def _not_reused(self) -> tuple[int, int, None]:
+        """A stream that reuses nothing (prompt_logprobs): the live rows, when a conversation
+        that snapshots would keep, are set aside first, as another conversation's would be."""
+        if self.reuse_prefix and self.prefix_snapshots > 0 and self._prefix is not None:
+            n = min(self.tkv.length, len(self._prefix[0]))
+            if n >= SET_ASIDE_ROWS:
+                self._set_aside(n)
+        return 0, 0, None
+
     def _swap_in(self, prompt: list[int]) -> None:
         """Prefix snapshots (``prefix_snapshots`` > 0): when a kept snapshot shares more rows
         with ``prompt`` than the live caches do, set the live rows aside as a snapshot and
@@ -434,8 +449,11 @@ class Generator:
         bad = [i for i in prompt if not 0 <= i < self.vocab]
         if bad:
             raise UserError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
-        if max_new_tokens < 1:
-            raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1")
+        scored = self.prompt_logprobs
+        if scored is not None and (isinstance(scored, bool) or not isinstance(scored, int) or scored < 0):
+            raise UserError(f"prompt_logprobs={scored!r}: expected None or an integer >= 0 (alternatives a token)")
+        if max_new_tokens < (0 if scored is not None else 1):
+            raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only when scoring the prompt)")
         if len(prompt) + 1 > self.e.max_context:
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
         eos = set(int(e) for e in eos_ids)
@@ -447,7 +465,8 @@ class Generator:
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
             raise UserError(f"logprobs={top!r}: expected None or an integer >= 0 (alternatives a token)")
         lps = self.output_logprobs = []
-        s0, d0, saved = self._reusable(prompt)
+        plps = self.prompt_logprobs_out = [] if scored is None else [None]
+        s0, d0, saved = self._reusable(prompt) if scored is None else self._not_reused()
         self._prefix = None  # until this prompt's prefill completes
         self.tkv.rollback(s0)
         if self.dkv is not None:
@@ -462,14 +481,21 @@ class Generator:
             # would compute differently), the last one's last row giving the first token
             new_aux = []
             for at, end in _passes(s0, len(prompt), PREFILL_CHUNK):
-                out, dt = self._target(prompt[at:end], at, exact=True, last=True)
+                out, dt = self._target(prompt[at:end], at, exact=True, last=scored is None)
                 tel.engine_time("prefill", dt)
+                if scored is not None:  # row j's logits score token j + 1
+                    nxt = prompt[at + 1 : end + 1]
+                    plps += token_logprobs(out[C.LOGITS][0][: len(nxt)], nxt, scored)
                 self.tkv.commit(out, end - at)
                 new_aux.append(out[C.AUX_HIDDEN][0].copy())
             aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved] if s0 else []) + new_aux)
             # the committed rows' tokens and aux, grown with every round's, for the next stream
             kv_ids, kv_aux = list(prompt), [aux]
             self._prefix, self._prefix_owner = (kv_ids, kv_aux), self.owner
+            if max_new_tokens == 0:  # the prompt scored only
+                tel.streams = 1
+                self.finished = Finished("length")
+                return
             first = self._first_token(out, rng)
             tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]

@@ -30,6 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from specrt.errors import UserError
+from specrt.prompt_files import is_token_ids
 
 from .corpus import FILE as CORPUS_FILE
 from .corpus import Growth
@@ -271,17 +272,21 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
-    def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None) -> Iterator[list[int]]:
-        self.generator.logprobs = logprobs
+    def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
+                   prompt_logprobs: int | None = None) -> Iterator[list[int]]:
+        self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
         return self.generator.stream(ids, max_new_tokens, self.eos)
 
-    def stream(self, prompt: str | list[dict], chat: bool = False, max_new_tokens: int = 128,
-               stop: tuple[str, ...] = (), logprobs: int | None = None) -> Iterator[str]:
+    def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
+               stop: tuple[str, ...] = (), logprobs: int | None = None,
+               prompt_logprobs: int | None = None) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
         ``logprobs`` N: ``stats()['output_logprobs']`` then holds each output token's
         log-probability under the target with its N most likely alternatives
         (``logprob_entries``; the model's own distribution, before temperature, top-k and
-        top-p).
+        top-p). ``prompt_logprobs`` N: the prompt's tokens' too (``stats()['prompt_logprobs']``,
+        the first token's None; the whole prompt is prefilled, and ``max_new_tokens`` may be
+        0). ``prompt`` may also be token ids (no template).
         ``prompt``: text (through the chat template when ``chat``), or a conversation of
         role/content objects (always through it: runtime/text.py).
         ``stats()['output_token_ids']`` then end with the token that completed the stop
@@ -290,10 +295,10 @@ class Session:
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
         scan = StopScanner(stop)  # checks the stop strings before anything runs
-        ids = self.text.encode(prompt, chat)
+        ids = list(prompt) if is_token_ids(prompt) else self.text.encode(prompt, chat)
         detok = Detokenizer(self.text)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids
-        gen = self.stream_ids(ids, max_new_tokens, logprobs)
+        gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
         for chunk in gen:
             piece = scan.push(detok.push(chunk))
             if scan.hit:  # settled before the last piece goes out: a caller may stop at it
@@ -316,19 +321,32 @@ class Session:
         s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
         if self.generator.logprobs is not None:
             s["output_logprobs"] = self.logprob_entries(0, len(s["output_token_ids"]))
+        if self.generator.prompt_logprobs is not None:
+            s["prompt_logprobs"] = self.prompt_logprob_entries()
         return s
+
+    def prompt_logprob_entries(self) -> list[dict]:
+        """The last stream's prompt tokens as ``logprob_entries`` gives output tokens
+        (``stream(..., prompt_logprobs=N)``); the first token's logprob and top_logprobs None."""
+        ids = list(getattr(self, "last_prompt_ids", []))
+        out = self.generator.prompt_logprobs_out
+        return [self._entry(ids[0], None, None)] + [self._entry(t.id, t.logprob, t.top) for t in out[1:]] \
+            if out else []
 
     def logprob_entries(self, start: int, end: int) -> list[dict]:
         """The last stream's output tokens start..end-1 with their logprobs (``stream(...,
         logprobs=N)``), each {id, token, bytes, logprob, top_logprobs: [{id, token, bytes,
         logprob}]}: token as text (``bytes:\\xNN`` for part of a character), bytes its UTF-8
         bytes as a list (as OpenAI's). Without a tokenizer, ids only."""
-        def entry(i: int, lp: float) -> dict:
+        return [self._entry(t.id, t.logprob, t.top) for t in self.generator.output_logprobs[start:end]]
+
+    def _entry(self, i: int, lp: float | None, top) -> dict:
+        """{id, token, bytes, logprob, top_logprobs} (top None: no top_logprobs field value)."""
+        def one(i: int, lp: float | None) -> dict:
             e: dict = {"id": i}
             if self.text is not None:
                 e["token"], e["bytes"] = self.text.token_text(i), list(self.text.token_bytes(i))
             e["logprob"] = lp
             return e
 
-        return [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
-                for t in self.generator.output_logprobs[start:end]]
+        return {**one(i, lp), "top_logprobs": None if top is None else [one(j, x) for j, x in top]}

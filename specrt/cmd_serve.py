@@ -12,9 +12,12 @@ OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds th
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
-(up to 16 choices, decoded one after another, choice i with seed + i). Fields that would
-change the output and that specrt does not do (penalties, min_p, logit_bias, echo,
-best_of, suffix, tools, a JSON response format) are refused with 400 unless they hold
+(up to 16 choices, decoded one after another, choice i with seed + i); completions also take
+a prompt of token ids and ``echo`` (the prompt first, its tokens' logprobs with
+``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
+for log-likelihoods). Fields that would change the output and that specrt does not do
+(penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
+format) are refused with 400 unless they hold
 their neutral value; others (user, metadata, ...) are ignored. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
@@ -83,9 +86,9 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
            "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict, allowed=()) -> None:
     for name, neutral in NEUTRAL.items():
-        v = body.get(name)
+        v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
             raise BadRequest(f"'{name}' is not supported (got {v!r}; only {neutral[0]!r} or leaving it out)", name)
     fmt = body.get("response_format")
@@ -132,10 +135,14 @@ class _CompletionLogprobs:
             return None
         offsets = []
         for e in entries:
-            offsets.append(len(self.text.decode(self.ids)))
+            before = self.text.decode(self.ids)
             self.ids.append(e["id"])
+            upto = self.text.decode(self.ids)  # where the token's own text ends, when it does (a
+            # word-level decoder puts a space between tokens; half a character has no text)
+            offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]
+                "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"]
+                                                                         for t in e["top_logprobs"]} for e in entries]
                 if self.top else None, "text_offset": offsets}
 
 
@@ -265,14 +272,20 @@ class Server:
             prompt = _messages(body)
         else:
             prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise BadRequest("'prompt' must be a non-empty string (one prompt a request)", "prompt")
-        _unsupported(body)
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # one prompt in a list: text, or token ids
+            ids = isinstance(prompt, list) and bool(prompt) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+            if not (isinstance(prompt, str) and prompt or ids):
+                raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt a "
+                                 "request)", "prompt")
+        echo = False if chat else body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
+        _unsupported(body, allowed=("echo",) if not chat else ())
         n = _number(body, "n", 1, int, 1, MAX_N)
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_new = _number(body, name, self.max_new_tokens, int, 1)
+        max_new = _number(body, name, self.max_new_tokens, int, 0 if echo else 1)
         d = self.defaults
         params = SamplingParams(temperature=_number(body, "temperature", d.temperature, float, 0.0),
                                 top_p=_number(body, "top_p", d.top_p, float, 0.0, 1.0, lo_open=True),
@@ -300,7 +313,7 @@ class Server:
         if user is not None and not isinstance(user, str):
             raise BadRequest(f"'user' must be a string; got {user!r}", "user")
         opts = body.get("stream_options") or {}
-        return {"owner": (user or "") if self.isolate else None, "n": n, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+        return {"owner": (user or "") if self.isolate else None, "n": n, "echo": echo, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
     def complete(self, req: dict) -> Iterator[dict]:
@@ -309,7 +322,9 @@ class Server:
         accepted, then {'index': i, 'finish_reason': ..., 'logprobs': the entries no piece
         carried (an EOS token writes no text)}; last {'usage', 'specrt'} of the whole request.
         Choice i samples with seed + i where a seed is given; after the first, each prefills
-        almost nothing (prefix reuse). The caller holds the lock for the whole of it."""
+        almost nothing (prefix reuse). With ``echo`` (completions) each choice's first piece is
+        the prompt, with its tokens' logprobs when asked for (the first token's null). The
+        caller holds the lock for the whole of it."""
         from dataclasses import replace
 
         from specrt.runtime.telemetry import Telemetry
@@ -319,11 +334,20 @@ class Server:
         for i in range(req["n"]):
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
             s.generator.owner = req["owner"]
+            pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
-                           logprobs=lp)
-            sent = 0
+                           logprobs=lp, prompt_logprobs=pl)
+            sent, echoed = 0, not req["echo"]
+
+            def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
+                text = req["prompt"] if isinstance(req["prompt"], str) else s.text.decode(s.last_prompt_ids)
+                return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None}
+
             try:
                 for piece in gen:
+                    if not echoed:
+                        echoed = True
+                        yield echo()
                     entries = None
                     if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
                         n = len(s.last_output_ids)
@@ -331,6 +355,8 @@ class Server:
                     yield {"index": i, "text": piece, "logprobs": entries}
             finally:
                 gen.close()
+            if not echoed:  # nothing generated (max_tokens 0, or an answer without text)
+                yield echo()
             st = s.stats()
             total.merge(s.generator.telemetry)
             n_out, prompt_tokens = len(st["output_token_ids"]), st["prompt_tokens"]

@@ -267,7 +267,10 @@ def test_logprobs_are_target_only_decodings_plain_and_streamed(served, worded): 
 
         words = Text(worded.parent / "exp")
         ids = st["output_token_ids"]
-        assert [o for x in lps for o in x["text_offset"]] == [len(words.decode(ids[:i])) for i in range(len(ids))]
+        text = words.decode(ids)  # "w4 w14 ...": each token's text starts where its word does
+        assert [o for x in lps for o in x["text_offset"]] == \
+            [len(words.decode(ids[: i + 1])) - len(f"w{t}") for i, t in enumerate(ids)]
+        assert all(text[o:].startswith(f"w{t}") for o, t in zip((o for x in lps for o in x["text_offset"]), ids))
 
 
 def test_n_choices_are_seeds_one_after_another(served, worded):  # noqa: F811
@@ -440,6 +443,49 @@ def test_isolated_clients_reuse_only_their_own_rows(worded, served):  # noqa: F8
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_completions_echo_scores_the_prompt(served, worded):  # noqa: F811
+    """``echo`` (completions): the prompt comes back before the completion, with its tokens'
+    logprobs when asked for (the first null), ``max_tokens`` 0 scoring the prompt only (as
+    lm-evaluation-harness asks for log-likelihoods); a prompt of token ids too; streamed the
+    same; chat refuses echo, and max_tokens 0 needs it."""
+    from specrt.runtime.session import Session
+
+    url, _ = served
+    prompt = "w3 w1 w4 w5 w9"
+    with Session(worded, governor="off") as s:
+        "".join(s.stream(prompt, max_new_tokens=0, prompt_logprobs=2))
+        want = s.stats()["prompt_logprobs"]
+        completion = "".join(s.stream(prompt, max_new_tokens=3))
+    assert [e["token"] for e in want] == prompt.split() and want[0]["logprob"] is None
+    for body in ({"prompt": prompt}, {"prompt": [3, 1, 4, 5, 9]}, {"prompt": [[3, 1, 4, 5, 9]]}):
+        code, r = _post(url, "/v1/completions", {**body, "max_tokens": 0, "echo": True, "logprobs": 2})
+        assert code == 200, r
+        c = r["choices"][0]
+        assert c["text"] == prompt and r["usage"]["completion_tokens"] == 0 and c["finish_reason"] == "length"
+        lp = c["logprobs"]
+        assert lp["tokens"] == prompt.split() and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx([e["logprob"] for e in want[1:]], abs=1e-5)
+        assert [sorted(t) for t in lp["top_logprobs"][1:]] == [sorted(x["token"] for x in e["top_logprobs"])
+                                                               for e in want[1:]]
+        assert lp["text_offset"] == [0, 3, 6, 9, 12]
+    for stream in (False, True):
+        code, r = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 0,
+                                                 "stream": stream})
+        assert code == 200, r
+        chunks = r if stream else [r]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == prompt + completion
+        tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+        assert tokens == prompt.split() + completion.split()
+    code, r = _post(url, "/v1/completions", {"prompt": prompt, "echo": True, "max_tokens": 2})
+    assert code == 200 and r["choices"][0]["text"].startswith(prompt) and r["choices"][0]["logprobs"] is None
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "echo": True})
+    assert code == 400 and r["error"]["param"] == "echo"
+    code, r = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 0})
+    assert code == 400 and r["error"]["param"] == "max_tokens"
+    code, r = _post(url, "/v1/completions", {"prompt": [3, -1]})
+    assert code == 400 and r["error"]["param"] == "prompt"
 
 
 def test_models_health_and_unknown_paths(served):

@@ -631,6 +631,34 @@ def test_logprobs_are_the_targets_own(pair, monkeypatch):
         g.generate(REPEATING, 7)
 
 
+def test_prompt_logprobs_are_the_targets_own(pair, monkeypatch):
+    """Generator.prompt_logprobs: each prompt token after the first gets transformers'
+    log_softmax from the prefill's rows (passes of any length, the reused rows recomputed),
+    with 0 new tokens too (the prompt scored only); the output is unchanged."""
+    root, engines = pair
+    monkeypatch.setattr(G, "PREFILL_CHUNK", 7)  # several passes
+    prompt = REPEATING + PROMPT
+    want = _hf_logprobs(root, prompt[:1], prompt[1:])
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    ref = g.generate(prompt, 8)  # its rows stay for the next stream to reuse, were it not scoring
+    g.prompt_logprobs = 2
+    for n in (0, 8):
+        out = g.generate(prompt, n)
+        assert out == ref[:n] and g.telemetry.to_json()["prefix_reused"] == 0
+        got = g.prompt_logprobs_out
+        assert got[0] is None and [e.id for e in got[1:]] == prompt[1:]
+        np.testing.assert_allclose([e.logprob for e in got[1:]], want[np.arange(len(prompt) - 1), prompt[1:]],
+                                   atol=2e-4)
+        assert all(len(e.top) == 2 and e.top[0][1] >= e.top[1][1] for e in got[1:])
+    assert g.finished.reason == "length"
+    g.prompt_logprobs = None
+    g.generate(prompt, 4)
+    assert g.prompt_logprobs_out == [] and g.telemetry.to_json()["prefix_reused"] > 0
+    with pytest.raises(UserError, match="0 only when scoring the prompt"):
+        g.generate(prompt, 0)
+
+
 def _kv_shape(engines) -> dict:
     t = engines.export["target"]
     return dict(num_layers=t["num_layers"], kv_heads=t["num_kv_heads"], head_dim=t["head_dim"],
