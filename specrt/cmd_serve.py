@@ -13,7 +13,8 @@ chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; complet
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
 (up to 16 choices, decoded one after another, choice i with seed + i); completions also take
-a prompt of token ids and ``echo`` (the prompt first, its tokens' logprobs with
+a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
+most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
 for log-likelihoods). Fields that would change the output and that specrt does not do
 (penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
@@ -55,6 +56,7 @@ MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
+MAX_CHOICES = 64  # prompts x n, a request
 
 
 class BadRequest(Exception):
@@ -94,6 +96,21 @@ def _unsupported(body: dict, allowed=()) -> None:
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise BadRequest(f"'response_format' {fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
+
+
+def _prompts(v) -> list[str | list[int]]:
+    """Completions' ``prompt``: a string, token ids, or a list of either (several prompts,
+    answered in turn: choices n x prompts, prompt by prompt)."""
+    def one(p) -> bool:
+        return (isinstance(p, str) and bool(p)) or (isinstance(p, list) and bool(p) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p))
+
+    if one(v):
+        return [v]
+    if isinstance(v, list) and v and all(one(p) for p in v):
+        return list(v)
+    raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a non-empty list of those",
+                     "prompt")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -269,21 +286,17 @@ class Server:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         if chat:
-            prompt = _messages(body)
+            prompts = [_messages(body)]
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]  # one prompt in a list: text, or token ids
-            ids = isinstance(prompt, list) and bool(prompt) and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
-            if not (isinstance(prompt, str) and prompt or ids):
-                raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt a "
-                                 "request)", "prompt")
+            prompts = _prompts(body.get("prompt"))
         echo = False if chat else body.get("echo", False)
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
         _unsupported(body, allowed=("echo",) if not chat else ())
         n = _number(body, "n", 1, int, 1, MAX_N)
+        if len(prompts) * n > MAX_CHOICES:
+            raise BadRequest(f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices; at most {MAX_CHOICES} a "
+                             "request", "prompt" if len(prompts) > 1 else "n")
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         max_new = _number(body, name, self.max_new_tokens, int, 0 if echo else 1)
         d = self.defaults
@@ -313,7 +326,8 @@ class Server:
         if user is not None and not isinstance(user, str):
             raise BadRequest(f"'user' must be a string; got {user!r}", "user")
         opts = body.get("stream_options") or {}
-        return {"owner": (user or "") if self.isolate else None, "n": n, "echo": echo, "logprobs": logprobs, "prompt": prompt, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+        return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
+                "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
     def complete(self, req: dict) -> Iterator[dict]:
@@ -331,16 +345,17 @@ class Server:
 
         s, lp, params = self.session, req["logprobs"], req["params"]
         t0, total, completion, prompt_tokens = time.perf_counter(), Telemetry(), 0, 0
-        for i in range(req["n"]):
+        for i in range(req["choices"]):  # prompt i // n, its choice i % n
+            prompt = req["prompts"][i // req["n"]]
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
-            gen = s.stream(req["prompt"], chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
+            gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
                            logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
-                text = req["prompt"] if isinstance(req["prompt"], str) else s.text.decode(s.last_prompt_ids)
+                text = prompt if isinstance(prompt, str) else s.text.decode(s.last_prompt_ids)
                 return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None}
 
             try:
@@ -359,7 +374,9 @@ class Server:
                 yield echo()
             st = s.stats()
             total.merge(s.generator.telemetry)
-            n_out, prompt_tokens = len(st["output_token_ids"]), st["prompt_tokens"]
+            n_out = len(st["output_token_ids"])
+            if i % req["n"] == 0:  # each prompt counted once
+                prompt_tokens += st["prompt_tokens"]
             completion += n_out
             reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
             yield {"index": i, "finish_reason": reason,
@@ -370,7 +387,7 @@ class Server:
                          completion_tokens=completion, target_calls=t["rounds"], draft_rounds=t["draft_rounds"],
                          draft_tokens_verified=t["drafted"], draft_tokens_accepted=t["accepted"], lookup_rounds=lk,
                          generation_seconds=time.perf_counter() - t0)
-        choices = "" if req["n"] == 1 else f"in {req['n']} choices "
+        choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
         self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
                  f"{choices}in {time.perf_counter() - t0:.2f} s, "
                  f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a target "
@@ -512,7 +529,7 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
             choices = []
-            for i in range(req["n"]):
+            for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []))
                 choice = ({"index": i, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
@@ -543,7 +560,7 @@ class Handler(BaseHTTPRequestHandler):
                     event(i, {"role": "assistant", "content": ""})
                 if "text" in item:
                     event(i, {"content": item["text"]}, entries=item["logprobs"])
-                elif i < req["n"] - 1:
+                elif i < req["choices"] - 1:
                     event(i, None, item["finish_reason"], entries=item["logprobs"])
                 else:
                     held = item

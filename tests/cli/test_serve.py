@@ -488,6 +488,35 @@ def test_completions_echo_scores_the_prompt(served, worded):  # noqa: F811
     assert code == 400 and r["error"]["param"] == "prompt"
 
 
+def test_completions_answer_several_prompts(served, worded):  # noqa: F811
+    """A list of prompts (text or token ids): choices prompt by prompt, n each (index
+    prompt * n + choice, seed + index), the prompts' tokens counted once each in usage;
+    streamed the same; more than 64 choices refused."""
+    url, _ = served
+    prompts = ["w11 w12 w5", [2, 9, 5], "w4 w9 w4"]
+    texts = ["w11 w12 w5", "w2 w9 w5", "w4 w9 w4"]
+    want = [[_reference(worded, texts[k], chat=False, max_new_tokens=4,
+                        params=SamplingParams(temperature=1.0, seed=3 + 2 * k + j)) for j in range(2)]
+            for k in range(3)]
+    body = {"prompt": prompts, "max_tokens": 4, "n": 2, "temperature": 1.0, "seed": 3}
+    code, r = _post(url, "/v1/completions", body)
+    assert code == 200, r
+    assert [c["index"] for c in r["choices"]] == list(range(6))
+    assert [c["text"] for c in r["choices"]] == [w[0] for ws in want for w in ws]
+    assert r["usage"]["prompt_tokens"] == sum(ws[0][1]["prompt_tokens"] for ws in want) == 9
+    assert r["usage"]["completion_tokens"] == sum(len(w[1]["output_token_ids"]) for ws in want for w in ws)
+    code, events = _post(url, "/v1/completions", {**body, "stream": True})
+    got = {}
+    for e in events:
+        for c in e["choices"]:
+            got[c["index"]] = got.get(c["index"], "") + c["text"]
+    assert [got[i] for i in range(6)] == [c["text"] for c in r["choices"]]
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1"] * 5, "n": 16})
+    assert code == 400 and r["error"]["param"] == "prompt" and "at most 64" in r["error"]["message"]
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1", ""]})
+    assert code == 400 and r["error"]["param"] == "prompt"
+
+
 def test_models_health_and_unknown_paths(served):
     url, _ = served
     assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
