@@ -432,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
         got = self.headers.get("Authorization") or ""
         if got.startswith("Bearer ") and hmac.compare_digest(got[len("Bearer "):].encode(), key.encode()):
             return True
+        self.app.metrics.request("unauthorised", 401)
         self._error(BadRequest("missing or wrong API key (expected the header 'Authorization: Bearer KEY')",
                                status=401))
         return False

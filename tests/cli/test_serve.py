@@ -382,6 +382,7 @@ def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
         assert code == 200 and json.loads(body)["usage"]["completion_tokens"] >= 1
         assert call("/v1/models", "s3cret")[0] == 200
         assert call("/health")[0] == 200 and call("/metrics")[0] == 200
+        assert 'specrt_requests_total{endpoint="unauthorised",status="401"} 6' in call("/metrics")[1].decode()
     finally:
         httpd.shutdown()
         httpd.server_close()
