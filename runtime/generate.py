@@ -118,6 +118,14 @@ class Finished:
     reason: str  # "eos" | "length" | "context" | "stop"
 
 
+def _alternatives(name: str, v) -> int | None:
+    """A logprobs setting (Generator.logprobs / prompt_logprobs): None (off) or the
+    alternatives a token, an integer >= 0."""
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise UserError(f"{name}={v!r}: expected None or an integer >= 0 (alternatives a token)")
+    return v
+
+
 def _softmax_max(logits: np.ndarray) -> np.ndarray:
     """Per row, the probability of the most likely token: the draft's confidence [K].
     (~40 us a row of 49152 here, nearly all of it exp; one temporary, exp in place.)"""
@@ -449,9 +457,7 @@ class Generator:
         bad = [i for i in prompt if not 0 <= i < self.vocab]
         if bad:
             raise UserError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
-        scored = self.prompt_logprobs
-        if scored is not None and (isinstance(scored, bool) or not isinstance(scored, int) or scored < 0):
-            raise UserError(f"prompt_logprobs={scored!r}: expected None or an integer >= 0 (alternatives a token)")
+        scored = _alternatives("prompt_logprobs", self.prompt_logprobs)
         if max_new_tokens < (0 if scored is not None else 1):
             raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only when scoring the prompt)")
         if len(prompt) + 1 > self.e.max_context:
@@ -461,9 +467,7 @@ class Generator:
         lookup = self.resolve_lookup()
         rng = make_rng(self.params.seed)
         tel = self.telemetry = Telemetry()
-        top = self.logprobs
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-            raise UserError(f"logprobs={top!r}: expected None or an integer >= 0 (alternatives a token)")
+        top = _alternatives("logprobs", self.logprobs)
         lps = self.output_logprobs = []
         plps = self.prompt_logprobs_out = [] if scored is None else [None]
         s0, d0, saved = self._reusable(prompt) if scored is None else self._not_reused()

@@ -784,6 +784,11 @@ def _option_value(spec: str | int, opt: str, var: str, what: str) -> int | None:
     return None
 
 
+def without_growth(spec: str) -> str:
+    """``spec`` less its ``:grow`` / ``:grow=N`` (`specrt serve --isolate-clients`)."""
+    return ":".join(p for p in str(spec).split(":") if _option(p.lower()) != "grow")
+
+
 def grow_tokens(spec: str | int) -> int | None:
     """The token cap of a spec's ``:grow=N`` (N >= 1), corpus.GROW_TOKENS for a bare
     ``:grow``, None without it."""

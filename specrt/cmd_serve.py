@@ -51,6 +51,7 @@ from typing import Any, Iterator
 import click
 
 from specrt.errors import UserError
+from specrt.prompt_files import is_token_ids
 
 MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -102,8 +103,7 @@ def _prompts(v) -> list[str | list[int]]:
     """Completions' ``prompt``: a string, token ids, or a list of either (several prompts,
     answered in turn: choices n x prompts, prompt by prompt)."""
     def one(p) -> bool:
-        return (isinstance(p, str) and bool(p)) or (isinstance(p, list) and bool(p) and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p))
+        return (isinstance(p, str) and bool(p)) or (is_token_ids(p) and bool(p) and min(p) >= 0)
 
     if one(v):
         return [v]
@@ -145,17 +145,17 @@ class _CompletionLogprobs:
     each token's text starts in the completion)}, chunk by chunk."""
 
     def __init__(self, text, top: int):
-        self.text, self.top, self.ids = text, top, []
+        self.text, self.top, self.ids, self.decoded = text, top, [], ""  # decoded: the text of ids
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
         if entries is None:
             return None
         offsets = []
         for e in entries:
-            before = self.text.decode(self.ids)
+            before = self.decoded
             self.ids.append(e["id"])
-            upto = self.text.decode(self.ids)  # where the token's own text ends, when it does (a
-            # word-level decoder puts a space between tokens; half a character has no text)
+            upto = self.decoded = self.text.decode(self.ids)  # where the token's own text ends, when
+            # it does (a word-level decoder puts a space between tokens; half a character has no text)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"]
@@ -244,8 +244,10 @@ class Server:
         # and no session growth (its table would propose one client's text to another)
         self.isolate = isolate
         if isolate:
+            from specrt.runtime.governor import without_growth
+
             spec = self.session.governor_spec
-            kept = ":".join(p for p in spec.split(":") if p.lower() != "grow" and not p.lower().startswith("grow="))
+            kept = without_growth(spec)
             if kept != spec:
                 self.session.governor_spec = kept
                 self.session.new_governor()
