@@ -26,12 +26,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM"},
 }
 
-ROPE_TYPES = ("default", "llama3", "linear")
+ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+# the fields only YaRN uses; to_json leaves them out for the other types (their exports read as before)
+YARN_FIELDS = ("attention_factor", "beta_fast", "beta_slow", "truncate")
 
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """RoPE parameters; ``inv_freq()`` gives the per-pair frequencies [head_dim/2]."""
+    """RoPE parameters; ``inv_freq()`` gives the per-pair frequencies [head_dim/2] and
+    ``attention_factor`` the factor on cos and sin (YaRN's; 1 for the other types)."""
 
     rope_type: str
     theta: float
@@ -40,6 +43,10 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     def inv_freq(self):
         import numpy as np
@@ -60,6 +67,23 @@ class RopeConfig:
             smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
             medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
             inv = np.where(medium, smoothed, scaled)
+        elif self.rope_type == "yarn":
+            # YaRN (transformers' _compute_yarn_parameters): the frequencies that turn fewer than
+            # beta_slow times over the original context are interpolated (divided by factor),
+            # those that turn more than beta_fast times kept, a linear ramp between the two.
+            def correction_dim(rotations: float) -> float:
+                return d * math.log(self.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
+                    2 * math.log(self.theta))
+
+            low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+            if self.truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            if low == high:
+                high += 0.001
+            ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+            keep = 1 - ramp  # the share of each frequency extrapolated (kept as it is)
+            inv = inv / self.factor * (1 - keep) + inv * keep
         return inv.astype(np.float32)
 
 
@@ -95,6 +119,9 @@ class DecoderConfig:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.rope.rope_type != "yarn":
+            for k in YARN_FIELDS:
+                del d["rope"][k]
         if d["sliding_window"] is None:  # (exports of models without one read as before)
             del d["sliding_window"]
         return d
@@ -216,7 +243,7 @@ class _Fields:
         return self._get(key, (list,), required)
 
 
-def _rope(f: _Fields, head_dim: int) -> RopeConfig:
+def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig:
     # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
     # "rope_theta" plus an optional "rope_scaling" dict.
     params = f.dict("rope_parameters", required=False)
@@ -241,17 +268,40 @@ def _rope(f: _Fields, head_dim: int) -> RopeConfig:
         )
     if rope_type == "default":
         return RopeConfig("default", theta, head_dim)
-    return RopeConfig(
-        rope_type,
-        theta,
-        head_dim,
-        factor=params.float("factor"),
-        low_freq_factor=params.float("low_freq_factor", required=rope_type == "llama3", default=1.0),
-        high_freq_factor=params.float("high_freq_factor", required=rope_type == "llama3", default=4.0),
-        original_max_position_embeddings=params.int(
-            "original_max_position_embeddings", required=rope_type == "llama3", default=8192
-        ),
-    )
+    # transformers takes a top-level original_max_position_embeddings first (Phi-3 writes it
+    # there), then rope_parameters', then (YaRN) max_position_embeddings
+    original = f.int("original_max_position_embeddings", required=False) or params.int(
+        "original_max_position_embeddings", required=rope_type == "llama3",
+        default=max_position_embeddings if rope_type == "yarn" else 8192)
+    if rope_type != "yarn":
+        return RopeConfig(
+            rope_type,
+            theta,
+            head_dim,
+            factor=params.float("factor"),
+            low_freq_factor=params.float("low_freq_factor", required=rope_type == "llama3", default=1.0),
+            high_freq_factor=params.float("high_freq_factor", required=rope_type == "llama3", default=4.0),
+            original_max_position_embeddings=original,
+        )
+    factor = params.float("factor", required=False) or max_position_embeddings / original
+    if factor < 1:
+        raise UserError(f"{params.where}: field 'factor' must be >= 1 for YaRN, found {factor:g}")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.float("attention_factor", required=False)
+    if attention is None:
+        m, m_all = params.float("mscale", required=False), params.float("mscale_all_dim", required=False)
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = params.float("beta_fast", required=False) or 32.0
+    beta_slow = params.float("beta_slow", required=False) or 1.0
+    if beta_fast < beta_slow:
+        raise UserError(f"{params.where}: beta_fast {beta_fast:g} must not be below beta_slow {beta_slow:g}")
+    truncate = params.bool("truncate", required=False, default=True)
+    return RopeConfig("yarn", theta, head_dim, factor=factor, original_max_position_embeddings=original,
+                      attention_factor=float(attention), beta_fast=beta_fast, beta_slow=beta_slow,
+                      truncate=bool(truncate))
 
 
 def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | None:
@@ -307,6 +357,7 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
     qkv_bias = arch["qkv_bias"] or f.bool("attention_bias", required=False, default=False)
     tie = f.bool("tie_word_embeddings", required=tie_default is None, default=tie_default)
     layers = f.int("num_hidden_layers")
+    max_positions = f.int("max_position_embeddings", required=False, default=4096)
     return DecoderConfig(
         model_type=model_type,
         hidden_size=hidden,
@@ -317,9 +368,9 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
         intermediate_size=f.int("intermediate_size"),
         vocab_size=f.int("vocab_size"),
         rms_norm_eps=f.float("rms_norm_eps"),
-        rope=_rope(f, head_dim),
+        rope=_rope(f, head_dim, max_positions),
         tie_word_embeddings=bool(tie),
-        max_position_embeddings=f.int("max_position_embeddings", required=False, default=4096),
+        max_position_embeddings=max_positions,
         qk_norm=arch["qk_norm"],
         qkv_bias=bool(qkv_bias),
         sliding_window=sliding_window_of(f, model_type, layers),

@@ -200,16 +200,20 @@ class AttnContext:
     past_len: str
 
 
-def rope_tables(b: GraphBuilder, position_ids: str, inv_freq: np.ndarray) -> tuple[str, str]:
+def rope_tables(b: GraphBuilder, position_ids: str, inv_freq: np.ndarray, scale: float = 1.0) -> tuple[str, str]:
     """cos/sin for rotate_half RoPE, computed in float32 from position_ids [1, S].
 
     freqs[s, j] = pos[s] * inv_freq[j] (j < D/2); cos = [cos f, cos f];
     sin_signed = [-sin f, sin f], so that rotate_half(x) * sin == swap_halves(x) * sin_signed.
-    Returns two [S, 1, D] tensors in the graph dtype (transformers casts them the same way).
+    Both are multiplied by ``scale`` (YaRN's attention factor) when it is not 1. Returns two
+    [S, 1, D] tensors in the graph dtype (transformers casts them the same way).
     """
     pos = b.reshape(b.op("Cast", position_ids, to=TensorProto.FLOAT), -1, 1)  # [S, 1]
     freqs = b.op("Mul", pos, b.const(inv_freq.astype(np.float32), "float32"))  # [S, D/2]
     c, s = b.op("Cos", freqs), b.op("Sin", freqs)
+    if scale != 1.0:
+        f = b.const(np.float32(scale), "float32")
+        c, s = b.op("Mul", c, f), b.op("Mul", s, f)
     cos = b.op("Concat", c, c, axis=-1)
     sin = b.op("Concat", b.op("Neg", s), s, axis=-1)
     d = 2 * len(inv_freq)
@@ -225,7 +229,7 @@ def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str) -> str:
 
 def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: DecoderConfig) -> AttnContext:
     """RoPE tables, the causal mask among the S new tokens, and the past length P."""
-    cos, sin = rope_tables(b, position_ids, cfg.rope.inv_freq())
+    cos, sin = rope_tables(b, position_ids, cfg.rope.inv_freq(), cfg.rope.attention_factor)
     g = cfg.num_heads // cfg.num_kv_heads
     # future[r, j] = pos[j] > pos[query of row r]: that query may not see new key j (the past
     # is always visible). Query rows are laid out (group, token) -> row group*S + token.
@@ -276,8 +280,9 @@ def inplace_context(b: GraphBuilder, position_ids: str, cfg: DecoderConfig, cach
                 value=numpy_helper.from_array(np.zeros(1, np.float32)))  # [S, past]: all visible
     bias = b.model_dtype(b.op("Unsqueeze", b.op("Concat", past, new, axis=1), b.ints(0, 1)))  # [1, 1, S, past + S]
     freqs = np.arange(cache_len, dtype=np.float64)[:, None] * cfg.rope.inv_freq().astype(np.float64)[None, :]
-    cos = b.const(np.cos(freqs).astype(np.float32), b.dtype)
-    sin = b.const(np.sin(freqs).astype(np.float32), b.dtype)
+    scale = np.float32(cfg.rope.attention_factor)  # YaRN's; 1 otherwise
+    cos = b.const(np.cos(freqs).astype(np.float32) * scale, b.dtype)
+    sin = b.const(np.sin(freqs).astype(np.float32) * scale, b.dtype)
     return InplaceContext(seqlens, total, cos, sin, position_ids, bias)
 
 

@@ -98,3 +98,91 @@ def test_partial_rotary_embeddings_are_refused(fields):
         parse_decoder({**BASE, "model_type": "llama", **fields}, "config.json")
     cfg = parse_decoder({**BASE, "model_type": "llama", "partial_rotary_factor": 1.0}, "config.json")
     assert cfg.rope.rope_type == "default"
+
+
+YARN = [  # (model_type, config fields): Qwen3's own recipe at full size, and the variants transformers reads
+    ("qwen3", {"head_dim": 128, "rope_theta": 1e6, "max_position_embeddings": 131072,
+               "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
+    ("llama", {"rope_scaling": {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2}}),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+                                "attention_factor": 1.25, "truncate": False}}),
+    ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": None}, "original_max_position_embeddings": 64}),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 3.0}}),  # original: max_position_embeddings
+]
+
+
+@pytest.mark.parametrize("model_type, fields", YARN)
+def test_yarn_frequencies_and_attention_factor_are_transformers(model_type, fields):
+    """YaRN's inverse frequencies and cos/sin factor as transformers computes them for the
+    same config (its own config class and rope function), and through export.json and back."""
+    import numpy as np
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specrt.export.config import DecoderConfig
+
+    data = {**BASE, "model_type": model_type, **fields}
+    hf = transformers.AutoConfig.for_model(**data)
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    cfg = parse_decoder(data, "config.json")
+    assert cfg.rope.rope_type == "yarn"
+    np.testing.assert_allclose(cfg.rope.inv_freq(), inv.numpy(), rtol=2e-6)
+    assert cfg.rope.attention_factor == pytest.approx(factor, rel=1e-12)
+    assert cfg.rope.attention_factor != 1.0 or "attention_factor" in str(fields)
+    back = DecoderConfig.from_json(json.loads(json.dumps(cfg.to_json())))
+    assert back == cfg
+
+
+def test_rope_fields_of_other_types_export_as_before():
+    """Only a YaRN config writes YaRN's fields into export.json."""
+    for fields in ({}, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}):
+        d = parse_decoder({**BASE, "model_type": "llama", **fields}, "config.json").to_json()
+        assert sorted(d["rope"]) == ["factor", "head_dim", "high_freq_factor", "low_freq_factor",
+                                     "original_max_position_embeddings", "rope_type", "theta"]
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"rope_type": "yarn", "factor": 0.5}, "field 'factor' must be >= 1 for YaRN, found 0.5"),
+    ({"rope_type": "yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 4}, "beta_fast 1 must not be below beta_slow 4"),
+    ({"rope_type": "yarn", "factor": 2.0, "truncate": "yes"}, "field 'truncate' must be bool"),
+    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
+])
+def test_bad_yarn_fields_are_named(scaling, message):
+    with pytest.raises(UserError, match=message):
+        parse_decoder({**BASE, "model_type": "qwen3", "rope_scaling": scaling}, "config.json")
+
+
+def test_a_yarn_pair_decodes_as_transformers(tmp_path):
+    """A Qwen3 target with YaRN (and a P-EAGLE draft whose layer config carries it) exported
+    and built: without speculation and at fixed depth 2 the engines decode what
+    transformers' generate decodes."""
+    import torch
+
+    from specrt.engines import build_engines
+    from specrt.engines.engine_set import load_engines
+    from specrt.export.export import export
+    from specrt.runtime.generate import Generator
+    from specrt.runtime.governor import FixedGovernor, OffGovernor
+    from tests.fixtures_models import load_hf, write_tiny_draft, write_tiny_target
+
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    t = write_tiny_target(tmp_path / "t", "qwen3", rope_parameters=yarn)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle")
+    assert json.loads((d / "config.json").read_text())["transformer_layer_config"]["rope_parameters"]["rope_type"] == "yarn"
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(4,))
+    engines = load_engines(tmp_path / "eng")
+    prompt = [5, 9, 2, 700, 41]
+    engines.activate()
+    try:
+        off = Generator(engines, OffGovernor((1, 2))).generate(prompt, 12)
+        spec = Generator(engines, FixedGovernor((1, 2), 2)).generate(prompt, 12)
+    finally:
+        engines.deactivate()
+    with torch.no_grad():
+        want = load_hf(t).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)[0, len(prompt):].tolist()
+    assert off == want
+    assert spec == want

@@ -74,6 +74,12 @@ TARGETS = {
     "qwen3": dict(model_type="qwen3"),
     "qwen3_tied": dict(model_type="qwen3", tied=True),
     "qwen2_bias": dict(model_type="qwen2"),
+    # YaRN, scaled down so that it matters at head_dim 16: its frequencies and its factor on cos/sin
+    "qwen3_yarn": dict(model_type="qwen3", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                            "original_max_position_embeddings": 64}),
+    "llama_yarn_mscale": dict(model_type="llama", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 32,
+        "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2}),
 }
 
 
