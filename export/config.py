@@ -26,7 +26,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM"},
 }
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+# "dynamic" (NTK) rescales only past max_position_embeddings, where no engine goes (the build's
+# context limit): inside it its frequencies are the default ones
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
 # the fields only YaRN uses; to_json leaves them out for the other types (their exports read as before)
 YARN_FIELDS = ("attention_factor", "beta_fast", "beta_slow", "truncate")
 
@@ -268,6 +270,8 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
         )
     if rope_type == "default":
         return RopeConfig("default", theta, head_dim)
+    if rope_type == "dynamic":
+        return RopeConfig("dynamic", theta, head_dim, factor=params.float("factor"))
     # transformers takes a top-level original_max_position_embeddings first (Phi-3 writes it
     # there), then rope_parameters', then (YaRN) max_position_embeddings
     original = f.int("original_max_position_embeddings", required=False) or params.int(

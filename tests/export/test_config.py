@@ -146,7 +146,7 @@ def test_rope_fields_of_other_types_export_as_before():
     ({"rope_type": "yarn", "factor": 0.5}, "field 'factor' must be >= 1 for YaRN, found 0.5"),
     ({"rope_type": "yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 4}, "beta_fast 1 must not be below beta_slow 4"),
     ({"rope_type": "yarn", "factor": 2.0, "truncate": "yes"}, "field 'truncate' must be bool"),
-    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
+    ({"rope_type": "longrope", "factor": 2.0}, "rope_type 'longrope' is not supported"),
 ])
 def test_bad_yarn_fields_are_named(scaling, message):
     with pytest.raises(UserError, match=message):
@@ -186,3 +186,20 @@ def test_a_yarn_pair_decodes_as_transformers(tmp_path):
                                    pad_token_id=0)[0, len(prompt):].tolist()
     assert off == want
     assert spec == want
+
+
+def test_dynamic_rope_has_the_default_frequencies_within_the_model_positions():
+    """Dynamic NTK rescales only past max_position_embeddings (the engines' context limit):
+    within it transformers' frequencies are the plain ones, and so are specrt's."""
+    import numpy as np
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    data = {**BASE, "model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
+    hf = transformers.AutoConfig.for_model(**data)
+    inv, factor = ROPE_INIT_FUNCTIONS["dynamic"](hf, "cpu", seq_len=BASE["max_position_embeddings"])
+    cfg = parse_decoder(data, "config.json")
+    assert (cfg.rope.rope_type, cfg.rope.factor, factor) == ("dynamic", 4.0, 1.0)
+    np.testing.assert_allclose(cfg.rope.inv_freq(), inv.numpy(), rtol=2e-6)
+    beyond, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf, "cpu", seq_len=2 * BASE["max_position_embeddings"])
+    assert not np.allclose(cfg.rope.inv_freq(), beyond.numpy(), rtol=1e-3)  # past it they would differ
