@@ -274,6 +274,12 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     return i, n
 
 
+def shard_prompts(limit: int | None, shard: tuple[int, int]) -> list:
+    """The TRAIN prompts generator ``shard`` (I, N) answers: every N-th answerable one from
+    the I-th (calibration prompts are never answered)."""
+    return answerable_train_prompts(limit)[shard[0]::shard[1]]
+
+
 def answered_prompts(todo: list[tuple[int, dict]], rows: list[dict], skip: list[Path] = ()) -> set[int]:
     """The indices in ``todo`` whose prompt ``rows`` (the output file's answers) or one of the
     ``--skip-answered`` files ``skip`` answers: done by text, so an answer counts whatever index
@@ -365,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = Path(args.cache) if args.cache else default_cache()
     out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
-    todo = answerable_train_prompts(args.limit)[shard[0]::shard[1]]  # calibration prompts are never answered
+    todo = shard_prompts(args.limit, shard)
     rows = read_jsonl(out)
     done = answered_prompts(todo, rows, args.skip_answered)  # before the model loads: a mistyped file fails fast
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}"

@@ -415,13 +415,15 @@ def test_real_model_against_all_peers(tmp_path):
     rep = json.loads((out / "bench.json").read_text())
     lib = load_bench_lib()
     for peer in ("hf", "hf-lookup", "ortgenai"):
-        if lib.peer_unavailable(peer, target) is None and peer not in rep["skipped"]:
+        if lib.peer_unavailable(peer, target) is None:  # installed here: it must have run, not been skipped
+            assert peer not in rep["skipped"], rep["skipped"]
             assert peer in rep["configs"], rep["failed"]
             assert rep["identity"]["configs"][peer]["identical_prefix_min"] >= 8
     if "ortgenai" in rep["configs"]:
         assert rep["efficiency"]["a_off_vs_ortgenai"]["ratio"] > 0
     # the int4 build of onnxruntime-genai: another model, measured, its tokens only reported
-    if lib.peer_unavailable("ortgenai-int4", target) is None and "ortgenai-int4" not in rep["skipped"]:
+    if lib.peer_unavailable("ortgenai-int4", target) is None:
+        assert "ortgenai-int4" not in rep["skipped"], rep["skipped"]
         assert rep["configs"]["ortgenai-int4"]["tokens_per_s_median"] > 0, rep["failed"]
         assert not [f for f in rep["identity"]["failures"] if f["config"] == "ortgenai-int4"]
         model = Path(rep["settings"]["ortgenai_models"]["ortgenai-int4"])

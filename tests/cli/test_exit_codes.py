@@ -61,7 +61,10 @@ def test_output_paths_are_checked_before_any_work(tmp_path, monkeypatch):
 
 
 def test_help_and_version_exit_0():
-    for args in (["--help"], ["build", "--help"], ["--version"]):
-        r = CliRunner().invoke(main, args)
+    from specrt import __version__
+
+    for args, want in ((["--help"], "Usage: specrt [OPTIONS] COMMAND"), (["build", "--help"], "Usage: specrt build"),
+                       (["--version"], __version__)):
+        r = CliRunner().invoke(main, args, prog_name="specrt")
         assert r.exit_code == 0, (args, r.output)
-        assert "Usage" in r.output or "specrt" in r.output
+        assert want in r.output, (args, r.output)

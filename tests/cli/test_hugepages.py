@@ -78,8 +78,15 @@ def test_specrt_command_restarts_once_with_the_tunable():
 
 
 def test_console_entry_is_the_restarting_one():
+    """The ``specrt`` script is cli.entry, and entry asks reexec_with_thp with the command's
+    arguments before the CLI runs (the restart itself: the test above)."""
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert 'specrt = "specrt.cli:entry"' in text
+    code = ("import sys, specrt.hugepages as h, specrt.cli as c; "
+            "h.reexec_with_thp = lambda argv: print('asked', argv); "
+            "c.main = lambda: print('cli'); sys.argv = ['specrt', 'run', '--x']; c.entry()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["asked ['run', '--x']", "cli"], (r.stdout, r.stderr)
 
 
 @linux

@@ -409,6 +409,7 @@ def test_neutral_values_of_unsupported_fields_are_accepted(served, worded):  # n
     code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 5, "echo": False, "best_of": 1,
                                              "suffix": ""})
     assert code == 200, r
+    assert r["choices"][0]["text"] == _reference(worded, "w4 w2", chat=False, max_new_tokens=5)[0]
 
 
 def test_isolated_clients_reuse_only_their_own_rows(worded, served):  # noqa: F811

@@ -39,6 +39,21 @@ def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_appen
     assert role_sizes(e.verify(8), 250, **kw) is None
 
 
+def _with_a_second_past(e, scale: float = 2.0) -> tuple[int, int]:
+    """The tiny engines profile one past (512 does not fit their context of 256): add a
+    second row 256 tokens on, every cost of the first times ``scale``, so that what reads
+    the table between two pasts has two to interpolate. Returns (lo, hi)."""
+    import copy
+
+    (lo, row), = e.costs["by_past"].items()
+
+    def scaled(v):
+        return {k: scaled(x) for k, x in v.items()} if isinstance(v, dict) else v * scale
+
+    e.costs["by_past"][lo + 256] = scaled(copy.deepcopy(row))
+    return lo, lo + 256
+
+
 def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
     """P-EAGLE: one pass per block depth, profiled at every built depth; EngineSet.draft_costs
     interpolates them at a past and the DSpark governor is built from them."""
@@ -49,6 +64,10 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
         assert all(v > 0 for v in row["draft_by_depth"].values())
     by = e.draft_costs(100)
     assert sorted(by) == list(e.depths) and all(v > 0 for v in by.values())
+    lo, hi = _with_a_second_past(e)
+    mid = e.draft_costs((lo + 3 * hi) // 4)  # three quarters of the way from lo's costs to twice them
+    assert mid == pytest.approx({k: 1.75 * v for k, v in e.costs["by_past"][lo]["draft_by_depth"].items()})
+    del e.costs["by_past"][hi]
     from specrt.runtime.session import COST_PAST, make_governor
 
     g = make_governor("dspark", e)
@@ -111,12 +130,11 @@ def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
     e = load_engines(tiny_engines, verify=False)
     for p, row in e.costs["by_past"].items():
         assert sorted(row["chain"]) == [9, 16, 32] and all(v > 0 for v in row["chain"].values()), p
-    lo, hi = min(e.costs["by_past"]), max(e.costs["by_past"])
+    lo, hi = _with_a_second_past(e)
     assert e.chain_costs(lo) == e.costs["by_past"][lo]["chain"]
-    mid = e.chain_costs((lo + hi) // 2)
-    for L in mid:  # linear in the past between the profiled ones
-        a, b = e.costs["by_past"][lo]["chain"][L], e.costs["by_past"][hi]["chain"][L]
-        assert min(a, b) <= mid[L] <= max(a, b)
+    mid = e.chain_costs((lo + hi) // 2)  # linear in the past between the profiled ones
+    assert mid == pytest.approx({L: 1.5 * v for L, v in e.costs["by_past"][lo]["chain"].items()})
+    del e.costs["by_past"][hi]
     pol = NgramPolicy.from_engines(e, lo)
     assert pol.max_len == CHAIN_TOKENS and pol.chain == e.chain_costs(lo)
     c9, c16, c32 = pol.chain[9], pol.chain[16], pol.chain[32]

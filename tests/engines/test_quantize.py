@@ -257,6 +257,8 @@ def test_plain_int8_keeps_the_faster_form_on_this_machine(tmp_path, kind):
     assert len(q["timed_sizes"]) == n and all(len(v) == n and min(v) > 0 for v in q["timed_ms"].values())
     faster = sum(q["timed_ms"]["dynamic"]) < DYNAMIC_MARGIN * sum(q["timed_ms"]["blocks"])
     assert q["form"] == ("dynamic" if faster else "blocks")
+    ops = _ops(tmp_path / "e" / "draft.onnx")  # the draft kept is that form
+    assert ("MatMulInteger" in ops) == (q["form"] == "dynamic") and ("MatMulNBits" in ops) == (q["form"] == "blocks")
     assert any(line.startswith("int8 draft forms timed") and line.endswith(f"keeping {q['form']}") for line in logs)
     assert not (tmp_path / "e" / ".int8-forms").exists()  # the losing form is not left behind
     assert {f["file"] for f in json.loads((tmp_path / "e" / "engines.json").read_text())["files"]} >= \

