@@ -157,7 +157,7 @@ def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
     if isinstance(prompt, str) or is_messages(prompt):
         if session.text is None:
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
-        ids = session.text.encode(prompt, chat)
+        ids = session.encode(prompt, chat)
     else:
         try:
             ids = [int(t) for t in prompt]
@@ -171,7 +171,7 @@ def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
 def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
               max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
               *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None,
-              sampling: SamplingParams = SamplingParams()) -> dict:
+              sampling: SamplingParams = SamplingParams(), chat_template_kwargs: dict | None = None) -> dict:
     """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
 
     ``sampling``: the decoding mode to calibrate for (greedy by default; a temperature > 0
@@ -180,7 +180,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     the others fitted for the same engines.
 
     ``prompts``: texts (tokenised with the export's tokenizer, chat template when ``chat``)
-    or token-id lists. ``holdout_prompts``: a separate held-out set (then every prompt of
+    or token-id lists (``chat_template_kwargs``: the template's variables). ``holdout_prompts``: a separate held-out set (then every prompt of
     ``prompts`` trains and ``holdout`` is ignored); otherwise a ``holdout`` fraction of
     ``prompts`` is held out. Returns the report (see the module docstring);
     ``report["file"]`` is the calibration written (``write=False``: nothing written)."""
@@ -199,7 +199,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     else:
         train_idx, hold_idx = split_prompts(len(prompts), holdout)
 
-    with Session(engines_dir, governor="off", sampling=sampling) as s:
+    with Session(engines_dir, governor="off", sampling=sampling, chat_template_kwargs=chat_template_kwargs) as s:
         if s.engines.export.get("draft") is None:
             raise UserError(f"{engines_dir}: the engines have no draft; there is nothing to calibrate")
         depths = s.engines.depths

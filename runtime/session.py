@@ -179,7 +179,8 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None, **
 
 class Session:
     def __init__(self, engines_dir: str | Path, governor: str = "auto", sampling: SamplingParams = SamplingParams(),
-                 ort_overrides: dict | None = None, reuse_prefix: bool = True, prefix_snapshots: int = 0):
+                 ort_overrides: dict | None = None, reuse_prefix: bool = True, prefix_snapshots: int = 0,
+                 chat_template_kwargs: dict | None = None):
         from specrt.engines.engine_set import load_engines
 
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
@@ -189,6 +190,9 @@ class Session:
                             f"prompt lookup) can run")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
+        # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
+        # stream's own are laid over them
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.calibration, self.calibration_note = load_calibration(self.engines, sampling)
         self.governor_spec = governor
         self.sampling = sampling
@@ -272,6 +276,12 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
+    def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
+        """A text prompt's or a conversation's token ids as ``stream`` makes them."""
+        if self.text is None:
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
+        return self.text.encode(prompt, chat, {**self.chat_template_kwargs, **(chat_template_kwargs or {})})
+
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
                    prompt_logprobs: int | None = None) -> Iterator[list[int]]:
         self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
@@ -279,7 +289,7 @@ class Session:
 
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
-               prompt_logprobs: int | None = None) -> Iterator[str]:
+               prompt_logprobs: int | None = None, chat_template_kwargs: dict | None = None) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
         ``logprobs`` N: ``stats()['output_logprobs']`` then holds each output token's
         log-probability under the target with its N most likely alternatives
@@ -288,14 +298,15 @@ class Session:
         the first token's None; the whole prompt is prefilled, and ``max_new_tokens`` may be
         0). ``prompt`` may also be token ids (no template).
         ``prompt``: text (through the chat template when ``chat``), or a conversation of
-        role/content objects (always through it: runtime/text.py).
+        role/content objects (always through it: runtime/text.py), the template given
+        ``chat_template_kwargs`` over the session's.
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do (a verify round may have accepted
         more; the telemetry counts every generated token)."""
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
         scan = StopScanner(stop)  # checks the stop strings before anything runs
-        ids = list(prompt) if is_token_ids(prompt) else self.text.encode(prompt, chat)
+        ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)

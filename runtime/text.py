@@ -38,32 +38,46 @@ class Text:
             v = v.get("content")
         return v if isinstance(v, str) else ""
 
-    def render_chat(self, user: str | list[dict]) -> str:
+    def render_chat(self, user: str | list[dict], template_kwargs: dict | None = None) -> str:
         """The chat template over one user message, or a conversation (``messages``:
         role/content objects, a system prompt and earlier turns included), then the
-        assistant's turn."""
+        assistant's turn. Rendered as transformers' ``apply_chat_template`` renders it
+        (its Jinja environment: loop controls, ``{% generation %}`` blocks, its ``tojson``,
+        ``strftime_now`` and ``raise_exception``; the tokenizer's special tokens, ``tools``
+        and ``documents`` none), ``template_kwargs`` passed to the template as variables
+        (e.g. Qwen3's ``enable_thinking``)."""
         if self.chat_template is None:
             raise UserError("--chat: the exported tokenizer has no chat template (tokenizer_config.json chat_template)")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        variables = {**self._special_tokens(), "tools": None, "documents": None,
+                     **template_kwargs_of(template_kwargs, "chat template variables")}
+        import jinja2
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            return _template(self.chat_template).render(
+                messages=[{"role": "user", "content": user}] if isinstance(user, str) else list(user),
+                add_generation_prompt=True, **variables)
+        except jinja2.TemplateError as e:  # (raise_exception's UserError passes through)
+            raise UserError(f"chat template: {type(e).__name__}: {e}") from None
 
-        def raise_exception(msg):
-            raise UserError(f"chat template: {msg}")
+    def _special_tokens(self) -> dict:
+        """tokenizer_config.json's special tokens as transformers' ``special_tokens_map``
+        gives them to a chat template (those it names; bos and eos always, "" when absent)."""
+        out = {k: self._special(k) for k in ("bos_token", "eos_token")}
+        for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+            if self._special(k):
+                out[k] = self._special(k)
+        extra = self.config.get("additional_special_tokens")
+        if isinstance(extra, list):
+            out["additional_special_tokens"] = [t.get("content") if isinstance(t, dict) else t for t in extra]
+        return out
 
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=[{"role": "user", "content": user}] if isinstance(user, str) else list(user),
-            add_generation_prompt=True,
-            bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
-
-    def encode(self, prompt: str | list[dict], chat: bool) -> list[int]:
+    def encode(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None) -> list[int]:
         """Token ids of a text prompt (through the chat template when ``chat``) or of a
-        conversation (always through it)."""
+        conversation (always through it, with ``template_kwargs``)."""
         if not prompt:
             raise UserError("the prompt is empty")
         chat = chat or not isinstance(prompt, str)
-        text = self.render_chat(prompt) if chat else prompt
+        text = self.render_chat(prompt, template_kwargs) if chat else prompt
         # A rendered template already holds its special tokens.
         return self.tokenizer.encode(text, add_special_tokens=not chat).ids
 
@@ -103,6 +117,71 @@ class Text:
             return b.decode("utf-8")
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
+
+
+def template_kwargs_of(value, where: str) -> dict:
+    """Chat template variables given as a JSON object (text, as on the command line, or
+    already parsed, as in a request): a dict of names to JSON values, or UserError naming
+    ``where``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg}); expected an object such as "
+                            '\'{"enable_thinking": false}\'') from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise UserError(f"{where}: expected a JSON object of template variable names to values, found {value!r}")
+    for k in ("messages", "add_generation_prompt"):
+        if k in value:
+            raise UserError(f"{where}: '{k}' is set by specrt, not a template variable to pass")
+    return dict(value)
+
+
+_TEMPLATES: dict = {}  # chat template text -> its compiled template
+
+
+def _template(source: str):
+    """A chat template compiled in jinja2's immutable sandbox with what transformers'
+    environment adds (chat_template_utils._compile_jinja_template): trim_blocks and
+    lstrip_blocks, the ``loopcontrols`` extension ({% break %}, {% continue %}), a
+    ``{% generation %}`` block that renders its body (transformers tracks it for assistant
+    masks), ``tojson`` without HTML escaping, ``strftime_now(format)`` (today's date:
+    Llama 3.1's system prompt states it) and ``raise_exception`` (a UserError here)."""
+    if source in _TEMPLATES:
+        return _TEMPLATES[source]
+    import datetime
+
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
+
+    def raise_exception(msg):
+        raise UserError(f"chat template: {msg}")
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        compiled = env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise UserError(f"chat template: not valid Jinja (line {e.lineno}: {e.message})") from None
+    _TEMPLATES[source] = compiled
+    return compiled
 
 
 def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:

@@ -17,7 +17,7 @@ import click
 
 from specrt import __version__
 from specrt.errors import UserError
-from specrt.sampling_options import sampling_options
+from specrt.sampling_options import sampling_options, template_kwargs_option
 
 
 class _Group(click.Group):
@@ -298,6 +298,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
                    "system prompt, earlier turns; rendered with the chat template), decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
+@template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--governor", default="auto", show_default=True,
               help="auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off with an "
@@ -329,7 +330,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
                    "template's system prompt) reuses their KV cache rows, computed the same way, and prefills "
                    "only the rest.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
-def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor, temperature, top_p, top_k, seed,
+def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_output_file, write_atomic
@@ -350,7 +351,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
         raise UserError("--logprobs N: the logprobs go into the --stats file; give --stats FILE too")
     if grow_file is not None:
         check_output_file(grow_file, "--grow-file")
-    with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse) as s:
+    with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse,
+                 chat_template_kwargs=chat_template_kwargs) as s:
         if s.untrusted:
             click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
         governor = s.governor_spec  # ``auto`` resolved
@@ -396,11 +398,12 @@ def run(engines_dir: Path, prompt, prompts_file, chat, max_new_tokens, governor,
 @main.command()
 @click.argument("engines_dir", callback=_existing_dir)
 @click.option("--system", help="A system prompt for the conversation.")
+@template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="The longest answer, a turn.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
-def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p, top_k, seed) -> None:
+def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed) -> None:
     """A conversation on ENGINES_DIR through the exported chat template: each line read is
     a user turn, the answer streams as it is accepted, and every turn reuses the KV rows of
     the conversation so far (prefix reuse). When the conversation and room for an answer
@@ -411,7 +414,7 @@ def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p
     from specrt.runtime.session import Session
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    with Session(engines_dir, governor=governor, sampling=params) as s:
+    with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         messages = [{"role": "system", "content": system}] if system else []
         while True:
             click.echo("> ", nl=False, err=True)
@@ -422,7 +425,7 @@ def chat(engines_dir: Path, system, max_new_tokens, governor, temperature, top_p
             room = min(max_new_tokens, s.engines.max_context // 4)
             first = 1 if system else 0
             dropped = 0
-            while len(s.text.encode(messages, True)) + room > s.engines.max_context and len(messages) > first + 1:
+            while len(s.encode(messages, True)) + room > s.engines.max_context and len(messages) > first + 1:
                 del messages[first:first + 2]  # the oldest user turn and its answer
                 dropped += 1
             if dropped:

@@ -120,7 +120,7 @@ import click
 from specrt.errors import UserError
 from specrt.paths import check_output_folder
 from specrt.prompt_files import common_prefix
-from specrt.sampling_options import sampling_options
+from specrt.sampling_options import sampling_options, template_kwargs_option
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
@@ -177,7 +177,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return read_prompt_file(path)
 
 
-def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:
+def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None) -> list[list[int]]:
     from specrt.prompt_files import text_of
     from specrt.runtime.text import Text
 
@@ -192,7 +192,7 @@ def tokenize_prompts(items: list[dict], engines, chat: bool) -> list[list[int]]:
                     raise UserError(f"{engines.export_dir}: no tokenizer.json, so text prompts cannot be encoded; "
                                     "give 'prompt_ids' in the prompts file")
                 text = Text(engines.export_dir)
-            ids = text.encode(text_of(obj), chat)
+            ids = text.encode(text_of(obj), chat, template_kwargs)
         if len(ids) + 1 > engines.max_context:
             raise UserError(f"prompt {i + 1} has {len(ids)} tokens; the engines hold {engines.max_context}")
         out.append(ids)
@@ -911,7 +911,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
-              governor_costs: str = "stored", echo: Callable[..., None] = click.echo) -> dict:
+              governor_costs: str = "stored", chat_template_kwargs: dict | None = None,
+              echo: Callable[..., None] = click.echo) -> dict:
     """The whole benchmark; returns the report (also written to OUT/bench.json).
 
     sampling: SamplingParams fields (temperature, top_p, top_k, seed) for specrt's
@@ -986,7 +987,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 
     items = read_prompts(prompts_file)[: limit or None]
-    prompts = tokenize_prompts(items, engines, chat)
+    prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs)
     eos = [int(e) for e in engines.export["target"]["eos_token_ids"]]
     over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > engines.max_context]
     if over:
@@ -1133,7 +1134,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         "settings": {"engines": str(engines_dir), "backend": engines.backend, "precision": engines.precision,
                      "depths": list(engines.depths), "max_context": engines.max_context,
                      "draft_kind": (engines.export.get("draft") or {}).get("kind"),
-                     "prompts_file": str(prompts_file), "chat": chat, "max_new_tokens": max_new_tokens,
+                     "prompts_file": str(prompts_file), "chat": chat,
+                     "chat_template_kwargs": dict(chat_template_kwargs or {}), "max_new_tokens": max_new_tokens,
                      "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                      "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
@@ -1326,6 +1328,7 @@ def _parse_variants(values) -> dict[str, Path]:
               help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Report folder to write.")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
+@template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--governors", default=None,
               help="Comma-separated governors (default: off, fixed:D for every built depth, adaptive, dspark, "
@@ -1364,12 +1367,12 @@ def _parse_variants(values) -> dict[str, Path]:
                    "the tables profiled at the start of this run, so that builds profiled at different times "
                    "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def bench(engines_dir, prompts_file, out, chat, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
+def bench(engines_dir, prompts_file, out, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
           seed, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
-                       profile=profile, governor_costs=governor_costs,
+                       profile=profile, governor_costs=governor_costs, chat_template_kwargs=chat_template_kwargs,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,

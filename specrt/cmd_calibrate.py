@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.prompt_files import prompts_of, read_prompt_file
-from specrt.sampling_options import sampling_options
+from specrt.sampling_options import sampling_options, template_kwargs_option
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
@@ -32,6 +32,7 @@ def _engines_dir(ctx, param, value):
               type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
+@template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
 @click.option("--holdout", type=float, default=0.25, show_default=True,
               help="Fraction of the prompts held out to measure calibration error (0: none).")
@@ -44,7 +45,7 @@ def _engines_dir(ctx, param, value):
 @sampling_options("Calibrate for sampled decoding at this temperature (0 = greedy), with --top-p / --top-k as "
                   "`specrt run` will use them. One calibration is kept per mode.", seed=0,
                   seed_help="Seed of the sampled decoding.")
-def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens: int, holdout: float,
+def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_kwargs: dict, max_new_tokens: int, holdout: float,
               holdout_file: Path | None, report_file: Path | None, as_json: bool, temperature: float, top_p: float,
               top_k: int, seed: int) -> None:
     """Fit the DSpark governor's per-position confidence calibration on ENGINES_DIR.
@@ -65,7 +66,8 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, max_new_tokens:
     prompts = read_prompts(prompts_file)
     held = read_prompts(holdout_file) if holdout_file is not None else None
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
-                           log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling)
+                           log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling,
+                           chat_template_kwargs=chat_template_kwargs)
     if report_file is not None:
         write_atomic(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -12,7 +12,9 @@ OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds th
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
-(up to 16 choices, decoded one after another, choice i with seed + i); completions also take
+(up to 16 choices, decoded one after another, choice i with seed + i); chat also takes
+``chat_template_kwargs`` (the template's variables, e.g. ``{"enable_thinking": false}``, over
+``--chat-template-kwargs``); completions also take
 a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
 most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
@@ -52,6 +54,7 @@ import click
 
 from specrt.errors import UserError
 from specrt.prompt_files import is_token_ids
+from specrt.sampling_options import template_kwargs_option
 
 MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -235,11 +238,15 @@ class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
     def __init__(self, engines_dir: Path, governor: str, defaults, max_new_tokens: int, model: str,
-                 log=lambda s: click.echo(s, err=True), isolate: bool = False, snapshots: int = SNAPSHOTS):
+                 log=lambda s: click.echo(s, err=True), isolate: bool = False, snapshots: int = SNAPSHOTS,
+                 chat_template_kwargs: dict | None = None):
         from specrt.runtime.session import Session
 
         self.snapshots = snapshots
-        self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=snapshots)
+        # chat_template_kwargs: --chat-template-kwargs, every chat request's template variables
+        # unless its own chat_template_kwargs set them
+        self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=snapshots,
+                               chat_template_kwargs=chat_template_kwargs)
         # --isolate-clients: rows reused only between requests of one ``user`` (Generator.owner)
         # and no session growth (its table would propose one client's text to another)
         self.isolate = isolate
@@ -283,7 +290,7 @@ class Server:
 
     def parse(self, body: Any, chat: bool) -> dict:
         from specrt.runtime.sampling import SamplingParams
-        from specrt.runtime.text import StopScanner
+        from specrt.runtime.text import StopScanner, template_kwargs_of
 
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
@@ -328,9 +335,23 @@ class Server:
         if user is not None and not isinstance(user, str):
             raise BadRequest(f"'user' must be a string; got {user!r}", "user")
         opts = body.get("stream_options") or {}
+        template = body.get("chat_template_kwargs")
+        if template is not None and not chat:
+            raise BadRequest("'chat_template_kwargs' applies to /v1/chat/completions (a completion's prompt is "
+                             "not templated)", "chat_template_kwargs")
+        try:
+            template = template_kwargs_of(template, "chat_template_kwargs")
+        except UserError as e:
+            raise BadRequest(str(e), "chat_template_kwargs") from None
+        if chat:  # rendered now: a template that refuses the conversation answers 400 before anything runs
+            try:
+                self.session.encode(prompts[0], True, template)
+            except UserError as e:
+                raise BadRequest(str(e), "messages") from None
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
-                "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
+                "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage")),
+                "template_kwargs": template}
 
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
@@ -353,7 +374,7 @@ class Server:
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl)
+                           logprobs=lp, prompt_logprobs=pl, chat_template_kwargs=req["template_kwargs"])
             sent, echoed = 0, not req["echo"]
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
@@ -610,10 +631,11 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
                    "from what reuse or lookup saves. By default all requests share both, as one client's.")
+@template_kwargs_option
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, api_key) -> None:
+          isolate_clients, chat_template_kwargs, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
@@ -624,7 +646,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "",
-                 isolate=isolate_clients, snapshots=prefix_snapshots)
+                 isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
     app.api_key = api_key
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")

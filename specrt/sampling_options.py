@@ -1,4 +1,5 @@
-"""The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``.
+"""The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``, and the
+chat template's variables (those and ``chat``, ``serve``).
 
     @sampling_options("0 = greedy", seed=None)
     def run(..., temperature, top_p, top_k, seed): ...
@@ -26,3 +27,16 @@ def sampling_options(temperature_help: str, seed: int | None, seed_help: str | N
         return f
 
     return decorate
+
+
+def template_kwargs_option(f):
+    """--chat-template-kwargs JSON -> the parameter ``chat_template_kwargs`` (a dict)."""
+    def parse(ctx, param, value):
+        from specrt.runtime.text import template_kwargs_of
+
+        return template_kwargs_of(value, "--chat-template-kwargs")
+
+    return click.option("--chat-template-kwargs", "chat_template_kwargs", callback=parse, metavar="JSON",
+                        help="Variables for the chat template, a JSON object, as transformers' apply_chat_template "
+                             "takes them: e.g. '{\"enable_thinking\": false}' for Qwen3 without its thinking "
+                             "block.")(f)

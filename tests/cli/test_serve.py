@@ -554,3 +554,39 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
     r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "none")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "no such engines folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noqa: F811
+    """A chat request's ``chat_template_kwargs`` (vLLM's field) reach the template (the
+    prompt's token count shows the variable's word) and answer as the session given them;
+    refused on completions and when not an object; ``--chat-template-kwargs`` is every
+    request's default."""
+    from specrt.cmd_serve import Server
+    from specrt.runtime.session import Session
+
+    url, _ = served
+    conv = [{"role": "user", "content": "w6"}]
+    code, plain = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4})
+    code2, cued = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 4,
+                                                     "chat_template_kwargs": {"cue": "w9"}})
+    assert (code, code2) == (200, 200), (plain, cued)
+    assert cued["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + 1 == 4
+    with Session(worded, governor="fixed:3", chat_template_kwargs={"cue": "w9"}) as s:
+        want = "".join(s.stream(conv, max_new_tokens=4))
+    assert cued["choices"][0]["message"]["content"] == want
+    for path, body, message in (
+            ("/v1/completions", {"prompt": "w6", "chat_template_kwargs": {"cue": "w9"}}, "applies to /v1/chat"),
+            ("/v1/chat/completions", {"messages": conv, "chat_template_kwargs": ["w9"]}, "expected a JSON object"),
+            ("/v1/chat/completions", {"messages": conv, "chat_template_kwargs": {"add_generation_prompt": False}},
+             "'add_generation_prompt' is set by specrt")):
+        code, r = _post(url, path, body)
+        assert code == 400 and message in r["error"]["message"] and r["error"]["param"] == "chat_template_kwargs", r
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None,
+                 chat_template_kwargs={"cue": "w9"})
+    try:
+        req = app.parse({"messages": conv}, chat=True)
+        assert app.session.encode(req["prompts"][0], True, req["template_kwargs"]) == [1, 6, 2, 9]
+        req = app.parse({"messages": conv, "chat_template_kwargs": {"cue": "w4"}}, chat=True)
+        assert app.session.encode(req["prompts"][0], True, req["template_kwargs"]) == [1, 6, 2, 4]
+    finally:
+        app.close()

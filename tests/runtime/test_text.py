@@ -90,11 +90,12 @@ def worded(tmp_path_factory):
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(t / "tokenizer.json"))
-    # a chat template in words: system w3, user w1, assistant w2
+    # a chat template in words: system w3, user w1, assistant w2 (and a variable ``cue``
+    # after the assistant's w2 when the template is given one)
     roles = "{'system': 'w3', 'user': 'w1', 'assistant': 'w2'}"
     (t / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
         "{% for m in messages %}{{ " + roles + "[m.role] }} {{ m.content }} {% endfor %}"
-        "{% if add_generation_prompt %}w2{% endif %}")}))
+        "{% if add_generation_prompt %}w2{% if cue is defined %} {{ cue }}{% endif %}{% endif %}")}))
     d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
     export(t, d, root / "exp")
     build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
@@ -488,3 +489,71 @@ def test_token_bytes_of_a_byte_level_tokenizer_spell_the_text(tmp_path):
     (tmp_path / "w").mkdir()
     words.save(str(tmp_path / "w" / "tokenizer.json"))
     assert Text(tmp_path / "w").token_bytes(1) == b"w1"
+
+
+TEMPLATES = {
+    # Llama 3.1's way of dating its system prompt, and its tools check
+    "dated": ("{{- bos_token }}{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+              "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}"
+              "{%- endif %}{%- endif %}{%- if tools is not none %}TOOLS {{ tools | tojson }}{%- endif %}\n"
+              "Today Date: {{ date_string }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}\n"
+              "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"),
+    # Qwen3's switch of its thinking block
+    "thinking": ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+                 "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- if enable_thinking is defined and "
+                 "enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"),
+    # loop controls, a {% generation %} block, a namespace, tojson of text with < and é, special tokens
+    "controls": ("{%- set ns = namespace(n=0) %}{%- for m in messages %}{%- if m.role == 'system' %}{% continue %}"
+                 "{%- endif %}{%- set ns.n = ns.n + 1 %}{%- if m.role == 'assistant' %}{% generation %}A: "
+                 "{{ m.content }}{% endgeneration %}{%- else %}U: {{ m.content | tojson }}{%- endif %}"
+                 "{%- if ns.n >= 3 %}{% break %}{%- endif %}{%- endfor %} n={{ ns.n }} pad={{ pad_token }} "
+                 "unk={{ unk_token }}{{ extra | default('') }}"),
+}
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_chat_templates_render_as_transformers_renders_them(tmp_path, name):
+    """The exported template rendered here as transformers' apply_chat_template renders it
+    (its Jinja environment and variables), with and without template variables."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.runtime.text import Text
+
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "<pad>": 2, "<unk>": 3}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": TEMPLATES[name], "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    text = Text(tmp_path)
+    conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a <b> & é?"},
+            {"role": "assistant", "content": "yes"}, {"role": "user", "content": "more"},
+            {"role": "user", "content": "last"}]
+    for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True, "extra": " X", "date_string": "1 Jan"}):
+        want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, **kwargs)
+        assert text.render_chat(conv, kwargs) == want, kwargs
+    assert text.render_chat(conv, {"enable_thinking": False}) != text.render_chat(conv) or name != "thinking"
+
+
+def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tmp_path):
+    """``--chat-template-kwargs``: the template's variables in `specrt run` (the prompt's ids
+    show them), Session defaults under a stream's own; bad values named, exit 1."""
+    from specrt.runtime.session import Session
+
+    s = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--chat", "--max-new-tokens", "2", "--quiet",
+                                  "--governor", "fixed:1", "--stats", str(s), "--chat-template-kwargs",
+                                  '{"cue": "w9"}'])
+    assert r.exit_code == 0, r.output
+    assert json.loads(s.read_text())["prompts"][0]["prompt_ids"] == [1, 6, 2, 9]
+    with Session(worded, governor="fixed:1", chat_template_kwargs={"cue": "w9"}) as sess:
+        assert sess.encode("w6", True) == [1, 6, 2, 9] and sess.encode("w6", True, {"cue": "w4"}) == [1, 6, 2, 4]
+        "".join(sess.stream("w6", chat=True, max_new_tokens=2, chat_template_kwargs={"cue": "w5"}))
+        assert sess.last_prompt_ids == [1, 6, 2, 5]
+    for bad, message in (("{nope", "--chat-template-kwargs: not valid JSON"),
+                         ("[1]", "--chat-template-kwargs: expected a JSON object of template variable names"),
+                         ('{"messages": 1}', "'messages' is set by specrt")):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--chat", "--chat-template-kwargs", bad])
+        assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, (bad, r.output)
