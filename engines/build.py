@@ -136,6 +136,9 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         raise UserError(f"{export_dir}: no such export folder (run `specrt export` first)")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
+    if (export_dir / "engines.json").is_file() and not (export_dir / "export.json").is_file():
+        raise UserError(f"{export_dir}: is an engines folder, not an export; build from an export folder (this "
+                        f"one's copy is {export_dir / EXPORT_SUBDIR})")
     exp = load_export(export_dir)
     dtype = exp["dtype"]
     depth_list = parse_depths(depths)
@@ -203,7 +206,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             if role.graph == "target":
                 roles[name] = replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(ctx)})
 
-    with atomic_folder(out, force=force) as tmp:
+    with atomic_folder(out, force=force, inputs=(export_dir,)) as tmp:
         hashes = _embed_export(export_dir, exp, tmp / EXPORT_SUBDIR)
         log(f"linked export {export_dir} ({len(hashes)} files) into {out / EXPORT_SUBDIR}")
         role_json = {}

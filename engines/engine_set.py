@@ -96,8 +96,20 @@ class EngineSet:
         self.depths: tuple[int, ...] = tuple(manifest["depths"])
         self.draft_depth: int = int(manifest["draft_depth"])
         self.max_context: int = int(manifest["max_context"])
-        self.roles = {name: Role.from_json(name, d) for name, d in manifest["roles"].items()}
-        self.costs = parse_costs(manifest.get("costs"))
+        where = self.folder / "engines.json"
+        try:
+            self.roles = {name: Role.from_json(name, d) for name, d in manifest["roles"].items()}
+            for name, d in manifest["roles"].items():
+                if not isinstance(d.get("engine"), dict):
+                    raise TypeError("no 'engine' object")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{where}: field 'roles' is malformed ({type(e).__name__}: {e}); rebuild with "
+                            "`specrt build`") from None
+        try:
+            self.costs = parse_costs(manifest.get("costs"))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{where}: field 'costs' is malformed ({type(e).__name__}: {e}); measure it again "
+                            "with `specrt profile`") from None
         self.runners: dict[str, Runner] = self._make_runners(ort_overrides or {})
         self._views: dict[str, Runner] = {}
         self.is_active = False

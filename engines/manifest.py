@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
-from specrt.manifest import load_export, manifest_digest, read_manifest, tool_versions, verify_files
+from specrt.manifest import load_export, manifest_digest, read_manifest, require_fields, tool_versions, verify_files
 
 ENGINES_MANIFEST = "engines.json"
 ENGINES_FORMAT = "specrt-engines/1"
@@ -132,6 +132,9 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     m = read_manifest(Path(folder), ENGINES_MANIFEST, ENGINES_FORMAT, "engines")
     if m.get("backend") not in BACKENDS:
         raise UserError(f"{Path(folder) / ENGINES_MANIFEST}: unknown backend '{m.get('backend')}'")
+    require_fields(m, Path(folder) / ENGINES_MANIFEST, {
+        "precision": str, "depths": [int], "draft_depth": int, "max_context": int, "roles": dict, "files": [dict],
+        "export.folder": str, "export.digest": str})
     return m
 
 

@@ -161,7 +161,11 @@ def scan_folder(folder: Path, allow_pickle: bool = False) -> dict[str, TensorEnt
 
 
 def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
-    """Opt-in only: convert a torch pickle to a temporary safetensors file and scan that."""
+    """Opt-in only: convert a torch pickle (a flat dict of names to tensors, read with
+    ``weights_only``) to a temporary safetensors file, removed when the process ends, and
+    scan that."""
+    import atexit
+    import shutil
     import tempfile
 
     try:
@@ -171,8 +175,19 @@ def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
         raise UserError("--allow-pickle needs torch: pip install 'specrt[export]'") from None
     if path.name.endswith(".index.json"):
         raise UserError(f"{path}: sharded pickle checkpoints are not supported; convert to safetensors")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    tmp = Path(tempfile.mkdtemp(prefix="specrt-pickle-")) / SINGLE_NAME
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a bad file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: not a torch checkpoint that loads with weights_only ({first})") from None
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        found = type(state).__name__ if not isinstance(state, dict) else next(
+            (f"'{k}': {type(v).__name__}" for k, v in state.items() if not isinstance(v, torch.Tensor)), "no tensors")
+        raise UserError(f"{path}: expected a state dict of tensor names to tensors, found {found}")
+    folder_tmp = Path(tempfile.mkdtemp(prefix="specrt-pickle-"))
+    atexit.register(shutil.rmtree, folder_tmp, True)  # the reader maps it until then
+    tmp = folder_tmp / SINGLE_NAME
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
     return read_safetensors_index(tmp)
 

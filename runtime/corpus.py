@@ -362,7 +362,8 @@ class Growth:
             if meta.get("kind") != "specrt growth":
                 raise ValueError("its meta does not say 'specrt growth'")
         except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: not a growth file ({e}); `specrt run --grow-file` writes them") from None
+            why = "not an .npz archive" if "pickled" in str(e) else str(e)  # numpy's words would invite unpickling
+            raise UserError(f"{path}: not a growth file ({why}); `specrt run --grow-file` writes them") from None
         if meta.get("format") != GROW_FORMAT:
             raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
         _refuse_other_export(path, meta, export_digest, "written", "remove it or pass another --grow-file")

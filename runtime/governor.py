@@ -821,7 +821,11 @@ def split_tree(spec: str | int) -> tuple[str, int]:
     head, sep, tail = s.rpartition(":tree=")
     if not sep:
         return s, 1
-    if not tail.isdigit() or int(tail) < 1 or not head or head in ("off", "auto"):
+    if head.split(":")[0] in ("off", "auto"):
+        raise UserError(f"--governor '{spec}': '{head.split(':')[0]}' takes no ':tree=W' ("
+                        + ("auto picks its tree itself" if head.startswith("auto") else "nothing is drafted")
+                        + f"; a tree goes after a speculative governor: {SPECS})")
+    if not tail.isdigit() or int(tail) < 1 or not head:
         raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
                         f"({SPECS})")
     return head, int(tail)

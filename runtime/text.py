@@ -78,6 +78,12 @@ class Text:
             raise UserError("the prompt is empty")
         chat = chat or not isinstance(prompt, str)
         text = self.render_chat(prompt, template_kwargs) if chat else prompt
+        try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = text[e.start].encode("utf-8", "surrogateescape")
+            raise UserError(f"the prompt is not valid UTF-8 text (byte 0x{bad.hex()} after "
+                            f"{text[max(0, e.start - 20):e.start]!r})") from None
         # A rendered template already holds its special tokens.
         return self.tokenizer.encode(text, add_special_tokens=not chat).ids
 

@@ -48,12 +48,22 @@ def main() -> None:
     """Deploy speculative decoding (P-EAGLE, EAGLE-3) to ONNX Runtime and TensorRT."""
 
 
+def _terminated(signum, frame) -> None:
+    click.echo("Terminated", err=True)
+    raise SystemExit(128 + signum)
+
+
 def entry() -> None:
     """The ``specrt`` command: restarted once with huge pages for the weights where the
-    kernel gives them on request (specrt/hugepages.py; SPECRT_THP=0 turns it off)."""
+    kernel gives them on request (specrt/hugepages.py; SPECRT_THP=0 turns it off). SIGTERM
+    (timeout, docker stop, systemd) ends it as Ctrl-C does, through its cleanup: a build or
+    export stopped so leaves no partial folder."""
+    import signal
+
     from specrt.hugepages import reexec_with_thp
 
     reexec_with_thp(sys.argv[1:])
+    signal.signal(signal.SIGTERM, _terminated)
     main()
 
 
@@ -127,7 +137,8 @@ def _depths(ctx, param, value):
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
-@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: physical cores).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="ONNX Runtime intra-op threads (default: physical cores).")
 @click.option("--sessions", type=click.Choice(["shared", "per-depth"]), default=None,
               help="ONNX Runtime: one prepacked session per graph (default), or one per depth (weights shared, "
                    "not prepacked; slower on CPU).")
@@ -376,6 +387,11 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             if not quiet:
                 click.echo()
             st = s.stats()
+            if st.get("finish_reason") == "context":
+                where = f"prompt {i + 1}: " if prompts_file is not None else ""
+                click.echo(f"[{where}stopped at the engines' context limit of {s.engines.max_context} tokens after "
+                           f"{len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the prompt); "
+                           "`specrt build --max-context` sets the limit]", err=True)
             total.merge(s.generator.telemetry)
             per_prompt.append({"prompt": p, **st})
         stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir), "prompts": per_prompt}

@@ -950,6 +950,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     interleaved = schedule == "interleaved"
     if processes < 1:
         raise UserError(f"--processes {processes}: expected >= 1")
+    for option, value, least in (("--threads", threads, 1), ("--limit", limit, 1), ("--lookup-tokens", lookup_tokens, 1),
+                                 ("--warmup-tokens", warmup_tokens, 0)):
+        if value is not None and value < least:
+            raise UserError(f"{option} {value}: expected >= {least}")
     if processes > 1 and not interleaved:
         raise UserError(f"--processes {processes} needs --schedule interleaved (the sequential schedule runs one "
                         "process per configuration)")
@@ -970,7 +974,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     from specrt.runtime.session import make_governor
 
     for g in govs:
-        gov = make_governor(g, engines)  # UserError on a bad spec, before anything runs
+        try:
+            gov = make_governor(g, engines)  # UserError on a bad spec, before anything runs
+        except UserError as e:  # the spec parser names `run`'s --governor; this option is --governors
+            raise UserError(str(e).replace("--governor ", "--governors ", 1)) from None
         if g.lower() != "off" and not has_draft:
             raise UserError(f"--governors {g}: the engines have no draft; only off can run")
         if gov.tree_width > 1 and not engines.verifies_trees():

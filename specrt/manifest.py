@@ -44,14 +44,26 @@ def tool_versions() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def atomic_folder(out: Path, force: bool = False) -> Iterator[Path]:
+def atomic_folder(out: Path, force: bool = False, inputs: tuple = ()) -> Iterator[Path]:
     """Yield a temporary folder beside ``out``; on success rename it to ``out``.
 
     On any exception the temporary folder is removed and ``out`` is untouched. An
     existing ``out`` is refused unless ``force``, then replaced only after the new
-    folder is complete.
+    folder is complete. An ``out`` that is one of the ``inputs`` folders, lies inside one
+    or holds one is refused, ``force`` or not: replacing it would delete the input.
     """
     out = Path(out)
+    if out.name in ("", ".", ".."):  # "-o ." : the folder by its own name
+        out = out.resolve()
+    real = out.resolve()
+    for folder in inputs:
+        if folder is None:
+            continue
+        src = Path(folder).resolve()
+        if real == src or src in real.parents or real in src.parents:
+            how = "is" if real == src else "lies inside" if src in real.parents else "holds"
+            raise UserError(f"-o {out}: {how} the input folder {folder}; replacing it would delete the input "
+                            "(write elsewhere)")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
     check_output_folder(out.parent, "-o", of=out)
@@ -104,8 +116,32 @@ def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
-        raise UserError(f"{p}: not a {what} manifest (expected format '{fmt}')")
+        raise UserError(f"{p}: not {'an' if what[0] in 'aeiou' else 'a'} {what} manifest (expected format '{fmt}')")
     return data
+
+
+def require_fields(data: dict[str, Any], path: Path, fields: dict[str, Any]) -> None:
+    """Each dotted field of ``fields`` ("target.vocab_size": int, or a tuple of types; a
+    list spec [T]: a list of T) present with that type in ``data``, else a UserError
+    naming ``path`` and the field: a manifest edited by hand, or cut short, is said so
+    rather than failing somewhere deep in whoever reads it."""
+    for key, want in fields.items():
+        node: Any = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise UserError(f"{path}: field '{key}' is missing; re-run the stage that wrote it")
+            node = node[part]
+        item = want[0] if isinstance(want, list) else None
+        types = list if item is not None else want
+        ok = isinstance(node, types) and not (isinstance(node, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)))
+        if ok and item is not None:
+            ok = all(isinstance(x, item) and not isinstance(x, bool) for x in node)
+        if not ok:
+            kind = (f"a list of {item.__name__}" if item is not None else
+                    "/".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,))))
+            raise UserError(f"{path}: field '{key}' must be {kind}, found {node!r:.80}; re-run the stage that "
+                            "wrote it")
 
 
 def all_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -129,6 +165,10 @@ def all_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def load_export(folder: Path, verify: bool = True) -> dict[str, Any]:
     """The export manifest, with every file's hash checked (``verify=False`` skips re-hashing)."""
     m = read_manifest(folder, EXPORT_MANIFEST, EXPORT_FORMAT, "export")
+    require_fields(m, Path(folder) / EXPORT_MANIFEST, {
+        "dtype": str, "graphs": dict, "graphs.target.io": dict, "graphs.target.files": [dict], "target": dict,
+        "target.vocab_size": int, "target.max_position_embeddings": int, "target.eos_token_ids": [int],
+        "target.num_layers": int, "draft": (dict, type(None))})
     if verify:
         verify_files(Path(folder), all_records(m), "export")
     return m

@@ -25,7 +25,9 @@ def check_output_file(path: Path, option: str) -> None:
 
 def check_output_folder(folder: Path, option: str, of: Path | None = None) -> None:
     """``folder`` exists as a writable folder or can be made: its nearest existing ancestor
-    is a folder this user can write. Creates nothing."""
+    is a folder this user can write (asked of the OS, then tried with a file made and
+    removed there: root passes os.access everywhere, /proc and read-only mounts refuse
+    the file). Leaves nothing."""
     folder = Path(folder).absolute()
     named = f"{option} {of if of is not None else folder}"
     probe = folder
@@ -35,6 +37,12 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{named}: {probe} is not writable")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".specrt-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise UserError(f"{named}: cannot write in {probe} ({e.strerror or e})") from None
 
 
 @contextmanager
@@ -43,8 +51,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     to a temp file in the same folder, synced, then os.replace; whole or absent (on an
     exception the temp file goes and ``path`` is untouched; missing folders above it are made)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -54,11 +65,13 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # disk full, a folder gone: said, not a traceback
+            raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         raise
 
 

@@ -377,9 +377,11 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     assert isinstance(r.exception, UserError) and "tokenizer.json" in str(r.exception)
     r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                               "--governors", "fixed:banana", "--peers", "none"])
-    assert isinstance(r.exception, UserError) and "governor" in str(r.exception)
+    assert isinstance(r.exception, UserError) and "--governors 'fixed:banana'" in str(r.exception), r.exception
     (tmp_path / "afile").write_text("")
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
+                         (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),
+                         (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
                                                             "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, or none"),

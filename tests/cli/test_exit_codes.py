@@ -58,6 +58,14 @@ def test_output_paths_are_checked_before_any_work(tmp_path, monkeypatch):
         monkeypatch.setattr("specrt.paths.os.access", lambda p, mode: Path(p) != ro)
     with pytest.raises(UserError, match=f"--report {ro}/r.json: {ro} is not writable"):
         check_output_file(ro / "r.json", "--report")
+    if Path("/proc/self").is_dir():  # a folder os.access calls writable for root where no file can be made
+        with pytest.raises(UserError, match="--stats /proc/x.json: cannot write in /proc"):
+            check_output_file(Path("/proc/x.json"), "--stats")
+        from specrt.paths import write_atomic
+
+        with pytest.raises(UserError, match="/proc/x.json: cannot write it"):  # found only when written
+            write_atomic(Path("/proc/x.json"), {"a": 1})
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "ro"]  # the probes left nothing
 
 
 def test_help_and_version_exit_0():

@@ -108,6 +108,36 @@ def test_other_backend_version_is_refused(engines_copy):
         load_engines(engines_copy)
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.pop("roles"), "field 'roles' is missing"),
+    (lambda m: m.update(depths="abc"), "field 'depths' must be a list of int, found 'abc'"),
+    (lambda m: m.update(max_context="big"), "field 'max_context' must be int"),
+    (lambda m: m.update(files=None), "field 'files' must be a list of dict"),
+    (lambda m: m["roles"].update({"verify.2": "x"}), "field 'roles' is malformed"),
+    (lambda m: m["roles"]["decode"].pop("engine"), "field 'roles' is malformed"),
+    (lambda m: m["costs"].update(verify={"one": 1}), "field 'costs' is malformed"),
+])
+def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
+    """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
+    and field, never a traceback from whoever reads it."""
+    edit_manifest(engines_copy, change)
+    with pytest.raises(UserError, match=f"{engines_copy / 'engines.json'}: {message}"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_hand_edited_export_manifest_is_named(tiny_export, tmp_path):
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    for key, change in (("graphs", lambda m: m.pop("graphs")),
+                        ("target.eos_token_ids", lambda m: m["target"].update(eos_token_ids="2"))):
+        m = json.loads((tiny_export / "export.json").read_text())
+        change(m)
+        (exp / "export.json").write_text(json.dumps(m))
+        with pytest.raises(UserError, match=f"{exp / 'export.json'}: field '{key}'"):
+            build_engines(exp, "onnxruntime", (1,), tmp_path / "e", log=quiet)
+        assert not (tmp_path / "e").exists()
+
+
 def test_incomplete_folder_is_refused(engines_copy):
     (engines_copy / "engines.json").unlink()
     with pytest.raises(UserError, match="not a complete engines folder"):
@@ -126,6 +156,34 @@ def test_interrupted_build_leaves_nothing_that_loads(tiny_export, tmp_path, monk
     assert list(tmp_path.iterdir()) == []  # no partial folder left beside it
     with pytest.raises(UserError, match="no such engines folder"):
         load_engines(out)
+
+
+def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path):
+    """The ``specrt`` command stopped by SIGTERM (timeout, docker stop) while its build
+    profiles: exit 143, "Terminated", its temporary folder removed as after Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "engines"
+    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "build", str(tiny_export),
+                          "-o", str(out), "--depths", "1,2", "--profile-repeats", "100000", "--no-canary"],
+                         env={**os.environ, "SPECRT_THP": "0"}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".engines.partial-*/export/export.json")) and time.time() < deadline \
+                and p.poll() is None:
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the graphs' sessions and the profile
+        assert p.poll() is None and list(tmp_path.glob(".engines.partial-*")), "the build ended before it profiled"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 143 and "Terminated" in err, (p.returncode, err)
+    assert list(tmp_path.iterdir()) == []  # neither the engines nor a partial folder
 
 
 def test_existing_output_needs_force(tiny_export, tmp_path):
@@ -153,6 +211,12 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     with pytest.raises(UserError, match=message):
         build_engines(tiny_export, args.pop("backend"), args.pop("depths"), tmp_path / "e", log=quiet, **args)
     assert not (tmp_path / "e").exists()
+
+
+def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):
+    with pytest.raises(UserError, match=f"{tiny_engines}: is an engines folder, not an export; .* copy is "
+                                        f"{tiny_engines / 'export'}"):
+        build_engines(tiny_engines, "onnxruntime", (1,), tmp_path / "e", log=quiet)
 
 
 def test_missing_export_is_a_user_error(tmp_path):

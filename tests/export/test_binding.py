@@ -188,6 +188,36 @@ def test_pickle_with_opt_in(hf_models, tmp_path):
     np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
 
 
+def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
+    """--allow-pickle on a file that is not a state dict of tensors: named, no traceback; the
+    safetensors copy of a good one is removed when the process ends."""
+    import subprocess
+    import sys
+
+    import torch
+
+    folder = copy_tree(REFERENCE / "verifier", tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    f = folder / "pytorch_model.bin"
+    for content, message in ((b"not a pickle", "not a torch checkpoint that loads with weights_only"),
+                             (torch.zeros(2), "expected a state dict of tensor names to tensors, found Tensor"),
+                             ({"a": [1, 2]}, "found 'a': list"), ({}, "found no tensors")):
+        if isinstance(content, bytes):
+            f.write_bytes(content)
+        else:
+            torch.save(content, f)
+        with pytest.raises(UserError, match=message):
+            bind_target(folder, allow_pickle=True)
+    torch.save({"x": torch.ones(3)}, f)
+    code = ("import sys; from pathlib import Path; from specrt.export.checkpoint import scan_folder; "
+            "e = scan_folder(Path(sys.argv[1]), allow_pickle=True); print(e['x'].file)")
+    r = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    made = Path(r.stdout.strip())
+    assert made.name == "model.safetensors" and made.parent.name.startswith("specrt-pickle-")
+    assert not made.parent.exists()  # removed at exit
+
+
 def test_never_imports_config_py(tmp_path):
     folder = copy_tree(REFERENCE, tmp_path / "ref")
     (folder / "draft" / "config.py").write_text("raise SystemExit('config.py was executed')\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -101,3 +102,27 @@ def test_cli_export_user_error(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "missing required field 'speculators_model_type'" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_an_output_over_an_input_is_refused_even_with_force(tmp_path, monkeypatch):
+    """-o the target folder, a folder inside it, the folder holding it, or the draft's (and
+    `-o .` there): refused before anything is written, the checkpoint left whole."""
+    import shutil
+
+    from specrt.engines import build_engines
+
+    ckpt, draft = tmp_path / "ckpts" / "verifier", tmp_path / "draft"
+    shutil.copytree(REFERENCE / "verifier", ckpt)
+    shutil.copytree(REFERENCE / "draft", draft)
+    before = sorted(p.name for p in ckpt.iterdir())
+    for out, how in ((ckpt, "is"), (ckpt / "onnx", "lies inside"), (ckpt.parent, "holds"), (draft, "is")):
+        with pytest.raises(UserError, match=f"-o {out}: {how} the input folder"):
+            export_mod.export(ckpt, draft, out, force=True)
+    monkeypatch.chdir(ckpt)
+    with pytest.raises(UserError, match=f"-o {ckpt}: is the input folder"):
+        export_mod.export(ckpt, None, Path("."), force=True)
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    export_mod.export(ckpt, draft, tmp_path / "exp")
+    with pytest.raises(UserError, match="holds the input folder"):
+        build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path, force=True, log=lambda s: None)
+    assert (tmp_path / "exp" / "export.json").is_file()

@@ -56,8 +56,13 @@ def test_from_spec():
     g = from_spec("dspark:block=4:tree=2", DEPTHS, t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS})
     assert isinstance(g, DSparkGovernor) and g.block == 4 and g.tree_width == 2
     assert from_spec("adaptive:tree=1", DEPTHS).tree_width == 1
-    for bad in ("off:tree=2", "auto:tree=2", "fixed:2:tree=0", "fixed:2:tree=x", ":tree=2"):
+    for bad in ("fixed:2:tree=0", "fixed:2:tree=x", ":tree=2"):
         with pytest.raises(UserError, match="':tree=W' takes a width W >= 1 after a speculative governor"):
+            from_spec(bad, DEPTHS)
+    for bad, why in (("off:tree=2", "'off' takes no ':tree=W' \\(nothing is drafted"),
+                     ("auto:tree=2", "'auto' takes no ':tree=W' \\(auto picks its tree itself"),
+                     ("off:ngram:tree=2", "'off' takes no")):
+        with pytest.raises(UserError, match=why):
             from_spec(bad, DEPTHS)
 
 

@@ -289,6 +289,10 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     junk.write_bytes(b"not a zip")
     r, _ = run(again, "auto", "--grow-file", str(junk))
     assert r.exit_code == 1 and "junk.npz: not a growth file" in r.output and "Traceback" not in r.output
+    junk.write_text("plain text")  # numpy reads it as a pickle: said as no archive, no unpickling hinted
+    r, _ = run(again, "auto", "--grow-file", str(junk))
+    assert r.exit_code == 1 and "junk.npz: not a growth file (not an .npz archive)" in r.output, r.output
+    assert "allow_pickle" not in r.output
 
 
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
@@ -557,3 +561,30 @@ def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tm
                          ('{"messages": 1}', "'messages' is set by specrt")):
         r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--chat", "--chat-template-kwargs", bad])
         assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, (bad, r.output)
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(worded):
+    """Bytes that are not UTF-8 (a shell argument, a pipe: Python's surrogate escapes) are
+    named, exit 1, in `run --prompt` and in `chat`'s turns."""
+    import os
+    import subprocess
+    import sys
+
+    bad = "w6 \udcff\udcfe"  # b"w6 \xff\xfe" as sys.argv and sys.stdin give it
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", bad, "--max-new-tokens", "2"])
+    assert r.exit_code == 1 and "the prompt is not valid UTF-8 text (byte 0xff after 'w6 ')" in r.output, r.output
+    p = subprocess.run([sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(worded)],
+                       input=b"w6 \xff\xfe\n", capture_output=True, timeout=120, env={**os.environ, "SPECRT_THP": "0"})
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "not valid UTF-8" in err and "Traceback" not in err, err
+
+
+def test_run_says_when_the_context_limit_ends_an_answer(worded):
+    """An answer cut by the engines' context (128 here), not by EOS or max_new_tokens, is
+    said on the console (the stats already had finish_reason 'context')."""
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", " ".join(["w6"] * 120), "--max-new-tokens", "40",
+                                  "--governor", "fixed:1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "stopped at the engines' context limit of 128 tokens after 9 new tokens (120 in the prompt)" in r.output
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--max-new-tokens", "4", "--quiet"])
+    assert r.exit_code == 0 and "context limit" not in r.output, r.output
