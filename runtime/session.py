@@ -310,17 +310,26 @@ class Session:
         detok = Detokenizer(self.text)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
-        for chunk in gen:
-            piece = scan.push(detok.push(chunk))
-            if scan.hit:  # settled before the last piece goes out: a caller may stop at it
-                gen.close()
-                self.generator.finished = Finished("stop")
-                del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end):]
+
+        def texts():  # each round's final text, then what an unfinished character held back
+            for chunk in gen:
+                yield detok.push(chunk)
+            yield detok.flush()
+
+        try:
+            for text in texts():
+                piece = scan.push(text)
+                if scan.hit:  # settled before the last piece goes out: a caller may stop at it
+                    gen.close()
+                    self.generator.finished = Finished("stop")
+                    del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end):]
+                    if piece:
+                        yield piece
+                    return
                 if piece:
                     yield piece
-                return
-            if piece:
-                yield piece
+        finally:
+            gen.close()  # (a caller that stops reading closes the decoding with it)
         rest = scan.flush()
         if rest:
             yield rest

@@ -231,10 +231,13 @@ def tokens_through(text: "Text", ids: list[int], end: int) -> int:
 
 
 class Detokenizer:
-    """Incremental decoding: ``push(ids)`` returns only the text that is now final.
+    """Incremental decoding: ``push(ids)`` returns only the text that is now final;
+    ``flush()`` what is left once the stream ends.
 
     Decoding the whole generated list each time is O(n^2) over a run but handles every
-    byte-level merge exactly; a trailing U+FFFD (half a UTF-8 character) is held back.
+    byte-level merge exactly; trailing U+FFFDs (a UTF-8 character whose bytes have not all
+    come yet) are held back, the text before them is not (a round can end inside a
+    character); flush gives them as the full decoding has them when none follow.
     """
 
     def __init__(self, text: Text):
@@ -245,9 +248,15 @@ class Detokenizer:
     def push(self, ids) -> str:
         self.ids.extend(int(i) for i in ids)
         s = self.text.decode(self.ids)
-        if s.endswith("\ufffd"):
+        end = len(s.rstrip("\ufffd"))
+        if end <= self.emitted:
             return ""
-        piece, self.emitted = s[self.emitted:], len(s)
+        piece, self.emitted = s[self.emitted:end], end
+        return piece
+
+    def flush(self) -> str:
+        s = self.text.decode(self.ids)
+        piece, self.emitted = s[self.emitted:], max(self.emitted, len(s))
         return piece
 
     @property

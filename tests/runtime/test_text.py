@@ -588,3 +588,82 @@ def test_run_says_when_the_context_limit_ends_an_answer(worded):
     assert "stopped at the engines' context limit of 128 tokens after 9 new tokens (120 in the prompt)" in r.output
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--max-new-tokens", "4", "--quiet"])
     assert r.exit_code == 0 and "context limit" not in r.output, r.output
+
+
+def _byte_bpe(folder):
+    """A byte-level BPE of 300 tokens (as SmolLM2's, Llama 3's, Qwen3's, smaller): most
+    multi-byte characters take several tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world", "héllo wörld", "the cat sat"] * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+def test_the_detokenizer_holds_back_only_an_unfinished_character(tmp_path):
+    """Pushed in any chunks, the pieces and the flush spell the full decoding; a chunk that
+    ends inside a character gives the text before it at once (the text was held back
+    whole, and lost when the stream ended there)."""
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = _byte_bpe(tmp_path)
+    text = Text(tmp_path)
+    ids = tok.encode("ab 🙂 中文 é!").ids
+    cut = next(k for k in range(1, len(ids)) if text.decode(ids[:k]).endswith("\ufffd"))
+    d = Detokenizer(text)
+    assert d.push(ids[:cut]) == text.decode(ids[:cut]).rstrip("\ufffd") != ""
+    for n in (1, 2, 3, 5):
+        for end in range(1, len(ids) + 1):  # every place the stream may end, a character cut or not
+            d = Detokenizer(text)
+            pieces = [d.push(ids[i:min(i + n, end)]) for i in range(0, end, n)]
+            assert "".join(pieces) + d.flush() == text.decode(ids[:end]), (n, end)
+            assert all("\ufffd" not in p for p in pieces) or "\ufffd" in text.decode(ids[:end]).rstrip("\ufffd")
+
+
+@pytest.fixture(scope="module")
+def bytewise(tmp_path_factory):
+    """A tiny random Llama over that 300-token byte-level vocabulary and a random P-EAGLE
+    draft: its answers are random bytes, characters cut at every turn."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    root = tmp_path_factory.mktemp("bytewise")
+    t = write_tiny_target(root / "t", "llama", vocab_size=300)
+    _byte_bpe(t)
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=300, mask_token_id=299)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng"
+
+
+def test_streamed_text_is_the_decoding_of_the_tokens_however_rounds_cut_characters(bytewise):
+    """Random bytes from the model: the streamed pieces join to the decoding of the output
+    tokens under every governor (rounds of 1 to 4 tokens end inside characters), and a stop
+    string that a multi-byte character completes is found, the text ending before it."""
+    from specrt.runtime.session import Session
+
+    seen_cut = False
+    for gov in ("off", "fixed:1", "fixed:3"):
+        with Session(bytewise, governor=gov) as s:
+            for prompt in ([5, 9, 200], [44, 45, 46, 47], [120]):
+                streamed = "".join(s.stream(prompt, max_new_tokens=40))
+                full = s.text.decode(s.last_output_ids)
+                assert streamed == full, (gov, prompt)
+                seen_cut |= any(s.text.decode(s.last_output_ids[:k]).endswith("\ufffd")
+                                for k in range(1, len(s.last_output_ids)))
+    assert seen_cut  # the outputs did cut characters
+    with Session(bytewise, governor="fixed:3") as s:
+        for prompt in ([120], [7], [5, 9, 200], [44, 45, 46, 47]):  # (most random bytes decode to U+FFFD)
+            full = "".join(s.stream(prompt, max_new_tokens=40))
+            i = next((i for i, ch in enumerate(full) if ord(ch) > 127 and ch != "\ufffd" and i > 0), None)
+            if i is not None:
+                break
+        stop = full[i - 1:i + 1]  # ends in a multi-byte character
+        text = "".join(s.stream(prompt, max_new_tokens=40, stop=(stop,)))
+        assert text == full[:full.index(stop)] and s.stats()["finish_reason"] == "stop", (stop, full)
