@@ -7,6 +7,7 @@ end on a tiny model with a word-level tokenizer: the same text and output token 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,18 +76,32 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     assert "Traceback" not in r.output
 
 
-@pytest.fixture(scope="module")
-def worded(tmp_path_factory):
-    """A tiny Llama (16 tokens) with a word-level tokenizer ("w0" .. "w15") and a random
-    P-EAGLE draft, built for depths 1 and 3: text in and out through real engines."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer) -> Path:
+    """A tiny random Llama of ``vocab`` tokens, ``with_tokenizer(folder)`` writing its
+    tokenizer files, and a random P-EAGLE draft, built for depths 1 and 3 (context 128)."""
     from specrt.engines import build_engines
     from specrt.export.export import export
     from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
-    root = tmp_path_factory.mktemp("worded")
-    t = write_tiny_target(root / "t", "llama", vocab_size=16)
+    t = write_tiny_target(root / "t", "llama", vocab_size=vocab)
+    with_tokenizer(t)
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng"
+
+
+@pytest.fixture(scope="module")
+def worded(tmp_path_factory):
+    """A tiny Llama (16 tokens) with a word-level tokenizer ("w0" .. "w15") and a random
+    P-EAGLE draft, built for depths 1 and 3: text in and out through real engines."""
+    return _tiny_text_pair(tmp_path_factory.mktemp("worded"), 16, 12, _words)
+
+
+def _words(t) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(t / "tokenizer.json"))
@@ -96,11 +111,6 @@ def worded(tmp_path_factory):
     (t / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
         "{% for m in messages %}{{ " + roles + "[m.role] }} {{ m.content }} {% endfor %}"
         "{% if add_generation_prompt %}w2{% if cue is defined %} {{ cue }}{% endif %}{% endif %}")}))
-    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
-    export(t, d, root / "exp")
-    build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=128)
-    return root / "eng"
 
 
 def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
@@ -628,18 +638,7 @@ def test_the_detokenizer_holds_back_only_an_unfinished_character(tmp_path):
 def bytewise(tmp_path_factory):
     """A tiny random Llama over that 300-token byte-level vocabulary and a random P-EAGLE
     draft: its answers are random bytes, characters cut at every turn."""
-    from specrt.engines import build_engines
-    from specrt.export.export import export
-    from tests.fixtures_models import write_tiny_draft, write_tiny_target
-
-    root = tmp_path_factory.mktemp("bytewise")
-    t = write_tiny_target(root / "t", "llama", vocab_size=300)
-    _byte_bpe(t)
-    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=300, mask_token_id=299)
-    export(t, d, root / "exp")
-    build_engines(root / "exp", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=128)
-    return root / "eng"
+    return _tiny_text_pair(tmp_path_factory.mktemp("bytewise"), 300, 300, _byte_bpe)
 
 
 def test_streamed_text_is_the_decoding_of_the_tokens_however_rounds_cut_characters(bytewise):
