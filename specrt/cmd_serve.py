@@ -221,7 +221,7 @@ class Metrics:
                     for (e, c), n in sorted(self.requests.items())]
             for k, text in self.COUNTERS.items():
                 out += [f"# HELP specrt_{k}_total {text}", f"# TYPE specrt_{k}_total counter",
-                        f"specrt_{k}_total {self.counts[k]:g}"]
+                        f"specrt_{k}_total {_number_text(self.counts[k])}"]
             out += ["# HELP specrt_requests_waiting Requests waiting for the engines.",
                     "# TYPE specrt_requests_waiting gauge", f"specrt_requests_waiting {self.waiting}"]
             for k, text in self.HISTOGRAMS.items():
@@ -230,8 +230,14 @@ class Metrics:
                 for b, n in zip((*map(str, self.BUCKETS), "+Inf"), h[:-1]):
                     cum += n
                     out.append(f'specrt_{k}_bucket{{le="{b}"}} {cum}')
-                out += [f"specrt_{k}_sum {h[-1]:g}", f"specrt_{k}_count {cum}"]
+                out += [f"specrt_{k}_sum {_number_text(h[-1])}", f"specrt_{k}_count {cum}"]
         return "\n".join(out) + "\n"
+
+
+def _number_text(v: float) -> str:
+    """A counter's value in full (``:g`` kept 6 digits: 1234567 read 1.23457e+06 and a busy
+    server's counters seemed to stall)."""
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
 class Server:
@@ -335,6 +341,11 @@ class Server:
         if user is not None and not isinstance(user, str):
             raise BadRequest(f"'user' must be a string; got {user!r}", "user")
         opts = body.get("stream_options") or {}
+        stream = body.get("stream", False)
+        if stream is None:
+            stream = False
+        if not isinstance(stream, bool):  # "false" (a string) streamed
+            raise BadRequest(f"'stream' must be true or false; got {stream!r}", "stream")
         template = body.get("chat_template_kwargs")
         if template is not None and not chat:
             raise BadRequest("'chat_template_kwargs' applies to /v1/chat/completions (a completion's prompt is "
@@ -350,7 +361,7 @@ class Server:
                 raise BadRequest(str(e), "messages") from None
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
-                "stream": bool(body.get("stream")), "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage")),
+                "stream": stream, "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage")),
                 "template_kwargs": template}
 
     def complete(self, req: dict) -> Iterator[dict]:
@@ -362,17 +373,51 @@ class Server:
         almost nothing (prefix reuse). With ``echo`` (completions) each choice's first piece is
         the prompt, with its tokens' logprobs when asked for (the first token's null). The
         caller holds the lock for the whole of it."""
-        from dataclasses import replace
-
         from specrt.runtime.telemetry import Telemetry
 
+        s, params = self.session, req["params"]
+        t0, total = time.perf_counter(), Telemetry()
+        done = {"completion": 0, "prompt_tokens": 0, "partial": False, "reason": None}
+        try:
+            yield from self._choices(req, total, done)
+        except GeneratorExit:  # the caller stopped reading: the client left
+            done["reason"] = "none: the client left"
+            if done["partial"]:  # what the choice being decoded had made by then
+                total.merge(s.generator.telemetry)
+                done["completion"] += len(getattr(s, "last_output_ids", None) or [])
+            raise
+        finally:  # counted and logged whenever the request ran to its end or lost its client
+            if done["reason"] is not None:
+                completion, prompt_tokens, t = done["completion"], done["prompt_tokens"], total.to_json()
+                self.metrics.add(prompt_tokens=t["prompt_tokens"], prompt_tokens_reused=t["prefix_reused"],
+                                 completion_tokens=completion, target_calls=t["rounds"],
+                                 draft_rounds=t["draft_rounds"], draft_tokens_verified=t["drafted"],
+                                 draft_tokens_accepted=t["accepted"], lookup_rounds=t["lookup"]["rounds"],
+                                 generation_seconds=time.perf_counter() - t0)
+                choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
+                self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
+                         f"{choices}in {time.perf_counter() - t0:.2f} s, "
+                         f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a "
+                         f"target call, {params.mode}, finish {done['reason']}]")
+        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                         "total_tokens": prompt_tokens + completion},
+               "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
+                          "first_token_s": t["first_token_s"], "prefix_reused": t["prefix_reused"],
+                          "governor": s.governor_spec, "mode": params.mode}}
+
+    def _choices(self, req: dict, total, done: dict) -> Iterator[dict]:
+        """complete's choices, one after another; ``done`` gets the counts and the last
+        finish reason as they settle."""
+        from dataclasses import replace
+
         s, lp, params = self.session, req["logprobs"], req["params"]
-        t0, total, completion, prompt_tokens = time.perf_counter(), Telemetry(), 0, 0
+        completion, prompt_tokens = 0, 0
         for i in range(req["choices"]):  # prompt i // n, its choice i % n
             prompt = req["prompts"][i // req["n"]]
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
+            done["partial"] = True
             gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
                            logprobs=lp, prompt_logprobs=pl, chat_template_kwargs=req["template_kwargs"])
             sent, echoed = 0, not req["echo"]
@@ -402,42 +447,46 @@ class Server:
                 prompt_tokens += st["prompt_tokens"]
             completion += n_out
             reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
+            done.update(completion=completion, prompt_tokens=prompt_tokens, partial=False)
+            if i == req["choices"] - 1:
+                done["reason"] = reason  # (the last choice's, as the log has always said)
             yield {"index": i, "finish_reason": reason,
                    "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None}
-        t = total.to_json()
-        lk = t["lookup"]["rounds"]
-        self.metrics.add(prompt_tokens=t["prompt_tokens"], prompt_tokens_reused=t["prefix_reused"],
-                         completion_tokens=completion, target_calls=t["rounds"], draft_rounds=t["draft_rounds"],
-                         draft_tokens_verified=t["drafted"], draft_tokens_accepted=t["accepted"], lookup_rounds=lk,
-                         generation_seconds=time.perf_counter() - t0)
-        choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
-        self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
-                 f"{choices}in {time.perf_counter() - t0:.2f} s, "
-                 f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a target "
-                 f"call, {params.mode}, finish {reason}]")
-        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                         "total_tokens": prompt_tokens + completion},
-               "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
-                          "first_token_s": t["first_token_s"], "prefix_reused": t["prefix_reused"],
-                          "governor": s.governor_spec, "mode": params.mode}}
+
+
+GET_PATHS = ("/v1/models", "/models", "/health", "/metrics")
+POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "specrt"
     app: Server  # set on the subclass serve() makes
+    # seconds a socket read or write may wait: a client that sends less than its
+    # Content-Length, or stalls, frees its thread (the lock is not held while reading)
+    timeout = 60
+
+    @property
+    def route(self) -> str:
+        """The path without its query string or trailing slash."""
+        return self.path.split("?", 1)[0].rstrip("/")
 
     def log_message(self, fmt, *args):  # requests are logged by Server.complete
         pass
 
-    def _send_json(self, status: int, obj: dict) -> None:
+    def _send_json(self, status: int, obj: dict, headers: dict | None = None) -> None:
         if getattr(self, "_endpoint", None):  # a POST's answer
             self.app.metrics.request(self._endpoint, status)
         data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client left (or timed out) before its answer: nothing to tell it
+            self.close_connection = True
 
     def _error(self, e: BadRequest) -> None:
         kind = "invalid_request_error" if e.status < 500 else "server_error"
@@ -448,7 +497,7 @@ class Handler(BaseHTTPRequestHandler):
         """With ``--api-key`` (Server.api_key), the /v1 paths need ``Authorization: Bearer KEY``
         (as OpenAI's clients send it); /health and /metrics stay open."""
         key = self.app.api_key
-        if not key or self.path.rstrip("/") in ("/health", "/metrics"):
+        if not key or self.route in ("/health", "/metrics"):
             return True
         import hmac
 
@@ -460,15 +509,37 @@ class Handler(BaseHTTPRequestHandler):
                                status=401))
         return False
 
+    def _not_allowed(self) -> None:
+        """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
+        route = self.route
+        allow = ("GET" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else
+                 "POST" if route in POST_PATHS else None)
+        if allow is None:
+            return self._error(BadRequest(f"no such path: {self.command} {self.path}", status=404))
+        self._send_json(405, {"error": {"message": f"{self.command} {route}: this path takes {allow}",
+                                        "type": "invalid_request_error", "param": None, "code": None}},
+                        {"Allow": allow})
+
+    do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
     def do_GET(self):
         if not self._authorised():
             return
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
-            self._send_json(200, {"object": "list", "data": [{"id": self.app.model, "object": "model",
-                                                              "owned_by": "specrt", "created": 0}]})
-        elif self.path.rstrip("/") == "/health":
+        route = self.route
+        model = {"id": self.app.model, "object": "model", "owned_by": "specrt", "created": 0}
+        if route in ("/v1/models", "/models"):
+            self._send_json(200, {"object": "list", "data": [model]})
+        elif route.startswith(("/v1/models/", "/models/")):  # the OpenAI client's models.retrieve
+            name = route.split("/models/", 1)[1]
+            if name != self.app.model:
+                return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
+                                              "model", status=404))
+            self._send_json(200, model)
+        elif route in POST_PATHS:
+            self._not_allowed()
+        elif route == "/health":
             self._send_json(200, {"status": "ok"})
-        elif self.path.rstrip("/") == "/metrics":
+        elif route == "/metrics":
             data = self.app.metrics.render().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -482,33 +553,54 @@ class Handler(BaseHTTPRequestHandler):
         self._arrived = time.perf_counter()
         if not self._authorised():
             return
-        path = self.path.rstrip("/")
+        path = self.route
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path not in ("/v1/completions", "/completions"):
-            return self._error(BadRequest(f"no such path: POST {self.path}", status=404))
+            return self._not_allowed()
         self._endpoint = "chat" if chat else "completions"
         try:
-            size = int(self.headers.get("Content-Length") or 0)
-            if not 0 < size <= MAX_BODY:
-                raise BadRequest(f"expected a JSON body of 1 to {MAX_BODY} bytes (Content-Length {size})")
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                raise BadRequest("a chunked body is not read here: send the JSON body with a Content-Length",
+                                 status=411)
+            length = self.headers.get("Content-Length") or "0"
             try:
-                body = json.loads(self.rfile.read(size))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise BadRequest(f"the request body is not valid JSON ({e})") from None
+                size = int(length)
+            except ValueError:
+                raise BadRequest(f"Content-Length {length!r} is not a number of bytes") from None
+            if not 0 < size <= MAX_BODY:
+                raise BadRequest(f"expected a JSON body of 1 to {MAX_BODY} bytes (Content-Length {size})",
+                                 status=413 if size > MAX_BODY else 400)
+            try:
+                raw = self.rfile.read(size)
+            except OSError:  # timed out or reset before the whole body came: no one to answer
+                self.close_connection = True
+                return
+            if len(raw) < size:  # the client closed early: nothing is run for it
+                self.close_connection = True
+                return
+            try:
+                body = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                why = "nested too deeply" if isinstance(e, RecursionError) else e
+                raise BadRequest(f"the request body is not valid JSON ({why})") from None
             req = self.app.parse(body, chat)
         except BadRequest as e:
+            if e.status == 413:
+                self.close_connection = True  # its body is not read
             return self._error(e)
         except UserError as e:
             return self._error(BadRequest(str(e)))
         m = self.app.metrics
         with m.lock:
             m.waiting += 1
-        with self.app.lock:
-            with m.lock:
-                m.waiting -= 1
-            m.observe("queue_wait_seconds", time.perf_counter() - self._arrived)
-            self._respond(req, chat)
-        m.observe("request_seconds", time.perf_counter() - self._arrived)
+        try:
+            with self.app.lock:
+                with m.lock:
+                    m.waiting -= 1
+                m.observe("queue_wait_seconds", time.perf_counter() - self._arrived)
+                self._respond(req, chat)
+        finally:
+            m.observe("request_seconds", time.perf_counter() - self._arrived)
 
     def _respond(self, req: dict, chat: bool) -> None:
         app = self.app
@@ -528,7 +620,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
         except UserError as e:
-            return self._error(BadRequest(str(e)))
+            return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
             return self._error(BadRequest("no output", status=500))
         except Exception as e:  # an engine failure: an error response, the server goes on

@@ -179,7 +179,7 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": "w1"}], "top_p": 0}, "top_p", "'top_p' must be"),
     ({"messages": [{"role": "user", "content": "w1"}], "n": 17}, "n", "<= 16"),
     ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
-    ({"messages": [{"role": "user", "content": "w1 " * 500}]}, None, "context limit"),
+    ({"messages": [{"role": "user", "content": "w1 " * 500}]}, "messages", "context limit"),
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": 2}, "logprobs", "true or false"),
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs",
      "<= 20"),
@@ -590,3 +590,102 @@ def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noq
         assert app.session.encode(req["prompts"][0], True, req["template_kwargs"]) == [1, 6, 2, 4]
     finally:
         app.close()
+
+
+def _raw(url: str, data: bytes, read: bool = True, timeout: float = 30) -> bytes:
+    """``data`` as it is on one connection; the answer as it comes (b"" when none)."""
+    import socket
+
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as c:
+        c.sendall(data)
+        if not read:
+            return b""
+        out = b""
+        try:
+            while chunk := c.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+def test_the_http_layer_answers_every_malformed_request_and_frees_stalled_ones(worded):  # noqa: F811
+    """Malformed HTTP gets JSON answers (a Content-Length that is no number, JSON nested past
+    the parser, a chunked body, a wrong method: 405 with Allow), query strings and
+    models.retrieve are routed; a client that sends less body than it announced, or leaves
+    mid-stream, makes nothing run or is counted and logged; /metrics counters keep every
+    digit."""
+    import http.client
+    import time
+
+    from specrt.cmd_serve import Metrics, Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    httpd.RequestHandlerClass.timeout = 2  # a stalled client is let go after 2 s here (60 by default)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    try:
+        out = _raw(url, (head + "Content-Length: abc\r\nConnection: close\r\n\r\n{}").encode())
+        assert out.startswith(b"HTTP/1.0 400") and b"Content-Length 'abc' is not a number" in out, out
+        deep = b"[" * 100000
+        out = _raw(url, (head + f"Content-Length: {len(deep)}\r\nConnection: close\r\n\r\n").encode() + deep)
+        assert out.startswith(b"HTTP/1.0 400") and b"nested too deeply" in out, out[:300]
+        out = _raw(url, (head + "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode())
+        assert out.startswith(b"HTTP/1.0 411"), out
+        for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("POST", "/v1/models", "GET"),
+                                    ("OPTIONS", "/v1/completions", "POST"), ("DELETE", "/health", "GET")):
+            c = http.client.HTTPConnection(url.split("//")[1], timeout=30)
+            c.request(method, path, body=b"{}" if method == "POST" else None)
+            r = c.getresponse()
+            assert (r.status, r.getheader("Allow")) == (405, allow), (method, path, r.status)
+            assert f"this path takes {allow}" in json.loads(r.read())["error"]["message"]
+        for path in ("/v1/models?limit=1", "/health?x=1", "/v1/models/tiny"):
+            with urllib.request.urlopen(url + path, timeout=30) as r:
+                assert r.status == 200, path
+        with urllib.request.urlopen(url + "/v1/models/tiny", timeout=30) as r:
+            assert json.loads(r.read())["id"] == "tiny"
+        code, r = _post(url, "/v1/chat/completions?api-version=1", {"messages": [{"role": "user", "content": "w5"}],
+                                                                    "max_tokens": 2})
+        assert code == 200, r
+        code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
+                                                      "stream": "false"})
+        assert code == 400 and r["error"]["param"] == "stream", r
+        # a body shorter than its Content-Length: the client closes; nothing is decoded for it
+        before = len(logs)
+        body = json.dumps({"messages": [{"role": "user", "content": "w5"}]}).encode()
+        _raw(url, (head + f"Content-Length: {len(body) + 50}\r\n\r\n").encode() + body, read=False)
+        time.sleep(3)  # past the read timeout
+        assert len(logs) == before, logs[before:]
+        # a client that reads two events of a stream and leaves: the request is logged and counted
+        req = json.dumps({"messages": [{"role": "user", "content": "w6"}], "max_tokens": 8, "stream": True}).encode()
+        import socket
+
+        with socket.create_connection(("127.0.0.1", httpd.server_address[1])) as c:
+            c.sendall((head + f"Content-Length: {len(req)}\r\n\r\n").encode() + req)
+            got = b""
+            while got.count(b"data: ") < 2:
+                got += c.recv(4096)
+        deadline = time.time() + 30
+        while not any("the client left" in line for line in logs[before:]) and time.time() < deadline:
+            time.sleep(0.05)
+        assert any("finish none: the client left" in line for line in logs[before:]), logs[before:]
+        assert _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 3})[0] == 200  # and it goes on
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        counts = {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and ln[0] != "#")}
+        assert counts["specrt_request_seconds_count"] == counts["specrt_queue_wait_seconds_count"]
+        assert counts["specrt_completion_tokens_total"] > 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+    m = Metrics()
+    m.add(prompt_tokens=1234567)
+    m.add(prompt_tokens=3, generation_seconds=0.1)
+    m.add(generation_seconds=1234567.25)
+    assert "specrt_prompt_tokens_total 1234570\n" in m.render()
+    assert "specrt_generation_seconds_total 1234567.35" in m.render()
