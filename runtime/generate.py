@@ -35,9 +35,9 @@ from .kvcache import KVCache
 from .corpus import FILE as CORPUS_FILE
 from .corpus import GROW_TOKENS, Corpus, Growth
 from .ngram import NgramIndex, NgramPolicy
-from .sampling import SamplingParams, TokenLogprob, check_logits, make_rng, probs, sample, token_logprobs
+from .sampling import CoupledNoise, SamplingParams, TokenLogprob, check_logits, make_rng, probs, sample, token_logprobs
 from .telemetry import RoundResult, Telemetry
-from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_greedy, verify_sampling
+from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_coupled, verify_greedy, verify_sampling
 
 # The most pending rows one draft pass takes in (Generator._catch_up): a prompt's are
 # taken in passes of this many, which bounds the draft attention's temporaries.
@@ -170,6 +170,8 @@ class Generator:
         # text cannot, from what or how fast reuse saves (`specrt serve --isolate-clients`:
         # the request's ``user``). None: everyone's, as one client's.
         self.owner: str | None = None
+        self._noise: CoupledNoise | None = None  # a stream's, under coupled sampling
+        self._draft_pos = 0  # the output position a stream's next draft pass proposes first
         self._prefix_owner: str | None = None
         self.hidden = d["hidden_size"] if d else 0
         self.aux_width = 3 * t["hidden_size"]
@@ -295,8 +297,11 @@ class Generator:
         return self._pick(logits[-1], rng)
 
     def _pick(self, logits: np.ndarray, rng) -> int:
+        """The first token (output position 0)."""
         if self.params.greedy:
             return int(np.argmax(logits))
+        if self._noise is not None:
+            return self._noise.pick(probs(logits[None], self.params)[0], 0)
         return sample(probs(logits[None], self.params)[0], rng)
 
     def _reusable(self, prompt: list[int]) -> tuple[int, int, np.ndarray | None]:
@@ -370,11 +375,18 @@ class Generator:
 
     # ---- drafting -------------------------------------------------------------------
 
-    def _draft_tokens(self, logits: np.ndarray, ids: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray | None]:
-        """Draft tokens (target ids) and, when sampling, their distributions q [K, V]."""
+    def _draft_tokens(self, logits: np.ndarray, ids: np.ndarray, rng, offset: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Draft tokens (target ids) and, when sampling, their distributions q [K, V]
+        (coupled sampling: row k is drawn with the noise of output position
+        ``self._draft_pos + offset + k`` and no q is needed)."""
         if self.params.greedy:
             return ids.astype(np.int64), None
         qd = probs(logits, self.params, engine="draft")  # [K, Vd]
+        if self._noise is not None:
+            tid = None if self.d2t is None else np.arange(len(self.d2t)) + self.d2t
+            base = self._draft_pos + offset
+            return np.array([self._noise.pick(row, base + k, tid) for k, row in enumerate(qd)], np.int64), None
         picks = np.array([sample(row, rng) for row in qd], np.int64)
         # in target ids, a row only when verification reaches it
         q = LazyRows(lambda k: scatter_draft_probs(qd[k : k + 1], self.d2t, self.vocab)[0], len(qd), self.vocab)
@@ -434,7 +446,7 @@ class Generator:
             total += dt
             self.dkv.commit(out, feeds[C.INPUT_IDS].shape[1])
             logits = out[C.DRAFT_LOGITS][0, -1:]  # [1, Vd]
-            tok, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0, -1:], rng)
+            tok, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0, -1:], rng, offset=j)
             drafts[j], confs[j] = tok[0], _softmax_max(logits)[0]
             if j == 0 and self.tree_width > 1:
                 self._siblings = self._runners_up(logits[0], int(tok[0]))
@@ -466,6 +478,10 @@ class Generator:
         self.tree_width = self.resolve_tree_width()
         lookup = self.resolve_lookup()
         rng = make_rng(self.params.seed)
+        # coupled sampling: each position's draw a function of the seed and the position
+        self._noise = CoupledNoise(self.params.seed, self.vocab) \
+            if self.params.coupled and not self.params.greedy else None
+        self._draft_pos = 0
         tel = self.telemetry = Telemetry()
         top = _alternatives("logprobs", self.logprobs)
         lps = self.output_logprobs = []
@@ -552,6 +568,7 @@ class Generator:
                     # the drafts' confidences; the others verify exactly what they draft.
                     fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
                     aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
+                    self._draft_pos = emitted  # draft k proposes output position emitted + k
                     drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, d, rng)
                     pend_tok, pend_aux, pend_start = [], [], n
                     catch_up, behind = behind, False
@@ -578,8 +595,12 @@ class Generator:
                     m = check_logits(logits)  # every row, as greedy does, before any is used
                     p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0],
                                  d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
-                    v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d], rng,
-                                        sib, lambda j: p[d + 1 + j])
+                    if self._noise is not None:
+                        v = verify_coupled(p, drafts[:d], self._noise.pick, emitted, sib, lambda j: p[d + 1 + j])
+                        self._noise.forget_before(emitted)
+                    else:
+                        v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d],
+                                            rng, sib, lambda j: p[d + 1 + j])
                 rows = [0, d + 1 + v.sibling] if v.sibling >= 0 else slice(0, v.accepted + 1)  # x's, then the accepted
                 if v.sibling >= 0:
                     self.tkv.move_row(n + rows[1], n + 1)  # the runner-up's K/V row to the slot after x's

@@ -25,12 +25,21 @@ from specrt.errors import InternalError, UserError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = fresh entropy."""
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = fresh entropy.
+
+    ``coupled``: every token is the Gumbel-max draw of its position's noise (``CoupledNoise``,
+    a function of the seed and the position alone), the draft's proposals drawn with the
+    same noise and accepted when they equal it (verify.verify_coupled): the text is then
+    the one target-only sampling gives with that seed, whatever the drafts, depths, token
+    trees, lookup or reuse. Otherwise rejection sampling (verify.verify_sampling), which
+    accepts more drafts but whose sample depends on them: the same seed gives the same
+    distribution, not the same text."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    coupled: bool = False
 
     def __post_init__(self):
         if not (np.isfinite(self.temperature) and self.temperature >= 0):
@@ -55,8 +64,11 @@ class SamplingParams:
         return f"temperature={float(self.temperature):g},top_k={int(self.top_k)},top_p={float(self.top_p):g}"
 
     def as_dict(self) -> dict:
-        return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
-                "seed": None if self.seed is None else int(self.seed)}
+        d = {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
+             "seed": None if self.seed is None else int(self.seed)}
+        if self.coupled:
+            d["coupled"] = True
+        return d
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -137,6 +149,43 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     c = np.cumsum(p)
     i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
     return i if i < len(c) else int(np.flatnonzero(p)[-1])  # u * c[-1] rounded up to c[-1]
+
+
+class CoupledNoise:
+    """Gumbel-max sampling whose noise is a function of (seed, position) alone.
+
+    The token at output position j is argmin_t E_j[t] / p[t] over the tokens with p > 0,
+    E_j [V] i.i.d. Exp(1) drawn for (seed, j): a draw from p exactly (the
+    exponential race; argmax log p + Gumbel; E_j from SFC64 seeded through SeedSequence
+    with (seed, j), 0.2 ms a position over 49152 tokens). A draft proposing argmin E_j[t] / q[t] with
+    the same E_j proposes the target's own draw whenever the two races agree, which they do
+    more often the closer q is to p; verification keeps a proposal only when it is that
+    draw, so every emitted token is the one target-only sampling with this seed emits."""
+
+    def __init__(self, seed: int | None, vocab: int):
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self.vocab = int(vocab)
+        self._e: dict[int, np.ndarray] = {}
+
+    def exp(self, j: int) -> np.ndarray:
+        """E_j [V] float64 (kept until ``forget_before`` passes j)."""
+        e = self._e.get(j)
+        if e is None:
+            bits = np.random.SFC64(np.random.SeedSequence([self.seed, int(j)]))
+            e = self._e[j] = np.random.Generator(bits).standard_exponential(self.vocab)
+        return e
+
+    def pick(self, p: np.ndarray, j: int, ids: np.ndarray | None = None) -> int:
+        """The draw of position j from p [V] (target ids), or from p [Vd] over the target ids
+        ``ids`` (a draft's own vocabulary; returns a target id)."""
+        e = self.exp(j) if ids is None else self.exp(j)[ids]
+        with np.errstate(divide="ignore", over="ignore"):
+            i = int(np.argmin(e / p))  # p = 0: inf, never the minimum (e > 0, and p sums to 1)
+        return int(ids[i]) if ids is not None else i
+
+    def forget_before(self, j: int) -> None:
+        for k in [k for k in self._e if k < j]:
+            del self._e[k]
 
 
 class TokenLogprob(NamedTuple):

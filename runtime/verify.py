@@ -124,6 +124,26 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return r / z if z > 0.0 else p
 
 
+def verify_coupled(p: np.ndarray | LazyRows, draft: np.ndarray, pick, base: int, siblings=(),
+                   p_sibling=None) -> Verdict:
+    """Coupled sampling (sampling.CoupledNoise): the token at output position base + k is
+    ``pick(p[k], base + k)``, the position's own Gumbel-max draw; draft[k] is accepted when
+    it is that token, and the first that is not ends the round with the draw in its place
+    (the bonus after d accepted). A runner-up for the first position is accepted when it is
+    position base's draw, with the bonus ``pick(p_sibling(j), base + 1)``. Every emitted
+    token is thus the draw target-only coupled sampling makes at its position, given the
+    same tokens before it: the same text, whatever the drafts."""
+    d = len(draft)
+    for k in range(d):
+        t = pick(p[k], base + k)
+        if t != int(draft[k]):
+            if k == 0 and t in [int(b) for b in siblings]:
+                j = [int(b) for b in siblings].index(t)
+                return Verdict(1, np.array([t, pick(p_sibling(j), base + 1)], np.int64), j)
+            return Verdict(k, np.array([*(int(x) for x in draft[:k]), t], np.int64))
+    return Verdict(d, np.array([*(int(x) for x in draft), pick(p[d], base + d)], np.int64))
+
+
 def verify_sampling(p: np.ndarray | LazyRows, q: np.ndarray | LazyRows, draft: np.ndarray,
                     rng: np.random.Generator, siblings=(), p_sibling=None) -> Verdict:
     """Speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023).

@@ -342,7 +342,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
                    "only the rest.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
-        stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
+        reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
@@ -354,7 +354,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     prompts = [prompt] if prompt is not None else _read_prompts(prompts_file)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
@@ -419,7 +419,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
               help="The longest answer, a turn.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
-def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed) -> None:
+def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
+         reproducible) -> None:
     """A conversation on ENGINES_DIR through the exported chat template: each line read is
     a user turn, the answer streams as it is accepted, and every turn reuses the KV rows of
     the conversation so far (prefix reuse). When the conversation and room for an answer
@@ -429,7 +430,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         messages = [{"role": "system", "content": system}] if system else []
         while True:

@@ -1376,14 +1376,15 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
-          seed, profile, governor_costs, quiet) -> None:
+          seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        profile=profile, governor_costs=governor_costs, chat_template_kwargs=chat_template_kwargs,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,
-                       sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed})
+                       sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
+                                 "coupled": reproducible})
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

@@ -47,7 +47,7 @@ def _engines_dir(ctx, param, value):
                   seed_help="Seed of the sampled decoding.")
 def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_kwargs: dict, max_new_tokens: int, holdout: float,
               holdout_file: Path | None, report_file: Path | None, as_json: bool, temperature: float, top_p: float,
-              top_k: int, seed: int) -> None:
+              top_k: int, seed: int, reproducible: bool) -> None:
     """Fit the DSpark governor's per-position confidence calibration on ENGINES_DIR.
 
     Decodes the prompts (greedily, or sampled with --temperature) verifying the full
@@ -59,7 +59,7 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
     from specrt.runtime.sampling import SamplingParams
 
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     if report_file is not None:
         check_output_file(report_file, "--report")
 

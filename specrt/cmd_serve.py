@@ -318,7 +318,7 @@ class Server:
         params = SamplingParams(temperature=_number(body, "temperature", d.temperature, float, 0.0),
                                 top_p=_number(body, "top_p", d.top_p, float, 0.0, 1.0, lo_open=True),
                                 top_k=_number(body, "top_k", d.top_k, int, 0),
-                                seed=_number(body, "seed", d.seed, int, 0))
+                                seed=_number(body, "seed", d.seed, int, 0), coupled=d.coupled)
         stop = body.get("stop")
         stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > 4:
@@ -723,11 +723,15 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
                    "from what reuse or lookup saves. By default all requests share both, as one client's.")
+@click.option("--reproducible", is_flag=True,
+              help="Coupled sampling for every sampled request: the text a function of the request's seed alone "
+                   "(the one target-only decoding samples with it), whatever this server decoded before; by default "
+                   "rejection sampling, which accepts more drafts but whose text depends on them.")
 @template_kwargs_option
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, chat_template_kwargs, api_key) -> None:
+          isolate_clients, reproducible, chat_template_kwargs, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C stops it."""
@@ -737,7 +741,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         raise UserError(f"{engines_dir}: no such engines folder")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
-    app = Server(engines_dir, governor, SamplingParams(temperature=temperature), max_new_tokens, model_name or "",
+    app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,
+                 model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
     app.api_key = api_key
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it

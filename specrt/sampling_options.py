@@ -13,12 +13,18 @@ import click
 
 
 def sampling_options(temperature_help: str, seed: int | None, seed_help: str | None = None):
-    """--temperature, --top-p, --top-k and --seed (default ``seed``; None = fresh entropy)."""
+    """--temperature, --top-p, --top-k, --seed (default ``seed``; None = fresh entropy) and
+    --reproducible (SamplingParams.coupled)."""
     opts = [
         click.option("--temperature", type=float, default=0.0, show_default=True, help=temperature_help),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
         click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help),
+        click.option("--reproducible", is_flag=True,
+                     help="Coupled sampling: each token the Gumbel-max draw of its position's noise, a function of "
+                          "--seed alone, so the text is the one target-only decoding samples with that seed, whatever "
+                          "the governor, drafts, lookup or reuse (by default rejection sampling: more drafts "
+                          "accepted, the same distribution, but the text depends on the drafts)."),
     ]
 
     def decorate(f):

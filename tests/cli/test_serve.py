@@ -689,3 +689,30 @@ def test_the_http_layer_answers_every_malformed_request_and_frees_stalled_ones(w
     m.add(generation_seconds=1234567.25)
     assert "specrt_prompt_tokens_total 1234570\n" in m.render()
     assert "specrt_generation_seconds_total 1234567.35" in m.render()
+
+
+def test_a_reproducible_server_gives_a_seed_its_text_whatever_came_before(worded):  # noqa: F811
+    """``--reproducible``: a sampled request with a seed gets the same text after other
+    requests changed the server's state (reuse, the governor's learning), the text
+    target-only decoding samples with that seed."""
+    from specrt.cmd_serve import Server, make_server
+    from specrt.runtime.session import Session
+
+    app = Server(worded, "auto", SamplingParams(coupled=True), 12, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    ask = {"messages": [{"role": "user", "content": "w6 w7"}], "temperature": 1.0, "seed": 9, "max_tokens": 12}
+    try:
+        texts = [_post(url, "/v1/chat/completions", ask)[1]["choices"][0]["message"]["content"]]
+        for other in ("w6 w7 w8 w9", "w1 w2", "w6"):
+            assert _post(url, "/v1/chat/completions", {**ask, "seed": 1, "messages": [
+                {"role": "user", "content": other}]})[0] == 200
+        texts.append(_post(url, "/v1/chat/completions", ask)[1]["choices"][0]["message"]["content"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+    with Session(worded, governor="off", sampling=SamplingParams(temperature=1.0, seed=9, coupled=True)) as s:
+        want = "".join(s.stream(ask["messages"], max_new_tokens=12))
+    assert texts == [want, want]

@@ -799,7 +799,8 @@ def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, pr
     gov.grow = grow  # the draws' own earlier outputs propose (one Generator, one governor)
     g = G.Generator(engines, gov, params, d2t)
     for s in range(n):
-        g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s)
+        g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s,
+                                  coupled=params.coupled)
         # budget 1 + depth + 1: the first verify round can use the whole depth
         out = g.generate(prompt, budget or 1 + depth + 1)
         counts[keys.index(tuple(out[:length]))] += 1
@@ -908,3 +909,46 @@ def test_sampling_test_detects_a_wrong_sibling_rule(small, monkeypatch):
 
     monkeypatch.setattr(G, "verify_sampling", take_sibling)
     assert _pvalue(small, 1, SamplingParams(temperature=1.0), n=1200, tree=2) < 1e-6
+
+
+COUPLED = [SamplingParams(temperature=1.0, seed=3, coupled=True),
+           SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=11, coupled=True)]
+
+
+@pytest.mark.parametrize("params", COUPLED, ids=["T1", "T0.7-k50-p0.9"])
+def test_coupled_sampling_gives_target_only_text_whatever_the_governor(pair, params, monkeypatch):
+    """Coupled sampling: with a seed, every governor (fixed depths, adaptive, DSpark, a token
+    tree, prompt lookup) emits token for token what target-only decoding emits with that
+    seed (off); another seed another text; drafts were accepted."""
+    root, engines = pair
+    d2t = read_d2t(engines.export_dir, engines.export)
+
+    def run(gov, p=params, tree=1, lookup=False):
+        gov.tree_width, gov.lookup = tree, lookup
+        g = G.Generator(engines, gov, p, d2t)
+        out = g.generate(PROMPT, 40)
+        return out, g.telemetry.to_json()
+
+    ref, _ = run(OffGovernor(DEPTHS))
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    accepted = 0
+    for gov, tree, lookup in [*((FixedGovernor(DEPTHS, k), 1, False) for k in DEPTHS),
+                              (AdaptiveGovernor(DEPTHS), 1, False), (DSparkGovernor(DEPTHS, 2e-4, costs), 1, False),
+                              (FixedGovernor(DEPTHS, 2), 3, False), (FixedGovernor(DEPTHS, 2), 1, True)]:
+        if tree > 1 and not engines.verifies_trees():
+            continue
+        out, t = run(gov, tree=tree, lookup=lookup)
+        assert out == ref, (type(gov).__name__, getattr(gov, "k", ""), tree, lookup)
+        accepted += t["accepted"]
+    assert accepted > 0
+    from dataclasses import replace
+
+    assert run(OffGovernor(DEPTHS), replace(params, seed=params.seed + 1))[0] != ref
+
+
+def test_coupled_sampling_matches_target_distribution(small):
+    """The coupled draws are the target's distribution (over seeds), at depth 4 with the
+    reduced draft vocabulary, with and without top-k / top-p."""
+    for params in (SamplingParams(temperature=1.0, coupled=True),
+                   SamplingParams(temperature=0.7, top_k=4, top_p=0.9, coupled=True)):
+        assert _pvalue(small, 4, params, n=1200) > 0.01, params

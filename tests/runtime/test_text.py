@@ -666,3 +666,19 @@ def test_streamed_text_is_the_decoding_of_the_tokens_however_rounds_cut_characte
         stop = full[i - 1:i + 1]  # ends in a multi-byte character
         text = "".join(s.stream(prompt, max_new_tokens=40, stop=(stop,)))
         assert text == full[:full.index(stop)] and s.stats()["finish_reason"] == "stop", (stop, full)
+
+
+def test_run_reproducible_samples_the_target_only_text_of_its_seed(worded, tmp_path):
+    """`specrt run --reproducible --seed S`: every governor writes the tokens `--governor off`
+    samples with that seed (several prompts in one run: reuse and lookup in between)."""
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("w6 w7", "w6 w7 w8", "w3")))
+    got = {}
+    for gov in ("off", "fixed:3", "auto"):
+        s = tmp_path / f"{gov.replace(':', '_')}.json"
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--chat", "--max-new-tokens", "24",
+                                      "--temperature", "1.0", "--seed", "5", "--reproducible", "--quiet",
+                                      "--governor", gov, "--stats", str(s)])
+        assert r.exit_code == 0, r.output
+        got[gov] = [p["output_token_ids"] for p in json.loads(s.read_text())["prompts"]]
+    assert got["fixed:3"] == got["off"] == got["auto"]
