@@ -239,6 +239,10 @@ class TrtPlan:
 def trt_flags(precision: str, export_dtype: str) -> dict[str, bool]:
     """CreateConfig flags. fp32 disables TF32 so that fp32 engines match ONNX Runtime to 1e-5."""
     want = PRECISIONS[precision]
+    if export_dtype == "bfloat16":  # its engines' I/O would be bfloat16, which polygraphy's numpy path lacks
+        raise UserError("a bfloat16 export cannot be built for TensorRT here: its engines take and return "
+                        "bfloat16 arrays, which polygraphy cannot hand to numpy; export float32 and build "
+                        "--precision bf16 (bf16 compute, float32 I/O)")
     if want != export_dtype and export_dtype != "float32":
         raise UserError(f"precision {precision} cannot be built from a {export_dtype} export "
                         f"(export with --dtype {want} or float32)")

@@ -120,9 +120,14 @@ class TrtRunner(Runner):
         from polygraphy.backend.trt import TrtRunner as PgTrtRunner
 
         engine = self.engines.acquire(self.file)
-        self._runner = PgTrtRunner(engine, name=self.name, optimization_profile=self.profile,
-                                   allocation_strategy="profile")
-        self._runner.activate()
+        try:
+            self._runner = PgTrtRunner(engine, name=self.name, optimization_profile=self.profile,
+                                       allocation_strategy="profile")
+            self._runner.activate()
+        except BaseException:  # the engine is not held by a runner that never started
+            self._runner = None
+            self.engines.release(self.file)
+            raise
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(self._runner.infer(feeds, check_inputs=False))

@@ -82,6 +82,9 @@ def test_precision_rules():
     assert trt_plan(roles, IO, FILES, "fp16", "float16").flags["fp16"]
     with pytest.raises(UserError, match="cannot be built from a float16 export"):
         trt_plan(roles, IO, FILES, "fp32", "float16")
+    for prec in ("bf16", "fp32"):  # bfloat16 I/O: polygraphy has no numpy type for it
+        with pytest.raises(UserError, match="a bfloat16 export cannot be built for TensorRT here"):
+            trt_plan(roles, IO, FILES, prec, "bfloat16")
     with pytest.raises(UserError, match="layout"):
         trt_plan(roles, IO, FILES, "fp32", "float32", layout="one")
     assert normalise_precision(None, "float16") == "fp16"
