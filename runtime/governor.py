@@ -464,6 +464,9 @@ class Calibration:
         return cal
 
 
+SHAPE_WINDOW = 200  # rounds: a depth measured within them is one of the shapes kept at mean 1
+
+
 class DSparkGovernor(Governor):
     """Verify the length with the best expected tokens per second (vLLM's rule, DSpark's survival).
 
@@ -560,6 +563,11 @@ class DSparkGovernor(Governor):
         # a longer context) is costed as measured
         self.shape = {d: 1.0 for d in (0, *self.depths)}
         self.shape_ema = float(shape_ema)
+        # the round each depth's shape was last measured: the shapes of those measured within
+        # SHAPE_WINDOW rounds keep a geometric mean of 1 (observe), the common factor in
+        # load_target, so that depths not measured lately follow it
+        self._shaped: dict[int, int] = {}
+        self._rounds = 0
         # token trees (tree_width W > 1, set by from_spec after construction): per runner-up
         # rank j, how often it wins position 1 when the first draft is rejected (counts with
         # a prior, observe); j runners-up are worth (1 - c_1) x (the sum of their rates) in
@@ -718,6 +726,17 @@ class DSparkGovernor(Governor):
             p = self._p_decode if d == 0 else self._p_verify[d]
             self.load_target += a * (r.t_verify / (p * self.shape[d]) - self.load_target)
             self.shape[d] += self.shape_ema * (r.t_verify / (p * self.load_target) - self.shape[d])
+            # Only load x shape is measured: noise walked the two apart along that free
+            # direction (load up, the measured shapes down; after 20,000 rounds of 20% noise
+            # load 10x, so unvisited depths and the decode step priced 2-10x their cost).
+            # Pinning the measured shapes' geometric mean at 1 moves the common part to load.
+            self._rounds += 1
+            self._shaped[d] = self._rounds
+            live = [k for k, at in self._shaped.items() if self._rounds - at < SHAPE_WINDOW]
+            g = math.exp(sum(math.log(self.shape[k]) for k in live) / len(live))
+            for k in live:
+                self.shape[k] /= g
+            self.load_target *= g
         self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
             self.t_decode = self.load_target * self._p_decode * self.shape[0]

@@ -578,3 +578,20 @@ def test_dspark_with_a_token_tree_values_and_learns_the_runners_up():
         RoundResult(2, 1, siblings=1, sibling=1)
     with pytest.raises(InternalError, match="depth 0 with runner-up -1 of 2"):
         RoundResult(0, 0, siblings=2)
+
+
+def test_dspark_cost_learning_stays_true_under_noisy_timings():
+    """Rounds timed with 20% log-normal noise around the table's own costs, depths 1 and 2
+    in turn, 20,000 of them: the prices of the depths verified, of a depth never verified
+    and of the decode step all stay at their true costs (the shared load and the per-depth
+    shapes once drifted apart, pricing unvisited depths up to 10x)."""
+    costs = {0: 10e-3, 1: 10.5e-3, 2: 11e-3, 4: 12e-3, 8: 16e-3}
+    g = DSparkGovernor(DEPTHS, 1e-3, costs)
+    g.observe(RoundResult(0, 0, 0.0, costs[0]))  # the decode step's own price
+    rng = np.random.default_rng(0)
+    for i in range(20_000):
+        d = 1 + i % 2
+        g.observe(RoundResult(d, 0, 0.0, costs[d] * float(np.exp(rng.normal(0, 0.2)))))
+    for d in (1, 2, 8):
+        assert g.t_verify[d] / costs[d] == pytest.approx(1.0, abs=0.12), (d, g.t_verify[d] / costs[d])
+    assert g.t_decode / costs[0] == pytest.approx(1.0, abs=0.12), g.t_decode / costs[0]
