@@ -196,8 +196,6 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
         raise UserError(f"{where}: draft_vocab_size {dc.draft_vocab_size} exceeds the target vocabulary {tc.vocab_size}")
     if dc.kind == "peagle" and not (0 <= dc.mask_token_id < tc.vocab_size):
         raise UserError(f"{where}: mask_token_id {dc.mask_token_id} is outside the target vocabulary [0, {tc.vocab_size})")
-    if dc.norm_output:
-        raise UserError(f"{where}: norm_output=true is not supported by specrt yet")
     return aux
 
 

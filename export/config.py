@@ -429,7 +429,13 @@ def load_draft_config(folder: Path) -> DraftConfig:
     methods = spec.list("proposal_methods")
     if not methods or not isinstance(methods[0], dict):
         raise UserError(f"{spec.where}: proposal_methods must be a non-empty list of objects")
-    k = _Fields(methods[0], f"{spec.where}.proposal_methods[0]").int("speculative_tokens")
+    # the method speculators names as its default (vLLM reads that one), else the first
+    default = spec.str("default_proposal_method", required=False)
+    at = next((i for i, m in enumerate(methods) if isinstance(m, dict) and default is not None
+               and m.get("proposal_type") == default), 0)
+    if not isinstance(methods[at], dict):
+        raise UserError(f"{spec.where}: proposal_methods[{at}] must be an object")
+    k = _Fields(methods[at], f"{spec.where}.proposal_methods[{at}]").int("speculative_tokens")
     verifier = spec.dict("verifier")
     v_arch = verifier.list("architectures")
     aux = f.list("eagle_aux_hidden_state_layer_ids", required=False)

@@ -184,10 +184,9 @@ def _screened_head(b: ops.GraphBuilder, h: str, w_name: str, w: np.ndarray, V: i
 
 
 def _check_draft(dc: DraftConfig) -> None:
-    if dc.norm_output:
-        # Its place in the draft's forward is not documented in the speculators format
-        # we follow (DESIGN.md §1): refuse rather than guess.
-        raise UserError("draft config has norm_output=true, which specrt does not support")
+    """(Nothing refused now: ``norm_output``, speculators' EAGLE-3 default since v0.7, is
+    built by build_eagle3_graph; for P-EAGLE it changes nothing, its head normalises
+    either way and no hidden state goes on to another step.)"""
 
 
 def _pre_fc(x, dc: DraftConfig, get: ops.Get, b: ops.GraphBuilder | None = None, W=None):
@@ -230,10 +229,12 @@ def _draft_body(b: ops.GraphBuilder, dc: DraftConfig, W, g: str) -> str:
     return _layers(b, cfg, h, ctx, W, 1)
 
 
-def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str) -> None:
-    """h [K, H] -> draft_logits [1, K, Vd] and draft_token_ids [1, K] in target ids."""
+def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str, normed: bool = False) -> None:
+    """h [K, H] -> draft_logits [1, K, Vd] and draft_token_ids [1, K] in target ids
+    (``normed``: h has been through the final norm already)."""
     Vd = dc.draft_vocab_size
-    h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
+    if not normed:
+        h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
     logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
     if Vd < dc.decoder.vocab_size:
         ids = b.op("ArgMax", logits, axis=-1, keepdims=0)  # [1, K] draft ids
@@ -287,6 +288,8 @@ def build_eagle3_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
 
     g = concat(fc(aux_hidden) [A, H], prev_hidden [B, H]); outputs logits, greedy target
     ids and hidden_out (the draft's pre-norm output, the next step's prev_hidden) for all S.
+    With ``norm_output`` (speculators' eagle3/core.py: ``hidden_states = self.norm(...)``
+    before the head) hidden_out is the final norm's output, which the next step takes.
     """
     dc = draft_cfg
     _check_draft(dc)
@@ -297,8 +300,10 @@ def build_eagle3_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
     W = _weights(b, get)
     g = b.op("Concat", _fc_aux(b, dc, get, W, Ht), b.reshape(C.DRAFT_PREV_HIDDEN, -1, H), axis=0)
     h = _draft_body(b, dc, W, g)
+    if dc.norm_output:
+        h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
     b.reshape(h, 1, -1, H, out=C.DRAFT_HIDDEN_OUT)
-    _draft_head(b, dc, get, W, h)
+    _draft_head(b, dc, get, W, h, normed=dc.norm_output)
     io = C.eagle3_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, H, Ht, dtype)
     return b.model(io, "specrt_eagle3", "EAGLE-3 draft step")
 

@@ -63,7 +63,8 @@ def load_hf(path: Path):
 
 def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers: int = 2, draft_vocab: int = 500,
                      norm_before_fc: bool = False, fc_norm: bool = False, norm_before_residual: bool = False,
-                     own_embed: bool = False, mask_token_id: int = 999, seed: int = 1) -> Path:
+                     own_embed: bool = False, mask_token_id: int = 999, seed: int = 1,
+                     norm_output: bool = False) -> Path:
     """A speculators draft for the target saved at ``target`` (same width and family)."""
     t = json.loads((Path(target) / "config.json").read_text())
     rng = np.random.default_rng(seed)
@@ -78,7 +79,7 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
         "speculators_model_type": kind, "draft_vocab_size": draft_vocab,
         "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
         "norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc,
-        "fc_norm": fc_norm, "norm_output": False, "embed_requires_grad": False, "target_hidden_size": None,
+        "fc_norm": fc_norm, "norm_output": norm_output, "embed_requires_grad": False, "target_hidden_size": None,
         "transformer_layer_config": layer_cfg,
         "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
                                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 4}],

@@ -203,3 +203,54 @@ def test_dynamic_rope_has_the_default_frequencies_within_the_model_positions():
     np.testing.assert_allclose(cfg.rope.inv_freq(), inv.numpy(), rtol=2e-6)
     beyond, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf, "cpu", seq_len=2 * BASE["max_position_embeddings"])
     assert not np.allclose(cfg.rope.inv_freq(), beyond.numpy(), rtol=1e-3)  # past it they would differ
+
+
+def test_an_eagle3_draft_with_norm_output_exports_and_decodes_as_the_target(tmp_path):
+    """speculators' EAGLE-3 defaults since v0.7 (norm_before_fc, norm_output,
+    norm_before_residual): bound, exported, built, and the engines decode as transformers'
+    generate at fixed depth 3 (the draft's steps feed each other its normed hidden state)."""
+    import torch
+
+    from specrt.engines import build_engines
+    from specrt.engines.engine_set import load_engines
+    from specrt.export.export import export
+    from specrt.runtime.generate import Generator
+    from specrt.runtime.governor import FixedGovernor
+    from tests.fixtures_models import load_hf, write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="eagle3", norm_before_fc=True, norm_output=True,
+                         norm_before_residual=True)
+    m = export(t, d, tmp_path / "exp")
+    assert m["draft"]["kind"] == "eagle3"
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 3), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(4,))
+    engines = load_engines(tmp_path / "eng")
+    prompt = [5, 9, 2, 700]
+    with engines:
+        out = Generator(engines, FixedGovernor((1, 3), 3)).generate(prompt, 12)
+    with torch.no_grad():
+        want = load_hf(t).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)[0, len(prompt):].tolist()
+    assert out == want
+
+
+def test_the_default_proposal_method_gives_the_speculative_tokens(tmp_path):
+    """speculators_config.default_proposal_method picks its entry of proposal_methods (as
+    vLLM reads it); without a match, the first."""
+    import shutil
+
+    from specrt.export.config import load_draft_config
+
+    from .conftest import REFERENCE
+
+    d = tmp_path / "d"
+    shutil.copytree(REFERENCE / "draft", d)
+    cfg = json.loads((d / "config.json").read_text())
+    first = dict(cfg["speculators_config"]["proposal_methods"][0])
+    cfg["speculators_config"]["proposal_methods"] = [{**first, "proposal_type": "other", "speculative_tokens": 7},
+                                                     {**first, "proposal_type": "greedy", "speculative_tokens": 4}]
+    for default, want in (("greedy", 4), ("other", 7), ("none-such", 7)):
+        cfg["speculators_config"]["default_proposal_method"] = default
+        (d / "config.json").write_text(json.dumps(cfg))
+        assert load_draft_config(d).speculative_tokens == want, default

@@ -410,13 +410,32 @@ def test_peagle_equals_eagle3_with_mask_hidden_as_aux(drafts):
     assert maxerr(p[C.new_key(1)], e[C.new_key(1)]) <= TOL
 
 
-def test_norm_output_is_refused(drafts):
+@pytest.mark.parametrize("name", ["eagle3_llama", "eagle3_qwen3_norms"])
+def test_norm_output_feeds_the_normed_hidden_state_on(drafts, name):
+    """``norm_output`` (speculators' EAGLE-3 default since v0.7; eagle3/core.py normalises
+    the hidden state before the head and the next step takes that): the same logits, and
+    hidden_out the final norm of the plain graph's; a P-EAGLE graph is unchanged by it."""
     import dataclasses
 
-    draft = drafts["eagle3_llama"]
-    cfg = dataclasses.replace(draft.config, norm_output=True)
-    with pytest.raises(UserError, match="norm_output"):
-        build_eagle3_graph(cfg, draft.get)
+    draft = drafts[name]
+    d = draft.config.decoder
+    plain = session(build_eagle3_graph(draft.config, draft.get))
+    normed = session(build_eagle3_graph(dataclasses.replace(draft.config, norm_output=True), draft.get))
+    rng = np.random.default_rng(3)
+    Ht = draft.get("fc").shape[1] // 3
+    feeds = {C.INPUT_IDS: rng.integers(0, d.vocab_size, (1, 5)), C.POSITION_IDS: np.arange(5)[None],
+             C.DRAFT_AUX_IN: rng.normal(0, 1, (1, 3, 3 * Ht)).astype(np.float32),
+             C.DRAFT_PREV_HIDDEN: rng.normal(0, 1, (1, 2, d.hidden_size)).astype(np.float32),
+             **KV(d.num_layers, d.num_kv_heads, d.head_dim).feed()}
+    a, b = run(plain, feeds), run(normed, feeds)
+    assert maxerr(a[C.DRAFT_LOGITS], b[C.DRAFT_LOGITS]) <= TOL
+    h = a[C.DRAFT_HIDDEN_OUT].astype(np.float64)
+    want = h / np.sqrt((h * h).mean(-1, keepdims=True) + d.rms_norm_eps) * draft.get("final_norm")
+    assert maxerr(b[C.DRAFT_HIDDEN_OUT], want) <= TOL
+    assert maxerr(a[C.DRAFT_HIDDEN_OUT], want) > 10 * TOL  # (the two differ: the test can tell them apart)
+    pe = drafts["peagle_llama_norms"]
+    assert build_peagle_graph(dataclasses.replace(pe.config, norm_output=True), pe.get).SerializeToString() == \
+        build_peagle_graph(pe.config, pe.get).SerializeToString()
 
 
 # ---- reduced precision ------------------------------------------------------------------
