@@ -682,3 +682,16 @@ def test_run_reproducible_samples_the_target_only_text_of_its_seed(worded, tmp_p
         assert r.exit_code == 0, r.output
         got[gov] = [p["output_token_ids"] for p in json.loads(s.read_text())["prompts"]]
     assert got["fixed:3"] == got["off"] == got["auto"]
+
+
+def test_the_coupled_sampling_experiment_runs_and_checks_its_promise(worded, tmp_path, capsys):
+    from tests.real_model import tool
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("w6 w7", "w3 w4 w5")))
+    assert tool("exp_coupled_sampling").main([str(worded), "--prompts", str(f), "--n", "2", "--seeds", "1",
+                                              "--max-new-tokens", "8", "--governors", "fixed:3",
+                                              "--temperature", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed:3: coupled / rejection tokens/s, median of paired ratios" in out
+    assert "coupled outputs = target-only decoding's with the same seed: 2/2" in out
