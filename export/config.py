@@ -422,6 +422,14 @@ def load_draft_config(folder: Path) -> DraftConfig:
         raise UserError(f"{path}: speculators_model_type '{kind}' is not supported (supported: {', '.join(DRAFT_TYPES)})")
     layer = f.dict("transformer_layer_config")
     decoder = parse_decoder(layer.data, layer.where, tie_default=False)
+    # speculators trains a draft layer on sliding-window attention wherever layer_types marks
+    # it, whatever the layer's model type (v0.7+ drafts: every layer, window 2048)
+    kinds, window = layer.data.get("layer_types"), layer.data.get("sliding_window")
+    if decoder.sliding_window is None and isinstance(kinds, list) and "sliding_attention" in kinds \
+            and isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        from dataclasses import replace
+
+        decoder = replace(decoder, sliding_window=window)
     spec = f.dict("speculators_config")
     algorithm = spec.str("algorithm")
     if algorithm != kind:

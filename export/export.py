@@ -107,6 +107,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 "vocab_map": vocab_file,
                 "training_receipt": receipt_file,
             }
+            if dc.decoder.sliding_window is not None:  # (drafts without one export as before)
+                draft_json["sliding_window"] = dc.decoder.sliding_window
             log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")
         tok = []
         for n in TOKENIZER_FILES:

@@ -527,7 +527,8 @@ class DSparkGovernor(Governor):
     def __init__(self, depths: Sequence[int], t_draft: float | Mapping[int, float], t_verify: Mapping[int, float],
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16,
                  full_every: int = 64, learn: bool = True,
-                 ceiling_decay: float = 0.05, shape_ema: float = 0.05, block: int | None = None):
+                 ceiling_decay: float = 0.05, shape_ema: float = 0.05, block: int | None = None,
+                 shape_window: int = SHAPE_WINDOW):
         super().__init__(depths)
         if block is not None and int(block) not in self.depths:
             raise UserError(f"dspark block {block}: expected one of the built depths {list(self.depths)}")
@@ -568,6 +569,7 @@ class DSparkGovernor(Governor):
         # load_target, so that depths not measured lately follow it
         self._shaped: dict[int, int] = {}
         self._rounds = 0
+        self.shape_window = int(shape_window)  # 0: no pinning (the drifting behaviour, for A/B runs)
         # token trees (tree_width W > 1, set by from_spec after construction): per runner-up
         # rank j, how often it wins position 1 when the first draft is rejected (counts with
         # a prior, observe); j runners-up are worth (1 - c_1) x (the sum of their rates) in
@@ -732,8 +734,8 @@ class DSparkGovernor(Governor):
             # Pinning the measured shapes' geometric mean at 1 moves the common part to load.
             self._rounds += 1
             self._shaped[d] = self._rounds
-            live = [k for k, at in self._shaped.items() if self._rounds - at < SHAPE_WINDOW]
-            g = math.exp(sum(math.log(self.shape[k]) for k in live) / len(live))
+            live = [k for k, at in self._shaped.items() if self._rounds - at < self.shape_window]
+            g = math.exp(sum(math.log(self.shape[k]) for k in live) / len(live)) if live else 1.0
             for k in live:
                 self.shape[k] /= g
             self.load_target *= g

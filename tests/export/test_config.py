@@ -254,3 +254,28 @@ def test_the_default_proposal_method_gives_the_speculative_tokens(tmp_path):
         cfg["speculators_config"]["default_proposal_method"] = default
         (d / "config.json").write_text(json.dumps(cfg))
         assert load_draft_config(d).speculative_tokens == want, default
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_a_drafts_sliding_window_is_recorded_and_said(tmp_path, model_type):
+    """speculators (v0.7+) trains draft layers on the sliding window layer_types marks,
+    llama or qwen3 alike: export.json records it and the build says when the context goes
+    past it (the draft then sees more than it was trained on; output stays exact)."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", model_type)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["transformer_layer_config"].update(sliding_window=16, layer_types=["sliding_attention"] * 2,
+                                           use_sliding_window=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    m = export(t, d, tmp_path / "exp")
+    assert m["draft"]["sliding_window"] == 16
+    logs: list[str] = []
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=logs.append, profile_repeats=1,
+                  profile_pasts=(4,), max_context=64)
+    assert any("note: the draft was trained attending to the last 16 tokens" in s for s in logs), logs
+    plain = export(t, write_tiny_draft(tmp_path / "d2", t, kind="peagle"), tmp_path / "exp2")
+    assert "sliding_window" not in plain["draft"]
