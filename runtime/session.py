@@ -110,15 +110,23 @@ def prior_from(modes: dict[str, dict], sampling: SamplingParams) -> tuple[str, C
     return near, modes[near]["calibration"].softened(PRIOR_ROUNDS)
 
 
-def load_calibration(engines, sampling: SamplingParams = SamplingParams()) -> tuple[Calibration | None, str]:
+def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
+                     governor: str | None = None) -> tuple[Calibration | None, str]:
     """(calibration, note) for decoding with ``sampling``. A calibration is tied to the
     engines' export digest and to a decoding mode: the mode's own when stored; otherwise
     the stored one of the nearest temperature, as a prior of PRIOR_ROUNDS rounds a
-    position that the run's own rounds soon outweigh."""
+    position that the run's own rounds soon outweigh. A file that cannot be read is an
+    error for DSpark (or when ``governor`` is None); a ``governor`` that reads no
+    calibration (off, fixed, adaptive) goes on without it, the note saying why."""
     p = Path(engines.folder) / CALIBRATION_FILE
     if not p.is_file():
         return None, "no calibration stored: DSpark uses the identity map (run `specrt calibrate`)"
-    modes = read_calibration_file(p, engines.manifest["export"]["digest"])
+    try:
+        modes = read_calibration_file(p, engines.manifest["export"]["digest"])
+    except UserError as e:
+        if governor is None or is_dspark(governor):
+            raise
+        return None, f"calibration ignored ({governor} does not read it): {e}"
     if modes is None:
         return None, f"{p} was fitted for other engines (export digest differs): using the identity map"
     want = sampling.mode
@@ -193,7 +201,7 @@ class Session:
         # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
         # stream's own are laid over them
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.calibration, self.calibration_note = load_calibration(self.engines, sampling)
+        self.calibration, self.calibration_note = load_calibration(self.engines, sampling, governor)
         self.governor_spec = governor
         self.sampling = sampling
         self.d2t = read_d2t(self.engines.export_dir, self.engines.export)

@@ -284,7 +284,7 @@ class Server:
         s = self.session
         g = self.generators.pop(params.mode, None)
         if g is None:
-            cal, note = load_calibration(s.engines, params)
+            cal, note = load_calibration(s.engines, params, s.governor_spec)
             g = Generator(s.engines, make_governor(s.governor_spec, s.engines, cal), params, s.d2t)
             g.reuse_prefix, g.prefix_snapshots = True, self.snapshots
             self.log(f"[{params.mode}: a generator of its own; {note}]")

@@ -695,3 +695,25 @@ def test_the_coupled_sampling_experiment_runs_and_checks_its_promise(worded, tmp
     out = capsys.readouterr().out
     assert "fixed:3: coupled / rejection tokens/s, median of paired ratios" in out
     assert "coupled outputs = target-only decoding's with the same seed: 2/2" in out
+
+
+def test_a_corrupt_calibration_stops_only_the_governors_that_read_it(worded, tmp_path):
+    """calibration.json that cannot be read: DSpark (and auto, which is DSpark) refuses
+    naming the file; off / fixed / adaptive, which never read it, decode and say why it
+    was ignored."""
+    import shutil
+
+    from specrt.errors import UserError
+    from specrt.runtime.session import Session
+
+    eng = tmp_path / "eng"
+    shutil.copytree(worded, eng)
+    (eng / "calibration.json").write_text("{ not json")
+    for gov in ("fixed:1", "off", "adaptive"):
+        with Session(eng, governor=gov) as s:
+            assert s.calibration is None and s.calibration_note.startswith("calibration ignored"), gov
+            "".join(s.stream("w6", chat=True, max_new_tokens=3))
+            assert s.stats()["new_tokens"] >= 1, gov
+    for gov in ("dspark", "auto"):
+        with pytest.raises(UserError, match="calibration.json: not valid JSON"):
+            Session(eng, governor=gov)
