@@ -383,7 +383,10 @@ class Calibration:
             raise UserError("calibration fit: groups must have one entry per sample")
         first = (np.asarray(groups) % 2 == 0) if groups is not None else None
         if first is None or first.all() or not first.any():  # no groups, or all in one fold
-            first = np.arange(conf.size) % 2 == 0
+            # alternate whole rounds (a round's samples come in a run of rising positions),
+            # not samples: alternating samples put positions 1 and 2 of one round in both folds
+            starts = np.r_[True, pos[1:] <= pos[:-1]] if pos.size else np.zeros(0, bool)
+            first = (np.cumsum(starts) - 1) % 2 == 0
         folds = (first, ~first)
         scores, held = {}, {}
         for kind in kinds:

@@ -595,3 +595,25 @@ def test_dspark_cost_learning_stays_true_under_noisy_timings():
     for d in (1, 2, 8):
         assert g.t_verify[d] / costs[d] == pytest.approx(1.0, abs=0.12), (d, g.t_verify[d] / costs[d])
     assert g.t_decode / costs[0] == pytest.approx(1.0, abs=0.12), g.t_decode / costs[0]
+
+
+def test_calibration_folds_without_groups_keep_each_round_whole(monkeypatch):
+    """Without groups (or with all in one fold) the 2-fold split alternates rounds, a round
+    being a run of rising positions: no round has samples in both folds."""
+    seen = []
+    real_add = Calibration._add
+
+    def spy(self, conf, pos, acc):
+        seen.append(np.asarray(pos).copy())
+        return real_add(self, conf, pos, acc)
+
+    monkeypatch.setattr(Calibration, "_add", spy)
+    rng = np.random.default_rng(0)
+    rounds = [int(n) for n in rng.integers(1, 5, 40)]  # rounds reaching 1..4 positions
+    pos = np.concatenate([np.arange(n) for n in rounds])
+    conf, acc = rng.uniform(0, 1, pos.size), (rng.uniform(0, 1, pos.size) < 0.5).astype(int)
+    Calibration.fit(conf, pos, acc, kinds=("histogram",))
+    train_a, train_b = seen[0], seen[1]  # the two folds' training sets, then the final fit
+    assert len(train_a) + len(train_b) == pos.size
+    for part in (train_a, train_b):  # each fold is whole rounds: every run starts at position 0
+        assert part[0] == 0 and all(b == a + 1 or b == 0 for a, b in zip(part[:-1], part[1:]))
