@@ -369,7 +369,8 @@ class Calibration:
 
     @classmethod
     def fit(cls, confidence, position, accepted, kinds: Sequence[str] = KINDS, groups=None, **kw) -> Calibration:
-        """Fit from (confidence, position, accepted) triples, choosing the kind by held-out ECE.
+        """Fit from (confidence, position, accepted) triples, choosing the kind by held-out ECE
+        (per position, weighted by its samples).
 
         2-fold cross-validation; ``groups`` (e.g. the prompt each sample came from) keeps a
         group's samples in one fold: rounds of one prompt are alike, so folds that split a
@@ -389,15 +390,19 @@ class Calibration:
             first = (np.cumsum(starts) - 1) % 2 == 0
         folds = (first, ~first)
         scores, held = {}, {}
+        k_held = np.minimum(pos, kw["positions"] - 1)
         for kind in kinds:
-            err, pred = 0.0, np.zeros(conf.size)
+            pred = np.zeros(conf.size)
             for train, test in (folds, folds[::-1]):
                 cal = cls(kind, **kw)
                 cal._add(conf[train], pos[train], acc[train])
                 cal.refit()
                 pred[test] = cal.predict(conf[test], pos[test])
-                err += ece(pred[test], acc[test]) * test.sum() / max(conf.size, 1)
-            scores[kind], held[kind] = err, pred
+            # per position, weighted by its samples (the maps are per position, and so is the
+            # target: ECE <= 0.05 at each; a pooled ECE let errors of two positions cancel)
+            scores[kind] = sum(ece(pred[m], acc[m]) * m.sum() for m in (k_held == k for k in np.unique(k_held))) \
+                / max(conf.size, 1)
+            held[kind] = pred
         best = min(scores, key=scores.get)  # ties: first listed
         cal = cls(best, **kw)
         cal._add(conf, pos, acc)

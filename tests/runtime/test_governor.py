@@ -617,3 +617,14 @@ def test_calibration_folds_without_groups_keep_each_round_whole(monkeypatch):
     assert len(train_a) + len(train_b) == pos.size
     for part in (train_a, train_b):  # each fold is whole rounds: every run starts at position 0
         assert part[0] == 0 and all(b == a + 1 or b == 0 for a, b in zip(part[:-1], part[1:]))
+
+
+def test_the_calibration_kind_is_chosen_on_per_position_ece():
+    """cv_ece (what picks the kind) is the held-out ECE of each position weighted by its
+    samples, not one ECE pooled over positions, where two positions' errors can cancel."""
+    rng = np.random.default_rng(1)
+    cal = Calibration.fit(*synthetic(rng, 6000), kinds=Calibration.KINDS)
+    by = cal.cv_by_position
+    n = sum(v["n"] for v in by.values())
+    assert cal.cv_ece[cal.kind] == pytest.approx(sum(v["fitted"] * v["n"] for v in by.values()) / n, rel=1e-12)
+    assert cal.cv_ece[cal.kind] == min(cal.cv_ece.values())
