@@ -98,10 +98,11 @@ class EngineSet:
         self.max_context: int = int(manifest["max_context"])
         where = self.folder / "engines.json"
         try:
-            self.roles = {name: Role.from_json(name, d) for name, d in manifest["roles"].items()}
+            self.roles = {}
             for name, d in manifest["roles"].items():
+                self.roles[name] = Role.from_json(name, d)
                 if not isinstance(d.get("engine"), dict):
-                    raise TypeError("no 'engine' object")
+                    raise TypeError(f"role '{name}' has no 'engine' object")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{where}: field 'roles' is malformed ({type(e).__name__}: {e}); rebuild with "
                             "`specrt build`") from None

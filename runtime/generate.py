@@ -177,6 +177,8 @@ class Generator:
         self.aux_width = 3 * t["hidden_size"]
         self.dtype = dtype
         self.d2t = d2t
+        # each draft id's target id (d2t: target = draft + d2t[draft]); None: the same vocabulary
+        self._draft_to_target = None if d2t is None else np.arange(len(d2t)) + d2t
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         # logprobs (None: off): each emitted token's log-probability under the target with
@@ -384,9 +386,9 @@ class Generator:
             return ids.astype(np.int64), None
         qd = probs(logits, self.params, engine="draft")  # [K, Vd]
         if self._noise is not None:
-            tid = None if self.d2t is None else np.arange(len(self.d2t)) + self.d2t
             base = self._draft_pos + offset
-            return np.array([self._noise.pick(row, base + k, tid) for k, row in enumerate(qd)], np.int64), None
+            return np.array([self._noise.pick(row, base + k, self._draft_to_target) for k, row in enumerate(qd)],
+                            np.int64), None
         picks = np.array([sample(row, rng) for row in qd], np.int64)
         # in target ids, a row only when verification reaches it
         q = LazyRows(lambda k: scatter_draft_probs(qd[k : k + 1], self.d2t, self.vocab)[0], len(qd), self.vocab)

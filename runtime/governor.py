@@ -406,10 +406,9 @@ class Calibration:
         best = min(scores, key=scores.get)  # ties: first listed
         cal = cls(best, **kw)
         cal._add(conf, pos, acc)
-        k_of = np.minimum(pos, cal.positions - 1)
         by_position = {}
         for k in range(cal.positions):
-            m = k_of == k
+            m = k_held == k
             if m.any():
                 by_position[k + 1] = {"fitted": ece(held[best][m], acc[m]),
                                       "identity": ece(np.clip(conf[m], 0.0, 1.0), acc[m]), "n": int(m.sum())}
@@ -850,9 +849,10 @@ def split_tree(spec: str | int) -> tuple[str, int]:
     head, sep, tail = s.rpartition(":tree=")
     if not sep:
         return s, 1
-    if head.split(":")[0] in ("off", "auto"):
-        raise UserError(f"--governor '{spec}': '{head.split(':')[0]}' takes no ':tree=W' ("
-                        + ("auto picks its tree itself" if head.startswith("auto") else "nothing is drafted")
+    base = head.split(":")[0]
+    if base in ("off", "auto"):
+        raise UserError(f"--governor '{spec}': '{base}' takes no ':tree=W' ("
+                        + ("auto picks its tree itself" if base == "auto" else "nothing is drafted")
                         + f"; a tree goes after a speculative governor: {SPECS})")
     if not tail.isdigit() or int(tail) < 1 or not head:
         raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "

@@ -133,12 +133,12 @@ def verify_coupled(p: np.ndarray | LazyRows, draft: np.ndarray, pick, base: int,
     position base's draw, with the bonus ``pick(p_sibling(j), base + 1)``. Every emitted
     token is thus the draw target-only coupled sampling makes at its position, given the
     same tokens before it: the same text, whatever the drafts."""
-    d = len(draft)
+    d, sibs = len(draft), [int(b) for b in siblings]
     for k in range(d):
         t = pick(p[k], base + k)
         if t != int(draft[k]):
-            if k == 0 and t in [int(b) for b in siblings]:
-                j = [int(b) for b in siblings].index(t)
+            if k == 0 and t in sibs:
+                j = sibs.index(t)
                 return Verdict(1, np.array([t, pick(p_sibling(j), base + 1)], np.int64), j)
             return Verdict(k, np.array([*(int(x) for x in draft[:k]), t], np.int64))
     return Verdict(d, np.array([*(int(x) for x in draft), pick(p[d], base + d)], np.int64))

@@ -354,15 +354,14 @@ class Server:
             template = template_kwargs_of(template, "chat_template_kwargs")
         except UserError as e:
             raise BadRequest(str(e), "chat_template_kwargs") from None
-        if chat:  # rendered now: a template that refuses the conversation answers 400 before anything runs
-            try:
-                self.session.encode(prompts[0], True, template)
+        if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
+            try:  # anything runs, and the choices decode these token ids
+                prompts = [self.session.encode(prompts[0], True, template)]
             except UserError as e:
                 raise BadRequest(str(e), "messages") from None
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
-                "stream": stream, "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage")),
-                "template_kwargs": template}
+                "stream": stream, "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
 
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
@@ -419,7 +418,7 @@ class Server:
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"] = True
             gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl, chat_template_kwargs=req["template_kwargs"])
+                           logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
