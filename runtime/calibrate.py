@@ -10,7 +10,7 @@
 2. Samples for the conditional map: positions k = 1..min(a+1, d) were *reached*; the first
    a of them were accepted (the (a+1)-th was rejected unless a = d).
 3. The prompts are split (deterministically) into a training and a held-out part;
-   ``Calibration.fit`` (histogram or isotonic, chosen by 2-fold ECE with each prompt's
+   ``Calibration.fit`` (histogram, isotonic or temperature scaling, chosen by 2-fold ECE with each prompt's
    rounds in one fold) runs on the training rounds. On the held-out rounds the report
    gives, per position k, the expected calibration error (runtime.governor.ece, 10 bins) of
        conditional acceptance  c_k = map_k(conf_k)      vs accepted | reached k
@@ -276,6 +276,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         "kind": cal.kind,
         "cv_ece": {k: float(v) for k, v in cal.cv_ece.items()},
         "cv_by_position": cal.cv_by_position,
+        "temperatures": cal.temperatures,  # per position, when the kind is "temperature"
         "prompts": {"train": len(train_idx), "holdout": len(hold_idx),
                     "holdout_source": "separate set" if holdout_prompts is not None else f"{holdout:g} of the prompts"},
         "rounds": {"train": len(train), "holdout": len(hold)},
@@ -331,6 +332,10 @@ def format_report(r: dict) -> str:
                      f" {f(s['after'][k])} {f(s['auc_after'][k])}")
     lines.append(f"  all |                        {f(c['before_all'])} {f(c['after_all'])}        |"
                  f"                        {f(s['before_all'])} {f(s['after_all'])}")
+    if r.get("cv_ece"):
+        temps = r.get("temperatures")
+        lines.append("  kind chosen by 2-fold held-out ECE: " + ", ".join(f"{k} {v:.4f}" for k, v in r["cv_ece"].items())
+                     + ("" if not temps else "; temperature by position " + " ".join(f"{t:.2f}" for t in temps[:r["depth"]])))
     om = r.get("other_mode")
     if om:
         lines.append(f"  without this fit a run in this mode starts from the {om['mode']} calibration (as a prior): "

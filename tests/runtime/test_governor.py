@@ -628,3 +628,40 @@ def test_the_calibration_kind_is_chosen_on_per_position_ece():
     n = sum(v["n"] for v in by.values())
     assert cal.cv_ece[cal.kind] == pytest.approx(sum(v["fitted"] * v["n"] for v in by.values()) / n, rel=1e-12)
     assert cal.cv_ece[cal.kind] == min(cal.cv_ece.values())
+
+
+def temperature_scaled(rng, n, temps):
+    """A draft whose acceptance at position k is sigmoid(logit(conf) / temps[k])."""
+    c = rng.beta(2, 2, n)
+    k = rng.integers(0, len(temps), n)
+    z = np.log(c) - np.log1p(-c)
+    return c, k, (rng.random(n) < 1.0 / (1.0 + np.exp(-z / np.asarray(temps)[k]))).astype(float)
+
+
+def test_temperature_calibration_recovers_each_positions_temperature():
+    """DSpark's kind: one temperature a position, fitted on the bins; no data is the identity
+    (T = 1), a known T per position is found within the grid's step and the binning's bias."""
+    empty = Calibration("temperature")
+    x = np.array([0.0, 0.01, 0.3, 0.5, 0.77, 0.99, 1.0])
+    np.testing.assert_allclose(empty(x), x, atol=1e-12)
+    assert empty.temperatures == [1.0] * 8
+    temps = [2.0, 3.0, 0.5, 1.0]
+    rng = np.random.default_rng(0)
+    cal = Calibration.fit(*temperature_scaled(rng, 40000, temps), kinds=("temperature",))
+    np.testing.assert_allclose(cal.temperatures[:4], temps, rtol=0.12)
+    assert np.all(np.diff(cal.ys, axis=1) >= 0)  # a temperature map is increasing
+    c, k, acc = temperature_scaled(rng, 20000, temps)
+    assert ece(cal.predict(c, k), acc) < 0.3 * ece(c, acc)
+    back = Calibration.from_dict(cal.to_dict())  # stored as counts: the same map comes back
+    assert back.kind == "temperature" and back.temperatures == cal.temperatures
+    np.testing.assert_array_equal(back.ys, cal.ys)
+
+
+def test_the_fit_weighs_all_three_kinds():
+    """Temperature-scaled data is best told by the temperature kind; the overconfident
+    power-law draft of `synthetic`, whose miscalibration no single T follows, is not."""
+    rng = np.random.default_rng(2)
+    cal = Calibration.fit(*temperature_scaled(rng, 20000, [2.0, 3.0, 0.5, 1.0]))
+    assert set(cal.cv_ece) == set(Calibration.KINDS) and cal.kind == "temperature", cal.cv_ece
+    cal = Calibration.fit(*synthetic(rng, 20000))
+    assert cal.kind != "temperature" and cal.cv_ece["temperature"] > min(cal.cv_ece.values()), cal.cv_ece
