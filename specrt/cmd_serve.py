@@ -6,7 +6,8 @@
     POST /v1/completions        a text prompt, no template
     GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits)
 
-Requests take ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
+Requests take ``max_tokens`` (or ``max_completion_tokens``; with the prompt past the
+engines' context: 400, as vLLM answers), ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
@@ -359,9 +360,27 @@ class Server:
                 prompts = [self.session.encode(prompts[0], True, template)]
             except UserError as e:
                 raise BadRequest(str(e), "messages") from None
+        if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
+            self._check_room(prompts, max_new, chat, name)
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
                 "stream": stream, "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
+
+    def _check_room(self, prompts: list, max_new: int, chat: bool, name: str) -> None:
+        """400 when the longest prompt and the asked-for tokens exceed the engines' context
+        (vLLM's and OpenAI's answer; a request that leaves max_tokens out gets the server's
+        default, cut at the context with finish 'length'). A prompt with no room at all is
+        left to the session's own error."""
+        limit = self.session.engines.max_context
+        try:
+            longest = max(len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts)
+        except UserError as e:
+            raise BadRequest(str(e), "prompt") from None
+        if longest < limit and longest + max_new > limit:
+            raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{longest + max_new} tokens ({longest} in the {'messages' if chat else 'prompt'}, "
+                             f"{max_new} in the completion). Please reduce the length of the "
+                             f"{'messages' if chat else 'prompt'} or completion.", name)
 
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,

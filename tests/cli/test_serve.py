@@ -180,6 +180,10 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": "w1"}], "n": 17}, "n", "<= 16"),
     ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
     ({"messages": [{"role": "user", "content": "w1 " * 500}]}, "messages", "context limit"),
+    ({"messages": [{"role": "user", "content": "w1 " * 40}], "max_tokens": 100}, "max_tokens",
+     "maximum context length is 128 tokens. However, you requested"),
+    ({"messages": [{"role": "user", "content": "w1 " * 40}], "max_completion_tokens": 100}, "max_completion_tokens",
+     "in the messages, 100 in the completion"),
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": 2}, "logprobs", "true or false"),
     ({"messages": [{"role": "user", "content": "w1"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs",
      "<= 20"),
@@ -517,6 +521,22 @@ def test_completions_answer_several_prompts(served, worded):  # noqa: F811
     assert code == 400 and r["error"]["param"] == "prompt" and "at most 64" in r["error"]["message"]
     code, r = _post(url, "/v1/completions", {"prompt": ["w1", ""]})
     assert code == 400 and r["error"]["param"] == "prompt"
+
+
+def test_completions_asking_past_the_context_get_400_as_from_vllm(served, worded):  # noqa: F811
+    """prompt + max_tokens beyond the engines' context (128) is refused before anything
+    runs, naming the counts; the same prompt with a max_tokens that fits is answered, and so
+    is a request that leaves max_tokens to the server's default."""
+    url, _ = served
+    ids = [5, 6, 7] * 20  # 60 token ids
+    code, r = _post(url, "/v1/completions", {"prompt": ids, "max_tokens": 69})
+    assert code == 400 and r["error"]["param"] == "max_tokens", r
+    assert "you requested 129 tokens (60 in the prompt, 69 in the completion)" in r["error"]["message"], r
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1", "w2 " * 70], "max_tokens": 60})
+    assert code == 400 and "(70 in the prompt, 60 in the completion)" in r["error"]["message"], r
+    for body in ({"prompt": ids, "max_tokens": 68}, {"prompt": ids}):
+        code, r = _post(url, "/v1/completions", body)
+        assert code == 200 and r["usage"]["prompt_tokens"] == 60 and r["usage"]["completion_tokens"] >= 1, r
 
 
 def test_models_health_and_unknown_paths(served):
