@@ -49,6 +49,8 @@ class Bound:
     slots: dict[str, BoundTensor]
     reader: TensorReader
     aliases: dict[str, str] = field(default_factory=dict)  # slot -> slot it is served by (ties)
+    # a tied slot's own tensor when the checkpoint stores one equal to what serves it (receipt only)
+    tied_copies: dict[str, BoundTensor] = field(default_factory=dict)
 
     def has(self, slot: str) -> bool:
         return slot in self.slots or slot in self.aliases
@@ -66,6 +68,8 @@ class Bound:
         out = {s: b.to_json(self.folder) for s, b in self.slots.items()}
         for s, served_by in self.aliases.items():
             out[s] = {"tied_to": served_by, "sha256": self.slots[served_by].sha256}
+            if s in self.tied_copies:
+                out[s]["stored_copy"] = self.tied_copies[s].to_json(self.folder)
         return out
 
 
@@ -160,13 +164,20 @@ def bind_target(folder: str | Path, allow_pickle: bool = False) -> BoundTarget:
     rows = S.expand(S.TARGET_SLOTS, d.num_layers)
     reader = TensorReader()
     slots = _bind(folder, entries, rows, d, lambda i: {"i": i}, S.TARGET_IGNORABLE, d.num_layers, "target", reader)
-    aliases = {}
+    aliases, copies = {}, {}
     if d.tie_word_embeddings:
-        if "lm_head" in slots:
-            raise UserError(f"{folder}: config says tie_word_embeddings=true but the checkpoint has its own lm_head "
-                            f"('{slots['lm_head'].entry.name}')")
+        head = slots.pop("lm_head", None)
+        if head is not None:  # tied checkpoints often store the head too: the same bytes, or a different head
+            embed = slots["embed"]
+            if head.sha256 != embed.sha256 or head.entry.dtype != embed.entry.dtype:
+                raise UserError(
+                    f"{head.entry.file}: config.json says tie_word_embeddings=true but '{head.entry.name}' differs from "
+                    f"the embeddings '{embed.entry.name}' (transformers 4 ties them, using the embeddings; transformers "
+                    f"5 unties them, using the stored head): set tie_word_embeddings in {folder / 'config.json'} to "
+                    "false to use the stored head, or remove the tensor to use the embeddings")
+            copies["lm_head"] = head
         aliases["lm_head"] = "embed"
-    return BoundTarget(folder=folder, slots=slots, reader=reader, aliases=aliases, config=cfg)
+    return BoundTarget(folder=folder, slots=slots, reader=reader, aliases=aliases, tied_copies=copies, config=cfg)
 
 
 def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -> tuple[int, ...]:

@@ -19,11 +19,17 @@ from specrt.errors import UserError
 # Decoder families that share the Llama block (pre-norm, RMSNorm, RoPE, SwiGLU).
 # Differences are declared here as data, not branched on elsewhere.
 ARCHITECTURES: dict[str, dict[str, Any]] = {
-    # model_type: {qk_norm: per-head RMSNorm on q/k (Qwen3), qkv_bias: q/k/v projections carry a bias}
-    "llama": {"qk_norm": False, "qkv_bias": False, "hf_class": "LlamaForCausalLM"},
-    "mistral": {"qk_norm": False, "qkv_bias": False, "hf_class": "MistralForCausalLM"},
-    "qwen2": {"qk_norm": False, "qkv_bias": True, "hf_class": "Qwen2ForCausalLM"},
-    "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM"},
+    # model_type: {qk_norm: per-head RMSNorm on q/k (Qwen3), qkv_bias: q/k/v projections carry a
+    # bias, defaults: what transformers' config class (5.24) takes for a field config.json leaves
+    # out (num_key_value_heads / head_dim None: num_attention_heads / hidden_size over it)}
+    "llama": {"qk_norm": False, "qkv_bias": False, "hf_class": "LlamaForCausalLM",
+              "defaults": {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": 2048}},
+    "mistral": {"qk_norm": False, "qkv_bias": False, "hf_class": "MistralForCausalLM",
+                "defaults": {"num_key_value_heads": 8, "head_dim": None, "max_position_embeddings": 131072}},
+    "qwen2": {"qk_norm": False, "qkv_bias": True, "hf_class": "Qwen2ForCausalLM",
+              "defaults": {"num_key_value_heads": 32, "head_dim": None, "max_position_embeddings": 32768}},
+    "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM",
+              "defaults": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768}},
 }
 
 # "dynamic" (NTK) rescales only past max_position_embeddings, where no engine goes (the build's
@@ -333,7 +339,9 @@ def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | N
     return window
 
 
-def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = None) -> DecoderConfig:
+def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
+    """A decoder's config; a field it leaves out takes its family's transformers default
+    (ARCHITECTURES), tie_word_embeddings false as every supported config class has it."""
     f = _Fields(data, where)
     model_type = f.str("model_type")
     if model_type not in ARCHITECTURES:
@@ -341,12 +349,13 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
             f"{where}: model_type '{model_type}' is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
     arch = ARCHITECTURES[model_type]
+    dflt = arch["defaults"]
     hidden = f.int("hidden_size")
     heads = f.int("num_attention_heads")
-    kv_heads = f.int("num_key_value_heads", required=False, default=heads)
+    kv_heads = f.int("num_key_value_heads", required=False, default=dflt["num_key_value_heads"] or heads)
     if heads % kv_heads:
         raise UserError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    head_dim = f.int("head_dim", required=False)
+    head_dim = f.int("head_dim", required=False, default=dflt["head_dim"])
     if head_dim is None:
         if hidden % heads:
             raise UserError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
@@ -359,9 +368,9 @@ def parse_decoder(data: dict[str, Any], where: str, tie_default: bool | None = N
     if f.bool("mlp_bias", required=False, default=False):
         raise UserError(f"{where}: mlp_bias=true is not supported")
     qkv_bias = arch["qkv_bias"] or f.bool("attention_bias", required=False, default=False)
-    tie = f.bool("tie_word_embeddings", required=tie_default is None, default=tie_default)
+    tie = f.bool("tie_word_embeddings", required=False, default=False)
     layers = f.int("num_hidden_layers")
-    max_positions = f.int("max_position_embeddings", required=False, default=4096)
+    max_positions = f.int("max_position_embeddings", required=False, default=dflt["max_position_embeddings"])
     return DecoderConfig(
         model_type=model_type,
         hidden_size=hidden,
@@ -398,8 +407,7 @@ def load_target_config(folder: Path) -> TargetConfig:
     archs = f.list("architectures")
     if not archs or not all(isinstance(a, str) for a in archs):
         raise UserError(f"{path}: field 'architectures' must be a non-empty list of class names")
-    # transformers' PretrainedConfig default for tie_word_embeddings is true.
-    decoder = parse_decoder(data, str(path), tie_default=True)
+    decoder = parse_decoder(data, str(path))
     expected = ARCHITECTURES[decoder.model_type]["hf_class"]
     if archs[0] != expected:
         raise UserError(f"{path}: architectures[0] is '{archs[0]}', expected '{expected}' for model_type '{decoder.model_type}'")
@@ -421,7 +429,7 @@ def load_draft_config(folder: Path) -> DraftConfig:
     if kind not in DRAFT_TYPES:
         raise UserError(f"{path}: speculators_model_type '{kind}' is not supported (supported: {', '.join(DRAFT_TYPES)})")
     layer = f.dict("transformer_layer_config")
-    decoder = parse_decoder(layer.data, layer.where, tie_default=False)
+    decoder = parse_decoder(layer.data, layer.where)
     # speculators trains a draft layer on sliding-window attention wherever layer_types marks
     # it, whatever the layer's model type (v0.7+ drafts: every layer, window 2048)
     kinds, window = layer.data.get("layer_types"), layer.data.get("sliding_window")

@@ -139,6 +139,32 @@ def test_tied_config_with_own_lm_head_refused(hf_models, tmp_path):
         bind_target(folder)
 
 
+def test_a_tied_checkpoint_storing_its_head_too_binds_tied(hf_models, tmp_path):
+    """Tied checkpoints often store lm_head.weight as well: equal to the embeddings, it is
+    served by them (one copy of the weights) and the receipt names the stored copy."""
+    folder = copy_tree(hf_models["llama_tied"], tmp_path / "m")
+    embed = _state(folder)["model.embed_tokens.weight"]
+    rewrite(folder, add={"lm_head.weight": embed.copy()})
+    t = bind_target(folder)
+    assert t.aliases == {"lm_head": "embed"} and "lm_head" not in t.slots
+    np.testing.assert_array_equal(t.get("lm_head"), embed)
+    row = t.table()["lm_head"]
+    assert row["tied_to"] == "embed" and row["stored_copy"]["key"] == "lm_head.weight"
+    assert row["stored_copy"]["sha256"] == row["sha256"]
+
+
+def test_a_config_without_tie_word_embeddings_is_untied(hf_models, tmp_path):
+    """LlamaConfig / Qwen3Config default to untied (transformers' own classes): a config
+    that leaves the key out binds its stored head."""
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["tie_word_embeddings"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    t = bind_target(folder)
+    assert not t.config.decoder.tie_word_embeddings and not t.aliases
+    np.testing.assert_array_equal(t.get("lm_head"), _state(folder)["lm_head.weight"])
+
+
 def test_missing_shard(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
     shard = sorted(folder.glob("model-*.safetensors"))[1]

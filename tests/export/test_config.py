@@ -279,3 +279,23 @@ def test_a_drafts_sliding_window_is_recorded_and_said(tmp_path, model_type):
     assert any("note: the draft was trained attending to the last 16 tokens" in s for s in logs), logs
     plain = export(t, write_tiny_draft(tmp_path / "d2", t, kind="peagle"), tmp_path / "exp2")
     assert "sliding_window" not in plain["draft"]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("left_out", [("tie_word_embeddings",), ("head_dim",), ("num_key_value_heads", "head_dim"),
+                                      ("max_position_embeddings",)])
+def test_a_field_left_out_takes_its_familys_transformers_default(model_type, left_out):
+    """Each against transformers' own config class built from the same fields (its defaults:
+    no tie for any of the four, Qwen3's head_dim 128, Mistral's 8 / Qwen's 32 KV heads,
+    each family's max_position_embeddings)."""
+    import transformers
+
+    fields = {k: v for k, v in {**BASE, "num_attention_heads": 32, "hidden_size": 2048}.items() if k not in left_out}
+    cfg = parse_decoder({**fields, "model_type": model_type}, "config.json")
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
+    hf = cls(**fields)
+    assert cfg.tie_word_embeddings == hf.tie_word_embeddings
+    assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    assert cfg.num_kv_heads == hf.num_key_value_heads
+    assert cfg.max_position_embeddings == hf.max_position_embeddings
