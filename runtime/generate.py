@@ -574,8 +574,10 @@ class Generator:
                     drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, d, rng)
                     pend_tok, pend_aux, pend_start = [], [], n
                     catch_up, behind = behind, False
-                    if self.governor.uses_confidences:
-                        d = self.governor.choose(GovernorState(confidences=conf, limit=limit))
+                    if self.governor.uses_confidences:  # EAGLE-3's later confidences follow its
+                        # sampled drafts: rejection sampling then needs a stopping rule (governor.py)
+                        stopping = self.draft_kind == "eagle3" and not self.params.greedy and self._noise is None
+                        d = self.governor.choose(GovernorState(confidences=conf, limit=limit, stopping=stopping))
                 # a token tree: the draft's runners-up for the first position, where they fit
                 # (as many as the governor takes this round: DSpark sizes the tree from c_1)
                 sib = self._siblings[: max(0, min(room - d, self.governor.round_siblings()))] \

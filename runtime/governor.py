@@ -9,10 +9,20 @@ e.g. (1, 2, 4, 8)); 0 means no speculation (a plain decode step). Once per round
     ... draft (if not done), verify d tokens ...
     gov.observe(RoundResult(...))                 # telemetry.RoundResult
 
-``conf`` [K] is the draft's own probability of the token it proposed at depths 1..K
-(greedy drafts: the max of its softmax). ``GovernorState.limit`` caps the answer (tokens
-left, context room): a governor then returns the largest built depth <= limit, or 0.
-Output is lossless whatever is chosen; governors only trade speed.
+``conf`` [K] is the largest probability of the draft's distribution at depths 1..K (the
+max of its softmax, computed before the token at that depth is drawn: never the drawn
+token's own probability, which would make the depth depend on the draft it verifies).
+``GovernorState.limit`` caps the answer (tokens left, context room): a governor then
+returns the largest built depth <= limit, or 0.
+
+Lossless whatever is chosen, greedy or sampled, with one rule for sampling: whether the
+draft at depth k is verified may depend on what was known before it was drawn, not on
+it. P-EAGLE's confidences come from one pass before any draw; an EAGLE-3 step's comes
+after the previous step's drawn token, so under rejection sampling its round asks with
+``GovernorState(stopping=True)`` and DSpark decides the depth as a stopping rule (its
+``_stopping_depth``): choosing the depth on every confidence of the block would verify a
+sampled draft more often when it led to confident later steps, which biases the output
+(a 3-token example: 0.600 / 0.240 / 0.160 against the target's 0.5 / 0.3 / 0.2).
 """
 
 from __future__ import annotations
@@ -38,8 +48,11 @@ COST_PAST = 256
 
 @dataclass(frozen=True)
 class GovernorState:
-    confidences: np.ndarray | None = None  # [K] draft's probability of its own token at depth 1..K
+    confidences: np.ndarray | None = None  # [K] the max of the draft's distribution at depth 1..K
     limit: int | None = None  # largest depth the scheduler can take this round
+    # confidence k + 1 depends on the draft drawn at depth k (EAGLE-3 under rejection
+    # sampling): verify draft k only on what was known before it was drawn (module docstring)
+    stopping: bool = False
 
 
 def check_depths(depths: Sequence[int]) -> tuple[int, ...]:
@@ -689,14 +702,19 @@ class DSparkGovernor(Governor):
             raise InternalError(f"draft engine produced non-finite confidences {conf}")
         c = self.calibration(conf)
         t_draft = self.draft_cost(len(c))  # paid already: common to every choice below
+        if state.stopping:  # the ceilings as they stood before this round's confidences
+            cap = self.calibration.upper
+            up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
         keep = 1.0 - self.ceiling_decay
         for k, ck in enumerate(c[: len(self.ceiling)]):
             u = self.ceiling[k] * keep
             self.ceiling[k] = ck if ck > u else u
         limit = len(c) if state.limit is None else min(len(c), state.limit)
-        best, best_rate, sibs, e, s, i, depths = 0, -1.0, 0, 1.0, 1.0, 0, self.depths
         tree = self.tree_width > 1
         rates = self._win_rates() if tree else None
+        if state.stopping:
+            return self._stopping_depth(c, up, limit, t_draft, rates)
+        best, best_rate, sibs, e, s, i, depths = 0, -1.0, 0, 1.0, 1.0, 0, self.depths
         for k in range(1, limit + 1):
             s *= c[k - 1]  # S_k
             e += s  # E(k)
@@ -715,6 +733,45 @@ class DSparkGovernor(Governor):
             self._sibs = 0
             return 0
         return best
+
+    def _stopping_depth(self, c: list[float], up: list[float], limit: int, t_draft: float,
+                        rates: list[float] | None) -> int:
+        """The verify length as a stopping rule (``GovernorState.stopping``). From built depth
+        d_i (0 at first) the round goes on to the next built depth only when the rule, knowing
+        c_1 .. c_{d_i + 1} (the confidences drawn before the draft at d_i + 1) and taking the
+        pre-round ceilings u for the positions past them, strictly prefers a depth beyond d_i
+        to stopping at d_i (at 0: a plain decode step after drafting, when its cost is known).
+        So whether draft k is verified depends on drafts before k only, and rejection
+        sampling stays exact. The runners-up (a tree) are sized for the depth reached; they
+        are tested against the residual after the first draft's rejection, exact for any
+        list of them."""
+        tree = rates is not None
+        built = [k for k in self.depths if k <= limit]
+
+        def rate(k: int, e: float) -> tuple[float, int]:  # built depth k whose chain expects e
+            return self._best_tree(e, c[0], t_draft, k, rates) if tree else (e / (t_draft + self.t_verify[k]), 0)
+
+        cur, cur_rate, sibs = 0, (-1.0 if self.t_decode is None else 1.0 / (t_draft + self.t_decode)), 0
+        for i in range(len(built)):
+            known = cur + 1  # c_1 .. c_known were known before the draft at depth known was drawn
+            best_rate, e, s = cur_rate, 1.0, 1.0
+            for k in range(1, built[-1] + 1):
+                s *= c[k - 1] if k <= known else up[k - 1]
+                e += s
+                if k > cur and k in self.t_verify and k <= limit:
+                    best_rate = max(best_rate, rate(k, e)[0])
+            if best_rate <= cur_rate:  # strict: ties stop at the smaller depth
+                break
+            cur = built[i]
+            e, s = 1.0, 1.0
+            for k in range(1, cur + 1):  # E(cur) on the confidences known from here on
+                s *= c[k - 1]
+                e += s
+            cur_rate, sibs = rate(cur, e)
+        if cur:  # the rate the pre-draft call expects from drafting: a smoothed prediction
+            self.rate = cur_rate if self.rate is None else self.rate + self.RATE_EMA * (cur_rate - self.rate)
+        self._sibs = sibs if cur else 0
+        return cur
 
     def _draft_or_not(self, state: GovernorState) -> int:
         self._since_full += 1

@@ -787,13 +787,13 @@ def _exact(engines, prompt, length, params):
 
 
 def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False,
-            grow=False, budget=None):
+            grow=False, budget=None, governor=None):
     prompt, length = list(prompt), 3
     want = _exact(engines, prompt, length, params)
     keys = sorted(want)
     counts = np.zeros(len(keys))
     d2t = read_d2t(engines.export_dir, engines.export)
-    gov = FixedGovernor((1, 2, 4), depth)
+    gov = FixedGovernor((1, 2, 4), depth) if governor is None else governor
     gov.tree_width = tree
     gov.lookup = lookup or grow
     gov.grow = grow  # the draws' own earlier outputs propose (one Generator, one governor)
@@ -827,6 +827,37 @@ def test_sampling_with_token_trees_matches_target_distribution(small, depth, tre
     """The draft's runners-up for position 1, tested against the residual after the first
     draft's rejection (verify.py), leave the distribution of sequences the target's."""
     assert _pvalue(small, depth, params, n=1200, tree=tree) > 0.01
+
+
+@pytest.fixture(scope="module")
+def small_eagle3(tmp_path_factory):
+    """V = 6 target, EAGLE-3 draft over a reduced vocabulary of 4: each step's confidence
+    follows the token the step before drew."""
+    root = _pair(tmp_path_factory.mktemp("small_e3"), "qwen3", "eagle3", 6, 4, depths=(1, 2, 4))
+    engines = load_engines(root / "eng")
+    engines.activate()
+    yield engines
+    engines.deactivate()
+
+
+def _confidence_led_dspark(tree: int = 1):
+    """DSpark on costs where the depth turns on the later confidences (verify 1 / 2 / 4 at
+    1.05 / 1.10 / 1.20 decode steps, the draft 0.3), not learning them from the tiny engines."""
+    from specrt.runtime.governor import DSparkGovernor
+
+    g = DSparkGovernor((1, 2, 4), 0.3, {0: 1.0, 1: 1.05, 2: 1.10, 4: 1.20}, learn=False, ema=0.0, shape_ema=0.0)
+    g.tree_width = tree
+    return g
+
+
+@pytest.mark.parametrize("tree, params", [(1, SamplingParams(temperature=1.0)),
+                                          (3, SamplingParams(temperature=0.7, top_k=4, top_p=0.9))],
+                         ids=["w1-T1", "w3-T0.7-k4-p0.9"])
+def test_sampling_with_an_eagle3_draft_under_dspark_matches_target_distribution(small_eagle3, tree, params):
+    """EAGLE-3 under DSpark: the depth is decided as a stopping rule (each draft verified on
+    what was known before it was drawn), so the sequences are the target's in distribution."""
+    gov = _confidence_led_dspark(tree)
+    assert _pvalue(small_eagle3, 4, params, n=1500, tree=tree, governor=gov) > 0.01
 
 
 LOOKUP_PROMPT = (1, 0, 1, 2, 1, 3, 1, 4, 1, 5, 1)  # whatever comes next, "1 t" occurred before (t != 1)

@@ -665,3 +665,82 @@ def test_the_fit_weighs_all_three_kinds():
     assert set(cal.cv_ece) == set(Calibration.KINDS) and cal.kind == "temperature", cal.cv_ece
     cal = Calibration.fit(*synthetic(rng, 20000))
     assert cal.kind != "temperature" and cal.cv_ece["temperature"] > min(cal.cv_ece.values()), cal.cv_ece
+
+
+def _random_dspark(rng, depths, tree):
+    """A DSpark governor on random costs (with or without a known decode step), warmed on
+    random rounds so that its ceilings and runner-up rates are not their starting values."""
+    tv = {d: 1.0 + 0.15 * d * rng.uniform(0.2, 1.5) for d in depths}
+    if rng.random() < 0.5:
+        tv[0] = rng.uniform(0.5, 1.0)
+    g = DSparkGovernor(depths, rng.uniform(0.02, 0.3), tv, learn=False)
+    g.tree_width = tree
+    for _ in range(5):
+        g.choose(GovernorState(confidences=rng.uniform(0, 1, depths[-1])))
+    return g
+
+
+@pytest.mark.parametrize("depths", [(1, 2, 4), (1, 2, 3, 4), (2, 3, 6)])
+@pytest.mark.parametrize("tree", [1, 3])
+def test_the_stopping_rule_verifies_a_draft_on_what_was_known_before_it(depths, tree):
+    """With ``stopping`` (EAGLE-3 under rejection sampling) whether DSpark goes past a built
+    depth d_i is a function of c_1 .. c_{d_i + 1} only: confidences past that (which follow
+    the drafts it would verify) never change it. The rule on all confidences does change it:
+    without the stopping rule the sampled output is biased (governor.py's docstring)."""
+    import copy
+
+    rng = np.random.default_rng(sum(depths) + tree)
+    levels = (0, *depths)
+    violations = {True: 0, False: 0}
+    checked = 0
+    for _ in range(300):
+        g = _random_dspark(rng, depths, tree)
+        K = depths[-1]
+        c = rng.uniform(0, 1, K)
+        m = int(rng.integers(1, K + 1))
+        c2 = np.concatenate((c[:m], rng.uniform(0, 1, K - m)))
+        for stopping in (True, False):
+            d1 = copy.deepcopy(g).choose(GovernorState(confidences=c, stopping=stopping))
+            d2 = copy.deepcopy(g).choose(GovernorState(confidences=c2, stopping=stopping))
+            assert d1 in levels and d2 in levels
+            for lv in levels:
+                if lv + 1 <= m:  # c_1 .. c_{lv + 1} agree: so must "past lv"
+                    checked += stopping
+                    violations[stopping] += (d1 > lv) != (d2 > lv)
+    assert violations[True] == 0 and checked > 300
+    assert violations[False] > 0  # the property has teeth: the full-information rule breaks it
+
+
+def test_the_stopping_rule_goes_as_deep_as_the_full_rule_on_certain_drafts():
+    """Confidences of 1 everywhere: every stage prefers going deeper, the deepest built depth
+    (as the rule on all confidences picks); confidences of 0 past the first: depth 1."""
+    g = DSparkGovernor((1, 2, 4), 0.1, {0: 1.0, 1: 1.0, 2: 1.05, 4: 1.1}, learn=False)
+    assert g.choose(GovernorState(confidences=np.ones(4), stopping=True)) == 4
+    g = DSparkGovernor((1, 2, 4), 0.1, {0: 1.0, 1: 1.0, 2: 1.05, 4: 1.1}, learn=False)
+    g.ceiling = [1.0, 0.0, 0.0, 0.0]  # nothing past position 1 expected either
+    assert g.choose(GovernorState(confidences=np.array([0.9, 0.0, 0.0, 0.0]), stopping=True)) == 1
+
+
+@pytest.mark.parametrize("stopping, lossless", [(True, True), (False, False)])
+def test_an_eagle3_round_is_exact_only_under_the_stopping_rule(stopping, lossless):
+    """One sampled round, enumerated exactly: the second step's confidence follows the first
+    draft x (0.9 after token 0, 0.4 otherwise), DSpark then verifies x only when x = 0
+    without the stopping rule, and the first token's law is 0.6 / 0.24 / 0.16, not the
+    target's 0.5 / 0.3 / 0.2. With it, x is verified on c_1 alone and the law is exact."""
+    from specrt.runtime.verify import accept_probability, residual
+
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.5, 0.3])
+    out = np.zeros(3)
+    for x in range(3):
+        g = DSparkGovernor((1, 2), 0.3, {0: 1.0, 1: 1.7, 2: 2.0}, learn=False)
+        conf = np.array([0.5, 0.9 if x == 0 else 0.4])
+        d = g.choose(GovernorState(confidences=conf, stopping=stopping))
+        if d == 0:  # a plain step: the target's own draw
+            out += q[x] * p
+        else:
+            a = accept_probability(p[x], q[x])
+            out += q[x] * (a * np.eye(3)[x] + (1 - a) * residual(p, q))
+    if lossless:
+        np.testing.assert_allclose(out, p, atol=1e-12)
+    else:
+        np.testing.assert_allclose(out, [0.6, 0.24, 0.16], atol=1e-12)
