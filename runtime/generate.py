@@ -465,6 +465,13 @@ class Generator:
     # ---- the loop -------------------------------------------------------------------
 
     def stream(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> Iterator[list[int]]:
+        """The new tokens of each round, as lists of token ids. One stream at a time: the
+        caches are the Generator's, so a stream started while an earlier one is unfinished
+        supersedes it (resuming the earlier one raises UserError instead of going on over
+        rows that are no longer its own)."""
+        self._epoch = mine = getattr(self, "_epoch", 0) + 1
+        # this stream's, from its start: a stream closed early or refused leaves no other's
+        self.finished, self.telemetry = None, Telemetry()
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise UserError("the prompt is empty")
@@ -472,10 +479,13 @@ class Generator:
         if bad:
             raise UserError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
         scored = _alternatives("prompt_logprobs", self.prompt_logprobs)
+        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool):
+            raise UserError(f"max_new_tokens={max_new_tokens!r}: expected an integer")
         if max_new_tokens < (0 if scored is not None else 1):
             raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only when scoring the prompt)")
         if len(prompt) + 1 > self.e.max_context:
-            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
+            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context} "
+                            f"(a prompt of at most {self.e.max_context - 1}, leaving room for a new token)")
         eos = set(int(e) for e in eos_ids)
         self.tree_width = self.resolve_tree_width()
         lookup = self.resolve_lookup()
@@ -484,7 +494,7 @@ class Generator:
         self._noise = CoupledNoise(self.params.seed, self.vocab) \
             if self.params.coupled and not self.params.greedy else None
         self._draft_pos = 0
-        tel = self.telemetry = Telemetry()
+        tel = self.telemetry
         top = _alternatives("logprobs", self.logprobs)
         lps = self.output_logprobs = []
         plps = self.prompt_logprobs_out = [] if scored is None else [None]
@@ -533,6 +543,7 @@ class Generator:
                 index = NgramIndex()
                 index.extend(x)
             yield [first]
+            self._still_mine(mine)
             if first in eos:
                 self.finished = Finished("eos")
                 return
@@ -638,6 +649,7 @@ class Generator:
                     lookup.settle(x)
                 emitted += len(new)
                 yield new
+                self._still_mine(mine)
                 if stop is not None:
                     self.finished = Finished("eos")
                     return
@@ -652,6 +664,11 @@ class Generator:
                 lookup.settle(x, final=True)
                 if lookup.growth is not None and emitted:
                     lookup.growth.add(x)  # ':grow': later streams of this governor search it
+
+    def _still_mine(self, epoch: int) -> None:
+        if self._epoch != epoch:
+            raise UserError("this stream was superseded: a newer stream started on the same Generator (its caches "
+                            "hold one stream at a time; finish or close a stream before starting the next)")
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:
         out: list[int] = []

@@ -49,7 +49,15 @@ def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
         return None
     from safetensors.numpy import load_file
 
-    return load_file(str(export_dir / vm["file"]))["d2t"]
+    path = export_dir / vm["file"]
+    d2t = load_file(str(path))["d2t"]
+    # each draft id must reach its own target id: verification adds the draft's q into the
+    # target vocabulary through it (verify.scatter_draft_probs), and two ids on one target id
+    # would make q other than the distribution the draft was drawn from
+    tgt = np.arange(len(d2t)) + d2t
+    if len(np.unique(tgt)) != len(tgt):
+        raise UserError(f"{path}: d2t maps two draft ids to the same target id (re-export the draft)")
+    return d2t
 
 
 # A calibration fitted under another decoding mode (greedy vs sampled, or another

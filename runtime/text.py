@@ -277,7 +277,7 @@ class StopScanner:
     """
 
     def __init__(self, stops=()):
-        stops = tuple(stops)
+        stops = (stops,) if isinstance(stops, str) else tuple(stops)  # one string is one stop, not its letters
         for s in stops:
             if not isinstance(s, str) or not s:
                 raise UserError(f"stop string {s!r}: expected a non-empty string")

@@ -696,6 +696,46 @@ def test_bad_prompts(pair, bad, message):
         _gen(engines, FixedGovernor(DEPTHS, 2)).generate(bad, 4)
 
 
+@pytest.mark.parametrize("bad", [2.5, None, "3", True])
+def test_max_new_tokens_must_be_an_integer(pair, bad):
+    _, engines = pair
+    with pytest.raises(UserError, match="max_new_tokens=.*expected an integer"):
+        next(_gen(engines, FixedGovernor(DEPTHS, 2)).stream(PROMPT, bad))
+
+
+def test_a_newer_stream_supersedes_an_unfinished_one(pair):
+    """One Generator's caches hold one stream: resuming an earlier stream after a newer one
+    ran is refused (it went on over the newer stream's rows, giving wrong tokens); the newer
+    stream's output is its own, and the stream after it too."""
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 10)
+    other = [7, 7, 2, 5, 1]
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    old = g.stream(PROMPT, 20)
+    next(old), next(old)
+    assert g.generate(other, 6) == _gen(engines, OffGovernor(DEPTHS)).generate(other, 6)
+    with pytest.raises(UserError, match="superseded"):
+        next(old)
+    assert g.generate(PROMPT, 10) == ref
+
+
+def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
+    """A stream closed early, or refused, does not show the stream before it's finish reason
+    or telemetry."""
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 10)
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.generate(PROMPT, 10, eos_ids=(ref[2],))
+    assert g.finished.reason == "eos"
+    s = g.stream([7, 7, 2, 5, 1], 30)
+    next(s)
+    s.close()
+    assert g.finished is None and g.telemetry.prompt_tokens == 5
+    with pytest.raises(UserError, match="context limit"):
+        g.generate(list(range(5)) * 40, 4)
+    assert g.finished is None and g.telemetry.prompt_tokens == 0
+
+
 def test_nan_logits_are_a_clear_error(pair):
     _, engines = pair
 
@@ -983,3 +1023,19 @@ def test_coupled_sampling_matches_target_distribution(small):
     for params in (SamplingParams(temperature=1.0, coupled=True),
                    SamplingParams(temperature=0.7, top_k=4, top_p=0.9, coupled=True)):
         assert _pvalue(small, 4, params, n=1200) > 0.01, params
+
+
+def test_a_d2t_reaching_one_target_id_twice_is_refused(small, tmp_path):
+    """The runtime's d2t must be one to one (verify.scatter_draft_probs writes q through it):
+    an edited vocabulary map is refused when read, naming its file."""
+    from safetensors.numpy import load_file, save_file
+
+    vm = small.export["draft"]["vocab_map"]
+    tensors = load_file(str(small.export_dir / vm["file"]))
+    assert read_d2t(small.export_dir, small.export) is not None
+    d2t = tensors["d2t"].copy()
+    d2t[1] = d2t[0] - 1  # draft id 1 now reaches draft id 0's target id
+    (tmp_path / vm["file"]).parent.mkdir(parents=True, exist_ok=True)
+    save_file({**tensors, "d2t": d2t}, str(tmp_path / vm["file"]))
+    with pytest.raises(UserError, match="d2t maps two draft ids to the same target id"):
+        read_d2t(tmp_path, small.export)

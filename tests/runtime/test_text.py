@@ -717,3 +717,12 @@ def test_a_corrupt_calibration_stops_only_the_governors_that_read_it(worded, tmp
     for gov in ("dspark", "auto"):
         with pytest.raises(UserError, match="calibration.json: not valid JSON"):
             Session(eng, governor=gov)
+
+
+def test_one_stop_string_is_one_stop_not_its_letters():
+    """Session.stream(stop="END") passed a str: it was iterated into the stops 'E', 'N', 'D'."""
+    from specrt.runtime.text import StopScanner
+
+    sc = StopScanner("END")
+    assert sc.stops == ("END",)
+    assert sc.push("Dear friend, the END") == "Dear friend, the " and sc.hit
