@@ -212,9 +212,18 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
 
 def _check_vocab_map(draft: BoundDraft) -> None:
     """d2t maps draft ids into distinct target ids, and t2d marks exactly those."""
-    if "d2t" not in draft.slots:
+    has = [k for k in ("d2t", "t2d") if k in draft.slots]
+    if not has:
         return
     V = draft.config.decoder.vocab_size
+    if len(has) == 1:
+        raise UserError(f"{draft.slots[has[0]].entry.file}: the draft has '{has[0]}' without "
+                        f"'{'t2d' if has[0] == 'd2t' else 'd2t'}'; expected both (a reduced draft vocabulary) or neither")
+    if draft.config.draft_vocab_size == V and draft.get("d2t").any():
+        # speculators writes a vocabulary map only for a reduced vocabulary; the graph takes a
+        # full vocabulary's ids as target ids, which a map other than the identity contradicts
+        raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not the "
+                        "identity; expected draft_vocab_size < the target vocabulary for a vocabulary map")
     d2t = draft.get("d2t")
     t2d = draft.get("t2d")
     tgt = np.arange(d2t.shape[0], dtype=np.int64) + d2t
@@ -235,7 +244,7 @@ def bind_draft(folder: str | Path, target: BoundTarget) -> BoundDraft:
     dc = load_draft_config(folder)
     aux = _check_agreement(folder, dc, target)
     S.check_table(S.DRAFT_SLOTS)
-    entries = scan_folder(folder)
+    entries = scan_folder(folder, pickle_option=False)
     extra = S.draft_extra(dc, target.config.decoder.hidden_size)
     rows = S.expand(S.DRAFT_SLOTS, dc.decoder.num_layers)
     reader = TensorReader()

@@ -102,6 +102,18 @@ def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
         if start + e > size:
             raise UserError(f"{where}: data ends at byte {start + e} but the file has {size} bytes (truncated?)")
         out[name] = TensorEntry(name, path, dtype, tuple(shape), start + b, start + e)
+    # the tensors tile the data region exactly, as the safetensors library requires: no two
+    # share bytes (two slots would silently read the same weights), no bytes are unclaimed
+    at = start
+    for t in sorted(out.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != at:
+            what = "overlaps the tensor before it" if t.begin < at else f"leaves bytes {at - start}..{t.begin - start} unclaimed"
+            raise UserError(f"{path}: tensor '{t.name}' (data_offsets from {t.begin - start}) {what}; expected "
+                            "tensors that tile the data region, as safetensors writes them")
+        at = t.end
+    if at != size:
+        raise UserError(f"{path}: {size - at} bytes after the last tensor; expected tensors that tile the data "
+                        "region, as safetensors writes them")
     return out
 
 
@@ -119,13 +131,18 @@ def _shard_path(folder: Path, index_path: Path, shard: object) -> Path:
     return p
 
 
-def scan_folder(folder: Path, allow_pickle: bool = False) -> dict[str, TensorEntry]:
-    """Every tensor of a checkpoint folder: ``model.safetensors``, or an index plus shards."""
+def scan_folder(folder: Path, allow_pickle: bool = False, pickle_option: bool = True) -> dict[str, TensorEntry]:
+    """Every tensor of a checkpoint folder: ``model.safetensors``, or an index plus shards.
+    ``pickle_option``: whether the command offers --allow-pickle for this folder (the
+    target's; drafts are read from safetensors only)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a checkpoint folder (not a directory)")
     index = folder / INDEX_NAME
     single = folder / SINGLE_NAME
+    if index.is_file() and single.is_file():  # transformers would take the single file; a stale one?
+        raise UserError(f"{folder}: holds both {SINGLE_NAME} and {INDEX_NAME}; expected one of them (remove the "
+                        "stale one: transformers reads the single file, which may not be the weights you mean)")
     if index.is_file():
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
@@ -137,6 +154,8 @@ def scan_folder(folder: Path, allow_pickle: bool = False) -> dict[str, TensorEnt
         entries: dict[str, TensorEntry] = {}
         by_shard: dict[str, dict[str, TensorEntry]] = {}
         for name, shard in wmap.items():
+            if not isinstance(shard, str):
+                raise UserError(f"{index}: weight_map['{name}'] is {shard!r}; expected a shard file name")
             if shard not in by_shard:
                 by_shard[shard] = read_safetensors_index(_shard_path(folder, index, shard))
             if name not in by_shard[shard]:
@@ -146,11 +165,18 @@ def scan_folder(folder: Path, allow_pickle: bool = False) -> dict[str, TensorEnt
             extra = sorted(set(tensors) - set(wmap))
             if extra:
                 raise UserError(f"{folder / shard}: tensors not listed in {INDEX_NAME}: {', '.join(extra[:8])}")
+            elsewhere = sorted(n for n in tensors if n in wmap and wmap[n] != shard)
+            if elsewhere:  # a second copy the index does not point at: which one is meant?
+                raise UserError(f"{folder / shard}: holds '{elsewhere[0]}', which {INDEX_NAME} maps to "
+                                f"'{wmap[elsewhere[0]]}'; expected each tensor in one shard")
         return entries
     if single.is_file():
         return read_safetensors_index(single)
     pickles = [folder / n for n in PICKLE_NAMES if (folder / n).is_file()]
     if pickles:
+        if not pickle_option:
+            raise UserError(f"{folder}: only pickle weights ({pickles[0].name}) found; this folder is read from "
+                            f"{SINGLE_NAME} (or an index and shards) only: convert it to safetensors")
         if not allow_pickle:
             raise UserError(
                 f"{folder}: only pickle weights ({pickles[0].name}) found; they are not read unless you pass "
@@ -188,7 +214,18 @@ def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
     folder_tmp = Path(tempfile.mkdtemp(prefix="specrt-pickle-"))
     atexit.register(shutil.rmtree, folder_tmp, True)  # the reader maps it until then
     tmp = folder_tmp / SINGLE_NAME
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+    # tied weights pickle as one storage under two names (lm_head and the embeddings), which
+    # safetensors refuses to write: each later name sharing a storage gets its own copy
+    seen, flat = set(), {}
+    for k, v in state.items():
+        v = v.contiguous()
+        ptr = v.untyped_storage().data_ptr()
+        flat[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    try:
+        save_file(flat, str(tmp))
+    except Exception as e:  # safetensors' own refusals (dtypes it cannot write, ...)
+        raise UserError(f"{path}: cannot convert to safetensors ({type(e).__name__}: {e})") from None
     return read_safetensors_index(tmp)
 
 

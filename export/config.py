@@ -367,7 +367,10 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
         raise UserError(f"{where}: hidden_act '{act}' is not supported (expected 'silu')")
     if f.bool("mlp_bias", required=False, default=False):
         raise UserError(f"{where}: mlp_bias=true is not supported")
-    qkv_bias = arch["qkv_bias"] or f.bool("attention_bias", required=False, default=False)
+    if model_type != "qwen2" and f.bool("attention_bias", required=False, default=False):
+        # transformers then puts a bias on o_proj too, which no graph here has
+        raise UserError(f"{where}: attention_bias=true (biases on q/k/v and o_proj) is not supported")
+    qkv_bias = arch["qkv_bias"]
     tie = f.bool("tie_word_embeddings", required=False, default=False)
     layers = f.int("num_hidden_layers")
     max_positions = f.int("max_position_embeddings", required=False, default=dflt["max_position_embeddings"])

@@ -65,6 +65,11 @@ def to_tensor(name: str, a: np.ndarray, dtype: str) -> onnx.TensorProto:
     if dtype == "bfloat16":
         bits = _bf16_bits(np.asarray(a))
         return helper.make_tensor(name, TensorProto.BFLOAT16, bits.shape, bits.tobytes(), raw=True)
+    if dtype == "float16" and np.asarray(a).dtype.kind == "f":
+        big = np.abs(np.asarray(a, np.float32)[np.isfinite(a)])  # finite weights past float16's range become inf
+        if big.size and big.max() > np.finfo(np.float16).max:
+            raise UserError(f"weight '{name}' holds {float(big.max()):.4g}, past float16's range (65504); "
+                            "export it in float32 or bfloat16")
     return numpy_helper.from_array(np.asarray(a, dtype=np.dtype(dtype)), name)
 
 

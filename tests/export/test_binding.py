@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from specrt.errors import UserError
 from specrt.export import slots as S
@@ -186,6 +186,58 @@ def test_shard_outside_folder(hf_models, tmp_path, hostile):
         bind_target(folder)
 
 
+def _raw_safetensors(path: Path, header: dict, data: bytes) -> None:
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+@pytest.mark.parametrize("offsets, data_len, words", [
+    ([[0, 16], [0, 16]], 16, "overlaps the tensor before it"),
+    ([[0, 16], [20, 36]], 36, "leaves bytes 16..20 unclaimed"),
+    ([[0, 16], [16, 32]], 40, "8 bytes after the last tensor"),
+])
+def test_safetensors_offsets_must_tile_the_data(tmp_path, offsets, data_len, words):
+    """Two tensors on the same bytes (which would bind two slots to one weight), a gap or
+    trailing bytes: the safetensors library refuses such a file, and so does specrt."""
+    from specrt.export.checkpoint import read_safetensors_index
+
+    header = {n: {"dtype": "F32", "shape": [4], "data_offsets": o} for n, o in zip(("x", "y"), offsets)}
+    _raw_safetensors(tmp_path / "m.safetensors", header, bytes(data_len))
+    with pytest.raises(UserError, match=words):
+        read_safetensors_index(tmp_path / "m.safetensors")
+    header = {n: {"dtype": "F32", "shape": [4], "data_offsets": o} for n, o in zip(("x", "y"), ([0, 16], [16, 32]))}
+    _raw_safetensors(tmp_path / "ok.safetensors", header, bytes(32))
+    assert set(read_safetensors_index(tmp_path / "ok.safetensors")) == {"x", "y"}
+
+
+def test_sharded_index_defects_are_named(hf_models, tmp_path):
+    """A weight_map entry that is not a file name, a tensor stored in a second shard the index
+    does not point at, and a folder holding both a single file and an index: each a
+    UserError naming the file (a TypeError, a silently ignored copy and a silent choice before)."""
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    first = next(iter(data["weight_map"]))
+    bad = json.loads(idx.read_text())
+    bad["weight_map"][first] = ["model-00001.safetensors"]
+    idx.write_text(json.dumps(bad))
+    with pytest.raises(UserError, match=f"weight_map\\['{re.escape(first)}'\\] is \\['model"):
+        bind_target(folder)
+    idx.write_text(json.dumps(data))
+    shards = sorted(set(data["weight_map"].values()))
+    name = next(n for n, s in data["weight_map"].items() if s == shards[0])
+    other = folder / shards[1]
+    t = load_file(str(other))
+    t[name] = load_file(str(folder / shards[0]))[name]
+    save_file(t, str(other), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=f"{shards[1]}: holds '{re.escape(name)}', which .* maps to '{shards[0]}'"):
+        bind_target(folder)
+    single = copy_tree(hf_models["llama"], tmp_path / "single")
+    (single / "model.safetensors.index.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="holds both model.safetensors and model.safetensors.index.json"):
+        bind_target(single)
+
+
 def test_truncated_file(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama"], tmp_path / "m")
     f = folder / "model.safetensors"
@@ -212,6 +264,33 @@ def test_pickle_with_opt_in(hf_models, tmp_path):
     torch.save({k: torch.from_numpy(v) for k, v in state.items()}, folder / "pytorch_model.bin")
     t = bind_target(folder, allow_pickle=True)
     np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
+
+
+def test_a_tied_pickle_converts_and_binds_tied(hf_models, tmp_path):
+    """pytorch_model.bin of a tied model stores lm_head and the embeddings as one storage,
+    which safetensors refuses to write (a RuntimeError traceback before): converted with a
+    copy, it binds tied."""
+    import torch
+
+    folder = copy_tree(hf_models["llama_tied"], tmp_path / "m")
+    state = {k: torch.from_numpy(v) for k, v in _state(folder).items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # one storage, two names
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    t = bind_target(folder, allow_pickle=True)
+    assert t.aliases == {"lm_head": "embed"}
+    np.testing.assert_array_equal(t.get("lm_head"), state["model.embed_tokens.weight"].numpy())
+
+
+def test_a_pickle_draft_is_told_to_convert(tmp_path):
+    """Drafts are read from safetensors only: the message does not offer --allow-pickle,
+    which export passes for the target alone."""
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    (folder / "draft" / "model.safetensors").unlink()
+    (folder / "draft" / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(UserError, match="read from model.safetensors .* only: convert it to safetensors") as e:
+        bind_draft(folder / "draft", bind_target(folder / "verifier"))
+    assert "--allow-pickle" not in str(e.value)
 
 
 def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
@@ -316,6 +395,25 @@ def test_eagle3_t2d_disagrees(tmp_path):
     rewrite(folder, change={"t2d": t2d})
     with pytest.raises(UserError, match="t2d disagrees with d2t"):
         bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_a_vocabulary_map_needs_both_halves_and_a_full_vocabulary_none(tmp_path):
+    """d2t without t2d (a KeyError traceback before) or t2d without d2t is named; a draft
+    over the full vocabulary with a d2t other than the identity (the graph would take its
+    ids as target ids, the runtime would map them) is refused."""
+    t = bind_target(REFERENCE / "verifier")
+    for drop, missing in (("t2d", "without 't2d'"), ("d2t", "without 'd2t'")):  # (both required when reduced)
+        folder = write_eagle3(tmp_path / f"e3-{drop}", draft_vocab=1000)
+        rewrite(folder, drop=(drop,))
+        with pytest.raises(UserError, match=missing):
+            bind_draft(folder, t)
+    folder = write_eagle3(tmp_path / "full", draft_vocab=1000)
+    assert not bind_draft(folder, t).get("d2t").any()  # the identity map binds
+    d2t = np.zeros(1000, np.int64)
+    d2t[0], d2t[1] = 1, -1  # draft ids 0 and 1 swapped
+    rewrite(folder, change={"d2t": d2t})
+    with pytest.raises(UserError, match="not the identity"):
+        bind_draft(folder, t)
 
 
 def test_draft_for_another_verifier_refused(tmp_path):

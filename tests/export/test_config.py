@@ -299,3 +299,24 @@ def test_a_field_left_out_takes_its_familys_transformers_default(model_type, lef
     assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     assert cfg.num_kv_heads == hf.num_key_value_heads
     assert cfg.max_position_embeddings == hf.max_position_embeddings
+
+
+def test_attention_bias_is_refused_where_transformers_gives_o_proj_one():
+    """Llama / Mistral / Qwen3 with attention_bias=true carry a bias on o_proj too (no graph
+    here has one): refused by name, not by a list of leftover tensors. Qwen2's config class
+    has no such field (its q/k/v biases are the architecture's)."""
+    for model_type in ("llama", "mistral", "qwen3"):
+        with pytest.raises(UserError, match="attention_bias=true .*o_proj.* is not supported"):
+            parse_decoder({**BASE, "model_type": model_type, "attention_bias": True}, "config.json")
+    assert parse_decoder({**BASE, "model_type": "qwen2", "attention_bias": True}, "config.json").qkv_bias
+
+
+def test_a_float16_export_refuses_weights_past_its_range():
+    """A bf16 / fp32 weight above 65504 would become inf in float16 without a word."""
+    import numpy as np
+
+    from specrt.export.onnx_ops import to_tensor
+
+    with pytest.raises(UserError, match="weight 'layers.3.down' holds 7e\\+04, past float16's range"):
+        to_tensor("layers.3.down", np.array([1.0, -7e4, np.inf], np.float32), "float16")
+    assert to_tensor("w", np.array([1.0, -6e4], np.float32), "float16").data_type == 10  # FLOAT16
