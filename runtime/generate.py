@@ -199,14 +199,21 @@ class Generator:
         # a screened target head (specrt/head.py): greedy decoding screens its int8 logits for
         # the exact argmax; sampling and the prefill (its many rows' int8 temporaries would
         # cost more memory than they save time) ask for the fp32 head's logits (head_exact)
-        head = getattr(engines, "head", None)
-        self.screen = head if head is not None and params.greedy else None
-        self._head_feeds = ({C.HEAD_EXACT: np.array(not params.greedy)}, {C.HEAD_EXACT: np.array(True)}) \
-            if head is not None else ({}, {})
+        self._head = getattr(engines, "head", None)
+        self._screen_for(params)
         # engines whose target takes logits_from (contracts.py "Logits of the last rows only"):
         # 0 at every call but a prefill on the dynamic-length runner, which asks for its last row
         self._from0 = ({C.LOGITS_FROM: np.array(0, np.int64)}
                        if any(t.name == C.LOGITS_FROM for t in getattr(engines.target(1), "inputs", ())) else {})
+
+    def _screen_for(self, params: SamplingParams) -> None:
+        """The screen and the head_exact feeds for these params: set at every stream, since
+        callers change ``params`` between streams (a seed, or greedy to sampled, which must
+        not go on screening int8 logits it would sample from)."""
+        head = self._head
+        self.screen = head if head is not None and params.greedy else None
+        self._head_feeds = ({C.HEAD_EXACT: np.array(not params.greedy)}, {C.HEAD_EXACT: np.array(True)}) \
+            if head is not None else ({}, {})
 
     def resolve_tree_width(self) -> int:
         """Token trees (contracts.py "Token trees"): a governor with ``tree_width`` W > 1
@@ -470,6 +477,7 @@ class Generator:
         supersedes it (resuming the earlier one raises UserError instead of going on over
         rows that are no longer its own)."""
         self._epoch = mine = getattr(self, "_epoch", 0) + 1
+        self._screen_for(self.params)
         # this stream's, from its start: a stream closed early or refused leaves no other's
         self.finished, self.telemetry = None, Telemetry()
         prompt = [int(i) for i in prompt_ids]

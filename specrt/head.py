@@ -153,8 +153,10 @@ class HeadScreen:
             b = self.residual[j] * np.array(rns)[r] + self.norm[j] * np.array(ens)[r] + np.array(epss)[r]
             keep = a[r, j] + b >= np.array(floors)[r]
         r, j = r[keep], j[keep]
-        exact = np.asarray(self.weight[j], np.float64) @ hm.T  # [n, m]: a few rows of the fp32 head
-        exact = exact[np.arange(len(j)), r].tolist()
+        # each candidate's own dot product, all by one reduction: a matrix product sums its
+        # leftover rows with other kernels in another order, so identical head rows came out
+        # an ulp apart by their position and the call's shape, and a tie went to a later id
+        exact = np.einsum("ij,ij->i", np.asarray(self.weight[j], np.float64), hm[r]).tolist()
         out, best = [-1] * m, [-math.inf] * m
         for ri, ji, x in zip(r.tolist(), j.tolist(), exact):  # ids ascend: ties go to the smallest
             if x > best[ri]:
