@@ -969,7 +969,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
          *(["dspark:tree=3"] if engines.verifies_trees() else []), resolve_spec("auto", engines)]
         if has_draft else ["off", "off:ngram"])
-    if "off" not in [g.lower() for g in govs]:
+    # one spelling a governor: 'OFF' ran as specrt:OFF, and the identity check, which compares
+    # every configuration with specrt:off, found no reference and checked nothing
+    govs = list(dict.fromkeys(g.strip().lower() for g in govs))
+    if "off" not in govs:
         govs.insert(0, "off")
     from specrt.runtime.session import make_governor
 
@@ -1000,6 +1003,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if over:
         raise UserError(f"prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens {max_new_tokens} "
                         f"exceeds the engines' context limit {engines.max_context}")
+    for label, ve in variant_engines.items():  # a variant cut at its context would "differ" from off
+        over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > ve.max_context]
+        if over:
+            raise UserError(f"--variant {label}: prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + "
+                            f"--max-new-tokens {max_new_tokens} exceeds its context limit {ve.max_context}")
     out = Path(out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     lib = load_bench_lib()

@@ -243,6 +243,12 @@ class HfPeer:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
                                                           attn_implementation="eager").eval()
+        # plain greedy decoding, as every other configuration runs: none of the folder's
+        # generation_config.json (a repetition penalty, no_repeat_ngram_size, min_new_tokens,
+        # ... would change the tokens and add logits processing to the timed calls)
+        from transformers import GenerationConfig
+
+        self.model.generation_config = GenerationConfig()
         self.lookup = int(lookup_tokens) if lookup_tokens else None
 
     def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:

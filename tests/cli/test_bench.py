@@ -528,6 +528,52 @@ def test_variant_errors(tiny_engines, prompts_file, tmp_path):
     assert isinstance(r.exception, UserError) and "another target graph" in str(r.exception)
 
 
+def test_governors_are_named_in_one_spelling_so_identity_is_checked(tiny_engines, prompts_file, tmp_path):
+    """'OFF' ran as specrt:OFF and the identity check, against specrt:off, found no reference:
+    nothing was compared and the run passed whatever the outputs."""
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--max-new-tokens", "6", "--governors", "OFF, Fixed:2", "--threads", "1",
+                                   "--warmup-tokens", "0", "--quiet"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    assert rep["identity"]["reference"] == REFERENCE and set(rep["configs"]) == {REFERENCE, "specrt:fixed:2"}
+    assert rep["identity"]["configs"]["specrt:fixed:2"]["identical_prompts"] == 2
+
+
+def test_a_variant_whose_context_the_prompts_overflow_is_refused(tiny_engines, prompts_file, tmp_path):
+    """Cut at its own context, a variant's outputs "differed" from off (a correctness failure,
+    exit 2): refused before anything runs, naming the variant and its limit."""
+    from specrt.engines.build import build_engines
+
+    build_engines(tiny_engines.parent / "export", "onnxruntime", (1, 2, 4), tmp_path / "short", profile_repeats=1,
+                  max_context=16, log=_quiet)
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                   "--peers", "none", "--max-new-tokens", "10", "--variant", f"short={tmp_path / 'short'}"])
+    assert isinstance(r.exception, UserError), r.output
+    assert "--variant short: prompt 1 (12 tokens) + --max-new-tokens 10 exceeds its context limit 16" in str(r.exception)
+
+
+def test_the_transformers_peer_decodes_plain_greedy_whatever_the_generation_config(tmp_path):
+    """A target folder's generation_config.json with a repetition penalty changed the
+    transformers peers' tokens (and added work to their timed calls)."""
+    import shutil
+
+    from tests.fixtures_models import write_tiny_target
+
+    plain = write_tiny_target(tmp_path / "plain", "llama")
+    penal = tmp_path / "penal"
+    shutil.copytree(plain, penal)
+    gc = json.loads((penal / "generation_config.json").read_text()) if (penal / "generation_config.json").exists() else {}
+    gc.update(repetition_penalty=3.0, no_repeat_ngram_size=2)
+    (penal / "generation_config.json").write_text(json.dumps(gc))
+    lib = load_bench_lib()
+    ids = [5, 6, 7, 5, 6, 7, 5, 6]
+    a, _ = lib.HfPeer(plain, 1).generate(ids, 20, [])
+    b, _ = lib.HfPeer(penal, 1).generate(ids, 20, [])
+    assert a == b and len(a) == 20
+
+
 def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, prompts_file, tmp_path, report):
     """--temperature > 0: specrt's governors sample from one seed, peers are skipped with the
     reason, and the report says outputs are not compared; the same seed gives the same
