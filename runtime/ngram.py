@@ -107,7 +107,15 @@ class NgramIndex:
                 continue
             j = self._after[n].get(tuple(x[-n:]))
             if j is not None:
-                return x[j : j + limit], n
+                # a match that runs into the context's end repeats: x[j:] is what followed the
+                # n-gram and ends with that n-gram again, so x[j:] follows it again (a loop of
+                # period len(x) - j, where a small model's greedy answer often sits: cut at
+                # the end, the proposal was at most one period, [7] in 7 7 7 7 7)
+                period = len(x) - j
+                out = x[j : j + limit]
+                while len(out) < limit:
+                    out += x[j : j + min(period, limit - len(out))]
+                return out, n
         return [], 0
 
 

@@ -166,7 +166,7 @@ def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeyp
     """The policy's learnt counts are its priors plus every proposal offered to a round
     (chosen or not) tallied against what the stream emitted after it (ngram.py's
     hindsight), over two streams."""
-    from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy, tally
+    from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
 
     _, engines = pair
     offered = []
@@ -192,12 +192,14 @@ def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeyp
         if not tokens:
             continue
         w, t = want.wins[key], want.tries[key]
-        reached = next((k + 1 for k, (p, q) in enumerate(zip(tokens, stream[start:])) if p != q),
-                       min(len(tokens), len(stream) - start))  # positions tried: to the first miss
-        while len(t) < reached:  # positions past the priors start from the last one's rate
-            w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
-            t.append(PRIOR_ROUNDS)
-        tally(tokens, stream[start:], t, w)
+        for k, (p, q) in enumerate(zip(tokens, stream[start:])):  # tally(), positions tried to the first miss
+            if k >= len(t):  # a position past the priors starts from the last one's rate as it stands
+                w.append(w[-1] / t[-1] * PRIOR_ROUNDS)
+                t.append(PRIOR_ROUNDS)
+            t[k] += 1.0
+            w[k] += float(p == q)
+            if p != q:
+                break
         tallied += 1
     assert tallied > 0
     for key in policy.tries:

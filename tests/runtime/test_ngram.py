@@ -27,7 +27,8 @@ def test_lookup_proposes_what_followed_the_last_earlier_occurrence():
     # "5 6 7" occurred twice before the end: the later occurrence's continuation wins
     ix = _index([5, 6, 7, 1, 2, 5, 6, 7, 3, 4, 9, 5, 6, 7])
     assert ix.propose(3) == ([3, 4, 9], 3)
-    assert ix.propose(8) == ([3, 4, 9, 5, 6, 7], 3)  # up to the context's end
+    # up to the context's end, then again: x[j:] ends with the matched "5 6 7", so it repeats
+    assert ix.propose(8) == ([3, 4, 9, 5, 6, 7, 3, 4], 3)
     assert ix.propose(0) == ([], 0)
     # the longest match first: "1 6 7" was never seen, "6 7" was (followed by 3)
     ix = _index([5, 6, 7, 3, 8, 1, 6, 7])
@@ -43,9 +44,11 @@ def test_lookup_never_matches_the_context_end_with_itself_and_follows_new_tokens
     assert ix.propose(4) == ([4, 1, 2, 3], 3)
     ix.extend([4, 1])
     assert ix.propose(2) == ([2, 3], 4)  # "3 4 1" and "2 3 4 1": the 4-gram, latest occurrence
-    # a periodic context proposes its period: "a b" "a b" ... "a"
+    # a periodic context proposes its period, repeated: "a b" "a b" ... "a"
     ix = _index([7, 8, 7, 8, 7])
-    assert ix.propose(5) == ([8, 7], 3)  # "7 8 7" was followed by 8 at index 3 ("8 7 8 7" never occurred)
+    assert ix.propose(5) == ([8, 7, 8, 7, 8], 3)  # "7 8 7" was followed by 8 at index 3 ("8 7 8 7" never occurred)
+    assert _index([7] * 10).propose(5) == ([7] * 5, 4)  # a loop of one token (it proposed [7] alone)
+    assert _index([5, 6] * 3).propose(6) == ([5, 6] * 3, 4)
     # one-token matches are not used (first position accepted 0.20 on SmolLM2)
     assert _index([4, 9, 4]).propose(3) == ([], 0)
 
