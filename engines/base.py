@@ -236,3 +236,34 @@ class Runner(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({'active' if self.is_active else 'inactive'})>"
+
+
+def load_onnx(path) -> Any:
+    """An ONNX model with its external weights read in, by offset, from data files beside it.
+    onnx.load refuses external data held by a file with more than one hard link (its
+    "hardlink attack" check), and engines folders hard-link the export's files (build.py):
+    it failed with a traceback on per-depth sessions, int8 drafts and ``cp -al`` copies."""
+    from pathlib import Path
+
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        data = path.parent / info.get("location", "")
+        if not info.get("location") or data.resolve().parent != path.parent.resolve():
+            raise UserError(f"{path}: weight '{t.name}' points outside its folder ({info.get('location')!r})")
+        size = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        length = int(info.get("length", size))
+        with open(data, "rb") as fh:
+            fh.seek(int(info.get("offset", 0)))
+            raw = fh.read(length)
+        if len(raw) != length:
+            raise UserError(f"{data}: too short for weight '{t.name}' of {path.name}")
+        t.raw_data = raw
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    return model

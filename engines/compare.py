@@ -35,6 +35,8 @@ break); the report then gives the agreement rate.
 
 from __future__ import annotations
 
+import math
+
 import shlex
 import tempfile
 import time
@@ -50,7 +52,7 @@ from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
 from specrt.errors import InternalError, UserError
-from specrt.manifest import write_json
+from specrt.paths import write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
 KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT)
@@ -120,13 +122,14 @@ def resolve_tolerances(outputs, precision: str, reference: str, atol=None, rtol=
     names = [o for o in outputs if o != C.DRAFT_TOKENS]
 
     def pick(over, name: str, i: int) -> float:
-        if isinstance(over, (int, float)):
-            return float(over)
-        over = over or {}
-        for key in (name, kind_of(name), ""):
-            if key in over:
-                return float(over[key])
-        return table[kind_of(name)][i]
+        if isinstance(over, Mapping):
+            over = next((over[k] for k in (name, kind_of(name), "") if k in over), None)
+        if over is None:
+            return table[kind_of(name)][i]
+        v = float(over)
+        if not math.isfinite(v) or v < 0:  # a NaN tolerance made every comparison pass
+            raise UserError(f"{('atol', 'rtol')[i]} {v} for {name}: expected a finite tolerance >= 0")
+        return v
 
     return {n: (pick(atol, n, 0), pick(rtol, n, 1)) for n in names}
 
@@ -478,7 +481,7 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
             continue
         rs = [it.get(name) for it in per_iter_simple]
         if any(r is None for r in rs):
-            out[name] = {"passed": False, "error": "missing from the reference's outputs"}
+            out[name] = {"passed": False, "error": "missing from the engine's or the reference's outputs"}
             continue
         if any(isinstance(r, bool) for r in rs):  # polygraphy returns a bare False on a shape mismatch
             out[name] = {"passed": False, "error": "shapes differ"}
@@ -743,6 +746,6 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     log(("PASSED: " if not fails else "FAILED: ") + result["summary"] + f" ({result['seconds']:.1f} s)")
     if report is not None:
         Path(report).parent.mkdir(parents=True, exist_ok=True)
-        write_json(Path(report), result)
+        write_atomic(Path(report), result, indent=2)  # whole or absent, also on Ctrl-C
         log(f"report: {report}")
     return result

@@ -22,7 +22,7 @@ from specrt.engines.base import Runner, specs_from_json
 from specrt.engines.costs import interpolate, parse_costs
 from specrt.engines.manifest import read_engines_manifest, verify_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, Role, verify_role
-from specrt.errors import UserError
+from specrt.errors import InternalError, UserError
 
 
 class PortableView(Runner):
@@ -103,7 +103,7 @@ class EngineSet:
                 self.roles[name] = Role.from_json(name, d)
                 if not isinstance(d.get("engine"), dict):
                     raise TypeError(f"role '{name}' has no 'engine' object")
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, InternalError) as e:
             raise UserError(f"{where}: field 'roles' is malformed ({type(e).__name__}: {e}); rebuild with "
                             "`specrt build`") from None
         try:
@@ -155,7 +155,11 @@ class EngineSet:
             merged = {**self.manifest["onnxruntime"], **ort_overrides}
             if "sessions" in ort_overrides and "prepack" not in ort_overrides:
                 merged["prepack"] = None  # re-derive from the new session mode
-            settings = OrtSettings.from_json(merged).resolved()
+            try:
+                settings = OrtSettings.from_json(merged).resolved()
+            except (TypeError, ValueError) as e:
+                raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed "
+                                f"({type(e).__name__}: {e}); rebuild with `specrt build`") from None
             self.ort_settings = settings
             graphs: dict[str, OrtGraph] = {}
             for name, role in self.roles.items():

@@ -132,9 +132,41 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     m = read_manifest(Path(folder), ENGINES_MANIFEST, ENGINES_FORMAT, "engines")
     if m.get("backend") not in BACKENDS:
         raise UserError(f"{Path(folder) / ENGINES_MANIFEST}: unknown backend '{m.get('backend')}'")
-    require_fields(m, Path(folder) / ENGINES_MANIFEST, {
+    where = Path(folder) / ENGINES_MANIFEST
+    require_fields(m, where, {
         "precision": str, "depths": [int], "draft_depth": int, "max_context": int, "roles": dict, "files": [dict],
         "export.folder": str, "export.digest": str})
+    if m["backend"] == "onnxruntime":
+        require_fields(m, where, {"onnxruntime": dict})
+    for i, r in enumerate(m["files"]):
+        if not (isinstance(r.get("file"), str) and isinstance(r.get("sha256"), str)
+                and isinstance(r.get("bytes"), int) and not isinstance(r.get("bytes"), bool)):
+            raise UserError(f"{where}: files[{i}] is {r!r:.80}; expected {{'file', 'sha256', 'bytes'}}: re-run "
+                            "`specrt build`")
+    # what the runtime takes from the roles must agree with the rest: a verify role per depth,
+    # the draft block the deepest depth, and each role's engine file among the recorded ones
+    verify = sorted(int(k.split(".", 1)[1]) for k in m["roles"] if k.startswith("verify.") and k[7:].isdigit())
+    if verify != sorted(set(m["depths"])) or not m["depths"]:
+        raise UserError(f"{where}: depths {m['depths']} but verify roles for {verify}; re-run `specrt build`")
+    if "draft" in m["roles"] and m["draft_depth"] != max(m["depths"]):
+        raise UserError(f"{where}: draft_depth {m['draft_depth']}, the deepest depth is {max(m['depths'])}; "
+                        "re-run `specrt build`")
+    recorded = {r["file"] for r in m["files"]}
+    key = "onnx" if m["backend"] == "onnxruntime" else "file"
+    by_graph: dict[str, str] = {}
+    for name, role in m["roles"].items():
+        engine = role.get("engine") if isinstance(role, dict) else None
+        f = engine.get(key) if isinstance(engine, dict) else None
+        if not isinstance(f, str):
+            raise UserError(f"{where}: roles.{name}.engine.{key} is {f!r:.80}; expected an engine file name")
+        parts = Path(f).parts
+        inside = not Path(f).is_absolute() and ".." not in parts
+        if not inside or (f not in recorded and parts[:1] != (m["export"]["folder"],)):
+            raise UserError(f"{where}: roles.{name} runs '{f}', which is not among the recorded files; re-run "
+                            "`specrt build`")
+        graph = role.get("graph")
+        if key == "onnx" and by_graph.setdefault(graph, f) != f:
+            raise UserError(f"{where}: roles of graph '{graph}' run both '{by_graph[graph]}' and '{f}'")
     return m
 
 

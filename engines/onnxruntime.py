@@ -203,11 +203,12 @@ class OrtGraph:
     def _shared_weights(self) -> dict[str, Any]:
         """Every initializer, loaded once as an OrtValue over numpy memory."""
         if self._weights is None:
-            import onnx
             import onnxruntime as ort
             from onnx import numpy_helper
 
-            model = onnx.load(str(self.path), load_external_data=True)
+            from specrt.engines.base import load_onnx
+
+            model = load_onnx(self.path)
             self._weights = {t.name: ort.OrtValue.ortvalue_from_numpy(numpy_helper.to_array(t))
                              for t in model.graph.initializer}
             del model

@@ -46,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from specrt.engines.base import load_onnx
 from specrt.errors import UserError
 
 INT8_FORMS = ("blocks", "dynamic")
@@ -116,7 +117,7 @@ def quantize_draft(src: Path, dst: Path, dtype: str, form: str = "blocks") -> di
         raise UserError(f"{src}: int8 draft weights need a float32 graph, not {dtype}")
     if form not in INT8_FORMS:
         raise UserError(f"int8 form '{form}' is not one of {', '.join(INT8_FORMS)}")
-    model = onnx.load(str(src))  # with its external weights: the draft is small
+    model = load_onnx(src)  # with its external weights: the draft is small
     gemms_to_matmul(model)
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # it logs every node at INFO
     if form == "blocks":
@@ -164,7 +165,7 @@ def _quantize_dynamic(model):
                              op_types_to_quantize=["MatMul"], nodes_to_exclude=[n.name for n in keep])
         finally:
             root.setLevel(level)
-        return onnx.load(str(dst)), sorted(n.input[1] for n in keep)
+        return load_onnx(dst), sorted(n.input[1] for n in keep)
 
 
 def choose_form(src: Path, folder: Path, name: str, dtype: str, feeds: list[dict], threads: int,
@@ -232,22 +233,40 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     ``<name>_quantized`` with ``<name>_scale``): each column's step must be its largest
     |weight| / 64, its zero point 0, and each code within half a step. This is exact, not
     statistical: a wrong scale, a swapped or stale weight fails it by a whole multiple.
+    Every other weight (embeddings, norms, d2t, what stays float) must be the float graph's,
+    byte for byte, under its name, and every float weight must be there or quantized and
+    checked (a changed norm weight passed the outputs' loose int8 tolerances).
     Returns {"matmuls", "op", "unit", "blocks" (blocks, or columns of the dynamic form), "max_error_steps",
-    "max_clipped_error_steps", "max_step_error", "bad": [{"matmul", "problem"}], "passed"}."""
+    "max_clipped_error_steps", "max_step_error", "float_weights", "bad": [{"matmul", "problem"}], "passed"}."""
     import numpy as np
-    import onnx
     from onnx import numpy_helper
 
-    fmodel = onnx.load(str(float_graph))
+    fmodel = load_onnx(float_graph)
     gemms_to_matmul(fmodel)
     finits = {t.name: t for t in fmodel.graph.initializer}
     by_output = {n.output[0]: n.input[1] for n in fmodel.graph.node
                  if n.op_type == "MatMul" and n.input[1] in finits}
-    qmodel = onnx.load(str(int8_graph))
+    qmodel = load_onnx(int8_graph)
     qinits = {t.name: t for t in qmodel.graph.initializer}
     bad: list[dict] = []
     ops: set[str] = set()
     matmuls = blocks = 0
+    quantized = {by_output[n.output[0]] for n in qmodel.graph.node
+                 if n.op_type == "MatMulNBits" and n.output[0] in by_output}
+    quantized |= {n.input[1][: -len("_quantized")] for n in qmodel.graph.node
+                  if n.op_type == "MatMulInteger" and n.input[1].endswith("_quantized")}
+    same = 0
+    for name, ft in finits.items():
+        if name in qinits:
+            a, b = numpy_helper.to_array(ft), numpy_helper.to_array(qinits[name])
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+                diff = "" if a.shape != b.shape or a.dtype != b.dtype else \
+                    f" (element {int(np.flatnonzero(a.reshape(-1) != b.reshape(-1))[0]) if (a != b).any() else '?'})"
+                bad.append({"matmul": name, "problem": f"weight {name} differs from {float_graph.name}'s{diff}"})
+            same += 1
+        elif name not in quantized:
+            bad.append({"matmul": name, "problem": f"weight {name} of {float_graph.name} is neither in the int8 graph "
+                                                   "nor quantized there"})
     worst = worst_clipped = worst_step = 0.0
     for n in qmodel.graph.node:
         if n.op_type == "MatMulInteger" and n.input[1] in qinits:
@@ -311,7 +330,7 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     return {"matmuls": matmuls, "op": "+".join(sorted(ops)) or "none",
             "unit": "blocks" if ops == {"MatMulNBits"} else "columns" if ops == {"MatMulInteger"} else "blocks/columns",
             "blocks": blocks, "max_error_steps": worst, "max_clipped_error_steps": worst_clipped,
-            "max_step_error": worst_step, "bad": bad, "passed": matmuls > 0 and not bad}
+            "max_step_error": worst_step, "float_weights": same, "bad": bad, "passed": matmuls > 0 and not bad}
 
 
 def _check_columns(n, finits: dict, qinits: dict):

@@ -6,6 +6,8 @@ carrying the summary (role and output named), so the CLI exits 1 without a trace
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import click
@@ -25,8 +27,8 @@ def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, 
             out[name] = float(num)
         except ValueError:
             raise UserError(f"{option} '{v}': expected VALUE or OUTPUT:VALUE, e.g. 1e-4 or logits:1e-3") from None
-        if out[name] < 0:
-            raise UserError(f"{option} '{v}': a tolerance cannot be negative")
+        if not math.isfinite(out[name]) or out[name] < 0:  # NaN compares false: everything would pass
+            raise UserError(f"{option} '{v}': expected a finite tolerance >= 0")
     return out
 
 

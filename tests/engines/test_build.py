@@ -113,9 +113,21 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.update(depths="abc"), "field 'depths' must be a list of int, found 'abc'"),
     (lambda m: m.update(max_context="big"), "field 'max_context' must be int"),
     (lambda m: m.update(files=None), "field 'files' must be a list of dict"),
-    (lambda m: m["roles"].update({"verify.2": "x"}), "field 'roles' is malformed"),
-    (lambda m: m["roles"]["decode"].pop("engine"), "field 'roles' is malformed"),
+    (lambda m: m["roles"].update({"verify.2": "x"}), "roles.verify.2.engine.onnx is None; expected an engine file"),
+    (lambda m: m["roles"]["decode"].pop("engine"), "roles.decode.engine.onnx is None"),
     (lambda m: m["costs"].update(verify={"one": 1}), "field 'costs' is malformed"),
+    # found by review: each a traceback before (InternalError, TypeError, KeyError, KeyError)
+    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[5, 1, 3]), "field 'roles' is malformed"),
+    (lambda m: m["onnxruntime"].update(threads_per_core=2), "field 'onnxruntime' is malformed"),
+    (lambda m: m.pop("onnxruntime"), "field 'onnxruntime' is missing"),
+    (lambda m: m["files"][0].pop("bytes"), r"files\[0\] is .*expected \{'file', 'sha256', 'bytes'\}"),
+    # what the runtime takes from the roles agrees with the rest (it failed mid-run, or loaded unchecked files)
+    (lambda m: m.update(depths=[*m["depths"], 9]), r"depths \[1, 2, 4, 8, 9\] but verify roles for \[1, 2, 4, 8\]"),
+    (lambda m: m.update(draft_depth=2), "draft_depth 2, the deepest depth is 8"),
+    (lambda m: m["roles"]["prefill"]["engine"].update(onnx="other.onnx"),
+     "roles.prefill runs 'other.onnx', which is not among the recorded files"),
+    (lambda m: m["roles"]["prefill"]["engine"].update(onnx="export/../../x.onnx"),
+     "roles.prefill runs 'export/../../x.onnx', which is not among the recorded files"),
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file

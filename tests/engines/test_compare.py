@@ -208,3 +208,17 @@ def test_user_errors(tiny_engines):
     res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target",
                                      str(tiny_engines)])
     assert res.exit_code == 1 and "not a transformers checkpoint" in res.output
+
+
+@pytest.mark.parametrize("value", ["nan", "logits:nan", "-1", "inf"])
+def test_a_tolerance_must_be_finite_and_not_negative(value):
+    """A NaN tolerance made every comparison pass (polygraphy: absdiff > nan is false)."""
+    from specrt.cmd_compare import parse_tolerances
+    from specrt.engines.compare import resolve_tolerances
+
+    with pytest.raises(UserError, match="expected a finite tolerance >= 0"):
+        parse_tolerances((value,), "--atol")
+    with pytest.raises(UserError, match="atol nan for logits: expected a finite tolerance >= 0"):
+        resolve_tolerances(["logits"], "fp32", "onnxruntime", atol=float("nan"))
+    with pytest.raises(UserError, match="rtol inf for logits"):
+        resolve_tolerances(["logits"], "fp32", "onnxruntime", rtol={"logits": float("inf")})

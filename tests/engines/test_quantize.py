@@ -169,6 +169,47 @@ def test_weight_check_catches_what_the_outputs_cannot(int8_engines, tmp_path):
     assert [(f["role"], f["output"]) for f in r["failures"]] == [("draft", INT8_WEIGHTS)]
 
 
+def test_a_changed_float_weight_of_the_int8_draft_is_named(int8_engines, tmp_path):
+    """A norm weight of the int8 draft quadrupled (what the int8 outputs' loose bounds let
+    pass, found by review on the demo's draft): the weight check compares every weight the
+    int8 graph keeps with the float graph's, byte for byte, and names it."""
+    import onnx
+
+    float_inits = {t.name for t in onnx.load(str(int8_engines / "export" / "draft.onnx")).graph.initializer}
+    kept = [t.name for t in onnx.load(str(int8_engines / "draft.onnx")).graph.initializer
+            if t.name in float_inits and len(t.dims) == 1 and t.data_type == onnx.TensorProto.FLOAT]
+    assert kept  # the norms stay float
+
+    def quadruple(a):
+        a.reshape(-1)[3] *= 4.0
+
+    bad = _rewrite_draft(int8_engines, tmp_path / "norm", lambda m: _edit_initializer(m, kept[0], quadruple))
+    w = check_int8_weights(load_engines(bad, verify=False).export_dir / "draft.onnx", bad / "draft.onnx")
+    assert not w["passed"] and [b["matmul"] for b in w["bad"]] == [kept[0]]
+    assert f"weight {kept[0]} differs from draft.onnx's (element 3)" == w["bad"][0]["problem"]
+    good = check_int8_weights(int8_engines / "export" / "draft.onnx", int8_engines / "draft.onnx")
+    assert good["passed"] and good["float_weights"] >= len(kept)
+
+
+def test_a_hard_linked_copy_of_int8_engines_checks(int8_engines, tmp_path):
+    """``cp -al`` of an engines folder: onnx.load refuses external data held by a file with
+    more than one link (a ValidationError traceback before); the weights are read by offset."""
+    import os
+
+    copy = tmp_path / "linked"
+    for src in int8_engines.rglob("*"):
+        dst = copy / src.relative_to(int8_engines)
+        if src.is_dir():
+            dst.mkdir(parents=True, exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dst)
+    assert (copy / "draft.onnx.data").stat().st_nlink > 1
+    assert check_int8_weights(copy / "export" / "draft.onnx", copy / "draft.onnx")["passed"]
+    r = compare_engines(copy, log=quiet, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(draft_weights="int4"), "--draft-weights 'int4' is not one of fp, int8, int8:blocks, int8:dynamic"),
     (dict(draft_weights="int8:nibbles"), "--draft-weights 'int8:nibbles' is not one of"),
