@@ -445,7 +445,8 @@ def _simple_compare(tol: dict[str, tuple[float, float]]):
 
 
 def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str, tuple[float, float]],
-                 outputs: list[str], row_std_atol: Mapping[str, float] | None = None) -> dict[str, Any]:
+                 outputs: list[str], row_std_atol: Mapping[str, float] | None = None,
+                 keep: list | None = None) -> dict[str, Any]:
     """Run both runners on ``feeds`` and compare every output; returns the role's report.
     ``row_std_atol``: output name or kind -> multiple m; that output's atol becomes at least m x the
     reference's largest standard deviation along its last axis over the iterations (the
@@ -456,6 +457,10 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
         raise InternalError(f"runner names must differ (results are looked up by name): {engine.name}")
     t0 = time.perf_counter()
     results = Comparator.run([engine, reference], data_loader=feeds)
+    if keep is not None:  # the engine's own results, for the by-hand command (compare_engines)
+        from polygraphy.comparator import RunResults
+
+        keep.append(RunResults([(engine.name, results[engine.name])]))
     tol = dict(tol)
     by = row_std_atol or {}
     row_std: dict[str, float] = {}
@@ -582,18 +587,23 @@ def _tol_args(values: dict[str, float]) -> list[str]:
     return [f"{default:g}", *(f"{n}:{v:g}" for n, v in values.items() if v != default)]
 
 
-def polygraphy_command(graph: Path, shapes: dict[str, Any], precision: str, tol: dict[str, tuple[float, float]],
-                       inputs_file: Path) -> str:
-    """The ``polygraphy run`` line that repeats one comparison by hand: TensorRT (built with this
-    role's profile and precision) against ONNX Runtime, on the saved inputs."""
-    fmt = lambda k: [f"{n}:[{','.join(str(v) for v in s[k])}]" for n, s in shapes.items()]  # noqa: E731
-    argv = ["polygraphy", "run", str(graph), "--trt", "--onnxrt",
-            "--trt-min-shapes", *fmt(0), "--trt-opt-shapes", *fmt(1), "--trt-max-shapes", *fmt(2)]
-    argv += {"fp16": ["--fp16"], "bf16": ["--bf16"]}.get(precision, [])
-    argv += ["--atol", *_tol_args({n: v[0] for n, v in tol.items()}),
-             "--rtol", *_tol_args({n: v[1] for n, v in tol.items()}),
-             "--check-error-stat", "elemwise", "--load-inputs", str(inputs_file)]
+def polygraphy_command(graph: Path, tol: dict[str, tuple[float, float]], inputs_file: Path,
+                       outputs_file: Path) -> str:
+    """The ``polygraphy run`` line that repeats one comparison by hand, on any machine: the
+    export's graph in ONNX Runtime on the saved inputs, checked against the engine's saved
+    outputs (whichever backend made them) with the same tolerances."""
+    argv = ["polygraphy", "run", str(graph), "--onnxrt", "--load-inputs", str(inputs_file),
+            "--load-outputs", str(outputs_file),
+            "--atol", *_tol_args({n: v[0] for n, v in tol.items()}),
+            "--rtol", *_tol_args({n: v[1] for n, v in tol.items()}), "--check-error-stat", "elemwise"]
     return shlex.join(argv)
+
+
+def polygraphy_trt_command(plan: Path, profile: int, inputs_file: Path, outputs_file: Path) -> str:
+    """The ``polygraphy run`` line that runs a TensorRT plan itself (its profile) on the saved
+    inputs and saves its outputs, for ``polygraphy_command`` to check (needs TensorRT)."""
+    return shlex.join(["polygraphy", "run", str(plan), "--model-type", "engine", "--trt", "--optimization-profile",
+                       str(profile), "--load-inputs", str(inputs_file), "--save-outputs", str(outputs_file)])
 
 
 # ---- entry point ------------------------------------------------------------------------
@@ -685,7 +695,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     order += sorted((r for r in engines.runners if r.startswith("verify.")), key=role_depth)
     order += [DRAFT] if DRAFT in engines.runners else []
     show_role = f"verify.{max(engines.depths)}"
-    saved_feeds = None
+    saved_feeds, saved_outputs = None, []
     log(f"compare {engines.folder} ({engines.backend}, {engines.precision}) against {reference}: {ref_detail}")
     try:
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines:
@@ -706,7 +716,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                     saved_feeds = feeds
                 eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
                 roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs,
-                                               INT8_DRAFT_ROW_STD if int8 and atol is None else None)
+                                               INT8_DRAFT_ROW_STD if int8 and atol is None else None,
+                                               keep=saved_outputs if role == show_role else None)
                 if int8:  # the weights themselves, exactly (quantize.check_int8_weights)
                     w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
                                            engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
@@ -732,16 +743,27 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
                            else Path(tempfile.mkdtemp(prefix="specrt-compare-")) / "inputs.json")
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
+        name = Path(inputs_file).name  # r.inputs.json -> r.outputs.json; in.json -> in.outputs.json
+        stem = name[: -len(".inputs.json")] if name.endswith(".inputs.json") else Path(name).stem
+        outputs_file = Path(inputs_file).with_name(stem + ".outputs.json")
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
             save_json(saved_feeds, str(inputs_file), description=f"{show_role} inputs")
-        shapes = engines.roles[show_role].shapes(exp["graphs"]["target"]["io"]["inputs"])
-        # the command compares against ONNX Runtime whatever this run's reference was
+            saved_outputs[0].save(str(outputs_file))
+        # the command checks against ONNX Runtime whatever this run's reference was
         tol = resolve_tolerances([t.name for t in engines.portable(show_role, activate=False).get_output_metadata()],
                                  engines.precision, "onnxruntime", atol, rtol)
-        cmd = polygraphy_command(_graph_file(engines, "target"), shapes, engines.precision, tol, Path(inputs_file))
-        result.update(inputs_file=str(inputs_file), polygraphy_role=show_role, polygraphy_command=cmd)
-        log(f"reproduce {show_role} by hand (TensorRT vs ONNX Runtime, needs TensorRT):")
+        cmd = polygraphy_command(_graph_file(engines, "target"), tol, Path(inputs_file), outputs_file)
+        result.update(inputs_file=str(inputs_file), outputs_file=str(outputs_file), polygraphy_role=show_role,
+                      polygraphy_command=cmd)
+        log(f"reproduce {show_role} by hand: the export's graph in ONNX Runtime against the engine's saved outputs:")
         log(f"  {cmd}")
+        if engines.backend == "tensorrt":
+            e = engines.manifest["roles"][show_role]["engine"]
+            trt = polygraphy_trt_command(engines.folder / e["file"], int(e["profile"]), Path(inputs_file),
+                                         outputs_file)
+            result["polygraphy_trt_command"] = trt
+            log("  (the engine's outputs again, from its plan, needs TensorRT:")
+            log(f"   {trt})")
     result["seconds"] = round(time.perf_counter() - t_start, 2)
     log(("PASSED: " if not fails else "FAILED: ") + result["summary"] + f" ({result['seconds']:.1f} s)")
     if report is not None:
