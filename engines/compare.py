@@ -517,6 +517,27 @@ def _fmt(v) -> str:
     return "-" if v is None else f"{v:.2e}"
 
 
+LAST_ROW = "logits[logits_from=S-1]"  # the prefill's last row only, as the runtime asks for it
+
+
+def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float]) -> dict[str, Any]:
+    """The engine's logits with ``logits_from`` = S - 1 (one row) against the reference's last
+    row of the same call, elementwise within ``tol`` (the logits' atol, rtol)."""
+    s = feeds[C.INPUT_IDS].shape[1]
+    # the view's own contract has no logits_from: its call passes it on to the in-place engine,
+    # whose runner checks it against its inputs
+    got = np.asarray(engine.infer_impl({**feeds, C.LOGITS_FROM: np.array(s - 1, np.int64)})[C.LOGITS], np.float64)
+    with reference as ref:
+        want = np.asarray(ref.infer(feeds)[C.LOGITS], np.float64)[:, -1:]
+    if got.shape != want.shape:
+        return {"passed": False, "error": f"shape {list(got.shape)}, expected {list(want.shape)}"}
+    d = np.abs(got - want)
+    ratio = tolerance_ratio(got, want, *tol)
+    return {"max_abs": float(d.max()), "max_rel": float((d / np.maximum(np.abs(want), 1e-30)).max()),
+            "mean_abs": float(d.mean()), "atol": tol[0], "rtol": tol[1], "tol_ratio": ratio,
+            "passed": bool(np.isfinite(got).all()) and ratio <= 1.0}
+
+
 def role_table(role: str, r: dict[str, Any]) -> list[str]:
     """Rows of one role; the per-layer KV outputs fold into one row per kind (worst layer)."""
     d = role_depth(role)
@@ -723,6 +744,13 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                                            engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
                     roles_out[role]["outputs"][INT8_WEIGHTS] = {"kind": "weights", **w}
                     roles_out[role]["passed"] = roles_out[role]["passed"] and w["passed"]
+                if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
+                    # the runtime's prefill asks for its last row's logits only (contracts.py):
+                    # that slicing is an engine path of its own, checked against the reference's last row
+                    roles_out[role]["outputs"][LAST_ROW] = last_row_check(
+                        engines.portable(role), reference_runner(role), feeds[0], tol[C.LOGITS])
+                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
+                        roles_out[role]["outputs"][LAST_ROW]["passed"]
                 for line in role_table(role, roles_out[role]):
                     log(line)
     except PolygraphyException as e:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from specrt import contracts as C
 from specrt.cmd_compare import compare, parse_tolerances
-from specrt.engines.compare import TokenCompare, compare_engines, resolve_tolerances
+from specrt.engines.compare import LAST_ROW, TokenCompare, compare_engines, resolve_tolerances
 from specrt.errors import UserError
 
 from .conftest import DEPTHS, quiet
@@ -60,6 +60,15 @@ def test_good_engines_pass_against_onnxruntime(tiny_engines, tmp_path):
     assert "new_key.* (4, worst" in text and "PASSED" in text
 
 
+def test_the_prefills_last_row_alone_is_compared(tiny_engines, tmp_path):
+    """The runtime's prefill asks the in-place engine for its last row's logits only
+    (logits_from = S - 1): that path is compared with the reference's last row."""
+    r = compare_engines(tiny_engines, log=quiet, inputs_file=tmp_path / "in.json")
+    last = r["roles"]["prefill"]["outputs"][LAST_ROW]
+    assert last["passed"] and last["atol"] == r["roles"]["prefill"]["outputs"][C.LOGITS]["atol"]
+    assert 0 <= last["max_abs"] <= last["atol"]
+
+
 def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
     pytest.importorskip("transformers")
     lines: list[str] = []
@@ -82,7 +91,8 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
         by_role.setdefault(f["role"], set()).add(f["output"])
     # lm_head[0, 0] moves logit 0 only: logits fail in every target role, KV and aux do not,
     # and the draft (its own graph, fed the prefill's unchanged aux) passes
-    assert by_role == {role: {C.LOGITS} for role in TARGET_ROLES}
+    # (the prefill's last row asked for alone, as the runtime does, fails too)
+    assert by_role == {role: {C.LOGITS, *([LAST_ROW] if role == "prefill" else [])} for role in TARGET_ROLES}
     assert r["roles"]["draft"]["passed"]
     assert all(f["max_abs"] > f["atol"] and f["tol_ratio"] > 1 for f in r["failures"])
     # the worst-element ratio agrees with polygraphy's elemwise verdict on every output
