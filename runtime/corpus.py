@@ -274,6 +274,8 @@ class Growth:
     def add(self, seq: Sequence[int]) -> None:
         """Count ``seq``'s n-grams; past ``max_tokens`` the oldest sequences' counts go."""
         seq = [int(t) for t in seq]
+        if not seq:  # nothing to count, and an empty sequence would never be evicted (tokens 0)
+            return
         table = self.table
         for key, nxt in self._pairs(seq):
             v = table.get(key)
@@ -508,10 +510,18 @@ class Corpus:
             raise UserError(f"{path}: inconsistent corpus arrays; make it again with `specrt corpus`")
         _refuse_other_export(path, meta, export_digest, "made", "make it again with `specrt corpus`")
         _refuse_ids_outside(path, tokens, vocab_size)
-        priors = {int(k): [float(x) for x in v] for k, v in meta.get("priors", {}).items()}
+        try:
+            priors = {int(k): [float(x) for x in v] for k, v in meta.get("priors", {}).items()}
+            nmin, nmax = int(meta["nmin"]), int(meta["nmax"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{path}: corpus metadata malformed ({type(e).__name__}: {e}); make it again with "
+                            "`specrt corpus`") from None
+        if not 1 <= nmin <= nmax or bool((keys[1:] < keys[:-1]).any()):
+            # lookups binary-search the keys: unsorted ones would silently find nothing
+            raise UserError(f"{path}: nmin {nmin} / nmax {nmax} or key order inconsistent; make it again with "
+                            "`specrt corpus`")
         info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors", "binning")}
-        return cls(keys, tokens, ev, int(meta["nmin"]), int(meta["nmax"]), priors, info,
-                   str(meta.get("binning", "share")))
+        return cls(keys, tokens, ev, nmin, nmax, priors, info, str(meta.get("binning", "share")))
 
 
 def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:

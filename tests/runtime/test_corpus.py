@@ -393,3 +393,31 @@ def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines, mo
             assert [s.generator.generate(p, 30) for p in prompts] == ref, spec
             growth = s.generator.governor.lookup_policy.growth
             assert growth.max_tokens == 40 and [q[: len(p)] for q, p in zip(growth.seqs, prompts[2:])] == prompts[2:]
+
+
+@pytest.mark.parametrize("meta, keys, words", [
+    ({"format": 2, "nmax": 8}, [1, 2], "corpus metadata malformed (KeyError"),  # no nmin
+    ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"x": [1]}}, [1, 2], "corpus metadata malformed (ValueError"),
+    ({"format": 2, "nmin": 0, "nmax": 8}, [1, 2], "nmin 0 / nmax 8 or key order inconsistent"),
+    ({"format": 2, "nmin": 3, "nmax": 8}, [5, 1], "nmin 3 / nmax 8 or key order inconsistent"),  # unsorted keys
+])
+def test_a_malformed_corpus_file_is_named(tmp_path, meta, keys, words):
+    """Hand-made or damaged corpus files: a KeyError / ValueError traceback, or (unsorted keys:
+    lookups binary-search them) silently finding nothing, before."""
+    from specrt.runtime.corpus import Corpus
+
+    p = tmp_path / "c.npz"
+    np.savez(p, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), keys=np.array(keys, np.uint64),
+             tokens=np.array([3, 4], np.uint16), ev=np.array([0, 1], np.uint8))
+    with pytest.raises(UserError, match=words.replace("(", r"\(")):
+        Corpus.load(p, 10)
+
+
+def test_growth_skips_empty_sequences():
+    """An empty sequence counted 0 tokens and was never evicted: a file of many grew memory
+    without bound."""
+    g = Growth(max_tokens=8)
+    for _ in range(1000):
+        g.add([])
+    g.add([1, 2, 3, 4, 5])
+    assert len(g.seqs) == 1 and g.tokens == 5
