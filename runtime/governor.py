@@ -492,7 +492,8 @@ class Calibration:
                       window=int(d["window"]), refit_every=int(d["refit_every"]))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise UserError(f"calibration JSON is malformed ({type(e).__name__}: {e}); expected Calibration.to_dict() output") from None
-        if n.shape != cal.n.shape or a.shape != n.shape or (a < 0).any() or (a > n).any():
+        if n.shape != cal.n.shape or a.shape != n.shape or not (np.isfinite(n).all() and np.isfinite(a).all()) \
+                or (a < 0).any() or (a > n).any():  # NaN passes every comparison: the map would say nan
             raise UserError(f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {cal.bins} bins")
         cal.n, cal.a = n, a
         if d.get("runner_ups") is not None:

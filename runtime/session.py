@@ -82,6 +82,9 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
+    if digest is not None and isinstance(data, dict) and isinstance(data.get("export_digest"), str) \
+            and data["export_digest"] != digest:
+        return None  # fitted for other engines: stale whatever its contents (a newer format, say)
     if fmt == "specrt.calibration-file/1":
         modes = {"greedy": {k: v for k, v in data.items() if k not in ("format", "export_digest")}}
     elif fmt == "specrt.calibration-file/2" and isinstance(data.get("modes"), dict) and data["modes"]:
@@ -101,8 +104,6 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
             e["calibration"] = Calibration.from_dict(e["calibration"])
         except UserError as err:
             raise UserError(f"{path}: mode {m!r}: {err}") from None
-    if digest is not None and data.get("export_digest") != digest:
-        return None
     return modes
 
 
@@ -300,8 +301,20 @@ class Session:
 
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
                    prompt_logprobs: int | None = None) -> Iterator[list[int]]:
+        out: list[int] = []
+        self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
-        return self.generator.stream(ids, max_new_tokens, self.eos)
+        gen = self.generator.stream(ids, max_new_tokens, self.eos)
+
+        def chunks():
+            try:
+                for chunk in gen:
+                    out.extend(chunk)
+                    yield chunk
+            finally:
+                gen.close()  # a caller closing this closes the stream (its telemetry settles)
+
+        return chunks()
 
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
@@ -324,8 +337,8 @@ class Session:
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text)
-        self.last_prompt_ids, self.last_output_ids = ids, detok.ids
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
+        self.last_prompt_ids, self.last_output_ids = ids, detok.ids  # the detokenizer's list fills as it streams
 
         def texts():  # each round's final text, then what an unfinished character held back
             for chunk in gen:

@@ -5,12 +5,18 @@ step (d = 0) is a round too but drafts nothing. With a rounds' accepted counts a
 verified depths d_r over the R draft rounds:
 
     tau                        = 1 + sum(a_r) / R        mean tokens per draft round (bonus counted)
-    acceptance_by_position[i]  = #{a_r >= i} / #{d_r >= i}                  unconditional, i = 1..
+    acceptance_by_position[i]  = #{a_r >= i} / R                            unconditional (§6), i = 1..
+    acceptance_by_verified_position[i] = #{a_r >= i} / #{d_r >= i}          among the rounds verifying i
     acceptance_conditional[i]  = #{a_r >= i} / #{a_r >= i-1 and d_r >= i}   P(accept i | reached i)
 
-At a fixed depth the conditional equals pos_i / pos_{i-1} as in §6; with a varying depth
-(adaptive governors) each position only counts the rounds that verified it. With DSpark
-the block is drafted in full but only d tokens are verified: "drafted" here means verified.
+so tau = 1 + sum_i acceptance_by_position[i]. At a fixed depth the three agree with §6
+(the conditional = pos_i / pos_{i-1}); with a varying depth (adaptive governors, DSpark)
+§6's unconditional counts a position a round did not verify as not accepted, and the
+per-verified-position figure counts only the rounds that verified it (those a governor
+chose to verify deep, so it need not fall with i). With DSpark the block is drafted in full
+but only d tokens are verified: "drafted" here means verified. A round a token tree's
+runner-up won accepted position 1 (the runner-up) and reached no further: its chain's
+later drafts continued the rejected first draft.
 """
 
 from __future__ import annotations
@@ -145,10 +151,11 @@ class Telemetry:
         self.accepted += r.accepted
         for lst in (self.accepted_at, self.offered_at, self.reached_at):
             lst.extend([0] * (r.depth - len(lst)))
+        reach = 1 if r.sibling >= 0 else r.accepted + 1  # a runner-up's win: position 2 was never judged
         for i in range(r.depth):  # position i + 1
             self.offered_at[i] += 1
             self.accepted_at[i] += i < r.accepted
-            self.reached_at[i] += i <= r.accepted
+            self.reached_at[i] += i < reach
 
     def engine_time(self, engine: str, seconds: float) -> None:
         """Time spent outside rounds in an engine, e.g. "prefill"."""
@@ -199,6 +206,11 @@ class Telemetry:
 
     @property
     def acceptance_by_position(self) -> list[float]:
+        """DESIGN.md §6: draft rounds whose first i drafts were all accepted / draft rounds."""
+        return [a / self.draft_rounds for a in self.accepted_at] if self.draft_rounds else []
+
+    @property
+    def acceptance_by_verified_position(self) -> list[float]:
         return [a / o for a, o in zip(self.accepted_at, self.offered_at)]
 
     @property
@@ -229,6 +241,7 @@ class Telemetry:
             "tau": self.tau,
             "tokens_per_call": self.tokens_per_call,
             "acceptance_by_position": self.acceptance_by_position,
+            "acceptance_by_verified_position": self.acceptance_by_verified_position,
             "acceptance_conditional": self.acceptance_conditional,
             "rounds": self.rounds,
             "draft_rounds": self.draft_rounds,
@@ -259,7 +272,8 @@ class Telemetry:
             "time_split": self.time_split(),
             "mean_seconds": self.mean_seconds(),
             # the raw counts behind the ratios above, so that runs can be merged after the fact
-            # (Telemetry.from_json); acceptance_by_position[i] = accepted_at[i] / offered_at[i]
+            # (Telemetry.from_json); acceptance_by_position[i] = accepted_at[i] / draft_rounds,
+            # acceptance_by_verified_position[i] = accepted_at[i] / offered_at[i]
             "counts": {"accepted_at": list(self.accepted_at), "offered_at": list(self.offered_at),
                        "reached_at": list(self.reached_at), "engine_s": dict(self.engine_s),
                        "verify_s_by_depth": {str(k): v for k, v in self.verify_s_by_depth.items()},

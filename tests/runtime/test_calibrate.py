@@ -148,6 +148,11 @@ def test_calibration_for_other_engines_is_refused_with_a_note(engines, small_voc
         ident = s.generator.governor.calibration  # the identity map
         x = np.array([0.0, 0.3, 0.77, 1.0])
         np.testing.assert_allclose(ident.predict(x, np.zeros(4, int)), x, atol=1e-12)
+    # a file for other engines in a format this version does not read is stale all the same
+    (b / CALIBRATION_FILE).write_text(json.dumps({"format": "specrt.calibration-file/3", "export_digest": "0" * 64,
+                                                  "modes": {"greedy": {"new": "fields"}}}))
+    with Session(b, governor="dspark") as s:
+        assert s.calibration is None and "fitted for other engines" in s.calibration_note
     (b / CALIBRATION_FILE).unlink()
     from specrt.engines import load_engines
 
@@ -266,7 +271,12 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
                              **entry["calibration"], "counts": [[1, 2]]}}}},
                           f"{CALIBRATION_FILE}: mode 'greedy': calibration JSON: counts"),
                          ({"format": "specrt.calibration-file/2", "modes": {"temperature=1,top_k=0,top_p=1": {
-                             **entry, "sampling": "hot"}}}, "'sampling' 'hot': expected an object")]:
+                             **entry, "sampling": "hot"}}}, "'sampling' 'hot': expected an object"),
+                         # NaN counts passed every check and made the map say nan
+                         ({"format": "specrt.calibration-file/2", "modes": {"greedy": {**entry, "calibration": {
+                             **entry["calibration"], "counts": [[float("nan")] * len(r) for r in
+                                                                entry["calibration"]["counts"]]}}}},
+                          "calibration JSON: counts")]:
         (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")

@@ -25,7 +25,11 @@ def test_varying_depth_counts_only_rounds_that_verified_a_position():
     t.record(RoundResult(depth=0, accepted=0, t_verify=0.5))  # plain step: no drafts
     assert t.rounds == 3 and t.draft_rounds == 2 and t.drafted == 5
     assert t.tau == pytest.approx(1 + 3 / 2)
-    assert t.acceptance_by_position == pytest.approx([1.0, 1.0, 0.0, 0.0])
+    # §6: over every draft round (a position a round did not verify counts as not accepted),
+    # so tau = 1 + the sum; among the rounds verifying each position; conditional on reaching it
+    assert t.acceptance_by_position == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    assert t.tau == pytest.approx(1 + sum(t.acceptance_by_position))
+    assert t.acceptance_by_verified_position == pytest.approx([1.0, 1.0, 0.0, 0.0])
     assert t.acceptance_conditional == pytest.approx([1.0, 1.0, 0.0, 0.0])  # position 4 never reached -> 0
 
 
@@ -93,7 +97,8 @@ def test_runs_merged_from_their_json_equal_runs_merged_live():
     for k in ("time_split", "counts"):
         assert a.pop(k) == b.pop(k), k  # the same float sums, added in the same order
     assert a == b
-    assert a["acceptance_by_position"] == pytest.approx([4 / 5, 2 / 4, 1 / 3, 0.0])
+    assert a["acceptance_by_position"] == pytest.approx([4 / 5, 2 / 5, 1 / 5, 0.0])
+    assert a["acceptance_by_verified_position"] == pytest.approx([4 / 5, 2 / 4, 1 / 3, 0.0])
     assert a["depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 2, "4": 1}
     assert a["draft_block_histogram"] == {"4": 2} and a["drafted_unverified"] == (4 - 1) + (4 - 2)
     assert (a["prompt_count"], a["first_token_s"], a["prompt_tokens"], a["prefix_reused"]) == (3, 0.25, 30, 3)
@@ -119,3 +124,26 @@ def test_mean_seconds_per_depth_and_block():
     for k in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block", "timed_rounds"):
         del old["counts"][k]
     assert Telemetry.from_json(old).mean_seconds() == {"verify_by_depth": {}, "round_by_depth": {}, "draft_by_block": {}}
+
+
+def test_a_dspark_like_run_keeps_acceptance_by_position_a_survival():
+    """Deep rounds only where the governor is confident: among the rounds verifying a
+    position the rate can rise with it, §6's unconditional figure cannot (found by review:
+    [0.1, 1.0, 1.0] for [0.1, 0.1, 0.1])."""
+    t = Telemetry()
+    for _ in range(9):
+        t.record(RoundResult(depth=1, accepted=0))
+    t.record(RoundResult(depth=3, accepted=3))
+    assert t.acceptance_by_position == pytest.approx([0.1, 0.1, 0.1])
+    assert t.acceptance_by_verified_position == pytest.approx([0.1, 1.0, 1.0])
+
+
+def test_a_runner_up_win_reaches_position_1_only():
+    """A token tree's runner-up won position 1: the chain's draft at position 2 continued
+    the rejected first draft and was never judged (it counted as a rejection at position 2)."""
+    t = Telemetry()
+    t.record(RoundResult(depth=3, accepted=1, siblings=2, sibling=0))
+    t.record(RoundResult(depth=3, accepted=1))
+    assert t.reached_at == [2, 1, 0] and t.accepted_at == [2, 0, 0]
+    assert t.acceptance_conditional == pytest.approx([1.0, 0.0, 0.0])
+    assert t.tau == pytest.approx(2.0)  # both rounds emitted 2 tokens

@@ -726,3 +726,14 @@ def test_one_stop_string_is_one_stop_not_its_letters():
     sc = StopScanner("END")
     assert sc.stops == ("END",)
     assert sc.push("Dear friend, the END") == "Dear friend, the " and sc.hit
+
+
+def test_stats_describe_the_last_stream_of_token_ids_too(worded):
+    """Session.stream_ids left stats() with the previous text stream's prompt and output ids."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        "".join(s.stream("w1 w2", max_new_tokens=3))
+        got = [t for chunk in s.stream_ids([5, 6, 7], 4) for t in chunk]
+        st = s.stats()
+        assert st["prompt_ids"] == [5, 6, 7] and st["output_token_ids"] == got and len(got) >= 1
