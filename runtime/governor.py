@@ -170,7 +170,10 @@ class AdaptiveGovernor(Governor):
 
     def observe(self, r: RoundResult) -> None:
         total = r.t_draft + r.t_verify
-        if r.depth != self.k or r.depth == 0 or not np.isfinite(total) or total <= 0:
+        # a catch-up pass (a stream's prompt, or the rows of lookup rounds and plain steps) costs
+        # what no choice of K changes; counted, it priced the K it landed on 2-10x too slow
+        # (onnxruntime-genai's draft takes the prompt in at prefill, outside any round)
+        if r.depth != self.k or r.depth == 0 or r.catch_up or not np.isfinite(total) or total <= 0:
             return
         e = self.est[self.k]
         sample = (float(r.emitted), total, r.accepted / min(r.accepted + 1, r.depth))
@@ -769,8 +772,17 @@ class DSparkGovernor(Governor):
                 s *= c[k - 1]
                 e += s
             cur_rate, sibs = rate(cur, e)
-        if cur:  # the rate the pre-draft call expects from drafting: a smoothed prediction
-            self.rate = cur_rate if self.rate is None else self.rate + self.RATE_EMA * (cur_rate - self.rate)
+        # the rate the pre-draft call expects from drafting, as the full rule prices it (on every
+        # confidence, known now: this round is decided), also when the round stopped at 0; left
+        # unset then, the pre-draft call never learnt that drafting does not pay
+        full, e, s = -1.0, 1.0, 1.0
+        for k in range(1, (built[-1] if built else 0) + 1):
+            s *= c[k - 1]
+            e += s
+            if k in self.t_verify:
+                full = max(full, rate(k, e)[0])
+        if full > 0:
+            self.rate = full if self.rate is None else self.rate + self.RATE_EMA * (full - self.rate)
         self._sibs = sibs if cur else 0
         return cur
 
@@ -889,7 +901,7 @@ def _option_value(spec: str | int, opt: str, var: str, what: str) -> int | None:
     for p in str(spec).strip().lower().split(":")[1:]:
         if p.startswith(opt + "="):
             n = p[len(opt) + 1:]
-            if not n.isdigit() or int(n) < 1:
+            if not _digits(n) or int(n) < 1:
                 raise UserError(f"--governor '{spec}': ':{opt}={var}' takes {what} {var} >= 1 ({SPECS})")
             return int(n)
     return None
@@ -925,6 +937,11 @@ def wants_grow(spec: str | int) -> bool:
     return has_lookup_option(spec, "grow")
 
 
+def _digits(x: str) -> bool:
+    """ASCII digits only: str.isdigit() takes '²', which int() refuses (a ValueError traceback)."""
+    return x.isascii() and x.isdigit()
+
+
 def split_tree(spec: str | int) -> tuple[str, int]:
     """(governor spec, token tree width): a trailing ``:tree=W`` (W >= 1) is the width of
     the token tree each round verifies (generate.py; 1, the default, is a chain)."""
@@ -937,7 +954,12 @@ def split_tree(spec: str | int) -> tuple[str, int]:
         raise UserError(f"--governor '{spec}': '{base}' takes no ':tree=W' ("
                         + ("auto picks its tree itself" if base == "auto" else "nothing is drafted")
                         + f"; a tree goes after a speculative governor: {SPECS})")
-    if not tail.isdigit() or int(tail) < 1 or not head:
+    if ":tree=" in head:
+        raise UserError(f"--governor '{spec}': ':tree=W' is given twice")
+    if ":" in tail:
+        raise UserError(f"--governor '{spec}': ':tree=W' goes after the governor's own options, e.g. "
+                        "dspark:block=4:tree=3 (lookup options after it: dspark:tree=3:ngram)")
+    if not _digits(tail) or int(tail) < 1 or not head:
         raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
                         f"({SPECS})")
     return head, int(tail)
@@ -977,7 +999,7 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
         kw: dict = {}
         for opt in s.split(":")[1:]:  # dspark[:block=K][:profiled]
-            if opt.startswith("block=") and opt[6:].isdigit() and "block" not in kw:
+            if opt.startswith("block=") and _digits(opt[6:]) and "block" not in kw:
                 kw["block"] = int(opt[6:])
             elif opt == "profiled" and "ema" not in kw:  # costs stay the cost table's: no online factors
                 kw.update(ema=0.0, shape_ema=0.0)
@@ -989,7 +1011,7 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
         if bad:
             raise UserError(f"DSpark option(s) {bad}: expected some of {sorted(known)}")
         return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
-    if k.isdigit():
+    if _digits(k):
         return FixedGovernor(depths, int(k))
     raise UserError(f"--governor '{spec}': expected one of {SPECS} "
                     f"(built depths: {', '.join(map(str, check_depths(depths)))})")

@@ -744,3 +744,45 @@ def test_an_eagle3_round_is_exact_only_under_the_stopping_rule(stopping, lossles
         np.testing.assert_allclose(out, p, atol=1e-12)
     else:
         np.testing.assert_allclose(out, [0.6, 0.24, 0.16], atol=1e-12)
+
+
+def test_the_stopping_rule_still_learns_that_drafting_does_not_pay():
+    """Stopping at 0 every round (confidences near 0) left the pre-draft rate unset, so DSpark
+    drafted every round and paid for nothing (found by review: 200 of 200 rounds); it now
+    learns the rate as the full rule prices it and skips drafting (a probe now and then)."""
+    g = DSparkGovernor((1, 2, 4), 0.004, {0: 0.010, 1: 0.0105, 2: 0.011, 4: 0.012})
+    drafted = 0
+    for _ in range(100):
+        d = g.choose(GovernorState(limit=50))
+        if d:
+            drafted += 1
+            d = g.choose(GovernorState(confidences=np.full(d, 0.02), limit=50, stopping=True))
+            assert d == 0
+        g.observe(RoundResult(d, 0, 0.004 if drafted else 0.0, 0.010))
+    assert drafted < 20, drafted
+
+
+def test_adaptive_leaves_catch_up_passes_out_of_its_throughput():
+    """A stream's first drafted round also takes the prompt into the draft (a catch-up pass,
+    10-40 ms): charged to the K it landed on, a better K was reverted and locked out."""
+    g = AdaptiveGovernor((1, 2))
+    times = {1: (0.002, 0.010), 2: (0.003, 0.011)}  # K = 2: 214 tok/s against 167
+    ks = []
+    for i in range(14):
+        k = g.choose(NONE)
+        ks.append(k)
+        t_draft, t_verify = times[k]
+        catch = i == 2  # the first round of the probe to K = 2 takes a new stream's prompt in
+        g.observe(RoundResult(k, k, t_draft + (0.030 if catch else 0.0), t_verify, catch_up=catch))
+    assert ks == [1, 1] + [2] * 12, ks  # reverted to 1 for 7 rounds before
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("fixed:\u00b2", "expected"), ("dspark:block=\u00b2", "block"), ("dspark:tree=\u00b2", "width"),
+    ("dspark:tree=2:block=4", "goes after the governor's own options"), ("dspark:tree=2:tree=3", "given twice"),
+])
+def test_malformed_specs_name_the_problem(spec, words):
+    """Non-ASCII digits raised a ValueError traceback (str.isdigit takes them); ':tree=W'
+    before an option, or twice, said only that the width was wrong."""
+    with pytest.raises(UserError, match=words):
+        from_spec(spec, (1, 2, 4), t_draft=0.01, t_verify={1: 0.1, 2: 0.11, 4: 0.12})
