@@ -211,7 +211,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             if role.graph == "target":
                 roles[name] = replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(ctx)})
 
-    with atomic_folder(out, force=force, inputs=(export_dir,)) as tmp:
+    with atomic_folder(out, force=force, inputs=(export_dir,), marker="engines.json") as tmp:
         hashes = _embed_export(export_dir, exp, tmp / EXPORT_SUBDIR)
         log(f"linked export {export_dir} ({len(hashes)} files) into {out / EXPORT_SUBDIR}")
         role_json = {}

@@ -57,7 +57,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
 
-    with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir)) as tmp:
+    with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)
         # The graph now owns copies of the weights: drop the checkpoint's mapped pages
         # before serialising (peak RSS 2.1x instead of 2.55x the fp32 weights on SmolLM2).

@@ -999,6 +999,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     items = read_prompts(prompts_file)[: limit or None]
     prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs)
     eos = [int(e) for e in engines.export["target"]["eos_token_ids"]]
+    vocab = int(engines.export["target"]["vocab_size"])
+    bad = next(((i, t) for i, p in enumerate(prompts) for t in p if not 0 <= t < vocab), None)
+    if bad is not None:  # refused here, not as a worker's traceback and a "specrt failed" verdict
+        raise UserError(f"{prompts_file}: prompt {bad[0] + 1} has token id {bad[1]}, outside the vocabulary [0, {vocab})")
     over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > engines.max_context]
     if over:
         raise UserError(f"prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens {max_new_tokens} "

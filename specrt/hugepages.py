@@ -65,7 +65,10 @@ def enabled() -> bool:
     return TUNABLE in os.environ.get("GLIBC_TUNABLES", "")
 
 
-CLI_CODE = "import sys; from specrt.cli import main; sys.argv[0] = 'specrt'; main()"
+# entry(), not main(): the restarted process installs the SIGTERM handler too (with main() a
+# terminated build skipped its cleanup and left its partial folder wherever the kernel
+# gives huge pages on request); its own reexec_with_thp returns at once (the guard is set)
+CLI_CODE = "import sys; from specrt.cli import entry; sys.argv[0] = 'specrt'; entry()"
 
 
 def script_code(path: str) -> str:

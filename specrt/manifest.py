@@ -44,13 +44,16 @@ def tool_versions() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def atomic_folder(out: Path, force: bool = False, inputs: tuple = ()) -> Iterator[Path]:
+def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside ``out``; on success rename it to ``out``.
 
     On any exception the temporary folder is removed and ``out`` is untouched. An
     existing ``out`` is refused unless ``force``, then replaced only after the new
     folder is complete. An ``out`` that is one of the ``inputs`` folders, lies inside one
-    or holds one is refused, ``force`` or not: replacing it would delete the input.
+    or holds one is refused, ``force`` or not: replacing it would delete the input. With
+    ``marker`` (the manifest this kind of output holds, e.g. engines.json), ``force``
+    replaces only an empty folder or one holding that manifest: not a file, not a folder of
+    other things (it deleted a project's sources).
     """
     out = Path(out)
     if out.name in ("", ".", ".."):  # "-o ." : the folder by its own name
@@ -66,6 +69,11 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = ()) -> Iterato
                             "(write elsewhere)")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
+    if out.exists() and marker is not None and not (
+            out.is_dir() and not out.is_symlink() and ((out / marker).is_file() or not any(out.iterdir()))):
+        what = "a file" if not out.is_dir() else f"a folder without {marker}"
+        raise UserError(f"-o {out}: is {what}; --force replaces only an earlier output of this command "
+                        "(or an empty folder): write elsewhere, or remove it yourself")
     check_output_folder(out.parent, "-o", of=out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

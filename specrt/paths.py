@@ -51,6 +51,16 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     to a temp file in the same folder, synced, then os.replace; whole or absent (on an
     exception the temp file goes and ``path`` is untouched; missing folders above it are made)."""
     path = Path(path)
+    if path.is_symlink():  # write where it points, keeping the link (os.replace put a file in its place)
+        path = path.resolve()
+    if path.exists() and not path.is_file() and not path.is_dir():
+        # /dev/stdout, /dev/null, a FIFO: written in place (replacing one put a file where the device was)
+        try:
+            with open(path, "wb") as f:
+                yield f
+        except OSError as e:
+            raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -391,6 +391,12 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                                   "--peers", "none", *extra])
         assert isinstance(r.exception, UserError) and match in str(r.exception), r.output
     assert not (tmp_path / "r").exists()
+    oov = tmp_path / "oov.jsonl"  # a worker's traceback and "specrt's configurations failed" (exit 2) before
+    oov.write_text('{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [1, 999999]}\n')
+    r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(oov), "-o", str(tmp_path / "r"), "--peers", "none"])
+    assert isinstance(r.exception, UserError), r.output
+    assert "prompt 2 has token id 999999, outside the vocabulary [0, 1000)" in str(r.exception)
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

@@ -76,3 +76,30 @@ def test_help_and_version_exit_0():
         r = CliRunner().invoke(main, args, prog_name="specrt")
         assert r.exit_code == 0, (args, r.output)
         assert want in r.output, (args, r.output)
+
+
+def test_output_files_keep_symlinks_and_devices(tmp_path):
+    """--stats / --report / --grow-file through a symlink write where it points (os.replace
+    put a file in the link's place); a device or FIFO is written in place (as root,
+    --stats /dev/stdout replaced the device node with a JSON file)."""
+    import json
+    import os
+
+    from specrt.paths import write_atomic
+
+    real = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_atomic(link, {"a": 1})
+    assert link.is_symlink() and json.loads(real.read_text()) == {"a": 1}
+    import stat
+
+    fifo = tmp_path / "pipe"  # a FIFO stands in for a device (never the machine's own /dev/null)
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the write does not wait
+    try:
+        write_atomic(fifo, {"a": 1})
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and json.loads(data) == {"a": 1}

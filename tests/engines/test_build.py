@@ -170,19 +170,26 @@ def test_interrupted_build_leaves_nothing_that_loads(tiny_export, tmp_path, monk
         load_engines(out)
 
 
-def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path):
+@pytest.mark.parametrize("restarted", [False, True], ids=["plain", "restarted-for-huge-pages"])
+def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path, restarted):
     """The ``specrt`` command stopped by SIGTERM (timeout, docker stop) while its build
-    profiles: exit 143, "Terminated", its temporary folder removed as after Ctrl-C."""
+    profiles: exit 143, "Terminated", its temporary folder removed as after Ctrl-C. Also in
+    the process ``entry`` restarts with huge pages (hugepages.CLI_CODE), which ran main()
+    without the handler: a terminated build left its partial folder (found by review)."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    from specrt.hugepages import CLI_CODE
+
     out = tmp_path / "engines"
-    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "build", str(tiny_export),
+    code, env = ((CLI_CODE, {"SPECRT_THP_REEXEC": "1"}) if restarted else
+                 ("from specrt.cli import entry; entry()", {"SPECRT_THP": "0"}))
+    p = subprocess.Popen([sys.executable, "-c", code, "build", str(tiny_export),
                           "-o", str(out), "--depths", "1,2", "--profile-repeats", "100000", "--no-canary"],
-                         env={**os.environ, "SPECRT_THP": "0"}, stderr=subprocess.PIPE, text=True)
+                         env={**os.environ, **env}, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while not list(tmp_path.glob(".engines.partial-*/export/export.json")) and time.time() < deadline \
@@ -196,6 +203,23 @@ def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path):
         p.kill()
     assert p.returncode == 143 and "Terminated" in err, (p.returncode, err)
     assert list(tmp_path.iterdir()) == []  # neither the engines nor a partial folder
+
+
+def test_force_replaces_only_an_earlier_output(tiny_export, tmp_path):
+    """--force deleted whatever -o named: a folder of other things, or a file (found by review)."""
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "a.py").write_text("code")
+    (tmp_path / "precious.txt").write_text("x")
+    for target, what in ((proj, "a folder without engines.json"), (tmp_path / "precious.txt", "a file")):
+        with pytest.raises(UserError, match=f"is {what}; --force replaces only an earlier output"):
+            build_engines(tiny_export, "onnxruntime", [1], target, log=quiet, profile_repeats=1, force=True)
+    assert (proj / "src" / "a.py").read_text() == "code" and (tmp_path / "precious.txt").read_text() == "x"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build_engines(tiny_export, "onnxruntime", [1], empty, log=quiet, profile_repeats=1, force=True)
+    build_engines(tiny_export, "onnxruntime", [1], empty, log=quiet, profile_repeats=1, force=True)  # its own
+    assert (empty / "engines.json").is_file()
 
 
 def test_existing_output_needs_force(tiny_export, tmp_path):

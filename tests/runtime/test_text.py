@@ -183,6 +183,19 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     assert f"governor fixed:1:tree=2, runners-up in {t['rounds']} rounds, {t['sibling_accepts']} won]" in r.output
 
 
+def test_run_refuses_one_file_for_two_options(worded, tmp_path):
+    """--stats naming the --prompts file replaced the prompts with the stats; --stats and
+    --grow-file on one path lost the stats."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w3 w1"}\n')
+    for extra, words in ((["--prompts", str(prompts), "--stats", str(prompts)], "--prompts and --stats name the same"),
+                         (["--prompt", "w3", "--stats", str(tmp_path / "s"), "--grow-file", str(tmp_path / "s")],
+                          "--stats and --grow-file name the same")):
+        r = CliRunner().invoke(main, ["run", str(worded), "--max-new-tokens", "4", *extra])
+        assert r.exit_code == 1 and words in r.output and "Traceback" not in r.output, r.output
+    assert prompts.read_text() == '{"prompt": "w3 w1"}\n' and not (tmp_path / "s").exists()
+
+
 def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, tmp_path):
     """--stats under a file, or naming a folder, is refused before the engines decode
     anything; a missing folder is made, and the file gets the umask's usual permissions."""
