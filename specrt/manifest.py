@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -78,10 +79,19 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
     except OSError as e:
         raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
     try:
         yield tmp
+        # files some writers make 0600 (onnx's external data, safetensors) get the umask's usual
+        # permissions, as the folders do: a service account running `specrt serve` reads them
+        for f in tmp.rglob("*"):
+            st = f.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and stat.S_IMODE(st.st_mode) == 0o600:
+                os.chmod(f, 0o666 & ~umask)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

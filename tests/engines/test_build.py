@@ -327,3 +327,17 @@ def test_profile_refuses_tampered_engines_and_writes_nothing(engines_copy):
     assert r.exit_code == 1 and "target.onnx.data: content differs" in r.output and "Traceback" not in r.output, r.output
     assert (engines_copy / "engines.json").read_text() == text
     assert sorted(p.name for p in engines_copy.iterdir() if p.name.startswith(".engines.json")) == []
+
+
+def test_outputs_get_the_umasks_permissions(tiny_engines):
+    """Export and engines folders came out 0700 (mkdtemp) and onnx's external data and the
+    draft's vocabulary map 0600: another user (a service account running specrt serve)
+    could not read them."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [tiny_engines, *tiny_engines.rglob("*")]:
+        mode = stat.S_IMODE(p.lstat().st_mode)
+        assert mode == (0o777 if p.is_dir() else 0o666) & ~umask, (p, oct(mode))
