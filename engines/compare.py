@@ -608,6 +608,14 @@ def _tol_args(values: dict[str, float]) -> list[str]:
     return [f"{default:g}", *(f"{n}:{v:g}" for n, v in values.items() if v != default)]
 
 
+def outputs_file_for(inputs_file: Path) -> Path:
+    """Where the engine's outputs for the by-hand command go, beside its inputs:
+    r.inputs.json -> r.outputs.json; in.json -> in.outputs.json."""
+    name = inputs_file.name
+    stem = name[: -len(".inputs.json")] if name.endswith(".inputs.json") else Path(name).stem
+    return inputs_file.with_name(stem + ".outputs.json")
+
+
 def polygraphy_command(graph: Path, tol: dict[str, tuple[float, float]], inputs_file: Path,
                        outputs_file: Path) -> str:
     """The ``polygraphy run`` line that repeats one comparison by hand, on any machine: the
@@ -771,9 +779,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
                            else Path(tempfile.mkdtemp(prefix="specrt-compare-")) / "inputs.json")
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
-        name = Path(inputs_file).name  # r.inputs.json -> r.outputs.json; in.json -> in.outputs.json
-        stem = name[: -len(".inputs.json")] if name.endswith(".inputs.json") else Path(name).stem
-        outputs_file = Path(inputs_file).with_name(stem + ".outputs.json")
+        outputs_file = outputs_file_for(Path(inputs_file))
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
             save_json(saved_feeds, str(inputs_file), description=f"{show_role} inputs")
             saved_outputs[0].save(str(outputs_file))

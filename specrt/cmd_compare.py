@@ -57,6 +57,12 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
     for path, option in ((report, "--report"), (save_inputs, "--save-inputs")):
         if path is not None:
             check_output_file(path, option)
+    if report is not None and save_inputs is not None:  # one file for two: the report replaced the inputs
+        from specrt.engines.compare import outputs_file_for
+
+        if Path(report).resolve() in (Path(save_inputs).resolve(), outputs_file_for(Path(save_inputs)).resolve()):
+            raise UserError(f"--report {report} and --save-inputs {save_inputs} (the engine's outputs go to "
+                            f"{outputs_file_for(Path(save_inputs))}) name the same file; give each its own")
     result = compare_engines(engines_dir, reference=reference, report=report,
                              atol=parse_tolerances(atol, "--atol"), rtol=parse_tolerances(rtol, "--rtol"),
                              log=click.echo, target_folder=target_folder, inputs_file=save_inputs,

@@ -197,7 +197,11 @@ def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_ta
     if (out / "genai_config.json").is_file():
         return out
     env = _builder_env(cache)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # SPECRT_CACHE naming a file, a read-only place: the peer is skipped with why
+        raise PeerSkipped(f"cannot make {out.parent} for the onnxruntime-genai model ({e.strerror or e}): set "
+                          "--ortgenai-cache or SPECRT_CACHE to a writable folder") from None
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     hf_cache = out.with_name(out.name + f".hf{os.getpid()}")
     log(f"building the onnxruntime-genai model of {hf_folder} into {out} (once)")

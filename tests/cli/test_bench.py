@@ -639,3 +639,17 @@ def test_paired_ratio_is_the_median_of_per_prompt_ratios():
     assert paired_ratio([20.0, 30.0, 60.0], [10.0, 60.0, 40.0]) == pytest.approx(1.5)
     assert paired_ratio([1.0], [1.0, 2.0]) is None and paired_ratio(None, [1.0]) is None
     assert paired_ratio([1.0, 2.0], [0.0, 1.0]) == pytest.approx(2.0)  # a zero rate is left out
+
+
+def test_an_ortgenai_cache_that_is_a_file_skips_the_peer_with_why(tmp_path):
+    """SPECRT_CACHE naming a file: a NotADirectoryError traceback out of specrt bench before."""
+    lib = load_bench_lib()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "tokenizer.json").write_text("{}")
+    if lib.peer_unavailable("ortgenai", hf) is not None:  # onnxruntime-genai is a dev dependency
+        pytest.fail(lib.peer_unavailable("ortgenai", hf))
+    (tmp_path / "cachefile").write_text("x")
+    with pytest.raises(lib.PeerSkipped, match="set --ortgenai-cache or SPECRT_CACHE to a writable folder"):
+        lib.ensure_ortgenai_model(hf, cache=tmp_path / "cachefile")

@@ -218,3 +218,13 @@ def test_a_tolerance_must_be_finite_and_not_negative(value):
         resolve_tolerances(["logits"], "fp32", "onnxruntime", atol=float("nan"))
     with pytest.raises(UserError, match="rtol inf for logits"):
         resolve_tolerances(["logits"], "fp32", "onnxruntime", rtol={"logits": float("inf")})
+
+
+def test_report_and_saved_inputs_need_files_of_their_own(tiny_engines, tmp_path):
+    """--report and --save-inputs on one path: the report replaced the inputs the printed
+    command loads (found by review); also where the engine's saved outputs would go."""
+    for report, inputs in (("x.json", "x.json"), ("r.outputs.json", "r.inputs.json")):
+        res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--report", str(tmp_path / report),
+                                         "--save-inputs", str(tmp_path / inputs)])
+        assert res.exit_code == 1 and "name the same file" in res.output and "Traceback" not in res.output, res.output
+    assert list(tmp_path.iterdir()) == []
