@@ -1012,6 +1012,9 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
             raise UserError(f"DSpark option(s) {bad}: expected some of {sorted(known)}")
         return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
     if _digits(k):
-        return FixedGovernor(depths, int(k))
+        try:
+            return FixedGovernor(depths, int(k))
+        except UserError as e:  # named as the other spec errors are
+            raise UserError(f"--governor '{spec}': {e}") from None
     raise UserError(f"--governor '{spec}': expected one of {SPECS} "
                     f"(built depths: {', '.join(map(str, check_depths(depths)))})")

@@ -4,22 +4,40 @@ chat template's variables (those and ``chat``, ``serve``).
     @sampling_options("0 = greedy", seed=None)
     def run(..., temperature, top_p, top_k, seed): ...
 
-Values are checked where they are used, by ``runtime.sampling.SamplingParams``.
+Values are checked here, naming the option as typed (``--top-p 0: expected ...``), and again
+where they are used, by ``runtime.sampling.SamplingParams`` (the API's and serve's names).
 """
 
 from __future__ import annotations
 
+import math
+
 import click
+
+from specrt.errors import UserError
+
+
+def _checked(ok, expected: str):
+    def check(ctx, param, value):
+        if value is not None and not ok(value):
+            raise UserError(f"{param.opts[0]} {value}: expected {expected}")
+        return value
+
+    return check
 
 
 def sampling_options(temperature_help: str, seed: int | None, seed_help: str | None = None):
     """--temperature, --top-p, --top-k, --seed (default ``seed``; None = fresh entropy) and
     --reproducible (SamplingParams.coupled)."""
     opts = [
-        click.option("--temperature", type=float, default=0.0, show_default=True, help=temperature_help),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
-        click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help=temperature_help,
+                     callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)")),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
+                     callback=_checked(lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.",
+                     callback=_checked(lambda v: v >= 0, "an integer >= 0 (0 = off)")),
+        click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help,
+                     callback=_checked(lambda v: v >= 0, "a non-negative integer")),
         click.option("--reproducible", is_flag=True,
                      help="Coupled sampling: each token the Gumbel-max draw of its position's noise, a function of "
                           "--seed alone, so the text is the one target-only decoding samples with that seed, whatever "

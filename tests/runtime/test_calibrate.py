@@ -362,8 +362,8 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     (['{"prompt_ids": [1, 2]}'], ["--holdout", "1.5"], "--holdout 1.5: expected a fraction"),
     (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "1"], "expected >= 2"),
     (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
-    (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "temperature=-1.0: expected a finite number"),
-    (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "top_p=0.0: expected a number in (0, 1]"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1.0: expected a finite number"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
 ])
 def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     pf = tmp_path / "p.jsonl"

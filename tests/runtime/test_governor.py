@@ -786,3 +786,9 @@ def test_malformed_specs_name_the_problem(spec, words):
     before an option, or twice, said only that the width was wrong."""
     with pytest.raises(UserError, match=words):
         from_spec(spec, (1, 2, 4), t_draft=0.01, t_verify={1: 0.1, 2: 0.11, 4: 0.12})
+
+
+def test_a_fixed_depth_not_built_names_the_option():
+    """--governor fixed:99 said only "depth 99 is not built" (found by review)."""
+    with pytest.raises(UserError, match=r"--governor 'fixed:99': depth 99 is not built; available depths: 1, 2, 4"):
+        from_spec("fixed:99", (1, 2, 4))
