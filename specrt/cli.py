@@ -431,8 +431,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     a user turn, the answer streams as it is accepted, and every turn reuses the KV rows of
     the conversation so far (prefix reuse). When the conversation and room for an answer
     (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
-    its oldest turns are dropped (the system prompt stays), and it says so. An empty line
-    or the end of input ends it."""
+    its oldest turns are dropped (the system prompt stays), and it says so; a turn that
+    does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
+    on). An empty line or the end of input ends it."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
@@ -441,7 +442,12 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
         messages = [{"role": "system", "content": system}] if system else []
         while True:
             click.echo("> ", nl=False, err=True)
-            line = sys.stdin.readline()
+            raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()
+            try:  # bytes decoded a line at a time: a bad line is skipped, the next ones still read
+                line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError as e:
+                click.echo(f"[a turn that is not UTF-8 text ({e.reason} at byte {e.start}): skipped]", err=True)
+                continue
             if not line.strip():
                 return
             messages.append({"role": "user", "content": line.rstrip("\n")})
@@ -451,6 +457,12 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             while len(s.encode(messages, True)) + room > s.engines.max_context and len(messages) > first + 1:
                 del messages[first:first + 2]  # the oldest user turn and its answer
                 dropped += 1
+            n = len(s.encode(messages, True))
+            if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
+                messages.pop()
+                click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
+                           f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
+                continue
             if dropped:
                 click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
                            "tokens]", err=True)

@@ -445,16 +445,18 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     """The worded engines hold 128 tokens: turns of 54 tokens (system, 50 words, 4 of
     answer) fit two at a time, so the third and fourth push the oldest out (the system
-    prompt stays) and the chat goes on; one turn longer than the context is the usual
-    clear error."""
+    prompt stays) and the chat goes on; one turn longer than the context is said and
+    skipped, and the conversation goes on (it ended it, losing the conversation)."""
     long = " ".join(["w4"] * 50)
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
                                   "fixed:1"], input=f"{long}\n{long}\n{long}\n{long}\n\n")
     assert r.exit_code == 0, r.output
     assert r.output.count("[dropped the oldest 1 turn(s) to fit the context of 128 tokens]") == 2, r.output
     assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 4, r.output
-    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"], input=" ".join(["w4"] * 200) + "\n")
-    assert r.exit_code == 1 and "the engines' context limit is 128" in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"],
+                           input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
+    assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 1, r.output  # the next turn
 
 
 def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
@@ -750,3 +752,10 @@ def test_stats_describe_the_last_stream_of_token_ids_too(worded):
         got = [t for chunk in s.stream_ids([5, 6, 7], 4) for t in chunk]
         st = s.stats()
         assert st["prompt_ids"] == [5, 6, 7] and st["output_token_ids"] == got and len(got) >= 1
+
+
+def test_chat_skips_a_turn_that_is_not_utf8_and_goes_on(worded):
+    """A line of bytes that are not UTF-8 ended the conversation with an error."""
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"], input=b"\xff\xfe w1\nw3 w1\n\n")
+    assert r.exit_code == 0 and "not UTF-8 text" in r.output and "skipped" in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 1, r.output
