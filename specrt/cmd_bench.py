@@ -407,12 +407,17 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
         with open(log_path, "w") as log:
             p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(rp)],
                                  stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=worker_env(job))
-            for line in p.stdout:
-                if line.startswith(PROGRESS):
-                    on_progress(line[len(PROGRESS):].strip())
-                else:
-                    log.write(line)
-            rc = p.wait()
+            try:
+                for line in p.stdout:
+                    if line.startswith(PROGRESS):
+                        on_progress(line[len(PROGRESS):].strip())
+                    else:
+                        log.write(line)
+                rc = p.wait()
+            except BaseException:  # Ctrl-C, SIGTERM: the worker goes too (it went on, orphaned)
+                p.kill()
+                p.wait()
+                raise
         return _finish_result(rp, rc, log_path)
 
 
@@ -457,6 +462,14 @@ class InterleavedWorker:
         except BrokenPipeError:
             return False
         return self._ack() == str(i)
+
+    def kill(self) -> None:
+        """Stop the worker now (the bench was interrupted): nothing of it outlives the bench."""
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self.log.close()
+        self.tmp.cleanup()
 
     def finish(self) -> dict:
         try:
@@ -840,6 +853,17 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
     Between workers (specrt vs a peer, or vs a --variant folder) that difference remains;
     ``processes`` > 1 gives every worker that many processes, prompt i running on process
     i mod N, so that each process's placement weighs on 1/N of a configuration's prompts."""
+    every: list[InterleavedWorker] = []
+    try:
+        _interleave(jobs, n_prompts, out, bar, results, skipped, failed, echo, processes, every)
+    except BaseException:  # Ctrl-C, SIGTERM: no worker goes on, orphaned (one did for ~20 s)
+        for w in every:
+            w.kill()
+        raise
+
+
+def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo,
+                processes: int, every: list) -> None:
     procs = max(int(processes), 1)
     workers: dict[str, list[InterleavedWorker]] = {}
     member_of: dict[str, tuple[str, str]] = {}  # configuration -> (worker, governor)
@@ -856,6 +880,7 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
             pjob = job if procs == 1 else {**job, "prompt_indices": list(range(k, n_prompts, procs))}
             w = InterleavedWorker(pjob, out / "logs" / f"{label.replace(':', '_').replace('#', '_')}.log")
             started.append(w)
+            every.append(w)
             if not w.warm():
                 _record_group(merge_process_results([x.finish() for x in reversed(started)], n_prompts), mem,
                               results, skipped, failed, echo)

@@ -655,3 +655,29 @@ def test_an_ortgenai_cache_that_is_a_file_skips_the_peer_with_why(tmp_path):
     (tmp_path / "cachefile").write_text("x")
     with pytest.raises(lib.PeerSkipped, match="set --ortgenai-cache or SPECRT_CACHE to a writable folder"):
         lib.ensure_ortgenai_model(hf, cache=tmp_path / "cachefile")
+
+
+def test_an_interrupted_bench_leaves_no_worker_running(tiny_engines, prompts_file, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (KeyboardInterrupt here) while the interleaved workers run: each is
+    killed before the bench ends (one went on, orphaned, for ~20 s; found by review)."""
+    import specrt.cmd_bench as B
+
+    made, real_init, real_run = [], B.InterleavedWorker.__init__, B.InterleavedWorker.run
+    calls = []
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    def run(self, i, governor=None):
+        calls.append(i)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(self, i, governor)
+
+    monkeypatch.setattr(B.InterleavedWorker, "__init__", init)
+    monkeypatch.setattr(B.InterleavedWorker, "run", run)
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                   "--peers", "none", "--governors", "off,fixed:2", "--max-new-tokens", "4"])
+    assert r.exit_code != 0 and len(calls) == 2, r.output  # click says "Aborted!"
+    assert made and all(w.p.poll() is not None for w in made)
