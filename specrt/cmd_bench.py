@@ -665,6 +665,9 @@ def efficiency(configs: dict) -> dict:
 # ---- plots -----------------------------------------------------------------------------
 
 
+PLOTS = ("tokens_per_s.png", "acceptance.png", "time_split.png")  # every plot ``plots`` can write
+
+
 def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
     try:
         import matplotlib
@@ -1211,6 +1214,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         "outputs": outputs,
     }
     report["plots"], note = plots(report, out) if configs else ([], "no configuration ran")
+    for stale in set(PLOTS) - set(report["plots"]):  # an earlier run's plot beside this run's report
+        (out / stale).unlink(missing_ok=True)
     if note:
         report["plots_note"] = note
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2))

@@ -681,3 +681,16 @@ def test_an_interrupted_bench_leaves_no_worker_running(tiny_engines, prompts_fil
                                    "--peers", "none", "--governors", "off,fixed:2", "--max-new-tokens", "4"])
     assert r.exit_code != 0 and len(calls) == 2, r.output  # click says "Aborted!"
     assert made and all(w.p.poll() is not None for w in made)
+
+
+def test_a_bench_into_an_earlier_runs_folder_leaves_none_of_its_plots(tiny_engines, prompts_file, tmp_path):
+    """An earlier run's acceptance.png stayed beside a new bench.json that did not list it."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "acceptance.png").write_bytes(b"an earlier run's")
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--governors", "off", "--max-new-tokens", "4", "--quiet"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    assert "acceptance.png" not in rep["plots"] and not (out / "acceptance.png").exists()
+    assert all((out / p).is_file() for p in rep["plots"])
