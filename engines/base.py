@@ -252,14 +252,9 @@ def load_onnx(path) -> Any:
     for t in model.graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = {e.key: e.value for e in t.external_data}
-        data = path.parent / info.get("location", "")
-        if not info.get("location") or data.resolve().parent != path.parent.resolve():
-            raise UserError(f"{path}: weight '{t.name}' points outside its folder ({info.get('location')!r})")
-        size = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        length = int(info.get("length", size))
+        data, offset, length = external_location(path, t)
         with open(data, "rb") as fh:
-            fh.seek(int(info.get("offset", 0)))
+            fh.seek(offset)
             raw = fh.read(length)
         if len(raw) != length:
             raise UserError(f"{data}: too short for weight '{t.name}' of {path.name}")
@@ -267,3 +262,19 @@ def load_onnx(path) -> Any:
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
     return model
+
+
+def external_location(path, t) -> tuple[Any, int, int]:
+    """(data file, offset, bytes) of initializer ``t`` of the ONNX file ``path``, whose weights
+    are external: the file must lie in ``path``'s folder (a location elsewhere is refused)."""
+    from pathlib import Path
+
+    import onnx
+
+    path = Path(path)
+    info = {e.key: e.value for e in t.external_data}
+    data = path.parent / info.get("location", "")
+    if not info.get("location") or data.resolve().parent != path.parent.resolve():
+        raise UserError(f"{path}: weight '{t.name}' points outside its folder ({info.get('location')!r})")
+    size = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return data, int(info.get("offset", 0)), int(info.get("length", size))

@@ -74,7 +74,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from specrt import contracts as C
-from specrt.engines.base import Runner, np_dtype
+from specrt.engines.base import Runner, external_location, np_dtype
 from specrt.engines.plan import Role
 from specrt.errors import UserError
 
@@ -467,15 +467,12 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
             raise UserError(f"{src}: has no weight '{slot}' to re-lower the target with in-place KV")
         if t.data_location != onnx.TensorProto.EXTERNAL:
             return numpy_helper.to_array(t)
-        info = {e.key: e.value for e in t.external_data}
         dt = np_types.get(t.data_type)
         if dt is None:
             raise UserError(f"{src}: weight '{slot}' has ONNX type {t.data_type}; in-place KV needs float32/float16")
-        path = src.parent / info["location"]
-        if path.resolve().parent != src.parent.resolve():
-            raise UserError(f"{src}: weight '{slot}' points outside its folder ({info['location']})")
+        path, offset, _ = external_location(src, t)
         count = int(np.prod(t.dims)) if len(t.dims) else 1
-        a = np.fromfile(path, dtype=dt, count=count, offset=int(info.get("offset", 0)))
+        a = np.fromfile(path, dtype=dt, count=count, offset=offset)
         if a.size != count:
             raise UserError(f"{path}: too short for weight '{slot}'")
         return a.reshape(tuple(t.dims))

@@ -181,6 +181,7 @@ class Generator:
         self._draft_to_target = None if d2t is None else np.arange(len(d2t)) + d2t
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
+        self._epoch = 0  # streams started: a stream goes on only while it is the latest (stream)
         # logprobs (None: off): each emitted token's log-probability under the target with
         # this many alternatives (sampling.token_logprobs), in ``output_logprobs`` as the
         # stream yields (its tokens, trimmed as they are). A screened head then gives its
@@ -476,7 +477,7 @@ class Generator:
         caches are the Generator's, so a stream started while an earlier one is unfinished
         supersedes it (resuming the earlier one raises UserError instead of going on over
         rows that are no longer its own)."""
-        self._epoch = mine = getattr(self, "_epoch", 0) + 1
+        self._epoch = mine = self._epoch + 1
         self._screen_for(self.params)
         # this stream's, from its start: a stream closed early or refused leaves no other's
         self.finished, self.telemetry = None, Telemetry()

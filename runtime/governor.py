@@ -679,12 +679,16 @@ class DSparkGovernor(Governor):
         """Seconds to draft a block of k (profiled, times the draft's load factor)."""
         return self.load_draft * self._profiled_draft(k)
 
+    def _ceilings(self) -> list[float]:
+        """u_k: the decaying ceilings of recent calibrated c_k, capped by ``Calibration.upper``."""
+        cap = self.calibration.upper
+        return [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
+
     def draft_depth(self, limit: int | None = None) -> int:
         """The block worth drafting: the rule's pick under the optimistic u_k (the decaying
         ceiling of recent calibrated c_k, capped by ``Calibration.upper``), each block
         depth K costing ``draft_cost(K) + t_verify(K)``."""
-        cap = self.calibration.upper
-        up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
+        up = self._ceilings()
         top = self.depths[-1] if limit is None else min(self.depths[-1], limit)
         best, best_rate, e, s, rates = 0, -1.0, 1.0, 1.0, self._win_rates()
         for k in range(1, top + 1):
@@ -707,8 +711,7 @@ class DSparkGovernor(Governor):
         c = self.calibration(conf)
         t_draft = self.draft_cost(len(c))  # paid already: common to every choice below
         if state.stopping:  # the ceilings as they stood before this round's confidences
-            cap = self.calibration.upper
-            up = [min(u, cap[k] if k < len(cap) else cap[-1]) for k, u in enumerate(self.ceiling)]
+            up = self._ceilings()
         keep = 1.0 - self.ceiling_decay
         for k, ck in enumerate(c[: len(self.ceiling)]):
             u = self.ceiling[k] * keep
@@ -751,36 +754,33 @@ class DSparkGovernor(Governor):
         list of them."""
         tree = rates is not None
         built = [k for k in self.depths if k <= limit]
+        top = built[-1] if built else 0
+        surv, exp = [1.0], [1.0]  # S_k and E(k) on this round's confidences, k = 0..top
+        for k in range(top):
+            surv.append(surv[-1] * c[k])
+            exp.append(exp[-1] + surv[-1])
 
         def rate(k: int, e: float) -> tuple[float, int]:  # built depth k whose chain expects e
             return self._best_tree(e, c[0], t_draft, k, rates) if tree else (e / (t_draft + self.t_verify[k]), 0)
 
         cur, cur_rate, sibs = 0, (-1.0 if self.t_decode is None else 1.0 / (t_draft + self.t_decode)), 0
-        for i in range(len(built)):
-            known = cur + 1  # c_1 .. c_known were known before the draft at depth known was drawn
-            best_rate, e, s = cur_rate, 1.0, 1.0
-            for k in range(1, built[-1] + 1):
-                s *= c[k - 1] if k <= known else up[k - 1]
-                e += s
-                if k > cur and k in self.t_verify and k <= limit:
+        for nxt in built:
+            known = min(cur + 1, top)  # c_1 .. c_known were known before the draft at depth cur + 1 was drawn
+            best_rate, s, e = cur_rate, surv[known], exp[known]
+            for k in range(known, top + 1):  # past `known`, the ceilings u_k stand in for c_k
+                if k > known:
+                    s *= up[k - 1]
+                    e += s
+                if k > cur and k in built:
                     best_rate = max(best_rate, rate(k, e)[0])
             if best_rate <= cur_rate:  # strict: ties stop at the smaller depth
                 break
-            cur = built[i]
-            e, s = 1.0, 1.0
-            for k in range(1, cur + 1):  # E(cur) on the confidences known from here on
-                s *= c[k - 1]
-                e += s
-            cur_rate, sibs = rate(cur, e)
+            cur = nxt
+            cur_rate, sibs = rate(cur, exp[cur])  # E(cur) on the confidences known from here on
         # the rate the pre-draft call expects from drafting, as the full rule prices it (on every
         # confidence, known now: this round is decided), also when the round stopped at 0; left
         # unset then, the pre-draft call never learnt that drafting does not pay
-        full, e, s = -1.0, 1.0, 1.0
-        for k in range(1, (built[-1] if built else 0) + 1):
-            s *= c[k - 1]
-            e += s
-            if k in self.t_verify:
-                full = max(full, rate(k, e)[0])
+        full = max((rate(k, exp[k])[0] for k in built), default=-1.0)
         if full > 0:
             self.rate = full if self.rate is None else self.rate + self.RATE_EMA * (full - self.rate)
         self._sibs = sibs if cur else 0

@@ -112,10 +112,7 @@ class NgramIndex:
                 # period len(x) - j, where a small model's greedy answer often sits: cut at
                 # the end, the proposal was at most one period, [7] in 7 7 7 7 7)
                 period = len(x) - j
-                out = x[j : j + limit]
-                while len(out) < limit:
-                    out += x[j : j + min(period, limit - len(out))]
-                return out, n
+                return [x[j + k % period] for k in range(limit)], n
         return [], 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specrt.errors import UserError
-from specrt.paths import check_output_folder
+from specrt.paths import check_output_folder, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -79,9 +79,8 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
+        mask = umask()
+        os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
     except OSError as e:
         raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
     try:
@@ -91,7 +90,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
         for f in tmp.rglob("*"):
             st = f.lstat()
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and stat.S_IMODE(st.st_mode) == 0o600:
-                os.chmod(f, 0o666 & ~umask)
+                os.chmod(f, 0o666 & ~mask)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

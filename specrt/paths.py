@@ -45,6 +45,13 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: cannot write in {probe} ({e.strerror or e})") from None
 
 
+def umask() -> int:
+    """The process's umask (read by setting it and back: the OS has no plain getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` when the block ends without an exception: written
@@ -67,9 +74,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     except OSError as e:
         raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it; mkstemp's are 0600
+        os.fchmod(fd, 0o666 & ~umask())  # as open() would make it; mkstemp's are 0600
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
