@@ -694,10 +694,15 @@ def test_the_http_layer_answers_every_malformed_request_and_frees_stalled_ones(w
             time.sleep(0.05)
         assert any("finish none: the client left" in line for line in logs[before:]), logs[before:]
         assert _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 3})[0] == 200  # and it goes on
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-            text = r.read().decode()
-        counts = {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and ln[0] != "#")}
-        assert counts["specrt_request_seconds_count"] == counts["specrt_queue_wait_seconds_count"]
+        deadline = time.time() + 30
+        while True:  # (a request's time is observed after its answer went out: a scrape may come between)
+            with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+                text = r.read().decode()
+            counts = {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and ln[0] != "#")}
+            if counts["specrt_request_seconds_count"] == counts["specrt_queue_wait_seconds_count"]:
+                break
+            assert time.time() < deadline, counts
+            time.sleep(0.05)
         assert counts["specrt_completion_tokens_total"] > 0
     finally:
         httpd.shutdown()
