@@ -19,6 +19,7 @@ consumes those rows as pending slots at its next pass.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,57 @@ def _softmax_max(logits: np.ndarray) -> np.ndarray:
     e = x - x.max(-1, keepdims=True)
     np.exp(e, out=e)
     return 1.0 / e.sum(-1)
+
+
+class Held:
+    """The seconds a stream's consumer held it between chunks (a terminal printing, a
+    client's socket): left out of the stream's telemetry ``seconds``, which are the
+    runtime's. The outermost layer times its own consumer: a layer that wraps a stream
+    (Session.stream_ids, Session.stream) claims the clock, and the yields of the layers
+    inside it (whose consumer is that layer, its time the runtime's) stop counting."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._owner: object = None
+
+    def claim(self) -> object:
+        self._owner = me = object()
+        return me
+
+    def at(self, me: object) -> "_Hold":
+        """``with clock.at(me): yield chunk``: the yield's time counts if ``me`` holds the clock."""
+        return _Hold(self, me)
+
+
+class _Hold:
+    __slots__ = ("clock", "me", "t")
+
+    def __init__(self, clock: Held, me: object):
+        self.clock, self.me = clock, me
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):  # a consumer closing the stream at the yield held it until then
+        if self.clock._owner is self.me:
+            self.clock.seconds += time.perf_counter() - self.t
+        return False
+
+
+class Stream:
+    """An iterator of chunks with the clock of its consumer's holds (``Held``)."""
+
+    def __init__(self, chunks: Iterator, clock: Held):
+        self._chunks, self.clock = chunks, clock
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self):
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
 
 
 class Generator:
@@ -472,11 +524,13 @@ class Generator:
 
     # ---- the loop -------------------------------------------------------------------
 
-    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> Iterator[list[int]]:
+    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> Stream:
         """The new tokens of each round, as lists of token ids. One stream at a time: the
         caches are the Generator's, so a stream started while an earlier one is unfinished
         supersedes it (resuming the earlier one raises UserError instead of going on over
-        rows that are no longer its own)."""
+        rows that are no longer its own). The arguments are checked here, before the first
+        chunk is asked for; the telemetry's ``seconds`` leave out the time the consumer
+        holds the stream between chunks (``Stream.clock``)."""
         self._epoch = mine = self._epoch + 1
         self._screen_for(self.params)
         # this stream's, from its start: a stream closed early or refused leaves no other's
@@ -498,13 +552,20 @@ class Generator:
         eos = set(int(e) for e in eos_ids)
         self.tree_width = self.resolve_tree_width()
         lookup = self.resolve_lookup()
+        top = _alternatives("logprobs", self.logprobs)
+        self.governor.start_stream()
+        clock = Held()
+        return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
+                                clock.claim()), clock)
+
+    def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,
+             tel: Telemetry, clock: Held, me: object) -> Iterator[list[int]]:
+        self._still_mine(mine)  # (a stream asked for its first chunk after a newer one started)
         rng = make_rng(self.params.seed)
         # coupled sampling: each position's draw a function of the seed and the position
         self._noise = CoupledNoise(self.params.seed, self.vocab) \
             if self.params.coupled and not self.params.greedy else None
         self._draft_pos = 0
-        tel = self.telemetry
-        top = _alternatives("logprobs", self.logprobs)
         lps = self.output_logprobs = []
         plps = self.prompt_logprobs_out = [] if scored is None else [None]
         s0, d0, saved = self._reusable(prompt) if scored is None else self._not_reused()
@@ -551,7 +612,8 @@ class Generator:
             if lookup is not None:
                 index = NgramIndex()
                 index.extend(x)
-            yield [first]
+            with clock.at(me):
+                yield [first]
             self._still_mine(mine)
             if first in eos:
                 self.finished = Finished("eos")
@@ -640,16 +702,19 @@ class Generator:
                                 conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
                                 lookup=n_match, catch_up=catch_up)
                 behind = behind or t_draft == 0.0  # this step's rows wait for a later pass
-                tel.record(r)
+                new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
+                stop = next((j for j, t in enumerate(new) if t in eos), None)
+                if stop is not None:
+                    new = new[: stop + 1]
+                # the telemetry counts what was emitted: drafts accepted past an EOS are not
+                # (governors and the lookup policy still learn the round as the target judged it)
+                tel.record(r if stop is None or stop >= r.accepted else
+                           dataclasses.replace(r, accepted=stop, sibling=r.sibling if stop else -1))
                 if not n_match:  # governors learn from their own rounds
                     self.governor.observe(r)
                 if lookup is not None:
                     lookup.observe(d + 1 + len(sib), t_verify, r.t_round, v.accepted + 1,
                                    (n_match, v.accepted) if n_match else None)
-                new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
-                stop = next((j for j, t in enumerate(new) if t in eos), None)
-                if stop is not None:
-                    new = new[: stop + 1]
                 if top is not None:  # each token's row: x's, the accepted drafts', a winning runner-up's
                     lps += token_logprobs(logits[rows][: len(new)], new, top)
                 x += new
@@ -657,7 +722,8 @@ class Generator:
                     index.extend(new)
                     lookup.settle(x)
                 emitted += len(new)
-                yield new
+                with clock.at(me):
+                    yield new
                 self._still_mine(mine)
                 if stop is not None:
                     self.finished = Finished("eos")
@@ -668,7 +734,7 @@ class Generator:
                 raise UserError(str(e)) from None
             raise
         finally:
-            tel.finish(emitted, time.perf_counter() - t_start)
+            tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             if lookup is not None:
                 lookup.settle(x, final=True)
                 if lookup.growth is not None and emitted:

@@ -98,6 +98,10 @@ class Governor(abc.ABC):
     def observe(self, result: RoundResult) -> None:
         pass
 
+    def start_stream(self) -> None:
+        """A stream (a prompt) starts on the generator: a governor whose state belongs to
+        one stream forgets the last one's (what it learns across streams it keeps)."""
+
     def _cap(self, d: int, state: GovernorState) -> int:
         if state.limit is None or d <= state.limit:
             return d
@@ -155,11 +159,16 @@ class AdaptiveGovernor(Governor):
         self.min_depth = self.depths[0] if min_depth is None else min_depth
         if self.min_depth not in self.depths:
             raise UserError(f"adaptive min depth {min_depth!r} is not built; available depths: {', '.join(map(str, self.depths))}")
+        self.increases = self.decreases = self.probes = self.observations = 0  # over the governor's life
+        self.start_stream()
+
+    def start_stream(self) -> None:
+        """onnxruntime-genai's controller lives in its Generator, one per request: each
+        stream starts at the floor with no estimates."""
         self.k = self.min_depth
         self.est = {d: [0.0, 0.0, 0.0, 0] for d in self.depths}  # d -> [tokens, seconds, acceptance, samples]
         self.origin = 0  # K the running probe started from; 0: none
         self.probe_rounds = self.stable_rounds = self.cooldown = 0
-        self.increases = self.decreases = self.probes = self.observations = 0
 
     def choose(self, state: GovernorState) -> int:
         return self._cap(self.k, state)

@@ -34,7 +34,7 @@ from specrt.prompt_files import is_token_ids
 
 from .corpus import FILE as CORPUS_FILE
 from .corpus import Growth
-from .generate import Finished, Generator
+from .generate import Finished, Generator, Stream
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
                        wants_corpus)
 from .sampling import SamplingParams
@@ -300,21 +300,23 @@ class Session:
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs, **(chat_template_kwargs or {})})
 
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
-                   prompt_logprobs: int | None = None) -> Iterator[list[int]]:
+                   prompt_logprobs: int | None = None) -> Stream:
         out: list[int] = []
         self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
         gen = self.generator.stream(ids, max_new_tokens, self.eos)
+        me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
 
         def chunks():
             try:
                 for chunk in gen:
                     out.extend(chunk)
-                    yield chunk
+                    with gen.clock.at(me):
+                        yield chunk
             finally:
                 gen.close()  # a caller closing this closes the stream (its telemetry settles)
 
-        return chunks()
+        return Stream(chunks(), gen.clock)
 
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
@@ -339,6 +341,7 @@ class Session:
         detok = Detokenizer(self.text)
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids  # the detokenizer's list fills as it streams
+        held, me = gen.clock, gen.clock.claim()  # detokenizing and stop strings are the runtime's time
 
         def texts():  # each round's final text, then what an unfinished character held back
             for chunk in gen:
@@ -356,7 +359,8 @@ class Session:
                         yield piece
                     return
                 if piece:
-                    yield piece
+                    with held.at(me):
+                        yield piece
         finally:
             gen.close()  # (a caller that stops reading closes the decoding with it)
         rest = scan.flush()

@@ -7,7 +7,8 @@ verified depths d_r over the R draft rounds:
     tau                        = 1 + sum(a_r) / R        mean tokens per draft round (bonus counted)
     acceptance_by_position[i]  = #{a_r >= i} / R                            unconditional (§6), i = 1..
     acceptance_by_verified_position[i] = #{a_r >= i} / #{d_r >= i}          among the rounds verifying i
-    acceptance_conditional[i]  = #{a_r >= i} / #{a_r >= i-1 and d_r >= i}   P(accept i | reached i)
+    acceptance_conditional[i]  = #{a_r >= i} / #{a_r >= i-1 and d_r >= i}   P(accept i | reached i);
+                                 None (JSON null) where no round reached position i
 
 so tau = 1 + sum_i acceptance_by_position[i]. At a fixed depth the three agree with §6
 (the conditional = pos_i / pos_{i-1}); with a varying depth (adaptive governors, DSpark)
@@ -89,7 +90,8 @@ class Telemetry:
         # per drafted block (draft engine): what each depth costs in this run, beside the table
         self.verify_s_by_depth: dict[int, float] = {}
         self.round_s_by_depth: dict[int, float] = {}
-        self.draft_s_by_block: dict[int, float] = {}
+        self.draft_s_by_block: dict[int, float] = {}  # catch-up passes left out (RoundResult.catch_up)
+        self.timed_blocks: dict[int, int] = {}  # block -> drafting rounds in draft_s_by_block
         self.timed_rounds: dict[int, int] = {}  # d -> rounds that carried a wall time
         self.new_tokens = 0
         self.seconds = 0.0
@@ -142,7 +144,9 @@ class Telemetry:
         if r.confidences is not None:  # the round ran the draft: its block is what it drafted
             block = len(r.confidences)
             self.blocks[block] = self.blocks.get(block, 0) + 1
-            self.draft_s_by_block[block] = self.draft_s_by_block.get(block, 0.0) + r.t_draft
+            if not r.catch_up:  # a catch-up pass also took in earlier steps' rows: not a block's cost
+                self.draft_s_by_block[block] = self.draft_s_by_block.get(block, 0.0) + r.t_draft
+                self.timed_blocks[block] = self.timed_blocks.get(block, 0) + 1
             self.unverified += block - r.depth
         if r.depth == 0:
             return
@@ -182,7 +186,7 @@ class Telemetry:
                 mine[i] += c[i]
         self.lookup_s += other.lookup_s
         for name in ("depths", "blocks", "engine_s", "verify_s_by_depth", "round_s_by_depth", "draft_s_by_block",
-                     "timed_rounds", "target_depths", "lookup_depths"):  # keyed counts and sums
+                     "timed_rounds", "timed_blocks", "target_depths", "lookup_depths"):  # keyed counts and sums
             mine = getattr(self, name)
             for k, v in getattr(other, name).items():
                 mine[k] = mine.get(k, 0) + v
@@ -214,8 +218,8 @@ class Telemetry:
         return [a / o for a, o in zip(self.accepted_at, self.offered_at)]
 
     @property
-    def acceptance_conditional(self) -> list[float]:
-        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached_at)]
+    def acceptance_conditional(self) -> list[float | None]:
+        return [a / r if r else None for a, r in zip(self.accepted_at, self.reached_at)]
 
     def time_split(self) -> dict[str, float]:
         """Seconds per engine, plus "python" = wall - engines (scheduling, sampling, copies)."""
@@ -225,13 +229,13 @@ class Telemetry:
 
     def mean_seconds(self) -> dict[str, dict[str, float]]:
         """Mean seconds per round by verified depth (target engine; whole round) and per
-        drafting round by drafted block (draft engine)."""
+        drafting round by drafted block (draft engine; catch-up passes left out)."""
         return {"verify_by_depth": {str(d): t / self.depths[d] for d, t in sorted(self.verify_s_by_depth.items())
                                     if self.depths.get(d)},
                 "round_by_depth": {str(d): t / self.timed_rounds[d] for d, t in sorted(self.round_s_by_depth.items())
                                    if self.timed_rounds.get(d)},
-                "draft_by_block": {str(b): t / self.blocks[b] for b, t in sorted(self.draft_s_by_block.items())
-                                   if self.blocks.get(b)}}
+                "draft_by_block": {str(b): t / self.timed_blocks[b] for b, t in sorted(self.draft_s_by_block.items())
+                                   if self.timed_blocks.get(b)}}
 
     def to_json(self) -> dict:
         return {
@@ -279,7 +283,8 @@ class Telemetry:
                        "verify_s_by_depth": {str(k): v for k, v in self.verify_s_by_depth.items()},
                        "round_s_by_depth": {str(k): v for k, v in self.round_s_by_depth.items()},
                        "draft_s_by_block": {str(k): v for k, v in self.draft_s_by_block.items()},
-                       "timed_rounds": {str(k): v for k, v in self.timed_rounds.items()}},
+                       "timed_rounds": {str(k): v for k, v in self.timed_rounds.items()},
+                       "timed_blocks": {str(k): v for k, v in self.timed_blocks.items()}},
         }
 
     @classmethod
@@ -307,6 +312,8 @@ class Telemetry:
         for name in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block"):
             setattr(t, name, {int(k): float(v) for k, v in c.get(name, {}).items()})
         t.timed_rounds = {int(k): int(v) for k, v in c.get("timed_rounds", {}).items()}
+        # reports written before catch-up passes were left out timed every drafting round
+        t.timed_blocks = {int(k): int(v) for k, v in c.get("timed_blocks", d.get("draft_block_histogram", {})).items()}
         lk = d.get("lookup", {})
         t.lookup_rounds = {int(n): [int(c["rounds"]), int(c["verified"]), int(c["accepted"])]
                            for n, c in lk.get("by_match", {}).items()}

@@ -707,7 +707,8 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
     if spec:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for n in spec:
-            a, c = cfg[n]["acceptance_by_position"], cfg[n]["acceptance_conditional"]
+            a = cfg[n]["acceptance_by_position"]
+            c = [float("nan") if x is None else x for x in cfg[n]["acceptance_conditional"]]  # None: unreached
             axes[0].plot(range(1, len(a) + 1), a, marker="o", label=f"{n} (tau {cfg[n]['tau']:.2f})")
             axes[1].plot(range(1, len(c) + 1), c, marker="o", label=n)
         axes[0].set_title("acceptance by position (unconditional)", fontsize=9)

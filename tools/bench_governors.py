@@ -142,6 +142,9 @@ class Recording:
     def round_siblings(self) -> int:
         return self.gov.round_siblings()
 
+    def start_stream(self) -> None:
+        self.gov.start_stream()
+
     def observe(self, r) -> None:
         if r.depth:
             self.accepted.append(int(r.accepted))

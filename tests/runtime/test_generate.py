@@ -1041,3 +1041,64 @@ def test_a_d2t_reaching_one_target_id_twice_is_refused(small, tmp_path):
     save_file({**tensors, "d2t": d2t}, str(tmp_path / vm["file"]))
     with pytest.raises(UserError, match="d2t maps two draft ids to the same target id"):
         read_d2t(tmp_path, small.export)
+
+
+def test_telemetry_counts_no_token_past_eos(pair, monkeypatch):
+    """A round whose accepted tokens run past an EOS emits up to the EOS: the telemetry
+    counts what was emitted (1 from the prefill + each round's accepted + 1), so tau and
+    the acceptance by position never count drafts accepted past the end."""
+    _, engines = pair
+    _always_look_up(monkeypatch, whole=True)  # long accepted lookups on the 16-token models
+    rng = np.random.default_rng(0)
+    for prompt in [REPEATING] + [list(rng.integers(0, 12, 10)) + REPEATING for _ in range(3)]:
+        ref = _gen(engines, OffGovernor(DEPTHS)).generate(prompt, 40)
+        for eos in sorted(set(ref[1:30])):
+            for gov in (OffGovernor(DEPTHS), FixedGovernor(DEPTHS, 4)):
+                gov.lookup = True
+                g = _gen(engines, gov)
+                out = g.generate(prompt, 40, eos_ids=(eos,))
+                assert out == ref[: ref.index(eos) + 1]
+                t = g.telemetry.to_json()
+                looked = sum(m["accepted"] for m in t["lookup"]["by_match"].values())
+                assert t["new_tokens"] == len(out) == 1 + t["rounds"] + t["accepted"] + looked, (eos, t)
+                assert t["accepted"] == sum(t["counts"]["accepted_at"])
+
+
+
+def test_a_stream_checks_its_arguments_when_called_and_times_the_runtime_only(pair):
+    """Generator.stream refuses bad arguments at the call (it checked them at the first
+    next()), and its telemetry's seconds leave out the time its consumer held it between
+    chunks (a terminal printing, a client's socket)."""
+    import time
+
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    with pytest.raises(UserError, match="the prompt is empty"):
+        g.stream([], 4)
+    ref = g.generate(PROMPT, 6)
+    busy = g.telemetry.seconds
+    out, t0 = [], time.perf_counter()
+    for chunk in g.stream(PROMPT, 6):
+        out += chunk
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    chunks = g.telemetry.rounds + 1
+    assert out == ref and wall >= 0.05 * chunks
+    assert g.telemetry.seconds < wall - 0.05 * chunks + 1e-3 and g.telemetry.seconds < busy + 0.04
+    s = g.stream(PROMPT, 6)  # a consumer that closes the stream at a yield held it until then
+    next(s)
+    time.sleep(0.1)
+    s.close()
+    assert g.telemetry.seconds < 0.05
+
+
+def test_the_generator_starts_each_streams_governor_state(pair):
+    """Each stream tells its governor it starts: adaptive begins at its floor again, as
+    onnxruntime-genai's per-request controller does, instead of at the last stream's K."""
+    _, engines = pair
+    gov = AdaptiveGovernor(DEPTHS)
+    g = _gen(engines, gov)
+    g.generate(PROMPT, 6)
+    gov.k = 8  # as after a long stream that climbed
+    g.generate(PROMPT, 8)
+    assert set(g.telemetry.to_json()["depth_histogram"]) <= {"0", "1", "2"}  # 0: the budget's last rounds

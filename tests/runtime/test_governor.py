@@ -792,3 +792,15 @@ def test_a_fixed_depth_not_built_names_the_option():
     """--governor fixed:99 said only "depth 99 is not built" (found by review)."""
     with pytest.raises(UserError, match=r"--governor 'fixed:99': depth 99 is not built; available depths: 1, 2, 4"):
         from_spec("fixed:99", (1, 2, 4))
+
+
+def test_adaptive_starts_each_stream_afresh_as_onnxruntime_genai_does():
+    """onnxruntime-genai's controller lives in its Generator, one per request: each stream
+    starts at the floor with no estimates (its life's counters stay)."""
+    g = AdaptiveGovernor(DEPTHS)
+    run(g, 12, 1.0)
+    assert g.k == 8 and g.est[8][3] > 0
+    g.start_stream()
+    assert g.k == 1 and all(e == [0.0, 0.0, 0.0, 0] for e in g.est.values()) and g.origin == 0
+    assert g.increases == 3
+    assert run(g, 3, 1.0) == [1, 1, 2]

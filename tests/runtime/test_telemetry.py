@@ -30,7 +30,9 @@ def test_varying_depth_counts_only_rounds_that_verified_a_position():
     assert t.acceptance_by_position == pytest.approx([1.0, 0.5, 0.0, 0.0])
     assert t.tau == pytest.approx(1 + sum(t.acceptance_by_position))
     assert t.acceptance_by_verified_position == pytest.approx([1.0, 1.0, 0.0, 0.0])
-    assert t.acceptance_conditional == pytest.approx([1.0, 1.0, 0.0, 0.0])  # position 4 never reached -> 0
+    assert t.acceptance_conditional[:3] == pytest.approx([1.0, 1.0, 0.0])
+    assert t.acceptance_conditional[3] is None  # position 4 never reached: no rate, not a rate of 0
+    assert json.loads(json.dumps(t.to_json()))["acceptance_conditional"][3] is None
 
 
 def test_json_report():
@@ -113,15 +115,19 @@ def test_mean_seconds_per_depth_and_block():
     t.record(RoundResult(depth=2, accepted=0, t_draft=0.004, t_verify=0.024, t_round=0.031, confidences=np.ones(4)))
     t.record(RoundResult(depth=1, accepted=1, t_draft=0.001, t_verify=0.019, confidences=np.ones(2)))  # no t_round
     t.record(RoundResult(depth=0, accepted=0, t_verify=0.018, t_round=0.019))  # a plain step, no draft
+    # a catch-up pass (the rows of the plain step too): counted as a block drafted, not timed as one
+    t.record(RoundResult(depth=2, accepted=2, t_draft=0.009, t_verify=0.021, t_round=0.032, confidences=np.ones(4),
+                         catch_up=True))
+    assert t.to_json()["draft_block_histogram"] == {"2": 1, "4": 3}
     m = t.mean_seconds()
-    assert m["verify_by_depth"] == pytest.approx({"0": 0.018, "1": 0.019, "2": 0.022})
-    assert m["round_by_depth"] == pytest.approx({"0": 0.019, "2": 0.028})
+    assert m["verify_by_depth"] == pytest.approx({"0": 0.018, "1": 0.019, "2": 0.065 / 3})
+    assert m["round_by_depth"] == pytest.approx({"0": 0.019, "2": 0.088 / 3})
     assert m["draft_by_block"] == pytest.approx({"2": 0.001, "4": 0.003})
     again = Telemetry.from_json(json.loads(json.dumps(t.to_json())))
     assert again.mean_seconds() == m
     # a report written before these sums existed still loads, with none of them
     old = t.to_json()
-    for k in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block", "timed_rounds"):
+    for k in ("verify_s_by_depth", "round_s_by_depth", "draft_s_by_block", "timed_rounds", "timed_blocks"):
         del old["counts"][k]
     assert Telemetry.from_json(old).mean_seconds() == {"verify_by_depth": {}, "round_by_depth": {}, "draft_by_block": {}}
 
@@ -145,5 +151,5 @@ def test_a_runner_up_win_reaches_position_1_only():
     t.record(RoundResult(depth=3, accepted=1, siblings=2, sibling=0))
     t.record(RoundResult(depth=3, accepted=1))
     assert t.reached_at == [2, 1, 0] and t.accepted_at == [2, 0, 0]
-    assert t.acceptance_conditional == pytest.approx([1.0, 0.0, 0.0])
+    assert t.acceptance_conditional[:2] == pytest.approx([1.0, 0.0]) and t.acceptance_conditional[2] is None
     assert t.tau == pytest.approx(2.0)  # both rounds emitted 2 tokens

@@ -762,3 +762,23 @@ def test_chat_skips_a_turn_that_is_not_utf8_and_goes_on(worded):
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"], input=b"\xff\xfe w1\nw3 w1\n\n")
     assert r.exit_code == 0 and "not UTF-8 text" in r.output and "skipped" in r.output, r.output
     assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 1, r.output
+
+
+def test_session_streams_time_the_runtime_not_their_caller(worded):
+    """Session.stream's and stream_ids' telemetry seconds leave out the time their caller
+    held them between pieces (detokenizing and stop strings stay the runtime's)."""
+    import time
+
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        for stream in (lambda: s.stream("w3 w1 w4", max_new_tokens=8),
+                       lambda: s.stream_ids([3, 1, 4], 8)):
+            pieces, t0 = 0, time.perf_counter()
+            for _ in stream():
+                pieces += 1
+                time.sleep(0.05)
+            wall = time.perf_counter() - t0
+            st = s.stats()
+            assert st["new_tokens"] == 8 and pieces >= 2
+            assert st["seconds"] < wall - 0.05 * pieces + 2e-3, (st["seconds"], wall, pieces)
