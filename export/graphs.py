@@ -184,7 +184,7 @@ def _screened_head(b: ops.GraphBuilder, h: str, w_name: str, w: np.ndarray, V: i
 
 
 def _check_draft(dc: DraftConfig) -> None:
-    """(Nothing refused now: ``norm_output``, speculators' EAGLE-3 default since v0.7, is
+    """(Nothing refused now: ``norm_output``, speculators' opt-in EAGLE 3.1 flag (default false), is
     built by build_eagle3_graph; for P-EAGLE it changes nothing, its head normalises
     either way and no hidden state goes on to another step.)"""
 

@@ -512,15 +512,16 @@ class Generator:
             drafts[j], confs[j] = tok[0], _softmax_max(logits)[0]
             if j == 0 and self.tree_width > 1:
                 self._siblings = self._runners_up(logits[0], int(tok[0]))
-            if q is not None:
-                qs.append(q[0])
+            if q is not None:  # (a row built only when verification reaches it)
+                qs.append(q)
             pos = int(feeds[C.POSITION_IDS][0, -1]) + 1
             # the next step's token is this draft, in draft-graph (target) ids
             feeds = {C.INPUT_IDS: drafts[j : j + 1][None], C.POSITION_IDS: np.array([[pos]], np.int64),
                      C.DRAFT_AUX_IN: np.zeros((1, 0, self.aux_width), self.dtype),
                      C.DRAFT_PREV_HIDDEN: np.ascontiguousarray(out[C.DRAFT_HIDDEN_OUT][:, -1:])}
         self.dkv.rollback(real)  # speculative rows go; the real slots stay
-        return drafts, (np.stack(qs) if qs else None), confs, total
+        q = LazyRows(lambda j: qs[j][0], len(qs), self.vocab) if qs else None
+        return drafts, q, confs, total
 
     # ---- the loop -------------------------------------------------------------------
 

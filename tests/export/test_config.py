@@ -206,8 +206,8 @@ def test_dynamic_rope_has_the_default_frequencies_within_the_model_positions():
 
 
 def test_an_eagle3_draft_with_norm_output_exports_and_decodes_as_the_target(tmp_path):
-    """speculators' EAGLE-3 defaults since v0.7 (norm_before_fc, norm_output,
-    norm_before_residual): bound, exported, built, and the engines decode as transformers'
+    """speculators' EAGLE-3 options norm_before_fc, norm_output (EAGLE 3.1, opt-in) and
+    norm_before_residual: bound, exported, built, and the engines decode as transformers'
     generate at fixed depth 3 (the draft's steps feed each other its normed hidden state)."""
     import torch
 

@@ -412,7 +412,7 @@ def test_peagle_equals_eagle3_with_mask_hidden_as_aux(drafts):
 
 @pytest.mark.parametrize("name", ["eagle3_llama", "eagle3_qwen3_norms"])
 def test_norm_output_feeds_the_normed_hidden_state_on(drafts, name):
-    """``norm_output`` (speculators' EAGLE-3 default since v0.7; eagle3/core.py normalises
+    """``norm_output`` (speculators' opt-in EAGLE 3.1 flag, default false; eagle3/core.py normalises
     the hidden state before the head and the next step takes that): the same logits, and
     hidden_out the final norm of the plain graph's; a P-EAGLE graph is unchanged by it."""
     import dataclasses

@@ -1102,3 +1102,90 @@ def test_the_generator_starts_each_streams_governor_state(pair):
     gov.k = 8  # as after a long stream that climbed
     g.generate(PROMPT, 8)
     assert set(g.telemetry.to_json()["depth_histogram"]) <= {"0", "1", "2"}  # 0: the budget's last rounds
+
+
+def _drafts_from_scratch(engines, x: list[int], n: int, k: int, aux: np.ndarray, kind: str):
+    """The k drafts (target ids) and confidences of a round whose target KV held x[:n], from
+    the draft engine over an empty past: slot t carries token x[t + 1], the target's aux row
+    t and position t; P-EAGLE appends k - 1 mask slots, EAGLE-3 takes k steps, each feeding
+    the last step's token and hidden state."""
+    d = engines.export["draft"]
+    dtype = np.float16 if engines.export["dtype"] == "float16" else np.float32
+    empty = G.KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], 8, dtype).past_feeds()
+    runner = engines.draft()
+    toks, rows = list(x[1 : n + 1]), aux[None, :n].astype(dtype)
+    if kind == "peagle":
+        out = runner.infer({C.INPUT_IDS: np.array([toks + [d["mask_token_id"]] * (k - 1)], np.int64),
+                            C.POSITION_IDS: np.arange(n + k - 1)[None], C.DRAFT_AUX_IN: rows, **empty})
+        return [int(t) for t in out[C.DRAFT_TOKENS][0]], G._softmax_max(out[C.DRAFT_LOGITS][0])
+    drafts, confs, prev = [], [], np.zeros((0, d["hidden_size"]), dtype)
+    for _ in range(k):
+        out = runner.infer({C.INPUT_IDS: np.array([toks + drafts], np.int64),
+                            C.POSITION_IDS: np.arange(n + len(drafts))[None], C.DRAFT_AUX_IN: rows,
+                            C.DRAFT_PREV_HIDDEN: prev[None], **empty})
+        drafts.append(int(out[C.DRAFT_TOKENS][0, -1]))
+        confs.append(float(G._softmax_max(out[C.DRAFT_LOGITS][0, -1:])[0]))
+        prev = np.concatenate([prev, out[C.DRAFT_HIDDEN_OUT][0, -1:]])
+    return drafts, np.array(confs)
+
+
+@pytest.mark.parametrize("case", ["chain", "tree", "lookup", "reuse"])
+def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkeypatch):
+    """What the loop feeds the draft (tokens, positions, aux rows, EAGLE-3's fed-back hidden
+    state, the draft KV kept across rounds and rolled back after each) pinned against the
+    draft engine run from an empty past on the committed sequence: greedy output equals the
+    target's whatever the draft proposes, so only this catches a wrong feed. Chains, token
+    trees, rows caught up after accepted lookup rounds, a prompt whose rows a stream reused."""
+    _, engines = pair
+    kind = engines.export["draft"]["kind"]
+    gov = FixedGovernor(DEPTHS, 4)
+    prompt = PROMPT
+    if case == "tree":
+        if not engines.verifies_trees():
+            pytest.skip("these engines verify no token trees")
+        gov.tree_width = 3
+    if case == "lookup":
+        _always_look_up(monkeypatch)
+        gov.lookup, prompt = True, REPEATING
+    g = _gen(engines, gov)
+    if case == "reuse":
+        g.generate(PROMPT[:6] + [9, 9], 6)  # the next stream reuses its first rows
+    rounds = []
+    method = "_draft_peagle" if kind == "peagle" else "_draft_eagle3"
+    inner = getattr(g, method)
+
+    def spy(pending_tok, pending_aux, start, k, rng):
+        res = inner(pending_tok, pending_aux, start, k, rng)
+        rounds.append((g.tkv.length, k, res[0].copy(), np.array(res[2])))
+        return res
+
+    monkeypatch.setattr(g, method, spy)
+    out = g.generate(prompt, 30)
+    if case == "reuse":
+        assert g.telemetry.prefix_reused == 6
+    x = prompt + out
+    pre = engines.target(len(x) - 1)
+    t = engines.export["target"]
+    kv = G.KVCache(t["num_layers"], t["num_kv_heads"], t["head_dim"], engines.max_context, g.dtype,
+                   engines.kv_layout("target"))
+    aux = pre.infer({C.INPUT_IDS: np.array([x[:-1]], np.int64), C.POSITION_IDS: np.arange(len(x) - 1)[None],
+                     **kv.past_feeds(), **g._from0})[C.AUX_HIDDEN][0]
+    assert len(rounds) >= 5
+    for n, k, drafts, confs in rounds:
+        want, want_conf = _drafts_from_scratch(engines, x, n, k, aux, kind)
+        assert [int(v) for v in drafts] == want, (case, n)
+        np.testing.assert_allclose(confs, want_conf, atol=1e-4, err_msg=f"{case} at {n}")
+
+
+def test_sampled_draft_rows_are_built_only_where_verification_reads_them(pair, monkeypatch):
+    """Rejection sampling reads the draft's distribution at position k only while drafts
+    1..k were accepted: each full-vocabulary row (0.4 MB on SmolLM2) is made then, for
+    EAGLE-3's sequential steps as for P-EAGLE's pass (EAGLE-3 built every step's)."""
+    _, engines = pair
+    built = []
+    real = G.scatter_draft_probs
+    monkeypatch.setattr(G, "scatter_draft_probs", lambda *a: built.append(1) or real(*a))
+    g = _gen(engines, FixedGovernor(DEPTHS, 4), SamplingParams(temperature=1.0, seed=3))
+    g.generate(PROMPT, 24)
+    t = g.telemetry
+    assert t.draft_rounds >= 3 and len(built) <= t.draft_rounds + t.accepted, (len(built), t.draft_rounds)
