@@ -55,7 +55,7 @@ from specrt.errors import InternalError, UserError
 from specrt.paths import write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
-KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT)
+KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
 
 # (atol, rtol) per output kind, by engine precision and reference.
 # fp32 vs ONNX Runtime: the same maths with other kernels or reduction orders, ~1e-6
@@ -69,7 +69,8 @@ KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT
 _F32 = {k: (1e-4, 1e-4) for k in KINDS}
 _F32_TORCH = {k: (1e-3, 1e-3) for k in KINDS}
 _F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), "new_key": (2e-2, 1e-2), "new_value": (2e-2, 1e-2),
-        C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2)}
+        C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2),
+        C.DRAFT_CONFIDENCE: (1e-2, 1e-2)}  # (a probability: the sigmoid damps its logit's error)
 _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
 # A draft built with int8 weights (--draft-weights int8, quantize.py) against the export's
 #   float draft. Two checks. The weights, exactly (quantize.check_int8_weights): every block's
@@ -92,7 +93,7 @@ _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
 #   stage-6 draft's logits by at most 1.05 against its bound of 2.14 (0.49 of it), its KV
 #   not at all (k and v stay float); 14 of 16 tokens equal, 2 ties (2026-12-02).
 INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), "new_key": (0.5, 0.05),
-              "new_value": (0.5, 0.05)}
+              "new_value": (0.5, 0.05), C.DRAFT_CONFIDENCE: (0.1, 0.0)}  # a confidence head's (its Gemm stays float)
 # atol >= this multiple of the reference's largest std along the last axis (by name or kind)
 INT8_DRAFT_ROW_STD = {C.DRAFT_LOGITS: 1.0, "new_key": 0.2, "new_value": 0.2}
 INT8_WEIGHTS = "int8_weights"  # the draft role's weight check (quantize.check_int8_weights), a report entry

@@ -255,6 +255,10 @@ def bind_draft(folder: str | Path, target: BoundTarget) -> BoundDraft:
         raise UserError(f"{folder}: draft has no embed_tokens.weight and its width {dc.decoder.hidden_size} differs "
                         f"from the target's {target.config.decoder.hidden_size}, so the target's cannot serve")
     _check_vocab_map(draft)
+    if not dc.confidence_head and ("confidence_head" in slots or "confidence_head_bias" in slots):
+        name = (slots.get("confidence_head") or slots["confidence_head_bias"]).entry.name
+        raise UserError(f"{folder}: draft tensor '{name}' is a confidence head, but config.json does not enable one "
+                        f"(expected \"enable_confidence_head\": true beside it, or no such tensor)")
     return draft
 
 

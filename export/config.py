@@ -178,6 +178,9 @@ class DraftConfig:
     verifier_architectures: tuple[str, ...]
     target_hidden_size: int | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # a DSpark confidence head (DeepSpec's ``enable_confidence_head``: confidence_head.proj,
+    # a linear map of the head's normed hidden state to each position's acceptance logit)
+    confidence_head: bool = False
 
     def resolved_aux_ids(self, target_layers: int) -> tuple[int, ...]:
         if self.aux_layer_ids is not None:
@@ -187,6 +190,8 @@ class DraftConfig:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["decoder"] = self.decoder.to_json()
+        if not self.confidence_head:  # (receipts of drafts without one read as before it existed)
+            del d["confidence_head"]
         return d
 
 
@@ -463,6 +468,10 @@ def load_draft_config(folder: Path) -> DraftConfig:
             raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 3 layer ids, found {aux!r}")
         aux = tuple(aux)
     mask = f.int("mask_token_id", required=kind == "peagle", minimum=0)
+    confidence = f.bool("enable_confidence_head", required=False, default=False)
+    if confidence and f.bool("confidence_head_with_markov", required=False, default=False):
+        raise UserError(f"{path}: confidence_head_with_markov is true: that confidence head reads a Markov head's "
+                        f"embeddings, which {kind} drafts do not have (expected false or absent)")
     return DraftConfig(
         kind=kind,
         decoder=decoder,
@@ -476,4 +485,5 @@ def load_draft_config(folder: Path) -> DraftConfig:
         speculative_tokens=k,
         verifier_architectures=tuple(str(a) for a in v_arch),
         target_hidden_size=f.int("target_hidden_size", required=False),
+        confidence_head=confidence,
     )

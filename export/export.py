@@ -74,11 +74,12 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             if dc.kind == "peagle":
                 model = graphs.build_peagle_graph(dc, draft.get, dtype=dtype)
                 dio = C.peagle_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
-                                  dc.draft_vocab_size, tc.hidden_size, dtype)
+                                  dc.draft_vocab_size, tc.hidden_size, dtype, confidence=dc.confidence_head)
             else:
                 model = graphs.build_eagle3_graph(dc, draft.get, dtype=dtype)
                 dio = C.eagle3_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
-                                  dc.draft_vocab_size, dc.decoder.hidden_size, tc.hidden_size, dtype)
+                                  dc.draft_vocab_size, dc.decoder.hidden_size, tc.hidden_size, dtype,
+                                  confidence=dc.confidence_head)
             draft.reader.close()
             target.reader.close()
             graphs_json["draft"] = {"io": dio.to_json(), "files": _save(model, tmp, "draft")}
@@ -109,6 +110,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             }
             if dc.decoder.sliding_window is not None:  # (drafts without one export as before)
                 draft_json["sliding_window"] = dc.decoder.sliding_window
+            if dc.confidence_head:  # draft_confidence: DSpark reads it instead of the draft's own probabilities
+                draft_json["confidence_head"] = True
             log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")
         tok = []
         for n in TOKENIZER_FILES:

@@ -231,11 +231,18 @@ def _draft_body(b: ops.GraphBuilder, dc: DraftConfig, W, g: str) -> str:
 
 def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str, normed: bool = False) -> None:
     """h [K, H] -> draft_logits [1, K, Vd] and draft_token_ids [1, K] in target ids
-    (``normed``: h has been through the final norm already)."""
+    (``normed``: h has been through the final norm already); with a confidence head also
+    draft_confidence [1, K] = sigmoid(confidence_head(normed h)), DeepSpec DSpark's
+    AcceptRatePredictor on the hidden state its LM head reads."""
     Vd = dc.draft_vocab_size
     if not normed:
         h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
     logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
+    if dc.confidence_head:  # w . h as a mean of products, not a MatMul: no int8 form quantizes it
+        H = dc.decoder.hidden_size
+        dot = b.op("ReduceMean", b.op("Mul", h, W("confidence_head")), axes=[-1], keepdims=0)  # [K]
+        z = b.op("Add", b.op("Mul", dot, b.const(np.float32(H), b.dtype)), W("confidence_head_bias"))
+        b.reshape(b.op("Sigmoid", z), 1, -1, out=C.DRAFT_CONFIDENCE)
     if Vd < dc.decoder.vocab_size:
         ids = b.op("ArgMax", logits, axis=-1, keepdims=0)  # [1, K] draft ids
         # target_id = draft_id + d2t[draft_id]
@@ -279,7 +286,8 @@ def build_peagle_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
     last_real = b.op("Sub", n_aux, b.ints(1))
     h = b.op("Slice", h, last_real, n_new, b.ints(0))
     _draft_head(b, dc, get, W, h)
-    io = C.peagle_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, Ht, dtype)
+    io = C.peagle_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, Ht, dtype,
+                     confidence=dc.confidence_head)
     return b.model(io, "specrt_peagle", f"P-EAGLE draft, mask_token_id {dc.mask_token_id}")
 
 
@@ -304,7 +312,8 @@ def build_eagle3_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
         h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
     b.reshape(h, 1, -1, H, out=C.DRAFT_HIDDEN_OUT)
     _draft_head(b, dc, get, W, h, normed=dc.norm_output)
-    io = C.eagle3_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, H, Ht, dtype)
+    io = C.eagle3_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, H, Ht, dtype,
+                     confidence=dc.confidence_head)
     return b.model(io, "specrt_eagle3", "EAGLE-3 draft step")
 
 

@@ -146,6 +146,11 @@ DRAFT_SLOTS: list[SlotSpec] = [
                  required=lambda c, e: e["fc_norm"])
         for j in range(3)
     ],
+    # a DSpark confidence head (DeepSpec's AcceptRatePredictor: one Linear(H, 1), bias on)
+    SlotSpec("confidence_head", ("confidence_head.proj.weight",), lambda c, e: (1, c.hidden_size),
+             required=lambda c, e: e.get("confidence_head", False)),
+    SlotSpec("confidence_head_bias", ("confidence_head.proj.bias",), lambda c, e: (1,),
+             required=lambda c, e: e.get("confidence_head", False)),
 ]
 
 DRAFT_IGNORABLE = ("layers.{i}.self_attn.rotary_emb.inv_freq", "rotary_emb.inv_freq")
@@ -158,6 +163,7 @@ def draft_extra(cfg: DraftConfig, target_hidden: int | None = None) -> dict:
         "draft_vocab": cfg.draft_vocab_size,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
+        "confidence_head": cfg.confidence_head,
         "target_hidden": target_hidden or cfg.target_hidden_size or cfg.decoder.hidden_size,
     }
 

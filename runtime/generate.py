@@ -204,6 +204,9 @@ class Generator:
         self.draft_kind = d["kind"] if d else None
         self.dkv = KVCache(d["num_layers"], d["num_kv_heads"], d["head_dim"], engines.max_context + 16, dtype) if d else None
         self.mask_id = d["mask_token_id"] if d else None
+        # a DSpark confidence head: each draft position's confidence is its predicted acceptance
+        # (draft_confidence) instead of the draft's probability of its own token
+        self.confidence_head = bool(d and d.get("confidence_head"))
         # Prefix reuse (stream, _reusable): the tokens of the target's committed KV rows
         # (the last stream's prompt, then its rounds') and their aux hidden rows [*, 3H] in
         # chunks, kept from the end of its prefill; the rows stay in the caches until
@@ -490,7 +493,8 @@ class Generator:
         drafts, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0], rng)
         if self.tree_width > 1:
             self._siblings = self._runners_up(logits[0], int(drafts[0]))
-        return drafts, q, _softmax_max(logits), dt + t_catch
+        conf = np.asarray(out[C.DRAFT_CONFIDENCE][0], np.float32) if self.confidence_head else _softmax_max(logits)
+        return drafts, q, conf, dt + t_catch
 
     def _draft_eagle3(self, pending_tok, pending_aux, start: int, k: int, rng):
         """k sequential steps; step j+1 feeds step j's token (sampled when sampling) and its
@@ -509,7 +513,8 @@ class Generator:
             self.dkv.commit(out, feeds[C.INPUT_IDS].shape[1])
             logits = out[C.DRAFT_LOGITS][0, -1:]  # [1, Vd]
             tok, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0, -1:], rng, offset=j)
-            drafts[j], confs[j] = tok[0], _softmax_max(logits)[0]
+            drafts[j] = tok[0]
+            confs[j] = out[C.DRAFT_CONFIDENCE][0, -1] if self.confidence_head else _softmax_max(logits)[0]
             if j == 0 and self.tree_width > 1:
                 self._siblings = self._runners_up(logits[0], int(tok[0]))
             if q is not None:  # (a row built only when verification reaches it)

@@ -81,6 +81,9 @@ DRAFT_PREV_HIDDEN = "prev_hidden"  # float [1, B, H]: EAGLE-3: the draft's own p
 DRAFT_LOGITS = "draft_logits"  # float [1, K, Vd]: logits over the draft vocabulary
 DRAFT_TOKENS = "draft_token_ids"  # int64 [1, K]: greedy draft tokens, in TARGET ids (through d2t)
 DRAFT_HIDDEN_OUT = "hidden_out"  # float [1, S, H]: EAGLE-3: pre-norm output for the next step
+# float [1, K]: a DSpark confidence head's predicted acceptance of each draft position, sigmoid of
+# a linear map of the head's input (drafts whose checkpoint has one: DeepSpec's confidence_head)
+DRAFT_CONFIDENCE = "draft_confidence"
 
 
 def past_key(i: int) -> str:
@@ -207,38 +210,41 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
 
 
 def peagle_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, target_hidden: int,
-              dtype: str) -> GraphIO:
+              dtype: str, confidence: bool = False) -> GraphIO:
     """One P-EAGLE drafting pass over S = A + M slots (A real, then M = K - 1 mask slots).
 
     ``aux_hidden`` holds the target's aux hidden states of the A real slots (A >= 1);
     ``input_ids`` carries mask_token_id in the mask slots. ``draft_logits`` and
     ``draft_token_ids`` cover K = M + 1 rows: the last real slot, then the M mask slots.
     The new KV covers all S slots; the runtime commits only the first A (mask slots are
-    per-round scratch).
+    per-round scratch). ``confidence``: ``draft_confidence`` [1, K] too (a confidence head).
     """
     kv_in, kv_out = kv_specs(num_layers, kv_heads, head_dim, dtype)
+    conf = (TensorSpec(DRAFT_CONFIDENCE, dtype, (1, DIM_DEPTH)),) if confidence else ()
     return GraphIO(
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
                 TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)), *kv_in),
         outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_DEPTH, draft_vocab)),
-                 TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_DEPTH)), *kv_out),
+                 TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_DEPTH)), *conf, *kv_out),
     )
 
 
 def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, hidden: int, target_hidden: int,
-              dtype: str) -> GraphIO:
+              dtype: str, confidence: bool = False) -> GraphIO:
     """One sequential EAGLE-3 step over S = A + B positions.
 
     The first A positions take g = fc(aux_hidden) (target hidden states, e.g. the tokens
     just verified), the next B take g = prev_hidden (the draft's own ``hidden_out`` of an
-    earlier step); A or B may be 0. Outputs cover all S positions.
+    earlier step); A or B may be 0. Outputs cover all S positions (``draft_confidence``
+    too with ``confidence``).
     """
     kv_in, kv_out = kv_specs(num_layers, kv_heads, head_dim, dtype)
+    conf = (TensorSpec(DRAFT_CONFIDENCE, dtype, (1, DIM_NEW)),) if confidence else ()
     return GraphIO(
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
                 TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)),
                 TensorSpec(DRAFT_PREV_HIDDEN, dtype, (1, DIM_PREV, hidden)), *kv_in),
         outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_NEW, draft_vocab)),
                  TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_NEW)),
-                 TensorSpec(DRAFT_HIDDEN_OUT, dtype, (1, DIM_NEW, hidden)), *kv_out),
+                 TensorSpec(DRAFT_HIDDEN_OUT, dtype, (1, DIM_NEW, hidden)), *conf, *kv_out),
     )

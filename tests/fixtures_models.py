@@ -64,8 +64,9 @@ def load_hf(path: Path):
 def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers: int = 2, draft_vocab: int = 500,
                      norm_before_fc: bool = False, fc_norm: bool = False, norm_before_residual: bool = False,
                      own_embed: bool = False, mask_token_id: int = 999, seed: int = 1,
-                     norm_output: bool = False) -> Path:
-    """A speculators draft for the target saved at ``target`` (same width and family)."""
+                     norm_output: bool = False, confidence_head: bool = False) -> Path:
+    """A speculators draft for the target saved at ``target`` (same width and family);
+    ``confidence_head``: with a DSpark confidence head (DeepSpec's names)."""
     t = json.loads((Path(target) / "config.json").read_text())
     rng = np.random.default_rng(seed)
     H, V, D = t["hidden_size"], t["vocab_size"], t["head_dim"]
@@ -118,6 +119,9 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
         x.update({f"fc_norm.{j}.weight": norm(H) for j in range(3)})
     if own_embed:
         x["embed_tokens.weight"] = w(V, H)
+    if confidence_head:
+        cfg.update(enable_confidence_head=True, confidence_head_with_markov=False)
+        x.update({"confidence_head.proj.weight": w(1, H), "confidence_head.proj.bias": w(1)})
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
