@@ -81,9 +81,13 @@ class Text:
         try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            bad = text[e.start].encode("utf-8", "surrogateescape")
-            raise UserError(f"the prompt is not valid UTF-8 text (byte 0x{bad.hex()} after "
-                            f"{text[max(0, e.start - 20):e.start]!r})") from None
+            c, before = text[e.start], text[max(0, e.start - 20):e.start]
+            if 0xDC80 <= ord(c) <= 0xDCFF:  # a byte that was not UTF-8, carried as Python carries it
+                raise UserError(f"the prompt is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} after "
+                                f"{before!r})") from None
+            # a lone surrogate code point (JSON's "\ud800" escapes one): no text encodes it
+            raise UserError(f"the prompt holds a lone surrogate U+{ord(c):04X} (after {before!r}), which is not "
+                            f"text: a UTF-16 half without its pair (a JSON \\u{ord(c):04x} escape?)") from None
         # A rendered template already holds its special tokens.
         return self.tokenizer.encode(text, add_special_tokens=not chat).ids
 

@@ -741,3 +741,19 @@ def test_a_reproducible_server_gives_a_seed_its_text_whatever_came_before(worded
     with Session(worded, governor="off", sampling=SamplingParams(temperature=1.0, seed=9, coupled=True)) as s:
         want = "".join(s.stream(ask["messages"], max_new_tokens=12))
     assert texts == [want, want]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1 \ud800"}], "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1 \ud800"}]}),
+    ("/v1/completions", {"prompt": "w1 \udfff w2", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "w1 \udfff w2"}),
+])
+def test_a_lone_surrogate_in_a_prompt_gets_400(served, path, body):
+    """JSON's "\\ud800" escapes a UTF-16 half that no text encodes: the request is answered
+    400 naming it (the connection was dropped without an answer, or a 500 given)."""
+    url, _ = served
+    code, r = _post(url, path, body)
+    assert code == 400 and "lone surrogate U+D" in r["error"]["message"], (code, r)
+    assert _post(url, path, {**body, "messages": [{"role": "user", "content": "w1"}]} if "messages" in body
+                 else {**body, "prompt": "w1 w2"})[0] == 200

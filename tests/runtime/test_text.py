@@ -782,3 +782,15 @@ def test_session_streams_time_the_runtime_not_their_caller(worded):
             st = s.stats()
             assert st["new_tokens"] == 8 and pieces >= 2
             assert st["seconds"] < wall - 0.05 * pieces + 2e-3, (st["seconds"], wall, pieces)
+
+
+def test_a_lone_surrogate_is_named_in_the_api_and_run(worded):
+    """A UTF-16 half without its pair ("\\ud800" in JSON) is not text: a UserError naming it
+    (it was a UnicodeEncodeError traceback), in Session.stream and `specrt run --prompts`."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="off") as s:
+        with pytest.raises(UserError, match="lone surrogate U\\+D800"):
+            "".join(s.stream("w1 \ud800", max_new_tokens=2))
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 \udbff x", "--max-new-tokens", "2"])
+    assert r.exit_code == 1 and "lone surrogate U+DBFF" in r.output and "Traceback" not in r.output, r.output
