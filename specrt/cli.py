@@ -450,19 +450,19 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 continue
             if not line.strip():
                 return
-            messages.append({"role": "user", "content": line.rstrip("\n")})
+            turn = messages + [{"role": "user", "content": line.rstrip("\n")}]
             room = min(max_new_tokens, s.engines.max_context // 4)
             first = 1 if system else 0
             dropped = 0
-            while len(s.encode(messages, True)) + room > s.engines.max_context and len(messages) > first + 1:
-                del messages[first:first + 2]  # the oldest user turn and its answer
+            while len(s.encode(turn, True)) + room > s.engines.max_context and len(turn) > first + 1:
+                del turn[first:first + 2]  # the oldest user turn and its answer
                 dropped += 1
-            n = len(s.encode(messages, True))
+            n = len(s.encode(turn, True))
             if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
-                messages.pop()
                 click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
                            f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
-                continue
+                continue  # (with every earlier turn: nothing was dropped for a turn that is not taken)
+            messages = turn
             if dropped:
                 click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
                            "tokens]", err=True)
@@ -472,6 +472,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 answer.append(piece)
             click.echo()
             messages.append({"role": "assistant", "content": "".join(answer)})
+            if s.generator.finished is not None and s.generator.finished.reason == "context":
+                click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens]",
+                           err=True)
             st = s.stats()
             click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}; "
                        f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)

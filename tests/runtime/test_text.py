@@ -457,6 +457,17 @@ def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
                            input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
     assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
     assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 1, r.output  # the next turn
+    # a skipped turn leaves the conversation as it was (the oldest turns were dropped for it,
+    # and the next turn went on with the system prompt alone): the third turn reuses the rows
+    # of the two before it, all of them
+    short = " ".join(["w4"] * 10)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "off"], input=f"{short}\n{short}\n" + " ".join(["w4"] * 200) + f"\n{short}\n\n")
+    assert r.exit_code == 0 and "skipped" in r.output and "dropped" not in r.output, r.output
+    done = [ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]
+    assert len(done) == 3, r.output
+    reused, total = (int(x) for x in done[2].split("; ")[1].split(" prompt")[0].split(" of "))
+    assert total > 3 * 10 and reused >= total - 15, done[2]  # the first two turns are still there
 
 
 def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
@@ -794,3 +805,10 @@ def test_a_lone_surrogate_is_named_in_the_api_and_run(worded):
             "".join(s.stream("w1 \ud800", max_new_tokens=2))
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 \udbff x", "--max-new-tokens", "2"])
     assert r.exit_code == 1 and "lone surrogate U+DBFF" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "200", "--governor", "off"],
+                           input="w1 w2\n\n")
+    assert r.exit_code == 0 and "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, \
+        r.output
