@@ -237,6 +237,7 @@ class Generator:
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self._epoch = 0  # streams started: a stream goes on only while it is the latest (stream)
+        self._running = False  # the latest stream has started and not finished
         # logprobs (None: off): each emitted token's log-probability under the target with
         # this many alternatives (sampling.token_logprobs), in ``output_logprobs`` as the
         # stream yields (its tokens, trimmed as they are). A screened head then gives its
@@ -281,6 +282,9 @@ class Generator:
             if self.dkv is None:
                 raise UserError("a token tree needs a draft; these engines have none")
             if not (hasattr(self.e, "verifies_trees") and self.e.verifies_trees()):
+                if hasattr(self.e, "kv_layout") and self.e.kv_layout("target") == "append":
+                    raise UserError("these engines do not verify token trees: they were built with `--ort-kv append`; "
+                                    "trees need the in-place KV (`specrt build` without --ort-kv append)")
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
         return w
@@ -375,7 +379,8 @@ class Generator:
         rounds and the draft's passes: the prefill computes rows s0.. only, and the draft
         takes in rows d0.. with the kept aux rows for d0..s0-1. A row depends only on the
         tokens up to it; the prompt's rows come out bit for bit the same in passes of any
-        lengths >= 2 on ONNX Runtime's CPU kernels (tested), the output's rows are the ones
+        lengths >= 2 on the in-place engines' ONNX Runtime CPU kernels (tested), within float
+        rounding (~1e-6) on ``--ort-kv append`` engines, the output's rows are the ones
         its verify calls computed (as speculation itself uses them; a one-row call's differ
         from a prefill's in float rounding, ~1e-5). s0 <= the common prefix and leaves >= 2
         rows to compute; a draft row i holds token i + 1, so d0 < the common prefix.
@@ -433,6 +438,16 @@ class Generator:
         if self._prefix is None or n < 2:
             return
         ids, chunks = self._prefix
+        # a row depends only on the tokens up to it: one kept snapshot of this owner that starts
+        # with these n tokens holds these rows already (it becomes the newest), and those these
+        # rows start with are superseded (a prompt scored twice set the same rows aside twice,
+        # pushing other conversations out)
+        same = lambda sn: sn.owner == self._prefix_owner  # noqa: E731
+        for j, sn in enumerate(self._snapshots):
+            if same(sn) and len(sn.ids) >= n and sn.ids[:n] == ids[:n]:
+                self._snapshots.append(self._snapshots.pop(j))
+                return
+        self._snapshots = [sn for sn in self._snapshots if not (same(sn) and sn.ids == ids[: len(sn.ids)])]
         self._snapshots.append(Snapshot(list(ids[:n]), _first_rows(chunks, n).copy(), self.tkv.save_rows(n),
                                         self.dkv.save_rows(min(self.dkv.length, n)) if self.dkv is not None else None,
                                         self._prefix_owner))
@@ -535,12 +550,30 @@ class Generator:
         caches are the Generator's, so a stream started while an earlier one is unfinished
         supersedes it (resuming the earlier one raises UserError instead of going on over
         rows that are no longer its own). The arguments are checked here, before the first
-        chunk is asked for; the telemetry's ``seconds`` leave out the time the consumer
-        holds the stream between chunks (``Stream.clock``)."""
+        chunk is asked for (a refused call leaves a running stream running); the telemetry's
+        ``seconds`` leave out the time the consumer holds the stream between chunks
+        (``Stream.clock``)."""
+        try:
+            checked = self._check(prompt_ids, max_new_tokens, eos_ids)
+        except UserError:
+            if not self._running:  # a refused stream shows no earlier stream's finish or telemetry
+                self.finished, self.telemetry = None, Telemetry()
+            raise
+        prompt, eos, scored, top, tree_width, lookup = checked
         self._epoch = mine = self._epoch + 1
         self._screen_for(self.params)
-        # this stream's, from its start: a stream closed early or refused leaves no other's
+        # this stream's, from its start: a stream closed early leaves no other's
         self.finished, self.telemetry = None, Telemetry()
+        self.tree_width = tree_width
+        self.governor.start_stream()
+        clock = Held()
+        return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
+                                   clock.claim()), clock)
+
+    def _check(self, prompt_ids, max_new_tokens, eos_ids) -> tuple:
+        """A stream's arguments, checked and resolved without touching any state a running
+        stream reads: (prompt, eos ids, prompt logprobs' alternatives, logprobs' alternatives,
+        tree width, lookup policy)."""
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise UserError("the prompt is empty")
@@ -552,20 +585,17 @@ class Generator:
             raise UserError(f"max_new_tokens={max_new_tokens!r}: expected an integer")
         if max_new_tokens < (0 if scored is not None else 1):
             raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only when scoring the prompt)")
-        if len(prompt) + 1 > self.e.max_context:
+        if max_new_tokens == 0 and len(prompt) > self.e.max_context:  # scored only: no new token's row
+            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
+        if max_new_tokens > 0 and len(prompt) + 1 > self.e.max_context:
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context} "
                             f"(a prompt of at most {self.e.max_context - 1}, leaving room for a new token)")
         eos = set(int(e) for e in eos_ids)
-        self.tree_width = self.resolve_tree_width()
-        lookup = self.resolve_lookup()
-        top = _alternatives("logprobs", self.logprobs)
-        self.governor.start_stream()
-        clock = Held()
-        return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
-                                clock.claim()), clock)
+        return (prompt, eos, scored, _alternatives("logprobs", self.logprobs), self.resolve_tree_width(),
+                self.resolve_lookup())
 
     def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,
-             tel: Telemetry, clock: Held, me: object) -> Iterator[list[int]]:
+                tel: Telemetry, clock: Held, me: object) -> Iterator[list[int]]:
         self._still_mine(mine)  # (a stream asked for its first chunk after a newer one started)
         rng = make_rng(self.params.seed)
         # coupled sampling: each position's draw a function of the seed and the position
@@ -583,6 +613,7 @@ class Generator:
         t_start = time.perf_counter()
         emitted = 0
         x: list[int] = []
+        self._running = True
         try:
             # the prompt's rows s0.. in passes of at most PREFILL_CHUNK rows (bounded
             # temporaries; never a last pass of one row, which the decode engine's kernels
@@ -741,7 +772,10 @@ class Generator:
             raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
-            if lookup is not None:
+            superseded = self._epoch != mine
+            if not superseded:
+                self._running = False
+            if lookup is not None and not superseded:  # (its final settling drops the newer stream's tallies)
                 lookup.settle(x, final=True)
                 if lookup.growth is not None and emitted:
                     lookup.growth.add(x)  # ':grow': later streams of this governor search it

@@ -345,6 +345,14 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
     with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
         G.Generator(Untreed(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
 
+    class Appended(Untreed):  # `--ort-kv append` engines: current, but trees need the in-place KV
+        @staticmethod
+        def kv_layout(role):
+            return "append"
+
+    with pytest.raises(UserError, match="built with `--ort-kv append`; trees need the in-place KV"):
+        G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
+
 
 def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
     """Rounds without a draft (a governor's 0: plain decode steps) leave their tokens and the
@@ -1189,3 +1197,69 @@ def test_sampled_draft_rows_are_built_only_where_verification_reads_them(pair, m
     g.generate(PROMPT, 24)
     t = g.telemetry
     assert t.draft_rounds >= 3 and len(built) <= t.draft_rounds + t.accepted, (len(built), t.draft_rounds)
+
+
+def test_a_refused_stream_leaves_the_running_one_running(pair):
+    """A call refused for its arguments starts nothing: the stream running on the Generator
+    goes on and gives its tokens (it was superseded by the refused call)."""
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 10)
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    s = g.stream(PROMPT, 10)
+    out = next(s)
+    with pytest.raises(UserError, match="context limit"):
+        g.stream(list(range(5)) * 40, 4)
+    with pytest.raises(UserError, match="the prompt is empty"):
+        g.stream([], 4)
+    out += [t for chunk in s for t in chunk]
+    assert out == ref and g.finished.reason == "length"
+
+
+def test_a_superseded_stream_closed_later_keeps_the_live_streams_lookup_tallies(pair, monkeypatch):
+    """The lookup policy's pending proposals of the live stream survive an older stream's
+    closing (its final settling dropped every stream's but its own)."""
+    _, engines = pair
+    _always_look_up(monkeypatch)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    g = _gen(engines, gov)
+    old = g.stream(REPEATING, 30)
+    next(old)
+    new = g.stream(REPEATING, 30)
+    for _ in range(3):
+        next(new)
+    policy = gov.lookup_policy
+    before = len(policy._pending)
+    old.close()
+    assert len(policy._pending) == before
+
+
+def test_scoring_a_prompt_twice_keeps_one_snapshot_of_it(pair):
+    """Prompts scored with prompt_logprobs set the live rows aside; the same rows set aside
+    again replace their copy instead of pushing another conversation's out."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    conv = [(i * 7 + 3) % 16 for i in range(40)]  # past SET_ASIDE_ROWS: a conversation snapshots keep
+    g.generate(conv, 8)
+    g.prompt_logprobs = 1
+    p = PROMPT * 5  # 40 rows: set aside too
+    for _ in range(3):
+        g.generate(p, 0)
+    g.prompt_logprobs = None
+    g.generate(conv + [1, 2], 4)
+    assert g.telemetry.prefix_reused >= len(conv) - 2, g.telemetry.prefix_reused
+
+
+def test_a_prompt_filling_the_context_can_be_scored(pair):
+    """Scoring a prompt (prompt_logprobs, 0 new tokens: `echo` with max_tokens 0) needs no
+    row for a new token: a prompt of exactly the context limit is scored; one more is not."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prompt_logprobs = 1
+    full = [(i * 5 + 1) % 16 for i in range(engines.max_context)]
+    assert g.generate(full, 0) == [] and len(g.prompt_logprobs_out) == engines.max_context
+    with pytest.raises(UserError, match="context limit"):
+        g.generate(full + [1], 0)
+    with pytest.raises(UserError, match="leaving room for a new token"):
+        g.generate(full, 1)
