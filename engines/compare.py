@@ -261,6 +261,26 @@ def torch_target_runner(model, inputs, aux_layer_ids, name: str):
     return TorchTargetRunner()
 
 
+def check_same_target(folder: Path, exp: dict[str, Any]) -> None:
+    """UserError unless ``folder`` binds to the tensors the export's binding receipt records
+    (slot by slot, by sha256): a torch reference from another checkpoint fails every
+    comparison, or crashes on its shapes, and says nothing of the engines."""
+    from specrt.export.binding import bind_target
+
+    want = exp.get("binding_receipt", {}).get("target", {}).get("slots")
+    if not want:
+        return  # (an export without a receipt: nothing to compare with)
+    try:
+        have = bind_target(folder).table()
+    except UserError as e:
+        raise UserError(f"{folder}: not the checkpoint these engines were exported from ({e})") from None
+    differ = sorted(s for s in set(want) | set(have) if want.get(s, {}).get("sha256") != have.get(s, {}).get("sha256"))
+    if differ:
+        raise UserError(f"{folder}: not the checkpoint these engines were exported from: {len(differ)} of {len(want)} "
+                        f"target slots hold other tensors than the export's binding receipt records (first: "
+                        f"'{differ[0]}'); pass the exported target with --target")
+
+
 def load_torch_target(folder: Path, exp: dict[str, Any]):
     """The target checkpoint in transformers: eager attention, fp32, eval mode."""
     try:
@@ -273,6 +293,7 @@ def load_torch_target(folder: Path, exp: dict[str, Any]):
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder}: no config.json, not a transformers checkpoint (the torch reference loads the "
                         "target folder recorded in the export's binding receipt; --target DIR overrides it)")
+    check_same_target(folder, exp)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

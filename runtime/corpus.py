@@ -501,7 +501,8 @@ class Corpus:
                 if meta.get("format") == FORMAT:
                     keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))
         except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: not a corpus file ({e}); make it with `specrt corpus`") from None
+            why = "not an .npz archive of arrays" if "pickle" in str(e) else e  # (numpy's advice is to unpickle)
+            raise UserError(f"{path}: not a corpus file ({why}); make it with `specrt corpus`") from None
         if meta.get("format") != FORMAT:
             raise UserError(f"{path}: corpus format {meta.get('format')!r}, expected {FORMAT}; make it again "
                             "with `specrt corpus`")

@@ -25,7 +25,8 @@ from specrt.errors import InternalError, UserError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = fresh entropy.
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = fresh entropy
+    (top_k -1 and seed -1 are taken as 0 and None, as vLLM takes them: its clients send them).
 
     ``coupled``: every token is the Gumbel-max draw of its position's noise (``CoupledNoise``,
     a function of the seed and the position alone), the draft's proposals drawn with the
@@ -42,14 +43,18 @@ class SamplingParams:
     coupled: bool = False
 
     def __post_init__(self):
+        if isinstance(self.top_k, (int, np.integer)) and not isinstance(self.top_k, bool) and self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)  # vLLM's "off" (its old default)
+        if isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed == -1:
+            object.__setattr__(self, "seed", None)  # vLLM's "no seed"
         if not (np.isfinite(self.temperature) and self.temperature >= 0):
             raise UserError(f"temperature={self.temperature!r}: expected a finite number >= 0 (0 = greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise UserError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 = off)")
+            raise UserError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 or -1 = off)")
         if not (0.0 < self.top_p <= 1.0):
             raise UserError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = off)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
-            raise UserError(f"seed={self.seed!r}: expected a non-negative integer or none")
+            raise UserError(f"seed={self.seed!r}: expected a non-negative integer or none (-1 = none)")
 
     @property
     def greedy(self) -> bool:
@@ -216,8 +221,9 @@ def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]
         best: tuple[tuple[int, float], ...] = ()
         if top > 0:
             k = min(top, len(x))
-            idx = np.argpartition(x, len(x) - k)[len(x) - k:]
-            idx = idx[np.lexsort((idx, -x[idx]))]
+            kth = x[np.argpartition(x, len(x) - k)[len(x) - k:]].min()
+            idx = np.flatnonzero(x >= kth)  # every token tied at the cut too, so that ties go by id
+            idx = idx[np.lexsort((idx, -x[idx]))][:k]
             best = tuple((int(i), float(x[i]) - lse) for i in idx)
         out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
     return out

@@ -344,7 +344,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
-    from specrt.paths import check_output_file, write_atomic
+    from specrt.paths import check_distinct, check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
@@ -362,12 +362,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         raise UserError("--logprobs N: the logprobs go into the --stats file; give --stats FILE too")
     if grow_file is not None:
         check_output_file(grow_file, "--grow-file")
-    named = [(o, Path(f)) for o, f in (("--prompts", prompts_file), ("--stats", stats_file), ("--grow-file", grow_file))
-             if f is not None]
-    for i, (o1, f1) in enumerate(named):  # one file for two: the stats replaced the prompts file
-        for o2, f2 in named[i + 1:]:
-            if f1.resolve() == f2.resolve():
-                raise UserError(f"{o1} and {o2} name the same file {f1}; give each its own")
+    # one file for two: the stats replaced the prompts file
+    check_distinct(("--prompts", prompts_file), ("--stats", stats_file), ("--grow-file", grow_file))
     with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse,
                  chat_template_kwargs=chat_template_kwargs) as s:
         if s.untrusted:

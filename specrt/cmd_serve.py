@@ -82,7 +82,10 @@ def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=Fals
     if not ok:
         rng = ("" if lo is None else f" {'>' if lo_open else '>='} {lo}") + ("" if hi is None else f", <= {hi}")
         raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}{rng}; got {v!r}", name)
-    return kind(v)
+    try:
+        return kind(v)
+    except OverflowError:  # an integer past a float's range (JSON has no limit)
+        raise BadRequest(f"'{name}' is out of range; got an integer of {len(str(abs(v)))} digits", name) from None
 
 
 # Fields that would change what is generated and that specrt does not do: refused unless
@@ -277,8 +280,6 @@ class Server:
     def _generator(self, params):
         """The generator of ``params``' decoding mode (made on first use: the governor
         with that mode's calibration), its seed set for this request."""
-        from dataclasses import replace
-
         from specrt.runtime.generate import Generator
         from specrt.runtime.session import load_calibration, make_governor
 
@@ -292,7 +293,7 @@ class Server:
             while len(self.generators) >= MAX_MODES:
                 self.generators.pop(next(iter(self.generators)))  # the least recently used
         self.generators[params.mode] = g  # most recently used last
-        g.params = replace(g.params, seed=params.seed)
+        g.params = params  # the request's own values (the mode's key rounds them to 6 digits)
         return g
 
     def parse(self, body: Any, chat: bool) -> dict:
@@ -318,8 +319,8 @@ class Server:
         d = self.defaults
         params = SamplingParams(temperature=_number(body, "temperature", d.temperature, float, 0.0),
                                 top_p=_number(body, "top_p", d.top_p, float, 0.0, 1.0, lo_open=True),
-                                top_k=_number(body, "top_k", d.top_k, int, 0),
-                                seed=_number(body, "seed", d.seed, int, 0), coupled=d.coupled)
+                                top_k=_number(body, "top_k", d.top_k, int, -1),  # -1: off, as vLLM takes it
+                                seed=_number(body, "seed", d.seed, int, -1), coupled=d.coupled)  # -1: none
         stop = body.get("stop")
         stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > 4:
@@ -598,7 +599,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             try:
                 body = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (ValueError: a JSONDecodeError, or
+                # an integer past Python's digit limit for str -> int)
                 why = "nested too deeply" if isinstance(e, RecursionError) else e
                 raise BadRequest(f"the request body is not valid JSON ({why})") from None
             req = self.app.parse(body, chat)

@@ -13,6 +13,16 @@ from typing import BinaryIO
 from specrt.errors import UserError
 
 
+def check_distinct(*named: tuple[str, str | Path | None]) -> None:
+    """UserError when two of the (option, path) files given are one file (an output would
+    replace an input, or another output); None paths are skipped."""
+    files = [(o, Path(f)) for o, f in named if f is not None]
+    for i, (o1, f1) in enumerate(files):
+        for o2, f2 in files[i + 1:]:
+            if f1.resolve() == f2.resolve():
+                raise UserError(f"{o1} and {o2} name the same file {f1}; give each its own")
+
+
 def check_output_file(path: Path, option: str) -> None:
     """``path`` can be written (its missing folders made then): refuse a folder in its place,
     a file where a folder of it should be, or a folder this user cannot write, naming the

@@ -69,6 +69,8 @@ def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]
                             "'role' and 'content'")
         ok_text = isinstance(obj, dict) and (isinstance(obj.get("prompt"), str) or "messages" in obj)
         ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
+        if allow_ids and ids is not None and not (ids and is_token_ids(ids)):  # (its ids come first: never passed over)
+            raise UserError(f"{path}:{n}: 'prompt_ids' must be a non-empty list of integer token ids; got {ids!r:.60}")
         ok_ids = allow_ids and bool(ids) and is_token_ids(ids)
         if not (ok_text or ok_ids):
             raise UserError(f"{path}:{n}: expected an object with a string field 'prompt' or a conversation "

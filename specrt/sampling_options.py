@@ -34,10 +34,10 @@ def sampling_options(temperature_help: str, seed: int | None, seed_help: str | N
                      callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)")),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
                      callback=_checked(lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.",
-                     callback=_checked(lambda v: v >= 0, "an integer >= 0 (0 = off)")),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 (or -1) = off.",
+                     callback=_checked(lambda v: v >= -1, "an integer >= 0 (0 or -1 = off)")),
         click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help,
-                     callback=_checked(lambda v: v >= 0, "a non-negative integer")),
+                     callback=_checked(lambda v: v >= -1, "a non-negative integer (-1: none)")),
         click.option("--reproducible", is_flag=True,
                      help="Coupled sampling: each token the Gumbel-max draw of its position's noise, a function of "
                           "--seed alone, so the text is the one target-only decoding samples with that seed, whatever "

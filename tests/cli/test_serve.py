@@ -757,3 +757,29 @@ def test_a_lone_surrogate_in_a_prompt_gets_400(served, path, body):
     assert code == 400 and "lone surrogate U+D" in r["error"]["message"], (code, r)
     assert _post(url, path, {**body, "messages": [{"role": "user", "content": "w1"}]} if "messages" in body
                  else {**body, "prompt": "w1 w2"})[0] == 200
+
+
+def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):  # noqa: F811
+    """top_k -1 and seed -1 (vLLM's "off" and "none", which its clients send) are taken; a
+    number past a float's range or Python's integer-digit limit gets 400 (the connection
+    was dropped); a request runs with its own top_p, not the one of the generator its
+    mode (rounded to 6 digits) shares."""
+    from specrt.cmd_serve import Server
+
+    url, _ = served
+    ask = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+    assert _post(url, "/v1/chat/completions", {**ask, "top_k": -1, "seed": -1, "temperature": 0.5})[0] == 200
+    assert _post(url, "/v1/chat/completions", {**ask, "top_k": -2})[0] == 400
+    for raw, param in ((b'{"messages": [{"role": "user", "content": "w1"}], "temperature": 1' + b"0" * 400 + b"}",
+                        "temperature"),
+                       (b'{"messages": [{"role": "user", "content": "w1"}], "seed": 1' + b"0" * 5000 + b"}", None)):
+        code, r = _post(url, "/v1/chat/completions", None, raw=raw)
+        assert code == 400 and r["error"]["param"] == param, r
+    assert _post(url, "/v1/chat/completions", ask)[0] == 200
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    try:
+        app._generator(SamplingParams(temperature=0.7, top_p=1.0))
+        g = app._generator(SamplingParams(temperature=0.7, top_p=0.9999999))
+        assert g.params.top_p == 0.9999999
+    finally:
+        app.close()

@@ -206,6 +206,31 @@ def test_user_errors(tiny_engines):
     assert res.exit_code == 1 and "not a transformers checkpoint" in res.output
 
 
+def test_a_torch_reference_from_another_checkpoint_is_refused(tiny_engines, tmp_path):
+    """--reference torch --target DIR: a checkpoint other than the exported one (one weight
+    changed, or another shape) is named before any comparison (a changed weight failed
+    every comparison as if the engines were wrong; another width crashed with a traceback)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from tests.engines.conftest import REFERENCE
+    from tests.fixtures_models import write_tiny_target
+
+    other = tmp_path / "other"
+    shutil.copytree(REFERENCE / "verifier", other)
+    (f,) = other.glob("*.safetensors")
+    x = load_file(str(f))
+    name = next(k for k in x if k.endswith("post_attention_layernorm.weight"))
+    x[name] = x[name] * 1.5
+    save_file(x, str(f), metadata={"format": "pt"})
+    wide = write_tiny_target(tmp_path / "wide", "llama", vocab_size=500)
+    for folder, words in ((other, "target slots hold other tensors than the export's binding receipt records"),
+                          (wide, "not the checkpoint these engines were exported from")):
+        res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target", str(folder)])
+        assert res.exit_code == 1 and words in res.output and "Traceback" not in res.output, res.output
+
+
 @pytest.mark.parametrize("value", ["nan", "logits:nan", "-1", "inf"])
 def test_a_tolerance_must_be_finite_and_not_negative(value):
     """A NaN tolerance made every comparison pass (polygraphy: absdiff > nan is false)."""

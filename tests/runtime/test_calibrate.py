@@ -364,6 +364,9 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1.0: expected a finite number"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
+    # ids that are not ids beside a good text prompt: named (they were used, and failed later)
+    (['{"prompt": "hi", "prompt_ids": ["a", "b"]}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),
+    (['{"prompt": "hi", "prompt_ids": []}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),
 ])
 def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     pf = tmp_path / "p.jsonl"
@@ -371,6 +374,18 @@ def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
     assert r.exit_code == 1 and message in r.output, r.output
     assert not (engines / CALIBRATION_FILE).exists()
+
+
+def test_the_report_may_not_replace_a_prompt_file(engines, tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    for args, other in ((["--report", str(pf)], "--prompts"),
+                        (["--holdout-prompts", str(tmp_path / "h.jsonl"), "--report", str(tmp_path / "h.jsonl")],
+                         "--holdout-prompts")):
+        (tmp_path / "h.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n')
+        r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
+        assert r.exit_code == 1 and f"{other} and --report name the same file" in r.output, r.output
+    assert pf.read_text() == '{"prompt_ids": [1, 2, 3]}\n' and not (engines / CALIBRATION_FILE).exists()
 
 
 def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(small_vocab_engines, tmp_path):

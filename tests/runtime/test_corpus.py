@@ -216,14 +216,16 @@ def test_save_load_and_refusals(tmp_path):
     with pytest.raises(UserError, match=r"outside the vocabulary \[0, 8\)"):
         Corpus.load(tmp_path / FILE, vocab_size=8)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(UserError, match="junk.npz: not a corpus file"):
+    with pytest.raises(UserError, match="junk.npz: not a corpus file") as e:
         Corpus.load(tmp_path / "junk.npz")
+    assert "allow_pickle" not in str(e.value)  # (numpy's message advised unpickling a text file)
     # an object array would need unpickling: refused, never loaded
     with open(tmp_path / "pickled.npz", "wb") as f:
         np.savez(f, keys=np.array([object()], dtype=object), tokens=c.tokens, ev=c.ev,
                  meta=np.frombuffer(b'{"format": 2}', np.uint8))
-    with pytest.raises(UserError, match="pickled.npz: not a corpus file"):
+    with pytest.raises(UserError, match="pickled.npz: not a corpus file") as e:
         Corpus.load(tmp_path / "pickled.npz")
+    assert "allow_pickle" not in str(e.value)
     # a format-1 file (counts, unpruned) is made again, not misread; bad arrays are named
     for name, meta, arrays in (("old.npz", b'{"format": 1}', {"top": c.ev, "total": c.ev}),
                                ("bad.npz", b'{"format": 2}', {"ev": c.ev + 7}),

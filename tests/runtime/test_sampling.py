@@ -52,7 +52,7 @@ def test_top_k_then_top_p_rows_independent():
 def test_bad_options_are_user_errors():
     for kw, name in [({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
                      ({"top_k": -2}, "top_k"), ({"top_k": 1.5}, "top_k"), ({"top_p": 0.0}, "top_p"),
-                     ({"top_p": 1.5}, "top_p"), ({"seed": -1}, "seed")]:
+                     ({"top_p": 1.5}, "top_p"), ({"seed": -2}, "seed"), ({"seed": 1.5}, "seed")]:
         with pytest.raises(UserError, match=name):
             SamplingParams(**kw)
 
@@ -117,3 +117,25 @@ def test_fast_paths_equal_the_reference_definition(scale):
             got, want = probs(rows, SamplingParams(t, k, top_p)), reference_probs(rows, t, k, top_p)
             np.testing.assert_array_equal(got > 0, want > 0, err_msg=f"kept set, t={t} k={k} top_p={top_p}")
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
+def test_vllms_off_values_are_taken():
+    """vLLM takes top_k -1 as off (its old default) and seed -1 as none; its clients send
+    them. Below those, still an error."""
+    p = SamplingParams(temperature=0.7, top_k=-1, seed=-1)
+    assert p.top_k == 0 and p.seed is None and p.mode == SamplingParams(temperature=0.7).mode
+    with pytest.raises(UserError, match="top_k=-2"):
+        SamplingParams(top_k=-2)
+    with pytest.raises(UserError, match="seed=-2"):
+        SamplingParams(seed=-2)
+
+
+def test_logprob_alternatives_tied_at_the_cut_go_by_id():
+    from specrt.runtime.sampling import token_logprobs
+
+    x = np.zeros(200, np.float32)
+    tied = [3, 7, *range(100, 110)]
+    x[tied] = 5.0
+    x[50] = 6.0
+    (e,) = token_logprobs(x[None], [3], top=5)
+    assert [i for i, _ in e.top] == [50, 3, 7, 100, 101]
