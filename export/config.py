@@ -411,6 +411,9 @@ def load_target_config(folder: Path) -> TargetConfig:
     """Read ``folder/config.json`` (and ``generation_config.json`` for EOS ids when present)."""
     path = Path(folder) / "config.json"
     data = read_json(path)
+    if isinstance(data, dict) and "speculators_model_type" in data:
+        raise UserError(f"{path}: a speculators draft (speculators_model_type {data['speculators_model_type']!r}), "
+                        "not a target model: give the target's folder first and this one with --draft")
     f = _Fields(data, str(path))
     archs = f.list("architectures")
     if not archs or not all(isinstance(a, str) for a in archs):
@@ -433,6 +436,9 @@ def load_draft_config(folder: Path) -> DraftConfig:
     path = Path(folder) / "config.json"
     data = read_json(path)
     f = _Fields(data, str(path))
+    if isinstance(data, dict) and "speculators_model_type" not in data and "model_type" in data:
+        raise UserError(f"{path}: a transformers model (model_type {data['model_type']!r}), not a speculators draft "
+                        "(no speculators_model_type): --draft takes the draft's folder, the target comes first")
     kind = f.str("speculators_model_type")
     if kind not in DRAFT_TYPES:
         raise UserError(f"{path}: speculators_model_type '{kind}' is not supported (supported: {', '.join(DRAFT_TYPES)})")

@@ -1019,7 +1019,12 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
         bad = sorted(set(options) - known)
         if bad:
             raise UserError(f"DSpark option(s) {bad}: expected some of {sorted(known)}")
-        return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
+        try:
+            return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
+        except UserError as e:  # (a block not built: named as the other spec errors are)
+            if "block" not in kw or str(e).startswith("--governor"):
+                raise
+            raise UserError(f"--governor '{spec}': {e}") from None
     if _digits(k):
         try:
             return FixedGovernor(depths, int(k))

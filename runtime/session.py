@@ -38,7 +38,7 @@ from .generate import Finished, Generator, Stream
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
                        wants_corpus)
 from .sampling import SamplingParams
-from .text import Detokenizer, StopScanner, Text, tokens_through
+from .text import Detokenizer, StopScanner, Text, template_kwargs_of, tokens_through
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
@@ -209,7 +209,8 @@ class Session:
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
         # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
         # stream's own are laid over them
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
+        self.closed = False
         self.calibration, self.calibration_note = load_calibration(self.engines, sampling, governor)
         self.governor_spec = governor
         self.sampling = sampling
@@ -253,6 +254,7 @@ class Session:
         return None
 
     def close(self) -> None:
+        self.closed = True
         self.engines.deactivate()
 
     def __enter__(self) -> "Session":
@@ -297,10 +299,13 @@ class Session:
         """A text prompt's or a conversation's token ids as ``stream`` makes them."""
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
-        return self.text.encode(prompt, chat, {**self.chat_template_kwargs, **(chat_template_kwargs or {})})
+        return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
+                                               **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")})
 
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
                    prompt_logprobs: int | None = None) -> Stream:
+        if self.closed:
+            raise UserError("this Session is closed (its engines' sessions are released): open a new one")
         out: list[int] = []
         self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from specrt.errors import UserError
+from specrt.prompt_files import is_messages
 
 
 class Text:
@@ -56,7 +57,8 @@ class Text:
             return _template(self.chat_template).render(
                 messages=[{"role": "user", "content": user}] if isinstance(user, str) else list(user),
                 add_generation_prompt=True, **variables)
-        except jinja2.TemplateError as e:  # (raise_exception's UserError passes through)
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # (raise_exception's UserError
+            # passes through; a message of other types than the template expects fails in it)
             raise UserError(f"chat template: {type(e).__name__}: {e}") from None
 
     def _special_tokens(self) -> dict:
@@ -76,6 +78,9 @@ class Text:
         conversation (always through it, with ``template_kwargs``)."""
         if not prompt:
             raise UserError("the prompt is empty")
+        if not isinstance(prompt, str) and not is_messages(prompt):
+            raise UserError(f"a conversation must be a non-empty list of messages with string 'role' and 'content' "
+                            f"(text parts joined into one string); got {prompt!r:.80}")
         chat = chat or not isinstance(prompt, str)
         text = self.render_chat(prompt, template_kwargs) if chat else prompt
         try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)

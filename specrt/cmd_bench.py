@@ -994,6 +994,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
     from specrt.runtime.session import resolve_spec
+    if governors is not None and not _split(governors):  # (an empty value ran the whole default list)
+        raise UserError(f"--governors {governors!r}: expected comma-separated governors, e.g. off,fixed:2,dspark "
+                        "(leave the option out for the default list)")
     govs = _split(governors) if governors else (
         ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
          *(["dspark:tree=3"] if engines.verifies_trees() else []), resolve_spec("auto", engines)]

@@ -378,6 +378,9 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                               "--governors", "fixed:banana", "--peers", "none"])
     assert isinstance(r.exception, UserError) and "--governors 'fixed:banana'" in str(r.exception), r.exception
+    r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                              "--governors", " , ", "--peers", "none"])  # (it ran the whole default list)
+    assert isinstance(r.exception, UserError) and "--governors ' , ': expected comma-separated" in str(r.exception)
     (tmp_path / "afile").write_text("")
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
                          (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),

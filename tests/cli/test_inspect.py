@@ -37,6 +37,13 @@ def test_user_error_exit_1_no_traceback(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+def test_target_and_draft_given_the_wrong_way_round_are_named():
+    r = CliRunner().invoke(main, ["inspect", str(REF / "draft")])
+    assert r.exit_code == 1 and "a speculators draft (speculators_model_type 'peagle'), not a target model" in r.output
+    r = CliRunner().invoke(main, ["inspect", str(REF / "verifier"), "--draft", str(REF / "verifier")])
+    assert r.exit_code == 1 and "a transformers model (model_type 'llama'), not a speculators draft" in r.output
+
+
 @pytest.mark.slow
 def test_inspect_real_smollm2():
     from tests.real_model import smollm2_folder

@@ -520,7 +520,7 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
     assert g.choose(GovernorState(limit=3)) == 2  # capped to a built depth that fits
     assert g.choose(GovernorState(confidences=np.array([0.9, 0.05, 0.05, 0.05]))) == 1  # post-draft: the rule
     assert from_spec("dspark", DEPTHS, **kw).block is None
-    with pytest.raises(UserError, match="dspark block 3: expected one of the built depths"):
+    with pytest.raises(UserError, match="--governor 'dspark:block=3': dspark block 3: expected one of the built"):
         from_spec("dspark:block=3", DEPTHS, **kw)
     with pytest.raises(UserError, match=re.escape("expected dspark[:block=K][:profiled]")):
         from_spec("dspark:deep", DEPTHS, **kw)

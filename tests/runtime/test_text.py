@@ -812,3 +812,21 @@ def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
                            input="w1 w2\n\n")
     assert r.exit_code == 0 and "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, \
         r.output
+
+
+def test_api_misuse_is_a_user_error(worded):
+    """Template variables that are not an object, a message whose content is not a string
+    (a list of parts), and a stream on a closed Session: UserErrors naming what was
+    expected (TypeError, a Jinja TypeError and an InternalError before)."""
+    from specrt.runtime.session import Session
+
+    with pytest.raises(UserError, match="chat_template_kwargs: "):
+        Session(worded, governor="off", chat_template_kwargs="x")
+    s = Session(worded, governor="off")
+    with pytest.raises(UserError, match="chat_template_kwargs: "):
+        "".join(s.stream("w1", chat=True, max_new_tokens=2, chat_template_kwargs="x"))
+    with pytest.raises(UserError, match="string 'role' and 'content'"):
+        "".join(s.stream([{"role": "user", "content": [{"type": "text", "text": "w1"}]}], max_new_tokens=2))
+    s.close()
+    with pytest.raises(UserError, match="this Session is closed"):
+        list(s.stream_ids([1, 2, 3], 2))
