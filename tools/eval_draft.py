@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_peagle as tp  # noqa: E402
-from smollm2 import default_cache, ensure_smollm2  # noqa: E402
+from smollm2 import default_cache  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", type=Path, default=None, help="write the table as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     cache = default_cache()
-    hf_dir = ensure_smollm2(cache)
-    source = json.loads((hf_dir / "source.json").read_text())
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    _, source, tok, target = tp.smollm2_target(cache)
     held = tp.heldout_answers(target, tok, cache, None, args.max_new, source["sha256"])
     keep = list(range(len(held)))
     if args.subset:

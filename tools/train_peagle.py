@@ -758,6 +758,12 @@ def save_draft(out: Path, model: PEagleDraft, config: dict, receipt: dict, dtype
     save_file(model.state_for_save(dtype), tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (tmp / "training_receipt.json").write_text(json.dumps(receipt, indent=2) + "\n")
+    swap_in(tmp, out)
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """The finished folder ``tmp`` becomes ``out``, an older ``out`` replaced (renames:
+    nothing half-written is ever at ``out``)."""
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
@@ -765,6 +771,17 @@ def save_draft(out: Path, model: PEagleDraft, config: dict, receipt: dict, dtype
         shutil.rmtree(old)
     else:
         os.replace(tmp, out)
+
+
+def smollm2_target(cache: Path):
+    """(folder, its source record, tokenizer, fp32 eval-mode model) of the SmolLM2 target
+    converted into ``cache`` (tools/smollm2.py)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf_dir = ensure_smollm2(cache)
+    source = json.loads((hf_dir / "source.json").read_text())
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    return hf_dir, source, tok, AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
 
 def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new: int, source_sha: str) -> list[Seq]:
