@@ -100,7 +100,7 @@ def test_cli_export_user_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "specrt.cli", "export", str(REFERENCE / "verifier"), "--draft",
                         str(REFERENCE / "verifier"), "-o", str(tmp_path / "o")], capture_output=True, text=True)
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert "missing required field 'speculators_model_type'" in p.stderr
+    assert "a transformers model (model_type 'llama'), not a speculators draft" in p.stderr
     assert not (tmp_path / "o").exists()
 
 
