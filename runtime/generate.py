@@ -237,7 +237,7 @@ class Generator:
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self._epoch = 0  # streams started: a stream goes on only while it is the latest (stream)
-        self._running = False  # the latest stream has started and not finished
+        self._live: int | None = None  # the latest stream's epoch until it finishes (made, not yet finished)
         # logprobs (None: off): each emitted token's log-probability under the target with
         # this many alternatives (sampling.token_logprobs), in ``output_logprobs`` as the
         # stream yields (its tokens, trimmed as they are). A screened head then gives its
@@ -282,7 +282,7 @@ class Generator:
             if self.dkv is None:
                 raise UserError("a token tree needs a draft; these engines have none")
             if not (hasattr(self.e, "verifies_trees") and self.e.verifies_trees()):
-                if hasattr(self.e, "kv_layout") and self.e.kv_layout("target") == "append":
+                if getattr(self.e, "backend", None) == "onnxruntime" and self.e.kv_layout("target") == "append":
                     raise UserError("these engines do not verify token trees: they were built with `--ort-kv append`; "
                                     "trees need the in-place KV (`specrt build` without --ort-kv append)")
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
@@ -508,7 +508,8 @@ class Generator:
         drafts, q = self._draft_tokens(logits, out[C.DRAFT_TOKENS][0], rng)
         if self.tree_width > 1:
             self._siblings = self._runners_up(logits[0], int(drafts[0]))
-        conf = np.asarray(out[C.DRAFT_CONFIDENCE][0], np.float32) if self.confidence_head else _softmax_max(logits)
+        # (a copy: an engine may reuse its output buffers, and rounds keep their confidences)
+        conf = np.array(out[C.DRAFT_CONFIDENCE][0], np.float32) if self.confidence_head else _softmax_max(logits)
         return drafts, q, conf, dt + t_catch
 
     def _draft_eagle3(self, pending_tok, pending_aux, start: int, k: int, rng):
@@ -556,11 +557,11 @@ class Generator:
         try:
             checked = self._check(prompt_ids, max_new_tokens, eos_ids)
         except UserError:
-            if not self._running:  # a refused stream shows no earlier stream's finish or telemetry
+            if self._live is None:  # a refused stream shows no earlier stream's finish or telemetry
                 self.finished, self.telemetry = None, Telemetry()
             raise
         prompt, eos, scored, top, tree_width, lookup = checked
-        self._epoch = mine = self._epoch + 1
+        self._epoch = mine = self._live = self._epoch + 1
         self._screen_for(self.params)
         # this stream's, from its start: a stream closed early leaves no other's
         self.finished, self.telemetry = None, Telemetry()
@@ -613,7 +614,6 @@ class Generator:
         t_start = time.perf_counter()
         emitted = 0
         x: list[int] = []
-        self._running = True
         try:
             # the prompt's rows s0.. in passes of at most PREFILL_CHUNK rows (bounded
             # temporaries; never a last pass of one row, which the decode engine's kernels
@@ -773,8 +773,8 @@ class Generator:
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             superseded = self._epoch != mine
-            if not superseded:
-                self._running = False
+            if self._live == mine:
+                self._live = None
             if lookup is not None and not superseded:  # (its final settling drops the newer stream's tallies)
                 lookup.settle(x, final=True)
                 if lookup.growth is not None and emitted:

@@ -306,10 +306,15 @@ class Session:
                    prompt_logprobs: int | None = None) -> Stream:
         if self.closed:
             raise UserError("this Session is closed (its engines' sessions are released): open a new one")
+        before = self.generator.logprobs, self.generator.prompt_logprobs
+        self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
+        try:
+            gen = self.generator.stream(ids, max_new_tokens, self.eos)
+        except UserError:  # refused: a running stream's stats() stay its own
+            self.generator.logprobs, self.generator.prompt_logprobs = before
+            raise
         out: list[int] = []
         self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
-        self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
-        gen = self.generator.stream(ids, max_new_tokens, self.eos)
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
 
         def chunks():

@@ -62,7 +62,7 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     if report_file is not None:
         check_output_file(report_file, "--report")
-        check_distinct(("--prompts", prompts_file), ("--holdout-prompts", holdout_file), ("--report", report_file))
+    check_distinct(("--prompts", prompts_file), ("--holdout-prompts", holdout_file), ("--report", report_file))
 
     prompts = read_prompts(prompts_file)
     held = read_prompts(holdout_file) if holdout_file is not None else None

@@ -229,6 +229,17 @@ def test_a_torch_reference_from_another_checkpoint_is_refused(tiny_engines, tmp_
                           (wide, "not the checkpoint these engines were exported from")):
         res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target", str(folder)])
         assert res.exit_code == 1 and words in res.output and "Traceback" not in res.output, res.output
+    # a target the export read from pickles (--allow-pickle): not bound again here (that would
+    # unpickle it unasked); transformers loads it for the reference as before
+    from specrt.engines.compare import check_same_target
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((REFERENCE / "verifier" / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    check_same_target(pickled, json.loads((tiny_engines / "export" / "export.json").read_text())
+                      if (tiny_engines / "export" / "export.json").is_file() else
+                      {"binding_receipt": {"target": {"slots": {"embed": {"sha256": "0"}}}}})
 
 
 @pytest.mark.parametrize("value", ["nan", "logits:nan", "-1", "inf"])

@@ -385,6 +385,8 @@ def test_the_report_may_not_replace_a_prompt_file(engines, tmp_path):
         (tmp_path / "h.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n')
         r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
         assert r.exit_code == 1 and f"{other} and --report name the same file" in r.output, r.output
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), "--holdout-prompts", str(pf)])
+    assert r.exit_code == 1 and "--prompts and --holdout-prompts name the same file" in r.output, r.output
     assert pf.read_text() == '{"prompt_ids": [1, 2, 3]}\n' and not (engines / CALIBRATION_FILE).exists()
 
 

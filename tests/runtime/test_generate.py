@@ -350,7 +350,11 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
         def kv_layout(role):
             return "append"
 
+    Appended.backend = "onnxruntime"
     with pytest.raises(UserError, match="built with `--ort-kv append`; trees need the in-place KV"):
+        G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
+    Appended.backend = "tensorrt"  # (its engines have the append contract and no --ort-kv option)
+    with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
         G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
 
 
@@ -1213,6 +1217,11 @@ def test_a_refused_stream_leaves_the_running_one_running(pair):
         g.stream([], 4)
     out += [t for chunk in s for t in chunk]
     assert out == ref and g.finished.reason == "length"
+    # made but not yet started when the refused call came: its telemetry is still the Generator's
+    s = g.stream(PROMPT, 6)
+    with pytest.raises(UserError, match="the prompt is empty"):
+        g.stream([], 4)
+    assert [t for chunk in s for t in chunk] == ref[:6] and g.telemetry.new_tokens == 6
 
 
 def test_a_superseded_stream_closed_later_keeps_the_live_streams_lookup_tallies(pair, monkeypatch):

@@ -830,3 +830,18 @@ def test_api_misuse_is_a_user_error(worded):
     s.close()
     with pytest.raises(UserError, match="this Session is closed"):
         list(s.stream_ids([1, 2, 3], 2))
+
+
+def test_a_refused_session_stream_leaves_the_running_ones_stats(worded):
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        want = [t for chunk in s.stream_ids([3, 1, 4], 8) for t in chunk]
+        a = s.stream_ids([3, 1, 4], 8)
+        got = next(a)
+        with pytest.raises(UserError, match="the prompt is empty"):
+            s.stream_ids([], 4, logprobs=2)
+        got += [t for chunk in a for t in chunk]
+        st = s.stats()
+        assert got == want and st["output_token_ids"] == want and st["prompt_ids"] == [3, 1, 4]
+        assert "output_logprobs" not in st
