@@ -267,6 +267,13 @@ def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
     if not table:
         return {}
     out = dict(table)
+    for k in ("decode", "draft", "prefill"):  # the flat figures too (a text value typed by hand: a TypeError later)
+        if k in table:
+            out[k] = float(table[k])
+    for row in table.get("by_past", {}).values():
+        for k in ("decode", "draft"):
+            if k in row:
+                float(row[k])  # (a ValueError / TypeError: the caller names the table malformed)
     out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
     if "chain" in table:
         out["chain"] = {int(L): float(v) for L, v in table["chain"].items()}

@@ -20,10 +20,12 @@ exactly these weights; ``specrt run`` prints a loud warning when it says untrust
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from specrt.errors import UserError
+from specrt.paths import write_atomic
 
 from .generate import Generator
 from .governor import FixedGovernor
@@ -99,8 +101,8 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "trusted": bool(trusted),
         "note": None if expected is not None else "no training receipt: nothing to compare with",
     }
-    path = Path(engines.folder) / ACCEPTANCE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:  # whole or absent, a temporary of its own (two canaries at once share none)
+        write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)
+    except OSError as e:
+        raise UserError(f"{Path(engines.folder) / ACCEPTANCE_FILE}: cannot write the acceptance receipt ({e})") from None
     return result

@@ -38,6 +38,7 @@ proposed from its own history, and a history unlike the traffic costs little.
 from __future__ import annotations
 
 import json
+import zipfile
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -363,8 +364,9 @@ class Growth:
                 tokens, lengths = z["tokens"], z["lengths"]
             if meta.get("kind") != "specrt growth":
                 raise ValueError("its meta does not say 'specrt growth'")
-        except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            why = "not an .npz archive" if "pickled" in str(e) else str(e)  # numpy's words would invite unpickling
+        except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError, zipfile.BadZipFile) as e:
+            why = "not an .npz archive" if "pickled" in str(e) else str(e) or type(e).__name__  # numpy's words would
+            # invite unpickling; an empty file's EOFError has no words (click took it for an abort)
             raise UserError(f"{path}: not a growth file ({why}); `specrt run --grow-file` writes them") from None
         if meta.get("format") != GROW_FORMAT:
             raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
@@ -500,8 +502,9 @@ class Corpus:
                 meta = _meta(z)
                 if meta.get("format") == FORMAT:
                     keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))
-        except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            why = "not an .npz archive of arrays" if "pickle" in str(e) else e  # (numpy's advice is to unpickle)
+        except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError, zipfile.BadZipFile) as e:
+            why = "not an .npz archive of arrays" if "pickle" in str(e) else str(e) or type(e).__name__  # (numpy's
+            # advice is to unpickle; an empty file's EOFError has no words)
             raise UserError(f"{path}: not a corpus file ({why}); make it with `specrt corpus`") from None
         if meta.get("format") != FORMAT:
             raise UserError(f"{path}: corpus format {meta.get('format')!r}, expected {FORMAT}; make it again "

@@ -321,7 +321,7 @@ class Calibration:
                  window: int = 4096, refit_every: int = 32):
         if kind not in self.KINDS:
             raise UserError(f"calibration kind {kind!r}: expected one of {', '.join(self.KINDS)}")
-        if positions < 1 or bins < 1 or prior <= 0 or window < 1 or refit_every < 1:
+        if positions < 1 or bins < 1 or not prior > 0 or not math.isfinite(prior) or window < 1 or refit_every < 1:
             raise UserError(f"calibration positions={positions}, bins={bins}, prior={prior}, window={window}, "
                             f"refit_every={refit_every}: expected positive values")
         self.kind, self.bins, self.prior, self.window, self.refit_every = kind, int(bins), float(prior), int(window), int(refit_every)

@@ -201,6 +201,7 @@ class Session:
         from specrt.engines.engine_set import load_engines
 
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
+        asked = governor
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
         if self.engines.export.get("draft") is None and split_lookup(governor)[0] != "off":
             raise UserError(f"{engines_dir}: the engines have no draft; only --governor off (or off:ngram, "
@@ -225,9 +226,21 @@ class Session:
         self.generator.prefix_snapshots = int(prefix_snapshots)
         try:
             self.generator.resolve_tree_width()  # a token tree these engines or this mode cannot run: now
+            if wants_corpus(governor):  # the corpus file read now, not at the first prompt
+                try:
+                    self.generator._load_corpus()
+                except UserError as e:
+                    if wants_corpus(asked):  # asked for by name: an error
+                        raise
+                    # the corpus ``auto`` found in the folder is stale or broken: left out, as a
+                    # calibration for other engines is, and said
+                    governor = governor.replace(":corpus", "")
+                    self.generator.governor = make_governor(governor, self.engines, self.calibration)
+                    self.calibration_note += f"; corpus lookup left out: {e}"
         except UserError:
             self.engines.deactivate()
             raise
+        self.governor_spec = governor
 
     def _acceptance_receipt(self) -> dict | None:
         p = Path(self.engines.folder) / ACCEPTANCE_FILE
@@ -238,9 +251,17 @@ class Session:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
                             "writes it again") from None
+        again = f"`specrt canary {self.engines.folder}` writes it again"
         if not isinstance(a, dict):
-            raise UserError(f"{p}: expected a JSON object (the acceptance receipt); `specrt canary "
-                            f"{self.engines.folder}` writes it again")
+            raise UserError(f"{p}: expected a JSON object (the acceptance receipt); {again}")
+        if a.get("binding_receipt_id") != self.engines.export.get("binding_receipt", {}).get("receipt_id"):
+            raise UserError(f"{p}: measured for other weights (binding receipt {str(a.get('binding_receipt_id'))[:12]}, "
+                            f"not these engines' export's); {again}")
+        if not isinstance(a.get("trusted"), bool) or (not a["trusted"] and not all(
+                isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool)
+                for k in ("measured_depth1", "training_depth1"))):
+            raise UserError(f"{p}: 'trusted' must be true or false, and an untrusted receipt needs numbers "
+                            f"'measured_depth1' and 'training_depth1'; {again}")
         return a
 
     @property

@@ -344,7 +344,7 @@ def _read_prompts(path: Path) -> list[str | list[dict]]:
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
-    from specrt.paths import check_distinct, check_output_file, write_atomic
+    from specrt.paths import check_distinct, check_not_engines_file, check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
@@ -358,6 +358,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
+        check_not_engines_file(stats_file, engines_dir, "--stats")
     elif logprobs is not None:
         raise UserError("--logprobs N: the logprobs go into the --stats file; give --stats FILE too")
     if grow_file is not None:

@@ -23,6 +23,17 @@ def check_distinct(*named: tuple[str, str | Path | None]) -> None:
                 raise UserError(f"{o1} and {o2} name the same file {f1}; give each its own")
 
 
+def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, option: str) -> None:
+    """UserError when ``path`` is a file the engines folder already holds (engines.json, a
+    graph, the calibration, ...): a report written there breaks the engines."""
+    if path is None:
+        return
+    p, folder = Path(path).resolve(), Path(engines_dir).resolve()
+    if p.is_file() and p.is_relative_to(folder):
+        raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
+                        "and break the engines: give another path")
+
+
 def check_output_file(path: Path, option: str) -> None:
     """``path`` can be written (its missing folders made then): refuse a folder in its place,
     a file where a folder of it should be, or a folder this user cannot write, naming the

@@ -116,6 +116,7 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m["roles"].update({"verify.2": "x"}), "roles.verify.2.engine.onnx is None; expected an engine file"),
     (lambda m: m["roles"]["decode"].pop("engine"), "roles.decode.engine.onnx is None"),
     (lambda m: m["costs"].update(verify={"one": 1}), "field 'costs' is malformed"),
+    (lambda m: m["costs"].update(decode="fast"), "field 'costs' is malformed"),  # (a TypeError in DSpark later)
     # found by review: each a traceback before (InternalError, TypeError, KeyError, KeyError)
     (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[5, 1, 3]), "field 'roles' is malformed"),
     (lambda m: m["onnxruntime"].update(threads_per_core=2), "field 'onnxruntime' is malformed"),

@@ -693,3 +693,31 @@ def test_ab_tools_take_the_kinds_in_turns():
     assert [d["kind"] for d in got] == kinds * 2
     for k in kinds:
         assert [d for d in got if d["kind"] == k] == [d for d in held if d["kind"] == k][:2]
+
+
+@pytest.mark.parametrize("prior", [float("nan"), float("inf")])
+def test_a_calibration_prior_that_is_not_a_number_is_refused(prior):
+    """A NaN prior passed `prior <= 0`, made every calibrated value NaN and turned speculation
+    off without a word (tau 1.00)."""
+    from specrt.runtime.governor import Calibration
+
+    d = Calibration().to_dict()
+    d["prior"] = prior
+    with pytest.raises(UserError, match="prior="):
+        Calibration.from_dict(d)
+
+
+def test_a_report_may_not_replace_a_file_of_the_engines(engines, tmp_path):
+    """`calibrate --report ENG/engines.json` and `run --stats ENG/engines.json` replaced the
+    manifest and broke the engines; refused before anything runs."""
+    from specrt.cli import main
+
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    before = (engines / "engines.json").read_bytes()
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), "--report",
+                                   str(engines / "engines.json")])
+    assert r.exit_code == 1 and "a file of the engines folder" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "hello", "--stats", str(engines / "engines.json")])
+    assert r.exit_code == 1 and "--stats" in r.output and "a file of the engines folder" in r.output, r.output
+    assert (engines / "engines.json").read_bytes() == before and not (engines / CALIBRATION_FILE).exists()

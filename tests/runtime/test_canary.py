@@ -68,6 +68,16 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
     p = subprocess.run([sys.executable, "-m", "specrt.cli", "run", str(eng), "--prompts", str(ids),
                         "--governor", "fixed:1"], capture_output=True, text=True)
     assert "WARNING: UNTRUSTED DRAFT" in p.stderr and "no tokenizer.json" in p.stderr and p.returncode == 1
+    # a receipt copied from other weights, or edited by hand: named, never read as trusted
+    # (another export's trusted receipt silenced the warning; a missing number crashed)
+    rec = json.loads((eng / "acceptance_receipt.json").read_text())
+    for edit, words in (({"binding_receipt_id": "0" * 64}, "measured for other weights"),
+                        ({"trusted": "false"}, "'trusted' must be true or false"),
+                        ({"measured_depth1": None}, "needs numbers")):
+        (eng / "acceptance_receipt.json").write_text(json.dumps({**rec, **edit}))
+        with pytest.raises(UserError, match=words):
+            Session(eng, governor="fixed:1")
+    (eng / "acceptance_receipt.json").write_text(json.dumps(rec))
 
 
 def test_no_receipt_is_trusted_with_a_note(tmp_path):

@@ -339,10 +339,22 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     assert "Traceback" not in r.output and not (tiny_engines / FILE).exists()
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", "5", "--nmax", "4"])
     assert r.exit_code == 1 and "--nmin 5 > --nmax 4" in r.output
-    with Session(tiny_engines, governor="fixed:1:corpus") as s, pytest.raises(UserError, match="specrt corpus"):
-        s.generator.generate(prompts[0], 4)
+    with pytest.raises(UserError, match="specrt corpus"):  # at the start, not at the first prompt
+        Session(tiny_engines, governor="fixed:1:corpus")
     with Session(tiny_engines) as s:
         assert ":corpus" not in s.governor_spec  # auto without a corpus
+    # a corpus file auto finds that cannot serve (empty, truncated, another export's): auto
+    # goes on without it and says so; asked for by name, an error at the start
+    for junk in (b"", b"PK\x03\x04 truncated"):
+        (tiny_engines / FILE).write_bytes(junk)
+        try:
+            with Session(tiny_engines) as s:
+                assert ":corpus" not in s.governor_spec and "corpus lookup left out" in s.calibration_note
+                assert s.generator.generate(prompts[0], 30) == answers[0]
+            with pytest.raises(UserError, match="not a corpus file"):
+                Session(tiny_engines, governor="auto:corpus")
+        finally:
+            (tiny_engines / FILE).unlink()
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src)])
     assert r.exit_code == 0, r.output
     assert f"{tiny_engines / FILE}: " in r.output and "prior acceptance by position" in r.output
