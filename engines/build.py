@@ -211,6 +211,10 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             if role.graph == "target":
                 roles[name] = replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(ctx)})
 
+    dropped = [n for n in ("calibration.json", "corpus.npz") if force and (Path(out) / n).is_file()]
+    if dropped:  # (files made after a build, minutes of work each: the new folder starts without them)
+        log(f"note: {out} is replaced with its {' and '.join(dropped)}: run `specrt calibrate` / `specrt corpus` "
+            "on the new engines")
     with atomic_folder(out, force=force, inputs=(export_dir,), marker="engines.json") as tmp:
         hashes = _embed_export(export_dir, exp, tmp / EXPORT_SUBDIR)
         log(f"linked export {export_dir} ({len(hashes)} files) into {out / EXPORT_SUBDIR}")

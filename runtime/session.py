@@ -104,6 +104,8 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
             e["calibration"] = Calibration.from_dict(e["calibration"])
         except UserError as err:
             raise UserError(f"{path}: mode {m!r}: {err}") from None
+    if digest is not None and data.get("export_digest") != digest:  # well formed, but says for no engines
+        return None
     return modes
 
 

@@ -258,9 +258,11 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
 
     if nmin > nmax:
         raise UserError(f"--nmin {nmin} > --nmax {nmax}")
+    from specrt.engines.manifest import read_engines_manifest
+
     manifest_path = engines_dir / "engines.json"
+    manifest = read_engines_manifest(engines_dir)  # validated, as canary and profile read it
     try:
-        manifest = json.loads(manifest_path.read_text())
         export_dir = engines_dir / manifest["export"]["folder"]
         vocab = int(json.loads((export_dir / "export.json").read_text())["target"]["vocab_size"])
         digest = manifest["export"]["digest"]

@@ -783,3 +783,12 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
         assert g.params.top_p == 0.9999999
     finally:
         app.close()
+
+
+def test_the_temperature_option_is_named(worded):  # noqa: F811
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(worded), "--port", "0", "--temperature", "-1"])
+    assert r.exit_code == 1 and "--temperature -1.0: expected a finite number >= 0" in r.output, r.output

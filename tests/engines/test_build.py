@@ -228,8 +228,11 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
     with pytest.raises(UserError, match="already exists"):
         build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
-    build_engines(tiny_export, "onnxruntime", [1, 3], out, force=True, log=quiet, profile_repeats=1)
-    assert load_engines(out).depths == (1, 3)
+    (out / "calibration.json").write_text("{}")  # made after the build: the new folder starts without it, said
+    lines: list[str] = []
+    build_engines(tiny_export, "onnxruntime", [1, 3], out, force=True, log=lines.append, profile_repeats=1)
+    assert load_engines(out).depths == (1, 3) and not (out / "calibration.json").exists()
+    assert any("is replaced with its calibration.json" in ln for ln in lines), lines
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -280,6 +280,11 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
         (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")
+    # a well-formed file that names no engines (no export digest) is used on none of them: it
+    # was used on any engines, as if fitted for them
+    (eng / CALIBRATION_FILE).write_text(json.dumps({k: v for k, v in old.items() if k != "export_digest"}))
+    with Session(eng, governor="dspark") as s:
+        assert s.calibration is None and "fitted for other engines" in s.calibration_note
 
 
 def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, tmp_path):

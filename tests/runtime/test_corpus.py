@@ -435,3 +435,22 @@ def test_growth_skips_empty_sequences():
         g.add([])
     g.add([1, 2, 3, 4, 5])
     assert len(g.seqs) == 1 and g.tokens == 5
+
+
+def test_the_corpus_command_reads_a_validated_manifest(tiny_engines, tmp_path):
+    """`specrt corpus` read engines.json unchecked: a digest of 5 went into the corpus file."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    eng = tmp_path / "eng"
+    shutil.copytree(tiny_engines, eng)
+    m = json.loads((eng / "engines.json").read_text())
+    m["export"]["digest"] = 5
+    (eng / "engines.json").write_text(json.dumps(m))
+    src = tmp_path / "a.jsonl"
+    src.write_text(json.dumps({"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 7]}) + "\n")
+    r = CliRunner().invoke(main, ["corpus", str(eng), str(src)])
+    assert r.exit_code == 1 and "engines.json" in r.output and not (eng / FILE).exists(), r.output
