@@ -379,9 +379,14 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
 
     folder = Path(folder)
     engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
+    manifest = folder / ENGINES_MANIFEST
+    before = manifest.read_bytes()
     raw = read_engines_manifest(folder)  # as on disk, to write back with only the costs changed
     old = raw.get("costs") or {}
     new = measure_costs(engines, repeats, log)
+    if manifest.read_bytes() != before:  # (a `build --force` replaced the folder meanwhile: this manifest is gone)
+        raise UserError(f"{manifest} changed while it was being profiled (rebuilt, or profiled by another run); "
+                        "nothing written: run `specrt profile` again")
     raw.setdefault("costs_build", old)
     raw["costs"] = new
     raw["costs_profiled"] = {"by": "specrt profile", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -345,3 +345,24 @@ def test_outputs_get_the_umasks_permissions(tiny_engines):
     for p in [tiny_engines, *tiny_engines.rglob("*")]:
         mode = stat.S_IMODE(p.lstat().st_mode)
         assert mode == (0o777 if p.is_dir() else 0o666) & ~umask, (p, oct(mode))
+
+
+def test_profile_writes_nothing_over_a_manifest_changed_meanwhile(engines_copy, monkeypatch):
+    """A `build --force` that replaced the folder while `specrt profile` measured got the old
+    manifest written back over its own (old depths and digest: the engines then failed their
+    hash check); the profile now finds the manifest changed and writes nothing."""
+    from specrt.engines import build as B
+
+    real = B.measure_costs
+
+    def measure_while_rebuilt(engines, repeats, log):
+        table = real(engines, repeats, log)
+        m = json.loads((engines_copy / "engines.json").read_text())
+        m["built_note"] = "rebuilt meanwhile"
+        (engines_copy / "engines.json").write_text(json.dumps(m))
+        return table
+
+    monkeypatch.setattr(B, "measure_costs", measure_while_rebuilt)
+    with pytest.raises(UserError, match="changed while it was being profiled"):
+        B.reprofile_engines(engines_copy, repeats=1, log=lambda s: None)
+    assert json.loads((engines_copy / "engines.json").read_text())["built_note"] == "rebuilt meanwhile"
