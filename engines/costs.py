@@ -267,17 +267,13 @@ def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
     if not table:
         return {}
     out = dict(table)
-    for k in ("decode", "draft", "prefill"):  # the flat figures too (a text value typed by hand: a TypeError later)
-        if k in table:
-            out[k] = float(table[k])
-    for row in table.get("by_past", {}).values():
-        for k in ("decode", "draft"):
-            if k in row:
-                float(row[k])  # (a ValueError / TypeError: the caller names the table malformed)
+    flat = ("decode", "draft", "prefill")  # the flat figures too (a text value typed by hand: a TypeError later)
+    out.update({k: float(table[k]) for k in flat if k in table})
     out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
     if "chain" in table:
         out["chain"] = {int(L): float(v) for L, v in table["chain"].items()}
-    out["by_past"] = {int(p): {**row, "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()},
+    out["by_past"] = {int(p): {**row, **{k: float(row[k]) for k in flat if k in row},
+                               "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()},
                                "draft_by_depth": {int(k): float(v) for k, v in row.get("draft_by_depth", {}).items()},
                                "chain": {int(k): float(v) for k, v in row.get("chain", {}).items()}}
                       for p, row in table.get("by_past", {}).items()}

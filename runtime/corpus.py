@@ -223,6 +223,17 @@ def _key_list(ctx: Sequence[int], nmin: int, nmax: int) -> list[int]:
 _LOW = (1 << 32) - 1
 
 
+# what np.load (allow_pickle=False) and reading the archive's members raise for a file that is
+# not ours: empty (EOFError), truncated (BadZipFile), object arrays (ValueError), bad meta
+NPZ_ERRORS = (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError, zipfile.BadZipFile)
+
+
+def _npz_why(e: Exception) -> str:
+    """Why a file is not an .npz of ours, in words: numpy's own would advise unpickling it,
+    and an empty file's EOFError has none (click took it for an abort)."""
+    return "not an .npz archive" if "pickle" in str(e) else str(e) or type(e).__name__
+
+
 def _meta(z) -> dict:
     """The JSON object an .npz of this module keeps as its ``meta`` bytes (ValueError else)."""
     meta = json.loads(bytes(z["meta"]).decode())
@@ -364,10 +375,8 @@ class Growth:
                 tokens, lengths = z["tokens"], z["lengths"]
             if meta.get("kind") != "specrt growth":
                 raise ValueError("its meta does not say 'specrt growth'")
-        except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError, zipfile.BadZipFile) as e:
-            why = "not an .npz archive" if "pickled" in str(e) else str(e) or type(e).__name__  # numpy's words would
-            # invite unpickling; an empty file's EOFError has no words (click took it for an abort)
-            raise UserError(f"{path}: not a growth file ({why}); `specrt run --grow-file` writes them") from None
+        except NPZ_ERRORS as e:
+            raise UserError(f"{path}: not a growth file ({_npz_why(e)}); `specrt run --grow-file` writes them") from None
         if meta.get("format") != GROW_FORMAT:
             raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
         _refuse_other_export(path, meta, export_digest, "written", "remove it or pass another --grow-file")
@@ -502,10 +511,8 @@ class Corpus:
                 meta = _meta(z)
                 if meta.get("format") == FORMAT:
                     keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))
-        except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError, zipfile.BadZipFile) as e:
-            why = "not an .npz archive of arrays" if "pickle" in str(e) else str(e) or type(e).__name__  # (numpy's
-            # advice is to unpickle; an empty file's EOFError has no words)
-            raise UserError(f"{path}: not a corpus file ({why}); make it with `specrt corpus`") from None
+        except NPZ_ERRORS as e:
+            raise UserError(f"{path}: not a corpus file ({_npz_why(e)}); make it with `specrt corpus`") from None
         if meta.get("format") != FORMAT:
             raise UserError(f"{path}: corpus format {meta.get('format')!r}, expected {FORMAT}; make it again "
                             "with `specrt corpus`")

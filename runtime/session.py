@@ -215,7 +215,6 @@ class Session:
         self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
         self.closed = False
         self.calibration, self.calibration_note = load_calibration(self.engines, sampling, governor)
-        self.governor_spec = governor
         self.sampling = sampling
         self.d2t = read_d2t(self.engines.export_dir, self.engines.export)
         self.eos = tuple(self.engines.export["target"]["eos_token_ids"])
@@ -242,7 +241,7 @@ class Session:
         except UserError:
             self.engines.deactivate()
             raise
-        self.governor_spec = governor
+        self.governor_spec = governor  # the governor that runs (``auto`` resolved; a broken corpus left out)
 
     def _acceptance_receipt(self) -> dict | None:
         p = Path(self.engines.folder) / ACCEPTANCE_FILE

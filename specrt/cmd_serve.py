@@ -43,7 +43,6 @@ field; the server keeps serving.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import threading
 import time
@@ -56,7 +55,7 @@ import click
 
 from specrt.errors import UserError
 from specrt.prompt_files import is_token_ids
-from specrt.sampling_options import _checked, template_kwargs_option
+from specrt.sampling_options import temperature_option, template_kwargs_option
 
 MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -733,9 +732,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="A request's max_tokens when it gives none.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="A request's temperature when it gives none (0 = greedy).",
-              callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)"))
+@temperature_option("A request's temperature when it gives none (0 = greedy).")
 @click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
 @click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,

@@ -26,12 +26,17 @@ def _checked(ok, expected: str):
     return check
 
 
+def temperature_option(help_text: str):
+    """--temperature (0 = greedy), checked as SamplingParams checks it, named as typed."""
+    return click.option("--temperature", type=float, default=0.0, show_default=True, help=help_text,
+                        callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)"))
+
+
 def sampling_options(temperature_help: str, seed: int | None, seed_help: str | None = None):
     """--temperature, --top-p, --top-k, --seed (default ``seed``; None = fresh entropy) and
     --reproducible (SamplingParams.coupled)."""
     opts = [
-        click.option("--temperature", type=float, default=0.0, show_default=True, help=temperature_help,
-                     callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)")),
+        temperature_option(temperature_help),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
                      callback=_checked(lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 (or -1) = off.",
