@@ -17,6 +17,7 @@ import click
 
 from specrt import __version__
 from specrt.errors import UserError
+from specrt.paths import check_engines_writable
 from specrt.sampling_options import sampling_options, template_kwargs_option
 
 
@@ -213,6 +214,7 @@ def canary(engines_dir: Path) -> None:
     read_engines_manifest(engines_dir)  # an engines folder, before its export is looked at
     if not _has_draft(engines_dir):
         raise UserError(f"{engines_dir}: the engines have no draft; nothing to check")
+    check_engines_writable(engines_dir)
     _canary(engines_dir)
 
 
@@ -227,6 +229,7 @@ def profile(engines_dir: Path, repeats: int) -> None:
     machine's speed has changed since the build."""
     from specrt.engines.build import reprofile_engines
 
+    check_engines_writable(engines_dir)
     old, new = reprofile_engines(engines_dir, repeats, log=lambda m: click.echo(m, err=True))
     ref = str(new["reference_past"])
     before = (old.get("by_past") or {}).get(ref) or old
@@ -269,6 +272,7 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{manifest_path}: not an engines folder's manifest ({e}); build one with `specrt build`") \
             from None
+    check_engines_writable(engines_dir)
 
     @functools.cache
     def tokenizer():  # loaded once, and only when an answers file has text

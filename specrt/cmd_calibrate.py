@@ -55,11 +55,12 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     training prompts, reports the expected calibration error before / after on the
     held-out prompts and stores it in ENGINES_DIR/calibration.json under its decoding
     mode (tied to the engines' export digest; other modes' calibrations are kept)."""
-    from specrt.paths import check_distinct, check_not_engines_file, check_output_file, write_atomic
+    from specrt.paths import check_distinct, check_engines_writable, check_not_engines_file, check_output_file, write_atomic
     from specrt.runtime.calibrate import calibrate as run_calibrate, format_report
     from specrt.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
+    check_engines_writable(engines_dir)
     if report_file is not None:
         check_output_file(report_file, "--report")
         check_not_engines_file(report_file, engines_dir, "--report")

@@ -66,6 +66,12 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: cannot write in {probe} ({e.strerror or e})") from None
 
 
+def check_engines_writable(engines_dir: Path) -> None:
+    """The commands that write into an engines folder (canary, profile, corpus, calibrate)
+    find one they cannot write before their work, not when they write its result."""
+    check_output_folder(engines_dir, "ENGINES_DIR")
+
+
 def umask() -> int:
     """The process's umask (read by setting it and back: the OS has no plain getter)."""
     mask = os.umask(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -366,3 +367,35 @@ def test_profile_writes_nothing_over_a_manifest_changed_meanwhile(engines_copy, 
     with pytest.raises(UserError, match="changed while it was being profiled"):
         B.reprofile_engines(engines_copy, repeats=1, log=lambda s: None)
     assert json.loads((engines_copy / "engines.json").read_text())["built_note"] == "rebuilt meanwhile"
+
+
+@pytest.mark.parametrize("command", ["profile", "canary", "corpus", "calibrate"])
+def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_work(engines_copy, tmp_path,
+                                                                                    monkeypatch, command):
+    """profile, canary, corpus and calibrate write into the engines folder: one they cannot
+    write was found only when writing, after minutes of work. Now at the start, exit 1,
+    naming the folder, with their work never begun."""
+    from click.testing import CliRunner
+
+    import specrt.cli as cli
+    import specrt.runtime.calibrate as Cal
+    import specrt.runtime.corpus as Cor
+
+    def work(*a, **k):
+        raise AssertionError(f"{command} began its work")
+
+    monkeypatch.setattr(build, "reprofile_engines", work)
+    monkeypatch.setattr(cli, "_canary", work)
+    monkeypatch.setattr(Cor, "build_with_priors", work)
+    monkeypatch.setattr(Cal, "calibrate", work)
+    monkeypatch.setattr("specrt.paths.os.access", lambda p, mode: Path(p) != engines_copy)  # root writes anywhere
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello there"}\n{"prompt": "and again"}\n')
+    answers = tmp_path / "a.jsonl"
+    answers.write_text('{"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 4, 5, 6]}\n')
+    extra = {"corpus": [str(answers)], "calibrate": ["--prompts", str(prompts)]}.get(command, [])
+    before = sorted(p.name for p in engines_copy.iterdir())
+    r = CliRunner().invoke(cli.main, [command, str(engines_copy), *extra])
+    assert r.exit_code == 1, r.output
+    assert f"ENGINES_DIR {engines_copy}: {engines_copy} is not writable" in r.output and "Traceback" not in r.output
+    assert sorted(p.name for p in engines_copy.iterdir()) == before
