@@ -275,6 +275,16 @@ class Session:
                     "a weight is probably bound to the wrong slot")
         return None
 
+    @property
+    def unchecked(self) -> str | None:
+        """A note when the draft speculates on engines with no acceptance receipt (built with
+        --no-canary, or the receipt removed): nothing has checked its binding on them."""
+        if self.acceptance is None and self.engines.export.get("draft") is not None \
+                and split_lookup(self.governor_spec)[0] != "off":
+            return (f"no acceptance receipt in {self.engines.folder}: nothing has checked the draft's binding "
+                    f"on these engines (built with --no-canary?); `specrt canary {self.engines.folder}` checks it")
+        return None
+
     def close(self) -> None:
         self.closed = True
         self.engines.deactivate()

@@ -302,6 +302,15 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
                    + " ".join(f"{r:.2f}" for r in rates[:6]) + f"  ({tries[key][0]} tries)")
 
 
+def session_warnings(s) -> None:
+    """What run, chat and serve say about the engines before they decode: the canary's
+    loud warning for a draft far below its training accuracy, a note for one never checked."""
+    if s.untrusted:
+        click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
+    elif s.unchecked:
+        click.echo(f"note: {s.unchecked}", err=True)
+
+
 def _read_prompts(path: Path) -> list[str | list[dict]]:
     from specrt.prompt_files import read_prompt_file, text_of
 
@@ -373,8 +382,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     check_distinct(("--prompts", prompts_file), ("--stats", stats_file), ("--grow-file", grow_file))
     with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse,
                  chat_template_kwargs=chat_template_kwargs) as s:
-        if s.untrusted:
-            click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
+        session_warnings(s)
         governor = s.governor_spec  # ``auto`` resolved
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)
@@ -442,6 +450,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
+        session_warnings(s)
         messages = [{"role": "system", "content": system}] if system else []
         while True:
             click.echo("> ", nl=False, err=True)

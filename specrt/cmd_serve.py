@@ -768,8 +768,9 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
         app.model = Path(folder).name if folder else engines_dir.resolve().name
     try:
-        if app.session.untrusted:
-            click.secho(f"WARNING: {app.session.untrusted}", fg="red", err=True)
+        from specrt.cli import session_warnings
+
+        session_warnings(app.session)
         try:
             httpd = make_server(app, host, port)
         except OSError as e:

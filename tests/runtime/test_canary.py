@@ -68,6 +68,13 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
     p = subprocess.run([sys.executable, "-m", "specrt.cli", "run", str(eng), "--prompts", str(ids),
                         "--governor", "fixed:1"], capture_output=True, text=True)
     assert "WARNING: UNTRUSTED DRAFT" in p.stderr and "no tokenizer.json" in p.stderr and p.returncode == 1
+    # and so does chat (it said nothing)
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["chat", str(eng), "--governor", "fixed:1"], input="\n")
+    assert r.exit_code == 0 and "WARNING: UNTRUSTED DRAFT" in r.output, r.output
     # a receipt copied from other weights, or edited by hand: named, never read as trusted
     # (another export's trusted receipt silenced the warning; a missing number crashed)
     rec = json.loads((eng / "acceptance_receipt.json").read_text())
@@ -78,6 +85,33 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
         with pytest.raises(UserError, match=words):
             Session(eng, governor="fixed:1")
     (eng / "acceptance_receipt.json").write_text(json.dumps(rec))
+
+
+def test_engines_never_checked_get_a_note(tmp_path):
+    """Engines built with --no-canary (no acceptance receipt) ran with no word that nothing
+    had checked the draft's binding on them: run, chat and serve now say so, until `specrt
+    canary` has measured; with speculation off there is nothing to say."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    eng = _engines(tmp_path / "n", None)
+    ids = tmp_path / "p.jsonl"
+    ids.write_text(json.dumps({"prompt": "x"}) + "\n")  # no tokenizer: run fails after its notes
+    with Session(eng, governor="fixed:1") as s:
+        assert f"no acceptance receipt in {eng}" in s.unchecked and s.untrusted is None
+    with Session(eng, governor="off") as s:
+        assert s.unchecked is None
+    for args in (["run", str(eng), "--prompts", str(ids), "--max-new-tokens", "4", "--governor", "fixed:1"],
+                 ["chat", str(eng), "--governor", "fixed:1"]):
+        r = CliRunner().invoke(main, args, input="\n")
+        assert f"note: no acceptance receipt in {eng}" in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, ["canary", str(eng)])
+    assert r.exit_code == 0, r.output
+    with Session(eng, governor="fixed:1") as s:
+        assert s.unchecked is None
+    r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(ids), "--max-new-tokens", "4", "--governor", "fixed:1"])
+    assert "no tokenizer.json" in r.output and "acceptance receipt" not in r.output, r.output
 
 
 def test_no_receipt_is_trusted_with_a_note(tmp_path):
