@@ -127,3 +127,61 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(x, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+def write_bigram_pair(root: Path, model_type: str = "qwen3", wrong: tuple[int, ...] = (7, 12),
+                      noise: float = 1e-3) -> tuple[Path, Path]:
+    """A tiny target (vocabulary 16) whose greedy next token is a fixed function of the
+    current one, and an EAGLE-3 draft that knows that function except at the tokens in
+    ``wrong``: random tiny drafts almost never accept (1 draft in 118 on the 16-token
+    models), so multi-token acceptance, partial rounds and the draft's fed-back hidden
+    state after them got no exercise. Returns (target, draft) folders.
+
+    Target: one-hot embeddings e_x (hidden 64 >= 16), every layer's o_proj and down_proj
+    scaled to ``noise`` (the residual stream stays ~e_x, still a little context- and
+    KV-dependent), final norm 1 and lm_head rows 0.35 sum_{x: nxt(x) = v} e_x, so the logits
+    are 2.8 [nxt(x) = v] (sampling at temperature 1 leaves the chain 48% of the time). nxt cycles through 3..15 (the ids the tiny configs use for BOS/EOS,
+    0-2, lead into it and never come out).
+    Draft: fc passes aux layer 1 (~e_x of the last verified position) through; its MLP is
+    a lookup table adding e_step(x) - e_x, step = nxt except at ``wrong``, so each draft step
+    advances the hidden state one token and the target's lm_head names the next: its k-th
+    draft is right while the chain has not passed a wrong entry, where the right token is
+    its runner-up (token trees win rounds there)."""
+    from safetensors.numpy import load_file
+
+    V, H = 16, TINY["hidden_size"]
+    nxt = {x: (x - 3 + 1) % 13 + 3 if x >= 3 else 3 for x in range(V)}
+    step = {x: (nxt[nxt[x]] if x in wrong else nxt[x]) for x in range(V)}
+    eye = np.eye(H, dtype=np.float32)
+    head = np.zeros((V, H), np.float32)
+    for x, v in nxt.items():
+        head[v] += 0.35 * eye[x]  # logits 2.8 apart: the top token p = 0.52 at temperature 1
+    t = write_tiny_target(Path(root) / "t", model_type, vocab_size=V)
+    f = t / "model.safetensors"
+    w = load_file(str(f))
+    w["model.embed_tokens.weight"] = eye[:V].copy()
+    w["model.norm.weight"] = np.ones(H, np.float32)
+    w["lm_head.weight"] = head
+    for name in w:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            w[name] = (w[name] * (noise / 0.1)).astype(np.float32)
+    save_file(w, str(f), metadata={"format": "pt"})
+    d = write_tiny_draft(Path(root) / "d", t, kind="eagle3", num_layers=1, draft_vocab=V, mask_token_id=V - 1)
+    f = d / "model.safetensors"
+    w = load_file(str(f))
+    I = w["layers.0.mlp.gate_proj.weight"].shape[0]
+    gate, up, down = np.zeros((I, H), np.float32), np.zeros((I, H), np.float32), np.zeros((H, I), np.float32)
+    n = np.sqrt(H)  # RMSNorm of e_x with weight 1 is sqrt(H) e_x
+    act = n / (1.0 + np.exp(-n)) * n  # silu(gate) * up for the token's own row
+    for x in range(V):
+        gate[x, x] = up[x, x] = 1.0
+        right = 0.5 * eye[nxt[x]] if x in wrong else 0.0  # a wrong draft's runner-up is the right one
+        down[:, x] = (eye[step[x]] + right - eye[x]) / act
+    w.update({"fc.weight": np.concatenate([eye, 0 * eye, 0 * eye], 1), "norm.weight": np.ones(H, np.float32),
+              "layers.0.post_attention_layernorm.weight": np.ones(H, np.float32),
+              "layers.0.mlp.gate_proj.weight": gate, "layers.0.mlp.up_proj.weight": up,
+              "layers.0.mlp.down_proj.weight": down, "lm_head.weight": head.copy(),
+              "layers.0.self_attn.o_proj.weight": (w["layers.0.self_attn.o_proj.weight"] * (noise / 0.1)
+                                                   ).astype(np.float32)})
+    save_file(w, str(f), metadata={"format": "pt"})
+    return t, d

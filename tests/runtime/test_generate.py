@@ -22,7 +22,7 @@ from specrt.runtime import generate as G
 from specrt.runtime.governor import AdaptiveGovernor, DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.session import read_d2t
-from tests.fixtures_models import load_hf, write_tiny_draft, write_tiny_target
+from tests.fixtures_models import load_hf, write_bigram_pair, write_tiny_draft, write_tiny_target
 from tests.runtime.test_verify import chi2_pvalue
 
 DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -30,8 +30,11 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
 def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, depths=DEPTHS) -> Path:
-    t = write_tiny_target(root / "t", model_type, vocab_size=vocab)
-    d = write_tiny_draft(root / "d", t, kind=kind, num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
+    if kind == "eagle3-bigram":  # a draft right most of the time: multi-token and partial rounds
+        t, d = write_bigram_pair(root, model_type)
+    else:
+        t = write_tiny_target(root / "t", model_type, vocab_size=vocab)
+        d = write_tiny_draft(root / "d", t, kind=kind, num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
     export(t, d, root / "exp")
     build_engines(root / "exp", "onnxruntime", depths, root / "eng", log=lambda s: None, profile_repeats=1,
                   profile_pasts=(16,), max_context=128)
@@ -39,7 +42,8 @@ def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, 
 
 
 @pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 1000, 300),
-                                        ("llama", "peagle", 16, 12), ("qwen3", "eagle3", 16, 16)],
+                                        ("llama", "peagle", 16, 12), ("qwen3", "eagle3", 16, 16),
+                                        ("qwen3", "eagle3-bigram", 16, 16)],
                 ids=lambda p: f"{p[0]}-{p[1]}-V{p[2]}")
 def pair(request, tmp_path_factory):
     root = _pair(tmp_path_factory.mktemp("gen"), *request.param)
@@ -449,7 +453,7 @@ def test_a_prompt_reuses_the_last_prompts_prefix(pair):
     a = PROMPT * 3  # 24 tokens
     # (prompt, target rows reused, draft rows reused: a draft row holds the next token, so
     # fewer than the tokens in common)
-    cases = [(a + [7, 8, 9, 10, 11], 24, 23), (a, 22, 22), (a[:13] + [2, 2, 2], 13, 12), ([5] + a, 0, 0)]
+    cases = [(a + [5, 8, 9, 10, 11], 24, 23), (a, 22, 22), (a[:13] + [2, 2, 2], 13, 12), ([5] + a, 0, 0)]
     g = _gen(engines, FixedGovernor(DEPTHS, 3))
     calls = []
     run = g._run
@@ -1172,7 +1176,7 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
         return res
 
     monkeypatch.setattr(g, method, spy)
-    out = g.generate(prompt, 30)
+    out = g.generate(prompt, 40)
     if case == "reuse":
         assert g.telemetry.prefix_reused == 6
     x = prompt + out
@@ -1182,7 +1186,7 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
                    engines.kv_layout("target"))
     aux = pre.infer({C.INPUT_IDS: np.array([x[:-1]], np.int64), C.POSITION_IDS: np.arange(len(x) - 1)[None],
                      **kv.past_feeds(), **g._from0})[C.AUX_HIDDEN][0]
-    assert len(rounds) >= 5
+    assert len(rounds) >= (3 if case == "lookup" else 5)  # lookup takes most rounds of a repeating text
     for n, k, drafts, confs in rounds:
         want, want_conf = _drafts_from_scratch(engines, x, n, k, aux, kind)
         assert [int(v) for v in drafts] == want, (case, n)
