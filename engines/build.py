@@ -20,6 +20,7 @@ loads (engines.json is written last, and the folder is renamed into place only a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -29,8 +30,8 @@ from typing import Any, Callable
 from specrt import contracts as C
 from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
-from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, environment,
-                                     read_engines_manifest)
+from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, check_environment,
+                                     environment, read_engines_manifest)
 from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
@@ -105,6 +106,24 @@ def _graph_file(exp: dict[str, Any], graph: str) -> str:
     if len(files) != 1:
         raise UserError(f"export.json: graph '{graph}' should have exactly one .onnx file, found {files}")
     return files[0]
+
+
+def carry_timing_cache(old: Path, tmp: Path, name: str, current: dict[str, Any], log: Callable[[str], None]) -> bool:
+    """A TensorRT rebuild (--force) over engines built in this environment (``current``:
+    the same TensorRT version and GPU) starts from their timing cache, so the tactics are
+    not timed again (the new folder is made empty, beside the old one); a cache from
+    another TensorRT or GPU is left behind (TensorRT refuses a mismatched one)."""
+    src = Path(old) / name
+    if not src.is_file():
+        return False
+    try:
+        check_environment(Path(old), json.loads((Path(old) / "engines.json").read_text())["environment"], current)
+    except (OSError, ValueError, KeyError, TypeError, UserError) as e:
+        log(f"tensorrt: {src} not reused ({str(e).splitlines()[0][:200]})")
+        return False
+    shutil.copyfile(src, Path(tmp) / name)
+    log(f"tensorrt: starting from the tactic timings of {src}")
+    return True
 
 
 def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: str | None = None,
@@ -222,7 +241,10 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if plan is not None:
             from specrt.engines import tensorrt
 
+            if force:
+                carry_timing_cache(Path(out), tmp, plan.timing_cache, environment("tensorrt"), log)
             tensorrt.build(plan, tmp, log)
+            (tmp / (plan.timing_cache + ".lock")).unlink(missing_ok=True)  # polygraphy's LockFile leaves it
             files = [file_record(tmp, e.file) for e in plan.engines]
             if (tmp / plan.timing_cache).is_file():
                 files.append(file_record(tmp, plan.timing_cache))

@@ -8,15 +8,24 @@ Build (per ``plan.TrtPlan`` engine):
                                  save_timing_cache=timing.cache),
                path=<plan file>)
 
+(DESIGN.md §7's chain; it deserialises each plan once to save it, where
+EngineBytesFromNetwork + SaveBytes would write the bytes as built: a build-time cost)
+
 Every input of every profile has explicit (min, opt, max) shapes from the plan; decode
 and the verify depths are ``min = opt = max`` on ``new_tokens``. One timing cache file
 is loaded and re-saved by every build, so later builds (the draft, per-role plans in the
-``engines`` layout, rebuilds) reuse the tactic timings of earlier ones.
+``engines`` layout) reuse the tactic timings of earlier ones, and a rebuild (--force) in
+the same environment starts from the old folder's (build.carry_timing_cache).
 
 Run: each plan is deserialised once (``EngineFromBytes``) and shared by the runners of
 its roles; a runner is ``polygraphy TrtRunner(engine, optimization_profile=i,
-allocation_strategy="profile")`` so that each execution context holds activation memory
-for its own profile's maximum shapes, not the prefill profile's.
+allocation_strategy="runtime")``: each execution context holds activation memory for the
+shapes it has been called with (grown when a call needs more), not for its profile's
+maximum: the prefill and draft profiles reach the whole context (S up to C), while the
+runtime feeds them at most 256 rows a pass (runtime/generate.py's chunks), and their
+attention scores at S = C would take gigabytes apiece. Outputs of the roles whose row
+count varies (prefill, draft) are copied out of polygraphy's host buffers, which it
+resizes in place for the next call of another size (base.py's contract).
 
 Nothing here imports tensorrt at module import: polygraphy loads it on first call, and
 this module is importable (and its loader composition testable) on machines without it.
@@ -122,7 +131,7 @@ class TrtRunner(Runner):
         engine = self.engines.acquire(self.file)
         try:
             self._runner = PgTrtRunner(engine, name=self.name, optimization_profile=self.profile,
-                                       allocation_strategy="profile")
+                                       allocation_strategy="runtime")
             self._runner.activate()
         except BaseException:  # the engine is not held by a runner that never started
             self._runner = None
@@ -130,7 +139,18 @@ class TrtRunner(Runner):
             raise
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(self._runner.infer(feeds, check_inputs=False))
+        out = self._runner.infer(feeds, check_inputs=False)
+        if self.copies_outputs:
+            return {k: np.array(v) for k, v in out.items()}
+        return dict(out)
+
+    @property
+    def copies_outputs(self) -> bool:
+        """A role whose new rows vary: its outputs are copied, since polygraphy resizes its host
+        buffers in place (``obj.resize(..., refcheck=False)``) for a call of another size,
+        which would leave an earlier result pointing at freed memory."""
+        d = self.dims.get(C.DIM_NEW)
+        return d is not None and not d.fixed
 
     def deactivate_impl(self) -> None:
         try:

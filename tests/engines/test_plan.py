@@ -135,3 +135,61 @@ def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
     verify4 = cfg.profiles[4]
     assert tuple(verify4[C.INPUT_IDS].min) == tuple(verify4[C.INPUT_IDS].max) == (1, 5)
     assert build._network.path == str(tmp_path / "export/target.onnx")
+
+
+def test_trt_runner_copies_the_outputs_polygraphy_resizes(tmp_path):
+    """polygraphy returns views of host buffers it resizes in place (refcheck=False) when a
+    call needs another size: an earlier prefill or draft result would point at freed
+    memory. Those roles' outputs are copied; fixed-size roles keep the buffers (base.py's
+    contract: valid until the runner's next call). The runner asks polygraphy for
+    activation memory sized to the shapes it is called with, not its profile's maximum
+    (prefill and draft profiles reach the whole context)."""
+    import inspect
+
+    import numpy as np
+
+    from specrt.engines.tensorrt import TrtEngines, TrtRunner
+
+    roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)
+    buf = np.arange(12, dtype=np.float32)
+
+    class Buffers:  # what polygraphy's TrtRunner.infer hands back: its own host buffers
+        def infer(self, feeds, check_inputs):
+            return {"logits": buf[:6]}
+
+    ios = {"target": C.target_io(L, KVH, D, V, H, "float32"), "draft": C.peagle_io(1, KVH, D, V, H, "float32")}
+    copied = {}
+    for name, role in roles.items():
+        io = ios[role.graph]
+        r = TrtRunner(role, io.inputs, io.outputs, TrtEngines(tmp_path), "x.plan", 0)
+        r._runner = Buffers()
+        out = r.infer_impl({})["logits"]
+        copied[name] = not np.shares_memory(out, buf)
+        assert np.array_equal(out, buf[:6])
+    assert copied == {n: n in ("prefill", "draft") for n in roles}
+    assert 'allocation_strategy="runtime"' in inspect.getsource(TrtRunner.activate_impl)
+
+
+def test_a_rebuild_starts_from_the_timing_cache_of_this_environment(tmp_path):
+    """`specrt build --backend tensorrt --force` builds into a new folder: the old one's
+    timing cache is carried over when it was made by this TensorRT on this GPU, so the
+    tactics are not timed again; one from elsewhere is left behind, and said."""
+    from specrt.engines.build import carry_timing_cache
+
+    env = {"backend": "tensorrt", "backend_version": "10.9.0", "device": {"kind": "gpu", "name": "NVIDIA H200"}}
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "timing.cache").write_bytes(b"tactics")
+    (old / "engines.json").write_text(json.dumps({"environment": env}))
+    said = []
+    assert carry_timing_cache(old, new, "timing.cache", env, said.append)
+    assert (new / "timing.cache").read_bytes() == b"tactics" and "tactic timings of" in said[-1]
+    (new / "timing.cache").unlink()
+    for other in ({**env, "backend_version": "10.10.0"}, {**env, "device": {"kind": "gpu", "name": "NVIDIA L4"}}):
+        assert not carry_timing_cache(old, new, "timing.cache", other, said.append)
+        assert not (new / "timing.cache").exists() and "not reused" in said[-1] and "another environment" in said[-1]
+    (old / "engines.json").write_text("{broken")
+    assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
+    (old / "timing.cache").unlink()
+    assert not carry_timing_cache(old, new, "timing.cache", env, said.append)

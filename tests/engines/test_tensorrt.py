@@ -28,11 +28,13 @@ def trt_engines(tiny_export, tmp_path_factory):
     return out
 
 
-def test_tensorrt_matches_onnxruntime_per_depth(trt_engines, tiny_engines):
+def test_tensorrt_matches_onnxruntime_per_depth(trt_engines, tiny_engines_append):
+    """Against the append-layout ONNX Runtime engines: the export's portable inputs
+    (past_key.*), which TensorRT engines take; in-place ones take cache_key.*."""
     from specrt.engines import load_engines
     from specrt.engines.costs import role_sizes, synthetic_feeds
 
-    trt, ort = load_engines(trt_engines), load_engines(tiny_engines)
+    trt, ort = load_engines(trt_engines), load_engines(tiny_engines_append)
     rng = np.random.default_rng(0)
     with trt, ort:
         for role in ("prefill", "decode", "verify.1", "verify.2", "verify.4", "draft"):
