@@ -67,13 +67,19 @@ def enabled() -> bool:
 
 # entry(), not main(): the restarted process installs the SIGTERM handler too (with main() a
 # terminated build skipped its cleanup and left its partial folder wherever the kernel
-# gives huge pages on request); its own reexec_with_thp returns at once (the guard is set)
-CLI_CODE = "import sys; from specrt.cli import entry; sys.argv[0] = 'specrt'; entry()"
+# gives huge pages on request); its own reexec_with_thp returns at once (the guard is set).
+# ``python -c`` puts the working folder first on sys.path, where the command had its own
+# bin folder: a json.py, click/ or specrt/ there would shadow the real ones, so it goes.
+_NO_CWD = "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
+CLI_CODE = _NO_CWD + "from specrt.cli import entry; sys.argv[0] = 'specrt'; entry()"
 
 
 def script_code(path: str) -> str:
-    """``reexec_with_thp``'s code for a script (tools/*.py) rather than the ``specrt`` command."""
-    return f"import runpy, sys; sys.argv[0] = {path!r}; runpy.run_path({path!r}, run_name='__main__')"
+    """``reexec_with_thp``'s code for a script (tools/*.py) rather than the ``specrt`` command:
+    its own folder first on sys.path, as when it was started, not the working folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return (_NO_CWD + f"import runpy; sys.path.insert(0, {folder!r}); sys.argv[0] = {path!r}; "
+            f"runpy.run_path({path!r}, run_name='__main__')")
 
 
 def reexec_with_thp(argv: list[str], code: str = CLI_CODE) -> None:

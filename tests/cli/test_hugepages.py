@@ -100,3 +100,27 @@ def test_a_script_restarts_as_itself(tmp_path):
     assert r.returncode == 0, r.stderr
     want = "1" if thp_mode() == "madvise" else "None"
     assert r.stdout.strip() == f"{want} ['--a', '1']"
+
+
+def test_the_restarted_process_does_not_import_from_the_working_folder(tmp_path):
+    """``python -c CODE`` puts the working folder first on sys.path, where the ``specrt``
+    command had its bin folder: a specrt/ or json.py there shadowed the real ones in the
+    restarted process (every call, where the kernel gives huge pages on request). The
+    restart's code drops it; a script's restart gets the script's own folder, as before."""
+    from specrt.hugepages import CLI_CODE, script_code
+
+    here = tmp_path / "cwd"
+    (here / "specrt").mkdir(parents=True)
+    (here / "specrt" / "__init__.py").write_text("raise SystemExit('shadowed: specrt from the working folder')\n")
+    (here / "json.py").write_text("raise SystemExit('shadowed: json from the working folder')\n")
+    r = subprocess.run([sys.executable, "-c", CLI_CODE, "--version"], cwd=here, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "SPECRT_THP_REEXEC": "1"})
+    assert r.returncode == 0 and "specrt, version" in r.stdout, (r.stdout, r.stderr)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "helper_mod.py").write_text("X = 42\n")
+    script = tools / "tool.py"
+    script.write_text("import json, helper_mod\nprint(helper_mod.X, json.dumps([1]))\n")
+    r = subprocess.run([sys.executable, "-c", script_code(str(script))], cwd=here, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "42 [1]", (r.stdout, r.stderr)
