@@ -118,7 +118,8 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError
-from specrt.paths import check_output_folder
+from specrt.machine import machine_info
+from specrt.paths import check_output_folder, write_atomic
 from specrt.prompt_files import common_prefix
 from specrt.sampling_options import sampling_options, template_kwargs_option
 
@@ -548,6 +549,9 @@ def total_telemetry(per_prompt: list[dict]) -> dict:
     return t.to_json()
 
 
+PER_PROMPT_KEYS = ("seconds", "new_tokens", "first_token_s", "finish_reason", "process", "prompt_tokens")
+
+
 def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) -> dict:
     pp = res["per_prompt"]
     tps = [r["new_tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0 for r in pp]
@@ -557,6 +561,8 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
         "tokens_per_s_total": tokens / seconds if seconds > 0 else 0.0,
         "tokens_per_s_per_prompt": tps,
+        # each prompt's timing record (its output ids are under the report's "outputs")
+        "per_prompt": [{k: r[k] for k in PER_PROMPT_KEYS if k in r} for r in pp],
         "new_tokens": tokens, "seconds": seconds,
         "peak_rss_bytes": res.get("peak_rss_bytes"), "rss_after_load_bytes": res.get("rss_after_load_bytes"),
         "load_seconds": res.get("load_seconds"),
@@ -620,7 +626,12 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     return s
 
 
-def identity(outputs: dict[str, list[list[int]]], reference: str) -> dict:
+def identity(outputs: dict[str, list[list[int]]], reference: str, own_reference: dict[str, str] | None = None) -> dict:
+    """Every configuration against ``reference`` (specrt:off); a specrt configuration that
+    differs fails, a peer's difference is listed. ``own_reference``: configurations (variants
+    built at another precision or on another backend) whose differences from ``reference``
+    are listed as a peer's, and that fail where they differ from their own reference."""
+    own_reference = own_reference or {}
     ref = outputs[reference]
     per_config, failures, peer_mismatches = {}, [], []
     for name, outs in outputs.items():
@@ -635,7 +646,8 @@ def identity(outputs: dict[str, list[list[int]]], reference: str) -> dict:
             if not same:
                 row["reference_token"] = a[k] if k < len(a) else None
                 row["token"] = b[k] if k < len(b) else None
-                (failures if name.startswith("specrt:") else peer_mismatches).append({"config": name, **row})
+                strict = name.startswith("specrt:") and name not in own_reference
+                (failures if strict else peer_mismatches).append({"config": name, **row})
             rows.append(row)
         per_config[name] = {
             "identical_prompts": sum(r["identical"] for r in rows), "prompts": len(rows),
@@ -643,6 +655,15 @@ def identity(outputs: dict[str, list[list[int]]], reference: str) -> dict:
             "identical_prefix_per_prompt": [r["identical_prefix"] for r in rows],
             "per_prompt": rows,
         }
+    for name, own in own_reference.items():
+        if name == own or name not in outputs or own not in outputs:
+            continue
+        for i, (a, b) in enumerate(zip(outputs[own], outputs[name])):
+            if a != b:
+                k = common_prefix(a, b)
+                failures.append({"config": name, "reference": own, "prompt": i, "identical": False,
+                                 "identical_prefix": k, "first_diff": k, "len_reference": len(a), "len": len(b),
+                                 "reference_token": a[k] if k < len(a) else None, "token": b[k] if k < len(b) else None})
     names = list(outputs)
     pairwise = {a: {b: sum(x == y for x, y in zip(outputs[a], outputs[b])) for b in names} for a in names}
     return {"reference": reference, "configs": per_config, "failures": failures,
@@ -993,7 +1014,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     sampling = params.as_dict()
     engines = load_engines(Path(engines_dir))  # verifies hashes once; workers load again
     has_draft = engines.export.get("draft") is not None
+    from specrt.runtime.governor import is_dspark
     from specrt.runtime.session import resolve_spec
+
     if governors is not None and not _split(governors):  # (an empty value ran the whole default list)
         raise UserError(f"--governors {governors!r}: expected comma-separated governors, e.g. off,fixed:2,dspark "
                         "(leave the option out for the default list)")
@@ -1019,6 +1042,17 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"--governors {g}: {engines_dir} does not verify token trees: rebuild it with "
                             "`specrt build` (ONNX Runtime engines with in-place KV, built since trees were added)")
     variant_engines = {label: check_variant(label, Path(d), engines, govs) for label, d in (variants or {}).items()}
+    seen = {Path(engines.folder).resolve(): "ENGINES"}
+    for label, ve in variant_engines.items():  # one folder's worker is shared: its records were counted twice
+        where = Path(ve.folder).resolve()
+        if where in seen:
+            raise UserError(f"--variant {label}: {ve.folder} is the folder of {seen[where]}; a variant is another "
+                            "engines folder (copy it to compare a folder with itself)")
+        seen[where] = f"--variant {label}"
+    # variants built at another precision or on another backend need not match ENGINES token for
+    # token: each must match its own off (their mismatches with specrt:off are listed as a peer's)
+    own_reference = {f"specrt:{g}@{label}": f"specrt:off@{label}" for label, ve in variant_engines.items()
+                     if (ve.precision, ve.backend) != (engines.precision, engines.backend) for g in govs}
     peer_list = _split(peers)
     unknown = [x for x in peer_list if x not in KNOWN_PEERS]
     if unknown:
@@ -1044,13 +1078,24 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         if over:
             raise UserError(f"--variant {label}: prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + "
                             f"--max-new-tokens {max_new_tokens} exceeds its context limit {ve.max_context}")
+    from specrt.runtime.session import load_calibration
+
+    for label, e in [("ENGINES", engines), *((f"--variant {k}", v) for k, v in variant_engines.items())]:
+        for g in govs:  # governors share a worker whose session reads the calibration for `off`, which
+            if is_dspark(resolve_spec(g, e)):  # tolerates a broken file: DSpark's runs refuse one, here too
+                try:
+                    load_calibration(e, params, g)
+                except UserError as err:
+                    raise UserError(f"{label} ({g}): {err}") from None
     out = Path(out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / REPORT_FILE).unlink(missing_ok=True)  # an earlier run's report never stands beside this run's files
+    started = time.time()
     lib = load_bench_lib()
     receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
     hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
 
-    machine = lib.machine_info(threads) if lib else {"threads": threads, "note": f"{BENCH_LIB} missing"}
+    machine = machine_info(threads)
     warnings = []
     load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load1 > 0.5 * cpus:
@@ -1176,11 +1221,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                  "note": "sampled: outputs are not compared token for token (speculative sampling is exact in "
                          "distribution, not per seed)"}
     elif REFERENCE in outputs:
-        ident = identity(outputs, REFERENCE)
+        ident = identity(outputs, REFERENCE, own_reference)
     else:
         ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
+    ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
     report = {
         "format": "specrt-bench/1",
+        "run": run_record(started, engines, prompts_file),
         "machine": machine,
         "settings": {"engines": str(engines_dir), "backend": engines.backend, "precision": engines.precision,
                      "depths": list(engines.depths), "max_context": engines.max_context,
@@ -1190,16 +1237,22 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
                          "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                      "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
-                                          "depths": list(ve.depths)} for label, ve in variant_engines.items()},
+                                          "depths": list(ve.depths), "precision": ve.precision,
+                                          "backend": ve.backend, "export_digest": ve.manifest["export"]["digest"],
+                                          "identity_reference": ("specrt:off" if f"specrt:off@{label}" not in
+                                                                 own_reference else f"specrt:off@{label}")}
+                                  for label, ve in variant_engines.items()},
                      "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": not sampled,
                      "sampling": sampling if sampled else None, "batch": 1,
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
-                     "peer_spin": peer_spin, "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
+                     "peer_spin": peer_spin,
+                     "peer_spin_by_peer": {n: j.get("spin") for n, j in jobs if j.get("kind") == "peer"},
+                     "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
                      "workers": ("one process per engines folder, shared by its governors; one per peer"
-                                 + (f"; each of them {processes} times, prompt i on process i mod {processes}"
-                                    if processes > 1 else "")
+                                 + (f"; each of them {ran_processes} times, prompt i on process i mod "
+                                    f"{ran_processes}" if ran_processes > 1 else "")
                                  if interleaved else "one process per configuration"),
-                     "processes": processes,
+                     "processes": ran_processes,
                      "prediction_costs": (f"profiled at the start of this run (median of {profile_repeats})"
                                           if profile else "the engines' stored cost tables"),
                      "governor_costs": governor_costs,
@@ -1222,10 +1275,46 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         (out / stale).unlink(missing_ok=True)
     if note:
         report["plots_note"] = note
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    report["run"]["ended_at"] = _iso(time.time())
+    write_atomic(out / REPORT_FILE, report, indent=2)  # whole or absent
     if not quiet:
         print_summary(report, out, echo)
     return report
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
+
+
+def _git_commit() -> dict | None:
+    """The checkout's commit, and whether files differ from it, where specrt runs from one."""
+    if not (REPO_ROOT / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return {"commit": head.stdout.strip(), "modified": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None}
+
+
+def run_record(started: float, engines, prompts_file: Path) -> dict:
+    """When and how the run was made: times, the command line, specrt's commit, the engines'
+    export digest and the prompts file's sha256 (a report read later says what it measured)."""
+    import hashlib
+
+    try:
+        prompts_sha = hashlib.sha256(Path(prompts_file).read_bytes()).hexdigest()
+    except OSError:
+        prompts_sha = None
+    return {"started_at": _iso(started), "ended_at": None, "argv": list(sys.argv),
+            "specrt_checkout": _git_commit(), "engines": str(Path(engines.folder).resolve()),
+            "export_digest": engines.manifest["export"]["digest"],
+            "prompts_file": str(Path(prompts_file).resolve()), "prompts_sha256": prompts_sha}
 
 
 def hugepages_settings(peer_threading: str) -> dict:

@@ -697,3 +697,97 @@ def test_a_bench_into_an_earlier_runs_folder_leaves_none_of_its_plots(tiny_engin
     rep = json.loads((out / "bench.json").read_text())
     assert "acceptance.png" not in rep["plots"] and not (out / "acceptance.png").exists()
     assert all((out / p).is_file() for p in rep["plots"])
+
+
+def test_a_variant_on_the_engines_own_folder_is_refused(tiny_engines, prompts_file, tmp_path):
+    """Workers are one per engines folder: a variant naming ENGINES (or another variant's
+    folder) joined that worker and reported its records twice, an A/A test at exactly 1.000x."""
+    runner = CliRunner()
+    base = [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"), "--peers", "none",
+            "--governors", "off"]
+    r = runner.invoke(bench, [*base, "--variant", f"same={tiny_engines}"])
+    assert isinstance(r.exception, UserError) and "is the folder of ENGINES" in str(r.exception), r.output
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(tiny_engines, copy)
+    r = runner.invoke(bench, [*base, "--variant", f"a={copy}", "--variant", f"b={copy}"])
+    assert isinstance(r.exception, UserError) and "is the folder of --variant a" in str(r.exception), r.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_engines, prompts_file, tmp_path,
+                                                                         monkeypatch):
+    """Installed without the repository's tools/ (bench_lib.py), the report was lost after
+    every configuration had run (the plot's title read a machine field only tools/ gave).
+    The report says when and how it was made (commit, command line, export digest, prompts
+    hash) and keeps each prompt's timing record; an earlier report in -o goes when the run
+    starts, and the new one is written whole."""
+    import hashlib
+
+    import specrt.cmd_bench as cb
+
+    monkeypatch.setattr(cb, "BENCH_LIB", tmp_path / "no-tools" / "bench_lib.py")
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "bench.json").write_text('{"stale": true}')
+    rep = cb.run_bench(tiny_engines, prompts_file, out, max_new_tokens=6, governors="off,fixed:2", peers="none",
+                       threads=1, warmup_tokens=0, processes=2, quiet=True)
+    on_disk = json.loads((out / "bench.json").read_text())
+    assert on_disk["format"] == "specrt-bench/1" and on_disk["machine"]["cpu_model"] and on_disk["plots"]
+    run = on_disk["run"]
+    assert run["started_at"] <= run["ended_at"] and run["argv"]
+    assert run["export_digest"] == json.loads((tiny_engines / "engines.json").read_text())["export"]["digest"]
+    assert run["prompts_sha256"] == hashlib.sha256(prompts_file.read_bytes()).hexdigest()
+    assert run["specrt_checkout"] is None or len(run["specrt_checkout"]["commit"]) == 40
+    pp = rep["configs"]["specrt:fixed:2"]["per_prompt"]
+    assert [r["process"] for r in pp] == [0, 1] and all(r["seconds"] > 0 and r["new_tokens"] > 0 for r in pp)
+    assert rep["settings"]["processes"] == 2
+    # a run that fails after starting leaves no report at all, not the earlier one
+    (out / "bench.json").write_text('{"stale": true}')
+    monkeypatch.setattr(cb, "plots", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cb.run_bench(tiny_engines, prompts_file, out, max_new_tokens=4, governors="off", peers="none", threads=1,
+                     warmup_tokens=0, quiet=True)
+    assert not (out / "bench.json").exists()
+    # one prompt with --processes 3 ran one process: said so
+    one = tmp_path / "one.jsonl"
+    one.write_text(prompts_file.read_text().splitlines()[0] + "\n")
+    monkeypatch.undo()
+    rep = cb.run_bench(tiny_engines, one, tmp_path / "r1", max_new_tokens=4, governors="off", peers="none",
+                       threads=1, warmup_tokens=0, processes=3, quiet=True)
+    assert rep["settings"]["processes"] == 1 and "times" not in rep["settings"]["workers"]
+
+
+def test_dspark_in_a_shared_worker_refuses_a_broken_calibration(tiny_engines, prompts_file, tmp_path):
+    """The governors of one engines folder share a worker whose session is made for `off`,
+    which passes over an unreadable calibration.json: DSpark then ran on the identity map
+    while `specrt run --governor dspark` refuses the file. Refused before anything runs."""
+    import shutil
+
+    eng = tmp_path / "e"
+    shutil.copytree(tiny_engines, eng)
+    (eng / "calibration.json").write_text("{not json")
+    with pytest.raises(UserError, match=r"ENGINES \(dspark\): .*calibration.json"):
+        from specrt.cmd_bench import run_bench
+
+        run_bench(eng, prompts_file, tmp_path / "r", max_new_tokens=4, governors="off,dspark", peers="none",
+                  threads=1, warmup_tokens=0, quiet=True)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_variant_at_another_precision_answers_to_its_own_off():
+    """A variant built at another precision or on another backend need not equal ENGINES'
+    output token for token (fp16 legitimately differs): its differences from specrt:off are
+    listed as a peer's, and it fails only where it differs from its own off."""
+    ref, other = [[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 5, 6]]
+    outputs = {"specrt:off": ref, "specrt:fixed:2": ref, "specrt:off@h": other, "specrt:fixed:2@h": other}
+    own = {"specrt:off@h": "specrt:off@h", "specrt:fixed:2@h": "specrt:off@h"}
+    r = identity(outputs, REFERENCE, own)
+    assert r["failures"] == [] and {m["config"] for m in r["peer_mismatches"]} == set(own)
+    outputs["specrt:fixed:2@h"] = [[1, 2, 9], [4, 7, 6]]  # lossy against its own off: a failure
+    r = identity(outputs, REFERENCE, own)
+    assert [(f["config"], f["reference"], f["prompt"], f["first_diff"]) for f in r["failures"]] == \
+        [("specrt:fixed:2@h", "specrt:off@h", 1, 1)]
+    assert [f["config"] for f in identity(outputs, REFERENCE)["failures"]] == \
+        ["specrt:off@h", "specrt:fixed:2@h", "specrt:fixed:2@h"]  # same precision: every difference fails
