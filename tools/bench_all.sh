@@ -10,8 +10,9 @@
 #      in-place KV), --ort-kv append (the export's portable graph, TensorRT's contract) and
 #      --draft-weights int8 (the default build with an int8 draft, the form faster here);
 #   2. DSpark calibration on tools/data/calibration_prompts.jsonl, evaluated on the
-#      held-out prompts (results/calibration_report.json); SPECRT_CALIBRATION=FILE copies
-#      a calibration.json made the same way on other engines of this export instead;
+#      held-out prompts (results/calibration_report.json; every run, since step 1's build
+#      --force drops the old one); SPECRT_CALIBRATION=FILE copies a calibration.json made
+#      the same way on other engines of this export instead;
 #   3. tools/bench_engines.py: verify latency per depth vs depth 1 at contexts 128 and 512,
 #      allocation per step, RSS; in-place vs onnxruntime-genai vs sleeping threads vs append vs
 #      a plain session, the variants run in turn three times (results/engines.txt); then
@@ -44,9 +45,17 @@ stamp() { echo "[bench_all] $(date +%T) $*"; }
 # wait (up to 3 minutes) for the 1-minute load to fall below 1: the previous step's
 # spinning threads keep it near 2 for a while, and specrt bench warns on a busy machine
 settle() { for _ in $(seq 60); do awk '{exit !($1 < 1.0)}' /proc/loadavg && return 0; sleep 3; done; }
+# FILE CMD...: CMD's output shown and kept in FILE, which is replaced only when CMD succeeds
+# (a tee straight into a tracked results file truncated it at the start of a failing step)
+keep() { local f=$1; shift; "$@" 2>&1 | tee "$f.part"; mv "$f.part" "$f"; }
 
 stamp "export + build"
-[ -f "$OUT/export/export.json" ] || $SPECRT export "$TARGET" --draft fixtures/peagle-smollm2 -o "$OUT/export" --force
+# exported again whenever the committed draft changed (an old export benchmarked the old draft)
+DRAFT_SHA=$(cat fixtures/peagle-smollm2/config.json fixtures/peagle-smollm2/model.safetensors | sha256sum | cut -c1-64)
+if [ ! -f "$OUT/export/export.json" ] || [ "$(cat "$OUT/export.draft-sha256" 2>/dev/null)" != "$DRAFT_SHA" ]; then
+  $SPECRT export "$TARGET" --draft fixtures/peagle-smollm2 -o "$OUT/export" --force
+  echo "$DRAFT_SHA" > "$OUT/export.draft-sha256"
+fi
 $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines" --force
 $SPECRT build "$OUT/export" --depths 1,2,3,4,6,8 --max-context 1024 -o "$OUT/engines-append" --force \
   --ort-kv append --no-canary
@@ -58,7 +67,7 @@ if [ -n "${SPECRT_CALIBRATION:-}" ]; then
   # runtime checks the export digest); its report is the one to keep in results/
   stamp "calibration copied from $SPECRT_CALIBRATION"
   cp "$SPECRT_CALIBRATION" "$OUT/engines/calibration.json"
-elif [ ! -f "$OUT/engines/calibration.json" ] || [ "${SPECRT_RECALIBRATE:-0}" = 1 ]; then
+else
   stamp "calibrate"
   $SPECRT calibrate "$OUT/engines" --prompts tools/data/calibration_prompts.jsonl \
     --holdout-prompts tools/data/heldout_prompts.jsonl --chat --max-new-tokens 128 \
@@ -72,12 +81,12 @@ if [ "${SPECRT_BENCH_ENGINES:-1}" = 0 ]; then
 else
 settle
 stamp "engines: latency per depth, in-place vs append vs plain"
-$PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
+keep results/engines.txt $PY tools/bench_engines.py --engines "$OUT/engines" --append-engines "$OUT/engines-append" \
   --variants shared,4k-pages,ortgenai,sleeping,append,plain --contexts 128,512 --depths 1,2,4,8 --rounds 3 --repeats 10 \
-  --steps 200 --passes 3 | tee results/engines.txt
+  --steps 200 --passes 3
 
 stamp "MatMul time per row count (where verify depths step up on this CPU)"
-$PY tools/bench_gemm_rows.py --export "$OUT/export" | tee results/gemm_rows.txt
+keep results/gemm_rows.txt $PY tools/bench_gemm_rows.py --export "$OUT/export"
 fi
 
 settle
@@ -93,12 +102,12 @@ stamp "runtime: speculation vs none, Python share, peak RSS"
 $PY tools/bench_runtime.py "$OUT/engines" --depths 1,2 -o results/runtime
 stamp "compare"
 mkdir -p results/compare
-$SPECRT compare "$OUT/engines" --report results/compare/smollm2_vs_onnxruntime.json 2>&1 \
-  | tee results/compare/smollm2_vs_onnxruntime.txt
-$SPECRT compare "$OUT/engines" --reference torch --report results/compare/smollm2_vs_torch.json 2>&1 \
-  | tee results/compare/smollm2_vs_torch.txt
-$SPECRT compare "$OUT/engines-int8" --report results/compare/smollm2_int8_draft_vs_onnxruntime.json 2>&1 \
-  | tee results/compare/smollm2_int8_draft_vs_onnxruntime.txt
+keep results/compare/smollm2_vs_onnxruntime.txt \
+  $SPECRT compare "$OUT/engines" --report results/compare/smollm2_vs_onnxruntime.json
+keep results/compare/smollm2_vs_torch.txt \
+  $SPECRT compare "$OUT/engines" --reference torch --report results/compare/smollm2_vs_torch.json
+keep results/compare/smollm2_int8_draft_vs_onnxruntime.txt \
+  $SPECRT compare "$OUT/engines-int8" --report results/compare/smollm2_int8_draft_vs_onnxruntime.json
 rm -rf "$OUT/engines-corrupted"
 $PY tools/corrupt_engine.py "$OUT/engines" "$OUT/engines-corrupted" | tee results/compare/smollm2_corrupted.txt
 if $SPECRT compare "$OUT/engines-corrupted" --report results/compare/smollm2_corrupted.json \

@@ -130,20 +130,16 @@ def agg(runs: list[dict]) -> dict:
 
 
 class Recording:
-    """A governor that also keeps every round's accepted count (for ``bounds``)."""
+    """A governor that also keeps every round's accepted count (for ``bounds``); everything
+    else is the wrapped governor's (it copied a few attributes, and the generator's
+    getattr(gov, "corpus" / "grow" / "lookup_chain") then found none: the deepest fixed
+    depth ran without corpus lookup under --corpus)."""
 
     def __init__(self, gov):
-        self.gov, self.uses_confidences, self.accepted = gov, gov.uses_confidences, []
-        self.tree_width, self.lookup = gov.tree_width, gov.lookup
+        self.gov, self.accepted = gov, []
 
-    def choose(self, state):
-        return self.gov.choose(state)
-
-    def round_siblings(self) -> int:
-        return self.gov.round_siblings()
-
-    def start_stream(self) -> None:
-        self.gov.start_stream()
+    def __getattr__(self, name):  # tree_width, lookup, corpus, choose, round_siblings, ...
+        return getattr(self.gov, name)
 
     def observe(self, r) -> None:
         if r.depth:

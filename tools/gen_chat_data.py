@@ -154,7 +154,7 @@ class OrtEngine:
         aux_all, fin_all = np.concatenate(aux, 1), np.concatenate(fin, 1)  # [B, positions, .]
         out = []
         for i in range(len(batch)):
-            ans = cut_at_eos([int(x) for x in gen.get_sequence(i)[P:]])
+            ans = with_final_eos(cut_at_eos([int(x) for x in gen.get_sequence(i)[P:]]), MAX_NEW)
             n = P + len(ans) - 1
             assert aux_all.shape[1] >= n, "features missing for a generated position"
             out.append((ans, aux_all[i, :n], fin_all[i, :n]))
@@ -198,6 +198,14 @@ def chat_ids(tok, prompt: str) -> list[int]:
 def cut_at_eos(seq: list[int]) -> list[int]:
     """Answer up to and including the first EOS."""
     return seq[:seq.index(EOS) + 1] if EOS in seq else seq
+
+
+def with_final_eos(ans: list[int], max_new: int) -> list[int]:
+    """onnxruntime-genai leaves the EOS it sampled out of the sequence when it ends the whole
+    batch (HfEngine keeps it: 23 against 24 tokens for "Say hi."), so an answer that stopped
+    short of ``max_new`` without one ended there: its EOS goes back (the last position's
+    features, which predicted it, were computed). 143 committed answers lack it (README)."""
+    return ans if len(ans) >= max_new or (ans and ans[-1] == EOS) else [*ans, EOS]
 
 
 def read_jsonl(path: Path) -> list[dict]:

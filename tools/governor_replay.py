@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     with Session(args.engines, governor="off") as s:
         depths = s.engines.depths
         rounds = [(c, a) for c, a, _ in record_rounds(s, prompts, args.chat, args.max_new_tokens)]
+        if not rounds:  # (bounds() then had no fixed rates to pick the best of: a KeyError)
+            raise SystemExit(f"{args.prompts}: no round verified the full draft block (prompts too short, or "
+                             "--max-new-tokens too small); nothing to replay")
         cal, note = load_calibration(s.engines)
         costs = s.engines.manifest["costs"]
 

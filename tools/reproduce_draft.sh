@@ -44,6 +44,11 @@
 # for --precision auto); results/draft_reproduction says what has been reproduced.
 # Float reductions still differ with threads and load, so the result is the same recipe,
 # not the same bytes: compare the held-out figures.
+#
+# Run again after a failure, it goes on from the first stage whose draft (OUT.../
+# training_receipt.json) is missing. Exit status: 0 when every stage is within three
+# standard errors of its reference, 1 when one is not (the later stages still ran), and
+# the failing command's status when a step or a comparison could not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${1:-$HOME/.cache/specrt-repro}
@@ -52,16 +57,33 @@ THREADS=${SPECRT_TRAIN_THREADS:-2}
 PY=.venv/bin/python
 [ -x $PY ] || { echo "error: $PY missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
 t0=$(date +%s)
-echo "[repro] $(date +%T) data: SPECRT_CACHE=$CACHE"
-SPECRT_CACHE=$CACHE $PY tools/gen_chat_data.py --limit 2560
-t1=$(date +%s)
-echo "[repro] $(date +%T) data took $(( (t1 - t0) / 60 )) min; training"
-SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --train-head --max-steps 2000 --budget-minutes 150 --threads "$THREADS" \
-  --heldout-max-new 128 --out "$OUT"
-t2=$(date +%s)
-echo "[repro] $(date +%T) training took $(( (t2 - t1) / 60 )) min; total $(( (t2 - t0) / 60 )) min"
-$PY tools/compare_receipts.py results/draft_reproduction/stage1_reference_receipt.json "$OUT/training_receipt.json" \
-  || echo "[repro] stage 1 differs from its reference beyond three standard errors (stage 2 goes on from it anyway)"
+DIFFERS=0
+# compare N REFERENCE RECEIPT: exit status 1 of compare_receipts is "differs" (noted, the
+# next stage goes on); any other failure (a receipt missing or unreadable) ends the run
+compare() {
+  local rc=0
+  $PY tools/compare_receipts.py "$2" "$3" || rc=$?
+  if [ "$rc" = 1 ]; then
+    DIFFERS=1
+    echo "[repro] stage $1 differs from its reference beyond three standard errors (a next stage goes on from it anyway)"
+  elif [ "$rc" != 0 ]; then
+    echo "[repro] stage $1: the comparison could not run (exit $rc)" >&2
+    exit "$rc"
+  fi
+}
+if [ -f "$OUT/training_receipt.json" ]; then
+  echo "[repro] stage 1 done before: $OUT (remove it to run the stage again)"
+else
+  echo "[repro] $(date +%T) data: SPECRT_CACHE=$CACHE"
+  SPECRT_CACHE=$CACHE $PY tools/gen_chat_data.py --limit 2560
+  t1=$(date +%s)
+  echo "[repro] $(date +%T) data took $(( (t1 - t0) / 60 )) min; training"
+  SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --train-head --max-steps 2000 --budget-minutes 150 --threads "$THREADS" \
+    --heldout-max-new 128 --out "$OUT"
+  t2=$(date +%s)
+  echo "[repro] $(date +%T) training took $(( (t2 - t1) / 60 )) min; total $(( (t2 - t0) / 60 )) min"
+fi
+compare 1 results/draft_reproduction/stage1_reference_receipt.json "$OUT/training_receipt.json"
 
 # Stage 2: the committed answers in a folder of their own beside stage 1's feature store
 # (train_peagle reads features from the chat file's folder and checks each stored answer's
@@ -76,6 +98,11 @@ steps() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])
 warm() {
   local n=$1 from=$2 to=$3 lr=$4 ref=$5 t s
   shift 5
+  if [ -f "$to/training_receipt.json" ]; then
+    echo "[repro] stage $n done before: $to (remove it to run the stage again)"
+    compare "$n" "$ref" "$to/training_receipt.json"
+    return 0
+  fi
   t=$(date +%s)
   s=$(steps "$ref")
   echo "[repro] $(date +%T) stage $n: $s steps from $from"
@@ -83,8 +110,7 @@ warm() {
     --lr "$lr" --max-steps "$s" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
     --heldout-max-new 128 --out "$to"
   echo "[repro] $(date +%T) stage $n took $(( ($(date +%s) - t) / 60 )) min; total $(( ($(date +%s) - t0) / 60 )) min"
-  $PY tools/compare_receipts.py "$ref" "$to/training_receipt.json" \
-    || echo "[repro] stage $n differs from its reference beyond three standard errors (a next stage goes on from it anyway)"
+  compare "$n" "$ref" "$to/training_receipt.json"
 }
 # Stage 2: up to 900k answer tokens, from stage 1's draft
 warm 2 "$OUT" "$OUT-warm" 5e-4 results/draft_warm/stage2_reference_receipt.json --chat-tokens 900000
@@ -98,3 +124,5 @@ warm 5 "$OUT-warm3" "$OUT-warm4" 4e-4 results/draft_stage5/stage5_reference_rece
 # Stage 6: the answers to the second TRAIN batch join them, from stage 5's draft: the committed draft
 gunzip -c fixtures/peagle-data/chat-extra.jsonl.gz >> "$D2/chat.jsonl"
 warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 fixtures/peagle-smollm2/training_receipt.json
+[ "$DIFFERS" = 0 ] || echo "[repro] at least one stage differs from its reference"
+exit "$DIFFERS"

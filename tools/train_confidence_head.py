@@ -385,19 +385,25 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": {"features": round(t_feat, 1), "total": round(time.time() - t0, 1)},
         "command": " ".join(["python", "tools/train_confidence_head.py"] + (argv if argv is not None else sys.argv[1:])),
     }
+    if args.report:  # before the table: the report is the result, the table only shows it
+        tmp = args.report.with_name(args.report.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(args.report)
+
+    def f(x, spec: str) -> str:  # a figure, or "-" where it is undefined (an AUC over one class)
+        return format(x, spec) if x is not None else format("-", spec.split(".")[0].rstrip("f"))
+
     hdr = f"{'k':>2} {'n_tr':>6} {'n_te':>6} {'rate':>6} | {'AUC head':>8} {'AUC p':>7} | " \
           f"{'LL head':>7} {'LL p':>7} | {'ECE head':>8} {'ECE p':>7} | {'cal LL h':>8} {'cal LL p':>8} | " \
           f"{'uncAUC h':>8} {'uncAUC p':>8}"
     print(hdr)
     for r in result["per_position"]:
-        print(f"{r['k']:>2} {r['train_examples']:>6} {r['heldout_examples']:>6} {r['heldout_rate']:>6.3f} | "
-              f"{r['auc_head']:>8.4f} {r['auc_pmax']:>7.4f} | {r['logloss_head']:>7.4f} {r['logloss_pmax']:>7.4f} | "
-              f"{r['ece_head']:>8.4f} {r['ece_pmax']:>7.4f} | {r['calibrated_logloss_head']:>8.4f} "
-              f"{r['calibrated_logloss_pmax']:>8.4f} | {r['unconditional_auc_head_product']:>8.4f} "
-              f"{r['unconditional_auc_pmax_product']:>8.4f}")
+        print(f"{r['k']:>2} {r['train_examples']:>6} {r['heldout_examples']:>6} {f(r['heldout_rate'], '>6.3f')} | "
+              f"{f(r['auc_head'], '>8.4f')} {f(r['auc_pmax'], '>7.4f')} | {f(r['logloss_head'], '>7.4f')} "
+              f"{f(r['logloss_pmax'], '>7.4f')} | {f(r['ece_head'], '>8.4f')} {f(r['ece_pmax'], '>7.4f')} | "
+              f"{f(r['calibrated_logloss_head'], '>8.4f')} {f(r['calibrated_logloss_pmax'], '>8.4f')} | "
+              f"{f(r['unconditional_auc_head_product'], '>8.4f')} {f(r['unconditional_auc_pmax_product'], '>8.4f')}")
     print(f"fp16-graph vs float32 confidence: max |diff| {fp16_gap:.2e}; wall {time.time() - t0:.0f} s")
-    if args.report:
-        args.report.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

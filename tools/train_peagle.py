@@ -873,7 +873,8 @@ def _per_depth(stats: np.ndarray) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "fixtures" / "peagle-smollm2"))
+    ap.add_argument("--out", required=True, help="the draft folder to write (the committed one is "
+                    "fixtures/peagle-smollm2: name it to replace it; a default did so silently, even with --small)")
     ap.add_argument("--cache", default=None, help="default $SPECRT_CACHE or ~/.cache/specrt")
     ap.add_argument("--chat", default=None, help="default <cache>/peagle-data/chat.jsonl")
     ap.add_argument("--budget-minutes", type=float, default=100.0, help="wall-time bound for the whole run")
@@ -899,7 +900,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="autocast of the draft's matmuls (master weights and target distributions fp32); auto: "
                          "bf16 where the CPU multiplies bf16 natively, else fp32 (emulated bf16 is ~18x slower)")
     ap.add_argument("--heldout-limit", type=int, default=None)
-    ap.add_argument("--heldout-max-new", type=int, default=256)
+    ap.add_argument("--heldout-max-new", type=int, default=128,
+                    help="held-out answer length (128: every committed receipt's, eval_draft's and the device job's)")
     ap.add_argument("--eval-reserve-minutes", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="go on from the state a killed run saved")
@@ -1020,7 +1022,11 @@ def main(argv: list[str] | None = None) -> int:
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
                  "seed": args.seed, "lr": args.lr, "head": args.train_head, "keep": keep, "out": str(args.out),
                  "init": str(args.init)}
+    resumed = False
+    if args.resume and not state_path.is_file():
+        _log(f"--resume: no saved state at {state_path}; starting fresh")
     if args.resume and state_path.is_file():
+        resumed = True
         saved = torch.load(state_path, weights_only=False)
         if saved["signature"] != signature:
             raise SystemExit(f"{state_path} belongs to another configuration; drop --resume or delete it")
@@ -1133,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         "reference_check_max_abs_logit_diff": ref_err,
         "wall_seconds": {"preparation": round(t_prep, 1), "training": round(t_train, 1),
                          "total": round(time.time() - t_start, 1)},
-        "budget_minutes": args.budget_minutes, "small": args.small, "resumed": args.resume,
+        "budget_minutes": args.budget_minutes, "small": args.small, "resumed": resumed,
         "command": " ".join(["python", "tools/train_peagle.py"] + (argv if argv is not None else sys.argv[1:])),
         "torch": torch.__version__,
     }

@@ -344,6 +344,25 @@ def test_dspark_decision_timing_wrapper_is_transparent():
     assert (t.choose_calls, t.observe_calls) == (100, 50) and t.seconds > 0
 
 
+def test_bench_governors_recording_wrapper_is_the_governor_it_wraps():
+    """tools/bench_governors.py's ``Recording`` (the deepest fixed depth, for the replay
+    bounds) copied a few attributes only: under --corpus that configuration ran with prompt
+    lookup alone (262 lookup rounds against 747-800 for the other depths,
+    results/corpus/governors_k4). It answers every attribute as the governor it wraps."""
+    from tests.real_model import tool
+
+    Recording = tool("bench_governors").Recording
+    for spec in ("fixed:4:tree=3:ngram:corpus", "fixed:2:ngram=6:grow", "fixed:4"):
+        gov = from_spec(spec, (1, 2, 4))
+        r = Recording(gov)
+        for name in ("tree_width", "lookup", "corpus", "grow", "lookup_chain", "uses_confidences"):
+            assert getattr(r, name, "missing") == getattr(gov, name, "missing"), (spec, name)
+        assert r.choose(NONE) == gov.choose(NONE)
+        r.observe(RoundResult(4, 2, 0.01, 1.0))
+        assert r.accepted == [2]
+    assert Recording(from_spec("fixed:4:tree=3:ngram:corpus", (1, 2, 4))).corpus is True
+
+
 # ---- calibration ----------------------------------------------------------------------
 
 

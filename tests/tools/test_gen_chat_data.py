@@ -118,3 +118,12 @@ def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
         g.answered_prompts(todo, g.read_jsonl(out), [tmp_path / "nowhere" / "chat.jsonl"])
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere"):  # checked before any model loads
         g.main(["--skip-answered", str(tmp_path / "nowhere" / "chat.jsonl"), "--out", str(out)])
+
+
+def test_an_answer_the_ort_engine_ended_short_gets_its_eos_back():
+    """onnxruntime-genai drops the EOS that ends a whole batch from the sequence: answers
+    shorter than the limit without it lost the row that teaches the draft to stop."""
+    g = _tool("gen_chat_data")
+    assert g.with_final_eos([5, 6, 7], 256) == [5, 6, 7, g.EOS]
+    assert g.with_final_eos([5, 6, g.EOS], 256) == [5, 6, g.EOS]
+    assert g.with_final_eos(list(range(3, 259)), 256) == list(range(3, 259))  # stopped by the limit

@@ -135,15 +135,19 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
     pytest.importorskip("torch")
     tp = _tool("train_peagle")
     with pytest.raises(SystemExit, match=r"--init .*config.json missing"):
-        tp.main(["--init", str(tmp_path)])
+        tp.main(["--init", str(tmp_path), "--out", str(tmp_path / "out")])
     (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(SystemExit, match=r"speculators_model_type 'eagle3', expected 'peagle'"):
-        tp.main(["--init", str(tmp_path)])
+        tp.main(["--init", str(tmp_path), "--out", str(tmp_path / "out")])
     cfg = json.loads((committed_draft() / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SystemExit, match=r"drafts K = 4, this run --K 3"):
-        tp.main(["--init", str(tmp_path), "--K", "3", "--depth-keep", "1,0.5,0.5"])
+        tp.main(["--init", str(tmp_path), "--K", "3", "--depth-keep", "1,0.5,0.5", "--out", str(tmp_path / "out")])
+    # no --out: refused (the default was the committed draft's folder, replaced even by --small)
+    with pytest.raises(SystemExit) as e:
+        tp.main(["--small"])
+    assert e.value.code == 2 and not (tmp_path / "out").exists()
 
 
 def test_training_layout_equals_inference_passes():
