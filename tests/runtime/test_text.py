@@ -433,7 +433,7 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
     turns = [ln for ln in r.output.splitlines() if ln.startswith("[")]
     assert len(turns) == 2 and "0 of 6 prompt tokens reused" in turns[0], r.output
     assert "of " in turns[1] and not turns[1].split("; ")[1].startswith("0 of"), turns
-    answers = [ln.removeprefix("> ") for ln in r.output.splitlines() if not ln.startswith("[") and ln.strip("> ")]
+    answers = [ln.removeprefix("> ") for ln in r.output.splitlines() if not ln.startswith(("[", "note: ")) and ln.strip("> ")]
     conv = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"}]
     with Session(worded, governor="fixed:1") as s:
         first = "".join(s.stream(conv, max_new_tokens=3))
