@@ -6,8 +6,8 @@
 
 Configurations, each decoding every prompt greedily, batch 1, in worker subprocesses.
 ``--schedule interleaved`` (default) loads every worker first, then runs prompt by
-prompt, the configurations taking turns (order rotated per prompt): a shared VM's speed
-drifts by 10-20% over minutes, and one configuration after another (``--schedule
+prompt, the configurations taking turns (a Williams design: each follows every other
+equally often): a shared VM's speed drifts by 10-20% over minutes, and one configuration after another (``--schedule
 sequential``, which holds one model in memory at a time) measured onnxruntime-genai at
 0.95x and then 1.26x of specrt's plain decoding in two runs of the same command. In the
 interleaved schedule specrt's governors on one engines folder share one worker (one
@@ -917,8 +917,7 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
     for i in range(n_prompts):
         if bar is not None:
             bar.set_description(f"prompt {i + 1}/{n_prompts}")
-        k = i % max(len(names), 1)
-        for name in names[k:] + names[:k]:
+        for name in [names[j] for j in williams_order(len(names), i)]:
             wname, g = member_of[name]
             ws = workers.get(wname)
             w = ws[i % len(ws)] if ws else None
@@ -1247,7 +1246,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "engines_spin": engines_spin, "peer_threading": peer_threading,
                      "peer_spin": peer_spin,
                      "peer_spin_by_peer": {n: j.get("spin") for n, j in jobs if j.get("kind") == "peer"},
-                     "schedule": schedule, "hugepages": hugepages_settings(peer_threading),
+                     "schedule": schedule,
+                     "interleaving_order": ("a Williams design over the configurations (williams_order): each "
+                                            "follows every other equally often" if interleaved else None), "hugepages": hugepages_settings(peer_threading),
                      "workers": ("one process per engines folder, shared by its governors; one per peer"
                                  + (f"; each of them {ran_processes} times, prompt i on process i mod "
                                     f"{ran_processes}" if ran_processes > 1 else "")
@@ -1280,6 +1281,24 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if not quiet:
         print_summary(report, out, echo)
     return report
+
+
+def williams_order(n: int, i: int) -> list[int]:
+    """The order of n configurations at prompt i: a Williams design, in which every
+    configuration comes right after every other equally often (once in n prompts for even
+    n, twice in 2n for odd n) and at each position equally often. A cyclic shift balanced
+    the positions only: each configuration followed the same one in (n - 1) of n slots, so
+    what one leaves behind (spinning threads winding down, evicted caches) fell on the same
+    next one every time."""
+    if n <= 0:
+        return []
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo if len(base) % 2 else hi)
+        lo, hi = (lo + 1, hi) if len(base) % 2 == 0 else (lo, hi - 1)
+    row = i % (n if n % 2 == 0 else 2 * n)
+    seq = [(b + row) % n for b in base]
+    return seq[::-1] if n % 2 and row >= n else seq
 
 
 def _iso(t: float) -> str:

@@ -791,3 +791,20 @@ def test_a_variant_at_another_precision_answers_to_its_own_off():
         [("specrt:fixed:2@h", "specrt:off@h", 1, 1)]
     assert [f["config"] for f in identity(outputs, REFERENCE)["failures"]] == \
         ["specrt:off@h", "specrt:fixed:2@h", "specrt:fixed:2@h"]  # same precision: every difference fails
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_the_interleaving_order_balances_what_comes_before_each_configuration(n):
+    """Prompt by prompt the configurations run in a Williams design: over n prompts (2n for
+    odd n) every configuration runs right after every other equally often and at every
+    position equally often (a cyclic shift had each follow the same one in n - 1 of n)."""
+    from collections import Counter
+
+    from specrt.cmd_bench import williams_order
+
+    rows = [williams_order(n, i) for i in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(r) == list(range(n)) for r in rows)
+    after = Counter((r[j], r[j + 1]) for r in rows for j in range(n - 1))
+    assert len(after) == n * (n - 1) and len(set(after.values())) <= 1
+    assert len(set(Counter((r[j], j) for r in rows for j in range(n)).values())) == 1
+    assert williams_order(n, len(rows)) == rows[0]  # and it repeats
