@@ -116,6 +116,40 @@ class TrtEngines:
             del self._engines[file], self._users[file]
 
 
+# TensorRT's DataType names -> the contract's dtype names (tensorrt.DataType.<NAME>)
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
+              "INT8": "int8", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8"}
+
+
+def check_plan_io(engine: Any, inputs: tuple[C.TensorSpec, ...], outputs: tuple[C.TensorSpec, ...],
+                  file: str, role: str) -> None:
+    """The plan's I/O tensors (names, input or output, dtypes) are the contract's: with
+    check_inputs off, polygraphy copies a feed's raw bytes into its binding, so an int64
+    feed into an int32 binding (or a name the plan lacks) would run on garbage, not fail.
+    ``engine``: a deserialised tensorrt.ICudaEngine (num_io_tensors, get_tensor_name,
+    get_tensor_mode, get_tensor_dtype)."""
+    io = {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        mode = str(engine.get_tensor_mode(name)).rsplit(".", 1)[-1]  # TensorIOMode.INPUT / OUTPUT
+        dtype = str(engine.get_tensor_dtype(name)).rsplit(".", 1)[-1]
+        io[name] = (mode, TRT_DTYPES.get(dtype, dtype.lower()))
+    problems = []
+    for kind, specs in (("INPUT", inputs), ("OUTPUT", outputs)):
+        for t in specs:
+            got = io.get(t.name)
+            if got is None:
+                if not t.optional:
+                    problems.append(f"{t.name}: missing")
+            elif got[0] != kind:
+                problems.append(f"{t.name}: an {got[0].lower()} of the plan, expected an {kind.lower()}")
+            elif got[1] != t.dtype:
+                problems.append(f"{t.name}: {got[1]} in the plan, the contract's is {t.dtype}")
+    if problems:
+        raise UserError(f"{file} (role {role}): its I/O is not the engines' contract ({'; '.join(problems[:4])}"
+                        f"{'; ...' if len(problems) > 4 else ''}); rebuild it with `specrt build --backend tensorrt`")
+
+
 class TrtRunner(Runner):
     backend = "tensorrt"
 
@@ -130,6 +164,7 @@ class TrtRunner(Runner):
 
         engine = self.engines.acquire(self.file)
         try:
+            check_plan_io(engine, self.inputs, self.outputs, self.file, self.name)
             self._runner = PgTrtRunner(engine, name=self.name, optimization_profile=self.profile,
                                        allocation_strategy="runtime")
             self._runner.activate()

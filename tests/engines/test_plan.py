@@ -193,3 +193,39 @@ def test_a_rebuild_starts_from_the_timing_cache_of_this_environment(tmp_path):
     assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
     (old / "timing.cache").unlink()
     assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
+
+
+def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
+    """With check_inputs off polygraphy copies a feed's raw bytes into the binding: an int64
+    feed into an int32 one would decode garbage. A plan's tensors are checked against the
+    contract (names, input or output, dtypes) before a runner starts; the engine is read
+    through TensorRT's ICudaEngine interface (num_io_tensors, get_tensor_name / mode / dtype)."""
+    from specrt.engines.tensorrt import check_plan_io
+
+    io = C.target_io(L, KVH, D, V, H, "float32")
+
+    class Plan:  # TensorRT's enums print as "DataType.FLOAT", "TensorIOMode.INPUT"
+        def __init__(self, tensors):
+            self.tensors = tensors
+            self.num_io_tensors = len(tensors)
+
+        def get_tensor_name(self, i):
+            return list(self.tensors)[i]
+
+        def get_tensor_mode(self, name):
+            return f"TensorIOMode.{self.tensors[name][0]}"
+
+        def get_tensor_dtype(self, name):
+            return f"DataType.{self.tensors[name][1]}"
+
+    trt_name = {"float32": "FLOAT", "int64": "INT64", "float16": "HALF"}
+    good = {**{t.name: ("INPUT", trt_name[t.dtype]) for t in io.inputs if not t.optional},
+            **{t.name: ("OUTPUT", trt_name[t.dtype]) for t in io.outputs}}
+    check_plan_io(Plan(good), io.inputs, io.outputs, "target.plan", "decode")
+    for change, words in (({C.INPUT_IDS: ("INPUT", "INT32")}, f"{C.INPUT_IDS}: int32 in the plan, the contract's is int64"),
+                          ({C.LOGITS: ("INPUT", "FLOAT")}, f"{C.LOGITS}: an input of the plan, expected an output")):
+        with pytest.raises(UserError, match=f"target.plan \\(role decode\\): .*{words}"):
+            check_plan_io(Plan({**good, **change}), io.inputs, io.outputs, "target.plan", "decode")
+    missing = {k: v for k, v in good.items() if k != C.POSITION_IDS}
+    with pytest.raises(UserError, match=f"{C.POSITION_IDS}: missing.*rebuild it"):
+        check_plan_io(Plan(missing), io.inputs, io.outputs, "target.plan", "decode")
