@@ -229,9 +229,16 @@ class TrtPlan:
     timing_cache: str  # file name inside the engines folder, shared by every build
     engines: tuple[TrtEngine, ...]
     roles: dict[str, tuple[str, int]] = field(default_factory=dict)  # role -> (plan file, profile index)
+    # a float16 export built at fp16: the network is strongly typed (TensorRT keeps every
+    # tensor's ONNX type, so RMSNorm's statistics stay in the float32 the export casts them
+    # to; with the fp16 flag on a float32 graph TensorRT may square activations in fp16,
+    # which overflows past |x| = 256) and no precision flag is set (TensorRT refuses them
+    # on strongly typed networks)
+    strongly_typed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"precision": self.precision, "flags": dict(self.flags), "layout": self.layout,
+        return {"precision": self.precision, "flags": dict(self.flags), "strongly_typed": self.strongly_typed,
+                "layout": self.layout,
                 "timing_cache": self.timing_cache, "engines": [e.to_json() for e in self.engines],
                 "roles": {r: {"file": f, "profile": i} for r, (f, i) in self.roles.items()}}
 
@@ -246,7 +253,14 @@ def trt_flags(precision: str, export_dtype: str) -> dict[str, bool]:
     if want != export_dtype and export_dtype != "float32":
         raise UserError(f"precision {precision} cannot be built from a {export_dtype} export "
                         f"(export with --dtype {want} or float32)")
+    if strongly_typed(precision, export_dtype):
+        return {"tf32": False, "fp16": False, "bf16": False}
     return {"tf32": False, "fp16": precision == "fp16", "bf16": precision == "bf16"}
+
+
+def strongly_typed(precision: str, export_dtype: str) -> bool:
+    """Whether the plan's network is strongly typed: a float16 export built at fp16 (TrtPlan)."""
+    return precision == "fp16" and export_dtype == "float16"
 
 
 def trt_plan(roles: dict[str, Role], graph_io: dict[str, dict[str, Any]], graph_files: dict[str, str],
@@ -273,4 +287,5 @@ def trt_plan(roles: dict[str, Role], graph_io: dict[str, dict[str, Any]], graph_
                 file = f"{graph}.{p.role}.plan"
                 engines.append(TrtEngine(file, graph, graph_files[graph], (p,)))
                 where[p.role] = (file, 0)
-    return TrtPlan(precision, flags, layout, "timing.cache", tuple(engines), where)
+    return TrtPlan(precision, flags, layout, "timing.cache", tuple(engines), where,
+                   strongly_typed=strongly_typed(precision, export_dtype))

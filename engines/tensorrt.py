@@ -69,7 +69,7 @@ def engine_loader(plan: TrtPlan, engine: TrtEngine, folder: Path):
         profiles.append(prof)
     cache = str(folder / plan.timing_cache)
     config = CreateConfig(profiles=profiles, load_timing_cache=cache, **plan.flags)
-    network = NetworkFromOnnxPath(str(folder / engine.onnx))
+    network = NetworkFromOnnxPath(str(folder / engine.onnx), strongly_typed=plan.strongly_typed or None)
     build = EngineFromNetwork(network, config=config, save_timing_cache=cache)
     return SaveEngine(build, path=str(folder / engine.file))
 
@@ -79,6 +79,10 @@ def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> No
     import time
 
     require_tensorrt()
+    if plan.precision == "fp16" and not plan.strongly_typed:
+        log(f"tensorrt: note: a float32 export built at {plan.precision}: TensorRT chooses each layer's precision, "
+            "RMSNorm's x^2 and mean included, which can overflow in fp16 on large activations; a float16 export "
+            "(`specrt export --dtype float16`) builds strongly typed, its norms in float32")
     for e in plan.engines:
         t0 = time.perf_counter()
         log(f"tensorrt: building {e.file} from {e.onnx} ({len(e.profiles)} profile(s): "

@@ -79,7 +79,12 @@ def test_engine_per_role_layout():
 def test_precision_rules():
     roles = make_roles((1,), CTX, None)
     assert trt_plan(roles, IO, FILES, "bf16", "float32").flags["bf16"]
-    assert trt_plan(roles, IO, FILES, "fp16", "float16").flags["fp16"]
+    # a float16 export at fp16: strongly typed (the export's float32 norm statistics kept), no
+    # precision flag (TensorRT refuses them there); a float32 export at fp16: the flag
+    p16 = trt_plan(roles, IO, FILES, "fp16", "float16")
+    assert p16.strongly_typed and not any(p16.flags.values()) and p16.to_json()["strongly_typed"]
+    p32 = trt_plan(roles, IO, FILES, "fp16", "float32")
+    assert p32.flags["fp16"] and not p32.strongly_typed
     with pytest.raises(UserError, match="cannot be built from a float16 export"):
         trt_plan(roles, IO, FILES, "fp32", "float16")
     for prec in ("bf16", "fp32"):  # bfloat16 I/O: polygraphy has no numpy type for it
@@ -135,6 +140,10 @@ def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
     verify4 = cfg.profiles[4]
     assert tuple(verify4[C.INPUT_IDS].min) == tuple(verify4[C.INPUT_IDS].max) == (1, 5)
     assert build._network.path == str(tmp_path / "export/target.onnx")
+    assert build._network.strongly_typed is False  # a float32 export: TensorRT types the layers
+    roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)
+    typed = trt_plan(roles, IO, FILES, "fp16", "float16")
+    assert engine_loader(typed, typed.engines[0], tmp_path)._engine._network.strongly_typed is True
 
 
 def test_trt_runner_copies_the_outputs_polygraphy_resizes(tmp_path):
