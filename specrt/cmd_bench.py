@@ -1338,13 +1338,16 @@ def run_record(started: float, engines, prompts_file: Path) -> dict:
 
 def hugepages_settings(peer_threading: str) -> dict:
     """Whether specrt's workers and the peers' get huge pages for their weights."""
-    from specrt.hugepages import TUNABLE, thp_mode
+    from specrt.hugepages import TUNABLE, glibc_version, thp_mode
+
+    lib = glibc_version()
+    honoured = lib is None or lib >= (2, 35)  # older glibc ignores the tunable
 
     def on(job):
-        return TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "") or thp_mode() == "always"
+        return (honoured and TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "")) or thp_mode() == "always"
 
-    return {"kernel_thp": thp_mode(), "specrt": on({"kind": "specrt"}),
-            "peers": on({"kind": "peer", "hugepages": peer_threading == "matched"})}
+    return {"kernel_thp": thp_mode(), "glibc": ".".join(map(str, lib)) if lib else None,
+            "specrt": on({"kind": "specrt"}), "peers": on({"kind": "peer", "hugepages": peer_threading == "matched"})}
 
 
 def check_variant(label: str, folder: Path, engines, govs: list[str]):

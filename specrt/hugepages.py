@@ -37,10 +37,24 @@ def thp_mode(setting: Path = SETTING) -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def wanted(env: dict | None = None, setting: Path = SETTING) -> bool:
-    """Whether a process started with ``env`` should get the tunable added."""
+def glibc_version() -> tuple[int, int] | None:
+    """This process's glibc (major, minor), None where it is not glibc or cannot be read."""
+    try:
+        name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")
+        major, minor = version.split(".")[:2]
+        return (int(major), int(minor)) if name == "glibc" else None
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
+    """Whether a process started with ``env`` should get the tunable added: not where glibc
+    is older than 2.35 (``glibc``, default this process's), which ignores it (a benchmark
+    report then claimed huge pages that no allocation got)."""
     env = os.environ if env is None else env
+    lib = glibc or glibc_version()
     return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
+            and (lib is None or lib >= (2, 35))
             and thp_mode(setting) == "madvise" and TUNABLE not in env.get("GLIBC_TUNABLES", ""))
 
 
