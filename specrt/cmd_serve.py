@@ -21,8 +21,10 @@ most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
 for log-likelihoods). Fields that would change the output and that specrt does not do
 (penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
-format) are refused with 400 unless they hold
-their neutral value; others (user, metadata, ...) are ignored. Each response carries a
+format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
+with 400 unless they hold their neutral value (or null); fields that change nothing here
+(user, metadata, store, service_tier) are ignored; any other field is refused as OpenAI
+refuses it ("Unrecognized request argument supplied"), so a misspelt one is not dropped. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused.
@@ -93,10 +95,35 @@ def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=Fals
 # e.g. user, metadata, service_tier, change nothing here and are ignored.)
 NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
            "min_p": (0, 0.0), "logit_bias": ({},), "echo": (False,), "best_of": (1,), "suffix": ("",),
-           "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
+           "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+           # vLLM's extra sampling and template parameters, and OpenAI's newer ones
+           "min_tokens": (0,), "ignore_eos": (False,), "stop_token_ids": ([],), "bad_words": ([],),
+           "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+           "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
+           "continue_final_message": (False,), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+           "modalities": (["text"],), "parallel_tool_calls": (True, False)}
+# Fields with no neutral value that specrt does not do: refused whenever given (null aside)
+NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+            "structured_outputs", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
+            "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
+            "priority", "mm_processor_kwargs", "documents", "return_tokens_as_token_ids")
+# Fields read, or that change nothing here (who asks, what a hosted API would store): every
+# other one is refused as OpenAI refuses it ("Unrecognized request argument supplied"), so
+# that a misspelt max_tokens or a field of another server's is not silently dropped
+SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
+                 "seed", "logprobs", "user", "metadata", "store", "service_tier", "prompt_cache_key",
+                 "safety_identifier", "request_id"}
+FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
+                                 "response_format"},
+          False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs"}}  # (the latter: its own 400)
 
 
-def _unsupported(body: dict, allowed=()) -> None:
+def _unsupported(body: dict, chat: bool, allowed=()) -> None:
+    for name, v in body.items():
+        if name in NOT_DONE and v is not None:
+            raise BadRequest(f"'{name}' is not supported (got {v!r})", name)
+        if name not in FIELDS[chat] and name not in NEUTRAL and name not in NOT_DONE:
+            raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
     for name, neutral in NEUTRAL.items():
         v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
@@ -307,9 +334,10 @@ class Server:
         else:
             prompts = _prompts(body.get("prompt"))
         echo = False if chat else body.get("echo", False)
+        echo = False if echo is None else echo  # (nullable in OpenAI's schema)
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
-        _unsupported(body, allowed=("echo",) if not chat else ())
+        _unsupported(body, chat, allowed=("echo",) if not chat else ())
         n = _number(body, "n", 1, int, 1, MAX_N)
         if len(prompts) * n > MAX_CHOICES:
             raise BadRequest(f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices; at most {MAX_CHOICES} a "
@@ -342,12 +370,17 @@ class Server:
         user = body.get("user")
         if user is not None and not isinstance(user, str):
             raise BadRequest(f"'user' must be a string; got {user!r}", "user")
-        opts = body.get("stream_options") or {}
+        opts = body.get("stream_options")
         stream = body.get("stream", False)
         if stream is None:
             stream = False
         if not isinstance(stream, bool):  # "false" (a string) streamed
             raise BadRequest(f"'stream' must be true or false; got {stream!r}", "stream")
+        if opts is not None and not isinstance(opts, dict):
+            raise BadRequest(f"'stream_options' must be an object; got {opts!r}", "stream_options")
+        if opts is not None and not stream:  # OpenAI: only with stream true; vLLM answers 400
+            raise BadRequest("'stream_options' can only be given with 'stream': true", "stream_options")
+        opts = opts or {}
         template = body.get("chat_template_kwargs")
         if template is not None and not chat:
             raise BadRequest("'chat_template_kwargs' applies to /v1/chat/completions (a completion's prompt is "
@@ -683,7 +716,8 @@ class Handler(BaseHTTPRequestHandler):
             choice = ({"index": i, "delta": delta or {}} if chat else {"index": i, "text": (delta or {}).get("content", "")})
             if req["logprobs"] is not None:
                 choice["logprobs"] = lp(i, entries)
-            payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}], **extra}
+            payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
+                       **({"usage": None} if req["usage_chunk"] else {}), **extra}  # (OpenAI: null until the last)
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             self.wfile.flush()
 

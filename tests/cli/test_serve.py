@@ -792,3 +792,56 @@ def test_the_temperature_option_is_named(worded):  # noqa: F811
 
     r = CliRunner().invoke(main, ["serve", str(worded), "--port", "0", "--temperature", "-1"])
     assert r.exit_code == 1 and "--temperature -1.0: expected a finite number >= 0" in r.output, r.output
+
+
+@pytest.mark.parametrize("field, value", [
+    ("min_tokens", 5), ("ignore_eos", True), ("stop_token_ids", [1]), ("guided_choice", ["w1"]),
+    ("guided_json", {"type": "object"}), ("structured_outputs", {"choice": ["w1"]}),
+    ("include_stop_str_in_output", True), ("add_generation_prompt", False), ("continue_final_message", True),
+    ("chat_template", "{{ 'x' }}"), ("bad_words", ["w1"]), ("allowed_token_ids", [1]), ("prompt_logprobs", 1),
+    ("use_beam_search", True), ("truncate_prompt_tokens", 1), ("prediction", {"type": "content", "content": "w1"}),
+    ("max_token", 2), ("temprature", 0.0)])
+def test_fields_that_would_change_the_output_or_are_unknown_are_refused(served, field, value):  # noqa: F811
+    """vLLM's extra parameters (guided decoding, min_tokens, ignore_eos, stop_token_ids, ...)
+    and OpenAI's newer ones were accepted and dropped: a client got unconstrained text and
+    no error. A misspelt field ('max_token') was dropped too, and the answer ran to the
+    server's default length. Each is a 400 naming it, as OpenAI answers an unknown argument."""
+    url, _ = served
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}]}),
+                       ("/v1/completions", {"prompt": "w1"})):
+        code, r = _post(url, path, {**body, "max_tokens": 2, field: value})
+        assert code == 400 and r["error"]["param"] == field, (path, code, r)
+        if field in ("max_token", "temprature"):
+            assert r["error"]["message"] == f"Unrecognized request argument supplied: {field}"
+
+
+def test_vllm_and_openai_defaults_and_nulls_are_accepted(served, worded):  # noqa: F811
+    """The neutral values vLLM's and OpenAI's clients send by default, echo null (nullable
+    in OpenAI's schema), and nulls for fields specrt does not do, change nothing."""
+    url, _ = served
+    conv = [{"role": "user", "content": "w4 w2"}]
+    neutral = {"min_tokens": 0, "ignore_eos": False, "stop_token_ids": [], "skip_special_tokens": True,
+               "include_stop_str_in_output": False, "add_generation_prompt": True, "continue_final_message": False,
+               "use_beam_search": False, "length_penalty": 1.0, "modalities": ["text"], "parallel_tool_calls": True,
+               "guided_json": None, "prediction": None, "store": False, "service_tier": "auto", "seed": None}
+    code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 5, **neutral})
+    assert code == 200 and r["choices"][0]["message"]["content"] == _reference(worded, conv, max_new_tokens=5)[0], r
+    code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 5, "echo": None})
+    assert code == 200 and r["choices"][0]["text"] == _reference(worded, "w4 w2", chat=False, max_new_tokens=5)[0], r
+
+
+def test_stream_options_follow_openais_rules(served):  # noqa: F811
+    """With include_usage every chunk but the last carries usage null (OpenAI's spec: some
+    clients read chunk.usage); stream_options without stream, or not an object, is a 400
+    (vLLM's answer; it was accepted and ignored)."""
+    url, _ = served
+    msg = [{"role": "user", "content": "w1"}]
+    code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 3, "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    assert code == 200 and all("usage" in e and e["usage"] is None for e in ev[:-1]), ev[0]
+    assert ev[-1]["choices"] == [] and ev[-1]["usage"]["total_tokens"] > 0
+    code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 3, "stream": True})
+    assert code == 200 and all("usage" not in e for e in ev)  # not asked: no usage key at all
+    for extra in ({"stream_options": {"include_usage": True}}, {"stream": True, "stream_options": "yes"}):
+        code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, **extra})
+        assert code == 400 and r["error"]["param"] == "stream_options", (code, r)
