@@ -655,8 +655,25 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             m.observe("request_seconds", time.perf_counter() - self._arrived)
 
+    def _client_gone(self) -> bool:
+        """Whether the client has closed its connection: readable with nothing to read (a
+        client's next request, sent early on the same connection, is data, not a close).
+        A non-streaming answer learns only so that its client left; streaming ones find out
+        when a write fails."""
+        import select
+        import socket
+
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):  # reset, or closed under us
+            return True
+
     def _respond(self, req: dict, chat: bool) -> None:
         app = self.app
+        if self._client_gone():  # left while it waited for the lock: nothing to run for it
+            self.close_connection = True
+            return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
@@ -687,6 +704,10 @@ class Handler(BaseHTTPRequestHandler):
             last = first
             try:
                 while "usage" not in last:
+                    if self._client_gone():  # it timed out or gave up: stop, free the lock for the next
+                        pieces.close()
+                        self.close_connection = True
+                        return
                     i = last["index"]
                     if "text" in last:
                         text.setdefault(i, []).append(last["text"])

@@ -845,3 +845,43 @@ def test_stream_options_follow_openais_rules(served):  # noqa: F811
     for extra in ({"stream_options": {"include_usage": True}}, {"stream": True, "stream_options": "yes"}):
         code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, **extra})
         assert code == 400 and r["error"]["param"] == "stream_options", (code, r)
+
+
+def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(worded):  # noqa: F811
+    """A non-streaming request went on decoding after its client had gone (a client timeout:
+    the openai client then retries twice), holding the lock while the next requests waited.
+    It stops at its next piece; one whose client left while it waited does not start."""
+    import socket
+    import time
+
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    real, pieces = app.session.stream, []
+
+    def slow(*a, **k):  # a slow model: 0.2 s a piece
+        for piece in real(*a, **k):
+            pieces.append(piece)
+            time.sleep(0.2)
+            yield piece
+
+    app.session.stream = slow
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        body = json.dumps({"prompt": "w4 w2", "max_tokens": 40}).encode()
+        req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        c = socket.create_connection(("127.0.0.1", httpd.server_address[1]))
+        c.sendall(req)
+        time.sleep(0.5)
+        c.close()  # gone after ~2 pieces of up to 40
+        t = time.perf_counter()
+        code, r = _post(url, "/v1/completions", {"prompt": "w4", "max_tokens": 2})
+        assert code == 200 and time.perf_counter() - t < 3.0, "the next request waited for the abandoned one"
+        assert len(pieces) < 12, len(pieces)  # stopped early (2 pieces for this request included)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
