@@ -13,7 +13,9 @@ OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds th
 chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
-(up to 16 choices, decoded one after another, choice i with seed + i); chat also takes
+(up to 16 choices, decoded one after another, choice i with seed + i; a seed repeats its
+text whatever the server decoded before only with ``--reproducible``: rejection sampling's
+draws follow the drafts, which follow the server's state); chat also takes
 ``chat_template_kwargs`` (the template's variables, e.g. ``{"enable_thinking": false}``, over
 ``--chat-template-kwargs``); completions also take
 a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
@@ -192,9 +194,18 @@ class _CompletionLogprobs:
             # it does (a word-level decoder puts a space between tokens; half a character has no text)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"]
-                                                                         for t in e["top_logprobs"]} for e in entries]
+                "top_logprobs": [None if e["top_logprobs"] is None else self._top(e) for e in entries]
                 if self.top else None, "text_offset": offsets}
+
+    @staticmethod
+    def _top(e: dict) -> dict:
+        """The most likely tokens, and the sampled one beside them where it is not among them
+        (OpenAI: "the API will always return the logprob of the sampled token, so there may
+        be up to logprobs+1 elements"; vLLM does so)."""
+        top = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+        if e["logprob"] is not None:
+            top.setdefault(e["token"], e["logprob"])
+        return top
 
 
 class Metrics:

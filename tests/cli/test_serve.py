@@ -885,3 +885,17 @@ def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(word
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_completions_top_logprobs_hold_the_sampled_token(served):  # noqa: F811
+    """Sampled, the token drawn is often not the most likely: OpenAI's legacy completions
+    always return its logprob among the top ones (up to logprobs + 1 entries), as vLLM does;
+    they held only the most likely token."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w11 w12 w5", "max_tokens": 8, "logprobs": 1,
+                                             "temperature": 2.0, "seed": 3})
+    assert code == 200, r
+    lp = r["choices"][0]["logprobs"]
+    assert all(t in top and top[t] == v and len(top) <= 2
+               for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
+    assert any(len(top) == 2 for top in lp["top_logprobs"])  # some draws were not the most likely
