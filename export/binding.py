@@ -273,9 +273,9 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
         "target": {"folder": str(Path(target.folder).resolve()), "config": target.config.to_json(), "slots": target.table()},
     }
     if draft is not None:
-        relies = {"final_norm": target.sha("final_norm"), "lm_head": target.sha("lm_head")}
-        if "embed" not in draft.slots:
-            relies["embed"] = target.sha("embed")
+        # the target tensors the draft's graph reads: its embedding where it has none of its own
+        # (its final norm and LM head are its own: norm.weight, lm_head.weight)
+        relies = {} if "embed" in draft.slots else {"embed": target.sha("embed")}
         r["draft"] = {
             "folder": str(Path(draft.folder).resolve()),
             "config": draft.config.to_json(),

@@ -260,6 +260,12 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
     # "rope_theta" plus an optional "rope_scaling" dict.
     params = f.dict("rope_parameters", required=False)
+    if params is not None and f.dict("rope_scaling", required=False) is not None:
+        # transformers 5 takes rope_scaling over rope_parameters (theta included), 4.x knows
+        # rope_scaling only: a config re-saved by one and edited for the other (a YaRN block
+        # added as a model card says) has no one reading
+        raise UserError(f"{f.where}: both rope_parameters and rope_scaling are given; keep one (transformers 5 "
+                        "reads rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
     if params is None:
         params = f.dict("rope_scaling", required=False)
         theta = f.float("rope_theta", required=False, default=10000.0)
@@ -286,8 +292,8 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     # transformers takes a top-level original_max_position_embeddings first (Phi-3 writes it
     # there), then rope_parameters', then (YaRN) max_position_embeddings
     original = f.int("original_max_position_embeddings", required=False) or params.int(
-        "original_max_position_embeddings", required=rope_type == "llama3",
-        default=max_position_embeddings if rope_type == "yarn" else 8192)
+        "original_max_position_embeddings", required=False,
+        default=max_position_embeddings if rope_type in ("yarn", "llama3") else 8192)  # (transformers 5's)
     if rope_type != "yarn":
         return RopeConfig(
             rope_type,
@@ -357,7 +363,9 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
     dflt = arch["defaults"]
     hidden = f.int("hidden_size")
     heads = f.int("num_attention_heads")
-    kv_heads = f.int("num_key_value_heads", required=False, default=dflt["num_key_value_heads"] or heads)
+    # transformers: an explicit null means as many as the attention heads; absent, the class default
+    kv_heads = heads if "num_key_value_heads" in f.data and f.data["num_key_value_heads"] is None else \
+        f.int("num_key_value_heads", required=False, default=dflt["num_key_value_heads"] or heads)
     if heads % kv_heads:
         raise UserError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     head_dim = f.int("head_dim", required=False, default=dflt["head_dim"])
@@ -388,7 +396,7 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
         head_dim=head_dim,
         intermediate_size=f.int("intermediate_size"),
         vocab_size=f.int("vocab_size"),
-        rms_norm_eps=f.float("rms_norm_eps"),
+        rms_norm_eps=f.float("rms_norm_eps", required=False, default=1e-6),  # transformers' default
         rope=_rope(f, head_dim, max_positions),
         tie_word_embeddings=bool(tie),
         max_position_embeddings=max_positions,
@@ -436,6 +444,11 @@ def load_draft_config(folder: Path) -> DraftConfig:
     path = Path(folder) / "config.json"
     data = read_json(path)
     f = _Fields(data, str(path))
+    if isinstance(data, dict) and "speculators_model_type" not in data and (
+            "draft_vocab_size" in data or any("eagle" in str(a).lower() for a in data.get("architectures") or [])):
+        raise UserError(f"{path}: an EAGLE-3 draft in its original format (architectures "
+                        f"{data.get('architectures')}, no speculators_model_type), as EAGLE's and SpecForge's "
+                        "training write it: convert it with `speculators convert --algorithm eagle3 ...` first")
     if isinstance(data, dict) and "speculators_model_type" not in data and "model_type" in data:
         raise UserError(f"{path}: a transformers model (model_type {data['model_type']!r}), not a speculators draft "
                         "(no speculators_model_type): --draft takes the draft's folder, the target comes first")
@@ -472,6 +485,11 @@ def load_draft_config(folder: Path) -> DraftConfig:
     if aux is not None:
         if len(aux) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
             raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 3 layer ids, found {aux!r}")
+        if len(set(aux)) != len(aux) or list(aux) != sorted(aux):
+            # vLLM collects the aux states in layer order (a repeated id once) and speculators
+            # trains on them as stored: a draft's fc reads them ascending, whatever the list says
+            raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids {aux!r} must be distinct and ascending (vLLM "
+                            "hands the draft its target's states in layer order, which its training data kept)")
         aux = tuple(aux)
     mask = f.int("mask_token_id", required=kind == "peagle", minimum=0)
     confidence = f.bool("enable_confidence_head", required=False, default=False)

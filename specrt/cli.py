@@ -104,7 +104,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool)
                 click.echo(f"  {slot:28s} <- {info['key']:52s} {info['dtype']:5s} {info['shape']}  {info['sha256'][:12]}")
         if side == "draft":
             click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}")
-            click.echo(f"  relies on target: {', '.join(part['relies_on_target'])}")
+            click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
     n = len(r["target"]["slots"]) + len(r.get("draft", {}).get("slots", {}))
     click.echo(f"bound {n} slots; receipt {r['receipt_id'][:16]}")
 

@@ -342,8 +342,10 @@ def test_peagle_reference_binds_with_receipt():
     r = receipt(t, d)
     state = load_file(str(REFERENCE / "draft" / "model.safetensors"))
     assert {v["key"] for v in r["draft"]["slots"].values()} == set(state)
-    assert r["draft"]["relies_on_target"]["final_norm"] == r["target"]["slots"]["final_norm"]["sha256"]
-    assert r["draft"]["relies_on_target"]["lm_head"] == r["target"]["slots"]["lm_head"]["sha256"]
+    # what the draft's graph reads of the target: its embedding only (the draft's final norm
+    # and LM head are its own norm.weight and lm_head.weight; they were listed as the target's)
+    # (this one saved its embed_tokens too: nothing of the target's)
+    assert "embed" in d.slots and r["draft"]["relies_on_target"] == {} and not r["draft"]["embed_from_target"]
     # The receipt id hashes the content: changing one weight changes it.
     assert len(r["receipt_id"]) == 64
 

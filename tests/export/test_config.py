@@ -301,6 +301,36 @@ def test_a_field_left_out_takes_its_familys_transformers_default(model_type, lef
     assert cfg.max_position_embeddings == hf.max_position_embeddings
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_explicit_nulls_and_fields_transformers_fills_take_its_values(model_type):
+    """num_key_value_heads null is as many as the attention heads (it was read as the class
+    default, 32 for Qwen3, and refused); rms_norm_eps and llama3's original length absent
+    take transformers' defaults (they were refused)."""
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[model_type]
+    fields = {**{k: v for k, v in BASE.items() if k != "rms_norm_eps"}, "num_attention_heads": 4,
+              "num_key_value_heads": None, "max_position_embeddings": 4096,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+              "rope_theta": 500000.0}
+    cfg = parse_decoder({**fields, "model_type": model_type}, "config.json")
+    hf = cls(**fields)
+    assert cfg.num_kv_heads == hf.num_key_value_heads == 4
+    assert cfg.rms_norm_eps == hf.rms_norm_eps
+    assert cfg.rope.original_max_position_embeddings == hf.rope_parameters["original_max_position_embeddings"] == 4096
+
+
+def test_rope_parameters_beside_rope_scaling_are_refused():
+    """transformers 5 reads rope_scaling over rope_parameters (theta included) and 4.x knows
+    rope_scaling only: specrt read rope_parameters, and a Qwen3 config given a YaRN block as
+    its model card says gave logits 0.37 off transformers'. Refused, naming both."""
+    fields = {**BASE, "model_type": "qwen3", "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}
+    with pytest.raises(UserError, match="both rope_parameters and rope_scaling"):
+        parse_decoder(fields, "config.json")
+    parse_decoder({**fields, "rope_scaling": None}, "config.json")  # a null one is no second reading
+
+
 def test_attention_bias_is_refused_where_transformers_gives_o_proj_one():
     """Llama / Mistral / Qwen3 with attention_bias=true carry a bias on o_proj too (no graph
     here has one): refused by name, not by a list of leftover tensors. Qwen2's config class
@@ -320,3 +350,44 @@ def test_a_float16_export_refuses_weights_past_its_range():
     with pytest.raises(UserError, match="weight 'layers.3.down' holds 7e\\+04, past float16's range"):
         to_tensor("layers.3.down", np.array([1.0, -7e4, np.inf], np.float32), "float16")
     assert to_tensor("w", np.array([1.0, -6e4], np.float32), "float16").data_type == 10  # FLOAT16
+
+
+def _draft_with(tmp_path, **changes):
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="eagle3")
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("ids", [[3, 1, 2], [2, 2, 3]])
+def test_aux_layer_ids_out_of_layer_order_or_repeated_are_refused(tmp_path, ids):
+    """vLLM hands an EAGLE-3 draft its target's states in layer order (a repeated id once),
+    and speculators trains on them as stored: [3, 1, 2] was concatenated in list order here,
+    a draft's fc reading its inputs in the wrong slots (acceptance collapses, losslessly)."""
+    from specrt.export.config import load_draft_config
+
+    d = _draft_with(tmp_path, eagle_aux_hidden_state_layer_ids=ids)
+    with pytest.raises(UserError, match="must be distinct and ascending"):
+        load_draft_config(d)
+    d = _draft_with(tmp_path / "ok", eagle_aux_hidden_state_layer_ids=[1, 2, 3])
+    assert load_draft_config(d).aux_layer_ids == (1, 2, 3)
+
+
+def test_an_original_format_eagle3_draft_is_told_to_convert(tmp_path):
+    """The EAGLE-3 drafts most shared (EAGLE's own, SpecForge's) have model_type llama, a
+    draft_vocab_size and an Eagle3 architecture, no speculators_model_type: they were told
+    they had swapped the draft and the target. They are told to convert it."""
+    from specrt.export.config import load_draft_config
+
+    d = _draft_with(tmp_path, speculators_model_type=None, model_type="llama",
+                    architectures=["LlamaForCausalLMEagle3"])
+    with pytest.raises(UserError, match=r"original format .*speculators convert --algorithm eagle3"):
+        load_draft_config(d)
