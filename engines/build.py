@@ -178,10 +178,14 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         raise UserError(f"--max-context {ctx} must be in 1..{limit} ({why})")
     draft_kind = (exp.get("draft") or {}).get("kind")
     draft_window = (exp.get("draft") or {}).get("sliding_window")
-    if isinstance(draft_window, int) and draft_window < ctx:
-        log(f"note: the draft was trained attending to the last {draft_window} tokens (its sliding window); "
-            f"the engines give it the whole context up to {ctx}: the output stays exact, but past {draft_window} "
-            "tokens its acceptance may drop")
+    applied = (exp.get("draft") or {}).get("attention_window")
+    if isinstance(draft_window, int) and draft_window < ctx and applied is None:
+        log(f"note: the draft was trained attending to the last {draft_window} tokens on some of its layers "
+            f"(its layer_types mix sliding and full attention, which the draft graph does not apply); the engines "
+            f"give it the whole context up to {ctx}: the output stays exact, but past {draft_window} tokens its "
+            "acceptance may drop")
+    elif isinstance(applied, int) and applied < ctx:
+        log(f"the draft attends to the last {applied} tokens, its sliding window, as it was trained")
     if draft_kind == "peagle" and max(depth_list) > exp["draft"]["speculative_tokens"]:
         log(f"note: depth {max(depth_list)} is deeper than the {exp['draft']['speculative_tokens']} tokens the "
             "P-EAGLE draft was trained to propose; its later positions may rarely be accepted")

@@ -181,6 +181,9 @@ class DraftConfig:
     # a DSpark confidence head (DeepSpec's ``enable_confidence_head``: confidence_head.proj,
     # a linear map of the head's normed hidden state to each position's acceptance logit)
     confidence_head: bool = False
+    # the attention window the draft graph applies to every layer: speculators' (v0.7+)
+    # drafts mark every layer sliding_attention (window 2048 by default); None: full
+    attention_window: int | None = None
 
     def resolved_aux_ids(self, target_layers: int) -> tuple[int, ...]:
         if self.aux_layer_ids is not None:
@@ -192,6 +195,8 @@ class DraftConfig:
         d["decoder"] = self.decoder.to_json()
         if not self.confidence_head:  # (receipts of drafts without one read as before it existed)
             del d["confidence_head"]
+        if self.attention_window is None:  # (likewise)
+            del d["attention_window"]
         return d
 
 
@@ -465,6 +470,11 @@ def load_draft_config(folder: Path) -> DraftConfig:
         from dataclasses import replace
 
         decoder = replace(decoder, sliding_window=window)
+    # applied in the graph only where every draft layer is marked sliding (what speculators
+    # writes); a mix of kinds is recorded and said, not applied
+    every = isinstance(kinds, list) and len(kinds) >= decoder.num_layers and \
+        all(k == "sliding_attention" for k in kinds[:decoder.num_layers])
+    attention_window = decoder.sliding_window if every else None
     spec = f.dict("speculators_config")
     algorithm = spec.str("algorithm")
     if algorithm != kind:
@@ -510,4 +520,5 @@ def load_draft_config(folder: Path) -> DraftConfig:
         verifier_architectures=tuple(str(a) for a in v_arch),
         target_hidden_size=f.int("target_hidden_size", required=False),
         confidence_head=confidence,
+        attention_window=attention_window,
     )

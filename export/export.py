@@ -110,6 +110,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             }
             if dc.decoder.sliding_window is not None:  # (drafts without one export as before)
                 draft_json["sliding_window"] = dc.decoder.sliding_window
+            if dc.attention_window is not None:  # applied in the draft graph (every layer sliding)
+                draft_json["attention_window"] = dc.attention_window
             if dc.confidence_head:  # draft_confidence: DSpark reads it instead of the draft's own probabilities
                 draft_json["confidence_head"] = True
             log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")

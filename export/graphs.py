@@ -221,7 +221,7 @@ def _draft_body(b: ops.GraphBuilder, dc: DraftConfig, W, g: str) -> str:
     """
     cfg = dc.decoder
     eps = cfg.rms_norm_eps
-    ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
+    ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg, window=dc.attention_window)
     e = ops.rmsnorm(b, ops.embed(b, C.INPUT_IDS, W("embed"), cfg.hidden_size), W("layers.0.attn_norm"), eps)
     gn = ops.rmsnorm(b, g, W("layers.0.hidden_norm"), eps)
     x = b.op("Concat", e, gn, axis=-1)

@@ -203,6 +203,9 @@ class AttnContext:
     sin: str
     future: str
     past_len: str
+    # a sliding window (draft graphs): bool [g*S, P], true where a past key is older than
+    # the query's window; None: every past key visible
+    past_masked: str | None = None
 
 
 def rope_tables(b: GraphBuilder, position_ids: str, inv_freq: np.ndarray, scale: float = 1.0) -> tuple[str, str]:
@@ -232,8 +235,12 @@ def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str) -> str:
     return b.op("Add", b.op("Mul", x, cos), b.op("Mul", swapped, sin))
 
 
-def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: DecoderConfig) -> AttnContext:
-    """RoPE tables, the causal mask among the S new tokens, and the past length P."""
+def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: DecoderConfig,
+                 window: int | None = None) -> AttnContext:
+    """RoPE tables, the causal mask among the S new tokens, and the past length P. With a
+    ``window`` W (a draft trained on sliding-window attention, speculators' mask: key j
+    visible to query i while pos_i - pos_j < W) keys W or more positions back are masked
+    too, the past's included: past row j holds position j (the draft KV's real slots)."""
     cos, sin = rope_tables(b, position_ids, cfg.rope.inv_freq(), cfg.rope.attention_factor)
     g = cfg.num_heads // cfg.num_kv_heads
     # future[r, j] = pos[j] > pos[query of row r]: that query may not see new key j (the past
@@ -242,7 +249,14 @@ def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: Decode
     if g > 1:
         q_pos = b.op("Tile", q_pos, b.ints(g, 1))  # [g*S, 1]
     future = b.op("Greater", position_ids, q_pos)  # [g*S, S]
-    return AttnContext(cos, sin, future, b.dim(past_key0, 1))
+    past_len = b.dim(past_key0, 1)
+    if window is None:
+        return AttnContext(cos, sin, future, past_len)
+    oldest = b.op("Sub", q_pos, b.ints(int(window) - 1))  # [g*S, 1]: the oldest position still seen
+    future = b.op("Or", future, b.op("Less", position_ids, oldest))
+    zero, one = b.const(np.array(0, np.int64), "int64"), b.const(np.array(1, np.int64), "int64")
+    past_pos = b.op("Unsqueeze", b.op("Range", zero, b.reshape(past_len), one), b.ints(0))  # [1, P]
+    return AttnContext(cos, sin, future, past_len, b.op("Less", past_pos, oldest))  # [g*S, P]
 
 
 @dataclass(frozen=True)
@@ -323,6 +337,8 @@ def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: 
     v_new = b.op("Transpose", v, perm=[0, 2, 1, 3])  # [1, KVH, S, D]
 
     s_past = b.f32(b.op("MatMul", q, kt_past))  # [1, KVH, g*S, P]
+    if ctx.past_masked is not None:
+        s_past = b.op("Where", ctx.past_masked, b.const(MASKED, "float32"), s_past)
     s_new = b.f32(b.op("MatMul", q, kt_new))  # [1, KVH, g*S, S]
     s_new = b.op("Where", ctx.future, b.const(MASKED, "float32"), s_new)
     probs = b.model_dtype(b.op("Softmax", b.op("Concat", s_past, s_new, axis=-1), axis=-1))

@@ -272,11 +272,20 @@ def test_a_drafts_sliding_window_is_recorded_and_said(tmp_path, model_type):
                                            use_sliding_window=True)
     (d / "config.json").write_text(json.dumps(cfg))
     m = export(t, d, tmp_path / "exp")
-    assert m["draft"]["sliding_window"] == 16
+    assert m["draft"]["sliding_window"] == m["draft"]["attention_window"] == 16  # every layer: applied
     logs: list[str] = []
     build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=logs.append, profile_repeats=1,
                   profile_pasts=(4,), max_context=64)
-    assert any("note: the draft was trained attending to the last 16 tokens" in s for s in logs), logs
+    assert any("the draft attends to the last 16 tokens, its sliding window" in s for s in logs), logs
+    # a mix of sliding and full layers: recorded, not applied, and said
+    cfg["transformer_layer_config"].update(layer_types=["sliding_attention", "full_attention"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    m = export(t, d, tmp_path / "exp-mixed")
+    assert m["draft"]["sliding_window"] == 16 and "attention_window" not in m["draft"]
+    logs = []
+    build_engines(tmp_path / "exp-mixed", "onnxruntime", (1, 2), tmp_path / "eng-mixed", log=logs.append,
+                  profile_repeats=1, profile_pasts=(4,), max_context=64)
+    assert any("note: the draft was trained attending to the last 16 tokens on some" in s for s in logs), logs
     plain = export(t, write_tiny_draft(tmp_path / "d2", t, kind="peagle"), tmp_path / "exp2")
     assert "sliding_window" not in plain["draft"]
 

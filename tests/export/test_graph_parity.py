@@ -249,12 +249,13 @@ def drafts(targets, tmp_path_factory):
 
 
 def torch_draft_reference(draft, ids: np.ndarray, aux: np.ndarray, extra_g: np.ndarray | None = None,
-                          extra_aux: np.ndarray | None = None):
+                          extra_aux: np.ndarray | None = None, window: int | None = None):
     """The draft forward as speculators writes it (Eagle3FirstLayerMixin, Eagle3DraftModel),
     on transformers' own decoder layers and rotary embedding, eager attention, P = 0.
 
     g = fc(norms(concat(aux, extra_aux))) then extra_g rows appended; returns
-    (logits [1, S, Vd], pre-norm hidden [1, S, H]).
+    (logits [1, S, Vd], pre-norm hidden [1, S, H]). ``window``: speculators' sliding-window
+    mask as well (key j visible to query i while i - j < window).
     """
     import torch
     import transformers
@@ -301,7 +302,10 @@ def torch_draft_reference(draft, ids: np.ndarray, aux: np.ndarray, extra_g: np.n
         S = ids.shape[1]
         pos = torch.arange(S)[None]
         rope = rope_cls(cfg)(g, pos)
-        mask = torch.triu(torch.full((S, S), torch.finfo(torch.float32).min), 1)[None, None]
+        mask = torch.triu(torch.full((S, S), torch.finfo(torch.float32).min), 1)
+        if window is not None:
+            mask = mask + torch.tril(torch.full((S, S), torch.finfo(torch.float32).min), -window)
+        mask = mask.clamp(min=torch.finfo(torch.float32).min)[None, None]
         embeds = torch.nn.functional.embedding(torch.from_numpy(ids), t(draft.get("embed")))
         l0 = layers[0]
         hn = norm(state["layers.0.hidden_norm.weight"])(g)
@@ -385,6 +389,52 @@ def test_eagle3_one_call_equals_single_steps(drafts, name):
     # Greedy ids come back in target ids: draft argmax + d2t[draft argmax].
     am = whole[C.DRAFT_LOGITS].argmax(-1)
     np.testing.assert_array_equal(whole[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+
+
+@pytest.mark.parametrize("name", list(DRAFTS))
+def test_a_sliding_window_draft_matches_speculators_mask(drafts, name):
+    """A draft whose layers were trained on a sliding window (speculators v0.7+: every layer,
+    2048 by default) attends within it, the past's rows included: in one call, and in two
+    calls whose second one's window starts inside the first's rows, against the torch
+    forward with speculators' mask (key j visible to query i while i - j < W)."""
+    from dataclasses import replace
+
+    draft = drafts[name]
+    dc = replace(draft.config, attention_window=3)
+    d = dc.decoder
+    rng = np.random.default_rng(5)
+    A, B = 6, 2  # EAGLE-3: 8 aux rows; P-EAGLE: 6 real slots then 2 mask slots
+    ids = rng.integers(0, d.vocab_size, (1, A + B))
+    if dc.kind == "eagle3":
+        aux = rng.standard_normal((1, A + B, 3 * d.hidden_size)).astype(np.float32)
+        s = session(build_eagle3_graph(dc, draft.get))
+        want, hidden = torch_draft_reference(draft, ids, aux, window=3)
+        full, _ = torch_draft_reference(draft, ids, aux)
+        kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
+        none = np.zeros((1, 0, d.hidden_size), np.float32)
+        got = []
+        for lo, hi in ((0, 5), (5, A + B)):  # the second call's first query sees past rows 3, 4
+            out = run(s, {C.INPUT_IDS: ids[:, lo:hi], C.POSITION_IDS: np.arange(lo, hi)[None],
+                          C.DRAFT_AUX_IN: aux[:, lo:hi], C.DRAFT_PREV_HIDDEN: none, **kv.feed()})
+            kv.commit(out)
+            got.append(out[C.DRAFT_LOGITS])
+        got = np.concatenate(got, 1)
+    else:
+        ids[:, A:] = dc.mask_token_id
+        aux = rng.standard_normal((1, A, 3 * d.hidden_size)).astype(np.float32)
+        s = session(build_peagle_graph(dc, draft.get))
+        mask = np.repeat(draft.get("mask_hidden").reshape(1, 1, -1), B, axis=1)
+        want, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask, window=3)
+        full, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask)
+        kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
+        first = run(s, {C.INPUT_IDS: ids[:, :4], C.POSITION_IDS: np.arange(4)[None], C.DRAFT_AUX_IN: aux[:, :4],
+                        **kv.feed()})
+        kv.commit(first, 4)  # the 4 real slots' rows (a pass's mask slot rows are never kept)
+        out = run(s, {C.INPUT_IDS: ids[:, 4:], C.POSITION_IDS: np.arange(4, A + B)[None],
+                      C.DRAFT_AUX_IN: aux[:, 4:], **kv.feed()})
+        got, want, full = out[C.DRAFT_LOGITS], want[:, A - 1:], full[:, A - 1:]
+    assert maxerr(got, want) <= TOL
+    assert maxerr(got, full) > 100 * TOL  # (the window changed the answer: it was applied)
 
 
 def test_peagle_equals_eagle3_with_mask_hidden_as_aux(drafts):
