@@ -264,3 +264,30 @@ def test_report_and_saved_inputs_need_files_of_their_own(tiny_engines, tmp_path)
                                          "--save-inputs", str(tmp_path / inputs)])
         assert res.exit_code == 1 and "name the same file" in res.output and "Traceback" not in res.output, res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_are_compared_in_units_of_their_rows_scale():
+    """fp32 rounding grows with the values a row holds: SmolLM2's prefill at 400 prompt
+    tokens (logits rows of RMS ~7, hidden states of 13-15 with one value past 22,000)
+    differed from the reference by 1.2e-4 / 4e-4 in small elements and failed atol 1e-4
+    (`specrt compare --prompt-tokens 400` on the demo's engines). Each row is divided by
+    max(1, the reference row's RMS) first; rows at most 1 in RMS are compared as they are."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    from specrt.engines.compare import _simple_compare, scale_rows
+
+    ref = np.array([[[700.0, 0.5, -700.0], [0.5, 0.25, 0.1]]])
+    eng = ref + np.array([[[0.0, 2e-4, 0.0], [0.0, 0.0, 0.0]]])
+    small = ref + np.array([[[0.0, 0.0, 0.0], [0.0, 2e-4, 0.0]]])
+
+    def verdict(a, scaled):
+        rr = RunResults([("eng", [IterationResult({C.LOGITS: a}, runner_name="eng")]),
+                         ("ref", [IterationResult({C.LOGITS: ref}, runner_name="ref")])])
+        if scaled:
+            rr = scale_rows(rr, "ref", {C.LOGITS: True})
+        acc = Comparator.compare_accuracy(rr, compare_func=[_simple_compare({C.LOGITS: (1e-4, 1e-4)})])
+        return bool(acc[0][("eng", "ref")][0][C.LOGITS])
+
+    assert not verdict(eng, False) and verdict(eng, True)  # 2e-4 in a row of RMS 571: within scale
+    assert not verdict(small, True)  # 2e-4 in a row of RMS < 1: still a failure

@@ -304,3 +304,17 @@ def test_plain_int8_keeps_the_faster_form_on_this_machine(tmp_path, kind):
     assert not (tmp_path / "e" / ".int8-forms").exists()  # the losing form is not left behind
     assert {f["file"] for f in json.loads((tmp_path / "e" / "engines.json").read_text())["files"]} >= \
         {"draft.onnx", "draft.onnx.data"}
+
+
+def test_a_target_tolerance_leaves_the_int8_drafts_bounds_alone(int8_engines, tmp_path):
+    """Any --atol turned the int8 draft's row-spread bounds off, one naming only the target's
+    logits included: the demo's draft then failed at atol 0.5 where its bound was 2.1.
+    They stay unless the atol names the draft's outputs; the report's tolerances are the
+    ones used."""
+    r = compare_engines(int8_engines, log=quiet, inputs_file=tmp_path / "in.json", atol={"logits": 2e-4})
+    out = r["roles"]["draft"]["outputs"]
+    assert "atol_row_std" in out[C.DRAFT_LOGITS] and r["roles"]["draft"]["passed"]
+    assert r["tolerances"]["draft"][C.DRAFT_LOGITS][0] == out[C.DRAFT_LOGITS]["atol"]
+    assert r["tolerances"]["prefill"][C.LOGITS][0] == 2e-4
+    r = compare_engines(int8_engines, log=quiet, inputs_file=tmp_path / "in2.json", atol={"draft_logits": 3.0})
+    assert "atol_row_std" not in r["roles"]["draft"]["outputs"][C.DRAFT_LOGITS]  # the user's own
