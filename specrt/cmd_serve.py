@@ -24,9 +24,10 @@ most) and ``echo`` (the prompt first, its tokens' logprobs with
 for log-likelihoods). Fields that would change the output and that specrt does not do
 (penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
 format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
-with 400 unless they hold their neutral value (or null); fields that change nothing here
-(user, metadata, store, service_tier) are ignored; any other field is refused as OpenAI
-refuses it ("Unrecognized request argument supplied"), so a misspelt one is not dropped. Each response carries a
+with 400 unless they hold their neutral value; fields that change nothing here (user,
+metadata, store, service_tier, cache keys) are ignored; any other field is refused as
+OpenAI refuses it ("Unrecognized request argument supplied"), so a misspelt one is not
+dropped; a null is a field left out, whatever its name. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused.
@@ -103,29 +104,38 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
            "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
            "spaces_between_special_tokens": (True,), "add_generation_prompt": (True,),
            "continue_final_message": (False,), "use_beam_search": (False,), "length_penalty": (1, 1.0),
-           "modalities": (["text"],), "parallel_tool_calls": (True, False)}
+           "modalities": (["text"],), "parallel_tool_calls": (True, False), "priority": (0,),
+           "return_token_ids": (False,), "return_tokens_as_token_ids": (False,)}
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
 NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
             "structured_outputs", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
-            "priority", "mm_processor_kwargs", "documents", "return_tokens_as_token_ids")
+            "mm_processor_kwargs", "documents", "vllm_xargs")
 # Fields read, or that change nothing here (who asks, what a hosted API would store): every
 # other one is refused as OpenAI refuses it ("Unrecognized request argument supplied"), so
 # that a misspelt max_tokens or a field of another server's is not silently dropped
 SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
                  "seed", "logprobs", "user", "metadata", "store", "service_tier", "prompt_cache_key",
-                 "safety_identifier", "request_id"}
+                 "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params",
+                 "response_format"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                                 "response_format"},
-          False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs"}}  # (the latter: its own 400)
+                                 "add_special_tokens"},
+          False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
 
 
 def _unsupported(body: dict, chat: bool, allowed=()) -> None:
     for name, v in body.items():
-        if name in NOT_DONE and v is not None:
+        if v is None:  # null is the field left out, as vLLM's and OpenAI's request models read it
+            continue
+        if name in NOT_DONE:
             raise BadRequest(f"'{name}' is not supported (got {v!r})", name)
-        if name not in FIELDS[chat] and name not in NEUTRAL and name not in NOT_DONE:
+        if name not in FIELDS[chat] and name not in NEUTRAL:
             raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
+    # vLLM's add_special_tokens: its defaults are what specrt does (chat: the template adds
+    # them, completions: the tokenizer), anything else is refused
+    if body.get("add_special_tokens") not in (None, not chat):
+        raise BadRequest(f"'add_special_tokens' is not supported (got {body['add_special_tokens']!r}; only "
+                         f"{not chat!r} or leaving it out)", "add_special_tokens")
     for name, neutral in NEUTRAL.items():
         v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
@@ -674,11 +684,16 @@ class Handler(BaseHTTPRequestHandler):
         import select
         import socket
 
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):  # reset, or closed under us
+        try:  # poll, not select: select refuses descriptors past 1024 (a server with many clients queued)
+            p = select.poll()
+            p.register(self.connection, select.POLLIN)
+            if not p.poll(0):
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""  # (a half-close reads as leaving too)
+        except ConnectionError:  # reset under us
             return True
+        except (OSError, ValueError):  # cannot tell: go on as if it were there
+            return False
 
     def _respond(self, req: dict, chat: bool) -> None:
         app = self.app

@@ -824,10 +824,17 @@ def test_vllm_and_openai_defaults_and_nulls_are_accepted(served, worded):  # noq
     neutral = {"min_tokens": 0, "ignore_eos": False, "stop_token_ids": [], "skip_special_tokens": True,
                "include_stop_str_in_output": False, "add_generation_prompt": True, "continue_final_message": False,
                "use_beam_search": False, "length_penalty": 1.0, "modalities": ["text"], "parallel_tool_calls": True,
-               "guided_json": None, "prediction": None, "store": False, "service_tier": "auto", "seed": None}
+               "guided_json": None, "prediction": None, "store": False, "service_tier": "auto", "seed": None,
+               # vLLM's own defaults and fields that change nothing here; an unknown field sent null
+               # (a proxy forwarding a whole request model) is the field left out
+               "priority": 0, "return_token_ids": False, "cache_salt": "abc", "kv_transfer_params": None,
+               "prompt_cache_retention": "24h", "add_special_tokens": False, "some_future_field": None}
     code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 5, **neutral})
     assert code == 200 and r["choices"][0]["message"]["content"] == _reference(worded, conv, max_new_tokens=5)[0], r
-    code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 5, "echo": None})
+    code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 5, "add_special_tokens": True})
+    assert code == 400 and r["error"]["param"] == "add_special_tokens", r
+    code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 5, "echo": None,
+                                             "response_format": {"type": "text"}, "add_special_tokens": True})
     assert code == 200 and r["choices"][0]["text"] == _reference(worded, "w4 w2", chat=False, max_new_tokens=5)[0], r
 
 
@@ -900,3 +907,28 @@ def test_completions_top_logprobs_hold_the_sampled_token(served):  # noqa: F811
     assert all(t in top and top[t] == v and len(top) <= 2
                for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
     assert any(len(top) == 2 for top in lp["top_logprobs"])  # some draws were not the most likely
+
+
+def test_a_client_on_a_descriptor_past_1024_is_answered(served):  # noqa: F811
+    """The disconnect check used select(), which refuses descriptors past 1024: such a
+    request (a server with many clients queued, where the descriptor limit allows it) was
+    taken for a client that had left and dropped without an answer."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) stops short of 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY
+                                                else min(max(soft, 1200), hard), hard))
+    fds = []
+    try:
+        while not fds or fds[-1] < 1100:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        url, _ = served
+        code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 2})
+        assert code == 200 and r["usage"]["completion_tokens"] >= 1, (code, r)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
