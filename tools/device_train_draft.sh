@@ -59,6 +59,12 @@ if [ "${1:-}" = prepare ]; then
     mv /tmp/specrt-wheels/wheel.part-00 .dev1/ && mv /tmp/specrt-wheels/wheel.part-01 .dev2/
     f=${SPECRT_CACHE:-$HOME/.cache/specrt}/peagle-data/heldout-bcc81830d10c-128.jsonl
     [ -f "$f" ] && cp "$f" .dev2/
+    # restore brings back the committed files: refuse to empty ones with changes of their own
+    if [ -n "$(git status --porcelain -- "${SLIM[@]}")" ]; then
+        echo "prepare: ${SLIM[*]} have uncommitted changes (git status -- ${SLIM[*]}): commit or stash them" \
+             "first; prepare empties these files and restore brings back the committed ones" >&2
+        exit 1
+    fi
     git ls-files -z -- "${SLIM[@]}" | xargs -0 -r truncate -s 0
     # what a call carries: tracked and untracked-not-ignored files, plus the larger carried folder
     tree=$(git ls-files -z -co --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
@@ -66,9 +72,11 @@ if [ "${1:-}" = prepare ]; then
     echo "emptied the tracked files of ${SLIM[*]} (bash tools/device_train_draft.sh restore brings them back)"
     echo "a call carries ${tree} B of tree + ${half} B of the larger half = $((tree + half)) of ${LIMIT} B"
     if [ $((tree + half)) -gt "$LIMIT" ]; then
+        git checkout -- "${SLIM[@]}"  # (left as they were)
         echo "over the limit: empty or remove more of the tree, or split the wheel in three" >&2
         exit 1
     fi
+    echo "do not commit until restore: the emptied files show as modified"
     exit 0
 fi
 T0=$(date +%s)
