@@ -181,7 +181,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     applied = (exp.get("draft") or {}).get("attention_window")
     if isinstance(draft_window, int) and draft_window < ctx and applied is None:
         log(f"note: the draft was trained attending to the last {draft_window} tokens on some of its layers "
-            f"(its layer_types mix sliding and full attention, which the draft graph does not apply); the engines "
+            f"(a mix of sliding and full attention, which the draft graph does not apply); the engines "
             f"give it the whole context up to {ctx}: the output stays exact, but past {draft_window} tokens its "
             "acceptance may drop")
     elif isinstance(applied, int) and applied < ctx:

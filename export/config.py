@@ -265,12 +265,20 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
     # "rope_theta" plus an optional "rope_scaling" dict.
     params = f.dict("rope_parameters", required=False)
-    if params is not None and f.dict("rope_scaling", required=False) is not None:
+    scaling = f.dict("rope_scaling", required=False)
+    if params is not None and scaling is not None:
         # transformers 5 takes rope_scaling over rope_parameters (theta included), 4.x knows
         # rope_scaling only: a config re-saved by one and edited for the other (a YaRN block
-        # added as a model card says) has no one reading
-        raise UserError(f"{f.where}: both rope_parameters and rope_scaling are given; keep one (transformers 5 "
-                        "reads rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
+        # added as a model card says) has no one reading, unless the two say the same
+        def same(d: dict) -> dict:
+            d = {("rope_type" if k == "type" else k): v for k, v in d.items() if k != "rope_theta"}
+            return {**d, "rope_type": d.get("rope_type", "default")}
+
+        thetas = {x for x in (params.data.get("rope_theta"), scaling.data.get("rope_theta"),
+                              f.data.get("rope_theta")) if x is not None}
+        if same(params.data) != same(scaling.data) or len(thetas) > 1:
+            raise UserError(f"{f.where}: rope_parameters and rope_scaling differ; keep one (transformers 5 reads "
+                            "rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
     if params is None:
         params = f.dict("rope_scaling", required=False)
         theta = f.float("rope_theta", required=False, default=10000.0)
@@ -470,10 +478,12 @@ def load_draft_config(folder: Path) -> DraftConfig:
         from dataclasses import replace
 
         decoder = replace(decoder, sliding_window=window)
-    # applied in the graph only where every draft layer is marked sliding (what speculators
-    # writes); a mix of kinds is recorded and said, not applied
-    every = isinstance(kinds, list) and len(kinds) >= decoder.num_layers and \
-        all(k == "sliding_attention" for k in kinds[:decoder.num_layers])
+    # applied in the graph only where every draft layer is windowed: marked sliding (what
+    # speculators writes), or a Mistral layer config (transformers windows each of its layers);
+    # a mix of kinds is recorded and said, not applied
+    every = (isinstance(kinds, list) and len(kinds) >= decoder.num_layers and
+             all(k == "sliding_attention" for k in kinds[:decoder.num_layers])) or \
+        (kinds is None and decoder.model_type == "mistral")
     attention_window = decoder.sliding_window if every else None
     spec = f.dict("speculators_config")
     algorithm = spec.str("algorithm")

@@ -240,7 +240,10 @@ def attn_context(b: GraphBuilder, position_ids: str, past_key0: str, cfg: Decode
     """RoPE tables, the causal mask among the S new tokens, and the past length P. With a
     ``window`` W (a draft trained on sliding-window attention, speculators' mask: key j
     visible to query i while pos_i - pos_j < W) keys W or more positions back are masked
-    too, the past's included: past row j holds position j (the draft KV's real slots)."""
+    too, the past's included: past row j holds position j (the draft KV's real slots). The
+    window is counted from each query's position: EAGLE-3's step k (position anchor + k)
+    sees k keys fewer than speculators' training gave it, which counts from the anchor's
+    index (acceptance only, past W tokens; P-EAGLE's mask slots match training)."""
     cos, sin = rope_tables(b, position_ids, cfg.rope.inv_freq(), cfg.rope.attention_factor)
     g = cfg.num_heads // cfg.num_kv_heads
     # future[r, j] = pos[j] > pos[query of row r]: that query may not see new key j (the past

@@ -1341,7 +1341,7 @@ def hugepages_settings(peer_threading: str) -> dict:
     from specrt.hugepages import TUNABLE, glibc_version, thp_mode
 
     lib = glibc_version()
-    honoured = lib is None or lib >= (2, 35)  # older glibc ignores the tunable
+    honoured = lib is not None and lib >= (2, 35)  # older glibc, or another libc, ignores the tunable
 
     def on(job):
         return (honoured and TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "")) or thp_mode() == "always"

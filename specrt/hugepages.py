@@ -52,9 +52,9 @@ def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, i
     is older than 2.35 (``glibc``, default this process's), which ignores it (a benchmark
     report then claimed huge pages that no allocation got)."""
     env = os.environ if env is None else env
-    lib = glibc or glibc_version()
+    lib = glibc or glibc_version()  # (None: not glibc, e.g. musl, whose malloc has no such tunable)
     return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
-            and (lib is None or lib >= (2, 35))
+            and lib is not None and lib >= (2, 35)
             and thp_mode(setting) == "madvise" and TUNABLE not in env.get("GLIBC_TUNABLES", ""))
 
 

@@ -335,9 +335,17 @@ def test_rope_parameters_beside_rope_scaling_are_refused():
     its model card says gave logits 0.37 off transformers'. Refused, naming both."""
     fields = {**BASE, "model_type": "qwen3", "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
               "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}
-    with pytest.raises(UserError, match="both rope_parameters and rope_scaling"):
+    with pytest.raises(UserError, match="rope_parameters and rope_scaling differ"):
         parse_decoder(fields, "config.json")
     parse_decoder({**fields, "rope_scaling": None}, "config.json")  # a null one is no second reading
+    # the two saying the same (a model card's config kept readable by transformers 4 and 5)
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 128}
+    cfg = parse_decoder({**fields, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn},
+                         "rope_scaling": {"type": "yarn", **yarn}, "rope_theta": 1e6}, "config.json")
+    assert cfg.rope.rope_type == "yarn" and cfg.rope.theta == 1e6
+    with pytest.raises(UserError, match="differ"):  # same block, another theta
+        parse_decoder({**fields, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn},
+                       "rope_scaling": {"type": "yarn", **yarn}, "rope_theta": 1e4}, "config.json")
 
 
 def test_attention_bias_is_refused_where_transformers_gives_o_proj_one():
