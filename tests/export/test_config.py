@@ -408,3 +408,18 @@ def test_an_original_format_eagle3_draft_is_told_to_convert(tmp_path):
                     architectures=["LlamaForCausalLMEagle3"])
     with pytest.raises(UserError, match=r"original format .*speculators convert --algorithm eagle3"):
         load_draft_config(d)
+
+
+def test_a_mistral_draft_layer_windows_every_layer(tmp_path):
+    """transformers windows every layer of a Mistral layer config (no layer_types needed):
+    the draft graph does too (it was recorded, not applied, and called a mix of kinds)."""
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "mistral", sliding_window=16)
+    d = write_tiny_draft(tmp_path / "d", t, kind="eagle3")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["transformer_layer_config"]["sliding_window"] = 16
+    (d / "config.json").write_text(json.dumps(cfg))
+    dc = load_draft_config(d)
+    assert dc.decoder.sliding_window == dc.attention_window == 16
