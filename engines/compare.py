@@ -590,6 +590,7 @@ def _fmt(v) -> str:
 
 
 LAST_ROW = "logits[logits_from=S-1]"  # the prefill's last row only, as the runtime asks for it
+TREE = "token tree vs its chains"  # verify roles of tree-verifying engines: one call against each chain
 
 
 def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], scaled: bool = False) -> dict[str, Any]:
@@ -612,6 +613,39 @@ def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], sca
     return {"max_abs": float(d.max()), "max_rel": float((d / np.maximum(np.abs(want), 1e-30)).max()),
             "mean_abs": float(d.mean()), "atol": tol[0], "rtol": tol[1], "tol_ratio": ratio,
             "passed": bool(np.isfinite(got).all()) and ratio <= 1.0, **({"in_units_of_row_scale": True} if scaled else {})}
+
+
+def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float]], scaled=()) -> dict[str, Any]:
+    """A token tree (contracts.py "Token trees"; what `auto`'s dspark:tree=3 verifies every
+    round) in one engine call: the chain x, a1 .. ad and two siblings of a1 at a1's position,
+    over the role's S = d + 3 rows. Each row's logits, hidden states and K/V must be what the
+    reference gives for its own chain (x a1 .. ad; x s1; x s2) over the same past, within the
+    outputs' tolerances (``scaled``: in units of the row's spread, as those outputs are)."""
+    ids, pos = np.asarray(feeds[C.INPUT_IDS])[0], np.asarray(feeds[C.POSITION_IDS])[0]
+    d = len(ids) - 3
+    tree_pos = np.concatenate([pos[:d + 1], pos[1:2], pos[1:2]])
+    got = {k: np.asarray(v, np.float64).copy()
+           for k, v in engine.infer_impl({**feeds, C.POSITION_IDS: tree_pos[None]}).items()}
+    chains = [(list(range(d + 1)), list(range(d + 1)))] + [([0, d + 1 + k], [0, 1]) for k in range(2)]
+    worst, worst_name, max_abs, passed = 0.0, None, 0.0, True
+    with reference as ref:
+        for rows, at in chains:
+            want = ref.infer({**feeds, C.INPUT_IDS: ids[rows][None], C.POSITION_IDS: pos[at][None]})
+            for name, (atol, rtol) in tol.items():
+                if name not in want or name not in got:
+                    continue
+                a, b = got[name][:, rows], np.asarray(want[name], np.float64)
+                if name in scaled:
+                    s = row_scale(b)
+                    a, b = a / s, b / s
+                r = tolerance_ratio(a, b, atol, rtol)
+                max_abs = max(max_abs, float(np.abs(a - b).max()))
+                passed = passed and bool(np.isfinite(a).all()) and r <= 1.0
+                if r >= worst:
+                    worst, worst_name = r, name
+    atol, rtol = tol.get(worst_name, (0.0, 0.0))
+    return {"max_abs": max_abs, "max_rel": None, "atol": atol, "rtol": rtol, "tol_ratio": worst,
+            "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
 
 
 def role_table(role: str, r: dict[str, Any]) -> list[str]:
@@ -848,6 +882,13 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                         scaled=C.LOGITS in row_scaled)
                     roles_out[role]["passed"] = roles_out[role]["passed"] and \
                         roles_out[role]["outputs"][LAST_ROW]["passed"]
+                if role.startswith("verify.") and role_depth(role) >= 3 and engines.verifies_trees():
+                    # a token tree in one call against each of its chains (tree_check)
+                    roles_out[role]["outputs"][TREE] = tree_check(
+                        engines.portable(role), reference_runner(role), feeds[0],
+                        {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled)
+                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
+                        roles_out[role]["outputs"][TREE]["passed"]
                 for line in role_table(role, roles_out[role]):
                     log(line)
     except PolygraphyException as e:

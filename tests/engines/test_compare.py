@@ -294,3 +294,38 @@ def test_outputs_are_compared_in_units_of_their_rows_scale():
     assert not verdict(small, True)  # 2e-4 in a row of spread < 1: still a failure
     ref = np.array([[[22000.0, 0.5, 0.3, 0.2, -0.4]]])  # one massive activation in a small row
     assert not verdict(ref + np.array([[[0.0, 2e-4, 0.0, 0.0, 0.0]]]), True)
+
+
+def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
+    """`auto` verifies a token tree every round (dspark:tree=3): `specrt compare` never fed
+    one, so an engine whose tree mask went wrong on a user's machine passed while its
+    greedy output changed. Verify roles of depth 3+ now run a chain and two siblings of its
+    first draft in one call against each chain run by the reference; an engine that lays the
+    siblings out as the chain's continuation (ignoring the tree) fails it."""
+    from specrt.engines import load_engines
+    from specrt.engines.compare import TREE, tree_check
+
+    r = compare_engines(tiny_engines, log=quiet, inputs_file=tmp_path / "in.json")
+    assert r["passed"] and {k for k, v in r["roles"].items() if TREE in v["outputs"]} == {"verify.4", "verify.8"}
+    t = r["roles"]["verify.4"]["outputs"][TREE]
+    assert t["passed"] and (t["rows"], t["drafts"], t["siblings"]) == (5, 2, 2) and t["tol_ratio"] < 0.1
+
+    class Chain:  # the tree's rows laid out as one chain: what an engine ignoring the tree computes
+        def __init__(self, view):
+            self.view = view
+
+        def infer_impl(self, feeds):
+            pos = feeds[C.POSITION_IDS]
+            return self.view.infer_impl({**feeds, C.POSITION_IDS: pos[:, :1] + np.arange(pos.shape[1])[None]})
+
+    from specrt.engines.compare import RoleInputs, resolve_tolerances
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    with load_engines(tiny_engines) as e:
+        feeds = RoleInputs(e, 32).feeds("verify.4")[0]
+        outputs = [o.name for o in e.portable("verify.4").get_output_metadata()]
+        tol = resolve_tolerances(outputs, e.precision, "onnxruntime")
+        ref = OnnxrtRunner(SessionFromOnnx(str(e.export_dir / "target.onnx"), providers=["cpu"])(), name="ref")
+        assert tree_check(e.portable("verify.4"), ref, feeds, tol)["passed"]
+        bad = tree_check(Chain(e.portable("verify.4")), ref, feeds, tol)
+        assert not bad["passed"] and bad["tol_ratio"] > 1
