@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from specrt import contracts as C
 from specrt.cmd_compare import compare, parse_tolerances
-from specrt.engines.compare import LAST_ROW, TokenCompare, compare_engines, resolve_tolerances
+from specrt.engines.compare import LAST_ROW, TREE, TokenCompare, compare_engines, resolve_tolerances
 from specrt.errors import UserError
 
 from .conftest import DEPTHS, quiet
@@ -92,7 +92,9 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
     # lm_head[0, 0] moves logit 0 only: logits fail in every target role, KV and aux do not,
     # and the draft (its own graph, fed the prefill's unchanged aux) passes
     # (the prefill's last row asked for alone, as the runtime does, fails too)
-    assert by_role == {role: {C.LOGITS, *([LAST_ROW] if role == "prefill" else [])} for role in TARGET_ROLES}
+    # (and the token trees of verify.4 / verify.8, whose rows are those logits too)
+    assert by_role == {role: {C.LOGITS, *([LAST_ROW] if role == "prefill" else []),
+                              *([TREE] if role in ("verify.4", "verify.8") else [])} for role in TARGET_ROLES}
     assert r["roles"]["draft"]["passed"]
     assert all(f["max_abs"] > f["atol"] and f["tol_ratio"] > 1 for f in r["failures"])
     # the worst-element ratio agrees with polygraphy's elemwise verdict on every output
@@ -303,7 +305,7 @@ def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
     first draft in one call against each chain run by the reference; an engine that lays the
     siblings out as the chain's continuation (ignoring the tree) fails it."""
     from specrt.engines import load_engines
-    from specrt.engines.compare import TREE, tree_check
+    from specrt.engines.compare import tree_check
 
     r = compare_engines(tiny_engines, log=quiet, inputs_file=tmp_path / "in.json")
     assert r["passed"] and {k for k, v in r["roles"].items() if TREE in v["outputs"]} == {"verify.4", "verify.8"}
