@@ -274,9 +274,11 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
             d = {("rope_type" if k == "type" else k): v for k, v in d.items() if k != "rope_theta"}
             return {**d, "rope_type": d.get("rope_type", "default")}
 
-        thetas = {x for x in (params.data.get("rope_theta"), scaling.data.get("rope_theta"),
-                              f.data.get("rope_theta")) if x is not None}
-        if same(params.data) != same(scaling.data) or len(thetas) > 1:
+        # the theta transformers runs: rope_scaling's, else the top level's (else its class default);
+        # specrt's: rope_parameters', else the top level's. Both must name it, and the same one.
+        theirs = scaling.data.get("rope_theta", f.data.get("rope_theta"))
+        ours = params.data.get("rope_theta", f.data.get("rope_theta"))
+        if same(params.data) != same(scaling.data) or theirs is None or ours != theirs:
             raise UserError(f"{f.where}: rope_parameters and rope_scaling differ; keep one (transformers 5 reads "
                             "rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
     if params is None:

@@ -133,7 +133,8 @@ def _unsupported(body: dict, chat: bool, allowed=()) -> None:
             raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
     # vLLM's add_special_tokens: its defaults are what specrt does (chat: the template adds
     # them, completions: the tokenizer), anything else is refused
-    if body.get("add_special_tokens") not in (None, not chat):
+    special = body.get("add_special_tokens")
+    if special is not None and not (isinstance(special, bool) and special == (not chat)):
         raise BadRequest(f"'add_special_tokens' is not supported (got {body['add_special_tokens']!r}; only "
                          f"{not chat!r} or leaving it out)", "add_special_tokens")
     for name, neutral in NEUTRAL.items():
@@ -684,6 +685,8 @@ class Handler(BaseHTTPRequestHandler):
         import select
         import socket
 
+        if self.connection.fileno() < 0:  # closed on this side
+            return True
         try:  # poll, not select: select refuses descriptors past 1024 (a server with many clients queued)
             p = select.poll()
             p.register(self.connection, select.POLLIN)

@@ -49,6 +49,17 @@ if [ "${1:-}" = restore ]; then
     exit 0
 fi
 if [ "${1:-}" = prepare ]; then
+    # restore brings back the committed files: refuse to empty ones with changes of their own
+    if [ ! -s fixtures/peagle-smollm2/model.safetensors ]; then
+        echo "prepare: the files are emptied already (an earlier prepare): run" \
+             "'bash tools/device_train_draft.sh restore' first, and commit nothing before it" >&2
+        exit 1
+    fi
+    if [ -n "$(git status --porcelain --untracked-files=no -- "${SLIM[@]}")" ]; then
+        echo "prepare: ${SLIM[*]} have uncommitted changes (git status -- ${SLIM[*]}): commit or stash them" \
+             "first; prepare empties these files and restore brings back the committed ones" >&2
+        exit 1
+    fi
     PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
     mkdir -p .dev1 .dev2 /tmp/specrt-wheels
     grep -qx '/.dev1/' .git/info/exclude 2>/dev/null || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
@@ -59,12 +70,6 @@ if [ "${1:-}" = prepare ]; then
     mv /tmp/specrt-wheels/wheel.part-00 .dev1/ && mv /tmp/specrt-wheels/wheel.part-01 .dev2/
     f=${SPECRT_CACHE:-$HOME/.cache/specrt}/peagle-data/heldout-bcc81830d10c-128.jsonl
     [ -f "$f" ] && cp "$f" .dev2/
-    # restore brings back the committed files: refuse to empty ones with changes of their own
-    if [ -n "$(git status --porcelain -- "${SLIM[@]}")" ]; then
-        echo "prepare: ${SLIM[*]} have uncommitted changes (git status -- ${SLIM[*]}): commit or stash them" \
-             "first; prepare empties these files and restore brings back the committed ones" >&2
-        exit 1
-    fi
     git ls-files -z -- "${SLIM[@]}" | xargs -0 -r truncate -s 0
     # what a call carries: tracked and untracked-not-ignored files, plus the larger carried folder
     tree=$(git ls-files -z -co --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)

@@ -43,6 +43,21 @@ def test_tunable_added_only_where_it_helps(tmp_path):
     assert not wanted({"SPECRT_THP": "0"}, setting=madvise)
     # glibc before 2.35 ignores the tunable: not added (a report claimed huge pages there)
     assert wanted({}, setting=madvise, glibc=(2, 35)) and not wanted({}, setting=madvise, glibc=(2, 31))
+
+
+def test_a_libc_that_is_not_glibc_gets_no_tunable(tmp_path, monkeypatch):
+    """musl (no glibc version to read) has no such tunable: not added, and specrt bench's
+    report does not claim huge pages from it."""
+    import specrt.hugepages as h
+    from specrt.cmd_bench import hugepages_settings
+
+    madvise = _setting(tmp_path, "always [madvise] never")
+    monkeypatch.setattr(h, "glibc_version", lambda: None)
+    assert not h.wanted({}, setting=madvise)
+    monkeypatch.setattr(h, "thp_mode", lambda setting=None: "madvise")
+    monkeypatch.setenv("GLIBC_TUNABLES", TUNABLE)
+    got = hugepages_settings("matched")
+    assert got["glibc"] is None and not got["specrt"] and not got["peers"]
     # a peer run as shipped loses ours and keeps the rest
     assert with_thp({"GLIBC_TUNABLES": f"a=1:{TUNABLE}"}, on=False)["GLIBC_TUNABLES"] == "a=1"
     assert "GLIBC_TUNABLES" not in with_thp({"GLIBC_TUNABLES": TUNABLE}, on=False)

@@ -932,3 +932,14 @@ def test_a_client_on_a_descriptor_past_1024_is_answered(served):  # noqa: F811
         for fd in fds:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_add_special_tokens_takes_booleans_only():
+    """1 and 0 are no booleans (1 == True in Python: the membership test took them)."""
+    from specrt.cmd_serve import BadRequest, _unsupported
+
+    _unsupported({"add_special_tokens": True}, chat=False)
+    _unsupported({"add_special_tokens": False}, chat=True)
+    for body, chat in (({"add_special_tokens": 1}, False), ({"add_special_tokens": 0}, True)):
+        with pytest.raises(BadRequest, match="add_special_tokens"):
+            _unsupported(body, chat=chat)

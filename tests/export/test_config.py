@@ -346,6 +346,10 @@ def test_rope_parameters_beside_rope_scaling_are_refused():
     with pytest.raises(UserError, match="differ"):  # same block, another theta
         parse_decoder({**fields, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn},
                        "rope_scaling": {"type": "yarn", **yarn}, "rope_theta": 1e4}, "config.json")
+    with pytest.raises(UserError, match="differ"):  # a theta only rope_parameters names: transformers
+        parse_decoder({k: v for k, v in {  # would run its class default
+            **fields, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn},
+            "rope_scaling": {"type": "yarn", **yarn}}.items() if k != "rope_theta"}, "config.json")
 
 
 def test_attention_bias_is_refused_where_transformers_gives_o_proj_one():
