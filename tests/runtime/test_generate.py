@@ -1146,7 +1146,7 @@ def _drafts_from_scratch(engines, x: list[int], n: int, k: int, aux: np.ndarray,
 
 
 @pytest.mark.parametrize("case", ["chain", "tree", "lookup", "reuse"])
-def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkeypatch):
+def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkeypatch, request):
     """What the loop feeds the draft (tokens, positions, aux rows, EAGLE-3's fed-back hidden
     state, the draft KV kept across rounds and rolled back after each) pinned against the
     draft engine run from an empty past on the committed sequence: greedy output equals the
@@ -1186,7 +1186,8 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
                    engines.kv_layout("target"))
     aux = pre.infer({C.INPUT_IDS: np.array([x[:-1]], np.int64), C.POSITION_IDS: np.arange(len(x) - 1)[None],
                      **kv.past_feeds(), **g._from0})[C.AUX_HIDDEN][0]
-    assert len(rounds) >= (3 if case == "lookup" else 5)  # lookup takes most rounds of a repeating text
+    # (the accepting pair's lookup takes most rounds of its repeating text: fewer draft rounds)
+    assert len(rounds) >= (3 if case == "lookup" and "bigram" in request.node.callspec.id else 5)
     for n, k, drafts, confs in rounds:
         want, want_conf = _drafts_from_scratch(engines, x, n, k, aux, kind)
         assert [int(v) for v in drafts] == want, (case, n)
