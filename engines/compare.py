@@ -515,7 +515,7 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
     ``row_std_atol``: output name or kind -> multiple m; that output's atol becomes at least m x the
     reference's largest standard deviation along its last axis over the iterations (the
     report gives the atol used and that std). ``row_scaled``: output names compared in units
-    of each reference row's RMS where it exceeds 1 (``scale_rows``; the report says so)."""
+    of each reference row's scale (``scale_rows``; the report says so)."""
     from polygraphy.comparator import Comparator
 
     if engine.name == reference.name:
@@ -593,6 +593,18 @@ LAST_ROW = "logits[logits_from=S-1]"  # the prefill's last row only, as the runt
 TREE = "token tree vs its chains"  # verify roles of tree-verifying engines: one call against each chain
 
 
+def _against(got: np.ndarray, want: np.ndarray, atol: float, rtol: float, scaled: bool) -> dict[str, Any]:
+    """``got`` against ``want`` element by element (in units of ``want``'s row scale when
+    ``scaled``, as ``scale_rows`` compares): max_abs, max_rel, mean_abs, tol_ratio, finite."""
+    if scaled:
+        s = row_scale(want)
+        got, want = got / s, want / s
+    d = np.abs(got - want)
+    return {"max_abs": float(d.max()), "max_rel": float((d / np.maximum(np.abs(want), 1e-30)).max()),
+            "mean_abs": float(d.mean()), "tol_ratio": tolerance_ratio(got, want, atol, rtol),
+            "finite": bool(np.isfinite(got).all())}
+
+
 def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], scaled: bool = False) -> dict[str, Any]:
     """The engine's logits with ``logits_from`` = S - 1 (one row) against the reference's last
     row of the same call, elementwise within ``tol`` (the logits' atol, rtol); ``scaled``: in
@@ -605,14 +617,10 @@ def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], sca
         want = np.asarray(ref.infer(feeds)[C.LOGITS], np.float64)[:, -1:]
     if got.shape != want.shape:
         return {"passed": False, "error": f"shape {list(got.shape)}, expected {list(want.shape)}"}
-    if scaled:
-        s = row_scale(want)
-        got, want = got / s, want / s
-    d = np.abs(got - want)
-    ratio = tolerance_ratio(got, want, *tol)
-    return {"max_abs": float(d.max()), "max_rel": float((d / np.maximum(np.abs(want), 1e-30)).max()),
-            "mean_abs": float(d.mean()), "atol": tol[0], "rtol": tol[1], "tol_ratio": ratio,
-            "passed": bool(np.isfinite(got).all()) and ratio <= 1.0, **({"in_units_of_row_scale": True} if scaled else {})}
+    st = _against(got, want, *tol, scaled)
+    return {"max_abs": st["max_abs"], "max_rel": st["max_rel"], "mean_abs": st["mean_abs"], "atol": tol[0],
+            "rtol": tol[1], "tol_ratio": st["tol_ratio"], "passed": st["finite"] and st["tol_ratio"] <= 1.0,
+            **({"in_units_of_row_scale": True} if scaled else {})}
 
 
 def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float]], scaled=()) -> dict[str, Any]:
@@ -634,16 +642,11 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
             for name, (atol, rtol) in tol.items():
                 if name not in want or name not in got:
                     continue
-                a, b = got[name][:, rows], np.asarray(want[name], np.float64)
-                if name in scaled:
-                    s = row_scale(b)
-                    a, b = a / s, b / s
-                r = tolerance_ratio(a, b, atol, rtol)
-                max_abs = max(max_abs, float(np.abs(a - b).max()))
-                max_rel = max(max_rel, float((np.abs(a - b) / np.maximum(np.abs(b), 1e-30)).max()))
-                passed = passed and bool(np.isfinite(a).all()) and r <= 1.0
-                if r >= worst:
-                    worst, worst_name = r, name
+                st = _against(got[name][:, rows], np.asarray(want[name], np.float64), atol, rtol, name in scaled)
+                max_abs, max_rel = max(max_abs, st["max_abs"]), max(max_rel, st["max_rel"])
+                passed = passed and st["finite"] and st["tol_ratio"] <= 1.0
+                if st["tol_ratio"] >= worst:
+                    worst, worst_name = st["tol_ratio"], name
     atol, rtol = tol.get(worst_name, (0.0, 0.0))
     return {"max_abs": max_abs, "max_rel": max_rel, "atol": atol, "rtol": rtol, "tol_ratio": worst,
             "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
