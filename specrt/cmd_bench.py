@@ -626,6 +626,18 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     return s
 
 
+def _compared(i: int, a: list[int], b: list[int]) -> dict:
+    """Prompt i's output ``b`` against the reference's ``a``: where they first differ, and the
+    two tokens there."""
+    k = common_prefix(a, b)
+    same = a == b
+    row = {"prompt": i, "identical": same, "identical_prefix": k, "first_diff": None if same else k,
+           "len_reference": len(a), "len": len(b)}
+    if not same:
+        row.update(reference_token=a[k] if k < len(a) else None, token=b[k] if k < len(b) else None)
+    return row
+
+
 def identity(outputs: dict[str, list[list[int]]], reference: str, own_reference: dict[str, str] | None = None) -> dict:
     """Every configuration against ``reference`` (specrt:off); a specrt configuration that
     differs fails, a peer's difference is listed. ``own_reference``: configurations (variants
@@ -637,18 +649,9 @@ def identity(outputs: dict[str, list[list[int]]], reference: str, own_reference:
     for name, outs in outputs.items():
         if name == reference:
             continue
-        rows = []
-        for i, (a, b) in enumerate(zip(ref, outs)):
-            k = common_prefix(a, b)
-            same = a == b
-            row = {"prompt": i, "identical": same, "identical_prefix": k, "first_diff": None if same else k,
-                   "len_reference": len(a), "len": len(b)}
-            if not same:
-                row["reference_token"] = a[k] if k < len(a) else None
-                row["token"] = b[k] if k < len(b) else None
-                strict = name.startswith("specrt:") and name not in own_reference
-                (failures if strict else peer_mismatches).append({"config": name, **row})
-            rows.append(row)
+        rows = [_compared(i, a, b) for i, (a, b) in enumerate(zip(ref, outs))]
+        strict = name.startswith("specrt:") and name not in own_reference
+        (failures if strict else peer_mismatches).extend({"config": name, **r} for r in rows if not r["identical"])
         per_config[name] = {
             "identical_prompts": sum(r["identical"] for r in rows), "prompts": len(rows),
             "identical_prefix_min": min((r["identical_prefix"] for r in rows), default=None),
@@ -658,12 +661,8 @@ def identity(outputs: dict[str, list[list[int]]], reference: str, own_reference:
     for name, own in own_reference.items():
         if name == own or name not in outputs or own not in outputs:
             continue
-        for i, (a, b) in enumerate(zip(outputs[own], outputs[name])):
-            if a != b:
-                k = common_prefix(a, b)
-                failures.append({"config": name, "reference": own, "prompt": i, "identical": False,
-                                 "identical_prefix": k, "first_diff": k, "len_reference": len(a), "len": len(b),
-                                 "reference_token": a[k] if k < len(a) else None, "token": b[k] if k < len(b) else None})
+        rows = [_compared(i, a, b) for i, (a, b) in enumerate(zip(outputs[own], outputs[name]))]
+        failures.extend({"config": name, "reference": own, **r} for r in rows if not r["identical"])
     names = list(outputs)
     pairwise = {a: {b: sum(x == y for x, y in zip(outputs[a], outputs[b])) for b in names} for a in names}
     return {"reference": reference, "configs": per_config, "failures": failures,
@@ -1248,7 +1247,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                      "peer_spin_by_peer": {n: j.get("spin") for n, j in jobs if j.get("kind") == "peer"},
                      "schedule": schedule,
                      "interleaving_order": ("a Williams design over the configurations (williams_order): each "
-                                            "follows every other equally often" if interleaved else None), "hugepages": hugepages_settings(peer_threading),
+                                            "follows every other equally often" if interleaved else None),
+                     "hugepages": hugepages_settings(peer_threading),
                      "workers": ("one process per engines folder, shared by its governors; one per peer"
                                  + (f"; each of them {ran_processes} times, prompt i on process i mod "
                                     f"{ran_processes}" if ran_processes > 1 else "")
@@ -1338,10 +1338,10 @@ def run_record(started: float, engines, prompts_file: Path) -> dict:
 
 def hugepages_settings(peer_threading: str) -> dict:
     """Whether specrt's workers and the peers' get huge pages for their weights."""
-    from specrt.hugepages import TUNABLE, glibc_version, thp_mode
+    from specrt.hugepages import TUNABLE, glibc_version, honours_tunable, thp_mode
 
     lib = glibc_version()
-    honoured = lib is not None and lib >= (2, 35)  # older glibc, or another libc, ignores the tunable
+    honoured = honours_tunable(lib)
 
     def on(job):
         return (honoured and TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "")) or thp_mode() == "always"

@@ -47,14 +47,19 @@ def glibc_version() -> tuple[int, int] | None:
         return None
 
 
+def honours_tunable(lib: tuple[int, int] | None) -> bool:
+    """Whether a C library (glibc_version's answer) reads the tunable: glibc 2.35 and later;
+    older glibc ignores it, and another libc (None: musl) has no such tunable."""
+    return lib is not None and lib >= (2, 35)
+
+
 def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
     """Whether a process started with ``env`` should get the tunable added: not where glibc
     is older than 2.35 (``glibc``, default this process's), which ignores it (a benchmark
     report then claimed huge pages that no allocation got)."""
     env = os.environ if env is None else env
-    lib = glibc or glibc_version()  # (None: not glibc, e.g. musl, whose malloc has no such tunable)
     return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
-            and lib is not None and lib >= (2, 35)
+            and honours_tunable(glibc or glibc_version())
             and thp_mode(setting) == "madvise" and TUNABLE not in env.get("GLIBC_TUNABLES", ""))
 
 
