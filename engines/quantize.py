@@ -234,21 +234,22 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     ``<name>_quantized`` with ``<name>_scale``): each column's step must be its largest
     |weight| / 64, its zero point 0, and each code within half a step. This is exact, not
     statistical: a wrong scale, a swapped or stale weight fails it by a whole multiple.
+    Each weight is read as its own graph's node reads it (a Gemm with transB = 1 transposed),
+    never through the build's rewrite (gemms_to_matmul): a rewrite that lost a transpose fails.
     Every other weight (embeddings, norms, d2t, what stays float) must be the float graph's,
     byte for byte, under its name, and every float weight must be there or quantized and
     checked (a changed norm weight passed the outputs' loose int8 tolerances).
     Returns {"matmuls", "op", "unit", "blocks" (blocks, or columns of the dynamic form), "max_error_steps",
     "max_clipped_error_steps", "max_step_error", "float_weights", "bad": [{"matmul", "problem"}], "passed"}."""
     import numpy as np
-    from onnx import numpy_helper
 
-    fmodel = load_onnx(float_graph)
-    gemms_to_matmul(fmodel)
-    finits = {t.name: t for t in fmodel.graph.initializer}
-    by_output = {n.output[0]: n.input[1] for n in fmodel.graph.node
-                 if n.op_type == "MatMul" and n.input[1] in finits}
+    fmodel = load_onnx(float_graph)  # as exported: the check never runs gemms_to_matmul, what built it
     qmodel = load_onnx(int8_graph)
-    qinits = {t.name: t for t in qmodel.graph.initializer}
+    fnodes, qnodes = _weight_readers(fmodel.graph), _weight_readers(qmodel.graph)
+    finits = {t.name: _Oriented(t, fnodes.get(t.name)) for t in fmodel.graph.initializer}
+    by_output = {n.output[0]: n.input[1] for n in fmodel.graph.node
+                 if n.input[1:] and n.input[1] in finits and len(n.input) == 2 and _plain_product(n)}
+    qinits = {t.name: _Oriented(t, qnodes.get(t.name)) for t in qmodel.graph.initializer}
     bad: list[dict] = []
     ops: set[str] = set()
     matmuls = blocks = 0
@@ -259,7 +260,7 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     same = 0
     for name, ft in finits.items():
         if name in qinits:
-            a, b = numpy_helper.to_array(ft), numpy_helper.to_array(qinits[name])
+            a, b = ft.array(), qinits[name].array()  # each as its graph's MatMul or Gemm reads it
             if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
                 diff = "" if a.shape != b.shape or a.dtype != b.dtype else \
                     f" (element {int(np.flatnonzero(a.reshape(-1) != b.reshape(-1))[0]) if (a != b).any() else '?'})"
@@ -296,9 +297,9 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
             bad.append({"matmul": out, "problem": f"bits {bits}, zero points {n.input[3:] or 'none'}: expected "
                                                   f"{BITS} bits, symmetric (no zero-point input)"})
             continue
-        w = numpy_helper.to_array(finits[by_output[out]]).astype(np.float64)  # [K, N]
-        codes = numpy_helper.to_array(qinits[n.input[1]])  # [N, blocks, block bytes]
-        step = numpy_helper.to_array(qinits[n.input[2]]).astype(np.float64)
+        w = finits[by_output[out]].array().astype(np.float64)  # [K, N], as the float graph's node reads it
+        codes = qinits[n.input[1]].raw()  # [N, blocks, block bytes]
+        step = qinits[n.input[2]].raw().astype(np.float64)
         k, cols = w.shape
         nb = -(-k // block)
         if codes.shape != (cols, nb, block) or step.size != cols * nb:
@@ -334,22 +335,57 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
             "max_step_error": worst_step, "float_weights": same, "bad": bad, "passed": matmuls > 0 and not bad}
 
 
+def _weight_readers(graph) -> dict:
+    """{initializer name: the first MatMul or Gemm node reading it as its second input}."""
+    readers: dict = {}
+    for n in graph.node:
+        if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1:
+            readers.setdefault(n.input[1], n)
+    return readers
+
+
+def _plain_product(n) -> bool:
+    """A MatMul, or a Gemm without bias, scaling or transposed A: input 0 times the weight."""
+    return n.op_type == "MatMul" or n.op_type == "Gemm" and _attr(n, "alpha", 1.0) == 1.0 and \
+        _attr(n, "beta", 1.0) == 1.0 and not _attr(n, "transA", 0)
+
+
+class _Oriented:
+    """An initializer and the node that reads it: ``array()`` is the weight as a [K, N]
+    MatMul operand, transposed where a Gemm reads it with transB = 1, so that the export's
+    Gemm weights and the int8 graph's rewritten MatMul ones compare without running the
+    rewrite (``gemms_to_matmul``) whose output is being checked."""
+
+    def __init__(self, tensor, reader):
+        self.tensor, self.reader = tensor, reader
+
+    def raw(self):
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.tensor)
+
+    def array(self):
+        a = self.raw()
+        if self.reader is not None and self.reader.op_type == "Gemm" and _attr(self.reader, "transB", 0):
+            return a.T
+        return a
+
+
 def _check_columns(n, finits: dict, qinits: dict):
     """One MatMulInteger of the dynamic form against its float weight: (columns, worst
     error in steps, worst relative step error, problems) or a problem string."""
     import numpy as np
-    from onnx import numpy_helper
 
     qname = n.input[1]
     name = qname[: -len("_quantized")] if qname.endswith("_quantized") else None
     if name is None or name not in finits or name + "_scale" not in qinits:
         return f"weight {qname}: no float weight of that name (without _quantized) with a {name}_scale beside it"
-    zp = numpy_helper.to_array(qinits[n.input[3]]) if len(n.input) > 3 and n.input[3] in qinits else None
+    zp = qinits[n.input[3]].raw() if len(n.input) > 3 and n.input[3] in qinits else None
     if zp is None or np.any(zp != 0):
         return "the weight's zero point is not 0: expected symmetric codes"
-    w = numpy_helper.to_array(finits[name]).astype(np.float64)  # [K, N]
-    codes = numpy_helper.to_array(qinits[qname]).astype(np.float64)
-    step = numpy_helper.to_array(qinits[name + "_scale"]).astype(np.float64).reshape(-1)
+    w = finits[name].array().astype(np.float64)  # [K, N], as the float graph's node reads it
+    codes = qinits[qname].raw().astype(np.float64)
+    step = qinits[name + "_scale"].raw().astype(np.float64).reshape(-1)
     if codes.shape != w.shape or step.size != w.shape[1]:
         return f"codes {list(codes.shape)} and {step.size} steps do not fit a {list(w.shape)} weight by columns"
     top = np.abs(w).max(0)

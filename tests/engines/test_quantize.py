@@ -191,6 +191,43 @@ def test_a_changed_float_weight_of_the_int8_draft_is_named(int8_engines, tmp_pat
     assert good["passed"] and good["float_weights"] >= len(kept)
 
 
+@pytest.mark.parametrize("form", ["blocks", "dynamic"])
+def test_the_weight_check_does_not_share_the_rewrite_it_checks(tiny_export, tmp_path, monkeypatch, form):
+    """The int8 build rewrites the export's Gemm(A, W, transB=1) as MatMul(A, W^T)
+    (quantize.gemms_to_matmul). A rewrite that forgot to transpose the square weights
+    builds a valid graph that drafts garbage; the weight check reads the export's Gemms as
+    they are (it used to run the same rewrite on the float graph, and passed this build)."""
+    import onnx
+    from onnx import helper
+
+    from specrt.engines import quantize
+
+    real = quantize.gemms_to_matmul
+    inits = {t.name: list(t.dims) for t in onnx.load(str(tiny_export / "draft.onnx"), load_external_data=False)
+             .graph.initializer}
+    square = {n.input[1]: n.output[0] for n in onnx.load(str(tiny_export / "draft.onnx"), load_external_data=False)
+              .graph.node if n.op_type == "Gemm" and len(set(inits.get(n.input[1], []))) == 1}
+    assert square  # o of the tiny draft
+
+    def forgets_to_transpose(model):
+        for n in model.graph.node:
+            if n.op_type == "Gemm" and n.input[1] in square:
+                n.attribute.remove(next(a for a in n.attribute if a.name == "transB"))
+                n.attribute.append(helper.make_attribute("transB", 0))
+        return real(model)
+
+    monkeypatch.setattr(quantize, "gemms_to_matmul", forgets_to_transpose)
+    record = quantize.quantize_draft(tiny_export / "draft.onnx", tmp_path / "draft.onnx", "float32", form)
+    assert record["form"] == form
+    w = check_int8_weights(tiny_export / "draft.onnx", tmp_path / "draft.onnx")
+    assert not w["passed"]
+    # blocks name the MatMul by its output, the dynamic form's float-kept weights by name
+    assert sorted(b["matmul"] for b in w["bad"]) == sorted(square.values() if form == "blocks" else square), w["bad"]
+    monkeypatch.setattr(quantize, "gemms_to_matmul", real)
+    quantize.quantize_draft(tiny_export / "draft.onnx", tmp_path / "good.onnx", "float32", form)
+    assert check_int8_weights(tiny_export / "draft.onnx", tmp_path / "good.onnx")["passed"]
+
+
 def test_a_hard_linked_copy_of_int8_engines_checks(int8_engines, tmp_path):
     """``cp -al`` of an engines folder: onnx.load refuses external data held by a file with
     more than one link (a ValidationError traceback before); the weights are read by offset."""
