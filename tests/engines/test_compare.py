@@ -4,6 +4,7 @@ saved inputs work with polygraphy itself."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 from pathlib import Path
@@ -79,6 +80,10 @@ def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
     assert any(line.startswith("draft: skipped") for line in lines)
     assert r["roles"]["prefill"]["outputs"][C.AUX_HIDDEN]["atol"] == 1e-3
     assert r["roles"]["verify.8"]["logits_argmax_agreement"] == 1.0
+    # the token trees too, each chain run by transformers (they were ONNX Runtime's only)
+    trees = {k: v["outputs"][TREE] for k, v in r["roles"].items() if TREE in v["outputs"]}
+    assert set(trees) == {"verify.4", "verify.8"} and all(t["passed"] and t["tol_ratio"] < 0.5 for t in trees.values())
+    assert not any("token trees" in line for line in lines)
 
 
 def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_path):
@@ -331,3 +336,12 @@ def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
         assert tree_check(e.portable("verify.4"), ref, feeds, tol)["passed"]
         bad = tree_check(Chain(e.portable("verify.4")), ref, feeds, tol)
         assert not bad["passed"] and bad["tol_ratio"] > 1
+        if importlib.util.find_spec("transformers"):  # and against transformers, chain by chain
+            from specrt.engines.compare import load_torch_target, torch_target_runner
+
+            model = load_torch_target(Path(e.export["binding_receipt"]["target"]["folder"]), e.export)
+            meta = e.portable("verify.4").get_input_metadata()
+            tol_t = resolve_tolerances(outputs, e.precision, "torch")
+            ref_t = torch_target_runner(model, meta, tuple(e.export["target"]["aux_layer_ids"]), "torch")
+            assert tree_check(e.portable("verify.4"), ref_t, feeds, tol_t)["passed"]
+            assert not tree_check(Chain(e.portable("verify.4")), ref_t, feeds, tol_t)["passed"]
