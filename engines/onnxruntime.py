@@ -491,7 +491,7 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
                              outliers=outliers)
     del model, inits
     io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.hidden_size, dtype,
-                     kv="inplace", head=head)
+                     kv="inplace", head=head, num_aux=len(aux_layer_ids))
     save_model(out, dst, external_data=True)
     return io
 

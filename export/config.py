@@ -159,6 +159,9 @@ class TargetConfig:
 
 
 DRAFT_TYPES = ("peagle", "eagle3")
+# the most target hidden states a draft's fc may read (speculators' fc takes len(ids) of
+# them, 3 by default; the bound keeps the fc_norm.{j} slot table finite)
+MAX_AUX = 16
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,11 @@ class DraftConfig:
     # the attention window the draft graph applies to every layer: speculators' (v0.7+)
     # drafts mark every layer sliding_attention (window 2048 by default); None: full
     attention_window: int | None = None
+
+    @property
+    def num_aux(self) -> int:
+        """How many target hidden states fc reads (speculators: len(eagle_aux_hidden_state_layer_ids), 3 when none)."""
+        return len(self.aux_layer_ids) if self.aux_layer_ids is not None else 3
 
     def resolved_aux_ids(self, target_layers: int) -> tuple[int, ...]:
         if self.aux_layer_ids is not None:
@@ -505,8 +513,9 @@ def load_draft_config(folder: Path) -> DraftConfig:
     v_arch = verifier.list("architectures")
     aux = f.list("eagle_aux_hidden_state_layer_ids", required=False)
     if aux is not None:
-        if len(aux) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
-            raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 3 layer ids, found {aux!r}")
+        if not 1 <= len(aux) <= MAX_AUX or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
+            raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 1 to {MAX_AUX} layer ids "
+                            f"(speculators' default is 3), found {aux!r}")
         if len(set(aux)) != len(aux) or list(aux) != sorted(aux):
             # vLLM collects the aux states in layer order (a repeated id once) and speculators
             # trains on them as stored: a draft's fc reads them ascending, whatever the list says

@@ -62,7 +62,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
         # The graph now owns copies of the weights: drop the checkpoint's mapped pages
         # before serialising (peak RSS 2.1x instead of 2.55x the fp32 weights on SmolLM2).
         target.reader.close()
-        io = C.target_io(tc.num_layers, tc.num_kv_heads, tc.head_dim, tc.vocab_size, tc.hidden_size, dtype)
+        io = C.target_io(tc.num_layers, tc.num_kv_heads, tc.head_dim, tc.vocab_size, tc.hidden_size, dtype,
+                         num_aux=len(aux))
         target_files = _save(model, tmp, "target")
         del model
         gc.collect()
@@ -74,12 +75,13 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             if dc.kind == "peagle":
                 model = graphs.build_peagle_graph(dc, draft.get, dtype=dtype)
                 dio = C.peagle_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
-                                  dc.draft_vocab_size, tc.hidden_size, dtype, confidence=dc.confidence_head)
+                                  dc.draft_vocab_size, tc.hidden_size, dtype, confidence=dc.confidence_head,
+                                  num_aux=dc.num_aux)
             else:
                 model = graphs.build_eagle3_graph(dc, draft.get, dtype=dtype)
                 dio = C.eagle3_io(dc.decoder.num_layers, dc.decoder.num_kv_heads, dc.decoder.head_dim,
                                   dc.draft_vocab_size, dc.decoder.hidden_size, tc.hidden_size, dtype,
-                                  confidence=dc.confidence_head)
+                                  confidence=dc.confidence_head, num_aux=dc.num_aux)
             draft.reader.close()
             target.reader.close()
             graphs_json["draft"] = {"io": dio.to_json(), "files": _save(model, tmp, "draft")}

@@ -92,8 +92,8 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
     if kv == "inplace" and (dtype not in ("float32", "float16") or not cache_len or cache_len < 1):
         raise InternalError(f"in-place KV needs float32/float16 and a cache length (got {dtype}, {cache_len})")
     aux = tuple(int(i) for i in aux_layer_ids)
-    if len(aux) != 3 or not all(0 <= i <= cfg.num_layers for i in aux):
-        raise UserError(f"aux layer ids {list(aux)}: expected 3 ids in [0, {cfg.num_layers}]")
+    if not aux or not all(0 <= i <= cfg.num_layers for i in aux):
+        raise UserError(f"aux layer ids {list(aux)}: expected 1 or more ids (3 by default) in [0, {cfg.num_layers}]")
     b = ops.GraphBuilder(dtype)
     H, V = cfg.hidden_size, cfg.vocab_size
     if kv == "inplace":
@@ -106,7 +106,7 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
         ctx = ops.attn_context(b, C.POSITION_IDS, C.past_key(0), cfg)
         taps: dict[int, str] = {}
         h = _layers(b, cfg, ops.embed(b, C.INPUT_IDS, W("embed"), H), ctx, W, 0, taps)
-        b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, 3 * H, out=C.AUX_HIDDEN)
+        b.reshape(b.op("Concat", *[taps[i] for i in aux], axis=-1), 1, -1, len(aux) * H, out=C.AUX_HIDDEN)
         h = ops.rmsnorm(b, h, W("final_norm"), cfg.rms_norm_eps)
     head_slot = "embed" if cfg.tie_word_embeddings else "lm_head"
     if head == "screened":
@@ -122,7 +122,7 @@ def build_target_graph(cfg: DecoderConfig, get: ops.Get, aux_layer_ids, dtype: s
             b.reshape(h, 1, -1, H, out=C.HEAD_HIDDEN)
     else:
         raise InternalError(f"head {head!r} is not one of {C.HEADS}")
-    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv, head=head)
+    io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, V, H, dtype, kv=kv, head=head, num_aux=len(aux))
     return b.model(io, "specrt_target", f"target {cfg.model_type}, aux ids {list(aux)}"
                    + (f", in-place KV of {cache_len} rows (ONNX Runtime GroupQueryAttention)" if kv == "inplace" else ""))
 
@@ -190,8 +190,8 @@ def _check_draft(dc: DraftConfig) -> None:
 
 
 def _pre_fc(x, dc: DraftConfig, get: ops.Get, b: ops.GraphBuilder | None = None, W=None):
-    """The optional norms on the 3*Ht aux input before fc: input_norm over all 3*Ht
-    (norm_before_fc), then fc_norm.j over each third (fc_norm). On a graph tensor when
+    """The optional norms on the n*Ht aux input before fc (n = dc.num_aux): input_norm over
+    all of it (norm_before_fc), then fc_norm.j over each Ht part (fc_norm). On a graph tensor when
     ``b``/``W`` are given, else on a numpy array (constants folded at export)."""
     eps = dc.decoder.rms_norm_eps
 
@@ -201,15 +201,16 @@ def _pre_fc(x, dc: DraftConfig, get: ops.Get, b: ops.GraphBuilder | None = None,
     if dc.norm_before_fc:
         x = norm(x, "input_norm")
     if dc.fc_norm:
-        parts = np.split(x, 3, axis=-1) if b is None else b.ops("Split", [x], 3, axis=-1)
+        n = dc.num_aux
+        parts = np.split(x, n, axis=-1) if b is None else b.ops("Split", [x], n, axis=-1) if n > 1 else [x]
         normed = [norm(p, f"fc_norm.{j}") for j, p in enumerate(parts)]
         x = np.concatenate(normed, axis=-1) if b is None else b.op("Concat", *normed, axis=-1)
     return x
 
 
 def _fc_aux(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, target_hidden: int) -> str:
-    """aux_hidden [1, A, 3Ht] -> g = fc(norms(aux)) [A, H]."""
-    x = _pre_fc(b.reshape(C.DRAFT_AUX_IN, -1, 3 * target_hidden), dc, get, b, W)
+    """aux_hidden [1, A, n*Ht] -> g = fc(norms(aux)) [A, H]."""
+    x = _pre_fc(b.reshape(C.DRAFT_AUX_IN, -1, dc.num_aux * target_hidden), dc, get, b, W)
     return ops.linear(b, x, W("fc"))
 
 
@@ -253,11 +254,12 @@ def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str, n
 
 
 def _target_hidden(dc: DraftConfig, get: ops.Get) -> tuple[int, np.ndarray]:
-    fc = get("fc")  # [H, 3*Ht]
-    if fc.shape[0] != dc.decoder.hidden_size or fc.shape[1] % 3:
+    fc = get("fc")  # [H, n*Ht]
+    n = dc.num_aux
+    if fc.shape[0] != dc.decoder.hidden_size or fc.shape[1] % n:
         raise UserError(f"draft fc weight has shape {list(fc.shape)}, "
-                        f"expected [{dc.decoder.hidden_size}, 3 * target hidden size]")
-    return fc.shape[1] // 3, fc
+                        f"expected [{dc.decoder.hidden_size}, {n} * target hidden size]")
+    return fc.shape[1] // n, fc
 
 
 def build_peagle_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float32") -> onnx.ModelProto:
@@ -277,7 +279,7 @@ def build_peagle_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
     b = ops.GraphBuilder(dtype)
     W = _weights(b, get)
     g_real = _fc_aux(b, dc, get, W, Ht)  # [A, H]
-    mask_g = _pre_fc(np.asarray(get("mask_hidden"), np.float32).reshape(1, 3 * Ht), dc, get) @ fc.astype(np.float32).T
+    mask_g = _pre_fc(np.asarray(get("mask_hidden"), np.float32).reshape(1, dc.num_aux * Ht), dc, get) @ fc.astype(np.float32).T
     n_aux, n_new = b.dim(C.DRAFT_AUX_IN, 1), b.dim(C.INPUT_IDS, 1)
     n_mask = b.op("Sub", n_new, n_aux)
     g_mask = b.op("Expand", b.const(mask_g, dtype), b.op("Concat", n_mask, b.ints(H), axis=0))  # [M, H]
@@ -287,7 +289,7 @@ def build_peagle_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
     h = b.op("Slice", h, last_real, n_new, b.ints(0))
     _draft_head(b, dc, get, W, h)
     io = C.peagle_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, Ht, dtype,
-                     confidence=dc.confidence_head)
+                     confidence=dc.confidence_head, num_aux=dc.num_aux)
     return b.model(io, "specrt_peagle", f"P-EAGLE draft, mask_token_id {dc.mask_token_id}")
 
 
@@ -313,7 +315,7 @@ def build_eagle3_graph(draft_cfg: DraftConfig, get: ops.Get, dtype: str = "float
     b.reshape(h, 1, -1, H, out=C.DRAFT_HIDDEN_OUT)
     _draft_head(b, dc, get, W, h, normed=dc.norm_output)
     io = C.eagle3_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dc.draft_vocab_size, H, Ht, dtype,
-                     confidence=dc.confidence_head)
+                     confidence=dc.confidence_head, num_aux=dc.num_aux)
     return b.model(io, "specrt_eagle3", "EAGLE-3 draft step")
 
 

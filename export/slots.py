@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specrt.export.config import DecoderConfig, DraftConfig
+from specrt.export.config import MAX_AUX, DecoderConfig, DraftConfig
 
 # Dtype classes a slot accepts (safetensors dtype strings).
 FLOAT = ("F32", "F16", "BF16")
@@ -118,9 +118,9 @@ def _draft_first_in(c: DecoderConfig) -> int:
 
 
 def _aux_width(c: DecoderConfig, e: dict) -> int:
-    # fc reads concat of 3 target hidden states; the target width may differ from
-    # the draft's (target_hidden_size), binding passes it in ``extra``.
-    return 3 * e.get("target_hidden", c.hidden_size)
+    # fc reads concat of num_aux (3 by default) target hidden states; the target width may
+    # differ from the draft's (target_hidden_size), binding passes both in ``extra``.
+    return e.get("num_aux", 3) * e.get("target_hidden", c.hidden_size)
 
 
 # speculators draft checkpoints (DESIGN.md §1): names are the library's own, no prefix.
@@ -143,8 +143,8 @@ DRAFT_SLOTS: list[SlotSpec] = [
              required=lambda c, e: e["norm_before_fc"]),
     *[
         SlotSpec(f"fc_norm.{j}", (f"fc_norm.{j}.weight",), lambda c, e: (e.get("target_hidden", c.hidden_size),),
-                 required=lambda c, e: e["fc_norm"])
-        for j in range(3)
+                 required=lambda c, e, j=j: e["fc_norm"] and j < e.get("num_aux", 3))
+        for j in range(MAX_AUX)
     ],
     # a DSpark confidence head (DeepSpec's AcceptRatePredictor: one Linear(H, 1), bias on)
     SlotSpec("confidence_head", ("confidence_head.proj.weight",), lambda c, e: (1, c.hidden_size),
@@ -163,6 +163,7 @@ def draft_extra(cfg: DraftConfig, target_hidden: int | None = None) -> dict:
         "draft_vocab": cfg.draft_vocab_size,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
+        "num_aux": cfg.num_aux,
         "confidence_head": cfg.confidence_head,
         "target_hidden": target_hidden or cfg.target_hidden_size or cfg.decoder.hidden_size,
     }

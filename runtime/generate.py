@@ -229,7 +229,7 @@ class Generator:
         self._draft_pos = 0  # the output position a stream's next draft pass proposes first
         self._prefix_owner: str | None = None
         self.hidden = d["hidden_size"] if d else 0
-        self.aux_width = 3 * t["hidden_size"]
+        self.aux_width = len(t["aux_layer_ids"]) * t["hidden_size"]
         self.dtype = dtype
         self.d2t = d2t
         # each draft id's target id (d2t: target = draft + d2t[draft]); None: the same vocabulary

@@ -187,8 +187,10 @@ def inplace_kv_specs(num_layers: int, kv_heads: int, head_dim: int, dtype: str):
 
 
 def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden: int, dtype: str,
-              kv: str = "append", head: str = "full") -> GraphIO:
+              kv: str = "append", head: str = "full", num_aux: int = 3) -> GraphIO:
     """The target graph: one graph serves prefill and verify (any S >= 1, any P >= 0).
+    ``aux_hidden`` is the residual stream entering each of the draft's ``num_aux`` aux
+    layers (3 by default, speculators' eagle_aux_hidden_state_layer_ids), side by side.
     ``kv``: "append" (portable past/new tensors) or "inplace" (whole buffers, see above).
     In-place graphs take ``logits_from`` (above).
     ``head``: "screened" adds the ``head_exact`` input and the ``head_hidden`` and
@@ -202,7 +204,7 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)), *kv_in,
                 *((TensorSpec(HEAD_EXACT, "bool", ()),) if head == "screened" else ()),
                 *((TensorSpec(LOGITS_FROM, "int64", (), optional=True),) if kv == "inplace" else ())),
-        outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, 3 * hidden)),
+        outputs=(TensorSpec(LOGITS, dtype, (1, DIM_NEW, vocab)), TensorSpec(AUX_HIDDEN, dtype, (1, DIM_NEW, num_aux * hidden)),
                  *((TensorSpec(HEAD_HIDDEN, dtype, (1, DIM_NEW, hidden)),) if head != "full" else ()),
                  *((TensorSpec(HEAD_NORMS, dtype, (1, DIM_NEW, 2)),) if head == "screened" else ()), *kv_out),
         aliases=aliases,
@@ -210,10 +212,11 @@ def target_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, hidden:
 
 
 def peagle_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, target_hidden: int,
-              dtype: str, confidence: bool = False) -> GraphIO:
+              dtype: str, confidence: bool = False, num_aux: int = 3) -> GraphIO:
     """One P-EAGLE drafting pass over S = A + M slots (A real, then M = K - 1 mask slots).
 
-    ``aux_hidden`` holds the target's aux hidden states of the A real slots (A >= 1);
+    ``aux_hidden`` holds the target's aux hidden states of the A real slots (A >= 1), the
+    ``num_aux`` layers' states side by side (``target_io``'s ``aux_hidden``);
     ``input_ids`` carries mask_token_id in the mask slots. ``draft_logits`` and
     ``draft_token_ids`` cover K = M + 1 rows: the last real slot, then the M mask slots.
     The new KV covers all S slots; the runtime commits only the first A (mask slots are
@@ -223,14 +226,14 @@ def peagle_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, t
     conf = (TensorSpec(DRAFT_CONFIDENCE, dtype, (1, DIM_DEPTH)),) if confidence else ()
     return GraphIO(
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
-                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)), *kv_in),
+                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, num_aux * target_hidden)), *kv_in),
         outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_DEPTH, draft_vocab)),
                  TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_DEPTH)), *conf, *kv_out),
     )
 
 
 def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, hidden: int, target_hidden: int,
-              dtype: str, confidence: bool = False) -> GraphIO:
+              dtype: str, confidence: bool = False, num_aux: int = 3) -> GraphIO:
     """One sequential EAGLE-3 step over S = A + B positions.
 
     The first A positions take g = fc(aux_hidden) (target hidden states, e.g. the tokens
@@ -242,7 +245,7 @@ def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, h
     conf = (TensorSpec(DRAFT_CONFIDENCE, dtype, (1, DIM_NEW)),) if confidence else ()
     return GraphIO(
         inputs=(TensorSpec(INPUT_IDS, "int64", (1, DIM_NEW)), TensorSpec(POSITION_IDS, "int64", (1, DIM_NEW)),
-                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, 3 * target_hidden)),
+                TensorSpec(DRAFT_AUX_IN, dtype, (1, DIM_AUX, num_aux * target_hidden)),
                 TensorSpec(DRAFT_PREV_HIDDEN, dtype, (1, DIM_PREV, hidden)), *kv_in),
         outputs=(TensorSpec(DRAFT_LOGITS, dtype, (1, DIM_NEW, draft_vocab)),
                  TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_NEW)),

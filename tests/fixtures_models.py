@@ -64,9 +64,11 @@ def load_hf(path: Path):
 def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers: int = 2, draft_vocab: int = 500,
                      norm_before_fc: bool = False, fc_norm: bool = False, norm_before_residual: bool = False,
                      own_embed: bool = False, mask_token_id: int = 999, seed: int = 1,
-                     norm_output: bool = False, confidence_head: bool = False) -> Path:
+                     norm_output: bool = False, confidence_head: bool = False,
+                     aux_layer_ids: tuple[int, ...] = (1, 2, 3)) -> Path:
     """A speculators draft for the target saved at ``target`` (same width and family);
-    ``confidence_head``: with a DSpark confidence head (DeepSpec's names)."""
+    ``confidence_head``: with a DSpark confidence head (DeepSpec's names); ``aux_layer_ids``:
+    the target layers fc reads (speculators sizes fc, mask_hidden and the norms by their count)."""
     t = json.loads((Path(target) / "config.json").read_text())
     rng = np.random.default_rng(seed)
     H, V, D = t["hidden_size"], t["vocab_size"], t["head_dim"]
@@ -78,7 +80,7 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
     cfg = {
         "architectures": ["PEagleDraftModel" if kind == "peagle" else "Eagle3DraftModel"],
         "speculators_model_type": kind, "draft_vocab_size": draft_vocab,
-        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
         "norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc,
         "fc_norm": fc_norm, "norm_output": norm_output, "embed_requires_grad": False, "target_hidden_size": None,
         "transformer_layer_config": layer_cfg,
@@ -95,7 +97,8 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
     def norm(n):
         return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
-    x: dict[str, np.ndarray] = {"fc.weight": w(H, 3 * H), "layers.0.hidden_norm.weight": norm(H),
+    n = len(aux_layer_ids)
+    x: dict[str, np.ndarray] = {"fc.weight": w(H, n * H), "layers.0.hidden_norm.weight": norm(H),
                                 "norm.weight": norm(H), "lm_head.weight": w(draft_vocab, H)}
     for i in range(num_layers):
         p, fan_in = f"layers.{i}.", 2 * H if i == 0 else H
@@ -112,11 +115,11 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
         x["t2d"] = np.zeros(V, dtype=bool)
         x["t2d"][chosen] = True
     if kind == "peagle":
-        x["mask_hidden"] = w(1, 1, 3 * H) * 10
+        x["mask_hidden"] = w(1, 1, n * H) * 10
     if norm_before_fc:
-        x["input_norm.weight"] = norm(3 * H)
+        x["input_norm.weight"] = norm(n * H)
     if fc_norm:
-        x.update({f"fc_norm.{j}.weight": norm(H) for j in range(3)})
+        x.update({f"fc_norm.{j}.weight": norm(H) for j in range(n)})
     if own_embed:
         x["embed_tokens.weight"] = w(V, H)
     if confidence_head:

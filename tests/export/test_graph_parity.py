@@ -169,7 +169,7 @@ def test_inplace_target_matches_transformers(targets, name):
 def test_target_rejects_bad_aux_ids(targets):
     t = bind_target(targets["llama"])
     with pytest.raises(UserError, match="aux layer ids"):
-        build_target_graph(t.config.decoder, t.get, (1, 2))
+        build_target_graph(t.config.decoder, t.get, ())
     with pytest.raises(UserError, match="aux layer ids"):
         build_target_graph(t.config.decoder, t.get, (1, 2, 9))
 
@@ -234,6 +234,10 @@ DRAFTS = {
     "eagle3_qwen3_norms": dict(target="qwen3", kind="eagle3", norm_before_fc=True, fc_norm=True,
                                norm_before_residual=True, own_embed=True),
     "peagle_llama_norms": dict(target="llama_tied", kind="peagle", norm_before_fc=True, fc_norm=True),
+    # speculators sizes fc (and mask_hidden, input_norm, fc_norm) by the aux ids' count, 3 by default
+    "eagle3_qwen3_aux2": dict(target="qwen3", kind="eagle3", norm_before_fc=True, fc_norm=True, aux_layer_ids=(1, 3)),
+    "peagle_llama_aux4": dict(target="llama_tied", kind="peagle", norm_before_fc=True, fc_norm=True,
+                              aux_layer_ids=(0, 1, 2, 3)),
 }
 
 
@@ -295,7 +299,7 @@ def torch_draft_reference(draft, ids: np.ndarray, aux: np.ndarray, extra_g: np.n
         if dc.norm_before_fc:
             x = norm(state["input_norm.weight"])(x)
         if dc.fc_norm:
-            x = torch.cat([norm(state[f"fc_norm.{j}.weight"])(p) for j, p in enumerate(x.chunk(3, dim=-1))], -1)
+            x = torch.cat([norm(state[f"fc_norm.{j}.weight"])(p) for j, p in enumerate(x.chunk(dc.num_aux, dim=-1))], -1)
         g = x @ t(state["fc.weight"]).T
         if extra_g is not None:
             g = torch.cat([g, t(extra_g)], 1)
@@ -337,7 +341,7 @@ def test_draft_matches_torch_reference(drafts, name):
     rng = np.random.default_rng(9)
     A, B = 4, 3
     ids = rng.integers(0, d.vocab_size, (1, A + B))
-    aux = rng.standard_normal((1, A, 3 * d.hidden_size)).astype(np.float32)
+    aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
     kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
     feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux, **kv.feed()}
     if dc.kind == "eagle3":
@@ -360,11 +364,11 @@ def _eagle3_feed(rng, dc, n_aux: int, n_prev: int, start: int, ids=None) -> dict
     S = n_aux + n_prev
     return {C.INPUT_IDS: rng.integers(0, dc.decoder.vocab_size, (1, S)) if ids is None else ids,
             C.POSITION_IDS: np.arange(start, start + S)[None],
-            C.DRAFT_AUX_IN: rng.standard_normal((1, n_aux, 3 * dc.decoder.hidden_size)).astype(np.float32),
+            C.DRAFT_AUX_IN: rng.standard_normal((1, n_aux, dc.num_aux * dc.decoder.hidden_size)).astype(np.float32),
             C.DRAFT_PREV_HIDDEN: rng.standard_normal((1, n_prev, dc.decoder.hidden_size)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("name", ["eagle3_llama", "eagle3_qwen3_norms"])
+@pytest.mark.parametrize("name", ["eagle3_llama", "eagle3_qwen3_norms", "eagle3_qwen3_aux2"])
 def test_eagle3_one_call_equals_single_steps(drafts, name):
     """S = A + B positions in one call == S one-position calls growing the draft KV
     (A = 1, B = 0 twice, then A = 0, B = 1 twice)."""
@@ -406,7 +410,7 @@ def test_a_sliding_window_draft_matches_speculators_mask(drafts, name):
     A, B = 6, 2  # EAGLE-3: 8 aux rows; P-EAGLE: 6 real slots then 2 mask slots
     ids = rng.integers(0, d.vocab_size, (1, A + B))
     if dc.kind == "eagle3":
-        aux = rng.standard_normal((1, A + B, 3 * d.hidden_size)).astype(np.float32)
+        aux = rng.standard_normal((1, A + B, dc.num_aux * d.hidden_size)).astype(np.float32)
         s = session(build_eagle3_graph(dc, draft.get))
         want, hidden = torch_draft_reference(draft, ids, aux, window=3)
         full, _ = torch_draft_reference(draft, ids, aux)
@@ -421,7 +425,7 @@ def test_a_sliding_window_draft_matches_speculators_mask(drafts, name):
         got = np.concatenate(got, 1)
     else:
         ids[:, A:] = dc.mask_token_id
-        aux = rng.standard_normal((1, A, 3 * d.hidden_size)).astype(np.float32)
+        aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
         s = session(build_peagle_graph(dc, draft.get))
         mask = np.repeat(draft.get("mask_hidden").reshape(1, 1, -1), B, axis=1)
         want, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask, window=3)

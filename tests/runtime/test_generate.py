@@ -81,6 +81,37 @@ def test_greedy_identity_every_depth_and_governor(pair):
         assert accepted > 0  # the accept and bonus paths ran
 
 
+@pytest.mark.parametrize("model_type,kind,aux", [("qwen3", "eagle3", (0, 2)), ("llama", "peagle", (0, 1, 2, 3))],
+                         ids=["eagle3-aux2", "peagle-aux4"])
+def test_drafts_reading_other_than_three_aux_layers(tmp_path, model_type, kind, aux):
+    """speculators sizes a draft's fc by len(eagle_aux_hidden_state_layer_ids) (3 by default):
+    such drafts were refused; now the target graph outputs that many layers' states, the
+    draft reads them, and decoding stays token-identical at every depth (in-place KV and
+    the portable layout) and through ``specrt compare``."""
+    import json
+
+    from specrt.engines.compare import compare_engines
+
+    t = write_tiny_target(tmp_path / "t", model_type, vocab_size=1000)
+    d = write_tiny_draft(tmp_path / "d", t, kind=kind, num_layers=1, draft_vocab=500, mask_token_id=999,
+                         aux_layer_ids=aux)
+    export(t, d, tmp_path / "exp")
+    exp = json.loads((tmp_path / "exp" / "export.json").read_text())
+    assert exp["target"]["aux_layer_ids"] == list(aux)
+    width = {o["name"]: o["shape"][-1] for g in exp["graphs"].values() for o in g["io"]["inputs"] + g["io"]["outputs"]}
+    assert width[C.AUX_HIDDEN] == width[C.DRAFT_AUX_IN] == len(aux) * 64
+    for layout in ("inplace", "append"):
+        eng = tmp_path / f"eng-{layout}"
+        build_engines(tmp_path / "exp", "onnxruntime", (1, 2, 3, 4), eng, log=lambda s: None, profile_repeats=1,
+                      profile_pasts=(16,), max_context=128, ort_kv=layout)
+        with load_engines(eng) as engines:
+            ref = _gen(engines, OffGovernor((1, 2, 3, 4))).generate(PROMPT, 24)
+            for k in (1, 2, 3, 4):
+                assert _gen(engines, FixedGovernor((1, 2, 3, 4), k)).generate(PROMPT, 24) == ref, (layout, k)
+    r = compare_engines(tmp_path / "eng-inplace", log=lambda s: None, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+
+
 def test_token_trees_keep_greedy_identity(pair):
     """Chains with the draft's runners-up for the first position verified beside them
     (widths 2 and 3, every depth; the deepest trees run on the dynamic-length prefill
