@@ -238,7 +238,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     if width > 1:  # the training prompts' runner-up counts, per rank
         w, t = (np.sum([per_prompt_ranks[i][j] for i in train_idx], axis=0).tolist() for j in (0, 1))
         cal.runner_ups = runner_ups = ([float(x) for x in w], [float(x) for x in t])
-    eval_rounds, evaluated_on = (hold, "holdout") if hold else (train, "train")
+    # (held-out prompts that ran no round are an error, not a silent fall back to the training rounds)
+    eval_rounds, evaluated_on = (hold, "holdout") if hold_idx else (train, "train")
     if not eval_rounds:
         raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
     before = evaluate(eval_rounds, lambda c: c, K)
@@ -322,8 +323,9 @@ def format_report(r: dict) -> str:
         return "   -  " if v is None else f"{v:6.3f}"
 
     c, s = r["ece"]["conditional"], r["ece"]["survival"]
+    ev = r["evaluated_on"]  # "holdout" or "train": the counts of the rounds the ECE is measured on
     lines = [f"calibration ({r['kind']}, {r.get('mode', 'greedy')}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
-             f"evaluated on {r['evaluated_on']} ({r['prompts']['holdout']} prompts, {r['rounds']['holdout']} rounds); "
+             f"evaluated on {ev} ({r['prompts'][ev]} prompts, {r['rounds'][ev]} rounds); "
              f"depth {r['depth']}, tau {r['tau']:.2f}",
              "  pos |  n reach  accept  ECE c before  after  AUC c | n verif  surviv  ECE S before  after  AUC S"]
     for k in range(r["depth"]):

@@ -523,6 +523,16 @@ class Calibration:
 
 
 SHAPE_WINDOW = 200  # rounds: a depth measured within them is one of the shapes kept at mean 1
+# A round's measured time moves DSpark's cost factors as if it were at most this many times
+# its current price (or at least its 1 / OUTLIER): one stalled call (a preempted thread, a
+# page fault: 40x on a shared 2-core host) priced its depth 14% above the others for 100+
+# rounds and every target call 10x for ~10; a lasting change still takes over, 1.5x a round
+# (the shape factors learn from the rounds within those bounds only).
+OUTLIER = 3.0
+
+
+def _clip_outlier(t: float, price: float) -> float:
+    return min(max(t, price / OUTLIER), price * OUTLIER)
 
 
 class DSparkGovernor(Governor):
@@ -829,7 +839,8 @@ class DSparkGovernor(Governor):
             # counted, they left the load at 1.8-2.1 after 10 prompts with prompt lookup
             # (1.08 without), and DSpark priced every draft at about twice its cost.
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
-            self.load_draft += a * (r.t_draft / self._profiled_draft(k) - self.load_draft)
+            t = _clip_outlier(r.t_draft, self.load_draft * self._profiled_draft(k))
+            self.load_draft += a * (t / self._profiled_draft(k) - self.load_draft)
         d = r.depth if not r.siblings else depth_at_least(self.depths, r.depth + r.siblings)  # the rows it ran
         if r.t_verify <= 0:  # no timing (a round that did not run the target): nothing to learn
             pass
@@ -837,8 +848,10 @@ class DSparkGovernor(Governor):
             self._p_decode = r.t_verify / self.load_target
         elif d == 0 or d in self._p_verify:
             p = self._p_decode if d == 0 else self._p_verify[d]
-            self.load_target += a * (r.t_verify / (p * self.shape[d]) - self.load_target)
-            self.shape[d] += self.shape_ema * (r.t_verify / (p * self.load_target) - self.shape[d])
+            t = _clip_outlier(r.t_verify, self.load_target * p * self.shape[d])
+            self.load_target += a * (t / (p * self.shape[d]) - self.load_target)
+            if t == r.t_verify:  # (a stall says nothing about the ratios between depths)
+                self.shape[d] += self.shape_ema * (t / (p * self.load_target) - self.shape[d])
             # Only load x shape is measured: noise walked the two apart along that free
             # direction (load up, the measured shapes down; after 20,000 rounds of 20% noise
             # load 10x, so unvisited depths and the decode step priced 2-10x their cost).

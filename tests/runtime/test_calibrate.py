@@ -171,6 +171,8 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     assert h["mode"] == "temperature=1.3,top_k=0,top_p=0.95" and h["sampling"]["temperature"] == 1.3
     # the report prices the calibration the sampled mode would otherwise start from
     assert g["other_mode"] is None and h["other_mode"]["mode"] == "greedy"
+    # no held-out prompts: the table names the rounds the ECE was measured on (it said "0 rounds")
+    assert f"evaluated on train ({g['prompts']['train']} prompts, {g['rounds']['train']} rounds)" in format_report(g)
     assert 0.0 <= h["other_mode"]["conditional"]["ece_all"] <= 1.0
     assert len(h["other_mode"]["survival"]["ece"]) == h["depth"]
     assert "starts from the greedy calibration (as a prior)" in format_report(h)
@@ -201,6 +203,31 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     # greedy again: the greedy fit replaced, the sampled one kept
     calibrate(eng, prompts(16, 3, seed=4), max_new_tokens=12, holdout=0.0)
     assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", h["mode"]]
+
+
+def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_path):
+    """Held-out prompts that leave room for one new token run no draft round: the error
+    says so (the training rounds' in-sample error was stored as the held-out one)."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    C = json.loads((eng / "engines.json").read_text())["max_context"]
+    with pytest.raises(UserError, match="no draft rounds in the held-out prompts"):
+        calibrate(eng, prompts(16, 3, seed=2), max_new_tokens=16, holdout_prompts=[[1, 2] * ((C - 1) // 2) + [3]])
+    assert not (eng / CALIBRATION_FILE).exists()
+
+
+def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):
+    """Coupled sampling (--reproducible) accepts drafts at another rate than rejection sampling
+    at the same temperature: its calibration neither replaces the rejection sampler's nor is
+    loaded for it (both were stored under one key, the later fit overwriting the other)."""
+    assert SamplingParams(temperature=0.7, coupled=True).mode != SamplingParams(temperature=0.7).mode
+    assert SamplingParams(coupled=True).mode == "greedy"  # greedy has no sampling to couple
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    rs, cp = SamplingParams(temperature=1.3, seed=3), SamplingParams(temperature=1.3, seed=3, coupled=True)
+    a = calibrate(eng, prompts(16, 3, seed=2), max_new_tokens=16, holdout=0.0, sampling=rs)
+    b = calibrate(eng, prompts(16, 3, seed=2), max_new_tokens=16, holdout=0.0, sampling=cp)
+    assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == sorted([a["mode"], b["mode"]])
+    with Session(eng, governor="dspark", sampling=rs) as s:
+        assert s.calibration_note.endswith(f"rounds, {a['mode']})")
 
 
 def test_calibrate_measures_the_runner_ups_where_the_engines_verify_trees(small_vocab_engines, tmp_path):
