@@ -14,6 +14,9 @@ from specrt.errors import UserError
 from specrt.prompt_files import is_messages
 
 
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
 class Text:
     def __init__(self, folder: Path):
         from tokenizers import Tokenizer
@@ -25,13 +28,25 @@ class Text:
         self.tokenizer = Tokenizer.from_file(str(tok))
         cfg_path = folder / "tokenizer_config.json"
         self.config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+        stm = folder / "special_tokens_map.json"
+        if "added_tokens_decoder" not in self.config and stm.is_file():
+            # a tokenizer saved before transformers 4.34: transformers lays special_tokens_map.json's
+            # tokens over tokenizer_config.json's (both may name them; either alone may)
+            named = json.loads(stm.read_text(encoding="utf-8"))
+            if isinstance(named, dict):
+                self.config = {**self.config, **{k: v for k, v in named.items()
+                                                 if k in SPECIAL_TOKENS or k == "additional_special_tokens"}}
         template = self.config.get("chat_template")
+        if isinstance(template, list):  # transformers' named templates: the "default" one (tools are never passed)
+            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                            None)
         jinja = folder / "chat_template.jinja"
         if jinja.is_file():
             template = jinja.read_text(encoding="utf-8")
         self.chat_template = template if isinstance(template, str) else None
         self.vocab_size = self.tokenizer.get_vocab_size()
         self._bytes: tuple | None = None  # token_bytes' table, made on first use
+        self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
@@ -53,19 +68,24 @@ class Text:
                      **template_kwargs_of(template_kwargs, "chat template variables")}
         import jinja2
 
+        # keys whose value is null left out, as transformers leaves them out (an OpenAI
+        # message's "tool_calls": null is no tool call to a template testing 'tool_calls' in it)
+        messages = [{"role": "user", "content": user}] if isinstance(user, str) else \
+            [{k: v for k, v in m.items() if v is not None} for m in user]
         try:
             return _template(self.chat_template).render(
-                messages=[{"role": "user", "content": user}] if isinstance(user, str) else list(user),
+                messages=messages,
                 add_generation_prompt=True, **variables)
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # (raise_exception's UserError
             # passes through; a message of other types than the template expects fails in it)
             raise UserError(f"chat template: {type(e).__name__}: {e}") from None
 
     def _special_tokens(self) -> dict:
-        """tokenizer_config.json's special tokens as transformers' ``special_tokens_map``
+        """tokenizer_config.json's special tokens (special_tokens_map.json's over them for a
+        tokenizer saved before transformers 4.34) as transformers' ``special_tokens_map``
         gives them to a chat template (those it names; bos and eos always, "" when absent)."""
-        out = {k: self._special(k) for k in ("bos_token", "eos_token")}
-        for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        out = {k: self._special(k) for k in SPECIAL_TOKENS[:2]}
+        for k in SPECIAL_TOKENS[2:]:
             if self._special(k):
                 out[k] = self._special(k)
         extra = self.config.get("additional_special_tokens")
@@ -123,6 +143,27 @@ class Text:
                     pass
             return piece.replace("\u2581", " ").encode()
         return self.tokenizer.decode([int(i)], skip_special_tokens=False).encode()
+
+    @property
+    def byte_fallback_ids(self) -> frozenset:
+        """Ids of the ``<0xNN>`` byte tokens when the decoder has ByteFallback (SentencePiece
+        style: Llama 2, Mistral), else none; with them the special tokens, which ``decode``
+        leaves out. ByteFallback decodes a run of byte tokens together (special tokens
+        between them left out): a run that is not UTF-8 decodes to one U+FFFD per token, so
+        a byte token's text is final only once a token that is neither ends the run."""
+        if self._fallback is None:
+            spec = json.loads(self.tokenizer.to_str())
+            kinds, todo = set(), [spec.get("decoder") or {}]
+            while todo:
+                d = todo.pop()
+                if isinstance(d, dict):
+                    kinds.add(d.get("type"))
+                    todo += d.get("decoders") or []
+            vocab = self.tokenizer.get_vocab(with_added_tokens=False) if "ByteFallback" in kinds else {}
+            fallback = {i for p, i in vocab.items() if len(p) == 6 and p.startswith("<0x") and p.endswith(">")}
+            special = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+            self._fallback = frozenset(fallback | special if fallback else ())
+        return self._fallback
 
     def token_text(self, i: int) -> str:
         """Token ``i`` as text, or OpenAI's ``bytes:\\xNN...`` when its bytes are not whole
@@ -246,7 +287,9 @@ class Detokenizer:
     Decoding the whole generated list each time is O(n^2) over a run but handles every
     byte-level merge exactly; trailing U+FFFDs (a UTF-8 character whose bytes have not all
     come yet) are held back, the text before them is not (a round can end inside a
-    character); flush gives them as the full decoding has them when none follow.
+    character); flush gives them as the full decoding has them when none follow. With
+    ByteFallback, a trailing run of byte tokens is held back whole (``Text.byte_fallback_ids``:
+    a later byte can turn the run's text into U+FFFDs).
     """
 
     def __init__(self, text: Text):
@@ -258,6 +301,11 @@ class Detokenizer:
         self.ids.extend(int(i) for i in ids)
         s = self.text.decode(self.ids)
         end = len(s.rstrip("\ufffd"))
+        fallback, run = self.text.byte_fallback_ids, 0
+        while run < len(self.ids) and self.ids[-1 - run] in fallback:
+            run += 1
+        if run:  # (its text is a prefix of s)
+            end = min(end, len(self.text.decode(self.ids[:-run])))
         if end <= self.emitted:
             return ""
         piece, self.emitted = s[self.emitted:end], end

@@ -845,3 +845,106 @@ def test_a_refused_session_stream_leaves_the_running_ones_stats(worded):
         st = s.stats()
         assert got == want and st["output_token_ids"] == want and st["prompt_ids"] == [3, 1, 4]
         assert "output_logprobs" not in st
+
+
+def _chat_folder(folder: Path, config: dict, special_tokens_map: dict | None = None) -> Path:
+    """A word-level tokenizer with a chat template's special tokens, and ``config`` as its
+    tokenizer_config.json (``special_tokens_map`` as special_tokens_map.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir()
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **config}))
+    if special_tokens_map is not None:
+        (folder / "special_tokens_map.json").write_text(json.dumps(special_tokens_map))
+    return folder
+
+
+CHAT = "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}" \
+       "{% if add_generation_prompt %}assistant:{% endif %}"
+
+
+def test_named_chat_templates_render_the_default_one_as_transformers_does(tmp_path):
+    """tokenizer_config.json's chat_template as a list of named templates (transformers'
+    format for several, e.g. "default" and "tool_use"): the default one renders, as in
+    apply_chat_template without tools."""
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "named", {"bos_token": "<s>", "eos_token": "</s>", "chat_template": [
+        {"name": "tool_use", "template": "TOOLS " + CHAT}, {"name": "default", "template": CHAT}]})
+    conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == "<s>system: be brief</s>user: hi</s>assistant:"
+
+
+def test_special_tokens_of_special_tokens_map_json_reach_the_template_as_in_transformers(tmp_path):
+    """A tokenizer saved before transformers 4.34 (no added_tokens_decoder) may name its
+    special tokens in special_tokens_map.json only, or there over tokenizer_config.json:
+    the template gets them as transformers gives them."""
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    conv = [{"role": "user", "content": "hi"}]
+    for name, config, named in (
+            ("only", {"chat_template": CHAT}, {"bos_token": {"content": "<s>", "lstrip": False, "normalized": False,
+                                                             "rstrip": False, "single_word": False},
+                                               "eos_token": "</s>"}),
+            ("over", {"chat_template": CHAT, "bos_token": "<unk>", "eos_token": "</s>"}, {"bos_token": "<s>"})):
+        f = _chat_folder(tmp_path / name, config, named)
+        want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                                  add_generation_prompt=True)
+        assert Text(f).render_chat(conv) == want == "<s>user: hi</s>assistant:", name
+
+
+def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_path):
+    """SentencePiece-style ByteFallback (Llama 2, Mistral) decodes a run of byte tokens
+    together, one U+FFFD per token when the run is not UTF-8: a newline's byte token then
+    a cut emoji decode to U+FFFDs, so the newline is not final when it comes. Pushed in any
+    chunks, the stream spells the decoding of the tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    from specrt.runtime.text import Detokenizer, Text
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for c in "▁Helowrd":
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    ids = tok.encode("Hello\n", add_special_tokens=False).ids + [3 + 0xF0, 3 + 0x9F, 1, 3 + 0x98] \
+        + tok.encode(" world", add_special_tokens=False).ids
+    assert text.decode(ids[:7]) == "Hello\n" and "\n" not in text.decode(ids)  # the newline's text is not final
+    for n in (1, 2, 3):
+        for end in range(1, len(ids) + 1):
+            d = Detokenizer(text)
+            pieces = "".join(d.push(ids[i:min(i + n, end)]) for i in range(0, end, n))
+            assert pieces + d.flush() == text.decode(ids[:end]), (n, end)
+
+
+def test_a_message_field_that_is_null_is_left_out_as_transformers_leaves_it_out(tmp_path):
+    """An OpenAI-style message with ``"tool_calls": null`` (as an SDK's messages dump): the
+    template does not see the key (Llama 3.1's tests ``'tool_calls' in message``), as in
+    transformers' apply_chat_template; the assistant's turn is not lost."""
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    template = ("{% for m in messages %}{% if 'tool_calls' in m %}[call]{% else %}{{ m.role }}: {{ m.content }}"
+                "{% endif %}{{ '(' + m.name + ')' if m.name is defined }};{% endfor %}")
+    f = _chat_folder(tmp_path / "nulls", {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template})
+    conv = [{"role": "user", "content": "hi", "name": None}, {"role": "assistant", "content": "hello",
+                                                             "tool_calls": None}, {"role": "user", "content": "more"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == "user: hi;assistant: hello;user: more;"
+    assert conv[1]["tool_calls"] is None  # the caller's messages are left as they were
