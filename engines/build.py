@@ -224,6 +224,9 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     else:
         plan = None
         settings = OrtSettings.from_json(ort_settings or {}).resolved()
+        if dtype == "bfloat16" and "CUDAExecutionProvider" not in settings.providers:
+            raise UserError(f"{export_dir}: a bfloat16 export does not run on ONNX Runtime's CPU provider (no "
+                            "bfloat16 kernels for its ops); re-export with --dtype float32 or float16")
     kv = _resolve_kv(ort_kv, backend, exp, settings, log)
     if target_head != "full" and kv != "inplace":
         raise UserError(f"--target-head {target_head} needs in-place KV, which these settings cannot have")
@@ -365,7 +368,10 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
     that fit their context (else half of it), for the build and ``measure_costs`` alike."""
     depth_list = tuple(engines.depths)
     ctx = engines.max_context
-    pasts = tuple(int(p) for p in pasts if int(p) + max(depth_list) + 1 <= ctx) or (ctx // 2,)
+    # else the half of the context, or less where the deepest verify would not fit after it
+    # (make_roles keeps ctx >= max depth + 2: past >= 1)
+    pasts = tuple(int(p) for p in pasts if int(p) + max(depth_list) + 1 <= ctx) or \
+        (min(ctx // 2, ctx - max(depth_list) - 1),)
     vocab = {"target": int(engines.export["target"]["vocab_size"]), "draft": int(engines.export["target"]["vocab_size"])}
     draft_kind = (engines.export.get("draft") or {}).get("kind")
     log(f"profiling {len(engines.runners)} engines{where} at past {', '.join(map(str, pasts))} (median of {repeats})")

@@ -12,6 +12,7 @@ The runtime never branches on the backend: every role is a ``Runner`` (base.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -160,12 +161,23 @@ class EngineSet:
             except (TypeError, ValueError) as e:
                 raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed "
                                 f"({type(e).__name__}: {e}); rebuild with `specrt build`") from None
+            built = ((self.manifest.get("environment") or {}).get("device") or {}).get("physical_cores")
+            if "intra_op_num_threads" not in ort_overrides and settings.intra_op_num_threads == built:
+                # the build's default (its physical cores): never more threads than this
+                # process has cores (a container or taskset with fewer: 8 spinning threads on
+                # 2 cores made a decode step 3-4x slower on SmolLM2)
+                from dataclasses import replace
+
+                from specrt.engines.onnxruntime import physical_cores
+
+                settings = replace(settings, intra_op_num_threads=min(settings.intra_op_num_threads, physical_cores()))
             self.ort_settings = settings
             graphs: dict[str, OrtGraph] = {}
+            count = Counter(r.graph for r in self.roles.values())  # roles per graph
             for name, role in self.roles.items():
                 if role.graph not in graphs:
                     path = self.folder / self.manifest["roles"][name]["engine"]["onnx"]
-                    graphs[role.graph] = OrtGraph(path, settings)
+                    graphs[role.graph] = OrtGraph(path, settings, roles=count[role.graph])
                 runners[name] = OrtRunner(role, *self._io(role.graph), graphs[role.graph],
                                           self._graph_io(role.graph).get("aliases"))
         else:

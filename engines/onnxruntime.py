@@ -40,7 +40,8 @@ Sessions (``OrtSettings.sessions``):
   API cannot share *prepacked* weights between sessions (the PrepackedWeightsContainer
   is C/C++/C# only), and prepacking a shared initializer gives every session its own
   packed copy (measured: +520 MB per session for SmolLM2-135M's 538 MB), so this mode
-  disables prepacking to keep one copy of the weights.
+  disables prepacking to keep one copy of the weights. A graph with one role (the
+  draft) has one session either way and stays prepacked.
 
 Measured (tools/bench_engines.py, SmolLM2-135M, 538 MB fp32 weights, 2 shared cores):
 per-depth with shared unpacked weights is ~3x slower per step (176 vs 56 ms decode in
@@ -119,7 +120,8 @@ def select_providers(available: list[str] | None = None) -> list[str]:
 class OrtSettings:
     sessions: str = "shared"
     graph_optimization_level: str = "ORT_ENABLE_ALL"
-    intra_op_num_threads: int = 0  # 0: physical cores at build time (made explicit by resolved())
+    intra_op_num_threads: int = 0  # 0: physical cores at build time (made explicit by resolved(); no more
+    # than the loading process has, engine_set.py)
     inter_op_num_threads: int = 1
     execution_mode: str = "sequential"
     providers: tuple[str, ...] = ()  # (): select_providers()
@@ -190,8 +192,15 @@ class OrtGraph:
     """One export graph on ONNX Runtime: sessions created on first use, shared by runners,
     dropped when the last runner using them deactivates."""
 
-    def __init__(self, path: Path, settings: OrtSettings):
+    def __init__(self, path: Path, settings: OrtSettings, roles: int = 2):
         self.path = Path(path)
+        if settings.sessions == "per-depth" and roles <= 1:
+            # one role (the draft): one session either way, with no weights to share, so
+            # it keeps the shared mode's prepacking (without it an int8 MatMulNBits draft
+            # pass ran 30x slower on SmolLM2's draft, and computed other logits)
+            from dataclasses import replace
+
+            settings = replace(settings, sessions="shared", prepack=True)
         self.settings = settings
         self._sessions: dict[str, Any] = {}
         self._users: dict[str, int] = {}

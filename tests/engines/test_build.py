@@ -254,6 +254,34 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     assert not (tmp_path / "e").exists()
 
 
+def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
+    """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the
+    profiling step loaded the graph, naming a file of the temporary folder it had removed."""
+    from specrt.export.export import export
+
+    from .conftest import REFERENCE
+
+    export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "x", dtype="bfloat16", log=quiet)
+    calls = []
+    with pytest.raises(UserError, match="a bfloat16 export does not run on ONNX Runtime's CPU provider"):
+        build_engines(tmp_path / "x", "onnxruntime", "1", tmp_path / "e", log=calls.append,
+                      ort_settings={"providers": ["CPUExecutionProvider"]})
+    assert not (tmp_path / "e").exists() and not any("linked export" in c for c in calls)
+
+
+@pytest.mark.parametrize("ctx", [10, 16])
+def test_a_small_context_gets_a_cost_table(tiny_export, tmp_path, ctx):
+    """The smallest contexts make_roles accepts for depth 8 (>= 10): no default past fits,
+    and the fallback past (half the context) must still leave room for verify.8 (it raised
+    InternalError with a traceback for 10..16, after the whole build)."""
+    m = build_engines(tiny_export, "onnxruntime", "1,2,4,8", tmp_path / "e", log=quiet, profile_repeats=1,
+                      max_context=ctx)
+    (p,) = m["costs"]["pasts"]
+    assert p + 8 + 1 <= ctx and sorted(m["costs"]["verify"], key=int) == ["1", "2", "4", "8"]
+    with load_engines(tmp_path / "e") as engines:
+        assert engines.cost("verify.8", p) > 0
+
+
 def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):
     with pytest.raises(UserError, match=f"{tiny_engines}: is an engines folder, not an export; .* copy is "
                                         f"{tiny_engines / 'export'}"):

@@ -248,3 +248,23 @@ def test_eagle3_draft_engine_matches_its_graph(tmp_path):
                      **{k: v[:, :past] for k, v in kv.items()}}
             got = check_same(r, session, feeds)
             assert got[C.DRAFT_LOGITS].shape == (1, a + b, 500)
+
+
+def test_the_builds_default_threads_never_exceed_this_machines_cores(engines_copy):
+    """Engines record the build machine's physical cores as their thread count; loaded
+    where fewer cores are available (a container, taskset) with the same CPU, they use no
+    more threads than there are cores (oversubscribed spinning threads made a decode step
+    3-4x slower). An explicit thread count (``--threads``, ``ort_overrides``) is kept."""
+    import json
+
+    from specrt.engines.onnxruntime import physical_cores
+
+    many = physical_cores() + 62
+    for recorded, want in ((many, physical_cores()), (many + 1, many + 1)):  # the build's default / --threads
+        p = engines_copy / "engines.json"
+        m = json.loads(p.read_text())
+        m["onnxruntime"]["intra_op_num_threads"], m["environment"]["device"]["physical_cores"] = recorded, many
+        p.write_text(json.dumps(m))
+        assert load_engines(engines_copy, verify=False).ort_settings.intra_op_num_threads == want
+    e = load_engines(engines_copy, verify=False, ort_overrides={"intra_op_num_threads": 5})
+    assert e.ort_settings.intra_op_num_threads == 5

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specrt import contracts as C
@@ -355,3 +356,25 @@ def test_a_target_tolerance_leaves_the_int8_drafts_bounds_alone(int8_engines, tm
     assert r["tolerances"]["prefill"][C.LOGITS][0] == 2e-4
     r = compare_engines(int8_engines, log=quiet, inputs_file=tmp_path / "in2.json", atol={"draft_logits": 3.0})
     assert "atol_row_std" not in r["roles"]["draft"]["outputs"][C.DRAFT_LOGITS]  # the user's own
+
+
+def test_per_depth_sessions_keep_the_int8_draft_prepacked(int8_engines):
+    """--sessions per-depth turns prepacking off so that the target's sessions share one
+    copy of its weights; the draft has one role, hence one session and nothing to share:
+    it stays prepacked, and so computes what the shared mode computes (MatMulNBits without
+    prepacking takes another, ~30x slower path on SmolLM2's draft, with other logits)."""
+    from specrt.engines.costs import role_sizes, synthetic_feeds
+
+    outs, packed = [], []
+    for sessions in ("shared", "per-depth"):
+        with load_engines(int8_engines, verify=False, ort_overrides={"sessions": sessions}) as engines:
+            r = engines.draft()
+            packed.append(r.graph.settings.prepack)
+            sizes = role_sizes(r, 20, draft_depth=max(DEPTHS), draft_accepted=2, prefill_tokens=1, draft_kind="peagle")
+            out = r.infer(synthetic_feeds(r, sizes, 1000, np.random.default_rng(0)))
+            outs.append({k: v.copy() for k, v in out.items()})
+            if sessions == "per-depth":  # the target's roles still share unpacked weights
+                assert engines.runner("decode").graph.settings.prepack is False
+    for k in outs[0]:
+        np.testing.assert_array_equal(outs[1][k], outs[0][k], err_msg=k)
+    assert packed == [True, True]
