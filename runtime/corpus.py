@@ -55,6 +55,10 @@ FILE = "corpus.npz"
 GROW_FORMAT = 1  # a growth file (Growth.save): its sequences, not its tables
 FORMAT = 2  # 2: pruned, an evidence code per n-gram instead of its counts (1: counts, unpruned)
 NMIN, NMAX = 3, 8
+# the longest n-gram a corpus may match (``specrt corpus --nmax``; a file's nmax): a lookup step
+# hashes and searches nmax - nmin + 1 keys, so a damaged file's nmax of 10**7 took 7 s a
+# proposal (10**9: an 8 GB array at load)
+NMAX_LIMIT = 64
 _P = 1_000_003
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
@@ -517,6 +521,7 @@ class Corpus:
             raise UserError(f"{path}: corpus format {meta.get('format')!r}, expected {FORMAT}; make it again "
                             "with `specrt corpus`")
         if not (keys.dtype == np.uint64 and tokens.dtype in (np.uint16, np.int32) and ev.dtype == np.uint8
+                and keys.ndim == tokens.ndim == ev.ndim == 1
                 and len(keys) == len(tokens) == len(ev) and (not len(ev) or ev.max() <= 6)):
             raise UserError(f"{path}: inconsistent corpus arrays; make it again with `specrt corpus`")
         _refuse_other_export(path, meta, export_digest, "made", "make it again with `specrt corpus`")
@@ -527,22 +532,28 @@ class Corpus:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{path}: corpus metadata malformed ({type(e).__name__}: {e}); make it again with "
                             "`specrt corpus`") from None
-        if not 1 <= nmin <= nmax or bool((keys[1:] < keys[:-1]).any()):
+        if not all(v and all(0.0 <= x <= 1.0 for x in v) for v in priors.values()):
+            # a bin's rates are read per position (an empty list: IndexError in the first round)
+            raise UserError(f"{path}: corpus priors malformed (each bin's a non-empty list of rates in [0, 1]); "
+                            "make it again with `specrt corpus`")
+        if not 1 <= nmin <= nmax <= NMAX_LIMIT or bool((keys[1:] < keys[:-1]).any()):
             # lookups binary-search the keys: unsorted ones would silently find nothing
-            raise UserError(f"{path}: nmin {nmin} / nmax {nmax} or key order inconsistent; make it again with "
-                            "`specrt corpus`")
+            raise UserError(f"{path}: nmin {nmin} / nmax {nmax} or key order inconsistent (1 <= nmin <= nmax <= "
+                            f"{NMAX_LIMIT}, keys sorted); make it again with `specrt corpus`")
         info = {k: v for k, v in meta.items() if k not in ("format", "nmin", "nmax", "priors", "binning")}
         return cls(keys, tokens, ev, nmin, nmax, priors, info, str(meta.get("binning", "share")))
 
 
-def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:
-    """(prompt_ids, output_token_ids) of each prompt of a ``specrt run --stats`` file."""
+def _run_stats(path: Path, export_digest: str | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, output_token_ids) of each prompt of a ``specrt run --stats`` file; refused
+    when it names another export's digest than ``export_digest`` (other engines' token ids)."""
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: cannot read `specrt run --stats` JSON ({e})") from None
     if not isinstance(stats, dict) or not isinstance(stats.get("prompts"), list):
         raise UserError(f"{path}: expected `specrt run --stats` JSON (an object with a 'prompts' list)")
+    _refuse_other_export(path, stats, export_digest, "written by engines", "make the stats with these engines")
     out = []
     for i, r in enumerate(stats["prompts"]):
         ids = r.get("prompt_ids") if isinstance(r, dict) else None
@@ -553,16 +564,18 @@ def _run_stats(path: Path) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def read_sequences(paths: Sequence[Path], encode=None) -> list[tuple[list[int], list[int]]]:
+def read_sequences(paths: Sequence[Path], encode=None,
+                   export_digest: str | None = None) -> list[tuple[list[int], list[int]]]:
     """(context, answer) token lists from JSON lines (.gz too): ``prompt_ids`` + ``answer_ids``
     (tools/gen_chat_data.py's format), or ``text`` (tokenized by ``encode``; the context
     empty); or from a ``.json`` file that ``specrt run --stats`` wrote (each prompt's
-    ``prompt_ids`` and ``output_token_ids``: a deployment's own traffic). Anything else is an
-    error naming the file (and line)."""
+    ``prompt_ids`` and ``output_token_ids``: a deployment's own traffic; refused when written
+    by engines of another export than ``export_digest``). Anything else is an error naming
+    the file (and line)."""
     out = []
     for p in paths:
         if Path(p).suffix == ".json":
-            out += _run_stats(Path(p))
+            out += _run_stats(Path(p), export_digest)
             continue
         for no, r in json_lines(Path(p), "the answers"):
             if isinstance(r, dict) and isinstance(r.get("answer_ids"), list):

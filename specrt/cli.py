@@ -257,10 +257,12 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     e.g. the draft's training data) or text, or `specrt run --stats` JSON files (each
     prompt's prompt_ids and output_token_ids: your own traffic). Its per-position acceptance
     priors are measured on every 20th answer against a corpus of the others."""
-    from specrt.runtime.corpus import FILE, build_with_priors, match_name, read_sequences
+    from specrt.runtime.corpus import FILE, NMAX_LIMIT, build_with_priors, match_name, read_sequences
 
     if nmin > nmax:
         raise UserError(f"--nmin {nmin} > --nmax {nmax}")
+    if nmax > NMAX_LIMIT:  # each lookup step searches nmax - nmin + 1 keys (Corpus.load refuses more)
+        raise UserError(f"--nmax {nmax}: at most {NMAX_LIMIT}")
     from specrt.engines.manifest import read_engines_manifest
 
     manifest_path = engines_dir / "engines.json"
@@ -283,7 +285,7 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     def encode(text: str) -> list[int]:
         return tokenizer().encode(text, chat=False)
 
-    pairs = read_sequences(list(answers), encode)
+    pairs = read_sequences(list(answers), encode, digest)
     for where, (ctx, ans) in enumerate(pairs):
         bad = next((t for t in ctx + ans if not 0 <= t < vocab), None)
         if bad is not None:
@@ -411,7 +413,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                            "`specrt build --max-context` sets the limit]", err=True)
             total.merge(s.generator.telemetry)
             per_prompt.append({"prompt": p, **st})
-        stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir), "prompts": per_prompt}
+        stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
+                 "export_digest": s.engines.manifest["export"]["digest"], "prompts": per_prompt}
         tree = stats["tree"]
         trees = (f", runners-up in {tree['rounds']} rounds, {tree['sibling_accepts']} won" if tree["rounds"] else "")
         lk = stats["lookup"]

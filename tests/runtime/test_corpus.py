@@ -339,6 +339,8 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     assert "Traceback" not in r.output and not (tiny_engines / FILE).exists()
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", "5", "--nmax", "4"])
     assert r.exit_code == 1 and "--nmin 5 > --nmax 4" in r.output
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmax", "65"])  # Corpus.load's limit
+    assert r.exit_code == 1 and "--nmax 65: at most 64" in r.output and not (tiny_engines / FILE).exists()
     with pytest.raises(UserError, match="specrt corpus"):  # at the start, not at the first prompt
         Session(tiny_engines, governor="fixed:1:corpus")
     with Session(tiny_engines) as s:
@@ -414,6 +416,12 @@ def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines, mo
     ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"x": [1]}}, [1, 2], "corpus metadata malformed (ValueError"),
     ({"format": 2, "nmin": 0, "nmax": 8}, [1, 2], "nmin 0 / nmax 8 or key order inconsistent"),
     ({"format": 2, "nmin": 3, "nmax": 8}, [5, 1], "nmin 3 / nmax 8 or key order inconsistent"),  # unsorted keys
+    # a damaged nmax: each lookup step searched nmax - nmin + 1 keys (10**7: 7 s a proposal)
+    ({"format": 2, "nmin": 3, "nmax": 10**7}, [1, 2], "nmin 3 / nmax 10000000 or key order inconsistent"),
+    # a bin's priors empty (IndexError in the first lookup round), or not rates
+    ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"20": []}}, [1, 2], "corpus priors malformed"),
+    ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"20": [0.5, 7.0]}}, [1, 2], "corpus priors malformed"),
+    ({"format": 2, "nmin": 3, "nmax": 8}, [[1], [2]], "inconsistent corpus arrays"),  # 2-D keys: ValueError at lookup
 ])
 def test_a_malformed_corpus_file_is_named(tmp_path, meta, keys, words):
     """Hand-made or damaged corpus files: a KeyError / ValueError traceback, or (unsorted keys:

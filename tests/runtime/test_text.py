@@ -245,6 +245,15 @@ def test_run_stats_grow_a_corpus(worded, tmp_path):
     r = CliRunner().invoke(main, ["corpus", str(worded), str(bad)])
     assert r.exit_code == 1 and f"{bad}: prompts[0]: expected prompt_ids and output_token_ids" in r.output, r.output
     assert "Traceback" not in r.output and not (worded / FILE).exists()
+    # stats of other engines (another export: other token ids) are refused; they were taken
+    # and the corpus stamped with these engines' digest
+    other = json.loads((tmp_path / "off.json").read_text())
+    assert other["export_digest"] == json.loads((worded / "engines.json").read_text())["export"]["digest"]
+    other["export_digest"] = "f" * 64
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    r = CliRunner().invoke(main, ["corpus", str(worded), str(tmp_path / "other.json")])
+    assert r.exit_code == 1 and "written by engines for another export" in r.output, r.output
+    assert not (worded / FILE).exists()
     try:
         r = CliRunner().invoke(main, ["corpus", str(worded), str(tmp_path / "off.json")])
         assert r.exit_code == 0 and "from 3 answers" in r.output, r.output
