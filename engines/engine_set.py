@@ -121,6 +121,10 @@ class EngineSet:
             from specrt.head import HeadScreen
 
             self.head = HeadScreen.load(self.folder)
+            # the graph is read at every activate, the head's bounds and rows were read now:
+            # a rebuilt folder would pair another graph's int8 logits with these bounds
+            self._head_files = self._target_files()
+            self._head_ids = _file_ids(self.folder, self._head_files)
 
     def _graph_io(self, graph: str) -> dict[str, Any]:
         """The engines' own I/O of ``graph`` when the build re-lowered it (in-place KV),
@@ -236,7 +240,18 @@ class EngineSet:
 
     # ---- lifecycle -----------------------------------------------------------------
 
+    def _target_files(self) -> list[str]:
+        """The files a screened head must stay consistent with: its own two and the target graph's."""
+        from specrt.head import BOUNDS_FILE, WEIGHT_FILE
+
+        onnx = {r["engine"]["onnx"] for r in self.manifest["roles"].values()
+                if r.get("graph") == "target" and "onnx" in r.get("engine", {})}
+        return sorted({WEIGHT_FILE, BOUNDS_FILE, *onnx, *(f + ".data" for f in onnx)})
+
     def activate(self) -> None:
+        if self.head is not None and _file_ids(self.folder, self._head_files) != self._head_ids:
+            raise UserError(f"{self.folder}: its target graph or screened head files changed since these engines "
+                            "were loaded (rebuilt?): load them again")
         done = []
         try:
             for r in self.runners.values():
@@ -309,6 +324,20 @@ class EngineSet:
 
     def __repr__(self) -> str:
         return f"<EngineSet {self.backend} {self.precision} depths {list(self.depths)} at {self.folder}>"
+
+
+def _file_ids(folder: Path, names) -> list:
+    """Each file's identity (device, inode, size, mtime), None where missing."""
+    import os
+
+    out = []
+    for n in names:
+        try:
+            st = os.stat(Path(folder) / n)
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        except FileNotFoundError:
+            out.append(None)
+    return out
 
 
 def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str, Any] | None = None) -> EngineSet:

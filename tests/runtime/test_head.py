@@ -319,3 +319,29 @@ def test_compare_checks_a_screened_build_fp32_branch(small_screened, tmp_path):
     assert C.LOGITS in v and v[C.LOGITS]["max_abs"] <= v[C.LOGITS]["atol"]
     assert C.HEAD_HIDDEN not in v and C.HEAD_NORMS not in v
     assert any("head_exact = true" in n for n in r["notes"])
+
+
+def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):
+    """The head's bounds and fp32 rows are read at load, the target graph at every activate:
+    a folder rebuilt in between (``specrt build --force`` renames a new folder into place)
+    paired the new graph's int8 logits with the old head, and greedy decoding emitted tokens
+    neither model's (found by review: a set deactivated, its folder rebuilt from another
+    target of the same shape, activated again)."""
+    from tests.engines.conftest import REFERENCE
+    from specrt.export.export import export
+
+    exp = export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "exp") and tmp_path / "exp"
+    out = tmp_path / "eng"
+    build_engines(exp, "onnxruntime", (1,), out, log=lambda s: None, profile_repeats=1, profile_pasts=(16,),
+                  max_context=64, target_head="screened")
+    engines = load_engines(out)
+    engines.activate()
+    engines.deactivate()
+    shutil.copytree(out, tmp_path / "new")  # as a rebuild: new files renamed into place
+    out.rename(tmp_path / "old")
+    (tmp_path / "new").rename(out)
+    with pytest.raises(UserError, match="changed since these engines were loaded"):
+        engines.activate()
+    fresh = load_engines(out)  # loaded again: fine
+    fresh.activate()
+    fresh.deactivate()
