@@ -36,8 +36,8 @@ from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_pre
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
 from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
-from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, file_record, load_export, manifest_digest,
-                             write_json)
+from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
+                             manifest_digest, write_json)
 
 # Seam for tests: the profiling step (monkeypatched to interrupt a build midway).
 profile_costs = _costs.profile_costs
@@ -158,6 +158,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     if (export_dir / "engines.json").is_file() and not (export_dir / "export.json").is_file():
         raise UserError(f"{export_dir}: is an engines folder, not an export; build from an export folder (this "
                         f"one's copy is {export_dir / EXPORT_SUBDIR})")
+    check_output(out, force=force, inputs=(export_dir,), marker="engines.json")  # before the export is hashed
     exp = load_export(export_dir)
     dtype = exp["dtype"]
     depth_list = parse_depths(depths)

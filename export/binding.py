@@ -19,7 +19,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.export import slots as S
-from specrt.export.checkpoint import TensorEntry, TensorReader, scan_folder
+from specrt.export.checkpoint import PICKLE_SOURCES, TensorEntry, TensorReader, scan_folder
 from specrt.export.config import DraftConfig, TargetConfig, load_draft_config, load_target_config
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
@@ -32,9 +32,10 @@ class BoundTensor:
     sha256: str
 
     def to_json(self, folder: Path) -> dict[str, Any]:
+        file = PICKLE_SOURCES.get(self.entry.file, self.entry.file)  # a pickle's, not its temporary conversion
         return {
             "key": self.entry.name,
-            "file": str(self.entry.file.relative_to(folder)) if self.entry.file.is_relative_to(folder) else str(self.entry.file),
+            "file": str(file.relative_to(folder)) if file.is_relative_to(folder) else str(file),
             "shape": list(self.entry.shape),
             "dtype": self.entry.dtype,
             "sha256": self.sha256,
@@ -155,12 +156,22 @@ def _bind(
     return bound
 
 
+def _check_layer_count(folder: Path, entries: dict[str, TensorEntry], num_layers: int, key: str) -> None:
+    """A layer count no checkpoint of these tensors can hold (each layer has 9 or more) is
+    refused before the slot table is expanded for it: a typo of 10**6 layers took minutes
+    and all the memory before any message."""
+    if num_layers > len(entries):
+        raise UserError(f"{folder / 'config.json'}: {key} is {num_layers}, but {folder} holds only {len(entries)} "
+                        "tensors (a decoder layer has at least 9)")
+
+
 def bind_target(folder: str | Path, allow_pickle: bool = False) -> BoundTarget:
     folder = Path(folder)
     cfg = load_target_config(folder)
     S.check_table(S.TARGET_SLOTS)
     entries = scan_folder(folder, allow_pickle)
     d = cfg.decoder
+    _check_layer_count(folder, entries, d.num_layers, "num_hidden_layers")
     rows = S.expand(S.TARGET_SLOTS, d.num_layers)
     reader = TensorReader()
     slots = _bind(folder, entries, rows, d, lambda i: {"i": i}, S.TARGET_IGNORABLE, d.num_layers, "target", reader)
@@ -245,6 +256,7 @@ def bind_draft(folder: str | Path, target: BoundTarget) -> BoundDraft:
     aux = _check_agreement(folder, dc, target)
     S.check_table(S.DRAFT_SLOTS)
     entries = scan_folder(folder, pickle_option=False)
+    _check_layer_count(folder, entries, dc.decoder.num_layers, "transformer_layer_config.num_hidden_layers")
     extra = S.draft_extra(dc, target.config.decoder.hidden_size)
     rows = S.expand(S.DRAFT_SLOTS, dc.decoder.num_layers)
     reader = TensorReader()

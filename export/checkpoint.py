@@ -30,6 +30,10 @@ PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # A safetensors header larger than this is refused (the format's own reference limit is 100 MB).
 MAX_HEADER = 100 * 1024 * 1024
 
+# the temporary safetensors file of an opted-in pickle -> the pickle it was converted from:
+# what a binding receipt names (the temporary file's random path made each receipt id new)
+PICKLE_SOURCES: dict[Path, Path] = {}
+
 # safetensors dtype -> (numpy dtype of the stored bytes, bytes per element)
 _DTYPES = {
     "F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2),
@@ -124,8 +128,9 @@ def _shard_path(folder: Path, index_path: Path, shard: object) -> Path:
     if "/" in shard or "\\" in shard or "\x00" in shard or os.path.isabs(shard):
         raise UserError(f"{index_path}: shard '{shard}' points outside the checkpoint folder {folder}")
     p = folder / shard
-    if not p.resolve().is_relative_to(folder.resolve()):
-        raise UserError(f"{index_path}: shard '{shard}' points outside the checkpoint folder {folder}")
+    # (a plain name cannot leave the folder; a shard that is a symbolic link is followed, as
+    # model.safetensors is: the Hugging Face hub cache links every file of a snapshot to
+    # ../../blobs/<hash>, and refusing those refused every sharded model downloaded there)
     if not p.is_file():
         raise UserError(f"{index_path}: shard '{shard}' named in the index is missing from {folder}")
     return p
@@ -226,6 +231,7 @@ def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
         save_file(flat, str(tmp))
     except Exception as e:  # safetensors' own refusals (dtypes it cannot write, ...)
         raise UserError(f"{path}: cannot convert to safetensors ({type(e).__name__}: {e})") from None
+    PICKLE_SOURCES[tmp] = path
     return read_safetensors_index(tmp)
 
 

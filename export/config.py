@@ -251,8 +251,11 @@ class _Fields:
             raise UserError(f"{self.where}: field '{key}' must be >= {minimum}, found {v}")
         return v
 
-    def float(self, key: str, required: bool = True, default: Any = None):
+    def float(self, key: str, required: bool = True, default: Any = None, positive: bool = False):
         v = self._get(key, (int, float), required, default)
+        if v is not None and positive and not (math.isfinite(v) and v > 0):
+            # (a theta or factor of 0 or below gives NaN or infinite RoPE frequencies: NaN logits)
+            raise UserError(f"{self.where}: field '{key}' must be a positive number, found {v!r}")
         return None if v is None else float(v)
 
     def bool(self, key: str, required: bool = True, default: Any = None):
@@ -291,9 +294,11 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
                             "rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
     if params is None:
         params = f.dict("rope_scaling", required=False)
-        theta = f.float("rope_theta", required=False, default=10000.0)
+        theta = f.float("rope_theta", required=False, default=10000.0, positive=True)
     else:
-        theta = params.float("rope_theta", required=False) or f.float("rope_theta")
+        theta = params.float("rope_theta", required=False, positive=True)
+        if theta is None:
+            theta = f.float("rope_theta", positive=True)
     # transformers rotates only this share of each head's dimensions (for every rope type;
     # it moves a top-level one into rope_parameters); specrt's graphs rotate all of them
     for where in (f, params):
@@ -311,20 +316,24 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     if rope_type == "default":
         return RopeConfig("default", theta, head_dim)
     if rope_type == "dynamic":
-        return RopeConfig("dynamic", theta, head_dim, factor=params.float("factor"))
+        return RopeConfig("dynamic", theta, head_dim, factor=params.float("factor", positive=True))
     # transformers takes a top-level original_max_position_embeddings first (Phi-3 writes it
     # there), then rope_parameters', then (YaRN) max_position_embeddings
     original = f.int("original_max_position_embeddings", required=False) or params.int(
         "original_max_position_embeddings", required=False,
         default=max_position_embeddings if rope_type in ("yarn", "llama3") else 8192)  # (transformers 5's)
     if rope_type != "yarn":
+        low = params.float("low_freq_factor", required=rope_type == "llama3", default=1.0, positive=True)
+        high = params.float("high_freq_factor", required=rope_type == "llama3", default=4.0, positive=True)
+        if rope_type == "llama3" and not high > low:  # (llama3 divides by their difference)
+            raise UserError(f"{params.where}: high_freq_factor {high:g} must be above low_freq_factor {low:g}")
         return RopeConfig(
             rope_type,
             theta,
             head_dim,
-            factor=params.float("factor"),
-            low_freq_factor=params.float("low_freq_factor", required=rope_type == "llama3", default=1.0),
-            high_freq_factor=params.float("high_freq_factor", required=rope_type == "llama3", default=4.0),
+            factor=params.float("factor", positive=True),
+            low_freq_factor=low,
+            high_freq_factor=high,
             original_max_position_embeddings=original,
         )
     factor = params.float("factor", required=False) or max_position_embeddings / original
@@ -419,7 +428,7 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
         head_dim=head_dim,
         intermediate_size=f.int("intermediate_size"),
         vocab_size=f.int("vocab_size"),
-        rms_norm_eps=f.float("rms_norm_eps", required=False, default=1e-6),  # transformers' default
+        rms_norm_eps=_eps(f),
         rope=_rope(f, head_dim, max_positions),
         tie_word_embeddings=bool(tie),
         max_position_embeddings=max_positions,
@@ -427,6 +436,15 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
         qkv_bias=bool(qkv_bias),
         sliding_window=sliding_window_of(f, model_type, layers),
     )
+
+
+def _eps(f: _Fields) -> float:
+    """rms_norm_eps (transformers' default 1e-6 when absent): finite and not negative, else
+    the norms take the root of a negative or NaN number."""
+    eps = f.float("rms_norm_eps", required=False, default=1e-6)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise UserError(f"{f.where}: field 'rms_norm_eps' must be a small number >= 0, found {eps!r}")
+    return eps
 
 
 def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:

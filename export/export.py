@@ -23,7 +23,8 @@ from specrt import contracts as C
 from specrt.errors import UserError
 from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, receipt
 from specrt.export.config import default_aux_layer_ids
-from specrt.manifest import EXPORT_FORMAT, EXPORT_MANIFEST, atomic_folder, file_record, tool_versions, write_json
+from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, atomic_folder, check_output, file_record, tool_versions,
+                             write_json)
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRAINING_RECEIPT = "training_receipt.json"
@@ -50,6 +51,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     if dtype not in DTYPES:
         raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
     t0 = time.perf_counter()
+    check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
     draft: BoundDraft | None = bind_draft(draft_dir, target) if draft_dir is not None else None
     tc = target.config.decoder

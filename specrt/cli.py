@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from specrt import __version__
-from specrt.errors import UserError
+from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.paths import check_engines_writable
 from specrt.sampling_options import sampling_options, template_kwargs_option
 
@@ -40,6 +40,11 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except UserError as e:
             click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except OSError as e:  # an input this user cannot read, a full disk: not specrt's bug
+            if not environment_error(e):
+                raise
+            click.echo(f"error: {describe_os_error(e)}", err=True)
             sys.exit(1)
 
 

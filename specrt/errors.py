@@ -5,6 +5,26 @@ message and exits 1 without a traceback. ``InternalError``: specrt itself is
 wrong (a bug); the CLI lets the traceback through.
 """
 
+import errno
+
+# OSErrors that say the machine or the user's files are in the way (a full disk, a file
+# this user cannot read or write, a read-only mount), not that specrt is wrong: said as
+# a user error, naming the file, never a traceback
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
+                                 errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+def environment_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS
+
+
+def describe_os_error(e: OSError) -> str:
+    """``file: reason`` (both files of a rename), or the reason alone where the OS names none."""
+    reason = e.strerror or str(e)
+    if e.filename is None:
+        return reason
+    return f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "") + f": {reason}"
+
 
 class SpecrtError(Exception):
     """Base of everything specrt raises on purpose."""

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from specrt.errors import UserError
+from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.paths import check_output_folder, umask
 
 EXPORT_MANIFEST = "export.json"
@@ -44,18 +44,10 @@ def tool_versions() -> dict[str, str]:
             "numpy": numpy.__version__}
 
 
-@contextlib.contextmanager
-def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None) -> Iterator[Path]:
-    """Yield a temporary folder beside ``out``; on success rename it to ``out``.
-
-    On any exception the temporary folder is removed and ``out`` is untouched. An
-    existing ``out`` is refused unless ``force``, then replaced only after the new
-    folder is complete. An ``out`` that is one of the ``inputs`` folders, lies inside one
-    or holds one is refused, ``force`` or not: replacing it would delete the input. With
-    ``marker`` (the manifest this kind of output holds, e.g. engines.json), ``force``
-    replaces only an empty folder or one holding that manifest: not a file, not a folder of
-    other things (it deleted a project's sources).
-    """
+def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None) -> Path:
+    """``atomic_folder``'s refusals of ``out`` (see there), made before it starts, so that
+    export and build say them before their work (binding, hashing), not after. Returns
+    ``out`` as atomic_folder names it."""
     out = Path(out)
     if out.name in ("", ".", ".."):  # "-o ." : the folder by its own name
         out = out.resolve()
@@ -68,6 +60,8 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             how = "is" if real == src else "lies inside" if src in real.parents else "holds"
             raise UserError(f"-o {out}: {how} the input folder {folder}; replacing it would delete the input "
                             "(write elsewhere)")
+    if out.is_symlink() and not out.exists():  # renaming the new folder onto it fails after all the work
+        raise UserError(f"-o {out}: a symbolic link to {os.readlink(out)}, which does not exist; give a folder path")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
     if out.exists() and marker is not None and not (
@@ -76,6 +70,22 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
         raise UserError(f"-o {out}: is {what}; --force replaces only an earlier output of this command "
                         "(or an empty folder): write elsewhere, or remove it yourself")
     check_output_folder(out.parent, "-o", of=out)
+    return out
+
+
+@contextlib.contextmanager
+def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out``; on success rename it to ``out``.
+
+    On any exception the temporary folder is removed and ``out`` is untouched. An
+    existing ``out`` is refused unless ``force``, then replaced only after the new
+    folder is complete. An ``out`` that is one of the ``inputs`` folders, lies inside one
+    or holds one is refused, ``force`` or not: replacing it would delete the input. With
+    ``marker`` (the manifest this kind of output holds, e.g. engines.json), ``force``
+    replaces only an empty folder or one holding that manifest: not a file, not a folder of
+    other things (it deleted a project's sources).
+    """
+    out = check_output(out, force, inputs, marker)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -83,6 +93,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
         os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
     except OSError as e:
         raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
+    old = None
     try:
         yield tmp
         # files some writers make 0600 (onnx's external data, safetensors) get the umask's usual
@@ -98,8 +109,15 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
-    except BaseException:
+    except BaseException as e:
+        if old is not None and old.exists() and not out.exists():  # stopped between the two renames
+            old.rename(out)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, UserError) and str(tmp) in str(e):  # (the temporary folder is gone: name the output)
+            raise UserError(str(e).replace(str(tmp), str(out))) from None
+        if environment_error(e):  # a full disk, an input this user cannot read: said, not a traceback
+            raise UserError(f"{describe_os_error(e).replace(str(tmp), str(out))}; {out} was not written"
+                            + (" (the earlier one is kept)" if out.exists() else "")) from None
         raise
 
 

@@ -103,3 +103,87 @@ def test_output_files_keep_symlinks_and_devices(tmp_path):
     finally:
         os.close(fd)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and json.loads(data) == {"a": 1}
+
+
+REFERENCE = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
+
+
+def test_a_full_disk_or_an_unreadable_input_exits_1_without_traceback(tmp_path, monkeypatch):
+    """OSErrors of the machine, not of specrt (a full disk while the graphs are written, a
+    config.json this user cannot read) were tracebacks; the partial folder goes, an earlier
+    export stays."""
+    import errno
+    import pathlib
+
+    import specrt.export.graphs as graphs
+
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    before = sorted(p.name for p in out.iterdir())
+
+    def full(model, path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(graphs, "save_model", full)
+    r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(out), "--force"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)  # not the OSError
+    assert f"error: No space left on device; {out} was not written (the earlier one is kept)" in r.output, r.output
+    assert sorted(p.name for p in out.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    monkeypatch.undo()
+
+    read_text = pathlib.Path.read_text
+
+    def unreadable(self, *a, **k):
+        if self.name == "config.json":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return read_text(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", unreadable)
+    r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    assert f"error: {REFERENCE / 'verifier' / 'config.json'}: Permission denied" in r.output, r.output
+
+
+def test_export_refuses_its_output_before_binding(tmp_path, monkeypatch):
+    """-o that exists, lies in the input or is a dangling link: said before the weights are
+    bound and hashed (minutes on a large model), and the dangling link was a traceback after
+    the whole export."""
+    import specrt.export.export as export_mod
+
+    def no_binding(*a, **k):
+        raise AssertionError("bound before the output was checked")
+
+    monkeypatch.setattr(export_mod, "bind_target", no_binding)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    for out, message in ((tmp_path / "afile", "already exists"), (REFERENCE / "verifier" / "x", "lies inside the input"),
+                         (tmp_path / "dangling", "a symbolic link to")):
+        r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(out)])
+        assert r.exit_code == 1 and message in r.output and isinstance(r.exception, SystemExit), (out, r.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dangling"]
+
+
+def test_an_interrupt_between_the_two_renames_keeps_the_earlier_output(tmp_path, monkeypatch):
+    """--force moves the earlier folder aside, then renames the new one into place: Ctrl-C
+    (or any failure) between the two left neither at ``out``, the earlier one hidden as
+    .NAME.old-PID."""
+    import pathlib
+
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "engines.json").write_text("{}")
+    rename = pathlib.Path.rename
+
+    def interrupted(self, target):
+        if self.name.startswith(".o.partial-"):
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_folder(out, force=True, marker="engines.json") as tmp:
+            (tmp / "engines.json").write_text('{"new": 1}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"] and (out / "engines.json").read_text() == "{}"

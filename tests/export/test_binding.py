@@ -165,6 +165,21 @@ def test_a_config_without_tie_word_embeddings_is_untied(hf_models, tmp_path):
     np.testing.assert_array_equal(t.get("lm_head"), _state(folder)["lm_head.weight"])
 
 
+def test_an_impossible_layer_count_is_refused_at_once(hf_models, tmp_path):
+    """num_hidden_layers 10**6 (a typo) was expanded into the slot table before any check:
+    minutes and gigabytes, then MemoryError or the OOM killer."""
+    import time
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_hidden_layers"] = 10**6
+    (folder / "config.json").write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"num_hidden_layers is 1000000, but .* holds only 39 tensors"):
+        bind_target(folder)
+    assert time.perf_counter() - t0 < 5
+
+
 def test_missing_shard(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
     shard = sorted(folder.glob("model-*.safetensors"))[1]
@@ -184,6 +199,23 @@ def test_shard_outside_folder(hf_models, tmp_path, hostile):
     idx.write_text(json.dumps(data))
     with pytest.raises(UserError, match="outside the checkpoint folder|not a file name"):
         bind_target(folder)
+
+
+def test_sharded_checkpoint_in_the_hub_cache_binds(hf_models, tmp_path):
+    """The Hugging Face hub cache keeps a snapshot as symbolic links to ../../blobs/<hash>:
+    a sharded model downloaded there binds, as a single-file one does, to the same receipt
+    tables as a plain copy."""
+    src = hf_models["llama_sharded"]
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        blob = repo / "blobs" / f"blob-{f.name}"
+        blob.write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    t = bind_target(snap)
+    assert t.table() == bind_target(src).table()
 
 
 def _raw_safetensors(path: Path, header: dict, data: bytes) -> None:
@@ -264,6 +296,11 @@ def test_pickle_with_opt_in(hf_models, tmp_path):
     torch.save({k: torch.from_numpy(v) for k, v in state.items()}, folder / "pytorch_model.bin")
     t = bind_target(folder, allow_pickle=True)
     np.testing.assert_array_equal(t.get("final_norm"), state["model.norm.weight"])
+    # the receipt names the pickle, not its temporary conversion (whose random path made the
+    # receipt id differ on every run of the same checkpoint)
+    r = receipt(t)
+    assert {s["file"] for s in r["target"]["slots"].values()} == {"pytorch_model.bin"}
+    assert receipt(bind_target(folder, allow_pickle=True))["receipt_id"] == r["receipt_id"]
 
 
 def test_a_tied_pickle_converts_and_binds_tied(hf_models, tmp_path):

@@ -153,6 +153,26 @@ def test_bad_yarn_fields_are_named(scaling, message):
         parse_decoder({**BASE, "model_type": "qwen3", "rope_scaling": scaling}, "config.json")
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"rope_theta": -1.0}, "field 'rope_theta' must be a positive number, found -1"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     r"config.json.rope_parameters: field 'rope_theta' must be a positive number, found 0"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}, "field 'factor' must be a positive number"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 0}}, "field 'factor' must be a positive number"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 0, "low_freq_factor": 1, "high_freq_factor": 4}},
+     "field 'factor' must be a positive number"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
+     "high_freq_factor 4 must be above low_freq_factor 4"),
+    ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' must be a small number >= 0, found nan"),
+    ({"rms_norm_eps": -1e-6}, "field 'rms_norm_eps' must be a small number >= 0"),
+])
+def test_rope_and_norm_numbers_that_make_nan_are_named(fields, message):
+    """A theta or factor of 0 or below, a llama3 band of width 0, a negative or NaN epsilon:
+    each exported without a word before, into a graph whose logits are NaN."""
+    with pytest.raises(UserError, match=message):
+        parse_decoder({**BASE, "model_type": "llama", **fields}, "config.json")
+
+
 def test_a_yarn_pair_decodes_as_transformers(tmp_path):
     """A Qwen3 target with YaRN (and a P-EAGLE draft whose layer config carries it) exported
     and built: without speculation and at fixed depth 2 the engines decode what
