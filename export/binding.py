@@ -214,6 +214,11 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
     if bad:
         raise UserError(f"{where}: eagle_aux_hidden_state_layer_ids {list(aux)} must lie in [0, {tc.num_layers - 1}] "
                         f"for a target of {tc.num_layers} layers")
+    if dc.aux_layer_ids is None and list(aux) != sorted(set(aux)):
+        # speculators' / vLLM's default (2, L // 2, L - 3) is out of order or repeats for L < 6:
+        # vLLM would hand the draft fewer states than its fc reads
+        raise UserError(f"{where}: names no eagle_aux_hidden_state_layer_ids, and the default {list(aux)} for a "
+                        f"target of {tc.num_layers} layers is not distinct and ascending; name them in the config")
     if dc.draft_vocab_size > tc.vocab_size:
         raise UserError(f"{where}: draft_vocab_size {dc.draft_vocab_size} exceeds the target vocabulary {tc.vocab_size}")
     if dc.kind == "peagle" and not (0 <= dc.mask_token_id < tc.vocab_size):

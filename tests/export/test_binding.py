@@ -476,6 +476,8 @@ def _edit_config(folder: Path, **changes) -> None:
 
 @pytest.mark.parametrize("change, message", [
     ({"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}, r"must lie in \[0, 3\]"),
+    # no ids named: the default (2, L // 2, L - 3) of a 4-layer target is (2, 2, 1)
+    ({"eagle_aux_hidden_state_layer_ids": None}, r"the default \[2, 2, 1\] for a target of 4 layers is not distinct"),
     ({"mask_token_id": 1000}, r"mask_token_id 1000 is outside the target vocabulary"),
     ({"transformer_layer_config__vocab_size": 2000}, "vocabulary of 2000, the target has 1000"),
     ({"speculators_config__verifier__architectures": ["Qwen3ForCausalLM"]}, "the target is LlamaForCausalLM"),
