@@ -590,6 +590,7 @@ def _fmt(v) -> str:
 
 
 LAST_ROW = "logits[logits_from=S-1]"  # the prefill's last row only, as the runtime asks for it
+SCREENED = "screened argmax"  # target roles of a screened head: the greedy path's tokens vs the reference's argmax
 TREE = "token tree vs its chains"  # verify roles of tree-verifying engines: one call against each chain
 
 
@@ -653,6 +654,38 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
     atol, rtol = tol.get(worst_name, (0.0, 0.0))
     return {"max_abs": max_abs, "max_rel": max_rel, "atol": atol, "rtol": rtol, "tol_ratio": worst,
             "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
+
+
+def screen_check(view, screen, reference, feeds: list[dict], tol: tuple[float, float],
+                 scaled: bool = False) -> dict[str, Any]:
+    """The greedy path of a screened head (``head_exact`` false: int8 logits, the screen of
+    specrt/head.py rescoring its candidates from the fp32 rows) on ``feeds``, against the
+    argmax of the reference's logits: exact, or a near-tie where the reference's logits at
+    the two tokens are within ``tol`` (atol + rtol x |top|) of each other. The rest of the
+    role's comparison runs the fp32 branch, which sampling and the prefill take. ``scaled``:
+    atol is in units of each reference row's scale (``row_scale``), as the logits' check."""
+    rows = agree = ties = 0
+    screen_rows, screen_cands = screen.rows, screen.candidates
+    with reference as ref:
+        for f in feeds:
+            view.screened = True
+            try:
+                out = view.infer_impl(f)
+            finally:
+                view.screened = False
+            got = screen.argmax(out[C.LOGITS][0], out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0])
+            want = np.asarray(ref.infer(f, check_inputs=False)[C.LOGITS], np.float64)[0]
+            top = want.argmax(-1)
+            unit = row_scale(want).reshape(-1) if scaled else np.ones(len(want))
+            for i, (g, w) in enumerate(zip(got.tolist(), top.tolist())):
+                rows += 1
+                if g == w:
+                    agree += 1
+                else:
+                    ties += bool(want[i, w] - want[i, g] <= tol[0] * unit[i] + tol[1] * abs(want[i, w]))
+    return {"kind": "tokens", "rows": rows, "agree": agree, "ties": ties,
+            "agreement": agree / rows if rows else None, "passed": rows > 0 and agree + ties == rows,
+            "candidates_per_row": (screen.candidates - screen_cands) / max(1, screen.rows - screen_rows)}
 
 
 def role_table(role: str, r: dict[str, Any]) -> list[str]:
@@ -817,8 +850,9 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     if engines.head is not None:
         notes.append("the target head is screened (built with --target-head screened): the logits compared here are "
                      "its fp32 branch's (head_exact = true, what sampling and the prefill use); greedy steps take "
-                     "int8 logits that only screen the argmax, exact by an error bound (specrt/head.py, "
-                     "tests/runtime/test_head.py)")
+                     "int8 logits that only screen the argmax, exact by an error bound (specrt/head.py): the "
+                     f"'{SCREENED}' row of each decode / verify role runs that path and checks its tokens against "
+                     "the reference's argmax (exact, or a tie within the logits' tolerance)")
     if DRAFT in engines.runners and DRAFT not in skipped and engines.draft_weights == "int8":
         notes.append("the draft engine has int8 weights (built with --draft-weights int8): it is compared with the "
                      "export's float draft within the int8 bounds (compare.py INT8_DRAFT), tokens exact or tie, "
@@ -889,6 +923,14 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                         scaled=C.LOGITS in row_scaled)
                     roles_out[role]["passed"] = roles_out[role]["passed"] and \
                         roles_out[role]["outputs"][LAST_ROW]["passed"]
+                if engines.head is not None and role != PREFILL and role in engines.runners \
+                        and engines.roles[role].graph == "target":
+                    # the greedy path: int8 logits screened to the exact argmax (specrt/head.py)
+                    roles_out[role]["outputs"][SCREENED] = screen_check(
+                        engines.portable(role), engines.head, reference_runner(role), feeds, tol[C.LOGITS],
+                        scaled=C.LOGITS in row_scaled)
+                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
+                        roles_out[role]["outputs"][SCREENED]["passed"]
                 if role.startswith("verify.") and role_depth(role) >= 3 and engines.verifies_trees():
                     # a token tree in one call against each of its chains (tree_check)
                     roles_out[role]["outputs"][TREE] = tree_check(

@@ -33,13 +33,15 @@ class PortableView(Runner):
     S rows it wrote come back as ``new_key.{i}``/``new_value.{i}``. O(past) copies per call:
     for comparison, never for decoding (the runtime feeds the in-place buffers itself).
     With a screened head (specrt/head.py) the view asks for the engine's fp32 logits
-    (``head_exact``), as the export's graph gives them."""
+    (``head_exact``), as the export's graph gives them; ``screened = True`` asks for the
+    greedy path's instead (int8 logits, ``head_hidden`` and ``head_norms`` kept)."""
 
     backend = "portable-view"
 
     def __init__(self, inner: Runner, inputs, outputs, head=None):
         super().__init__(inner.role, inputs, outputs)
         self.inner, self.head = inner, head
+        self.screened = False
         shapes = {t.name: t.shape for t in inner.inputs}
         layers = sum(1 for n in shapes if n.startswith("cache_key."))
         # per layer and kind: (past input, new output, in-place buffer input, its shape)
@@ -60,7 +62,7 @@ class PortableView(Runner):
         s = feeds[C.INPUT_IDS].shape[1]
         inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(("past_key.", "past_value."))}
         if self.head is not None:
-            inner_feeds[C.HEAD_EXACT] = np.array(True)
+            inner_feeds[C.HEAD_EXACT] = np.array(not self.screened)
         for src, _, name, shape in self._kv:
             buf = self._bufs.get(name)
             if buf is None:
@@ -69,7 +71,7 @@ class PortableView(Runner):
             inner_feeds[name] = buf
         out = self.inner.infer(inner_feeds)
         res = {n: a for n, a in out.items() if not n.startswith("cache_")}
-        if self.head is not None:
+        if self.head is not None and not self.screened:
             res.pop(C.HEAD_HIDDEN, None)
             res.pop(C.HEAD_NORMS, None)
         for _, new, name, _ in self._kv:

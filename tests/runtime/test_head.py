@@ -321,6 +321,25 @@ def test_compare_checks_a_screened_build_fp32_branch(small_screened, tmp_path):
     assert any("head_exact = true" in n for n in r["notes"])
 
 
+
+def test_compare_runs_a_screened_build_greedy_path(small_screened, tmp_path, monkeypatch):
+    """The greedy path (int8 logits, the screen) runs in `specrt compare` too: each decode /
+    verify role's screened tokens against the reference's argmax (found by review: only the
+    fp32 branch was compared, so a wrong int8 kernel on a user's host went unseen). A screen
+    that picks another token is named."""
+    from specrt.engines.compare import SCREENED, compare_engines
+    from specrt.head import HeadScreen
+
+    r = compare_engines(small_screened.folder, report=tmp_path / "r.json", log=lambda s: None)
+    checked = {k: v["outputs"][SCREENED] for k, v in r["roles"].items() if SCREENED in v["outputs"]}
+    assert set(checked) == {"decode", "verify.1", "verify.2", "verify.4"}, set(checked)
+    assert all(c["passed"] and c["rows"] > 0 and c["agree"] == c["rows"] for c in checked.values())
+    real = HeadScreen.argmax
+    monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: (real(self, a, h, n, rows) + 1) % 6)
+    r = compare_engines(small_screened.folder, report=tmp_path / "r2.json", log=lambda s: None)
+    assert not r["passed"] and {f["output"] for f in r["failures"]} == {SCREENED}
+
+
 def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):
     """The head's bounds and fp32 rows are read at load, the target graph at every activate:
     a folder rebuilt in between (``specrt build --force`` renames a new folder into place)
