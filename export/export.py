@@ -124,6 +124,11 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             if (Path(target_dir) / n).is_file():
                 shutil.copyfile(Path(target_dir) / n, tmp / n)
                 tok.append(file_record(tmp, n))
+        if not (Path(target_dir) / "tokenizer.json").is_file():
+            log(f"note: {target_dir} has no tokenizer.json: the engines will take token ids only ('prompt_ids' "
+                "in calibrate and bench); text prompts, --chat, specrt chat and text requests to specrt serve "
+                "need it. Save the target's fast tokenizer there (transformers: "
+                "AutoTokenizer.from_pretrained(...).save_pretrained(TARGET)) and export again")
         manifest = {
             "format": EXPORT_FORMAT,
             "dtype": dtype,

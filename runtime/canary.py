@@ -33,6 +33,13 @@ from .session import ACCEPTANCE_FILE, read_d2t
 from .text import Text
 
 UNTRUSTED_RATIO = 0.5
+# Without a training receipt (speculators writes none: only config.json and the weights) there
+# is nothing to compare with, so a mis-bound pair would pass unseen. A trained draft of the
+# supported kinds accepts well above this at depth 1 (the committed SmolLM2 draft, a weak one,
+# 0.39 here); the same draft with its aux layer ids changed measured 0.09. Below it the canary
+# says so (the receipt stays trusted: nothing proves a binding error without a receipt).
+LOW_WITHOUT_RECEIPT = 0.2
+LOW_MIN_DRAFTS = 50
 PROMPTS = (
     "What is the capital of France?",
     "Write a short poem about the sea.",
@@ -51,6 +58,15 @@ def expected_depth1(receipt: dict) -> tuple[float | None, str]:
     if acc is not None:
         return float(acc), "training_last_window.depth_1.accuracy"
     return None, "none"
+
+
+def low_note(measured: float) -> str:
+    """What a low depth-1 acceptance with no training receipt means and what to check."""
+    return (f"; depth-1 acceptance {measured:.2f} is below {LOW_WITHOUT_RECEIPT} that a trained draft reaches: check "
+            "that the draft was trained for this target (its speculators_config.verifier) and its "
+            "eagle_aux_hidden_state_layer_ids, or put the acceptance the draft reached in training beside it "
+            "(DRAFT/training_receipt.json, {\"heldout\": {\"acceptance_at_pos\": [p1, ...]}}) and export again "
+            "so that the canary can compare")
 
 
 def prompt_ids(export_dir: Path, vocab_size: int, prompts=PROMPTS) -> list[list[int]]:
@@ -85,6 +101,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         training = json.loads((export_dir / draft["training_receipt"]["file"]).read_text())
     expected, source = expected_depth1(training) if training else (None, "none")
     trusted = True if expected is None else measured >= UNTRUSTED_RATIO * expected
+    low = expected is None and drafted >= LOW_MIN_DRAFTS and measured < LOW_WITHOUT_RECEIPT
     rec = exp["binding_receipt"]
     result = {
         "format": "specrt-acceptance-receipt/1",
@@ -99,7 +116,9 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "training_source": source,
         "untrusted_ratio": UNTRUSTED_RATIO,
         "trusted": bool(trusted),
-        "note": None if expected is not None else "no training receipt: nothing to compare with",
+        "low_without_receipt": bool(low),
+        "note": None if expected is not None else (
+            "no training receipt: nothing to compare with" + (low_note(measured) if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)
         write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)

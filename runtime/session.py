@@ -276,6 +276,19 @@ class Session:
         return None
 
     @property
+    def low_acceptance(self) -> str | None:
+        """A note when the canary, with no training receipt to compare with, measured a depth-1
+        acceptance below what a trained draft reaches (runtime/canary.py LOW_WITHOUT_RECEIPT)."""
+        a = self.acceptance
+        if a is not None and a.get("trusted", True) and a.get("low_without_receipt") \
+                and isinstance(a.get("measured_depth1"), (int, float)) \
+                and split_lookup(self.governor_spec)[0] != "off":
+            return (f"the acceptance canary measured depth-1 acceptance {a['measured_depth1']:.2f} on "
+                    f"{self.engines.folder} with no training receipt to compare with: "
+                    "see its acceptance_receipt.json note")
+        return None
+
+    @property
     def unchecked(self) -> str | None:
         """A note when the draft speculates on engines with no acceptance receipt (built with
         --no-canary, or the receipt removed): nothing has checked its binding on them."""
@@ -330,7 +343,9 @@ class Session:
     def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
         """A text prompt's or a conversation's token ids as ``stream`` makes them."""
         if self.text is None:
-            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's "
+                            "tokenizer: put its tokenizer.json in the target's folder, then `specrt export` and "
+                            "`specrt build` again")
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
                                                **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")})
 
@@ -377,7 +392,9 @@ class Session:
         string, as transformers' ``stop_strings`` do (a verify round may have accepted
         more; the telemetry counts every generated token)."""
         if self.text is None:
-            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's tokenizer")
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's "
+                            "tokenizer: put its tokenizer.json in the target's folder, then `specrt export` and "
+                            "`specrt build` again")
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text)

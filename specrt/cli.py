@@ -202,7 +202,9 @@ def _canary(engines_dir: Path) -> None:
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
-    if r["trusted"]:
+    if r["trusted"] and r.get("low_without_receipt"):
+        click.secho(f"{line}\nWARNING: {r['note'].partition('; ')[2]}", fg="yellow", err=True)
+    elif r["trusted"]:
         click.echo(line, err=True)
     else:
         click.secho(f"{line}\nUNTRUSTED: measured acceptance is far below the training receipt; a weight is probably "
@@ -316,6 +318,8 @@ def session_warnings(s) -> None:
         click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
     elif s.unchecked:
         click.echo(f"note: {s.unchecked}", err=True)
+    elif s.low_acceptance:
+        click.echo(f"note: {s.low_acceptance}", err=True)
 
 
 def _read_prompts(path: Path) -> list[str | list[dict]]:

@@ -688,6 +688,17 @@ def efficiency(configs: dict) -> dict:
 PLOTS = ("tokens_per_s.png", "acceptance.png", "time_split.png")  # every plot ``plots`` can write
 
 
+def _savefig(fig, path: Path) -> None:
+    """A plot whole or absent: written beside its name, then renamed (an interrupted run
+    left a truncated PNG)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
     try:
         import matplotlib
@@ -719,7 +730,7 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
                  f"{report['machine']['cpu_model']}", fontsize=9)
     ax.margins(y=0.2)
     fig.tight_layout()
-    fig.savefig(out / "tokens_per_s.png", dpi=120)
+    _savefig(fig, out / "tokens_per_s.png")
     plt.close(fig)
     files.append("tokens_per_s.png")
 
@@ -739,7 +750,7 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / "acceptance.png", dpi=120)
+        _savefig(fig, out / "acceptance.png")
         plt.close(fig)
         files.append("acceptance.png")
 
@@ -756,7 +767,7 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
         ax.set_ylabel("share of wall time")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "time_split.png", dpi=120)
+        _savefig(fig, out / "time_split.png")
         plt.close(fig)
         files.append("time_split.png")
     return files, None
@@ -1489,7 +1500,8 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.command()
 @click.argument("engines_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
-              help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
+              help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
+                   "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Report folder to write.")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option

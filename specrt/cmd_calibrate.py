@@ -30,7 +30,8 @@ def _engines_dir(ctx, param, value):
 @click.argument("engines_dir", callback=_engines_dir)
 @click.option("--prompts", "prompts_file", required=True,
               type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="JSON lines with a 'prompt' (text) or 'prompt_ids' (token ids) field.")
+              help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
+                   "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")

@@ -808,3 +808,33 @@ def test_the_interleaving_order_balances_what_comes_before_each_configuration(n)
     assert len(after) == n * (n - 1) and len(set(after.values())) <= 1
     assert len(set(Counter((r[j], j) for r in rows for j in range(n)).values())) == 1
     assert williams_order(n, len(rows)) == rows[0]  # and it repeats
+
+
+def test_a_plot_interrupted_while_written_leaves_no_truncated_file(tmp_path, monkeypatch):
+    """Ctrl-C during the plots left a 124-byte tokens_per_s.png beside no report: each plot is
+    now written beside its name and renamed, whole or absent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import specrt.cmd_bench as B
+
+    fig, _ = plt.subplots()
+    real = fig.savefig
+
+    def interrupted(path, **kw):
+        real(path, **kw)
+        with open(path, "r+b") as f:  # as if cut short mid-write
+            f.truncate(124)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fig, "savefig", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        B._savefig(fig, tmp_path / "tokens_per_s.png")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(fig, "savefig", real)
+    B._savefig(fig, tmp_path / "tokens_per_s.png")
+    plt.close(fig)
+    assert [p.name for p in tmp_path.iterdir()] == ["tokens_per_s.png"]
+    assert (tmp_path / "tokens_per_s.png").read_bytes()[:4] == b"\x89PNG"

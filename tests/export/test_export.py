@@ -70,7 +70,14 @@ def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch):
         load_export(tmp_path / "out")
 
 
-def test_existing_folder_needs_force(exported):
+def test_existing_folder_needs_force(exported, monkeypatch):
+    with pytest.raises(UserError, match="already exists"):
+        export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", exported[0])
+
+    def bind(*a, **k):  # refused before binding, which reads and hashes every weight (4 s on SmolLM2)
+        raise AssertionError("bound before the output folder was checked")
+
+    monkeypatch.setattr(export_mod, "bind_target", bind)
     with pytest.raises(UserError, match="already exists"):
         export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", exported[0])
 
@@ -126,3 +133,19 @@ def test_an_output_over_an_input_is_refused_even_with_force(tmp_path, monkeypatc
     with pytest.raises(UserError, match="holds the input folder"):
         build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path, force=True, log=lambda s: None)
     assert (tmp_path / "exp" / "export.json").is_file()
+
+
+def test_missing_tokenizer_is_said_at_export(tmp_path):
+    """A target folder without tokenizer.json exported silently; every text prompt then failed
+    at run time. The export says so (and how to fix it), and says nothing when one is there."""
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    said: list[str] = []
+    export_mod.export(target, None, tmp_path / "o", log=said.append)
+    note = [s for s in said if "no tokenizer.json" in s]
+    assert len(note) == 1 and "save_pretrained" in note[0] and "export again" in note[0]
+    from tests.runtime.test_text import _words
+
+    _words(target)
+    said.clear()
+    export_mod.export(target, None, tmp_path / "o2", log=said.append)
+    assert said and not [s for s in said if "no tokenizer.json" in s]
