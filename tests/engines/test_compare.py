@@ -303,6 +303,19 @@ def test_outputs_are_compared_in_units_of_their_rows_scale():
     assert not verdict(ref + np.array([[[0.0, 2e-4, 0.0, 0.0, 0.0]]]), True)
 
 
+def test_runs_without_a_report_reuse_one_temporary_folder(tiny_engines, tmp_path, monkeypatch):
+    """Without --report or --save-inputs the by-hand command's files go to one temporary
+    folder per engines folder, replaced by the next run (each run made a new one: 3.6 MB
+    on SmolLM2, piling up; found by review)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    a = compare_engines(tiny_engines, log=quiet)["inputs_file"]
+    b = compare_engines(tiny_engines, log=quiet)["inputs_file"]
+    assert a == b and Path(a).is_file() and Path(a).parent.parent == tmp_path
+    assert len(list(tmp_path.glob("specrt-compare-*"))) == 1
+
+
 def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
     """`auto` verifies a token tree every round (dspark:tree=3): `specrt compare` never fed
     one, so an engine whose tree mask went wrong on a user's machine passed while its
