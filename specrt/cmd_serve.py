@@ -360,6 +360,12 @@ class Server:
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
         _unsupported(body, chat, allowed=("echo",) if not chat else ())
+        model = body.get("model")
+        if model is not None and model != self.model:  # (left out or null: this server's one, as vLLM takes it)
+            # vLLM and OpenAI answer 404 for a model they do not serve: a client pointed at the
+            # wrong server or model learns it, rather than getting another model's answer
+            raise BadRequest(f"The model `{model}` does not exist (this server serves '{self.model}').", "model",
+                             status=404)
         n = _number(body, "n", 1, int, 1, MAX_N)
         if len(prompts) * n > MAX_CHOICES:
             raise BadRequest(f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices; at most {MAX_CHOICES} a "

@@ -67,8 +67,12 @@ def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, 
     url, _ = served
     conv = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"}]
     want, st = _reference(worded, conv)
-    code, r = _post(url, "/v1/chat/completions", {"model": "anything", "messages": conv, "max_tokens": 6})
+    code, r = _post(url, "/v1/chat/completions", {"model": "tiny", "messages": conv, "max_tokens": 6})
     assert code == 200, r
+    # another model's name is a 404, as vLLM and OpenAI answer it (it was served by this model)
+    for path, body in (("/v1/chat/completions", {"messages": conv}), ("/v1/completions", {"prompt": "w6"})):
+        code, e = _post(url, path, {**body, "model": "gpt-4", "max_tokens": 2})
+        assert code == 404 and e["error"]["param"] == "model" and "`gpt-4` does not exist" in e["error"]["message"]
     assert r["object"] == "chat.completion" and r["model"] == "tiny" and r["id"].startswith("chatcmpl-")
     ch = r["choices"][0]
     assert ch["message"] == {"role": "assistant", "content": want} and want
