@@ -296,7 +296,10 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             for name, role in roles.items():
                 role_json[name] = {**role.to_json(), "engine": {"onnx": onnx_files[role.graph]}}
             weight_bytes = {g: sum(r["bytes"] for r in exp["graphs"][g]["files"]) for g in exp["graphs"]}
-            backend_json = {"onnxruntime": settings.to_json(), "graphs": graphs_json}
+            # (whether the thread count is the build's default, its physical cores: capped at load
+            # where fewer are available; a --threads count is kept as given)
+            backend_json = {"onnxruntime": settings.to_json(), "graphs": graphs_json,
+                            "onnxruntime_threads_default": not (ort_settings or {}).get("intra_op_num_threads")}
             env = environment(backend, settings.providers)
         manifest: dict[str, Any] = {
             "format": ENGINES_FORMAT,

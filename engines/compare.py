@@ -658,6 +658,27 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
             "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
 
 
+def _own_temp_folder(name: str) -> Path:
+    """``name`` in the temporary directory, made 0700 by this user, or reused only when it is a
+    real folder (not a link) this user owns that no one else can write; else a fresh mkdtemp
+    folder. The name is predictable: another user could plant a link or a folder of theirs
+    there and read or swap the by-hand command's inputs and outputs."""
+    import stat
+
+    p = Path(tempfile.gettempdir()) / name
+    try:
+        os.mkdir(p, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
+    st = os.lstat(p)
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+        return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
+    return p
+
+
 def screen_check(view, screen, reference, feeds: list[dict], tol: tuple[float, float],
                  scaled: bool = False) -> dict[str, Any]:
     """The greedy path of a screened head (``head_exact`` false: int8 logits, the screen of
@@ -964,7 +985,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             where = hashlib.sha256(str(Path(engines.folder).resolve()).encode()).hexdigest()[:12]
             uid = os.getuid() if hasattr(os, "getuid") else 0
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
-                           else Path(tempfile.gettempdir()) / f"specrt-compare-{uid}-{where}" / "inputs.json")
+                           else _own_temp_folder(f"specrt-compare-{uid}-{where}") / "inputs.json")
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):

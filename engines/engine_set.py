@@ -168,7 +168,9 @@ class EngineSet:
                 raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed "
                                 f"({type(e).__name__}: {e}); rebuild with `specrt build`") from None
             built = ((self.manifest.get("environment") or {}).get("device") or {}).get("physical_cores")
-            if "intra_op_num_threads" not in ort_overrides and settings.intra_op_num_threads == built:
+            default = self.manifest.get("onnxruntime_threads_default")  # (engines built before it: by the count)
+            if "intra_op_num_threads" not in ort_overrides and (
+                    default if isinstance(default, bool) else settings.intra_op_num_threads == built):
                 # the build's default (its physical cores): never more threads than this
                 # process has cores (a container or taskset with fewer: 8 spinning threads on
                 # 2 cores made a decode step 3-4x slower on SmolLM2)

@@ -92,6 +92,11 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     else:
         raise UserError(f"{path}: format {fmt!r}: expected 'specrt.calibration-file/2' (or /1) with "
                         "at least one calibration; written by `specrt calibrate`")
+    # a calibration fitted with --reproducible before coupled sampling was a mode of its own
+    # was stored under the rejection sampler's key, its entry's sampling saying coupled: its key now
+    modes = {(m + ",coupled" if isinstance(e, dict) and isinstance(e.get("sampling"), dict)
+              and e["sampling"].get("coupled") is True and not m.endswith(",coupled") else m): e
+             for m, e in modes.items()}
     for m, e in modes.items():
         if not isinstance(e, dict) or "calibration" not in e:
             raise UserError(f"{path}: mode {m!r} has no 'calibration'")
@@ -117,7 +122,9 @@ def prior_from(modes: dict[str, dict], sampling: SamplingParams) -> tuple[str, C
     """(mode, calibration): the stored calibration of the temperature nearest ``sampling``'s
     (greedy counts as 0; ties by name), softened to a prior of PRIOR_ROUNDS rounds a position."""
     t = 0.0 if sampling.greedy else sampling.temperature
-    near = min(modes, key=lambda m: (abs(_temperature_of(m, modes[m]) - t), m))
+    # at the same distance, one of the same sampler (coupled or rejection: acceptance differs)
+    near = min(modes, key=lambda m: (abs(_temperature_of(m, modes[m]) - t),
+                                     m.endswith(",coupled") != bool(sampling.coupled and not sampling.greedy), m))
     return near, modes[near]["calibration"].softened(PRIOR_ROUNDS)
 
 
@@ -146,7 +153,7 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
         return e["calibration"], f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
     near, cal = prior_from(modes, sampling)
     how = "" if sampling.greedy else (f" --temperature {sampling.temperature:g} --top-p {sampling.top_p:g} "
-                                      f"--top-k {sampling.top_k}")
+                                      f"--top-k {sampling.top_k}" + (" --reproducible" if sampling.coupled else ""))
     return cal, (f"{p.name} holds no calibration for {want}: the {near} one serves as a prior of "
                  f"{PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate "
                  f"{engines.folder} --prompts FILE{how}`)")

@@ -293,6 +293,13 @@ def _number_text(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+def _names(model, served: str) -> bool:
+    """Whether a request's ``model`` names the served one: exactly, or as the Hugging Face id
+    whose last part it is, in any case ("HuggingFaceTB/SmolLM2-135M-Instruct" for the default
+    name smollm2-135m-instruct, the target folder's: what a client written for vLLM sends)."""
+    return isinstance(model, str) and (model == served or model.rsplit("/", 1)[-1].lower() == served.lower())
+
+
 class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
@@ -322,6 +329,7 @@ class Server:
         self.lock = threading.Lock()
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
+        self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
 
     def close(self) -> None:
         self.session.close()
@@ -361,7 +369,7 @@ class Server:
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
         _unsupported(body, chat, allowed=("echo",) if not chat else ())
         model = body.get("model")
-        if model is not None and model != self.model:  # (left out or null: this server's one, as vLLM takes it)
+        if model is not None and self.model_strict and not _names(model, self.model):  # (left out or null: this server's one, as vLLM takes it)
             # vLLM and OpenAI answer 404 for a model they do not serve: a client pointed at the
             # wrong server or model learns it, rather than getting another model's answer
             raise BadRequest(f"The model `{model}` does not exist (this server serves '{self.model}').", "model",
@@ -854,6 +862,9 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                  model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
     app.api_key = api_key
+    # a request's model is checked against a name given with --model-name only: the default
+    # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
+    app.model_strict = bool(model_name)
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
         app.model = Path(folder).name if folder else engines_dir.resolve().name

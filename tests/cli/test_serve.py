@@ -73,6 +73,9 @@ def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, 
     for path, body in (("/v1/chat/completions", {"messages": conv}), ("/v1/completions", {"prompt": "w6"})):
         code, e = _post(url, path, {**body, "model": "gpt-4", "max_tokens": 2})
         assert code == 404 and e["error"]["param"] == "model" and "`gpt-4` does not exist" in e["error"]["message"]
+    # the Hugging Face id whose last part is the served name, as clients written for vLLM send it
+    code, _ = _post(url, "/v1/completions", {"prompt": "w6", "model": "SomeOrg/Tiny", "max_tokens": 2})
+    assert code == 200
     assert r["object"] == "chat.completion" and r["model"] == "tiny" and r["id"].startswith("chatcmpl-")
     ch = r["choices"][0]
     assert ch["message"] == {"role": "assistant", "content": want} and want
@@ -572,6 +575,10 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
         code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3})
         assert code == 200 and r["model"] == model == "t" and r["specrt"]["governor"] == "fixed:1"
+        # without --model-name the served name is a guess: any model is taken
+        code, r = _post(url, "/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "w3"}],
+                                                      "max_tokens": 3})
+        assert code == 200 and r["model"] == "t"
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=60) == 0

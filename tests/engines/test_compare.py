@@ -358,3 +358,28 @@ def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
             ref_t = torch_target_runner(model, meta, tuple(e.export["target"]["aux_layer_ids"]), "torch")
             assert tree_check(e.portable("verify.4"), ref_t, feeds, tol_t)["passed"]
             assert not tree_check(Chain(e.portable("verify.4")), ref_t, feeds, tol_t)["passed"]
+
+
+def test_the_temporary_folder_is_never_one_planted_by_another_user(tiny_engines, tmp_path, monkeypatch):
+    """The reused folder's name is predictable (engines path, uid): a link or a folder of
+    another user's planted there must not receive the by-hand command's files."""
+    import hashlib
+    import os
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    where = hashlib.sha256(str(Path(tiny_engines).resolve()).encode()).hexdigest()[:12]
+    name = tmp_path / f"specrt-compare-{os.getuid()}-{where}"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    name.symlink_to(theirs)
+    r = compare_engines(tiny_engines, log=quiet)
+    assert Path(r["inputs_file"]).is_file() and not any(theirs.iterdir())
+    name.unlink()
+    name.mkdir()
+    name.chmod(0o777)  # a folder anyone can write
+    r = compare_engines(tiny_engines, log=quiet)
+    assert Path(r["inputs_file"]).parent != name and not any(name.iterdir())
+    name.chmod(0o700)  # our own: reused, as before
+    assert Path(compare_engines(tiny_engines, log=quiet)["inputs_file"]).parent == name

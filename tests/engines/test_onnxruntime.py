@@ -264,7 +264,27 @@ def test_the_builds_default_threads_never_exceed_this_machines_cores(engines_cop
         p = engines_copy / "engines.json"
         m = json.loads(p.read_text())
         m["onnxruntime"]["intra_op_num_threads"], m["environment"]["device"]["physical_cores"] = recorded, many
+        m.pop("onnxruntime_threads_default", None)  # engines built before the build recorded it: by the count
         p.write_text(json.dumps(m))
         assert load_engines(engines_copy, verify=False).ort_settings.intra_op_num_threads == want
     e = load_engines(engines_copy, verify=False, ort_overrides={"intra_op_num_threads": 5})
     assert e.ort_settings.intra_op_num_threads == 5
+    # engines record whether the count was the default: `--threads N` on an N-core host is
+    # kept too (by the count alone it was taken for the default and capped; found by review)
+    for flag, want in ((False, many), (True, physical_cores())):
+        m = json.loads(p.read_text())
+        m["onnxruntime"]["intra_op_num_threads"], m["onnxruntime_threads_default"] = many, flag
+        p.write_text(json.dumps(m))
+        assert load_engines(engines_copy, verify=False).ort_settings.intra_op_num_threads == want
+
+
+def test_the_build_records_whether_its_thread_count_was_the_default(tiny_export, tmp_path):
+    import json
+
+    from specrt.engines import build_engines
+
+    for threads, default in ((None, True), (1, False)):
+        out = tmp_path / f"e{threads}"
+        build_engines(tiny_export, "onnxruntime", "1", out, log=lambda s: None, profile_repeats=1,
+                      ort_settings={"intra_op_num_threads": threads} if threads else None)
+        assert json.loads((out / "engines.json").read_text())["onnxruntime_threads_default"] is default

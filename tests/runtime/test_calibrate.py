@@ -753,3 +753,42 @@ def test_a_report_may_not_replace_a_file_of_the_engines(engines, tmp_path):
     r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "hello", "--stats", str(engines / "engines.json")])
     assert r.exit_code == 1 and "--stats" in r.output and "a file of the engines folder" in r.output, r.output
     assert (engines / "engines.json").read_bytes() == before and not (engines / CALIBRATION_FILE).exists()
+
+
+def test_a_coupled_calibration_stored_before_its_own_mode_is_read_as_coupled(tmp_path):
+    """Before coupled sampling was a mode of its own, `specrt calibrate --reproducible` stored
+    its fit under the rejection sampler's key (the entry's sampling saying coupled): it is the
+    coupled mode's calibration, not the rejection sampler's, and the hint names --reproducible."""
+    import types
+
+    from specrt.runtime.governor import Calibration
+    from specrt.runtime.session import load_calibration
+
+    cp, rs = SamplingParams(temperature=0.7, top_p=0.9, coupled=True), SamplingParams(temperature=0.7, top_p=0.9)
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({
+        "format": "specrt.calibration-file/2", "export_digest": "D",
+        "modes": {rs.mode: {"sampling": cp.as_dict(), "rounds": 3000,
+                            "calibration": Calibration(positions=4).to_dict()}}}))
+    eng = types.SimpleNamespace(folder=tmp_path, manifest={"export": {"digest": "D"}})
+    assert load_calibration(eng, cp, "dspark")[1].endswith(f"(3000 rounds, {cp.mode})")
+    note = load_calibration(eng, rs, "dspark")[1]
+    assert "holds no calibration for" in note and "--reproducible" not in note
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({
+        "format": "specrt.calibration-file/2", "export_digest": "D",
+        "modes": {"greedy": {"sampling": None, "rounds": 5, "calibration": Calibration(positions=4).to_dict()}}}))
+    assert "--reproducible" in load_calibration(eng, cp, "dspark")[1]
+
+
+def test_the_prior_of_a_coupled_run_is_a_coupled_calibration_at_the_same_distance(tmp_path):
+    import types
+
+    from specrt.runtime.session import load_calibration
+
+    rs, cp = SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, coupled=True)
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({
+        "format": "specrt.calibration-file/2", "export_digest": "D",
+        "modes": {m.mode: {"sampling": m.as_dict(), "rounds": 10, "calibration": Calibration(positions=4).to_dict()}
+                  for m in (rs, cp)}}))
+    eng = types.SimpleNamespace(folder=tmp_path, manifest={"export": {"digest": "D"}})
+    assert f"the {cp.mode} one serves" in load_calibration(eng, SamplingParams(temperature=0.8, coupled=True))[1]
+    assert f"the {rs.mode} one serves" in load_calibration(eng, SamplingParams(temperature=0.8))[1]

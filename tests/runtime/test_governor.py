@@ -846,3 +846,7 @@ def test_one_stalled_call_does_not_reprice_the_depths():
         d = 1 + i % 4
         g.observe(RoundResult(d, 0, 0.0015, 3 * tv[d], confidences=np.full(4, 0.5)))
     assert g.load_target == pytest.approx(3.0, rel=0.1)
+    for i in range(20):  # and 10x that, past the clipping bound: taken at 1.5x a round
+        d = 1 + i % 4
+        g.observe(RoundResult(d, 0, 0.0015, 30 * tv[d], confidences=np.full(4, 0.5)))
+    assert g.load_target == pytest.approx(30.0, rel=0.15)
