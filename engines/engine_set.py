@@ -272,6 +272,8 @@ class EngineSet:
             v.deactivate()
         for r in reversed(list(self.runners.values())):
             r.deactivate()
+        if self.head is not None:
+            self.head.close()  # its fp32 rows' file (reopened by the next screen)
         self.is_active = False
 
     def __enter__(self) -> "EngineSet":

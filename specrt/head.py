@@ -107,6 +107,11 @@ class HeadScreen:
         on SmolLM2)."""
         return cls(_Rows(Path(folder) / WEIGHT_FILE), np.load(Path(folder) / BOUNDS_FILE, allow_pickle=False))
 
+    def close(self) -> None:
+        """Release the fp32 rows' file (reopened by the next screen)."""
+        if isinstance(self.weight, _Rows):
+            self.weight.close()
+
     def argmax(self, approx: np.ndarray, h: np.ndarray, norms: np.ndarray, rows=None) -> np.ndarray:
         """approx [S, V] (the graph's screened logits), h [S, H] (its hidden states, the
         final norm applied), norms [S, 2] (``head_norms``) -> int64: the exact argmax of
@@ -176,9 +181,17 @@ class _Rows:
         self.shape, self.ndim, self._offset = m.shape, 2, int(m.offset)
         self._row = m.shape[1] * 4
         del m
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (closed with the object)
+        self._path, self._file = path, None  # opened at the first read, closed by close()
+
+    def close(self) -> None:
+        """Close the file (the engine set's deactivate); a later read opens it again."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def __getitem__(self, ids) -> np.ndarray:
+        if self._file is None:
+            self._file = open(self._path, "rb", buffering=0)  # noqa: SIM115 (closed by close())
         fd, row, off = self._file.fileno(), self._row, self._offset
         data = b"".join(os.pread(fd, row, off + i * row) for i in np.asarray(ids, np.int64).tolist())
         return np.frombuffer(data, np.float32).reshape(-1, self.shape[1])

@@ -364,3 +364,30 @@ def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):
     fresh = load_engines(out)  # loaded again: fine
     fresh.activate()
     fresh.deactivate()
+
+
+def test_deactivating_a_screened_set_closes_its_head_file(tmp_path):
+    """The fp32 rows' file is open only while it is read (it stayed open until garbage
+    collection, with a ResourceWarning; found by review); reactivated, the screen reads again."""
+    import os
+
+    from tests.engines.conftest import REFERENCE
+    from specrt.export.export import export
+
+    export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "exp")
+    out = tmp_path / "eng"
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), out, log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64, target_head="screened")
+
+    def open_head() -> int:
+        fds = [os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
+               if os.path.islink(f"/proc/self/fd/{f}")]
+        return sum(f == str(out / "head_weight.npy") for f in fds)  # (other tests' engine sets stay open)
+
+    engines = load_engines(out)
+    rows = engines.head.weight
+    for _ in range(2):
+        engines.activate()
+        assert rows[[0, 1]].shape[0] == 2 and open_head() == 1
+        engines.deactivate()
+        assert open_head() == 0
