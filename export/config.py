@@ -136,10 +136,15 @@ class DecoderConfig:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "DecoderConfig":
-        """The inverse of to_json (export.json's ``target.decoder``, read by engines/build.py)."""
-        d = dict(d)
-        d["rope"] = RopeConfig(**d["rope"])
-        return cls(**d)
+        """The inverse of to_json (export.json's ``target.decoder``, read by engines/build.py);
+        a hand-edited or foreign one is a UserError (it was a KeyError traceback)."""
+        try:
+            d = dict(d)
+            d["rope"] = RopeConfig(**d["rope"])
+            return cls(**d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"export.json: target.decoder is malformed ({type(e).__name__}: {e}); make the export "
+                            "again with `specrt export`") from None
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,25 @@ def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):
         build_engines(tiny_engines, "onnxruntime", (1,), tmp_path / "e", log=quiet)
 
 
+def test_a_hand_edited_export_json_is_a_user_error(tiny_export, tmp_path):
+    """export.json's target.decoder without its rope (a hand edit): named, exit 1, nothing
+    written (a KeyError traceback after the export was linked; found by review)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    del m["target"]["decoder"]["rope"]
+    (exp / "export.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["build", str(exp), "--depths", "1", "-o", str(tmp_path / "e")])
+    assert r.exit_code == 1 and "target.decoder is malformed" in r.output and r.exc_info[0] is SystemExit, r.output
+    assert not (tmp_path / "e").exists()
+
+
 def test_missing_export_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no such export folder"):
         build_engines(tmp_path / "nope", "onnxruntime", "1", tmp_path / "e", log=quiet)
