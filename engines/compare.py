@@ -658,14 +658,22 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
             "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
 
 
-def _own_temp_folder(name: str) -> Path:
-    """``name`` in the temporary directory, made 0700 by this user, or reused only when it is a
-    real folder (not a link) this user owns that no one else can write; else a fresh mkdtemp
-    folder. The name is predictable: another user could plant a link or a folder of theirs
-    there and read or swap the by-hand command's inputs and outputs."""
+def _add_check(role_out: dict[str, Any], name: str, result: dict[str, Any]) -> None:
+    """One more check of a role (the int8 weights, the last row, the screened argmax, a token
+    tree): its report entry, and the role passes only if it does."""
+    role_out["outputs"][name] = result
+    role_out["passed"] = role_out["passed"] and result["passed"]
+
+
+def _own_temp_folder(key: str) -> Path:
+    """``specrt-compare-<uid>-<key>`` in the temporary directory, made 0700 by this user, or
+    reused only when it is a real folder (not a link) this user owns that no one else can
+    write; else a fresh mkdtemp folder. The name is predictable: another user could plant a
+    link or a folder of theirs there and read or swap the by-hand command's inputs and outputs."""
     import stat
 
-    p = Path(tempfile.gettempdir()) / name
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    p = Path(tempfile.gettempdir()) / f"specrt-compare-{0 if uid is None else uid}-{key}"
     try:
         os.mkdir(p, 0o700)
     except FileExistsError:
@@ -673,7 +681,7 @@ def _own_temp_folder(name: str) -> Path:
     except OSError:
         return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
     st = os.lstat(p)
-    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    uid = st.st_uid if uid is None else uid
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
         return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
     return p
@@ -936,31 +944,23 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 if int8:  # the weights themselves, exactly (quantize.check_int8_weights)
                     w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
                                            engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
-                    roles_out[role]["outputs"][INT8_WEIGHTS] = {"kind": "weights", **w}
-                    roles_out[role]["passed"] = roles_out[role]["passed"] and w["passed"]
+                    _add_check(roles_out[role], INT8_WEIGHTS, {"kind": "weights", **w})
                 if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
                     # the runtime's prefill asks for its last row's logits only (contracts.py):
                     # that slicing is an engine path of its own, checked against the reference's last row
-                    roles_out[role]["outputs"][LAST_ROW] = last_row_check(
+                    _add_check(roles_out[role], LAST_ROW, last_row_check(
                         engines.portable(role), reference_runner(role), feeds[0], tol[C.LOGITS],
-                        scaled=C.LOGITS in row_scaled)
-                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
-                        roles_out[role]["outputs"][LAST_ROW]["passed"]
-                if engines.head is not None and role != PREFILL and role in engines.runners \
-                        and engines.roles[role].graph == "target":
+                        scaled=C.LOGITS in row_scaled))
+                if engines.head is not None and role != PREFILL and engines.roles[role].graph == "target":
                     # the greedy path: int8 logits screened to the exact argmax (specrt/head.py)
-                    roles_out[role]["outputs"][SCREENED] = screen_check(
+                    _add_check(roles_out[role], SCREENED, screen_check(
                         engines.portable(role), engines.head, reference_runner(role), feeds, tol[C.LOGITS],
-                        scaled=C.LOGITS in row_scaled)
-                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
-                        roles_out[role]["outputs"][SCREENED]["passed"]
+                        scaled=C.LOGITS in row_scaled))
                 if role.startswith("verify.") and role_depth(role) >= 3 and engines.verifies_trees():
                     # a token tree in one call against each of its chains (tree_check)
-                    roles_out[role]["outputs"][TREE] = tree_check(
+                    _add_check(roles_out[role], TREE, tree_check(
                         engines.portable(role), reference_runner(role), feeds[0],
-                        {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled)
-                    roles_out[role]["passed"] = roles_out[role]["passed"] and \
-                        roles_out[role]["outputs"][TREE]["passed"]
+                        {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled))
                 for line in role_table(role, roles_out[role]):
                     log(line)
     except PolygraphyException as e:
@@ -983,9 +983,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             # else one temporary folder per engines folder and user, replaced by the next run
             # (a new folder a run piled up 3.6 MB each on SmolLM2)
             where = hashlib.sha256(str(Path(engines.folder).resolve()).encode()).hexdigest()[:12]
-            uid = os.getuid() if hasattr(os, "getuid") else 0
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
-                           else _own_temp_folder(f"specrt-compare-{uid}-{where}") / "inputs.json")
+                           else _own_temp_folder(where) / "inputs.json")
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):

@@ -94,7 +94,7 @@ def gemms_to_matmul(model) -> int:
     for n in g.node:
         if n.op_type != "Gemm" or len(n.input) != 2 or n.input[1] not in inits:
             continue
-        if _attr(n, "alpha", 1.0) != 1.0 or _attr(n, "beta", 1.0) != 1.0 or _attr(n, "transA", 0):
+        if not _plain_product(n):
             continue
         w = inits[n.input[1]]
         if _attr(n, "transB", 0):
@@ -248,7 +248,7 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
     fnodes, qnodes = _weight_readers(fmodel.graph), _weight_readers(qmodel.graph)
     finits = {t.name: _Oriented(t, fnodes.get(t.name)) for t in fmodel.graph.initializer}
     by_output = {n.output[0]: n.input[1] for n in fmodel.graph.node
-                 if n.input[1:] and n.input[1] in finits and len(n.input) == 2 and _plain_product(n)}
+                 if len(n.input) == 2 and n.input[1] in finits and _plain_product(n)}
     qinits = {t.name: _Oriented(t, qnodes.get(t.name)) for t in qmodel.graph.initializer}
     bad: list[dict] = []
     ops: set[str] = set()

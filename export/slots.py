@@ -120,7 +120,7 @@ def _draft_first_in(c: DecoderConfig) -> int:
 def _aux_width(c: DecoderConfig, e: dict) -> int:
     # fc reads concat of num_aux (3 by default) target hidden states; the target width may
     # differ from the draft's (target_hidden_size), binding passes both in ``extra``.
-    return e.get("num_aux", 3) * e.get("target_hidden", c.hidden_size)
+    return e["num_aux"] * e.get("target_hidden", c.hidden_size)
 
 
 # speculators draft checkpoints (DESIGN.md §1): names are the library's own, no prefix.
@@ -143,7 +143,7 @@ DRAFT_SLOTS: list[SlotSpec] = [
              required=lambda c, e: e["norm_before_fc"]),
     *[
         SlotSpec(f"fc_norm.{j}", (f"fc_norm.{j}.weight",), lambda c, e: (e.get("target_hidden", c.hidden_size),),
-                 required=lambda c, e, j=j: e["fc_norm"] and j < e.get("num_aux", 3))
+                 required=lambda c, e, j=j: e["fc_norm"] and j < e["num_aux"])
         for j in range(MAX_AUX)
     ],
     # a DSpark confidence head (DeepSpec's AcceptRatePredictor: one Linear(H, 1), bias on)

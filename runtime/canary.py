@@ -62,7 +62,7 @@ def expected_depth1(receipt: dict) -> tuple[float | None, str]:
 
 def low_note(measured: float) -> str:
     """What a low depth-1 acceptance with no training receipt means and what to check."""
-    return (f"; depth-1 acceptance {measured:.2f} is below {LOW_WITHOUT_RECEIPT} that a trained draft reaches: check "
+    return (f"depth-1 acceptance {measured:.2f} is below {LOW_WITHOUT_RECEIPT} that a trained draft reaches: check "
             "that the draft was trained for this target (its speculators_config.verifier) and its "
             "eagle_aux_hidden_state_layer_ids, or put the acceptance the draft reached in training beside it "
             "(DRAFT/training_receipt.json, {\"heldout\": {\"acceptance_at_pos\": [p1, ...]}}) and export again "
@@ -118,7 +118,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "trusted": bool(trusted),
         "low_without_receipt": bool(low),
         "note": None if expected is not None else (
-            "no training receipt: nothing to compare with" + (low_note(measured) if low else "")),
+            "no training receipt: nothing to compare with" + (f"; {low_note(measured)}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)
         write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)

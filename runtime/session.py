@@ -273,6 +273,11 @@ class Session:
         return a
 
     @property
+    def _speculates(self) -> bool:
+        """Whether the governor drafts (not ``off``, with or without lookup)."""
+        return split_lookup(self.governor_spec)[0] != "off"
+
+    @property
     def untrusted(self) -> str | None:
         """A loud warning when the acceptance canary found the draft far below its training accuracy."""
         a = self.acceptance
@@ -288,8 +293,7 @@ class Session:
         acceptance below what a trained draft reaches (runtime/canary.py LOW_WITHOUT_RECEIPT)."""
         a = self.acceptance
         if a is not None and a.get("trusted", True) and a.get("low_without_receipt") \
-                and isinstance(a.get("measured_depth1"), (int, float)) \
-                and split_lookup(self.governor_spec)[0] != "off":
+                and isinstance(a.get("measured_depth1"), (int, float)) and self._speculates:
             return (f"the acceptance canary measured depth-1 acceptance {a['measured_depth1']:.2f} on "
                     f"{self.engines.folder} with no training receipt to compare with: "
                     "see its acceptance_receipt.json note")
@@ -299,8 +303,7 @@ class Session:
     def unchecked(self) -> str | None:
         """A note when the draft speculates on engines with no acceptance receipt (built with
         --no-canary, or the receipt removed): nothing has checked its binding on them."""
-        if self.acceptance is None and self.engines.export.get("draft") is not None \
-                and split_lookup(self.governor_spec)[0] != "off":
+        if self.acceptance is None and self.engines.export.get("draft") is not None and self._speculates:
             return (f"no acceptance receipt in {self.engines.folder}: nothing has checked the draft's binding "
                     f"on these engines (built with --no-canary?); `specrt canary {self.engines.folder}` checks it")
         return None
@@ -347,12 +350,15 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
-    def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
-        """A text prompt's or a conversation's token ids as ``stream`` makes them."""
+    def _need_text(self) -> None:
         if self.text is None:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's "
                             "tokenizer: put its tokenizer.json in the target's folder, then `specrt export` and "
                             "`specrt build` again")
+
+    def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
+        """A text prompt's or a conversation's token ids as ``stream`` makes them."""
+        self._need_text()
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
                                                **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")})
 
@@ -398,10 +404,7 @@ class Session:
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do (a verify round may have accepted
         more; the telemetry counts every generated token)."""
-        if self.text is None:
-            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's "
-                            "tokenizer: put its tokenizer.json in the target's folder, then `specrt export` and "
-                            "`specrt build` again")
+        self._need_text()
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text)

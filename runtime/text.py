@@ -152,7 +152,7 @@ class Text:
         between them left out): a run that is not UTF-8 decodes to one U+FFFD per token, so
         a byte token's text is final only once a token that is neither ends the run."""
         if self._fallback is None:
-            kinds = _decoder_kinds(self.tokenizer)
+            kinds = _decoder_kinds(json.loads(self.tokenizer.to_str()))
             vocab = self.tokenizer.get_vocab(with_added_tokens=False) if "ByteFallback" in kinds else {}
             fallback = {i for p, i in vocab.items() if len(p) == 6 and p.startswith("<0x") and p.endswith(">")}
             special = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -234,9 +234,9 @@ def _template(source: str):
     return compiled
 
 
-def _decoder_kinds(tokenizer) -> set:
-    """The types of a tokenizer's decoder and of the decoders a Sequence holds."""
-    spec = json.loads(tokenizer.to_str())
+def _decoder_kinds(spec: dict) -> set:
+    """The types of a tokenizer's decoder and of the decoders a Sequence holds (``spec``: its
+    tokenizer.json, parsed)."""
     kinds, todo = set(), [spec.get("decoder") or {}]
     while todo:
         d = todo.pop()
@@ -250,7 +250,8 @@ def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
     """(kind, character -> byte of GPT-2's byte-level alphabet, added tokens' contents) of a
     tokenizer: kind "bytelevel" when its decoder is (or holds) ByteLevel, "metaspace" for
     SentencePiece-style decoders (Metaspace, ByteFallback), else "other"."""
-    kinds = _decoder_kinds(tokenizer)
+    spec = json.loads(tokenizer.to_str())
+    kinds = _decoder_kinds(spec)
     kind = "bytelevel" if "ByteLevel" in kinds else "metaspace" if kinds & {"Metaspace", "ByteFallback"} else "other"
     # GPT-2's table: printable Latin-1 bytes stand for themselves, the other 68 bytes for
     # the characters from U+0100 on, in byte order
@@ -261,8 +262,7 @@ def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
         if b not in table.values():
             table[chr(256 + extra)] = b
             extra += 1
-    added = {t["content"] for t in json.loads(tokenizer.to_str()).get("added_tokens") or []
-             if isinstance(t.get("content"), str)}
+    added = {t["content"] for t in spec.get("added_tokens") or [] if isinstance(t.get("content"), str)}
     return kind, table, added
 
 

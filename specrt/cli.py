@@ -195,7 +195,7 @@ def _has_draft(engines_dir: Path) -> bool:
 
 def _canary(engines_dir: Path) -> None:
     from specrt.engines.engine_set import load_engines
-    from specrt.runtime.canary import run_canary
+    from specrt.runtime.canary import low_note, run_canary
 
     with load_engines(engines_dir, verify=False) as engines:
         r = run_canary(engines)
@@ -203,7 +203,7 @@ def _canary(engines_dir: Path) -> None:
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
     if r["trusted"] and r.get("low_without_receipt"):
-        click.secho(f"{line}\nWARNING: {r['note'].partition('; ')[2]}", fg="yellow", err=True)
+        click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'])}", fg="yellow", err=True)
     elif r["trusted"]:
         click.echo(line, err=True)
     else:
