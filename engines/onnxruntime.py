@@ -67,6 +67,7 @@ preallocated numpy arrays once per runner (base.py describes the lifetime).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,9 +84,46 @@ SESSION_MODES = ("shared", "per-depth")
 OPT_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
 
 
+def cgroup_cpu_limit(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU bandwidth this process's cgroups allow, in CPUs (quota / period), or None when
+    unlimited or unknown. cgroup v2 (cpu.max) and v1 (cpu.cfs_quota_us / cpu.cfs_period_us);
+    every level from the process's own cgroup up to the mount's root is read and the smallest
+    limit kept (a container sees its own cgroup as the root, or a path absent from its mount).
+    A container given 2 CPUs on a 64-core host has 64 CPUs in its affinity mask: ONNX Runtime
+    sized by those runs 32 spinning threads on 2 CPUs' time."""
+    try:
+        text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+    except OSError:  # pragma: no cover - non-Linux
+        return None
+    places = []  # (mount folder, cgroup path, v2?)
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            places.append((root, path, True))
+        elif "cpu" in controllers.split(","):
+            places += [(root / name, path, False) for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]
+    limits = []
+    for mount, path, v2 in places:
+        parts = [p for p in path.strip().split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = mount.joinpath(*parts[:depth])
+            try:
+                if v2:
+                    quota, period = (folder / "cpu.max").read_text().split()[:2]
+                else:
+                    quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+                    period = (folder / "cpu.cfs_period_us").read_text().strip()
+                if quota not in ("max", "-1") and int(period) > 0 and int(quota) > 0:
+                    limits.append(int(quota) / int(period))
+            except (OSError, ValueError):
+                continue
+    return min(limits) if limits else None
+
+
 def physical_cores() -> int:
     """Physical cores available to this process (distinct (package, core id) pairs in
-    /proc/cpuinfo among the CPUs in our affinity mask); falls back to the CPU count."""
+    /proc/cpuinfo among the CPUs in our affinity mask); falls back to the CPU count. No more
+    than its cgroups' CPU limit, rounded up (cgroup_cpu_limit)."""
     try:
         allowed = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover - non-Linux
@@ -103,7 +141,9 @@ def physical_cores() -> int:
                 cores.add((phys, v))
     except OSError:  # pragma: no cover
         pass
-    return max(1, min(len(cores) or len(allowed), len(allowed)))
+    limit = cgroup_cpu_limit()
+    count = min(len(cores) or len(allowed), len(allowed))
+    return max(1, min(count, math.ceil(limit)) if limit else count)
 
 
 def select_providers(available: list[str] | None = None) -> list[str]:

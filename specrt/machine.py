@@ -37,11 +37,11 @@ def machine_info(threads: int) -> dict:
     except OSError:
         pass
     try:
-        from specrt.engines.onnxruntime import physical_cores
+        from specrt.engines.onnxruntime import cgroup_cpu_limit, physical_cores
 
-        phys = physical_cores()
+        phys, limit = physical_cores(), cgroup_cpu_limit()
     except Exception:  # pragma: no cover - specrt not importable
-        phys = None
+        phys = limit = None
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover
@@ -52,7 +52,8 @@ def machine_info(threads: int) -> dict:
         "cpu_model": cpu_model,
         "logical_cpus": os.cpu_count(),
         "cpus_in_affinity": affinity,
-        "physical_cores": phys,
+        "physical_cores": phys,  # no more than the cgroup CPU limit, rounded up
+        "cgroup_cpu_limit": limit,  # CPUs (quota / period); None: unlimited
         "threads": threads,
         "isa": isa,
         "memory_bytes": mem_total,

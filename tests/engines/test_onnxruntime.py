@@ -288,3 +288,30 @@ def test_the_build_records_whether_its_thread_count_was_the_default(tiny_export,
         build_engines(tiny_export, "onnxruntime", "1", out, log=lambda s: None, profile_repeats=1,
                       ort_settings={"intra_op_num_threads": threads} if threads else None)
         assert json.loads((out / "engines.json").read_text())["onnxruntime_threads_default"] is default
+
+
+def test_cgroup_cpu_limits_are_read_from_v1_and_v2_files(tmp_path):
+    """A container given 2 CPUs on a big host has every CPU in its affinity mask; the build's
+    default thread count must follow its cgroup's CPU quota instead (cpu.max in cgroup v2,
+    cpu.cfs_quota_us / cpu.cfs_period_us in v1), the smallest on the way up to the mount's root,
+    a path the container's mount lacks skipped, "max" / -1 unlimited."""
+    from specrt.engines.onnxruntime import cgroup_cpu_limit
+
+    v2 = tmp_path / "v2"
+    (v2 / "kubepods" / "pod1").mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", v2) is None
+    (v2 / "kubepods" / "cpu.max").write_text("400000 100000\n")
+    (v2 / "kubepods" / "pod1" / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", v2) == 1.5
+    assert cgroup_cpu_limit("0::/kubepods\n", v2) == 4.0
+    assert cgroup_cpu_limit("0::/docker/abc\n", v2) is None  # not in this mount: its root, unlimited
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    lines = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
+    assert cgroup_cpu_limit(lines, v1) == 2.0
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(lines, v1) is None
+    assert cgroup_cpu_limit("garbage\n\n", tmp_path / "none") is None
