@@ -1,6 +1,6 @@
 """``specrt bench``: specrt against itself and its peers on the same prompts and budget.
 
-    specrt bench ENGINES --prompts FILE.jsonl -o REPORT_DIR [--chat] [--max-new-tokens 128]
+    specrt bench ENGINES --prompts FILE.jsonl -o REPORT_DIR [--force] [--chat] [--max-new-tokens 128]
                  [--governors off,fixed:1,...,adaptive,dspark] [--peers hf,hf-lookup,ortgenai]
                  [--threads 2] [--limit N] [--variant LABEL=DIR] [--processes N]
 
@@ -119,7 +119,8 @@ import click
 
 from specrt.errors import UserError
 from specrt.machine import machine_info
-from specrt.paths import check_output_folder, write_atomic
+from specrt.manifest import atomic_folder, check_output
+from specrt.paths import write_atomic
 from specrt.prompt_files import common_prefix
 from specrt.sampling_options import sampling_options, template_kwargs_option
 
@@ -685,9 +686,6 @@ def efficiency(configs: dict) -> dict:
 # ---- plots -----------------------------------------------------------------------------
 
 
-PLOTS = ("tokens_per_s.png", "acceptance.png", "time_split.png")  # every plot ``plots`` can write
-
-
 def _savefig(fig, path: Path) -> None:
     """A plot whole or absent: written beside its name, then renamed (an interrupted run
     left a truncated PNG)."""
@@ -971,8 +969,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
               governor_costs: str = "stored", chat_template_kwargs: dict | None = None,
-              echo: Callable[..., None] = click.echo) -> dict:
-    """The whole benchmark; returns the report (also written to OUT/bench.json).
+              force: bool = False, echo: Callable[..., None] = click.echo) -> dict:
+    """The whole benchmark; returns the report (also written to OUT/bench.json). OUT is
+    written whole or not at all (its report, plots and workers' logs go to a temporary folder
+    beside it, renamed at the end); an existing OUT is replaced when empty, else only with
+    ``force`` and only when it is an earlier report.
 
     sampling: SamplingParams fields (temperature, top_p, top_k, seed) for specrt's
     configurations; temperature > 0 samples (rejection sampling when speculating), every
@@ -1067,7 +1068,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if unknown:
         raise UserError(f"--peers {unknown[0]!r}: expected a comma-separated list of {', '.join(KNOWN_PEERS)}, "
                         "or none")
-    check_output_folder(Path(out), "-o")
+    out = Path(out)
+    force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
+    out = check_output(out, force, marker=REPORT_FILE)
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 
@@ -1096,199 +1099,198 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                     load_calibration(e, params, g)
                 except UserError as err:
                     raise UserError(f"{label} ({g}): {err}") from None
-    out = Path(out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).unlink(missing_ok=True)  # an earlier run's report never stands beside this run's files
-    started = time.time()
-    lib = load_bench_lib()
-    receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
-    hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
+    final = out
+    with atomic_folder(final, force, marker=REPORT_FILE) as out:
+        (out / "logs").mkdir()
+        started = time.time()
+        lib = load_bench_lib()
+        receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
+        hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
 
-    machine = machine_info(threads)
-    warnings = []
-    load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    if load1 > 0.5 * cpus:
-        warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
-                        "CPUs): other processes compete for the cores and the tokens/s are not clean")
-    if threads > (machine.get("physical_cores") or threads):
-        warnings.append(f"--threads {threads} exceeds the {machine.get('physical_cores')} physical cores")
-    skipped: dict[str, str] = {}
-    jobs: list[tuple[str, dict]] = []
-    base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
-            "warmup_tokens": warmup_tokens}
-    engines_spin = bool(engines.manifest.get("onnxruntime", {}).get("spin", False))
-    peer_spin = engines_spin if peer_threading == "matched" else None
-    for g in govs:
-        jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
-                                     "governor": g, "sampling": sampling}))
-    for label, ve in variant_engines.items():
+        machine = machine_info(threads)
+        warnings = []
+        load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
+        if load1 > 0.5 * cpus:
+            warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
+                            "CPUs): other processes compete for the cores and the tokens/s are not clean")
+        if threads > (machine.get("physical_cores") or threads):
+            warnings.append(f"--threads {threads} exceeds the {machine.get('physical_cores')} physical cores")
+        skipped: dict[str, str] = {}
+        jobs: list[tuple[str, dict]] = []
+        base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
+                "warmup_tokens": warmup_tokens}
+        engines_spin = bool(engines.manifest.get("onnxruntime", {}).get("spin", False))
+        peer_spin = engines_spin if peer_threading == "matched" else None
         for g in govs:
-            jobs.append((f"specrt:{g}@{label}", {**base, "kind": "specrt", "engines": str(ve.folder.resolve()),
-                                                 "governor": g, "sampling": sampling}))
-    for peer in peer_list:
-        if lib is None:
-            skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
-            continue
-        if sampled:
-            skipped[peer] = (f"--temperature {params.temperature:g}: the peers run greedy only; specrt without "
-                             "speculation (off) is the sampled baseline")
-            continue
-        reason = lib.peer_unavailable(peer, hf_folder)
-        spin = peer_spin
-        if interleaved and spin and peer in ("hf", "hf-lookup"):
-            # OMP_WAIT_POLICY=ACTIVE would keep an idle worker's threads spinning while the
-            # others run; OpenMP's default spins briefly after a parallel region, then sleeps
-            spin = None
-        job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
-               "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
-        if reason is None and peer in lib.ORTGENAI_PRECISION:
-            try:
-                job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
-                    hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True),
-                    precision=lib.ORTGENAI_PRECISION[peer]))
-            except lib.PeerSkipped as e:
-                reason = str(e)
-        if reason:
-            skipped[peer] = reason
-            echo(f"skipping peer {peer}: {reason}", err=True)
-            continue
-        jobs.append((peer, job))
+            jobs.append((f"specrt:{g}", {**base, "kind": "specrt", "engines": str(Path(engines_dir).resolve()),
+                                         "governor": g, "sampling": sampling}))
+        for label, ve in variant_engines.items():
+            for g in govs:
+                jobs.append((f"specrt:{g}@{label}", {**base, "kind": "specrt", "engines": str(ve.folder.resolve()),
+                                                     "governor": g, "sampling": sampling}))
+        for peer in peer_list:
+            if lib is None:
+                skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
+                continue
+            if sampled:
+                skipped[peer] = (f"--temperature {params.temperature:g}: the peers run greedy only; specrt without "
+                                 "speculation (off) is the sampled baseline")
+                continue
+            reason = lib.peer_unavailable(peer, hf_folder)
+            spin = peer_spin
+            if interleaved and spin and peer in ("hf", "hf-lookup"):
+                # OMP_WAIT_POLICY=ACTIVE would keep an idle worker's threads spinning while the
+                # others run; OpenMP's default spins briefly after a parallel region, then sleeps
+                spin = None
+            job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
+                   "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
+            if reason is None and peer in lib.ORTGENAI_PRECISION:
+                try:
+                    job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
+                        hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True),
+                        precision=lib.ORTGENAI_PRECISION[peer]))
+                except lib.PeerSkipped as e:
+                    reason = str(e)
+            if reason:
+                skipped[peer] = reason
+                echo(f"skipping peer {peer}: {reason}", err=True)
+                continue
+            jobs.append((peer, job))
 
-    # Order: the reference first, then the peer baselines, then the speculative configurations.
-    order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "hf": 2, "hf-lookup": 3}
-    jobs.sort(key=lambda j: order.get(j[0], 4))
-    n_workers = len(group_jobs(jobs)) * processes
-    if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
-        each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
-        warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
-                        f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
-                        "so the configurations' ratios include the machine's drift"
-                        + (f" (--processes {processes} ignored)" if processes > 1 else ""))
-        echo(f"warning: {warnings[-1]}", err=True)
-        schedule, interleaved, processes = "sequential", False, 1
-    predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
-    profiled: dict[str, dict] = {}
-    if profile:
-        import copy
+        # Order: the reference first, then the peer baselines, then the speculative configurations.
+        order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "hf": 2, "hf-lookup": 3}
+        jobs.sort(key=lambda j: order.get(j[0], 4))
+        n_workers = len(group_jobs(jobs)) * processes
+        if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
+            each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
+            warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
+                            f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
+                            "so the configurations' ratios include the machine's drift"
+                            + (f" (--processes {processes} ignored)" if processes > 1 else ""))
+            echo(f"warning: {warnings[-1]}", err=True)
+            schedule, interleaved, processes = "sequential", False, 1
+        predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
+        profiled: dict[str, dict] = {}
+        if profile:
+            import copy
 
-        from specrt.engines.build import measure_costs
-        from specrt.engines.costs import parse_costs
+            from specrt.engines.build import measure_costs
+            from specrt.engines.costs import parse_costs
 
-        for label, e in list(predictors.items()):
-            fresh = load_engines(e.folder, verify=False, ort_overrides={"intra_op_num_threads": threads})
-            table = measure_costs(fresh, profile_repeats, log=lambda m: None if quiet else echo(m, err=True))
-            predictors[label] = copy.copy(e)
-            predictors[label].costs = parse_costs(table)
-            profiled[label or "engines"] = table
-            if governor_costs == "profiled":  # the workers' governors price from it too
-                folder = str(Path(e.folder).resolve())
-                for _, job in jobs:
-                    if job.get("kind") == "specrt" and job.get("engines") == folder:
-                        job["costs"] = table
-    bar = _progress(len(jobs) * len(prompts), quiet)
-    results: dict[str, dict] = {}
-    failed: dict[str, str] = {}
-    if interleaved:
-        _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes)
-        jobs_to_run: list = []
-    else:
-        jobs_to_run = jobs
-    for name, job in jobs_to_run:
-        if bar is not None:
-            bar.set_description(f"{name} (loading)")
+            for label, e in list(predictors.items()):
+                fresh = load_engines(e.folder, verify=False, ort_overrides={"intra_op_num_threads": threads})
+                table = measure_costs(fresh, profile_repeats, log=lambda m: None if quiet else echo(m, err=True))
+                predictors[label] = copy.copy(e)
+                predictors[label].costs = parse_costs(table)
+                profiled[label or "engines"] = table
+                if governor_costs == "profiled":  # the workers' governors price from it too
+                    folder = str(Path(e.folder).resolve())
+                    for _, job in jobs:
+                        if job.get("kind") == "specrt" and job.get("engines") == folder:
+                            job["costs"] = table
+        bar = _progress(len(jobs) * len(prompts), quiet)
+        results: dict[str, dict] = {}
+        failed: dict[str, str] = {}
+        if interleaved:
+            _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes)
+            jobs_to_run: list = []
         else:
-            echo(f"running {name} ...", err=True)
-
-        def on_progress(msg, name=name):
-            if bar is None:
-                return
-            if msg == "warm":
-                bar.set_description(name)
+            jobs_to_run = jobs
+        for name, job in jobs_to_run:
+            if bar is not None:
+                bar.set_description(f"{name} (loading)")
             else:
-                bar.update(1)
+                echo(f"running {name} ...", err=True)
 
-        res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
-        _record(name, res, results, skipped, failed, echo)
-        if bar is not None and not res.get("ok"):
-            bar.update(len(prompts))
-    if bar is not None:
-        bar.close()
+            def on_progress(msg, name=name):
+                if bar is None:
+                    return
+                if msg == "warm":
+                    bar.set_description(name)
+                else:
+                    bar.update(1)
 
-    configs = {n: summarise_config(n, r, prompts, predictors.get(n.partition("@")[2], engines))
-               for n, r in results.items()}
-    off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
-    og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
-    off_pp = (configs.get(REFERENCE) or {}).get("tokens_per_s_per_prompt")
-    for c in configs.values():
-        m = c["tokens_per_s_median"]
-        c["ratio_vs_off"] = m / off_tps if off_tps and m is not None else None
-        c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
-        c["ratio_vs_off_paired"] = paired_ratio(c.get("tokens_per_s_per_prompt"), off_pp)
-    outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
-    if sampled:
-        ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": [],
-                 "note": "sampled: outputs are not compared token for token (speculative sampling is exact in "
-                         "distribution, not per seed)"}
-    elif REFERENCE in outputs:
-        ident = identity(outputs, REFERENCE, own_reference)
-    else:
-        ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
-    ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
-    report = {
-        "format": "specrt-bench/1",
-        "run": run_record(started, engines, prompts_file),
-        "machine": machine,
-        "settings": {"engines": str(engines_dir), "backend": engines.backend, "precision": engines.precision,
-                     "depths": list(engines.depths), "max_context": engines.max_context,
-                     "draft_kind": (engines.export.get("draft") or {}).get("kind"),
-                     "prompts_file": str(prompts_file), "chat": chat,
-                     "chat_template_kwargs": dict(chat_template_kwargs or {}), "max_new_tokens": max_new_tokens,
-                     "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
-                         "intra_op_num_threads"), "governors": govs, "peers": peer_list,
-                     "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
-                                          "depths": list(ve.depths), "precision": ve.precision,
-                                          "backend": ve.backend, "export_digest": ve.manifest["export"]["digest"],
-                                          "identity_reference": ("specrt:off" if f"specrt:off@{label}" not in
-                                                                 own_reference else f"specrt:off@{label}")}
-                                  for label, ve in variant_engines.items()},
-                     "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": not sampled,
-                     "sampling": sampling if sampled else None, "batch": 1,
-                     "engines_spin": engines_spin, "peer_threading": peer_threading,
-                     "peer_spin": peer_spin,
-                     "peer_spin_by_peer": {n: j.get("spin") for n, j in jobs if j.get("kind") == "peer"},
-                     "schedule": schedule,
-                     "interleaving_order": ("a Williams design over the configurations (williams_order): each "
-                                            "follows every other equally often" if interleaved else None),
-                     "hugepages": hugepages_settings(peer_threading),
-                     "workers": ("one process per engines folder, shared by its governors; one per peer"
-                                 + (f"; each of them {ran_processes} times, prompt i on process i mod "
-                                    f"{ran_processes}" if ran_processes > 1 else "")
-                                 if interleaved else "one process per configuration"),
-                     "processes": ran_processes,
-                     "prediction_costs": (f"profiled at the start of this run (median of {profile_repeats})"
-                                          if profile else "the engines' stored cost tables"),
-                     "governor_costs": governor_costs,
-                     "target_hf_folder": str(hf_folder) if hf_folder else None,
-                     "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
-                     "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")}},
-        "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
-                    for i, (p, it) in enumerate(zip(prompts, items))],
-        "configs": configs,
-        "identity": ident,
-        "efficiency": efficiency(configs),
-        "profiled_costs": profiled,
-        "skipped": skipped,
-        "failed": failed,
-        "warnings": warnings,
-        "outputs": outputs,
-    }
-    report["plots"], note = plots(report, out) if configs else ([], "no configuration ran")
-    for stale in set(PLOTS) - set(report["plots"]):  # an earlier run's plot beside this run's report
-        (out / stale).unlink(missing_ok=True)
-    if note:
-        report["plots_note"] = note
-    report["run"]["ended_at"] = _iso(time.time())
-    write_atomic(out / REPORT_FILE, report, indent=2)  # whole or absent
+            res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
+            _record(name, res, results, skipped, failed, echo)
+            if bar is not None and not res.get("ok"):
+                bar.update(len(prompts))
+        if bar is not None:
+            bar.close()
+
+        configs = {n: summarise_config(n, r, prompts, predictors.get(n.partition("@")[2], engines))
+                   for n, r in results.items()}
+        off_tps = (configs.get(REFERENCE) or {}).get("tokens_per_s_median")
+        og_tps = (configs.get("ortgenai") or {}).get("tokens_per_s_median")
+        off_pp = (configs.get(REFERENCE) or {}).get("tokens_per_s_per_prompt")
+        for c in configs.values():
+            m = c["tokens_per_s_median"]
+            c["ratio_vs_off"] = m / off_tps if off_tps and m is not None else None
+            c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
+            c["ratio_vs_off_paired"] = paired_ratio(c.get("tokens_per_s_per_prompt"), off_pp)
+        outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
+        if sampled:
+            ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": [],
+                     "note": "sampled: outputs are not compared token for token (speculative sampling is exact in "
+                             "distribution, not per seed)"}
+        elif REFERENCE in outputs:
+            ident = identity(outputs, REFERENCE, own_reference)
+        else:
+            ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
+        ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
+        report = {
+            "format": "specrt-bench/1",
+            "run": run_record(started, engines, prompts_file),
+            "machine": machine,
+            "settings": {"engines": str(engines_dir), "backend": engines.backend, "precision": engines.precision,
+                         "depths": list(engines.depths), "max_context": engines.max_context,
+                         "draft_kind": (engines.export.get("draft") or {}).get("kind"),
+                         "prompts_file": str(prompts_file), "chat": chat,
+                         "chat_template_kwargs": dict(chat_template_kwargs or {}), "max_new_tokens": max_new_tokens,
+                         "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
+                             "intra_op_num_threads"), "governors": govs, "peers": peer_list,
+                         "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
+                                              "depths": list(ve.depths), "precision": ve.precision,
+                                              "backend": ve.backend, "export_digest": ve.manifest["export"]["digest"],
+                                              "identity_reference": ("specrt:off" if f"specrt:off@{label}" not in
+                                                                     own_reference else f"specrt:off@{label}")}
+                                      for label, ve in variant_engines.items()},
+                         "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": not sampled,
+                         "sampling": sampling if sampled else None, "batch": 1,
+                         "engines_spin": engines_spin, "peer_threading": peer_threading,
+                         "peer_spin": peer_spin,
+                         "peer_spin_by_peer": {n: j.get("spin") for n, j in jobs if j.get("kind") == "peer"},
+                         "schedule": schedule,
+                         "interleaving_order": ("a Williams design over the configurations (williams_order): each "
+                                                "follows every other equally often" if interleaved else None),
+                         "hugepages": hugepages_settings(peer_threading),
+                         "workers": ("one process per engines folder, shared by its governors; one per peer"
+                                     + (f"; each of them {ran_processes} times, prompt i on process i mod "
+                                        f"{ran_processes}" if ran_processes > 1 else "")
+                                     if interleaved else "one process per configuration"),
+                         "processes": ran_processes,
+                         "prediction_costs": (f"profiled at the start of this run (median of {profile_repeats})"
+                                              if profile else "the engines' stored cost tables"),
+                         "governor_costs": governor_costs,
+                         "target_hf_folder": str(hf_folder) if hf_folder else None,
+                         "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
+                         "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")}},
+            "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
+                        for i, (p, it) in enumerate(zip(prompts, items))],
+            "configs": configs,
+            "identity": ident,
+            "efficiency": efficiency(configs),
+            "profiled_costs": profiled,
+            "skipped": skipped,
+            "failed": failed,
+            "warnings": warnings,
+            "outputs": outputs,
+        }
+        report["plots"], note = plots(report, out) if configs else ([], "no configuration ran")
+        if note:
+            report["plots_note"] = note
+        report["run"]["ended_at"] = _iso(time.time())
+        write_atomic(out / REPORT_FILE, report, indent=2)
+    out = final
     if not quiet:
         print_summary(report, out, echo)
     return report
@@ -1503,6 +1505,7 @@ def _parse_variants(values) -> dict[str, Path]:
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
                    "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Report folder to write.")
+@click.option("--force", is_flag=True, help="Replace an existing report folder (an earlier `specrt bench` report).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -1543,7 +1546,7 @@ def _parse_variants(values) -> dict[str, Path]:
                    "the tables profiled at the start of this run, so that builds profiled at different times "
                    "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def bench(engines_dir, prompts_file, out, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
+def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
           ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
           seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
@@ -1552,6 +1555,7 @@ def bench(engines_dir, prompts_file, out, chat, chat_template_kwargs, max_new_to
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,
+                       force=force,
                        sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
                                  "coupled": reproducible})
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):

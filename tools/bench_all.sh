@@ -92,7 +92,7 @@ fi
 settle
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
-  --governors off,fixed:1,fixed:2,fixed:2:tree=3,adaptive,dspark,dspark:tree=3 --variant int8="$OUT/engines-int8" --processes 3 -o results/bench
+  --governors off,fixed:1,fixed:2,fixed:2:tree=3,adaptive,dspark,dspark:tree=3 --variant int8="$OUT/engines-int8" --processes 3 --force -o results/bench
 
 settle
 stamp "governors per prompt kind"

@@ -33,7 +33,7 @@ echo "== speed: the prompt 3 times with and without speculation, in turn (specrt
 $PY -c 'import json, sys; print((json.dumps({"prompt": sys.argv[1]}) + "\n") * 3, end="")' "$PROMPT" \
   > "$OUT/prompt_x3.jsonl"
 $SPECRT bench "$OUT/engines" --prompts "$OUT/prompt_x3.jsonl" --chat --max-new-tokens 128 \
-  --governors off,dspark:tree=3:ngram --peers none --no-profile --quiet -o "$OUT/bench"
+  --governors off,dspark:tree=3:ngram --peers none --no-profile --quiet --force -o "$OUT/bench"
 $PY - "$OUT/bench/bench.json" <<'PYEOF'
 import json, sys
 b = json.load(open(sys.argv[1]))

@@ -686,17 +686,40 @@ def test_an_interrupted_bench_leaves_no_worker_running(tiny_engines, prompts_fil
     assert made and all(w.p.poll() is not None for w in made)
 
 
-def test_a_bench_into_an_earlier_runs_folder_leaves_none_of_its_plots(tiny_engines, prompts_file, tmp_path):
-    """An earlier run's acceptance.png stayed beside a new bench.json that did not list it."""
+def test_a_bench_into_an_earlier_runs_folder_needs_force_and_leaves_none_of_its_files(tiny_engines, prompts_file,
+                                                                                      tmp_path):
+    """An earlier run's acceptance.png (and logs of configurations not run again) stayed beside
+    a new bench.json that did not list them, and an earlier report was replaced without a word.
+    As export and build: an existing report folder is refused without --force and replaced whole
+    with it; a folder that is not a report is refused either way; an empty folder is taken."""
     out = tmp_path / "r"
     out.mkdir()
+    (out / "logs").mkdir()
+    (out / "logs" / "specrt_dspark.log").write_text("an earlier run's")
     (out / "acceptance.png").write_bytes(b"an earlier run's")
-    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
-                                   "--governors", "off", "--max-new-tokens", "4", "--quiet"], catch_exceptions=False)
+    (out / "bench.json").write_text('{"stale": true}')
+    args = [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+            "--governors", "off", "--max-new-tokens", "4", "--quiet"]
+    r = CliRunner().invoke(bench, args)
+    assert isinstance(r.exception, UserError) and "already exists (pass --force" in str(r.exception), r.output
+    assert (out / "bench.json").read_text() == '{"stale": true}'
+    r = CliRunner().invoke(bench, [*args, "--force"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = json.loads((out / "bench.json").read_text())
     assert "acceptance.png" not in rep["plots"] and not (out / "acceptance.png").exists()
     assert all((out / p).is_file() for p in rep["plots"])
+    assert "specrt_dspark.log" not in [p.name for p in (out / "logs").iterdir()]
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary folder left beside it
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "main.py").write_text("keep me")
+    r = CliRunner().invoke(bench, [*args[:3], "-o", str(sources), *args[5:], "--force"])
+    assert isinstance(r.exception, UserError) and "without bench.json" in str(r.exception), r.output
+    assert (sources / "main.py").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = CliRunner().invoke(bench, [*args[:3], "-o", str(empty), *args[5:]], catch_exceptions=False)
+    assert r.exit_code == 0 and (empty / "bench.json").is_file(), r.output
 
 
 def test_a_variant_on_the_engines_own_folder_is_refused(tiny_engines, prompts_file, tmp_path):
@@ -721,8 +744,8 @@ def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_eng
     """Installed without the repository's tools/ (bench_lib.py), the report was lost after
     every configuration had run (the plot's title read a machine field only tools/ gave).
     The report says when and how it was made (commit, command line, export digest, prompts
-    hash) and keeps each prompt's timing record; an earlier report in -o goes when the run
-    starts, and the new one is written whole."""
+    hash) and keeps each prompt's timing record; the new report is written whole, and a run
+    that fails leaves the earlier report folder as it was."""
     import hashlib
 
     import specrt.cmd_bench as cb
@@ -732,7 +755,7 @@ def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_eng
     out.mkdir()
     (out / "bench.json").write_text('{"stale": true}')
     rep = cb.run_bench(tiny_engines, prompts_file, out, max_new_tokens=6, governors="off,fixed:2", peers="none",
-                       threads=1, warmup_tokens=0, processes=2, quiet=True)
+                       threads=1, warmup_tokens=0, processes=2, quiet=True, force=True)
     on_disk = json.loads((out / "bench.json").read_text())
     assert on_disk["format"] == "specrt-bench/1" and on_disk["machine"]["cpu_model"] and on_disk["plots"]
     run = on_disk["run"]
@@ -743,13 +766,15 @@ def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_eng
     pp = rep["configs"]["specrt:fixed:2"]["per_prompt"]
     assert [r["process"] for r in pp] == [0, 1] and all(r["seconds"] > 0 and r["new_tokens"] > 0 for r in pp)
     assert rep["settings"]["processes"] == 2
-    # a run that fails after starting leaves no report at all, not the earlier one
+    # a run that fails after starting leaves the earlier report folder as it was, and nothing beside it
     (out / "bench.json").write_text('{"stale": true}')
     monkeypatch.setattr(cb, "plots", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cb.run_bench(tiny_engines, prompts_file, out, max_new_tokens=4, governors="off", peers="none", threads=1,
-                     warmup_tokens=0, quiet=True)
-    assert not (out / "bench.json").exists()
+                     warmup_tokens=0, quiet=True, force=True)
+    assert (out / "bench.json").read_text() == '{"stale": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-tools", "r"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["r"]
     # one prompt with --processes 3 ran one process: said so
     one = tmp_path / "one.jsonl"
     one.write_text(prompts_file.read_text().splitlines()[0] + "\n")
