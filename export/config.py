@@ -299,7 +299,11 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
                             "rope_scaling over rope_parameters, theta included, transformers 4 only rope_scaling)")
     if params is None:
         params = f.dict("rope_scaling", required=False)
-        theta = f.float("rope_theta", required=False, default=10000.0, positive=True)
+        # transformers runs rope_scaling's own theta over the top level's (it moves the block to
+        # rope_parameters and only fills a missing theta there)
+        theta = params.float("rope_theta", required=False, positive=True) if params is not None else None
+        if theta is None:
+            theta = f.float("rope_theta", required=False, default=10000.0, positive=True)
     else:
         theta = params.float("rope_theta", required=False, positive=True)
         if theta is None:

@@ -447,3 +447,22 @@ def test_a_mistral_draft_layer_windows_every_layer(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     dc = load_draft_config(d)
     assert dc.decoder.sliding_window == dc.attention_window == 16
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "default", "rope_theta": 5e5},
+                                     {"type": "linear", "factor": 2.0, "rope_theta": 1e6}])
+@pytest.mark.parametrize("top_theta", [None, 1e4])
+def test_a_theta_inside_rope_scaling_is_the_one_transformers_runs(scaling, top_theta):
+    """A rope_scaling block naming its own rope_theta (no rope_parameters): transformers moves
+    the block to rope_parameters and runs its theta, the top level's only filling a missing
+    one. specrt read the top level's (or 10000): logits about 4 off transformers' on a tiny model."""
+    import numpy as np
+    import transformers
+
+    fields = {**{k: v for k, v in BASE.items() if k != "rope_theta"}, "rope_scaling": dict(scaling)}
+    if top_theta is not None:
+        fields["rope_theta"] = top_theta
+    cfg = parse_decoder({**fields, "model_type": "llama"}, "config.json")
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**json.loads(json.dumps(fields))))
+    assert cfg.rope.theta == scaling["rope_theta"]
+    np.testing.assert_allclose(cfg.rope.inv_freq(), hf.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
