@@ -268,17 +268,25 @@ def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
 
 def tokens_through(text: "Text", ids: list[int], end: int) -> int:
     """The fewest of ``ids`` whose text holds the first ``end`` characters of the whole
-    text of ``ids``: how many tokens it took to write them (a bisection: a longer prefix
-    of tokens writes a longer prefix of the text)."""
+    text of ``ids``: how many tokens it took to write them. A bisection over the cuts
+    outside runs of ByteFallback byte tokens (there a longer prefix of tokens writes a
+    longer prefix of the text), then a look at each cut inside the run before the one it
+    found: a cut inside a run can decode to U+FFFDs (``Text.byte_fallback_ids``) though a
+    shorter cut in it wrote the text."""
     whole = text.decode(ids)[:end]
-    lo, hi = 0, len(ids)
+    holds = lambda k: text.decode(ids[:k]).startswith(whole)  # noqa: E731
+    fallback = text.byte_fallback_ids
+    cuts = [k for k in range(len(ids) + 1) if not (0 < k < len(ids) and ids[k - 1] in fallback and ids[k] in fallback)]
+    lo, hi = 0, len(cuts) - 1
     while lo < hi:
-        k = (lo + hi) // 2
-        if text.decode(ids[:k]).startswith(whole):
-            hi = k
+        m = (lo + hi) // 2
+        if holds(cuts[m]):
+            hi = m
         else:
-            lo = k + 1
-    return lo
+            lo = m + 1
+    if lo == 0:
+        return cuts[0]
+    return next((k for k in range(cuts[lo - 1] + 1, cuts[lo]) if holds(k)), cuts[lo])
 
 
 class Detokenizer:

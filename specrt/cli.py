@@ -406,8 +406,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             try:
                 for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
                                       logprobs=logprobs):
-                    if not quiet:
-                        click.echo(piece, nl=False)
+                    if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
+                        click.echo(piece, nl=False, color=True)
             except UserError as e:
                 if prompts_file is None:
                     raise
@@ -474,7 +474,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 continue
             if not line.strip():
                 return
-            turn = messages + [{"role": "user", "content": line.rstrip("\n")}]
+            # the line's end, "\n" or a CRLF file's "\r\n", is not part of the turn
+            turn = messages + [{"role": "user", "content": line.rstrip("\r\n")}]
             room = min(max_new_tokens, s.engines.max_context // 4)
             first = 1 if system else 0
             dropped = 0
@@ -492,7 +493,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                            "tokens]", err=True)
             answer = []
             for piece in s.stream(messages, max_new_tokens=max_new_tokens):
-                click.echo(piece, nl=False)
+                click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
                 answer.append(piece)
             click.echo()
             messages.append({"role": "assistant", "content": "".join(answer)})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,20 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
                 text = f.read()
         else:
             text = path.read_text(encoding="utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # zlib.error: a corrupt .gz
         raise UserError(f"{path}: cannot read {what} ({e})") from None
-    for n, line in enumerate(text.splitlines(), 1):
+    # lines end at "\n" alone (JSON Lines): str.splitlines() also splits at U+2028, U+0085
+    # and other characters a JSON string may hold unescaped
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
-            yield n, json.loads(line)
+            value = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
+        except RecursionError:  # arrays or objects nested past Python's recursion limit
+            raise UserError(f"{path}:{n}: not a JSON line (nested too deeply to read)") from None
+        yield n, value
 
 
 def is_token_ids(v: Any) -> bool:

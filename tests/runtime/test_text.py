@@ -430,6 +430,45 @@ def test_prompt_files_take_ids_then_messages_then_text(tmp_path):
         read_prompt_file(f, allow_ids=False)
 
 
+def test_prompt_files_split_lines_at_newlines_only(tmp_path):
+    """JSON Lines end at "\\n": a prompt holding U+2028, U+2029 or U+0085 unescaped (valid
+    JSON, as json.dumps(ensure_ascii=False) writes it) is one line, not two broken ones."""
+    from specrt.prompt_files import read_prompt_file
+
+    texts = ["one\u2028two", "three\u2029four", "five\x85six", "plain"]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    assert [o["prompt"] for o in read_prompt_file(f)] == texts
+
+
+def test_a_corrupt_gzip_prompt_file_is_a_user_error(tmp_path):
+    """A .gz whose compressed data is damaged (zlib's error, not an OSError) is said, naming
+    the file: no traceback."""
+    import gzip
+
+    from specrt.errors import UserError
+    from specrt.prompt_files import read_prompt_file
+
+    data = "".join(json.dumps({"prompt": f"question {i} " + "x" * (i % 50)}) + "\n" for i in range(2000))
+    g = bytearray(gzip.compress(data.encode()))
+    for i in range(200, 260):
+        g[i] ^= 0x5A
+    f = tmp_path / "p.jsonl.gz"
+    f.write_bytes(bytes(g))
+    with pytest.raises(UserError, match=r"p.jsonl.gz: cannot read the prompts"):
+        read_prompt_file(f)
+
+
+def test_a_json_line_nested_past_the_recursion_limit_is_a_user_error(tmp_path):
+    from specrt.errors import UserError
+    from specrt.prompt_files import read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n" + '{"prompt": "hi", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    with pytest.raises(UserError, match=r"p.jsonl:2: not a JSON line \(nested too deeply"):
+        read_prompt_file(f)
+
+
 def test_chat_keeps_the_conversation_and_reuses_it(worded):
     """`specrt chat`: each input line is a user turn after the system prompt and the turns
     before (their answers included), which the next turn's prompt reuses; the answers are
@@ -816,6 +855,54 @@ def test_a_lone_surrogate_is_named_in_the_api_and_run(worded):
     assert r.exit_code == 1 and "lone surrogate U+DBFF" in r.output and "Traceback" not in r.output, r.output
 
 
+def _words_and_controls(t) -> None:
+    """``_words``' template over words w0 .. w13 (spaces between them), an ANSI escape
+    sequence (id 14, a word a model may write) and "\\r" (id 15, a token of its own)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    _words(t)
+    tok = Tokenizer(models.WordLevel({**{f"w{i}": i for i in range(14)}, "\x1b[1m": 14, "\r": 15}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "removed"),
+                                                 pre_tokenizers.Split("\r", "isolated")])
+    tok.save(str(t / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def controls(tmp_path_factory):
+    return _tiny_text_pair(tmp_path_factory.mktemp("controls"), 16, 12, _words_and_controls)
+
+
+def test_chat_takes_a_crlf_line_as_the_same_turn(controls):
+    """A turn read from a file with Windows line ends ("\\r\\n") is the same turn: its "\\r"
+    went into the prompt (a token more, here "\\r"'s own)."""
+    out = {}
+    for end in ("\n", "\r\n"):
+        r = CliRunner().invoke(main, ["chat", str(controls), "--max-new-tokens", "3", "--governor", "off"],
+                               input=f"w6 w7{end}w8{end}{end}")
+        assert r.exit_code == 0, r.output
+        # the answers, and each turn's prompt tokens (not its timing)
+        out[end] = [ln.split("; ")[-1] if ln.startswith("[") else ln for ln in r.output.splitlines()
+                    if not ln.startswith("note: ")]
+    assert "0 of 4 prompt tokens reused]" in out["\n"], out["\n"]
+    assert out["\r\n"] == out["\n"]
+
+
+def test_run_prints_the_text_of_the_tokens_into_a_pipe_too(controls, tmp_path):
+    """What `specrt run` prints into a file or a pipe is the decoding of the output tokens,
+    escape sequences included (click.echo took out those that came in one piece when its
+    output was not a terminal: a stop string's hold-back gave the whole tail in one)."""
+    from specrt.runtime.text import Text
+
+    stats = tmp_path / "s.json"
+    r = CliRunner().invoke(main, [
+        "run", str(controls), "--prompt", "w9 w9 w2", "--max-new-tokens", "40", "--governor", "off", "--stats",
+        str(stats), "--stop", "no such words in the answer"])
+    assert r.exit_code == 0, r.output
+    ids = json.loads(stats.read_text())["prompts"][0]["output_token_ids"]
+    assert 14 in ids  # the model wrote the escape sequence
+    assert r.stdout == Text(controls / "export").decode(ids) + "\n"
+
+
 def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "200", "--governor", "off"],
                            input="w1 w2\n\n")
@@ -911,14 +998,10 @@ def test_special_tokens_of_special_tokens_map_json_reach_the_template_as_in_tran
         assert Text(f).render_chat(conv) == want == "<s>user: hi</s>assistant:", name
 
 
-def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_path):
-    """SentencePiece-style ByteFallback (Llama 2, Mistral) decodes a run of byte tokens
-    together, one U+FFFD per token when the run is not UTF-8: a newline's byte token then
-    a cut emoji decode to U+FFFDs, so the newline is not final when it comes. Pushed in any
-    chunks, the stream spells the decoding of the tokens."""
+def _byte_fallback(folder):
+    """A SentencePiece-style tokenizer with ByteFallback (as Llama 2's, Mistral's): a few
+    letters, and anything else as its UTF-8 bytes' tokens <0xNN>."""
     from tokenizers import Tokenizer, decoders, models, normalizers
-
-    from specrt.runtime.text import Detokenizer, Text
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
     for c in "▁Helowrd":
@@ -928,7 +1011,36 @@ def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     tok.add_special_tokens(["<s>", "</s>"])
-    tok.save(str(tmp_path / "tokenizer.json"))
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+def test_the_tokens_through_a_stop_string_are_the_fewest_with_byte_fallback(tmp_path):
+    """The tokens kept at a stop string (Session.stream's output_token_ids) are the fewest
+    whose text holds it, also where a run of byte tokens goes on past the character that
+    completed it (a cut later in the run decodes to U+FFFDs: a bisection over every cut
+    kept two emoji too many)."""
+    from specrt.runtime.text import Text, tokens_through
+
+    tok = _byte_fallback(tmp_path)
+    text = Text(tmp_path)
+    for s in ("He🙂🙂🙂 world", "Hé中🙂 ol🙂é", "🙂"):
+        ids = tok.encode(s, add_special_tokens=False).ids
+        full = text.decode(ids)
+        assert full == s
+        for end in range(len(full) + 1):
+            fewest = next(k for k in range(len(ids) + 1) if text.decode(ids[:k]).startswith(full[:end]))
+            assert tokens_through(text, ids, end) == fewest, (s, end)
+
+
+def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_path):
+    """SentencePiece-style ByteFallback (Llama 2, Mistral) decodes a run of byte tokens
+    together, one U+FFFD per token when the run is not UTF-8: a newline's byte token then
+    a cut emoji decode to U+FFFDs, so the newline is not final when it comes. Pushed in any
+    chunks, the stream spells the decoding of the tokens."""
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = _byte_fallback(tmp_path)
     text = Text(tmp_path)
     ids = tok.encode("Hello\n", add_special_tokens=False).ids + [3 + 0xF0, 3 + 0x9F, 1, 3 + 0x98] \
         + tok.encode(" world", add_special_tokens=False).ids
