@@ -94,7 +94,8 @@ at its mean past (prompt + half the new tokens),
     predicted_s = draft_passes * t_draft + sum over rounds of t_verify(d_r)    (t_verify(0) = decode)
     predicted tokens/s = (new_tokens - 1) / predicted_s
 
-which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (with a token tree,
+which for a fixed depth d is tau / (t_draft + t_verify(d)) per round (P-EAGLE: t_draft the
+one pass of a block of d, the table's draft_by_depth; with a token tree,
 ``:tree=W``, a round of d drafts and n runners-up is costed t_verify(d + n): its rows; a
 lookup chain past the deepest depth at the table's chain prices, ngram.py). It is compared with
 the measured decode phase ((new_tokens - 1) / (seconds - prefill)), and with the engines'
@@ -179,7 +180,9 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return read_prompt_file(path)
 
 
-def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None) -> list[list[int]]:
+def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None,
+                     source: Path | None = None) -> list[list[int]]:
+    """Each item's token ids; a UserError names ``source`` (the prompts file) and the prompt."""
     from specrt.prompt_files import text_of
     from specrt.runtime.text import Text
 
@@ -194,9 +197,13 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
                     raise UserError(f"{engines.export_dir}: no tokenizer.json, so text prompts cannot be encoded; "
                                     "give 'prompt_ids' in the prompts file")
                 text = Text(engines.export_dir)
-            ids = text.encode(text_of(obj), chat, template_kwargs)
+            try:  # an empty prompt, a template that fails on it: said of which prompt
+                ids = text.encode(text_of(obj), chat, template_kwargs)
+            except UserError as e:
+                raise UserError(f"{source or 'the prompts'}: prompt {i + 1}: {e}") from None
         if len(ids) + 1 > engines.max_context:
-            raise UserError(f"prompt {i + 1} has {len(ids)} tokens; the engines hold {engines.max_context}")
+            raise UserError(f"{source or 'the prompts'}: prompt {i + 1} has {len(ids)} tokens; the engines hold "
+                            f"{engines.max_context}")
         out.append(ids)
     return out
 
@@ -512,9 +519,19 @@ def predict(engines, rec: dict, prompt_len: int, tree_width: int = 1) -> dict:
     With a token tree a round verifying d drafts and n runners-up calls the target on
     d + n + 1 rows, costed as verify.{d + n}: from the telemetry's target depths, or, in
     reports written before those were recorded, as verify.{d + tree_width - 1}."""
+    from specrt.engines.costs import interpolate
+
     past = prompt_len + rec["new_tokens"] // 2
-    t_draft = engines.cost("draft", past) if rec.get("draft_passes") else 0.0
-    s_draft = rec.get("draft_passes", 0) * t_draft
+    passes = rec.get("draft_passes", 0)
+    s_draft = passes * engines.cost("draft", past) if passes else 0.0
+    blocks = {int(b): n for b, n in (rec.get("draft_block_histogram") or {}).items()}
+    if passes and blocks and (getattr(engines, "costs", None) or {}).get("draft_kind") == "peagle":
+        # P-EAGLE: one pass a drafting round, priced by its block (the table's "draft" is the
+        # deepest block's pass; fixed:1's measured 0.82x of it on SmolLM2), any further
+        # passes (a long catch-up's) at that
+        by_block = engines.draft_costs(past)
+        s_draft = (sum(n * interpolate(by_block, b) for b, n in blocks.items())
+                   + max(passes - sum(blocks.values()), 0) * engines.cost("draft", past))
     s_target = 0.0
     tree = rec.get("tree") or {}
     hist, extra = tree.get("target_depth_histogram"), 0
@@ -598,13 +615,15 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "ort_threads": res.get("ort_threads"),
         "priced_costs": res.get("priced_costs"),  # what the governors priced from (--governor-costs)
     })
-    if "dspark" in name:  # which calibration DSpark started from (its decoding mode's, a prior, none)
+    from specrt.runtime.governor import is_dspark, split_lookup, split_tree
+    from specrt.runtime.session import resolve_spec
+
+    spec = resolve_spec(name.split(":", 1)[1].split("@", 1)[0], engines)  # specrt:SPEC[@variant]; auto resolved
+    if is_dspark(spec):  # which calibration DSpark started from (its decoding mode's, a prior, none)
         s["calibration_note"] = res.get("calibration_note")
     pred_s = measured_decode_s = engines_s = 0.0
     decode_tokens = 0
-    from specrt.runtime.governor import split_lookup, split_tree
-
-    width = split_tree(split_lookup(name.split(":", 1)[1].split("@", 1)[0])[0])[1]  # specrt:SPEC[@variant]
+    width = split_tree(split_lookup(spec)[0])[1]
     for rec, ids in zip(pp, prompts):
         p = predict(engines, rec, len(ids), width)
         pred_s += p["draft"] + p["target"]
@@ -981,6 +1000,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     design (speculation draws its randomness in another order; the distribution is the
     target's, which tests/runtime checks), so no token identity is checked, and the
     peers, which this benchmark runs greedy only, are skipped: `off` is the baseline.
+    Coupled sampling (``coupled``, --reproducible) gives off's tokens under every
+    governor: its outputs are compared as greedy ones are.
 
     variants: label -> another engines folder built from the same target graph (e.g.
     ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``.
@@ -1075,7 +1096,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 
     items = read_prompts(prompts_file)[: limit or None]
-    prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs)
+    prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs, prompts_file)
     eos = [int(e) for e in engines.export["target"]["eos_token_ids"]]
     vocab = int(engines.export["target"]["vocab_size"])
     bad = next(((i, t) for i, p in enumerate(prompts) for t in p if not 0 <= t < vocab), None)
@@ -1228,12 +1249,15 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             c["ratio_vs_ortgenai"] = m / og_tps if og_tps and m is not None else None
             c["ratio_vs_off_paired"] = paired_ratio(c.get("tokens_per_s_per_prompt"), off_pp)
         outputs = {n: [r["output_ids"] for r in res["per_prompt"]] for n, res in results.items()}
-        if sampled:
+        if sampled and not params.coupled:
             ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": [],
                      "note": "sampled: outputs are not compared token for token (speculative sampling is exact in "
                              "distribution, not per seed)"}
         elif REFERENCE in outputs:
             ident = identity(outputs, REFERENCE, own_reference)
+            if sampled:  # coupled: each token a function of the seed and its position, whatever drafted it
+                ident["note"] = ("sampled with --reproducible: every governor gives off's tokens for the seed, "
+                                 "compared token for token")
         else:
             ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
         ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
@@ -1274,8 +1298,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "target_hf_folder": str(hf_folder) if hf_folder else None,
                          "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
                          "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")}},
-            "prompts": [{"index": i, "tokens": len(p), "text": (it.get("prompt") or "")[:200], "kind": it.get("kind")}
-                        for i, (p, it) in enumerate(zip(prompts, items))],
+            # (a line with prompt_ids may carry any other 'prompt': its ids are what ran)
+            "prompts": [{"index": i, "tokens": len(p), "text": it["prompt"][:200] if isinstance(it.get("prompt"), str)
+                         else "", "kind": it.get("kind")} for i, (p, it) in enumerate(zip(prompts, items))],
             "configs": configs,
             "identity": ident,
             "efficiency": efficiency(configs),
@@ -1403,10 +1428,14 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     echo(f"machine: {m.get('cpu_model')}, {m.get('physical_cores')} cores, {report['settings']['threads']} threads; "
          f"load at start {m.get('load_average_at_start')}")
     st = report["settings"]
-    spin = {None: "their defaults", True: "spinning", False: "sleeping"}[st.get("peer_spin")]
+    waits = {None: "their defaults", True: "spinning", False: "sleeping"}
+    # each peer's own: interleaved, transformers keeps OpenMP's default while onnxruntime-genai spins
+    by_peer = st.get("peer_spin_by_peer") or {}
+    kinds = set(by_peer.values()) or {st.get("peer_spin")}
+    spin = waits[kinds.pop()] if len(kinds) == 1 else ", ".join(f"{p} {waits[v]}" for p, v in by_peer.items())
     sp = st.get("sampling")
     how = ("greedy" if not sp else f"sampled (temperature {sp['temperature']:g}, top-p {sp['top_p']:g}, "
-           f"top-k {sp['top_k']}, seed {sp['seed']})")
+           f"top-k {sp['top_k']}, seed {sp['seed']}{', coupled' if sp.get('coupled') else ''})")
     echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, {how}, batch 1; idle threads: "
          f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
@@ -1414,7 +1443,7 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
-        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("-" if sp else "ref")
+        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("ref" if n == ident.get("reference") else "-")
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         echo(f"{n:18s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "

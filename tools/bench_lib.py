@@ -224,6 +224,11 @@ class HfPeer:
         return [int(t) for t in out[0, len(ids):].tolist()], dt
 
 
+PLAIN_SEARCH = {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "min_length": 0,
+                "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "length_penalty": 1.0,
+                "diversity_penalty": 0.0, "temperature": 1.0, "top_p": 1.0}
+
+
 class OrtGenaiPeer:
     """onnxruntime-genai greedy decoding, one ``generate_next_token`` per token, with the
     session's intra-op threads (and, unless ``spin`` is None, ONNX Runtime's
@@ -241,7 +246,11 @@ class OrtGenaiPeer:
         if stop_spinning:  # idle threads sleep once a run returns (another runtime runs next)
             so["session.force_spinning_stop"] = "1"
         cfg = og.Config(str(model_dir))
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
+        # plain greedy decoding, as every other configuration runs: the builder copies the
+        # target's generation_config.json (a repetition penalty, no_repeat_ngram_size, ...)
+        # into genai_config.json's search defaults, which would change the tokens and add
+        # work to the timed calls (as for the transformers peers)
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}, "search": PLAIN_SEARCH}))
         self.model = og.Model(cfg)
 
     def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:

@@ -342,6 +342,31 @@ def test_prediction_matches_the_fixed_depth_formula():
     assert predict(e, looked, prompt_len=5)["target"] == pytest.approx(0.05 + 2 * (0.06 + 0.04 * 5 / 11))
 
 
+def test_prediction_prices_a_peagle_pass_by_its_block():
+    """P-EAGLE drafts a block of d in one pass whose cost grows with d (the table's
+    draft_by_depth); every pass was priced as the deepest block's ("draft"), so fixed:1's
+    predicted draft time came out 1.23x the table's own on SmolLM2 (found by review)."""
+    class E:
+        depths = (1, 2, 4)
+        costs = {"draft_kind": "peagle"}
+        by_role = {"draft": 0.004, "verify.2": 0.04}
+
+        def cost(self, role, past):
+            return self.by_role[role]
+
+        def draft_costs(self, past):
+            return {1: 0.001, 2: 0.002, 4: 0.004}
+
+    rec = {"new_tokens": 26, "draft_passes": 10, "depth_histogram": {"2": 10}, "draft_block_histogram": {"2": 10}}
+    assert predict(E(), rec, prompt_len=5)["draft"] == pytest.approx(10 * 0.002)
+    # a block between the profiled ones: a straight line; passes past one a round (a long
+    # catch-up's) at the deepest block's price
+    rec = {**rec, "draft_passes": 11, "draft_block_histogram": {"3": 10}}
+    assert predict(E(), rec, prompt_len=5)["draft"] == pytest.approx(10 * 0.003 + 0.004)
+    E.costs = {"draft_kind": "eagle3"}  # EAGLE-3: a pass is one step, the table's "draft"
+    assert predict(E(), rec, prompt_len=5)["draft"] == pytest.approx(11 * 0.004)
+
+
 def test_summary_of_a_fake_run_has_ratios_inputs():
     class E:
         depths = (1,)
@@ -402,6 +427,40 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_text_prompt_that_cannot_be_encoded_is_named_with_its_file(tmp_path):
+    """An empty text prompt in a file of many: "error: the prompt is empty", naming neither
+    the file nor which prompt (found by review); `specrt run --prompts` names both."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.cmd_bench import tokenize_prompts
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    engines = SimpleNamespace(export_dir=tmp_path, max_context=8)
+    assert tokenize_prompts([{"prompt": "w1 w2"}], engines, False) == [[1, 2]]
+    src = tmp_path / "p.jsonl"
+    with pytest.raises(UserError, match=f"^{src}: prompt 2: the prompt is empty$"):
+        tokenize_prompts([{"prompt": "w1 w2"}, {"prompt": ""}], engines, False, None, src)
+    with pytest.raises(UserError, match=f"^{src}: prompt 1 has 9 tokens; the engines hold 8$"):
+        tokenize_prompts([{"prompt": "w1 " * 9}], engines, False, None, src)
+
+
+def test_a_prompt_ids_line_whose_prompt_is_not_text_keeps_the_report(tiny_engines, tmp_path):
+    """{"prompt_ids": [...], "prompt": 3}: the ids ran, then the report was lost after the
+    whole run to a TypeError traceback (its text field sliced the number; found by review)."""
+    from specrt.cmd_bench import run_bench
+
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt_ids": [5, 6, 7], "prompt": 3}\n{"prompt_ids": [8, 9], "prompt": "nine"}\n')
+    rep = run_bench(tiny_engines, p, tmp_path / "r", max_new_tokens=2, governors="off", peers="none", threads=1,
+                    warmup_tokens=0, quiet=True, profile=False)
+    assert [x["text"] for x in rep["prompts"]] == ["", "nine"]
+    assert json.loads((tmp_path / "r" / "bench.json").read_text())["prompts"] == rep["prompts"]
+
+
 @pytest.mark.slow
 def test_real_model_against_all_peers(tmp_path):
     """SmolLM2-135M with a random P-EAGLE draft: every peer runs (onnxruntime-genai built once
@@ -460,6 +519,24 @@ def test_summary_gives_a_quantized_peer_one_line_not_one_a_prompt(tmp_path, caps
         assert any(line.startswith(f"{peer} decodes another model") and f"on {n}/10 prompts" in line for line in lines)
         assert f"MISMATCH {peer} " not in err
     assert "MISMATCH ortgenai vs specrt:off: prompt 3 differs at token 7" in err
+
+
+def test_the_summary_says_how_each_peers_idle_threads_wait(tmp_path):
+    """Interleaved with spinning engines, onnxruntime-genai spins within a run but transformers
+    keeps OpenMP's default: the summary said "peers spinning" for both (found by review)."""
+    from specrt.cmd_bench import print_summary
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                     .read_text())
+    rep["settings"].update(peer_spin=True, peer_spin_by_peer={"ortgenai": True, "hf": None})
+    for by_peer, said in (({"ortgenai": True, "hf": None}, "peers ortgenai spinning, hf their defaults"),
+                          ({"hf": None, "hf-lookup": None}, "peers their defaults"),
+                          ({"ortgenai": True}, "peers spinning"), ({}, "peers spinning")):
+        rep["settings"]["peer_spin_by_peer"] = by_peer
+        lines: list[str] = []
+        print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+        line = next(x for x in lines if "idle threads" in x)
+        assert line.split("; ")[1].endswith(said), line
 
 
 def test_quantized_onnxruntime_genai_peers_are_known():
@@ -583,6 +660,36 @@ def test_the_transformers_peer_decodes_plain_greedy_whatever_the_generation_conf
     assert a == b and len(a) == 20
 
 
+@pytest.mark.slow
+def test_the_onnxruntime_genai_peer_decodes_plain_greedy_whatever_its_search_defaults(tmp_path):
+    """onnxruntime-genai's model builder copies the target's generation_config.json (a
+    repetition penalty, no_repeat_ngram_size) into genai_config.json's search defaults, which
+    the peer obeyed: other tokens than plain greedy decoding's, reported as a numerics
+    mismatch, with the penalty's work in its timed calls (found by review)."""
+    from tokenizers import Tokenizer
+
+    from tests.real_model import smollm2_folder
+
+    lib = load_bench_lib()
+    target = smollm2_folder()
+    if lib.peer_unavailable("ortgenai", target) is not None:  # onnxruntime-genai is a dev dependency
+        pytest.fail(lib.peer_unavailable("ortgenai", target))
+    model = lib.ensure_ortgenai_model(target)  # (built once into the cache, as the bench does)
+    penal = tmp_path / "penal"
+    penal.mkdir()
+    for f in model.iterdir():
+        if f.name != "genai_config.json":
+            (penal / f.name).symlink_to(f)
+    cfg = json.loads((model / "genai_config.json").read_text())
+    cfg["search"].update(repetition_penalty=1.3, no_repeat_ngram_size=2)
+    (penal / "genai_config.json").write_text(json.dumps(cfg))
+    ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(
+        "Write a short paragraph about the Great Wall of China. The Great Wall of China").ids
+    plain, _ = lib.OrtGenaiPeer(model, 1).generate(ids, 24, [2])
+    got, _ = lib.OrtGenaiPeer(penal, 1).generate(ids, 24, [2])
+    assert got == plain and len(plain) == 24
+
+
 def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, prompts_file, tmp_path, report):
     """--temperature > 0: specrt's governors sample from one seed, peers are skipped with the
     reason, and the report says outputs are not compared; the same seed gives the same
@@ -605,6 +712,37 @@ def test_sampled_bench_runs_specrt_only_and_checks_no_identity(tiny_engines, pro
         outs.append(rep["outputs"])
     assert outs[0] == outs[1]  # same seed, same samples, each configuration
     assert outs[0]["specrt:off"] != report[0]["outputs"]["specrt:off"]  # it sampled: not the greedy tokens
+
+
+def test_auto_reports_the_calibration_its_dspark_started_from(tiny_engines, prompts_file, tmp_path):
+    """`--governors auto` runs DSpark (with a tree and lookup here), but only configurations
+    named "dspark" reported which calibration it started from (found by review)."""
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                   "--max-new-tokens", "6", "--governors", "off,auto", "--threads", "1",
+                                   "--warmup-tokens", "0", "--peers", "none", "--no-profile"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    configs = json.loads((out / "bench.json").read_text())["configs"]
+    assert configs["specrt:auto"]["calibration_note"].startswith("no calibration stored")
+    assert "specrt:auto: no calibration stored" in r.output and "calibration_note" not in configs[REFERENCE]
+
+
+def test_a_reproducible_sampled_bench_checks_that_every_governor_gives_offs_tokens(tiny_engines, prompts_file,
+                                                                                  tmp_path):
+    """--reproducible (coupled sampling): every governor's text is off's for the seed, token for
+    token (README), but the bench compared nothing, as for rejection sampling, and said
+    sampling was "exact in distribution, not per seed" (found by review)."""
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                   "--max-new-tokens", "10", "--governors", "off,fixed:2,dspark", "--threads", "1",
+                                   "--warmup-tokens", "2", "--temperature", "0.8", "--seed", "7", "--reproducible",
+                                   "--peers", "none", "--no-profile"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    ident = json.loads((out / "bench.json").read_text())["identity"]
+    assert ident["reference"] == REFERENCE and ident["failures"] == [] and "--reproducible" in ident["note"]
+    for name in ("specrt:fixed:2", "specrt:dspark"):
+        assert ident["configs"][name]["identical_prompts"] == 2, name
+    assert "seed 7, coupled)" in r.output
 
 
 def test_trees_on_engines_that_cannot_verify_them_are_refused(tiny_engines, prompts_file, tmp_path):
