@@ -409,10 +409,12 @@ class Generator:
 
     def _swap_in(self, prompt: list[int]) -> None:
         """Prefix snapshots (``prefix_snapshots`` > 0): when a kept snapshot shares more rows
-        with ``prompt`` than the live caches do, set the live rows aside as a snapshot and
-        load the snapshot's rows into the caches; when the prompt would overwrite at least
-        SET_ASIDE_ROWS live rows it does not share (another conversation, not the next turn
-        of this one), set them aside first. The oldest snapshots go past the limit."""
+        with ``prompt`` than the live caches do, load the snapshot's rows into the caches;
+        when the prompt would overwrite at least SET_ASIDE_ROWS live rows it does not share
+        (another conversation, not the next turn of this one), set them aside first. The
+        snapshot swapped in stays kept when the prompt would overwrite as many of its rows
+        (another conversation that shares its start, a system prompt). The oldest snapshots
+        go past the limit."""
         if self.prefix_snapshots <= 0:
             self._snapshots.clear()
             return
@@ -424,7 +426,10 @@ class Generator:
         shared, i = max(scored, key=lambda t: t[0], default=(0, -1))  # the first of the best
         if shared > live:
             best = self._snapshots.pop(i)
-            self._set_aside(live_n)
+            if len(best.ids) - shared >= SET_ASIDE_ROWS:  # not its next turn: kept, the newest
+                self._snapshots.append(best)
+            if live_n - live >= SET_ASIDE_ROWS:  # (fewer: not worth a snapshot, as below)
+                self._set_aside(live_n)
             self.tkv.load_rows(best.target_rows)
             if self.dkv is not None:
                 self.dkv.load_rows(best.draft_rows)

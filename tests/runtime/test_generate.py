@@ -585,6 +585,44 @@ def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
     assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(long + [2, 2], 4)
 
 
+def test_a_snapshot_swapped_in_for_its_start_only_stays_kept(pair):
+    """A new conversation sharing more of its start (a system prompt and a word) with a kept
+    snapshot than with the live caches swaps the snapshot in, then overwrites the rest of
+    it: the snapshot stays kept, and its conversation's next turn reuses all its rows (it
+    was dropped, and that turn reused the shared start only). Outputs as a fresh generator's."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    system = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    a, b = system + [11] + PROMPT * 5, system + [12] + [2, 7, 1, 8, 2, 8] * 6
+    c = system + [11] + [13, 14] * 20  # shares one token more with a than with b
+    out_a = g.generate(a, 4)
+    g.generate(b, 4)
+    g.generate(c, 4)
+    assert g.telemetry.prefix_reused == len(system) + 1
+    turn = a + out_a + [1, 2]
+    out = g.generate(turn, 4)
+    assert g.telemetry.prefix_reused >= len(a) + len(out_a) - 1, g.telemetry.prefix_reused
+    assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(turn, 4)
+
+
+def test_a_few_live_rows_swapped_out_push_no_conversation_out(pair):
+    """A snapshot swapped in sets the live rows aside only when at least SET_ASIDE_ROWS of
+    them would be lost, as a prompt that shares nothing does: a short one-off prompt's few
+    rows kept then pushed a conversation's snapshot out, whose next turn prefilled it all."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    a, b = PROMPT * 5, [2, 7, 1, 8, 2, 8] * 6
+    for p in (a, b, a + [1], [9, 9, 9], b + [1], [8, 8, 8]):  # two conversations, two one-off prompts
+        g.generate(p, 4)
+    kept = [len(sn.ids) for sn in g._snapshots]
+    out = g.generate(a + [2], 4)
+    assert g.telemetry.prefix_reused == len(a) - 1, (g.telemetry.prefix_reused, kept)  # (two rows left to compute)
+    assert all(n >= G.SET_ASIDE_ROWS for n in kept), kept
+    assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(a + [2], 4)
+
+
 def test_owners_reuse_only_their_own_rows(pair):
     """Generator.owner: a stream reuses rows (live or set aside) that its owner's streams
     left only; another owner's prompt with the very same tokens prefills them all, and the
