@@ -136,6 +136,9 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     require_fields(m, where, {
         "precision": str, "depths": [int], "draft_depth": int, "max_context": int, "roles": dict, "files": [dict],
         "export.folder": str, "export.digest": str})
+    if m["max_context"] < 1 or min(m["depths"], default=1) < 1:  # (a hand edit: the KV cache's error named no file)
+        raise UserError(f"{where}: max_context {m['max_context']} and depths {m['depths']}; expected positive "
+                        "token counts: re-run `specrt build`")
     if m["backend"] == "onnxruntime":
         require_fields(m, where, {"onnxruntime": dict})
     for i, r in enumerate(m["files"]):

@@ -126,6 +126,7 @@ def test_other_backend_version_is_refused(engines_copy):
     # what the runtime takes from the roles agrees with the rest (it failed mid-run, or loaded unchecked files)
     (lambda m: m.update(depths=[*m["depths"], 9]), r"depths \[1, 2, 4, 8, 9\] but verify roles for \[1, 2, 4, 8\]"),
     (lambda m: m.update(draft_depth=2), "draft_depth 2, the deepest depth is 8"),
+    (lambda m: m.update(max_context=0), r"max_context 0 and depths \[1, 2, 4, 8\]; expected positive"),  # review
     (lambda m: m["roles"]["prefill"]["engine"].update(onnx="other.onnx"),
      "roles.prefill runs 'other.onnx', which is not among the recorded files"),
     (lambda m: m["roles"]["prefill"]["engine"].update(onnx="export/../../x.onnx"),
