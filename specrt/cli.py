@@ -456,7 +456,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
     its oldest turns are dropped (the system prompt stays), and it says so; a turn that
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
-    on). An empty line or the end of input ends it."""
+    on). Ctrl-C during an answer stops it (what was printed stays in the conversation); an
+    empty line or the end of input ends the conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
@@ -492,10 +493,18 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
                            "tokens]", err=True)
             answer = []
-            for piece in s.stream(messages, max_new_tokens=max_new_tokens):
-                click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
-                answer.append(piece)
-            click.echo()
+            stream = s.stream(messages, max_new_tokens=max_new_tokens)
+            try:
+                for piece in stream:
+                    click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
+                    answer.append(piece)
+            except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
+                stream.close()
+                click.echo()
+                click.echo("[stopped: the answer so far stays in the conversation; an empty line or the end of "
+                           "input ends it]", err=True)
+            else:
+                click.echo()
             messages.append({"role": "assistant", "content": "".join(answer)})
             if s.generator.finished is not None and s.generator.finished.reason == "context":
                 click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens]",

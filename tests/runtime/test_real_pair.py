@@ -64,3 +64,40 @@ def test_greedy_identity_30_prompts_every_depth(real):
         n = len(got)
         assert got == ref[:n], f"prompt {i}: engines differ from transformers' generate"
     assert accepted > 0
+
+
+def test_ctrl_c_in_chat_stops_the_answer_and_the_conversation_goes_on(real):
+    """Ctrl-C during an answer of `specrt chat` ended the whole conversation ("Aborted!",
+    exit 1). It stops that answer: the text printed so far stays in the conversation, whose
+    KV rows the next turn reuses past the first prompt (the rows the interrupted answer
+    committed are consistent), and the next turn answers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, eng = real
+    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(eng),
+                          "--max-new-tokens", "400", "--governor", "auto"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "SPECRT_THP": "0"})
+    try:
+        p.stdin.write(b"Write a long story about a dragon who learns to paint.\n")
+        p.stdin.flush()
+        first = p.stdout.read(40)  # the answer is streaming
+        assert len(first) == 40
+        os.kill(p.pid, signal.SIGINT)
+        time.sleep(0.5)
+        out, err = p.communicate(b"Give the dragon a name.\n\n", timeout=300)
+    finally:
+        p.kill()
+    err = err.decode()
+    assert p.returncode == 0, err
+    assert "[stopped: the answer so far stays in the conversation" in err and "Aborted" not in err, err
+    stats = [ln for ln in err.splitlines() if "prompt tokens reused]" in ln]
+    assert len(stats) == 2, err
+    n1 = int(stats[0].rsplit(" of ", 1)[1].split()[0])  # the first turn's prompt tokens
+    reused, n2 = (int(x) for x in stats[1].rsplit("; ", 1)[1].split()[0:3:2])
+    assert reused > n1 and n2 > reused, err  # the prompt and the stopped answer's rows
+    assert len((first + out).decode().strip().splitlines()) >= 2
