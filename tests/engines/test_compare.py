@@ -192,6 +192,85 @@ def test_token_ids_pass_on_a_tie_only():
     assert not m  # the logits themselves differ: no tie
 
 
+def test_token_ids_of_another_length_fail():
+    """An engine that returns fewer draft tokens than the reference fails, every reference
+    row counted as not agreeing (not an empty, vacuously passing comparison)."""
+    ref = {C.DRAFT_LOGITS: np.zeros((1, 2, 5), np.float32), C.DRAFT_TOKENS: np.array([[1, 2]])}
+    short = {C.DRAFT_LOGITS: np.zeros((1, 1, 5), np.float32), C.DRAFT_TOKENS: np.array([[1]])}
+    m = TokenCompare((1e-4, 1e-4))(short, ref)[C.DRAFT_TOKENS]
+    assert not m and (m.rows, m.agree, m.ties) == (2, 0, 0)
+
+
+def test_the_worst_element_ratio_is_polygraphys_elemwise_verdict():
+    """tolerance_ratio (the report's worst/tol, and the verdict of the last-row and tree
+    checks) passes exactly where polygraphy's elemwise check does: |a - b| <= atol or
+    <= rtol x |b|, b the reference (polygraphy's second output); a NaN never passes."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    from specrt.engines.compare import _simple_compare, tolerance_ratio
+
+    def polygraphy_passes(a, b, atol, rtol):
+        rr = RunResults([("eng", [IterationResult({C.LOGITS: a}, runner_name="eng")]),
+                         ("ref", [IterationResult({C.LOGITS: b}, runner_name="ref")])])
+        acc = Comparator.compare_accuracy(rr, compare_func=[_simple_compare({C.LOGITS: (atol, rtol)})])
+        return bool(acc[0][("eng", "ref")][0][C.LOGITS])
+
+    one, two = np.array([1.0]), np.array([2.0])
+    assert tolerance_ratio(two, one, 1e-4, 0.6) == pytest.approx(1 / 0.6)  # relative to the reference's 1
+    assert tolerance_ratio(one, two, 1e-4, 0.6) == pytest.approx(1 / 1.2)  # ... to its 2
+    assert not polygraphy_passes(two, one, 1e-4, 0.6) and polygraphy_passes(one, two, 1e-4, 0.6)
+    assert tolerance_ratio(one + 5e-5, one, 1e-4, 0.0) == pytest.approx(0.5)  # within atol alone
+    assert tolerance_ratio(np.array([np.nan, 1.0]), np.array([1.0, 1.0]), 1e-4, 1e-4) == np.inf
+    rng = np.random.default_rng(0)
+    b = rng.normal(0, 3, 2000)
+    a = b + rng.normal(0, 1e-3, 2000) * rng.choice([0.01, 1.0, 30.0], 2000)
+    for atol, rtol in ((1e-3, 1e-3), (1e-4, 1e-2), (1e-2, 0.0), (0.0, 1e-2)):
+        for k in range(0, 2000, 100):
+            assert (tolerance_ratio(a[k:k + 100], b[k:k + 100], atol, rtol) <= 1.0) == \
+                polygraphy_passes(a[k:k + 100], b[k:k + 100], atol, rtol), (atol, rtol, k)
+
+
+def _graph(path: Path, shift_above: float | None) -> Path:
+    """A one-op ONNX graph logits = x (+ relu(x - shift_above): off only for large inputs)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info(C.LOGITS, TensorProto.FLOAT, [1, 4])
+    if shift_above is None:
+        nodes, inits = [helper.make_node("Identity", ["x"], [C.LOGITS])], []
+    else:
+        inits = [helper.make_tensor("c", TensorProto.FLOAT, [], [shift_above])]
+        nodes = [helper.make_node("Sub", ["x", "c"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+                 helper.make_node("Add", ["x", "r"], [C.LOGITS])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_role_fails_when_one_iteration_fails_and_when_an_output_never_comes(tmp_path):
+    """compare_role over real ONNX Runtime runners: an engine that agrees on the first call
+    and is off by 10 on the second fails (every iteration must pass, not any); draft token
+    ids that neither side ever returns fail too (nothing compared is not a pass)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    eng = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "e.onnx", 10.0))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "r.onnx", None))), name="reference")
+    small, large = np.zeros((1, 4), np.float32), np.full((1, 4), 20.0, np.float32)
+    tol = {C.LOGITS: (1e-4, 1e-4)}
+    r = compare_role("decode", eng, ref, [{"x": small}, {"x": small}], tol, [C.LOGITS])
+    assert r["passed"] and r["outputs"][C.LOGITS]["tol_ratio"] == 0  # the graphs agree below 10
+    r = compare_role("decode", eng, ref, [{"x": small}, {"x": large}], tol, [C.LOGITS])
+    assert not r["passed"] and not r["outputs"][C.LOGITS]["passed"]
+    r = compare_role("draft", eng, ref, [{"x": small}], tol, [C.LOGITS, C.DRAFT_TOKENS])
+    assert r["outputs"][C.LOGITS]["passed"] and not r["outputs"][C.DRAFT_TOKENS]["passed"] and not r["passed"]
+
+
 def test_tolerance_options():
     assert parse_tolerances(("1e-3", "logits:0.5", "new_key.3:2"), "--atol") == {"": 1e-3, "logits": 0.5,
                                                                                    "new_key.3": 2.0}
@@ -299,6 +378,9 @@ def test_outputs_are_compared_in_units_of_their_rows_scale():
 
     assert not verdict(eng, False) and verdict(eng, True)  # 2e-4 in a row of spread ~1000: within scale
     assert not verdict(small, True)  # 2e-4 in a row of spread < 1: still a failure
+    # ... and not a scale below 1: 9e-5 in that row passes as it does unscaled (9e-5 / 0.37
+    # of its median-based spread would not)
+    assert verdict(ref + np.array([[[0.0, 0.0, 0.0], [0.0, 9e-5, 0.0]]]), True)
     ref = np.array([[[22000.0, 0.5, 0.3, 0.2, -0.4]]])  # one massive activation in a small row
     assert not verdict(ref + np.array([[[0.0, 2e-4, 0.0, 0.0, 0.0]]]), True)
 

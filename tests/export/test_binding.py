@@ -95,6 +95,16 @@ def test_drift_case_undeclared_prefix_fails_naming_the_slot(hf_models, tmp_path)
     assert str(folder) in msg
 
 
+def test_a_declared_name_under_another_prefix_is_not_bound(hf_models, tmp_path):
+    """Exact names only: 'base.model.norm.weight' ends in the declared 'model.norm.weight'
+    but is not it; it is shown as a candidate, and the slot is missing."""
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, rename={"model.norm.weight": "base.model.norm.weight"})
+    with pytest.raises(UserError, match=r"slot 'final_norm' is missing.*similar tensors present but not declared "
+                                        r"for it: base\.model\.norm\.weight"):
+        bind_target(folder)
+
+
 def test_two_keys_for_one_slot(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama"], tmp_path / "m")
     rewrite(folder, add={"model.llm.norm.weight": np.ones(64, np.float32)})
@@ -110,6 +120,11 @@ def test_leftover_tensors_listed(hf_models, tmp_path):
         bind_target(folder)
     assert "model.layers.0.self_attn.extra_scale" in str(e.value)
     assert "inv_freq" not in str(e.value)  # declared ignorable
+    # ... at the declared paths only: the same buffer name anywhere else is a leftover
+    rewrite(folder, drop=("model.layers.0.self_attn.extra_scale",),
+            add={"model.layers.1.mlp.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    with pytest.raises(UserError, match=r"not declared ignorable: 'model\.layers\.1\.mlp\.rotary_emb\.inv_freq'"):
+        bind_target(folder)
 
 
 def test_ignorable_rotary_buffers_are_skipped(hf_models, tmp_path):
@@ -425,6 +440,28 @@ def test_eagle3_bad_d2t(tmp_path):
     rewrite(folder, change={"d2t": d2t})
     with pytest.raises(UserError, match=r"d2t maps draft id 499 to target id \d+, outside \[0, 1000\)"):
         bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_eagle3_d2t_below_zero_and_onto_one_id_twice(tmp_path):
+    """A d2t reaching a negative target id (which numpy indexing would wrap to the end of the
+    vocabulary) is named as out of range; one reaching a target id twice is refused even when
+    t2d marks just the ids it reaches."""
+    t = bind_target(REFERENCE / "verifier")
+    folder = write_eagle3(tmp_path / "neg")
+    d2t = load_file(str(folder / "model.safetensors"))["d2t"].copy()
+    d2t[3] = -10_000
+    rewrite(folder, change={"d2t": d2t})
+    with pytest.raises(UserError, match=r"d2t maps draft id 3 to target id -\d+, outside \[0, 1000\)"):
+        bind_draft(folder, t)
+    folder = write_eagle3(tmp_path / "twice")
+    state = load_file(str(folder / "model.safetensors"))
+    d2t, t2d = state["d2t"].copy(), state["t2d"].copy()
+    tgt = np.arange(len(d2t)) + d2t
+    t2d[tgt[1]] = False  # draft id 1 now reaches draft id 0's target id
+    d2t[1] = tgt[0] - 1
+    rewrite(folder, change={"d2t": d2t, "t2d": t2d})
+    with pytest.raises(UserError, match="d2t maps two draft ids to the same target id"):
+        bind_draft(folder, t)
 
 
 def test_eagle3_t2d_disagrees(tmp_path):

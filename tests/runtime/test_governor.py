@@ -130,6 +130,28 @@ def test_adaptive_severe_regression_reverts_at_once_then_waits_six():
     assert (g.increases, g.decreases, g.probes) == (2, 2, 2)
 
 
+def test_adaptive_mild_regression_runs_the_probe_then_reverts():
+    """Depth 2 at 90% of depth 1's throughput: above the 80% that reverts at once, below the
+    97% that keeps it; the probe runs its 2 rounds, then reverts and waits 6."""
+    g = AdaptiveGovernor(DEPTHS)
+    trace = run(g, 14, 1.0, lambda d: 1.0 if d == 1 else 3 / 1.8)  # 2 tokens/s at 1, 1.8 at 2
+    assert trace == [1, 1, 2, 2] + [1] * 7 + [2, 2, 1]
+    assert (g.increases, g.decreases, g.probes) == (2, 2, 2)
+
+
+def test_adaptive_acceptance_counts_the_drafts_evaluated():
+    """A round's acceptance is accepted / evaluated, evaluated = accepted + 1 at a rejection
+    (onnxruntime-genai's rule, not accepted / K): 1 of 4 accepted is 50%, not below the 50%
+    that probes down."""
+    g = AdaptiveGovernor(DEPTHS)
+    g.k = 4
+    for _ in range(8):
+        g.observe(RoundResult(4, 1, 0.1, 0.9))
+    assert g.est[4][2] == pytest.approx(0.5) and g.k == 4 and g.probes == 0
+    g.observe(RoundResult(4, 0, 0.1, 0.9))  # 0 of 1 evaluated: below 50%, probe down
+    assert g.k == 2 and g.probes == 1
+
+
 def test_adaptive_upward_probe_needs_high_acceptance():
     g = AdaptiveGovernor(DEPTHS)
     for _ in range(2):
@@ -175,6 +197,13 @@ def test_dspark_ties_go_to_the_smaller_depth():
     assert g.choose(conf(*[0.0] * 8)) == 1  # drafted: d = 0 costs 0.5 + 1.5 now
     assert g.rate == pytest.approx(1 / 1.5)  # the predicted rate of drafting
     assert g.choose(NONE) == 0  # before drafting: 1 / 1.5 (no draft) == rate: tie -> 0
+    # the pre-draft block: 2 / (0.5 + 0.5) == 3 / (1.0 + 0.5) under the starting ceilings of 1
+    assert DSparkGovernor((1, 2), {1: 0.5, 2: 1.0}, {1: 0.5, 2: 0.5}).draft_depth() == 1
+    # a token tree: a certain first draft (c_1 = 1) gains nothing from a runner-up, whose row
+    # costs nothing more here (verify 1 == verify 2): the tie keeps the chain alone
+    g = DSparkGovernor((1, 2), 0.5, {1: 1.0, 2: 1.0})
+    g.tree_width = 2
+    assert g.choose(conf(1.0, 0.0)) == 1 and g.round_siblings() == 0
 
 
 def test_dspark_costs_can_make_depth_zero_best():
@@ -220,8 +249,11 @@ def test_dspark_drafts_only_as_deep_as_a_round_could_verify():
     g = dspark(t_draft={1: 0.1, 2: 0.2, 4: 2.0, 8: 6.0}, calibration=_calibrated([0.95] * 8))
     assert g.draft_depth() == 2
     assert g.draft_depth(limit=1) == 1 and g.draft_depth(limit=0) == 0
-    # the sunk draft cost is the drafted block's: 2 drafted -> rates over 0.2 + t_verify
-    assert g.choose(conf(1.0, 1.0)) == 2
+    # the sunk draft cost is the drafted block's: 2 drafted -> rates over 0.2 + t_verify.
+    # E = 1.9 / 2.2 at depth 1 / 2 (verify 1.0 / 1.2): 1.9 / 1.2 > 2.2 / 1.4 picks 1, where
+    # the full block's 6.0 (2.2 / 7.2 > 1.9 / 7.0) would pick 2 (conf(1, 1) gave 2 either way)
+    g = dspark(t_draft={1: 0.1, 2: 0.2, 4: 2.0, 8: 6.0}, tv={1: 1.0, 2: 1.2, 4: 1.3, 8: 1.6})
+    assert g.choose(conf(0.9, 1 / 3)) == 1 and g.rate == pytest.approx(1.9 / 1.2)
 
 
 def test_dspark_block_follows_the_recent_ceiling_and_probes_the_full_block():
@@ -239,6 +271,8 @@ def test_dspark_block_follows_the_recent_ceiling_and_probes_the_full_block():
     g.choose(conf(0.95, 0.95, 0.05, 0.05))
     assert g.ceiling[1] == pytest.approx(0.95)
     assert g.draft_depth() == 2
+    g.choose(conf(0.95, 0.5, 0.05, 0.05))  # a lower round after it: the ceiling decays from 0.95
+    assert g.ceiling[1] == pytest.approx(0.95 * (1 - g.ceiling_decay))
 
 
 def test_calibration_upper_is_the_best_bin_with_data():
@@ -377,6 +411,22 @@ def test_empty_calibration_is_identity():
     x = np.array([0.0, 0.01, 0.3, 0.5, 0.77, 0.99, 1.0])
     np.testing.assert_allclose(cal(x[:7]), x, atol=1e-12)
     np.testing.assert_allclose(cal.predict(x, np.full(7, 20)), x, atol=1e-12)  # past the last position
+
+
+def test_the_per_round_map_is_predicts_map():
+    """DSpark's choose() maps confidences through ``__call__`` (plain Python, per round);
+    ``fit`` scores and reports the map through ``predict`` (numpy). On a fitted map (not the
+    identity, where any knot interval interpolates the same line) the two agree everywhere,
+    at and between the knots, at 0 and 1, and past the last position."""
+    rng = np.random.default_rng(2)
+    for kind in Calibration.KINDS:
+        cal = Calibration.fit(*synthetic(rng, 4000), kinds=(kind,))
+        assert np.abs(cal.ys[:, 1:-1] - cal.centres).max() > 0.05  # far from the identity
+        xs = np.concatenate((rng.uniform(0, 1, 300), cal.xs, [0.0, 1.0, 0.5 / cal.bins, 1 / cal.bins]))
+        P = cal.positions + 2
+        for x in xs:
+            want = cal.predict(np.full(P, x), np.arange(P))
+            np.testing.assert_allclose(cal([float(x)] * P), want, rtol=1e-12, atol=1e-12, err_msg=f"{kind} x={x}")
 
 
 def synthetic(rng, n, positions=4):

@@ -338,6 +338,8 @@ def test_compare_runs_a_screened_build_greedy_path(small_screened, tmp_path, mon
     monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: (real(self, a, h, n, rows) + 1) % 6)
     r = compare_engines(small_screened.folder, report=tmp_path / "r2.json", log=lambda s: None)
     assert not r["passed"] and {f["output"] for f in r["failures"]} == {SCREENED}
+    # the roles whose screened tokens failed say so, though all their other outputs pass
+    assert not any(r["roles"][k]["passed"] for k in checked)
 
 
 def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):

@@ -28,6 +28,9 @@ def test_top_k_keeps_k_and_ties():
     p = probs(np.array([[1.0, 4.0, 3.0, 3.0]]), SamplingParams(temperature=1.0, top_k=2))
     assert np.flatnonzero(p[0]).tolist() == [1, 2, 3]  # tie at the k-th logit kept (as transformers)
     assert probs(np.array([[1.0, 2.0]]), SamplingParams(temperature=1.0, top_k=5)).min() > 0  # k >= V: off
+    # k = 1 is greedy among the top logits (not "off"), with a tie at the top kept
+    assert np.flatnonzero(probs(np.array([[1.0, 4.0, 3.0]]), SamplingParams(temperature=1.0, top_k=1))[0]).tolist() == [1]
+    assert np.flatnonzero(probs(np.array([[4.0, 1.0, 4.0]]), SamplingParams(temperature=1.0, top_k=1))[0]).tolist() == [0, 2]
 
 
 def test_top_p_smallest_prefix_reaching_mass():
