@@ -19,7 +19,9 @@ consumes those rows as pending slots at its next pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,19 +174,23 @@ class _Hold:
 
 
 class Stream:
-    """An iterator of chunks with the clock of its consumer's holds (``Held``)."""
+    """An iterator of chunks with the clock of its consumer's holds (``Held``); with a
+    ``lock`` (its Generator's) each chunk is made, and the stream closed, holding it."""
 
-    def __init__(self, chunks: Iterator, clock: Held):
+    def __init__(self, chunks: Iterator, clock: Held, lock=None):
         self._chunks, self.clock = chunks, clock
+        self._lock = lock if lock is not None else contextlib.nullcontext()
 
     def __iter__(self) -> "Stream":
         return self
 
     def __next__(self):
-        return next(self._chunks)
+        with self._lock:
+            return next(self._chunks)
 
     def close(self) -> None:
-        self._chunks.close()
+        with self._lock:
+            self._chunks.close()
 
 
 class Generator:
@@ -237,6 +243,10 @@ class Generator:
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self._epoch = 0  # streams started: a stream goes on only while it is the latest (stream)
+        # held while a stream makes a chunk and while one starts: streams of one Generator driven
+        # from two threads take turns, a round at a time, and the older is superseded between its
+        # rounds (its round's rows committed into the newer's caches before: a wrong answer)
+        self.lock = threading.RLock()
         self._live: int | None = None  # the latest stream's epoch until it finishes (made, not yet finished)
         # logprobs (None: off): each emitted token's log-probability under the target with
         # this many alternatives (sampling.token_logprobs), in ``output_logprobs`` as the
@@ -430,6 +440,7 @@ class Generator:
                 self._snapshots.append(best)
             if live_n - live >= SET_ASIDE_ROWS:  # (fewer: not worth a snapshot, as below)
                 self._set_aside(live_n)
+            self._prefix = None  # the caches hold neither's rows until the swap completes (an interrupt)
             self.tkv.load_rows(best.target_rows)
             if self.dkv is not None:
                 self.dkv.load_rows(best.draft_rows)
@@ -558,23 +569,25 @@ class Generator:
         rows that are no longer its own). The arguments are checked here, before the first
         chunk is asked for (a refused call leaves a running stream running); the telemetry's
         ``seconds`` leave out the time the consumer holds the stream between chunks
-        (``Stream.clock``)."""
-        try:
-            checked = self._check(prompt_ids, max_new_tokens, eos_ids)
-        except UserError:
-            if self._live is None:  # a refused stream shows no earlier stream's finish or telemetry
-                self.finished, self.telemetry = None, Telemetry()
-            raise
-        prompt, eos, scored, top, tree_width, lookup = checked
-        self._epoch = mine = self._live = self._epoch + 1
-        self._screen_for(self.params)
-        # this stream's, from its start: a stream closed early leaves no other's
-        self.finished, self.telemetry = None, Telemetry()
-        self.tree_width = tree_width
-        self.governor.start_stream()
-        clock = Held()
-        return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
-                                   clock.claim()), clock)
+        (``Stream.clock``). Streams may be driven from several threads: they take turns
+        (``lock``), a round at a time."""
+        with self.lock:
+            try:
+                checked = self._check(prompt_ids, max_new_tokens, eos_ids)
+            except UserError:
+                if self._live is None:  # a refused stream shows no earlier stream's finish or telemetry
+                    self.finished, self.telemetry = None, Telemetry()
+                raise
+            prompt, eos, scored, top, tree_width, lookup = checked
+            self._epoch = mine = self._live = self._epoch + 1
+            self._screen_for(self.params)
+            # this stream's, from its start: a stream closed early leaves no other's
+            self.finished, self.telemetry = None, Telemetry()
+            self.tree_width = tree_width
+            self.governor.start_stream()
+            clock = Held()
+            return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
+                                       clock.claim()), clock, self.lock)
 
     def _check(self, prompt_ids, max_new_tokens, eos_ids) -> tuple:
         """A stream's arguments, checked and resolved without touching any state a running

@@ -47,11 +47,12 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)  # vLLM's "off" (its old default)
         if isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed == -1:
             object.__setattr__(self, "seed", None)  # vLLM's "no seed"
-        if not (np.isfinite(self.temperature) and self.temperature >= 0):
+        real = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)  # noqa: E731
+        if not (real(self.temperature) and np.isfinite(self.temperature) and self.temperature >= 0):
             raise UserError(f"temperature={self.temperature!r}: expected a finite number >= 0 (0 = greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise UserError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 or -1 = off)")
-        if not (0.0 < self.top_p <= 1.0):
+        if not (real(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise UserError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = off)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
             raise UserError(f"seed={self.seed!r}: expected a non-negative integer or none (-1 = none)")

@@ -5,6 +5,10 @@
             print(piece, end="")
         print(s.stats())                         # telemetry of the last prompt
 
+One stream at a time: a stream started while another is unfinished supersedes it (reading
+the older one on raises UserError), from one thread or several (their rounds take turns);
+a stream read after ``close()`` raises UserError.
+
 Governors: ``off`` (no speculation, same engines), ``fixed:K``, ``adaptive``
 (onnxruntime-genai's scalar rule) and ``dspark`` (calibrated confidence and the engines'
 cost table), each with an optional token tree (``:tree=W``); ``auto`` (the default) is
@@ -209,6 +213,12 @@ class Session:
                  chat_template_kwargs: dict | None = None):
         from specrt.engines.engine_set import load_engines
 
+        if not isinstance(sampling, SamplingParams):
+            raise UserError(f"sampling={sampling!r:.80}: expected a SamplingParams "
+                            "(specrt.runtime.sampling.SamplingParams(temperature=..., top_p=..., ...))")
+        if isinstance(prefix_snapshots, bool) or not isinstance(prefix_snapshots, (int, np.integer)) \
+                or prefix_snapshots < 0:
+            raise UserError(f"prefix_snapshots={prefix_snapshots!r:.80}: expected an integer >= 0 (0: none)")
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
         asked = governor
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
@@ -309,8 +319,9 @@ class Session:
         return None
 
     def close(self) -> None:
-        self.closed = True
-        self.engines.deactivate()
+        with self.generator.lock:  # a round in progress in another thread finishes first
+            self.closed = True
+            self.engines.deactivate()
 
     def __enter__(self) -> "Session":
         return self
@@ -362,24 +373,34 @@ class Session:
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
                                                **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")})
 
-    def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
-                   prompt_logprobs: int | None = None) -> Stream:
+    def _open(self) -> None:
         if self.closed:
             raise UserError("this Session is closed (its engines' sessions are released): open a new one")
-        before = self.generator.logprobs, self.generator.prompt_logprobs
-        self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
-        try:
-            gen = self.generator.stream(ids, max_new_tokens, self.eos)
-        except UserError:  # refused: a running stream's stats() stay its own
-            self.generator.logprobs, self.generator.prompt_logprobs = before
-            raise
+
+    def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
+                   prompt_logprobs: int | None = None) -> Stream:
+        self._open()
+        with self.generator.lock:  # (another thread's stream sets these between)
+            before = self.generator.logprobs, self.generator.prompt_logprobs
+            self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
+            try:
+                gen = self.generator.stream(ids, max_new_tokens, self.eos)
+            except UserError:  # refused: a running stream's stats() stay its own
+                self.generator.logprobs, self.generator.prompt_logprobs = before
+                raise
         out: list[int] = []
         self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
+        lock = self.generator.lock
 
         def chunks():
             try:
-                for chunk in gen:
+                while True:
+                    with lock:  # (close() from another thread waits for the round in progress)
+                        self._open()  # closed before this chunk: no engines to run it
+                        chunk = next(gen, None)
+                    if chunk is None:
+                        return
                     out.extend(chunk)
                     with gen.clock.at(me):
                         yield chunk
@@ -397,7 +418,8 @@ class Session:
         (``logprob_entries``; the model's own distribution, before temperature, top-k and
         top-p). ``prompt_logprobs`` N: the prompt's tokens' too (``stats()['prompt_logprobs']``,
         the first token's None; the whole prompt is prefilled, and ``max_new_tokens`` may be
-        0). ``prompt`` may also be token ids (no template).
+        0). ``prompt`` may also be token ids (a list, tuple or numpy array of ints; no template);
+        ``stop`` a string, strings, or None (none).
         ``prompt``: text (through the chat template when ``chat``), or a conversation of
         role/content objects (always through it: runtime/text.py), the template given
         ``chat_template_kwargs`` over the session's.
@@ -406,6 +428,8 @@ class Session:
         more; the telemetry counts every generated token)."""
         self._need_text()
         scan = StopScanner(stop)  # checks the stop strings before anything runs
+        if isinstance(prompt, (tuple, np.ndarray)):  # token ids as a tuple or an array: a list of ints
+            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text)
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)

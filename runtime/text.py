@@ -343,7 +343,15 @@ class StopScanner:
     """
 
     def __init__(self, stops=()):
-        stops = (stops,) if isinstance(stops, str) else tuple(stops)  # one string is one stop, not its letters
+        if stops is None:  # (OpenAI's "no stop strings")
+            stops = ()
+        elif isinstance(stops, str):  # one string is one stop, not its letters
+            stops = (stops,)
+        else:
+            try:
+                stops = tuple(stops)
+            except TypeError:
+                raise UserError(f"stop={stops!r:.80}: expected a string or a list of strings") from None
         for s in stops:
             if not isinstance(s, str) or not s:
                 raise UserError(f"stop string {s!r}: expected a non-empty string")

@@ -1069,3 +1069,171 @@ def test_a_message_field_that_is_null_is_left_out_as_transformers_leaves_it_out(
                                                                               add_generation_prompt=True)
     assert Text(f).render_chat(conv) == want == "user: hi;assistant: hello;user: more;"
     assert conv[1]["tool_calls"] is None  # the caller's messages are left as they were
+
+
+@pytest.mark.parametrize("gov", ["off", "fixed:3"])
+def test_streams_of_one_session_from_two_threads_take_turns(worded, gov, monkeypatch):
+    """A stream started from another thread while one is inside a round: the newer stream's
+    tokens are the target's (the older round's rows were committed into its caches: other
+    tokens under ``off``, an InternalError with a draft), the older one is superseded or
+    finishes first. Thread A is held just after an engine call of its second round."""
+    import threading
+
+    from specrt.runtime import generate as G
+    from specrt.runtime.session import Session
+
+    run, held, go, b_started, b_go = G.Generator._run, threading.Event(), threading.Event(), \
+        threading.Event(), threading.Event()
+    calls = {"a": 0}
+
+    def run_holding_a(self, runner, feeds, what):
+        out = run(self, runner, feeds, what)
+        if threading.current_thread().name == "A" and what == "target":
+            calls["a"] += 1
+            if calls["a"] == 2:  # inside A's first round, its rows not committed yet
+                held.set()
+                go.wait(10)
+        return out
+
+    with Session(worded, governor=gov) as s:
+        want_a, want_b = (list(t for c in s.stream_ids(p, 24) for t in c) for p in ([3, 1, 4], [5, 9, 2, 6, 5]))
+        monkeypatch.setattr(G.Generator, "_run", run_holding_a)
+        got = {}
+
+        def a():
+            try:
+                got["a"] = [t for c in s.stream_ids([3, 1, 4], 24) for t in c]
+            except UserError as e:
+                got["a"] = str(e)
+
+        def b():
+            try:
+                stream = s.stream_ids([5, 9, 2, 6, 5], 24)
+                out = next(stream)
+                b_started.set()
+                b_go.wait(10)
+                got["b"] = out + [t for c in stream for t in c]
+            except Exception as e:  # noqa: BLE001 (the test reports it)
+                got["b"] = repr(e)
+
+        ta = threading.Thread(target=a, name="A")
+        ta.start()
+        assert held.wait(10)
+        tb = threading.Thread(target=b, name="B")
+        tb.start()
+        b_started.wait(1)  # (with turns, B waits for A's round: it cannot start while A is held)
+        go.set()
+        ta.join(10)
+        b_go.set()
+        tb.join(10)
+    assert got["b"] == want_b, got
+    assert got["a"] == want_a or "superseded" in got["a"], got
+
+
+def test_a_stream_of_a_session_closed_since_is_a_user_error(worded):
+    """A stream read after its Session was closed (left its ``with`` block), before its
+    first piece or between pieces: a UserError saying so (an InternalError from the
+    released engines before)."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        text, ids = s.stream("w3 w1 w4", max_new_tokens=8), s.stream_ids([3, 1, 4], 8)
+        next(text)
+    for stream in (text, ids):
+        with pytest.raises(UserError, match="this Session is closed"):
+            list(stream)
+
+
+def test_api_arguments_of_other_types_are_user_errors_or_taken(worded):
+    """Session's ``sampling`` not a SamplingParams, SamplingParams' temperature / top_p not
+    numbers, ``prefix_snapshots`` not an integer >= 0, ``stop`` neither strings nor None:
+    UserErrors naming the argument (AttributeError / TypeError / ValueError deep inside
+    before, a negative ``prefix_snapshots`` taken as 0). ``stop=None`` is no stop string and
+    token ids as a tuple or a numpy array are token ids (TypeError, ValueError before)."""
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+
+    for kw, name in (({"sampling": {"temperature": 0.7}}, "sampling="), ({"prefix_snapshots": "4"}, "prefix_snapshots="),
+                     ({"prefix_snapshots": -1}, "prefix_snapshots=")):
+        with pytest.raises(UserError, match=name):
+            Session(worded, governor="off", **kw)
+    for kw, name in (({"temperature": "0.7"}, "temperature="), ({"temperature": None}, "temperature="),
+                     ({"top_p": "0.9"}, "top_p=")):
+        with pytest.raises(UserError, match=name):
+            SamplingParams(**kw)
+    with Session(worded, governor="fixed:3") as s:
+        want = "".join(s.stream([3, 1, 4], max_new_tokens=8))
+        with pytest.raises(UserError, match="stop=3: expected a string or a list of strings"):
+            "".join(s.stream([3, 1, 4], max_new_tokens=8, stop=3))
+        assert "".join(s.stream([3, 1, 4], max_new_tokens=8, stop=None)) == want
+        assert "".join(s.stream((3, 1, 4), max_new_tokens=8)) == want
+        assert "".join(s.stream(np.array([3, 1, 4]), max_new_tokens=8)) == want
+
+
+def test_an_interrupt_while_a_snapshot_is_swapped_in_leaves_no_rows_to_reuse(worded, monkeypatch):
+    """Ctrl-C (a KeyboardInterrupt, as a notebook's interrupt raises it) just after a
+    prefix snapshot's target rows are loaded, before its draft rows and tokens are: the
+    next stream reuses nothing of the half-swapped caches, and its tokens are the target's
+    (the live conversation's tokens were kept against the snapshot's rows before)."""
+    from specrt.runtime.kvcache import KVCache
+    from specrt.runtime.session import Session
+
+    a, b = [3, 1, 4, 1, 5, 9, 2, 6] * 5, [7, 2, 8, 1, 8, 2, 8] * 5
+    with Session(worded, governor="off", reuse_prefix=False) as ref:
+        want = [t for c in ref.stream_ids(b + [5], 16) for t in c]
+    load = KVCache.load_rows
+
+    def load_interrupted(self, rows):
+        load(self, rows)
+        raise KeyboardInterrupt
+
+    with Session(worded, governor="fixed:3", prefix_snapshots=2) as s:
+        for p in (a, b):  # b sets a aside
+            list(s.stream_ids(p, 4))
+        monkeypatch.setattr(KVCache, "load_rows", load_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            list(s.stream_ids(a + [5], 4))  # swaps a in
+        monkeypatch.setattr(KVCache, "load_rows", load)
+        assert [t for c in s.stream_ids(b + [5], 16) for t in c] == want
+
+
+def test_a_session_closed_from_another_thread_ends_its_stream_between_rounds(worded, monkeypatch):
+    """close() from another thread while a stream is inside a round (held just after its
+    second draft call): the round finishes on the engines, then the stream raises the
+    closed Session's UserError (the round's verify call ran on released engines before: an
+    InternalError)."""
+    import threading
+
+    from specrt.runtime import generate as G
+    from specrt.runtime.session import Session
+
+    run, held, go, calls = G.Generator._run, threading.Event(), threading.Event(), {"draft": 0}
+
+    def run_holding(self, runner, feeds, what):
+        out = run(self, runner, feeds, what)
+        if threading.current_thread().name == "A" and what == "draft":
+            calls["draft"] += 1
+            if calls["draft"] == 2:
+                held.set()
+                go.wait(10)
+        return out
+
+    monkeypatch.setattr(G.Generator, "_run", run_holding)
+    s, got = Session(worded, governor="fixed:3"), {}
+
+    def a():
+        try:
+            got["a"] = [t for c in s.stream_ids([3, 1, 4], 30) for t in c]
+        except Exception as e:  # noqa: BLE001 (the test reports it)
+            got["a"] = e
+
+    ta = threading.Thread(target=a, name="A")
+    ta.start()
+    assert held.wait(10)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.5)  # (it waits for the round)
+    go.set()
+    ta.join(10)
+    closer.join(10)
+    assert isinstance(got["a"], UserError) and "this Session is closed" in str(got["a"]), got
