@@ -48,6 +48,7 @@ field; the server keeps serving.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -330,9 +331,25 @@ class Server:
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
+        self.stopping = False  # closing: requests not yet begun are answered 503
+        self.cutting = False  # closing at once: the request being answered ends at its next round
 
     def close(self) -> None:
-        self.session.close()
+        """Closes the session once the request being answered has ended (Ctrl-C mid-answer
+        closed its engines under it: the client got 'infer() before activate()'); requests
+        still queued are then answered 503."""
+        self.stopping = True
+        if not self.lock.acquire(blocking=False):
+            self.log("[stopping: the request being answered ends first (Ctrl-C again: at its next round)]")
+            try:
+                self.lock.acquire()
+            except KeyboardInterrupt:  # (leaving then aborted the process inside an engine call)
+                self.cutting = True
+                self.lock.acquire()
+        try:
+            self.session.close()
+        finally:
+            self.lock.release()
 
     def _generator(self, params):
         """The generator of ``params``' decoding mode (made on first use: the governor
@@ -473,6 +490,8 @@ class Server:
             if done["partial"]:  # what the choice being decoded had made by then
                 total.merge(s.generator.telemetry)
                 done["completion"] += len(getattr(s, "last_output_ids", None) or [])
+                if done["first"]:  # its prompt, not yet counted (the log said "0 prompt tokens (33 reused)")
+                    done["prompt_tokens"] += s.generator.telemetry.prompt_tokens
             raise
         finally:  # counted and logged whenever the request ran to its end or lost its client
             if done["reason"] is not None:
@@ -505,7 +524,7 @@ class Server:
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
-            done["partial"] = True
+            done["partial"], done["first"] = True, i % req["n"] == 0
             gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
                            logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
@@ -516,6 +535,8 @@ class Server:
 
             try:
                 for piece in gen:
+                    if self.cutting:
+                        raise BadRequest("the server is shutting down", status=503)
                     if not echoed:
                         echoed = True
                         yield echo()
@@ -581,6 +602,16 @@ class Handler(BaseHTTPRequestHandler):
         kind = "authentication_error" if e.status == 401 else kind
         self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": None}})
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a request line or header it cannot parse or
+        that is too long, a method no handler takes: 400, 414, 431, 501, 505) as OpenAI's
+        error object, as every other answer (it sent an HTML page; one for a request line it
+        could not read went out without a status line, as to an HTTP/0.9 client)."""
+        from http import HTTPStatus
+
+        self.close_connection, self.request_version = True, "HTTP/1.0"
+        self._error(BadRequest(message or HTTPStatus(code).phrase, status=code))
+
     def _authorised(self) -> bool:
         """With ``--api-key`` (Server.api_key), the /v1 paths need ``Authorization: Bearer KEY``
         (as OpenAI's clients send it); /health and /metrics stay open."""
@@ -589,16 +620,32 @@ class Handler(BaseHTTPRequestHandler):
             return True
         import hmac
 
-        got = self.headers.get("Authorization") or ""
-        if got.startswith("Bearer ") and hmac.compare_digest(got[len("Bearer "):].encode(), key.encode()):
-            return True
+        scheme, _, got = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(got.encode(), key.encode()):  # (a scheme's name
+            return True  # is case-insensitive, RFC 9110: "bearer KEY" was refused)
         self.app.metrics.request("unauthorised", 401)
+        self._discard_body()
         self._error(BadRequest("missing or wrong API key (expected the header 'Authorization: Bearer KEY')",
                                status=401))
         return False
 
+    def _discard_body(self) -> None:
+        """Reads the body of a request refused before it (up to MAX_BODY bytes): a socket closed
+        on unread data is reset, and a client still sending a body of some MB got a broken pipe,
+        not its 401 / 404 / 405."""
+        try:
+            size = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return
+        if 0 < size <= MAX_BODY and "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+            try:
+                self.rfile.read(size)
+            except OSError:
+                self.close_connection = True
+
     def _not_allowed(self) -> None:
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
+        self._discard_body()
         route = self.route
         allow = ("GET" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else
                  "POST" if route in POST_PATHS else None)
@@ -687,6 +734,8 @@ class Handler(BaseHTTPRequestHandler):
                 with m.lock:
                     m.waiting -= 1
                 m.observe("queue_wait_seconds", time.perf_counter() - self._arrived)
+                if self.app.stopping:
+                    return self._error(BadRequest("the server is shutting down", status=503))
                 self._respond(req, chat)
         finally:
             m.observe("request_seconds", time.perf_counter() - self._arrived)
@@ -818,6 +867,11 @@ class Handler(BaseHTTPRequestHandler):
                 pass
 
 
+def _interrupt(signum, frame) -> None:
+    """SIGTERM (what service managers and containers stop with) stops the server as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"app": app})
     return ThreadingHTTPServer((host, port), handler)
@@ -851,7 +905,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
           isolate_clients, reproducible, chat_template_kwargs, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
-    reusing the KV rows of the turns before it. Ctrl-C stops it."""
+    reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
+    sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
 
     if not engines_dir.is_dir():
@@ -881,6 +936,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                    f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
                    f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
         sys.stderr.flush()
+        signal.signal(signal.SIGTERM, _interrupt)  # (it ended the process mid-answer: a stream cut, no word)
         try:
             httpd.serve_forever()
         except KeyboardInterrupt:

@@ -954,3 +954,176 @@ def test_add_special_tokens_takes_booleans_only():
     for body, chat in (({"add_special_tokens": 1}, False), ({"add_special_tokens": 0}, True)):
         with pytest.raises(BadRequest, match="add_special_tokens"):
             _unsupported(body, chat=chat)
+
+
+def test_the_servers_own_refusals_are_openai_errors(served):
+    """What the standard library refuses before a handler runs (an unknown method, a header
+    or request line too long, a malformed request line) is answered with OpenAI's error
+    object, as every other refusal (it was an HTML page)."""
+    url, _ = served
+    for data, status in ((b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+                         (b"GET /v1/models HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431),
+                         (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
+                         (b"GET /v1/models HTTP/9.9\r\n\r\n", 505),
+                         (b"GET /v1/models HTTP/1.1 extra\r\n\r\n", 400)):
+        head, _, body = _raw(url, data).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 %d" % status) and b"Content-Type: application/json" in head, head
+        err = json.loads(body)["error"]
+        assert err["message"] and err["type"] in ("invalid_request_error", "server_error"), err
+    assert _get(url, "/health") == (200, {"status": "ok"})
+
+
+def test_a_bearer_scheme_in_any_case_is_taken(worded):  # noqa: F811
+    """``Authorization: bearer KEY``: an authentication scheme's name is case-insensitive
+    (RFC 9110); it was refused 401. The key itself is still compared exactly."""
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
+    app.api_key = "s3cret"
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for auth, status in (("bearer s3cret", 200), ("BEARER s3cret", 200), ("Bearer s3cret", 200),
+                             ("bearer S3CRET", 401), ("Basic s3cret", 401), ("bearers3cret", 401)):
+            req = urllib.request.Request(url + "/v1/models", headers={"Authorization": auth})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    code = r.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            assert code == status, auth
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def test_closing_lets_the_answer_in_progress_end(worded):  # noqa: F811
+    """Closing the server (Ctrl-C) while a stream is being answered: the stream ends as it
+    would have (its engines were closed under it: an 'infer() before activate()' error
+    event), a request that comes after gets 503."""
+    import socket
+
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    ask = {"prompt": "w1 w2", "max_tokens": 40, "n": 16, "temperature": 1.0, "seed": 3}
+    code, want = _post(f"http://127.0.0.1:{port}", "/v1/completions", {**ask, "stream": True})
+    assert code == 200
+    req = json.dumps({**ask, "stream": True}).encode()
+    closer = threading.Thread(target=app.close)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as c:
+            c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
+            got = b""
+            while got.count(b"data: ") < 1:
+                got += c.recv(1)
+            closer.start()  # mid-answer
+            while chunk := c.recv(65536):
+                got += chunk
+        closer.join(timeout=60)
+        assert not closer.is_alive()
+        events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
+        assert events[-1] == "[DONE]" and not any("error" in e for e in events), events[-3:]
+        texts = lambda evs: [(e["choices"][0]["index"], e["choices"][0]["text"]) for e in evs]  # noqa: E731
+        assert texts(json.loads(e) for e in events[:-1]) == texts(want), "not the answer it would have had"
+        code, r = _post(f"http://127.0.0.1:{port}", "/v1/completions", ask)
+        assert code == 503 and "shutting down" in r["error"]["message"], r
+        assert not any("[error" in line for line in logs), logs
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        if not closer.is_alive():
+            app.close()
+
+
+def test_sigterm_stops_the_command_as_ctrl_c_does(worded):  # noqa: F811
+    """SIGTERM (what service managers and containers stop with): exit 0 after closing, as
+    Ctrl-C (it killed the process: -15, a stream in progress cut without a word)."""
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
+                          "fixed:1"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "serving" not in line:
+            line = p.stderr.readline()
+            assert line, "the server exited before serving"
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+        assert "Traceback" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stderr.close()
+
+
+def test_a_client_leaving_mid_answer_is_logged_with_its_prompt(worded):  # noqa: F811
+    """A stream whose client leaves during its first choice: the log line counts that
+    choice's prompt, as /metrics does (it said '0 prompt tokens (N reused)')."""
+    import re
+    import socket
+    import time
+
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:1", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    limit = app.session.engines.max_context
+    req = json.dumps({"prompt": "w1 w2 w3", "max_tokens": limit - 3, "stream": True}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as c:
+            c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
+            got = b""
+            while b"data: " not in got:
+                chunk = c.recv(1)
+                assert chunk, got
+                got += chunk
+        deadline = time.time() + 30
+        while not logs and time.time() < deadline:
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+    assert "finish none: the client left" in logs[0], logs  # (it left mid-choice)
+    prompt = int(re.search(r"specrt_prompt_tokens_total (\d+)", metrics).group(1))
+    assert prompt >= 3 and logs[0].startswith(f"[{prompt} prompt tokens ("), (logs, prompt)
+
+
+def test_a_request_refused_before_its_body_gets_its_answer(worded):  # noqa: F811
+    """A POST of some MB refused before its body is read (a wrong API key, a path that takes
+    GET, no such path) gets its 401 / 405 / 404: the body was left unread, the socket reset,
+    and the client, still sending, saw a broken pipe."""
+    import http.client
+
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
+    app.api_key = "s3cret"
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    big = json.dumps({"prompt": "w1 " * 4_000_000, "max_tokens": 1}).encode()  # 12 MB
+    try:
+        for path, key, status in (("/v1/completions", "wrong", 401), ("/v1/models", "s3cret", 405),
+                                  ("/v1/embeddings", "s3cret", 404)):
+            c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=60)
+            c.request("POST", path, body=big, headers={"Authorization": f"Bearer {key}"})
+            r = c.getresponse()
+            assert r.status == status and json.loads(r.read())["error"]["message"], path
+            c.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
