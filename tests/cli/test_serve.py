@@ -558,6 +558,19 @@ def test_models_health_and_unknown_paths(served):
     assert code == 404
 
 
+def _serving(engines) -> tuple[subprocess.Popen, str]:
+    """`specrt serve ENGINES --port 0` started, and its "serving ... on URL" line once it serves."""
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(engines), "--port", "0", "--governor",
+                          "fixed:1"], stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "serving" not in line:
+        line = p.stderr.readline()
+        if not line:
+            p.kill()
+            raise AssertionError("the server exited before serving")
+    return p, line
+
+
 def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
     from pathlib import Path
 
@@ -565,13 +578,8 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
 
     # the default model id: the name of the target folder the export was made from
     model = Path(load_engines(worded, verify=False).export["binding_receipt"]["target"]["folder"]).name
-    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
-                          "fixed:1"], stderr=subprocess.PIPE, text=True)
+    p, line = _serving(worded)
     try:
-        line = ""
-        while "serving" not in line:
-            line = p.stderr.readline()
-            assert line, "the server exited before serving"
         url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
         code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3})
         assert code == 200 and r["model"] == model == "t" and r["specrt"]["governor"] == "fixed:1"
@@ -1047,13 +1055,8 @@ def test_sigterm_stops_the_command_as_ctrl_c_does(worded):  # noqa: F811
     Ctrl-C (it killed the process: -15, a stream in progress cut without a word)."""
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
-                          "fixed:1"], stderr=subprocess.PIPE, text=True)
+    p, _ = _serving(worded)
     try:
-        line = ""
-        while "serving" not in line:
-            line = p.stderr.readline()
-            assert line, "the server exited before serving"
         time.sleep(0.2)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=60) == 0
