@@ -81,8 +81,10 @@ def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> No
     require_tensorrt()
     if plan.precision == "fp16" and not plan.strongly_typed:
         log(f"tensorrt: note: a float32 export built at {plan.precision}: TensorRT chooses each layer's precision, "
-            "RMSNorm's x^2 and mean included, which can overflow in fp16 on large activations; a float16 export "
-            "(`specrt export --dtype float16`) builds strongly typed, its norms in float32")
+            "RMSNorm's x^2 and mean included, which can overflow in fp16 on large activations, and RoPE's "
+            "position x frequency angles, which fp16 rounds by up to a radian past position 2048 (unverified: no "
+            "TensorRT has run this build); a float16 export (`specrt export --dtype float16`) builds strongly "
+            "typed, its norms and RoPE angles in float32")
     for e in plan.engines:
         t0 = time.perf_counter()
         log(f"tensorrt: building {e.file} from {e.onnx} ({len(e.profiles)} profile(s): "
