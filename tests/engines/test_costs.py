@@ -17,12 +17,15 @@ def test_interpolate_is_linear_between_points_and_careful_outside():
     assert interpolate(pts, 896) == 3.0  # above: the last slope
     assert interpolate({128: 2.0, 512: 1.0}, 1000) == 1.0  # a noisy negative slope is not extrapolated
     assert interpolate({128: 2.0}, 999) == 2.0
+    assert interpolate({512: 2.0, 128: 1.0}, 320) == 1.5  # a table of pasts profiled in another order
+    assert interpolate({512: 2.0, 128: 1.0, 256: 1.0}, 896) == 3.5  # above: the last segment's slope
 
 
 def test_parse_costs_gives_integer_keys():
     t = parse_costs({"verify": {"1": 0.1, "8": 0.2}, "by_past": {"128": {"verify": {"1": 0.1}, "decode": 0.05}}})
     assert t["verify"] == {1: 0.1, 8: 0.2} and t["by_past"][128]["verify"] == {1: 0.1}
     assert parse_costs(None) == {}
+    assert parse_costs({"chain": {"9": "0.25"}, "decode": "0.5"})["chain"] == {9: 0.25}
 
 
 def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_append):
@@ -147,3 +150,16 @@ def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
     assert pol.cost(9) == pytest.approx(e.cost("verify.8", lo))  # built depths: their own engine
     old = NgramPolicy(e.depths, e.target_costs(lo), None)  # a table profiled before chains
     assert old.max_len == 8 and old.choose(16, 4, 100) <= 8
+
+
+def test_a_past_where_a_verify_engine_does_not_fit_is_left_out_of_the_table(tiny_engines):
+    """profile_costs keeps only the pasts at which every built depth was timed: a row
+    without verify.8 would price depth 8 from the other pasts' rows alone."""
+    from specrt.engines.costs import profile_costs
+
+    e = load_engines(tiny_engines, verify=False)
+    with e:
+        table = profile_costs(e.runners, vocab={"target": 1000, "draft": 1000}, depths=tuple(e.depths),
+                              draft_kind="peagle", pasts=(100, e.max_context - 5), repeats=1, warmup=0)
+    assert list(table["by_past"]) == ["100"] and table["pasts"] == [100]
+    assert sorted(table["by_past"]["100"]["verify"]) == [str(d) for d in e.depths]

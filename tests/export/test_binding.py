@@ -535,3 +535,38 @@ def test_draft_layer_shape_checked(tmp_path):
     rewrite(folder / "draft", change={"layers.0.self_attn.q_proj.weight": w[:, :64].copy()})
     with pytest.raises(UserError, match=r"draft slot 'layers.0.q'\) has shape \[64, 64\], the config implies \[64, 128\]"):
         bind_draft(folder / "draft", bind_target(folder / "verifier"))
+
+
+def test_draft_slots_size_the_aux_inputs_by_the_targets_hidden_size():
+    """A draft narrower than its target (speculators' target_hidden_size): fc reads num_aux
+    of the target's hidden states, as mask_hidden and input_norm hold them, and each
+    fc_norm normalises one of them (the fixtures' drafts are as wide as their targets)."""
+    from types import SimpleNamespace
+
+    c = SimpleNamespace(hidden_size=64, vocab_size=10)
+    e = {"num_aux": 3, "target_hidden": 96, "draft_vocab": 10, "kind": "peagle", "norm_before_fc": True,
+         "fc_norm": True}
+    shapes = {s.slot: s.shape(c, e) for s in S.DRAFT_SLOTS if not s.per_layer}
+    assert shapes["fc"] == (64, 288) and shapes["mask_hidden"] == (1, 1, 288) and shapes["input_norm"] == (288,)
+    assert shapes["fc_norm.0"] == (96,) and shapes["final_norm"] == (64,)
+    assert [s.slot for s in S.DRAFT_SLOTS if s.slot.startswith("fc_norm") and s.required(c, e)] == \
+        ["fc_norm.0", "fc_norm.1", "fc_norm.2"]  # one per aux state read, no more
+
+
+def test_the_table_requires_what_each_config_needs_and_refuses_a_slot_declared_twice():
+    """P-EAGLE's mask_hidden, norm_before_fc's input_norm and Qwen3's q/k norms are required
+    (a checkpoint lacking one is refused, not bound without it); EAGLE-3 and Llama need
+    none of them; check_table catches one slot declared twice."""
+    from types import SimpleNamespace
+
+    c = SimpleNamespace(hidden_size=64, vocab_size=10, qkv_bias=False, qk_norm=False)
+    peagle = {"num_aux": 3, "draft_vocab": 10, "kind": "peagle", "norm_before_fc": True, "fc_norm": False}
+    eagle3 = {**peagle, "kind": "eagle3", "norm_before_fc": False}
+    need = lambda specs, c, e: {s.slot for s in specs if s.required(c, e)}  # noqa: E731
+    assert {"mask_hidden", "input_norm"} <= need(S.DRAFT_SLOTS, c, peagle)
+    assert not {"mask_hidden", "input_norm"} & need(S.DRAFT_SLOTS, c, eagle3)
+    norms = {"layers.{i}.q_norm", "layers.{i}.k_norm"}
+    qwen3, llama = (SimpleNamespace(qk_norm=q, qkv_bias=False, tie_word_embeddings=False) for q in (True, False))
+    assert norms <= need(S.TARGET_SLOTS, qwen3, {}) and not norms & need(S.TARGET_SLOTS, llama, {})
+    with pytest.raises(AssertionError, match="declared twice"):
+        S.check_table(S.TARGET_SLOTS + S.TARGET_SLOTS[:1])

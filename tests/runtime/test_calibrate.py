@@ -83,8 +83,25 @@ def test_samples_and_evaluation_on_known_rounds():
     assert ev["survival"]["observed"] == [1.0, 1.0, 0.0, 0.0]
     assert ev["survival"]["predicted"][1] == pytest.approx((0.9 * 0.8 + 0.5 * 0.4) / 2)
     assert ev["survival"]["ece"][2] == pytest.approx(0.9 * 0.8 * 0.7)  # one sample, observed 0
+    # pooled over the positions' samples (0.1 + 0.2 + 0.7 + 0.5 + 0.6) / 5, not their ECEs' mean
+    assert ev["conditional"]["ece_all"] == pytest.approx(0.42)
+    from specrt.runtime.governor import ece
+
+    assert ece([1.0, 0.95], [0.0, 1.0]) == pytest.approx(0.475)  # a confidence of 1 falls in the top bin
     perfect = evaluate([(np.ones(2), 2, 2)], lambda c: c, 2)
     assert perfect["conditional"]["ece_all"] == 0.0 and perfect["survival"]["ece_all"] == 0.0
+
+
+def test_chain_acceptance_counts_only_the_verified_positions_as_reached():
+    """A round that accepted all d of its drafts reached positions 1..d: position d + 1 was
+    never verified, so it is neither offered nor reached there (rounds of depths 2 and 4)."""
+    from specrt.runtime.calibrate import chain_acceptance
+
+    c = np.full(4, 0.5)
+    r = chain_acceptance([(c, 2, 2), (c, 4, 1), (c, 4, 4)])
+    assert r["tau"] == pytest.approx(1 + 7 / 3)
+    assert r["acceptance_by_position"] == pytest.approx([1.0, 2 / 3, 0.5, 0.5])
+    assert r["acceptance_conditional"] == pytest.approx([1.0, 2 / 3, 1.0, 1.0])
 
 
 def test_split_prompts():
@@ -92,6 +109,7 @@ def test_split_prompts():
     assert len(ho) == 2 and sorted(tr + ho) == list(range(8)) and (tr, ho) == split_prompts(8, 0.25)
     assert split_prompts(3, 0.0) == ([0, 1, 2], [])
     assert len(split_prompts(2, 0.9)[0]) == 1  # at least one training prompt
+    assert len(split_prompts(7, 0.25)[1]) == 2  # the nearest count to the fraction (1.75)
     with pytest.raises(UserError, match=r"--holdout 1.0: expected a fraction in \[0, 1\)"):
         split_prompts(4, 1.0)
     with pytest.raises(UserError, match="at least 2 prompts"):
@@ -261,6 +279,9 @@ def test_calibrate_measures_the_runner_ups_where_the_engines_verify_trees(small_
         assert rates[1] == pytest.approx(ru["wins"][0] / ru["tries"][0])
         assert rates[2] == pytest.approx(ru["wins"][0] / ru["tries"][0] + ru["wins"][1] / ru["tries"][1])
         assert g.sib_tries == [min(t, DSparkGovernor.SIBLING_PRIOR_MAX) for t in ru["tries"][:2]]
+    # held-out prompts' rounds are no part of what is fitted: their runner-ups neither
+    held = calibrate(eng, ps[:4], max_new_tokens=40, holdout_prompts=ps[4:], write=False)
+    assert held["runner_ups"] == calibrate(eng, ps[:4], max_new_tokens=40, holdout=0.0, write=False)["runner_ups"]
 
 
 def test_runner_up_counts_round_trip_and_malformed_ones_are_refused():
@@ -318,6 +339,8 @@ def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, t
     eng = copy(small_vocab_engines, tmp_path / "engines")
     rep = calibrate(eng, prompts(16, 8, seed=1), max_new_tokens=24, holdout=0.25)
     assert rep["kind"] in Calibration.KINDS and rep["samples"]["holdout"] > 0
+    # the held-out samples: every position a held-out round reached, as the ECE counts them
+    assert rep["evaluated_on"] == "holdout" and rep["samples"]["holdout"] == sum(rep["ece"]["conditional"]["n"])
     for which in ("conditional", "survival"):
         e = rep["ece"][which]
         assert len(e["before"]) == len(e["after"]) == len(e["n"]) == rep["depth"] == 4

@@ -462,3 +462,24 @@ def test_the_corpus_command_reads_a_validated_manifest(tiny_engines, tmp_path):
     src.write_text(json.dumps({"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 7]}) + "\n")
     r = CliRunner().invoke(main, ["corpus", str(eng), str(src)])
     assert r.exit_code == 1 and "engines.json" in r.output and not (eng / FILE).exists(), r.output
+
+
+def test_priors_never_see_the_answers_they_are_measured_on():
+    """The held-back pairs (every PRIOR_HOLDOUT-th: indices 19, 39, ..) are left out of the
+    corpus that measures the priors: answers found nowhere else propose nothing there (a
+    corpus holding them proposed each one to itself, accepted in full)."""
+    held = {PRIOR_HOLDOUT - 1: ([8, 8], [11, 12, 13, 14]), 2 * PRIOR_HOLDOUT - 1: ([9, 9], [12, 13, 14, 15])}
+    pairs = [held.get(i, ([5, 6], [1, 2, 3, 4])) for i in range(2 * PRIOR_HOLDOUT)]
+    c, tries = build_with_priors(pairs, nmin=2, nmax=3, binning="share")
+    assert c.priors == {} and tries == {}
+    assert c.propose([8, 8], 4)[0] == [11, 12, 13, 14]  # the corpus itself holds every pair
+
+
+def test_a_growth_measures_each_pair_against_the_ones_before_it():
+    """Corpus.measure with a Growth proposes as ':grow' does: each pair joins it once
+    measured, so the second of two equal pairs is proposed in full from the first."""
+    g = Growth(nmin=2, nmax=3)
+    stats = Corpus.measure(g, [([5, 6], [1, 2, 3, 4])] * 2)
+    key = FINE_BINS["seen once, n<6"] + GROW_OFFSET
+    assert stats == {key: ([4, 3, 2, 1, 0, 0, 0, 0], [4, 3, 2, 1, 0, 0, 0, 0])}
+    assert list(g.seqs) == [[5, 6, 1, 2, 3, 4]] * 2

@@ -623,6 +623,39 @@ def test_a_few_live_rows_swapped_out_push_no_conversation_out(pair):
     assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(a + [2], 4)
 
 
+def test_rows_are_set_aside_from_exactly_set_aside_rows(pair):
+    """The thresholds are inclusive: a prompt that would overwrite SET_ASIDE_ROWS live rows
+    (no more) sets them aside, whether nothing is swapped in, a snapshot is, or the prompt is
+    only scored; a snapshot swapped in whose last SET_ASIDE_ROWS rows the prompt overwrites
+    stays kept."""
+    _, engines = pair
+    n = G.SET_ASIDE_ROWS
+    a, b = [(3 * i + 1) % 16 for i in range(n)], [(5 * i + 2) % 16 for i in range(n)]  # disjoint from the start
+    c = [(7 * i + 4) % 16 for i in range(n + 8)]
+
+    def gen():
+        g = _gen(engines, FixedGovernor(DEPTHS, 2))
+        g.prefix_snapshots = 4
+        return g
+
+    g = gen()
+    g.generate(a, 1)  # one new token: the prompt's rows only are committed
+    g.generate(b, 1)  # would overwrite a's 32 rows: set aside
+    assert [sn.ids for sn in g._snapshots] == [a]
+    g.generate(a + [3], 1)  # a swapped in (its next turn: dropped), b's 32 rows set aside
+    assert g.telemetry.prefix_reused == n - 1 and [sn.ids for sn in g._snapshots] == [b]
+    g = gen()
+    g.generate(c, 1)
+    g.generate(b, 1)
+    g.generate(c[:8] + [5, 5, 5], 1)  # shares 8 of c's 40 rows: its other 32 are overwritten
+    assert g.telemetry.prefix_reused == 8 and c in [sn.ids for sn in g._snapshots]
+    g = gen()
+    g.generate(a, 1)
+    g.prompt_logprobs = 1
+    g.generate(b, 0)  # scored: reuses nothing, a's 32 rows set aside first
+    assert [sn.ids for sn in g._snapshots] == [a]
+
+
 def test_owners_reuse_only_their_own_rows(pair):
     """Generator.owner: a stream reuses rows (live or set aside) that its owner's streams
     left only; another owner's prompt with the very same tokens prefills them all, and the
@@ -762,6 +795,11 @@ def test_eos_and_budget_stop(pair):
     for n in (1, 2, 5, 9):
         g = _gen(engines, FixedGovernor(DEPTHS, 8))
         assert g.generate(PROMPT, n) == ref[:n] and g.finished.reason == "length"
+        # no round verifies past the budget (d + 1 <= the tokens still to emit), so the
+        # rounds' tokens are exactly the ones emitted after the first
+        t = g.telemetry.to_json()
+        assert max(map(int, t["depth_histogram"]), default=0) <= max(n - 2, 0), (n, t["depth_histogram"])
+        assert t["rounds"] + t["accepted"] == n - 1, n
 
 
 def test_context_limit(pair):
@@ -773,6 +811,11 @@ def test_context_limit(pair):
     # 8 more positions fit in the cache; the 9th token is emitted without being fed
     assert g.finished.reason == "context" and len(out) == 128 - 120 + 1
     assert out == _gen(engines, OffGovernor(DEPTHS)).generate(list(range(5)) * 24, 9)
+    # a token tree's runners-up too fit only where the context has room for them
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.tree_width = 3
+    g = _gen(engines, gov)
+    assert g.generate(list(range(5)) * 24, 50) == out and g.finished.reason == "context"
 
 
 @pytest.mark.parametrize("bad, message", [([], "the prompt is empty"), ([1, 2, 10**6], "outside the vocabulary"),
@@ -1233,8 +1276,9 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
         _always_look_up(monkeypatch)
         gov.lookup, prompt = True, REPEATING
     g = _gen(engines, gov)
-    if case == "reuse":
-        g.generate(PROMPT[:6] + [9, 9], 6)  # the next stream reuses its first rows
+    if case == "reuse":  # the next stream reuses its first rows; its prefill of 5 ran on the
+        # verify.4 engine, whose output buffers its own depth-4 round then rewrote
+        g.generate(PROMPT[:4] + [9], 6)
     rounds = []
     method = "_draft_peagle" if kind == "peagle" else "_draft_eagle3"
     inner = getattr(g, method)
@@ -1247,7 +1291,7 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
     monkeypatch.setattr(g, method, spy)
     out = g.generate(prompt, 40)
     if case == "reuse":
-        assert g.telemetry.prefix_reused == 6
+        assert g.telemetry.prefix_reused == 4
     x = prompt + out
     pre = engines.target(len(x) - 1)
     t = engines.export["target"]

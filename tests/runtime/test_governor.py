@@ -900,3 +900,32 @@ def test_one_stalled_call_does_not_reprice_the_depths():
         d = 1 + i % 4
         g.observe(RoundResult(d, 0, 0.0015, 30 * tv[d], confidences=np.full(4, 0.5)))
     assert g.load_target == pytest.approx(30.0, rel=0.15)
+
+
+def test_one_call_far_below_its_price_does_not_reprice_the_depths():
+    """The clipping is both ways: a single verify call at 1/40 of its price (a timer's
+    glitch) moves the cost factors as a fast round would, no further."""
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    tv = {0: 0.0224, 1: 0.0246, 2: 0.0252, 3: 0.0258, 4: 0.0262}
+    g = DSparkGovernor((1, 2, 3, 4), 0.0015, tv)
+    for i in range(200):
+        d = 1 + i % 4
+        g.observe(RoundResult(d, 0, 0.0015, tv[d], confidences=np.full(4, 0.5)))
+    before = g.t_verify[2] / g.t_verify[1]
+    g.observe(RoundResult(2, 0, 0.0015, tv[2] / 40, confidences=np.full(4, 0.5)))
+    assert g.t_verify[2] / g.t_verify[1] == pytest.approx(before, rel=0.01)
+    assert g.t_verify[2] > g.t_verify[1] and g.load_target > 0.5
+
+
+def test_the_upper_bound_reads_only_bins_with_three_rounds():
+    """Calibration.upper: the largest c_k among the bins a position has at least 3 rounds
+    in; two lucky rounds in a high bin do not lift it (their shrunk rate is mostly prior)."""
+    from specrt.runtime.governor import Calibration
+
+    cal = Calibration(positions=2, bins=10)
+    cal.n[0, 9], cal.a[0, 9] = 2, 2
+    cal.n[0, 2], cal.a[0, 2] = 10, 1
+    cal.refit()
+    assert cal.upper[0] == pytest.approx((1 + 4 * 0.25) / (10 + 4)) and cal.upper[1] == cal.upper[0]

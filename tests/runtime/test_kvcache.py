@@ -84,6 +84,8 @@ def test_bad_graph_outputs_are_internal_errors():
         c.commit(new_rows(2, 0), 3)
     with pytest.raises(InternalError, match="shape"):
         c.commit({k: v[..., :2] for k, v in new_rows(2, 0).items()}, 1)
+    with pytest.raises(InternalError, match="shape"):  # a batch of 2: not this cache's rows
+        c.commit({k: np.concatenate([v, v]) for k, v in new_rows(2, 0).items()}, 1)
     assert c.length == 0
 
 
@@ -129,6 +131,8 @@ def test_move_row_copies_one_slot_of_every_layer():
         assert (k[0, :, 4] == 0).all() and (k[0, :, 6] == 0).all()
     with pytest.raises(InternalError, match="outside the buffers"):
         kv.move_row(16, 5)
+    with pytest.raises(InternalError, match="outside the buffers"):
+        kv.move_row(5, 16)
     with pytest.raises(InternalError, match="only the in-place layout"):
         KVCache(2, 3, 4, 16).move_row(3, 1)
 
@@ -156,3 +160,7 @@ def test_save_and_load_rows_restore_a_prefix(layout):
     assert not np.any(kv.keys[0][cut] == 5.0)
     with pytest.raises(InternalError):
         kv.save_rows(8)
+    # another cache's snapshot (one layer fewer) is refused, not loaded into the layers it has
+    with pytest.raises(InternalError, match="do not fit"):
+        kv.load_rows(([k[:1] for k in saved[0]][:1], saved[1][:1]))
+    assert kv.length == 7

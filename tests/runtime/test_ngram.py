@@ -217,3 +217,24 @@ def test_lookup_rounds_are_counted_apart_from_the_drafts():
         RoundResult(depth=2, accepted=0, siblings=1, lookup=3)
     with pytest.raises(InternalError, match="lookup round"):
         RoundResult(depth=0, accepted=0, lookup=3)
+
+
+def test_hindsight_stops_at_the_first_mismatch_and_ties_keep_the_route():
+    """A proposal's positions past its first mismatch were never reached (greedy acceptance
+    stops there), even where the stream's later tokens happen to equal the proposal's; a
+    chain whose expected rate only ties the governor's route is not taken, nor a key the
+    policy has no rates for."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    x = [1]
+    p.note(2, [5, 6, 7], len(x), x)
+    x += [5, 9, 7]  # position 2 missed; position 3 matches, but after a miss
+    p.settle(x)
+    assert p.tries[2][:3] == [PRIOR_ROUNDS + 1, PRIOR_ROUNDS + 1, PRIOR_ROUNDS]
+    assert p.wins[2][:3] == [PRIORS[2][0] * PRIOR_ROUNDS + 1, PRIORS[2][1] * PRIOR_ROUNDS,
+                             PRIORS[2][2] * PRIOR_ROUNDS]
+    q = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    d, rate = q.choose_rate(8, 4, limit=100)
+    assert d == 8
+    q.route_rate = rate  # exactly as fast as the chain: the route stays
+    assert q.choose_rate(8, 4, limit=100) == (0, rate)
+    assert q.choose(8, 99, limit=100) == 0  # a key without rates: the route

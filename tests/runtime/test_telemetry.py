@@ -153,3 +153,30 @@ def test_a_runner_up_win_reaches_position_1_only():
     assert t.reached_at == [2, 1, 0] and t.accepted_at == [2, 0, 0]
     assert t.acceptance_conditional[:2] == pytest.approx([1.0, 0.0]) and t.acceptance_conditional[2] is None
     assert t.tau == pytest.approx(2.0)  # both rounds emitted 2 tokens
+
+
+def test_merged_runs_keep_their_tree_lookup_and_first_token_counts_through_json():
+    """Every count merge adds (token trees, lookup rounds, the first tokens' times) pinned
+    by value, and a merged report read back (Telemetry.from_json) reports the same: runs
+    merged by the bench's parent are themselves merged reports."""
+    a, b = Telemetry(), Telemetry()
+    a.streams, a.first_token_s, b.streams, b.first_token_s = 1, 0.5, 1, 0.25
+    a.record(RoundResult(depth=2, accepted=1, siblings=2, sibling=1, t_verify=0.01, t_round=0.02))
+    a.record(RoundResult(depth=3, accepted=0, siblings=1, t_verify=0.01, t_round=0.02))
+    a.record(RoundResult(depth=1, accepted=1, siblings=1, sibling=0, t_verify=0.01, t_round=0.02))  # rank 2 after 3
+    a.record(RoundResult(depth=4, accepted=2, t_verify=0.01, t_round=0.03, lookup=3))
+    b.record(RoundResult(depth=5, accepted=5, t_verify=0.01, t_round=0.04, lookup=2))
+    a.finish(4 + 1, seconds=0.001)  # less than the engines' seconds: no negative Python time
+    assert a.time_split()["python"] == 0.0
+    both = Telemetry()
+    both.merge(a)
+    both.merge(b)
+    j = json.loads(json.dumps(both.to_json()))
+    assert j["tree"] == {"rounds": 3, "sibling_accepts": 2, "runners_up": 4, "wins_by_rank": [1, 1],
+                         "target_depth_histogram": {"2": 1, "4": 2}}
+    lk = j["lookup"]
+    assert (lk["rounds"], lk["tokens_per_round"], lk["depth_histogram"]) == (2, 4.5, {"4": 1, "5": 1})
+    assert lk["seconds"] == pytest.approx(0.07)
+    assert j["prompt_count"] == 2 and j["first_token_s"] == pytest.approx(0.375)
+    again = Telemetry.from_json(j).to_json()
+    assert again == both.to_json()

@@ -1031,6 +1031,9 @@ def test_the_tokens_through_a_stop_string_are_the_fewest_with_byte_fallback(tmp_
         for end in range(len(full) + 1):
             fewest = next(k for k in range(len(ids) + 1) if text.decode(ids[:k]).startswith(full[:end]))
             assert tokens_through(text, ids, end) == fewest, (s, end)
+    ids = tok.encode("🙂🙂", add_special_tokens=False).ids[1:]  # an output that starts with a byte token
+    assert text.decode(ids) == "🙂🙂" and ids[0] in text.byte_fallback_ids
+    assert [tokens_through(text, ids, end) for end in (0, 1, 2)] == [0, 4, 8]
 
 
 def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_path):
@@ -1045,11 +1048,14 @@ def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_
     ids = tok.encode("Hello\n", add_special_tokens=False).ids + [3 + 0xF0, 3 + 0x9F, 1, 3 + 0x98] \
         + tok.encode(" world", add_special_tokens=False).ids
     assert text.decode(ids[:7]) == "Hello\n" and "\n" not in text.decode(ids)  # the newline's text is not final
-    for n in (1, 2, 3):
-        for end in range(1, len(ids) + 1):
-            d = Detokenizer(text)
-            pieces = "".join(d.push(ids[i:min(i + n, end)]) for i in range(0, end, n))
-            assert pieces + d.flush() == text.decode(ids[:end]), (n, end)
+    assert ids[6] == 3 + 0x0A
+    assert Detokenizer(text).push(ids[:7]) == "Hello"  # only the trailing run of byte tokens is held back
+    for ids in (ids, ids[6:]):  # (a stream whose tokens are all byte tokens so far, too)
+        for n in (1, 2, 3):
+            for end in range(1, len(ids) + 1):
+                d = Detokenizer(text)
+                pieces = "".join(d.push(ids[i:min(i + n, end)]) for i in range(0, end, n))
+                assert pieces + d.flush() == text.decode(ids[:end]), (n, end)
 
 
 def test_a_message_field_that_is_null_is_left_out_as_transformers_leaves_it_out(tmp_path):
