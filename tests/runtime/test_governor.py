@@ -875,20 +875,28 @@ def test_adaptive_starts_each_stream_afresh_as_onnxruntime_genai_does():
     assert run(g, 3, 1.0) == [1, 1, 2]
 
 
+def _learnt_dspark(tv: dict):
+    """A DSpark governor over depths 1-4 after 200 rounds at the prices ``tv``; -> (it, its
+    learnt ratio of verify.2's price to verify.1's)."""
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    g = DSparkGovernor((1, 2, 3, 4), 0.0015, tv)
+    for i in range(200):
+        d = 1 + i % 4
+        g.observe(RoundResult(d, 0, 0.0015, tv[d], confidences=np.full(4, 0.5)))
+    return g, g.t_verify[2] / g.t_verify[1]
+
+
 def test_one_stalled_call_does_not_reprice_the_depths():
     """A single verify call 40x its price (a preempted thread on a shared host) moves the cost
     factors as a slow round would: the depths' ratios stay as learnt (it priced verify.2 14%
     above verify.1, above verify.4, for 100+ rounds) and the target's load stays near 1 (was
     10x); a lasting slowdown is still followed within a few rounds."""
-    from specrt.runtime.governor import DSparkGovernor
     from specrt.runtime.telemetry import RoundResult
 
     tv = {0: 0.0224, 1: 0.0246, 2: 0.0252, 3: 0.0258, 4: 0.0262}
-    g = DSparkGovernor((1, 2, 3, 4), 0.0015, tv)
-    for i in range(200):
-        d = 1 + i % 4
-        g.observe(RoundResult(d, 0, 0.0015, tv[d], confidences=np.full(4, 0.5)))
-    before = g.t_verify[2] / g.t_verify[1]
+    g, before = _learnt_dspark(tv)
     g.observe(RoundResult(2, 0, 0.0015, 40 * tv[2], confidences=np.full(4, 0.5)))
     assert g.t_verify[2] / g.t_verify[1] == pytest.approx(before, rel=0.01)
     assert g.t_verify[2] < g.t_verify[4] and g.load_target < 2.0
@@ -905,15 +913,10 @@ def test_one_stalled_call_does_not_reprice_the_depths():
 def test_one_call_far_below_its_price_does_not_reprice_the_depths():
     """The clipping is both ways: a single verify call at 1/40 of its price (a timer's
     glitch) moves the cost factors as a fast round would, no further."""
-    from specrt.runtime.governor import DSparkGovernor
     from specrt.runtime.telemetry import RoundResult
 
     tv = {0: 0.0224, 1: 0.0246, 2: 0.0252, 3: 0.0258, 4: 0.0262}
-    g = DSparkGovernor((1, 2, 3, 4), 0.0015, tv)
-    for i in range(200):
-        d = 1 + i % 4
-        g.observe(RoundResult(d, 0, 0.0015, tv[d], confidences=np.full(4, 0.5)))
-    before = g.t_verify[2] / g.t_verify[1]
+    g, before = _learnt_dspark(tv)
     g.observe(RoundResult(2, 0, 0.0015, tv[2] / 40, confidences=np.full(4, 0.5)))
     assert g.t_verify[2] / g.t_verify[1] == pytest.approx(before, rel=0.01)
     assert g.t_verify[2] > g.t_verify[1] and g.load_target > 0.5
