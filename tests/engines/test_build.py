@@ -278,9 +278,21 @@ def test_a_small_context_gets_a_cost_table(tiny_export, tmp_path, ctx):
     m = build_engines(tiny_export, "onnxruntime", "1,2,4,8", tmp_path / "e", log=quiet, profile_repeats=1,
                       max_context=ctx)
     (p,) = m["costs"]["pasts"]
+    assert p == min(ctx // 2, ctx - 8 - 1)  # half the context, or the most that leaves verify.8 room
     assert p + 8 + 1 <= ctx and sorted(m["costs"]["verify"], key=int) == ["1", "2", "4", "8"]
     with load_engines(tmp_path / "e") as engines:
         assert engines.cost("verify.8", p) > 0
+
+
+def test_the_profiled_pasts_are_those_that_fit_and_tune_the_roles(tiny_export, tmp_path):
+    """A past whose deepest verify ends exactly at the context is profiled (past + 8 + 1 =
+    32), one past it is not; the largest profiled past is the roles' typical one (``opt``,
+    what TensorRT tunes for)."""
+    m = build_engines(tiny_export, "onnxruntime", "1,8", tmp_path / "e", log=quiet, profile_repeats=1,
+                      max_context=32, profile_pasts=(4, 23, 24))
+    assert m["costs"]["pasts"] == [4, 23]
+    assert m["roles"]["decode"]["dims"][C.DIM_PAST] == [0, 24, 31]
+    assert m["roles"]["verify.8"]["dims"][C.DIM_PAST] == [0, 23, 23]  # (clipped to its range)
 
 
 def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):

@@ -152,14 +152,32 @@ def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
     assert old.max_len == 8 and old.choose(16, 4, 100) <= 8
 
 
-def test_a_past_where_a_verify_engine_does_not_fit_is_left_out_of_the_table(tiny_engines):
-    """profile_costs keeps only the pasts at which every built depth was timed: a row
-    without verify.8 would price depth 8 from the other pasts' rows alone."""
+def test_profile_keeps_the_pasts_where_every_depth_fits_and_the_first_as_reference(tiny_engines):
+    """A past where some verify depth no longer fits the context gives no row (a governor
+    reading it would miss that depth's cost); the flat entries are the first kept past's."""
     from specrt.engines.costs import profile_costs
 
     e = load_engines(tiny_engines, verify=False)
     with e:
-        table = profile_costs(e.runners, vocab={"target": 1000, "draft": 1000}, depths=tuple(e.depths),
-                              draft_kind="peagle", pasts=(100, e.max_context - 5), repeats=1, warmup=0)
-    assert list(table["by_past"]) == ["100"] and table["pasts"] == [100]
-    assert sorted(table["by_past"]["100"]["verify"]) == [str(d) for d in e.depths]
+        t = profile_costs(e.runners, vocab={"target": 1000, "draft": 1000}, depths=e.depths, draft_kind="peagle",
+                          pasts=(16, 64, e.max_context - 5), repeats=1, warmup=0)
+    assert t["pasts"] == [16, 64] and sorted(t["by_past"]) == ["16", "64"]
+    assert t["reference_past"] == 16
+    for k in ("verify", "decode", "draft", "draft_by_depth", "chain"):
+        assert t[k] == t["by_past"]["16"][k], k
+    assert sorted(t["verify"]) == [str(d) for d in e.depths]
+
+
+def test_calls_fit_the_context_to_the_last_row(tiny_engines):
+    """fits(): past + new <= the context, no more (a lookup chain of L tokens is L + 1 rows on
+    the prefill engine, whose own dims allow it past the context)."""
+    from specrt.engines.costs import chain_calls, fits
+
+    e = load_engines(tiny_engines, verify=False)
+    r, C_ = e.runner("prefill"), e.max_context
+    assert fits(r, {C.DIM_NEW: 10, C.DIM_PAST: C_ - 10}) and not fits(r, {C.DIM_NEW: 10, C.DIM_PAST: C_ - 9})
+    with e:
+        vocab = {"target": 1000, "draft": 1000}
+        rng = np.random.default_rng(0)
+        assert [k for k, _, _ in chain_calls(e.runners, C_ - 10, (1, 2, 4, 8), vocab, rng)] == [("prefill", 9)]
+        assert chain_calls(e.runners, C_ - 9, (1, 2, 4, 8), vocab, rng) == []

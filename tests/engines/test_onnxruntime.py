@@ -200,10 +200,40 @@ def test_sessions_are_shared_by_default(tiny_engines_append):
     with load_engines(tiny_engines_append) as engines:
         target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
         assert len(target) == 1
+        assert engines.ort_settings.prepack is True  # the shared session prepacks its weights once
     with load_engines(tiny_engines_append, ort_overrides={"sessions": "per-depth"}) as engines:
         target = {engines.runner(r)._sess for r in engines.runners if r != "draft"}
         assert len(target) == len(DEPTHS) + 2  # prefill, decode, verify.d
         assert engines.ort_settings.prepack is False  # one copy of the weights
+        # each depth's session has new_tokens fixed to d + 1 (free dimension override)
+        for d in DEPTHS:
+            shape = {i.name: i.shape for i in engines.verify(d)._sess.get_inputs()}[C.INPUT_IDS]
+            assert shape == [1, d + 1], (d, shape)
+
+
+def test_session_options_carry_the_settings():
+    """What each OrtSettings field sets on ONNX Runtime's SessionOptions (module doc): the
+    thread counts, prepacking off only when asked, threads that spin within a run and stop
+    after it (or never spin), extra config entries."""
+    from specrt.engines.onnxruntime import OrtSettings
+
+    def entry(so, key):
+        try:
+            return so.get_session_config_entry(key)
+        except RuntimeError:  # not set
+            return None
+
+    so = OrtSettings(intra_op_num_threads=3).resolved().session_options()
+    assert (so.intra_op_num_threads, so.inter_op_num_threads) == (3, 1)
+    assert so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert entry(so, "session.disable_prepacking") is None  # shared: prepacked
+    assert entry(so, "session.intra_op.allow_spinning") == "1" and entry(so, "session.force_spinning_stop") == "1"
+    so = OrtSettings(sessions="per-depth", spin=False, intra_op_num_threads=2, extra={"a.b": 7}).resolved() \
+        .session_options()
+    assert entry(so, "session.disable_prepacking") == "1"
+    assert entry(so, "session.intra_op.allow_spinning") == "0" and entry(so, "session.force_spinning_stop") is None
+    assert entry(so, "a.b") == "7"
 
 
 def test_dynamic_outputs_follow_each_calls_shape(tiny_engines_append, state):
@@ -248,6 +278,14 @@ def test_eagle3_draft_engine_matches_its_graph(tmp_path):
                      **{k: v[:, :past] for k, v in kv.items()}}
             got = check_same(r, session, feeds)
             assert got[C.DRAFT_LOGITS].shape == (1, a + b, 500)
+        # its cost table: a step is one drafted token fed back with its hidden state, a block
+        # of k is k steps
+        from specrt.engines.costs import role_sizes
+
+        assert role_sizes(r, 13, draft_depth=2, draft_accepted=2, prefill_tokens=128, draft_kind="eagle3") == {
+            C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: 13}
+        for row in engines.costs["by_past"].values():
+            assert row["draft_by_depth"] == {1: row["draft"], 2: pytest.approx(2 * row["draft"])}
 
 
 def test_the_builds_default_threads_never_exceed_this_machines_cores(engines_copy):
@@ -315,3 +353,15 @@ def test_cgroup_cpu_limits_are_read_from_v1_and_v2_files(tmp_path):
     (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
     assert cgroup_cpu_limit(lines, v1) is None
     assert cgroup_cpu_limit("garbage\n\n", tmp_path / "none") is None
+
+
+def test_physical_cores_follow_the_cgroup_limit_rounded_up(monkeypatch):
+    """The build's default threads: no more than the cgroup's CPU quota, rounded up (1.5 CPUs
+    of quota: 2 threads), at least 1, never more than the cores."""
+    import specrt.engines.onnxruntime as O
+
+    monkeypatch.setattr(O, "cgroup_cpu_limit", lambda: None)
+    n = O.physical_cores()
+    for limit, want in ((0.5, 1), (n + 10.0, n), (n - 0.5, n), (max(1.0, n - 1.0), max(1, n - 1))):
+        monkeypatch.setattr(O, "cgroup_cpu_limit", lambda limit=limit: limit)
+        assert O.physical_cores() == want, (limit, n)

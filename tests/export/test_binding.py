@@ -483,6 +483,10 @@ def test_a_vocabulary_map_needs_both_halves_and_a_full_vocabulary_none(tmp_path)
         rewrite(folder, drop=(drop,))
         with pytest.raises(UserError, match=missing):
             bind_draft(folder, t)
+    folder = write_eagle3(tmp_path / "reduced", draft_vocab=500)  # a reduced vocabulary needs its map
+    rewrite(folder, drop=("d2t", "t2d"))
+    with pytest.raises(UserError, match="draft slot 'd2t' is missing.*1 more slots missing"):
+        bind_draft(folder, t)
     folder = write_eagle3(tmp_path / "full", draft_vocab=1000)
     assert not bind_draft(folder, t).get("d2t").any()  # the identity map binds
     d2t = np.zeros(1000, np.int64)

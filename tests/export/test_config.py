@@ -22,6 +22,8 @@ BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_atte
     ("qwen2", {"sliding_window": 64}, None),  # use_sliding_window false by default
     ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, None),  # max_window_layers 28 >= 4 layers
     ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, 64),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 4}, None),  # = the layers
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 3}, 64),  # the last one
     ("qwen3", {"use_sliding_window": True, "max_window_layers": 0}, 4096),
     ("qwen3", {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0}, None),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 32, "layer_types": ["full_attention"] * 4}, None),
@@ -123,7 +125,9 @@ def test_yarn_frequencies_and_attention_factor_are_transformers(model_type, fiel
     from specrt.export.config import DecoderConfig
 
     data = {**BASE, "model_type": model_type, **fields}
-    hf = transformers.AutoConfig.for_model(**data)
+    # (a copy: transformers writes into the rope_scaling dict it is given, moving a top-level
+    # original_max_position_embeddings and rope_theta into it, which specrt then read there)
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
     inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
     cfg = parse_decoder(data, "config.json")
     assert cfg.rope.rope_type == "yarn"
@@ -216,7 +220,7 @@ def test_dynamic_rope_has_the_default_frequencies_within_the_model_positions():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     data = {**BASE, "model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
-    hf = transformers.AutoConfig.for_model(**data)
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))  # (a copy: it writes into rope_scaling)
     inv, factor = ROPE_INIT_FUNCTIONS["dynamic"](hf, "cpu", seq_len=BASE["max_position_embeddings"])
     cfg = parse_decoder(data, "config.json")
     assert (cfg.rope.rope_type, cfg.rope.factor, factor) == ("dynamic", 4.0, 1.0)
@@ -312,7 +316,7 @@ def test_a_drafts_sliding_window_is_recorded_and_said(tmp_path, model_type):
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 @pytest.mark.parametrize("left_out", [("tie_word_embeddings",), ("head_dim",), ("num_key_value_heads", "head_dim"),
-                                      ("max_position_embeddings",)])
+                                      ("max_position_embeddings",), ("rope_theta",)])
 def test_a_field_left_out_takes_its_familys_transformers_default(model_type, left_out):
     """Each against transformers' own config class built from the same fields (its defaults:
     no tie for any of the four, Qwen3's head_dim 128, Mistral's 8 / Qwen's 32 KV heads,
@@ -328,6 +332,21 @@ def test_a_field_left_out_takes_its_familys_transformers_default(model_type, lef
     assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     assert cfg.num_kv_heads == hf.num_key_value_heads
     assert cfg.max_position_embeddings == hf.max_position_embeddings
+    assert cfg.rope.theta == hf.rope_parameters["rope_theta"]
+
+
+def test_the_eos_ids_are_generation_configs_before_configs(tmp_path):
+    """transformers' generate() stops at generation_config.json's eos_token_id; config.json's
+    is the fallback when that file is absent or names none."""
+    from specrt.export.config import load_target_config
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "model_type": "llama", "eos_token_id": 2,
+                                                      "architectures": ["LlamaForCausalLM"]}))
+    assert load_target_config(tmp_path).eos_token_ids == (2,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    assert load_target_config(tmp_path).eos_token_ids == (5, 6)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert load_target_config(tmp_path).eos_token_ids == (2,)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])

@@ -17,7 +17,7 @@ from specrt.engines.engine_set import load_engines
 from specrt.errors import InternalError, UserError
 from specrt.export import onnx_ops as ops
 from specrt.export.graphs import _screened_head
-from specrt.head import QMAX, HeadScreen, choose_outliers, quantize_head, rest_channels
+from specrt.head import QMAX, REL_EPS, HeadScreen, choose_outliers, quantize_head, rest_channels
 from specrt.runtime import generate as G
 from specrt.runtime.governor import DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
@@ -149,6 +149,46 @@ def test_screened_argmax_is_exact_at_near_ties(delta):
     np.testing.assert_array_equal(screen.argmax(full[0], hid[0], zero[0]), want)
 
 
+def test_the_screen_is_exact_for_any_logits_within_its_bound():
+    """The exactness claim itself (module doc), on the worst logits the bound allows: every
+    token's approximate logit off by its whole bound b_j = ||w_Rj - w'_Rj|| ||h_R|| +
+    ||w'_Rj|| ||h_R - h'_R||, the exact argmax's down and every other token's up, among
+    near-tied rows (exact logits within ~1e-4, far below b_j). ONNX Runtime's kernels err
+    far less than the bound, so the tests through them do not see a screen that keeps too
+    few candidates (a floor, a threshold or a candidate's bound missing a term)."""
+    rng = np.random.default_rng(3)
+    V, H, S = 200, 32, 6
+    out = np.array([0, 7])
+    rest = rest_channels(H, out)
+    h = rng.normal(0, 1, (S, H)).astype(np.float32)
+    h[3] *= 20.0  # rows of very different scales in one call
+    w = rng.normal(0, 0.05, (V, H))
+    dual = np.linalg.pinv(h.astype(np.float64))  # [H, S]: h @ dual = I
+    for r in range(S):
+        ids = 20 + 10 * r + np.arange(6)  # 6 near-tied leaders of row r
+        w[ids] = w[ids[0]] + 3.0 * dual[:, r] * max(1.0, float(np.abs(w @ h[r]).max()))
+        w[ids] += 1e-4 * rng.normal(0, 1, (6, H)) / np.linalg.norm(h[r])
+    w = w.astype(np.float32)
+    bounds = quantize_head(w, out)[2]
+    screen = HeadScreen(w, bounds)
+    exact = h.astype(np.float64) @ w.T.astype(np.float64)  # [S, V]
+    want = exact.argmax(1)
+    r_n = np.linalg.norm(h[:, rest].astype(np.float64), axis=1)
+    e_n = 0.02 * r_n  # a plausible quantization error's norm
+    norms = np.stack([r_n, e_n], 1).astype(np.float32)
+    b = bounds[0][None] * r_n[:, None] + bounds[1][None] * e_n[:, None]  # [S, V]
+    assert (b[np.arange(S), want] > 100 * np.ptp(np.sort(exact, 1)[:, -6:], 1)).all()  # ties far below the bound
+    sign = np.ones((S, V))
+    sign[np.arange(S), want] = -1.0
+    # and past it by the float rounding the screen allows for (REL_EPS of |logit| + ||h|| ||w_j||)
+    hn = np.linalg.norm(h.astype(np.float64), axis=1)[:, None]
+    rounding = REL_EPS / 2 * (np.abs(exact) + hn * bounds[2][None])
+    for err in (b, b + rounding):
+        approx = (exact + sign * err).astype(np.float32)
+        np.testing.assert_array_equal(screen.argmax(approx, h, norms), want)
+        np.testing.assert_array_equal([int(screen.argmax(approx, h, norms, [r])[0]) for r in range(S)], want)
+
+
 def test_screened_argmax_on_random_rows_and_nan():
     rng = np.random.default_rng(2)
     w = rng.normal(0, 0.1, (500, 32)).astype(np.float32)
@@ -259,6 +299,18 @@ def small_screened(tmp_path_factory):
     engines.activate()
     yield engines
     engines.deactivate()
+
+
+def test_the_cost_table_times_a_screened_targets_greedy_path(small_screened):
+    """The profile's feeds take the screen's branch (head_exact false: what greedy decoding
+    pays), not the fp32 head's."""
+    from specrt.engines.costs import role_sizes, synthetic_feeds
+
+    kw = dict(draft_depth=4, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+    for role in ("decode", "verify.4"):
+        r = small_screened.runner(role)
+        feeds = synthetic_feeds(r, role_sizes(r, 16, **kw), 6, np.random.default_rng(0))
+        assert feeds[C.HEAD_EXACT].dtype == bool and not feeds[C.HEAD_EXACT], role
 
 
 def test_screened_engines_sample_the_target_distribution(small_screened):
