@@ -319,8 +319,10 @@ class Session:
         return None
 
     def close(self) -> None:
+        # said at once: a stream in another thread stops before its next round (set under the
+        # lock, a stream taking its next round first could run on to its end)
+        self.closed = True
         with self.generator.lock:  # a round in progress in another thread finishes first
-            self.closed = True
             self.engines.deactivate()
 
     def __enter__(self) -> "Session":
