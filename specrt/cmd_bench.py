@@ -56,7 +56,8 @@ Memory: specrt's workers get huge pages for their weights as the ``specrt`` comm
 
 Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
-generation of ``--warmup-tokens`` tokens, then times each prompt: wall seconds of the
+generation of ``--warmup-tokens`` tokens (specrt's workers: per governor, then at each
+engine depth no governor called), then times each prompt: wall seconds of the
 whole generation, prefill included. ``tokens/s`` is new tokens / seconds per prompt;
 the report gives the median over prompts (and the total ratio).
 
@@ -279,10 +280,23 @@ class _SpecrtWorker:
         self.governors = {g: make_governor(g, s.engines, s.calibration) for g in self.specs}
 
     def warmup(self, ids, n, eos):
+        from specrt.engines.plan import DECODE, verify_role
+        from specrt.runtime.session import make_governor
+
         for g in self.specs:
             self.session.generator.governor = self.governors[g]
             for _ in self.session.stream_ids(ids, n):
                 pass
+        # every engine once, the verify depths the governors' warm-up never chose too (the
+        # first call of a shape allocates its buffers; DSpark may pick it in a timed prompt)
+        e = self.session.engines
+        for d in [0, *e.depths]:  # (a round verifies no deeper than the tokens left to make)
+            role = verify_role(d) if d else DECODE
+            if role in self.counters and not self.counters[role].calls:
+                spec = f"fixed:{d}" if d else "off"
+                self.session.generator.governor = make_governor(spec, e, self.session.calibration)
+                for _ in self.session.stream_ids(ids, max(n, d + 2)):
+                    pass
         self._fresh_governors()  # the timed prompts start from fresh governors
 
     def run(self, ids, n, eos, governor: str | None = None) -> dict:

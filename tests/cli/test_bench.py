@@ -195,6 +195,25 @@ def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_pa
     assert res["modules_loaded"] == {"torch": False, "transformers": False, "onnxruntime_genai": False}
 
 
+def test_warm_up_calls_every_engine_once(tiny_engines):
+    """The untimed warm-up calls every engine of the folder, the depths its governors did not
+    choose too (a depth's first call would otherwise fall in a timed prompt), and the timed
+    prompts then start from fresh governors."""
+    from specrt.cmd_bench import _SpecrtWorker
+
+    w = _SpecrtWorker({"kind": "specrt", "engines": str(tiny_engines), "governors": ["fixed:2"], "threads": 1})
+    try:
+        w.warmup([5, 6, 7], 3, [2])
+        assert set(w.counters) == {"prefill", "decode", "draft", "verify.1", "verify.2", "verify.4"}
+        # (a 3-token prompt is prefilled by verify.2; prefill's S differs by prompt anyway)
+        assert all(c.calls for r, c in w.counters.items() if r != "prefill"), {
+            r: c.calls for r, c in w.counters.items()}
+        rec = w.run([5, 6, 7], 3, [2])
+        assert rec["engine_calls"]["verify.2"] > 0 and rec["engine_calls"]["verify.4"] == 0
+    finally:
+        w.close()
+
+
 def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_path):
     """The interleaved schedule's worker: warm, prompts in any order the parent sends, then
     the same per-prompt results (in prompt order) as a sequential worker."""
