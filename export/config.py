@@ -21,15 +21,22 @@ from specrt.errors import UserError
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     # model_type: {qk_norm: per-head RMSNorm on q/k (Qwen3), qkv_bias: q/k/v projections carry a
     # bias, defaults: what transformers' config class (5.24) takes for a field config.json leaves
-    # out (num_key_value_heads / head_dim None: num_attention_heads / hidden_size over it)}
+    # out (num_key_value_heads / head_dim None: num_attention_heads / hidden_size over it),
+    # nullable: the fields of those two it takes an explicit null for, with the same meaning
+    # (Mistral's config refuses a null num_key_value_heads, Qwen3's a null head_dim, and
+    # Qwen2's model does not build with one)}
     "llama": {"qk_norm": False, "qkv_bias": False, "hf_class": "LlamaForCausalLM",
-              "defaults": {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": 2048}},
+              "defaults": {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": 2048},
+              "nullable": ("num_key_value_heads", "head_dim")},
     "mistral": {"qk_norm": False, "qkv_bias": False, "hf_class": "MistralForCausalLM",
-                "defaults": {"num_key_value_heads": 8, "head_dim": None, "max_position_embeddings": 131072}},
+                "defaults": {"num_key_value_heads": 8, "head_dim": None, "max_position_embeddings": 131072},
+                "nullable": ("head_dim",)},
     "qwen2": {"qk_norm": False, "qkv_bias": True, "hf_class": "Qwen2ForCausalLM",
-              "defaults": {"num_key_value_heads": 32, "head_dim": None, "max_position_embeddings": 32768}},
+              "defaults": {"num_key_value_heads": 32, "head_dim": None, "max_position_embeddings": 32768},
+              "nullable": ("num_key_value_heads",)},
     "qwen3": {"qk_norm": True, "qkv_bias": False, "hf_class": "Qwen3ForCausalLM",
-              "defaults": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768}},
+              "defaults": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+              "nullable": ("num_key_value_heads",)},
 }
 
 # "dynamic" (NTK) rescales only past max_position_embeddings, where no engine goes (the build's
@@ -57,23 +64,29 @@ class RopeConfig:
     truncate: bool = True
 
     def inv_freq(self):
+        """The frequencies as transformers' rope functions compute them, step for step in float32
+        (a scalar over a tensor is its reciprocal times the scalar there, as torch computes it);
+        theta to a power is a correctly rounded float32 one here (glibc's powf, torch's scalar
+        path: its AVX-512 one is 1 ulp off it in some 1% of entries)."""
         import numpy as np
 
-        d = self.head_dim
-        inv = 1.0 / (self.theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        f32, d = np.float32, self.head_dim
+        exponent = np.arange(0, d, 2, dtype=np.float32) / f32(d)
+        pos_freqs = (np.float64(f32(self.theta)) ** exponent.astype(np.float64)).astype(np.float32)
+        inv = f32(1) / pos_freqs
         if self.rope_type == "linear":
-            inv = inv / self.factor
+            inv = inv / f32(self.factor)
         elif self.rope_type == "llama3":
             # Llama 3.1 frequency-dependent scaling (transformers' _compute_llama3_parameters).
-            low_wavelen = self.original_max_position_embeddings / self.low_freq_factor
-            high_wavelen = self.original_max_position_embeddings / self.high_freq_factor
-            wavelen = 2 * math.pi / inv
-            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
-            smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
-                self.high_freq_factor - self.low_freq_factor
-            )
-            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            original = self.original_max_position_embeddings
+            low_wavelen = f32(original / self.low_freq_factor)
+            high_wavelen = f32(original / self.high_freq_factor)
+            wavelen = (f32(1) / inv) * f32(2 * math.pi)
+            scaled = np.where(wavelen > low_wavelen, inv / f32(self.factor), inv)
+            smooth = ((f32(1) / wavelen) * f32(original) - f32(self.low_freq_factor)) / f32(
+                self.high_freq_factor - self.low_freq_factor)
+            smoothed = (f32(1) - smooth) * scaled / f32(self.factor) + smooth * scaled
+            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
             inv = np.where(medium, smoothed, scaled)
         elif self.rope_type == "yarn":
             # YaRN (transformers' _compute_yarn_parameters): the frequencies that turn fewer than
@@ -89,10 +102,10 @@ class RopeConfig:
             low, high = max(low, 0), min(high, d - 1)
             if low == high:
                 high += 0.001
-            ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-            keep = 1 - ramp  # the share of each frequency extrapolated (kept as it is)
-            inv = inv / self.factor * (1 - keep) + inv * keep
-        return inv.astype(np.float32)
+            ramp = np.clip((np.arange(d // 2, dtype=np.float32) - f32(low)) / f32(high - low), f32(0), f32(1))
+            keep = f32(1) - ramp  # the share of each frequency extrapolated (kept as it is)
+            inv = f32(1) / (f32(self.factor) * pos_freqs) * (f32(1) - keep) + inv * keep
+        return inv
 
 
 @dataclass(frozen=True)
@@ -345,6 +358,10 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
             high_freq_factor=high,
             original_max_position_embeddings=original,
         )
+    # transformers requires the key; a null one is the ratio of the two lengths
+    if "factor" not in params.data:
+        raise UserError(f"{params.where}: missing required field 'factor' (YaRN's scaling factor; null for "
+                        "max_position_embeddings over original_max_position_embeddings)")
     factor = params.float("factor", required=False) or max_position_embeddings / original
     if factor < 1:
         raise UserError(f"{params.where}: field 'factor' must be >= 1 for YaRN, found {factor:g}")
@@ -404,12 +421,18 @@ def parse_decoder(data: dict[str, Any], where: str) -> DecoderConfig:
     dflt = arch["defaults"]
     hidden = f.int("hidden_size")
     heads = f.int("num_attention_heads")
-    # transformers: an explicit null means as many as the attention heads; absent, the class default
+    for key in ("num_key_value_heads", "head_dim"):
+        if key in f.data and f.data[key] is None and key not in arch["nullable"]:
+            raise UserError(f"{where}: field '{key}' must be int, found null (transformers refuses a null one "
+                            f"for {model_type}; leave the field out for its default)")
+    # transformers: an explicit null means as many as the attention heads (hidden_size over
+    # them for head_dim); absent, the class default
     kv_heads = heads if "num_key_value_heads" in f.data and f.data["num_key_value_heads"] is None else \
         f.int("num_key_value_heads", required=False, default=dflt["num_key_value_heads"] or heads)
     if heads % kv_heads:
         raise UserError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    head_dim = f.int("head_dim", required=False, default=dflt["head_dim"])
+    head_dim = None if "head_dim" in f.data and f.data["head_dim"] is None else \
+        f.int("head_dim", required=False, default=dflt["head_dim"])
     if head_dim is None:
         if hidden % heads:
             raise UserError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")

@@ -229,6 +229,81 @@ def test_dynamic_rope_has_the_default_frequencies_within_the_model_positions():
     assert not np.allclose(cfg.rope.inv_freq(), beyond.numpy(), rtol=1e-3)  # past it they would differ
 
 
+# Llama 3.1 8B's and Qwen3's long-context RoPE settings (head_dim 128), and the other types on Llama's
+LONG_ROPE = {
+    "default": ("llama", {}),
+    "linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "dynamic": ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
+    "llama3": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
+    "yarn": ("qwen3", {"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                                           "original_max_position_embeddings": 32768}}),
+}
+
+
+@pytest.mark.parametrize("kind", LONG_ROPE)
+def test_rope_tables_are_transformers_at_long_positions(kind):
+    """The in-place graph's cos/sin cache and the other graphs' in-graph tables against
+    transformers' rotary embedding module at positions up to 131072: float32 frequencies
+    (its own formula for each type), float32 angles, cos/sin times the attention factor. A
+    float64 angle was 1e-4 off at 4096, 4e-3 at 131072. The frequencies: 0-2 ulps (theta to
+    a power is 1 ulp apart on torch's AVX-512 path in some entries, 2e-6 at 131072 here); the
+    tables from the same frequencies: float32 rounding."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    from specrt.contracts import GraphIO, TensorSpec
+    from specrt.export import onnx_ops as ops
+
+    model_type, fields = LONG_ROPE[kind]
+    data = {**BASE, "model_type": model_type, "num_attention_heads": 16, "hidden_size": 2048, "head_dim": 128,
+            "rope_theta": 500000.0, "max_position_embeddings": 262144, **fields}
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))  # (a copy: it writes into rope_scaling)
+    module = {"llama": transformers.models.llama.modeling_llama.LlamaRotaryEmbedding,
+              "qwen3": transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding}[model_type](hf)
+    rope = parse_decoder(data, "config.json").rope
+    assert rope.rope_type == kind
+    inv = rope.inv_freq()
+    assert inv.dtype == np.float32
+    np.testing.assert_array_max_ulp(inv, module.inv_freq.numpy(), maxulp=2)
+
+    positions = np.array([0, 1, 4095, 4096, 65536, 131071, 131072])
+    half = rope.head_dim // 2
+
+    def theirs(freqs=None):
+        if freqs is not None:
+            module.inv_freq = torch.from_numpy(freqs)
+        with torch.no_grad():
+            c, s = module(torch.zeros(1), torch.tensor(positions)[None])
+        return c[0, :, :half].numpy(), s[0, :, :half].numpy()
+
+    cos, sin = ops.rope_cache(rope, int(positions[-1]) + 1)
+    b = ops.GraphBuilder("float32")
+    c, s = ops.rope_tables(b, "position_ids", inv, rope.attention_factor)
+    b.op("Identity", c, out="cos")
+    b.op("Identity", s, out="sin")
+    model = b.model(GraphIO((TensorSpec("position_ids", "int64", (1, "S")),),
+                            (TensorSpec("cos", "float32", ("S", 1, 2 * half)),
+                             TensorSpec("sin", "float32", ("S", 1, 2 * half)))), "rope")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    g_cos, g_sin = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"position_ids": positions[None]})
+    assert np.array_equal(g_cos[:, 0, :half], g_cos[:, 0, half:])
+    assert np.array_equal(g_sin[:, 0, :half], -g_sin[:, 0, half:])  # (the graph's sin is [-sin, sin])
+    ours = {"cache": (cos[positions], sin[positions]), "graph": (g_cos[:, 0, :half], g_sin[:, 0, half:])}
+    hf_cos, hf_sin = theirs()
+    for where, (oc, os_) in ours.items():
+        np.testing.assert_allclose(oc, hf_cos, rtol=0, atol=1e-5, err_msg=where)
+        np.testing.assert_allclose(os_, hf_sin, rtol=0, atol=1e-5, err_msg=where)
+    hf_cos, hf_sin = theirs(inv)  # transformers' arithmetic on the same frequencies
+    for where, (oc, os_) in ours.items():
+        np.testing.assert_allclose(oc, hf_cos, rtol=0, atol=1.2e-7, err_msg=where)
+        np.testing.assert_allclose(os_, hf_sin, rtol=0, atol=1.2e-7, err_msg=where)
+
+
 def test_an_eagle3_draft_with_norm_output_exports_and_decodes_as_the_target(tmp_path):
     """speculators' EAGLE-3 options norm_before_fc, norm_output (EAGLE 3.1, opt-in) and
     norm_before_residual: bound, exported, built, and the engines decode as transformers'
@@ -366,6 +441,64 @@ def test_explicit_nulls_and_fields_transformers_fills_take_its_values(model_type
     assert cfg.num_kv_heads == hf.num_key_value_heads == 4
     assert cfg.rms_norm_eps == hf.rms_norm_eps
     assert cfg.rope.original_max_position_embeddings == hf.rope_parameters["original_max_position_embeddings"] == 4096
+
+
+NULLS = [(model_type, fields) for model_type in ("llama", "mistral", "qwen2", "qwen3")
+         for fields in ({"num_key_value_heads": None}, {"head_dim": None})]
+
+
+@pytest.mark.parametrize("model_type, fields", NULLS)
+def test_a_null_head_count_or_size_is_read_as_transformers_reads_it(model_type, fields):
+    """A null num_key_value_heads or head_dim: where transformers' config class and model take
+    it, the same heads and head size (as many KV heads as attention heads, hidden_size over
+    them); where either refuses it (Mistral's KV heads, Qwen3's and Qwen2's head_dim), a
+    UserError naming the field. Both were taken, Qwen3's null head_dim as 128."""
+    import transformers
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    data = {**BASE, "model_type": model_type, **fields}
+    try:
+        hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+        attn = transformers.AutoModelForCausalLM.from_config(hf).model.layers[0].self_attn
+    except (StrictDataclassFieldValidationError, TypeError):  # (the config class's, the model's)
+        (key,) = fields
+        with pytest.raises(UserError, match=rf"^config.json: field '{key}' must be int, found null \(transformers "
+                                            rf"refuses a null one for {model_type}"):
+            parse_decoder(data, "config.json")
+        return
+    cfg = parse_decoder(data, "config.json")
+    assert (cfg.num_kv_heads, cfg.head_dim) == (attn.k_proj.out_features // attn.head_dim, attn.head_dim)
+
+
+@pytest.mark.parametrize("model_type, fields, message", [
+    ("mistral", {"num_key_value_heads": None}, ": field 'num_key_value_heads' must be int, found null"),
+    ("qwen3", {"head_dim": None}, ": field 'head_dim' must be int, found null"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 32}},
+     ".rope_parameters: missing required field 'factor'"),
+])
+def test_configs_transformers_refuses_are_refused_by_export(tmp_path, model_type, fields, message):
+    """specrt export on a checkpoint whose config.json transformers does not load (it raises):
+    exit 1, the file and field named, no traceback, no export folder. A YaRN block without
+    factor is refused (a null factor is taken, as there: the ratio of the two lengths)."""
+    import transformers
+    from click.testing import CliRunner
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    from specrt.cli import main
+    from tests.fixtures_models import write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", model_type)
+    cfg = {**json.loads((t / "config.json").read_text()), **fields}
+    with pytest.raises((StrictDataclassFieldValidationError, KeyError)):
+        transformers.AutoConfig.for_model(**json.loads(json.dumps(cfg)))
+    (t / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["export", str(t), "-o", str(tmp_path / "exp")])
+    assert r.exit_code == 1, r.output
+    assert f"{t / 'config.json'}{message}" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "exp").exists()
+    if "rope_parameters" in fields:
+        cfg["rope_parameters"]["factor"] = None
+        assert parse_decoder(cfg, "config.json").rope.factor == cfg["max_position_embeddings"] / 32
 
 
 def test_rope_parameters_beside_rope_scaling_are_refused():
