@@ -205,6 +205,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         depths = s.engines.depths
         K = depths[-1]
         digest = s.engines.manifest["export"]["digest"]
+        s.chat_option = "--chat"  # (said in `specrt calibrate`'s terms, as its other errors)
         ids = [_encode(s, p, chat, i) for i, p in enumerate(prompts)]
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []

@@ -42,7 +42,7 @@ from .generate import Finished, Generator, Stream
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
                        wants_corpus)
 from .sampling import SamplingParams
-from .text import Detokenizer, StopScanner, Text, template_kwargs_of, tokens_through
+from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
 
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
@@ -231,6 +231,9 @@ class Session:
         # stream's own are laid over them
         self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
         self.closed = False
+        # how errors name the switch that asks for the chat template: the API's argument; a
+        # front end sets its own (`specrt run`: --chat)
+        self.chat_option = "chat=True"
         self.calibration, self.calibration_note = load_calibration(self.engines, sampling, governor)
         self.sampling = sampling
         self.d2t = read_d2t(self.engines.export_dir, self.engines.export)
@@ -373,7 +376,8 @@ class Session:
         """A text prompt's or a conversation's token ids as ``stream`` makes them."""
         self._need_text()
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
-                                               **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")})
+                                               **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")},
+                                self.chat_option)
 
     def _open(self) -> None:
         if self.closed:
@@ -433,9 +437,10 @@ class Session:
         if isinstance(prompt, (tuple, np.ndarray)):  # token ids as a tuple or an array: a list of ints
             prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
-        detok = Detokenizer(self.text)
+        detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids  # the detokenizer's list fills as it streams
+        self.last_context = detok.context  # (the prompt's tokens its text is decoded after)
         held, me = gen.clock, gen.clock.claim()  # detokenizing and stop strings are the runtime's time
 
         def texts():  # each round's final text, then what an unfinished character held back
@@ -449,7 +454,7 @@ class Session:
                 if scan.hit:  # settled before the last piece goes out: a caller may stop at it
                     gen.close()
                     self.generator.finished = Finished("stop")
-                    del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end):]
+                    del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end, detok.context):]
                     if piece:
                         yield piece
                     return

@@ -54,16 +54,21 @@ class Text:
             v = v.get("content")
         return v if isinstance(v, str) else ""
 
-    def render_chat(self, user: str | list[dict], template_kwargs: dict | None = None) -> str:
+    def render_chat(self, user: str | list[dict], template_kwargs: dict | None = None,
+                    chat_option: str = "chat=True") -> str:
         """The chat template over one user message, or a conversation (``messages``:
         role/content objects, a system prompt and earlier turns included), then the
         assistant's turn. Rendered as transformers' ``apply_chat_template`` renders it
         (its Jinja environment: loop controls, ``{% generation %}`` blocks, its ``tojson``,
         ``strftime_now`` and ``raise_exception``; the tokenizer's special tokens, ``tools``
         and ``documents`` none), ``template_kwargs`` passed to the template as variables
-        (e.g. Qwen3's ``enable_thinking``)."""
+        (e.g. Qwen3's ``enable_thinking``). Without a chat template, a UserError naming what
+        asked for it: ``chat_option`` for a text (the API's ``chat=True``, the CLI's
+        ``--chat``), or the conversation."""
         if self.chat_template is None:
-            raise UserError("--chat: the exported tokenizer has no chat template (tokenizer_config.json chat_template)")
+            asked = chat_option if isinstance(user, str) else "a conversation (a list of messages)"
+            raise UserError(f"{asked}: the exported tokenizer has no chat template (tokenizer_config.json "
+                            "chat_template)")
         variables = {**self._special_tokens(), "tools": None, "documents": None,
                      **template_kwargs_of(template_kwargs, "chat template variables")}
         import jinja2
@@ -93,16 +98,18 @@ class Text:
             out["additional_special_tokens"] = [t.get("content") if isinstance(t, dict) else t for t in extra]
         return out
 
-    def encode(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None) -> list[int]:
+    def encode(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
+               chat_option: str = "chat=True") -> list[int]:
         """Token ids of a text prompt (through the chat template when ``chat``) or of a
-        conversation (always through it, with ``template_kwargs``)."""
+        conversation (always through it, with ``template_kwargs``); ``chat_option``: how an
+        error names what set ``chat`` (``render_chat``)."""
         if not prompt:
             raise UserError("the prompt is empty")
         if not isinstance(prompt, str) and not is_messages(prompt):
             raise UserError(f"a conversation must be a non-empty list of messages with string 'role' and 'content' "
                             f"(text parts joined into one string); got {prompt!r:.80}")
         chat = chat or not isinstance(prompt, str)
-        text = self.render_chat(prompt, template_kwargs) if chat else prompt
+        text = self.render_chat(prompt, template_kwargs, chat_option) if chat else prompt
         try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)
             text.encode("utf-8")
         except UnicodeEncodeError as e:
@@ -266,15 +273,46 @@ def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
     return kind, table, added
 
 
-def tokens_through(text: "Text", ids: list[int], end: int) -> int:
-    """The fewest of ``ids`` whose text holds the first ``end`` characters of the whole
-    text of ``ids``: how many tokens it took to write them. A bisection over the cuts
+def context_of(text: "Text", prompt_ids) -> list[int]:
+    """The prompt's last tokens that a completion is decoded after (``Detokenizer``), so that
+    its text is the text it adds after the prompt's: a SentencePiece (Metaspace) decoder
+    drops the space before a text's first word, and a word-level one puts a space between
+    words, so a completion decoded alone (transformers' ``decode(out[len(prompt):])``) lost
+    the space before its first word ("Hello" + " world" read "world"; vLLM decodes after
+    the prompt's last tokens too). The fewest of the last 4 to 24 that decode without
+    U+FFFD (none begins or ends inside a character: byte-level BPE's text is then the
+    completion's own decoding, unchanged), after a trailing run of ByteFallback byte tokens
+    is left out (a completion's byte tokens would decode in one run with them); none when
+    no such tail is found."""
+    ids = [int(i) for i in prompt_ids]
+    fallback = text.byte_fallback_ids
+    while ids and ids[-1] in fallback:
+        ids.pop()
+    for n in range(min(4, len(ids)), min(24, len(ids)) + 1):
+        if "\ufffd" not in text.decode(ids[len(ids) - n:]):
+            return ids[len(ids) - n:]
+    return []
+
+
+def completion_text(text: "Text", ids: list[int], context: list[int] = ()) -> str:
+    """The text ``ids`` add after the text of ``context`` (``context_of``)."""
+    if not context:
+        return text.decode(ids)
+    before, whole = text.decode(list(context)), text.decode(list(context) + list(ids))
+    # (a decoder that rewrote the context's text where the two meet: the completion alone)
+    return whole[len(before):] if whole.startswith(before) else text.decode(ids)
+
+
+def tokens_through(text: "Text", ids: list[int], end: int, context: list[int] = ()) -> int:
+    """The fewest of ``ids`` whose text (after ``context``'s, ``completion_text``) holds the
+    first ``end`` characters of the whole text of ``ids``: how many tokens it took to write
+    them. A bisection over the cuts
     outside runs of ByteFallback byte tokens (there a longer prefix of tokens writes a
     longer prefix of the text), then a look at each cut inside the run before the one it
     found: a cut inside a run can decode to U+FFFDs (``Text.byte_fallback_ids``) though a
     shorter cut in it wrote the text."""
-    whole = text.decode(ids)[:end]
-    holds = lambda k: text.decode(ids[:k]).startswith(whole)  # noqa: E731
+    whole = completion_text(text, ids, context)[:end]
+    holds = lambda k: completion_text(text, ids[:k], context).startswith(whole)  # noqa: E731
     fallback = text.byte_fallback_ids
     cuts = [k for k in range(len(ids) + 1) if not (0 < k < len(ids) and ids[k - 1] in fallback and ids[k] in fallback)]
     lo, hi = 0, len(cuts) - 1
@@ -298,36 +336,38 @@ class Detokenizer:
     come yet) are held back, the text before them is not (a round can end inside a
     character); flush gives them as the full decoding has them when none follow. With
     ByteFallback, a trailing run of byte tokens is held back whole (``Text.byte_fallback_ids``:
-    a later byte can turn the run's text into U+FFFDs).
+    a later byte can turn the run's text into U+FFFDs). The text is that of the tokens after
+    ``context``'s (``context_of`` the prompt: ``completion_text``).
     """
 
-    def __init__(self, text: Text):
+    def __init__(self, text: Text, context: list[int] = ()):
         self.text = text
+        self.context = list(context)
         self.ids: list[int] = []
         self.emitted = 0
 
     def push(self, ids) -> str:
         self.ids.extend(int(i) for i in ids)
-        s = self.text.decode(self.ids)
+        s = completion_text(self.text, self.ids, self.context)
         end = len(s.rstrip("\ufffd"))
         fallback, run = self.text.byte_fallback_ids, 0
         while run < len(self.ids) and self.ids[-1 - run] in fallback:
             run += 1
         if run:  # (its text is a prefix of s)
-            end = min(end, len(self.text.decode(self.ids[:-run])))
+            end = min(end, len(completion_text(self.text, self.ids[:-run], self.context)))
         if end <= self.emitted:
             return ""
         piece, self.emitted = s[self.emitted:end], end
         return piece
 
     def flush(self) -> str:
-        s = self.text.decode(self.ids)
+        s = self.full
         piece, self.emitted = s[self.emitted:], max(self.emitted, len(s))
         return piece
 
     @property
     def full(self) -> str:
-        return self.text.decode(self.ids)
+        return completion_text(self.text, self.ids, self.context)
 
 
 class StopScanner:

@@ -8,6 +8,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -42,6 +43,8 @@ class _Group(click.Group):
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
         except OSError as e:  # an input this user cannot read, a full disk: not specrt's bug
+            if e.errno == errno.EPIPE:
+                _reader_left()
             if not environment_error(e):
                 raise
             click.echo(f"error: {describe_os_error(e)}", err=True)
@@ -52,6 +55,26 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="specrt")
 def main() -> None:
     """Deploy speculative decoding (P-EAGLE, EAGLE-3) to ONNX Runtime and TensorRT."""
+
+
+def _reader_left() -> None:
+    """The reader of a pipe we write to left (`specrt run ... | head -1`; click said nothing
+    and exited 1, specrt's code for bad input): end as the standard Unix tools end then,
+    killed by SIGPIPE (a shell's status 141), nothing said. Python ignores SIGPIPE, so the
+    write that found no reader raised BrokenPipeError instead, which stopped the decoding and
+    ran the cleanup on its way here; what stdout still holds goes to /dev/null, not to a
+    flush at exit that would fail again."""
+    import os
+    import signal
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # (no stdout file descriptor)
+        pass
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(1)  # (no SIGPIPE: Windows)
 
 
 def _terminated(signum, frame) -> None:
@@ -394,6 +417,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse,
                  chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)
+        s.chat_option = "--chat"
         governor = s.governor_spec  # ``auto`` resolved
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)

@@ -199,7 +199,7 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
                                     "give 'prompt_ids' in the prompts file")
                 text = Text(engines.export_dir)
             try:  # an empty prompt, a template that fails on it: said of which prompt
-                ids = text.encode(text_of(obj), chat, template_kwargs)
+                ids = text.encode(text_of(obj), chat, template_kwargs, "--chat")
             except UserError as e:
                 raise UserError(f"{source or 'the prompts'}: prompt {i + 1}: {e}") from None
         if len(ids) + 1 > engines.max_context:

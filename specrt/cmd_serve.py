@@ -190,20 +190,26 @@ def _chat_logprobs(entries: list[dict] | None) -> dict | None:
 class _CompletionLogprobs:
     """OpenAI's (legacy) completions ``logprobs``: {tokens, token_logprobs, top_logprobs
     (a token -> logprob object a token; null when none were asked for), text_offset (where
-    each token's text starts in the completion)}, chunk by chunk."""
+    each token's text starts in the completion)}, chunk by chunk; ``context``: the prompt's
+    tokens the completion's text is decoded after (Session.last_context; none with echo, whose
+    entries start with the prompt's)."""
 
-    def __init__(self, text, top: int):
+    def __init__(self, text, top: int, context: list[int] = ()):
         self.text, self.top, self.ids, self.decoded = text, top, [], ""  # decoded: the text of ids
+        self.context = list(context)
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
+        from specrt.runtime.text import completion_text
+
         if entries is None:
             return None
         offsets = []
         for e in entries:
             before = self.decoded
             self.ids.append(e["id"])
-            upto = self.decoded = self.text.decode(self.ids)  # where the token's own text ends, when
-            # it does (a word-level decoder puts a space between tokens; half a character has no text)
+            # where the token's own text ends, when it does (a word-level decoder puts a space
+            # between tokens; half a character has no text)
+            upto = self.decoded = completion_text(self.text, self.ids, self.context)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [None if e["top_logprobs"] is None else self._top(e) for e in entries]
@@ -528,6 +534,7 @@ class Server:
             gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
                            logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
+            context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
                 text = prompt if isinstance(prompt, str) else s.text.decode(s.last_prompt_ids)
@@ -544,7 +551,7 @@ class Server:
                     if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
                         n = len(s.last_output_ids)
                         entries, sent = s.logprob_entries(sent, n), n
-                    yield {"index": i, "text": piece, "logprobs": entries}
+                    yield {"index": i, "text": piece, "logprobs": entries, "context": context()}
             finally:
                 gen.close()
             if not echoed:  # nothing generated (max_tokens 0, or an answer without text)
@@ -560,7 +567,7 @@ class Server:
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
             yield {"index": i, "finish_reason": reason,
-                   "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None}
+                   "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None, "context": context()}
 
 
 GET_PATHS = ("/v1/models", "/models", "/health", "/metrics")
@@ -772,11 +779,11 @@ class Handler(BaseHTTPRequestHandler):
         pieces = app.complete(req)
         formats: dict[int, Any] = {}  # choice -> its logprobs format (completions count text offsets a choice)
 
-        def lp(i: int, entries: list[dict] | None):
+        def lp(i: int, entries: list[dict] | None, context: list[int] = ()):
             if req["logprobs"] is None:
                 return None
             if i not in formats:
-                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"])
+                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"], context)
             return formats[i](entries or [])
 
         try:
@@ -793,6 +800,7 @@ class Handler(BaseHTTPRequestHandler):
             text: dict[int, list[str]] = {}
             entries: dict[int, list[dict]] = {}
             finish: dict[int, str] = {}
+            contexts: dict[int, list[int]] = {}  # the prompt tokens each choice's text follows
             last = first
             try:
                 while "usage" not in last:
@@ -806,13 +814,14 @@ class Handler(BaseHTTPRequestHandler):
                     else:
                         finish[i] = last["finish_reason"]
                     entries.setdefault(i, []).extend(last["logprobs"] or [])
+                    contexts.setdefault(i, last.get("context", ()))
                     last = next(pieces)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
             choices = []
             for i in range(req["choices"]):
-                content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []))
+                content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
                 choice = ({"index": i, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
@@ -825,10 +834,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def event(i: int, delta: dict | None, finish=None, entries=None, **extra) -> None:
+        def event(i: int, delta: dict | None, finish=None, entries=None, context=(), **extra) -> None:
             choice = ({"index": i, "delta": delta or {}} if chat else {"index": i, "text": (delta or {}).get("content", "")})
             if req["logprobs"] is not None:
-                choice["logprobs"] = lp(i, entries)
+                choice["logprobs"] = lp(i, entries, context)
             payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
                        **({"usage": None} if req["usage_chunk"] else {}), **extra}  # (OpenAI: null until the last)
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
@@ -842,13 +851,14 @@ class Handler(BaseHTTPRequestHandler):
                     started.add(i)
                     event(i, {"role": "assistant", "content": ""})
                 if "text" in item:
-                    event(i, {"content": item["text"]}, entries=item["logprobs"])
+                    event(i, {"content": item["text"]}, entries=item["logprobs"], context=item.get("context", ()))
                 elif i < req["choices"] - 1:
-                    event(i, None, item["finish_reason"], entries=item["logprobs"])
+                    event(i, None, item["finish_reason"], entries=item["logprobs"], context=item["context"])
                 else:
                     held = item
                 item = next(pieces)
-            event(held["index"], None, held["finish_reason"], entries=held["logprobs"], specrt=item["specrt"])
+            event(held["index"], None, held["finish_reason"], entries=held["logprobs"], context=held["context"],
+                  specrt=item["specrt"])
             if req["usage_chunk"]:
                 self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
                                                          "usage": item["usage"]}).encode() + b"\n\n")

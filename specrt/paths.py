@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,7 +84,9 @@ def umask() -> int:
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` when the block ends without an exception: written
     to a temp file in the same folder, synced, then os.replace; whole or absent (on an
-    exception the temp file goes and ``path`` is untouched; missing folders above it are made)."""
+    exception the temp file goes and ``path`` is untouched; missing folders above it are made).
+    A file replaced keeps its mode (as ``sed -i`` and editors keep it: a stats file made
+    private stays private); a new one gets the umask's."""
     path = Path(path)
     if path.is_symlink():  # write where it points, keeping the link (os.replace put a file in its place)
         path = path.resolve()
@@ -101,7 +104,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     except OSError as e:
         raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
     try:
-        os.fchmod(fd, 0o666 & ~umask())  # as open() would make it; mkstemp's are 0600
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~umask()  # as open() would make it; mkstemp's are 0600
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

@@ -278,9 +278,10 @@ def test_logprobs_are_target_only_decodings_plain_and_streamed(served, worded): 
 
         words = Text(worded.parent / "exp")
         ids = st["output_token_ids"]
-        text = words.decode(ids)  # "w4 w14 ...": each token's text starts where its word does
+        # " w4 w14 ...", the text after the prompt's: each token's text starts where its word does
+        text = " " + words.decode(ids)
         assert [o for x in lps for o in x["text_offset"]] == \
-            [len(words.decode(ids[: i + 1])) - len(f"w{t}") for i, t in enumerate(ids)]
+            [len(" " + words.decode(ids[: i + 1])) - len(f"w{t}") for i, t in enumerate(ids)]
         assert all(text[o:].startswith(f"w{t}") for o, t in zip((o for x in lps for o in x["text_offset"]), ids))
 
 
@@ -314,7 +315,7 @@ def test_n_choices_are_seeds_one_after_another(served, worded):  # noqa: F811
     _, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 6, "n": 2})
     assert r["choices"][0]["message"] == r["choices"][1]["message"]  # greedy
     _, r = _post(url, "/v1/completions", {"prompt": "w11 w12 w5", "max_tokens": 4, "n": 2, "logprobs": 0})
-    assert [c["logprobs"]["text_offset"][0] for c in r["choices"]] == [0, 0]
+    assert [c["logprobs"]["text_offset"][0] for c in r["choices"]] == [1, 1]  # (after the space after the prompt)
     assert [c["logprobs"]["tokens"] for c in r["choices"]] == [c["text"].split() for c in r["choices"]]
 
 

@@ -120,7 +120,8 @@ def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
     with Session(worded, governor="off") as s:
         full = "".join(s.stream(prompt, max_new_tokens=40))
         ids = s.stats()["output_token_ids"]
-    words = full.split(" ")
+    assert full[0] == " "  # the text after the prompt's
+    words = full[1:].split(" ")
     assert len(words) == 40
     stop = " ".join(words[16:19])  # three words from the middle; maybe found earlier
     at = full.index(stop)
@@ -900,7 +901,7 @@ def test_run_prints_the_text_of_the_tokens_into_a_pipe_too(controls, tmp_path):
     assert r.exit_code == 0, r.output
     ids = json.loads(stats.read_text())["prompts"][0]["output_token_ids"]
     assert 14 in ids  # the model wrote the escape sequence
-    assert r.stdout == Text(controls / "export").decode(ids) + "\n"
+    assert r.stdout == " " + Text(controls / "export").decode(ids) + "\n"  # (the text after the prompt's)
 
 
 def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
@@ -1243,3 +1244,135 @@ def test_a_session_closed_from_another_thread_ends_its_stream_between_rounds(wor
     ta.join(10)
     closer.join(10)
     assert isinstance(got["a"], UserError) and "this Session is closed" in str(got["a"]), got
+
+
+def _metaspace(folder):
+    """A SentencePiece-style (Unigram, Metaspace) tokenizer as Llama 2's, T5's: words ▁w1 ..
+    ▁w13, whose "▁" is the space before them, and "s" and "!" that go on a word; the
+    decoder drops the space before a text's first word."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = [("<unk>", 0.0), *((f"\u2581w{i}", -1.0) for i in range(1, 14)), ("s", -2.0), ("!", -2.0)]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=0))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def metaspace(tmp_path_factory):
+    return _tiny_text_pair(tmp_path_factory.mktemp("metaspace"), 16, 12, _metaspace)
+
+
+def test_a_completion_is_the_text_it_adds_after_the_prompt_with_a_sentencepiece_tokenizer(metaspace, tmp_path):
+    """A completion's text (Session.stream: run, chat, serve) is what its tokens add after
+    the prompt's text, as vLLM gives it: with a Metaspace decoder the space before its first
+    word too, which decoding it alone drops (transformers' ``decode(out[len(prompt):])``);
+    the same through `specrt run`."""
+    from specrt.runtime.session import Session
+
+    spaced = 0
+    for gov in ("off", "fixed:3"):
+        with Session(metaspace, governor=gov) as s:
+            for prompt in ("w1 w2 w3", "w9s!", "w4"):
+                got = "".join(s.stream(prompt, max_new_tokens=12))
+                ids, out = s.last_prompt_ids, s.stats()["output_token_ids"]
+                before, whole = s.text.decode(ids), s.text.decode(ids + out)
+                assert before == prompt and whole.startswith(before), (gov, prompt)
+                assert got == whole[len(before):], (gov, prompt, got, whole)
+                if s.text.tokenizer.id_to_token(out[0]).startswith("\u2581"):
+                    assert got[0] == " " and got == " " + s.text.decode(out), (gov, prompt)
+                    spaced += 1
+    assert spaced  # (a completion began with a word)
+    stats = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(metaspace), "--prompt", "w1 w2 w3", "--max-new-tokens", "12",
+                                  "--governor", "off", "--stats", str(stats)])
+    assert r.exit_code == 0, r.output
+    from specrt.runtime.text import Text
+
+    text, st = Text(metaspace / "export"), json.loads(stats.read_text())["prompts"][0]
+    assert r.stdout == text.decode(st["prompt_ids"] + st["output_token_ids"])[len("w1 w2 w3"):] + "\n"
+
+
+def test_a_missing_chat_template_is_named_as_the_caller_asked_for_it(metaspace, tmp_path):
+    """Engines whose tokenizer has no chat template: the Python API's error names its
+    argument (chat=True, or the conversation given as the prompt), not the CLI's --chat;
+    `specrt run` and `specrt calibrate` name their --chat."""
+    from specrt.runtime.session import Session
+
+    with Session(metaspace, governor="off") as s:
+        for call in (lambda: list(s.stream("w1 w2", chat=True)), lambda: s.encode("w1 w2", chat=True)):
+            with pytest.raises(UserError) as e:
+                call()
+            assert str(e.value).startswith("chat=True: the exported tokenizer has no chat template"), str(e.value)
+        with pytest.raises(UserError) as e:
+            list(s.stream([{"role": "user", "content": "w1"}]))
+        assert str(e.value).startswith("a conversation (a list of messages): the exported tokenizer has no chat "
+                                       "template"), str(e.value)
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w1 w2"}\n{"prompt": "w3"}\n')
+    for args in (["run", str(metaspace), "--prompt", "w1 w2", "--chat"],
+                 ["calibrate", str(metaspace), "--prompts", str(f), "--chat", "--max-new-tokens", "4"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and "--chat: the exported tokenizer has no chat template" in r.output, r.output
+        assert "chat=True" not in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_stats_file_replaced_keeps_its_mode(worded, tmp_path):
+    """`run --stats` over an existing file (written whole: a temporary file renamed over it)
+    keeps the file's mode, as `sed -i` and editors do: one made private stays private (it
+    took the umask's); a new file still gets the umask's."""
+    import os
+    import stat
+
+    from specrt.paths import write_atomic
+
+    stats = tmp_path / "s.json"
+    stats.write_text("{}")
+    stats.chmod(0o600)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1", "--max-new-tokens", "4", "--quiet",
+                                  "--stats", str(stats)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(stats.read_text())["new_tokens"] == 4 and stat.S_IMODE(stats.stat().st_mode) == 0o600
+    other = tmp_path / "o.json"
+    other.write_text("{}")
+    other.chmod(0o640)
+    write_atomic(other, {"a": 1})
+    assert stat.S_IMODE(other.stat().st_mode) == 0o640 and json.loads(other.read_text()) == {"a": 1}
+    umask = os.umask(0)
+    os.umask(umask)
+    write_atomic(tmp_path / "new.json", {})
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_reader_that_leaves_ends_run_and_chat_as_sigpipe_ends_unix_tools(worded, tmp_path):
+    """`specrt run ... | head -1` through a real pipe: once the reader has gone, the next
+    write stops the decoding, and the command ends as `yes | head -1` ends `yes`, killed by
+    SIGPIPE (a shell's status 141), saying nothing (click exited 1, specrt's code for bad
+    input, without a word). The same for `chat`'s answers. 5000 prompts of 100 tokens would
+    take minutes: it ends in seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w3 w1"}\n' * 5000)
+    cli = [sys.executable, "-c", "from specrt.cli import entry; entry()"]
+    for args, feed in ((["run", str(worded), "--prompts", str(f), "--max-new-tokens", "100", "--governor", "off"],
+                        b""),
+                       (["chat", str(worded), "--max-new-tokens", "100", "--governor", "off"], b"w3 w1\n" * 5000)):
+        p = subprocess.Popen(cli + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "SPECRT_THP": "0"})
+        p.stdin.write(feed)
+        p.stdin.close()
+        assert p.stdout.readline().strip()  # an answer
+        p.stdout.close()  # the reader leaves
+        try:
+            code = p.wait(timeout=60)  # (what it wrote to stderr by then fits the pipe)
+        finally:
+            p.kill()
+        err = p.stderr.read().decode()
+        assert code == -signal.SIGPIPE, (args[0], code, err)
+        assert "Traceback" not in err and "error" not in err and "tokens in" not in err, err
