@@ -4,7 +4,7 @@
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
-    GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits)
+    GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits); HEAD too
 
 Requests take ``max_tokens`` (or ``max_completion_tokens``; with the prompt past the
 engines' context: 400, as vLLM answers), ``temperature``, ``top_p``,
@@ -33,9 +33,11 @@ prompt lookup's included), tokens/s, the time to the first token and the prompt 
 reused.
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
-the order they arrive. Each decoding mode (greedy; each temperature / top-k / top-p)
-gets its own generator, with the governor calibrated for that mode and KV caches of its
-own (the four most recent modes are kept), so a conversation's next turn reuses the
+the order they arrive (TurnLock); a streaming client that reads nothing for
+``--write-timeout`` seconds (5) is taken for gone and the next request goes on. Each
+decoding mode (greedy; each temperature / top-k / top-p) gets its own generator, with
+the governor calibrated for that mode and KV caches of its own (the four most recent
+modes are kept), so a conversation's next turn reuses the
 rows of its earlier turns and answers (prefix reuse) as `specrt chat` does; each keeps
 SNAPSHOTS (``--prefix-snapshots``) other conversations' rows set aside (Generator.prefix_snapshots), so clients
 taking turns keep theirs. Those rows and session growth are shared by every request unless
@@ -53,6 +55,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
@@ -68,6 +71,8 @@ SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generat
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
 MAX_CHOICES = 64  # prompts x n, a request
+WRITE_TIMEOUT = 5.0  # seconds a streamed answer's write may wait for a client that reads nothing (--write-timeout)
+LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
 
 class BadRequest(Exception):
@@ -228,10 +233,11 @@ class _CompletionLogprobs:
 
 class Metrics:
     """The server's counters in Prometheus' text format (GET /metrics): requests by endpoint
-    and status, tokens, the speculation's rounds (acceptance = accepted / verified draft
-    tokens; tokens a target call = (completion tokens - prompts) / target calls), requests
-    waiting for the engines, and histograms of the wait, the time to the first text and the
-    whole request, each from the request's arrival."""
+    and status (LEFT, 499, for a non-streaming request whose client left before its answer;
+    a stream is counted 200 when it starts), tokens, the speculation's rounds (acceptance =
+    accepted / verified draft tokens; tokens a target call = (completion tokens - prompts) /
+    target calls), requests waiting for the engines, and histograms of the wait, the time to
+    the first text and the whole request, each from the request's arrival."""
 
     BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
     COUNTERS = {  # name -> help; all *_total counters
@@ -275,7 +281,8 @@ class Metrics:
 
     def render(self) -> str:
         with self.lock:
-            out = ["# HELP specrt_requests_total Requests answered, by endpoint and HTTP status.",
+            out = ["# HELP specrt_requests_total Requests answered, by endpoint and HTTP status (499: the client "
+                   "left before its answer).",
                    "# TYPE specrt_requests_total counter"]
             out += [f'specrt_requests_total{{endpoint="{e}",status="{c}"}} {n}'
                     for (e, c), n in sorted(self.requests.items())]
@@ -307,6 +314,43 @@ def _names(model, served: str) -> bool:
     return isinstance(model, str) and (model == served or model.rsplit("/", 1)[-1].lower() == served.lower())
 
 
+class TurnLock:
+    """A lock taken in the order it was asked for: requests waiting for the engines get them
+    in arrival order (threading.Lock promises no order: a request that came as the lock was
+    released could take it before one that had been waiting). ``acquire`` interrupted (Ctrl-C)
+    gives up its place."""
+
+    def __init__(self):
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: deque[object] = deque()  # tickets in order of asking; the holder's first
+
+    def acquire(self, blocking: bool = True) -> bool:
+        with self.cond:
+            if self.queue and not blocking:
+                return False
+            ticket = object()
+            self.queue.append(ticket)
+            try:
+                while self.queue[0] is not ticket:
+                    self.cond.wait()
+            except BaseException:
+                self.queue.remove(ticket)
+                self.cond.notify_all()  # (it may have been the holder-to-be)
+                raise
+            return True
+
+    def release(self) -> None:
+        with self.cond:
+            self.queue.popleft()
+            self.cond.notify_all()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class Server:
     """The session and its generators; ``complete`` runs one request (under the lock)."""
 
@@ -333,9 +377,10 @@ class Server:
                 self.session.new_governor()
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
         self.generators = {defaults.mode: self.session.generator}
-        self.lock = threading.Lock()
+        self.lock = TurnLock()  # one request on the engines at a time, in the order they asked
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
+        self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled stream's client is let go after it
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
         self.stopping = False  # closing: requests not yet begun are answered 503
         self.cutting = False  # closing at once: the request being answered ends at its next round
@@ -600,7 +645,8 @@ class Handler(BaseHTTPRequestHandler):
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":  # (HEAD: GET's status and headers, no body)
+                self.wfile.write(data)
         except OSError:  # the client left (or timed out) before its answer: nothing to tell it
             self.close_connection = True
 
@@ -654,15 +700,20 @@ class Handler(BaseHTTPRequestHandler):
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
         self._discard_body()
         route = self.route
-        allow = ("GET" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else
+        allow = ("GET, HEAD" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else
                  "POST" if route in POST_PATHS else None)
         if allow is None:
             return self._error(BadRequest(f"no such path: {self.command} {self.path}", status=404))
-        self._send_json(405, {"error": {"message": f"{self.command} {route}: this path takes {allow}",
+        method = "GET" if self.command == "HEAD" else self.command  # (HEAD: GET's answer, Content-Length too)
+        self._send_json(405, {"error": {"message": f"{method} {route}: this path takes {allow}",
                                         "type": "invalid_request_error", "param": None, "code": None}},
                         {"Allow": allow})
 
-    do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+    def do_HEAD(self):
+        """What GET answers, without its body (_send_json)."""
+        self.do_GET()
 
     def do_GET(self):
         if not self._authorised():
@@ -687,7 +738,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":
+                self.wfile.write(data)
         else:
             self._error(BadRequest(f"no such path: GET {self.path}", status=404))
 
@@ -771,6 +823,7 @@ class Handler(BaseHTTPRequestHandler):
     def _respond(self, req: dict, chat: bool) -> None:
         app = self.app
         if self._client_gone():  # left while it waited for the lock: nothing to run for it
+            app.metrics.request(self._endpoint, LEFT)
             self.close_connection = True
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -806,6 +859,7 @@ class Handler(BaseHTTPRequestHandler):
                 while "usage" not in last:
                     if self._client_gone():  # it timed out or gave up: stop, free the lock for the next
                         pieces.close()
+                        app.metrics.request(self._endpoint, LEFT)
                         self.close_connection = True
                         return
                     i = last["index"]
@@ -828,6 +882,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
                                          "choices": choices, "usage": last["usage"], "specrt": last["specrt"]})
         app.metrics.request(self._endpoint, 200)
+        # a client that stops reading fills the socket's buffers and a write waits: for the
+        # read timeout (60 s), then as long again for the error event, while every other
+        # request waited for the engines. Past write_timeout it is taken for gone.
+        self.connection.settimeout(app.write_timeout)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -864,8 +922,9 @@ class Handler(BaseHTTPRequestHandler):
                                                          "usage": item["usage"]}).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating
-            pieces.close()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left (or read nothing
+            pieces.close()  # for write_timeout): stop generating; logged as a client that left
+            self.close_connection = True
         except Exception as e:  # mid-answer, after the headers: an error event ends the stream
             app.log(f"[error: {type(e).__name__}: {e}]")
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
@@ -908,11 +967,14 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
               help="Coupled sampling for every sampled request: the text a function of the request's seed alone "
                    "(the one target-only decoding samples with it), whatever this server decoded before; by default "
                    "rejection sampling, which accepts more drafts but whose text depends on them.")
+@click.option("--write-timeout", type=float, default=WRITE_TIMEOUT, show_default=True,
+              help="Seconds a streamed answer waits for a client that has stopped reading (0-3600); then its "
+                   "answer ends, logged as a client that left, and the next request gets the engines.")
 @template_kwargs_option
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, reproducible, chat_template_kwargs, api_key) -> None:
+          isolate_clients, reproducible, write_timeout, chat_template_kwargs, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
@@ -923,10 +985,12 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         raise UserError(f"{engines_dir}: no such engines folder")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
+    if not 0 < write_timeout <= 3600:  # (nan and inf too: a socket takes neither)
+        raise UserError(f"--write-timeout {write_timeout}: expected seconds, > 0 and at most 3600")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,
                  model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
-    app.api_key = api_key
+    app.api_key, app.write_timeout = api_key, write_timeout
     # a request's model is checked against a name given with --model-name only: the default
     # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
     app.model_strict = bool(model_name)

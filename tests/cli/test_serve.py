@@ -595,6 +595,10 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
     r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "none")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "no such engines folder" in r.stderr and "Traceback" not in r.stderr
+    for bad in ("0", "nan", "inf"):  # (a socket takes neither nan nor inf as its timeout)
+        r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--write-timeout", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and f"--write-timeout {float(bad)}: expected seconds" in r.stderr, r.stderr
 
 
 def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noqa: F811
@@ -677,8 +681,8 @@ def test_the_http_layer_answers_every_malformed_request_and_frees_stalled_ones(w
         assert out.startswith(b"HTTP/1.0 400") and b"nested too deeply" in out, out[:300]
         out = _raw(url, (head + "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode())
         assert out.startswith(b"HTTP/1.0 411"), out
-        for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("POST", "/v1/models", "GET"),
-                                    ("OPTIONS", "/v1/completions", "POST"), ("DELETE", "/health", "GET")):
+        for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("POST", "/v1/models", "GET, HEAD"),
+                                    ("OPTIONS", "/v1/completions", "POST"), ("DELETE", "/health", "GET, HEAD")):
             c = http.client.HTTPConnection(url.split("//")[1], timeout=30)
             c.request(method, path, body=b"{}" if method == "POST" else None)
             r = c.getresponse()
@@ -878,7 +882,8 @@ def test_stream_options_follow_openais_rules(served):  # noqa: F811
 def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(worded):  # noqa: F811
     """A non-streaming request went on decoding after its client had gone (a client timeout:
     the openai client then retries twice), holding the lock while the next requests waited.
-    It stops at its next piece; one whose client left while it waited does not start."""
+    It stops at its next piece; one whose client left while it waited does not start. Both
+    are counted in requests_total as 499 (they were in the time histograms only)."""
     import socket
     import time
 
@@ -909,6 +914,25 @@ def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(word
         code, r = _post(url, "/v1/completions", {"prompt": "w4", "max_tokens": 2})
         assert code == 200 and time.perf_counter() - t < 3.0, "the next request waited for the abandoned one"
         assert len(pieces) < 12, len(pieces)  # stopped early (2 pieces for this request included)
+        with app.lock:  # one that leaves while it waits for the engines
+            c = socket.create_connection(("127.0.0.1", httpd.server_address[1]))
+            c.sendall(req)
+            deadline = time.time() + 30
+            while app.metrics.waiting < 1:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            c.close()
+        deadline = time.time() + 30
+        while True:
+            with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+                counts = {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in r.read().decode().splitlines()
+                                                   if ln and ln[0] != "#")}
+            if counts["specrt_request_seconds_count"] == 3 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert counts['specrt_requests_total{endpoint="completions",status="499"}'] == 2, counts
+        assert counts['specrt_requests_total{endpoint="completions",status="200"}'] == 1, counts
+        assert counts["specrt_request_seconds_count"] == 3, counts
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -1131,3 +1155,140 @@ def test_a_request_refused_before_its_body_gets_its_answer(worded):  # noqa: F81
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_a_stream_whose_client_stops_reading_frees_the_engines_after_the_write_timeout(worded):  # noqa: F811
+    """A streaming client that keeps its connection open and reads nothing: once the socket's
+    buffers are full a write waits. It waited the read timeout (60 s), then as long again
+    for the error event, and every other request waited with it; now the answer ends after
+    ``write_timeout`` (1 s here), logged as a client that left, and the next request goes on."""
+    import socket
+    import time
+
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    app.write_timeout = 1.0
+    httpd = make_server(app, "127.0.0.1", 0)
+    bound = httpd.RequestHandlerClass
+
+    def setup(self):  # small kernel buffers (a slow network's): the 1.3 MB answer fills them at once
+        super(bound, self).setup()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    bound.setup = setup
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5", "w6 w7", "w9 w8"], "n": 16, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1, "stream": True}).encode()
+    c = socket.socket()
+    try:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(("127.0.0.1", port))
+        c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
+        c.settimeout(30)
+        c.recv(1, socket.MSG_PEEK)  # its answer has begun (it holds the engines); nothing is read
+        t = time.perf_counter()
+        body = json.dumps({"prompt": "w4", "max_tokens": 2}).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body),
+                                    timeout=30) as r:  # (it waited 60 s at least)
+            assert r.status == 200
+        assert time.perf_counter() - t < 10, "the next request waited for the stalled stream"
+        assert any("64 choices" in line and "finish none: the client left" in line for line in logs), logs
+        assert not any("[error" in line for line in logs), logs
+    finally:
+        c.close()
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def test_head_is_answered_as_get_without_a_body(served):
+    """HEAD (405 before) gets GET's status and headers, and no body, on every path."""
+    url, _ = served
+    for path in ("/health", "/v1/models", "/v1/models/tiny", "/metrics", "/v1/models/other", "/v2/nothing",
+                 "/v1/chat/completions"):
+        answers = []
+        for method in ("GET", "HEAD"):
+            head, _, body = _raw(url, f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                 .encode()).partition(b"\r\n\r\n")
+            lines = head.decode().split("\r\n")
+            answers.append((lines[0], sorted(ln for ln in lines[1:] if not ln.startswith("Date:")), body))
+        (status, headers, body), (head_status, head_headers, head_body) = answers
+        assert (head_status, head_headers) == (status, headers), path
+        assert body and head_body == b"", path
+        assert status.split()[1] == {"/v1/models/other": "404", "/v2/nothing": "404",
+                                     "/v1/chat/completions": "405"}.get(path, "200"), (path, status)
+
+
+def test_requests_waiting_for_the_engines_get_them_in_arrival_order(worded):  # noqa: F811
+    """The engines' lock was a threading.Lock, which promises no order: a request that asked
+    as it was released took it before one that had been waiting (with clients sending
+    requests back to back, 39 of 240 were served before one that had asked earlier). Here
+    the test asks as it releases: it gets the lock only once the waiting request has run."""
+    import time
+
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for trial in range(5):
+            app.lock.acquire()
+            before = len(logs)
+            t = threading.Thread(target=_post, args=(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 2}),
+                                 daemon=True)
+            t.start()
+            deadline = time.time() + 30
+            while app.metrics.waiting < 1:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            time.sleep(0.2)  # (in the lock's acquire by now)
+            app.lock.release()
+            with app.lock:
+                assert len(logs) == before + 1, f"trial {trial}: the lock went to a later request first"
+            t.join(timeout=60)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def test_an_interrupted_wait_for_the_engines_gives_up_its_place():
+    """Ctrl-C while Server.close waits for the lock (it then waits again, cutting the answer
+    in progress): the interrupted wait leaves the queue, or the lock would never be free again."""
+    import time
+
+    from specrt.cmd_serve import TurnLock
+
+    lock, order = TurnLock(), []
+    lock.acquire()
+
+    def waiter():
+        with lock:
+            order.append("waiter")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        holder = threading.Thread(target=lambda: (time.sleep(0.6), lock.release()), daemon=True)
+        holder.start()
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()  # (in the main thread, as close's)
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        holder.join()
+        t.join(timeout=10)
+        assert order == ["waiter"]
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
