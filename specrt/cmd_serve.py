@@ -58,7 +58,7 @@ import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -795,7 +795,12 @@ class Handler(BaseHTTPRequestHandler):
                 m.observe("queue_wait_seconds", time.perf_counter() - self._arrived)
                 if self.app.stopping:
                     return self._error(BadRequest("the server is shutting down", status=503))
-                self._respond(req, chat)
+                send = self._respond(req, chat)
+            # a whole answer is written after the lock is let go: a client that reads nothing
+            # (several MB of logprobs fill the socket's buffers) holds its own thread, not the
+            # engines, for the read timeout
+            if send is not None:
+                send()
         finally:
             m.observe("request_seconds", time.perf_counter() - self._arrived)
 
@@ -820,7 +825,9 @@ class Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):  # cannot tell: go on as if it were there
             return False
 
-    def _respond(self, req: dict, chat: bool) -> None:
+    def _respond(self, req: dict, chat: bool) -> Callable[[], None] | None:
+        """Runs ``req`` under the engines' lock: a stream is written as it comes; a whole
+        answer is returned as the call that sends it (after the lock, do_POST)."""
         app = self.app
         if self._client_gone():  # left while it waited for the lock: nothing to run for it
             app.metrics.request(self._endpoint, LEFT)
@@ -879,8 +886,9 @@ class Handler(BaseHTTPRequestHandler):
                 choice = ({"index": i, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
-            return self._send_json(200, {**head, "object": "chat.completion" if chat else "text_completion",
-                                         "choices": choices, "usage": last["usage"], "specrt": last["specrt"]})
+            answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": choices,
+                      "usage": last["usage"], "specrt": last["specrt"]}
+            return lambda: self._send_json(200, answer)  # sent once the engines are free (do_POST)
         app.metrics.request(self._endpoint, 200)
         # a client that stops reading fills the socket's buffers and a write waits: for the
         # read timeout (60 s), then as long again for the error event, while every other
