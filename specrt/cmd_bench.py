@@ -2,7 +2,7 @@
 
     specrt bench ENGINES --prompts FILE.jsonl -o REPORT_DIR [--force] [--chat] [--max-new-tokens 128]
                  [--governors off,fixed:1,...,adaptive,dspark] [--peers hf,hf-lookup,ortgenai]
-                 [--threads 2] [--limit N] [--variant LABEL=DIR] [--processes N]
+                 [--threads 2] [--limit N] [--variant LABEL=DIR] [--processes N] [--repeats N]
 
 Configurations, each decoding every prompt greedily, batch 1, in worker subprocesses.
 ``--schedule interleaved`` (default) loads every worker first, then runs prompt by
@@ -61,17 +61,29 @@ engine depth no governor called), then times each prompt: wall seconds of the
 whole generation, prefill included. ``tokens/s`` is new tokens / seconds per prompt;
 the report gives the median over prompts (and the total ratio).
 
+``--repeats N`` runs the whole prompt list N times, repeat after repeat (every prompt of
+repeat r before any of repeat r + 1; interleaved, the Williams order goes on from one
+repeat to the next), and every specrt governor starts each repeat afresh, as a run of its
+own would (DSpark's online calibration, ``:grow``'s sequences and prompt lookup's learnt
+priors live in the governor): a prompt file holding each prompt N times would let
+``:grow`` find the exact continuation of the earlier copies. A prompt's ``seconds`` is
+the median over its repeats (``seconds_by_repeat`` holds each) and its tokens/s its new
+tokens over that, so medians, ratios, paired ratios and predictions mean what they mean
+with one repeat; tau, acceptance, the time split and the prediction (b) are summed over
+every repeat's runs. The repeats of one configuration must give the same greedy tokens:
+a specrt configuration's differing is a failure (below), a peer's is reported.
+
 Greedy outputs must be token-identical. Every configuration is compared with
-``specrt:off`` per prompt: identical or not, the identical-prefix length and the first
-differing position. A mismatch between specrt's own governors (same engines, same
-numerics) is a hard failure (exit 2, after the report is written); a peer mismatch is
-reported loudly, since fp32 numerics of different runtimes can legitimately diverge on
-near-ties after many tokens.
+``specrt:off`` per prompt (the first repeat's outputs; later repeats with the first):
+identical or not, the identical-prefix length and the first differing position. A
+mismatch between specrt's own governors (same engines, same numerics) is a hard failure
+(exit 2, after the report is written); a peer mismatch is reported loudly, since fp32
+numerics of different runtimes can legitimately diverge on near-ties after many tokens.
 
 Report (``REPORT_DIR/bench.json``; PNG plots beside it):
 
     machine        CPU model, cores, threads, ISA, memory, load, OS, versions
-    settings       engines, prompts, max_new_tokens, threads, governors, peers, ...
+    settings       engines, prompts, max_new_tokens, threads, governors, peers, repeats, ...
     configs        name -> tokens_per_s_median, ratio_vs_ortgenai, ratio_vs_off (of the
                    medians), ratio_vs_off_paired (the median of per-prompt ratios), peak_rss_bytes, load_seconds, per-prompt numbers; specrt adds tau,
                    acceptance_by_position / _conditional, depth_histogram, time_split
@@ -80,7 +92,8 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
                    (P-EAGLE: the K-1 passes of a sequential drafter its one parallel pass
                    replaced), and "predicted" (below)
     identity       reference, per configuration and prompt: identical, identical_prefix,
-                   first_diff; failures (specrt) and peer mismatches
+                   first_diff; failures (specrt) and peer mismatches, repeat_mismatches (a
+                   peer's repeat differing from its first)
     efficiency     (a) decode without speculation vs onnxruntime-genai: same model, same
                    threads; (b) per specrt configuration, decode-phase tokens/s predicted
                    from tau and the engines' cost table vs measured (the table measured
@@ -279,6 +292,13 @@ class _SpecrtWorker:
         s = self.session
         self.governors = {g: make_governor(g, s.engines, s.calibration) for g in self.specs}
 
+    def fresh(self) -> None:
+        """A repeat (--repeats) starts as a run of its own would: every governor made again
+        from the stored calibration. What a governor learns lives in its object (DSpark's
+        online calibration; prompt lookup's policy with ``:grow``'s sequences and its learnt
+        priors, Generator.resolve_lookup); the corpus the generator holds is read-only."""
+        self._fresh_governors()
+
     def warmup(self, ids, n, eos):
         from specrt.engines.plan import DECODE, verify_role
         from specrt.runtime.session import make_governor
@@ -341,6 +361,10 @@ class _PeerWorker:
     def warmup(self, ids, n, eos):
         self.peer.generate(ids, n, eos)
 
+    def fresh(self) -> None:
+        """Nothing to forget: a peer's generation keeps no state for the next (transformers'
+        prompt lookup searches the sequence at hand; onnxruntime-genai makes a Generator a call)."""
+
     def run(self, ids, n, eos) -> dict:
         out, dt = self.peer.generate(ids, n, eos)
         return {"output_ids": out, "new_tokens": len(out), "seconds": dt,
@@ -378,29 +402,45 @@ def worker_main(job_path: str, result_path: str) -> int:
     print(f"{PROGRESS}warm", flush=True)
     per_prompt = []
     group = job.get("governors")  # several governors in this worker: results per governor
-    if job.get("interleaved"):  # the parent sends "run I [GOVERNOR]" per prompt, then "end"
-        done: dict[tuple[str | None, int], dict] = {}
+    repeats = int(job.get("repeats", 1))  # every prompt run this many times, repeat after repeat
+    if job.get("interleaved"):
+        # the parent sends "run I [GOVERNOR]" per prompt, "repeat R" as repeat R (counted
+        # from 0) starts after the first, then "end"
+        done: dict[tuple[str | None, int, int], dict] = {}
+        r = 0
         for line in sys.stdin:
             cmd = line.split()
             if not cmd or cmd[0] == "end":
                 break
+            if cmd[0] == "repeat":
+                r = int(cmd[1])
+                w.fresh()
+                continue
             i, g = int(cmd[1]), (cmd[2] if len(cmd) > 2 else None)
-            done[(g, i)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
+            done[(g, i, r)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
             print(f"{PROGRESS}{i}", flush=True)
         for g in group or [None]:
-            got = sorted(i for h, i in done if h == g)
-            if got != sorted(mine):
-                raise RuntimeError(f"interleaved worker ended after prompts {got} of "
-                                   + (f"{len(prompts)}" if len(mine) == len(prompts) else f"{sorted(mine)}")
-                                   + (f" for governor {g}" if g else ""))
+            for r in range(repeats):
+                got = sorted(i for h, i, q in done if h == g and q == r)
+                if got != sorted(mine):
+                    raise RuntimeError(f"interleaved worker ended after prompts {got} of "
+                                       + (f"{len(prompts)}" if len(mine) == len(prompts) else f"{sorted(mine)}")
+                                       + (f" in repeat {r + 1} of {repeats}" if repeats > 1 else "")
+                                       + (f" for governor {g}" if g else ""))
+        runs = {g: [combine_repeats([done[(g, i, r)] for r in range(repeats)]) for i in mine] for g in group or [None]}
         if group:
-            result["per_governor"] = {g: [done[(g, i)] for i in mine] for g in group}
+            result["per_governor"] = runs
         else:
-            per_prompt = [done[(None, i)] for i in mine]
+            per_prompt = runs[None]
     else:
-        for k, i in enumerate(mine):
-            per_prompt.append(w.run(prompts[i], n, eos))
-            print(f"{PROGRESS}{k + 1}", flush=True)
+        by_prompt: dict[int, list[dict]] = {i: [] for i in mine}
+        for r in range(repeats):
+            if r:
+                w.fresh()
+            for k, i in enumerate(mine):
+                by_prompt[i].append(w.run(prompts[i], n, eos))
+                print(f"{PROGRESS}{r * len(mine) + k + 1}", flush=True)
+        per_prompt = [combine_repeats(by_prompt[i]) for i in mine]
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
                   ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
@@ -408,6 +448,22 @@ def worker_main(job_path: str, result_path: str) -> int:
     w.close()
     Path(result_path).write_text(json.dumps(result))
     return 0
+
+
+def combine_repeats(recs: list[dict]) -> dict:
+    """One prompt's records, one a repeat (--repeats), -> the prompt's record: the first
+    repeat's, with ``seconds``, ``first_token_s`` and ``tokens_per_s`` (new tokens / seconds)
+    from the median over the repeats, every repeat's seconds in ``seconds_by_repeat`` and,
+    for more than one repeat, every repeat's whole record in ``repeats`` (the telemetry is
+    summed over them and their outputs compared, summarise_config and repeat_identity)."""
+    rec = {**recs[0], "seconds_by_repeat": [r["seconds"] for r in recs]}
+    if len(recs) > 1:
+        rec["seconds"] = _median(rec["seconds_by_repeat"])
+        rec["tokens_per_s"] = rec["new_tokens"] / rec["seconds"] if rec["seconds"] > 0 else 0.0
+        if all(r.get("first_token_s") is not None for r in recs):
+            rec["first_token_s"] = _median([r["first_token_s"] for r in recs])
+        rec["repeats"] = recs
+    return rec
 
 
 def worker_env(job: dict) -> dict:
@@ -485,6 +541,15 @@ class InterleavedWorker:
         except BrokenPipeError:
             return False
         return self._ack() == str(i)
+
+    def repeat(self, r: int) -> None:
+        """Repeat r (counted from 0) starts: the worker's governors start afresh. Not
+        acknowledged: the next ``run`` finds a worker that has died."""
+        try:
+            self.p.stdin.write(f"repeat {r}\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
 
     def kill(self) -> None:
         """Stop the worker now (the bench was interrupted): nothing of it outlives the bench."""
@@ -581,7 +646,8 @@ def total_telemetry(per_prompt: list[dict]) -> dict:
     return t.to_json()
 
 
-PER_PROMPT_KEYS = ("seconds", "new_tokens", "first_token_s", "finish_reason", "process", "prompt_tokens")
+PER_PROMPT_KEYS = ("seconds", "seconds_by_repeat", "new_tokens", "first_token_s", "finish_reason", "process",
+                   "prompt_tokens")
 
 
 def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) -> dict:
@@ -602,12 +668,15 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     }
     if not name.startswith("specrt:"):
         return s
-    tot = total_telemetry(pp)
+    # every run (--repeats: each prompt's repeats) with its prompt: the telemetry and the
+    # prediction are summed over them all
+    runs = [(x, ids) for r, ids in zip(pp, prompts) for x in r.get("repeats") or [r]]
+    tot = total_telemetry([x for x, _ in runs])
     split = dict(tot["time_split"])
     wall = tot["seconds"]
-    passes = sum(r["draft_passes"] for r in pp)
-    avoided = sum(r["mask_slots"] for r in pp)
-    DR = sum(r.get("drafting_rounds", 0) for r in pp)  # rounds in which the draft ran
+    passes = sum(x["draft_passes"] for x, _ in runs)
+    avoided = sum(x["mask_slots"] for x, _ in runs)
+    DR = sum(x.get("drafting_rounds", 0) for x, _ in runs)  # rounds in which the draft ran
     R = tot["draft_rounds"]  # rounds that verified >= 1 draft token
     s.update({
         "tau": tot["tau"],
@@ -638,7 +707,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     pred_s = measured_decode_s = engines_s = 0.0
     decode_tokens = 0
     width = split_tree(split_lookup(spec)[0])[1]
-    for rec, ids in zip(pp, prompts):
+    for rec, ids in runs:
         p = predict(engines, rec, len(ids), width)
         pred_s += p["draft"] + p["target"]
         ts = rec["time_split"]
@@ -701,6 +770,23 @@ def identity(outputs: dict[str, list[list[int]]], reference: str, own_reference:
     pairwise = {a: {b: sum(x == y for x, y in zip(outputs[a], outputs[b])) for b in names} for a in names}
     return {"reference": reference, "configs": per_config, "failures": failures,
             "peer_mismatches": peer_mismatches, "pairwise_identical_prompts": pairwise}
+
+
+def repeat_identity(results: dict[str, dict]) -> dict:
+    """Each configuration's later repeats (--repeats) against its first, prompt by prompt:
+    the rows that differ (``repeat`` counted from 1), as ``identity`` gives them; a specrt
+    configuration's are failures (the same engines, the same numerics, governors made
+    afresh), a peer's are listed."""
+    rows = []
+    for name, res in results.items():
+        for i, rec in enumerate(res["per_prompt"]):
+            reps = rec.get("repeats") or []
+            for r, x in enumerate(reps[1:], 2):
+                row = _compared(i, reps[0]["output_ids"], x["output_ids"])
+                if not row["identical"]:
+                    rows.append({"config": name, "reference": "repeat 1", "repeat": r, **row})
+    return {"failures": [m for m in rows if m["config"].startswith("specrt:")],
+            "repeat_mismatches": [m for m in rows if not m["config"].startswith("specrt:")]}
 
 
 def efficiency(configs: dict) -> dict:
@@ -918,7 +1004,9 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
     measured up to 8% apart, which separate processes would add to the governors' ratios.
     Between workers (specrt vs a peer, or vs a --variant folder) that difference remains;
     ``processes`` > 1 gives every worker that many processes, prompt i running on process
-    i mod N, so that each process's placement weighs on 1/N of a configuration's prompts."""
+    i mod N, so that each process's placement weighs on 1/N of a configuration's prompts.
+    The jobs' ``repeats`` (one number, the run's --repeats) runs the prompts that many
+    times, repeat after repeat, every worker's governors made afresh at each repeat's start."""
     every: list[InterleavedWorker] = []
     try:
         _interleave(jobs, n_prompts, out, bar, results, skipped, failed, echo, processes, every)
@@ -955,21 +1043,28 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
             workers[wname] = started
             member_of.update({name: (wname, g) for name, g in mem.items()})
     names = list(member_of)
-    for i in range(n_prompts):
-        if bar is not None:
-            bar.set_description(f"prompt {i + 1}/{n_prompts}")
-        for name in [names[j] for j in williams_order(len(names), i)]:
-            wname, g = member_of[name]
-            ws = workers.get(wname)
-            w = ws[i % len(ws)] if ws else None
-            if w is not None and not w.run(i, g or None):  # its process died: the whole worker fails
-                bad = w.finish()
-                for other in workers.pop(wname):
-                    if other is not w:
-                        other.finish()
-                _record_group(bad, members[wname], results, skipped, failed, echo)
+    repeats = max((int(job.get("repeats", 1)) for _, job in jobs), default=1)
+    for r in range(repeats):
+        for ws in workers.values() if r else ():
+            for w in ws:
+                w.repeat(r)
+        for i in range(n_prompts):
             if bar is not None:
-                bar.update(1)
+                bar.set_description(f"prompt {i + 1}/{n_prompts}"
+                                    + (f", repeat {r + 1}/{repeats}" if repeats > 1 else ""))
+            # the Williams sequence goes on across repeats: a repeat does not rerun the first's orders
+            for name in [names[j] for j in williams_order(len(names), r * n_prompts + i)]:
+                wname, g = member_of[name]
+                ws = workers.get(wname)
+                w = ws[i % len(ws)] if ws else None
+                if w is not None and not w.run(i, g or None):  # its process died: the whole worker fails
+                    bad = w.finish()
+                    for other in workers.pop(wname):
+                        if other is not w:
+                            other.finish()
+                    _record_group(bad, members[wname], results, skipped, failed, echo)
+                if bar is not None:
+                    bar.update(1)
     for wname, ws in workers.items():
         _record_group(merge_process_results([w.finish() for w in ws], n_prompts), members[wname], results, skipped,
                       failed, echo)
@@ -999,7 +1094,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
-              variants: dict[str, Path] | None = None, processes: int = 1, quiet: bool = False,
+              variants: dict[str, Path] | None = None, processes: int = 1, repeats: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
               governor_costs: str = "stored", chat_template_kwargs: dict | None = None,
               force: bool = False, echo: Callable[..., None] = click.echo) -> dict:
@@ -1016,6 +1111,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     peers, which this benchmark runs greedy only, are skipped: `off` is the baseline.
     Coupled sampling (``coupled``, --reproducible) gives off's tokens under every
     governor: its outputs are compared as greedy ones are.
+
+    repeats: every prompt is timed this many times, repeat after repeat, each repeat from
+    fresh governors (module doc, --repeats).
 
     variants: label -> another engines folder built from the same target graph (e.g.
     ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``.
@@ -1045,6 +1143,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     interleaved = schedule == "interleaved"
     if processes < 1:
         raise UserError(f"--processes {processes}: expected >= 1")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise UserError(f"--repeats {repeats}: expected an integer >= 1")
     for option, value, least in (("--threads", threads, 1), ("--limit", limit, 1), ("--lookup-tokens", lookup_tokens, 1),
                                  ("--warmup-tokens", warmup_tokens, 0)):
         if value is not None and value < least:
@@ -1153,7 +1253,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         skipped: dict[str, str] = {}
         jobs: list[tuple[str, dict]] = []
         base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
-                "warmup_tokens": warmup_tokens}
+                "warmup_tokens": warmup_tokens, "repeats": repeats}
         engines_spin = bool(engines.manifest.get("onnxruntime", {}).get("spin", False))
         peer_spin = engines_spin if peer_threading == "matched" else None
         for g in govs:
@@ -1223,7 +1323,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                     for _, job in jobs:
                         if job.get("kind") == "specrt" and job.get("engines") == folder:
                             job["costs"] = table
-        bar = _progress(len(jobs) * len(prompts), quiet)
+        bar = _progress(len(jobs) * len(prompts) * repeats, quiet)  # every run of every prompt
         results: dict[str, dict] = {}
         failed: dict[str, str] = {}
         if interleaved:
@@ -1248,7 +1348,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
             _record(name, res, results, skipped, failed, echo)
             if bar is not None and not res.get("ok"):
-                bar.update(len(prompts))
+                bar.update(len(prompts) * repeats)
         if bar is not None:
             bar.close()
 
@@ -1274,6 +1374,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                  "compared token for token")
         else:
             ident = {"reference": None, "configs": {}, "failures": [], "peer_mismatches": []}
+        if not sampled or params.coupled:  # a configuration's repeats give its first's tokens
+            again = repeat_identity(results)
+            ident["failures"] += again["failures"]
+            ident["repeat_mismatches"] = again["repeat_mismatches"]
         ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
         report = {
             "format": "specrt-bench/1",
@@ -1284,6 +1388,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "draft_kind": (engines.export.get("draft") or {}).get("kind"),
                          "prompts_file": str(prompts_file), "chat": chat,
                          "chat_template_kwargs": dict(chat_template_kwargs or {}), "max_new_tokens": max_new_tokens,
+                         "repeats": repeats,
                          "threads": threads, "build_threads": engines.manifest.get("onnxruntime", {}).get(
                              "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                          "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
@@ -1450,7 +1555,8 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     sp = st.get("sampling")
     how = ("greedy" if not sp else f"sampled (temperature {sp['temperature']:g}, top-p {sp['top_p']:g}, "
            f"top-k {sp['top_k']}, seed {sp['seed']}{', coupled' if sp.get('coupled') else ''})")
-    echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens, {how}, batch 1; idle threads: "
+    reps = f" x {st['repeats']} repeats (each prompt's median)" if (st.get("repeats") or 1) > 1 else ""
+    echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens{reps}, {how}, batch 1; idle threads: "
          f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
     echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
@@ -1521,7 +1627,16 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
         click.secho(f"MISMATCH {mm['config']} vs {ident['reference']}: prompt {mm['prompt']} differs at token "
                     f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')}); identical prefix "
                     f"{mm['identical_prefix']} of {mm['len_reference']}", fg="yellow", err=True)
+    for mm in ident.get("repeat_mismatches", []):
+        click.secho(f"MISMATCH {mm['config']}: prompt {mm['prompt']} in repeat {mm['repeat']} differs from its "
+                    f"repeat 1 at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
+                    fg="yellow", err=True)
     for mm in ident.get("failures", []):
+        if mm.get("repeat"):
+            click.secho(f"FAILURE {mm['config']}: prompt {mm['prompt']} in repeat {mm['repeat']} differs from its "
+                        f"repeat 1 at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
+                        fg="red", err=True)
+            continue
         click.secho(f"FAILURE {mm['config']} vs {ident['reference']} (same engines): prompt {mm['prompt']} differs "
                     f"at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
                     fg="red", err=True)
@@ -1578,6 +1693,10 @@ def _parse_variants(values) -> dict[str, Path]:
               help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
                    "one process's memory placement (two identical processes have measured up to 8% apart) "
                    "weighs on 1/N of each configuration's prompts. N times the memory.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Time every prompt N times: the whole prompt list N times over, each repeat from fresh governors "
+                   "(what :grow or DSpark learnt in one repeat is not carried to the next); a prompt's seconds are "
+                   "the median of its repeats.")
 @sampling_options("> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
                   "checked, `off` is the baseline). 0: greedy.", seed=0,
                   seed_help="Every configuration samples from this seed.")
@@ -1590,15 +1709,15 @@ def _parse_variants(values) -> dict[str, Path]:
                    "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, temperature, top_p, top_k,
-          seed, reproducible, profile, governor_costs, quiet) -> None:
+          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, repeats, temperature, top_p,
+          top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        profile=profile, governor_costs=governor_costs, chat_template_kwargs=chat_template_kwargs,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
                        ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
-                       schedule=schedule, variants=_parse_variants(variants), processes=processes, quiet=quiet,
-                       force=force,
+                       schedule=schedule, variants=_parse_variants(variants), processes=processes, repeats=repeats,
+                       quiet=quiet, force=force,
                        sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
                                  "coupled": reproducible})
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):

@@ -427,6 +427,8 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     assert isinstance(r.exception, UserError) and "--governors ' , ': expected comma-separated" in str(r.exception)
     (tmp_path / "afile").write_text("")
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
+                         (["--repeats", "0"], "--repeats 0: expected an integer >= 1"),
+                         (["--repeats", "-2"], "--repeats -2: expected an integer >= 1"),
                          (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
@@ -1020,3 +1022,131 @@ def test_a_plot_interrupted_while_written_leaves_no_truncated_file(tmp_path, mon
     plt.close(fig)
     assert [p.name for p in tmp_path.iterdir()] == ["tokens_per_s.png"]
     assert (tmp_path / "tokens_per_s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_engines, prompts_file, report,
+                                                                         tmp_path, monkeypatch):
+    """--repeats 2, in both schedules: the outputs of one repeat, two seconds a prompt with
+    their median as the prompt's seconds (and its tokens/s), the telemetry summed over both
+    repeats, the repeats compared with each other; the progress bar counts every run."""
+    import specrt.cmd_bench as B
+
+    pytest.importorskip("tqdm")
+    bars = []
+    progress = B._progress
+    monkeypatch.setattr(B, "_progress", lambda total, quiet: bars.append(progress(total, quiet)) or bars[-1])
+    rep1 = report[0]
+    lib = load_bench_lib()
+    hf = lib.peer_unavailable("hf", Path(rep1["settings"]["target_hf_folder"])) is None
+    for schedule, peers in (("interleaved", "hf" if hf else "none"), ("sequential", "none")):
+        out = tmp_path / schedule
+        r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                       "--max-new-tokens", "10", "--governors", "off,dspark:ngram:grow",
+                                       "--threads", "1", "--warmup-tokens", "2", "--no-profile", "--peers", peers,
+                                       "--schedule", schedule, "--repeats", "2"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert "2 prompts x 10 new tokens x 2 repeats" in r.output
+        rep = json.loads((out / "bench.json").read_text())
+        assert rep["settings"]["repeats"] == 2 and rep["settings"]["schedule"] == schedule
+        want = {REFERENCE, "specrt:dspark:ngram:grow", *(["hf"] if peers == "hf" else [])}
+        assert set(rep["configs"]) == want, (rep["failed"], rep["skipped"])
+        assert rep["identity"]["failures"] == [] and rep["identity"]["repeat_mismatches"] == []
+        for name, c in rep["configs"].items():
+            assert rep["outputs"][name] == rep1["outputs"][REFERENCE], name
+            for pp, tps in zip(c["per_prompt"], c["tokens_per_s_per_prompt"]):
+                assert len(pp["seconds_by_repeat"]) == 2 and pp["seconds"] == pytest.approx(
+                    statistics.median(pp["seconds_by_repeat"]))
+                assert tps == pytest.approx(pp["new_tokens"] / pp["seconds"])
+        # one repeat's tokens a prompt; off's rounds (one a token) over both repeats
+        assert rep["configs"][REFERENCE]["new_tokens"] == rep1["configs"][REFERENCE]["new_tokens"]
+        assert rep["configs"][REFERENCE]["rounds"] == 2 * rep1["configs"][REFERENCE]["rounds"]
+        assert rep["configs"][REFERENCE]["predicted"]["decode_tokens"] == 2 * rep1["configs"][REFERENCE][
+            "predicted"]["decode_tokens"]
+        assert bars[-1].total == bars[-1].n == len(want) * 2 * 2, schedule  # configurations x prompts x repeats
+
+
+def test_every_repeat_starts_from_fresh_governors(tiny_engines, tmp_path, monkeypatch):
+    """Each repeat is a replica of a one-repeat run: the governors' state as each repeat's
+    first prompt starts (DSpark's online calibration and rounds, what :grow has grown) is a
+    fresh governor's, in both schedules' workers, while within a repeat it carries on."""
+    import io
+    import sys
+
+    from specrt.cmd_bench import _SpecrtWorker, worker_main
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.session import make_governor
+
+    def state(gov):
+        policy = getattr(gov, "lookup_policy", None)
+        return {"rounds": gov._rounds, "calibration": gov.calibration.to_dict(),
+                "grown": policy.growth.tokens if policy is not None else 0}
+
+    spec = "dspark:ngram:grow"
+    fresh = state(make_governor(spec, load_engines(tiny_engines)))
+    seen = []
+    run = _SpecrtWorker.run
+
+    def spied(self, ids, n, eos, governor=None):
+        seen.append(state(self.governors[governor or self.specs[0]]))
+        return run(self, ids, n, eos, governor)
+
+    monkeypatch.setattr(_SpecrtWorker, "run", spied)
+    job = {"kind": "specrt", "engines": str(tiny_engines), "threads": 1, "prompts": [[5, 6, 7, 5, 6, 7], [9, 10, 11]],
+           "max_new_tokens": 6, "eos": [2], "warmup_tokens": 2, "repeats": 2}
+    for how, extra in (("sequential", {"governor": spec}), ("interleaved", {"governors": [spec], "interleaved": True})):
+        seen.clear()
+        (tmp_path / "job.json").write_text(json.dumps({**job, **extra}))
+        monkeypatch.setattr(sys, "stdin", io.StringIO(f"run 0 {spec}\nrun 1 {spec}\nrepeat 1\n"
+                                                      f"run 0 {spec}\nrun 1 {spec}\nend\n"))
+        assert worker_main(str(tmp_path / "job.json"), str(tmp_path / "result.json")) == 0
+        res = json.loads((tmp_path / "result.json").read_text())
+        assert res["ok"], res
+        assert len(seen) == 4, how
+        assert seen[0] == fresh and seen[2] == fresh, how
+        assert seen[1] != fresh and seen[1]["grown"] > 0 and seen[1]["rounds"] > 0, how  # learnt within a repeat
+        pp = res["per_governor"][spec] if "per_governor" in res else res["per_prompt"]
+        assert [[x["output_ids"] for x in r["repeats"]] for r in pp] == [[r["output_ids"]] * 2 for r in pp]
+
+
+def test_a_repeat_is_compared_with_the_first_and_summed_into_the_telemetry(tmp_path, capsys):
+    """A prompt's repeats: the median seconds, every repeat's kept, the telemetry and the
+    prediction over every run; a repeat whose tokens differ from the first's fails a specrt
+    configuration and is listed for a peer, and the summary says which repeat."""
+    from specrt.cmd_bench import combine_repeats, print_summary, repeat_identity
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    def rec(seconds, accepted, out):
+        t = Telemetry()
+        t.record(RoundResult(depth=2, accepted=accepted, t_draft=0.01, t_verify=0.01))
+        t.finish(new_tokens=len(out), seconds=seconds)
+        return {**t.to_json(), "output_ids": out, "draft_passes": 1, "mask_slots": 1, "drafting_rounds": 1}
+
+    a, b, c = rec(0.3, 2, [1, 2, 3]), rec(0.1, 0, [1, 2, 3]), rec(0.2, 1, [1, 2, 3])
+    one = combine_repeats([a, b, c])
+    assert one["seconds"] == pytest.approx(0.2) and one["seconds_by_repeat"] == [0.3, 0.1, 0.2]
+    assert one["tokens_per_s"] == pytest.approx(15.0) and one["repeats"] == [a, b, c]
+    assert combine_repeats([a]) == {**a, "seconds_by_repeat": [0.3]}
+
+    class E:
+        depths = (1, 2)
+
+        def cost(self, role, past):
+            return 0.01
+
+    s = summarise_config("specrt:fixed:2", {"per_prompt": [one]}, [[7, 8]], E())
+    assert s["tokens_per_s_per_prompt"] == [pytest.approx(15.0)] and s["new_tokens"] == 3
+    assert s["rounds"] == 3 and s["accepted"] == 3 and s["tau"] == pytest.approx(2.0)  # (2 + 0 + 1) / 3 + 1
+    assert s["draft_passes"] == 3 and s["predicted"]["decode_tokens"] == 6
+    other = combine_repeats([rec(0.1, 1, [1, 2, 3]), rec(0.1, 1, [1, 9])])
+    ident = repeat_identity({"specrt:fixed:2": {"per_prompt": [one, other]}, "hf": {"per_prompt": [other]}})
+    rows = {k: [(m["config"], m["prompt"], m["repeat"], m["first_diff"], m["token"]) for m in v]
+            for k, v in ident.items()}
+    assert rows == {"failures": [("specrt:fixed:2", 1, 2, 1, 9)], "repeat_mismatches": [("hf", 0, 2, 1, 9)]}
+    # the summary names the repeat (the committed report of another run, its identity replaced)
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                     .read_text())
+    rep["identity"].update(failures=ident["failures"], repeat_mismatches=ident["repeat_mismatches"], peer_mismatches=[])
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: None)
+    err = capsys.readouterr().err
+    assert "FAILURE specrt:fixed:2: prompt 1 in repeat 2 differs from its repeat 1 at token 1 (2 vs 9)" in err
+    assert "MISMATCH hf: prompt 0 in repeat 2 differs from its repeat 1 at token 1 (2 vs 9)" in err
