@@ -1206,6 +1206,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     out = Path(out)
     force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
     out = check_output(out, force, marker=REPORT_FILE)
+    # what the run reads must not be inside the folder it replaces (an -o inside ENGINES is fine)
+    for what, given in (("--prompts", prompts_file), ("ENGINES", engines.folder),
+                        *((f"--variant {label}", ve.folder) for label, ve in variant_engines.items())):
+        if out.resolve() in [Path(given).resolve(), *Path(given).resolve().parents]:
+            raise UserError(f"-o {out}: holds the input {what} {given}; replacing the report would delete it "
+                            "(write elsewhere)")
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 

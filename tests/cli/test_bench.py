@@ -881,6 +881,22 @@ def test_a_bench_into_an_earlier_runs_folder_needs_force_and_leaves_none_of_its_
     assert r.exit_code == 0 and (empty / "bench.json").is_file(), r.output
 
 
+def test_a_report_folder_holding_the_prompts_file_is_not_replaced(tiny_engines, prompts_file, tmp_path):
+    """-o an earlier report folder that holds the prompts file read (results/run1/prompts.jsonl
+    ... -o results/run1 --force): replacing the report deleted that input. Refused before
+    anything runs, as export and build refuse an -o that holds their input."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "bench.json").write_text('{"earlier": true}')
+    inside = out / "prompts.jsonl"
+    inside.write_text(prompts_file.read_text())
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(inside), "-o", str(out), "--peers", "none",
+                                   "--governors", "off", "--max-new-tokens", "2", "--no-profile", "--quiet",
+                                   "--force"])
+    assert isinstance(r.exception, UserError) and "holds the input" in str(r.exception), r.output
+    assert inside.read_text() == prompts_file.read_text() and (out / "bench.json").read_text() == '{"earlier": true}'
+
+
 def test_a_variant_on_the_engines_own_folder_is_refused(tiny_engines, prompts_file, tmp_path):
     """Workers are one per engines folder: a variant naming ENGINES (or another variant's
     folder) joined that worker and reported its records twice, an A/A test at exactly 1.000x."""
