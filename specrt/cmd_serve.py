@@ -384,11 +384,16 @@ class Server:
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
         self.stopping = False  # closing: requests not yet begun are answered 503
         self.cutting = False  # closing at once: the request being answered ends at its next round
+        # whole answers being written after the engines' lock was let go (Handler.do_POST):
+        # close waits for them, as it waits for the lock (the process ended under them)
+        self.sending = 0
+        self.sent = threading.Condition()
 
     def close(self) -> None:
         """Closes the session once the request being answered has ended (Ctrl-C mid-answer
         closed its engines under it: the client got 'infer() before activate()'); requests
-        still queued are then answered 503."""
+        still queued are then answered 503. Returns once the whole answers being sent after the
+        lock (Handler.do_POST) are sent, or at a further Ctrl-C."""
         self.stopping = True
         if not self.lock.acquire(blocking=False):
             self.log("[stopping: the request being answered ends first (Ctrl-C again: at its next round)]")
@@ -401,6 +406,20 @@ class Server:
             self.session.close()
         finally:
             self.lock.release()
+        with self.sent:
+            if self.sending:
+                self.log("[stopping: an answer is being sent (Ctrl-C again: now)]")
+            try:
+                while self.sending:
+                    self.sent.wait()
+            except KeyboardInterrupt:
+                pass
+
+    def sending_whole(self, n: int) -> None:
+        """``n`` (1 or -1) more whole answers being sent after the lock (close waits for them)."""
+        with self.sent:
+            self.sending += n
+            self.sent.notify_all()
 
     def _generator(self, params):
         """The generator of ``params``' decoding mode (made on first use: the governor
@@ -796,11 +815,16 @@ class Handler(BaseHTTPRequestHandler):
                 if self.app.stopping:
                     return self._error(BadRequest("the server is shutting down", status=503))
                 send = self._respond(req, chat)
+                if send is not None:  # (counted before the lock goes: close takes it next)
+                    self.app.sending_whole(1)
             # a whole answer is written after the lock is let go: a client that reads nothing
             # (several MB of logprobs fill the socket's buffers) holds its own thread, not the
             # engines, for the read timeout
             if send is not None:
-                send()
+                try:
+                    send()
+                finally:
+                    self.app.sending_whole(-1)
         finally:
             m.observe("request_seconds", time.perf_counter() - self._arrived)
 
@@ -852,6 +876,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
             return self._error(BadRequest("no output", status=500))
+        except BadRequest as e:  # cut by a second Ctrl-C (Server.cutting): its 503, not an engine failure
+            return self._error(e)
         except Exception as e:  # an engine failure: an error response, the server goes on
             app.log(f"[error: {type(e).__name__}: {e}]")
             return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
@@ -877,6 +903,8 @@ class Handler(BaseHTTPRequestHandler):
                     entries.setdefault(i, []).extend(last["logprobs"] or [])
                     contexts.setdefault(i, last.get("context", ()))
                     last = next(pieces)
+            except BadRequest as e:  # (cut: Server.cutting)
+                return self._error(e)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
@@ -934,7 +962,8 @@ class Handler(BaseHTTPRequestHandler):
             pieces.close()  # for write_timeout): stop generating; logged as a client that left
             self.close_connection = True
         except Exception as e:  # mid-answer, after the headers: an error event ends the stream
-            app.log(f"[error: {type(e).__name__}: {e}]")
+            if not isinstance(e, BadRequest):  # (cut by a second Ctrl-C: said in the event only)
+                app.log(f"[error: {type(e).__name__}: {e}]")
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
             try:
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": str(e), "type": kind}}).encode()

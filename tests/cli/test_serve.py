@@ -3,6 +3,7 @@ answered as `Session.stream` answers the same prompt."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -1075,6 +1076,101 @@ def test_closing_lets_the_answer_in_progress_end(worded):  # noqa: F811
             app.close()
 
 
+def test_closing_waits_for_a_whole_answer_being_sent(worded):  # noqa: F811
+    """A whole (non-streaming) answer is written after the engines' lock is let go: closing
+    the server (Ctrl-C, SIGTERM) waits for it as for the lock (close returned while it was
+    being written and the process ended under it: `specrt serve` stopped mid-answer sent
+    that client nothing, not even a status line)."""
+    import socket
+
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    bound = httpd.RequestHandlerClass
+
+    def setup(self):  # small kernel buffers: the answer's write waits for its client to read
+        super(bound, self).setup()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    bound.setup = setup
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1}).encode()
+    closer = threading.Thread(target=app.close)
+    c = socket.socket()
+    try:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(httpd.server_address)
+        c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
+        c.settimeout(60)
+        c.recv(1, socket.MSG_PEEK)  # its answer is being written, the engines free; nothing is read yet
+        closer.start()
+        closer.join(2)
+        assert closer.is_alive(), "close returned while the answer was being sent"
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        closer.join(60)
+        assert not closer.is_alive()
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200") and len(json.loads(body)["choices"]) == 16, head
+        assert any("an answer is being sent" in line for line in logs), logs
+    finally:
+        c.close()
+        httpd.shutdown()
+        httpd.server_close()
+        if not closer.is_alive():
+            app.close()
+
+
+@contextlib.contextmanager
+def _in_process(engines, governor: str = "fixed:3"):
+    """A Server on ENGINES behind make_server on a free port, in this process: (app, httpd,
+    url, its log lines); shut down and closed after."""
+    from specrt.cmd_serve import Server, make_server
+
+    logs: list[str] = []
+    app = Server(engines, governor, SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield app, httpd, f"http://127.0.0.1:{httpd.server_address[1]}", logs
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
+    """A second Ctrl-C while closing cuts the answer in progress at its next round
+    (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
+    server is shutting down" (it got 500, "BadRequest: the server is shutting down", logged
+    as an engine error); a stream cut later ends with that error event."""
+    import socket
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        app.cutting = True
+        for stream in (False, True):
+            code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 20, "stream": stream})
+            assert code == 503 and r["error"]["message"] == "the server is shutting down", (stream, code, r)
+        app.cutting = False
+        req = json.dumps({"prompt": "w1 w2", "max_tokens": 100, "n": 16, "stream": True}).encode()
+        with socket.create_connection(httpd.server_address, timeout=60) as c:
+            c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode()
+                      + req)
+            got = b""
+            while got.count(b"data: ") < 1:
+                got += c.recv(1)
+            app.cutting = True  # mid-answer
+            while chunk := c.recv(65536):
+                got += chunk
+        events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["message"] == "the server is shutting down"
+        assert not any("[error" in line for line in logs), logs
+
+
 def test_sigterm_stops_the_command_as_ctrl_c_does(worded):  # noqa: F811
     """SIGTERM (what service managers and containers stop with): exit 0 after closing, as
     Ctrl-C (it killed the process: -15, a stream in progress cut without a word)."""
@@ -1232,14 +1328,7 @@ def test_requests_waiting_for_the_engines_get_them_in_arrival_order(worded):  # 
     the test asks as it releases: it gets the lock only once the waiting request has run."""
     import time
 
-    from specrt.cmd_serve import Server, make_server
-
-    logs: list[str] = []
-    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
-    httpd = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with _in_process(worded) as (app, httpd, url, logs):
         for trial in range(5):
             app.lock.acquire()
             before = len(logs)
@@ -1255,10 +1344,6 @@ def test_requests_waiting_for_the_engines_get_them_in_arrival_order(worded):  # 
             with app.lock:
                 assert len(logs) == before + 1, f"trial {trial}: the lock went to a later request first"
             t.join(timeout=60)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        app.close()
 
 
 def test_an_interrupted_wait_for_the_engines_gives_up_its_place():
