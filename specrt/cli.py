@@ -345,10 +345,10 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
 
 
-def _read_prompts(path: Path) -> list[str | list[dict]]:
+def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[dict]]:
     from specrt.prompt_files import read_prompt_file, text_of
 
-    return [text_of(obj) for obj in read_prompt_file(path, allow_ids=False)]
+    return [text_of(obj) for obj in read_prompt_file(path, allow_ids=False, lines=lines)]
 
 
 @main.command()
@@ -402,7 +402,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    prompts = [prompt] if prompt is not None else _read_prompts(prompts_file)
+    lines: list[int] = []  # each prompt's line in --prompts (blank lines passed over)
+    prompts = [prompt] if prompt is not None else _read_prompts(prompts_file, lines)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
@@ -435,7 +436,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             except UserError as e:
                 if prompts_file is None:
                     raise
-                raise UserError(f"{prompts_file}:{i + 1}: {e}") from None
+                raise UserError(f"{prompts_file}:{lines[i]}: {e}") from None
             if not quiet:
                 click.echo()
             st = s.stats()

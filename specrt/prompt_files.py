@@ -65,9 +65,11 @@ def is_messages(v: Any) -> bool:
                                                      and isinstance(m.get("content"), str) for m in v))
 
 
-def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]:
+def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None = None) -> list[dict[str, Any]]:
     """The objects of ``path``; UserError naming the file and line for anything else.
-    ``allow_ids=False``: every line needs text, ``prompt`` or ``messages``."""
+    ``allow_ids=False``: every line needs text, ``prompt`` or ``messages``. ``lines``: a list
+    the objects' line numbers are appended to (blank lines are passed over, so a prompt's
+    index is not its line)."""
     items = []
     for n, obj in json_lines(path):
         if isinstance(obj, dict) and "messages" in obj and not is_messages(obj["messages"]):
@@ -82,6 +84,8 @@ def read_prompt_file(path: Path, allow_ids: bool = True) -> list[dict[str, Any]]
             raise UserError(f"{path}:{n}: expected an object with a string field 'prompt' or a conversation "
                             "'messages'" + (" (or a non-empty list of token ids 'prompt_ids')" if allow_ids else ""))
         items.append(obj)
+        if lines is not None:
+            lines.append(n)
     if not items:
         raise UserError(f"{path}: no prompts")
     return items
