@@ -749,8 +749,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, model)
         elif route in POST_PATHS:
             self._not_allowed()
-        elif route == "/health":
-            self._send_json(200, {"status": "ok"})
+        elif route == "/health":  # (503 while stopping: a load balancer sends no more requests here)
+            self._send_json(*((503, {"status": "stopping"}) if self.app.stopping else (200, {"status": "ok"})))
         elif route == "/metrics":
             data = self.app.metrics.render().encode()
             self.send_response(200)

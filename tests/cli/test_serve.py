@@ -1143,6 +1143,19 @@ def _in_process(engines, governor: str = "fixed:3"):
         app.close()
 
 
+def test_health_says_stopping_once_the_server_is_closing(worded):  # noqa: F811
+    """/health answers 503 "stopping" from the first Ctrl-C on (it said "ok" while requests
+    were refused 503), so a load balancer stops sending requests."""
+    with _in_process(worded) as (app, httpd, url, logs):
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            assert (r.status, json.loads(r.read())) == (200, {"status": "ok"})
+        app.stopping = True
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/health", timeout=30)
+        assert (e.value.code, json.loads(e.value.read())) == (503, {"status": "stopping"})
+        app.stopping = False
+
+
 def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
