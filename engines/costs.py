@@ -42,6 +42,7 @@ Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` giv
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -263,19 +264,28 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
 
 
 def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
-    """engines.json's table with integer depth and past keys."""
+    """engines.json's table with integer depth and past keys; a cost that is not a positive
+    finite number of seconds is a ValueError (typed by hand: a TypeError, or a governor
+    that divides by it, later)."""
     if not table:
         return {}
+
+    def sec(v: Any) -> float:
+        t = float(v)
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"a cost of {v!r}: expected seconds > 0")
+        return t
+
     out = dict(table)
     flat = ("decode", "draft", "prefill")  # the flat figures too (a text value typed by hand: a TypeError later)
-    out.update({k: float(table[k]) for k in flat if k in table})
-    out["verify"] = {int(d): float(v) for d, v in table.get("verify", {}).items()}
+    out.update({k: sec(table[k]) for k in flat if k in table})
+    out["verify"] = {int(d): sec(v) for d, v in table.get("verify", {}).items()}
     if "chain" in table:
-        out["chain"] = {int(L): float(v) for L, v in table["chain"].items()}
-    out["by_past"] = {int(p): {**row, **{k: float(row[k]) for k in flat if k in row},
-                               "verify": {int(d): float(v) for d, v in row.get("verify", {}).items()},
-                               "draft_by_depth": {int(k): float(v) for k, v in row.get("draft_by_depth", {}).items()},
-                               "chain": {int(k): float(v) for k, v in row.get("chain", {}).items()}}
+        out["chain"] = {int(L): sec(v) for L, v in table["chain"].items()}
+    out["by_past"] = {int(p): {**row, **{k: sec(row[k]) for k in flat if k in row},
+                               "verify": {int(d): sec(v) for d, v in row.get("verify", {}).items()},
+                               "draft_by_depth": {int(k): sec(v) for k, v in row.get("draft_by_depth", {}).items()},
+                               "chain": {int(k): sec(v) for k, v in row.get("chain", {}).items()}}
                       for p, row in table.get("by_past", {}).items()}
     return out
 

@@ -21,7 +21,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.engines.base import Runner, specs_from_json
 from specrt.engines.costs import interpolate, parse_costs
-from specrt.engines.manifest import read_engines_manifest, verify_engines
+from specrt.engines.manifest import check_against_export, read_engines_manifest, verify_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, Role, verify_role
 from specrt.errors import InternalError, UserError
 
@@ -100,6 +100,7 @@ class EngineSet:
         self.draft_depth: int = int(manifest["draft_depth"])
         self.max_context: int = int(manifest["max_context"])
         where = self.folder / "engines.json"
+        check_against_export(where, manifest, export)
         try:
             self.roles = {}
             for name, d in manifest["roles"].items():
@@ -164,9 +165,10 @@ class EngineSet:
                 merged["prepack"] = None  # re-derive from the new session mode
             try:
                 settings = OrtSettings.from_json(merged).resolved()
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, UserError) as e:
                 raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed "
-                                f"({type(e).__name__}: {e}); rebuild with `specrt build`") from None
+                                f"({e if isinstance(e, UserError) else f'{type(e).__name__}: {e}'}); rebuild with "
+                                "`specrt build`") from None
             built = ((self.manifest.get("environment") or {}).get("device") or {}).get("physical_cores")
             default = self.manifest.get("onnxruntime_threads_default")  # (engines built before it: by the count)
             if "intra_op_num_threads" not in ort_overrides and (
@@ -326,7 +328,11 @@ class EngineSet:
 
     @property
     def weight_bytes(self) -> int:
-        return int(sum(self.manifest.get("weight_bytes", {}).values()))
+        wb = self.manifest.get("weight_bytes", {})
+        if not (isinstance(wb, dict) and all(isinstance(v, int) and v >= 0 for v in wb.values())):
+            raise UserError(f"{self.folder / 'engines.json'}: field 'weight_bytes' is {wb!r:.80}; expected graph -> "
+                            "bytes: rebuild with `specrt build`")
+        return int(sum(wb.values()))
 
     def __repr__(self) -> str:
         return f"<EngineSet {self.backend} {self.precision} depths {list(self.depths)} at {self.folder}>"

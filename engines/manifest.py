@@ -27,7 +27,9 @@ Manifest keys:
 Loading refuses, with a UserError naming what differs: an engine file or export file
 whose bytes changed, an export.json whose digest differs from the recorded one, a
 backend version or device other than the build's (TensorRT plans are tied to both; ONNX
-Runtime costs and kernel choices are tied to the CPU's ISA).
+Runtime costs and kernel choices are tied to the CPU's ISA), a field missing, of another
+type, or at odds with the rest or with the export (roles, the build's own I/O; the graph
+files' own inputs and outputs are checked when the engines activate).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
-from specrt.manifest import load_export, manifest_digest, read_manifest, require_fields, tool_versions, verify_files
+from specrt.manifest import load_export, read_manifest, require_fields, tool_versions, verify_files
 
 ENGINES_MANIFEST = "engines.json"
 ENGINES_FORMAT = "specrt-engines/1"
@@ -117,10 +119,11 @@ def _device_id(d: dict[str, Any]) -> str:
 
 def check_environment(folder: Path, recorded: dict[str, Any], current: dict[str, Any]) -> None:
     diffs = []
+    recorded = recorded if isinstance(recorded, dict) else {}  # (a hand edit: said as an environment that differs)
     if recorded.get("backend_version") != current["backend_version"]:
         diffs.append(f"{current['backend']} version: built with {recorded.get('backend_version')}, "
                      f"this machine has {current['backend_version']}")
-    rd, cd = recorded.get("device") or {}, current["device"]
+    rd, cd = recorded.get("device") if isinstance(recorded.get("device"), dict) else {}, current["device"]
     if any(rd.get(k) != cd.get(k) for k in ("kind", "name", "isa")):
         diffs.append(f"device: built on {_device_id(rd)}, this machine is {_device_id(cd)}")
     if diffs:
@@ -139,6 +142,9 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     if m["max_context"] < 1 or min(m["depths"], default=1) < 1:  # (a hand edit: the KV cache's error named no file)
         raise UserError(f"{where}: max_context {m['max_context']} and depths {m['depths']}; expected positive "
                         "token counts: re-run `specrt build`")
+    if m["precision"] not in ("fp32", "fp16", "bf16") or m["depths"] != sorted(set(m["depths"])):
+        raise UserError(f"{where}: precision {m['precision']!r:.40} and depths {m['depths']}; expected fp32, fp16 "
+                        "or bf16 and increasing depths: re-run `specrt build`")
     if m["backend"] == "onnxruntime":
         require_fields(m, where, {"onnxruntime": dict})
     for i, r in enumerate(m["files"]):
@@ -153,6 +159,14 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         raise UserError(f"{where}: depths {m['depths']} but verify roles for {verify}; re-run `specrt build`")
     if "draft" in m["roles"] and m["draft_depth"] != max(m["depths"]):
         raise UserError(f"{where}: draft_depth {m['draft_depth']}, the deepest depth is {max(m['depths'])}; "
+                        "re-run `specrt build`")
+    for name, role in m["roles"].items():
+        check_role(where, name, role)
+    if "prefill" not in m["roles"]:  # (the engine every other target role falls back to)
+        raise UserError(f"{where}: roles has no 'prefill'; re-run `specrt build`")
+    graphs = m.get("graphs", {})
+    if not (isinstance(graphs, dict) and all(isinstance(v, dict) for v in graphs.values())):
+        raise UserError(f"{where}: field 'graphs' is {graphs!r:.80}; expected an object of graph name -> object: "
                         "re-run `specrt build`")
     recorded = {r["file"] for r in m["files"]}
     key = "onnx" if m["backend"] == "onnxruntime" else "file"
@@ -173,16 +187,96 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     return m
 
 
+def check_role(where: Path, name: str, role: Any) -> None:
+    """roles.{name}: its graph the one its name gives, its dims [min, opt, max] ranges, its limit a token count."""
+    from specrt.engines.plan import DRAFT, verify_role
+
+    graph = "draft" if name == DRAFT else "target"
+    if not (name in ("prefill", "decode", DRAFT) or (name.startswith("verify.") and name[7:].isdigit()
+                                                      and verify_role(int(name[7:])) == name)):
+        raise UserError(f"{where}: roles.{name}: not a role specrt builds (prefill, decode, verify.D, draft); re-run "
+                        "`specrt build`")
+    if not isinstance(role, dict) or role.get("graph") != graph:
+        got = role.get("graph") if isinstance(role, dict) else role
+        raise UserError(f"{where}: roles.{name}.graph is {got!r:.80}; expected '{graph}': re-run `specrt build`")
+    dims, limit = role.get("dims"), role.get("limit")
+    if not (isinstance(dims, dict) and all(
+            isinstance(r, list) and len(r) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+            and 0 <= r[0] <= r[1] <= r[2] for r in dims.values())):
+        raise UserError(f"{where}: roles.{name}.dims is {dims!r:.80}; expected dimension name -> [min, opt, max] "
+                        "with 0 <= min <= opt <= max: re-run `specrt build`")
+    if not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= max((r[2] for r in dims.values()),
+                                                                                  default=1)):
+        raise UserError(f"{where}: roles.{name}.limit is {limit!r:.80}; expected a token count no less than its dims' "
+                        "largest: re-run `specrt build`")
+
+
+def check_against_export(where: Path, m: dict[str, Any], export: dict[str, Any]) -> None:
+    """What engines.json says of its export agrees with the export: the context limit within
+    the target's positions and each role's limit the build's for it, the precision the
+    export's dtype (ONNX Runtime), a draft role when the export has a draft graph, each
+    role's dims naming every symbolic dimension of its graph's inputs, the build's own target
+    I/O (in-place KV) the contract's for the export's numbers."""
+    from specrt import contracts as C
+    from specrt.engines.plan import PRECISIONS
+
+    graphs = m.get("graphs", {})
+    # the context limit: the target's positions at most, every role's limit what the build gave it
+    # (a larger one ran the in-place graph past its KV rows and RoPE table)
+    ctx, t = m["max_context"], export["target"]
+    if ctx > t["max_position_embeddings"]:
+        raise UserError(f"{where}: max_context {ctx} is past the target's max_position_embeddings "
+                        f"{t['max_position_embeddings']}; re-run `specrt build`")
+    for name, role in m["roles"].items():
+        want = ctx + max(m["depths"]) if role["graph"] == "draft" else ctx
+        if role["limit"] != want:
+            raise UserError(f"{where}: roles.{name}.limit is {role['limit']}, expected {want} for max_context {ctx}; "
+                            "re-run `specrt build`")
+    if m["export"].get("dtype", export["dtype"]) != export["dtype"] or (
+            m["backend"] == "onnxruntime" and PRECISIONS.get(m["precision"]) != export["dtype"]):
+        raise UserError(f"{where}: precision {m['precision']} and export.dtype {m['export'].get('dtype')}, the export "
+                        f"is {export['dtype']}; re-run `specrt build`")
+    run = sorted({r.get("graph") for r in m["roles"].values()})
+    if run != sorted(export["graphs"]):
+        raise UserError(f"{where}: field 'roles' runs the graphs {run}, the export has {sorted(export['graphs'])}; "
+                        "re-run `specrt build`")
+    own = graphs.get("target") or {}
+    if "io" in own:
+        head = own.get("head", "full")
+        want = C.target_io(t["num_layers"], t["num_kv_heads"], t["head_dim"], t["vocab_size"], t["hidden_size"],
+                           export["dtype"], kv="inplace", head=head if head in C.HEADS else "full",
+                           num_aux=len(t["aux_layer_ids"])).to_json()
+        if own.get("kv") != "inplace" or head not in C.HEADS or own["io"] != want:
+            io = own["io"]
+            key = ("graphs.target.kv" if own.get("kv") != "inplace" else "graphs.target.head" if head not in C.HEADS
+                   else "graphs.target.io" if not isinstance(io, dict)
+                   else next((f"graphs.target.io.{k}" for k in ("inputs", "outputs", "aliases")
+                              if io.get(k) != want.get(k)), "graphs.target.io"))
+            raise UserError(f"{where}: field '{key}' is not the in-place target graph's I/O for this export "
+                            "(contracts.py); re-run `specrt build`")
+    if own.get("tree", False) not in (True, False) or (own.get("tree") and "io" not in own):
+        # (a token tree on a graph whose mask does not follow the positions: wrong tokens)
+        raise UserError(f"{where}: field 'graphs.target.tree' is {own.get('tree')!r:.80}; expected true only for the "
+                        "in-place target graph (with its io): re-run `specrt build`")
+    q = (graphs.get("draft") or {}).get("quantized")
+    if q is not None and not (isinstance(q, dict) and isinstance(q.get("weights"), str)):
+        raise UserError(f"{where}: field 'graphs.draft.quantized' is {q!r:.80}; expected the build's record of "
+                        "the int8 draft: re-run `specrt build`")
+    for name, role in m["roles"].items():
+        io = own["io"] if role["graph"] == "target" and "io" in own else export["graphs"][role["graph"]]["io"]
+        need = {d for spec in io["inputs"] for d in spec["shape"] if isinstance(d, str)}
+        if need - set(role["dims"]):
+            raise UserError(f"{where}: roles.{name}.dims has no range for {sorted(need - set(role['dims']))}; re-run "
+                            "`specrt build`")
+
+
 def verify_engines(folder: Path, manifest: dict[str, Any], verify: bool = True) -> dict[str, Any]:
     """Check environment, engine-file hashes, and the embedded export; returns the export manifest."""
     folder = Path(folder)
-    providers = manifest.get("onnxruntime", {}).get("providers", ())
+    providers = (manifest.get("onnxruntime") or {}).get("providers", ())
+    providers = providers if isinstance(providers, list) else ()  # (malformed: refused with the other settings)
     check_environment(folder, manifest.get("environment", {}), environment(manifest["backend"], providers))
     if verify:
         verify_files(folder, manifest.get("files", []), "engines")
     exp_dir = folder / manifest["export"]["folder"]
-    exp = load_export(exp_dir, verify=verify)
-    if manifest_digest(exp) != manifest["export"]["digest"]:
-        raise UserError(f"{exp_dir / 'export.json'}: differs from the export these engines were built from "
-                        "(manifest digest mismatch); rebuild with `specrt build`")
-    return exp
+    return load_export(exp_dir, verify=verify, digest=manifest["export"]["digest"])

@@ -177,6 +177,16 @@ class OrtSettings:
                             f"{', '.join(OPT_LEVELS)}")
         if self.execution_mode not in ("sequential", "parallel"):
             raise UserError(f"execution_mode '{self.execution_mode}' is not sequential or parallel")
+        count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+        for key, ok, want in (
+                ("intra_op_num_threads", count(self.intra_op_num_threads), "a thread count >= 0"),
+                ("inter_op_num_threads", count(self.inter_op_num_threads), "a thread count >= 0"),
+                ("providers", all(p in _known_providers() for p in self.providers), "ONNX Runtime provider names"),
+                ("prepack", self.prepack in (None, True, False), "true, false or null"),
+                ("spin", isinstance(self.spin, bool), "true or false"),
+                ("extra", isinstance(self.extra, dict), "an object of session config entries")):
+            if not ok:
+                raise UserError(f"onnxruntime {key} {getattr(self, key)!r:.80}: expected {want}")
         return OrtSettings(
             sessions=self.sessions, graph_optimization_level=self.graph_optimization_level,
             intra_op_num_threads=self.intra_op_num_threads or physical_cores(),
@@ -193,7 +203,8 @@ class OrtSettings:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "OrtSettings":
         d = dict(d)
-        d["providers"] = tuple(d.get("providers", ()))
+        p = d.get("providers", ())
+        d["providers"] = tuple(p) if isinstance(p, (list, tuple)) else (p,)  # ("x": one name, not its letters)
         return cls(**d)
 
     def session_options(self, free_dims: Mapping[str, int] | None = None):
@@ -216,6 +227,12 @@ class OrtSettings:
         for name, value in (free_dims or {}).items():
             so.add_free_dimension_override_by_name(name, int(value))
         return so
+
+
+def _known_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return ort.get_all_providers()
 
 
 def _malloc_trim() -> None:
@@ -314,6 +331,12 @@ class OrtRunner(Runner):
 
     def activate_impl(self) -> None:
         self._sess = self.graph.acquire(self.role)
+        try:
+            self._check_io()
+        except UserError:
+            self._sess = None
+            self.graph.release(self.role)
+            raise
         b = self._sess.io_binding()
         self._fixed = {}
         # Bind every output once. Fixed shapes: into preallocated arrays the runner owns
@@ -333,6 +356,29 @@ class OrtRunner(Runner):
         self._binding = b
         self._fed = {}
         self._dynamic = [t.name for t in self.outputs if t.name not in self._fixed and t.name not in self.aliases]
+
+    def _check_io(self) -> None:
+        """The graph file's inputs and outputs are those engines.json gives the role (names,
+        element types, fixed sizes): a hand edit of its I/O, or of the role's engine file,
+        met ONNX Runtime's own errors mid-decoding."""
+        sess = self._sess
+        have = {v.name: v for v in (*sess.get_inputs(), *sess.get_outputs())}
+        overridable = {v.name for v in sess.get_overridable_initializers()}
+        want = [*((t, True) for t in self.inputs), *((t, False) for t in self.outputs)]
+        bad = [t.name for t, is_in in want
+               if t.name not in have and not (is_in and (t.optional or t.name in overridable))]
+        bad += [n for n in have if n not in {t.name for t, _ in want}]
+        for t, _ in want:
+            v = have.get(t.name)
+            if v is not None and (v.type != f"tensor({'float' if t.dtype == 'float32' else t.dtype})"
+                                  or len(v.shape) != len(t.shape)
+                                  or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                         for a, b in zip(v.shape, t.shape))):
+                bad.append(f"{t.name} ({t.dtype} {list(t.shape)}; the graph's {v.type} {v.shape})")
+        if bad:
+            raise UserError(f"{self.graph.path}: its inputs and outputs differ from those engines.json gives role "
+                            f"'{self.name}' ({', '.join(bad[:4])}); the manifest or the graph was edited: rebuild "
+                            "with `specrt build`")
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         b = self._binding

@@ -83,6 +83,8 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
@@ -269,7 +271,7 @@ class Session:
             return None
         try:
             a = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
                             "writes it again") from None
         again = f"`specrt canary {self.engines.folder}` writes it again"

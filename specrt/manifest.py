@@ -4,6 +4,8 @@ An export folder (``export.json``) and an engines folder (``engines.json``) are 
 written into a temporary sibling folder and renamed into place only when complete, so
 an interrupted run leaves nothing a later stage accepts. Every file a manifest names
 carries its sha256; loading re-hashes and refuses any difference, naming the file.
+export.json's own values are checked against its binding receipt and the graph contract
+(check_export), so a hand edit is refused too, naming the field.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any
         data = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{p}: not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise UserError(f"{p}: not valid JSON (nested too deeply to read)") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise UserError(f"{p}: not {'an' if what[0] in 'aeiou' else 'a'} {what} manifest (expected format '{fmt}')")
     return data
@@ -197,16 +201,138 @@ def all_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def load_export(folder: Path, verify: bool = True) -> dict[str, Any]:
-    """The export manifest, with every file's hash checked (``verify=False`` skips re-hashing)."""
+def load_export(folder: Path, verify: bool = True, digest: str | None = None) -> dict[str, Any]:
+    """The export manifest, with every file's hash checked (``verify=False`` skips re-hashing);
+    with ``digest`` (an engines folder's copy), refused first when its manifest_digest differs."""
     m = read_manifest(folder, EXPORT_MANIFEST, EXPORT_FORMAT, "export")
-    require_fields(m, Path(folder) / EXPORT_MANIFEST, {
-        "dtype": str, "graphs": dict, "graphs.target.io": dict, "graphs.target.files": [dict], "target": dict,
-        "target.vocab_size": int, "target.max_position_embeddings": int, "target.eos_token_ids": [int],
-        "target.num_layers": int, "draft": (dict, type(None))})
+    if digest is not None and manifest_digest(m) != digest:
+        raise UserError(f"{Path(folder) / EXPORT_MANIFEST}: differs from the export these engines were built from "
+                        "(manifest digest mismatch); rebuild with `specrt build`")
+    check_export(m, Path(folder) / EXPORT_MANIFEST)
     if verify:
         verify_files(Path(folder), all_records(m), "export")
     return m
+
+
+_DRAFT_FIELDS = ("num_layers", "hidden_size", "num_kv_heads", "head_dim")
+
+
+def check_export(m: dict[str, Any], path: Path) -> None:
+    """export.json as `specrt export` wrote it, else a UserError naming ``path`` and the field.
+
+    Every field is typed, then checked against what fixes it: the target's and the draft's
+    numbers against the configs in the binding receipt (whose ``receipt_id`` hashes the
+    rest of it), each graph's I/O against the contract those numbers give (contracts.py),
+    each file record's form. A hand edit of any of them (a vocabulary size, an RoPE theta,
+    an eos id, a graph's dtype) was built into engines that decoded something other than
+    the model, or failed deep in the build with a traceback."""
+    from specrt import contracts as C
+
+    draft = isinstance(m.get("draft"), dict)
+    graphs = ("target", "draft") if draft else ("target",)
+    fields: dict[str, Any] = {
+        "dtype": str, "graphs": dict, "target": dict, "target.vocab_size": int, "target.max_position_embeddings": int,
+        "target.eos_token_ids": [int], "target.num_layers": int, "target.hidden_size": int,
+        "target.num_kv_heads": int, "target.head_dim": int, "target.aux_layer_ids": [int],
+        "target.bos_token_id": (int, type(None)), "draft": (dict, type(None)), "tokenizer": [dict],
+        "binding_receipt": dict, "binding_receipt.receipt_id": str, "binding_receipt.target.config": dict,
+        "binding_receipt.target.config.decoder": dict}
+    for g in graphs:
+        fields.update({f"graphs.{g}.io": dict, f"graphs.{g}.io.inputs": [dict], f"graphs.{g}.io.outputs": [dict],
+                       f"graphs.{g}.files": [dict]})
+    if draft:
+        fields.update({"draft.kind": str, "draft.draft_vocab_size": int, "draft.speculative_tokens": int,
+                       "draft.mask_token_id": (int, type(None)), "draft.vocab_map": (dict, type(None)),
+                       "draft.training_receipt": (dict, type(None)), "binding_receipt.draft.config": dict,
+                       "binding_receipt.draft.config.decoder": dict, "binding_receipt.draft.aux_layer_ids": [int],
+                       "binding_receipt.draft.slots": dict, **{f"draft.{k}": int for k in _DRAFT_FIELDS}})
+    if isinstance(m.get("target"), dict) and "decoder" in m["target"]:
+        fields["target.decoder"] = dict  # (exports before it have none: built with the portable graph)
+    require_fields(m, path, fields)
+
+    def differs(key: str, found: Any, want: Any, what: str) -> UserError:
+        while isinstance(found, dict) and isinstance(want, dict) and found != want:  # the innermost field
+            k = next(k for k in (*found, *want) if found.get(k, ...) != want.get(k, ...))
+            key, found, want = f"{key}.{k}", found.get(k), want.get(k)
+        return UserError(f"{path}: field '{key}' is {found!r:.80}, {what} {want!r:.80}; export.json was edited after "
+                         "`specrt export` wrote it: make the export again")
+
+    rec = m["binding_receipt"]
+    if manifest_digest({k: v for k, v in rec.items() if k != "receipt_id"}) != rec["receipt_id"]:
+        raise UserError(f"{path}: field 'binding_receipt' differs from its receipt_id (the hash `specrt export` "
+                        "gave it): export.json was edited after it was written; make the export again")
+    t, rt = m["target"], rec["target"]["config"]
+    dec = rt["decoder"]
+    want = {**{k: dec.get(k) for k in ("num_layers", "hidden_size", "num_kv_heads", "head_dim", "vocab_size",
+                                        "max_position_embeddings")},
+            "eos_token_ids": rt.get("eos_token_ids"), "bos_token_id": rt.get("bos_token_id")}
+    if draft:
+        want["aux_layer_ids"] = rec["draft"]["aux_layer_ids"]
+    if "decoder" in t:
+        want["decoder"] = dec
+    for k, v in want.items():
+        if t[k] != v:
+            raise differs(f"target.{k}", t[k], v, "the binding receipt's target config says")
+    if draft != isinstance(rec.get("draft"), dict):
+        raise UserError(f"{path}: field 'draft' is {m['draft']!r:.80}, but the binding receipt has "
+                        f"{'no' if draft else 'a'} draft; export.json was edited after `specrt export` wrote it: make "
+                        "the export again")
+    if draft:
+        d, rd = m["draft"], rec["draft"]["config"]
+        want = {**{k: rd["decoder"].get(k) for k in _DRAFT_FIELDS},
+                **{k: rd.get(k) for k in ("kind", "draft_vocab_size", "speculative_tokens", "mask_token_id",
+                                          "attention_window")},
+                "sliding_window": rd["decoder"].get("sliding_window"),
+                "confidence_head": rd.get("confidence_head", False)}
+        for k, v in want.items():
+            found = d.get(k, False if k == "confidence_head" else None)
+            if found != v:
+                raise differs(f"draft.{k}", found, v, "the binding receipt's draft config says")
+        if (d["vocab_map"] is None) != ("d2t" not in rec["draft"]["slots"]):
+            raise UserError(f"{path}: field 'draft.vocab_map' is {d['vocab_map']!r:.80}, but the draft "
+                            f"{'has' if d['vocab_map'] is None else 'has no'} vocabulary map (d2t) in the binding "
+                            "receipt; export.json was edited after `specrt export` wrote it: make the export again")
+    # each graph's I/O is the contract's for these numbers (dtype included)
+    if m["dtype"] not in ("float32", "float16", "bfloat16"):
+        raise UserError(f"{path}: field 'dtype' is {m['dtype']!r:.80}; expected float32, float16 or bfloat16")
+    if set(m["graphs"]) != set(graphs):
+        raise UserError(f"{path}: field 'graphs' holds {sorted(m['graphs'])}; expected {list(graphs)} "
+                        f"({'a draft' if draft else 'no draft'} in field 'draft')")
+    io = {"target": C.target_io(t["num_layers"], t["num_kv_heads"], t["head_dim"], t["vocab_size"], t["hidden_size"],
+                                m["dtype"], num_aux=len(t["aux_layer_ids"]))}
+    if draft:
+        shape = (*(d[k] for k in ("num_layers", "num_kv_heads", "head_dim")), d["draft_vocab_size"])
+        opts = {"confidence": bool(d.get("confidence_head")), "num_aux": len(t["aux_layer_ids"])}
+        io["draft"] = (C.peagle_io(*shape, t["hidden_size"], m["dtype"], **opts) if d["kind"] == "peagle" else
+                       C.eagle3_io(*shape, d["hidden_size"], t["hidden_size"], m["dtype"], **opts))
+    for g in graphs:
+        for side in ("inputs", "outputs"):
+            found, want = m["graphs"][g]["io"][side], io[g].to_json()[side]
+            if found != want:
+                i = next((i for i, (a, b) in enumerate(zip(found, want)) if a != b), min(len(found), len(want)))
+                raise differs(f"graphs.{g}.io.{side}[{i}]", found[i] if i < len(found) else None,
+                              want[i] if i < len(want) else None, "the contract of the target and draft fields says")
+    # the file records: each a relative file name with its hash and size; a graph's .onnx the one export wrote
+    records = [(f"graphs.{g}.files[{i}]", r) for g in graphs for i, r in enumerate(m["graphs"][g]["files"])]
+    records += [(f"tokenizer[{i}]", r) for i, r in enumerate(m["tokenizer"])]
+    records += [(f"draft.{k}", m["draft"][k]) for k in ("vocab_map", "training_receipt")
+                if draft and m["draft"][k] is not None]
+    for key, r in records:
+        f = r.get("file")
+        if not (isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts
+                and isinstance(r.get("sha256"), str) and isinstance(r.get("bytes"), int)
+                and not isinstance(r.get("bytes"), bool)):
+            raise UserError(f"{path}: field '{key}' is {r!r:.80}; expected {{'file': a name inside the folder, "
+                            "'sha256', 'bytes'}}: make the export again")
+    names = {f"graphs.{g}.files": ([r["file"] for r in m["graphs"][g]["files"] if r["file"].endswith(".onnx")],
+                                   [f"{g}.onnx"]) for g in graphs}
+    names.update({f"draft.{k}.file": ([m["draft"][k]["file"]], [f]) for k, f in (
+        ("vocab_map", "draft_vocab.safetensors"), ("training_receipt", "training_receipt.json"))
+        if draft and m["draft"][k] is not None})
+    for key, (found, want) in names.items():  # (another file's record: hash-checked, then read as this one)
+        if found != want:
+            raise UserError(f"{path}: field '{key}' names {found}; expected {want}, the file `specrt export` wrote: "
+                            "make the export again")
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

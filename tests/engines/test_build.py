@@ -103,6 +103,22 @@ def test_other_device_is_refused(engines_copy):
         load_engines(engines_copy)
 
 
+def test_a_manifest_nested_too_deeply_is_named(engines_copy):
+    """(a RecursionError traceback before: found by the manifest mutation review)"""
+    (engines_copy / "engines.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(UserError, match="engines.json: not valid JSON \\(nested too deeply to read\\)"):
+        load_engines(engines_copy)
+
+
+@pytest.mark.parametrize("change", [lambda m: m.update(environment=None),
+                                    lambda m: m["environment"].update(device="x")])
+def test_a_hand_edited_environment_is_another_one(engines_copy, change):
+    """(an AttributeError traceback before: found by the manifest mutation review)"""
+    edit_manifest(engines_copy, change)
+    with pytest.raises(UserError, match="engines were built for another environment .*device: built on None 'None'"):
+        load_engines(engines_copy)
+
+
 def test_other_backend_version_is_refused(engines_copy):
     edit_manifest(engines_copy, lambda m: m["environment"].update(backend_version="1.0.0"))
     with pytest.raises(UserError, match="onnxruntime version: built with 1.0.0"):
@@ -114,12 +130,13 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.update(depths="abc"), "field 'depths' must be a list of int, found 'abc'"),
     (lambda m: m.update(max_context="big"), "field 'max_context' must be int"),
     (lambda m: m.update(files=None), "field 'files' must be a list of dict"),
-    (lambda m: m["roles"].update({"verify.2": "x"}), "roles.verify.2.engine.onnx is None; expected an engine file"),
+    (lambda m: m["roles"].update({"verify.2": "x"}), "roles.verify.2.graph is 'x'; expected 'target'"),
     (lambda m: m["roles"]["decode"].pop("engine"), "roles.decode.engine.onnx is None"),
     (lambda m: m["costs"].update(verify={"one": 1}), "field 'costs' is malformed"),
     (lambda m: m["costs"].update(decode="fast"), "field 'costs' is malformed"),  # (a TypeError in DSpark later)
     # found by review: each a traceback before (InternalError, TypeError, KeyError, KeyError)
-    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[5, 1, 3]), "field 'roles' is malformed"),
+    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[5, 1, 3]),
+     r"roles.decode.dims is .*; expected dimension name -> \[min, opt, max\] with 0 <= min <= opt <= max"),
     (lambda m: m["onnxruntime"].update(threads_per_core=2), "field 'onnxruntime' is malformed"),
     (lambda m: m.pop("onnxruntime"), "field 'onnxruntime' is missing"),
     (lambda m: m["files"][0].pop("bytes"), r"files\[0\] is .*expected \{'file', 'sha256', 'bytes'\}"),
@@ -131,6 +148,36 @@ def test_other_backend_version_is_refused(engines_copy):
      "roles.prefill runs 'other.onnx', which is not among the recorded files"),
     (lambda m: m["roles"]["prefill"]["engine"].update(onnx="export/../../x.onnx"),
      "roles.prefill runs 'export/../../x.onnx', which is not among the recorded files"),
+    # found by the manifest mutation review of 2026-12-03: each a traceback before (KeyError,
+    # AttributeError, TypeError from ONNX Runtime's bindings), or taken as given
+    (lambda m: m["roles"]["prefill"].update(graph="x"), "roles.prefill.graph is 'x'; expected 'target'"),
+    (lambda m: m["roles"].pop("prefill"), "roles has no 'prefill'"),
+    (lambda m: m["roles"].pop("draft"),
+     r"field 'roles' runs the graphs \['target'\], the export has \['draft', 'target'\]"),
+    (lambda m: m["roles"]["prefill"]["dims"].pop("new_tokens"),
+     r"roles.prefill.dims has no range for \['new_tokens'\]"),
+    (lambda m: m["roles"]["decode"].update(limit=-1), "roles.decode.limit is -1; expected a token count no less"),
+    (lambda m: m["roles"]["prefill"].update(limit=1000), "roles.prefill.limit is 1000, expected 256 for max_context"),
+    (lambda m: m.update(max_context=512), "max_context 512 is past the target's max_position_embeddings 256"),
+    (lambda m: m.update(precision="fp16"), "precision fp16 and export.dtype float32, the export is float32"),
+    (lambda m: m.update(graphs=None), "field 'graphs' is None; expected an object"),
+    (lambda m: m["graphs"]["target"]["io"]["inputs"][0].update(dtype="x"),
+     "field 'graphs.target.io.inputs' is not the"),
+    (lambda m: m["graphs"]["target"].update(kv="append"), "field 'graphs.target.kv' is not the in-place"),
+    (lambda m: m["graphs"]["target"].update(io=None), "field 'graphs.target.io' is not the in-place"),
+    (lambda m: m["onnxruntime"].update(providers=None),
+     r"field 'onnxruntime' is malformed \(onnxruntime providers \(None,\): expected ONNX Runtime provider names"),
+    (lambda m: m["graphs"]["target"].update(tree="x"), "field 'graphs.target.tree' is 'x'; expected true only"),
+    (lambda m: m["graphs"].update(draft={"quantized": "x"}), "field 'graphs.draft.quantized' is 'x'"),
+    (lambda m: m["onnxruntime"].update(inter_op_num_threads=None),
+     r"field 'onnxruntime' is malformed \(onnxruntime inter_op_num_threads None: expected a thread count"),
+    (lambda m: m["onnxruntime"].update(intra_op_num_threads="x"),
+     r"field 'onnxruntime' is malformed \(onnxruntime intra_op_num_threads 'x': expected a thread count"),
+    (lambda m: m["costs"]["by_past"]["128"]["verify"].update({"1": -1e-4}), "field 'costs' is malformed"),
+    (lambda m: m.update(precision="fp64"), "precision 'fp64' and depths"),
+    (lambda m: m.update(depths=m["depths"][::-1]), r"precision 'fp32' and depths \[8, 4, 2, 1\]"),
+    (lambda m: m["onnxruntime"].update(providers=["x"]),
+     r"field 'onnxruntime' is malformed \(onnxruntime providers \('x',\): expected ONNX Runtime provider names"),
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
@@ -138,6 +185,18 @@ def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     edit_manifest(engines_copy, change)
     with pytest.raises(UserError, match=f"{engines_copy / 'engines.json'}: {message}"):
         load_engines(engines_copy, verify=False)
+
+
+@pytest.mark.parametrize("change", [lambda m: m.pop("graphs"), lambda m: m["graphs"].pop("target")])
+def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, change):
+    """engines.json's I/O for the in-place target graph gone (the export's portable I/O read
+    instead): the graph file's own inputs refuse it when the engines activate, naming the
+    file (a RuntimeError traceback from ONNX Runtime mid-prefill before)."""
+    edit_manifest(engines_copy, change)
+    engines = load_engines(engines_copy, verify=False)
+    with pytest.raises(UserError, match=f"{engines_copy / 'target.onnx'}: its inputs and outputs differ from those "
+                                        "engines.json gives role 'prefill'"):
+        engines.activate()
 
 
 def test_a_hand_edited_export_manifest_is_named(tiny_export, tmp_path):
@@ -301,6 +360,54 @@ def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):
         build_engines(tiny_engines, "onnxruntime", (1,), tmp_path / "e", log=quiet)
 
 
+def _swap_graph_files(m):
+    g = m["graphs"]
+    g["target"]["files"], g["draft"]["files"] = g["draft"]["files"], g["target"]["files"]
+
+
+@pytest.mark.parametrize("change, message", [
+    # each found by the manifest mutation review of 2026-12-03: a traceback in the build or
+    # the first run, or engines built from the edited values (the output no longer the model's)
+    (lambda m: m["target"].update(vocab_size=-1), r"field 'target.vocab_size' is -1, the binding receipt's target "
+                                                  r"config says 1000; export.json was edited after `specrt export`"),
+    (lambda m: m["target"].update(vocab_size=999), "field 'target.vocab_size' is 999"),
+    (lambda m: m.update(target=None), "field 'target' must be dict, found None"),
+    (lambda m: m["target"].pop("hidden_size"), "field 'target.hidden_size' is missing"),
+    (lambda m: m["target"].update(aux_layer_ids=None), "field 'target.aux_layer_ids' must be a list of int"),
+    (lambda m: m["target"]["decoder"]["rope"].update(theta=5e5), "field 'target.decoder.rope.theta' is 500000.0"),
+    (lambda m: m["target"]["decoder"].update(tie_word_embeddings="x"),
+     "field 'target.decoder.tie_word_embeddings' is 'x'"),
+    (lambda m: m["target"].update(eos_token_ids=[5000]), r"field 'target.eos_token_ids' is \[5000\]"),
+    (lambda m: m["draft"].update(num_layers=None), "field 'draft.num_layers' must be int, found None"),
+    (lambda m: m["draft"].update(speculative_tokens=1), "field 'draft.speculative_tokens' is 1"),
+    (lambda m: m["draft"].update(mask_token_id=5000), "field 'draft.mask_token_id' is 5000"),
+    (lambda m: m.update(draft=None), "field 'draft' is None, but the binding receipt has a draft"),
+    (lambda m: m.update(dtype="float16"), r"field 'graphs.target.io.inputs\[2\].dtype' is 'float32', the contract "
+                                          "of the target and draft fields says 'float16'"),
+    (lambda m: m["graphs"]["target"]["io"]["outputs"][0].update(shape=[1, "new_tokens", 999]),
+     r"field 'graphs.target.io.outputs\[0\].shape' is \[1, 'new_tokens', 999\]"),
+    (lambda m: m["graphs"].pop("draft"), r"field 'graphs.draft.io' is missing"),
+    (_swap_graph_files, r"field 'graphs.target.files' names \['draft.onnx'\]; expected \['target.onnx'\]"),
+    (lambda m: m["draft"].update(vocab_map=m["tokenizer"][0]), "field 'draft.vocab_map' is .*, but the draft has no "
+                                                               "vocabulary map"),
+    (lambda m: m["draft"].update(training_receipt={}), r"field 'draft.training_receipt' is \{\}; expected \{'file'"),
+    (lambda m: m["tokenizer"][0].pop("sha256"), r"field 'tokenizer\[0\]' is .*expected \{'file'"),
+    (lambda m: m["binding_receipt"]["target"]["config"].update(eos_token_ids=[5]),
+     "field 'binding_receipt' differs from its receipt_id"),
+])
+def test_a_hand_edited_export_value_is_refused(tiny_export, tmp_path, change, message):
+    """export.json's values are checked against what fixes them (the binding receipt, the
+    graph contract) before a build starts: named, nothing written."""
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    change(m)
+    (exp / "export.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match=f"{exp / 'export.json'}: {message}"):
+        build_engines(exp, "onnxruntime", (1,), tmp_path / "e", log=quiet)
+    assert not (tmp_path / "e").exists()
+
+
 def test_a_hand_edited_export_json_is_a_user_error(tiny_export, tmp_path):
     """export.json's target.decoder without its rope (a hand edit): named, exit 1, nothing
     written (a KeyError traceback after the export was linked; found by review)."""
@@ -316,7 +423,8 @@ def test_a_hand_edited_export_json_is_a_user_error(tiny_export, tmp_path):
     del m["target"]["decoder"]["rope"]
     (exp / "export.json").write_text(json.dumps(m))
     r = CliRunner().invoke(main, ["build", str(exp), "--depths", "1", "-o", str(tmp_path / "e")])
-    assert r.exit_code == 1 and "target.decoder is malformed" in r.output and r.exc_info[0] is SystemExit, r.output
+    assert r.exit_code == 1 and "field 'target.decoder.rope' is None" in r.output and r.exc_info[0] is SystemExit, \
+        r.output
     assert not (tmp_path / "e").exists()
 
 

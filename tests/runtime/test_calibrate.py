@@ -335,6 +335,16 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
         assert s.calibration is None and "fitted for other engines" in s.calibration_note
 
 
+def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
+    """(a RecursionError traceback from `specrt run` before: found by the manifest mutation review)"""
+    from specrt.runtime.session import read_calibration_file
+
+    p = tmp_path / CALIBRATION_FILE
+    p.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(UserError, match=f"{p}: not valid JSON \\(nested too deeply to read\\)"):
+        read_calibration_file(p)
+
+
 def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, tmp_path):
     eng = copy(small_vocab_engines, tmp_path / "engines")
     rep = calibrate(eng, prompts(16, 8, seed=1), max_new_tokens=24, holdout=0.25)

@@ -85,6 +85,9 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
         (eng / "acceptance_receipt.json").write_text(json.dumps({**rec, **edit}))
         with pytest.raises(UserError, match=words):
             Session(eng, governor="fixed:1")
+    (eng / "acceptance_receipt.json").write_text("[" * 100000 + "]" * 100000)  # (a RecursionError traceback)
+    with pytest.raises(UserError, match="cannot read the acceptance receipt"):
+        Session(eng, governor="fixed:1")
     (eng / "acceptance_receipt.json").write_text(json.dumps(rec))
 
 
