@@ -563,7 +563,10 @@ def test_models_health_and_unknown_paths(served):
 def _serving(engines) -> tuple[subprocess.Popen, str]:
     """`specrt serve ENGINES --port 0` started, and its "serving ... on URL" line once it serves."""
     p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(engines), "--port", "0", "--governor",
-                          "fixed:1"], stderr=subprocess.PIPE, text=True)
+                          "fixed:1"], stderr=subprocess.PIPE, text=True,
+                         # Ctrl-C as a terminal gives it, whatever this process inherited (a shell's
+                         # background job ignores SIGINT, and so would the server)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = ""
     while "serving" not in line:
         line = p.stderr.readline()

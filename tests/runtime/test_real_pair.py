@@ -81,7 +81,10 @@ def test_ctrl_c_in_chat_stops_the_answer_and_the_conversation_goes_on(real):
     p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(eng),
                           "--max-new-tokens", "400", "--governor", "auto"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "SPECRT_THP": "0"})
+                         env={**os.environ, "SPECRT_THP": "0"},
+                         # Ctrl-C as a terminal gives it, whatever this process inherited (a
+                         # shell's background job ignores SIGINT, and so would the chat)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         p.stdin.write(b"Write a long story about a dragon who learns to paint.\n")
         p.stdin.flush()
