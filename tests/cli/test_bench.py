@@ -212,6 +212,13 @@ def test_warm_up_calls_every_engine_once(tiny_engines):
         assert rec["engine_calls"]["verify.2"] > 0 and rec["engine_calls"]["verify.4"] == 0
     finally:
         w.close()
+    w = _SpecrtWorker({"kind": "specrt", "engines": str(tiny_engines), "governors": ["fixed:2"], "threads": 1})
+    try:  # a warm-up of one token: its governors call no engine after the prefill, decode included
+        w.warmup([5, 6, 7], 1, [2])
+        assert all(c.calls for r, c in w.counters.items() if r != "prefill"), {
+            r: c.calls for r, c in w.counters.items()}
+    finally:
+        w.close()
 
 
 def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_path):
@@ -752,15 +759,17 @@ def test_a_reproducible_sampled_bench_checks_that_every_governor_gives_offs_toke
                                                                                   tmp_path):
     """--reproducible (coupled sampling): every governor's text is off's for the seed, token for
     token (README), but the bench compared nothing, as for rejection sampling, and said
-    sampling was "exact in distribution, not per seed" (found by review)."""
+    sampling was "exact in distribution, not per seed" (found by review). Its repeats give
+    their first's tokens too: they are compared."""
     out = tmp_path / "r"
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
                                    "--max-new-tokens", "10", "--governors", "off,fixed:2,dspark", "--threads", "1",
                                    "--warmup-tokens", "2", "--temperature", "0.8", "--seed", "7", "--reproducible",
-                                   "--peers", "none", "--no-profile"], catch_exceptions=False)
+                                   "--peers", "none", "--no-profile", "--repeats", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     ident = json.loads((out / "bench.json").read_text())["identity"]
     assert ident["reference"] == REFERENCE and ident["failures"] == [] and "--reproducible" in ident["note"]
+    assert ident["repeat_mismatches"] == []  # (the repeats compared with the first, as greedy ones)
     for name in ("specrt:fixed:2", "specrt:dspark"):
         assert ident["configs"][name]["identical_prompts"] == 2, name
     assert "seed 7, coupled)" in r.output
@@ -895,6 +904,16 @@ def test_a_report_folder_holding_the_prompts_file_is_not_replaced(tiny_engines, 
                                    "--force"])
     assert isinstance(r.exception, UserError) and "holds the input" in str(r.exception), r.output
     assert inside.read_text() == prompts_file.read_text() and (out / "bench.json").read_text() == '{"earlier": true}'
+    import shutil
+
+    copy = out / "engines"  # engines inside it, as ENGINES or as a --variant
+    shutil.copytree(tiny_engines, copy)
+    for given, what in (([str(copy)], "ENGINES"), ([str(tiny_engines), "--variant", f"v={copy}"], "--variant v")):
+        r = CliRunner().invoke(bench, [*given, "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                       "--governors", "off", "--max-new-tokens", "2", "--no-profile", "--quiet",
+                                       "--force"])
+        assert isinstance(r.exception, UserError) and f"holds the input {what} " in str(r.exception), r.output
+        assert (copy / "engines.json").is_file() and (out / "bench.json").read_text() == '{"earlier": true}'
 
 
 def test_a_variant_on_the_engines_own_folder_is_refused(tiny_engines, prompts_file, tmp_path):
@@ -1044,13 +1063,16 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
                                                                          tmp_path, monkeypatch):
     """--repeats 2, in both schedules: the outputs of one repeat, two seconds a prompt with
     their median as the prompt's seconds (and its tokens/s), the telemetry summed over both
-    repeats, the repeats compared with each other; the progress bar counts every run."""
+    repeats, the repeats compared with each other; the progress bar counts every run; the
+    interleaved order of the configurations goes on from one repeat to the next."""
     import specrt.cmd_bench as B
 
     pytest.importorskip("tqdm")
     bars = []
     progress = B._progress
     monkeypatch.setattr(B, "_progress", lambda total, quiet: bars.append(progress(total, quiet)) or bars[-1])
+    orders, williams = [], B.williams_order  # the interleaving's order of each prompt's configurations
+    monkeypatch.setattr(B, "williams_order", lambda n, i: orders.append(i) or williams(n, i))
     rep1 = report[0]
     lib = load_bench_lib()
     hf = lib.peer_unavailable("hf", Path(rep1["settings"]["target_hf_folder"])) is None
@@ -1079,6 +1101,8 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
         assert rep["configs"][REFERENCE]["predicted"]["decode_tokens"] == 2 * rep1["configs"][REFERENCE][
             "predicted"]["decode_tokens"]
         assert bars[-1].total == bars[-1].n == len(want) * 2 * 2, schedule  # configurations x prompts x repeats
+        if schedule == "interleaved":  # the Williams sequence goes on into the second repeat
+            assert orders == [0, 1, 2, 3], orders
 
 
 def test_every_repeat_starts_from_fresh_governors(tiny_engines, tmp_path, monkeypatch):
@@ -1124,6 +1148,33 @@ def test_every_repeat_starts_from_fresh_governors(tiny_engines, tmp_path, monkey
         assert [[x["output_ids"] for x in r["repeats"]] for r in pp] == [[r["output_ids"]] * 2 for r in pp]
 
 
+def test_a_repeat_that_differs_from_its_first_fails_the_bench(tiny_engines, prompts_file, tmp_path, monkeypatch):
+    """A specrt configuration's repeat whose tokens differ from its first (repeat_identity's
+    failures; the same engines cannot make one, so one is added to its answer) fails the
+    bench as a governor's mismatch does: exit 2 once the report is written, listed in
+    identity.failures."""
+    import specrt.cmd_bench as B
+
+    real = B.repeat_identity
+
+    def differing(results):
+        got = real(results)
+        got["failures"].append({"config": REFERENCE, "reference": "repeat 1", "repeat": 2, "prompt": 0,
+                                "identical": False, "identical_prefix": 0, "first_diff": 0, "len_reference": 2,
+                                "len": 2, "reference_token": 5, "token": 6})
+        return got
+
+    monkeypatch.setattr(B, "repeat_identity", differing)
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--governors", "off", "--max-new-tokens", "2", "--threads", "1", "--no-profile",
+                                   "--repeats", "2"])
+    assert r.exit_code == 2, r.output
+    failures = json.loads((out / "bench.json").read_text())["identity"]["failures"]
+    assert [(f["config"], f["repeat"]) for f in failures] == [(REFERENCE, 2)], failures
+    assert f"FAILURE {REFERENCE}: prompt 0 in repeat 2 differs from its repeat 1" in r.output
+
+
 def test_a_repeat_is_compared_with_the_first_and_summed_into_the_telemetry(tmp_path, capsys):
     """A prompt's repeats: the median seconds, every repeat's kept, the telemetry and the
     prediction over every run; a repeat whose tokens differ from the first's fails a specrt
@@ -1135,12 +1186,14 @@ def test_a_repeat_is_compared_with_the_first_and_summed_into_the_telemetry(tmp_p
         t = Telemetry()
         t.record(RoundResult(depth=2, accepted=accepted, t_draft=0.01, t_verify=0.01))
         t.finish(new_tokens=len(out), seconds=seconds)
-        return {**t.to_json(), "output_ids": out, "draft_passes": 1, "mask_slots": 1, "drafting_rounds": 1}
+        return {**t.to_json(), "output_ids": out, "draft_passes": 1, "mask_slots": 1, "drafting_rounds": 1,
+                "first_token_s": seconds / 10}
 
     a, b, c = rec(0.3, 2, [1, 2, 3]), rec(0.1, 0, [1, 2, 3]), rec(0.2, 1, [1, 2, 3])
     one = combine_repeats([a, b, c])
     assert one["seconds"] == pytest.approx(0.2) and one["seconds_by_repeat"] == [0.3, 0.1, 0.2]
     assert one["tokens_per_s"] == pytest.approx(15.0) and one["repeats"] == [a, b, c]
+    assert one["first_token_s"] == pytest.approx(0.02)  # (the median's too)
     assert combine_repeats([a]) == {**a, "seconds_by_repeat": [0.3]}
 
     class E:
@@ -1153,7 +1206,9 @@ def test_a_repeat_is_compared_with_the_first_and_summed_into_the_telemetry(tmp_p
     assert s["tokens_per_s_per_prompt"] == [pytest.approx(15.0)] and s["new_tokens"] == 3
     assert s["rounds"] == 3 and s["accepted"] == 3 and s["tau"] == pytest.approx(2.0)  # (2 + 0 + 1) / 3 + 1
     assert s["draft_passes"] == 3 and s["predicted"]["decode_tokens"] == 6
+    assert s["drafting_rounds"] == 3 and s["sequential_passes_avoided"] == 3
     other = combine_repeats([rec(0.1, 1, [1, 2, 3]), rec(0.1, 1, [1, 9])])
+    assert other["output_ids"] == [1, 2, 3]  # the first repeat's (compared with off's)
     ident = repeat_identity({"specrt:fixed:2": {"per_prompt": [one, other]}, "hf": {"per_prompt": [other]}})
     rows = {k: [(m["config"], m["prompt"], m["repeat"], m["first_diff"], m["token"]) for m in v]
             for k, v in ident.items()}

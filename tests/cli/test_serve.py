@@ -560,10 +560,10 @@ def test_models_health_and_unknown_paths(served):
     assert code == 404
 
 
-def _serving(engines) -> tuple[subprocess.Popen, str]:
-    """`specrt serve ENGINES --port 0` started, and its "serving ... on URL" line once it serves."""
+def _serving(engines, *options: str) -> tuple[subprocess.Popen, str]:
+    """`specrt serve ENGINES --port 0 [OPTIONS]` started, and its "serving ... on URL" line once it serves."""
     p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(engines), "--port", "0", "--governor",
-                          "fixed:1"], stderr=subprocess.PIPE, text=True,
+                          "fixed:1", *options], stderr=subprocess.PIPE, text=True,
                          # Ctrl-C as a terminal gives it, whatever this process inherited (a shell's
                          # background job ignores SIGINT, and so would the server)
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -583,7 +583,7 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
 
     # the default model id: the name of the target folder the export was made from
     model = Path(load_engines(worded, verify=False).export["binding_receipt"]["target"]["folder"]).name
-    p, line = _serving(worded)
+    p, line = _serving(worded, "--write-timeout", "3600")  # (the most it takes)
     try:
         url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
         code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3})
@@ -1079,6 +1079,39 @@ def test_closing_lets_the_answer_in_progress_end(worded):  # noqa: F811
             app.close()
 
 
+def _stall(c, address, req: bytes) -> None:
+    """Socket ``c`` (small receive buffers) posts ``req`` to /v1/completions at ``address``
+    and waits until its answer begins, reading nothing."""
+    import socket
+
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.connect(address)
+    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
+    c.settimeout(60)
+    c.recv(1, socket.MSG_PEEK)
+
+
+def _small_buffers_server(engines, logs: list[str]):
+    """(app, httpd): a Server on ENGINES serving on a free port in this process, whose
+    connections have small kernel send buffers (a slow network's): a large answer's write
+    waits for its client to read."""
+    import socket
+
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(engines, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    httpd = make_server(app, "127.0.0.1", 0)
+    bound = httpd.RequestHandlerClass
+
+    def setup(self):
+        super(bound, self).setup()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    bound.setup = setup
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return app, httpd
+
+
 def test_closing_waits_for_a_whole_answer_being_sent(worded):  # noqa: F811
     """A whole (non-streaming) answer is written after the engines' lock is let go: closing
     the server (Ctrl-C, SIGTERM) waits for it as for the lock (close returned while it was
@@ -1086,29 +1119,14 @@ def test_closing_waits_for_a_whole_answer_being_sent(worded):  # noqa: F811
     that client nothing, not even a status line)."""
     import socket
 
-    from specrt.cmd_serve import Server, make_server
-
     logs: list[str] = []
-    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
-    httpd = make_server(app, "127.0.0.1", 0)
-    bound = httpd.RequestHandlerClass
-
-    def setup(self):  # small kernel buffers: the answer's write waits for its client to read
-        super(bound, self).setup()
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-
-    bound.setup = setup
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    app, httpd = _small_buffers_server(worded, logs)
     req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
                       "temperature": 1.0, "seed": 1}).encode()
     closer = threading.Thread(target=app.close)
     c = socket.socket()
     try:
-        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        c.connect(httpd.server_address)
-        c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
-        c.settimeout(60)
-        c.recv(1, socket.MSG_PEEK)  # its answer is being written, the engines free; nothing is read yet
+        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
         closer.start()
         closer.join(2)
         assert closer.is_alive(), "close returned while the answer was being sent"
@@ -1126,6 +1144,38 @@ def test_closing_waits_for_a_whole_answer_being_sent(worded):  # noqa: F811
         httpd.server_close()
         if not closer.is_alive():
             app.close()
+
+
+def test_a_further_ctrl_c_ends_the_wait_for_an_answer_being_sent(worded):  # noqa: F811
+    """Closing the server waits for a whole answer being sent after the lock; a further
+    Ctrl-C (in the main thread, where `specrt serve` closes it) ends that wait: close
+    returns (a KeyboardInterrupt out of it would end the command with a traceback)."""
+    import socket
+    import time
+
+    logs: list[str] = []
+    app, httpd = _small_buffers_server(worded, logs)
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1}).encode()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    c = socket.socket()
+    try:
+        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        t = time.perf_counter()
+        app.close()
+        assert time.perf_counter() - t < 30 and app.sending == 1
+        assert any("an answer is being sent" in line for line in logs), logs
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        c.close()
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @contextlib.contextmanager
@@ -1163,7 +1213,8 @@ def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
     server is shutting down" (it got 500, "BadRequest: the server is shutting down", logged
-    as an engine error); a stream cut later ends with that error event."""
+    as an engine error), a whole answer cut after its first piece too; a stream cut later
+    ends with that error event."""
     import socket
 
     with _in_process(worded) as (app, httpd, url, logs):
@@ -1184,6 +1235,20 @@ def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
                 got += chunk
         events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["message"] == "the server is shutting down"
+        app.cutting = False
+        real = app.session.stream
+
+        def cut(*a, **k):  # a whole answer cut after its first piece
+            for n, piece in enumerate(real(*a, **k)):
+                app.cutting = app.cutting or n == 1
+                yield piece
+
+        app.session.stream = cut
+        try:
+            code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 40, "n": 4})
+        finally:
+            app.session.stream, app.cutting = real, False
+        assert code == 503 and r["error"]["message"] == "the server is shutting down", (code, r)
         assert not any("[error" in line for line in logs), logs
 
 
@@ -1279,30 +1344,15 @@ def test_a_client_that_stops_reading_does_not_hold_the_engines(worded, stream): 
     import socket
     import time
 
-    from specrt.cmd_serve import Server, make_server
-
     logs: list[str] = []
-    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    app, httpd = _small_buffers_server(worded, logs)  # (the 1.3 MB answer fills them at once)
     app.write_timeout = 1.0
-    httpd = make_server(app, "127.0.0.1", 0)
-    bound = httpd.RequestHandlerClass
-
-    def setup(self):  # small kernel buffers (a slow network's): the 1.3 MB answer fills them at once
-        super(bound, self).setup()
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-
-    bound.setup = setup
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = httpd.server_address[1]
     req = json.dumps({"prompt": ["w1 w2", "w3 w5", "w6 w7", "w9 w8"], "n": 16, "logprobs": 20, "max_tokens": 120,
                       "temperature": 1.0, "seed": 1, "stream": stream}).encode()
     c = socket.socket()
     try:
-        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        c.connect(("127.0.0.1", port))
-        c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(req)}\r\n\r\n".encode() + req)
-        c.settimeout(60)
-        c.recv(1, socket.MSG_PEEK)  # its answer is being written; nothing is read
+        _stall(c, httpd.server_address, req)  # its answer is being written; nothing is read
         t = time.perf_counter()
         body = json.dumps({"prompt": "w4", "max_tokens": 2}).encode()
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body),
@@ -1371,6 +1421,11 @@ def test_an_interrupted_wait_for_the_engines_gives_up_its_place():
 
     lock, order = TurnLock(), []
     lock.acquire()
+    tried: list[bool] = []  # (close asks without waiting: False at once while it is held)
+    t = threading.Thread(target=lambda: tried.append(lock.acquire(blocking=False)), daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert tried == [False]
 
     def waiter():
         with lock:
@@ -1396,3 +1451,70 @@ def test_an_interrupted_wait_for_the_engines_gives_up_its_place():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_wait_interrupted_as_its_turn_comes_passes_the_turn_on():
+    """A wait for the engines interrupted just as the lock was released to it (Ctrl-C before
+    it took it): the next in line, which had looked and found it first, is woken and gets
+    the lock (it would wait for a release that had already come)."""
+    import time
+
+    from specrt.cmd_serve import TurnLock
+
+    lock, order = TurnLock(), []
+    lock.acquire()
+    real = lock.cond.wait
+
+    def wait(timeout=None):
+        if threading.current_thread() is not asker:
+            return real(timeout)
+        real(timeout)  # the release
+        real(0.3)  # (the waiter looks meanwhile, finds this one first in line, and waits again)
+        raise KeyboardInterrupt
+
+    lock.cond.wait = wait
+
+    def ask():
+        try:
+            lock.acquire()
+        except KeyboardInterrupt:
+            order.append("interrupted")
+
+    def waiter():
+        with lock:
+            order.append("waiter")
+
+    asker, behind = threading.Thread(target=ask, daemon=True), threading.Thread(target=waiter, daemon=True)
+    for t, n in ((asker, 2), (behind, 3)):  # in line in that order
+        t.start()
+        deadline = time.time() + 10
+        while len(lock.queue) < n:
+            assert time.time() < deadline
+            time.sleep(0.01)
+    lock.release()
+    asker.join(timeout=10)
+    behind.join(timeout=10)
+    assert order == ["interrupted", "waiter"]
+
+
+def test_a_streamed_choice_stopped_before_its_first_text_has_the_whole_answers_offsets(served):
+    """A choice whose stop string is its first word streams no text, only its finish event
+    with the logprobs of the tokens through the stop: their text offsets count from the
+    text after the prompt's, as in the whole answer, for every choice (the last one's
+    finish event is held for the specrt summary)."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 4})
+    assert code == 200, r
+    first = r["choices"][0]["text"].split()[0]
+    offsets = []
+    for stream in (False, True):
+        code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 4, "logprobs": 0, "n": 2,
+                                                 "stop": [" " + first], "stream": stream})
+        assert code == 200, r
+        got: dict[int, list[int]] = {0: [], 1: []}
+        for chunk in r if stream else [r]:
+            for c in chunk["choices"]:
+                assert c["text"] == "", c
+                got[c["index"]] += (c["logprobs"] or {}).get("text_offset", [])
+        offsets.append(got)
+    assert offsets[0] == offsets[1] == {0: [1], 1: [1]}, offsets

@@ -241,14 +241,16 @@ LONG_ROPE = {
 }
 
 
+@pytest.mark.parametrize("head_dim", [128, 80])
 @pytest.mark.parametrize("kind", LONG_ROPE)
-def test_rope_tables_are_transformers_at_long_positions(kind):
+def test_rope_tables_are_transformers_at_long_positions(kind, head_dim):
     """The in-place graph's cos/sin cache and the other graphs' in-graph tables against
     transformers' rotary embedding module at positions up to 131072: float32 frequencies
     (its own formula for each type), float32 angles, cos/sin times the attention factor. A
     float64 angle was 1e-4 off at 4096, 4e-3 at 131072. The frequencies: 0-2 ulps (theta to
     a power is 1 ulp apart on torch's AVX-512 path in some entries, 2e-6 at 131072 here); the
-    tables from the same frequencies: float32 rounding."""
+    tables from the same frequencies: float32 rounding. Head size 80 too: its exponents i/80
+    are not exact in float32 (a float64 exponent was 4-16 ulps off there)."""
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -258,8 +260,8 @@ def test_rope_tables_are_transformers_at_long_positions(kind):
     from specrt.export import onnx_ops as ops
 
     model_type, fields = LONG_ROPE[kind]
-    data = {**BASE, "model_type": model_type, "num_attention_heads": 16, "hidden_size": 2048, "head_dim": 128,
-            "rope_theta": 500000.0, "max_position_embeddings": 262144, **fields}
+    data = {**BASE, "model_type": model_type, "num_attention_heads": 16, "hidden_size": 16 * head_dim,
+            "head_dim": head_dim, "rope_theta": 500000.0, "max_position_embeddings": 262144, **fields}
     hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))  # (a copy: it writes into rope_scaling)
     module = {"llama": transformers.models.llama.modeling_llama.LlamaRotaryEmbedding,
               "qwen3": transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding}[model_type](hf)
@@ -302,6 +304,29 @@ def test_rope_tables_are_transformers_at_long_positions(kind):
     for where, (oc, os_) in ours.items():
         np.testing.assert_allclose(oc, hf_cos, rtol=0, atol=1.2e-7, err_msg=where)
         np.testing.assert_allclose(os_, hf_sin, rtol=0, atol=1.2e-7, err_msg=where)
+
+
+def test_llama3_frequencies_on_the_edge_of_the_band_are_transformers():
+    """Llama 3.1 scaling where a wavelength is exactly original_max_position_embeddings /
+    low_freq_factor in float32: transformers counts it in the smoothed band (neither shorter
+    than the high edge nor longer than the low one), whose smoothing there divides it by
+    the factor; a band of strict comparisons kept it unscaled."""
+    import math
+
+    import numpy as np
+    import transformers
+
+    base = {**BASE, "model_type": "llama", "num_attention_heads": 16, "hidden_size": 2048, "head_dim": 128,
+            "rope_theta": 500000.0, "max_position_embeddings": 262144}
+    inv = parse_decoder(base, "config.json").rope.inv_freq()
+    wavelen = (np.float32(1) / inv) * np.float32(2 * math.pi)  # (as transformers computes it)
+    edge = float(wavelen[np.flatnonzero((wavelen > 2048) & (wavelen < 8192))[0]])
+    data = {**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 8192 / edge,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    assert np.float32(8192 / data["rope_scaling"]["low_freq_factor"]) in wavelen  # (on the edge)
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+    theirs = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf).inv_freq.numpy()
+    np.testing.assert_array_max_ulp(parse_decoder(data, "config.json").rope.inv_freq(), theirs, maxulp=2)
 
 
 def test_an_eagle3_draft_with_norm_output_exports_and_decodes_as_the_target(tmp_path):

@@ -1062,6 +1062,32 @@ def test_a_byte_fallback_stream_spells_the_decoding_when_bytes_are_not_utf8(tmp_
                 assert pieces + d.flush() == text.decode(ids[:end]), (n, end)
 
 
+def test_a_completion_is_decoded_after_the_prompts_last_whole_characters_with_byte_fallback(tmp_path):
+    """The prompt's tokens a completion is decoded after (context_of), with SentencePiece-style
+    ByteFallback, whose decoder drops the space before a text's first word: a trailing run
+    of byte tokens is left out (a completion's byte tokens would decode in one run with
+    them), and a prompt whose every tail holds a byte that is not UTF-8 gives none. After
+    that context the Detokenizer holds back only a trailing run of byte tokens, and flushes
+    it as the text after the context; a context whose text the completion rewrites where
+    they meet gives the completion's own decoding."""
+    from specrt.runtime.text import Detokenizer, Text, completion_text, context_of
+
+    tok = _byte_fallback(tmp_path)
+    text = Text(tmp_path)
+    prompt = tok.encode("Hello 🙂", add_special_tokens=False).ids  # (ends with the emoji's 4 byte tokens)
+    context = context_of(text, prompt)
+    assert context == prompt[-8:-4] and text.decode(context) == "llo ", context
+    out = tok.encode("world", add_special_tokens=False).ids + [3 + 0xF0]  # a word, then a cut character's byte
+    assert text.decode(out) == "world\ufffd"  # (alone: no space before it)
+    d = Detokenizer(text, context)
+    assert d.push(out) == " world"  # all but the byte token
+    assert d.flush() == "\ufffd" and d.full == " world\ufffd"
+    # the prompt's own byte run as the context: joined with the cut character's byte, all U+FFFDs
+    assert completion_text(text, [3 + 0xF0], prompt) == "\ufffd"
+    bad = tok.encode("He", add_special_tokens=False).ids
+    assert context_of(text, bad + [3 + 0xF0] + bad[1:]) == []
+
+
 def test_a_message_field_that_is_null_is_left_out_as_transformers_leaves_it_out(tmp_path):
     """An OpenAI-style message with ``"tool_calls": null`` (as an SDK's messages dump): the
     template does not see the key (Llama 3.1's tests ``'tool_calls' in message``), as in
@@ -1301,7 +1327,7 @@ def test_a_completion_is_the_text_it_adds_after_the_prompt_with_a_sentencepiece_
 def test_a_missing_chat_template_is_named_as_the_caller_asked_for_it(metaspace, tmp_path):
     """Engines whose tokenizer has no chat template: the Python API's error names its
     argument (chat=True, or the conversation given as the prompt), not the CLI's --chat;
-    `specrt run` and `specrt calibrate` name their --chat."""
+    `specrt run`, `specrt calibrate` and `specrt bench` name their --chat."""
     from specrt.runtime.session import Session
 
     with Session(metaspace, governor="off") as s:
@@ -1316,7 +1342,9 @@ def test_a_missing_chat_template_is_named_as_the_caller_asked_for_it(metaspace, 
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "w1 w2"}\n{"prompt": "w3"}\n')
     for args in (["run", str(metaspace), "--prompt", "w1 w2", "--chat"],
-                 ["calibrate", str(metaspace), "--prompts", str(f), "--chat", "--max-new-tokens", "4"]):
+                 ["calibrate", str(metaspace), "--prompts", str(f), "--chat", "--max-new-tokens", "4"],
+                 ["bench", str(metaspace), "--prompts", str(f), "--chat", "-o", str(tmp_path / "r"), "--peers", "none",
+                  "--governors", "off", "--no-profile", "--quiet"]):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 1 and "--chat: the exported tokenizer has no chat template" in r.output, r.output
         assert "chat=True" not in r.output and "Traceback" not in r.output, r.output
@@ -1343,10 +1371,12 @@ def test_a_stats_file_replaced_keeps_its_mode(worded, tmp_path):
     other.chmod(0o640)
     write_atomic(other, {"a": 1})
     assert stat.S_IMODE(other.stat().st_mode) == 0o640 and json.loads(other.read_text()) == {"a": 1}
-    umask = os.umask(0)
-    os.umask(umask)
-    write_atomic(tmp_path / "new.json", {})
-    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o666 & ~umask
+    umask = os.umask(0o027)  # (not the usual 022, whose 0644 a fixed mode would give too)
+    try:
+        write_atomic(tmp_path / "new.json", {})
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o640
 
 
 def test_a_reader_that_leaves_ends_run_and_chat_as_sigpipe_ends_unix_tools(worded, tmp_path):
