@@ -305,14 +305,28 @@ def inplace_context(b: GraphBuilder, position_ids: str, cfg: DecoderConfig, cach
     return InplaceContext(seqlens, total, b.const(cos, b.dtype), b.const(sin, b.dtype), position_ids, bias)
 
 
+ROPE_ROWS = 4096  # rows of rope_cache's tables computed at a time (2 MB a float64 array at D/2 = 64)
+
+
 def rope_cache(rope: RopeConfig, cache_len: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [cache_len, D/2] float32 of positions 0 .. cache_len - 1, as transformers'
     rotary embedding computes them: position times frequency in float32, its cos and sin
     (correctly rounded here) times the attention factor (YaRN's; 1 otherwise). A float64
-    angle would differ from that float32 one by up to 1e-4 at position 4096, 4e-3 at 131072."""
-    angle = np.arange(cache_len, dtype=np.float32)[:, None] * rope.inv_freq()[None, :]  # the float32 products
-    angle, scale = angle.astype(np.float64), np.float32(rope.attention_factor)
-    return np.cos(angle).astype(np.float32) * scale, np.sin(angle).astype(np.float32) * scale
+    angle would differ from that float32 one by up to 1e-4 at position 4096, 4e-3 at 131072.
+    The float64 cos and sin round correctly to float32 (numpy's float32 ones need not); they
+    are taken ROPE_ROWS rows at a time, so the float64 copies stay ~6 MB whatever cache_len
+    (a whole one was 67 MB at 131072 positions x 64)."""
+    inv, scale = rope.inv_freq(), np.float32(rope.attention_factor)
+    positions = np.arange(cache_len, dtype=np.float32)
+    cos = np.empty((cache_len, inv.size), np.float32)
+    sin = np.empty((cache_len, inv.size), np.float32)
+    for start in range(0, cache_len, ROPE_ROWS):
+        rows = slice(start, start + ROPE_ROWS)
+        angle = (positions[rows, None] * inv[None, :]).astype(np.float64)  # the float32 products
+        cos[rows], sin[rows] = np.cos(angle), np.sin(angle)  # (rounded to float32 on assignment)
+    cos *= scale
+    sin *= scale
+    return cos, sin
 
 
 def attention(b: GraphBuilder, cfg: DecoderConfig, x: str, ctx: AttnContext, W: Callable[[str], str], i: int,

@@ -306,6 +306,42 @@ def test_rope_tables_are_transformers_at_long_positions(kind, head_dim):
         np.testing.assert_allclose(os_, hf_sin, rtol=0, atol=1.2e-7, err_msg=where)
 
 
+@pytest.mark.parametrize("kind", LONG_ROPE)
+def test_rope_cache_holds_no_whole_float64_table_and_keeps_its_values(kind):
+    """The in-place graph's cos/sin cache is built a block of rows at a time: at 131072
+    positions x 64 frequencies (two 34 MB float32 tables) the memory it takes beyond the
+    tables stays under 16 MB (the whole-table float64 angle and its cos took 134 MB), and
+    every value is the one of transformers' arithmetic on the same frequencies (float32
+    position times frequency, as its matmul computes it), cos and sin correctly rounded, times
+    the attention factor: bit for bit, at sizes on and off the block edges."""
+    import tracemalloc
+
+    import numpy as np
+    import torch
+
+    from specrt.export import onnx_ops as ops
+
+    model_type, fields = LONG_ROPE[kind]
+    data = {**BASE, "model_type": model_type, "num_attention_heads": 16, "hidden_size": 2048, "head_dim": 128,
+            "rope_theta": 500000.0, "max_position_embeddings": 262144, **fields}
+    rope = parse_decoder(data, "config.json").rope
+    for n in (1, 4095, 4097, 131072):  # (ROPE_ROWS is 4096)
+        tracemalloc.start()
+        try:
+            cos, sin = ops.rope_cache(rope, n)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert cos.shape == sin.shape == (n, 64) and cos.dtype == sin.dtype == np.float32
+        assert peak - cos.nbytes - sin.nbytes < 16e6, (n, peak)
+        with torch.no_grad():
+            inv = torch.from_numpy(rope.inv_freq())[None, :, None]  # [1, D/2, 1] as transformers expands it
+            angle = (inv @ torch.arange(n, dtype=torch.float32)[None, None, :]).transpose(1, 2)[0].double()
+            scale = torch.tensor(rope.attention_factor, dtype=torch.float32)
+            theirs = (angle.cos().float() * scale).numpy(), (angle.sin().float() * scale).numpy()
+        assert np.array_equal(cos, theirs[0]) and np.array_equal(sin, theirs[1]), n
+
+
 def test_llama3_frequencies_on_the_edge_of_the_band_are_transformers():
     """Llama 3.1 scaling where a wavelength is exactly original_max_position_embeddings /
     low_freq_factor in float32: transformers counts it in the smoothed band (neither shorter
