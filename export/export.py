@@ -23,13 +23,11 @@ from specrt import contracts as C
 from specrt.errors import UserError
 from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, receipt
 from specrt.export.config import default_aux_layer_ids
-from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, atomic_folder, check_output, file_record, tool_versions,
-                             write_json)
+from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
+                             tool_versions, write_json)
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRAINING_RECEIPT = "training_receipt.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "chat_template.json")
 
 
 def _graph_files(folder: Path, stem: str) -> list[dict[str, Any]]:

@@ -25,6 +25,10 @@ from specrt.paths import check_output_folder, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
+# the target's tokenizer files an export copies, those of them the target's folder has, each
+# listed in export.json's "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -332,6 +336,23 @@ def check_export(m: dict[str, Any], path: Path) -> None:
     for key, (found, want) in names.items():  # (another file's record: hash-checked, then read as this one)
         if found != want:
             raise UserError(f"{path}: field '{key}' names {found}; expected {want}, the file `specrt export` wrote: "
+                            "make the export again")
+    # the tokenizer files: those the folder has, each listed once (the runtime reads them by
+    # name from the folder, and a build copies the listed ones: an unlisted tokenizer.json
+    # was left out of the engines, which then refused text prompts)
+    listed = [r["file"] for r in m["tokenizer"]]
+    for i, f in enumerate(listed):
+        if f not in TOKENIZER_FILES or f in listed[:i]:
+            raise UserError(f"{path}: field 'tokenizer[{i}].file' is {f!r:.80}; expected one of "
+                            f"{', '.join(TOKENIZER_FILES)}, each once (the files `specrt export` copies): export.json "
+                            "was edited after it was written; make the export again")
+        if not (path.parent / f).is_file():
+            raise UserError(f"{path}: field 'tokenizer[{i}].file' names {f}, which is not in {path.parent}: make the "
+                            "export again")
+    for f in TOKENIZER_FILES:
+        if f not in listed and (path.parent / f).is_file():
+            raise UserError(f"{path}: field 'tokenizer' does not name {f}, which is in {path.parent} (`specrt export` "
+                            "lists every tokenizer file it copies): export.json was edited after it was written; "
                             "make the export again")
 
 

@@ -4,6 +4,7 @@ atomic builds, and the user errors of bad arguments."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -415,6 +416,56 @@ def test_a_hand_edited_export_json_is_a_user_error(tiny_export, tmp_path):
     assert r.exit_code == 1 and "field 'target.decoder.rope' is None" in r.output and r.exc_info[0] is SystemExit, \
         r.output
     assert not (tmp_path / "e").exists()
+
+
+@pytest.fixture(scope="module")
+def worded_export(tmp_path_factory):
+    """An export of a tiny Llama with a word-level tokenizer (tokenizer.json, tokenizer_config.json,
+    generation_config.json)."""
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+    from tests.runtime.test_text import _words
+
+    root = tmp_path_factory.mktemp("worded")
+    target = write_tiny_target(root / "t", "llama", vocab_size=16)
+    _words(target)
+    export(target, None, root / "exp", log=quiet)
+    return root / "exp"
+
+
+def _rename_tokenizer(exp, m):
+    m["tokenizer"][0]["file"] = "tok.json"
+    (exp / "tokenizer.json").rename(exp / "tok.json")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda exp, m: m["tokenizer"].pop(0), "field 'tokenizer' does not name tokenizer.json, which is in "),
+    (_rename_tokenizer, r"field 'tokenizer\[0\].file' is 'tok.json'; expected one of tokenizer.json, "),
+    (lambda exp, m: m["tokenizer"].append(m["tokenizer"][0]), r"field 'tokenizer\[3\].file' is 'tokenizer.json'; "
+                                                              "expected one of .*, each once"),
+    (lambda exp, m: (exp / "tokenizer.json").unlink(), r"field 'tokenizer\[0\].file' names tokenizer.json, which is "
+                                                       "not in "),
+])
+def test_an_edited_tokenizer_list_is_refused_before_a_build(worded_export, tmp_path, change, message):
+    """export.json's tokenizer list is the tokenizer files in the folder, each once: a file
+    name dropped or renamed, or a listed file gone, was built into engines without
+    tokenizer.json that refused every text prompt at `specrt run` ("no tokenizer.json").
+    Named with export.json and the field, exit 1, nothing written."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    exp = tmp_path / "exp"
+    shutil.copytree(worded_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    assert [r["file"] for r in m["tokenizer"]][:2] == ["tokenizer.json", "tokenizer_config.json"]
+    change(exp, m)
+    (exp / "export.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["build", str(exp), "--depths", "1", "-o", str(tmp_path / "e")])
+    assert r.exit_code == 1 and r.exc_info[0] is SystemExit, r.output
+    assert re.search(f"{re.escape(str(exp / 'export.json'))}: {message}", r.output), r.output
+    assert not (tmp_path / "e").exists()
+    load_export(worded_export)  # (the export as written loads)
 
 
 def test_missing_export_is_a_user_error(tmp_path):
