@@ -70,7 +70,10 @@ priors live in the governor): a prompt file holding each prompt N times would le
 the median over its repeats (``seconds_by_repeat`` holds each) and its tokens/s its new
 tokens over that, so medians, ratios, paired ratios and predictions mean what they mean
 with one repeat; tau, acceptance, the time split and the prediction (b) are summed over
-every repeat's runs. The repeats of one configuration must give the same greedy tokens:
+every repeat's runs, and a specrt configuration's prompt lists each repeat's own in
+``by_repeat`` (seconds, rounds, tau, accepted_at, depth histogram, time split, ...:
+prompt lookup and DSpark choose from measured times, so repeats of the same tokens may
+take other rounds). The repeats of one configuration must give the same greedy tokens:
 a specrt configuration's differing is a failure (below), a peer's is reported.
 
 Greedy outputs must be token-identical. Every configuration is compared with
@@ -648,6 +651,17 @@ def total_telemetry(per_prompt: list[dict]) -> dict:
 
 PER_PROMPT_KEYS = ("seconds", "seconds_by_repeat", "new_tokens", "first_token_s", "finish_reason", "process",
                    "prompt_tokens")
+# a specrt configuration's prompt, one entry a repeat (--repeats > 1): what may differ between
+# repeats of the same tokens (prompt lookup and DSpark choose from measured times);
+# accepted_at[i] counts the rounds that accepted a token at draft position i + 1
+REPEAT_KEYS = ("seconds", "first_token_s", "rounds", "draft_rounds", "drafted", "accepted", "tau", "draft_passes",
+               "depth_histogram", "time_split")
+
+
+def repeat_record(rec: dict) -> dict:
+    """One repeat's run record -> its entry in the report's per-prompt ``by_repeat``."""
+    return {**{k: rec[k] for k in REPEAT_KEYS if k in rec}, "accepted_at": rec["counts"]["accepted_at"],
+            "lookup_rounds": rec["lookup"]["rounds"]}
 
 
 def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) -> dict:
@@ -668,6 +682,9 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     }
     if not name.startswith("specrt:"):
         return s
+    for out, r in zip(s["per_prompt"], pp):
+        if r.get("repeats"):
+            out["by_repeat"] = [repeat_record(x) for x in r["repeats"]]
     # every run (--repeats: each prompt's repeats) with its prompt: the telemetry and the
     # prediction are summed over them all
     runs = [(x, ids) for r, ids in zip(pp, prompts) for x in r.get("repeats") or [r]]

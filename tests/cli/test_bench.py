@@ -1063,7 +1063,9 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
                                                                          tmp_path, monkeypatch):
     """--repeats 2, in both schedules: the outputs of one repeat, two seconds a prompt with
     their median as the prompt's seconds (and its tokens/s), the telemetry summed over both
-    repeats, the repeats compared with each other; the progress bar counts every run; the
+    repeats and each repeat's own under the prompt's by_repeat (only seconds_by_repeat
+    before: how repeats differed in rounds was not written), the repeats compared with each
+    other; the progress bar counts every run; the
     interleaved order of the configurations goes on from one repeat to the next."""
     import specrt.cmd_bench as B
 
@@ -1095,6 +1097,18 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
                 assert len(pp["seconds_by_repeat"]) == 2 and pp["seconds"] == pytest.approx(
                     statistics.median(pp["seconds_by_repeat"]))
                 assert tps == pytest.approx(pp["new_tokens"] / pp["seconds"])
+            # each repeat's own telemetry, a specrt configuration's (a peer's is its seconds)
+            if not name.startswith("specrt:"):
+                assert not [pp for pp in c["per_prompt"] if "by_repeat" in pp], name
+                continue
+            runs = [x for pp in c["per_prompt"] for x in pp["by_repeat"]]
+            assert [[x["seconds"] for x in pp["by_repeat"]] for pp in c["per_prompt"]] == [
+                pp["seconds_by_repeat"] for pp in c["per_prompt"]]
+            for key in ("rounds", "draft_rounds", "drafted", "accepted", "draft_passes"):
+                assert sum(x[key] for x in runs) == c[key], (name, key)
+            for x in runs:
+                assert {"tau", "first_token_s", "depth_histogram", "time_split", "lookup_rounds"} <= set(x), name
+                assert sum(x["accepted_at"]) == x["accepted"] and sum(x["depth_histogram"].values()) <= x["rounds"]
         # one repeat's tokens a prompt; off's rounds (one a token) over both repeats
         assert rep["configs"][REFERENCE]["new_tokens"] == rep1["configs"][REFERENCE]["new_tokens"]
         assert rep["configs"][REFERENCE]["rounds"] == 2 * rep1["configs"][REFERENCE]["rounds"]
