@@ -294,11 +294,13 @@ def context_of(text: "Text", prompt_ids) -> list[int]:
     return []
 
 
-def completion_text(text: "Text", ids: list[int], context: list[int] = ()) -> str:
-    """The text ``ids`` add after the text of ``context`` (``context_of``)."""
+def completion_text(text: "Text", ids: list[int], context: list[int] = (), before: str | None = None) -> str:
+    """The text ``ids`` add after the text of ``context`` (``context_of``); ``before``: that
+    text, when the caller has it (the same decoding, kept: Detokenizer, tokens_through)."""
     if not context:
         return text.decode(ids)
-    before, whole = text.decode(list(context)), text.decode(list(context) + list(ids))
+    before = text.decode(list(context)) if before is None else before
+    whole = text.decode(list(context) + list(ids))
     # (a decoder that rewrote the context's text where the two meet: the completion alone)
     return whole[len(before):] if whole.startswith(before) else text.decode(ids)
 
@@ -311,8 +313,9 @@ def tokens_through(text: "Text", ids: list[int], end: int, context: list[int] = 
     longer prefix of the text), then a look at each cut inside the run before the one it
     found: a cut inside a run can decode to U+FFFDs (``Text.byte_fallback_ids``) though a
     shorter cut in it wrote the text."""
-    whole = completion_text(text, ids, context)[:end]
-    holds = lambda k: completion_text(text, ids[:k], context).startswith(whole)  # noqa: E731
+    before = text.decode(list(context)) if context else ""
+    whole = completion_text(text, ids, context, before)[:end]
+    holds = lambda k: completion_text(text, ids[:k], context, before).startswith(whole)  # noqa: E731
     fallback = text.byte_fallback_ids
     cuts = [k for k in range(len(ids) + 1) if not (0 < k < len(ids) and ids[k - 1] in fallback and ids[k] in fallback)]
     lo, hi = 0, len(cuts) - 1
@@ -343,18 +346,19 @@ class Detokenizer:
     def __init__(self, text: Text, context: list[int] = ()):
         self.text = text
         self.context = list(context)
+        self.before = text.decode(self.context) if self.context else ""  # the context's text, decoded once
         self.ids: list[int] = []
         self.emitted = 0
 
     def push(self, ids) -> str:
         self.ids.extend(int(i) for i in ids)
-        s = completion_text(self.text, self.ids, self.context)
+        s = completion_text(self.text, self.ids, self.context, self.before)
         end = len(s.rstrip("\ufffd"))
         fallback, run = self.text.byte_fallback_ids, 0
         while run < len(self.ids) and self.ids[-1 - run] in fallback:
             run += 1
         if run:  # (its text is a prefix of s)
-            end = min(end, len(completion_text(self.text, self.ids[:-run], self.context)))
+            end = min(end, len(completion_text(self.text, self.ids[:-run], self.context, self.before)))
         if end <= self.emitted:
             return ""
         piece, self.emitted = s[self.emitted:end], end
@@ -367,7 +371,7 @@ class Detokenizer:
 
     @property
     def full(self) -> str:
-        return completion_text(self.text, self.ids, self.context)
+        return completion_text(self.text, self.ids, self.context, self.before)
 
 
 class StopScanner:

@@ -202,6 +202,7 @@ class _CompletionLogprobs:
     def __init__(self, text, top: int, context: list[int] = ()):
         self.text, self.top, self.ids, self.decoded = text, top, [], ""  # decoded: the text of ids
         self.context = list(context)
+        self.before = text.decode(self.context) if self.context else ""  # the context's text, decoded once
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
         from specrt.runtime.text import completion_text
@@ -214,7 +215,7 @@ class _CompletionLogprobs:
             self.ids.append(e["id"])
             # where the token's own text ends, when it does (a word-level decoder puts a space
             # between tokens; half a character has no text)
-            upto = self.decoded = completion_text(self.text, self.ids, self.context)
+            upto = self.decoded = completion_text(self.text, self.ids, self.context, self.before)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [None if e["top_logprobs"] is None else self._top(e) for e in entries]

@@ -7,6 +7,7 @@ end on a tiny model with a word-level tokenizer: the same text and output token 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -1322,6 +1323,52 @@ def test_a_completion_is_the_text_it_adds_after_the_prompt_with_a_sentencepiece_
 
     text, st = Text(metaspace / "export"), json.loads(stats.read_text())["prompts"][0]
     assert r.stdout == text.decode(st["prompt_ids"] + st["output_token_ids"])[len("w1 w2 w3"):] + "\n"
+
+
+@pytest.mark.parametrize("make", [_byte_bpe, _byte_fallback, _metaspace])
+def test_the_detokenizer_decodes_the_prompts_context_once(make, tmp_path):
+    """The Detokenizer decodes the prompt's context (context_of, up to 24 tokens) once, not
+    at each of a push's one or two decodings of the text after it (two with a trailing run
+    of ByteFallback byte tokens): random prompts and outputs over byte-level BPE, ByteFallback
+    and Metaspace vocabularies, pushed in random chunks, give the pieces of one that decodes
+    the context every time, with that many fewer decodings; tokens_through (which keeps the
+    context's text too) the fewest tokens that write a text's prefix."""
+    import random
+
+    from specrt.runtime.text import Detokenizer, Text, completion_text, context_of, tokens_through
+
+    make(tmp_path)
+    text = Text(tmp_path)
+    vocab, rng, calls = text.tokenizer.get_vocab_size(), random.Random(0), [0]
+    decode = text.decode
+    text.decode = lambda ids: calls.append(calls.pop() + 1) or decode(ids)
+
+    def decodings(call, *args):
+        n = calls[0]
+        return call(*args), calls[0] - n
+
+    for _ in range(60):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        context = context_of(text, prompt)
+        d, ref = Detokenizer(text, context), Detokenizer(text, context)
+        ref.before = None  # (the context decoded at every push)
+        pieces, at = [], 0
+        while at < len(ids):
+            n = rng.randrange(1, 5)
+            (piece, ours), (want, theirs) = decodings(d.push, ids[at:at + n]), decodings(ref.push, ids[at:at + n])
+            run = bool(d.ids) and d.ids[-1] in text.byte_fallback_ids
+            assert piece == want and theirs - ours == (1 + run if context else 0), (prompt, ids)
+            pieces.append(piece)
+            at += n
+        (piece, ours), (want, theirs) = decodings(d.flush), decodings(ref.flush)
+        assert piece == want and theirs - ours == (1 if context else 0)
+        whole = completion_text(text, ids, context)
+        assert "".join(pieces) + piece == whole
+        for end in sorted({0, len(whole) // 2, len(whole)}):
+            k = tokens_through(text, ids, end, context)
+            assert completion_text(text, ids[:k], context).startswith(whole[:end])
+            assert k == 0 or not completion_text(text, ids[:k - 1], context).startswith(whole[:end])
 
 
 def test_a_missing_chat_template_is_named_as_the_caller_asked_for_it(metaspace, tmp_path):
