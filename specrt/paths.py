@@ -86,7 +86,8 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     to a temp file in the same folder, synced, then os.replace; whole or absent (on an
     exception the temp file goes and ``path`` is untouched; missing folders above it are made).
     A file replaced keeps its mode (as ``sed -i`` and editors keep it: a stats file made
-    private stays private); a new one gets the umask's."""
+    private stays private), and its owner and group where this process may give them (root;
+    a group of this user's), as GNU sed does; a new one gets the umask's mode."""
     path = Path(path)
     if path.is_symlink():  # write where it points, keeping the link (os.replace put a file in its place)
         path = path.resolve()
@@ -105,9 +106,12 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
     try:
         try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
+            st = os.stat(path)
         except FileNotFoundError:
             mode = 0o666 & ~umask()  # as open() would make it; mkstemp's are 0600
+        else:
+            _keep_owner(fd, st)  # (before the mode: a chown may clear set-id bits)
+            mode = stat.S_IMODE(st.st_mode)
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -122,6 +126,21 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         if isinstance(e, OSError):  # disk full, a folder gone: said, not a traceback
             raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         raise
+
+
+def _keep_owner(fd: int, st: os.stat_result) -> None:
+    """The file ``fd`` given the owner and group of ``st``, or its group alone, where this
+    process may; left as it is otherwise (another user's file replaced by one who may not
+    chown: the file is theirs now, as with GNU sed)."""
+    own = os.fstat(fd)
+    for uid in ((st.st_uid, -1) if st.st_uid != own.st_uid else (-1,)):
+        if uid == -1 and st.st_gid == own.st_gid:
+            return
+        try:
+            os.fchown(fd, uid, st.st_gid)
+            return
+        except OSError:  # EPERM: not root, or not in that group
+            continue
 
 
 def write_atomic(path: Path, data: dict, indent: int = 1) -> None:

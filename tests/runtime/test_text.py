@@ -1426,6 +1426,46 @@ def test_a_stats_file_replaced_keeps_its_mode(worded, tmp_path):
     assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o640
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_replaced_file_keeps_its_owner_and_group_where_the_process_may(tmp_path):
+    """As root, a file replaced whole (write_atomic: a temporary file renamed over it) keeps
+    its owner and group as it keeps its mode (as GNU sed -i does: root's edit of another
+    user's file left it root's, 0 / 0). A user who may not give a file away (here nobody,
+    replacing root's file in a folder open to all) still replaces it, silently, the file
+    then theirs, in the file's group where they are in it."""
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+
+    from specrt.paths import write_atomic
+
+    f = tmp_path / "s.json"
+    f.write_text("{}")
+    os.chown(f, 12345, 23456)
+    f.chmod(0o640)
+    write_atomic(f, {"a": 1})
+    st = f.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (12345, 23456, 0o640)
+    assert json.loads(f.read_text()) == {"a": 1}
+    code = ("import os, sys; from pathlib import Path; from specrt.paths import write_atomic; "
+            "os.setgroups([int(g) for g in sys.argv[2:]]); os.setgid(65534); os.setuid(65534); "
+            "write_atomic(Path(sys.argv[1]), {'b': 2})")
+    for groups, group in (([], 65534), ([23456], 23456)):  # (not in the file's group; in it)
+        with tempfile.TemporaryDirectory() as d:  # (tmp_path's folders are root's alone)
+            os.chmod(d, 0o777)
+            f = Path(d) / "s.json"
+            f.write_text("{}")
+            os.chown(f, 0, 23456)
+            f.chmod(0o666)
+            r = subprocess.run([sys.executable, "-c", code, str(f), *map(str, groups)], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0 and r.stdout == r.stderr == "", r
+            st = f.stat()
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, group, 0o666), groups
+            assert json.loads(f.read_text()) == {"b": 2}
+
+
 def test_a_reader_that_leaves_ends_run_and_chat_as_sigpipe_ends_unix_tools(worded, tmp_path):
     """`specrt run ... | head -1` through a real pipe: once the reader has gone, the next
     write stops the decoding, and the command ends as `yes | head -1` ends `yes`, killed by
