@@ -33,7 +33,7 @@ prompt lookup's included), tokens/s, the time to the first token and the prompt 
 reused.
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
-the order they arrive (TurnLock); a streaming client that reads nothing for
+the order they arrive (TurnLock); a client that reads nothing of its answer for
 ``--write-timeout`` seconds (5) is taken for gone and the next request goes on. Each
 decoding mode (greedy; each temperature / top-k / top-p) gets its own generator, with
 the governor calibrated for that mode and KV caches of its own (the four most recent
@@ -71,7 +71,8 @@ SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generat
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
 MAX_CHOICES = 64  # prompts x n, a request
-WRITE_TIMEOUT = 5.0  # seconds a streamed answer's write may wait for a client that reads nothing (--write-timeout)
+WRITE_TIMEOUT = 5.0  # seconds an answer's write may wait for a client that reads nothing (--write-timeout)
+WRITE_PIECE = 1 << 16  # bytes of a whole answer written at a time, each within WRITE_TIMEOUT
 LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
 
@@ -283,7 +284,7 @@ class Metrics:
     def render(self) -> str:
         with self.lock:
             out = ["# HELP specrt_requests_total Requests answered, by endpoint and HTTP status (499: the client "
-                   "left before its answer).",
+                   "left before its answer; 503: refused or cut as the server stopped).",
                    "# TYPE specrt_requests_total counter"]
             out += [f'specrt_requests_total{{endpoint="{e}",status="{c}"}} {n}'
                     for (e, c), n in sorted(self.requests.items())]
@@ -381,7 +382,7 @@ class Server:
         self.lock = TurnLock()  # one request on the engines at a time, in the order they asked
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
-        self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled stream's client is let go after it
+        self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled answer's client is let go after it
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
         self.stopping = False  # closing: requests not yet begun are answered 503
         self.cutting = False  # closing at once: the request being answered ends at its next round
@@ -556,15 +557,17 @@ class Server:
         done = {"completion": 0, "prompt_tokens": 0, "partial": False, "reason": None}
         try:
             yield from self._choices(req, total, done)
-        except GeneratorExit:  # the caller stopped reading: the client left
-            done["reason"] = "none: the client left"
+        except (GeneratorExit, BadRequest) as e:  # the caller stopped reading (the client left), or
+            # a second Ctrl-C cut the answer (its 503, Server.cutting): counted as far as it went
+            done["reason"] = "none: " + ("the client left" if isinstance(e, GeneratorExit) else
+                                         "cut, the server is stopping")
             if done["partial"]:  # what the choice being decoded had made by then
                 total.merge(s.generator.telemetry)
                 done["completion"] += len(getattr(s, "last_output_ids", None) or [])
                 if done["first"]:  # its prompt, not yet counted (the log said "0 prompt tokens (33 reused)")
                     done["prompt_tokens"] += s.generator.telemetry.prompt_tokens
             raise
-        finally:  # counted and logged whenever the request ran to its end or lost its client
+        finally:  # counted and logged whenever the request ran to its end, lost its client or was cut
             if done["reason"] is not None:
                 completion, prompt_tokens, t = done["completion"], done["prompt_tokens"], total.to_json()
                 self.metrics.add(prompt_tokens=t["prompt_tokens"], prompt_tokens_reused=t["prefix_reused"],
@@ -666,7 +669,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.end_headers()
             if self.command != "HEAD":  # (HEAD: GET's status and headers, no body)
-                self.wfile.write(data)
+                # in pieces: a socket's timeout bounds a whole sendall since Python 3.5, and a
+                # client reading some MB slowly is not one that stopped (write_timeout)
+                for at in range(0, len(data), WRITE_PIECE):
+                    self.wfile.write(data[at:at + WRITE_PIECE])
         except OSError:  # the client left (or timed out) before its answer: nothing to tell it
             self.close_connection = True
 
@@ -917,7 +923,14 @@ class Handler(BaseHTTPRequestHandler):
                 choices.append({**choice, "finish_reason": finish[i]})
             answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": choices,
                       "usage": last["usage"], "specrt": last["specrt"]}
-            return lambda: self._send_json(200, answer)  # sent once the engines are free (do_POST)
+
+            def send() -> None:  # sent once the engines are free (do_POST)
+                # a client that reads nothing holds this thread, and close (Ctrl-C), for
+                # write_timeout a write, as a stream's does, not the read timeout (60 s)
+                self.connection.settimeout(app.write_timeout)
+                self._send_json(200, answer)
+
+            return send
         app.metrics.request(self._endpoint, 200)
         # a client that stops reading fills the socket's buffers and a write waits: for the
         # read timeout (60 s), then as long again for the error event, while every other
@@ -1006,8 +1019,9 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
                    "(the one target-only decoding samples with it), whatever this server decoded before; by default "
                    "rejection sampling, which accepts more drafts but whose text depends on them.")
 @click.option("--write-timeout", type=float, default=WRITE_TIMEOUT, show_default=True,
-              help="Seconds a streamed answer waits for a client that has stopped reading (0-3600); then its "
-                   "answer ends, logged as a client that left, and the next request gets the engines.")
+              help="Seconds an answer's write waits for a client that has stopped reading (0-3600); then a "
+                   "stream ends, logged as a client that left, and the next request gets the engines (a whole "
+                   "answer, written once they are free, is dropped).")
 @template_kwargs_option
 @click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")

@@ -1178,6 +1178,62 @@ def test_a_further_ctrl_c_ends_the_wait_for_an_answer_being_sent(worded):  # noq
         httpd.server_close()
 
 
+def test_closing_waits_for_a_whole_answer_whose_client_reads_nothing_for_the_write_timeout(worded):  # noqa: F811
+    """A whole answer being sent to a client that reads nothing: closing the server (Ctrl-C,
+    SIGTERM) waits for it ``write_timeout`` (1 s here), as for a stream, then goes on (it
+    waited for the socket's read timeout, 60 s); the answer's connection is dropped."""
+    import socket
+
+    logs: list[str] = []
+    app, httpd = _small_buffers_server(worded, logs)
+    app.write_timeout = 1.0
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1}).encode()
+    closer = threading.Thread(target=app.close)
+    c = socket.socket()
+    try:
+        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
+        closer.start()
+        closer.join(15)
+        assert not closer.is_alive(), "close waited past write_timeout for a client that reads nothing"
+        assert app.sending == 0 and any("an answer is being sent" in line for line in logs), logs
+    finally:
+        c.close()
+        closer.join(60)
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_whole_answer_read_slowly_is_sent_whole(worded):  # noqa: F811
+    """A client that reads a whole answer of ~600 KB slowly, over more than ``write_timeout``
+    (1 s here) in all, gets all of it: the timeout bounds each piece's write (a socket's
+    timeout bounds a whole sendall, which would have cut the answer)."""
+    import socket
+    import time
+
+    logs: list[str] = []
+    app, httpd = _small_buffers_server(worded, logs)
+    app.write_timeout = 1.0
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5", "w6 w7", "w9 w8"], "n": 16, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1}).encode()
+    c = socket.socket()
+    try:
+        _stall(c, httpd.server_address, req)
+        got, t = b"", time.perf_counter()
+        while chunk := c.recv(4096):  # ~200 KB/s
+            got += chunk
+            time.sleep(0.02)
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200") and len(body) == int(head.split(b"Content-Length: ")[1].split()[0]), \
+            (head, len(body))
+        assert len(json.loads(body)["choices"]) == 64 and time.perf_counter() - t > 2 * app.write_timeout
+    finally:
+        c.close()
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
 @contextlib.contextmanager
 def _in_process(engines, governor: str = "fixed:3"):
     """A Server on ENGINES behind make_server on a free port, in this process: (app, httpd,
@@ -1250,6 +1306,91 @@ def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
             app.session.stream, app.cutting = real, False
         assert code == 503 and r["error"]["message"] == "the server is shutting down", (code, r)
         assert not any("[error" in line for line in logs), logs
+
+
+def test_an_answer_cut_by_a_second_ctrl_c_is_logged_and_counted(worded):  # noqa: F811
+    """A whole answer and a stream cut by a second Ctrl-C after their first piece: each gets
+    its log line ("finish none: cut, ...") with its prompt and the tokens made by then, and
+    /metrics counts those tokens, as for a client that left (neither was logged or counted);
+    requests_total has the whole answer's 503 and the stream's 200 (counted as it started)."""
+    import re
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        real = app.session.stream
+
+        def cut(*a, **k):  # an answer cut after its first piece
+            for n, piece in enumerate(real(*a, **k)):
+                app.cutting = app.cutting or n == 1
+                yield piece
+
+        app.session.stream = cut
+        try:
+            code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 40})
+            assert code == 503, r
+            app.cutting = False
+            code, events = _post(url, "/v1/completions", {"prompt": "w3 w5 w6", "max_tokens": 40, "stream": True})
+            assert code == 200 and events[-1]["error"]["message"] == "the server is shutting down", events[-1]
+        finally:
+            app.session.stream, app.cutting = real, False
+        metrics = app.metrics.render()
+    cuts = [line for line in logs if "finish none: cut, the server is stopping" in line]
+    assert len(cuts) == 2 and cuts[0].startswith("[2 prompt tokens") and cuts[1].startswith("[3 prompt tokens"), logs
+    new = [int(re.search(r", (\d+) new in", line).group(1)) for line in cuts]
+    assert min(new) >= 2, cuts  # (two pieces read, the second's tokens among them)
+    count = lambda name: re.search(rf"^specrt_{name} (\S+)$", metrics, re.M).group(1)  # noqa: E731
+    assert (count("prompt_tokens_total"), count("completion_tokens_total")) == ("5", str(sum(new))), metrics
+    assert count('requests_total{endpoint="completions",status="503"}') == "1", metrics
+    assert count('requests_total{endpoint="completions",status="200"}') == "1", metrics
+
+
+def test_the_write_timeout_option_reaches_the_answers_writes(worded, monkeypatch):  # noqa: F811
+    """`specrt serve --write-timeout 7.25`, run in this process (stopped by its SIGTERM): the
+    connections of a whole answer and of a stream wait that long for their client (each
+    socket's timeout as its handler finishes), not the default WRITE_TIMEOUT (only a
+    subprocess test whose stalled client timed out told before, by its time)."""
+    import os
+
+    from click.testing import CliRunner
+
+    from specrt import cmd_serve
+    from specrt.cli import main
+
+    make, seen, up, got = cmd_serve.make_server, [], threading.Event(), {}
+
+    def make_server(app, host, port):  # the real one, its handlers telling their socket's timeout
+        httpd = make(app, host, port)
+        bound = httpd.RequestHandlerClass
+
+        def finish(self):
+            seen.append(self.connection.gettimeout())
+            super(bound, self).finish()
+
+        bound.finish = finish
+        got["url"] = f"http://127.0.0.1:{httpd.server_address[1]}"
+        up.set()
+        return httpd
+
+    def client():
+        try:
+            if up.wait(60):
+                for stream in (False, True):
+                    got[stream] = _post(got["url"], "/v1/completions", {"prompt": "w1 w2", "max_tokens": 4,
+                                                                        "stream": stream})[0]
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # (serve's handler: the command stops as at Ctrl-C)
+
+    monkeypatch.setattr(cmd_serve, "make_server", make_server)
+    old = signal.getsignal(signal.SIGTERM)
+    asker = threading.Thread(target=client)
+    try:
+        asker.start()
+        r = CliRunner().invoke(main, ["serve", str(worded), "--port", "0", "--governor", "fixed:1",
+                                      "--write-timeout", "7.25"])
+    finally:
+        asker.join(60)
+        signal.signal(signal.SIGTERM, old)
+    assert r.exit_code == 0 and got[False] == got[True] == 200, (r.output, got)
+    assert seen == [7.25, 7.25] != [cmd_serve.WRITE_TIMEOUT] * 2, seen
 
 
 def test_sigterm_stops_the_command_as_ctrl_c_does(worded):  # noqa: F811
