@@ -388,7 +388,10 @@ class Session:
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
                    prompt_logprobs: int | None = None) -> Stream:
         self._open()
-        with self.generator.lock:  # (another thread's stream sets these between)
+        out: list[int] = []
+        # under the lock: another thread's stream would set these between, and stats() there
+        # would read this stream's telemetry (Generator.stream resets it) with the older ids
+        with self.generator.lock:
             before = self.generator.logprobs, self.generator.prompt_logprobs
             self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
             try:
@@ -396,8 +399,7 @@ class Session:
             except UserError:  # refused: a running stream's stats() stay its own
                 self.generator.logprobs, self.generator.prompt_logprobs = before
                 raise
-        out: list[int] = []
-        self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
+            self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
         lock = self.generator.lock
 
@@ -407,9 +409,9 @@ class Session:
                     with lock:  # (close() from another thread waits for the round in progress)
                         self._open()  # closed before this chunk: no engines to run it
                         chunk = next(gen, None)
+                        out.extend(chunk or ())  # (with the round's telemetry, for stats())
                     if chunk is None:
                         return
-                    out.extend(chunk)
                     with gen.clock.at(me):
                         yield chunk
             finally:
@@ -443,6 +445,7 @@ class Session:
         gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
         self.last_prompt_ids, self.last_output_ids = ids, detok.ids  # the detokenizer's list fills as it streams
         self.last_context = detok.context  # (the prompt's tokens its text is decoded after)
+        lock = self.generator.lock
         held, me = gen.clock, gen.clock.claim()  # detokenizing and stop strings are the runtime's time
 
         def texts():  # each round's final text, then what an unfinished character held back
@@ -454,9 +457,11 @@ class Session:
             for text in texts():
                 piece = scan.push(text)
                 if scan.hit:  # settled before the last piece goes out: a caller may stop at it
-                    gen.close()
-                    self.generator.finished = Finished("stop")
-                    del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end, detok.context):]
+                    with lock:  # (a stream another thread started since keeps its own finish)
+                        gen.close()
+                        if self.last_output_ids is detok.ids:
+                            self.generator.finished = Finished("stop")
+                        del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end, detok.context):]
                     if piece:
                         yield piece
                     return
@@ -470,14 +475,17 @@ class Session:
             yield rest
 
     def stats(self) -> dict:
-        s = self.generator.telemetry.to_json()
-        s["prompt_ids"] = list(getattr(self, "last_prompt_ids", []))  # what `specrt corpus` reads back
-        s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
-        s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
-        if self.generator.logprobs is not None:
-            s["output_logprobs"] = self.logprob_entries(0, len(s["output_token_ids"]))
-        if self.generator.prompt_logprobs is not None:
-            s["prompt_logprobs"] = self.prompt_logprob_entries()
+        """The telemetry, ids and finish of the latest stream started, one stream's whole (a
+        stream starting in another thread waits for this, or this for its start)."""
+        with self.generator.lock:
+            s = self.generator.telemetry.to_json()
+            s["prompt_ids"] = list(getattr(self, "last_prompt_ids", []))  # what `specrt corpus` reads back
+            s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
+            s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
+            if self.generator.logprobs is not None:
+                s["output_logprobs"] = self.logprob_entries(0, len(s["output_token_ids"]))
+            if self.generator.prompt_logprobs is not None:
+                s["prompt_logprobs"] = self.prompt_logprob_entries()
         return s
 
     def prompt_logprob_entries(self) -> list[dict]:

@@ -1167,6 +1167,97 @@ def test_streams_of_one_session_from_two_threads_take_turns(worded, gov, monkeyp
     assert got["a"] == want_a or "superseded" in got["a"], got
 
 
+def test_stats_of_a_session_streamed_from_two_threads_describe_one_stream(worded, monkeypatch):
+    """stats() asked while another thread starts a stream, held just after the generator's
+    telemetry and finish were reset for it: they describe that stream whole (its prompt, no
+    output yet, no finish; stats() waits for the start), not the new stream's telemetry
+    with the older stream's prompt and output ids (set after the lock was let go)."""
+    import threading
+
+    from specrt.runtime.session import Session
+
+    held, go, got = threading.Event(), threading.Event(), {}
+    with Session(worded, governor="fixed:3") as s:
+        older = list(s.stream_ids([3, 1, 4], 8))
+        assert older and s.stats()["prompt_ids"] == [3, 1, 4]
+        reset = s.generator.telemetry
+
+        class Prompt(list):  # B's prompt: read once its stream has reset the telemetry, B is held
+            def __iter__(self):
+                if threading.current_thread().name == "B" and s.generator.telemetry is not reset \
+                        and not held.is_set():
+                    held.set()
+                    go.wait(10)
+                return super().__iter__()
+
+        def b():
+            got["stream"] = s.stream_ids(Prompt([5, 9, 2, 6, 5]), 8)
+
+        def ask():
+            got["stats"] = s.stats()
+
+        tb = threading.Thread(target=b, name="B")
+        tb.start()
+        assert held.wait(10)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        asker.join(1)  # (it waits for B's start: the stats would be B's either way)
+        go.set()
+        tb.join(10)
+        asker.join(10)
+        st = got["stats"]
+        assert (st["prompt_ids"], st["output_token_ids"], st["finish_reason"], st["prompt_tokens"]) == \
+            ([5, 9, 2, 6, 5], [], None, 0), st
+        newer = [t for c in got["stream"] for t in c]
+        st = s.stats()
+        assert (st["prompt_ids"], st["output_token_ids"], st["prompt_tokens"]) == ([5, 9, 2, 6, 5], newer, 5), st
+
+
+def test_a_stop_string_leaves_a_stream_started_since_in_another_thread_its_own_finish(worded, monkeypatch):
+    """Thread A's text stream reaches its stop string; thread B starts a stream just as A
+    closes its decoding (A held there): B's stream shows no finish until it has one (A's
+    "stop" was set on the generator after B's start, and B's stats() said "stop")."""
+    import threading
+
+    from specrt.runtime import generate as G
+    from specrt.runtime.session import Session
+
+    close, held, go, got = G.Stream.close, threading.Event(), threading.Event(), {}
+
+    def close_holding_a(self):
+        close(self)
+        if threading.current_thread().name == "A" and not held.is_set():  # A's stop string: its decoding closed
+            held.set()
+            go.wait(10)
+
+    with Session(worded, governor="fixed:3") as s:
+        full = "".join(s.stream("w3 w1 w4", max_new_tokens=24))
+        stop = " ".join(full.split(" ")[8:10])
+        want = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
+        assert len(want) < len(full)
+        monkeypatch.setattr(G.Stream, "close", close_holding_a)
+
+        def a():
+            got["a"] = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
+
+        def b():
+            got["b"] = s.stream_ids([5, 9, 2, 6, 5], 8)
+
+        ta, tb = threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")
+        ta.start()
+        assert held.wait(10)
+        tb.start()
+        tb.join(1)  # (it waits for A's stop: B's finish would be its own either way)
+        go.set()
+        ta.join(10)
+        tb.join(10)
+        assert got["a"] == want
+        st = s.stats()
+        assert (st["prompt_ids"], st["finish_reason"]) == ([5, 9, 2, 6, 5], None), st
+        list(got["b"])
+        assert s.stats()["finish_reason"] in ("length", "eos")
+
+
 def test_a_stream_of_a_session_closed_since_is_a_user_error(worded):
     """A stream read after its Session was closed (left its ``with`` block), before its
     first piece or between pieces: a UserError saying so (an InternalError from the
