@@ -1112,21 +1112,33 @@ def _small_buffers_server(engines, logs: list[str]):
     return app, httpd
 
 
+def _whole_answer_stalled(worded, logs: list[str], write_timeout: float | None = None):  # noqa: F811
+    """A server (``_small_buffers_server``) writing a long whole answer to a client that reads
+    nothing, the engines free: (app, httpd, a thread that will close the app, the socket)."""
+    import socket
+
+    app, httpd = _small_buffers_server(worded, logs)
+    if write_timeout is not None:
+        app.write_timeout = write_timeout
+    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
+                      "temperature": 1.0, "seed": 1}).encode()
+    closer, c = threading.Thread(target=app.close), socket.socket()
+    try:
+        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
+    except BaseException:
+        c.close()
+        raise
+    return app, httpd, closer, c
+
+
 def test_closing_waits_for_a_whole_answer_being_sent(worded):  # noqa: F811
     """A whole (non-streaming) answer is written after the engines' lock is let go: closing
     the server (Ctrl-C, SIGTERM) waits for it as for the lock (close returned while it was
     being written and the process ended under it: `specrt serve` stopped mid-answer sent
     that client nothing, not even a status line)."""
-    import socket
-
     logs: list[str] = []
-    app, httpd = _small_buffers_server(worded, logs)
-    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
-                      "temperature": 1.0, "seed": 1}).encode()
-    closer = threading.Thread(target=app.close)
-    c = socket.socket()
+    app, httpd, closer, c = _whole_answer_stalled(worded, logs)
     try:
-        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
         closer.start()
         closer.join(2)
         assert closer.is_alive(), "close returned while the answer was being sent"
@@ -1182,17 +1194,9 @@ def test_closing_waits_for_a_whole_answer_whose_client_reads_nothing_for_the_wri
     """A whole answer being sent to a client that reads nothing: closing the server (Ctrl-C,
     SIGTERM) waits for it ``write_timeout`` (1 s here), as for a stream, then goes on (it
     waited for the socket's read timeout, 60 s); the answer's connection is dropped."""
-    import socket
-
     logs: list[str] = []
-    app, httpd = _small_buffers_server(worded, logs)
-    app.write_timeout = 1.0
-    req = json.dumps({"prompt": ["w1 w2", "w3 w5"], "n": 8, "logprobs": 20, "max_tokens": 120,
-                      "temperature": 1.0, "seed": 1}).encode()
-    closer = threading.Thread(target=app.close)
-    c = socket.socket()
+    app, httpd, closer, c = _whole_answer_stalled(worded, logs, write_timeout=1.0)
     try:
-        _stall(c, httpd.server_address, req)  # its answer is being written, the engines free
         closer.start()
         closer.join(15)
         assert not closer.is_alive(), "close waited past write_timeout for a client that reads nothing"
