@@ -687,6 +687,28 @@ def _own_temp_folder(key: str) -> Path:
     return p
 
 
+KEEP_RUNS = 4  # by-hand file pairs kept in a temporary folder (3.6 MB a pair on SmolLM2)
+
+
+def _own_inputs_file(folder: Path) -> Path:
+    """A new ``inputs.<random>.json`` in ``folder`` for this run alone (mkstemp: no two runs get
+    one name), its outputs beside it (``outputs_file_for``). The pairs of earlier runs past the
+    newest ``KEEP_RUNS - 1`` are removed, oldest first: a run's own names would pile up."""
+    pairs = []
+    for f in folder.glob("inputs.*.json"):
+        try:
+            if not f.name.endswith(".outputs.json"):
+                pairs.append((f.stat().st_mtime, f))
+        except FileNotFoundError:  # removed by another run meanwhile
+            pass
+    for _, f in sorted(pairs)[: max(0, len(pairs) - (KEEP_RUNS - 1))]:
+        outputs_file_for(f).unlink(missing_ok=True)
+        f.unlink(missing_ok=True)
+    fd, name = tempfile.mkstemp(prefix="inputs.", suffix=".json", dir=folder)
+    os.close(fd)
+    return Path(name)
+
+
 def screen_check(view, screen, reference, feeds: list[dict], tol: tuple[float, float],
                  scaled: bool = False) -> dict[str, Any]:
     """The greedy path of a screened head (``head_exact`` false: int8 logits, the screen of
@@ -980,11 +1002,11 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     }
     if saved_feeds is not None:
         if inputs_file is None:
-            # else one temporary folder per engines folder and user, replaced by the next run
-            # (a new folder a run piled up 3.6 MB each on SmolLM2)
+            # else one temporary folder per engines folder and user, each run's files its own there
+            # (two runs at once wrote one inputs.json: a command printed by one ran the other's files)
             where = hashlib.sha256(str(Path(engines.folder).resolve()).encode()).hexdigest()[:12]
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
-                           else _own_temp_folder(where) / "inputs.json")
+                           else _own_inputs_file(_own_temp_folder(where)))
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):

@@ -385,17 +385,33 @@ def test_outputs_are_compared_in_units_of_their_rows_scale():
     assert not verdict(ref + np.array([[[0.0, 2e-4, 0.0, 0.0, 0.0]]]), True)
 
 
-def test_runs_without_a_report_reuse_one_temporary_folder(tiny_engines, tmp_path, monkeypatch):
+def test_runs_without_a_report_keep_their_own_files_in_one_temporary_folder(tiny_engines, tmp_path, monkeypatch):
     """Without --report or --save-inputs the by-hand command's files go to one temporary
-    folder per engines folder, replaced by the next run (each run made a new one: 3.6 MB
-    on SmolLM2, piling up; found by review)."""
+    folder per engines folder (each run made a new one: 3.6 MB on SmolLM2, piling up; found
+    by review), each run's files under names of their own (two runs at once wrote one
+    inputs.json: the command one printed ran the other's inputs; found by review), the
+    oldest pairs past KEEP_RUNS removed."""
     import tempfile
 
+    from polygraphy.json import load_json
+
+    from specrt.engines import compare as compare_module
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    a = compare_engines(tiny_engines, log=quiet)["inputs_file"]
-    b = compare_engines(tiny_engines, log=quiet)["inputs_file"]
-    assert a == b and Path(a).is_file() and Path(a).parent.parent == tmp_path
+    monkeypatch.setattr(compare_module, "KEEP_RUNS", 2, raising=False)
+    a = compare_engines(tiny_engines, log=quiet, prompt_tokens=8)
+    b = compare_engines(tiny_engines, log=quiet, prompt_tokens=12)
+    assert a["inputs_file"] != b["inputs_file"] and a["outputs_file"] != b["outputs_file"]
+    assert Path(a["inputs_file"]).parent == Path(b["inputs_file"]).parent
     assert len(list(tmp_path.glob("specrt-compare-*"))) == 1
+    for r, n in ((a, 8), (b, 12)):  # each printed command's files are its own run's
+        assert f"--load-inputs {r['inputs_file']} " in r["polygraphy_command"]
+        assert np.array_equal(load_json(r["inputs_file"])[0][C.POSITION_IDS], np.arange(n, n + 9)[None])
+        assert Path(r["outputs_file"]).is_file()
+    c = compare_engines(tiny_engines, log=quiet, prompt_tokens=8)
+    assert not Path(a["inputs_file"]).exists() and not Path(a["outputs_file"]).exists()
+    assert sorted(Path(c["inputs_file"]).parent.iterdir()) == sorted(
+        Path(r[k]) for r in (b, c) for k in ("inputs_file", "outputs_file"))
 
 
 def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
