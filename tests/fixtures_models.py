@@ -4,6 +4,8 @@
 hidden 64, 4 heads, 2 KV heads, head_dim 16, 4 layers, vocab 1000) with
 ``save_pretrained``. ``write_tiny_draft`` writes a speculators-format EAGLE-3 or
 P-EAGLE draft (config keys and tensor names of DESIGN.md §1) against such a target.
+``write_bigram_pair`` (EAGLE-3) and ``write_lag_pair`` (P-EAGLE) build pairs whose
+drafts are right most of the time.
 
 Weights are random with a scale large enough that attention is far from uniform and
 every norm weight differs from 1, so a mask, RoPE or slot mix-up shows in the outputs.
@@ -132,6 +134,32 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
     return path
 
 
+BIGRAM_PERIOD = 13  # the bigram target's greedy chain cycles through 3..15
+
+
+def _bigram_target(path: Path, model_type: str, noise: float) -> tuple[Path, dict[int, int], np.ndarray]:
+    """The target of ``write_bigram_pair`` (its docstring): (folder, nxt, lm_head)."""
+    from safetensors.numpy import load_file
+
+    V, H = 16, TINY["hidden_size"]
+    nxt = {x: (x - 3 + 1) % BIGRAM_PERIOD + 3 if x >= 3 else 3 for x in range(V)}
+    eye = np.eye(H, dtype=np.float32)
+    head = np.zeros((V, H), np.float32)
+    for x, v in nxt.items():
+        head[v] += 0.35 * eye[x]  # logits 2.8 apart: the top token p = 0.52 at temperature 1
+    t = write_tiny_target(path, model_type, vocab_size=V)
+    f = t / "model.safetensors"
+    w = load_file(str(f))
+    w["model.embed_tokens.weight"] = eye[:V].copy()
+    w["model.norm.weight"] = np.ones(H, np.float32)
+    w["lm_head.weight"] = head
+    for name in w:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            w[name] = (w[name] * (noise / 0.1)).astype(np.float32)
+    save_file(w, str(f), metadata={"format": "pt"})
+    return t, nxt, head
+
+
 def write_bigram_pair(root: Path, model_type: str = "qwen3", wrong: tuple[int, ...] = (7, 12),
                       noise: float = 1e-3) -> tuple[Path, Path]:
     """A tiny target (vocabulary 16) whose greedy next token is a fixed function of the
@@ -153,22 +181,9 @@ def write_bigram_pair(root: Path, model_type: str = "qwen3", wrong: tuple[int, .
     from safetensors.numpy import load_file
 
     V, H = 16, TINY["hidden_size"]
-    nxt = {x: (x - 3 + 1) % 13 + 3 if x >= 3 else 3 for x in range(V)}
+    t, nxt, head = _bigram_target(Path(root) / "t", model_type, noise)
     step = {x: (nxt[nxt[x]] if x in wrong else nxt[x]) for x in range(V)}
     eye = np.eye(H, dtype=np.float32)
-    head = np.zeros((V, H), np.float32)
-    for x, v in nxt.items():
-        head[v] += 0.35 * eye[x]  # logits 2.8 apart: the top token p = 0.52 at temperature 1
-    t = write_tiny_target(Path(root) / "t", model_type, vocab_size=V)
-    f = t / "model.safetensors"
-    w = load_file(str(f))
-    w["model.embed_tokens.weight"] = eye[:V].copy()
-    w["model.norm.weight"] = np.ones(H, np.float32)
-    w["lm_head.weight"] = head
-    for name in w:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            w[name] = (w[name] * (noise / 0.1)).astype(np.float32)
-    save_file(w, str(f), metadata={"format": "pt"})
     d = write_tiny_draft(Path(root) / "d", t, kind="eagle3", num_layers=1, draft_vocab=V, mask_token_id=V - 1)
     f = d / "model.safetensors"
     w = load_file(str(f))
@@ -188,3 +203,81 @@ def write_bigram_pair(root: Path, model_type: str = "qwen3", wrong: tuple[int, .
                                                    ).astype(np.float32)})
     save_file(w, str(f), metadata={"format": "pt"})
     return t, d
+
+
+def write_lag_pair(root: Path, model_type: str = "llama", wrong: tuple[int, ...] = (7, 12),
+                   noise: float = 1e-3) -> tuple[Path, Path]:
+    """The target of ``write_bigram_pair`` (its greedy chain cycles with period 13) and a
+    P-EAGLE draft that reads the chain 13 tokens back, except at the tokens in ``wrong``:
+    random tiny P-EAGLE drafts rarely accept, and a P-EAGLE draft's mask slots learn
+    nothing of the last token but through attention. Returns (target, draft) folders.
+
+    Every slot at position p predicts the token at p + 2 (the real slot of target position
+    t carries token t + 1 and the target's aux hidden state at t, ~e_{x_t}; mask slot i
+    sits at last_pos + i). fc passes aux layer 1 through and adds its sum (~1, whatever x)
+    in a dim r of its own, as mask_hidden's g does, so the hidden half of every slot is
+    sqrt(H/2) (e_r + e_x). Attention head 0 reads the slot 11 positions back: its query
+    and key come from e_r only, rotated by RoPE so that the score (after the 1 / sqrt(D)) is
+    25 sum_j cos(w_j (dp - 11)) over the 8 frequencies w_j, one sharp peak at dp = 11 (every
+    other dp up to 127 scores at least 12.9 less); its value is that slot's aux token,
+    x_{p-11}, which on the chain is the token at p + 2 - 13. Head 2 reads the token the slot
+    12 positions back carries, x_{p-11} again, with the same weight (heads 1 and 3 add
+    nothing): fed another position's token or aux row, the two differ and the draft goes
+    wrong. The draft's lm_head reads their sum back (for a wrong entry it names the chain's
+    next token, the right one its runner-up; ``lag_pair_draft``). So the k-th draft is right
+    while the 13 tokens before its position followed the chain and no wrong entry came
+    first: rounds accept in full, in part (at a wrong entry) and not at all (in the first
+    13 positions past a prompt off the chain, and where sampling leaves it)."""
+    from safetensors.numpy import load_file
+
+    V, H, lag = 16, TINY["hidden_size"], BIGRAM_PERIOD - 2
+    t, nxt, _ = _bigram_target(Path(root) / "t", model_type, noise)
+    d = write_tiny_draft(Path(root) / "d", t, kind="peagle", num_layers=1, draft_vocab=V, mask_token_id=V - 1)
+    cfg = json.loads((t / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "default", rope
+    D, NH, KVH = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    f = d / "model.safetensors"
+    w = load_file(str(f))
+    r, out = H - 1, 2 * V  # the constant dim; the copied token goes to dims out..out+V-1
+    fc = np.zeros((H, 3 * H), np.float32)
+    fc[:V, :V] = np.eye(V)  # g = e_x + (sum of aux layer 1's token dims ~1) e_r
+    fc[r, :V] = 1.0
+    mask_hidden = np.zeros((1, 1, 3 * H), np.float32)
+    mask_hidden[0, 0, V - 1] = 1.0  # g = e_r + e_{V-1}: the same norm as a real slot's
+    n = np.sqrt(H / 2)  # RMSNorm (weight 1) of e_r + e_x: n (e_r + e_x)
+    # RoPE (rotate_half): dims (j, j + D/2) turn by w_j * position; q = A e^{-i w_j lag}, k = 1
+    # per pair: q.k = A sum_j cos(w_j (p_q - p_k - lag)), divided by sqrt(D) in attention
+    inv = rope["rope_theta"] ** (-np.arange(0, D, 2) / D)
+    A = 25.0 * np.sqrt(D)
+    q, k = np.zeros((NH * D, 2 * H), np.float32), np.zeros((KVH * D, 2 * H), np.float32)
+    v, o = np.zeros((KVH * D, 2 * H), np.float32), np.zeros((H, NH * D), np.float32)
+    for qh, kv, back in ((0, 0, lag), (2, 1, lag + 1)):  # (heads 0, 1 share KV head 0; 2, 3 KV head 1)
+        q[qh * D: qh * D + D // 2, H + r] = A * np.cos(inv * back) / n
+        q[qh * D + D // 2: qh * D + D, H + r] = -A * np.sin(inv * back) / n
+        k[kv * D: kv * D + D // 2, H + r] = 1.0 / n
+        o[out: out + V, qh * D: qh * D + V] = 2.0 * np.eye(V)
+    v[:V, H: H + V] = np.eye(V) / n  # head 0's value: the slot's aux token, one-hot (head_dim 16 = V)
+    v[D: D + V, :V] = np.eye(V) / np.sqrt(H)  # head 2's: the slot's token (input_layernorm(e_x) = sqrt(H) e_x)
+    head = np.zeros((V, H), np.float32)
+    for x in range(V):
+        if x in wrong:
+            head[nxt[x], out + x], head[x, out + x] = 3.0, 2.0  # a wrong draft, the right one its runner-up
+        else:
+            head[x, out + x] = 3.0
+    w.update({"fc.weight": fc, "mask_hidden": mask_hidden, "layers.0.self_attn.q_proj.weight": q,
+              "layers.0.self_attn.k_proj.weight": k, "layers.0.self_attn.v_proj.weight": v,
+              "layers.0.self_attn.o_proj.weight": o, "layers.0.mlp.down_proj.weight": np.zeros_like(
+                  w["layers.0.mlp.down_proj.weight"]), "lm_head.weight": head})
+    for name in ("layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight",
+                 "layers.0.post_attention_layernorm.weight", "norm.weight"):
+        w[name] = np.ones(H, np.float32)
+    save_file(w, str(f), metadata={"format": "pt"})
+    return t, d
+
+
+def lag_pair_draft(tokens: list[int], j: int, wrong: tuple[int, ...] = (7, 12)) -> int:
+    """The token the draft of ``write_lag_pair`` proposes for position ``j >= 13`` of
+    ``tokens`` (prompt + output): the token 13 back, or for a wrong entry the chain's next."""
+    y = tokens[j - BIGRAM_PERIOD]
+    return (y - 3 + 1) % BIGRAM_PERIOD + 3 if y in wrong else y

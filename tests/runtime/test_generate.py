@@ -2,7 +2,9 @@
 
 Tiny random targets (Llama, Qwen3) with random P-EAGLE and EAGLE-3 drafts exercise the
 rejection paths constantly; small-vocabulary targets make random drafts get accepted
-often enough to exercise the accept, bonus and commit paths too.
+often enough to exercise the accept, bonus and commit paths too, and a pair of each draft
+kind built to accept (fixtures_models.write_bigram_pair, write_lag_pair) gives rounds
+accepted in full, in part and not at all.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from specrt.runtime import generate as G
 from specrt.runtime.governor import AdaptiveGovernor, DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.session import read_d2t
-from tests.fixtures_models import load_hf, write_bigram_pair, write_tiny_draft, write_tiny_target
+from tests.fixtures_models import (lag_pair_draft, load_hf, write_bigram_pair, write_lag_pair, write_tiny_draft,
+                                   write_tiny_target)
 from tests.runtime.test_verify import chi2_pvalue
 
 DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -32,6 +35,8 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, depths=DEPTHS) -> Path:
     if kind == "eagle3-bigram":  # a draft right most of the time: multi-token and partial rounds
         t, d = write_bigram_pair(root, model_type)
+    elif kind == "peagle-lag":  # the same for P-EAGLE: its mask slots right through attention
+        t, d = write_lag_pair(root, model_type)
     else:
         t = write_tiny_target(root / "t", model_type, vocab_size=vocab)
         d = write_tiny_draft(root / "d", t, kind=kind, num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
@@ -43,7 +48,7 @@ def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, 
 
 @pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 1000, 300),
                                         ("llama", "peagle", 16, 12), ("qwen3", "eagle3", 16, 16),
-                                        ("qwen3", "eagle3-bigram", 16, 16)],
+                                        ("qwen3", "eagle3-bigram", 16, 16), ("llama", "peagle-lag", 16, 16)],
                 ids=lambda p: f"{p[0]}-{p[1]}-V{p[2]}")
 def pair(request, tmp_path_factory):
     root = _pair(tmp_path_factory.mktemp("gen"), *request.param)
@@ -938,22 +943,24 @@ def _exact(engines, prompt, length, params):
     """P(first `length` tokens) under target-only sampling, from the target engine itself."""
     from specrt.runtime.sampling import probs
 
-    out = {}
     V = engines.export["target"]["vocab_size"]
     L = engines.export["target"]["num_layers"]
     kv = engines.export["target"]
-    for seq in product(range(V), repeat=length):
-        p = 1.0
-        for j in range(length):
-            ids = prompt + list(seq[:j])
+    rows = {}
+
+    def row(prefix: tuple) -> np.ndarray:  # P(next token | prompt + prefix), once per prefix
+        if prefix not in rows:
+            ids = prompt + list(prefix)
             feeds = {"input_ids": np.array([ids]), "position_ids": np.arange(len(ids))[None]}
             for i in range(L):
                 z = np.zeros((1, 0, kv["num_kv_heads"], kv["head_dim"]), np.float32)
                 feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = z, z
             logits = engines.portable_target(len(ids)).infer(feeds)["logits"][0, -1]
-            p *= probs(logits[None], params)[0][seq[j]]
-        out[seq] = p
-    return out
+            rows[prefix] = probs(logits[None], params)[0]
+        return rows[prefix]
+
+    return {seq: float(np.prod([row(seq[:j])[seq[j]] for j in range(length)]))
+            for seq in product(range(V), repeat=length)}
 
 
 def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False,
@@ -1028,6 +1035,84 @@ def test_sampling_with_an_eagle3_draft_under_dspark_matches_target_distribution(
     what was known before it was drawn), so the sequences are the target's in distribution."""
     gov = _confidence_led_dspark(tree)
     assert _pvalue(small_eagle3, 4, params, n=1500, tree=tree, governor=gov) > 0.01
+
+
+# ---- a P-EAGLE draft built to accept (fixtures_models.write_lag_pair) ----------------------
+
+
+@pytest.fixture(scope="module")
+def lag(tmp_path_factory):
+    """The 16-token bigram target and its P-EAGLE draft that reads the chain through
+    attention, depths 1..8."""
+    root = _pair(tmp_path_factory.mktemp("lag"), "llama", "peagle-lag", 16, 16)
+    engines = load_engines(root / "eng")
+    engines.activate()
+    yield engines
+    engines.deactivate()
+
+
+def _recorded_rounds(monkeypatch) -> list:
+    """Every RoundResult the generator records to its telemetry, in order."""
+    from specrt.runtime.telemetry import Telemetry
+
+    seen, record = [], Telemetry.record
+
+    def spy(self, r):
+        seen.append(r)
+        record(self, r)
+
+    monkeypatch.setattr(Telemetry, "record", spy)
+    return seen
+
+
+def _kinds(rounds) -> set[str]:
+    """Draft rounds by what they accepted: none, part ("partial") or all ("full") of their depth."""
+    return {"none" if r.accepted == 0 else "full" if r.accepted == r.depth else "partial" for r in rounds if r.depth}
+
+
+def test_a_peagle_draft_that_accepts_keeps_greedy_identity(lag, monkeypatch):
+    """The random tiny P-EAGLE drafts rarely accept, so their partial rounds came mostly from
+    prompt lookup (found by review). On the pair built to accept, every fixed depth, adaptive
+    and DSpark give target-only output, with rounds that accept all of their drafts, some
+    and none (depth 1: no partial round), counted as the telemetry counts them; and each
+    round accepts exactly what the draft's rule (lag_pair_draft) gives on the sequence, so a
+    token, position or aux row fed to the draft off by one shows even where the output
+    cannot (lossless whatever the draft proposes)."""
+    prompt = PROMPT * 2  # 16 tokens: every draft position reads a slot of the sequence
+    ref = _gen(lag, OffGovernor(DEPTHS)).generate(prompt, 40)
+    x = prompt + ref
+    rounds = _recorded_rounds(monkeypatch)
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    govs = {**{f"fixed:{k}": FixedGovernor(DEPTHS, k) for k in DEPTHS},
+            "adaptive": AdaptiveGovernor(DEPTHS), "dspark": DSparkGovernor(DEPTHS, 2e-4, costs)}
+    for name, gov in govs.items():
+        rounds.clear()
+        g = _gen(lag, gov)
+        assert g.generate(prompt, 40) == ref, f"{name}: speculative output differs"
+        assert _kinds(rounds) == ({"none", "full"} if name == "fixed:1" else {"none", "partial", "full"}), name
+        at = len(prompt) + 1  # the first round's first draft is for this position (the prefill made one)
+        for r in rounds:
+            right = [lag_pair_draft(x, at + i) == x[at + i] for i in range(r.depth)]
+            assert r.accepted == (right + [False]).index(False), (name, at, r)
+            at += r.accepted + 1
+        t = g.telemetry.to_json()
+        drafted = [r for r in rounds if r.depth]
+        assert (t["draft_rounds"], t["accepted"]) == (len(drafted), sum(r.accepted for r in drafted)), name
+        assert t["accepted"] >= len(ref) // 3, name  # the chain's tokens past position 29 come from drafts
+
+
+@pytest.mark.parametrize("depth, params", [(1, SamplingParams(temperature=1.0)),
+                                           (4, SamplingParams(temperature=1.3, top_k=4, top_p=0.9))],
+                         ids=["d1-T1", "d4-T1.3-k4-p0.9"])
+def test_sampling_with_a_peagle_draft_that_accepts_matches_target_distribution(lag, depth, params, monkeypatch):
+    """Rejection sampling over P-EAGLE drafts that are often right (a prompt on the chain:
+    the draft names the chain's tokens, the target samples them with p ~0.5 at T 1): rounds
+    accepting all, some and none of the drafts, and the first three tokens distributed as
+    the target's (depth 1: the first round's bonus token among them)."""
+    rounds = _recorded_rounds(monkeypatch)
+    chain = tuple(range(3, 16)) + (3,)  # 14 tokens on the chain: the draft reads it back
+    assert _pvalue(lag, depth, params, n=1200, prompt=chain, governor=FixedGovernor(DEPTHS, depth)) > 0.01
+    assert _kinds(rounds) == ({"none", "full"} if depth == 1 else {"none", "partial", "full"})
 
 
 LOOKUP_PROMPT = (1, 0, 1, 2, 1, 3, 1, 4, 1, 5, 1)  # whatever comes next, "1 t" occurred before (t != 1)
@@ -1299,8 +1384,9 @@ def test_every_rounds_drafts_equal_the_draft_run_from_scratch(pair, case, monkey
                    engines.kv_layout("target"))
     aux = pre.infer({C.INPUT_IDS: np.array([x[:-1]], np.int64), C.POSITION_IDS: np.arange(len(x) - 1)[None],
                      **kv.past_feeds(), **g._from0})[C.AUX_HIDDEN][0]
-    # (the accepting pair's lookup takes most rounds of its repeating text: fewer draft rounds)
-    assert len(rounds) >= (3 if case == "lookup" and "bigram" in request.node.callspec.id else 5)
+    # (the accepting pairs' lookup takes most rounds of their repeating text: fewer draft rounds)
+    accepting = any(k in request.node.callspec.id for k in ("-bigram-", "-lag-"))
+    assert len(rounds) >= (3 if case == "lookup" and accepting else 5)
     for n, k, drafts, confs in rounds:
         want, want_conf = _drafts_from_scratch(engines, x, n, k, aux, kind)
         assert [int(v) for v in drafts] == want, (case, n)
