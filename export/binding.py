@@ -20,7 +20,8 @@ import numpy as np
 from specrt.errors import UserError
 from specrt.export import slots as S
 from specrt.export.checkpoint import PICKLE_SOURCES, TensorEntry, TensorReader, scan_folder
-from specrt.export.config import DraftConfig, TargetConfig, load_draft_config, load_target_config
+from specrt.export.config import (EAGLE_ARCHITECTURE, DraftConfig, TargetConfig, load_draft_config,
+                                  load_target_config)
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
 
@@ -84,6 +85,8 @@ class BoundDraft(Bound):
     config: DraftConfig = None  # type: ignore[assignment]
     target: BoundTarget | None = None
     aux_layer_ids: tuple[int, ...] = ()
+    # checkpoint name -> the speculators name it was bound as (EAGLE's format: slots.eagle_rows)
+    renamed: dict[str, str] = field(default_factory=dict)
 
     def get(self, slot: str) -> np.ndarray:
         # A draft without its own embeddings uses the verifier's (DESIGN.md §1).
@@ -204,7 +207,7 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
         raise UserError(
             f"{where}: draft was built for a verifier vocabulary of {dc.decoder.vocab_size}, the target has {tc.vocab_size}"
         )
-    if target.config.architecture not in dc.verifier_architectures:
+    if dc.source_format == "speculators" and target.config.architecture not in dc.verifier_architectures:
         raise UserError(
             f"{where}: speculators_config.verifier.architectures is {list(dc.verifier_architectures)}, "
             f"the target is {target.config.architecture}"
@@ -255,19 +258,28 @@ def _check_vocab_map(draft: BoundDraft) -> None:
         raise UserError(f"{f}: t2d disagrees with d2t ({int(t2d.sum())} target ids marked, d2t reaches {len(tgt)})")
 
 
-def bind_draft(folder: str | Path, target: BoundTarget) -> BoundDraft:
+def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = False,
+               aux_ids_count: str | None = None) -> BoundDraft:
+    """A speculators draft, or an EAGLE-3 draft in EAGLE's own format (its names through
+    slots.eagle_rows' declared renames; ``aux_ids_count``: config.load_eagle_config)."""
     folder = Path(folder)
-    dc = load_draft_config(folder)
+    dc = load_draft_config(folder, aux_ids_count)
     aux = _check_agreement(folder, dc, target)
     S.check_table(S.DRAFT_SLOTS)
-    entries = scan_folder(folder, pickle_option=False)
-    _check_layer_count(folder, entries, dc.decoder.num_layers, "transformer_layer_config.num_hidden_layers")
+    entries = scan_folder(folder, allow_pickle, flag="--allow-draft-pickle")
     extra = S.draft_extra(dc, target.config.decoder.hidden_size)
-    rows = S.expand(S.DRAFT_SLOTS, dc.decoder.num_layers)
+    if dc.source_format == "eagle":  # one layer (load_eagle_config)
+        rows, aliases = S.eagle_rows()
+        ignorable: tuple[str, ...] = ()
+    else:
+        _check_layer_count(folder, entries, dc.decoder.num_layers, "transformer_layer_config.num_hidden_layers")
+        rows, aliases, ignorable = S.expand(S.DRAFT_SLOTS, dc.decoder.num_layers), {}, S.DRAFT_IGNORABLE
     reader = TensorReader()
-    slots = _bind(folder, entries, rows, dc.decoder, lambda i: {**extra, "i": i}, S.DRAFT_IGNORABLE,
+    slots = _bind(folder, entries, rows, dc.decoder, lambda i: {**extra, "i": i}, ignorable,
                   dc.decoder.num_layers, "draft", reader)
-    draft = BoundDraft(folder=folder, slots=slots, reader=reader, config=dc, target=target, aux_layer_ids=aux)
+    renamed = {b.entry.name: aliases[b.entry.name] for b in slots.values() if b.entry.name in aliases}
+    draft = BoundDraft(folder=folder, slots=slots, reader=reader, config=dc, target=target, aux_layer_ids=aux,
+                       renamed=renamed)
     if "embed" not in slots and target.config.decoder.hidden_size != dc.decoder.hidden_size:
         raise UserError(f"{folder}: draft has no embed_tokens.weight and its width {dc.decoder.hidden_size} differs "
                         f"from the target's {target.config.decoder.hidden_size}, so the target's cannot serve")
@@ -301,5 +313,8 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
             "slots": draft.table(),
             "relies_on_target": relies,
         }
+        if draft.config.source_format != "speculators":  # (receipts of speculators drafts read as before)
+            r["draft"]["format"] = {"name": draft.config.source_format, "architecture": EAGLE_ARCHITECTURE,
+                                    "renamed": dict(sorted(draft.renamed.items()))}
     r["receipt_id"] = _canonical_hash(r)
     return r

@@ -136,10 +136,9 @@ def _shard_path(folder: Path, index_path: Path, shard: object) -> Path:
     return p
 
 
-def scan_folder(folder: Path, allow_pickle: bool = False, pickle_option: bool = True) -> dict[str, TensorEntry]:
-    """Every tensor of a checkpoint folder: ``model.safetensors``, or an index plus shards.
-    ``pickle_option``: whether the command offers --allow-pickle for this folder (the
-    target's; drafts are read from safetensors only)."""
+def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-pickle") -> dict[str, TensorEntry]:
+    """Every tensor of a checkpoint folder: ``model.safetensors``, or an index plus shards;
+    a pickle with ``allow_pickle`` (``flag``: the option that sets it for this folder)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a checkpoint folder (not a directory)")
@@ -179,19 +178,16 @@ def scan_folder(folder: Path, allow_pickle: bool = False, pickle_option: bool = 
         return read_safetensors_index(single)
     pickles = [folder / n for n in PICKLE_NAMES if (folder / n).is_file()]
     if pickles:
-        if not pickle_option:
-            raise UserError(f"{folder}: only pickle weights ({pickles[0].name}) found; this folder is read from "
-                            f"{SINGLE_NAME} (or an index and shards) only: convert it to safetensors")
         if not allow_pickle:
             raise UserError(
                 f"{folder}: only pickle weights ({pickles[0].name}) found; they are not read unless you pass "
-                "--allow-pickle (unpickling can execute code). Convert to safetensors if you can."
+                f"{flag} (unpickling can execute code). Convert to safetensors if you can."
             )
-        return _scan_pickle(folder, pickles[0])
+        return _scan_pickle(folder, pickles[0], flag)
     raise UserError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} found")
 
 
-def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
+def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict[str, TensorEntry]:
     """Opt-in only: convert a torch pickle (a flat dict of names to tensors, read with
     ``weights_only``) to a temporary safetensors file, removed when the process ends, and
     scan that."""
@@ -203,7 +199,7 @@ def _scan_pickle(folder: Path, path: Path) -> dict[str, TensorEntry]:
         import torch
         from safetensors.torch import save_file
     except ImportError:  # pragma: no cover - the export extra brings torch
-        raise UserError("--allow-pickle needs torch: pip install 'specrt[export]'") from None
+        raise UserError(f"{flag} needs torch: pip install 'specrt[export]'") from None
     if path.name.endswith(".index.json"):
         raise UserError(f"{path}: sharded pickle checkpoints are not supported; convert to safetensors")
     try:

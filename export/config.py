@@ -205,6 +205,9 @@ class DraftConfig:
     # the attention window the draft graph applies to every layer: speculators' (v0.7+)
     # drafts mark every layer sliding_attention (window 2048 by default); None: full
     attention_window: int | None = None
+    # the checkpoint layout read: "speculators", or "eagle" (EAGLE-3 as SafeAILab's EAGLE and
+    # SGLang's SpecForge save it: LlamaForCausalLMEagle3, midlayer.*; load_eagle_config)
+    source_format: str = "speculators"
 
     @property
     def num_aux(self) -> int:
@@ -223,6 +226,8 @@ class DraftConfig:
             del d["confidence_head"]
         if self.attention_window is None:  # (likewise)
             del d["attention_window"]
+        if self.source_format == "speculators":  # (likewise)
+            del d["source_format"]
         return d
 
 
@@ -512,16 +517,18 @@ def load_target_config(folder: Path) -> TargetConfig:
     return TargetConfig(decoder=decoder, architecture=archs[0], eos_token_ids=eos, bos_token_id=bos[0] if bos else None)
 
 
-def load_draft_config(folder: Path) -> DraftConfig:
-    """Read a speculators draft's ``config.json`` (never its ``config.py``)."""
+def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftConfig:
+    """Read a draft's ``config.json`` (never its ``config.py``): a speculators draft, or an
+    EAGLE-3 draft in EAGLE's own format (load_eagle_config; ``aux_ids_count`` is for those)."""
     path = Path(folder) / "config.json"
     data = read_json(path)
     f = _Fields(data, str(path))
-    if isinstance(data, dict) and "speculators_model_type" not in data and (
+    if "speculators_model_type" not in data and (
             "draft_vocab_size" in data or any("eagle" in str(a).lower() for a in data.get("architectures") or [])):
-        raise UserError(f"{path}: an EAGLE-3 draft in its original format (architectures "
-                        f"{data.get('architectures')}, no speculators_model_type), as EAGLE's and SpecForge's "
-                        "training write it: convert it with `speculators convert --algorithm eagle3 ...` first")
+        return load_eagle_config(data, path, aux_ids_count)
+    if aux_ids_count is not None:
+        raise UserError(f"--draft-aux-ids is for an EAGLE-3 draft in EAGLE's own format ({EAGLE_ARCHITECTURE}) "
+                        f"whose config names its aux layer ids; {path} is not one (expected the option left out)")
     if isinstance(data, dict) and "speculators_model_type" not in data and "model_type" in data:
         raise UserError(f"{path}: a transformers model (model_type {data['model_type']!r}), not a speculators draft "
                         "(no speculators_model_type): --draft takes the draft's folder, the target comes first")
@@ -592,4 +599,101 @@ def load_draft_config(folder: Path) -> DraftConfig:
         target_hidden_size=f.int("target_hidden_size", required=False),
         confidence_head=confidence,
         attention_window=attention_window,
+    )
+
+
+# EAGLE-3 drafts in EAGLE's own format, as SafeAILab/EAGLE (eagle/model/cnets.py, Model) and
+# SGLang's SpecForge (specforge/modeling/draft/llama3_eagle.py, LlamaForCausalLMEagle3) save them:
+# config.json is a Llama config of the one draft layer (vocab_size the target's) plus
+# draft_vocab_size, maybe target_hidden_size, SpecForge's fc_norm / norm_output / eagle_config.
+EAGLE_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# --draft-aux-ids: how a config's aux layer ids count, as what to add for specrt's count (the
+# residual stream entering layer i, DESIGN.md §2)
+AUX_ID_COUNTS = {"layer-output": 1, "layer-input": 0}
+# the format has no field for it; `speculators convert` writes 3 for these drafts (speculators
+# src/speculators/convert/eagle/eagle3_converter.py) and an EAGLE-3 export uses it only in export.json
+EAGLE_SPECULATIVE_TOKENS = 3
+
+
+def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | None) -> DraftConfig:
+    """An EAGLE-3 config in EAGLE's own format as the DraftConfig `speculators convert` gives
+    for it, except where the trainers' code says otherwise (norm_output). From their code:
+
+    - one draft layer, ``midlayer`` (cnets.py Model; llama3_eagle.py): num_hidden_layers 1, a
+      Llama layer, fc of 3 target widths (both build ``Linear(3 * target_hidden_size, H)``).
+    - residual around the first attention: fc's output before hidden_norm (cnets.py
+      LlamaDecoderLayeremb.forward, llama3_eagle.py LlamaDecoderLayer.forward, SGLang
+      python/sglang/srt/models/llama_eagle3.py: ``residual = hidden_states`` first):
+      norm_before_residual false unless the config says true, as vLLM reads it
+      (vllm/model_executor/models/llama_eagle3.py, ``getattr(config, "norm_before_residual", False)``).
+    - SpecForge's fc_norm is speculators' (RMSNorm of each aux state, fc_norm.{j}.weight). Its
+      norm_output (default true) says whether lm_head reads norm(h) (``compute_logits``); the next
+      step takes the pre-norm h either way (specforge/algorithms/eagle3/model.py feeds ``backbone``'s
+      output back), which is speculators' norm_output false (speculators' true, EAGLE 3.1, feeds
+      norm(h) back). A head without the final norm (SpecForge's false) is refused.
+    - aux layers named nowhere: SafeAILab's target keeps the states entering layers 2, L//2, L-3
+      (eagle/model/modeling_llama_kv.py), SGLang's default is the same (python/sglang/srt/models/
+      llama.py set_eagle3_layers_to_capture), SpecForge's default [1, L//2-1, L-4] counts outputs
+      (specforge/algorithms/model_providers.py, SGLang adds 1): specrt's default (2, L//2, L-3).
+      Named (eagle_config.eagle_aux_hidden_state_layer_ids), SGLang adds 1 (layer outputs, what
+      SpecForge trains on) and vLLM adds nothing (vllm/v1/worker/gpu_model_runner.py
+      _get_eagle3_aux_layers_from_config): the config does not say which, ``aux_ids_count`` must.
+    - vocabulary: d2t/t2d as speculators' (cnets.py: ``topk_index + self.d2t[topk_index]``).
+    """
+    where = str(path)
+    f = _Fields(data, where)
+    archs = f.list("architectures", required=False)
+    if archs != [EAGLE_ARCHITECTURE]:
+        raise UserError(f"{where}: architectures {archs!r} is not a draft specrt reads (expected "
+                        f"[\"{EAGLE_ARCHITECTURE}\"], an EAGLE-3 draft as EAGLE and SpecForge save it, or a "
+                        "speculators draft with speculators_model_type)")
+    decoder = parse_decoder(data, where)
+    if decoder.model_type != "llama" or decoder.num_layers != 1:
+        raise UserError(f"{where}: model_type '{decoder.model_type}', num_hidden_layers {decoder.num_layers}: "
+                        f"{EAGLE_ARCHITECTURE} holds one Llama layer (midlayer); expected 'llama' and 1")
+    if decoder.tie_word_embeddings:
+        raise UserError(f"{where}: tie_word_embeddings is true; expected false (the draft's lm_head is over its own "
+                        "draft vocabulary)")
+    if not f.bool("norm_output", required=False, default=True):
+        raise UserError(f"{where}: norm_output is false (SpecForge: lm_head reads the layer output without the "
+                        "final norm), which specrt does not build; expected true or absent")
+    eagle = f.dict("eagle_config", required=False)
+    if eagle is not None and not eagle.bool("use_aux_hidden_state", required=False, default=True):
+        raise UserError(f"{eagle.where}: use_aux_hidden_state is false (no fc over the target's states), which "
+                        "specrt does not build; expected true or absent")
+    named = {k: v for k, v in (("eagle_aux_hidden_state_layer_ids", data.get("eagle_aux_hidden_state_layer_ids")),
+                               ("eagle_config.eagle_aux_hidden_state_layer_ids",
+                                eagle.data.get("eagle_aux_hidden_state_layer_ids") if eagle else None)) if v is not None}
+    if len(named) == 2 and len({json.dumps(v) for v in named.values()}) == 2:
+        raise UserError(f"{where}: {' and '.join(f'{k} {v!r}' for k, v in named.items())} differ; expected one")
+    aux, extra = None, {}
+    if named:
+        key, ids = next(iter(named.items()))
+        if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                and i >= 0 for i in ids) and ids == sorted(set(ids))):
+            raise UserError(f"{where}: {key} must be 3 distinct ascending layer ids (fc reads 3 states), found {ids!r}")
+        if aux_ids_count not in AUX_ID_COUNTS:
+            raise UserError(f"{where}: {key} is {ids}, and nothing in the config says how they count: SGLang (what "
+                            "SpecForge trains with) reads id i as layer i's output, vLLM as the state entering layer "
+                            "i; pass --draft-aux-ids layer-output or --draft-aux-ids layer-input")
+        aux = tuple(i + AUX_ID_COUNTS[aux_ids_count] for i in ids)
+        extra = {"aux_layer_ids_written": ids, "aux_layer_ids_count": aux_ids_count}
+    elif aux_ids_count is not None:
+        raise UserError(f"--draft-aux-ids is given, but {where} names no aux layer ids (the default, the states "
+                        "entering layers 2, L//2 and L-3, needs no option); expected the option left out")
+    return DraftConfig(
+        kind="eagle3",
+        decoder=decoder,
+        draft_vocab_size=f.int("draft_vocab_size"),
+        aux_layer_ids=aux,
+        mask_token_id=None,
+        norm_before_residual=f.bool("norm_before_residual", required=False, default=False),
+        norm_before_fc=f.bool("norm_before_fc", required=False, default=False),  # (as speculators convert reads it)
+        fc_norm=f.bool("fc_norm", required=False, default=False),
+        norm_output=False,
+        speculative_tokens=EAGLE_SPECULATIVE_TOKENS,
+        verifier_architectures=(),  # (the format names no verifier)
+        target_hidden_size=f.int("target_hidden_size", required=False),
+        extra=extra,
+        source_format="eagle",
     )

@@ -42,8 +42,10 @@ def _save(model, folder: Path, stem: str) -> list[dict[str, Any]]:
 
 
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
-           allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Export target (and draft) to ``out``; returns the manifest."""
+           allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
+           draft_aux_ids: str | None = None) -> dict[str, Any]:
+    """Export target (and draft) to ``out``; returns the manifest. ``allow_draft_pickle`` and
+    ``draft_aux_ids``: bind_draft's ``allow_pickle`` and ``aux_ids_count``."""
     from specrt.export import graphs
 
     if dtype not in DTYPES:
@@ -51,7 +53,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     t0 = time.perf_counter()
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
-    draft: BoundDraft | None = bind_draft(draft_dir, target) if draft_dir is not None else None
+    draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids) \
+        if draft_dir is not None else None
     tc = target.config.decoder
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)

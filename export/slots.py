@@ -155,6 +155,37 @@ DRAFT_SLOTS: list[SlotSpec] = [
 
 DRAFT_IGNORABLE = ("layers.{i}.self_attn.rotary_emb.inv_freq", "rotary_emb.inv_freq")
 
+# EAGLE-3 drafts in EAGLE's own format (config.load_eagle_config): the speculators table for one
+# layer with declared renames, nothing else. "midlayer." for "layers.0.": SafeAILab's
+# eagle/model/cnets.py and SpecForge's llama3_eagle.py name their one layer ``midlayer``, which
+# speculators' convert (src/speculators/convert/eagle/eagle3_converter.py) and vLLM
+# (vllm/model_executor/models/llama_eagle3.py load_weights) rename to layers.0.; every other name
+# (embed_tokens.weight, fc.weight, fc_norm.{j}.weight, norm.weight, lm_head.weight, d2t, t2d) is the
+# same in both. The slots the format has no module for are left out, so such a tensor is refused.
+EAGLE_RENAMES = (("layers.0.", "midlayer."),)
+EAGLE_ABSENT = ("mask_hidden", "confidence_head", "confidence_head_bias")
+
+
+def _renamed(name: str) -> str:
+    for old, new in EAGLE_RENAMES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def eagle_rows() -> tuple[list[tuple[str, tuple[str, ...], SlotSpec, int | None]], dict[str, str]]:
+    """DRAFT_SLOTS' rows for a one-layer draft under EAGLE's names (checked as check_table checks),
+    and checkpoint name -> the speculators name it stands for, for each renamed one."""
+    rows, aliases = [], {}
+    for slot, names, spec, i in expand(DRAFT_SLOTS, 1):
+        if slot in EAGLE_ABSENT:
+            continue
+        renamed = tuple(_renamed(n) for n in names)
+        aliases.update({r: n for r, n in zip(renamed, names) if r != n})
+        rows.append((slot, renamed, spec, i))
+    check_rows(rows)
+    return rows, aliases
+
 
 def draft_extra(cfg: DraftConfig, target_hidden: int | None = None) -> dict:
     """The non-decoder facts the draft slot shapes and requirements depend on."""
@@ -186,9 +217,14 @@ def expand(specs: list[SlotSpec], num_layers: int) -> list[tuple[str, tuple[str,
 def check_table(specs: list[SlotSpec], num_layers: int = 4) -> dict[str, str]:
     """Return name -> slot for every concrete name; raise if a name fills two slots or
     two rows share a slot. Called by tests and at import by ``bind``."""
+    return check_rows(expand(specs, num_layers))
+
+
+def check_rows(rows: list[tuple[str, tuple[str, ...], SlotSpec, int | None]]) -> dict[str, str]:
+    """check_table for expanded rows."""
     owner: dict[str, str] = {}
     seen_slots: set[str] = set()
-    for slot, names, _spec, _i in expand(specs, num_layers):
+    for slot, names, _spec, _i in rows:
         if slot in seen_slots:
             raise AssertionError(f"slot '{slot}' is declared twice")
         seen_slots.add(slot)

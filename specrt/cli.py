@@ -105,17 +105,32 @@ def _existing_dir(ctx, param, value):
     return p
 
 
+_DRAFT_HELP = "A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge save it."
+_AUX_IDS_HELP = ("How an EAGLE/SpecForge draft's config counts the aux layer ids it names: layer-output (id i is "
+                 "layer i's output, as SGLang reads them) or layer-input (the state entering layer i, as vLLM).")
+
+
+def _draft_options(f):
+    """--allow-draft-pickle and --draft-aux-ids (bind_draft's allow_pickle and aux_ids_count)."""
+    f = click.option("--draft-aux-ids", type=click.Choice(["layer-output", "layer-input"]), default=None,
+                     help=_AUX_IDS_HELP)(f)
+    return click.option("--allow-draft-pickle", is_flag=True,
+                        help="Read the draft's pytorch_model.bin pickle (unpickling can run code).")(f)
+
+
 @main.command()
 @click.argument("target", callback=_existing_dir)
-@click.option("--draft", callback=_existing_dir, help="A speculators draft folder (P-EAGLE or EAGLE-3).")
+@click.option("--draft", callback=_existing_dir, help=_DRAFT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the binding receipt as JSON.")
-@click.option("--allow-pickle", is_flag=True, help="Read pytorch_model.bin pickles (unpickling can run code).")
-def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool) -> None:
+@click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
+@_draft_options
+def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool, allow_draft_pickle: bool,
+            draft_aux_ids: str | None) -> None:
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
     from specrt.export.binding import bind_draft, bind_target, receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
-    d = bind_draft(draft, t) if draft is not None else None
+    d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids) if draft is not None else None
     r = receipt(t, d)
     if as_json:
         click.echo(json.dumps(r, indent=2))
@@ -131,6 +146,9 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool)
             else:
                 click.echo(f"  {slot:28s} <- {info['key']:52s} {info['dtype']:5s} {info['shape']}  {info['sha256'][:12]}")
         if side == "draft":
+            if "format" in part:
+                click.echo(f"  format: {part['format']['name']} ({part['format']['architecture']}), "
+                           f"{len(part['format']['renamed'])} tensors bound through declared renames")
             click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}")
             click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
     n = len(r["target"]["slots"]) + len(r.get("draft", {}).get("slots", {}))
@@ -139,17 +157,20 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool)
 
 @main.command()
 @click.argument("target", callback=_existing_dir)
-@click.option("--draft", callback=_existing_dir, help="A speculators draft folder (P-EAGLE or EAGLE-3).")
+@click.option("--draft", callback=_existing_dir, help=_DRAFT_HELP)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Export folder to write.")
 @click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
-@click.option("--allow-pickle", is_flag=True, help="Read pytorch_model.bin pickles (unpickling can run code).")
-def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool) -> None:
+@click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
+@_draft_options
+def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool,
+           allow_draft_pickle: bool, draft_aux_ids: str | None) -> None:
     """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
     from specrt.export.export import export as run_export
 
     run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,
-               log=lambda s: click.echo(s, err=True))
+               log=lambda s: click.echo(s, err=True), allow_draft_pickle=allow_draft_pickle,
+               draft_aux_ids=draft_aux_ids)
 
 
 def _depths(ctx, param, value):

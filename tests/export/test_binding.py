@@ -334,15 +334,17 @@ def test_a_tied_pickle_converts_and_binds_tied(hf_models, tmp_path):
     np.testing.assert_array_equal(t.get("lm_head"), state["model.embed_tokens.weight"].numpy())
 
 
-def test_a_pickle_draft_is_told_to_convert(tmp_path):
-    """Drafts are read from safetensors only: the message does not offer --allow-pickle,
-    which export passes for the target alone."""
+def test_a_pickle_draft_names_its_own_option(tmp_path):
+    """A draft's pickle (SafeAILab publishes pytorch_model.bin) is read only with
+    --allow-draft-pickle: the message names it, not --allow-pickle, which opens the target's alone."""
     folder = copy_tree(REFERENCE, tmp_path / "ref")
     (folder / "draft" / "model.safetensors").unlink()
     (folder / "draft" / "pytorch_model.bin").write_bytes(b"not read")
-    with pytest.raises(UserError, match="read from model.safetensors .* only: convert it to safetensors") as e:
+    with pytest.raises(UserError, match="not read unless you pass --allow-draft-pickle") as e:
         bind_draft(folder / "draft", bind_target(folder / "verifier"))
     assert "--allow-pickle" not in str(e.value)
+    with pytest.raises(UserError, match="pytorch_model.bin: not a torch checkpoint that loads with weights_only"):
+        bind_draft(folder / "draft", bind_target(folder / "verifier"), allow_pickle=True)
 
 
 def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):

@@ -635,18 +635,6 @@ def test_aux_layer_ids_out_of_layer_order_or_repeated_are_refused(tmp_path, ids)
     assert load_draft_config(d).aux_layer_ids == (1, 2, 3)
 
 
-def test_an_original_format_eagle3_draft_is_told_to_convert(tmp_path):
-    """The EAGLE-3 drafts most shared (EAGLE's own, SpecForge's) have model_type llama, a
-    draft_vocab_size and an Eagle3 architecture, no speculators_model_type: they were told
-    they had swapped the draft and the target. They are told to convert it."""
-    from specrt.export.config import load_draft_config
-
-    d = _draft_with(tmp_path, speculators_model_type=None, model_type="llama",
-                    architectures=["LlamaForCausalLMEagle3"])
-    with pytest.raises(UserError, match=r"original format .*speculators convert --algorithm eagle3"):
-        load_draft_config(d)
-
-
 def test_a_mistral_draft_layer_windows_every_layer(tmp_path):
     """transformers windows every layer of a Mistral layer config (no layer_types needed):
     the draft graph does too (it was recorded, not applied, and called a mix of kinds)."""

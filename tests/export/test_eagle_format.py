@@ -1,0 +1,215 @@
+"""EAGLE-3 drafts in EAGLE's own format (SafeAILab's EAGLE, SGLang's SpecForge), read directly.
+
+Each test writes a speculators-format draft with the fixtures, rewrites the same weights into
+EAGLE's layout (config.json a Llama config with LlamaForCausalLMEagle3, the one layer named
+midlayer.*) and checks that both export to drafts that compute the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors.numpy import load_file, save_file
+
+from specrt import contracts as C
+from specrt.cli import main
+from specrt.export.export import export
+from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+LAYER_FIELDS = ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_parameters",
+                "num_hidden_layers", "hidden_act", "tie_word_embeddings")
+
+
+def to_eagle(src: Path, dst: Path, ids: list[int] | None = None, pickle: bool = False, drop: tuple[str, ...] = (),
+             **config) -> Path:
+    """The speculators draft at ``src`` in EAGLE's layout at ``dst``: layers.0.* as midlayer.*, the
+    layer config at the top level beside architectures and draft_vocab_size, the aux ids (as
+    written, if any) in SpecForge's eagle_config; a pytorch_model.bin with ``pickle``."""
+    spec = json.loads((src / "config.json").read_text())
+    cfg = {k: spec["transformer_layer_config"][k] for k in LAYER_FIELDS}
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=spec["draft_vocab_size"])
+    if spec["fc_norm"]:
+        cfg["fc_norm"] = True
+    if ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    cfg.update(config)
+    w = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+         for k, v in load_file(str(src / "model.safetensors")).items()}
+    w = {k: v for k, v in w.items() if k not in drop}
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    if pickle:
+        import torch
+
+        torch.save({k: torch.from_numpy(v) for k, v in w.items()}, dst / "pytorch_model.bin")
+    else:
+        save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _draft_outputs(exp: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """draft.onnx of an export run on fixed random inputs: 3 positions from aux states, 2 from
+    earlier draft states, over 4 positions of draft KV."""
+    import onnxruntime as ort
+
+    m = json.loads((exp / "export.json").read_text())
+    d = m["draft"]
+    width = {t["name"]: t["shape"][-1] for t in m["graphs"]["draft"]["io"]["inputs"]}
+    rng = np.random.default_rng(seed)
+    H, past = d["hidden_size"], 4
+    feed = {C.INPUT_IDS: rng.integers(0, m["target"]["vocab_size"], (1, 5)),
+            C.POSITION_IDS: np.arange(past, past + 5)[None],
+            C.DRAFT_AUX_IN: rng.standard_normal((1, 3, width[C.DRAFT_AUX_IN])).astype(np.float32),
+            C.DRAFT_PREV_HIDDEN: rng.standard_normal((1, 2, H)).astype(np.float32)}
+    for i in range(d["num_layers"]):
+        for name in (C.past_key(i), C.past_value(i)):
+            feed[name] = rng.standard_normal((1, past, d["num_kv_heads"], d["head_dim"])).astype(np.float32)
+    s = ort.InferenceSession(str(exp / "draft.onnx"), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
+
+
+CASES = {
+    # no ids named: the states entering layers 2, L//2, L-3 (SafeAILab's and SGLang's default)
+    "default-ids": dict(layers=8, aux=(2, 4, 5), ids=None, count=None, draft=dict(draft_vocab=300)),
+    # SpecForge's eagle_config ids, counted as layer outputs (SGLang adds 1), with its fc_norm and own embeddings
+    "layer-output": dict(layers=4, aux=(1, 2, 3), ids=[0, 1, 2], count="layer-output",
+                         draft=dict(draft_vocab=300, fc_norm=True, own_embed=True)),
+    "layer-input": dict(layers=4, aux=(1, 2, 3), ids=[1, 2, 3], count="layer-input", draft=dict(draft_vocab=1000)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
+    """Both layouts of the same weights bind the same tensors to the same slots and export draft
+    graphs with identical outputs; the receipt says which format and which renames were used."""
+    c = CASES[name]
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=c["layers"])
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=c["aux"], **c["draft"])
+    eagle = to_eagle(spec, tmp_path / "eagle", c["ids"])
+    a = export(t, spec, tmp_path / "exp-spec")
+    b = export(t, eagle, tmp_path / "exp-eagle", draft_aux_ids=c["count"])
+    assert b["target"]["aux_layer_ids"] == a["target"]["aux_layer_ids"] == list(c["aux"])
+    assert b["draft"] == {**a["draft"], "speculative_tokens": 3}  # (what speculators convert writes; no field here)
+    ra, rb = a["binding_receipt"]["draft"], b["binding_receipt"]["draft"]
+    assert {s: v["sha256"] for s, v in rb["slots"].items()} == {s: v["sha256"] for s, v in ra["slots"].items()}
+    assert "format" not in ra
+    fmt = rb["format"]
+    assert fmt["name"] == "eagle" and fmt["architecture"] == "LlamaForCausalLMEagle3"
+    assert fmt["renamed"]["midlayer.self_attn.q_proj.weight"] == "layers.0.self_attn.q_proj.weight"
+    assert fmt["renamed"] == {k: "layers.0." + k[len("midlayer."):] for k in fmt["renamed"]} and len(fmt["renamed"]) == 10
+    assert rb["slots"]["layers.0.q"]["key"] == "midlayer.self_attn.q_proj.weight"
+    if c["ids"] is not None:
+        assert rb["config"]["extra"] == {"aux_layer_ids_written": c["ids"], "aux_layer_ids_count": c["count"]}
+    oa, ob = _draft_outputs(tmp_path / "exp-spec"), _draft_outputs(tmp_path / "exp-eagle")
+    assert oa.keys() == ob.keys()
+    for k in oa:
+        np.testing.assert_array_equal(ob[k], oa[k], err_msg=k)
+
+
+def test_eagle_format_decodes_losslessly_as_the_speculators_draft(tmp_path):
+    """A draft right most of the time (write_bigram_pair), in EAGLE's layout with SpecForge's
+    aux ids: target-only output at every depth (as transformers' greedy generate), and the
+    same drafts accepted round for round as the speculators layout of it."""
+    import torch
+
+    from specrt.engines import build_engines
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime import generate as G
+    from specrt.runtime.governor import FixedGovernor, OffGovernor
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import read_d2t
+    from tests.fixtures_models import load_hf, write_bigram_pair
+
+    t, spec = write_bigram_pair(tmp_path, "llama")
+    eagle = to_eagle(spec, tmp_path / "eagle", [0, 1, 2])  # the speculators draft reads (1, 2, 3)
+    prompt, depths = [3, 4, 5, 6], (1, 2, 3, 4)
+    want = load_hf(t).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+    accepted = {}
+    for name, draft, count in (("spec", spec, None), ("eagle", eagle, "layer-output")):
+        m = export(t, draft, tmp_path / f"exp-{name}", draft_aux_ids=count)
+        assert m["target"]["aux_layer_ids"] == [1, 2, 3]
+        build_engines(tmp_path / f"exp-{name}", "onnxruntime", depths, tmp_path / f"eng-{name}", log=lambda s: None,
+                      profile_repeats=1, profile_pasts=(16,), max_context=128)
+        with load_engines(tmp_path / f"eng-{name}") as engines:
+            d2t = read_d2t(engines.export_dir, engines.export)
+            assert G.Generator(engines, OffGovernor(depths), SamplingParams(), d2t).generate(prompt, 30) == want
+            accepted[name] = []
+            for k in depths:
+                g = G.Generator(engines, FixedGovernor(depths, k), SamplingParams(), d2t)
+                assert g.generate(prompt, 30) == want, (name, k)
+                accepted[name].append(g.telemetry.to_json()["accepted"])
+    assert accepted["eagle"] == accepted["spec"] and sum(accepted["spec"]) > 30
+
+
+@pytest.fixture
+def pair(tmp_path):
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=300)
+    return t, spec
+
+
+def _export_cli(tmp_path, t, draft, *extra):
+    return CliRunner().invoke(main, ["export", str(t), "--draft", str(draft), "-o", str(tmp_path / "out"), *extra])
+
+
+@pytest.mark.parametrize("change, extra, message", [
+    (dict(drop=("midlayer.mlp.down_proj.weight",)), (),
+     r"{d}: draft slot 'layers.0.down' is missing: expected one of 'midlayer.mlp.down_proj.weight'"),
+    (dict(architectures=["LlamaForCausalLMEagle"]), (),  # an EAGLE-1/2 draft
+     r"{d}/config.json: architectures \['LlamaForCausalLMEagle'\] is not a draft specrt reads \(expected "
+     r"\[\"LlamaForCausalLMEagle3\"\]"),
+    (dict(pickle=True), (), r"{d}: only pickle weights \(pytorch_model.bin\) found; they are not read unless you "
+                            r"pass --allow-draft-pickle"),
+    (dict(ids=[1, 3, 4]), (), r"{d}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids is \[1, 3, 4\], and "
+                              r"nothing in the config says how they count.*pass --draft-aux-ids layer-output or "
+                              r"--draft-aux-ids layer-input"),
+    (dict(), ("--draft-aux-ids", "layer-output"), r"--draft-aux-ids is given, but {d}/config.json names no aux "
+                                                  r"layer ids"),
+    (dict(norm_output=False), (), r"{d}/config.json: norm_output is false"),
+    (dict(num_hidden_layers=2), (), r"{d}/config.json: model_type 'llama', num_hidden_layers 2: "
+                                    r"LlamaForCausalLMEagle3 holds one Llama layer"),
+], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "no-final-norm",
+        "two-layers"])
+def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
+    import re
+
+    t, spec = pair
+    d = to_eagle(spec, tmp_path / "eagle", **change)
+    r = _export_cli(tmp_path, t, d, *extra)
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert re.search(message.format(d=re.escape(str(d))), r.output), r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pickled_eagle_draft_is_read_with_its_option(tmp_path, pair):
+    """SafeAILab publishes pytorch_model.bin: read with --allow-draft-pickle (torch.load
+    weights_only), the same tensors as the safetensors layout; the target's --allow-pickle
+    does not open the draft's."""
+    t, spec = pair
+    d = to_eagle(spec, tmp_path / "eagle", pickle=True)
+    r = _export_cli(tmp_path, t, d, "--allow-pickle")
+    assert r.exit_code == 1 and "--allow-draft-pickle" in r.output and not (tmp_path / "out").exists(), r.output
+    r = _export_cli(tmp_path, t, d, "--allow-draft-pickle")
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "out" / "export.json").read_text())["binding_receipt"]["draft"]["slots"]
+    ref = export(t, to_eagle(spec, tmp_path / "eagle-st"), tmp_path / "ref")["binding_receipt"]["draft"]["slots"]
+    assert {s: v["sha256"] for s, v in got.items()} == {s: v["sha256"] for s, v in ref.items()}
+    assert got["layers.0.q"]["file"] == "pytorch_model.bin"
+
+
+def test_the_eagle_table_is_the_speculators_table_renamed():
+    """No name fills two slots; every EAGLE name is a speculators name or its declared rename."""
+    from specrt.export import slots as S
+
+    rows, aliases = S.eagle_rows()
+    spec = {slot: names for slot, names, _s, _i in S.expand(S.DRAFT_SLOTS, 1)}
+    for slot, names, _s, _i in rows:
+        assert tuple(aliases.get(n, n) for n in names) == spec[slot]
+    assert {a for a in aliases} == {n for _s, names, _x, _i in rows for n in names if n.startswith("midlayer.")}
+    assert set(spec) - {r[0] for r in rows} == set(S.EAGLE_ABSENT)
