@@ -230,12 +230,13 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
 
 
 def _check_vocab_map(draft: BoundDraft) -> None:
-    """d2t maps draft ids into distinct target ids, and t2d marks exactly those."""
+    """d2t maps draft ids into distinct target ids, and t2d marks exactly those (EAGLE's format:
+    t2d may be left out, slots.EAGLE_OPTIONAL)."""
     has = [k for k in ("d2t", "t2d") if k in draft.slots]
     if not has:
         return
     V = draft.config.decoder.vocab_size
-    if len(has) == 1:
+    if len(has) == 1 and not (has == ["d2t"] and draft.config.source_format == "eagle"):
         raise UserError(f"{draft.slots[has[0]].entry.file}: the draft has '{has[0]}' without "
                         f"'{'t2d' if has[0] == 'd2t' else 'd2t'}'; expected both (a reduced draft vocabulary) or neither")
     if draft.config.draft_vocab_size == V and draft.get("d2t").any():
@@ -244,7 +245,7 @@ def _check_vocab_map(draft: BoundDraft) -> None:
         raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not the "
                         "identity; expected draft_vocab_size < the target vocabulary for a vocabulary map")
     d2t = draft.get("d2t")
-    t2d = draft.get("t2d")
+    t2d = draft.get("t2d") if "t2d" in draft.slots else None
     tgt = np.arange(d2t.shape[0], dtype=np.int64) + d2t
     f = draft.slots["d2t"].entry.file
     if tgt.min() < 0 or tgt.max() >= V:
@@ -254,7 +255,7 @@ def _check_vocab_map(draft: BoundDraft) -> None:
         raise UserError(f"{f}: d2t maps two draft ids to the same target id")
     mark = np.zeros(V, dtype=bool)
     mark[tgt] = True
-    if not np.array_equal(mark, t2d.astype(bool)):
+    if t2d is not None and not np.array_equal(mark, t2d.astype(bool)):
         raise UserError(f"{f}: t2d disagrees with d2t ({int(t2d.sum())} target ids marked, d2t reaches {len(tgt)})")
 
 

@@ -613,11 +613,25 @@ AUX_ID_COUNTS = {"layer-output": 1, "layer-input": 0}
 # the format has no field for it; `speculators convert` writes 3 for these drafts (speculators
 # src/speculators/convert/eagle/eagle3_converter.py) and an EAGLE-3 export uses it only in export.json
 EAGLE_SPECULATIVE_TOKENS = 3
+# eagle_config fields with the one value the EAGLE-3 layer has: (key, that value, what another means)
+EAGLE_CONFIG_FIXED = (
+    ("use_aux_hidden_state", True, "no fc over the target's states"),
+    ("use_last_layernorm", True, "ModelOpt: no final norm before the head"),
+    ("use_input_layernorm_in_first_layer", True, "ModelOpt's Megatron flow: no hidden_norm"),
+    ("use_mtp_layernorm", False, "ModelOpt: MTP-style enorm/hnorm instead"),
+    ("parallel_draft_step", 1, "ModelOpt: parallel draft heads"),
+    ("eh_proj_before_attn", False, "TensorRT-LLM: an MTP-style eh_proj before the attention"),
+)
+# flags a config may set at the top level or in eagle_config: (top-level key, eagle_config key).
+# TensorRT-LLM reads norm_before_fc and return_hidden_post_norm (its norm_output) from
+# eagle_config (tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel), SGLang
+# norm_before_fc from either
+EAGLE_FLAG_PLACES = (("norm_before_fc", "norm_before_fc"), ("norm_output", "return_hidden_post_norm"))
 
 
 def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | None) -> DraftConfig:
     """An EAGLE-3 config in EAGLE's own format as the DraftConfig `speculators convert` gives
-    for it, except where the trainers' code says otherwise (norm_output). From their code:
+    for it. From the trainers' and servers' code:
 
     - one draft layer, ``midlayer`` (cnets.py Model; llama3_eagle.py): num_hidden_layers 1, a
       Llama layer, fc of 3 target widths (both build ``Linear(3 * target_hidden_size, H)``).
@@ -626,11 +640,16 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
       python/sglang/srt/models/llama_eagle3.py: ``residual = hidden_states`` first):
       norm_before_residual false unless the config says true, as vLLM reads it
       (vllm/model_executor/models/llama_eagle3.py, ``getattr(config, "norm_before_residual", False)``).
-    - SpecForge's fc_norm is speculators' (RMSNorm of each aux state, fc_norm.{j}.weight). Its
-      norm_output (default true) says whether lm_head reads norm(h) (``compute_logits``); the next
-      step takes the pre-norm h either way (specforge/algorithms/eagle3/model.py feeds ``backbone``'s
-      output back), which is speculators' norm_output false (speculators' true, EAGLE 3.1, feeds
-      norm(h) back). A head without the final norm (SpecForge's false) is refused.
+    - SpecForge's fc_norm is speculators' (RMSNorm of each aux state, fc_norm.{j}.weight), and so is
+      norm_output (EAGLE 3.1: lm_head and the next step both read norm(h); absent or false: lm_head
+      reads norm(h), the next step the pre-norm h, as cnets.py ``topK_genrate``). SGLang, vLLM,
+      TensorRT-LLM and SpecForge since its PR #879 (2026-09) read it so, default false; SpecForge
+      before that defaulted to true and meant only the head's norm (an EAGLE-3 draft), so a draft
+      it trained then with norm_output written out is read as those servers read it.
+    - ModelOpt's export (modelopt/torch/export/plugins/hf_spec_export.py EagleExporter) names the
+      layer layers.0.* (slots.eagle_rows takes either), writes d2t without t2d, no embed_tokens,
+      and its eagle_config fields (EAGLE_CONFIG_FIXED); its aux ids are layer outputs (a forward
+      hook on each named layer, plugins/hf_eagle.py), as SGLang counts them.
     - aux layers named nowhere: SafeAILab's target keeps the states entering layers 2, L//2, L-3
       (eagle/model/modeling_llama_kv.py), SGLang's default is the same (python/sglang/srt/models/
       llama.py set_eagle3_layers_to_capture), SpecForge's default [1, L//2-1, L-4] counts outputs
@@ -643,7 +662,10 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     where = str(path)
     f = _Fields(data, where)
     archs = f.list("architectures", required=False)
-    if archs != [EAGLE_ARCHITECTURE]:
+    # SafeAILab's training config (eagle/traineagle3/config.json) says LlamaForCausalLM, which its
+    # code never reads; draft_vocab_size (what sent the config here) and the midlayer's 2H-wide
+    # q/k/v and 3H-wide fc the binding checks tell it from a Llama model or an EAGLE-1/2 draft
+    if archs not in ([EAGLE_ARCHITECTURE], ["LlamaForCausalLM"]):
         raise UserError(f"{where}: architectures {archs!r} is not a draft specrt reads (expected "
                         f"[\"{EAGLE_ARCHITECTURE}\"], an EAGLE-3 draft as EAGLE and SpecForge save it, or a "
                         "speculators draft with speculators_model_type)")
@@ -654,13 +676,22 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     if decoder.tie_word_embeddings:
         raise UserError(f"{where}: tie_word_embeddings is true; expected false (the draft's lm_head is over its own "
                         "draft vocabulary)")
-    if not f.bool("norm_output", required=False, default=True):
-        raise UserError(f"{where}: norm_output is false (SpecForge: lm_head reads the layer output without the "
-                        "final norm), which specrt does not build; expected true or absent")
+    if f.bool("bias", required=False, default=False):
+        raise UserError(f"{where}: bias is true (SGLang then gives fc a bias, vLLM the attention projections), which "
+                        "specrt does not build; expected false or absent")
+    if "quantization_config" in data:
+        raise UserError(f"{where}: quantization_config is set (a quantized draft, as ModelOpt exports one with its "
+                        "scales), which specrt does not read; expected an unquantized draft")
     eagle = f.dict("eagle_config", required=False)
-    if eagle is not None and not eagle.bool("use_aux_hidden_state", required=False, default=True):
-        raise UserError(f"{eagle.where}: use_aux_hidden_state is false (no fc over the target's states), which "
-                        "specrt does not build; expected true or absent")
+    if eagle is not None:
+        # SGLang's and vLLM's use_aux_hidden_state, and ModelOpt's own fields (export_spec_ckpt_config's
+        # template, modelopt/torch/export/plugins/hf_spec_configs.py), each at the value the EAGLE-3
+        # layer specrt builds has; any other changes the forward pass
+        for key, want, what in EAGLE_CONFIG_FIXED:
+            v = eagle.data.get(key)
+            if v is not None and v != want:
+                raise UserError(f"{eagle.where}: {key} is {json.dumps(v)} ({what}), which specrt does not build; "
+                                f"expected {json.dumps(want)} or absent")
     named = {k: v for k, v in (("eagle_aux_hidden_state_layer_ids", data.get("eagle_aux_hidden_state_layer_ids")),
                                ("eagle_config.eagle_aux_hidden_state_layer_ids",
                                 eagle.data.get("eagle_aux_hidden_state_layer_ids") if eagle else None)) if v is not None}
@@ -681,6 +712,16 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     elif aux_ids_count is not None:
         raise UserError(f"--draft-aux-ids is given, but {where} names no aux layer ids (the default, the states "
                         "entering layers 2, L//2 and L-3, needs no option); expected the option left out")
+    if archs != [EAGLE_ARCHITECTURE]:
+        extra["architectures_written"] = archs
+    flags = {}
+    for key, inner in EAGLE_FLAG_PLACES:
+        top = f.bool(key, required=False)
+        nested = eagle.bool(inner, required=False) if eagle is not None else None
+        if top is not None and nested is not None and top != nested:
+            raise UserError(f"{where}: {key} {json.dumps(top)} and eagle_config.{inner} {json.dumps(nested)} differ; "
+                            "expected one, or both the same")
+        flags[key] = bool(top or nested)
     return DraftConfig(
         kind="eagle3",
         decoder=decoder,
@@ -688,9 +729,9 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
         aux_layer_ids=aux,
         mask_token_id=None,
         norm_before_residual=f.bool("norm_before_residual", required=False, default=False),
-        norm_before_fc=f.bool("norm_before_fc", required=False, default=False),  # (as speculators convert reads it)
+        norm_before_fc=flags["norm_before_fc"],
         fc_norm=f.bool("fc_norm", required=False, default=False),
-        norm_output=False,
+        norm_output=flags["norm_output"],
         speculative_tokens=EAGLE_SPECULATIVE_TOKENS,
         verifier_architectures=(),  # (the format names no verifier)
         target_hidden_size=f.int("target_hidden_size", required=False),

@@ -14,7 +14,7 @@ config is refused at binding time with both shapes named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from specrt.export.config import MAX_AUX, DecoderConfig, DraftConfig
@@ -159,11 +159,16 @@ DRAFT_IGNORABLE = ("layers.{i}.self_attn.rotary_emb.inv_freq", "rotary_emb.inv_f
 # layer with declared renames, nothing else. "midlayer." for "layers.0.": SafeAILab's
 # eagle/model/cnets.py and SpecForge's llama3_eagle.py name their one layer ``midlayer``, which
 # speculators' convert (src/speculators/convert/eagle/eagle3_converter.py) and vLLM
-# (vllm/model_executor/models/llama_eagle3.py load_weights) rename to layers.0.; every other name
+# (vllm/model_executor/models/llama_eagle3.py load_weights) rename to layers.0.; ModelOpt's export
+# (modelopt/torch/export/plugins/hf_spec_export.py) writes layers.0. itself, so each layer slot
+# takes either name (both present: refused, as any slot filled twice). Every other name
 # (embed_tokens.weight, fc.weight, fc_norm.{j}.weight, norm.weight, lm_head.weight, d2t, t2d) is the
 # same in both. The slots the format has no module for are left out, so such a tensor is refused.
 EAGLE_RENAMES = (("layers.0.", "midlayer."),)
 EAGLE_ABSENT = ("mask_hidden", "confidence_head", "confidence_head_bias")
+# no server reads t2d (SGLang's and vLLM's load_weights skip it) and ModelOpt writes none: the
+# binding derives it from d2t, and checks one that is there
+EAGLE_OPTIONAL = ("t2d",)
 
 
 def _renamed(name: str) -> str:
@@ -180,8 +185,10 @@ def eagle_rows() -> tuple[list[tuple[str, tuple[str, ...], SlotSpec, int | None]
     for slot, names, spec, i in expand(DRAFT_SLOTS, 1):
         if slot in EAGLE_ABSENT:
             continue
-        renamed = tuple(_renamed(n) for n in names)
-        aliases.update({r: n for r, n in zip(renamed, names) if r != n})
+        if slot in EAGLE_OPTIONAL:
+            spec = replace(spec, required=lambda c, e: False)
+        renamed = tuple(r for n in names for r in dict.fromkeys((_renamed(n), n)))
+        aliases.update({_renamed(n): n for n in names if _renamed(n) != n})
         rows.append((slot, renamed, spec, i))
     check_rows(rows)
     return rows, aliases

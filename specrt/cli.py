@@ -105,9 +105,11 @@ def _existing_dir(ctx, param, value):
     return p
 
 
-_DRAFT_HELP = "A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge save it."
-_AUX_IDS_HELP = ("How an EAGLE/SpecForge draft's config counts the aux layer ids it names: layer-output (id i is "
-                 "layer i's output, as SGLang reads them) or layer-input (the state entering layer i, as vLLM).")
+_DRAFT_HELP = ("A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge / ModelOpt "
+               "save it.")
+_AUX_IDS_HELP = ("How an EAGLE/SpecForge/ModelOpt draft's config counts the aux layer ids it names: layer-output "
+                 "(id i is layer i's output, as SGLang reads them and SpecForge and ModelOpt train) or layer-input (the "
+                 "state entering layer i, as vLLM).")
 
 
 def _draft_options(f):

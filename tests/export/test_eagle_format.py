@@ -1,4 +1,4 @@
-"""EAGLE-3 drafts in EAGLE's own format (SafeAILab's EAGLE, SGLang's SpecForge), read directly.
+"""EAGLE-3 drafts in EAGLE's own format (SafeAILab's EAGLE, SGLang's SpecForge, ModelOpt's export), read directly.
 
 Each test writes a speculators-format draft with the fixtures, rewrites the same weights into
 EAGLE's layout (config.json a Llama config with LlamaForCausalLMEagle3, the one layer named
@@ -26,10 +26,11 @@ LAYER_FIELDS = ("model_type", "hidden_size", "num_attention_heads", "num_key_val
 
 
 def to_eagle(src: Path, dst: Path, ids: list[int] | None = None, pickle: bool = False, drop: tuple[str, ...] = (),
-             **config) -> Path:
+             extra: dict[str, str] | None = None, **config) -> Path:
     """The speculators draft at ``src`` in EAGLE's layout at ``dst``: layers.0.* as midlayer.*, the
     layer config at the top level beside architectures and draft_vocab_size, the aux ids (as
-    written, if any) in SpecForge's eagle_config; a pytorch_model.bin with ``pickle``."""
+    written, if any) in SpecForge's eagle_config; a pytorch_model.bin with ``pickle``; ``extra``:
+    new name -> the (EAGLE) name whose tensor it copies."""
     spec = json.loads((src / "config.json").read_text())
     cfg = {k: spec["transformer_layer_config"][k] for k in LAYER_FIELDS}
     cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=spec["draft_vocab_size"])
@@ -41,6 +42,7 @@ def to_eagle(src: Path, dst: Path, ids: list[int] | None = None, pickle: bool = 
     w = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
          for k, v in load_file(str(src / "model.safetensors")).items()}
     w = {k: v for k, v in w.items() if k not in drop}
+    w.update({k: w[v] for k, v in (extra or {}).items()})  # (a tensor also under a second name)
     dst.mkdir(parents=True)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     if pickle:
@@ -49,6 +51,32 @@ def to_eagle(src: Path, dst: Path, ids: list[int] | None = None, pickle: bool = 
         torch.save({k: torch.from_numpy(v) for k, v in w.items()}, dst / "pytorch_model.bin")
     else:
         save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def to_modelopt(src: Path, dst: Path, ids: list[int], **eagle_config) -> Path:
+    """The speculators draft at ``src`` as ModelOpt's export writes an EAGLE-3 draft
+    (modelopt/torch/export/plugins/hf_spec_export.py EagleExporter, its config from
+    hf_spec_configs.py llama_eagle_template_config): layers.0.* kept, d2t without t2d, no
+    embed_tokens, the layer config at the top level (some fields null), rope_scaling with its
+    theta inside, ModelOpt's eagle_config with the aux ids as layer outputs."""
+    spec = json.loads((src / "config.json").read_text())
+    layer = spec["transformer_layer_config"]
+    theta = layer["rope_parameters"]["rope_theta"]
+    assert layer["rope_parameters"]["rope_type"] == "default"
+    cfg = {k: layer[k] for k in LAYER_FIELDS if k != "rope_parameters"}
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], bos_token_id=None, eos_token_id=None, initializer_range=0.01,
+               pad_token_id=None, torch_dtype="float32", transformers_version="4.57.1", use_cache=True,
+               draft_vocab_size=spec["draft_vocab_size"], rope_scaling={"rope_type": "default", "rope_theta": theta},
+               attention_bias=False, attention_dropout=0.0, mlp_bias=False, pretraining_tp=None, rope_theta=theta,
+               eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True,
+                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                             "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
+                             "parallel_draft_heads_num_layers": 1, **eagle_config})
+    w = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if k not in ("t2d", "embed_tokens.weight")}
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=4))
+    save_file(w, str(dst / "model.safetensors"))
     return dst
 
 
@@ -80,6 +108,9 @@ CASES = {
     "layer-output": dict(layers=4, aux=(1, 2, 3), ids=[0, 1, 2], count="layer-output",
                          draft=dict(draft_vocab=300, fc_norm=True, own_embed=True)),
     "layer-input": dict(layers=4, aux=(1, 2, 3), ids=[1, 2, 3], count="layer-input", draft=dict(draft_vocab=1000)),
+    # SafeAILab's training config (eagle/traineagle3/config.json) names the class LlamaForCausalLM
+    "safeailab-architecture": dict(layers=8, aux=(2, 4, 5), ids=None, count=None, draft=dict(draft_vocab=300),
+                                   config=dict(architectures=["LlamaForCausalLM"])),
 }
 
 
@@ -90,7 +121,7 @@ def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
     c = CASES[name]
     t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=c["layers"])
     spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=c["aux"], **c["draft"])
-    eagle = to_eagle(spec, tmp_path / "eagle", c["ids"])
+    eagle = to_eagle(spec, tmp_path / "eagle", c["ids"], **c.get("config", {}))
     a = export(t, spec, tmp_path / "exp-spec")
     b = export(t, eagle, tmp_path / "exp-eagle", draft_aux_ids=c["count"])
     assert b["target"]["aux_layer_ids"] == a["target"]["aux_layer_ids"] == list(c["aux"])
@@ -105,6 +136,8 @@ def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
     assert rb["slots"]["layers.0.q"]["key"] == "midlayer.self_attn.q_proj.weight"
     if c["ids"] is not None:
         assert rb["config"]["extra"] == {"aux_layer_ids_written": c["ids"], "aux_layer_ids_count": c["count"]}
+    if "config" in c:
+        assert rb["config"]["extra"] == {"architectures_written": ["LlamaForCausalLM"]}
     oa, ob = _draft_outputs(tmp_path / "exp-spec"), _draft_outputs(tmp_path / "exp-eagle")
     assert oa.keys() == ob.keys()
     for k in oa:
@@ -147,6 +180,67 @@ def test_eagle_format_decodes_losslessly_as_the_speculators_draft(tmp_path):
     assert accepted["eagle"] == accepted["spec"] and sum(accepted["spec"]) > 30
 
 
+@pytest.mark.parametrize("flags, written", [
+    (dict(norm_output=True), dict(norm_output=True)),
+    (dict(norm_output=False), dict(norm_output=False)),
+    # TensorRT-LLM's names for them, in eagle_config
+    (dict(norm_output=True, norm_before_fc=True),
+     dict(eagle_config={"return_hidden_post_norm": True, "norm_before_fc": True})),
+], ids=["norm-output", "no-norm-output", "tensorrt-llm-eagle-config"])
+def test_norm_output_is_eagle_3_1_as_the_servers_read_it(tmp_path, flags, written):
+    """norm_output true: the head and the next step both read norm(h) (EAGLE 3.1: SGLang's,
+    vLLM's and TensorRT-LLM's llama_eagle3 read it so, SpecForge since PR #879), speculators'
+    norm_output; false: the head reads norm(h), the next step h (EAGLE-3), not refused."""
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5),
+                            draft_vocab=300, fc_norm=not flags.get("norm_before_fc"), **flags)
+    export(t, spec, tmp_path / "exp-spec")
+    export(t, to_eagle(spec, tmp_path / "eagle", **written), tmp_path / "exp-eagle")
+    oa, ob = _draft_outputs(tmp_path / "exp-spec"), _draft_outputs(tmp_path / "exp-eagle")
+    assert oa.keys() == ob.keys()
+    for k in oa:
+        np.testing.assert_array_equal(ob[k], oa[k], err_msg=k)
+
+
+def test_a_modelopt_export_is_read(tmp_path):
+    """A draft as ModelOpt's export writes it (layers.0.*, d2t without t2d, the target's
+    embeddings, its eagle_config, ids counted as layer outputs) binds the speculators draft's
+    tensors and exports the same draft graph."""
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=300)
+    mo = to_modelopt(spec, tmp_path / "modelopt", [1, 3, 4])  # (ModelOpt's default for 8 layers)
+    a = export(t, spec, tmp_path / "exp-spec")
+    b = export(t, mo, tmp_path / "exp-mo", draft_aux_ids="layer-output")
+    assert b["target"]["aux_layer_ids"] == a["target"]["aux_layer_ids"] == [2, 4, 5]
+    ra, rb = a["binding_receipt"]["draft"], b["binding_receipt"]["draft"]
+    assert {s: v["sha256"] for s, v in rb["slots"].items()} == \
+        {s: v["sha256"] for s, v in ra["slots"].items() if s != "t2d"}
+    assert rb["slots"]["layers.0.q"]["key"] == "layers.0.self_attn.q_proj.weight" and rb["format"]["renamed"] == {}
+    oa, ob = _draft_outputs(tmp_path / "exp-spec"), _draft_outputs(tmp_path / "exp-mo")
+    assert oa.keys() == ob.keys()
+    for k in oa:
+        np.testing.assert_array_equal(ob[k], oa[k], err_msg=k)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(use_last_layernorm=False), r"use_last_layernorm is false \(ModelOpt: no final norm before the head\)"),
+    (dict(use_mtp_layernorm=True), r"use_mtp_layernorm is true"),
+    (dict(parallel_draft_step=3), r"parallel_draft_step is 3 \(ModelOpt: parallel draft heads\)"),
+    (dict(use_input_layernorm_in_first_layer=False), r"use_input_layernorm_in_first_layer is false"),
+    (dict(eh_proj_before_attn=True), r"eh_proj_before_attn is true \(TensorRT-LLM"),
+], ids=["no-last-norm", "mtp-norms", "parallel-heads", "no-hidden-norm", "eh-proj"])
+def test_modelopt_fields_that_change_the_layer_are_refused(tmp_path, change, message):
+    import re
+
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=300)
+    d = to_modelopt(spec, tmp_path / "modelopt", [1, 3, 4], **change)
+    r = _export_cli(tmp_path, t, d, "--draft-aux-ids", "layer-output")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert re.search(re.escape(f"{d}/config.json.eagle_config: ") + message, r.output), r.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture
 def pair(tmp_path):
     t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
@@ -171,11 +265,16 @@ def _export_cli(tmp_path, t, draft, *extra):
                               r"--draft-aux-ids layer-input"),
     (dict(), ("--draft-aux-ids", "layer-output"), r"--draft-aux-ids is given, but {d}/config.json names no aux "
                                                   r"layer ids"),
-    (dict(norm_output=False), (), r"{d}/config.json: norm_output is false"),
+    (dict(bias=True), (), r"{d}/config.json: bias is true \(SGLang then gives fc a bias"),
+    (dict(quantization_config={"quant_method": "modelopt"}), (), r"{d}/config.json: quantization_config is set"),
+    (dict(norm_output=True, eagle_config={"return_hidden_post_norm": False}), (),
+     r"{d}/config.json: norm_output true and eagle_config.return_hidden_post_norm false differ"),
+    (dict(extra={"layers.0.mlp.down_proj.weight": "midlayer.mlp.down_proj.weight"}), (),
+     r"{d}: draft slot 'layers.0.down' is filled by more than one tensor"),
     (dict(num_hidden_layers=2), (), r"{d}/config.json: model_type 'llama', num_hidden_layers 2: "
                                     r"LlamaForCausalLMEagle3 holds one Llama layer"),
-], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "no-final-norm",
-        "two-layers"])
+], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
+        "quantized", "post-norm-twice", "layer-named-twice", "two-layers"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
 
@@ -210,6 +309,8 @@ def test_the_eagle_table_is_the_speculators_table_renamed():
     rows, aliases = S.eagle_rows()
     spec = {slot: names for slot, names, _s, _i in S.expand(S.DRAFT_SLOTS, 1)}
     for slot, names, _s, _i in rows:
-        assert tuple(aliases.get(n, n) for n in names) == spec[slot]
+        # each speculators name, preceded by its EAGLE rename where it has one (ModelOpt keeps layers.0.)
+        assert tuple(dict.fromkeys(aliases.get(n, n) for n in names)) == spec[slot]
+        assert set(names) == set(spec[slot]) | {a for a in aliases if aliases[a] in spec[slot]}
     assert {a for a in aliases} == {n for _s, names, _x, _i in rows for n in names if n.startswith("midlayer.")}
     assert set(spec) - {r[0] for r in rows} == set(S.EAGLE_ABSENT)
