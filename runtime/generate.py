@@ -457,10 +457,15 @@ class Generator:
         # a row depends only on the tokens up to it: one kept snapshot of this owner that starts
         # with these n tokens holds these rows already (it becomes the newest), and those these
         # rows start with are superseded (a prompt scored twice set the same rows aside twice,
-        # pushing other conversations out)
+        # pushing other conversations out). The kept one takes the live draft rows where it has
+        # fewer (kept from a prompt only scored, it has none); rows 0..n-2 only: draft row i
+        # holds token i + 1, and the live token n need not be the snapshot's
         same = lambda sn: sn.owner == self._prefix_owner  # noqa: E731
         for j, sn in enumerate(self._snapshots):
             if same(sn) and len(sn.ids) >= n and sn.ids[:n] == ids[:n]:
+                m = min(self.dkv.length, n - 1) if self.dkv is not None else 0
+                if m > (self.dkv.saved_length(sn.draft_rows) if sn.draft_rows is not None else 0):
+                    sn.draft_rows = self.dkv.save_rows(m)
                 self._snapshots.append(self._snapshots.pop(j))
                 return
         self._snapshots = [sn for sn in self._snapshots if not (same(sn) and sn.ids == ids[: len(sn.ids)])]

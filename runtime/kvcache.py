@@ -123,10 +123,14 @@ class KVCache:
         cut = (slice(None), slice(0, n)) if self.layout == "append" else (slice(None), slice(None), slice(0, n))
         return [k[cut].copy() for k in self.keys], [v[cut].copy() for v in self.values]
 
+    def saved_length(self, rows: tuple[list[np.ndarray], list[np.ndarray]]) -> int:
+        """n, the rows a ``save_rows`` copy holds."""
+        return rows[0][0].shape[1 if self.layout == "append" else 2]
+
     def load_rows(self, rows: tuple[list[np.ndarray], list[np.ndarray]]) -> None:
         """Rows [0, n) of every layer from ``save_rows``; the committed length becomes n."""
         keys, values = rows
-        n = keys[0].shape[1 if self.layout == "append" else 2]
+        n = self.saved_length(rows)
         if len(keys) != len(self.keys) or not n <= self.max_len:
             raise InternalError(f"load_rows: {len(keys)} layers of {n} rows do not fit this cache")
         cut = (slice(None), slice(0, n)) if self.layout == "append" else (slice(None), slice(None), slice(0, n))

@@ -1464,6 +1464,34 @@ def test_scoring_a_prompt_twice_keeps_one_snapshot_of_it(pair):
     assert g.telemetry.prefix_reused >= len(conv) - 2, g.telemetry.prefix_reused
 
 
+def test_rows_set_aside_again_keep_the_draft_rows_a_kept_snapshot_lacks(pair):
+    """Live rows set aside whose tokens a kept snapshot already starts with leave that
+    snapshot kept, and it takes the live draft rows where it has fewer: a conversation
+    scored first (prompt_logprobs: no draft rows) kept none, and every later swap-in of it
+    ran the draft over all its rows again. Outputs as a fresh generator's."""
+    _, engines = pair
+    fresh = lambda: _gen(engines, FixedGovernor(DEPTHS, 2))  # noqa: E731
+    base = [(i * 5 + 2) % 16 for i in range(10)]
+    conv = base + fresh().generate(base, 70)  # the target's own continuation: a turn re-derives it
+    other = [(i * 3 + 1) % 16 for i in range(40)]
+    g = fresh()
+    g.prefix_snapshots = 2
+    g.prompt_logprobs = 1
+    g.generate(conv, 0)  # scored: its rows, no draft rows
+    g.generate(other, 0)  # conv set aside, without draft rows
+    g.prompt_logprobs = None
+    g.generate(conv[:40], 8)  # swaps conv in (kept: 40 of its rows are not this prompt's), drafts
+    live_draft = g.dkv.length
+    assert live_draft >= 40, live_draft
+    g.generate(other + [1], 1)  # other swapped in (its next turn); the live rows (conv[:48]) set aside
+    assert [sn.ids for sn in g._snapshots] == [conv]  # conv's snapshot holds them: no second copy
+    assert g.dkv.saved_length(g._snapshots[0].draft_rows) >= live_draft - 1
+    turn = conv + [3]
+    out = g.generate(turn, 6)
+    assert g.telemetry.prefix_reused >= len(conv) - 2
+    assert out == fresh().generate(turn, 6)
+
+
 def test_a_prompt_filling_the_context_can_be_scored(pair):
     """Scoring a prompt (prompt_logprobs, 0 new tokens: `echo` with max_tokens 0) needs no
     row for a new token: a prompt of exactly the context limit is scored; one more is not."""
