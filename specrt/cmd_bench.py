@@ -18,8 +18,11 @@ governors' ratios; each peer, and each ``--variant`` folder, has its own worker,
 RSS (the worker's ``VmHWM``) is per worker. Between workers that difference remains:
 ``--processes N`` runs every worker as N processes, prompt i on process i mod N (each
 record says which), so one placement weighs on 1/N of a configuration's prompts, for N
-times the memory. Sequentially every configuration has a
-process of its own. When the workers would not fit in memory together (about 1.5x the
+times the memory; each process's governors learn from the prompts it ran only, so ``:grow``
+(part of auto) searches the answers of 1/N of the prompts before (DSpark's online
+calibration and prompt lookup's priors learn from 1/N too): the report warns, and ``:grow``
+is measured as a user's session would run it with ``--processes 1``. Sequentially every
+configuration has a process of its own. When the workers would not fit in memory together (about 1.5x the
 engines' weight bytes each), the run falls back to sequential with a warning.
 Configurations:
 
@@ -58,8 +61,10 @@ Every worker is handed the same prompt token ids (``--chat`` renders the exporte
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
 generation of ``--warmup-tokens`` tokens (specrt's workers: per governor, then at each
 engine depth no governor called), then times each prompt: wall seconds of the
-whole generation, prefill included. ``tokens/s`` is new tokens / seconds per prompt;
-the report gives the median over prompts (and the total ratio).
+whole generation, prefill included, from the call to the new token ids (every
+configuration's per-prompt setup too: onnxruntime-genai's Generator, specrt's stream).
+``tokens/s`` is new tokens / seconds per prompt; the report gives the median over prompts
+(and the total ratio).
 
 ``--repeats N`` runs the whole prompt list N times, repeat after repeat (every prompt of
 repeat r before any of repeat r + 1; interleaved, the Williams order goes on from one
@@ -88,7 +93,10 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
     machine        CPU model, cores, threads, ISA, memory, load, OS, versions
     settings       engines, prompts, max_new_tokens, threads, governors, peers, repeats, ...
     configs        name -> tokens_per_s_median, ratio_vs_ortgenai, ratio_vs_off (of the
-                   medians), ratio_vs_off_paired (the median of per-prompt ratios), peak_rss_bytes, load_seconds, per-prompt numbers; specrt adds tau,
+                   medians), ratio_vs_off_paired (the median of per-prompt ratios),
+                   peak_rss_bytes (its worker's: peak_rss_of names every configuration that
+                   worker ran, so a governor's figure holds the others' runs too),
+                   load_seconds, per-prompt numbers; specrt adds tau,
                    acceptance_by_position / _conditional, depth_histogram, time_split
                    (draft / verify / prefill / python seconds and fractions),
                    draft_passes_per_round, sequential_passes_avoided(_per_round)
@@ -329,9 +337,13 @@ class _SpecrtWorker:
             c.calls = c.mask_slots = 0
         self.rounds.update(pending=False, drafting=0)
         out: list[int] = []
+        # the caller's whole call, as the peers' are timed (tools/bench_lib.py): the telemetry's
+        # seconds start after the stream's setup (its checks, prefix reuse, governor start)
+        t0 = time.perf_counter()
         for chunk in self.session.stream_ids(ids, n):
             out += chunk
         tel = self.session.generator.telemetry
+        tel.seconds = time.perf_counter() - t0
         rec = tel.to_json()
         d = self.counters.get(self.draft_role)
         rec.update(output_ids=out, engine_calls={r: c.calls for r, c in self.counters.items()},
@@ -677,6 +689,8 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "per_prompt": [{k: r[k] for k in PER_PROMPT_KEYS if k in r} for r in pp],
         "new_tokens": tokens, "seconds": seconds,
         "peak_rss_bytes": res.get("peak_rss_bytes"), "rss_after_load_bytes": res.get("rss_after_load_bytes"),
+        # the configurations whose runs that peak covers (a shared worker's governors: not one's own)
+        "peak_rss_of": res.get("shared_worker") or [name],
         "load_seconds": res.get("load_seconds"),
         "load_average": {"start": res.get("load_average_start"), "end": res.get("load_average_end")},
     }
@@ -813,7 +827,8 @@ def efficiency(configs: dict) -> dict:
         a = {"specrt_off_tokens_per_s": off["tokens_per_s_median"], "ortgenai_tokens_per_s": og["tokens_per_s_median"],
              "ratio": off["tokens_per_s_median"] / og["tokens_per_s_median"],
              "specrt_off_python_share": off.get("python_share"),
-             "specrt_off_peak_rss_bytes": off.get("peak_rss_bytes"), "ortgenai_peak_rss_bytes": og.get("peak_rss_bytes")}
+             "specrt_off_peak_rss_bytes": off.get("peak_rss_bytes"), "specrt_off_peak_rss_of": off.get("peak_rss_of"),
+             "ortgenai_peak_rss_bytes": og.get("peak_rss_bytes")}
     b = {n: {**c["predicted"], "tau": c["tau"], "python_share": c["python_share"]}
          for n, c in configs.items() if n.startswith("specrt:") and "predicted" in c}
     return {"a_off_vs_ortgenai": a, "b_predicted_vs_measured": b}
@@ -1327,6 +1342,15 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             + (f" (--processes {processes} ignored)" if processes > 1 else ""))
             echo(f"warning: {warnings[-1]}", err=True)
             schedule, interleaved, processes = "sequential", False, 1
+        from specrt.runtime.governor import wants_grow
+
+        grown = [n for n, j in jobs if j.get("kind") == "specrt" and wants_grow(resolve_spec(j["governor"], engines))]
+        if processes > 1 and len(prompts) > 1 and grown:  # (one process per prompt at most)
+            ran = min(processes, len(prompts))
+            warnings.append(f"--processes {ran}: each process grows its own :grow sequences from the prompts it ran, "
+                            f"so {', '.join(grown)} searched the answers of 1/{ran} of the prompts before, not all of "
+                            "them as one session would (run --processes 1 to measure :grow)")
+            echo(f"warning: {warnings[-1]}", err=True)
         predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
         profiled: dict[str, dict] = {}
         if profile:
@@ -1592,7 +1616,9 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "
              f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
              f"{f(c.get('draft_passes_per_round') if c.get('drafting_rounds') else None, '%9.2f')} "
-             f"{_mib(c.get('peak_rss_bytes')):>6s}Mi {same:>9s}")
+             f"{_mib(c.get('peak_rss_bytes')):>6s}Mi{'*' if len(c.get('peak_rss_of') or ()) > 1 else ' '}{same:>9s}")
+    for names in dict.fromkeys(tuple(c["peak_rss_of"]) for c in cfg.values() if len(c.get("peak_rss_of") or ()) > 1):
+        echo(f"  * peak RSS of one worker process that ran {', '.join(names)}: all their runs, not one's own")
     for n, c in cfg.items():
         if c.get("drafting_rounds"):
             acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"]) or "-"
@@ -1715,7 +1741,9 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--processes", type=int, default=1, show_default=True,
               help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
                    "one process's memory placement (two identical processes have measured up to 8% apart) "
-                   "weighs on 1/N of each configuration's prompts. N times the memory.")
+                   "weighs on 1/N of each configuration's prompts. N times the memory. Each process's governors "
+                   "learn from its own prompts only: :grow (part of auto) grows from 1/N of the prompts before, "
+                   "less than a session would (measure it with 1).")
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Time every prompt N times: the whole prompt list N times over, each repeat from fresh governors "
                    "(what :grow or DSpark learnt in one repeat is not carried to the next); a prompt's seconds are "

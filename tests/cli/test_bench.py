@@ -112,6 +112,20 @@ def test_transformers_peers_run_or_are_skipped(report):
             assert rep["skipped"][peer] == reason
 
 
+def test_a_shared_workers_peak_rss_is_labelled_as_the_workers(report):
+    """specrt's governors share one worker process, whose peak RSS holds every governor's
+    runs (the draft's buffers under specrt:off too): each configuration's figure names the
+    configurations it covers, and the summary marks it, so that off's is not read as its own
+    against a peer's (which has a worker of its own)."""
+    rep, _, text = report
+    ours = sorted(n for n in rep["configs"] if n.startswith("specrt:"))
+    assert len(ours) == 5
+    for name, c in rep["configs"].items():
+        assert c["peak_rss_of"] == (ours if name.startswith("specrt:") else [name]), name
+    assert f"* peak RSS of one worker process that ran {', '.join(ours)}: all their runs, not one's own" in text
+    assert any(line.startswith(f"{REFERENCE} ") and "Mi*" in line for line in text.splitlines()), text
+
+
 def test_governors_identical_and_counted(report):
     rep, _, _ = report
     ident = rep["identity"]
@@ -221,6 +235,62 @@ def test_warm_up_calls_every_engine_once(tiny_engines):
         w.close()
 
 
+def test_a_specrt_prompt_is_timed_from_the_call_with_its_setup(tiny_engines, monkeypatch):
+    """specrt's seconds cover the whole call, as a peer's do (onnxruntime-genai's Generator
+    setup is timed): the stream's setup before its first engine call (here made 0.3 s
+    slower) was left out of specrt's window."""
+    import time
+
+    from specrt.cmd_bench import _SpecrtWorker
+
+    w = _SpecrtWorker({"kind": "specrt", "engines": str(tiny_engines), "governors": ["off"], "threads": 1})
+    try:
+        gen = w.session.generator
+        reusable = gen._reusable
+
+        def slow(prompt):
+            time.sleep(0.3)
+            return reusable(prompt)
+
+        monkeypatch.setattr(gen, "_reusable", slow)
+        rec = w.run([5, 6, 7], 3, [2])
+        assert rec["seconds"] >= 0.3 and rec["tokens_per_s"] == rec["new_tokens"] / rec["seconds"], rec["seconds"]
+        assert rec["time_split"]["python"] >= 0.3 - rec["time_split"].get("prefill", 0.0)
+    finally:
+        w.close()
+
+
+@pytest.mark.slow
+def test_the_onnxruntime_genai_peer_times_its_generator_setup():
+    """The onnxruntime-genai peer's seconds include making its GeneratorParams and Generator
+    (which allocates the KV buffers), part of every call a user makes, as specrt's window
+    includes its stream's setup (here made 1 s slower: it fell outside the window)."""
+    import time
+
+    from tests.real_model import smollm2_folder
+
+    lib = load_bench_lib()
+    target = smollm2_folder()
+    if lib.peer_unavailable("ortgenai", target) is not None:  # onnxruntime-genai is a dev dependency
+        pytest.fail(lib.peer_unavailable("ortgenai", target))
+    peer = lib.OrtGenaiPeer(lib.ensure_ortgenai_model(target), 1)
+    og = peer.og
+
+    class SlowSetup:  # the real module, its Generator made 1 s later
+        def __getattr__(self, name):
+            return getattr(og, name)
+
+        def Generator(self, *a):  # noqa: N802 (onnxruntime-genai's name)
+            time.sleep(1.0)
+            return og.Generator(*a)
+
+    ids = [1, 9690, 198, 2683, 359, 253]
+    fast, dt_fast = peer.generate(ids, 2, [2])
+    peer.og = SlowSetup()
+    got, dt = peer.generate(ids, 2, [2])
+    assert got == fast and dt >= 1.0 and dt_fast < 1.0, (dt, dt_fast)
+
+
 def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_path):
     """The interleaved schedule's worker: warm, prompts in any order the parent sends, then
     the same per-prompt results (in prompt order) as a sequential worker."""
@@ -305,6 +375,24 @@ def test_processes_spread_each_workers_prompts(tiny_engines, tmp_path):
     assert merge_process_results([ok, {"ok": False, "error": "boom"}], 2) == {"ok": False, "error": "boom"}
     with pytest.raises(RuntimeError, match=r"ran prompts \[0\] of 2"):
         merge_process_results([ok, {**ok, "prompt_indices": [0]}], 2)
+
+
+def test_processes_warn_that_each_grows_from_its_own_prompts(tiny_engines, prompts_file, tmp_path):
+    """--processes N: each process's :grow learns from the prompts it ran, 1/N of those
+    before, not all as one session (or --processes 1) would: the report and the run say so
+    for the configurations with :grow, and --help says it."""
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+                                   "--max-new-tokens", "3", "--governors", "off,fixed:2:ngram:grow", "--peers", "none",
+                                   "--threads", "1", "--warmup-tokens", "1", "--no-profile", "--processes", "2"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    said = [w for w in rep["warnings"] if ":grow" in w]
+    assert said == ["--processes 2: each process grows its own :grow sequences from the prompts it ran, so "
+                    "specrt:fixed:2:ngram:grow searched the answers of 1/2 of the prompts before, not all of them "
+                    "as one session would (run --processes 1 to measure :grow)"], rep["warnings"]
+    assert said[0] in r.output
+    assert ":grow (part of auto) grows from 1/N of the prompts" in " ".join(
+        CliRunner().invoke(bench, ["--help"]).output.split())
 
 
 def _quiet_echo(*_a, **_k) -> None:
