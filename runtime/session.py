@@ -442,10 +442,13 @@ class Session:
             prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
-        gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
-        self.last_prompt_ids, self.last_output_ids = ids, detok.ids  # the detokenizer's list fills as it streams
-        self.last_context = detok.context  # (the prompt's tokens its text is decoded after)
         lock = self.generator.lock
+        with lock:  # (another thread's stream starts before these are set or after them, not between)
+            gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
+            # stream_ids' list, each round's tokens added with its telemetry (the detokenizer's
+            # gets them after the lock is let go); the same tokens as the detokenizer's between pieces
+            out = self.last_output_ids
+            self.last_context = detok.context  # (the prompt's tokens its text is decoded after)
         held, me = gen.clock, gen.clock.claim()  # detokenizing and stop strings are the runtime's time
 
         def texts():  # each round's final text, then what an unfinished character held back
@@ -459,9 +462,10 @@ class Session:
                 if scan.hit:  # settled before the last piece goes out: a caller may stop at it
                     with lock:  # (a stream another thread started since keeps its own finish)
                         gen.close()
-                        if self.last_output_ids is detok.ids:
+                        if self.last_output_ids is out:
                             self.generator.finished = Finished("stop")
-                        del detok.ids[tokens_through(self.text, detok.ids, scan.stop_end, detok.context):]
+                        k = tokens_through(self.text, detok.ids, scan.stop_end, detok.context)
+                        del detok.ids[k:], out[k:]
                     if piece:
                         yield piece
                     return

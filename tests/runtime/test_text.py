@@ -1213,29 +1213,67 @@ def test_stats_of_a_session_streamed_from_two_threads_describe_one_stream(worded
         assert (st["prompt_ids"], st["output_token_ids"], st["prompt_tokens"]) == ([5, 9, 2, 6, 5], newer, 5), st
 
 
-def test_a_stop_string_leaves_a_stream_started_since_in_another_thread_its_own_finish(worded, monkeypatch):
+def _a_held_while_b_starts(a, b, held, go) -> None:
+    """Thread A runs ``a`` until it sets ``held`` (and waits for ``go``); thread B then runs
+    ``b`` for up to a second before A goes on; both are joined."""
+    import threading
+
+    ta, tb = threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")
+    ta.start()
+    assert held.wait(10)
+    tb.start()
+    tb.join(1)
+    go.set()
+    ta.join(10)
+    tb.join(10)
+
+
+@pytest.mark.parametrize("at", ["found", "close", "finish"])
+def test_a_stop_string_leaves_a_stream_started_since_in_another_thread_its_own_finish(worded, monkeypatch, at):
     """Thread A's text stream reaches its stop string; thread B starts a stream just as A
-    closes its decoding (A held there): B's stream shows no finish until it has one (A's
+    has found it, as A closes its decoding, or as A makes its finish once it found its
+    stream the latest (A held there): B's stream shows no finish until it has one (A's
     "stop" was set on the generator after B's start, and B's stats() said "stop")."""
     import threading
 
     from specrt.runtime import generate as G
+    from specrt.runtime import session as S
     from specrt.runtime.session import Session
 
-    close, held, go, got = G.Stream.close, threading.Event(), threading.Event(), {}
+    close, finished, held, go, got = G.Stream.close, S.Finished, threading.Event(), threading.Event(), {}
+
+    def hold_a():
+        if threading.current_thread().name == "A" and not held.is_set():
+            held.set()
+            go.wait(10)
 
     def close_holding_a(self):
         close(self)
-        if threading.current_thread().name == "A" and not held.is_set():  # A's stop string: its decoding closed
-            held.set()
-            go.wait(10)
+        hold_a()  # A's stop string: its decoding closed
+
+    class Scanner(S.StopScanner):
+        def push(self, text):
+            piece = super().push(text)
+            if self.hit:  # A's stop string found, its decoding not yet closed
+                hold_a()
+            return piece
+
+    def finish_holding_a(reason):
+        if reason == "stop":  # A's stream the latest, its finish not yet set
+            hold_a()
+        return finished(reason)
 
     with Session(worded, governor="fixed:3") as s:
         full = "".join(s.stream("w3 w1 w4", max_new_tokens=24))
         stop = " ".join(full.split(" ")[8:10])
         want = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
         assert len(want) < len(full)
-        monkeypatch.setattr(G.Stream, "close", close_holding_a)
+        if at == "found":
+            monkeypatch.setattr(S, "StopScanner", Scanner)
+        elif at == "close":
+            monkeypatch.setattr(G.Stream, "close", close_holding_a)
+        else:
+            monkeypatch.setattr(S, "Finished", finish_holding_a)
 
         def a():
             got["a"] = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
@@ -1243,19 +1281,92 @@ def test_a_stop_string_leaves_a_stream_started_since_in_another_thread_its_own_f
         def b():
             got["b"] = s.stream_ids([5, 9, 2, 6, 5], 8)
 
-        ta, tb = threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")
-        ta.start()
-        assert held.wait(10)
-        tb.start()
-        tb.join(1)  # (it waits for A's stop: B's finish would be its own either way)
-        go.set()
-        ta.join(10)
-        tb.join(10)
+        _a_held_while_b_starts(a, b, held, go)  # (B waits for A's stop: its finish would be its own either way)
         assert got["a"] == want
         st = s.stats()
         assert (st["prompt_ids"], st["finish_reason"]) == ([5, 9, 2, 6, 5], None), st
         list(got["b"])
         assert s.stats()["finish_reason"] in ("length", "eos")
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_stats_as_a_round_lets_the_lock_go_hold_its_tokens(worded, text):
+    """stats() asked as soon as a round of a stream of ids or of text lets the generator's
+    lock go (here in the stream's thread, where another thread's stats() would get the lock):
+    the output ids hold the round's tokens, as the telemetry counts the round (they were
+    added after the lock was let go: one round behind it)."""
+    from specrt.runtime.session import Session
+
+    class Probe:  # the generator's lock, stats() taken each time it is let go whole
+        def __init__(self, lock):
+            self.lock, self.depth, self.seen, self.asking = lock, 0, [], False
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.depth += 1
+
+        def __exit__(self, *exc):
+            self.depth -= 1
+            self.lock.release()
+            if self.depth == 0 and not self.asking:
+                self.asking = True  # (stats()'s own use of the lock is not probed)
+                st = s.stats()
+                # tokens made: the prefill's, then each round's one and its accepted drafts
+                made = 1 + st["rounds"] + st["accepted"] if st["prompt_tokens"] else 0
+                self.seen.append((len(st["output_token_ids"]), made))
+                self.asking = False
+
+    with Session(worded, governor="fixed:3") as s:
+        s.generator.lock = probe = Probe(s.generator.lock)
+        if text:
+            "".join(s.stream([3, 1, 4], max_new_tokens=24))
+            got = s.stats()["output_token_ids"]
+        else:
+            got = [t for c in s.stream_ids([3, 1, 4], 24) for t in c]
+    assert len(got) == 24 and len(set(probe.seen)) > 4 and probe.seen[-1] == (24, 24), probe.seen
+    assert all(n == made for n, made in probe.seen), probe.seen
+
+
+def test_stats_after_a_text_stream_and_one_another_thread_starts_describe_the_later(worded, monkeypatch):
+    """Thread A starts a text stream (Session.stream) and is held just after its decoding
+    started, before it took its ids and context; thread B streams a text then: B's start
+    waits for A's, and stats() describe B's stream, its prompt, output and telemetry, the
+    context (serve's text offsets count from it) B's (A named its prompt and detokenizer's
+    ids after B had started: B's telemetry with A's ids; A's stop string could have set B's
+    finish)."""
+    import threading
+
+    from specrt.runtime.session import Session
+    from specrt.runtime.text import completion_text, context_of
+
+    held, go, got = threading.Event(), threading.Event(), {}
+    with Session(worded, governor="fixed:3") as s:
+        stream_ids = s.stream_ids
+
+        def holding_a(*a, **k):  # A's decoding started, its ids not yet named
+            gen = stream_ids(*a, **k)
+            if threading.current_thread().name == "A" and not held.is_set():
+                held.set()
+                go.wait(10)
+            return gen
+
+        monkeypatch.setattr(s, "stream_ids", holding_a)
+
+        def a():
+            try:
+                "".join(s.stream("w3 w1 w4", max_new_tokens=8))
+            except UserError as e:  # (B's start superseded it, before or after its first piece)
+                got["a"] = str(e)
+
+        def b():
+            got["b"] = "".join(s.stream([5, 9, 2, 6, 5], max_new_tokens=8))
+
+        _a_held_while_b_starts(a, b, held, go)  # (B waits for A's start: its ids would be named last either way)
+        st, context = s.stats(), context_of(s.text, [5, 9, 2, 6, 5])
+        assert s.last_context == context != context_of(s.text, [3, 1, 4])
+        assert (st["prompt_ids"], st["prompt_tokens"], st["new_tokens"]) == ([5, 9, 2, 6, 5], 5,
+                                                                             len(st["output_token_ids"])), st
+        assert got["b"] == completion_text(s.text, st["output_token_ids"], context) != "", (got, st)
 
 
 def test_a_stream_of_a_session_closed_since_is_a_user_error(worded):
@@ -1423,16 +1534,17 @@ def test_the_detokenizer_decodes_the_prompts_context_once(make, tmp_path):
     of ByteFallback byte tokens): random prompts and outputs over byte-level BPE, ByteFallback
     and Metaspace vocabularies, pushed in random chunks, give the pieces of one that decodes
     the context every time, with that many fewer decodings; tokens_through (which keeps the
-    context's text too) the fewest tokens that write a text's prefix."""
+    context's text too, decoding the context alone once more at most, for its empty cut) the
+    fewest tokens that write a text's prefix."""
     import random
 
     from specrt.runtime.text import Detokenizer, Text, completion_text, context_of, tokens_through
 
     make(tmp_path)
     text = Text(tmp_path)
-    vocab, rng, calls = text.tokenizer.get_vocab_size(), random.Random(0), [0]
+    vocab, rng, calls, seen = text.tokenizer.get_vocab_size(), random.Random(0), [0], []
     decode = text.decode
-    text.decode = lambda ids: calls.append(calls.pop() + 1) or decode(ids)
+    text.decode = lambda ids: calls.append(calls.pop() + 1) or seen.append(list(ids)) or decode(ids)
 
     def decodings(call, *args):
         n = calls[0]
@@ -1457,7 +1569,9 @@ def test_the_detokenizer_decodes_the_prompts_context_once(make, tmp_path):
         whole = completion_text(text, ids, context)
         assert "".join(pieces) + piece == whole
         for end in sorted({0, len(whole) // 2, len(whole)}):
+            seen.clear()
             k = tokens_through(text, ids, end, context)
+            assert not context or seen.count(context) <= 2, (prompt, ids, end)
             assert completion_text(text, ids[:k], context).startswith(whole[:end])
             assert k == 0 or not completion_text(text, ids[:k - 1], context).startswith(whole[:end])
 
@@ -1531,14 +1645,17 @@ def test_a_replaced_file_keeps_its_owner_and_group_where_the_process_may(tmp_pat
 
     from specrt.paths import write_atomic
 
-    f = tmp_path / "s.json"
-    f.write_text("{}")
-    os.chown(f, 12345, 23456)
-    f.chmod(0o640)
-    write_atomic(f, {"a": 1})
-    st = f.stat()
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (12345, 23456, 0o640)
-    assert json.loads(f.read_text()) == {"a": 1}
+    # (another's file in root's group: its owner given all the same; set-user and set-group-ID
+    # bits kept: a chown clears them, the mode is given after it)
+    for uid, gid, mode in ((12345, 23456, 0o640), (12345, 0, 0o644), (12345, 23456, 0o6755)):
+        f = tmp_path / f"s{gid}.{mode:o}.json"
+        f.write_text("{}")
+        os.chown(f, uid, gid)
+        f.chmod(mode)
+        write_atomic(f, {"a": 1})
+        st = f.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, mode)
+        assert json.loads(f.read_text()) == {"a": 1}
     code = ("import os, sys; from pathlib import Path; from specrt.paths import write_atomic; "
             "os.setgroups([int(g) for g in sys.argv[2:]]); os.setgid(65534); os.setuid(65534); "
             "write_atomic(Path(sys.argv[1]), {'b': 2})")
