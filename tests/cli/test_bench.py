@@ -7,6 +7,7 @@ transformers peers run when torch and transformers are installed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -1166,17 +1167,20 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
     rep1 = report[0]
     lib = load_bench_lib()
     hf = lib.peer_unavailable("hf", Path(rep1["settings"]["target_hf_folder"])) is None
-    for schedule, peers in (("interleaved", "hf" if hf else "none"), ("sequential", "none")):
+    # (sequential: a fixed depth too, whose every round drafts: dspark on the tiny pair drafts none)
+    for schedule, peers, fixed in (("interleaved", "hf" if hf else "none", []), ("sequential", "none", ["fixed:2"])):
         out = tmp_path / schedule
         r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
-                                       "--max-new-tokens", "10", "--governors", "off,dspark:ngram:grow",
+                                       "--max-new-tokens", "10",
+                                       "--governors", ",".join(["off", "dspark:ngram:grow", *fixed]),
                                        "--threads", "1", "--warmup-tokens", "2", "--no-profile", "--peers", peers,
                                        "--schedule", schedule, "--repeats", "2"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
         assert "2 prompts x 10 new tokens x 2 repeats" in r.output
         rep = json.loads((out / "bench.json").read_text())
         assert rep["settings"]["repeats"] == 2 and rep["settings"]["schedule"] == schedule
-        want = {REFERENCE, "specrt:dspark:ngram:grow", *(["hf"] if peers == "hf" else [])}
+        want = {REFERENCE, "specrt:dspark:ngram:grow", *(["hf"] if peers == "hf" else []),
+                *(f"specrt:{g}" for g in fixed)}
         assert set(rep["configs"]) == want, (rep["failed"], rep["skipped"])
         assert rep["identity"]["failures"] == [] and rep["identity"]["repeat_mismatches"] == []
         for name, c in rep["configs"].items():
@@ -1197,6 +1201,14 @@ def test_repeats_time_every_prompt_n_times_with_the_first_repeats_tokens(tiny_en
             for x in runs:
                 assert {"tau", "first_token_s", "depth_histogram", "time_split", "lookup_rounds"} <= set(x), name
                 assert sum(x["accepted_at"]) == x["accepted"] and sum(x["depth_histogram"].values()) <= x["rounds"]
+            # accepted_at position by position: summed over the repeats, the configuration's acceptance
+            # (the tiny draft accepts next to nothing: a sum over positions alone is 0 = 0)
+            acc = [sum(col) for col in itertools.zip_longest(*(x["accepted_at"] for x in runs), fillvalue=0)]
+            if name == "specrt:fixed:2" or c["draft_rounds"]:
+                assert c["draft_rounds"] > 0 and [a / c["draft_rounds"] for a in acc] == pytest.approx(
+                    c["acceptance_by_position"]), (name, acc)
+            else:
+                assert acc == c["acceptance_by_position"] == [], (name, acc)
         # one repeat's tokens a prompt; off's rounds (one a token) over both repeats
         assert rep["configs"][REFERENCE]["new_tokens"] == rep1["configs"][REFERENCE]["new_tokens"]
         assert rep["configs"][REFERENCE]["rounds"] == 2 * rep1["configs"][REFERENCE]["rounds"]

@@ -1238,6 +1238,22 @@ def test_a_whole_answer_read_slowly_is_sent_whole(worded):  # noqa: F811
         app.close()
 
 
+def test_a_whole_answer_is_written_whole_in_pieces_of_any_size(worded, monkeypatch):  # noqa: F811
+    """A whole answer and a GET's are written WRITE_PIECE bytes at a time: at a piece of 1
+    byte and of 3 (the last piece whole or short) every byte arrives, the answers those
+    written at the default piece (64 KiB, more than these answers)."""
+    from specrt import cmd_serve
+
+    got = []
+    for piece in (cmd_serve.WRITE_PIECE, 1, 3):
+        monkeypatch.setattr(cmd_serve, "WRITE_PIECE", piece)
+        with _in_process(worded) as (app, httpd, url, logs):
+            code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 5})
+            assert code == 200, r
+            got.append((r["choices"], r["usage"], _get(url, "/health")))
+    assert got[0][2] == (200, {"status": "ok"}) and got[0] == got[1] == got[2], got
+
+
 @contextlib.contextmanager
 def _in_process(engines, governor: str = "fixed:3"):
     """A Server on ENGINES behind make_server on a free port, in this process: (app, httpd,

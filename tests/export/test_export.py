@@ -149,3 +149,30 @@ def test_missing_tokenizer_is_said_at_export(tmp_path):
     said.clear()
     export_mod.export(target, None, tmp_path / "o2", log=said.append)
     assert said and not [s for s in said if "no tokenizer.json" in s]
+
+
+def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
+    """A target folder with each tokenizer file a Hugging Face tokenizer may save (the chat
+    template in a file of its own, .jinja or .json, as newer transformers write it; the
+    special tokens' map): the export copies each, byte for byte, and lists it in
+    export.json's "tokenizer", which the load check then finds whole."""
+    import json
+
+    from specrt.manifest import sha256_file
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    (target / "special_tokens_map.json").write_text(json.dumps({"unk_token": "w0"}))
+    (target / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }} {% endfor %}")
+    (target / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages[0].content }}"}))
+    if not (target / "generation_config.json").is_file():
+        (target / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    names = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+             "chat_template.jinja", "chat_template.json"]
+    m = export_mod.export(target, None, tmp_path / "o", log=lambda s: None)
+    assert sorted(r["file"] for r in m["tokenizer"]) == sorted(names), m["tokenizer"]
+    for r in m["tokenizer"]:
+        assert (tmp_path / "o" / r["file"]).read_bytes() == (target / r["file"]).read_bytes(), r
+        assert r["sha256"] == sha256_file(target / r["file"]), r
+    assert load_export(tmp_path / "o")["tokenizer"] == m["tokenizer"]
