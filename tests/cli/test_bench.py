@@ -124,7 +124,24 @@ def test_a_shared_workers_peak_rss_is_labelled_as_the_workers(report):
     for name, c in rep["configs"].items():
         assert c["peak_rss_of"] == (ours if name.startswith("specrt:") else [name]), name
     assert f"* peak RSS of one worker process that ran {', '.join(ours)}: all their runs, not one's own" in text
-    assert any(line.startswith(f"{REFERENCE} ") and "Mi*" in line for line in text.splitlines()), text
+    assert text.count("* peak RSS of one worker process") == 1, text  # (a worker of one configuration: no note)
+    lines = text.splitlines()
+    for name in rep["configs"]:  # a mark on the shared worker's lines only
+        line = [x for x in lines if x.startswith(f"{name} ") and "Mi" in x]
+        assert len(line) == 1 and ("Mi*" in line[0]) == name.startswith("specrt:"), line
+    assert len(rep["configs"]) > len(ours), rep["skipped"]  # (a peer's line to check unmarked)
+
+
+def test_efficiency_names_the_configurations_offs_peak_rss_covers():
+    """(a) of efficiency: specrt:off's peak RSS beside onnxruntime-genai's, with the
+    configurations its worker ran (off's figure holds every governor's runs)."""
+    from specrt.cmd_bench import efficiency
+
+    off = {"tokens_per_s_median": 10.0, "peak_rss_bytes": 5 << 20, "peak_rss_of": [REFERENCE, "specrt:fixed:2"]}
+    og = {"tokens_per_s_median": 20.0, "peak_rss_bytes": 4 << 20, "peak_rss_of": ["ortgenai"]}
+    a = efficiency({REFERENCE: off, "ortgenai": og})["a_off_vs_ortgenai"]
+    assert a["ratio"] == 0.5 and a["specrt_off_peak_rss_bytes"] == 5 << 20 and a["ortgenai_peak_rss_bytes"] == 4 << 20
+    assert a["specrt_off_peak_rss_of"] == [REFERENCE, "specrt:fixed:2"]
 
 
 def test_governors_identical_and_counted(report):
@@ -292,6 +309,31 @@ def test_the_onnxruntime_genai_peer_times_its_generator_setup():
     assert got == fast and dt >= 1.0 and dt_fast < 1.0, (dt, dt_fast)
 
 
+def test_the_transformers_peer_times_its_input_setup(tmp_path):
+    """The transformers peer's seconds start at the call, before its input tensor and
+    arguments are made (here made 0.5 s slower), as every configuration's window does."""
+    import time
+
+    from tests.fixtures_models import write_tiny_target
+
+    lib = load_bench_lib()
+    peer = lib.HfPeer(write_tiny_target(tmp_path / "t", "llama"), 1)
+    torch = peer.torch
+
+    class SlowSetup:  # the real module, its tensors made 0.5 s later
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def tensor(self, *a, **k):
+            time.sleep(0.5)
+            return torch.tensor(*a, **k)
+
+    fast, dt_fast = peer.generate([5, 6, 7], 2, [])
+    peer.torch = SlowSetup()
+    got, dt = peer.generate([5, 6, 7], 2, [])
+    assert got == fast and dt >= 0.5 and dt_fast < 0.5, (dt, dt_fast)
+
+
 def test_interleaved_worker_runs_prompts_in_the_order_sent(tiny_engines, tmp_path):
     """The interleaved schedule's worker: warm, prompts in any order the parent sends, then
     the same per-prompt results (in prompt order) as a sequential worker."""
@@ -378,19 +420,29 @@ def test_processes_spread_each_workers_prompts(tiny_engines, tmp_path):
         merge_process_results([ok, {**ok, "prompt_indices": [0]}], 2)
 
 
-def test_processes_warn_that_each_grows_from_its_own_prompts(tiny_engines, prompts_file, tmp_path):
+@pytest.mark.parametrize("processes, prompts, ran", [(2, 2, 2), (3, 2, 2), (1, 2, None), (2, 1, None)],
+                         ids=["two-of-two", "three-for-two-prompts", "one-process", "one-prompt"])
+def test_processes_warn_that_each_grows_from_its_own_prompts(tiny_engines, prompts_file, tmp_path, processes, prompts,
+                                                             ran):
     """--processes N: each process's :grow learns from the prompts it ran, 1/N of those
     before, not all as one session (or --processes 1) would: the report and the run say so
-    for the configurations with :grow, and --help says it."""
-    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
+    for the configurations with :grow (N at most the prompts: one process a prompt), and
+    --help says it; one process, or one prompt, learns as a session would: no warning."""
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("".join(prompts_file.read_text().splitlines(keepends=True)[:prompts]))
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(p), "-o", str(tmp_path / "r"),
                                    "--max-new-tokens", "3", "--governors", "off,fixed:2:ngram:grow", "--peers", "none",
-                                   "--threads", "1", "--warmup-tokens", "1", "--no-profile", "--processes", "2"])
+                                   "--threads", "1", "--warmup-tokens", "1", "--no-profile",
+                                   "--processes", str(processes)])
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     said = [w for w in rep["warnings"] if ":grow" in w]
-    assert said == ["--processes 2: each process grows its own :grow sequences from the prompts it ran, so "
-                    "specrt:fixed:2:ngram:grow searched the answers of 1/2 of the prompts before, not all of them "
-                    "as one session would (run --processes 1 to measure :grow)"], rep["warnings"]
+    if ran is None:
+        assert said == [] and "grows its own :grow" not in r.output, rep["warnings"]
+        return
+    assert said == [f"--processes {ran}: each process grows its own :grow sequences from the prompts it ran, so "
+                    f"specrt:fixed:2:ngram:grow searched the answers of 1/{ran} of the prompts before, not all of "
+                    "them as one session would (run --processes 1 to measure :grow)"], rep["warnings"]
     assert said[0] in r.output
     assert ":grow (part of auto) grows from 1/N of the prompts" in " ".join(
         CliRunner().invoke(bench, ["--help"]).output.split())

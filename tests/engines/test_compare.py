@@ -414,6 +414,31 @@ def test_runs_without_a_report_keep_their_own_files_in_one_temporary_folder(tiny
         Path(r[k]) for r in (b, c) for k in ("inputs_file", "outputs_file"))
 
 
+def test_a_runs_own_file_keeps_the_newest_pairs_and_skips_vanished_ones(tmp_path):
+    """_own_inputs_file: the newest KEEP_RUNS - 1 earlier pairs (by modification time) stay,
+    older ones go with their outputs; a name that vanishes while listed (another run
+    removing it: here a dangling link) is passed over; no descriptor is left open."""
+    import os
+
+    from specrt.engines.compare import KEEP_RUNS, _own_inputs_file, outputs_file_for
+
+    assert KEEP_RUNS == 4
+    (tmp_path / "inputs.gone.json").symlink_to(tmp_path / "nowhere")
+    fds = len(os.listdir("/proc/self/fd"))
+    made = []
+    for i in range(KEEP_RUNS):  # 0 to 3 earlier pairs: every one kept
+        f = _own_inputs_file(tmp_path)
+        assert all(g.is_file() and outputs_file_for(g).is_file() for g in made), i
+        assert f.name.startswith("inputs.") and f.name.endswith(".json") and f.is_file() and f not in made
+        outputs_file_for(f).write_text("{}")
+        os.utime(f, (1000 + i, 1000 + i))
+        made.append(f)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    (tmp_path / "inputs.gone.json").unlink()
+    newest = _own_inputs_file(tmp_path)  # 4 earlier: the oldest goes, with its outputs
+    assert sorted(tmp_path.iterdir()) == sorted([newest] + [g for f in made[1:] for g in (f, outputs_file_for(f))])
+
+
 def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
     """`auto` verifies a token tree every round (dspark:tree=3): `specrt compare` never fed
     one, so an engine whose tree mask went wrong on a user's machine passed while its

@@ -195,6 +195,21 @@ def test_an_impossible_layer_count_is_refused_at_once(hf_models, tmp_path):
     assert time.perf_counter() - t0 < 5
 
 
+def test_an_impossible_draft_layer_count_is_refused_before_the_table(tmp_path):
+    """A speculators draft's layer count is checked as the target's: a count its tensors
+    cannot hold is refused naming the field, before the slot table is expanded for it."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, num_layers=1)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["transformer_layer_config"]["num_hidden_layers"] = 1000
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"config.json: transformer_layer_config.num_hidden_layers is 1000, but .* "
+                                        r"holds only \d+ tensors"):
+        bind_draft(d, bind_target(t))
+
+
 def test_missing_shard(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
     shard = sorted(folder.glob("model-*.safetensors"))[1]

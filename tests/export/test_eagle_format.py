@@ -128,7 +128,8 @@ def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
     assert b["draft"] == {**a["draft"], "speculative_tokens": 3}  # (what speculators convert writes; no field here)
     ra, rb = a["binding_receipt"]["draft"], b["binding_receipt"]["draft"]
     assert {s: v["sha256"] for s, v in rb["slots"].items()} == {s: v["sha256"] for s, v in ra["slots"].items()}
-    assert "format" not in ra
+    assert "format" not in ra and "source_format" not in ra["config"]  # (speculators drafts' receipts as before)
+    assert rb["config"]["source_format"] == "eagle"
     fmt = rb["format"]
     assert fmt["name"] == "eagle" and fmt["architecture"] == "LlamaForCausalLMEagle3"
     assert fmt["renamed"]["midlayer.self_attn.q_proj.weight"] == "layers.0.self_attn.q_proj.weight"
@@ -186,7 +187,9 @@ def test_eagle_format_decodes_losslessly_as_the_speculators_draft(tmp_path):
     # TensorRT-LLM's names for them, in eagle_config
     (dict(norm_output=True, norm_before_fc=True),
      dict(eagle_config={"return_hidden_post_norm": True, "norm_before_fc": True})),
-], ids=["norm-output", "no-norm-output", "tensorrt-llm-eagle-config"])
+    # vLLM's norm_before_residual (the residual after hidden_norm), read when a config says it
+    (dict(norm_before_residual=True), dict(norm_before_residual=True)),
+], ids=["norm-output", "no-norm-output", "tensorrt-llm-eagle-config", "norm-before-residual"])
 def test_norm_output_is_eagle_3_1_as_the_servers_read_it(tmp_path, flags, written):
     """norm_output true: the head and the next step both read norm(h) (EAGLE 3.1: SGLang's,
     vLLM's and TensorRT-LLM's llama_eagle3 read it so, SpecForge since PR #879), speculators'
@@ -228,7 +231,8 @@ def test_a_modelopt_export_is_read(tmp_path):
     (dict(parallel_draft_step=3), r"parallel_draft_step is 3 \(ModelOpt: parallel draft heads\)"),
     (dict(use_input_layernorm_in_first_layer=False), r"use_input_layernorm_in_first_layer is false"),
     (dict(eh_proj_before_attn=True), r"eh_proj_before_attn is true \(TensorRT-LLM"),
-], ids=["no-last-norm", "mtp-norms", "parallel-heads", "no-hidden-norm", "eh-proj"])
+    (dict(use_aux_hidden_state=False), r"use_aux_hidden_state is false \(no fc over the target's states\)"),
+], ids=["no-last-norm", "mtp-norms", "parallel-heads", "no-hidden-norm", "eh-proj", "no-aux-states"])
 def test_modelopt_fields_that_change_the_layer_are_refused(tmp_path, change, message):
     import re
 
@@ -273,8 +277,27 @@ def _export_cli(tmp_path, t, draft, *extra):
      r"{d}: draft slot 'layers.0.down' is filled by more than one tensor"),
     (dict(num_hidden_layers=2), (), r"{d}/config.json: model_type 'llama', num_hidden_layers 2: "
                                     r"LlamaForCausalLMEagle3 holds one Llama layer"),
+    (dict(model_type="qwen3"), (), r"{d}/config.json: model_type 'qwen3', num_hidden_layers 1: "
+                                   r"LlamaForCausalLMEagle3 holds one Llama layer \(midlayer\); expected 'llama'"),
+    (dict(tie_word_embeddings=True), (), r"{d}/config.json: tie_word_embeddings is true; expected false"),
+    (dict(ids=[0, 1, 2], eagle_aux_hidden_state_layer_ids=[1, 2, 3]), ("--draft-aux-ids", "layer-input"),
+     r"{d}/config.json: eagle_aux_hidden_state_layer_ids \[1, 2, 3\] and eagle_config.eagle_aux_hidden_state_layer_ids "
+     r"\[0, 1, 2\] differ; expected one"),
+    (dict(ids=[1, 2, 3, 4]), ("--draft-aux-ids", "layer-input"), r"{d}/config.json: eagle_config."
+     r"eagle_aux_hidden_state_layer_ids must be 3 distinct ascending layer ids \(fc reads 3 states\), "
+     r"found \[1, 2, 3, 4\]"),
+    (dict(ids=[3, 2, 1]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[3, 2, 1\]"),
+    (dict(ids=[True, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[True, 2, 3\]"),
+    (dict(ids=[-1, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[-1, 2, 3\]"),
+    # d2t left out (ModelOpt leaves t2d out, which the binding derives from d2t)
+    (dict(drop=("d2t",)), (), r"{d}: draft slot 'd2t' is missing: expected one of 'd2t'"),
+    # P-EAGLE's and DSpark's tensors: no module for them in the format
+    (dict(extra={"mask_hidden": "norm.weight"}), (),
+     r"{d}: draft tensors that fill no slot and are not declared ignorable: 'mask_hidden' \(model.safetensors\)"),
+    (dict(target_hidden_size=4096), (), r"{d}/config.json: draft was built for a verifier of hidden size 4096"),
 ], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
-        "quantized", "post-norm-twice", "layer-named-twice", "two-layers"])
+        "quantized", "post-norm-twice", "layer-named-twice", "two-layers", "qwen3-layer", "tied", "ids-named-twice",
+        "four-ids", "ids-descending", "id-true", "id-negative", "t2d-without-d2t", "mask-hidden", "target-width"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
 
@@ -284,6 +307,59 @@ def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, 
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert re.search(message.format(d=re.escape(str(d))), r.output), r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_t2d_without_d2t_is_refused_over_the_full_vocabulary(tmp_path):
+    """Only d2t may come alone in EAGLE's format (t2d is derived from it): a draft over the
+    whole vocabulary (no d2t needed) holding a t2d is refused, naming it, as a speculators one."""
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    V = json.loads((t / "config.json").read_text())["vocab_size"]
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=V)
+    d = to_eagle(spec, tmp_path / "eagle")
+    w = load_file(str(d / "model.safetensors"))
+    save_file({**w, "t2d": np.ones(V, dtype=bool)}, str(d / "model.safetensors"))
+    r = _export_cli(tmp_path, t, d)
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{d}/model.safetensors: the draft has 't2d' without 'd2t'; expected both" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_target_hidden_size_that_is_the_targets_is_read(tmp_path, pair):
+    """target_hidden_size written out (SpecForge, TensorRT-LLM) and equal to the target's:
+    the same binding as without it (another width is refused, above)."""
+    t, spec = pair
+    width = json.loads((t / "config.json").read_text())["hidden_size"]
+    a = export(t, to_eagle(spec, tmp_path / "eagle"), tmp_path / "a")
+    b = export(t, to_eagle(spec, tmp_path / "eagle-w", target_hidden_size=width), tmp_path / "b")
+    assert b["binding_receipt"]["draft"]["slots"] == a["binding_receipt"]["draft"]["slots"]
+
+
+def test_aux_id_counting_is_refused_for_a_speculators_draft(tmp_path, pair):
+    """--draft-aux-ids says how an EAGLE-format config counts its ids; a speculators draft's
+    ids count one way only (speculators' own), so the option is refused, naming the config."""
+    t, spec = pair
+    for command in ("export", "inspect"):
+        r = CliRunner().invoke(main, [command, str(t), "--draft", str(spec), "--draft-aux-ids", "layer-output",
+                                      *(("-o", str(tmp_path / "out")) if command == "export" else ())])
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert f"--draft-aux-ids is for an EAGLE-3 draft in EAGLE's own format (LlamaForCausalLMEagle3) whose " \
+               f"config names its aux layer ids; {spec}/config.json is not one" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_reads_an_eagle_draft_with_its_options(tmp_path, pair):
+    """specrt inspect takes --draft-aux-ids and --allow-draft-pickle as export does, and says
+    the format and how many tensors were bound through the declared renames."""
+    t, spec = pair
+    d = to_eagle(spec, tmp_path / "eagle", [1, 3, 4], pickle=True)
+    r = CliRunner().invoke(main, ["inspect", str(t), "--draft", str(d), "--draft-aux-ids", "layer-output",
+                                  "--allow-draft-pickle"])
+    assert r.exit_code == 0, r.output
+    assert "  format: eagle (LlamaForCausalLMEagle3), 10 tensors bound through declared renames\n" in r.output
+    assert "  aux layer ids: [2, 4, 5];" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", str(t), "--draft", str(d), "--draft-aux-ids", "layer-input",
+                                  "--allow-draft-pickle", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["draft"]["aux_layer_ids"] == [1, 3, 4], r.output
 
 
 def test_a_pickled_eagle_draft_is_read_with_its_option(tmp_path, pair):

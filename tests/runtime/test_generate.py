@@ -1492,6 +1492,25 @@ def test_rows_set_aside_again_keep_the_draft_rows_a_kept_snapshot_lacks(pair):
     assert out == fresh().generate(turn, 6)
 
 
+def test_a_kept_snapshot_keeps_draft_rows_beyond_the_live_ones(pair):
+    """Rows set aside again leave a kept snapshot's draft rows alone where it holds more of
+    them than the live caches (a conversation generated whole, then a shorter turn of it)."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    base = [(i * 5 + 2) % 16 for i in range(10)]
+    conv = base + g.generate(base, 70)
+    other = [(i * 3 + 1) % 16 for i in range(40)]
+    g.generate(other, 1)  # conv set aside with its draft rows
+    (kept,) = [sn for sn in g._snapshots if conv[:len(sn.ids)] == sn.ids]
+    rows = kept.draft_rows
+    assert g.dkv.saved_length(rows) > 48  # more than the live rows below will have
+    g.generate(conv[:40], 8)  # conv swapped in, kept; live rows conv[:48]
+    g.generate(other + [1], 1)  # the live rows set aside again: conv's snapshot starts with them
+    (kept,) = [sn for sn in g._snapshots if conv[:len(sn.ids)] == sn.ids]
+    assert kept.draft_rows is rows
+
+
 def test_a_prompt_filling_the_context_can_be_scored(pair):
     """Scoring a prompt (prompt_logprobs, 0 new tokens: `echo` with max_tokens 0) needs no
     row for a new token: a prompt of exactly the context limit is scored; one more is not."""
