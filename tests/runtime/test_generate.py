@@ -46,12 +46,22 @@ def _pair(root: Path, model_type: str, kind: str, vocab: int, draft_vocab: int, 
     return root
 
 
+_BUILT: dict[tuple, Path] = {}  # (model_type, kind, vocab, draft_vocab) -> its built pair (the pair and lag fixtures')
+
+
+def _built_pair(tmp_path_factory, *args) -> Path:
+    """_pair's folder for ``args``, built once a test run."""
+    if args not in _BUILT:
+        _BUILT[args] = _pair(tmp_path_factory.mktemp("gen"), *args)
+    return _BUILT[args]
+
+
 @pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 1000, 300),
                                         ("llama", "peagle", 16, 12), ("qwen3", "eagle3", 16, 16),
                                         ("qwen3", "eagle3-bigram", 16, 16), ("llama", "peagle-lag", 16, 16)],
                 ids=lambda p: f"{p[0]}-{p[1]}-V{p[2]}")
 def pair(request, tmp_path_factory):
-    root = _pair(tmp_path_factory.mktemp("gen"), *request.param)
+    root = _built_pair(tmp_path_factory, *request.param)
     engines = load_engines(root / "eng")
     engines.activate()
     yield root, engines
@@ -1044,7 +1054,7 @@ def test_sampling_with_an_eagle3_draft_under_dspark_matches_target_distribution(
 def lag(tmp_path_factory):
     """The 16-token bigram target and its P-EAGLE draft that reads the chain through
     attention, depths 1..8."""
-    root = _pair(tmp_path_factory.mktemp("lag"), "llama", "peagle-lag", 16, 16)
+    root = _built_pair(tmp_path_factory, "llama", "peagle-lag", 16, 16)  # (the pair fixture's, when it ran first)
     engines = load_engines(root / "eng")
     engines.activate()
     yield engines
