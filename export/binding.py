@@ -9,8 +9,6 @@ the sha256 of the raw bytes, and for a draft the target tensors it relies on.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from specrt.export import slots as S
 from specrt.export.checkpoint import PICKLE_SOURCES, TensorEntry, TensorReader, scan_folder
 from specrt.export.config import (EAGLE_ARCHITECTURE, DraftConfig, TargetConfig, load_draft_config,
                                   load_target_config)
+from specrt.manifest import manifest_digest
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
 
@@ -292,10 +291,6 @@ def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = Fal
     return draft
 
 
-def _canonical_hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, Any]:
     """The binding receipt: JSON-ready; ``receipt_id`` hashes everything else in it."""
     r: dict[str, Any] = {
@@ -317,5 +312,5 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
         if draft.config.source_format != "speculators":  # (receipts of speculators drafts read as before)
             r["draft"]["format"] = {"name": draft.config.source_format, "architecture": EAGLE_ARCHITECTURE,
                                     "renamed": dict(sorted(draft.renamed.items()))}
-    r["receipt_id"] = _canonical_hash(r)
+    r["receipt_id"] = manifest_digest(r)  # (what check_export recomputes on every load)
     return r
