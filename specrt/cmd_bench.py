@@ -1345,11 +1345,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         from specrt.runtime.governor import wants_grow
 
         grown = [n for n, j in jobs if j.get("kind") == "specrt" and wants_grow(resolve_spec(j["governor"], engines))]
-        if processes > 1 and len(prompts) > 1 and grown:  # (one process per prompt at most)
-            ran = min(processes, len(prompts))
-            warnings.append(f"--processes {ran}: each process grows its own :grow sequences from the prompts it ran, "
-                            f"so {', '.join(grown)} searched the answers of 1/{ran} of the prompts before, not all of "
-                            "them as one session would (run --processes 1 to measure :grow)")
+        ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
+        if ran_processes > 1 and grown:
+            warnings.append(f"--processes {ran_processes}: each process grows its own :grow sequences from the prompts "
+                            f"it ran, so {', '.join(grown)} searched the answers of 1/{ran_processes} of the prompts "
+                            "before, not all of them as one session would (run --processes 1 to measure :grow)")
             echo(f"warning: {warnings[-1]}", err=True)
         predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
         profiled: dict[str, dict] = {}
@@ -1425,7 +1425,6 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             again = repeat_identity(results)
             ident["failures"] += again["failures"]
             ident["repeat_mismatches"] = again["repeat_mismatches"]
-        ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
         report = {
             "format": "specrt-bench/1",
             "run": run_record(started, engines, prompts_file),
@@ -1676,15 +1675,16 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
         click.secho(f"MISMATCH {mm['config']} vs {ident['reference']}: prompt {mm['prompt']} differs at token "
                     f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')}); identical prefix "
                     f"{mm['identical_prefix']} of {mm['len_reference']}", fg="yellow", err=True)
+
+    def repeat(mm: dict) -> str:  # a repeat differing from its first (repeat_identity)
+        return (f"{mm['config']}: prompt {mm['prompt']} in repeat {mm['repeat']} differs from its repeat 1 at token "
+                f"{mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})")
+
     for mm in ident.get("repeat_mismatches", []):
-        click.secho(f"MISMATCH {mm['config']}: prompt {mm['prompt']} in repeat {mm['repeat']} differs from its "
-                    f"repeat 1 at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
-                    fg="yellow", err=True)
+        click.secho(f"MISMATCH {repeat(mm)}", fg="yellow", err=True)
     for mm in ident.get("failures", []):
         if mm.get("repeat"):
-            click.secho(f"FAILURE {mm['config']}: prompt {mm['prompt']} in repeat {mm['repeat']} differs from its "
-                        f"repeat 1 at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
-                        fg="red", err=True)
+            click.secho(f"FAILURE {repeat(mm)}", fg="red", err=True)
             continue
         click.secho(f"FAILURE {mm['config']} vs {ident['reference']} (same engines): prompt {mm['prompt']} differs "
                     f"at token {mm['first_diff']} ({mm.get('reference_token')} vs {mm.get('token')})",
