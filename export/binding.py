@@ -86,6 +86,8 @@ class BoundDraft(Bound):
     aux_layer_ids: tuple[int, ...] = ()
     # checkpoint name -> the speculators name it was bound as (EAGLE's format: slots.eagle_rows)
     renamed: dict[str, str] = field(default_factory=dict)
+    # its own embedding equals the target's (None: it has none of its own, or of another shape)
+    embed_matches_target: bool | None = None
 
     def get(self, slot: str) -> np.ndarray:
         # A draft without its own embeddings uses the verifier's (DESIGN.md §1).
@@ -228,6 +230,45 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
     return aux
 
 
+# the relative rounding a float dtype's copy of a float32 tensor may carry (an ulp: a converter
+# may truncate rather than round), and the absolute step of float16's subnormals
+_COPY_RTOL = {"F64": 0.0, "F32": 0.0, "F16": 2.0**-10, "BF16": 2.0**-7}
+_COPY_ATOL = {"F16": 2.0**-24}
+_EMBED_BLOCK = 4096  # rows compared at a time
+
+
+def _embed_matches_target(draft: BoundDraft, target: BoundTarget) -> bool | None:
+    """Whether a draft's own embedding is the target's, up to the rounding of the narrower
+    dtype (EAGLE, SpecForge and speculators train it frozen from the target's). Servers differ
+    when it is not: vLLM (which compares the two, torch.equal in the serving dtype, since its
+    EagleProposer learned to; before, it always took the target's) and EAGLE run the draft's own,
+    as specrt does, SGLang and TensorRT-LLM the target's; either way such a draft was trained
+    against other embeddings than these."""
+    if "embed" not in draft.slots or "embed" not in target.slots:
+        return None
+    d, t = draft.slots["embed"].entry, target.slots["embed"].entry
+    if tuple(d.shape) != tuple(t.shape) or d.dtype not in _COPY_RTOL or t.dtype not in _COPY_RTOL:
+        return None
+    if d.dtype == t.dtype:
+        return draft.slots["embed"].sha256 == target.slots["embed"].sha256
+    rtol = max(_COPY_RTOL[d.dtype], _COPY_RTOL[t.dtype])
+    atol = max(_COPY_ATOL.get(d.dtype, 0.0), _COPY_ATOL.get(t.dtype, 0.0))
+    for start in range(0, d.shape[0], _EMBED_BLOCK):
+        stop = min(start + _EMBED_BLOCK, d.shape[0])
+        a, b = draft.reader.rows(d, start, stop), target.reader.rows(t, start, stop)
+        if not np.all(np.abs(a - b) <= rtol * np.maximum(np.abs(a), np.abs(b)) + atol):
+            return False
+    return True
+
+
+def embed_mismatch_note(draft: BoundDraft) -> str:
+    """What export and inspect say when a draft's own embedding is not the target's."""
+    return (f"warning: {draft.slots['embed'].entry.file}: the draft's own embed_tokens.weight differs from the "
+            "target's (EAGLE, SpecForge and speculators train it frozen from the target's: was this draft "
+            "trained for another target or revision?); specrt runs the draft's own, as vLLM does since it "
+            "compares the two (SGLang and TensorRT-LLM would run the target's)")
+
+
 def _check_vocab_map(draft: BoundDraft) -> None:
     """d2t maps draft ids into distinct target ids, and t2d marks exactly those (EAGLE's format:
     t2d may be left out, slots.EAGLE_OPTIONAL)."""
@@ -284,6 +325,7 @@ def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = Fal
         raise UserError(f"{folder}: draft has no embed_tokens.weight and its width {dc.decoder.hidden_size} differs "
                         f"from the target's {target.config.decoder.hidden_size}, so the target's cannot serve")
     _check_vocab_map(draft)
+    draft.embed_matches_target = _embed_matches_target(draft, target)
     if not dc.confidence_head and ("confidence_head" in slots or "confidence_head_bias" in slots):
         name = (slots.get("confidence_head") or slots["confidence_head_bias"]).entry.name
         raise UserError(f"{folder}: draft tensor '{name}' is a confidence head, but config.json does not enable one "
@@ -309,6 +351,8 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
             "slots": draft.table(),
             "relies_on_target": relies,
         }
+        if draft.embed_matches_target is not None:  # (receipts without their own embedding read as before)
+            r["draft"]["embed_matches_target"] = draft.embed_matches_target
         if draft.config.source_format != "speculators":  # (receipts of speculators drafts read as before)
             r["draft"]["format"] = {"name": draft.config.source_format, "architecture": EAGLE_ARCHITECTURE,
                                     "renamed": dict(sorted(draft.renamed.items()))}

@@ -263,6 +263,14 @@ class TensorReader:
             return a.astype(np.float32)
         return np.array(a)  # own the memory: the mmap may close
 
+    def rows(self, e: TensorEntry, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a floating tensor as float32, read without the rest of it."""
+        np_dtype, size = _DTYPES[e.dtype]
+        width = int(np.prod(e.shape[1:], dtype=np.int64))
+        a = np.frombuffer(self.raw(e)[start * width * size : stop * width * size], dtype=np_dtype)
+        a = a.reshape(-1, *e.shape[1:])
+        return (a.astype(np.uint32) << 16).view(np.float32) if e.dtype == "BF16" else a.astype(np.float32)
+
     def close(self) -> None:
         for m in self._maps.values():
             try:

@@ -21,7 +21,7 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import UserError
-from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, receipt
+from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, embed_mismatch_note, receipt
 from specrt.export.config import default_aux_layer_ids
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
@@ -59,6 +59,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
+    if draft is not None and draft.embed_matches_target is False:
+        log(embed_mismatch_note(draft))
 
     with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)

@@ -129,11 +129,13 @@ def _draft_options(f):
 def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool, allow_draft_pickle: bool,
             draft_aux_ids: str | None) -> None:
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
-    from specrt.export.binding import bind_draft, bind_target, receipt
+    from specrt.export.binding import bind_draft, bind_target, embed_mismatch_note, receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
     d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids) if draft is not None else None
     r = receipt(t, d)
+    if d is not None and d.embed_matches_target is False:
+        click.secho(embed_mismatch_note(d), fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
@@ -151,7 +153,9 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
             if "format" in part:
                 click.echo(f"  format: {part['format']['name']} ({part['format']['architecture']}), "
                            f"{len(part['format']['renamed'])} tensors bound through declared renames")
-            click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}")
+            same = {True: " (its own, equal to the target's)", False: " (its own, NOT the target's)"}.get(
+                part.get("embed_matches_target"), "")
+            click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}{same}")
             click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
     n = len(r["target"]["slots"]) + len(r.get("draft", {}).get("slots", {}))
     click.echo(f"bound {n} slots; receipt {r['receipt_id'][:16]}")

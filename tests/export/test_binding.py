@@ -591,3 +591,60 @@ def test_the_table_requires_what_each_config_needs_and_refuses_a_slot_declared_t
     assert norms <= need(S.TARGET_SLOTS, qwen3, {}) and not norms & need(S.TARGET_SLOTS, llama, {})
     with pytest.raises(AssertionError, match="declared twice"):
         S.check_table(S.TARGET_SLOTS + S.TARGET_SLOTS[:1])
+
+
+def _bf16_draft(folder: Path, embed=None, truncate: bool = False) -> None:
+    """The draft's floating tensors saved in bfloat16 as torch rounds (or truncates) them."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    path = folder / "model.safetensors"
+    state = {k: torch.from_numpy(v) for k, v in load_file(str(path)).items()}
+    if embed is not None:
+        state["embed_tokens.weight"] = torch.from_numpy(embed)
+    out = {}
+    for k, v in state.items():
+        if not v.is_floating_point():
+            out[k] = v
+        elif truncate:  # the high half of each float32, as a converter that truncates keeps it
+            out[k] = (v.float().view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+        else:
+            out[k] = v.to(torch.bfloat16)
+    save_torch(out, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_a_draft_embedding_copied_from_the_target_matches(tmp_path, truncate):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    t = bind_target(folder / "verifier")
+    assert bind_draft(folder / "draft", t).embed_matches_target is True  # both float32, the same bytes
+    assert receipt(t, bind_draft(folder / "draft", t))["draft"]["embed_matches_target"] is True
+    _bf16_draft(folder / "draft", truncate=truncate)
+    d = bind_draft(folder / "draft", t)
+    assert d.slots["embed"].entry.dtype == "BF16" and t.slots["embed"].entry.dtype == "F32"
+    assert d.embed_matches_target is True
+
+
+def test_a_draft_embedding_unlike_the_target_s_is_recorded_and_warned(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.export import binding
+    from specrt.export.export import export
+
+    monkeypatch.setattr(binding, "_EMBED_BLOCK", 256)  # 1000 rows: three whole blocks and a part
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    embed = load_file(str(folder / "verifier" / "model.safetensors"))["model.embed_tokens.weight"].copy()
+    embed[999, 3] *= 1.05  # one weight of the last row, past bfloat16's rounding
+    _bf16_draft(folder / "draft", embed=embed)
+    t = bind_target(folder / "verifier")
+    d = bind_draft(folder / "draft", t)
+    assert d.embed_matches_target is False and receipt(t, d)["draft"]["embed_matches_target"] is False
+    said: list[str] = []
+    export(folder / "verifier", folder / "draft", tmp_path / "out", log=said.append)
+    assert [s for s in said if "differs from the target's" in s and "model.safetensors" in s]
+    r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft")])
+    assert r.exit_code == 0 and "differs from the target's" in r.output and "NOT the target's" in r.output
+    # a draft without its own embedding records nothing: its receipt reads as before
+    rewrite(folder / "draft", drop=("embed_tokens.weight",))
+    assert "embed_matches_target" not in receipt(t, bind_draft(folder / "draft", t))["draft"]
