@@ -271,19 +271,16 @@ def embed_mismatch_note(draft: BoundDraft) -> str:
 
 def _check_vocab_map(draft: BoundDraft) -> None:
     """d2t maps draft ids into distinct target ids, and t2d marks exactly those (EAGLE's format:
-    t2d may be left out, slots.EAGLE_OPTIONAL)."""
+    t2d may be left out, slots.EAGLE_OPTIONAL). Over the whole vocabulary the draft's ids are
+    the target's, whatever maps it carries (_check_full_vocab_map)."""
     has = [k for k in ("d2t", "t2d") if k in draft.slots]
     if not has:
         return
     V = draft.config.decoder.vocab_size
-    if len(has) == 1 and not (has == ["d2t"] and draft.config.source_format == "eagle"):
-        raise UserError(f"{draft.slots[has[0]].entry.file}: the draft has '{has[0]}' without "
-                        f"'{'t2d' if has[0] == 'd2t' else 'd2t'}'; expected both (a reduced draft vocabulary) or neither")
-    if draft.config.draft_vocab_size == V and draft.get("d2t").any():
-        # speculators writes a vocabulary map only for a reduced vocabulary; the graph takes a
-        # full vocabulary's ids as target ids, which a map other than the identity contradicts
-        raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not the "
-                        "identity; expected draft_vocab_size < the target vocabulary for a vocabulary map")
+    if draft.config.draft_vocab_size == V:
+        _check_full_vocab_map(draft, V)
+        return
+    # (a reduced vocabulary's d2t is a required slot, and so is its t2d but in EAGLE's format)
     d2t = draft.get("d2t")
     t2d = draft.get("t2d") if "t2d" in draft.slots else None
     tgt = np.arange(d2t.shape[0], dtype=np.int64) + d2t
@@ -297,6 +294,27 @@ def _check_vocab_map(draft: BoundDraft) -> None:
     mark[tgt] = True
     if t2d is not None and not np.array_equal(mark, t2d.astype(bool)):
         raise UserError(f"{f}: t2d disagrees with d2t ({int(t2d.sum())} target ids marked, d2t reaches {len(tgt)})")
+
+
+def _check_full_vocab_map(draft: BoundDraft, V: int) -> None:
+    """A draft over the whole vocabulary (draft_vocab_size = V) may carry the maps its trainer
+    registered anyway: d2t all zeros, and t2d all true (SpecForge's and EAGLE's frequency map
+    with every token kept) or all false (a buffer never filled: EAGLE's cnets.py and SpecForge's
+    drafts register zeros, `speculators convert` copies them), either one alone. Every server
+    runs its ids as target ids then: SafeAILab's ea_model.py deletes both buffers, vLLM's and
+    SGLang's llama_eagle3 skip t2d and add d2t (zeros: the identity), speculators registers
+    neither (model.py _init_vocab). A d2t other than zeros is refused: SafeAILab would ignore
+    it, vLLM and SGLang apply it; a t2d marking some ids only cannot have trained this head."""
+    if "d2t" in draft.slots and draft.get("d2t").any():
+        raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not all "
+                        "zeros (the identity): EAGLE ignores it there, vLLM and SGLang apply it; expected zeros, or "
+                        "draft_vocab_size below the target vocabulary for a vocabulary map")
+    if "t2d" in draft.slots:
+        marked = int(np.count_nonzero(draft.get("t2d")))
+        if marked not in (0, V):
+            raise UserError(f"{draft.slots['t2d'].entry.file}: t2d of a draft over the full vocabulary ({V}) marks "
+                            f"{marked} target ids; expected all of them (a map keeping every token) or none (a "
+                            "buffer never filled)")
 
 
 def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = False,

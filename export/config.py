@@ -208,6 +208,8 @@ class DraftConfig:
     # the checkpoint layout read: "speculators", or "eagle" (EAGLE-3 as SafeAILab's EAGLE and
     # SGLang's SpecForge save it: LlamaForCausalLMEagle3, midlayer.*; load_eagle_config)
     source_format: str = "speculators"
+    # vLLM's logit_scale: the draft-vocabulary logits times it (_logit_scale)
+    logit_scale: float = 1.0
 
     @property
     def num_aux(self) -> int:
@@ -228,6 +230,8 @@ class DraftConfig:
             del d["attention_window"]
         if self.source_format == "speculators":  # (likewise)
             del d["source_format"]
+        if self.logit_scale == 1.0:  # (likewise)
+            del d["logit_scale"]
         return d
 
 
@@ -493,6 +497,20 @@ def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
     return tuple(vals)
 
 
+def _logit_scale(f: _Fields) -> float:
+    """A draft's ``logit_scale``, as vLLM reads it (vllm/model_executor/models/llama_eagle3.py
+    Eagle3LlamaForCausalLM: ``getattr(config, "logit_scale", 1.0)`` into
+    LogitsProcessor(scale=...), whose forward multiplies the draft-vocabulary logits by it before
+    the d2t scatter): 1 when absent. SGLang's llama_eagle3 gives its LogitsProcessor none (the
+    same greedy drafts; sampled drafts differ, both lossless). Zero or below flattens or reverses
+    the logits' ranking, which vLLM's own vocab-parallel argmax refuses (get_top_tokens)."""
+    v = f.float("logit_scale", required=False, default=1.0)
+    if not (math.isfinite(v) and v > 0):
+        raise UserError(f"{f.where}: logit_scale {v!r}: expected a positive number (vLLM multiplies the draft's "
+                        "logits by it; zero or below flattens or reverses their ranking)")
+    return v
+
+
 def load_target_config(folder: Path) -> TargetConfig:
     """Read ``folder/config.json`` (and ``generation_config.json`` for EOS ids when present)."""
     path = Path(folder) / "config.json"
@@ -537,6 +555,12 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
         raise UserError(f"{path}: speculators_model_type '{kind}' is not supported (supported: {', '.join(DRAFT_TYPES)})")
     layer = f.dict("transformer_layer_config")
     decoder = parse_decoder(layer.data, layer.where)
+    # vLLM builds the draft's config from transformer_layer_config (SpeculatorsConfig
+    # extract_transformers_pre_trained_config) and never sees a top-level one
+    logit_scale = _logit_scale(layer)
+    if "logit_scale" in data and data["logit_scale"] != layer.data.get("logit_scale"):
+        raise UserError(f"{path}: logit_scale {data['logit_scale']!r} is at the top level, where vLLM does not read "
+                        "it (it reads transformer_layer_config.logit_scale); expected it there, or left out")
     # speculators trains a draft layer on sliding-window attention wherever layer_types marks
     # it, whatever the layer's model type (v0.7+ drafts: every layer, window 2048)
     kinds, window = layer.data.get("layer_types"), layer.data.get("sliding_window")
@@ -599,6 +623,7 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
         target_hidden_size=f.int("target_hidden_size", required=False),
         confidence_head=confidence,
         attention_window=attention_window,
+        logit_scale=logit_scale,
     )
 
 
@@ -657,7 +682,9 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
       Named (eagle_config.eagle_aux_hidden_state_layer_ids), SGLang adds 1 (layer outputs, what
       SpecForge trains on) and vLLM adds nothing (vllm/v1/worker/gpu_model_runner.py
       _get_eagle3_aux_layers_from_config): the config does not say which, ``aux_ids_count`` must.
-    - vocabulary: d2t/t2d as speculators' (cnets.py: ``topk_index + self.d2t[topk_index]``).
+    - vocabulary: d2t/t2d as speculators' (cnets.py: ``topk_index + self.d2t[topk_index]``); over
+      the whole vocabulary the draft's ids are the target's (binding._check_vocab_map).
+    - logit_scale as vLLM reads it (_logit_scale).
     """
     where = str(path)
     f = _Fields(data, where)
@@ -714,6 +741,12 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
                         "entering layers 2, L//2 and L-3, needs no option); expected the option left out")
     if archs != [EAGLE_ARCHITECTURE]:
         extra["architectures_written"] = archs
+    if data.get("draft_vocab_size") is None:
+        # vLLM (llama_eagle3.py) and TensorRT-LLM (_ensure_draft_vocab_size) take vocab_size and the
+        # draft's lm_head; SGLang (llama_eagle3.py, load_lm_head_from_target) runs the target's
+        raise UserError(f"{where}: missing required field 'draft_vocab_size' (without it vLLM and TensorRT-LLM run "
+                        "the draft's lm_head over the whole vocabulary, SGLang the target's lm_head); expected it "
+                        f"written ({decoder.vocab_size} for a draft over the whole vocabulary)")
     flags = {}
     for key, inner in EAGLE_FLAG_PLACES:
         top = f.bool(key, required=False)
@@ -737,4 +770,5 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
         target_hidden_size=f.int("target_hidden_size", required=False),
         extra=extra,
         source_format="eagle",
+        logit_scale=_logit_scale(f),
     )

@@ -231,14 +231,18 @@ def _draft_body(b: ops.GraphBuilder, dc: DraftConfig, W, g: str) -> str:
 
 
 def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str, normed: bool = False) -> None:
-    """h [K, H] -> draft_logits [1, K, Vd] and draft_token_ids [1, K] in target ids
-    (``normed``: h has been through the final norm already); with a confidence head also
+    """h [K, H] -> draft_logits [1, K, Vd] (times logit_scale) and draft_token_ids [1, K] in target
+    ids (``normed``: h has been through the final norm already); with a confidence head also
     draft_confidence [1, K] = sigmoid(confidence_head(normed h)), DeepSpec DSpark's
     AcceptRatePredictor on the hidden state its LM head reads."""
     Vd = dc.draft_vocab_size
     if not normed:
         h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
-    logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
+    if dc.logit_scale == 1.0:
+        logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
+    else:  # vLLM's LogitsProcessor(scale=logit_scale): the draft-vocabulary logits times it
+        z = b.op("Mul", ops.linear(b, h, W("lm_head")), b.const(np.float32(dc.logit_scale), b.dtype))
+        logits = b.reshape(z, 1, -1, Vd, out=C.DRAFT_LOGITS)
     if dc.confidence_head:  # w . h as a mean of products, not a MatMul: no int8 form quantizes it
         H = dc.decoder.hidden_size
         dot = b.op("ReduceMean", b.op("Mul", h, W("confidence_head")), axes=[-1], keepdims=0)  # [K]

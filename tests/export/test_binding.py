@@ -491,25 +491,29 @@ def test_eagle3_t2d_disagrees(tmp_path):
 
 
 def test_a_vocabulary_map_needs_both_halves_and_a_full_vocabulary_none(tmp_path):
-    """d2t without t2d (a KeyError traceback before) or t2d without d2t is named; a draft
-    over the full vocabulary with a d2t other than the identity (the graph would take its
-    ids as target ids, the runtime would map them) is refused."""
+    """A reduced vocabulary needs both halves; over the full vocabulary either half alone binds
+    (every server then takes the draft's ids as target ids: binding._check_full_vocab_map), and a
+    d2t other than zeros (EAGLE ignores it there, vLLM and SGLang apply it) is refused."""
     t = bind_target(REFERENCE / "verifier")
-    for drop, missing in (("t2d", "without 't2d'"), ("d2t", "without 'd2t'")):  # (both required when reduced)
-        folder = write_eagle3(tmp_path / f"e3-{drop}", draft_vocab=1000)
+    for drop in ("t2d", "d2t"):  # (both required when reduced)
+        folder = write_eagle3(tmp_path / f"reduced-{drop}", draft_vocab=500)
         rewrite(folder, drop=(drop,))
-        with pytest.raises(UserError, match=missing):
+        with pytest.raises(UserError, match=f"draft slot '{drop}' is missing"):
             bind_draft(folder, t)
     folder = write_eagle3(tmp_path / "reduced", draft_vocab=500)  # a reduced vocabulary needs its map
     rewrite(folder, drop=("d2t", "t2d"))
     with pytest.raises(UserError, match="draft slot 'd2t' is missing.*1 more slots missing"):
         bind_draft(folder, t)
+    for drop in ("t2d", "d2t"):
+        folder = write_eagle3(tmp_path / f"full-{drop}", draft_vocab=1000)
+        rewrite(folder, drop=(drop,))
+        assert drop not in bind_draft(folder, t).slots
     folder = write_eagle3(tmp_path / "full", draft_vocab=1000)
     assert not bind_draft(folder, t).get("d2t").any()  # the identity map binds
     d2t = np.zeros(1000, np.int64)
     d2t[0], d2t[1] = 1, -1  # draft ids 0 and 1 swapped
     rewrite(folder, change={"d2t": d2t})
-    with pytest.raises(UserError, match="not the identity"):
+    with pytest.raises(UserError, match=r"d2t of a draft over the full vocabulary \(1000\) is not all zeros"):
         bind_draft(folder, t)
 
 
@@ -541,6 +545,9 @@ def _edit_config(folder: Path, **changes) -> None:
     ({"speculators_config__verifier__architectures": ["Qwen3ForCausalLM"]}, "the target is LlamaForCausalLM"),
     ({"speculators_model_type": "medusa"}, "speculators_model_type 'medusa' is not supported"),
     ({"draft_vocab_size": None}, "missing required field 'draft_vocab_size'"),
+    # vLLM reads a speculators draft's logit_scale from transformer_layer_config alone
+    ({"logit_scale": 2.0}, r"logit_scale 2.0 is at the top level, where vLLM does not read it"),
+    ({"transformer_layer_config__logit_scale": 0}, r"transformer_layer_config: logit_scale 0.0: expected a positive"),
     ({"transformer_layer_config__hidden_size": "64"}, "field 'hidden_size' must be int"),
 ])
 def test_draft_config_disagreements(tmp_path, change, message):

@@ -295,9 +295,16 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(extra={"mask_hidden": "norm.weight"}), (),
      r"{d}: draft tensors that fill no slot and are not declared ignorable: 'mask_hidden' \(model.safetensors\)"),
     (dict(target_hidden_size=4096), (), r"{d}/config.json: draft was built for a verifier of hidden size 4096"),
+    # vLLM multiplies the draft's logits by it; at or below zero their ranking goes
+    (dict(logit_scale=0), (), r"{d}/config.json: logit_scale 0.0: expected a positive number"),
+    (dict(logit_scale=-1.5), (), r"{d}/config.json: logit_scale -1.5: expected a positive number"),
+    # vLLM then runs the draft's lm_head over the whole vocabulary, SGLang the target's
+    (dict(draft_vocab_size=None), (), r"{d}/config.json: missing required field 'draft_vocab_size' \(without it "
+                                      r"vLLM and TensorRT-LLM run the draft's lm_head.*SGLang the target's lm_head\)"),
 ], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
         "quantized", "post-norm-twice", "layer-named-twice", "two-layers", "qwen3-layer", "tied", "ids-named-twice",
-        "four-ids", "ids-descending", "id-true", "id-negative", "t2d-without-d2t", "mask-hidden", "target-width"])
+        "four-ids", "ids-descending", "id-true", "id-negative", "t2d-without-d2t", "mask-hidden", "target-width",
+        "logit-scale-zero", "logit-scale-negative", "no-draft-vocab-size"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
 
@@ -309,18 +316,105 @@ def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, 
     assert not (tmp_path / "out").exists()
 
 
-def test_t2d_without_d2t_is_refused_over_the_full_vocabulary(tmp_path):
-    """Only d2t may come alone in EAGLE's format (t2d is derived from it): a draft over the
-    whole vocabulary (no d2t needed) holding a t2d is refused, naming it, as a speculators one."""
-    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+def _decode(tmp_path, t, draft, name, count=None, prompt=(3, 4, 5, 6), depths=(1, 3)):
+    """An export of ``draft`` built for ONNX Runtime: its greedy tokens (30) at the deepest depth,
+    and the drafts accepted doing so."""
+    from specrt.engines import build_engines
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime import generate as G
+    from specrt.runtime.governor import FixedGovernor
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import read_d2t
+
+    export(t, draft, tmp_path / f"exp-{name}", draft_aux_ids=count)
+    build_engines(tmp_path / f"exp-{name}", "onnxruntime", depths, tmp_path / f"eng-{name}", log=lambda s: None,
+                  profile_repeats=1, profile_pasts=(16,), max_context=128)
+    with load_engines(tmp_path / f"eng-{name}") as engines:
+        g = G.Generator(engines, FixedGovernor(depths, depths[-1]), SamplingParams(),
+                        read_d2t(engines.export_dir, engines.export))
+        return g.generate(list(prompt), 30), g.telemetry.to_json()["accepted"]
+
+
+def test_full_vocabulary_drafts_decode_losslessly_whatever_maps_they_carry(tmp_path):
+    """A draft over the whole vocabulary (draft_vocab_size = the target's) with the maps its
+    trainer wrote anyway: both buffers unfilled (d2t zeros, t2d all false: EAGLE's cnets.py and
+    SpecForge's llama3_eagle.py register them so, `speculators convert` copies them into a
+    speculators draft), or t2d alone marking every token. Every server takes its ids as target
+    ids; each binds, decodes as transformers' greedy generate, and accepts what the same draft
+    without them does. A logit_scale (vLLM's) leaves the greedy drafts as they were."""
+    import shutil
+
+    import torch
+
+    from tests.fixtures_models import load_hf, write_bigram_pair
+
+    t, spec = write_bigram_pair(tmp_path, "llama")
     V = json.loads((t / "config.json").read_text())["vocab_size"]
-    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=V)
+    assert json.loads((spec / "config.json").read_text())["draft_vocab_size"] == V
+    unfilled = {"d2t": np.zeros(V, np.int64), "t2d": np.zeros(V, bool)}
+    spec_unfilled = tmp_path / "spec-unfilled"
+    shutil.copytree(spec, spec_unfilled)
+    drafts = {"eagle-unfilled": to_eagle(spec, tmp_path / "eagle-unfilled", [0, 1, 2]),
+              "eagle-t2d-only": to_eagle(spec, tmp_path / "eagle-t2d-only", [0, 1, 2]),
+              "spec-unfilled": spec_unfilled,
+              "eagle-logit-scale": to_eagle(spec, tmp_path / "eagle-logit-scale", [0, 1, 2], logit_scale=2.5)}
+    for name, maps in (("eagle-unfilled", unfilled), ("eagle-t2d-only", {"t2d": np.ones(V, bool)}),
+                       ("spec-unfilled", unfilled)):
+        f = drafts[name] / "model.safetensors"
+        save_file({**load_file(str(f)), **maps}, str(f))
+    prompt = [3, 4, 5, 6]
+    want = load_hf(t).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+    tokens, accepted = _decode(tmp_path, t, spec, "spec")
+    assert tokens == want and accepted > 10
+    for name, draft in drafts.items():
+        assert _decode(tmp_path, t, draft, name, None if name.startswith("spec") else "layer-output") == \
+            (want, accepted), name
+
+
+def test_logit_scale_multiplies_the_draft_logits_as_vllm(tmp_path):
+    """vLLM's logit_scale (llama_eagle3.py: LogitsProcessor(scale=logit_scale) multiplies the
+    draft-vocabulary logits): the draft graph's logits are scale * lm_head(norm(h)), computed
+    here in numpy from the checkpoint's tensors and the graph's pre-norm h, and the sampling
+    path's draft probabilities their softmax; the greedy drafts (argmax, then d2t) unchanged."""
+    from specrt.runtime.sampling import SamplingParams, probs
+
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5),
+                            draft_vocab=300)
+    d = to_eagle(spec, tmp_path / "eagle", logit_scale=0.37)
+    m = export(t, d, tmp_path / "exp")
+    out = _draft_outputs(tmp_path / "exp")
+    cfg, w = json.loads((d / "config.json").read_text()), load_file(str(d / "model.safetensors"))
+    h = out[C.DRAFT_HIDDEN_OUT][0].astype(np.float64)  # [S, H] pre-norm (norm_output false)
+    normed = h / np.sqrt((h * h).mean(-1, keepdims=True) + cfg["rms_norm_eps"]) * w["norm.weight"]
+    z = cfg["logit_scale"] * normed @ w["lm_head.weight"].astype(np.float64).T  # [S, Vd]
+    want = np.exp(z - z.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    got = probs(out[C.DRAFT_LOGITS][0], SamplingParams(temperature=1.0), engine="draft")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(out[C.DRAFT_TOKENS][0], z.argmax(-1) + w["d2t"][z.argmax(-1)])
+    assert m["binding_receipt"]["draft"]["config"]["logit_scale"] == 0.37
+
+
+@pytest.mark.parametrize("maps, message", [
+    # the servers disagree on it: EAGLE's ea_model.py drops it over the full vocabulary, vLLM and SGLang apply it
+    (dict(d2t=np.array([1, -1] + [0] * 14, np.int64)), r"{d}/model.safetensors: d2t of a draft over the full "
+     r"vocabulary \(16\) is not all zeros \(the identity\): EAGLE ignores it there, vLLM and SGLang apply it"),
+    # a head over every token cannot have been trained against a map keeping some of them
+    (dict(d2t=np.zeros(16, np.int64), t2d=np.arange(16) < 8), r"{d}/model.safetensors: t2d of a draft over the "
+     r"full vocabulary \(16\) marks 8 target ids; expected all of them .* or none"),
+], ids=["d2t-not-identity", "t2d-partial"])
+def test_a_full_vocabulary_map_the_servers_read_apart_is_refused(tmp_path, maps, message):
+    import re
+
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8, vocab_size=16)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=16)
     d = to_eagle(spec, tmp_path / "eagle")
-    w = load_file(str(d / "model.safetensors"))
-    save_file({**w, "t2d": np.ones(V, dtype=bool)}, str(d / "model.safetensors"))
+    save_file({**load_file(str(d / "model.safetensors")), **maps}, str(d / "model.safetensors"))
     r = _export_cli(tmp_path, t, d)
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-    assert f"{d}/model.safetensors: the draft has 't2d' without 'd2t'; expected both" in r.output, r.output
+    assert re.search(message.format(d=re.escape(str(d))), r.output), r.output
     assert not (tmp_path / "out").exists()
 
 
