@@ -1679,3 +1679,21 @@ def test_a_streamed_choice_stopped_before_its_first_text_has_the_whole_answers_o
                 got[c["index"]] += (c["logprobs"] or {}).get("text_offset", [])
         offsets.append(got)
     assert offsets[0] == offsets[1] == {0: [1], 1: [1]}, offsets
+
+
+def test_the_readme_curl_request_is_answered(served, worded):  # noqa: F811
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    m = re.search(r"<!-- serve-example: [^>]*-->\n```sh\n(.*?)```", readme, re.S)
+    assert m, "README.md lost its serve example"
+    block = m.group(1)
+    assert "specrt serve out/engines --port 8000" in block
+    path = re.search(r"localhost:8000(/v1/\S+)", block).group(1)
+    body = json.loads(re.search(r"-d '(.*)'", block).group(1))
+    url, _ = served
+    code, r = _post(url, path, body)
+    assert code == 200, r
+    want, st = _reference(worded, body["messages"], max_new_tokens=body["max_tokens"])
+    assert r["choices"][0]["message"]["content"] == want and r["usage"]["completion_tokens"] == body["max_tokens"]
