@@ -959,6 +959,22 @@ def wants_grow(spec: str | int) -> bool:
     return has_lookup_option(spec, "grow")
 
 
+def learnt_across_streams(spec: str | int) -> list[str]:
+    """What a governor of ``spec`` (``auto`` resolved) learns from a stream and keeps for the
+    next, named for a user (``specrt bench --processes N`` warns of it): [] where every
+    stream decodes as the first would (off, fixed:K, adaptive: its controller starts each
+    stream afresh; the corpus is read-only)."""
+    base, lookup = split_lookup(spec)
+    out = []
+    if is_dspark(base):  # (':profiled' keeps the cost table's costs: no online factors)
+        out.append("DSpark's online calibration" + ("" if "profiled" in base.split(":") else " and cost factors"))
+    if lookup:  # (':corpus' and ':grow' are prompt lookup too)
+        out.append("prompt lookup's rates")
+    if wants_grow(spec):
+        out.append(":grow's sequences")
+    return out
+
+
 def _digits(x: str) -> bool:
     """ASCII digits only: str.isdigit() takes '²', which int() refuses (a ValueError traceback)."""
     return x.isascii() and x.isdigit()

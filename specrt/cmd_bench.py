@@ -19,9 +19,10 @@ RSS (the worker's ``VmHWM``) is per worker. Between workers that difference rema
 ``--processes N`` runs every worker as N processes, prompt i on process i mod N (each
 record says which), so one placement weighs on 1/N of a configuration's prompts, for N
 times the memory; each process's governors learn from the prompts it ran only, so ``:grow``
-(part of auto) searches the answers of 1/N of the prompts before (DSpark's online
-calibration and prompt lookup's priors learn from 1/N too): the report warns, and ``:grow``
-is measured as a user's session would run it with ``--processes 1``. Sequentially every
+(part of auto) searches the answers of 1/N of the prompts before, and DSpark's online
+calibration and prompt lookup's rates learn from 1/N too: the report warns, naming each
+configuration that learns and what, and they are measured as a user's session would run
+them with ``--processes 1``. Sequentially every
 configuration has a process of its own. When the workers would not fit in memory together (about 1.5x the
 engines' weight bytes each), the run falls back to sequential with a warning.
 Configurations:
@@ -1342,14 +1343,17 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             + (f" (--processes {processes} ignored)" if processes > 1 else ""))
             echo(f"warning: {warnings[-1]}", err=True)
             schedule, interleaved, processes = "sequential", False, 1
-        from specrt.runtime.governor import wants_grow
+        from specrt.runtime.governor import learnt_across_streams
 
-        grown = [n for n, j in jobs if j.get("kind") == "specrt" and wants_grow(resolve_spec(j["governor"], engines))]
+        learners = [(n, learnt) for n, j in jobs if j.get("kind") == "specrt"
+                    for learnt in [learnt_across_streams(resolve_spec(j["governor"], engines))] if learnt]
         ran_processes = min(processes, len(prompts))  # (a worker starts no process without a prompt)
-        if ran_processes > 1 and grown:
-            warnings.append(f"--processes {ran_processes}: each process grows its own :grow sequences from the prompts "
-                            f"it ran, so {', '.join(grown)} searched the answers of 1/{ran_processes} of the prompts "
-                            "before, not all of them as one session would (run --processes 1 to measure :grow)")
+        if ran_processes > 1 and learners:
+            warnings.append(f"--processes {ran_processes}: each process's governors learn from the prompts it ran "
+                            f"only, so these learnt from 1/{ran_processes} of the prompts before, not from all of "
+                            "them as one session would: "
+                            + "; ".join(f"{n} ({', '.join(learnt)})" for n, learnt in learners)
+                            + " (run --processes 1 to measure them as a session runs)")
             echo(f"warning: {warnings[-1]}", err=True)
         predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
         profiled: dict[str, dict] = {}
@@ -1743,7 +1747,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "one process's memory placement (two identical processes have measured up to 8% apart) "
                    "weighs on 1/N of each configuration's prompts. N times the memory. Each process's governors "
                    "learn from its own prompts only: :grow (part of auto) grows from 1/N of the prompts before, "
-                   "less than a session would (measure it with 1).")
+                   "and DSpark's calibration and prompt lookup's rates learn from 1/N, less than a session would "
+                   "(the run warns; measure them with 1).")
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Time every prompt N times: the whole prompt list N times over, each repeat from fresh governors "
                    "(what :grow or DSpark learnt in one repeat is not carried to the next); a prompt's seconds are "

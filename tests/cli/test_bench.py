@@ -420,32 +420,43 @@ def test_processes_spread_each_workers_prompts(tiny_engines, tmp_path):
         merge_process_results([ok, {**ok, "prompt_indices": [0]}], 2)
 
 
-@pytest.mark.parametrize("processes, prompts, ran", [(2, 2, 2), (3, 2, 2), (1, 2, None), (2, 1, None)],
-                         ids=["two-of-two", "three-for-two-prompts", "one-process", "one-prompt"])
-def test_processes_warn_that_each_grows_from_its_own_prompts(tiny_engines, prompts_file, tmp_path, processes, prompts,
-                                                             ran):
-    """--processes N: each process's :grow learns from the prompts it ran, 1/N of those
-    before, not all as one session (or --processes 1) would: the report and the run say so
-    for the configurations with :grow (N at most the prompts: one process a prompt), and
-    --help says it; one process, or one prompt, learns as a session would: no warning."""
+LEARNERS = "off,fixed:2,adaptive,dspark:profiled,auto,off:ngram,fixed:2:ngram:grow"
+
+
+@pytest.mark.parametrize("processes, prompts, governors, ran", [
+    (2, 2, LEARNERS, 2), (3, 2, LEARNERS, 2), (1, 2, LEARNERS, None), (2, 1, LEARNERS, None),
+    (2, 2, "off,fixed:2,adaptive", None)],
+    ids=["two-of-two", "three-for-two-prompts", "one-process", "one-prompt", "none-learns"])
+def test_processes_warn_of_each_configuration_that_learns_from_its_own_prompts(tiny_engines, prompts_file, tmp_path,
+                                                                               processes, prompts, governors, ran):
+    """--processes N: each process's governors learn from the prompts it ran, 1/N of those
+    before, not all as one session (or --processes 1) would: the report and the run name
+    every configuration that learns from a prompt for the next, with what it learns (DSpark's
+    calibration, and its cost factors without :profiled; prompt lookup's rates; :grow's
+    sequences), and only those (N at most the prompts: one process a prompt), and --help
+    says it; one process, one prompt, or no configuration that learns: no warning."""
     p = tmp_path / "prompts.jsonl"
     p.write_text("".join(prompts_file.read_text().splitlines(keepends=True)[:prompts]))
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(p), "-o", str(tmp_path / "r"),
-                                   "--max-new-tokens", "3", "--governors", "off,fixed:2:ngram:grow", "--peers", "none",
+                                   "--max-new-tokens", "3", "--governors", governors, "--peers", "none",
                                    "--threads", "1", "--warmup-tokens", "1", "--no-profile",
                                    "--processes", str(processes)])
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
-    said = [w for w in rep["warnings"] if ":grow" in w]
+    said = [w for w in rep["warnings"] if w.startswith("--processes")]
     if ran is None:
-        assert said == [] and "grows its own :grow" not in r.output, rep["warnings"]
+        assert said == [] and "governors learn from the prompts" not in r.output, rep["warnings"]
         return
-    assert said == [f"--processes {ran}: each process grows its own :grow sequences from the prompts it ran, so "
-                    f"specrt:fixed:2:ngram:grow searched the answers of 1/{ran} of the prompts before, not all of "
-                    "them as one session would (run --processes 1 to measure :grow)"], rep["warnings"]
+    lookup = "prompt lookup's rates"
+    assert said == [f"--processes {ran}: each process's governors learn from the prompts it ran only, so these "
+                    f"learnt from 1/{ran} of the prompts before, not from all of them as one session would: "
+                    "specrt:dspark:profiled (DSpark's online calibration); "
+                    f"specrt:auto (DSpark's online calibration and cost factors, {lookup}, :grow's sequences); "
+                    f"specrt:off:ngram ({lookup}); specrt:fixed:2:ngram:grow ({lookup}, :grow's sequences) "
+                    "(run --processes 1 to measure them as a session runs)"], rep["warnings"]
     assert said[0] in r.output
-    assert ":grow (part of auto) grows from 1/N of the prompts" in " ".join(
-        CliRunner().invoke(bench, ["--help"]).output.split())
+    assert ":grow (part of auto) grows from 1/N of the prompts before, and DSpark's calibration and prompt " \
+           "lookup's rates learn from 1/N" in " ".join(CliRunner().invoke(bench, ["--help"]).output.split())
 
 
 def _quiet_echo(*_a, **_k) -> None:
