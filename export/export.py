@@ -152,6 +152,9 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
             "draft": draft_json,
             "graphs": graphs_json,
             "tokenizer": tok,
+            # the names again: a record removed with its file still differs from them
+            # (check_export), where an export of a target without that file has neither
+            "tokenizer_files": [r["file"] for r in tok],
             "binding_receipt": rec,
             "tool_versions": tool_versions(),
         }

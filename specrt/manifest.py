@@ -252,6 +252,8 @@ def check_export(m: dict[str, Any], path: Path) -> None:
                        "binding_receipt.draft.slots": dict, **{f"draft.{k}": int for k in _DRAFT_FIELDS}})
     if isinstance(m.get("target"), dict) and "decoder" in m["target"]:
         fields["target.decoder"] = dict  # (exports before it have none: built with the portable graph)
+    if "tokenizer_files" in m:
+        fields["tokenizer_files"] = [str]  # (exports before session 41 have none: their list is taken as written)
     require_fields(m, path, fields)
 
     def differs(key: str, found: Any, want: Any, what: str) -> UserError:
@@ -354,6 +356,18 @@ def check_export(m: dict[str, Any], path: Path) -> None:
             raise UserError(f"{path}: field 'tokenizer' does not name {f}, which is in {path.parent} (`specrt export` "
                             "lists every tokenizer file it copies): export.json was edited after it was written; "
                             "make the export again")
+    # a record removed with its file leaves the list of a target without that file (a chat
+    # template gone, or tokenizer.json: text refused); the names export wrote beside it differ
+    copied = m.get("tokenizer_files", listed)
+    gone = [f for f in copied if f not in listed]
+    if gone:
+        raise UserError(f"{path}: field 'tokenizer' does not name {gone[0]}, which field 'tokenizer_files' says "
+                        f"`specrt export` copied: its record was removed, {gone[0]} with it; make the export again")
+    added = [(i, f) for i, f in enumerate(listed) if f not in copied]
+    if added:
+        raise UserError(f"{path}: field 'tokenizer[{added[0][0]}].file' names {added[0][1]}, which field "
+                        "'tokenizer_files' does not (the files `specrt export` copied): export.json was edited after "
+                        "it was written; make the export again")
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

@@ -433,9 +433,43 @@ def worded_export(tmp_path_factory):
     return root / "exp"
 
 
+def _remove_tokenizer_file(exp, m):
+    """tokenizer.json's record and the file both gone: what an export of a target without one
+    holds, but for the names `specrt export` wrote beside the records."""
+    m["tokenizer"].pop(0)
+    (exp / "tokenizer.json").unlink()
+
+
+def _add_chat_template(exp, m):
+    from specrt.manifest import file_record
+
+    (exp / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    m["tokenizer"].append(file_record(exp, "chat_template.jinja"))
+
+
 def _rename_tokenizer(exp, m):
     m["tokenizer"][0]["file"] = "tok.json"
     (exp / "tokenizer.json").rename(exp / "tok.json")
+
+
+def test_an_export_written_before_tokenizer_files_loads_as_written(worded_export, tmp_path):
+    """export.json without 'tokenizer_files' (`specrt export` before session 41): its
+    tokenizer list is taken as written, so tokenizer.json's record removed with the file is
+    an export of a target without one there (engines that take token ids only), as it was;
+    the other checks of the list still hold."""
+    exp = tmp_path / "exp"
+    shutil.copytree(worded_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    assert m.pop("tokenizer_files") == [r["file"] for r in m["tokenizer"]]
+    (exp / "export.json").write_text(json.dumps(m))
+    assert load_export(exp)["tokenizer"] == m["tokenizer"]
+    _remove_tokenizer_file(exp, m)
+    (exp / "export.json").write_text(json.dumps(m))
+    assert [r["file"] for r in load_export(exp)["tokenizer"]] == ["tokenizer_config.json", "generation_config.json"]
+    m["tokenizer"].pop(0)
+    (exp / "export.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="field 'tokenizer' does not name tokenizer_config.json, which is in "):
+        load_export(exp)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -445,6 +479,11 @@ def _rename_tokenizer(exp, m):
                                                               "expected one of .*, each once"),
     (lambda exp, m: (exp / "tokenizer.json").unlink(), r"field 'tokenizer\[0\].file' names tokenizer.json, which is "
                                                        "not in "),
+    (_remove_tokenizer_file, "field 'tokenizer' does not name tokenizer.json, which field 'tokenizer_files' says "
+                             "`specrt export` copied: its record was removed, tokenizer.json with it"),
+    (_add_chat_template, r"field 'tokenizer\[3\].file' names chat_template.jinja, which field 'tokenizer_files' "
+                         "does not"),
+    (lambda exp, m: m.update(tokenizer_files="tokenizer.json"), "field 'tokenizer_files' must be a list of str"),
 ])
 def test_an_edited_tokenizer_list_is_refused_before_a_build(worded_export, tmp_path, change, message):
     """export.json's tokenizer list is the tokenizer files in the folder, each once: a file

@@ -172,6 +172,7 @@ def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
              "chat_template.jinja", "chat_template.json"]
     m = export_mod.export(target, None, tmp_path / "o", log=lambda s: None)
     assert sorted(r["file"] for r in m["tokenizer"]) == sorted(names), m["tokenizer"]
+    assert m["tokenizer_files"] == [r["file"] for r in m["tokenizer"]]  # (check_export's record of them)
     for r in m["tokenizer"]:
         assert (tmp_path / "o" / r["file"]).read_bytes() == (target / r["file"]).read_bytes(), r
         assert r["sha256"] == sha256_file(target / r["file"]), r
