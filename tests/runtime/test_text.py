@@ -1289,6 +1289,51 @@ def test_a_stop_string_leaves_a_stream_started_since_in_another_thread_its_own_f
         assert s.stats()["finish_reason"] in ("length", "eos")
 
 
+def test_a_stop_string_leaves_the_finish_of_a_like_stream_started_since(worded, monkeypatch):
+    """Thread A's text stream has found its stop string; before A goes on, another stream of
+    the same prompt starts and runs to A's tokens so far and its own finish: A keeps its
+    "stop" to itself because the latest stream's output list is not its own list, though
+    the two hold the same tokens (a finish set on equal tokens was set on the other stream)."""
+    import threading
+
+    from specrt.runtime import session as S
+    from specrt.runtime.session import Session
+
+    held, go, got = threading.Event(), threading.Event(), {}
+
+    class Scanner(S.StopScanner):
+        def push(self, text):
+            piece = super().push(text)
+            if self.hit and threading.current_thread().name == "A" and not held.is_set():
+                held.set()  # A's stop string found, the generator's lock not held
+                go.wait(10)
+            return piece
+
+    with Session(worded, governor="fixed:3") as s:
+        full = "".join(s.stream("w3 w1 w4", max_new_tokens=24))
+        stop = " ".join(full.split(" ")[8:10])
+        want = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
+        monkeypatch.setattr(S, "StopScanner", Scanner)
+
+        def a():
+            got["a"] = "".join(s.stream("w3 w1 w4", max_new_tokens=24, stop=stop))
+
+        ta = threading.Thread(target=a, name="A")
+        ta.start()
+        try:
+            assert held.wait(10)
+            ids, made = list(s.last_prompt_ids), list(s.last_output_ids)  # A's, where it was held
+            assert [t for c in s.stream_ids(ids, len(made)) for t in c] == made
+            own = s.stats()
+            assert own["output_token_ids"] == made and own["finish_reason"] in ("length", "eos"), own
+        finally:
+            go.set()
+            ta.join(10)
+        assert got["a"] == want
+        st = s.stats()
+        assert (st["prompt_ids"], st["output_token_ids"], st["finish_reason"]) == (ids, made, own["finish_reason"]), st
+
+
 @pytest.mark.parametrize("text", [False, True])
 def test_stats_as_a_round_lets_the_lock_go_hold_its_tokens(worded, text):
     """stats() asked as soon as a round of a stream of ids or of text lets the generator's
