@@ -273,6 +273,8 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(quantization_config={"quant_method": "modelopt"}), (), r"{d}/config.json: quantization_config is set"),
     (dict(norm_output=True, eagle_config={"return_hidden_post_norm": False}), (),
      r"{d}/config.json: norm_output true and eagle_config.return_hidden_post_norm false differ"),
+    (dict(norm_output=False, eagle_config={"return_hidden_post_norm": True}), (),
+     r"{d}/config.json: norm_output false and eagle_config.return_hidden_post_norm true differ"),
     (dict(extra={"layers.0.mlp.down_proj.weight": "midlayer.mlp.down_proj.weight"}), (),
      r"{d}: draft slot 'layers.0.down' is filled by more than one tensor"),
     (dict(num_hidden_layers=2), (), r"{d}/config.json: model_type 'llama', num_hidden_layers 2: "
@@ -289,11 +291,16 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(ids=[3, 2, 1]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[3, 2, 1\]"),
     (dict(ids=[True, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[True, 2, 3\]"),
     (dict(ids=[-1, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[-1, 2, 3\]"),
+    (dict(ids=[1, 1, 2]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[1, 1, 2\]"),
     # d2t left out (ModelOpt leaves t2d out, which the binding derives from d2t)
     (dict(drop=("d2t",)), (), r"{d}: draft slot 'd2t' is missing: expected one of 'd2t'"),
     # P-EAGLE's and DSpark's tensors: no module for them in the format
-    (dict(extra={"mask_hidden": "norm.weight"}), (),
-     r"{d}: draft tensors that fill no slot and are not declared ignorable: 'mask_hidden' \(model.safetensors\)"),
+    # (and the rope buffer speculators drafts may hold, declared ignorable there only)
+    (dict(extra={n: "norm.weight" for n in ("mask_hidden", "confidence_head.proj.weight", "confidence_head.proj.bias",
+                                            "rotary_emb.inv_freq")}), (),
+     r"{d}: draft tensors that fill no slot and are not declared ignorable: 'confidence_head.proj.bias' "
+     r"\(model.safetensors\), 'confidence_head.proj.weight' \(model.safetensors\), 'mask_hidden' "
+     r"\(model.safetensors\), 'rotary_emb.inv_freq' \(model.safetensors\)\n"),
     (dict(target_hidden_size=4096), (), r"{d}/config.json: draft was built for a verifier of hidden size 4096"),
     # vLLM multiplies the draft's logits by it; at or below zero their ranking goes
     (dict(logit_scale=0), (), r"{d}/config.json: logit_scale 0.0: expected a positive number"),
@@ -302,9 +309,10 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(draft_vocab_size=None), (), r"{d}/config.json: missing required field 'draft_vocab_size' \(without it "
                                       r"vLLM and TensorRT-LLM run the draft's lm_head.*SGLang the target's lm_head\)"),
 ], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
-        "quantized", "post-norm-twice", "layer-named-twice", "two-layers", "qwen3-layer", "tied", "ids-named-twice",
-        "four-ids", "ids-descending", "id-true", "id-negative", "t2d-without-d2t", "mask-hidden", "target-width",
-        "logit-scale-zero", "logit-scale-negative", "no-draft-vocab-size"])
+        "quantized", "post-norm-twice", "post-norm-twice-nested-true", "layer-named-twice", "two-layers",
+        "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
+        "ids-repeated", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
+        "logit-scale-negative", "no-draft-vocab-size"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
 
@@ -314,6 +322,26 @@ def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, 
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert re.search(message.format(d=re.escape(str(d))), r.output), r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_is_told_by_its_architecture_and_may_name_its_ids_in_both_places(tmp_path, pair):
+    """A config naming an EAGLE architecture is read as EAGLE's format without draft_vocab_size
+    too (vLLM's EAGLE-1 class here: refused, naming it, not as a transformers model); aux ids
+    named at the top level and in eagle_config alike are one naming, read once."""
+    import re
+
+    from specrt.errors import UserError
+    from specrt.export.config import load_draft_config
+
+    t, spec = pair
+    d = to_eagle(spec, tmp_path / "eagle", [0, 1, 2], eagle_aux_hidden_state_layer_ids=[0, 1, 2])
+    assert load_draft_config(d, "layer-output").aux_layer_ids == (1, 2, 3)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["draft_vocab_size"]
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["EagleLlamaForCausalLM"]}))
+    with pytest.raises(UserError, match=re.escape(f"{d}/config.json: architectures ['EagleLlamaForCausalLM'] is not "
+                                                  "a draft specrt reads")):
+        load_draft_config(d)
 
 
 def _decode(tmp_path, t, draft, name, count=None, prompt=(3, 4, 5, 6), depths=(1, 3)):

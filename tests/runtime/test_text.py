@@ -1749,3 +1749,34 @@ def test_a_reader_that_leaves_ends_run_and_chat_as_sigpipe_ends_unix_tools(worde
         err = p.stderr.read().decode()
         assert code == -signal.SIGPIPE, (args[0], code, err)
         assert "Traceback" not in err and "error" not in err and "tokens in" not in err, err
+
+
+@pytest.mark.parametrize("make", [_byte_bpe, _metaspace])
+def test_completion_logprobs_decode_the_prompts_context_once(make, tmp_path):
+    """serve's completions logprobs (text_offset) decode the prompt's context once, not at
+    each token's decoding of the text after it: the same entries as one that decodes the
+    context every time, with one decoding fewer a token."""
+    import random
+
+    from specrt.cmd_serve import _CompletionLogprobs
+    from specrt.runtime.text import Text, context_of
+
+    make(tmp_path)
+    text = Text(tmp_path)
+    vocab, rng, calls = text.tokenizer.get_vocab_size(), random.Random(1), [0]
+    decode = text.decode
+    text.decode = lambda ids: calls.append(calls.pop() + 1) or decode(ids)
+    contexts = 0
+    for _ in range(20):
+        context = context_of(text, [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))])
+        contexts += bool(context)
+        ours, ref = _CompletionLogprobs(text, 0, context), _CompletionLogprobs(text, 0, context)
+        ref.before = None  # (the context decoded at every token)
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 20))]
+        entries = [{"id": i, "token": text.tokenizer.id_to_token(i), "logprob": -1.0, "top_logprobs": None}
+                   for i in ids]
+        n = calls[0]
+        got = ours(entries)
+        mine, n = calls[0] - n, calls[0]
+        assert got == ref(entries) and calls[0] - n - mine == (len(ids) if context else 0), (context, ids)
+    assert contexts
