@@ -241,9 +241,10 @@ def _embed_matches_target(draft: BoundDraft, target: BoundTarget) -> bool | None
     """Whether a draft's own embedding is the target's, up to the rounding of the narrower
     dtype (EAGLE, SpecForge and speculators train it frozen from the target's). Servers differ
     when it is not: vLLM (which compares the two, torch.equal in the serving dtype, since its
-    EagleProposer learned to; before, it always took the target's) and EAGLE run the draft's own,
-    as specrt does, SGLang and TensorRT-LLM the target's; either way such a draft was trained
-    against other embeddings than these."""
+    PR #28549, 2025-11; before, it took the target's whenever the shapes matched) and EAGLE run
+    the draft's own, as specrt does, SGLang and TensorRT-LLM the target's (for a draft as wide as
+    its target, the only one compared here: a narrower or wider one keeps its own there too);
+    either way such a draft was trained against other embeddings than these."""
     if "embed" not in draft.slots or "embed" not in target.slots:
         return None
     d, t = draft.slots["embed"].entry, target.slots["embed"].entry
@@ -298,13 +299,15 @@ def _check_vocab_map(draft: BoundDraft) -> None:
 
 def _check_full_vocab_map(draft: BoundDraft, V: int) -> None:
     """A draft over the whole vocabulary (draft_vocab_size = V) may carry the maps its trainer
-    registered anyway: d2t all zeros, and t2d all true (SpecForge's and EAGLE's frequency map
-    with every token kept) or all false (a buffer never filled: EAGLE's cnets.py and SpecForge's
-    drafts register zeros, `speculators convert` copies them), either one alone. Every server
-    runs its ids as target ids then: SafeAILab's ea_model.py deletes both buffers, vLLM's and
-    SGLang's llama_eagle3 skip t2d and add d2t (zeros: the identity), speculators registers
-    neither (model.py _init_vocab). A d2t other than zeros is refused: SafeAILab would ignore
-    it, vLLM and SGLang apply it; a t2d marking some ids only cannot have trained this head."""
+    registered anyway: d2t all zeros, and t2d all true (SpecForge's frequency map, which pads
+    the count to draft_vocab_size, and EAGLE's when every token occurs in its data; SpecForge's
+    llama3_eagle.py registers ones since its PR #298, 2025-11) or all false (a buffer never
+    filled: EAGLE's cnets.py, and SpecForge's before that PR, register zeros; `speculators
+    convert` copies either), either one alone. Every server runs its ids as target ids then:
+    SafeAILab's ea_model.py deletes both buffers, vLLM's and SGLang's llama_eagle3 skip t2d and
+    add d2t (zeros: the identity), speculators registers neither (model.py _init_vocab). A d2t
+    other than zeros is refused: SafeAILab would ignore it, vLLM and SGLang apply it; a t2d
+    marking some ids only cannot have trained this head."""
     if "d2t" in draft.slots and draft.get("d2t").any():
         raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not all "
                         "zeros (the identity): EAGLE ignores it there, vLLM and SGLang apply it; expected zeros, or "
