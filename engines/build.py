@@ -259,7 +259,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             for name, role in roles.items():
                 f, i = plan.roles[name]
                 role_json[name] = {**role.to_json(), "engine": {"file": f, "profile": i}}
-            weight_bytes = {e.graph: (tmp / e.file).stat().st_size for e in plan.engines}
+            weight_bytes = tensorrt.weight_bytes(plan, tmp)
             backend_json = {"tensorrt": plan.to_json()}
             env = environment(backend)
         else:

@@ -3,8 +3,9 @@
 Build (per ``plan.TrtPlan`` engine):
 
     SaveEngine(EngineFromNetwork(NetworkFromOnnxPath(graph.onnx),
-                                 config=CreateConfig(tf32=, fp16=, bf16=, profiles=[...],
-                                                     load_timing_cache=timing.cache),
+                                 config=PostprocessConfig(CreateConfig(tf32=, fp16=, bf16=, profiles=[...],
+                                                                       load_timing_cache=timing.cache),
+                                                          activation_resize),
                                  save_timing_cache=timing.cache),
                path=<plan file>)
 
@@ -21,11 +22,13 @@ Run: each plan is deserialised once (``EngineFromBytes``) and shared by the runn
 its roles; a runner is ``polygraphy TrtRunner(engine, optimization_profile=i,
 allocation_strategy="runtime")``: each execution context holds activation memory for the
 shapes it has been called with (grown when a call needs more), not for its profile's
-maximum: the prefill and draft profiles reach the whole context (S up to C), while the
-runtime feeds them at most 256 rows a pass (runtime/generate.py's chunks), and their
-attention scores at S = C would take gigabytes apiece. Outputs of the roles whose row
-count varies (prefill, draft) are copied out of polygraphy's host buffers, which it
-resizes in place for the next call of another size (base.py's contract).
+maximum (where the plan was built by TensorRT 10.10 or later: activation_resize; an older
+one may size it for the profile's maximum whatever the shapes): the prefill and draft
+profiles reach the whole context (S up to C), while the runtime feeds them at most 256
+rows a pass (runtime/generate.py's chunks), and their attention scores at S = C would
+take gigabytes apiece. Outputs of the roles whose row count varies (prefill, draft) are
+copied out of polygraphy's host buffers, which it resizes in place for the next call of
+another size (base.py's contract).
 
 Nothing here imports tensorrt at module import: polygraphy loads it on first call, and
 this module is importable (and its loader composition testable) on machines without it.
@@ -55,10 +58,27 @@ def require_tensorrt() -> None:
                         "'specrt[tensorrt]' on a machine with an NVIDIA GPU), or build --backend onnxruntime") from None
 
 
+# TensorRT >= 10.10's preview feature that makes update_device_memory_size_for_shapes (what
+# polygraphy's "runtime" allocation calls before every execute) size a context's activation
+# memory for the shapes just bound; without it an engine may report its profile's maximum,
+# whatever the call's shapes (it is off unless set at build time)
+RUNTIME_RESIZE = "RUNTIME_ACTIVATION_RESIZE_10_10"
+
+
+def activation_resize(builder, network, config) -> None:
+    """polygraphy PostprocessConfig step: turn RUNTIME_RESIZE on where this TensorRT has it."""
+    import tensorrt as trt
+
+    feature = getattr(trt.PreviewFeature, RUNTIME_RESIZE, None)
+    if feature is not None:
+        config.set_preview_feature(feature, True)
+
+
 def engine_loader(plan: TrtPlan, engine: TrtEngine, folder: Path):
     """The lazy polygraphy loader that builds ``engine`` and saves its plan into ``folder``.
     Constructing it needs no TensorRT; calling it builds."""
-    from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, Profile, SaveEngine
+    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, PostprocessConfig,
+                                        Profile, SaveEngine)
 
     folder = Path(folder)
     profiles = []
@@ -68,7 +88,8 @@ def engine_loader(plan: TrtPlan, engine: TrtEngine, folder: Path):
             prof.add(name, min=list(lo), opt=list(opt), max=list(hi))
         profiles.append(prof)
     cache = str(folder / plan.timing_cache)
-    config = CreateConfig(profiles=profiles, load_timing_cache=cache, **plan.flags)
+    config = PostprocessConfig(CreateConfig(profiles=profiles, load_timing_cache=cache, **plan.flags),
+                               activation_resize)
     network = NetworkFromOnnxPath(str(folder / engine.onnx), strongly_typed=plan.strongly_typed or None)
     build = EngineFromNetwork(network, config=config, save_timing_cache=cache)
     return SaveEngine(build, path=str(folder / engine.file))
@@ -79,6 +100,12 @@ def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> No
     import time
 
     require_tensorrt()
+    import tensorrt as trt
+
+    if not hasattr(trt.PreviewFeature, RUNTIME_RESIZE):
+        log(f"tensorrt: note: TensorRT {trt.__version__} has no {RUNTIME_RESIZE} (10.10 and later): each execution "
+            "context may hold activation memory for its profile's largest shapes (the prefill's and the draft's "
+            "reach the whole context), not for the shapes it is called with")
     if plan.precision == "fp16" and not plan.strongly_typed:
         log(f"tensorrt: note: a float32 export built at {plan.precision}: TensorRT chooses each layer's precision, "
             "RMSNorm's x^2 and mean included, which can overflow in fp16 on large activations, and RoPE's "
@@ -96,6 +123,15 @@ def build(plan: TrtPlan, folder: Path, log: Callable[[str], None] = print) -> No
         except Exception as ex:  # polygraphy raises PolygraphyException on parser/builder failure
             raise UserError(f"TensorRT could not build {e.file} from {e.onnx}: {ex}") from None
         log(f"tensorrt: {e.file} built in {time.perf_counter() - t0:.1f} s")
+
+
+def weight_bytes(plan: TrtPlan, folder: Path) -> dict[str, int]:
+    """graph -> bytes of its plan files in ``folder``: in the ``engines`` layout each role's
+    plan holds its own copy of the graph's weights, so they add up."""
+    out: dict[str, int] = {}
+    for e in plan.engines:
+        out[e.graph] = out.get(e.graph, 0) + (Path(folder) / e.file).stat().st_size
+    return out
 
 
 class TrtEngines:

@@ -51,3 +51,32 @@ def test_without_tensorrt_it_says_skip_after_its_imports_resolve(tmp_path):
         assert not (tmp_path / "w").exists()  # nothing done
     else:
         assert p.returncode in (0, 1, 2), p.stderr
+
+
+def test_generation_step_runs_the_session_it_will_run_on_tensorrt(tiny_engines_append):
+    """Step 6 of the check (greedy tokens of `off` and `fixed:4` against ONNX Runtime's
+    `off`), on the ONNX Runtime reference it compares with: the Session calls run here as on
+    the GPU, and the governors agree (lossless), so a difference there is TensorRT's."""
+    m = _module()
+    off, fixed = m.generate(tiny_engines_append, "off"), m.generate(tiny_engines_append, "fixed:4")
+    assert [len(t) for t in off] == [m.NEW_TOKENS] * len(m.PROMPTS)
+    assert fixed == off
+
+
+def test_a_failing_step_fails_alone_and_the_summary_keeps_it(capsys):
+    """One run on a lent GPU: a step's exception is a FAIL of that step, with its traceback,
+    and the layout's next steps still run (they all shared one try before, so a polygraphy
+    error hid the runner, compare, generation and tamper results)."""
+    m = _module()
+    ran = []
+
+    def broken():
+        raise RuntimeError("profile 3 rejected")
+
+    m.step("profiles", "polygraphy comparison", broken)
+    m.step("profiles", "runner path", lambda: ran.append(1) or m.check(True, "[profiles] runners"))
+    assert ran == [1]
+    assert m.failures == ["[profiles] polygraphy comparison: RuntimeError: profile 3 rejected"]
+    assert m.checks == ["[FAIL] [profiles] polygraphy comparison: RuntimeError: profile 3 rejected",
+                        "[PASS] [profiles] runners"]
+    assert "Traceback" in capsys.readouterr().err

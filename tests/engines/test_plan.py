@@ -126,14 +126,16 @@ def test_role_json_round_trip():
 def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
     """The lazy loader chain is built from the plan; nothing runs until it is called."""
     pytest.importorskip("polygraphy")
-    from specrt.engines.tensorrt import engine_loader
+    from specrt.engines.tensorrt import activation_resize, engine_loader
 
     target = plan.engines[0]
     save = engine_loader(plan, target, tmp_path)
     assert save.path == str(tmp_path / "target.plan")
     build = save._engine  # EngineFromNetwork
     assert build.timing_cache_path == str(tmp_path / "timing.cache")
-    cfg = build._config
+    post = build._config  # PostprocessConfig(CreateConfig(...), activation_resize)
+    assert post._func is activation_resize
+    cfg = post._config
     assert (cfg.fp16, cfg.bf16, cfg.tf32) == (True, False, False)
     assert cfg.timing_cache_path == str(tmp_path / "timing.cache")  # the same cache is loaded and saved
     assert len(cfg.profiles) == len(target.profiles)
@@ -144,6 +146,48 @@ def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
     roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)
     typed = trt_plan(roles, IO, FILES, "fp16", "float16")
     assert engine_loader(typed, typed.engines[0], tmp_path)._engine._network.strongly_typed is True
+
+
+def test_build_sizes_activation_memory_per_call_where_tensorrt_can(monkeypatch):
+    """polygraphy's "runtime" allocation asks the context, before every call, how much
+    activation memory the bound shapes need; an engine reports that (not its profile's
+    maximum, the whole context for the prefill and draft profiles) only when built with
+    TensorRT 10.10's RUNTIME_ACTIVATION_RESIZE_10_10 preview feature, off unless set. The
+    config step sets it where the installed TensorRT has it and leaves older ones alone.
+    TensorRT is absent here, so a stand-in module names the enum (no TensorRT runs)."""
+    import sys
+    from types import SimpleNamespace
+
+    from specrt.engines.tensorrt import RUNTIME_RESIZE, activation_resize
+
+    class Config:  # a builder config's one call this step makes
+        def __init__(self):
+            self.features = {}
+
+        def set_preview_feature(self, feature, on):
+            self.features[feature] = on
+
+    for have, want in ((True, {"resize": True}), (False, {})):  # TensorRT >= 10.10, then an older one
+        features = SimpleNamespace(**({RUNTIME_RESIZE: "resize"} if have else {}), PROFILE_SHARING_0806="sharing")
+        monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(PreviewFeature=features))
+        config = Config()
+        activation_resize(None, None, config)
+        assert config.features == want
+
+
+def test_engine_per_role_plans_add_their_weights(tmp_path):
+    """engines.json's weight_bytes is each graph's weights as the backend holds them: in the
+    ``engines`` layout one copy per role's plan (the target's five plans here), not the
+    last plan's size alone."""
+    from specrt.engines.tensorrt import weight_bytes
+
+    p = trt_plan(make_roles((2, 4), CTX, "peagle"), IO, FILES, "fp32", "float32", layout="engines")
+    for i, e in enumerate(p.engines):
+        (tmp_path / e.file).write_bytes(b"w" * (100 + i))
+    assert weight_bytes(p, tmp_path) == {"target": 100 + 101 + 102 + 103, "draft": 104}
+    one = trt_plan(make_roles((2, 4), CTX, "peagle"), IO, FILES, "fp32", "float32")  # profiles: one plan a graph
+    (tmp_path / "target.plan").write_bytes(b"w" * 7)
+    assert weight_bytes(one, tmp_path) == {"target": 7, "draft": 104}
 
 
 def test_trt_runner_copies_the_outputs_polygraphy_resizes(tmp_path):
