@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         rep.update(build_seconds=round(time.perf_counter() - t0, 1), files=plans, weight_bytes=m["weight_bytes"],
                    costs=m["costs"])
         check(True, f"[{layout}] build in {rep['build_seconds']} s; files {plans}")
+        plan_bytes = sum(b for f, b in plans.items() if f.endswith(".plan"))
+        check(sum(m["weight_bytes"].values()) == plan_bytes,  # (engines layout: each role's plan its own copy)
+              f"[{layout}] weight bytes {m['weight_bytes']} add up to the plans' {plan_bytes}")
         c = m["costs"]
         print(f"  cost table: verify {c['verify']} decode {c['decode']} draft {c.get('draft')}")
 

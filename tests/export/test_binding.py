@@ -548,6 +548,7 @@ def _edit_config(folder: Path, **changes) -> None:
     # vLLM reads a speculators draft's logit_scale from transformer_layer_config alone
     ({"logit_scale": 2.0}, r"logit_scale 2.0 is at the top level, where vLLM does not read it"),
     ({"transformer_layer_config__logit_scale": 0}, r"transformer_layer_config: logit_scale 0.0: expected a positive"),
+    ({"transformer_layer_config__logit_scale": float("inf")}, r"logit_scale inf: expected a positive number"),
     ({"transformer_layer_config__hidden_size": "64"}, "field 'hidden_size' must be int"),
 ])
 def test_draft_config_disagreements(tmp_path, change, message):
@@ -555,6 +556,18 @@ def test_draft_config_disagreements(tmp_path, change, message):
     _edit_config(folder / "draft", **change)
     with pytest.raises(UserError, match=message):
         bind_draft(folder / "draft", bind_target(folder / "verifier"))
+
+
+def test_a_draft_logit_scale_is_read_where_vllm_reads_it(tmp_path):
+    """transformer_layer_config.logit_scale, also written at the top level with the same value
+    (vLLM reads the former); none is 1 and leaves the receipt's config as it was."""
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    t = bind_target(folder / "verifier")
+    d = bind_draft(folder / "draft", t)
+    assert d.config.logit_scale == 1.0 and "logit_scale" not in receipt(t, d)["draft"]["config"]
+    _edit_config(folder / "draft", logit_scale=2.5, transformer_layer_config__logit_scale=2.5)
+    d = bind_draft(folder / "draft", t)
+    assert d.config.logit_scale == 2.5 and receipt(t, d)["draft"]["config"]["logit_scale"] == 2.5
 
 
 def test_draft_layer_shape_checked(tmp_path):
@@ -600,49 +613,125 @@ def test_the_table_requires_what_each_config_needs_and_refuses_a_slot_declared_t
         S.check_table(S.TARGET_SLOTS + S.TARGET_SLOTS[:1])
 
 
-def _bf16_draft(folder: Path, embed=None, truncate: bool = False) -> None:
-    """The draft's floating tensors saved in bfloat16 as torch rounds (or truncates) them."""
+def _bf16_draft(folder: Path, embed=None, truncate: bool = False, dtype: str = "BF16") -> None:
+    """The draft's floating tensors saved in bfloat16 (or float16) as torch rounds them, or as a
+    converter that truncates keeps them."""
     import torch
     from safetensors.torch import save_file as save_torch
 
     path = folder / "model.safetensors"
-    state = {k: torch.from_numpy(v) for k, v in load_file(str(path)).items()}
+    state = load_file(str(path))
     if embed is not None:
-        state["embed_tokens.weight"] = torch.from_numpy(embed)
+        state["embed_tokens.weight"] = embed
     out = {}
     for k, v in state.items():
-        if not v.is_floating_point():
-            out[k] = v
-        elif truncate:  # the high half of each float32, as a converter that truncates keeps it
-            out[k] = (v.float().view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+        if v.dtype != np.float32:
+            out[k] = torch.from_numpy(v)
+        elif dtype == "F16":
+            h = v.astype(np.float16)
+            if truncate:  # a step towards zero wherever rounding went away from it
+                h = np.where(np.abs(h.astype(np.float32)) > np.abs(v), np.nextafter(h, np.float16(0)), h)
+            out[k] = torch.from_numpy(h)
+        elif truncate:  # the high half of each float32
+            out[k] = (torch.from_numpy(v).view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
         else:
-            out[k] = v.to(torch.bfloat16)
+            out[k] = torch.from_numpy(v).to(torch.bfloat16)
     save_torch(out, str(path), metadata={"format": "pt"})
 
 
-@pytest.mark.parametrize("truncate", [False, True])
-def test_a_draft_embedding_copied_from_the_target_matches(tmp_path, truncate):
+@pytest.mark.parametrize("dtype, truncate", [("BF16", False), ("BF16", True), ("F16", False), ("F16", True)],
+                         ids=["bf16", "bf16-truncated", "f16", "f16-truncated"])
+def test_a_draft_embedding_copied_from_the_target_matches(tmp_path, monkeypatch, dtype, truncate):
+    """A float32 target's embedding in bfloat16 or float16, rounded or truncated (float16's
+    subnormals, 152 of the reference's weights, a step apart), is the target's, each block of
+    rows against the same rows of the target's; inspect says so."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.export import binding
+
+    monkeypatch.setattr(binding, "_EMBED_BLOCK", 256)  # 1000 rows: three whole blocks and a part
     folder = copy_tree(REFERENCE, tmp_path / "ref")
     t = bind_target(folder / "verifier")
     assert bind_draft(folder / "draft", t).embed_matches_target is True  # both float32, the same bytes
     assert receipt(t, bind_draft(folder / "draft", t))["draft"]["embed_matches_target"] is True
-    _bf16_draft(folder / "draft", truncate=truncate)
+    _bf16_draft(folder / "draft", truncate=truncate, dtype=dtype)
     d = bind_draft(folder / "draft", t)
-    assert d.slots["embed"].entry.dtype == "BF16" and t.slots["embed"].entry.dtype == "F32"
+    assert d.slots["embed"].entry.dtype == dtype and t.slots["embed"].entry.dtype == "F32"
     assert d.embed_matches_target is True
+    r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft")])
+    assert r.exit_code == 0 and "embeddings from target: False (its own, equal to the target's)" in r.output, r.output
+    assert "differs from the target's" not in r.output
 
 
-def test_a_draft_embedding_unlike_the_target_s_is_recorded_and_warned(tmp_path, monkeypatch):
+def test_a_draft_embedding_in_the_target_s_dtype_is_its_bytes(tmp_path):
+    """Of the target's own dtype, a copy is the same bytes (vLLM's torch.equal): one bfloat16
+    step off, within bfloat16's rounding of a float32, is another embedding."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+    from safetensors.torch import save_file as save_torch
+
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    _bf16_draft(folder / "verifier")
+    _bf16_draft(folder / "draft")
+    t = bind_target(folder / "verifier")
+    assert t.slots["embed"].entry.dtype == "BF16" and bind_draft(folder / "draft", t).embed_matches_target is True
+    path = folder / "draft" / "model.safetensors"
+    state = load_torch(str(path))
+    state["embed_tokens.weight"].view(torch.int16)[5, 3] += 1
+    save_torch(state, str(path), metadata={"format": "pt"})
+    assert bind_draft(folder / "draft", t).embed_matches_target is False
+
+
+def test_a_narrower_draft_s_own_embedding_is_not_compared(tmp_path):
+    """A draft narrower than its target (target_hidden_size) has an embedding of its own
+    width, which every server runs (the target's cannot serve): nothing to compare, nothing
+    recorded."""
+    d = write_eagle3(tmp_path / "narrow", hidden=32)
+    _edit_config(d, target_hidden_size=64)
+    rng = np.random.default_rng(0)
+    rewrite(d, change={"fc.weight": rng.standard_normal((32, 3 * 64)).astype(np.float32)},
+            add={"embed_tokens.weight": rng.standard_normal((1000, 32)).astype(np.float32)})
+    t = bind_target(REFERENCE / "verifier")
+    draft = bind_draft(d, t)
+    assert draft.slots["embed"].entry.shape == (1000, 32) and draft.embed_matches_target is None
+    assert "embed_matches_target" not in receipt(t, draft)["draft"]
+
+
+def test_rows_of_a_tensor_are_its_rows_as_float32(tmp_path):
+    """TensorReader.rows reads rows start:stop of a tensor of any rank, each float dtype widened."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    from specrt.export.checkpoint import TensorReader, scan_folder
+
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((7, 3, 2)).astype(np.float32))
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    save_torch({k: x.to(v) for k, v in dtypes.items()}, str(tmp_path / "model.safetensors"))
+    entries, reader = scan_folder(tmp_path), TensorReader()
+    for k, v in dtypes.items():
+        want = x.to(v).float().numpy()
+        for start, stop in ((0, 7), (2, 5), (6, 7), (4, 4)):
+            got = reader.rows(entries[k], start, stop)
+            assert got.dtype == np.float32 and got.shape == want[start:stop].shape, (k, start, stop)
+            np.testing.assert_array_equal(got, want[start:stop])
+    reader.close()
+
+
+@pytest.mark.parametrize("block, row", [(256, 999), (256, 255), (333, 999)],
+                         ids=["last-row", "last-row-of-a-whole-block", "a-block-of-one-row"])
+def test_a_draft_embedding_unlike_the_target_s_is_recorded_and_warned(tmp_path, monkeypatch, block, row):
+    """One weight past bfloat16's rounding, in any row of any block of the comparison."""
     from click.testing import CliRunner
 
     from specrt.cli import main
     from specrt.export import binding
     from specrt.export.export import export
 
-    monkeypatch.setattr(binding, "_EMBED_BLOCK", 256)  # 1000 rows: three whole blocks and a part
+    monkeypatch.setattr(binding, "_EMBED_BLOCK", block)  # 1000 rows: whole blocks and a part
     folder = copy_tree(REFERENCE, tmp_path / "ref")
     embed = load_file(str(folder / "verifier" / "model.safetensors"))["model.embed_tokens.weight"].copy()
-    embed[999, 3] *= 1.05  # one weight of the last row, past bfloat16's rounding
+    embed[row, 3] *= 1.05
     _bf16_draft(folder / "draft", embed=embed)
     t = bind_target(folder / "verifier")
     d = bind_draft(folder / "draft", t)
@@ -655,3 +744,5 @@ def test_a_draft_embedding_unlike_the_target_s_is_recorded_and_warned(tmp_path, 
     # a draft without its own embedding records nothing: its receipt reads as before
     rewrite(folder / "draft", drop=("embed_tokens.weight",))
     assert "embed_matches_target" not in receipt(t, bind_draft(folder / "draft", t))["draft"]
+    r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft")])
+    assert r.exit_code == 0 and "embeddings from target: True\n" in r.output, r.output
