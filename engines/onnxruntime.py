@@ -177,10 +177,11 @@ class OrtSettings:
                             f"{', '.join(OPT_LEVELS)}")
         if self.execution_mode not in ("sequential", "parallel"):
             raise UserError(f"execution_mode '{self.execution_mode}' is not sequential or parallel")
-        count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+        # SessionOptions takes a C int: a larger count raised pybind11's TypeError at session creation
+        count = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31  # noqa: E731
         for key, ok, want in (
-                ("intra_op_num_threads", count(self.intra_op_num_threads), "a thread count >= 0"),
-                ("inter_op_num_threads", count(self.inter_op_num_threads), "a thread count >= 0"),
+                ("intra_op_num_threads", count(self.intra_op_num_threads), "a thread count in 0..2^31-1"),
+                ("inter_op_num_threads", count(self.inter_op_num_threads), "a thread count in 0..2^31-1"),
                 ("providers", all(p in _known_providers() for p in self.providers), "ONNX Runtime provider names"),
                 ("prepack", self.prepack in (None, True, False), "true, false or null"),
                 ("spin", isinstance(self.spin, bool), "true or false"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
+from specrt.paths import read_json_object
 
 # Decoder families that share the Llama block (pre-norm, RMSNorm, RoPE, SwiGLU).
 # Differences are declared here as data, not branched on elsewhere.
@@ -243,13 +244,7 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: not found (expected a JSON config file)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
-    return data
+    return read_json_object(path)
 
 
 class _Fields:

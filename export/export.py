@@ -22,7 +22,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.errors import UserError
 from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, embed_mismatch_note, receipt
-from specrt.export.config import default_aux_layer_ids
+from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
 
@@ -41,6 +41,24 @@ def _save(model, folder: Path, stem: str) -> list[dict[str, Any]]:
     return _graph_files(folder, stem)
 
 
+def _check_tokenizer_files(target_dir: Path) -> None:
+    """The tokenizer files export copies read as the runtime reads them (runtime/text.py), naming
+    the target's file: a broken one was copied without a word, built, and raised only at
+    `specrt run`, with a traceback. (generation_config.json: read with the target's config.)"""
+    for n in TOKENIZER_FILES:
+        path = target_dir / n
+        if n.endswith(".json") and path.is_file():
+            read_json(path)
+    tok = target_dir / "tokenizer.json"
+    if tok.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(tok))
+        except Exception as e:  # tokenizers raises a bare Exception for any file it cannot read
+            raise UserError(f"{tok}: not a tokenizer the tokenizers library reads ({e})") from None
+
+
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
            allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
            draft_aux_ids: str | None = None) -> dict[str, Any]:
@@ -53,6 +71,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     t0 = time.perf_counter()
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
+    _check_tokenizer_files(Path(target_dir))
     draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids) \
         if draft_dir is not None else None
     tc = target.config.decoder

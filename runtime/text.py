@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from specrt.errors import UserError
+from specrt.paths import read_json_object
 from specrt.prompt_files import is_messages
 
 
@@ -25,17 +26,19 @@ class Text:
         tok = folder / "tokenizer.json"
         if not tok.is_file():
             raise UserError(f"{folder}: no tokenizer.json (export the target from a folder that has one)")
-        self.tokenizer = Tokenizer.from_file(str(tok))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tok))
+        except Exception as e:  # tokenizers raises a bare Exception (exports made before export checked it)
+            raise UserError(f"{tok}: not a tokenizer the tokenizers library reads ({e})") from None
         cfg_path = folder / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+        self.config = read_json_object(cfg_path) if cfg_path.is_file() else {}
         stm = folder / "special_tokens_map.json"
         if "added_tokens_decoder" not in self.config and stm.is_file():
             # a tokenizer saved before transformers 4.34: transformers lays special_tokens_map.json's
             # tokens over tokenizer_config.json's (both may name them; either alone may)
-            named = json.loads(stm.read_text(encoding="utf-8"))
-            if isinstance(named, dict):
-                self.config = {**self.config, **{k: v for k, v in named.items()
-                                                 if k in SPECIAL_TOKENS or k == "additional_special_tokens"}}
+            named = read_json_object(stm)
+            self.config = {**self.config, **{k: v for k, v in named.items()
+                                             if k in SPECIAL_TOKENS or k == "additional_special_tokens"}}
         template = self.config.get("chat_template")
         if isinstance(template, list):  # transformers' named templates: the "default" one (tools are never passed)
             template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),

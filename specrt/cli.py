@@ -99,6 +99,8 @@ def entry() -> None:
 def _existing_dir(ctx, param, value):
     if value is None:
         return None
+    if not value:  # Path('') is '.': the working folder, named nowhere in what then went wrong
+        raise click.BadParameter("an empty path; expected a folder")
     p = Path(value)
     if not p.is_dir():
         raise click.BadParameter(f"{p} is not a folder")
@@ -193,7 +195,7 @@ def _depths(ctx, param, value):
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=click.IntRange(min=1, max=2**31 - 1), default=None,  # (ONNX Runtime takes a C int)
               help="ONNX Runtime intra-op threads (default: physical cores).")
 @click.option("--sessions", type=click.Choice(["shared", "per-depth"]), default=None,
               help="ONNX Runtime: one prepacked session per graph (default), or one per depth (weights shared, "

@@ -1182,6 +1182,16 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                  ("--warmup-tokens", warmup_tokens, 0)):
         if value is not None and value < least:
             raise UserError(f"{option} {value}: expected >= {least}")
+    if threads is not None and threads >= 2**31:  # ONNX Runtime takes a C int
+        raise UserError(f"--threads {threads}: expected at most {2**31 - 1}")
+    if peers is not None and not peers.strip():  # (an empty value ran no peer, where --governors '' is refused)
+        raise UserError("--peers '': expected a comma-separated list of "
+                        f"{', '.join(KNOWN_PEERS)}, or none")
+    if ortgenai_cache is not None and any(x.startswith("ortgenai") for x in _split(peers)):
+        # a file or an unwritable folder there skipped the peer after the whole setup, exit 0
+        from specrt.paths import check_output_folder
+
+        check_output_folder(Path(ortgenai_cache), "--ortgenai-cache")
     if processes > 1 and not interleaved:
         raise UserError(f"--processes {processes} needs --schedule interleaved (the sequential schedule runs one "
                         "process per configuration)")

@@ -20,6 +20,8 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 
 
 def _engines_dir(ctx, param, value):
+    if not value:  # Path('') is '.', the working folder
+        raise click.BadParameter("an empty path; expected a folder")
     p = Path(value)
     if not p.is_dir():
         raise click.BadParameter(f"{p} is not a folder")

@@ -52,14 +52,16 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
     """Run every engine of ENGINES_DIR (prefill, decode, verify.{d}, draft) and a reference on the
     same inputs through polygraphy's Comparator; print a table per role, exit 1 on a mismatch."""
     from specrt.engines.compare import compare_engines
-    from specrt.paths import check_output_file
+    from specrt.engines.compare import outputs_file_for
+    from specrt.paths import check_not_engines_file, check_output_file
 
     for path, option in ((report, "--report"), (save_inputs, "--save-inputs")):
         if path is not None:
             check_output_file(path, option)
+            check_not_engines_file(path, engines_dir, option)
+    if save_inputs is not None:  # (the engine's outputs are saved beside the inputs)
+        check_not_engines_file(outputs_file_for(Path(save_inputs)), engines_dir, "--save-inputs")
     if report is not None and save_inputs is not None:  # one file for two: the report replaced the inputs
-        from specrt.engines.compare import outputs_file_for
-
         if Path(report).resolve() in (Path(save_inputs).resolve(), outputs_file_for(Path(save_inputs)).resolve()):
             raise UserError(f"--report {report} and --save-inputs {save_inputs} (the engine's outputs go to "
                             f"{outputs_file_for(Path(save_inputs))}) name the same file; give each its own")

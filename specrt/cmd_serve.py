@@ -1037,6 +1037,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         raise UserError(f"{engines_dir}: no such engines folder")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
+    if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)
+        raise UserError("--model-name: expected a non-empty name")
     if not 0 < write_timeout <= 3600:  # (nan and inf too: a socket takes neither)
         raise UserError(f"--write-timeout {write_timeout}: expected seconds, > 0 and at most 3600")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,

@@ -14,6 +14,17 @@ from typing import BinaryIO
 from specrt.errors import UserError
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object, errors naming the file (export's configs, the tokenizer's)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
+    return data
+
+
 def check_distinct(*named: tuple[str, str | Path | None]) -> None:
     """UserError when two of the (option, path) files given are one file (an output would
     replace an input, or another output); None paths are skipped."""
@@ -26,11 +37,16 @@ def check_distinct(*named: tuple[str, str | Path | None]) -> None:
 
 def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, option: str) -> None:
     """UserError when ``path`` is a file the engines folder already holds (engines.json, a
-    graph, the calibration, ...): a report written there breaks the engines."""
+    graph, the calibration, ...), or one that calibrate, canary or corpus write there later
+    (the first calibration written, then a report over it): a report written there breaks
+    the engines."""
     if path is None:
         return
+    from specrt.runtime.session import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
+
     p, folder = Path(path).resolve(), Path(engines_dir).resolve()
-    if p.is_file() and p.is_relative_to(folder):
+    if p.is_relative_to(folder) and (p.is_file() or p in {folder / n for n in (CALIBRATION_FILE, ACCEPTANCE_FILE,
+                                                                               CORPUS_FILE)}):
         raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
                         "and break the engines: give another path")
 

@@ -14,11 +14,24 @@ from specrt.cli import main
     (["run", "{tmp}", "--bogus"], "No such option"),  # an unknown option
     (["nosuchcommand"], "No such command"),
     (["build"], "Missing argument"),
+    # ONNX Runtime takes a C int: a larger count was pybind11's TypeError, a traceback, at the first session
+    (["build", "{tmp}", "--threads", "99999999999999999999", "-o", "{tmp}/out"], "is not in the range 1<=x<=2147483647"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--threads", "99999999999999999999", "-o", "{tmp}/out"],
+     "--threads 99999999999999999999: expected at most 2147483647"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "", "-o", "{tmp}/out"],
+     "--peers '': expected a comma-separated list"),  # ran no peer (an empty --governors is refused)
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "ortgenai", "--ortgenai-cache", "{tmp}/p.jsonl/m",
+      "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file, not a folder"),  # skipped, exit 0
+    # Path('') is '.': the working folder, named nowhere ("config.json: not found")
+    (["inspect", "{tmp}", "--draft", ""], "Invalid value for '--draft': an empty path; expected a folder"),
+    (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
+    (["serve", "{tmp}", "--model-name", " "], "--model-name: expected a non-empty name"),  # served as the folder's
 ])
 def test_usage_errors_exit_1(tmp_path, args, message):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
     r = CliRunner().invoke(main, [a.format(tmp=tmp_path) for a in args])
     assert r.exit_code == 1, r.output
-    assert message in r.output and "Traceback" not in r.output, r.output
+    assert message.format(tmp=tmp_path) in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out").exists()
 
 
@@ -187,3 +200,49 @@ def test_an_interrupt_between_the_two_renames_keeps_the_earlier_output(tmp_path,
         with atomic_folder(out, force=True, marker="engines.json") as tmp:
             (tmp / "engines.json").write_text('{"new": 1}')
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"] and (out / "engines.json").read_text() == "{}"
+
+
+def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
+    """calibrate --report ENGINES/calibration.json before the first calibration wrote the
+    calibration, then the report over it (DSpark then refused the engines); compare's
+    --save-inputs / --report ENGINES/engines.json replaced the manifest. Refused before any
+    work, the folder as it was."""
+    engines = tmp_path / "e"
+    engines.mkdir()
+    (engines / "engines.json").write_text("{}")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    for args, option, path in (
+            (["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl")], "--report", "calibration.json"),
+            (["run", str(engines), "--prompt", "x"], "--stats", "corpus.npz"),
+            (["compare", str(engines)], "--save-inputs", "engines.json"),
+            (["compare", str(engines)], "--save-inputs", "in.json"),  # (its outputs go to in.outputs.json)
+            (["compare", str(engines)], "--report", "engines.json")):
+        if path == "in.json":
+            (engines / "in.outputs.json").write_text("{}")
+        r = CliRunner().invoke(main, [*args, option, str(engines / path)])
+        named = engines / ("in.outputs.json" if path == "in.json" else path)
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (args, option, r.output)
+        assert f"{option} {named}: a file of the engines folder {engines}" in r.output, (args, option, r.output)
+        (engines / "in.outputs.json").unlink(missing_ok=True)
+        assert sorted(p.name for p in engines.iterdir()) == ["engines.json"], (args, option)
+        assert (engines / "engines.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("tokenizer.json", "{", "tokenizer.json: not valid JSON"),
+    ("tokenizer.json", "{}", "tokenizer.json: not a tokenizer the tokenizers library reads"),
+    ("tokenizer_config.json", "{", "tokenizer_config.json: not valid JSON"),
+    ("special_tokens_map.json", "[]", "special_tokens_map.json: expected a JSON object at top level, found list"),
+])
+def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, text, message):
+    """A broken tokenizer file was copied without a word and built; `specrt run` then ended in
+    the tokenizers library's (or json's) traceback."""
+    import shutil
+
+    target = tmp_path / "t"
+    shutil.copytree(REFERENCE / "verifier", target)
+    (target / name).write_text(text)
+    r = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert f"error: {target / name}" in r.output and message in r.output, r.output
+    assert not (tmp_path / "o").exists()

@@ -234,6 +234,13 @@ def test_session_options_carry_the_settings():
     assert entry(so, "session.disable_prepacking") == "1"
     assert entry(so, "session.intra_op.allow_spinning") == "0" and entry(so, "session.force_spinning_stop") is None
     assert entry(so, "a.b") == "7"
+    # SessionOptions takes a C int: a larger count (engines.json, `specrt bench --threads`) was
+    # pybind11's TypeError when the first session was made
+    so = OrtSettings(intra_op_num_threads=2**31 - 1).resolved().session_options()
+    assert so.intra_op_num_threads == 2**31 - 1
+    for key in ("intra_op_num_threads", "inter_op_num_threads"):
+        with pytest.raises(UserError, match=f"onnxruntime {key} 2147483648: expected a thread count in 0..2"):
+            OrtSettings(**{key: 2**31}).resolved()
 
 
 def test_dynamic_outputs_follow_each_calls_shape(tiny_engines_append, state):

@@ -1780,3 +1780,22 @@ def test_completion_logprobs_decode_the_prompts_context_once(make, tmp_path):
         mine, n = calls[0] - n, calls[0]
         assert got == ref(entries) and calls[0] - n - mine == (len(ids) if context else 0), (context, ids)
     assert contexts
+
+
+def test_text_names_a_tokenizer_file_it_cannot_read(tmp_path):
+    """An export made before `specrt export` checked its tokenizer files: the tokenizers
+    library's bare Exception (or json's error) was a traceback at `specrt run`."""
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    good = (tmp_path / "tokenizer.json").read_text()
+    for name, text, message in (("tokenizer.json", "{}", "not a tokenizer the tokenizers library reads"),
+                                ("tokenizer_config.json", "{", "not valid JSON"),
+                                ("special_tokens_map.json", "[1]", "expected a JSON object at top level")):
+        (tmp_path / "tokenizer.json").write_text(good)
+        (tmp_path / name).write_text(text)
+        with pytest.raises(UserError, match=f"{tmp_path / name}: {message}"):
+            Text(tmp_path)
+        if name == "tokenizer_config.json":
+            (tmp_path / name).write_text("{}")
