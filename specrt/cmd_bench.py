@@ -1185,7 +1185,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if threads is not None and threads >= 2**31:  # ONNX Runtime takes a C int
         raise UserError(f"--threads {threads}: expected at most {2**31 - 1}")
     if peers is not None and not peers.strip():  # (an empty value ran no peer, where --governors '' is refused)
-        raise UserError("--peers '': expected a comma-separated list of "
+        raise UserError(f"--peers {peers!r}: expected a comma-separated list of "
                         f"{', '.join(KNOWN_PEERS)}, or 'none'")
     if ortgenai_cache is not None and any(x.startswith("ortgenai") for x in _split(peers)):
         # a file or an unwritable folder there skipped the peer after the whole setup, exit 0

@@ -18,10 +18,19 @@ from specrt.cli import main
     (["build", "{tmp}", "--threads", "99999999999999999999", "-o", "{tmp}/out"], "is not in the range 1<=x<=2147483647"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--threads", "99999999999999999999", "-o", "{tmp}/out"],
      "--threads 99999999999999999999: expected at most 2147483647"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--threads", "2147483648", "-o", "{tmp}/out"],
+     "--threads 2147483648: expected at most 2147483647"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "", "-o", "{tmp}/out"],
      "--peers '': expected a comma-separated list"),  # ran no peer (an empty --governors is refused)
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", " ", "-o", "{tmp}/out"],
+     "expected a comma-separated list"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "ortgenai", "--ortgenai-cache", "{tmp}/p.jsonl/m",
       "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file, not a folder"),  # skipped, exit 0
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "hf,ortgenai-int4", "--ortgenai-cache",
+      "{tmp}/p.jsonl/m", "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file"),
+    # no ortgenai peer: the cache is not used, so not checked
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "hf", "--ortgenai-cache", "{tmp}/p.jsonl/m",
+      "-o", "{tmp}/out"], "{tmp}: not a complete engines folder (no engines.json)"),
     # Path('') is '.': the working folder, named nowhere ("config.json: not found")
     (["inspect", "{tmp}", "--draft", ""], "Invalid value for '--draft': an empty path; expected a folder"),
     (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
@@ -207,12 +216,15 @@ def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
     calibration, then the report over it (DSpark then refused the engines); compare's
     --save-inputs / --report ENGINES/engines.json replaced the manifest. Refused before any
     work, the folder as it was."""
+    from specrt.paths import check_not_engines_file
+
     engines = tmp_path / "e"
     engines.mkdir()
     (engines / "engines.json").write_text("{}")
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
     for args, option, path in (
             (["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl")], "--report", "calibration.json"),
+            (["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl")], "--report", "acceptance_receipt.json"),
             (["run", str(engines), "--prompt", "x"], "--stats", "corpus.npz"),
             (["compare", str(engines)], "--save-inputs", "engines.json"),
             (["compare", str(engines)], "--save-inputs", "in.json"),  # (its outputs go to in.outputs.json)
@@ -226,6 +238,8 @@ def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
         (engines / "in.outputs.json").unlink(missing_ok=True)
         assert sorted(p.name for p in engines.iterdir()) == ["engines.json"], (args, option)
         assert (engines / "engines.json").read_text() == "{}"
+    # a file outside the folder is an ordinary output, replaced as any report is
+    check_not_engines_file(tmp_path / "p.jsonl", engines, "--report")
 
 
 @pytest.mark.parametrize("name, text, message", [
@@ -233,6 +247,7 @@ def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
     ("tokenizer.json", "{}", "tokenizer.json: not a tokenizer the tokenizers library reads"),
     ("tokenizer_config.json", "{", "tokenizer_config.json: not valid JSON"),
     ("special_tokens_map.json", "[]", "special_tokens_map.json: expected a JSON object at top level, found list"),
+    ("tokenizer_config.json", '{"a": "\xe9"}', "tokenizer_config.json: not valid JSON ('utf-8' codec can't decode"),
 ])
 def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, text, message):
     """A broken tokenizer file was copied without a word and built; `specrt run` then ended in
@@ -241,7 +256,7 @@ def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, 
 
     target = tmp_path / "t"
     shutil.copytree(REFERENCE / "verifier", target)
-    (target / name).write_text(text)
+    (target / name).write_text(text, encoding="latin-1")  # (é: not UTF-8)
     r = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "o")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
     assert f"error: {target / name}" in r.output and message in r.output, r.output
