@@ -231,6 +231,11 @@ def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict
     return read_safetensors_index(tmp)
 
 
+def _bf16_as_float32(a: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) as float32: bfloat16 is the high half of a float32."""
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
 class TensorReader:
     """Reads tensors lazily from their files through one ``mmap`` per file."""
 
@@ -256,8 +261,7 @@ class TensorReader:
         np_dtype, _ = _DTYPES[e.dtype]
         a = np.frombuffer(self.raw(e), dtype=np_dtype).reshape(e.shape)
         if e.dtype == "BF16":
-            # bfloat16 is the high half of a float32.
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+            a = _bf16_as_float32(a)
             return a if as_float32 else a
         if as_float32 and e.dtype in ("F16", "F64"):
             return a.astype(np.float32)
@@ -269,7 +273,7 @@ class TensorReader:
         width = int(np.prod(e.shape[1:], dtype=np.int64))
         a = np.frombuffer(self.raw(e)[start * width * size : stop * width * size], dtype=np_dtype)
         a = a.reshape(-1, *e.shape[1:])
-        return (a.astype(np.uint32) << 16).view(np.float32) if e.dtype == "BF16" else a.astype(np.float32)
+        return _bf16_as_float32(a) if e.dtype == "BF16" else a.astype(np.float32)
 
     def close(self) -> None:
         for m in self._maps.values():

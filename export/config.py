@@ -510,7 +510,7 @@ def load_target_config(folder: Path) -> TargetConfig:
     """Read ``folder/config.json`` (and ``generation_config.json`` for EOS ids when present)."""
     path = Path(folder) / "config.json"
     data = read_json(path)
-    if isinstance(data, dict) and "speculators_model_type" in data:
+    if "speculators_model_type" in data:
         raise UserError(f"{path}: a speculators draft (speculators_model_type {data['speculators_model_type']!r}), "
                         "not a target model: give the target's folder first and this one with --draft")
     f = _Fields(data, str(path))
@@ -542,7 +542,7 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     if aux_ids_count is not None:
         raise UserError(f"--draft-aux-ids is for an EAGLE-3 draft in EAGLE's own format ({EAGLE_ARCHITECTURE}) "
                         f"whose config names its aux layer ids; {path} is not one (expected the option left out)")
-    if isinstance(data, dict) and "speculators_model_type" not in data and "model_type" in data:
+    if "speculators_model_type" not in data and "model_type" in data:
         raise UserError(f"{path}: a transformers model (model_type {data['model_type']!r}), not a speculators draft "
                         "(no speculators_model_type): --draft takes the draft's folder, the target comes first")
     kind = f.str("speculators_model_type")
