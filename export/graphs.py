@@ -238,11 +238,8 @@ def _draft_head(b: ops.GraphBuilder, dc: DraftConfig, get: ops.Get, W, h: str, n
     Vd = dc.draft_vocab_size
     if not normed:
         h = ops.rmsnorm(b, h, W("final_norm"), dc.decoder.rms_norm_eps)
-    if dc.logit_scale == 1.0:
-        logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS)
-    else:  # vLLM's LogitsProcessor(scale=logit_scale): the draft-vocabulary logits times it
-        z = b.op("Mul", ops.linear(b, h, W("lm_head")), b.const(np.float32(dc.logit_scale), b.dtype))
-        logits = b.reshape(z, 1, -1, Vd, out=C.DRAFT_LOGITS)
+    # vLLM's LogitsProcessor(scale=logit_scale): the draft-vocabulary logits times it
+    logits = ops.lm_head(b, h, W("lm_head"), Vd, C.DRAFT_LOGITS, scale=dc.logit_scale)
     if dc.confidence_head:  # w . h as a mean of products, not a MatMul: no int8 form quantizes it
         H = dc.decoder.hidden_size
         dot = b.op("ReduceMean", b.op("Mul", h, W("confidence_head")), axes=[-1], keepdims=0)  # [K]

@@ -479,6 +479,9 @@ def embed(b: GraphBuilder, input_ids: str, table: str, hidden: int) -> str:
     return b.reshape(b.op("Gather", table, input_ids), -1, hidden)
 
 
-def lm_head(b: GraphBuilder, h: str, w: str, vocab: int, out: str) -> str:
-    """[S, H] -> logits [1, S, V]."""
-    return b.reshape(linear(b, h, w), 1, -1, vocab, out=out)
+def lm_head(b: GraphBuilder, h: str, w: str, vocab: int, out: str, scale: float = 1.0) -> str:
+    """[S, H] -> logits [1, S, V], times ``scale`` where it is not 1 (vLLM's logit_scale)."""
+    z = linear(b, h, w)
+    if scale != 1.0:
+        z = b.op("Mul", z, b.const(np.float32(scale), b.dtype))
+    return b.reshape(z, 1, -1, vocab, out=out)
