@@ -51,12 +51,9 @@ def _check_tokenizer_files(target_dir: Path) -> None:
             read_json(path)
     tok = target_dir / "tokenizer.json"
     if tok.is_file():
-        from tokenizers import Tokenizer
+        from specrt.runtime.text import load_tokenizer
 
-        try:
-            Tokenizer.from_file(str(tok))
-        except Exception as e:  # tokenizers raises a bare Exception for any file it cannot read
-            raise UserError(f"{tok}: not a tokenizer the tokenizers library reads ({e})") from None
+        load_tokenizer(tok)
 
 
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,

@@ -18,18 +18,25 @@ from specrt.prompt_files import is_messages
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
+def load_tokenizer(path: Path):
+    """``tokenizers.Tokenizer`` of a tokenizer.json, errors naming the file (export checks the
+    target's with it; an export made before that may hold one it cannot read)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for any file it cannot read
+        raise UserError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+
+
 class Text:
     def __init__(self, folder: Path):
-        from tokenizers import Tokenizer
 
         folder = Path(folder)
         tok = folder / "tokenizer.json"
         if not tok.is_file():
             raise UserError(f"{folder}: no tokenizer.json (export the target from a folder that has one)")
-        try:
-            self.tokenizer = Tokenizer.from_file(str(tok))
-        except Exception as e:  # tokenizers raises a bare Exception (exports made before export checked it)
-            raise UserError(f"{tok}: not a tokenizer the tokenizers library reads ({e})") from None
+        self.tokenizer = load_tokenizer(tok)
         cfg_path = folder / "tokenizer_config.json"
         self.config = read_json_object(cfg_path) if cfg_path.is_file() else {}
         stm = folder / "special_tokens_map.json"
