@@ -19,7 +19,7 @@ import click
 from specrt import __version__
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.paths import check_engines_writable
-from specrt.sampling_options import sampling_options, template_kwargs_option
+from specrt.sampling_options import existing_dir, sampling_options, template_kwargs_option
 
 
 class _Group(click.Group):
@@ -96,17 +96,6 @@ def entry() -> None:
     main()
 
 
-def _existing_dir(ctx, param, value):
-    if value is None:
-        return None
-    if not value:  # Path('') is '.': the working folder, named nowhere in what then went wrong
-        raise click.BadParameter("an empty path; expected a folder")
-    p = Path(value)
-    if not p.is_dir():
-        raise click.BadParameter(f"{p} is not a folder")
-    return p
-
-
 _DRAFT_HELP = ("A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge / ModelOpt "
                "save it.")
 _AUX_IDS_HELP = ("How an EAGLE/SpecForge/ModelOpt draft's config counts the aux layer ids it names: layer-output "
@@ -123,8 +112,8 @@ def _draft_options(f):
 
 
 @main.command()
-@click.argument("target", callback=_existing_dir)
-@click.option("--draft", callback=_existing_dir, help=_DRAFT_HELP)
+@click.argument("target", callback=existing_dir)
+@click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the binding receipt as JSON.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
@@ -164,8 +153,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 
 
 @main.command()
-@click.argument("target", callback=_existing_dir)
-@click.option("--draft", callback=_existing_dir, help=_DRAFT_HELP)
+@click.argument("target", callback=existing_dir)
+@click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Export folder to write.")
 @click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
@@ -189,7 +178,7 @@ def _depths(ctx, param, value):
 
 
 @main.command()
-@click.argument("export_dir", callback=_existing_dir)
+@click.argument("export_dir", callback=existing_dir)
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
 @click.option("--depths", default="1,2,4,8", show_default=True, callback=_depths, help="Verify depths to specialise.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
@@ -265,7 +254,7 @@ def _canary(engines_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("engines_dir", callback=existing_dir)
 def canary(engines_dir: Path) -> None:
     """Re-run the acceptance canary on ENGINES_DIR and rewrite its acceptance receipt."""
     from specrt.engines.manifest import read_engines_manifest
@@ -278,7 +267,7 @@ def canary(engines_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("engines_dir", callback=existing_dir)
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed calls per engine and past length (the median is kept).")
 def profile(engines_dir: Path, repeats: int) -> None:
@@ -306,7 +295,7 @@ def profile(engines_dir: Path, repeats: int) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("engines_dir", callback=existing_dir)
 @click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--nmin", type=click.IntRange(min=1), default=3, show_default=True, help="Shortest n-gram matched.")
 @click.option("--nmax", type=click.IntRange(min=1), default=8, show_default=True, help="Longest n-gram matched.")
@@ -381,7 +370,7 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 
 
 @main.command()
-@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("engines_dir", callback=existing_dir)
 @click.option("--prompt", help="One prompt.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
@@ -495,7 +484,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 
 
 @main.command()
-@click.argument("engines_dir", callback=_existing_dir)
+@click.argument("engines_dir", callback=existing_dir)
 @click.option("--system", help="A system prompt for the conversation.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,

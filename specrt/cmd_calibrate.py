@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.prompt_files import prompts_of, read_prompt_file
-from specrt.sampling_options import sampling_options, template_kwargs_option
+from specrt.sampling_options import existing_dir, sampling_options, template_kwargs_option
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
@@ -19,17 +19,8 @@ def read_prompts(path: Path) -> list[str | list[int]]:
     return prompts_of(read_prompt_file(path))
 
 
-def _engines_dir(ctx, param, value):
-    if not value:  # Path('') is '.', the working folder
-        raise click.BadParameter("an empty path; expected a folder")
-    p = Path(value)
-    if not p.is_dir():
-        raise click.BadParameter(f"{p} is not a folder")
-    return p
-
-
 @click.command()
-@click.argument("engines_dir", callback=_engines_dir)
+@click.argument("engines_dir", callback=existing_dir)
 @click.option("--prompts", "prompts_file", required=True,
               type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "

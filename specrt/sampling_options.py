@@ -1,5 +1,6 @@
-"""The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``, and the
-chat template's variables (those and ``chat``, ``serve``).
+"""The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``, the chat
+template's variables (those and ``chat``, ``serve``), and the folder arguments' check
+(``existing_dir``: cli.py's commands and ``calibrate``).
 
     @sampling_options("0 = greedy", seed=None)
     def run(..., temperature, top_p, top_k, seed): ...
@@ -11,10 +12,23 @@ where they are used, by ``runtime.sampling.SamplingParams`` (the API's and serve
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
 from specrt.errors import UserError
+
+
+def existing_dir(ctx, param, value):
+    """click callback: an existing folder as a Path (None when the option is left out)."""
+    if value is None:
+        return None
+    if not value:  # Path('') is '.': the working folder, named nowhere in what then went wrong
+        raise click.BadParameter("an empty path; expected a folder")
+    p = Path(value)
+    if not p.is_dir():
+        raise click.BadParameter(f"{p} is not a folder")
+    return p
 
 
 def _checked(ok, expected: str):
