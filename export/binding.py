@@ -23,6 +23,8 @@ from specrt.export.config import (EAGLE_ARCHITECTURE, DraftConfig, TargetConfig,
 from specrt.manifest import manifest_digest
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
+# which embed_tokens a draft's graph runs (--draft-embeddings): its own stored one, or the target's
+DRAFT_EMBEDDINGS = ("own", "target")
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,18 @@ class BoundDraft(Bound):
     renamed: dict[str, str] = field(default_factory=dict)
     # its own embedding equals the target's (None: it has none of its own, or of another shape)
     embed_matches_target: bool | None = None
+    # "target": its graph runs the target's embedding in place of its own (--draft-embeddings)
+    embeddings: str = "own"
+
+    @property
+    def runs_target_embed(self) -> bool:
+        """Its graph reads the target's embed_tokens: it stores none (DESIGN.md §1), or
+        ``embeddings`` is "target" (SGLang's and TensorRT-LLM's choice for a draft as wide as
+        its target)."""
+        return "embed" not in self.slots or self.embeddings == "target"
 
     def get(self, slot: str) -> np.ndarray:
-        # A draft without its own embeddings uses the verifier's (DESIGN.md §1).
-        if slot == "embed" and "embed" not in self.slots:
+        if slot == "embed" and self.runs_target_embed:
             assert self.target is not None
             return self.target.get("embed")
         return super().get(slot)
@@ -262,12 +272,21 @@ def _embed_matches_target(draft: BoundDraft, target: BoundTarget) -> bool | None
     return True
 
 
-def embed_mismatch_note(draft: BoundDraft) -> str:
-    """What export and inspect say when a draft's own embedding is not the target's."""
-    return (f"warning: {draft.slots['embed'].entry.file}: the draft's own embed_tokens.weight differs from the "
-            "target's (EAGLE, SpecForge and speculators train it frozen from the target's: was this draft "
-            "trained for another target or revision?); specrt runs the draft's own, as vLLM does since it "
-            "compares the two (SGLang and TensorRT-LLM would run the target's)")
+def embed_note(draft: BoundDraft) -> str | None:
+    """What export and inspect say of the draft's embedding: its own not the target's, or
+    --draft-embeddings target on a draft that stores none (None: nothing to say)."""
+    if "embed" not in draft.slots:
+        return (f"note: {draft.folder}: the draft stores no embed_tokens.weight and runs the target's: "
+                "--draft-embeddings target changes nothing") if draft.embeddings == "target" else None
+    if draft.embed_matches_target is not False:
+        return None
+    why = (f"warning: {draft.slots['embed'].entry.file}: the draft's own embed_tokens.weight differs from the "
+           "target's (EAGLE, SpecForge and speculators train it frozen from the target's: was this draft "
+           "trained for another target or revision?); ")
+    if draft.embeddings == "target":
+        return why + "its graph runs the target's (--draft-embeddings target), as SGLang and TensorRT-LLM would"
+    return why + ("specrt runs the draft's own, as vLLM does since it compares the two; SGLang and TensorRT-LLM "
+                  "would run the target's, which --draft-embeddings target runs")
 
 
 def _check_vocab_map(draft: BoundDraft) -> None:
@@ -321,9 +340,15 @@ def _check_full_vocab_map(draft: BoundDraft, V: int) -> None:
 
 
 def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = False,
-               aux_ids_count: str | None = None) -> BoundDraft:
+               aux_ids_count: str | None = None, embeddings: str = "own") -> BoundDraft:
     """A speculators draft, or an EAGLE-3 draft in EAGLE's own format (its names through
-    slots.eagle_rows' declared renames; ``aux_ids_count``: config.load_eagle_config)."""
+    slots.eagle_rows' declared renames; ``aux_ids_count``: config.load_eagle_config).
+    ``embeddings``: which embed_tokens its graph runs, "own" or "target" (DRAFT_EMBEDDINGS;
+    "target" changes nothing for a draft that stores none, and is refused for one whose own
+    is of another shape than the target's)."""
+    if embeddings not in DRAFT_EMBEDDINGS:
+        raise UserError(f"--draft-embeddings '{embeddings}' is not supported (choose one of "
+                        f"{', '.join(DRAFT_EMBEDDINGS)})")
     folder = Path(folder)
     dc = load_draft_config(folder, aux_ids_count)
     aux = _check_agreement(folder, dc, target)
@@ -341,10 +366,17 @@ def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = Fal
                   dc.decoder.num_layers, "draft", reader)
     renamed = {b.entry.name: aliases[b.entry.name] for b in slots.values() if b.entry.name in aliases}
     draft = BoundDraft(folder=folder, slots=slots, reader=reader, config=dc, target=target, aux_layer_ids=aux,
-                       renamed=renamed)
+                       renamed=renamed, embeddings=embeddings)
     if "embed" not in slots and target.config.decoder.hidden_size != dc.decoder.hidden_size:
         raise UserError(f"{folder}: draft has no embed_tokens.weight and its width {dc.decoder.hidden_size} differs "
                         f"from the target's {target.config.decoder.hidden_size}, so the target's cannot serve")
+    own, theirs = (slots["embed"].entry, target.slots["embed"].entry) if "embed" in slots else (None, None)
+    if embeddings == "target" and own is not None and tuple(own.shape) != tuple(theirs.shape):
+        # (a draft narrower or wider than its target: its layers read rows of its own width;
+        # every server runs its own then)
+        raise UserError(f"{own.file}: --draft-embeddings target: the draft's own '{own.name}' has shape "
+                        f"{list(own.shape)}, the target's '{theirs.name}' ({theirs.file}) {list(theirs.shape)}, so "
+                        "the target's cannot serve this draft; export it with --draft-embeddings own")
     _check_vocab_map(draft)
     draft.embed_matches_target = _embed_matches_target(draft, target)
     if not dc.confidence_head and ("confidence_head" in slots or "confidence_head_bias" in slots):
@@ -362,18 +394,20 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
     }
     if draft is not None:
         # the target tensors the draft's graph reads: its embedding where it has none of its own
-        # (its final norm and LM head are its own: norm.weight, lm_head.weight)
-        relies = {} if "embed" in draft.slots else {"embed": target.sha("embed")}
+        # or runs the target's (its final norm and LM head are its own: norm.weight, lm_head.weight)
+        relies = {"embed": target.sha("embed")} if draft.runs_target_embed else {}
         r["draft"] = {
             "folder": str(Path(draft.folder).resolve()),
             "config": draft.config.to_json(),
             "aux_layer_ids": list(draft.aux_layer_ids),
-            "embed_from_target": "embed" not in draft.slots,
+            "embed_from_target": draft.runs_target_embed,
             "slots": draft.table(),
             "relies_on_target": relies,
         }
         if draft.embed_matches_target is not None:  # (receipts without their own embedding read as before)
             r["draft"]["embed_matches_target"] = draft.embed_matches_target
+        if "embed" in draft.slots and draft.embeddings == "target":  # (--draft-embeddings own reads as before)
+            r["draft"]["embeddings"] = "target"  # its own stored one (in slots) unused by its graph
         if draft.config.source_format != "speculators":  # (receipts of speculators drafts read as before)
             r["draft"]["format"] = {"name": draft.config.source_format, "architecture": EAGLE_ARCHITECTURE,
                                     "renamed": dict(sorted(draft.renamed.items()))}

@@ -21,7 +21,7 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import UserError
-from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, embed_mismatch_note, receipt
+from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, embed_note, receipt
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
@@ -58,9 +58,10 @@ def _check_tokenizer_files(target_dir: Path) -> None:
 
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
            allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
-           draft_aux_ids: str | None = None) -> dict[str, Any]:
-    """Export target (and draft) to ``out``; returns the manifest. ``allow_draft_pickle`` and
-    ``draft_aux_ids``: bind_draft's ``allow_pickle`` and ``aux_ids_count``."""
+           draft_aux_ids: str | None = None, draft_embeddings: str = "own") -> dict[str, Any]:
+    """Export target (and draft) to ``out``; returns the manifest. ``allow_draft_pickle``,
+    ``draft_aux_ids`` and ``draft_embeddings``: bind_draft's ``allow_pickle``, ``aux_ids_count``
+    and ``embeddings`` (the receipt records which embedding the draft graph runs)."""
     from specrt.export import graphs
 
     if dtype not in DTYPES:
@@ -69,14 +70,14 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
     _check_tokenizer_files(Path(target_dir))
-    draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids) \
+    draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids, draft_embeddings) \
         if draft_dir is not None else None
     tc = target.config.decoder
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
-    if draft is not None and draft.embed_matches_target is False:
-        log(embed_mismatch_note(draft))
+    if draft is not None and (note := embed_note(draft)) is not None:
+        log(note)
 
     with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)

@@ -103,8 +103,17 @@ _AUX_IDS_HELP = ("How an EAGLE/SpecForge/ModelOpt draft's config counts the aux 
                  "state entering layer i, as vLLM).")
 
 
+_EMBEDDINGS_HELP = ("Which embed_tokens the draft's graph runs: own (its stored embed_tokens.weight, as vLLM and EAGLE "
+                    "run it) or target (the target's, as SGLang and TensorRT-LLM run a draft as wide as its target). "
+                    "A no-op for a draft that stores none (it runs the target's either way); refused for a draft "
+                    "whose own has another shape than the target's. The receipt records which one the graph runs.")
+
+
 def _draft_options(f):
-    """--allow-draft-pickle and --draft-aux-ids (bind_draft's allow_pickle and aux_ids_count)."""
+    """--allow-draft-pickle, --draft-aux-ids and --draft-embeddings (bind_draft's allow_pickle,
+    aux_ids_count and embeddings)."""
+    f = click.option("--draft-embeddings", type=click.Choice(["own", "target"]), default="own", show_default=True,
+                     help=_EMBEDDINGS_HELP)(f)
     f = click.option("--draft-aux-ids", type=click.Choice(["layer-output", "layer-input"]), default=None,
                      help=_AUX_IDS_HELP)(f)
     return click.option("--allow-draft-pickle", is_flag=True,
@@ -118,15 +127,15 @@ def _draft_options(f):
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
 def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool, allow_draft_pickle: bool,
-            draft_aux_ids: str | None) -> None:
+            draft_aux_ids: str | None, draft_embeddings: str) -> None:
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
-    from specrt.export.binding import bind_draft, bind_target, embed_mismatch_note, receipt
+    from specrt.export.binding import bind_draft, bind_target, embed_note, receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
-    d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids) if draft is not None else None
+    d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids, draft_embeddings) if draft is not None else None
     r = receipt(t, d)
-    if d is not None and d.embed_matches_target is False:
-        click.secho(embed_mismatch_note(d), fg="yellow", err=True)
+    if d is not None and (note := embed_note(d)) is not None:
+        click.secho(note, fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
@@ -146,6 +155,10 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
                            f"{len(part['format']['renamed'])} tensors bound through declared renames")
             same = {True: " (its own, equal to the target's)", False: " (its own, NOT the target's)"}.get(
                 part.get("embed_matches_target"), "")
+            if part.get("embeddings") == "target":  # in place of its own
+                same = {True: " (--draft-embeddings target; its own equals the target's)",
+                        False: " (--draft-embeddings target; its own is NOT the target's)"}.get(
+                    part.get("embed_matches_target"), " (--draft-embeddings target)")
             click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}{same}")
             click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
     n = len(r["target"]["slots"]) + len(r.get("draft", {}).get("slots", {}))
@@ -161,13 +174,13 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
 def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool,
-           allow_draft_pickle: bool, draft_aux_ids: str | None) -> None:
+           allow_draft_pickle: bool, draft_aux_ids: str | None, draft_embeddings: str) -> None:
     """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
     from specrt.export.export import export as run_export
 
     run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,
                log=lambda s: click.echo(s, err=True), allow_draft_pickle=allow_draft_pickle,
-               draft_aux_ids=draft_aux_ids)
+               draft_aux_ids=draft_aux_ids, draft_embeddings=draft_embeddings)
 
 
 def _depths(ctx, param, value):

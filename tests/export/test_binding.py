@@ -746,3 +746,146 @@ def test_a_draft_embedding_unlike_the_target_s_is_recorded_and_warned(tmp_path, 
     assert "embed_matches_target" not in receipt(t, bind_draft(folder / "draft", t))["draft"]
     r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft")])
     assert r.exit_code == 0 and "embeddings from target: True\n" in r.output, r.output
+
+
+# ---- --draft-embeddings own|target -----------------------------------------------------
+
+
+def _other_embed_draft(tmp_path: Path) -> Path:
+    """The reference draft with an embedding of its own unlike the target's (every row moved)."""
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    embed = load_file(str(folder / "verifier" / "model.safetensors"))["model.embed_tokens.weight"]
+    moved = embed + 0.05 * np.random.default_rng(0).standard_normal(embed.shape).astype(np.float32)
+    rewrite(folder / "draft", change={"embed_tokens.weight": moved})
+    return folder
+
+
+def _draft_graph_outputs(exp: Path) -> dict[str, np.ndarray]:
+    """draft.onnx of a P-EAGLE export on fixed random inputs: 2 real slots and the 3 mask slots
+    (speculative_tokens 4) over 3 rows of draft KV."""
+    import onnxruntime as ort
+
+    from specrt import contracts as C
+
+    m = json.loads((exp / "export.json").read_text())
+    d, rng, past = m["draft"], np.random.default_rng(1), 3
+    width = {t["name"]: t["shape"][-1] for t in m["graphs"]["draft"]["io"]["inputs"]}
+    ids = np.concatenate([rng.integers(0, m["target"]["vocab_size"], 2), np.full(3, d["mask_token_id"])])
+    feed = {C.INPUT_IDS: ids[None], C.POSITION_IDS: np.arange(past, past + 5)[None],
+            C.DRAFT_AUX_IN: rng.standard_normal((1, 2, width[C.DRAFT_AUX_IN])).astype(np.float32)}
+    for i in range(d["num_layers"]):
+        for name in (C.past_key(i), C.past_value(i)):
+            feed[name] = rng.standard_normal((1, past, d["num_kv_heads"], d["head_dim"])).astype(np.float32)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    s = ort.InferenceSession(str(exp / "draft.onnx"), so, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
+
+
+def test_draft_embeddings_target_runs_the_target_s_and_the_receipt_says_so(tmp_path):
+    """own (the default) runs the draft's stored embedding; target the target's, recorded in
+    the receipt (embed_from_target, relies_on_target, embeddings) with the comparison kept."""
+    folder = _other_embed_draft(tmp_path)
+    t = bind_target(folder / "verifier")
+    own = bind_draft(folder / "draft", t)
+    stored = load_file(str(folder / "draft" / "model.safetensors"))["embed_tokens.weight"]
+    np.testing.assert_array_equal(own.get("embed"), stored)
+    r = receipt(t, own)["draft"]
+    assert not r["embed_from_target"] and r["relies_on_target"] == {} and "embeddings" not in r
+    assert r["embed_matches_target"] is False
+    theirs = bind_draft(folder / "draft", t, embeddings="target")
+    np.testing.assert_array_equal(theirs.get("embed"), t.get("embed"))
+    r = receipt(t, theirs)["draft"]
+    assert r["embed_from_target"] and r["relies_on_target"] == {"embed": t.sha("embed")}
+    assert r["embeddings"] == "target" and r["embed_matches_target"] is False
+    assert r["slots"]["embed"]["sha256"] == own.slots["embed"].sha256  # its own still bound (every tensor is)
+    assert receipt(t, theirs)["receipt_id"] != receipt(t, own)["receipt_id"]
+    with pytest.raises(UserError, match=r"--draft-embeddings 'theirs' is not supported \(choose one of own, target\)"):
+        bind_draft(folder / "draft", t, embeddings="theirs")
+
+
+def test_draft_embeddings_target_without_an_embedding_of_its_own_changes_nothing(tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    rewrite(folder / "draft", drop=("embed_tokens.weight",))
+    t = bind_target(folder / "verifier")
+    same = receipt(t, bind_draft(folder / "draft", t))
+    assert receipt(t, bind_draft(folder / "draft", t, embeddings="target")) == same  # the default's, receipt_id too
+    r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft"),
+                                  "--draft-embeddings", "target"])
+    assert r.exit_code == 0 and "stores no embed_tokens.weight" in r.output and "changes nothing" in r.output, r.output
+    assert "embeddings from target: True\n" in r.output
+    for cmd in ("inspect", "export"):
+        h = CliRunner().invoke(main, [cmd, "--help"])
+        assert h.exit_code == 0 and "--draft-embeddings" in h.output and "A no-op for a draft that stores none" in \
+            " ".join(h.output.split()), h.output
+
+
+def test_draft_embeddings_target_refuses_an_embedding_of_another_shape(tmp_path):
+    """A draft narrower than its target keeps its own: target is refused naming both shapes,
+    at inspect and at export (exit 1, no traceback, no folder written)."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    d = write_eagle3(tmp_path / "narrow", hidden=32)
+    _edit_config(d, target_hidden_size=64)
+    rng = np.random.default_rng(0)
+    rewrite(d, change={"fc.weight": rng.standard_normal((32, 3 * 64)).astype(np.float32)},
+            add={"embed_tokens.weight": rng.standard_normal((1000, 32)).astype(np.float32)})
+    t = bind_target(REFERENCE / "verifier")
+    assert bind_draft(d, t).embeddings == "own"  # its own is what it runs
+    with pytest.raises(UserError, match=r"model\.safetensors: --draft-embeddings target: the draft's own "
+                                        r"'embed_tokens.weight' has shape \[1000, 32\], the target's "
+                                        r"'model.embed_tokens.weight' .* \[1000, 64\]"):
+        bind_draft(d, t, embeddings="target")
+    for cmd in (["inspect"], ["export", "-o", str(tmp_path / "out")]):
+        r = CliRunner().invoke(main, [*cmd, str(REFERENCE / "verifier"), "--draft", str(d), "--draft-embeddings",
+                                      "target"])
+        assert r.exit_code == 1 and "[1000, 32]" in r.output and "[1000, 64]" in r.output, r.output
+        assert "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_draft_embeddings_both_ways_at_the_command_line(tmp_path):
+    """The warning names the option; export writes the choice into export.json's receipt and
+    inspect shows it."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.manifest import load_export
+
+    folder = _other_embed_draft(tmp_path)
+    args = [str(folder / "verifier"), "--draft", str(folder / "draft")]
+    r = CliRunner().invoke(main, ["inspect", *args])
+    assert r.exit_code == 0 and "--draft-embeddings target" in r.output and "NOT the target's" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", *args, "--draft-embeddings", "target"])
+    assert r.exit_code == 0 and "its graph runs the target's (--draft-embeddings target)" in r.output, r.output
+    assert "embeddings from target: True (--draft-embeddings target; its own is NOT the target's)" in r.output
+    for choice in ("own", "target"):
+        r = CliRunner().invoke(main, ["export", *args, "-o", str(tmp_path / choice), "--draft-embeddings", choice])
+        assert r.exit_code == 0, r.output
+        rec = load_export(tmp_path / choice)["binding_receipt"]["draft"]  # (checked as build loads it)
+        assert rec["embed_from_target"] is (choice == "target") and rec.get("embeddings", "own") == choice
+
+
+def test_draft_embeddings_target_is_the_draft_with_the_target_s_embedding(tmp_path):
+    """The draft graph exported with target computes what the same draft's graph computes with
+    its embed_tokens replaced by the target's, and not what its own gives."""
+    from specrt.export.export import export
+
+    folder = _other_embed_draft(tmp_path)
+    swapped = copy_tree(folder, tmp_path / "swapped")
+    rewrite(swapped / "draft", change={
+        "embed_tokens.weight": load_file(str(folder / "verifier" / "model.safetensors"))["model.embed_tokens.weight"]})
+    export(folder / "verifier", folder / "draft", tmp_path / "target", draft_embeddings="target")
+    export(swapped / "verifier", swapped / "draft", tmp_path / "swapped-out")
+    export(folder / "verifier", folder / "draft", tmp_path / "own")
+    got, want, own = (_draft_graph_outputs(tmp_path / n) for n in ("target", "swapped-out", "own"))
+    assert set(got) == set(want) and "draft_logits" in got
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert not np.allclose(own["draft_logits"], want["draft_logits"], atol=1e-3)
