@@ -683,15 +683,21 @@ def test_a_draft_embedding_in_the_target_s_dtype_is_its_bytes(tmp_path):
     assert bind_draft(folder / "draft", t).embed_matches_target is False
 
 
-def test_a_narrower_draft_s_own_embedding_is_not_compared(tmp_path):
-    """A draft narrower than its target (target_hidden_size) has an embedding of its own
-    width, which every server runs (the target's cannot serve): nothing to compare, nothing
-    recorded."""
+def _narrow_draft_with_its_own_embedding(tmp_path: Path) -> Path:
+    """An EAGLE-3 draft 32 wide for the 64-wide reference target, with a [1000, 32] embedding."""
     d = write_eagle3(tmp_path / "narrow", hidden=32)
     _edit_config(d, target_hidden_size=64)
     rng = np.random.default_rng(0)
     rewrite(d, change={"fc.weight": rng.standard_normal((32, 3 * 64)).astype(np.float32)},
             add={"embed_tokens.weight": rng.standard_normal((1000, 32)).astype(np.float32)})
+    return d
+
+
+def test_a_narrower_draft_s_own_embedding_is_not_compared(tmp_path):
+    """A draft narrower than its target (target_hidden_size) has an embedding of its own
+    width, which every server runs (the target's cannot serve): nothing to compare, nothing
+    recorded."""
+    d = _narrow_draft_with_its_own_embedding(tmp_path)
     t = bind_target(REFERENCE / "verifier")
     draft = bind_draft(d, t)
     assert draft.slots["embed"].entry.shape == (1000, 32) and draft.embed_matches_target is None
@@ -831,11 +837,7 @@ def test_draft_embeddings_target_refuses_an_embedding_of_another_shape(tmp_path)
 
     from specrt.cli import main
 
-    d = write_eagle3(tmp_path / "narrow", hidden=32)
-    _edit_config(d, target_hidden_size=64)
-    rng = np.random.default_rng(0)
-    rewrite(d, change={"fc.weight": rng.standard_normal((32, 3 * 64)).astype(np.float32)},
-            add={"embed_tokens.weight": rng.standard_normal((1000, 32)).astype(np.float32)})
+    d = _narrow_draft_with_its_own_embedding(tmp_path)
     t = bind_target(REFERENCE / "verifier")
     assert bind_draft(d, t).embeddings == "own"  # its own is what it runs
     with pytest.raises(UserError, match=r"model\.safetensors: --draft-embeddings target: the draft's own "
