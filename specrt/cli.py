@@ -120,6 +120,18 @@ def _draft_options(f):
                         help="Read the draft's pytorch_model.bin pickle (unpickling can run code).")(f)
 
 
+def _check_draft_options(draft: Path | None) -> None:
+    """A draft option given without --draft would be ignored: refuse it, naming it."""
+    if draft is not None:
+        return
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in ("allow_draft_pickle", "draft_aux_ids", "draft_embeddings")
+             if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)]
+    if given:
+        raise UserError(f"{', '.join(given)}: {'applies' if len(given) == 1 else 'apply'} to a draft, and no "
+                        "--draft was given")
+
+
 @main.command()
 @click.argument("target", callback=existing_dir)
 @click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
@@ -129,6 +141,7 @@ def _draft_options(f):
 def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool, allow_draft_pickle: bool,
             draft_aux_ids: str | None, draft_embeddings: str) -> None:
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
+    _check_draft_options(draft)
     from specrt.export.binding import bind_draft, bind_target, embed_note, receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
@@ -176,6 +189,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool,
            allow_draft_pickle: bool, draft_aux_ids: str | None, draft_embeddings: str) -> None:
     """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
+    _check_draft_options(draft)
     from specrt.export.export import export as run_export
 
     run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,

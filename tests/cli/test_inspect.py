@@ -55,3 +55,20 @@ def test_inspect_real_smollm2():
     # 30 layers x 9 slots + embed + final norm (lm_head tied to the embeddings)
     assert len(data["target"]["slots"]) == 30 * 9 + 3
     assert data["target"]["slots"]["lm_head"] == {"tied_to": "embed", "sha256": data["target"]["slots"]["embed"]["sha256"]}
+
+
+@pytest.mark.parametrize("cmd", ["inspect", "export"])
+def test_draft_options_without_a_draft_are_refused(cmd, tmp_path):
+    """--draft-aux-ids, --draft-embeddings and --allow-draft-pickle shape how a draft is read:
+    given without --draft they would be ignored without a word, so they are refused, named."""
+    out = ["-o", str(tmp_path / "exp")] if cmd == "export" else []
+    for options, named in ((["--draft-embeddings", "own"], "--draft-embeddings: applies"),
+                           (["--draft-aux-ids", "layer-input"], "--draft-aux-ids: applies"),
+                           (["--allow-draft-pickle", "--draft-embeddings", "target"],
+                            "--allow-draft-pickle, --draft-embeddings: apply")):
+        r = CliRunner().invoke(main, [cmd, str(REF / "verifier"), *out, *options])
+        assert r.exit_code == 1 and f"error: {named} to a draft, and no --draft was given" in r.output, r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert not (tmp_path / "exp").exists()
+    r = CliRunner().invoke(main, [cmd, str(REF / "verifier"), *out])  # the defaults alone: no draft needed
+    assert r.exit_code == 0, r.output
