@@ -378,11 +378,13 @@ def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = Fal
                         f"{list(own.shape)}, the target's '{theirs.name}' ({theirs.file}) {list(theirs.shape)}, so "
                         "the target's cannot serve this draft; export it with --draft-embeddings own")
     _check_vocab_map(draft)
-    draft.embed_matches_target = _embed_matches_target(draft, target)
     if not dc.confidence_head and ("confidence_head" in slots or "confidence_head_bias" in slots):
         name = (slots.get("confidence_head") or slots["confidence_head_bias"]).entry.name
         raise UserError(f"{folder}: draft tensor '{name}' is a confidence head, but config.json does not enable one "
                         f"(expected \"enable_confidence_head\": true beside it, or no such tensor)")
+    # last, after every check that can refuse the draft: it reads both embeddings, a pass over
+    # V x H weights of each (in blocks) when their dtypes differ
+    draft.embed_matches_target = _embed_matches_target(draft, target)
     return draft
 
 

@@ -109,6 +109,27 @@ def test_the_runtime_reads_the_heads_confidences_and_output_stays_the_targets(tm
     np.testing.assert_allclose(np.concatenate(seen), 1 / (1 + np.exp(0.5)), rtol=1e-6)
 
 
+def test_a_head_error_comes_before_the_embedding_comparison(tmp_path):
+    """bind_draft compares a draft's own embedding with the target's (a pass over both, in
+    blocks, when their dtypes differ) only after every check that can refuse the draft: with
+    the target's file gone once bound (its reader closed), a comparison would fail to read it,
+    so the confidence head's error shows that none ran (it was made before that check)."""
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=64)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=64, mask_token_id=63,
+                         confidence_head=True, own_embed=True)
+    x = load_file(str(d / "model.safetensors"))
+    x["embed_tokens.weight"] = x["embed_tokens.weight"].astype(np.float16)  # (float32 target: compared row by row)
+    save_file(x, str(d / "model.safetensors"))
+    target = bind_target(t)
+    assert bind_draft(d, target).embed_matches_target is False  # compared (its own random rows)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "enable_confidence_head": False}))
+    target.reader.close()
+    (t / "model.safetensors").rename(tmp_path / "moved.safetensors")
+    with pytest.raises(UserError, match="is a confidence head, but config.json does not enable one"):
+        bind_draft(d, target)
+
+
 def test_a_head_needs_its_config_flag_and_no_markov_head(tmp_path):
     t = write_tiny_target(tmp_path / "t", "llama", vocab_size=64)
     target = bind_target(t)
