@@ -36,6 +36,7 @@ from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_pre
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
 from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
+from specrt.limits import MAX_PROFILE_REPEATS
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
                              manifest_digest, write_json)
 
@@ -194,8 +195,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     graph_files = {g: f"{EXPORT_SUBDIR}/{_graph_file(exp, g)}" for g in exp["graphs"]}
 
     # Fail before any work if the backend is missing or settings are invalid.
-    if not isinstance(profile_repeats, int) or isinstance(profile_repeats, bool) or profile_repeats < 1:
-        raise UserError(f"--profile-repeats {profile_repeats!r}: expected a whole number >= 1")
+    _check_repeats(profile_repeats, "--profile-repeats")
     if ort_kv not in ("auto", *C.KV_LAYOUTS):
         raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
     if draft_weights not in DRAFT_WEIGHTS:
@@ -384,6 +384,13 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
                              draft_accepted=draft_accepted, repeats=repeats, log=log)
 
 
+def _check_repeats(repeats, option: str) -> None:
+    """A cost table's timed passes (``option`` as the CLI names it): 1..MAX_PROFILE_REPEATS, as
+    the CLI's IntRange declares it, for Python callers."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
+        raise UserError(f"{option} {repeats!r}: expected a whole number in 1..{MAX_PROFILE_REPEATS}")
+
+
 def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The cost table of ``engines`` (an EngineSet, not yet active) measured now on this
     machine: the pasts and draft shape of its stored table, the build's round-robin timing
@@ -413,6 +420,7 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     from specrt.engines.engine_set import load_engines
     from specrt.paths import write_atomic
 
+    _check_repeats(repeats, "--repeats")  # (`specrt profile`'s option)
     folder = Path(folder)
     engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
     manifest = folder / ENGINES_MANIFEST

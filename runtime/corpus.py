@@ -45,13 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from specrt.contracts import CORPUS_FILE as FILE
 from specrt.errors import UserError
 from specrt.paths import atomic_file
 from specrt.prompt_files import is_token_ids, json_lines
 
 from .ngram import tally
 
-FILE = "corpus.npz"
 GROW_FORMAT = 1  # a growth file (Growth.save): its sequences, not its tables
 FORMAT = 2  # 2: pruned, an evidence code per n-gram instead of its counts (1: counts, unpruned)
 NMIN, NMAX = 3, 8

@@ -33,10 +33,10 @@ from typing import Iterator
 
 import numpy as np
 
+from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
 from specrt.errors import UserError
 from specrt.prompt_files import is_token_ids
 
-from .corpus import FILE as CORPUS_FILE
 from .corpus import Growth
 from .generate import Finished, Generator, Stream
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
@@ -44,8 +44,6 @@ from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens,
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
 
-CALIBRATION_FILE = "calibration.json"
-ACCEPTANCE_FILE = "acceptance_receipt.json"
 
 def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
     vm = (export.get("draft") or {}).get("vocab_map")

@@ -18,8 +18,9 @@ import click
 
 from specrt import __version__
 from specrt.errors import UserError, describe_os_error, environment_error
+from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
-from specrt.sampling_options import existing_dir, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, existing_dir, sampling_options, template_kwargs_option
 
 
 class _Group(click.Group):
@@ -181,7 +182,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 @main.command()
 @click.argument("target", callback=existing_dir)
 @click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Export folder to write.")
+@click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Export folder to write.")
 @click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
@@ -208,10 +209,10 @@ def _depths(ctx, param, value):
 @click.argument("export_dir", callback=existing_dir)
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
 @click.option("--depths", default="1,2,4,8", show_default=True, callback=_depths, help="Verify depths to specialise.")
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Engines folder to write.")
+@click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
-@click.option("--threads", type=click.IntRange(min=1, max=2**31 - 1), default=None,  # (ONNX Runtime takes a C int)
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None,  # (ONNX Runtime takes a C int)
               help="ONNX Runtime intra-op threads (default: physical cores).")
 @click.option("--sessions", type=click.Choice(["shared", "per-depth"]), default=None,
               help="ONNX Runtime: one prepacked session per graph (default), or one per depth (weights shared, "
@@ -232,7 +233,8 @@ def _depths(ctx, param, value):
                    "channels in fp32) and finds each token exactly from the fp32 head's rows that an error bound "
                    "leaves (specrt/head.py: ~10% off a decode step on SmolLM2); sampling and the prefill switch the "
                    "graph to the fp32 head.")
-@click.option("--profile-repeats", type=int, default=10, show_default=True,
+@click.option("--profile-repeats", type=click.IntRange(min=1, max=MAX_PROFILE_REPEATS), default=10,
+              show_default=True,
               help="Timed passes per engine for the cost table (the median is kept): more passes, a steadier "
                    "table on a noisy machine, at about 0.5 s a pass on SmolLM2 with 2 cores.")
 @click.option("--force", is_flag=True, help="Replace an existing engines folder.")
@@ -295,7 +297,7 @@ def canary(engines_dir: Path) -> None:
 
 @main.command()
 @click.argument("engines_dir", callback=existing_dir)
-@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1, max=MAX_PROFILE_REPEATS), default=10, show_default=True,
               help="Timed calls per engine and past length (the median is kept).")
 def profile(engines_dir: Path, repeats: int) -> None:
     """Measure ENGINES_DIR's cost table again on this machine now and rewrite it in
@@ -323,7 +325,7 @@ def profile(engines_dir: Path, repeats: int) -> None:
 
 @main.command()
 @click.argument("engines_dir", callback=existing_dir)
-@click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("answers", nargs=-1, required=True, type=PathArg("a file", exists=True, dir_okay=False))
 @click.option("--nmin", type=click.IntRange(min=1), default=3, show_default=True, help="Shortest n-gram matched.")
 @click.option("--nmax", type=click.IntRange(min=1), default=8, show_default=True, help="Longest n-gram matched.")
 def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -> None:
@@ -399,7 +401,7 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 @main.command()
 @click.argument("engines_dir", callback=existing_dir)
 @click.option("--prompt", help="One prompt.")
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+@click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
                    "system prompt, earlier turns; rendered with the chat template), decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
@@ -421,12 +423,12 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
                    "latest N tokens of them, 32768 without)")
 @sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
-@click.option("--stats", "stats_file", type=click.Path(path_type=Path), help="Write telemetry JSON here.")
+@click.option("--stats", "stats_file", type=PathArg("a file"), help="Write telemetry JSON here.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Record each generated token's log-probability under the target (the model's own, before "
                    "temperature / top-k / top-p) and its N most likely alternatives in --stats (per prompt "
                    "'output_logprobs').")
-@click.option("--grow-file", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--grow-file", type=PathArg("a file", dir_okay=False),
               help="Session growth (:grow, part of auto) across runs: start from this file's sequences when it "
                    "exists, and write the run's latest ones back to it at the end.")
 @click.option("--no-prefix-reuse", is_flag=True,

@@ -145,11 +145,12 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError
+from specrt.limits import MAX_THREADS
 from specrt.machine import machine_info
 from specrt.manifest import atomic_folder, check_output
 from specrt.paths import write_atomic
 from specrt.prompt_files import common_prefix
-from specrt.sampling_options import sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, sampling_options, template_kwargs_option
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
@@ -1182,8 +1183,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                  ("--warmup-tokens", warmup_tokens, 0)):
         if value is not None and value < least:
             raise UserError(f"{option} {value}: expected >= {least}")
-    if threads is not None and threads >= 2**31:  # ONNX Runtime takes a C int
-        raise UserError(f"--threads {threads}: expected at most {2**31 - 1}")
+    if threads is not None and threads > MAX_THREADS:  # before the engines load (OrtSettings checks it there)
+        raise UserError(f"--threads {threads}: expected at most {MAX_THREADS}")
     if peers is not None and not peers.strip():  # (an empty value ran no peer, where --governors '' is refused)
         raise UserError(f"--peers {peers!r}: expected a comma-separated list of "
                         f"{', '.join(KNOWN_PEERS)}, or 'none'")
@@ -1721,11 +1722,11 @@ def _parse_variants(values) -> dict[str, Path]:
 
 
 @click.command()
-@click.argument("engines_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+@click.argument("engines_dir", type=PathArg("a folder", exists=True, file_okay=False))
+@click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False), required=True,
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
                    "always through the chat template) or 'prompt_ids' (token ids).")
-@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="Report folder to write.")
+@click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Report folder to write.")
 @click.option("--force", is_flag=True, help="Replace an existing report folder (an earlier `specrt bench` report).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option
@@ -1740,7 +1741,7 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--lookup-tokens", type=int, default=None, help="hf-lookup's prompt_lookup_num_tokens (default: the largest depth).")
-@click.option("--ortgenai-cache", type=click.Path(path_type=Path), default=None,
+@click.option("--ortgenai-cache", type=PathArg("a folder"), default=None,
               help="Where the onnxruntime-genai model is built (default: $SPECRT_CACHE or ~/.cache/specrt).")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.prompt_files import prompts_of, read_prompt_file
-from specrt.sampling_options import existing_dir, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, existing_dir, sampling_options, template_kwargs_option
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
@@ -22,7 +22,7 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 @click.command()
 @click.argument("engines_dir", callback=existing_dir)
 @click.option("--prompts", "prompts_file", required=True,
-              type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
                    "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
@@ -30,10 +30,10 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
 @click.option("--holdout", type=float, default=0.25, show_default=True,
               help="Fraction of the prompts held out to measure calibration error (0: none).")
-@click.option("--holdout-prompts", "holdout_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+@click.option("--holdout-prompts", "holdout_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="A separate held-out prompt file (same format) to measure calibration error on; "
                    "then every prompt of --prompts trains and --holdout is ignored.")
-@click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--report", "report_file", type=PathArg("a file", dir_okay=False),
               help="Also write the full report as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
 @sampling_options("Calibrate for sampled decoding at this temperature (0 = greedy), with --top-p / --top-k as "

@@ -64,7 +64,7 @@ import click
 
 from specrt.errors import UserError
 from specrt.prompt_files import is_token_ids
-from specrt.sampling_options import temperature_option, template_kwargs_option
+from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
 MAX_MODES = 4  # generators kept, one per decoding mode
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -998,7 +998,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
 
 
 @click.command()
-@click.argument("engines_dir", type=click.Path(path_type=Path))
+@click.argument("engines_dir", type=PathArg("a folder"))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")

@@ -251,3 +251,12 @@ def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, h
                  TensorSpec(DRAFT_TOKENS, "int64", (1, DIM_NEW)),
                  TensorSpec(DRAFT_HIDDEN_OUT, dtype, (1, DIM_NEW, hidden)), *conf, *kv_out),
     )
+
+
+# The files later commands add to an engines folder (`specrt calibrate`'s map, the acceptance
+# canary's receipt, `specrt corpus`'s n-grams): named here, in a module that imports nothing
+# heavy, so that specrt/paths.py keeps a report off them without importing the runtime that
+# reads them (runtime/session.py, runtime/corpus.py).
+CALIBRATION_FILE = "calibration.json"
+ACCEPTANCE_FILE = "acceptance_receipt.json"
+CORPUS_FILE = "corpus.npz"

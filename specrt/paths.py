@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
 from specrt.errors import UserError
 
 
@@ -42,8 +43,6 @@ def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, opt
     the engines."""
     if path is None:
         return
-    from specrt.runtime.session import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
-
     p, folder = Path(path).resolve(), Path(engines_dir).resolve()
     if p.is_relative_to(folder) and (p.is_file() or p in {folder / n for n in (CALIBRATION_FILE, ACCEPTANCE_FILE,
                                                                                CORPUS_FILE)}):

@@ -1,6 +1,7 @@
 """The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``, the chat
-template's variables (those and ``chat``, ``serve``), and the folder arguments' check
-(``existing_dir``: cli.py's commands and ``calibrate``).
+template's variables (those and ``chat``, ``serve``), and the path arguments' checks
+(``existing_dir``: cli.py's commands' folders and ``calibrate``'s; ``PathArg``: every other path
+argument or option, ``serve``'s, ``bench``'s and ``compare``'s included).
 
     @sampling_options("0 = greedy", seed=None)
     def run(..., temperature, top_p, top_k, seed): ...
@@ -19,12 +20,32 @@ import click
 from specrt.errors import UserError
 
 
+def _refuse_empty(value, expected: str) -> None:
+    """Path('') is '.': the working folder, named nowhere in what then went wrong (an `-o ""`
+    was refused as the folder the command ran in, `serve ""` loaded it as the engines)."""
+    if isinstance(value, (str, bytes)) and not value:
+        raise click.BadParameter(f"an empty path; expected {expected}")
+
+
+class PathArg(click.Path):
+    """click.Path giving a pathlib.Path, refusing an empty path as one (``expected``: what the
+    path should name, "a folder" or "a file", for that message); click.Path's own checks
+    (exists, dir_okay, ...) as given."""
+
+    def __init__(self, expected: str, **kwargs):
+        super().__init__(path_type=Path, **kwargs)
+        self.expected = expected
+
+    def convert(self, value, param, ctx):
+        _refuse_empty(value, self.expected)
+        return super().convert(value, param, ctx)
+
+
 def existing_dir(ctx, param, value):
     """click callback: an existing folder as a Path (None when the option is left out)."""
     if value is None:
         return None
-    if not value:  # Path('') is '.': the working folder, named nowhere in what then went wrong
-        raise click.BadParameter("an empty path; expected a folder")
+    _refuse_empty(value, "a folder")
     p = Path(value)
     if not p.is_dir():
         raise click.BadParameter(f"{p} is not a folder")

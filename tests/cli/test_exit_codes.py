@@ -16,6 +16,10 @@ from specrt.cli import main
     (["build"], "Missing argument"),
     # ONNX Runtime takes a C int: a larger count was pybind11's TypeError, a traceback, at the first session
     (["build", "{tmp}", "--threads", "99999999999999999999", "-o", "{tmp}/out"], "is not in the range 1<=x<=2147483647"),
+    # a cost table's passes (specrt.limits.MAX_PROFILE_REPEATS): 2**40 ran for ever
+    (["build", "{tmp}", "--profile-repeats", "10001", "-o", "{tmp}/out"], "'--profile-repeats': 10001 is not in the "
+                                                                          "range 1<=x<=10000"),
+    (["profile", "{tmp}", "--repeats", str(2**40)], f"'--repeats': {2**40} is not in the range 1<=x<=10000"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--threads", "99999999999999999999", "-o", "{tmp}/out"],
      "--threads 99999999999999999999: expected at most 2147483647"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--threads", "2147483648", "-o", "{tmp}/out"],
@@ -35,6 +39,28 @@ from specrt.cli import main
     (["inspect", "{tmp}", "--draft", ""], "Invalid value for '--draft': an empty path; expected a folder"),
     (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
     (["serve", "{tmp}", "--model-name", " "], "--model-name: expected a non-empty name"),  # served as the folder's
+    # every other path argument and option (sampling_options.PathArg): '' was '.', refused as the working
+    # folder (`-o ""`: "holds the input folder", "--stats .: is a folder") or served (`serve ""`)
+    *(([*args[:-1], ""], f"Invalid value for '{name}': an empty path; expected a {kind}") for args, name, kind in (
+        (["export", "{tmp}", "-o", ""], "-o' / '--out", "folder"),
+        (["build", "{tmp}", "-o", ""], "-o' / '--out", "folder"),
+        (["corpus", "{tmp}", ""], "ANSWERS...", "file"),
+        (["run", "{tmp}", "--prompts", ""], "--prompts", "file"),
+        (["run", "{tmp}", "--prompt", "x", "--stats", ""], "--stats", "file"),
+        (["run", "{tmp}", "--prompt", "x", "--grow-file", ""], "--grow-file", "file"),
+        (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "-o", ""], "-o' / '--out", "folder"),
+        (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "-o", "{tmp}/out", "--ortgenai-cache", ""],
+         "--ortgenai-cache", "folder"),
+        (["bench", "{tmp}", "-o", "{tmp}/out", "--prompts", ""], "--prompts", "file"),
+        (["bench", "-o", "{tmp}/out", "--prompts", "{tmp}/p.jsonl", ""], "ENGINES_DIR", "folder"),
+        (["calibrate", "{tmp}", "--prompts", ""], "--prompts", "file"),
+        (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--holdout-prompts", ""], "--holdout-prompts", "file"),
+        (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--report", ""], "--report", "file"),
+        (["compare", ""], "ENGINES_DIR", "folder"),
+        (["compare", "{tmp}", "--report", ""], "--report", "file"),
+        (["compare", "{tmp}", "--save-inputs", ""], "--save-inputs", "file"),
+        (["compare", "{tmp}", "--target", ""], "--target", "folder"),
+        (["serve", ""], "ENGINES_DIR", "folder"))),
 ])
 def test_usage_errors_exit_1(tmp_path, args, message):
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
@@ -42,6 +68,30 @@ def test_usage_errors_exit_1(tmp_path, args, message):
     assert r.exit_code == 1, r.output
     assert message.format(tmp=tmp_path) in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_thread_limit_is_one_constant(tmp_path):
+    """build's --threads, bench's pre-check (before any engine loads) and engines.json's
+    OrtSettings all stop at specrt.limits.MAX_THREADS (ONNX Runtime's C int), each in its
+    own words; the limit itself is accepted everywhere."""
+    from specrt.engines.onnxruntime import OrtSettings
+    from specrt.errors import UserError
+    from specrt.limits import MAX_THREADS
+
+    assert MAX_THREADS == 2**31 - 1
+    assert OrtSettings(intra_op_num_threads=MAX_THREADS).resolved().intra_op_num_threads == MAX_THREADS
+    with pytest.raises(UserError, match=f"intra_op_num_threads {MAX_THREADS + 1}: expected a thread count in "
+                                        f"0..{MAX_THREADS}"):
+        OrtSettings(intra_op_num_threads=MAX_THREADS + 1).resolved()
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    for command, over, at in (
+            (["build", str(tmp_path / "missing"), "-o", str(tmp_path / "out")],
+             f"is not in the range 1<=x<={MAX_THREADS}", "is not a folder"),
+            (["bench", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "out")],
+             f"--threads {MAX_THREADS + 1}: expected at most {MAX_THREADS}", "not a complete engines folder")):
+        for threads, want in ((MAX_THREADS + 1, over), (MAX_THREADS, at)):
+            r = CliRunner().invoke(main, [*command, "--threads", str(threads)])
+            assert r.exit_code == 1 and want in r.output and "Traceback" not in r.output, (command, threads, r.output)
 
 
 def test_user_errors_exit_1(tmp_path):
@@ -241,6 +291,27 @@ def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
     # a file outside the folder is an ordinary output, replaced as any report is
     check_not_engines_file(tmp_path / "p.jsonl", engines, "--report")
 
+
+def test_the_engines_files_check_needs_no_runtime(tmp_path):
+    """check_not_engines_file reads the names of the files later commands write (calibrate's,
+    the canary's, corpus's) from specrt.contracts: it imported runtime.session (and with it
+    most of the runtime) for three strings. The names stay importable from there."""
+    import subprocess
+    import sys
+
+    from specrt import contracts
+    from specrt.runtime import corpus, session
+
+    assert (session.CALIBRATION_FILE, session.ACCEPTANCE_FILE, session.CORPUS_FILE, corpus.FILE) == \
+        (contracts.CALIBRATION_FILE, contracts.ACCEPTANCE_FILE, contracts.CORPUS_FILE, contracts.CORPUS_FILE)
+    (tmp_path / "e").mkdir()
+    code = ("import sys; from specrt.errors import UserError; from specrt.paths import check_not_engines_file\n"
+            "try: check_not_engines_file(sys.argv[1] + '/e/calibration.json', sys.argv[1] + '/e', '--report')\n"
+            "except UserError as e: print(e)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('specrt.runtime')))")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == "[]", p.stdout + p.stderr
+    assert "--report " in p.stdout and "a file of the engines folder" in p.stdout, p.stdout
 
 @pytest.mark.parametrize("name, text, message", [
     ("tokenizer.json", "{", "tokenizer.json: not valid JSON"),

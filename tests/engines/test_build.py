@@ -238,7 +238,7 @@ def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path, 
     code, env = ((CLI_CODE, {"SPECRT_THP_REEXEC": "1"}) if restarted else
                  ("from specrt.cli import entry; entry()", {"SPECRT_THP": "0"}))
     p = subprocess.Popen([sys.executable, "-c", code, "build", str(tiny_export),
-                          "-o", str(out), "--depths", "1,2", "--profile-repeats", "100000", "--no-canary"],
+                          "-o", str(out), "--depths", "1,2", "--profile-repeats", "10000", "--no-canary"],
                          env={**os.environ, **env}, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -292,7 +292,9 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     (dict(precision="int8"), "--precision 'int8' is not supported"),
     (dict(max_context=100_000), "--max-context 100000 must be in 1..256"),
     (dict(ort_settings={"sessions": "many"}), "sessions 'many' is not one of"),
-    (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number >= 1"),
+    (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number in 1..10000"),
+    # (specrt.limits.MAX_PROFILE_REPEATS, the CLI's IntRange: 2**40 passes ran for ever)
+    (dict(profile_repeats=10_001), "--profile-repeats 10001: expected a whole number in 1..10000"),
 ])
 def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     args = dict(backend="onnxruntime", depths="1,2")
@@ -526,19 +528,30 @@ def test_tensorrt_without_tensorrt_is_a_user_error(tiny_export, tmp_path):
 
 
 def test_cli_profile_repeats(tiny_export, tmp_path):
-    """`specrt build --profile-repeats N` reaches the cost table; 0 is a clear error, exit 1."""
+    """`specrt build --profile-repeats N` reaches the cost table; 0 or past the maximum is a clear
+    error, exit 1."""
     from click.testing import CliRunner
 
     from specrt.cli import main
 
     res = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "bad"),
                                     "--profile-repeats", "0", "--no-canary"])
-    assert res.exit_code == 1 and "--profile-repeats 0: expected a whole number >= 1" in res.output, res.output
+    assert res.exit_code == 1 and "'--profile-repeats': 0 is not in the range 1<=x<=10000" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "bad").exists()
     res = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "e"),
                                     "--profile-repeats", "3", "--no-canary"])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "e" / "engines.json").read_text())["costs"]["repeats"] == 3
+
+
+def test_reprofile_bounds_its_repeats_before_loading(tmp_path):
+    """reprofile_engines (Python callers of `specrt profile`) takes the CLI's bound, checked
+    before the engines load: 2**40 passes ran for ever."""
+    from specrt.engines.build import reprofile_engines
+
+    for bad in (0, 10_001, 2**40, True):
+        with pytest.raises(UserError, match=rf"--repeats {bad!r}: expected a whole number in 1\.\.10000"):
+            reprofile_engines(tmp_path, bad, log=quiet)
 
 
 def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy):

@@ -1,0 +1,14 @@
+"""Upper bounds on the counts a user gives, each in one place: the CLI declares it with
+``click.IntRange(max=...)`` where the option is declared, and the code a Python caller reaches
+checks the same constant. Imports nothing: cli.py reads these when its options are declared."""
+
+# ONNX Runtime's SessionOptions take a C int: a larger thread count was pybind11's TypeError, a
+# traceback, when the first session was made (build --threads, bench --threads, engines.json)
+MAX_THREADS = 2**31 - 1
+
+# Timed passes per engine and past length for a cost table (build --profile-repeats, profile
+# --repeats; the median is kept). The median is steady after tens of passes; 10000 leaves room
+# for a tiny model (the tests' build: ~3 ms a pass, half a minute) and is already over an hour
+# for SmolLM2 (~0.5 s a pass with 2 cores), while a mistyped count (2**40) is refused instead of
+# running for ever.
+MAX_PROFILE_REPEATS = 10_000
