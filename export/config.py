@@ -41,7 +41,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 # "dynamic" (NTK) rescales only past max_position_embeddings, where no engine goes (the build's
-# context limit): inside it its frequencies are the default ones
+# context limit): inside it its frequencies are the default ones. (The limit is the target's: a draft
+# whose own is lower keeps them past it too; SpecForge trains such a draft on a base rescaled for its
+# longest training sequence, vLLM and SGLang serve it on a fixed one: README "Not done".)
 ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
 # the fields only YaRN uses; to_json leaves them out for the other types (their exports read as before)
 YARN_FIELDS = ("attention_factor", "beta_fast", "beta_slow", "truncate")
@@ -684,7 +686,8 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     where = str(path)
     f = _Fields(data, where)
     archs = f.list("architectures", required=False)
-    # SafeAILab's training config (eagle/traineagle3/config.json) says LlamaForCausalLM, which its
+    # SafeAILab's training config (eagle/traineagle3/config.json; the yuhuili/EAGLE3-* drafts ship it as
+    # written) says LlamaForCausalLM, which its
     # code never reads; draft_vocab_size (what sent the config here) and the midlayer's 2H-wide
     # q/k/v and 3H-wide fc the binding checks tell it from a Llama model or an EAGLE-1/2 draft
     if archs not in ([EAGLE_ARCHITECTURE], ["LlamaForCausalLM"]):
@@ -738,7 +741,9 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
         extra["architectures_written"] = archs
     if data.get("draft_vocab_size") is None:
         # vLLM (llama_eagle3.py) and TensorRT-LLM (_ensure_draft_vocab_size) take vocab_size and the
-        # draft's lm_head; SGLang (llama_eagle3.py, load_lm_head_from_target) runs the target's
+        # draft's lm_head; SGLang (llama_eagle3.py, load_lm_head_from_target) runs the target's for a
+        # null one and fails on a missing one (config.draft_vocab_size). No trainer writes such a config
+        # (EAGLE's cnets.py and SpecForge's llama3_eagle.py size lm_head from it), so no reading is right
         raise UserError(f"{where}: missing required field 'draft_vocab_size' (without it vLLM and TensorRT-LLM run "
                         "the draft's lm_head over the whole vocabulary, SGLang the target's lm_head); expected it "
                         f"written ({decoder.vocab_size} for a draft over the whole vocabulary)")

@@ -145,6 +145,67 @@ def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
         np.testing.assert_array_equal(ob[k], oa[k], err_msg=k)
 
 
+# The config SafeAILab's EAGLE-3 training writes (SafeAILab/EAGLE eagle/traineagle3/config.json, commit
+# cb7e084): the one yuhuili/EAGLE3-LLaMA3.1-Instruct-8B ships (NVIDIA/TensorRT-Model-Connect
+# families/llama/edge_llm/dispatch.py checks that draft for architectures ["LlamaForCausalLM"],
+# num_hidden_layers 1, draft_vocab_size 32000; SpecForge tests/test_modeling/test_draft/test_llama3.py
+# copies it). No rope_theta (10000, LlamaConfig's default), no head_dim, its max_position_embeddings
+# (2048) below its target's (131072).
+SAFEAILAB_CONFIG = dict(architectures=["LlamaForCausalLM"], bos_token_id=1, eos_token_id=2, hidden_act="silu",
+                        initializer_range=0.02, max_position_embeddings=64, model_type="llama", num_hidden_layers=1,
+                        pad_token_id=0, tie_word_embeddings=False, torch_dtype="float16", transformers_version="4.28.1",
+                        use_cache=True)
+
+
+def to_safeailab(src: Path, dst: Path) -> Path:
+    """The speculators draft at ``src`` as SafeAILab's EAGLE-3 training saves it: config.json with
+    SAFEAILAB_CONFIG's keys, weights as deepspeed's ``save_16bit_model(..., exclude_frozen_parameters=True)``
+    writes them (eagle/traineagle3/main.py): one float16 pytorch_model.bin, midlayer.*, d2t and
+    t2d, no embed_tokens (frozen in training, taken from the target by EaModel, ea_model.py)."""
+    import torch
+
+    spec = json.loads((src / "config.json").read_text())
+    layer = spec["transformer_layer_config"]
+    assert layer["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = {**SAFEAILAB_CONFIG, **{k: layer[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                         "num_key_value_heads", "rms_norm_eps", "vocab_size")},
+           "draft_vocab_size": spec["draft_vocab_size"]}
+    w = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): torch.from_numpy(v)
+         for k, v in load_file(str(src / "model.safetensors")).items() if k != "embed_tokens.weight"}
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    torch.save({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, dst / "pytorch_model.bin")
+    return dst
+
+
+def test_safeailabs_published_eagle3_layout_is_read_as_written(tmp_path):
+    """A draft as yuhuili/EAGLE3-* ship it (SAFEAILAB_CONFIG, a float16 pickle without embed_tokens)
+    exports, with --allow-draft-pickle, a draft graph computing what the same weights compute in
+    speculators' layout; its 'LlamaForCausalLM' is recorded, its smaller max_position_embeddings is
+    no limit (default RoPE), and without the option the pickle is refused."""
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    spec = write_tiny_draft(tmp_path / "spec", t, kind="eagle3", num_layers=1, aux_layer_ids=(2, 4, 5), draft_vocab=300)
+    # the speculators copy holds the float16 values the pickle stores (upcast exactly), so both graphs agree bit for bit
+    w = load_file(str(spec / "model.safetensors"))
+    save_file({k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v for k, v in w.items()},
+              str(spec / "model.safetensors"), metadata={"format": "pt"})
+    d = to_safeailab(spec, tmp_path / "yuhuili")
+    r = _export_cli(tmp_path, t, d)
+    assert r.exit_code == 1 and "--allow-draft-pickle" in r.output and not (tmp_path / "out").exists(), r.output
+    a = export(t, spec, tmp_path / "exp-spec")
+    b = export(t, d, tmp_path / "exp-eagle", allow_draft_pickle=True)
+    assert b["target"]["aux_layer_ids"] == a["target"]["aux_layer_ids"] == [2, 4, 5]
+    rb = b["binding_receipt"]["draft"]
+    assert rb["config"]["source_format"] == "eagle"
+    assert rb["config"]["extra"] == {"architectures_written": ["LlamaForCausalLM"]}
+    assert rb["config"]["decoder"]["rope"]["theta"] == 10000.0 and rb["config"]["decoder"]["head_dim"] == 16
+    assert rb["slots"]["layers.0.q"]["key"] == "midlayer.self_attn.q_proj.weight"
+    oa, ob = _draft_outputs(tmp_path / "exp-spec"), _draft_outputs(tmp_path / "exp-eagle")
+    assert oa.keys() == ob.keys()
+    for k in oa:
+        np.testing.assert_array_equal(ob[k], oa[k], err_msg=k)
+
+
 def test_eagle_format_decodes_losslessly_as_the_speculators_draft(tmp_path):
     """A draft right most of the time (write_bigram_pair), in EAGLE's layout with SpecForge's
     aux ids: target-only output at every depth (as transformers' greedy generate), and the
