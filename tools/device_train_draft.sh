@@ -35,7 +35,9 @@
 #      file coming back is at most 16 MiB), all answers (chat.jsonl.gz) and the log.
 #
 # The device image's python3 has torch; here use the checkout's venv. A CPU dry run of the
-# same steps (small settings: 200 answers, or the features of all 12,554 take ~2 hours):
+# same steps (small settings: 200 answers, or the features of all 12,554 take ~2 hours), after
+# `prepare` (it reads the wheel from .dev1/ and .dev2/; run it in a spare clone, or `restore`
+# right after; 108 s on the 2-core AVX2 host, 2026-12-03):
 #   zcat fixtures/peagle-data/chat.jsonl.gz | head -200 | gzip > /tmp/chat200.jsonl.gz
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu CHAT=/tmp/chat200.jsonl.gz GEN_SECONDS=0 END_SECONDS=400 STEPS=20 \
 #     SLOTS=512 HELDOUT=8 OUT=/tmp/dry WORK=/tmp/specrt-dry bash tools/device_train_draft.sh
