@@ -645,8 +645,9 @@ EAGLE_CONFIG_FIXED = (
     ("eh_proj_before_attn", False, "TensorRT-LLM: an MTP-style eh_proj before the attention"),
 )
 # flags a config may set at the top level or in eagle_config: (top-level key, eagle_config key).
-# TensorRT-LLM reads norm_before_fc and return_hidden_post_norm (its norm_output) from
-# eagle_config (tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel), SGLang
+# TensorRT-LLM reads norm_before_fc from eagle_config only and norm_output as
+# eagle_config.return_hidden_post_norm or the top-level norm_output
+# (tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel), SGLang
 # norm_before_fc from either
 EAGLE_FLAG_PLACES = (("norm_before_fc", "norm_before_fc"), ("norm_output", "return_hidden_post_norm"))
 
@@ -740,9 +741,11 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     if archs != [EAGLE_ARCHITECTURE]:
         extra["architectures_written"] = archs
     if data.get("draft_vocab_size") is None:
-        # vLLM (llama_eagle3.py) and TensorRT-LLM (_ensure_draft_vocab_size) take vocab_size and the
-        # draft's lm_head; SGLang (llama_eagle3.py, load_lm_head_from_target) runs the target's for a
-        # null one and fails on a missing one (config.draft_vocab_size). No trainer writes such a config
+        # vLLM (llama_eagle3.py) and TensorRT-LLM (_ensure_draft_vocab_size, its PR #10124) take
+        # vocab_size and the draft's lm_head (TensorRT-LLM runs the target's only for a checkpoint
+        # without lm_head.*, whatever draft_vocab_size says); SGLang (llama_eagle3.py,
+        # load_lm_head_from_target) runs the target's for a null one and fails on a missing one
+        # (config.draft_vocab_size). No trainer writes such a config
         # (EAGLE's cnets.py and SpecForge's llama3_eagle.py size lm_head from it), so no reading is right
         raise UserError(f"{where}: missing required field 'draft_vocab_size' (without it vLLM and TensorRT-LLM run "
                         "the draft's lm_head over the whole vocabulary, SGLang the target's lm_head); expected it "
