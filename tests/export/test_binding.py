@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from specrt.errors import UserError
 from specrt.export import slots as S
-from specrt.export.binding import bind_draft, bind_target, receipt
+from specrt.export.binding import bind_draft, bind_target, embed_note, receipt
 
 from .conftest import REFERENCE, copy_tree, rewrite, write_eagle3
 
@@ -696,12 +696,13 @@ def _narrow_draft_with_its_own_embedding(tmp_path: Path) -> Path:
 def test_a_narrower_draft_s_own_embedding_is_not_compared(tmp_path):
     """A draft narrower than its target (target_hidden_size) has an embedding of its own
     width, which every server runs (the target's cannot serve): nothing to compare, nothing
-    recorded."""
+    recorded, nothing said."""
     d = _narrow_draft_with_its_own_embedding(tmp_path)
     t = bind_target(REFERENCE / "verifier")
     draft = bind_draft(d, t)
     assert draft.slots["embed"].entry.shape == (1000, 32) and draft.embed_matches_target is None
     assert "embed_matches_target" not in receipt(t, draft)["draft"]
+    assert embed_note(draft) is None  # (not compared is not "differs")
 
 
 def test_rows_of_a_tensor_are_its_rows_as_float32(tmp_path):
@@ -824,6 +825,11 @@ def test_draft_embeddings_target_without_an_embedding_of_its_own_changes_nothing
                                   "--draft-embeddings", "target"])
     assert r.exit_code == 0 and "stores no embed_tokens.weight" in r.output and "changes nothing" in r.output, r.output
     assert "embeddings from target: True\n" in r.output
+    from specrt.export.export import export
+
+    said: list[str] = []  # export says it too
+    export(folder / "verifier", folder / "draft", tmp_path / "out", log=said.append, draft_embeddings="target")
+    assert [s for s in said if "stores no embed_tokens.weight" in s and "changes nothing" in s], said
     for cmd in ("inspect", "export"):
         h = CliRunner().invoke(main, [cmd, "--help"])
         assert h.exit_code == 0 and "--draft-embeddings" in h.output and "A no-op for a draft that stores none" in \
@@ -850,6 +856,24 @@ def test_draft_embeddings_target_refuses_an_embedding_of_another_shape(tmp_path)
         assert r.exit_code == 1 and "[1000, 32]" in r.output and "[1000, 64]" in r.output, r.output
         assert "Traceback" not in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_draft_embeddings_target_on_a_draft_whose_own_equals_the_target_s():
+    """The reference draft stores a copy of the target's embedding: target runs the target's,
+    says nothing (there is no difference to warn of) and inspect shows the two equal."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    t = bind_target(REFERENCE / "verifier")
+    d = bind_draft(REFERENCE / "draft", t, embeddings="target")
+    assert d.embed_matches_target is True and embed_note(d) is None
+    r = receipt(t, d)["draft"]
+    assert r["embeddings"] == "target" and r["embed_from_target"] and r["embed_matches_target"] is True
+    r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier"), "--draft", str(REFERENCE / "draft"),
+                                  "--draft-embeddings", "target"])
+    assert r.exit_code == 0 and "differs" not in r.output and "note:" not in r.output, r.output
+    assert "embeddings from target: True (--draft-embeddings target; its own equals the target's)\n" in r.output
 
 
 def test_draft_embeddings_both_ways_at_the_command_line(tmp_path):
