@@ -323,13 +323,16 @@ def _check_full_vocab_map(draft: BoundDraft, V: int) -> None:
     llama3_eagle.py registers ones since its PR #298, 2025-11) or all false (a buffer never
     filled: EAGLE's cnets.py, and SpecForge's before that PR, register zeros; `speculators
     convert` copies either), either one alone. Every server runs its ids as target ids then:
-    SafeAILab's ea_model.py deletes both buffers, vLLM's and SGLang's llama_eagle3 skip t2d and
-    add d2t (zeros: the identity), speculators registers neither (model.py _init_vocab). A d2t
-    other than zeros is refused: SafeAILab would ignore it, vLLM and SGLang apply it; a t2d
+    SafeAILab's ea_model.py deletes both buffers, SGLang's llama_eagle3 skips t2d and adds d2t
+    (zeros: the identity), vLLM's did so until its PR #53458 (2026-08, "only create
+    draft_id_to_target_id when draft vocab differs": no map over the whole vocabulary since),
+    speculators registers neither (model.py _init_vocab). A d2t other than zeros is refused:
+    SGLang applies it, SafeAILab and TensorRT-LLM drop it, vLLM applied it before that PR; a t2d
     marking some ids only cannot have trained this head."""
     if "d2t" in draft.slots and draft.get("d2t").any():
         raise UserError(f"{draft.slots['d2t'].entry.file}: d2t of a draft over the full vocabulary ({V}) is not all "
-                        "zeros (the identity): EAGLE ignores it there, vLLM and SGLang apply it; expected zeros, or "
+                        "zeros (the identity): SGLang applies it there, EAGLE and TensorRT-LLM drop it, vLLM applied "
+                        "it before its PR #53458 (2026-08: no map for such a draft since); expected zeros, or "
                         "draft_vocab_size below the target vocabulary for a vocabulary map")
     if "t2d" in draft.slots:
         marked = int(np.count_nonzero(draft.get("t2d")))

@@ -663,7 +663,8 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
       python/sglang/srt/models/llama_eagle3.py: ``residual = hidden_states`` first):
       norm_before_residual false unless the config says true, as vLLM reads it
       (vllm/model_executor/models/llama_eagle3.py, ``getattr(config, "norm_before_residual", False)``).
-    - SpecForge's fc_norm is speculators' (RMSNorm of each aux state, fc_norm.{j}.weight), and so is
+    - SpecForge's fc_norm is speculators' (RMSNorm of each aux state, fc_norm.{j}.weight; with
+      norm_before_fc also true refused: the servers run different norms then), and so is
       norm_output (EAGLE 3.1: lm_head and the next step both read norm(h); absent or false: lm_head
       reads norm(h), the next step the pre-norm h, as cnets.py ``topK_genrate``). SGLang, vLLM,
       TensorRT-LLM and SpecForge since its PR #879 (2026-09) read it so, default false; SpecForge
@@ -758,6 +759,16 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
             raise UserError(f"{where}: {key} {json.dumps(top)} and eagle_config.{inner} {json.dumps(nested)} differ; "
                             "expected one, or both the same")
         flags[key] = bool(top or nested)
+    fc_norm = f.bool("fc_norm", required=False, default=False)
+    if fc_norm and flags["norm_before_fc"]:
+        # one norm over the concatenated aux states, or one per state: the servers differ on
+        # both (vLLM's llama_eagle3 combine_hidden_states runs input_norm, then fc_norm;
+        # TensorRT-LLM's Eagle3DraftModel fc_norm only, an elif) and no trainer writes both
+        # (speculators refuses the pair, Eagle3SpeculatorConfig since its PR #670, 2026-07;
+        # SpecForge writes fc_norm only, EAGLE neither)
+        raise UserError(f"{where}: fc_norm and norm_before_fc are both true (vLLM then runs both norms before fc, "
+                        "TensorRT-LLM fc_norm only; speculators refuses the pair); expected one of them, the one the "
+                        "draft was trained with")
     return DraftConfig(
         kind="eagle3",
         decoder=decoder,
@@ -766,7 +777,7 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
         mask_token_id=None,
         norm_before_residual=f.bool("norm_before_residual", required=False, default=False),
         norm_before_fc=flags["norm_before_fc"],
-        fc_norm=f.bool("fc_norm", required=False, default=False),
+        fc_norm=fc_norm,
         norm_output=flags["norm_output"],
         speculative_tokens=EAGLE_SPECULATIVE_TOKENS,
         verifier_architectures=(),  # (the format names no verifier)

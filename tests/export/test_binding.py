@@ -493,7 +493,8 @@ def test_eagle3_t2d_disagrees(tmp_path):
 def test_a_vocabulary_map_needs_both_halves_and_a_full_vocabulary_none(tmp_path):
     """A reduced vocabulary needs both halves; over the full vocabulary either half alone binds
     (every server then takes the draft's ids as target ids: binding._check_full_vocab_map), and a
-    d2t other than zeros (EAGLE ignores it there, vLLM and SGLang apply it) is refused."""
+    d2t other than zeros (SGLang applies it there, EAGLE and TensorRT-LLM drop it, vLLM did before
+    its PR #53458) is refused."""
     t = bind_target(REFERENCE / "verifier")
     for drop in ("t2d", "d2t"):  # (both required when reduced)
         folder = write_eagle3(tmp_path / f"reduced-{drop}", draft_vocab=500)

@@ -336,6 +336,12 @@ def _export_cli(tmp_path, t, draft, *extra):
      r"{d}/config.json: norm_output true and eagle_config.return_hidden_post_norm false differ"),
     (dict(norm_output=False, eagle_config={"return_hidden_post_norm": True}), (),
      r"{d}/config.json: norm_output false and eagle_config.return_hidden_post_norm true differ"),
+    # one norm over the aux states or one per state: vLLM runs both, TensorRT-LLM fc_norm only
+    (dict(fc_norm=True, norm_before_fc=True), (),
+     r"{d}/config.json: fc_norm and norm_before_fc are both true \(vLLM then runs both norms before fc, "
+     r"TensorRT-LLM fc_norm only; speculators refuses the pair\)"),
+    (dict(fc_norm=True, eagle_config={"norm_before_fc": True}), (),
+     r"{d}/config.json: fc_norm and norm_before_fc are both true"),
     (dict(extra={"layers.0.mlp.down_proj.weight": "midlayer.mlp.down_proj.weight"}), (),
      r"{d}: draft slot 'layers.0.down' is filled by more than one tensor"),
     (dict(num_hidden_layers=2), (), r"{d}/config.json: model_type 'llama', num_hidden_layers 2: "
@@ -370,7 +376,8 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(draft_vocab_size=None), (), r"{d}/config.json: missing required field 'draft_vocab_size' \(without it "
                                       r"vLLM and TensorRT-LLM run the draft's lm_head.*SGLang the target's lm_head\)"),
 ], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
-        "quantized", "post-norm-twice", "post-norm-twice-nested-true", "layer-named-twice", "two-layers",
+        "quantized", "post-norm-twice", "post-norm-twice-nested-true", "both-fc-norms", "both-fc-norms-nested",
+        "layer-named-twice", "two-layers",
         "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
         "ids-repeated", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
         "logit-scale-negative", "no-draft-vocab-size"])
@@ -487,9 +494,11 @@ def test_logit_scale_multiplies_the_draft_logits_as_vllm(tmp_path):
 
 
 @pytest.mark.parametrize("maps, message", [
-    # the servers disagree on it: EAGLE's ea_model.py drops it over the full vocabulary, vLLM and SGLang apply it
+    # the servers disagree on it: SGLang applies it over the full vocabulary, EAGLE and TensorRT-LLM drop it,
+    # vLLM applied it until its PR #53458 (2026-08) left such a draft without a map
     (dict(d2t=np.array([1, -1] + [0] * 14, np.int64)), r"{d}/model.safetensors: d2t of a draft over the full "
-     r"vocabulary \(16\) is not all zeros \(the identity\): EAGLE ignores it there, vLLM and SGLang apply it"),
+     r"vocabulary \(16\) is not all zeros \(the identity\): SGLang applies it there, EAGLE and TensorRT-LLM drop "
+     r"it, vLLM applied it before its PR #53458 \(2026-08: no map for such a draft since\)"),
     # a head over every token cannot have been trained against a map keeping some of them
     (dict(d2t=np.zeros(16, np.int64), t2d=np.arange(16) < 8), r"{d}/model.safetensors: t2d of a draft over the "
      r"full vocabulary \(16\) marks 8 target ids; expected all of them .* or none"),
