@@ -39,6 +39,7 @@ from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEI
 from specrt.limits import MAX_PROFILE_REPEATS
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
                              manifest_digest, write_json)
+from specrt.paths import refuse_empty
 
 # Seam for tests: the profiling step (monkeypatched to interrupt a build midway).
 profile_costs = _costs.profile_costs
@@ -149,6 +150,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     from specrt.engines.onnxruntime import OrtSettings
 
     t0 = time.perf_counter()
+    refuse_empty("a folder", export_dir=export_dir, out=out)  # Path('') is the working folder
     export_dir, out = Path(export_dir), Path(out)
     if backend not in BACKENDS:
         raise UserError(f"--backend '{backend}' is not one of {', '.join(BACKENDS)}")
@@ -195,7 +197,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     graph_files = {g: f"{EXPORT_SUBDIR}/{_graph_file(exp, g)}" for g in exp["graphs"]}
 
     # Fail before any work if the backend is missing or settings are invalid.
-    _check_repeats(profile_repeats, "--profile-repeats")
+    check_repeats(profile_repeats, "--profile-repeats")
     if ort_kv not in ("auto", *C.KV_LAYOUTS):
         raise UserError(f"--ort-kv '{ort_kv}' is not one of auto, {', '.join(C.KV_LAYOUTS)}")
     if draft_weights not in DRAFT_WEIGHTS:
@@ -384,9 +386,10 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
                              draft_accepted=draft_accepted, repeats=repeats, log=log)
 
 
-def _check_repeats(repeats, option: str) -> None:
-    """A cost table's timed passes (``option`` as the CLI names it): 1..MAX_PROFILE_REPEATS, as
-    the CLI's IntRange declares it, for Python callers."""
+def check_repeats(repeats, option: str) -> None:
+    """A cost table's timed passes (``option`` as the CLI names it, or the Python argument:
+    run_bench's ``profile_repeats``): 1..MAX_PROFILE_REPEATS, as the CLI's IntRange declares
+    it, for Python callers."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
         raise UserError(f"{option} {repeats!r}: expected a whole number in 1..{MAX_PROFILE_REPEATS}")
 
@@ -420,7 +423,8 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     from specrt.engines.engine_set import load_engines
     from specrt.paths import write_atomic
 
-    _check_repeats(repeats, "--repeats")  # (`specrt profile`'s option)
+    refuse_empty("a folder", folder=folder)
+    check_repeats(repeats, "--repeats")  # (`specrt profile`'s option)
     folder = Path(folder)
     engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
     manifest = folder / ENGINES_MANIFEST

@@ -25,6 +25,7 @@ from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_targ
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
+from specrt.paths import refuse_empty
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRAINING_RECEIPT = "training_receipt.json"
@@ -64,6 +65,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     and ``embeddings`` (the receipt records which embedding the draft graph runs)."""
     from specrt.export import graphs
 
+    refuse_empty("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out)  # Path('') is the working folder
     if dtype not in DTYPES:
         raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
     t0 = time.perf_counter()

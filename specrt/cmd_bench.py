@@ -148,7 +148,7 @@ from specrt.errors import UserError
 from specrt.limits import MAX_THREADS
 from specrt.machine import machine_info
 from specrt.manifest import atomic_folder, check_output
-from specrt.paths import write_atomic
+from specrt.paths import refuse_empty, write_atomic
 from specrt.prompt_files import common_prefix
 from specrt.sampling_options import PathArg, sampling_options, template_kwargs_option
 
@@ -1163,9 +1163,15 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     needs ``profile``): two builds whose stored tables were measured hours apart then
     compare fairly (DSpark's choices follow the table: session 27 measured a tree rate of
     535 against 402 rounds in 754 between two tables of the same kind of engines)."""
+    from specrt.engines.build import check_repeats
     from specrt.engines.engine_set import load_engines
     from specrt.engines.onnxruntime import physical_cores
 
+    # Path('') is the working folder: an empty path named, as the CLI's PathArg names it
+    refuse_empty("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
+                 **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
+    refuse_empty("a file", prompts_file=prompts_file)
+    check_repeats(profile_repeats, "profile_repeats")  # (a Python argument: `specrt bench` keeps its default)
     if governor_costs not in ("stored", "profiled"):
         raise UserError(f"--governor-costs {governor_costs!r}: expected stored or profiled")
     if governor_costs == "profiled" and not profile:

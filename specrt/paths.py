@@ -15,6 +15,25 @@ from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
 from specrt.errors import UserError
 
 
+def empty_path(value, expected: str) -> str | None:
+    """"an empty path; expected ``expected``" ("a folder", "a file") when ``value`` is an empty
+    str or bytes, else None. Path('') is '.': the working folder, named nowhere in what then
+    went wrong (an `-o ""` was refused as the folder the command ran in, `serve ""` loaded it
+    as the engines, `build_engines(..., out="", force=True)` built into an empty working
+    folder). A Path cannot be empty (Path('') is already '.'): only str and bytes are checked. The CLI says it as
+    click's BadParameter (sampling_options.PathArg), the Python API through refuse_empty."""
+    return f"an empty path; expected {expected}" if isinstance(value, (str, bytes)) and not value else None
+
+
+def refuse_empty(expected: str, **named) -> None:
+    """UserError "NAME: an empty path; expected ``expected``" for the first of ``named``
+    (argument name -> the path given; None skipped) that is an empty path: the Python entry
+    points' path arguments, checked before any work, as the CLI checks its own."""
+    for name, value in named.items():
+        if (why := empty_path(value, expected)) is not None:
+            raise UserError(f"{name}: {why}")
+
+
 def read_json_object(path: Path) -> dict:
     """A JSON file holding an object, errors naming the file (export's configs, the tokenizer's)."""
     try:

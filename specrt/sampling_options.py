@@ -18,13 +18,13 @@ from pathlib import Path
 import click
 
 from specrt.errors import UserError
+from specrt.paths import empty_path
 
 
 def _refuse_empty(value, expected: str) -> None:
-    """Path('') is '.': the working folder, named nowhere in what then went wrong (an `-o ""`
-    was refused as the folder the command ran in, `serve ""` loaded it as the engines)."""
-    if isinstance(value, (str, bytes)) and not value:
-        raise click.BadParameter(f"an empty path; expected {expected}")
+    """An empty path refused as click's usage error (paths.empty_path: Path('') is '.')."""
+    if (why := empty_path(value, expected)) is not None:
+        raise click.BadParameter(why)
 
 
 class PathArg(click.Path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import statistics
 from pathlib import Path
 
@@ -1066,6 +1067,40 @@ def test_a_report_folder_holding_the_prompts_file_is_not_replaced(tiny_engines, 
                                        "--force"])
         assert isinstance(r.exception, UserError) and f"holds the input {what} " in str(r.exception), r.output
         assert (copy / "engines.json").is_file() and (out / "bench.json").read_text() == '{"earlier": true}'
+
+
+@pytest.mark.parametrize("name, expected", [("engines_dir", "folder"), ("prompts_file", "file"), ("out", "folder"),
+                                            ("ortgenai_cache", "folder"), ("variants['b']", "folder")])
+@pytest.mark.parametrize("empty", ["", b""])
+def test_run_bench_refuses_an_empty_path_naming_the_argument(prompts_file, tmp_path, monkeypatch, name, expected,
+                                                             empty):
+    """Path('') is '.', the working folder: run_bench read it as the engines, the prompts or
+    a variant, and wrote its report there (an empty folder is replaced). Refused before the
+    engines load (ENGINES here is no engines folder: loading it is another error)."""
+    from specrt.cmd_bench import run_bench
+
+    monkeypatch.chdir(tmp_path)
+    args = dict(engines_dir=tmp_path, prompts_file=prompts_file, out=tmp_path / "r", ortgenai_cache=tmp_path / "c",
+                variants={"b": tmp_path})
+    if name.startswith("variants"):
+        args["variants"] = {"b": empty}
+    else:
+        args[name] = empty
+    with pytest.raises(UserError, match=f"^{re.escape(name)}: an empty path; expected a {expected}$"):
+        run_bench(**args, peers="ortgenai", echo=_quiet)
+    assert not any(tmp_path.iterdir())
+
+
+def test_run_bench_bounds_profile_repeats_before_loading(prompts_file, tmp_path):
+    """profile_repeats (a Python argument; `specrt bench` keeps the default) takes
+    `specrt profile`'s bound (specrt.limits.MAX_PROFILE_REPEATS), before the engines load
+    (tmp_path is no engines folder: loading it is another error); 2**40 passes ran for ever."""
+    from specrt.cmd_bench import run_bench
+
+    for bad in (0, 10_001, 2**40, True, 2.5):
+        with pytest.raises(UserError, match=rf"^profile_repeats {bad!r}: expected a whole number in 1\.\.10000$"):
+            run_bench(tmp_path, prompts_file, tmp_path / "r", profile_repeats=bad, echo=_quiet)
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_variant_on_the_engines_own_folder_is_refused(tiny_engines, prompts_file, tmp_path):

@@ -544,6 +544,21 @@ def test_cli_profile_repeats(tiny_export, tmp_path):
     assert json.loads((tmp_path / "e" / "engines.json").read_text())["costs"]["repeats"] == 3
 
 
+@pytest.mark.parametrize("empty", ["", b""])
+def test_an_empty_path_is_refused_naming_the_argument(tiny_export, tmp_path, monkeypatch, empty):
+    """Path('') is '.', the working folder: `build_engines(..., out="")` was refused as
+    "already exists" (with force, an empty working folder became the engines), an empty
+    export or profile folder read the working folder. Refused before any work, as the CLI does."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="^export_dir: an empty path; expected a folder$"):
+        build_engines(empty, "onnxruntime", "1", tmp_path / "e", log=quiet)
+    with pytest.raises(UserError, match="^out: an empty path; expected a folder$"):
+        build_engines(tiny_export, "onnxruntime", "1", empty, log=quiet, force=True)
+    with pytest.raises(UserError, match="^folder: an empty path; expected a folder$"):
+        build.reprofile_engines(empty, log=quiet)
+    assert not any(tmp_path.iterdir())
+
+
 def test_reprofile_bounds_its_repeats_before_loading(tmp_path):
     """reprofile_engines (Python callers of `specrt profile`) takes the CLI's bound, checked
     before the engines load: 2**40 passes ran for ever."""

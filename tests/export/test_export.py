@@ -103,6 +103,21 @@ def test_eagle3_reduced_vocab_export(tmp_path):
     load_export(tmp_path / "o")
 
 
+@pytest.mark.parametrize("empty", ["", b""])
+@pytest.mark.parametrize("name", ["target_dir", "draft_dir", "out"])
+def test_an_empty_path_is_refused_naming_the_argument(tmp_path, monkeypatch, name, empty):
+    """Path('') is '.', the working folder: `out=""` was refused as "already exists" naming
+    nothing the caller wrote (with force, an empty working folder became the export), an
+    empty target or draft read the working folder's config.json. Refused before any work,
+    as the CLI refuses it."""
+    monkeypatch.chdir(tmp_path)
+    args = dict(target_dir=REFERENCE / "verifier", draft_dir=REFERENCE / "draft", out=tmp_path / "o")
+    args[name] = empty
+    with pytest.raises(UserError, match=f"^{name}: an empty path; expected a folder$"):
+        export_mod.export(**args)
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_export_user_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "specrt.cli", "export", str(REFERENCE / "verifier"), "--draft",
                         str(REFERENCE / "verifier"), "-o", str(tmp_path / "o")], capture_output=True, text=True)

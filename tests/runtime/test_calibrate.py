@@ -21,6 +21,16 @@ from specrt.runtime.session import CALIBRATION_FILE, PRIOR_ROUNDS, Session, load
 
 from tests.engines.conftest import REFERENCE, quiet
 
+
+def test_an_empty_engines_path_is_refused_naming_the_argument(tmp_path, monkeypatch):
+    """Path('') is '.': the working folder was read as the engines (a message naming its
+    engines.json). Refused before any work, as the CLI refuses it."""
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", b""):
+        with pytest.raises(UserError, match="^engines_dir: an empty path; expected a folder$"):
+            calibrate(empty, [[1, 2, 3]])
+    assert not any(tmp_path.iterdir())
+
 DEPTHS = (1, 2, 4)
 GOVERNORS = ("off", "fixed:1", "fixed:4", "adaptive", "dspark")
 

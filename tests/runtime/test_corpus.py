@@ -317,6 +317,23 @@ def tiny_engines(tmp_path_factory):
     return root / "eng"
 
 
+def test_an_empty_path_is_refused_naming_the_argument(tiny_engines, tmp_path, monkeypatch):
+    """Path('') is '.', the working folder: Session("") loaded it as the engines (a message
+    naming its engines.json), load_growth("") read it as a growth file and save_growth("")
+    wrote over it. Refused before any work, as `specrt run --grow-file ""` is."""
+    from specrt.runtime.session import Session
+
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", b""):
+        with pytest.raises(UserError, match="^engines_dir: an empty path; expected a folder$"):
+            Session(empty)
+        with Session(tiny_engines, governor="off:grow") as s:
+            for method in (s.load_growth, s.save_growth):
+                with pytest.raises(UserError, match="^path: an empty path; expected a file$"):
+                    method(empty)
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     """`specrt corpus ENGINES ANSWERS`: the file beside the engines, its priors printed;
     a session with ':corpus' (and 'auto:corpus') decodes exactly as target-only; bad
