@@ -61,6 +61,21 @@ from specrt.cli import main
         (["compare", "{tmp}", "--save-inputs", ""], "--save-inputs", "file"),
         (["compare", "{tmp}", "--target", ""], "--target", "folder"),
         (["serve", ""], "ENGINES_DIR", "folder"))),
+    # a folder where a file is named, a file where a folder is: click.Path's dir_okay / file_okay,
+    # which PathArg keeps (each refused before any engine loads, not by a later read or write)
+    *((args, f"Invalid value for '{name}': {what}") for args, name, what in (
+        (["run", "{tmp}", "--prompt", "x", "--grow-file", "{tmp}"], "--grow-file", "File '{tmp}' is a directory"),
+        (["run", "{tmp}", "--prompts", "{tmp}"], "--prompts", "File '{tmp}' is a directory"),
+        (["corpus", "{tmp}", "{tmp}"], "ANSWERS...", "File '{tmp}' is a directory"),
+        (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--report", "{tmp}"], "--report",
+         "File '{tmp}' is a directory"),
+        (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--holdout-prompts", "{tmp}"], "--holdout-prompts",
+         "File '{tmp}' is a directory"),
+        (["compare", "{tmp}", "--report", "{tmp}"], "--report", "File '{tmp}' is a directory"),
+        (["compare", "{tmp}", "--save-inputs", "{tmp}"], "--save-inputs", "File '{tmp}' is a directory"),
+        (["compare", "{tmp}", "--target", "{tmp}/p.jsonl"], "--target", "Directory '{tmp}/p.jsonl' is a file"),
+        (["bench", "{tmp}/p.jsonl", "--prompts", "{tmp}/p.jsonl", "-o", "{tmp}/out"], "ENGINES_DIR",
+         "Directory '{tmp}/p.jsonl' is a file"))),
 ])
 def test_usage_errors_exit_1(tmp_path, args, message):
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')

@@ -564,7 +564,7 @@ def test_reprofile_bounds_its_repeats_before_loading(tmp_path):
     before the engines load: 2**40 passes ran for ever."""
     from specrt.engines.build import reprofile_engines
 
-    for bad in (0, 10_001, 2**40, True):
+    for bad in (0, 10_001, 2**40, True, 2.5):  # (2.5: not a whole number, though inside the bounds)
         with pytest.raises(UserError, match=rf"--repeats {bad!r}: expected a whole number in 1\.\.10000"):
             reprofile_engines(tmp_path, bad, log=quiet)
 

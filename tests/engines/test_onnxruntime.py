@@ -238,9 +238,12 @@ def test_session_options_carry_the_settings():
     # pybind11's TypeError when the first session was made
     so = OrtSettings(intra_op_num_threads=2**31 - 1).resolved().session_options()
     assert so.intra_op_num_threads == 2**31 - 1
+    # (and a negative count, a bool or a float, each key on its own: engines.json is JSON)
     for key in ("intra_op_num_threads", "inter_op_num_threads"):
-        with pytest.raises(UserError, match=f"onnxruntime {key} 2147483648: expected a thread count in 0..2"):
-            OrtSettings(**{key: 2**31}).resolved()
+        for bad in (2**31, -1, True, 2.0):
+            with pytest.raises(UserError, match=rf"onnxruntime {key} {bad!r}: expected a thread count in "
+                                                rf"0\.\.2147483647$"):
+                OrtSettings(**{key: bad}).resolved()
 
 
 def test_dynamic_outputs_follow_each_calls_shape(tiny_engines_append, state):
