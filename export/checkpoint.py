@@ -261,8 +261,7 @@ class TensorReader:
         np_dtype, _ = _DTYPES[e.dtype]
         a = np.frombuffer(self.raw(e), dtype=np_dtype).reshape(e.shape)
         if e.dtype == "BF16":
-            a = _bf16_as_float32(a)
-            return a if as_float32 else a
+            return _bf16_as_float32(a)  # float32 whatever as_float32 says: numpy has no bfloat16
         if as_float32 and e.dtype in ("F16", "F64"):
             return a.astype(np.float32)
         return np.array(a)  # own the memory: the mmap may close
