@@ -36,7 +36,7 @@ from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_pre
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
 from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
-from specrt.limits import MAX_PROFILE_REPEATS
+from specrt.limits import MAX_PROFILE_REPEATS, whole
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
                              manifest_digest, write_json)
 from specrt.paths import refuse_empty
@@ -390,7 +390,7 @@ def check_repeats(repeats, option: str) -> None:
     """A cost table's timed passes (``option`` as the CLI names it, or the Python argument:
     run_bench's ``profile_repeats``): 1..MAX_PROFILE_REPEATS, as the CLI's IntRange declares
     it, for Python callers."""
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_PROFILE_REPEATS:
+    if not whole(repeats, 1, MAX_PROFILE_REPEATS):
         raise UserError(f"{option} {repeats!r}: expected a whole number in 1..{MAX_PROFILE_REPEATS}")
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
+from specrt.limits import whole
 from specrt.manifest import load_export, read_manifest, require_fields, tool_versions, verify_files
 
 ENGINES_MANIFEST = "engines.json"
@@ -149,7 +150,7 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         require_fields(m, where, {"onnxruntime": dict})
     for i, r in enumerate(m["files"]):
         if not (isinstance(r.get("file"), str) and isinstance(r.get("sha256"), str)
-                and isinstance(r.get("bytes"), int) and not isinstance(r.get("bytes"), bool)):
+                and whole(r.get("bytes"))):
             raise UserError(f"{where}: files[{i}] is {r!r:.80}; expected {{'file', 'sha256', 'bytes'}}: re-run "
                             "`specrt build`")
     # what the runtime takes from the roles must agree with the rest: a verify role per depth,
@@ -201,12 +202,11 @@ def check_role(where: Path, name: str, role: Any) -> None:
         raise UserError(f"{where}: roles.{name}.graph is {got!r:.80}; expected '{graph}': re-run `specrt build`")
     dims, limit = role.get("dims"), role.get("limit")
     if not (isinstance(dims, dict) and all(
-            isinstance(r, list) and len(r) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+            isinstance(r, list) and len(r) == 3 and all(whole(x) for x in r)
             and 0 <= r[0] <= r[1] <= r[2] for r in dims.values())):
         raise UserError(f"{where}: roles.{name}.dims is {dims!r:.80}; expected dimension name -> [min, opt, max] "
                         "with 0 <= min <= opt <= max: re-run `specrt build`")
-    if not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= max((r[2] for r in dims.values()),
-                                                                                  default=1)):
+    if not whole(limit, max((r[2] for r in dims.values()), default=1)):
         raise UserError(f"{where}: roles.{name}.limit is {limit!r:.80}; expected a token count no less than its dims' "
                         "largest: re-run `specrt build`")
 

@@ -79,7 +79,7 @@ from specrt import contracts as C
 from specrt.engines.base import Runner, external_location, np_dtype
 from specrt.engines.plan import Role
 from specrt.errors import UserError
-from specrt.limits import MAX_THREADS
+from specrt.limits import MAX_THREADS, whole
 
 SESSION_MODES = ("shared", "per-depth")
 OPT_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
@@ -179,7 +179,7 @@ class OrtSettings:
         if self.execution_mode not in ("sequential", "parallel"):
             raise UserError(f"execution_mode '{self.execution_mode}' is not sequential or parallel")
         # SessionOptions takes a C int: a larger count raised pybind11's TypeError at session creation
-        count = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_THREADS  # noqa: E731
+        count = lambda v: whole(v, 0, MAX_THREADS)  # noqa: E731
         for key, ok, want in (
                 ("intra_op_num_threads", count(self.intra_op_num_threads), f"a thread count in 0..{MAX_THREADS}"),
                 ("inter_op_num_threads", count(self.inter_op_num_threads), f"a thread count in 0..{MAX_THREADS}"),

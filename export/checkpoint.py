@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
+from specrt.limits import whole
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -95,9 +96,9 @@ def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
         dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in _DTYPES:
             raise UserError(f"{where}: unsupported dtype {dtype!r} (supported: {', '.join(_DTYPES)})")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        if not (isinstance(shape, list) and all(whole(d, 0) for d in shape)):
             raise UserError(f"{where}: malformed shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+        if not (isinstance(offs, list) and len(offs) == 2 and all(whole(o) for o in offs)):
             raise UserError(f"{where}: malformed data_offsets {offs!r}")
         b, e = offs
         expect = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
+from specrt.limits import whole
 from specrt.paths import read_json_object
 
 # Decoder families that share the Llama block (pre-norm, RMSNorm, RoPE, SwiGLU).
@@ -489,7 +490,7 @@ def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
     if v is None:
         return ()
     vals = v if isinstance(v, list) else [v]
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in vals):
+    if not all(whole(x, 0) for x in vals):
         raise UserError(f"{where}: field '{key}' must be a token id or a list of them, found {v!r}")
     return tuple(vals)
 
@@ -562,7 +563,7 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     # it, whatever the layer's model type (v0.7+ drafts: every layer, window 2048)
     kinds, window = layer.data.get("layer_types"), layer.data.get("sliding_window")
     if decoder.sliding_window is None and isinstance(kinds, list) and "sliding_attention" in kinds \
-            and isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            and whole(window, 1):
         from dataclasses import replace
 
         decoder = replace(decoder, sliding_window=window)
@@ -591,7 +592,7 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     v_arch = verifier.list("architectures")
     aux = f.list("eagle_aux_hidden_state_layer_ids", required=False)
     if aux is not None:
-        if not 1 <= len(aux) <= MAX_AUX or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
+        if not 1 <= len(aux) <= MAX_AUX or not all(whole(i) for i in aux):
             raise UserError(f"{path}: eagle_aux_hidden_state_layer_ids must be a list of 1 to {MAX_AUX} layer ids "
                             f"(speculators' default is 3), found {aux!r}")
         if len(set(aux)) != len(aux) or list(aux) != sorted(aux):
@@ -727,8 +728,7 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
     aux, extra = None, {}
     if named:
         key, ids = next(iter(named.items()))
-        if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                and i >= 0 for i in ids) and ids == sorted(set(ids))):
+        if not (isinstance(ids, list) and len(ids) == 3 and all(whole(i, 0) for i in ids) and ids == sorted(set(ids))):
             raise UserError(f"{where}: {key} must be 3 distinct ascending layer ids (fc reads 3 states), found {ids!r}")
         if aux_ids_count not in AUX_ID_COUNTS:
             raise UserError(f"{where}: {key} is {ids}, and nothing in the config says how they count: SGLang (what "

@@ -31,6 +31,7 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
+from specrt.limits import whole
 from specrt.prompt_files import common_prefix
 
 from .governor import COST_PAST, GovernorState
@@ -124,7 +125,7 @@ class Finished:
 def _alternatives(name: str, v) -> int | None:
     """A logprobs setting (Generator.logprobs / prompt_logprobs): None (off) or the
     alternatives a token, an integer >= 0."""
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+    if v is not None and not whole(v, 0):
         raise UserError(f"{name}={v!r}: expected None or an integer >= 0 (alternatives a token)")
     return v
 

@@ -145,7 +145,7 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError
-from specrt.limits import MAX_THREADS
+from specrt.limits import MAX_THREADS, whole
 from specrt.machine import machine_info
 from specrt.manifest import atomic_folder, check_output
 from specrt.paths import refuse_empty, write_atomic
@@ -1183,7 +1183,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     interleaved = schedule == "interleaved"
     if processes < 1:
         raise UserError(f"--processes {processes}: expected >= 1")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if not whole(repeats, 1):
         raise UserError(f"--repeats {repeats}: expected an integer >= 1")
     for option, value, least in (("--threads", threads, 1), ("--limit", limit, 1), ("--lookup-tokens", lookup_tokens, 1),
                                  ("--warmup-tokens", warmup_tokens, 0)):

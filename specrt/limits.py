@@ -1,6 +1,8 @@
 """Upper bounds on the counts a user gives, each in one place: the CLI declares it with
 ``click.IntRange(max=...)`` where the option is declared, and the code a Python caller reaches
-checks the same constant. Imports nothing: cli.py reads these when its options are declared."""
+checks the same constant; and ``whole``, the test of a whole number that every reader of
+user-given or stored counts applies (a bool is an int to Python, and JSON's true is 1 there).
+Imports nothing: cli.py reads these when its options are declared."""
 
 # ONNX Runtime's SessionOptions take a C int: a larger thread count was pybind11's TypeError, a
 # traceback, when the first session was made (build --threads, bench --threads, engines.json)
@@ -12,3 +14,9 @@ MAX_THREADS = 2**31 - 1
 # for SmolLM2 (~0.5 s a pass with 2 cores), while a mistyped count (2**40) is refused instead of
 # running for ever.
 MAX_PROFILE_REPEATS = 10_000
+
+
+def whole(value, lo: int | None = None, hi: int | None = None) -> bool:
+    """``value`` is a Python int, not a bool, within [lo, hi] (each bound optional)."""
+    return (isinstance(value, int) and not isinstance(value, bool) and (lo is None or value >= lo)
+            and (hi is None or value <= hi))

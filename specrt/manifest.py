@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specrt.errors import UserError, describe_os_error, environment_error
+from specrt.limits import whole
 from specrt.paths import check_output_folder, umask
 
 EXPORT_MANIFEST = "export.json"
@@ -326,8 +327,7 @@ def check_export(m: dict[str, Any], path: Path) -> None:
     for key, r in records:
         f = r.get("file")
         if not (isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts
-                and isinstance(r.get("sha256"), str) and isinstance(r.get("bytes"), int)
-                and not isinstance(r.get("bytes"), bool)):
+                and isinstance(r.get("sha256"), str) and whole(r.get("bytes"))):
             raise UserError(f"{path}: field '{key}' is {r!r:.80}; expected {{'file': a name inside the folder, "
                             "'sha256', 'bytes'}}: make the export again")
     names = {f"graphs.{g}.files": ([r["file"] for r in m["graphs"][g]["files"] if r["file"].endswith(".onnx")],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
+from specrt.limits import whole
 
 
 def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any]]:
@@ -45,7 +46,7 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
 
 def is_token_ids(v: Any) -> bool:
     """Whether ``v`` is a list of ints (bools refused; empty allowed)."""
-    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+    return isinstance(v, list) and all(whole(t) for t in v)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
