@@ -495,6 +495,23 @@ def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
     return tuple(vals)
 
 
+def _refuse_both_fc_norms(where: str, fc_norm: bool, norm_before_fc: bool) -> None:
+    """One norm over the concatenated aux states (norm_before_fc) or one per state (fc_norm),
+    never both. The servers differ on the pair: vLLM's llama_eagle3 combine_hidden_states runs
+    input_norm, then fc_norm (a speculators config reaches it through SpeculatorsConfig's
+    update_eagle3, which copies both flags); TensorRT-LLM's Eagle3DraftModel fc_norm only (an
+    elif); SGLang's LlamaForCausalLMEagle3 neither (plain fc; load_weights skips the norms'
+    weights). And no trainer writes it: speculators added fc_norm in its PR #670 (d1b7542,
+    2026-07-02, first released in v0.7.0) with Eagle3SpeculatorConfig._check_norm_flags refusing
+    the pair (PEagleSpeculatorConfig inherits it), and no release before had the field;
+    SpecForge writes fc_norm only, EAGLE neither. So the config cannot say which the draft was
+    trained with, in either format (results/README.md, "Session 43")."""
+    if fc_norm and norm_before_fc:
+        raise UserError(f"{where}: fc_norm and norm_before_fc are both true (vLLM then runs both norms before fc, "
+                        "TensorRT-LLM fc_norm only, SGLang neither; speculators refuses the pair, and no release "
+                        "of it wrote one); expected one of them, the one the draft was trained with")
+
+
 def _logit_scale(f: _Fields) -> float:
     """A draft's ``logit_scale``, as vLLM reads it (vllm/model_executor/models/llama_eagle3.py
     Eagle3LlamaForCausalLM: ``getattr(config, "logit_scale", 1.0)`` into
@@ -606,6 +623,9 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     if confidence and f.bool("confidence_head_with_markov", required=False, default=False):
         raise UserError(f"{path}: confidence_head_with_markov is true: that confidence head reads a Markov head's "
                         f"embeddings, which {kind} drafts do not have (expected false or absent)")
+    norm_before_fc = f.bool("norm_before_fc", required=False, default=False)
+    fc_norm = f.bool("fc_norm", required=False, default=False)
+    _refuse_both_fc_norms(str(path), fc_norm, norm_before_fc)
     return DraftConfig(
         kind=kind,
         decoder=decoder,
@@ -613,8 +633,8 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
         aux_layer_ids=aux,
         mask_token_id=mask,
         norm_before_residual=f.bool("norm_before_residual", required=False, default=False),
-        norm_before_fc=f.bool("norm_before_fc", required=False, default=False),
-        fc_norm=f.bool("fc_norm", required=False, default=False),
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
         norm_output=f.bool("norm_output", required=False, default=False),
         speculative_tokens=k,
         verifier_architectures=tuple(str(a) for a in v_arch),
@@ -648,8 +668,9 @@ EAGLE_CONFIG_FIXED = (
 # flags a config may set at the top level or in eagle_config: (top-level key, eagle_config key).
 # TensorRT-LLM reads norm_before_fc from eagle_config only and norm_output as
 # eagle_config.return_hidden_post_norm or the top-level norm_output
-# (tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel), SGLang
-# norm_before_fc from either
+# (tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel), vLLM
+# norm_before_fc from either (eagle_config first, llama_eagle3.py LlamaModel), SGLang from
+# neither (its llama_eagle3.py has no pre-fc norm; results/README.md "Session 43")
 EAGLE_FLAG_PLACES = (("norm_before_fc", "norm_before_fc"), ("norm_output", "return_hidden_post_norm"))
 
 
@@ -760,15 +781,7 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
                             "expected one, or both the same")
         flags[key] = bool(top or nested)
     fc_norm = f.bool("fc_norm", required=False, default=False)
-    if fc_norm and flags["norm_before_fc"]:
-        # one norm over the concatenated aux states, or one per state: the servers differ on
-        # both (vLLM's llama_eagle3 combine_hidden_states runs input_norm, then fc_norm;
-        # TensorRT-LLM's Eagle3DraftModel fc_norm only, an elif) and no trainer writes both
-        # (speculators refuses the pair, Eagle3SpeculatorConfig since its PR #670, 2026-07;
-        # SpecForge writes fc_norm only, EAGLE neither)
-        raise UserError(f"{where}: fc_norm and norm_before_fc are both true (vLLM then runs both norms before fc, "
-                        "TensorRT-LLM fc_norm only; speculators refuses the pair); expected one of them, the one the "
-                        "draft was trained with")
+    _refuse_both_fc_norms(where, fc_norm, flags["norm_before_fc"])
     return DraftConfig(
         kind="eagle3",
         decoder=decoder,

@@ -635,6 +635,25 @@ def test_aux_layer_ids_out_of_layer_order_or_repeated_are_refused(tmp_path, ids)
     assert load_draft_config(d).aux_layer_ids == (1, 2, 3)
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_a_speculators_draft_with_both_fc_norms_is_refused(tmp_path, kind):
+    """One norm over the concatenated aux states (norm_before_fc) or one per state (fc_norm):
+    speculators added fc_norm in its PR #670 (v0.7.0) with a check refusing the pair, and no
+    release before it had the field, so no speculators release wrote such a draft; vLLM would
+    run both norms, SGLang neither. Refused as the EAGLE-format config is, naming the file."""
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind=kind, norm_before_fc=True, fc_norm=True)
+    with pytest.raises(UserError, match=rf"^{d}/config.json: fc_norm and norm_before_fc are both true \(vLLM then "
+                                        r"runs both norms before fc.*expected one of them"):
+        load_draft_config(d)
+    for one in ("fc_norm", "norm_before_fc"):  # each alone is read
+        d = write_tiny_draft(tmp_path / one, t, kind=kind, **{one: True})
+        assert getattr(load_draft_config(d), one)
+
+
 def test_a_mistral_draft_layer_windows_every_layer(tmp_path):
     """transformers windows every layer of a Mistral layer config (no layer_types needed):
     the draft graph does too (it was recorded, not applied, and called a mix of kinds)."""

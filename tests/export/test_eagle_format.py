@@ -336,10 +336,10 @@ def _export_cli(tmp_path, t, draft, *extra):
      r"{d}/config.json: norm_output true and eagle_config.return_hidden_post_norm false differ"),
     (dict(norm_output=False, eagle_config={"return_hidden_post_norm": True}), (),
      r"{d}/config.json: norm_output false and eagle_config.return_hidden_post_norm true differ"),
-    # one norm over the aux states or one per state: vLLM runs both, TensorRT-LLM fc_norm only
+    # one norm over the aux states or one per state: vLLM runs both, TensorRT-LLM fc_norm only, SGLang neither
     (dict(fc_norm=True, norm_before_fc=True), (),
      r"{d}/config.json: fc_norm and norm_before_fc are both true \(vLLM then runs both norms before fc, "
-     r"TensorRT-LLM fc_norm only; speculators refuses the pair\)"),
+     r"TensorRT-LLM fc_norm only, SGLang neither; speculators refuses the pair, and no release of it wrote one\)"),
     (dict(fc_norm=True, eagle_config={"norm_before_fc": True}), (),
      r"{d}/config.json: fc_norm and norm_before_fc are both true"),
     (dict(extra={"layers.0.mlp.down_proj.weight": "midlayer.mlp.down_proj.weight"}), (),

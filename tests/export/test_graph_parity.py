@@ -231,13 +231,13 @@ def test_eagle3_graph_matches_speculators(reference):
 
 DRAFTS = {
     "eagle3_llama": dict(target="llama_tied", kind="eagle3"),
-    "eagle3_qwen3_norms": dict(target="qwen3", kind="eagle3", norm_before_fc=True, fc_norm=True,
-                               norm_before_residual=True, own_embed=True),
-    "peagle_llama_norms": dict(target="llama_tied", kind="peagle", norm_before_fc=True, fc_norm=True),
+    # one pre-fc norm each, as speculators writes them (it refuses fc_norm with norm_before_fc)
+    "eagle3_qwen3_norms": dict(target="qwen3", kind="eagle3", fc_norm=True, norm_before_residual=True,
+                               own_embed=True),
+    "peagle_llama_norms": dict(target="llama_tied", kind="peagle", norm_before_fc=True),
     # speculators sizes fc (and mask_hidden, input_norm, fc_norm) by the aux ids' count, 3 by default
-    "eagle3_qwen3_aux2": dict(target="qwen3", kind="eagle3", norm_before_fc=True, fc_norm=True, aux_layer_ids=(1, 3)),
-    "peagle_llama_aux4": dict(target="llama_tied", kind="peagle", norm_before_fc=True, fc_norm=True,
-                              aux_layer_ids=(0, 1, 2, 3)),
+    "eagle3_qwen3_aux2": dict(target="qwen3", kind="eagle3", norm_before_fc=True, aux_layer_ids=(1, 3)),
+    "peagle_llama_aux4": dict(target="llama_tied", kind="peagle", fc_norm=True, aux_layer_ids=(0, 1, 2, 3)),
 }
 
 
