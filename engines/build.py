@@ -171,8 +171,9 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                         f"re-export with --dtype {PRECISIONS[prec]}")
     limit = int(exp["target"]["max_position_embeddings"])
     window = exp["target"].get("decoder", {}).get("sliding_window")
-    why = "the target's max_position_embeddings"
+    why = source = "the target's max_position_embeddings"
     if window is not None and window < limit:  # specrt's graphs attend to the whole context
+        source = "the target's sliding window"
         limit, why = int(window), (f"the target's sliding window: past {window} tokens the model attends to the "
                                    f"last {window} only, which specrt's full-attention graphs do not do")
         if max_context is None:
@@ -190,6 +191,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             "acceptance may drop")
     elif isinstance(applied, int) and applied < ctx:
         log(f"the draft attends to the last {applied} tokens, its sliding window, as it was trained")
+    draft_length = _draft_length(exp, ctx, source if max_context is None else "--max-context", log)
     if draft_kind == "peagle" and max(depth_list) > exp["draft"]["speculative_tokens"]:
         log(f"note: depth {max(depth_list)} is deeper than the {exp['draft']['speculative_tokens']} tokens the "
             "P-EAGLE draft was trained to propose; its later positions may rarely be accepted")
@@ -317,6 +319,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
             **backend_json,
             "weight_bytes": weight_bytes,
         }
+        if draft_length is not None:  # (engines whose context its draft covers read as before)
+            manifest["draft_max_position_embeddings"] = draft_length
         manifest["costs"] = _profile(EngineSet(tmp, manifest, exp), profile_pasts, draft_accepted, profile_repeats,
                                      log)
         manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
@@ -324,6 +328,26 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
         f"{manifest['built_seconds']:.1f} s)")
     return manifest
+
+
+def _draft_length(exp: dict[str, Any], ctx: int, source: str, log: Callable[[str], None]) -> int | None:
+    """Warns (config.draft_length_note) when the engines' context ``ctx`` passes the draft's own
+    max_position_embeddings, read from the export's receipt (every export records its draft's
+    config there); returns that length then, else None."""
+    from specrt.export.config import draft_length_note
+
+    d = exp["binding_receipt"].get("draft") or {}
+    dec = d.get("config", {}).get("decoder", {})
+    length, rope = dec.get("max_position_embeddings"), (dec.get("rope") or {}).get("rope_type")
+    if not (whole(length) and isinstance(rope, str)):
+        return None
+    note = draft_length_note(str(Path(d.get("folder", "DRAFT")) / "config.json"),
+                             d["config"].get("source_format", "speculators"), length, rope, ctx,
+                             f"the engines' context ({source})")
+    if note is None:
+        return None
+    log(note)
+    return int(length)
 
 
 def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, exp: dict, depths, ctx: int,

@@ -18,8 +18,8 @@ import numpy as np
 from specrt.errors import UserError
 from specrt.export import slots as S
 from specrt.export.checkpoint import PICKLE_SOURCES, TensorEntry, TensorReader, scan_folder
-from specrt.export.config import (EAGLE_ARCHITECTURE, DraftConfig, TargetConfig, load_draft_config,
-                                  load_target_config)
+from specrt.export.config import (EAGLE_ARCHITECTURE, DecoderConfig, DraftConfig, TargetConfig, draft_length_note,
+                                  load_draft_config, load_target_config)
 from specrt.manifest import manifest_digest
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
@@ -287,6 +287,25 @@ def embed_note(draft: BoundDraft) -> str | None:
         return why + "its graph runs the target's (--draft-embeddings target), as SGLang and TensorRT-LLM would"
     return why + ("specrt runs the draft's own, as vLLM does since it compares the two; SGLang and TensorRT-LLM "
                   "would run the target's, which --draft-embeddings target runs")
+
+
+def default_context(tc: DecoderConfig) -> tuple[int, str]:
+    """The context `specrt build` gives engines without --max-context, and what it is: the target's
+    max_position_embeddings, or its sliding window where smaller (engines/build.py)."""
+    if tc.sliding_window is not None and tc.sliding_window < tc.max_position_embeddings:
+        return tc.sliding_window, "the context `specrt build` gives the engines by default (the target's sliding window)"
+    return tc.max_position_embeddings, ("the context `specrt build` gives the engines by default (the target's "
+                                        "max_position_embeddings)")
+
+
+def length_note(draft: BoundDraft) -> str | None:
+    """What export and inspect say of a draft whose own max_position_embeddings is below the
+    context the engines get by default (None: nothing to say)."""
+    assert draft.target is not None
+    ctx, what = default_context(draft.target.config.decoder)
+    dc = draft.config
+    return draft_length_note(str(Path(draft.folder) / "config.json"), dc.source_format,
+                             dc.decoder.max_position_embeddings, dc.decoder.rope.rope_type, ctx, what)
 
 
 def _check_vocab_map(draft: BoundDraft) -> None:

@@ -41,11 +41,21 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
               "nullable": ("num_key_value_heads",)},
 }
 
-# "dynamic" (NTK) rescales only past max_position_embeddings, where no engine goes (the build's
+# "dynamic" (NTK) rescales only past max_position_embeddings, where no target engine goes (the build's
 # context limit): inside it its frequencies are the default ones. (The limit is the target's: a draft
-# whose own is lower keeps them past it too; SpecForge trains such a draft on a base rescaled for its
-# longest training sequence, vLLM and SGLang serve it on a fixed one: README "Not done".)
+# whose own is lower keeps them past it too, which export, inspect and build say: draft_length_note.)
 ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
+# what a draft's graph runs past its own max_position_embeddings, by RoPE type: every table is static
+# (position times fixed frequencies), so each type goes on as it is; only transformers' "dynamic"
+# would change (its NTK base grows with the sequence past that length: _compute_dynamic_ntk_parameters)
+PAST_OWN_LENGTH = {
+    "default": "its RoPE frequencies as they are",
+    "linear": "its linearly scaled RoPE frequencies as they are",
+    "llama3": "its llama3-scaled RoPE frequencies as they are",
+    "yarn": "its YaRN frequencies and attention factor as they are",
+    "dynamic": ("its default (unscaled) RoPE frequencies, where transformers, EAGLE and SpecForge would rescale "
+                "the NTK base as the sequence grows past that length (vLLM and SGLang serve it on one fixed base)"),
+}
 # the fields only YaRN uses; to_json leaves them out for the other types (their exports read as before)
 YARN_FIELDS = ("attention_factor", "beta_fast", "beta_slow", "truncate")
 
@@ -388,6 +398,22 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     return RopeConfig("yarn", theta, head_dim, factor=factor, original_max_position_embeddings=original,
                       attention_factor=float(attention), beta_fast=beta_fast, beta_slow=beta_slow,
                       truncate=bool(truncate))
+
+
+def draft_length_note(config_file: str, source_format: str, max_positions: int, rope_type: str, context: int,
+                      context_what: str) -> str | None:
+    """The warning for a draft whose own ``max_position_embeddings`` is below ``context`` (the
+    positions the engines run; ``context_what`` says whose), None when it is not. Not refused:
+    the target verifies every draft token, so only acceptance can suffer there."""
+    if max_positions >= context:
+        return None
+    key = "max_position_embeddings" if source_format == "eagle" else "transformer_layer_config.max_position_embeddings"
+    past = PAST_OWN_LENGTH.get(rope_type, "its RoPE as it is")
+    return (f"warning: {config_file}: the draft's {key} is {max_positions}, and {context_what} is {context}: from "
+            f"position {max_positions} on it runs positions it was never trained on, with {past} (rope_type "
+            f"'{rope_type}'); its acceptance may fall there, the output stays exact (the target verifies every "
+            f"token). `specrt build --max-context {max_positions}` keeps every position within its length (the "
+            "target's context too)")
 
 
 def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | None:

@@ -21,7 +21,8 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import UserError
-from specrt.export.binding import BoundDraft, BoundTarget, bind_draft, bind_target, embed_note, receipt
+from specrt.export.binding import (BoundDraft, BoundTarget, bind_draft, bind_target, embed_note, length_note,
+                                   receipt)
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
@@ -79,6 +80,9 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
     if draft is not None and (note := embed_note(draft)) is not None:
+        log(note)
+    short = draft is not None and (note := length_note(draft)) is not None
+    if short:
         log(note)
 
     with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
@@ -140,6 +144,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 draft_json["attention_window"] = dc.attention_window
             if dc.confidence_head:  # draft_confidence: DSpark reads it instead of the draft's own probabilities
                 draft_json["confidence_head"] = True
+            if short:  # its own length, below the default context (length_note; other drafts export as before)
+                draft_json["max_position_embeddings"] = dc.decoder.max_position_embeddings
             log(f"wrote {dc.kind} draft graph ({time.perf_counter() - t0:.1f} s)")
         tok = []
         for n in TOKENIZER_FILES:

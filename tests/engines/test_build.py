@@ -674,3 +674,32 @@ def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_
     assert r.exit_code == 1, r.output
     assert f"ENGINES_DIR {engines_copy}: {engines_copy} is not writable" in r.output and "Traceback" not in r.output
     assert sorted(p.name for p in engines_copy.iterdir()) == before
+
+
+def test_a_context_past_the_draft_s_own_length_is_warned_once_and_recorded(tmp_path):
+    """A draft whose own max_position_embeddings (128, dynamic RoPE) is below the target's
+    (256): the default build warns once, naming the draft's config, both lengths and the RoPE
+    type, and records the draft's length in engines.json; --max-context 128 says nothing."""
+    from specrt.export.export import export
+
+    from .conftest import REFERENCE
+
+    ref = tmp_path / "ref"
+    shutil.copytree(REFERENCE, ref)
+    cfg = json.loads((ref / "draft" / "config.json").read_text())
+    cfg["transformer_layer_config"].update(max_position_embeddings=128, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    (ref / "draft" / "config.json").write_text(json.dumps(cfg))
+    export(ref / "verifier", ref / "draft", tmp_path / "exp")
+    said: list[str] = []
+    m = build_engines(tmp_path / "exp", "onnxruntime", "1,2", tmp_path / "e", log=said.append, profile_repeats=1)
+    (w,) = [s for s in said if "max_position_embeddings" in s]
+    assert w.startswith(f"warning: {(ref / 'draft').resolve() / 'config.json'}: the draft's transformer_layer_config."
+                        "max_position_embeddings is 128, and the engines' context (the target's "
+                        "max_position_embeddings) is 256: from position 128 on"), w
+    assert "rope_type 'dynamic'" in w and "rescale the NTK base" in w
+    assert m["max_context"] == 256 and m["draft_max_position_embeddings"] == 128
+    said.clear()
+    m = build_engines(tmp_path / "exp", "onnxruntime", "1,2", tmp_path / "e2", log=said.append, profile_repeats=1,
+                      max_context=128)
+    assert not [s for s in said if "max_position_embeddings" in s] and "draft_max_position_embeddings" not in m

@@ -916,3 +916,59 @@ def test_draft_embeddings_target_is_the_draft_with_the_target_s_embedding(tmp_pa
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
     assert not np.allclose(own["draft_logits"], want["draft_logits"], atol=1e-3)
+
+
+# ---- a draft trained on fewer positions than the engines run -----------------------------
+
+def _shorten_draft(draft: Path, length: int, rope: dict | None = None) -> None:
+    """The draft's own max_position_embeddings (and RoPE) set in its transformer_layer_config,
+    as a draft trained at 2048 beside a target of a longer context would have them."""
+    path = draft / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["transformer_layer_config"]["max_position_embeddings"] = length
+    if rope is not None:
+        cfg["transformer_layer_config"]["rope_parameters"] = rope
+    path.write_text(json.dumps(cfg))
+
+
+def test_a_draft_shorter_than_the_default_context_is_warned_once_and_recorded(tmp_path):
+    """The target's 256 positions (the build's default context), the draft's own 128 with
+    dynamic RoPE: export and inspect name the config, both lengths, the RoPE type and what
+    runs past 128, once; export.json's draft section records the draft's length. Not refused."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.export.export import export
+
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    _shorten_draft(folder / "draft", 128, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    said: list[str] = []
+    m = export(folder / "verifier", folder / "draft", tmp_path / "out", log=said.append)
+    (w,) = [s for s in said if "max_position_embeddings" in s]
+    assert w.startswith(f"warning: {folder / 'draft' / 'config.json'}: the draft's "
+                        "transformer_layer_config.max_position_embeddings is 128, and the context `specrt build` gives "
+                        "the engines by default (the target's max_position_embeddings) is 256: from position 128 on")
+    assert "rope_type 'dynamic'" in w and "rescale the NTK base" in w and "output stays exact" in w
+    assert "--max-context 128" in w
+    assert m["draft"]["max_position_embeddings"] == 128
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["draft"]["max_position_embeddings"] == 128
+    r = CliRunner().invoke(main, ["inspect", str(folder / "verifier"), "--draft", str(folder / "draft")])
+    assert r.exit_code == 0 and r.output.count("transformer_layer_config.max_position_embeddings is 128") == 1, r.output
+    # as long as the target: nothing said, nothing recorded (the export reads as before)
+    _shorten_draft(folder / "draft", 256)
+    said.clear()
+    m = export(folder / "verifier", folder / "draft", tmp_path / "out2", log=said.append)
+    assert not [s for s in said if "max_position_embeddings" in s] and "max_position_embeddings" not in m["draft"]
+
+
+@pytest.mark.parametrize("rope, past", [("default", "its RoPE frequencies as they are"),
+                                        ("yarn", "its YaRN frequencies and attention factor as they are"),
+                                        ("dynamic", "its default (unscaled) RoPE frequencies")])
+def test_the_length_warning_names_each_rope_type_and_the_format_s_key(rope, past):
+    from specrt.export.config import draft_length_note
+
+    w = draft_length_note("d/config.json", "eagle", 2048, rope, 8192, "the engines' context (--max-context)")
+    assert w.startswith("warning: d/config.json: the draft's max_position_embeddings is 2048, and the engines' "
+                        "context (--max-context) is 8192: from position 2048 on") and past in w
+    assert f"rope_type '{rope}'" in w
+    assert draft_length_note("d/config.json", "eagle", 8192, rope, 8192, "the engines' context") is None
