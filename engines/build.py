@@ -39,7 +39,7 @@ from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEI
 from specrt.limits import MAX_PROFILE_REPEATS, whole
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
                              manifest_digest, write_json)
-from specrt.paths import refuse_empty
+from specrt.paths import check_path_args
 
 # Seam for tests: the profiling step (monkeypatched to interrupt a build midway).
 profile_costs = _costs.profile_costs
@@ -150,7 +150,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     from specrt.engines.onnxruntime import OrtSettings
 
     t0 = time.perf_counter()
-    refuse_empty("a folder", export_dir=export_dir, out=out)  # Path('') is the working folder
+    check_path_args("a folder", export_dir=export_dir, out=out)  # Path('') is the working folder
     export_dir, out = Path(export_dir), Path(out)
     if backend not in BACKENDS:
         raise UserError(f"--backend '{backend}' is not one of {', '.join(BACKENDS)}")
@@ -447,7 +447,7 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     from specrt.engines.engine_set import load_engines
     from specrt.paths import write_atomic
 
-    refuse_empty("a folder", folder=folder)
+    check_path_args("a folder", folder=folder)
     check_repeats(repeats, "--repeats")  # (`specrt profile`'s option)
     folder = Path(folder)
     engines = load_engines(folder)  # refuses stale or tampered engines, another machine's

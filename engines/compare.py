@@ -57,7 +57,7 @@ from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
 from specrt.errors import InternalError, UserError
-from specrt.paths import write_atomic
+from specrt.paths import check_path_args, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
 KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
@@ -860,6 +860,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     dict keyed by output kind, output name or "" (see ``resolve_tolerances``).
     target_folder: the transformers checkpoint for ``torch`` (default: the binding receipt's).
     """
+    check_path_args("a folder", engines_dir=engines_dir, target_folder=target_folder)  # Path('') is the working folder
+    check_path_args("a file", report=report, inputs_file=inputs_file)
     if reference not in REFERENCES:
         raise UserError(f"--reference '{reference}' is not one of {', '.join(REFERENCES)}")
     _base_runner()

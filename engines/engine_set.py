@@ -24,6 +24,7 @@ from specrt.engines.costs import interpolate, parse_costs
 from specrt.engines.manifest import check_against_export, read_engines_manifest, verify_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, Role, verify_role
 from specrt.errors import InternalError, UserError
+from specrt.paths import check_path_args
 
 
 class PortableView(Runner):
@@ -359,6 +360,7 @@ def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str
     checked). ``ort_overrides``: ONNX Runtime settings to change at load (benchmarks);
     the cost table was profiled with the recorded ones.
     """
+    check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
     folder = Path(engines_dir)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such engines folder (run `specrt build` first)")

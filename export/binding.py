@@ -15,16 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from specrt.contracts import DRAFT_EMBEDDINGS
 from specrt.errors import UserError
 from specrt.export import slots as S
 from specrt.export.checkpoint import PICKLE_SOURCES, TensorEntry, TensorReader, scan_folder
 from specrt.export.config import (EAGLE_ARCHITECTURE, DecoderConfig, DraftConfig, TargetConfig, draft_length_note,
                                   load_draft_config, load_target_config)
 from specrt.manifest import manifest_digest
+from specrt.paths import check_path_args
 
 RECEIPT_FORMAT = "specrt-binding-receipt/1"
-# which embed_tokens a draft's graph runs (--draft-embeddings): its own stored one, or the target's
-DRAFT_EMBEDDINGS = ("own", "target")
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ def _check_layer_count(folder: Path, entries: dict[str, TensorEntry], num_layers
 
 
 def bind_target(folder: str | Path, allow_pickle: bool = False) -> BoundTarget:
+    check_path_args("a folder", folder=folder)  # Path('') is the working folder
     folder = Path(folder)
     cfg = load_target_config(folder)
     S.check_table(S.TARGET_SLOTS)
@@ -368,6 +369,7 @@ def bind_draft(folder: str | Path, target: BoundTarget, allow_pickle: bool = Fal
     ``embeddings``: which embed_tokens its graph runs, "own" or "target" (DRAFT_EMBEDDINGS;
     "target" changes nothing for a draft that stores none, and is refused for one whose own
     is of another shape than the target's)."""
+    check_path_args("a folder", folder=folder)  # Path('') is the working folder
     if embeddings not in DRAFT_EMBEDDINGS:
         raise UserError(f"--draft-embeddings '{embeddings}' is not supported (choose one of "
                         f"{', '.join(DRAFT_EMBEDDINGS)})")

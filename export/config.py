@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specrt.contracts import DRAFT_AUX_IDS
 from specrt.errors import UserError
 from specrt.limits import whole
 from specrt.paths import read_json_object
@@ -676,9 +677,6 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
 # config.json is a Llama config of the one draft layer (vocab_size the target's) plus
 # draft_vocab_size, maybe target_hidden_size, SpecForge's fc_norm / norm_output / eagle_config.
 EAGLE_ARCHITECTURE = "LlamaForCausalLMEagle3"
-# --draft-aux-ids: how a config's aux layer ids count, as what to add for specrt's count (the
-# residual stream entering layer i, DESIGN.md §2)
-AUX_ID_COUNTS = {"layer-output": 1, "layer-input": 0}
 # the format has no field for it; `speculators convert` writes 3 for these drafts (speculators
 # src/speculators/convert/eagle/eagle3_converter.py) and an EAGLE-3 export uses it only in export.json
 EAGLE_SPECULATIVE_TOKENS = 3
@@ -777,11 +775,11 @@ def load_eagle_config(data: dict[str, Any], path: Path, aux_ids_count: str | Non
         key, ids = next(iter(named.items()))
         if not (isinstance(ids, list) and len(ids) == 3 and all(whole(i, 0) for i in ids) and ids == sorted(set(ids))):
             raise UserError(f"{where}: {key} must be 3 distinct ascending layer ids (fc reads 3 states), found {ids!r}")
-        if aux_ids_count not in AUX_ID_COUNTS:
+        if aux_ids_count not in DRAFT_AUX_IDS:
             raise UserError(f"{where}: {key} is {ids}, and nothing in the config says how they count: SGLang (what "
                             "SpecForge trains with) reads id i as layer i's output, vLLM as the state entering layer "
                             "i; pass --draft-aux-ids layer-output or --draft-aux-ids layer-input")
-        aux = tuple(i + AUX_ID_COUNTS[aux_ids_count] for i in ids)
+        aux = tuple(i + DRAFT_AUX_IDS[aux_ids_count] for i in ids)
         extra = {"aux_layer_ids_written": ids, "aux_layer_ids_count": aux_ids_count}
     elif aux_ids_count is not None:
         raise UserError(f"--draft-aux-ids is given, but {where} names no aux layer ids (the default, the states "

@@ -26,7 +26,7 @@ from specrt.export.binding import (BoundDraft, BoundTarget, bind_draft, bind_tar
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
-from specrt.paths import refuse_empty
+from specrt.paths import check_path_args
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRAINING_RECEIPT = "training_receipt.json"
@@ -49,10 +49,10 @@ def _check_tokenizer_files(target_dir: Path) -> None:
     `specrt run`, with a traceback. (generation_config.json: read with the target's config.)"""
     for n in TOKENIZER_FILES:
         path = target_dir / n
-        if n.endswith(".json") and path.is_file():
+        if n.endswith(".json") and n != "tokenizer.json" and path.is_file():
             read_json(path)
     tok = target_dir / "tokenizer.json"
-    if tok.is_file():
+    if tok.is_file():  # (read once: load_tokenizer says "not valid JSON" as read_json would)
         from specrt.runtime.text import load_tokenizer
 
         load_tokenizer(tok)
@@ -66,7 +66,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     and ``embeddings`` (the receipt records which embedding the draft graph runs)."""
     from specrt.export import graphs
 
-    refuse_empty("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out)  # Path('') is the working folder
+    check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out)  # Path('') is the working folder
     if dtype not in DTYPES:
         raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
     t0 = time.perf_counter()

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
-from specrt.paths import refuse_empty, write_atomic
+from specrt.paths import check_path_args, write_atomic
 from specrt.prompt_files import is_messages
 
 from .governor import Calibration, FixedGovernor, auc, ece
@@ -184,7 +184,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     ``prompts`` trains and ``holdout`` is ignored); otherwise a ``holdout`` fraction of
     ``prompts`` is held out. Returns the report (see the module docstring);
     ``report["file"]`` is the calibration written (``write=False``: nothing written)."""
-    refuse_empty("a folder", engines_dir=engines_dir)  # Path('') is the working folder
+    check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
     engines_dir = Path(engines_dir)
     prompts = list(prompts)
     if not prompts:

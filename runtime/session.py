@@ -35,7 +35,7 @@ import numpy as np
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
 from specrt.errors import UserError
-from specrt.paths import refuse_empty
+from specrt.paths import check_path_args
 from specrt.prompt_files import is_token_ids
 
 from .corpus import Growth
@@ -214,7 +214,7 @@ class Session:
                  chat_template_kwargs: dict | None = None):
         from specrt.engines.engine_set import load_engines
 
-        refuse_empty("a folder", engines_dir=engines_dir)  # Path('') is the working folder
+        check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
         if not isinstance(sampling, SamplingParams):
             raise UserError(f"sampling={sampling!r:.80}: expected a SamplingParams "
                             "(specrt.runtime.sampling.SamplingParams(temperature=..., top_p=..., ...))")
@@ -352,7 +352,7 @@ class Session:
         --grow-file``): the governor's grown table starts from its sequences (the newest
         within the governor's cap). Returns how many it holds: 0 when there is no such file
         yet (an error, as for save_growth, when the governor has no ``:grow``)."""
-        refuse_empty("a file", path=path)
+        check_path_args("a file", path=path)
         policy = self._growth_policy(Path(path))
         if not Path(path).exists():
             return 0
@@ -364,7 +364,7 @@ class Session:
 
     def save_growth(self, path: str | Path) -> None:
         """The governor's grown sequences to ``path`` (atomically; corpus.Growth.save)."""
-        refuse_empty("a file", path=path)
+        check_path_args("a file", path=path)
         policy = self._growth_policy(Path(path))
         grown = policy.growth.source_priors()
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from specrt.errors import UserError
-from specrt.paths import read_json_object
+from specrt.paths import json_object, read_json_object, read_utf8
 from specrt.prompt_files import is_messages
 
 
@@ -20,13 +20,18 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 
 def load_tokenizer(path: Path):
     """``tokenizers.Tokenizer`` of a tokenizer.json, errors naming the file (export checks the
-    target's with it; an export made before that may hold one it cannot read)."""
+    target's with it; an export made before that may hold one it cannot read). The file is read
+    once and parsed by tokenizers; only text it refuses is parsed as JSON too, to say what is
+    wrong in read_json_object's words (not valid JSON, not an object) before tokenizers' own."""
     from tokenizers import Tokenizer
 
+    text = read_utf8(path)
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception for any file it cannot read
-        raise UserError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+        return Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception for any text it cannot read
+        why = e
+    json_object(text, path)
+    raise UserError(f"{path}: not a tokenizer the tokenizers library reads ({why})")
 
 
 class Text:

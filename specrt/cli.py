@@ -17,10 +17,11 @@ from pathlib import Path
 import click
 
 from specrt import __version__
+from specrt.contracts import DRAFT_AUX_IDS, DRAFT_EMBEDDINGS
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
-from specrt.sampling_options import PathArg, existing_dir, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
 
 class _Group(click.Group):
@@ -110,15 +111,22 @@ _EMBEDDINGS_HELP = ("Which embed_tokens the draft's graph runs: own (its stored 
                     "whose own has another shape than the target's. The receipt records which one the graph runs.")
 
 
+# the options of the draft (bind_draft's allow_pickle, aux_ids_count and embeddings), in --help's
+# order: held once, for _draft_options to declare and _check_draft_options to refuse without --draft
+_DRAFT_OPTIONS = {
+    "--allow-draft-pickle": dict(is_flag=True, help="Read the draft's pytorch_model.bin pickle (unpickling can run "
+                                                    "code)."),
+    "--draft-aux-ids": dict(type=click.Choice(list(DRAFT_AUX_IDS)), default=None, help=_AUX_IDS_HELP),
+    "--draft-embeddings": dict(type=click.Choice(DRAFT_EMBEDDINGS), default="own", show_default=True,
+                               help=_EMBEDDINGS_HELP),
+}
+
+
 def _draft_options(f):
-    """--allow-draft-pickle, --draft-aux-ids and --draft-embeddings (bind_draft's allow_pickle,
-    aux_ids_count and embeddings)."""
-    f = click.option("--draft-embeddings", type=click.Choice(["own", "target"]), default="own", show_default=True,
-                     help=_EMBEDDINGS_HELP)(f)
-    f = click.option("--draft-aux-ids", type=click.Choice(["layer-output", "layer-input"]), default=None,
-                     help=_AUX_IDS_HELP)(f)
-    return click.option("--allow-draft-pickle", is_flag=True,
-                        help="Read the draft's pytorch_model.bin pickle (unpickling can run code).")(f)
+    """The draft's options (_DRAFT_OPTIONS) on a command that takes --draft."""
+    for decl, kwargs in reversed(_DRAFT_OPTIONS.items()):  # (click lists the last decorator applied first)
+        f = click.option(decl, **kwargs)(f)
+    return f
 
 
 def _check_draft_options(draft: Path | None) -> None:
@@ -126,16 +134,16 @@ def _check_draft_options(draft: Path | None) -> None:
     if draft is not None:
         return
     ctx = click.get_current_context()
-    given = [f"--{n.replace('_', '-')}" for n in ("allow_draft_pickle", "draft_aux_ids", "draft_embeddings")
-             if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)]
+    given = [p.opts[0] for p in ctx.command.params if p.opts[0] in _DRAFT_OPTIONS
+             and ctx.get_parameter_source(p.name) not in (None, click.core.ParameterSource.DEFAULT)]
     if given:
         raise UserError(f"{', '.join(given)}: {'applies' if len(given) == 1 else 'apply'} to a draft, and no "
                         "--draft was given")
 
 
 @main.command()
-@click.argument("target", callback=existing_dir)
-@click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
+@click.argument("target", type=existing_folder())
+@click.option("--draft", type=existing_folder(), help=_DRAFT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the binding receipt as JSON.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
@@ -181,8 +189,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 
 
 @main.command()
-@click.argument("target", callback=existing_dir)
-@click.option("--draft", callback=existing_dir, help=_DRAFT_HELP)
+@click.argument("target", type=existing_folder())
+@click.option("--draft", type=existing_folder(), help=_DRAFT_HELP)
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Export folder to write.")
 @click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
@@ -207,7 +215,7 @@ def _depths(ctx, param, value):
 
 
 @main.command()
-@click.argument("export_dir", callback=existing_dir)
+@click.argument("export_dir", type=existing_folder())
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
 @click.option("--depths", default="1,2,4,8", show_default=True, callback=_depths, help="Verify depths to specialise.")
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Engines folder to write.")
@@ -284,7 +292,7 @@ def _canary(engines_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 def canary(engines_dir: Path) -> None:
     """Re-run the acceptance canary on ENGINES_DIR and rewrite its acceptance receipt."""
     from specrt.engines.manifest import read_engines_manifest
@@ -297,7 +305,7 @@ def canary(engines_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--repeats", type=click.IntRange(min=1, max=MAX_PROFILE_REPEATS), default=10, show_default=True,
               help="Timed calls per engine and past length (the median is kept).")
 def profile(engines_dir: Path, repeats: int) -> None:
@@ -325,7 +333,7 @@ def profile(engines_dir: Path, repeats: int) -> None:
 
 
 @main.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 @click.argument("answers", nargs=-1, required=True, type=PathArg("a file", exists=True, dir_okay=False))
 @click.option("--nmin", type=click.IntRange(min=1), default=3, show_default=True, help="Shortest n-gram matched.")
 @click.option("--nmax", type=click.IntRange(min=1), default=8, show_default=True, help="Longest n-gram matched.")
@@ -400,7 +408,7 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 
 
 @main.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--prompt", help="One prompt.")
 @click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
@@ -514,7 +522,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 
 
 @main.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--system", help="A system prompt for the conversation.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,

@@ -148,9 +148,9 @@ from specrt.errors import UserError
 from specrt.limits import MAX_THREADS, whole
 from specrt.machine import machine_info
 from specrt.manifest import atomic_folder, check_output
-from specrt.paths import refuse_empty, write_atomic
+from specrt.paths import check_path_args, write_atomic
 from specrt.prompt_files import common_prefix
-from specrt.sampling_options import PathArg, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
@@ -1168,9 +1168,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     from specrt.engines.onnxruntime import physical_cores
 
     # Path('') is the working folder: an empty path named, as the CLI's PathArg names it
-    refuse_empty("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
+    check_path_args("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
                  **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
-    refuse_empty("a file", prompts_file=prompts_file)
+    check_path_args("a file", prompts_file=prompts_file)
     check_repeats(profile_repeats, "profile_repeats")  # (a Python argument: `specrt bench` keeps its default)
     if governor_costs not in ("stored", "profiled"):
         raise UserError(f"--governor-costs {governor_costs!r}: expected stored or profiled")
@@ -1728,7 +1728,7 @@ def _parse_variants(values) -> dict[str, Path]:
 
 
 @click.command()
-@click.argument("engines_dir", type=PathArg("a folder", exists=True, file_okay=False))
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False), required=True,
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
                    "always through the chat template) or 'prompt_ids' (token ids).")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.prompt_files import prompts_of, read_prompt_file
-from specrt.sampling_options import PathArg, existing_dir, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
 
 def read_prompts(path: Path) -> list[str | list[int]]:
@@ -20,7 +20,7 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 
 
 @click.command()
-@click.argument("engines_dir", callback=existing_dir)
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--prompts", "prompts_file", required=True,
               type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from specrt.errors import UserError
-from specrt.sampling_options import PathArg
+from specrt.sampling_options import PathArg, existing_folder
 
 
 def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, float] | None:
@@ -34,7 +34,7 @@ def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, 
 
 
 @click.command()
-@click.argument("engines_dir", type=PathArg("a folder", exists=True, file_okay=False))
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--reference", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="onnxruntime: the export's graphs in ONNX Runtime (polygraphy OnnxrtRunner); torch: the target "
                    "checkpoint in transformers, eager fp32 (target roles only).")
@@ -45,7 +45,7 @@ def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, 
               help="Relative tolerance, for every output or one output kind/name (repeatable).")
 @click.option("--save-inputs", type=PathArg("a file", dir_okay=False),
               help="Where to save the inputs of the polygraphy command (default: beside --report, else a temp folder).")
-@click.option("--target", "target_folder", type=PathArg("a folder", exists=True, file_okay=False),
+@click.option("--target", "target_folder", type=existing_folder(),
               help="The target checkpoint for --reference torch (default: the one the export was bound from).")
 @click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Prompt length of the test inputs.")
 def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, save_inputs: Path | None,

@@ -260,3 +260,12 @@ def eagle3_io(num_layers: int, kv_heads: int, head_dim: int, draft_vocab: int, h
 CALIBRATION_FILE = "calibration.json"
 ACCEPTANCE_FILE = "acceptance_receipt.json"
 CORPUS_FILE = "corpus.npz"
+
+# The draft options' choices, spelled once for the CLI (cli.py's --draft-embeddings and
+# --draft-aux-ids) and for export, which the CLI does not import at start-up.
+# --draft-embeddings: which embed_tokens a draft's graph runs, its own stored one or the target's
+# (export/binding.py's bind_draft)
+DRAFT_EMBEDDINGS = ("own", "target")
+# --draft-aux-ids: how an EAGLE-format config's aux layer ids count, as what to add for specrt's
+# count (the residual stream entering layer i, DESIGN.md §2; export/config.py's load_eagle_config)
+DRAFT_AUX_IDS = {"layer-output": 1, "layer-input": 0}

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.limits import whole
-from specrt.paths import check_output_folder, umask
+from specrt.paths import check_output_folder, check_path_args, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -209,6 +209,7 @@ def all_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def load_export(folder: Path, verify: bool = True, digest: str | None = None) -> dict[str, Any]:
     """The export manifest, with every file's hash checked (``verify=False`` skips re-hashing);
     with ``digest`` (an engines folder's copy), refused first when its manifest_digest differs."""
+    check_path_args("a folder", folder=folder)  # Path('') is the working folder
     m = read_manifest(folder, EXPORT_MANIFEST, EXPORT_FORMAT, "export")
     if digest is not None and manifest_digest(m) != digest:
         raise UserError(f"{Path(folder) / EXPORT_MANIFEST}: differs from the export these engines were built from "

@@ -15,31 +15,61 @@ from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
 from specrt.errors import UserError
 
 
-def empty_path(value, expected: str) -> str | None:
-    """"an empty path; expected ``expected``" ("a folder", "a file") when ``value`` is an empty
-    str or bytes, else None. Path('') is '.': the working folder, named nowhere in what then
-    went wrong (an `-o ""` was refused as the folder the command ran in, `serve ""` loaded it
-    as the engines, `build_engines(..., out="", force=True)` built into an empty working
-    folder). A Path cannot be empty (Path('') is already '.'): only str and bytes are checked. The CLI says it as
-    click's BadParameter (sampling_options.PathArg), the Python API through refuse_empty."""
-    return f"an empty path; expected {expected}" if isinstance(value, (str, bytes)) and not value else None
+PATH_TYPES = "a path (str or os.PathLike)"
 
 
-def refuse_empty(expected: str, **named) -> None:
-    """UserError "NAME: an empty path; expected ``expected``" for the first of ``named``
-    (argument name -> the path given; None skipped) that is an empty path: the Python entry
-    points' path arguments, checked before any work, as the CLI checks its own."""
+def path_problem(value, expected: str) -> str | None:
+    """What is wrong with ``value`` as a path naming ``expected`` ("a folder", "a file"), or
+    None. Not a path: anything but a str or an os.PathLike giving one (bytes, an int) was
+    pathlib's TypeError, a traceback. Bytes are refused rather than decoded (os.fsdecode):
+    pathlib, which every entry point turns its paths into, takes none, the CLI gives str, and
+    the paths are written as text into manifests, reports and messages; a caller holding bytes
+    decodes them once with os.fsdecode, knowing their encoding, rather than specrt guessing it.
+    Empty: Path('') is '.', the working folder, named nowhere in what then went wrong (an
+    `-o ""` was refused as the folder the command ran in, `serve ""` loaded it as the engines,
+    `build_engines(..., out="", force=True)` built into an empty working folder); a Path cannot
+    be empty (Path('') is already '.'). The CLI says it as click's BadParameter
+    (sampling_options.PathArg), the Python API through check_path_args."""
+    try:
+        text = os.fspath(value)
+    except TypeError:
+        text = None
+    if not isinstance(text, str):  # (os.fspath passes bytes through, and a PathLike may give bytes)
+        return f"{value!r:.80} is {type(value).__name__}; expected {PATH_TYPES}"
+    return None if text else f"an empty path; expected {expected}"
+
+
+def check_path_args(expected: str, **named) -> None:
+    """UserError "NAME: ..." (path_problem: not a str or os.PathLike, or empty; expected
+    ``expected``) for the first of ``named`` (argument name -> the path given; None skipped)
+    that is not a usable path: the Python entry points' path arguments, checked before any
+    work, as the CLI checks its own."""
     for name, value in named.items():
-        if (why := empty_path(value, expected)) is not None:
+        if value is not None and (why := path_problem(value, expected)) is not None:
             raise UserError(f"{name}: {why}")
 
 
 def read_json_object(path: Path) -> dict:
     """A JSON file holding an object, errors naming the file (export's configs, the tokenizer's)."""
+    return json_object(read_utf8(path), path)
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a JSON file (UTF-8, as JSON must be), read_json_object's error naming it."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
+
+
+def json_object(text: str, path: Path) -> dict:
+    """``text``, the file ``path``'s, parsed as a JSON object, errors naming the file."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit (a traceback)
+        raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
     return data

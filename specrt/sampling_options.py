@@ -1,7 +1,7 @@
 """The sampling options shared by ``specrt run``, ``bench`` and ``calibrate``, the chat
 template's variables (those and ``chat``, ``serve``), and the path arguments' checks
-(``existing_dir``: cli.py's commands' folders and ``calibrate``'s; ``PathArg``: every other path
-argument or option, ``serve``'s, ``bench``'s and ``compare``'s included).
+(``PathArg``: every path argument or option; ``existing_folder()``: those naming a folder that
+must exist).
 
     @sampling_options("0 = greedy", seed=None)
     def run(..., temperature, top_p, top_k, seed): ...
@@ -18,38 +18,38 @@ from pathlib import Path
 import click
 
 from specrt.errors import UserError
-from specrt.paths import empty_path
+from specrt.paths import path_problem
 
 
-def _refuse_empty(value, expected: str) -> None:
-    """An empty path refused as click's usage error (paths.empty_path: Path('') is '.')."""
-    if (why := empty_path(value, expected)) is not None:
+def _check_path(value, expected: str) -> None:
+    """An empty path refused as click's usage error (paths.path_problem: Path('') is '.')."""
+    if (why := path_problem(value, expected)) is not None:
         raise click.BadParameter(why)
 
 
 class PathArg(click.Path):
     """click.Path giving a pathlib.Path, refusing an empty path as one (``expected``: what the
     path should name, "a folder" or "a file", for that message); click.Path's own checks
-    (exists, dir_okay, ...) as given."""
+    (exists, dir_okay, ...) as given, except an existing folder's (``existing_folder``), said in
+    specrt's words."""
 
     def __init__(self, expected: str, **kwargs):
         super().__init__(path_type=Path, **kwargs)
         self.expected = expected
 
     def convert(self, value, param, ctx):
-        _refuse_empty(value, self.expected)
+        _check_path(value, self.expected)
+        if self.exists and not self.file_okay and not Path(value).is_dir():
+            # one wording for every folder that must exist, missing or a file (click's: "Directory 'X'
+            # does not exist." / "Directory 'X' is a file.")
+            self.fail(f"{value} is not a folder", param, ctx)
         return super().convert(value, param, ctx)
 
 
-def existing_dir(ctx, param, value):
-    """click callback: an existing folder as a Path (None when the option is left out)."""
-    if value is None:
-        return None
-    _refuse_empty(value, "a folder")
-    p = Path(value)
-    if not p.is_dir():
-        raise click.BadParameter(f"{p} is not a folder")
-    return p
+def existing_folder() -> PathArg:
+    """The type of an argument or option naming an existing folder (TARGET, --draft, EXPORT_DIR,
+    ENGINES_DIR, compare's --target): a Path, or "X is not a folder"."""
+    return PathArg("a folder", exists=True, file_okay=False)
 
 
 def _checked(ok, expected: str):

@@ -21,6 +21,8 @@ from specrt.cmd_bench import (REFERENCE, bench, common_prefix, identity, load_be
                               summarise_config)
 from specrt.errors import UserError
 
+from tests.bad_paths import bad_paths
+
 REFERENCE_PAIR = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
 REQUIRED_KEYS = {"format", "machine", "settings", "prompts", "configs", "identity", "efficiency", "skipped", "failed",
                  "plots", "outputs", "warnings"}
@@ -1071,22 +1073,23 @@ def test_a_report_folder_holding_the_prompts_file_is_not_replaced(tiny_engines, 
 
 @pytest.mark.parametrize("name, expected", [("engines_dir", "folder"), ("prompts_file", "file"), ("out", "folder"),
                                             ("ortgenai_cache", "folder"), ("variants['b']", "folder")])
-@pytest.mark.parametrize("empty", ["", b""])
-def test_run_bench_refuses_an_empty_path_naming_the_argument(prompts_file, tmp_path, monkeypatch, name, expected,
-                                                             empty):
+@pytest.mark.parametrize("bad", range(len(bad_paths(""))))
+def test_run_bench_refuses_a_bad_path_naming_the_argument(prompts_file, tmp_path, monkeypatch, name, expected, bad):
     """Path('') is '.', the working folder: run_bench read it as the engines, the prompts or
-    a variant, and wrote its report there (an empty folder is replaced). Refused before the
-    engines load (ENGINES here is no engines folder: loading it is another error)."""
+    a variant, and wrote its report there (an empty folder is replaced); bytes were pathlib's
+    TypeError, a traceback. Refused before the engines load (ENGINES here is no engines
+    folder: loading it is another error)."""
     from specrt.cmd_bench import run_bench
 
     monkeypatch.chdir(tmp_path)
     args = dict(engines_dir=tmp_path, prompts_file=prompts_file, out=tmp_path / "r", ortgenai_cache=tmp_path / "c",
                 variants={"b": tmp_path})
+    empty, why = bad_paths(f"a {expected}")[bad]
     if name.startswith("variants"):
         args["variants"] = {"b": empty}
     else:
         args[name] = empty
-    with pytest.raises(UserError, match=f"^{re.escape(name)}: an empty path; expected a {expected}$"):
+    with pytest.raises(UserError, match=f"^{re.escape(name)}: {why}"):
         run_bench(**args, peers="ortgenai", echo=_quiet)
     assert not any(tmp_path.iterdir())
 

@@ -9,7 +9,7 @@ from specrt.cli import main
 
 
 @pytest.mark.parametrize("args, message", [
-    (["build", "{tmp}/missing", "-o", "{tmp}/out"], "is not a folder"),  # a callback's BadParameter
+    (["build", "{tmp}/missing", "-o", "{tmp}/out"], "Invalid value for 'EXPORT_DIR': {tmp}/missing is not a folder"),
     (["run", "{tmp}", "--prompts", "{tmp}/missing.jsonl", "--prompt", "x"], "does not exist"),  # click.Path
     (["run", "{tmp}", "--bogus"], "No such option"),  # an unknown option
     (["nosuchcommand"], "No such command"),
@@ -73,9 +73,16 @@ from specrt.cli import main
          "File '{tmp}' is a directory"),
         (["compare", "{tmp}", "--report", "{tmp}"], "--report", "File '{tmp}' is a directory"),
         (["compare", "{tmp}", "--save-inputs", "{tmp}"], "--save-inputs", "File '{tmp}' is a directory"),
-        (["compare", "{tmp}", "--target", "{tmp}/p.jsonl"], "--target", "Directory '{tmp}/p.jsonl' is a file"),
-        (["bench", "{tmp}/p.jsonl", "--prompts", "{tmp}/p.jsonl", "-o", "{tmp}/out"], "ENGINES_DIR",
-         "Directory '{tmp}/p.jsonl' is a file"))),
+        # every folder that must exist (sampling_options.existing_folder), missing or a file, in one wording
+        # (bench and compare said click's "Directory 'X' is a file." / "does not exist.")
+        *((args, name, f"{{tmp}}/{missing} is not a folder") for missing in ("p.jsonl", "missing") for args, name in (
+            (["compare", "{tmp}", "--target", f"{{tmp}}/{missing}"], "--target"),
+            (["compare", f"{{tmp}}/{missing}"], "ENGINES_DIR"),
+            (["bench", f"{{tmp}}/{missing}", "--prompts", "{tmp}/p.jsonl", "-o", "{tmp}/out"], "ENGINES_DIR"),
+            (["calibrate", f"{{tmp}}/{missing}", "--prompts", "{tmp}/p.jsonl"], "ENGINES_DIR"),
+            (["export", f"{{tmp}}/{missing}", "-o", "{tmp}/out"], "TARGET"),
+            (["inspect", "{tmp}", "--draft", f"{{tmp}}/{missing}"], "--draft"),
+            (["run", f"{{tmp}}/{missing}", "--prompt", "x"], "ENGINES_DIR"))))),
 ])
 def test_usage_errors_exit_1(tmp_path, args, message):
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
@@ -334,6 +341,12 @@ def test_the_engines_files_check_needs_no_runtime(tmp_path):
     ("tokenizer_config.json", "{", "tokenizer_config.json: not valid JSON"),
     ("special_tokens_map.json", "[]", "special_tokens_map.json: expected a JSON object at top level, found list"),
     ("tokenizer_config.json", '{"a": "\xe9"}', "tokenizer_config.json: not valid JSON ('utf-8' codec can't decode"),
+    ("tokenizer.json", '{"a": "\xe9"}', "tokenizer.json: not valid JSON ('utf-8' codec can't decode"),
+    ("tokenizer.json", "[]", "tokenizer.json: expected a JSON object at top level, found list"),
+    # nested past Python's recursion limit: json's RecursionError was a traceback
+    ("tokenizer.json", "[" * 100_000 + "]" * 100_000, "tokenizer.json: not valid JSON (nested too deeply to read)"),
+    ("tokenizer_config.json", "[" * 100_000 + "]" * 100_000,
+     "tokenizer_config.json: not valid JSON (nested too deeply to read)"),
 ])
 def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, text, message):
     """A broken tokenizer file was copied without a word and built; `specrt run` then ended in

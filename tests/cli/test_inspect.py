@@ -72,3 +72,31 @@ def test_draft_options_without_a_draft_are_refused(cmd, tmp_path):
     assert not (tmp_path / "exp").exists()
     r = CliRunner().invoke(main, [cmd, str(REF / "verifier"), *out])  # the defaults alone: no draft needed
     assert r.exit_code == 0, r.output
+
+
+def test_a_draft_option_declared_once_is_refused_without_a_draft(monkeypatch):
+    """The draft's options are held once (cli._DRAFT_OPTIONS), declared from there and refused
+    from there without --draft: _check_draft_options named the three by hand, so a fourth would
+    have been ignored without a word. Their choices are export's own (specrt.contracts, which
+    the CLI imports at start-up where it does not import export)."""
+    import click
+
+    from specrt import cli, contracts
+    from specrt.export import binding, config
+
+    assert binding.DRAFT_EMBEDDINGS is contracts.DRAFT_EMBEDDINGS and config.DRAFT_AUX_IDS is contracts.DRAFT_AUX_IDS
+    choices = {p.opts[0]: getattr(p.type, "choices", None) for p in cli.main.commands["export"].params}
+    assert list(choices["--draft-embeddings"]) == list(contracts.DRAFT_EMBEDDINGS)
+    assert list(choices["--draft-aux-ids"]) == list(contracts.DRAFT_AUX_IDS)
+    monkeypatch.setitem(cli._DRAFT_OPTIONS, "--draft-fourth", dict(is_flag=True))
+
+    @click.command()
+    @click.option("--draft")
+    @cli._draft_options
+    def command(draft, **options):
+        cli._check_draft_options(draft)
+
+    r = CliRunner().invoke(command, ["--draft-fourth", "--allow-draft-pickle"])
+    assert isinstance(r.exception, cli.UserError), r.output
+    assert str(r.exception) == "--allow-draft-pickle, --draft-fourth: apply to a draft, and no --draft was given"
+    assert CliRunner().invoke(command, ["--draft-fourth", "--draft", "d"]).exit_code == 0

@@ -4,6 +4,7 @@ atomic builds, and the user errors of bad arguments."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from specrt.engines import build, build_engines, load_engines
 from specrt.engines.manifest import ENGINES_FORMAT, cpu_info
 from specrt.errors import UserError
 from specrt.manifest import load_export, manifest_digest
+from tests.bad_paths import bad_paths
 
 from .conftest import DEPTHS, quiet, rewrite_byte
 
@@ -544,18 +546,51 @@ def test_cli_profile_repeats(tiny_export, tmp_path):
     assert json.loads((tmp_path / "e" / "engines.json").read_text())["costs"]["repeats"] == 3
 
 
-@pytest.mark.parametrize("empty", ["", b""])
-def test_an_empty_path_is_refused_naming_the_argument(tiny_export, tmp_path, monkeypatch, empty):
+@pytest.mark.parametrize("bad, why", bad_paths("a folder"))
+def test_a_bad_path_is_refused_naming_the_argument(tiny_export, tmp_path, monkeypatch, bad, why):
     """Path('') is '.', the working folder: `build_engines(..., out="")` was refused as
     "already exists" (with force, an empty working folder became the engines), an empty
-    export or profile folder read the working folder. Refused before any work, as the CLI does."""
+    export or profile folder read the working folder; bytes were pathlib's TypeError, a
+    traceback. Refused before any work, as the CLI does."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="^export_dir: an empty path; expected a folder$"):
-        build_engines(empty, "onnxruntime", "1", tmp_path / "e", log=quiet)
-    with pytest.raises(UserError, match="^out: an empty path; expected a folder$"):
-        build_engines(tiny_export, "onnxruntime", "1", empty, log=quiet, force=True)
-    with pytest.raises(UserError, match="^folder: an empty path; expected a folder$"):
-        build.reprofile_engines(empty, log=quiet)
+    with pytest.raises(UserError, match=f"^export_dir: {why}"):
+        build_engines(bad, "onnxruntime", "1", tmp_path / "e", log=quiet)
+    with pytest.raises(UserError, match=f"^out: {why}"):
+        build_engines(tiny_export, "onnxruntime", "1", bad, log=quiet, force=True)
+    with pytest.raises(UserError, match=f"^folder: {why}"):
+        build.reprofile_engines(bad, log=quiet)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("bad, why", bad_paths("a folder"))
+@pytest.mark.parametrize("call", ["load_engines", "load_export", "compare_engines", "compare_engines target_folder"])
+def test_the_undocumented_entry_points_refuse_a_bad_folder(tmp_path, monkeypatch, call, bad, why):
+    """The Python functions the README does not document but users reach: Path('') is '.', so
+    load_engines("") and load_export("") read the working folder's engines.json / export.json
+    (a message naming neither argument), and bytes were pathlib's TypeError, a traceback."""
+    from specrt.engines.compare import compare_engines
+
+    monkeypatch.chdir(tmp_path)
+    name, fn = {"load_engines": ("engines_dir", load_engines), "load_export": ("folder", load_export),
+                "compare_engines": ("engines_dir", lambda p: compare_engines(p, log=quiet)),
+                "compare_engines target_folder": ("target_folder", lambda p: compare_engines(
+                    tmp_path, "torch", target_folder=p, log=quiet))}[call]
+    with pytest.raises(UserError, match=f"^{name}: {why}"):
+        fn(bad)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("bad, why", bad_paths("a file"))
+@pytest.mark.parametrize("name", ["report", "inputs_file"])
+def test_compare_engines_refuses_a_bad_file_before_loading(tmp_path, monkeypatch, name, bad, why):
+    """compare_engines(report="") took '.' for its report (Path('') is '.'): the engines loaded,
+    then a traceback (Path('.').with_suffix's ValueError for the inputs file beside it); an
+    empty inputs_file would be the working folder; bytes were pathlib's TypeError."""
+    from specrt.engines.compare import compare_engines
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=f"^{name}: {why}"):
+        compare_engines(tmp_path, log=quiet, **{name: bad})
     assert not any(tmp_path.iterdir())
 
 
@@ -663,7 +698,8 @@ def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_
     monkeypatch.setattr(cli, "_canary", work)
     monkeypatch.setattr(Cor, "build_with_priors", work)
     monkeypatch.setattr(Cal, "calibrate", work)
-    monkeypatch.setattr("specrt.paths.os.access", lambda p, mode: Path(p) != engines_copy)  # root writes anywhere
+    # root writes anywhere: the folder made unwritable only (click checks it is readable with os.access too)
+    monkeypatch.setattr("specrt.paths.os.access", lambda p, mode: not mode & os.W_OK or Path(p) != engines_copy)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello there"}\n{"prompt": "and again"}\n')
     answers = tmp_path / "a.jsonl"

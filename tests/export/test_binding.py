@@ -14,6 +14,8 @@ from specrt.errors import UserError
 from specrt.export import slots as S
 from specrt.export.binding import bind_draft, bind_target, embed_note, receipt
 
+from tests.bad_paths import bad_paths
+
 from .conftest import REFERENCE, copy_tree, rewrite, write_eagle3
 
 
@@ -972,3 +974,15 @@ def test_the_length_warning_names_each_rope_type_and_the_format_s_key(rope, past
                         "context (--max-context) is 8192: from position 2048 on") and past in w
     assert f"rope_type '{rope}'" in w
     assert draft_length_note("d/config.json", "eagle", 8192, rope, 8192, "the engines' context") is None
+
+
+@pytest.mark.parametrize("bad, why", bad_paths("a folder"))
+def test_bind_refuses_a_bad_folder_naming_it(tmp_path, monkeypatch, bad, why):
+    """bind_target / bind_draft (what `specrt inspect` runs, public in specrt.export.binding):
+    Path('') is '.', the working folder, read for its config.json (a message naming neither
+    argument); bytes were pathlib's TypeError, a traceback."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=f"^folder: {why}"):
+        bind_target(bad)
+    with pytest.raises(UserError, match=f"^folder: {why}"):
+        bind_draft(bad, bind_target(REFERENCE / "verifier"))

@@ -12,6 +12,7 @@ import pytest
 from specrt.errors import UserError
 from specrt.export import export as export_mod
 from specrt.manifest import load_export
+from tests.bad_paths import bad_paths
 from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
 from .conftest import REFERENCE
@@ -103,19 +104,41 @@ def test_eagle3_reduced_vocab_export(tmp_path):
     load_export(tmp_path / "o")
 
 
-@pytest.mark.parametrize("empty", ["", b""])
+@pytest.mark.parametrize("bad, why", bad_paths("a folder"))
 @pytest.mark.parametrize("name", ["target_dir", "draft_dir", "out"])
-def test_an_empty_path_is_refused_naming_the_argument(tmp_path, monkeypatch, name, empty):
+def test_a_bad_path_is_refused_naming_the_argument(tmp_path, monkeypatch, name, bad, why):
     """Path('') is '.', the working folder: `out=""` was refused as "already exists" naming
     nothing the caller wrote (with force, an empty working folder became the export), an
-    empty target or draft read the working folder's config.json. Refused before any work,
-    as the CLI refuses it."""
+    empty target or draft read the working folder's config.json; bytes were pathlib's
+    TypeError, a traceback. Refused before any work, as the CLI refuses it."""
     monkeypatch.chdir(tmp_path)
     args = dict(target_dir=REFERENCE / "verifier", draft_dir=REFERENCE / "draft", out=tmp_path / "o")
-    args[name] = empty
-    with pytest.raises(UserError, match=f"^{name}: an empty path; expected a folder$"):
+    args[name] = bad
+    with pytest.raises(UserError, match=f"^{name}: {why}"):
         export_mod.export(**args)
     assert not any(tmp_path.iterdir())
+
+
+def test_export_reads_the_targets_tokenizer_once(tmp_path):
+    """export checks the target's tokenizer.json as the runtime reads it: it read the file as
+    JSON (for the 'not valid JSON' message) and then again with tokenizers, twice the bytes of
+    a file of 2-17 MB for a real model. Counted by the kernel (/proc/self/io's rchar: bytes
+    this process read), on a file made 4 MB with the whitespace JSON allows."""
+    import re
+
+    from tests.runtime.test_text import _words
+
+    io = Path("/proc/self/io")
+    if not io.is_file():
+        pytest.skip("needs Linux's /proc/self/io")
+    _words(tmp_path)
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(tok.read_text() + " " * 4_000_000)
+    export_mod._check_tokenizer_files(tmp_path)  # (imports tokenizers and runtime/text.py first)
+    before = int(re.search(r"rchar: (\d+)", io.read_text()).group(1))
+    export_mod._check_tokenizer_files(tmp_path)
+    read = int(re.search(r"rchar: (\d+)", io.read_text()).group(1)) - before
+    assert tok.stat().st_size <= read < 1.5 * tok.stat().st_size, read
 
 
 def test_cli_export_user_error(tmp_path):

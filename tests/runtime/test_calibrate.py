@@ -19,16 +19,18 @@ from specrt.runtime.governor import Calibration, DSparkGovernor
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.session import CALIBRATION_FILE, PRIOR_ROUNDS, Session, load_calibration
 
+from tests.bad_paths import bad_paths
 from tests.engines.conftest import REFERENCE, quiet
 
 
-def test_an_empty_engines_path_is_refused_naming_the_argument(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bad, why", bad_paths("a folder"))
+def test_a_bad_engines_path_is_refused_naming_the_argument(tmp_path, monkeypatch, bad, why):
     """Path('') is '.': the working folder was read as the engines (a message naming its
-    engines.json). Refused before any work, as the CLI refuses it."""
+    engines.json); bytes were pathlib's TypeError, a traceback. Refused before any work, as the
+    CLI refuses it."""
     monkeypatch.chdir(tmp_path)
-    for empty in ("", b""):
-        with pytest.raises(UserError, match="^engines_dir: an empty path; expected a folder$"):
-            calibrate(empty, [[1, 2, 3]])
+    with pytest.raises(UserError, match=f"^engines_dir: {why}"):
+        calibrate(bad, [[1, 2, 3]])
     assert not any(tmp_path.iterdir())
 
 DEPTHS = (1, 2, 4)

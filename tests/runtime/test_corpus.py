@@ -17,6 +17,8 @@ from specrt.runtime.corpus import (BINS, DEFAULT_PRIOR, FILE, FINE_BINS, GROW_OF
 from specrt.runtime.governor import from_spec, split_lookup, wants_corpus, wants_grow
 from specrt.runtime.ngram import PRIOR_ROUNDS, NgramPolicy
 
+from tests.bad_paths import bad_paths
+
 SEQS = [[1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 6], [7, 2, 3, 4, 5, 8], [3, 4, 5, 9, 9, 9]]
 
 
@@ -317,20 +319,21 @@ def tiny_engines(tmp_path_factory):
     return root / "eng"
 
 
-def test_an_empty_path_is_refused_naming_the_argument(tiny_engines, tmp_path, monkeypatch):
+def test_a_bad_path_is_refused_naming_the_argument(tiny_engines, tmp_path, monkeypatch):
     """Path('') is '.', the working folder: Session("") loaded it as the engines (a message
     naming its engines.json), load_growth("") read it as a growth file and save_growth("")
-    wrote over it. Refused before any work, as `specrt run --grow-file ""` is."""
+    wrote over it. Session(b"out/engines") was pathlib's TypeError, a traceback. Refused before
+    any work, as `specrt run --grow-file ""` is."""
     from specrt.runtime.session import Session
 
     monkeypatch.chdir(tmp_path)
-    for empty in ("", b""):
-        with pytest.raises(UserError, match="^engines_dir: an empty path; expected a folder$"):
-            Session(empty)
+    for (bad, folder), (_, file) in zip(bad_paths("a folder"), bad_paths("a file")):
+        with pytest.raises(UserError, match=f"^engines_dir: {folder}"):
+            Session(bad)
         with Session(tiny_engines, governor="off:grow") as s:
             for method in (s.load_growth, s.save_growth):
-                with pytest.raises(UserError, match="^path: an empty path; expected a file$"):
-                    method(empty)
+                with pytest.raises(UserError, match=f"^path: {file}"):
+                    method(bad)
     assert not any(tmp_path.iterdir())
 
 
