@@ -715,7 +715,8 @@ def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_
 def test_a_context_past_the_draft_s_own_length_is_warned_once_and_recorded(tmp_path):
     """A draft whose own max_position_embeddings (128, dynamic RoPE) is below the target's
     (256): the default build warns once, naming the draft's config, both lengths and the RoPE
-    type, and records the draft's length in engines.json; --max-context 128 says nothing."""
+    type, and records the draft's length in engines.json; --max-context 128 says nothing, and
+    --max-context 200 warns naming the option."""
     from specrt.export.export import export
 
     from .conftest import REFERENCE
@@ -739,3 +740,9 @@ def test_a_context_past_the_draft_s_own_length_is_warned_once_and_recorded(tmp_p
     m = build_engines(tmp_path / "exp", "onnxruntime", "1,2", tmp_path / "e2", log=said.append, profile_repeats=1,
                       max_context=128)
     assert not [s for s in said if "max_position_embeddings" in s] and "draft_max_position_embeddings" not in m
+    said.clear()  # a --max-context still past its length names the option as the context's source
+    m = build_engines(tmp_path / "exp", "onnxruntime", "1", tmp_path / "e3", log=said.append, profile_repeats=1,
+                      max_context=200)
+    (w,) = [s for s in said if "max_position_embeddings" in s]
+    assert "max_position_embeddings is 128, and the engines' context (--max-context) is 200:" in w, w
+    assert m["draft_max_position_embeddings"] == 128
