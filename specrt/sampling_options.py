@@ -22,7 +22,8 @@ from specrt.paths import path_problem
 
 
 def _check_path(value, expected: str) -> None:
-    """An empty path refused as click's usage error (paths.path_problem: Path('') is '.')."""
+    """A value that is no usable path (paths.path_problem: empty, as Path('') is '.', or not a str
+    or os.PathLike) refused as click's usage error."""
     if (why := path_problem(value, expected)) is not None:
         raise click.BadParameter(why)
 
