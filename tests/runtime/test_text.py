@@ -1799,3 +1799,13 @@ def test_text_names_a_tokenizer_file_it_cannot_read(tmp_path):
             Text(tmp_path)
         if name == "tokenizer_config.json":
             (tmp_path / name).write_text("{}")
+
+
+def test_a_folder_named_tokenizer_json_is_no_tokenizer(tmp_path):
+    """Text wants tokenizer.json to be a file: a folder of that name (a damaged export) is
+    said as "no tokenizer.json", not an IsADirectoryError traceback from reading it."""
+    from specrt.runtime.text import Text
+
+    (tmp_path / "tokenizer.json").mkdir()
+    with pytest.raises(UserError, match="no tokenizer.json"):
+        Text(tmp_path)
