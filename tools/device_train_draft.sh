@@ -186,7 +186,7 @@ done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
 for lr in $LRS; do grep -v "it/s\]" "$OUT/train$TAG-lr$lr.log" | tail -8 | sed "s/^/[lr $lr] /"; done
-[ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train-lr*.log)"
+[ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train$TAG-lr*.log)"
 
 echo "== results ($(since) s)"
 names=()
