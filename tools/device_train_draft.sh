@@ -30,9 +30,10 @@
 #   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
 # The next session with a GPU (written 2026-12-04): the third TRAIN batch (10,129 prompts) has
-# no answers; GEN_SECONDS=240 answers most of it (about 1.9M tokens at ~11k tokens/s, shortest
-# prompts first), and the answers come back in $OUT/chat.jsonl.gz (commit those with idx >=
-# tools/prompts.py FIRST_THIRD as fixtures/peagle-data/chat-third.jsonl.gz). Each job call
+# 3000 answers (fixtures/peagle-data/chat-third.jsonl.gz, made on the CPU); GEN_SECONDS=240
+# answers most of the other 7129 (about 1.4M tokens at ~11k tokens/s, shortest prompts first),
+# and every answer comes back in $OUT/chat.jsonl.gz (commit those with idx >= tools/prompts.py
+# FIRST_THIRD + 3000 as a new file beside chat-third.jsonl.gz). Each job call
 # computes the features again (about 2 minutes for 22k answers), so within 15 minutes either
 # answer the batch and train for the rest (INIT from the committed draft), or answer it in one
 # session and train in the next.
@@ -43,9 +44,10 @@
 #      fp32 weights came out byte-identical to this machine's);
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
 #      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
-#      and chat-rest.jsonl.gz: every one of the second) and answers any frozen TRAIN prompt still
-#      missing on the GPU (since 2026-12-04: the 10,129 of the third batch, tools/prompts.py
-#      FIRST_THIRD on; gen_chat_data --engine hf --device cuda, fp32, TF32 off, shortest
+#      and chat-rest.jsonl.gz: every one of the second; chat-third.jsonl.gz: the first 3000 of
+#      the third) and answers any frozen TRAIN prompt still
+#      missing on the GPU (since 2026-12-04: the 7129 of the third batch, tools/prompts.py
+#      FIRST_THIRD on, that chat-third.jsonl.gz does not answer; gen_chat_data --engine hf --device cuda, fp32, TF32 off, shortest
 #      prompts first), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
@@ -127,7 +129,7 @@ LRS=${LRS:-1e-3}  # one training per learning rate, side by side
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz}  # gzipped answer files, in order
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

@@ -20,8 +20,10 @@ raw score as a probability (and after a per-position Platt calibration fitted on
 examples, as the runtime calibrates), and the AUC of the running products prod_{j<=k} at the
 unconditional event "positions 1..k all correct".
 
-Training answers: by default ``fixtures/peagle-data/chat-rest.jsonl.gz``, the 648 answers no
-draft has trained on (fixtures/peagle-data/README.md), sampled evenly across kinds. On answers
+Training answers: by default ``fixtures/peagle-data/chat-third.jsonl.gz``, answers the committed
+draft (stage 7) never trained on (fixtures/peagle-data/README.md), sampled evenly across kinds.
+(Session 35's report, results/confidence_head, used ``chat-rest.jsonl.gz`` with stage 6, which had
+not trained on those; stage 7 has.) On answers
 the draft saw in training its acceptance is higher than on new text, so a head fitted there
 learns the memorised rate.
 
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draft", type=Path, default=ROOT / "fixtures" / "peagle-smollm2")
     ap.add_argument("--out", type=Path, default=Path("/tmp/peagle-conf"))
-    ap.add_argument("--chat", type=Path, default=ROOT / "fixtures" / "peagle-data" / "chat-rest.jsonl.gz",
+    ap.add_argument("--chat", type=Path, default=ROOT / "fixtures" / "peagle-data" / "chat-third.jsonl.gz",
                     help="training answers (.jsonl or .jsonl.gz, gen_chat_data's format); default: answers the "
                          "committed draft never trained on")
     ap.add_argument("--answers", type=int, default=300, help="training answers, sampled evenly across kinds")

@@ -2,7 +2,7 @@
 TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
 second and third TRAIN batches (tools/prompts.py ``_extra``, ``_third``) keep the held-out
 topics out; together the files answer every answerable TRAIN prompt of the first two batches
-(the third, from prompts.FIRST_THIRD, has no committed answers yet); appending the third left
+and the first 3000 of the third (chat-third, from prompts.FIRST_THIRD); appending the third left
 the first two batches, the held-out list and the calibration prompts as they were."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from tests.real_model import tool as _tool
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "peagle-data"
-FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz")
+FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz", "chat-third.jsonl.gz")
+THIRD_ANSWERED = 3000  # chat-third: the first 3000 prompts of the third batch (2026-12-04, CPU)
 
 
 def _rows(name: str) -> list[dict]:
@@ -57,13 +58,15 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
         assert len(set(texts)) == len(texts) and not set(texts) & seen, name
         seen |= set(texts)
     # the first two answer every answerable prompt of the first TRAIN batch; chat-extra and
-    # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once; the
-    # third batch (from FIRST_THIRD) has no committed answers yet
+    # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once;
+    # chat-third the first THIRD_ANSWERED prompts of the third batch (from FIRST_THIRD)
     answerable = prompts.answerable_train_prompts()
     first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
     second = {d["prompt"] for i, d in answerable if prompts.FIRST_EXTRA <= i < prompts.FIRST_THIRD}
     assert {d["prompt"] for name in FILES[:2] for d in rows[name]} == first
-    assert {d["prompt"] for name in FILES[2:] for d in rows[name]} == second
+    assert {d["prompt"] for name in FILES[2:4] for d in rows[name]} == second
+    third = {d["prompt"] for i, d in answerable if prompts.FIRST_THIRD <= i < prompts.FIRST_THIRD + THIRD_ANSWERED}
+    assert {d["prompt"] for d in rows["chat-third.jsonl.gz"]} == third and len(rows["chat-third.jsonl.gz"]) == 3000
     assert len(rows["chat-extra.jsonl.gz"]) == 3487  # what stage 6 of the committed draft trained on
 
 
