@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,13 @@ from tests.real_model import tool as _tool
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "peagle-data"
 FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz", "chat-third.jsonl.gz")
 THIRD_ANSWERED = 3000  # chat-third: the first 3000 prompts of the third batch (2026-12-04, CPU)
+
+
+def _used(prompts, pool: str, kind: str, rows: list[dict]) -> set[str]:
+    """The entries of tools/prompts.py's topic pool ``pool`` (its name, e.g. "CHARACTERS") that
+    occur as whole words in the ``kind`` prompts of ``rows``."""
+    return {x for x in prompts._pool(getattr(prompts, pool)) for d in rows
+            if d["kind"] == kind and re.search(rf"\b{re.escape(x)}\b", d["prompt"])}
 
 
 def _rows(name: str) -> list[dict]:
@@ -82,9 +90,7 @@ def test_second_batch_keeps_heldout_topics_out():
     assert len(set(texts)) == len(texts)
     assert not set(texts) & ({d["prompt"] for d in first} | {d["prompt"] for d in held})
 
-    def used(pool: str, kind: str, rows: list[dict]) -> set[str]:
-        return {x for x in prompts._pool(getattr(prompts, pool)) for d in rows
-                if d["kind"] == kind and re.search(rf"\b{re.escape(x)}\b", d["prompt"])}
+    used = partial(_used, prompts)
     held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
     assert len(held_chars) >= 4 and len(held_names) >= 4  # the test sees the held-out topics
     assert not held_chars & used("CHARACTERS", "stories", second)
@@ -177,9 +183,7 @@ def test_third_batch_keeps_heldout_topics_out():
         assert not [t for t in lows if re.search(pat, t)], pat
     assert all(not prompts._mentions_heldout(t, HELD_TOPICS) for t in texts)
     # the same check as the second batch's, from the frozen held-out stories and problems
-    def used(pool: str, kind: str, rows: list[dict]) -> set[str]:
-        return {x for x in prompts._pool(getattr(prompts, pool)) for d in rows
-                if d["kind"] == kind and re.search(rf"\b{re.escape(x)}\b", d["prompt"])}
+    used = partial(_used, prompts)
     held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
     held_items = used("ITEMS", "arithmetic", held)
     assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
