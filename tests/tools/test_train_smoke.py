@@ -252,7 +252,7 @@ def test_prompt_lists_are_frozen_files_and_foreign_answers_are_left_out(tmp_path
     topics differently (14 held-out prompts became TRAIN prompts there)."""
     prompts = _tool("prompts")
     train, held = prompts.train_prompts(), prompts.heldout_prompts()
-    assert len(train) == 22743 and len(held) == 80 and {d["kind"] for d in held} == KINDS  # three batches (FIRST_THIRD)
+    assert len(train) == 33025 and len(held) == 80 and {d["kind"] for d in held} == KINDS  # four batches (FIRST_FOURTH)
     assert not {d["prompt"] for d in train} & {d["prompt"] for d in held}
     if sys.version_info[:2] == prompts.BUILT_ON:  # the files are what build() makes on their Python
         assert prompts.build() == (train, held)

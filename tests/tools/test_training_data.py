@@ -1,10 +1,11 @@
 """The committed draft-training answers (fixtures/peagle-data): every line answers its own frozen
 TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
-second and third TRAIN batches (tools/prompts.py ``_extra``, ``_third``) keep the held-out
-topics out; together the files answer every answerable TRAIN prompt of the first two batches
-and of the third (chat-third its first 3000 from prompts.FIRST_THIRD, chat-third-rest the
-others); appending the third left the first two batches, the held-out list and the calibration
-prompts as they were."""
+second, third and fourth TRAIN batches (tools/prompts.py ``_extra``, ``_third``, ``_fourth``)
+keep the held-out topics out; together the files answer every answerable TRAIN prompt of the
+first two batches and of the third (chat-third its first 3000 from prompts.FIRST_THIRD,
+chat-third-rest the others up to prompts.FIRST_FOURTH; the fourth's answers are not committed
+yet); appending the third and the fourth left the earlier batches, the held-out list and the
+calibration prompts as they were."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
     # the first two answer every answerable prompt of the first TRAIN batch; chat-extra and
     # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once;
     # chat-third the first THIRD_ANSWERED prompts of the third batch (from FIRST_THIRD),
-    # chat-third-rest every other one of it
+    # chat-third-rest every other one of it (up to FIRST_FOURTH: the fourth batch is not answered yet)
     answerable = prompts.answerable_train_prompts()
     first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
     second = {d["prompt"] for i, d in answerable if prompts.FIRST_EXTRA <= i < prompts.FIRST_THIRD}
@@ -79,7 +80,7 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
     assert {d["prompt"] for name in FILES[2:4] for d in rows[name]} == second
     third = {d["prompt"] for i, d in answerable if prompts.FIRST_THIRD <= i < prompts.FIRST_THIRD + THIRD_ANSWERED}
     assert {d["prompt"] for d in rows["chat-third.jsonl.gz"]} == third and len(rows["chat-third.jsonl.gz"]) == 3000
-    rest = {d["prompt"] for i, d in answerable if i >= prompts.FIRST_THIRD + THIRD_ANSWERED}
+    rest = {d["prompt"] for i, d in answerable if prompts.FIRST_THIRD + THIRD_ANSWERED <= i < prompts.FIRST_FOURTH}
     assert {d["prompt"] for d in rows["chat-third-rest.jsonl.gz"]} == rest and len(rest) == 7129
     assert len(rows["chat-extra.jsonl.gz"]) == 3487  # what stage 6 of the committed draft trained on
 
@@ -131,8 +132,10 @@ HELD_TOPICS = {
     "items": ["shells", "toy cars", "marbles", "apples"],
 }
 # sha256 of json.dumps(rows, ensure_ascii=False, sort_keys=True) of the frozen lists before the
-# third batch was appended (commit a38f715), and of the calibration file's bytes
+# third batch was appended (commit a38f715) and before the fourth was (commit 5e4d490), and of
+# the calibration file's bytes
 SHA_FIRST_TWO_BATCHES = "60ce0a272cd5f9a5366e875ed7d034b3c3fda980a3c1a02f38cd73ff94e0557f"  # train[:FIRST_THIRD]
+SHA_FIRST_THREE_BATCHES = "27b2b961c12bdb0d76861c0bf2ab93f89cb5d806b9e61c64755613c4ef853df5"  # train[:FIRST_FOURTH]
 SHA_HELDOUT = "36c5239ac3d0f26f73487668b6c86ac48ae3f8429f4b5d87e1f6e692a5282c05"
 SHA_CALIBRATION = "96c5daf8d21e8e47f0a8d414d7411e5f57000093fdb7afbda526c85028d76ecd"
 
@@ -141,13 +144,19 @@ def _sha(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 
 
-def test_third_batch_left_the_earlier_lists_unchanged():
-    """Appending the third batch changed no earlier TRAIN prompt, no held-out prompt and no
-    calibration prompt (write_calibration draws from the first batch only)."""
+FOURTH_SIZE = 10282  # the fourth batch's prompts (2026-12-04), the last batch of the frozen list
+
+
+def test_appended_batches_left_the_earlier_lists_unchanged():
+    """Appending the third and then the fourth batch changed no earlier TRAIN prompt, no
+    held-out prompt and no calibration prompt (write_calibration draws from the first batch
+    only)."""
     prompts = _tool("prompts")
     train = prompts.train_prompts()
-    assert prompts.FIRST_THIRD == 12614 and len(train) == 22743
+    assert prompts.FIRST_THIRD == 12614 and prompts.FIRST_FOURTH == 22743
+    assert len(train) == prompts.FIRST_FOURTH + FOURTH_SIZE
     assert _sha(train[:prompts.FIRST_THIRD]) == SHA_FIRST_TWO_BATCHES
+    assert _sha(train[:prompts.FIRST_FOURTH]) == SHA_FIRST_THREE_BATCHES
     assert _sha(prompts.heldout_prompts()) == SHA_HELDOUT
     assert hashlib.sha256(prompts.CALIBRATION_PATH.read_bytes()).hexdigest() == SHA_CALIBRATION
 
@@ -164,19 +173,10 @@ def test_heldout_topics_are_the_ones_build_reserves():
     assert sum(t in held for t in HELD_TOPICS["chars"]) >= 7 and all(n in held for n in HELD_TOPICS["names"])
 
 
-def test_third_batch_keeps_heldout_topics_out():
-    """The third batch (new topic pools): no held-out chat subject, how-to, pair, code task or
-    list subject occurs in any of its prompts (case-insensitive substring), no held-out module,
-    story character, arithmetic name or item (whole words), and no NEAR_HELDOUT word; it has
-    every kind, no prompt twice, and repeats no earlier TRAIN or held-out prompt."""
-    prompts = _tool("prompts")
-    train, held = prompts.train_prompts(), prompts.heldout_prompts()
-    earlier, third = train[:prompts.FIRST_THIRD], train[prompts.FIRST_THIRD:]
-    kinds = {k: sum(d["kind"] == k for d in third) for k in prompts.KINDS}
-    assert kinds == {"chat": 3993, "code": 960, "lists": 684, "stories": 2200, "arithmetic": 2292}
-    texts = [d["prompt"] for d in third]
-    assert len(set(texts)) == len(texts)
-    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
+def _assert_no_heldout_topic(prompts, texts: list[str]) -> None:
+    """No held-out chat subject, how-to, pair, code task or list subject occurs in ``texts``
+    (case-insensitive substring), no held-out module, story character, arithmetic name or
+    item (whole words), and no NEAR_HELDOUT word; prompts._mentions_heldout agrees."""
     lows = [t.lower() for t in texts]
     for kind in ("subjects", "howtos", "pairs", "code", "lists"):
         for topic in HELD_TOPICS[kind]:
@@ -188,6 +188,22 @@ def test_third_batch_keeps_heldout_topics_out():
     for pat in prompts.NEAR_HELDOUT:
         assert not [t for t in lows if re.search(pat, t)], pat
     assert all(not prompts._mentions_heldout(t, HELD_TOPICS) for t in texts)
+
+
+def test_third_batch_keeps_heldout_topics_out():
+    """The third batch (new topic pools): no held-out chat subject, how-to, pair, code task or
+    list subject occurs in any of its prompts (case-insensitive substring), no held-out module,
+    story character, arithmetic name or item (whole words), and no NEAR_HELDOUT word; it has
+    every kind, no prompt twice, and repeats no earlier TRAIN or held-out prompt."""
+    prompts = _tool("prompts")
+    train, held = prompts.train_prompts(), prompts.heldout_prompts()
+    earlier, third = train[:prompts.FIRST_THIRD], train[prompts.FIRST_THIRD:prompts.FIRST_FOURTH]
+    kinds = {k: sum(d["kind"] == k for d in third) for k in prompts.KINDS}
+    assert kinds == {"chat": 3993, "code": 960, "lists": 684, "stories": 2200, "arithmetic": 2292}
+    texts = [d["prompt"] for d in third]
+    assert len(set(texts)) == len(texts)
+    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
+    _assert_no_heldout_topic(prompts, texts)
     # the same check as the second batch's, from the frozen held-out stories and problems
     used = partial(_used, prompts)
     held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
@@ -202,11 +218,60 @@ def test_third_batch_keeps_heldout_topics_out():
         assert not set(prompts._pool(getattr(prompts, old))) & set(prompts._pool(getattr(prompts, new))), new
 
 
-def test_any_prefix_of_the_third_batch_is_balanced():
-    """The third batch is shuffled: its first 1000 prompts hold every kind near its share."""
+# The topic pools of the batches before the fourth, and the fourth's (tools/prompts.py).
+EARLIER_POOLS = ("SUBJECTS", "HOWTO", "PAIRS", "CODE_TASKS", "MODULES", "LIST_SUBJECTS", "CHARACTERS", "SETTINGS",
+                 "THEMES", "NAMES", "ITEMS", "SUBJECTS3", "HOWTO3", "PAIRS3", "CODE_TASKS3", "MODULES3",
+                 "LIST_SUBJECTS3", "CHARACTERS3", "SETTINGS3", "THEMES3", "NAMES3", "ITEMS3", "WORDY3", "MISTAKES3",
+                 "RECIPIENTS3", "PURPOSES3", "DECISIONS3")
+FOURTH_POOLS = ("SUBJECTS4", "HOWTO4", "PAIRS4", "CODE_TASKS4", "MODULES4", "LIST_SUBJECTS4", "CHARACTERS4",
+                "SETTINGS4", "THEMES4", "NAMES4", "ITEMS4", "WORDS4", "PROVERBS4", "EXAMPLES4", "YESNO4", "PASSAGES4")
+
+
+def test_fourth_batch_keeps_heldout_topics_out():
+    """The fourth batch (new topic pools, new chat forms and word problems): no held-out topic
+    of any category and no NEAR_HELDOUT word occurs in any of its prompts (as for the third
+    batch); it has every kind in the counts it was built with, no prompt twice, repeats no
+    earlier TRAIN or held-out prompt, and its pools and templates share no entry with those
+    of the earlier batches."""
     prompts = _tool("prompts")
-    third = prompts.train_prompts()[prompts.FIRST_THIRD:]
-    head = third[:1000]
+    train, held = prompts.train_prompts(), prompts.heldout_prompts()
+    earlier, fourth = train[:prompts.FIRST_FOURTH], train[prompts.FIRST_FOURTH:]
+    kinds = {k: sum(d["kind"] == k for d in fourth) for k in prompts.KINDS}
+    assert kinds == {"chat": 4068, "code": 985, "lists": 729, "stories": 2200, "arithmetic": 2300}
+    texts = [d["prompt"] for d in fourth]
+    assert len(set(texts)) == len(texts)
+    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
+    _assert_no_heldout_topic(prompts, texts)
+    # from the frozen held-out stories and problems, as for the second and third batches
+    used = partial(_used, prompts)
+    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
+    held_items = used("ITEMS", "arithmetic", held)
+    assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
+    assert not held_chars & used("CHARACTERS4", "stories", fourth)
+    assert not held_names & used("NAMES4", "arithmetic", fourth)
+    assert not held_items & used("ITEMS4", "arithmetic", fourth)
+    # its story and arithmetic pools are used, and every pool of it is new: no entry of an earlier pool (in any case)
+    for name in ("CHARACTERS4", "SETTINGS4", "THEMES4"):
+        assert used(name, "stories", fourth), name
+    for name in ("NAMES4", "ITEMS4"):
+        assert used(name, "arithmetic", fourth), name
+    old = {x.lower() for name in EARLIER_POOLS for x in prompts._pool(getattr(prompts, name))}
+    for name in FOURTH_POOLS:
+        pool = prompts._pool(getattr(prompts, name))
+        assert pool and not {x.lower() for x in pool} & old, name
+    old_templates = {t for name in dir(prompts) if re.fullmatch(r"T_[A-Z]+[23]?", name) for t in getattr(prompts, name)}
+    new_templates = [t for name in dir(prompts) if re.fullmatch(r"T_[A-Z]+4", name) for t in getattr(prompts, name)]
+    assert len(old_templates) > 100 and len(new_templates) > 60 and not old_templates & set(new_templates)
+
+
+@pytest.mark.parametrize("batch", ["third", "fourth"])
+def test_any_prefix_of_the_third_and_fourth_batches_is_balanced(batch):
+    """The third and fourth batches are shuffled: the first 1000 prompts of each hold every
+    kind near its share."""
+    prompts = _tool("prompts")
+    train = prompts.train_prompts()
+    batch_rows = train[prompts.FIRST_THIRD:prompts.FIRST_FOURTH] if batch == "third" else train[prompts.FIRST_FOURTH:]
+    head = batch_rows[:1000]
     for k in prompts.KINDS:
-        share = sum(d["kind"] == k for d in third) / len(third)
+        share = sum(d["kind"] == k for d in batch_rows) / len(batch_rows)
         assert abs(sum(d["kind"] == k for d in head) / len(head) - share) < 0.05, k
