@@ -1307,7 +1307,10 @@ def test_a_stream_checks_its_arguments_when_called_and_times_the_runtime_only(pa
     wall = time.perf_counter() - t0
     chunks = g.telemetry.rounds + 1
     assert out == ref and wall >= 0.05 * chunks
-    assert g.telemetry.seconds < wall - 0.05 * chunks + 1e-3 and g.telemetry.seconds < busy + 0.04
+    # the exact bound is the first: the wall time less what the consumer held; the second only
+    # says it is of the order of the plain run's (under load on 2 cores the streamed run once
+    # took 62 ms against the plain one's 17 ms, so it leaves half the held time as room)
+    assert g.telemetry.seconds < wall - 0.05 * chunks + 1e-3 and g.telemetry.seconds < busy + 0.025 * chunks
     s = g.stream(PROMPT, 6)  # a consumer that closes the stream at a yield held it until then
     next(s)
     time.sleep(0.1)
