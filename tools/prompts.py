@@ -1252,6 +1252,31 @@ def _mentions_heldout(text: str, ho: dict[str, list[str]]) -> list[str]:
     return hits + [p for p in NEAR_HELDOUT if re.search(p, low)]
 
 
+def _sampled(rng: random.Random, pool: str, templates: list[str], n: int) -> list[str]:
+    """Each topic of ``pool`` under ``n`` of ``templates`` drawn from ``rng`` (in pool order)."""
+    return [x.format(t=s) for s in _pool(pool) for x in rng.sample(templates, n)]
+
+
+def _stories(rng: random.Random, templates: list[str], chars: str, settings: str, themes: str,
+             n: int = 2200) -> list[str]:
+    """``n`` different story prompts, each a template with a character, setting and theme drawn."""
+    chars_, settings_, themes_ = _pool(chars), _pool(settings), _pool(themes)
+    stories: set[str] = set()
+    while len(stories) < n:
+        stories.add(rng.choice(templates).format(c=rng.choice(chars_), s=rng.choice(settings_),
+                                                  m=rng.choice(themes_)))
+    return sorted(stories)
+
+
+def _finish(out: list[dict], rng: random.Random, ho: dict[str, list[str]], name: str) -> list[dict]:
+    """A batch's prompts once each, shuffled, none mentioning a held-out topic."""
+    out = list({d["prompt"]: d for d in out}.values())
+    rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
+    bad = {h for d in out for h in _mentions_heldout(d["prompt"], ho)}
+    assert not bad, f"{name} batch mentions held-out topics: {sorted(bad)}"
+    return out
+
+
 def _third(ho: dict[str, list[str]]) -> list[dict]:
     """The third TRAIN batch (from index FIRST_THIRD of the frozen list): new topic pools
     (SUBJECTS3 ... ITEMS3) under new templates (T_*3), from its own random stream
@@ -1259,16 +1284,14 @@ def _third(ho: dict[str, list[str]]) -> list[dict]:
     ``ho``: the held-out topics; no prompt of the batch mentions one."""
     rng = random.Random(THIRD_SEED)
     out: list[dict] = []
-    chat = [x.format(t=s) for s in _pool(SUBJECTS3) for x in rng.sample(T_EXPLAIN3, 12)]
-    chat += [x.format(t=s) for s in _pool(HOWTO3) for x in rng.sample(T_HOWTO3, 7)]
+    chat = _sampled(rng, SUBJECTS3, T_EXPLAIN3, 12) + _sampled(rng, HOWTO3, T_HOWTO3, 7)
     for p in _pool(PAIRS3):
         a, b = p.split(" and ", 1)
         chat += [x.format(t=p, a=a, b=b) for x in rng.sample(T_COMPARE3, 5)]
-    chat += [x.format(t=s) for s in _pool(WORDY3) for x in rng.sample(T_WORDY3, 4)]
-    chat += [x.format(t=s) for s in _pool(MISTAKES3) for x in rng.sample(T_MISTAKES3, 2)]
+    chat += _sampled(rng, WORDY3, T_WORDY3, 4) + _sampled(rng, MISTAKES3, T_MISTAKES3, 2)
     notes = sorted({rng.choice(T_NOTE3).format(r=rng.choice(_pool(RECIPIENTS3)), p=rng.choice(_pool(PURPOSES3)))
                     for _ in range(400)})
-    chat += notes + [x.format(t=s) for s in _pool(DECISIONS3) for x in rng.sample(T_DECIDE3, 3)]
+    chat += notes + _sampled(rng, DECISIONS3, T_DECIDE3, 3)
     _add(out, "chat", chat)
     code = [x.format(t=c) for c in _pool(CODE_TASKS3) for x in T_CODE3]
     # a class is not a function: "Write a Python function that defines a ... class" -> "Write Python code that ..."
@@ -1277,17 +1300,9 @@ def _third(ho: dict[str, list[str]]) -> list[dict]:
     _add(out, "code", code
          + [x.format(t=m) for m in _pool(MODULES3) for x in T_MODULE3])
     _add(out, "lists", [x.format(t=s) for s in _pool(LIST_SUBJECTS3) for x in T_LIST3])
-    chars, settings, themes = _pool(CHARACTERS3), _pool(SETTINGS3), _pool(THEMES3)
-    stories: set[str] = set()
-    while len(stories) < 2200:
-        stories.add(rng.choice(T_STORY3).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
-    _add(out, "stories", sorted(stories))
+    _add(out, "stories", _stories(rng, T_STORY3, CHARACTERS3, SETTINGS3, THEMES3))
     _add(out, "arithmetic", sorted(set(_arithmetic3(rng, _pool(NAMES3), _pool(ITEMS3), 2300))))
-    out = list({d["prompt"]: d for d in out}.values())
-    rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
-    bad = {h for d in out for h in _mentions_heldout(d["prompt"], ho)}
-    assert not bad, f"third batch mentions held-out topics: {sorted(bad)}"
-    return out
+    return _finish(out, rng, ho, "third")
 
 
 def _arithmetic4(rng: random.Random, names: list[str], items: list[str], n: int) -> list[str]:
@@ -1390,16 +1405,13 @@ def _fourth(ho: dict[str, list[str]]) -> list[dict]:
     they were. ``ho``: the held-out topics; no prompt of the batch mentions one."""
     rng = random.Random(FOURTH_SEED)
     out: list[dict] = []
-    chat = [x.format(t=s) for s in _pool(SUBJECTS4) for x in rng.sample(T_EXPLAIN4, 8)]
-    chat += [x.format(t=s) for s in _pool(HOWTO4) for x in rng.sample(T_HOWTO4, 6)]
+    chat = _sampled(rng, SUBJECTS4, T_EXPLAIN4, 8) + _sampled(rng, HOWTO4, T_HOWTO4, 6)
     for p in _pool(PAIRS4):
         a, b = p.split(" and ", 1)
         chat += [x.format(t=p, a=a, b=b) for x in rng.sample(T_COMPARE4, 5)]
-    chat += [x.format(t=s) for s in _pool(WORDS4) for x in rng.sample(T_DEFINE4, 2)]
-    chat += [x.format(t=s) for s in _pool(PROVERBS4) for x in rng.sample(T_PROVERB4, 3)]
-    chat += [x.format(t=s) for s in _pool(EXAMPLES4) for x in rng.sample(T_EXAMPLE4, 2)]
-    chat += [x.format(t=s) for s in _pool(YESNO4) for x in rng.sample(T_YESNO4, 2)]
-    chat += [x.format(t=s) for s in _pool(PASSAGES4) for x in rng.sample(T_PASSAGE4, 3)]
+    chat += _sampled(rng, WORDS4, T_DEFINE4, 2) + _sampled(rng, PROVERBS4, T_PROVERB4, 3)
+    chat += _sampled(rng, EXAMPLES4, T_EXAMPLE4, 2) + _sampled(rng, YESNO4, T_YESNO4, 2)
+    chat += _sampled(rng, PASSAGES4, T_PASSAGE4, 3)
     _add(out, "chat", chat)
     code = [x.format(t=c) for c in _pool(CODE_TASKS4) for x in rng.sample(T_CODE4, 7)]
     # a class is not a function: "Write a Python function that defines a ... class" -> "Write Python code that ..."
@@ -1407,20 +1419,12 @@ def _fourth(ho: dict[str, list[str]]) -> list[dict]:
             for c in code]
     _add(out, "code", code + [x.format(t=m) for m in _pool(MODULES4) for x in T_MODULE4])
     _add(out, "lists", [x.format(t=s) for s in _pool(LIST_SUBJECTS4) for x in T_LIST4])
-    chars, settings, themes = _pool(CHARACTERS4), _pool(SETTINGS4), _pool(THEMES4)
-    stories: set[str] = set()
-    while len(stories) < 2200:
-        stories.add(rng.choice(T_STORY4).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
-    _add(out, "stories", sorted(stories))
+    _add(out, "stories", _stories(rng, T_STORY4, CHARACTERS4, SETTINGS4, THEMES4))
     problems: set[str] = set()
     while len(problems) < 2300:  # seeded draws repeat a few problems: draw until 2300 differ
         problems.update(_arithmetic4(rng, _pool(NAMES4), _pool(ITEMS4), 2300 - len(problems)))
     _add(out, "arithmetic", sorted(problems))
-    out = list({d["prompt"]: d for d in out}.values())
-    rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
-    bad = {h for d in out for h in _mentions_heldout(d["prompt"], ho)}
-    assert not bad, f"fourth batch mentions held-out topics: {sorted(bad)}"
-    return out
+    return _finish(out, rng, ho, "fourth")
 
 
 def _read_jsonl(path: Path) -> list[dict]:

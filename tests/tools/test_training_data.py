@@ -190,25 +190,35 @@ def _assert_no_heldout_topic(prompts, texts: list[str]) -> None:
     assert all(not prompts._mentions_heldout(t, HELD_TOPICS) for t in texts)
 
 
+def _batch_and_held_topics(prompts, start: int, end: int | None, kinds: dict[str, int]):
+    """The TRAIN prompts [start, end) as a batch: its kind counts are ``kinds``, no prompt twice,
+    none an earlier TRAIN or held-out prompt, no held-out topic (``_assert_no_heldout_topic``).
+    Returns the batch, ``_used`` bound to prompts, and the held-out story characters,
+    arithmetic names and items the frozen held-out prompts use (each seen)."""
+    train, held = prompts.train_prompts(), prompts.heldout_prompts()
+    earlier, batch = train[:start], train[start:end]
+    assert {k: sum(d["kind"] == k for d in batch) for k in prompts.KINDS} == kinds
+    texts = [d["prompt"] for d in batch]
+    assert len(set(texts)) == len(texts)
+    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
+    _assert_no_heldout_topic(prompts, texts)
+    used = partial(_used, prompts)
+    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
+    held_items = used("ITEMS", "arithmetic", held)
+    assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
+    return batch, used, held_chars, held_names, held_items
+
+
 def test_third_batch_keeps_heldout_topics_out():
     """The third batch (new topic pools): no held-out chat subject, how-to, pair, code task or
     list subject occurs in any of its prompts (case-insensitive substring), no held-out module,
     story character, arithmetic name or item (whole words), and no NEAR_HELDOUT word; it has
     every kind, no prompt twice, and repeats no earlier TRAIN or held-out prompt."""
     prompts = _tool("prompts")
-    train, held = prompts.train_prompts(), prompts.heldout_prompts()
-    earlier, third = train[:prompts.FIRST_THIRD], train[prompts.FIRST_THIRD:prompts.FIRST_FOURTH]
-    kinds = {k: sum(d["kind"] == k for d in third) for k in prompts.KINDS}
-    assert kinds == {"chat": 3993, "code": 960, "lists": 684, "stories": 2200, "arithmetic": 2292}
-    texts = [d["prompt"] for d in third]
-    assert len(set(texts)) == len(texts)
-    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
-    _assert_no_heldout_topic(prompts, texts)
+    third, used, held_chars, held_names, held_items = _batch_and_held_topics(
+        prompts, prompts.FIRST_THIRD, prompts.FIRST_FOURTH,
+        {"chat": 3993, "code": 960, "lists": 684, "stories": 2200, "arithmetic": 2292})
     # the same check as the second batch's, from the frozen held-out stories and problems
-    used = partial(_used, prompts)
-    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
-    held_items = used("ITEMS", "arithmetic", held)
-    assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
     assert not held_chars & (used("CHARACTERS", "stories", third) | used("CHARACTERS3", "stories", third))
     assert not held_names & (used("NAMES", "arithmetic", third) | used("NAMES3", "arithmetic", third))
     assert not held_items & (used("ITEMS", "arithmetic", third) | used("ITEMS3", "arithmetic", third))
@@ -234,19 +244,9 @@ def test_fourth_batch_keeps_heldout_topics_out():
     earlier TRAIN or held-out prompt, and its pools and templates share no entry with those
     of the earlier batches."""
     prompts = _tool("prompts")
-    train, held = prompts.train_prompts(), prompts.heldout_prompts()
-    earlier, fourth = train[:prompts.FIRST_FOURTH], train[prompts.FIRST_FOURTH:]
-    kinds = {k: sum(d["kind"] == k for d in fourth) for k in prompts.KINDS}
-    assert kinds == {"chat": 4068, "code": 985, "lists": 729, "stories": 2200, "arithmetic": 2300}
-    texts = [d["prompt"] for d in fourth]
-    assert len(set(texts)) == len(texts)
-    assert not set(texts) & ({d["prompt"] for d in earlier} | {d["prompt"] for d in held})
-    _assert_no_heldout_topic(prompts, texts)
+    fourth, used, held_chars, held_names, held_items = _batch_and_held_topics(
+        prompts, prompts.FIRST_FOURTH, None, {"chat": 4068, "code": 985, "lists": 729, "stories": 2200, "arithmetic": 2300})
     # from the frozen held-out stories and problems, as for the second and third batches
-    used = partial(_used, prompts)
-    held_chars, held_names = used("CHARACTERS", "stories", held), used("NAMES", "arithmetic", held)
-    held_items = used("ITEMS", "arithmetic", held)
-    assert len(held_chars) >= 4 and len(held_names) >= 4 and len(held_items) >= 3
     assert not held_chars & used("CHARACTERS4", "stories", fourth)
     assert not held_names & used("NAMES4", "arithmetic", fourth)
     assert not held_items & used("ITEMS4", "arithmetic", fourth)
