@@ -20,7 +20,8 @@
 #      (results/gemm_rows.txt); SPECRT_BENCH_ENGINES=0 skips this step (5 minutes; its figures
 #      depend on the graphs' shapes, not on the draft's weights, so a new draft of the same
 #      shape leaves them as they were);
-#   4. specrt bench: every governor vs onnxruntime-genai and transformers, peers' threads
+#   4. specrt bench: every governor (with prompt lookup, `dspark:tree=3:ngram`, the demo's, and
+#      `auto`, the default) vs onnxruntime-genai and transformers, peers' threads
 #      matched to specrt's, and the same governors on the int8-draft engines (--variant int8),
 #      every worker as 3 processes taking the prompts in turn (--processes 3), so that no
 #      one process's memory placement decides a ratio between workers (results/bench/);
@@ -92,7 +93,8 @@ fi
 settle
 stamp "specrt bench against the peers"
 $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
-  --governors off,fixed:1,fixed:2,fixed:2:tree=3,adaptive,dspark,dspark:tree=3 --variant int8="$OUT/engines-int8" --processes 3 --force -o results/bench
+  --governors off,fixed:1,fixed:2,fixed:3,fixed:2:tree=3,adaptive,dspark,dspark:tree=3,dspark:tree=3:ngram,auto \
+  --variant int8="$OUT/engines-int8" --processes 3 --force -o results/bench
 
 settle
 stamp "governors per prompt kind"
