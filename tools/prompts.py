@@ -1090,6 +1090,16 @@ def _arithmetic(rng: random.Random, names: list[str], items: list[str], n: int) 
     return out
 
 
+def _stories(rng: random.Random, templates: list[str], chars: list[str], settings: list[str], themes: list[str],
+             n: int) -> list[str]:
+    """``n`` different story prompts, each a template drawn with a character, setting and theme
+    (in that order from ``rng``: every batch's draws)."""
+    out: set[str] = set()
+    while len(out) < n:
+        out.add(rng.choice(templates).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
+    return sorted(out)
+
+
 def build() -> tuple[list[dict], list[dict]]:
     """Return (train, heldout): lists of {"prompt", "kind"} dicts, deterministic."""
     train, held, _ = _build()
@@ -1146,14 +1156,8 @@ def _build() -> tuple[list[dict], list[dict], dict[str, list[str]]]:
     char_tr, char_ho = _split_topics(_pool(CHARACTERS), rng, 8)
     settings, themes = _pool(SETTINGS), _pool(THEMES)
 
-    def stories(chars, n):
-        out = set()
-        while len(out) < n:
-            out.add(rng.choice(T_STORY).format(c=rng.choice(chars), s=rng.choice(settings), m=rng.choice(themes)))
-        return sorted(out)
-
-    _add(train, "stories", stories(char_tr, 1500))
-    _add(held, "stories", stories(char_ho, h))
+    _add(train, "stories", _stories(rng, T_STORY, char_tr, settings, themes, 1500))
+    _add(held, "stories", _stories(rng, T_STORY, char_ho, settings, themes, h))
 
     # arithmetic: held-out names and items never appear in training problems
     name_tr, name_ho = _split_topics(_pool(NAMES), rng, 6)
@@ -1191,11 +1195,7 @@ def _extra(t: dict) -> list[dict]:
     _add(out, "code", [x.format(t=c) for c in t["code"] for x in T_CODE2]
          + [x.format(t=m) for m in t["modules"] for x in T_MODULE2])
     _add(out, "lists", [x.format(t=s) for s in t["lists"] for x in T_LIST2])
-    stories: set[str] = set()
-    while len(stories) < 1200:
-        stories.add(rng.choice(T_STORY2).format(c=rng.choice(t["chars"]), s=rng.choice(t["settings"]),
-                                                m=rng.choice(t["themes"])))
-    _add(out, "stories", sorted(stories))
+    _add(out, "stories", _stories(rng, T_STORY2, t["chars"], t["settings"], t["themes"], 1200))
     _add(out, "arithmetic", sorted(set(_arithmetic(rng, t["names"], t["items"], 1200))))
     out = list({d["prompt"]: d for d in out}.values())
     rng.shuffle(out)  # kinds interleaved, so any prefix of the batch is a balanced sample
@@ -1257,15 +1257,13 @@ def _sampled(rng: random.Random, pool: str, templates: list[str], n: int) -> lis
     return [x.format(t=s) for s in _pool(pool) for x in rng.sample(templates, n)]
 
 
-def _stories(rng: random.Random, templates: list[str], chars: str, settings: str, themes: str,
-             n: int = 2200) -> list[str]:
-    """``n`` different story prompts, each a template with a character, setting and theme drawn."""
-    chars_, settings_, themes_ = _pool(chars), _pool(settings), _pool(themes)
-    stories: set[str] = set()
-    while len(stories) < n:
-        stories.add(rng.choice(templates).format(c=rng.choice(chars_), s=rng.choice(settings_),
-                                                  m=rng.choice(themes_)))
-    return sorted(stories)
+def _compared(rng: random.Random, pool: str, templates: list[str], n: int) -> list[str]:
+    """Each pair "A and B" of ``pool`` under ``n`` of ``templates`` ({t}, {a}, {b}) drawn from ``rng``."""
+    out = []
+    for p in _pool(pool):
+        a, b = p.split(" and ", 1)
+        out += [x.format(t=p, a=a, b=b) for x in rng.sample(templates, n)]
+    return out
 
 
 def _finish(out: list[dict], rng: random.Random, ho: dict[str, list[str]], name: str) -> list[dict]:
@@ -1285,9 +1283,7 @@ def _third(ho: dict[str, list[str]]) -> list[dict]:
     rng = random.Random(THIRD_SEED)
     out: list[dict] = []
     chat = _sampled(rng, SUBJECTS3, T_EXPLAIN3, 12) + _sampled(rng, HOWTO3, T_HOWTO3, 7)
-    for p in _pool(PAIRS3):
-        a, b = p.split(" and ", 1)
-        chat += [x.format(t=p, a=a, b=b) for x in rng.sample(T_COMPARE3, 5)]
+    chat += _compared(rng, PAIRS3, T_COMPARE3, 5)
     chat += _sampled(rng, WORDY3, T_WORDY3, 4) + _sampled(rng, MISTAKES3, T_MISTAKES3, 2)
     notes = sorted({rng.choice(T_NOTE3).format(r=rng.choice(_pool(RECIPIENTS3)), p=rng.choice(_pool(PURPOSES3)))
                     for _ in range(400)})
@@ -1300,7 +1296,7 @@ def _third(ho: dict[str, list[str]]) -> list[dict]:
     _add(out, "code", code
          + [x.format(t=m) for m in _pool(MODULES3) for x in T_MODULE3])
     _add(out, "lists", [x.format(t=s) for s in _pool(LIST_SUBJECTS3) for x in T_LIST3])
-    _add(out, "stories", _stories(rng, T_STORY3, CHARACTERS3, SETTINGS3, THEMES3))
+    _add(out, "stories", _stories(rng, T_STORY3, _pool(CHARACTERS3), _pool(SETTINGS3), _pool(THEMES3), 2200))
     _add(out, "arithmetic", sorted(set(_arithmetic3(rng, _pool(NAMES3), _pool(ITEMS3), 2300))))
     return _finish(out, rng, ho, "third")
 
@@ -1406,9 +1402,7 @@ def _fourth(ho: dict[str, list[str]]) -> list[dict]:
     rng = random.Random(FOURTH_SEED)
     out: list[dict] = []
     chat = _sampled(rng, SUBJECTS4, T_EXPLAIN4, 8) + _sampled(rng, HOWTO4, T_HOWTO4, 6)
-    for p in _pool(PAIRS4):
-        a, b = p.split(" and ", 1)
-        chat += [x.format(t=p, a=a, b=b) for x in rng.sample(T_COMPARE4, 5)]
+    chat += _compared(rng, PAIRS4, T_COMPARE4, 5)
     chat += _sampled(rng, WORDS4, T_DEFINE4, 2) + _sampled(rng, PROVERBS4, T_PROVERB4, 3)
     chat += _sampled(rng, EXAMPLES4, T_EXAMPLE4, 2) + _sampled(rng, YESNO4, T_YESNO4, 2)
     chat += _sampled(rng, PASSAGES4, T_PASSAGE4, 3)
@@ -1419,7 +1413,7 @@ def _fourth(ho: dict[str, list[str]]) -> list[dict]:
             for c in code]
     _add(out, "code", code + [x.format(t=m) for m in _pool(MODULES4) for x in T_MODULE4])
     _add(out, "lists", [x.format(t=s) for s in _pool(LIST_SUBJECTS4) for x in T_LIST4])
-    _add(out, "stories", _stories(rng, T_STORY4, CHARACTERS4, SETTINGS4, THEMES4))
+    _add(out, "stories", _stories(rng, T_STORY4, _pool(CHARACTERS4), _pool(SETTINGS4), _pool(THEMES4), 2200))
     problems: set[str] = set()
     while len(problems) < 2300:  # seeded draws repeat a few problems: draw until 2300 differ
         problems.update(_arithmetic4(rng, _pool(NAMES4), _pool(ITEMS4), 2300 - len(problems)))
