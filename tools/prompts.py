@@ -32,7 +32,7 @@ again (SUBJECTS4 ... ITEMS4), new chat forms (short definitions, proverbs, examp
 concept, yes/no questions with a reason, short passages to summarise or retell) and new
 word-problem shapes (percentages, speed and distance, clock times, unit conversions, ratios,
 sequences) under new templates (T_*4), from its own random stream (FOURTH_SEED); its answers
-are not committed yet. No prompt of the third or fourth batch mentions a held-out topic or a
+are fixtures/peagle-data/chat-fourth.jsonl.gz (every one, made on a lent H200). No prompt of the third or fourth batch mentions a held-out topic or a
 word close to one (NEAR_HELDOUT; build() asserts it). Each batch is appended, so the earlier
 batches, the held-out split and the calibration prompts (drawn from the first batch only)
 are unchanged.

@@ -1,10 +1,9 @@
 """The committed draft-training answers (fixtures/peagle-data): every line answers its own frozen
 TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt twice; the
 second, third and fourth TRAIN batches (tools/prompts.py ``_extra``, ``_third``, ``_fourth``)
-keep the held-out topics out; together the files answer every answerable TRAIN prompt of the
-first two batches and of the third (chat-third its first 3000 from prompts.FIRST_THIRD,
-chat-third-rest the others up to prompts.FIRST_FOURTH; the fourth's answers are not committed
-yet); appending the third and the fourth left the earlier batches, the held-out list and the
+keep the held-out topics out; together the files answer every answerable TRAIN prompt of
+every batch (the third's: chat-third its first 3000 from prompts.FIRST_THIRD, chat-third-rest
+the others up to prompts.FIRST_FOURTH; chat-fourth every one of the fourth); appending the third and the fourth left the earlier batches, the held-out list and the
 calibration prompts as they were."""
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from tests.real_model import tool as _tool
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "peagle-data"
 FILES = ("chat.jsonl.gz", "chat-more.jsonl.gz", "chat-extra.jsonl.gz", "chat-rest.jsonl.gz", "chat-third.jsonl.gz",
-         "chat-third-rest.jsonl.gz")
+         "chat-third-rest.jsonl.gz", "chat-fourth.jsonl.gz")
 THIRD_ANSWERED = 3000  # chat-third: the first 3000 prompts of the third batch (2026-12-04, CPU);
-# chat-third-rest: the others (2026-12-04, a lent H200)
+# chat-third-rest: the others (2026-12-04, a lent H200); chat-fourth: the fourth batch (2026-12-04, the H200 again)
 
 
 def _used(prompts, pool: str, kind: str, rows: list[dict]) -> set[str]:
@@ -72,7 +71,7 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
     # the first two answer every answerable prompt of the first TRAIN batch; chat-extra and
     # chat-rest every one of the second (prompts.FIRST_EXTRA up to FIRST_THIRD), each once;
     # chat-third the first THIRD_ANSWERED prompts of the third batch (from FIRST_THIRD),
-    # chat-third-rest every other one of it (up to FIRST_FOURTH: the fourth batch is not answered yet)
+    # chat-third-rest every other one of it (up to FIRST_FOURTH), chat-fourth every one of the fourth
     answerable = prompts.answerable_train_prompts()
     first = {d["prompt"] for i, d in answerable if i < prompts.FIRST_EXTRA}
     second = {d["prompt"] for i, d in answerable if prompts.FIRST_EXTRA <= i < prompts.FIRST_THIRD}
@@ -82,6 +81,8 @@ def test_no_heldout_or_calibration_prompt_and_no_prompt_twice(rows):
     assert {d["prompt"] for d in rows["chat-third.jsonl.gz"]} == third and len(rows["chat-third.jsonl.gz"]) == 3000
     rest = {d["prompt"] for i, d in answerable if prompts.FIRST_THIRD + THIRD_ANSWERED <= i < prompts.FIRST_FOURTH}
     assert {d["prompt"] for d in rows["chat-third-rest.jsonl.gz"]} == rest and len(rest) == 7129
+    fourth = {d["prompt"] for i, d in answerable if prompts.FIRST_FOURTH <= i}
+    assert {d["prompt"] for d in rows["chat-fourth.jsonl.gz"]} == fourth and len(fourth) == FOURTH_SIZE
     assert len(rows["chat-extra.jsonl.gz"]) == 3487  # what stage 6 of the committed draft trained on
 
 
