@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.real_model import ROOT, committed_draft, smollm2_folder
@@ -188,6 +189,68 @@ def test_training_layout_equals_inference_passes():
                     torch.testing.assert_close(packed[sel][0], one[t + d - 1], atol=1e-4, rtol=1e-4)
 
 
+def _loop_batch(tp, seqs_idx, seqs, feats, K, keep, rng):
+    """The packed layout slot by slot, as build_batch made it in plain loops until session 46:
+    (tokens, aux rows, is_mask, pos, anchor, depth) per slot and (slot, depth, target row,
+    anchor row) per supervised output."""
+    slots, outs, base = [], [], 0
+    for j in seqs_idx:
+        s, off = seqs[j], int(feats.offsets[j])
+        N, first = len(s.ids), max(s.prompt_len - 1, 0)
+        slots += [(s.ids[t + 1], off + t, False, t, t, 1) for t in range(N - 1)]
+        outs += [(base + t, 1, off + t + 1, off + t) for t in range(first, N - 2)]
+        n = N - 1
+        for d in range(2, K + 1):
+            anchors = np.arange(first, N - 1 - d)
+            if keep[d - 1] < 1.0:
+                anchors = anchors[rng.random(len(anchors)) < keep[d - 1]]
+            for t in anchors.tolist():
+                slots.append((tp.MASK_TOKEN_ID, off, True, t + d - 1, t, d))
+                outs.append((base + n, d, off + t + d, off + t))
+                n += 1
+        base += n
+    return slots, outs
+
+
+def test_build_batch_equals_the_slot_by_slot_layout():
+    """build_batch (numpy per sequence) packs exactly the slots, outputs, segment masks and
+    random depth draws of the plain loops, for short and prompt-less sequences too, and with
+    aux_fp16 the same aux once Batch.to widens it."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    rng = np.random.default_rng(1)
+    lens = [(2, 1), (3, 0), (5, 5), (9, 1), (40, 12), (17, 3), (4, 2), (64, 20)]  # (N, prompt_len)
+    seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in lens]
+    rows = [len(s.ids) - 1 for s in seqs]
+    feats = tp.Features(rng.standard_normal((sum(rows), 12)).astype(np.float16), None, None,
+                        np.concatenate([[0], np.cumsum(rows)]))
+    for K, keep in ((4, [1.0, 0.5, 0.5, 0.5]), (4, [1.0] * 4), (1, [1.0]), (6, [1.0, 0.3, 1.0, 0.7, 0.2, 0.9])):
+        order = rng.permutation(len(seqs)).tolist()
+        seed = int(rng.integers(1 << 30))
+        b = tp.build_batch(order, seqs, feats, K, keep, np.random.default_rng(seed))
+        slots, outs = _loop_batch(tp, order, seqs, feats, K, keep, np.random.default_rng(seed))
+        tok, auxrow, ism, pos, anc, dep = (list(x) for x in zip(*slots))
+        assert b.tokens.tolist() == tok and b.is_mask.tolist() == ism and b.pos.tolist() == pos
+        assert b.tokens.dtype == b.pos.dtype == torch.int64 and b.is_mask.dtype == torch.bool
+        assert torch.equal(b.aux, torch.from_numpy(feats.aux[auxrow].astype(np.float32)))
+        assert [b.loss_slot.tolist(), b.loss_depth.tolist(), b.target_row.tolist(), b.anchor_row.tolist()] \
+            == [list(x) for x in zip(*outs)]
+        assert len(b.loss_slot) > 0 and (b.loss_depth > 1).any() == (K > 1)
+        lo = 0
+        for (s_lo, s_hi, m), j in zip(b.segments, order):
+            n = s_hi - s_lo
+            assert s_lo == lo and m.shape == (n, n)
+            a, d, k = torch.tensor(anc[s_lo:s_hi]), torch.tensor(dep[s_lo:s_hi]), torch.tensor(ism[s_lo:s_hi])
+            for q in range(n):  # the query's visible keys, one by one
+                want = [(not k[x] and a[x] <= a[q]) or (bool(k[x]) and a[x] == a[q] and d[x] <= d[q]) for x in range(n)]
+                assert m[q].tolist() == want
+            lo = s_hi
+        assert lo == len(tok)
+        half = tp.build_batch(order, seqs, feats, K, keep, np.random.default_rng(seed), aux_fp16=True)
+        assert half.aux.dtype == torch.float16
+        assert torch.equal(half.to(torch.device("cpu")).aux, b.aux)
+
+
 def test_precision_auto_takes_bf16_only_where_the_cpu_has_it():
     """Emulated bf16 made a training step ~18x slower than fp32 on an AVX2-only host."""
     pytest.importorskip("torch")
@@ -227,11 +290,15 @@ def test_a_training_step_on_cuda_equals_the_cpu_one():
                         rng.standard_normal((R, H)).astype(np.float16), rng.integers(0, 900, R).astype(np.int32),
                         np.concatenate([[0], np.cumsum(rows)]))
     head_ids = torch.arange(cfg["draft_vocab_size"])
-    b = tp.build_batch([0, 1, 2], seqs, feats, K, [1.0, 0.5, 0.5, 0.5], rng)
+    b = tp.build_batch([0, 1, 2], seqs, feats, K, [1.0, 0.5, 0.5, 0.5], np.random.default_rng(7))
+    # as main() builds a GPU step: aux gathered in fp16, widened on the device
+    half = tp.build_batch([0, 1, 2], seqs, feats, K, [1.0, 0.5, 0.5, 0.5], np.random.default_rng(7), aux_fp16=True)
     dev = torch.device("cuda")
     g = copy.deepcopy(m).to(dev)
     cpu = tp.depth_losses(m, b, feats, m.embed[head_ids], K)
-    gpu = tp.depth_losses(g, b.to(dev), feats, g.embed[head_ids.to(dev)], K)
+    on_dev = half.to(dev)
+    assert on_dev.aux.device.type == "cuda" and torch.equal(on_dev.aux.cpu(), b.aux)
+    gpu = tp.depth_losses(g, on_dev, feats, g.embed[head_ids.to(dev)], K)
     for (kc, cc, nc), (kg, cg, ng) in zip(cpu, gpu):
         assert (cc, nc) == (cg, ng)
         assert kg.device.type == "cuda"
