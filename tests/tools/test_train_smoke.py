@@ -46,6 +46,12 @@ def check_draft_folder(folder: Path, max_mb: float = 25.0) -> dict:
         "layers.0.mlp.down_proj.weight": (H, I), "norm.weight": (H,), "lm_head.weight": (Vd, H),
         "mask_hidden": (1, 1, 3 * H), "d2t": (Vd,), "t2d": (V,),
     }
+    # layers 1..: ordinary decoder layers of width H (DESIGN.md §1): layer 0's tensors but hidden_norm,
+    # q/k/v reading H
+    first = {k[len("layers.0."):]: v for k, v in expected.items() if k.startswith("layers.0.") and "hidden_norm" not in k}
+    for i in range(1, c["num_hidden_layers"]):
+        for k, shape in first.items():
+            expected[f"layers.{i}.{k}"] = (shape[0], H) if k.split(".")[1] in ("q_proj", "k_proj", "v_proj") else shape
     path = folder / "model.safetensors"
     assert path.stat().st_size <= max_mb * 2**20
     with safe_open(path, "pt") as f:
@@ -119,11 +125,14 @@ def test_small_training_run(tmp_path):
     assert receipt["small"] and receipt["steps"] > 0
     assert receipt["training_last_window"]["depth_1"]["accuracy"] > 0.1  # it learnt something
     # --init goes on from that draft: its weights and vocabulary (at lr 1e-9 one step changes
-    # nothing measurable, so the held-out estimate is the first run's; a random layer gets ~0)
+    # nothing measurable, so the held-out estimate is the first run's; a random layer gets ~0),
+    # here with a second layer appended (grow_layers: it starts as the identity)
     out2 = tmp_path / "draft2"
-    assert tp.main(["--small", "--init", str(out), "--max-steps", "1", "--lr", "1e-9", "--out", str(out2),
-                    "--budget-minutes", "8", "--threads", "1"]) == 0
+    assert tp.main(["--small", "--init", str(out), "--layers", "2", "--max-steps", "1", "--lr", "1e-9",
+                    "--out", str(out2), "--budget-minutes", "8", "--threads", "1"]) == 0
     again = check_draft_folder(out2)
+    assert again["layers"] == 2 and again["init"]["layers"] == 1 and receipt["layers"] == 1
+    assert json.loads((out2 / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 2
     assert again["init"]["model_sha256"] == tp.sha256_file(out / "model.safetensors")
     assert again["init"]["its_heldout"] == receipt["heldout"]
     from safetensors.torch import load_file
@@ -145,17 +154,26 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SystemExit, match=r"drafts K = 4, this run --K 3"):
         tp.main(["--init", str(tmp_path), "--K", "3", "--depth-keep", "1,0.5,0.5", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"--layers 0: expected at least 1$"):
+        tp.main(["--layers", "0", "--out", str(tmp_path / "out")])
+    # layers are appended to an init, never dropped
+    cfg["transformer_layer_config"]["num_hidden_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit, match=r"--layers 1: expected at least --init's 2 \(.*config.json; layers are "
+                                         r"appended, never dropped\)"):
+        tp.main(["--init", str(tmp_path), "--layers", "1", "--out", str(tmp_path / "out")])
     # no --out: refused (the default was the committed draft's folder, replaced even by --small)
     with pytest.raises(SystemExit) as e:
         tp.main(["--small"])
     assert e.value.code == 2 and not (tmp_path / "out").exists()
 
 
-def test_training_layout_equals_inference_passes():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_training_layout_equals_inference_passes(layers):
     """Every (anchor, depth) output of the packed training pass equals the one-pass
-    P-EAGLE inference of DESIGN.md §3 with that anchor as the last accepted position."""
+    P-EAGLE inference of DESIGN.md §3 with that anchor as the last accepted position
+    (layers 2: the reference draft with an ordinary decoder layer appended, random)."""
     torch = pytest.importorskip("torch")
-    import numpy as np
     from safetensors.torch import load_file
 
     tp = _tool("train_peagle")
@@ -164,6 +182,12 @@ def test_training_layout_equals_inference_passes():
     m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
     m.load_state_dict(w, strict=False)
     m.d2t.zero_()
+    if layers > 1:
+        torch.manual_seed(0)
+        m = tp.grow_layers(m, layers)
+        with torch.no_grad():  # not the identity: the appended layer must change the outputs
+            for q in m.layers[1].parameters():
+                q.normal_(0, 0.1) if q.dim() == 2 else q.uniform_(0.5, 1.5)
     rng = np.random.default_rng(0)
     K, H3 = 4, 3 * cfg["transformer_layer_config"]["hidden_size"]
     seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((14, 4), (11, 3))]
@@ -249,6 +273,110 @@ def test_build_batch_equals_the_slot_by_slot_layout():
         half = tp.build_batch(order, seqs, feats, K, keep, np.random.default_rng(seed), aux_fp16=True)
         assert half.aux.dtype == torch.float16
         assert torch.equal(half.to(torch.device("cpu")).aux, b.aux)
+
+
+def test_grown_layers_start_as_the_identity_and_learn():
+    """grow_layers appends layers whose outputs add nothing at first (the grown draft's logits
+    equal its init's exactly), and whose output projections get gradients at once."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    tp = _tool("train_peagle")
+    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
+    w = load_file(REFERENCE / "draft" / "model.safetensors")
+    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
+    m.load_state_dict({k: v.float() for k, v in w.items() if v.is_floating_point()}, strict=False)
+    torch.manual_seed(0)
+    g = tp.grow_layers(m, 3)
+    assert len(g.layers) == 3 and g.c["num_hidden_layers"] == 3 and m.c["num_hidden_layers"] == 1
+    grown = g.state_dict()
+    assert all(torch.equal(grown[k], v) for k, v in m.state_dict().items())  # the init's tensors, as they were
+    H, S = m.c["hidden_size"], 7
+    tokens, aux = torch.arange(S) + 3, torch.randn(S, m.fc.in_features)
+    is_mask, pos = torch.arange(S) >= 5, torch.arange(S)
+    seg = [(0, S, torch.ones(S, S, dtype=torch.bool).tril())]
+    assert torch.equal(g(tokens, aux, is_mask, pos, seg), m(tokens, aux, is_mask, pos, seg))
+    assert g.layers[2].self_attn.q_proj.weight.abs().sum() > 0 and g.layers[2].self_attn.q_proj.weight.shape[1] == H
+    g(tokens, aux, is_mask, pos, seg).logsumexp(-1).sum().backward()
+    for layer in g.layers[1:]:
+        assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0 and layer.mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_grow_draft_writes_a_draft_that_drafts_the_same(tmp_path):
+    """tools/grow_draft.py: the committed draft with a second layer appended is a draft folder
+    of the same format (2 layers), whose held-out estimate would be its original's: the same
+    logits on a packed pass; fewer layers than the draft's is refused, nothing written."""
+    torch = pytest.importorskip("torch")
+    tp, grow = _tool("train_peagle"), _tool("grow_draft")
+    src, out = committed_draft(), tmp_path / "grown"
+    with pytest.raises(SystemExit, match=r"--layers 1: expected more than the draft's 1 \(.*config.json\)"):
+        grow.main([str(src), "--layers", "1", "-o", str(out)])
+    with pytest.raises(SystemExit, match=r"config.json missing \(expected a draft folder tools/train_peagle.py saved\)"):
+        grow.main([str(tmp_path), "--layers", "2", "-o", str(out)])
+    assert not out.exists()
+    assert grow.main([str(src), "--layers", "2", "-o", str(out)]) == 0
+    receipt = check_draft_folder(out, max_mb=40.0)
+    assert receipt["grown"]["layers"] == [1, 2] and receipt["heldout"] == tp.json.loads(
+        (src / "training_receipt.json").read_text())["heldout"]
+    cfg = json.loads((src / "config.json").read_text())
+    embed = torch.randn(cfg["transformer_layer_config"]["vocab_size"], cfg["transformer_layer_config"]["hidden_size"])
+    a, b = tp.load_draft(src, embed), tp.load_draft(out, embed)
+    assert len(b.layers) == 2
+    S = 9
+    tokens, aux = torch.arange(S) + 100, torch.randn(S, a.fc.in_features)
+    args = (tokens, aux, torch.arange(S) >= 6, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+    with torch.no_grad():
+        assert torch.equal(a(*args), b(*args))
+
+
+def test_multi_layer_draft_forward_matches_the_export_graph(tmp_path):
+    """A two-layer P-EAGLE draft (speculators' names, written as the export tests write it):
+    train_peagle's forward gives the logits specrt's ONNX draft graph gives, so what a
+    multi-layer training optimises is what the engines run."""
+    torch = pytest.importorskip("torch")
+    import onnxruntime as ort
+    from safetensors.torch import load_file
+
+    from specrt import contracts as C
+    from specrt.export.binding import bind_draft, bind_target
+    from specrt.export.graphs import build_peagle_graph
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    tp = _tool("train_peagle")
+    target = write_tiny_target(tmp_path / "t")
+    folder = write_tiny_draft(tmp_path / "d", target, kind="peagle", num_layers=2, draft_vocab=300, mask_token_id=7)
+    draft = bind_draft(folder, bind_target(target))
+    dc, d = draft.config, draft.config.decoder
+    cfg = json.loads((folder / "config.json").read_text())
+    c = dict(cfg["transformer_layer_config"], head_dim=d.head_dim)
+    w = load_file(folder / "model.safetensors")
+    m = tp.PEagleDraft(c, cfg["draft_vocab_size"], torch.from_numpy(np.asarray(draft.get("embed"), np.float32)))
+    missing, unexpected = m.load_state_dict(w, strict=False)
+    assert not missing and not unexpected and len(m.layers) == 2
+    rng = np.random.default_rng(3)
+    A, B = 5, 3  # real slots, then mask slots
+    ids = rng.integers(0, d.vocab_size, (1, A + B))
+    ids[:, A:] = dc.mask_token_id
+    aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
+    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux}
+    for i in range(d.num_layers):
+        feed[C.past_key(i)] = feed[C.past_value(i)] = np.zeros((1, 0, d.num_kv_heads, d.head_dim), np.float32)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    s = ort.InferenceSession(build_peagle_graph(dc, draft.get).SerializeToString(), so,
+                             providers=["CPUExecutionProvider"])
+    out = dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
+    S = A + B
+    with torch.no_grad():
+        logits = m(torch.from_numpy(ids[0]), torch.cat([torch.from_numpy(aux[0]), torch.zeros(B, aux.shape[-1])]),
+                   torch.arange(S) >= A, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+    np.testing.assert_allclose(out[C.DRAFT_LOGITS][0], logits[A - 1:].numpy(), atol=1e-4, rtol=1e-4)
+    one = tp.PEagleDraft(dict(c, num_hidden_layers=1), cfg["draft_vocab_size"], m.embed)
+    one.load_state_dict({k: v for k, v in w.items() if not k.startswith("layers.1.")}, strict=False)
+    with torch.no_grad():  # the second layer counts: without it the logits differ
+        first_only = one(torch.from_numpy(ids[0]), torch.cat([torch.from_numpy(aux[0]), torch.zeros(B, aux.shape[-1])]),
+                         torch.arange(S) >= A, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+    assert np.abs(out[C.DRAFT_LOGITS][0] - first_only[A - 1:].numpy()).max() > 1e-2
 
 
 def test_precision_auto_takes_bf16_only_where_the_cpu_has_it():
