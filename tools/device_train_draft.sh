@@ -148,13 +148,22 @@ INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed on
 LRS=${LRS:-1e-3}  # one training per learning rate, side by side
 LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers), one training per count and learning rate,
 # side by side, named peagle$TAG-lr<LR>-L<N>; empty: INIT's count (or 1), named peagle$TAG-lr<LR>.
-# Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers)
+# Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers).
+# Each training holds its own copy of the features in host memory (7.6M tokens x 2304 fp16 values,
+# about 35 GB, since every TRAIN prompt is answered): on the lent machine's 128 GB run at most
+# two side by side (LRS x LAYERS)
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
 CARRY2=${CARRY2:-.dev2}
 CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz fixtures/peagle-data/chat-fourth.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
+n_runs=$(( $(wc -w <<< "$LRS") * $(wc -w <<< "${LAYERS:-_}") ))
+if [ "$TRAIN" != 0 ] && [ "$n_runs" -gt "${MAX_RUNS:-2}" ]; then  # before anything is spent
+    echo "LRS ($LRS) x LAYERS (${LAYERS:-as INIT}) is $n_runs trainings; each holds ~35 GB of features:" \
+         "at most ${MAX_RUNS:-2} side by side (MAX_RUNS)" >&2
+    exit 1
+fi
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 exec 3>&2 >"$OUT/device.log" 2>&1  # the whole log comes back in $OUT; the call's own output
