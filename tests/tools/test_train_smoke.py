@@ -48,7 +48,8 @@ def check_draft_folder(folder: Path, max_mb: float = 25.0) -> dict:
     }
     # layers 1..: ordinary decoder layers of width H (DESIGN.md §1): layer 0's tensors but hidden_norm,
     # q/k/v reading H
-    first = {k[len("layers.0."):]: v for k, v in expected.items() if k.startswith("layers.0.") and "hidden_norm" not in k}
+    first = {k[len("layers.0."):]: v for k, v in expected.items()
+             if k.startswith("layers.0.") and "hidden_norm" not in k}
     for i in range(1, c["num_hidden_layers"]):
         for k, shape in first.items():
             expected[f"layers.{i}.{k}"] = (shape[0], H) if k.split(".")[1] in ("q_proj", "k_proj", "v_proj") else shape

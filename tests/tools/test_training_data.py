@@ -3,8 +3,9 @@ TRAIN prompt, none answers a held-out or DSpark calibration prompt, no prompt tw
 second, third and fourth TRAIN batches (tools/prompts.py ``_extra``, ``_third``, ``_fourth``)
 keep the held-out topics out; together the files answer every answerable TRAIN prompt of
 every batch (the third's: chat-third its first 3000 from prompts.FIRST_THIRD, chat-third-rest
-the others up to prompts.FIRST_FOURTH; chat-fourth every one of the fourth); appending the third and the fourth left the earlier batches, the held-out list and the
-calibration prompts as they were."""
+the others up to prompts.FIRST_FOURTH; chat-fourth every one of the fourth); appending the
+third and the fourth left the earlier batches, the held-out list and the calibration prompts as
+they were."""
 
 from __future__ import annotations
 
