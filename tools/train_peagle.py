@@ -667,9 +667,8 @@ def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, k
             if keep[d - 1] < 1.0:
                 a = a[rng.random(len(a)) < keep[d - 1]]
             anchors.append(a)
-        deep = np.concatenate(anchors[1:]) if K > 1 else real[:0]
-        deep_d = np.concatenate([np.full(len(a), d, np.int64) for d, a in enumerate(anchors[1:], 2)]) \
-            if K > 1 else real[:0]
+        deep = np.concatenate([*anchors[1:], real[:0]])  # (real[:0]: K = 1 has no depth past 1)
+        deep_d = np.concatenate([*(np.full(len(a), d, np.int64) for d, a in enumerate(anchors[1:], 2)), real[:0]])
         n_slots = T + len(deep)
         parts["tok"] += [np.asarray(s.ids[1:], np.int64), np.full(len(deep), MASK_TOKEN_ID, np.int64)]
         parts["aux"] += [off + real, np.full(len(deep), off, np.int64)]

@@ -276,6 +276,15 @@ def test_build_batch_equals_the_slot_by_slot_layout():
         assert torch.equal(half.to(torch.device("cpu")).aux, b.aux)
 
 
+def _one_pass(torch, tokens, aux_real):
+    """The draft's inputs for one P-EAGLE pass: len(aux_real) real slots, then mask slots (their
+    aux zeros: they read mask_hidden), in one causal segment."""
+    S, A = len(tokens), len(aux_real)
+    aux = torch.cat([aux_real, torch.zeros(S - A, aux_real.shape[-1])])
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return tokens, aux, torch.arange(S) >= A, torch.arange(S), [(0, S, causal)]
+
+
 def test_grown_layers_start_as_the_identity_and_learn():
     """grow_layers appends layers whose outputs add nothing at first (the grown draft's logits
     equal its init's exactly), and whose output projections get gradients at once."""
@@ -292,13 +301,11 @@ def test_grown_layers_start_as_the_identity_and_learn():
     assert len(g.layers) == 3 and g.c["num_hidden_layers"] == 3 and m.c["num_hidden_layers"] == 1
     grown = g.state_dict()
     assert all(torch.equal(grown[k], v) for k, v in m.state_dict().items())  # the init's tensors, as they were
-    H, S = m.c["hidden_size"], 7
-    tokens, aux = torch.arange(S) + 3, torch.randn(S, m.fc.in_features)
-    is_mask, pos = torch.arange(S) >= 5, torch.arange(S)
-    seg = [(0, S, torch.ones(S, S, dtype=torch.bool).tril())]
-    assert torch.equal(g(tokens, aux, is_mask, pos, seg), m(tokens, aux, is_mask, pos, seg))
+    H = m.c["hidden_size"]
+    args = _one_pass(torch, torch.arange(7) + 3, torch.randn(5, m.fc.in_features))
+    assert torch.equal(g(*args), m(*args))
     assert g.layers[2].self_attn.q_proj.weight.abs().sum() > 0 and g.layers[2].self_attn.q_proj.weight.shape[1] == H
-    g(tokens, aux, is_mask, pos, seg).logsumexp(-1).sum().backward()
+    g(*args).logsumexp(-1).sum().backward()
     for layer in g.layers[1:]:
         assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0 and layer.mlp.down_proj.weight.grad.abs().sum() > 0
 
@@ -323,9 +330,7 @@ def test_grow_draft_writes_a_draft_that_drafts_the_same(tmp_path):
     embed = torch.randn(cfg["transformer_layer_config"]["vocab_size"], cfg["transformer_layer_config"]["hidden_size"])
     a, b = tp.load_draft(src, embed), tp.load_draft(out, embed)
     assert len(b.layers) == 2
-    S = 9
-    tokens, aux = torch.arange(S) + 100, torch.randn(S, a.fc.in_features)
-    args = (tokens, aux, torch.arange(S) >= 6, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+    args = _one_pass(torch, torch.arange(9) + 100, torch.randn(6, a.fc.in_features))
     with torch.no_grad():
         assert torch.equal(a(*args), b(*args))
 
@@ -335,12 +340,12 @@ def test_multi_layer_draft_forward_matches_the_export_graph(tmp_path):
     train_peagle's forward gives the logits specrt's ONNX draft graph gives, so what a
     multi-layer training optimises is what the engines run."""
     torch = pytest.importorskip("torch")
-    import onnxruntime as ort
     from safetensors.torch import load_file
 
     from specrt import contracts as C
     from specrt.export.binding import bind_draft, bind_target
     from specrt.export.graphs import build_peagle_graph
+    from tests.export.test_graph_parity import KV, run, session
     from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
     tp = _tool("train_peagle")
@@ -359,24 +364,17 @@ def test_multi_layer_draft_forward_matches_the_export_graph(tmp_path):
     ids = rng.integers(0, d.vocab_size, (1, A + B))
     ids[:, A:] = dc.mask_token_id
     aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
-    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux}
-    for i in range(d.num_layers):
-        feed[C.past_key(i)] = feed[C.past_value(i)] = np.zeros((1, 0, d.num_kv_heads, d.head_dim), np.float32)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    s = ort.InferenceSession(build_peagle_graph(dc, draft.get).SerializeToString(), so,
-                             providers=["CPUExecutionProvider"])
-    out = dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
-    S = A + B
+    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux,
+            **KV(d.num_layers, d.num_kv_heads, d.head_dim).feed()}
+    out = run(session(build_peagle_graph(dc, draft.get)), feed)
+    args = _one_pass(torch, torch.from_numpy(ids[0]), torch.from_numpy(aux[0]))
     with torch.no_grad():
-        logits = m(torch.from_numpy(ids[0]), torch.cat([torch.from_numpy(aux[0]), torch.zeros(B, aux.shape[-1])]),
-                   torch.arange(S) >= A, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+        logits = m(*args)
     np.testing.assert_allclose(out[C.DRAFT_LOGITS][0], logits[A - 1:].numpy(), atol=1e-4, rtol=1e-4)
     one = tp.PEagleDraft(dict(c, num_hidden_layers=1), cfg["draft_vocab_size"], m.embed)
     one.load_state_dict({k: v for k, v in w.items() if not k.startswith("layers.1.")}, strict=False)
     with torch.no_grad():  # the second layer counts: without it the logits differ
-        first_only = one(torch.from_numpy(ids[0]), torch.cat([torch.from_numpy(aux[0]), torch.zeros(B, aux.shape[-1])]),
-                         torch.arange(S) >= A, torch.arange(S), [(0, S, torch.ones(S, S, dtype=torch.bool).tril())])
+        first_only = one(*args)
     assert np.abs(out[C.DRAFT_LOGITS][0] - first_only[A - 1:].numpy()).max() > 1e-2
 
 
