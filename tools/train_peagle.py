@@ -84,6 +84,11 @@ On a GPU (``--device cuda``; tools/device_train_draft.sh on a lent H200, bf16 au
 8444 answers, 2727 steps in 265 s reached tau 1.921 on the 49 held-out prompts whose
 topics its data lacked, against the committed draft's 1.640 on the same 49
 (results/device_draft; that run's data held 14 held-out prompts, so it is not committed).
+On a GPU the features move there once computed (``Features.to``, unless
+``--features-on-host`` or the GPU lacks room): each step gathers its rows on the device, and
+the per-depth sums stay there until a log line reads them, so the host's part of a step is
+building index arrays (1 ms a step of 4096 real slots on the 2-core EPYC of 2026-12-04,
+against 15 ms gathering rows and segment masks on the host as before).
 
     python tools/gen_chat_data.py --limit 2560       # about an hour, resumable (see its docstring)
     python tools/train_peagle.py --train-head --max-steps 2000 --heldout-max-new 128 --out fixtures/peagle-smollm2
@@ -104,6 +109,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -383,7 +389,9 @@ def select_draft_vocab(seqs: list[Seq], vocab: int, size: int) -> torch.Tensor:
 @dataclass
 class Features:
     """The target's features of positions 0..N-2 of each sequence (position N-1 feeds no
-    slot), concatenated: sequence j owns rows offsets[j] .. offsets[j+1]-1."""
+    slot), concatenated: sequence j owns rows offsets[j] .. offsets[j+1]-1. The arrays are
+    numpy (host memory) or, after ``to(device)``, torch tensors on that device, where each
+    step gathers its rows (``rows``)."""
     aux: np.ndarray  # [R, 3H] fp16  concat(hidden_states[i] for i in the aux ids)
     final: np.ndarray  # [R, H] fp16  hidden_states[-1] (after the final norm)
     argmax: np.ndarray  # [R] int32, the target's greedy next token (positions >= prompt_len - 1)
@@ -393,6 +401,25 @@ class Features:
         """The first ``n`` sequences' features (views, no copy)."""
         r = int(self.offsets[n])
         return Features(self.aux[:r], self.final[:r], self.argmax[:r], self.offsets[:n + 1])
+
+    def to(self, device: torch.device) -> "Features":
+        """The same features as torch tensors on ``device`` (on a GPU each step then gathers its
+        rows there: no gather on the host, no copy of them per step; the offsets stay numpy)."""
+        def t(a):
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
+        return Features(t(self.aux), t(self.final), t(self.argmax), self.offsets)
+
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.aux, self.final, self.argmax) if a is not None)
+
+    def rows(self, name: str, idx: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` (CPU indices) of the array ``name`` as a torch tensor on the features'
+        device, in their stored dtype."""
+        a = getattr(self, name)
+        if isinstance(a, torch.Tensor):
+            idx = torch.as_tensor(idx)
+            return a[idx.to(a.device, non_blocking=True)]
+        return torch.from_numpy(a[np.asarray(idx)])
 
 
 class FeatureCache:
@@ -622,21 +649,38 @@ class Batch:
     aux: torch.Tensor  # [S, 3H] float32 (fp16 from build_batch(aux_fp16=True) until .to())
     is_mask: torch.Tensor  # [S]
     pos: torch.Tensor  # [S]
-    segments: list  # [(start, end, allowed [n, n] bool)] one per sequence
+    slot_anchor: torch.Tensor  # [S] the anchor t of each slot (a real slot's own position)
+    slot_depth: torch.Tensor  # [S] 1 for real slots, d for a mask slot of depth d
+    bounds: list  # [(start, end)] one per sequence
     loss_slot: torch.Tensor  # [M] slot index of each supervised output
     loss_depth: torch.Tensor  # [M] 1..K
+    depth_index: list  # per depth 1..K: [M_d] the indices of its outputs among the M, ascending
     target_row: torch.Tensor  # [M] global feature row of the target position t+d (on the CPU)
     anchor_row: torch.Tensor  # [M] global feature row of the anchor t (on the CPU)
 
+    @cached_property
+    def segments(self) -> list:
+        """[(start, end, allowed [n, n] bool)] one per sequence, built on the batch's device:
+        a real key is visible up to the query's anchor; a mask key only to the same anchor's
+        slots of equal or greater depth."""
+        out = []
+        for lo, hi in self.bounds:
+            a, d, m = self.slot_anchor[lo:hi], self.slot_depth[lo:hi], self.is_mask[lo:hi]
+            real_key = (~m)[None, :] & (a[None, :] <= a[:, None])
+            mask_key = m[None, :] & (a[None, :] == a[:, None]) & (d[None, :] <= d[:, None])
+            out.append((lo, hi, real_key | mask_key))
+        return out
+
     def to(self, device: torch.device) -> "Batch":
         """The tensors the draft reads, on ``device``, aux in float32 (the feature-row indices
-        stay on the CPU)."""
-        if device.type == "cpu" and self.aux.dtype == torch.float32:
+        stay on the CPU; the segment masks are built there, from the slots' anchors and depths,
+        when first read)."""
+        if self.aux.device == device and self.aux.dtype == torch.float32 and self.tokens.device == device:
             return self
         mv = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(mv(self.tokens), mv(self.aux).float(), mv(self.is_mask), mv(self.pos),
-                     [(lo, hi, mv(m)) for lo, hi, m in self.segments], mv(self.loss_slot), mv(self.loss_depth),
-                     self.target_row, self.anchor_row)
+        return Batch(mv(self.tokens), mv(self.aux).float(), mv(self.is_mask), mv(self.pos), mv(self.slot_anchor),
+                     mv(self.slot_depth), self.bounds, mv(self.loss_slot), mv(self.loss_depth),
+                     [mv(i) for i in self.depth_index], self.target_row, self.anchor_row)
 
 
 def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, keep: list[float],
@@ -651,7 +695,8 @@ def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, k
     slots took a median 58 ms in those on the 2-core Xeon of 2026-12-04, 41 ms so and 17 ms
     with ``aux_fp16``, one thread; the GPU trainer builds each step's batch on the CPU).
     ``aux_fp16``: keep the gathered aux features fp16 (``Batch.to`` widens them on the
-    device: half the copy, no CPU conversion)."""
+    device: half the copy, no CPU conversion). With ``feats`` on a device (``Features.to``)
+    the aux rows are gathered there; the index arrays are always built on the CPU."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tok", "aux", "mask", "pos", "anc", "dep",
                                                            "ls", "ld", "lt", "la")}
     base, bounds = 0, []
@@ -685,18 +730,11 @@ def build_batch(seqs_idx: list[int], seqs: list[Seq], feats: Features, K: int, k
         bounds.append((base, base + n_slots))
         base += n_slots
     cat = {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
-    anc_t, dep_t, ism = cat["anc"], cat["dep"], cat["mask"]
-    segments = []
-    for lo, hi in bounds:
-        a, d, m = anc_t[lo:hi], dep_t[lo:hi], ism[lo:hi]
-        # a real key is visible up to the query's anchor; a mask key only to the
-        # same anchor's slots of equal or greater depth
-        real_key = (~m)[None, :] & (a[None, :] <= a[:, None])
-        mask_key = m[None, :] & (a[None, :] == a[:, None]) & (d[None, :] <= d[:, None])
-        segments.append((lo, hi, real_key | mask_key))
-    aux = torch.from_numpy(feats.aux[cat["aux"].numpy()])  # gathered in fp16
-    return Batch(cat["tok"], aux if aux_fp16 else aux.float(), ism, cat["pos"], segments,
-                 cat["ls"], cat["ld"], cat["lt"], cat["la"])
+    ld = cat["ld"].numpy()
+    depth_index = [torch.from_numpy(np.flatnonzero(ld == d)) for d in range(1, K + 1)]
+    aux = feats.rows("aux", cat["aux"])  # gathered in fp16
+    return Batch(cat["tok"], aux if aux_fp16 else aux.float(), cat["mask"], cat["pos"], cat["anc"], cat["dep"],
+                 bounds, cat["ls"], cat["ld"], depth_index, cat["lt"], cat["la"])
 
 
 def draft_outputs(model: PEagleDraft, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -710,11 +748,13 @@ def draft_outputs(model: PEagleDraft, b: Batch) -> tuple[torch.Tensor, torch.Ten
 
 def greedy_targets(b: Batch, feats: Features) -> torch.Tensor:
     """The target's greedy token at each supervised output's position t+d: [M], on the batch's device."""
-    return torch.from_numpy(feats.argmax[b.target_row.numpy()].astype(np.int64)).to(b.tokens.device)
+    return feats.rows("argmax", b.target_row).to(b.tokens.device, non_blocking=True).long()
 
 
 def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Tensor, K: int):
-    """Per depth: (sum of KL(p_target || q_draft), correct greedy drafts, count).
+    """Per depth: (sum of KL(p_target || q_draft), correct greedy drafts, count): the two sums
+    tensors on the batch's device (read them when needed: each read waits for the device),
+    the count an int.
 
     p_target = softmax of the target's logits at t+d over the draft vocabulary, from its
     final normed hidden state and its head rows ``head_w`` [Vd, H]."""
@@ -723,18 +763,35 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
     # position's distribution once, in fp32 even under bf16 autocast.
     rows, inv = torch.unique(b.target_row, return_inverse=True)
     with torch.no_grad(), torch.autocast(head_w.device.type, enabled=False):
-        fin = torch.from_numpy(feats.final[rows.numpy()]).to(head_w.device).float()
-        logp = F.log_softmax(fin @ head_w.T, -1)[inv.to(head_w.device)]  # [M, Vd]
+        fin = feats.rows("final", rows).to(head_w.device, non_blocking=True).float()
+        logp = F.log_softmax(fin @ head_w.T, -1)[inv.to(head_w.device, non_blocking=True)]  # [M, Vd]
     kl = (logp.exp() * (logp - logq)).sum(-1)  # [M]
     correct = (draft_tok == greedy_targets(b, feats)).float()
-    out = []
-    for d in range(1, K + 1):
-        sel = b.loss_depth == d
-        out.append((kl[sel].sum(), correct[sel].sum().item(), int(sel.sum())))
-    return out
+    # each depth's outputs by index (known on the CPU): no wait for the device here
+    return [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
 
 
 # --- training ---------------------------------------------------------------------------
+
+class StepSums:
+    """Per-depth sums of (KL, correct drafts, outputs) over training steps: the first two add
+    up on the device the losses are on (reading them waits for it) and reach a [K, 3] numpy
+    window only at ``flush``."""
+
+    def __init__(self, K: int, device: torch.device):
+        self.pending = torch.zeros(K, 2, dtype=torch.float64, device=device)
+        self.counts = np.zeros(K)
+
+    def add(self, per_depth) -> None:
+        """``per_depth``: depth_losses' [(kl sum, correct sum, count)] of one step."""
+        self.pending += torch.stack([torch.stack((kl.detach().float(), cor)) for kl, cor, _ in per_depth])
+        self.counts += [c for _, _, c in per_depth]
+
+    def flush(self, into: np.ndarray) -> None:
+        into[:, :2] += self.pending.cpu().numpy()
+        into[:, 2] += self.counts
+        self.pending.zero_()
+        self.counts[:] = 0
 
 def make_batches(seqs: list[Seq], weights: dict[str, int], slots: int, rng: random.Random) -> list[list[int]]:
     """One epoch: each sequence repeated per its source weight, shuffled, packed to ~slots real slots."""
@@ -873,7 +930,7 @@ def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> di
         b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0)).to(model.embed.device)
         ok = (draft_outputs(model, b)[1] == greedy_targets(b, feats)).cpu()
         N = len(s.ids)
-        anchors = range(s.prompt_len - 1, N - 1 - K)
+        anchors = range(max(s.prompt_len - 1, 0), N - 1 - K)  # build_batch's first anchor
         table = {(int(a), int(d)): bool(o)
                  for a, d, o in zip(b.anchor_row - int(feats.offsets[j]), b.loss_depth.cpu(), ok)}
         c = np.zeros(K + 1)
@@ -935,6 +992,21 @@ def grow_layers(model: PEagleDraft, layers: int) -> PEagleDraft:
     return grown.train(model.training)
 
 
+def features_to_device(dev: torch.device, *feats: Features, spare: int = 8 << 30) -> tuple[Features, ...]:
+    """``feats`` moved to ``dev`` when it has room for them and ``spare`` bytes besides (the
+    steps' own memory), else as they are (host memory), saying which."""
+    need = sum(f.nbytes() for f in feats)
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
+    if free is not None and need + spare > free:
+        _log(f"features ({need / 2**30:.1f} GiB) stay in host memory: {dev} has {free / 2**30:.1f} GiB free "
+             f"({spare / 2**30:.0f} GiB kept for the steps)")
+        return feats
+    t0 = time.time()
+    out = tuple(f.to(dev) for f in feats)
+    _log(f"features ({need / 2**30:.1f} GiB) moved to {dev} in {time.time() - t0:.1f} s")
+    return out
+
+
 def _per_depth(stats: np.ndarray) -> dict:
     """(kl sum, correct, count) rows -> {"depth_k": {"kl", "accuracy"}}."""
     return {f"depth_{d + 1}": {"kl": round(float(r[0] / max(r[2], 1)), 4), "accuracy": round(float(r[1] / max(r[2], 1)), 4)}
@@ -981,6 +1053,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", type=Path, default=None, metavar="DRAFT_DIR",
                     help="start from a draft this script saved (its weights, draft vocabulary and aux layers; "
                          "--aux-layers and --draft-vocab are then ignored) instead of a random layer")
+    ap.add_argument("--features-on-host", action="store_true",
+                    help="with a GPU --device, keep the features in host memory and copy each step's rows over "
+                         "(the default moves them to the GPU when it has room: no gather on the host, no copy a step)")
     ap.add_argument("--no-feature-cache", action="store_true",
                     help="neither read nor keep computed features in <cache>/peagle-data/train-feats-*")
     ap.add_argument("--save-every-minutes", type=float, default=10.0, help="how often that state is saved")
@@ -1069,6 +1144,8 @@ def main(argv: list[str] | None = None) -> int:
     held = heldout_answers(target, tok, cache, args.heldout_limit, args.heldout_max_new, source["sha256"])
     hfeats = build_features(target, held, aux_ids, None, cache=fcache)
     probe = chat[:len(held)]  # the same estimate on training answers shows what is memorised
+    if dev.type != "cpu" and not args.features_on_host:
+        feats, hfeats = features_to_device(dev, feats, hfeats)
     pfeats = feats.head(len(probe)) if probe else None  # seqs = chat + text: its first rows
     t_prep = time.time() - t_start
 
@@ -1122,6 +1199,11 @@ def main(argv: list[str] | None = None) -> int:
     def trained() -> float:
         return st["train_seconds"] + time.time() - t_train
 
+    sums = StepSums(K, dev)  # the steps' sums not yet in st["window"]
+
+    def flush() -> None:
+        sums.flush(st["window"])
+
     done = False
     while not done:
         if st["batch"] == 0:
@@ -1148,11 +1230,13 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             st["step"] += 1
             st["batch"] += 1
-            for d, (kl, cor, c) in enumerate(per_depth):
-                st["window"][d] += (kl.item(), cor, c)
-                st["outputs_seen"] += c
+            # the sums stay on the device until a log line or a save reads them (flush): the
+            # CPU goes on to the next batch while the device works
+            sums.add(per_depth)
+            st["outputs_seen"] += sum(c for _, _, c in per_depth)
             if time.time() - last_log > (10 if args.small else 60):
                 last_log = time.time()
+                flush()
                 msg = " ".join(f"d{d + 1} kl {r[0] / max(r[2], 1):.3f} acc {r[1] / max(r[2], 1):.3f}"
                                for d, r in enumerate(st["window"]))
                 _log(f"step {st['step']} ep {st['epoch']} lr {lr:.2e} {trained() / st['step']:.2f}s/step | {msg}")
@@ -1160,6 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
                 st["last_window"], st["window"] = st["window"], np.zeros((K, 3))
             if time.time() - last_save > 60 * args.save_every_minutes:
                 last_save = time.time()
+                flush()
                 tmp = state_path.with_suffix(".tmp")
                 torch.save({"signature": signature, "model": model.state_dict(), "opt": opt.state_dict(),
                             "st": {**st, "train_seconds": trained()}, "nrng": nrng.bit_generator.state,
@@ -1167,6 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.replace(tmp, state_path)
         else:
             st["batch"] = 0
+    flush()
     st["all_steps"] += st["window"]
     if st["window"][:, 2].sum():
         st["last_window"] = st["window"]

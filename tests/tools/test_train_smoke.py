@@ -271,9 +271,82 @@ def test_build_batch_equals_the_slot_by_slot_layout():
                 assert m[q].tolist() == want
             lo = s_hi
         assert lo == len(tok)
+        assert len(b.depth_index) == K
+        for d, idx in enumerate(b.depth_index, 1):  # each depth's outputs, ascending
+            assert idx.tolist() == [i for i, x in enumerate(b.loss_depth.tolist()) if x == d]
         half = tp.build_batch(order, seqs, feats, K, keep, np.random.default_rng(seed), aux_fp16=True)
         assert half.aux.dtype == torch.float16
         assert torch.equal(half.to(torch.device("cpu")).aux, b.aux)
+        # features held as torch tensors (Features.to: on a GPU, gathered there): the same batch
+        on_t = tp.build_batch(order, seqs, feats.to(torch.device("cpu")), K, keep, np.random.default_rng(seed))
+        assert torch.equal(on_t.aux, b.aux) and torch.equal(on_t.tokens, b.tokens)
+        assert all(torch.equal(x[2], y[2]) for x, y in zip(on_t.segments, b.segments))
+
+
+def test_depth_losses_are_the_same_from_features_on_a_device():
+    """depth_losses from Features.to(device) (torch tensors: how a GPU run holds them) equal,
+    to the bit, those from the host's numpy arrays: the same sums, counts and gradients; the
+    sums are tensors (a training step reads none of them: no wait for the device)."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    from safetensors.torch import load_file
+
+    tp = _tool("train_peagle")
+    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
+    w = load_file(REFERENCE / "draft" / "model.safetensors")
+    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight").float())
+    m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in w.items()}, strict=False)
+    rng = np.random.default_rng(3)
+    K, H = 4, cfg["transformer_layer_config"]["hidden_size"]
+    seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((30, 6), (22, 4), (17, 3), (9, 0))]
+    rows = [len(s.ids) - 1 for s in seqs]
+    R = sum(rows)
+    feats = tp.Features(rng.standard_normal((R, 3 * H)).astype(np.float16),
+                        rng.standard_normal((R, H)).astype(np.float16), rng.integers(0, 900, R).astype(np.int32),
+                        np.concatenate([[0], np.cumsum(rows)]))
+    on_t = feats.to(torch.device("cpu"))
+    assert isinstance(on_t.aux, torch.Tensor) and on_t.nbytes() == feats.nbytes() == R * (4 * H * 2 + 4)
+    head_w = m.embed[torch.arange(cfg["draft_vocab_size"])]
+    keep = [1.0, 0.5, 0.5, 0.5]
+    m2 = copy.deepcopy(m)
+    a = tp.depth_losses(m, tp.build_batch([2, 0, 3, 1], seqs, feats, K, keep, np.random.default_rng(5)),
+                        feats, head_w, K)
+    b = tp.depth_losses(m2, tp.build_batch([2, 0, 3, 1], seqs, on_t, K, keep, np.random.default_rng(5)),
+                        on_t, head_w, K)
+    for (ka, ca, na), (kb, cb, nb) in zip(a, b):
+        assert isinstance(ca, torch.Tensor) and isinstance(na, int) and na > 0
+        assert torch.equal(ka, kb) and torch.equal(ca, cb) and na == nb
+    sum(k for k, _, _ in a).backward()
+    sum(k for k, _, _ in b).backward()
+    for (name, pa), pb in zip(m.named_parameters(), m2.parameters()):
+        if pa.grad is not None:
+            assert torch.equal(pa.grad, pb.grad), name
+    assert tp.evaluate(m, seqs, feats, K) == tp.evaluate(m2, seqs, on_t, K)
+
+
+def test_step_sums_reach_the_window_only_when_flushed_and_whole():
+    """StepSums keeps each step's per-depth sums until flush() adds them, and every one of them,
+    to the window: the same totals as adding each step's values as it ends."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    rng = np.random.default_rng(0)
+    K = 3
+    sums, window, want = tp.StepSums(K, torch.device("cpu")), np.zeros((K, 3)), np.zeros((K, 3))
+    for step in range(7):
+        per_depth = [(torch.tensor(float(rng.random()), requires_grad=True) * 2, torch.tensor(float(rng.integers(9))),
+                      int(rng.integers(1, 20))) for _ in range(K)]
+        sums.add(per_depth)
+        want += [(kl.item(), c.item(), n) for kl, c, n in per_depth]
+        if step in (2, 3):  # a log line or a save part-way
+            sums.flush(window)
+            np.testing.assert_allclose(window, want)
+        elif step == 5:
+            assert not np.allclose(window, want)  # not there before a flush
+    sums.flush(window)
+    np.testing.assert_allclose(window, want)
+    sums.flush(window)  # nothing twice
+    np.testing.assert_allclose(window, want)
 
 
 def _one_pass(torch, tokens, aux_real):
@@ -426,16 +499,23 @@ def test_a_training_step_on_cuda_equals_the_cpu_one():
     on_dev = half.to(dev)
     assert on_dev.aux.device.type == "cuda" and torch.equal(on_dev.aux.cpu(), b.aux)
     gpu = tp.depth_losses(g, on_dev, feats, g.embed[head_ids.to(dev)], K)
-    for (kc, cc, nc), (kg, cg, ng) in zip(cpu, gpu):
-        assert (cc, nc) == (cg, ng)
-        assert kg.device.type == "cuda"
+    # and with the features on the GPU (train_peagle's default there: Features.to)
+    on_gpu = tp.build_batch([0, 1, 2], seqs, feats.to(dev), K, [1.0, 0.5, 0.5, 0.5], np.random.default_rng(7),
+                            aux_fp16=True)
+    assert on_gpu.aux.device.type == "cuda" and torch.equal(on_gpu.to(dev).aux.cpu(), b.aux)
+    g2 = copy.deepcopy(m).to(dev)
+    gpu2 = tp.depth_losses(g2, on_gpu.to(dev), feats.to(dev), g2.embed[head_ids.to(dev)], K)
+    for (kc, cc, nc), (kg, cg, ng), (k2, c2, n2) in zip(cpu, gpu, gpu2):
+        assert (cc.item(), nc) == (cg.item(), ng) == (c2.item(), n2)
+        assert kg.device.type == cg.device.type == "cuda"
         torch.testing.assert_close(kg.cpu(), kc, rtol=1e-4, atol=1e-4)
+        assert torch.equal(k2, kg)
     sum(k for k, _, _ in cpu).backward()
     sum(k for k, _, _ in gpu).backward()
     for (name, pc), pg in zip(m.named_parameters(), g.parameters()):
         if pc.grad is not None:
             torch.testing.assert_close(pg.grad.cpu(), pc.grad, rtol=1e-3, atol=1e-5, msg=name)
-    assert tp.evaluate(g, seqs, feats, K) == tp.evaluate(m, seqs, feats, K)
+    assert tp.evaluate(g, seqs, feats, K) == tp.evaluate(m, seqs, feats, K) == tp.evaluate(g, seqs, feats.to(dev), K)
     sd = g.state_for_save(torch.float16)
     assert all(t.device.type == "cpu" for t in sd.values())
 
