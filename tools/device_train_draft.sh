@@ -101,6 +101,8 @@
 #   zcat fixtures/peagle-data/chat.jsonl.gz | head -200 | gzip > /tmp/chat200.jsonl.gz
 #   PATH=$PWD/.venv/bin:$PATH DEVICE=cpu CHAT=/tmp/chat200.jsonl.gz GEN_SECONDS=0 END_SECONDS=400 STEPS=20 \
 #     SLOTS=512 HELDOUT=8 OUT=/tmp/dry WORK=/tmp/specrt-dry bash tools/device_train_draft.sh
+# (session 47, 2-core EPYC: with INIT=$PWD/.dev0 LAYERS="1 2" LRS=1e-3, 50 answers and the model
+# already in WORK's cache, one process trained both drafts, 63 s in all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=$((64 * 1024 * 1024))  # what one device call carries, working tree included
@@ -245,7 +247,7 @@ python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" -
     --budget-minutes "$BUDGET" --eval-reserve-minutes "$(python3 -c "print(0.5 * $n_runs)")" --heldout-max-new 128 \
     --no-feature-cache --lr "$(tr ' ' , <<< "$LRS")" ${LAYERS:+--layers "$(tr ' ' , <<< "$LAYERS")"} \
     ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$out" > "$OUT/train$TAG.log" 2>&1 || failed=1
-grep -v "it/s\]" "$OUT/train$TAG.log" | tail -12 | sed "s/^/[train$TAG] /"
+grep -v "it/s\]" "$OUT/train$TAG.log" | tail -12  # (its lines start [train])
 [ "$failed" = 0 ] || echo "the training failed (its log: train$TAG.log)"
 
 echo "== results ($(since) s)"
