@@ -1021,7 +1021,8 @@ def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features
         model.t2d.zero_()
         model.t2d[draft_ids] = True
         # A typical hidden state is a better start for the learned mask vector than zeros.
-        sample = feats.aux[:: max(1, len(feats.aux) // 4096)].astype(np.float32)
+        n = len(feats.aux)  # (numpy or, on a GPU, torch rows: Features.rows)
+        sample = feats.rows("aux", np.arange(0, n, max(1, n // 4096))).cpu().numpy().astype(np.float32)
         model.mask_hidden.copy_(torch.from_numpy(sample.mean(0)).view(1, 1, -1))
     return model
 

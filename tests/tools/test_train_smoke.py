@@ -342,6 +342,18 @@ def test_depth_losses_are_the_same_from_features_on_a_device():
         if pa.grad is not None:
             assert torch.equal(pa.grad, pb.grad), name
     assert tp.evaluate(m, seqs, feats, K) == tp.evaluate(m2, seqs, on_t, K)
+    # a draft started from scratch reads the features too (its mask vector: their mean)
+    from types import SimpleNamespace
+
+    cfg_l = {**cfg["transformer_layer_config"], "initializer_range": 0.02}
+    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=m.embed),
+                                                   norm=SimpleNamespace(weight=torch.ones(H))))
+    inits = []
+    for f in (feats, on_t):
+        torch.manual_seed(0)
+        inits.append(tp.init_draft(cfg_l, target, torch.arange(cfg["draft_vocab_size"]), f).state_dict())
+    assert all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
+    assert inits[0]["mask_hidden"].abs().sum() > 0
 
 
 def test_step_sums_reach_the_window_only_when_flushed_and_whole():
