@@ -149,6 +149,44 @@ def test_small_training_run(tmp_path):
     assert a[0] > 0.02 and all(abs(x - y) <= 0.01 for x, y in zip(a, b)), (a, b)
 
 
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_drafts(tmp_path, monkeypatch):
+    """--resume: a run of two drafts (--layers 1,2) stopped after step 3 of 6, its state saved
+    every step, goes on from that state to drafts byte-identical to an uninterrupted run's
+    (models, optimizers, step sums, batch position and random states all restored)."""
+    pytest.importorskip("torch")
+    smollm2_folder()
+    tp = _tool("train_peagle")
+    args = ["--small", "--layers", "1,2", "--max-steps", "6", "--save-every-minutes", "0", "--threads", "1",
+            "--budget-minutes", "30"]
+    state = tp.default_cache() / "peagle-data" / "train-state.pt"
+    state.unlink(missing_ok=True)
+    assert tp.main([*args, "--out", str(tmp_path / "a")]) == 0 and not state.exists()
+    real, calls = tp.build_batch, []
+
+    def stop_at_the_fourth_step(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(tp, "build_batch", stop_at_the_fourth_step)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tp.main([*args, "--out", str(tmp_path / "b")])
+        assert state.is_file()
+        monkeypatch.setattr(tp, "build_batch", real)
+        assert tp.main([*args, "--out", str(tmp_path / "b"), "--resume"]) == 0 and not state.exists()
+    finally:
+        state.unlink(missing_ok=True)
+    for name in ("lr1e-3-L1", "lr1e-3-L2"):
+        a, b = tmp_path / f"a-{name}", tmp_path / f"b-{name}"
+        assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes(), name
+        ra, rb = (json.loads((d / "training_receipt.json").read_text()) for d in (a, b))
+        assert (ra["resumed"], rb["resumed"], ra["steps"], rb["steps"]) == (False, True, 6, 6)
+        assert ra["training_all_steps"] == rb["training_all_steps"] and ra["heldout"] == rb["heldout"]
+
+
 def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
     pytest.importorskip("torch")
     tp = _tool("train_peagle")
