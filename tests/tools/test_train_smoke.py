@@ -578,7 +578,7 @@ def test_a_training_step_on_cuda_equals_the_cpu_one():
         assert (cc.item(), nc) == (cg.item(), ng) == (c2.item(), n2)
         assert kg.device.type == cg.device.type == "cuda"
         torch.testing.assert_close(kg.cpu(), kc, rtol=1e-4, atol=1e-4)
-        assert torch.equal(k2, kg)
+        torch.testing.assert_close(k2, kg, rtol=1e-6, atol=1e-6)  # (GPU kernels need not repeat to the bit)
     sum(k for k, _, _ in cpu).backward()
     sum(k for k, _, _ in gpu).backward()
     for (name, pc), pg in zip(m.named_parameters(), g.parameters()):
