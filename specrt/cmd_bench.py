@@ -60,7 +60,8 @@ Threads: every configuration runs with ``--threads`` intra-op threads; with
 engines' do (``engines.json`` onnxruntime ``spin``; tools/bench_lib.py explains why this
 matters several-fold on shared cores). Interleaved, no idle worker may spin while another
 runs: onnxruntime-genai's threads spin within a run and sleep after it, as the engines'
-do; transformers keeps OpenMP's default (spin briefly, then sleep), not ``ACTIVE``.
+do; transformers and llama.cpp (whose CPU threads are OpenMP's too) keep OpenMP's default
+(spin briefly, then sleep), not ``ACTIVE``.
 Memory: specrt's workers get huge pages for their weights as the ``specrt`` command does
 (specrt/hugepages.py: glibc's ``malloc.hugetlb`` tunable where the kernel's THP mode is
 ``madvise``); under ``matched`` the peers' workers get the same, under ``defaults`` not.
@@ -1348,9 +1349,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                 continue
             reason = lib.peer_unavailable(peer, hf_folder)
             spin = peer_spin
-            if interleaved and spin and peer in ("hf", "hf-lookup"):
+            if interleaved and spin and (peer in ("hf", "hf-lookup") or peer in LLAMACPP_PEERS):
                 # OMP_WAIT_POLICY=ACTIVE would keep an idle worker's threads spinning while the
-                # others run; OpenMP's default spins briefly after a parallel region, then sleeps
+                # others run (torch's and llama.cpp's CPU threads are OpenMP's); OpenMP's default
+                # spins briefly after a parallel region, then sleeps
                 spin = None
             job = {**base, "kind": "peer", "peer": peer, "hf_folder": str(hf_folder), "lookup_tokens": lookup,
                    "spin": spin, "stop_spinning": bool(interleaved and spin), "hugepages": peer_threading == "matched"}

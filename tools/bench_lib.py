@@ -391,9 +391,18 @@ class LlamaCppPeer:
     its greedy sampler; no penalties), the prompt decoded afresh each call (``reset()``: no
     KV prefix kept from the previous prompt, as every other configuration runs), with
     ``threads`` threads for prompt and tokens. ``lookup_tokens``: its prompt lookup
-    (``LlamaPromptLookupDecoding``, which makes the model keep every row's logits)."""
+    (``LlamaPromptLookupDecoding``, which makes the model keep every row's logits).
 
-    def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup_tokens: int | None = None):
+    ``spin``: llama.cpp's CPU threads are OpenMP's, as torch's are: None leaves
+    ``OMP_WAIT_POLICY`` alone, False / True set PASSIVE / ACTIVE (before llama_cpp loads
+    libgomp, so in a fresh worker process), as HfPeer does."""
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup_tokens: int | None = None,
+                 spin: bool | None = None):
+        if spin is not None:
+            if "llama_cpp" in sys.modules:
+                raise RuntimeError("LlamaCppPeer(spin=...) must be created before llama_cpp is imported")
+            os.environ["OMP_WAIT_POLICY"] = "ACTIVE" if spin else "PASSIVE"
         from llama_cpp import Llama
 
         kw = dict(model_path=str(gguf), n_ctx=int(n_ctx), n_threads=int(threads), n_threads_batch=int(threads),
@@ -429,6 +438,6 @@ def make_peer(peer: str, job: dict):
                             stop_spinning=bool(job.get("stop_spinning")))
     if peer in LLAMACPP_MODEL:
         n_ctx = max(len(p) for p in job["prompts"]) + int(job["max_new_tokens"]) + 8
-        return LlamaCppPeer(Path(job["llamacpp_model"]), job["threads"], n_ctx,
+        return LlamaCppPeer(Path(job["llamacpp_model"]), job["threads"], n_ctx, spin=spin,
                             lookup_tokens=job["lookup_tokens"] if peer == "llamacpp-lookup" else None)
     raise PeerSkipped(f"unknown peer '{peer}'")

@@ -691,6 +691,11 @@ def test_real_model_against_all_peers(tmp_path):
     assert lib.gguf_type(Path(models["llamacpp-gguf"])) == "3"  # Q4_1: another model, measured, only reported
     assert rep["configs"]["llamacpp-gguf"]["tokens_per_s_median"] > 0, rep["failed"]
     assert not [f for f in rep["identity"]["failures"] if f["config"].startswith("llamacpp")]
+    # interleaved beside spinning engines, OpenMP's threads (transformers', llama.cpp's) keep OpenMP's default
+    # wait, onnxruntime-genai's spin within a run
+    assert rep["settings"]["peer_spin"] is True
+    assert {p: rep["settings"]["peer_spin_by_peer"][p] for p in ("hf", "ortgenai", "llamacpp", "llamacpp-gguf")} \
+        == {"hf": None, "ortgenai": True, "llamacpp": None, "llamacpp-gguf": None}
 
 
 @pytest.mark.slow
