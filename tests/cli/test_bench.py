@@ -812,6 +812,12 @@ def test_llamacpp_gguf_option_is_checked_before_anything_runs(tiny_engines, prom
     with pytest.raises(lib.PeerSkipped, match="is not the SmolLM2 folder .* pass --llamacpp-gguf FILE"):
         lib.source_gguf(tiny, None, tmp_path)
     assert lib.source_gguf(tiny, not_gguf, tmp_path) == not_gguf
+    # a given GGUF needs no Hugging Face folder (the other peers do)
+    assert lib.source_gguf(None, not_gguf, tmp_path) == not_gguf
+    with pytest.raises(lib.PeerSkipped, match="pass --llamacpp-gguf FILE"):
+        lib.source_gguf(None, None, tmp_path)
+    assert lib.peer_unavailable("llamacpp", None) is None  # llama-cpp-python is a dev dependency
+    assert "Hugging Face folder" in lib.peer_unavailable("hf", None)
 
 
 def test_ortgenai_eos_convention():
