@@ -1776,7 +1776,8 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
-@click.option("--lookup-tokens", type=int, default=None, help="hf-lookup's prompt_lookup_num_tokens and llamacpp-lookup's num_pred_tokens (default: the "
+@click.option("--lookup-tokens", type=int, default=None,
+              help="hf-lookup's prompt_lookup_num_tokens and llamacpp-lookup's num_pred_tokens (default: the "
                    "largest depth).")
 @click.option("--ortgenai-cache", type=PathArg("a folder"), default=None,
               help="Where the onnxruntime-genai model is built, and the llama.cpp peers' GGUF files made "
