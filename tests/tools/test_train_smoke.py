@@ -226,19 +226,26 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
     assert e.value.code == 2 and not (tmp_path / "out").exists()
 
 
+def _reference_draft(tp):
+    """speculators' own tiny P-EAGLE draft (tests/data, fp32) as train_peagle's PEagleDraft, with
+    its d2t / t2d: (its config.json, the model)."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
+    w = load_file(REFERENCE / "draft" / "model.safetensors")
+    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
+    m.load_state_dict(w, strict=False)
+    return cfg, m
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 def test_training_layout_equals_inference_passes(layers):
     """Every (anchor, depth) output of the packed training pass equals the one-pass
     P-EAGLE inference of DESIGN.md §3 with that anchor as the last accepted position
     (layers 2: the reference draft with an ordinary decoder layer appended, random)."""
     torch = pytest.importorskip("torch")
-    from safetensors.torch import load_file
-
     tp = _tool("train_peagle")
-    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
-    w = load_file(REFERENCE / "draft" / "model.safetensors")
-    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
-    m.load_state_dict(w, strict=False)
+    cfg, m = _reference_draft(tp)
     m.d2t.zero_()
     if layers > 1:
         torch.manual_seed(0)
@@ -347,13 +354,8 @@ def test_depth_losses_are_the_same_from_features_on_a_device():
     torch = pytest.importorskip("torch")
     import copy
 
-    from safetensors.torch import load_file
-
     tp = _tool("train_peagle")
-    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
-    w = load_file(REFERENCE / "draft" / "model.safetensors")
-    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight").float())
-    m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in w.items()}, strict=False)
+    cfg, m = _reference_draft(tp)
     rng = np.random.default_rng(3)
     K, H = 4, cfg["transformer_layer_config"]["hidden_size"]
     seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((30, 6), (22, 4), (17, 3), (9, 0))]
@@ -431,13 +433,8 @@ def test_grown_layers_start_as_the_identity_and_learn():
     """grow_layers appends layers whose outputs add nothing at first (the grown draft's logits
     equal its init's exactly), and whose output projections get gradients at once."""
     torch = pytest.importorskip("torch")
-    from safetensors.torch import load_file
-
     tp = _tool("train_peagle")
-    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
-    w = load_file(REFERENCE / "draft" / "model.safetensors")
-    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], w.pop("embed_tokens.weight"))
-    m.load_state_dict({k: v.float() for k, v in w.items() if v.is_floating_point()}, strict=False)
+    cfg, m = _reference_draft(tp)
     torch.manual_seed(0)
     g = tp.grow_layers(m, 3)
     assert len(g.layers) == 3 and g.c["num_hidden_layers"] == 3 and m.c["num_hidden_layers"] == 1
@@ -541,15 +538,10 @@ def test_a_training_step_on_cuda_equals_the_cpu_one():
     import copy
 
     import numpy as np
-    from safetensors.torch import load_file
 
     _tool("gen_chat_data").exact_fp32(torch)
     tp = _tool("train_peagle")
-    cfg = json.loads((REFERENCE / "draft" / "config.json").read_text())
-    w = load_file(REFERENCE / "draft" / "model.safetensors")
-    embed = w.pop("embed_tokens.weight").float()
-    m = tp.PEagleDraft(cfg["transformer_layer_config"], cfg["draft_vocab_size"], embed)
-    m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in w.items()}, strict=False)
+    cfg, m = _reference_draft(tp)
     rng = np.random.default_rng(0)
     K, H = 4, cfg["transformer_layer_config"]["hidden_size"]
     seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((30, 6), (22, 4), (17, 3))]
