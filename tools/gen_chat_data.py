@@ -1,4 +1,4 @@
-"""Generate the target's own greedy chat answers for the TRAIN prompts, with its features.
+"""Generate the target's own chat answers for the TRAIN prompts (greedy, with its features; or sampled).
 
 Each TRAIN prompt of ``tools/prompts.py`` (but the DSpark calibration prompts, which
 ``prompts.answerable_train_prompts`` keeps out of training) is wrapped in SmolLM2's chat template
@@ -49,6 +49,24 @@ To add answers to a folder the trainer already uses (its features computed) with
 refilling its features, generate into new folders with ``--skip-answered
 FOLDER/chat.jsonl`` and ``--merge`` them into FOLDER.
 
+Sampled answers (``--temperature T [--top-p P] [--seed S]``, ``--engine hf`` only): the
+target's answers drawn from its own distribution, more text per prompt once every prompt
+has its greedy answer (the draft's KL loss holds on any answer; what it gains is
+measured in results/README.md, "Session 48"). They go to a folder of their own (a run refuses
+an ``--out`` whose answers were made in another mode), each line with
+``"sampling": {"temperature", "top_p", "seed"}``, and carry no recorded features (the
+trainer computes them; its feature store is keyed by prompt index for greedy answers, so
+train_peagle never reads a sampled answer's features from one). Each batch draws from
+its own seed, made from ``--seed`` and the batch's prompt indices: the same batch on the
+same device gives the same answers, and a resumed run, whose batches are formed anew,
+other draws. top-k is off (the whole vocabulary); the model's generation_config sets no
+other processor.
+
+    python tools/gen_chat_data.py --engine hf --device cuda --temperature 1 --seed 1 \
+        --out $SPECRT_CACHE/peagle-data-t1/chat.jsonl
+    python tools/train_peagle.py --chat $SPECRT_CACHE/peagle-data/chat.jsonl \
+        $SPECRT_CACHE/peagle-data-t1/chat.jsonl ...
+
 Progress: ``wc -l $SPECRT_CACHE/peagle-data/chat.jsonl`` and the stderr log.
 """
 
@@ -56,7 +74,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -168,25 +188,65 @@ class OrtEngine:
 
 
 class HfEngine:
-    """HF generate with left padding (outputs equal batch-1 decoding; checked on 2 x 64 tokens)."""
+    """HF generate with left padding (outputs equal batch-1 decoding; checked on 2 x 64 tokens).
+    With ``sampling`` ({"temperature", "top_p", "seed"}, temperature > 0) it samples instead,
+    each batch from the seed ``batch_seed`` makes of the run's seed and the batch's keys."""
 
-    def __init__(self, path: Path | None = None, model=None, max_new: int = MAX_NEW, device: str = "cpu"):
+    def __init__(self, path: Path | None = None, model=None, max_new: int = MAX_NEW, device: str = "cpu",
+                 sampling: dict | None = None):
         import torch
         from transformers import AutoModelForCausalLM
-        self.torch, self.max_new = torch, max_new
+        self.torch, self.max_new, self.sampling = torch, max_new, sampling
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32).eval().to(device)
 
-    def generate(self, batch: list[list[int]]) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], keys: list[int] | None = None) -> list[list[int]]:
         torch = self.torch
         L = max(len(p) for p in batch)
         ids = torch.tensor([[EOS] * (L - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch])
         dev = self.model.device
+        how: dict = {"do_sample": False}
+        if self.sampling:
+            s = self.sampling
+            torch.manual_seed(batch_seed(s["seed"], keys if keys is not None else range(len(batch))))
+            how = {"do_sample": True, "temperature": s["temperature"], "top_p": s["top_p"], "top_k": 0}
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                                      max_new_tokens=self.max_new, do_sample=False, pad_token_id=EOS)
+                                      max_new_tokens=self.max_new, pad_token_id=EOS, **how)
         return out[:, L:].tolist()
+
+
+def batch_seed(seed: int, keys) -> int:
+    """A batch's torch seed: a hash of the run's ``--seed`` and the batch's prompt indices."""
+    h = hashlib.sha256(json.dumps([int(seed), [int(k) for k in keys]]).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+def sampling_mode(temperature: float, top_p: float, seed: int) -> dict | None:
+    """The ``"sampling"`` field of the answers ``--temperature`` / ``--top-p`` / ``--seed`` make
+    (None: greedy, temperature 0); SystemExit naming the option for a value out of range."""
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise SystemExit(f"--temperature {temperature}: expected a number >= 0 (0: greedy)")
+    if not (0 < top_p <= 1):
+        raise SystemExit(f"--top-p {top_p}: expected 0 < P <= 1")
+    if temperature == 0:
+        if top_p != 1:
+            raise SystemExit("--top-p applies to sampled answers only (--temperature above 0)")
+        return None
+    return {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
+
+
+def check_mode(out: Path, rows: list[dict], sampling: dict | None) -> None:
+    """SystemExit when ``out``'s answers were made in another mode than this run's (greedy, or
+    other sampling settings): a folder holds one mode, as its feature store (greedy) and the
+    generator's finished-prompt check (by prompt text) assume."""
+    other = {json.dumps(d.get("sampling"), sort_keys=True) for d in rows} - {json.dumps(sampling, sort_keys=True)}
+    if other:
+        said = ", ".join(sorted("greedy" if m == "null" else m for m in other))
+        raise SystemExit(f"{out}: its answers were made {said}, this run's would be "
+                         f"{'greedy' if sampling is None else json.dumps(sampling, sort_keys=True)}: "
+                         "write them to a folder of their own (--out), and give the trainer both files")
 
 
 def chat_ids(tok, prompt: str) -> list[int]:
@@ -310,12 +370,18 @@ def merge(sources: list[Path], out: Path) -> tuple[int, int]:
     too: the trainer computes its features in one teacher-forced pass. The feature store
     is keyed by prompt index, so a folder giving an index to another prompt text than
     ``out`` or an earlier source does (one made from another prompt list) is refused with
-    SystemExit before anything is written. Returns (answers added, answers skipped)."""
-    def key(d: dict):
+    SystemExit before anything is written. A sampled answer (``"sampling"``) is another answer
+    than the greedy one or one sampled with other settings, so it is merged beside them; it
+    never takes recorded features. Returns (answers added, answers skipped)."""
+    def prompt(d: dict):
         return d["prompt"] if d.get("prompt") is not None else ("idx", d["idx"])
 
-    text_of = {d["idx"]: key(d) for d in read_jsonl(out)}
-    have = set(text_of.values())
+    def key(d: dict):
+        return prompt(d), json.dumps(d.get("sampling"), sort_keys=True)
+
+    old = read_jsonl(out)
+    text_of = {d["idx"]: prompt(d) for d in old}
+    have = {key(d) for d in old}
     plan, skipped = [], 0  # (source folder, row) to append, checked before writing
     for src in sources:
         src_dir = src.parent if src.suffix == ".jsonl" else src
@@ -323,12 +389,12 @@ def merge(sources: list[Path], out: Path) -> tuple[int, int]:
             if key(d) in have:
                 skipped += 1
                 continue
-            if d["idx"] in text_of:
-                raise SystemExit(f"{src_dir / 'chat.jsonl'}: prompt index {d['idx']} is {key(d)!r} there but "
+            if text_of.get(d["idx"], prompt(d)) != prompt(d):
+                raise SystemExit(f"{src_dir / 'chat.jsonl'}: prompt index {d['idx']} is {prompt(d)!r} there but "
                                  f"{text_of[d['idx']]!r} in {out} or an earlier folder; they come from different "
                                  "prompt lists (tools/prompts.py --check)")
             have.add(key(d))
-            text_of[d["idx"]] = key(d)
+            text_of[d["idx"]] = prompt(d)
             plan.append((src_dir, d))
     out.parent.mkdir(parents=True, exist_ok=True)
     store = FeatureStore(out.parent)
@@ -339,7 +405,7 @@ def merge(sources: list[Path], out: Path) -> tuple[int, int]:
                 features[src_dir] = (load_features(src_dir) if (src_dir / "chat-feats.jsonl").is_file()
                                      else ({}, None, None))
             entries, s_aux, s_fin = features[src_dir]
-            e = entries.get(d["idx"])
+            e = None if d.get("sampling") else entries.get(d["idx"])  # the store holds greedy answers' rows
             if e is not None:  # features first, then the answer line: a kill leaves no answer without them
                 store.add(d["idx"], np.asarray(s_aux[e["row"]:e["row"] + e["n"]]),
                           np.asarray(s_fin[e["row"]:e["row"] + e["n"]]))
@@ -367,10 +433,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-answered", nargs="+", type=Path, default=[], metavar="CHAT_JSONL",
                     help="leave out the prompts these files already answer (another folder's chat.jsonl, "
                          "whose answers this run's will be merged with), without reading their features")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample the answers at this temperature (--engine hf; 0: greedy, the default)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus of the sampled answers (1: the whole vocabulary)")
+    ap.add_argument("--seed", type=int, default=0, help="the sampled answers' seed (each batch's is made from it)")
     args = ap.parse_args(argv)
     shard = parse_shard(args.shard)
     if args.device != "cpu" and args.engine == "ort":  # before anything loads
         raise SystemExit("--device applies to --engine hf only (the ORT generator runs on the CPU)")
+    sampling = sampling_mode(args.temperature, args.top_p, args.seed)
+    if sampling and args.engine == "ort":
+        raise SystemExit("--temperature applies to --engine hf only (the ORT generator records greedy answers' "
+                         "features into a store keyed by prompt index)")
     if args.merge:
         out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)
@@ -381,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
     todo = shard_prompts(args.limit, shard)
     rows = read_jsonl(out)
+    check_mode(out, rows, sampling)
     done = answered_prompts(todo, rows, args.skip_answered)  # before the model loads: a mistyped file fails fast
     _log(f"{len(done)} of {len(todo)} prompts already done -> {out}"
          + (f" or in {', '.join(map(str, args.skip_answered))}" if args.skip_answered else ""))
@@ -395,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     ort = args.engine == "ort"
     if args.device.startswith("cuda"):
         exact_fp32(torch)
-    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device)
+    engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device,
+                                                                             sampling=sampling)
     store = FeatureStore(out.parent) if ort else None
 
     if ort:
@@ -412,16 +488,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(group: list) -> None:
         nonlocal n_tok, n_rows
-        results = engine.generate([ids for _, _, ids in group])
+        results = engine.generate([ids for _, _, ids in group]) if ort else \
+            engine.generate([ids for _, _, ids in group], [idx for idx, _, _ in group])
         for (idx, d, ids), res in zip(group, results):
             ans = res[0] if ort else cut_at_eos(res)
             if ort:
                 store.add(idx, res[1], res[2])
+            line = {"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
+                    "answer_ids": ans, "answer": tok.decode(ans),
+                    "engine": args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"}
+            if sampling:
+                line["sampling"] = sampling
             with open_append(out) as f:
-                f.write(json.dumps({"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
-                                    "answer_ids": ans, "answer": tok.decode(ans),
-                                    "engine": args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"},
-                                   ensure_ascii=False) + "\n")
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
             n_tok += len(ans)
         n_rows += len(group)
         dt = time.time() - t0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.real_model import tool as _tool
+from tests.runtime.test_verify import chi2_pvalue
 
 
 
@@ -127,3 +128,105 @@ def test_an_answer_the_ort_engine_ended_short_gets_its_eos_back():
     assert g.with_final_eos([5, 6, 7], 256) == [5, 6, 7, g.EOS]
     assert g.with_final_eos([5, 6, g.EOS], 256) == [5, 6, g.EOS]
     assert g.with_final_eos(list(range(3, 259)), 256) == list(range(3, 259))  # stopped by the limit
+
+
+def test_sampling_options_are_checked_before_anything_loads(tmp_path):
+    g = _tool("gen_chat_data")
+    assert g.sampling_mode(0, 1, 5) is None
+    assert g.sampling_mode(0.7, 0.9, 5) == {"temperature": 0.7, "top_p": 0.9, "seed": 5}
+    for t, p, what in ((-0.1, 1, "--temperature -0.1"), (float("nan"), 1, "--temperature nan"),
+                       (float("inf"), 1, "--temperature inf"), (1, 0, "--top-p 0"), (1, 1.5, "--top-p 1.5"),
+                       (0, 0.9, "--top-p applies to sampled answers only")):
+        with pytest.raises(SystemExit, match=what):
+            g.sampling_mode(t, p, 0)
+    with pytest.raises(SystemExit, match="--temperature applies to --engine hf only"):
+        g.main(["--engine", "ort", "--temperature", "0.7", "--out", str(tmp_path / "chat.jsonl")])
+    assert not (tmp_path / "chat.jsonl").exists()
+
+
+def test_a_folder_holds_answers_of_one_mode(tmp_path):
+    """Sampled answers go to a folder of their own: the generator knows finished prompts by
+    their text, and a greedy folder's feature store is keyed by prompt index."""
+    g, prompts = _tool("gen_chat_data"), _tool("prompts")
+    out = tmp_path / "chat.jsonl"
+    mode = g.sampling_mode(0.7, 1, 1)
+    g.check_mode(out, [], mode)  # a new folder takes either
+    g.check_mode(out, [], None)
+    greedy = [{"idx": 0, "prompt": "a"}]
+    sampled = [{"idx": 0, "prompt": "a", "sampling": mode}]
+    g.check_mode(out, greedy, None)
+    g.check_mode(out, sampled, dict(mode))
+    with pytest.raises(SystemExit, match=r"chat.jsonl: its answers were made greedy, this run's would be \{"):
+        g.check_mode(out, greedy, mode)
+    with pytest.raises(SystemExit, match=r"made \{.*\"seed\": 1.*, this run's would be greedy"):
+        g.check_mode(out, sampled, None)
+    with pytest.raises(SystemExit, match=r"\"seed\": 2"):
+        g.check_mode(out, sampled, g.sampling_mode(0.7, 1, 2))
+    (i0, p0), = prompts.answerable_train_prompts(1)
+    out.write_text(json.dumps({"idx": i0, "prompt": p0["prompt"], "prompt_ids": [1], "answer_ids": [2]}) + "\n")
+    with pytest.raises(SystemExit, match="write them to a folder of their own"):  # before the model loads
+        g.main(["--engine", "hf", "--temperature", "0.7", "--limit", "1", "--out", str(out)])
+
+
+def test_merge_keeps_sampled_answers_beside_the_greedy_ones_without_features(tmp_path):
+    g = _tool("gen_chat_data")
+    W = len(g.FEATURE_LAYERS) * g.HIDDEN
+    a = tmp_path / "a"
+    a.mkdir()
+    g.FeatureStore(a).add(3, np.ones((2, W), np.float16), np.ones((2, g.HIDDEN)))
+    mode = {"temperature": 0.7, "top_p": 1.0, "seed": 1}
+    rows = [{"idx": 3, "prompt": "p", "prompt_ids": [1], "answer_ids": [2, 2]},
+            {"idx": 3, "prompt": "p", "prompt_ids": [1], "answer_ids": [5, 2], "sampling": mode}]
+    (a / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "chat.jsonl").write_text(json.dumps({**rows[1], "answer_ids": [6, 2], "sampling": {**mode, "seed": 2}}) + "\n")
+    out = tmp_path / "m" / "chat.jsonl"
+    assert g.merge([a, b], out) == (3, 0)
+    merged = g.read_jsonl(out)
+    assert [d["answer_ids"] for d in merged] == [[2, 2], [5, 2], [6, 2]]
+    entries, _, _ = g.load_features(out.parent)
+    assert entries == {3: {"idx": 3, "row": 0, "n": 2}}  # the greedy answer's rows, once
+    assert g.merge([a, b], out) == (0, 3)
+    c = tmp_path / "c"  # another list's text for index 3, sampled or not, is refused
+    c.mkdir()
+    (c / "chat.jsonl").write_text(json.dumps({**rows[1], "prompt": "q"}) + "\n")
+    with pytest.raises(SystemExit, match="prompt index 3 is 'q' there but 'p'"):
+        g.merge([c], out)
+
+
+def test_sampled_answers_draw_from_the_whole_distribution_reproducibly():
+    """HfEngine's sampling: the first token of 3000 answers to one prompt is distributed as
+    softmax(logits / T) over the whole vocabulary (no top-k of the generation defaults),
+    each batch's draws come from its seed, and greedy stays greedy."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    g = _tool("gen_chat_data")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, eos_token_id=2, pad_token_id=2)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)  # a peaked distribution (top token ~0.13) whose tail past a top-50 still weighs
+    prompt = [5, 9, 7]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].double()
+    T = 0.8
+    p = torch.softmax(logits / T, -1).numpy()
+    tail = np.sort(p)[::-1][50:].sum()
+    assert 0.05 < tail < 0.5
+    mode = {"temperature": T, "top_p": 1.0, "seed": 4}
+    eng = g.HfEngine(model=model, max_new=1, sampling=mode)
+    n = 3000
+    first = np.asarray([r[0] for r in eng.generate([prompt] * n, list(range(n)))])
+    counts = np.bincount(first, minlength=len(p))
+    assert chi2_pvalue(counts, p * n) > 1e-3  # (cells expected < 5 times pooled)
+    assert abs((~np.isin(first, np.argsort(-p)[:50])).mean() - tail) < 0.03  # the tail is drawn
+    again = np.asarray([r[0] for r in eng.generate([prompt] * n, list(range(n)))])
+    assert np.array_equal(first, again)  # the same batch, the same seed: the same draws
+    other = np.asarray([r[0] for r in eng.generate([prompt] * n, list(range(1, n + 1)))])
+    assert not np.array_equal(first, other)
+    assert g.batch_seed(4, [0, 1]) != g.batch_seed(5, [0, 1]) != g.batch_seed(4, [1, 0])
+    greedy = g.HfEngine(model=model, max_new=1).generate([prompt] * 3)
+    assert [r[0] for r in greedy] == [int(logits.argmax())] * 3
