@@ -331,10 +331,14 @@ class Seq:
     source: str  # "chat" | "text" | "heldout"
     kind: str = ""
     idx: int = -1  # TRAIN prompt index (chat): the key of its recorded features
+    sampled: bool = False  # a sampled answer (gen_chat_data --temperature), not the greedy one
 
 
-def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
-    """Chat answers in file order, up to ``max_tokens`` answer tokens. Left out: answers to a
+def load_chat(path: Path, max_tokens: int | None, keyed: bool = True) -> list[Seq]:
+    """Chat answers in file order, up to ``max_tokens`` answer tokens. Each greedy answer keeps
+    its prompt index as its key into the recorded features beside ``path`` (``keyed``; a
+    sampled answer, with a ``"sampling"`` field, never: that store holds greedy answers, keyed
+    by prompt index alone, and one of the same length would pass for it). Left out: answers to a
     DSpark calibration prompt (tools/data/calibration_prompts.jsonl), which only a data file
     made before gen_chat_data skipped them could hold, so calibration keeps measuring the
     draft on text it never saw; and answers to any prompt that is not a frozen TRAIN prompt
@@ -350,7 +354,9 @@ def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
         if d.get("prompt") not in train:
             foreign += 1
             continue
-        out.append(Seq(d["prompt_ids"] + d["answer_ids"], len(d["prompt_ids"]), "chat", d["kind"], d["idx"]))
+        key = d["idx"] if keyed and not d.get("sampling") else -1
+        out.append(Seq(d["prompt_ids"] + d["answer_ids"], len(d["prompt_ids"]), "chat", d["kind"], key,
+                       bool(d.get("sampling"))))
         n += len(d["answer_ids"])
         if max_tokens is not None and n >= max_tokens:
             break
@@ -359,6 +365,37 @@ def load_chat(path: Path, max_tokens: int | None) -> list[Seq]:
     if foreign:
         _log(f"{path}: left out {foreign} answers to prompts outside the frozen TRAIN list")
     return out
+
+
+def load_chats(paths: list[Path], max_tokens: int | None) -> tuple[list[Seq], list[dict]]:
+    """The answers of several files (``--chat A B``: greedy answers, then sampled ones), in
+    order, up to ``max_tokens`` answer tokens in all; only the first file's answers are keyed
+    into the recorded features beside it (``load_chat``). An answer whose prompt and tokens
+    an earlier one has (a sampled answer that came out as the greedy one) is left out, so
+    no sequence is trained twice as often as the rest. -> (answers, per file {"path",
+    "answers", "sampled", "duplicates"} for the receipt)."""
+    for path in paths[1:]:  # (a missing first file is "no training data" where --text-tokens is 0)
+        if not path.is_file():
+            raise SystemExit(f"--chat {path}: no such file (expected a generator's chat.jsonl)")
+    out, seen, files, n = [], set(), [], 0
+    for i, path in enumerate(paths):
+        left = None if max_tokens is None else max_tokens - n
+        if left is not None and left <= 0:
+            break
+        rows = load_chat(path, left, keyed=i == 0)
+        kept = []
+        for q in rows:
+            key = (q.prompt_len, tuple(q.ids))
+            if key not in seen:
+                seen.add(key)
+                kept.append(q)
+        if len(kept) < len(rows):
+            _log(f"{path}: left out {len(rows) - len(kept)} answers an earlier one equals")
+        out += kept
+        n += sum(len(q.ids) - q.prompt_len for q in kept)
+        files.append({"path": str(path), "answers": len(kept), "sampled": sum(q.sampled for q in kept),
+                      "duplicates": len(rows) - len(kept)})
+    return out, files
 
 
 def offline_text(tok, max_tokens: int, chunk: int = 384) -> list[Seq]:
@@ -1073,7 +1110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the draft folder to write (the committed one is "
                     "fixtures/peagle-smollm2: name it to replace it; a default did so silently, even with --small)")
     ap.add_argument("--cache", default=None, help="default $SPECRT_CACHE or ~/.cache/specrt")
-    ap.add_argument("--chat", default=None, help="default <cache>/peagle-data/chat.jsonl")
+    ap.add_argument("--chat", nargs="+", default=None, metavar="CHAT_JSONL",
+                    help="answer files (default <cache>/peagle-data/chat.jsonl): the first one's folder may hold "
+                         "the generator's recorded features; later ones, e.g. sampled answers "
+                         "(gen_chat_data --temperature), have theirs computed")
     ap.add_argument("--budget-minutes", type=float, default=100.0, help="wall-time bound for the whole run")
     ap.add_argument("--small", action="store_true", help="a few minutes: tiny data, a few hundred steps")
     ap.add_argument("--aux-layers", default="2,15,27")
@@ -1173,8 +1213,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(aux_ids) != 3 or not all(0 <= i < tc["num_hidden_layers"] for i in aux_ids):
         raise SystemExit(f"--aux-layers must be 3 ids in [0, {tc['num_hidden_layers']})")
 
-    chat_path = Path(args.chat) if args.chat else cache / "peagle-data" / "chat.jsonl"
-    chat = load_chat(chat_path, args.chat_tokens)
+    chat_paths = [Path(c) for c in args.chat] if args.chat else [cache / "peagle-data" / "chat.jsonl"]
+    chat_path = chat_paths[0]
+    chat, chat_files = load_chats(chat_paths, args.chat_tokens)
     text = offline_text(tok, args.text_tokens) if args.text_tokens else []
     seqs = chat + text
     if not seqs:
@@ -1336,8 +1377,9 @@ def main(argv: list[str] | None = None) -> int:
                        "made_by": "tools/smollm2.py"},
             "data": {
                 "chat": {"path": str(chat_path), "answers": len(chat), "answer_tokens": n_chat,
-                         "weight": args.chat_weight,
-                         "source": "greedy answers of the target itself (tools/gen_chat_data.py) to the TRAIN prompts "
+                         "weight": args.chat_weight, **({"files": chat_files} if len(chat_paths) > 1 else {}),
+                         "source": ("greedy and sampled" if any(q.sampled for q in chat) else "greedy")
+                                   + " answers of the target itself (tools/gen_chat_data.py) to the TRAIN prompts "
                                    "of tools/prompts.py (written for this project); model outputs of an Apache-2.0 "
                                    "model"},
                 "text": {"tokens": n_text, "chunks": len(text),

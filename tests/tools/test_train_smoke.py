@@ -604,6 +604,35 @@ def test_prompt_lists_are_frozen_files_and_foreign_answers_are_left_out(tmp_path
     assert [q.idx for q in tp.load_chat(f, None)] == [0, 3]
 
 
+def test_sampled_answers_are_never_keyed_into_the_recorded_features(tmp_path):
+    """--chat A B: only A's greedy answers keep their prompt index (the key into the feature
+    store beside A); a sampled answer, or any answer of a later file, has its features
+    computed; an answer equal to an earlier one is trained once; a later file must exist."""
+    pytest.importorskip("torch")
+    prompts = _tool("prompts")
+    tp = _tool("train_peagle")
+    train = prompts.train_prompts()
+    mode = {"temperature": 0.7, "top_p": 1.0, "seed": 1}
+
+    def row(i, answer, **kw):
+        return {"idx": i, "kind": "chat", "prompt": train[i]["prompt"], "prompt_ids": [1, 2], "answer_ids": answer, **kw}
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in (row(0, [4, 5]), row(1, [6]), row(0, [7, 8], sampling=mode))))
+    b.write_text("".join(json.dumps(r) + "\n" for r in (row(3, [9]), row(0, [4, 5], sampling=mode),
+                                                          row(1, [6, 6], sampling=mode))))
+    assert [(q.idx, q.sampled) for q in tp.load_chat(a, None)] == [(0, False), (1, False), (-1, True)]
+    seqs, files = tp.load_chats([a, b], None)
+    assert [(q.idx, q.ids[2:], q.sampled) for q in seqs] == [
+        (0, [4, 5], False), (1, [6], False), (-1, [7, 8], True), (-1, [9], False), (-1, [6, 6], True)]
+    assert files == [{"path": str(a), "answers": 3, "sampled": 1, "duplicates": 0},
+                     {"path": str(b), "answers": 2, "sampled": 1, "duplicates": 1}]
+    seqs, files = tp.load_chats([a, b], 4)  # the answer-token cap spans the files
+    assert [q.ids[2:] for q in seqs] == [[4, 5], [6], [7, 8]] and len(files) == 1
+    with pytest.raises(SystemExit, match="--chat .*nowhere.jsonl: no such file"):
+        tp.load_chats([a, tmp_path / "nowhere.jsonl"], None)
+
+
 def _tiny_llama(layers: int):
     """A random 300-token Llama (hidden 64) for the feature tests."""
     torch = pytest.importorskip("torch")
