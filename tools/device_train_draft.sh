@@ -89,6 +89,11 @@
 #      draft per learning rate in $LRS and layer count in $LAYERS, all in one process on the
 #      same features and batches (a 10M-parameter draft leaves most of the GPU idle), each
 #      from $INIT where set (else a random layer);
+#      With GEN_TEMPERATURE set, step 2 answers the prompts again, sampled at that temperature
+#      (GEN_SEED), into $SPECRT_CACHE/peagle-data-t<T>-s<SEED>/ (every prompt gets one such answer:
+#      33k prompts at ~8-9k tokens/s take ~15 minutes, so over several calls), and step 3 trains on
+#      the greedy answers and every such folder on the machine; $OUT gets them as chat-t<T>-s<SEED>.jsonl.gz.
+#      Whether they help: results/README.md, "Session 48" (a CPU probe);
 #   4. writes to $OUT: the drafts (drafts.tar in 15 MiB parts, a file coming back is at most
 #      16 MiB: `cat drafts.tar.part-* | tar x` gives peagle-lr<LR>/ (or -lr<LR>-L<N>) with
 #      config, receipt and model.safetensors), the training's log (train$TAG.log), the answers
@@ -157,6 +162,8 @@ DEVICE=${DEVICE:-cuda}
 GEN_LIMIT=${GEN_LIMIT:-}  # the first N TRAIN prompts; empty: every one (the calibration prompts among them are skipped)
 GEN_BATCH=${GEN_BATCH:-512}
 GEN_SECONDS=${GEN_SECONDS:-240}
+GEN_TEMPERATURE=${GEN_TEMPERATURE:-}  # set (e.g. 0.7): sampled answers (gen_chat_data --temperature), into a
+GEN_SEED=${GEN_SEED:-1}               # folder of their own, peagle-data-t<T>-s<SEED>, which training reads too
 END_SECONDS=${END_SECONDS:-500}
 STEPS=${STEPS:-4000}
 SLOTS=${SLOTS:-4096}
@@ -212,10 +219,18 @@ cp "$CARRY2"/heldout-*.jsonl "$SPECRT_CACHE/peagle-data/" 2>/dev/null || true
 echo "answers at the start: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
 
 echo "== generate ($(since) s)"
+gen_out="$SPECRT_CACHE/peagle-data/chat.jsonl" gen_gz=chat.jsonl.gz sampling=()
+if [ -n "$GEN_TEMPERATURE" ]; then
+    gen_out="$SPECRT_CACHE/peagle-data-t$GEN_TEMPERATURE-s$GEN_SEED/chat.jsonl" gen_gz=chat-t$GEN_TEMPERATURE-s$GEN_SEED.jsonl.gz
+    sampling=(--temperature "$GEN_TEMPERATURE" --seed "$GEN_SEED" --out "$gen_out")
+fi
 [ "$GEN_SECONDS" = 0 ] || python3 tools/gen_chat_data.py --engine hf --device "$DEVICE" --batch "$GEN_BATCH" ${GEN_LIMIT:+--limit "$GEN_LIMIT"} \
-    --max-seconds "$GEN_SECONDS" || echo "gen_chat_data exited $? (training goes on with what was written)"
+    --max-seconds "$GEN_SECONDS" "${sampling[@]}" || echo "gen_chat_data exited $? (training goes on with what was written)"
 echo "answers now: $(wc -l < "$SPECRT_CACHE/peagle-data/chat.jsonl")"
-[ "$GEN_SECONDS" = 0 ] || gzip -c "$SPECRT_CACHE/peagle-data/chat.jsonl" > "$OUT/chat.jsonl.gz"
+# sampled answers of this call or an earlier one on this machine (/tmp survives between calls)
+sampled_files=$(ls "$SPECRT_CACHE"/peagle-data-t*/chat.jsonl 2>/dev/null || true)
+for f in $sampled_files; do echo "sampled answers: $(wc -l < "$f") in $f"; done
+[ "$GEN_SECONDS" = 0 ] || [ ! -s "$gen_out" ] || gzip -c "$gen_out" > "$OUT/$gen_gz"
 if [ "$TRAIN" = 0 ]; then
     # answers only: a later call on the warm machine trains with the whole call to itself
     echo "done in $(since) s (TRAIN=0: no training)"
@@ -246,6 +261,7 @@ failed=0
 python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" --max-steps "$STEPS" \
     --budget-minutes "$BUDGET" --eval-reserve-minutes "$(python3 -c "print(0.5 * $n_runs)")" --heldout-max-new 128 \
     --no-feature-cache --lr "$(tr ' ' , <<< "$LRS")" ${LAYERS:+--layers "$(tr ' ' , <<< "$LAYERS")"} \
+    --chat "$SPECRT_CACHE/peagle-data/chat.jsonl" $sampled_files \
     ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$out" > "$OUT/train$TAG.log" 2>&1 || failed=1
 grep -v "it/s\]" "$OUT/train$TAG.log" | tail -12  # (its lines start [train])
 [ "$failed" = 0 ] || echo "the training failed (its log: train$TAG.log)"
