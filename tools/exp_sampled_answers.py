@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import random
 import sys
 import time
@@ -62,8 +61,9 @@ def sample(folder: Path, temperature: float, top_p: float, seed: int, batch: int
         raise SystemExit("--temperature 0 is the greedy answers greedy.jsonl already holds")
     rows = g.read_jsonl(folder / "greedy.jsonl")
     out = folder / "sampled.jsonl"
-    done = {d["idx"] for d in g.read_jsonl(out)}
-    g.check_mode(out, g.read_jsonl(out), mode)
+    have = g.read_jsonl(out)
+    g.check_mode(out, have, mode)
+    done = {d["idx"] for d in have}
     hf_dir = ensure_smollm2(default_cache())
     tok = AutoTokenizer.from_pretrained(hf_dir)
     engine = g.HfEngine(hf_dir, sampling=mode)
@@ -76,9 +76,7 @@ def sample(folder: Path, temperature: float, top_p: float, seed: int, batch: int
             for d, r in zip(group, res):
                 ans = g.cut_at_eos(r)
                 n_tok += len(ans)
-                f.write(json.dumps({**{k: d[k] for k in ("idx", "kind", "prompt", "prompt_ids")},
-                                    "answer_ids": ans, "answer": tok.decode(ans), "engine": "hf",
-                                    "sampling": mode}, ensure_ascii=False) + "\n")
+                f.write(g.answer_line(d["idx"], d, d["prompt_ids"], ans, tok, "hf", mode))
         print(f"{len(done) + i + len(group)}/{len(rows)} answered, {n_tok / (time.time() - t0):.0f} tok/s",
               file=sys.stderr, flush=True)
 

@@ -249,6 +249,17 @@ def check_mode(out: Path, rows: list[dict], sampling: dict | None) -> None:
                          "write them to a folder of their own (--out), and give the trainer both files")
 
 
+def answer_line(idx: int, d: dict, prompt_ids: list[int], ans: list[int], tok, engine: str,
+                sampling: dict | None) -> str:
+    """One chat.jsonl line: TRAIN prompt ``idx`` (``d``: its "kind" and "prompt"), its answer,
+    the engine that made it and, for a sampled answer, ``"sampling"``."""
+    line = {"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": prompt_ids,
+            "answer_ids": ans, "answer": tok.decode(ans), "engine": engine}
+    if sampling:
+        line["sampling"] = sampling
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
 def chat_ids(tok, prompt: str) -> list[int]:
     """Token ids of one user turn with SmolLM2's chat template and the assistant header."""
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -494,19 +505,15 @@ def main(argv: list[str] | None = None) -> int:
             ans = res[0] if ort else cut_at_eos(res)
             if ort:
                 store.add(idx, res[1], res[2])
-            line = {"idx": idx, "kind": d["kind"], "prompt": d["prompt"], "prompt_ids": ids,
-                    "answer_ids": ans, "answer": tok.decode(ans),
-                    "engine": args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"}
-            if sampling:
-                line["sampling"] = sampling
             with open_append(out) as f:
-                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                f.write(answer_line(idx, d, ids, ans, tok, engine_name, sampling))
             n_tok += len(ans)
         n_rows += len(group)
         dt = time.time() - t0
         _log(f"+{len(group)} rows (len {len(group[0][2])}), session {n_rows} rows {n_tok} tokens "
              f"{n_tok / dt:.1f} tok/s, total done {len(done) + n_rows}")
 
+    engine_name = args.engine if args.device == "cpu" else f"{args.engine}-{args.device}"
     pending = [(idx, d, chat_ids(tok, d["prompt"])) for idx, d in todo if idx not in done]
     if not ort and args.device != "cpu":
         # a wide batch on an accelerator: similar prompt lengths waste the least padding
