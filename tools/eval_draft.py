@@ -2,7 +2,8 @@
 
 Teacher-forced on the target's greedy answers to tools/data/heldout_prompts.jsonl
 (128 new tokens, the answers train_peagle caches), exactly as train_peagle's receipt
-measures it (acc_k = P(draft depths 1..k all equal the target's greedy tokens)), for
+measures it (acc_k = P(draft depths 1..k all equal the target's greedy tokens); and the
+runtime's fixed:k loop replayed on the same table, ``evaluate``'s ``loop``), for
 each draft folder given, optionally on a subset of the held-out prompts: ``--subset
 FILE:KEY`` reads a JSON object and keeps the prompt indices listed under KEY (used to
 leave out held-out prompts whose topics a draft's data contained).
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         K = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         r = tp.evaluate(tp.load_draft(folder, embed), held, feats[aux], K)
         table["drafts"][str(folder)] = r
+        loop = ", ".join(f"fixed:{k} {v['tau']}" for k, v in r["loop"].items())
         print(f"{folder}: acceptance by position {r['acceptance_at_pos']}, tau {r['tau']} "
-              f"({r['anchors']} anchors, {len(held)} prompts)", flush=True)
+              f"({r['anchors']} anchors, {len(held)} prompts); the loop replayed: tau {loop}", flush=True)
     if args.out:
         args.out.write_text(json.dumps(table, indent=2) + "\n")
     return 0

@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_peagle as tp  # noqa: E402
 from smollm2 import default_cache, ensure_smollm2  # noqa: E402
+from train_peagle import run_of  # noqa: E402  (shared with train_peagle.evaluate)
 
 
 def anchor_table(model, seqs, feats, K: int) -> list[dict]:
@@ -49,14 +50,6 @@ def anchor_table(model, seqs, feats, K: int) -> list[dict]:
         off = int(feats.offsets[j])
         tables.append({(int(a), int(d)): bool(o) for a, d, o in zip(b.anchor_row - off, b.loss_depth, ok)})
     return tables
-
-
-def run_of(table: dict, t: int, k: int) -> int:
-    """Drafts accepted at anchor t out of k (depths past the sequence's end count as misses)."""
-    a = 0
-    while a < k and table.get((t, a + 1), False):
-        a += 1
-    return a
 
 
 def replay(table: dict, prompt_len: int, n_out: int, K: int, max_new: int):

@@ -43,6 +43,11 @@ target's greedy answers to tools/data/heldout_prompts.jsonl (topics disjoint fro
 TRAIN); since P-EAGLE's depth-k draft does not depend on the draft's own earlier
 tokens, per-anchor acceptance is exact: acc_k = P(draft depths 1..k all equal the
 target's greedy tokens), tau = 1 + sum_k acc_k (DESIGN.md §6).
+The receipt adds, under ``loop``, the runtime's fixed:k loop replayed on the same
+table (each round one past the last accepted token: what a fixed:k run accepts on those
+answers, below the all-anchor figure since rounds start more often just after a miss).
+``--loop-weight W`` weighs the training outputs at the anchors that loop reaches (replayed
+on the training answers with the draft being trained, at each epoch's start) W against 1.
 
 Measured choices (800 chat answers, 162k answer tokens, 250 steps of 1024 real
 slots, bf16, 40 held-out prompts x 128 tokens; held-out acceptance by depth, tau):
@@ -796,6 +801,23 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
 
     p_target = softmax of the target's logits at t+d over the draft vocabulary, from its
     final normed hidden state and its head rows ``head_w`` [Vd, H]."""
+    kl, correct = output_losses(model, b, feats, head_w)
+    # each depth's outputs by index (known on the CPU): no wait for the device here
+    return [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
+
+
+def training_loss(kl: torch.Tensor, b: Batch, K: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Each depth's KL averaged over its own outputs (sampling out deep slots does not shrink
+    that depth's weight), depths weighted equally; with ``weight`` [M] (``--loop-weight``) each
+    depth's average is weighted by it."""
+    if weight is None:
+        return sum(kl[i].sum() / len(i) for i in b.depth_index[:K] if len(i)) / K
+    return sum((kl[i] * weight[i]).sum() / weight[i].sum() for i in b.depth_index[:K] if len(i)) / K
+
+
+def output_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Tensor):
+    """Per supervised output [M]: KL(p_target || q_draft) and whether the greedy draft is the
+    target's greedy token (1.0 / 0.0), on the batch's device."""
     logq, draft_tok = draft_outputs(model, b)
     # A position is the target of up to K outputs (depth d of anchor p-d): compute each
     # position's distribution once, in fp32 even under bf16 autocast.
@@ -804,9 +826,7 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
         fin = feats.rows("final", rows).to(head_w.device, non_blocking=True).float()
         logp = F.log_softmax(fin @ head_w.T, -1)[inv.to(head_w.device, non_blocking=True)]  # [M, Vd]
     kl = (logp.exp() * (logp - logq)).sum(-1)  # [M]
-    correct = (draft_tok == greedy_targets(b, feats)).float()
-    # each depth's outputs by index (known on the CPU): no wait for the device here
-    return [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
+    return kl, (draft_tok == greedy_targets(b, feats)).float()
 
 
 # --- training ---------------------------------------------------------------------------
@@ -823,6 +843,8 @@ class Variant:
     params: list | None = None
     opt: torch.optim.Optimizer | None = None
     sums: "StepSums | None" = None
+
+    visited: np.ndarray | None = None  # --loop-weight: the anchors its loop reaches (loop_visits)
 
     @property
     def name(self) -> str:
@@ -1008,15 +1030,42 @@ def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new:
 
 
 @torch.no_grad()
+def run_of(table: dict, t: int, k: int) -> int:
+    """Drafts accepted at anchor t out of k: depths 1.. up to the first miss (a depth the table
+    lacks, past the sequence's end, counts as a miss)."""
+    a = 0
+    while a < k and table.get((t, a + 1), False):
+        a += 1
+    return a
+
+
+def loop_rounds(table: dict, first: int, last: int, k: int) -> list[tuple[int, int]]:
+    """The runtime's fixed:k greedy loop replayed on a teacher-forced table: [(anchor, accepted)].
+    Round one at ``first`` (the last prompt position), each next one past the last accepted
+    token (the target's own token after the first miss ends a round), while the anchor is <=
+    ``last``."""
+    rounds, t = [], first
+    while t <= last:
+        a = run_of(table, t, k)
+        rounds.append((t, a))
+        t += a + 1
+    return rounds
+
+
 def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> dict:
     """Teacher-forced per-anchor acceptance on the target's greedy answers.
 
     Anchors t in [P-1, N-2-K] (every depth has a target token); acc_k = fraction of
-    anchors whose depths 1..k all equal the target's greedy tokens.
+    anchors whose depths 1..k all equal the target's greedy tokens. ``loop``: the same
+    table at the anchors the runtime's fixed:k loop reaches (``loop_rounds``, anchors in the
+    same range), for k = 1..K: per position the fraction of rounds accepting it, tau = 1 +
+    their sum (what a fixed:k run accepts on these answers; rounds start more often just
+    after a miss than anchors do, so it is below the all-anchor figure at k = K).
     """
     model.eval()
     per_kind: dict[str, np.ndarray] = {}
-    tot = np.zeros(K + 1)
+    loop_kind: dict[str, np.ndarray] = {}
+    tot, loop = np.zeros(K + 1), np.zeros((K, K + 1))  # loop[k-1]: rounds, accepted at 1..k
     for j, s in enumerate(seqs):
         b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0)).to(model.embed.device)
         ok = (draft_outputs(model, b)[1] == greedy_targets(b, feats)).cpu()
@@ -1034,13 +1083,57 @@ def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> di
         per_kind.setdefault(s.kind, np.zeros(K + 1))
         per_kind[s.kind] += c
         tot += c
+        lc = np.zeros((K, K + 1))
+        for k in range(1, K + 1):
+            for _, a in loop_rounds(table, anchors.start, anchors.stop - 1, k):
+                lc[k - 1, 0] += 1
+                lc[k - 1, 1:a + 1] += 1
+        loop_kind.setdefault(s.kind, np.zeros((K, K + 1)))
+        loop_kind[s.kind] += lc
+        loop += lc
 
-    def summary(c):
+    def summary(c, lc):
         acc = [round(float(c[d] / max(c[0], 1)), 4) for d in range(1, K + 1)]
-        return {"anchors": int(c[0]), "acceptance_at_pos": acc, "tau": round(1 + sum(acc), 4)}
+        return {"anchors": int(c[0]), "acceptance_at_pos": acc, "tau": round(1 + sum(acc), 4),
+                "loop": {str(k): {"rounds": int(lc[k - 1, 0]),
+                                  "acceptance_at_pos": [round(float(x / max(lc[k - 1, 0], 1)), 4)
+                                                        for x in lc[k - 1, 1:k + 1]],
+                                  "tau": round(1 + float(lc[k - 1, 1:].sum() / max(lc[k - 1, 0], 1)), 4)}
+                         for k in range(1, K + 1)}}
 
     model.train()
-    return {**summary(tot), "by_kind": {k: summary(v) for k, v in sorted(per_kind.items())}}
+    return {**summary(tot, loop), "by_kind": {k: summary(v, loop_kind[k]) for k, v in sorted(per_kind.items())}}
+
+
+def anchor_hits(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int, slots: int = 4096) -> np.ndarray:
+    """[feature rows, K] bool: at anchor row r, whether the draft's depth-d output equals the
+    target's greedy token (the table ``evaluate`` builds, for every sequence, in batches of
+    about ``slots`` real slots; a depth past a sequence's end stays False)."""
+    hits = np.zeros((int(feats.offsets[-1]), K), bool)
+    was = model.training
+    model.eval()
+    for idx in make_batches(seqs, {}, slots, random.Random(0)):
+        b = build_batch(idx, seqs, feats, K, [1.0] * K, np.random.default_rng(0)).to(model.embed.device)
+        with torch.no_grad():
+            ok = (draft_outputs(model, b)[1] == greedy_targets(b, feats)).cpu().numpy()
+        hits[np.asarray(b.anchor_row), b.loss_depth.cpu().numpy() - 1] = ok
+    model.train(was)
+    return hits
+
+
+def loop_visits(hits: np.ndarray, seqs: list[Seq], feats: Features, k: int) -> np.ndarray:
+    """[feature rows] bool: the anchors a fixed:k greedy loop reaches on each sequence
+    (``loop_rounds`` on ``anchor_hits``' table, from the last prompt position while depth 1
+    has a target token)."""
+    visited = np.zeros(len(hits), bool)
+    for j, s in enumerate(seqs):
+        off, N = int(feats.offsets[j]), len(s.ids)
+        run = np.cumprod(hits[off:int(feats.offsets[j + 1]), :k], axis=1).sum(1)  # drafts accepted at each anchor
+        t = max(s.prompt_len - 1, 0)
+        while t <= N - 3:  # depth 1 at anchor t predicts t + 1 <= N - 2
+            visited[off + t] = True
+            t += int(run[t]) + 1
+    return visited
 
 
 def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features) -> PEagleDraft:
@@ -1129,6 +1222,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-tokens", type=int, default=0, help="offline pydoc text tokens (teacher-forced)")
     ap.add_argument("--slots", type=int, default=1536, help="real slots per step (mask slots come on top)")
     ap.add_argument("--depth-keep", default="1,0.5,0.5,0.5", help="per-depth fraction of anchors trained")
+    ap.add_argument("--loop-weight", type=float, default=1.0,
+                    help="weight of the outputs at anchors the runtime's loop reaches (loop_visits: a fixed "
+                         "--loop-depth greedy loop replayed with the draft being trained, again at each epoch's "
+                         "start, and at --resume's) against 1 for the other anchors; 1: every anchor alike")
+    ap.add_argument("--loop-depth", type=int, default=None, help="the replayed loop's depth (default --K)")
     ap.add_argument("--lr", default="1e-3", help="peak learning rate, or a list (6e-4,1.2e-3): see --layers")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
@@ -1181,6 +1279,11 @@ def main(argv: list[str] | None = None) -> int:
     aux_ids = [int(x) for x in args.aux_layers.split(",")]
     if len(keep) != K:
         raise SystemExit(f"--depth-keep needs {K} values")
+    loop_depth = K if args.loop_depth is None else args.loop_depth
+    if not (args.loop_weight > 0 and math.isfinite(args.loop_weight)):
+        raise SystemExit(f"--loop-weight {args.loop_weight}: expected a positive number (1: every anchor alike)")
+    if not 1 <= loop_depth <= K:
+        raise SystemExit(f"--loop-depth {loop_depth}: expected a depth from 1 to --K {K}")
     if args.small:
         args.chat_tokens = args.chat_tokens or 6000
         args.text_tokens = args.text_tokens or 6000
@@ -1270,7 +1373,8 @@ def main(argv: list[str] | None = None) -> int:
     state_path = cache / "peagle-data" / "train-state.pt"
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
                  "seed": args.seed, "lr": [v.lr for v in variants], "head": args.train_head, "keep": keep,
-                 "out": str(args.out), "init": str(args.init), "layers": [v.layers for v in variants]}
+                 "out": str(args.out), "init": str(args.init), "layers": [v.layers for v in variants],
+                 "loop": [args.loop_weight, loop_depth]}
     resumed = False
     if args.resume and not state_path.is_file():
         _log(f"--resume: no saved state at {state_path}; starting fresh")
@@ -1308,6 +1412,18 @@ def main(argv: list[str] | None = None) -> int:
         if st["batch"] == 0:
             st["epoch"] += 1
         batches = make_batches(seqs, weights, args.slots, random.Random(args.seed * 1000 + st["epoch"]))
+        if args.loop_weight != 1.0:  # each epoch (and a resumed one) weighs the anchors its drafts reach now
+            first_rows = np.concatenate([int(feats.offsets[j]) + np.arange(max(s.prompt_len - 1, 0), len(s.ids) - 2)
+                                         for j, s in enumerate(seqs)])
+            for i, v in enumerate(variants):
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    hits = anchor_hits(v.model, seqs, feats, K)  # in the training's precision
+                v.visited = loop_visits(hits, seqs, feats, loop_depth)
+                share = round(float(v.visited[first_rows].mean()), 4)
+                st.setdefault("loop_shares", [[] for _ in variants])[i].append(
+                    {"epoch": st["epoch"], "step": st["step"], "share": share})
+                _log(f"{v.name}: the fixed:{loop_depth} loop reaches {share:.3f} of the anchors (epoch "
+                     f"{st['epoch']}, step {st['step']}); their outputs weigh {args.loop_weight:g}")
         for b_idx in batches[st["batch"]:]:
             # cosine schedule over whichever runs out first: steps or training time
             progress = max(st["step"] / args.max_steps if args.max_steps else 0.0, trained() / budget_s)
@@ -1321,10 +1437,13 @@ def main(argv: list[str] | None = None) -> int:
                 for g in v.opt.param_groups:
                     g["lr"] = v.lr * factor
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                    per_depth = depth_losses(v.model, b, feats, head_w, K)
-                # each depth's KL averaged over its own outputs (sampling out deep slots does
-                # not shrink that depth's weight); depths weighted equally
-                loss = sum(kl / c for kl, _, c in per_depth if c) / K
+                    kl, correct = output_losses(v.model, b, feats, head_w)
+                per_depth = [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
+                w = None
+                if v.visited is not None:
+                    w = torch.from_numpy(np.where(v.visited[np.asarray(b.anchor_row)], args.loop_weight,
+                                                  1.0).astype(np.float32)).to(kl.device)
+                loss = training_loss(kl, b, K, w)
                 v.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(v.params, 1.0)
@@ -1398,6 +1517,11 @@ def main(argv: list[str] | None = None) -> int:
                 "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
                                 if (args.init / "training_receipt.json").is_file() else None)},
             "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch,
+            "loop_weight": None if args.loop_weight == 1.0 else {
+                "weight": args.loop_weight, "depth": loop_depth, "reached": st["loop_shares"][i],
+                "rule": "outputs at anchors a fixed:depth greedy loop reaches (replayed teacher-forced with the "
+                        "draft being trained, at each epoch's start and at a resume) weigh this, the others 1; "
+                        "reached: the share of anchors it reached each time"},
             "real_slots_per_step": args.slots,
             "supervised_outputs_seen": outputs_seen, "lr": v.lr, "precision": args.precision, "seed": args.seed,
             "threads": args.threads,

