@@ -176,6 +176,7 @@ LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers): one draft per 
 # features and batches (computed once: 7.6M tokens x 2304 fp16 values, about 35 GB, moved to the
 # GPU), where until then one process a draft computed and held its own copy side by side.
 # Above INIT's count the layers are appended, starting as the identity (train_peagle grow_layers).
+TRAIN_ARGS=${TRAIN_ARGS:-}  # more train_peagle options, word-split (e.g. "--loop-weight 3 --loop-depth 3")
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
@@ -262,7 +263,7 @@ python3 tools/train_peagle.py --device "$DEVICE" --train-head --slots "$SLOTS" -
     --budget-minutes "$BUDGET" --eval-reserve-minutes "$(python3 -c "print(0.5 * $n_runs)")" --heldout-max-new 128 \
     --no-feature-cache --lr "$(tr ' ' , <<< "$LRS")" ${LAYERS:+--layers "$(tr ' ' , <<< "$LAYERS")"} \
     --chat "$SPECRT_CACHE/peagle-data/chat.jsonl" $sampled_files \
-    ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} --out "$out" > "$OUT/train$TAG.log" 2>&1 || failed=1
+    ${INIT:+--init "$INIT"} ${HELDOUT:+--heldout-limit "$HELDOUT"} $TRAIN_ARGS --out "$out" > "$OUT/train$TAG.log" 2>&1 || failed=1
 grep -v "it/s\]" "$OUT/train$TAG.log" | tail -12  # (its lines start [train])
 [ "$failed" = 0 ] || echo "the training failed (its log: train$TAG.log)"
 

@@ -806,13 +806,19 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
     return [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
 
 
-def training_loss(kl: torch.Tensor, b: Batch, K: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+def training_loss(kl: torch.Tensor, b: Batch, K: int, weight: torch.Tensor | None = None,
+                  depth_weights: list[float] | None = None) -> torch.Tensor:
     """Each depth's KL averaged over its own outputs (sampling out deep slots does not shrink
     that depth's weight), depths weighted equally; with ``weight`` [M] (``--loop-weight``) each
-    depth's average is weighted by it."""
+    depth's average is weighted by it; with ``depth_weights`` (``--depth-weights``) the depths'
+    averages are weighted by them (the loss divided by their sum)."""
     if weight is None:
-        return sum(kl[i].sum() / len(i) for i in b.depth_index[:K] if len(i)) / K
-    return sum((kl[i] * weight[i]).sum() / weight[i].sum() for i in b.depth_index[:K] if len(i)) / K
+        means = [(d, kl[i].sum() / len(i)) for d, i in enumerate(b.depth_index[:K]) if len(i)]
+    else:
+        means = [(d, (kl[i] * weight[i]).sum() / weight[i].sum()) for d, i in enumerate(b.depth_index[:K]) if len(i)]
+    if depth_weights is None:
+        return sum(m for _, m in means) / K
+    return sum(depth_weights[d] * m for d, m in means) / sum(depth_weights[:K])
 
 
 def output_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Tensor):
@@ -1227,6 +1233,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--loop-depth greedy loop replayed with the draft being trained, again at each epoch's "
                          "start, and at --resume's) against 1 for the other anchors; 1: every anchor alike")
     ap.add_argument("--loop-depth", type=int, default=None, help="the replayed loop's depth (default --K)")
+    ap.add_argument("--depth-weights", default=None,
+                    help="K comma-separated weights of the depths' average KLs in the loss (default: equal)")
     ap.add_argument("--lr", default="1e-3", help="peak learning rate, or a list (6e-4,1.2e-3): see --layers")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
@@ -1280,6 +1288,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(keep) != K:
         raise SystemExit(f"--depth-keep needs {K} values")
     loop_depth = K if args.loop_depth is None else args.loop_depth
+    depth_weights = None
+    if args.depth_weights is not None:
+        try:
+            depth_weights = [float(x) for x in args.depth_weights.split(",")]
+        except ValueError:
+            depth_weights = []
+        if len(depth_weights) != K or not all(w >= 0 and math.isfinite(w) for w in depth_weights) \
+                or not sum(depth_weights) > 0:
+            raise SystemExit(f"--depth-weights {args.depth_weights}: expected {K} comma-separated weights >= 0, "
+                             "not all 0")
     if not (args.loop_weight > 0 and math.isfinite(args.loop_weight)):
         raise SystemExit(f"--loop-weight {args.loop_weight}: expected a positive number (1: every anchor alike)")
     if not 1 <= loop_depth <= K:
@@ -1374,7 +1392,7 @@ def main(argv: list[str] | None = None) -> int:
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
                  "seed": args.seed, "lr": [v.lr for v in variants], "head": args.train_head, "keep": keep,
                  "out": str(args.out), "init": str(args.init), "layers": [v.layers for v in variants],
-                 "loop": [args.loop_weight, loop_depth]}
+                 "loop": [args.loop_weight, loop_depth], "depth_weights": depth_weights}
     resumed = False
     if args.resume and not state_path.is_file():
         _log(f"--resume: no saved state at {state_path}; starting fresh")
@@ -1443,7 +1461,7 @@ def main(argv: list[str] | None = None) -> int:
                 if v.visited is not None:
                     w = torch.from_numpy(np.where(v.visited[np.asarray(b.anchor_row)], args.loop_weight,
                                                   1.0).astype(np.float32)).to(kl.device)
-                loss = training_loss(kl, b, K, w)
+                loss = training_loss(kl, b, K, w, depth_weights)
                 v.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(v.params, 1.0)
@@ -1522,6 +1540,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rule": "outputs at anchors a fixed:depth greedy loop reaches (replayed teacher-forced with the "
                         "draft being trained, at each epoch's start and at a resume) weigh this, the others 1; "
                         "reached: the share of anchors it reached each time"},
+            "depth_weights": depth_weights,
             "real_slots_per_step": args.slots,
             "supervised_outputs_seen": outputs_seen, "lr": v.lr, "precision": args.precision, "seed": args.seed,
             "threads": args.threads,

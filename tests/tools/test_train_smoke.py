@@ -217,7 +217,11 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
                              ("--loop-weight", "0", r"--loop-weight 0.0: expected a positive number"),
                              ("--loop-weight", "nan", r"--loop-weight nan: expected a positive number"),
                              ("--loop-depth", "5", r"--loop-depth 5: expected a depth from 1 to --K 4"),
-                             ("--loop-depth", "0", r"--loop-depth 0: expected a depth from 1 to --K 4")):
+                             ("--loop-depth", "0", r"--loop-depth 0: expected a depth from 1 to --K 4"),
+                             ("--depth-weights", "1,1,1", r"--depth-weights 1,1,1: expected 4 comma-separated"),
+                             ("--depth-weights", "1,x,1,1", r"--depth-weights 1,x,1,1: expected 4"),
+                             ("--depth-weights", "1,-1,1,1", r"--depth-weights 1,-1,1,1: expected 4"),
+                             ("--depth-weights", "0,0,0,0", r"--depth-weights 0,0,0,0: expected 4 .*not all 0")):
         with pytest.raises(SystemExit, match=want):
             tp.main([opt, value, "--out", str(tmp_path / "out")])
     # one draft per --layers x --lr combination, each named after both when there are several
@@ -443,6 +447,9 @@ def test_the_loop_replay_starts_each_round_one_past_the_last_accepted_token():
     w = torch.tensor([3.0, 1.0, 1.0, 3.0, 1.0, 3.0])
     assert tp.training_loss(kl, b, 2, w).item() == pytest.approx(((3 + 2 + 3 + 12) / 8 + (10 + 60) / 4) / 2)
     assert tp.training_loss(kl, b, 2, torch.ones(6)).item() == pytest.approx(tp.training_loss(kl, b, 2).item())
+    # --depth-weights: the depths' averages weighted, over the weights' sum (with or without --loop-weight)
+    assert tp.training_loss(kl, b, 2, None, [1.0, 0.25]).item() == pytest.approx((10 / 4 + 0.25 * 30 / 2) / 1.25)
+    assert tp.training_loss(kl, b, 2, w, [0.0, 2.0]).item() == pytest.approx((10 + 60) / 4)
 
 
 def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_sequence():
