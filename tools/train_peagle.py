@@ -1231,7 +1231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-weight", type=float, default=1.0,
                     help="weight of the outputs at anchors the runtime's loop reaches (loop_visits: a fixed "
                          "--loop-depth greedy loop replayed with the draft being trained, again at each epoch's "
-                         "start, and at --resume's) against 1 for the other anchors; 1: every anchor alike")
+                         "start, and at --resume's) against 1 for the other anchors; 1: every anchor alike. The "
+                         "replays' time counts in --budget-minutes and in the schedule's clock (on a GPU with all "
+                         "the data, a forward pass over every answer each epoch)")
     ap.add_argument("--loop-depth", type=int, default=None, help="the replayed loop's depth (default --K)")
     ap.add_argument("--depth-weights", default=None,
                     help="K comma-separated weights of the depths' average KLs in the loss (default: equal)")
