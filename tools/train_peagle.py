@@ -1035,7 +1035,6 @@ def heldout_answers(target, tok, cache: Path | None, limit: int | None, max_new:
                 len(have[p["prompt"]]["prompt_ids"]), "heldout", p["kind"]) for p in prompts]
 
 
-@torch.no_grad()
 def run_of(table: dict, t: int, k: int) -> int:
     """Drafts accepted at anchor t out of k: depths 1.. up to the first miss (a depth the table
     lacks, past the sequence's end, counts as a miss)."""
@@ -1058,6 +1057,7 @@ def loop_rounds(table: dict, first: int, last: int, k: int) -> list[tuple[int, i
     return rounds
 
 
+@torch.no_grad()
 def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> dict:
     """Teacher-forced per-anchor acceptance on the target's greedy answers.
 

@@ -452,7 +452,7 @@ def test_the_loop_replay_starts_each_round_one_past_the_last_accepted_token():
     assert tp.training_loss(kl, b, 2, w, [0.0, 2.0]).item() == pytest.approx((10 + 60) / 4)
 
 
-def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_sequence():
+def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_sequence(monkeypatch):
     """anchor_hits (every sequence, packed into batches) gives evaluate's per-sequence table; the
     anchors loop_visits marks and evaluate's ``loop`` figures are loop_rounds on that table."""
     torch = pytest.importorskip("torch")
@@ -493,7 +493,12 @@ def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_s
         off = int(feats.offsets[j])
         assert {(t, d): bool(hits[off + t, d - 1]) for t, d in tab} == tab
         assert not hits[off + len(s.ids) - 2:int(feats.offsets[j + 1])].any()  # no anchor past the last
+    real, grad = tp.draft_outputs, []
+    monkeypatch.setattr(tp, "draft_outputs", lambda *a: (grad.append(torch.is_grad_enabled()), real(*a))[1])
     r = tp.evaluate(m, seqs, feats, K)
+    assert grad and not any(grad)  # evaluated without autograd
+    tp.anchor_hits(m, seqs, feats, K)
+    assert not any(grad)
     for k in range(1, K + 1):
         visited = tp.loop_visits(hits, seqs, feats, k)
         want_visits, rounds, acc = [], 0, np.zeros(k)
