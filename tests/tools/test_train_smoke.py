@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import numpy as np
@@ -399,8 +398,6 @@ def test_depth_losses_are_the_same_from_features_on_a_device():
             assert torch.equal(pa.grad, pb.grad), name
     assert tp.evaluate(m, seqs, feats, K) == tp.evaluate(m2, seqs, on_t, K)
     # a draft started from scratch reads the features too (its mask vector: their mean)
-    from types import SimpleNamespace
-
     cfg_l = {**cfg["transformer_layer_config"], "initializer_range": 0.02}
     target = SimpleNamespace(model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=m.embed),
                                                    norm=SimpleNamespace(weight=torch.ones(H))))
