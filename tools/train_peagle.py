@@ -801,7 +801,11 @@ def depth_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.Te
 
     p_target = softmax of the target's logits at t+d over the draft vocabulary, from its
     final normed hidden state and its head rows ``head_w`` [Vd, H]."""
-    kl, correct = output_losses(model, b, feats, head_w)
+    return depth_sums(*output_losses(model, b, feats, head_w), b, K)
+
+
+def depth_sums(kl: torch.Tensor, correct: torch.Tensor, b: Batch, K: int) -> list:
+    """``output_losses``' per-output [M] tensors summed per depth: [(kl sum, correct sum, count)]."""
     # each depth's outputs by index (known on the CPU): no wait for the device here
     return [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
 
@@ -1044,14 +1048,21 @@ def run_of(table: dict, t: int, k: int) -> int:
     return a
 
 
-def loop_rounds(table: dict, first: int, last: int, k: int) -> list[tuple[int, int]]:
-    """The runtime's fixed:k greedy loop replayed on a teacher-forced table: [(anchor, accepted)].
+def run_lengths(hits: np.ndarray, k: int) -> np.ndarray:
+    """Per anchor row of ``anchor_hits``' table [rows, K]: drafts accepted out of k (depths 1..
+    up to the first miss), ``run_of`` for every row at once."""
+    return np.cumprod(hits[:, :k], axis=1).sum(1)
+
+
+def loop_rounds(run, first: int, last: int) -> list[tuple[int, int]]:
+    """The runtime's fixed-depth greedy loop replayed on a teacher-forced table: [(anchor,
+    accepted)], ``run(t)`` the drafts accepted at anchor t (``run_of`` at the loop's depth).
     Round one at ``first`` (the last prompt position), each next one past the last accepted
     token (the target's own token after the first miss ends a round), while the anchor is <=
     ``last``."""
     rounds, t = [], first
     while t <= last:
-        a = run_of(table, t, k)
+        a = run(t)
         rounds.append((t, a))
         t += a + 1
     return rounds
@@ -1068,30 +1079,21 @@ def evaluate(model: PEagleDraft, seqs: list[Seq], feats: Features, K: int) -> di
     their sum (what a fixed:k run accepts on these answers; rounds start more often just
     after a miss than anchors do, so it is below the all-anchor figure at k = K).
     """
-    model.eval()
     per_kind: dict[str, np.ndarray] = {}
     loop_kind: dict[str, np.ndarray] = {}
     tot, loop = np.zeros(K + 1), np.zeros((K, K + 1))  # loop[k-1]: rounds, accepted at 1..k
+    hits = anchor_hits(model, seqs, feats, K, slots=1)  # one sequence a batch
     for j, s in enumerate(seqs):
-        b = build_batch([j], seqs, feats, K, [1.0] * K, np.random.default_rng(0)).to(model.embed.device)
-        ok = (draft_outputs(model, b)[1] == greedy_targets(b, feats)).cpu()
-        N = len(s.ids)
-        anchors = range(max(s.prompt_len - 1, 0), N - 1 - K)  # build_batch's first anchor
-        table = {(int(a), int(d)): bool(o)
-                 for a, d, o in zip(b.anchor_row - int(feats.offsets[j]), b.loss_depth.cpu(), ok)}
-        c = np.zeros(K + 1)
-        for t in anchors:
-            c[0] += 1
-            for d in range(1, K + 1):
-                if not table[(t, d)]:
-                    break
-                c[d] += 1
+        runs = run_lengths(hits[int(feats.offsets[j]):int(feats.offsets[j + 1])], K)
+        anchors = range(max(s.prompt_len - 1, 0), len(s.ids) - 1 - K)  # build_batch's first anchor
+        at = runs[anchors.start:max(anchors.stop, anchors.start)]
+        c = np.array([len(at)] + [(at >= d).sum() for d in range(1, K + 1)], float)
         per_kind.setdefault(s.kind, np.zeros(K + 1))
         per_kind[s.kind] += c
         tot += c
         lc = np.zeros((K, K + 1))
         for k in range(1, K + 1):
-            for _, a in loop_rounds(table, anchors.start, anchors.stop - 1, k):
+            for _, a in loop_rounds(lambda t: min(int(runs[t]), k), anchors.start, anchors.stop - 1):
                 lc[k - 1, 0] += 1
                 lc[k - 1, 1:a + 1] += 1
         loop_kind.setdefault(s.kind, np.zeros((K, K + 1)))
@@ -1133,12 +1135,11 @@ def loop_visits(hits: np.ndarray, seqs: list[Seq], feats: Features, k: int) -> n
     has a target token)."""
     visited = np.zeros(len(hits), bool)
     for j, s in enumerate(seqs):
-        off, N = int(feats.offsets[j]), len(s.ids)
-        run = np.cumprod(hits[off:int(feats.offsets[j + 1]), :k], axis=1).sum(1)  # drafts accepted at each anchor
-        t = max(s.prompt_len - 1, 0)
-        while t <= N - 3:  # depth 1 at anchor t predicts t + 1 <= N - 2
+        off = int(feats.offsets[j])
+        run = run_lengths(hits[off:int(feats.offsets[j + 1])], k)
+        # depth 1 at anchor t predicts t + 1 <= N - 2
+        for t, _ in loop_rounds(lambda t: int(run[t]), max(s.prompt_len - 1, 0), len(s.ids) - 3):
             visited[off + t] = True
-            t += int(run[t]) + 1
     return visited
 
 
@@ -1427,14 +1428,15 @@ def main(argv: list[str] | None = None) -> int:
         for i, v in enumerate(variants):
             v.sums.flush(st["window"][i])
 
+    if args.loop_weight != 1.0:  # the anchors the loop may reach (loop_visits' range): its share's base
+        first_rows = np.concatenate([int(feats.offsets[j]) + np.arange(max(s.prompt_len - 1, 0), len(s.ids) - 2)
+                                     for j, s in enumerate(seqs)])
     done = False
     while not done:
         if st["batch"] == 0:
             st["epoch"] += 1
         batches = make_batches(seqs, weights, args.slots, random.Random(args.seed * 1000 + st["epoch"]))
         if args.loop_weight != 1.0:  # each epoch (and a resumed one) weighs the anchors its drafts reach now
-            first_rows = np.concatenate([int(feats.offsets[j]) + np.arange(max(s.prompt_len - 1, 0), len(s.ids) - 2)
-                                         for j, s in enumerate(seqs)])
             for i, v in enumerate(variants):
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
                     hits = anchor_hits(v.model, seqs, feats, K)  # in the training's precision
@@ -1458,7 +1460,7 @@ def main(argv: list[str] | None = None) -> int:
                     g["lr"] = v.lr * factor
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
                     kl, correct = output_losses(v.model, b, feats, head_w)
-                per_depth = [(kl[i].sum(), correct[i].sum(), len(i)) for i in b.depth_index[:K]]
+                per_depth = depth_sums(kl, correct, b, K)
                 w = None
                 if v.visited is not None:
                     w = torch.from_numpy(np.where(v.visited[np.asarray(b.anchor_row)], args.loop_weight,

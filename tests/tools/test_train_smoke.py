@@ -422,10 +422,13 @@ def test_the_loop_replay_starts_each_round_one_past_the_last_accepted_token():
     assert tp.run_of(table, 5, 4) == 0 and tp.run_of(table, 6, 4) == 3 and tp.run_of(table, 6, 2) == 2
     assert tp.run_of({(0, 1): True}, 0, 3) == 1  # a depth the table lacks is a miss
     # k = 4: 2 takes 2 (next 5), 5 none (6), 6 three (10 > 9: done)
-    assert tp.loop_rounds(table, 2, 9, 4) == [(2, 2), (5, 0), (6, 3)]
+    def rounds(tab, first, last, k):
+        return tp.loop_rounds(lambda t: tp.run_of(tab, t, k), first, last)
+
+    assert rounds(table, 2, 9, 4) == [(2, 2), (5, 0), (6, 3)]
     # k = 1: 2 one (4), 4 one (6), 6 one (8), 8 none (9), 9 one (11)
-    assert tp.loop_rounds(table, 2, 9, 1) == [(2, 1), (4, 1), (6, 1), (8, 0), (9, 1)]
-    assert tp.loop_rounds(table, 2, 7, 2) == [(2, 2), (5, 0), (6, 2)]
+    assert rounds(table, 2, 9, 1) == [(2, 1), (4, 1), (6, 1), (8, 0), (9, 1)]
+    assert rounds(table, 2, 7, 2) == [(2, 2), (5, 0), (6, 2)]
     # loop_visits on the same rows as an anchor_hits array, after a first sequence of 6 tokens
     seqs = [tp.Seq(list(range(6)), 2, "chat"), tp.Seq(list(range(12)), 3, "chat")]
     offsets = np.array([0, 5, 16])
@@ -435,7 +438,7 @@ def test_the_loop_replay_starts_each_round_one_past_the_last_accepted_token():
         hits[5 + t] = r
     feats = SimpleNamespace(offsets=offsets)
     for k in (1, 2, 4):
-        want = ([1, 3] if k == 1 else [1]) + [5 + t for t, _ in tp.loop_rounds(table, 2, 9, k)]
+        want = ([1, 3] if k == 1 else [1]) + [5 + t for t, _ in rounds(table, 2, 9, k)]
         assert np.flatnonzero(tp.loop_visits(hits, seqs, feats, k)).tolist() == want, k
     # training_loss: each depth's (weighted) average of its outputs, the depths' mean
     kl = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0, 20.0])
@@ -501,8 +504,8 @@ def test_anchor_hits_and_the_loop_in_evaluate_agree_with_the_table_sequence_by_s
         want_visits, rounds, acc = [], 0, np.zeros(k)
         for j, (s, tab) in enumerate(zip(seqs, tabs)):
             off, first = int(feats.offsets[j]), s.prompt_len - 1
-            want_visits += [off + t for t, _ in tp.loop_rounds(tab, first, len(s.ids) - 3, k)]
-            for _, a in tp.loop_rounds(tab, first, len(s.ids) - 2 - K, k):
+            want_visits += [off + t for t, _ in tp.loop_rounds(lambda t: tp.run_of(tab, t, k), first, len(s.ids) - 3)]
+            for _, a in tp.loop_rounds(lambda t: tp.run_of(tab, t, k), first, len(s.ids) - 2 - K):
                 rounds += 1
                 acc[:a] += 1
         assert np.flatnonzero(visited).tolist() == want_visits
