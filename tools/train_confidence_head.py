@@ -34,14 +34,12 @@ learns the memorised rate.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,17 +60,6 @@ def _log(msg: str) -> None:
 
 
 # --- data -------------------------------------------------------------------------
-
-def load_answers(path: Path) -> list[tp.Seq]:
-    """tp.load_chat of a .jsonl or .jsonl.gz file (load_chat reads plain text only)."""
-    if path.suffix != ".gz":
-        return tp.load_chat(path, None)
-    with tempfile.TemporaryDirectory() as d:
-        plain = Path(d) / path.stem
-        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        return tp.load_chat(plain, None)
-
 
 def sample_by_kind(seqs: list[tp.Seq], n: int, seed: int) -> list[tp.Seq]:
     """Up to ``n`` answers, round-robin over the kinds (each kind's answers shuffled)."""
@@ -334,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     H = cfg["transformer_layer_config"]["hidden_size"]
 
     fcache = None if args.no_feature_cache else tp.FeatureCache(cache / "peagle-data", source["sha256"], aux_ids, H)
-    train = sample_by_kind(load_answers(args.chat), args.answers, args.seed)
+    train = sample_by_kind(tp.load_answers(args.chat), args.answers, args.seed)
     kinds = {k: sum(s.kind == k for s in train) for k in sorted({s.kind for s in train})}
     _log(f"training answers: {len(train)} of {args.chat} ({kinds}), "
          f"{sum(len(s.ids) - s.prompt_len for s in train)} answer tokens")

@@ -15,7 +15,11 @@ speculators library's own one-pass reference before every run):
 * embeddings frozen to the target's and not saved; ``lm_head`` initialised from the
   target's (tied) embedding rows of the draft vocabulary, ``norm`` from the target's
   final norm; draft vocabulary = the most frequent target tokens of the training
-  answers, ``target_id = draft_id + d2t[draft_id]``.
+  answers (``--vocab-answers FILE...``: of those files' answers instead),
+  ``target_id = draft_id + d2t[draft_id]``. With ``--init`` the draft keeps its vocabulary;
+  ``--grow-vocab N`` adds the next most frequent tokens (``grow_vocab``: their head rows
+  start from the target's, through the map the kept rows follow) and ``--new-rows-only``
+  trains their rows alone (``--head-only``: the head alone).
 
 Training layout (P-EAGLE, all anchors of a sequence at once): the real slots
 0..N-2 of a sequence, then for each depth d = 2..K and each sampled anchor t one
@@ -106,6 +110,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import hashlib
 import json
 import math
@@ -113,6 +118,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -372,6 +378,17 @@ def load_chat(path: Path, max_tokens: int | None, keyed: bool = True) -> list[Se
     return out
 
 
+def load_answers(path: Path, keyed: bool = True) -> list[Seq]:
+    """``load_chat`` of a .jsonl or .jsonl.gz file (load_chat reads plain text only), whole."""
+    if path.suffix != ".gz":
+        return load_chat(path, None, keyed)
+    with tempfile.TemporaryDirectory() as d:
+        plain = Path(d) / path.stem
+        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return load_chat(plain, None, keyed)
+
+
 def load_chats(paths: list[Path], max_tokens: int | None) -> tuple[list[Seq], list[dict]]:
     """The answers of several files (``--chat A B``: greedy answers, then sampled ones), in
     order, up to ``max_tokens`` answer tokens in all; only the first file's answers are keyed
@@ -418,12 +435,15 @@ def offline_text(tok, max_tokens: int, chunk: int = 384) -> list[Seq]:
     return out
 
 
-def select_draft_vocab(seqs: list[Seq], vocab: int, size: int) -> torch.Tensor:
-    """The ``size`` most frequent target tokens among the predicted positions; sorted ids."""
+def select_draft_vocab(seqs: list[Seq], vocab: int, size: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``size`` most frequent target tokens among the predicted positions; sorted ids.
+    ``keep``: ids taken first whatever their counts (a draft's vocabulary that grows)."""
     counts = np.zeros(vocab, dtype=np.int64)
     for s in seqs:
         np.add.at(counts, np.asarray(s.ids[s.prompt_len:]), 1)
     counts[EOS] += 1 << 40  # EOS must be draftable
+    if keep is not None:
+        counts[keep.numpy()] += 1 << 41
     # Ties (mostly zero counts) broken by token id for determinism.
     order = np.lexsort((np.arange(vocab), -counts))[:size]
     return torch.from_numpy(np.sort(order)).long()
@@ -1184,6 +1204,35 @@ def grow_layers(model: PEagleDraft, layers: int) -> PEagleDraft:
     return grown.train(model.training)
 
 
+def grow_vocab(model: PEagleDraft, draft_ids: torch.Tensor) -> PEagleDraft:
+    """``model`` with the draft vocabulary ``draft_ids`` (sorted target ids, a superset of
+    its own): its head rows kept, each new token's row its target embedding row (the
+    target's head row: SmolLM2 ties them) through the linear map that takes the kept
+    tokens' embedding rows closest to their trained rows (least squares). The new rows'
+    logits come out low, so the grown draft's greedy tokens are nearly ``model``'s (7
+    of 9,178 held-out depth-1 outputs changed, stage 8 grown to 16,384) and training
+    moves on from there."""
+    old = model.d2t + torch.arange(len(model.d2t))
+    at = torch.searchsorted(draft_ids, old)
+    if len(draft_ids) <= len(old) or not bool((draft_ids[at.clamp(max=len(draft_ids) - 1)] == old).all()):
+        raise ValueError("grow_vocab: draft_ids must hold the draft's own ids and more")
+    grown = PEagleDraft(model.c, len(draft_ids), model.embed)
+    state = {k: v for k, v in model.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, unexpected = grown.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) == {"lm_head.weight", "d2t", "t2d"}, (missing, unexpected)
+    E = model.embed.float()
+    W = model.lm_head.weight.detach().float()
+    with torch.no_grad():
+        A = torch.linalg.lstsq(E[old], W).solution  # [H, H]: E[old] @ A ~ W
+        rows = E[draft_ids] @ A
+        rows[at] = W
+        grown.lm_head.weight.copy_(rows)
+        grown.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        grown.t2d.zero_()
+        grown.t2d[draft_ids] = True
+    return grown.train(model.training)
+
+
 def features_to_device(dev: torch.device, *feats: Features, spare: int = 8 << 30) -> tuple[Features, ...]:
     """``feats`` moved to ``dev`` when it has room for them and ``spare`` bytes besides (the
     steps' own memory), else as they are (host memory), saying which."""
@@ -1241,6 +1290,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", default="1e-3", help="peak learning rate, or a list (6e-4,1.2e-3): see --layers")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--train-head", action="store_true", help="train lm_head too (default: frozen)")
+    ap.add_argument("--head-only", action="store_true",
+                    help="train lm_head alone (implies --train-head; the layers, fc and mask vector stay as --init's)")
+    ap.add_argument("--new-rows-only", action="store_true",
+                    help="with --grow-vocab: train the new tokens' head rows alone (implies --head-only)")
+    ap.add_argument("--grow-vocab", type=int, default=None, metavar="N",
+                    help="with --init: grow its draft vocabulary to N tokens, its own and the most frequent others "
+                         "(grow_vocab: the new head rows start from the target's, mapped as the kept rows were)")
+    ap.add_argument("--vocab-answers", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="choose the draft vocabulary (--draft-vocab, --grow-vocab) by the answer tokens of these "
+                         "generator files, .jsonl or .jsonl.gz (default: the training answers)")
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads; on a busy 2-core machine use 1 (a second OpenMP thread that loses its "
                          "core stalls every op: held-out generation took >11 min with 2, 3 min with 1)")
@@ -1305,6 +1364,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--loop-weight {args.loop_weight}: expected a positive number (1: every anchor alike)")
     if not 1 <= loop_depth <= K:
         raise SystemExit(f"--loop-depth {loop_depth}: expected a depth from 1 to --K {K}")
+    for path in args.vocab_answers or []:
+        if not path.is_file():
+            raise SystemExit(f"--vocab-answers {path}: no such file (expected a generator's chat.jsonl)")
+    if args.new_rows_only and args.grow_vocab is None:
+        raise SystemExit("--new-rows-only needs --grow-vocab (the rows it trains are the grown vocabulary's)")
+    args.head_only = args.head_only or args.new_rows_only
+    args.train_head = args.train_head or args.head_only
     if args.small:
         args.chat_tokens = args.chat_tokens or 6000
         args.text_tokens = args.text_tokens or 6000
@@ -1323,6 +1389,13 @@ def main(argv: list[str] | None = None) -> int:
         if init_k != K:
             raise SystemExit(f"--init {args.init}: drafts K = {init_k}, this run --K {K}")
     init_layers = init_cfg["transformer_layer_config"]["num_hidden_layers"] if init_cfg else None
+    if args.grow_vocab is not None:
+        if init_cfg is None:
+            raise SystemExit("--grow-vocab needs --init (the draft whose vocabulary grows)")
+        have, full = init_cfg["draft_vocab_size"], init_cfg["transformer_layer_config"]["vocab_size"]
+        if not have < args.grow_vocab <= full:
+            raise SystemExit(f"--grow-vocab {args.grow_vocab}: expected more than --init's draft vocabulary ({have}, "
+                             f"{args.init / 'config.json'}) and at most the target's ({full})")
     variants = parse_variants(args.layers, args.lr, init_layers, args.init, Path(args.out))
     ref_err = check_reference()
     _log(f"draft forward matches the speculators reference (max |dlogits| {ref_err:.2e})")
@@ -1347,11 +1420,21 @@ def main(argv: list[str] | None = None) -> int:
     n_chat = sum(len(s.ids) - s.prompt_len for s in chat)
     n_text = sum(len(s.ids) for s in text)
     _log(f"data: {len(chat)} chat answers ({n_chat} answer tokens), {len(text)} text chunks ({n_text} tokens)")
+    counted = chat
+    if args.vocab_answers:
+        counted = [q for path in args.vocab_answers for q in load_answers(path, keyed=False)]
+        _log(f"draft vocabulary counted on {len(counted)} answers of {len(args.vocab_answers)} --vocab-answers files")
     if args.init is not None:  # keep the draft's vocabulary: its head rows are trained for those ids
         init_model = load_draft(args.init, target.model.embed_tokens.weight.detach().cpu().clone())
         draft_ids = init_model.d2t + torch.arange(len(init_model.d2t))
+        grown_from = len(draft_ids) if args.grow_vocab is not None else None
+        init_ids = draft_ids
+        if args.grow_vocab is not None:
+            draft_ids = select_draft_vocab(counted, tc["vocab_size"], args.grow_vocab, keep=draft_ids)
+            init_model = grow_vocab(init_model, draft_ids)
     else:
-        draft_ids = select_draft_vocab(seqs, tc["vocab_size"], args.draft_vocab)
+        grown_from = None
+        draft_ids = select_draft_vocab(counted, tc["vocab_size"], args.draft_vocab)
     covered = sum(int(np.isin(np.asarray(s.ids[s.prompt_len:]), draft_ids.numpy()).sum()) for s in chat)
     _log(f"draft vocabulary {len(draft_ids)}: covers {covered / max(n_chat, 1):.4f} of the chat answer tokens")
 
@@ -1379,6 +1462,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             v.model = init_draft(draft_layer_config(tc, v.layers), target, draft_ids, feats).to(dev)
         v.model.lm_head.weight.requires_grad_(args.train_head)
+        if args.head_only:
+            for name, p in v.model.named_parameters():
+                p.requires_grad_(name == "lm_head.weight")
+        if args.new_rows_only:  # zero gradients (and no weight decay): AdamW leaves the kept rows as they are
+            new_rows = (~torch.isin(draft_ids, init_ids)).float().to(dev)[:, None]
+            v.model.lm_head.weight.register_hook(lambda g, new_rows=new_rows: g * new_rows)
         v.params = [p for p in v.model.parameters() if p.requires_grad]
         v.opt = torch.optim.AdamW(v.params, lr=v.lr, betas=(0.9, 0.95), weight_decay=0.0)
         v.sums = StepSums(K, dev)
@@ -1393,7 +1482,8 @@ def main(argv: list[str] | None = None) -> int:
     # A run killed part-way can go on with --resume from the state saved every 10 minutes.
     state_path = cache / "peagle-data" / "train-state.pt"
     signature = {"aux": aux_ids, "K": K, "vocab": draft_ids.tolist(), "seqs": len(seqs), "slots": args.slots,
-                 "seed": args.seed, "lr": [v.lr for v in variants], "head": args.train_head, "keep": keep,
+                 "seed": args.seed, "lr": [v.lr for v in variants], "head": args.train_head,
+                 "head_only": args.head_only, "new_rows_only": args.new_rows_only, "keep": keep,
                  "out": str(args.out), "init": str(args.init), "layers": [v.layers for v in variants],
                  "loop": [args.loop_weight, loop_depth], "depth_weights": depth_weights}
     resumed = False
@@ -1538,7 +1628,10 @@ def main(argv: list[str] | None = None) -> int:
                 "layers": init_layers,
                 "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
                                 if (args.init / "training_receipt.json").is_file() else None)},
-            "lm_head_trained": args.train_head, "steps": step, "epochs_started": epoch,
+            "vocab_grown_from": grown_from,
+            "vocab_answers": [str(x) for x in args.vocab_answers] if args.vocab_answers else None,
+            "lm_head_trained": args.train_head, "head_only": args.head_only,
+            "new_rows_only": args.new_rows_only, "steps": step, "epochs_started": epoch,
             "loop_weight": None if args.loop_weight == 1.0 else {
                 "weight": args.loop_weight, "depth": loop_depth, "reached": st["loop_shares"][i],
                 "rule": "outputs at anchors a fixed:depth greedy loop reaches (replayed teacher-forced with the "

