@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +44,15 @@ def read_costs(engines: Path) -> dict:
     if not isinstance(costs, dict) or not isinstance(costs.get("verify"), dict) or not costs.get("decode"):
         raise SystemExit(f"--costs {engines}: {path} has no cost table (costs.verify, costs.decode); "
                          "`specrt build` profiles one")
+    by_depth = costs.get("draft_by_depth") or {}
+    if not isinstance(by_depth, dict):
+        raise SystemExit(f"--costs {engines}: {path} costs.draft_by_depth is {by_depth!r}, expected "
+                         "{depth: seconds}")
+    for name, value in [("decode", costs["decode"]), *((f"verify.{k}", v) for k, v in costs["verify"].items()),
+                        *([("draft", costs["draft"])] if "draft" in costs else []),
+                        *((f"draft_by_depth.{k}", v) for k, v in by_depth.items())]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise SystemExit(f"--costs {engines}: {path} costs.{name} is {value!r}, expected seconds > 0")
     return costs
 
 

@@ -36,3 +36,14 @@ def test_costs_of_a_folder_that_is_not_a_build_are_refused_by_name(tmp_path):
     table = {"decode": 0.02, "verify": {"1": 0.021}}
     (tmp_path / "engines.json").write_text(json.dumps({"costs": table}))
     assert ev.read_costs(tmp_path) == table
+    # every figure the prediction reads is seconds > 0, or it is refused by name
+    for bad, name in (({"decode": "fast"}, "decode is 'fast'"), ({"decode": True}, "decode is True"),
+                      ({"verify": {"1": 0.02, "2": -1}}, "verify.2 is -1"), ({"draft": None}, "draft is None"),
+                      ({"draft_by_depth": {"3": [0.001]}}, r"draft_by_depth.3 is \[0.001\]"),
+                      ({"draft_by_depth": 0.001}, r"draft_by_depth is 0.001, expected \{depth: seconds\}")):
+        (tmp_path / "engines.json").write_text(json.dumps({"costs": {**table, **bad}}))
+        with pytest.raises(SystemExit, match=rf"engines.json costs.{name}(, expected seconds > 0|$)"):
+            ev.read_costs(tmp_path)
+    full = {**table, "draft": 0.001, "draft_by_depth": {"1": 0.001}, "chain": {"5": 0.03}}
+    (tmp_path / "engines.json").write_text(json.dumps({"costs": full}))
+    assert ev.read_costs(tmp_path) == full
