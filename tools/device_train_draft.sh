@@ -184,6 +184,8 @@ LAYERS=${LAYERS:-}  # draft layer counts (train_peagle --layers): one draft per 
 TRAIN_ARGS=${TRAIN_ARGS:-}  # more train_peagle options, word-split (e.g. "--seed 1 --depth-keep 1,1,0.5,0.5");
 # --loop-weight and --depth-weights found nothing in a CPU probe (results/loop_weight); CPU dry run with
 # TRAIN_ARGS="--loop-weight 2 --loop-depth 3", INIT and 50 answers: 54 s (session 49)
+# "--grow-vocab 16384" (with INIT: the next most frequent tokens of the training answers get head rows) is
+# worth at most +1-2% of predicted speed-up on the CPU engines (results/draft_vocab, session 50), untried here
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}

@@ -52,3 +52,16 @@ print(f"{'vocabulary':>16} {'train':>7} {'held':>7} " + " ".join(f"{k:>10}" for 
 for name, s in sets.items():
     print(f"{name:>16} {1 - counts[s].sum() / counts.sum():7.4f} {1 - s[all_held].mean():7.4f} "
           + " ".join(f"{1 - s[np.asarray(v)].mean():10.4f}" for v in by_kind.values()))
+# the held-out tokens the committed vocabulary lacks: already earlier in their sequence (where
+# prompt lookup, `--governor ...:ngram`, can draft them)?
+lacked = in_prompt = earlier = 0
+for line in held[0].read_text().splitlines():
+    r = json.loads(line)
+    p, a = set(r["prompt_ids"]), r["answer_ids"]
+    for i, t in enumerate(a):
+        if not committed[t]:
+            lacked += 1
+            in_prompt += t in p
+            earlier += t in p or t in a[:i]
+print(f"held-out tokens outside the committed vocabulary: {lacked}; already in the prompt: {in_prompt / lacked:.3f}, "
+      f"in the prompt or earlier in the answer: {earlier / lacked:.3f}")
