@@ -185,7 +185,8 @@ TRAIN_ARGS=${TRAIN_ARGS:-}  # more train_peagle options, word-split (e.g. "--see
 # --loop-weight and --depth-weights found nothing in a CPU probe (results/loop_weight); CPU dry run with
 # TRAIN_ARGS="--loop-weight 2 --loop-depth 3", INIT and 50 answers: 54 s (session 49)
 # "--grow-vocab 16384" (with INIT: the next most frequent tokens of the training answers get head rows) is
-# worth at most +1-2% of predicted speed-up on the CPU engines (results/draft_vocab, session 50), untried here
+# worth at most +1-2% of predicted speed-up on the CPU engines (results/draft_vocab, session 50), untried here;
+# CPU dry run with TRAIN_ARGS="--grow-vocab 9000", INIT and 50 answers: 71 s (session 50)
 TRAIN=${TRAIN:-1}  # 0: generate the answers and stop (the model and answers stay in /tmp there)
 TAG=${TAG:-}  # in the drafts' names, peagle$TAG-lr<LR>: a second call names its own
 CARRY1=${CARRY1:-.dev1}
