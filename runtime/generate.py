@@ -241,6 +241,10 @@ class Generator:
         self.d2t = d2t
         # each draft id's target id (d2t: target = draft + d2t[draft]); None: the same vocabulary
         self._draft_to_target = None if d2t is None else np.arange(len(d2t)) + d2t
+        self._outside_vocab = None  # [V] bool: target ids the draft cannot propose (a reduced vocabulary)
+        if self._draft_to_target is not None:
+            self._outside_vocab = np.ones(self.vocab, bool)
+            self._outside_vocab[self._draft_to_target] = False
         self.telemetry = Telemetry()
         self.finished: Finished | None = None
         self._epoch = 0  # streams started: a stream goes on only while it is the latest (stream)
@@ -759,9 +763,11 @@ class Generator:
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
                     pend_aux.append(kv_aux[-1])
+                outside = (self._outside_vocab is not None and v.accepted < d and not n_match and v.sibling < 0
+                           and bool(self._outside_vocab[int(v.tokens[v.accepted])]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
-                                lookup=n_match, catch_up=catch_up)
+                                lookup=n_match, catch_up=catch_up, outside_vocab=outside)
                 behind = behind or t_draft == 0.0  # this step's rows wait for a later pass
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
                 stop = next((j for j, t in enumerate(new) if t in eos), None)
@@ -769,8 +775,9 @@ class Generator:
                     new = new[: stop + 1]
                 # the telemetry counts what was emitted: drafts accepted past an EOS are not
                 # (governors and the lookup policy still learn the round as the target judged it)
-                tel.record(r if stop is None or stop >= r.accepted else
-                           dataclasses.replace(r, accepted=stop, sibling=r.sibling if stop else -1))
+                tel.record(r if stop is None or stop >= r.accepted else  # (ended by the EOS, not a rejection)
+                           dataclasses.replace(r, accepted=stop, sibling=r.sibling if stop else -1,
+                                               outside_vocab=False, cut_at_eos=True))
                 if not n_match:  # governors learn from their own rounds
                     self.governor.observe(r)
                 if lookup is not None:

@@ -51,6 +51,12 @@ class RoundResult:
     # those rows (SmolLM2's draft: ~0.45 ms a row; the prompt's pass 10-40 ms) and says
     # nothing about what a normal pass costs
     catch_up: bool = False
+    # the round's first rejected position went to a token outside the draft's vocabulary (a
+    # reduced one, d2t): a token the draft can never propose
+    outside_vocab: bool = False
+    # the round's tokens were cut at an EOS before its last accepted draft (accepted counts
+    # what was emitted): it ended there, not at a rejection
+    cut_at_eos: bool = False
 
     def __post_init__(self):
         if not 0 <= self.accepted <= self.depth:
@@ -61,6 +67,15 @@ class RoundResult:
             raise InternalError(f"a lookup round of depth {self.depth} with a draft or runners-up")
         if self.sibling >= 0 and self.accepted != 1:
             raise InternalError(f"a runner-up's round accepted {self.accepted}, not 1")
+        if self.outside_vocab and not self.rejected:
+            raise InternalError(f"a round of depth {self.depth} accepting {self.accepted} with no draft rejected "
+                                "marked outside the draft vocabulary")
+
+    @property
+    def rejected(self) -> bool:
+        """A draft round (not prompt lookup's) that ended at a rejected draft, not on a
+        runner-up's win: its next token is the target's correction."""
+        return self.accepted < self.depth and not self.lookup and self.sibling < 0 and not self.cut_at_eos
 
     @property
     def target_depth(self) -> int:
@@ -114,6 +129,10 @@ class Telemetry:
         self.first_token_s = 0.0  # seconds from a stream's start to its first token, summed over streams
         self.prefix_reused = 0  # prompt rows whose target KV came from the previous prompt (Generator)
         self.lookup_depths: dict[int, int] = {}  # tokens verified -> lookup rounds
+        # draft rounds that ended at a rejected draft (RoundResult.rejected), and those of them
+        # whose correction lies outside a reduced draft vocabulary (RoundResult.outside_vocab)
+        self.rejections = 0
+        self.rejections_outside_vocab = 0
 
     def record(self, r: RoundResult) -> None:
         self.rounds += 1
@@ -153,6 +172,8 @@ class Telemetry:
         self.draft_rounds += 1
         self.drafted += r.depth
         self.accepted += r.accepted
+        self.rejections += r.rejected
+        self.rejections_outside_vocab += r.outside_vocab
         for lst in (self.accepted_at, self.offered_at, self.reached_at):
             lst.extend([0] * (r.depth - len(lst)))
         reach = 1 if r.sibling >= 0 else r.accepted + 1  # a runner-up's win: position 2 was never judged
@@ -173,7 +194,7 @@ class Telemetry:
         """Add another run's counts (several prompts in one report)."""
         for name in ("rounds", "draft_rounds", "drafted", "accepted", "new_tokens", "seconds", "unverified",
                      "tree_rounds", "sibling_accepts", "runners_up", "prompt_tokens", "prefix_reused", "streams",
-                     "first_token_s"):
+                     "first_token_s", "rejections", "rejections_outside_vocab"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.offered_at, other.offered_at),
                              (self.reached_at, other.reached_at), (self.wins_by_rank, other.wins_by_rank)):
@@ -254,6 +275,12 @@ class Telemetry:
             "depth_histogram": {str(d): n for d, n in sorted(self.depths.items())},
             "draft_block_histogram": {str(b): n for b, n in sorted(self.blocks.items())},
             "drafted_unverified": self.unverified,
+            # draft rounds ended by a rejected draft, and those whose correction the draft could
+            # never have proposed (outside its reduced vocabulary: a draft trained on other text
+            # than this run's shows it here)
+            "rejections": {"rounds": self.rejections, "outside_draft_vocab": self.rejections_outside_vocab,
+                           "outside_share": self.rejections_outside_vocab / self.rejections if self.rejections
+                           else 0.0},
             # prompt tokens, and those of them whose target KV a previous prompt's prefill
             # left (Generator.reuse_prefix): not computed again
             "prompt_tokens": self.prompt_tokens,
@@ -302,6 +329,8 @@ class Telemetry:
         # absent from reports written before these were recorded
         t.blocks = {int(k): int(v) for k, v in d.get("draft_block_histogram", {}).items()}
         t.unverified = int(d.get("drafted_unverified", 0))
+        rej = d.get("rejections", {})
+        t.rejections, t.rejections_outside_vocab = int(rej.get("rounds", 0)), int(rej.get("outside_draft_vocab", 0))
         t.prompt_tokens, t.prefix_reused = int(d.get("prompt_tokens", 0)), int(d.get("prefix_reused", 0))
         t.streams = int(d.get("prompt_count", 0))
         t.first_token_s = float(d.get("first_token_s", 0.0)) * t.streams

@@ -512,6 +512,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             trees += f", prompt lookup in {lk['rounds']} rounds, {lk['tokens_per_round']:.2f} tokens a round"
         if stats["prefix_reused"]:
             trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
+        rej = stats["rejections"]
+        if rej["outside_draft_vocab"]:  # a draft trained on other text than these prompts' shows it here
+            trees += (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
+                      "draft's vocabulary")
         click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                    f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
                    f"{governor}{trees}]", err=True)

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--layers {args.layers}: expected more than the draft's {c['num_hidden_layers']} ({where})")
     if args.vocab is not None:
         if not cfg["draft_vocab_size"] < args.vocab <= c["vocab_size"]:
-            raise SystemExit(f"--vocab {args.vocab}: expected more than the draft's {cfg['draft_vocab_size']} ({where}) "
-                             f"and at most the target's {c['vocab_size']}")
+            raise SystemExit(f"--vocab {args.vocab}: expected more than the draft's {cfg['draft_vocab_size']} "
+                             f"({where}) and at most the target's {c['vocab_size']}")
         if not args.vocab_answers:
             raise SystemExit("--vocab needs --vocab-answers (the answers whose tokens choose the new ones)")
         for path in args.vocab_answers:

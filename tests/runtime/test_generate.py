@@ -1288,6 +1288,34 @@ def test_telemetry_counts_no_token_past_eos(pair, monkeypatch):
 
 
 
+def test_rejections_to_tokens_outside_the_draft_vocabulary_are_counted(pair, monkeypatch):
+    """Each round ended by a rejected draft is counted, and marked when the target's correction
+    (the output token at that round's first rejected position) lies outside the draft's
+    reduced vocabulary (d2t): recomputed here from the output and the rounds' accepted counts.
+    A draft over the whole vocabulary never marks one."""
+    _, engines = pair
+    d2t = read_d2t(engines.export_dir, engines.export)
+    V = engines.export["target"]["vocab_size"]
+    inside = np.zeros(V, bool)
+    inside[np.arange(len(d2t)) + d2t if d2t is not None else slice(None)] = True
+    rounds, marked = _recorded_rounds(monkeypatch), 0
+    for k in (1, 3):
+        rounds.clear()
+        g = _gen(engines, FixedGovernor(DEPTHS, k))
+        out = g.generate(PROMPT, 40)
+        pos, want = 1, 0  # the first token is the prefill's; a round emits accepted + 1
+        for r in rounds:
+            if r.depth and r.accepted < r.depth:
+                want += not inside[out[pos + r.accepted]]
+            pos += r.accepted + 1
+        assert pos == len(out) == 40
+        rej = g.telemetry.to_json()["rejections"]
+        assert rej["outside_draft_vocab"] == want and sum(r.outside_vocab for r in rounds) == want
+        assert rej["rounds"] == sum(0 < r.depth and r.accepted < r.depth for r in rounds) > 0
+        marked += want
+    assert (marked > 0) == (d2t is not None)
+
+
 def test_a_stream_checks_its_arguments_when_called_and_times_the_runtime_only(pair):
     """Generator.stream refuses bad arguments at the call (it checked them at the first
     next()), and its telemetry's seconds leave out the time its consumer held it between

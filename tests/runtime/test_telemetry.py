@@ -180,3 +180,26 @@ def test_merged_runs_keep_their_tree_lookup_and_first_token_counts_through_json(
     assert j["prompt_count"] == 2 and j["first_token_s"] == pytest.approx(0.375)
     again = Telemetry.from_json(j).to_json()
     assert again == both.to_json()
+
+
+def test_rejections_and_those_to_tokens_outside_the_draft_vocabulary():
+    """Rounds ended by a rejected draft are counted, and those whose correction the draft's
+    reduced vocabulary lacks; full rounds, a runner-up's win, prompt lookup's rounds, a round
+    cut at an EOS and plain decode steps are no rejections. The counts merge and survive the
+    JSON report."""
+    t = Telemetry()
+    for r in (RoundResult(3, 1, outside_vocab=True), RoundResult(3, 0), RoundResult(3, 3),
+              RoundResult(2, 1, siblings=1, sibling=0), RoundResult(4, 2, lookup=3),
+              RoundResult(3, 1, cut_at_eos=True), RoundResult(0, 0), RoundResult(1, 0, outside_vocab=True)):
+        t.record(r)
+    assert t.to_json()["rejections"] == {"rounds": 3, "outside_draft_vocab": 2, "outside_share": 2 / 3}
+    both = Telemetry()
+    both.merge(t)
+    both.merge(Telemetry.from_json(json.loads(json.dumps(t.to_json()))))
+    assert both.to_json()["rejections"] == {"rounds": 6, "outside_draft_vocab": 4, "outside_share": 2 / 3}
+    assert Telemetry().to_json()["rejections"] == {"rounds": 0, "outside_draft_vocab": 0, "outside_share": 0.0}
+    for bad in (dict(depth=2, accepted=2), dict(depth=2, accepted=1, lookup=2),
+                dict(depth=2, accepted=1, cut_at_eos=True),
+                dict(depth=2, accepted=1, siblings=1, sibling=0), dict(depth=0, accepted=0)):
+        with pytest.raises(InternalError, match="with no draft rejected marked outside the draft vocabulary"):
+            RoundResult(**bad, outside_vocab=True)

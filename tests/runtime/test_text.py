@@ -185,6 +185,25 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     assert f"governor fixed:1:tree=2, runners-up in {t['rounds']} rounds, {t['sibling_accepts']} won]" in r.output
 
 
+def test_run_says_how_many_rejections_went_to_tokens_outside_the_draft_vocabulary(worded, tmp_path):
+    """The closing line counts the rejected drafts whose correction the draft's reduced
+    vocabulary (12 of 16 words here) lacks, as the stats do; where none did, it says nothing."""
+    import json
+
+    stats, said = tmp_path / "s.json", set()
+    for prompt in ("w3 w1 w4", "w2 w7", "w5 w5 w9 w1"):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", prompt, "--max-new-tokens", "24", "--quiet",
+                                      "--governor", "fixed:1", "--stats", str(stats)])
+        rej = json.loads(stats.read_text())["rejections"]
+        assert r.exit_code == 0 and rej["rounds"] > 0, r.output
+        line = (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the draft's "
+                "vocabulary]")
+        assert (line in r.output) == (rej["outside_draft_vocab"] > 0), r.output
+        assert ("outside the draft's vocabulary" in r.output) == (rej["outside_draft_vocab"] > 0), r.output
+        said.add(rej["outside_draft_vocab"] > 0)
+    assert True in said
+
+
 def test_run_refuses_one_file_for_two_options(worded, tmp_path):
     """--stats naming the --prompts file replaced the prompts with the stats; --stats and
     --grow-file on one path lost the stats."""
