@@ -251,6 +251,9 @@ class Metrics:
         "draft_tokens_verified": "Draft tokens put to the target.",
         "draft_tokens_accepted": "Draft tokens the target accepted.",
         "lookup_rounds": "Rounds that verified prompt lookup's tokens instead of drafts.",
+        "draft_rejections": "Draft rounds that ended at a rejected draft.",
+        "draft_rejections_outside_vocab": "Of those, the rounds whose correction the draft's vocabulary lacks (a "
+                                          "token it can never propose: many say the traffic is not the draft's text).",
         "generation_seconds": "Seconds spent generating (prefill included, queueing not).",
     }
     HISTOGRAMS = {
@@ -574,6 +577,8 @@ class Server:
                                  completion_tokens=completion, target_calls=t["rounds"],
                                  draft_rounds=t["draft_rounds"], draft_tokens_verified=t["drafted"],
                                  draft_tokens_accepted=t["accepted"], lookup_rounds=t["lookup"]["rounds"],
+                                 draft_rejections=t["rejections"]["rounds"],
+                                 draft_rejections_outside_vocab=t["rejections"]["outside_draft_vocab"],
                                  generation_seconds=time.perf_counter() - t0)
                 choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
                 self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "

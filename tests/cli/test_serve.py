@@ -355,6 +355,9 @@ def test_metrics_count_what_the_requests_did(worded):  # noqa: F811
         assert m[f"specrt_{k}_total"] == sum(r["usage"][k] for r in rs), k
     assert m["specrt_draft_tokens_accepted_total"] <= m["specrt_draft_tokens_verified_total"]
     assert m["specrt_draft_rounds_total"] > 0 and m["specrt_target_calls_total"] >= m["specrt_draft_rounds_total"]
+    # the random draft over 12 of the 16 words rejects, some of it to the 4 it lacks
+    assert 0 < m["specrt_draft_rejections_outside_vocab_total"] < m["specrt_draft_rejections_total"]
+    assert m["specrt_draft_rejections_total"] <= m["specrt_draft_rounds_total"]
     assert m["specrt_requests_waiting"] == 0 and m["specrt_generation_seconds_total"] > 0
     for h in ("queue_wait_seconds", "time_to_first_token_seconds", "request_seconds"):
         assert m[f'specrt_{h}_bucket{{le="+Inf"}}'] == m[f"specrt_{h}_count"] == 3, h
