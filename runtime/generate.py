@@ -763,11 +763,11 @@ class Generator:
                 if self.dkv is not None:  # rows n .. n+a become pending slots (appended if no draft ran)
                     pend_tok += [int(t) for t in v.tokens]
                     pend_aux.append(kv_aux[-1])
-                outside = (self._outside_vocab is not None and v.accepted < d and not n_match and v.sibling < 0
-                           and bool(self._outside_vocab[int(v.tokens[v.accepted])]))
                 r = RoundResult(d, v.accepted, t_draft, t_verify, time.perf_counter() - t_round,
                                 conf if conf is not None else None, siblings=len(sib), sibling=v.sibling,
-                                lookup=n_match, catch_up=catch_up, outside_vocab=outside)
+                                lookup=n_match, catch_up=catch_up)
+                if r.rejected and self._outside_vocab is not None and self._outside_vocab[int(v.tokens[v.accepted])]:
+                    r = dataclasses.replace(r, outside_vocab=True)  # the target's correction: never draftable
                 behind = behind or t_draft == 0.0  # this step's rows wait for a later pass
                 new = [int(t) for t in v.tokens][: max_new_tokens - emitted]
                 stop = next((j for j, t in enumerate(new) if t in eos), None)

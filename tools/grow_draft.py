@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"({where}) and at most the target's {c['vocab_size']}")
         if not args.vocab_answers:
             raise SystemExit("--vocab needs --vocab-answers (the answers whose tokens choose the new ones)")
-        for path in args.vocab_answers:
-            if not path.is_file():
-                raise SystemExit(f"--vocab-answers {path}: no such file (expected a generator's chat.jsonl)")
+        tp.require_answer_files("--vocab-answers", args.vocab_answers)
     elif args.vocab_answers:
         raise SystemExit("--vocab-answers without --vocab: nothing would read them")
     torch.manual_seed(args.seed)

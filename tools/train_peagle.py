@@ -389,6 +389,13 @@ def load_answers(path: Path, keyed: bool = True) -> list[Seq]:
         return load_chat(plain, None, keyed)
 
 
+def require_answer_files(option: str, paths: list[Path]) -> None:
+    """SystemExit naming ``option`` and the first of ``paths`` that is not a file."""
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"{option} {path}: no such file (expected a generator's chat.jsonl)")
+
+
 def load_chats(paths: list[Path], max_tokens: int | None) -> tuple[list[Seq], list[dict]]:
     """The answers of several files (``--chat A B``: greedy answers, then sampled ones), in
     order, up to ``max_tokens`` answer tokens in all; only the first file's answers are keyed
@@ -396,9 +403,7 @@ def load_chats(paths: list[Path], max_tokens: int | None) -> tuple[list[Seq], li
     an earlier one has (a sampled answer that came out as the greedy one) is left out, so
     no sequence is trained twice as often as the rest. -> (answers, per file {"path",
     "answers", "sampled", "duplicates"} for the receipt)."""
-    for path in paths[1:]:  # (a missing first file is "no training data" where --text-tokens is 0)
-        if not path.is_file():
-            raise SystemExit(f"--chat {path}: no such file (expected a generator's chat.jsonl)")
+    require_answer_files("--chat", paths[1:])  # (a missing first file is "no training data" where --text-tokens is 0)
     out, seen, files, n = [], set(), [], 0
     for i, path in enumerate(paths):
         left = None if max_tokens is None else max_tokens - n
@@ -1364,9 +1369,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--loop-weight {args.loop_weight}: expected a positive number (1: every anchor alike)")
     if not 1 <= loop_depth <= K:
         raise SystemExit(f"--loop-depth {loop_depth}: expected a depth from 1 to --K {K}")
-    for path in args.vocab_answers or []:
-        if not path.is_file():
-            raise SystemExit(f"--vocab-answers {path}: no such file (expected a generator's chat.jsonl)")
+    require_answer_files("--vocab-answers", args.vocab_answers or [])
     if args.new_rows_only and args.grow_vocab is None:
         raise SystemExit("--new-rows-only needs --grow-vocab (the rows it trains are the grown vocabulary's)")
     args.head_only = args.head_only or args.new_rows_only
@@ -1427,13 +1430,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.init is not None:  # keep the draft's vocabulary: its head rows are trained for those ids
         init_model = load_draft(args.init, target.model.embed_tokens.weight.detach().cpu().clone())
         draft_ids = init_model.d2t + torch.arange(len(init_model.d2t))
-        grown_from = len(draft_ids) if args.grow_vocab is not None else None
         init_ids = draft_ids
         if args.grow_vocab is not None:
             draft_ids = select_draft_vocab(counted, tc["vocab_size"], args.grow_vocab, keep=draft_ids)
             init_model = grow_vocab(init_model, draft_ids)
     else:
-        grown_from = None
+        init_ids = None
         draft_ids = select_draft_vocab(counted, tc["vocab_size"], args.draft_vocab)
     covered = sum(int(np.isin(np.asarray(s.ids[s.prompt_len:]), draft_ids.numpy()).sum()) for s in chat)
     _log(f"draft vocabulary {len(draft_ids)}: covers {covered / max(n_chat, 1):.4f} of the chat answer tokens")
@@ -1628,7 +1630,7 @@ def main(argv: list[str] | None = None) -> int:
                 "layers": init_layers,
                 "its_heldout": (json.loads((args.init / "training_receipt.json").read_text()).get("heldout")
                                 if (args.init / "training_receipt.json").is_file() else None)},
-            "vocab_grown_from": grown_from,
+            "vocab_grown_from": len(init_ids) if args.grow_vocab is not None else None,
             "vocab_answers": [str(x) for x in args.vocab_answers] if args.vocab_answers else None,
             "lm_head_trained": args.train_head, "head_only": args.head_only,
             "new_rows_only": args.new_rows_only, "steps": step, "epochs_started": epoch,

@@ -190,7 +190,7 @@ def test_run_says_how_many_rejections_went_to_tokens_outside_the_draft_vocabular
     vocabulary (12 of 16 words here) lacks, as the stats do; where none did, it says nothing."""
     import json
 
-    stats, said = tmp_path / "s.json", set()
+    stats, said = tmp_path / "s.json", 0
     for prompt in ("w3 w1 w4", "w2 w7", "w5 w5 w9 w1"):
         r = CliRunner().invoke(main, ["run", str(worded), "--prompt", prompt, "--max-new-tokens", "24", "--quiet",
                                       "--governor", "fixed:1", "--stats", str(stats)])
@@ -200,8 +200,8 @@ def test_run_says_how_many_rejections_went_to_tokens_outside_the_draft_vocabular
                 "vocabulary]")
         assert (line in r.output) == (rej["outside_draft_vocab"] > 0), r.output
         assert ("outside the draft's vocabulary" in r.output) == (rej["outside_draft_vocab"] > 0), r.output
-        said.add(rej["outside_draft_vocab"] > 0)
-    assert True in said
+        said += rej["outside_draft_vocab"] > 0
+    assert said > 0  # at least one prompt's rejections reached a word the draft lacks
 
 
 def test_run_refuses_one_file_for_two_options(worded, tmp_path):
