@@ -729,6 +729,8 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "tree": tot["tree"],  # token trees: rounds with runners-up, their wins by rank, target depths
         "lookup": tot.get("lookup"),  # prompt lookup (:ngram): its rounds by match length
         "rounds": tot["rounds"], "draft_rounds": R, "drafted": tot["drafted"], "accepted": tot["accepted"],
+        # the draft rounds that ended at a rejected draft, and those whose correction the draft's vocabulary lacks
+        "rejections": tot["rejections"],
         "time_split": split,
         "time_split_fraction": {k: (v / wall if wall > 0 else 0.0) for k, v in split.items()},
         "python_share": split.get("python", 0.0) / wall if wall > 0 else 0.0,
@@ -1676,6 +1678,10 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
                      if c.get("sequential_passes_avoided") else "")
             if c.get("drafted_but_unverified_rounds"):
                 extra += f"; {c['drafted_but_unverified_rounds']} of {c['drafting_rounds']} drafted rounds verified nothing"
+            rej = c.get("rejections") or {}
+            if rej.get("outside_draft_vocab"):  # the draft's reduced vocabulary lacks what these prompts' answers say
+                extra += (f"; {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
+                          "draft's vocabulary")
             echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
             lk = c.get("lookup") or {}
             if lk.get("rounds"):

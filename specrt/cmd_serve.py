@@ -589,7 +589,7 @@ class Server:
                          "total_tokens": prompt_tokens + completion},
                "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
                           "first_token_s": t["first_token_s"], "prefix_reused": t["prefix_reused"],
-                          "governor": s.governor_spec, "mode": params.mode}}
+                          "rejections": t["rejections"], "governor": s.governor_spec, "mode": params.mode}}
 
     def _choices(self, req: dict, total, done: dict) -> Iterator[dict]:
         """complete's choices, one after another; ``done`` gets the counts and the last

@@ -28,7 +28,8 @@ REQUIRED_KEYS = {"format", "machine", "settings", "prompts", "configs", "identit
                  "plots", "outputs", "warnings"}
 SPECRT_KEYS = {"tokens_per_s_median", "ratio_vs_off", "ratio_vs_off_paired", "ratio_vs_ortgenai", "peak_rss_bytes", "tau",
                "acceptance_by_position", "acceptance_conditional", "time_split", "time_split_fraction", "python_share",
-               "draft_passes_per_round", "sequential_passes_avoided_per_round", "predicted", "depth_histogram"}
+               "draft_passes_per_round", "sequential_passes_avoided_per_round", "predicted", "depth_histogram",
+               "rejections"}
 
 
 def _quiet(_msg: str) -> None:
@@ -217,6 +218,31 @@ def test_summary_points_to_specrt_profile_when_the_table_is_stale(report):
         assert bool(hint) == expected, lines
         if expected:
             assert f"ran at {ratio:.2f}x the cost table's speed" in hint[0] and rep["settings"]["engines"] in hint[0]
+
+
+def test_rejections_are_reported_and_those_outside_the_draft_vocabulary_printed(report):
+    """Each specrt configuration's report counts the draft rounds that ended at a rejected
+    draft (the tiny draft, random, rejects often; its vocabulary is the target's, so none lie
+    outside it), and the printed summary says how many went to tokens outside the draft's
+    vocabulary when any did."""
+    import copy
+
+    from specrt.cmd_bench import print_summary
+
+    rep, out, text = report
+    for name in ("specrt:fixed:2", "specrt:adaptive", "specrt:fixed:2:tree=2"):
+        c = rep["configs"][name]
+        rej = c["rejections"]
+        assert 0 < rej["rounds"] <= c["draft_rounds"] and rej["outside_draft_vocab"] == 0, (name, rej)
+    assert rep["configs"][REFERENCE]["rejections"]["rounds"] == 0  # no drafts, no rejections
+    assert "outside the draft's vocabulary" not in text
+    r = copy.deepcopy(rep)
+    r["configs"]["specrt:fixed:2"]["rejections"] = {"rounds": 9, "outside_draft_vocab": 4, "outside_share": 4 / 9}
+    lines: list[str] = []
+    print_summary(r, out, echo=lambda s="", **kw: lines.append(s))
+    said = [x for x in lines if "outside the draft's vocabulary" in x]
+    assert len(said) == 1 and said[0].startswith("  specrt:fixed:2: acceptance by position")
+    assert "4 of 9 rejected drafts to tokens outside the draft's vocabulary" in said[0]
 
 
 def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_path):

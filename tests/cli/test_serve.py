@@ -86,6 +86,8 @@ def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, 
     assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
     assert r["specrt"]["governor"] == "fixed:3" and r["specrt"]["mode"] == "greedy" and r["specrt"]["tau"] >= 1
     assert r["specrt"]["tokens_per_call"] == pytest.approx(st["tokens_per_call"])  # (fixed:3 on either side)
+    # the draft rounds that ended at a rejection, and those whose correction the draft's vocabulary lacks
+    assert r["specrt"]["rejections"] == st["rejections"] and st["rejections"]["rounds"] > 0
     # content parts, streamed, with the usage chunk
     parts = [conv[0], {"role": "user", "content": [{"type": "text", "text": "w6 "}, {"type": "text", "text": "w7"}]}]
     code, events = _post(url, "/v1/chat/completions", {"messages": parts, "max_tokens": 6, "stream": True,
