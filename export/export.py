@@ -26,7 +26,7 @@ from specrt.export.binding import (BoundDraft, BoundTarget, bind_draft, bind_tar
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
-from specrt.paths import check_path_args
+from specrt.paths import check_path_args, read_json_object
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRAINING_RECEIPT = "training_receipt.json"
@@ -84,6 +84,11 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     short = draft is not None and (note := length_note(draft)) is not None
     if short:
         log(note)
+    if draft_dir is not None and (Path(draft_dir) / TRAINING_RECEIPT).is_file():
+        from specrt.runtime.canary import expected_depth1
+
+        # a receipt the acceptance canary could not read is refused here, not after the build
+        expected_depth1(read_json_object(Path(draft_dir) / TRAINING_RECEIPT), str(Path(draft_dir) / TRAINING_RECEIPT))
 
     with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)

@@ -6,13 +6,17 @@ training accuracy, ~10% acceptance). Right after building, specrt decodes a few 
 at depth 1 and compares the measured depth-1 acceptance with what the draft's training
 receipt promises:
 
-    expected = receipt["heldout"]["acceptance_at_pos"][0]      (unseen prompts, if present)
+    expected = receipt["heldout"]["loop"]["1"]["acceptance_at_pos"][0]   (a fixed:1 loop on unseen prompts)
+             | receipt["heldout"]["acceptance_at_pos"][0]                  (every anchor of them)
              | receipt["training_last_window"]["depth_1"]["accuracy"]
     trusted  = measured >= UNTRUSTED_RATIO * expected
 
-The held-out estimate is preferred because a small draft's training accuracy overstates
+The held-out estimates are preferred because a small draft's training accuracy overstates
 what it does on new text (DESIGN.md §10: 0.75 on training prompts, 0.24 unseen), which
-would make an honest pair look broken. The receipt ``ENGINES/acceptance_receipt.json``
+would make an honest pair look broken; of them the fixed:1 loop's (tools/train_peagle.py
+writes it since session 49) is what the canary's own depth-1 run measures: its rounds start
+one past the last accepted token, more often just after a miss than anchors do (stage 8:
+0.585 against 0.614 over every anchor, ``results/loop_fidelity``). The receipt ``ENGINES/acceptance_receipt.json``
 names the binding receipt and the target tensors the draft relies on, so it is tied to
 exactly these weights; ``specrt run`` prints a loud warning when it says untrusted.
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
-from specrt.paths import write_atomic
+from specrt.paths import read_json_object, write_atomic
 
 from .generate import Generator
 from .governor import FixedGovernor
@@ -50,14 +54,45 @@ PROMPTS = (
 )
 
 
-def expected_depth1(receipt: dict) -> tuple[float | None, str]:
-    held = (receipt.get("heldout") or {}).get("acceptance_at_pos")
-    if held:
-        return float(held[0]), "heldout.acceptance_at_pos[0]"
-    acc = ((receipt.get("training_last_window") or {}).get("depth_1") or {}).get("accuracy")
-    if acc is not None:
-        return float(acc), "training_last_window.depth_1.accuracy"
+# where a training receipt may say its depth-1 acceptance, the preferred first (the module's
+# docstring); None: a list whose first entry (position 1's) is the figure
+EXPECTED_FIELDS = (("heldout", "loop", "1", "acceptance_at_pos", None), ("heldout", "acceptance_at_pos", None),
+                   ("training_last_window", "depth_1", "accuracy"))
+
+
+def expected_depth1(receipt: dict, where: str = "the training receipt") -> tuple[float | None, str]:
+    """The depth-1 acceptance ``receipt`` (a draft's training_receipt.json, read from
+    ``where``) promises and the field it came from, the first of EXPECTED_FIELDS it has;
+    (None, "none") when it has none. A field there that is not what the canary can compare
+    with (an object on the way, a list of rates in [0, 1] at the end) is a UserError naming
+    ``where`` and the field: `specrt export` checks it before anything is written."""
+    for path in EXPECTED_FIELDS:
+        node, name = receipt, ""
+        for key in path:
+            if key is None:  # the list of rates by position: position 1's
+                if not (isinstance(node, list) and node):
+                    raise UserError(f"{where}: {name} must be a list of acceptance rates by draft position, position "
+                                    f"1's first; found {_short(node)}")
+                node, name = node[0], f"{name}[0]"
+                break
+            if not isinstance(node, dict):
+                raise UserError(f"{where}: {name or 'the receipt'} must be a JSON object; found {_short(node)}")
+            if node.get(key) is None:
+                node = None
+                break
+            node, name = node[key], f"{name}.{key}" if name else key
+        if node is None:
+            continue
+        if isinstance(node, bool) or not isinstance(node, (int, float)) or not 0 <= node <= 1:
+            raise UserError(f"{where}: {name} must be an acceptance rate from 0 to 1 (what the acceptance canary "
+                            f"compares its measured depth-1 acceptance with); found {_short(node)}")
+        return float(node), name
     return None, "none"
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def low_note(measured: float) -> str:
@@ -98,8 +133,9 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     measured = accepted / drafted if drafted else 0.0
     training = None
     if draft.get("training_receipt"):
-        training = json.loads((export_dir / draft["training_receipt"]["file"]).read_text())
-    expected, source = expected_depth1(training) if training else (None, "none")
+        path = export_dir / draft["training_receipt"]["file"]
+        training = read_json_object(path)
+    expected, source = expected_depth1(training, str(path)) if training else (None, "none")
     trusted = True if expected is None else measured >= UNTRUSTED_RATIO * expected
     low = expected is None and drafted >= LOW_MIN_DRAFTS and measured < LOW_WITHOUT_RECEIPT
     rec = exp["binding_receipt"]

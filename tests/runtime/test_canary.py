@@ -194,3 +194,52 @@ def test_low_acceptance_without_receipt_is_said(tmp_path, monkeypatch):
     monkeypatch.setattr(canary, "LOW_MIN_DRAFTS", 1)
     monkeypatch.setattr(canary, "LOW_WITHOUT_RECEIPT", m)  # exactly at the line: not below it
     assert not _measure(eng)["low_without_receipt"]
+
+
+def test_the_receipt_figure_the_canary_compares_with():
+    """The canary runs a fixed:1 loop, so a receipt's fixed:1 loop figure (train_peagle since
+    session 49) is preferred to its every-anchor one, which is preferred to training accuracy;
+    a field present with what the canary cannot compare with is named, never read as another."""
+    from specrt.runtime.canary import expected_depth1
+
+    loop = {"1": {"acceptance_at_pos": [0.585]}, "2": {"acceptance_at_pos": [0.6, 0.3]}}
+    full = {"heldout": {"loop": loop, "acceptance_at_pos": [0.614, 0.28]},
+            "training_last_window": {"depth_1": {"accuracy": 0.7}}}
+    assert expected_depth1(full) == (0.585, "heldout.loop.1.acceptance_at_pos[0]")
+    assert expected_depth1({**full, "heldout": {"acceptance_at_pos": [0.614]}}) == (0.614, "heldout.acceptance_at_pos[0]")
+    assert expected_depth1({**full, "heldout": {"loop": {"2": loop["2"]}, "acceptance_at_pos": [0.614]}}) == (
+        0.614, "heldout.acceptance_at_pos[0]")  # no fixed:1 loop: the next figure
+    assert expected_depth1({"training_last_window": {"depth_1": {"accuracy": 1}}}) == (
+        1.0, "training_last_window.depth_1.accuracy")
+    assert expected_depth1({"heldout": None, "other": 1}) == (None, "none")
+    for receipt, words in (({"heldout": {"acceptance_at_pos": ["x"]}}, r"F: heldout.acceptance_at_pos\[0\] must be an "
+                                                                        r"acceptance rate from 0 to 1.*found \"x\""),
+                           ({"heldout": {"acceptance_at_pos": []}}, r"heldout.acceptance_at_pos must be a list.*found \[\]"),
+                           ({"heldout": {"acceptance_at_pos": {"0": 1}}}, "heldout.acceptance_at_pos must be a list"),
+                           ({"heldout": "x"}, "F: heldout must be a JSON object; found \"x\""),
+                           ({"heldout": {"loop": {"1": {"acceptance_at_pos": [1.5]}}}}, r"loop.1.acceptance_at_pos\[0\] "
+                                                                                        "must be .*found 1.5"),
+                           ({"training_last_window": {"depth_1": {"accuracy": True}}}, "found true"),
+                           ({"training_last_window": {"depth_1": {"accuracy": float("nan")}}}, "found NaN")):
+        with pytest.raises(UserError, match=words):
+            expected_depth1(receipt, "F")
+
+
+def test_export_refuses_a_training_receipt_the_canary_cannot_read(tmp_path):
+    """A draft's training_receipt.json travels with the export for the canary: one it could
+    not read (not JSON, not an object, a figure that is no rate) crashed the build's canary
+    with a traceback after the engines were written. `specrt export` refuses it, naming the
+    file and the field, exit 1, nothing written."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
+    for text, words in (("{not json", "not valid JSON"), ("[1]", "expected a JSON object"),
+                        (json.dumps({"heldout": {"acceptance_at_pos": [61.4]}}),
+                         "heldout.acceptance_at_pos[0] must be an acceptance rate from 0 to 1")):
+        (d / "training_receipt.json").write_text(text)
+        r = CliRunner().invoke(main, ["export", str(t), "--draft", str(d), "-o", str(tmp_path / "out")])
+        assert r.exit_code == 1 and f"{d / 'training_receipt.json'}: {words}" in r.output, r.output
+        assert "Traceback" not in r.output and not (tmp_path / "out").exists()
