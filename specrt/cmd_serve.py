@@ -388,6 +388,7 @@ class Server:
         self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled answer's client is let go after it
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
         self.stopping = False  # closing: requests not yet begun are answered 503
+        self.closed = False  # close() has begun
         self.cutting = False  # closing at once: the request being answered ends at its next round
         # whole answers being written after the engines' lock was let go (Handler.do_POST):
         # close waits for them, as it waits for the lock (the process ended under them)
@@ -398,10 +399,13 @@ class Server:
         """Closes the session once the request being answered has ended (Ctrl-C mid-answer
         closed its engines under it: the client got 'infer() before activate()'); requests
         still queued are then answered 503. Returns once the whole answers being sent after the
-        lock (Handler.do_POST) are sent, or at a further Ctrl-C."""
-        self.stopping = True
+        lock (Handler.do_POST) are sent, or at a further Ctrl-C. Once closed, a no-op."""
+        if self.closed:
+            return
+        self.closed = self.stopping = True
         if not self.lock.acquire(blocking=False):
-            self.log("[stopping: the request being answered ends first (Ctrl-C again: at its next round)]")
+            self.log("[stopping: the request being answered ends first (Ctrl-C or SIGTERM again: at its next "
+                     "round)]")
             try:
                 self.lock.acquire()
             except KeyboardInterrupt:  # (leaving then aborted the process inside an engine call)
@@ -413,7 +417,7 @@ class Server:
             self.lock.release()
         with self.sent:
             if self.sending:
-                self.log("[stopping: an answer is being sent (Ctrl-C again: now)]")
+                self.log("[stopping: an answer is being sent (Ctrl-C or SIGTERM again: now)]")
             try:
                 while self.sending:
                     self.sent.wait()
@@ -816,6 +820,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(e)
         except UserError as e:
             return self._error(BadRequest(str(e)))
+        if self.app.stopping:  # at once: it queued behind the answer in flight for its 503
+            return self._error(BadRequest("the server is shutting down", status=503))
         m = self.app.metrics
         with m.lock:
             m.waiting += 1
@@ -993,8 +999,25 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _interrupt(signum, frame) -> None:
-    """SIGTERM (what service managers and containers stop with) stops the server as Ctrl-C does."""
+    """SIGTERM (what service managers and containers stop with) stops the server as Ctrl-C does;
+    so does SIGINT sent to a server that a script started in the background (its shell starts
+    background jobs with SIGINT ignored, and Python then installs no handler of its own: `kill
+    -INT` left it serving)."""
     raise KeyboardInterrupt
+
+
+def drain(app: Server, httpd: ThreadingHTTPServer) -> None:
+    """Stop serving once the request being answered has ended (``app.close``), ``httpd``
+    listening meanwhile in a thread of its own, so that /health answers 503 "stopping" (what a
+    load balancer's probe reads) and new requests 503; then close its socket. The socket used
+    to close first: the probe's connection was refused until the process ended."""
+    app.stopping = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        app.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
@@ -1065,16 +1088,22 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         except OSError as e:
             raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
         h, p = httpd.server_address[:2]
-        click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
-                   f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
-                   f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
-        sys.stderr.flush()
-        signal.signal(signal.SIGTERM, _interrupt)  # (it ended the process mid-answer: a stream cut, no word)
+        # before the line that says it serves: a signal sent on reading it was ignored (SIGTERM
+        # ended the process mid-answer, a stream cut without a word)
+        old = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
+            try:
+                click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
+                           f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
+                           f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
+                sys.stderr.flush()
+                httpd.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                drain(app, httpd)
         finally:
-            httpd.server_close()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
     finally:
         app.close()

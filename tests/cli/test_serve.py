@@ -1292,6 +1292,56 @@ def test_health_says_stopping_once_the_server_is_closing(worded):  # noqa: F811
         app.stopping = False
 
 
+def test_health_answers_stopping_while_the_answer_in_flight_ends(worded):  # noqa: F811
+    """After Ctrl-C or SIGTERM the server keeps listening until the answer in flight has ended
+    (drain): /health answers 503 "stopping" and a new request 503, then the socket closes. It
+    closed first: a load balancer's probe got a refused connection, never the 503."""
+    import socket
+
+    from specrt.cmd_serve import Server, drain, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)  # (not serving: as after serve_forever's interruption)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    assert app.lock.acquire()  # an answer in flight holds the engines
+    stopped = threading.Thread(target=drain, args=(app, httpd))
+    stopped.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/health", timeout=30)
+        assert (e.value.code, json.loads(e.value.read())) == (503, {"status": "stopping"})
+        code, r = _post(url, "/v1/completions", {"prompt": "w6", "max_tokens": 2})
+        assert code == 503, r
+        assert stopped.is_alive()  # still waiting for the answer in flight
+    finally:
+        app.lock.release()
+    stopped.join(timeout=60)
+    assert not stopped.is_alive() and app.closed
+    with pytest.raises(OSError):  # closed now
+        socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=5).close()
+
+
+def test_sigint_stops_a_server_started_with_sigint_ignored(worded):  # noqa: F811
+    """A script's `specrt serve ... &` starts with SIGINT ignored (bash does that to background
+    jobs, and Python then installs no handler): `kill -INT` left it serving. It stops as at
+    Ctrl-C now, exit 0."""
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
+                          "fixed:1"], stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        line = ""
+        while "serving" not in line:
+            line = p.stderr.readline()
+            assert line, "the server exited before serving"
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+        assert "Traceback" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stderr.close()
+
+
 def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
