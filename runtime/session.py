@@ -383,6 +383,18 @@ class Session:
                                                **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")},
                                 self.chat_option)
 
+    def check_prompt(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
+                     chat_template_kwargs: dict | None = None) -> list[int]:
+        """``prompt``'s token ids, refused (UserError) where ``stream`` would refuse it before
+        decoding: empty, past the engines' context limit, an id outside the vocabulary, a bad
+        ``max_new_tokens``. Nothing runs: `specrt run --prompts` checks every line first (a
+        prompt too long on line 40 cost the 39 answers before it, and their --stats)."""
+        if isinstance(prompt, (tuple, np.ndarray)):
+            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
+        ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
+        self.generator._check(ids, max_new_tokens, self.eos)
+        return ids
+
     def _open(self) -> None:
         if self.closed:
             raise UserError("this Session is closed (its engines' sessions are released): open a new one")

@@ -482,6 +482,12 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
             if existed:
                 click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
+        if prompts_file is not None:  # every line before the first is decoded (a bad one cost the answers before it)
+            for i, p in enumerate(prompts):
+                try:
+                    s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens)
+                except UserError as e:
+                    raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         total, per_prompt = Telemetry(), []
         for i, p in enumerate(prompts):
             try:

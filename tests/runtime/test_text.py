@@ -377,6 +377,11 @@ def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_l
     f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w1 " * 5000}) + "\n")
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4", "--quiet"])
     assert r.exit_code == 1 and f"{f}:2: the prompt has 5000 tokens" in r.output, r.output
+    # every line is checked before the first is decoded (line 1's answer, its --stats, were lost work)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4"])
+    lines = r.output.splitlines()
+    assert r.exit_code == 1 and "no prompt was decoded" in lines[-1], r.output
+    assert "calibration" in lines[-2], r.output  # the notes, then the error: no answer printed between
     f.write_text("\n" + f.read_text().replace("\n", "\n\n", 1))  # blank lines: the line, not the prompt's index
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4", "--quiet"])
     assert r.exit_code == 1 and f"{f}:4: the prompt has 5000 tokens" in r.output, r.output
