@@ -565,13 +565,13 @@ def test_models_health_and_unknown_paths(served):
     assert code == 404
 
 
-def _serving(engines, *options: str) -> tuple[subprocess.Popen, str]:
-    """`specrt serve ENGINES --port 0 [OPTIONS]` started, and its "serving ... on URL" line once it serves."""
+def _serving(engines, *options: str, sigint=signal.SIG_DFL) -> tuple[subprocess.Popen, str]:
+    """`specrt serve ENGINES --port 0 [OPTIONS]` started, and its "serving ... on URL" line once
+    it serves. ``sigint``: what SIGINT does as it starts (by default Ctrl-C as a terminal gives
+    it, whatever this process inherited; SIG_IGN: a shell script's background job)."""
     p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(engines), "--port", "0", "--governor",
                           "fixed:1", *options], stderr=subprocess.PIPE, text=True,
-                         # Ctrl-C as a terminal gives it, whatever this process inherited (a shell's
-                         # background job ignores SIGINT, and so would the server)
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     line = ""
     while "serving" not in line:
         line = p.stderr.readline()
@@ -1321,27 +1321,6 @@ def test_health_answers_stopping_while_the_answer_in_flight_ends(worded):  # noq
         socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=5).close()
 
 
-def test_sigint_stops_a_server_started_with_sigint_ignored(worded):  # noqa: F811
-    """A script's `specrt serve ... &` starts with SIGINT ignored (bash does that to background
-    jobs, and Python then installs no handler): `kill -INT` left it serving. It stops as at
-    Ctrl-C now, exit 0."""
-    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
-                          "fixed:1"], stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        line = ""
-        while "serving" not in line:
-            line = p.stderr.readline()
-            assert line, "the server exited before serving"
-        p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=60) == 0
-        assert "Traceback" not in p.stderr.read()
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.stderr.close()
-
-
 def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
@@ -1470,15 +1449,17 @@ def test_the_write_timeout_option_reaches_the_answers_writes(worded, monkeypatch
     assert seen == [7.25, 7.25] != [cmd_serve.WRITE_TIMEOUT] * 2, seen
 
 
-def test_sigterm_stops_the_command_as_ctrl_c_does(worded):  # noqa: F811
+@pytest.mark.parametrize("sig, at_start", [(signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)],
+                         ids=["sigterm", "sigint-ignored-at-start"])
+def test_sigterm_stops_the_command_as_ctrl_c_does(worded, sig, at_start):  # noqa: F811
     """SIGTERM (what service managers and containers stop with): exit 0 after closing, as
-    Ctrl-C (it killed the process: -15, a stream in progress cut without a word)."""
-    import time
-
-    p, _ = _serving(worded)
+    Ctrl-C (it killed the process: -15, a stream in progress cut without a word). So does
+    SIGINT to a server a script started with `specrt serve ... &` (bash starts background jobs
+    with SIGINT ignored, and Python then installs no handler: `kill -INT` left it serving), sent
+    as soon as it says it serves (its handlers are set before that line)."""
+    p, _ = _serving(worded, sigint=at_start)
     try:
-        time.sleep(0.2)
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(sig)
         assert p.wait(timeout=60) == 0
         assert "Traceback" not in p.stderr.read()
     finally:
