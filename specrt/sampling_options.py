@@ -12,6 +12,7 @@ where they are used, by ``runtime.sampling.SamplingParams`` (the API's and serve
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -87,11 +88,36 @@ def sampling_options(temperature_help: str, seed: int | None, seed_help: str | N
     ]
 
     def decorate(f):
+        @functools.wraps(f)
+        def command(*args, **kwargs):
+            if (note := greedy_note(kwargs)) is not None:
+                click.echo(f"note: {note}", err=True)
+            return f(*args, **kwargs)
+
         for opt in reversed(opts):
-            f = opt(f)
-        return f
+            command = opt(command)
+        return command
 
     return decorate
+
+
+SAMPLING_ONLY = ("top_p", "top_k", "seed", "reproducible")
+
+
+def greedy_note(params: dict) -> str | None:
+    """What to say when sampling options were given on the command line (or from the
+    environment) with --temperature 0, where they change nothing: greedy decoding ignored
+    `--top-p 0.5` without a word. None when sampling, or when none was given."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or params.get("temperature") != 0:
+        return None
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_ONLY
+             if name in params and ctx.get_parameter_source(name) in (click.core.ParameterSource.COMMANDLINE,
+                                                                      click.core.ParameterSource.ENVIRONMENT)]
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect at --temperature 0 (greedy "
+            "decoding); give --temperature T > 0 to sample")
 
 
 def template_kwargs_option(f):

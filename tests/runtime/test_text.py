@@ -1833,3 +1833,20 @@ def test_a_folder_named_tokenizer_json_is_no_tokenizer(tmp_path):
     (tmp_path / "tokenizer.json").mkdir()
     with pytest.raises(UserError, match="no tokenizer.json"):
         Text(tmp_path)
+
+
+def test_sampling_options_at_temperature_0_are_said_to_change_nothing(worded):  # noqa: F811
+    """`--top-p 0.5` (or --top-k, --seed, --reproducible) with greedy decoding changed nothing
+    without a word: run and chat (and calibrate and bench: the same decorator) say so, naming
+    the options given; sampling, or none given, says nothing."""
+    said = "no effect at --temperature 0 (greedy decoding)"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "3", "--top-p", "0.5",
+                                  "--seed", "3"])
+    assert r.exit_code == 0 and f"note: --top-p, --seed have {said}" in r.output, r.output
+    greedy = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "3"])
+    assert greedy.exit_code == 0 and said not in greedy.output
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "3", "--temperature",
+                                  "0.5", "--top-p", "0.5", "--seed", "3"])
+    assert r.exit_code == 0 and said not in r.output, r.output
+    r = CliRunner().invoke(main, ["chat", str(worded), "--top-k", "5", "--reproducible"], input="w1\n")
+    assert r.exit_code == 0 and f"note: --top-k, --reproducible have {said}" in r.output, r.output
