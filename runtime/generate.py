@@ -302,6 +302,10 @@ class Generator:
                                     "trees need the in-place KV (`specrt build` without --ort-kv append)")
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
+            vd = int((self.e.export.get("draft") or {}).get("draft_vocab_size") or self.vocab)
+            if w > vd:  # (tree=9000 ran, every round's rows on the prefill engine, at 0.7 tok/s)
+                raise UserError(f"a token tree of width {w}: the draft chooses among {vd} tokens, so a tree is at "
+                                f"most {vd} wide (a few pay: fixed:2:tree=3 is the measured best on SmolLM2)")
         return w
 
     def resolve_lookup(self) -> NgramPolicy | None:

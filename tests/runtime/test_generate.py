@@ -406,6 +406,16 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
     Appended.backend = "tensorrt"  # (its engines have the append contract and no --ort-kv option)
     with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
         G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
+    # wider than the draft's vocabulary: no such runners-up (tree=9000 ran, at 0.7 tok/s on SmolLM2)
+    vd = int(engines.export["draft"]["draft_vocab_size"])
+    for w, ok in ((vd, True), (vd + 1, False)):
+        gov.tree_width = w
+        g = G.Generator(engines, gov, SamplingParams(), read_d2t(engines.export_dir, engines.export))
+        if ok:
+            g.generate(PROMPT, 4)  # runs: every token a runner-up of the first
+        else:
+            with pytest.raises(UserError, match=f"a token tree of width {w}: the draft chooses among {vd} tokens"):
+                g.generate(PROMPT, 4)
 
 
 def test_the_draft_gets_the_aux_rows_of_every_pending_position(pair):
