@@ -322,7 +322,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if draft_length is not None:  # (engines whose context its draft covers read as before)
             manifest["draft_max_position_embeddings"] = draft_length
         manifest["costs"] = _profile(EngineSet(tmp, manifest, exp), profile_pasts, draft_accepted, profile_repeats,
-                                     log)
+                                     log, folder=Path(out))
         manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
         write_json(tmp / ENGINES_MANIFEST, manifest)
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
@@ -392,10 +392,21 @@ def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, 
             "timed_sizes": sizes}
 
 
+# A profile whose process had less of the CPU than this (its threads' CPU time over what they
+# asked for: spinning ONNX Runtime threads ask for all of it) was measured on a busy machine.
+# `specrt profile` of SmolLM2's engines on the 2-core host of 2026-12-05: 0.92 idle, 0.51
+# beside one busy loop (decode 62 against 18 ms), 0.48 beside two.
+BUSY_CPU_SHARE = 0.75
+
+
 def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: Callable[[str], None],
-             where: str = "") -> dict[str, Any]:
+             where: str = "", folder: Path | None = None) -> dict[str, Any]:
     """``profile_costs`` on ``engines`` (activated for it, released after) at the ``pasts``
-    that fit their context (else half of it), for the build and ``measure_costs`` alike."""
+    that fit their context (else half of it), for the build and ``measure_costs`` alike.
+    ONNX Runtime engines: the table's ``cpu_share`` is the CPU time this process had over
+    what its threads asked for while profiling (spinning threads: ~1 on an idle machine);
+    below BUSY_CPU_SHARE the log says the machine was busy and names `specrt profile
+    FOLDER` (``folder``: the engines' final folder, by default theirs)."""
     depth_list = tuple(engines.depths)
     ctx = engines.max_context
     # else the half of the context, or less where the deepest verify would not fit after it
@@ -406,8 +417,19 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
     draft_kind = (engines.export.get("draft") or {}).get("kind")
     log(f"profiling {len(engines.runners)} engines{where} at past {', '.join(map(str, pasts))} (median of {repeats})")
     with engines:
-        return profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
-                             draft_accepted=draft_accepted, repeats=repeats, log=log)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        table = profile_costs(engines.runners, vocab=vocab, depths=depth_list, draft_kind=draft_kind, pasts=pasts,
+                              draft_accepted=draft_accepted, repeats=repeats, log=log)
+        threads = getattr(getattr(engines, "ort_settings", None), "intra_op_num_threads", None)
+        if engines.backend == "onnxruntime" and threads:
+            share = (time.process_time() - cpu0) / (max(time.perf_counter() - wall0, 1e-9) * threads)
+            table["cpu_share"] = round(share, 3)
+            if share < BUSY_CPU_SHARE:  # other processes took the cores: every time is inflated
+                log(f"note: this process had {share:.0%} of the CPU time its {threads} ONNX Runtime threads asked "
+                    f"for while profiling: the machine was busy and these costs are inflated (DSpark and prompt "
+                    f"lookup price their rounds from them); `specrt profile {folder or engines.folder}` measures "
+                    "them again, better on an idle machine")
+        return table
 
 
 def check_repeats(repeats, option: str) -> None:
