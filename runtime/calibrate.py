@@ -189,8 +189,9 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     prompts = list(prompts)
     if not prompts:
         raise UserError("no prompts to calibrate on")
-    if max_new_tokens < 2:
-        raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 2 (one round needs two new tokens)")
+    if max_new_tokens < 3:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 3 (the prefill makes the first token, and "
+                        "a draft round needs the next two)")
     if holdout_prompts is not None:
         extra = list(holdout_prompts)
         if not extra:
@@ -314,8 +315,11 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         except OSError as e:
             raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
         report["file"] = str(path)
+        was = modes.get(sampling.mode)  # (replaced without a word: a fit of 8 rounds over one of 51)
         log(f"wrote {path} ({sampling.mode}: {cal.kind}, {len(train)} rounds"
-            + (f"; kept {', '.join(kept)})" if kept else ")"))
+            + (f"; kept {', '.join(kept)}" if kept else "")
+            + (f"; it replaces the {sampling.mode} calibration of {was.get('rounds', '?')} rounds made "
+               f"{was.get('created', 'earlier')}" if was else "") + ")")
     return report
 
 

@@ -230,9 +230,14 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
             np.testing.assert_array_equal(s.calibration.n[~big], src.n[~big])
             seen = src.n > 0
             np.testing.assert_allclose(s.calibration.a[seen] / s.calibration.n[seen], src.a[seen] / src.n[seen])
-    # greedy again: the greedy fit replaced, the sampled one kept
-    calibrate(eng, prompts(16, 3, seed=4), max_new_tokens=12, holdout=0.0)
+    # greedy again: the greedy fit replaced, saying so (a fit of 8 rounds replaced one of 51 without a
+    # word), the sampled one kept
+    said: list[str] = []
+    again = calibrate(eng, prompts(16, 3, seed=4), max_new_tokens=12, holdout=0.0, log=said.append)
     assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", h["mode"]]
+    wrote = [x for x in said if x.startswith("wrote")]
+    assert len(wrote) == 1 and f"{again['rounds']['train']} rounds; kept {h['mode']}; it replaces the greedy " \
+        f"calibration of {g['rounds']['train']} rounds made {data['modes']['greedy']['created']})" in wrote[0], wrote
 
 
 def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_path):
@@ -437,7 +442,8 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     (['{"text": "x"}'], [], "expected an object with a string field 'prompt'"),
     (["not json"], [], "not a JSON line"),
     (['{"prompt_ids": [1, 2]}'], ["--holdout", "1.5"], "--holdout 1.5: expected a fraction"),
-    (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "1"], "expected >= 2"),
+    (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "2"], "--max-new-tokens 2: expected >= 3 (the prefill makes "
+                                                            "the first token, and a draft round needs the next two)"),
     (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1.0: expected a finite number"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
