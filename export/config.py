@@ -257,7 +257,9 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise UserError(f"{path}: not found (expected a JSON config file)")
+        from specrt.manifest import specrt_folder_note
+
+        raise UserError(f"{path}: not found (expected a JSON config file){specrt_folder_note(Path(path).parent)}")
     return read_json_object(path)
 
 

@@ -148,11 +148,24 @@ def verify_files(folder: Path, records: list[dict[str, Any]], what: str) -> None
                             "it was modified after it was written: re-run the stage that made it")
 
 
+def specrt_folder_note(folder: Path) -> str:
+    """What ``folder`` is when specrt made it, as a hint for an error about another kind of
+    folder: an export's or an engines folder's, and the command that takes it; "" otherwise."""
+    folder = Path(folder)
+    if (folder / "export.json").is_file():
+        return (f" ({folder} is an export folder: `specrt build {folder} -o ENGINES` builds engines from it; run, "
+                "calibrate, compare, bench, chat and serve take the engines)")
+    if (folder / "engines.json").is_file():
+        return (f" ({folder} is an engines folder, made by `specrt build`: run, chat, serve, calibrate, compare and "
+                f"bench take it; its export is {folder / 'export'})")
+    return ""
+
+
 def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any]:
     folder = Path(folder)
     p = folder / name
     if not p.is_file():
-        raise UserError(f"{folder}: not a complete {what} folder (no {name})")
+        raise UserError(f"{folder}: not a complete {what} folder (no {name}){specrt_folder_note(folder)}")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -773,3 +773,26 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
     monkeypatch.setattr(build, "BUSY_CPU_SHARE", 2.0)  # (said by `specrt profile` too)
     cli = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
     assert cli.exit_code == 0 and "the machine was busy" in cli.output, cli.output
+
+
+def test_a_folder_of_the_wrong_kind_is_named_for_what_it_is(tiny_export, engines_copy):
+    """An export folder given where engines are taken (run, calibrate, compare, ...) said only
+    "not a complete engines folder (no engines.json)", and an engines folder given as a
+    checkpoint "config.json: not found": each now says what the folder is and which command
+    takes it (found by a new-user walk). A folder specrt did not make is said as before."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    for args in (["run", str(tiny_export), "--prompt", "x"], ["compare", str(tiny_export)]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and f"({tiny_export} is an export folder: `specrt build {tiny_export} -o ENGINES` " \
+            "builds engines from it" in r.output, r.output
+    for args in (["inspect", str(engines_copy)], ["export", str(engines_copy), "-o", str(engines_copy.parent / "x")]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and f"config.json: not found (expected a JSON config file) ({engines_copy} is an " \
+            "engines folder, made by `specrt build`" in r.output, r.output
+    plain = engines_copy.parent / "plain"
+    plain.mkdir()
+    r = CliRunner().invoke(main, ["run", str(plain), "--prompt", "x"])
+    assert r.exit_code == 1 and r.output.rstrip().endswith("not a complete engines folder (no engines.json)"), r.output
