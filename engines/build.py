@@ -128,6 +128,20 @@ def carry_timing_cache(old: Path, tmp: Path, name: str, current: dict[str, Any],
     return True
 
 
+DEFAULT_DEPTHS = (1, 2, 4, 8)
+
+
+def default_depths(exp: dict) -> tuple[int, ...]:
+    """The verify depths built when none are given: 1..K for a P-EAGLE draft trained to
+    propose K <= 8 tokens (its one pass drafts K; deeper verifies its untrained positions,
+    which build notes), else DEFAULT_DEPTHS (1,2,4,8 built for a K = 4 draft noted its own depth 8)."""
+    d = exp.get("draft") or {}
+    k = d.get("speculative_tokens")
+    if d.get("kind") == "peagle" and isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8:
+        return tuple(range(1, k + 1))
+    return DEFAULT_DEPTHS
+
+
 def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: str | None = None,
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
@@ -135,6 +149,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                   draft_accepted: int = 2, ort_kv: str = "auto", draft_weights: str = "fp",
                   target_head: str = "full") -> dict[str, Any]:
     """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
+    ``depths`` None: default_depths of the export.
 
     backend: "onnxruntime" | "tensorrt". precision: fp32/fp16/bf16 (default: the export's
     dtype; ONNX Runtime runs only the export's dtype). max_context: the context limit C
@@ -164,6 +179,9 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     check_output(out, force=force, inputs=(export_dir,), marker="engines.json")  # before the export is hashed
     exp = load_export(export_dir)
     dtype = exp["dtype"]
+    if depths is None:
+        depths = default_depths(exp)
+        log(f"depths {','.join(map(str, depths))} (the default for this export; --depths sets others)")
     depth_list = parse_depths(depths)
     prec = normalise_precision(precision, dtype)
     if backend == "onnxruntime" and PRECISIONS[prec] != dtype:

@@ -208,6 +208,8 @@ def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool,
 
 
 def _depths(ctx, param, value):
+    if value is None:  # build_engines' default: from the export's draft
+        return None
     try:
         return tuple(int(x) for x in value.split(",") if x.strip())
     except ValueError:
@@ -217,7 +219,9 @@ def _depths(ctx, param, value):
 @main.command()
 @click.argument("export_dir", type=existing_folder())
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
-@click.option("--depths", default="1,2,4,8", show_default=True, callback=_depths, help="Verify depths to specialise.")
+@click.option("--depths", default=None, callback=_depths,
+              help="Verify depths to specialise, e.g. 1,2,4,8 (default: 1..K for a P-EAGLE draft trained to propose "
+                   "K <= 8 tokens, 1,2,3,4 for K = 4; else 1,2,4,8).")
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
 @click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")

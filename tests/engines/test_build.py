@@ -796,3 +796,27 @@ def test_a_folder_of_the_wrong_kind_is_named_for_what_it_is(tiny_export, engines
     plain.mkdir()
     r = CliRunner().invoke(main, ["run", str(plain), "--prompt", "x"])
     assert r.exit_code == 1 and r.output.rstrip().endswith("not a complete engines folder (no engines.json)"), r.output
+
+
+def test_default_depths_follow_the_p_eagle_draft(tiny_export, tmp_path):
+    """Without --depths a P-EAGLE draft trained to propose K <= 8 tokens gets depths 1..K
+    (1,2,4,8 for the committed K = 4 draft noted its own depth 8 as untrained); an EAGLE-3
+    draft, a P-EAGLE one of K > 8 and no draft keep 1,2,4,8."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.engines.build import DEFAULT_DEPTHS, default_depths
+    from specrt.manifest import load_export
+
+    k = load_export(tiny_export)["draft"]["speculative_tokens"]
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "-o", str(tmp_path / "e"), "--no-canary",
+                                  "--profile-repeats", "1"])
+    assert r.exit_code == 0, r.output
+    want = list(range(1, k + 1))
+    assert json.loads((tmp_path / "e" / "engines.json").read_text())["depths"] == want
+    assert f"depths {','.join(map(str, want))} (the default for this export" in r.output
+    assert "deeper than the" not in r.output
+    for draft, depths in (({"kind": "peagle", "speculative_tokens": 3}, (1, 2, 3)),
+                          ({"kind": "peagle", "speculative_tokens": 12}, DEFAULT_DEPTHS),
+                          ({"kind": "eagle3", "speculative_tokens": 3}, DEFAULT_DEPTHS), (None, DEFAULT_DEPTHS)):
+        assert default_depths({"draft": draft}) == depths, draft
