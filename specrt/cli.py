@@ -405,10 +405,15 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
 
 
-def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[dict]]:
-    from specrt.prompt_files import read_prompt_file, text_of
+def _count(n: int, noun: str) -> str:
+    """"1 round", "2 rounds"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
-    return [text_of(obj) for obj in read_prompt_file(path, allow_ids=False, lines=lines)]
+
+def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[int] | list[dict]]:
+    from specrt.prompt_files import prompts_of, read_prompt_file
+
+    return prompts_of(read_prompt_file(path, lines=lines))
 
 
 @main.command()
@@ -416,7 +421,8 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 @click.option("--prompt", help="One prompt.")
 @click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
-                   "system prompt, earlier turns; rendered with the chat template), decoded in turn.")
+                   "system prompt, earlier turns; rendered with the chat template), or token ids 'prompt_ids' "
+                   "(as given, no template; printed as ids where the export has no tokenizer), decoded in turn.")
 @click.option("--chat", is_flag=True, help="Wrap prompts in the exported chat template.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
@@ -458,6 +464,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.telemetry import Telemetry
+    from specrt.prompt_files import is_token_ids
     from specrt.runtime.text import StopScanner
 
     if (prompt is None) == (prompts_file is None):
@@ -486,6 +493,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
             if existed:
                 click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
+        if s.text is None and stops:
+            raise UserError(f"--stop: stop strings need text, and {s.engines.export_dir} has no tokenizer.json")
         if prompts_file is not None:  # every line before the first is decoded (a bad one cost the answers before it)
             for i, p in enumerate(prompts):
                 try:
@@ -494,11 +503,20 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         total, per_prompt = Telemetry(), []
         for i, p in enumerate(prompts):
+            if i and not quiet:  # a blank line between answers (several lines each ran together)
+                click.echo()
             try:
-                for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
-                                      logprobs=logprobs):
-                    if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
-                        click.echo(piece, nl=False, color=True)
+                if s.text is None and is_token_ids(p):  # no tokenizer: ids in, ids out
+                    sep = ""
+                    for chunk in s.stream_ids(p, max_new_tokens, logprobs):
+                        if not quiet and chunk:
+                            click.echo(sep + " ".join(map(str, chunk)), nl=False)
+                            sep = " "
+                else:
+                    for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
+                                          logprobs=logprobs):
+                        if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
+                            click.echo(piece, nl=False, color=True)
             except UserError as e:
                 if prompts_file is None:
                     raise
@@ -516,10 +534,11 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
                  "export_digest": s.engines.manifest["export"]["digest"], "prompts": per_prompt}
         tree = stats["tree"]
-        trees = (f", runners-up in {tree['rounds']} rounds, {tree['sibling_accepts']} won" if tree["rounds"] else "")
+        trees = (f", runners-up in {_count(tree['rounds'], 'round')}, {tree['sibling_accepts']} won" if tree["rounds"]
+                 else "")
         lk = stats["lookup"]
         if lk["rounds"]:
-            trees += f", prompt lookup in {lk['rounds']} rounds, {lk['tokens_per_round']:.2f} tokens a round"
+            trees += f", prompt lookup in {_count(lk['rounds'], 'round')}, {lk['tokens_per_round']:.2f} tokens a round"
         if stats["prefix_reused"]:
             trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
         rej = stats["rejections"]

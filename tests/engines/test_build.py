@@ -820,3 +820,29 @@ def test_default_depths_follow_the_p_eagle_draft(tiny_export, tmp_path):
                           ({"kind": "peagle", "speculative_tokens": 12}, DEFAULT_DEPTHS),
                           ({"kind": "eagle3", "speculative_tokens": 3}, DEFAULT_DEPTHS), (None, DEFAULT_DEPTHS)):
         assert default_depths({"draft": draft}) == depths, draft
+
+
+def test_run_takes_token_id_prompts(tiny_engines, tmp_path):
+    """`specrt run --prompts` takes 'prompt_ids' lines as calibrate and bench do (it refused
+    them, so an export without tokenizer.json could not be run at all): without a tokenizer
+    the answer is printed as ids, the same ids --stats records and --governor off gives; a
+    blank line between answers; --stop, which needs text, refused there before any decoding."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt_ids": [5, 6, 7]}\n{"prompt_ids": [8, 9]}\n')
+    outs = {}
+    for gov in ("fixed:2", "off"):
+        st = tmp_path / f"{gov}.json"
+        r = CliRunner().invoke(main, ["run", str(tiny_engines), "--prompts", str(f), "--max-new-tokens", "5",
+                                      "--governor", gov, "--stats", str(st)])
+        assert r.exit_code == 0, r.output
+        ids = [p["output_token_ids"] for p in json.loads(st.read_text())["prompts"]]
+        assert [p["prompt_ids"] for p in json.loads(st.read_text())["prompts"]] == [[5, 6, 7], [8, 9]]
+        assert r.stdout == "\n\n".join(" ".join(map(str, a)) for a in ids) + "\n", r.stdout
+        outs[gov] = ids
+    assert outs["fixed:2"] == outs["off"] and all(len(a) == 5 for a in outs["off"])
+    r = CliRunner().invoke(main, ["run", str(tiny_engines), "--prompts", str(f), "--stop", "x"])
+    assert r.exit_code == 1 and "--stop: stop strings need text" in r.output and "no tokenizer.json" in r.output
