@@ -405,7 +405,7 @@ def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log("int8 draft forms timed (ms a pass at " + ", ".join(f"{s[C.DIM_NEW]} new" for s in sizes) + "): "
-        + "; ".join(f"{f} {' / '.join(f'{t:.2f}' for t in v['ms'])}" for f, v in forms.items()) + f": keeping {kept}")
+        + "; ".join(f"{f} {' / '.join(f'{t:.3g}' for t in v['ms'])}" for f, v in forms.items()) + f": keeping {kept}")
     return {**forms[kept]["record"], "chosen_by": "timing", "timed_ms": {f: v["ms"] for f, v in forms.items()},
             "timed_sizes": sizes}
 

@@ -440,7 +440,10 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
                    "stored with the engines; any with :grow: also the run's own earlier answers (each prompt "
                    "of --prompts, with its answer, joins the search for the next ones; :grow=N keeps the "
                    "latest N tokens of them, 32768 without)")
-@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
+@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy). The same seed "
+                  "gives the same text with off and fixed:K; governors that choose from measured times (adaptive, "
+                  "dspark, :ngram, auto) may draft differently and give another sample of the same distribution, "
+                  "unless --reproducible.")
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=PathArg("a file"), help="Write telemetry JSON here.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
@@ -561,7 +564,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="The longest answer, a turn.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
-@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy).")
+@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy). The same seed "
+                  "gives the same text with off and fixed:K; governors that choose from measured times (adaptive, "
+                  "dspark, :ngram, auto) may draft differently and give another sample of the same distribution, "
+                  "unless --reproducible.")
 def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
          reproducible) -> None:
     """A conversation on ENGINES_DIR through the exported chat template: each line read is
