@@ -949,7 +949,8 @@ def _progress(total: int, quiet: bool):
     try:
         from tqdm import tqdm
 
-        return tqdm(total=total, unit="prompt", file=sys.stderr, dynamic_ncols=True)
+        # a step: one configuration's run of one prompt ("prompt/s" read as the set's prompts)
+        return tqdm(total=total, unit=" runs", file=sys.stderr, dynamic_ncols=True)
     except ImportError:
         return None
 
@@ -1658,13 +1659,14 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens{reps}, {how}, batch 1; idle threads: "
          f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
-    echo(f"{'configuration':18s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
+    w = max([18, *map(len, cfg)])  # (longer names pushed their rows' columns out of line)
+    echo(f"{'configuration':{w}s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
         same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("ref" if n == ident.get("reference") else "-")
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
-        echo(f"{n:18s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
+        echo(f"{n:{w}s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "
              f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
              f"{f(c.get('draft_passes_per_round') if c.get('drafting_rounds') else None, '%9.2f')} "

@@ -245,6 +245,28 @@ def test_rejections_are_reported_and_those_outside_the_draft_vocabulary_printed(
     assert "4 of 9 rejected drafts to tokens outside the draft's vocabulary" in said[0]
 
 
+def test_summary_columns_stay_in_line_with_long_configuration_names(report):
+    """Names past 18 characters (specrt:dspark:tree=3:ngram:grow) pushed their rows' columns
+    out of line with the header: the name column is as wide as the longest name."""
+    import copy
+    import re
+
+    from specrt.cmd_bench import print_summary
+
+    rep, out, _ = report
+    r = copy.deepcopy(rep)
+    long = "specrt:dspark:tree=3:ngram:corpus:grow"
+    r["configs"] = {(long if n == "specrt:fixed:2" else n): c for n, c in r["configs"].items()}
+    lines: list[str] = []
+    print_summary(r, out, echo=lambda s="", **kw: lines.append(s))
+    head = next(i for i, x in enumerate(lines) if x.startswith("configuration"))
+    rows = [x for x in lines[head + 1:] if x.split(" ")[0] in r["configs"]]
+    assert len(rows) == len(r["configs"]) and any(x.startswith(long + " ") for x in rows)
+    end = lines[head].index("tok/s") + len("tok/s")  # the tok/s column ends there in every row
+    for x in rows:
+        assert re.fullmatch(r"\s*(\d+\.\d|-)", x[end - 7:end]), (x, lines[head])
+
+
 def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_path):
     from specrt.cmd_bench import run_config
 
