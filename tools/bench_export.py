@@ -4,15 +4,15 @@
 
 The draft defaults to the committed fixtures/peagle-smollm2 when present, else a random
 P-EAGLE draft of the target's width (tests/fixtures_models.write_tiny_draft). The export
-runs in a child process so its peak RSS (ru_maxrss) is its own. Targets (issue 3):
+runs in a child process, its peak RSS its own: ru_maxrss of the child where it exceeds this
+process's high-water mark (Linux carries a spawning process's into the child across exec), else
+the child's VmHWM polled while it runs. Targets (issue 3):
 <= 90 s and peak RSS <= 2.5x the fp32 weight bytes of target + draft.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,11 +48,14 @@ def main() -> None:
     weight_bytes = 4 * sum(int(__import__("numpy").prod(b.entry.shape)) for b in [*t.slots.values(), *d.slots.values()])
     t.reader.close(), d.reader.close()
     out = work / "export"
+    from tools.bench_runtime import child_peak_rss
+
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "specrt.cli", "export", str(target), "--draft", str(draft), "-o", str(out)],
-                   check=True)
+    peak, rc = child_peak_rss([sys.executable, "-m", "specrt.cli", "export", str(target), "--draft", str(draft),
+                               "-o", str(out)])
+    if rc != 0:
+        raise SystemExit(f"specrt export failed (exit {rc})")
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print(f"export wall time: {wall:.1f} s (target <= 90 s)")
     print(f"fp32 weight bytes (target + draft): {weight_bytes / 2**20:.0f} MiB")
     print(f"peak RSS: {peak / 2**20:.0f} MiB = {peak / weight_bytes:.2f}x weights (target <= 2.5x)")

@@ -90,35 +90,46 @@ def run_cli_rss(engines_dir: Path, prompts: list[str], chat: bool, max_new: int,
                "--max-new-tokens", str(max_new), "--governor", governor, "--stats", str(sf)]
         if chat:
             cmd.append("--chat")
-        env = dict(os.environ)
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
-        polled = [0]
-        done = threading.Event()
-
-        def poll():  # the child's VmHWM, in case ru_maxrss is not its own (below)
-            while not done.is_set():
-                polled[0] = max(polled[0], _hwm(f"/proc/{p.pid}/status"))
-                done.wait(0.02)
-
-        th = threading.Thread(target=poll, daemon=True)
-        th.start()
-        err = p.stderr.read()
-        _, status, ru = os.wait4(p.pid, 0)
-        done.set()
-        th.join()
-        p.returncode = os.waitstatus_to_exitcode(status)
+        rss: dict = {}
+        peak, rc = child_peak_rss(cmd, rss)
+        err = rss["stderr"]
         wall = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise SystemExit(f"specrt run failed (exit {p.returncode}):\n{err}")
+        if rc != 0:
+            raise SystemExit(f"specrt run failed (exit {rc}):\n{err}")
         stats = json.loads(sf.read_text())
-    # Linux carries ru_maxrss across exec, so the child's value is max(its own peak, this
-    # process's peak at spawn): it is the child's own when it exceeds our high-water mark.
+    return {"peak_rss_bytes": peak, "ru_maxrss_bytes": rss["ru_maxrss"], "polled_vmhwm_bytes": rss["polled"],
+            "parent_vmhwm_bytes": rss["parent"], "wall_seconds": wall, "stats": stats, "command": cmd,
+            "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else []}
+
+
+def child_peak_rss(cmd: list[str], detail: dict | None = None) -> tuple[int, int]:
+    """Run ``cmd`` (stdout dropped, stderr captured) and return (its own peak RSS in bytes, its
+    exit code). Linux carries ru_maxrss across exec, so a child's is max(its own peak, this
+    process's at spawn): it is the child's own where it exceeds our high-water mark, else the
+    child's VmHWM polled while it ran is. ``detail`` gets ru_maxrss, polled, parent, returncode
+    and stderr."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ), text=True)
+    polled = [0]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            polled[0] = max(polled[0], _hwm(f"/proc/{p.pid}/status"))
+            done.wait(0.02)
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    done.set()
+    th.join()
+    p.returncode = os.waitstatus_to_exitcode(status)
     maxrss, parent = ru.ru_maxrss * 1024, _hwm("/proc/self/status")
     peak = maxrss if maxrss > parent else polled[0]
-    return {"peak_rss_bytes": peak, "ru_maxrss_bytes": maxrss, "polled_vmhwm_bytes": polled[0],
-            "parent_vmhwm_bytes": parent, "wall_seconds": wall, "stats": stats, "command": cmd,
-            "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else []}
+    if detail is not None:
+        detail.update(ru_maxrss=maxrss, polled=polled[0], parent=parent, returncode=p.returncode, stderr=err)
+    return peak, p.returncode
 
 
 def baseline_rss() -> int:
