@@ -133,8 +133,9 @@ DEFAULT_DEPTHS = (1, 2, 4, 8)
 
 def default_depths(exp: dict) -> tuple[int, ...]:
     """The verify depths built when none are given: 1..K for a P-EAGLE draft trained to
-    propose K <= 8 tokens (its one pass drafts K; deeper verifies its untrained positions,
-    which build notes), else DEFAULT_DEPTHS (1,2,4,8 built for a K = 4 draft noted its own depth 8)."""
+    propose K <= 8 tokens (a depth past K verifies positions it never trained on: 1,2,4,8,
+    the default for every export before, gave the committed K = 4 draft a depth 8 and a note
+    saying so), else DEFAULT_DEPTHS."""
     d = exp.get("draft") or {}
     k = d.get("speculative_tokens")
     if d.get("kind") == "peagle" and isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8:

@@ -16,7 +16,7 @@ what it does on new text (DESIGN.md §10: 0.75 on training prompts, 0.24 unseen)
 would make an honest pair look broken; of them the fixed:1 loop's (tools/train_peagle.py
 writes it since session 49) is what the canary's own depth-1 run measures: its rounds start
 one past the last accepted token, more often just after a miss than anchors do (stage 8:
-0.585 against 0.614 over every anchor, ``results/loop_fidelity``). The receipt ``ENGINES/acceptance_receipt.json``
+0.585 against 0.614 over every anchor, ``results/loop_weight``). The receipt ``ENGINES/acceptance_receipt.json``
 names the binding receipt and the target tensors the draft relies on, so it is tied to
 exactly these weights; ``specrt run`` prints a loud warning when it says untrusted.
 """

@@ -405,6 +405,12 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
 
 
+# run's and chat's --seed
+SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K; "
+             "governors that choose from measured times (adaptive, dspark, :ngram, auto) may draft differently and "
+             "give another sample of the same distribution, unless --reproducible.")
+
+
 def _count(n: int, noun: str) -> str:
     """"1 round", "2 rounds"."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -440,10 +446,7 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
                    "stored with the engines; any with :grow: also the run's own earlier answers (each prompt "
                    "of --prompts, with its answer, joins the search for the next ones; :grow=N keeps the "
                    "latest N tokens of them, 32768 without)")
-@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy). The same seed "
-                  "gives the same text with off and fixed:K; governors that choose from measured times (adaptive, "
-                  "dspark, :ngram, auto) may draft differently and give another sample of the same distribution, "
-                  "unless --reproducible.")
+@sampling_options("0 = greedy", seed=None, seed_help=SEED_HELP)
 @click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=PathArg("a file"), help="Write telemetry JSON here.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
@@ -464,10 +467,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
     from specrt.paths import check_distinct, check_not_engines_file, check_output_file, write_atomic
     from specrt.runtime.governor import is_dspark
+    from specrt.prompt_files import is_token_ids
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.telemetry import Telemetry
-    from specrt.prompt_files import is_token_ids
     from specrt.runtime.text import StopScanner
 
     if (prompt is None) == (prompts_file is None):
@@ -564,10 +567,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="The longest answer, a turn.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
-@sampling_options("0 = greedy", seed=None, seed_help="Seed of the sampling (default: fresh entropy). The same seed "
-                  "gives the same text with off and fixed:K; governors that choose from measured times (adaptive, "
-                  "dspark, :ngram, auto) may draft differently and give another sample of the same distribution, "
-                  "unless --reproducible.")
+@sampling_options("0 = greedy", seed=None, seed_help=SEED_HELP)
 def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
          reproducible) -> None:
     """A conversation on ENGINES_DIR through the exported chat template: each line read is
