@@ -389,11 +389,16 @@ class Session:
         decoding: empty, past the engines' context limit, an id outside the vocabulary, a bad
         ``max_new_tokens``. Nothing runs: `specrt run --prompts` checks every line first (a
         prompt too long on line 40 cost the 39 answers before it, and their --stats)."""
-        if isinstance(prompt, (tuple, np.ndarray)):
-            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-        ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
+        ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
         self.generator._check(ids, max_new_tokens, self.eos)
         return ids
+
+    def _prompt_ids(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> list[int]:
+        """Token ids as given (a list, tuple or numpy array of ints), or a text prompt's or a
+        conversation's through ``encode``."""
+        if isinstance(prompt, (tuple, np.ndarray)):  # token ids as a tuple or an array: a list of ints
+            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
+        return list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
 
     def _open(self) -> None:
         if self.closed:
@@ -452,9 +457,7 @@ class Session:
         more; the telemetry counts every generated token)."""
         self._need_text()
         scan = StopScanner(stop)  # checks the stop strings before anything runs
-        if isinstance(prompt, (tuple, np.ndarray)):  # token ids as a tuple or an array: a list of ints
-            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-        ids = list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
+        ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
         detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
         lock = self.generator.lock
         with lock:  # (another thread's stream starts before these are set or after them, not between)

@@ -501,25 +501,27 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
         if s.text is None and stops:
             raise UserError(f"--stop: stop strings need text, and {s.engines.export_dir} has no tokenizer.json")
+        inputs = prompts  # what is streamed: --prompts' lines as the ids checked here, encoded once
         if prompts_file is not None:  # every line before the first is decoded (a bad one cost the answers before it)
+            inputs = []
             for i, p in enumerate(prompts):
                 try:
-                    s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens)
+                    inputs.append(s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens))
                 except UserError as e:
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         total, per_prompt = Telemetry(), []
-        for i, p in enumerate(prompts):
+        for i, (p, q) in enumerate(zip(prompts, inputs)):
             if i and not quiet:  # a blank line between answers (several lines each ran together)
                 click.echo()
             try:
-                if s.text is None and is_token_ids(p):  # no tokenizer: ids in, ids out
+                if s.text is None and is_token_ids(q):  # no tokenizer: ids in, ids out
                     sep = ""
-                    for chunk in s.stream_ids(p, max_new_tokens, logprobs):
+                    for chunk in s.stream_ids(q, max_new_tokens, logprobs):
                         if not quiet and chunk:
                             click.echo(sep + " ".join(map(str, chunk)), nl=False)
                             sep = " "
                 else:
-                    for piece in s.stream(p, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
+                    for piece in s.stream(q, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
                                           logprobs=logprobs):
                         if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
                             click.echo(piece, nl=False, color=True)
