@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         what.append(f"{args.layers} layers (o_proj and down_proj of the new ones zero: the identity)")
     if args.vocab is not None:
         answers = [q for path in args.vocab_answers for q in tp.load_answers(path, keyed=False)]
-        ids = tp.select_draft_vocab(answers, c["vocab_size"], args.vocab, keep=model.d2t + torch.arange(len(model.d2t)))
+        ids = tp.select_draft_vocab(answers, c["vocab_size"], args.vocab, keep=model.target_ids)
         grown = tp.grow_vocab(grown, ids)
         record.update(vocab=[cfg["draft_vocab_size"], args.vocab], vocab_answers=[str(x) for x in args.vocab_answers])
         what.append(f"a draft vocabulary of {args.vocab} (train_peagle.grow_vocab)")

@@ -276,6 +276,11 @@ class PEagleDraft(nn.Module):
     def forward(self, tokens, aux, is_mask, pos, segments):
         return self.lm_head(self.hidden(tokens, aux, is_mask, pos, segments))
 
+    @property
+    def target_ids(self) -> torch.Tensor:
+        """Each draft id's target id, draft_id + d2t[draft_id] (sorted: the draft vocabulary)."""
+        return self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+
     def state_for_save(self, dtype) -> dict[str, torch.Tensor]:
         sd = {k: (v.detach().cpu().to(dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
               for k, v in self.state_dict().items()}
@@ -1217,7 +1222,7 @@ def grow_vocab(model: PEagleDraft, draft_ids: torch.Tensor) -> PEagleDraft:
     logits come out low, so the grown draft's greedy tokens are nearly ``model``'s (7
     of 9,178 held-out depth-1 outputs changed, stage 8 grown to 16,384) and training
     moves on from there."""
-    old = model.d2t + torch.arange(len(model.d2t))
+    old = model.target_ids
     at = torch.searchsorted(draft_ids, old)
     if len(draft_ids) <= len(old) or not bool((draft_ids[at.clamp(max=len(draft_ids) - 1)] == old).all()):
         raise ValueError("grow_vocab: draft_ids must hold the draft's own ids and more")
@@ -1429,7 +1434,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"draft vocabulary counted on {len(counted)} answers of {len(args.vocab_answers)} --vocab-answers files")
     if args.init is not None:  # keep the draft's vocabulary: its head rows are trained for those ids
         init_model = load_draft(args.init, target.model.embed_tokens.weight.detach().cpu().clone())
-        draft_ids = init_model.d2t + torch.arange(len(init_model.d2t))
+        draft_ids = init_model.target_ids
         init_ids = draft_ids
         if args.grow_vocab is not None:
             draft_ids = select_draft_vocab(counted, tc["vocab_size"], args.grow_vocab, keep=draft_ids)
