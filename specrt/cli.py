@@ -464,8 +464,10 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
-    """Speculative decoding on ENGINES_DIR, streaming text as it is accepted."""
-    from specrt.paths import check_distinct, check_not_engines_file, check_output_file, write_atomic
+    """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
+    SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
+    say "interrupted": true)."""
+    from specrt.paths import check_distinct, check_not_engines_file, check_output_file
     from specrt.runtime.governor import is_dspark
     from specrt.prompt_files import is_token_ids
     from specrt.runtime.sampling import SamplingParams
@@ -510,56 +512,93 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 except UserError as e:
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         total, per_prompt = Telemetry(), []
-        for i, (p, q) in enumerate(zip(prompts, inputs)):
-            if i and not quiet:  # a blank line between answers (several lines each ran together)
-                click.echo()
-            try:
-                if s.text is None and is_token_ids(q):  # no tokenizer: ids in, ids out
-                    sep = ""
-                    for chunk in s.stream_ids(q, max_new_tokens, logprobs):
-                        if not quiet and chunk:
-                            click.echo(sep + " ".join(map(str, chunk)), nl=False)
-                            sep = " "
-                else:
-                    for piece in s.stream(q, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
-                                          logprobs=logprobs):
-                        if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
-                            click.echo(piece, nl=False, color=True)
-            except UserError as e:
-                if prompts_file is None:
-                    raise
-                raise UserError(f"{prompts_file}:{lines[i]}: {e}") from None
-            if not quiet:
-                click.echo()
-            st = s.stats()
-            if st.get("finish_reason") == "context":
-                where = f"prompt {i + 1}: " if prompts_file is not None else ""
-                click.echo(f"[{where}stopped at the engines' context limit of {s.engines.max_context} tokens after "
-                           f"{len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the prompt); "
-                           "`specrt build --max-context` sets the limit]", err=True)
-            total.merge(s.generator.telemetry)
-            per_prompt.append({"prompt": p, **st})
-        stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
-                 "export_digest": s.engines.manifest["export"]["digest"], "prompts": per_prompt}
-        tree = stats["tree"]
-        trees = (f", runners-up in {_count(tree['rounds'], 'round')}, {tree['sibling_accepts']} won" if tree["rounds"]
-                 else "")
-        lk = stats["lookup"]
-        if lk["rounds"]:
-            trees += f", prompt lookup in {_count(lk['rounds'], 'round')}, {lk['tokens_per_round']:.2f} tokens a round"
-        if stats["prefix_reused"]:
-            trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
-        rej = stats["rejections"]
-        if rej["outside_draft_vocab"]:  # a draft trained on other text than these prompts' shows it here
-            trees += (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
-                      "draft's vocabulary")
-        click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
-                   f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
-                   f"{governor}{trees}]", err=True)
-        if stats_file:
-            write_atomic(stats_file, stats)
-        if grow_file is not None:
-            s.save_growth(grow_file)
+        stream, printed = None, False  # the prompt in flight: its stream until its stats are taken, and whether
+        # it gave a piece (only then do s.stats() describe it: s.stream starts when first read)
+        try:
+            for i, (p, q) in enumerate(zip(prompts, inputs)):
+                if i and not quiet:  # a blank line between answers (several lines each ran together)
+                    click.echo()
+                try:
+                    if s.text is None and is_token_ids(q):  # no tokenizer: ids in, ids out
+                        sep = ""
+                        stream = s.stream_ids(q, max_new_tokens, logprobs)
+                        for chunk in stream:
+                            printed = True
+                            if not quiet and chunk:
+                                click.echo(sep + " ".join(map(str, chunk)), nl=False)
+                                sep = " "
+                    else:
+                        stream = s.stream(q, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
+                                          logprobs=logprobs)
+                        for piece in stream:
+                            printed = True
+                            if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
+                                click.echo(piece, nl=False, color=True)
+                except UserError as e:
+                    if prompts_file is None:
+                        raise
+                    raise UserError(f"{prompts_file}:{lines[i]}: {e}") from None
+                if not quiet:
+                    click.echo()
+                st = s.stats()
+                if st.get("finish_reason") == "context":
+                    where = f"prompt {i + 1}: " if prompts_file is not None else ""
+                    click.echo(f"[{where}stopped at the engines' context limit of {s.engines.max_context} tokens "
+                               f"after {len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the "
+                               "prompt); `specrt build --max-context` sets the limit]", err=True)
+                total.merge(s.generator.telemetry)
+                per_prompt.append({"prompt": p, **st})
+                stream, printed = None, False
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was decoded is kept, then "Aborted!" (exit 1)
+            if stream is not None:
+                stream.close()
+            if printed:  # the prompt in flight, cut short: its tokens were printed
+                st = s.stats()
+                st["finish_reason"] = st["finish_reason"] or "interrupted"  # (unless it had just ended)
+                total.merge(s.generator.telemetry)
+                per_prompt.append({"prompt": prompts[len(per_prompt)], **st})
+            click.echo(err=True)
+            _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts))
+            raise
+        _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file)
+
+
+def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[dict], stats_file: Path | None,
+                 grow_file: Path | None, interrupted_of: int | None = None) -> None:
+    """run's closing line, its --stats and its --grow-file; ``interrupted_of``: the run was
+    stopped (Ctrl-C, SIGTERM) with that many prompts given, and these describe what it
+    decoded (the stats' ``interrupted`` is true, the prompt cut short has finish_reason
+    "interrupted")."""
+    from specrt.paths import write_atomic
+
+    stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
+             "export_digest": s.engines.manifest["export"]["digest"], "interrupted": interrupted_of is not None,
+             "prompts": per_prompt}
+    if interrupted_of is not None:
+        done = sum(st["finish_reason"] != "interrupted" for st in per_prompt)  # (answered in full)
+        saved = " and ".join(f"{o} {f}" for o, f in (("--stats", stats_file), ("--grow-file", grow_file)) if f)
+        click.echo(f"[interrupted: {done} of {interrupted_of} prompts answered"
+                   + (", one cut short" if len(per_prompt) > done else "")
+                   + (f"; {saved} hold what was decoded" if saved else "") + "]", err=True)
+    tree = stats["tree"]
+    trees = (f", runners-up in {_count(tree['rounds'], 'round')}, {tree['sibling_accepts']} won" if tree["rounds"]
+             else "")
+    lk = stats["lookup"]
+    if lk["rounds"]:
+        trees += f", prompt lookup in {_count(lk['rounds'], 'round')}, {lk['tokens_per_round']:.2f} tokens a round"
+    if stats["prefix_reused"]:
+        trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
+    rej = stats["rejections"]
+    if rej["outside_draft_vocab"]:  # a draft trained on other text than these prompts' shows it here
+        trees += (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
+                  "draft's vocabulary")
+    click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
+               f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
+               f"{governor}{trees}]", err=True)
+    if stats_file:
+        write_atomic(stats_file, stats)
+    if grow_file is not None:
+        s.save_growth(grow_file)
 
 
 @main.command()
@@ -578,8 +617,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
     its oldest turns are dropped (the system prompt stays), and it says so; a turn that
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
-    on). Ctrl-C during an answer stops it (what was printed stays in the conversation); an
-    empty line or the end of input ends the conversation."""
+    on). Ctrl-C during an answer stops it (what was printed stays in the conversation; before
+    its first token, the turn is dropped); an empty line or the end of input ends the
+    conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
@@ -610,7 +650,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
                            f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
                 continue  # (with every earlier turn: nothing was dropped for a turn that is not taken)
-            messages = turn
+            before, messages = messages, turn
             if dropped:
                 click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
                            "tokens]", err=True)
@@ -623,6 +663,11 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
                 stream.close()
                 click.echo()
+                if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
+                    messages = before
+                    click.echo("[stopped before the answer began: the turn is dropped; an empty line or the end of "
+                               "input ends the conversation]", err=True)
+                    continue
                 click.echo("[stopped: the answer so far stays in the conversation; an empty line or the end of "
                            "input ends it]", err=True)
             else:

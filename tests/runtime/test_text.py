@@ -419,6 +419,73 @@ def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
         [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
 
 
+def _blocked_writing(pid: int, timeout: float = 60) -> bool:
+    """Whether process ``pid`` comes to wait on a full pipe within ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if "pipe_write" in Path(f"/proc/{pid}/wchan").read_text():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
+def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp_path):
+    """Ctrl-C (or SIGTERM) during `specrt run --prompts` lost every answered prompt's
+    --stats and --grow-file. They are written with what was decoded: the answered prompts as
+    an uninterrupted run gives them, the one cut short marked "interrupted" (its tokens a
+    prefix of its whole answer), the stats' ``interrupted`` true; then "Aborted!", exit 1.
+    Made deterministic: the run's stdout is a 4 KiB pipe read no further, so it waits in a
+    write, mid-answer or between answers, when the signal comes."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    n = 40
+    f.write_text("".join(json.dumps({"prompt": f"w3 w1 w{4 + i % 12} w{4 + i % 5}"}) + "\n" for i in range(n)))
+    whole = tmp_path / "whole.json"
+    args = ["--prompts", str(f), "--max-new-tokens", "100", "--governor", "auto"]
+    r = CliRunner().invoke(main, ["run", str(worded), *args, "--quiet", "--stats", str(whole)])
+    assert r.exit_code == 0, r.output
+    want = [p["output_token_ids"] for p in json.loads(whole.read_text())["prompts"]]
+    stats, grow = tmp_path / "s.json", tmp_path / "g.npz"
+    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "run", str(worded), *args,
+                          "--stats", str(stats), "--grow-file", str(grow)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "SPECRT_THP": "0"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        fcntl.fcntl(p.stdout, fcntl.F_SETPIPE_SZ, 4096)
+        first = p.stdout.read(800)  # two answers at least (about 350 bytes each)
+        assert len(first) == 800
+        assert _blocked_writing(p.pid)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    err = err.decode()
+    assert p.returncode == 1 and "Aborted!" in err and "Traceback" not in err, err
+    st = json.loads(stats.read_text())
+    got = st["prompts"]
+    done = [g for g in got if g["finish_reason"] != "interrupted"]
+    assert st["interrupted"] is True and 2 <= len(done) < n, err
+    assert f"[interrupted: {len(done)} of {n} prompts answered" in err, err
+    assert [g["output_token_ids"] for g in done] == want[:len(done)]
+    assert len(got) - len(done) <= 1 and all(g["finish_reason"] == "interrupted" for g in got[len(done):])
+    for g in got[len(done):]:  # the answer cut short: what it had decoded of its whole one
+        assert g["output_token_ids"] == want[len(done)][:len(g["output_token_ids"])]
+        assert 0 < len(g["output_token_ids"]) < len(want[len(done)])
+    assert st["new_tokens"] == sum(len(g["output_token_ids"]) for g in got)
+    assert f"{st['new_tokens']} tokens in " in err
+    with Session(worded) as s:  # the growth saved: every answered prompt's sequence
+        assert s.load_growth(grow) >= len(done)
+
+
 def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
     """A prompt file's ``messages`` (a system prompt, earlier turns) are rendered with the
     exported chat template, with or without --chat; a conversation that goes on from the
@@ -518,6 +585,36 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
         conv += [{"role": "assistant", "content": first}, {"role": "user", "content": "w8"}]
         second = "".join(s.stream(conv, max_new_tokens=3))
     assert answers == [first, second], (answers, r.output)
+
+
+def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch):
+    """Ctrl-C in `specrt chat` before an answer's first token printed a line of zeros and
+    kept the turn with an empty answer in the conversation. The turn is dropped, as if not
+    asked, and the chat goes on. (The Ctrl-C is raised where the first token would be read:
+    a signal's timing cannot place it there.)"""
+    from specrt.runtime import session
+
+    real, convs = session.Session.stream, []
+
+    def stream(self, prompt, *a, **k):
+        convs.append([dict(m) for m in prompt])
+        it = real(self, prompt, *a, **k)
+        if len(convs) > 1:
+            return it
+
+        def cut():
+            it.close()
+            raise KeyboardInterrupt
+            yield  # (a generator, as Session.stream's)
+        return cut()
+
+    monkeypatch.setattr(session.Session, "stream", stream)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
+                                  "fixed:1"], input="w6 w7\nw8\n\n")
+    assert r.exit_code == 0, r.output
+    assert "[stopped before the answer began: the turn is dropped" in r.output, r.output
+    assert "[0 tokens" not in r.output and len([ln for ln in r.output.splitlines() if ln.startswith("[3 tokens")]) == 1
+    assert convs[1] == [{"role": "system", "content": "w5"}, {"role": "user", "content": "w8"}]
 
 
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
