@@ -897,7 +897,7 @@ def split_lookup(spec: str | int) -> tuple[str, bool]:
     parts = [_option(p) for p in str(spec).strip().lower().split(":")]
     for opt in LOOKUP_OPTIONS:
         if parts[1:].count(opt) > 1 or parts[0] == opt:
-            raise UserError(f"--governor '{spec}': ':{opt}' goes once, after a governor ({SPECS})")
+            raise UserError(f"governor '{spec}': ':{opt}' goes once, after a governor ({SPECS})")
     n = sum(parts[1:].count(opt) for opt in LOOKUP_OPTIONS)
     return ":".join(p for i, p in enumerate(parts) if i == 0 or p not in LOOKUP_OPTIONS), n > 0
 
@@ -924,7 +924,7 @@ def _option_value(spec: str | int, opt: str, var: str, what: str) -> int | None:
         if p.startswith(opt + "="):
             n = p[len(opt) + 1:]
             if not _digits(n) or int(n) < 1:
-                raise UserError(f"--governor '{spec}': ':{opt}={var}' takes {what} {var} >= 1 ({SPECS})")
+                raise UserError(f"governor '{spec}': ':{opt}={var}' takes {what} {var} >= 1 ({SPECS})")
             return int(n)
     return None
 
@@ -989,16 +989,16 @@ def split_tree(spec: str | int) -> tuple[str, int]:
         return s, 1
     base = head.split(":")[0]
     if base in ("off", "auto"):
-        raise UserError(f"--governor '{spec}': '{base}' takes no ':tree=W' ("
+        raise UserError(f"governor '{spec}': '{base}' takes no ':tree=W' ("
                         + ("auto picks its tree itself" if base == "auto" else "nothing is drafted")
                         + f"; a tree goes after a speculative governor: {SPECS})")
     if ":tree=" in head:
-        raise UserError(f"--governor '{spec}': ':tree=W' is given twice")
+        raise UserError(f"governor '{spec}': ':tree=W' is given twice")
     if ":" in tail:
-        raise UserError(f"--governor '{spec}': ':tree=W' goes after the governor's own options, e.g. "
+        raise UserError(f"governor '{spec}': ':tree=W' goes after the governor's own options, e.g. "
                         "dspark:block=4:tree=3 (lookup options after it: dspark:tree=3:ngram)")
     if not _digits(tail) or int(tail) < 1 or not head:
-        raise UserError(f"--governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
+        raise UserError(f"governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
                         f"({SPECS})")
     return head, int(tail)
 
@@ -1042,7 +1042,7 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
             elif opt == "profiled" and "ema" not in kw:  # costs stay the cost table's: no online factors
                 kw.update(ema=0.0, shape_ema=0.0)
             else:
-                raise UserError(f"--governor '{spec}': expected dspark[:block=K][:profiled] (K a built depth)")
+                raise UserError(f"governor '{spec}': expected dspark[:block=K][:profiled] (K a built depth)")
         known = set(inspect.signature(DSparkGovernor.__init__).parameters) - {"self", "depths", "t_draft", "t_verify",
                                                                                 "calibration"}
         bad = sorted(set(options) - known)
@@ -1051,13 +1051,13 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
         try:
             return DSparkGovernor(depths, t_draft, t_verify, calibration, **{**kw, **options})
         except UserError as e:  # (a block not built: named as the other spec errors are)
-            if "block" not in kw or str(e).startswith("--governor"):
+            if "block" not in kw or str(e).startswith("governor '"):
                 raise
-            raise UserError(f"--governor '{spec}': {e}") from None
+            raise UserError(f"governor '{spec}': {e}") from None
     if _digits(k):
         try:
             return FixedGovernor(depths, int(k))
         except UserError as e:  # named as the other spec errors are
-            raise UserError(f"--governor '{spec}': {e}") from None
-    raise UserError(f"--governor '{spec}': expected one of {SPECS} "
+            raise UserError(f"governor '{spec}': {e}") from None
+    raise UserError(f"governor '{spec}': expected one of {SPECS} "
                     f"(built depths: {', '.join(map(str, check_depths(depths)))})")

@@ -225,8 +225,8 @@ class Session:
         asked = governor
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
         if self.engines.export.get("draft") is None and split_lookup(governor)[0] != "off":
-            raise UserError(f"{engines_dir}: the engines have no draft; only --governor off (or off:ngram, "
-                            f"prompt lookup) can run")
+            raise UserError(f"{engines_dir}: the engines have no draft; only the governor off (or off:ngram, "
+                            f"prompt lookup) can run, not '{asked}'")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
         # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
@@ -343,7 +343,7 @@ class Session:
     def _growth_policy(self, path: Path):
         policy = self.generator.resolve_lookup()
         if policy is None or policy.growth is None:
-            raise UserError(f"--grow-file {path}: governor '{self.governor_spec}' has no session growth (add :grow, "
+            raise UserError(f"{path}: governor '{self.governor_spec}' has no session growth (add :grow, "
                             "or use auto)")
         return policy
 

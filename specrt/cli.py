@@ -18,7 +18,7 @@ import click
 
 from specrt import __version__
 from specrt.contracts import DRAFT_AUX_IDS, DRAFT_EMBEDDINGS
-from specrt.errors import UserError, describe_os_error, environment_error
+from specrt.errors import UserError, cli_named, describe_os_error, environment_error
 from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
@@ -42,7 +42,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {cli_named(e, '--governor')}", err=True)
             sys.exit(1)
         except OSError as e:  # an input this user cannot read, a full disk: not specrt's bug
             if e.errno == errno.EPIPE:
@@ -498,7 +498,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)
         if grow_file is not None:
-            existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
+            try:
+                existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
+            except UserError as e:
+                raise UserError(f"--grow-file {e}") from None
             if existed:
                 click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
         if s.text is None and stops:

@@ -1247,13 +1247,14 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     govs = list(dict.fromkeys(g.strip().lower() for g in govs))
     if "off" not in govs:
         govs.insert(0, "off")
+    from specrt.errors import cli_named
     from specrt.runtime.session import make_governor
 
     for g in govs:
         try:
             gov = make_governor(g, engines)  # UserError on a bad spec, before anything runs
-        except UserError as e:  # the spec parser names `run`'s --governor; this option is --governors
-            raise UserError(str(e).replace("--governor ", "--governors ", 1)) from None
+        except UserError as e:  # the spec parser names the governor; this option is --governors
+            raise UserError(cli_named(e, "--governors")) from None
         if g.lower() != "off" and not has_draft:
             raise UserError(f"--governors {g}: the engines have no draft; only off can run")
         if gov.tree_width > 1 and not engines.verifies_trees():

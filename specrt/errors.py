@@ -36,3 +36,16 @@ class UserError(SpecrtError):
 
 class InternalError(SpecrtError):
     """A broken invariant inside specrt: a bug, never the user's fault."""
+
+
+# how the runtime names a governor it refuses (governor.py, session.py): the Python API's
+# ``governor=`` as given; a command says it as its own option (``cli_named``)
+GOVERNOR_NAMED = "governor '"
+
+
+def cli_named(e: BaseException, option: str) -> str:
+    """``e``'s message as a command says it: one that names a governor spec (``governor
+    'x': ...``, the Python API's words) names the command's ``option`` instead
+    (``--governor 'x': ...``; bench's ``--governors``)."""
+    msg = str(e)
+    return option + msg[len("governor"):] if msg.startswith(GOVERNOR_NAMED) else msg

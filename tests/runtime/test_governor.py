@@ -589,7 +589,7 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
     assert g.choose(GovernorState(limit=3)) == 2  # capped to a built depth that fits
     assert g.choose(GovernorState(confidences=np.array([0.9, 0.05, 0.05, 0.05]))) == 1  # post-draft: the rule
     assert from_spec("dspark", DEPTHS, **kw).block is None
-    with pytest.raises(UserError, match="--governor 'dspark:block=3': dspark block 3: expected one of the built"):
+    with pytest.raises(UserError, match="^governor 'dspark:block=3': dspark block 3: expected one of the built"):
         from_spec("dspark:block=3", DEPTHS, **kw)
     with pytest.raises(UserError, match=re.escape("expected dspark[:block=K][:profiled]")):
         from_spec("dspark:deep", DEPTHS, **kw)
@@ -859,7 +859,7 @@ def test_malformed_specs_name_the_problem(spec, words):
 
 def test_a_fixed_depth_not_built_names_the_option():
     """--governor fixed:99 said only "depth 99 is not built" (found by review)."""
-    with pytest.raises(UserError, match=r"--governor 'fixed:99': depth 99 is not built; available depths: 1, 2, 4"):
+    with pytest.raises(UserError, match=r"^governor 'fixed:99': depth 99 is not built; available depths: 1, 2, 4"):
         from_spec("fixed:99", (1, 2, 4))
 
 

@@ -338,7 +338,8 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     learnt = [k for k, v in second["lookup"]["by_match"].items() if int(k) >= 40]
     assert all(sum(held.rates[int(k)][1]) > 16.0 * len(held.rates[int(k)][1]) for k in learnt)  # past the priors
     r, _ = run(again, "off", "--grow-file", str(grow))
-    assert r.exit_code == 1 and "has no session growth" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and f"--grow-file {grow}: governor 'off' has no session growth" in r.output, r.output
+    assert "Traceback" not in r.output
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not a zip")
     r, _ = run(again, "auto", "--grow-file", str(junk))
@@ -417,6 +418,23 @@ def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
     assert "first token after " in lines[()]
     assert [p["output_token_ids"] for p in out[()]["prompts"]] == \
         [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
+
+
+def test_the_python_api_names_its_own_parameters(worded, tmp_path):
+    """Errors of the Python API named the CLI's options (``Session(governor="dpsark")``:
+    "--governor 'dpsark'"); they name the governor as given, and a growth file by its path."""
+    from specrt.runtime.session import Session
+
+    for spec, want in (("dpsark", "expected one of"), ("fixed:9", "depth 9 is not built"),
+                       ("auto:tree=3", "'auto' takes no ':tree=W'"), ("dspark:block=9", "block 9")):
+        with pytest.raises(UserError) as e:
+            Session(worded, governor=spec)
+        assert str(e.value).startswith(f"governor '{spec}': ") and want in str(e.value) and "--" not in str(e.value)
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3", "--governor", spec])  # a command's words
+        assert r.exit_code == 1 and f"error: --governor '{spec}': " in r.output and want in r.output, r.output
+    with Session(worded, governor="off") as s, pytest.raises(UserError) as e:
+        s.load_growth(tmp_path / "g.npz")
+    assert str(e.value).startswith(f"{tmp_path / 'g.npz'}: governor 'off' has no session growth"), e.value
 
 
 def _blocked_writing(pid: int, timeout: float = 60) -> bool:
