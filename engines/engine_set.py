@@ -116,6 +116,9 @@ class EngineSet:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{where}: field 'costs' is malformed ({type(e).__name__}: {e}); measure it again "
                             "with `specrt profile`") from None
+        if ort_overrides is not None and not isinstance(ort_overrides, dict):
+            raise UserError(f"ort_overrides={ort_overrides!r:.80}: expected a dict of ONNX Runtime settings (the "
+                            f"fields of engines.json's 'onnxruntime')")
         self.runners: dict[str, Runner] = self._make_runners(ort_overrides or {})
         self._views: dict[str, Runner] = {}
         self.is_active = False
@@ -159,17 +162,27 @@ class EngineSet:
     def _make_runners(self, ort_overrides: dict[str, Any]) -> dict[str, Runner]:
         runners: dict[str, Runner] = {}
         if self.backend == "onnxruntime":
+            from dataclasses import fields
+
             from specrt.engines.onnxruntime import OrtGraph, OrtRunner, OrtSettings
+
+            def settings_of(d: dict[str, Any]):
+                try:
+                    return OrtSettings.from_json(d).resolved(), None
+                except (TypeError, ValueError, UserError) as e:
+                    return None, e if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
 
             merged = {**self.manifest["onnxruntime"], **ort_overrides}
             if "sessions" in ort_overrides and "prepack" not in ort_overrides:
                 merged["prepack"] = None  # re-derive from the new session mode
-            try:
-                settings = OrtSettings.from_json(merged).resolved()
-            except (TypeError, ValueError, UserError) as e:
-                raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed "
-                                f"({e if isinstance(e, UserError) else f'{type(e).__name__}: {e}'}); rebuild with "
-                                "`specrt build`") from None
+            settings, why = settings_of(merged)
+            if why is not None and ort_overrides and settings_of(self.manifest["onnxruntime"])[1] is None:
+                # the caller's settings, refused as theirs: the engines' own are sound
+                raise UserError(f"ort_overrides={ort_overrides!r:.80}: {why}; expected some of "
+                                f"{', '.join(f.name for f in fields(OrtSettings))}")
+            if why is not None:
+                raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed ({why}); rebuild "
+                                "with `specrt build`")
             built = ((self.manifest.get("environment") or {}).get("device") or {}).get("physical_cores")
             default = self.manifest.get("onnxruntime_threads_default")  # (engines built before it: by the count)
             if "intra_op_num_threads" not in ort_overrides and (

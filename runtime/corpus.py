@@ -380,10 +380,11 @@ class Growth:
             if meta.get("kind") != "specrt growth":
                 raise ValueError("its meta does not say 'specrt growth'")
         except NPZ_ERRORS as e:
-            raise UserError(f"{path}: not a growth file ({_npz_why(e)}); `specrt run --grow-file` writes them") from None
+            raise UserError(f"{path}: not a growth file ({_npz_why(e)}); `specrt run --grow-file` and Session.save_growth "
+                            "write them") from None
         if meta.get("format") != GROW_FORMAT:
             raise UserError(f"{path}: growth file format {meta.get('format')!r}, expected {GROW_FORMAT}")
-        _refuse_other_export(path, meta, export_digest, "written", "remove it or pass another --grow-file")
+        _refuse_other_export(path, meta, export_digest, "written", "remove it or give another file")
         if not (tokens.ndim == lengths.ndim == 1 and tokens.dtype.kind in "iu" and lengths.dtype.kind in "iu"
                 and (lengths >= 0).all() and int(lengths.sum()) == len(tokens)):
             raise UserError(f"{path}: inconsistent growth arrays (lengths do not add up to the tokens)")

@@ -31,7 +31,6 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
-from specrt.limits import whole
 from specrt.prompt_files import common_prefix
 
 from .governor import COST_PAST, GovernorState
@@ -122,12 +121,22 @@ class Finished:
     reason: str  # "eos" | "length" | "context" | "stop"
 
 
+def as_whole(value) -> int | None:
+    """``value`` as a Python int where it is an integer, a Python or a numpy one (not a
+    bool), else None: what the Python API takes where it asks for an integer (ids that came
+    through numpy)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return None
+    return int(value)
+
+
 def _alternatives(name: str, v) -> int | None:
     """A logprobs setting (Generator.logprobs / prompt_logprobs): None (off) or the
     alternatives a token, an integer >= 0."""
-    if v is not None and not whole(v, 0):
+    n = as_whole(v)
+    if v is not None and (n is None or n < 0):
         raise UserError(f"{name}={v!r}: expected None or an integer >= 0 (alternatives a token)")
-    return v
+    return n
 
 
 def _softmax_max(logits: np.ndarray) -> np.ndarray:
@@ -603,16 +612,26 @@ class Generator:
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
                                        clock.claim()), clock, self.lock)
 
-    def _check(self, prompt_ids, max_new_tokens, eos_ids) -> tuple:
-        """A stream's arguments, checked and resolved without touching any state a running
-        stream reads: (prompt, eos ids, prompt logprobs' alternatives, logprobs' alternatives,
-        tree width, lookup policy)."""
+    def check_ids(self, prompt_ids) -> list[int]:
+        """A prompt's token ids as Python ints, refused when empty or outside the vocabulary."""
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise UserError("the prompt is empty")
         bad = [i for i in prompt if not 0 <= i < self.vocab]
         if bad:
             raise UserError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        return prompt
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a stream is live (made and not finished)."""
+        return self._live is not None
+
+    def _check(self, prompt_ids, max_new_tokens, eos_ids) -> tuple:
+        """A stream's arguments, checked and resolved without touching any state a running
+        stream reads: (prompt, eos ids, prompt logprobs' alternatives, logprobs' alternatives,
+        tree width, lookup policy)."""
+        prompt = self.check_ids(prompt_ids)
         scored = _alternatives("prompt_logprobs", self.prompt_logprobs)
         if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool):
             raise UserError(f"max_new_tokens={max_new_tokens!r}: expected an integer")
@@ -817,7 +836,7 @@ class Generator:
 
     def _still_mine(self, epoch: int) -> None:
         if self._epoch != epoch:
-            raise UserError("this stream was superseded: a newer stream started on the same Generator (its caches "
+            raise UserError("this stream was superseded: a newer stream started on the same Session (its caches "
                             "hold one stream at a time; finish or close a stream before starting the next)")
 
     def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:

@@ -36,10 +36,9 @@ import numpy as np
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
 from specrt.errors import UserError
 from specrt.paths import check_path_args
-from specrt.prompt_files import is_token_ids
 
 from .corpus import Growth
-from .generate import Finished, Generator, Stream
+from .generate import Finished, Generator, Stream, as_whole
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
                        wants_corpus)
 from .sampling import SamplingParams
@@ -242,12 +241,13 @@ class Session:
         self.eos = tuple(self.engines.export["target"]["eos_token_ids"])
         self.acceptance = self._acceptance_receipt()
         self.engines.activate()
-        self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling, self.d2t)
-        self.generator.reuse_prefix = reuse_prefix  # a prompt starting as the last did reuses its KV rows
-        # other conversations' rows kept aside (Generator.prefix_snapshots): interleaved
-        # conversations each keep their prefix, at a copy of its rows apiece
-        self.generator.prefix_snapshots = int(prefix_snapshots)
         try:
+            self.generator = Generator(self.engines, make_governor(governor, self.engines, self.calibration), sampling,
+                                       self.d2t)
+            self.generator.reuse_prefix = reuse_prefix  # a prompt starting as the last did reuses its KV rows
+            # other conversations' rows kept aside (Generator.prefix_snapshots): interleaved
+            # conversations each keep their prefix, at a copy of its rows apiece
+            self.generator.prefix_snapshots = int(prefix_snapshots)
             self.generator.resolve_tree_width()  # a token tree these engines or this mode cannot run: now
             if wants_corpus(governor):  # the corpus file read now, not at the first prompt
                 try:
@@ -394,11 +394,15 @@ class Session:
         return ids
 
     def _prompt_ids(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> list[int]:
-        """Token ids as given (a list, tuple or numpy array of ints), or a text prompt's or a
-        conversation's through ``encode``."""
-        if isinstance(prompt, (tuple, np.ndarray)):  # token ids as a tuple or an array: a list of ints
-            prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-        return list(prompt) if is_token_ids(prompt) else self.encode(prompt, chat, chat_template_kwargs)
+        """Token ids as given (a list, tuple or numpy array of ints, Python's or numpy's),
+        checked against the vocabulary, or a text prompt's or a conversation's through ``encode``."""
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        if isinstance(prompt, (list, tuple)):  # ([]: "the prompt is empty")
+            ids = [as_whole(t) for t in prompt]
+            if None not in ids:  # (before anything decodes them: the tokenizer overflows on -2)
+                return self.generator.check_ids(ids)
+        return self.encode(prompt, chat, chat_template_kwargs)
 
     def _open(self) -> None:
         if self.closed:
@@ -417,6 +421,8 @@ class Session:
                 gen = self.generator.stream(ids, max_new_tokens, self.eos)
             except UserError:  # refused: a running stream's stats() stay its own
                 self.generator.logprobs, self.generator.prompt_logprobs = before
+                if not self.generator.streaming:  # else none: the generator showed no earlier stream's
+                    self.last_prompt_ids, self.last_output_ids = [], []
                 raise
             self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds

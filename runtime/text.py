@@ -406,6 +406,8 @@ class StopScanner:
             stops = ()
         elif isinstance(stops, str):  # one string is one stop, not its letters
             stops = (stops,)
+        elif isinstance(stops, (bytes, bytearray, dict)):  # (its bytes as numbers, or its keys)
+            raise UserError(f"stop={stops!r:.80}: expected a string or a list of strings")
         else:
             try:
                 stops = tuple(stops)

@@ -437,6 +437,45 @@ def test_the_python_api_names_its_own_parameters(worded, tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'g.npz'}: governor 'off' has no session growth"), e.value
 
 
+def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers(worded):
+    """A user walk's findings: an id outside the vocabulary at a prompt's end reached the
+    tokenizer first (OverflowError); a list of numpy ints was read as a conversation;
+    ``ort_overrides`` errors blamed the engines' engines.json; stats() after a refused stream
+    showed the stream before's ids with no telemetry; bytes were taken as stop strings."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        for ids, bad in (([1, -2, 3], -2), ([1, 2, 2**64], 2**64), (np.array([4, 99]), 99)):
+            with pytest.raises(UserError, match=rf"^prompt token id {bad} is outside the vocabulary \[0, 16\)$"):
+                "".join(s.stream(ids, max_new_tokens=3))
+        want = "".join(s.stream([3, 1, 4], max_new_tokens=6, logprobs=2))
+        ids = s.stats()["output_token_ids"]
+        for form in ([np.int64(3), np.int32(1), 4], (np.int64(3), 1, np.uint8(4))):
+            assert "".join(s.stream(form, max_new_tokens=6, logprobs=np.int64(2))) == want
+            st = s.stats()
+            assert st["prompt_ids"] == [3, 1, 4] and type(st["prompt_ids"][0]) is int and st["output_token_ids"] == ids
+            assert len(st["output_logprobs"][0]["top_logprobs"]) == 2
+        with pytest.raises(UserError, match="^the prompt is empty$"):
+            "".join(s.stream([], max_new_tokens=3))
+        with pytest.raises(UserError, match="a conversation must be"):  # a bool is no token id
+            "".join(s.stream([True, 1], max_new_tokens=3))
+        with pytest.raises(UserError, match="max_new_tokens=0"):
+            "".join(s.stream([3, 1, 4], max_new_tokens=0))
+        st = s.stats()  # the refused stream's: nothing, not the one before's ids
+        assert st["prompt_ids"] == [] and st["output_token_ids"] == [] and st["new_tokens"] == 0
+        for stop in (b"w4", bytearray(b"w4"), {"w4": 1}):
+            with pytest.raises(UserError, match=r"^stop=.*: expected a string or a list of strings$"):
+                "".join(s.stream([3, 1, 4], max_new_tokens=3, stop=stop))
+    for bad, why in (({"bogus": 1}, "bogus"), ({"intra_op_num_threads": "x"}, "intra_op_num_threads 'x'")):
+        with pytest.raises(UserError) as e:
+            Session(worded, ort_overrides=bad)
+        msg = str(e.value)
+        assert msg.startswith(f"ort_overrides={bad!r}: ") and why in msg and "engines.json" not in msg, msg
+        assert "intra_op_num_threads" in msg.split("expected some of ")[1]
+    with pytest.raises(UserError, match=r"^ort_overrides=5: expected a dict of ONNX Runtime settings"):
+        Session(worded, ort_overrides=5)
+
+
 def _blocked_writing(pid: int, timeout: float = 60) -> bool:
     """Whether process ``pid`` comes to wait on a full pipe within ``timeout`` seconds."""
     import time
