@@ -103,6 +103,40 @@ def _resolve_kv(ort_kv: str, backend: str, exp: dict[str, Any], settings, log: C
     return "append"
 
 
+def kv_cache_bytes(exp: dict[str, Any], ctx: int) -> dict[str, int]:
+    """Bytes of the KV caches the runtime preallocates for a context of ``ctx`` tokens, per
+    graph (target, draft): keys and values of every layer, in the export's dtype."""
+    item = 2 if exp["dtype"] == "float16" else 4
+    return {side: 2 * g["num_layers"] * ctx * g["num_kv_heads"] * g["head_dim"] * item
+            for side in ("target", "draft") if (g := exp.get(side))}
+
+
+def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int | None = None) -> None:
+    """UserError, before anything is built, when the engines' weights and their KV caches
+    at ``ctx`` tokens (``source``: where that limit came from) pass the memory this machine
+    has available (``available``, MemAvailable by default; unknown: no check). A model's
+    max_position_embeddings (131072 for Llama 3.1) is the default limit, and building and
+    profiling allocate all of it."""
+    from specrt.machine import mem_available
+
+    available = mem_available() if available is None else available
+    if available is None:
+        return
+    weights = sum(int(f.get("bytes") or 0) for g in exp["graphs"].values() for f in g["files"])
+    kv = kv_cache_bytes(exp, ctx)
+    if weights + sum(kv.values()) <= available:
+        return
+    per_token = sum(kv.values()) / ctx
+    fits = int((0.9 * available - weights) // per_token) if per_token else 0
+    gib = lambda b: f"{b / 2 ** 30:.3g} GiB"  # noqa: E731
+    hint = (f"give --max-context N, at most about {fits} here" if fits >= 1
+            else "its weights alone do not fit")
+    raise UserError(f"a context of {ctx} tokens ({source}) needs {gib(sum(kv.values()))} of KV cache ("
+                    + " + ".join(f"{side} {gib(b)}" for side, b in kv.items())
+                    + f", {exp['dtype']}) beside {gib(weights)} of weights, and this machine has {gib(available)} "
+                    f"available: {hint}")
+
+
 def _graph_file(exp: dict[str, Any], graph: str) -> str:
     files = [r["file"] for r in exp["graphs"][graph]["files"] if r["file"].endswith(".onnx")]
     if len(files) != 1:
@@ -200,6 +234,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     ctx = limit if max_context is None else int(max_context)
     if not 0 < ctx <= limit:
         raise UserError(f"--max-context {ctx} must be in 1..{limit} ({why})")
+    check_memory_fits(exp, ctx, source if max_context is None else "--max-context")
     draft_kind = (exp.get("draft") or {}).get("kind")
     draft_window = (exp.get("draft") or {}).get("sliding_window")
     applied = (exp.get("draft") or {}).get("attention_window")

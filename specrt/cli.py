@@ -44,6 +44,9 @@ class _Group(click.Group):
         except UserError as e:
             click.echo(f"error: {cli_named(e, '--governor')}", err=True)
             sys.exit(1)
+        except MemoryError as e:  # (numpy's names the size it could not have)
+            click.echo(f"error: out of memory{f': {e}' if str(e) else ''}", err=True)
+            sys.exit(1)
         except OSError as e:  # an input this user cannot read, a full disk: not specrt's bug
             if e.errno == errno.EPIPE:
                 _reader_left()

@@ -154,7 +154,7 @@ import click
 
 from specrt.errors import UserError
 from specrt.limits import MAX_THREADS, whole
-from specrt.machine import machine_info
+from specrt.machine import machine_info, mem_available
 from specrt.manifest import atomic_folder, check_output
 from specrt.paths import check_path_args, write_atomic
 from specrt.prompt_files import common_prefix
@@ -955,17 +955,6 @@ def _progress(total: int, quiet: bool):
         return None
 
 
-def _mem_available() -> int | None:
-    """Bytes of memory available to new processes (/proc/meminfo MemAvailable), if known."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def interleaved_fits(n_workers: int, weight_bytes: int, available: int | None) -> bool:
     """Whether every worker can be resident at once: each holds about 1.5x the engines'
     weight bytes (measured for SmolLM2: specrt 1.3-1.6x, the peers 1.5-1.8x of the target's
@@ -1385,8 +1374,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                  "hf-lookup": 3, "llamacpp-lookup": 3}
         jobs.sort(key=lambda j: order.get(j[0], 4))
         n_workers = len(group_jobs(jobs)) * processes
-        if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, _mem_available()):
-            each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (_mem_available() or 0) / 2 ** 30
+        if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, mem_available()):
+            each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (mem_available() or 0) / 2 ** 30
             warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
                             f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
                             "so the configurations' ratios include the machine's drift"

@@ -10,6 +10,17 @@ import platform
 from pathlib import Path
 
 
+def mem_available() -> int | None:
+    """Bytes of memory available to new processes (/proc/meminfo MemAvailable), if known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)

@@ -63,15 +63,9 @@ def _hwm(status: str) -> int:
 
 def kv_bytes(engines) -> dict[str, int]:
     """KV cache bytes at the context limit, per graph (the formula of the module doc)."""
-    import numpy as np
+    from specrt.engines.build import kv_cache_bytes
 
-    item = np.dtype(np.float16 if engines.export["dtype"] == "float16" else np.float32).itemsize
-    out = {}
-    for side in ("target", "draft"):
-        g = engines.export.get(side)
-        if g:
-            out[side] = 2 * g["num_layers"] * engines.max_context * g["num_kv_heads"] * g["head_dim"] * item
-    return out
+    return kv_cache_bytes(engines.export, engines.max_context)
 
 
 def budget_bytes(engines) -> tuple[int, dict[str, int], int]:

@@ -306,6 +306,47 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     assert not (tmp_path / "e").exists()
 
 
+def test_a_context_whose_kv_cache_cannot_fit_is_refused_before_any_work(tmp_path):
+    """A target whose max_position_embeddings is huge (a user walk: 10**12) built with the
+    default context crashed in numpy allocating its RoPE table (3.64 TiB, a traceback). The
+    KV caches and weights are sized against the memory available first, and the error says
+    what fits."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.engines.build import check_memory_fits, kv_cache_bytes
+    from specrt.export.export import export
+
+    from .conftest import REFERENCE
+
+    target = tmp_path / "t"
+    shutil.copytree(REFERENCE / "verifier", target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["max_position_embeddings"] = 10 ** 12
+    (target / "config.json").write_text(json.dumps(cfg))
+    export(target, REFERENCE / "draft", tmp_path / "x")
+    r = CliRunner().invoke(main, ["build", str(tmp_path / "x"), "-o", str(tmp_path / "e"), "--depths", "1"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert re.search(r"error: a context of 1000000000000 tokens \(the target's max_position_embeddings\) needs "
+                     r"[\d.e+]+ GiB of KV cache \(target [\d.e+]+ GiB \+ draft [\d.e+]+ GiB, float32\) beside "
+                     r"[\d.]+ \w+ of weights, and this machine has [\d.]+ GiB available: give --max-context N, at "
+                     r"most about \d+ here", r.output), r.output
+    assert not (tmp_path / "e").exists()
+    exp = load_export(tmp_path / "x")
+    kv = kv_cache_bytes(exp, 1000)
+    t, d = exp["target"], exp["draft"]
+    assert kv == {"target": 2 * t["num_layers"] * 1000 * t["num_kv_heads"] * t["head_dim"] * 4,
+                  "draft": 2 * d["num_layers"] * 1000 * d["num_kv_heads"] * d["head_dim"] * 4}
+    weights = sum(f["bytes"] for g in exp["graphs"].values() for f in g["files"])
+    per_token = sum(kv.values()) / 1000
+    check_memory_fits(exp, 1000, "--max-context", available=weights + sum(kv.values()))  # just fits
+    with pytest.raises(UserError, match=r"^a context of 1001 tokens \(--max-context\) needs .* at most about "
+                                        rf"{int((0.9 * (weights + 1000 * per_token) - weights) // per_token)} here$"):
+        check_memory_fits(exp, 1001, "--max-context", available=weights + sum(kv.values()))
+    with pytest.raises(UserError, match="its weights alone do not fit$"):
+        check_memory_fits(exp, 10, "--max-context", available=weights // 2)
+
+
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
     """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the
     profiling step loaded the graph, naming a file of the temporary folder it had removed."""
