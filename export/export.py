@@ -53,9 +53,16 @@ def _check_tokenizer_files(target_dir: Path) -> None:
             read_json(path)
     tok = target_dir / "tokenizer.json"
     if tok.is_file():  # (read once: load_tokenizer says "not valid JSON" as read_json would)
-        from specrt.runtime.text import load_tokenizer
+        from specrt.runtime.text import Text
 
-        load_tokenizer(tok)
+        text = Text(target_dir)
+        if text.chat_template is not None:  # one that cannot render a user's message is refused now, not at
+            # the build's canary (its engines written) or a first `run --chat`
+            try:
+                text.render_chat("Hello.")
+            except UserError as e:
+                raise UserError(f"{e}: a chat template must render a conversation of one user message; mend it, "
+                                "or remove it to take raw prompts only") from None
 
 
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,

@@ -59,6 +59,8 @@ class Text:
         if jinja.is_file():
             template = jinja.read_text(encoding="utf-8")
         self.chat_template = template if isinstance(template, str) else None
+        # the file it came from, named by its errors (a broken template said "chat template: ..." alone)
+        self.template_file = jinja if jinja.is_file() else cfg_path
         self.vocab_size = self.tokenizer.get_vocab_size()
         self._bytes: tuple | None = None  # token_bytes' table, made on first use
         self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
@@ -96,9 +98,11 @@ class Text:
             return _template(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=True, **variables)
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # (raise_exception's UserError
-            # passes through; a message of other types than the template expects fails in it)
-            raise UserError(f"chat template: {type(e).__name__}: {e}") from None
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # (a message of other
+            # types than the template expects fails in it)
+            raise UserError(f"{self.template_file}: chat template: {type(e).__name__}: {e}") from None
+        except UserError as e:  # not valid Jinja, or its raise_exception
+            raise UserError(f"{self.template_file}: {e}") from None
 
     def _special_tokens(self) -> dict:
         """tokenizer_config.json's special tokens (special_tokens_map.json's over them for a

@@ -189,6 +189,47 @@ def test_missing_tokenizer_is_said_at_export(tmp_path):
     assert said and not [s for s in said if "no tokenizer.json" in s]
 
 
+def test_a_chat_template_that_cannot_render_is_refused_at_export_naming_its_file(tmp_path):
+    """A user walk: a chat template that is not valid Jinja (or raises) exported without a
+    word; the build then wrote its engines and failed at the canary with "chat template: not
+    valid Jinja", naming no file. Export renders one user message through it and refuses,
+    naming the file; a template that fails only on some conversations is named at run time
+    (the export's copy)."""
+    import json
+
+    from specrt.runtime.session import Session
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    for where, template, why in ((cfg, "{% for m in messages %}{{ m.content ", "not valid Jinja"),
+                                 (target / "chat_template.jinja", "{{ raise_exception('nope') }}", "nope"),
+                                 (cfg, "{{ messages[0].content.nothing.more }}", "UndefinedError")):
+        if where == cfg:
+            cfg.write_text(json.dumps({**good, "chat_template": template}))
+        else:
+            where.write_text(template)
+        with pytest.raises(UserError, match=rf"^{where}: .*{why}.*: a chat template must render a conversation of "
+                                            "one user message; mend it, or remove it"):
+            export_mod.export(target, None, tmp_path / "o")
+        assert not (tmp_path / "o").exists()
+        if where != cfg:
+            where.unlink()
+    cfg.write_text(json.dumps({**good, "chat_template": "{% if messages[0].role == 'system' %}{{ raise_exception("
+                                                        "'no system prompt') }}{% endif %}"
+                                                        + good["chat_template"]}))
+    export_mod.export(target, None, tmp_path / "o")
+    from specrt.engines import build_engines
+
+    build_engines(tmp_path / "o", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    with Session(tmp_path / "e", governor="off") as s, pytest.raises(UserError) as e:
+        "".join(s.stream([{"role": "system", "content": "w3"}, {"role": "user", "content": "w4"}], max_new_tokens=2))
+    assert str(e.value) == f"{tmp_path / 'e' / 'export' / 'tokenizer_config.json'}: chat template: no system prompt"
+
+
 def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
     """A target folder with each tokenizer file a Hugging Face tokenizer may save (the chat
     template in a file of its own, .jinja or .json, as newer transformers write it; the
