@@ -62,7 +62,13 @@ class Bound:
         slot = self.aliases.get(slot, slot)
         if slot not in self.slots:
             raise KeyError(slot)
-        return self.reader.array(self.slots[slot].entry)
+        e = self.slots[slot].entry
+        a = self.reader.array(e)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():  # (an export took them, and its engines made NaN)
+            bad = a[~np.isfinite(a)]
+            raise UserError(f"{e.file}: tensor '{e.name}' (slot '{slot}') holds {bad.size} non-finite value(s) "
+                            f"({'NaN' if np.isnan(bad).any() else 'inf'}); a checkpoint's weights must be finite")
+        return a
 
     def sha(self, slot: str) -> str:
         return self.slots[self.aliases.get(slot, slot)].sha256

@@ -822,7 +822,9 @@ class Generator:
             self.finished = Finished("length")
         except InternalError as e:
             if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
-                raise UserError(str(e)) from None
+                why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
+                       "float32 engines: a non-finite weight in the checkpoint? `specrt export` refuses those")
+                raise UserError(f"{e} ({why})") from None
             raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)

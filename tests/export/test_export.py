@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -228,6 +229,32 @@ def test_a_chat_template_that_cannot_render_is_refused_at_export_naming_its_file
     with Session(tmp_path / "e", governor="off") as s, pytest.raises(UserError) as e:
         "".join(s.stream([{"role": "system", "content": "w3"}, {"role": "user", "content": "w4"}], max_new_tokens=2))
     assert str(e.value) == f"{tmp_path / 'e' / 'export' / 'tokenizer_config.json'}: chat template: no system prompt"
+
+
+@pytest.mark.parametrize("side", ["target", "draft"])
+def test_a_non_finite_weight_is_refused_naming_its_file_tensor_and_slot(tmp_path, side):
+    """A user walk: a NaN in model.norm.weight exported and built; the build's canary then
+    failed on NaN logits, suggesting reduced precision for float32 engines, and left them
+    written. Export refuses it, naming the file, the tensor and its slot."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folders = {"target": tmp_path / "t", "draft": tmp_path / "d"}
+    shutil.copytree(REFERENCE / "verifier", folders["target"])
+    shutil.copytree(REFERENCE / "draft", folders["draft"])
+    f = folders[side] / "model.safetensors"
+    tensors = load_file(f)
+    name = "model.norm.weight" if side == "target" else next(k for k in tensors if k.endswith("norm.weight"))
+    w = tensors[name].copy()
+    w.reshape(-1)[3] = np.nan if side == "target" else np.inf
+    tensors[name] = w
+    save_file(tensors, f)
+    with pytest.raises(UserError, match=rf"^{f}: tensor '{name}' \(slot '[\w.]+'\) holds 1 non-finite value\(s\) "
+                                        rf"\({'NaN' if side == 'target' else 'inf'}\); a checkpoint's weights must be "
+                                        "finite$"):
+        export_mod.export(folders["target"], folders["draft"], tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):

@@ -904,7 +904,7 @@ def test_nan_logits_are_a_clear_error(pair):
             return out
 
     class Broken:
-        export, max_context = engines.export, engines.max_context
+        export, max_context, precision = engines.export, engines.max_context, engines.precision
         kv_layout = staticmethod(engines.kv_layout)
 
         def target(self, s):
@@ -913,7 +913,11 @@ def test_nan_logits_are_a_clear_error(pair):
         def draft(self):
             return engines.draft()
 
-    with pytest.raises(UserError, match="target engine produced NaN logits at position 0"):
+    with pytest.raises(UserError, match=r"target engine produced NaN logits at position 0 \(float32 engines: a "
+                                        r"non-finite weight in the checkpoint\? `specrt export` refuses those\)$"):
+        G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
+    Broken.precision = "fp16"
+    with pytest.raises(UserError, match=r"logits at position 0 \(an overflow in reduced precision\? try float32"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
 
 
