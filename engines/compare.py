@@ -280,11 +280,15 @@ def check_same_target(folder: Path, exp: dict[str, Any]) -> None:
         have = bind_target(folder).table()
     except UserError as e:
         raise UserError(f"{folder}: not the checkpoint these engines were exported from ({e})") from None
-    differ = sorted(s for s in set(want) | set(have) if want.get(s, {}).get("sha256") != have.get(s, {}).get("sha256"))
-    if differ:
-        raise UserError(f"{folder}: not the checkpoint these engines were exported from: {len(differ)} of {len(want)} "
-                        f"target slots hold other tensors than the export's binding receipt records (first: "
-                        f"'{differ[0]}'); pass the exported target with --target")
+    changed = sorted(s for s in set(want) & set(have) if want[s].get("sha256") != have[s].get("sha256"))
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))  # (another family's slots)
+    if changed or missing or extra:
+        how = [f"{len(changed)} of the {len(want)} target slots hold other tensors than the export's binding receipt "
+               f"records" + (f" (first: '{changed[0]}')" if changed else "")]
+        how += [f"{len(missing)} of them are missing (first: '{missing[0]}')"] if missing else []
+        how += [f"{len(extra)} slots are not the export's (first: '{extra[0]}')"] if extra else []
+        raise UserError(f"{folder}: not the checkpoint these engines were exported from: {'; '.join(how)}; pass the "
+                        "exported target with --target")
 
 
 def load_torch_target(folder: Path, exp: dict[str, Any]):

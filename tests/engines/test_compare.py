@@ -311,10 +311,18 @@ def test_a_torch_reference_from_another_checkpoint_is_refused(tiny_engines, tmp_
     x[name] = x[name] * 1.5
     save_file(x, str(f), metadata={"format": "pt"})
     wide = write_tiny_target(tmp_path / "wide", "llama", vocab_size=500)
-    for folder, words in ((other, "target slots hold other tensors than the export's binding receipt records"),
-                          (wide, "not the checkpoint these engines were exported from")):
+    # another family (a user walk: Qwen3's q_norm / k_norm slots made it "42 of 39 target slots")
+    qwen = write_tiny_target(tmp_path / "qwen", "qwen3")
+    n = len(json.loads((tiny_engines / "export" / "export.json").read_text())["binding_receipt"]["target"]["slots"])
+    for folder, words in ((other, f"1 of the {n} target slots hold other tensors than the export's binding receipt "
+                                  f"records (first: '{name.replace('model.', '').split('.post')[0]}"),
+                          (wide, "not the checkpoint these engines were exported from"),
+                          (qwen, f"of the {n} target slots hold other tensors than the export's binding receipt "
+                                 "records (first: 'embed'); ")):
         res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target", str(folder)])
         assert res.exit_code == 1 and words in res.output and "Traceback" not in res.output, res.output
+    changed = int(res.output.split(f" of the {n} target slots")[0].rsplit(" ", 1)[1])
+    assert changed <= n and " slots are not the export's (first: 'layers.0." in res.output, res.output
     # a target the export read from pickles (--allow-pickle): not bound again here (that would
     # unpickle it unasked); transformers loads it for the reference as before
     from specrt.engines.compare import check_same_target
