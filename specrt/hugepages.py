@@ -90,7 +90,7 @@ def enabled() -> bool:
 # ``python -c`` puts the working folder first on sys.path, where the command had its own
 # bin folder: a json.py, click/ or specrt/ there would shadow the real ones, so it goes.
 _NO_CWD = "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
-CLI_CODE = _NO_CWD + "from specrt.cli import entry; sys.argv[0] = 'specrt'; entry()"
+CLI_CODE = _NO_CWD + "from specrt.launch import entry; sys.argv[0] = 'specrt'; entry()"
 
 
 def script_code(path: str) -> str:

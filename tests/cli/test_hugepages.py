@@ -95,15 +95,36 @@ def test_specrt_command_restarts_once_with_the_tunable():
 
 
 def test_console_entry_is_the_restarting_one():
-    """The ``specrt`` script is cli.entry, and entry asks reexec_with_thp with the command's
-    arguments before the CLI runs (the restart itself: the test above)."""
+    """The ``specrt`` script is launch.entry, which runs cli.entry, and entry asks
+    reexec_with_thp with the command's arguments before the CLI runs (the restart itself:
+    the test above); the restarted process starts at launch.entry too."""
+    from specrt.hugepages import CLI_CODE
+
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert 'specrt = "specrt.cli:entry"' in text
-    code = ("import sys, specrt.hugepages as h, specrt.cli as c; "
+    assert 'specrt = "specrt.launch:entry"' in text and "from specrt.launch import entry;" in CLI_CODE
+    code = ("import sys, specrt.hugepages as h, specrt.cli as c, specrt.launch as l; "
             "h.reexec_with_thp = lambda argv: print('asked', argv); "
-            "c.main = lambda: print('cli'); sys.argv = ['specrt', 'run', '--x']; c.entry()")
+            "c.main = lambda: print('cli'); sys.argv = ['specrt', 'run', '--x']; l.entry()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["asked ['run', '--x']", "cli"], (r.stdout, r.stderr)
+
+
+def test_ctrl_c_while_the_command_line_is_imported_is_aborted_not_a_traceback():
+    """A user walk: Ctrl-C in the first ~0.4 s of any command struck the import of the
+    command line (click, http.server, ...) and printed its traceback. The console script
+    says "Aborted!" and exits 1 then, as a Ctrl-C during a command does. (The Ctrl-C is
+    raised where the import starts: a signal's timing cannot place it there.)"""
+    code = ("import sys\n"
+            "class Strike:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'specrt.cli':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Strike())\n"
+            "from specrt.launch import entry\n"
+            "sys.argv = ['specrt', '--version']\n"
+            "entry()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr == "\nAborted!\n" and not r.stdout, (r.stdout, r.stderr)
 
 
 @linux
