@@ -515,12 +515,15 @@ def _eps(f: _Fields) -> float:
     return eps
 
 
-def _token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
+def _token_ids(v: Any, where: str, key: str, vocab: int) -> tuple[int, ...]:
     if v is None:
         return ()
     vals = v if isinstance(v, list) else [v]
     if not all(whole(x, 0) for x in vals):
         raise UserError(f"{where}: field '{key}' must be a token id or a list of them, found {v!r}")
+    if any(x >= vocab for x in vals):  # (an EOS the model cannot produce never ends an answer)
+        raise UserError(f"{where}: field '{key}' is {v!r}: a token id must lie in the model's vocabulary "
+                        f"[0, {vocab}) (config.json vocab_size)")
     return tuple(vals)
 
 
@@ -570,12 +573,13 @@ def load_target_config(folder: Path) -> TargetConfig:
     expected = ARCHITECTURES[decoder.model_type]["hf_class"]
     if archs[0] != expected:
         raise UserError(f"{path}: architectures[0] is '{archs[0]}', expected '{expected}' for model_type '{decoder.model_type}'")
-    eos = _token_ids(data.get("eos_token_id"), str(path), "eos_token_id")
+    vocab = decoder.vocab_size
+    eos = _token_ids(data.get("eos_token_id"), str(path), "eos_token_id", vocab)
     gen_path = Path(folder) / "generation_config.json"
     if gen_path.is_file():
         gen = read_json(gen_path)
-        eos = _token_ids(gen.get("eos_token_id"), str(gen_path), "eos_token_id") or eos
-    bos = _token_ids(data.get("bos_token_id"), str(path), "bos_token_id")
+        eos = _token_ids(gen.get("eos_token_id"), str(gen_path), "eos_token_id", vocab) or eos
+    bos = _token_ids(data.get("bos_token_id"), str(path), "bos_token_id", vocab)
     return TargetConfig(decoder=decoder, architecture=archs[0], eos_token_ids=eos, bos_token_id=bos[0] if bos else None)
 
 

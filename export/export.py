@@ -43,10 +43,12 @@ def _save(model, folder: Path, stem: str) -> list[dict[str, Any]]:
     return _graph_files(folder, stem)
 
 
-def _check_tokenizer_files(target_dir: Path) -> None:
+def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
+                           log: Callable[[str], None] = lambda s: None) -> None:
     """The tokenizer files export copies read as the runtime reads them (runtime/text.py), naming
     the target's file: a broken one was copied without a word, built, and raised only at
-    `specrt run`, with a traceback. (generation_config.json: read with the target's config.)"""
+    `specrt run`, with a traceback. (generation_config.json: read with the target's config.)
+    ``vocab``: the model's vocabulary size, which a tokenizer of more tokens passes (said)."""
     for n in TOKENIZER_FILES:
         path = target_dir / n
         if n.endswith(".json") and n != "tokenizer.json" and path.is_file():
@@ -56,6 +58,9 @@ def _check_tokenizer_files(target_dir: Path) -> None:
         from specrt.runtime.text import Text
 
         text = Text(target_dir)
+        if vocab is not None and text.vocab_size > vocab:
+            log(f"warning: {tok} holds {text.vocab_size} tokens, the model's vocabulary {vocab} (config.json "
+                f"vocab_size): a prompt that encodes to an id of {vocab} or more is refused when run")
         if text.chat_template is not None:  # one that cannot render a user's message is refused now, not at
             # the build's canary (its engines written) or a first `run --chat`
             try:
@@ -79,7 +84,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     t0 = time.perf_counter()
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
-    _check_tokenizer_files(Path(target_dir))
+    _check_tokenizer_files(Path(target_dir), target.config.decoder.vocab_size, log)
     draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids, draft_embeddings) \
         if draft_dir is not None else None
     tc = target.config.decoder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -255,6 +256,38 @@ def test_a_non_finite_weight_is_refused_naming_its_file_tensor_and_slot(tmp_path
                                         "finite$"):
         export_mod.export(folders["target"], folders["draft"], tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_and_a_wider_tokenizer_said(tmp_path):
+    """A user walk: an eos_token_id of 5000 (config.json or generation_config.json) or a
+    bos_token_id past a vocabulary of 1000 exported, built and ran (an EOS the model cannot
+    produce never ends an answer); a tokenizer of more tokens than the model exported without
+    a word. The ids are refused, naming the file; the tokenizer is said."""
+    import json
+
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = json.loads((target / "config.json").read_text())
+    gen = target / "generation_config.json"
+    for where, key, value in (("config.json", "eos_token_id", 16), ("config.json", "bos_token_id", 99),
+                              ("generation_config.json", "eos_token_id", [2, 16])):
+        c = {**cfg, key: value} if where == "config.json" else cfg
+        (target / "config.json").write_text(json.dumps(c))
+        gen.unlink(missing_ok=True)
+        if where == "generation_config.json":
+            gen.write_text(json.dumps({key: value}))
+        with pytest.raises(UserError, match=rf"^{target / where}: field '{key}' is {re.escape(repr(value))}: a token "
+                                            r"id must lie in the model's vocabulary \[0, 16\)"):
+            export_mod.export(target, None, tmp_path / "o")
+        assert not (tmp_path / "o").exists()
+    gen.unlink()
+    small = write_tiny_target(tmp_path / "s", "llama", vocab_size=12)
+    _words(small)  # 16 words
+    said: list[str] = []
+    export_mod.export(small, None, tmp_path / "o", log=said.append)
+    assert f"warning: {small / 'tokenizer.json'} holds 16 tokens, the model's vocabulary 12" in "\n".join(said), said
 
 
 def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
