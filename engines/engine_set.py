@@ -318,7 +318,8 @@ class EngineSet:
             if v is not None:
                 pts[p] = v
         if not pts:
-            raise UserError(f"{self.folder}: the cost table has no entry for '{role}'")
+            raise UserError(f"{self.folder / 'engines.json'}: the cost table ('costs') has no entry for '{role}'; "
+                            f"measure it again with `specrt profile {self.folder}`")
         return interpolate(pts, past)
 
     def target_costs(self, past: int) -> dict[int, float]:

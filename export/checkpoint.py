@@ -145,6 +145,11 @@ def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-p
         raise UserError(f"{folder}: not a checkpoint folder (not a directory)")
     index = folder / INDEX_NAME
     single = folder / SINGLE_NAME
+    for p in (index, single):  # there, but no file: said as such, not "no model.safetensors found"
+        if os.path.lexists(p) and not p.is_file():
+            what = ("a broken link" if not p.exists() else "a folder" if p.is_dir() else
+                    "not a regular file (a device, a pipe)")
+            raise UserError(f"{p}: {what}; expected the checkpoint's {'index' if p == index else 'weights'} file")
     if index.is_file() and single.is_file():  # transformers would take the single file; a stale one?
         raise UserError(f"{folder}: holds both {SINGLE_NAME} and {INDEX_NAME}; expected one of them (remove the "
                         "stale one: transformers reads the single file, which may not be the weights you mean)")

@@ -181,6 +181,9 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.update(depths=m["depths"][::-1]), r"precision 'fp32' and depths \[8, 4, 2, 1\]"),
     (lambda m: m["onnxruntime"].update(providers=["x"]),
      r"field 'onnxruntime' is malformed \(onnxruntime providers \('x',\): expected ONNX Runtime provider names"),
+    # a user walk: an export outside the engines folder loaded and ran (role files are held inside)
+    *[(lambda m, f=f: m["export"].update(folder=f), rf"export.folder '{re.escape(f)}'; expected a folder inside the "
+                                                    "engines folder") for f in ("../../base/exp", "/tmp/exp", ".", "")],
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
@@ -304,6 +307,16 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     with pytest.raises(UserError, match=message):
         build_engines(tiny_export, args.pop("backend"), args.pop("depths"), tmp_path / "e", log=quiet, **args)
     assert not (tmp_path / "e").exists()
+
+
+def test_a_cost_table_without_a_role_names_the_file_and_the_fix(engines_copy):
+    """A user walk: engines.json without its 'costs' loaded, and DSpark then said "ENG: the
+    cost table has no entry for 'draft'", naming neither the file nor `specrt profile`."""
+    edit_manifest(engines_copy, lambda m: m.pop("costs"))
+    engines = load_engines(engines_copy, verify=False)
+    with pytest.raises(UserError, match=rf"^{engines_copy / 'engines.json'}: the cost table \('costs'\) has no entry "
+                                        rf"for 'draft'; measure it again with `specrt profile {engines_copy}`$"):
+        engines.cost("draft", 16)
 
 
 def test_a_context_whose_kv_cache_cannot_fit_is_refused_before_any_work(tmp_path):

@@ -302,6 +302,23 @@ def test_sharded_index_defects_are_named(hf_models, tmp_path):
         bind_target(single)
 
 
+def test_a_weights_name_that_is_no_file_is_said_as_such(hf_models, tmp_path):
+    """A user walk: model.safetensors as a folder, a pipe or a link to /dev/zero (or a
+    dangling link) was reported as "no model.safetensors ... found"."""
+    import os
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    f = folder / "model.safetensors"
+    device = r"not a regular file \(a device, a pipe\)"
+    for make, what in ((lambda: f.mkdir(), "a folder"), (lambda: os.mkfifo(f), device),
+                       (lambda: f.symlink_to("/dev/zero"), device),
+                       (lambda: f.symlink_to(tmp_path / "gone"), "a broken link")):
+        f.unlink() if f.is_symlink() or (f.exists() and not f.is_dir()) else f.rmdir() if f.is_dir() else None
+        make()
+        with pytest.raises(UserError, match=rf"^{f}: {what}; expected the checkpoint's weights file$"):
+            bind_target(folder)
+
+
 def test_truncated_file(hf_models, tmp_path):
     folder = copy_tree(hf_models["llama"], tmp_path / "m")
     f = folder / "model.safetensors"
