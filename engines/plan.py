@@ -42,13 +42,13 @@ from typing import Any
 
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
+from specrt.limits import MAX_DEPTH
 
 PREFILL, DECODE, DRAFT = "prefill", "decode", "draft"
 LAYOUTS = ("profiles", "engines")
 # precision name -> graph dtypes it can be built from (a lower precision from float32 lets
 # TensorRT pick fp16/bf16 kernels; ONNX Runtime runs the graph's own dtype only).
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-MAX_DEPTH = 64
 
 
 def verify_role(d: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from specrt.contracts import DRAFT_AUX_IDS
 from specrt.errors import UserError
-from specrt.limits import whole
+from specrt.limits import MAX_DEPTH, whole
 from specrt.paths import read_json_object
 
 # Decoder families that share the Llama block (pre-norm, RMSNorm, RoPE, SwiGLU).
@@ -638,6 +638,9 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     if not isinstance(methods[at], dict):
         raise UserError(f"{spec.where}: proposal_methods[{at}] must be an object")
     k = _Fields(methods[at], f"{spec.where}.proposal_methods[{at}]").int("speculative_tokens")
+    if k > MAX_DEPTH:
+        raise UserError(f"{spec.where}.proposal_methods[{at}]: field 'speculative_tokens' is {k}; expected at most "
+                        f"{MAX_DEPTH} (the deepest verify depth specrt builds)")
     verifier = spec.dict("verifier")
     v_arch = verifier.list("architectures")
     aux = f.list("eagle_aux_hidden_state_layer_ids", required=False)

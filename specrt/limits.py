@@ -15,6 +15,10 @@ MAX_THREADS = 2**31 - 1
 # running for ever.
 MAX_PROFILE_REPEATS = 10_000
 
+# The deepest verify depth (build --depths) and the most tokens a draft may say it proposes
+# (speculators_config's speculative_tokens: a P-EAGLE draft of 10**9 exported without a word)
+MAX_DEPTH = 64
+
 
 def whole(value, lo: int | None = None, hi: int | None = None) -> bool:
     """``value`` is a Python int, not a bool, within [lo, hi] (each bound optional)."""

@@ -414,6 +414,16 @@ def test_the_default_proposal_method_gives_the_speculative_tokens(tmp_path):
         cfg["speculators_config"]["default_proposal_method"] = default
         (d / "config.json").write_text(json.dumps(cfg))
         assert load_draft_config(d).speculative_tokens == want, default
+    # a user walk: 10**9 exported without a word (the deepest verify depth is 64)
+    for k, ok in ((64, True), (65, False), (10 ** 9, False)):
+        cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = k  # (the first: no default)
+        (d / "config.json").write_text(json.dumps(cfg))
+        if ok:
+            assert load_draft_config(d).speculative_tokens == k
+        else:
+            with pytest.raises(UserError, match=rf"proposal_methods\[0\]: field 'speculative_tokens' is {k}; "
+                                                "expected at most 64"):
+                load_draft_config(d)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
