@@ -631,19 +631,25 @@ class Generator:
         """A stream's arguments, checked and resolved without touching any state a running
         stream reads: (prompt, eos ids, prompt logprobs' alternatives, logprobs' alternatives,
         tree width, lookup policy)."""
+        return self.check_args(prompt_ids, max_new_tokens, eos_ids, self.logprobs, self.prompt_logprobs)
+
+    def check_args(self, prompt_ids, max_new_tokens, eos_ids, logprobs, prompt_logprobs) -> tuple:
+        """``_check`` with the logprobs settings given (Session.stream and check_prompt: before a
+        stream sets them)."""
         prompt = self.check_ids(prompt_ids)
-        scored = _alternatives("prompt_logprobs", self.prompt_logprobs)
+        scored = _alternatives("prompt_logprobs", prompt_logprobs)
         if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool):
             raise UserError(f"max_new_tokens={max_new_tokens!r}: expected an integer")
         if max_new_tokens < (0 if scored is not None else 1):
-            raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only when scoring the prompt)")
+            raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only with prompt_logprobs, scoring "
+                            "the prompt)")
         if max_new_tokens == 0 and len(prompt) > self.e.max_context:  # scored only: no new token's row
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
         if max_new_tokens > 0 and len(prompt) + 1 > self.e.max_context:
             raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context} "
                             f"(a prompt of at most {self.e.max_context - 1}, leaving room for a new token)")
         eos = set(int(e) for e in eos_ids)
-        return (prompt, eos, scored, _alternatives("logprobs", self.logprobs), self.resolve_tree_width(),
+        return (prompt, eos, scored, _alternatives("logprobs", logprobs), self.resolve_tree_width(),
                 self.resolve_lookup())
 
     def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,

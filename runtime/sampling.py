@@ -56,6 +56,8 @@ class SamplingParams:
             raise UserError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = off)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
             raise UserError(f"seed={self.seed!r}: expected a non-negative integer or none (-1 = none)")
+        if not isinstance(self.coupled, (bool, np.bool_)):  # ("no" is true to Python)
+            raise UserError(f"coupled={self.coupled!r:.80}: expected True or False")
 
     @property
     def greedy(self) -> bool:

@@ -207,6 +207,12 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None, **
                      calibration=calibration.copy() if calibration is not None else None, options=options)
 
 
+def check_flag(name: str, value) -> None:
+    """UserError unless ``value`` is a bool (a caller's "no" or "false" is true to Python)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise UserError(f"{name}={value!r:.80}: expected True or False")
+
+
 class Session:
     def __init__(self, engines_dir: str | Path, governor: str = "auto", sampling: SamplingParams = SamplingParams(),
                  ort_overrides: dict | None = None, reuse_prefix: bool = True, prefix_snapshots: int = 0,
@@ -220,6 +226,7 @@ class Session:
         if isinstance(prefix_snapshots, bool) or not isinstance(prefix_snapshots, (int, np.integer)) \
                 or prefix_snapshots < 0:
             raise UserError(f"prefix_snapshots={prefix_snapshots!r:.80}: expected an integer >= 0 (0: none)")
+        check_flag("reuse_prefix", reuse_prefix)
         self.engines = load_engines(Path(engines_dir), ort_overrides=ort_overrides)
         asked = governor
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
@@ -390,7 +397,7 @@ class Session:
         ``max_new_tokens``. Nothing runs: `specrt run --prompts` checks every line first (a
         prompt too long on line 40 cost the 39 answers before it, and their --stats)."""
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
-        self.generator._check(ids, max_new_tokens, self.eos)
+        self.generator.check_args(ids, max_new_tokens, self.eos, None, None)
         return ids
 
     def _prompt_ids(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> list[int]:
@@ -460,10 +467,19 @@ class Session:
         ``chat_template_kwargs`` over the session's.
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do (a verify round may have accepted
-        more; the telemetry counts every generated token)."""
+        more; the telemetry counts every generated token). The arguments are checked here, when
+        called (a UserError before anything is read); the decoding starts when the first piece
+        is asked for."""
         self._need_text()
+        check_flag("chat", chat)
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
+        self.generator.check_args(ids, max_new_tokens, self.eos, logprobs, prompt_logprobs)
+        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs)
+
+    def _texts(self, ids: list[int], scan: StopScanner, max_new_tokens: int, logprobs: int | None,
+               prompt_logprobs: int | None) -> Iterator[str]:
+        """``stream``'s pieces of text (its arguments checked)."""
         detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
         lock = self.generator.lock
         with lock:  # (another thread's stream starts before these are set or after them, not between)

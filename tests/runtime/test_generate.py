@@ -800,7 +800,7 @@ def test_prompt_logprobs_are_the_targets_own(pair, monkeypatch):
     g.prompt_logprobs = None
     g.generate(prompt, 4)
     assert g.prompt_logprobs_out == [] and g.telemetry.to_json()["prefix_reused"] > 0
-    with pytest.raises(UserError, match="0 only when scoring the prompt"):
+    with pytest.raises(UserError, match="0 only with prompt_logprobs, scoring the prompt"):
         g.generate(prompt, 0)
 
 

@@ -441,7 +441,9 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
     """A user walk's findings: an id outside the vocabulary at a prompt's end reached the
     tokenizer first (OverflowError); a list of numpy ints was read as a conversation;
     ``ort_overrides`` errors blamed the engines' engines.json; stats() after a refused stream
-    showed the stream before's ids with no telemetry; bytes were taken as stop strings."""
+    showed the stream before's ids with no telemetry; bytes were taken as stop strings;
+    stream() checked its arguments only when first read; "no" was a true flag."""
+    from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
     with Session(worded, governor="fixed:3") as s:
@@ -459,8 +461,15 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
             "".join(s.stream([], max_new_tokens=3))
         with pytest.raises(UserError, match="a conversation must be"):  # a bool is no token id
             "".join(s.stream([True, 1], max_new_tokens=3))
+        before = s.stats()
         with pytest.raises(UserError, match="max_new_tokens=0"):
-            "".join(s.stream([3, 1, 4], max_new_tokens=0))
+            s.stream([3, 1, 4], max_new_tokens=0)  # refused when called, not when first read
+        assert s.stats() == before  # refused before anything ran: the stream before's, whole
+        for bad in (dict(chat="yes"), dict(max_new_tokens=-1), dict(logprobs=-1), dict(stop=b"w4")):
+            with pytest.raises(UserError):
+                s.stream([3, 1, 4], **bad)
+        with pytest.raises(UserError, match="max_new_tokens=0"):
+            s.stream_ids([3, 1, 4], 0)  # refused by the decoding itself
         st = s.stats()  # the refused stream's: nothing, not the one before's ids
         assert st["prompt_ids"] == [] and st["output_token_ids"] == [] and st["new_tokens"] == 0
         for stop in (b"w4", bytearray(b"w4"), {"w4": 1}):
@@ -474,6 +483,10 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
         assert "intra_op_num_threads" in msg.split("expected some of ")[1]
     with pytest.raises(UserError, match=r"^ort_overrides=5: expected a dict of ONNX Runtime settings"):
         Session(worded, ort_overrides=5)
+    with pytest.raises(UserError, match=r"^reuse_prefix='no': expected True or False$"):  # ("no" is true)
+        Session(worded, reuse_prefix="no")
+    with pytest.raises(UserError, match=r"^coupled='yes': expected True or False$"):
+        SamplingParams(temperature=0.5, coupled="yes")
 
 
 def _blocked_writing(pid: int, timeout: float = 60) -> bool:
