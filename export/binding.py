@@ -54,6 +54,8 @@ class Bound:
     aliases: dict[str, str] = field(default_factory=dict)  # slot -> slot it is served by (ties)
     # a tied slot's own tensor when the checkpoint stores one equal to what serves it (receipt only)
     tied_copies: dict[str, BoundTensor] = field(default_factory=dict)
+    # the export's dtype where it narrows the weights ("float16": its range is checked as each is read)
+    export_dtype: str | None = None
 
     def has(self, slot: str) -> bool:
         return slot in self.slots or slot in self.aliases
@@ -68,6 +70,11 @@ class Bound:
             bad = a[~np.isfinite(a)]
             raise UserError(f"{e.file}: tensor '{e.name}' (slot '{slot}') holds {bad.size} non-finite value(s) "
                             f"({'NaN' if np.isnan(bad).any() else 'inf'}); a checkpoint's weights must be finite")
+        if self.export_dtype == "float16" and a.dtype.kind == "f" and a.size:
+            big = float(np.abs(a).max())  # (onnx_ops.to_tensor refuses it too, naming the slot alone)
+            if big > float(np.finfo(np.float16).max):
+                raise UserError(f"{e.file}: tensor '{e.name}' (slot '{slot}') holds {big:.4g}, past float16's range "
+                                "(65504); export it in float32 or bfloat16")
         return a
 
     def sha(self, slot: str) -> str:

@@ -102,6 +102,9 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
         # a receipt the acceptance canary could not read is refused here, not after the build
         expected_depth1(read_json_object(Path(draft_dir) / TRAINING_RECEIPT), str(Path(draft_dir) / TRAINING_RECEIPT))
 
+    for bound in (target, draft):
+        if bound is not None:
+            bound.export_dtype = dtype
     with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)
         # The graph now owns copies of the weights: drop the checkpoint's mappings before

@@ -256,6 +256,13 @@ def test_a_non_finite_weight_is_refused_naming_its_file_tensor_and_slot(tmp_path
                                         "finite$"):
         export_mod.export(folders["target"], folders["draft"], tmp_path / "o")
     assert not (tmp_path / "o").exists()
+    w.reshape(-1)[3] = -7e4  # finite, past float16's range: named as well in a float16 export
+    tensors[name] = w
+    save_file(tensors, f)
+    with pytest.raises(UserError, match=rf"^{f}: tensor '{name}' \(slot '[\w.]+'\) holds 7e\+04, past float16's "
+                                        r"range \(65504\); export it in float32 or bfloat16$"):
+        export_mod.export(folders["target"], folders["draft"], tmp_path / "o", dtype="float16")
+    assert not (tmp_path / "o").exists()
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_and_a_wider_tokenizer_said(tmp_path):
