@@ -435,7 +435,11 @@ def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | N
         return None
     if qwen:
         types = f.list("layer_types", required=False)
-        if types is not None:
+        if types is not None:  # (checked as transformers' config classes check it)
+            kinds = ("full_attention", "sliding_attention")
+            if len(types) != num_layers or not all(t in kinds for t in types):
+                raise UserError(f"{f.where}: field 'layer_types' is {types!r:.80}; expected one of {', '.join(kinds)} "
+                                f"for each of its {num_layers} layers")
             sliding = "sliding_attention" in types
         else:
             sliding = f.int("max_window_layers", required=False, default=28, minimum=0) < num_layers

@@ -50,6 +50,20 @@ def test_the_sliding_window_is_the_one_transformers_applies(model_type, fields, 
         assert cfg.to_json()["sliding_window"] == window
 
 
+@pytest.mark.parametrize("types", [["foo"] * 4, ["full_attention"], ["sliding_attention"] * 5])
+def test_layer_types_that_transformers_refuses_are_refused(types):
+    """A user walk: layer_types of unknown kinds, or not one a layer, exported without a word
+    (transformers' Qwen3Config refuses both)."""
+    import transformers
+
+    fields = {"use_sliding_window": True, "sliding_window": 32, "layer_types": types}
+    with pytest.raises(UserError, match=r"^config.json: field 'layer_types' is .*; expected one of full_attention, "
+                                        "sliding_attention for each of its 4 layers$"):
+        parse_decoder({**BASE, "model_type": "qwen3", **fields}, "config.json")
+    with pytest.raises(Exception, match="layer_types"):  # (huggingface_hub's validation error)
+        transformers.Qwen3Config(**{**BASE, **fields})
+
+
 def test_the_context_limit_stops_at_a_sliding_window(tmp_path):
     """A Mistral whose window (8) is shorter than its positions (256): the engines' context
     limit is the window by default (their full attention is the model's within it, checked
