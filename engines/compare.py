@@ -935,8 +935,9 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     order = [r for r in (PREFILL, DECODE) if r in engines.runners]
     order += sorted((r for r in engines.runners if r.startswith("verify.")), key=role_depth)
     order += [DRAFT] if DRAFT in engines.runners else []
-    show_role = f"verify.{max(engines.depths)}"
-    saved_feeds, saved_outputs = None, []
+    # the role the printed `polygraphy run` line repeats: the first that failed, else the deepest
+    # verify (it repeated that one whatever failed, and passed when pasted)
+    deepest, show_role, saved_feeds, saved_outputs = f"verify.{max(engines.depths)}", None, None, []
     log(f"compare {engines.folder} ({engines.backend}, {engines.precision}) against {reference}: {ref_detail}")
     try:
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines:
@@ -953,8 +954,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 tol = resolve_tolerances(outputs, engines.precision, reference, atol, rtol, int8_draft=int8)
                 tolerances[role] = {k: list(v) for k, v in tol.items()}
                 feeds = inputs.feeds(role)
-                if role == show_role:
-                    saved_feeds = feeds
+                kept: list = []  # its engine outputs, kept for the command where it is the one shown
                 eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
                 # the int8 draft's bounds scale with its rows' spread, unless the user set that output's atol
                 row_std = {k: m for k, m in INT8_DRAFT_ROW_STD.items() if int8 and not any(
@@ -964,8 +964,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 row_scaled = {o: True for o in outputs if engines.precision == "fp32" and reference == "onnxruntime"
                               and kind_of(o) in (C.LOGITS, C.AUX_HIDDEN) and not user_covers(atol, o)}
                 roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs,
-                                               row_std or None, keep=saved_outputs if role == show_role else None,
-                                               row_scaled=row_scaled)
+                                               row_std or None, keep=kept, row_scaled=row_scaled)
                 # the tolerances used (an int8 draft's widened by its rows' spread)
                 tolerances[role] = {**tolerances[role], **{
                     k: [o["atol"], o["rtol"]] for k, o in roles_out[role]["outputs"].items() if "atol" in o}}
@@ -991,6 +990,10 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                         {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled))
                 for line in role_table(role, roles_out[role]):
                     log(line)
+                failed = bool(failures({role: roles_out[role]}))
+                if (failed and not (show_role and failures({show_role: roles_out[show_role]}))) or \
+                        (role == deepest and show_role is None):
+                    show_role, saved_feeds, saved_outputs = role, feeds, kept
     except PolygraphyException as e:
         raise UserError(f"polygraphy: {e}") from None
 
@@ -1025,7 +1028,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         # than specrt's check on the other rows)
         shown = roles_out.get(show_role, {}).get("outputs", {})
         tol = {n: (shown.get(n, {}).get("atol_widest_row", v[0]), v[1]) for n, v in tol.items()}
-        cmd = polygraphy_command(_graph_file(engines, "target"), tol, Path(inputs_file), outputs_file)
+        cmd = polygraphy_command(_graph_file(engines, engines.roles[show_role].graph), tol, Path(inputs_file),
+                                 outputs_file)
         result.update(inputs_file=str(inputs_file), outputs_file=str(outputs_file), polygraphy_role=show_role,
                       polygraphy_command=cmd)
         log(f"reproduce {show_role} by hand: the export's graph in ONNX Runtime against the engine's saved outputs"

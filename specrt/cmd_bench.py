@@ -1236,19 +1236,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     govs = list(dict.fromkeys(g.strip().lower() for g in govs))
     if "off" not in govs:
         govs.insert(0, "off")
-    from specrt.errors import cli_named
-    from specrt.runtime.session import make_governor
-
-    for g in govs:
-        try:
-            gov = make_governor(g, engines)  # UserError on a bad spec, before anything runs
-        except UserError as e:  # the spec parser names the governor; this option is --governors
-            raise UserError(cli_named(e, "--governors")) from None
-        if g.lower() != "off" and not has_draft:
-            raise UserError(f"--governors {g}: the engines have no draft; only off can run")
-        if gov.tree_width > 1 and not engines.verifies_trees():
-            raise UserError(f"--governors {g}: {engines_dir} does not verify token trees: rebuild it with "
-                            "`specrt build` (ONNX Runtime engines with in-place KV, built since trees were added)")
+    for g in govs:  # (UserError on a bad spec, or one these engines cannot run, before anything runs)
+        check_governor(g, engines, None)
     variant_engines = {label: check_variant(label, Path(d), engines, govs) for label, d in (variants or {}).items()}
     seen = {Path(engines.folder).resolve(): "ENGINES"}
     for label, ve in variant_engines.items():  # one folder's worker is shared: its records were counted twice
@@ -1261,11 +1250,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # token: each must match its own off (their mismatches with specrt:off are listed as a peer's)
     own_reference = {f"specrt:{g}@{label}": f"specrt:off@{label}" for label, ve in variant_engines.items()
                      if (ve.precision, ve.backend) != (engines.precision, engines.backend) for g in govs}
-    peer_list = _split(peers)
+    peer_list = list(dict.fromkeys(x.lower() for x in _split(peers)))  # (hf,hf ran one hf: a bar stuck at 67%)
     unknown = [x for x in peer_list if x not in KNOWN_PEERS]
     if unknown:
         raise UserError(f"--peers {unknown[0]!r}: expected a comma-separated list of {', '.join(KNOWN_PEERS)}, "
                         "or none")
+    if peer_list and "none" in [x.strip().lower() for x in (peers or "").split(",")]:
+        raise UserError(f"--peers {peers!r}: 'none' goes alone (no peers), not beside {', '.join(peer_list)}")
     out = Path(out)
     force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
     out = check_output(out, force, marker=REPORT_FILE)
@@ -1601,7 +1592,6 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
     """The engine set of ``--variant LABEL=DIR``, loaded (hashes verified) and checked: built
     from the same target graph as ENGINES, so its greedy output must be identical too."""
     from specrt.engines.engine_set import load_engines
-    from specrt.runtime.session import make_governor
 
     if not label.replace("-", "").replace("_", "").isalnum():
         raise UserError(f"--variant '{label}={folder}': the label must be letters, digits, - or _")
@@ -1616,13 +1606,32 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
         raise UserError(f"--variant {label}: {folder} was built from another target graph than "
                         f"{engines.folder} (export.json target hashes differ); outputs could not be compared")
     for g in govs:
-        gov = make_governor(g, ve)
-        if g.lower() != "off" and ve.export.get("draft") is None:
-            raise UserError(f"--variant {label}: {folder} has no draft; governor {g} cannot run on it")
-        if gov.tree_width > 1 and not ve.verifies_trees():
-            raise UserError(f"--variant {label}: {folder} does not verify token trees, which governor {g} "
-                            "needs: rebuild it with `specrt build`")
+        check_governor(g, ve, label)
     return ve
+
+
+def check_governor(g: str, e, variant: str | None) -> None:
+    """UserError unless the engines ``e`` (ENGINES, or ``--variant`` ``variant``'s) can run the
+    governor ``g``, naming the option that asked for it (a governor the default list holds
+    too, a variant built with fewer depths once said "--governor 'fixed:3'")."""
+    from specrt.contracts import CORPUS_FILE
+    from specrt.errors import cli_named
+    from specrt.runtime.governor import split_lookup, wants_corpus
+    from specrt.runtime.session import make_governor
+
+    where = "--governors" if variant is None else f"--variant {variant}: {e.folder} cannot run"
+    try:
+        gov = make_governor(g, e)
+    except UserError as err:  # the spec parser names the governor
+        raise UserError(cli_named(err, "--governors") if variant is None else f"{where} {err}") from None
+    if split_lookup(g)[0] != "off" and e.export.get("draft") is None:  # (off:ngram needs none)
+        raise UserError(f"{where} {g}: the engines have no draft; only off (or off:ngram, prompt lookup) can run")
+    if gov.tree_width > 1 and not e.verifies_trees():
+        raise UserError(f"{where} {g}: {e.folder} does not verify token trees: rebuild it with `specrt build` "
+                        "(ONNX Runtime engines with in-place KV, built since trees were added)")
+    if wants_corpus(g) and not (Path(e.folder) / CORPUS_FILE).is_file():  # (a worker's traceback, and off's run lost)
+        raise UserError(f"{where} {g}: ':corpus' needs {Path(e.folder) / CORPUS_FILE}: make it with `specrt corpus "
+                        f"{e.folder} ANSWERS.jsonl`")
 
 
 def _mib(b) -> str:

@@ -150,8 +150,12 @@ def test_the_printed_polygraphy_command_reproduces_the_comparison(tiny_engines, 
     assert feeds[0][C.past_key(0)].shape == (1, 32, 2, 16) and feeds[0][C.past_key(0)].dtype == np.float32
     assert _polygraphy(argv[1:]) == 0
 
+    assert r["polygraphy_role"] == "verify.8"  # all passed: the deepest verify
+
     corrupt_engine(engines_copy)
     bad = compare_engines(engines_copy, report=tmp_path / "bad.json", log=quiet)
+    # the first role that failed (a user walk: it repeated verify.8 whatever failed, and passed when pasted)
+    assert bad["polygraphy_role"] == bad["failures"][0]["role"] == "prefill"
     assert not bad["passed"] and _polygraphy(shlex.split(bad["polygraphy_command"])[1:]) != 0
 
 
