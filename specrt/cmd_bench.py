@@ -1260,6 +1260,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     out = Path(out)
     force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
     out = check_output(out, force, marker=REPORT_FILE)
+    if out.is_dir():  # an earlier report, replaced whole: what bench never writes there is the user's
+        foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                         if p.name not in (REPORT_FILE, "logs") and not (p.suffix == ".png" and p.is_file()))
+        if foreign:
+            raise UserError(f"-o {out}: holds {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}, which "
+                            "`specrt bench` does not write; --force replaces the report folder whole: move them out "
+                            "first, or remove the folder yourself")
     # what the run reads must not be inside the folder it replaces (an -o inside ENGINES is fine)
     for what, given in (("--prompts", prompts_file), ("ENGINES", engines.folder),
                         *((f"--variant {label}", ve.folder) for label, ve in variant_engines.items())):
@@ -1770,7 +1777,8 @@ def _parse_variants(values) -> dict[str, Path]:
               help="JSON lines with a 'prompt' (text), a conversation 'messages' (role/content objects, "
                    "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Report folder to write.")
-@click.option("--force", is_flag=True, help="Replace an existing report folder (an earlier `specrt bench` report).")
+@click.option("--force", is_flag=True, help="Replace an existing report folder (an earlier `specrt bench` report, "
+                                            "whole: one holding files bench does not write is refused).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)

@@ -1165,6 +1165,15 @@ def test_a_bench_into_an_earlier_runs_folder_needs_force_and_leaves_none_of_its_
     assert all((out / p).is_file() for p in rep["plots"])
     assert "specrt_dspark.log" not in [p.name for p in (out / "logs").iterdir()]
     assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary folder left beside it
+    (out / "notes.txt").write_text("mine")  # a user walk: --force deleted it without a word
+    (out / "mine").mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    r = CliRunner().invoke(bench, [*args, "--force"])
+    assert isinstance(r.exception, UserError) and f"-o {out}: holds mine/, notes.txt, which `specrt bench` does not " \
+        "write; --force replaces the report folder whole" in str(r.exception), r.output
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    (out / "mine").rmdir()
     sources = tmp_path / "src"
     sources.mkdir()
     (sources / "main.py").write_text("keep me")

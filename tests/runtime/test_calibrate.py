@@ -203,6 +203,15 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     assert g["other_mode"] is None and h["other_mode"]["mode"] == "greedy"
     # no held-out prompts: the table names the rounds the ECE was measured on (it said "0 rounds")
     assert f"evaluated on train ({g['prompts']['train']} prompts, {g['rounds']['train']} rounds)" in format_report(g)
+    # the summary's tau is the chains', over every prompt (a user walk: beside the per-prompt
+    # lines' telemetry tau, which counts a tree's runner-up wins, it read as a second tau)
+    assert f"chain tau {g['tau']:.2f} over all {g['prompts']['train'] + g['prompts']['holdout']} prompts (a token " \
+        "tree's runner-up wins not counted)" in format_report(g)
+    said: list[str] = []
+    few = calibrate(copy(small_vocab_engines, tmp_path / "few"), prompts(16, 3, seed=5), max_new_tokens=12,
+                    holdout=0.34, log=said.append)
+    sv = few["ece"]["survival"]
+    assert any("is worse than the draft's own confidences'" in x for x in said) == (sv["after_all"] > sv["before_all"])
     assert 0.0 <= h["other_mode"]["conditional"]["ece_all"] <= 1.0
     assert len(h["other_mode"]["survival"]["ece"]) == h["depth"]
     assert "starts from the greedy calibration (as a prior)" in format_report(h)
