@@ -481,8 +481,8 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
             if share < BUSY_CPU_SHARE:  # other processes took the cores: every time is inflated
                 log(f"note: this process had {share:.0%} of the CPU time its {threads} ONNX Runtime threads asked "
                     f"for while profiling: the machine was busy and these costs are inflated (DSpark and prompt "
-                    f"lookup price their rounds from them); `specrt profile {folder or engines.folder}` measures "
-                    "them again, better on an idle machine")
+                    f"lookup price their rounds from them): measure them again with `specrt profile "
+                    f"{folder or engines.folder}` when the machine is idle")
         return table
 
 

@@ -868,6 +868,9 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     check_path_args("a file", report=report, inputs_file=inputs_file)
     if reference not in REFERENCES:
         raise UserError(f"--reference '{reference}' is not one of {', '.join(REFERENCES)}")
+    if target_folder is not None and reference != "torch":  # (it was ignored without a word)
+        raise UserError(f"--target {target_folder}: the checkpoint of the torch reference; give --reference torch "
+                        "with it")
     _base_runner()
     from polygraphy.exception import PolygraphyException
     from polygraphy.json import save_json

@@ -159,7 +159,7 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
     how = "" if sampling.greedy else (f" --temperature {sampling.temperature:g} --top-p {sampling.top_p:g} "
                                       f"--top-k {sampling.top_k}" + (" --reproducible" if sampling.coupled else ""))
     return cal, (f"{p.name} holds no calibration for {want}: the {near} one serves as a prior of "
-                 f"{PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate "
+                 f"at most {PRIOR_ROUNDS} rounds a position, refined online (fit one with `specrt calibrate "
                  f"{engines.folder} --prompts FILE{how}`)")
 
 

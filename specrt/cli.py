@@ -387,11 +387,14 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     if not pairs:
         raise UserError(f"{', '.join(map(str, answers))}: no answers")
     tokens = sum(len(c) + len(a) for c, a in pairs)
-    click.echo(f"{len(pairs)} answers, {tokens} tokens; measuring priors, then the corpus ...", err=True)
+    click.echo(f"{_count(len(pairs), 'answer')}, {_count(tokens, 'token')}; measuring priors, then the corpus ...",
+               err=True)
     c, tries = build_with_priors(pairs, nmin, nmax, info={"export_digest": digest, "answers": len(pairs),
                                                           "tokens": tokens, "files": [p.name for p in answers]})
+    replaced = (engines_dir / FILE).is_file()
     c.save(engines_dir / FILE)
-    click.echo(f"{engines_dir / FILE}: {len(c)} n-grams (n = {nmin}..{nmax}) from {len(pairs)} answers")
+    click.echo(f"{engines_dir / FILE}: {len(c)} n-grams (n = {nmin}..{nmax}) from {_count(len(pairs), 'answer')}"
+               + (" (it replaces the corpus that was there)" if replaced else ""))
     for key, rates in sorted(c.priors.items()):
         click.echo(f"  {match_name(key):38s} prior acceptance by position "
                    + " ".join(f"{r:.2f}" for r in rates[:6]) + f"  ({tries[key][0]} tries)")

@@ -1032,7 +1032,7 @@ def merge_process_results(parts: list[dict], n_prompts: int) -> dict:
 
 
 def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo,
-                     processes: int = 1) -> None:
+                     processes: int = 1, quiet: bool = False) -> None:
     """Every worker loaded and warmed (one at a time), then prompt by prompt each
     configuration in turn (the order rotated per prompt), so that a slow spell of the
     machine falls on all of them alike. specrt's governors on one engines folder share one
@@ -1045,7 +1045,7 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
     times, repeat after repeat, every worker's governors made afresh at each repeat's start."""
     every: list[InterleavedWorker] = []
     try:
-        _interleave(jobs, n_prompts, out, bar, results, skipped, failed, echo, processes, every)
+        _interleave(jobs, n_prompts, out, bar, results, skipped, failed, echo, processes, every, quiet)
     except BaseException:  # Ctrl-C, SIGTERM: no worker goes on, orphaned (one did for ~20 s)
         for w in every:
             w.kill()
@@ -1053,7 +1053,7 @@ def _run_interleaved(jobs, n_prompts: int, out: Path, bar, results: dict, skippe
 
 
 def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: dict, failed: dict, echo,
-                processes: int, every: list) -> None:
+                processes: int, every: list, quiet: bool = False) -> None:
     procs = max(int(processes), 1)
     workers: dict[str, list[InterleavedWorker]] = {}
     member_of: dict[str, tuple[str, str]] = {}  # configuration -> (worker, governor)
@@ -1065,7 +1065,7 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
             label = wname if procs == 1 else f"{wname}#{k + 1}"
             if bar is not None:
                 bar.set_description(f"{label} (loading)")
-            else:
+            elif not quiet:  # (no tqdm: these lines are the progress)
                 echo(f"loading {label} ...", err=True)
             pjob = job if procs == 1 else {**job, "prompt_indices": list(range(k, n_prompts, procs))}
             w = InterleavedWorker(pjob, out / "logs" / f"{label.replace(':', '_').replace('#', '_')}.log")
@@ -1260,6 +1260,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     out = Path(out)
     force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
     out = check_output(out, force, marker=REPORT_FILE)
+    # what the run reads must not be inside the folder it replaces (an -o inside ENGINES is fine)
+    for what, given in (("--prompts", prompts_file), ("ENGINES", engines.folder),
+                        *((f"--variant {label}", ve.folder) for label, ve in variant_engines.items())):
+        if out.resolve() in [Path(given).resolve(), *Path(given).resolve().parents]:
+            raise UserError(f"-o {out}: holds the input {what} {given}; replacing the report would delete it "
+                            "(write elsewhere)")
     if out.is_dir():  # an earlier report, replaced whole: what bench never writes there is the user's
         foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
                          if p.name not in (REPORT_FILE, "logs") and not (p.suffix == ".png" and p.is_file()))
@@ -1267,12 +1273,6 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"-o {out}: holds {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}, which "
                             "`specrt bench` does not write; --force replaces the report folder whole: move them out "
                             "first, or remove the folder yourself")
-    # what the run reads must not be inside the folder it replaces (an -o inside ENGINES is fine)
-    for what, given in (("--prompts", prompts_file), ("ENGINES", engines.folder),
-                        *((f"--variant {label}", ve.folder) for label, ve in variant_engines.items())):
-        if out.resolve() in [Path(given).resolve(), *Path(given).resolve().parents]:
-            raise UserError(f"-o {out}: holds the input {what} {given}; replacing the report would delete it "
-                            "(write elsewhere)")
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
 
@@ -1415,14 +1415,15 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         results: dict[str, dict] = {}
         failed: dict[str, str] = {}
         if interleaved:
-            _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes)
+            _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes,
+                             quiet=quiet)
             jobs_to_run: list = []
         else:
             jobs_to_run = jobs
         for name, job in jobs_to_run:
             if bar is not None:
                 bar.set_description(f"{name} (loading)")
-            else:
+            elif not quiet:
                 echo(f"running {name} ...", err=True)
 
             def on_progress(msg, name=name):
@@ -1701,13 +1702,15 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
             if tree.get("rounds"):
                 echo(f"  {n}: token tree in {tree['rounds']} of {c['draft_rounds']} rounds, "
                      f"{tree['runners_up'] / tree['rounds']:.2f} runners-up a tree round, won "
-                     f"{tree['sibling_accepts']} (by rank {'/'.join(map(str, tree['wins_by_rank'])) or '-'})")
+                     f"{tree['sibling_accepts']}" + (f" (ranks {'/'.join(str(r + 2) for r in range(len(tree['wins_by_rank'])))}: "
+                                                  f"{'/'.join(map(str, tree['wins_by_rank']))})"
+                                                  if tree['wins_by_rank'] else ""))
             if c.get("calibration_note"):
                 echo(f"  {n}: {c['calibration_note']}")
     eff = report["efficiency"]
     a = eff["a_off_vs_ortgenai"]
     if a:
-        echo(f"(a) decode without speculation: specrt-off {a['specrt_off_tokens_per_s']:.1f} tok/s vs "
+        echo(f"(a) decode without speculation: specrt:off {a['specrt_off_tokens_per_s']:.1f} tok/s vs "
              f"onnxruntime-genai {a['ortgenai_tokens_per_s']:.1f} tok/s = {a['ratio']:.2f}x")
     else:
         echo("(a) decode without speculation vs onnxruntime-genai: not measured (" +

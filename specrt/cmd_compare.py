@@ -70,5 +70,6 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
                              atol=parse_tolerances(atol, "--atol"), rtol=parse_tolerances(rtol, "--rtol"),
                              log=click.echo, target_folder=target_folder, inputs_file=save_inputs,
                              prompt_tokens=prompt_tokens)
-    if not result["passed"]:
-        raise UserError(result["summary"] + (f" (report: {report})" if report else ""))
+    if not result["passed"]:  # (the FAILED line above names each output; said once)
+        raise UserError(f"the engines differ from the {reference} reference in {len(result['failures'])} output(s)"
+                        + (f" (report: {report})" if report else ""))

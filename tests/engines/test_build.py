@@ -819,7 +819,7 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
         assert bool(note) == said, lines
         if said:
             assert f"{new['cpu_share']:.0%} of the CPU time its" in note[0]
-            assert f"`specrt profile {engines_copy}` measures them again" in note[0]
+            assert f"measure them again with `specrt profile {engines_copy}` when the machine is idle" in note[0]
     from click.testing import CliRunner
 
     from specrt.cli import main

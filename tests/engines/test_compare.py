@@ -110,6 +110,8 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
     res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--report", str(tmp_path / "bad.json")])
     assert res.exit_code == 1, res.output
     assert "error:" in res.output and "prefill logits (max abs" in res.output and "Traceback" not in res.output
+    assert res.output.count("prefill logits (max abs") == 1  # the summary once (the error line repeated it)
+    assert "error: the engines differ from the onnxruntime reference in " in res.output
     assert json.loads((tmp_path / "bad.json").read_text())["passed"] is False
 
 
@@ -325,6 +327,9 @@ def test_a_torch_reference_from_another_checkpoint_is_refused(tiny_engines, tmp_
                                  "records (first: 'embed'); ")):
         res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--reference", "torch", "--target", str(folder)])
         assert res.exit_code == 1 and words in res.output and "Traceback" not in res.output, res.output
+    res2 = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--target", str(other)])  # (ignored before)
+    assert res2.exit_code == 1 and f"--target {other}: the checkpoint of the torch reference; give --reference " \
+        "torch with it" in res2.output, res2.output
     changed = int(res.output.split(f" of the {n} target slots")[0].rsplit(" ", 1)[1])
     assert changed <= n and " slots are not the export's (first: 'layers.0." in res.output, res.output
     # a target the export read from pickles (--allow-pickle): not bound again here (that would

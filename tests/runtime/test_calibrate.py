@@ -230,7 +230,7 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     for params, near in [(SamplingParams(temperature=0.9, top_p=0.95), h["mode"]),
                          (SamplingParams(temperature=0.2), "greedy")]:
         with Session(eng, governor="dspark", sampling=params) as s:
-            assert f"no calibration for {params.mode}: the {near} one serves as a prior of {PRIOR_ROUNDS}" \
+            assert f"no calibration for {params.mode}: the {near} one serves as a prior of at most {PRIOR_ROUNDS}" \
                 in s.calibration_note
             src = hot_cal if near != "greedy" else greedy_cal
             big = src.n.sum(1) > PRIOR_ROUNDS  # positions with more rounds than a prior holds

@@ -380,7 +380,10 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src)])
     assert r.exit_code == 0, r.output
     assert f"{tiny_engines / FILE}: " in r.output and "prior acceptance by position" in r.output
+    assert "replaces" not in r.output
     try:
+        again = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src)])  # replaced: said
+        assert again.exit_code == 0 and "(it replaces the corpus that was there)" in again.output, again.output
         for spec in ("fixed:1:corpus", "auto:corpus", "auto"):  # auto takes the corpus where there is one
             with Session(tiny_engines, governor=spec) as s:
                 assert ":corpus" in s.governor_spec
