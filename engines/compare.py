@@ -830,17 +830,27 @@ def polygraphy_command(graph: Path, tol: dict[str, tuple[float, float]], inputs_
     """The ``polygraphy run`` line that repeats one comparison by hand, on any machine: the
     export's graph in ONNX Runtime on the saved inputs, checked against the engine's saved
     outputs (whichever backend made them) with the same tolerances."""
-    argv = ["polygraphy", "run", str(graph), "--onnxrt", "--load-inputs", str(inputs_file),
+    argv = [_polygraphy_exe(), "run", str(graph), "--onnxrt", "--load-inputs", str(inputs_file),
             "--load-outputs", str(outputs_file),
             "--atol", *_tol_args({n: v[0] for n, v in tol.items()}),
             "--rtol", *_tol_args({n: v[1] for n, v in tol.items()}), "--check-error-stat", "elemwise"]
     return shlex.join(argv)
 
 
+def _polygraphy_exe() -> str:
+    """``polygraphy`` where the shell finds it; else the one installed beside this Python (a
+    virtual environment not activated: the bare name was "command not found" when pasted)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "polygraphy"
+    return str(beside) if shutil.which("polygraphy") is None and beside.is_file() else "polygraphy"
+
+
 def polygraphy_trt_command(plan: Path, profile: int, inputs_file: Path, outputs_file: Path) -> str:
     """The ``polygraphy run`` line that runs a TensorRT plan itself (its profile) on the saved
     inputs and saves its outputs, for ``polygraphy_command`` to check (needs TensorRT)."""
-    return shlex.join(["polygraphy", "run", str(plan), "--model-type", "engine", "--trt", "--optimization-profile",
+    return shlex.join([_polygraphy_exe(), "run", str(plan), "--model-type", "engine", "--trt", "--optimization-profile",
                        str(profile), "--load-inputs", str(inputs_file), "--save-outputs", str(outputs_file)])
 
 

@@ -391,6 +391,9 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
                err=True)
     c, tries = build_with_priors(pairs, nmin, nmax, info={"export_digest": digest, "answers": len(pairs),
                                                           "tokens": tokens, "files": [p.name for p in answers]})
+    if not len(c):  # (a corpus of none was written without a word)
+        raise UserError(f"{', '.join(map(str, answers))}: no n-grams of {nmin}..{nmax} tokens in the answers (empty "
+                        "or too short): no corpus written")
     replaced = (engines_dir / FILE).is_file()
     c.save(engines_dir / FILE)
     click.echo(f"{engines_dir / FILE}: {len(c)} n-grams (n = {nmin}..{nmax}) from {_count(len(pairs), 'answer')}"

@@ -217,6 +217,17 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
     return read_prompt_file(path)
 
 
+def _prompt_label(item: dict[str, Any]) -> str:
+    """The report's text of a prompts file's line (its first 200 characters): the prompt, a
+    conversation's messages as JSON, or "ids: ..." (a line with prompt_ids may carry any other
+    'prompt': its ids are what ran; such lines and conversations were "" before)."""
+    if isinstance(item.get("prompt_ids"), list):
+        return "ids: " + " ".join(map(str, item["prompt_ids"][:60]))[:195]
+    if "messages" in item:
+        return json.dumps(item["messages"], ensure_ascii=False)[:200]
+    return str(item.get("prompt", ""))[:200]
+
+
 def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None,
                      source: Path | None = None) -> list[list[int]]:
     """Each item's token ids; a UserError names ``source`` (the prompts file) and the prompt."""
@@ -1414,32 +1425,34 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         bar = _progress(len(jobs) * len(prompts) * repeats, quiet)  # every run of every prompt
         results: dict[str, dict] = {}
         failed: dict[str, str] = {}
-        if interleaved:
-            _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes,
-                             quiet=quiet)
-            jobs_to_run: list = []
-        else:
-            jobs_to_run = jobs
-        for name, job in jobs_to_run:
+        try:  # (interrupted: the bar closed before "Aborted!", not drawn again after it)
+            if interleaved:
+                _run_interleaved(jobs, len(prompts), out, bar, results, skipped, failed, echo, processes=processes,
+                                 quiet=quiet)
+                jobs_to_run: list = []
+            else:
+                jobs_to_run = jobs
+            for name, job in jobs_to_run:
+                if bar is not None:
+                    bar.set_description(f"{name} (loading)")
+                elif not quiet:
+                    echo(f"running {name} ...", err=True)
+
+                def on_progress(msg, name=name):
+                    if bar is None:
+                        return
+                    if msg == "warm":
+                        bar.set_description(name)
+                    else:
+                        bar.update(1)
+
+                res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
+                _record(name, res, results, skipped, failed, echo)
+                if bar is not None and not res.get("ok"):
+                    bar.update(len(prompts) * repeats)
+        finally:
             if bar is not None:
-                bar.set_description(f"{name} (loading)")
-            elif not quiet:
-                echo(f"running {name} ...", err=True)
-
-            def on_progress(msg, name=name):
-                if bar is None:
-                    return
-                if msg == "warm":
-                    bar.set_description(name)
-                else:
-                    bar.update(1)
-
-            res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
-            _record(name, res, results, skipped, failed, echo)
-            if bar is not None and not res.get("ok"):
-                bar.update(len(prompts) * repeats)
-        if bar is not None:
-            bar.close()
+                bar.close()
 
         configs = {n: summarise_config(n, r, prompts, predictors.get(n.partition("@")[2], engines))
                    for n, r in results.items()}
@@ -1506,9 +1519,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                          "ortgenai_model": next((j.get("ortgenai_model") for n, j in jobs if n == "ortgenai"), None),
                          "ortgenai_models": {n: j["ortgenai_model"] for n, j in jobs if j.get("ortgenai_model")},
                          "llamacpp_models": {n: j["llamacpp_model"] for n, j in jobs if j.get("llamacpp_model")}},
-            # (a line with prompt_ids may carry any other 'prompt': its ids are what ran)
-            "prompts": [{"index": i, "tokens": len(p), "text": it["prompt"][:200] if isinstance(it.get("prompt"), str)
-                         else "", "kind": it.get("kind")} for i, (p, it) in enumerate(zip(prompts, items))],
+            "prompts": [{"index": i, "tokens": len(p), "text": _prompt_label(it), "kind": it.get("kind")}
+                        for i, (p, it) in enumerate(zip(prompts, items))],
             "configs": configs,
             "identity": ident,
             "efficiency": efficiency(configs),
@@ -1839,15 +1851,20 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
           ortgenai_cache, llamacpp_gguf, warmup_tokens, peer_threading, schedule, variants, processes, repeats,
           temperature, top_p, top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
-    report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens, governors=governors,
-                       profile=profile, governor_costs=governor_costs, chat_template_kwargs=chat_template_kwargs,
-                       peers=peers, threads=threads, limit=limit, lookup_tokens=lookup_tokens,
-                       ortgenai_cache=ortgenai_cache, llamacpp_gguf=llamacpp_gguf, warmup_tokens=warmup_tokens,
-                       peer_threading=peer_threading,
-                       schedule=schedule, variants=_parse_variants(variants), processes=processes, repeats=repeats,
-                       quiet=quiet, force=force,
-                       sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
-                                 "coupled": reproducible})
+    try:
+        report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens,
+                           governors=governors, profile=profile, governor_costs=governor_costs,
+                           chat_template_kwargs=chat_template_kwargs, peers=peers, threads=threads, limit=limit,
+                           lookup_tokens=lookup_tokens, ortgenai_cache=ortgenai_cache, llamacpp_gguf=llamacpp_gguf,
+                           warmup_tokens=warmup_tokens, peer_threading=peer_threading, schedule=schedule,
+                           variants=_parse_variants(variants), processes=processes, repeats=repeats, quiet=quiet,
+                           force=force, sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                                  "seed": seed, "coupled": reproducible})
+    except KeyboardInterrupt:  # (click's "Aborted!" alone said nothing of the report)
+        kept = (Path(out) / REPORT_FILE).is_file()
+        click.echo("\n[interrupted: no report written" + (f"; the earlier one in {out} is kept" if kept else "") + "]",
+                   err=True)
+        raise
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):
         click.secho("FAIL: specrt's own configurations disagree or failed (same engines must give the same "
                     f"greedy tokens); see {Path(out) / REPORT_FILE}", fg="red", err=True)

@@ -71,6 +71,6 @@ def machine_info(threads: int) -> dict:
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "versions": {d: dist_version(d) for d in ("specrt", "numpy", "onnxruntime", "onnxruntime-genai", "torch",
-                                              "transformers", "tokenizers")},
+        "versions": {d: dist_version(d) for d in ("specrt", "numpy", "onnxruntime", "onnxruntime-genai",
+                                                  "llama-cpp-python", "torch", "transformers", "tokenizers")},
     }

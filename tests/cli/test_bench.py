@@ -689,7 +689,12 @@ def test_a_prompt_ids_line_whose_prompt_is_not_text_keeps_the_report(tiny_engine
     p.write_text('{"prompt_ids": [5, 6, 7], "prompt": 3}\n{"prompt_ids": [8, 9], "prompt": "nine"}\n')
     rep = run_bench(tiny_engines, p, tmp_path / "r", max_new_tokens=2, governors="off", peers="none", threads=1,
                     warmup_tokens=0, quiet=True, profile=False)
-    assert [x["text"] for x in rep["prompts"]] == ["", "nine"]
+    # the ids that ran, not a 'prompt' beside them (a user walk: such lines, and conversations, read "")
+    assert [x["text"] for x in rep["prompts"]] == ["ids: 5 6 7", "ids: 8 9"]
+    from specrt.cmd_bench import _prompt_label
+
+    assert _prompt_label({"messages": [{"role": "user", "content": "hi"}]}) == '[{"role": "user", "content": "hi"}]'
+    assert _prompt_label({"prompt": "x" * 300}) == "x" * 200
     assert json.loads((tmp_path / "r" / "bench.json").read_text())["prompts"] == rep["prompts"]
 
 
@@ -1139,6 +1144,8 @@ def test_an_interrupted_bench_leaves_no_worker_running(tiny_engines, prompts_fil
                                    "--peers", "none", "--governors", "off,fixed:2", "--max-new-tokens", "4"])
     assert r.exit_code != 0 and len(calls) == 2, r.output  # click says "Aborted!"
     assert made and all(w.p.poll() is not None for w in made)
+    # what became of the report is said (a user walk: "Aborted!" alone)
+    assert "[interrupted: no report written]" in r.output and not (tmp_path / "r").exists(), r.output
 
 
 def test_a_bench_into_an_earlier_runs_folder_needs_force_and_leaves_none_of_its_files(tiny_engines, prompts_file,

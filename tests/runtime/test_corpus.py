@@ -361,6 +361,11 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     assert r.exit_code == 1 and "--nmin 5 > --nmax 4" in r.output
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmax", "65"])  # Corpus.load's limit
     assert r.exit_code == 1 and "--nmax 65: at most 64" in r.output and not (tiny_engines / FILE).exists()
+    empty = tmp_path / "empty.jsonl"  # (a user walk: a corpus of no n-gram was written without a word)
+    empty.write_text(json.dumps({"prompt_ids": [1], "answer_ids": []}) + "\n")
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(empty)])
+    assert r.exit_code == 1 and f"{empty}: no n-grams of 3..8 tokens in the answers" in r.output, r.output
+    assert not (tiny_engines / FILE).exists()
     with pytest.raises(UserError, match="specrt corpus"):  # at the start, not at the first prompt
         Session(tiny_engines, governor="fixed:1:corpus")
     with Session(tiny_engines) as s:
