@@ -762,10 +762,11 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
         verdict = "pass" if all(x["passed"] for x in rows) else "FAIL"
         if rows[0].get("kind") == "weights":
             x = rows[0]
-            note = (f"{x['matmuls']} {x.get('op', 'MatMulNBits')}, {x['blocks']} {x.get('unit', 'blocks')}: worst {x['max_error_steps']:.3g} step "
-                    f"({x['max_clipped_error_steps']:.3g} clipped), steps off by {x['max_step_error']:.1e}")
+            note = (f"{x['matmuls']} {x.get('op', 'MatMulNBits')}, {x['blocks']} {x.get('unit', 'blocks')}: worst "
+                    f"{x['max_error_steps']:.3g} step off ({x['max_clipped_error_steps']:.3g} where clipped), steps "
+                    f"off by {x['max_step_error']:.1e}")
             lines.append(f"  {label:26s} {note:>49s}  {verdict}")
-            lines += [f"    {b['matmul']}: {b['problem']}" for b in x["bad"][:4]]
+            lines += [f"    {_matmul_name(b)}: {b['problem']}" for b in x["bad"][:4]]
             continue
         if rows[0].get("kind") == "tokens":
             x = rows[0]
@@ -786,6 +787,11 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _matmul_name(bad: dict[str, Any]) -> str:
+    """A quantized matmul check's entry by its node output and, where known, its float weight."""
+    return bad["matmul"] + (f" (weight '{bad['weight']}')" if bad.get("weight") else "")
+
+
 def failures(roles: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for role, r in roles.items():
@@ -801,7 +807,7 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
             return f"{f['role']} {f['output']} ({f['error']})"
         if f.get("kind") == "weights":
             return (f"{f['role']} {f['output']} ({len(f['bad'])} of {f['matmuls']} {f.get('op', 'MatMulNBits')} off their float "
-                    f"weights: " + "; ".join(f"{b['matmul']}: {b['problem']}" for b in f["bad"][:2]) + ")")
+                    f"weights: " + "; ".join(f"{_matmul_name(b)}: {b['problem']}" for b in f["bad"][:2]) + ")")
         if f.get("kind") == "tokens":
             return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
         return (f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, "

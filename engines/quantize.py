@@ -330,8 +330,8 @@ def check_int8_weights(float_graph: Path, int8_graph: Path) -> dict:
         if e_plain > 0.5 + _REL or e_clip > 1 + _REL:
             problems.append(f"a weight dequantizes {max(e_plain, e_clip):.3g} steps from the float one (at most 0.5, "
                             f"1 where clipped)")
-        if problems:
-            bad.append({"matmul": out, "problem": "; ".join(problems)})
+        if problems:  # (named by its float weight too: a node's output alone, Gemm_0/out0, named no weight)
+            bad.append({"matmul": out, "weight": by_output[out], "problem": "; ".join(problems)})
     return {"matmuls": matmuls, "op": "+".join(sorted(ops)) or "none",
             "unit": "blocks" if ops == {"MatMulNBits"} else "columns" if ops == {"MatMulInteger"} else "blocks/columns",
             "blocks": blocks, "max_error_steps": worst, "max_clipped_error_steps": worst_clipped,

@@ -146,6 +146,8 @@ def test_compare_uses_the_int8_bounds_and_catches_a_wrong_scale(int8_engines, tm
     w = r["roles"]["draft"]["outputs"][INT8_WEIGHTS]
     assert [b["matmul"] for b in w["bad"]] == [head_out] and "largest |weight|" in w["bad"][0]["problem"]
     assert INT8_WEIGHTS in r["summary"] and head_out in r["summary"]
+    # named by its float weight too (a user walk: the node output alone, Gemm_0/out0, named no weight)
+    assert w["bad"][0]["weight"] and f"{head_out} (weight '{w['bad'][0]['weight']}')" in r["summary"]
 
 
 def test_weight_check_catches_what_the_outputs_cannot(int8_engines, tmp_path):
