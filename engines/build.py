@@ -111,30 +111,42 @@ def kv_cache_bytes(exp: dict[str, Any], ctx: int) -> dict[str, int]:
             for side in ("target", "draft") if (g := exp.get(side))}
 
 
-def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int | None = None) -> None:
-    """UserError, before anything is built, when the engines' weights and their KV caches
-    at ``ctx`` tokens (``source``: where that limit came from) pass the memory this machine
-    has available (``available``, MemAvailable by default; unknown: no check). A model's
-    max_position_embeddings (131072 for Llama 3.1) is the default limit, and building and
-    profiling allocate all of it."""
+def rope_table_bytes(exp: dict[str, Any], ctx: int) -> int:
+    """About the bytes a build computes for the RoPE tables of ``ctx`` positions (target and
+    draft graphs: cos and sin [ctx, D/2] in float32, made from float64 angles)."""
+    return sum(ctx * (g["head_dim"] // 2) * 32 for side in ("target", "draft") if (g := exp.get(side)))
+
+
+def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int | None = None,
+                      log: Callable[[str], None] = lambda s: None) -> None:
+    """Before anything is built, the memory of a context of ``ctx`` tokens (``source``: where
+    that limit came from) against what this machine has available (``available``, MemAvailable
+    by default; unknown: no check). What a build allocates and writes, the weights and the RoPE
+    tables, must fit: a UserError saying what context would (a max_position_embeddings of 10**12
+    crashed allocating 3.64 TiB of RoPE table). The KV caches are allocated zeroed and take
+    memory only as a conversation fills them (profiling writes a few hundred rows): past the
+    memory available at the full context, a note (a model's max_position_embeddings, 131072 for
+    Llama 3.1, is the default limit)."""
     from specrt.machine import mem_available
 
     available = mem_available() if available is None else available
     if available is None:
         return
     weights = sum(int(f.get("bytes") or 0) for g in exp["graphs"].values() for f in g["files"])
-    kv = kv_cache_bytes(exp, ctx)
-    if weights + sum(kv.values()) <= available:
-        return
-    per_token = sum(kv.values()) / ctx
+    kv, rope = kv_cache_bytes(exp, ctx), rope_table_bytes(exp, ctx)
+    per_token = (sum(kv.values()) + rope) / ctx
     fits = int((0.9 * available - weights) // per_token) if per_token else 0
     gib = lambda b: f"{b / 2 ** 30:.3g} GiB"  # noqa: E731
-    hint = (f"give --max-context N, at most about {fits} here" if fits >= 1
+    hint = (f"--max-context N bounds it (at most about {fits} here)" if fits >= 1
             else "its weights alone do not fit")
-    raise UserError(f"a context of {ctx} tokens ({source}) needs {gib(sum(kv.values()))} of KV cache ("
-                    + " + ".join(f"{side} {gib(b)}" for side, b in kv.items())
-                    + f", {exp['dtype']}) beside {gib(weights)} of weights, and this machine has {gib(available)} "
-                    f"available: {hint}")
+    if weights + rope > available:
+        raise UserError(f"a context of {ctx} tokens ({source}) needs {gib(rope)} of RoPE tables beside "
+                        f"{gib(weights)} of weights, and this machine has {gib(available)} available: {hint}")
+    if weights + rope + sum(kv.values()) > available:
+        log(f"note: at its full context of {ctx} tokens ({source}) the KV caches take {gib(sum(kv.values()))} ("
+            + " + ".join(f"{side} {gib(b)}" for side, b in kv.items())
+            + f", {exp['dtype']}) beside {gib(weights)} of weights, past the {gib(available)} this machine has "
+            f"available: a conversation that long would run out of memory; {hint}")
 
 
 def _graph_file(exp: dict[str, Any], graph: str) -> str:
@@ -234,7 +246,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     ctx = limit if max_context is None else int(max_context)
     if not 0 < ctx <= limit:
         raise UserError(f"--max-context {ctx} must be in 1..{limit} ({why})")
-    check_memory_fits(exp, ctx, source if max_context is None else "--max-context")
+    check_memory_fits(exp, ctx, source if max_context is None else "--max-context", log=log)
     draft_kind = (exp.get("draft") or {}).get("kind")
     draft_window = (exp.get("draft") or {}).get("sliding_window")
     applied = (exp.get("draft") or {}).get("attention_window")

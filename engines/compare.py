@@ -1055,6 +1055,9 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             + (" (at ONNX Runtime's tolerances; this run compared with transformers at its own):"
                if reference != "onnxruntime" else ":"))
         log(f"  {cmd}")
+        checks = sorted({f["output"] for f in fails if f["role"] == show_role})
+        if checks and set(checks) <= {LAST_ROW, SCREENED, TREE, INT8_WEIGHTS}:  # (the line then passes)
+            log(f"  ({show_role} failed only its {', '.join(checks)} check, which this line does not repeat)")
         if engines.backend == "tensorrt":
             e = engines.manifest["roles"][show_role]["engine"]
             trt = polygraphy_trt_command(engines.folder / e["file"], int(e["profile"]), Path(inputs_file),

@@ -178,8 +178,9 @@ class EngineSet:
             settings, why = settings_of(merged)
             if why is not None and ort_overrides and settings_of(self.manifest["onnxruntime"])[1] is None:
                 # the caller's settings, refused as theirs: the engines' own are sound
-                raise UserError(f"ort_overrides={ort_overrides!r:.80}: {why}; expected some of "
-                                f"{', '.join(f.name for f in fields(OrtSettings))}")
+                known = ", ".join(f.name for f in fields(OrtSettings))  # (named where a name was unknown)
+                raise UserError(f"ort_overrides={ort_overrides!r:.80}: {why}"
+                                + (f"; expected some of {known}" if str(why).startswith("TypeError") else ""))
             if why is not None:
                 raise UserError(f"{self.folder / 'engines.json'}: field 'onnxruntime' is malformed ({why}); rebuild "
                                 "with `specrt build`")

@@ -141,7 +141,8 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         "precision": str, "depths": [int], "draft_depth": int, "max_context": int, "roles": dict, "files": [dict],
         "export.folder": str, "export.digest": str})
     exp = Path(m["export"]["folder"])  # (build writes "export": the export it was built from, inside)
-    if exp.is_absolute() or ".." in exp.parts or exp.parts in ((), (".",)):
+    if exp.is_absolute() or ".." in exp.parts or exp.parts in ((), (".",)) or \
+            not (Path(folder) / exp).resolve().is_relative_to(Path(folder).resolve()):  # (a link out of it too)
         raise UserError(f"{where}: export.folder {m['export']['folder']!r:.80}; expected a folder inside the engines "
                         "folder: re-run `specrt build`")
     if m["max_context"] < 1 or min(m["depths"], default=1) < 1:  # (a hand edit: the KV cache's error named no file)

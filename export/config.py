@@ -428,18 +428,19 @@ def sliding_window_of(f: "_Fields", model_type: str, num_layers: int) -> int | N
     if model_type == "llama":
         return None
     qwen = model_type in ("qwen2", "qwen3")
+    types = f.list("layer_types", required=False) if qwen else None
+    if types is not None:  # (checked as transformers' config classes check it, whether a window applies or not)
+        kinds = ("full_attention", "sliding_attention")
+        if len(types) != num_layers or not all(t in kinds for t in types):
+            raise UserError(f"{f.where}: field 'layer_types' is {types!r:.80}; expected one of {', '.join(kinds)} "
+                            f"for each of its {num_layers} layers")
     if qwen and not f.bool("use_sliding_window", required=False, default=False):
         return None
     window = f.int("sliding_window", required=False) if "sliding_window" in f.data else 4096
     if window is None:
         return None
     if qwen:
-        types = f.list("layer_types", required=False)
-        if types is not None:  # (checked as transformers' config classes check it)
-            kinds = ("full_attention", "sliding_attention")
-            if len(types) != num_layers or not all(t in kinds for t in types):
-                raise UserError(f"{f.where}: field 'layer_types' is {types!r:.80}; expected one of {', '.join(kinds)} "
-                                f"for each of its {num_layers} layers")
+        if types is not None:
             sliding = "sliding_attention" in types
         else:
             sliding = f.int("max_window_layers", required=False, default=28, minimum=0) < num_layers

@@ -267,7 +267,7 @@ class Session:
                     governor = governor.replace(":corpus", "")
                     self.generator.governor = make_governor(governor, self.engines, self.calibration)
                     self.calibration_note += f"; corpus lookup left out: {e}"
-        except UserError:
+        except BaseException:  # (a MemoryError making the caches, Ctrl-C: the engines released all the same)
             self.engines.deactivate()
             raise
         self.governor_spec = governor  # the governor that runs (``auto`` resolved; a broken corpus left out)
@@ -396,6 +396,7 @@ class Session:
         decoding: empty, past the engines' context limit, an id outside the vocabulary, a bad
         ``max_new_tokens``. Nothing runs: `specrt run --prompts` checks every line first (a
         prompt too long on line 40 cost the 39 answers before it, and their --stats)."""
+        check_flag("chat", chat)
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
         self.generator.check_args(ids, max_new_tokens, self.eos, None, None)
         return ids
@@ -470,6 +471,7 @@ class Session:
         more; the telemetry counts every generated token). The arguments are checked here, when
         called (a UserError before anything is read); the decoding starts when the first piece
         is asked for."""
+        self._open()
         self._need_text()
         check_flag("chat", chat)
         scan = StopScanner(stop)  # checks the stop strings before anything runs

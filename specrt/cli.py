@@ -524,10 +524,13 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 except UserError as e:
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         total, per_prompt = Telemetry(), []
-        stream, printed = None, False  # the prompt in flight: its stream until its stats are taken, and whether
-        # it gave a piece (only then do s.stats() describe it: s.stream starts when first read)
+        # the prompt in flight: its index, its stream, whether it gave a piece (only then do
+        # s.stats() describe it: s.stream starts when first read) and whether its telemetry
+        # was merged, so that a stop at any point records it once
+        current, stream, printed, merged = -1, None, False, -1
         try:
             for i, (p, q) in enumerate(zip(prompts, inputs)):
+                current, stream, printed = i, None, False
                 if i and not quiet:  # a blank line between answers (several lines each ran together)
                     click.echo()
                 try:
@@ -559,16 +562,18 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                                f"after {len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the "
                                "prompt); `specrt build --max-context` sets the limit]", err=True)
                 total.merge(s.generator.telemetry)
+                merged = i
                 per_prompt.append({"prompt": p, **st})
-                stream, printed = None, False
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was decoded is kept, then "Aborted!" (exit 1)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cli._terminated): what was decoded is
+            # kept, then "Aborted!" (exit 1) or "Terminated" (exit 143) as before
             if stream is not None:
                 stream.close()
-            if printed:  # the prompt in flight, cut short: its tokens were printed
+            if printed and len(per_prompt) <= current:  # the prompt in flight, cut short, not yet recorded
                 st = s.stats()
                 st["finish_reason"] = st["finish_reason"] or "interrupted"  # (unless it had just ended)
-                total.merge(s.generator.telemetry)
-                per_prompt.append({"prompt": prompts[len(per_prompt)], **st})
+                if merged != current:
+                    total.merge(s.generator.telemetry)
+                per_prompt.append({"prompt": prompts[current], **st})
             click.echo(err=True)
             _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts))
             raise
@@ -677,8 +682,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo()
                 if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
                     messages = before
-                    click.echo("[stopped before the answer began: the turn is dropped; an empty line or the end of "
-                               "input ends the conversation]", err=True)
+                    click.echo("[stopped before the answer began: the turn is dropped"
+                               + (f" (the {dropped} older turn(s) dropped for it stay)" if dropped else "")
+                               + "; an empty line or the end of input ends the conversation]", err=True)
                     continue
                 click.echo("[stopped: the answer so far stays in the conversation; an empty line or the end of "
                            "input ends it]", err=True)

@@ -951,7 +951,8 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
 
 
 def _split(value: str | None) -> list[str]:
-    return [x.strip() for x in (value or "").split(",") if x.strip() and x.strip().lower() != "none"]
+    """A comma-separated option's items, in lower case (peer and governor names are read in any case)."""
+    return [x.strip().lower() for x in (value or "").split(",") if x.strip() and x.strip().lower() != "none"]
 
 
 def _progress(total: int, quiet: bool):
@@ -1261,7 +1262,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # token: each must match its own off (their mismatches with specrt:off are listed as a peer's)
     own_reference = {f"specrt:{g}@{label}": f"specrt:off@{label}" for label, ve in variant_engines.items()
                      if (ve.precision, ve.backend) != (engines.precision, engines.backend) for g in govs}
-    peer_list = list(dict.fromkeys(x.lower() for x in _split(peers)))  # (hf,hf ran one hf: a bar stuck at 67%)
+    peer_list = list(dict.fromkeys(_split(peers)))  # (hf,hf ran one hf: a bar stuck at 67%)
     unknown = [x for x in peer_list if x not in KNOWN_PEERS]
     if unknown:
         raise UserError(f"--peers {unknown[0]!r}: expected a comma-separated list of {', '.join(KNOWN_PEERS)}, "
@@ -1851,6 +1852,14 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
           ortgenai_cache, llamacpp_gguf, warmup_tokens, peer_threading, schedule, variants, processes, repeats,
           temperature, top_p, top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
+    def stamp():  # which bench.json is in -o, if any
+        try:
+            st = (Path(out) / REPORT_FILE).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    before = stamp()
     try:
         report = run_bench(engines_dir, prompts_file, out, chat=chat, max_new_tokens=max_new_tokens,
                            governors=governors, profile=profile, governor_costs=governor_costs,
@@ -1861,8 +1870,9 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
                            force=force, sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,
                                                   "seed": seed, "coupled": reproducible})
     except KeyboardInterrupt:  # (click's "Aborted!" alone said nothing of the report)
-        kept = (Path(out) / REPORT_FILE).is_file()
-        click.echo("\n[interrupted: no report written" + (f"; the earlier one in {out} is kept" if kept else "") + "]",
+        now = stamp()
+        click.echo(f"\n[interrupted after the report was written to {out}]" if now is not None and now != before else
+                   "\n[interrupted: no report written" + (f"; the earlier one in {out} is kept" if now else "") + "]",
                    err=True)
         raise
     if report["identity"]["failures"] or any(n.startswith("specrt:") for n in report["failed"]):

@@ -524,8 +524,9 @@ class Server:
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
                 prompts = [self.session.encode(prompts[0], True, template)]
-            except UserError as e:
-                raise BadRequest(str(e), "messages") from None
+            except UserError as e:  # (the template's file is the server's, not the client's to read)
+                msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
+                raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
             self._check_room(prompts, max_new, chat, name)
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,

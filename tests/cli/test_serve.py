@@ -1735,3 +1735,39 @@ def test_the_readme_curl_request_is_answered(served, worded):  # noqa: F811
     assert code == 200, r
     want, st = _reference(worded, body["messages"], max_new_tokens=body["max_tokens"])
     assert r["choices"][0]["message"]["content"] == want and r["usage"]["completion_tokens"] == body["max_tokens"]
+
+
+def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_paths(tmp_path):
+    """A chat template's errors name its file since session 52 (for the CLI); a client's
+    conversation that the template refuses (its raise_exception) got that server path in its
+    400 (a review). The client reads the template's words alone."""
+    from specrt.cmd_serve import Server, make_server
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**good, "chat_template": "{% if messages[0].role == 'system' %}{{ raise_exception("
+                                                        "'no system prompt') }}{% endif %}" + good["chat_template"]}))
+    export(target, None, tmp_path / "x")
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    app = Server(tmp_path / "e", "off", SamplingParams(), 4, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        code, body = _post(url, "/v1/chat/completions", {"messages": [{"role": "system", "content": "w3"},
+                                                                      {"role": "user", "content": "w4"}]})
+        assert code == 400 and body["error"]["message"] == "chat template: no system prompt", body
+        assert str(tmp_path) not in json.dumps(body)
+        code, body = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w4"}]})
+        assert code == 200, body
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()

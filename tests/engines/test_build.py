@@ -309,6 +309,19 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     assert not (tmp_path / "e").exists()
 
 
+def test_an_export_folder_linked_out_of_the_engines_folder_is_refused(engines_copy, tmp_path):
+    """engines.json's export.folder is checked by its text and by where it leads: a link named
+    'export' to a folder elsewhere loaded (a review)."""
+    import shutil
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(engines_copy / "export"), elsewhere)
+    (engines_copy / "export").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UserError, match=f"{engines_copy / 'engines.json'}: export.folder 'export'; expected a folder "
+                                        "inside the engines folder"):
+        load_engines(engines_copy, verify=False)
+
+
 def test_a_cost_table_without_a_role_names_the_file_and_the_fix(engines_copy):
     """A user walk: engines.json without its 'costs' loaded, and DSpark then said "ENG: the
     cost table has no entry for 'draft'", naming neither the file nor `specrt profile`."""
@@ -319,15 +332,16 @@ def test_a_cost_table_without_a_role_names_the_file_and_the_fix(engines_copy):
         engines.cost("draft", 16)
 
 
-def test_a_context_whose_kv_cache_cannot_fit_is_refused_before_any_work(tmp_path):
+def test_a_context_whose_memory_cannot_fit_is_refused_before_any_work(tmp_path):
     """A target whose max_position_embeddings is huge (a user walk: 10**12) built with the
-    default context crashed in numpy allocating its RoPE table (3.64 TiB, a traceback). The
-    KV caches and weights are sized against the memory available first, and the error says
-    what fits."""
+    default context crashed in numpy allocating its RoPE table (3.64 TiB, a traceback). What a
+    build allocates and writes (weights, RoPE tables) is sized against the memory available
+    first, and the error says what context fits; KV caches past it are a note (they take
+    memory only as a conversation fills them: refusing them refused realistic builds)."""
     from click.testing import CliRunner
 
     from specrt.cli import main
-    from specrt.engines.build import check_memory_fits, kv_cache_bytes
+    from specrt.engines.build import check_memory_fits, kv_cache_bytes, rope_table_bytes
     from specrt.export.export import export
 
     from .conftest import REFERENCE
@@ -341,9 +355,8 @@ def test_a_context_whose_kv_cache_cannot_fit_is_refused_before_any_work(tmp_path
     r = CliRunner().invoke(main, ["build", str(tmp_path / "x"), "-o", str(tmp_path / "e"), "--depths", "1"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert re.search(r"error: a context of 1000000000000 tokens \(the target's max_position_embeddings\) needs "
-                     r"[\d.e+]+ GiB of KV cache \(target [\d.e+]+ GiB \+ draft [\d.e+]+ GiB, float32\) beside "
-                     r"[\d.]+ \w+ of weights, and this machine has [\d.]+ GiB available: give --max-context N, at "
-                     r"most about \d+ here", r.output), r.output
+                     r"[\d.e+]+ GiB of RoPE tables beside [\d.e+-]+ GiB of weights, and this machine has [\d.]+ GiB "
+                     r"available: --max-context N bounds it \(at most about \d+ here\)", r.output), r.output
     assert not (tmp_path / "e").exists()
     exp = load_export(tmp_path / "x")
     kv = kv_cache_bytes(exp, 1000)
@@ -351,11 +364,16 @@ def test_a_context_whose_kv_cache_cannot_fit_is_refused_before_any_work(tmp_path
     assert kv == {"target": 2 * t["num_layers"] * 1000 * t["num_kv_heads"] * t["head_dim"] * 4,
                   "draft": 2 * d["num_layers"] * 1000 * d["num_kv_heads"] * d["head_dim"] * 4}
     weights = sum(f["bytes"] for g in exp["graphs"].values() for f in g["files"])
-    per_token = sum(kv.values()) / 1000
-    check_memory_fits(exp, 1000, "--max-context", available=weights + sum(kv.values()))  # just fits
-    with pytest.raises(UserError, match=r"^a context of 1001 tokens \(--max-context\) needs .* at most about "
-                                        rf"{int((0.9 * (weights + 1000 * per_token) - weights) // per_token)} here$"):
-        check_memory_fits(exp, 1001, "--max-context", available=weights + sum(kv.values()))
+    rope, cache = rope_table_bytes(exp, 1000), sum(kv.values())
+    said: list[str] = []
+    check_memory_fits(exp, 1000, "--max-context", available=weights + rope + cache, log=said.append)  # all fits
+    assert said == []
+    check_memory_fits(exp, 1000, "--max-context", available=weights + rope + cache - 1, log=said.append)
+    fits = int((0.9 * (weights + rope + cache - 1) - weights) // ((rope + cache) / 1000))
+    assert len(said) == 1 and said[0].startswith("note: at its full context of 1000 tokens (--max-context) the KV "
+                                                 "caches take ") and f"(at most about {fits} here)" in said[0], said
+    with pytest.raises(UserError, match=r"^a context of 1000 tokens \(--max-context\) needs .* of RoPE tables"):
+        check_memory_fits(exp, 1000, "--max-context", available=weights + rope - 1)
     with pytest.raises(UserError, match="its weights alone do not fit$"):
         check_memory_fits(exp, 10, "--max-context", available=weights // 2)
 

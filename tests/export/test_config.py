@@ -51,17 +51,20 @@ def test_the_sliding_window_is_the_one_transformers_applies(model_type, fields, 
 
 
 @pytest.mark.parametrize("types", [["foo"] * 4, ["full_attention"], ["sliding_attention"] * 5])
-def test_layer_types_that_transformers_refuses_are_refused(types):
+@pytest.mark.parametrize("window", [{"use_sliding_window": True, "sliding_window": 32}, {}, {"sliding_window": None}])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_layer_types_that_transformers_refuses_are_refused(types, window, model_type):
     """A user walk: layer_types of unknown kinds, or not one a layer, exported without a word
-    (transformers' Qwen3Config refuses both)."""
+    (transformers' Qwen2Config and Qwen3Config refuse both, whether a window applies or not)."""
     import transformers
 
-    fields = {"use_sliding_window": True, "sliding_window": 32, "layer_types": types}
+    fields = {**window, "layer_types": types}
     with pytest.raises(UserError, match=r"^config.json: field 'layer_types' is .*; expected one of full_attention, "
                                         "sliding_attention for each of its 4 layers$"):
-        parse_decoder({**BASE, "model_type": "qwen3", **fields}, "config.json")
+        parse_decoder({**BASE, "model_type": model_type, **fields}, "config.json")
+    cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.Qwen2Config
     with pytest.raises(Exception, match="layer_types"):  # (huggingface_hub's validation error)
-        transformers.Qwen3Config(**{**BASE, **fields})
+        cls(**{**BASE, **fields})
 
 
 def test_the_context_limit_stops_at_a_sliding_window(tmp_path):

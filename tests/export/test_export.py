@@ -297,6 +297,21 @@ def test_token_ids_outside_the_vocabulary_are_refused_and_a_wider_tokenizer_said
     assert f"warning: {small / 'tokenizer.json'} holds 16 tokens, the model's vocabulary 12" in "\n".join(said), said
 
 
+def test_the_weight_scan_counts_a_chunk_at_a_time():
+    """binding._scan_values: the non-finite count, NaN or not, and the largest finite |value|,
+    the same whichever chunks the array falls in (chunks keep its temporaries small)."""
+    from specrt.export.binding import _scan_values
+
+    a = np.arange(-50, 50, dtype=np.float32).reshape(10, 10) / 7
+    a[3, 3], a[5, 1], a[9, 9] = np.inf, -np.inf, -1e5
+    for chunk in (1, 7, 16, 100, 1 << 22):
+        assert _scan_values(a, True, chunk) == (2, False, 1e5)
+        assert _scan_values(a, False, chunk) == (2, False, 0.0)
+    a[0, 0] = np.nan
+    assert _scan_values(a, True, 7) == (3, True, 1e5)
+    assert _scan_values(np.full(5, np.nan, np.float32), True, 2) == (5, True, 0.0)
+
+
 def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
     """A target folder with each tokenizer file a Hugging Face tokenizer may save (the chat
     template in a file of its own, .jinja or .json, as newer transformers write it; the

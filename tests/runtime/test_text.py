@@ -468,6 +468,8 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
         for bad in (dict(chat="yes"), dict(max_new_tokens=-1), dict(logprobs=-1), dict(stop=b"w4")):
             with pytest.raises(UserError):
                 s.stream([3, 1, 4], **bad)
+        with pytest.raises(UserError, match=r"^chat='no': expected True or False$"):
+            s.check_prompt("w3 w1", chat="no")
         with pytest.raises(UserError, match="max_new_tokens=0"):
             s.stream_ids([3, 1, 4], 0)  # refused by the decoding itself
         st = s.stats()  # the refused stream's: nothing, not the one before's ids
@@ -475,12 +477,16 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
         for stop in (b"w4", bytearray(b"w4"), {"w4": 1}):
             with pytest.raises(UserError, match=r"^stop=.*: expected a string or a list of strings$"):
                 "".join(s.stream([3, 1, 4], max_new_tokens=3, stop=stop))
+    with pytest.raises(UserError, match="this Session is closed"):  # when called, as the other checks
+        s.stream([3, 1, 4], max_new_tokens=3)
     for bad, why in (({"bogus": 1}, "bogus"), ({"intra_op_num_threads": "x"}, "intra_op_num_threads 'x'")):
         with pytest.raises(UserError) as e:
             Session(worded, ort_overrides=bad)
         msg = str(e.value)
         assert msg.startswith(f"ort_overrides={bad!r}: ") and why in msg and "engines.json" not in msg, msg
-        assert "intra_op_num_threads" in msg.split("expected some of ")[1]
+        # the settings' names where a name was unknown, not beside a bad value of a known one
+        assert ("expected some of " in msg) == (why == "bogus")
+        assert why != "bogus" or "intra_op_num_threads" in msg.split("expected some of ")[1]
     with pytest.raises(UserError, match=r"^ort_overrides=5: expected a dict of ONNX Runtime settings"):
         Session(worded, ort_overrides=5)
     with pytest.raises(UserError, match=r"^reuse_prefix='no': expected True or False$"):  # ("no" is true)
@@ -502,13 +508,15 @@ def _blocked_writing(pid: int, timeout: float = 60) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
-def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp_path, sig):
     """Ctrl-C (or SIGTERM) during `specrt run --prompts` lost every answered prompt's
     --stats and --grow-file. They are written with what was decoded: the answered prompts as
     an uninterrupted run gives them, the one cut short marked "interrupted" (its tokens a
-    prefix of its whole answer), the stats' ``interrupted`` true; then "Aborted!", exit 1.
-    Made deterministic: the run's stdout is a 4 KiB pipe read no further, so it waits in a
-    write, mid-answer or between answers, when the signal comes."""
+    prefix of its whole answer), the stats' ``interrupted`` true; then "Aborted!", exit 1
+    (SIGTERM: "Terminated", 143; a review found it wrote nothing then). Made deterministic:
+    the run's stdout is a 4 KiB pipe read no further, so it waits in a write, mid-answer or
+    between answers, when the signal comes."""
     import fcntl
     import signal
     import subprocess
@@ -534,12 +542,13 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
         first = p.stdout.read(800)  # two answers at least (about 350 bytes each)
         assert len(first) == 800
         assert _blocked_writing(p.pid)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, sig))
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()
     err = err.decode()
-    assert p.returncode == 1 and "Aborted!" in err and "Traceback" not in err, err
+    code, said = (1, "Aborted!") if sig == "SIGINT" else (143, "Terminated")
+    assert p.returncode == code and said in err and "Traceback" not in err, err
     st = json.loads(stats.read_text())
     got = st["prompts"]
     done = [g for g in got if g["finish_reason"] != "interrupted"]
