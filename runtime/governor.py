@@ -1003,6 +1003,40 @@ def split_tree(spec: str | int) -> tuple[str, int]:
     return head, int(tail)
 
 
+def canonical_spec(spec: str | int) -> str:
+    """One spelling per governor, for labels and duplicates (``specrt bench --governors``):
+    lower case, ``fixed:0`` as ``off``, numbers without leading zeros, DSpark's options as
+    ``:block=K`` then ``:profiled``, then ``:tree=W`` (W > 1), then the lookup options as
+    ``:ngram[=L]:corpus:grow[=N]`` (``:grow=N`` of the default cap is a bare ``:grow``). What
+    the parser would refuse is refused here in its words; a spec it reads otherwise (an
+    unknown name, a depth not built) is only lower-cased, left to ``from_spec``."""
+    from .corpus import GROW_TOKENS
+
+    base, lookup = split_lookup(spec)
+    head, width = split_tree(base)
+    parts = head.split(":")
+    if parts[0] == "fixed" and len(parts) == 2 and _digits(parts[1]) or len(parts) == 1 and _digits(parts[0]):
+        k = int(parts[-1])
+        head = "off" if k == 0 and width == 1 else f"fixed:{k}"
+    elif parts[0] == "dspark":
+        opts = parts[1:]
+        blocks = [o for o in opts if o.startswith("block=") and _digits(o[6:])]
+        if len(blocks) + opts.count("profiled") == len(opts) and len(blocks) <= 1 and opts.count("profiled") <= 1:
+            head = ":".join(["dspark", *(f"block={int(b[6:])}" for b in blocks), *(["profiled"] if "profiled" in opts
+                                                                                   else [])])
+    out = head + (f":tree={width}" if width > 1 else "")
+    if lookup:
+        chain = lookup_chain(spec)
+        if has_lookup_option(spec, "ngram"):
+            out += ":ngram" + (f"={chain}" if chain is not None else "")
+        if wants_corpus(spec):
+            out += ":corpus"
+        if wants_grow(spec):
+            cap = grow_tokens(spec)
+            out += ":grow" + (f"={cap}" if cap != GROW_TOKENS else "")
+    return out
+
+
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None,
               options: Mapping[str, object] | None = None) -> Governor:

@@ -1184,8 +1184,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
     # Path('') is the working folder: an empty path named, as the CLI's PathArg names it
     check_path_args("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
-                 **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
-    check_path_args("a file", prompts_file=prompts_file, llamacpp_gguf=llamacpp_gguf)
+                    optional=("ortgenai_cache",), **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
+    check_path_args("a file", prompts_file=prompts_file, llamacpp_gguf=llamacpp_gguf, optional=("llamacpp_gguf",))
     check_repeats(profile_repeats, "profile_repeats")  # (a Python argument: `specrt bench` keeps its default)
     if governor_costs not in ("stored", "profiled"):
         raise UserError(f"--governor-costs {governor_costs!r}: expected stored or profiled")
@@ -1245,7 +1245,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         if has_draft else ["off", "off:ngram"])
     # one spelling a governor: 'OFF' ran as specrt:OFF, and the identity check, which compares
     # every configuration with specrt:off, found no reference and checked nothing
-    govs = list(dict.fromkeys(g.strip().lower() for g in govs))
+    govs = list(dict.fromkeys(_canonical(g) for g in govs))  # (fixed:02 ran beside fixed:2, fixed:0 beside off)
     if "off" not in govs:
         govs.insert(0, "off")
     for g in govs:  # (UserError on a bad spec, or one these engines cannot run, before anything runs)
@@ -1631,6 +1631,17 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
     return ve
 
 
+def _canonical(g: str) -> str:
+    """``g`` in governor.canonical_spec's one spelling, its errors naming ``--governors``."""
+    from specrt.errors import cli_named
+    from specrt.runtime.governor import canonical_spec
+
+    try:
+        return canonical_spec(g)
+    except UserError as err:
+        raise UserError(cli_named(err, "--governors")) from None
+
+
 def check_governor(g: str, e, variant: str | None) -> None:
     """UserError unless the engines ``e`` (ENGINES, or ``--variant`` ``variant``'s) can run the
     governor ``g``, naming the option that asked for it (a governor the default list holds
@@ -1869,7 +1880,9 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
                            variants=_parse_variants(variants), processes=processes, repeats=repeats, quiet=quiet,
                            force=force, sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,
                                                   "seed": seed, "coupled": reproducible})
-    except KeyboardInterrupt:  # (click's "Aborted!" alone said nothing of the report)
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or SIGTERM (cli._terminated: 128 + the signal)
+        if isinstance(e, SystemExit) and not (isinstance(e.code, int) and e.code > 128):
+            raise  # (click's "Aborted!", or "Terminated", alone said nothing of the report)
         now = stamp()
         click.echo(f"\n[interrupted after the report was written to {out}]" if now is not None and now != before else
                    "\n[interrupted: no report written" + (f"; the earlier one in {out} is kept" if now else "") + "]",

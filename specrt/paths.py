@@ -39,13 +39,17 @@ def path_problem(value, expected: str) -> str | None:
     return None if text else f"an empty path; expected {expected}"
 
 
-def check_path_args(expected: str, **named) -> None:
+def check_path_args(expected: str, *, optional: tuple[str, ...] = (), **named) -> None:
     """UserError "NAME: ..." (path_problem: not a str or os.PathLike, or empty; expected
-    ``expected``) for the first of ``named`` (argument name -> the path given; None skipped)
-    that is not a usable path: the Python entry points' path arguments, checked before any
-    work, as the CLI checks its own."""
+    ``expected``) for the first of ``named`` (argument name -> the path given) that is not a
+    usable path: the Python entry points' path arguments, checked before any work, as the CLI
+    checks its own. None is refused too (``Session(None)`` was pathlib's TypeError) but for
+    the names in ``optional`` (arguments whose None means "none")."""
     for name, value in named.items():
-        if value is not None and (why := path_problem(value, expected)) is not None:
+        if value is None and name in optional:
+            continue
+        why = f"None; expected {expected}" if value is None else path_problem(value, expected)
+        if why is not None:
             raise UserError(f"{name}: {why}")
 
 

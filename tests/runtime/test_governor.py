@@ -932,3 +932,26 @@ def test_the_upper_bound_reads_only_bins_with_three_rounds():
     cal.n[0, 2], cal.a[0, 2] = 10, 1
     cal.refit()
     assert cal.upper[0] == pytest.approx((1 + 4 * 0.25) / (10 + 4)) and cal.upper[1] == cal.upper[0]
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("fixed:02", "fixed:2"), ("FIXED:2", "fixed:2"), ("2", "fixed:2"), ("fixed:0", "off"), ("0", "off"),
+    ("OFF:grow:ngram", "off:ngram:grow"), ("dspark:profiled:block=02", "dspark:block=2:profiled"),
+    ("dspark:block=2:profiled:tree=03:corpus:ngram=04", "dspark:block=2:profiled:tree=3:ngram=4:corpus"),
+    ("auto:grow=32768", "auto:grow"), ("auto:grow=100", "auto:grow=100"), ("adaptive:tree=1", "adaptive"),
+    ("dspark:tree=3:ngram:grow", "dspark:tree=3:ngram:grow"), ("dspark:block=2:block=3", "dspark:block=2:block=3")])
+def test_canonical_spec_spells_each_governor_one_way(spec, want):
+    """bench ran fixed:02 beside fixed:2 (and fixed:0 beside off) as separate configurations;
+    what the parser would refuse later stays as written, lower-cased."""
+    from specrt.runtime.governor import canonical_spec
+
+    assert canonical_spec(spec) == want
+    assert canonical_spec(want) == want
+
+
+def test_canonical_spec_refuses_in_the_parsers_words():
+    from specrt.runtime.governor import canonical_spec
+
+    for bad in ("off:tree=2", "dspark:ngram:ngram", "dspark:tree=0"):
+        with pytest.raises(UserError, match=re.escape(f"governor '{bad}'")):
+            canonical_spec(bad)
