@@ -121,7 +121,7 @@ def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int
                       log: Callable[[str], None] = lambda s: None) -> None:
     """Before anything is built, the memory of a context of ``ctx`` tokens (``source``: where
     that limit came from) against what this machine has available (``available``, MemAvailable
-    by default; unknown: no check). What a build allocates and writes, the weights and the RoPE
+    or the memory cgroup's room by default, machine.mem_available; unknown: no check). What a build allocates and writes, the weights and the RoPE
     tables, must fit: a UserError saying what context would (a max_position_embeddings of 10**12
     crashed allocating 3.64 TiB of RoPE table). The KV caches are allocated zeroed and take
     memory only as a conversation fills them (profiling writes a few hundred rows): past the
@@ -138,7 +138,8 @@ def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int
     fits = int((0.9 * available - weights) // per_token) if per_token else 0
     gib = lambda b: f"{b / 2 ** 30:.3g} GiB"  # noqa: E731
     hint = (f"--max-context N bounds it (at most about {fits} here)" if fits >= 1
-            else "its weights alone do not fit")
+            else "its weights alone do not fit" if weights > available
+            else "its weights leave no room for a context here")
     if weights + rope > available:
         raise UserError(f"a context of {ctx} tokens ({source}) needs {gib(rope)} of RoPE tables beside "
                         f"{gib(weights)} of weights, and this machine has {gib(available)} available: {hint}")

@@ -406,7 +406,9 @@ class Session:
         checked against the vocabulary, or a text prompt's or a conversation's through ``encode``."""
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
-        if isinstance(prompt, (list, tuple)):  # ([]: "the prompt is empty")
+        if isinstance(prompt, tuple):  # (a conversation as a tuple of messages too, as before session 52)
+            prompt = list(prompt)
+        if isinstance(prompt, list):  # ([]: "the prompt is empty")
             ids = [as_whole(t) for t in prompt]
             if None not in ids:  # (before anything decodes them: the tokenizer overflows on -2)
                 return self.generator.check_ids(ids)

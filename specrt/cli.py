@@ -683,7 +683,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
                     messages = before
                     click.echo("[stopped before the answer began: the turn is dropped"
-                               + (f" (the {dropped} older turn(s) dropped for it stay)" if dropped else "")
+                               + (f" (the {dropped} older turn(s) dropped to fit it are back)" if dropped else "")
                                + "; an empty line or the end of input ends the conversation]", err=True)
                     continue
                 click.echo("[stopped: the answer so far stays in the conversation; an empty line or the end of "

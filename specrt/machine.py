@@ -10,14 +10,50 @@ import platform
 from pathlib import Path
 
 
-def mem_available() -> int | None:
-    """Bytes of memory available to new processes (/proc/meminfo MemAvailable), if known."""
+def mem_available(root: Path = Path("/")) -> int | None:
+    """Bytes of memory available to new processes, if known: /proc/meminfo's MemAvailable, or
+    less where this process's memory cgroup is limited (a container: MemAvailable is the
+    host's, and a build past the container's limit was killed with no word said), the limit
+    less what the group uses but could not reclaim (its inactive page cache reclaimable).
+    ``root``: where /proc and /sys are (tests)."""
+    avail = None
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                avail = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    room = cgroup_room(root)
+    return room if avail is None else avail if room is None else min(avail, room)
+
+
+def cgroup_room(root: Path = Path("/")) -> int | None:
+    """Bytes this process's memory cgroup (v2, or v1's memory controller) can still take
+    (its limit less its usage, inactive page cache counted free), None without a limit or
+    where it cannot be read."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: memory.max, memory.current, memory.stat's inactive_file
+            names, base = ("memory.max", "memory.current", "inactive_file"), root / "sys/fs/cgroup"
+        elif "memory" in controllers.split(","):  # v1 (its total_ counts the group's children too)
+            names, base = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), \
+                root / "sys/fs/cgroup/memory"
+        else:
+            continue
+        for folder in (base / path.lstrip("/"), base):  # (a container sees its own group as the root)
+            try:
+                limit = (folder / names[0]).read_text().strip()
+                used = int((folder / names[1]).read_text())
+                stat = dict(ln.split() for ln in (folder / "memory.stat").read_text().splitlines() if ln.count(" ") == 1)
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or not limit.isdigit() or int(limit) >= 2 ** 60:  # (v1 writes "no limit" as ~2**63)
+                break
+            return max(0, int(limit) - used + int(stat.get(names[2], 0)))
     return None
 
 

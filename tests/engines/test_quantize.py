@@ -6,6 +6,7 @@ compared within the int8 bounds, and lossless (the target verifies every token).
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -171,9 +172,21 @@ def test_weight_check_catches_what_the_outputs_cannot(int8_engines, tmp_path):
     said: list[str] = []
     r = compare_engines(bad, log=said.append, inputs_file=tmp_path / "in.json")
     assert [(f["role"], f["output"]) for f in r["failures"]] == [("draft", INT8_WEIGHTS)]
-    # the printed polygraphy line repeats the draft's outputs, which passed: said (a review)
+    # the printed polygraphy line repeats the draft's outputs, which passed: said (a review), and
+    # so it does, at the int8 draft's bounds (it had the float's, and failed: a review of that)
     assert r["polygraphy_role"] == "draft" and f"(draft failed only its {INT8_WEIGHTS} check, which this line does " \
         "not repeat)" in "\n".join(said)
+    from tests.engines.test_compare import _polygraphy
+
+    assert _polygraphy(shlex.split(r["polygraphy_command"])[1:]) == 0
+    # the command's last line counts it as a check, not as an output that differs (a review)
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["compare", str(bad)])
+    assert res.exit_code == 1 and "error: the engines differ from the onnxruntime reference in 1 check(s)\n" \
+        in res.output, res.output
 
 
 def test_a_changed_float_weight_of_the_int8_draft_is_named(int8_engines, tmp_path):

@@ -461,6 +461,8 @@ def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers
             "".join(s.stream([], max_new_tokens=3))
         with pytest.raises(UserError, match="a conversation must be"):  # a bool is no token id
             "".join(s.stream([True, 1], max_new_tokens=3))
+        turn = {"role": "user", "content": "w4"}  # a conversation as a tuple, as a list (refused in session 52)
+        assert "".join(s.stream((turn,), max_new_tokens=3)) == "".join(s.stream([turn], max_new_tokens=3)) != ""
         before = s.stats()
         with pytest.raises(UserError, match="max_new_tokens=0"):
             s.stream([3, 1, 4], max_new_tokens=0)  # refused when called, not when first read
@@ -666,11 +668,9 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
     assert answers == [first, second], (answers, r.output)
 
 
-def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch):
-    """Ctrl-C in `specrt chat` before an answer's first token printed a line of zeros and
-    kept the turn with an empty answer in the conversation. The turn is dropped, as if not
-    asked, and the chat goes on. (The Ctrl-C is raised where the first token would be read:
-    a signal's timing cannot place it there.)"""
+def _ctrl_c_before_answer(monkeypatch, turn: int) -> list[list[dict]]:
+    """Session.stream raising KeyboardInterrupt where the ``turn``-th (from 1) answer's first
+    token would be read; returns the conversations streamed, filled as they come."""
     from specrt.runtime import session
 
     real, convs = session.Session.stream, []
@@ -678,7 +678,7 @@ def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch)
     def stream(self, prompt, *a, **k):
         convs.append([dict(m) for m in prompt])
         it = real(self, prompt, *a, **k)
-        if len(convs) > 1:
+        if len(convs) != turn:
             return it
 
         def cut():
@@ -688,12 +688,36 @@ def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch)
         return cut()
 
     monkeypatch.setattr(session.Session, "stream", stream)
+    return convs
+
+
+def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch):
+    """Ctrl-C in `specrt chat` before an answer's first token printed a line of zeros and
+    kept the turn with an empty answer in the conversation. The turn is dropped, as if not
+    asked, and the chat goes on. (The Ctrl-C is raised where the first token would be read:
+    a signal's timing cannot place it there.)"""
+    convs = _ctrl_c_before_answer(monkeypatch, 1)
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
                                   "fixed:1"], input="w6 w7\nw8\n\n")
     assert r.exit_code == 0, r.output
     assert "[stopped before the answer began: the turn is dropped" in r.output, r.output
     assert "[0 tokens" not in r.output and len([ln for ln in r.output.splitlines() if ln.startswith("[3 tokens")]) == 1
     assert convs[1] == [{"role": "system", "content": "w5"}, {"role": "user", "content": "w8"}]
+
+
+def test_chat_stopped_before_the_first_token_gives_back_the_turns_dropped_for_it(worded, monkeypatch):
+    """A turn that pushed the oldest out of the context (128 tokens here) and was stopped
+    before its answer began is not taken: the turn it pushed out is back in the conversation
+    (the message said they "stay", read as staying dropped: a review)."""
+    convs = _ctrl_c_before_answer(monkeypatch, 3)
+    long = " ".join(["w4"] * 50)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "fixed:1"], input=f"{long}\n{long} w6\n{long} w7\nw8\n\n")
+    assert r.exit_code == 0, r.output
+    assert "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]" in r.output, r.output
+    assert "the turn is dropped (the 1 older turn(s) dropped to fit it are back)" in r.output, r.output
+    assert [m["content"] for m in convs[2] if m["role"] == "user"] == [f"{long} w6", f"{long} w7"]
+    assert [m["content"] for m in convs[3] if m["role"] == "user"] == [long, f"{long} w6", "w8"]
 
 
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
