@@ -118,7 +118,7 @@ class Snapshot:
 
 @dataclass
 class Finished:
-    reason: str  # "eos" | "length" | "context" | "stop"
+    reason: str  # "eos" | "length" | "context" | "stop" | "interrupted" (closed by its caller first)
 
 
 def as_whole(value) -> int | None:
@@ -706,6 +706,7 @@ class Generator:
             if lookup is not None:
                 index = NgramIndex()
                 index.extend(x)
+            tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)  # (stats() in mid-stream: so far)
             with clock.at(me):
                 yield [first]
             self._still_mine(mine)
@@ -819,6 +820,7 @@ class Generator:
                     index.extend(new)
                     lookup.settle(x)
                 emitted += len(new)
+                tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
                 with clock.at(me):
                     yield new
                 self._still_mine(mine)
@@ -826,6 +828,10 @@ class Generator:
                     self.finished = Finished("eos")
                     return
             self.finished = Finished("length")
+        except GeneratorExit:  # closed by its caller before it ended (a stream since started keeps its finish)
+            if self._epoch == mine and self.finished is None:
+                self.finished = Finished("interrupted")
+            raise
         except InternalError as e:
             if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
                 why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else

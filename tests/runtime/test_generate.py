@@ -884,8 +884,8 @@ def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
     assert g.finished.reason == "eos"
     s = g.stream([7, 7, 2, 5, 1], 30)
     next(s)
-    s.close()
-    assert g.finished is None and g.telemetry.prompt_tokens == 5
+    s.close()  # its own finish: closed by its caller (None before session 53)
+    assert g.finished.reason == "interrupted" and g.telemetry.prompt_tokens == 5
     with pytest.raises(UserError, match="context limit"):
         g.generate(list(range(5)) * 40, 4)
     assert g.finished is None and g.telemetry.prompt_tokens == 0

@@ -2051,3 +2051,27 @@ def test_sampling_options_at_temperature_0_are_said_to_change_nothing(worded):  
     assert r.exit_code == 0 and said not in r.output, r.output
     r = CliRunner().invoke(main, ["chat", str(worded), "--top-k", "5", "--reproducible"], input="w1\n")
     assert r.exit_code == 0 and f"note: --top-k, --reproducible have {said}" in r.output, r.output
+
+
+def test_stats_in_mid_stream_count_the_tokens_so_far_and_a_closed_stream_says_interrupted(worded):
+    """stats() between a stream's pieces said new_tokens 0 beside the ids so far (the count
+    was set when the stream ended), and a stream its caller closed early had finish_reason
+    None; a stream ended by a stop string still says "stop"."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="fixed:3") as s:
+        it = s.stream([3, 1, 4], max_new_tokens=12)
+        next(it)
+        mid = s.stats()
+        assert mid["new_tokens"] == len(mid["output_token_ids"]) >= 1 and mid["seconds"] > 0
+        assert mid["tokens_per_s"] > 0 and mid["finish_reason"] is None
+        next(it)
+        assert s.stats()["new_tokens"] == len(s.stats()["output_token_ids"]) > mid["new_tokens"]
+        it.close()
+        st = s.stats()
+        assert st["finish_reason"] == "interrupted" and st["new_tokens"] == len(st["output_token_ids"]) < 12
+        whole = "".join(s.stream([3, 1, 4], max_new_tokens=12))
+        assert s.stats()["finish_reason"] in ("eos", "length")
+        stop = whole.split()[1]
+        assert stop not in "".join(s.stream([3, 1, 4], max_new_tokens=12, stop=[stop]))  # (the answer ends before it)
+        assert s.stats()["finish_reason"] == "stop"
