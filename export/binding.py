@@ -302,6 +302,11 @@ def _embed_matches_target(draft: BoundDraft, target: BoundTarget) -> bool | None
     return True
 
 
+def config_notes(draft: BoundDraft) -> tuple[str, ...]:
+    """What export and inspect say of the draft's config.json as read (DraftConfig.notes)."""
+    return draft.config.notes
+
+
 def embed_note(draft: BoundDraft) -> str | None:
     """What export and inspect say of the draft's embedding: its own not the target's, or
     --draft-embeddings target on a draft that stores none (None: nothing to say)."""

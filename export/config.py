@@ -225,6 +225,9 @@ class DraftConfig:
     source_format: str = "speculators"
     # vLLM's logit_scale: the draft-vocabulary logits times it (_logit_scale)
     logit_scale: float = 1.0
+    # what export and inspect say of the config as read (a default_proposal_method naming no
+    # method, architectures naming the other kind): warnings, not part of the receipt
+    notes: tuple[str, ...] = ()
 
     @property
     def num_aux(self) -> int:
@@ -247,6 +250,7 @@ class DraftConfig:
             del d["source_format"]
         if self.logit_scale == 1.0:  # (likewise)
             del d["logit_scale"]
+        del d["notes"]
         return d
 
 
@@ -636,10 +640,22 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
     methods = spec.list("proposal_methods")
     if not methods or not isinstance(methods[0], dict):
         raise UserError(f"{spec.where}: proposal_methods must be a non-empty list of objects")
-    # the method speculators names as its default (vLLM reads that one), else the first
+    # the method speculators names as its default (vLLM reads that one), else the first (said:
+    # a default naming none of them is a config edited by hand, or for another reader)
     default = spec.str("default_proposal_method", required=False)
     at = next((i for i, m in enumerate(methods) if isinstance(m, dict) and default is not None
                and m.get("proposal_type") == default), 0)
+    notes = []
+    if default is not None and (methods[at] if isinstance(methods[at], dict) else {}).get("proposal_type") != default:
+        notes.append(f"warning: {spec.where}: default_proposal_method '{default}' names none of proposal_methods' "
+                     f"proposal_type ({', '.join(repr(m.get('proposal_type')) for m in methods if isinstance(m, dict))})"
+                     ": read the first, as vLLM does")
+    archs = data.get("architectures")
+    named = {k for a in (archs if isinstance(archs, list) else []) for k in DRAFT_TYPES
+             if _names_kind(str(a), k)}
+    if named and kind not in named:  # (vLLM picks the draft's model by speculators_model_type)
+        notes.append(f"warning: {path}: architectures {archs!r} names the draft kind {'/'.join(sorted(named))}, "
+                     f"speculators_model_type '{kind}': read as {kind}, as vLLM reads it")
     if not isinstance(methods[at], dict):
         raise UserError(f"{spec.where}: proposal_methods[{at}] must be an object")
     k = _Fields(methods[at], f"{spec.where}.proposal_methods[{at}]").int("speculative_tokens")
@@ -683,7 +699,15 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
         confidence_head=confidence,
         attention_window=attention_window,
         logit_scale=logit_scale,
+        notes=tuple(notes),
     )
+
+
+def _names_kind(architecture: str, kind: str) -> bool:
+    """Whether a class name in a draft's ``architectures`` names the draft kind ``kind``
+    (PEagleDraftModel: peagle; Eagle3DraftModel, Eagle3Speculator: eagle3)."""
+    a = architecture.lower()
+    return a.startswith("peagle") if kind == "peagle" else a.startswith(kind)
 
 
 # EAGLE-3 drafts in EAGLE's own format, as SafeAILab/EAGLE (eagle/model/cnets.py, Model) and

@@ -21,8 +21,8 @@ import numpy as np
 
 from specrt import contracts as C
 from specrt.errors import UserError
-from specrt.export.binding import (BoundDraft, BoundTarget, bind_draft, bind_target, embed_note, length_note,
-                                   receipt)
+from specrt.export.binding import (BoundDraft, BoundTarget, bind_draft, bind_target, config_notes, embed_note,
+                                   length_note, receipt)
 from specrt.export.config import default_aux_layer_ids, read_json
 from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, atomic_folder, check_output, file_record,
                              tool_versions, write_json)
@@ -91,6 +91,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
+    for note in config_notes(draft) if draft is not None else ():
+        log(note)
     if draft is not None and (note := embed_note(draft)) is not None:
         log(note)
     short = draft is not None and (note := length_note(draft)) is not None

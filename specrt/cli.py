@@ -154,12 +154,12 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
             draft_aux_ids: str | None, draft_embeddings: str) -> None:
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
     _check_draft_options(draft)
-    from specrt.export.binding import bind_draft, bind_target, embed_note, length_note, receipt
+    from specrt.export.binding import bind_draft, bind_target, config_notes, embed_note, length_note, receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
     d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids, draft_embeddings) if draft is not None else None
     r = receipt(t, d)
-    for note in (embed_note(d), length_note(d)) if d is not None else ():
+    for note in (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ():
         if note is not None:
             click.secho(note, fg="yellow", err=True)
     if as_json:

@@ -430,7 +430,13 @@ def test_the_default_proposal_method_gives_the_speculative_tokens(tmp_path):
     for default, want in (("greedy", 4), ("other", 7), ("none-such", 7)):
         cfg["speculators_config"]["default_proposal_method"] = default
         (d / "config.json").write_text(json.dumps(cfg))
-        assert load_draft_config(d).speculative_tokens == want, default
+        dc = load_draft_config(d)
+        assert dc.speculative_tokens == want, default
+        # a default naming no method is said (it was read as the first without a word), not kept in the receipt
+        assert dc.notes == (() if default != "none-such" else (
+            f"warning: {d / 'config.json'}.speculators_config: default_proposal_method 'none-such' names none of "
+            "proposal_methods' proposal_type ('other', 'greedy'): read the first, as vLLM does",)), dc.notes
+        assert "notes" not in dc.to_json()
     # a user walk: 10**9 exported without a word (the deepest verify depth is 64)
     for k, ok in ((64, True), (65, False), (10 ** 9, False)):
         cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = k  # (the first: no default)
@@ -441,6 +447,38 @@ def test_the_default_proposal_method_gives_the_speculative_tokens(tmp_path):
             with pytest.raises(UserError, match=rf"proposal_methods\[0\]: field 'speculative_tokens' is {k}; "
                                                 "expected at most 64"):
                 load_draft_config(d)
+
+
+def test_architectures_naming_the_other_kind_are_said(tmp_path):
+    """architectures naming an EAGLE-3 class on a P-EAGLE draft (speculators_model_type
+    peagle) were read without a word: read by speculators_model_type, as vLLM picks the
+    draft's model, and said by export and inspect."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.export.config import load_draft_config
+    from specrt.export.export import export
+
+    from .conftest import REFERENCE
+
+    d = tmp_path / "d"
+    shutil.copytree(REFERENCE / "draft", d)
+    cfg = json.loads((d / "config.json").read_text())
+    for archs, said in ((["PEagleDraftModel"], False), (["Eagle3DraftModel"], True), (["Eagle3Speculator"], True),
+                        (["SomethingElse"], False), ("notalist", False)):
+        (d / "config.json").write_text(json.dumps({**cfg, "architectures": archs}))
+        dc = load_draft_config(d)
+        assert dc.kind == "peagle" and bool(dc.notes) == said, (archs, dc.notes)
+        if said:
+            assert dc.notes == (f"warning: {d / 'config.json'}: architectures {archs!r} names the draft kind eagle3, "
+                                "speculators_model_type 'peagle': read as peagle, as vLLM reads it",)
+            r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier"), "--draft", str(d)])
+            assert r.exit_code == 0 and dc.notes[0] in r.output, r.output
+            said: list[str] = []
+            export(REFERENCE / "verifier", d, tmp_path / archs[0], log=said.append)
+            assert dc.notes[0] in said, said
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
