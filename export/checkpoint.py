@@ -88,7 +88,13 @@ def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
     size = path.stat().st_size
     out: dict[str, TensorEntry] = {}
     for name, info in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__":  # text to text, as the safetensors library requires (it refuses others on load)
+            bad = next(((k, v) for k, v in info.items() if not isinstance(v, str)), None) \
+                if isinstance(info, dict) else ("", info)
+            if bad is not None:
+                raise UserError(f"{path}: malformed safetensors header: __metadata__"
+                                + (f" '{bad[0]}' is {bad[1]!r:.60}; expected text" if bad[0] else
+                                   f" is {info!r:.60}; expected an object of text values") + ", as safetensors writes it")
             continue
         where = f"{path}: tensor '{name}'"
         if not isinstance(info, dict):

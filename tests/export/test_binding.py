@@ -274,6 +274,31 @@ def test_safetensors_offsets_must_tile_the_data(tmp_path, offsets, data_len, wor
     assert set(read_safetensors_index(tmp_path / "ok.safetensors")) == {"x", "y"}
 
 
+@pytest.mark.parametrize("metadata, words", [
+    ({"format": 1}, r"__metadata__ 'format' is 1; expected text"),
+    ({"format": "pt", "step": {"n": 3}}, r"__metadata__ 'step' is \{'n': 3\}; expected text"),
+    (["pt"], r"__metadata__ is \['pt'\]; expected an object of text values"),
+])
+def test_safetensors_metadata_must_be_text(tmp_path, metadata, words):
+    """__metadata__ maps text to text: the safetensors library refuses a file with another
+    value when transformers loads it (`compare --reference torch`), which export took."""
+    import safetensors.numpy
+
+    from specrt.export.checkpoint import read_safetensors_index
+
+    header = {"__metadata__": metadata, "x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    _raw_safetensors(tmp_path / "m.safetensors", header, bytes(16))
+    with pytest.raises(UserError, match=f"^{tmp_path / 'm.safetensors'}: malformed safetensors header: {words}, as "
+                                        "safetensors writes it$"):
+        read_safetensors_index(tmp_path / "m.safetensors")
+    with pytest.raises(Exception):  # (what specrt follows: the library refuses it too)
+        safetensors.numpy.load_file(tmp_path / "m.safetensors")
+    header["__metadata__"] = {"format": "pt"}
+    _raw_safetensors(tmp_path / "ok.safetensors", header, bytes(16))
+    assert set(read_safetensors_index(tmp_path / "ok.safetensors")) == {"x"}
+    assert set(safetensors.numpy.load_file(tmp_path / "ok.safetensors")) == {"x"}
+
+
 def test_sharded_index_defects_are_named(hf_models, tmp_path):
     """A weight_map entry that is not a file name, a tensor stored in a second shard the index
     does not point at, and a folder holding both a single file and an index: each a
