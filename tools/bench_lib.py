@@ -114,8 +114,8 @@ def peer_unavailable(peer: str, hf_folder: Path | None) -> str | None:
                     "about 5 minutes on 2 cores)")
         return None
     if hf_folder is None or not (Path(hf_folder) / "config.json").is_file():
-        return (f"the target's Hugging Face folder ({hf_folder}, from the export's binding receipt) "
-                "is not on this machine")
+        return (f"the target's Hugging Face folder ({hf_folder}) is not on this machine (--target DIR names "
+                "where it is now)")
     if peer in ("hf", "hf-lookup"):
         missing = [m for m in ("torch", "transformers") if not _has(m)]
         if missing:

@@ -1588,3 +1588,37 @@ def test_a_repeat_is_compared_with_the_first_and_summed_into_the_telemetry(tmp_p
     err = capsys.readouterr().err
     assert "FAILURE specrt:fixed:2: prompt 1 in repeat 2 differs from its repeat 1 at token 1 (2 vs 9)" in err
     assert "MISMATCH hf: prompt 0 in repeat 2 differs from its repeat 1 at token 1 (2 vs 9)" in err
+
+
+def test_target_names_a_moved_checkpoint_for_the_peers(tiny_engines, prompts_file, tmp_path):
+    """The peers read the target folder the export's binding receipt records; a checkpoint
+    moved since was a skipped peer ("not on this machine") with no way to point at it.
+    --target names it, checked to hold the exported tensors; refused where no peer reads it."""
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(REFERENCE_PAIR / "verifier", moved)
+    args = [str(tiny_engines), "--prompts", str(prompts_file), "--max-new-tokens", "4", "--governors", "off",
+            "--threads", "1", "--warmup-tokens", "0", "--quiet"]
+    r = CliRunner().invoke(bench, [*args, "-o", str(tmp_path / "r"), "--peers", "hf", "--target", str(moved)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["settings"]["target_hf_folder"] == str(moved) and "hf" in rep["configs"] and not rep["skipped"]
+    assert rep["identity"]["configs"]["hf"]["identical_prompts"] == 2
+    # another checkpoint: every peer's tokens would differ from off's for no fault of the engines
+    other = tmp_path / "other"
+    shutil.copytree(moved, other)
+    from safetensors.numpy import load_file, save_file
+
+    w = load_file(other / "model.safetensors")
+    name = sorted(w)[0]
+    w[name] = w[name] + 1
+    save_file(w, other / "model.safetensors", metadata={"format": "pt"})
+    r = CliRunner().invoke(bench, [*args, "-o", str(tmp_path / "r2"), "--peers", "hf", "--target", str(other)])
+    assert isinstance(r.exception, UserError) and str(r.exception).startswith(
+        f"--target {other}: not the checkpoint these engines were exported from: 1 of the ") and \
+        not (tmp_path / "r2").exists(), r.output
+    r = CliRunner().invoke(bench, [*args, "-o", str(tmp_path / "r3"), "--peers", "none", "--target", str(moved)])
+    assert isinstance(r.exception, UserError) and str(r.exception) == \
+        f"--target {moved}: the target checkpoint the peers read; no peer runs (--peers none)"
