@@ -662,6 +662,77 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
             "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
 
 
+TARGET_WEIGHTS = "target_weights"  # the first target role's: the engine's target weights against the export's
+
+
+def check_target_weights(export_graph: Path, engine_graph: Path) -> dict[str, Any]:
+    """Every weight of the target engine's graph against the export's, exactly: by its name,
+    or, where the build re-lowered the graph (in-place KV), as export.onnx_ops.fusing_get makes
+    it (``<slot>.T`` transposed, ``layers.{i}.qkv`` concatenated), cast to the engine's dtype;
+    and every export weight read by one of them. The outputs' tolerances let a small change to
+    one weight pass or name only the outputs it moved: this names the weight (issue 8: a
+    corrupted engine "caught and named"). Graph constants (``const_N``, numbered per graph) are
+    not weights and not checked. Returns {"kind": "target_weights", "weights", "bad": [{"weight",
+    "problem"}], "engine_only" (initializers no export weight makes), "passed"}."""
+    import re
+
+    from onnx import numpy_helper
+
+    from specrt.engines.base import load_onnx
+    from specrt.export.onnx_ops import fusing_get
+
+    const = re.compile(r"const_\d+")
+    xmodel, emodel = load_onnx(export_graph), load_onnx(engine_graph)
+    xinits = {t.name: t for t in xmodel.graph.initializer if not const.fullmatch(t.name)}
+    read: set[str] = set()
+
+    def get(slot: str) -> np.ndarray:
+        read.add(slot)
+        return numpy_helper.to_array(xinits[slot])
+
+    make = fusing_get(get)
+    bad: list[dict[str, Any]] = []
+    engine_only: list[str] = []
+    checked = 0
+    for t in emodel.graph.initializer:
+        if const.fullmatch(t.name):
+            continue
+        try:
+            want = np.asarray(make(t.name))
+        except KeyError:
+            engine_only.append(t.name)
+            continue
+        have = numpy_helper.to_array(t)
+        checked += 1
+        if have.shape != want.shape:
+            bad.append({"weight": t.name, "problem": f"shape {list(have.shape)}, the export's makes "
+                                                     f"{list(want.shape)}"})
+            continue
+        want = want.astype(have.dtype, copy=False)
+        if have.tobytes() != want.tobytes():
+            i = int(np.flatnonzero(have.reshape(-1) != want.reshape(-1))[0]) if (have != want).any() else 0
+            bad.append({"weight": t.name, "problem": f"element {i} is {_num(have.reshape(-1)[i])}, the export's "
+                                                     f"{_num(want.reshape(-1)[i])} ({export_graph.name})"})
+    for name in sorted(set(xinits) - read):
+        bad.append({"weight": name, "problem": f"the export's weight is in no weight of {engine_graph.name}"})
+    return {"kind": "target_weights", "weights": checked, "bad": bad, "engine_only": engine_only, "passed": not bad}
+
+
+def _num(x) -> str:
+    """A weight element as its value (not numpy's repr, np.float32(...))."""
+    return f"{float(x):.9g}" if np.issubdtype(np.asarray(x).dtype, np.floating) else str(int(x))
+
+
+CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS)  # a role's checks beside its outputs
+
+
+def count_failures(fails: list[dict[str, Any]]) -> str:
+    """"N output(s) and M check(s)" of ``failures``: outputs beyond tolerance, and the checks
+    beside them (CHECKS), which a count of "outputs" miscounted."""
+    checks = sum(f["output"] in CHECKS for f in fails)
+    return " and ".join(f"{n} {what}" for n, what in ((len(fails) - checks, "output(s)"), (checks, "check(s)")) if n)
+
+
 def _add_check(role_out: dict[str, Any], name: str, result: dict[str, Any]) -> None:
     """One more check of a role (the int8 weights, the last row, the screened argmax, a token
     tree): its report entry, and the role passes only if it does."""
@@ -768,6 +839,13 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:26s} {note:>49s}  {verdict}")
             lines += [f"    {_matmul_name(b)}: {b['problem']}" for b in x["bad"][:4]]
             continue
+        if rows[0].get("kind") == TARGET_WEIGHTS:
+            x = rows[0]
+            note = f"{x['weights']} weights, exactly the export's" if x["passed"] else \
+                f"{len(x['bad'])} of {x['weights']} weights not the export's"
+            lines.append(f"  {label:26s} {note:>49s}  {verdict}")
+            lines += [f"    '{b['weight']}': {b['problem']}" for b in x["bad"][:4]]
+            continue
         if rows[0].get("kind") == "tokens":
             x = rows[0]
             note = f"exact {x['agree']}/{x['rows']}" + (f", {x['ties']} tie(s)" if x["ties"] else "")
@@ -810,11 +888,16 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
                     f"weights: " + "; ".join(f"{_matmul_name(b)}: {b['problem']}" for b in f["bad"][:2]) + ")")
         if f.get("kind") == "tokens":
             return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
+        if f.get("kind") == TARGET_WEIGHTS:
+            return (f"{f['role']} {f['output']} ({len(f['bad'])} of the target engine's weights differ from the "
+                    "export's: " + "; ".join(f"'{b['weight']}' {b['problem']}" for b in f["bad"][:2]) + ")")
         return (f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, "
                 f"max rel {f['max_rel']:.3g})")
 
+    # a weight named first: the cause of the outputs it moved (the 8 shown were those outputs)
+    fails = sorted(fails, key=lambda f: f.get("kind") not in ("weights", TARGET_WEIGHTS))
     shown = "; ".join(one(f) for f in fails[:8]) + (f"; and {len(fails) - 8} more" if len(fails) > 8 else "")
-    return f"{len(fails)} output(s) differ from the {reference} reference beyond tolerance: {shown}"
+    return f"{count_failures(fails)} differ from the {reference} reference: {shown}"
 
 
 def _tol_args(values: dict[str, float]) -> list[str]:
@@ -952,6 +1035,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
 
     roles_out: dict[str, Any] = {}
     tolerances: dict[str, Any] = {}
+    weights_checked = False  # (check_target_weights, on the first target role compared)
     order = [r for r in (PREFILL, DECODE) if r in engines.runners]
     order += sorted((r for r in engines.runners if r.startswith("verify.")), key=role_depth)
     order += [DRAFT] if DRAFT in engines.runners else []
@@ -992,6 +1076,13 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                     w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
                                            engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
                     _add_check(roles_out[role], INT8_WEIGHTS, {"kind": "weights", **w})
+                onnx_file = engines.manifest["roles"][role]["engine"].get("onnx")
+                if onnx_file and engines.roles[role].graph == "target" and not weights_checked and \
+                        (engines.folder / onnx_file).resolve() != _graph_file(engines, "target").resolve():
+                    # the target engine's weights against the export's, exactly, once (its roles share one graph)
+                    weights_checked = True
+                    _add_check(roles_out[role], TARGET_WEIGHTS, check_target_weights(
+                        _graph_file(engines, "target"), engines.folder / onnx_file))
                 if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
                     # the runtime's prefill asks for its last row's logits only (contracts.py):
                     # that slicing is an engine path of its own, checked against the reference's last row
@@ -1060,7 +1151,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                if reference != "onnxruntime" else ":"))
         log(f"  {cmd}")
         checks = sorted({f["output"] for f in fails if f["role"] == show_role})
-        if checks and set(checks) <= {LAST_ROW, SCREENED, TREE, INT8_WEIGHTS}:  # (the line then passes)
+        if checks and set(checks) <= set(CHECKS):  # (the line then passes)
             log(f"  ({show_role} failed only its {', '.join(checks)} check, which this line does not repeat)")
         if engines.backend == "tensorrt":
             e = engines.manifest["roles"][show_role]["engine"]

@@ -71,10 +71,7 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
                              log=click.echo, target_folder=target_folder, inputs_file=save_inputs,
                              prompt_tokens=prompt_tokens)
     if not result["passed"]:  # (the FAILED line above names each output; said once)
-        from specrt.engines.compare import INT8_WEIGHTS, LAST_ROW, SCREENED, TREE
+        from specrt.engines.compare import count_failures
 
-        fails = result["failures"]  # outputs, and the checks beside them (the weights' one counted as an output)
-        checks = sum(f["output"] in (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS) for f in fails)
-        parts = [f"{n} {what}" for n, what in ((len(fails) - checks, "output(s)"), (checks, "check(s)")) if n]
-        raise UserError(f"the engines differ from the {reference} reference in {' and '.join(parts)}"
+        raise UserError(f"the engines differ from the {reference} reference in {count_failures(result['failures'])}"
                         + (f" (report: {report})" if report else ""))

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from specrt import contracts as C
 from specrt.cmd_compare import compare, parse_tolerances
-from specrt.engines.compare import LAST_ROW, TREE, TokenCompare, compare_engines, resolve_tolerances
+from specrt.engines.compare import (LAST_ROW, TARGET_WEIGHTS, TREE, TokenCompare, compare_engines,
+                                    resolve_tolerances)
 from specrt.errors import UserError
 
 from .conftest import DEPTHS, quiet
@@ -87,7 +88,10 @@ def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
     assert not any("token trees" in line for line in lines)
 
 
-def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_path):
+def test_one_changed_weight_is_caught_role_output_and_weight_named(engines_copy, tmp_path):
+    """One element of the target engine's lm_head moved by 1.0 (tools/corrupt_engine.py):
+    the outputs it moves fail in every target role, and the weight check names the weight
+    and the element (the outputs alone named the roles and outputs only)."""
     corrupt_engine(engines_copy)
     # the hashes check out: only the numbers differ
     r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
@@ -99,14 +103,17 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
     # and the draft (its own graph, fed the prefill's unchanged aux) passes
     # (the prefill's last row asked for alone, as the runtime does, fails too)
     # (and the token trees of verify.4 / verify.8, whose rows are those logits too)
-    assert by_role == {role: {C.LOGITS, *([LAST_ROW] if role == "prefill" else []),
+    assert by_role == {role: {C.LOGITS, *([LAST_ROW, TARGET_WEIGHTS] if role == "prefill" else []),
                               *([TREE] if role in ("verify.4", "verify.8") else [])} for role in TARGET_ROLES}
+    w = r["roles"]["prefill"]["outputs"][TARGET_WEIGHTS]
+    assert [b["weight"] for b in w["bad"]] == ["lm_head"] and w["bad"][0]["problem"].startswith("element 0 is ")
+    assert w["weights"] > 10 and "'lm_head' element 0 is " in r["summary"]
     assert r["roles"]["draft"]["passed"]
-    assert all(f["max_abs"] > f["atol"] and f["tol_ratio"] > 1 for f in r["failures"])
+    assert all(f["max_abs"] > f["atol"] and f["tol_ratio"] > 1 for f in r["failures"] if f["output"] != TARGET_WEIGHTS)
     # the worst-element ratio agrees with polygraphy's elemwise verdict on every output
     for role in TARGET_ROLES:
         for o in r["roles"][role]["outputs"].values():
-            assert o["passed"] == (o["tol_ratio"] <= 1)
+            assert o.get("kind") == TARGET_WEIGHTS or o["passed"] == (o["tol_ratio"] <= 1)
 
     res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--report", str(tmp_path / "bad.json")])
     assert res.exit_code == 1, res.output
@@ -116,12 +123,19 @@ def test_one_changed_weight_is_caught_role_and_output_named(engines_copy, tmp_pa
     assert json.loads((tmp_path / "bad.json").read_text())["passed"] is False
 
 
-def test_a_loose_enough_tolerance_accepts_it(engines_copy, tmp_path):
+def test_a_loose_enough_tolerance_passes_the_outputs_not_the_weights(engines_copy, tmp_path):
+    """A tolerance loose enough passes the outputs a small weight change moved; the weight
+    check, exact, still names the weight (it has no tolerance: an fp32 ONNX Runtime engine
+    holds the export's weights, or is not the export's engine)."""
     corrupt_engine(engines_copy, delta=1e-3)
-    assert not compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")["passed"]
+    r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
+    assert {f["output"] for f in r["failures"]} >= {C.LOGITS, TARGET_WEIGHTS}
     res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--atol", "logits:1", "--rtol", "logits:1",
-                                     "--save-inputs", str(tmp_path / "in.json")])
-    assert res.exit_code == 0, res.output
+                                     "--save-inputs", str(tmp_path / "in.json"), "--report", str(tmp_path / "r.json")])
+    assert res.exit_code == 1 and "in 1 check(s)" in res.output, res.output
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert [(f["role"], f["output"]) for f in r["failures"]] == [("prefill", TARGET_WEIGHTS)]
+    assert "'lm_head': element 0 is " in res.output
 
 
 def _polygraphy(argv: list[str]) -> int:
