@@ -252,16 +252,43 @@ def load_onnx(path) -> Any:
     for t in model.graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        data, offset, length = external_location(path, t)
-        with open(data, "rb") as fh:
-            fh.seek(offset)
-            raw = fh.read(length)
-        if len(raw) != length:
-            raise UserError(f"{data}: too short for weight '{t.name}' of {path.name}")
-        t.raw_data = raw
+        t.raw_data = _external_bytes(path, t)
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
     return model
+
+
+def initializer_reader(path) -> tuple[list[str], Any]:
+    """(names, read) of an ONNX file's initializers: ``read(name)`` is one as a numpy array,
+    its external data read by offset as load_onnx reads it, one tensor in memory at a time
+    (load_onnx holds every weight at once; a KeyError for a name the file has not)."""
+    from pathlib import Path
+
+    import onnx
+    from onnx import numpy_helper
+
+    path = Path(path)
+    inits = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer}
+
+    def read(name: str) -> np.ndarray:
+        t = inits[name]
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return numpy_helper.to_array(t)
+        return numpy_helper.to_array(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims),
+                                                      raw_data=_external_bytes(path, t)))
+
+    return list(inits), read
+
+
+def _external_bytes(path, t) -> bytes:
+    """The bytes of initializer ``t`` of the ONNX file ``path``, read by offset from its data file."""
+    data, offset, length = external_location(path, t)
+    with open(data, "rb") as fh:
+        fh.seek(offset)
+        raw = fh.read(length)
+    if len(raw) != length:
+        raise UserError(f"{data}: too short for weight '{t.name}' of {path.name}")
+    return raw
 
 
 def external_location(path, t) -> tuple[Any, int, int]:

@@ -676,51 +676,54 @@ def check_target_weights(export_graph: Path, engine_graph: Path) -> dict[str, An
     "problem"}], "engine_only" (initializers no export weight makes), "passed"}."""
     import re
 
-    from onnx import numpy_helper
-
-    from specrt.engines.base import load_onnx
+    from specrt.engines.base import initializer_reader
     from specrt.export.onnx_ops import fusing_get
 
     const = re.compile(r"const_\d+")
-    xmodel, emodel = load_onnx(export_graph), load_onnx(engine_graph)
-    xinits = {t.name: t for t in xmodel.graph.initializer if not const.fullmatch(t.name)}
+    # one tensor in memory at a time (both graphs whole beside the loaded sessions: ~3x the weights)
+    xnames, xread = initializer_reader(export_graph)
+    enames, eread = initializer_reader(engine_graph)
+    xweights = {n for n in xnames if not const.fullmatch(n)}
     read: set[str] = set()
 
     def get(slot: str) -> np.ndarray:
+        if slot not in xweights:
+            raise KeyError(slot)
         read.add(slot)
-        return numpy_helper.to_array(xinits[slot])
+        return xread(slot)
 
     make = fusing_get(get)
     bad: list[dict[str, Any]] = []
     engine_only: list[str] = []
     checked = 0
-    for t in emodel.graph.initializer:
-        if const.fullmatch(t.name):
+    for name in enames:
+        if const.fullmatch(name):
             continue
         try:
-            want = np.asarray(make(t.name))
+            want = np.asarray(make(name))
         except KeyError:
-            engine_only.append(t.name)
+            engine_only.append(name)
             continue
-        have = numpy_helper.to_array(t)
+        have = eread(name)
         checked += 1
         if have.shape != want.shape:
-            bad.append({"weight": t.name, "problem": f"shape {list(have.shape)}, the export's makes "
-                                                     f"{list(want.shape)}"})
+            bad.append({"weight": name, "problem": f"shape {list(have.shape)}, the export's makes {list(want.shape)}"})
             continue
         want = want.astype(have.dtype, copy=False)
-        if have.tobytes() != want.tobytes():
-            i = int(np.flatnonzero(have.reshape(-1) != want.reshape(-1))[0]) if (have != want).any() else 0
-            bad.append({"weight": t.name, "problem": f"element {i} is {_num(have.reshape(-1)[i])}, the export's "
-                                                     f"{_num(want.reshape(-1)[i])} ({export_graph.name})"})
-    for name in sorted(set(xinits) - read):
+        if not np.array_equal(have, want):
+            i = int(np.flatnonzero(have.reshape(-1) != want.reshape(-1))[0])
+            bad.append({"weight": name, "problem": f"element {i} is {_num(have.reshape(-1)[i])}, the export's "
+                                                   f"{_num(want.reshape(-1)[i])} ({export_graph.name})"})
+        del have, want
+    for name in sorted(xweights - read):
         bad.append({"weight": name, "problem": f"the export's weight is in no weight of {engine_graph.name}"})
     return {"kind": "target_weights", "weights": checked, "bad": bad, "engine_only": engine_only, "passed": not bad}
 
 
 def _num(x) -> str:
     """A weight element as its value (not numpy's repr, np.float32(...))."""
-    return f"{float(x):.9g}" if np.issubdtype(np.asarray(x).dtype, np.floating) else str(int(x))
+    dt = np.asarray(x).dtype  # (bfloat16, ml_dtypes', is no np.floating: "float" in its name)
+    return f"{float(x):.9g}" if dt.kind == "f" or "float" in dt.name else str(int(x))
 
 
 CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS)  # a role's checks beside its outputs

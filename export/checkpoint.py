@@ -90,7 +90,7 @@ def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
     for name, info in header.items():
         if name == "__metadata__":  # text to text, as the safetensors library requires (it refuses others on load)
             bad = next(((k, v) for k, v in info.items() if not isinstance(v, str)), None) \
-                if isinstance(info, dict) else ("", info)
+                if isinstance(info, dict) else None if info is None else ("", info)  # (null: none, as it reads it)
             if bad is not None:
                 raise UserError(f"{path}: malformed safetensors header: __metadata__"
                                 + (f" '{bad[0]}' is {bad[1]!r:.60}; expected text" if bad[0] else

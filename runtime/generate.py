@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 import time
 from dataclasses import dataclass
@@ -187,9 +188,12 @@ class Stream:
     """An iterator of chunks with the clock of its consumer's holds (``Held``); with a
     ``lock`` (its Generator's) each chunk is made, and the stream closed, holding it."""
 
-    def __init__(self, chunks: Iterator, clock: Held, lock=None):
+    def __init__(self, chunks: Iterator, clock: Held, lock=None, unstarted_close=None):
         self._chunks, self.clock = chunks, clock
         self._lock = lock if lock is not None else contextlib.nullcontext()
+        # called when the stream is closed before its first chunk was asked for (closing a
+        # generator that never started runs none of its body: its finish was never said)
+        self._unstarted_close = unstarted_close
 
     def __iter__(self) -> "Stream":
         return self
@@ -200,7 +204,11 @@ class Stream:
 
     def close(self) -> None:
         with self._lock:
+            unstarted = inspect.isgenerator(self._chunks) and \
+                inspect.getgeneratorstate(self._chunks) == inspect.GEN_CREATED
             self._chunks.close()
+            if unstarted and self._unstarted_close is not None:
+                self._unstarted_close()
 
 
 class Generator:
@@ -610,7 +618,15 @@ class Generator:
             self.governor.start_stream()
             clock = Held()
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
-                                       clock.claim()), clock, self.lock)
+                                       clock.claim()), clock, self.lock, lambda: self._closed_unstarted(mine))
+
+    def _closed_unstarted(self, mine: int) -> None:
+        """Stream ``mine`` was closed before it started: it ends "interrupted" and is no longer
+        live (unless a newer stream has started since: its finish is its own)."""
+        if self._epoch == mine and self.finished is None:
+            self.finished = Finished("interrupted")
+        if self._live == mine:
+            self._live = None
 
     def check_ids(self, prompt_ids) -> list[int]:
         """A prompt's token ids as Python ints, refused when empty or outside the vocabulary."""
@@ -669,7 +685,7 @@ class Generator:
             self.dkv.rollback(d0)
         tel.prompt_tokens, tel.prefix_reused = len(prompt), s0
         t_start = time.perf_counter()
-        emitted = 0
+        emitted, ending = 0, None
         x: list[int] = []
         try:
             # the prompt's rows s0.. in passes of at most PREFILL_CHUNK rows (bounded
@@ -707,6 +723,9 @@ class Generator:
                 index = NgramIndex()
                 index.extend(x)
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)  # (stats() in mid-stream: so far)
+            # how the stream ends if this is its last chunk: a caller closing it once it has them all
+            # (after the EOS, or max_new_tokens) ends it so, not "interrupted"
+            ending = "eos" if first in eos else "length" if emitted >= max_new_tokens else None
             with clock.at(me):
                 yield [first]
             self._still_mine(mine)
@@ -821,6 +840,7 @@ class Generator:
                     lookup.settle(x)
                 emitted += len(new)
                 tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
+                ending = "eos" if stop is not None else "length" if emitted >= max_new_tokens else None
                 with clock.at(me):
                     yield new
                 self._still_mine(mine)
@@ -830,7 +850,7 @@ class Generator:
             self.finished = Finished("length")
         except GeneratorExit:  # closed by its caller before it ended (a stream since started keeps its finish)
             if self._epoch == mine and self.finished is None:
-                self.finished = Finished("interrupted")
+                self.finished = Finished(ending or "interrupted")
             raise
         except InternalError as e:
             if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken

@@ -28,13 +28,16 @@ def mem_available(root: Path = Path("/")) -> int | None:
 
 
 def cgroup_room(root: Path = Path("/")) -> int | None:
-    """Bytes this process's memory cgroup (v2, or v1's memory controller) can still take
-    (its limit less its usage, inactive page cache counted free), None without a limit or
-    where it cannot be read."""
+    """Bytes this process's memory cgroup (v2, or v1's memory controller) can still take: the
+    least, over its group and each group above it up to the mount's root, of a limited group's
+    limit less its usage (inactive page cache counted free); None without a limit or where
+    none can be read. (A limit on a parent binds too: a systemd slice's MemoryMax, a Slurm
+    job's, a container's root with the processes in a child group.)"""
     try:
         lines = (root / "proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
+    rooms = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":  # v2: memory.max, memory.current, memory.stat's inactive_file
@@ -44,17 +47,19 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
                 root / "sys/fs/cgroup/memory"
         else:
             continue
-        for folder in (base / path.lstrip("/"), base):  # (a container sees its own group as the root)
+        leaf = base / path.strip("/")
+        # the group and those above it; a container sees its own group as the mount's root,
+        # where the path /proc names may not exist
+        for folder in [leaf, *(base / p for p in leaf.relative_to(base).parents)]:
             try:
                 limit = (folder / names[0]).read_text().strip()
                 used = int((folder / names[1]).read_text())
                 stat = dict(ln.split() for ln in (folder / "memory.stat").read_text().splitlines() if ln.count(" ") == 1)
             except (OSError, ValueError):
                 continue
-            if limit == "max" or not limit.isdigit() or int(limit) >= 2 ** 60:  # (v1 writes "no limit" as ~2**63)
-                break
-            return max(0, int(limit) - used + int(stat.get(names[2], 0)))
-    return None
+            if limit.isdigit() and int(limit) < 2 ** 60:  # ("max", or v1's "no limit" of ~2**63: none here)
+                rooms.append(max(0, int(limit) - used + int(stat.get(names[2], 0))))
+    return min(rooms) if rooms else None
 
 
 def dist_version(dist: str) -> str | None:

@@ -406,7 +406,18 @@ def test_the_memory_available_is_a_containers_where_its_cgroup_is_limited(tmp_pa
     assert cgroup_room(tmp_path) == 6 * gib and mem_available(tmp_path) == 6 * gib
     (group / names[0]).write_text("max\n" if version == "v2" else "9223372036854771712\n")
     assert cgroup_room(tmp_path) is None and mem_available(tmp_path) == 60 * gib
-    (tmp_path / "proc/meminfo").unlink()  # (no MemAvailable and no limit: unknown, no check)
+    # a limit on a group above binds too (a systemd slice, a Slurm job; a review): the least room
+    parent = group.parent
+    (parent / names[0]).write_text(f"{5 * gib}\n")
+    (parent / names[1]).write_text(f"{4 * gib}\n")
+    (parent / "memory.stat").write_text(f"{names[2]} {gib // 2}\n")
+    assert cgroup_room(tmp_path) == gib + gib // 2 and mem_available(tmp_path) == gib + gib // 2
+    (group / names[0]).write_text(f"{8 * gib}\n")  # (the leaf's room, 6 GiB, is the larger)
+    assert cgroup_room(tmp_path) == gib + gib // 2
+    (tmp_path / "proc/meminfo").unlink()  # (no MemAvailable: the cgroups' room alone; neither: unknown, no check)
+    assert mem_available(tmp_path) == gib + gib // 2
+    (parent / names[0]).write_text("max\n" if version == "v2" else "9223372036854771712\n")
+    (group / names[0]).write_text("max\n" if version == "v2" else "9223372036854771712\n")
     assert mem_available(tmp_path) is None
 
 

@@ -293,10 +293,11 @@ def test_safetensors_metadata_must_be_text(tmp_path, metadata, words):
         read_safetensors_index(tmp_path / "m.safetensors")
     with pytest.raises(Exception):  # (what specrt follows: the library refuses it too)
         safetensors.numpy.load_file(tmp_path / "m.safetensors")
-    header["__metadata__"] = {"format": "pt"}
-    _raw_safetensors(tmp_path / "ok.safetensors", header, bytes(16))
-    assert set(read_safetensors_index(tmp_path / "ok.safetensors")) == {"x"}
-    assert set(safetensors.numpy.load_file(tmp_path / "ok.safetensors")) == {"x"}
+    for ok in ({"format": "pt"}, None):  # (null: no metadata, as the library reads it; a review)
+        header["__metadata__"] = ok
+        _raw_safetensors(tmp_path / "ok.safetensors", header, bytes(16))
+        assert set(read_safetensors_index(tmp_path / "ok.safetensors")) == {"x"}
+        assert set(safetensors.numpy.load_file(tmp_path / "ok.safetensors")) == {"x"}
 
 
 def test_sharded_index_defects_are_named(hf_models, tmp_path):

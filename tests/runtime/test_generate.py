@@ -886,6 +886,22 @@ def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
     next(s)
     s.close()  # its own finish: closed by its caller (None before session 53)
     assert g.finished.reason == "interrupted" and g.telemetry.prompt_tokens == 5
+    # closed once it has every token it asked for: ended as it would have, not "interrupted" (a review)
+    s = g.stream([7, 7, 2, 5, 1], 1)
+    assert len(next(s)) == 1
+    s.close()
+    assert g.finished.reason == "length" and not g.streaming
+    s = g.stream(PROMPT, 10, eos_ids=(ref[2],))
+    got = []
+    while ref[2] not in got:
+        got += next(s)
+    s.close()
+    assert g.finished.reason == "eos" and got == ref[: ref.index(ref[2]) + 1]
+    # closed before it started: its body never ran, and it stayed "live" with no finish (a review)
+    s = g.stream(PROMPT, 10)
+    assert g.streaming and g.finished is None
+    s.close()
+    assert g.finished.reason == "interrupted" and not g.streaming
     with pytest.raises(UserError, match="context limit"):
         g.generate(list(range(5)) * 40, 4)
     assert g.finished is None and g.telemetry.prompt_tokens == 0
