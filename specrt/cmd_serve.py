@@ -50,7 +50,9 @@ field; the server keeps serving.
 from __future__ import annotations
 
 import json
+import math
 import signal
+import socket
 import sys
 import threading
 import time
@@ -86,7 +88,8 @@ def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=Fals
     v = body.get(name)
     if v is None:
         return default
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int)) \
+        and not (isinstance(v, float) and not math.isfinite(v))  # (Infinity, which Python's JSON reads)
     if ok and lo is not None:
         ok = v > lo if lo_open else v >= lo
     if ok and hi is not None:
@@ -118,6 +121,7 @@ NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "g
             "structured_outputs", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
             "mm_processor_kwargs", "documents", "vllm_xargs")
+STREAM_OPTIONS = ("include_usage",)  # OpenAI's (continuous_usage_stats, vLLM's, changes what is sent: refused)
 # Fields read, or that change nothing here (who asks, what a hosted API would store): every
 # other one is refused as OpenAI refuses it ("Unrecognized request argument supplied"), so
 # that a misspelt max_tokens or a field of another server's is not silently dropped
@@ -512,7 +516,13 @@ class Server:
             raise BadRequest(f"'stream_options' must be an object; got {opts!r}", "stream_options")
         if opts is not None and not stream:  # OpenAI: only with stream true; vLLM answers 400
             raise BadRequest("'stream_options' can only be given with 'stream': true", "stream_options")
-        opts = opts or {}
+        opts = {k: v for k, v in (opts or {}).items() if v is not None}  # (a null is a field left out)
+        for k, v in opts.items():  # ("yes" was taken as true, an unknown key dropped without a word)
+            if k not in STREAM_OPTIONS:
+                raise BadRequest(f"'stream_options.{k}' is not a stream option (expected {', '.join(STREAM_OPTIONS)})",
+                                 "stream_options")
+            if not isinstance(v, bool):
+                raise BadRequest(f"'stream_options.{k}' must be true or false; got {v!r}", "stream_options")
         template = body.get("chat_template_kwargs")
         if template is not None and not chat:
             raise BadRequest("'chat_template_kwargs' applies to /v1/chat/completions (a completion's prompt is "
@@ -527,22 +537,29 @@ class Server:
             except UserError as e:  # (the template's file is the server's, not the client's to read)
                 msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
                 raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
+        longest = self._longest(prompts)
+        limit = self.session.engines.max_context
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
-            self._check_room(prompts, max_new, chat, name)
+            self._check_room(longest, max_new, chat, name)
+        elif longest < limit:  # the server's default, cut where an asked-for one would be refused (it gave one more)
+            max_new = min(max_new, limit - longest)
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
-                "stream": stream, "usage_chunk": isinstance(opts, dict) and bool(opts.get("include_usage"))}
+                "stream": stream, "usage_chunk": bool(opts.get("include_usage"))}
 
-    def _check_room(self, prompts: list, max_new: int, chat: bool, name: str) -> None:
-        """400 when the longest prompt and the asked-for tokens exceed the engines' context
-        (vLLM's and OpenAI's answer; a request that leaves max_tokens out gets the server's
-        default, cut at the context with finish 'length'). A prompt with no room at all is
-        left to the session's own error."""
-        limit = self.session.engines.max_context
+    def _longest(self, prompts: list) -> int:
+        """The token count of the longest prompt (token ids, or text encoded without a template)."""
         try:
-            longest = max(len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts)
+            return max(len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts)
         except UserError as e:
             raise BadRequest(str(e), "prompt") from None
+
+    def _check_room(self, longest: int, max_new: int, chat: bool, name: str) -> None:
+        """400 when the longest prompt and the asked-for tokens exceed the engines' context
+        (vLLM's and OpenAI's answer; a request that leaves max_tokens out gets the server's
+        default, cut to the context with finish 'length'). A prompt with no room at all is
+        left to the session's own error."""
+        limit = self.session.engines.max_context
         if longest < limit and longest + max_new > limit:
             raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
                              f"{longest + max_new} tokens ({longest} in the {'messages' if chat else 'prompt'}, "
@@ -1021,9 +1038,15 @@ def drain(app: Server, httpd: ThreadingHTTPServer) -> None:
         httpd.server_close()
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # connections waiting to be accepted: socketserver's 5 reset the 6th of a burst of clients
+    # (20 of 64 at once), where the README promises they queue; the kernel caps it (somaxconn)
+    request_queue_size = socket.SOMAXCONN
+
+
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"app": app})
-    return ThreadingHTTPServer((host, port), handler)
+    return _HTTPServer((host, port), handler)
 
 
 @click.command()

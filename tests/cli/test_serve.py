@@ -186,6 +186,8 @@ def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded)
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "only text parts"),
     ({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 0}, "max_tokens", "'max_tokens' must be"),
     ({"messages": [{"role": "user", "content": "w1"}], "temperature": -1}, "temperature", ">= 0.0"),
+    # (Infinity, which Python's JSON reads: a message of another style naming no field; a user walk)
+    ({"messages": [{"role": "user", "content": "w1"}], "temperature": float("inf")}, "temperature", "got inf"),
     ({"messages": [{"role": "user", "content": "w1"}], "top_p": 0}, "top_p", "'top_p' must be"),
     ({"messages": [{"role": "user", "content": "w1"}], "n": 17}, "n", "<= 16"),
     ({"messages": [{"role": "user", "content": "w1"}], "stop": [""]}, "stop", "'stop' must be"),
@@ -554,6 +556,47 @@ def test_completions_asking_past_the_context_get_400_as_from_vllm(served, worded
         assert code == 200 and r["usage"]["prompt_tokens"] == 60 and r["usage"]["completion_tokens"] >= 1, r
 
 
+def test_the_default_max_tokens_stops_where_an_asked_for_one_would_be_refused(worded):  # noqa: F811
+    """A request that leaves max_tokens out got one token more than one that asks for it may
+    (100 prompt tokens + 29 with the default, a 400 for max_tokens 29, context 128; a user
+    walk): the default is cut to prompt + completion = the context, finish 'length'."""
+    from specrt.cmd_serve import Server, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 500, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        ids = [3, 1, 4, 1, 5] * 20  # 100 token ids: no EOS in the worded vocabulary's answers to them
+        code, r = _post(url, "/v1/completions", {"prompt": ids})
+        assert code == 200 and r["usage"]["prompt_tokens"] == 100, r
+        n = r["usage"]["completion_tokens"]
+        assert n == 28 and r["choices"][0]["finish_reason"] == "length", r
+        assert _post(url, "/v1/completions", {"prompt": ids, "max_tokens": n})[0] == 200
+        assert _post(url, "/v1/completions", {"prompt": ids, "max_tokens": n + 1})[0] == 400
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def test_a_burst_of_clients_queues_rather_than_being_reset(served):  # noqa: F811
+    """64 clients at once: socketserver's listen backlog of 5 reset a third of them
+    (ConnectionResetError; a user walk) where the README says requests queue."""
+    import concurrent.futures
+
+    url, _ = served
+    start = threading.Barrier(64)
+
+    def one(_):
+        start.wait()
+        return _get(url, "/health")[0]
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        codes = list(pool.map(one, range(64)))
+    assert codes == [200] * 64
+
+
 def test_models_health_and_unknown_paths(served):
     url, _ = served
     assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
@@ -885,9 +928,16 @@ def test_stream_options_follow_openais_rules(served):  # noqa: F811
     assert ev[-1]["choices"] == [] and ev[-1]["usage"]["total_tokens"] > 0
     code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 3, "stream": True})
     assert code == 200 and all("usage" not in e for e in ev)  # not asked: no usage key at all
-    for extra in ({"stream_options": {"include_usage": True}}, {"stream": True, "stream_options": "yes"}):
+    for extra in ({"stream_options": {"include_usage": True}}, {"stream": True, "stream_options": "yes"},
+                  # a user walk: "yes" was taken as true, an unknown key dropped without a word
+                  {"stream": True, "stream_options": {"include_usage": "yes"}},
+                  {"stream": True, "stream_options": {"foo": 1}}):
         code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, **extra})
         assert code == 400 and r["error"]["param"] == "stream_options", (code, r)
+    assert "'stream_options.foo' is not a stream option (expected include_usage)" in r["error"]["message"]
+    code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "stream": True,
+                                                   "stream_options": {"include_usage": None}})
+    assert code == 200 and all("usage" not in e for e in ev)  # (a null is a field left out)
 
 
 def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(worded):  # noqa: F811
