@@ -153,7 +153,9 @@ def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
     return sorted(perm[k:].tolist()), sorted(perm[:k].tolist())
 
 
-def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
+def _encode(session: Session, prompt, chat: bool, max_new_tokens: int) -> list[int]:
+    """A prompt's token ids, refused as a stream would refuse them (empty, past the context,
+    an id outside the vocabulary), before anything decodes."""
     if isinstance(prompt, str) or is_messages(prompt):
         if session.text is None:
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
@@ -162,16 +164,16 @@ def _encode(session: Session, prompt, chat: bool, i: int) -> list[int]:
         try:
             ids = [int(t) for t in prompt]
         except (TypeError, ValueError):
-            raise UserError(f"prompt {i + 1}: expected text or a list of token ids") from None
-    if not ids:
-        raise UserError(f"prompt {i + 1} is empty")
+            raise UserError("expected text or a list of token ids") from None
+    session.generator.check_args(ids, max_new_tokens, session.eos, None, None)
     return ids
 
 
 def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
               max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
               *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None,
-              sampling: SamplingParams = SamplingParams(), chat_template_kwargs: dict | None = None) -> dict:
+              sampling: SamplingParams = SamplingParams(), chat_template_kwargs: dict | None = None,
+              labels: Sequence[str] | None = None) -> dict:
     """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
 
     ``sampling``: the decoding mode to calibrate for (greedy by default; a temperature > 0
@@ -182,7 +184,9 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     ``prompts``: texts (tokenised with the export's tokenizer, chat template when ``chat``)
     or token-id lists (``chat_template_kwargs``: the template's variables). ``holdout_prompts``: a separate held-out set (then every prompt of
     ``prompts`` trains and ``holdout`` is ignored); otherwise a ``holdout`` fraction of
-    ``prompts`` is held out. Returns the report (see the module docstring);
+    ``prompts`` is held out. Every prompt is checked before any decodes, an error naming it
+    by ``labels`` (one per prompt of ``prompts``, then of ``holdout_prompts``: `specrt
+    calibrate`'s FILE:LINE), else "prompt N" / "held-out prompt N". Returns the report (see the module docstring);
     ``report["file"]`` is the calibration written (``write=False``: nothing written)."""
     check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
     engines_dir = Path(engines_dir)
@@ -192,14 +196,20 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     if max_new_tokens < 3:
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 3 (the prefill makes the first token, and "
                         "a draft round needs the next two)")
+    names = [f"prompt {i + 1}" for i in range(len(prompts))]
     if holdout_prompts is not None:
         extra = list(holdout_prompts)
         if not extra:
             raise UserError("the held-out prompt set is empty")
         train_idx, hold_idx = list(range(len(prompts))), list(range(len(prompts), len(prompts) + len(extra)))
         prompts += extra
+        names += [f"held-out prompt {j + 1}" for j in range(len(extra))]
     else:
         train_idx, hold_idx = split_prompts(len(prompts), holdout)
+    if labels is not None:
+        names = [str(x) for x in labels]
+        if len(names) != len(prompts):
+            raise UserError(f"labels: {len(names)} given for {len(prompts)} prompts")
 
     with Session(engines_dir, governor="off", sampling=sampling, chat_template_kwargs=chat_template_kwargs) as s:
         if s.engines.export.get("draft") is None:
@@ -208,7 +218,12 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         K = depths[-1]
         digest = s.engines.manifest["export"]["digest"]
         s.chat_option = "--chat"  # (said in `specrt calibrate`'s terms, as its other errors)
-        ids = [_encode(s, p, chat, i) for i, p in enumerate(prompts)]
+        ids = []
+        for name, p in zip(names, prompts):  # every one before the first decodes (a bad line 9 cost 8 prompts' work)
+            try:
+                ids.append(_encode(s, p, chat, max_new_tokens))
+            except UserError as e:
+                raise UserError(f"{name}: {e}; no prompt was decoded") from None
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []
         width = RUNNER_UPS + 1 if s.engines.verifies_trees() else 1

@@ -14,9 +14,10 @@ from specrt.prompt_files import prompts_of, read_prompt_file
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
 
-def read_prompts(path: Path) -> list[str | list[int]]:
-    """JSON lines, each with a string 'prompt' or a list of token ids 'prompt_ids'."""
-    return prompts_of(read_prompt_file(path))
+def read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[int]]:
+    """JSON lines, each with a string 'prompt' or a list of token ids 'prompt_ids' (``lines``
+    filled with each prompt's line number)."""
+    return prompts_of(read_prompt_file(path, lines=lines))
 
 
 @click.command()
@@ -60,11 +61,14 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
         check_not_engines_file(report_file, engines_dir, "--report")
     check_distinct(("--prompts", prompts_file), ("--holdout-prompts", holdout_file), ("--report", report_file))
 
-    prompts = read_prompts(prompts_file)
-    held = read_prompts(holdout_file) if holdout_file is not None else None
+    lines: list[int] = []
+    held_lines: list[int] = []
+    prompts = read_prompts(prompts_file, lines)
+    held = read_prompts(holdout_file, held_lines) if holdout_file is not None else None
+    labels = [f"{prompts_file}:{n}" for n in lines] + [f"{holdout_file}:{n}" for n in held_lines]
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
                            log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling,
-                           chat_template_kwargs=chat_template_kwargs)
+                           chat_template_kwargs=chat_template_kwargs, labels=labels)
     if report_file is not None:
         write_atomic(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -465,13 +465,29 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     # ids that are not ids beside a good text prompt: named (they were used, and failed later)
     (['{"prompt": "hi", "prompt_ids": ["a", "b"]}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),
     (['{"prompt": "hi", "prompt_ids": []}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),
+    # each prompt checked before any decodes, named by its line (a user walk: line 9 failed after 8 prompts'
+    # work, as "prompt token id 99 ...", naming no file)
+    (['{"prompt_ids": [1, 2]}', "", '{"prompt_ids": [1, 2, 3]}', '{"prompt_ids": [1, 10000000]}'], [],
+     "p.jsonl:4: prompt token id 10000000 is outside the vocabulary"),
+    (['{"prompt_ids": [1, 2]}', '{"prompt_ids": ' + str([1] * 5000) + '}'], [], "p.jsonl:2: the prompt has 5000 tokens"),
 ])
 def test_cli_bad_input_is_a_user_error(lines, args, message, engines, tmp_path):
     pf = tmp_path / "p.jsonl"
     pf.write_text("\n".join(lines) + "\n")
     r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), *args])
     assert r.exit_code == 1 and message in r.output, r.output
-    assert not (engines / CALIBRATION_FILE).exists()
+    assert not (engines / CALIBRATION_FILE).exists() and "prompt 1/" not in r.output  # (nothing decoded)
+
+
+def test_cli_names_a_bad_held_out_prompt_by_its_file_and_line(engines, tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n')
+    (tmp_path / "h.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [4, 10000000]}\n')
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl"),
+                                   "--holdout-prompts", str(tmp_path / "h.jsonl")])
+    assert r.exit_code == 1 and f"error: {tmp_path / 'h.jsonl'}:2: prompt token id 10000000 is outside the " \
+        "vocabulary" in r.output and "; no prompt was decoded" in r.output, r.output
+    with pytest.raises(UserError, match=r"^held-out prompt 2: prompt token id 10000000 .*; no prompt was decoded$"):
+        calibrate(engines, [[1, 2, 3]], holdout_prompts=[[1, 2, 3], [4, 10000000]], write=False)
 
 
 def test_the_report_may_not_replace_a_prompt_file(engines, tmp_path):
