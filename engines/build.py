@@ -190,11 +190,15 @@ def default_depths(exp: dict) -> tuple[int, ...]:
     return DEFAULT_DEPTHS
 
 
+PROFILE_PASTS = (128, 512)  # the committed lengths the build profiles at (those that fit the context)
+DRAFT_ACCEPTED = 2  # the accepted tokens a profiled draft pass catches up on
+
+
 def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: str | None = None,
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
-                  profile_pasts: tuple[int, ...] = (128, 512), profile_repeats: int = 10,
-                  draft_accepted: int = 2, ort_kv: str = "auto", draft_weights: str = "fp",
+                  profile_pasts: tuple[int, ...] = PROFILE_PASTS, profile_repeats: int = 10,
+                  draft_accepted: int = DRAFT_ACCEPTED, ort_kv: str = "auto", draft_weights: str = "fp",
                   target_head: str = "full") -> dict[str, Any]:
     """Build engines for ``depths`` from ``export_dir`` into ``out``; returns engines.json.
     ``depths`` None: default_depths of the export.
@@ -512,12 +516,20 @@ def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], No
     machine: the pasts and draft shape of its stored table, the build's round-robin timing
     (``profile_costs``), ``repeats`` calls per role. Activates the engines for the
     measurement and releases them after."""
+    from specrt.engines.costs import parse_costs
+
     old = engines.manifest.get("costs") or {}
+    try:
+        parse_costs(old)
+    except (KeyError, TypeError, ValueError, AttributeError):  # what this mends: measured at the build's defaults
+        log(f"note: {engines.folder / ENGINES_MANIFEST}: the stored cost table is malformed; measuring one at the "
+            f"build's default pasts ({', '.join(map(str, PROFILE_PASTS))}, those that fit)")
+        old = {"verify": True}
     if not old.get("verify"):
         raise UserError(f"{engines.folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' "
                         f"with 'verify'); rebuild with `specrt build`")
-    return _profile(engines, old.get("pasts", (128, 512)), int(old.get("draft_accepted", 2)), repeats, log,
-                    where=f" of {engines.folder}")
+    return _profile(engines, old.get("pasts", PROFILE_PASTS), int(old.get("draft_accepted", DRAFT_ACCEPTED)), repeats,
+                    log, where=f" of {engines.folder}")
 
 
 def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None] = print
@@ -539,16 +551,24 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     check_path_args("a folder", folder=folder)
     check_repeats(repeats, "--repeats")  # (`specrt profile`'s option)
     folder = Path(folder)
-    engines = load_engines(folder)  # refuses stale or tampered engines, another machine's
+    engines = load_engines(folder, costs=False)  # refuses stale or tampered engines, another machine's (a malformed
+    # cost table is what this replaces: its error told the user to run this)
     manifest = folder / ENGINES_MANIFEST
     before = manifest.read_bytes()
+    from specrt.engines.costs import parse_costs
+
     raw = read_engines_manifest(folder)  # as on disk, to write back with only the costs changed
     old = raw.get("costs") or {}
+    try:  # (a malformed table, the one this mends, is neither kept as the build's nor compared with)
+        parse_costs(old)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        old = {}
     new = measure_costs(engines, repeats, log)
     if manifest.read_bytes() != before:  # (a `build --force` replaced the folder meanwhile: this manifest is gone)
         raise UserError(f"{manifest} changed while it was being profiled (rebuilt, or profiled by another run); "
                         "nothing written: run `specrt profile` again")
-    raw.setdefault("costs_build", old)
+    if old:
+        raw.setdefault("costs_build", old)
     raw["costs"] = new
     raw["costs_profiled"] = {"by": "specrt profile", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "repeats": repeats}

@@ -90,7 +90,7 @@ class EngineSet:
     """
 
     def __init__(self, folder: Path, manifest: dict[str, Any], export: dict[str, Any],
-                 ort_overrides: dict[str, Any] | None = None):
+                 ort_overrides: dict[str, Any] | None = None, costs: bool = True):
         self.folder = Path(folder)
         self.manifest = manifest
         self.export = export
@@ -112,10 +112,10 @@ class EngineSet:
             raise UserError(f"{where}: field 'roles' is malformed ({type(e).__name__}: {e}); rebuild with "
                             "`specrt build`") from None
         try:
-            self.costs = parse_costs(manifest.get("costs"))
+            self.costs = parse_costs(manifest.get("costs")) if costs else {}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{where}: field 'costs' is malformed ({type(e).__name__}: {e}); measure it again "
-                            "with `specrt profile`") from None
+                            f"with `specrt profile {self.folder}`") from None
         if ort_overrides is not None and not isinstance(ort_overrides, dict):
             raise UserError(f"ort_overrides={ort_overrides!r:.80}: expected a dict of ONNX Runtime settings (the "
                             f"fields of engines.json's 'onnxruntime')")
@@ -368,12 +368,14 @@ def _file_ids(folder: Path, names) -> list:
     return out
 
 
-def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str, Any] | None = None) -> EngineSet:
+def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str, Any] | None = None,
+                 costs: bool = True) -> EngineSet:
     """Open an engines folder after checking it (UserError naming what differs).
 
     ``verify=False`` skips re-hashing the files (environment and export digest are still
     checked). ``ort_overrides``: ONNX Runtime settings to change at load (benchmarks);
-    the cost table was profiled with the recorded ones.
+    the cost table was profiled with the recorded ones. ``costs=False``: the cost table is
+    not read (`specrt profile`, which measures it again, mends a malformed one).
     """
     check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
     folder = Path(engines_dir)
@@ -381,4 +383,4 @@ def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str
         raise UserError(f"{folder}: no such engines folder (run `specrt build` first)")
     manifest = read_engines_manifest(folder)
     export = verify_engines(folder, manifest, verify=verify)
-    return EngineSet(folder, manifest, export, ort_overrides)
+    return EngineSet(folder, manifest, export, ort_overrides, costs)

@@ -747,6 +747,28 @@ def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy
     assert json.loads((engines_copy / "engines.json").read_text())["costs_build"] == before["costs"]  # still the build's
 
 
+def test_profile_mends_a_malformed_cost_table(engines_copy):
+    """A malformed 'costs' told the user to run `specrt profile`, which failed loading the same
+    table with the same advice (a user walk): profile measures it again without reading it,
+    and keeps no malformed table as the build's."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    m = json.loads((engines_copy / "engines.json").read_text())
+    m.pop("costs_build", None)
+    (engines_copy / "engines.json").write_text(json.dumps({**m, "costs": "x"}))
+    with pytest.raises(UserError, match=rf"field 'costs' is malformed .*; measure it again with `specrt profile "
+                                        rf"{re.escape(str(engines_copy))}`$"):
+        load_engines(engines_copy)
+    r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
+    assert r.exit_code == 0, r.output
+    after = json.loads((engines_copy / "engines.json").read_text())
+    assert "costs_build" not in after and after["costs"]["repeats"] == 1
+    with load_engines(engines_copy) as e:
+        assert e.cost("verify.1", 128) > 0
+
+
 def test_profile_refuses_tampered_engines_and_writes_nothing(engines_copy):
     from click.testing import CliRunner
 
