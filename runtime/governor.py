@@ -980,10 +980,12 @@ def _digits(x: str) -> bool:
     return x.isascii() and x.isdigit()
 
 
-def split_tree(spec: str | int) -> tuple[str, int]:
+def split_tree(spec: str | int, asked: str | int | None = None) -> tuple[str, int]:
     """(governor spec, token tree width): a trailing ``:tree=W`` (W >= 1) is the width of
-    the token tree each round verifies (generate.py; 1, the default, is a chain)."""
+    the token tree each round verifies (generate.py; 1, the default, is a chain). ``asked``:
+    the spec as the user wrote it (``spec`` less its lookup options), for the errors."""
     s = str(spec).strip().lower()
+    spec = spec if asked is None else asked
     head, sep, tail = s.rpartition(":tree=")
     if not sep:
         return s, 1
@@ -995,6 +997,10 @@ def split_tree(spec: str | int) -> tuple[str, int]:
     if ":tree=" in head:
         raise UserError(f"governor '{spec}': ':tree=W' is given twice")
     if ":" in tail:
+        after = tail.split(":")[1:]
+        unknown = [p for p in after if not (p == "profiled" or p.startswith("block="))]
+        if unknown:  # (it said the tree was misplaced, of 'dspark:tree=3:ngram:bogus', and never named 'bogus')
+            raise UserError(f"governor '{spec}': unknown option '{unknown[0]}' (expected {SPECS})")
         raise UserError(f"governor '{spec}': ':tree=W' goes after the governor's own options, e.g. "
                         "dspark:block=4:tree=3 (lookup options after it: dspark:tree=3:ngram)")
     if not _digits(tail) or int(tail) < 1 or not head:
@@ -1013,7 +1019,7 @@ def canonical_spec(spec: str | int) -> str:
     from .corpus import GROW_TOKENS
 
     base, lookup = split_lookup(spec)
-    head, width = split_tree(base)
+    head, width = split_tree(base, spec)
     parts = head.split(":")
     if parts[0] == "fixed" and len(parts) == 2 and _digits(parts[1]) or len(parts) == 1 and _digits(parts[0]):
         k = int(parts[-1])
@@ -1047,7 +1053,7 @@ def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mappin
     ``t_verify`` (depth -> seconds; 0: a plain decode step); ``options`` are more of
     DSparkGovernor's keyword arguments (ceiling_decay=..., ...), for DSpark only."""
     s, lookup = split_lookup(spec)
-    s, width = split_tree(s)
+    s, width = split_tree(s, spec)
     gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration, dict(options or {}))
     gov.tree_width = width
     gov.lookup = lookup
@@ -1075,8 +1081,11 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
                 kw["block"] = int(opt[6:])
             elif opt == "profiled" and "ema" not in kw:  # costs stay the cost table's: no online factors
                 kw.update(ema=0.0, shape_ema=0.0)
-            else:
-                raise UserError(f"governor '{spec}': expected dspark[:block=K][:profiled] (K a built depth)")
+            elif opt.startswith("block=") or opt == "profiled":
+                raise UserError(f"governor '{spec}': expected dspark[:block=K][:profiled], each once, K a built depth; "
+                                f"got ':{opt}'")
+            else:  # (an unknown option named, and the whole grammar: it said dspark[:block=K][:profiled] alone)
+                raise UserError(f"governor '{spec}': unknown option '{opt}' (expected {SPECS})")
         known = set(inspect.signature(DSparkGovernor.__init__).parameters) - {"self", "depths", "t_draft", "t_verify",
                                                                                 "calibration"}
         bad = sorted(set(options) - known)

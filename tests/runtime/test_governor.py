@@ -591,8 +591,11 @@ def test_dspark_with_a_fixed_block_drafts_it_and_still_picks_the_verified_depth(
     assert from_spec("dspark", DEPTHS, **kw).block is None
     with pytest.raises(UserError, match="^governor 'dspark:block=3': dspark block 3: expected one of the built"):
         from_spec("dspark:block=3", DEPTHS, **kw)
-    with pytest.raises(UserError, match=re.escape("expected dspark[:block=K][:profiled]")):
+    with pytest.raises(UserError, match=re.escape("governor 'dspark:deep': unknown option 'deep' (expected auto | off")):
         from_spec("dspark:deep", DEPTHS, **kw)
+    with pytest.raises(UserError, match=re.escape("expected dspark[:block=K][:profiled], each once, K a built depth; "
+                                                  "got ':block=4'")):
+        from_spec("dspark:block=2:block=4", DEPTHS, **kw)
     g = from_spec("dspark:block=4:profiled", DEPTHS, **kw)
     assert g.block == 4 and g.ema == 0.0 and g.shape_ema == 0.0
     before = dict(g.t_verify)
@@ -849,6 +852,11 @@ def test_adaptive_leaves_catch_up_passes_out_of_its_throughput():
 @pytest.mark.parametrize("spec, words", [
     ("fixed:\u00b2", "expected"), ("dspark:block=\u00b2", "block"), ("dspark:tree=\u00b2", "width"),
     ("dspark:tree=2:block=4", "goes after the governor's own options"), ("dspark:tree=2:tree=3", "given twice"),
+    # an unknown option after the tree: named, in the spec as written (it said the tree was misplaced, quoting
+    # the spec less its ':ngram', and never named 'bogus'; a user walk)
+    ("dspark:tree=3:ngram:bogus", r"^governor 'dspark:tree=3:ngram:bogus': unknown option 'bogus' \(expected auto"),
+    ("fixed:1:tree=3:bogus", r"^governor 'fixed:1:tree=3:bogus': unknown option 'bogus'"),
+    ("dspark:ngram:bogus", r"^governor 'dspark:ngram:bogus': unknown option 'bogus' \(expected auto"),
 ])
 def test_malformed_specs_name_the_problem(spec, words):
     """Non-ASCII digits raised a ValueError traceback (str.isdigit takes them); ':tree=W'
