@@ -634,7 +634,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
     its oldest turns are dropped (the system prompt stays), and it says so; a turn that
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
-    on). Ctrl-C during an answer stops it (what was printed stays in the conversation; before
+    on); a system prompt that leaves no room for a turn is refused before the first. Ctrl-C during an answer stops it (what was printed stays in the conversation; before
     its first token, the turn is dropped); an empty line or the end of input ends the
     conversation."""
     from specrt.runtime.sampling import SamplingParams
@@ -644,6 +644,14 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)
         messages = [{"role": "system", "content": system}] if system else []
+        # before the first prompt is shown: no tokenizer (it showed "> " and failed on the first line), and a
+        # system prompt leaving no room for a turn and its answer (every turn was skipped, one by one)
+        ctx, room = s.engines.max_context, min(max_new_tokens, s.engines.max_context // 4)
+        n = len(s.encode(messages + [{"role": "user", "content": ""}], True))
+        if system and n + room > ctx:
+            raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; with room "
+                            f"for an answer ({room} tokens: --max-new-tokens, at most a quarter of the context) it "
+                            f"leaves no room for a turn in the engines' context of {ctx} tokens")
         while True:
             click.echo("> ", nl=False, err=True)
             raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()

@@ -720,6 +720,28 @@ def test_chat_stopped_before_the_first_token_gives_back_the_turns_dropped_for_it
     assert [m["content"] for m in convs[3] if m["role"] == "user"] == [long, f"{long} w6", "w8"]
 
 
+def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded, tmp_path):  # noqa: F811
+    """A system prompt that leaves no room for a turn and its answer skipped every turn, one
+    by one, exit 0; engines without a tokenizer showed "> " and failed on the first line (a
+    user walk). Both refused before the prompt is shown."""
+    from specrt.engines.build import build_engines
+    from specrt.export.export import export
+
+    long = " ".join(["w4"] * 120)  # 128 tokens of context, answers of at most 128 // 4
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", long, "--governor", "fixed:1"], input="w6\n\n")
+    assert r.exit_code == 1 and "> " not in r.output, r.output
+    assert "error: --system: with an empty turn the system prompt makes a prompt of " in r.output
+    assert "leaves no room for a turn in the engines' context of 128 tokens" in r.output
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", " ".join(["w4"] * 60), "--governor", "fixed:1"],
+                           input="w6\n\n")
+    assert r.exit_code == 0 and "tok/s" in r.output and "skipped" not in r.output, r.output  # (it fits: answered)
+    ref = Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"
+    export(ref / "verifier", ref / "draft", tmp_path / "x")
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", profile_repeats=1, log=lambda s: None)
+    r = CliRunner().invoke(main, ["chat", str(tmp_path / "e"), "--governor", "fixed:1"], input="w6\n\n")
+    assert r.exit_code == 1 and "> " not in r.output and "no tokenizer.json" in r.output, r.output
+
+
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     """The worded engines hold 128 tokens: turns of 54 tokens (system, 50 words, 4 of
     answer) fit two at a time, so the third and fourth push the oldest out (the system
