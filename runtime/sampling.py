@@ -51,7 +51,7 @@ class SamplingParams:
         if not (real(self.temperature) and np.isfinite(self.temperature) and self.temperature >= 0):
             raise UserError(f"temperature={self.temperature!r}: expected a finite number >= 0 (0 = greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise UserError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 or -1 = off)")
+            raise UserError(f"top_k={self.top_k!r}: expected an integer >= -1 (0 or -1: off)")
         if not (real(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise UserError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = off)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0):

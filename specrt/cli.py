@@ -352,8 +352,11 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     priors are measured on every 20th answer against a corpus of the others."""
     from specrt.runtime.corpus import FILE, NMAX_LIMIT, build_with_priors, match_name, read_sequences
 
-    if nmin > nmax:
-        raise UserError(f"--nmin {nmin} > --nmax {nmax}")
+    if nmin > nmax:  # (the default named: --nmin 9 alone said "> --nmax 8", an option not given)
+        ctx = click.get_current_context(silent=True)
+        default = ctx is not None and ctx.get_parameter_source("nmax") == click.core.ParameterSource.DEFAULT
+        raise UserError(f"--nmin {nmin} > --nmax {nmax}" + (" (its default)" if default else "")
+                        + ": expected --nmin <= --nmax")
     if nmax > NMAX_LIMIT:  # each lookup step searches nmax - nmin + 1 keys (Corpus.load refuses more)
         raise UserError(f"--nmax {nmax}: at most {NMAX_LIMIT}")
     from specrt.engines.manifest import read_engines_manifest

@@ -161,7 +161,8 @@ def _prompts(v) -> list[str | list[int]]:
     """Completions' ``prompt``: a string, token ids, or a list of either (several prompts,
     answered in turn: choices n x prompts, prompt by prompt)."""
     def one(p) -> bool:
-        return (isinstance(p, str) and bool(p)) or (is_token_ids(p) and bool(p) and min(p) >= 0)
+        # (a negative id is refused as one past the vocabulary is, naming it: it got the shape's message)
+        return (isinstance(p, str) and bool(p)) or (is_token_ids(p) and bool(p))
 
     if one(v):
         return [v]

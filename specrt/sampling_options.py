@@ -77,7 +77,7 @@ def sampling_options(temperature_help: str, seed: int | None, seed_help: str | N
         click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
                      callback=_checked(lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 (or -1) = off.",
-                     callback=_checked(lambda v: v >= -1, "an integer >= 0 (0 or -1 = off)")),
+                     callback=_checked(lambda v: v >= -1, "an integer >= -1 (0 or -1: off)")),
         click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help,
                      callback=_checked(lambda v: v >= -1, "a non-negative integer (-1: none)")),
         click.option("--reproducible", is_flag=True,

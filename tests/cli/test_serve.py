@@ -507,8 +507,10 @@ def test_completions_echo_scores_the_prompt(served, worded):  # noqa: F811
     assert code == 400 and r["error"]["param"] == "echo"
     code, r = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 0})
     assert code == 400 and r["error"]["param"] == "max_tokens"
-    code, r = _post(url, "/v1/completions", {"prompt": [3, -1]})
-    assert code == 400 and r["error"]["param"] == "prompt"
+    for ids, bad in (([3, -1], -1), ([3, 16], 16)):  # (a negative id got the shape's message: a user walk)
+        code, r = _post(url, "/v1/completions", {"prompt": ids})
+        assert code == 400 and r["error"]["param"] == "prompt", r
+        assert f"prompt token id {bad} is outside the vocabulary [0, 16)" in r["error"]["message"], r
 
 
 def test_completions_answer_several_prompts(served, worded):  # noqa: F811

@@ -358,7 +358,9 @@ def test_cli_makes_the_corpus_and_sessions_use_it(tiny_engines, tmp_path):
     assert r.exit_code == 1 and "token id 99 is outside the vocabulary [0, 16)" in r.output, r.output
     assert "Traceback" not in r.output and not (tiny_engines / FILE).exists()
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", "5", "--nmax", "4"])
-    assert r.exit_code == 1 and "--nmin 5 > --nmax 4" in r.output
+    assert r.exit_code == 1 and "--nmin 5 > --nmax 4: expected --nmin <= --nmax" in r.output
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", "9"])  # (the default named)
+    assert r.exit_code == 1 and "--nmin 9 > --nmax 8 (its default): expected --nmin <= --nmax" in r.output, r.output
     r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmax", "65"])  # Corpus.load's limit
     assert r.exit_code == 1 and "--nmax 65: at most 64" in r.output and not (tiny_engines / FILE).exists()
     empty = tmp_path / "empty.jsonl"  # (a user walk: a corpus of no n-gram was written without a word)
