@@ -75,7 +75,8 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
     from specrt.cli import main
 
     r = CliRunner().invoke(main, ["chat", str(eng), "--governor", "fixed:1"], input="\n")
-    assert r.exit_code == 0 and "WARNING: UNTRUSTED DRAFT" in r.output, r.output
+    # (then refused, this model having no tokenizer: before its first prompt since session 53)
+    assert r.exit_code == 1 and "WARNING: UNTRUSTED DRAFT" in r.output and "no tokenizer.json" in r.output, r.output
     # a receipt copied from other weights, or edited by hand: named, never read as trusted
     # (another export's trusted receipt silenced the warning; a missing number crashed)
     rec = json.loads((eng / "acceptance_receipt.json").read_text())
