@@ -44,6 +44,10 @@ UNTRUSTED_RATIO = 0.5
 # says so (the receipt stays trusted: nothing proves a binding error without a receipt).
 LOW_WITHOUT_RECEIPT = 0.2
 LOW_MIN_DRAFTS = 50
+# Fewer drafts than this prove nothing either way: the verdict is "inconclusive" (a context too
+# small for the prompts to draft gave 0.00 over 0 drafts, "trusted" without a receipt, and
+# UNTRUSTED beside one: a false alarm of a mis-bound weight)
+MIN_DRAFTS = 10
 PROMPTS = (
     "What is the capital of France?",
     "Write a short poem about the sea.",
@@ -104,6 +108,12 @@ def low_note(measured: float) -> str:
             "so that the canary can compare")
 
 
+def inconclusive_note(drafts: int, context: int) -> str:
+    """Why the canary proved nothing: too few drafts in the engines' context."""
+    return (f"inconclusive: {drafts} drafts (at least {MIN_DRAFTS} decide), the engines' context of {context} tokens "
+            "leaving the canary's prompts too little room to draft; nothing has checked the draft's binding")
+
+
 def prompt_ids(export_dir: Path, vocab_size: int, prompts=PROMPTS) -> list[list[int]]:
     """``prompts`` as token ids through the export's tokenizer (and chat template, when it
     has one); tokenizer-less test models get fixed pseudo-random prompts instead."""
@@ -121,7 +131,10 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     draft = exp.get("draft")
     if draft is None:
         return {}
-    token_prompts = prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
+    # those with room for their first token and a round after it (a build with a tiny --max-context
+    # failed in the canary with the context error of a prompt the user never wrote)
+    token_prompts = [p for p in prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
+                     if len(p) + 2 <= engines.max_context]
     depth = 1 if 1 in engines.depths else engines.depths[0]  # position 1 is measured at any depth
     gen = Generator(engines, FixedGovernor(engines.depths, depth), d2t=read_d2t(export_dir, exp))
     drafted = accepted = 0
@@ -136,7 +149,8 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         path = export_dir / draft["training_receipt"]["file"]
         training = read_json_object(path)
     expected, source = expected_depth1(training, str(path)) if training else (None, "none")
-    trusted = True if expected is None else measured >= UNTRUSTED_RATIO * expected
+    inconclusive = drafted < MIN_DRAFTS
+    trusted = True if expected is None or inconclusive else measured >= UNTRUSTED_RATIO * expected
     low = expected is None and drafted >= LOW_MIN_DRAFTS and measured < LOW_WITHOUT_RECEIPT
     rec = exp["binding_receipt"]
     result = {
@@ -153,7 +167,8 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "untrusted_ratio": UNTRUSTED_RATIO,
         "trusted": bool(trusted),
         "low_without_receipt": bool(low),
-        "note": None if expected is not None else (
+        "inconclusive": inconclusive,
+        "note": inconclusive_note(drafted, engines.max_context) if inconclusive else None if expected is not None else (
             "no training receipt: nothing to compare with" + (f"; {low_note(measured)}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)

@@ -325,9 +325,14 @@ class Session:
     def unchecked(self) -> str | None:
         """A note when the draft speculates on engines with no acceptance receipt (built with
         --no-canary, or the receipt removed): nothing has checked its binding on them."""
-        if self.acceptance is None and self.engines.export.get("draft") is not None and self._speculates:
+        if self.engines.export.get("draft") is None or not self._speculates:
+            return None
+        if self.acceptance is None:
             return (f"no acceptance receipt in {self.engines.folder}: nothing has checked the draft's binding "
                     f"on these engines (built with --no-canary?); `specrt canary {self.engines.folder}` checks it")
+        if self.acceptance.get("inconclusive") is True:
+            return (f"the acceptance canary of {self.engines.folder} was inconclusive ({self.acceptance.get('drafts')} "
+                    "drafts in the engines' context): nothing has checked the draft's binding on these engines")
         return None
 
     def close(self) -> None:

@@ -288,7 +288,9 @@ def _canary(engines_dir: Path) -> None:
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
-    if r["trusted"] and r.get("low_without_receipt"):
+    if r.get("inconclusive"):
+        click.secho(f"acceptance canary: {r['note']}", fg="yellow", err=True)
+    elif r["trusted"] and r.get("low_without_receipt"):
         click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'])}", fg="yellow", err=True)
     elif r["trusted"]:
         click.echo(line, err=True)

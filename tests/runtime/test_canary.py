@@ -21,15 +21,39 @@ from tests.fixtures_models import write_tiny_draft, write_tiny_target
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _engines(root: Path, receipt: dict | None) -> Path:
+def _engines(root: Path, receipt: dict | None, max_context: int = 128) -> Path:
     t = write_tiny_target(root / "t", "llama", vocab_size=16)
     d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
     if receipt is not None:
         (d / "training_receipt.json").write_text(json.dumps(receipt))
     export(t, d, root / "exp")
     build_engines(root / "exp", "onnxruntime", (1, 2), root / "eng", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=128)
+                  profile_pasts=(16,), max_context=max_context)
     return root / "eng"
+
+
+@pytest.mark.parametrize("receipt", [None, {"heldout": {"acceptance_at_pos": [0.9, 0.8]}}])
+def test_a_context_too_small_to_draft_in_is_inconclusive(tmp_path, receipt):
+    """A context too small for the canary's prompts (12 tokens here) to draft in gave
+    "0.00 over 0 drafts", trusted without a receipt and UNTRUSTED beside one (a false alarm
+    of a mis-bound weight), or failed the build with the context error of a prompt the user
+    never wrote (a user walk): the verdict is inconclusive, said by build and by run."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    eng = _engines(tmp_path / "x", receipt, max_context=13)
+    r = _measure(eng)
+    assert r["inconclusive"] is True and r["trusted"] is True and r["drafts"] == 0, r
+    assert r["note"].startswith("inconclusive: 0 drafts (at least 10 decide), the engines' context of 13 tokens")
+    r = CliRunner().invoke(main, ["canary", str(eng)])
+    assert r.exit_code == 0 and "acceptance canary: inconclusive: 0 drafts" in r.output, r.output
+    assert "UNTRUSTED" not in r.output and "0.00" not in r.output
+    with Session(eng, governor="fixed:1") as s:
+        assert s.untrusted is None and "was inconclusive (0 drafts" in s.unchecked
+    r = CliRunner().invoke(main, ["build", str(tmp_path / "x" / "exp"), "-o", str(tmp_path / "e2"), "--depths", "1",
+                                  "--max-context", "13"])
+    assert r.exit_code == 0 and "acceptance canary: inconclusive" in r.output, r.output
 
 
 def _measure(eng: Path) -> dict:
