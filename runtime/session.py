@@ -474,8 +474,9 @@ class Session:
         role/content objects (always through it: runtime/text.py), the template given
         ``chat_template_kwargs`` over the session's.
         ``stats()['output_token_ids']`` then end with the token that completed the stop
-        string, as transformers' ``stop_strings`` do (a verify round may have accepted
-        more; the telemetry counts every generated token). The arguments are checked here, when
+        string, as transformers' ``stop_strings`` do, and its ``new_tokens`` counts those (a
+        verify round may have accepted more: its acceptance counts what the round accepted).
+        The arguments are checked here, when
         called (a UserError before anything is read); the decoding starts when the first piece
         is asked for."""
         self._open()
@@ -510,10 +511,13 @@ class Session:
                 if scan.hit:  # settled before the last piece goes out: a caller may stop at it
                     with lock:  # (a stream another thread started since keeps its own finish)
                         gen.close()
-                        if self.last_output_ids is out:
-                            self.generator.finished = Finished("stop")
                         k = tokens_through(self.text, detok.ids, scan.stop_end, detok.context)
                         del detok.ids[k:], out[k:]
+                        if self.last_output_ids is out:
+                            self.generator.finished = Finished("stop")
+                            # the tokens given, through the stop (a round accepting past it counted them:
+                            # new_tokens and tokens/s then grew with the governor's reach)
+                            self.generator.telemetry.new_tokens = len(out)
                     if piece:
                         yield piece
                     return

@@ -134,6 +134,8 @@ def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
             st = s.stats()
         assert "".join(pieces) == full[:at], gov
         assert st["output_token_ids"] == ids[:need] and st["finish_reason"] == "stop", gov
+        # the tokens given, whatever a round accepted past the stop (a user walk: off counted 39, auto 60)
+        assert st["new_tokens"] == need, (gov, st["new_tokens"], need)
         if gov == "fixed:3":
             assert st["accepted"] > 0  # bursts of accepted tokens reached the stop scanner
     with Session(worded, governor="fixed:3") as s:  # a caller that stops at the last piece
