@@ -249,8 +249,10 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if max_context is None:
             log(f"note: context limit {limit}, the target's sliding window")
     ctx = limit if max_context is None else int(max_context)
-    if not 0 < ctx <= limit:
-        raise UserError(f"--max-context {ctx} must be in 1..{limit} ({why})")
+    low = max(depth_list) + 2  # a token, the deepest verify's drafts and its bonus (plan.make_roles)
+    if not low <= ctx <= limit:  # (it said "must be in 1..256" of 0, and 1 was refused after)
+        raise UserError(f"--max-context {ctx} must be in {low}..{limit} (" + (
+            f"at least the deepest verify depth {max(depth_list)} + 2" if ctx < low else why) + ")")
     check_memory_fits(exp, ctx, source if max_context is None else "--max-context", log=log)
     draft_kind = (exp.get("draft") or {}).get("kind")
     draft_window = (exp.get("draft") or {}).get("sliding_window")

@@ -81,7 +81,10 @@ def normalise_precision(precision: str | None, export_dtype: str) -> str:
 def parse_depths(depths: Any) -> tuple[int, ...]:
     """``"1,2,4,8"`` or an iterable of ints -> sorted unique positive depths."""
     if isinstance(depths, str):
-        parts = [p.strip() for p in depths.split(",") if p.strip()]
+        parts = [p.strip() for p in depths.split(",")]
+        if "" in parts and any(parts):  # ("1,,2" was 1,2 without a word: a depth lost in typing?)
+            raise UserError(f"--depths '{depths}': an empty entry; expected comma-separated integers such as 1,2,4,8")
+        parts = [p for p in parts if p]
         try:
             vals = [int(p) for p in parts]
         except ValueError:
@@ -164,7 +167,8 @@ def make_roles(depths: tuple[int, ...], max_context: int, draft_kind: str | None
     """
     Cx = int(max_context)
     if Cx < max(depths) + 2:
-        raise UserError(f"--max-context {Cx} is too small for depth {max(depths)}")
+        raise UserError(f"--max-context {Cx} is too small for depth {max(depths)}: expected at least "
+                        f"{max(depths) + 2} (a token, the depth's drafts and its bonus token)")
     clip = lambda v, lo, hi: max(lo, min(v, hi))  # noqa: E731
     roles: dict[str, Role] = {
         PREFILL: Role(PREFILL, "target", {C.DIM_NEW: DimRange(1, clip(opt_prompt, 1, Cx), Cx),

@@ -420,6 +420,27 @@ def session_warnings(s) -> None:
 
 
 # run's and chat's --seed
+def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list) -> list[str]:
+    """What `specrt run` says of options that will not do what they may seem to (a user walk):
+    --seed under a governor whose rounds follow measured times, --chat beside token ids."""
+    from specrt.prompt_files import is_token_ids
+    from specrt.runtime.governor import split_lookup, split_tree
+
+    notes = []
+    base, lookup = split_lookup(governor)
+    base = split_tree(base)[0]
+    if seed is not None and not params.greedy and not params.coupled and (lookup or not (
+            base == "off" or base.startswith("fixed:"))):
+        notes.append(f"--seed {seed}: under {governor} the rounds follow measured times, so the same seed may sample "
+                     "another text (of the same distribution); off and fixed:K repeat it, and --reproducible "
+                     "gives off's text under every governor")
+    ids = sum(is_token_ids(p) for p in prompts)
+    if chat and ids:
+        notes.append(f"--chat: {ids} of the {len(prompts)} prompts are token ids ('prompt_ids'), used as given, "
+                     "without the chat template")
+    return notes
+
+
 SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K; "
              "governors that choose from measured times (adaptive, dspark, :ngram, auto) may draft differently and "
              "give another sample of the same distribution, unless --reproducible.")
@@ -511,6 +532,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         governor = s.governor_spec  # ``auto`` resolved
         if is_dspark(governor):
             click.echo(f"{governor}: {s.calibration_note}", err=True)
+        for note in run_notes(governor, params, seed, chat, prompts if prompts_file is not None else []):
+            click.echo(f"note: {note}", err=True)
         if grow_file is not None:
             try:
                 existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding

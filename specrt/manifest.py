@@ -65,8 +65,9 @@ def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str
         src = Path(folder).resolve()
         if real == src or src in real.parents or real in src.parents:
             how = "is" if real == src else "lies inside" if src in real.parents else "holds"
-            raise UserError(f"-o {out}: {how} the input folder {folder}; replacing it would delete the input "
-                            "(write elsewhere)")
+            why = ("writing there would add to the folder being read" if how == "lies inside" else
+                   "replacing it would delete the input")  # (a new subfolder replaces nothing: a user walk)
+            raise UserError(f"-o {out}: {how} the input folder {folder}; {why} (write elsewhere)")
     if out.is_symlink() and not out.exists():  # renaming the new folder onto it fails after all the work
         raise UserError(f"-o {out}: a symbolic link to {os.readlink(out)}, which does not exist; give a folder path")
     if out.exists() and not force:

@@ -24,10 +24,10 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
     path = Path(path)
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as f:
+            with gzip.open(path, "rt", encoding="utf-8-sig") as f:  # (a BOM, as Windows tools write, read past)
                 text = f.read()
         else:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # zlib.error: a corrupt .gz
         raise UserError(f"{path}: cannot read {what} ({e})") from None
     # lines end at "\n" alone (JSON Lines): str.splitlines() also splits at U+2028, U+0085

@@ -295,7 +295,10 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     (dict(depths="0,2"), r"\[0\] out of range"),
     (dict(precision="fp16"), "ONNX Runtime runs the graph in its exported dtype"),
     (dict(precision="int8"), "--precision 'int8' is not supported"),
-    (dict(max_context=100_000), "--max-context 100000 must be in 1..256"),
+    (dict(max_context=100_000), r"--max-context 100000 must be in 4..256 \(the target's max_position"),
+    # (it said "must be in 1..256" of 0, and refused 1 after, as too small for the depth: a user walk)
+    (dict(max_context=0), r"--max-context 0 must be in 4..256 \(at least the deepest verify depth 2 \+ 2\)"),
+    (dict(max_context=3), r"--max-context 3 must be in 4..256"),
     (dict(ort_settings={"sessions": "many"}), "sessions 'many' is not one of"),
     (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number in 1..10000"),
     # (specrt.limits.MAX_PROFILE_REPEATS, the CLI's IntRange: 2**40 passes ran for ever)

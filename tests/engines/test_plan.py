@@ -114,8 +114,11 @@ def test_depths_and_context_are_checked():
     assert parse_depths([4]) == (4,)
     with pytest.raises(UserError, match="at least one"):
         parse_depths("")
-    with pytest.raises(UserError, match="too small for depth 8"):
+    with pytest.raises(UserError, match="too small for depth 8: expected at least 10 "):
         make_roles((8,), 9, None)
+    for typo in ("1,,2", "1,2,", ",4"):  # (a user walk: "1,,2" was 1,2 without a word)
+        with pytest.raises(UserError, match=f"--depths '{typo}': an empty entry"):
+            parse_depths(typo)
 
 
 def test_role_json_round_trip():

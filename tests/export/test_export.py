@@ -162,8 +162,10 @@ def test_an_output_over_an_input_is_refused_even_with_force(tmp_path, monkeypatc
     shutil.copytree(REFERENCE / "verifier", ckpt)
     shutil.copytree(REFERENCE / "draft", draft)
     before = sorted(p.name for p in ckpt.iterdir())
-    for out, how in ((ckpt, "is"), (ckpt / "onnx", "lies inside"), (ckpt.parent, "holds"), (draft, "is")):
-        with pytest.raises(UserError, match=f"-o {out}: {how} the input folder"):
+    replace, add = "replacing it would delete the input", "writing there would add to the folder being read"
+    for out, how, why in ((ckpt, "is", replace), (ckpt / "onnx", "lies inside", add), (ckpt.parent, "holds", replace),
+                          (draft, "is", replace)):
+        with pytest.raises(UserError, match=f"-o {out}: {how} the input folder .*; {why} \\(write elsewhere\\)$"):
             export_mod.export(ckpt, draft, out, force=True)
     monkeypatch.chdir(ckpt)
     with pytest.raises(UserError, match=f"-o {ckpt}: is the input folder"):

@@ -619,6 +619,14 @@ def test_prompt_files_split_lines_at_newlines_only(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     assert [o["prompt"] for o in read_prompt_file(f)] == texts
+    # a byte-order mark first, as Windows tools save UTF-8, plain or gzipped (it was "not a JSON line")
+    import gzip
+
+    body = "".join(json.dumps({"prompt": t}) + "\n" for t in texts)
+    f.write_text("\ufeff" + body, encoding="utf-8")
+    g = tmp_path / "p.jsonl.gz"
+    g.write_bytes(gzip.compress(("\ufeff" + body).encode()))
+    assert [o["prompt"] for o in read_prompt_file(f)] == [o["prompt"] for o in read_prompt_file(g)] == texts
 
 
 def test_a_corrupt_gzip_prompt_file_is_a_user_error(tmp_path):
@@ -2099,3 +2107,23 @@ def test_stats_in_mid_stream_count_the_tokens_so_far_and_a_closed_stream_says_in
         stop = whole.split()[1]
         assert stop not in "".join(s.stream([3, 1, 4], max_new_tokens=12, stop=[stop]))  # (the answer ends before it)
         assert s.stats()["finish_reason"] == "stop"
+
+
+def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(worded, tmp_path):  # noqa: F811
+    """A user walk: `--temperature 1 --seed 7` under auto sampled another text each run (its
+    rounds follow measured times: documented in --help only), and --chat beside prompt_ids
+    lines templated nothing without a word."""
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt_ids": [3, 1, 4]}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    base = ["run", str(worded), "--prompts", str(p), "--max-new-tokens", "3"]
+    seeded = ["--temperature", "1", "--seed", "7"]
+    for gov, said in (("fixed:3", False), ("off", False), ("fixed:3:ngram", True), ("adaptive", True)):
+        r = CliRunner().invoke(main, [*base, *seeded, "--governor", gov])
+        assert r.exit_code == 0 and ("note: --seed 7: under" in r.output) == said, (gov, r.output)
+    r = CliRunner().invoke(main, [*base, *seeded, "--governor", "adaptive", "--reproducible"])
+    assert r.exit_code == 0 and "note: --seed" not in r.output, r.output
+    r = CliRunner().invoke(main, [*base, "--chat", "--governor", "fixed:3"])
+    assert r.exit_code == 0 and "note: --chat: 1 of the 2 prompts are token ids ('prompt_ids'), used as given" \
+        in r.output, r.output
+    r = CliRunner().invoke(main, [*base, "--governor", "fixed:3"])
+    assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
