@@ -620,6 +620,10 @@ class Generator:
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
                                        clock.claim()), clock, self.lock, lambda: self._closed_unstarted(mine))
 
+    def _full(self) -> str | None:
+        """"context" where the next round would find no room (the stream's loop ends there)."""
+        return "context" if self.e.max_context - self.tkv.length - 1 < 0 else None
+
     def _closed_unstarted(self, mine: int) -> None:
         """Stream ``mine`` was closed before it started: it ends "interrupted" and is no longer
         live (unless a newer stream has started since: its finish is its own)."""
@@ -725,7 +729,7 @@ class Generator:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)  # (stats() in mid-stream: so far)
             # how the stream ends if this is its last chunk: a caller closing it once it has them all
             # (after the EOS, or max_new_tokens) ends it so, not "interrupted"
-            ending = "eos" if first in eos else "length" if emitted >= max_new_tokens else None
+            ending = "eos" if first in eos else "length" if emitted >= max_new_tokens else self._full()
             with clock.at(me):
                 yield [first]
             self._still_mine(mine)
@@ -840,7 +844,7 @@ class Generator:
                     lookup.settle(x)
                 emitted += len(new)
                 tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
-                ending = "eos" if stop is not None else "length" if emitted >= max_new_tokens else None
+                ending = "eos" if stop is not None else "length" if emitted >= max_new_tokens else self._full()
                 with clock.at(me):
                     yield new
                 self._still_mine(mine)

@@ -897,6 +897,15 @@ def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
         got += next(s)
     s.close()
     assert g.finished.reason == "eos" and got == ref[: ref.index(ref[2]) + 1]
+    # and at the context limit: "context" (it said "interrupted")
+    long = [7, 7, 2, 5, 1] * 24  # 120 of the 128 rows
+    whole = g.generate(long, 50)
+    assert g.finished.reason == "context"
+    s, got = g.stream(long, 50), []
+    while len(got) < len(whole):
+        got += next(s)
+    s.close()
+    assert got == whole and g.finished.reason == "context"
     # closed before it started: its body never ran, and it stayed "live" with no finish (a review)
     s = g.stream(PROMPT, 10)
     assert g.streaming and g.finished is None
