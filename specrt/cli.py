@@ -530,10 +530,6 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         session_warnings(s)
         s.chat_option = "--chat"
         governor = s.governor_spec  # ``auto`` resolved
-        if is_dspark(governor):
-            click.echo(f"{governor}: {s.calibration_note}", err=True)
-        for note in run_notes(governor, params, seed, chat, prompts if prompts_file is not None else []):
-            click.echo(f"note: {note}", err=True)
         if grow_file is not None:
             try:
                 existed, n = grow_file.exists(), s.load_growth(grow_file)  # refused before any decoding
@@ -551,6 +547,10 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     inputs.append(s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens))
                 except UserError as e:
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
+        if is_dspark(governor):  # (said once the prompts are known good: it came before a bad prompt's error)
+            click.echo(f"{governor}: {s.calibration_note}", err=True)
+        for note in run_notes(governor, params, seed, chat, prompts if prompts_file is not None else []):
+            click.echo(f"note: {note}", err=True)
         total, per_prompt = Telemetry(), []
         # the prompt in flight: its index, its stream, whether it gave a piece (only then do
         # s.stats() describe it: s.stream starts when first read) and whether its telemetry

@@ -385,7 +385,9 @@ def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_l
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4"])
     lines = r.output.splitlines()
     assert r.exit_code == 1 and "no prompt was decoded" in lines[-1], r.output
-    assert "calibration" in lines[-2], r.output  # the notes, then the error: no answer printed between
+    # the notes, then the error: no answer printed between, and no note of the calibration the run never used
+    # (it came before the error: a user walk)
+    assert "note: no acceptance receipt" in lines[-2] and "calibration" not in r.output, r.output
     f.write_text("\n" + f.read_text().replace("\n", "\n\n", 1))  # blank lines: the line, not the prompt's index
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4", "--quiet"])
     assert r.exit_code == 1 and f"{f}:4: the prompt has 5000 tokens" in r.output, r.output
