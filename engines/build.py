@@ -495,8 +495,9 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
                               draft_accepted=draft_accepted, repeats=repeats, log=log)
         threads = getattr(getattr(engines, "ort_settings", None), "intra_op_num_threads", None)
         if engines.backend == "onnxruntime" and threads:
-            share = (time.process_time() - cpu0) / (max(time.perf_counter() - wall0, 1e-9) * threads)
-            table["cpu_share"] = round(share, 3)
+            # (the note says the share recorded: the unrounded one's percent could differ by one, a flaky test)
+            share = round((time.process_time() - cpu0) / (max(time.perf_counter() - wall0, 1e-9) * threads), 3)
+            table["cpu_share"] = share
             if share < BUSY_CPU_SHARE:  # other processes took the cores: every time is inflated
                 log(f"note: this process had {share:.0%} of the CPU time its {threads} ONNX Runtime threads asked "
                     f"for while profiling: the machine was busy and these costs are inflated (DSpark and prompt "
@@ -513,17 +514,26 @@ def check_repeats(repeats, option: str) -> None:
         raise UserError(f"{option} {repeats!r}: expected a whole number in 1..{MAX_PROFILE_REPEATS}")
 
 
+def malformed_costs(table) -> bool:
+    """Whether a stored cost table is one the engines cannot read, or whose pasts and draft
+    shape (which parse_costs does not read, and measure_costs reuses) are not whole numbers."""
+    from specrt.engines.costs import parse_costs
+
+    try:
+        parse_costs(table)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return True
+    pasts, accepted = (table or {}).get("pasts", PROFILE_PASTS), (table or {}).get("draft_accepted", DRAFT_ACCEPTED)
+    return not (isinstance(pasts, (list, tuple)) and pasts and all(whole(p, 1) for p in pasts) and whole(accepted, 1))
+
+
 def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The cost table of ``engines`` (an EngineSet, not yet active) measured now on this
     machine: the pasts and draft shape of its stored table, the build's round-robin timing
     (``profile_costs``), ``repeats`` calls per role. Activates the engines for the
     measurement and releases them after."""
-    from specrt.engines.costs import parse_costs
-
     old = engines.manifest.get("costs") or {}
-    try:
-        parse_costs(old)
-    except (KeyError, TypeError, ValueError, AttributeError):  # what this mends: measured at the build's defaults
+    if malformed_costs(old):  # what this mends: measured at the build's defaults
         log(f"note: {engines.folder / ENGINES_MANIFEST}: the stored cost table is malformed; measuring one at the "
             f"build's default pasts ({', '.join(map(str, PROFILE_PASTS))}, those that fit)")
         old = {"verify": True}
@@ -557,13 +567,9 @@ def reprofile_engines(folder: Path, repeats: int = 10, log: Callable[[str], None
     # cost table is what this replaces: its error told the user to run this)
     manifest = folder / ENGINES_MANIFEST
     before = manifest.read_bytes()
-    from specrt.engines.costs import parse_costs
-
     raw = read_engines_manifest(folder)  # as on disk, to write back with only the costs changed
     old = raw.get("costs") or {}
-    try:  # (a malformed table, the one this mends, is neither kept as the build's nor compared with)
-        parse_costs(old)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    if malformed_costs(old):  # (the one this mends: neither kept as the build's nor compared with)
         old = {}
     new = measure_costs(engines, repeats, log)
     if manifest.read_bytes() != before:  # (a `build --force` replaced the folder meanwhile: this manifest is gone)

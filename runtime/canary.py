@@ -108,10 +108,13 @@ def low_note(measured: float) -> str:
             "so that the canary can compare")
 
 
-def inconclusive_note(drafts: int, context: int) -> str:
-    """Why the canary proved nothing: too few drafts in the engines' context."""
-    return (f"inconclusive: {drafts} drafts (at least {MIN_DRAFTS} decide), the engines' context of {context} tokens "
-            "leaving the canary's prompts too little room to draft; nothing has checked the draft's binding")
+def inconclusive_note(drafts: int, context: int, cramped: bool) -> str:
+    """Why the canary proved nothing: too few drafts, the engines' context too small for its
+    prompts (``cramped``: a prompt left out, or an answer cut at the context) or the target's
+    answers ending at once."""
+    why = (f"the engines' context of {context} tokens leaving the canary's prompts too little room to draft" if cramped
+           else "the target's answers ending (EOS) before the draft could run")
+    return f"inconclusive: {drafts} drafts (at least {MIN_DRAFTS} decide), {why}; nothing has checked the draft's binding"
 
 
 def prompt_ids(export_dir: Path, vocab_size: int, prompts=PROMPTS) -> list[list[int]]:
@@ -133,13 +136,15 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         return {}
     # those with room for their first token and a round after it (a build with a tiny --max-context
     # failed in the canary with the context error of a prompt the user never wrote)
-    token_prompts = [p for p in prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
-                     if len(p) + 2 <= engines.max_context]
+    every = prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
+    token_prompts = [p for p in every if len(p) + 2 <= engines.max_context]
+    cramped = len(token_prompts) < len(every)
     depth = 1 if 1 in engines.depths else engines.depths[0]  # position 1 is measured at any depth
     gen = Generator(engines, FixedGovernor(engines.depths, depth), d2t=read_d2t(export_dir, exp))
     drafted = accepted = 0
     for ids in token_prompts:
         gen.generate(ids, max_new_tokens, exp["target"]["eos_token_ids"])
+        cramped = cramped or gen.finished.reason == "context"
         t = gen.telemetry
         drafted += t.offered_at[0] if t.offered_at else 0
         accepted += t.accepted_at[0] if t.accepted_at else 0
@@ -168,7 +173,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "trusted": bool(trusted),
         "low_without_receipt": bool(low),
         "inconclusive": inconclusive,
-        "note": inconclusive_note(drafted, engines.max_context) if inconclusive else None if expected is not None else (
+        "note": inconclusive_note(drafted, engines.max_context, cramped) if inconclusive else None if expected is not None else (
             "no training receipt: nothing to compare with" + (f"; {low_note(measured)}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)

@@ -429,8 +429,9 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
     notes = []
     base, lookup = split_lookup(governor)
     base = split_tree(base)[0]
-    if seed is not None and not params.greedy and not params.coupled and (lookup or not (
-            base == "off" or base.startswith("fixed:"))):
+    fixed = base == "off" or base.startswith("fixed:") or base.isdigit()  # ("3" is fixed:3)
+    if seed is not None and params.seed is not None and not params.greedy and not params.coupled and (
+            lookup or not fixed):  # (--seed -1 is none)
         notes.append(f"--seed {seed}: under {governor} the rounds follow measured times, so the same seed may sample "
                      "another text (of the same distribution); off and fixed:K repeat it, and --reproducible "
                      "gives off's text under every governor")
@@ -673,13 +674,15 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
         session_warnings(s)
         messages = [{"role": "system", "content": system}] if system else []
         # before the first prompt is shown: no tokenizer (it showed "> " and failed on the first line), and a
-        # system prompt leaving no room for a turn and its answer (every turn was skipped, one by one)
-        ctx, room = s.engines.max_context, min(max_new_tokens, s.engines.max_context // 4)
-        n = len(s.encode(messages + [{"role": "user", "content": ""}], True))
-        if system and n + room > ctx:
-            raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; with room "
-                            f"for an answer ({room} tokens: --max-new-tokens, at most a quarter of the context) it "
-                            f"leaves no room for a turn in the engines' context of {ctx} tokens")
+        # system prompt leaving no room for a turn and a token of answer (every turn was skipped, one by one;
+        # a turn that fits is answered, cut at the context, as the loop below takes it)
+        if s.text is None:
+            s.encode("", True)  # (its error: no tokenizer.json, and what to do)
+        ctx = s.engines.max_context
+        n = len(s.encode(messages + [{"role": "user", "content": ""}], True)) if system else 0
+        if n + 2 > ctx:
+            raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
+                            f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
         while True:
             click.echo("> ", nl=False, err=True)
             raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()

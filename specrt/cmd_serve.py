@@ -121,7 +121,9 @@ NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "g
             "structured_outputs", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
             "mm_processor_kwargs", "documents", "vllm_xargs")
-STREAM_OPTIONS = ("include_usage",)  # OpenAI's (continuous_usage_stats, vLLM's, changes what is sent: refused)
+# OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
+# here, taken and ignored); vLLM's continuous_usage_stats changes what is sent: refused
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 # Fields read, or that change nothing here (who asks, what a hosted API would store): every
 # other one is refused as OpenAI refuses it ("Unrecognized request argument supplied"), so
 # that a misspelt max_tokens or a field of another server's is not silently dropped
@@ -538,20 +540,22 @@ class Server:
             except UserError as e:  # (the template's file is the server's, not the client's to read)
                 msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
                 raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
-        longest = self._longest(prompts)
+        lengths = self._lengths(prompts)
         limit = self.session.engines.max_context
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
-            self._check_room(longest, max_new, chat, name)
-        elif longest < limit:  # the server's default, cut where an asked-for one would be refused (it gave one more)
-            max_new = min(max_new, limit - longest)
+            self._check_room(max(lengths), max_new, chat, name)
+            caps = [max_new] * len(prompts)
+        else:  # the server's default, cut for each prompt where an asked-for one would be refused (it gave one
+            caps = [min(max_new, limit - n) if n < limit else max_new for n in lengths]  # more)
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
-                "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": max_new, "params": params, "stop": tuple(stop),
+                "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": caps,  # (one a prompt)
+                "params": params, "stop": tuple(stop),
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage"))}
 
-    def _longest(self, prompts: list) -> int:
-        """The token count of the longest prompt (token ids, or text encoded without a template)."""
+    def _lengths(self, prompts: list) -> list[int]:
+        """Each prompt's token count (token ids, or text encoded without a template)."""
         try:
-            return max(len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts)
+            return [len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts]
         except UserError as e:
             raise BadRequest(str(e), "prompt") from None
 
@@ -627,8 +631,8 @@ class Server:
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"], done["first"] = True, i % req["n"] == 0
-            gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl)
+            gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"][i // req["n"]],
+                           stop=req["stop"], logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 

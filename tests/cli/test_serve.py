@@ -576,6 +576,10 @@ def test_the_default_max_tokens_stops_where_an_asked_for_one_would_be_refused(wo
         assert n == 28 and r["choices"][0]["finish_reason"] == "length", r
         assert _post(url, "/v1/completions", {"prompt": ids, "max_tokens": n})[0] == 200
         assert _post(url, "/v1/completions", {"prompt": ids, "max_tokens": n + 1})[0] == 400
+        # each prompt of several its own cut (the longest's starved the others: a review)
+        code, r = _post(url, "/v1/completions", {"prompt": [[3, 1, 4], ids]})
+        assert code == 200 and [c["finish_reason"] for c in r["choices"]] == ["length", "length"], r
+        assert r["usage"]["completion_tokens"] == 28 + 125, r
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -936,7 +940,11 @@ def test_stream_options_follow_openais_rules(served):  # noqa: F811
                   {"stream": True, "stream_options": {"foo": 1}}):
         code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, **extra})
         assert code == 400 and r["error"]["param"] == "stream_options", (code, r)
-    assert "'stream_options.foo' is not a stream option (expected include_usage)" in r["error"]["message"]
+    assert "'stream_options.foo' is not a stream option (expected include_usage, include_obfuscation)" \
+        in r["error"]["message"]
+    code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "stream": True,  # (OpenAI's)
+                                                   "stream_options": {"include_obfuscation": False}})
+    assert code == 200 and all("usage" not in e for e in ev)
     code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "stream": True,
                                                    "stream_options": {"include_usage": None}})
     assert code == 200 and all("usage" not in e for e in ev)  # (a null is a field left out)

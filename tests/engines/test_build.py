@@ -750,22 +750,25 @@ def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy
     assert json.loads((engines_copy / "engines.json").read_text())["costs_build"] == before["costs"]  # still the build's
 
 
-def test_profile_mends_a_malformed_cost_table(engines_copy):
+@pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]}])
+def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     """A malformed 'costs' told the user to run `specrt profile`, which failed loading the same
-    table with the same advice (a user walk): profile measures it again without reading it,
-    and keeps no malformed table as the build's."""
+    table with the same advice (a user walk), or on its pasts or draft shape, which the table's
+    parser does not read, with a traceback (a review): profile measures it again at the build's
+    defaults without reading it, and keeps no malformed table as the build's."""
     from click.testing import CliRunner
 
     from specrt.cli import main
 
     m = json.loads((engines_copy / "engines.json").read_text())
     m.pop("costs_build", None)
-    (engines_copy / "engines.json").write_text(json.dumps({**m, "costs": "x"}))
-    with pytest.raises(UserError, match=rf"field 'costs' is malformed .*; measure it again with `specrt profile "
-                                        rf"{re.escape(str(engines_copy))}`$"):
-        load_engines(engines_copy)
+    (engines_copy / "engines.json").write_text(json.dumps({**m, "costs": bad if bad == "x" else {**m["costs"], **bad}}))
+    if bad == "x":
+        with pytest.raises(UserError, match=rf"field 'costs' is malformed .*; measure it again with `specrt profile "
+                                            rf"{re.escape(str(engines_copy))}`$"):
+            load_engines(engines_copy)
     r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and "the stored cost table is malformed" in r.output, r.output
     after = json.loads((engines_copy / "engines.json").read_text())
     assert "costs_build" not in after and after["costs"]["repeats"] == 1
     with load_engines(engines_copy) as e:

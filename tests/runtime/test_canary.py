@@ -21,8 +21,8 @@ from tests.fixtures_models import write_tiny_draft, write_tiny_target
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _engines(root: Path, receipt: dict | None, max_context: int = 128) -> Path:
-    t = write_tiny_target(root / "t", "llama", vocab_size=16)
+def _engines(root: Path, receipt: dict | None, max_context: int = 128, **target) -> Path:
+    t = write_tiny_target(root / "t", "llama", vocab_size=16, **target)
     d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
     if receipt is not None:
         (d / "training_receipt.json").write_text(json.dumps(receipt))
@@ -54,6 +54,14 @@ def test_a_context_too_small_to_draft_in_is_inconclusive(tmp_path, receipt):
     r = CliRunner().invoke(main, ["build", str(tmp_path / "x" / "exp"), "-o", str(tmp_path / "e2"), "--depths", "1",
                                   "--max-context", "13"])
     assert r.exit_code == 0 and "acceptance canary: inconclusive" in r.output, r.output
+
+
+def test_answers_ending_at_once_are_inconclusive_without_blaming_the_context(tmp_path):
+    """Every token an EOS: each answer ends at its first token, no draft runs, in ample
+    context; the note said the context was too small (a review)."""
+    r = _measure(_engines(tmp_path / "x", None, eos_token_id=list(range(16))))
+    assert r["inconclusive"] and r["drafts"] == 0
+    assert r["note"].startswith("inconclusive: 0 drafts (at least 10 decide), the target's answers ending (EOS)"), r
 
 
 def _measure(eng: Path) -> dict:
