@@ -332,7 +332,8 @@ class Session:
                     f"on these engines (built with --no-canary?); `specrt canary {self.engines.folder}` checks it")
         if self.acceptance.get("inconclusive") is True:
             return (f"the acceptance canary of {self.engines.folder} was inconclusive ({self.acceptance.get('drafts')} "
-                    "drafts in the engines' context): nothing has checked the draft's binding on these engines")
+                    "drafts; its acceptance_receipt.json note says why): nothing has checked the draft's binding on "
+                    "these engines")
         return None
 
     def close(self) -> None:

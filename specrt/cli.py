@@ -419,7 +419,6 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
 
 
-# run's and chat's --seed
 def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list) -> list[str]:
     """What `specrt run` says of options that will not do what they may seem to (a user walk):
     --seed under a governor whose rounds follow measured times, --chat beside token ids."""
@@ -442,6 +441,7 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
     return notes
 
 
+# run's and chat's --seed
 SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K; "
              "governors that choose from measured times (adaptive, dspark, :ngram, auto) may draft differently and "
              "give another sample of the same distribution, unless --reproducible.")
@@ -663,9 +663,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     (--max-new-tokens, at most a quarter of the context) outgrow the engines' context,
     its oldest turns are dropped (the system prompt stays), and it says so; a turn that
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
-    on); a system prompt that leaves no room for a turn is refused before the first. Ctrl-C during an answer stops it (what was printed stays in the conversation; before
-    its first token, the turn is dropped); an empty line or the end of input ends the
-    conversation."""
+    on); a system prompt that leaves no room for a turn is refused before the first. Ctrl-C
+    during an answer stops it (what was printed stays in the conversation; before its first
+    token, the turn is dropped); an empty line or the end of input ends the conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
