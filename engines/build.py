@@ -121,9 +121,10 @@ def check_memory_fits(exp: dict[str, Any], ctx: int, source: str, available: int
                       log: Callable[[str], None] = lambda s: None) -> None:
     """Before anything is built, the memory of a context of ``ctx`` tokens (``source``: where
     that limit came from) against what this machine has available (``available``, MemAvailable
-    or the memory cgroup's room by default, machine.mem_available; unknown: no check). What a build allocates and writes, the weights and the RoPE
-    tables, must fit: a UserError saying what context would (a max_position_embeddings of 10**12
-    crashed allocating 3.64 TiB of RoPE table). The KV caches are allocated zeroed and take
+    or the memory cgroup's room by default, machine.mem_available; unknown: no check). What a
+    build allocates and writes, the weights and the RoPE tables, must fit: a UserError saying
+    what context would (a max_position_embeddings of 10**12 crashed allocating 3.64 TiB of RoPE
+    table). The KV caches are allocated zeroed and take
     memory only as a conversation fills them (profiling writes a few hundred rows): past the
     memory available at the full context, a note (a model's max_position_embeddings, 131072 for
     Llama 3.1, is the default limit)."""

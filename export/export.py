@@ -78,7 +78,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     and ``embeddings`` (the receipt records which embedding the draft graph runs)."""
     from specrt.export import graphs
 
-    check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out, optional=("draft_dir",))  # Path('') is the working folder
+    # (Path('') is the working folder)
+    check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out, optional=("draft_dir",))
     if dtype not in DTYPES:
         raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
     t0 = time.perf_counter()
