@@ -258,10 +258,11 @@ def load_onnx(path) -> Any:
     return model
 
 
-def initializer_reader(path) -> tuple[list[str], Any]:
-    """(names, read) of an ONNX file's initializers: ``read(name)`` is one as a numpy array,
-    its external data read by offset as load_onnx reads it, one tensor in memory at a time
-    (load_onnx holds every weight at once; a KeyError for a name the file has not)."""
+def initializer_reader(path) -> tuple[dict[str, Any], Any]:
+    """(initializers, read) of an ONNX file: its TensorProtos by name, external data not read,
+    and ``read(name)``, one as a numpy array, its external data read by offset as load_onnx
+    reads it: one tensor in memory at a time (load_onnx holds every weight at once; a KeyError
+    for a name the file has not)."""
     from pathlib import Path
 
     import onnx
@@ -277,7 +278,7 @@ def initializer_reader(path) -> tuple[list[str], Any]:
         return numpy_helper.to_array(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims),
                                                       raw_data=_external_bytes(path, t)))
 
-    return list(inits), read
+    return inits, read
 
 
 def _external_bytes(path, t) -> bytes:

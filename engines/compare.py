@@ -681,9 +681,9 @@ def check_target_weights(export_graph: Path, engine_graph: Path) -> dict[str, An
 
     const = re.compile(r"const_\d+")
     # one tensor in memory at a time (both graphs whole beside the loaded sessions: ~3x the weights)
-    xnames, xread = initializer_reader(export_graph)
+    xinits, xread = initializer_reader(export_graph)
     enames, eread = initializer_reader(engine_graph)
-    xweights = {n for n in xnames if not const.fullmatch(n)}
+    xweights = {n for n in xinits if not const.fullmatch(n)}
     read: set[str] = set()
 
     def get(slot: str) -> np.ndarray:

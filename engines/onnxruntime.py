@@ -76,7 +76,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from specrt import contracts as C
-from specrt.engines.base import Runner, external_location, np_dtype
+from specrt.engines.base import Runner, np_dtype
 from specrt.engines.plan import Role
 from specrt.errors import UserError
 from specrt.limits import MAX_THREADS, whole
@@ -547,32 +547,23 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
     from the weights in ``src`` (read one tensor at a time, external data by offset), into
     ``dst`` + ``dst.data``; returns its GraphIO."""
     import onnx
-    from onnx import numpy_helper
 
+    from specrt.engines.base import initializer_reader
     from specrt.export.config import DecoderConfig
     from specrt.export.graphs import build_target_graph, save_model
     from specrt.export.onnx_ops import check_dtype
 
     check_dtype(dtype)
-    model = onnx.load(str(src), load_external_data=False)
-    inits = {t.name: t for t in model.graph.initializer}
-    np_types = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
+    inits, read = initializer_reader(src)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
 
     def get(slot: str) -> np.ndarray:
         t = inits.get(slot)
         if t is None:
             raise UserError(f"{src}: has no weight '{slot}' to re-lower the target with in-place KV")
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            return numpy_helper.to_array(t)
-        dt = np_types.get(t.data_type)
-        if dt is None:
+        if t.data_location == onnx.TensorProto.EXTERNAL and t.data_type not in floats:
             raise UserError(f"{src}: weight '{slot}' has ONNX type {t.data_type}; in-place KV needs float32/float16")
-        path, offset, _ = external_location(src, t)
-        count = int(np.prod(t.dims)) if len(t.dims) else 1
-        a = np.fromfile(path, dtype=dt, count=count, offset=offset)
-        if a.size != count:
-            raise UserError(f"{path}: too short for weight '{slot}'")
-        return a.reshape(tuple(t.dims))
+        return read(slot)
 
     cfg = DecoderConfig.from_json(decoder)
     outliers = None
@@ -586,7 +577,7 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
         np.save(dst.parent / BOUNDS_FILE, quantize_head(w, outliers)[2], allow_pickle=False)
     out = build_target_graph(cfg, get, aux_layer_ids, dtype, kv="inplace", cache_len=int(cache_len), head=head,
                              outliers=outliers)
-    del model, inits
+    del get, read, inits  # (the export's graph, whole for a single-file export, before the new one is saved)
     io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.hidden_size, dtype,
                      kv="inplace", head=head, num_aux=len(aux_layer_ids))
     save_model(out, dst, external_data=True)
