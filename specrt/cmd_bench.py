@@ -1403,8 +1403,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                  "hf-lookup": 3, "llamacpp-lookup": 3}
         jobs.sort(key=lambda j: order.get(j[0], 4))
         n_workers = len(group_jobs(jobs)) * processes
-        if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, mem_available()):
-            each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (mem_available() or 0) / 2 ** 30
+        available = mem_available()  # (read once: MemAvailable and the memory cgroups)
+        if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, available):
+            each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (available or 0) / 2 ** 30
             warnings.append(f"--schedule interleaved would hold {n_workers} workers of ~{each:.1f} GiB at once "
                             f"({n_workers * each:.1f} GiB, {avail:.1f} GiB available): ran sequentially instead, "
                             "so the configurations' ratios include the machine's drift"

@@ -540,7 +540,8 @@ class Server:
             except UserError as e:  # (the template's file is the server's, not the client's to read)
                 msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
                 raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
-        lengths = self._lengths(prompts)
+        ids = self._token_ids(prompts)  # (encoded once: the choices decode these)
+        lengths = [len(x) for x in ids]
         limit = self.session.engines.max_context
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
             self._check_room(max(lengths), max_new, chat, name)
@@ -548,14 +549,15 @@ class Server:
         else:  # the server's default, cut for each prompt where an asked-for one would be refused (it gave one
             caps = [min(max_new, limit - n) if n < limit else max_new for n in lengths]  # more)
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
-                "logprobs": logprobs, "prompts": prompts, "chat": chat, "max_new_tokens": caps,  # (one a prompt)
+                "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
+                "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop),
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage"))}
 
-    def _lengths(self, prompts: list) -> list[int]:
-        """Each prompt's token count (token ids, or text encoded without a template)."""
+    def _token_ids(self, prompts: list) -> list[list[int]]:
+        """Each prompt's token ids (as given, or text encoded without a template)."""
         try:
-            return [len(p) if is_token_ids(p) else len(self.session.encode(p, False)) for p in prompts]
+            return [p if is_token_ids(p) else self.session.encode(p, False) for p in prompts]
         except UserError as e:
             raise BadRequest(str(e), "prompt") from None
 
@@ -626,13 +628,14 @@ class Server:
         s, lp, params = self.session, req["logprobs"], req["params"]
         completion, prompt_tokens = 0, 0
         for i in range(req["choices"]):  # prompt i // n, its choice i % n
-            prompt = req["prompts"][i // req["n"]]
+            k = i // req["n"]
+            prompt = req["prompts"][k]
             s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"], done["first"] = True, i % req["n"] == 0
-            gen = s.stream(prompt, chat=req["chat"], max_new_tokens=req["max_new_tokens"][i // req["n"]],
-                           stop=req["stop"], logprobs=lp, prompt_logprobs=pl)
+            gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
+                           logprobs=lp, prompt_logprobs=pl)
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
