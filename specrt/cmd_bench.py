@@ -1244,6 +1244,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     if governors is not None and not _split(governors):  # (an empty value ran the whole default list)
         raise UserError(f"--governors {governors!r}: expected comma-separated governors, e.g. off,fixed:2,dspark "
                         "(leave the option out for the default list)")
+    same_notes: list[str] = []
     govs = _split(governors) if governors else (
         ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
          *(["dspark:tree=3"] if engines.verifies_trees() else []), resolve_spec("auto", engines)]
@@ -1251,6 +1252,18 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     # one spelling a governor: 'OFF' ran as specrt:OFF, and the identity check, which compares
     # every configuration with specrt:off, found no reference and checked nothing
     govs = list(dict.fromkeys(_canonical(g) for g in govs))  # (fixed:02 ran beside fixed:2, fixed:0 beside off)
+    # auto beside the governor it stands for on these engines ran it twice under two names
+    from specrt.runtime.governor import split_lookup
+
+    runs_as: dict[str, str] = {}
+    for g in list(govs):
+        key = _canonical(resolve_spec(g, engines)) if split_lookup(g)[0] == "auto" else g
+        if key in runs_as:
+            govs.remove(g)
+            same_notes.append(f"--governors: {g} is {runs_as[key]} on {engines.folder} "
+                              f"({key}); it runs once, as {runs_as[key]}")
+        else:
+            runs_as[key] = g
     if "off" not in govs:
         govs.insert(0, "off")
     for g in govs:  # (UserError on a bad spec, or one these engines cannot run, before anything runs)
@@ -1341,7 +1354,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         lib = load_bench_lib()
 
         machine = machine_info(threads)
-        warnings = []
+        warnings = list(same_notes)
         load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
         if load1 > 0.5 * cpus:
             warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "

@@ -948,6 +948,25 @@ def test_governors_are_named_in_one_spelling_so_identity_is_checked(tiny_engines
     assert rep["identity"]["configs"]["specrt:fixed:2"]["identical_prompts"] == 2
 
 
+def test_auto_beside_the_governor_it_stands_for_runs_once(tiny_engines, prompts_file, tmp_path):
+    """`--governors auto,X` where auto resolves to X on these engines ran the same governor
+    twice under two names (found in session 53); it runs once, under the first name, and says so."""
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.session import resolve_spec
+
+    same = resolve_spec("auto", load_engines(tiny_engines))
+    assert same != "auto"
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--max-new-tokens", "6", "--governors", f"off,auto,{same.upper()},fixed:1",
+                                   "--threads", "1", "--warmup-tokens", "0", "--quiet", "--no-profile"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    assert set(rep["configs"]) == {REFERENCE, "specrt:auto", "specrt:fixed:1"}
+    assert any(w.startswith(f"--governors: {same} is auto on {tiny_engines}") for w in rep["warnings"])
+
+
 def test_a_variant_whose_context_the_prompts_overflow_is_refused(tiny_engines, prompts_file, tmp_path):
     """Cut at its own context, a variant's outputs "differed" from off (a correctness failure,
     exit 2): refused before anything runs, naming the variant and its limit."""
