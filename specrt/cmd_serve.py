@@ -10,7 +10,7 @@ Requests take ``max_tokens`` (or ``max_completion_tokens``; with the prompt past
 engines' context: 400, as vLLM answers), ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
-chunk) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
+chunk, and with vLLM's ``continuous_usage_stats`` every chunk carries its choice's counts so far) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
 (up to 16 choices, decoded one after another, choice i with seed + i; a seed repeats its
@@ -122,8 +122,9 @@ NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "g
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
             "mm_processor_kwargs", "documents", "vllm_xargs")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
-# here, taken and ignored); vLLM's continuous_usage_stats changes what is sent: refused
-STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+# here, taken and ignored); vLLM's continuous_usage_stats: with include_usage (as vLLM reads it),
+# every chunk's usage is its choice's prompt and completion tokens so far, not null
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
 # Fields read, or that change nothing here (who asks, what a hosted API would store): every
 # other one is refused as OpenAI refuses it ("Unrecognized request argument supplied"), so
 # that a misspelt max_tokens or a field of another server's is not silently dropped
@@ -552,7 +553,8 @@ class Server:
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop),
-                "stream": stream, "usage_chunk": bool(opts.get("include_usage"))}
+                "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
+                "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
 
     def _token_ids(self, prompts: list) -> list[list[int]]:
         """Each prompt's token ids (as given, or text encoded without a template)."""
@@ -641,7 +643,8 @@ class Server:
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
                 text = prompt if isinstance(prompt, str) else s.text.decode(s.last_prompt_ids)
-                return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None}
+                return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None,
+                        "tokens": 0}
 
             try:
                 for piece in gen:
@@ -650,11 +653,10 @@ class Server:
                     if not echoed:
                         echoed = True
                         yield echo()
-                    entries = None
-                    if lp is not None:  # the tokens written so far (trimmed at a stop string before its piece)
-                        n = len(s.last_output_ids)
+                    entries, n = None, len(s.last_output_ids)  # the tokens written so far (trimmed at a stop
+                    if lp is not None:  # string before its piece)
                         entries, sent = s.logprob_entries(sent, n), n
-                    yield {"index": i, "text": piece, "logprobs": entries, "context": context()}
+                    yield {"index": i, "text": piece, "logprobs": entries, "context": context(), "tokens": n}
             finally:
                 gen.close()
             if not echoed:  # nothing generated (max_tokens 0, or an answer without text)
@@ -670,7 +672,8 @@ class Server:
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
             yield {"index": i, "finish_reason": reason,
-                   "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None, "context": context()}
+                   "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None, "context": context(),
+                   "tokens": n_out}
 
 
 GET_PATHS = ("/v1/models", "/models", "/health", "/metrics")
@@ -979,12 +982,16 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def event(i: int, delta: dict | None, finish=None, entries=None, context=(), **extra) -> None:
+        def event(i: int, delta: dict | None, finish=None, entries=None, context=(), tokens=0, **extra) -> None:
             choice = ({"index": i, "delta": delta or {}} if chat else {"index": i, "text": (delta or {}).get("content", "")})
             if req["logprobs"] is not None:
                 choice["logprobs"] = lp(i, entries, context)
+            usage = None  # (OpenAI: null until the last chunk)
+            if req["usage_every"]:  # (vLLM's continuous_usage_stats: choice i's counts so far)
+                p = len(req["ids"][i // req["n"]])
+                usage = {"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens}
             payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
-                       **({"usage": None} if req["usage_chunk"] else {}), **extra}  # (OpenAI: null until the last)
+                       **({"usage": usage} if req["usage_chunk"] else {}), **extra}
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             self.wfile.flush()
 
@@ -996,14 +1003,16 @@ class Handler(BaseHTTPRequestHandler):
                     started.add(i)
                     event(i, {"role": "assistant", "content": ""})
                 if "text" in item:
-                    event(i, {"content": item["text"]}, entries=item["logprobs"], context=item.get("context", ()))
+                    event(i, {"content": item["text"]}, entries=item["logprobs"], context=item.get("context", ()),
+                          tokens=item["tokens"])
                 elif i < req["choices"] - 1:
-                    event(i, None, item["finish_reason"], entries=item["logprobs"], context=item["context"])
+                    event(i, None, item["finish_reason"], entries=item["logprobs"], context=item["context"],
+                          tokens=item["tokens"])
                 else:
                     held = item
                 item = next(pieces)
             event(held["index"], None, held["finish_reason"], entries=held["logprobs"], context=held["context"],
-                  specrt=item["specrt"])
+                  tokens=held["tokens"], specrt=item["specrt"])
             if req["usage_chunk"]:
                 self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
                                                          "usage": item["usage"]}).encode() + b"\n\n")

@@ -940,14 +940,39 @@ def test_stream_options_follow_openais_rules(served):  # noqa: F811
                   {"stream": True, "stream_options": {"foo": 1}}):
         code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, **extra})
         assert code == 400 and r["error"]["param"] == "stream_options", (code, r)
-    assert "'stream_options.foo' is not a stream option (expected include_usage, include_obfuscation)" \
-        in r["error"]["message"]
+    assert "'stream_options.foo' is not a stream option (expected include_usage, include_obfuscation, " \
+        "continuous_usage_stats)" in r["error"]["message"]
     code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "stream": True,  # (OpenAI's)
                                                    "stream_options": {"include_obfuscation": False}})
     assert code == 200 and all("usage" not in e for e in ev)
     code, ev = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "stream": True,
                                                    "stream_options": {"include_usage": None}})
     assert code == 200 and all("usage" not in e for e in ev)  # (a null is a field left out)
+
+
+def test_continuous_usage_stats_gives_every_chunk_its_choices_counts_so_far(served):  # noqa: F811
+    """vLLM's stream_options.continuous_usage_stats (with include_usage) was refused (session 53):
+    every chunk now carries its choice's prompt tokens and completion tokens so far, rising to
+    the choice's total; without include_usage it changes nothing, as vLLM reads it."""
+    url, _ = served
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}]}),
+                       ("/v1/completions", {"prompt": "w1 w2"})):
+        code, ev = _post(url, path, {**body, "max_tokens": 5, "n": 2, "stream": True, "seed": 3, "temperature": 1.0,
+                                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        assert code == 200, ev
+        last, chunks = ev[-1], ev[:-1]
+        assert last["choices"] == [] and all(e["usage"] is not None for e in chunks), chunks[0]
+        prompt = last["usage"]["prompt_tokens"]
+        for i in (0, 1):
+            mine = [e["usage"] for e in chunks if e["choices"][0]["index"] == i]
+            counts = [u["completion_tokens"] for u in mine]
+            assert counts == sorted(counts) and counts[-1] == 5 and counts[0] < 5, (path, i, counts)
+            assert all(u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"]
+                       for u in mine)
+        assert last["usage"]["completion_tokens"] == 10
+        code, ev = _post(url, path, {**body, "max_tokens": 3, "stream": True,
+                                     "stream_options": {"continuous_usage_stats": True}})
+        assert code == 200 and all("usage" not in e for e in ev)
 
 
 def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(worded):  # noqa: F811
