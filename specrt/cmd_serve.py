@@ -75,6 +75,7 @@ MAX_N = 16  # choices a request may ask for (decoded one after another)
 MAX_CHOICES = 64  # prompts x n, a request
 WRITE_TIMEOUT = 5.0  # seconds an answer's write may wait for a client that reads nothing (--write-timeout)
 WRITE_PIECE = 1 << 16  # bytes of a whole answer written at a time, each within WRITE_TIMEOUT
+SETTLE_SECONDS = 5.0  # at the stop, how long the requests begun may take to get their answers (drain)
 LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
 
@@ -402,6 +403,10 @@ class Server:
         # close waits for them, as it waits for the lock (the process ended under them)
         self.sending = 0
         self.sent = threading.Condition()
+        # requests whose line has been read and whose answer is not yet written (Handler.parse_request):
+        # drain waits for them after the socket stops accepting (the process ended under a /health
+        # probe's answer: its headers sent, its body cut, seen by a user walk in session 53)
+        self.replying = 0
 
     def close(self) -> None:
         """Closes the session once the request being answered has ended (Ctrl-C mid-answer
@@ -437,6 +442,18 @@ class Server:
         with self.sent:
             self.sending += n
             self.sent.notify_all()
+
+    def replying_to(self, n: int) -> None:
+        """``n`` (1 or -1) more requests begun and not yet answered (``settle`` waits for them)."""
+        with self.sent:
+            self.replying += n
+            self.sent.notify_all()
+
+    def settle(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for the requests begun to be answered; False if some
+        were not (a client sending its body slowly is not waited for past it)."""
+        with self.sent:
+            return self.sent.wait_for(lambda: self.replying == 0, timeout)
 
     def _generator(self, params):
         """The generator of ``params``' decoding mode (made on first use: the governor
@@ -686,6 +703,7 @@ class Handler(BaseHTTPRequestHandler):
     # seconds a socket read or write may wait: a client that sends less than its
     # Content-Length, or stalls, frees its thread (the lock is not held while reading)
     timeout = 60
+    _begun = False  # this connection's request is counted in Server.replying
 
     @property
     def route(self) -> str:
@@ -759,6 +777,36 @@ class Handler(BaseHTTPRequestHandler):
                 self.rfile.read(size)
             except OSError:
                 self.close_connection = True
+
+    def setup(self) -> None:
+        """A connection just taken counts as a request begun (Server.replying) until its first
+        request is answered or it closes: the server took it, so the stop waits for it (one taken
+        as the process ended got no answer at all)."""
+        super().setup()
+        self._counted(True)
+
+    def parse_request(self) -> bool:
+        """The standard library's, counting the request as begun until handle_one_request has
+        answered it (a kept-alive connection waiting for its next request is not counted)."""
+        self._counted(True)
+        return super().parse_request()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        finally:
+            self._counted(False)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self._counted(False)
+
+    def _counted(self, begun: bool) -> None:
+        if begun != self._begun:
+            self._begun = begun
+            self.app.replying_to(1 if begun else -1)
 
     def _not_allowed(self) -> None:
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
@@ -1041,17 +1089,24 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def drain(app: Server, httpd: ThreadingHTTPServer) -> None:
+def drain(app: Server, httpd: ThreadingHTTPServer, serving: bool = False) -> None:
     """Stop serving once the request being answered has ended (``app.close``), ``httpd``
     listening meanwhile in a thread of its own, so that /health answers 503 "stopping" (what a
     load balancer's probe reads) and new requests 503; then close its socket. The socket used
     to close first: the probe's connection was refused until the process ended."""
     app.stopping = True
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    if not serving:  # (``httpd`` serving already in a thread of its own: serve's)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         app.close()
     finally:
-        httpd.shutdown()
+        httpd.shutdown()  # no more connections taken; those begun get their answer (503 by now)
+        try:
+            if not app.settle(SETTLE_SECONDS):
+                app.log(f"[stopping: {app.replying} request(s) still unanswered after {SETTLE_SECONDS:g} s: "
+                        "their connections close]")
+        except KeyboardInterrupt:
+            pass
         httpd.server_close()
 
 
@@ -1138,11 +1193,17 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                            f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
                            f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
                 sys.stderr.flush()
-                httpd.serve_forever()
+                # in a thread of its own: Ctrl-C or SIGTERM raised in serve_forever could land
+                # between its accept and its handing the connection on (the client got no answer)
+                serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                           daemon=True)
+                serving.start()
+                while serving.is_alive():
+                    serving.join(0.5)
             except KeyboardInterrupt:
                 pass
             finally:
-                drain(app, httpd)
+                drain(app, httpd, serving=True)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

@@ -1406,6 +1406,47 @@ def test_health_answers_stopping_while_the_answer_in_flight_ends(worded):  # noq
         socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=5).close()
 
 
+def test_the_stop_waits_for_the_requests_begun_to_be_answered(worded):  # noqa: F811
+    """The process ended as soon as the socket closed, under the handler threads of requests it
+    had taken: a /health probe's answer came with its body cut (a user walk, session 53), others
+    with no answer. drain now waits (up to SETTLE_SECONDS) for every request whose line was
+    read to be answered: here one whose body comes late gets its whole 503."""
+    import socket
+    import time
+
+    from specrt.cmd_serve import Server, drain, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    body = json.dumps({"prompt": "w6", "max_tokens": 2}).encode()
+    c = socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=30)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+    deadline = time.time() + 30
+    while app.replying == 0 and time.time() < deadline:  # its line read: begun
+        time.sleep(0.01)
+    assert app.replying == 1
+    httpd.shutdown()  # (as serve_forever's interruption by Ctrl-C)
+    stopped = threading.Thread(target=drain, args=(app, httpd))
+    stopped.start()
+    time.sleep(0.5)
+    assert stopped.is_alive()  # waiting for the request begun
+    c.sendall(body[5:])
+    answer = b""
+    while chunk := c.recv(65536):
+        answer += chunk
+        if b"\r\n\r\n" in answer and len(answer.split(b"\r\n\r\n", 1)[1]) >= int(
+                answer.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]):
+            break
+    c.close()
+    head, rest = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.0 503") or head.startswith(b"HTTP/1.1 503"), head
+    assert json.loads(rest)["error"]["message"] == "the server is shutting down"
+    stopped.join(timeout=30)
+    assert not stopped.is_alive() and app.replying == 0
+
+
 def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
