@@ -1089,13 +1089,18 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def drain(app: Server, httpd: ThreadingHTTPServer, serving: bool = False) -> None:
+def drain(app: Server, httpd: ThreadingHTTPServer, serving: threading.Thread | None = None) -> None:
     """Stop serving once the request being answered has ended (``app.close``), ``httpd``
     listening meanwhile in a thread of its own, so that /health answers 503 "stopping" (what a
     load balancer's probe reads) and new requests 503; then close its socket. The socket used
     to close first: the probe's connection was refused until the process ended."""
     app.stopping = True
-    if not serving:  # (``httpd`` serving already in a thread of its own: serve's)
+    began = getattr(httpd, "began", None)  # (_HTTPServer's: set as its serve_forever starts)
+    if serving is not None and began is not None:  # serve's thread, unless the signal came before it ran
+        while not began.is_set() and serving.is_alive():
+            began.wait(0.05)
+        began.wait(1.0)  # (started, not yet marked alive: a moment)
+    if serving is None or not (began is None or began.is_set()):
         threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         app.close()
@@ -1114,6 +1119,14 @@ class _HTTPServer(ThreadingHTTPServer):
     # connections waiting to be accepted: socketserver's 5 reset the 6th of a burst of clients
     # (20 of 64 at once), where the README promises they queue; the kernel caps it (somaxconn)
     request_queue_size = socket.SOMAXCONN
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.began = threading.Event()  # serve_forever has started (drain: no second loop)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self.began.set()
+        super().serve_forever(poll_interval)
 
 
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
@@ -1188,22 +1201,23 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         # ended the process mid-answer, a stream cut without a word)
         old = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
+            serving = None
             try:
-                click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
-                           f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
-                           f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
-                sys.stderr.flush()
                 # in a thread of its own: Ctrl-C or SIGTERM raised in serve_forever could land
                 # between its accept and its handing the connection on (the client got no answer)
                 serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                            daemon=True)
                 serving.start()
+                click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
+                           f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
+                           f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
+                sys.stderr.flush()
                 while serving.is_alive():
                     serving.join(0.5)
             except KeyboardInterrupt:
                 pass
             finally:
-                drain(app, httpd, serving=True)
+                drain(app, httpd, serving)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

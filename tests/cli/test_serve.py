@@ -1447,6 +1447,34 @@ def test_the_stop_waits_for_the_requests_begun_to_be_answered(worded):  # noqa: 
     assert not stopped.is_alive() and app.replying == 0
 
 
+@pytest.mark.parametrize("started", [False, True])
+def test_the_stop_serves_its_503s_whether_or_not_serves_thread_had_started(worded, started):  # noqa: F811
+    """serve runs serve_forever in a thread of its own (session 54); a signal that comes before
+    that thread ran must not leave drain waiting on a loop that never started (shutdown would
+    wait for ever), nor start a second loop beside one that did."""
+    from specrt.cmd_serve import Server, drain, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    if started:
+        serving.start()
+    loops = []
+    real = type(httpd).serve_forever
+    type(httpd).serve_forever = lambda self, *a, **k: (loops.append(1), real(self, *a, **k))[1]
+    try:
+        stopped = threading.Thread(target=drain, args=(app, httpd, serving))
+        stopped.start()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{httpd.server_address[1]}/health", timeout=30)
+        assert e.value.code == 503
+        stopped.join(timeout=30)
+        assert not stopped.is_alive() and app.closed
+    finally:
+        type(httpd).serve_forever = real
+    assert len(loops) == (0 if started else 1)
+
+
 def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
     """A second Ctrl-C while closing cuts the answer in progress at its next round
     (Server.cutting): a whole answer, or a stream cut before its first text, gets 503 "the
