@@ -78,9 +78,9 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     fitted for other engines (``digest`` given and different). Format /1 (one greedy
     calibration at the top level) reads as {'greedy': ...}."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (not UTF-8: a traceback in every command,
+        raise UserError(f"{path}: not valid JSON ({e})") from None  # calibrate's replacement of it too)
     except RecursionError:  # arrays or objects nested past Python's recursion limit
         raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
     except OSError as e:
@@ -147,7 +147,8 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
         modes = read_calibration_file(p, engines.manifest["export"]["digest"])
     except UserError as e:
         if governor is None or is_dspark(governor):
-            raise
+            raise UserError(f"{e}; `specrt calibrate {engines.folder}` writes it again (or delete it: DSpark "
+                            "then starts from the identity map)") from None
         return None, f"calibration ignored ({governor} does not read it): {e}"
     if modes is None:
         return None, f"{p} was fitted for other engines (export digest differs): using the identity map"

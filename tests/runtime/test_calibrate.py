@@ -377,6 +377,25 @@ def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
         read_calibration_file(p)
 
 
+def test_a_calibration_file_not_in_utf8_is_named_and_calibrate_replaces_it(small_vocab_engines, tmp_path):
+    """A calibration.json in another encoding (an editor's Latin-1, or a --grow-file written over
+    it) was a UnicodeDecodeError traceback in every command that loads the engines, calibrate,
+    which replaces an unusable file, too (a user walk, session 54)."""
+    from specrt.runtime.session import read_calibration_file
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    p = eng / CALIBRATION_FILE
+    p.write_bytes(b'{"format": "specrt.calibration-file/2", "note": "caf\xe9"}')
+    with pytest.raises(UserError, match=f"{p}: not valid JSON \\('utf-8' codec"):
+        read_calibration_file(p)
+    with pytest.raises(UserError, match="writes it again"):
+        Session(eng, governor="dspark")
+    with Session(eng, governor="fixed:1") as s:
+        assert s.calibration_note.startswith("calibration ignored")
+    calibrate(eng, prompts(4, 8, seed=1), max_new_tokens=8, holdout=0.25)
+    assert "greedy" in read_calibration_file(p)
+
+
 def test_report_ece_fields_exist_and_lie_in_unit_interval(small_vocab_engines, tmp_path):
     eng = copy(small_vocab_engines, tmp_path / "engines")
     rep = calibrate(eng, prompts(16, 8, seed=1), max_new_tokens=24, holdout=0.25)
