@@ -103,6 +103,30 @@ def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, opt
                         "and break the engines: give another path")
 
 
+def check_not_engines_own(path: str | Path | None, engines_dir: str | Path, option: str) -> None:
+    """UserError when ``path`` is a file the engines folder owns: its manifest, a file it
+    records, its export (through its link) or a file calibrate, canary or corpus write there.
+    A file of the user's own there (a growth file kept beside the engines) is taken: for an
+    option that reads the file it names before writing it (run's --grow-file wrote session
+    growth over calibration.json, and every later command failed on it)."""
+    if path is None:
+        return
+    p, folder = Path(path).resolve(), Path(engines_dir).resolve()
+    if not p.is_relative_to(folder):
+        return
+    owned = {folder / n for n in ("engines.json", CALIBRATION_FILE, ACCEPTANCE_FILE, CORPUS_FILE)}
+    try:
+        files = json.loads((folder / "engines.json").read_text(encoding="utf-8")).get("files") or []
+        owned |= {(folder / r["file"]).resolve() for r in files if isinstance(r, dict) and isinstance(r.get("file"), str)}
+    except (OSError, ValueError, AttributeError, RecursionError):  # (loading the engines names a broken manifest)
+        pass
+    export = (folder / "export").resolve()
+    if p in owned or p == export or p.is_relative_to(export) or (folder / "export") in [Path(path).absolute(),
+                                                                                          *Path(path).absolute().parents]:
+        raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
+                        "and break the engines: give another path")
+
+
 def check_output_file(path: Path, option: str) -> None:
     """``path`` can be written (its missing folders made then): refuse a folder in its place,
     a file where a folder of it should be, or a folder this user cannot write, naming the

@@ -318,6 +318,28 @@ def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
     check_not_engines_file(tmp_path / "p.jsonl", engines, "--report")
 
 
+def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
+    """`run --grow-file ENGINES/calibration.json` wrote session growth (an .npz) over the
+    calibration, and every later command failed on it (a user walk, session 54); corpus.npz,
+    the manifest, a recorded graph or the export's files likewise. A growth file of the user's
+    own kept in the folder is still read and written."""
+    from specrt.paths import check_not_engines_own
+
+    engines = tmp_path / "e"
+    (engines / "export").mkdir(parents=True)
+    (engines / "export" / "export.json").write_text("{}")
+    (engines / "engines.json").write_text('{"files": [{"file": "draft.onnx"}, {"file": "draft.onnx.data"}]}')
+    for name in ("calibration.json", "corpus.npz", "acceptance_receipt.json", "engines.json", "draft.onnx.data",
+                 "export/export.json", "export/new.json"):
+        r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "x", "--grow-file", str(engines / name)])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (name, r.output)
+        assert f"--grow-file {engines / name}: a file of the engines folder {engines}" in r.output, (name, r.output)
+    assert sorted(p.name for p in engines.iterdir()) == ["engines.json", "export"]
+    (engines / "mine.npz").write_bytes(b"x")
+    check_not_engines_own(engines / "mine.npz", engines, "--grow-file")  # the user's own: taken
+    check_not_engines_own(tmp_path / "g.npz", engines, "--grow-file")
+
+
 def test_the_engines_files_check_needs_no_runtime(tmp_path):
     """check_not_engines_file reads the names of the files later commands write (calibrate's,
     the canary's, corpus's) from specrt.contracts: it imported runtime.session (and with it
