@@ -270,7 +270,7 @@ def build(export_dir: Path, backend: str, depths, out: Path, precision, max_cont
                       draft_weights=draft_weights, target_head=target_head, profile_repeats=profile_repeats,
                       log=lambda s: click.echo(s, err=True))
     if not no_canary and m.get("draft_depth") and _has_draft(out):
-        _canary(out)
+        _canary(out, verify=False)
 
 
 def _has_draft(engines_dir: Path) -> bool:
@@ -279,11 +279,14 @@ def _has_draft(engines_dir: Path) -> bool:
     return load_export(engines_dir / "export", verify=False).get("draft") is not None
 
 
-def _canary(engines_dir: Path) -> None:
+def _canary(engines_dir: Path, verify: bool = True) -> None:
+    """The acceptance canary on ``engines_dir``; ``verify=False`` (the build that hashed the
+    files just now) skips re-hashing them: `specrt canary` vouched for a graph swapped in
+    from another build, which run then refused."""
     from specrt.engines.engine_set import load_engines
     from specrt.runtime.canary import low_note, run_canary
 
-    with load_engines(engines_dir, verify=False) as engines:
+    with load_engines(engines_dir, verify=verify) as engines:
         r = run_canary(engines)
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None

@@ -151,6 +151,26 @@ def test_engines_never_checked_get_a_note(tmp_path):
     assert "no tokenizer.json" in r.output and "acceptance receipt" not in r.output, r.output
 
 
+def test_the_canary_command_refuses_a_graph_swapped_in_from_another_build(tmp_path):
+    """`specrt canary` loaded the folder without re-hashing its files and wrote a trusted
+    receipt for a draft graph copied in from another build, which run then refused (a user
+    walk, session 54): it checks the hashes as run does, and writes nothing."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    eng = _engines(tmp_path / "a", None)
+    build_engines(tmp_path / "a" / "exp", "onnxruntime", (1, 2), tmp_path / "other", log=lambda s: None,
+                  profile_repeats=1, profile_pasts=(16,), max_context=64)
+    (eng / "acceptance_receipt.json").unlink(missing_ok=True)
+    shutil.copy(tmp_path / "other" / "target.onnx", eng / "target.onnx")
+    r = CliRunner().invoke(main, ["canary", str(eng)])
+    assert r.exit_code == 1 and "target.onnx" in r.output and "Traceback" not in r.output, r.output
+    assert not (eng / "acceptance_receipt.json").exists()
+
+
 def test_no_receipt_is_trusted_with_a_note(tmp_path):
     r = _measure(_engines(tmp_path / "c", None))
     assert r["trusted"] and r["training_depth1"] is None and "no training receipt" in r["note"]
