@@ -273,6 +273,31 @@ def check_against_export(where: Path, m: dict[str, Any], export: dict[str, Any])
         if need - set(role["dims"]):
             raise UserError(f"{where}: roles.{name}.dims has no range for {sorted(need - set(role['dims']))}; re-run "
                             "`specrt build`")
+    check_role_ranges(where, m, (export.get("draft") or {}).get("kind"))
+
+
+def check_role_ranges(where: Path, m: dict[str, Any], draft_kind: str | None) -> None:
+    """Each role's dimension ranges (min and max; opt is a tuning choice) are those the build
+    plan gives its depths and max_context, and the in-place cache's rows are max_context: an
+    edited range (verify.4 taking 4 new tokens, a larger context) met the graph's own error
+    mid-decode, blamed on the prompt, or a crash in its RoPE table past the rows it was built with."""
+    from specrt import contracts as C
+    from specrt.engines.plan import make_roles
+
+    ctx = m["max_context"]
+    try:
+        plan = make_roles(tuple(m["depths"]), ctx, draft_kind)
+    except UserError as e:
+        raise UserError(f"{where}: max_context {ctx} and depths {m['depths']}: {e}; re-run `specrt build`") from None
+    for name, role in m["roles"].items():
+        want = {k: [r.min, r.max] for k, r in plan[name].dims.items()} if name in plan else {}
+        if C.DIM_CACHE in role["dims"]:
+            want[C.DIM_CACHE] = [ctx, ctx]
+        for dim, (lo, hi) in want.items():
+            got = role["dims"].get(dim)
+            if got is not None and [got[0], got[2]] != [lo, hi]:
+                raise UserError(f"{where}: roles.{name}.dims.{dim} is {got}; expected min {lo} and max {hi} for "
+                                f"depths {m['depths']} and max_context {ctx}: re-run `specrt build`")
 
 
 def verify_engines(folder: Path, manifest: dict[str, Any], verify: bool = True) -> dict[str, Any]:

@@ -377,6 +377,12 @@ class OrtRunner(Runner):
                                   or any(isinstance(a, int) and isinstance(b, int) and a != b
                                          for a, b in zip(v.shape, t.shape))):
                 bad.append(f"{t.name} ({t.dtype} {list(t.shape)}; the graph's {v.type} {v.shape})")
+        rows = sess.get_modelmeta().custom_metadata_map.get(CACHE_ROWS_KEY)
+        want = self.role.dims.get(C.DIM_CACHE)
+        if rows is not None and want is not None and (want.min, want.max) != (int(rows), int(rows)):
+            raise UserError(f"{self.graph.path}: built for a context of {rows} tokens (its cache rows and RoPE table), "
+                            f"engines.json gives role '{self.name}' {want.max}; the manifest was edited: rebuild with "
+                            "`specrt build`")
         if bad:
             raise UserError(f"{self.graph.path}: its inputs and outputs differ from those engines.json gives role "
                             f"'{self.name}' ({', '.join(bad[:4])}); the manifest or the graph was edited: rebuild "
@@ -541,6 +547,9 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
                 f"({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 
 
+CACHE_ROWS_KEY = "specrt.cache_tokens"  # the in-place target graph's metadata: its cache rows
+
+
 def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtype: str, cache_len: int,
                          dst: Path, head: str = "full") -> Any:
     """Re-lower the export's target graph with in-place KV (export/graphs.py, kv="inplace")
@@ -580,6 +589,9 @@ def write_inplace_target(src: Path, decoder: dict[str, Any], aux_layer_ids, dtyp
     del get, read, inits  # (the export's graph, whole for a single-file export, before the new one is saved)
     io = C.target_io(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.hidden_size, dtype,
                      kv="inplace", head=head, num_aux=len(aux_layer_ids))
+    # the rows its RoPE table and cache were made for, in the graph (hashed) where loading reads
+    # them: engines.json (not hashed) edited to a larger context crashed in the RoPE table mid-run
+    out.metadata_props.add(key=CACHE_ROWS_KEY, value=str(int(cache_len)))
     save_model(out, dst, external_data=True)
     return io
 

@@ -181,6 +181,14 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.update(depths=m["depths"][::-1]), r"precision 'fp32' and depths \[8, 4, 2, 1\]"),
     (lambda m: m["onnxruntime"].update(providers=["x"]),
      r"field 'onnxruntime' is malformed \(onnxruntime providers \('x',\): expected ONNX Runtime provider names"),
+    # a user walk (session 54): a role's ranges edited met the graph's error mid-decode, blamed on the prompt
+    (lambda m: m["roles"]["verify.4"]["dims"].update(new_tokens=[4, 4, 4]),
+     r"roles.verify.4.dims.new_tokens is \[4, 4, 4\]; expected min 5 and max 5 for depths \[1, 2, 4, 8\] and "
+     "max_context 256"),
+    (lambda m: m["roles"]["draft"]["dims"].update(new_tokens=[1, 3, 3]),
+     r"roles.draft.dims.new_tokens is \[1, 3, 3\]; expected min 1 and max 264"),
+    (lambda m: m["roles"]["decode"]["dims"].update(cache_tokens=[128, 128, 128]),
+     r"roles.decode.dims.cache_tokens is \[128, 128, 128\]; expected min 256 and max 256"),
     # a user walk: an export outside the engines folder loaded and ran (role files are held inside)
     *[(lambda m, f=f: m["export"].update(folder=f), rf"export.folder '{re.escape(f)}'; expected a folder inside the "
                                                     "engines folder") for f in ("../../base/exp", "/tmp/exp", ".", "")],
@@ -202,6 +210,29 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
     engines = load_engines(engines_copy, verify=False)
     with pytest.raises(UserError, match=f"{engines_copy / 'target.onnx'}: its inputs and outputs differ from those "
                                         "engines.json gives role 'prefill'"):
+        engines.activate()
+
+
+def test_a_context_edited_in_the_manifest_is_refused_by_the_graph(engines_copy):
+    """engines.json's max_context edited with every role's limit and ranges to match passed
+    every check and crashed past the graph's RoPE table mid-run (a user walk, session 54): the
+    in-place target graph records the rows it was built for, and activating refuses another."""
+    def shrink(m, ctx=128):
+        k = max(m["depths"])
+        m["max_context"] = ctx
+        for name, r in m["roles"].items():
+            r["limit"] = ctx + k if name == "draft" else ctx
+            for dim, v in r["dims"].items():
+                s = 1 if name in ("prefill", "decode") else k if name == "draft" else int(name.split(".")[1]) + 1
+                top = {"cache_tokens": ctx, "aux_tokens": ctx,
+                       "past_tokens": ctx + k - 1 if name == "draft" else ctx - s,
+                       "new_tokens": ctx + k if name == "draft" else ctx if name == "prefill" else v[2]}[dim]
+                v[:] = [ctx, ctx, ctx] if dim == "cache_tokens" else [v[0], min(v[1], top), top]
+
+    edit_manifest(engines_copy, shrink)
+    engines = load_engines(engines_copy, verify=False)
+    with pytest.raises(UserError, match=f"{engines_copy / 'target.onnx'}: built for a context of 256 tokens \\(its "
+                                        "cache rows and RoPE table\\), engines.json gives role 'prefill' 128"):
         engines.activate()
 
 
