@@ -187,6 +187,10 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         if not inside or (f not in recorded and parts[:1] != (m["export"]["folder"],)):
             raise UserError(f"{where}: roles.{name} runs '{f}', which is not among the recorded files; re-run "
                             "`specrt build`")
+        if f in recorded and (Path(folder) / f"{f}.data").exists() and f"{f}.data" not in recorded:
+            # (its weights then went unhashed: another build's, swapped in, decoded wrong tokens)
+            raise UserError(f"{where}: roles.{name} runs '{f}', whose weights '{f}.data' are not among the recorded "
+                            "files; re-run `specrt build`")
         graph = role.get("graph")
         if key == "onnx" and by_graph.setdefault(graph, f) != f:
             raise UserError(f"{where}: roles of graph '{graph}' run both '{by_graph[graph]}' and '{f}'")

@@ -189,6 +189,8 @@ def test_other_backend_version_is_refused(engines_copy):
      r"roles.draft.dims.new_tokens is \[1, 3, 3\]; expected min 1 and max 264"),
     (lambda m: m["roles"]["decode"]["dims"].update(cache_tokens=[128, 128, 128]),
      r"roles.decode.dims.cache_tokens is \[128, 128, 128\]; expected min 256 and max 256"),
+    (lambda m: m.update(files=[r for r in m["files"] if r["file"] != "target.onnx.data"]),
+     "roles.prefill runs 'target.onnx', whose weights 'target.onnx.data' are not among the recorded files"),
     # a user walk: an export outside the engines folder loaded and ran (role files are held inside)
     *[(lambda m, f=f: m["export"].update(folder=f), rf"export.folder '{re.escape(f)}'; expected a folder inside the "
                                                     "engines folder") for f in ("../../base/exp", "/tmp/exp", ".", "")],
