@@ -143,6 +143,11 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
     exp = Path(m["export"]["folder"])  # (build writes "export": the export it was built from, inside)
     if exp.is_absolute() or ".." in exp.parts or exp.parts in ((), (".",)) or \
             not (Path(folder) / exp).resolve().is_relative_to(Path(folder).resolve()):  # (a link out of it too)
+        link = Path(folder) / exp
+        if not exp.is_absolute() and ".." not in exp.parts and link.is_symlink():  # (the field is fine: the folder)
+            raise UserError(f"{link}: a link to {link.resolve()}, outside the engines folder; the engines hold their "
+                            f"export inside: put the export's files there in place of the link, or re-run `specrt "
+                            "build`")
         raise UserError(f"{where}: export.folder {m['export']['folder']!r:.80}; expected a folder inside the engines "
                         "folder: re-run `specrt build`")
     if m["max_context"] < 1 or min(m["depths"], default=1) < 1:  # (a hand edit: the KV cache's error named no file)
@@ -309,7 +314,13 @@ def verify_engines(folder: Path, manifest: dict[str, Any], verify: bool = True) 
     folder = Path(folder)
     providers = (manifest.get("onnxruntime") or {}).get("providers", ())
     providers = providers if isinstance(providers, list) else ()  # (malformed: refused with the other settings)
-    check_environment(folder, manifest.get("environment", {}), environment(manifest["backend"], providers))
+    try:
+        current = environment(manifest["backend"], providers)
+    except UserError as e:  # (a GPU asked for on a machine without one: the error named neither file nor field)
+        asked = ("backend tensorrt" if manifest["backend"] == "tensorrt"
+                 else f"onnxruntime.providers {list(providers)}")
+        raise UserError(f"{folder / ENGINES_MANIFEST}: {asked} runs on an NVIDIA GPU: {e}") from None
+    check_environment(folder, manifest.get("environment", {}), current)
     if verify:
         verify_files(folder, manifest.get("files", []), "engines")
     exp_dir = folder / manifest["export"]["folder"]

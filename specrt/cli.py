@@ -365,16 +365,14 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     if nmax > NMAX_LIMIT:  # each lookup step searches nmax - nmin + 1 keys (Corpus.load refuses more)
         raise UserError(f"--nmax {nmax}: at most {NMAX_LIMIT}")
     from specrt.engines.manifest import read_engines_manifest
+    from specrt.manifest import load_export
 
-    manifest_path = engines_dir / "engines.json"
     manifest = read_engines_manifest(engines_dir)  # validated, as canary and profile read it
-    try:
-        export_dir = engines_dir / manifest["export"]["folder"]
-        vocab = int(json.loads((export_dir / "export.json").read_text())["target"]["vocab_size"])
-        digest = manifest["export"]["digest"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{manifest_path}: not an engines folder's manifest ({e}); build one with `specrt build`") \
-            from None
+    export_dir = engines_dir / manifest["export"]["folder"]
+    digest = manifest["export"]["digest"]
+    # the export checked as loading the engines checks it (a broken export.json was blamed on
+    # engines.json: "not an engines folder's manifest ('target')")
+    vocab = int(load_export(export_dir, verify=False, digest=digest)["target"]["vocab_size"])
     check_engines_writable(engines_dir)
 
     @functools.cache

@@ -369,8 +369,8 @@ def check_export(m: dict[str, Any], path: Path) -> None:
     for f in TOKENIZER_FILES:
         if f not in listed and (path.parent / f).is_file():
             raise UserError(f"{path}: field 'tokenizer' does not name {f}, which is in {path.parent} (`specrt export` "
-                            "lists every tokenizer file it copies): export.json was edited after it was written; "
-                            "make the export again")
+                            f"lists every tokenizer file it copies): {f} was added to the folder, or export.json "
+                            f"edited, since it was written; remove {f}, or make the export again")
     # a record removed with its file leaves the list of a target without that file (a chat
     # template gone, or tokenizer.json: text refused); the names export wrote beside it differ
     copied = m.get("tokenizer_files", listed)

@@ -215,6 +215,32 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
         engines.activate()
 
 
+def test_an_export_link_out_of_the_engines_folder_is_named_as_a_link(engines_copy, tmp_path):
+    """The export replaced by a link to a folder outside said "export.folder 'export'; expected a
+    folder inside", blaming a field that was right (a user walk, session 54)."""
+    import shutil
+
+    outside = tmp_path / "outside_export"
+    shutil.move(engines_copy / "export", outside)
+    (engines_copy / "export").symlink_to(outside)
+    with pytest.raises(UserError, match=f"{engines_copy / 'export'}: a link to {outside}, outside the engines folder"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_gpu_provider_on_a_machine_without_one_names_the_manifest(engines_copy, monkeypatch):
+    """onnxruntime.providers edited to CUDA on a CPU machine said only "no NVIDIA GPU found"
+    (a user walk, session 54): the error names engines.json and the field."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    edit_manifest(engines_copy, lambda m: m["onnxruntime"].update(providers=["CUDAExecutionProvider",
+                                                                             "CPUExecutionProvider"]))
+    with pytest.raises(UserError, match=f"{engines_copy / 'engines.json'}: onnxruntime.providers "
+                                        r"\['CUDAExecutionProvider', 'CPUExecutionProvider'\] runs on an NVIDIA GPU: "
+                                        r"no NVIDIA GPU found"):
+        load_engines(engines_copy, verify=False)
+
+
 def test_a_context_edited_in_the_manifest_is_refused_by_the_graph(engines_copy):
     """engines.json's max_context edited with every role's limit and ranges to match passed
     every check and crashed past the graph's RoPE table mid-run (a user walk, session 54): the
@@ -639,6 +665,10 @@ def test_an_export_written_before_tokenizer_files_loads_as_written(worded_export
     (_add_chat_template, r"field 'tokenizer\[3\].file' names chat_template.jinja, which field 'tokenizer_files' "
                          "does not"),
     (lambda exp, m: m.update(tokenizer_files="tokenizer.json"), "field 'tokenizer_files' must be a list of str"),
+    # a user walk (session 54): a file added beside them was called an edit of export.json
+    (lambda exp, m: (exp / "special_tokens_map.json").write_text("{}"),
+     "field 'tokenizer' does not name special_tokens_map.json, which is in .*special_tokens_map.json was added "
+     "to the folder, or export.json edited, since it was written; remove special_tokens_map.json"),
 ])
 def test_an_edited_tokenizer_list_is_refused_before_a_build(worded_export, tmp_path, change, message):
     """export.json's tokenizer list is the tokenizer files in the folder, each once: a file

@@ -492,6 +492,19 @@ def test_the_corpus_command_reads_a_validated_manifest(tiny_engines, tmp_path):
     src.write_text(json.dumps({"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 7]}) + "\n")
     r = CliRunner().invoke(main, ["corpus", str(eng), str(src)])
     assert r.exit_code == 1 and "engines.json" in r.output and not (eng / FILE).exists(), r.output
+    # a broken export.json was blamed on engines.json ("not an engines folder's manifest ('target')",
+    # a user walk, session 54), and one edited (its digest another's) was read unchecked
+    shutil.rmtree(eng)
+    shutil.copytree(tiny_engines, eng, symlinks=False)
+    exp = eng / json.loads((eng / "engines.json").read_text())["export"]["folder"] / "export.json"
+    good = exp.read_text()
+    for text, message in (('{"format": "x"}', "not an export manifest"),
+                          (json.dumps({**json.loads(good), "dtype": "float16"}), "differs from the export these engines "
+                                                                                 "were built from")):
+        exp.write_text(text)
+        r = CliRunner().invoke(main, ["corpus", str(eng), str(src)])
+        assert r.exit_code == 1 and f"{exp}: {message}" in " ".join(r.output.split()), r.output
+        assert not (eng / FILE).exists()
 
 
 def test_priors_never_see_the_answers_they_are_measured_on():
