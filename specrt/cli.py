@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from specrt import __version__
-from specrt.contracts import DRAFT_AUX_IDS, DRAFT_EMBEDDINGS
+from specrt.contracts import ACCEPTANCE_FILE, CORPUS_FILE, DRAFT_AUX_IDS, DRAFT_EMBEDDINGS
 from specrt.errors import UserError, cli_named, describe_os_error, environment_error
 from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
@@ -312,7 +312,7 @@ def canary(engines_dir: Path) -> None:
     read_engines_manifest(engines_dir)  # an engines folder, before its export is looked at
     if not _has_draft(engines_dir):
         raise UserError(f"{engines_dir}: the engines have no draft; nothing to check")
-    check_engines_writable(engines_dir)
+    check_engines_writable(engines_dir, ACCEPTANCE_FILE)
     _canary(engines_dir)
 
 
@@ -327,7 +327,7 @@ def profile(engines_dir: Path, repeats: int) -> None:
     machine's speed has changed since the build."""
     from specrt.engines.build import reprofile_engines
 
-    check_engines_writable(engines_dir)
+    check_engines_writable(engines_dir, "engines.json")
     old, new = reprofile_engines(engines_dir, repeats, log=lambda m: click.echo(m, err=True))
     ref = str(new["reference_past"])
     before = (old.get("by_past") or {}).get(ref) or old
@@ -373,7 +373,7 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     # the export checked as loading the engines checks it (a broken export.json was blamed on
     # engines.json: "not an engines folder's manifest ('target')")
     vocab = int(load_export(export_dir, verify=False, digest=digest)["target"]["vocab_size"])
-    check_engines_writable(engines_dir)
+    check_engines_writable(engines_dir, CORPUS_FILE)
 
     @functools.cache
     def tokenizer():  # loaded once, and only when an answers file has text

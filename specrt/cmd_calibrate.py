@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from specrt.contracts import CALIBRATION_FILE
 from specrt.prompt_files import prompts_of, read_prompt_file
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
@@ -55,7 +56,7 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     from specrt.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
-    check_engines_writable(engines_dir)
+    check_engines_writable(engines_dir, CALIBRATION_FILE)
     if report_file is not None:
         check_output_file(report_file, "--report")
         check_not_engines_file(report_file, engines_dir, "--report")

@@ -159,10 +159,15 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: cannot write in {probe} ({e.strerror or e})") from None
 
 
-def check_engines_writable(engines_dir: Path) -> None:
+def check_engines_writable(engines_dir: Path, writes: str | None = None) -> None:
     """The commands that write into an engines folder (canary, profile, corpus, calibrate)
-    find one they cannot write before their work, not when they write its result."""
+    find one they cannot write before their work, not when they write its result; ``writes``:
+    the file they write there, which must not be a folder (calibrate decoded every prompt, then
+    could not write calibration.json: "Is a directory")."""
     check_output_folder(engines_dir, "ENGINES_DIR")
+    if writes is not None and (Path(engines_dir) / writes).is_dir() and not (Path(engines_dir) / writes).is_symlink():
+        raise UserError(f"{Path(engines_dir) / writes}: a folder where this command writes its file {writes}: "
+                        "move it away")
 
 
 def umask() -> int:

@@ -919,6 +919,36 @@ def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_
     assert sorted(p.name for p in engines_copy.iterdir()) == before
 
 
+@pytest.mark.parametrize("command, file", [("canary", "acceptance_receipt.json"), ("corpus", "corpus.npz"),
+                                           ("calibrate", "calibration.json")])
+def test_commands_writing_into_the_engines_find_a_folder_in_their_files_place_first(engines_copy, tmp_path,
+                                                                                    monkeypatch, command, file):
+    """calibrate with a folder named calibration.json in the engines decoded every prompt, then
+    failed to write it ("Is a directory"; a user walk, session 54): found before the work."""
+    from click.testing import CliRunner
+
+    import specrt.cli as cli
+    import specrt.runtime.calibrate as Cal
+    import specrt.runtime.corpus as Cor
+
+    def work(*a, **k):
+        raise AssertionError(f"{command} began its work")
+
+    monkeypatch.setattr(cli, "_canary", work)
+    monkeypatch.setattr(Cor, "build_with_priors", work)
+    monkeypatch.setattr(Cal, "calibrate", work)
+    (engines_copy / file).unlink(missing_ok=True)
+    (engines_copy / file).mkdir()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello there"}\n')
+    answers = tmp_path / "a.jsonl"
+    answers.write_text('{"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 4, 5, 6]}\n')
+    extra = {"corpus": [str(answers)], "calibrate": ["--prompts", str(prompts)]}.get(command, [])
+    r = CliRunner().invoke(cli.main, [command, str(engines_copy), *extra])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{engines_copy / file}: a folder where this command writes its file {file}: move it away" in r.output
+
+
 def test_a_context_past_the_draft_s_own_length_is_warned_once_and_recorded(tmp_path):
     """A draft whose own max_position_embeddings (128, dynamic RoPE) is below the target's
     (256): the default build warns once, naming the draft's config, both lengths and the RoPE
