@@ -72,6 +72,18 @@ def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
 PRIOR_ROUNDS = 64
 
 
+def shallower_note(fitted_depth, depths) -> str:
+    """"; fitted on engines of depth 2: positions 3-4 ..." when the calibration was fitted on
+    shallower engines than these (of the same export): DSpark maps the positions it never saw
+    as the identity until a run's own rounds refine them; else ""."""
+    deep = max(depths, default=0)
+    if not (isinstance(fitted_depth, int) and not isinstance(fitted_depth, bool) and 0 < fitted_depth < deep):
+        return ""
+    span = f"position {deep}" if fitted_depth + 1 == deep else f"positions {fitted_depth + 1}-{deep}"
+    return (f"; fitted on engines of depth {fitted_depth}: {span} the identity map until this run's rounds refine "
+            "them (`specrt calibrate` on these engines fits them)")
+
+
 def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, dict] | None:
     """The calibrations stored in ``path`` by decoding mode (``SamplingParams.mode``):
     {mode: entry with 'calibration' (a Calibration), 'rounds', 'sampling', ...}. None when the file was
@@ -155,7 +167,8 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
     want = sampling.mode
     if want in modes:
         e = modes[want]
-        return e["calibration"], f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
+        return e["calibration"], (f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
+                                  + shallower_note(e.get("depth"), getattr(engines, "depths", ())))
     near, cal = prior_from(modes, sampling)
     how = "" if sampling.greedy else (f" --temperature {sampling.temperature:g} --top-p {sampling.top_p:g} "
                                       f"--top-k {sampling.top_k}" + (" --reproducible" if sampling.coupled else ""))

@@ -377,6 +377,30 @@ def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
         read_calibration_file(p)
 
 
+def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, tmp_path):
+    """A calibration fitted on depth-2 engines, used on deeper ones of the same export, was
+    noted as any other ("calibration from calibration.json (23 rounds, greedy)") while DSpark
+    mapped the deeper positions as the identity (a user walk, session 54)."""
+    from specrt.runtime.session import shallower_note
+
+    assert shallower_note(2, (1, 2)) == shallower_note(None, (1, 2, 4)) == shallower_note(True, (1, 4)) == ""
+    assert shallower_note(2, (1, 2, 3)).startswith("; fitted on engines of depth 2: position 3 the identity map")
+    assert shallower_note(1, (1, 2, 4)).startswith("; fitted on engines of depth 1: positions 2-4 the identity map")
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 8, seed=1), max_new_tokens=8, holdout=0.25)
+    data = json.loads((eng / CALIBRATION_FILE).read_text())
+    deep = data["modes"]["greedy"]["depth"]
+    assert deep >= 2
+    with Session(eng, governor="dspark") as s:
+        assert "fitted on engines of depth" not in s.calibration_note
+    data["modes"]["greedy"]["depth"] = 1
+    (eng / CALIBRATION_FILE).write_text(json.dumps(data))
+    with Session(eng, governor="dspark") as s:
+        assert s.calibration_note.endswith(f"greedy); fitted on engines of depth 1: positions 2-{deep} the identity map "
+                                           "until this run's rounds refine them (`specrt calibrate` on these engines "
+                                           "fits them)"), s.calibration_note
+
+
 def test_a_calibration_file_not_in_utf8_is_named_and_calibrate_replaces_it(small_vocab_engines, tmp_path):
     """A calibration.json in another encoding (an editor's Latin-1, or a --grow-file written over
     it) was a UnicodeDecodeError traceback in every command that loads the engines, calibrate,
