@@ -10,7 +10,8 @@ Requests take ``max_tokens`` (or ``max_completion_tokens``; with the prompt past
 engines' context: 400, as vLLM answers), ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
-chunk, and with vLLM's ``continuous_usage_stats`` every chunk carries its choice's counts so far) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
+chunk, and with vLLM's ``continuous_usage_stats`` every chunk carries its choice's counts
+so far) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
 (up to 16 choices, decoded one after another, choice i with seed + i; a seed repeats its
@@ -403,7 +404,7 @@ class Server:
         # close waits for them, as it waits for the lock (the process ended under them)
         self.sending = 0
         self.sent = threading.Condition()
-        # requests whose line has been read and whose answer is not yet written (Handler.parse_request):
+        # connections taken and requests read whose answer is not yet written (Handler.setup, parse_request):
         # drain waits for them after the socket stops accepting (the process ended under a /health
         # probe's answer: its headers sent, its body cut, seen by a user walk in session 53)
         self.replying = 0

@@ -117,12 +117,12 @@ def check_not_engines_own(path: str | Path | None, engines_dir: str | Path, opti
     owned = {folder / n for n in ("engines.json", CALIBRATION_FILE, ACCEPTANCE_FILE, CORPUS_FILE)}
     try:
         files = json.loads((folder / "engines.json").read_text(encoding="utf-8")).get("files") or []
-        owned |= {(folder / r["file"]).resolve() for r in files if isinstance(r, dict) and isinstance(r.get("file"), str)}
+        owned |= {(folder / r["file"]).resolve() for r in files
+                  if isinstance(r, dict) and isinstance(r.get("file"), str)}
     except (OSError, ValueError, AttributeError, RecursionError):  # (loading the engines names a broken manifest)
         pass
-    export = (folder / "export").resolve()
-    if p in owned or p == export or p.is_relative_to(export) or (folder / "export") in [Path(path).absolute(),
-                                                                                          *Path(path).absolute().parents]:
+    export, given = (folder / "export").resolve(), Path(path).absolute()  # (the link itself, or through it)
+    if p in owned or p.is_relative_to(export) or Path(engines_dir).absolute() / "export" in (given, *given.parents):
         raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
                         "and break the engines: give another path")
 

@@ -14,7 +14,10 @@ p = subprocess.Popen(["/work/main/.venv/bin/specrt", "serve", sys.argv[1], "--po
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 while True:
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5); c.request("GET", "/health"); c.getresponse().read(); break
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/health")
+        c.getresponse().read()
+        break
     except OSError:
         time.sleep(0.2)
 bad, counts, stop = [], {}, False
