@@ -973,6 +973,15 @@ def test_continuous_usage_stats_gives_every_chunk_its_choices_counts_so_far(serv
         code, ev = _post(url, path, {**body, "max_tokens": 3, "stream": True,
                                      "stream_options": {"continuous_usage_stats": True}})
         assert code == 200 and all("usage" not in e for e in ev)
+    # several prompts: each choice's chunks carry its own prompt's count (a mutant giving every
+    # choice prompt 0's survived the test above)
+    code, ev = _post(url, "/v1/completions", {"prompt": ["w1", "w1 w2 w3 w4"], "max_tokens": 3, "stream": True,
+                                              "stream_options": {"include_usage": True,
+                                                                 "continuous_usage_stats": True}})
+    assert code == 200, ev
+    counts = [{e["usage"]["prompt_tokens"] for e in ev[:-1] if e["choices"][0]["index"] == i} for i in (0, 1)]
+    assert all(len(c) == 1 for c in counts) and counts[0] != counts[1], counts
+    assert sum(c.pop() for c in counts) == ev[-1]["usage"]["prompt_tokens"]
 
 
 def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(worded):  # noqa: F811
@@ -1428,7 +1437,7 @@ def test_the_stop_waits_for_the_requests_begun_to_be_answered(worded):  # noqa: 
         time.sleep(0.01)
     assert app.replying == 1
     httpd.shutdown()  # (as serve_forever's interruption by Ctrl-C)
-    stopped = threading.Thread(target=drain, args=(app, httpd))
+    stopped = threading.Thread(target=drain, args=(app, httpd), daemon=True)
     stopped.start()
     time.sleep(0.5)
     assert stopped.is_alive()  # waiting for the request begun
@@ -1443,6 +1452,37 @@ def test_the_stop_waits_for_the_requests_begun_to_be_answered(worded):  # noqa: 
     head, rest = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.0 503") or head.startswith(b"HTTP/1.1 503"), head
     assert json.loads(rest)["error"]["message"] == "the server is shutting down"
+    stopped.join(timeout=30)
+    assert not stopped.is_alive() and app.replying == 0
+
+
+def test_the_stop_waits_for_a_connection_taken_before_its_request_came(worded):  # noqa: F811
+    """A connection the server had accepted, its request line not yet sent, got no answer at all
+    when the process ended: it counts as begun from the moment it is taken (Handler.setup)."""
+    import socket
+    import time
+
+    from specrt.cmd_serve import Server, drain, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    c = socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=30)
+    deadline = time.time() + 30
+    while app.replying == 0 and time.time() < deadline:  # taken, nothing sent
+        time.sleep(0.01)
+    assert app.replying == 1
+    httpd.shutdown()
+    stopped = threading.Thread(target=drain, args=(app, httpd), daemon=True)
+    stopped.start()
+    time.sleep(0.5)
+    assert stopped.is_alive()
+    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while chunk := c.recv(65536):
+        answer += chunk
+    c.close()
+    assert answer.startswith((b"HTTP/1.0 503", b"HTTP/1.1 503")) and answer.endswith(b'{"status": "stopping"}'), answer
     stopped.join(timeout=30)
     assert not stopped.is_alive() and app.replying == 0
 
@@ -1462,16 +1502,18 @@ def test_the_stop_serves_its_503s_whether_or_not_serves_thread_had_started(worde
     loops = []
     real = type(httpd).serve_forever
     type(httpd).serve_forever = lambda self, *a, **k: (loops.append(1), real(self, *a, **k))[1]
+    assert app.lock.acquire()  # an answer in flight: drain serves 503s until it ends (else the socket may close first)
     try:
-        stopped = threading.Thread(target=drain, args=(app, httpd, serving))
+        stopped = threading.Thread(target=drain, args=(app, httpd, serving), daemon=True)  # (a hang fails, not blocks)
         stopped.start()
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"http://127.0.0.1:{httpd.server_address[1]}/health", timeout=30)
         assert e.value.code == 503
-        stopped.join(timeout=30)
-        assert not stopped.is_alive() and app.closed
     finally:
+        app.lock.release()
         type(httpd).serve_forever = real
+    stopped.join(timeout=30)
+    assert not stopped.is_alive() and app.closed
     assert len(loops) == (0 if started else 1)
 
 

@@ -123,6 +123,31 @@ def test_one_changed_weight_is_caught_role_output_and_weight_named(engines_copy,
     assert json.loads((tmp_path / "bad.json").read_text())["passed"] is False
 
 
+def test_an_export_weight_no_engine_weight_reads_is_named(tmp_path):
+    """check_target_weights' second half: a weight of the export's that no engine weight is made
+    from (a layer's norm dropped by a build) fails, named; a mutant that skipped the loop
+    survived every test (all corrupted an existing weight)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.compare import check_target_weights
+
+    def graph(path, weights):
+        inits = [numpy_helper.from_array(np.full((2, 2), v, np.float32), n) for n, v in weights.items()]
+        x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 2])
+        nodes = [helper.make_node("Add", ["x", n], [f"y{i}"]) for i, n in enumerate(weights)]
+        outs = [helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, [2, 2]) for i in range(len(weights))]
+        onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits)), path)
+
+    graph(tmp_path / "x.onnx", {"embed": 1.0, "norm": 2.0})
+    graph(tmp_path / "e.onnx", {"embed": 1.0})
+    r = check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")
+    assert not r["passed"] and r["weights"] == 1
+    assert r["bad"] == [{"weight": "norm", "problem": "the export's weight is in no weight of e.onnx"}]
+    graph(tmp_path / "e.onnx", {"embed": 1.0, "norm": 2.0})
+    assert check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")["passed"]
+
+
 def test_a_loose_enough_tolerance_passes_the_outputs_not_the_weights(engines_copy, tmp_path):
     """A tolerance loose enough passes the outputs a small weight change moved; the weight
     check, exact, still names the weight (it has no tolerance: an fp32 ONNX Runtime engine

@@ -64,6 +64,26 @@ def test_answers_ending_at_once_are_inconclusive_without_blaming_the_context(tmp
     assert r["note"].startswith("inconclusive: 0 drafts (at least 10 decide), the target's answers ending (EOS)"), r
 
 
+def test_the_canarys_verdict_at_the_edges_of_its_rules(tmp_path):
+    """Three rules no test pinned (a mutation round, session 54): a few drafts (1-9) are
+    inconclusive too, not only none; a prompt with no room for a round is left out (a context
+    of 12 for the 12-token prompts: the context error of a prompt the user never wrote, else);
+    answers cut at the context make the note blame the context, not EOS."""
+    from specrt.runtime.canary import PROMPTS
+
+    receipt = {"heldout": {"acceptance_at_pos": [0.9, 0.8]}}
+    eng = _engines(tmp_path / "a", receipt)
+    with load_engines(eng) as e:
+        r = run_canary(e, max_new_tokens=4, prompts=PROMPTS[:1])
+    assert 0 < r["drafts"] < 10 and r["inconclusive"] is True and r["trusted"] is True, r
+    with load_engines(_engines(tmp_path / "b", receipt, max_context=12)) as e:
+        r = run_canary(e, max_new_tokens=24)
+    assert r["inconclusive"] and r["drafts"] == 0 and "the engines' context of 12 tokens" in r["note"], r
+    with load_engines(_engines(tmp_path / "c", receipt, max_context=14)) as e:
+        r = run_canary(e, max_new_tokens=24, prompts=PROMPTS[:3])
+    assert r["inconclusive"] and "the engines' context of 14 tokens" in r["note"], r
+
+
 def _measure(eng: Path) -> dict:
     with load_engines(eng) as e:
         return run_canary(e, max_new_tokens=24)
