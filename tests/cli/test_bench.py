@@ -642,6 +642,7 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                          (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
+                         (["--peers", "none,hf"], "'none' goes alone (no peers), not beside hf"),
                          (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
                                                             "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, "
                                                             "llamacpp, llamacpp-lookup, llamacpp-gguf, or none"),

@@ -476,6 +476,9 @@ def test_the_memory_available_is_a_containers_where_its_cgroup_is_limited(tmp_pa
     assert cgroup_room(tmp_path) == gib + gib // 2 and mem_available(tmp_path) == gib + gib // 2
     (group / names[0]).write_text(f"{8 * gib}\n")  # (the leaf's room, 6 GiB, is the larger)
     assert cgroup_room(tmp_path) == gib + gib // 2
+    # the host's MemAvailable below the groups' room binds instead (a mutant taking the room alone survived)
+    (tmp_path / "proc/meminfo").write_text(f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {gib // 1024} kB\n")
+    assert mem_available(tmp_path) == gib
     (tmp_path / "proc/meminfo").unlink()  # (no MemAvailable: the cgroups' room alone; neither: unknown, no check)
     assert mem_available(tmp_path) == gib + gib // 2
     (parent / names[0]).write_text("max\n" if version == "v2" else "9223372036854771712\n")
@@ -813,7 +816,8 @@ def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy
     assert json.loads((engines_copy / "engines.json").read_text())["costs_build"] == before["costs"]  # still the build's
 
 
-@pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]}])
+@pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]},
+                                 {"pasts": []}])
 def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     """A malformed 'costs' told the user to run `specrt profile`, which failed loading the same
     table with the same advice (a user walk), or on its pasts or draft shape, which the table's

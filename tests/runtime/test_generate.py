@@ -906,6 +906,19 @@ def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
         got += next(s)
     s.close()
     assert got == whole and g.finished.reason == "context"
+    # the same after rounds of several tokens (the check inside the loop, not the first token's:
+    # a mutant there survived, session 54), and one token short of the context: "interrupted"
+    s, got = g.stream(PROMPT, 6), []
+    while len(got) < 6:
+        got += next(s)
+    s.close()
+    assert got == ref[:6] and g.finished.reason == "length"
+    off = _gen(engines, OffGovernor(DEPTHS))
+    s, got = off.stream(long, 50), []
+    while len(got) < len(whole) - 1:
+        got += next(s)
+    s.close()
+    assert got == whole[:-1] and off.finished.reason == "interrupted"
     # closed before it started: its body never ran, and it stayed "live" with no finish (a review)
     s = g.stream(PROMPT, 10)
     assert g.streaming and g.finished is None

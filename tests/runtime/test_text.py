@@ -744,6 +744,11 @@ def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded
     assert r.exit_code == 1 and "> " not in r.output, r.output
     assert "error: --system: with an empty turn the system prompt makes a prompt of " in r.output
     assert "the engines' context of 128 tokens leaves no room for a turn and its answer" in r.output
+    # at the edge: 124 words make a prompt of 127 tokens with an empty turn, room for its first token
+    # but not a round after it (a mutant allowing one fewer survived, session 54)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", " ".join(["w4"] * 124), "--governor", "fixed:1"],
+                           input="w6\n\n")
+    assert r.exit_code == 1 and "makes a prompt of 127 tokens" in " ".join(r.output.split()), r.output
     # one that leaves a turn room is taken, its answer cut at the context (a review: 100 words were refused
     # for want of room for a whole --max-new-tokens answer, which the turns never needed)
     for words in (60, 100):
