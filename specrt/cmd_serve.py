@@ -14,7 +14,7 @@ chunk, and with vLLM's ``continuous_usage_stats`` every chunk carries its choice
 so far) and logprobs (chat: ``logprobs`` true with ``top_logprobs`` 0-20; completions:
 ``logprobs`` 0-20; each output token's log-probability under the target, the model's own
 distribution before temperature / top-k / top-p, as vLLM reports by default) and ``n``
-(up to 16 choices, decoded one after another, choice i with seed + i; a seed repeats its
+(up to 16 choices, decoded one after another, choice j of each prompt with seed + j; a seed repeats its
 text whatever the server decoded before only with ``--reproducible``: rejection sampling's
 draws follow the drafts, which follow the server's state); chat also takes
 ``chat_template_kwargs`` (the template's variables, e.g. ``{"enable_thinking": false}``, over
@@ -598,7 +598,7 @@ class Server:
         'logprobs': the entries of the tokens since its last piece, or None} as tokens are
         accepted, then {'index': i, 'finish_reason': ..., 'logprobs': the entries no piece
         carried (an EOS token writes no text)}; last {'usage', 'specrt'} of the whole request.
-        Choice i samples with seed + i where a seed is given; after the first, each prefills
+        Choice j of each prompt samples with seed + j where a seed is given; after the first, each prefills
         almost nothing (prefix reuse). With ``echo`` (completions) each choice's first piece is
         the prompt, with its tokens' logprobs when asked for (the first token's null). The
         caller holds the lock for the whole of it."""
@@ -606,7 +606,7 @@ class Server:
 
         s, params = self.session, req["params"]
         t0, total = time.perf_counter(), Telemetry()
-        done = {"completion": 0, "prompt_tokens": 0, "partial": False, "reason": None}
+        done = {"completion": 0, "prompt_tokens": 0, "reused": 0, "partial": False, "reason": None}
         try:
             yield from self._choices(req, total, done)
         except (GeneratorExit, BadRequest) as e:  # the caller stopped reading (the client left), or
@@ -618,11 +618,13 @@ class Server:
                 done["completion"] += len(getattr(s, "last_output_ids", None) or [])
                 if done["first"]:  # its prompt, not yet counted (the log said "0 prompt tokens (33 reused)")
                     done["prompt_tokens"] += s.generator.telemetry.prompt_tokens
+                    done["reused"] += s.generator.telemetry.prefix_reused
             raise
         finally:  # counted and logged whenever the request ran to its end, lost its client or was cut
             if done["reason"] is not None:
                 completion, prompt_tokens, t = done["completion"], done["prompt_tokens"], total.to_json()
-                self.metrics.add(prompt_tokens=t["prompt_tokens"], prompt_tokens_reused=t["prefix_reused"],
+                reused = done["reused"]  # (each prompt once, as usage counts it)
+                self.metrics.add(prompt_tokens=prompt_tokens, prompt_tokens_reused=reused,
                                  completion_tokens=completion, target_calls=t["rounds"],
                                  draft_rounds=t["draft_rounds"], draft_tokens_verified=t["drafted"],
                                  draft_tokens_accepted=t["accepted"], lookup_rounds=t["lookup"]["rounds"],
@@ -630,14 +632,14 @@ class Server:
                                  draft_rejections_outside_vocab=t["rejections"]["outside_draft_vocab"],
                                  generation_seconds=time.perf_counter() - t0)
                 choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
-                self.log(f"[{prompt_tokens} prompt tokens ({t['prefix_reused']} reused), {completion} new "
+                self.log(f"[{prompt_tokens} prompt tokens ({reused} reused), {completion} new "
                          f"{choices}in {time.perf_counter() - t0:.2f} s, "
                          f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a "
                          f"target call, {params.mode}, finish {done['reason']}]")
         yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                          "total_tokens": prompt_tokens + completion},
                "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
-                          "first_token_s": t["first_token_s"], "prefix_reused": t["prefix_reused"],
+                          "first_token_s": t["first_token_s"], "prefix_reused": reused,
                           "rejections": t["rejections"], "governor": s.governor_spec, "mode": params.mode}}
 
     def _choices(self, req: dict, total, done: dict) -> Iterator[dict]:
@@ -646,11 +648,14 @@ class Server:
         from dataclasses import replace
 
         s, lp, params = self.session, req["logprobs"], req["params"]
-        completion, prompt_tokens = 0, 0
+        completion, prompt_tokens, reused = 0, 0, 0
         for i in range(req["choices"]):  # prompt i // n, its choice i % n
             k = i // req["n"]
             prompt = req["prompts"][k]
-            s.generator = self._generator(replace(params, seed=None if params.seed is None else params.seed + i))
+            # choice j of every prompt samples with seed + j: each prompt's first choice is the text
+            # the seed gives it alone, or in `specrt run --prompts` (prompt k took seed + k * n)
+            s.generator = self._generator(replace(params, seed=None if params.seed is None
+                                                  else params.seed + i % req["n"]))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"], done["first"] = True, i % req["n"] == 0
@@ -682,11 +687,12 @@ class Server:
             st = s.stats()
             total.merge(s.generator.telemetry)
             n_out = len(st["output_token_ids"])
-            if i % req["n"] == 0:  # each prompt counted once
-                prompt_tokens += st["prompt_tokens"]
+            if i % req["n"] == 0:  # each prompt counted once, and what an earlier request left it (the
+                prompt_tokens += st["prompt_tokens"]  # other choices reuse its rows: 9 "reused" of 5)
+                reused += s.generator.telemetry.prefix_reused
             completion += n_out
             reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
-            done.update(completion=completion, prompt_tokens=prompt_tokens, partial=False)
+            done.update(completion=completion, prompt_tokens=prompt_tokens, reused=reused, partial=False)
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
             yield {"index": i, "finish_reason": reason,
