@@ -133,7 +133,8 @@ def _kept(x: np.ndarray, m: float, params: SamplingParams) -> tuple[np.ndarray |
         idx = np.flatnonzero(x >= np.partition(x, V - k)[V - k])  # ties at the k-th logit kept
     else:
         idx = slice(None)
-    e = np.exp((x[idx].astype(np.float64) - m) / params.temperature)
+    with np.errstate(over="ignore"):  # (a temperature of 1e-320: -inf, e 0 there, as intended; numpy's warning
+        e = np.exp((x[idx].astype(np.float64) - m) / params.temperature)  # went to stderr, a walk of session 54)
     if top_p < 1.0:
         z = e.sum()
         need = top_p * z * (1.0 + 1e-9)  # the margin keeps the sorted cumulative sum past top_p * z

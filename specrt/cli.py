@@ -443,7 +443,8 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
 
 
 # run's and chat's --seed
-SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K; "
+SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K "
+             "(fixed:K's for the same --max-new-tokens: the budget shortens its last rounds); "
              "governors that choose from measured times (adaptive, dspark, :ngram, auto) may draft differently and "
              "give another sample of the same distribution, unless --reproducible.")
 

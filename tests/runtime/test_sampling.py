@@ -22,6 +22,18 @@ def test_temperature_scales_logits():
     np.testing.assert_allclose(p[0, 1] / p[0, 0], np.exp(2.0))
 
 
+def test_a_tiny_temperature_is_the_argmax_without_a_warning():
+    """--temperature 1e-320 printed numpy's "overflow encountered in divide" (a walk, session 54);
+    the row was right: the argmax alone."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = probs(np.array([[0.0, 3.0, 1.0]]), SamplingParams(temperature=1e-320))
+        q = probs(np.array([[0.0, 3.0, 1.0]]), SamplingParams(temperature=1e-320, top_p=0.5))
+    assert p.tolist() == q.tolist() == [[0.0, 1.0, 0.0]]
+
+
 def test_top_k_keeps_k_and_ties():
     p = probs(np.array([[1.0, 4.0, 3.0, 2.0, 0.0]]), SamplingParams(temperature=1.0, top_k=2))
     assert np.flatnonzero(p[0]).tolist() == [1, 2]
