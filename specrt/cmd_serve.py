@@ -90,8 +90,9 @@ def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=Fals
     v = body.get(name)
     if v is None:
         return default
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int)) \
-        and not (isinstance(v, float) and not math.isfinite(v))  # (Infinity, which Python's JSON reads)
+    # a whole float is an integer (1.0: pydantic's lax mode, vLLM's, takes it; it was a 400 here)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v)) \
+        and (kind is float or isinstance(v, int) or v.is_integer())  # (Infinity, which Python's JSON reads: refused)
     if ok and lo is not None:
         ok = v > lo if lo_open else v >= lo
     if ok and hi is not None:

@@ -861,6 +861,13 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
     ask = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
     assert _post(url, "/v1/chat/completions", {**ask, "top_k": -1, "seed": -1, "temperature": 0.5})[0] == 200
     assert _post(url, "/v1/chat/completions", {**ask, "top_k": -2})[0] == 400
+    # whole floats are integers, as pydantic's lax mode (vLLM's) takes them; a fraction is not (a walk, session 54)
+    code, r = _post(url, "/v1/chat/completions", {**ask, "top_k": 1.0, "seed": 3.0, "n": 2.0, "max_tokens": 2.0,
+                                                  "temperature": 0.5})
+    assert code == 200 and len(r["choices"]) == 2 and r["usage"]["completion_tokens"] <= 4, r
+    for field in ("top_k", "seed", "n", "max_tokens"):
+        code, r = _post(url, "/v1/chat/completions", {**ask, field: 1.5})
+        assert code == 400 and r["error"]["param"] == field and "must be an integer" in r["error"]["message"], r
     for raw, param in ((b'{"messages": [{"role": "user", "content": "w1"}], "temperature": 1' + b"0" * 400 + b"}",
                         "temperature"),
                        (b'{"messages": [{"role": "user", "content": "w1"}], "seed": 1' + b"0" * 5000 + b"}", None)):
