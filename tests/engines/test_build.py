@@ -215,18 +215,6 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
         engines.activate()
 
 
-def test_an_export_link_out_of_the_engines_folder_is_named_as_a_link(engines_copy, tmp_path):
-    """The export replaced by a link to a folder outside said "export.folder 'export'; expected a
-    folder inside", blaming a field that was right (a user walk, session 54)."""
-    import shutil
-
-    outside = tmp_path / "outside_export"
-    shutil.move(engines_copy / "export", outside)
-    (engines_copy / "export").symlink_to(outside)
-    with pytest.raises(UserError, match=f"{engines_copy / 'export'}: a link to {outside}, outside the engines folder"):
-        load_engines(engines_copy, verify=False)
-
-
 def test_a_gpu_provider_on_a_machine_without_one_names_the_manifest(engines_copy, monkeypatch):
     """onnxruntime.providers edited to CUDA on a CPU machine said only "no NVIDIA GPU found"
     (a user walk, session 54): the error names engines.json and the field."""
@@ -373,14 +361,15 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
 
 def test_an_export_folder_linked_out_of_the_engines_folder_is_refused(engines_copy, tmp_path):
     """engines.json's export.folder is checked by its text and by where it leads: a link named
-    'export' to a folder elsewhere loaded (a review)."""
+    'export' to a folder elsewhere loaded (a review). The error names the link, not the field,
+    which is right (it said "export.folder 'export'; expected a folder inside", a walk of session 54)."""
     import shutil
 
     elsewhere = tmp_path / "elsewhere"
     shutil.move(str(engines_copy / "export"), elsewhere)
     (engines_copy / "export").symlink_to(elsewhere, target_is_directory=True)
-    with pytest.raises(UserError, match=f"{engines_copy / 'engines.json'}: export.folder 'export'; expected a folder "
-                                        "inside the engines folder"):
+    with pytest.raises(UserError, match=f"{engines_copy / 'export'}: a link to {elsewhere}, outside the engines "
+                                        "folder; the engines hold their export inside"):
         load_engines(engines_copy, verify=False)
 
 
