@@ -254,7 +254,7 @@ class Metrics:
 
     BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
     COUNTERS = {  # name -> help; all *_total counters
-        "prompt_tokens": "Prompt tokens, each choice's counted (prefill plus reused rows).",
+        "prompt_tokens": "Prompt tokens, each prompt once as usage counts it (prefilled plus reused rows).",
         "prompt_tokens_reused": "Prompt tokens whose KV rows an earlier request left (prefix reuse).",
         "completion_tokens": "Tokens generated into answers.",
         "target_calls": "Target engine calls after the prefills (decode steps, verify rounds, lookup rounds).",
@@ -405,7 +405,7 @@ class Server:
         # close waits for them, as it waits for the lock (the process ended under them)
         self.sending = 0
         self.sent = threading.Condition()
-        # connections taken and requests read whose answer is not yet written (Handler.setup, parse_request):
+        # connections taken whose answer is not yet written (_HTTPServer.process_request):
         # drain waits for them after the socket stops accepting (the process ended under a /health
         # probe's answer: its headers sent, its body cut, seen by a user walk in session 53)
         self.replying = 0
@@ -711,7 +711,6 @@ class Handler(BaseHTTPRequestHandler):
     # seconds a socket read or write may wait: a client that sends less than its
     # Content-Length, or stalls, frees its thread (the lock is not held while reading)
     timeout = 60
-    _begun = False  # this connection's request is counted in Server.replying
 
     @property
     def route(self) -> str:
@@ -785,36 +784,6 @@ class Handler(BaseHTTPRequestHandler):
                 self.rfile.read(size)
             except OSError:
                 self.close_connection = True
-
-    def setup(self) -> None:
-        """A connection just taken counts as a request begun (Server.replying) until its first
-        request is answered or it closes: the server took it, so the stop waits for it (one taken
-        as the process ended got no answer at all)."""
-        super().setup()
-        self._counted(True)
-
-    def parse_request(self) -> bool:
-        """The standard library's, counting the request as begun until handle_one_request has
-        answered it (a kept-alive connection waiting for its next request is not counted)."""
-        self._counted(True)
-        return super().parse_request()
-
-    def handle_one_request(self) -> None:
-        try:
-            super().handle_one_request()
-        finally:
-            self._counted(False)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self._counted(False)
-
-    def _counted(self, begun: bool) -> None:
-        if begun != self._begun:
-            self._begun = begun
-            self.app.replying_to(1 if begun else -1)
 
     def _not_allowed(self) -> None:
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
@@ -1116,8 +1085,8 @@ def drain(app: Server, httpd: ThreadingHTTPServer, serving: threading.Thread | N
         httpd.shutdown()  # no more connections taken; those begun get their answer (503 by now)
         try:
             if not app.settle(SETTLE_SECONDS):
-                app.log(f"[stopping: {app.replying} request(s) still unanswered after {SETTLE_SECONDS:g} s: "
-                        "their connections close]")
+                app.log(f"[stopping: {app.replying} connection(s) taken still unanswered after {SETTLE_SECONDS:g} "
+                        "s (a client that sent nothing, or its body slowly): they close]")
         except KeyboardInterrupt:
             pass
         httpd.server_close()
@@ -1128,18 +1097,41 @@ class _HTTPServer(ThreadingHTTPServer):
     # (20 of 64 at once), where the README promises they queue; the kernel caps it (somaxconn)
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, app: Server, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.app = app
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
+        self._taken: set[int] = set()  # the connections counted in app.replying
+        self._taken_lock = threading.Lock()
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self.began.set()
         super().serve_forever(poll_interval)
 
+    # Every connection taken counts in Server.replying (drain waits for them) from the moment
+    # it is accepted, on the serving thread, until it is closed after its answer: one counted
+    # only when its handler thread began could be missed by a stop right after the accept. The
+    # handler speaks HTTP/1.0, one request a connection (a kept-alive one would count while idle).
+    def process_request(self, request, client_address) -> None:
+        with self._taken_lock:
+            self._taken.add(id(request))
+        self.app.replying_to(1)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        try:
+            super().shutdown_request(request)
+        finally:
+            with self._taken_lock:
+                counted = id(request) in self._taken
+                self._taken.discard(id(request))
+            if counted:
+                self.app.replying_to(-1)
+
 
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"app": app})
-    return _HTTPServer((host, port), handler)
+    return _HTTPServer(app, (host, port), handler)
 
 
 @click.command()
@@ -1209,12 +1201,18 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         # ended the process mid-answer, a stream cut without a word)
         old = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            serving = None
+            serving, crashed = None, []
+
+            def serve_loop() -> None:  # (an error in the loop ends serve with it after the stop, exit 1)
+                try:
+                    httpd.serve_forever()
+                except BaseException as e:
+                    crashed.append(e)
+
             try:
                 # in a thread of its own: Ctrl-C or SIGTERM raised in serve_forever could land
                 # between its accept and its handing the connection on (the client got no answer)
-                serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                           daemon=True)
+                serving = threading.Thread(target=serve_loop, daemon=True)
                 serving.start()
                 click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
                            f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
@@ -1226,6 +1224,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 pass
             finally:
                 drain(app, httpd, serving)
+            if crashed:
+                raise crashed[0]
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

@@ -119,7 +119,7 @@ def check_not_engines_own(path: str | Path | None, engines_dir: str | Path, opti
         files = json.loads((folder / "engines.json").read_text(encoding="utf-8")).get("files") or []
         owned |= {(folder / r["file"]).resolve() for r in files
                   if isinstance(r, dict) and isinstance(r.get("file"), str)}
-    except (OSError, ValueError, AttributeError, RecursionError):  # (loading the engines names a broken manifest)
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):  # (loading names a broken manifest)
         pass
     export, given = (folder / "export").resolve(), Path(path).absolute()  # (the link itself, or through it)
     if p in owned or p.is_relative_to(export) or Path(engines_dir).absolute() / "export" in (given, *given.parents):

@@ -338,6 +338,9 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
     (engines / "mine.npz").write_bytes(b"x")
     check_not_engines_own(engines / "mine.npz", engines, "--grow-file")  # the user's own: taken
     check_not_engines_own(tmp_path / "g.npz", engines, "--grow-file")
+    (engines / "engines.json").write_text('{"files": 5}')  # (a TypeError traceback; loading names the manifest)
+    r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "x", "--grow-file", str(engines / "g.npz")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "engines.json" in r.output, r.output
 
 
 def test_the_engines_files_check_needs_no_runtime(tmp_path):

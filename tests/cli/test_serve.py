@@ -1500,6 +1500,43 @@ def test_the_stop_waits_for_a_connection_taken_before_its_request_came(worded): 
     assert not stopped.is_alive() and app.replying == 0
 
 
+def test_a_connection_counts_from_its_accept_not_from_its_handler_thread(worded):  # noqa: F811
+    """Counted when its handler thread began, a connection accepted just before the stop could
+    be missed (the stop saw none, the process ended, the client got nothing: a review of session
+    54 delayed the thread to show it). Counted on the serving thread at the accept now."""
+    import socket
+    import time
+
+    from specrt.cmd_serve import Handler, Server, drain, make_server
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    real = Handler.setup
+
+    def slow_setup(self):  # the handler thread late to start
+        time.sleep(1.0)
+        real(self)
+
+    httpd.RequestHandlerClass.setup = slow_setup
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    c = socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=30)
+    deadline = time.time() + 0.6
+    while app.replying == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert app.replying == 1  # before the handler thread's setup ran
+    httpd.shutdown()
+    stopped = threading.Thread(target=drain, args=(app, httpd), daemon=True)
+    stopped.start()
+    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while chunk := c.recv(65536):
+        answer += chunk
+    c.close()
+    assert answer.startswith((b"HTTP/1.0 503", b"HTTP/1.1 503")), answer
+    stopped.join(timeout=30)
+    assert not stopped.is_alive() and app.replying == 0
+
+
 @pytest.mark.parametrize("started", [False, True])
 def test_the_stop_serves_its_503s_whether_or_not_serves_thread_had_started(worded, started):  # noqa: F811
     """serve runs serve_forever in a thread of its own (session 54); a signal that comes before
