@@ -182,12 +182,19 @@ def test_the_canary_command_refuses_a_graph_swapped_in_from_another_build(tmp_pa
     from specrt.cli import main
 
     eng = _engines(tmp_path / "a", None)
-    build_engines(tmp_path / "a" / "exp", "onnxruntime", (1, 2), tmp_path / "other", log=lambda s: None,
-                  profile_repeats=1, profile_pasts=(16,), max_context=64)
+    # another draft of the same shapes (its own random weights), from another export: it loads and
+    # runs, and only its hash tells (a graph of another context is refused by its cache rows too)
+    t = write_tiny_target(tmp_path / "b" / "t", "llama", vocab_size=16)
+    d = write_tiny_draft(tmp_path / "b" / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15,
+                         seed=7)
+    export(t, d, tmp_path / "b" / "exp")
     (eng / "acceptance_receipt.json").unlink(missing_ok=True)
-    shutil.copy(tmp_path / "other" / "target.onnx", eng / "target.onnx")
+    for f in ("draft.onnx", "draft.onnx.data"):
+        if (tmp_path / "b" / "exp" / f).exists():
+            shutil.copy(tmp_path / "b" / "exp" / f, eng / f)
     r = CliRunner().invoke(main, ["canary", str(eng)])
-    assert r.exit_code == 1 and "target.onnx" in r.output and "Traceback" not in r.output, r.output
+    assert r.exit_code == 1 and "draft.onnx" in r.output and "Traceback" not in r.output, r.output
+    assert "differs" in r.output or "sha256" in r.output, r.output
     assert not (eng / "acceptance_receipt.json").exists()
 
 
