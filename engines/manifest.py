@@ -199,6 +199,13 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         graph = role.get("graph")
         if key == "onnx" and by_graph.setdefault(graph, f) != f:
             raise UserError(f"{where}: roles of graph '{graph}' run both '{by_graph[graph]}' and '{f}'")
+    if graphs.get("target", {}).get("head") == "screened":  # (its files decide the greedy argmax: hashed too)
+        from specrt.head import BOUNDS_FILE, WEIGHT_FILE
+
+        missing = [f for f in (WEIGHT_FILE, BOUNDS_FILE) if f not in recorded]
+        if missing:
+            raise UserError(f"{where}: graphs.target.head is 'screened' but {', '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not among the recorded files; re-run `specrt build`")
     return m
 
 
@@ -294,10 +301,10 @@ def check_role_ranges(where: Path, m: dict[str, Any], draft_kind: str | None) ->
     from specrt.engines.plan import make_roles
 
     ctx = m["max_context"]
-    try:
-        plan = make_roles(tuple(m["depths"]), ctx, draft_kind)
-    except UserError as e:
-        raise UserError(f"{where}: max_context {ctx} and depths {m['depths']}: {e}; re-run `specrt build`") from None
+    if ctx < max(m["depths"]) + 2:  # (make_roles' own error names --max-context, an option never given here)
+        raise UserError(f"{where}: max_context {ctx} is below the deepest depth {max(m['depths'])} + 2 (a token, "
+                        "the depth's drafts and its bonus token); re-run `specrt build`")
+    plan = make_roles(tuple(m["depths"]), ctx, draft_kind)
     for name, role in m["roles"].items():
         want = {k: [r.min, r.max] for k, r in plan[name].dims.items()} if name in plan else {}
         if C.DIM_CACHE in role["dims"]:

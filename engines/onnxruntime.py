@@ -381,8 +381,8 @@ class OrtRunner(Runner):
         want = self.role.dims.get(C.DIM_CACHE)
         if rows is not None and want is not None and (want.min, want.max) != (int(rows), int(rows)):
             raise UserError(f"{self.graph.path}: built for a context of {rows} tokens (its cache rows and RoPE table), "
-                            f"engines.json gives role '{self.name}' {want.max}; the manifest was edited: rebuild with "
-                            "`specrt build`")
+                            f"engines.json gives role '{self.name}' {want.max}; engines.json or the graph was changed "
+                            "since the build: rebuild with `specrt build`")
         if bad:
             raise UserError(f"{self.graph.path}: its inputs and outputs differ from those engines.json gives role "
                             f"'{self.name}' ({', '.join(bad[:4])}); the manifest or the graph was edited: rebuild "

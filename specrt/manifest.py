@@ -368,6 +368,10 @@ def check_export(m: dict[str, Any], path: Path) -> None:
                             "export again")
     for f in TOKENIZER_FILES:
         if f not in listed and (path.parent / f).is_file():
+            if f in (m.get("tokenizer_files") or ()):  # (export copied it: its record was removed, not a file added)
+                raise UserError(f"{path}: field 'tokenizer' does not name {f}, which is in {path.parent} and which "
+                                "field 'tokenizer_files' says `specrt export` copied: export.json was edited after "
+                                "it was written; make the export again")
             raise UserError(f"{path}: field 'tokenizer' does not name {f}, which is in {path.parent} (`specrt export` "
                             f"lists every tokenizer file it copies): {f} was added to the folder, or export.json "
                             f"edited, since it was written; remove {f}, or make the export again")

@@ -215,6 +215,16 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
         engines.activate()
 
 
+def test_role_ranges_name_a_context_too_small_for_the_depths_without_a_cli_option():
+    """check_role_ranges wrapped the build plan's error, which names --max-context, an option
+    never given to a command that reads engines.json (a review, session 54)."""
+    from specrt.engines.manifest import check_role_ranges
+
+    with pytest.raises(UserError, match=r"^e/engines.json: max_context 5 is below the deepest depth 8 \+ 2 \(a token, "
+                                        r"the depth's drafts and its bonus token\); re-run `specrt build`$"):
+        check_role_ranges(Path("e/engines.json"), {"max_context": 5, "depths": [1, 8], "roles": {}}, "peagle")
+
+
 def test_a_gpu_provider_on_a_machine_without_one_names_the_manifest(engines_copy, monkeypatch):
     """onnxruntime.providers edited to CUDA on a CPU machine said only "no NVIDIA GPU found"
     (a user walk, session 54): the error names engines.json and the field."""
@@ -657,6 +667,8 @@ def test_an_export_written_before_tokenizer_files_loads_as_written(worded_export
     (_add_chat_template, r"field 'tokenizer\[3\].file' names chat_template.jinja, which field 'tokenizer_files' "
                          "does not"),
     (lambda exp, m: m.update(tokenizer_files="tokenizer.json"), "field 'tokenizer_files' must be a list of str"),
+    (lambda exp, m: m["tokenizer"].pop(0), "field 'tokenizer' does not name tokenizer.json, which is in .* and which "
+                                          "field 'tokenizer_files' says `specrt export` copied: export.json was edited"),
     # a user walk (session 54): a file added beside them was called an edit of export.json
     (lambda exp, m: (exp / "special_tokens_map.json").write_text("{}"),
      "field 'tokenizer' does not name special_tokens_map.json, which is in .*special_tokens_map.json was added "

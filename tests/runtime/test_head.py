@@ -445,3 +445,19 @@ def test_deactivating_a_screened_set_closes_its_head_file(tmp_path):
         assert rows[[0, 1]].shape[0] == 2 and open_head() == 1
         engines.deactivate()
         assert open_head() == 0
+
+
+def test_a_screened_heads_files_must_be_recorded(small_screened, tmp_path):
+    """head_weight.npy and head_bounds.npy decide the greedy argmax of a screened build: with
+    their records dropped from engines.json they were never hashed and still read (a review of
+    session 54, as for a graph's weights file)."""
+    import json
+
+    eng = tmp_path / "scr"
+    shutil.copytree(small_screened.folder, eng)
+    m = json.loads((eng / "engines.json").read_text())
+    m["files"] = [r for r in m["files"] if r["file"] != "head_bounds.npy"]
+    (eng / "engines.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match=f"{eng / 'engines.json'}: graphs.target.head is 'screened' but "
+                                        "head_bounds.npy is not among the recorded files"):
+        load_engines(eng, verify=False)
