@@ -8,10 +8,19 @@ as the process ended under the handler thread) or a connection the server took a
 answered (RemoteDisconnected: SIGTERM landed in serve_forever between its accept and handing the
 socket on); a reset (ConnectionResetError) is a connection still in the listen queue when the socket
 closed, which no server answers."""
-import http.client, json, signal, subprocess, sys, threading, time
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 port = int(sys.argv[2])
-p = subprocess.Popen(["/work/main/.venv/bin/specrt", "serve", sys.argv[1], "--port", str(port)],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+SPECRT = str(Path(sys.executable).with_name("specrt"))  # (the venv's, beside its python)
+p = subprocess.Popen([SPECRT, "serve", sys.argv[1], "--port", str(port)],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 while True:
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
