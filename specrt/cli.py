@@ -505,7 +505,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true)."""
-    from specrt.paths import check_distinct, check_not_engines_file, check_not_engines_own, check_output_file
+    from specrt.paths import check_distinct, check_not_engines_file, check_output_file
     from specrt.runtime.governor import is_dspark
     from specrt.prompt_files import is_token_ids
     from specrt.runtime.sampling import SamplingParams
@@ -526,7 +526,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         raise UserError("--logprobs N: the logprobs go into the --stats file; give --stats FILE too")
     if grow_file is not None:
         check_output_file(grow_file, "--grow-file")
-        check_not_engines_own(grow_file, engines_dir, "--grow-file")
+        check_not_engines_file(grow_file, engines_dir, "--grow-file", users_files=True)
     # one file for two: the stats replaced the prompts file
     check_distinct(("--prompts", prompts_file), ("--stats", stats_file), ("--grow-file", grow_file))
     with Session(engines_dir, governor=governor, sampling=params, reuse_prefix=not no_prefix_reuse,

@@ -89,42 +89,44 @@ def check_distinct(*named: tuple[str, str | Path | None]) -> None:
                 raise UserError(f"{o1} and {o2} name the same file {f1}; give each its own")
 
 
-def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, option: str) -> None:
+def check_not_engines_file(path: str | Path | None, engines_dir: str | Path, option: str, *,
+                           users_files: bool = False) -> None:
     """UserError when ``path`` is a file the engines folder already holds (engines.json, a
     graph, the calibration, ...), or one that calibrate, canary or corpus write there later
     (the first calibration written, then a report over it): a report written there breaks
-    the engines."""
-    if path is None:
-        return
-    p, folder = Path(path).resolve(), Path(engines_dir).resolve()
-    if p.is_relative_to(folder) and (p.is_file() or p in {folder / n for n in (CALIBRATION_FILE, ACCEPTANCE_FILE,
-                                                                               CORPUS_FILE)}):
-        raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
-                        "and break the engines: give another path")
-
-
-def check_not_engines_own(path: str | Path | None, engines_dir: str | Path, option: str) -> None:
-    """UserError when ``path`` is a file the engines folder owns: its manifest, a file it
-    records, its export (through its link) or a file calibrate, canary or corpus write there.
-    A file of the user's own there (a growth file kept beside the engines) is taken: for an
-    option that reads the file it names before writing it (run's --grow-file wrote session
-    growth over calibration.json, and every later command failed on it)."""
+    the engines. ``users_files``: for an option that reads the file it names before writing
+    it (run's --grow-file, which wrote session growth over calibration.json), a file of the
+    user's own there (a growth file kept beside the engines) is taken; refused are the files
+    the folder owns: its manifest, those it records, its export (through its link) and those
+    written there later."""
     if path is None:
         return
     p, folder = Path(path).resolve(), Path(engines_dir).resolve()
     if not p.is_relative_to(folder):
         return
-    owned = {folder / n for n in ("engines.json", CALIBRATION_FILE, ACCEPTANCE_FILE, CORPUS_FILE)}
+    later = {folder / n for n in (CALIBRATION_FILE, ACCEPTANCE_FILE, CORPUS_FILE)}
+    if users_files:
+        given = Path(path).absolute()  # (the export's link itself, or a path through it)
+        refused = p in (later | _recorded(folder)) or p.is_relative_to((folder / "export").resolve()) \
+            or Path(engines_dir).absolute() / "export" in (given, *given.parents)
+    else:
+        refused = p.is_file() or p in later
+    if refused:
+        raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
+                        "and break the engines: give another path")
+
+
+def _recorded(folder: Path) -> set[Path]:
+    """The engines folder's manifest and the files it records, resolved (none where it cannot
+    be read: loading the engines names a broken manifest)."""
+    owned = {folder / "engines.json"}
     try:
         files = json.loads((folder / "engines.json").read_text(encoding="utf-8")).get("files") or []
         owned |= {(folder / r["file"]).resolve() for r in files
                   if isinstance(r, dict) and isinstance(r.get("file"), str)}
-    except (OSError, ValueError, AttributeError, TypeError, RecursionError):  # (loading names a broken manifest)
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         pass
-    export, given = (folder / "export").resolve(), Path(path).absolute()  # (the link itself, or through it)
-    if p in owned or p.is_relative_to(export) or Path(engines_dir).absolute() / "export" in (given, *given.parents):
-        raise UserError(f"{option} {path}: a file of the engines folder {engines_dir}; writing there would replace it "
-                        "and break the engines: give another path")
+    return owned
 
 
 def check_output_file(path: Path, option: str) -> None:

@@ -323,7 +323,7 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
     calibration, and every later command failed on it (a user walk, session 54); corpus.npz,
     the manifest, a recorded graph or the export's files likewise. A growth file of the user's
     own kept in the folder is still read and written."""
-    from specrt.paths import check_not_engines_own
+    from specrt.paths import check_not_engines_file
 
     engines = tmp_path / "e"
     (engines / "export").mkdir(parents=True)
@@ -336,8 +336,8 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
         assert f"--grow-file {engines / name}: a file of the engines folder {engines}" in r.output, (name, r.output)
     assert sorted(p.name for p in engines.iterdir()) == ["engines.json", "export"]
     (engines / "mine.npz").write_bytes(b"x")
-    check_not_engines_own(engines / "mine.npz", engines, "--grow-file")  # the user's own: taken
-    check_not_engines_own(tmp_path / "g.npz", engines, "--grow-file")
+    check_not_engines_file(engines / "mine.npz", engines, "--grow-file", users_files=True)  # the user's own: taken
+    check_not_engines_file(tmp_path / "g.npz", engines, "--grow-file", users_files=True)
     (engines / "engines.json").write_text('{"files": 5}')  # (a TypeError traceback; loading names the manifest)
     r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "x", "--grow-file", str(engines / "g.npz")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "engines.json" in r.output, r.output
