@@ -1251,19 +1251,19 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         if has_draft else ["off", "off:ngram"])
     # one spelling a governor: 'OFF' ran as specrt:OFF, and the identity check, which compares
     # every configuration with specrt:off, found no reference and checked nothing
-    govs = list(dict.fromkeys(_canonical(g) for g in govs))  # (fixed:02 ran beside fixed:2, fixed:0 beside off)
-    # auto beside the governor it stands for on these engines ran it twice under two names
+    # (fixed:02 ran beside fixed:2, fixed:0 beside off), and auto beside the governor it stands
+    # for on these engines ran it twice under two names: each runs once, as first spelt
     from specrt.runtime.governor import split_lookup
 
-    runs_as: dict[str, str] = {}
-    for g in list(govs):
+    runs_as: dict[str, str] = {}  # the governor that runs -> its first spelling
+    for g in map(_canonical, govs):
         key = _canonical(resolve_spec(g, engines)) if split_lookup(g)[0] == "auto" else g
-        if key in runs_as:
-            govs.remove(g)
+        if key not in runs_as:
+            runs_as[key] = g
+        elif runs_as[key] != g:
             same_notes.append(f"--governors: {g} is {runs_as[key]} on {engines.folder} "
                               f"({key}); it runs once, as {runs_as[key]}")
-        else:
-            runs_as[key] = g
+    govs = list(runs_as.values())
     if "off" not in govs:
         govs.insert(0, "off")
     for g in govs:  # (UserError on a bad spec, or one these engines cannot run, before anything runs)
