@@ -32,7 +32,8 @@ from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
 from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, check_environment,
                                      environment, read_engines_manifest)
-from specrt.engines.plan import (PRECISIONS, DimRange, make_roles, normalise_precision, parse_depths, trt_plan)
+from specrt.engines.plan import (PRECISIONS, make_roles, normalise_precision, parse_depths, trt_plan,
+                                 with_cache_rows)
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
 from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEIGHT_FILE, n_outliers
@@ -310,11 +311,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     if target_head != "full" and kv != "inplace":
         raise UserError(f"--target-head {target_head} needs in-place KV, which these settings cannot have")
     if kv == "inplace":
-        from dataclasses import replace
-
-        for name, role in list(roles.items()):
-            if role.graph == "target":
-                roles[name] = replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(ctx)})
+        roles = with_cache_rows(roles, ctx)
 
     dropped = [n for n in ("calibration.json", "corpus.npz") if force and (Path(out) / n).is_file()]
     if dropped:  # (files made after a build, minutes of work each: the new folder starts without them)

@@ -298,22 +298,21 @@ def check_role_ranges(where: Path, m: dict[str, Any], draft_kind: str | None) ->
     edited range (verify.4 taking 4 new tokens, a larger context) met the graph's own error
     mid-decode, blamed on the prompt, or a crash in its RoPE table past the rows it was built with."""
     from specrt import contracts as C
-    from specrt.engines.plan import make_roles
+    from specrt.engines.plan import make_roles, with_cache_rows
 
     ctx = m["max_context"]
     if ctx < max(m["depths"]) + 2:  # (make_roles' own error names --max-context, an option never given here)
         raise UserError(f"{where}: max_context {ctx} is below the deepest depth {max(m['depths'])} + 2 (a token, "
                         "the depth's drafts and its bonus token); re-run `specrt build`")
-    plan = make_roles(tuple(m["depths"]), ctx, draft_kind)
+    plan = make_roles(tuple(m["depths"]), ctx, draft_kind)  # as `specrt build` plans them
+    if any(C.DIM_CACHE in role["dims"] for role in m["roles"].values()):  # (in-place KV engines)
+        plan = with_cache_rows(plan, ctx)
     for name, role in m["roles"].items():
-        want = {k: [r.min, r.max] for k, r in plan[name].dims.items()} if name in plan else {}
-        if C.DIM_CACHE in role["dims"]:
-            want[C.DIM_CACHE] = [ctx, ctx]
-        for dim, (lo, hi) in want.items():
+        for dim, r in (plan[name].dims.items() if name in plan else ()):
             got = role["dims"].get(dim)
-            if got is not None and [got[0], got[2]] != [lo, hi]:
-                raise UserError(f"{where}: roles.{name}.dims.{dim} is {got}; expected min {lo} and max {hi} for "
-                                f"depths {m['depths']} and max_context {ctx}: re-run `specrt build`")
+            if got is not None and [got[0], got[2]] != [r.min, r.max]:
+                raise UserError(f"{where}: roles.{name}.dims.{dim} is {got}; expected min {r.min} and max {r.max} "
+                                f"for depths {m['depths']} and max_context {ctx}: re-run `specrt build`")
 
 
 def verify_engines(folder: Path, manifest: dict[str, Any], verify: bool = True) -> dict[str, Any]:

@@ -37,7 +37,7 @@ typical context the cost table is profiled at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specrt import contracts as C
@@ -197,6 +197,13 @@ def make_roles(depths: tuple[int, ...], max_context: int, draft_kind: str | None
     elif draft_kind is not None:
         raise UserError(f"draft kind '{draft_kind}' has no engine (expected peagle or eagle3)")
     return roles
+
+
+def with_cache_rows(roles: dict[str, Role], max_context: int) -> dict[str, Role]:
+    """``roles`` for in-place KV engines: each target role also ranges over the rows of the
+    KV buffers it writes into, fixed at the context limit (contracts.DIM_CACHE)."""
+    return {name: replace(role, dims={**role.dims, C.DIM_CACHE: DimRange.of(int(max_context))})
+            if role.graph == "target" else role for name, role in roles.items()}
 
 
 # ---- TensorRT ---------------------------------------------------------------------------
