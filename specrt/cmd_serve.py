@@ -76,7 +76,7 @@ MAX_N = 16  # choices a request may ask for (decoded one after another)
 MAX_CHOICES = 64  # prompts x n, a request
 WRITE_TIMEOUT = 5.0  # seconds an answer's write may wait for a client that reads nothing (--write-timeout)
 WRITE_PIECE = 1 << 16  # bytes of a whole answer written at a time, each within WRITE_TIMEOUT
-SETTLE_SECONDS = 5.0  # at the stop, how long the requests begun may take to get their answers (drain)
+SETTLE_SECONDS = 5.0  # at the stop, how long the connections taken may take to get their answers (drain)
 LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
 
@@ -446,14 +446,14 @@ class Server:
             self.sent.notify_all()
 
     def replying_to(self, n: int) -> None:
-        """``n`` (1 or -1) more requests begun and not yet answered (``settle`` waits for them)."""
+        """``n`` (1 or -1) more connections taken and not yet answered (``settle`` waits for them)."""
         with self.sent:
             self.replying += n
             self.sent.notify_all()
 
     def settle(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` seconds for the requests begun to be answered; False if some
-        were not (a client sending its body slowly is not waited for past it)."""
+        """Waits up to ``timeout`` seconds for the connections taken to be answered; False if some
+        were not (a client sending nothing, or its body slowly, is not waited for past it)."""
         with self.sent:
             return self.sent.wait_for(lambda: self.replying == 0, timeout)
 
@@ -1101,8 +1101,6 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(*args, **kwargs)
         self.app = app
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
-        self._taken: set[int] = set()  # the connections counted in app.replying
-        self._taken_lock = threading.Lock()
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self.began.set()
@@ -1112,9 +1110,10 @@ class _HTTPServer(ThreadingHTTPServer):
     # it is accepted, on the serving thread, until it is closed after its answer: one counted
     # only when its handler thread began could be missed by a stop right after the accept. The
     # handler speaks HTTP/1.0, one request a connection (a kept-alive one would count while idle).
+    # socketserver closes each connection it hands to process_request with one shutdown_request
+    # (after its handler, or after process_request failed); verify_request, which would close one
+    # unprocessed, is not overridden.
     def process_request(self, request, client_address) -> None:
-        with self._taken_lock:
-            self._taken.add(id(request))
         self.app.replying_to(1)
         super().process_request(request, client_address)
 
@@ -1122,11 +1121,7 @@ class _HTTPServer(ThreadingHTTPServer):
         try:
             super().shutdown_request(request)
         finally:
-            with self._taken_lock:
-                counted = id(request) in self._taken
-                self._taken.discard(id(request))
-            if counted:
-                self.app.replying_to(-1)
+            self.app.replying_to(-1)
 
 
 def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
