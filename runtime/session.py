@@ -35,6 +35,7 @@ import numpy as np
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
 from specrt.errors import UserError
+from specrt.limits import whole
 from specrt.paths import check_path_args
 
 from .corpus import Growth
@@ -77,7 +78,7 @@ def shallower_note(fitted_depth, depths) -> str:
     shallower engines than these (of the same export): DSpark maps the positions it never saw
     as the identity until a run's own rounds refine them; else ""."""
     deep = max(depths, default=0)
-    if not (isinstance(fitted_depth, int) and not isinstance(fitted_depth, bool) and 0 < fitted_depth < deep):
+    if not whole(fitted_depth, 1, deep - 1):
         return ""
     span = f"position {deep}" if fitted_depth + 1 == deep else f"positions {fitted_depth + 1}-{deep}"
     return (f"; fitted on engines of depth {fitted_depth}: {span} the identity map until this run's rounds refine "
