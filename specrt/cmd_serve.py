@@ -398,6 +398,7 @@ class Server:
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
         self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled answer's client is let go after it
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
+        self.created = int(time.time())  # /v1/models' "created": when this server loaded its model
         self.stopping = False  # closing: requests not yet begun are answered 503
         self.closed = False  # close() has begun
         self.cutting = False  # closing at once: the request being answered ends at its next round
@@ -808,7 +809,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         route = self.route
-        model = {"id": self.app.model, "object": "model", "owned_by": "specrt", "created": 0}
+        model = {"id": self.app.model, "object": "model", "owned_by": "specrt", "created": self.app.created}
         if route in ("/v1/models", "/models"):
             self._send_json(200, {"object": "list", "data": [model]})
         elif route.startswith(("/v1/models/", "/models/")):  # the OpenAI client's models.retrieve
@@ -1051,7 +1052,8 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
             try:
-                self.wfile.write(b"data: " + json.dumps({"error": {"message": str(e), "type": kind}}).encode()
+                self.wfile.write(b"data: " + json.dumps({"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
+                                                                 "code": None}}).encode()
                                  + b"\n\ndata: [DONE]\n\n")
                 self.wfile.flush()
             except OSError:
@@ -1151,7 +1153,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
                    "(the one target-only decoding samples with it), whatever this server decoded before; by default "
                    "rejection sampling, which accepts more drafts but whose text depends on them.")
 @click.option("--write-timeout", type=float, default=WRITE_TIMEOUT, show_default=True,
-              help="Seconds an answer's write waits for a client that has stopped reading (0-3600); then a "
+              help="Seconds an answer's write waits for a client that has stopped reading (> 0, at most 3600); then a "
                    "stream ends, logged as a client that left, and the next request gets the engines (a whole "
                    "answer, written once they are free, is dropped).")
 @template_kwargs_option
@@ -1221,6 +1223,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 drain(app, httpd, serving)
             if crashed:
                 raise crashed[0]
+            click.echo(f"stopped serving on http://{h}:{p}/v1", err=True)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

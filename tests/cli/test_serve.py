@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -611,8 +612,12 @@ def test_a_burst_of_clients_queues_rather_than_being_reset(served):  # noqa: F81
 
 def test_models_health_and_unknown_paths(served):
     url, _ = served
-    assert _get(url, "/v1/models") == (200, {"object": "list", "data": [{"id": "tiny", "object": "model",
-                                                                         "owned_by": "specrt", "created": 0}]})
+    code, listed = _get(url, "/v1/models")
+    # "created": when the server loaded its model (OpenAI's says when a model was made), not 0
+    created = listed["data"][0].pop("created")
+    assert isinstance(created, int) and time.time() - 3600 < created <= time.time()
+    assert code == 200 and listed == {"object": "list", "data": [{"id": "tiny", "object": "model",
+                                                                  "owned_by": "specrt"}]}
     assert _get(url, "/health") == (200, {"status": "ok"})
     code, r = _get(url, "/v2/nothing")
     assert code == 404 and "no such path" in r["error"]["message"]
@@ -655,6 +660,8 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=60) == 0
+        # an idle server's stop says so too (it printed nothing after its "serving" line)
+        assert p.stderr.read().strip().endswith(f"stopped serving on {line.split(' on ')[1].split(' ')[0]}")
         p.stderr.close()
     r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "none")], capture_output=True,
                        text=True, timeout=60)
@@ -1592,7 +1599,8 @@ def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
             while chunk := c.recv(65536):
                 got += chunk
         events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
-        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["message"] == "the server is shutting down"
+        assert events[-1] == "[DONE]" and json.loads(events[-2]) == {"error": {
+            "message": "the server is shutting down", "type": "server_error", "param": None, "code": None}}
         app.cutting = False
         real = app.session.stream
 
