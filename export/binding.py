@@ -171,6 +171,10 @@ def _bind(
                 missing.append((slot, names))
             continue
         e = entries[present[0]]
+        if spec.unused is not None and not spec.required(cfg_decoder, extra):
+            raise UserError(f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') would go unused: "
+                            f"{spec.unused(cfg_decoder, extra)}; the graph would run a model other than the one "
+                            "trained with it (make the config match the weights, or remove the tensor)")
         want = tuple(spec.shape(cfg_decoder, extra))
         if e.shape != want:
             raise UserError(

@@ -35,6 +35,18 @@ class SlotSpec:
     dtypes: tuple[str, ...] = FLOAT
     per_layer: bool = False
     required: Callable[..., bool] = lambda cfg, extra: True
+    # a slot the config switches on: (cfg, extra) -> why a tensor present while ``required``
+    # is false would go unused (binding refuses it: the graph would run a model other than the
+    # one trained with it). None: a present tensor is used (or checked elsewhere).
+    unused: Callable[..., str] | None = None
+
+
+def _no_bias(c: DecoderConfig, e: dict) -> str:
+    return f"model_type '{c.model_type}' gives its layers no q/k/v biases (a qwen2 layer has them)"
+
+
+def _no_qk_norm(c: DecoderConfig, e: dict) -> str:
+    return f"model_type '{c.model_type}' gives its layers no q/k norms (a qwen3 layer has them)"
 
 
 def _layer_specs(prefix: str, first_layer_in: Callable[[DecoderConfig], int] | None = None) -> list[SlotSpec]:
@@ -57,16 +69,16 @@ def _layer_specs(prefix: str, first_layer_in: Callable[[DecoderConfig], int] | N
         SlotSpec("layers.{i}.k", (p + "self_attn.k_proj.weight",), lambda c, e: (c.kv_size, qkv_in(c, e)), per_layer=True),
         SlotSpec("layers.{i}.v", (p + "self_attn.v_proj.weight",), lambda c, e: (c.kv_size, qkv_in(c, e)), per_layer=True),
         SlotSpec("layers.{i}.q_bias", (p + "self_attn.q_proj.bias",), lambda c, e: (c.q_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
         SlotSpec("layers.{i}.k_bias", (p + "self_attn.k_proj.bias",), lambda c, e: (c.kv_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
         SlotSpec("layers.{i}.v_bias", (p + "self_attn.v_proj.bias",), lambda c, e: (c.kv_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
         # Qwen3: per-head RMSNorm on q and k before RoPE.
         SlotSpec("layers.{i}.q_norm", (p + "self_attn.q_norm.weight",), lambda c, e: (c.head_dim,), per_layer=True,
-                 required=lambda c, e: c.qk_norm),
+                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm),
         SlotSpec("layers.{i}.k_norm", (p + "self_attn.k_norm.weight",), lambda c, e: (c.head_dim,), per_layer=True,
-                 required=lambda c, e: c.qk_norm),
+                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm),
         SlotSpec("layers.{i}.o", (p + "self_attn.o_proj.weight",), lambda c, e: (H(c), c.q_size), per_layer=True),
         SlotSpec("layers.{i}.mlp_norm", (p + "post_attention_layernorm.weight",), lambda c, e: (H(c),), per_layer=True),
         SlotSpec("layers.{i}.gate", (p + "mlp.gate_proj.weight",), lambda c, e: (c.intermediate_size, H(c)), per_layer=True),
@@ -82,7 +94,7 @@ def _with_layer_aliases(specs: list[SlotSpec], alias_prefixes: tuple[str, ...], 
         names = list(s.names)
         for ap in alias_prefixes:
             names += [ap + n[len(base_prefix):] for n in s.names if n.startswith(base_prefix)]
-        out.append(SlotSpec(s.slot, tuple(names), s.shape, s.dtypes, s.per_layer, s.required))
+        out.append(replace(s, names=tuple(names)))
     return out
 
 
@@ -134,16 +146,21 @@ DRAFT_SLOTS: list[SlotSpec] = [
     SlotSpec("final_norm", ("norm.weight",), lambda c, e: (c.hidden_size,)),
     SlotSpec("lm_head", ("lm_head.weight",), lambda c, e: (e["draft_vocab"], c.hidden_size)),
     SlotSpec("mask_hidden", ("mask_hidden",), lambda c, e: (1, 1, _aux_width(c, e)),
-             required=lambda c, e: e["kind"] == "peagle"),
+             required=lambda c, e: e["kind"] == "peagle",
+             unused=lambda c, e: "config.json describes an EAGLE-3 draft (a P-EAGLE draft's mask slots use it)"),
     SlotSpec("d2t", ("d2t",), lambda c, e: (e["draft_vocab"],), dtypes=INT64,
              required=lambda c, e: e["draft_vocab"] < c.vocab_size),
     SlotSpec("t2d", ("t2d",), lambda c, e: (c.vocab_size,), dtypes=BOOL,
              required=lambda c, e: e["draft_vocab"] < c.vocab_size),
     SlotSpec("input_norm", ("input_norm.weight",), lambda c, e: (_aux_width(c, e),),
-             required=lambda c, e: e["norm_before_fc"]),
+             required=lambda c, e: e["norm_before_fc"],
+             unused=lambda c, e: "config.json's norm_before_fc is not true (the aux states' norm runs only then)"),
     *[
         SlotSpec(f"fc_norm.{j}", (f"fc_norm.{j}.weight",), lambda c, e: (e.get("target_hidden", c.hidden_size),),
-                 required=lambda c, e, j=j: e["fc_norm"] and j < e["num_aux"])
+                 required=lambda c, e, j=j: e["fc_norm"] and j < e["num_aux"],
+                 unused=lambda c, e: ("config.json's fc_norm is not true (the per-state norms run only then)"
+                                      if not e["fc_norm"] else f"the draft reads {e['num_aux']} aux hidden states "
+                                      f"(fc_norm.0-{e['num_aux'] - 1})"))
         for j in range(MAX_AUX)
     ],
     # a DSpark confidence head (DeepSpec's AcceptRatePredictor: one Linear(H, 1), bias on)

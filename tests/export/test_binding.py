@@ -1067,3 +1067,33 @@ def test_reading_a_tensor_leaves_its_pages_out_of_the_process(tmp_path, monkeypa
             assert max(grown) < 4 * 1024, grown  # kB: a few pages at the edges at most
         else:
             assert min(grown) > 24 * 1024, grown
+
+
+@pytest.mark.parametrize("side, draft_options, extra, words", [
+    ("draft", {}, {"input_norm.weight": (192,)}, "norm_before_fc is not true"),
+    ("draft", {}, {"fc_norm.0.weight": (64,)}, "fc_norm is not true"),
+    ("draft", {"fc_norm": True}, {"fc_norm.3.weight": (64,)}, "reads 3 aux hidden states"),
+    ("draft", {}, {"mask_hidden": (1, 1, 192)}, "describes an EAGLE-3 draft"),
+    ("draft", {}, {"layers.0.self_attn.q_norm.weight": (16,)}, "model_type 'llama' gives its layers no q/k norms"),
+    ("draft", {}, {"layers.0.self_attn.v_proj.bias": (32,)}, "model_type 'llama' gives its layers no q/k/v biases"),
+    ("target", {}, {"model.layers.2.self_attn.k_proj.bias": (32,)}, "no q/k/v biases"),
+])
+def test_a_tensor_the_config_switches_off_is_refused_not_dropped(tmp_path, side, draft_options, extra, words):
+    """A tensor of a slot the config turns off (an input norm without norm_before_fc, a q/k norm
+    in a llama layer, mask_hidden in an EAGLE-3 draft...) was bound, listed in the receipt, and
+    left out of the graph: a draft trained with it ran as another model (session 55's EAGLE-3
+    walk). It is refused, naming its file, tensor, slot and the config that leaves it unused."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, num_layers=1, **draft_options)
+    bind_draft(d, bind_target(t))  # (as written: binds)
+    folder = d if side == "draft" else t
+    state = load_file(str(folder / "model.safetensors"))
+    (name, shape), = extra.items()
+    state[name] = np.ones(shape, np.float32)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError) as e:
+        bind_draft(d, bind_target(t))
+    assert f"model.safetensors: tensor '{name}'" in str(e.value) and "would go unused" in str(e.value), e.value
+    assert words in str(e.value), e.value
