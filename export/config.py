@@ -225,6 +225,9 @@ class DraftConfig:
     source_format: str = "speculators"
     # vLLM's logit_scale: the draft-vocabulary logits times it (_logit_scale)
     logit_scale: float = 1.0
+    # speculators_config.verifier.name_or_path: the model the draft was trained against, as its
+    # trainer named it (a hub id or a path on the training machine: recorded and shown, not checked)
+    verifier_name: str | None = None
     # what export and inspect say of the config as read (a default_proposal_method naming no
     # method, architectures naming the other kind): warnings, not part of the receipt
     notes: tuple[str, ...] = ()
@@ -250,6 +253,8 @@ class DraftConfig:
             del d["source_format"]
         if self.logit_scale == 1.0:  # (likewise)
             del d["logit_scale"]
+        if self.verifier_name is None:  # (likewise)
+            del d["verifier_name"]
         del d["notes"]
         return d
 
@@ -695,6 +700,7 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
         norm_output=f.bool("norm_output", required=False, default=False),
         speculative_tokens=k,
         verifier_architectures=tuple(str(a) for a in v_arch),
+        verifier_name=verifier.str("name_or_path", required=False) or None,
         target_hidden_size=f.int("target_hidden_size", required=False),
         confidence_head=confidence,
         attention_window=attention_window,

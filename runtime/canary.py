@@ -99,10 +99,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def low_note(measured: float) -> str:
-    """What a low depth-1 acceptance with no training receipt means and what to check."""
+def low_note(measured: float, verifier: str | None = None) -> str:
+    """What a low depth-1 acceptance with no training receipt means and what to check;
+    ``verifier``: the model the draft names as the one it was trained against."""
+    named = f", which names '{verifier}'" if verifier else ""
     return (f"depth-1 acceptance {measured:.2f} is below {LOW_WITHOUT_RECEIPT} that a trained draft reaches: check "
-            "that the draft was trained for this target (its speculators_config.verifier) and its "
+            f"that the draft was trained for this target (its speculators_config.verifier{named}) and its "
             "eagle_aux_hidden_state_layer_ids, or put the acceptance the draft reached in training beside it "
             "(DRAFT/training_receipt.json, {\"heldout\": {\"acceptance_at_pos\": [p1, ...]}}) and export again "
             "so that the canary can compare")
@@ -174,7 +176,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "low_without_receipt": bool(low),
         "inconclusive": inconclusive,
         "note": inconclusive_note(drafted, engines.max_context, cramped) if inconclusive else None if expected is not None else (
-            "no training receipt: nothing to compare with" + (f"; {low_note(measured)}" if low else "")),
+            "no training receipt: nothing to compare with" + (f"; {low_note(measured, rec['draft']['config'].get('verifier_name'))}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)
         write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)

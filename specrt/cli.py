@@ -187,6 +187,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
                     part.get("embed_matches_target"), " (--draft-embeddings target)")
             click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}{same}")
             click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
+            if part["config"].get("verifier_name"):
+                click.echo(f"  trained against: {part['config']['verifier_name']} (speculators_config.verifier.name_or_path)")
     n = len(r["target"]["slots"]) + len(r.get("draft", {}).get("slots", {}))
     click.echo(f"bound {n} slots; receipt {r['receipt_id'][:16]}")
 
@@ -288,13 +290,14 @@ def _canary(engines_dir: Path, verify: bool = True) -> None:
 
     with load_engines(engines_dir, verify=verify) as engines:
         r = run_canary(engines)
+        verifier = ((engines.export.get("binding_receipt") or {}).get("draft") or {}).get("config", {}).get("verifier_name")
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
     if r.get("inconclusive"):
         click.secho(f"acceptance canary: {r['note']}", fg="yellow", err=True)
     elif r["trusted"] and r.get("low_without_receipt"):
-        click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'])}", fg="yellow", err=True)
+        click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'], verifier)}", fg="yellow", err=True)
     elif r["trusted"]:
         click.echo(line, err=True)
     else:

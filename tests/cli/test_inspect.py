@@ -20,12 +20,15 @@ def test_inspect_table():
     assert r.exit_code == 0, r.output
     assert "final_norm" in r.output and "model.norm.weight" in r.output and "mask_hidden" in r.output
     assert "bound 54 slots" in r.output
+    # the model speculators recorded as the one the draft was trained against (not checked)
+    verifier = json.loads((REF / "draft" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert f"  trained against: {verifier} (speculators_config.verifier.name_or_path)" in r.output
 
 
 def test_inspect_json():
     r = CliRunner().invoke(main, ["inspect", str(REF / "verifier"), "--draft", str(REF / "draft"), "--json"])
     data = json.loads(r.output)
-    assert data["draft"]["aux_layer_ids"] == [1, 2, 3]
+    assert data["draft"]["aux_layer_ids"] == [1, 2, 3] and data["draft"]["config"]["verifier_name"]
     assert data["target"]["slots"]["final_norm"]["key"] == "model.norm.weight"
 
 

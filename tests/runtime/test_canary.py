@@ -258,6 +258,9 @@ def test_low_acceptance_without_receipt_is_said(tmp_path, monkeypatch):
     out = CliRunner().invoke(main, ["canary", str(eng)])
     assert out.exit_code == 0 and "WARNING: depth-1 acceptance" in out.output, out.output
     assert "training_receipt.json" in out.output and "eagle_aux_hidden_state_layer_ids" in out.output
+    # the verifier the draft names (speculators_config.verifier.name_or_path; the fixture's is its target's path)
+    assert f"speculators_config.verifier, which names '{tmp_path / 'c' / 't'}')" in out.output, out.output
+    assert f"which names '{tmp_path / 'c' / 't'}'" in json.loads((eng / "acceptance_receipt.json").read_text())["note"]
     r = json.loads((eng / "acceptance_receipt.json").read_text())
     assert r["trusted"] and r["low_without_receipt"] and r["note"].startswith("no training receipt")
     with Session(eng, governor="fixed:1") as s:
