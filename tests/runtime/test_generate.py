@@ -96,6 +96,35 @@ def test_greedy_identity_every_depth_and_governor(pair):
         assert accepted > 0  # the accept and bonus paths ran
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
+def test_qwen2_and_mistral_targets_decode_with_an_eagle3_draft(tmp_path, model_type):
+    """A Qwen2 target (q/k/v biases) and a Mistral one under a speculators EAGLE-3 draft (a llama
+    layer: speculators' draft layers are llama or qwen3 ones): no test decoded either with a
+    draft (session 55's walk; the fixture wrote a qwen2 layer config, which export refuses for
+    its missing biases). Target-only decoding equals transformers' greedy generate, and every
+    fixed depth equals it."""
+    import json
+
+    import torch
+
+    t, d = write_bigram_pair(tmp_path, model_type)  # (a draft right most of the time: full and partial rounds)
+    assert json.loads((d / "config.json").read_text())["transformer_layer_config"]["model_type"] == "llama"
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2, 3), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    with load_engines(tmp_path / "eng") as engines:
+        ref = _gen(engines, OffGovernor((1, 2, 3))).generate(PROMPT, 30)
+        want = load_hf(t).generate(torch.tensor([PROMPT]), max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)[0, len(PROMPT):].tolist()
+        assert ref == want
+        accepted = 0
+        for k in (1, 2, 3):
+            g = _gen(engines, FixedGovernor((1, 2, 3), k))
+            assert g.generate(PROMPT, 30) == ref, f"fixed:{k}"
+            accepted += g.telemetry.to_json()["accepted"]
+        assert accepted > 30  # the accept paths ran
+
+
 @pytest.mark.parametrize("model_type,kind,aux", [("qwen3", "eagle3", (0, 2)), ("llama", "peagle", (0, 1, 2, 3))],
                          ids=["eagle3-aux2", "peagle-aux4"])
 def test_drafts_reading_other_than_three_aux_layers(tmp_path, model_type, kind, aux):
