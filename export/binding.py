@@ -367,11 +367,17 @@ def _check_vocab_map(draft: BoundDraft) -> None:
         k = int(np.argmax((tgt < 0) | (tgt >= V)))
         raise UserError(f"{f}: d2t maps draft id {k} to target id {int(tgt[k])}, outside [0, {V})")
     if len(np.unique(tgt)) != len(tgt):
-        raise UserError(f"{f}: d2t maps two draft ids to the same target id")
+        order = np.argsort(tgt, kind="stable")
+        at = int(np.argmax(tgt[order][1:] == tgt[order][:-1]))  # the first target id reached twice
+        a, b = sorted((int(order[at]), int(order[at + 1])))
+        raise UserError(f"{f}: d2t maps draft ids {a} and {b} to the same target id {int(tgt[a])}")
     mark = np.zeros(V, dtype=bool)
     mark[tgt] = True
     if t2d is not None and not np.array_equal(mark, t2d.astype(bool)):
-        raise UserError(f"{f}: t2d disagrees with d2t ({int(t2d.sum())} target ids marked, d2t reaches {len(tgt)})")
+        k = int(np.argmax(mark != t2d.astype(bool)))
+        which = "marks target id {k}, which no draft id maps to" if t2d[k] else "leaves out target id {k}, which d2t reaches"
+        raise UserError(f"{f}: t2d disagrees with d2t: it {which.format(k=k)} ({int(t2d.sum())} target ids marked, "
+                        f"d2t reaches {len(tgt)})")
 
 
 def _check_full_vocab_map(draft: BoundDraft, V: int) -> None:

@@ -217,7 +217,13 @@ def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a bad file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        parts = [p.strip() for p in str(e).split("\n\n") if p.strip()]
+        if len(parts) > 1 and parts[0].startswith("Weights only load failed"):
+            # (its first paragraph advises weights_only=False, which runs the file's code: the
+            # reason is the next; nothing in the file ran)
+            raise UserError(f"{path}: not a torch checkpoint that loads with weights_only, which runs none of "
+                            f"its code ({parts[1].splitlines()[0]})") from None
+        first = parts[0].splitlines()[0] if parts else type(e).__name__
         raise UserError(f"{path}: not a torch checkpoint that loads with weights_only ({first})") from None
     if not isinstance(state, dict) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -427,6 +428,15 @@ def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
             torch.save(content, f)
         with pytest.raises(UserError, match=message):
             bind_target(folder, allow_pickle=True)
+    class Code:  # a pickle that would run a command (weights_only refuses it, and it runs nothing)
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    torch.save({"a": Code()}, f)
+    with pytest.raises(UserError) as e:
+        bind_target(folder, allow_pickle=True)
+    assert "loads with weights_only, which runs none of its code (Trying to load unsupported GLOBAL" in str(e.value)
+    assert "weights_only` set to `False`" not in str(e.value) and not (tmp_path / "ran").exists(), e.value
     torch.save({"x": torch.ones(3)}, f)
     code = ("import sys; from pathlib import Path; from specrt.export.checkpoint import scan_folder; "
             "e = scan_folder(Path(sys.argv[1]), allow_pickle=True); print(e['x'].file)")
@@ -522,16 +532,24 @@ def test_eagle3_d2t_below_zero_and_onto_one_id_twice(tmp_path):
     t2d[tgt[1]] = False  # draft id 1 now reaches draft id 0's target id
     d2t[1] = tgt[0] - 1
     rewrite(folder, change={"d2t": d2t, "t2d": t2d})
-    with pytest.raises(UserError, match="d2t maps two draft ids to the same target id"):
+    with pytest.raises(UserError, match=rf"d2t maps draft ids 0 and 1 to the same target id {tgt[0]}$"):
         bind_draft(folder, t)
 
 
 def test_eagle3_t2d_disagrees(tmp_path):
     folder = write_eagle3(tmp_path / "e3")
     t2d = load_file(str(folder / "model.safetensors"))["t2d"].copy()
-    t2d[np.argmin(t2d)] = True
+    k = int(np.argmin(t2d))
+    t2d[k] = True
     rewrite(folder, change={"t2d": t2d})
-    with pytest.raises(UserError, match="t2d disagrees with d2t"):
+    with pytest.raises(UserError, match=f"t2d disagrees with d2t: it marks target id {k}, which no draft id maps to "
+                                        r"\(501 target ids marked, d2t reaches 500\)"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+    t2d[k] = False
+    gone = int(np.argmax(t2d))
+    t2d[gone] = False
+    rewrite(folder, change={"t2d": t2d})
+    with pytest.raises(UserError, match=f"t2d disagrees with d2t: it leaves out target id {gone}, which d2t reaches"):
         bind_draft(folder, bind_target(REFERENCE / "verifier"))
 
 
