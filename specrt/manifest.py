@@ -16,13 +16,13 @@ import json
 import os
 import shutil
 import stat
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.limits import whole
-from specrt.paths import check_output_folder, check_path_args, umask
+from specrt.paths import check_output_folder, check_path_args, make_temporary, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -94,13 +94,18 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     other things (it deleted a project's sources).
     """
     out = check_output(out, force, inputs, marker)
+    tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        tmp, _ = make_temporary(out.parent, f".{out.name}.partial-", is_folder=True)
         mask = umask()
         os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
-    except OSError as e:
-        raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
+    except BaseException as e:  # (a Ctrl-C just after mkdtemp left the empty folder)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
+        raise
     old = None
     try:
         yield tmp
@@ -120,6 +125,14 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     except BaseException as e:
         if old is not None and old.exists() and not out.exists():  # stopped between the two renames
             old.rename(out)
+        elif old is not None and not tmp.exists() and out.exists():
+            # stopped after both (removing the earlier one): the new output is whole and in place,
+            # so the removal is finished, and a Ctrl-C or SIGTERM says so (it said "Aborted!" alone,
+            # leaving the earlier one half removed beside it)
+            shutil.rmtree(old, ignore_errors=True)
+            if not isinstance(e, Exception):
+                sys.stderr.write(f"\n[interrupted after {out} was written whole, replacing the earlier one]\n")
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, UserError) and str(tmp) in str(e):  # (the temporary folder is gone: name the output)
             raise UserError(str(e).replace(str(tmp), str(out))) from None

@@ -2,10 +2,11 @@
 JSON written whole or not at all."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -153,12 +154,38 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
         raise UserError(f"{named}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{named}: {probe} is not writable")
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".specrt-probe-", dir=probe)
+        tmp, fd = make_temporary(probe, ".specrt-probe-")
         os.close(fd)
-        os.unlink(tmp)
     except OSError as e:
         raise UserError(f"{named}: cannot write in {probe} ({e.strerror or e})") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def make_temporary(folder: Path, prefix: str, suffix: str = "", is_folder: bool = False) -> tuple[Path, int | None]:
+    """A new file (and its fd, open for writing) or folder (fd None) named ``prefix`` + random +
+    ``suffix`` in ``folder``, mode 0600 / 0700, made exclusively as tempfile's are. Unlike
+    tempfile's mkstemp / mkdtemp, a Ctrl-C or SIGTERM landing as the file or folder is made
+    removes it: theirs was made before its name was returned, so an interrupt as they returned
+    left an empty one the caller never knew of (session 55's interruption walk)."""
+    for _ in range(100):
+        name = Path(folder) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            if is_folder:
+                os.mkdir(name, 0o700)
+                return name, None
+            return name, os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except FileExistsError:
+            continue
+        except BaseException:  # (raised as the call returned: what it made is this call's, by O_EXCL)
+            with contextlib.suppress(OSError):
+                os.rmdir(name) if is_folder else os.unlink(name)
+            raise
+    raise FileExistsError(f"no free temporary name in {folder}")
 
 
 def check_engines_writable(engines_dir: Path, writes: str | None = None) -> None:
@@ -198,12 +225,10 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         except OSError as e:
             raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         return
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
-    try:
+        tmp, fd = make_temporary(path.parent, f".{path.name}.", ".tmp")
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -217,11 +242,10 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as e:  # (the temporary made inside: a Ctrl-C just after mkstemp left an empty one)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         if isinstance(e, OSError):  # disk full, a folder gone: said, not a traceback
             raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         raise

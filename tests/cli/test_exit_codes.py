@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -285,6 +287,66 @@ def test_an_interrupt_between_the_two_renames_keeps_the_earlier_output(tmp_path,
         with atomic_folder(out, force=True, marker="engines.json") as tmp:
             (tmp / "engines.json").write_text('{"new": 1}')
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"] and (out / "engines.json").read_text() == "{}"
+
+
+def test_an_interrupt_while_the_earlier_output_is_removed_finishes_and_says_so(tmp_path, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM while the earlier folder was being removed, the new one already in
+    place: "Aborted!" alone, and the earlier one left half removed as .NAME.old-PID for good
+    (660 MB of SmolLM2 engines in session 55's interruption walk). The removal is finished and
+    the interrupt says the output was written whole."""
+    import shutil
+
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "engines.json").write_text("{}")
+    (out / "draft.onnx.data").write_text("x")
+    remove, removing = shutil.rmtree, []
+
+    def interrupted(path, ignore_errors=False):
+        removing.append(Path(path).name)
+        if len(removing) == 1:
+            (Path(path) / "draft.onnx.data").unlink()  # half removed
+            raise KeyboardInterrupt
+        remove(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_folder(out, force=True, marker="engines.json") as tmp:
+            (tmp / "engines.json").write_text('{"new": 1}')
+    monkeypatch.undo()
+    assert removing[0].startswith(".o.old-") and removing[1] == removing[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"] and (out / "engines.json").read_text() == '{"new": 1}'
+    assert f"[interrupted after {out} was written whole, replacing the earlier one]" in capsys.readouterr().err
+
+
+def test_temporaries_made_just_before_an_interrupt_go_with_it(tmp_path, monkeypatch):
+    """A Ctrl-C landing as tempfile's mkdtemp / mkstemp returned left an empty .NAME.partial-*
+    folder, .NAME.*.tmp file or .specrt-probe-* the caller never knew of (session 55's
+    interruption walk): paths.make_temporary removes what it made when interrupted there."""
+    import os
+
+    from specrt.manifest import atomic_folder
+    from specrt.paths import atomic_file, check_output_folder
+
+    made = {"mkdir": os.mkdir, "open": os.open}
+
+    def then_interrupted(name):
+        def make(path, *args, **kwargs):
+            made[name](path, *args, **kwargs)  # (made, its fd lost with the call)
+            if Path(path).parent == tmp_path:
+                raise KeyboardInterrupt
+        return make
+
+    for name, write in (("mkdir", lambda: atomic_folder(tmp_path / "o").__enter__()),
+                        ("open", lambda: atomic_file(tmp_path / "f.json").__enter__()),
+                        ("open", lambda: check_output_folder(tmp_path / "sub", "-o"))):
+        monkeypatch.setattr(os, name, then_interrupted(name))
+        with pytest.raises(KeyboardInterrupt):
+            write()
+        monkeypatch.undo()
+        assert list(tmp_path.iterdir()) == [], (name, list(tmp_path.iterdir()))
 
 
 def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
