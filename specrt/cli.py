@@ -621,14 +621,45 @@ def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[di
     stopped (Ctrl-C, SIGTERM) with that many prompts given, and these describe what it
     decoded (the stats' ``interrupted`` is true, the prompt cut short has finish_reason
     "interrupted")."""
-    from specrt.paths import write_atomic
-
     stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
              "export_digest": s.engines.manifest["export"]["digest"], "interrupted": interrupted_of is not None,
              "prompts": per_prompt}
+    saved = " and ".join(f"{o} {f}" for o, f in (("--stats", stats_file), ("--grow-file", grow_file)) if f)
+    stopped = None
+    try:
+        _run_closing_lines(stats, governor, per_prompt, saved, interrupted_of)
+    except (KeyboardInterrupt, SystemExit) as e:  # (after every prompt was answered: the files still hold them)
+        stopped = e
+    stopped = _write_run_files(s, stats, stats_file, grow_file) or stopped
+    if stopped is not None:
+        if interrupted_of is None:  # ("Aborted!" alone said nothing of the files, nor that the run had ended)
+            click.echo(f"\n[interrupted after all {len(per_prompt)} prompts were answered"
+                       + (f"; {saved} hold them" if saved else "") + "]", err=True)
+        raise stopped
+
+
+def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | None) -> BaseException | None:
+    """run's --stats and --grow-file, each whole or as before. A Ctrl-C or SIGTERM landing in
+    one of them lets it be written again, once (a second one stops at once), and is returned
+    once both are written: one landing just after the run's last answer left neither written."""
+    from specrt.paths import write_atomic
+
+    pending = None
+    writes = ([lambda: write_atomic(stats_file, stats)] if stats_file else []) + (
+        [lambda: s.save_growth(grow_file)] if grow_file is not None else [])
+    for write in writes:
+        try:
+            write()
+        except (KeyboardInterrupt, SystemExit) as e:
+            pending = e
+            write()
+    return pending
+
+
+def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved: str,
+                       interrupted_of: int | None) -> None:
     if interrupted_of is not None:
         done = sum(st["finish_reason"] != "interrupted" for st in per_prompt)  # (answered in full)
-        saved = " and ".join(f"{o} {f}" for o, f in (("--stats", stats_file), ("--grow-file", grow_file)) if f)
         click.echo(f"[interrupted: {done} of {interrupted_of} prompts answered"
                    + (", one cut short" if len(per_prompt) > done else "")
                    + (f"; {saved} hold what was decoded" if saved else "") + "]", err=True)
@@ -647,10 +678,6 @@ def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[di
     click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
                f"{governor}{trees}]", err=True)
-    if stats_file:
-        write_atomic(stats_file, stats)
-    if grow_file is not None:
-        s.save_growth(grow_file)
 
 
 @main.command()

@@ -571,6 +571,43 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
         assert s.load_growth(grow) >= len(done)
 
 
+@pytest.mark.parametrize("where", ["closing line", "stats write", "growth write"])
+def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded, tmp_path, monkeypatch, where):
+    """Ctrl-C or SIGTERM landing after a run's last answer, in its closing line or in one of
+    its writes, left neither --stats nor --grow-file written (a stale one kept), "Aborted!"
+    alone (session 55's interruption walk): both are written whole, and it says the run had
+    ended."""
+    import specrt.cli as cli
+    import specrt.paths as paths
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"w3 w{4 + i}"}) + "\n" for i in range(3)))
+    stats, grow = tmp_path / "s.json", tmp_path / "g.npz"
+    stats.write_text('{"stale": true}')
+    real = {"closing line": (cli, "_run_closing_lines"), "stats write": (paths, "write_atomic"),
+            "growth write": (Session, "save_growth")}[where]
+    calls = []
+
+    def interrupted_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    original = getattr(*real)
+    monkeypatch.setattr(*real, interrupted_once)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--quiet",
+                                  "--stats", str(stats), "--grow-file", str(grow)])
+    assert r.exit_code == 1 and "Aborted!" in r.output, r.output
+    assert f"[interrupted after all 3 prompts were answered; --stats {stats} and --grow-file {grow} hold them]" in r.output
+    st = json.loads(stats.read_text())
+    assert st["interrupted"] is False and len(st["prompts"]) == 3 and st["new_tokens"] == 15
+    monkeypatch.undo()
+    with Session(worded) as s:
+        assert s.load_growth(grow) >= 3
+
+
 def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
     """A prompt file's ``messages`` (a system prompt, earlier turns) are rendered with the
     exported chat template, with or without --chat; a conversation that goes on from the
