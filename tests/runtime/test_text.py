@@ -763,9 +763,10 @@ def test_chat_stopped_before_the_first_token_gives_back_the_turns_dropped_for_it
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
                                   "fixed:1"], input=f"{long}\n{long} w6\n{long} w7\nw8\n\n")
     assert r.exit_code == 0, r.output
-    assert "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]" in r.output, r.output
-    assert "the turn is dropped (the 1 older turn(s) dropped to fit it are back)" in r.output, r.output
-    assert [m["content"] for m in convs[2] if m["role"] == "user"] == [f"{long} w6", f"{long} w7"]
+    # (both older turns: once dropping, a quarter of the context is freed besides)
+    assert "[dropped the oldest 2 turn(s) to fit the context of 128 tokens]" in r.output, r.output
+    assert "the turn is dropped (the 2 older turn(s) dropped to fit it are back)" in r.output, r.output
+    assert [m["content"] for m in convs[2] if m["role"] == "user"] == [f"{long} w7"]
     assert [m["content"] for m in convs[3] if m["role"] == "user"] == [long, f"{long} w6", "w8"]
 
 
@@ -801,15 +802,22 @@ def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded
 
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     """The worded engines hold 128 tokens: turns of 54 tokens (system, 50 words, 4 of
-    answer) fit two at a time, so the third and fourth push the oldest out (the system
-    prompt stays) and the chat goes on; one turn longer than the context is said and
+    answer) fit two at a time, so the third pushes the oldest out (the system prompt
+    stays), with a quarter of the context freed besides: both older turns, so that the
+    fourth fits beside the third and reuses its rows (one exchange dropped a turn moved the
+    conversation's start every turn, and nothing past the template's preamble was reused:
+    session 55's soak), and the chat goes on; one turn longer than the context is said and
     skipped, and the conversation goes on (it ended it, losing the conversation)."""
     long = " ".join(["w4"] * 50)
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
                                   "fixed:1"], input=f"{long}\n{long}\n{long}\n{long}\n\n")
     assert r.exit_code == 0, r.output
-    assert r.output.count("[dropped the oldest 1 turn(s) to fit the context of 128 tokens]") == 2, r.output
-    assert len([ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]) == 4, r.output
+    assert r.output.count("[dropped the oldest") == 1, r.output
+    assert "[dropped the oldest 2 turn(s) to fit the context of 128 tokens]" in r.output, r.output
+    done = [ln for ln in r.output.splitlines() if ln.startswith("[4 tokens")]
+    assert len(done) == 4, r.output
+    reused, total = (int(x) for x in done[3].split("; ")[1].split(" prompt")[0].split(" of "))
+    assert total > 100 and reused >= total - 55, done[3]  # the fourth turn reuses the third's rows
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"],
                            input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
     assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
