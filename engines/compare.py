@@ -169,6 +169,18 @@ def _base_runner():
     return BaseRunner
 
 
+def _import_torch_first() -> None:
+    """torch imported (where installed) before polygraphy's first array check, which imports it
+    inside a bare ``except:`` (util/array.py's ``torch.is_importable()``, mod/importer.py): a
+    Ctrl-C or SIGTERM landing in that import (seconds) was swallowed, the comparison went on
+    and crashed (SIGSEGV) on the half-imported torch (session 55's interruption walk). Here an
+    interrupt stops compare as anywhere else; polygraphy then finds torch imported."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # (polygraphy's check then fails as fast)
+        pass
+
+
 def engine_runner(inner: Runner, name: str):
     """A specrt engine role as a polygraphy runner. It activates the role only if the caller
     has not (an active EngineSet shares one session per graph across roles)."""
@@ -975,6 +987,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         raise UserError(f"--target {target_folder}: the checkpoint of the torch reference; give --reference torch "
                         "with it")
     _base_runner()
+    _import_torch_first()
     from polygraphy.exception import PolygraphyException
     from polygraphy.json import save_json
     from polygraphy.logger import G_LOGGER

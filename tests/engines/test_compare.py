@@ -565,3 +565,31 @@ def test_the_temporary_folder_is_never_one_planted_by_another_user(tiny_engines,
     assert Path(r["inputs_file"]).parent != name and not any(name.iterdir())
     name.chmod(0o700)  # our own: reused, as before
     assert Path(compare_engines(tiny_engines, log=quiet)["inputs_file"]).parent == name
+
+
+def test_an_interrupt_in_the_torch_import_stops_compare(tiny_engines, tmp_path):
+    """polygraphy's first array check imports torch inside a bare ``except:``; a Ctrl-C or
+    SIGTERM landing in that import (seconds long) was swallowed, the comparison went on and
+    crashed with SIGSEGV on the half-imported torch (session 55's interruption walk).
+    compare imports torch itself first: here the import is made to raise KeyboardInterrupt,
+    which must stop compare, not be taken for "torch is not importable"."""
+    import subprocess
+    import sys
+
+    code = f"""
+import importlib.abc, sys
+class Interrupting(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+sys.modules.pop("torch", None)
+sys.meta_path.insert(0, Interrupting())
+from specrt.engines.compare import compare_engines
+try:
+    compare_engines({str(tiny_engines)!r}, report={str(tmp_path / 'r.json')!r}, log=lambda s: None)
+    print("COMPLETED")
+except KeyboardInterrupt:
+    print("INTERRUPTED")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.stdout.strip() == "INTERRUPTED" and not (tmp_path / "r.json").exists(), (r.stdout, r.stderr[-2000:])
