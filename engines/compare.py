@@ -57,7 +57,7 @@ from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
 from specrt.errors import InternalError, UserError
-from specrt.paths import check_path_args, write_atomic
+from specrt.paths import check_path_args, make_temporary, umask, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
 KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
@@ -1145,9 +1145,23 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                            else _own_inputs_file(_own_temp_folder(where)))
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
-        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
-            save_json(saved_feeds, str(inputs_file), description=f"{show_role} inputs")
-            saved_outputs[0].save(str(outputs_file))
+        # each written beside itself, then both renamed into place: an interrupt mid-write left a
+        # 0-byte outputs file (or new inputs beside old outputs) that the report names
+        made = []
+        try:
+            for final in (Path(inputs_file), outputs_file):
+                tmp, fd = make_temporary(final.parent, f".{final.name}.", ".tmp")
+                made.append(tmp)
+                os.fchmod(fd, 0o666 & ~umask())  # (as polygraphy's open() made them)
+                os.close(fd)
+            with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+                save_json(saved_feeds, str(made[0]), description=f"{show_role} inputs")
+                saved_outputs[0].save(str(made[1]))
+            os.replace(made[0], inputs_file)
+            os.replace(made[1], outputs_file)
+        finally:
+            for tmp in made:
+                Path(tmp).unlink(missing_ok=True)
         # the command checks against ONNX Runtime whatever this run's reference was
         int8 = show_role == DRAFT and engines.draft_weights == "int8"
         tol = resolve_tolerances([t.name for t in engines.portable(show_role, activate=False).get_output_metadata()],

@@ -593,3 +593,29 @@ except KeyboardInterrupt:
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.stdout.strip() == "INTERRUPTED" and not (tmp_path / "r.json").exists(), (r.stdout, r.stderr[-2000:])
+
+
+def test_the_by_hand_files_are_whole_or_as_before(tiny_engines, tmp_path, monkeypatch):
+    """compare's inputs and outputs for the printed polygraphy command were written in place:
+    an interrupt mid-write left a 0-byte outputs file, or new inputs beside old outputs, that
+    the report named (session 55's interruption walk). Each is written beside itself and both
+    renamed into place."""
+    import polygraphy.json
+
+    report = tmp_path / "r.json"
+    first = compare_engines(tiny_engines, report=report, log=quiet)
+    files = [Path(first["inputs_file"]), Path(first["outputs_file"])]
+    before = [f.read_bytes() for f in files]
+    assert all(before)
+    save = polygraphy.json.save_json
+
+    def cut(obj, dest, *args, **kwargs):  # half written, then Ctrl-C
+        Path(dest).write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(polygraphy.json, "save_json", cut)
+    with pytest.raises(KeyboardInterrupt):
+        compare_engines(tiny_engines, report=report, log=quiet)
+    monkeypatch.setattr(polygraphy.json, "save_json", save)
+    assert [f.read_bytes() for f in files] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", *(f.name for f in files)])
