@@ -12,6 +12,7 @@ The runtime never branches on the backend: every role is a ``Runner`` (base.py).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,15 @@ from specrt.engines.manifest import check_against_export, read_engines_manifest,
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, Role, verify_role
 from specrt.errors import InternalError, UserError
 from specrt.paths import check_path_args
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``folder``, None where it cannot be read."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class PortableView(Runner):
@@ -92,6 +102,8 @@ class EngineSet:
     def __init__(self, folder: Path, manifest: dict[str, Any], export: dict[str, Any],
                  ort_overrides: dict[str, Any] | None = None, costs: bool = True):
         self.folder = Path(folder)
+        # the folder itself: `build --force` renames a new one into its place (check_still_here)
+        self.identity = _identity(self.folder)
         self.manifest = manifest
         self.export = export
         self.export_dir = self.folder / manifest["export"]["folder"]
@@ -268,6 +280,16 @@ class EngineSet:
         onnx = {r["engine"]["onnx"] for r in self.manifest["roles"].values()
                 if r.get("graph") == "target" and "onnx" in r.get("engine", {})}
         return sorted({WEIGHT_FILE, BOUNDS_FILE, *onnx, *(f + ".data" for f in onnx)})
+
+    def check_still_here(self, writes: str) -> None:
+        """Refuses to write ``writes`` (what a command measured on these engines: a calibration,
+        an acceptance receipt) into ``folder`` once it is no longer the folder loaded: rebuilt
+        meanwhile (`build --force` renames a new one into its place), the file would describe
+        engines it never ran (session 55's walk: a calibration and a receipt of the old engines
+        credited to the new ones)."""
+        if _identity(self.folder) != self.identity:
+            raise UserError(f"{self.folder}: replaced while this ran (rebuilt: another folder is in its place now); "
+                            f"{writes} not written, as it measured the engines loaded before: run the command again")
 
     def activate(self) -> None:
         if self.head is not None and _file_ids(self.folder, self._head_files) != self._head_ids:

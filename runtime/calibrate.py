@@ -217,6 +217,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         depths = s.engines.depths
         K = depths[-1]
         digest = s.engines.manifest["export"]["digest"]
+        engines = s.engines
         s.chat_option = "--chat"  # (said in `specrt calibrate`'s terms, as its other errors)
         ids = []
         for name, p in zip(names, prompts):  # every one before the first decodes (a bad line 9 cost 8 prompts' work)
@@ -328,6 +329,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         kept = sorted(others)  # the other modes' calibrations of these engines stay
         try:
             kept_entries = {m: {**e, "calibration": e["calibration"].to_dict()} for m, e in others.items()}
+            engines.check_still_here(path.name)
             write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest,
                                 "modes": {**kept_entries, sampling.mode: entry}})
         except OSError as e:

@@ -179,6 +179,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
             "no training receipt: nothing to compare with" + (f"; {low_note(measured, rec['draft']['config'].get('verifier_name'))}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)
+        engines.check_still_here(ACCEPTANCE_FILE)
         write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)
     except OSError as e:
         raise UserError(f"{Path(engines.folder) / ACCEPTANCE_FILE}: cannot write the acceptance receipt ({e})") from None

@@ -917,3 +917,25 @@ def test_the_prior_of_a_coupled_run_is_a_coupled_calibration_at_the_same_distanc
     eng = types.SimpleNamespace(folder=tmp_path, manifest={"export": {"digest": "D"}})
     assert f"the {cp.mode} one serves" in load_calibration(eng, SamplingParams(temperature=0.8, coupled=True))[1]
     assert f"the {rs.mode} one serves" in load_calibration(eng, SamplingParams(temperature=0.8))[1]
+
+
+def test_a_folder_rebuilt_while_calibrating_gets_no_calibration(small_vocab_engines, tmp_path, monkeypatch):
+    """A calibration fitted on engines that `build --force` replaced meanwhile was written into
+    the new folder, credited to engines it never ran (session 55's interruption walk): refused,
+    naming the folder; nothing written there."""
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    fit = C.evaluate
+
+    def rebuilt_then_evaluate(*args, **kwargs):  # (after the decoding: the folder swapped by a rebuild)
+        if not (tmp_path / "old").exists():
+            eng.rename(tmp_path / "old")
+            shutil.copytree(tmp_path / "old", eng)
+            (eng / CALIBRATION_FILE).unlink(missing_ok=True)
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(C, "evaluate", rebuilt_then_evaluate)
+    with pytest.raises(UserError, match=f"{eng}: replaced while this ran .*{CALIBRATION_FILE} not written"):
+        calibrate(eng, prompts(16, 4, seed=2), max_new_tokens=20, holdout=0.0)
+    assert not (eng / CALIBRATION_FILE).exists()

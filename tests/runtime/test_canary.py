@@ -326,3 +326,19 @@ def test_export_refuses_a_training_receipt_the_canary_cannot_read(tmp_path):
         r = CliRunner().invoke(main, ["export", str(t), "--draft", str(d), "-o", str(tmp_path / "out")])
         assert r.exit_code == 1 and f"{d / 'training_receipt.json'}: {words}" in r.output, r.output
         assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+
+
+def test_a_folder_rebuilt_while_the_canary_ran_gets_no_receipt(tmp_path):
+    """`build --force` renames a new folder into the engines' place: a canary (or calibrate)
+    that loaded the old one wrote its measurement into the new one, credited to engines it
+    never ran (session 55's interruption walk). It refuses, naming the folder; the folder is
+    left as the rebuild made it."""
+    eng = _engines(tmp_path / "c", None)
+    with load_engines(eng) as e:
+        e.check_still_here("x")  # (the folder loaded: nothing to refuse)
+        eng.rename(tmp_path / "old")
+        shutil.copytree(tmp_path / "old", eng)  # (a rebuilt folder in its place)
+        (eng / "acceptance_receipt.json").unlink(missing_ok=True)
+        with pytest.raises(UserError, match=f"{eng}: replaced while this ran .*acceptance_receipt.json not written"):
+            run_canary(e, max_new_tokens=24)
+    assert not (eng / "acceptance_receipt.json").exists()
