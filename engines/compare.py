@@ -57,7 +57,7 @@ from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
 from specrt.errors import InternalError, UserError
-from specrt.paths import check_path_args, make_temporary, umask, write_atomic
+from specrt.paths import atomic_file, check_path_args, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
 KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
@@ -177,8 +177,8 @@ def _import_torch_first() -> None:
     interrupt stops compare as anywhere else; polygraphy then finds torch imported."""
     try:
         import torch  # noqa: F401
-    except ImportError:  # (polygraphy's check then fails as fast)
-        pass
+    except Exception:  # not installed, or broken (a CUDA wheel missing its libraries): polygraphy's
+        pass  # check then finds it not importable, as before; the onnxruntime reference needs none
 
 
 def engine_runner(inner: Runner, name: str):
@@ -989,7 +989,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     _base_runner()
     _import_torch_first()
     from polygraphy.exception import PolygraphyException
-    from polygraphy.json import save_json
+    from polygraphy.json import to_json
     from polygraphy.logger import G_LOGGER
 
     t_start = time.perf_counter()
@@ -1145,23 +1145,15 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                            else _own_inputs_file(_own_temp_folder(where)))
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
-        # each written beside itself, then both renamed into place: an interrupt mid-write left a
-        # 0-byte outputs file (or new inputs beside old outputs) that the report names
-        made = []
-        try:
-            for final in (Path(inputs_file), outputs_file):
-                tmp, fd = make_temporary(final.parent, f".{final.name}.", ".tmp")
-                made.append(tmp)
-                os.fchmod(fd, 0o666 & ~umask())  # (as polygraphy's open() made them)
-                os.close(fd)
-            with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
-                save_json(saved_feeds, str(made[0]), description=f"{show_role} inputs")
-                saved_outputs[0].save(str(made[1]))
-            os.replace(made[0], inputs_file)
-            os.replace(made[1], outputs_file)
-        finally:
-            for tmp in made:
-                Path(tmp).unlink(missing_ok=True)
+        # each whole or as before (paths.atomic_file: beside itself, then renamed; links and
+        # devices written through, a file's mode kept): an interrupt mid-write left a 0-byte
+        # outputs file the report names. (One landing between the two can still leave this
+        # run's outputs beside the last run's inputs: the report, written after, is the last's.)
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+            texts = (to_json(saved_outputs[0]), to_json(saved_feeds))  # (what .save / save_json write)
+        for final, text in zip((outputs_file, Path(inputs_file)), texts):
+            with atomic_file(final) as f:
+                f.write(text.encode("utf-8"))
         # the command checks against ONNX Runtime whatever this run's reference was
         int8 = show_role == DRAFT and engines.draft_weights == "int8"
         tol = resolve_tolerances([t.name for t in engines.portable(show_role, activate=False).get_output_metadata()],

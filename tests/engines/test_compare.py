@@ -4,6 +4,7 @@ saved inputs work with polygraphy itself."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shlex
@@ -567,12 +568,16 @@ def test_the_temporary_folder_is_never_one_planted_by_another_user(tiny_engines,
     assert Path(compare_engines(tiny_engines, log=quiet)["inputs_file"]).parent == name
 
 
-def test_an_interrupt_in_the_torch_import_stops_compare(tiny_engines, tmp_path):
+@pytest.mark.parametrize("raised, printed", [("KeyboardInterrupt", "INTERRUPTED"),
+                                             ("OSError('libcudnn.so.9: cannot open shared object file')", "COMPLETED")])
+def test_an_interrupt_in_the_torch_import_stops_compare(tiny_engines, tmp_path, raised, printed):
     """polygraphy's first array check imports torch inside a bare ``except:``; a Ctrl-C or
     SIGTERM landing in that import (seconds long) was swallowed, the comparison went on and
     crashed with SIGSEGV on the half-imported torch (session 55's interruption walk).
     compare imports torch itself first: here the import is made to raise KeyboardInterrupt,
-    which must stop compare, not be taken for "torch is not importable"."""
+    which must stop compare, not be taken for "torch is not importable". A torch installed but
+    broken (a CUDA wheel missing its libraries) is still not needed by the onnxruntime
+    reference: compare goes on, as polygraphy took it (a review of session 55's first mend)."""
     import subprocess
     import sys
 
@@ -581,7 +586,7 @@ import importlib.abc, sys
 class Interrupting(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "torch":
-            raise KeyboardInterrupt
+            raise {raised}
 sys.modules.pop("torch", None)
 sys.meta_path.insert(0, Interrupting())
 from specrt.engines.compare import compare_engines
@@ -592,30 +597,41 @@ except KeyboardInterrupt:
     print("INTERRUPTED")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert r.stdout.strip() == "INTERRUPTED" and not (tmp_path / "r.json").exists(), (r.stdout, r.stderr[-2000:])
+    assert r.stdout.strip() == printed and (tmp_path / "r.json").exists() == (printed == "COMPLETED"), (
+        r.stdout, r.stderr[-2000:])
 
 
 def test_the_by_hand_files_are_whole_or_as_before(tiny_engines, tmp_path, monkeypatch):
     """compare's inputs and outputs for the printed polygraphy command were written in place:
     an interrupt mid-write left a 0-byte outputs file, or new inputs beside old outputs, that
-    the report named (session 55's interruption walk). Each is written beside itself and both
-    renamed into place."""
-    import polygraphy.json
+    the report named (session 55's interruption walk). Each is written whole or not at all
+    (paths.atomic_file), which keeps a --save-inputs link a link and a file's mode."""
+    import specrt.engines.compare as compare_module
 
     report = tmp_path / "r.json"
     first = compare_engines(tiny_engines, report=report, log=quiet)
     files = [Path(first["inputs_file"]), Path(first["outputs_file"])]
     before = [f.read_bytes() for f in files]
     assert all(before)
-    save = polygraphy.json.save_json
+    whole = compare_module.atomic_file
 
-    def cut(obj, dest, *args, **kwargs):  # half written, then Ctrl-C
-        Path(dest).write_text("{")
-        raise KeyboardInterrupt
+    @contextlib.contextmanager
+    def cut(path):  # half written, then Ctrl-C
+        with whole(path) as f:
+            f.write(b"{")
+            raise KeyboardInterrupt
+            yield f
 
-    monkeypatch.setattr(polygraphy.json, "save_json", cut)
+    monkeypatch.setattr(compare_module, "atomic_file", cut)
     with pytest.raises(KeyboardInterrupt):
         compare_engines(tiny_engines, report=report, log=quiet)
-    monkeypatch.setattr(polygraphy.json, "save_json", save)
+    monkeypatch.undo()
     assert [f.read_bytes() for f in files] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", *(f.name for f in files)])
+    # --save-inputs through a link: the file it names is written, the link stays; its mode kept
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("{}")
+    real.chmod(0o640)
+    link.symlink_to(real)
+    compare_engines(tiny_engines, inputs_file=link, log=quiet)
+    assert link.is_symlink() and real.stat().st_size > 2 and (real.stat().st_mode & 0o777) == 0o640
