@@ -16,6 +16,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +200,21 @@ def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-p
     raise UserError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} found")
 
 
+
+def _pickle_refusal(text: str) -> str:
+    """torch.load(weights_only=True)'s refusal said in a line: its reason (the global the file
+    names, a bad load key), never its advice to load with weights_only=False, which runs the
+    file's code (its wording differs between refusals: the reason is found, not placed)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    why = re.search(r"WeightsUnpickler error: (.*?\.)(?:\s|$)", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not text.startswith("Weights only load failed"):
+        return f"not a torch checkpoint that loads with weights_only ({lines[0]})" if lines else ""
+    reason = why.group(1) if why else next(
+        (ln for ln in lines if not ln.startswith(("Weights only load failed", "(1)", "(2)", "Check the documentation"))),
+        "it holds more than tensors")
+    return f"not a torch checkpoint that loads with weights_only, which runs none of its code ({reason})"
+
 def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict[str, TensorEntry]:
     """Opt-in only: convert a torch pickle (a flat dict of names to tensors, read with
     ``weights_only``) to a temporary safetensors file, removed when the process ends, and
@@ -217,14 +233,7 @@ def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a bad file
-        parts = [p.strip() for p in str(e).split("\n\n") if p.strip()]
-        if len(parts) > 1 and parts[0].startswith("Weights only load failed"):
-            # (its first paragraph advises weights_only=False, which runs the file's code: the
-            # reason is the next; nothing in the file ran)
-            raise UserError(f"{path}: not a torch checkpoint that loads with weights_only, which runs none of "
-                            f"its code ({parts[1].splitlines()[0]})") from None
-        first = parts[0].splitlines()[0] if parts else type(e).__name__
-        raise UserError(f"{path}: not a torch checkpoint that loads with weights_only ({first})") from None
+        raise UserError(f"{path}: {_pickle_refusal(str(e)) or type(e).__name__}") from None
     if not isinstance(state, dict) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         found = type(state).__name__ if not isinstance(state, dict) else next(

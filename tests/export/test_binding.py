@@ -411,6 +411,7 @@ def test_a_pickle_draft_names_its_own_option(tmp_path):
 def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
     """--allow-pickle on a file that is not a state dict of tensors: named, no traceback; the
     safetensors copy of a good one is removed when the process ends."""
+    import argparse
     import subprocess
     import sys
 
@@ -437,6 +438,12 @@ def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
         bind_target(folder, allow_pickle=True)
     assert "loads with weights_only, which runs none of its code (Trying to load unsupported GLOBAL" in str(e.value)
     assert "weights_only` set to `False`" not in str(e.value) and not (tmp_path / "ran").exists(), e.value
+    # torch's other wording: the reason after its "two options" preamble, in one paragraph
+    torch.save({"a": argparse.Namespace(x=1)}, f)
+    with pytest.raises(UserError) as e:
+        bind_target(folder, allow_pickle=True)
+    assert str(e.value).endswith("which runs none of its code (Unsupported global: GLOBAL argparse.Namespace was "
+                                 "not an allowed global by default.)"), e.value
     torch.save({"x": torch.ones(3)}, f)
     code = ("import sys; from pathlib import Path; from specrt.export.checkpoint import scan_folder; "
             "e = scan_folder(Path(sys.argv[1]), allow_pickle=True); print(e['x'].file)")
