@@ -287,7 +287,10 @@ class EngineSet:
         meanwhile (`build --force` renames a new one into its place), the file would describe
         engines it never ran (session 55's walk: a calibration and a receipt of the old engines
         credited to the new ones)."""
-        if _identity(self.folder) != self.identity:
+        now = _identity(self.folder)
+        if now is None:
+            raise UserError(f"{self.folder}: removed while this ran; {writes} not written")
+        if now != self.identity:
             raise UserError(f"{self.folder}: replaced while this ran (rebuilt: another folder is in its place now); "
                             f"{writes} not written, as it measured the engines loaded before: run the command again")
 

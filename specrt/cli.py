@@ -640,8 +640,9 @@ def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[di
 
 def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | None) -> BaseException | None:
     """run's --stats and --grow-file, each whole or as before. A Ctrl-C or SIGTERM landing in
-    one of them lets it be written again, once (a second one stops at once), and is returned
-    once both are written: one landing just after the run's last answer left neither written."""
+    one of them lets that one be written again, once (another in the same write stops it), and
+    is returned once both are written: one landing just after the run's last answer left
+    neither written."""
     from specrt.paths import write_atomic
 
     pending = None

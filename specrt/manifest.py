@@ -129,9 +129,9 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             # stopped after both (removing the earlier one): the new output is whole and in place,
             # so the removal is finished, and a Ctrl-C or SIGTERM says so (it said "Aborted!" alone,
             # leaving the earlier one half removed beside it)
-            shutil.rmtree(old, ignore_errors=True)
-            if not isinstance(e, Exception):
+            if not isinstance(e, Exception):  # (said first: a second Ctrl-C in the removal still has it said)
                 sys.stderr.write(f"\n[interrupted after {out} was written whole, replacing the earlier one]\n")
+            shutil.rmtree(old, ignore_errors=True)
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, UserError) and str(tmp) in str(e):  # (the temporary folder is gone: name the output)

@@ -342,3 +342,8 @@ def test_a_folder_rebuilt_while_the_canary_ran_gets_no_receipt(tmp_path):
         with pytest.raises(UserError, match=f"{eng}: replaced while this ran .*acceptance_receipt.json not written"):
             run_canary(e, max_new_tokens=24)
     assert not (eng / "acceptance_receipt.json").exists()
+    with load_engines(eng) as e:  # removed, not replaced: said so (it told to run again)
+        eng.rename(tmp_path / "gone")
+        with pytest.raises(UserError, match=f"{eng}: removed while this ran; acceptance_receipt.json not written$"):
+            run_canary(e, max_new_tokens=24)
+    assert not eng.exists()
