@@ -78,9 +78,9 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
     layer_cfg = {k: t[k] for k in ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                    "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size",
                                    "max_position_embeddings", "rope_parameters")}
-    # speculators' draft layers are llama or qwen3 ones: a Qwen2 or Mistral target's draft has a llama layer
+    # a Qwen2 target's draft has a llama layer: a qwen2 layer has q/k/v biases, which speculators' drafts have not
     layer_cfg.update(num_hidden_layers=num_layers, hidden_act="silu", tie_word_embeddings=False,
-                     model_type="qwen3" if t["model_type"] == "qwen3" else "llama")
+                     model_type="llama" if t["model_type"] == "qwen2" else t["model_type"])
     cfg = {
         "architectures": ["PEagleDraftModel" if kind == "peagle" else "Eagle3DraftModel"],
         "speculators_model_type": kind, "draft_vocab_size": draft_vocab,

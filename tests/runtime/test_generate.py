@@ -98,17 +98,18 @@ def test_greedy_identity_every_depth_and_governor(pair):
 
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
 def test_qwen2_and_mistral_targets_decode_with_an_eagle3_draft(tmp_path, model_type):
-    """A Qwen2 target (q/k/v biases) and a Mistral one under a speculators EAGLE-3 draft (a llama
-    layer: speculators' draft layers are llama or qwen3 ones): no test decoded either with a
-    draft (session 55's walk; the fixture wrote a qwen2 layer config, which export refuses for
-    its missing biases). Target-only decoding equals transformers' greedy generate, and every
-    fixed depth equals it."""
+    """A Qwen2 target (q/k/v biases) under a speculators EAGLE-3 draft (a llama layer: a qwen2
+    one has biases, which speculators' drafts have not) and a Mistral one (a mistral layer): no
+    test decoded either with a draft (session 55's walk; the fixture wrote a qwen2 layer config,
+    which export refuses for its missing biases). Target-only decoding equals transformers'
+    greedy generate, and every fixed depth equals it."""
     import json
 
     import torch
 
     t, d = write_bigram_pair(tmp_path, model_type)  # (a draft right most of the time: full and partial rounds)
-    assert json.loads((d / "config.json").read_text())["transformer_layer_config"]["model_type"] == "llama"
+    layer = json.loads((d / "config.json").read_text())["transformer_layer_config"]["model_type"]
+    assert layer == {"qwen2": "llama", "mistral": "mistral"}[model_type]
     export(t, d, tmp_path / "exp")
     build_engines(tmp_path / "exp", "onnxruntime", (1, 2, 3), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
                   profile_pasts=(16,), max_context=128)
