@@ -65,7 +65,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from specrt.errors import UserError
+from specrt.errors import UserError, describe_os_error
 from specrt.prompt_files import is_token_ids
 from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
@@ -1221,7 +1221,9 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 pass
             finally:
                 drain(app, httpd, serving)
-            if crashed:
+            if crashed:  # (an OSError there, e.g. out of file descriptors, said without a traceback)
+                if isinstance(crashed[0], OSError):
+                    raise UserError(f"serving stopped: {describe_os_error(crashed[0])}") from None
                 raise crashed[0]
             click.echo(f"stopped serving on http://{h}:{p}/v1", err=True)
         finally:

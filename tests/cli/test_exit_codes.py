@@ -343,7 +343,9 @@ def test_temporaries_made_just_before_an_interrupt_go_with_it(tmp_path, monkeypa
                 raise KeyboardInterrupt
         return make
 
+    made["chmod"] = os.chmod  # (atomic_folder's own step after its mkdir)
     for name, write in (("mkdir", lambda: atomic_folder(tmp_path / "o").__enter__()),
+                        ("chmod", lambda: atomic_folder(tmp_path / "o").__enter__()),
                         ("open", lambda: atomic_file(tmp_path / "f.json").__enter__()),
                         ("open", lambda: check_output_folder(tmp_path / "sub", "-o"))):
         monkeypatch.setattr(os, name, then_interrupted(name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -616,6 +617,8 @@ def test_models_health_and_unknown_paths(served):
     # "created": when the server loaded its model (OpenAI's says when a model was made), not 0
     created = listed["data"][0].pop("created")
     assert isinstance(created, int) and time.time() - 3600 < created <= time.time()
+    time.sleep(1.1)
+    assert _get(url, "/v1/models")[1]["data"][0]["created"] == created  # (the load's time, not the request's)
     assert code == 200 and listed == {"object": "list", "data": [{"id": "tiny", "object": "model",
                                                                   "owned_by": "specrt"}]}
     assert _get(url, "/health") == (200, {"status": "ok"})
@@ -670,6 +673,20 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--write-timeout", bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and f"--write-timeout {float(bad)}: expected seconds" in r.stderr, r.stderr
+
+
+def test_an_error_in_the_serving_loop_ends_serve_with_exit_1(worded):  # noqa: F811
+    """An error in serve_forever's loop (its own thread since session 54) ends serve after the
+    stop, exit 1, said as an error (an OSError without a traceback), and no "stopped serving"
+    line (that line says a stop asked for)."""
+    code = ("import sys; from specrt.cmd_serve import _HTTPServer\n"
+            "def broken(self): raise OSError(24, 'Too many open files')\n"
+            "_HTTPServer.service_actions = broken  # (called by serve_forever's loop each poll)\n"
+            "from specrt.cli import entry; sys.argv = ['specrt', 'serve', sys.argv[1], '--port', '0']; entry()")
+    r = subprocess.run([sys.executable, "-c", code, str(worded)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "SPECRT_THP": "0"})  # (no re-exec: the patch stays)
+    assert r.returncode == 1 and "error: serving stopped: Too many open files" in r.stderr, r.stderr[-3000:]
+    assert "stopped serving" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
 def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noqa: F811

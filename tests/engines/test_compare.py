@@ -613,6 +613,9 @@ def test_the_by_hand_files_are_whole_or_as_before(tiny_engines, tmp_path, monkey
     files = [Path(first["inputs_file"]), Path(first["outputs_file"])]
     before = [f.read_bytes() for f in files]
     assert all(before)
+    from specrt.paths import umask
+
+    assert [f.stat().st_mode & 0o777 for f in files] == [0o666 & ~umask()] * 2  # (as an open() would make them)
     whole = compare_module.atomic_file
 
     @contextlib.contextmanager

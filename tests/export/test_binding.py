@@ -66,6 +66,18 @@ def test_table_check_catches_a_shared_alias():
         S.check_table(bad)
 
 
+def test_every_slot_a_config_switches_says_why_it_would_go_unused():
+    """The slots a config turns on and off (biases, q/k norms, P-EAGLE's mask, the aux norms)
+    refuse a tensor present while off (binding._bind); the rest that may be absent are used
+    when present (embeddings, a vocabulary map, a tied head) or checked apart (the confidence
+    head's flag)."""
+    switched = {"layers.{i}.q_bias", "layers.{i}.k_bias", "layers.{i}.v_bias", "layers.{i}.q_norm",
+                "layers.{i}.k_norm"}
+    assert {s.slot for s in S.TARGET_SLOTS if s.unused} == switched
+    assert {s.slot for s in S.DRAFT_SLOTS if s.unused} == switched | {"mask_hidden", "input_norm"} | {
+        f"fc_norm.{j}" for j in range(S.MAX_AUX)}
+
+
 def test_no_suffix_matching_in_the_table():
     # Every name is an exact template: no wildcard beyond the layer index.
     for table in (S.TARGET_SLOTS, S.DRAFT_SLOTS):
@@ -1097,7 +1109,7 @@ def test_reading_a_tensor_leaves_its_pages_out_of_the_process(tmp_path, monkeypa
 @pytest.mark.parametrize("side, draft_options, extra, words", [
     ("draft", {}, {"input_norm.weight": (192,)}, "norm_before_fc is not true"),
     ("draft", {}, {"fc_norm.0.weight": (64,)}, "fc_norm is not true"),
-    ("draft", {"fc_norm": True}, {"fc_norm.3.weight": (64,)}, "reads 3 aux hidden states"),
+    ("draft", {"fc_norm": True}, {"fc_norm.3.weight": (64,)}, "reads 3 aux hidden states (fc_norm.0-2)"),
     ("draft", {}, {"mask_hidden": (1, 1, 192)}, "describes an EAGLE-3 draft"),
     ("draft", {}, {"layers.0.self_attn.q_norm.weight": (16,)}, "model_type 'llama' gives its layers no q/k norms"),
     ("draft", {}, {"layers.0.self_attn.v_proj.bias": (32,)}, "model_type 'llama' gives its layers no q/k/v biases"),

@@ -130,6 +130,8 @@ def test_eagle_format_exports_the_speculators_draft(tmp_path, name):
     assert {s: v["sha256"] for s, v in rb["slots"].items()} == {s: v["sha256"] for s, v in ra["slots"].items()}
     assert "format" not in ra and "source_format" not in ra["config"]  # (speculators drafts' receipts as before)
     assert rb["config"]["source_format"] == "eagle"
+    # the speculators draft names its verifier (the fixture: the target's path); EAGLE's format none
+    assert ra["config"]["verifier_name"] == str(t) and "verifier_name" not in rb["config"]
     fmt = rb["format"]
     assert fmt["name"] == "eagle" and fmt["architecture"] == "LlamaForCausalLMEagle3"
     assert fmt["renamed"]["midlayer.self_attn.q_proj.weight"] == "layers.0.self_attn.q_proj.weight"

@@ -571,8 +571,10 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
         assert s.load_growth(grow) >= len(done)
 
 
+@pytest.mark.parametrize("signal", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("where", ["closing line", "stats write", "growth write"])
-def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded, tmp_path, monkeypatch, where):
+def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded, tmp_path, monkeypatch, where,
+                                                                          signal):
     """Ctrl-C or SIGTERM landing after a run's last answer, in its closing line or in one of
     its writes, left neither --stats nor --grow-file written (a stale one kept), "Aborted!"
     alone (session 55's interruption walk): both are written whole, and it says the run had
@@ -591,15 +593,15 @@ def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded
 
     def interrupted_once(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
+        if len(calls) == 1:  # (SIGTERM: cli._terminated's SystemExit(143))
+            raise KeyboardInterrupt if signal == "SIGINT" else SystemExit(143)
         return original(*args, **kwargs)
 
     original = getattr(*real)
     monkeypatch.setattr(*real, interrupted_once)
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--quiet",
                                   "--stats", str(stats), "--grow-file", str(grow)])
-    assert r.exit_code == 1 and "Aborted!" in r.output, r.output
+    assert (r.exit_code, "Aborted!" in r.output) == ((1, True) if signal == "SIGINT" else (143, False)), r.output
     assert f"[interrupted after all 3 prompts were answered; --stats {stats} and --grow-file {grow} hold them]" in r.output
     st = json.loads(stats.read_text())
     assert st["interrupted"] is False and len(st["prompts"]) == 3 and st["new_tokens"] == 15
@@ -818,6 +820,8 @@ def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     assert len(done) == 4, r.output
     reused, total = (int(x) for x in done[3].split("; ")[1].split(" prompt")[0].split(" of "))
     assert total > 100 and reused >= total - 55, done[3]  # the fourth turn reuses the third's rows
+    third = int(done[2].split("; ")[1].split(" prompt")[0].split(" of ")[1])
+    assert third + 4 <= 128 - 128 // 4, done[2]  # (its prompt and room: a quarter of the context free)
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"],
                            input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
     assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
