@@ -822,6 +822,12 @@ def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     assert total > 100 and reused >= total - 55, done[3]  # the fourth turn reuses the third's rows
     third = int(done[2].split("; ")[1].split(" prompt")[0].split(" of ")[1])
     assert third + 4 <= 128 - 128 // 4, done[2]  # (its prompt and room: a quarter of the context free)
+    # turns of 43 words: the second and third (96 tokens and room 4) fit the context but not
+    # three quarters of it, so both older turns go (a fifth freed would have kept the second)
+    mid = " ".join(["w4"] * 43)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "fixed:1"], input=f"{mid}\n{mid}\n{mid}\n\n")
+    assert r.exit_code == 0 and "[dropped the oldest 2 turn(s) to fit the context of 128 tokens]" in r.output, r.output
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"],
                            input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
     assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
