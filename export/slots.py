@@ -41,12 +41,17 @@ class SlotSpec:
     unused: Callable[..., str] | None = None
 
 
+def _layer_type(c: DecoderConfig, e: dict) -> str:
+    """Where a layer's model_type is read: a draft's (its ``extra`` has a kind) in its layer config."""
+    return f"{'transformer_layer_config.' if 'kind' in e else ''}model_type '{c.model_type}'"
+
+
 def _no_bias(c: DecoderConfig, e: dict) -> str:
-    return f"model_type '{c.model_type}' gives its layers no q/k/v biases (a qwen2 layer has them)"
+    return f"{_layer_type(c, e)} gives its layers no q/k/v biases (a qwen2 layer has them)"
 
 
 def _no_qk_norm(c: DecoderConfig, e: dict) -> str:
-    return f"model_type '{c.model_type}' gives its layers no q/k norms (a qwen3 layer has them)"
+    return f"{_layer_type(c, e)} gives its layers no q/k norms (a qwen3 layer has them)"
 
 
 def _layer_specs(prefix: str, first_layer_in: Callable[[DecoderConfig], int] | None = None) -> list[SlotSpec]:

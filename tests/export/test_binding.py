@@ -1111,9 +1111,9 @@ def test_reading_a_tensor_leaves_its_pages_out_of_the_process(tmp_path, monkeypa
     ("draft", {}, {"fc_norm.0.weight": (64,)}, "fc_norm is not true"),
     ("draft", {"fc_norm": True}, {"fc_norm.3.weight": (64,)}, "reads 3 aux hidden states (fc_norm.0-2)"),
     ("draft", {}, {"mask_hidden": (1, 1, 192)}, "describes an EAGLE-3 draft"),
-    ("draft", {}, {"layers.0.self_attn.q_norm.weight": (16,)}, "model_type 'llama' gives its layers no q/k norms"),
-    ("draft", {}, {"layers.0.self_attn.v_proj.bias": (32,)}, "model_type 'llama' gives its layers no q/k/v biases"),
-    ("target", {}, {"model.layers.2.self_attn.k_proj.bias": (32,)}, "no q/k/v biases"),
+    ("draft", {}, {"layers.0.self_attn.q_norm.weight": (16,)}, "transformer_layer_config.model_type 'llama' gives its layers no q/k norms"),
+    ("draft", {}, {"layers.0.self_attn.v_proj.bias": (32,)}, "transformer_layer_config.model_type 'llama' gives its layers no q/k/v biases"),
+    ("target", {}, {"model.layers.2.self_attn.k_proj.bias": (32,)}, ": model_type 'llama' gives its layers no q/k/v biases"),
 ])
 def test_a_tensor_the_config_switches_off_is_refused_not_dropped(tmp_path, side, draft_options, extra, words):
     """A tensor of a slot the config turns off (an input norm without norm_before_fc, a q/k norm
