@@ -610,6 +610,38 @@ def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded
         assert s.load_growth(grow) >= 3
 
 
+def test_a_run_cut_short_and_interrupted_again_in_its_write_does_not_say_it_ended(worded, tmp_path, monkeypatch):
+    """A run stopped mid-prompt writes what it decoded; a second interrupt in that write lets
+    it be written (once again), and the run is not said to have answered all its prompts."""
+    import specrt.paths as paths
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"w3 w{4 + i}"}) + "\n" for i in range(3)))
+    stats = tmp_path / "s.json"
+    stream, write, seen, writes = Session.stream, paths.write_atomic, [], []
+
+    def cut_at_the_second(self, *args, **kwargs):
+        seen.append(1)
+        for piece in stream(self, *args, **kwargs):
+            if len(seen) == 2:
+                raise KeyboardInterrupt
+            yield piece
+
+    def interrupted_once(*args, **kwargs):
+        writes.append(1)
+        if len(writes) == 1:
+            raise KeyboardInterrupt
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(Session, "stream", cut_at_the_second)
+    monkeypatch.setattr(paths, "write_atomic", interrupted_once)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--quiet",
+                                  "--stats", str(stats)])
+    assert r.exit_code == 1 and "[interrupted: 1 of 3 prompts answered" in r.output, r.output
+    assert "after all" not in r.output and json.loads(stats.read_text())["interrupted"] is True, r.output
+
+
 def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
     """A prompt file's ``messages`` (a system prompt, earlier turns) are rendered with the
     exported chat template, with or without --chat; a conversation that goes on from the
