@@ -396,6 +396,13 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                                      log, folder=Path(out))
         manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
         write_json(tmp / ENGINES_MANIFEST, manifest)
+        # files a calibrate / corpus / canary run beside this build wrote into the old folder
+        # meanwhile: replaced with it, which went without a word (session 55's interruption walk)
+        late = [n for n in ("calibration.json", "corpus.npz") if force and n not in dropped and (Path(out) / n).is_file()]
+        if late:
+            log(f"note: {' and '.join(late)} written into {out} during this build "
+                f"{'goes' if len(late) == 1 else 'go'} with the old engines: run "
+                "`specrt calibrate` / `specrt corpus` on the new ones")
     log(f"engines complete: {out} ({backend}, {prec}, depths {','.join(map(str, depth_list))}, "
         f"{manifest['built_seconds']:.1f} s)")
     return manifest
