@@ -396,7 +396,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
                                      log, folder=Path(out))
         manifest["built_seconds"] = round(time.perf_counter() - t0, 2)
         write_json(tmp / ENGINES_MANIFEST, manifest)
-        # files a calibrate / corpus / canary run beside this build wrote into the old folder
+        # files a calibrate / corpus run beside this build wrote into the old folder
         # meanwhile: replaced with it, which went without a word (session 55's interruption walk)
         late = [n for n in ("calibration.json", "corpus.npz") if force and n not in dropped and (Path(out) / n).is_file()]
         if late:

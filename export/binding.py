@@ -375,7 +375,8 @@ def _check_vocab_map(draft: BoundDraft) -> None:
     mark[tgt] = True
     if t2d is not None and not np.array_equal(mark, t2d.astype(bool)):
         k = int(np.argmax(mark != t2d.astype(bool)))
-        which = "marks target id {k}, which no draft id maps to" if t2d[k] else "leaves out target id {k}, which d2t reaches"
+        which = ("marks target id {k}, which no draft id maps to" if t2d[k] else
+                 "leaves out target id {k}, which d2t reaches")
         raise UserError(f"{f}: t2d disagrees with d2t: it {which.format(k=k)} ({int(t2d.sum())} target ids marked, "
                         f"d2t reaches {len(tgt)})")
 

@@ -200,7 +200,6 @@ def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-p
     raise UserError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} found")
 
 
-
 def _pickle_refusal(text: str) -> str:
     """torch.load(weights_only=True)'s refusal said in a line: its reason (the global the file
     names, a bad load key), never its advice to load with weights_only=False, which runs the
@@ -214,6 +213,7 @@ def _pickle_refusal(text: str) -> str:
         (ln for ln in lines if not ln.startswith(("Weights only load failed", "(1)", "(2)", "Check the documentation"))),
         "it holds more than tensors")
     return f"not a torch checkpoint that loads with weights_only, which runs none of its code ({reason})"
+
 
 def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict[str, TensorEntry]:
     """Opt-in only: convert a torch pickle (a flat dict of names to tensors, read with

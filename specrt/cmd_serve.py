@@ -1052,9 +1052,8 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
             try:
-                self.wfile.write(b"data: " + json.dumps({"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
-                                                                 "code": None}}).encode()
-                                 + b"\n\ndata: [DONE]\n\n")
+                event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None), "code": None}}
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")
                 self.wfile.flush()
             except OSError:
                 pass

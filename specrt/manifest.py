@@ -100,7 +100,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
         tmp, _ = make_temporary(out.parent, f".{out.name}.partial-", is_folder=True)
         mask = umask()
         os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
-    except BaseException as e:  # (a Ctrl-C just after mkdtemp left the empty folder)
+    except BaseException as e:  # (a Ctrl-C landing at the chmod left the empty folder)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
