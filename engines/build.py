@@ -313,7 +313,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     if kv == "inplace":
         roles = with_cache_rows(roles, ctx)
 
-    dropped = [n for n in ("calibration.json", "corpus.npz") if force and (Path(out) / n).is_file()]
+    made_after = (C.CALIBRATION_FILE, C.CORPUS_FILE)  # (files made on an engines folder after its build)
+    dropped = [n for n in made_after if force and (Path(out) / n).is_file()]
     if dropped:  # (files made after a build, minutes of work each: the new folder starts without them)
         log(f"note: {out} is replaced with its {' and '.join(dropped)}: run `specrt calibrate` / `specrt corpus` "
             "on the new engines")
@@ -398,7 +399,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         write_json(tmp / ENGINES_MANIFEST, manifest)
         # files a calibrate / corpus run beside this build wrote into the old folder
         # meanwhile: replaced with it, which went without a word (session 55's interruption walk)
-        late = [n for n in ("calibration.json", "corpus.npz") if force and n not in dropped and (Path(out) / n).is_file()]
+        late = [n for n in made_after if force and n not in dropped and (Path(out) / n).is_file()]
         if late:
             log(f"note: {' and '.join(late)} written into {out} during this build "
                 f"{'goes' if len(late) == 1 else 'go'} with the old engines: run "

@@ -99,6 +99,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def draft_verifier(export: dict) -> str | None:
+    """The model the export's draft names as the one it was trained against (its
+    speculators_config.verifier.name_or_path, in the binding receipt), or None."""
+    return export["binding_receipt"]["draft"]["config"].get("verifier_name")
+
+
 def low_note(measured: float, verifier: str | None = None) -> str:
     """What a low depth-1 acceptance with no training receipt means and what to check;
     ``verifier``: the model the draft names as the one it was trained against."""
@@ -176,7 +182,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "low_without_receipt": bool(low),
         "inconclusive": inconclusive,
         "note": inconclusive_note(drafted, engines.max_context, cramped) if inconclusive else None if expected is not None else (
-            "no training receipt: nothing to compare with" + (f"; {low_note(measured, rec['draft']['config'].get('verifier_name'))}" if low else "")),
+            "no training receipt: nothing to compare with" + (f"; {low_note(measured, draft_verifier(exp))}" if low else "")),
     }
     try:  # whole or absent, a temporary of its own (two canaries at once share none)
         engines.check_still_here(ACCEPTANCE_FILE)

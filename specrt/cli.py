@@ -286,11 +286,11 @@ def _canary(engines_dir: Path, verify: bool = True) -> None:
     files just now) skips re-hashing them: `specrt canary` vouched for a graph swapped in
     from another build, which run then refused."""
     from specrt.engines.engine_set import load_engines
-    from specrt.runtime.canary import low_note, run_canary
+    from specrt.runtime.canary import draft_verifier, low_note, run_canary
 
     with load_engines(engines_dir, verify=verify) as engines:
         r = run_canary(engines)
-        verifier = ((engines.export.get("binding_receipt") or {}).get("draft") or {}).get("config", {}).get("verifier_name")
+        verifier = draft_verifier(engines.export)  # (its callers run it on engines with a draft: _has_draft)
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
