@@ -35,13 +35,14 @@ reused.
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
 the order they arrive (TurnLock); a client that reads nothing of its answer for
-``--write-timeout`` seconds (5) is taken for gone and the next request goes on. Each
-decoding mode (greedy; each temperature / top-k / top-p) gets its own generator, with
-the governor calibrated for that mode and KV caches of its own (the four most recent
-modes are kept), so a conversation's next turn reuses the
-rows of its earlier turns and answers (prefix reuse) as `specrt chat` does; each keeps
-SNAPSHOTS (``--prefix-snapshots``) other conversations' rows set aside (Generator.prefix_snapshots), so clients
-taking turns keep theirs. Those rows and session growth are shared by every request unless
+``--write-timeout`` seconds (5) is taken for gone and the next request goes on. One
+generator (one pair of KV caches) serves every request; each decoding mode (greedy; each
+temperature / top-k / top-p) gets a governor of its own, calibrated for that mode (the
+four most recent modes' are kept), swapped in for its requests. A conversation's next
+turn reuses the rows of its earlier turns and answers (prefix reuse) as `specrt chat`
+does, whatever mode each turn asks for (KV rows depend on the tokens only); SNAPSHOTS
+(``--prefix-snapshots``) other conversations' rows are kept set aside
+(Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session growth are shared by every request unless
 ``--isolate-clients``: then rows are reused only within one ``user`` and growth is off.
 The standard library's HTTP server: for a local endpoint or behind a proxy, not for
 untrusted networks. Bad requests get HTTP 400 with OpenAI's error object naming the
@@ -69,7 +70,7 @@ from specrt.errors import UserError, describe_os_error
 from specrt.prompt_files import is_token_ids
 from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
-MAX_MODES = 4  # generators kept, one per decoding mode
+MAX_MODES = 4  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
@@ -368,7 +369,8 @@ class TurnLock:
 
 
 class Server:
-    """The session and its generators; ``complete`` runs one request (under the lock)."""
+    """The session, its generator and a governor per decoding mode; ``complete`` runs one
+    request (under the lock)."""
 
     def __init__(self, engines_dir: Path, governor: str, defaults, max_new_tokens: int, model: str,
                  log=lambda s: click.echo(s, err=True), isolate: bool = False, snapshots: int = SNAPSHOTS,
@@ -392,7 +394,7 @@ class Server:
                 self.session.governor_spec = kept
                 self.session.new_governor()
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
-        self.generators = {defaults.mode: self.session.generator}
+        self.governors = {defaults.mode: self.session.generator.governor}  # by decoding mode, least recent first
         self.lock = TurnLock()  # one request on the engines at a time, in the order they asked
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
@@ -459,21 +461,25 @@ class Server:
             return self.sent.wait_for(lambda: self.replying == 0, timeout)
 
     def _generator(self, params):
-        """The generator of ``params``' decoding mode (made on first use: the governor
-        with that mode's calibration), its seed set for this request."""
-        from specrt.runtime.generate import Generator
+        """The session's one generator with ``params``' decoding mode's governor swapped in
+        (made on first use, with that mode's calibration; Generator.resolve_lookup keeps a
+        governor's lookup state with it) and this request's params (its seed). The KV caches
+        and kept snapshots are shared by the modes: a turn asking another temperature reuses
+        its conversation's rows, and a new mode costs no caches of its own (a generator a
+        mode kept 47 MB on SmolLM2 at a 1024-token context, and its snapshots, session 55)."""
         from specrt.runtime.session import load_calibration, make_governor
 
         s = self.session
-        g = self.generators.pop(params.mode, None)
-        if g is None:
+        gov = self.governors.pop(params.mode, None)
+        if gov is None:
             cal, note = load_calibration(s.engines, params, s.governor_spec)
-            g = Generator(s.engines, make_governor(s.governor_spec, s.engines, cal), params, s.d2t)
-            g.reuse_prefix, g.prefix_snapshots = True, self.snapshots
-            self.log(f"[{params.mode}: a generator of its own; {note}]")
-            while len(self.generators) >= MAX_MODES:
-                self.generators.pop(next(iter(self.generators)))  # the least recently used
-        self.generators[params.mode] = g  # most recently used last
+            gov = make_governor(s.governor_spec, s.engines, cal)
+            self.log(f"[{params.mode}: a governor of its own; {note}]")
+            while len(self.governors) >= MAX_MODES:
+                self.governors.pop(next(iter(self.governors)))  # the least recently used
+        self.governors[params.mode] = gov  # most recently used last
+        g = s.generator
+        g.governor = gov
         g.params = params  # the request's own values (the mode's key rounds them to 6 digits)
         return g
 
@@ -656,8 +662,7 @@ class Server:
             prompt = req["prompts"][k]
             # choice j of every prompt samples with seed + j: each prompt's first choice is the text
             # the seed gives it alone, or in `specrt run --prompts` (prompt k took seed + k * n)
-            s.generator = self._generator(replace(params, seed=None if params.seed is None
-                                                  else params.seed + i % req["n"]))
+            self._generator(replace(params, seed=None if params.seed is None else params.seed + i % req["n"]))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"], done["first"] = True, i % req["n"] == 0
@@ -1142,7 +1147,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
                                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
 @click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,
               help="Other conversations whose KV rows are kept aside for their next turn (a copy of their rows "
-                   "each: on SmolLM2-135M ~46 KB a token), a decoding mode; the oldest goes first.")
+                   "each: on SmolLM2-135M ~46 KB a token); the oldest goes first.")
 @click.option("--isolate-clients", is_flag=True,
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "

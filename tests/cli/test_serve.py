@@ -149,15 +149,34 @@ def test_completions_stop_strings_and_sampling(served, worded):  # noqa: F811
     _, r = _post(url, "/v1/completions", {"prompt": "w3 w1 w4", "stop": stop})
     assert r["choices"][0]["text"] == want_stop and r["choices"][0]["finish_reason"] == "stop"
     assert r["usage"]["completion_tokens"] == len(st["output_token_ids"])
-    # sampling: a generator of its own for the mode, the seed's draw as the session's
+    # sampling: a governor of its own for the mode, the seed's draw as the session's
     p = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
     want_s, _ = _reference(worded, "w3 w1 w4", chat=False, max_new_tokens=8, params=p)
     body = {"prompt": "w3 w1 w4", "temperature": 0.9, "top_p": 0.95, "seed": 11}
     got = [_post(url, "/v1/completions", body)[1] for _ in range(2)]
     assert [g["choices"][0]["text"] for g in got] == [want_s, want_s]
-    assert got[0]["specrt"]["mode"] == p.mode and any("a generator of its own" in line for line in logs)
-    # greedy again, on the first generator
+    assert got[0]["specrt"]["mode"] == p.mode and any("a governor of its own" in line for line in logs)
+    # greedy again, on the first governor
     assert _post(url, "/v1/completions", {"prompt": "w3 w1 w4"})[1]["choices"][0]["text"] == want
+
+
+def test_decoding_modes_share_one_generator_and_its_rows(served, worded):  # noqa: F811
+    """Every decoding mode runs on the one generator (one pair of KV caches: a generator a
+    mode cost 47 MB on SmolLM2, session 55), with a governor a mode: a conversation whose
+    next turn asks another temperature reuses its rows, and the answers stay the session's."""
+    url, _ = served
+    conv = [{"role": "user", "content": "w2 w6 w1"}]
+    p = SamplingParams(temperature=0.8, seed=5)
+    want_s, _ = _reference(worded, conv, params=p)
+    code, r1 = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 6, "temperature": 0.8, "seed": 5})
+    assert code == 200 and r1["choices"][0]["message"]["content"] == want_s, r1
+    turn = conv + [{"role": "assistant", "content": want_s}, {"role": "user", "content": "w3"}]
+    want, _ = _reference(worded, turn)
+    code, r2 = _post(url, "/v1/chat/completions", {"messages": turn, "max_tokens": 6})  # greedy
+    assert code == 200 and r2["choices"][0]["message"]["content"] == want, r2
+    assert r2["specrt"]["mode"] == "greedy" != r1["specrt"]["mode"]
+    # the sampled turn's rows (its prompt and answer) served the greedy turn's prompt
+    assert r2["specrt"]["prefix_reused"] >= r1["usage"]["prompt_tokens"] + r1["usage"]["completion_tokens"] - 1, r2
 
 
 def test_concurrent_requests_take_turns_and_each_gets_its_answer(served, worded):  # noqa: F811
@@ -900,9 +919,15 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
     assert _post(url, "/v1/chat/completions", ask)[0] == 200
     app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None)
     try:
-        app._generator(SamplingParams(temperature=0.7, top_p=1.0))
+        g0 = app._generator(SamplingParams(temperature=0.7, top_p=1.0))
+        gov = g0.governor
         g = app._generator(SamplingParams(temperature=0.7, top_p=0.9999999))
-        assert g.params.top_p == 0.9999999
+        assert g.params.top_p == 0.9999999 and g.governor is gov  # (one mode, one governor)
+        # one generator for every mode, a governor each, the least recently used dropped past MAX_MODES
+        from specrt.cmd_serve import MAX_MODES
+        for t in range(MAX_MODES + 1):
+            assert app._generator(SamplingParams(temperature=0.1 + t / 10)) is g is app.session.generator
+        assert len(app.governors) == MAX_MODES and gov not in app.governors.values()
     finally:
         app.close()
 
