@@ -127,15 +127,17 @@ def evaluate(rounds: Sequence[Round], cmap: Callable[[np.ndarray], Sequence[floa
 
 def chain_acceptance(rounds: Sequence[Round]) -> dict:
     """tau (1 + mean accepted), and acceptance per position, unconditional (a >= k among
-    rounds verifying k) and conditional (among those reaching k), of recorded rounds."""
+    all rounds: DESIGN.md §6's, `--stats`' acceptance_by_position, so tau - 1 is their sum;
+    it was among the rounds verifying k, which the last rounds of an answer, cut short,
+    made another figure under the same name: a review, session 56) and conditional (among
+    those reaching k), of recorded rounds."""
     K = max((d for _, d, _ in rounds), default=0)
-    acc, off, reach = np.zeros(K), np.zeros(K), np.zeros(K)
+    acc, reach = np.zeros(K), np.zeros(K)
     for _, d, a in rounds:
-        off[:d] += 1
         acc[:a] += 1
         reach[: min(a + 1, d)] += 1
     return {"tau": 1.0 + (sum(a for _, _, a in rounds) / len(rounds) if rounds else 0.0),
-            "acceptance_by_position": (acc / np.maximum(off, 1)).tolist(),
+            "acceptance_by_position": (acc / max(len(rounds), 1)).tolist(),
             "acceptance_conditional": (acc / np.maximum(reach, 1)).tolist()}
 
 

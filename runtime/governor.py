@@ -305,7 +305,9 @@ class Calibration:
     variance for bins with few rounds. ``fit`` picks the kind with the lowest 2-fold held-out
     ECE; ``update`` adds one round's observations online and refits every ``refit_every``
     rounds; a position holding more than ``window`` rounds halves its counts (forgetting).
-    Positions past the last one share its map. Stored as JSON (to_dict / from_dict).
+    Positions past the last one share its map (DSpark extends a calibration fitted on
+    shallower engines to its depth with identity positions: extend_to). Stored as JSON
+    (to_dict / from_dict).
 
     ``runner_ups`` (optional, ``specrt calibrate`` on engines that verify token trees): per
     runner-up rank j = 2, 3, ... the rounds whose first draft was rejected with that rank
@@ -481,6 +483,15 @@ class Calibration:
         cal.refit()
         return cal
 
+    def extend_to(self, positions: int) -> None:
+        """Adds empty positions (the identity map, no rounds) up to ``positions``; in place
+        (DSpark's own copy: make_governor copies the session's)."""
+        more = positions - self.positions
+        if more > 0:
+            self.n = np.concatenate((self.n, np.zeros((more, self.bins))))
+            self.a = np.concatenate((self.a, np.zeros((more, self.bins))))
+            self.refit()
+
     def copy(self) -> Calibration:
         """An independent copy (counts, runner-up rates): what one governor learns online
         stays its own."""
@@ -564,8 +575,10 @@ class DSparkGovernor(Governor):
     (tools/exp_draft_block.py, results/draft_block). Live, interleaved on 20 held-out
     prompts: 1.012x the old pair with ``:tree=3``, 1.001x with ``:tree=3:ngram``, where
     lookup takes many of the rounds (tools/exp_dspark_ab.py). No draft at all when the
-    measured rate of drafted rounds, an EWMA of tokens over an EWMA of seconds (weight
-    ``ema``), is <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
+    rate drafting is expected to give, an EWMA (weight ``RATE_EMA``) of each decided round's
+    best predicted rate max_d E(d) / (t_draft + t_verify(d)) on its calibrated confidences
+    (predicted, not measured tokens: those follow from the calibration, refined online), is
+    <= 1 / t_verify(0). A per-position EWMA of acceptance in the formula
     instead proved too noisy (0/1 samples) and switched speculation off for long spells.
     After ``probe_every`` consecutive pre-draft 0s one round drafts anyway, so the rate
     cannot freeze. Costs are the profiled table times load factors, EWMAs (weight ``ema``)
@@ -619,6 +632,10 @@ class DSparkGovernor(Governor):
         self.t_verify = {d: float(t_verify[d]) for d in self.depths}  # seconds, EWMA-refreshed
         self.t_decode = float(t_verify[0]) if 0 in t_verify else None  # plain decode step
         self.calibration = calibration if calibration is not None else Calibration(positions=self.depths[-1])
+        # a calibration fitted on shallower engines: the positions it never saw start as the
+        # identity, each learning its own map online (as session.shallower_note says), rather
+        # than sharing the last fitted position's map and pooling their rounds into its counts
+        self.calibration.extend_to(self.depths[-1])
         self.ema, self.probe_every, self.learn = ema, probe_every, learn
         self.full_every = int(full_every)
         self.rate: float | None = None  # EWMA of max_d E(d) / (t_draft + t_verify(d)) over drafted rounds

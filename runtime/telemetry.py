@@ -38,7 +38,7 @@ class RoundResult:
     t_draft: float = 0.0  # seconds in the draft engine this round
     t_verify: float = 0.0  # seconds in the target engine this round
     t_round: float | None = None  # wall seconds of the whole round (engines + Python); None: not measured
-    confidences: np.ndarray | None = None  # [K >= d] draft's probability of its own token per position
+    confidences: np.ndarray | None = None  # [K >= d] per position the max of the draft's softmax (governor.py)
     # a token tree: the draft's runners-up for position 1 verified beside the chain, and the
     # one that won position 1 (-1: none; accepted == 1 then, the chain's first draft rejected)
     siblings: int = 0

@@ -113,7 +113,9 @@ def test_chain_acceptance_counts_only_the_verified_positions_as_reached():
     c = np.full(4, 0.5)
     r = chain_acceptance([(c, 2, 2), (c, 4, 1), (c, 4, 4)])
     assert r["tau"] == pytest.approx(1 + 7 / 3)
-    assert r["acceptance_by_position"] == pytest.approx([1.0, 2 / 3, 0.5, 0.5])
+    # over all rounds (§6, as --stats): tau - 1 is their sum
+    assert r["acceptance_by_position"] == pytest.approx([1.0, 2 / 3, 1 / 3, 1 / 3])
+    assert sum(r["acceptance_by_position"]) == pytest.approx(r["tau"] - 1)
     assert r["acceptance_conditional"] == pytest.approx([1.0, 2 / 3, 1.0, 1.0])
 
 
@@ -394,11 +396,22 @@ def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, 
     with Session(eng, governor="dspark") as s:
         assert "fitted on engines of depth" not in s.calibration_note
     data["modes"]["greedy"]["depth"] = 1
+    cal = data["modes"]["greedy"]["calibration"]  # as depth-1 engines' calibrate fits it: one position
+    cal["counts"], cal["accepted"] = cal["counts"][:1], cal["accepted"][:1]
     (eng / CALIBRATION_FILE).write_text(json.dumps(data))
     with Session(eng, governor="dspark") as s:
         assert s.calibration_note.endswith(f"greedy); fitted on engines of depth 1: positions 2-{deep} the identity map "
                                            "until this run's rounds refine them (`specrt calibrate` on these engines "
                                            "fits them)"), s.calibration_note
+        # and so it is (they shared position 1's map, and their rounds went into its counts: a
+        # review, session 56): each later position its own, the identity until it has rounds
+        c = s.generator.governor.calibration
+        assert c.positions == deep and s.calibration.positions == 1  # (the governor's copy, extended)
+        x = [0.3] * deep
+        assert c(x)[1:] == pytest.approx([0.3] * (deep - 1)) and c(x)[0] != pytest.approx(0.3)
+        before = c.n[0].sum()
+        c.update(np.full(deep, 0.9), deep - 1)
+        assert c.n[0].sum() == before + 1 and c.n[1:].sum() == deep - 1
 
 
 def test_a_calibration_file_not_in_utf8_is_named_and_calibrate_replaces_it(small_vocab_engines, tmp_path):
