@@ -82,9 +82,12 @@ LEFT = 499  # requests_total's status for a client that left before its answer (
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    """An OpenAI error object's message, param and HTTP status; ``code`` its machine-readable
+    code where OpenAI gives one ("model_not_found", "invalid_api_key"), else null."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
 
 
 def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=False):
@@ -503,7 +506,7 @@ class Server:
             # vLLM and OpenAI answer 404 for a model they do not serve: a client pointed at the
             # wrong server or model learns it, rather than getting another model's answer
             raise BadRequest(f"The model `{model}` does not exist (this server serves '{self.model}').", "model",
-                             status=404)
+                             status=404, code="model_not_found")
         n = _number(body, "n", 1, int, 1, MAX_N)
         if len(prompts) * n > MAX_CHOICES:
             raise BadRequest(f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices; at most {MAX_CHOICES} a "
@@ -748,7 +751,7 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, e: BadRequest) -> None:
         kind = "invalid_request_error" if e.status < 500 else "server_error"
         kind = "authentication_error" if e.status == 401 else kind
-        self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": None}})
+        self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.code}})
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The standard library's own refusals (a request line or header it cannot parse or
@@ -774,7 +777,7 @@ class Handler(BaseHTTPRequestHandler):
         self.app.metrics.request("unauthorised", 401)
         self._discard_body()
         self._error(BadRequest("missing or wrong API key (expected the header 'Authorization: Bearer KEY')",
-                               status=401))
+                               status=401, code="invalid_api_key"))
         return False
 
     def _discard_body(self) -> None:
@@ -821,7 +824,7 @@ class Handler(BaseHTTPRequestHandler):
             name = route.split("/models/", 1)[1]
             if name != self.app.model:
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
-                                              "model", status=404))
+                                              "model", status=404, code="model_not_found"))
             self._send_json(200, model)
         elif route in POST_PATHS:
             self._not_allowed()
@@ -1057,7 +1060,8 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
             try:
-                event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None), "code": None}}
+                event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
+                                   "code": getattr(e, "code", None)}}
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")
                 self.wfile.flush()
             except OSError:

@@ -76,6 +76,7 @@ def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, 
     for path, body in (("/v1/chat/completions", {"messages": conv}), ("/v1/completions", {"prompt": "w6"})):
         code, e = _post(url, path, {**body, "model": "gpt-4", "max_tokens": 2})
         assert code == 404 and e["error"]["param"] == "model" and "`gpt-4` does not exist" in e["error"]["message"]
+        assert e["error"]["code"] == "model_not_found"  # OpenAI's code (it was always null)
     # the Hugging Face id whose last part is the served name, as clients written for vLLM send it
     code, _ = _post(url, "/v1/completions", {"prompt": "w6", "model": "SomeOrg/Tiny", "max_tokens": 2})
     assert code == 200
@@ -419,6 +420,7 @@ def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
             code, body = call("/v1/chat/completions", key, chat)
             err = json.loads(body)["error"]
             assert code == 401 and err["type"] == "authentication_error" and "API key" in err["message"], body
+            assert err["code"] == "invalid_api_key"  # OpenAI's code
             assert call("/v1/models", key)[0] == 401
         code, body = call("/v1/chat/completions", "s3cret", chat)
         assert code == 200 and json.loads(body)["usage"]["completion_tokens"] >= 1
@@ -642,7 +644,9 @@ def test_models_health_and_unknown_paths(served):
                                                                   "owned_by": "specrt"}]}
     assert _get(url, "/health") == (200, {"status": "ok"})
     code, r = _get(url, "/v2/nothing")
-    assert code == 404 and "no such path" in r["error"]["message"]
+    assert code == 404 and "no such path" in r["error"]["message"] and r["error"]["code"] is None
+    code, r = _get(url, "/v1/models/other")  # the OpenAI client's models.retrieve of a model not served
+    assert code == 404 and r["error"]["param"] == "model" and r["error"]["code"] == "model_not_found", r
     code, r = _post(url, "/v1/embeddings", {"input": "w1"})
     assert code == 404
 
