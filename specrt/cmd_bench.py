@@ -109,8 +109,10 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
                    acceptance_by_position / _conditional, depth_histogram, time_split
                    (draft / verify / prefill / python seconds and fractions),
                    draft_passes_per_round, sequential_passes_avoided(_per_round)
-                   (P-EAGLE: the K-1 passes of a sequential drafter its one parallel pass
-                   replaced), and "predicted" (below)
+                   (P-EAGLE: the d-1 passes a drafter of one token a pass would have made
+                   for a round's d verified drafts, which its one parallel pass replaced;
+                   mask_slots_drafted: the positions drafted in parallel, verified or
+                   not), and "predicted" (below)
     identity       reference, per configuration and prompt: identical, identical_prefix,
                    first_diff; failures (specrt) and peer mismatches, repeat_mismatches (a
                    peer's repeat differing from its first)
@@ -455,7 +457,13 @@ def worker_main(job_path: str, result_path: str) -> int:
                 w.fresh()
                 continue
             i, g = int(cmd[1]), (cmd[2] if len(cmd) > 2 else None)
-            done[(g, i, r)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
+            try:
+                done[(g, i, r)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
+            except Exception as e:  # which run raised: a worker shared by governors fails them all
+                result["error"] = (f"{type(e).__name__}: {e} (" + (f"governor {g}, " if g else "") + f"prompt {i + 1}"
+                                   + (f", repeat {r + 1}" if repeats > 1 else "") + ")")
+                Path(result_path).write_text(json.dumps(result))
+                raise
             print(f"{PROGRESS}{i}", flush=True)
         for g in group or [None]:
             for r in range(repeats):
@@ -493,10 +501,22 @@ def combine_repeats(recs: list[dict]) -> dict:
     repeat's, with ``seconds``, ``first_token_s`` and ``tokens_per_s`` (new tokens / seconds)
     from the median over the repeats, every repeat's seconds in ``seconds_by_repeat`` and,
     for more than one repeat, every repeat's whole record in ``repeats`` (the telemetry is
-    summed over them and their outputs compared, summarise_config and repeat_identity)."""
+    summed over them and their outputs compared, summarise_config and repeat_identity).
+
+    Repeats of different lengths (sampling without --reproducible draws each repeat's
+    answer anew) are timed at their own rates: ``seconds`` is the median of each repeat's
+    time scaled to the first repeat's token count, so ``tokens_per_s`` is the median
+    repeat's rate (the first's tokens over the median seconds paired one repeat's count with
+    another's time: 18% low in a walk, session 56); their counts in ``new_tokens_by_repeat``."""
     rec = {**recs[0], "seconds_by_repeat": [r["seconds"] for r in recs]}
     if len(recs) > 1:
-        rec["seconds"] = _median(rec["seconds_by_repeat"])
+        counts = [r["new_tokens"] for r in recs]
+        scaled = rec["seconds_by_repeat"]
+        if len(set(counts)) > 1:
+            rec["new_tokens_by_repeat"] = counts
+            if all(counts):
+                scaled = [r["seconds"] * counts[0] / r["new_tokens"] for r in recs]
+        rec["seconds"] = _median(scaled)
         rec["tokens_per_s"] = rec["new_tokens"] / rec["seconds"] if rec["seconds"] > 0 else 0.0
         if all(r.get("first_token_s") is not None for r in recs):
             rec["first_token_s"] = _median([r["first_token_s"] for r in recs])
@@ -729,9 +749,13 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     split = dict(tot["time_split"])
     wall = tot["seconds"]
     passes = sum(x["draft_passes"] for x, _ in runs)
-    avoided = sum(x["mask_slots"] for x, _ in runs)
+    slots = sum(x["mask_slots"] for x, _ in runs)  # P-EAGLE: the positions its passes drafted in parallel
     DR = sum(x.get("drafting_rounds", 0) for x, _ in runs)  # rounds in which the draft ran
     R = tot["draft_rounds"]  # rounds that verified >= 1 draft token
+    # a drafter of one token a pass would have made d passes for a round's d verified drafts:
+    # d - 1 more than P-EAGLE's one. Drafted and not verified (DSpark drafts a block, verifies
+    # fewer) it would not have drafted: the mask slots counted them too (2-3x, a walk, session 56)
+    avoided = tot["drafted"] - R if slots else 0
     s.update({
         "tau": tot["tau"],
         "acceptance_by_position": tot["acceptance_by_position"],
@@ -750,6 +774,7 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
         "drafted_but_unverified_rounds": DR - R,
         "draft_passes_per_round": passes / DR if DR else 0.0,
         "sequential_passes_avoided": avoided,
+        "mask_slots_drafted": slots,
         "sequential_passes_avoided_per_round": avoided / DR if DR else 0.0,
         "ort_threads": res.get("ort_threads"),
         "priced_costs": res.get("priced_costs"),  # what the governors priced from (--governor-costs)
@@ -900,8 +925,11 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s (median over prompts; bars: min-max)")
     s = report["settings"]
-    ax.set_title(f"{len(report['prompts'])} prompts x {s['max_new_tokens']} tokens, {s['threads']} threads, "
-                 f"{report['machine']['cpu_model']}", fontsize=9)
+    sp = s.get("sampling")
+    ax.set_title(f"{len(report['prompts'])} prompts x {s['max_new_tokens']} tokens"
+                 + (f" x {s['repeats']} repeats (medians)" if (s.get("repeats") or 1) > 1 else "")
+                 + (f", sampled at temperature {sp['temperature']:g}" if sp else ", greedy")
+                 + f", {s['threads']} threads, {report['machine']['cpu_model']}", fontsize=9)
     ax.margins(y=0.2)
     fig.tight_layout()
     _savefig(fig, out / "tokens_per_s.png")
@@ -920,6 +948,7 @@ def plots(report: dict, out: Path) -> tuple[list[str], str | None]:
         axes[1].set_title("acceptance by position (conditional)", fontsize=9)
         for ax in axes:
             ax.set_xlabel("draft position")
+            ax.xaxis.get_major_locator().set_params(integer=True)  # (ticks at 1.5, 2.5 otherwise)
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
@@ -1120,6 +1149,12 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
 
 def _record_group(res: dict, members: dict[str, str], results: dict, skipped: dict, failed: dict, echo) -> None:
     if not res.get("ok"):
+        if len(members) > 1 and "skipped" not in res:  # one worker ran them: one failure, said once, naming
+            why = res.get("error", "failed")  # the run that raised (each was blamed in turn, the error repeated)
+            for name in members:
+                failed[name] = why
+            click.secho(f"FAILED {', '.join(members)} (one worker process ran them): {why}", fg="red", err=True)
+            return
         for name in members:
             _record(name, res, results, skipped, failed, echo)
         return
@@ -1703,6 +1738,14 @@ def _mib(b) -> str:
     return f"{b / 2**20:.0f}" if b else "-"
 
 
+def _later_repeats_differ(ident: dict, name: str) -> set[int]:
+    """The prompts whose first repeat ``name`` gave the reference's tokens and a later repeat
+    did not (the identical column counted the first repeat only: a walk, session 56)."""
+    rows = ident["failures"] + ident.get("peer_mismatches", []) + ident.get("repeat_mismatches", [])
+    first = {m["prompt"] for m in rows if m["config"] == name and "repeat" not in m}
+    return {m["prompt"] for m in rows if m["config"] == name and "repeat" in m} - first
+
+
 def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     from specrt.runtime.corpus import match_name
 
@@ -1720,16 +1763,18 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     how = ("greedy" if not sp else f"sampled (temperature {sp['temperature']:g}, top-p {sp['top_p']:g}, "
            f"top-k {sp['top_k']}, seed {sp['seed']}{', coupled' if sp.get('coupled') else ''})")
     reps = f" x {st['repeats']} repeats (each prompt's median)" if (st.get("repeats") or 1) > 1 else ""
+    peers = any(not n.startswith("specrt:") for n in cfg)  # (no peers: none said, were "spinning")
     echo(f"{len(report['prompts'])} prompts x {st['max_new_tokens']} new tokens{reps}, {how}, batch 1; idle threads: "
-         f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}, peers {spin}"
+         f"specrt {'spinning' if st.get('engines_spin') else 'sleeping'}" + (f", peers {spin}" if peers else "")
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
     w = max([18, *map(len, cfg)])  # (longer names pushed their rows' columns out of line)
     echo(f"{'configuration':{w}s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
-        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("ref" if n == ident.get("reference") else "-")
-        f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
+        same = f"{idc['identical_prompts'] - len(_later_repeats_differ(ident, n))}/{idc['prompts']}" if idc else \
+            ("ref" if n == ident.get("reference") else "-")
+        f = lambda v, fmt: (fmt % v) if v is not None else "-".rjust(len(fmt % 0))  # noqa: E731 (columns in line)
         echo(f"{n:{w}s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "
              f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
@@ -1770,8 +1815,12 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
         echo(f"(a) decode without speculation: specrt:off {a['specrt_off_tokens_per_s']:.1f} tok/s vs "
              f"onnxruntime-genai {a['ortgenai_tokens_per_s']:.1f} tok/s = {a['ratio']:.2f}x")
     else:
-        echo("(a) decode without speculation vs onnxruntime-genai: not measured (" +
-             report["skipped"].get("ortgenai", report["failed"].get("ortgenai", "no ortgenai run")) + ")")
+        why = report["skipped"].get("ortgenai", report["failed"].get("ortgenai"))
+        if why is None:  # (it said "no ortgenai run" when ortgenai ran and specrt:off failed: a walk, session 56)
+            why = "no ortgenai run" if "ortgenai" not in cfg else \
+                f"{REFERENCE} " + ("failed" if REFERENCE in report["failed"] else "skipped" if REFERENCE in
+                                   report["skipped"] else "not run")
+        echo(f"(a) decode without speculation vs onnxruntime-genai: not measured ({why})")
     src = st.get("prediction_costs") or "the engines' stored cost tables"
     for n, b in eff["b_predicted_vs_measured"].items():
         if b.get("predicted_tokens_per_s"):

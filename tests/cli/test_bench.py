@@ -1642,3 +1642,119 @@ def test_target_names_a_moved_checkpoint_for_the_peers(tiny_engines, prompts_fil
     r = CliRunner().invoke(bench, [*args, "-o", str(tmp_path / "r3"), "--peers", "none", "--target", str(moved)])
     assert isinstance(r.exception, UserError) and str(r.exception) == \
         f"--target {moved}: the target checkpoint the peers read; no peer runs (--peers none)"
+
+
+def test_repeats_of_different_lengths_are_timed_at_their_own_rates():
+    """Sampled without --reproducible each repeat draws its own answer: the prompt's rate paired
+    the first repeat's 38 tokens with the median repeat's seconds (11.6 tok/s where the repeats
+    ran 12.5-14.7: a walk, session 56). Now each repeat's time is scaled to the first's count."""
+    from specrt.cmd_bench import combine_repeats
+
+    recs = [{"new_tokens": n, "seconds": t, "output_ids": list(range(n))}
+            for n, t in ((38, 2.58), (48, 3.39), (4, 0.32), (48, 3.31), (46, 3.27))]
+    one = combine_repeats(recs)
+    assert one["tokens_per_s"] == pytest.approx(48 / 3.39)  # the median repeat's own rate (14.16)
+    assert one["new_tokens"] == 38 and one["new_tokens_by_repeat"] == [38, 48, 4, 48, 46]
+    assert one["seconds_by_repeat"] == [2.58, 3.39, 0.32, 3.31, 3.27]
+    same = combine_repeats([{**r, "new_tokens": 38} for r in recs])  # greedy: equal lengths, the median seconds
+    assert same["tokens_per_s"] == pytest.approx(38 / 3.27) and "new_tokens_by_repeat" not in same
+
+
+def test_sequential_passes_avoided_count_the_verified_drafts():
+    """P-EAGLE's one pass replaces d - 1 passes of a one-token-a-pass drafter for a round's d
+    verified drafts; DSpark drafts a block of 4 and may verify 1: the mask slots drafted counted
+    3 passes avoided there (2-3x the drafts verified, a walk, session 56)."""
+    from specrt.cmd_bench import summarise_config
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    def rec(depth, accepted):
+        t = Telemetry()
+        t.record(RoundResult(depth=depth, accepted=accepted, t_draft=0.01, t_verify=0.01))
+        t.finish(new_tokens=accepted + 1, seconds=0.1)
+        return {**t.to_json(), "output_ids": [1] * (accepted + 1), "draft_passes": 1, "mask_slots": 3,
+                "drafting_rounds": 1}
+
+    class E:
+        depths = (1, 2, 4)
+
+        def cost(self, role, past):
+            return 0.01
+
+    s = summarise_config("specrt:dspark", {"per_prompt": [rec(1, 1), rec(2, 0), rec(4, 4)]}, [[7], [7], [7]], E())
+    assert s["sequential_passes_avoided"] == 0 + 1 + 3 and s["mask_slots_drafted"] == 9
+    assert s["sequential_passes_avoided_per_round"] == pytest.approx(4 / 3)
+
+
+def test_the_summary_counts_every_repeat_and_names_what_is_missing(tmp_path, capsys):
+    """The identical column counted the first repeat only; line (a) said "no ortgenai run" when
+    ortgenai ran and specrt:off failed; a worker shared by governors was blamed once a governor,
+    the error repeated; "-" cells pushed the columns out of line; "peers spinning" was said with
+    no peers (a walk, session 56)."""
+    from specrt.cmd_bench import _record_group, print_summary
+
+    base = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                      .read_text())
+    rep = json.loads(json.dumps(base))
+    rep["identity"]["failures"] = [{"config": "specrt:fixed:1", "reference": "repeat 1", "repeat": 2, "prompt": 3,
+                                    "identical": False, "identical_prefix": 5, "first_diff": 5, "len_reference": 9,
+                                    "len": 9, "reference_token": 1, "token": 2}]
+    lines: list[str] = []
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+    row = next(x for x in lines if x.startswith("specrt:fixed:1 "))
+    n = rep["identity"]["configs"]["specrt:fixed:1"]["prompts"]
+    assert rep["identity"]["configs"]["specrt:fixed:1"]["identical_prompts"] == n
+    assert row.endswith(f"{n - 1}/{n}"), row
+    header = next(x for x in lines if x.startswith("configuration"))
+    table = [x for x in lines if x.split(" ")[0] in rep["configs"] and "decodes another model" not in x]
+    at = header.index("peakRSS") + len("peakRSS")
+    assert all(x[at - 2:at] == "Mi" for x in table), table  # peer rows ("-" cells) in line too
+    # specrt:off failed, ortgenai ran
+    rep = json.loads(json.dumps(base))
+    del rep["configs"]["specrt:off"]
+    rep["failed"]["specrt:off"] = "RuntimeError: x"
+    rep["efficiency"]["a_off_vs_ortgenai"] = None
+    lines = []
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+    assert "(a) decode without speculation vs onnxruntime-genai: not measured (specrt:off failed)" in lines
+    # no peers: none said
+    rep = json.loads(json.dumps(base))
+    rep["configs"] = {k: v for k, v in rep["configs"].items() if k.startswith("specrt:")}
+    lines = []
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+    assert "peers" not in next(x for x in lines if "idle threads" in x)
+    # one worker's failure, said once with every governor it ran
+    capsys.readouterr()
+    failed: dict = {}
+    _record_group({"ok": False, "error": "RuntimeError: boom (governor fixed:2, prompt 2)"},
+                  {"specrt:off": "off", "specrt:fixed:2": "fixed:2"}, {}, {}, failed, print)
+    err = capsys.readouterr().err
+    assert err.count("FAILED") == 1 and "FAILED specrt:off, specrt:fixed:2 (one worker process ran them): " \
+        "RuntimeError: boom (governor fixed:2, prompt 2)" in err
+    assert failed == dict.fromkeys(("specrt:off", "specrt:fixed:2"), "RuntimeError: boom (governor fixed:2, prompt 2)")
+
+
+def test_a_worker_shared_by_governors_names_the_run_that_raised(tiny_engines, prompts_file, tmp_path, monkeypatch):
+    """Governors interleaved in one worker process fail together when one raises: the failure
+    is said once, naming them all and the governor and prompt that raised (each was said in
+    turn with the same traceback, the first one blamed: a walk, session 56)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import specrt.runtime.session as S\n"
+        "_stream = S.Session.stream_ids\n"
+        "def stream_ids(self, ids, *a, **k):\n"
+        "    if getattr(self.generator.governor, 'k', None) == 2:\n"
+        "        raise RuntimeError('injected')\n"
+        "    return _stream(self, ids, *a, **k)\n"
+        "S.Session.stream_ids = stream_ids\n")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--governors", "off,fixed:2", "--max-new-tokens", "2", "--threads", "1",
+                                   "--no-profile", "--warmup-tokens", "0"])
+    assert r.exit_code == 2, r.output
+    failed = json.loads((out / "bench.json").read_text())["failed"]
+    assert set(failed) == {"specrt:off", "specrt:fixed:2"}
+    assert failed["specrt:off"].startswith("RuntimeError: injected (governor fixed:2, prompt 1)"), failed
+    assert r.output.count("FAILED") == 1 and "FAILED specrt:off, specrt:fixed:2 (one worker process ran them): " \
+        "RuntimeError: injected (governor fixed:2, prompt 1)" in r.output, r.output
