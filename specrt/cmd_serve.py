@@ -38,7 +38,8 @@ the order they arrive (TurnLock); a client that reads nothing of its answer for
 ``--write-timeout`` seconds (5) is taken for gone and the next request goes on. One
 generator (one pair of KV caches) serves every request; each decoding mode (greedy; each
 temperature / top-k / top-p) gets a governor of its own, calibrated for that mode (the
-four most recent modes' are kept), swapped in for its requests. A conversation's next
+8 most recent modes' are kept: what each learnt online, its session growth, up to
+GROW_TOKENS tokens, and lookup rates, goes with it), swapped in for its requests. A conversation's next
 turn reuses the rows of its earlier turns and answers (prefix reuse) as `specrt chat`
 does, whatever mode each turn asks for (KV rows depend on the tokens only); SNAPSHOTS
 (``--prefix-snapshots``) other conversations' rows are kept set aside
@@ -70,7 +71,7 @@ from specrt.errors import UserError, describe_os_error
 from specrt.prompt_files import is_token_ids
 from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
-MAX_MODES = 4  # governors kept, one per decoding mode (the generator and its KV caches are one)
+MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
 MAX_BODY = 16 << 20  # bytes of request body accepted
 MAX_N = 16  # choices a request may ask for (decoded one after another)
@@ -470,6 +471,7 @@ class Server:
         and kept snapshots are shared by the modes: a turn asking another temperature reuses
         its conversation's rows, and a new mode costs no caches of its own (a generator a
         mode kept 47 MB on SmolLM2 at a 1024-token context, and its snapshots, session 55)."""
+        from specrt.runtime.governor import is_dspark
         from specrt.runtime.session import load_calibration, make_governor
 
         s = self.session
@@ -477,7 +479,8 @@ class Server:
         if gov is None:
             cal, note = load_calibration(s.engines, params, s.governor_spec)
             gov = make_governor(s.governor_spec, s.engines, cal)
-            self.log(f"[{params.mode}: a governor of its own; {note}]")
+            # (the calibration's note where the governor reads one: fixed:2's said "DSpark uses the identity map")
+            self.log(f"[{params.mode}: a governor of its own" + (f"; {note}]" if is_dspark(s.governor_spec) else "]"))
             while len(self.governors) >= MAX_MODES:
                 self.governors.pop(next(iter(self.governors)))  # the least recently used
         self.governors[params.mode] = gov  # most recently used last

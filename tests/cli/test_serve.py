@@ -156,7 +156,10 @@ def test_completions_stop_strings_and_sampling(served, worded):  # noqa: F811
     body = {"prompt": "w3 w1 w4", "temperature": 0.9, "top_p": 0.95, "seed": 11}
     got = [_post(url, "/v1/completions", body)[1] for _ in range(2)]
     assert [g["choices"][0]["text"] for g in got] == [want_s, want_s]
-    assert got[0]["specrt"]["mode"] == p.mode and any("a governor of its own" in line for line in logs)
+    made = [line for line in logs if "a governor of its own" in line]
+    assert got[0]["specrt"]["mode"] == p.mode and made
+    # fixed:3 reads no calibration: no note of DSpark's (it said "DSpark uses the identity map": a walk, session 56)
+    assert not any("calibration" in line or "DSpark" in line for line in made), made
     # greedy again, on the first governor
     assert _post(url, "/v1/completions", {"prompt": "w3 w1 w4"})[1]["choices"][0]["text"] == want
 
@@ -930,7 +933,7 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
         # one generator for every mode, a governor each, the least recently used dropped past MAX_MODES
         from specrt.cmd_serve import MAX_MODES
         for t in range(MAX_MODES + 1):
-            assert app._generator(SamplingParams(temperature=0.1 + t / 10)) is g is app.session.generator
+            assert app._generator(SamplingParams(temperature=0.01 + t / 100)) is g is app.session.generator
         assert len(app.governors) == MAX_MODES and gov not in app.governors.values()
     finally:
         app.close()
