@@ -211,7 +211,8 @@ def _chat_logprobs(entries: list[dict] | None) -> dict | None:
 
 class _CompletionLogprobs:
     """OpenAI's (legacy) completions ``logprobs``: {tokens, token_logprobs, top_logprobs
-    (a token -> logprob object a token; null when none were asked for), text_offset (where
+    (a token -> logprob object a token: the ``logprobs`` most likely and the sampled one, so
+    with ``logprobs`` 0 the sampled one alone), text_offset (where
     each token's text starts in the completion)}, chunk by chunk; ``context``: the prompt's
     tokens the completion's text is decoded after (Session.last_context; none with echo, whose
     entries start with the prompt's)."""
@@ -235,15 +236,17 @@ class _CompletionLogprobs:
             upto = self.decoded = completion_text(self.text, self.ids, self.context, self.before)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [None if e["top_logprobs"] is None else self._top(e) for e in entries]
-                if self.top else None, "text_offset": offsets}
+                # logprobs 0 too: the sampled token's alone ("up to logprobs+1 elements", as vLLM's;
+                # it was null); a prompt token without a logprob (echo's first) null
+                "top_logprobs": [None if e["top_logprobs"] is None and e["logprob"] is None else self._top(e)
+                                 for e in entries], "text_offset": offsets}
 
     @staticmethod
     def _top(e: dict) -> dict:
         """The most likely tokens, and the sampled one beside them where it is not among them
         (OpenAI: "the API will always return the logprob of the sampled token, so there may
         be up to logprobs+1 elements"; vLLM does so)."""
-        top = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+        top = {t["token"]: t["logprob"] for t in e["top_logprobs"] or ()}
         if e["logprob"] is not None:
             top.setdefault(e["token"], e["logprob"])
         return top

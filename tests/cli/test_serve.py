@@ -348,6 +348,10 @@ def test_n_choices_are_seeds_one_after_another(served, worded):  # noqa: F811
     _, r = _post(url, "/v1/completions", {"prompt": "w11 w12 w5", "max_tokens": 4, "n": 2, "logprobs": 0})
     assert [c["logprobs"]["text_offset"][0] for c in r["choices"]] == [1, 1]  # (after the space after the prompt)
     assert [c["logprobs"]["tokens"] for c in r["choices"]] == [c["text"].split() for c in r["choices"]]
+    # logprobs 0: each token's own logprob as its top_logprobs (OpenAI's "up to logprobs+1", vLLM's; was null)
+    for c in r["choices"]:
+        lp = c["logprobs"]
+        assert lp["top_logprobs"] == [{t: x} for t, x in zip(lp["tokens"], lp["token_logprobs"])], lp
 
 
 def test_metrics_count_what_the_requests_did(worded):  # noqa: F811
