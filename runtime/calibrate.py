@@ -34,6 +34,9 @@ No torch, no transformers: engines and numpy only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,6 +126,25 @@ def evaluate(rounds: Sequence[Round], cmap: Callable[[np.ndarray], Sequence[floa
             sp[k].append(surv[k])
             so[k].append(float(a > k))
     return {"conditional": _per_position(cp, co), "survival": _per_position(sp, so)}
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    """An exclusive flock on ``folder`` itself (no lock file left among the engines), held
+    while calibration.json is read and replaced; where the folder cannot be locked, none."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def chain_acceptance(rounds: Sequence[Round]) -> dict:
@@ -328,12 +350,21 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
                  "calibration": cal.to_dict(),
                  "heldout_ece": {w: {"before_all": ece_rep[w]["before_all"], "after_all": ece_rep[w]["after_all"]}
                                  for w in ece_rep}, "evaluated_on": evaluated_on}
-        kept = sorted(others)  # the other modes' calibrations of these engines stay
         try:
-            kept_entries = {m: {**e, "calibration": e["calibration"].to_dict()} for m, e in others.items()}
-            engines.check_still_here(path.name)
-            write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest,
-                                "modes": {**kept_entries, sampling.mode: entry}})
+            # read again and written under a lock on the folder: another calibrate (another
+            # mode) may have written since this one read the file, its mode then lost
+            with _folder_lock(engines_dir):
+                if path.is_file():
+                    try:
+                        modes = read_calibration_file(path, digest) or {}
+                    except UserError:
+                        modes = {}  # (said when read above, or broken since: replaced)
+                others = {m: e for m, e in modes.items() if m != sampling.mode}
+                kept = sorted(others)  # the other modes' calibrations of these engines stay
+                kept_entries = {m: {**e, "calibration": e["calibration"].to_dict()} for m, e in others.items()}
+                engines.check_still_here(path.name)
+                write_atomic(path, {"format": FILE_FORMAT, "export_digest": digest,
+                                    "modes": {**kept_entries, sampling.mode: entry}})
         except OSError as e:
             raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
         report["file"] = str(path)

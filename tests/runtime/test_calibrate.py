@@ -952,3 +952,29 @@ def test_a_folder_rebuilt_while_calibrating_gets_no_calibration(small_vocab_engi
     with pytest.raises(UserError, match=f"{eng}: replaced while this ran .*{CALIBRATION_FILE} not written"):
         calibrate(eng, prompts(16, 4, seed=2), max_new_tokens=20, holdout=0.0)
     assert not (eng / CALIBRATION_FILE).exists()
+
+
+def test_a_calibrate_finishing_meanwhile_keeps_its_mode(small_vocab_engines, tmp_path, monkeypatch):
+    """Two calibrates of different modes on one engines folder: each read calibration.json,
+    fitted, then wrote what it had read beside its own mode, so the one finishing second
+    dropped the first's (read, then write). The file is read again under a lock on the
+    folder when written."""
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 6, seed=1), max_new_tokens=8, holdout=0.25)  # greedy
+    hot = SamplingParams(0.9, 0, 1.0, seed=1)
+    real_note = C.worse_fit_note
+
+    def another_calibrate_finishes(*a, **k):  # after this run read the file, before it writes
+        monkeypatch.setattr(C, "worse_fit_note", real_note)
+        calibrate(eng, prompts(4, 6, seed=3), max_new_tokens=8, holdout=0.25, sampling=hot)
+        return real_note(*a, **k)
+
+    monkeypatch.setattr(C, "worse_fit_note", another_calibrate_finishes)
+    said: list[str] = []
+    calibrate(eng, prompts(4, 6, seed=2), max_new_tokens=8, holdout=0.25, sampling=SamplingParams(0.5, 0, 1.0, seed=1),
+              log=said.append)
+    modes = json.loads((eng / CALIBRATION_FILE).read_text())["modes"]
+    assert sorted(modes) == sorted(["greedy", hot.mode, SamplingParams(0.5, 0, 1.0).mode]), sorted(modes)
+    assert any(f"kept {', '.join(sorted(['greedy', hot.mode]))}" in x for x in said), said
