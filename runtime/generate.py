@@ -683,10 +683,13 @@ class Generator:
         lps = self.output_logprobs = []
         plps = self.prompt_logprobs_out = [] if scored is None else [None]
         s0, d0, saved = self._reusable(prompt) if scored is None else self._not_reused()
-        self._prefix = None  # until this prompt's prefill completes
         self.tkv.rollback(s0)
         if self.dkv is not None:
             self.dkv.rollback(d0)
+        # until this prompt's prefill completes, the rows it reused (a prefill cut by Ctrl-C or
+        # an error writes past them only: the next turn reused nothing, 0 of 78 in `specrt
+        # chat`, a walk, session 56)
+        self._prefix = (prompt[:s0], [saved]) if s0 else None
         tel.prompt_tokens, tel.prefix_reused = len(prompt), s0
         t_start = time.perf_counter()
         emitted, ending = 0, None

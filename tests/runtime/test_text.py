@@ -2226,3 +2226,31 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
         in r.output, r.output
     r = CliRunner().invoke(main, [*base, "--governor", "fixed:3"])
     assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
+
+
+def test_a_prefill_cut_short_keeps_the_rows_it_reused(worded, monkeypatch):
+    """Ctrl-C during a turn's prefill (before its first token): the rows it reused from the
+    conversation so far are still in the caches, and the next turn reuses them (it reused
+    nothing: `specrt chat`'s "0 of 78 prompt tokens reused", a walk, session 56), its
+    tokens the target's."""
+    from specrt.runtime import generate as G
+    from specrt.runtime.session import Session
+
+    a = [3, 1, 4, 1, 5, 9, 2, 6] * 4
+    with Session(worded, governor="off", reuse_prefix=False) as ref:
+        want = [t for c in ref.stream_ids(a + [7, 7, 2], 12) for t in c]
+    target = G.Generator._target
+
+    def cut(self, ids, at, **k):  # the cut turn's prefill, past the reused rows
+        if at > 0 and len(ids) > 1 and k.get("exact"):
+            raise KeyboardInterrupt
+        return target(self, ids, at, **k)
+
+    with Session(worded, governor="fixed:3") as s:
+        list(s.stream_ids(a, 4))
+        monkeypatch.setattr(G.Generator, "_target", cut)
+        with pytest.raises(KeyboardInterrupt):
+            list(s.stream_ids(a + [7, 7], 4))
+        monkeypatch.setattr(G.Generator, "_target", target)
+        assert [t for c in s.stream_ids(a + [7, 7, 2], 12) for t in c] == want
+        assert s.stats()["prefix_reused"] >= len(a) - 1, s.stats()["prefix_reused"]
