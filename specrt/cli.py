@@ -1,8 +1,9 @@
 """The ``specrt`` command line: one command per capability.
 
-User errors print ``error: <message>`` and exit 1 without a traceback; so do click's
-own errors (a missing file, a bad option value, an unknown option: click exits 2 for
-these by default, the project's rule is 1 for every bad input). Anything else is a bug
+User errors print ``error: <message>`` and exit 1 without a traceback; click's own errors
+(a missing file, a bad option value, an unknown option) print click's usage lines and
+``Error: <message>`` and exit 1 too (click exits 2 for these by default, the project's
+rule is 1 for every bad input). Anything else is a bug
 and keeps its traceback.
 """
 
@@ -229,7 +230,8 @@ def _depths(ctx, param, value):
                    "K <= 8 tokens, 1,2,3,4 for K = 4; else 1,2,4,8).")
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")
-@click.option("--max-context", type=int, default=None, help="Context limit (default: the target's max positions).")
+@click.option("--max-context", type=int, default=None,
+              help="Context limit (default: the target's max positions, or its sliding window where shorter).")
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None,  # (ONNX Runtime takes a C int)
               help="ONNX Runtime intra-op threads (default: physical cores).")
 @click.option("--sessions", type=click.Choice(["shared", "per-depth"]), default=None,
@@ -700,7 +702,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
     on); a system prompt that leaves no room for a turn is refused before the first. Ctrl-C
     during an answer stops it (what was printed stays in the conversation; before its first
-    token, the turn is dropped); an empty line or the end of input ends the conversation."""
+    token, the turn is dropped); an empty line (or one of spaces) or the end of input ends the
+    conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 

@@ -1897,7 +1897,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "session growth, dspark[:tree=3]:ngram:grow (:corpus too where the engines have one; a "
                    "configuration's growth holds the answers to the prompts before); without a draft off and "
                    "off:ngram).")
-@click.option("--peers", default=DEFAULT_PEERS, show_default=True, help="Comma-separated peers, or 'none'.")
+@click.option("--peers", default=DEFAULT_PEERS, show_default=True,
+              help=f"Comma-separated peers of {', '.join(KNOWN_PEERS)}, or 'none'.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--lookup-tokens", type=int, default=None,
@@ -1933,7 +1934,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "(what :grow or DSpark learnt in one repeat is not carried to the next); a prompt's seconds are "
                    "the median of its repeats.")
 @sampling_options("> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
-                  "checked, `off` is the baseline). 0: greedy.", seed=0,
+                  "checked, `off` is the baseline; with --reproducible every configuration is compared with `off` "
+                  "token for token). 0: greedy.", seed=0,
                   seed_help="Every configuration samples from this seed.")
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Measure the engines' cost tables again before the run and predict (b) from them (engines.json "

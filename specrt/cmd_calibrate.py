@@ -29,7 +29,8 @@ def read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[
                    "always through the chat template) or 'prompt_ids' (token ids).")
 @click.option("--chat", is_flag=True, help="Wrap text prompts in the exported chat template.")
 @template_kwargs_option
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True,
+              help="Tokens generated per prompt (at least 3).")
 @click.option("--holdout", type=float, default=0.25, show_default=True,
               help="Fraction of the prompts held out to measure calibration error (0: none).")
 @click.option("--holdout-prompts", "holdout_file", type=PathArg("a file", exists=True, dir_okay=False),

@@ -25,8 +25,8 @@ most) and ``echo`` (the prompt first, its tokens' logprobs with
 for log-likelihoods). Fields that would change the output and that specrt does not do
 (penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
 format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
-with 400 unless they hold their neutral value; fields that change nothing here (user,
-metadata, store, service_tier, cache keys) are ignored; any other field is refused as
+with 400 unless they hold their neutral value; fields that change nothing here (metadata,
+store, service_tier, cache keys; ``user`` too but under ``--isolate-clients``) are ignored; any other field is refused as
 OpenAI refuses it ("Unrecognized request argument supplied"), so a misspelt one is not
 dropped; a null is a field left out, whatever its name. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
