@@ -217,8 +217,8 @@ class _CompletionLogprobs:
     tokens the completion's text is decoded after (Session.last_context; none with echo, whose
     entries start with the prompt's)."""
 
-    def __init__(self, text, top: int, context: list[int] = ()):
-        self.text, self.top, self.ids, self.decoded = text, top, [], ""  # decoded: the text of ids
+    def __init__(self, text, context: list[int] = ()):
+        self.text, self.ids, self.decoded = text, [], ""  # decoded: the text of ids
         self.context = list(context)
         self.before = text.decode(self.context) if self.context else ""  # the context's text, decoded once
 
@@ -954,7 +954,7 @@ class Handler(BaseHTTPRequestHandler):
             if req["logprobs"] is None:
                 return None
             if i not in formats:
-                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, req["logprobs"], context)
+                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, context)
             return formats[i](entries or [])
 
         try:
@@ -1067,7 +1067,7 @@ class Handler(BaseHTTPRequestHandler):
             kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
             try:
                 event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
-                                   "code": getattr(e, "code", None)}}
+                                   "code": e.code if isinstance(e, BadRequest) else None}}
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")
                 self.wfile.flush()
             except OSError:

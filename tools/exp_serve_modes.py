@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +29,8 @@ try:
             break
     else:
         sys.exit(f"serve ended before serving (exit {p.wait()})")
+    # its log read on (a line a request: a full pipe would stop the server mid-request)
+    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
 
     def rss_mb() -> int:
         status = Path(f"/proc/{p.pid}/status").read_text().splitlines()

@@ -939,6 +939,11 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
         for t in range(MAX_MODES + 1):
             assert app._generator(SamplingParams(temperature=0.01 + t / 100)) is g is app.session.generator
         assert len(app.governors) == MAX_MODES and gov not in app.governors.values()
+        oldest, second = (SamplingParams(temperature=0.01 + t / 100).mode for t in (1, 2))
+        kept = app.governors[oldest]
+        app._generator(SamplingParams(temperature=0.01 + 1 / 100))  # used again: the most recent
+        app._generator(SamplingParams(temperature=0.5))  # a new mode: the least recently used goes
+        assert app.governors[oldest] is kept and second not in app.governors
     finally:
         app.close()
 
