@@ -82,7 +82,9 @@ own would (DSpark's online calibration, ``:grow``'s sequences and prompt lookup'
 priors live in the governor): a prompt file holding each prompt N times would let
 ``:grow`` find the exact continuation of the earlier copies. A prompt's ``seconds`` is
 the median over its repeats (``seconds_by_repeat`` holds each) and its tokens/s its new
-tokens over that, so medians, ratios, paired ratios and predictions mean what they mean
+tokens over that (repeats of different lengths, sampled without --reproducible: the
+median of their own rates, ``seconds`` the first repeat's tokens at it, each repeat's
+count in ``new_tokens_by_repeat``), so medians, ratios, paired ratios and predictions mean what they mean
 with one repeat; tau, acceptance, the time split and the prediction (b) are summed over
 every repeat's runs, and a specrt configuration's prompt lists each repeat's own in
 ``by_repeat`` (seconds, rounds, tau, accepted_at, depth histogram, time split, ...:
@@ -504,19 +506,19 @@ def combine_repeats(recs: list[dict]) -> dict:
     summed over them and their outputs compared, summarise_config and repeat_identity).
 
     Repeats of different lengths (sampling without --reproducible draws each repeat's
-    answer anew) are timed at their own rates: ``seconds`` is the median of each repeat's
-    time scaled to the first repeat's token count, so ``tokens_per_s`` is the median
-    repeat's rate (the first's tokens over the median seconds paired one repeat's count with
+    answer anew) are timed at their own rates: ``tokens_per_s`` is the median of the
+    repeats' own rates (those that made tokens) and ``seconds`` the first repeat's tokens
+    at that rate (the first's tokens over the median seconds paired one repeat's count with
     another's time: 18% low in a walk, session 56); their counts in ``new_tokens_by_repeat``."""
     rec = {**recs[0], "seconds_by_repeat": [r["seconds"] for r in recs]}
     if len(recs) > 1:
         counts = [r["new_tokens"] for r in recs]
-        scaled = rec["seconds_by_repeat"]
+        rec["seconds"] = _median(rec["seconds_by_repeat"])
         if len(set(counts)) > 1:
             rec["new_tokens_by_repeat"] = counts
-            if all(counts):
-                scaled = [r["seconds"] * counts[0] / r["new_tokens"] for r in recs]
-        rec["seconds"] = _median(scaled)
+            rates = [r["new_tokens"] / r["seconds"] for r in recs if r["new_tokens"] and r["seconds"] > 0]
+            if rec["new_tokens"] and rates:
+                rec["seconds"] = rec["new_tokens"] / _median(rates)
         rec["tokens_per_s"] = rec["new_tokens"] / rec["seconds"] if rec["seconds"] > 0 else 0.0
         if all(r.get("first_token_s") is not None for r in recs):
             rec["first_token_s"] = _median([r["first_token_s"] for r in recs])
@@ -704,13 +706,13 @@ def total_telemetry(per_prompt: list[dict]) -> dict:
     return t.to_json()
 
 
-PER_PROMPT_KEYS = ("seconds", "seconds_by_repeat", "new_tokens", "first_token_s", "finish_reason", "process",
-                   "prompt_tokens")
+PER_PROMPT_KEYS = ("seconds", "seconds_by_repeat", "new_tokens", "new_tokens_by_repeat", "first_token_s",
+                   "finish_reason", "process", "prompt_tokens")
 # a specrt configuration's prompt, one entry a repeat (--repeats > 1): what may differ between
 # repeats of the same tokens (prompt lookup and DSpark choose from measured times);
 # accepted_at[i] counts the rounds that accepted a token at draft position i + 1
-REPEAT_KEYS = ("seconds", "first_token_s", "rounds", "draft_rounds", "drafted", "accepted", "tau", "draft_passes",
-               "depth_histogram", "time_split")
+REPEAT_KEYS = ("seconds", "new_tokens", "first_token_s", "rounds", "draft_rounds", "drafted", "accepted", "tau",
+               "draft_passes", "depth_histogram", "time_split")
 
 
 def repeat_record(rec: dict) -> dict:
@@ -868,6 +870,19 @@ def repeat_identity(results: dict[str, dict]) -> dict:
                     rows.append({"config": name, "reference": "repeat 1", "repeat": r, **row})
     return {"failures": [m for m in rows if m["config"].startswith("specrt:")],
             "repeat_mismatches": [m for m in rows if not m["config"].startswith("specrt:")]}
+
+
+def count_every_repeat(ident: dict) -> None:
+    """Each configuration's ``identical_prompts``: the prompts every repeat of which gave the
+    reference's tokens (it counted the first repeat only, while a later one's difference
+    was listed apart: a walk, session 56); ``identical_prompts_first_repeat`` keeps that."""
+    rows = ident["failures"] + ident.get("peer_mismatches", []) + ident.get("repeat_mismatches", [])
+    for name, c in ident["configs"].items():
+        first = {m["prompt"] for m in rows if m["config"] == name and "repeat" not in m}
+        later = {m["prompt"] for m in rows if m["config"] == name and "repeat" in m} - first
+        if later:
+            c["identical_prompts_first_repeat"] = c["identical_prompts"]
+            c["identical_prompts"] -= len(later)
 
 
 def efficiency(configs: dict) -> dict:
@@ -1549,6 +1564,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             again = repeat_identity(results)
             ident["failures"] += again["failures"]
             ident["repeat_mismatches"] = again["repeat_mismatches"]
+            count_every_repeat(ident)
         report = {
             "format": "specrt-bench/1",
             "run": run_record(started, engines, prompts_file),
@@ -1738,14 +1754,6 @@ def _mib(b) -> str:
     return f"{b / 2**20:.0f}" if b else "-"
 
 
-def _later_repeats_differ(ident: dict, name: str) -> set[int]:
-    """The prompts whose first repeat ``name`` gave the reference's tokens and a later repeat
-    did not (the identical column counted the first repeat only: a walk, session 56)."""
-    rows = ident["failures"] + ident.get("peer_mismatches", []) + ident.get("repeat_mismatches", [])
-    first = {m["prompt"] for m in rows if m["config"] == name and "repeat" not in m}
-    return {m["prompt"] for m in rows if m["config"] == name and "repeat" in m} - first
-
-
 def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     from specrt.runtime.corpus import match_name
 
@@ -1772,8 +1780,7 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
          f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
-        same = f"{idc['identical_prompts'] - len(_later_repeats_differ(ident, n))}/{idc['prompts']}" if idc else \
-            ("ref" if n == ident.get("reference") else "-")
+        same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("ref" if n == ident.get("reference") else "-")
         f = lambda v, fmt: (fmt % v) if v is not None else "-".rjust(len(fmt % 0))  # noqa: E731 (columns in line)
         echo(f"{n:{w}s} {f(c['tokens_per_s_median'], '%7.1f')} {f(c.get('ratio_vs_ortgenai'), '%8.2fx')} "
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "

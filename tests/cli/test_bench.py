@@ -1658,6 +1658,13 @@ def test_repeats_of_different_lengths_are_timed_at_their_own_rates():
     assert one["seconds_by_repeat"] == [2.58, 3.39, 0.32, 3.31, 3.27]
     same = combine_repeats([{**r, "new_tokens": 38} for r in recs])  # greedy: equal lengths, the median seconds
     assert same["tokens_per_s"] == pytest.approx(38 / 3.27) and "new_tokens_by_repeat" not in same
+    # an even count: the mean of the middle rates (10 and 20 tok/s: 15, not their harmonic mean)
+    two = combine_repeats([{"new_tokens": 10, "seconds": 1.0}, {"new_tokens": 40, "seconds": 2.0}])
+    assert two["tokens_per_s"] == pytest.approx(15.0) and two["seconds"] == pytest.approx(10 / 15)
+    # a repeat without tokens (a peer's) has no rate: the others' median
+    zero = combine_repeats([{"new_tokens": 10, "seconds": 1.0}, {"new_tokens": 0, "seconds": 0.5},
+                            {"new_tokens": 30, "seconds": 1.0}])
+    assert zero["tokens_per_s"] == pytest.approx(20.0)
 
 
 def test_sequential_passes_avoided_count_the_verified_drafts():
@@ -1690,20 +1697,33 @@ def test_the_summary_counts_every_repeat_and_names_what_is_missing(tmp_path, cap
     ortgenai ran and specrt:off failed; a worker shared by governors was blamed once a governor,
     the error repeated; "-" cells pushed the columns out of line; "peers spinning" was said with
     no peers (a walk, session 56)."""
-    from specrt.cmd_bench import _record_group, print_summary
+    from specrt.cmd_bench import _record_group, count_every_repeat, print_summary
 
     base = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
                       .read_text())
     rep = json.loads(json.dumps(base))
-    rep["identity"]["failures"] = [{"config": "specrt:fixed:1", "reference": "repeat 1", "repeat": 2, "prompt": 3,
-                                    "identical": False, "identical_prefix": 5, "first_diff": 5, "len_reference": 9,
-                                    "len": 9, "reference_token": 1, "token": 2}]
+
+    def row(config, prompt, repeat=None):
+        r = {"config": config, "reference": "repeat 1", "prompt": prompt, "identical": False, "identical_prefix": 5,
+             "first_diff": 5, "len_reference": 9, "len": 9, "reference_token": 1, "token": 2}
+        return r if repeat is None else {**r, "repeat": repeat}
+
+    # prompt 3 differs in repeats 2 and 3 (counted once); fixed:2's prompt 4 in repeats 1 and 2 (counted
+    # in its first repeat already); ortgenai's prompt 0 in repeat 2 (a peer's repeat mismatch)
+    rep["identity"]["failures"] = [row("specrt:fixed:1", 3, 2), row("specrt:fixed:1", 3, 3), row("specrt:fixed:2", 4),
+                                   row("specrt:fixed:2", 4, 2)]
+    rep["identity"]["repeat_mismatches"] = [row("ortgenai", 0, 2)]
+    rep["identity"]["configs"]["specrt:fixed:2"]["identical_prompts"] -= 1  # (its first repeat's difference)
+    before = {k: c["identical_prompts"] for k, c in rep["identity"]["configs"].items()}
+    count_every_repeat(rep["identity"])
+    after = {k: c["identical_prompts"] for k, c in rep["identity"]["configs"].items()}
+    assert {k: before[k] - after[k] for k in after if before[k] != after[k]} == {"specrt:fixed:1": 1, "ortgenai": 1}
+    assert rep["identity"]["configs"]["specrt:fixed:1"]["identical_prompts_first_repeat"] == before["specrt:fixed:1"]
     lines: list[str] = []
     print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
     row = next(x for x in lines if x.startswith("specrt:fixed:1 "))
     n = rep["identity"]["configs"]["specrt:fixed:1"]["prompts"]
-    assert rep["identity"]["configs"]["specrt:fixed:1"]["identical_prompts"] == n
-    assert row.endswith(f"{n - 1}/{n}"), row
+    assert before["specrt:fixed:1"] == n and row.endswith(f"{n - 1}/{n}"), row  # the table as the JSON
     header = next(x for x in lines if x.startswith("configuration"))
     table = [x for x in lines if x.split(" ")[0] in rep["configs"] and "decodes another model" not in x]
     at = header.index("peakRSS") + len("peakRSS")
@@ -1758,3 +1778,28 @@ def test_a_worker_shared_by_governors_names_the_run_that_raised(tiny_engines, pr
     assert failed["specrt:off"].startswith("RuntimeError: injected (governor fixed:2, prompt 1)"), failed
     assert r.output.count("FAILED") == 1 and "FAILED specrt:off, specrt:fixed:2 (one worker process ran them): " \
         "RuntimeError: injected (governor fixed:2, prompt 1)" in r.output, r.output
+
+
+def test_a_later_repeat_that_differs_is_counted_in_the_json(tiny_engines, prompts_file, tmp_path, monkeypatch):
+    """bench.json's identical_prompts and the table's identical column count every repeat (they
+    counted the first: a walk, session 56); identical_prompts_first_repeat keeps that count."""
+    import specrt.cmd_bench as B
+
+    real = B.repeat_identity
+
+    def differing(results):
+        got = real(results)
+        got["failures"].append({"config": "specrt:fixed:2", "reference": "repeat 1", "repeat": 2, "prompt": 1,
+                                "identical": False, "identical_prefix": 0, "first_diff": 0, "len_reference": 2,
+                                "len": 2, "reference_token": 5, "token": 6})
+        return got
+
+    monkeypatch.setattr(B, "repeat_identity", differing)
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--governors", "off,fixed:2", "--max-new-tokens", "2", "--threads", "1",
+                                   "--no-profile", "--repeats", "2", "--warmup-tokens", "0"])
+    assert r.exit_code == 2, r.output
+    c = json.loads((out / "bench.json").read_text())["identity"]["configs"]["specrt:fixed:2"]
+    assert (c["identical_prompts"], c["identical_prompts_first_repeat"], c["prompts"]) == (1, 2, 2), c
+    assert next(x for x in r.output.splitlines() if x.startswith("specrt:fixed:2 ")).endswith(" 1/2"), r.output
