@@ -149,7 +149,9 @@ def _folder_lock(folder: Path):
 
 def chain_acceptance(rounds: Sequence[Round]) -> dict:
     """tau (1 + mean accepted), and acceptance per position, unconditional (a >= k among
-    all rounds: DESIGN.md §6's, `--stats`' acceptance_by_position, so tau - 1 is their sum;
+    all rounds: DESIGN.md §6's, `--stats`' acceptance_by_position for chains, so tau - 1 is
+    their sum; a token tree's runner-up win counts 0 accepted here, the chain's first draft
+    rejected, where `--stats` counts its token;
     it was among the rounds verifying k, which the last rounds of an answer, cut short,
     made another figure under the same name: a review, session 56) and conditional (among
     those reaching k), of recorded rounds."""
@@ -354,11 +356,10 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             # read again and written under a lock on the folder: another calibrate (another
             # mode) may have written since this one read the file, its mode then lost
             with _folder_lock(engines_dir):
-                if path.is_file():
-                    try:
-                        modes = read_calibration_file(path, digest) or {}
-                    except UserError:
-                        modes = {}  # (said when read above, or broken since: replaced)
+                try:  # (removed since the read above: none kept)
+                    modes = (read_calibration_file(path, digest) or {}) if path.is_file() else {}
+                except UserError:
+                    modes = {}  # (said when read above, or broken since: replaced)
                 others = {m: e for m, e in modes.items() if m != sampling.mode}
                 kept = sorted(others)  # the other modes' calibrations of these engines stay
                 kept_entries = {m: {**e, "calibration": e["calibration"].to_dict()} for m, e in others.items()}

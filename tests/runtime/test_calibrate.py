@@ -978,3 +978,42 @@ def test_a_calibrate_finishing_meanwhile_keeps_its_mode(small_vocab_engines, tmp
     modes = json.loads((eng / CALIBRATION_FILE).read_text())["modes"]
     assert sorted(modes) == sorted(["greedy", hot.mode, SamplingParams(0.5, 0, 1.0).mode]), sorted(modes)
     assert any(f"kept {', '.join(sorted(['greedy', hot.mode]))}" in x for x in said), said
+
+
+def test_calibrate_writes_under_the_folders_lock(small_vocab_engines, tmp_path, monkeypatch):
+    """The read-again-and-write of calibration.json waits for another holder of the engines
+    folder's lock (another calibrate writing), and writes once it is released."""
+    import fcntl
+    import os
+    import threading
+
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    fitted, real_note = threading.Event(), C.worse_fit_note
+
+    def noted(*a, **k):  # past the fit, just before the write
+        fitted.set()
+        return real_note(*a, **k)
+
+    monkeypatch.setattr(C, "worse_fit_note", noted)
+    fd = os.open(eng, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held as another calibrate would while it writes
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            calibrate(eng, prompts(4, 6, seed=1), max_new_tokens=8, holdout=0.25)
+        except BaseException as e:  # (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        assert fitted.wait(120)
+        t.join(1.0)
+        assert t.is_alive() and not (eng / CALIBRATION_FILE).exists()  # waiting on the lock
+    finally:
+        os.close(fd)  # released
+    t.join(120)
+    assert not t.is_alive() and not errors and (eng / CALIBRATION_FILE).is_file(), errors
