@@ -154,3 +154,30 @@ def test_logprob_alternatives_tied_at_the_cut_go_by_id():
     x[50] = 6.0
     (e,) = token_logprobs(x[None], [3], top=5)
     assert [i for i, _ in e.top] == [50, 3, 7, 100, 101]
+
+
+def test_top_k_of_the_vocabulary_less_one_drops_the_least_likely():
+    """top_k = V - 1 is a cut (a bound of V - 1 would take it for off)."""
+    p = probs(np.array([[0.0, 1.0, 2.0, 3.0]]), SamplingParams(temperature=1.0, top_k=3))[0]
+    assert p[0] == 0.0 and np.allclose(p[1:], np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum())
+
+
+def test_top_p_keeps_a_token_below_the_candidate_threshold_when_its_mass_is_needed():
+    """One heavy token and 1000 light ones below the fast path's candidate threshold, top_p
+    just past the heavy one's mass: the smallest prefix reaching it holds one light token."""
+    n = 1000
+    x = np.concatenate([[0.0], np.full(n, np.log(5e-5))])
+    top_p = (1 + 1e-7) / (1 + n * 5e-5)
+    p = probs(x[None], SamplingParams(temperature=1.0, top_p=top_p))[0]
+    assert np.flatnonzero(p).tolist() == [0, 1]
+
+
+def test_seed_zero_is_a_seed():
+    assert make_rng(0).random() == make_rng(0).random() == np.random.default_rng(0).random()
+
+
+def test_coupled_noise_of_neighbouring_seeds_is_not_shifted():
+    """Seeds s and s + 1 must not share their noise one position apart."""
+    from specrt.runtime.sampling import CoupledNoise
+
+    assert not np.array_equal(CoupledNoise(1, 50).exp(0), CoupledNoise(0, 50).exp(1))
