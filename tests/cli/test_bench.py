@@ -1535,23 +1535,29 @@ def test_every_repeat_starts_from_fresh_governors(tiny_engines, tmp_path, monkey
         assert [[x["output_ids"] for x in r["repeats"]] for r in pp] == [[r["output_ids"]] * 2 for r in pp]
 
 
-def test_a_repeat_that_differs_from_its_first_fails_the_bench(tiny_engines, prompts_file, tmp_path, monkeypatch):
-    """A specrt configuration's repeat whose tokens differ from its first (repeat_identity's
-    failures; the same engines cannot make one, so one is added to its answer) fails the
-    bench as a governor's mismatch does: exit 2 once the report is written, listed in
-    identity.failures."""
+def _a_repeat_differs(monkeypatch, config: str, prompt: int) -> None:
+    """repeat_identity adding that ``config``'s repeat 2 of ``prompt`` differs from its first
+    (the same engines cannot make one)."""
     import specrt.cmd_bench as B
 
     real = B.repeat_identity
 
     def differing(results):
         got = real(results)
-        got["failures"].append({"config": REFERENCE, "reference": "repeat 1", "repeat": 2, "prompt": 0,
+        got["failures"].append({"config": config, "reference": "repeat 1", "repeat": 2, "prompt": prompt,
                                 "identical": False, "identical_prefix": 0, "first_diff": 0, "len_reference": 2,
                                 "len": 2, "reference_token": 5, "token": 6})
         return got
 
     monkeypatch.setattr(B, "repeat_identity", differing)
+
+
+def test_a_repeat_that_differs_from_its_first_fails_the_bench(tiny_engines, prompts_file, tmp_path, monkeypatch):
+    """A specrt configuration's repeat whose tokens differ from its first (repeat_identity's
+    failures; the same engines cannot make one, so one is added to its answer) fails the
+    bench as a governor's mismatch does: exit 2 once the report is written, listed in
+    identity.failures."""
+    _a_repeat_differs(monkeypatch, REFERENCE, 0)
     out = tmp_path / "r"
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
                                    "--governors", "off", "--max-new-tokens", "2", "--threads", "1", "--no-profile",
@@ -1783,18 +1789,7 @@ def test_a_worker_shared_by_governors_names_the_run_that_raised(tiny_engines, pr
 def test_a_later_repeat_that_differs_is_counted_in_the_json(tiny_engines, prompts_file, tmp_path, monkeypatch):
     """bench.json's identical_prompts and the table's identical column count every repeat (they
     counted the first: a walk, session 56); identical_prompts_first_repeat keeps that count."""
-    import specrt.cmd_bench as B
-
-    real = B.repeat_identity
-
-    def differing(results):
-        got = real(results)
-        got["failures"].append({"config": "specrt:fixed:2", "reference": "repeat 1", "repeat": 2, "prompt": 1,
-                                "identical": False, "identical_prefix": 0, "first_diff": 0, "len_reference": 2,
-                                "len": 2, "reference_token": 5, "token": 6})
-        return got
-
-    monkeypatch.setattr(B, "repeat_identity", differing)
+    _a_repeat_differs(monkeypatch, "specrt:fixed:2", 1)
     out = tmp_path / "r"
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
                                    "--governors", "off,fixed:2", "--max-new-tokens", "2", "--threads", "1",
