@@ -2124,7 +2124,7 @@ def test_completion_logprobs_decode_the_prompts_context_once(make, tmp_path):
     for _ in range(20):
         context = context_of(text, [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))])
         contexts += bool(context)
-        ours, ref = _CompletionLogprobs(text, 0, context), _CompletionLogprobs(text, 0, context)
+        ours, ref = _CompletionLogprobs(text, context), _CompletionLogprobs(text, context)
         ref.before = None  # (the context decoded at every token)
         ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 20))]
         entries = [{"id": i, "token": text.tokenizer.id_to_token(i), "logprob": -1.0, "top_logprobs": None}
