@@ -26,9 +26,9 @@ for log-likelihoods). Fields that would change the output and that specrt does n
 (penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
 format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
 with 400 unless they hold their neutral value; fields that change nothing here (metadata,
-store, service_tier, cache keys; ``user`` too but under ``--isolate-clients``) are ignored; any other field is refused as
-OpenAI refuses it ("Unrecognized request argument supplied"), so a misspelt one is not
-dropped; a null is a field left out, whatever its name. Each response carries a
+store, service_tier, cache keys; ``user`` too but under ``--isolate-clients``) are
+ignored; any other field is refused as OpenAI refuses it ("Unrecognized request argument
+supplied"), so a misspelt one is not dropped; a null is a field left out, whatever its name. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused.
@@ -39,15 +39,15 @@ the order they arrive (TurnLock); a client that reads nothing of its answer for
 generator (one pair of KV caches) serves every request; each decoding mode (greedy; each
 temperature / top-k / top-p) gets a governor of its own, calibrated for that mode (the
 8 most recent modes' are kept: what each learnt online, its session growth, up to
-GROW_TOKENS tokens, and lookup rates, goes with it), swapped in for its requests. A conversation's next
-turn reuses the rows of its earlier turns and answers (prefix reuse) as `specrt chat`
-does, whatever mode each turn asks for (KV rows depend on the tokens only); SNAPSHOTS
-(``--prefix-snapshots``) other conversations' rows are kept set aside
-(Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session growth are shared by every request unless
-``--isolate-clients``: then rows are reused only within one ``user`` and growth is off.
-The standard library's HTTP server: for a local endpoint or behind a proxy, not for
-untrusted networks. Bad requests get HTTP 400 with OpenAI's error object naming the
-field; the server keeps serving.
+GROW_TOKENS tokens, and lookup rates, goes with it), swapped in for its requests. A
+conversation's next turn reuses the rows of its earlier turns and answers (prefix reuse)
+as `specrt chat` does, whatever mode each turn asks for (KV rows depend on the tokens
+only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows are kept set aside
+(Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session
+growth are shared by every request unless ``--isolate-clients``: then rows are reused
+only within one ``user`` and growth is off. The standard library's HTTP server: for a
+local endpoint or behind a proxy, not for untrusted networks. Bad requests get HTTP 400
+with OpenAI's error object naming the field; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -482,8 +482,9 @@ class Server:
         if gov is None:
             cal, note = load_calibration(s.engines, params, s.governor_spec)
             gov = make_governor(s.governor_spec, s.engines, cal)
-            # (the calibration's note where the governor reads one: fixed:2's said "DSpark uses the identity map")
-            self.log(f"[{params.mode}: a governor of its own" + (f"; {note}]" if is_dspark(s.governor_spec) else "]"))
+            # the calibration's note where the governor reads one (fixed:2's said "DSpark uses the identity map")
+            said = f"; {note}" if is_dspark(s.governor_spec) else ""
+            self.log(f"[{params.mode}: a governor of its own{said}]")
             while len(self.governors) >= MAX_MODES:
                 self.governors.pop(next(iter(self.governors)))  # the least recently used
         self.governors[params.mode] = gov  # most recently used last
