@@ -84,8 +84,8 @@ priors live in the governor): a prompt file holding each prompt N times would le
 the median over its repeats (``seconds_by_repeat`` holds each) and its tokens/s its new
 tokens over that (repeats of different lengths, sampled without --reproducible: the
 median of their own rates, ``seconds`` the first repeat's tokens at it, each repeat's
-count in ``new_tokens_by_repeat``), so medians, ratios, paired ratios and predictions mean what they mean
-with one repeat; tau, acceptance, the time split and the prediction (b) are summed over
+count in ``new_tokens_by_repeat``), so medians, ratios, paired ratios and predictions
+mean what they mean with one repeat; tau, acceptance, the time split and the prediction (b) are summed over
 every repeat's runs, and a specrt configuration's prompt lists each repeat's own in
 ``by_repeat`` (seconds, rounds, tau, accepted_at, depth histogram, time split, ...:
 prompt lookup and DSpark choose from measured times, so repeats of the same tokens may
