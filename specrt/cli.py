@@ -710,19 +710,22 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)
-        messages = [{"role": "system", "content": system}] if system else []
+        # --system "" is an empty system prompt (the template's default one was used: a walk, session 56)
+        messages = [{"role": "system", "content": system}] if system is not None else []
         # before the first prompt is shown: no tokenizer (it showed "> " and failed on the first line), and a
         # system prompt leaving no room for a turn and a token of answer (every turn was skipped, one by one;
         # a turn that fits is answered, cut at the context, as the loop below takes it)
         if s.text is None:
             s.encode("", True)  # (its error: no tokenizer.json, and what to do)
         ctx = s.engines.max_context
-        n = len(s.encode(messages + [{"role": "user", "content": ""}], True)) if system else 0
+        n = len(s.encode(messages + [{"role": "user", "content": ""}], True)) if messages else 0
         if n + 2 > ctx:
             raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
         while True:
             click.echo("> ", nl=False, err=True)
+            if sys.stdin is None:  # (closed, `<&-`: the end of input, not an AttributeError's traceback)
+                return
             raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()
             try:  # bytes decoded a line at a time: a bad line is skipped, the next ones still read
                 line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -734,33 +737,37 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             # the line's end, "\n" or a CRLF file's "\r\n", is not part of the turn
             turn = messages + [{"role": "user", "content": line.rstrip("\r\n")}]
             room = min(max_new_tokens, s.engines.max_context // 4)
-            first = 1 if system else 0
+            first = 1 if system is not None else 0
             dropped, limit = 0, s.engines.max_context
-            while len(s.encode(turn, True)) + room > limit and len(turn) > first + 1:
-                del turn[first:first + 2]  # the oldest user turn and its answer
-                dropped += 1
-                # once dropping, a quarter of the context freed besides: one exchange at a time
-                # moved the conversation's start every turn, so no later turn reused more than the
-                # template's preamble (7-10 s a turn against 2.5-4.4 s: session 55's soak)
-                limit = s.engines.max_context - s.engines.max_context // 4
-            n = len(s.encode(turn, True))
-            if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
-                click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
-                           f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
-                continue  # (with every earlier turn: nothing was dropped for a turn that is not taken)
-            before, messages = messages, turn
-            if dropped:
-                click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of {s.engines.max_context} "
-                           "tokens]", err=True)
-            answer = []
-            stream = s.stream(messages, max_new_tokens=max_new_tokens)
+            before, answer, stream = messages, [], None
+            # Ctrl-C while the turn is tokenized (each drop encodes the conversation again; a long
+            # paste takes seconds) drops the turn as before its first token: it ended the chat
             try:
+                while len(s.encode(turn, True)) + room > limit and len(turn) > first + 1:
+                    del turn[first:first + 2]  # the oldest user turn and its answer
+                    dropped += 1
+                    # once dropping, a quarter of the context freed besides: one exchange at a time
+                    # moved the conversation's start every turn, so no later turn reused more than the
+                    # template's preamble (7-10 s a turn against 2.5-4.4 s: session 55's soak)
+                    limit = s.engines.max_context - s.engines.max_context // 4
+                n = len(s.encode(turn, True))
+                if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
+                    click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
+                               f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
+                    continue  # (with every earlier turn: nothing was dropped for a turn that is not taken)
+                messages = turn
+                if dropped:
+                    click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of "
+                               f"{s.engines.max_context} tokens]", err=True)
+                stream = s.stream(messages, max_new_tokens=max_new_tokens)
                 for piece in stream:
                     click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
                     answer.append(piece)
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
-                stream.close()
-                click.echo()
+                if stream is not None:
+                    stream.close()
+                if answer:  # the answer's line ended (none printed: no empty line in the transcript)
+                    click.echo()
                 if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
                     messages = before
                     click.echo("[stopped before the answer began: the turn is dropped"

@@ -109,8 +109,9 @@ def reexec_with_thp(argv: list[str], code: str = CLI_CODE) -> None:
     env = with_thp()
     env[_GUARD] = "1"
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for f in (sys.stdout, sys.stderr):
+            if f is not None:  # (closed, `>&-`: None, an AttributeError's traceback in every command)
+                f.flush()
         os.execve(sys.executable, [sys.executable, "-c", code, *argv], env)
     except OSError:
         return  # run on without huge pages

@@ -2254,3 +2254,55 @@ def test_a_prefill_cut_short_keeps_the_rows_it_reused(worded, monkeypatch):
         monkeypatch.setattr(G.Generator, "_target", target)
         assert [t for c in s.stream_ids(a + [7, 7, 2], 12) for t in c] == want
         assert s.stats()["prefix_reused"] >= len(a) - 1, s.stats()["prefix_reused"]
+
+
+def test_chat_stopped_while_its_turn_is_tokenized_goes_on(worded, monkeypatch):
+    """Ctrl-C while a turn is tokenized (before the stream exists: each turn dropped for the
+    context encodes the conversation again, a long paste takes seconds) ended the whole chat
+    ("Aborted!", the conversation lost): the turn is dropped as before its first token, no
+    empty line is left among the answers, and the chat goes on (a walk, session 56)."""
+    from specrt.runtime import session
+
+    real, calls = session.Session.encode, []
+
+    def encode(self, prompt, *a, **k):
+        calls.append(prompt)
+        if isinstance(prompt, list) and prompt and prompt[-1].get("content") == "w8":
+            raise KeyboardInterrupt  # the second turn's tokenizing
+        return real(self, prompt, *a, **k)
+
+    monkeypatch.setattr(session.Session, "encode", encode)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
+                                  "fixed:1"], input="w6 w7\nw8\nw9\n\n")
+    assert r.exit_code == 0, r.output
+    assert "[stopped before the answer began: the turn is dropped" in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("[3 tokens")]) == 2, r.output
+    assert "\n\n" not in r.stdout, repr(r.stdout)  # (the dropped turn printed an empty line)
+
+
+def test_chat_with_stdin_or_stdout_closed_and_an_empty_system_prompt(worded, tmp_path):
+    """`specrt chat ... <&-` (stdin closed: sys.stdin None) was an AttributeError traceback,
+    and so was every command with stdout closed (`>&-`) where it restarted for huge pages;
+    `--system ""` gave the template's default system prompt instead of an empty one (a walk,
+    session 56)."""
+    import subprocess
+    import sys
+
+    from specrt.runtime.session import Session
+
+    cmd = [sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(worded), "--max-new-tokens", "2"]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: os.close(0))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "from specrt.cli import entry; entry()", "--version"],
+                       capture_output=False, stderr=subprocess.PIPE, text=True, timeout=300,
+                       preexec_fn=lambda: os.close(1), env={**os.environ, "SPECRT_THP": "1"})
+    assert "Traceback" not in r.stderr, r.stderr
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "", "--max-new-tokens", "3", "--governor",
+                                  "fixed:1"], input="w6 w7\n\n")
+    assert r.exit_code == 0, r.output
+    with Session(worded, governor="fixed:1") as s:
+        want = "".join(s.stream([{"role": "system", "content": ""}, {"role": "user", "content": "w6 w7"}],
+                                max_new_tokens=3))
+        n = len(s.encode([{"role": "system", "content": ""}, {"role": "user", "content": "w6 w7"}], True))
+    assert f"of {n} prompt tokens reused" in r.output and want in r.output, (r.output, n, want)
