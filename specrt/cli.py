@@ -766,8 +766,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
                 if stream is not None:
                     stream.close()
-                if answer:  # the answer's line ended (none printed: no empty line in the transcript)
-                    click.echo()
+                # the answer's line ended; none printed: the terminal's line ended on stderr, no empty
+                # line in the answers' stdout
+                click.echo(err=not answer)
                 if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
                     messages = before
                     click.echo("[stopped before the answer began: the turn is dropped"
