@@ -29,8 +29,11 @@ try:
             break
     else:
         sys.exit(f"serve ended before serving (exit {p.wait()})")
-    # its log read on (a line a request: a full pipe would stop the server mid-request)
-    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+    def drain() -> None:  # its log read on and dropped (a line a request: a full pipe would stop the
+        for _ in p.stderr:  # server mid-request; a list of the lines would grow with them)
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
 
     def rss_mb() -> int:
         status = Path(f"/proc/{p.pid}/status").read_text().splitlines()
