@@ -83,9 +83,15 @@ def _reader_left() -> None:
     sys.exit(1)  # (no SIGPIPE: Windows)
 
 
+class _Terminated(SystemExit):
+    """SIGTERM's exit (128 + the signal), said by entry() once the command's cleanup has run."""
+
+
 def _terminated(signum, frame) -> None:
-    click.echo("Terminated", err=True)
-    raise SystemExit(128 + signum)
+    # "Terminated" is said by entry() on the way out, after the command's own closing lines,
+    # on a line of its own as click says "Aborted!" for Ctrl-C: said here, in the middle of an
+    # answer, it landed on the answer's line, before the run's summary
+    raise _Terminated(128 + signum)
 
 
 def entry() -> None:
@@ -99,7 +105,12 @@ def entry() -> None:
 
     reexec_with_thp(sys.argv[1:])
     signal.signal(signal.SIGTERM, _terminated)
-    main()
+    try:
+        main()
+    except _Terminated:
+        click.echo(err=True)  # (as click before its "Aborted!")
+        click.echo("Terminated", err=True)
+        raise
 
 
 _DRAFT_HELP = ("A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge / ModelOpt "
@@ -683,6 +694,15 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
                f"{governor}{trees}]", err=True)
 
 
+def _prompting() -> bool:
+    """Whether chat shows its "> " marker: to someone typing (stdin a terminal), not before
+    each line of a file or pipe (as python's and sqlite3's prompts)."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError):  # (a closed or odd stdin: no marker)
+        return False
+
+
 @main.command()
 @click.argument("engines_dir", type=existing_folder())
 @click.option("--system", help="A system prompt for the conversation.")
@@ -723,7 +743,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
         while True:
-            click.echo("> ", nl=False, err=True)
+            if _prompting():
+                click.echo("> ", nl=False, err=True)
             if sys.stdin is None:  # (closed, `<&-`: the end of input, not an AttributeError's traceback)
                 return
             raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()

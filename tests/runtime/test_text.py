@@ -513,6 +513,31 @@ def _blocked_writing(pid: int, timeout: float = 60) -> bool:
     return False
 
 
+def _run_signalled_in_a_write(args: list[str], sig: str, stderr) -> tuple[int, bytes, bytes | None]:
+    """`specrt ARGS` with its stdout a 4 KiB pipe read no further after 800 bytes (two answers
+    at least, about 350 bytes each), so that it waits in a write, mid-answer or between
+    answers, when signal ``sig`` comes; its exit code, all of its stdout and its stderr
+    (``stderr``: subprocess.PIPE, or STDOUT to share stdout's pipe as a terminal)."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", *args],
+                         stdout=subprocess.PIPE, stderr=stderr, env={**os.environ, "SPECRT_THP": "0"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        fcntl.fcntl(p.stdout, fcntl.F_SETPIPE_SZ, 4096)
+        first = p.stdout.read(800)
+        assert len(first) == 800
+        assert _blocked_writing(p.pid)
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    return p.returncode, first + out, err
+
+
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp_path, sig):
@@ -523,10 +548,7 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
     (SIGTERM: "Terminated", 143; a review found it wrote nothing then). Made deterministic:
     the run's stdout is a 4 KiB pipe read no further, so it waits in a write, mid-answer or
     between answers, when the signal comes."""
-    import fcntl
-    import signal
     import subprocess
-    import sys
 
     from specrt.runtime.session import Session
 
@@ -539,22 +561,11 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
     assert r.exit_code == 0, r.output
     want = [p["output_token_ids"] for p in json.loads(whole.read_text())["prompts"]]
     stats, grow = tmp_path / "s.json", tmp_path / "g.npz"
-    p = subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "run", str(worded), *args,
-                          "--stats", str(stats), "--grow-file", str(grow)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "SPECRT_THP": "0"},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        fcntl.fcntl(p.stdout, fcntl.F_SETPIPE_SZ, 4096)
-        first = p.stdout.read(800)  # two answers at least (about 350 bytes each)
-        assert len(first) == 800
-        assert _blocked_writing(p.pid)
-        p.send_signal(getattr(signal, sig))
-        out, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    rc, _, err = _run_signalled_in_a_write(["run", str(worded), *args, "--stats", str(stats), "--grow-file", str(grow)],
+                                           sig, subprocess.PIPE)
     err = err.decode()
     code, said = (1, "Aborted!") if sig == "SIGINT" else (143, "Terminated")
-    assert p.returncode == code and said in err and "Traceback" not in err, err
+    assert rc == code and said in err and "Traceback" not in err, err
     st = json.loads(stats.read_text())
     got = st["prompts"]
     done = [g for g in got if g["finish_reason"] != "interrupted"]
@@ -569,6 +580,26 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
     assert f"{st['new_tokens']} tokens in " in err
     with Session(worded) as s:  # the growth saved: every answered prompt's sequence
         assert s.load_growth(grow) >= len(done)
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_mid_answer_is_said_on_a_line_of_its_own_after_the_summary(worded, tmp_path, sig):
+    """SIGTERM in the middle of an answer said "Terminated" at once, on the answer's line of
+    a terminal and before the run's summary (session 56's chat walk); it is said last, on a
+    line of its own, as click says "Aborted!" for Ctrl-C. stdout and stderr share one 4 KiB
+    pipe here, as they share a terminal, read no further until the run waits in a write."""
+    import subprocess
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"w3 w1 w{4 + i % 12}"}) + "\n" for i in range(40)))
+    rc, out, _ = _run_signalled_in_a_write(["run", str(worded), "--prompts", str(f), "--max-new-tokens", "100"], sig,
+                                           subprocess.STDOUT)
+    lines = out.decode().splitlines()
+    code, said = (1, "Aborted!") if sig == "SIGINT" else (143, "Terminated")
+    assert rc == code and lines[-1] == said, lines[-6:]
+    summary = [i for i, ln in enumerate(lines) if ln.startswith("[interrupted: ")]
+    assert len(summary) == 1 and said not in "\n".join(lines[:-1]), lines[-6:]
 
 
 @pytest.mark.parametrize("signal", ["SIGINT", "SIGTERM"])
@@ -804,12 +835,17 @@ def test_chat_stopped_before_the_first_token_gives_back_the_turns_dropped_for_it
     assert [m["content"] for m in convs[3] if m["role"] == "user"] == [long, f"{long} w6", "w8"]
 
 
-def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded, tmp_path):  # noqa: F811
+def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
     """A system prompt that leaves no room for a turn and its answer skipped every turn, one
     by one, exit 0; engines without a tokenizer showed "> " and failed on the first line (a
-    user walk). Both refused before the prompt is shown."""
+    user walk). Both refused before the prompt is shown (to someone typing: the marker's
+    test says so, CliRunner's stdin is no terminal)."""
+    import specrt.cli as cli
     from specrt.engines.build import build_engines
     from specrt.export.export import export
+
+    monkeypatch.setattr(cli, "_prompting", lambda: True)
 
     long = " ".join(["w4"] * 126)  # 128 tokens of context
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", long, "--governor", "fixed:1"], input="w6\n\n")
@@ -2306,3 +2342,30 @@ def test_chat_with_stdin_or_stdout_closed_and_an_empty_system_prompt(worded, tmp
                                 max_new_tokens=3))
         n = len(s.encode([{"role": "system", "content": ""}, {"role": "user", "content": "w6 w7"}], True))
     assert f"of {n} prompt tokens reused" in r.output and want in r.output, (r.output, n, want)
+
+
+def test_chat_shows_its_marker_to_someone_typing_only(worded, tmp_path):
+    """`specrt chat` showed its "> " marker (on stderr) before every line of a file or pipe
+    too (session 56's chat walk): only where stdin is a terminal now, as python's and
+    sqlite3's prompts. A pseudo-terminal stands for the user's."""
+    import pty
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(worded), "--max-new-tokens", "2",
+           "--governor", "fixed:1"]
+    env = {**os.environ, "SPECRT_THP": "0"}
+    turns = tmp_path / "turns.txt"
+    turns.write_text("w6 w7\n\n")
+    with turns.open() as f:
+        r = subprocess.run(cmd, stdin=f, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "tok/s" in r.stderr and "> " not in r.stderr, r.stderr
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"w6 w7\n\n")
+        r = subprocess.run(cmd, stdin=slave, capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert r.returncode == 0 and "tok/s" in r.stderr, r.stderr
+    assert r.stderr.count("> ") == 2, r.stderr  # before the turn and before the empty line that ends it
