@@ -755,15 +755,67 @@ def _add_check(role_out: dict[str, Any], name: str, result: dict[str, Any]) -> N
     role_out["passed"] = role_out["passed"] and result["passed"]
 
 
-def _own_temp_folder(key: str) -> Path:
+ENGINES_RECORD = "compared.json"  # in each temporary folder: {"engines": the engines folder its runs compared}
+
+
+def _own_temp_folder(key: str, engines_folder: Path | None = None) -> Path:
     """``specrt-compare-<uid>-<key>`` in the temporary directory, made 0700 by this user, or
     reused only when it is a real folder (not a link) this user owns that no one else can
     write; else a fresh mkdtemp folder. The name is predictable: another user could plant a
-    link or a folder of theirs there and read or swap the by-hand command's inputs and outputs."""
+    link or a folder of theirs there and read or swap the by-hand command's inputs and outputs.
+    With ``engines_folder``, the folder records it, and this user's folders recording an
+    engines folder that is gone are removed (one a compared engines folder: they piled up)."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    p = _private_folder(Path(tempfile.gettempdir()) / f"specrt-compare-{0 if uid is None else uid}-{key}", uid)
+    if engines_folder is not None:
+        try:
+            if _recorded_engines(p) != str(engines_folder):
+                write_atomic(p / ENGINES_RECORD, {"engines": str(engines_folder)})
+            _remove_orphans(p, uid)
+        except OSError:  # (the by-hand files matter more than the tidying)
+            pass
+    return p
+
+
+def _recorded_engines(folder: Path) -> str | None:
+    """The engines folder a temporary folder's record names (a plain file), or None."""
+    import json
     import stat
 
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    p = Path(tempfile.gettempdir()) / f"specrt-compare-{0 if uid is None else uid}-{key}"
+    f = folder / ENGINES_RECORD
+    try:
+        if not stat.S_ISREG(os.lstat(f).st_mode):
+            return None
+        rec = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return None
+    return rec.get("engines") if isinstance(rec, dict) and isinstance(rec.get("engines"), str) else None
+
+
+def _remove_orphans(keep: Path, uid: int | None) -> None:
+    """Removes this user's other ``specrt-compare-<uid>-*`` folders (real folders of theirs,
+    not links) whose recorded engines folder holds no engines.json any more; those without a
+    record are left."""
+    import shutil
+    import stat
+
+    for q in keep.parent.glob(f"specrt-compare-{0 if uid is None else uid}-*"):
+        try:
+            st = os.lstat(q)
+        except OSError:
+            continue
+        if q == keep or not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid):
+            continue
+        rec = _recorded_engines(q)
+        if rec and not (Path(rec) / "engines.json").exists():
+            shutil.rmtree(q, ignore_errors=True)
+
+
+def _private_folder(p: Path, uid: int | None) -> Path:
+    """``p`` made 0700 by this user, or ``p`` if it is this user's real folder that no one
+    else can write; else a fresh mkdtemp folder (_own_temp_folder)."""
+    import stat
+
     try:
         os.mkdir(p, 0o700)
     except FileExistsError:
@@ -1142,7 +1194,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
             # (two runs at once wrote one inputs.json: a command printed by one ran the other's files)
             where = hashlib.sha256(str(Path(engines.folder).resolve()).encode()).hexdigest()[:12]
             inputs_file = (Path(report).with_suffix(".inputs.json") if report is not None
-                           else _own_inputs_file(_own_temp_folder(where)))
+                           else _own_inputs_file(_own_temp_folder(where, Path(engines.folder).resolve())))
         Path(inputs_file).parent.mkdir(parents=True, exist_ok=True)
         outputs_file = outputs_file_for(Path(inputs_file))
         # each whole or as before (paths.atomic_file: beside itself, then renamed; links and

@@ -470,8 +470,37 @@ def test_runs_without_a_report_keep_their_own_files_in_one_temporary_folder(tiny
         assert Path(r["outputs_file"]).is_file()
     c = compare_engines(tiny_engines, log=quiet, prompt_tokens=8)
     assert not Path(a["inputs_file"]).exists() and not Path(a["outputs_file"]).exists()
-    assert sorted(Path(c["inputs_file"]).parent.iterdir()) == sorted(
-        Path(r[k]) for r in (b, c) for k in ("inputs_file", "outputs_file"))
+    folder = Path(c["inputs_file"]).parent
+    assert sorted(folder.iterdir()) == sorted(
+        [folder / "compared.json"] + [Path(r[k]) for r in (b, c) for k in ("inputs_file", "outputs_file")])
+
+
+def test_temporary_folders_of_engines_folders_gone_are_removed(engines_copy, tiny_engines, tmp_path, monkeypatch):
+    """Each compared engines folder kept a temporary folder of its by-hand files, and those of
+    engines folders since removed piled up (46 folders in /tmp on a host of session 56): a
+    run removes this user's folders whose recorded engines folder is gone, and keeps the
+    others, those without a record (older runs') and those not its own (a link, a file)."""
+    import os
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    gone = Path(compare_engines(engines_copy, log=quiet, prompt_tokens=8)["inputs_file"]).parent
+    assert json.loads((gone / "compared.json").read_text()) == {"engines": str(engines_copy.resolve())}
+    kept = Path(compare_engines(tiny_engines, log=quiet, prompt_tokens=8)["inputs_file"]).parent
+    assert gone.is_dir() and kept != gone  # its engines still there: kept
+    uid = os.getuid()
+    old = tmp_path / "t" / f"specrt-compare-{uid}-0123456789ab"  # a folder of an older run: no record
+    old.mkdir()
+    (tmp_path / "t" / f"specrt-compare-{uid}-link").symlink_to(gone)  # not a real folder: left
+    other = tmp_path / "t" / f"specrt-compare-{uid}1-0123456789ab"  # another uid's name
+    other.mkdir()
+    (other / "compared.json").write_text(json.dumps({"engines": str(tmp_path / "nowhere")}))
+    shutil.rmtree(engines_copy)
+    again = Path(compare_engines(tiny_engines, log=quiet, prompt_tokens=8)["inputs_file"]).parent
+    assert again == kept and not gone.exists() and old.is_dir() and other.is_dir()
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == sorted(
+        [kept.name, old.name, other.name, f"specrt-compare-{uid}-link"])
 
 
 def test_a_runs_own_file_keeps_the_newest_pairs_and_skips_vanished_ones(tmp_path):
