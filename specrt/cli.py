@@ -32,7 +32,11 @@ class _Group(click.Group):
         try:  # click's standalone handling, with exit 1 for its usage errors
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as e:
-            e.show()
+            # one line, as specrt's own errors ("error: ..."): click's printed its usage and a
+            # blank line first, three lines with another wording ("Error: ...")
+            hint = (f" (see `{e.ctx.command_path} --help`)"
+                    if isinstance(e, click.UsageError) and e.ctx is not None else "")
+            click.echo(f"error: {' '.join(e.format_message().split())}{hint}", err=True)
             sys.exit(1)
         except click.Abort:
             click.echo("Aborted!", err=True)

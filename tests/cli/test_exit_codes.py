@@ -168,6 +168,22 @@ def test_output_paths_are_checked_before_any_work(tmp_path, monkeypatch):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "ro"]  # the probes left nothing
 
 
+def test_clicks_usage_errors_are_one_line_as_specrts_own(tmp_path):
+    """click's usage errors printed its usage line, a hint and a blank line before "Error:",
+    three lines beside specrt's own one-line "error: ..." (session 56): one line now, the
+    same word, with the command whose --help lists the options."""
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    for args, want, where in (
+            (["run", str(tmp_path), "--max-new-tokens", "-5"], "Invalid value for '--max-new-tokens': -5 is not in "
+                                                               "the range x>=1.", "specrt run"),
+            (["nosuchcommand"], "No such command 'nosuchcommand'.", "specrt"),
+            (["build"], "Missing argument 'EXPORT_DIR'.", "specrt build"),
+            (["bench", str(tmp_path), "--bogus"], "No such option '--bogus'", "specrt bench")):
+        r = CliRunner().invoke(main, args, prog_name="specrt")
+        assert r.exit_code == 1 and r.output.count("\n") == 1, (args, r.output)
+        assert r.output.startswith(f"error: {want}") and r.output.endswith(f" (see `{where} --help`)\n"), r.output
+
+
 def test_help_and_version_exit_0():
     from specrt import __version__
 
