@@ -181,3 +181,27 @@ def test_coupled_noise_of_neighbouring_seeds_is_not_shifted():
     from specrt.runtime.sampling import CoupledNoise
 
     assert not np.array_equal(CoupledNoise(1, 50).exp(0), CoupledNoise(0, 50).exp(1))
+
+
+def test_a_coupled_draw_over_a_draft_vocabulary_is_the_target_vocabularys_race():
+    """CoupledNoise.pick over a reduced draft vocabulary (q over Vd, ``ids`` its target ids)
+    is the race over the target's vocabulary of q laid out at those ids: the same noise per
+    target id, so the draft proposes the target's own draw whenever the races agree; and it
+    is a draw from q. (This was pinned by an acceptance count only: session 56's mutation
+    round.)"""
+    from specrt.runtime.sampling import CoupledNoise
+    from tests.runtime.test_verify import chi2_pvalue
+
+    rng = np.random.default_rng(7)
+    ids = np.sort(rng.choice(50, size=12, replace=False))  # not a prefix of the target's ids
+    noise = CoupledNoise(3, 50)
+    q = rng.dirichlet(np.ones(12))
+    q[[2, 9]] = 0.0
+    q /= q.sum()
+    whole = np.zeros(50)
+    whole[ids] = q
+    draws = [noise.pick(q, j, ids) for j in range(6000)]
+    assert draws == [noise.pick(whole, j) for j in range(6000)]
+    assert set(draws) <= set(ids[q > 0].tolist())
+    seen = np.array([draws.count(int(t)) for t in ids[q > 0]])
+    assert chi2_pvalue(seen, q[q > 0] * len(draws)) > 0.01
