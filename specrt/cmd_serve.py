@@ -38,11 +38,11 @@ the order they arrive (TurnLock); a client that reads nothing of its answer for
 ``--write-timeout`` seconds (5) is taken for gone and the next request goes on. One
 generator (one pair of KV caches) serves every request; each decoding mode (greedy; each
 temperature / top-k / top-p) gets a governor of its own, calibrated for that mode (the
-8 most recent modes' are kept: what each learnt online, its session growth, up to
-GROW_TOKENS tokens, and lookup rates, goes with it), swapped in for its requests. A
-conversation's next turn reuses the rows of its earlier turns and answers (prefix reuse)
-as `specrt chat` does, whatever mode each turn asks for (KV rows depend on the tokens
-only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows are kept set aside
+8 most recent modes' are kept: what each learnt online and its lookup rates go with it;
+the session growth, up to GROW_TOKENS tokens, is one for every mode), swapped in for its
+requests. A conversation's next turn reuses the rows of its earlier turns and answers
+(prefix reuse) as `specrt chat` does, whatever mode each turn asks for (KV rows depend on
+the tokens only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows are kept set aside
 (Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session
 growth are shared by every request unless ``--isolate-clients``: then rows are reused
 only within one ``user`` and growth is off. The standard library's HTTP server: for a
@@ -402,6 +402,7 @@ class Server:
                 self.session.new_governor()
         self.defaults, self.max_new_tokens, self.model, self.log = defaults, max_new_tokens, model, log
         self.governors = {defaults.mode: self.session.generator.governor}  # by decoding mode, least recent first
+        self.growth = None  # the session growth every mode's governor searches and adds to (_generator)
         self.lock = TurnLock()  # one request on the engines at a time, in the order they asked
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
@@ -491,6 +492,14 @@ class Server:
         g = s.generator
         g.governor = gov
         g.params = params  # the request's own values (the mode's key rounds them to 6 digits)
+        # one session growth (:grow) for every mode: the text served under one temperature is
+        # there to look up under another, and each mode's governor kept a table of its own (up
+        # to GROW_TOKENS tokens, 8 of them); each mode still learns its own rates for it
+        policy = g.resolve_lookup()
+        if policy is not None and policy.growth is not None:
+            if self.growth is None:
+                self.growth = policy.growth
+            policy.growth = self.growth
         return g
 
     def parse(self, body: Any, chat: bool) -> dict:

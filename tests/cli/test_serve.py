@@ -948,6 +948,31 @@ def test_vllm_off_values_huge_numbers_and_exact_sampling_values(served, worded):
         app.close()
 
 
+def test_decoding_modes_share_one_session_growth(worded):  # noqa: F811
+    """Each decoding mode's governor kept a session growth (:grow) of its own, up to 32768
+    tokens, 8 of them (session 56): one table for every mode now, so that what was answered
+    under one temperature is there to look up under another; each mode keeps its own rates."""
+    from specrt.cmd_serve import Server
+
+    app = Server(worded, "auto", SamplingParams(), 8, "tiny", log=lambda s: None)
+    try:
+        greedy = app._generator(SamplingParams())
+        first = "".join(app.session.stream("w3 w1 w4", chat=False, max_new_tokens=6))
+        grown = greedy.resolve_lookup().growth
+        assert first and len(grown.seqs) == 1, first
+        policy = app._generator(SamplingParams(temperature=0.7, seed=1)).resolve_lookup()
+        assert policy.growth is grown and policy is not app.governors["greedy"].lookup_policy
+        assert "".join(app.session.stream("w2 w6", chat=False, max_new_tokens=6)) and len(grown.seqs) == 2
+        assert app._generator(SamplingParams()).resolve_lookup().growth is grown
+    finally:
+        app.close()
+    app = Server(worded, "auto", SamplingParams(), 8, "tiny", log=lambda s: None, isolate=True)
+    try:  # --isolate-clients: no growth at all
+        assert app._generator(SamplingParams(temperature=0.7)).resolve_lookup().growth is None and app.growth is None
+    finally:
+        app.close()
+
+
 def test_the_temperature_option_is_named(worded):  # noqa: F811
     from click.testing import CliRunner
 
