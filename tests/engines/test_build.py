@@ -1105,3 +1105,144 @@ def test_run_takes_token_id_prompts(tiny_engines, tmp_path):
     assert outs["fixed:2"] == outs["off"] and all(len(a) == 5 for a in outs["off"])
     r = CliRunner().invoke(main, ["run", str(tiny_engines), "--prompts", str(f), "--stop", "x"])
     assert r.exit_code == 1 and "--stop: stop strings need text" in r.output and "no tokenizer.json" in r.output
+
+
+def test_an_unbuilt_role_is_named_not_a_key_error(tiny_engines):
+    # kills E2 (engine_set.py:270 `if role not in self.runners:` -> `if False:`: a KeyError traceback)
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    e = load_engines(tiny_engines, verify=False)
+    with pytest.raises(UserError, match=rf"^{tiny_engines}: no engine for role 'verify.3' \(built: prefill, decode, "):
+        e.runner("verify.3")
+    assert e.runner("verify.4") is e.verify(4)
+
+
+def test_only_the_in_place_graph_verifies_token_trees(tiny_engines, tiny_engines_append):
+    # kills E4 (engine_set.py:167 verifies_trees() -> `return True`: a tree verified on the
+    # portable graph, whose mask does not follow the positions)
+    from specrt.engines import load_engines
+
+    assert load_engines(tiny_engines, verify=False).verifies_trees() is True
+    assert load_engines(tiny_engines_append, verify=False).verifies_trees() is False
+
+
+def test_cost_lookups_key_decode_at_zero_and_an_old_tables_draft_at_its_depth(tiny_engines):
+    # kills E11 (engine_set.py:367 a table without draft_by_depth gives {1: draft} instead of
+    # {draft_depth: draft}) and E12 (:353 target_costs keys decode at 1, where verify.1 overwrites it)
+    from specrt.engines import load_engines
+
+    e = load_engines(tiny_engines, verify=False)
+    past = next(iter(e.costs["by_past"]))
+    t = e.target_costs(past)
+    assert sorted(t) == [0, *e.depths] and t[0] == e.cost("decode", past) and t[1] == e.cost("verify.1", past)
+    for row in e.costs["by_past"].values():  # a table profiled before draft_by_depth was
+        row.pop("draft_by_depth")
+    assert e.draft_costs(past) == {e.draft_depth: e.cost("draft", past)} and e.draft_depth == 8
+
+
+def test_a_negative_weight_size_is_named(engines_copy):
+    # kills E13 (engine_set.py:373 weight_bytes accepts a negative size: bench's memory check then
+    # ran more workers than fit)
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    edit_manifest(engines_copy, lambda m: m["weight_bytes"].update(target=-5))
+    e = load_engines(engines_copy, verify=False)
+    with pytest.raises(UserError, match="field 'weight_bytes' is .*expected graph -> bytes"):
+        e.weight_bytes
+
+
+def test_another_instruction_set_is_another_device(engines_copy):
+    # kills M1 (manifest.py:128 the device compared by kind and name only: engines built where
+    # MLAS picked AVX-512 kernels, their costs with them, loaded on an AVX2-only host of that name)
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    edit_manifest(engines_copy, lambda m: m["environment"]["device"].update(isa=["sve2"]))
+    with pytest.raises(UserError, match=r"engines were built for another environment \(device: built on cpu '.*' "
+                                        r"\[sve2\], this machine is cpu"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_verify_role_for_a_depth_not_built_is_refused(engines_copy):
+    # kills M5 (manifest.py:169 `verify != sorted(set(depths))` -> depths a subset of the verify
+    # roles: an extra role, at odds with 'depths' the governor plans by, loaded)
+    import copy
+
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    def extra(m):
+        m["roles"]["verify.3"] = copy.deepcopy(m["roles"]["verify.4"])
+        m["roles"]["verify.3"]["dims"]["new_tokens"] = [4, 4, 4]
+
+    edit_manifest(engines_copy, extra)
+    with pytest.raises(UserError, match=rf"^{engines_copy / 'engines.json'}: depths \[1, 2, 4, 8\] but verify roles "
+                                        r"for \[1, 2, 3, 4, 8\]; re-run `specrt build`$"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_roles_of_one_graph_running_two_files_are_refused(engines_copy):
+    # kills M9 (manifest.py:200 the one-file-per-graph check dropped: decode said it ran draft.onnx,
+    # a recorded file, and the engine set silently ran target.onnx for it)
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    edit_manifest(engines_copy, lambda m: m["roles"]["decode"]["engine"].update(onnx="draft.onnx"))
+    with pytest.raises(UserError, match=r"engines.json: roles of graph 'target' run both 'target.onnx' and "
+                                        r"'draft.onnx'$"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_role_limit_below_the_context_is_refused_on_portable_engines(tiny_engines_append, tmp_path):
+    # kills M13 (manifest.py:253 `role["limit"] != want` -> `> want`): on the portable (append)
+    # graph decode's dims reach 255 only, so a limit of 255 passed check_role, and the last
+    # position of the context was refused mid-decode
+    import shutil
+
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    eng = tmp_path / "e"
+    shutil.copytree(tiny_engines_append, eng)
+    edit_manifest(eng, lambda m: m["roles"]["decode"].update(limit=255))
+    with pytest.raises(UserError, match=r"engines.json: roles.decode.limit is 255, expected 256 for max_context 256"):
+        load_engines(eng, verify=False)
+
+
+def test_a_role_range_with_another_minimum_is_refused(engines_copy):
+    # kills M21 (manifest.py:313 only the max of each role's range compared: decode's past_tokens
+    # from 5 loaded, and a decode over a shorter prompt met the graph's own error mid-run)
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    edit_manifest(engines_copy, lambda m: m["roles"]["decode"]["dims"]["past_tokens"].__setitem__(0, 5))
+    with pytest.raises(UserError, match=r"roles.decode.dims.past_tokens is \[5, \d+, 255\]; expected min 0 and max "
+                                        r"255 for depths \[1, 2, 4, 8\] and max_context 256"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_an_explicit_thread_count_is_kept_where_the_build_used_the_default(engines_copy):
+    # kills E8 (engine_set.py:201 the core cap applied even to ort_overrides' own intra_op_num_threads)
+    from specrt.engines import load_engines
+    from specrt.engines.onnxruntime import physical_cores
+
+    edit_manifest(engines_copy, lambda m: m.update(onnxruntime_threads_default=True))
+    assert load_engines(engines_copy, verify=False).ort_settings.intra_op_num_threads <= physical_cores()
+    many = physical_cores() + 3
+    e = load_engines(engines_copy, verify=False, ort_overrides={"intra_op_num_threads": many})
+    assert e.ort_settings.intra_op_num_threads == many
+
+
+def test_a_failed_activation_leaves_no_runner_active(engines_copy):
+    # kills E15 (engine_set.py:307 the roll-back of the runners already activated dropped: the
+    # target's sessions stayed open behind an engine set that says it is not active)
+    from specrt.engines import load_engines
+
+    e = load_engines(engines_copy, verify=False)
+    assert list(e.runners)[-1] == "draft"  # activated last: every target role is active when it fails
+    (engines_copy / "draft.onnx").write_bytes(b"not an onnx graph")
+    with pytest.raises(Exception):
+        e.activate()
+    assert not e.is_active and [n for n, r in e.runners.items() if r.is_active] == []

@@ -207,3 +207,22 @@ def test_calls_fit_the_context_to_the_last_row(tiny_engines):
         rng = np.random.default_rng(0)
         assert [k for k, _, _ in chain_calls(e.runners, C_ - 10, (1, 2, 4, 8), vocab, rng)] == [("prefill", 9)]
         assert chain_calls(e.runners, C_ - 9, (1, 2, 4, 8), vocab, rng) == []
+
+
+def test_an_infinite_cost_is_refused(engines_copy):
+    # kills C11 (costs.py:290 `math.isfinite(t) and` dropped: a cost of Infinity, JSON's
+    # `Infinity` included, loaded, and the governor priced every depth at 0 tokens/s)
+    import json
+
+    from specrt.errors import UserError
+
+    for table in ({"decode": float("inf")}, {"verify": {"1": float("inf")}},
+                  {"by_past": {"128": {"verify": {"1": 0.1}, "draft": float("inf")}}}):
+        with pytest.raises(ValueError, match="a cost of inf: expected seconds > 0"):
+            parse_costs(table)
+    p = engines_copy / "engines.json"
+    m = json.loads(p.read_text())
+    next(iter(m["costs"]["by_past"].values()))["verify"]["1"] = float("inf")
+    p.write_text(json.dumps(m))  # written as Infinity, which json reads back as inf
+    with pytest.raises(UserError, match=r"engines.json: field 'costs' is malformed \(ValueError: a cost of inf"):
+        load_engines(engines_copy, verify=False)

@@ -285,3 +285,29 @@ def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
     missing = {k: v for k, v in good.items() if k != C.POSITION_IDS}
     with pytest.raises(UserError, match=f"{C.POSITION_IDS}: missing.*rebuild it"):
         check_plan_io(Plan(missing), io.inputs, io.outputs, "target.plan", "decode")
+
+
+def test_depths_reach_max_depth_inclusive():
+    # kills P1 (plan.py:96 `1 <= d <= MAX_DEPTH` -> `< MAX_DEPTH`: the documented deepest depth refused)
+    from specrt.engines.plan import parse_depths
+    from specrt.errors import UserError
+    from specrt.limits import MAX_DEPTH
+
+    assert parse_depths(f"1,{MAX_DEPTH}") == (1, MAX_DEPTH)
+    with pytest.raises(UserError, match=rf"--depths: \[{MAX_DEPTH + 1}\] out of range \(each depth must be in "
+                                        rf"1..{MAX_DEPTH}\)"):
+        parse_depths(str(MAX_DEPTH + 1))
+    with pytest.raises(UserError, match=r"--depths: \[0\] out of range"):
+        parse_depths([0, 2])
+
+
+def test_cache_rows_are_a_target_dimension_only():
+    # kills P17 (plan.py:206 with_cache_rows without `if role.graph == "target"`: the draft role,
+    # whose graph has no KV buffers, recorded a cache_tokens range in engines.json)
+    from specrt import contracts as C
+    from specrt.engines.plan import DimRange, make_roles, with_cache_rows
+
+    roles = make_roles((1, 4), 64, "peagle")
+    rows = with_cache_rows(roles, 64)
+    assert rows["draft"] == roles["draft"] and C.DIM_CACHE not in rows["draft"].dims
+    assert all(rows[n].dims[C.DIM_CACHE] == DimRange.of(64) for n in roles if n != "draft")

@@ -397,3 +397,135 @@ def test_per_depth_sessions_keep_the_int8_draft_prepacked(int8_engines):
     for k in outs[0]:
         np.testing.assert_array_equal(outs[1][k], outs[0][k], err_msg=k)
     assert packed == [True, True]
+
+
+def _gemm_graph():
+    """X [2, 4] and A [4, 4] through five Gemms: one plain (rewritten), two sharing one
+    square weight, one with a bias, one with transA (the last four must stay as they are)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = {n: rng.standard_normal(s).astype(np.float32) for n, s in
+         (("w_plain", (3, 4)), ("w_shared", (4, 4)), ("w_bias", (3, 4)), ("b", (3,)), ("w_ta", (4, 3)))}
+    nodes = [
+        helper.make_node("Gemm", ["x", "w_plain"], ["plain"], transB=1),
+        helper.make_node("Gemm", ["x", "w_shared"], ["shared1"], transB=1),
+        helper.make_node("Gemm", ["x", "w_shared"], ["shared2"], transB=1),
+        helper.make_node("Gemm", ["x", "w_bias", "b"], ["biased"], transB=1),
+        helper.make_node("Gemm", ["a", "w_ta"], ["trans_a"], transA=1),
+    ]
+    outs = [("plain", [2, 3]), ("shared1", [2, 4]), ("shared2", [2, 4]), ("biased", [2, 3]), ("trans_a", [4, 3])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                       helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 4])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outs],
+                          [numpy_helper.from_array(v, k) for k, v in w.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
+
+
+def test_gemms_to_matmul_rewrites_only_what_a_matmul_computes_alike():
+    # kills Q1 (quantize.py:101 `uses[w.name] != 1` -> `> 2`: a weight shared by two Gemms
+    # transposed twice, both MatMuls then multiply by W instead of W^T), Q3 (:95 `len(n.input) != 2`
+    # -> `< 2`: a Gemm's bias dropped) and Q25 (:353 _plain_product without `not transA`: A^T lost)
+    import copy
+
+    from specrt.engines.quantize import gemms_to_matmul
+
+    model = _gemm_graph()
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "a": rng.standard_normal((4, 4)).astype(np.float32)}
+    before = _run(model, feeds)
+    rewritten = copy.deepcopy(model)
+    done = gemms_to_matmul(rewritten)
+    after = _run(rewritten, feeds)
+    for k in before:  # the rewrite computes what the Gemms did
+        np.testing.assert_allclose(after[k], before[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    assert done == 1 and [n.op_type for n in rewritten.graph.node] == ["MatMul", "Gemm", "Gemm", "Gemm", "Gemm"]
+
+
+def test_the_int8_record_is_the_graphs_own_quantization(int8_engines):
+    # kills Q5 (quantize.py:130 MatMulNBitsQuantizer(block_size=16) while the record still says 32:
+    # the weight check reads the node's own attribute, so only the record was wrong)
+    import onnx
+
+    from specrt.engines.quantize import _attr
+
+    q = json.loads((int8_engines / "engines.json").read_text())["graphs"]["draft"]["quantized"]
+    nodes = [n for n in onnx.load(str(int8_engines / "draft.onnx"), load_external_data=False).graph.node
+             if n.op_type == "MatMulNBits"]
+    assert len(nodes) == q["matmuls_quantized"] > 0
+    for n in nodes:
+        assert (_attr(n, "bits", None), _attr(n, "block_size", None), _attr(n, "accuracy_level", None)) == \
+            (q["bits"], q["block_size"], q["accuracy_level"]), n.name
+        assert len(n.input) <= 3 or not n.input[3]  # symmetric: no zero points
+
+
+def test_a_float_weight_missing_from_the_int8_graph_is_named(int8_engines, tmp_path):
+    # kills Q17 (quantize.py:272 `elif name not in quantized:` -> `elif False:`): a float weight
+    # of the export (here a norm, renamed in the int8 graph) that is neither there nor quantized
+    import shutil
+
+    import onnx
+
+    from specrt.engines.quantize import check_int8_weights
+
+    src = tmp_path / "src"  # real copies: onnx refuses external data with several hard links (other tests make them)
+    src.mkdir()
+    for name in ("draft.onnx", "draft.onnx.data"):
+        shutil.copyfile(int8_engines / name, src / name)
+    model = onnx.load(str(src / "draft.onnx"))
+    floats = {t.name for t in onnx.load(str(int8_engines / "export" / "draft.onnx"), load_external_data=False)
+              .graph.initializer}
+    t = next(t for t in model.graph.initializer if t.name in floats and len(t.dims) == 1
+             and t.data_type == onnx.TensorProto.FLOAT)
+    old, new = t.name, t.name + "_renamed"
+    t.name = new
+    for n in model.graph.node:
+        n.input[:] = [new if i == old else i for i in n.input]
+    onnx.save_model(model, str(tmp_path / "draft.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="draft.onnx.data", size_threshold=1024)
+    w = check_int8_weights(int8_engines / "export" / "draft.onnx", tmp_path / "draft.onnx")
+    assert not w["passed"]
+    assert [b["problem"] for b in w["bad"]] == [f"weight {old} of draft.onnx is neither in the int8 graph nor "
+                                                "quantized there"]
+
+
+def test_a_graph_with_nothing_quantized_does_not_pass_the_int8_check(tiny_export):
+    # kills Q21 (quantize.py:338 `"passed": matmuls > 0 and not bad` -> `not bad`): the float
+    # draft itself (in an int8 build's place) has every weight the export's and no int8 weight
+    from specrt.engines.quantize import check_int8_weights
+
+    w = check_int8_weights(tiny_export / "draft.onnx", tiny_export / "draft.onnx")
+    assert w["matmuls"] == 0 and w["bad"] == [] and w["op"] == "none"
+    assert not w["passed"]
+
+
+def test_a_dynamic_zero_point_that_is_no_initializer_is_refused(tiny_export, tmp_path):
+    # kills Q22 (quantize.py:387 `if zp is None or np.any(zp != 0)` -> `if zp is not None and ...`):
+    # a weight zero point computed in the graph (a Constant of 5 here, not an initializer) is unchecked
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.quantize import check_int8_weights, quantize_draft
+
+    quantize_draft(tiny_export / "draft.onnx", tmp_path / "q.onnx", "float32", "dynamic")
+    assert check_int8_weights(tiny_export / "draft.onnx", tmp_path / "q.onnx")["passed"]
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    head = [n for n in model.graph.node if n.op_type == "MatMulInteger"][-1]
+    zp = next(t for t in model.graph.initializer if t.name == head.input[3])
+    value = numpy_helper.to_array(zp).copy()
+    value[...] = 5
+    model.graph.initializer.remove(zp)
+    model.graph.node.insert(0, helper.make_node("Constant", [], [zp.name], value=numpy_helper.from_array(value)))
+    onnx.save_model(model, str(tmp_path / "bad.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="bad.onnx.data", size_threshold=1024)
+    w = check_int8_weights(tiny_export / "draft.onnx", tmp_path / "bad.onnx")
+    assert not w["passed"]
+    assert [(b["matmul"], b["problem"]) for b in w["bad"]] == \
+        [(head.input[1], "the weight's zero point is not 0: expected symmetric codes")]
