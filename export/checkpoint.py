@@ -109,7 +109,10 @@ def read_safetensors_index(path: Path) -> dict[str, TensorEntry]:
             raise UserError(f"{where}: malformed data_offsets {offs!r}")
         b, e = offs
         expect = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
-        if not (0 <= b <= e) or e - b != expect:
+        if not 0 <= b <= e:  # (it said "hold 16 bytes ... needs 16" of [-16, 0]: a mutation round, session 57)
+            raise UserError(f"{where}: malformed data_offsets {offs} (expected 0 <= begin <= end, offsets into "
+                            "the data region)")
+        if e - b != expect:
             raise UserError(f"{where}: data_offsets {offs} hold {e - b} bytes, shape {shape} x {dtype} needs {expect}")
         if start + e > size:
             raise UserError(f"{where}: data ends at byte {start + e} but the file has {size} bytes (truncated?)")

@@ -1134,3 +1134,351 @@ def test_a_tensor_the_config_switches_off_is_refused_not_dropped(tmp_path, side,
         bind_draft(d, bind_target(t))
     assert f"model.safetensors: tensor '{name}'" in str(e.value) and "would go unused" in str(e.value), e.value
     assert words in str(e.value), e.value
+
+
+# mutant C2: checkpoint.py:72  `8 + n > size` -> `n > size`
+def test_a_header_length_past_the_file_is_named_as_such(tmp_path):
+    """A header length that runs past the file (by the 8 length bytes) is the header's defect,
+    said as such, not a tensor 'data ends at byte ...' after a header read short."""
+    import json
+
+    from specrt.errors import UserError
+    from specrt.export.checkpoint import read_safetensors_index
+
+    text = json.dumps({"x": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}).encode()
+    p = tmp_path / "m.safetensors"
+    p.write_bytes((len(text) + 8).to_bytes(8, "little") + text)  # 8 bytes more than the file has after it
+    with pytest.raises(UserError, match=rf"^{p}: malformed safetensors header \(declares {len(text) + 8} header "
+                                        rf"bytes, file has {len(text) + 8}\)$"):
+        read_safetensors_index(p)
+
+
+# mutant C3: checkpoint.py:72  the MAX_HEADER limit dropped (`if 8 + n > size:`)
+def test_a_header_past_the_format_s_limit_is_refused_unread(tmp_path):
+    """A header over safetensors' 100 MB limit is refused from its length alone, before
+    100 MB are read and parsed (a sparse file: no disk used)."""
+    from specrt.errors import UserError
+    from specrt.export.checkpoint import MAX_HEADER, read_safetensors_index
+
+    p = tmp_path / "m.safetensors"
+    with open(p, "wb") as fh:
+        fh.write((MAX_HEADER + 1).to_bytes(8, "little"))
+        fh.truncate(MAX_HEADER + 4096)
+    with pytest.raises(UserError, match=rf"malformed safetensors header \(declares {MAX_HEADER + 1} header bytes"):
+        read_safetensors_index(p)
+
+
+# mutant C4: checkpoint.py:81  the `not isinstance(header, dict)` check skipped (AttributeError traceback)
+@pytest.mark.parametrize("header", [[1, 2], "text", 3, None])
+def test_a_header_that_is_json_but_no_object_is_refused(tmp_path, header):
+    import json
+
+    from specrt.errors import UserError
+    from specrt.export.checkpoint import read_safetensors_index
+
+    text = json.dumps(header).encode()
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(len(text).to_bytes(8, "little") + text)
+    with pytest.raises(UserError, match=rf"^{p}: malformed safetensors header \(expected a JSON object\)$"):
+        read_safetensors_index(p)
+
+
+# mutant C6: checkpoint.py:106  `whole(d, 0)` -> `whole(d, 1)` (a zero-sized dimension refused)
+def test_a_zero_sized_tensor_is_read_as_safetensors_reads_it(tmp_path):
+    """safetensors writes and reads tensors with a zero dimension (empty buffers); so does specrt."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.export.checkpoint import read_safetensors_index
+
+    p = tmp_path / "m.safetensors"
+    save_file({"x": np.ones(4, np.float32), "empty": np.zeros((0, 3), np.float32)}, str(p))
+    assert load_file(str(p))["empty"].shape == (0, 3)
+    entries = read_safetensors_index(p)
+    assert entries["empty"].shape == (0, 3) and entries["empty"].nbytes == 0 and entries["x"].shape == (4,)
+
+
+# mutant C15: checkpoint.py:136  `"\\" in shard` dropped
+def test_a_shard_named_with_a_backslash_is_refused_as_outside_the_folder(hf_models, tmp_path):
+    """A Windows path separator in a shard name ('..\\x') names a file outside the folder
+    there: refused as such on every system, not looked up as a plain name."""
+    import json
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree
+
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = "..\\outside.safetensors"
+    idx.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"shard '\.\.\\outside\.safetensors' points outside the checkpoint folder"):
+        bind_target(folder)
+
+
+# mutant C16: checkpoint.py:142  `not p.is_file()` -> `not p.exists()` (a pipe shard is opened: hangs)
+def test_a_shard_that_is_no_regular_file_is_refused_unopened(hf_models, tmp_path):
+    """A shard that is a folder or a named pipe is refused as missing without being opened
+    (opening a pipe for reading blocks until a writer comes: the export hung)."""
+    import os
+    import signal
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree
+
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    shard = sorted(folder.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    shard.mkdir()
+    with pytest.raises(UserError, match=f"shard '{shard.name}' named in the index is missing from"):
+        bind_target(folder)
+    shard.rmdir()
+    os.mkfifo(shard)
+
+    def hung(*_):
+        raise TimeoutError(f"{shard} was opened (a pipe blocks)")
+
+    before = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(UserError, match=f"shard '{shard.name}' named in the index is missing from"):
+            bind_target(folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+# mutant C18: checkpoint.py:169  `or not wmap` dropped (an empty weight_map read as no tensors)
+def test_an_empty_weight_map_is_named(hf_models, tmp_path):
+    import json
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree
+
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    idx.write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    with pytest.raises(UserError, match=rf"^{idx}: expected a non-empty 'weight_map' object$"):
+        bind_target(folder)
+
+
+# mutant C20: checkpoint.py:183  the "tensors not listed in the index" check skipped
+def test_a_shard_tensor_the_index_does_not_list_is_refused(hf_models, tmp_path):
+    """A tensor in a shard that the index leaves out is neither bound nor dropped silently
+    (every tensor of the checkpoint is bound or declared ignorable)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree
+
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    data = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = folder / sorted(set(data["weight_map"].values()))[0]
+    t = load_file(str(shard))
+    t["model.layers.0.self_attn.extra_scale"] = np.ones(4, np.float32)
+    save_file(t, str(shard), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=rf"^{shard}: tensors not listed in model\.safetensors\.index\.json: "
+                                        r"model\.layers\.0\.self_attn\.extra_scale$"):
+        bind_target(folder)
+
+
+# mutant S1: slots.py:112  "language_model.model." dropped from TARGET_ALIAS_PREFIXES
+# mutant S3: slots.py:122  "language_model.lm_head.weight" alias changed
+def test_a_llava_style_checkpoint_binds_through_its_declared_aliases(hf_models, tmp_path):
+    """LLaVA-style wrappers (transformers < 4.52) nest the language model under
+    language_model.: every slot binds through the declared alias, to the same weights."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree, rewrite
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    state = load_file(str(folder / "model.safetensors"))
+    rewrite(folder, rename={k: "language_model." + k for k in state})
+    t = bind_target(folder)
+    plain = bind_target(hf_models["llama"])
+    assert set(t.slots) == set(plain.slots)
+    assert {b.entry.name for b in t.slots.values()} == {"language_model." + k for k in state}
+    assert t.slots["lm_head"].entry.name == "language_model.lm_head.weight"
+    assert t.slots["layers.3.down"].entry.name == "language_model.model.layers.3.mlp.down_proj.weight"
+    for slot in plain.slots:
+        np.testing.assert_array_equal(t.get(slot), plain.get(slot))
+
+
+# mutant S5: slots.py:129  "model.rotary_emb.inv_freq" dropped from TARGET_IGNORABLE
+def test_a_target_s_model_level_rotary_buffer_is_ignorable(hf_models, tmp_path):
+    import numpy as np
+
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree, rewrite
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={"model.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    t = bind_target(folder)
+    assert "model.rotary_emb.inv_freq" not in {b.entry.name for b in t.slots.values()}
+
+
+# mutant S6: slots.py:178  "rotary_emb.inv_freq" dropped from DRAFT_IGNORABLE
+def test_a_draft_s_rotary_buffers_are_ignorable(tmp_path):
+    import numpy as np
+
+    from specrt.export.binding import bind_draft, bind_target
+    from tests.export.conftest import REFERENCE, copy_tree, rewrite
+
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    rewrite(folder / "draft", add={"rotary_emb.inv_freq": np.ones(8, np.float32),
+                                   "layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    d = bind_draft(folder / "draft", bind_target(folder / "verifier"))
+    assert not {"rotary_emb.inv_freq", "layers.0.self_attn.rotary_emb.inv_freq"} & {b.entry.name for b in d.slots.values()}
+
+
+# mutant B8: binding.py:231  the dtype half of the tied-head comparison dropped
+def test_a_tied_head_of_the_same_bytes_in_another_dtype_is_refused(hf_models, tmp_path):
+    """lm_head.weight holding the embeddings' bytes as another dtype (bfloat16 bits read as
+    float16) is not the embeddings: equal sha256 alone does not make the tie."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree
+
+    folder = copy_tree(hf_models["llama_tied"], tmp_path / "m")
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"].to(torch.bfloat16)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone().view(torch.float16)
+    save_file(state, str(path), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="tie_word_embeddings=true but 'lm_head.weight' differs from the embeddings"):
+        bind_target(folder)
+
+
+# mutant B13: binding.py:265  `sorted(set(aux))` -> `sorted(aux)` (a default repeating a layer passes)
+def test_a_default_aux_layer_list_that_repeats_a_layer_is_refused(tmp_path):
+    """No ids named, a 5-layer target: the default (2, L // 2, L - 3) is (2, 2, 2), ascending
+    but one layer thrice (vLLM would hand the draft one state where fc reads three)."""
+    import json
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_draft, bind_target
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", num_hidden_layers=5)
+    draft = write_tiny_draft(tmp_path / "d", target, num_layers=1)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = None
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"the default \[2, 2, 2\] for a target of 5 layers is not distinct"):
+        bind_draft(draft, bind_target(target))
+
+
+# mutant B18: binding.py:376  t2d compared to d2t by its count only
+def test_a_t2d_marking_as_many_ids_but_other_ones_is_refused(tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_draft, bind_target
+    from tests.export.conftest import REFERENCE, rewrite, write_eagle3
+
+    folder = write_eagle3(tmp_path / "e3")
+    t2d = load_file(str(folder / "model.safetensors"))["t2d"].copy()
+    on, off = int(np.argmax(t2d)), int(np.argmin(t2d))
+    t2d[on], t2d[off] = False, True  # 500 marked still, one of them no draft id's
+    rewrite(folder, change={"t2d": t2d})
+    k = min(on, off)
+    with pytest.raises(UserError, match=rf"t2d disagrees with d2t: it .* target id {k},.*\(500 target ids marked, "
+                                        r"d2t reaches 500\)"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+# mutant B21: binding.py:439  the "no embedding of its own and another width" check skipped
+def test_a_narrower_draft_without_an_embedding_is_refused(tmp_path):
+    """A draft 32 wide for a 64-wide target that stores no embed_tokens.weight: the target's
+    [V, 64] embedding cannot feed its 32-wide layers."""
+    import json
+
+    import numpy as np
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_draft, bind_target
+    from tests.export.conftest import REFERENCE, rewrite, write_eagle3
+
+    d = write_eagle3(tmp_path / "narrow", hidden=32)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["target_hidden_size"] = 64
+    (d / "config.json").write_text(json.dumps(cfg))
+    rewrite(d, change={"fc.weight": np.random.default_rng(0).standard_normal((32, 3 * 64)).astype(np.float32)})
+    with pytest.raises(UserError, match=r"draft has no embed_tokens.weight and its width 32 differs from the "
+                                        r"target's 64, so the target's cannot serve"):
+        bind_draft(d, bind_target(REFERENCE / "verifier"))
+
+
+# mutant B26: binding.py:41  the receipt's "shape" cut to its first dimension
+def test_the_receipt_records_each_bound_tensor_exactly(hf_models):
+    """Each receipt row is what was bound: key, file, full shape, dtype and the sha256 of the
+    tensor's bytes, as the checkpoint holds them."""
+    import hashlib
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from specrt.export.binding import bind_target, receipt
+
+    folder = hf_models["llama"]
+    state = load_file(str(folder / "model.safetensors"))
+    t = bind_target(folder)
+    rows = receipt(t)["target"]["slots"]
+    assert set(rows) == set(t.slots)
+    for slot, b in t.slots.items():
+        a = state[b.entry.name]
+        assert rows[slot] == {"key": b.entry.name, "file": "model.safetensors", "shape": list(a.shape),
+                              "dtype": "F32", "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
+    assert rows["layers.0.q"]["shape"] == [64, 64] and rows["embed"]["shape"] == [1000, 64]
+
+
+# mutant B38: binding.py:464  the receipt's target folder not resolved
+def test_the_receipt_names_the_folders_absolutely_whatever_the_working_folder(hf_models, monkeypatch):
+    from specrt.export.binding import bind_target, receipt
+
+    folder = hf_models["llama"]
+    r = receipt(bind_target(folder))
+    monkeypatch.chdir(folder.parent)
+    rel = receipt(bind_target(folder.name))
+    assert rel["target"]["folder"] == r["target"]["folder"] == str(folder.resolve())
+    assert rel["receipt_id"] == r["receipt_id"]
+
+
+# mutant B39: binding.py:358  `draft_vocab_size == V` -> `>= V - 1` (a map over V - 1 ids taken as none)
+def test_a_draft_vocabulary_one_short_of_the_target_s_is_a_map(tmp_path):
+    import numpy as np
+
+    from specrt.export.binding import bind_draft, bind_target
+    from tests.export.conftest import REFERENCE, write_eagle3
+
+    folder = write_eagle3(tmp_path / "e3", draft_vocab=999)
+    d = bind_draft(folder, bind_target(REFERENCE / "verifier"))
+    d2t = d.get("d2t")
+    assert d2t.shape == (999,) and d2t.any() and int(np.count_nonzero(d.get("t2d"))) == 999
+
+@pytest.mark.parametrize("offsets", [[-16, 0], [16, 0]])
+def test_offsets_outside_the_data_region_are_named_as_such(tmp_path, offsets):
+    """data_offsets [-16, 0] were refused as "hold 16 bytes, shape [4] x F32 needs 16", a
+    reason that contradicts itself (a mutation round, session 57): a begin before the data
+    region, or after the end, is a malformed pair."""
+    from specrt.export.checkpoint import read_safetensors_index
+
+    _raw_safetensors(tmp_path / "m.safetensors", {"x": {"dtype": "F32", "shape": [4], "data_offsets": offsets}},
+                     bytes(16))
+    with pytest.raises(UserError, match=rf"tensor 'x': malformed data_offsets \[{offsets[0]}, {offsets[1]}\] "
+                                        r"\(expected 0 <= begin <= end, offsets into the data region\)$"):
+        read_safetensors_index(tmp_path / "m.safetensors")

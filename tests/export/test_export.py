@@ -340,3 +340,32 @@ def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
         assert (tmp_path / "o" / r["file"]).read_bytes() == (target / r["file"]).read_bytes(), r
         assert r["sha256"] == sha256_file(target / r["file"]), r
     assert load_export(tmp_path / "o")["tokenizer"] == m["tokenizer"]
+
+
+# mutant B28: binding.py:91  `big > float16 max` -> `>=` (65504, float16's largest, refused)
+# mutant B31: binding.py:87  the range scanned for every export dtype, not float16 alone
+@pytest.mark.parametrize("dtype, value, refused", [
+    ("float16", 65504.0, False),   # float16's largest finite value (B28)
+    ("float16", 65536.0, True),
+    ("float32", 1.0e6, False),     # float32 and bfloat16 hold it (B31)
+    ("bfloat16", 1.0e6, False),
+])
+def test_only_a_float16_export_refuses_weights_past_float16_s_range(hf_models, tmp_path, dtype, value, refused):
+    import numpy as np
+
+    from specrt.errors import UserError
+    from specrt.export.binding import bind_target
+    from tests.export.conftest import copy_tree, rewrite
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    w = np.ones(64, np.float32)
+    w[7] = value
+    rewrite(folder, change={"model.norm.weight": w})
+    t = bind_target(folder)
+    t.export_dtype = dtype  # what export sets before the graphs read the weights
+    if refused:
+        with pytest.raises(UserError, match=r"tensor 'model.norm.weight' \(slot 'final_norm'\) holds 6.554e\+04, "
+                                            r"past float16's range"):
+            t.get("final_norm")
+    else:
+        assert float(t.get("final_norm").max()) == value
