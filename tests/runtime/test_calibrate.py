@@ -1017,3 +1017,53 @@ def test_calibrate_writes_under_the_folders_lock(small_vocab_engines, tmp_path, 
         os.close(fd)  # released
     t.join(120)
     assert not t.is_alive() and not errors and (eng / CALIBRATION_FILE).is_file(), errors
+
+
+# mutant k02 (calibrate.py RecordingGovernor.observe): runner-up tries counted on every round
+def test_runner_up_tries_are_the_rounds_whose_first_draft_was_rejected(small_vocab_engines, tmp_path):
+    """A runner-up is tried only where the chain's first draft was rejected: rank 2's tries
+    are the training rounds that accepted nothing (a runner-up's win counts so too)."""
+    from specrt.runtime.calibrate import calibrate
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    rep = calibrate(eng, prompts(16, 6, seed=2), max_new_tokens=40, holdout=0.0, write=False)
+    rounds = rep["rounds"]["train"]
+    rejected_first = round(rounds * (1.0 - rep["acceptance_by_position"][0]))
+    assert 0 < rejected_first < rounds
+    assert rep["runner_ups"]["tries"] == [float(rejected_first)] * 3
+
+
+# mutant k09 (calibrate.py calibrate): Calibration.fit called without groups (folds split a prompt)
+def test_calibrate_folds_keep_each_prompts_rounds_together(small_vocab_engines, tmp_path, monkeypatch):
+    """The kind is chosen by 2-fold ECE with each training prompt's samples in one fold:
+    calibrate passes the prompt of every sample as its group."""
+    from specrt.runtime.calibrate import calibrate
+    from specrt.runtime.governor import Calibration
+
+    real = Calibration.fit.__func__
+    seen: dict = {}
+
+    def fit(cls, confidence, position, accepted, **kw):  # the real fit, its groups kept
+        seen["groups"], seen["position"] = kw.get("groups"), np.asarray(position)
+        return real(cls, confidence, position, accepted, **kw)
+
+    monkeypatch.setattr(Calibration, "fit", classmethod(fit))
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    rep = calibrate(eng, prompts(16, 6, seed=2), max_new_tokens=24, holdout=0.0, write=False)
+    groups = seen["groups"]
+    assert groups is not None and len(groups) == rep["samples"]["train"] == len(seen["position"])
+    assert (np.diff(groups) >= 0).all() and len(np.unique(groups)) > 1  # one run of samples a prompt
+
+
+# mutant k14 (calibrate.py calibrate): the worse-fit note judged on conditional ECE, not survival
+def test_the_worse_fit_note_follows_the_survival_ece(small_vocab_engines, tmp_path):
+    """The note is said where the fit's survival ECE is worse than the raw confidences', and
+    only there: here the conditional ECE got worse while the survival ECE improved."""
+    from specrt.runtime.calibrate import calibrate
+
+    said: list[str] = []
+    rep = calibrate(copy(small_vocab_engines, tmp_path / "e"), prompts(16, 2, seed=20), max_new_tokens=10,
+                    holdout=0.5, write=False, log=said.append)
+    s, c = rep["ece"]["survival"], rep["ece"]["conditional"]
+    assert c["after_all"] > c["before_all"] and s["after_all"] < s["before_all"]  # (the case tells them apart)
+    assert not any(x.startswith("note:") for x in said), said

@@ -526,3 +526,41 @@ def test_a_growth_measures_each_pair_against_the_ones_before_it():
     key = FINE_BINS["seen once, n<6"] + GROW_OFFSET
     assert stats == {key: ([4, 3, 2, 1, 0, 0, 0, 0], [4, 3, 2, 1, 0, 0, 0, 0])}
     assert list(g.seqs) == [[5, 6, 1, 2, 3, 4]] * 2
+
+
+# mutant r11 (corpus.py Growth.load): a learnt rate with 0 tries accepted
+def test_a_growth_file_rate_with_no_tries_is_refused(tmp_path):
+    """Each learnt position needs tries > 0 (its rate is wins / tries): a file saying 0 is
+    refused naming it, not loaded into a division by zero."""
+    from specrt.errors import UserError
+    from specrt.runtime.corpus import Growth
+
+    g = Growth()
+    g.add([1, 2, 3, 4, 5, 1, 2, 3, 4])
+    path = tmp_path / "g.npz"
+    g.save(path, rates={42: ([0.0, 0.0], [4.0, 0.0])})
+    with pytest.raises(UserError, match="g.npz: learnt rates of key '42'"):
+        Growth.load(path, vocab_size=9)
+
+
+# mutant r13 (corpus.py build_with_priors): a rate kept from fewer than 8 tries
+def test_a_bin_with_few_held_back_tries_keeps_the_default_prior():
+    """A bin whose held-back answers gave it fewer than 8 first-step tries measures nothing:
+    it keeps DEFAULT_PRIOR."""
+    from specrt.runtime.corpus import BINS, DEFAULT_PRIOR, PRIOR_HOLDOUT, build_with_priors
+
+    pairs = [([5, 6], [1, 2, 3, 4])] * PRIOR_HOLDOUT  # one held back: 4 first-step tries
+    c, tries = build_with_priors(pairs, nmin=2, nmax=3, binning="share")
+    assert c.priors == {} and tries == {}
+    assert c.source_priors()[BINS["share>=0.95"]] == list(DEFAULT_PRIOR)
+
+
+# mutant r19 (corpus.py Growth.source_priors): the grown keys' priors looked up under the fine bin's key
+def test_grown_keys_start_from_their_measured_priors():
+    """Each grown key with a measured prior (GROW_PRIORS) starts from it; the others from DEFAULT_PRIOR."""
+    from specrt.runtime.corpus import DEFAULT_PRIOR, GROW_PRIORS, Growth
+
+    priors = Growth.source_priors()
+    for key, rates in priors.items():
+        assert rates == list(GROW_PRIORS.get(key, DEFAULT_PRIOR)), key
+    assert priors[42] == [0.961, 0.813, 0.818, 0.787, 0.758, 0.783]

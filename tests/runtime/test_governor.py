@@ -963,3 +963,111 @@ def test_canonical_spec_refuses_in_the_parsers_words():
     for bad in ("off:tree=2", "dspark:ngram:ngram", "dspark:tree=0"):
         with pytest.raises(UserError, match=re.escape(f"governor '{bad}'")):
             canonical_spec(bad)
+
+
+# mutant c02 (governor.py refit, isotonic): PAV weights n + m -> n (the prior's pseudo-rounds ignored)
+def test_isotonic_pools_violators_weighted_by_rounds_and_prior():
+    """The isotonic map pools a violating pair of knots with weights n + m: an empty bin's
+    identity prior weighs m pseudo-rounds, it is not outvoted by a bin's data alone."""
+    from specrt.runtime.governor import Calibration
+
+    cal = Calibration("isotonic", positions=1, bins=2, prior=4.0)
+    cal.n[:] = [[10.0, 0.0]]
+    cal.a[:] = [[10.0, 0.0]]
+    cal.refit()
+    # shrunk knots (x = 0, .25, .75, 1): 10/14, 11/14, 0.75, 1 with weights 14, 14, 4, 4;
+    # 11/14 > 0.75 pools to (11 + 3) / 18 = 7/9
+    assert cal.ys[0] == pytest.approx([10 / 14, 7 / 9, 7 / 9, 1.0])
+
+
+# mutant c03 (governor.py refit, temperature): T fitted on the raw bins (n, a), not the shrunk ones
+def test_temperature_is_fitted_on_the_shrunk_bins():
+    """T_k maximises the likelihood of the bins shrunk towards the identity (m pseudo-rounds
+    a bin): three rounds do not make the map a step (T = 1/8); forty move it further."""
+    from specrt.runtime.governor import Calibration
+
+    few = Calibration("temperature", positions=1, bins=10)
+    for _ in range(3):
+        few.update(np.array([0.65]), 1)
+    few.refit()
+    many = Calibration("temperature", positions=1, bins=10)
+    for _ in range(40):
+        many.update(np.array([0.65]), 1)
+    many.refit()
+    assert 0.8 < few.temperatures[0] < 1.0
+    assert Calibration.TEMPERATURES[0] < many.temperatures[0] < few.temperatures[0]
+
+
+# mutant c08 (governor.py update): forgetting on the total over every position, not per position
+def test_forgetting_halves_only_the_positions_past_the_window():
+    """A position holding more than ``window`` rounds halves its counts; the others keep theirs,
+    however many rounds all positions hold together."""
+    from specrt.runtime.governor import Calibration
+
+    cal = Calibration(positions=2, window=10, refit_every=1)
+    for _ in range(6):  # both positions reached and accepted: 6 rounds each, 12 in all
+        cal.update(np.array([0.5, 0.5]), 2)
+    assert cal.n.sum(1).tolist() == [6.0, 6.0]
+    for _ in range(5):  # position 1 only: 11 > 10 rounds there, halved; position 2 untouched
+        cal.update(np.array([0.5, 0.5]), 0)
+    assert cal.n.sum(1).tolist() == [5.5, 6.0]
+    assert cal.a.sum(1).tolist() == [3.0, 6.0]
+
+
+# mutant c09 (governor.py update): the forgetting halves n but not a
+def test_forgetting_halves_the_accepted_counts_with_the_rounds():
+    """Halving keeps each bin's acceptance rate: a bin always accepted stays a == n (and the
+    calibration stays one that from_dict accepts)."""
+    from specrt.runtime.governor import Calibration
+
+    cal = Calibration(positions=1, window=4, refit_every=1)
+    for _ in range(10):
+        cal.update(np.array([0.9]), 1)
+    assert cal.n.sum() <= 5 and np.array_equal(cal.a, cal.n)
+    assert float(cal([0.9])[0]) <= 1.0
+    assert np.array_equal(Calibration.from_dict(cal.to_dict()).a, cal.a)
+
+
+# mutant d24 (governor.py observe): the first measured decode step priced as t_verify, not t_verify / load
+def test_dspark_prices_the_first_measured_decode_step_as_measured():
+    """Without a profiled decode step, the first depth-0 round gives its cost: under a load
+    factor already learnt from the verify rounds, t_decode is the time measured, not that
+    time scaled by the load once more."""
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    g = DSparkGovernor((1, 2), 0.1, {1: 1.0, 2: 1.2}, learn=False)
+    assert g.t_decode is None
+    for _ in range(20):  # the target runs 2x its table
+        g.observe(RoundResult(1, 0, t_draft=0.1, t_verify=2.0))
+    assert g.load_target == pytest.approx(2.0, rel=0.01)
+    g.observe(RoundResult(0, 0, t_verify=1.5))
+    assert g.t_decode == pytest.approx(1.5)
+
+
+# mutant d26 (governor.py observe): the shapes' geometric mean pinned at 1 without moving it to load_target
+def test_dspark_pinning_the_shapes_leaves_the_measured_prices_unchanged():
+    """Keeping the measured shapes' geometric mean at 1 only moves their common factor into
+    load_target: round by round, every depth measured lately is priced as the same round
+    would price it without the pinning (shape_window=0), from the same state."""
+    import copy as copying
+
+    from specrt.runtime.governor import DSparkGovernor
+    from specrt.runtime.telemetry import RoundResult
+
+    table = {1: 1.0, 2: 1.1, 4: 1.3}
+    g = DSparkGovernor((1, 2, 4), 0.1, table, learn=False)
+    rng = np.random.default_rng(0)
+    measured = set()
+    for i in range(60):
+        d = (1, 2, 4)[i % 3]
+        t = table[d] * {1: 1.0, 2: 1.3, 4: 0.9}[d] * float(rng.uniform(0.8, 1.2))
+        twin = copying.deepcopy(g)
+        twin.shape_window = 0  # the same update, no pinning
+        g.observe(RoundResult(d, 0, t_draft=0.1, t_verify=t))
+        twin.observe(RoundResult(d, 0, t_draft=0.1, t_verify=t))
+        measured.add(d)
+        for k in measured:
+            assert g.t_verify[k] == pytest.approx(twin.t_verify[k], rel=1e-9), (i, k)
+    assert g.t_verify[2] / g.t_verify[1] > 1.2  # (the shapes did learn the ratios)
+    assert g.t_verify[4] / g.t_verify[1] < 1.3
