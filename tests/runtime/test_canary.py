@@ -347,3 +347,65 @@ def test_a_folder_rebuilt_while_the_canary_ran_gets_no_receipt(tmp_path):
         with pytest.raises(UserError, match=f"{eng}: removed while this ran; acceptance_receipt.json not written$"):
             run_canary(e, max_new_tokens=24)
     assert not eng.exists()
+
+
+def test_drafts_exactly_at_min_drafts_decide(tmp_path, monkeypatch):
+    """Mutant c04 (inconclusive at MIN_DRAFTS drafts too): MIN_DRAFTS drafts decide, one fewer
+    do not."""
+    import specrt.runtime.canary as canary
+
+    eng = _engines(tmp_path / "x", {"heldout": {"acceptance_at_pos": [0.9, 0.8]}})
+    drafts = _measure(eng)["drafts"]
+    monkeypatch.setattr(canary, "MIN_DRAFTS", drafts)
+    assert _measure(eng)["inconclusive"] is False
+    monkeypatch.setattr(canary, "MIN_DRAFTS", drafts + 1)
+    assert _measure(eng)["inconclusive"] is True
+
+
+def test_the_receipt_counts_only_the_prompts_with_room_for_a_round(tmp_path):
+    """Mutant c07 (a prompt kept with room for its first token only): the 12-token prompts
+    in a context of 13 leave no room for a round after the first token, so none is run and
+    the receipt says 0 prompts."""
+    r = _measure(_engines(tmp_path / "x", None, max_context=13))
+    assert (r["prompts"], r["drafts"], r["inconclusive"]) == (0, 0, True), r
+    r = _measure(_engines(tmp_path / "y", None, max_context=14))
+    assert r["prompts"] == 6, r
+
+
+def test_the_canary_measures_at_depth_1_whatever_depths_are_built(tmp_path):
+    """Mutant c09 (the canary run at the deepest depth built): the figure compared with the
+    receipt's depth-1 acceptance is a fixed:1 run's, so engines built for depths 1 and 2
+    measure what the same pair built for depth 1 alone measures."""
+    from specrt.engines import build_engines
+
+    eng = _engines(tmp_path / "x", None)  # depths (1, 2)
+    build_engines(tmp_path / "x" / "exp", "onnxruntime", (1,), tmp_path / "x" / "eng1", log=lambda s: None,
+                  profile_repeats=1, profile_pasts=(16,), max_context=128)
+    both, one = _measure(eng), _measure(tmp_path / "x" / "eng1")
+    assert (both["measured_depth1"], both["drafts"]) == (one["measured_depth1"], one["drafts"]), (both, one)
+
+
+def test_canary_prompts_go_through_the_exports_chat_template(tmp_path):
+    """Mutant c16 (the canary's prompts encoded as plain text): an export whose tokenizer has a
+    chat template gets the canary's prompts through it, as chat prompts, the way `specrt
+    chat` sends them; one without gets them as text."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.runtime.canary import PROMPTS, prompt_ids
+    from specrt.runtime.text import Text
+
+    vocab = {"<unk>": 0, "<|user|>": 1, "<|assistant|>": 2, "What": 3, "is": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}<|user|> {{ m.content }} {% endfor %}{% if add_generation_prompt %}<|assistant|>"
+        "{% endif %}")}))
+    ids = prompt_ids(tmp_path, 5)
+    text = Text(tmp_path)
+    assert ids == [text.encode(p, True) for p in PROMPTS]
+    assert ids[0] == [1, 3, 4, 0, 0, 0, 0, 2]
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    assert prompt_ids(tmp_path, 5)[0] == [3, 4, 0, 0, 0, 0]

@@ -203,3 +203,70 @@ def test_rejections_and_those_to_tokens_outside_the_draft_vocabulary():
                 dict(depth=2, accepted=1, siblings=1, sibling=0), dict(depth=0, accepted=0)):
         with pytest.raises(InternalError, match="with no draft rejected marked outside the draft vocabulary"):
             RoundResult(**bad, outside_vocab=True)
+
+
+def test_merged_runs_keep_the_mean_draft_seconds_per_block():
+    """Mutant l13 (merge leaving timed_blocks out): runs merged (the bench's several prompts)
+    give the mean draft seconds per drafted block over all their timed rounds."""
+    import numpy as np
+    import pytest
+
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    runs = []
+    for t_draft in (0.002, 0.004):
+        t = Telemetry()
+        t.record(RoundResult(depth=2, accepted=1, t_draft=t_draft, t_verify=0.02, confidences=np.ones(4)))
+        runs.append(t)
+    both = Telemetry()
+    for t in runs:
+        both.merge(t)
+    assert both.mean_seconds()["draft_by_block"] == pytest.approx({"4": 0.003})
+    assert both.to_json()["counts"]["timed_blocks"] == {"4": 2}
+
+
+def test_a_report_from_before_catch_up_passes_were_left_out_times_every_drafting_round():
+    """Mutant l17 (from_json reading no timed_blocks as none): a report written before
+    timed_blocks existed timed every drafting round (its draft_block_histogram)."""
+    import json
+
+    import numpy as np
+    import pytest
+
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    t = Telemetry()
+    for t_draft in (0.002, 0.004):
+        t.record(RoundResult(depth=2, accepted=1, t_draft=t_draft, t_verify=0.02, confidences=np.ones(4)))
+    old = json.loads(json.dumps(t.to_json()))
+    del old["counts"]["timed_blocks"]
+    assert Telemetry.from_json(old).mean_seconds()["draft_by_block"] == pytest.approx({"4": 0.003})
+
+
+def test_mean_verify_seconds_count_every_round_of_a_depth_timed_or_not():
+    """Mutant l21 (verify seconds per depth divided by the rounds carrying a wall time): the
+    target engine's seconds are summed over every round of a depth, so they are divided by
+    all of them, also where some rounds carried no t_round."""
+    import pytest
+
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1, t_verify=0.020, t_round=0.025))
+    t.record(RoundResult(depth=2, accepted=0, t_verify=0.030))  # no wall time
+    m = t.mean_seconds()
+    assert m["verify_by_depth"] == pytest.approx({"2": 0.025})
+    assert m["round_by_depth"] == pytest.approx({"2": 0.025})
+
+
+def test_drafted_counts_the_chains_drafts_not_the_runners_up():
+    """Mutant l26 (drafted summing the target depth, runners-up included): "drafted" is
+    sum d_r, the chain's drafts verified; runners-up are counted apart (tree.runners_up)."""
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    t = Telemetry()
+    t.record(RoundResult(depth=3, accepted=1, siblings=2, sibling=1))
+    t.record(RoundResult(depth=2, accepted=0, siblings=1))
+    j = t.to_json()
+    assert (j["drafted"], j["tree"]["runners_up"]) == (5, 3)
+    assert j["tree"]["target_depth_histogram"] == {"3": 1, "5": 1}

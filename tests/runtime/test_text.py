@@ -2369,3 +2369,201 @@ def test_chat_shows_its_marker_to_someone_typing_only(worded, tmp_path):
         os.close(master)
     assert r.returncode == 0 and "tok/s" in r.stderr, r.stderr
     assert r.stderr.count("> ") == 2, r.stderr  # before the turn and before the empty line that ends it
+
+
+def test_a_tokenizer_json_that_is_not_json_is_named_in_jsons_words(tmp_path):
+    """Mutant t01 (load_tokenizer's json_object check dropped): tokenizer.json that is not
+    JSON, or not an object, is said as read_json_object says it, not in tokenizers' words."""
+    import pytest
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    for text, message in (("{", "not valid JSON"), ("[1]", "expected a JSON object at top level")):
+        (tmp_path / "tokenizer.json").write_text(text)
+        with pytest.raises(UserError, match=f"{tmp_path / 'tokenizer.json'}: {message}"):
+            Text(tmp_path)
+
+
+def test_special_tokens_map_json_is_not_laid_over_a_tokenizer_saved_by_transformers_4_34_on(tmp_path):
+    """Mutant t03 (special_tokens_map.json laid over tokenizer_config.json even when it has
+    added_tokens_decoder): transformers reads special_tokens_map.json for legacy tokenizers only."""
+    import json
+
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    spec = {"special": True, "lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
+    f = _chat_folder(tmp_path / "new", {"chat_template": CHAT, "bos_token": "<s>", "eos_token": "</s>",
+                                        "added_tokens_decoder": {"0": {"content": "<s>", **spec},
+                                                                 "1": {"content": "</s>", **spec}}},
+                     {"bos_token": "<unk>"})
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == "<s>user: hi</s>assistant:"
+    assert json.loads((f / "special_tokens_map.json").read_text()) == {"bos_token": "<unk>"}
+
+
+def test_additional_special_tokens_reach_the_template_as_transformers_4_gives_them(tmp_path):
+    """Mutants t04 (special_tokens_map.json's additional_special_tokens not taken) and t16
+    (additional_special_tokens given as AddedToken objects passed as objects): specrt renders
+    as transformers 4.x (README: transformers 5 gives templates none), their contents as strings."""
+    from specrt.runtime.text import Text
+
+    tpl = "{{ additional_special_tokens | join(',') }}|{{ bos_token }}"
+    legacy = _chat_folder(tmp_path / "legacy", {"chat_template": tpl, "bos_token": "<s>"},
+                          {"additional_special_tokens": ["<unk>", "</s>"]})
+    assert Text(legacy).render_chat("hi") == "<unk>,</s>|<s>"
+    objects = _chat_folder(tmp_path / "objects", {"chat_template": tpl, "bos_token": "<s>", "additional_special_tokens": [
+        {"content": "<unk>", "special": True, "lstrip": False, "rstrip": False, "normalized": False,
+         "single_word": False}, "</s>"]})
+    assert Text(objects).render_chat("hi") == "<unk>,</s>|<s>"
+
+
+def test_chat_template_jinja_wins_over_tokenizer_config_and_its_errors_name_it(tmp_path):
+    """Mutants t06 (tokenizer_config.json's chat_template preferred to chat_template.jinja) and
+    t07 (errors always naming tokenizer_config.json): the .jinja file is the template, as in
+    transformers, and a broken one is named."""
+    import pytest
+    import transformers
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "j", {"chat_template": "CONFIG " + CHAT, "bos_token": "<s>", "eos_token": "</s>"})
+    (f / "chat_template.jinja").write_text("JINJA " + CHAT)
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == "JINJA <s>user: hi</s>assistant:"
+    (f / "chat_template.jinja").write_text("{{ raise_exception('no system role') }}")
+    with pytest.raises(UserError, match=f"^{f / 'chat_template.jinja'}: chat template: no system role$"):
+        Text(f).render_chat(conv)
+    (f / "chat_template.jinja").write_text("{{ messages[0].content | dictsort }}")  # an error inside the template
+    with pytest.raises(UserError, match=f"^{f / 'chat_template.jinja'}: chat template: AttributeError"):
+        Text(f).render_chat(conv)
+
+
+def test_a_template_failing_on_a_message_of_another_type_is_a_user_error(tmp_path):
+    """Mutant t13 (AttributeError not caught): a template applying a filter the message's
+    content does not take (dictsort over a string) is a UserError naming the file."""
+    import pytest
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "d", {"chat_template": "{% for m in messages %}{{ m.content | dictsort }}{% endfor %}"})
+    with pytest.raises(UserError, match=f"{f / 'tokenizer_config.json'}: chat template: AttributeError: 'str' object"):
+        Text(f).render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_byte_0x80_that_is_not_utf8_is_named_as_a_byte(tmp_path):
+    """Mutant t19 (0xDC80 left out of the surrogate-escape range): byte 0x80, the first a
+    surrogate escape carries, is named as a byte, not as a lone surrogate."""
+    import pytest
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    with pytest.raises(UserError, match=r"^the prompt is not valid UTF-8 text \(byte 0x80 after 'w6 '\)$"):
+        Text(tmp_path).encode("w6 \udc80", False)
+
+
+def test_a_rendered_chat_template_gets_no_second_bos(tmp_path):
+    """Mutant t21 (special tokens added to a rendered template too): a tokenizer whose
+    post-processor adds BOS gets it once through a chat template that writes it, as
+    transformers' apply_chat_template; a plain text still gets it."""
+    import transformers
+    from tokenizers import Tokenizer, processors
+
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "bos", {"chat_template": CHAT, "bos_token": "<s>", "eos_token": "</s>"})
+    tok = Tokenizer.from_file(str(f / "tokenizer.json"))
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(str(f / "tokenizer.json"))
+    text = Text(f)
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=True,
+                                                                              add_generation_prompt=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    got = text.encode(conv, chat=True)
+    assert got == list(want) and got.count(0) == 1
+    assert text.encode("hi", chat=False)[0] == 0
+
+
+def test_decoded_text_leaves_special_tokens_out(tmp_path):
+    """Mutant t22 (decode keeping special tokens): special tokens are left out of the text,
+    as transformers' decode(skip_special_tokens=True) leaves them out."""
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = _byte_fallback(tmp_path)
+    text = Text(tmp_path)
+    ids = tok.encode("Hello", add_special_tokens=False).ids
+    assert text.decode([1, *ids, 2]) == "Hello"
+    d = Detokenizer(text)
+    assert d.push([1, *ids, 2]) + d.flush() == "Hello"
+
+
+def test_token_bytes_of_an_added_token_are_its_content_in_utf8(tmp_path):
+    """Mutant t23 (added tokens read through the byte-level table): an added token whose
+    characters all lie in GPT-2's byte alphabet (é is its byte 0xE9) is its content's UTF-8."""
+    from tokenizers import Tokenizer
+
+    from specrt.runtime.text import Text
+
+    _byte_bpe(tmp_path)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok.add_special_tokens(["<|é|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    i = tok.token_to_id("<|é|>")
+    assert text.token_bytes(i) == "<|é|>".encode() and text.token_text(i) == "<|é|>"
+
+
+def test_token_bytes_of_a_sentencepiece_piece_spell_its_space(tmp_path):
+    """Mutant t27 (Metaspace's ▁ kept): a SentencePiece piece's ▁ is the space before it."""
+    from specrt.runtime.text import Text
+
+    tok = _metaspace(tmp_path)
+    text = Text(tmp_path)
+    ids = tok.encode("w1 w2s!").ids
+    assert b"".join(text.token_bytes(i) for i in ids) == b" w1 w2s!"
+    assert text.token_text(tok.token_to_id("\u2581w2")) == " w2"
+
+
+def test_a_special_token_inside_a_run_of_byte_tokens_holds_the_run_back(tmp_path):
+    """Mutant t28 (special tokens not in byte_fallback_ids): ByteFallback decodes a run of
+    byte tokens together with the special tokens between them left out, so a byte token then
+    a special token is not final: a later byte can turn the run into U+FFFDs."""
+    from specrt.runtime.text import Detokenizer, Text
+
+    _byte_fallback(tmp_path)
+    text = Text(tmp_path)
+    ids = [3 + 0x41, 1, 3 + 0x80]  # "A", <s>, a byte that is no UTF-8 after it
+    assert text.decode(ids[:2]) == "A" and text.decode(ids) == "\ufffd\ufffd"
+    d = Detokenizer(text)
+    assert d.push(ids[:2]) == ""
+    assert d.push(ids[2:]) + d.flush() == text.decode(ids)
+
+
+def test_template_variables_must_be_names_and_not_the_ones_specrt_sets(tmp_path):
+    """Mutants t30 (variable names not checked as identifiers) and t31 (add_generation_prompt
+    let through, to fail later as a TypeError): both refused, naming where they came from."""
+    import pytest
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text, template_kwargs_of
+
+    with pytest.raises(UserError, match="X: expected a JSON object of template variable names"):
+        template_kwargs_of('{"a-b": 1}', "X")
+    with pytest.raises(UserError, match="X: 'add_generation_prompt' is set by specrt, not a template variable"):
+        template_kwargs_of({"add_generation_prompt": False}, "X")
+    _words(tmp_path)
+    with pytest.raises(UserError, match="'add_generation_prompt' is set by specrt"):
+        Text(tmp_path).render_chat("w6", {"add_generation_prompt": False})
