@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -751,3 +752,115 @@ def test_a_theta_inside_rope_scaling_is_the_one_transformers_runs(scaling, top_t
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**json.loads(json.dumps(fields))))
     assert cfg.rope.theta == scaling["rope_theta"]
     np.testing.assert_allclose(cfg.rope.inv_freq(), hf.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fields, message", [
+    # mutant c01: the odd-head_dim check dropped (RoPE rotates pairs of dimensions)
+    ({"head_dim": 15}, "head_dim 15 must be even for RoPE"),
+    # mutant c02: hidden_act 'gelu' let through (every graph here runs SwiGLU with silu)
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported (expected 'silu')"),
+    # mutant c08: heads % kv_heads replaced by kv_heads > heads (4 heads cannot share 3 KV heads)
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    # mutant c09: hidden % heads dropped (head_dim from hidden_size: 66 over 4 heads)
+    ({"hidden_size": 66, "head_dim": None}, "hidden_size 66 is not divisible by num_attention_heads 4"),
+    # mutant c04: a JSON true taken as the int 1 (bool is an int subclass)
+    ({"num_hidden_layers": True}, "field 'num_hidden_layers' must be int, found True"),
+    ({"num_key_value_heads": False}, "field 'num_key_value_heads' must be int, found False"),
+    # mutant c10: the mlp_bias check dropped (transformers then adds biases to gate/up/down_proj)
+    ({"mlp_bias": True}, "mlp_bias=true is not supported"),
+    # mutant c14: rms_norm_eps' finiteness check dropped (an infinite eps zeroes every normed state)
+    ({"rms_norm_eps": float("inf")}, "field 'rms_norm_eps' must be a small number >= 0, found inf"),
+])
+def test_decoder_shapes_the_graphs_cannot_run_are_refused_naming_the_field(fields, message):
+    """A head shape or activation the Llama-family graphs do not compute is refused, naming
+    the file and the field, never exported into a graph that differs from transformers."""
+    with pytest.raises(UserError, match="^" + re.escape("config.json: " + message)):
+        parse_decoder({**BASE, "model_type": "llama", **fields}, "config.json")
+
+
+@pytest.mark.parametrize("fields", [
+    # mutant r06: YaRN's ramp top clipped to head_dim instead of head_dim - 1 (a low theta puts
+    # beta_slow's correction dimension, 15.07 here, past the 16-wide head's last index, while
+    # beta_fast's, 6.9, leaves part of the ramp inside the head's 8 frequencies)
+    {"rope_theta": 30.0, "max_position_embeddings": 15200,
+     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 3800}},
+    # mutant r15: llama3 without original_max_position_embeddings takes 8192, where transformers 5
+    # fills max_position_embeddings (4096 here)
+    {"rope_theta": 500000.0, "max_position_embeddings": 4096,
+     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+])
+def test_rope_frequencies_where_transformers_fills_or_clips_are_its_own(fields):
+    """The frequencies of a RoPE block transformers completes (llama3's original length) or
+    clips (YaRN's correction range at the head's last dimension) are the ones its rotary
+    embedding computes."""
+    import json
+
+    import numpy as np
+    import transformers
+
+    from specrt.export.config import parse_decoder
+
+    data = {**BASE, "model_type": "llama", **fields}
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+    theirs = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf).inv_freq.numpy()
+    np.testing.assert_array_max_ulp(parse_decoder(data, "config.json").rope.inv_freq(), theirs, maxulp=2)
+
+
+def test_a_llama3_block_without_low_freq_factor_is_refused_as_transformers_refuses_it():
+    """mutant r18: low_freq_factor made optional (default 1.0) for llama3: transformers raises
+    on the missing key; specrt names the block and the field."""
+    import json
+
+    import transformers
+
+    from specrt.errors import UserError
+    from specrt.export.config import parse_decoder
+
+    data = {**BASE, "model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64}}
+    with pytest.raises(KeyError, match="low_freq_factor"):
+        transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+    with pytest.raises(UserError, match=r"^config\.json\.rope_scaling: missing required field 'low_freq_factor'$"):
+        parse_decoder(data, "config.json")
+
+
+def test_rope_parameters_and_rope_scaling_saying_the_same_default_are_read():
+    """mutant r23: the comparison's normalisation dropped (a block without rope_type is the
+    default type; 'type' is 'rope_type'): two blocks that say the same were refused as differing."""
+    from specrt.export.config import parse_decoder
+
+    cfg = parse_decoder({**BASE, "model_type": "llama", "rope_parameters": {"rope_theta": 1e4},
+                         "rope_scaling": {"type": "default", "rope_theta": 1e4}}, "config.json")
+    assert cfg.rope.rope_type == "default" and cfg.rope.theta == 1e4
+
+
+@pytest.mark.parametrize("change, message", [
+    # mutant d05: mask_token_id made optional for P-EAGLE (its parallel slots are that token's embedding)
+    (lambda c: c.pop("mask_token_id"), r"config\.json: missing required field 'mask_token_id'$"),
+    # mutant d08: an algorithm naming the other kind taken (only checked against the supported kinds)
+    (lambda c: c["speculators_config"].update(algorithm="eagle3"),
+     r"config\.json\.speculators_config: algorithm 'eagle3' disagrees with speculators_model_type 'peagle'$"),
+])
+def test_a_peagle_config_missing_its_mask_or_naming_another_algorithm_is_refused(tmp_path, change, message):
+    """A P-EAGLE config without mask_token_id, or whose speculators_config.algorithm names the
+    other kind, is refused naming the file and field (specrt export: exit 1, no folder)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.errors import UserError
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle")
+    cfg = json.loads((d / "config.json").read_text())
+    assert load_draft_config(d).kind == "peagle"
+    change(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=message):
+        load_draft_config(d)
+    r = CliRunner().invoke(main, ["export", str(t), "--draft", str(d), "-o", str(tmp_path / "exp")])
+    assert r.exit_code == 1 and "Traceback" not in r.output and not (tmp_path / "exp").exists(), r.output
+    assert str(d / "config.json") in r.output, r.output
