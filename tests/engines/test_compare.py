@@ -528,6 +528,20 @@ def test_a_runs_own_file_keeps_the_newest_pairs_and_skips_vanished_ones(tmp_path
     assert sorted(tmp_path.iterdir()) == sorted([newest] + [g for f in made[1:] for g in (f, outputs_file_for(f))])
 
 
+def _verify4_against_the_export(e):
+    """verify.4's first feeds, its tolerances against ONNX Runtime, and the export's target
+    graph as the reference runner (the tree checks' setting)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import RoleInputs, resolve_tolerances
+
+    feeds = RoleInputs(e, 32).feeds("verify.4")[0]
+    outputs = [o.name for o in e.portable("verify.4").get_output_metadata()]
+    tol = resolve_tolerances(outputs, e.precision, "onnxruntime")
+    ref = OnnxrtRunner(SessionFromOnnx(str(e.export_dir / "target.onnx"), providers=["cpu"])(), name="ref")
+    return feeds, tol, ref
+
+
 def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
     """`auto` verifies a token tree every round (dspark:tree=3): `specrt compare` never fed
     one, so an engine whose tree mask went wrong on a user's machine passed while its
@@ -550,14 +564,11 @@ def test_a_token_tree_is_compared_against_its_chains(tiny_engines, tmp_path):
             pos = feeds[C.POSITION_IDS]
             return self.view.infer_impl({**feeds, C.POSITION_IDS: pos[:, :1] + np.arange(pos.shape[1])[None]})
 
-    from specrt.engines.compare import RoleInputs, resolve_tolerances
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from specrt.engines.compare import resolve_tolerances
 
     with load_engines(tiny_engines) as e:
-        feeds = RoleInputs(e, 32).feeds("verify.4")[0]
+        feeds, tol, ref = _verify4_against_the_export(e)
         outputs = [o.name for o in e.portable("verify.4").get_output_metadata()]
-        tol = resolve_tolerances(outputs, e.precision, "onnxruntime")
-        ref = OnnxrtRunner(SessionFromOnnx(str(e.export_dir / "target.onnx"), providers=["cpu"])(), name="ref")
         assert tree_check(e.portable("verify.4"), ref, feeds, tol)["passed"]
         bad = tree_check(Chain(e.portable("verify.4")), ref, feeds, tol)
         assert not bad["passed"] and bad["tol_ratio"] > 1
@@ -667,3 +678,514 @@ def test_the_by_hand_files_are_whole_or_as_before(tiny_engines, tmp_path, monkey
     link.symlink_to(real)
     compare_engines(tiny_engines, inputs_file=link, log=quiet)
     assert link.is_symlink() and real.stat().st_size > 2 and (real.stat().st_mode & 0o777) == 0o640
+
+
+def test_a_zero_tolerance_is_accepted():
+    """mutant k02 (`out[name] <= 0` refused a zero tolerance): 0 is a finite tolerance >= 0,
+    what the error message itself asks for (an exact comparison)."""
+    from specrt.cmd_compare import parse_tolerances
+
+    assert parse_tolerances(("0", "logits:0"), "--rtol") == {"": 0.0, "logits": 0.0}
+
+
+def test_each_tolerance_option_is_named_and_passed_as_itself(tiny_engines, tmp_path):
+    """mutants k07 (a bad --rtol reported as --atol), k09 (--atol and --rtol swapped on their
+    way to compare_engines), k10 (--prompt-tokens' default not the 32 the help shows)."""
+    res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--rtol", "logits=1"])
+    assert res.exit_code == 1 and "--rtol 'logits=1': expected VALUE or OUTPUT:VALUE" in res.output, res.output
+    res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--atol", "logits:0.5", "--rtol", "new_key:0.25",
+                                     "--report", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["tolerances"]["decode"][C.LOGITS] == [0.5, 1e-4]
+    assert r["tolerances"]["decode"][C.new_key(0)] == [1e-4, 0.25]
+    assert r["inputs"]["prompt_tokens"] == 32
+
+
+def test_the_error_line_names_the_report(engines_copy, tmp_path):
+    """mutant k08 (the error line's "(report: FILE)" dropped): a failing compare names where
+    its report went, once."""
+    corrupt_engine(engines_copy)
+    report = tmp_path / "r.json"
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--report", str(report)])
+    assert res.exit_code == 1 and f" (report: {report})\n" in res.output, res.output
+    assert res.output.count(f"(report: {report})") == 1
+
+
+def test_the_tolerance_table_of_each_precision_and_reference():
+    """mutants t05 (bf16 bounds 4x fp16's, not 8x), t06 (bf16 against torch given fp16's
+    bounds), t10 (fp32 against torch: rtol 1e-2, not 1e-3): the bounds DESIGN and the
+    comment above TOLERANCES state, pinned per precision and reference."""
+    outs = [C.LOGITS, C.AUX_HIDDEN, C.new_key(0), C.DRAFT_CONFIDENCE]
+    for ref in ("onnxruntime", "torch"):
+        got = resolve_tolerances(outs, "bf16", ref)
+        assert [got[o] for o in outs] == [pytest.approx(v) for v in ((0.4, 0.08), (0.4, 0.08), (0.16, 0.08),
+                                                                     (0.08, 0.08))]
+        assert resolve_tolerances(outs, "fp16", ref)[C.new_key(0)] == (2e-2, 1e-2)
+    assert set(resolve_tolerances(outs, "fp32", "torch").values()) == {(1e-3, 1e-3)}
+    assert set(resolve_tolerances(outs, "fp32", "onnxruntime").values()) == {(1e-4, 1e-4)}
+
+
+def test_tolerance_keys_are_checked_for_both_options_and_a_bare_value_is_known(tiny_engines):
+    """mutants t08 (a bare value, key "", refused as an unknown output) and t09 (--rtol's keys
+    never checked: a misspelt output's rtol was silently unused)."""
+    from specrt.engines.compare import KINDS, check_tolerance_keys
+
+    check_tolerance_keys({"": 1e-3, C.LOGITS: 1.0, "new_key.3": 2.0}, set(KINDS) | {"new_key.3"})
+    with pytest.raises(UserError, match=r"unknown output\(s\) \['logit'\]"):
+        compare_engines(tiny_engines, rtol={"logit": 1.0}, log=quiet)
+
+
+def test_a_token_tie_is_judged_by_the_references_logits():
+    """TokenCompare: "close" is |a - b| <= atol + rtol |b| and the tie's gap is the
+    reference's (b) logits at the two argmaxes. mutant r02 (close relative to the engine's
+    |a|) passed a row whose reference logits differ by more than rtol |b|; mutant r03 (the
+    gap from the engine's logits) passed a gap the reference puts beyond atol."""
+    ref_tok = np.array([[0]])
+    # r02: reference argmax 0 (2 vs 1), engine's token 1 at 3: |3 - 1| = 2 > 0.7 x 1, <= 0.7 x 3
+    ref = {C.DRAFT_LOGITS: np.array([[[2.0, 1.0, 0.0]]], np.float32), C.DRAFT_TOKENS: ref_tok}
+    eng = {C.DRAFT_LOGITS: np.array([[[2.0, 3.0, 0.0]]], np.float32), C.DRAFT_TOKENS: np.array([[1]])}
+    m = TokenCompare((0.0, 0.7))(eng, ref)[C.DRAFT_TOKENS]
+    assert not m and (m.agree, m.ties) == (0, 0)
+    # r03: within atol 1 everywhere, the engine's two logits 0.1 apart, the reference's 1.5 apart
+    ref = {C.DRAFT_LOGITS: np.array([[[0.0, 1.5]]], np.float32), C.DRAFT_TOKENS: np.array([[1]])}
+    eng = {C.DRAFT_LOGITS: np.array([[[0.9, 0.8]]], np.float32), C.DRAFT_TOKENS: np.array([[0]])}
+    m = TokenCompare((1.0, 0.0))(eng, ref)[C.DRAFT_TOKENS]
+    assert not m and (m.agree, m.ties) == (0, 0)
+
+
+def _draft_graph(path: Path, shift: list[float]) -> Path:
+    """draft_logits = x + shift (a constant [5]), draft_token_ids = its argmax per row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5])
+    outs = [helper.make_tensor_value_info(C.DRAFT_LOGITS, TensorProto.FLOAT, [1, 2, 5]),
+            helper.make_tensor_value_info(C.DRAFT_TOKENS, TensorProto.INT64, [1, 2])]
+    nodes = [helper.make_node("Add", ["x", "shift"], [C.DRAFT_LOGITS]),
+             helper.make_node("ArgMax", [C.DRAFT_LOGITS], [C.DRAFT_TOKENS], axis=-1, keepdims=0)]
+    inits = [helper.make_tensor("shift", TensorProto.FLOAT, [5], shift)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_draft_token_tie_within_the_logits_tolerance_passes_compare_role(tmp_path):
+    """mutant r07 (compare_role's TokenCompare given (0, 0), not the draft logits' tolerance):
+    an engine that breaks a tie the other way by 2e-6 passes, counted as a tie; by 1.0 it fails."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    x = np.zeros((1, 2, 5), np.float32)
+    x[0, 0, [1, 3]] = 2.0
+    x[0, 1, 2] = 3.0
+    ref = OnnxrtRunner(SessionFromOnnx(str(_draft_graph(tmp_path / "r.onnx", [0.0] * 5))), name="reference")
+    outputs, tol = [C.DRAFT_LOGITS, C.DRAFT_TOKENS], {C.DRAFT_LOGITS: (1e-4, 1e-4)}
+    for shift, passed in ((2e-6, True), (1.0, False)):
+        eng = OnnxrtRunner(SessionFromOnnx(str(_draft_graph(tmp_path / "e.onnx", [0, 0, 0, shift, 0]))), name="engine")
+        r = compare_role("draft", eng, ref, [{"x": x}], tol, outputs)
+        tok = r["outputs"][C.DRAFT_TOKENS]
+        assert (tok["passed"], tok["agree"], tok["ties"]) == (passed, 1, int(passed)) and r["passed"] == passed
+
+
+def test_a_users_atol_turns_the_row_scale_off_and_the_default_scales_logits_and_hidden(tiny_engines, tmp_path):
+    """row_scaled in compare_engines: logits and aux_hidden compared in units of their rows'
+    scale unless the user's --atol covers them. mutant u08 (aux_hidden never scaled), u09
+    (scaled whatever the user's atol), u01 (a bare atol taken as not covering), u02 (a dict's
+    bare "" taken as not covering)."""
+    def scaled(r):
+        return {n for n in (C.LOGITS, C.AUX_HIDDEN) if r["roles"]["decode"]["outputs"][n].get("in_units_of_row_scale")}
+
+    assert scaled(compare_engines(tiny_engines, log=quiet, prompt_tokens=8, inputs_file=tmp_path / "a.json")) == \
+        {C.LOGITS, C.AUX_HIDDEN}
+    for atol, left in ((1e-3, set()), ({"": 1e-3}, set()), ({C.LOGITS: 1e-3}, {C.AUX_HIDDEN})):
+        r = compare_engines(tiny_engines, log=quiet, prompt_tokens=8, atol=atol, inputs_file=tmp_path / "b.json")
+        assert scaled(r) == left, atol
+        assert r["roles"]["decode"]["outputs"][C.LOGITS]["atol"] == 1e-3
+
+
+def test_the_row_scale_is_the_references_robust_spread():
+    """row_scale is max(1, 1.4826 x median |row|) (mutant u03: the 1.4826 dropped) and
+    scale_rows divides both runners by the REFERENCE's rows (mutant u05: the engine's rows'
+    scale, which let an engine of 3s against a reference of 0s pass atol 1)."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    from specrt.engines.compare import _simple_compare, row_scale, scale_rows
+
+    assert row_scale(np.array([[3.0, -3.0, 3.0], [0.1, 0.2, 0.3]])).reshape(-1).tolist() == pytest.approx([1.4826 * 3, 1.0])
+    rr = RunResults([("eng", [IterationResult({C.LOGITS: np.full((1, 3), 3.0)}, runner_name="eng")]),
+                     ("ref", [IterationResult({C.LOGITS: np.zeros((1, 3))}, runner_name="ref")])])
+    rr = scale_rows(rr, "ref", {C.LOGITS: True})
+    acc = Comparator.compare_accuracy(rr, compare_func=[_simple_compare({C.LOGITS: (1.0, 0.0)})])
+    assert not bool(acc[0][("eng", "ref")][0][C.LOGITS])
+
+
+def _scaled_graph(path: Path, factor: float) -> Path:
+    """logits = x * factor."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info(C.LOGITS, TensorProto.FLOAT, [2, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Mul", ["x", "f"], [C.LOGITS])], "g", [x], [y],
+                                                [helper.make_tensor("f", TensorProto.FLOAT, [], [factor])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_compare_role_compares_scaled_rows_in_their_own_units(tmp_path):
+    """compare_role with row_scaled over real ONNX Runtime runners: an engine 1e-6 relative off
+    in a row of spread ~1500 fails atol 1e-4 (rtol 0) as it is and passes in units of that
+    row's scale (mutant u06: the scaling skipped); the report's atol_widest_row is the atol in
+    the widest row's units, 1e-4 x 1.4826 x 1000 (mutant u07: the narrowest row's, 1e-4)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    eng = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "e.onnx", 1.000001))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "r.onnx", 1.0))), name="reference")
+    x = np.array([[1000.0, -1000.0, 1000.0, 0.5], [0.1, 0.2, 0.0, -0.1]], np.float32)
+    tol = {C.LOGITS: (1e-4, 0.0)}
+    assert not compare_role("decode", eng, ref, [{"x": x}], tol, [C.LOGITS])["passed"]
+    r = compare_role("decode", eng, ref, [{"x": x}], tol, [C.LOGITS], row_scaled={C.LOGITS: True})
+    o = r["outputs"][C.LOGITS]
+    assert r["passed"] and o["in_units_of_row_scale"] and o["atol_widest_row"] == pytest.approx(1e-4 * 1482.6)
+
+
+def _two_output_graph(path: Path, names: dict[str, list[int]]) -> Path:
+    """Each named output = x reshaped to its shape (x is [1, 4])."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    nodes, outs, inits = [], [], []
+    for i, (name, shape) in enumerate(names.items()):
+        inits.append(helper.make_tensor(f"s{i}", TensorProto.INT64, [len(shape)], shape))
+        nodes.append(helper.make_node("Reshape", ["x", f"s{i}"], [name]))
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_output_missing_or_of_another_shape_fails(tmp_path):
+    """compare_role's two error rows: an output the engine never returns (mutant c03: passed)
+    and one of another shape than the reference's (mutant c04: passed)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    def runner(name, outs):
+        return OnnxrtRunner(SessionFromOnnx(str(_two_output_graph(tmp_path / f"{name}.onnx", outs))), name=name)
+
+    ref = runner("reference", {C.AUX_HIDDEN: [1, 4], C.new_key(0): [1, 4]})
+    tol = {C.AUX_HIDDEN: (1e-4, 1e-4), C.new_key(0): (1e-4, 1e-4)}
+    x = [{"x": np.ones((1, 4), np.float32)}]
+    outputs = [C.AUX_HIDDEN, C.new_key(0)]
+    r = compare_role("decode", runner("missing", {C.new_key(0): [1, 4]}), ref, x, tol, outputs)
+    assert not r["passed"] and r["outputs"][C.AUX_HIDDEN] == {
+        "passed": False, "error": "missing from the engine's or the reference's outputs"}
+    r = compare_role("decode", runner("shaped", {C.AUX_HIDDEN: [2, 2], C.new_key(0): [1, 4]}), ref, x, tol, outputs)
+    assert not r["passed"] and r["outputs"][C.AUX_HIDDEN] == {"passed": False, "error": "shapes differ"}
+    assert r["outputs"][C.new_key(0)]["passed"]
+
+
+def test_missing_logits_fail_as_a_row_not_a_key_error(tmp_path):
+    """Found by a mutation round (session 57): an engine that never returned its logits made
+    compare_role raise KeyError('logits') from its logits_argmax_agreement line (a traceback
+    out of `specrt compare`): it fails with the 'missing from the engine's or the reference's
+    outputs' row, as any other output does."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    def runner(name, outs):
+        return OnnxrtRunner(SessionFromOnnx(str(_two_output_graph(tmp_path / f"{name}.onnx", outs))), name=name)
+
+    ref = runner("reference", {C.LOGITS: [1, 4], C.AUX_HIDDEN: [1, 4]})
+    r = compare_role("decode", runner("missing", {C.AUX_HIDDEN: [1, 4]}), ref, [{"x": np.ones((1, 4), np.float32)}],
+                     {C.LOGITS: (1e-4, 1e-4), C.AUX_HIDDEN: (1e-4, 1e-4)}, [C.LOGITS, C.AUX_HIDDEN])
+    assert not r["passed"] and r["outputs"][C.LOGITS]["error"].startswith("missing")
+
+
+def test_the_worst_ratio_is_relative_to_the_reference_in_compare_role(tmp_path):
+    """mutant c05 (compare_role's tol_ratio taken relative to the engine's values, the
+    runners' order swapped): at x = 20 the engine gives 30, the reference 20; rtol 0.4 fails
+    relative to 20 (ratio 1.25), as polygraphy's verdict does, but passes relative to 30."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    eng = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "e.onnx", 10.0))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "r.onnx", None))), name="reference")
+    r = compare_role("decode", eng, ref, [{"x": np.full((1, 4), 20.0, np.float32)}], {C.LOGITS: (1e-4, 0.4)},
+                     [C.LOGITS])
+    o = r["outputs"][C.LOGITS]
+    assert not o["passed"] and o["tol_ratio"] == pytest.approx(1.25)
+
+
+def test_the_row_std_bound_is_the_largest_rows(tmp_path):
+    """compare_role's row_std_atol: the atol becomes m x the reference's LARGEST row std over
+    the rows and iterations (mutant c08: the mean row std, a looser row's bound tighter)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    eng = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "e.onnx", 1.0))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "r.onnx", 1.0))), name="reference")
+    x = np.array([[4.0, -4.0, 4.0, -4.0], [0.0, 0.0, 0.0, 0.0]], np.float32)  # row stds 4 and 0
+    r = compare_role("draft", eng, ref, [{"x": x}], {C.LOGITS: (0.5, 0.0)}, [C.LOGITS], row_std_atol={C.LOGITS: 1.0})
+    o = r["outputs"][C.LOGITS]
+    assert o["reference_row_std"] == pytest.approx(4.0) and o["atol"] == pytest.approx(4.0)
+
+
+def test_a_token_tree_fails_on_its_second_sibling_alone(tiny_engines):
+    """tree_check runs both siblings (mutant l05: only the first) and fails when any output of
+    any chain fails (mutant l06: the verdict of the last output compared, new_value.*, only):
+    an engine off by 1 in the second sibling's logits row alone fails, the logits named."""
+    from specrt.engines import load_engines
+    from specrt.engines.compare import tree_check
+
+    class OffInTheLastRow:  # the tree computed right, but the last row's (the second sibling's) logits off by 1
+        def __init__(self, view):
+            self.view = view
+
+        def infer_impl(self, feeds):
+            out = {k: np.array(v, copy=True) for k, v in self.view.infer_impl(feeds).items()}
+            out[C.LOGITS][:, -1] += 1.0
+            return out
+
+    with load_engines(tiny_engines) as e:
+        feeds, tol, ref = _verify4_against_the_export(e)
+        assert tree_check(e.portable("verify.4"), ref, feeds, tol)["passed"]
+        bad = tree_check(OffInTheLastRow(e.portable("verify.4")), ref, feeds, tol)
+        assert not bad["passed"] and bad["worst_output"] == C.LOGITS and bad["tol_ratio"] > 1
+
+
+def test_a_depth_3_verify_runs_a_token_tree(tiny_export, tmp_path):
+    """The smallest tree (x, a1 and two siblings of a1) fits a depth-3 verify: verify.3 is
+    compared as a tree too (mutant l07: from depth 4 only; the fixture's depths 1, 2, 4, 8
+    never had a 3)."""
+    from specrt.engines import build_engines
+
+    build_engines(tiny_export, "onnxruntime", (1, 3), tmp_path / "engines", log=quiet, profile_repeats=1)
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+    t = r["roles"]["verify.3"]["outputs"][TREE]
+    assert t["passed"] and (t["rows"], t["drafts"], t["siblings"]) == (4, 1, 2)
+
+
+def test_a_failed_check_fails_its_role(engines_copy, tmp_path):
+    """mutant l10 (_add_check records the check but leaves its role passed): a target weight
+    1e-3 off under --atol/--rtol logits:1 fails the weight check only, and the prefill role
+    with it, in the report."""
+    corrupt_engine(engines_copy, delta=1e-3)
+    r = compare_engines(engines_copy, log=quiet, atol={C.LOGITS: 1.0}, rtol={C.LOGITS: 1.0},
+                        inputs_file=tmp_path / "in.json")
+    assert [(f["role"], f["output"]) for f in r["failures"]] == [("prefill", TARGET_WEIGHTS)]
+    assert r["roles"]["prefill"]["passed"] is False and r["roles"]["decode"]["passed"] is True
+
+
+def test_the_printed_command_carries_each_outputs_own_tolerances(tiny_engines, tmp_path):
+    """polygraphy_command: --atol and --rtol each with their own values (mutant p03: swapped),
+    an output's other value named output:value (mutant p09: only the common one); and with
+    the torch reference the line runs ONNX Runtime at ONNX Runtime's bounds, 1e-4 (mutant
+    p04: torch's 1e-3)."""
+    import shlex
+
+    def args(cmd, option):
+        argv = shlex.split(cmd)
+        i = argv.index(option) + 1
+        return argv[i: next(j for j in range(i, len(argv)) if argv[j].startswith("--"))]
+
+    r = compare_engines(tiny_engines, log=quiet, prompt_tokens=8, atol={C.LOGITS: 0.5}, rtol={"new_key": 0.25},
+                        inputs_file=tmp_path / "in.json")
+    assert args(r["polygraphy_command"], "--atol") == ["0.0001", "logits:0.5"]
+    assert sorted(args(r["polygraphy_command"], "--rtol")) == sorted(
+        ["0.0001", *(f"new_key.{i}:0.25" for i in range(4))])
+    pytest.importorskip("transformers")
+    r = compare_engines(tiny_engines, reference="torch", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "t.json")
+    assert args(r["polygraphy_command"], "--atol") == ["0.0001"] and args(r["polygraphy_command"], "--rtol") == ["0.0001"]
+
+
+def test_the_only_a_check_failed_note_is_not_said_when_outputs_failed(engines_copy, tmp_path):
+    """mutant p08 (the "failed only its ... check, which this line does not repeat" note said
+    whenever the shown role failed): the corrupted lm_head fails prefill's logits too, which
+    the line does repeat."""
+    corrupt_engine(engines_copy)
+    lines: list[str] = []
+    r = compare_engines(engines_copy, log=lines.append, inputs_file=tmp_path / "in.json")
+    assert r["polygraphy_role"] == "prefill" and not r["passed"]
+    assert not any("failed only its" in line for line in lines), lines
+
+
+def test_a_folder_others_can_write_or_that_is_not_ours_is_not_reused(tmp_path):
+    """_private_folder: a folder the group can write (mutant f01: only others' write bit
+    checked) or owned by another uid (mutant f02: the owner never checked; here the caller's
+    uid is another than the folder's) is passed over for a fresh mkdtemp folder."""
+    import os
+
+    from specrt.engines.compare import _private_folder
+
+    p = tmp_path / "specrt-compare-x"
+    p.mkdir()
+    p.chmod(0o700)
+    assert _private_folder(p, os.getuid()) == p
+    assert _private_folder(p, os.getuid() + 1) != p
+    p.chmod(0o770)
+    assert _private_folder(p, os.getuid()) != p
+
+
+def test_a_record_that_names_no_folder_is_left_alone(tmp_path):
+    """_recorded_engines: compared.json whose "engines" is not a string (another tool's file,
+    or edited) reads as no record (mutant f06: Path(5) raised TypeError out of compare)."""
+    import os
+
+    from specrt.engines.compare import _own_temp_folder
+
+    odd = tmp_path / f"specrt-compare-{os.getuid()}-0123456789ab"
+    odd.mkdir(mode=0o700)
+    (odd / "compared.json").write_text(json.dumps({"engines": 5}))
+    import tempfile
+
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        mine = _own_temp_folder("fedcba987654", tmp_path / "engines")
+    finally:
+        tempfile.tempdir = old
+    assert mine.parent == tmp_path and odd.is_dir()
+
+
+def test_each_roles_inputs_have_the_documented_shapes(tiny_engines, tmp_path):
+    """RoleInputs (its docstring): prefill = the prompt from scratch, then its second half
+    over the first half's KV (mutant i01: h = 0, the same call twice; mutant i02: the whole
+    prompt's KV as the past); the P-EAGLE draft's later round is A = 2 over the draft's KV of
+    n - 2 slots (mutant i09: A = 1)."""
+    r = compare_engines(tiny_engines, log=quiet, inputs_file=tmp_path / "in.json")  # n = 32, K = 8
+    p = r["roles"]["prefill"]["input_shapes"]
+    assert p[0][C.INPUT_IDS] == [1, 32] and p[0][C.past_key(0)] == [1, 0, 2, 16]
+    assert p[1][C.INPUT_IDS] == [1, 16] and p[1][C.past_key(0)] == [1, 16, 2, 16]
+    d = r["roles"]["draft"]["input_shapes"]
+    assert d[0][C.INPUT_IDS] == [1, 32 + 7] and d[1][C.INPUT_IDS] == [1, 2 + 7]
+    assert d[1][C.past_key(0)][1] == 30 and d[1][C.DRAFT_AUX_IN][1] == 2
+
+
+def test_a_one_token_prompt_is_refused(tiny_engines):
+    """mutant i03 (--prompt-tokens from 1): the prefill's second half and the draft's earlier
+    round need 2 tokens at least."""
+    with pytest.raises(UserError, match=r"--prompt-tokens 1: expected 2\.\."):
+        compare_engines(tiny_engines, log=quiet, prompt_tokens=1)
+
+
+def test_the_torch_reference_refuses_positions_not_after_its_past(tiny_engines):
+    """mutant i04 (TorchTargetRunner's consecutive-positions check dropped: transformers then
+    placed the rows at p.. whatever the feed said, and a tree or a gap compared as a chain)."""
+    pytest.importorskip("transformers")
+    from specrt.engines import load_engines
+    from specrt.engines.compare import RoleInputs, load_torch_target, torch_target_runner
+
+    with load_engines(tiny_engines) as e:
+        feeds = RoleInputs(e, 8).feeds("verify.2")[0]
+        model = load_torch_target(Path(e.export["binding_receipt"]["target"]["folder"]), e.export)
+        runner = torch_target_runner(model, e.portable("verify.2").get_input_metadata(),
+                                     tuple(e.export["target"]["aux_layer_ids"]), "torch")
+        with runner as ref:
+            ref.infer(feeds)
+            with pytest.raises(UserError, match=r"consecutive positions 8\.\.10 after 8 past tokens, got \[8, 9, 9\]"):
+                ref.infer({**feeds, C.POSITION_IDS: np.array([[8, 9, 9]])})
+
+
+def test_the_printed_command_takes_the_widest_rows_atol_for_scaled_outputs(tmp_path):
+    """mutant u10 (the by-hand command given the row-scaled outputs' atol in row units, 1e-4,
+    not in the outputs' own units for the widest row): a target whose lm_head is 1000x the
+    fixture's has logits rows of spread ~1e3; polygraphy's one absolute atol for them must
+    be the report's atol_widest_row, and the line still passes when run."""
+    import shlex
+
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "target")
+    (f,) = t.glob("*.safetensors")
+    w = load_file(str(f))
+    w["lm_head.weight"] = w["lm_head.weight"] * 1000.0
+    save_file(w, str(f), metadata={"format": "pt"})
+    d = write_tiny_draft(tmp_path / "draft", t, kind="eagle3")
+    export(t, d, tmp_path / "export")
+    build_engines(tmp_path / "export", "onnxruntime", (1,), tmp_path / "engines", log=quiet, profile_repeats=1)
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+    widest = r["roles"][r["polygraphy_role"]]["outputs"][C.LOGITS]["atol_widest_row"]
+    assert widest > 1e-2
+    argv = shlex.split(r["polygraphy_command"])
+    assert f"{C.LOGITS}:{widest:g}" in argv[argv.index("--atol"):argv.index("--rtol")]
+    assert _polygraphy(argv[1:]) == 0
+
+
+def test_a_weight_transposed_in_place_is_caught(tmp_path):
+    """mutant l09 (check_target_weights comparing sums, not elements): a square weight
+    transposed (a build that forgot a `.T`, or laid a fused weight out the other way) keeps its
+    sum and every value; it must fail, the first element that differs named."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.compare import check_target_weights
+
+    def graph(path, w):
+        x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 2])
+        y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 2])
+        onnx.save(helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "q_proj"], ["y"])], "g", [x], [y],
+                                                      [numpy_helper.from_array(w, "q_proj")])), path)
+
+    w = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    graph(tmp_path / "x.onnx", w)
+    graph(tmp_path / "e.onnx", np.ascontiguousarray(w.T))
+    r = check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")
+    assert not r["passed"] and r["bad"] == [{"weight": "q_proj", "problem": "element 1 is 3, the export's 2 (x.onnx)"}]
+
+
+
+def test_the_summary_names_the_weight_first(engines_copy, tmp_path):
+    """summary(): a weight check's failure is named first, the cause of the outputs it moved
+    (mutant p02: in role order, after prefill's logits and last row)."""
+    corrupt_engine(engines_copy)
+    r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
+    head = r["summary"].split("differ from the onnxruntime reference: ", 1)[1]
+    assert head.startswith(f"prefill {TARGET_WEIGHTS} (1 of the target engine's weights differ from the export's: "
+                           "'lm_head' element 0 is "), r["summary"]
+
+
+def test_a_tolerance_for_an_output_no_graph_has_is_refused():
+    """A mutation round's survivor t07 (kind_of(k) dropped from the check) was the documented
+    behaviour, the clean code the bug: 'an output name such as new_key.3' names an output;
+    new_key.99 (a 4-layer target) and logits.x name none, and their tolerance was accepted
+    and never used (session 57)."""
+    from specrt.engines.compare import KINDS, check_tolerance_keys
+
+    known = set(KINDS) | {C.new_key(i) for i in range(4)}
+    for k in ("new_key.99", "logits.x"):
+        with pytest.raises(UserError, match="unknown output"):
+            check_tolerance_keys({k: 1.0}, known)
+
+
+def test_a_token_comparison_without_the_references_tokens_or_logits_is_no_key_error():
+    """TokenCompare read the reference's draft_token_ids and both sides' draft_logits
+    unguarded (a KeyError traceback out of `specrt compare`, found with compare_role's twin
+    by a mutation round, session 57): without the reference's tokens no match is given (the
+    role's tokens row fails), without logits the tokens are judged exactly, no ties."""
+    tok = {C.DRAFT_TOKENS: np.array([[1, 2]])}
+    assert TokenCompare((1.0, 1.0))(tok, {}) == {}
+    same = TokenCompare((1.0, 1.0))(tok, {C.DRAFT_TOKENS: np.array([[1, 2]])})[C.DRAFT_TOKENS]
+    other = TokenCompare((1.0, 1.0))(tok, {C.DRAFT_TOKENS: np.array([[1, 3]])})[C.DRAFT_TOKENS]
+    assert same and (same.rows, same.agree, same.ties) == (2, 2, 0)
+    assert not other and (other.rows, other.agree, other.ties) == (2, 1, 0)

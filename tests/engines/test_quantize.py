@@ -529,3 +529,45 @@ def test_a_dynamic_zero_point_that_is_no_initializer_is_refused(tiny_export, tmp
     assert not w["passed"]
     assert [(b["matmul"], b["problem"]) for b in w["bad"]] == \
         [(head.input[1], "the weight's zero point is not 0: expected symmetric codes")]
+
+
+def test_the_printed_command_repeats_the_int8_drafts_widened_bounds_output_by_output(tmp_path):
+    """mutant p07 (the by-hand line for an int8 draft given INT8_DRAFT's floors, not the bounds
+    the check widened by the rows' spread). A draft whose lm_head is 100x the fixture's has
+    draft logits rows of std > 0.5, so its bound is widened; one int8 code moved 3 steps fails
+    the weight check only, the draft is the role shown, and the line's --atol gives each
+    output the atol the report's tolerances give it. (Uses _rewrite_draft and
+    _edit_initializer of this file; int8_engines' drafts are too flat to widen any bound.)"""
+    import shlex
+
+    import onnx
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t")
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle")
+    (f,) = d.glob("*.safetensors")
+    w = load_file(str(f))
+    w["lm_head.weight"] = w["lm_head.weight"] * 100.0
+    save_file(w, str(f), metadata={"format": "pt"})
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "int8", log=quiet, profile_repeats=1,
+                  draft_weights="int8:blocks")
+    first = [n for n in onnx.load(str(tmp_path / "int8" / "draft.onnx")).graph.node if n.op_type == "MatMulNBits"][0]
+
+    def three_steps(codes):
+        flat = codes.reshape(-1)
+        flat[0] = flat[0] + 3 if flat[0] <= 252 else flat[0] - 3
+
+    bad = _rewrite_draft(tmp_path / "int8", tmp_path / "nudged",
+                         lambda m: _edit_initializer(m, first.input[1], three_steps))
+    r = compare_engines(bad, log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
+    assert r["polygraphy_role"] == "draft", r["summary"]
+    want = {n: v[0] for n, v in r["tolerances"]["draft"].items()}
+    assert want[C.DRAFT_LOGITS] > INT8_DRAFT[C.DRAFT_LOGITS][0]  # widened by its rows' spread
+    argv = shlex.split(r["polygraphy_command"])
+    given = argv[argv.index("--atol") + 1: argv.index("--rtol")]
+    named = dict(a.rsplit(":", 1) for a in given[1:])
+    assert {n: float(named.get(n, given[0])) for n in want} == pytest.approx(want, rel=1e-5)

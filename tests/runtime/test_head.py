@@ -461,3 +461,41 @@ def test_a_screened_heads_files_must_be_recorded(small_screened, tmp_path):
     with pytest.raises(UserError, match=f"{eng / 'engines.json'}: graphs.target.head is 'screened' but "
                                         "head_bounds.npy is not among the recorded files"):
         load_engines(eng, verify=False)
+
+
+def test_a_screened_tie_is_judged_in_units_of_the_rows_scale(tmp_path, monkeypatch):
+    """mutant l08 (screen_check's tie bound atol + rtol |top|, the row's scale dropped where
+    the logits are compared in units of it): with logits rows of spread ~1e3 (the target's
+    lm_head 1000x the fixture's), a screen that picks the runner-up is a tie exactly when the
+    gap is within atol x the row's scale; here every gap is, and each is above atol itself."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.engines.compare import RoleInputs, row_scale, screen_check
+    from specrt.export.export import export
+    from specrt.head import HeadScreen
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    (f,) = t.glob("*.safetensors")
+    w = load_file(str(f))
+    w["lm_head.weight"] = w["lm_head.weight"] * 1000.0
+    save_file(w, str(f), metadata={"format": "pt"})
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15)
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "scr", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64, target_head="screened")
+    with load_engines(tmp_path / "scr") as e:
+        feeds = RoleInputs(e, 8).feeds("verify.1")
+        ref = OnnxrtRunner(SessionFromOnnx(str(tmp_path / "exp" / "target.onnx"), providers=["cpu"])(), name="ref")
+        with ref:
+            wants = [np.asarray(ref.infer(x, check_inputs=False)[C.LOGITS], np.float64)[0] for x in feeds]
+        second = [np.argsort(want, -1)[:, -2] for want in wants]
+        gaps = np.concatenate([want.max(-1) - want[np.arange(len(s)), s] for want, s in zip(wants, second)])
+        units = np.concatenate([row_scale(want).reshape(-1) for want in wants])
+        atol = float((gaps / units).max()) * 1.01
+        assert units.min() > 10 and atol < gaps.min()  # a tie in row units only
+        picks = iter(second)
+        monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
+        r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (atol, 0.0), scaled=True)
+    assert r["passed"] and r["agree"] == 0 and r["ties"] == r["rows"] == 2
