@@ -1019,7 +1019,10 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
         monkeypatch.setattr(build, "BUSY_CPU_SHARE", threshold)
         lines: list[str] = []
         _, new = build.reprofile_engines(engines_copy, repeats=1, log=lines.append)
-        assert 0 < new["cpu_share"] <= 1.05, new["cpu_share"]  # (a thread's CPU time over wall time, per thread)
+        # (the process's CPU time over wall time, per ONNX Runtime thread: ~1 when idle; other threads
+        # of this pytest process count too, 1.184 once in a whole-suite run under load, session 57;
+        # the time not divided by the threads would be ~2 and more)
+        assert 0 < new["cpu_share"] <= 1.5, new["cpu_share"]
         note = [x for x in lines if "the machine was busy" in x]
         assert bool(note) == said, lines
         if said:
