@@ -280,9 +280,20 @@ def test_the_worst_element_ratio_is_polygraphys_elemwise_verdict():
                 polygraphy_passes(a[k:k + 100], b[k:k + 100], atol, rtol), (atol, rtol, k)
 
 
+def _save_graph(path: Path, nodes, inputs, outputs, inits=()) -> Path:
+    """A graph of ``nodes`` saved to ``path`` (opset 17, IR 8: the small graphs below)."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
 def _graph(path: Path, shift_above: float | None) -> Path:
     """A one-op ONNX graph logits = x (+ relu(x - shift_above): off only for large inputs)."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -293,11 +304,7 @@ def _graph(path: Path, shift_above: float | None) -> Path:
         inits = [helper.make_tensor("c", TensorProto.FLOAT, [], [shift_above])]
         nodes = [helper.make_node("Sub", ["x", "c"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
                  helper.make_node("Add", ["x", "r"], [C.LOGITS])]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, nodes, [x], [y], inits)
 
 
 def test_a_role_fails_when_one_iteration_fails_and_when_an_output_never_comes(tmp_path):
@@ -756,7 +763,6 @@ def test_a_token_tie_is_judged_by_the_references_logits():
 
 def _draft_graph(path: Path, shift: list[float]) -> Path:
     """draft_logits = x + shift (a constant [5]), draft_token_ids = its argmax per row."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5])
@@ -764,11 +770,7 @@ def _draft_graph(path: Path, shift: list[float]) -> Path:
             helper.make_tensor_value_info(C.DRAFT_TOKENS, TensorProto.INT64, [1, 2])]
     nodes = [helper.make_node("Add", ["x", "shift"], [C.DRAFT_LOGITS]),
              helper.make_node("ArgMax", [C.DRAFT_LOGITS], [C.DRAFT_TOKENS], axis=-1, keepdims=0)]
-    inits = [helper.make_tensor("shift", TensorProto.FLOAT, [5], shift)]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, nodes, [x], outs, [helper.make_tensor("shift", TensorProto.FLOAT, [5], shift)])
 
 
 def test_a_draft_token_tie_within_the_logits_tolerance_passes_compare_role(tmp_path):
@@ -825,17 +827,12 @@ def test_the_row_scale_is_the_references_robust_spread():
 
 def _scaled_graph(path: Path, factor: float) -> Path:
     """logits = x * factor."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info(C.LOGITS, TensorProto.FLOAT, [2, 4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Mul", ["x", "f"], [C.LOGITS])], "g", [x], [y],
-                                                [helper.make_tensor("f", TensorProto.FLOAT, [], [factor])]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, [helper.make_node("Mul", ["x", "f"], [C.LOGITS])], [x], [y],
+                       [helper.make_tensor("f", TensorProto.FLOAT, [], [factor])])
 
 
 def test_compare_role_compares_scaled_rows_in_their_own_units(tmp_path):
@@ -859,7 +856,6 @@ def test_compare_role_compares_scaled_rows_in_their_own_units(tmp_path):
 
 def _two_output_graph(path: Path, names: dict[str, list[int]]) -> Path:
     """Each named output = x reshaped to its shape (x is [1, 4])."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -868,10 +864,7 @@ def _two_output_graph(path: Path, names: dict[str, list[int]]) -> Path:
         inits.append(helper.make_tensor(f"s{i}", TensorProto.INT64, [len(shape)], shape))
         nodes.append(helper.make_node("Reshape", ["x", f"s{i}"], [name]))
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, nodes, [x], outs, inits)
 
 
 def test_an_output_missing_or_of_another_shape_fails(tmp_path):
