@@ -172,9 +172,11 @@ def _bind(
             continue
         e = entries[present[0]]
         if spec.unused is not None and not spec.required(cfg_decoder, extra):
+            fix = ("remove the tensor" if extra.get("source_format") == "eagle"  # (no config says otherwise)
+                   else "make the config match the weights, or remove the tensor")
             raise UserError(f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') would go unused: "
                             f"{spec.unused(cfg_decoder, extra)}; the graph would run a model other than the one "
-                            "trained with it (make the config match the weights, or remove the tensor)")
+                            f"trained with it ({fix})")
         want = tuple(spec.shape(cfg_decoder, extra))
         if e.shape != want:
             raise UserError(

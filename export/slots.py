@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specrt.export.config import MAX_AUX, DecoderConfig, DraftConfig
+from specrt.export.config import EAGLE_ARCHITECTURE, MAX_AUX, DecoderConfig, DraftConfig
 
 # Dtype classes a slot accepts (safetensors dtype strings).
 FLOAT = ("F32", "F16", "BF16")
@@ -42,7 +42,10 @@ class SlotSpec:
 
 
 def _layer_type(c: DecoderConfig, e: dict) -> str:
-    """Where a layer's model_type is read: a draft's (its ``extra`` has a kind) in its layer config."""
+    """Where a layer's model_type is read: a draft's (its ``extra`` has a kind) in its layer config,
+    an EAGLE-format draft's nowhere (its one layer is llama's, whatever config.json says)."""
+    if e.get("source_format") == "eagle":
+        return f"EAGLE's draft format ({EAGLE_ARCHITECTURE}: one llama layer, no model_type to change)"
     return f"{'transformer_layer_config.' if 'kind' in e else ''}model_type '{c.model_type}'"
 
 
@@ -220,6 +223,7 @@ def draft_extra(cfg: DraftConfig, target_hidden: int | None = None) -> dict:
     """The non-decoder facts the draft slot shapes and requirements depend on."""
     return {
         "kind": cfg.kind,
+        "source_format": cfg.source_format,
         "draft_vocab": cfg.draft_vocab_size,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,

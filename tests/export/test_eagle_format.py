@@ -377,12 +377,21 @@ def _export_cli(tmp_path, t, draft, *extra):
     # vLLM then runs the draft's lm_head over the whole vocabulary, SGLang the target's
     (dict(draft_vocab_size=None), (), r"{d}/config.json: missing required field 'draft_vocab_size' \(without it "
                                       r"vLLM and TensorRT-LLM run the draft's lm_head.*SGLang the target's lm_head\)"),
+    # a q/k norm or q/k/v bias the llama layer never runs: the advice names no config field (the
+    # format has none that turns them on), only the tensor to remove
+    (dict(extra={"midlayer.self_attn.q_norm.weight": "norm.weight"}), (),
+     r"{d}/model.safetensors: tensor 'midlayer.self_attn.q_norm.weight' \(draft slot 'layers.0.q_norm'\) would go "
+     r"unused: EAGLE's draft format \(LlamaForCausalLMEagle3: one llama layer, no model_type to change\) gives "
+     r"its layers no q/k norms .*\(remove the tensor\)\n"),
+    (dict(extra={"midlayer.self_attn.v_proj.bias": "norm.weight"}), (),
+     r"would go unused: EAGLE's draft format \(LlamaForCausalLMEagle3: one llama layer, no model_type to change\) "
+     r"gives its layers no q/k/v biases .*\(remove the tensor\)\n"),
 ], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
         "quantized", "post-norm-twice", "post-norm-twice-nested-true", "both-fc-norms", "both-fc-norms-nested",
         "layer-named-twice", "two-layers",
         "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
         "ids-repeated", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
-        "logit-scale-negative", "no-draft-vocab-size"])
+        "logit-scale-negative", "no-draft-vocab-size", "qk-norm", "v-bias"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
 
