@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrt.engines.costs import interpolate
 from specrt.errors import InternalError, UserError
 
 from .telemetry import RoundResult
@@ -588,9 +589,14 @@ class DSparkGovernor(Governor):
     Token trees (``:tree=W``): the round may also verify the draft's first n <= W - 1
     runners-up for position 1, worth (1 - c_1) x R_n tokens (R_n: the summed per-rank
     rates at which they win a round whose first draft is rejected, learnt online) for the
-    rows of depth d + n; the rule maximises over (d, n), built depths d + n only, so a
-    confident first draft is verified alone and an unsure one with the runners-up that
-    pay. On 80 held-out SmolLM2 prompts' recorded rounds (tools/exp_tree_width.py) sizing
+    rows of depth d + n; the rule maximises over (d, n), so a confident first draft is
+    verified alone and an unsure one with the runners-up that pay. d + n is priced as the
+    built depth's verify where one is built, and past the deepest one as the prefill engine's
+    call of that length (``t_chain``, the cost table's chains: the engine such a round runs
+    on, as a fixed ``:tree=W`` round does); other unbuilt lengths are not chosen. Until
+    2026-12-05 (session 58) d + n stopped at the deepest built depth: with depths 1-4, the
+    demo's build, d = 3 took one runner-up and d = 4 none, and `dspark:tree=3:ngram` ran at
+    0.93x `fixed:3:tree=3:ngram` on 10 held-out prompts (results/draft_stage9). On 80 held-out SmolLM2 prompts' recorded rounds (tools/exp_tree_width.py) sizing
     the tree per round replayed at 1.034x the best fixed (d, W) against 1.015x for a
     fixed W = 3.
     """
@@ -609,7 +615,7 @@ class DSparkGovernor(Governor):
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16,
                  full_every: int = 64, learn: bool = True,
                  ceiling_decay: float = 0.05, shape_ema: float = 0.05, block: int | None = None,
-                 shape_window: int = SHAPE_WINDOW):
+                 shape_window: int = SHAPE_WINDOW, t_chain: Mapping[int, float] | None = None):
         super().__init__(depths)
         if block is not None and int(block) not in self.depths:
             raise UserError(f"dspark block {block}: expected one of the built depths {list(self.depths)}")
@@ -619,9 +625,15 @@ class DSparkGovernor(Governor):
         if missing:
             raise UserError(f"cost table lacks depth(s) {missing}; it has {sorted(t_verify)}, built depths {list(self.depths)}")
         by_k = {int(k): v for k, v in t_draft.items()} if isinstance(t_draft, Mapping) else {self.depths[-1]: t_draft}
-        for d, t in [*((f"draft.{k}", v) for k, v in by_k.items()), *t_verify.items()]:
+        chain = {int(k): v for k, v in (t_chain or {}).items()}
+        for d, t in [*((f"draft.{k}", v) for k, v in by_k.items()), *t_verify.items(),
+                     *((f"chain.{L}", v) for L, v in chain.items())]:
             if not (np.isfinite(t) and t > 0):
                 raise UserError(f"cost of {d!r} = {t!r} s: expected a positive number of seconds")
+        # a verify of L > the deepest built depth on the prefill engine (the cost table's chains,
+        # profiled, interpolated between their lengths; chains at or below the deepest depth
+        # run on that depth's engine, so they are left out)
+        self._p_chain = {L: float(t) for L, t in chain.items() if L > self.depths[-1]}
         # draft cost per block depth K: profiled K's, others from the nearest profiled K at or
         # above (a deeper block costs at least as much), else the deepest
         ks = sorted(by_k)
@@ -687,17 +699,28 @@ class DSparkGovernor(Governor):
     def round_siblings(self) -> int:
         return self._sibs
 
+    def verify_cost(self, m: int) -> float | None:
+        """Seconds to verify m tokens now: verify.m where built, past the deepest built depth
+        the prefill engine's call (the profiled chains, interpolated, times the target's load
+        factor); None where neither prices it (an unbuilt length between built depths, or no
+        chains profiled)."""
+        if m in self.t_verify:
+            return self.t_verify[m]
+        if m > self.depths[-1] and self._p_chain:
+            return self.load_target * interpolate(self._p_chain, m)
+        return None
+
     def _best_tree(self, e: float, c1: float, t_draft: float, d: int, rates: list[float] | None = None
                    ) -> tuple[float, int]:
         """(best rate, runners-up) of a round verifying d drafts whose chain expects e tokens:
-        each number n of runners-up 0..W-1 adds its value and costs the rows of depth d + n;
-        only built depths (an unbuilt row count runs on the dynamic prefill engine, whose
-        cost the table does not hold)."""
+        each number n of runners-up 0..W-1 adds its value and costs the rows of depth d + n
+        (``verify_cost``: built depths, and past the deepest one the prefill engine's chains)."""
         best, sibs = e / (t_draft + self.t_verify[d]), 0
         rates = self._win_rates() if rates is None else rates
         for n in range(1, self.tree_width):
-            if d + n in self.t_verify:
-                rate = (e + (1.0 - c1) * rates[n]) / (t_draft + self.t_verify[d + n])
+            t = self.verify_cost(d + n)
+            if t is not None:
+                rate = (e + (1.0 - c1) * rates[n]) / (t_draft + t)
                 if rate > best:  # strict: ties keep the smaller tree
                     best, sibs = rate, n
         return best, sibs
@@ -859,8 +882,16 @@ class DSparkGovernor(Governor):
             t = _clip_outlier(r.t_draft, self.load_draft * self._profiled_draft(k))
             self.load_draft += a * (t / self._profiled_draft(k) - self.load_draft)
         d = r.depth if not r.siblings else depth_at_least(self.depths, r.depth + r.siblings)  # the rows it ran
+        m = r.depth + r.siblings
         if r.t_verify <= 0:  # no timing (a round that did not run the target): nothing to learn
             pass
+        elif m > self.depths[-1] and self._p_chain:
+            # a tree past the deepest depth ran on the prefill engine: the load factor learns
+            # from it (against the chain's profiled cost); no depth's shape does, and the
+            # shapes' pinning is left as it stood
+            p = interpolate(self._p_chain, m)
+            t = _clip_outlier(r.t_verify, self.load_target * p)
+            self.load_target += a * (t / p - self.load_target)
         elif d == 0 and self._p_decode is None:
             self._p_decode = r.t_verify / self.load_target
         elif d == 0 or d in self._p_verify:
@@ -1062,16 +1093,21 @@ def canonical_spec(spec: str | int) -> str:
 
 def from_spec(spec: str | int, depths: Sequence[int], *, t_draft: float | Mapping[int, float] | None = None,
               t_verify: Mapping[int, float] | None = None, calibration: Calibration | None = None,
-              options: Mapping[str, object] | None = None) -> Governor:
+              options: Mapping[str, object] | None = None, t_chain: Mapping[int, float] | None = None) -> Governor:
     """'off' | 'fixed:K' (or K) | 'adaptive' | 'dspark', each but 'off' with an optional
     ':tree=W' -> a Governor over the built depths (its ``tree_width`` W, 1 without); any
     with ':ngram' -> its ``lookup`` set (prompt lookup, ngram.py).
     DSpark needs the cost table: ``t_draft`` (seconds, or block depth -> seconds) and
-    ``t_verify`` (depth -> seconds; 0: a plain decode step); ``options`` are more of
+    ``t_verify`` (depth -> seconds; 0: a plain decode step), and prices a token tree past
+    the deepest depth with ``t_chain`` (verified length L -> seconds on the prefill engine,
+    the cost table's chains; ignored by the other governors); ``options`` are more of
     DSparkGovernor's keyword arguments (ceiling_decay=..., ...), for DSpark only."""
     s, lookup = split_lookup(spec)
     s, width = split_tree(s, spec)
-    gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration, dict(options or {}))
+    options = dict(options or {})
+    if t_chain and is_dspark(s):
+        options.setdefault("t_chain", t_chain)
+    gov = _from_spec(s, spec, depths, t_draft, t_verify, calibration, options)
     gov.tree_width = width
     gov.lookup = lookup
     gov.corpus = wants_corpus(spec)

@@ -209,7 +209,8 @@ def resolve_spec(spec: str, engines) -> str:
 def make_governor(spec: str, engines, calibration: Calibration | None = None, **options) -> Governor:
     """``governor.from_spec`` (``auto`` resolved first) with DSpark's costs read from the
     engines' cost table. With a token tree (``:tree=W``) DSpark verifies 0..W-1 runners-up
-    a round, costing d drafts and n runners-up as verify.{d + n} (built depths only).
+    a round, costing d drafts and n runners-up as verify.{d + n} where that depth is built,
+    and past the deepest one as the prefill engine's chain of d + n (the table's chains).
     DSpark refines its calibration online on a copy of ``calibration``: governors made
     from one session's calibration (``specrt bench``'s configurations in one worker,
     ``Session.new_governor``) each start from the stored one and learn apart.
@@ -218,8 +219,10 @@ def make_governor(spec: str, engines, calibration: Calibration | None = None, **
     if not is_dspark(spec):
         return from_spec(spec, engines.depths, options=options)
     draft = engines.draft_costs(COST_PAST) if hasattr(engines, "draft_costs") else engines.cost("draft", COST_PAST)
+    chain = engines.chain_costs(COST_PAST) if hasattr(engines, "chain_costs") else None
     return from_spec(spec, engines.depths, t_draft=draft, t_verify=engines.target_costs(COST_PAST),
-                     calibration=calibration.copy() if calibration is not None else None, options=options)
+                     calibration=calibration.copy() if calibration is not None else None, options=options,
+                     t_chain=chain)
 
 
 def check_flag(name: str, value) -> None:

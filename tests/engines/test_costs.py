@@ -76,7 +76,7 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
     g = make_governor("dspark", e)
     assert g.draft_cost(1) == pytest.approx(by[1]) and g.draft_cost(8) == pytest.approx(by[8])
     # a token tree: DSpark reads every built depth's own cost and adds a round's runners-up
-    # itself (d drafts and n runners-up cost verify.{d + n}, built depths only: 1, 2, 4, 8 here)
+    # itself (d drafts and n runners-up cost verify.{d + n} where built: 1, 2, 4, 8 here)
     g = make_governor("dspark:tree=2", e)
     assert g.tree_width == 2
     for d in e.depths:
@@ -87,6 +87,10 @@ def test_cost_table_has_the_draft_per_block_depth(tiny_engines):
     g.t_verify = {d: 1e-3 * (1 + 0.1 * d) for d in e.depths}
     assert g._best_tree(1.0, 0.0, 0.0, 1)[1] == 1  # 1 + 1 = 2 built
     assert g._best_tree(1.0, 0.0, 0.0, 2)[1] == 0  # 2 + 1 = 3 not built: no runner-up
+    # past the deepest depth a tree runs on the prefill engine, priced from the table's chains
+    chains = e.chain_costs(COST_PAST)
+    assert chains and g.verify_cost(max(chains)) == pytest.approx(g.load_target * chains[max(chains)])
+    assert g.verify_cost(9) is not None and g.verify_cost(3) is None
 
 
 def test_profile_times_each_verify_right_after_its_draft_pass(tiny_engines):

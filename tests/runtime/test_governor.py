@@ -652,6 +652,48 @@ def test_dspark_with_a_token_tree_values_and_learns_the_runners_up():
         RoundResult(0, 0, siblings=2)
 
 
+def test_dspark_prices_a_tree_past_the_deepest_depth_with_the_chains_the_prefill_engine_runs():
+    """Rows past the deepest built depth run on the prefill engine, as a fixed ':tree=W' round
+    does: with the cost table's chains (t_chain) DSpark prices d + n there, interpolated
+    between the profiled lengths and times the target's load factor, and takes such a tree
+    when it pays; without chains it keeps to the built depths; an unbuilt length between
+    built depths is never priced. A round run there teaches the load factor, no depth's
+    shape. (Depths 1-4, the demo's build: d = 3 took one runner-up at most, d = 4 none, and
+    dspark:tree=3:ngram ran at 0.93x fixed:3:tree=3:ngram, session 58.)"""
+    costs = {0: 1.0, 1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06}
+    chains = {5: 1.08, 16: 1.52}
+    c = conf(0.9, 0.9, 0.9, 0.9)  # confident chain, but the first draft's runner-ups still add value
+    plain = from_spec("dspark:tree=3", (1, 2, 3, 4), t_draft=1e-6, t_verify=costs)
+    g = from_spec("dspark:tree=3", (1, 2, 3, 4), t_draft=1e-6, t_verify=costs, t_chain=chains)
+    assert plain.verify_cost(5) is None and plain.verify_cost(3) == costs[3]
+    assert g.verify_cost(5) == pytest.approx(1.08) and g.verify_cost(6) == pytest.approx(1.08 + 0.44 / 11)
+    assert g.verify_cost(4) == costs[4]
+    # E(4) = 1 + 0.9 + 0.81 + 0.729 + 0.6561 = 4.0951; two runners-up add 0.1 x 3/8 on 6 rows:
+    # (4.0951 + 0.0375) / 1.12 = 3.690 against 4.0951 / 1.06 = 3.863 without: the chain alone
+    assert g.choose(c) == 4 and g.round_siblings() == 0
+    # unsure after the first: c = (0.3, 0.9, 0.9): d = 3 (E 1.3 + 0.27 + 0.243 = 1.813) with two
+    # runners-up on 5 rows: (1.813 + 0.7 x 3/8) / 1.08 = 1.922; within the built depths the best
+    # is one at d = 3 on verify.4, (1.813 + 0.175) / 1.06 = 1.875, or d = 4 alone
+    u = conf(0.3, 0.9, 0.9, 0.01)
+    assert plain.choose(u) == 3 and plain.round_siblings() == 1
+    assert g.choose(u) == 3 and g.round_siblings() == 2
+    # the chains' prices follow the target's load factor; a round there moves it, no shape (a
+    # round at depth 2 first, slow: with two depths measured their shapes stay apart from 1)
+    g.observe(RoundResult(2, 2, 1e-6, 1.5 * costs[2], confidences=np.array([0.9, 0.9])))
+    shape, load = dict(g.shape), g.load_target
+    assert shape[2] != 1.0 or shape[4] != 1.0 or load != 1.0
+    g.observe(RoundResult(3, 0, 1e-6, 2 * load * 1.08, confidences=np.array([0.3, 0.9, 0.9, 0.01]), siblings=2))
+    assert g.load_target > load and g.shape == shape
+    assert g.verify_cost(5) == pytest.approx(g.load_target * 1.08)
+    # a chain at or below the deepest depth is that depth's engine: not taken from the chains
+    h = DSparkGovernor((1, 2, 4), 1e-6, {1: 1.0, 2: 1.02, 4: 1.06}, t_chain={3: 0.5, 5: 1.08})
+    assert h.verify_cost(3) is None and h.verify_cost(5) == h.verify_cost(6) == pytest.approx(1.08)
+    # the other governors take no chains (fixed trees run every runner-up wherever it lands)
+    assert from_spec("fixed:3:tree=3", (1, 2, 3, 4), t_chain=chains).round_siblings() == 2
+    with pytest.raises(UserError, match=r"cost of 'chain.5' = -1.0 s"):
+        DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.02}, t_chain={5: -1.0})
+
+
 def test_dspark_cost_learning_stays_true_under_noisy_timings():
     """Rounds timed with 20% log-normal noise around the table's own costs, depths 1 and 2
     in turn, 20,000 of them: the prices of the depths verified, of a depth never verified
