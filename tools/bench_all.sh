@@ -92,9 +92,19 @@ fi
 
 settle
 stamp "specrt bench against the peers"
-$SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
+# results/bench/summary.txt is this step's printed table; specrt bench replaces its -o folder
+# whole and refuses one holding files it does not write, so the table is kept aside while it
+# runs and written back (the new one, or on a failure the old one beside the old report)
+[ ! -f results/bench/summary.txt ] || mv results/bench/summary.txt "$OUT/bench-summary.before"
+if $SPECRT bench "$OUT/engines" --prompts tools/data/heldout_prompts.jsonl --chat --limit 10 --max-new-tokens 128 \
   --governors off,fixed:1,fixed:2,fixed:3,fixed:2:tree=3,adaptive,dspark,dspark:tree=3,dspark:tree=3:ngram,auto \
-  --variant int8="$OUT/engines-int8" --processes 3 --force -o results/bench
+  --variant int8="$OUT/engines-int8" --processes 3 --force -o results/bench | tee "$OUT/bench-summary.txt"; then
+  mv "$OUT/bench-summary.txt" results/bench/summary.txt
+else
+  [ ! -f "$OUT/bench-summary.before" ] || mv "$OUT/bench-summary.before" results/bench/summary.txt
+  echo "[bench_all] specrt bench failed: results/bench left as it was" >&2
+  exit 1
+fi
 
 settle
 stamp "governors per prompt kind"
