@@ -34,8 +34,10 @@ Table (``engines.json["costs"]``; JSON keys are strings, ``EngineSet.costs`` giv
     chain {L: s}              a lookup chain of L tokens past the deepest verify depth D:
                               the prefill engine (dynamic S) at S = L + 1 over the past
                               (timed in a round-robin of their own, after the loop's roles),
-                              at L = D + 1, 16 and 32 (chain_lengths); ngram.py prices
-                              the lengths between and beyond by straight lines through them
+                              at L = D + 1, 16 and 32 (chain_lengths); ngram.py (lookup
+                              chains) and governor.py (DSpark's token-tree rows past D,
+                              since session 58) price the lengths between and beyond by
+                              straight lines through them
     by_past {p: {verify {d: s}, decode s, draft s, draft_by_depth {k: s}, chain {L: s}}}
     draft_accepted, draft_depth, draft_kind, prefill_tokens
 """

@@ -595,10 +595,12 @@ class DSparkGovernor(Governor):
     call of that length (``t_chain``, the cost table's chains: the engine such a round runs
     on, as a fixed ``:tree=W`` round does); other unbuilt lengths are not chosen. Until
     2026-12-05 (session 58) d + n stopped at the deepest built depth: with depths 1-4, the
-    demo's build, d = 3 took one runner-up and d = 4 none, and `dspark:tree=3:ngram` ran at
-    0.93x `fixed:3:tree=3:ngram` on 10 held-out prompts (results/draft_stage9). On 80 held-out SmolLM2 prompts' recorded rounds (tools/exp_tree_width.py) sizing
-    the tree per round replayed at 1.034x the best fixed (d, W) against 1.015x for a
-    fixed W = 3.
+    demo's build, d = 3 took one runner-up and d = 4 none; on a build-time table profiled
+    under load `dspark:tree=3:ngram` ran at 0.91x `fixed:3:tree=3:ngram` on 10 held-out
+    prompts, 0.98x with the chains priced (results/draft_stage9; re-profiled idle, 1.00x).
+    On 80 held-out SmolLM2 prompts' recorded rounds (tools/exp_tree_width.py) sizing the tree
+    per round replayed at 1.034x the best fixed (d, W) against 1.015x for a fixed W = 3
+    (rows priced at the next built depth).
     """
 
     uses_confidences = True

@@ -190,8 +190,8 @@ class NgramPolicy:
         for k in range(1, top + 1):
             s *= c[min(k, len(c)) - 1]
             e += s
-            # built depths only, as the governors (an unbuilt one runs on prefill), and past
-            # the deepest one any length, on the prefill engine
+            # built depths only (an unbuilt one runs on prefill), and past the deepest one any
+            # length, on the prefill engine (as DSpark prices its token trees' rows there)
             if k in self.depths or k > self.depths[-1]:
                 rate = e / (self.cost(k + 1) + self.python)
                 if rate > best_rate:  # strict: a tie keeps the governor's route

@@ -199,7 +199,9 @@ def table_costs(costs: dict, depths):
 def dspark_from_table(costs: dict, depths, calibration=None, **options):
     """runtime.governor.DSparkGovernor on a build's cost table alone (no engines loaded), as
     session.make_governor builds it from the engines (learning on its own copy of
-    ``calibration``); ``options`` go to the governor."""
+    ``calibration``) but without the table's chains: a token tree's rows stop at the deepest
+    built depth, as the replays price them (``price``: the next built depth at or above) and as
+    the runtime's DSpark did before session 58; ``options`` go to the governor."""
     from specrt.runtime.governor import DSparkGovernor
 
     dec, ver, _ = table_costs(costs, depths)

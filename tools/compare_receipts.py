@@ -1,6 +1,6 @@
 """Print two P-EAGLE training receipts' held-out figures side by side.
 
-    python tools/compare_receipts.py fixtures/peagle-smollm2/training_receipt.json out/peagle-repro/training_receipt.json
+    python tools/compare_receipts.py fixtures/peagle-smollm2/training_receipt.json out/peagle-repro-warm9/training_receipt.json
 
 Per position, acceptance (DESIGN.md §6) with a binomial standard error from the
 held-out anchor count, tau, steps, data and wall time; exit 1 when tau differs by

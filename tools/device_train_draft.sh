@@ -14,8 +14,8 @@
 #
 #   bash tools/device_train_draft.sh prepare     # here: wheels into .dev1/ and .dev2/ (ignored),
 #                                                # the tracked files the job does not read emptied
-#                                                # (results/, the committed draft's weights: 46 MB
-#                                                # of a 56 MB tree), and the size a call will carry
+#                                                # (results/, the committed draft's weights: 83 MB
+#                                                # of a 103 MB tree), and the size a call will carry
 #                                                # checked against 64 MiB (exit 1 over it)
 #   run(carry=[".dev1"], command="mkdir -p /tmp/keep1 && cp .dev1/wheel.part-00 /tmp/keep1/")
 #   run(carry=[".dev0"], command="cp -r .dev0 /tmp/keep1/init")        # only for INIT

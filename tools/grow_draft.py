@@ -8,7 +8,7 @@ them. The folder is written as train_peagle writes its drafts (config.json with
 ``num_hidden_layers`` N, fp16 model.safetensors, training_receipt.json: the original's with a
 ``grown`` record), atomically.
 
-    python tools/grow_draft.py fixtures/peagle-smollm2 --layers 2 -o out/peagle-2-layers
+    python tools/grow_draft.py fixtures/peagle-smollm2 --layers 3 -o out/peagle-3-layers   # (2 layers since session 58)
 
 ``--vocab N --vocab-answers FILE...`` grows the draft vocabulary instead (or as well) to N
 tokens: its own and the most frequent others of those answers, their head rows from the

@@ -20,8 +20,9 @@ raw score as a probability (and after a per-position Platt calibration fitted on
 examples, as the runtime calibrates), and the AUC of the running products prod_{j<=k} at the
 unconditional event "positions 1..k all correct".
 
-Training answers: by default ``fixtures/peagle-data/chat-third.jsonl.gz``, answers the committed
-draft (stage 7) never trained on (fixtures/peagle-data/README.md), sampled evenly across kinds.
+Training answers: by default ``fixtures/peagle-data/chat-third.jsonl.gz``, answers stage 7 never
+trained on (fixtures/peagle-data/README.md; stages 8-10, the committed draft since session 58,
+trained on every answer file, so none is unseen by it now), sampled evenly across kinds.
 (Session 35's report, results/confidence_head, used ``chat-rest.jsonl.gz`` with stage 6, which had
 not trained on those; stage 7 has.) On answers
 the draft saw in training its acceptance is higher than on new text, so a head fitted there
@@ -294,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=Path, default=ROOT / "fixtures" / "peagle-smollm2")
     ap.add_argument("--out", type=Path, default=Path("/tmp/peagle-conf"))
     ap.add_argument("--chat", type=Path, default=ROOT / "fixtures" / "peagle-data" / "chat-third.jsonl.gz",
-                    help="training answers (.jsonl or .jsonl.gz, gen_chat_data's format); default: answers the "
-                         "committed draft never trained on")
+                    help="training answers (.jsonl or .jsonl.gz, gen_chat_data's format); default: answers "
+                         "stage 7 never trained on (the committed draft has trained on every answer file)")
     ap.add_argument("--answers", type=int, default=300, help="training answers, sampled evenly across kinds")
     ap.add_argument("--heldout-limit", type=int, default=None)
     ap.add_argument("--heldout-max-new", type=int, default=128, help="as tools/eval_draft.py")

@@ -80,7 +80,8 @@ is what moved the committed draft (80 held-out prompts x 128 tokens, K = 4):
   read from the store or the cache)               0.552 / 0.203 / 0.079 / 0.035, tau 1.869
   that draft, --init, 11,906 answers (2.32M, the second TRAIN batch's 3487 added), 1842 steps,
   --lr 4e-4 (56 min)                              0.560 / 0.217 / 0.090 / 0.040, tau 1.907
-the seventh is fixtures/peagle-smollm2 (the second's training accuracy at depth 1 reached
+the seventh was stage 6 (the committed draft since session 58 is stage 10: results/draft_stage9;
+the second's training accuracy at depth 1 reached
 0.63 by epoch 5 against 0.47 held out: more epochs of the same data would mostly
 memorise, so the third run adds 2118 answers it never saw, results/draft_warm, and the
 fourth the 2412 left, results/draft_stage3; the fifth, 1.2 more epochs of those at a
