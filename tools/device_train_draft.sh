@@ -62,7 +62,7 @@
 # A next session: prepare, the .dev1 and .dev0 calls, then one call `CARRY1=/tmp/keep1
 # INIT=/tmp/keep1/init LRS=3e-4 GEN_SECONDS=0 STEPS=40000 END_SECONDS=<timeout - 45> OUT=$OUT bash
 # tools/device_train_draft.sh` carrying .dev2, with the timeout the lease leaves less 30 s: stage 10
-# was still gaining (+0.031 in its 1.4 minutes) and had seen 0.8 epochs at its rate; add
+# was still gaining (+0.031 in its 1.4 minutes) and had run 0.9 epochs at its rate; add
 # LAYERS="2 3" to try a third layer on the same batches (the second gained 0.045 over the one-layer
 # twin in 4829 steps, where 450 CPU steps showed nothing). Stage 10 fits its own training answers
 # at 2.61 against 2.24 held out (stage 8: 2.39 / 2.12): new prompts (a fifth TRAIN batch,
