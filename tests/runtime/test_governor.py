@@ -659,7 +659,8 @@ def test_dspark_prices_a_tree_past_the_deepest_depth_with_the_chains_the_prefill
     when it pays; without chains it keeps to the built depths; an unbuilt length between
     built depths is never priced. A round run there teaches the load factor, no depth's
     shape. (Depths 1-4, the demo's build: d = 3 took one runner-up at most, d = 4 none, and
-    dspark:tree=3:ngram ran at 0.93x fixed:3:tree=3:ngram, session 58.)"""
+    dspark:tree=3:ngram ran at 0.91x fixed:3:tree=3:ngram on a table profiled under load,
+    session 58; 0.98x with the chains priced.)"""
     costs = {0: 1.0, 1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06}
     chains = {5: 1.08, 16: 1.52}
     c = conf(0.9, 0.9, 0.9, 0.9)  # confident chain, but the first draft's runner-ups still add value
