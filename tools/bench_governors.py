@@ -196,17 +196,42 @@ def table_costs(costs: dict, depths):
     return costs["decode"], ver, draft
 
 
+def rows_cost(costs: dict, depths):
+    """m -> seconds to verify m draft rows (a chain of d and n runners-up: m = d + n) as the
+    runtime runs them: verify.m where built; past the deepest built depth the prefill engine's
+    call, the table's chains interpolated (as DSparkGovernor.verify_cost and a fixed
+    ``:tree=W`` round price it), or the deepest depth's verify for a table without chains
+    (one profiled before 2026-12-02); between built depths, the next built depth at or above."""
+    from specrt.engines.costs import interpolate
+    from specrt.runtime.governor import depth_at_least
+
+    _, ver, _ = table_costs(costs, depths)
+    chain = {int(L): float(v) for L, v in (costs.get("chain") or {}).items() if int(L) > depths[-1]}
+
+    def cost(m: int) -> float:
+        if m in ver:
+            return ver[m]
+        if m > depths[-1]:
+            return interpolate(chain, m) if chain else ver[depths[-1]]
+        return ver[depth_at_least(depths, m)]
+
+    return cost
+
+
 def dspark_from_table(costs: dict, depths, calibration=None, **options):
     """runtime.governor.DSparkGovernor on a build's cost table alone (no engines loaded), as
     session.make_governor builds it from the engines (learning on its own copy of
-    ``calibration``) but without the table's chains: a token tree's rows stop at the deepest
-    built depth, as the replays price them (``price``: the next built depth at or above) and as
-    the runtime's DSpark did before session 58; ``options`` go to the governor."""
+    ``calibration``), the table's chains included: a token tree's rows past the deepest built
+    depth are priced as the prefill engine's call (``rows_cost``; until session 59 the replays
+    stopped them at the deepest depth, as the runtime's DSpark did before session 58);
+    ``options`` go to the governor."""
     from specrt.runtime.governor import DSparkGovernor
 
     dec, ver, _ = table_costs(costs, depths)
     cal = calibration.copy() if calibration is not None else None
-    return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, cal, **options)
+    chain = {int(L): float(v) for L, v in (costs.get("chain") or {}).items()}
+    return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, cal,
+                          t_chain=chain or None, **options)
 
 
 def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:

@@ -12,8 +12,10 @@ positions. This decodes the prompts with every round verifying the full block (a
 confidences), the accepted count, the rank of the target's first token among the draft's
 first-position choices and the draft's top-4 probabilities there, then prices on those
 rounds and the build's cost table (a round of d drafts and W - 1 runners-up costs
-draft(d) + verify(d + W - 1), the next built depth at or above; it yields min(a, d) + 1
-tokens, or 2 when a = 0 and the target's token is a runner-up it verified):
+draft(d) + verify(d + W - 1): the next built depth at or above, past the deepest the
+prefill engine's call from the table's chains, as the runtime runs it (since session 59;
+before, the deepest depth's verify); it yields min(a, d) + 1 tokens, or 2 when a = 0 and
+the target's token is a runner-up it verified):
 
 * every fixed (d, W) and the post-draft oracle over (d, W);
 * DSpark's rule with a fixed width (the runners-up worth (1 - c_1) R_W, R_W the rate at
@@ -41,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_governors import rate_optimal, table_costs  # noqa: E402
+from bench_governors import rate_optimal, rows_cost, table_costs  # noqa: E402
 from governor_replay import decode_rounds, full_depth_recorder, recorded_experiment, simulate  # noqa: E402
 
 TOP = 8  # ranks recorded (rank TOP: beyond the draft's top TOP)
@@ -100,14 +102,16 @@ def load_stored_calibration(args: list[str]) -> None:
 
 
 def analyse(conf, accepted, rank, q, prompt, costs, depths) -> dict:
-    from specrt.runtime.governor import Calibration, depth_at_least
+    from specrt.runtime.governor import Calibration
 
     dec, ver, draft = table_costs(costs, depths)
     a, rank, n = np.asarray(accepted), np.asarray(rank), len(accepted)
     depths = list(depths)
 
+    rows = rows_cost(costs, depths)
+
     def cost(d: int, w: int) -> float:
-        return draft(max(d, 1)) + (ver[depth_at_least(depths, d + w - 1)] if d else dec)
+        return draft(max(d, 1)) + (rows(d + w - 1) if d else dec)
 
     def tokens(d: int, w: int) -> np.ndarray:
         sib = (a == 0) & (rank >= 1) & (rank < w) & (d >= 1)

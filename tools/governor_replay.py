@@ -39,7 +39,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from bench_governors import bounds, oracle_choices, price, table_costs  # noqa: E402
+from bench_governors import bounds, oracle_choices, price, rows_cost, table_costs  # noqa: E402
 
 
 def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None, ranks=None) -> tuple[float, dict]:
@@ -49,13 +49,16 @@ def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None, ranks=No
     live; default ``costs``); and how often it took each (block, depth) ("0/0": decoded
     without drafting). A token tree (``gov.tree_width`` > 1) needs ``ranks``: per round the
     rank of the target's first token among the draft's first-position choices (0: the
-    first draft; tools/exp_tree_width.py); a round with n runners-up costs depth d + n and
-    wins position 1 when a = 0 and 1 <= rank <= n (keys "block/depth/runners-up")."""
+    first draft; tools/exp_tree_width.py); a round with n runners-up costs d + n rows
+    (``bench_governors.rows_cost``: past the deepest built depth the table's chains) and wins
+    position 1 when a = 0 and 1 <= rank <= n (keys "block/depth/runners-up")."""
     from specrt.runtime.governor import GovernorState
     from specrt.runtime.telemetry import RoundResult
 
-    dec, ver, draft = table_costs(costs, depths)
-    p_dec, p_ver, p_draft = table_costs(pay, depths) if pay is not None else (dec, ver, draft)
+    dec, _, draft = table_costs(costs, depths)
+    p_dec, _, p_draft = table_costs(pay, depths) if pay is not None else (dec, None, draft)
+    ver = rows_cost(costs, depths)
+    p_ver = rows_cost(pay, depths) if pay is not None else ver
     tokens = seconds = 0.0
     taken: dict[str, int] = {}
     tree = gov.tree_width > 1
@@ -72,8 +75,8 @@ def simulate(gov, rounds, costs: dict, depths, pay: dict | None = None, ranks=No
         n = gov.round_siblings() if d and tree else 0
         sib = int(ranks[i]) - 1 if n and a == 0 and 1 <= ranks[i] <= n else -1
         got = 1 if sib >= 0 else min(int(a), d)
-        tokens, seconds = tokens + got + 1, seconds + p_draft(k) + (p_ver[d + n] if d else p_dec)
-        gov.observe(RoundResult(d, got, draft(k), ver[d + n] if d else dec, None, block, siblings=n, sibling=sib))
+        tokens, seconds = tokens + got + 1, seconds + p_draft(k) + (p_ver(d + n) if d else p_dec)
+        gov.observe(RoundResult(d, got, draft(k), ver(d + n) if d else dec, None, block, siblings=n, sibling=sib))
         key = f"{k}/{d}/{n}" if tree else f"{k}/{d}"
         taken[key] = taken.get(key, 0) + 1
     return tokens / seconds, taken

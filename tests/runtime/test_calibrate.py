@@ -774,6 +774,35 @@ def test_simulating_a_fixed_governor_prices_like_the_fixed_depth():
     assert rate == pytest.approx(bench.price([2] * len(rounds), accepted, dear, DEPTHS)) and taken == {"2/2": len(rounds)}
 
 
+def test_replays_price_a_tree_past_the_deepest_depth_with_the_tables_chains():
+    """A token tree's d + n rows past the deepest built depth run on the prefill engine (the
+    cost table's chains), as the runtime prices and runs them: governor_replay.simulate pays
+    a fixed ``:tree=3`` round at depth 4 the interpolated chain of 6 (not verify.4), and the
+    replays' DSpark (bench_governors.dspark_from_table) verifies runners-up past depth 4
+    when the chains make them cheap. A table without chains keeps the deepest verify."""
+    from specrt.runtime.governor import FixedGovernor, GovernorState
+    from tests.real_model import tool
+
+    replay, bench = tool("governor_replay"), tool("bench_governors")
+    costs = {"decode": 0.020, "draft": 0.003, "draft_by_depth": {"2": 0.002, "4": 0.003},
+             "verify": {"1": 0.021, "2": 0.022, "4": 0.025}, "chain": {"5": 0.027, "9": 0.031}}
+    rows = bench.rows_cost(costs, DEPTHS)
+    assert [rows(m) for m in (1, 3, 4, 5, 6, 9, 13)] == pytest.approx([0.021, 0.025, 0.025, 0.027, 0.028, 0.031, 0.035])
+    assert bench.rows_cost({k: v for k, v in costs.items() if k != "chain"}, DEPTHS)(6) == 0.025
+    rounds = [(np.full(4, 0.5), a) for a in (0, 1, 4, 0)]
+    ranks = np.array([1, 0, 0, 3])  # the first round's runner-up of rank 1 wins; the last's rank 3 is unverified
+    tree = FixedGovernor(DEPTHS, 4)
+    tree.tree_width = 3
+    rate, taken = replay.simulate(tree, rounds, costs, DEPTHS, ranks=ranks)
+    assert taken == {"4/4/2": 4}
+    assert rate == pytest.approx((2 + 2 + 5 + 1) / (4 * (0.003 + 0.028)))
+    # DSpark on the replays' table: an unsure first draft takes runners-up, rows past depth 4
+    g = bench.dspark_from_table(costs, DEPTHS, learn=False)
+    g.tree_width = 3
+    d = g.choose(GovernorState(confidences=np.array([0.3, 0.9, 0.9, 0.9])))
+    assert d == 4 and g.round_siblings() == 2 and g.verify_cost(6) == pytest.approx(0.028)
+
+
 @pytest.mark.parametrize("table", ["usual", "decode_dear", "deep_cheap"])
 def test_the_post_draft_oracle_is_the_best_rate_any_per_round_choice_gets(table):
     """bench_governors.oracle_choices against every choice of depths for 7 rounds (4^7),
