@@ -67,26 +67,30 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
                      norm_before_fc: bool = False, fc_norm: bool = False, norm_before_residual: bool = False,
                      own_embed: bool = False, mask_token_id: int = 999, seed: int = 1,
                      norm_output: bool = False, confidence_head: bool = False,
-                     aux_layer_ids: tuple[int, ...] = (1, 2, 3)) -> Path:
+                     aux_layer_ids: tuple[int, ...] = (1, 2, 3), hidden_size: int | None = None) -> Path:
     """A speculators draft for the target saved at ``target`` (same width and family);
     ``confidence_head``: with a DSpark confidence head (DeepSpec's names); ``aux_layer_ids``:
-    the target layers fc reads (speculators sizes fc, mask_hidden and the norms by their count)."""
+    the target layers fc reads (speculators sizes fc, mask_hidden and the norms by their count);
+    ``hidden_size``: a draft of another width than its target's (speculators' target_hidden_size:
+    fc, mask_hidden and the pre-fc norms keep the target's width; an embedding of its own)."""
     t = json.loads((Path(target) / "config.json").read_text())
     rng = np.random.default_rng(seed)
-    H, V, D = t["hidden_size"], t["vocab_size"], t["head_dim"]
+    Ht, V, D = t["hidden_size"], t["vocab_size"], t["head_dim"]
+    H = hidden_size or Ht
     NH, KVH, I = t["num_attention_heads"], t["num_key_value_heads"], t["intermediate_size"]
     layer_cfg = {k: t[k] for k in ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                    "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size",
                                    "max_position_embeddings", "rope_parameters")}
     # a Qwen2 target's draft has a llama layer: a qwen2 layer has q/k/v biases, which speculators' drafts have not
-    layer_cfg.update(num_hidden_layers=num_layers, hidden_act="silu", tie_word_embeddings=False,
+    layer_cfg.update(num_hidden_layers=num_layers, hidden_act="silu", tie_word_embeddings=False, hidden_size=H,
                      model_type="llama" if t["model_type"] == "qwen2" else t["model_type"])
     cfg = {
         "architectures": ["PEagleDraftModel" if kind == "peagle" else "Eagle3DraftModel"],
         "speculators_model_type": kind, "draft_vocab_size": draft_vocab,
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
         "norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc,
-        "fc_norm": fc_norm, "norm_output": norm_output, "embed_requires_grad": False, "target_hidden_size": None,
+        "fc_norm": fc_norm, "norm_output": norm_output, "embed_requires_grad": False,
+        "target_hidden_size": Ht if H != Ht else None,
         "transformer_layer_config": layer_cfg,
         "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
                                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 4}],
@@ -102,7 +106,7 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
         return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
     n = len(aux_layer_ids)
-    x: dict[str, np.ndarray] = {"fc.weight": w(H, n * H), "layers.0.hidden_norm.weight": norm(H),
+    x: dict[str, np.ndarray] = {"fc.weight": w(H, n * Ht), "layers.0.hidden_norm.weight": norm(H),
                                 "norm.weight": norm(H), "lm_head.weight": w(draft_vocab, H)}
     for i in range(num_layers):
         p, fan_in = f"layers.{i}.", 2 * H if i == 0 else H
@@ -119,12 +123,12 @@ def write_tiny_draft(path: Path, target: Path, kind: str = "eagle3", num_layers:
         x["t2d"] = np.zeros(V, dtype=bool)
         x["t2d"][chosen] = True
     if kind == "peagle":
-        x["mask_hidden"] = w(1, 1, n * H) * 10
+        x["mask_hidden"] = w(1, 1, n * Ht) * 10
     if norm_before_fc:
-        x["input_norm.weight"] = norm(n * H)
+        x["input_norm.weight"] = norm(n * Ht)
     if fc_norm:
-        x.update({f"fc_norm.{j}.weight": norm(H) for j in range(n)})
-    if own_embed:
+        x.update({f"fc_norm.{j}.weight": norm(Ht) for j in range(n)})
+    if own_embed or H != Ht:
         x["embed_tokens.weight"] = w(V, H)
     if confidence_head:
         cfg.update(enable_confidence_head=True, confidence_head_with_markov=False)

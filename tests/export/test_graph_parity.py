@@ -166,6 +166,56 @@ def test_inplace_target_matches_transformers(targets, name):
             n += c
 
 
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_target_kv_is_transformers_cache(targets, name):
+    """The keys and values a target call hands back are transformers' cache rows (keys after
+    RoPE at their own positions, values as projected), every layer, with a past and several
+    new tokens: logits alone cannot tell, as RoPE shifted by a constant leaves every score
+    (and so every logit) unchanged while the stored keys are another graph's or engine's.
+    Both flavours: the new_key/new_value outputs, and the in-place buffers' rows after the calls."""
+    import torch
+
+    t = bind_target(targets[name])
+    d = t.config.decoder
+    ids = np.random.default_rng(7).integers(0, d.vocab_size, (1, 9))
+    with torch.no_grad():
+        cache = load_hf(targets[name])(torch.tensor(ids), use_cache=True).cache
+    ref_k = [cache.layers[i].keys.transpose(1, 2).numpy() for i in range(d.num_layers)]  # [1, 9, KVH, D]
+    ref_v = [cache.layers[i].values.transpose(1, 2).numpy() for i in range(d.num_layers)]
+    s = session(build_target_graph(d, t.get, AUX_IDS))
+    kv, n = KV(d.num_layers, d.num_kv_heads, d.head_dim), 0
+    for c in (1, 4, 1, 3):
+        out = run(s, {C.INPUT_IDS: ids[:, n:n + c], C.POSITION_IDS: np.arange(n, n + c)[None], **kv.feed()})
+        for i in range(d.num_layers):
+            assert maxerr(out[C.new_key(i)], ref_k[i][:, n:n + c]) <= TOL, (name, i, n, c)
+            assert maxerr(out[C.new_value(i)], ref_v[i][:, n:n + c]) <= TOL, (name, i, n, c)
+        kv.commit(out)
+        n += c
+    s = session(build_target_graph(d, t.get, AUX_IDS, kv="inplace", cache_len=16))
+    shape = (1, d.num_kv_heads, 16, d.head_dim)
+    bufs = {f(i): np.zeros(shape, np.float32) for i in range(d.num_layers) for f in (C.cache_key, C.cache_value)}
+    n = 0
+    for c in (1, 4, 1, 3):
+        run_inplace(s, {C.INPUT_IDS: ids[:, n:n + c], C.POSITION_IDS: np.arange(n, n + c)[None],
+                        C.LOGITS_FROM: np.array(0)}, bufs)
+        n += c
+    for i in range(d.num_layers):
+        assert maxerr(bufs[C.cache_key(i)][:, :, :9].transpose(0, 2, 1, 3), ref_k[i]) <= TOL, (name, i)
+        assert maxerr(bufs[C.cache_value(i)][:, :, :9].transpose(0, 2, 1, 3), ref_v[i]) <= TOL, (name, i)
+
+
+@pytest.mark.parametrize("dtype, cache_len", [("bfloat16", 16), ("float32", None), ("float32", 0)])
+def test_inplace_target_refuses_what_its_kernel_cannot_run(targets, dtype, cache_len):
+    """The in-place flavour is built for float32/float16 only (ONNX Runtime's CPU kernels,
+    GroupQueryAttention's among them, have no bfloat16: such a graph would be written and fail
+    only when a session loads it, NOT_IMPLEMENTED) and needs a cache length of 1 row or more."""
+    from specrt.errors import InternalError
+
+    t = bind_target(targets["llama"])
+    with pytest.raises(InternalError, match="in-place KV needs float32/float16 and a cache length"):
+        build_target_graph(t.config.decoder, t.get, AUX_IDS, dtype, kv="inplace", cache_len=cache_len)
+
+
 def test_target_rejects_bad_aux_ids(targets):
     t = bind_target(targets["llama"])
     with pytest.raises(UserError, match="aux layer ids"):
@@ -360,6 +410,43 @@ def test_draft_matches_torch_reference(drafts, name):
     np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_a_draft_narrower_than_its_target_matches_torch_reference(targets, tmp_path, kind):
+    """A draft 32 wide on a 64-wide target (speculators' target_hidden_size): the aux input,
+    mask_hidden, input_norm and fc_norm are in the target's width, prev_hidden, hidden_out
+    and the layers in the draft's; every fixture draft above is as wide as its target, where
+    the two widths cannot be told apart."""
+    tdir = targets["qwen3"]
+    folder = write_tiny_draft(tmp_path / kind, tdir, kind=kind, hidden_size=32,
+                              norm_before_fc=kind == "eagle3", fc_norm=kind == "peagle")
+    target = bind_target(tdir)
+    draft = bind_draft(folder, target)
+    dc, d = draft.config, draft.config.decoder
+    Ht = target.config.decoder.hidden_size
+    assert (d.hidden_size, Ht) == (32, 64)
+    rng = np.random.default_rng(9)
+    A, B = 4, 3
+    ids = rng.integers(0, d.vocab_size, (1, A + B))
+    aux = rng.standard_normal((1, A, dc.num_aux * Ht)).astype(np.float32)
+    kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
+    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux, **kv.feed()}
+    if kind == "eagle3":
+        prev = rng.standard_normal((1, B, d.hidden_size)).astype(np.float32)
+        out = run(session(build_eagle3_graph(dc, draft.get)), {**feed, C.DRAFT_PREV_HIDDEN: prev})
+        logits, hidden = torch_draft_reference(draft, ids, aux, extra_g=prev)
+        assert out[C.DRAFT_HIDDEN_OUT].shape == (1, A + B, 32)
+        assert maxerr(out[C.DRAFT_HIDDEN_OUT], hidden) <= TOL
+    else:
+        ids[:, A:] = dc.mask_token_id
+        out = run(session(build_peagle_graph(dc, draft.get)), feed)
+        mask = np.repeat(draft.get("mask_hidden").reshape(1, 1, -1), B, axis=1)
+        logits, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask)
+        logits = logits[:, A - 1:]
+    assert maxerr(out[C.DRAFT_LOGITS], logits) <= TOL
+    am = logits.argmax(-1)
+    np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+
+
 def _eagle3_feed(rng, dc, n_aux: int, n_prev: int, start: int, ids=None) -> dict:
     S = n_aux + n_prev
     return {C.INPUT_IDS: rng.integers(0, dc.decoder.vocab_size, (1, S)) if ids is None else ids,
@@ -492,6 +579,43 @@ def test_norm_output_feeds_the_normed_hidden_state_on(drafts, name):
         build_peagle_graph(pe.config, pe.get).SerializeToString()
 
 
+@pytest.mark.parametrize("name", ["eagle3_qwen3_norms", "peagle_llama_aux4"])
+def test_a_logit_scale_multiplies_the_draft_logits(drafts, name):
+    """vLLM's logit_scale (transformer_layer_config.logit_scale, LogitsProcessor(scale=...)):
+    the draft graph's logits are the torch forward's times it, and its greedy ids (in target
+    ids, through d2t) those of the scaled logits, as vLLM proposes them. Also in float16,
+    with 2.0, the value of a float32 constant of every RMSNorm (the exponent): the scale is
+    a constant of the graph's dtype, not that one."""
+    from dataclasses import replace
+
+    draft = drafts[name]
+    dc = replace(draft.config, logit_scale=2.0)
+    d = dc.decoder
+    rng = np.random.default_rng(9)
+    A, B = 4, 3
+    ids = rng.integers(0, d.vocab_size, (1, A + B))
+    aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
+    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux}
+    if dc.kind == "eagle3":
+        feed[C.DRAFT_PREV_HIDDEN] = rng.standard_normal((1, B, d.hidden_size)).astype(np.float32)
+        logits, _ = torch_draft_reference(draft, ids, aux, extra_g=feed[C.DRAFT_PREV_HIDDEN])
+        build = build_eagle3_graph
+    else:
+        ids[:, A:] = dc.mask_token_id
+        mask = np.repeat(draft.get("mask_hidden").reshape(1, 1, -1), B, axis=1)
+        logits, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask)
+        logits = logits[:, A - 1:]
+        build = build_peagle_graph
+    for dtype, np_dt, tol in (("float32", np.float32, TOL), ("float16", np.float16, 2e-2)):
+        f = {k: (v.astype(np_dt) if v.dtype == np.float32 else v) for k, v in feed.items()}
+        out = run(session(build(dc, draft.get, dtype)),
+                  {**f, **KV(d.num_layers, d.num_kv_heads, d.head_dim, np_dt).feed()})
+        assert maxerr(out[C.DRAFT_LOGITS], 2.0 * logits) <= 2.0 * tol, dtype
+        if dtype == "float32":
+            am = logits.argmax(-1)
+            np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+
+
 # ---- reduced precision ------------------------------------------------------------------
 
 
@@ -534,6 +658,30 @@ def test_bfloat16_weights_round_like_torch(targets):
     assert {i.type.tensor_type.elem_type for i in m.graph.output} == {onnx.TensorProto.BFLOAT16}
 
 
+def test_bfloat16_ties_round_to_even_like_torch(tmp_path):
+    """Weights exactly halfway between two bfloat16 values (low 16 bits 0x8000) round to the
+    even neighbour, as torch's .bfloat16() rounds them: random weights are almost never ties
+    (1 in 65536), so the test above cannot tell round-half-even from round-half-up."""
+    import torch
+    from onnx import numpy_helper
+    from safetensors.numpy import save_file
+
+    folder = write_tiny_target(tmp_path / "t", "llama")
+    state = load_file(str(folder / "model.safetensors"))
+    key = "model.layers.1.self_attn.q_proj.weight"
+    w = state[key].copy()
+    bits = w.view(np.uint32)
+    bits[:2, :] = (bits[:2, :] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # 128 ties, odd and even high halves
+    state[key] = w
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    t = bind_target(folder)
+    m = build_target_graph(t.config.decoder, t.get, AUX_IDS, "bfloat16")
+    got = numpy_helper.to_array({i.name: i for i in m.graph.initializer}["layers.1.q"]).astype(np.float32)
+    want = torch.from_numpy(w).bfloat16().float().numpy()
+    assert len({int(b) >> 16 & 1 for b in bits[:2].ravel()}) == 2  # (both parities among the ties)
+    np.testing.assert_array_equal(got, want)
+
+
 # ---- onnx.checker and saving ------------------------------------------------------------
 
 
@@ -549,6 +697,7 @@ def test_every_graph_passes_checker(targets, drafts, reference, tmp_path, dtype)
             graphs[name] = build_eagle3_graph(draft.config, draft.get, dtype)
     for name, m in graphs.items():
         assert [o.domain for o in m.opset_import] == [""] and m.opset_import[0].version == 17
+        assert m.ir_version == 8  # the lowest opset 17 allows: older TensorRT / ONNX Runtime readers refuse newer IRs
         assert all(n.domain == "" for n in m.graph.node)
         path = save_model(m, tmp_path / f"{name}.onnx")
         onnx.checker.check_model(str(path), full_check=True)
@@ -575,6 +724,39 @@ def test_io_is_the_contract(targets, drafts):
     assert shape == [1, C.DIM_NEW]
 
 
+def test_declared_output_shapes_are_the_outputs(targets, drafts):
+    """Every output's declared fixed dims (and element type) are those the graph computes,
+    with 2 or 4 aux states and a reduced draft vocabulary (the contract's default is 3 and
+    the full vocabulary): ONNX Runtime only warns on a wrong declaration, TensorRT builds
+    its engine on it."""
+    def check(m: onnx.ModelProto, outs: dict[str, np.ndarray]) -> None:
+        for vi in m.graph.output:
+            dims = [x.dim_value if x.HasField("dim_value") else None for x in vi.type.tensor_type.shape.dim]
+            got = outs[vi.name]
+            assert len(dims) == got.ndim, (vi.name, dims, got.shape)
+            assert all(a in (None, b) for a, b in zip(dims, got.shape)), (vi.name, dims, got.shape)
+            assert onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) == got.dtype, vi.name
+
+    rng = np.random.default_rng(4)
+    t = bind_target(targets["qwen3"])
+    d = t.config.decoder
+    m = build_target_graph(d, t.get, (1, 3))
+    feed = {C.INPUT_IDS: rng.integers(0, d.vocab_size, (1, 3)), C.POSITION_IDS: np.arange(3)[None],
+            **KV(d.num_layers, d.num_kv_heads, d.head_dim).feed()}
+    check(m, run(session(m), feed))
+    for name in ("peagle_llama_aux4", "eagle3_qwen3_aux2"):
+        dc, dd = drafts[name].config, drafts[name].config.decoder
+        assert dc.draft_vocab_size < dd.vocab_size and dc.num_aux != 3
+        feed = _eagle3_feed(rng, dc, 3, 2, 0)
+        feed.update(KV(dd.num_layers, dd.num_kv_heads, dd.head_dim).feed())
+        if dc.kind == "peagle":
+            del feed[C.DRAFT_PREV_HIDDEN]
+            m = build_peagle_graph(dc, drafts[name].get)
+        else:
+            m = build_eagle3_graph(dc, drafts[name].get)
+        check(m, run(session(m), feed))
+
+
 def test_external_data_round_trip(reference, tmp_path):
     draft, r = reference
     d = draft.config.decoder
@@ -586,6 +768,23 @@ def test_external_data_round_trip(reference, tmp_path):
     kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
     out = run(session(path), {C.INPUT_IDS: r["input_ids"], C.POSITION_IDS: r["position_ids"],
                               C.DRAFT_AUX_IN: r["aux_hidden_states"], **kv.feed()})
+    assert maxerr(out[C.DRAFT_LOGITS], r["logits"][:, 4:]) <= TOL
+
+
+def test_external_data_saved_again_replaces_the_old_file(reference, tmp_path):
+    """Saving a model with external data over an earlier save replaces its data file (onnx
+    appends to an existing one): the same bytes as a save to a fresh folder, not the old
+    weights followed by the new, and the graph still reads back and runs."""
+    draft, r = reference
+    d = draft.config.decoder
+    fresh = save_model(build_peagle_graph(draft.config, draft.get), tmp_path / "a" / "peagle.onnx", external_data=True)
+    again = tmp_path / "b" / "peagle.onnx"
+    save_model(build_peagle_graph(draft.config, draft.get), again, external_data=True)
+    save_model(build_peagle_graph(draft.config, draft.get), again, external_data=True)
+    assert (tmp_path / "b" / "peagle.onnx.data").read_bytes() == (fresh.parent / "peagle.onnx.data").read_bytes()
+    kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
+    out = run(session(again), {C.INPUT_IDS: r["input_ids"], C.POSITION_IDS: r["position_ids"],
+                               C.DRAFT_AUX_IN: r["aux_hidden_states"], **kv.feed()})
     assert maxerr(out[C.DRAFT_LOGITS], r["logits"][:, 4:]) <= TOL
 
 
