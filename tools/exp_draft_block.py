@@ -100,7 +100,8 @@ def running_rates_class():
                         rate, n = self._best_tree(e, full[0], t_draft, k, rates) if rates \
                             else (e / (t_draft + self.t_verify[k]), 0)
                         if rate > best[0] / best[1]:
-                            best = (rate * (t_draft + self.t_verify[k + n]), t_draft + self.t_verify[k + n])
+                            t = t_draft + self.verify_cost(k + n)  # past the deepest depth: the chains
+                            best = (rate * t, t)
                 tok, sec = stats.get(blk, best)
                 stats[blk] = (tok + self.rr_alpha * (best[0] - tok), sec + self.rr_alpha * (best[1] - sec))
             self._sibs = sibs
