@@ -14,6 +14,9 @@ from specrt.cli import main
     (["build", "{tmp}/missing", "-o", "{tmp}/out"], "Invalid value for 'EXPORT_DIR': {tmp}/missing is not a folder"),
     (["run", "{tmp}", "--prompts", "{tmp}/missing.jsonl", "--prompt", "x"], "does not exist"),  # click.Path
     (["run", "{tmp}", "--bogus"], "No such option"),  # an unknown option
+    # --prompt and --prompts together: one of them was dropped without a word
+    (["run", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--prompt", "x"], "give exactly one of --prompt TEXT or --prompts"),
+    (["run", "{tmp}"], "give exactly one of --prompt TEXT or --prompts FILE.jsonl"),
     (["nosuchcommand"], "No such command"),
     (["build"], "Missing argument"),
     # ONNX Runtime takes a C int: a larger count was pybind11's TypeError, a traceback, at the first session
@@ -473,3 +476,48 @@ def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, 
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
     assert f"error: {target / name}" in r.output and message in r.output, r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_usage_error_naming_a_path_with_a_line_break_stays_one_line(tmp_path):
+    """click's message is printed on one line whatever it quotes: a folder name holding a line
+    break (a paste gone wrong) split "error: ..." over two lines, the second without the word
+    "error"."""
+    missing = tmp_path / "a\nb"
+    r = CliRunner().invoke(main, ["build", str(missing), "-o", str(tmp_path / "out")], prog_name="specrt")
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"error: Invalid value for 'EXPORT_DIR': {tmp_path}/a b is not a folder"), r.output
+
+
+def test_an_os_error_that_is_specrts_own_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only the OSErrors of the machine or the user's files (a full disk, a permission) are said
+    as "error: ..." and exit 1; any other (EBADF, EINVAL: specrt misusing a file) is a bug and
+    keeps its traceback, as every exception that is not a user error."""
+    import errno
+    import pathlib
+
+    read_text = pathlib.Path.read_text
+
+    def bad_descriptor(self, *a, **k):
+        if self.name == "config.json":
+            raise OSError(errno.EBADF, "Bad file descriptor", str(self))
+        return read_text(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", bad_descriptor)
+    r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier")])
+    assert isinstance(r.exception, OSError) and r.exception.errno == errno.EBADF, (r.output, r.exception)
+    assert "error: " not in r.output, r.output
+
+
+@pytest.mark.parametrize("text, message", [
+    ("\n  \n\n", " no prompts"),  # blank lines only
+    # JSON's true is Python's 1: no token id (as bools are refused wherever a count is read)
+    ('{"prompt_ids": [true, 2]}\n', "1: 'prompt_ids' must be a non-empty list of integer token ids; got [True, 2]"),
+])
+def test_a_prompts_file_without_a_usable_prompt_is_refused_before_the_engines_load(tmp_path, text, message):
+    """`specrt run --prompts` with a file that holds no prompt, or token ids that are not
+    integers: said naming the file (and line), exit 1, before the engines folder is looked at
+    (it is none here)."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(text)
+    r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompts", str(f)])
+    assert r.exit_code == 1 and r.output == f"error: {f}:{message}\n", r.output  # (the file, then its line)

@@ -834,6 +834,26 @@ def test_profile_measures_the_cost_table_again_and_keeps_the_builds(engines_copy
     assert json.loads((engines_copy / "engines.json").read_text())["costs_build"] == before["costs"]  # still the build's
 
 
+def test_profile_prints_each_roles_time_before_and_now_and_their_ratio(engines_copy):
+    """`specrt profile`'s table: each row the build's time at the reference past, the new one
+    and now / before (a build's decode of 1 s made 1000x slower than any new one: the ratio's
+    direction is the one the header says, "before -> now")."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    m = json.loads((engines_copy / "engines.json").read_text())
+    ref = str(m["costs"]["reference_past"])
+    m["costs"]["decode"] = m["costs"]["by_past"][ref]["decode"] = 1.0
+    (engines_copy / "engines.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
+    assert r.exit_code == 0, r.output
+    now = json.loads((engines_copy / "engines.json").read_text())["costs"]["by_past"][ref]["decode"]
+    assert 0 < now < 0.1, now
+    assert f"{engines_copy}/engines.json: cost table at past {ref} (ms), before -> now" in r.output, r.output
+    assert f"  decode      1000.00 -> {now * 1e3:8.2f}  ({now:.2f}x)\n" in r.output, r.output
+
+
 @pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]},
                                  {"pasts": []}])
 def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
@@ -1249,3 +1269,32 @@ def test_a_failed_activation_leaves_no_runner_active(engines_copy):
     with pytest.raises(Exception):
         e.activate()
     assert not e.is_active and [n for n, r in e.runners.items() if r.is_active] == []
+
+
+def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
+    """`specrt build`'s own parsing: --depths takes a trailing comma and refuses a word naming
+    the option and an example (exit 1, no traceback); --sessions reaches engines.json;
+    --profile-repeats is 10 when not given; the acceptance canary runs and is reported
+    after the build, and --no-canary skips it (no acceptance receipt, no line)."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1,two", "-o", str(tmp_path / "bad")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    assert ("error: Invalid value for '--depths': '1,two': expected comma-separated integers such as 1,2,4,8"
+            in r.output), r.output
+    assert not (tmp_path / "bad").exists()
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1,", "-o", str(tmp_path / "e"),
+                                  "--sessions", "per-depth", "--profile-repeats", "1"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "e" / "engines.json").read_text())
+    assert m["depths"] == [1] and m["onnxruntime"]["sessions"] == "per-depth", m
+    assert (tmp_path / "e" / "acceptance_receipt.json").is_file()
+    assert "acceptance canary: depth-1 acceptance " in r.output, r.output
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "n"),
+                                  "--no-canary"])
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "n" / "acceptance_receipt.json").exists() and "acceptance canary" not in r.output
+    m = json.loads((tmp_path / "n" / "engines.json").read_text())
+    assert m["costs"]["repeats"] == 10 and m["onnxruntime"]["sessions"] == "shared", m["costs"]["repeats"]

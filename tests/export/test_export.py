@@ -91,6 +91,23 @@ def test_bad_dtype_names_the_option(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_export_is_float32_unless_told_and_names_a_bad_dtype(tmp_path):
+    """`specrt export` without --dtype writes float32 graphs (the precision build and run take
+    by default); --dtype int8 exits 1 naming the option, writing nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "o" / "export.json").read_text())["dtype"] == "float32"
+    r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(tmp_path / "b"), "--dtype", "int8"])
+    assert r.exit_code == 1 and "error: --dtype 'int8' is not supported" in r.output, r.output
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_reduced_precision_exports_check(tmp_path, dtype):
     m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "o", dtype=dtype)

@@ -181,6 +181,17 @@ def test_calibration_for_other_engines_is_refused_with_a_note(engines, small_voc
         ident = s.generator.governor.calibration  # the identity map
         x = np.array([0.0, 0.3, 0.77, 1.0])
         np.testing.assert_allclose(ident.predict(x, np.zeros(4, int)), x, atol=1e-12)
+    # `specrt run` under dspark says it on the console, naming the governor, before the answer
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    r = CliRunner().invoke(cli(), ["run", str(b), "--prompts", str(pf), "--max-new-tokens", "4", "--governor",
+                                   "dspark", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (f"dspark: {b / CALIBRATION_FILE} was fitted for other engines (export digest differs): using the "
+            "identity map") in r.output, r.output
+    r = CliRunner().invoke(cli(), ["run", str(b), "--prompts", str(pf), "--max-new-tokens", "4", "--governor",
+                                   "fixed:1", "--quiet"])
+    assert r.exit_code == 0 and "fitted for other" not in r.output, r.output  # (a governor that reads none)
     # a file for other engines in a format this version does not read is stale all the same
     (b / CALIBRATION_FILE).write_text(json.dumps({"format": "specrt.calibration-file/3", "export_digest": "0" * 64,
                                                   "modes": {"greedy": {"new": "fields"}}}))
@@ -507,6 +518,24 @@ def test_cli_calibrate(small_vocab_engines, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["mode"] == "temperature=0.8,top_k=5,top_p=1"
     assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == ["greedy", "temperature=0.8,top_k=5,top_p=1"]
+
+
+def test_cli_calibrate_defaults_reach_the_report(small_vocab_engines, tmp_path):
+    """calibrate's defaults as --help shows them: 128 new tokens a prompt, a quarter of the
+    prompts held out, seed 0 for sampled decoding (the same calibration run again), no chat
+    template unless --chat; the report (printed with --json, and --report's file) says each."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("\n".join(json.dumps({"prompt_ids": p}) for p in prompts(16, 4)) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--temperature", "0.8", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output[r.output.index("{"):])
+    assert rep["max_new_tokens"] == 128 and rep["chat"] is False and rep["sampling"]["seed"] == 0, rep
+    assert rep["prompts"] == {"train": 3, "holdout": 1, "holdout_source": "0.25 of the prompts"}, rep["prompts"]
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "3", "--chat",
+                                   "--holdout", "0", "--report", str(tmp_path / "rep.json")])
+    assert r.exit_code == 0 and "ECE c before" in r.output, r.output  # (a table, not JSON, without --json)
+    assert json.loads((tmp_path / "rep.json").read_text())["chat"] is True
 
 
 @pytest.mark.parametrize("lines, args, message", [

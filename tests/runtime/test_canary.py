@@ -93,7 +93,8 @@ def test_trusted_when_acceptance_matches(tmp_path):
     """Trusted while the measured acceptance is at least half the receipt's, untrusted below:
     the same draft built again with receipts on either side of what it measures (the same
     seeded decode each time)."""
-    m = _measure(_engines(tmp_path / "m", {"training_last_window": {"depth_1": {"accuracy": 0.0}}}))["measured_depth1"]
+    low = _engines(tmp_path / "m", {"training_last_window": {"depth_1": {"accuracy": 0.0}}})
+    m = _measure(low)["measured_depth1"]
     assert 0 < m < 1
     # (m / 0.5: measured exactly half the receipt's, which is still trusted: "at least")
     for name, expected, trusted in (("b", m / 0.4, False), ("h", m / 0.5, True), ("a", m / 0.6, True)):
@@ -104,6 +105,17 @@ def test_trusted_when_acceptance_matches(tmp_path):
     assert json.loads((eng / "acceptance_receipt.json").read_text())["binding_receipt_id"] == r["binding_receipt_id"]
     with Session(eng, governor="fixed:1") as s:
         assert s.untrusted is None
+    # `specrt canary` says a trusted verdict in one line, with the receipt it compared with
+    # (a receipt of 0.0: trusted whatever its default prompts measure)
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["canary", str(low)])
+    rec = json.loads((low / "acceptance_receipt.json").read_text())
+    assert r.exit_code == 0 and r.output == (
+        f"acceptance canary: depth-1 acceptance {rec['measured_depth1']:.2f} over {rec['drafts']} drafts, training "
+        "receipt 0.00 (training_last_window.depth_1.accuracy)\n"), r.output
 
 
 def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
@@ -126,6 +138,10 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
 
     from specrt.cli import main
 
+    r = CliRunner().invoke(main, ["canary", str(eng)])  # said loudly, naming the receipt that keeps it
+    assert r.exit_code == 0 and "UNTRUSTED: measured acceptance is far below the training receipt" in r.output \
+        and f"{eng}/acceptance_receipt.json records it and `specrt run` will warn" in " ".join(r.output.split()), \
+        r.output
     r = CliRunner().invoke(main, ["chat", str(eng), "--governor", "fixed:1"], input="\n")
     # (then refused, this model having no tokenizer: before its first prompt since session 53)
     assert r.exit_code == 1 and "WARNING: UNTRUSTED DRAFT" in r.output and "no tokenizer.json" in r.output, r.output
@@ -409,3 +425,20 @@ def test_canary_prompts_go_through_the_exports_chat_template(tmp_path):
     assert ids[0] == [1, 3, 4, 0, 0, 0, 0, 2]
     (tmp_path / "tokenizer_config.json").write_text("{}")
     assert prompt_ids(tmp_path, 5)[0] == [3, 4, 0, 0, 0, 0]
+
+
+def test_canary_refuses_engines_without_a_draft(tmp_path):
+    """`specrt canary` on engines built from an export with no draft: nothing to measure,
+    said as a user error naming the folder (exit 1), and no acceptance receipt written."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    export(t, None, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    r = CliRunner().invoke(main, ["canary", str(tmp_path / "eng")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    assert r.output == f"error: {tmp_path / 'eng'}: the engines have no draft; nothing to check\n", r.output
+    assert not (tmp_path / "eng" / "acceptance_receipt.json").exists()

@@ -564,3 +564,26 @@ def test_grown_keys_start_from_their_measured_priors():
     for key, rates in priors.items():
         assert rates == list(GROW_PRIORS.get(key, DEFAULT_PRIOR)), key
     assert priors[42] == [0.961, 0.813, 0.818, 0.787, 0.758, 0.783]
+
+
+def test_cli_corpus_bounds_are_inclusive(tiny_engines, tmp_path):
+    """`specrt corpus`'s limits at their edges: --nmin equal to --nmax (one n-gram length) and
+    --nmax at its limit (64) are taken; a token id equal to the vocabulary size is outside it."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt_ids": [1], "answer_ids": [16]}) + "\n")
+    r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(bad)])
+    assert r.exit_code == 1 and "token id 16 is outside the vocabulary [0, 16)" in r.output, r.output
+    assert not (tiny_engines / FILE).exists()
+    src = tmp_path / "answers.jsonl"
+    src.write_text("".join(json.dumps({"prompt_ids": [3, 1, 4], "answer_ids": [(7 * i + j) % 16 for j in range(40)]})
+                           + "\n" for i in range(20)))
+    try:
+        for nmin, nmax in (("3", "3"), ("3", "64")):
+            r = CliRunner().invoke(main, ["corpus", str(tiny_engines), str(src), "--nmin", nmin, "--nmax", nmax])
+            assert r.exit_code == 0 and f"(n = {nmin}..{nmax})" in r.output, r.output
+    finally:
+        (tiny_engines / FILE).unlink(missing_ok=True)

@@ -237,7 +237,14 @@ def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, t
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
-    assert json.loads(stats.read_text())["new_tokens"] == 6
+    st = json.loads(stats.read_text())
+    assert st["new_tokens"] == 6
+    # the run's identity beside its counts: which engines (and export), the governor, not interrupted
+    from specrt.engines.manifest import read_engines_manifest
+
+    assert st["engines"] == str(worded) and st["governor"] and st["interrupted"] is False, st
+    assert st["export_digest"] == read_engines_manifest(worded)["export"]["digest"]
+    assert [p["prompt"] for p in st["prompts"]] == ["w3 w1 w4"]
     umask = os.umask(0)
     os.umask(umask)
     assert stats.stat().st_mode & 0o777 == 0o666 & ~umask
@@ -573,6 +580,8 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
     assert f"[interrupted: {len(done)} of {n} prompts answered" in err, err
     assert [g["output_token_ids"] for g in done] == want[:len(done)]
     assert len(got) - len(done) <= 1 and all(g["finish_reason"] == "interrupted" for g in got[len(done):])
+    # "one cut short" exactly when a prompt was stopped mid-answer (not when the signal came between answers)
+    assert (", one cut short" in err) == (len(got) > len(done)), err
     for g in got[len(done):]:  # the answer cut short: what it had decoded of its whole one
         assert g["output_token_ids"] == want[len(done)][:len(g["output_token_ids"])]
         assert 0 < len(g["output_token_ids"]) < len(want[len(done)])
@@ -580,6 +589,33 @@ def test_run_interrupted_keeps_the_answered_prompts_stats_and_growth(worded, tmp
     assert f"{st['new_tokens']} tokens in " in err
     with Session(worded) as s:  # the growth saved: every answered prompt's sequence
         assert s.load_growth(grow) >= len(done)
+
+
+def test_an_interrupt_just_after_an_answer_ended_keeps_its_finish(worded, tmp_path, monkeypatch):
+    """A Ctrl-C landing after a prompt's answer ended but before the run recorded it (here: as
+    the run asks for the answer's stats, the first time) records that answer as it finished
+    ("length", answered in full), not "interrupted", and the closing line counts it answered
+    with none cut short."""
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    stats, calls = Session.stats, []
+
+    def interrupted_once(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return stats(self, *a, **k)
+
+    monkeypatch.setattr(Session, "stats", interrupted_once)
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
+                                  "--governor", "fixed:1", "--stats", str(out)])
+    assert r.exit_code == 1 and r.output.rstrip().endswith("Aborted!"), r.output
+    assert "[interrupted: 1 of 2 prompts answered; --stats " in r.output and "cut short" not in r.output, r.output
+    st = json.loads(out.read_text())
+    assert st["interrupted"] is True and [p["finish_reason"] for p in st["prompts"]] == ["length"], st["prompts"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
@@ -1072,6 +1108,18 @@ def test_run_says_when_the_context_limit_ends_an_answer(worded):
     assert r.exit_code == 0 and "context limit" not in r.output, r.output
 
 
+def test_run_names_the_prompt_of_a_file_that_the_context_limit_cut(worded, tmp_path):
+    """With --prompts the context line names which prompt was cut, counted from 1 as a
+    person counts them (the second of two here: the first ends at --max-new-tokens)."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w6"}) + "\n" + json.dumps({"prompt": " ".join(["w6"] * 120)}) + "\n")
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "40",
+                                  "--governor", "fixed:1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert ("[prompt 2: stopped at the engines' context limit of 128 tokens after 9 new tokens (120 in the prompt)"
+            in r.output and "prompt 1:" not in r.output), r.output
+
+
 def _byte_bpe(folder):
     """A byte-level BPE of 300 tokens (as SmolLM2's, Llama 3's, Qwen3's, smaller): most
     multi-byte characters take several tokens."""
@@ -1303,6 +1351,28 @@ def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
                            input="w1 w2\n\n")
     assert r.exit_code == 0 and "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, \
         r.output
+
+
+def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(worded):
+    """The room chat keeps for the next answer is --max-new-tokens or a quarter of the context,
+    whichever is less: a --max-new-tokens past the quarter (60 of 128 here) does not drop the
+    earlier turn that still fits beside a quarter; the answer is cut at the context instead."""
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "60", "--governor", "off"],
+                           input="w1 w2\nw3 w3 w3 w3 w3\n\n")  # (the second turn's prompt: 71 tokens)
+    assert r.exit_code == 0 and "dropped" not in r.output, r.output
+    assert "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, r.output
+
+
+def test_chat_skips_a_turn_that_fills_the_context_to_its_last_token(worded):
+    """A turn whose prompt is exactly the context (128 tokens: no room for one token of
+    answer) is skipped and said, the conversation going on; one token shorter is answered."""
+    system = " ".join(["w4"] * 123)  # 126 tokens with an empty turn
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", system, "--governor", "fixed:1"],
+                           input="w6 w6\nw6\n\n")
+    assert r.exit_code == 0, r.output
+    assert ("[this turn makes a prompt of 128 tokens; the engines' context limit is 128: skipped, the conversation "
+            "goes on]") in r.output, r.output
+    assert r.output.count("[the answer stopped at the engines' context limit of 128 tokens]") == 1, r.output
 
 
 def test_api_misuse_is_a_user_error(worded):
@@ -2201,6 +2271,17 @@ def test_a_folder_named_tokenizer_json_is_no_tokenizer(tmp_path):
         Text(tmp_path)
 
 
+def test_sampling_options_at_their_edges_from_the_command_line(worded):
+    """--top-k -1 is "off" as 0 is (taken), an infinite --temperature is refused naming the
+    option as typed, exit 1, before anything decodes."""
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "2", "--temperature",
+                                  "1", "--top-k", "-1", "--seed", "3", "--quiet"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--temperature", "inf"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert r.output == "error: --temperature inf: expected a finite number >= 0 (0 = greedy)\n", r.output
+
+
 def test_sampling_options_at_temperature_0_are_said_to_change_nothing(worded):  # noqa: F811
     """`--top-p 0.5` (or --top-k, --seed, --reproducible) with greedy decoding changed nothing
     without a word: run and chat (and calibrate and bench: the same decorator) say so, naming
@@ -2261,6 +2342,10 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
     assert r.exit_code == 0 and "note: --chat: 1 of the 2 prompts are token ids ('prompt_ids'), used as given" \
         in r.output, r.output
     r = CliRunner().invoke(main, [*base, "--governor", "fixed:3"])
+    assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
+    # --chat beside text prompts alone templates every one: nothing to say
+    p.write_text(json.dumps({"prompt": "w5 w6"}) + "\n")
+    r = CliRunner().invoke(main, [*base, "--chat", "--governor", "fixed:3"])
     assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
 
 
