@@ -539,13 +539,14 @@ def measure_costs(engines: EngineSet, repeats: int = 10, log: Callable[[str], No
     (``profile_costs``), ``repeats`` calls per role. Activates the engines for the
     measurement and releases them after."""
     old = engines.manifest.get("costs") or {}
-    if malformed_costs(old):  # what this mends: measured at the build's defaults
-        log(f"note: {engines.folder / ENGINES_MANIFEST}: the stored cost table is malformed; measuring one at the "
+    # what this mends: measured at the build's defaults. A table missing (or without 'verify') is
+    # what the engines' cost lookup sends here too ("measure it again with `specrt profile`");
+    # until session 59 it was refused here with advice to rebuild
+    what = "malformed" if malformed_costs(old) else None if old.get("verify") else "missing"
+    if what:
+        log(f"note: {engines.folder / ENGINES_MANIFEST}: the stored cost table is {what}; measuring one at the "
             f"build's default pasts ({', '.join(map(str, PROFILE_PASTS))}, those that fit)")
         old = {"verify": True}
-    if not old.get("verify"):
-        raise UserError(f"{engines.folder / ENGINES_MANIFEST}: no cost table to measure again (expected 'costs' "
-                        f"with 'verify'); rebuild with `specrt build`")
     return _profile(engines, old.get("pasts", PROFILE_PASTS), int(old.get("draft_accepted", DRAFT_ACCEPTED)), repeats,
                     log, where=f" of {engines.folder}")
 

@@ -54,6 +54,31 @@ def test_manifest_records_what_the_runtime_trusts(tiny_engines, tiny_export):
     assert costs["reference_past"] == 128 and list(costs["by_past"]) == ["128"]  # 512 does not fit C = 256
 
 
+def test_an_export_with_external_weights_is_built_on_them(tmp_path, monkeypatch):
+    """An export whose graphs keep their weights in ``.onnx.data`` files (every export past
+    ~1.5 GB of weights, made here from the tiny pair by lowering that threshold): the build
+    runs the export's draft graph as it is (no rewrite into the engines folder), records the
+    weights of both files, and the engines load and run (mutation round: neither was built
+    in the fast suite, and a weight size of the .onnx file alone survived)."""
+    import specrt.export.graphs as graphs
+    from specrt.export.export import export
+
+    from .conftest import REFERENCE
+
+    monkeypatch.setattr(graphs, "EXTERNAL_DATA_THRESHOLD", 0)
+    export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "x", log=quiet)
+    exp = load_export(tmp_path / "x")
+    assert [r["file"] for r in exp["graphs"]["draft"]["files"]] == ["draft.onnx", "draft.onnx.data"]
+    m = build_engines(tmp_path / "x", "onnxruntime", "1,2", tmp_path / "e", log=quiet, profile_repeats=1)
+    assert m["roles"]["draft"]["engine"] == {"onnx": "export/draft.onnx"}
+    assert {f["file"] for f in m["files"]} == {"target.onnx", "target.onnx.data"}
+    assert not (tmp_path / "e" / "draft.onnx").exists()
+    assert m["weight_bytes"] == {g: sum(r["bytes"] for r in exp["graphs"][g]["files"]) for g in ("target", "draft")}
+    assert m["weight_bytes"]["draft"] > (tmp_path / "x" / "draft.onnx.data").stat().st_size > 0
+    with load_engines(tmp_path / "e") as e:
+        assert e.cost("draft", 16) > 0
+
+
 def test_engine_set_api(tiny_engines):
     e = load_engines(tiny_engines)
     assert e.costs["verify"][4] == e.cost("verify.4", 128)
@@ -181,6 +206,18 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.update(depths=m["depths"][::-1]), r"precision 'fp32' and depths \[8, 4, 2, 1\]"),
     (lambda m: m["onnxruntime"].update(providers=["x"]),
      r"field 'onnxruntime' is malformed \(onnxruntime providers \('x',\): expected ONNX Runtime provider names"),
+    # each OrtSettings field checked before a session is made (mutation round of the build: a
+    # check dropped loaded, then failed in ONNX Runtime's bindings or ran with the setting ignored)
+    (lambda m: m["onnxruntime"].update(graph_optimization_level="ALL"),
+     r"field 'onnxruntime' is malformed \(graph_optimization_level 'ALL' is not one of ORT_DISABLE_ALL, "),
+    (lambda m: m["onnxruntime"].update(execution_mode="async"),
+     r"field 'onnxruntime' is malformed \(execution_mode 'async' is not sequential or parallel"),
+    (lambda m: m["onnxruntime"].update(prepack="yes"),
+     r"field 'onnxruntime' is malformed \(onnxruntime prepack 'yes': expected true, false or null"),
+    (lambda m: m["onnxruntime"].update(spin=1), r"field 'onnxruntime' is malformed \(onnxruntime spin 1: expected true "
+                                                "or false"),
+    (lambda m: m["onnxruntime"].update(extra=[["a", "b"]]),
+     r"field 'onnxruntime' is malformed \(onnxruntime extra \[\['a', 'b'\]\]: expected an object of session config"),
     # a user walk (session 54): a role's ranges edited met the graph's error mid-decode, blamed on the prompt
     (lambda m: m["roles"]["verify.4"]["dims"].update(new_tokens=[4, 4, 4]),
      r"roles.verify.4.dims.new_tokens is \[4, 4, 4\]; expected min 5 and max 5 for depths \[1, 2, 4, 8\] and "
@@ -213,6 +250,8 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
     with pytest.raises(UserError, match=f"{engines_copy / 'target.onnx'}: its inputs and outputs differ from those "
                                         "engines.json gives role 'prefill'"):
         engines.activate()
+    # (the session the refused runner acquired is released with it, mutation round)
+    assert all(r.graph._sessions == {} and r.graph._users == {} for r in engines.runners.values())
 
 
 def test_role_ranges_name_a_context_too_small_for_the_depths_without_a_cli_option():
@@ -344,6 +383,8 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     build_engines(tiny_export, "onnxruntime", [1, 3], out, force=True, log=lines.append, profile_repeats=1)
     assert load_engines(out).depths == (1, 3) and not (out / "calibration.json").exists()
     assert any("is replaced with its calibration.json" in ln for ln in lines), lines
+    # (said once: the calibration there before the build is not one written during it, mutation round)
+    assert not any("during this build" in ln for ln in lines), lines
     # a calibration written into the old folder while the build ran (a calibrate beside it)
     # goes with the old engines: said at the end (it went without a word)
     import specrt.engines.build as build
@@ -436,6 +477,11 @@ def test_a_context_whose_memory_cannot_fit_is_refused_before_any_work(tmp_path):
                      r"[\d.e+]+ GiB of RoPE tables beside [\d.e+-]+ GiB of weights, and this machine has [\d.]+ GiB "
                      r"available: --max-context N bounds it \(at most about \d+ here\)", r.output), r.output
     assert not (tmp_path / "e").exists()
+    # a --max-context still too large is named as the limit's source (mutation round: it said the model's)
+    r = CliRunner().invoke(main, ["build", str(tmp_path / "x"), "-o", str(tmp_path / "e"), "--depths", "1",
+                                  "--max-context", str(10 ** 11)])
+    assert r.exit_code == 1 and "error: a context of 100000000000 tokens (--max-context) needs " in r.output, r.output
+    assert not (tmp_path / "e").exists()
     exp = load_export(tmp_path / "x")
     kv = kv_cache_bytes(exp, 1000)
     t, d = exp["target"], exp["draft"]
@@ -458,6 +504,28 @@ def test_a_context_whose_memory_cannot_fit_is_refused_before_any_work(tmp_path):
     small = rope_table_bytes(exp, 10) + sum(kv_cache_bytes(exp, 10).values())
     check_memory_fits(exp, 10, "--max-context", available=weights + small - 1, log=said.append)
     assert len(said) == 1 and said[0].endswith("its weights leave no room for a context here"), said
+
+
+def test_memory_that_exactly_fits_is_enough_and_float16_caches_take_half(tiny_export):
+    """The memory check's boundaries (mutation round of the build): weights and RoPE tables
+    that take exactly the memory available pass (a note for the KV caches only); weights
+    alone that take all of it are said to leave no room for a context, not to not fit; a
+    float16 export's KV caches take 2 bytes an element, half a float32 one's (the runtime
+    holds them in the export's dtype, generate.py)."""
+    from specrt.engines.build import check_memory_fits, kv_cache_bytes, rope_table_bytes
+
+    exp = load_export(tiny_export)
+    weights = sum(f["bytes"] for g in exp["graphs"].values() for f in g["files"])
+    rope = rope_table_bytes(exp, 100)
+    said: list[str] = []
+    check_memory_fits(exp, 100, "--max-context", available=weights + rope, log=said.append)
+    assert len(said) == 1 and said[0].startswith("note: at its full context of 100 tokens"), said
+    with pytest.raises(UserError, match="needs .* of RoPE tables .*: its weights leave no room for a context here$"):
+        check_memory_fits(exp, 100, "--max-context", available=weights)
+    with pytest.raises(UserError, match="its weights alone do not fit$"):
+        check_memory_fits(exp, 100, "--max-context", available=weights - 1)
+    full = kv_cache_bytes(exp, 100)
+    assert kv_cache_bytes({**exp, "dtype": "float16"}, 100) == {side: b // 2 for side, b in full.items()}
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -855,7 +923,7 @@ def test_profile_prints_each_roles_time_before_and_now_and_their_ratio(engines_c
 
 
 @pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]},
-                                 {"pasts": []}])
+                                 {"pasts": []}, {"pasts": [0]}])  # ([0]: not a past the build profiles, mutation round)
 def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     """A malformed 'costs' told the user to run `specrt profile`, which failed loading the same
     table with the same advice (a user walk), or on its pasts or draft shape, which the table's
@@ -878,6 +946,40 @@ def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     assert "costs_build" not in after and after["costs"]["repeats"] == 1
     with load_engines(engines_copy) as e:
         assert e.cost("verify.1", 128) > 0
+
+
+def test_profile_measures_again_at_the_builds_pasts_and_draft_shape(tiny_export, tmp_path):
+    """`specrt profile` measures the table at the pasts and draft shape the build profiled
+    (``profile_pasts``, ``draft_accepted``), not the defaults (mutation round: the defaults
+    survived, every other build having used them)."""
+    out = tmp_path / "e"
+    build_engines(tiny_export, "onnxruntime", "1,2", out, log=quiet, profile_repeats=1, profile_pasts=(16, 40),
+                  draft_accepted=3, max_context=64)
+    old, new = build.reprofile_engines(out, repeats=1, log=quiet)
+    assert old["pasts"] == new["pasts"] == [16, 40] and old["draft_accepted"] == new["draft_accepted"] == 3
+    assert sorted(new["by_past"], key=int) == ["16", "40"]
+
+
+def test_profile_measures_a_missing_cost_table_as_the_engines_ask(engines_copy):
+    """engines.json without its 'costs' loads, and the engines' cost lookup says "measure it
+    again with `specrt profile FOLDER`"; `specrt profile` then refused it ("no cost table to
+    measure again ... rebuild with `specrt build`": found by the build's mutation round). It
+    measures one at the build's default pasts now, says so, and keeps no table as the build's."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    edit_manifest(engines_copy, lambda m: [m.pop(k, None) for k in ("costs", "costs_build")])
+    with pytest.raises(UserError, match=re.escape(f"measure it again with `specrt profile {engines_copy}`")):
+        load_engines(engines_copy, verify=False).cost("draft", 16)
+    r = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
+    assert r.exit_code == 0, r.output
+    assert f"note: {engines_copy / 'engines.json'}: the stored cost table is missing; measuring one at the build's " \
+        "default pasts (128, 512, those that fit)" in r.output, r.output
+    after = json.loads((engines_copy / "engines.json").read_text())
+    assert "costs_build" not in after and after["costs"]["pasts"] == [128] and after["costs"]["repeats"] == 1
+    with load_engines(engines_copy) as e:
+        assert e.cost("draft", 16) > 0 and e.cost("verify.8", 128) > 0
 
 
 def test_profile_refuses_tampered_engines_and_writes_nothing(engines_copy):
@@ -1057,6 +1159,17 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
     assert cli.exit_code == 0 and "the machine was busy" in cli.output, cli.output
 
 
+def test_the_cpu_share_is_per_thread_asked_for(engines_copy):
+    """``cpu_share`` is the process's CPU time over what its ONNX Runtime threads asked for
+    (wall time x threads), so it cannot pass this machine's CPUs over those threads: with 8
+    threads a CPU it is at most 1/8 (mutation round: a share not divided by the threads,
+    1 to 2 here and read as an idle machine, survived the bound of the test above)."""
+    threads = 8 * os.cpu_count()
+    engines = load_engines(engines_copy, verify=False, ort_overrides={"intra_op_num_threads": threads})
+    table = build.measure_costs(engines, repeats=1, log=quiet)
+    assert 0 < table["cpu_share"] <= 1 / 8 + 0.01, table["cpu_share"]
+
+
 def test_a_folder_of_the_wrong_kind_is_named_for_what_it_is(tiny_export, engines_copy):
     """An export folder given where engines are taken (run, calibrate, compare, ...) said only
     "not a complete engines folder (no engines.json)", and an engines folder given as a
@@ -1100,6 +1213,9 @@ def test_default_depths_follow_the_p_eagle_draft(tiny_export, tmp_path):
     assert "deeper than the" not in r.output
     for draft, depths in (({"kind": "peagle", "speculative_tokens": 3}, (1, 2, 3)),
                           ({"kind": "peagle", "speculative_tokens": 12}, DEFAULT_DEPTHS),
+                          # K = 8, the deepest the rule takes, and a JSON true (not a count), mutation round
+                          ({"kind": "peagle", "speculative_tokens": 8}, tuple(range(1, 9))),
+                          ({"kind": "peagle", "speculative_tokens": True}, DEFAULT_DEPTHS),
                           ({"kind": "eagle3", "speculative_tokens": 3}, DEFAULT_DEPTHS), (None, DEFAULT_DEPTHS)):
         assert default_depths({"draft": draft}) == depths, draft
 
@@ -1266,8 +1382,8 @@ def test_a_failed_activation_leaves_no_runner_active(engines_copy):
     e = load_engines(engines_copy, verify=False)
     assert list(e.runners)[-1] == "draft"  # activated last: every target role is active when it fails
     (engines_copy / "draft.onnx").write_bytes(b"not an onnx graph")
-    with pytest.raises(Exception):
-        e.activate()
+    with pytest.raises(UserError, match=f"^{engines_copy / 'draft.onnx'}: ONNX Runtime could not load the graph "):
+        e.activate()  # (named: ONNX Runtime's own exception class before, mutation round)
     assert not e.is_active and [n for n, r in e.runners.items() if r.is_active] == []
 
 

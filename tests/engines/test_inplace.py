@@ -185,6 +185,10 @@ def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):
     (exp / "export.json").write_text(json.dumps(m))
     with pytest.raises(UserError, match="--ort-kv inplace: the export predates target.decoder"):
         build_engines(exp, "onnxruntime", [1], tmp_path / "e1", log=quiet, ort_kv="inplace")
+    # a screened head needs the in-place graph: refused, not built with the full head unsaid (mutation round)
+    with pytest.raises(UserError, match="^--target-head screened needs in-place KV, which these settings cannot have$"):
+        build_engines(exp, "onnxruntime", [1], tmp_path / "e1", log=quiet, target_head="screened")
+    assert not (tmp_path / "e1").exists()
     notes = []
     build_engines(exp, "onnxruntime", [1], tmp_path / "e2", log=notes.append, profile_repeats=1)
     assert any("portable KV graph" in n and "re-export" in n for n in notes)
@@ -193,6 +197,20 @@ def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):
         build_engines(exp, "onnxruntime", [1], tmp_path / "e3", log=quiet, ort_kv="sideways")
     with pytest.raises(UserError, match="--ort-kv inplace applies to the onnxruntime backend"):
         build_engines(exp, "tensorrt", [1], tmp_path / "e4", log=quiet, ort_kv="inplace")
+
+
+def test_tensorrt_engines_take_the_portable_kv_graph_without_a_probe(tiny_export):
+    """In-place KV is an ONNX Runtime graph (GroupQueryAttention): the default ``--ort-kv
+    auto`` of a TensorRT build resolves to the export's portable graph at once, with no
+    ONNX Runtime probe (its settings are None there) and nothing said. Pinned here because
+    the TensorRT build itself skips on machines without TensorRT (mutation round)."""
+    from specrt.engines.build import _resolve_kv
+    from specrt.manifest import load_export
+
+    exp = load_export(tiny_export)
+    said: list[str] = []
+    assert _resolve_kv("auto", "tensorrt", exp, None, said.append) == "append" and said == []
+    assert _resolve_kv("auto", "onnxruntime", exp, OrtSettings().resolved(), said.append) == "inplace"
 
 
 def test_float16_in_place_engines_match_the_portable_graph(tmp_path):

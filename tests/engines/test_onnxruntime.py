@@ -211,6 +211,29 @@ def test_sessions_are_shared_by_default(tiny_engines_append):
             assert shape == [1, d + 1], (d, shape)
 
 
+def test_sessions_and_shared_weights_go_with_the_last_runner(tiny_engines_append):
+    """Per-depth sessions (mutation round): the target's sessions (one a role) and the weights
+    they share are held while the engines are active and dropped, every one, with the draft's
+    session, when they are released (a long-lived server reloading engines kept each earlier
+    set's sessions and weights otherwise)."""
+    engines = load_engines(tiny_engines_append, verify=False, ort_overrides={"sessions": "per-depth"})
+    target, draft = engines.runner("decode").graph, engines.draft().graph
+    with engines:
+        assert len(target._sessions) == len(DEPTHS) + 2 and target._weights and len(draft._sessions) == 1
+    assert (target._sessions, target._users, target._weights, draft._sessions, draft._users) == ({}, {}, None, {}, {})
+
+
+def test_providers_are_cuda_with_the_cpu_behind_it_where_cuda_is_offered():
+    """The default providers (module doc): CUDA when ONNX Runtime offers it, with the CPU
+    provider behind it for the ops CUDA has no kernel for (mutation round: CUDA alone
+    survived), else the CPU; the TensorRT provider is never chosen."""
+    from specrt.engines.onnxruntime import select_providers
+
+    assert select_providers(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]) == \
+        ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert select_providers(["TensorrtExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+
+
 def test_session_options_carry_the_settings():
     """What each OrtSettings field sets on ONNX Runtime's SessionOptions (module doc): the
     thread counts, prepacking off only when asked, threads that spin within a run and stop
@@ -234,6 +257,12 @@ def test_session_options_carry_the_settings():
     assert entry(so, "session.disable_prepacking") == "1"
     assert entry(so, "session.intra_op.allow_spinning") == "0" and entry(so, "session.force_spinning_stop") is None
     assert entry(so, "a.b") == "7"
+    # settings given explicitly are kept: parallel execution, a second inter-op thread, prepacking
+    # asked for per-depth sessions (their default is off; mutation round)
+    so = OrtSettings(sessions="per-depth", execution_mode="parallel", inter_op_num_threads=2, prepack=True,
+                     intra_op_num_threads=1).resolved().session_options()
+    assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL and so.inter_op_num_threads == 2
+    assert entry(so, "session.disable_prepacking") is None
     # SessionOptions takes a C int: a larger count (engines.json, `specrt bench --threads`) was
     # pybind11's TypeError when the first session was made
     so = OrtSettings(intra_op_num_threads=2**31 - 1).resolved().session_options()
@@ -375,3 +404,40 @@ def test_physical_cores_follow_the_cgroup_limit_rounded_up(monkeypatch):
     for limit, want in ((0.5, 1), (n + 10.0, n), (n - 0.5, n), (max(1.0, n - 1.0), max(1, n - 1))):
         monkeypatch.setattr(O, "cgroup_cpu_limit", lambda limit=limit: limit)
         assert O.physical_cores() == want, (limit, n)
+
+
+def test_a_graph_whose_io_is_not_the_roles_is_refused_naming_each_difference(tmp_path):
+    """A runner checks its graph file's inputs and outputs against those engines.json gives
+    its role before a step runs (mutation round: each part of the check could go unnoticed):
+    an output the role does not know, an element type, a rank and a fixed size of the graph's
+    other than the role's, each named with the graph's own, and the session given back."""
+    import re
+
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    from specrt.engines.onnxruntime import OrtGraph, OrtRunner, OrtSettings
+    from specrt.engines.plan import DimRange, Role
+
+    vi = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["z"])], "g",
+        [vi("x", T.FLOAT, [1, "n", 4])], [vi("y", T.FLOAT, [1, "n", 4]), vi("z", T.FLOAT, [1, "n", 4])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "g.onnx")
+    graph = OrtGraph(tmp_path / "g.onnx", OrtSettings(intra_op_num_threads=1).resolved())
+    role = Role("decode", "target", {"n": DimRange(1, 1, 8)}, 8)
+    x, y, z = (C.TensorSpec(n, "float32", (1, "n", 4)) for n in "xyz")
+    with OrtRunner(role, (x,), (y, z), graph) as r:  # as the graph is: runs
+        assert r.infer({"x": np.ones((1, 2, 4), np.float32)})["z"].shape == (1, 2, 4)
+    theirs = "; the graph's tensor(float) [1, 'n', 4])"
+    for ins, outs, said in (((x,), (y,), "z)"),
+                            ((C.TensorSpec("x", "float16", (1, "n", 4)),), (y, z), "x (float16 [1, 'n', 4]" + theirs),
+                            ((C.TensorSpec("x", "float32", (1, "n")),), (y, z), "x (float32 [1, 'n']" + theirs),
+                            ((C.TensorSpec("x", "float32", (1, "n", 5)),), (y, z), "x (float32 [1, 'n', 5]" + theirs)):
+        with pytest.raises(UserError, match=re.escape(f"{tmp_path / 'g.onnx'}: its inputs and outputs differ from "
+                                                      f"those engines.json gives role 'decode' ({said}")):
+            OrtRunner(role, ins, outs, graph).activate()
+        assert graph._sessions == {} and graph._users == {}

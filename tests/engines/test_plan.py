@@ -144,6 +144,11 @@ def test_polygraphy_loaders_compose_without_tensorrt(plan, tmp_path):
     assert len(cfg.profiles) == len(target.profiles)
     verify4 = cfg.profiles[4]
     assert tuple(verify4[C.INPUT_IDS].min) == tuple(verify4[C.INPUT_IDS].max) == (1, 5)
+    # every input's (min, opt, max) is the plan's, opt included (what TensorRT tunes its tactics for:
+    # the mutation round's opt = max survived, the check above reading fixed shapes only)
+    for prof, want in zip(cfg.profiles, target.profiles):
+        assert {n: (tuple(s.min), tuple(s.opt), tuple(s.max)) for n, s in prof.items()} == want.shapes, want.role
+    assert any(opt != hi for p in target.profiles for _, opt, hi in p.shapes.values())  # (one whose opt is not its max)
     assert build._network.path == str(tmp_path / "export/target.onnx")
     assert build._network.strongly_typed is False  # a float32 export: TensorRT types the layers
     roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)

@@ -353,6 +353,10 @@ def test_plain_int8_keeps_the_faster_form_on_this_machine(tmp_path, kind):
     assert q["chosen_by"] == "timing" and set(q["timed_ms"]) == {"blocks", "dynamic"}
     n = 3 if kind == "peagle" else 1  # P-EAGLE: a block per depth up to 4 (1, 2, 4); EAGLE-3: one step
     assert len(q["timed_sizes"]) == n and all(len(v) == n and min(v) > 0 for v in q["timed_ms"].values())
+    # timed after the build's smallest profiled past (128, min of 128 and 512), as the loop's draft passes run
+    # there: 2 pending slots and each verify depth up to 4 as the block (mutation round: the largest one survived)
+    assert q["timed_sizes"] == ([{C.DIM_NEW: 2 + b - 1, C.DIM_AUX: 2, C.DIM_PAST: 128} for b in (1, 2, 4)]
+                                if kind == "peagle" else [{C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: 128}])
     faster = sum(q["timed_ms"]["dynamic"]) < DYNAMIC_MARGIN * sum(q["timed_ms"]["blocks"])
     assert q["form"] == ("dynamic" if faster else "blocks")
     ops = _ops(tmp_path / "e" / "draft.onnx")  # the draft kept is that form

@@ -5,6 +5,7 @@ the target's distribution."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -345,10 +346,19 @@ def test_build_refuses_a_screened_head_it_cannot_make(tmp_path):
     with pytest.raises(UserError, match="--target-head screened needs .* in-place"):
         build_engines(exp, "onnxruntime", (1,), tmp_path / "b", log=lambda s: None, target_head="screened",
                       ort_kv="append")
+    # a float16 export: its int8 head takes float32 activations (mutation round: the dtype check dropped went on)
+    export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "exp16", dtype="float16", log=lambda s: None)
+    with pytest.raises(UserError, match=r"--target-head screened needs the onnxruntime backend, a float32 export "
+                                        r"and in-place KV \(here: onnxruntime, float16, --ort-kv auto\)"):
+        build_engines(tmp_path / "exp16", "onnxruntime", (1,), tmp_path / "b", log=lambda s: None,
+                      target_head="screened")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     out = tmp_path / "c"
     build_engines(exp, "onnxruntime", (1, 2), out, log=lambda s: None, profile_repeats=1, profile_pasts=(16,),
                   max_context=64, target_head="screened")
+    # nothing beside the files engines.json records: the head's calibration graph is removed (mutation round)
+    recorded = {f["file"] for f in json.loads((out / "engines.json").read_text())["files"]}
+    assert {p.name for p in out.iterdir()} == recorded | {"engines.json", "export"}, sorted(out.iterdir())
     bad = tmp_path / "d"
     shutil.copytree(out, bad)
     w = np.load(bad / "head_weight.npy")
