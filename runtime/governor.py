@@ -535,7 +535,6 @@ class Calibration:
 
 
 SHAPE_WINDOW = 200  # rounds: a depth measured within them is one of the shapes kept at mean 1
-CHAIN = -1  # DSparkGovernor.shape's key for the verify rows past the deepest depth (the chains)
 # A round's measured time moves DSpark's cost factors as if it were at most this many times
 # its current price (or at least its 1 / OUTLIER): one stalled call (a preempted thread, a
 # page fault: 40x on a shared 2-core host) priced its depth 14% above the others for 100+
@@ -594,8 +593,7 @@ class DSparkGovernor(Governor):
     verified alone and an unsure one with the runners-up that pay. d + n is priced as the
     built depth's verify where one is built, and past the deepest one as the prefill engine's
     call of that length (``t_chain``, the cost table's chains: the engine such a round runs
-    on, as a fixed ``:tree=W`` round does; the chains share one shape factor, learnt as a
-    depth's is); other unbuilt lengths are not chosen. Until
+    on, as a fixed ``:tree=W`` round does); other unbuilt lengths are not chosen. Until
     2026-12-05 (session 58) d + n stopped at the deepest built depth: with depths 1-4, the
     demo's build, d = 3 took one runner-up and d = 4 none; on a build-time table profiled
     under load `dspark:tree=3:ngram` ran at 0.91x `fixed:3:tree=3:ngram` on 10 held-out
@@ -619,8 +617,7 @@ class DSparkGovernor(Governor):
                  calibration: Calibration | None = None, *, ema: float = 0.25, probe_every: int = 16,
                  full_every: int = 64, learn: bool = True,
                  ceiling_decay: float = 0.05, shape_ema: float = 0.05, block: int | None = None,
-                 shape_window: int = SHAPE_WINDOW, t_chain: Mapping[int, float] | None = None,
-                 chain_shape: bool = True):
+                 shape_window: int = SHAPE_WINDOW, t_chain: Mapping[int, float] | None = None):
         super().__init__(depths)
         if block is not None and int(block) not in self.depths:
             raise UserError(f"dspark block {block}: expected one of the built depths {list(self.depths)}")
@@ -665,9 +662,6 @@ class DSparkGovernor(Governor):
         # cost relative to the others differs from the build's table (another machine state,
         # a longer context) is costed as measured
         self.shape = {d: 1.0 for d in (0, *self.depths)}
-        if self._p_chain:  # one for the prefill engine's chains past the deepest depth, all lengths
-            self.shape[CHAIN] = 1.0
-        self.chain_shape = bool(chain_shape)  # False: the chains teach the load only (session 58's rule, A/B runs)
         self.shape_ema = float(shape_ema)
         # the round each depth's shape was last measured: the shapes of those measured within
         # SHAPE_WINDOW rounds keep a geometric mean of 1 (observe), the common factor in
@@ -710,12 +704,12 @@ class DSparkGovernor(Governor):
     def verify_cost(self, m: int) -> float | None:
         """Seconds to verify m tokens now: verify.m where built, past the deepest built depth
         the prefill engine's call (the profiled chains, interpolated, times the target's load
-        factor and the chains' shape factor); None where neither prices it (an unbuilt length
-        between built depths, or no chains profiled)."""
+        factor); None where neither prices it (an unbuilt length between built depths, or no
+        chains profiled)."""
         if m in self.t_verify:
             return self.t_verify[m]
         if m > self.depths[-1] and self._p_chain:
-            return self.load_target * self.shape[CHAIN] * interpolate(self._p_chain, m)
+            return self.load_target * interpolate(self._p_chain, m)
         return None
 
     def _best_tree(self, e: float, c1: float, t_draft: float, d: int, rates: list[float] | None = None
@@ -891,36 +885,34 @@ class DSparkGovernor(Governor):
             self.load_draft += a * (t / self._profiled_draft(k) - self.load_draft)
         d = r.depth if not r.siblings else depth_at_least(self.depths, r.depth + r.siblings)  # the rows it ran
         m = r.depth + r.siblings
-        if m > self.depths[-1] and self._p_chain:
-            # a tree past the deepest depth ran on the prefill engine: priced against the chain's
-            # profiled cost, it teaches the load factor and the chains' shape, as a depth's round
-            # teaches the load and that depth's shape. (Until session 59 the load only: on a table
-            # profiled beside another job, chain.5 0.94x verify.4 where idle it was 1.01x, the
-            # rounds on the chains set the load and left every depth mispriced against them.)
-            d, p = CHAIN, interpolate(self._p_chain, m)
-        else:
-            p = self._p_decode if d == 0 else self._p_verify.get(d)
         if r.t_verify <= 0:  # no timing (a round that did not run the target): nothing to learn
             pass
+        elif m > self.depths[-1] and self._p_chain:
+            # a tree past the deepest depth ran on the prefill engine: the load factor learns
+            # from it (against the chain's profiled cost); no depth's shape does, and the
+            # shapes' pinning is left as it stood
+            p = interpolate(self._p_chain, m)
+            t = _clip_outlier(r.t_verify, self.load_target * p)
+            self.load_target += a * (t / p - self.load_target)
         elif d == 0 and self._p_decode is None:
             self._p_decode = r.t_verify / self.load_target
-        elif p is not None:
+        elif d == 0 or d in self._p_verify:
+            p = self._p_decode if d == 0 else self._p_verify[d]
             t = _clip_outlier(r.t_verify, self.load_target * p * self.shape[d])
             self.load_target += a * (t / (p * self.shape[d]) - self.load_target)
-            if d != CHAIN or self.chain_shape:
-                if t == r.t_verify:  # (a stall says nothing about the ratios between depths)
-                    self.shape[d] += self.shape_ema * (t / (p * self.load_target) - self.shape[d])
-                # Only load x shape is measured: noise walked the two apart along that free
-                # direction (load up, the measured shapes down; after 20,000 rounds of 20% noise
-                # load 10x, so unvisited depths and the decode step priced 2-10x their cost).
-                # Pinning the measured shapes' geometric mean at 1 moves the common part to load.
-                self._rounds += 1
-                self._shaped[d] = self._rounds
-                live = [k for k, at in self._shaped.items() if self._rounds - at < self.shape_window]
-                g = math.exp(sum(math.log(self.shape[k]) for k in live) / len(live)) if live else 1.0
-                for k in live:
-                    self.shape[k] /= g
-                self.load_target *= g
+            if t == r.t_verify:  # (a stall says nothing about the ratios between depths)
+                self.shape[d] += self.shape_ema * (t / (p * self.load_target) - self.shape[d])
+            # Only load x shape is measured: noise walked the two apart along that free
+            # direction (load up, the measured shapes down; after 20,000 rounds of 20% noise
+            # load 10x, so unvisited depths and the decode step priced 2-10x their cost).
+            # Pinning the measured shapes' geometric mean at 1 moves the common part to load.
+            self._rounds += 1
+            self._shaped[d] = self._rounds
+            live = [k for k, at in self._shaped.items() if self._rounds - at < self.shape_window]
+            g = math.exp(sum(math.log(self.shape[k]) for k in live) / len(live)) if live else 1.0
+            for k in live:
+                self.shape[k] /= g
+            self.load_target *= g
         self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
             self.t_decode = self.load_target * self._p_decode * self.shape[0]
