@@ -59,7 +59,7 @@ speed "$OUT/bench" tokens_per_s_median "the prompt (medians of 3)"
 # 1.15x to 1.37x from one session to the next), so the demo also decodes 10 held-out prompts,
 # two of each kind (chat, code, lists, stories, arithmetic; none in the draft's training data
 # or the calibration prompts: results/draft_stage8/bench_clean10), once each with and without
-# speculation in turn, and prints the speed-up over them (about 45 s more).
+# speculation in turn, and prints the speed-up over them (about 70 s more).
 echo "== speed: 10 held-out prompts of five kinds, once each with and without speculation, in turn"
 $SPECRT bench "$OUT/engines" --prompts tools/data/demo_prompts.jsonl --chat --max-new-tokens 128 \
   --governors off,dspark:tree=3:ngram --peers none --no-profile --quiet --force -o "$OUT/bench10"
