@@ -906,6 +906,21 @@ def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded
     assert r.exit_code == 1 and "> " not in r.output and "no tokenizer.json" in r.output, r.output
 
 
+def test_chat_keeps_an_empty_system_prompt_when_it_drops_turns(worded, monkeypatch):
+    """`--system ""` is a system message (empty, in place of the template's default one), and
+    dropping the oldest turns to fit the context keeps it, as it keeps any other: only user
+    turns and their answers go, so the conversation still starts with the system message and
+    alternates user / assistant after it (mutation round of session 59: a rule keyed on the
+    prompt's truth rather than its presence dropped it with the first turn)."""
+    convs = _ctrl_c_before_answer(monkeypatch, 0)  # (turn 0: records every conversation, stops none)
+    long = " ".join(["w4"] * 50)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "", "--max-new-tokens", "4", "--governor",
+                                  "fixed:1"], input=f"{long}\n{long} w6\n{long} w7\n\n")
+    assert r.exit_code == 0 and "[dropped the oldest 2 turn(s)" in r.output, r.output
+    assert len(convs) == 3 and convs[0] == [{"role": "system", "content": ""}, {"role": "user", "content": long}]
+    assert convs[2] == [{"role": "system", "content": ""}, {"role": "user", "content": f"{long} w7"}]
+
+
 def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     """The worded engines hold 128 tokens: turns of 54 tokens (system, 50 words, 4 of
     answer) fit two at a time, so the third pushes the oldest out (the system prompt
