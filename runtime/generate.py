@@ -396,6 +396,9 @@ class Generator:
         zero norms, so the screen only rescores the tokens within float rounding of the top,
         and the tie rule stays the one every later step follows)."""
         logits = out[C.LOGITS][0]
+        # (a NaN or +inf row gave argmax's first such index: a wrong first token emitted before the
+        # error the next step raised, session 59)
+        check_logits(logits[-1:])
         if self.screen is not None:
             return int(self.screen.argmax(logits, out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0],
                                           range(len(logits) - 1, len(logits)))[0])

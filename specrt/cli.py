@@ -602,6 +602,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                             if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
                                 click.echo(piece, nl=False, color=True)
                 except UserError as e:
+                    if printed and not quiet:  # the answer's line ends before the error (it ran on after the text)
+                        click.echo()
                     if prompts_file is None:
                         raise
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -904,6 +905,58 @@ def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded
     build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", profile_repeats=1, log=lambda s: None)
     r = CliRunner().invoke(main, ["chat", str(tmp_path / "e"), "--governor", "fixed:1"], input="w6\n\n")
     assert r.exit_code == 1 and "> " not in r.output and "no tokenizer.json" in r.output, r.output
+
+
+def test_run_names_the_prompt_files_line_of_an_error_raised_while_it_decodes(tmp_path):
+    """An error raised while a `--prompts` line decodes (here an engine's non-finite logits: a
+    target whose lm_head row for w5 is +-3e38, finite, so the export takes it, overflowing in
+    every call) names the file and the line the prompt stands on, not its index among the
+    prompts: blank lines are passed over (mutation round of session 59). The prefill's row is
+    checked too: its argmax (w5, +inf) was printed as the first token before the next step's
+    check raised."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    def poisoned(t):
+        _words(t)
+        w = load_file(str(t / "model.safetensors"))
+        row = np.full(w["lm_head.weight"].shape[1], 3e38, np.float32)
+        row[1::2] *= -1
+        w["lm_head.weight"][5] = row
+        w["model.norm.weight"] = w["model.norm.weight"] * 10
+        save_file(w, str(t / "model.safetensors"), metadata={"format": "pt"})
+
+    eng = _tiny_text_pair(tmp_path, 16, 12, poisoned)
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n" + json.dumps({"prompt": "w3 w1 w4"}) + "\n")
+    r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens", "4"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert re.fullmatch(rf"error: {re.escape(str(f))}:2: target engine produced (NaN|\+inf) logits at position 0 "
+                        r"\(float32 engines: a non-finite weight in the checkpoint\? `specrt export` refuses those\)",
+                        " ".join(r.output.split())), r.output
+
+
+def test_run_ends_the_answers_line_before_an_error_raised_mid_answer(worded, monkeypatch):
+    """An error raised after part of an answer was printed stands on a line of its own (it ran
+    on after the text: "w5error: ...")."""
+    from specrt.errors import UserError
+    from specrt.runtime import session
+
+    real = session.Session.stream
+
+    def stream(self, prompt, *a, **k):
+        it = real(self, prompt, *a, **k)
+
+        def cut():
+            yield next(it)
+            it.close()
+            raise UserError("the engine failed")
+        return cut()
+
+    monkeypatch.setattr(session.Session, "stream", stream)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--governor", "off",
+                                  "--max-new-tokens", "4"])
+    assert r.exit_code == 1 and "error: the engine failed" in r.output.splitlines(), r.output
 
 
 def test_chat_keeps_an_empty_system_prompt_when_it_drops_turns(worded, monkeypatch):
