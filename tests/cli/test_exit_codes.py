@@ -232,7 +232,6 @@ def test_a_full_disk_or_an_unreadable_input_exits_1_without_traceback(tmp_path, 
     config.json this user cannot read) were tracebacks; the partial folder goes, an earlier
     export stays."""
     import errno
-    import pathlib
 
     import specrt.export.graphs as graphs
 
@@ -251,14 +250,7 @@ def test_a_full_disk_or_an_unreadable_input_exits_1_without_traceback(tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
     monkeypatch.undo()
 
-    read_text = pathlib.Path.read_text
-
-    def unreadable(self, *a, **k):
-        if self.name == "config.json":
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return read_text(self, *a, **k)
-
-    monkeypatch.setattr(pathlib.Path, "read_text", unreadable)
+    _config_json_raises(monkeypatch, PermissionError(errno.EACCES, "Permission denied"))
     r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
     assert f"error: {REFERENCE / 'verifier' / 'config.json'}: Permission denied" in r.output, r.output
@@ -488,21 +480,27 @@ def test_a_usage_error_naming_a_path_with_a_line_break_stays_one_line(tmp_path):
     assert r.output.startswith(f"error: Invalid value for 'EXPORT_DIR': {tmp_path}/a b is not a folder"), r.output
 
 
+def _config_json_raises(monkeypatch, err: OSError) -> None:
+    """Reading any config.json raises ``err`` (its errno and text) naming that file."""
+    import pathlib
+
+    read_text = pathlib.Path.read_text
+
+    def failing(self, *a, **k):
+        if self.name == "config.json":
+            raise type(err)(err.errno, err.strerror, str(self))
+        return read_text(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", failing)
+
+
 def test_an_os_error_that_is_specrts_own_keeps_its_traceback(tmp_path, monkeypatch):
     """Only the OSErrors of the machine or the user's files (a full disk, a permission) are said
     as "error: ..." and exit 1; any other (EBADF, EINVAL: specrt misusing a file) is a bug and
     keeps its traceback, as every exception that is not a user error."""
     import errno
-    import pathlib
 
-    read_text = pathlib.Path.read_text
-
-    def bad_descriptor(self, *a, **k):
-        if self.name == "config.json":
-            raise OSError(errno.EBADF, "Bad file descriptor", str(self))
-        return read_text(self, *a, **k)
-
-    monkeypatch.setattr(pathlib.Path, "read_text", bad_descriptor)
+    _config_json_raises(monkeypatch, OSError(errno.EBADF, "Bad file descriptor"))
     r = CliRunner().invoke(main, ["inspect", str(REFERENCE / "verifier")])
     assert isinstance(r.exception, OSError) and r.exception.errno == errno.EBADF, (r.output, r.exception)
     assert "error: " not in r.output, r.output

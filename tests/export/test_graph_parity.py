@@ -387,17 +387,26 @@ def test_draft_matches_torch_reference(drafts, name):
     """Optional parts (2 layers, Qwen3 q/k norms, norm_before_fc, fc_norm,
     norm_before_residual, own embeddings, d2t) against the same forward in torch."""
     draft = drafts[name]
+    _check_draft_against_torch(draft, draft.config.decoder.hidden_size)
+
+
+def _check_draft_against_torch(draft, aux_width: int) -> dict:
+    """The draft graph on A = 4 aux positions and B = 3 more (EAGLE-3: prev_hidden; P-EAGLE:
+    mask slots) against the torch forward: hidden_out (EAGLE-3), logits and the greedy ids in
+    target ids through d2t. ``aux_width``: the target's hidden size (each aux state's width).
+    Returns the graph's outputs."""
     dc, d = draft.config, draft.config.decoder
     rng = np.random.default_rng(9)
     A, B = 4, 3
     ids = rng.integers(0, d.vocab_size, (1, A + B))
-    aux = rng.standard_normal((1, A, dc.num_aux * d.hidden_size)).astype(np.float32)
+    aux = rng.standard_normal((1, A, dc.num_aux * aux_width)).astype(np.float32)
     kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
     feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux, **kv.feed()}
     if dc.kind == "eagle3":
         prev = rng.standard_normal((1, B, d.hidden_size)).astype(np.float32)
         out = run(session(build_eagle3_graph(dc, draft.get)), {**feed, C.DRAFT_PREV_HIDDEN: prev})
         logits, hidden = torch_draft_reference(draft, ids, aux, extra_g=prev)
+        assert out[C.DRAFT_HIDDEN_OUT].shape == (1, A + B, d.hidden_size)
         assert maxerr(out[C.DRAFT_HIDDEN_OUT], hidden) <= TOL
     else:
         ids[:, A:] = dc.mask_token_id
@@ -408,6 +417,7 @@ def test_draft_matches_torch_reference(drafts, name):
     assert maxerr(out[C.DRAFT_LOGITS], logits) <= TOL
     am = logits.argmax(-1)
     np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+    return out
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "peagle"])
@@ -421,30 +431,9 @@ def test_a_draft_narrower_than_its_target_matches_torch_reference(targets, tmp_p
                               norm_before_fc=kind == "eagle3", fc_norm=kind == "peagle")
     target = bind_target(tdir)
     draft = bind_draft(folder, target)
-    dc, d = draft.config, draft.config.decoder
     Ht = target.config.decoder.hidden_size
-    assert (d.hidden_size, Ht) == (32, 64)
-    rng = np.random.default_rng(9)
-    A, B = 4, 3
-    ids = rng.integers(0, d.vocab_size, (1, A + B))
-    aux = rng.standard_normal((1, A, dc.num_aux * Ht)).astype(np.float32)
-    kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
-    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(A + B)[None], C.DRAFT_AUX_IN: aux, **kv.feed()}
-    if kind == "eagle3":
-        prev = rng.standard_normal((1, B, d.hidden_size)).astype(np.float32)
-        out = run(session(build_eagle3_graph(dc, draft.get)), {**feed, C.DRAFT_PREV_HIDDEN: prev})
-        logits, hidden = torch_draft_reference(draft, ids, aux, extra_g=prev)
-        assert out[C.DRAFT_HIDDEN_OUT].shape == (1, A + B, 32)
-        assert maxerr(out[C.DRAFT_HIDDEN_OUT], hidden) <= TOL
-    else:
-        ids[:, A:] = dc.mask_token_id
-        out = run(session(build_peagle_graph(dc, draft.get)), feed)
-        mask = np.repeat(draft.get("mask_hidden").reshape(1, 1, -1), B, axis=1)
-        logits, _ = torch_draft_reference(draft, ids, aux, extra_aux=mask)
-        logits = logits[:, A - 1:]
-    assert maxerr(out[C.DRAFT_LOGITS], logits) <= TOL
-    am = logits.argmax(-1)
-    np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+    assert (draft.config.decoder.hidden_size, Ht) == (32, 64)
+    _check_draft_against_torch(draft, Ht)
 
 
 def _eagle3_feed(rng, dc, n_aux: int, n_prev: int, start: int, ids=None) -> dict:
