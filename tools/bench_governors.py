@@ -184,6 +184,12 @@ def _draft_table(costs: dict, depths) -> dict[int, float]:
     return {int(k): v for k, v in (costs.get("draft_by_depth") or {}).items()} or {depths[-1]: costs["draft"]}
 
 
+def _chain_table(costs: dict) -> dict[int, float]:
+    """{L: seconds} of a build's cost table's chains (the prefill engine verifying L rows;
+    {} for a table profiled before 2026-12-02)."""
+    return {int(L): float(v) for L, v in (costs.get("chain") or {}).items()}
+
+
 def table_costs(costs: dict, depths):
     """(decode seconds, {depth: verify seconds}, draft(k) -> seconds of a k-block) from a
     build's cost table; a block without its own entry costs the next larger profiled one."""
@@ -206,7 +212,7 @@ def rows_cost(costs: dict, depths):
     from specrt.runtime.governor import depth_at_least
 
     _, ver, _ = table_costs(costs, depths)
-    chain = {int(L): float(v) for L, v in (costs.get("chain") or {}).items() if int(L) > depths[-1]}
+    chain = {L: v for L, v in _chain_table(costs).items() if L > depths[-1]}
 
     def cost(m: int) -> float:
         if m in ver:
@@ -229,9 +235,8 @@ def dspark_from_table(costs: dict, depths, calibration=None, **options):
 
     dec, ver, _ = table_costs(costs, depths)
     cal = calibration.copy() if calibration is not None else None
-    chain = {int(L): float(v) for L, v in (costs.get("chain") or {}).items()}
     return DSparkGovernor(depths, _draft_table(costs, depths), {**ver, 0: dec}, cal,
-                          t_chain=chain or None, **options)
+                          t_chain=_chain_table(costs) or None, **options)
 
 
 def price(choices: list[int], accepted: list[int], costs: dict, depths, *, drafted_zero: bool = True) -> float:
