@@ -1162,12 +1162,15 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
 def test_the_cpu_share_is_per_thread_asked_for(engines_copy):
     """``cpu_share`` is the process's CPU time over what its ONNX Runtime threads asked for
     (wall time x threads), so it cannot pass this machine's CPUs over those threads: with 8
-    threads a CPU it is at most 1/8 (mutation round: a share not divided by the threads,
-    1 to 2 here and read as an idle machine, survived the bound of the test above)."""
+    threads a CPU it is at most 1/8 in principle (mutation round: a share not divided by the threads,
+    1 to 2 here and read as an idle machine, survived the bound of the test above). The bound
+    allows twice that: the CPU time a sandbox accounts runs over what its CPUs could give
+    (0.145 on CI's machine, where the bound of 1/8 + 0.01 failed a whole run; 1.184 once with a
+    thread a CPU, above), and the undivided share is 8x the divided one."""
     threads = 8 * os.cpu_count()
     engines = load_engines(engines_copy, verify=False, ort_overrides={"intra_op_num_threads": threads})
     table = build.measure_costs(engines, repeats=1, log=quiet)
-    assert 0 < table["cpu_share"] <= 1 / 8 + 0.01, table["cpu_share"]
+    assert 0 < table["cpu_share"] <= 2 / 8, table["cpu_share"]
 
 
 def test_a_folder_of_the_wrong_kind_is_named_for_what_it_is(tiny_export, engines_copy):
