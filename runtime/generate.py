@@ -31,7 +31,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from specrt import contracts as C
-from specrt.errors import InternalError, UserError
+from specrt.errors import EngineFailure, InternalError, UserError
 from specrt.prompt_files import common_prefix
 
 from .governor import COST_PAST, GovernorState
@@ -866,7 +866,8 @@ class Generator:
             if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
                 why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
                        "float32 engines: a non-finite weight in the checkpoint? `specrt export` refuses those")
-                raise UserError(f"{e} ({why})") from None
+                # (where in the answer: "row 0" of a decode call is any token's)
+                raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
             raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)

@@ -95,7 +95,7 @@ def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray 
     if not np.isfinite(m).all():
         k = int(np.flatnonzero(~np.isfinite(m))[0])
         what = "NaN" if np.isnan(m[k]) else "+inf" if m[k] > 0 else "all -inf"
-        raise InternalError(f"{engine} engine produced {what} logits at position {k}")
+        raise InternalError(f"{engine} engine produced {what} logits in row {k} of its call")
     return m
 
 

@@ -790,6 +790,10 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 for piece in stream:
                     click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
                     answer.append(piece)
+            except UserError:  # (an engine's NaN logits mid-answer): the error on a line of its own, as in run
+                if answer:
+                    click.echo()
+                raise
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
                 if stream is not None:
                     stream.close()

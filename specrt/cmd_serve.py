@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from specrt.errors import UserError, describe_os_error
+from specrt.errors import EngineFailure, UserError, describe_os_error
 from specrt.prompt_files import is_token_ids
 from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
@@ -969,6 +969,9 @@ class Handler(BaseHTTPRequestHandler):
 
         try:
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
+        except EngineFailure as e:  # the prompt was fine, the engines' logits were not: no 400 naming it
+            app.log(f"[error: {e}]")
+            return self._error(BadRequest(str(e), status=500))
         except UserError as e:
             return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
@@ -1004,7 +1007,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(e)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
-                return self._error(BadRequest(str(e), status=400 if isinstance(e, UserError) else 500))
+                bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
+                return self._error(BadRequest(str(e), status=400 if bad else 500))
             choices = []
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
@@ -1074,7 +1078,8 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # mid-answer, after the headers: an error event ends the stream
             if not isinstance(e, BadRequest):  # (cut by a second Ctrl-C: said in the event only)
                 app.log(f"[error: {type(e).__name__}: {e}]")
-            kind = "invalid_request_error" if isinstance(e, UserError) else "server_error"
+            bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
+            kind = "invalid_request_error" if bad else "server_error"
             try:
                 event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
                                    "code": e.code if isinstance(e, BadRequest) else None}}

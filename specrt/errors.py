@@ -34,6 +34,13 @@ class UserError(SpecrtError):
     """Bad input: the message names the file, tensor or option and what was expected."""
 
 
+class EngineFailure(UserError):
+    """An engine's output cannot be used (NaN or +inf logits): the request was fine, the
+    engines (or the checkpoint they were built from) are not. Said as any UserError by the
+    CLI (exit 1, no traceback); `specrt serve` answers it as a server error (500), not as
+    the client's bad request."""
+
+
 class InternalError(SpecrtError):
     """A broken invariant inside specrt: a bug, never the user's fault."""
 

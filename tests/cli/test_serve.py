@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from specrt.runtime.sampling import SamplingParams
-from tests.runtime.test_text import worded  # noqa: F401  (the fixture: a word-level tiny pair)
+from tests.runtime.test_text import overflowing, worded  # noqa: F401  (fixtures: word-level tiny pairs)
 
 
 def _post(url: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict | list]:
@@ -2108,3 +2108,29 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_an_engine_failure_is_a_server_error_not_the_clients(overflowing):  # noqa: F811
+    """An engine's +inf logits (a real tiny target whose lm_head row overflows) are the server's
+    failure, at the prefill or mid-answer, whole or streamed: 500 / an error event of type
+    server_error with no param. They were 400 invalid_request_error naming the prompt (the
+    generator says them as a UserError, for the CLI's exit 1 without a traceback), telling the
+    client to change a prompt that was fine. The server goes on."""
+    eng, prompts = overflowing
+    with _in_process(eng, "off") as (app, httpd, url, logs):
+        for chat, mid in ((False, False), (False, True), (True, True)):
+            path, body = (("/v1/chat/completions", {"messages": [{"role": "user", "content": prompts[chat, mid]}]})
+                          if chat else ("/v1/completions", {"prompt": prompts[chat, mid]}))
+            code, r = _post(url, path, {**body, "max_tokens": 20})
+            assert code == 500 and r["error"]["type"] == "server_error" and r["error"]["param"] is None, (chat, mid, r)
+            assert "target engine produced +inf logits" in r["error"]["message"], r
+            code, events = _post(url, path, {**body, "max_tokens": 20, "stream": True})
+            if not mid:  # (nothing sent before: the status still says it)
+                assert code == 500 and events["error"]["type"] == "server_error", events
+                continue
+            texts = [e for e in events if "error" not in e and any(
+                c.get("text") or (c.get("delta") or {}).get("content") for c in e["choices"])]
+            assert code == 200 and texts and events[-1]["error"]["type"] == "server_error", events
+            assert events[-1]["error"]["param"] is None and "+inf logits" in events[-1]["error"]["message"]
+        assert sum("target engine produced +inf logits" in x for x in logs) == 6, logs
+        assert _get(url, "/health") == (200, {"status": "ok"})

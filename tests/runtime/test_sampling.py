@@ -75,13 +75,13 @@ def test_bad_options_are_user_errors():
 def test_nan_and_inf_logits_raise_naming_the_position():
     x = np.zeros((3, 4))
     x[2, 1] = np.nan
-    with pytest.raises(InternalError, match="target engine produced NaN logits at position 2"):
+    with pytest.raises(InternalError, match="target engine produced NaN logits in row 2 of its call"):
         probs(x, SamplingParams(temperature=1.0))
     x[2, 1] = np.inf
-    with pytest.raises(InternalError, match=r"\+inf logits at position 2"):
+    with pytest.raises(InternalError, match=r"\+inf logits in row 2 of"):
         check_logits(x, "target")
     x[2] = -np.inf
-    with pytest.raises(InternalError, match="all -inf logits at position 2"):
+    with pytest.raises(InternalError, match="all -inf logits in row 2 of"):
         check_logits(x, "draft")
     x[2, 0] = 0.0  # -inf elsewhere is a legal mask
     assert probs(x, SamplingParams(temperature=1.0))[2].tolist() == [1.0, 0.0, 0.0, 0.0]

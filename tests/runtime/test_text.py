@@ -931,32 +931,62 @@ def test_run_names_the_prompt_files_line_of_an_error_raised_while_it_decodes(tmp
     f.write_text("\n" + json.dumps({"prompt": "w3 w1 w4"}) + "\n")
     r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens", "4"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-    assert re.fullmatch(rf"error: {re.escape(str(f))}:2: target engine produced (NaN|\+inf) logits at position 0 "
-                        r"\(float32 engines: a non-finite weight in the checkpoint\? `specrt export` refuses those\)",
+    assert re.fullmatch(rf"error: {re.escape(str(f))}:2: target engine produced (NaN|\+inf) logits in row 0 of its "
+                        r"call, 0 token\(s\) into the answer \(float32 engines: a non-finite weight in the checkpoint\? `specrt export` refuses those\)",
                         " ".join(r.output.split())), r.output
 
 
-def test_run_ends_the_answers_line_before_an_error_raised_mid_answer(worded, monkeypatch):
-    """An error raised after part of an answer was printed stands on a line of its own (it ran
-    on after the text: "w5error: ...")."""
-    from specrt.errors import UserError
-    from specrt.runtime import session
+def _overflowing_head(t) -> None:
+    """``_words``, and a target whose lm_head row for w5 is +3e38 everywhere (finite, so the
+    export takes it) with a final norm 10x: w5's logit overflows to +inf wherever the normed
+    hidden state's sum is positive, and is a huge negative (never picked) elsewhere, so the
+    engines fail at some step of an answer and not before it."""
+    from safetensors.numpy import load_file, save_file
 
-    real = session.Session.stream
+    _words(t)
+    w = load_file(str(t / "model.safetensors"))
+    w["lm_head.weight"][5] = np.float32(3e38)
+    w["model.norm.weight"] = w["model.norm.weight"] * 10
+    save_file(w, str(t / "model.safetensors"), metadata={"format": "pt"})
 
-    def stream(self, prompt, *a, **k):
-        it = real(self, prompt, *a, **k)
 
-        def cut():
-            yield next(it)
-            it.close()
-            raise UserError("the engine failed")
-        return cut()
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory):
+    """(engines, prompts) on the tiny pair of ``_overflowing_head``: a real engine failure
+    mid-answer. ``prompts[chat, mid]``: a raw prompt (chat False) or a user turn whose answer
+    fails after a piece or more (mid True) or at its prefill (mid False)."""
+    from specrt.errors import EngineFailure
+    from specrt.runtime.session import Session
 
-    monkeypatch.setattr(session.Session, "stream", stream)
-    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--governor", "off",
-                                  "--max-new-tokens", "4"])
-    assert r.exit_code == 1 and "error: the engine failed" in r.output.splitlines(), r.output
+    eng = _tiny_text_pair(tmp_path_factory.mktemp("overflowing"), 16, 12, _overflowing_head)
+    found: dict[tuple[bool, bool], str] = {}
+    with Session(eng, governor="off") as s:
+        for p in [f"w{a} w{b}" for a in range(16) for b in range(16) if 5 not in (a, b)]:
+            for chat in (False, True):
+                pieces = []
+                with pytest.raises(EngineFailure, match=r"target engine produced \+inf logits"):
+                    for piece in s.stream([{"role": "user", "content": p}] if chat else p, max_new_tokens=20):
+                        pieces.append(piece)
+                found.setdefault((chat, bool(pieces)), p)
+            if len(found) == 4:
+                return eng, found
+    pytest.fail(f"not every kind of prompt found: {found}")
+
+
+def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(overflowing):
+    """An engine's +inf logits after part of an answer was printed: the error stands on a line of
+    its own, after the text (it ran on after it, "w11error: ..."), exit 1, no traceback; in
+    `specrt chat` as in `specrt run` (session 59 left chat unchecked)."""
+    eng, prompts = overflowing
+    for cmd, extra in ((["run", str(eng), "--prompt", prompts[False, True]], {}),
+                       (["chat", str(eng)], {"input": prompts[True, True] + "\n\n"})):
+        r = CliRunner().invoke(main, cmd + ["--governor", "off", "--max-new-tokens", "20"], **extra)
+        assert r.exit_code == 1 and "Traceback" not in r.output, (cmd, r.output)
+        lines = r.output.splitlines()
+        assert len(lines) == 2 and re.fullmatch(r"( w\d+)+", lines[0]), (cmd, r.output)
+        n = len(lines[0].split())  # (where it failed: after the tokens printed)
+        assert lines[1].startswith(f"error: target engine produced +inf logits in row 0 of its call, {n} token(s) "
+                                   "into the answer (float32 engines: "), (cmd, r.output)
 
 
 def test_chat_keeps_an_empty_system_prompt_when_it_drops_turns(worded, monkeypatch):

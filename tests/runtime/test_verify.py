@@ -119,7 +119,7 @@ def test_greedy_rule_cases():
         verify_greedy(logits, np.array([1]))
     bad = logits.copy()
     bad[1, 0] = np.nan
-    with pytest.raises(InternalError, match="NaN logits at position 1"):
+    with pytest.raises(InternalError, match="NaN logits in row 1 of"):
         verify_greedy(bad, np.array([1, 2]))
 
 
