@@ -970,7 +970,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
         except EngineFailure as e:  # the prompt was fine, the engines' logits were not: no 400 naming it
-            app.log(f"[error: {e}]")
+            app.log(f"[error: {type(e).__name__}: {e}]")  # (as every engine failure is logged)
             return self._error(BadRequest(str(e), status=500))
         except UserError as e:
             return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
