@@ -419,6 +419,18 @@ class _PeerWorker:
         pass
 
 
+def _run_failed(result: dict, result_path: str, e: Exception, where: str) -> int:
+    """A run that raised: its error in the result (``where``: the prompt, governor and repeat),
+    written for the parent. A UserError (a broken engine's NaN logits, ...) is said there alone,
+    exit 1 (its traceback's last lines were all the report and the FAILED line showed, "worker
+    exited 1" first); anything else is raised, its traceback kept in the log."""
+    result["error"] = f"{type(e).__name__}: {e} ({where})"
+    Path(result_path).write_text(json.dumps(result))
+    if isinstance(e, UserError):
+        return 1
+    raise e
+
+
 def worker_main(job_path: str, result_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     result: dict[str, Any] = {"ok": False, "load_average_start": list(os.getloadavg())}
@@ -440,7 +452,10 @@ def worker_main(job_path: str, result_path: str) -> int:
     mine = [int(i) for i in job.get("prompt_indices", range(len(prompts)))]
     result["prompt_indices"] = mine
     if job.get("warmup_tokens", 0) > 0:
-        w.warmup(prompts[mine[0] if mine else 0], min(int(job["warmup_tokens"]), n), eos)
+        try:
+            w.warmup(prompts[mine[0] if mine else 0], min(int(job["warmup_tokens"]), n), eos)
+        except Exception as e:
+            return _run_failed(result, result_path, e, f"the warm-up, on prompt {(mine[0] if mine else 0) + 1}")
     print(f"{PROGRESS}warm", flush=True)
     per_prompt = []
     group = job.get("governors")  # several governors in this worker: results per governor
@@ -462,10 +477,8 @@ def worker_main(job_path: str, result_path: str) -> int:
             try:
                 done[(g, i, r)] = w.run(prompts[i], n, eos, g) if g else w.run(prompts[i], n, eos)
             except Exception as e:  # which run raised: a worker shared by governors fails them all
-                result["error"] = (f"{type(e).__name__}: {e} (" + (f"governor {g}, " if g else "") + f"prompt {i + 1}"
-                                   + (f", repeat {r + 1}" if repeats > 1 else "") + ")")
-                Path(result_path).write_text(json.dumps(result))
-                raise
+                return _run_failed(result, result_path, e, (f"governor {g}, " if g else "") + f"prompt {i + 1}"
+                                   + (f", repeat {r + 1}" if repeats > 1 else ""))
             print(f"{PROGRESS}{i}", flush=True)
         for g in group or [None]:
             for r in range(repeats):
@@ -486,7 +499,11 @@ def worker_main(job_path: str, result_path: str) -> int:
             if r:
                 w.fresh()
             for k, i in enumerate(mine):
-                by_prompt[i].append(w.run(prompts[i], n, eos))
+                try:
+                    by_prompt[i].append(w.run(prompts[i], n, eos))
+                except Exception as e:  # which prompt raised, as an interleaved worker says it
+                    return _run_failed(result, result_path, e,
+                                       f"prompt {i + 1}" + (f", repeat {r + 1}" if repeats > 1 else ""))
                 print(f"{PROGRESS}{r * len(mine) + k + 1}", flush=True)
         per_prompt = [combine_repeats(by_prompt[i]) for i in mine]
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),

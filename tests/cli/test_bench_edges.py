@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cli.test_bench import prompts_file, report, tiny_engines  # noqa: F401
+from tests.runtime.test_text import overflowing  # noqa: F401  (a tiny pair whose engines fail mid-answer)
 
 
 def test_each_configurations_ratios_are_its_median_over_the_references(report):  # noqa: F811
@@ -192,3 +193,33 @@ def test_a_busy_machine_is_warned_of_past_half_its_cpus(tiny_engines, prompts_fi
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert any(w.startswith("the machine was busy") for w in rep["warnings"]) == warned, rep["warnings"]
+
+
+def test_an_engine_failure_is_named_in_the_report_without_a_traceback(overflowing, tmp_path):  # noqa: F811
+    """An engine's +inf logits in a bench worker (a UserError: the engines are broken, not
+    specrt) fail its configurations with the error and where it came (the warm-up, or the
+    governor and prompt), in the FAILED line and the report's ``failed``, not "worker exited 1"
+    and the last lines of a traceback; on every schedule. Exit 2: specrt's own configurations
+    failed, as when they disagree."""
+    import json
+
+    from click.testing import CliRunner
+
+    import specrt.cmd_bench as cb
+
+    eng, prompts = overflowing
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": prompts[False, True]}) + "\n")
+    why = "EngineFailure: target engine produced +inf logits in row 0 of its call, "
+    for extra, where in ((["--warmup-tokens", "4"], "the warm-up, on prompt 1"),
+                         (["--warmup-tokens", "0"], "governor off, prompt 1"),
+                         (["--warmup-tokens", "0", "--schedule", "sequential"], "prompt 1")):
+        out = tmp_path / f"r{len(extra)}{where[0]}"
+        r = CliRunner().invoke(cb.bench, [str(eng), "--prompts", str(p), "-o", str(out), "--peers", "none",
+                                          "--governors", "off,fixed:1", "--max-new-tokens", "8", "--threads", "1",
+                                          "--no-profile", "--quiet"] + extra)
+        assert r.exit_code == 2 and "Traceback" not in r.output and "worker exited" not in r.output, r.output
+        failed = json.loads((out / "bench.json").read_text())["failed"]
+        assert set(failed) == {"specrt:off", "specrt:fixed:1"}, failed
+        for e in failed.values():
+            assert e.startswith(why) and e.endswith(f" ({where})") and "\n" not in e, (where, e)
