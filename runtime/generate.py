@@ -142,9 +142,11 @@ def _alternatives(name: str, v) -> int | None:
 
 def _softmax_max(logits: np.ndarray) -> np.ndarray:
     """Per row, the probability of the most likely token: the draft's confidence [K].
-    (~40 us a row of 49152 here, nearly all of it exp; one temporary, exp in place.)"""
+    (~40 us a row of 49152 here, nearly all of it exp; one temporary, exp in place.) Rows
+    with NaN or +inf raise, as the target's do (greedy decoding under a fixed depth went on
+    with garbage drafts, tau 1, and numpy's RuntimeWarning, where DSpark and sampling raised)."""
     x = np.asarray(logits, np.float32)
-    e = x - x.max(-1, keepdims=True)
+    e = x - check_logits(x, "draft")[..., None]
     np.exp(e, out=e)
     return 1.0 / e.sum(-1)
 
@@ -511,6 +513,8 @@ class Generator:
         (coupled sampling: row k is drawn with the noise of output position
         ``self._draft_pos + offset + k`` and no q is needed)."""
         if self.params.greedy:
+            if self.confidence_head:  # (else _softmax_max checks them, with the maxima it takes anyway)
+                check_logits(logits, "draft")
             return ids.astype(np.int64), None
         qd = probs(logits, self.params, engine="draft")  # [K, Vd]
         if self._noise is not None:

@@ -973,6 +973,46 @@ def overflowing(tmp_path_factory):
     pytest.fail(f"not every kind of prompt found: {found}")
 
 
+@pytest.mark.parametrize("confidence_head", [False, True])
+def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confidence_head):
+    """A draft whose logits overflow (its lm_head +3e38 everywhere: finite, so the export takes
+    it) is an EngineFailure naming the draft under every drafting governor, greedy or sampled,
+    with or without a confidence head. Greedy decoding at a fixed depth went on with the
+    garbage drafts (tau 1, numpy's RuntimeWarning printed) where DSpark and sampling raised;
+    decoding without speculation never runs the draft, and is unchanged."""
+    import warnings
+
+    from safetensors.numpy import load_file, save_file
+
+    from specrt.engines import build_engines
+    from specrt.errors import EngineFailure
+    from specrt.export.export import export
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(t)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15,
+                         confidence_head=confidence_head)
+    w = load_file(str(d / "model.safetensors"))
+    w["lm_head.weight"] = np.full_like(w["lm_head.weight"], 3e38)
+    save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 3), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    with Session(tmp_path / "eng", governor="off") as s:
+        assert sum(len(c) for c in s.stream_ids([3, 1, 4], 6)) == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no RuntimeWarning on the way)
+        for governor, sampling in (("fixed:3", None), ("dspark", None), ("fixed:3:tree=3", None),
+                                   ("fixed:3", SamplingParams(temperature=0.8, seed=1))):
+            with Session(tmp_path / "eng", governor=governor, **({"sampling": sampling} if sampling else {})) as s:
+                with pytest.raises(EngineFailure, match=r"^draft engine produced \+inf logits in row 0 of its call, "
+                                                        r"1 token\(s\) into the answer"):
+                    list(s.stream_ids([3, 1, 4], 6))
+
+
 def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(overflowing):
     """An engine's +inf logits after part of an answer was printed: the error stands on a line of
     its own, after the text (it ran on after it, "w11error: ..."), exit 1, no traceback; in
