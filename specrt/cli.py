@@ -19,7 +19,7 @@ import click
 
 from specrt import __version__
 from specrt.contracts import ACCEPTANCE_FILE, CORPUS_FILE, DRAFT_AUX_IDS, DRAFT_EMBEDDINGS
-from specrt.errors import UserError, cli_named, describe_os_error, environment_error
+from specrt.errors import EngineFailure, UserError, cli_named, describe_os_error, environment_error
 from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
@@ -604,9 +604,19 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 except UserError as e:
                     if printed and not quiet:  # the answer's line ends before the error (it ran on after the text)
                         click.echo()
+                    said = str(e) if prompts_file is None else f"{prompts_file}:{lines[i]}: {e}"
+                    if isinstance(e, EngineFailure) and (per_prompt or printed):
+                        # what was decoded is kept, as a stop keeps it (a failure at prompt 60 of 80 lost 59
+                        # answers' stats), the prompt cut short with finish_reason "error"
+                        if printed:
+                            st = s.stats()
+                            total.merge(s.generator.telemetry)
+                            per_prompt.append({"prompt": p, **st, "finish_reason": "error"})
+                        _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts),
+                                     failed=said)
                     if prompts_file is None:
                         raise
-                    raise UserError(f"{prompts_file}:{lines[i]}: {e}") from None
+                    raise UserError(said) from None
                 if not quiet:
                     click.echo()
                 st = s.stats()
@@ -635,26 +645,33 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 
 
 def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[dict], stats_file: Path | None,
-                 grow_file: Path | None, interrupted_of: int | None = None) -> None:
+                 grow_file: Path | None, interrupted_of: int | None = None, failed: str | None = None) -> None:
     """run's closing line, its --stats and its --grow-file; ``interrupted_of``: the run was
     stopped (Ctrl-C, SIGTERM) with that many prompts given, and these describe what it
     decoded (the stats' ``interrupted`` is true, the prompt cut short has finish_reason
-    "interrupted")."""
+    "interrupted"), or, with ``failed`` (the error, said by the caller after), it ended at an
+    engine failure (the stats' ``failed`` holds the error, the prompt cut short has
+    finish_reason "error")."""
     stats = {**total.to_json(), "governor": governor, "engines": str(engines_dir),
-             "export_digest": s.engines.manifest["export"]["digest"], "interrupted": interrupted_of is not None,
-             "prompts": per_prompt}
+             "export_digest": s.engines.manifest["export"]["digest"],
+             "interrupted": interrupted_of is not None and failed is None, "failed": failed, "prompts": per_prompt}
     saved = " and ".join(f"{o} {f}" for o, f in (("--stats", stats_file), ("--grow-file", grow_file)) if f)
     stopped = None
     try:
-        _run_closing_lines(stats, governor, per_prompt, saved, interrupted_of)
+        _run_closing_lines(stats, governor, per_prompt, saved, interrupted_of, failed is not None)
     except (KeyboardInterrupt, SystemExit) as e:  # (after every prompt was answered: the files still hold them)
         stopped = e
     stopped = _write_run_files(s, stats, stats_file, grow_file) or stopped
     if stopped is not None:
         if interrupted_of is None:  # ("Aborted!" alone said nothing of the files, nor that the run had ended)
             click.echo(f"\n[interrupted after all {len(per_prompt)} prompts were answered"
-                       + (f"; {saved} hold them" if saved else "") + "]", err=True)
+                       + (f"; {saved} {_hold(saved)} them" if saved else "") + "]", err=True)
         raise stopped
+
+
+def _hold(saved: str) -> str:
+    """The verb after ``saved`` ("--stats F", or "--stats F and --grow-file G")."""
+    return "hold" if " and --grow-file " in saved else "holds"
 
 
 def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | None) -> BaseException | None:
@@ -677,12 +694,12 @@ def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | 
 
 
 def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved: str,
-                       interrupted_of: int | None) -> None:
+                       interrupted_of: int | None, failed: bool = False) -> None:
     if interrupted_of is not None:
-        done = sum(st["finish_reason"] != "interrupted" for st in per_prompt)  # (answered in full)
-        click.echo(f"[interrupted: {done} of {interrupted_of} prompts answered"
+        done = sum(st["finish_reason"] not in ("interrupted", "error") for st in per_prompt)  # (answered in full)
+        click.echo(f"[{'failed' if failed else 'interrupted'}: {done} of {interrupted_of} prompts answered"
                    + (", one cut short" if len(per_prompt) > done else "")
-                   + (f"; {saved} hold what was decoded" if saved else "") + "]", err=True)
+                   + (f"; {saved} {_hold(saved)} what was decoded" if saved else "") + "]", err=True)
     tree = stats["tree"]
     trees = (f", runners-up in {_count(tree['rounds'], 'round')}, {tree['sibling_accepts']} won" if tree["rounds"]
              else "")

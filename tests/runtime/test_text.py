@@ -243,7 +243,7 @@ def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, t
     # the run's identity beside its counts: which engines (and export), the governor, not interrupted
     from specrt.engines.manifest import read_engines_manifest
 
-    assert st["engines"] == str(worded) and st["governor"] and st["interrupted"] is False, st
+    assert st["engines"] == str(worded) and st["governor"] and st["interrupted"] is False and st["failed"] is None, st
     assert st["export_digest"] == read_engines_manifest(worded)["export"]["digest"]
     assert [p["prompt"] for p in st["prompts"]] == ["w3 w1 w4"]
     umask = os.umask(0)
@@ -973,6 +973,38 @@ def overflowing(tmp_path_factory):
     pytest.fail(f"not every kind of prompt found: {found}")
 
 
+def test_run_keeps_what_was_decoded_before_an_engine_failure(overflowing, tmp_path):
+    """An engine failure in `specrt run --prompts` keeps the answers before it in --stats, as a
+    Ctrl-C does (they were lost: a failure at prompt 60 of 80 wrote nothing): ``failed`` holds
+    the error, a prompt cut short has finish_reason "error"; exit 1 with the error said last.
+    A run that decoded nothing writes nothing."""
+    eng, prompts = overflowing
+    f, stats = tmp_path / "p.jsonl", tmp_path / "st.json"
+    mid, first = prompts[False, True], prompts[False, False]
+
+    def run(lines: list[str], n: int):
+        f.write_text("".join(json.dumps({"prompt": x}) + "\n" for x in lines))
+        r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens",
+                                      str(n), "--stats", str(stats)])
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert r.output.splitlines()[-1].startswith(f"error: {f}:{len(lines)}: target engine produced +inf"), r.output
+        return r.output
+
+    out = run([mid, first], 1)  # the first answered in full (one token), the second failing at its prefill
+    st = json.loads(stats.read_text())
+    assert st["failed"].startswith(f"{f}:2: target engine produced +inf") and st["interrupted"] is False, st
+    assert [(p["prompt"], p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [(mid, "length", 1)]
+    assert st["new_tokens"] == 1 and f"[failed: 1 of 2 prompts answered; --stats {stats} holds what was decoded]" in out
+    out = run([mid], 20)  # cut short after a token or more
+    st = json.loads(stats.read_text())
+    (p,) = st["prompts"]
+    assert p["finish_reason"] == "error" and len(p["output_token_ids"]) == st["new_tokens"] >= 1, st
+    assert "[failed: 0 of 1 prompts answered, one cut short;" in out and st["failed"].startswith(f"{f}:1: "), out
+    stats.unlink()
+    run([first], 20)  # nothing decoded: nothing written
+    assert not stats.exists()
+
+
 @pytest.mark.parametrize("confidence_head", [False, True])
 def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confidence_head):
     """A draft whose logits overflow (its lm_head +3e38 everywhere: finite, so the export takes
@@ -1022,10 +1054,11 @@ def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(o
                        (["chat", str(eng)], {"input": prompts[True, True] + "\n\n"})):
         r = CliRunner().invoke(main, cmd + ["--governor", "off", "--max-new-tokens", "20"], **extra)
         assert r.exit_code == 1 and "Traceback" not in r.output, (cmd, r.output)
-        lines = r.output.splitlines()
-        assert len(lines) == 2 and re.fullmatch(r"( w\d+)+", lines[0]), (cmd, r.output)
+        lines = r.output.splitlines()  # (run: its closing lines between, "[failed: ...]" and its counts)
+        assert re.fullmatch(r"( w\d+)+", lines[0]) and all(x.startswith("[") for x in lines[1:-1]), (cmd, r.output)
+        assert len(lines) == (4 if cmd[0] == "run" else 2), (cmd, r.output)
         n = len(lines[0].split())  # (where it failed: after the tokens printed)
-        assert lines[1].startswith(f"error: target engine produced +inf logits in row 0 of its call, {n} token(s) "
+        assert lines[-1].startswith(f"error: target engine produced +inf logits in row 0 of its call, {n} token(s) "
                                    "into the answer (float32 engines: "), (cmd, r.output)
 
 
