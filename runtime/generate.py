@@ -868,8 +868,12 @@ class Generator:
             raise
         except InternalError as e:
             if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
+                # (`specrt export` refuses non-finite weights: in float32 the rest are finite weights whose
+                # sums overflow, or engines changed since their build, which compare names)
+                folder = getattr(self.e, "folder", None) or "ENGINES"
                 why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
-                       "float32 engines: a non-finite weight in the checkpoint? `specrt export` refuses those")
+                       "float32 engines: weights whose sums overflow float32, or engines changed since their build? "
+                       f"`specrt compare {folder}` checks them against the export")
                 # (where in the answer: "row 0" of a decode call is any token's)
                 raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
             raise

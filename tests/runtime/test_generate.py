@@ -981,12 +981,14 @@ def test_nan_logits_are_a_clear_error(pair):
         def draft(self):
             return engines.draft()
 
-    with pytest.raises(UserError, match=r"target engine produced NaN logits in row 0 of its call, 0 token\(s\) into the answer \(float32 "
-                                        r"engines: a non-finite weight in the checkpoint\? `specrt export` refuses "
-                                        r"those\)$"):
+    with pytest.raises(UserError, match=r"target engine produced NaN logits in row 0 of its call, 0 token\(s\) into "
+                                        r"the answer \(float32 engines: weights whose sums overflow float32, or "
+                                        r"engines changed since their build\? `specrt compare ENGINES` checks them "
+                                        r"against the export\)$"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
     Broken.precision = "fp16"
-    with pytest.raises(UserError, match=r"logits in row 0 of its call, 0 token\(s\) into the answer \(an overflow in reduced precision\? try float32"):
+    with pytest.raises(UserError, match=r"logits in row 0 of its call, 0 token\(s\) into the answer \(an overflow in "
+                                        r"reduced precision\? try float32"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
 
 

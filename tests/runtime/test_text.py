@@ -932,7 +932,9 @@ def test_run_names_the_prompt_files_line_of_an_error_raised_while_it_decodes(tmp
     r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens", "4"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert re.fullmatch(rf"error: {re.escape(str(f))}:2: target engine produced (NaN|\+inf) logits in row 0 of its "
-                        r"call, 0 token\(s\) into the answer \(float32 engines: a non-finite weight in the checkpoint\? `specrt export` refuses those\)",
+                        r"call, 0 token\(s\) into the answer \(float32 engines: weights whose sums overflow "
+                        r"float32, or engines changed since their build\? "
+                        rf"`specrt compare {re.escape(str(eng))}` checks them against the export\)",
                         " ".join(r.output.split())), r.output
 
 
