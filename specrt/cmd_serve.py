@@ -274,6 +274,8 @@ class Metrics:
         "draft_rejections_outside_vocab": "Of those, the rounds whose correction the draft's vocabulary lacks (a "
                                           "token it can never propose: many say the traffic is not the draft's text).",
         "generation_seconds": "Seconds spent generating (prefill included, queueing not).",
+        "engine_failures": "Answers the engines failed (NaN or +inf logits, an error running them): a 500, or an "
+                           "error event ending a stream already begun (counted 200 by its status).",
     }
     HISTOGRAMS = {
         "queue_wait_seconds": "Seconds a request waited for the engines (one stream at a time).",
@@ -971,6 +973,7 @@ class Handler(BaseHTTPRequestHandler):
             first = next(pieces)  # bad input (a prompt past the context, a template error) fails here
         except EngineFailure as e:  # the prompt was fine, the engines' logits were not: no 400 naming it
             app.log(f"[error: {type(e).__name__}: {e}]")  # (as every engine failure is logged)
+            app.metrics.add(engine_failures=1)
             return self._error(BadRequest(str(e), status=500))
         except UserError as e:
             return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
@@ -980,6 +983,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(e)
         except Exception as e:  # an engine failure: an error response, the server goes on
             app.log(f"[error: {type(e).__name__}: {e}]")
+            app.metrics.add(engine_failures=1)
             return self._error(BadRequest(f"{type(e).__name__}: {e}", status=500))
         app.metrics.observe("time_to_first_token_seconds", time.perf_counter() - self._arrived)
         if not req["stream"]:
@@ -1008,6 +1012,7 @@ class Handler(BaseHTTPRequestHandler):
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
+                app.metrics.add(engine_failures=0 if bad else 1)
                 return self._error(BadRequest(str(e), status=400 if bad else 500))
             choices = []
             for i in range(req["choices"]):
@@ -1080,6 +1085,7 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
             bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
             kind = "invalid_request_error" if bad else "server_error"
+            app.metrics.add(engine_failures=0 if bad or isinstance(e, BadRequest) else 1)
             try:
                 event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
                                    "code": e.code if isinstance(e, BadRequest) else None}}

@@ -2135,9 +2135,11 @@ def test_an_engine_failure_is_a_server_error_not_the_clients(overflowing):  # no
         assert sum("target engine produced +inf logits" in x for x in logs) == 6, logs
         assert _get(url, "/health") == (200, {"status": "ok"})
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-            counts = [x for x in r.read().decode().splitlines() if x.startswith("specrt_requests_total{")]
+            text = r.read().decode()
+            counts = [x for x in text.splitlines() if x.startswith("specrt_requests_total{")]
         # (a stream ended by its error event was sent 200: counted so, by the status sent)
         assert counts == ['specrt_requests_total{endpoint="chat",status="200"} 1',
                           'specrt_requests_total{endpoint="chat",status="500"} 1',
                           'specrt_requests_total{endpoint="completions",status="200"} 1',
                           'specrt_requests_total{endpoint="completions",status="500"} 3'], counts
+        assert "specrt_engine_failures_total 6" in text.splitlines(), text  # (the stream begun, too)
