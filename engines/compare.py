@@ -479,6 +479,42 @@ def tolerance_ratio(a, b, atol: float, rtol: float) -> float:
     return float(r.max()) if r.size else 0.0
 
 
+def shared_nonfinite(a, b) -> np.ndarray:
+    """Where ``a`` and ``b`` (float arrays of one shape) hold the same non-finite value: both
+    NaN, both +inf or both -inf. A model whose weights overflow gives them in its reference
+    too, which is no difference between the two (inf - inf is NaN: each such element failed,
+    and compare named the engines where the model itself overflowed)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.kind != "f" or b.dtype.kind != "f":
+        return np.zeros(np.shape(a), bool)
+    return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+
+
+def _set_aside_nonfinite(results, engine: str, reference: str, names) -> tuple[Any, dict[str, int]]:
+    """``results`` with the elements where both runners hold the same non-finite value
+    (``shared_nonfinite``) made 0 on both sides, and how many there were per output name
+    (those with any). Elements non-finite on one side only stay, and fail."""
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    counts: dict[str, int] = {}
+    masks = []
+    for i0, i1 in zip(results[engine], results[reference]):
+        m = {n: shared_nonfinite(i0[n], i1[n]) for n in names if n in i0 and n in i1}
+        m = {n: x for n, x in m.items() if x.any()}
+        for n, x in m.items():
+            counts[n] = counts.get(n, 0) + int(x.sum())
+        masks.append(m)
+    if not counts:
+        return results, counts
+    out = []
+    for runner, iters in results.items():
+        kept = [IterationResult(outputs={k: (np.where(ms[k], 0.0, v).astype(np.asarray(v).dtype) if k in ms else v)
+                                         for k, v in it.items()}, runtime=it.runtime, runner_name=it.runner_name)
+                for it, ms in zip(iters, masks)]
+        out.append((runner, kept))
+    return RunResults(out), counts
+
+
 def _simple_compare(tol: dict[str, tuple[float, float]]):
     from polygraphy import comparator
 
@@ -548,6 +584,8 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
         from polygraphy.comparator import RunResults
 
         keep.append(RunResults([(engine.name, results[engine.name])]))
+    # before the tolerances read the reference's spread (an inf there made a row-std atol inf)
+    results, nonfinite = _set_aside_nonfinite(results, engine.name, reference.name, tol)
     tol = dict(tol)
     by = row_std_atol or {}
     row_std: dict[str, float] = {}
@@ -589,6 +627,8 @@ def compare_role(role: str, engine, reference, feeds: list[dict], tol: dict[str,
                      "tol_ratio": ratio, "passed": all(bool(r) for r in rs)}
         if name in row_std:
             out[name].update(atol_row_std=multiple[name], reference_row_std=row_std[name])
+        if name in nonfinite:  # (the same NaN / inf in both: not compared)
+            out[name]["shared_nonfinite"] = nonfinite[name]
         if name in scaled:  # (max_abs etc. of the scaled values; the atol in the outputs' own units,
             # for the widest row: polygraphy's one absolute atol, the by-hand command's, is that)
             out[name].update(in_units_of_row_scale=True, atol_widest_row=tol[name][0] * widest[name])
@@ -621,13 +661,16 @@ TREE = "token tree vs its chains"  # verify roles of tree-verifying engines: one
 def _against(got: np.ndarray, want: np.ndarray, atol: float, rtol: float, scaled: bool) -> dict[str, Any]:
     """``got`` against ``want`` element by element (in units of ``want``'s row scale when
     ``scaled``, as ``scale_rows`` compares): max_abs, max_rel, mean_abs, tol_ratio, finite."""
+    same = shared_nonfinite(got, want)  # (set aside, as compare_role sets them aside)
+    if same.any():
+        got, want = np.where(same, 0.0, got), np.where(same, 0.0, want)
     if scaled:
         s = row_scale(want)
         got, want = got / s, want / s
     d = np.abs(got - want)
     return {"max_abs": float(d.max()), "max_rel": float((d / np.maximum(np.abs(want), 1e-30)).max()),
             "mean_abs": float(d.mean()), "tol_ratio": tolerance_ratio(got, want, atol, rtol),
-            "finite": bool(np.isfinite(got).all())}
+            "finite": bool(np.isfinite(got).all()), "shared_nonfinite": int(same.sum())}
 
 
 def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], scaled: bool = False) -> dict[str, Any]:
@@ -645,7 +688,8 @@ def last_row_check(engine, reference, feeds: dict, tol: tuple[float, float], sca
     st = _against(got, want, *tol, scaled)
     return {"max_abs": st["max_abs"], "max_rel": st["max_rel"], "mean_abs": st["mean_abs"], "atol": tol[0],
             "rtol": tol[1], "tol_ratio": st["tol_ratio"], "passed": st["finite"] and st["tol_ratio"] <= 1.0,
-            **({"in_units_of_row_scale": True} if scaled else {})}
+            **({"in_units_of_row_scale": True} if scaled else {}),
+            **({"shared_nonfinite": st["shared_nonfinite"]} if st["shared_nonfinite"] else {})}
 
 
 def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float]], scaled=()) -> dict[str, Any]:
@@ -660,7 +704,7 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
     got = {k: np.asarray(v, np.float64).copy()
            for k, v in engine.infer_impl({**feeds, C.POSITION_IDS: tree_pos[None]}).items()}
     chains = [(list(range(d + 1)), list(range(d + 1)))] + [([0, d + 1 + k], [0, 1]) for k in range(2)]
-    worst, worst_name, max_abs, max_rel, passed = 0.0, None, 0.0, 0.0, True
+    worst, worst_name, max_abs, max_rel, passed, nonfinite = 0.0, None, 0.0, 0.0, True, 0
     with reference as ref:
         for rows, at in chains:
             # each chain is shorter than the role's rows: a reference whose metadata are the
@@ -673,11 +717,13 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
                 st = _against(got[name][:, rows], np.asarray(want[name], np.float64), atol, rtol, name in scaled)
                 max_abs, max_rel = max(max_abs, st["max_abs"]), max(max_rel, st["max_rel"])
                 passed = passed and st["finite"] and st["tol_ratio"] <= 1.0
+                nonfinite += st["shared_nonfinite"]
                 if st["tol_ratio"] >= worst:
                     worst, worst_name = st["tol_ratio"], name
     atol, rtol = tol.get(worst_name, (0.0, 0.0))
     return {"max_abs": max_abs, "max_rel": max_rel, "atol": atol, "rtol": rtol, "tol_ratio": worst,
-            "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2}
+            "worst_output": worst_name, "passed": passed, "rows": len(ids), "drafts": d, "siblings": 2,
+            **({"shared_nonfinite": nonfinite} if nonfinite else {})}
 
 
 TARGET_WEIGHTS = "target_weights"  # the first target role's: the engine's target weights against the export's
@@ -935,6 +981,9 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
             shown += " /row"  # errors and tolerances in units of each reference row's scale (scale_rows)
         lines.append(f"  {shown:26s} {_fmt(w['max_abs']):>9s} {_fmt(w['max_rel']):>9s} {_fmt(w['atol']):>9s} "
                      f"{_fmt(w['rtol']):>9s} {w['tol_ratio']:>9.3g}  {verdict}")
+        same = sum(x.get("shared_nonfinite", 0) for x in rows)
+        if same:  # the model's own overflow, where the reference has it too
+            lines.append(f"    {same} element(s) NaN or inf in both, the same: set aside (the model overflows there)")
     return lines
 
 
@@ -1118,7 +1167,9 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     deepest, show_role, saved_feeds, saved_outputs = f"verify.{max(engines.depths)}", None, None, []
     log(f"compare {engines.folder} ({engines.backend}, {engines.precision}) against {reference}: {ref_detail}")
     try:
-        with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines:
+        # (an engine's NaN / inf outputs fail their rows; numpy's RuntimeWarnings on them, from the
+        # statistics, were printed among the tables)
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines, np.errstate(invalid="ignore", over="ignore"):
             inputs = RoleInputs(engines, n)
             log(f"inputs: {n} prompt tokens, {inputs.source}; past KV from the engines' prefill")
             for note in notes:
@@ -1233,6 +1284,10 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         checks = sorted({f["output"] for f in fails if f["role"] == show_role})
         if checks and set(checks) <= set(CHECKS):  # (the line then passes)
             log(f"  ({show_role} failed only its {', '.join(checks)} check, which this line does not repeat)")
+        same = sum(o.get("shared_nonfinite", 0) for n, o in shown.items() if n not in CHECKS)
+        if same:  # (polygraphy takes inf - inf for a difference)
+            log(f"  (polygraphy counts the {same} element(s) NaN or inf in both, which this run set aside, as "
+                "differences: this line fails on them)")
         if engines.backend == "tensorrt":
             e = engines.manifest["roles"][show_role]["engine"]
             trt = polygraphy_trt_command(engines.folder / e["file"], int(e["profile"]), Path(inputs_file),

@@ -20,6 +20,7 @@ from specrt.cmd_compare import compare, parse_tolerances
 from specrt.engines.compare import (LAST_ROW, TARGET_WEIGHTS, TREE, TokenCompare, compare_engines,
                                     resolve_tolerances)
 from specrt.errors import UserError
+from tests.runtime.test_text import overflowing  # noqa: F401  (a tiny pair whose logits overflow to +inf)
 
 from .conftest import DEPTHS, quiet
 
@@ -1182,3 +1183,45 @@ def test_a_token_comparison_without_the_references_tokens_or_logits_is_no_key_er
     other = TokenCompare((1.0, 1.0))(tok, {C.DRAFT_TOKENS: np.array([[1, 3]])})[C.DRAFT_TOKENS]
     assert same and (same.rows, same.agree, same.ties) == (2, 2, 0)
     assert not other and (other.rows, other.agree, other.ties) == (2, 1, 0)
+
+
+def test_shared_nonfinite_is_the_same_nan_or_inf_on_both_sides():
+    from specrt.engines.compare import shared_nonfinite
+
+    inf, nan = np.inf, np.nan
+    a = np.array([inf, -inf, nan, inf, nan, 1.0, inf, 2.0], np.float32)
+    b = np.array([inf, -inf, nan, -inf, 1.0, nan, 3.0, 2.0], np.float32)
+    assert shared_nonfinite(a, b).tolist() == [True, True, True, False, False, False, False, False]
+    assert not shared_nonfinite(a, b[:4]).any() and not shared_nonfinite(np.array([1, 2]), np.array([1, 2])).any()
+
+
+def test_the_same_overflow_in_engine_and_reference_is_set_aside_not_a_difference(overflowing, tmp_path):  # noqa: F811
+    """A model whose weights overflow (w5's logit +inf wherever its normed hidden state sums
+    above 0) gives the same +inf in its engines and in the export's graphs: compare passes,
+    counting those elements per output, the prefill's last row and the token tree's check,
+    and says the by-hand polygraphy line fails on them (inf - inf is NaN: every such element
+    failed, and compare blamed the engines for the model's own overflow, which the runtime's
+    error sends users to compare to tell apart)."""
+    eng, _ = overflowing
+    lines: list[str] = []
+    r = compare_engines(eng, log=lines.append, inputs_file=tmp_path / "in.json")
+    assert r["passed"], r["summary"]
+    counts = {role: {n: o["shared_nonfinite"] for n, o in x["outputs"].items() if "shared_nonfinite" in o}
+              for role, x in r["roles"].items()}
+    # only the target's logits overflow (the draft has its own head), in every target role
+    assert all(set(c) <= {C.LOGITS, LAST_ROW, TREE} and C.LOGITS in c for role, c in counts.items()
+               if role != "draft") and counts["draft"] == {}, counts
+    assert counts["prefill"][LAST_ROW] >= 1 and counts["verify.3"][TREE] >= 1, counts
+    assert sum("NaN or inf in both, the same: set aside" in x for x in lines) == sum(map(len, counts.values()))
+    assert any(x.startswith("  (polygraphy counts the ") for x in lines), lines
+
+
+def test_an_engine_nonfinite_where_its_reference_is_finite_fails(engines_copy, tmp_path):
+    """One weight of the target engine made +inf after its build (the export refuses non-finite
+    weights, so only a changed engine has one): its NaN / inf logits where the reference's are
+    finite fail, as any difference; only the same non-finite value on both sides is set aside."""
+    corrupt_engine(engines_copy, delta=float("inf"))
+    r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
+    assert not r["passed"]
+    assert {f["output"] for f in r["failures"] if f["role"] == "decode"} == {C.LOGITS}, r["failures"]
+    assert not any("shared_nonfinite" in o for x in r["roles"].values() for o in x["outputs"].values())
