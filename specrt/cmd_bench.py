@@ -1131,6 +1131,7 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
     workers: dict[str, list[InterleavedWorker]] = {}
     member_of: dict[str, tuple[str, str]] = {}  # configuration -> (worker, governor)
     members: dict[str, dict[str, str]] = {}
+    repeats = max((int(job.get("repeats", 1)) for _, job in jobs), default=1)
     for wname, job, mem in group_jobs(jobs):
         members[wname] = mem
         started: list[InterleavedWorker] = []
@@ -1147,12 +1148,13 @@ def _interleave(jobs, n_prompts: int, out: Path, bar, results: dict, skipped: di
             if not w.warm():
                 _record_group(merge_process_results([x.finish() for x in reversed(started)], n_prompts), mem,
                               results, skipped, failed, echo)
+                if bar is not None:  # its configurations' runs, none of which will be made
+                    bar.update(len(mem) * n_prompts * repeats)
                 break
         else:
             workers[wname] = started
             member_of.update({name: (wname, g) for name, g in mem.items()})
     names = list(member_of)
-    repeats = max((int(job.get("repeats", 1)) for _, job in jobs), default=1)
     for r in range(repeats):
         for ws in workers.values() if r else ():
             for w in ws:
@@ -1539,18 +1541,21 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                 elif not quiet:
                     echo(f"running {name} ...", err=True)
 
-                def on_progress(msg, name=name):
+                made = [0]  # the runs it reported
+
+                def on_progress(msg, name=name, made=made):
                     if bar is None:
                         return
                     if msg == "warm":
                         bar.set_description(name)
                     else:
+                        made[0] += 1
                         bar.update(1)
 
                 res = run_config(job, out / "logs" / f"{name.replace(':', '_')}.log", on_progress)
                 _record(name, res, results, skipped, failed, echo)
-                if bar is not None and not res.get("ok"):
-                    bar.update(len(prompts) * repeats)
+                if bar is not None and not res.get("ok"):  # the runs it did not make (counted once: it went past)
+                    bar.update(len(prompts) * repeats - made[0])
         finally:
             if bar is not None:
                 bar.close()
