@@ -74,7 +74,7 @@ def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str
         raise UserError(f"{out}: already exists (pass --force to replace it)")
     if out.exists() and marker is not None and not (
             out.is_dir() and not out.is_symlink() and ((out / marker).is_file() or not any(out.iterdir()))):
-        what = "a file" if not out.is_dir() else f"a folder without {marker}"
+        what = "a symbolic link" if out.is_symlink() else "a file" if not out.is_dir() else f"a folder without {marker}"
         raise UserError(f"-o {out}: is {what}; --force replaces only an earlier output of this command "
                         "(or an empty folder): write elsewhere, or remove it yourself")
     check_output_folder(out.parent, "-o", of=out)

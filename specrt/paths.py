@@ -194,7 +194,7 @@ def check_engines_writable(engines_dir: Path, writes: str | None = None) -> None
     the file they write there, which must not be a folder (calibrate decoded every prompt, then
     could not write calibration.json: "Is a directory")."""
     check_output_folder(engines_dir, "ENGINES_DIR")
-    if writes is not None and (Path(engines_dir) / writes).is_dir() and not (Path(engines_dir) / writes).is_symlink():
+    if writes is not None and (Path(engines_dir) / writes).is_dir():  # (a link to a folder too: written through)
         raise UserError(f"{Path(engines_dir) / writes}: a folder where this command writes its file {writes}: "
                         "move it away")
 

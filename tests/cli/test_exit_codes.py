@@ -171,6 +171,25 @@ def test_output_paths_are_checked_before_any_work(tmp_path, monkeypatch):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "ro"]  # the probes left nothing
 
 
+
+def test_one_file_named_two_ways_is_one_file(tmp_path, monkeypatch):
+    """check_distinct compares where the paths lead, not their text: a relative path, a path
+    through '..' and a symbolic link to the file each name the file named plainly (an output
+    given so would replace the input), a file of the same name elsewhere does not, and a None
+    path (an option not given) is skipped."""
+    from specrt.errors import UserError
+    from specrt.paths import check_distinct
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(f)
+    monkeypatch.chdir(tmp_path)
+    for other in ("p.jsonl", tmp_path / "sub" / ".." / "p.jsonl", tmp_path / "link.jsonl"):
+        with pytest.raises(UserError, match=f"^--prompts and --report name the same file {f}; give each its own$"):
+            check_distinct(("--prompts", f), ("--stats", None), ("--report", other))
+    check_distinct(("--prompts", f), ("--stats", None), ("--report", tmp_path / "sub" / "p.jsonl"))
+
 def test_clicks_usage_errors_are_one_line_as_specrts_own(tmp_path):
     """click's usage errors printed its usage line, a hint and a blank line before "Error:",
     three lines beside specrt's own one-line "error: ..." (session 56): one line now, the

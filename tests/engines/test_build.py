@@ -157,6 +157,9 @@ def test_other_backend_version_is_refused(engines_copy):
     (lambda m: m.pop("roles"), "field 'roles' is missing"),
     (lambda m: m.update(depths="abc"), "field 'depths' must be a list of int, found 'abc'"),
     (lambda m: m.update(max_context="big"), "field 'max_context' must be int"),
+    # a bool is no number though Python's True is 1 (mutation round 5)
+    (lambda m: m.update(max_context=True), "field 'max_context' must be int, found True"),
+    (lambda m: m.update(depths=[True, 2]), r"field 'depths' must be a list of int, found \[True, 2\]"),
     (lambda m: m.update(files=None), "field 'files' must be a list of dict"),
     (lambda m: m["roles"].update({"verify.2": "x"}), "roles.verify.2.graph is 'x'; expected 'target'"),
     (lambda m: m["roles"]["decode"].pop("engine"), "roles.decode.engine.onnx is None"),
@@ -357,7 +360,9 @@ def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path, 
 
 
 def test_force_replaces_only_an_earlier_output(tiny_export, tmp_path):
-    """--force deleted whatever -o named: a folder of other things, or a file (found by review)."""
+    """--force deleted whatever -o named: a folder of other things, or a file (found by review).
+    A link to an earlier output is refused as a link (the new folder replaced the link, the
+    output it led to kept), and said as one (it was "a folder without engines.json")."""
     proj = tmp_path / "proj"
     (proj / "src").mkdir(parents=True)
     (proj / "src" / "a.py").write_text("code")
@@ -371,6 +376,11 @@ def test_force_replaces_only_an_earlier_output(tiny_export, tmp_path):
     build_engines(tiny_export, "onnxruntime", [1], empty, log=quiet, profile_repeats=1, force=True)
     build_engines(tiny_export, "onnxruntime", [1], empty, log=quiet, profile_repeats=1, force=True)  # its own
     assert (empty / "engines.json").is_file()
+    link = tmp_path / "link"
+    link.symlink_to(empty, target_is_directory=True)
+    with pytest.raises(UserError, match=f"-o {link}: is a symbolic link; --force replaces only an earlier output"):
+        build_engines(tiny_export, "onnxruntime", [1], link, log=quiet, profile_repeats=1, force=True)
+    assert link.is_symlink() and (empty / "engines.json").is_file()
 
 
 def test_existing_output_needs_force(tiny_export, tmp_path):
@@ -652,6 +662,17 @@ def _swap_graph_files(m):
     (lambda m: m["tokenizer"][0].pop("sha256"), r"field 'tokenizer\[0\]' is .*expected \{'file'"),
     (lambda m: m["binding_receipt"]["target"]["config"].update(eos_token_ids=[5]),
      "field 'binding_receipt' differs from its receipt_id"),
+    # found by mutation round 5: each passed the checks (another format's manifest read as this
+    # one, layer ids the draft was not trained on, a graph no build makes, a record naming a
+    # file outside the folder, hashed and linked in)
+    (lambda m: m.update(format="specrt-export/2"), r"not an export manifest \(expected format 'specrt-export/1'\)"),
+    (lambda m: m["target"].update(aux_layer_ids=m["target"]["aux_layer_ids"][::-1]),
+     r"field 'target.aux_layer_ids' is \[.*\], the binding receipt's target config says"),
+    (lambda m: m["graphs"].update(extra=m["graphs"]["draft"]),
+     r"field 'graphs' holds \['draft', 'extra', 'target'\]; expected \['target', 'draft'\]"),
+    *[(lambda m, f=f: m["graphs"]["target"]["files"].append({**m["graphs"]["target"]["files"][0], "file": f}),
+       rf"field 'graphs.target.files\[\d\]' is \{{'file': '{f}'.*; expected \{{'file': a name inside the folder")
+      for f in ("../target.onnx", "/target.onnx")],
 ])
 def test_a_hand_edited_export_value_is_refused(tiny_export, tmp_path, change, message):
     """export.json's values are checked against what fixes them (the binding receipt, the
@@ -1009,6 +1030,22 @@ def test_outputs_get_the_umasks_permissions(tiny_engines):
         assert mode == (0o777 if p.is_dir() else 0o666) & ~umask, (p, oct(mode))
 
 
+
+def test_a_private_export_file_linked_into_the_engines_stays_private(tiny_export, tmp_path):
+    """The engines folder hard-links the export's files: the umask's permissions given to the
+    0600 files of a new output are not given to a linked one, which is the export's own file
+    (one the user made private would have been opened to every user through the link)."""
+    import os
+    import stat
+
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    (exp / "target.onnx").chmod(0o600)
+    build_engines(exp, "onnxruntime", [1], tmp_path / "e", log=quiet, profile_repeats=1)
+    linked = tmp_path / "e" / "export" / "target.onnx"
+    assert os.path.samefile(linked, exp / "target.onnx")  # (a hard link: one file, one mode)
+    assert stat.S_IMODE((exp / "target.onnx").stat().st_mode) == 0o600
+
 def test_profile_writes_nothing_over_a_manifest_changed_meanwhile(engines_copy, monkeypatch):
     """A `build --force` that replaced the folder while `specrt profile` measured got the old
     manifest written back over its own (old depths and digest: the engines then failed their
@@ -1063,12 +1100,15 @@ def test_commands_writing_into_the_engines_find_a_read_only_folder_before_their_
     assert sorted(p.name for p in engines_copy.iterdir()) == before
 
 
+@pytest.mark.parametrize("linked", [False, True], ids=["folder", "link-to-folder"])
 @pytest.mark.parametrize("command, file", [("canary", "acceptance_receipt.json"), ("corpus", "corpus.npz"),
                                            ("calibrate", "calibration.json")])
 def test_commands_writing_into_the_engines_find_a_folder_in_their_files_place_first(engines_copy, tmp_path,
-                                                                                    monkeypatch, command, file):
+                                                                                    monkeypatch, command, file, linked):
     """calibrate with a folder named calibration.json in the engines decoded every prompt, then
-    failed to write it ("Is a directory"; a user walk, session 54): found before the work."""
+    failed to write it ("Is a directory"; a user walk, session 54): found before the work. A
+    link to a folder there is a folder too: the file is written where a link leads, and the
+    check passed it by, the work done, then the write failed the same way (mutation round 5)."""
     from click.testing import CliRunner
 
     import specrt.cli as cli
@@ -1082,7 +1122,11 @@ def test_commands_writing_into_the_engines_find_a_folder_in_their_files_place_fi
     monkeypatch.setattr(Cor, "build_with_priors", work)
     monkeypatch.setattr(Cal, "calibrate", work)
     (engines_copy / file).unlink(missing_ok=True)
-    (engines_copy / file).mkdir()
+    if linked:
+        (tmp_path / "elsewhere").mkdir()
+        (engines_copy / file).symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    else:
+        (engines_copy / file).mkdir()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello there"}\n')
     answers = tmp_path / "a.jsonl"

@@ -136,6 +136,26 @@ def test_buffers_fed_again_stay_bound_and_are_read_afresh(tiny_engines):
         np.testing.assert_allclose(engines.verify(2).infer({**head, **contents_c})[C.LOGITS], other, **TOL)
 
 
+
+def test_a_deactivated_runner_lets_go_of_the_callers_buffers(tiny_engines):
+    """A runner keeps the arrays it was fed (checked and bound by identity) while it is active;
+    deactivated, it drops them: the caller's cache buffers (the size of the context, GBs on a
+    real model) are freed with the caller's last reference, not when the runner goes."""
+    import gc
+    import weakref
+
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        bufs = {n: np.zeros((1, 2, C_, 16), np.float32) for i in range(4) for n in (C.cache_key(i), C.cache_value(i))}
+        r = engines.verify(2)
+        r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[0, 1, 2]]), **bufs})
+        refs = [weakref.ref(b) for b in bufs.values()]
+        del bufs
+        gc.collect()
+        assert all(ref() is not None for ref in refs)  # (held while active)
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
 def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
     with load_engines(tiny_engines) as engines:
         C_ = engines.max_context

@@ -177,11 +177,92 @@ def test_feeds_are_checked_against_the_role(tiny_engines_append, state):
             r.infer({**good, C.past_key(2): state.tkv[C.past_key(2)][:, :30]})
         with pytest.raises(UserError, match="past_tokens = 252 is outside"):
             r.infer(state.target_feeds(np.arange(5), 252))
+        # (mutation round 5) an input no graph has, a rank short, the range's last value (in it)
+        with pytest.raises(UserError, match=r"inputs do not match: missing \[\], unknown \['bogus'\]"):
+            r.infer({**good, "bogus": good[C.INPUT_IDS]})
+        with pytest.raises(UserError, match=r"input 'input_ids' has shape \[5\], expected rank 2 \[1, 5\]"):
+            r.infer({**good, C.INPUT_IDS: good[C.INPUT_IDS][0]})
+        assert r.dims[C.DIM_PAST].max == 251
+        r.check_feeds(state.target_feeds(np.arange(5), 251))
+        p = engines.target(247)  # the prefill: past and new each in its range, their sum past the context
+        assert p is engines.runners["prefill"] and p.max_context == 256
+        with pytest.raises(UserError, match=r"'prefill': past 10 \+ new 247 tokens exceed the limit 256 it was built"):
+            p.check_feeds(state.target_feeds(np.arange(247) % 100, 10))
+        p.check_feeds(state.target_feeds(np.arange(246) % 100, 10))  # at the limit: taken
         with pytest.raises(UserError, match="no verify engine for depth 3"):
             engines.verify(3)
     with pytest.raises(InternalError, match="before activate"):
         r.infer(good)
 
+
+
+def test_an_input_fed_again_still_meets_the_other_inputs_dims(tiny_engines_append, state):
+    """An array fed again (the same object, as the runtime's cache views are) skips its own
+    checks but still gives its symbolic dims for the others to meet: a new past of another
+    length among pasts fed again is refused by the runner's own check, naming it (mutation
+    round 5: without them it went to the backend)."""
+    with load_engines(tiny_engines_append) as engines:
+        r = engines.verify(2)
+        feeds = state.target_feeds(np.arange(3), state.n)
+        r.infer(feeds)
+        r.infer(feeds)  # (fed again: each array checked by identity)
+        last = [t.name for t in r.inputs if t.name in state.tkv][-1]  # every past before it fed again
+        with pytest.raises(UserError, match=rf"input '{last}' has {C.DIM_PAST} = {state.n - 1}, but another input "
+                                            rf"has {state.n}$"):
+            r.infer({**feeds, last: state.tkv[last][:, :state.n - 1]})
+
+
+def test_external_weights_are_read_whole_and_from_the_graphs_own_folder(tmp_path):
+    """load_onnx and initializer_reader read a weight's external data by offset from the file
+    beside the graph: a data file cut short is named with the weight (its bytes came out
+    short, an onnx traceback or a wrong tensor), and a location outside the graph's folder is
+    refused (it was read from wherever it led)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.engines.base import initializer_reader, load_onnx
+
+    w = np.arange(64, dtype=np.float32).reshape(8, 8)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(w, "w")])
+    (tmp_path / "g").mkdir()
+    path = tmp_path / "g" / "m.onnx"
+    onnx.save_model(helper.make_model(graph), str(path), save_as_external_data=True, location="m.onnx.data",
+                    size_threshold=0)
+    np.testing.assert_array_equal(numpy_helper.to_array(load_onnx(path).graph.initializer[0]), w)
+    np.testing.assert_array_equal(initializer_reader(path)[1]("w"), w)
+    data = tmp_path / "g" / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:100])
+    for read in (load_onnx, lambda p: initializer_reader(p)[1]("w")):
+        with pytest.raises(UserError, match=f"^{data}: too short for weight 'w' of m.onnx$"):
+            read(path)
+    m = onnx.load(str(path), load_external_data=False)
+    for e in m.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = "../m.onnx.data"
+    onnx.save_model(m, str(path))
+    (tmp_path / "m.onnx.data").write_bytes(w.tobytes())  # (there, and whole)
+    for read in (load_onnx, lambda p: initializer_reader(p)[1]("w")):
+        with pytest.raises(UserError, match=rf"^{path}: weight 'w' points outside its folder \('../m.onnx.data'\)$"):
+            read(path)
+
+
+def test_a_runner_whose_engine_fails_to_load_stays_inactive(engines_copy):
+    """activate() acquires the engine, then marks the runner active: an engine that cannot be
+    loaded (its graph files cut short after the set was loaded) leaves the runner inactive, so
+    infer says it was never activated and a retry loads again, not "already active"."""
+    engines = load_engines(engines_copy, verify=False)
+    r = engines.verify(1)
+    for f in engines_copy.glob("*.onnx"):
+        f.write_bytes(f.read_bytes()[:64])
+    for _ in range(2):
+        with pytest.raises(Exception) as e:
+            r.activate()
+        assert not isinstance(e.value, InternalError) and not r.is_active, e.value
+    with pytest.raises(InternalError, match="infer\\(\\) before activate\\(\\)"):
+        r.infer({})
 
 def test_metadata_is_specialised_per_depth(tiny_engines_append):
     engines = load_engines(tiny_engines_append, verify=False)

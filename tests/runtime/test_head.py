@@ -18,7 +18,7 @@ from specrt.engines.engine_set import load_engines
 from specrt.errors import InternalError, UserError
 from specrt.export import onnx_ops as ops
 from specrt.export.graphs import _screened_head
-from specrt.head import QMAX, REL_EPS, HeadScreen, choose_outliers, quantize_head, rest_channels
+from specrt.head import QMAX, REL_EPS, ULP, HeadScreen, choose_outliers, quantize_head, rest_channels
 from specrt.runtime import generate as G
 from specrt.runtime.governor import DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
@@ -58,8 +58,10 @@ def test_quantize_head_rows_and_bounds():
     out = np.array([3, 5, 17])
     rest = rest_channels(24, out)
     assert len(rest) == 21 and not set(rest) & set(out)
-    q, s, bounds = quantize_head(w, out)
+    with np.errstate(invalid="raise", divide="raise"):  # (0 / 0 for the zero row: NaN, cast to int8 as it may be)
+        q, s, bounds = quantize_head(w, out)
     assert q.dtype == np.int8 and q.shape == (40, 21) and np.abs(q).max() == QMAX and s.shape == (40,)
+    assert s[3] == 1.0 and not q[3].any()  # the all-zero row: scale 1, q = 0
     deq = q * s[:, None].astype(np.float64)
     np.testing.assert_allclose(bounds[0], np.linalg.norm(w[:, rest] - deq, axis=1))
     np.testing.assert_allclose(bounds[1], np.linalg.norm(deq, axis=1))
@@ -181,10 +183,12 @@ def test_the_screen_is_exact_for_any_logits_within_its_bound():
     assert (b[np.arange(S), want] > 100 * np.ptp(np.sort(exact, 1)[:, -6:], 1)).all()  # ties far below the bound
     sign = np.ones((S, V))
     sign[np.arange(S), want] = -1.0
-    # and past it by the float rounding the screen allows for (REL_EPS of |logit| + ||h|| ||w_j||)
+    # and past it by the float rounding the screen allows for (REL_EPS of |logit| + ||h|| ||w_j||),
+    # then by nearly all of it: REL_EPS + 2 H ulps of |logit| + ||h|| max ||w_j|| (module doc)
     hn = np.linalg.norm(h.astype(np.float64), axis=1)[:, None]
     rounding = REL_EPS / 2 * (np.abs(exact) + hn * bounds[2][None])
-    for err in (b, b + rounding):
+    margin = 0.95 * (REL_EPS + 2 * H * ULP) * (np.abs(exact) + hn * bounds[2].max())
+    for err in (b, b + rounding, b + margin):
         approx = (exact + sign * err).astype(np.float32)
         np.testing.assert_array_equal(screen.argmax(approx, h, norms), want)
         np.testing.assert_array_equal([int(screen.argmax(approx, h, norms, [r])[0]) for r in range(S)], want)
@@ -215,6 +219,98 @@ def test_screened_argmax_on_random_rows_and_nan():
     bad[3, 0] = np.nan
     with pytest.raises(InternalError, match="produced NaN"):
         screen.argmax(approx[0], bad, nrm[0])
+
+
+def test_the_exact_logits_decide_below_float32_resolution():
+    """The candidates' exact logits are the real-number ones (float64, module doc): two tokens
+    whose logits (~300) differ by less than float32 resolves there (its spacing is 3e-5) go
+    to the larger, which a rescoring in float32 gets wrong on several of these rows."""
+    rng = np.random.default_rng(5)
+    V, H, S = 64, 32, 16
+    h = rng.normal(0, 1, (S, H)).astype(np.float32)
+    w = rng.normal(0, 0.05, (V, H))
+    for r in range(S):  # row r's leaders: 2r and 2r + 1, a hair apart
+        w[2 * r] += 300.0 * h[r] / np.linalg.norm(h[r]) ** 2
+        w[2 * r + 1] = w[2 * r] + rng.normal(0, 1e-6, H)
+    w = w.astype(np.float32)
+    exact = h.astype(np.float64) @ w.T.astype(np.float64)
+    want = exact.argmax(1)
+    pairs = np.stack([2 * np.arange(S), 2 * np.arange(S) + 1], 1)  # [S, 2]
+    f32 = np.einsum("ij,ij->i", w[pairs.ravel()], np.repeat(h, 2, 0)).reshape(S, 2)
+    assert (pairs[np.arange(S), f32.argmax(1)] != want).sum() >= 3  # float32 misjudges them
+    screen = HeadScreen(w, quantize_head(w, np.array([0, 1]))[2])
+    np.testing.assert_array_equal(screen.argmax(exact.astype(np.float32), h, np.zeros((S, 2), np.float32)), want)
+
+
+def test_the_exact_argmax_with_the_heads_largest_bound_stays_a_candidate():
+    """The screen's prefilter (a >= floor - max_j b_j - eps, before each token's own bound) keeps
+    the exact argmax when it is the token of the head's largest bound, its approximation off by
+    that whole bound and nearly all the rounding margin, a hair above the runner-up: alone and in
+    a call of two rows. (A prefilter without the margin dropped it, and the runner-up won.)"""
+    rng = np.random.default_rng(6)
+    V, H = 50, 32
+    out = np.array([0, 1])
+    h = rng.normal(0, 1, (1, H)).astype(np.float32)
+    h[0, 5] = 0.0
+    w = rng.normal(0, 0.05, (V, H))
+    u = h[0].astype(np.float64) / np.linalg.norm(h[0]) ** 2  # h . u = 1
+    w[10] += 3.0 * u
+    w[11] = w[10] + 1e-5 * u  # the argmax, 1e-5 above token 10
+    w[11, 5] = 0.6  # in a channel h leaves at zero: token 11's bounds grow to the head's largest, its logit not
+    w = w.astype(np.float32)
+    bounds = quantize_head(w, out)[2]
+    exact = h.astype(np.float64) @ w.T.astype(np.float64)
+    assert exact.argmax() == 11 and bounds[0].argmax() == bounds[1].argmax() == 11
+    r_n = np.linalg.norm(h[:, rest_channels(H, out)].astype(np.float64), axis=1)
+    norms = np.stack([r_n, 0.02 * r_n], 1).astype(np.float32)
+    b = bounds[0][None] * r_n[:, None] + bounds[1][None] * 0.02 * r_n[:, None]
+    sign = np.ones((1, V))
+    sign[0, 11] = -1.0
+    hn = np.linalg.norm(h.astype(np.float64))
+    margin = 0.95 * (REL_EPS + 2 * H * ULP) * (np.abs(exact) + hn * bounds[2].max())
+    approx = (exact + sign * (b + margin)).astype(np.float32)
+    screen = HeadScreen(w, bounds)
+    np.testing.assert_array_equal(screen.argmax(approx, h, norms), [11])
+    np.testing.assert_array_equal(screen.argmax(*(np.repeat(x, 2, 0) for x in (approx, h, norms))), [11, 11])
+
+def test_rows_are_any_range_or_list_of_row_indices():
+    """``rows``: a range (a step-1 range is taken as a view) or a list of row indices; a range
+    of another step picks its own rows, as the list of them does, not the step-1 span."""
+    rng = np.random.default_rng(4)
+    V, H, S = 200, 32, 7
+    w = rng.normal(0, 0.1, (V, H)).astype(np.float32)
+    h = rng.normal(0, 2, (S, H)).astype(np.float32)
+    exact = h.astype(np.float64) @ w.T.astype(np.float64)
+    want = exact.argmax(1)
+    screen = HeadScreen(w, quantize_head(w, np.array([0, 9]))[2])
+    zero = np.zeros((S, 2), np.float32)
+    for rows in (range(S), range(2, 5), range(1, S, 2), range(S - 1, -1, -3), [6, 0, 3]):
+        np.testing.assert_array_equal(screen.argmax(exact.astype(np.float32), h, zero, rows), want[list(rows)])
+
+
+def test_the_screen_refuses_bounds_of_another_head(tmp_path):
+    """The bounds [3, V] and the fp32 rows [V, H] float32 must be one head's: bounds of another
+    vocabulary size, or a head file of another dtype (its rows read by byte offset as float32),
+    are an internal error naming the shapes or the file, not a screen that reads wrong rows."""
+    from specrt.head import BOUNDS_FILE, WEIGHT_FILE
+
+    w = np.random.default_rng(0).normal(0, 0.1, (40, 16)).astype(np.float32)
+    bounds = quantize_head(w, np.array([3]))[2]
+    with pytest.raises(InternalError, match=r"head weight \(40, 16\) / bounds \(3, 39\): expected \[V, H\] / \[3, V\]"):
+        HeadScreen(w, bounds[:, 1:])
+    np.save(tmp_path / BOUNDS_FILE, bounds)
+    np.save(tmp_path / WEIGHT_FILE, w.astype(np.float64))
+    with pytest.raises(InternalError, match=f"{tmp_path / WEIGHT_FILE}: expected a C-ordered float32 .*float64"):
+        HeadScreen.load(tmp_path)
+    np.save(tmp_path / WEIGHT_FILE, np.asfortranarray(w))
+    with pytest.raises(InternalError, match="expected a C-ordered float32"):
+        HeadScreen.load(tmp_path)
+    np.save(tmp_path / WEIGHT_FILE, w)
+    screen = HeadScreen.load(tmp_path)
+    np.testing.assert_array_equal(screen.weight[[39, 0, 7]], w[[39, 0, 7]])  # rows by offset, in the order asked
+    screen.close()
+    np.testing.assert_array_equal(screen.weight[[5]], w[[5]])  # closed, then read again: reopened
+    screen.close()
 
 
 @pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 16, 16)],
