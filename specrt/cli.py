@@ -581,6 +581,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         # s.stats() describe it: s.stream starts when first read) and whether its telemetry
         # was merged, so that a stop at any point records it once
         current, stream, printed, merged = -1, None, False, -1
+        summarised = False  # (an engine failure's summary: a stop landing in it does not write another)
         try:
             for i, (p, q) in enumerate(zip(prompts, inputs)):
                 current, stream, printed = i, None, False
@@ -613,6 +614,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                             st = s.stats()
                             total.merge(s.generator.telemetry)
                             per_prompt.append({"prompt": p, **st, "finish_reason": "error"})
+                        summarised = True
                         _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts),
                                      failed=said)
                     if prompts_file is None:
@@ -631,6 +633,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 per_prompt.append({"prompt": p, **st})
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cli._terminated): what was decoded is
             # kept, then "Aborted!" (exit 1) or "Terminated" (exit 143) as before
+            if summarised:  # (in an engine failure's summary, which wrote the files)
+                raise
             if stream is not None:
                 stream.close()
             if printed and len(per_prompt) <= current:  # the prompt in flight, cut short, not yet recorded

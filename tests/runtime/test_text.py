@@ -1007,6 +1007,32 @@ def test_run_keeps_what_was_decoded_before_an_engine_failure(overflowing, tmp_pa
     assert not stats.exists()
 
 
+def test_a_stop_in_an_engine_failures_summary_keeps_the_failure(overflowing, tmp_path, monkeypatch):
+    """Ctrl-C landing in the closing lines of a run an engine failure ended: the files are
+    written once, saying the failure (the stop's own summary wrote them again over it, as
+    interrupted with no error), then "Aborted!"."""
+    import specrt.cli as cli
+
+    eng, prompts = overflowing
+    f, stats = tmp_path / "p.jsonl", tmp_path / "st.json"
+    f.write_text("".join(json.dumps({"prompt": x}) + "\n" for x in (prompts[False, True], prompts[False, False])))
+    original, calls = cli._run_closing_lines, []
+
+    def stopped_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    monkeypatch.setattr(cli, "_run_closing_lines", stopped_once)
+    r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens", "1",
+                                  "--stats", str(stats)])
+    assert r.exit_code == 1 and "Aborted!" in r.output and len(calls) == 1, r.output
+    st = json.loads(stats.read_text())
+    assert st["failed"].startswith(f"{f}:2: target engine produced +inf") and st["interrupted"] is False, st
+    assert [p["finish_reason"] for p in st["prompts"]] == ["length"], st["prompts"]
+
+
 @pytest.mark.parametrize("confidence_head", [False, True])
 def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confidence_head):
     """A draft whose logits overflow (its lm_head +3e38 everywhere: finite, so the export takes
