@@ -601,15 +601,7 @@ def test_an_interrupt_just_after_an_answer_ended_keeps_its_finish(worded, tmp_pa
 
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
-    stats, calls = Session.stats, []
-
-    def interrupted_once(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        return stats(self, *a, **k)
-
-    monkeypatch.setattr(Session, "stats", interrupted_once)
+    monkeypatch.setattr(Session, "stats", _raising_once(Session.stats, KeyboardInterrupt))
     out = tmp_path / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
                                   "--governor", "fixed:1", "--stats", str(out)])
@@ -639,6 +631,19 @@ def test_an_interrupt_mid_answer_is_said_on_a_line_of_its_own_after_the_summary(
     assert len(summary) == 1 and said not in "\n".join(lines[:-1]), lines[-6:]
 
 
+def _raising_once(original, raised, calls: list | None = None):
+    """``original`` (a function, or a method taken from its class) raising ``raised`` at its
+    first call, as a stop landing there, and running as itself after; ``calls`` counts them."""
+    calls = [] if calls is None else calls
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise raised
+        return original(*args, **kwargs)
+    return once
+
+
 @pytest.mark.parametrize("signal", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("where", ["closing line", "stats write", "growth write"])
 def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded, tmp_path, monkeypatch, where,
@@ -657,16 +662,9 @@ def test_an_interrupt_after_the_last_answer_still_writes_stats_and_growth(worded
     stats.write_text('{"stale": true}')
     real = {"closing line": (cli, "_run_closing_lines"), "stats write": (paths, "write_atomic"),
             "growth write": (Session, "save_growth")}[where]
-    calls = []
-
-    def interrupted_once(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:  # (SIGTERM: cli._terminated's SystemExit(143))
-            raise KeyboardInterrupt if signal == "SIGINT" else SystemExit(143)
-        return original(*args, **kwargs)
-
-    original = getattr(*real)
-    monkeypatch.setattr(*real, interrupted_once)
+    # (SIGTERM: cli._terminated's SystemExit(143))
+    monkeypatch.setattr(*real, _raising_once(getattr(*real), KeyboardInterrupt if signal == "SIGINT" else
+                                             SystemExit(143)))
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--quiet",
                                   "--stats", str(stats), "--grow-file", str(grow)])
     assert (r.exit_code, "Aborted!" in r.output) == ((1, True) if signal == "SIGINT" else (143, False)), r.output
@@ -696,14 +694,8 @@ def test_a_run_cut_short_and_interrupted_again_in_its_write_does_not_say_it_ende
                 raise KeyboardInterrupt
             yield piece
 
-    def interrupted_once(*args, **kwargs):
-        writes.append(1)
-        if len(writes) == 1:
-            raise KeyboardInterrupt
-        return write(*args, **kwargs)
-
     monkeypatch.setattr(Session, "stream", cut_at_the_second)
-    monkeypatch.setattr(paths, "write_atomic", interrupted_once)
+    monkeypatch.setattr(paths, "write_atomic", _raising_once(write, KeyboardInterrupt, writes))
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--quiet",
                                   "--stats", str(stats)])
     assert r.exit_code == 1 and "[interrupted: 1 of 3 prompts answered" in r.output, r.output
@@ -1016,15 +1008,8 @@ def test_a_stop_in_an_engine_failures_summary_keeps_the_failure(overflowing, tmp
     eng, prompts = overflowing
     f, stats = tmp_path / "p.jsonl", tmp_path / "st.json"
     f.write_text("".join(json.dumps({"prompt": x}) + "\n" for x in (prompts[False, True], prompts[False, False])))
-    original, calls = cli._run_closing_lines, []
-
-    def stopped_once(*a, **k):
-        calls.append(1)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        return original(*a, **k)
-
-    monkeypatch.setattr(cli, "_run_closing_lines", stopped_once)
+    calls: list[int] = []
+    monkeypatch.setattr(cli, "_run_closing_lines", _raising_once(cli._run_closing_lines, KeyboardInterrupt, calls))
     r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(f), "--governor", "off", "--max-new-tokens", "1",
                                   "--stats", str(stats)])
     assert r.exit_code == 1 and "Aborted!" in r.output and len(calls) == 1, r.output
