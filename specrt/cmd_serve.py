@@ -1011,7 +1011,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(e)
             except Exception as e:  # mid-answer (NaN logits from an engine, ...): nothing sent yet
                 app.log(f"[error: {type(e).__name__}: {e}]")
-                bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
+                bad = _clients_fault(e)
                 app.metrics.add(engine_failures=0 if bad else 1)
                 return self._error(BadRequest(str(e), status=400 if bad else 500))
             choices = []
@@ -1083,7 +1083,7 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # mid-answer, after the headers: an error event ends the stream
             if not isinstance(e, BadRequest):  # (cut by a second Ctrl-C: said in the event only)
                 app.log(f"[error: {type(e).__name__}: {e}]")
-            bad = isinstance(e, UserError) and not isinstance(e, EngineFailure)
+            bad = _clients_fault(e)
             kind = "invalid_request_error" if bad else "server_error"
             app.metrics.add(engine_failures=0 if bad or isinstance(e, BadRequest) else 1)
             try:
@@ -1093,6 +1093,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             except OSError:
                 pass
+
+
+def _clients_fault(e: BaseException) -> bool:
+    """Whether an error raised while answering is the request's (400 invalid_request_error): a
+    UserError, but not an engine's failure (NaN or +inf logits: the server's, 500)."""
+    return isinstance(e, UserError) and not isinstance(e, EngineFailure)
 
 
 def _interrupt(signum, frame) -> None:
