@@ -806,9 +806,15 @@ class Generator:
                             verify_greedy(logits[row : row + 1], drafts[:0]).tokens[0]
                         v = Verdict(1, np.array([v.tokens[0], bonus], np.int64), j)
                 else:
-                    m = check_logits(logits)  # every row, as greedy does, before any is used
-                    p = LazyRows(lambda k: probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0],
-                                 d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
+                    m = logits.max(-1)
+
+                    def row(k: int) -> np.ndarray:
+                        # each row checked as it is used: rows past the first rejection are not looked at,
+                        # as greedy's are not (one failed the round, and the answer's failure hung on the depth)
+                        check_logits(logits[k : k + 1], rowmax=m[k : k + 1], first_row=k)
+                        return probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0]
+
+                    p = LazyRows(row, d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
                     if self._noise is not None:
                         v = verify_coupled(p, drafts[:d], self._noise.pick, emitted, sib, lambda j: p[d + 1 + j])
                         self._noise.forget_before(emitted)

@@ -87,15 +87,17 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray | None = None) -> np.ndarray:
+def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray | None = None,
+                 first_row: int = 0) -> np.ndarray:
     """Raise if a row of an engine's logits [S, V] holds NaN or +inf or is all -inf (-inf
     alone is a legal mask). One pass: a row's max is NaN, +inf or -inf exactly then.
-    ``rowmax`` [S]: the rows' maxima (or the values at their argmax) when already known."""
+    ``rowmax`` [S]: the rows' maxima (or the values at their argmax) when already known;
+    ``first_row``: the call's row that ``logits`` start at (the one the error names)."""
     m = logits.max(-1) if rowmax is None else rowmax
     if not np.isfinite(m).all():
         k = int(np.flatnonzero(~np.isfinite(m))[0])
         what = "NaN" if np.isnan(m[k]) else "+inf" if m[k] > 0 else "all -inf"
-        raise InternalError(f"{engine} engine produced {what} logits in row {k} of its call")
+        raise InternalError(f"{engine} engine produced {what} logits in row {first_row + k} of its call")
     return m
 
 

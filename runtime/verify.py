@@ -33,17 +33,24 @@ def verify_greedy(logits: np.ndarray | None, draft: np.ndarray, best: np.ndarray
     decoding token for token, since every emitted token is a target argmax given a
     prefix of target argmaxes. ``best`` [d+1]: the rows' argmaxes when the caller has them
     (a screened head, specrt/head.py; ``logits`` then unused).
+
+    Rows 0..a, the ones used (those target-only decoding computes), must be finite: a NaN
+    or +inf row raises. A row past the first rejection is not looked at: it failed the whole
+    round, and whether an answer failed hung on how deep the governor verified (a model at
+    the edge of overflowing float32 gave an answer more or fewer tokens before its error).
     """
     d = len(draft)
-    if best is None:
+    given = best is not None
+    if not given:
         if logits.ndim != 2 or logits.shape[0] != d + 1:
             raise InternalError(f"verify_greedy: logits {logits.shape} for {d} drafts, expected [{d + 1}, V]")
         best = logits.argmax(-1)  # [d+1]; a NaN row's argmax is its first NaN
-        check_logits(logits, "target", logits[np.arange(d + 1), best])
     elif len(best) != d + 1:
         raise InternalError(f"verify_greedy: {len(best)} argmaxes for {d} drafts, expected {d + 1}")
     match = best[:d] == draft
     a = d if match.all() else int(match.argmin())
+    if not given:  # (a non-finite row before a: its argmax "matched" or not, it is one of the rows used)
+        check_logits(logits[: a + 1], "target", logits[np.arange(a + 1), best[: a + 1]])
     return Verdict(a, best[: a + 1].astype(np.int64))
 
 

@@ -992,6 +992,51 @@ def test_nan_logits_are_a_clear_error(pair):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=1, seed=3)],
+                         ids=["greedy", "sampled-top1"])
+def test_rows_past_the_first_rejection_are_not_looked_at(pair, params):
+    """A verify call's rows after its first rejected draft are none of the rows target-only
+    decoding computes: NaN there does not fail the answer. It failed every such round, so
+    whether an answer failed (and how many tokens came first) hung on how deep the governor
+    verified. Here every draft is a token the target never picks (rejected at row 0, top-k 1
+    sampling too) and rows 1.. of every verify call are NaN: the output is `off`'s."""
+    _, engines = pair
+    prompt = PROMPT * 3  # (24 rows: the prefill's calls are longer than every verify call)
+    ref = _gen(engines, OffGovernor(DEPTHS), params).generate(prompt, 16)
+    d2t = read_d2t(engines.export_dir, engines.export)
+    ids = np.arange(len(d2t)) + d2t if d2t is not None else np.arange(int(engines.export["target"]["vocab_size"]))
+    j = next(j for j, t in enumerate(ids) if int(t) not in ref)  # its draft id, and the target id ids[j]
+
+    class Wrapped:
+        def __init__(self, inner, draft: bool):
+            self.inner, self.is_draft = inner, draft
+
+        def infer(self, feeds):
+            out = dict(self.inner.infer(feeds))
+            if self.is_draft:
+                logits = np.full_like(out[C.DRAFT_LOGITS], -30.0)
+                logits[..., j] = 30.0
+                out[C.DRAFT_LOGITS], out[C.DRAFT_TOKENS] = logits, np.full_like(out[C.DRAFT_TOKENS], ids[j])
+            elif 1 < feeds[C.INPUT_IDS].shape[1] <= max(DEPTHS) + 1:
+                out[C.LOGITS] = np.array(out[C.LOGITS])
+                out[C.LOGITS][:, 1:] = np.nan
+            return out
+
+    class Engines:
+        export, max_context, precision = engines.export, engines.max_context, engines.precision
+        kv_layout = staticmethod(engines.kv_layout)
+
+        def target(self, s):
+            return Wrapped(engines.target(s), False)
+
+        def draft(self):
+            return Wrapped(engines.draft(), True)
+
+    g = G.Generator(Engines(), FixedGovernor(DEPTHS, 3), params, d2t)
+    assert g.generate(prompt, 16) == ref
+    assert g.telemetry.drafted > 0 and g.telemetry.accepted == 0, (g.telemetry.drafted, g.telemetry.accepted)
+
+
 @pytest.mark.parametrize("chunk", [10_000, 10])
 def test_the_prefill_asks_for_its_last_rows_logits_only(pair, chunk, monkeypatch):
     """A prompt longer than every verify length runs on the prefill engine, which returns

@@ -121,6 +121,14 @@ def test_greedy_rule_cases():
     bad[1, 0] = np.nan
     with pytest.raises(InternalError, match="NaN logits in row 1 of"):
         verify_greedy(bad, np.array([1, 2]))
+    # only the rows used are checked: a non-finite row past the first rejection is none of them
+    # (it failed the round, whether an answer failed hanging on how deep the governor verified)
+    assert verify_greedy(bad, np.array([0, 2])).tokens.tolist() == [1]
+    over = logits.copy()
+    over[2, 0] = np.inf
+    assert verify_greedy(over, np.array([1, 4])).tokens.tolist() == [1, 2]  # rejected at row 1: row 2 unused
+    with pytest.raises(InternalError, match=r"\+inf logits in row 2 of"):
+        verify_greedy(over, np.array([1, 2]))  # both accepted: row 2 gives the bonus
 
 
 # ---- exact enumeration ---------------------------------------------------------------
