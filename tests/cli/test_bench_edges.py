@@ -745,3 +745,36 @@ def test_an_interleaved_worker_left_short_in_a_later_repeat_says_which(tiny_engi
     assert w.run(1)
     res = w.finish()
     assert not res["ok"] and "ended after prompts [1] of 2 in repeat 2 of 2" in res["error"], res
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc, sets the affinity")
+def test_the_reports_machine_is_read_from_proc():
+    """specrt bench's report names the machine its numbers came from (specrt/machine.py): the
+    CPU's model name where Python's platform gives none ("unknown" on Linux), the memory in
+    bytes (/proc/meminfo counts kB), the ISA flags the CPU has, the packages' versions and the
+    CPUs the process may run on. Only the keys were checked, so a report of "unknown", of kB,
+    or of missing flags passed."""
+    import importlib.metadata
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specrt.machine import machine_info
+
+    info = machine_info(3)
+    cpuinfo = [ln.partition(":") for ln in Path("/proc/cpuinfo").read_text().splitlines()]
+    names = [v.strip() for k, _, v in cpuinfo if k.strip() == "model name"]
+    flags = next((set(v.split()) for k, _, v in cpuinfo if k.strip() == "flags"), set())
+    if names and platform.processor() in ("", "unknown", "x86_64"):
+        assert info["cpu_model"] == names[0]
+    kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:"))
+    assert info["memory_bytes"] == kb * 1024 and info["threads"] == 3
+    assert info["isa"] == [f for f in ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
+                                       "avx512_bf16", "amx_tile") if f in flags]
+    assert info["versions"]["numpy"] == importlib.metadata.version("numpy")
+    # a process held to one CPU (taskset, a batch job's cpuset) reports 1 in its affinity, not the machine's count
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from specrt.machine import machine_info; print(machine_info(1)['cpus_in_affinity'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "1", (r.stdout, r.stderr)

@@ -28,6 +28,23 @@ def test_thp_mode_reads_the_bracketed_choice(tmp_path):
     assert thp_mode(_setting(tmp_path, "[always] madvise never\n")) == "always"
     assert thp_mode(tmp_path / "missing") is None
 
+    assert thp_mode(_setting(tmp_path, "madvise\n")) is None  # (no bracketed choice: unknown, nothing asked)
+
+
+def test_glibc_version_and_the_first_one_that_reads_the_tunable():
+    """The tunable is read from glibc 2.35: 2.34 gets none (it would claim huge pages no
+    allocation got), and this process's version reads as (major, minor), the C library's own
+    (a swapped pair, (36, 2), passed every check above as "new enough")."""
+    import platform
+
+    from specrt.hugepages import glibc_version, honours_tunable
+
+    assert honours_tunable((2, 35)) and honours_tunable((3, 0))
+    assert not honours_tunable((2, 34)) and not honours_tunable(None)
+    lib, version = platform.libc_ver()
+    if lib == "glibc":
+        assert glibc_version() == tuple(int(x) for x in version.split(".")[:2])
+
 
 @linux
 def test_tunable_added_only_where_it_helps(tmp_path):
@@ -162,3 +179,83 @@ def test_the_restarted_process_does_not_import_from_the_working_folder(tmp_path)
     r = subprocess.run([sys.executable, "-c", script_code(str(script))], cwd=here, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "42 [1]", (r.stdout, r.stderr)
+
+
+@linux
+def test_the_environment_given_is_copied_not_changed(tmp_path, monkeypatch):
+    """with_thp returns a copy: with the caller's dict changed in place, specrt bench's
+    worker_env (no dict: os.environ) put the tunable into the bench's own environment, which
+    every later process it starts then inherits. ``enabled`` reads this process's setting."""
+    import specrt.hugepages as h
+
+    madvise = _setting(tmp_path, "always [madvise] never")
+    given = {"GLIBC_TUNABLES": "a=1"}
+    assert with_thp(given, setting=madvise)["GLIBC_TUNABLES"] == f"a=1:{TUNABLE}" and given == {"GLIBC_TUNABLES": "a=1"}
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("SPECRT_THP", raising=False)
+    assert TUNABLE in with_thp(setting=madvise)["GLIBC_TUNABLES"] and "GLIBC_TUNABLES" not in os.environ
+    assert not h.enabled()
+    monkeypatch.setenv("GLIBC_TUNABLES", f"a=1:{TUNABLE}")
+    assert h.enabled()
+
+
+
+@linux
+def test_what_was_printed_before_the_restart_is_not_lost():
+    """The restart replaces the process: what it had printed but not yet written (stdout to a
+    pipe or file is block-buffered, unless PYTHONUNBUFFERED) went with it unless flushed."""
+    drop = ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC", "PYTHONUNBUFFERED")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    code = ("from specrt.hugepages import reexec_with_thp; print('before'); "
+            "reexec_with_thp([], code=\"print('child')\"); print('parent')")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    want = "child" if thp_mode() == "madvise" else "parent"
+    assert r.returncode == 0 and r.stdout.split() == ["before", want], (r.stdout, r.stderr)
+
+
+@linux
+@pytest.mark.parametrize("case", ["no interpreter", "stdout closed"])
+def test_a_restart_that_cannot_happen_as_planned_runs_on(case):
+    """Where the restart's exec fails (no interpreter at sys.executable any more: a removed
+    virtual environment; a sandbox refusing execve) the command runs on without huge pages,
+    not with an OSError; with stdout closed (``specrt ... >&-``: sys.stdout is None) it
+    restarts as ever, not with an AttributeError's traceback before every command."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC")}
+    code = ("import sys; from specrt.hugepages import reexec_with_thp; "
+            + ("sys.executable = '/nonexistent/python'; " if case == "no interpreter" else "")
+            + "reexec_with_thp([], code=\"import sys; sys.stderr.write('child')\"); sys.stderr.write('parent')")
+    closed = ["sh", "-c", '"$0" -c "$1" >&-', sys.executable, code]  # (the shell closes the child's stdout)
+    argv = [sys.executable, "-c", code] if case == "no interpreter" else closed
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    want = "child" if thp_mode() == "madvise" and case == "stdout closed" else "parent"
+    assert r.returncode == 0 and r.stderr == want, (r.stdout, r.stderr)
+
+def test_a_restarted_script_runs_as_it_was_started(tmp_path):
+    """A script's restart (script_code) runs it as ``python tools/x.py`` did: as __main__
+    (its ``if __name__ == "__main__"`` block runs), with its path as sys.argv[0] (argparse's
+    program name) and its own folder ahead of the installed packages (a module there of an
+    installed one's name is its own)."""
+    from specrt.hugepages import script_code
+
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "click.py").write_text("OWN = True\n")
+    script = tools / "tool.py"
+    script.write_text("import sys, click\nif __name__ == '__main__':\n"
+                      "    print(sys.argv, getattr(click, 'OWN', False))\n")
+    env = {**os.environ, "SPECRT_THP_REEXEC": "1"}
+    direct = subprocess.run([sys.executable, str(script), "--a"], env=env, capture_output=True, text=True, timeout=60)
+    again = subprocess.run([sys.executable, "-c", script_code(str(script)), "--a"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert direct.stdout.strip() == f"{[str(script), '--a']} True", (direct.stdout, direct.stderr)
+    assert again.stdout == direct.stdout and again.returncode == 0, (again.stdout, again.stderr)
+
+
+def test_the_restarted_command_names_itself_specrt(tmp_path):
+    """The restarted ``specrt`` command (CLI_CODE, ``python -c``) says ``specrt`` in its
+    usage lines and errors, not ``-c`` (click names a program after sys.argv[0])."""
+    from specrt.hugepages import CLI_CODE
+
+    r = subprocess.run([sys.executable, "-c", CLI_CODE, "--help"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "SPECRT_THP_REEXEC": "1"})
+    assert r.returncode == 0 and r.stdout.startswith("Usage: specrt "), (r.stdout, r.stderr)

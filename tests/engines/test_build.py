@@ -580,6 +580,33 @@ def test_the_memory_available_is_a_containers_where_its_cgroup_is_limited(tmp_pa
     assert mem_available(tmp_path) is None
 
 
+def test_the_memory_available_where_the_files_are_odd(tmp_path):
+    """Edges of the memory check's inputs (mutants of specrt/machine.py survived each): no
+    /proc/self/cgroup (no cgroups mounted) is no limit, not zero room, which refused every
+    build; a malformed MemAvailable is unknown, not a crash of the build; a group using more
+    than its limit (memory.current can pass memory.max) has no room, not negative room; a
+    memory.stat without inactive_file counts none of it free instead of skipping the group."""
+    from specrt.machine import cgroup_room, mem_available
+
+    gib = 2 ** 30
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text(f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {60 * gib // 1024} kB\n")
+    assert cgroup_room(tmp_path) is None and mem_available(tmp_path) == 60 * gib
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1 kB\nMemAvailable: lots kB\n")
+    assert mem_available(tmp_path) is None
+    (tmp_path / "proc/self").mkdir()
+    (tmp_path / "proc/self/cgroup").write_text("0::/box\n")
+    group = tmp_path / "sys/fs/cgroup/box"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text(f"{2 * gib}\n")
+    (group / "memory.current").write_text(f"{3 * gib}\n")
+    (group / "memory.stat").write_text(f"inactive_file {gib // 2}\n")
+    assert cgroup_room(tmp_path) == 0 and mem_available(tmp_path) == 0
+    (group / "memory.current").write_text(f"{gib}\n")
+    (group / "memory.stat").write_text(f"anon {gib}\n")
+    assert cgroup_room(tmp_path) == gib
+
+
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
     """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the
     profiling step loaded the graph, naming a file of the temporary folder it had removed."""

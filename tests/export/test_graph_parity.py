@@ -713,6 +713,22 @@ def test_io_is_the_contract(targets, drafts):
     assert shape == [1, C.DIM_NEW]
 
 
+def test_draft_io_widths_and_rows_are_the_contracts():
+    """The draft contracts' widths with a draft narrower than its target and 2 aux states
+    (every fixture above has 3, and a draft as wide as its target): aux_hidden is the
+    target's states side by side, prev_hidden the draft's own; and draft_confidence has a
+    row per drafted position, as draft_token_ids does (K in P-EAGLE, whose S = A + K - 1)."""
+    Hd, Ht = 32, 64
+    e3 = {t.name: t.shape for t in C.eagle3_io(1, 2, 16, 50, Hd, Ht, "float32", confidence=True, num_aux=2).inputs}
+    assert e3[C.DRAFT_AUX_IN] == (1, C.DIM_AUX, 2 * Ht) and e3[C.DRAFT_PREV_HIDDEN] == (1, C.DIM_PREV, Hd)
+    pe = C.peagle_io(1, 2, 16, 50, Ht, "float32", confidence=True, num_aux=2)
+    outs = {t.name: t.shape for t in pe.outputs}
+    assert outs[C.DRAFT_CONFIDENCE] == outs[C.DRAFT_TOKENS] == (1, C.DIM_DEPTH)
+    assert {t.name: t.shape for t in pe.inputs}[C.DRAFT_AUX_IN] == (1, C.DIM_AUX, 2 * Ht)
+    t = {s.name: s.shape for s in C.target_io(1, 2, 16, 50, Ht, "float32", num_aux=2).outputs}
+    assert t[C.AUX_HIDDEN] == (1, C.DIM_NEW, 2 * Ht)
+
+
 def test_declared_output_shapes_are_the_outputs(targets, drafts):
     """Every output's declared fixed dims (and element type) are those the graph computes,
     with 2 or 4 aux states and a reduced draft vocabulary (the contract's default is 3 and
