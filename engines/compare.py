@@ -60,7 +60,7 @@ from specrt.errors import InternalError, UserError
 from specrt.paths import atomic_file, check_path_args, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
-KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
+KINDS = (C.LOGITS, C.AUX_HIDDEN, C.NEW_KEY, C.NEW_VALUE, C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
 
 # (atol, rtol) per output kind, by engine precision and reference.
 # fp32 vs ONNX Runtime: the same maths with other kernels or reduction orders, ~1e-6
@@ -73,7 +73,7 @@ KINDS = (C.LOGITS, C.AUX_HIDDEN, "new_key", "new_value", C.DRAFT_LOGITS, C.DRAFT
 #   not yet measured on a GPU build (no TensorRT here).
 _F32 = {k: (1e-4, 1e-4) for k in KINDS}
 _F32_TORCH = {k: (1e-3, 1e-3) for k in KINDS}
-_F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), "new_key": (2e-2, 1e-2), "new_value": (2e-2, 1e-2),
+_F16 = {C.LOGITS: (5e-2, 1e-2), C.AUX_HIDDEN: (5e-2, 1e-2), C.NEW_KEY: (2e-2, 1e-2), C.NEW_VALUE: (2e-2, 1e-2),
         C.DRAFT_LOGITS: (5e-2, 1e-2), C.DRAFT_HIDDEN_OUT: (5e-2, 1e-2),
         C.DRAFT_CONFIDENCE: (1e-2, 1e-2)}  # (a probability: the sigmoid damps its logit's error)
 _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
@@ -97,11 +97,11 @@ _BF16 = {k: (a * 8, r * 8) for k, (a, r) in _F16.items()}
 #   (quantize.py: per-column codes on gate/up/head, activations quantized per call) moved the
 #   stage-6 draft's logits by at most 1.05 against its bound of 2.14 (0.49 of it), its KV
 #   not at all (k and v stay float); 14 of 16 tokens equal, 2 ties (2026-12-02).
-INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), "new_key": (0.5, 0.05),
-              "new_value": (0.5, 0.05), C.DRAFT_CONFIDENCE: (0.1, 0.0)}  # a confidence head's (its dot product,
+INT8_DRAFT = {C.DRAFT_LOGITS: (0.5, 0.05), C.DRAFT_HIDDEN_OUT: (0.5, 0.05), C.NEW_KEY: (0.5, 0.05),
+              C.NEW_VALUE: (0.5, 0.05), C.DRAFT_CONFIDENCE: (0.1, 0.0)}  # a confidence head's (its dot product,
 # a Mul and a ReduceMean, stays float; the hidden state it reads moves with the int8 weights)
 # atol >= this multiple of the reference's largest std along the last axis (by name or kind)
-INT8_DRAFT_ROW_STD = {C.DRAFT_LOGITS: 1.0, "new_key": 0.2, "new_value": 0.2}
+INT8_DRAFT_ROW_STD = {C.DRAFT_LOGITS: 1.0, C.NEW_KEY: 0.2, C.NEW_VALUE: 0.2}
 INT8_WEIGHTS = "int8_weights"  # the draft role's weight check (quantize.check_int8_weights), a report entry
 TOLERANCES = {("fp32", "onnxruntime"): _F32, ("fp32", "torch"): _F32_TORCH,
               ("fp16", "onnxruntime"): _F16, ("fp16", "torch"): _F16,
@@ -367,7 +367,7 @@ class RoleInputs:
         k = max(engines.depths) + 1
         self.ids, self.source = token_ids(engines.export_dir, int(t["vocab_size"]), self.n + k + 1, seed)
         out = self._run(PREFILL, self._target_feeds(self.ids[: self.n], 0, None))
-        self.kv = {n: v for n, v in out.items() if n.startswith(("new_key.", "new_value."))}
+        self.kv = {n: v for n, v in out.items() if n.startswith(C.NEW_KV_PREFIXES)}
         self.aux = out[C.AUX_HIDDEN]  # [1, n, 3H]
 
     def _run(self, role: str, feeds: dict) -> dict[str, np.ndarray]:
@@ -946,7 +946,7 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
                     "  result"]
     groups: dict[str, list[str]] = {}
     for name in r["outputs"]:
-        groups.setdefault(kind_of(name) if name.startswith(("new_key.", "new_value.")) else name, []).append(name)
+        groups.setdefault(kind_of(name) if name.startswith(C.NEW_KV_PREFIXES) else name, []).append(name)
     for label, names in groups.items():
         rows = [r["outputs"][n] for n in names]
         verdict = "pass" if all(x["passed"] for x in rows) else "FAIL"

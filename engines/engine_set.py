@@ -54,7 +54,7 @@ class PortableView(Runner):
         self.inner, self.head = inner, head
         self.screened = False
         shapes = {t.name: t.shape for t in inner.inputs}
-        layers = sum(1 for n in shapes if n.startswith("cache_key."))
+        layers = sum(1 for n in shapes if n.startswith(f"{C.CACHE_KEY}."))
         # per layer and kind: (past input, new output, in-place buffer input, its shape)
         self._kv = [(past, new, buf, shapes[buf]) for i in range(layers)
                     for past, new, buf in ((C.past_key(i), C.new_key(i), C.cache_key(i)),
@@ -71,7 +71,7 @@ class PortableView(Runner):
     def infer_impl(self, feeds):
         past = feeds[C.past_key(0)].shape[1]
         s = feeds[C.INPUT_IDS].shape[1]
-        inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(("past_key.", "past_value."))}
+        inner_feeds = {n: a for n, a in feeds.items() if not n.startswith(C.PAST_KV_PREFIXES)}
         if self.head is not None:
             inner_feeds[C.HEAD_EXACT] = np.array(not self.screened)
         for src, _, name, shape in self._kv:

@@ -86,29 +86,36 @@ DRAFT_HIDDEN_OUT = "hidden_out"  # float [1, S, H]: EAGLE-3: pre-norm output for
 DRAFT_CONFIDENCE = "draft_confidence"
 
 
+# the per-layer KV tensors' kinds: layer i's is KIND.i (the functions below); compare's tolerances
+# are keyed by kind, and a name's kind is what comes before its dot
+PAST_KEY, PAST_VALUE, NEW_KEY, NEW_VALUE, CACHE_KEY = "past_key", "past_value", "new_key", "new_value", "cache_key"
+PAST_KV_PREFIXES = (f"{PAST_KEY}.", f"{PAST_VALUE}.")  # (str.startswith: any layer's past K or V)
+NEW_KV_PREFIXES = (f"{NEW_KEY}.", f"{NEW_VALUE}.")
+
+
 def past_key(i: int) -> str:
     """float [1, P, KVH, D]: committed keys of layer i (after RoPE)."""
-    return f"past_key.{i}"
+    return f"{PAST_KEY}.{i}"
 
 
 def past_value(i: int) -> str:
     """float [1, P, KVH, D]: committed values of layer i."""
-    return f"past_value.{i}"
+    return f"{PAST_VALUE}.{i}"
 
 
 def new_key(i: int) -> str:
     """float [1, S, KVH, D]: keys of the S new positions of layer i (after RoPE)."""
-    return f"new_key.{i}"
+    return f"{NEW_KEY}.{i}"
 
 
 def new_value(i: int) -> str:
     """float [1, S, KVH, D]: values of the S new positions of layer i."""
-    return f"new_value.{i}"
+    return f"{NEW_VALUE}.{i}"
 
 
 def cache_key(i: int) -> str:
     """float [1, KVH, C, D]: in-place flavour: layer i's whole key buffer (after RoPE), rows [0, n) valid."""
-    return f"cache_key.{i}"
+    return f"{CACHE_KEY}.{i}"
 
 
 def cache_value(i: int) -> str:
