@@ -2,6 +2,8 @@
 fails on its mutant, passes on the code)."""
 from __future__ import annotations
 
+import json
+
 from tests.cli.test_serve import _post, served  # noqa: F401
 from tests.runtime.test_text import worded  # noqa: F401
 
@@ -134,3 +136,246 @@ def test_every_streamed_chat_choice_starts_with_its_role(served):  # noqa: F811
         mine = [e["choices"][0] for e in ev if e["choices"] and e["choices"][0]["index"] == i]
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}, (i, mine[0])
         assert all("role" not in c["delta"] for c in mine[1:]), (i, mine)
+
+
+# Round 6 of the mutation testing of specrt/cmd_serve.py (M6.NN: the mutant each test kills).
+
+
+def test_a_boolean_is_no_count_of_tokens_choices_or_seed(served):  # noqa: F811
+    """M6.04: true is not n 1, max_tokens 1 or seed 1 (Python's True == 1; OpenAI's schema
+    refuses a boolean for an integer): a 400 naming the field, as for the neutral fields."""
+    url, _ = served
+    msg = [{"role": "user", "content": "w1"}]
+    for field in ("n", "max_tokens", "seed", "top_k"):
+        code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, field: True})
+        assert code == 400 and r["error"]["param"] == field, (field, r)
+
+
+def test_exactly_max_choices_are_answered(served):  # noqa: F811
+    """M6.06: prompts x n = 64 choices, MAX_CHOICES, is the most a request may ask for, not
+    one past it: 4 prompts with n 16 are answered, 64 choices."""
+    from specrt.cmd_serve import MAX_CHOICES
+
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1", "w2", "w3", "w4"], "n": 16, "max_tokens": 1})
+    assert code == 200 and len(r["choices"]) == MAX_CHOICES == 64, r
+
+
+def test_top_logprobs_with_logprobs_false_is_refused(served):  # noqa: F811
+    """M6.15: OpenAI: top_logprobs needs logprobs true; with logprobs false (not only left
+    out) it is a 400 naming top_logprobs, not an answer without the logprobs asked for."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
+                                                  "logprobs": False, "top_logprobs": 2})
+    assert code == 400 and r["error"]["param"] == "top_logprobs", r
+
+
+def test_completions_logprobs_past_20_is_refused(served):  # noqa: F811
+    """M6.17: completions' logprobs is 0 to 20 (OpenAI's and the docstring's range): 20 is
+    answered (the tiny vocabulary's 16 tokens all listed), 21 is a 400 naming logprobs."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 1, "logprobs": 21})
+    assert code == 400 and r["error"]["param"] == "logprobs" and "<= 20" in r["error"]["message"], r
+    code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 1, "logprobs": 20})
+    assert code == 200 and len(r["choices"][0]["logprobs"]["top_logprobs"][0]) == 16, r
+
+
+def test_stream_null_is_a_whole_answer(served):  # noqa: F811
+    """M6.19: "stream": null is the field left out (as every null is): a whole JSON answer,
+    not a 400 saying null is not true or false."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
+                                                  "stream": None})
+    assert code == 200 and r["object"] == "chat.completion", r
+
+
+def test_a_json_schema_response_format_is_refused(served):  # noqa: F811
+    """M6.34: only response_format {"type": "text"} is what specrt does; a JSON schema (the
+    structured output a client relies on) is a 400 naming response_format, as json_object is."""
+    url, _ = served
+    msg = [{"role": "user", "content": "w1"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2, "response_format": fmt})
+    assert code == 400 and r["error"]["param"] == "response_format", r
+    code, r = _post(url, "/v1/chat/completions", {"messages": msg, "max_tokens": 2,
+                                                  "response_format": {"type": "text"}})
+    assert code == 200, r
+
+
+def test_a_content_part_without_the_text_type_is_refused(served):  # noqa: F811
+    """M6.36: a content part is read only when its type is "text": one carrying a "text" key
+    under another type, or none, is a 400 naming messages, not read as text."""
+    url, _ = served
+    for part in ({"text": "w1"}, {"type": "image_url", "image_url": {"url": "x"}, "text": "w1"}):
+        code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": [part]}],
+                                                      "max_tokens": 2})
+        assert code == 400 and r["error"]["param"] == "messages" and "only text parts" in r["error"]["message"], r
+
+
+def test_a_counter_past_a_million_is_rendered_in_full():
+    """M6.42: a busy server's counters are written whole (1234567, not 1.23457e+06 that
+    seemed to stall in Prometheus), and a fraction of seconds keeps its digits."""
+    from specrt.cmd_serve import Metrics
+
+    m = Metrics()
+    m.add(completion_tokens=1234567, generation_seconds=1234.5678901)
+    text = m.render()
+    assert "specrt_completion_tokens_total 1234567\n" in text
+    assert "specrt_generation_seconds_total 1234.5678901\n" in text
+
+
+def test_a_body_of_exactly_max_body_bytes_is_read(served):  # noqa: F811
+    """M6.47: MAX_BODY is the most a body may hold, not one past it: a request of exactly
+    MAX_BODY bytes (JSON padded with whitespace) is answered (one more: the 413 above)."""
+    from specrt.cmd_serve import MAX_BODY
+
+    url, _ = served
+    body = json.dumps({"prompt": "w1 w2", "max_tokens": 1}).encode()
+    code, r = _post(url, "/v1/completions", None, raw=body + b" " * (MAX_BODY - len(body)))
+    assert code == 200 and r["usage"]["completion_tokens"] == 1, r
+
+
+def test_a_write_timeout_past_an_hour_is_refused(worded):  # noqa: F811
+    """M6.72: --write-timeout takes seconds > 0 and at most 3600 (its help's range; 3600 itself
+    is served, test_the_command_serves_until_interrupted): 3600.5 is a user error, exit 1. (The
+    address is one no socket binds: a mutant taking the value fails there, not serving for ever.)"""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(worded), "--write-timeout", "3600.5", "--host", "256.0.0.1"])
+    assert r.exit_code == 1 and "--write-timeout 3600.5: expected seconds, > 0 and at most 3600" in r.output, r.output
+
+
+def test_a_prompt_with_no_room_after_an_answered_one_is_the_clients_error(worded):  # noqa: F811
+    """M6.54, M6.55: a prompt past the context that only the session finds (the second of
+    two, no max_tokens asked: nothing checked it before) fails after the first was decoded:
+    a whole answer is a 400 invalid_request_error (the client's prompt), a stream's error
+    event says invalid_request_error too, and neither counts as an engine failure."""
+    import re
+
+    from tests.cli.test_serve import _in_process
+
+    body = {"prompt": ["w1 w2", "w1 " * 200]}
+    with _in_process(worded) as (app, httpd, url, logs):
+        code, r = _post(url, "/v1/completions", body)
+        assert code == 400 and r["error"]["type"] == "invalid_request_error", r
+        code, ev = _post(url, "/v1/completions", {**body, "stream": True})
+        assert code == 200 and ev[0]["choices"][0]["index"] == 0, ev
+        assert ev[-1]["error"]["type"] == "invalid_request_error" and "context" in ev[-1]["error"]["message"], ev
+        metrics = app.metrics.render()
+    assert re.search(r"^specrt_engine_failures_total 0$", metrics, re.M), metrics
+
+
+def test_a_stream_cut_by_a_second_ctrl_c_is_no_engine_failure(worded):  # noqa: F811
+    """M6.56: a stream cut by a second Ctrl-C (Server.cutting) after its first piece ends
+    with its server_error event, but /metrics' engine_failures (NaN logits, engine errors:
+    what an operator alerts on) does not count it, as the whole answer's 503 is not counted."""
+    import re
+
+    from tests.cli.test_serve import _in_process
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        real = app.session.stream
+
+        def cut(*a, **k):  # cut after its first piece
+            for n, piece in enumerate(real(*a, **k)):
+                app.cutting = app.cutting or n == 1
+                yield piece
+
+        app.session.stream = cut
+        try:
+            code, ev = _post(url, "/v1/completions", {"prompt": "w3 w5 w6", "max_tokens": 40, "stream": True})
+        finally:
+            app.session.stream, app.cutting = real, False
+        metrics = app.metrics.render()
+    assert code == 200 and ev[-1]["error"]["type"] == "server_error", ev[-1]
+    assert re.search(r"^specrt_engine_failures_total 0$", metrics, re.M), metrics
+
+
+def test_closing_an_idle_server_says_no_answer_is_ending(worded):  # noqa: F811
+    """M6.76: close() tries the engines' lock without waiting: free (no request), it closes at
+    once, without telling the operator that "the request being answered ends first"."""
+    from specrt.cmd_serve import Server
+    from specrt.runtime.sampling import SamplingParams
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
+    app.close()
+    assert app.closed and not app.lock.queue and not any("stopping" in line for line in logs), logs
+
+
+def test_a_streamed_completions_chunk_is_a_text_completion(served):  # noqa: F811
+    """M6.77: OpenAI's (and vLLM's) streamed /v1/completions chunks have object
+    "text_completion" (chat's are "chat.completion.chunk"): clients dispatch on it."""
+    url, _ = served
+    code, ev = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 3, "stream": True,
+                                              "stream_options": {"include_usage": True}})
+    assert code == 200 and ev and all(e["object"] == "text_completion" for e in ev), ev
+
+
+def test_a_request_queued_before_the_stop_is_answered_503(worded):  # noqa: F811
+    """M6.80: a request already waiting for the engines when close() begins is answered 503
+    once it gets them (Server.close: "requests still queued are then answered 503"), not run:
+    it passed the check made on arrival, before the stop."""
+    import threading
+    import time
+
+    from tests.cli.test_serve import _in_process
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        app.lock.acquire()  # an answer in flight
+        got = {}
+        asker = threading.Thread(target=lambda: got.update(r=_post(url, "/v1/completions", {"prompt": "w1"})))
+        asker.start()
+        deadline = time.time() + 30
+        while app.metrics.waiting < 1:  # queued behind the answer in flight
+            assert time.time() < deadline
+            time.sleep(0.01)
+        closer = threading.Thread(target=app.close)
+        closer.start()
+        while len(app.lock.queue) < 3:  # close() waits behind it
+            assert time.time() < deadline
+            time.sleep(0.01)
+        app.lock.release()
+        asker.join(timeout=60)
+        closer.join(timeout=60)
+    code, r = got["r"]
+    assert code == 503 and r["error"]["message"] == "the server is shutting down", (code, r)
+
+
+def test_each_choice_has_its_own_finish_reason(served):  # noqa: F811
+    """M6.82: choices of several prompts finish each for its own reason: a stop string met in
+    one prompt's answer ("stop") and not in the other's ("length"), as each prompt alone."""
+    url, _ = served
+    prompts = ["w1 w2", "w6 w7"]
+    texts = [_post(url, "/v1/completions", {"prompt": p, "max_tokens": 4})[1]["choices"][0]["text"] for p in prompts]
+    stop = next(w for w in texts[0].split()[1:] if w not in texts[1].split())  # (greedy: the same texts again)
+    alone = [_post(url, "/v1/completions", {"prompt": p, "max_tokens": 4, "stop": stop})[1]["choices"][0]
+             for p in prompts]
+    assert [c["finish_reason"] for c in alone] == ["stop", "length"], (stop, texts, alone)
+    code, r = _post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 4, "stop": stop})
+    assert code == 200 and [c["finish_reason"] for c in r["choices"]] == ["stop", "length"], r
+
+
+def test_a_served_name_with_a_slash_answers_to_itself(worded):  # noqa: F811
+    """M6.88: --model-name SomeOrg/Tiny (a Hugging Face id, as vLLM serves by default) is
+    matched exactly: a request naming it is answered, not a 404 "does not exist" for the very
+    name /v1/models lists; another org's is still a 404."""
+    import threading
+
+    from specrt.cmd_serve import Server, make_server
+    from specrt.runtime.sampling import SamplingParams
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "SomeOrg/Tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "model": "SomeOrg/Tiny"})
+        assert code == 200 and r["model"] == "SomeOrg/Tiny", r
+        assert _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "model": "Other/Tiny"})[0] == 404
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
