@@ -379,3 +379,20 @@ def test_a_served_name_with_a_slash_answers_to_itself(worded):  # noqa: F811
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_a_multi_prompt_request_counts_every_prompts_reused_rows(worded):  # noqa: F811
+    """`specrt.prefix_reused` of a completions request of several prompts sums what each prompt
+    reused (M85 of session 60's round: the last prompt's alone survived, since prompts shorter
+    than SET_ASIDE_ROWS, 32, are never set aside and so reuse nothing when another ran between).
+    Two prompts of 40 tokens, asked twice: each reuses all but its last two rows the second time,
+    one from the live caches and one from its snapshot."""
+    from tests.cli.test_serve import _in_process
+
+    a = " ".join(f"w{1 + i % 7}" for i in range(40))
+    b = " ".join(f"w{8 + i % 7}" for i in range(40))
+    with _in_process(worded) as (app, httpd, url, logs):
+        got = [_post(url, "/v1/completions", {"prompt": [a, b], "max_tokens": 2}) for _ in range(2)]
+    assert [code for code, _ in got] == [200, 200], got
+    assert [r["specrt"]["prefix_reused"] for _, r in got] == [0, 2 * 38], got
+    assert all(r["usage"]["prompt_tokens"] == 80 for _, r in got), got
