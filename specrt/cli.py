@@ -582,6 +582,17 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         # was merged, so that a stop at any point records it once
         current, stream, printed, merged = -1, None, False, -1
         summarised = False  # (an engine failure's summary: a stop landing in it does not write another)
+
+        def cut_short(reason: str) -> None:
+            """The prompt in flight, stopped (``reason``: its finish_reason unless it had just
+            ended) after a piece and not yet recorded: recorded, its telemetry merged once."""
+            if printed and len(per_prompt) <= current:
+                st = s.stats()
+                st["finish_reason"] = st["finish_reason"] or reason
+                if merged != current:
+                    total.merge(s.generator.telemetry)
+                per_prompt.append({"prompt": prompts[current], **st})
+
         try:
             for i, (p, q) in enumerate(zip(prompts, inputs)):
                 current, stream, printed = i, None, False
@@ -610,10 +621,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     if isinstance(e, EngineFailure) and (per_prompt or printed):
                         # what was decoded is kept, as a stop keeps it (a failure at prompt 60 of 80 lost 59
                         # answers' stats), the prompt cut short with finish_reason "error"
-                        if printed:
-                            st = s.stats()
-                            total.merge(s.generator.telemetry)
-                            per_prompt.append({"prompt": p, **st, "finish_reason": "error"})
+                        cut_short("error")
                         summarised = True
                         _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts),
                                      failed=said)
@@ -637,12 +645,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 raise
             if stream is not None:
                 stream.close()
-            if printed and len(per_prompt) <= current:  # the prompt in flight, cut short, not yet recorded
-                st = s.stats()
-                st["finish_reason"] = st["finish_reason"] or "interrupted"  # (unless it had just ended)
-                if merged != current:
-                    total.merge(s.generator.telemetry)
-                per_prompt.append({"prompt": prompts[current], **st})
+            cut_short("interrupted")
             click.echo(err=True)
             _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts))
             raise
