@@ -31,7 +31,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from specrt import contracts as C
-from specrt.errors import EngineFailure, InternalError, UserError
+from specrt.errors import EngineFailure, InternalError, NonFiniteOutput, UserError
 from specrt.prompt_files import common_prefix
 
 from .governor import COST_PAST, GovernorState
@@ -872,17 +872,15 @@ class Generator:
             if self._epoch == mine and self.finished is None:
                 self.finished = Finished(ending or "interrupted")
             raise
-        except InternalError as e:
-            if "produced" in str(e):  # NaN/inf logits from an engine: the user's engines are broken
-                # (`specrt export` refuses non-finite weights: in float32 the rest are finite weights whose
-                # sums overflow, or engines changed since their build, which compare names)
-                folder = getattr(self.e, "folder", None) or "ENGINES"
-                why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
-                       "float32 engines: weights whose sums overflow float32, or engines changed since their build? "
-                       f"`specrt compare {folder}` checks them against the export")
-                # (where in the answer: "row 0" of a decode call is any token's)
-                raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
-            raise
+        except NonFiniteOutput as e:  # NaN/inf logits from an engine: the user's engines are broken
+            # (`specrt export` refuses non-finite weights: in float32 the rest are finite weights whose
+            # sums overflow, or engines changed since their build, which compare names)
+            folder = getattr(self.e, "folder", None) or "ENGINES"
+            why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
+                   "float32 engines: weights whose sums overflow float32, or engines changed since their build? "
+                   f"`specrt compare {folder}` checks them against the export")
+            # (where in the answer: "row 0" of a decode call is any token's)
+            raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             superseded = self._epoch != mine

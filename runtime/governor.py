@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.engines.costs import interpolate
-from specrt.errors import InternalError, UserError
+from specrt.errors import NonFiniteOutput, UserError
 
 from .telemetry import RoundResult
 
@@ -409,7 +409,7 @@ class Calibration:
         for k in range(min(accepted + 1, len(confidences))):
             x = float(confidences[k])
             if not math.isfinite(x):
-                raise InternalError(f"draft engine produced a non-finite confidence {x} at position {k + 1}")
+                raise NonFiniteOutput(f"draft engine produced a non-finite confidence {x} at position {k + 1}")
             b = min(max(int(x * B), 0), B - 1)
             n[min(k, P - 1), b] += 1.0
             a[min(k, P - 1), b] += k < accepted
@@ -768,7 +768,7 @@ class DSparkGovernor(Governor):
         conf = state.confidences[: self.depths[-1]]
         conf = conf.tolist() if isinstance(conf, np.ndarray) else list(conf)
         if not all(map(math.isfinite, conf)):
-            raise InternalError(f"draft engine produced non-finite confidences {conf}")
+            raise NonFiniteOutput(f"draft engine produced non-finite confidences {conf}")
         c = self.calibration(conf)
         t_draft = self.draft_cost(len(c))  # paid already: common to every choice below
         if state.stopping:  # the ceilings as they stood before this round's confidences

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specrt.errors import InternalError, UserError
+from specrt.errors import NonFiniteOutput, UserError
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def check_logits(logits: np.ndarray, engine: str = "target", rowmax: np.ndarray 
     if not np.isfinite(m).all():
         k = int(np.flatnonzero(~np.isfinite(m))[0])
         what = "NaN" if np.isnan(m[k]) else "+inf" if m[k] > 0 else "all -inf"
-        raise InternalError(f"{engine} engine produced {what} logits in row {first_row + k} of its call")
+        raise NonFiniteOutput(f"{engine} engine produced {what} logits in row {first_row + k} of its call")
     return m
 
 
@@ -222,7 +222,7 @@ def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]
         x = np.asarray(row, np.float32)
         m = float(x.max())
         if not np.isfinite(m):
-            raise InternalError("target engine produced non-finite logits (logprobs)")
+            raise NonFiniteOutput("target engine produced non-finite logits (logprobs)")
         e = x - m
         np.exp(e, out=e)
         lse = m + math.log(float(e.sum(dtype=np.float64)))

@@ -45,6 +45,12 @@ class InternalError(SpecrtError):
     """A broken invariant inside specrt: a bug, never the user's fault."""
 
 
+class NonFiniteOutput(InternalError):
+    """An engine's output held NaN or +inf where a number was needed ("... engine produced ...").
+    Where it is raised nothing says why; the generator, which knows the answer and the
+    engines, says it as an EngineFailure."""
+
+
 # how the runtime names a governor it refuses (governor.py, session.py): the Python API's
 # ``governor=`` as given; a command says it as its own option (``cli_named``)
 GOVERNOR_NAMED = "governor '"

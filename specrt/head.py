@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.errors import InternalError
+from specrt.errors import InternalError, NonFiniteOutput
 
 QMAX = 63  # 7-bit weights (module doc)
 HMAX = 127  # h_R per row to [-127, 127], stored as uint8 + 128
@@ -136,7 +136,7 @@ class HeadScreen:
         for i in range(m):
             (r_n, e_n), a_top, hn = nms[i], tops[i], hns[i]
             if not all(math.isfinite(x) for x in (r_n, e_n, a_top, hn)):
-                raise InternalError("target engine produced NaN or inf hidden states or logits "
+                raise NonFiniteOutput("target engine produced NaN or inf hidden states or logits "
                                     "(an overflow in reduced precision? try the float32 engines)")
             rn = r_n * (1 + NORM_SLACK) + 1e-30  # the graph's fp32 norms, widened for their own rounding
             en = (e_n + 1e-6 * rn) * (1 + NORM_SLACK)
