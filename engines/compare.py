@@ -56,7 +56,7 @@ from specrt.engines.base import Runner, np_dtype
 from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
-from specrt.errors import InternalError, UserError
+from specrt.errors import EngineFailure, InternalError, UserError
 from specrt.paths import atomic_file, check_path_args, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
@@ -656,6 +656,7 @@ def _fmt(v) -> str:
 LAST_ROW = "logits[logits_from=S-1]"  # the prefill's last row only, as the runtime asks for it
 SCREENED = "screened argmax"  # target roles of a screened head: the greedy path's tokens vs the reference's argmax
 TREE = "token tree vs its chains"  # verify roles of tree-verifying engines: one call against each chain
+ENGINE_CALL = "the engine's call"  # a role whose engine failed a call (EngineFailure): no output compared
 
 
 def _against(got: np.ndarray, want: np.ndarray, atol: float, rtol: float, scaled: bool) -> dict[str, Any]:
@@ -972,7 +973,7 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
             continue
         if any("error" in x for x in rows):
             bad = next(n for n, x in zip(names, rows) if "error" in x)
-            lines.append(f"  {label:26s} {bad}: {r['outputs'][bad]['error']}  FAIL")
+            lines.append(f"  {label:26s} " + ("" if bad == label else f"{bad}: ") + f"{r['outputs'][bad]['error']}  FAIL")
             continue
         worst = max(range(len(rows)), key=lambda i: (not rows[i]["passed"], rows[i]["tol_ratio"]))
         w = rows[worst]
@@ -1165,12 +1166,17 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     # the role the printed `polygraphy run` line repeats: the first that failed, else the deepest
     # verify (it repeated that one whatever failed, and passed when pasted)
     deepest, show_role, saved_feeds, saved_outputs = f"verify.{max(engines.depths)}", None, None, []
+    last_run = None  # (role, feeds, outputs) of the last role whose engine ran its calls
     log(f"compare {engines.folder} ({engines.backend}, {engines.precision}) against {reference}: {ref_detail}")
     try:
         # (an engine's NaN / inf outputs fail their rows; numpy's RuntimeWarnings on them, from the
         # statistics, were printed among the tables)
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL), engines, np.errstate(invalid="ignore", over="ignore"):
-            inputs = RoleInputs(engines, n)
+            try:
+                inputs = RoleInputs(engines, n)
+            except EngineFailure as e:  # (every role's inputs start from that prefill: nothing to compare)
+                raise EngineFailure(f"the engines' prefill of {n} prompt tokens, where every role's inputs start, "
+                                    f"failed: {e}") from None
             log(f"inputs: {n} prompt tokens, {inputs.source}; past KV from the engines' prefill")
             for note in notes:
                 log(f"note: {note}")
@@ -1183,53 +1189,66 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                 tol = resolve_tolerances(outputs, engines.precision, reference, atol, rtol, int8_draft=int8)
                 tolerances[role] = {k: list(v) for k, v in tol.items()}
                 feeds = inputs.feeds(role)
+                t0 = time.perf_counter()
                 kept: list = []  # its engine outputs, kept for the command where it is the one shown
-                eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
-                # the int8 draft's bounds scale with its rows' spread, unless the user set that output's atol
-                row_std = {k: m for k, m in INT8_DRAFT_ROW_STD.items() if int8 and not any(
-                    user_covers(atol, o) for o in outputs if o == k or kind_of(o) == k)}
-                # fp32 against ONNX Runtime: the target's logits and hidden states in units of their rows'
-                # scale (scale_rows), unless the user set their atol
-                row_scaled = {o: True for o in outputs if engines.precision == "fp32" and reference == "onnxruntime"
-                              and kind_of(o) in (C.LOGITS, C.AUX_HIDDEN) and not user_covers(atol, o)}
-                roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs,
-                                               row_std or None, keep=kept, row_scaled=row_scaled)
-                # the tolerances used (an int8 draft's widened by its rows' spread)
-                tolerances[role] = {**tolerances[role], **{
-                    k: [o["atol"], o["rtol"]] for k, o in roles_out[role]["outputs"].items() if "atol" in o}}
-                if int8:  # the weights themselves, exactly (quantize.check_int8_weights)
-                    w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
-                                           engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
-                    _add_check(roles_out[role], INT8_WEIGHTS, {"kind": "weights", **w})
-                onnx_file = engines.manifest["roles"][role]["engine"].get("onnx")
-                if onnx_file and engines.roles[role].graph == "target" and not weights_checked and \
-                        (engines.folder / onnx_file).resolve() != _graph_file(engines, "target").resolve():
-                    # the target engine's weights against the export's, exactly, once (its roles share one graph)
-                    weights_checked = True
-                    _add_check(roles_out[role], TARGET_WEIGHTS, check_target_weights(
-                        _graph_file(engines, "target"), engines.folder / onnx_file))
-                if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
-                    # the runtime's prefill asks for its last row's logits only (contracts.py):
-                    # that slicing is an engine path of its own, checked against the reference's last row
-                    _add_check(roles_out[role], LAST_ROW, last_row_check(
-                        engines.portable(role), reference_runner(role), feeds[0], tol[C.LOGITS],
-                        scaled=C.LOGITS in row_scaled))
-                if engines.head is not None and role != PREFILL and engines.roles[role].graph == "target":
-                    # the greedy path: int8 logits screened to the exact argmax (specrt/head.py)
-                    _add_check(roles_out[role], SCREENED, screen_check(
-                        engines.portable(role), engines.head, reference_runner(role), feeds, tol[C.LOGITS],
-                        scaled=C.LOGITS in row_scaled))
-                if role.startswith("verify.") and role_depth(role) >= 3 and engines.verifies_trees():
-                    # a token tree in one call against each of its chains (tree_check)
-                    _add_check(roles_out[role], TREE, tree_check(
-                        engines.portable(role), reference_runner(role), feeds[0],
-                        {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled))
+                try:
+                    eng = engine_runner(engines.portable(role), f"engine-{engines.backend}[{role}]")
+                    # the int8 draft's bounds scale with its rows' spread, unless the user set that output's atol
+                    row_std = {k: m for k, m in INT8_DRAFT_ROW_STD.items() if int8 and not any(
+                        user_covers(atol, o) for o in outputs if o == k or kind_of(o) == k)}
+                    # fp32 against ONNX Runtime: the target's logits and hidden states in units of their rows'
+                    # scale (scale_rows), unless the user set their atol
+                    row_scaled = {o: True for o in outputs
+                                  if engines.precision == "fp32" and reference == "onnxruntime"
+                                  and kind_of(o) in (C.LOGITS, C.AUX_HIDDEN) and not user_covers(atol, o)}
+                    roles_out[role] = compare_role(role, eng, reference_runner(role), feeds, tol, outputs,
+                                                   row_std or None, keep=kept, row_scaled=row_scaled)
+                    # the tolerances used (an int8 draft's widened by its rows' spread)
+                    tolerances[role] = {**tolerances[role], **{
+                        k: [o["atol"], o["rtol"]] for k, o in roles_out[role]["outputs"].items() if "atol" in o}}
+                    if int8:  # the weights themselves, exactly (quantize.check_int8_weights)
+                        w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
+                                               engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
+                        _add_check(roles_out[role], INT8_WEIGHTS, {"kind": "weights", **w})
+                    onnx_file = engines.manifest["roles"][role]["engine"].get("onnx")
+                    if onnx_file and engines.roles[role].graph == "target" and not weights_checked and \
+                            (engines.folder / onnx_file).resolve() != _graph_file(engines, "target").resolve():
+                        # the target engine's weights against the export's, exactly, once (its roles share one graph)
+                        weights_checked = True
+                        _add_check(roles_out[role], TARGET_WEIGHTS, check_target_weights(
+                            _graph_file(engines, "target"), engines.folder / onnx_file))
+                    if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
+                        # the runtime's prefill asks for its last row's logits only (contracts.py):
+                        # that slicing is an engine path of its own, checked against the reference's last row
+                        _add_check(roles_out[role], LAST_ROW, last_row_check(
+                            engines.portable(role), reference_runner(role), feeds[0], tol[C.LOGITS],
+                            scaled=C.LOGITS in row_scaled))
+                    if engines.head is not None and role != PREFILL and engines.roles[role].graph == "target":
+                        # the greedy path: int8 logits screened to the exact argmax (specrt/head.py)
+                        _add_check(roles_out[role], SCREENED, screen_check(
+                            engines.portable(role), engines.head, reference_runner(role), feeds, tol[C.LOGITS],
+                            scaled=C.LOGITS in row_scaled))
+                    if role.startswith("verify.") and role_depth(role) >= 3 and engines.verifies_trees():
+                        # a token tree in one call against each of its chains (tree_check)
+                        _add_check(roles_out[role], TREE, tree_check(
+                            engines.portable(role), reference_runner(role), feeds[0],
+                            {k: v for k, v in tol.items() if k != C.DRAFT_TOKENS}, scaled=row_scaled))
+                except EngineFailure as e:  # the engine failed a call (its backend's own error): that
+                    # role fails, named, and the others are compared (it ended compare at that role)
+                    roles_out[role] = {"iterations": len(feeds), "input_shapes": [], "outputs": {
+                        ENGINE_CALL: {"passed": False, "error": str(e)}}, "passed": False,
+                        "seconds": round(time.perf_counter() - t0, 3)}
                 for line in role_table(role, roles_out[role]):
                     log(line)
                 failed = bool(failures({role: roles_out[role]}))
+                if ENGINE_CALL in roles_out[role]["outputs"]:
+                    continue  # (no outputs of its own to give the by-hand command)
                 if (failed and not (show_role and failures({show_role: roles_out[show_role]}))) or \
                         (role == deepest and show_role is None):
                     show_role, saved_feeds, saved_outputs = role, feeds, kept
+                last_run = (role, feeds, kept)
+            if show_role is None and last_run is not None:  # (the deepest verify's engine failed its call)
+                show_role, saved_feeds, saved_outputs = last_run
     except PolygraphyException as e:
         raise UserError(f"polygraphy: {e}") from None
 

@@ -78,7 +78,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.engines.base import Runner, np_dtype
 from specrt.engines.plan import Role
-from specrt.errors import UserError
+from specrt.errors import EngineFailure, UserError
 from specrt.limits import MAX_THREADS, whole
 
 SESSION_MODES = ("shared", "per-depth")
@@ -237,6 +237,17 @@ def _known_providers() -> list[str]:
     return ort.get_all_providers()
 
 
+def ort_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises for a failure of its own (a missing op or kernel, a shape a
+    node refuses, memory it could not allocate): its own classes, which do not derive from
+    RuntimeError, and RuntimeError from inside a kernel. Anything else is a bug here."""
+    import onnxruntime.capi.onnxruntime_pybind11_state as ort_state
+
+    return (RuntimeError, *(getattr(ort_state, n) for n in (
+        "Fail", "InvalidArgument", "NotImplemented", "InvalidGraph", "RuntimeException", "EPFail")
+        if hasattr(ort_state, n)))
+
+
 def _malloc_trim() -> None:
     """Give freed heap back to the OS. Building a session parses the whole model protobuf
     (weight-sized) and frees it; glibc keeps such memory mapped, so without this the RSS
@@ -330,6 +341,7 @@ class OrtRunner(Runner):
         self._bound: dict[str, tuple[np.ndarray, int, tuple[int, ...]]] = {}
         self._fed: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}  # input -> array (and shape) bound to it
         self._dynamic: list[str] = []  # outputs ONNX Runtime allocates per call
+        self._run_options = None
 
     def activate_impl(self) -> None:
         self._sess = self.graph.acquire(self.role)
@@ -357,6 +369,10 @@ class OrtRunner(Runner):
                 b.bind_output(t.name, "cpu")
         self._binding = b
         self._fed = {}
+        import onnxruntime as ort
+
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4  # a failed call is said once, as an EngineFailure (infer_impl)
         self._dynamic = [t.name for t in self.outputs if t.name not in self._fixed and t.name not in self.aliases]
 
     def _check_io(self) -> None:
@@ -414,7 +430,12 @@ class OrtRunner(Runner):
                 self._bound[out] = (a, addr, a.shape)
         for name in self._dynamic:
             b.bind_output(name, "cpu")
-        self._sess.run_with_iobinding(b)
+        try:
+            self._sess.run_with_iobinding(b, self._run_options)
+        except ort_errors() as e:  # the request was fine: the engine (or the machine) failed it
+            reason = " ".join(str(e).split())
+            raise EngineFailure(f"engine '{self.name}' ({self.graph.path.name}) failed in ONNX Runtime: "
+                                f"{reason[:600]}") from None
         res = {out: feeds[src] for out, src in self.aliases.items()}
         if len(self._fixed) + len(self.aliases) == len(self.outputs):
             return {**self._fixed, **res}
@@ -451,16 +472,9 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
     in that dtype. Otherwise the reason, in words. A 1-layer graph checked against numpy;
     versions before the op supported S > 1 over a past fail here."""
     import onnxruntime as ort
-    import onnxruntime.capi.onnxruntime_pybind11_state as ort_state
     from onnx import TensorProto as T
     from onnx import helper, numpy_helper
 
-    # what ONNX Runtime raises for a missing op, kernel or feature (its own classes, which
-    # do not derive from RuntimeError, and RuntimeError for failures inside a kernel);
-    # anything else is a bug here and propagates
-    ort_errors = (RuntimeError, *(getattr(ort_state, n) for n in (
-        "Fail", "InvalidArgument", "NotImplemented", "InvalidGraph", "RuntimeException", "EPFail")
-        if hasattr(ort_state, n)))
     try:
         nh, kvh, d, cap, past, s = int(num_heads), int(kv_heads), int(head_dim), 12, 5, 3
         if dtype not in ("float32", "float16"):
@@ -542,7 +556,7 @@ def probe_inplace_gqa(settings: OrtSettings, num_heads: int = 4, kv_heads: int =
         if not err < 4 * tol:
             return f"SkipSimplifiedLayerNormalization differs from the reference by {err:.2e} ({dtype})"
         return None
-    except ort_errors as e:  # an older ONNX Runtime without the op or without S > 1 over a past
+    except ort_errors() as e:  # an older ONNX Runtime without the op or without S > 1 over a past
         return (f"GroupQueryAttention in place or SkipSimplifiedLayerNormalization is unavailable "
                 f"({type(e).__name__}: {str(e).splitlines()[0][:200]})")
 

@@ -47,7 +47,7 @@ import numpy as np
 from specrt import contracts as C
 from specrt.engines.base import Runner
 from specrt.engines.plan import Role, TrtEngine, TrtPlan
-from specrt.errors import UserError
+from specrt.errors import EngineFailure, UserError
 
 
 def require_tensorrt() -> None:
@@ -216,7 +216,14 @@ class TrtRunner(Runner):
             raise
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self._runner.infer(feeds, check_inputs=False)
+        from polygraphy.exception import PolygraphyException
+
+        try:
+            out = self._runner.infer(feeds, check_inputs=False)
+        except PolygraphyException as e:  # its words for TensorRT's failed call (execute_async_v3, a shape):
+            # an EngineFailure as ONNX Runtime's (onnxruntime.py; not run here: no TensorRT on these machines)
+            raise EngineFailure(f"engine '{self.name}' ({self.file}) failed in TensorRT: "
+                                f"{' '.join(str(e).split())[:600]}") from None
         if self.copies_outputs:
             return {k: np.array(v) for k, v in out.items()}
         return dict(out)

@@ -881,6 +881,10 @@ class Generator:
                    f"`specrt compare {folder}` checks them against the export")
             # (where in the answer: "row 0" of a decode call is any token's)
             raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
+        except EngineFailure as e:  # an engine's backend failed the call (ONNX Runtime's own error)
+            folder = getattr(self.e, "folder", None) or "ENGINES"
+            raise EngineFailure(f"{e}, {emitted} token(s) into the answer (short of memory, or engines changed "
+                                f"since their build? `specrt compare {folder}` runs each of them)") from None
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             superseded = self._epoch != mine

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from specrt.runtime.sampling import SamplingParams
-from tests.runtime.test_text import overflowing, worded  # noqa: F401  (fixtures: word-level tiny pairs)
+from tests.runtime.test_text import failing_verify, overflowing, worded  # noqa: F401  (fixtures: word-level tiny pairs)
 
 
 def _post(url: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict | list]:
@@ -2108,6 +2108,21 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_an_onnx_runtime_error_is_a_server_error(failing_verify):  # noqa: F811
+    """ONNX Runtime's own error at an engine's call (the target edited so that a call of 4 rows
+    fails: a 4-token prompt's prefill runs on verify.3) is a 500 server_error naming the engine
+    and ONNX Runtime's reason, counted as an engine failure; the server goes on (it answered
+    500 through the handler's catch-all: "RuntimeError: ..." with no engine named, not counted)."""
+    with _in_process(failing_verify, "off") as (app, httpd, url, logs):
+        code, r = _post(url, "/v1/completions", {"prompt": "w4 w6 w7 w8", "max_tokens": 4})
+        assert code == 500 and r["error"]["type"] == "server_error" and r["error"]["param"] is None, r
+        assert r["error"]["message"].startswith("engine 'verify.3' (target.onnx) failed in ONNX Runtime: "), r
+        code, r = _post(url, "/v1/completions", {"prompt": "w4 w6 w7", "max_tokens": 4})
+        assert code == 200 and r["usage"]["completion_tokens"] == 4, r
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            assert "specrt_engine_failures_total 1" in m.read().decode().splitlines()
 
 
 def test_an_engine_failure_is_a_server_error_not_the_clients(overflowing):  # noqa: F811

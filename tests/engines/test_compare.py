@@ -17,9 +17,10 @@ from click.testing import CliRunner
 
 from specrt import contracts as C
 from specrt.cmd_compare import compare, parse_tolerances
-from specrt.engines.compare import (LAST_ROW, TARGET_WEIGHTS, TREE, TokenCompare, compare_engines,
+from specrt.engines.compare import (ENGINE_CALL, LAST_ROW, TARGET_WEIGHTS, TREE, TokenCompare, compare_engines,
                                     resolve_tolerances)
 from specrt.errors import UserError
+from tests.runtime.test_text import failing_verify  # noqa: F401  (a tiny pair whose verify.3 fails in ONNX Runtime)
 from tests.runtime.test_text import overflowing  # noqa: F401  (a tiny pair whose logits overflow to +inf)
 
 from .conftest import DEPTHS, quiet
@@ -1214,6 +1215,34 @@ def test_the_same_overflow_in_engine_and_reference_is_set_aside_not_a_difference
     assert counts["prefill"][LAST_ROW] >= 1 and counts["verify.3"][TREE] >= 1, counts
     assert sum("NaN or inf in both, the same: set aside" in x for x in lines) == sum(map(len, counts.values()))
     assert any(x.startswith("  (polygraphy counts the ") for x in lines), lines
+
+
+def test_an_engine_failing_its_call_fails_its_role_and_the_others_are_compared(failing_verify, tmp_path):  # noqa: F811
+    """An engine whose backend fails its call (ONNX Runtime's own error: the target edited so
+    that a call of 4 rows fails, verify.3's) fails that role, named with the backend's reason,
+    and compare goes on to the other roles (it ended at that role, the other roles unchecked);
+    exit 1, no traceback; the by-hand line repeats a role that ran. A failing prefill, where
+    every role's inputs start, ends compare, saying so."""
+    lines: list[str] = []
+    r = compare_engines(failing_verify, log=lines.append, inputs_file=tmp_path / "in.json")
+    assert not r["passed"] and [(f["role"], f["output"]) for f in r["failures"]] == [("verify.3", ENGINE_CALL)], r
+    assert r["failures"][0]["error"].startswith("engine 'verify.3' (target.onnx) failed in ONNX Runtime: ")
+    assert "Gather" in r["failures"][0]["error"], r["failures"]
+    assert all(x["passed"] for role, x in r["roles"].items() if role != "verify.3") and len(r["roles"]) == 5, r
+    row = lines[lines.index(next(x for x in lines if x.startswith("verify.3 "))) + 2]
+    assert row.startswith(f"  {ENGINE_CALL:26s} engine 'verify.3' (target.onnx) failed in ONNX Runtime: ") and \
+        row.endswith("  FAIL"), lines
+    assert r["polygraphy_role"] == "draft" and (tmp_path / "in.json").is_file(), r
+    res = CliRunner().invoke(cli(), ["compare", str(failing_verify), "--save-inputs", str(tmp_path / "c.json")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.output.splitlines()[-1].startswith("error: the engines differ from the onnxruntime reference"), \
+        res.output
+    res = CliRunner().invoke(cli(), ["compare", str(failing_verify), "--prompt-tokens", "4", "--save-inputs",
+                                     str(tmp_path / "c.json")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.output.splitlines()[-1].startswith(
+        "error: the engines' prefill of 4 prompt tokens, where every role's inputs start, failed: engine 'prefill' "
+        "(target.onnx) failed in ONNX Runtime: "), res.output
 
 
 def test_an_engine_nonfinite_where_its_reference_is_finite_fails(engines_copy, tmp_path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -1056,6 +1058,87 @@ def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confiden
                 with pytest.raises(EngineFailure, match=r"^draft engine produced \+inf logits in row 0 of its call, "
                                                         r"1 token\(s\) into the answer"):
                     list(s.stream_ids([3, 1, 4], 6))
+
+
+def _fails_in_onnx_runtime(eng: Path, rows: int) -> None:
+    """Edit ``eng``'s target graph as a hand (or a tool) might after the build, its hash in
+    engines.json recorded anew as a build records it: the logits get + table[1 - min(|r -
+    rows|, 1)], r the number of logits rows the call computes and ``table`` one number, 0.
+    A call computing ``rows`` rows fails inside ONNX Runtime (the Gather's index out of
+    range), every other call runs as before. r comes from the call's ``logits_from``, so
+    neither the graph's declared outputs nor ONNX Runtime's constant folding can tell it:
+    loading takes the graph."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt import contracts as C
+    from specrt.manifest import file_record
+
+    m = json.loads((eng / "engines.json").read_text())
+    model = onnx.load(str(eng / "target.onnx"))
+    g = model.graph
+    at, node = next((i, n) for i, n in enumerate(g.node) if n.output[0] == C.LOGITS)
+    node.output[0] = "t_logits"
+    g.initializer.extend([numpy_helper.from_array(np.array([0.0], np.float32), "t_table"),
+                          numpy_helper.from_array(np.array([1], np.int64), "t_one"),
+                          numpy_helper.from_array(np.array([rows], np.int64), "t_fail")])
+    made = [helper.make_node("Shape", ["t_logits"], ["t_rows"], start=1, end=2),  # [1]
+            helper.make_node("Sub", ["t_rows", "t_fail"], ["t_off"]),
+            helper.make_node("Abs", ["t_off"], ["t_far"]),
+            helper.make_node("Min", ["t_far", "t_one"], ["t_other"]),  # 1, or 0 at ``rows`` rows
+            helper.make_node("Sub", ["t_one", "t_other"], ["t_index"]),
+            helper.make_node("Gather", ["t_table", "t_index"], ["t_zero"]),  # [0.0], or ONNX Runtime's error
+            helper.make_node("Add", ["t_logits", "t_zero"], [C.LOGITS])]
+    for k, n in enumerate(made):
+        g.node.insert(at + 1 + k, n)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(eng / "target.onnx"))
+    m["files"] = [file_record(eng, r["file"]) if r["file"] == "target.onnx" else r for r in m["files"]]
+    (eng / "engines.json").write_text(json.dumps(m, indent=1))
+
+
+@pytest.fixture(scope="module")
+def failing_verify(tmp_path_factory):
+    """The worded pair (``_words``) whose target fails inside ONNX Runtime at a call of 4 rows
+    of logits, verify.3's (``_fails_in_onnx_runtime``): a backend's own error at a real call."""
+    eng = _tiny_text_pair(tmp_path_factory.mktemp("failing_verify"), 16, 12, _words)
+    _fails_in_onnx_runtime(eng, 4)
+    return eng
+
+
+def test_an_onnx_runtime_error_at_a_call_is_an_engine_failure(failing_verify):
+    """ONNX Runtime's own exception while an engine runs (here a Gather the edited graph's
+    verify.3 calls fail; an allocation it could not make is another) is an EngineFailure naming
+    the engine, its graph, ONNX Runtime's reason and how far into the answer it came, with
+    the commands that check engines: `specrt run` and `chat` exit 1 without a traceback (it
+    was ONNX Runtime's traceback). The same engines decode without speculation, so nothing
+    failed before the call."""
+    from specrt.errors import EngineFailure
+    from specrt.runtime.session import Session
+
+    with Session(failing_verify, governor="off") as s:
+        assert len("".join(s.stream("w4 w6 w7", max_new_tokens=8)).split()) == 8
+    with Session(failing_verify, governor="fixed:3") as s:
+        with pytest.raises(EngineFailure) as e:
+            "".join(s.stream("w4 w6 w7", max_new_tokens=8))
+    msg = str(e.value)
+    assert msg.startswith("engine 'verify.3' (target.onnx) failed in ONNX Runtime: "), msg
+    assert "Gather" in msg and "1 token(s) into the answer (short of memory, or engines changed" in msg, msg
+    assert f"`specrt compare {failing_verify}`" in msg and "\n" not in msg, msg
+    for cmd, extra in ((["run", str(failing_verify), "--prompt", "w4 w6 w7"], {}),
+                       (["chat", str(failing_verify)], {"input": "w4 w6 w7\n\n"})):
+        r = CliRunner().invoke(main, cmd + ["--governor", "fixed:3", "--max-new-tokens", "8"], **extra)
+        assert r.exit_code == 1 and "Traceback" not in r.output and "onnxruntime" not in r.output, (cmd, r.output)
+        lines = [x for x in r.output.splitlines() if not x.startswith("note: ")]  # (no receipt: built without one)
+        assert re.fullmatch(r" w\d+", lines[0]), (cmd, r.output)  # (the prefill's token, then the error's line)
+        assert lines[-1].startswith("error: engine 'verify.3' (target.onnx) failed in ONNX Runtime: "), r.output
+        assert "1 token(s) into the answer" in lines[-1], r.output
+    # ONNX Runtime's own log of the failure (on the process's stderr, past click's) is not said besides
+    r = subprocess.run([sys.executable, "-m", "specrt.cli", "run", str(failing_verify), "--prompt", "w4 w6 w7",
+                        "--governor", "fixed:3", "--max-new-tokens", "8"], capture_output=True, text=True,
+                       env={**os.environ, "SPECRT_THP": "0"}, timeout=120)
+    assert r.returncode == 1 and "error: engine 'verify.3'" in r.stderr, r.stderr
+    assert "onnxruntime" not in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(overflowing):
