@@ -797,8 +797,10 @@ class Generator:
                 screen = self.screen  # a screened head: greedy logits approximate (specrt/head.py)
                 if self.params.greedy:
                     hid, nrm = (out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0]) if screen is not None else (None, None)
-                    v = verify_greedy(logits[: d + 1], drafts[:d],
-                                      best=screen.argmax(logits, hid, nrm, range(d + 1)) if screen is not None else None)
+                    # (a screen's non-finite rows come back -1: verify_greedy fails only the rows it uses)
+                    best = screen.argmax(logits, hid, nrm, range(d + 1), nonfinite_ok=True) if screen is not None \
+                        else None
+                    v = verify_greedy(logits[: d + 1], drafts[:d], best=best)
                     if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
                         j = sib.index(int(v.tokens[0]))
                         row = d + 1 + j  # its row's argmax

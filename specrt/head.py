@@ -112,10 +112,13 @@ class HeadScreen:
         if isinstance(self.weight, _Rows):
             self.weight.close()
 
-    def argmax(self, approx: np.ndarray, h: np.ndarray, norms: np.ndarray, rows=None) -> np.ndarray:
+    def argmax(self, approx: np.ndarray, h: np.ndarray, norms: np.ndarray, rows=None,
+               nonfinite_ok: bool = False) -> np.ndarray:
         """approx [S, V] (the graph's screened logits), h [S, H] (its hidden states, the
         final norm applied), norms [S, 2] (``head_norms``) -> int64: the exact argmax of
-        each of ``rows`` (default all; a range or a list of row indices). All rows at once,
+        each of ``rows`` (default all; a range or a list of row indices). A row with NaN or
+        inf raises NonFiniteOutput, or with ``nonfinite_ok`` is -1 (a verify call's rows:
+        the caller looks at the rows it uses only, runtime/verify.py). All rows at once,
         the per-row scalars in Python floats: a step's numpy work is a few passes over its
         rows' logits (0.37 ms a decode step in the generator here, tools/exp_screen_cost.py;
         numpy calls cost ~5 us each)."""
@@ -136,8 +139,15 @@ class HeadScreen:
         for i in range(m):
             (r_n, e_n), a_top, hn = nms[i], tops[i], hns[i]
             if not all(math.isfinite(x) for x in (r_n, e_n, a_top, hn)):
-                raise NonFiniteOutput("target engine produced NaN or inf hidden states or logits "
-                                    "(an overflow in reduced precision? try the float32 engines)")
+                if not nonfinite_ok:
+                    raise NonFiniteOutput("target engine produced NaN or inf hidden states or logits in row "
+                                          f"{list(rows)[i]} of its call")
+                floors.append(math.nan)  # (no candidate: every comparison with NaN is false; the row stays -1)
+                pres.append(math.nan)
+                rns.append(0.0)
+                ens.append(0.0)
+                epss.append(0.0)
+                continue
             rn = r_n * (1 + NORM_SLACK) + 1e-30  # the graph's fp32 norms, widened for their own rounding
             en = (e_n + 1e-6 * rn) * (1 + NORM_SLACK)
             b_max = self.rmax * rn + self.nmax * en

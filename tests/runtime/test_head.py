@@ -217,8 +217,16 @@ def test_screened_argmax_on_random_rows_and_nan():
     assert zero.shape == (1, 64, 2) and (zero == 0).all()
     bad = hid[0].copy()
     bad[3, 0] = np.nan
-    with pytest.raises(InternalError, match="produced NaN"):
+    with pytest.raises(InternalError, match="produced NaN or inf hidden states or logits in row 3 of its call"):
         screen.argmax(approx[0], bad, nrm[0])
+    with pytest.raises(InternalError, match="in row 3 of its call"):  # (the call's row, not the selection's 0)
+        screen.argmax(approx[0], bad, nrm[0], range(3, 6))
+    # a verify call's rows (nonfinite_ok): that row -1, every other row its exact argmax
+    want = (h.astype(np.float64) @ w.T.astype(np.float64)).argmax(1)
+    inf = approx[0].copy()
+    inf[7, 11] = np.inf
+    got = screen.argmax(inf, bad, nrm[0], nonfinite_ok=True)
+    assert got[3] == -1 and got[7] == -1 and (np.delete(got, [3, 7]) == np.delete(want, [3, 7])).all(), got
 
 
 def test_the_exact_logits_decide_below_float32_resolution():
@@ -367,6 +375,58 @@ def test_screened_engines_decode_as_the_full_head(both):
         if not isinstance(gf, DSparkGovernor) and not getattr(gf, "lookup", False):
             assert _gen(scr, gs, params).generate(PROMPT, 40) == _gen(full, gf, params).generate(PROMPT, 40)
     assert scr.head.rows == rows  # no screening when sampling
+
+
+def test_screened_rows_past_the_first_rejection_are_not_looked_at(both):
+    """As the full head's (test_generate.py): with a screened head, a verify call's NaN rows
+    after its first rejected draft do not fail the answer (the screen raised for any of its
+    rows, so whether an answer failed hung on how deep the governor verified); a NaN row
+    the round uses does. Every draft here is a token the target never picks and rows 1.. of
+    every verify call are NaN: the output is `off`'s; with row 0 NaN too it fails."""
+    from specrt.errors import EngineFailure
+
+    _, scr = both
+    prompt = PROMPT * 3  # (24 rows: the prefill's calls are longer than every verify call)
+    ref = _gen(scr, OffGovernor(DEPTHS)).generate(prompt, 16)
+    d2t = read_d2t(scr.export_dir, scr.export)
+    ids = np.arange(len(d2t)) + d2t if d2t is not None else np.arange(int(scr.export["target"]["vocab_size"]))
+    j = next(j for j, t in enumerate(ids) if int(t) not in ref)  # its draft id, and the target id ids[j]
+
+    class Wrapped:
+        def __init__(self, inner, draft: bool, first: int):
+            self.inner, self.is_draft, self.first = inner, draft, first
+
+        def infer(self, feeds):
+            out = dict(self.inner.infer(feeds))
+            if self.is_draft:
+                logits = np.full_like(out[C.DRAFT_LOGITS], -30.0)
+                logits[..., j] = 30.0
+                out[C.DRAFT_LOGITS], out[C.DRAFT_TOKENS] = logits, np.full_like(out[C.DRAFT_TOKENS], ids[j])
+            elif 1 < feeds[C.INPUT_IDS].shape[1] <= max(DEPTHS) + 1:
+                for k in (C.LOGITS, C.HEAD_HIDDEN, C.HEAD_NORMS):
+                    out[k] = np.array(out[k])
+                    out[k][:, self.first:] = np.nan
+            return out
+
+    class Engines:
+        export, max_context, precision, head = scr.export, scr.max_context, scr.precision, scr.head
+        kv_layout = staticmethod(scr.kv_layout)
+
+        def __init__(self, first: int):
+            self.first = first
+
+        def target(self, s):
+            return Wrapped(scr.target(s), False, self.first)
+
+        def draft(self):
+            return Wrapped(scr.draft(), True, self.first)
+
+    g = G.Generator(Engines(1), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
+    assert g.screen is not None and g.generate(prompt, 16) == ref
+    assert g.telemetry.drafted > 0 and g.telemetry.accepted == 0, (g.telemetry.drafted, g.telemetry.accepted)
+    g = G.Generator(Engines(0), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
+    with pytest.raises(EngineFailure, match="logits in row 0 of its call, 1 token"):
+        g.generate(prompt, 16)
 
 
 def test_screened_engines_give_the_full_heads_logprobs(both):
