@@ -992,6 +992,41 @@ def test_nan_logits_are_a_clear_error(pair):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
 
 
+class RejectedWithNanRows:
+    """Real engines whose draft always proposes ``target_id`` (its logits peaked at
+    ``draft_id``) and whose verify calls give NaN in ``keys`` from row ``first`` on."""
+
+    def __init__(self, engines, draft_id: int, target_id: int, keys=(C.LOGITS,), first: int = 1):
+        self.e, self.draft_id, self.target_id, self.keys, self.first = engines, draft_id, target_id, keys, first
+        self.export, self.max_context, self.precision = engines.export, engines.max_context, engines.precision
+        self.head = getattr(engines, "head", None)
+        self.kv_layout = engines.kv_layout
+
+    def target(self, s):
+        return self._Wrapped(self, self.e.target(s), False)
+
+    def draft(self):
+        return self._Wrapped(self, self.e.draft(), True)
+
+    class _Wrapped:
+        def __init__(self, outer, inner, draft: bool):
+            self.outer, self.inner, self.is_draft = outer, inner, draft
+
+        def infer(self, feeds):
+            o = self.outer
+            out = dict(self.inner.infer(feeds))
+            if self.is_draft:
+                logits = np.full_like(out[C.DRAFT_LOGITS], -30.0)
+                logits[..., o.draft_id] = 30.0
+                out[C.DRAFT_LOGITS] = logits
+                out[C.DRAFT_TOKENS] = np.full_like(out[C.DRAFT_TOKENS], o.target_id)
+            elif 1 < feeds[C.INPUT_IDS].shape[1] <= max(DEPTHS) + 1:
+                for k in o.keys:
+                    out[k] = np.array(out[k])
+                    out[k][:, o.first:] = np.nan
+            return out
+
+
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=1, seed=3)],
                          ids=["greedy", "sampled-top1"])
 def test_rows_past_the_first_rejection_are_not_looked_at(pair, params):
@@ -1007,32 +1042,7 @@ def test_rows_past_the_first_rejection_are_not_looked_at(pair, params):
     ids = np.arange(len(d2t)) + d2t if d2t is not None else np.arange(int(engines.export["target"]["vocab_size"]))
     j = next(j for j, t in enumerate(ids) if int(t) not in ref)  # its draft id, and the target id ids[j]
 
-    class Wrapped:
-        def __init__(self, inner, draft: bool):
-            self.inner, self.is_draft = inner, draft
-
-        def infer(self, feeds):
-            out = dict(self.inner.infer(feeds))
-            if self.is_draft:
-                logits = np.full_like(out[C.DRAFT_LOGITS], -30.0)
-                logits[..., j] = 30.0
-                out[C.DRAFT_LOGITS], out[C.DRAFT_TOKENS] = logits, np.full_like(out[C.DRAFT_TOKENS], ids[j])
-            elif 1 < feeds[C.INPUT_IDS].shape[1] <= max(DEPTHS) + 1:
-                out[C.LOGITS] = np.array(out[C.LOGITS])
-                out[C.LOGITS][:, 1:] = np.nan
-            return out
-
-    class Engines:
-        export, max_context, precision = engines.export, engines.max_context, engines.precision
-        kv_layout = staticmethod(engines.kv_layout)
-
-        def target(self, s):
-            return Wrapped(engines.target(s), False)
-
-        def draft(self):
-            return Wrapped(engines.draft(), True)
-
-    g = G.Generator(Engines(), FixedGovernor(DEPTHS, 3), params, d2t)
+    g = G.Generator(RejectedWithNanRows(engines, j, int(ids[j])), FixedGovernor(DEPTHS, 3), params, d2t)
     assert g.generate(prompt, 16) == ref
     assert g.telemetry.drafted > 0 and g.telemetry.accepted == 0, (g.telemetry.drafted, g.telemetry.accepted)
 

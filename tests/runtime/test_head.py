@@ -23,7 +23,7 @@ from specrt.runtime import generate as G
 from specrt.runtime.governor import DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.session import read_d2t
-from tests.runtime.test_generate import PROMPT, REPEATING, _pair, _pvalue
+from tests.runtime.test_generate import PROMPT, REPEATING, RejectedWithNanRows, _pair, _pvalue
 
 DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)
 
@@ -392,39 +392,11 @@ def test_screened_rows_past_the_first_rejection_are_not_looked_at(both):
     ids = np.arange(len(d2t)) + d2t if d2t is not None else np.arange(int(scr.export["target"]["vocab_size"]))
     j = next(j for j, t in enumerate(ids) if int(t) not in ref)  # its draft id, and the target id ids[j]
 
-    class Wrapped:
-        def __init__(self, inner, draft: bool, first: int):
-            self.inner, self.is_draft, self.first = inner, draft, first
-
-        def infer(self, feeds):
-            out = dict(self.inner.infer(feeds))
-            if self.is_draft:
-                logits = np.full_like(out[C.DRAFT_LOGITS], -30.0)
-                logits[..., j] = 30.0
-                out[C.DRAFT_LOGITS], out[C.DRAFT_TOKENS] = logits, np.full_like(out[C.DRAFT_TOKENS], ids[j])
-            elif 1 < feeds[C.INPUT_IDS].shape[1] <= max(DEPTHS) + 1:
-                for k in (C.LOGITS, C.HEAD_HIDDEN, C.HEAD_NORMS):
-                    out[k] = np.array(out[k])
-                    out[k][:, self.first:] = np.nan
-            return out
-
-    class Engines:
-        export, max_context, precision, head = scr.export, scr.max_context, scr.precision, scr.head
-        kv_layout = staticmethod(scr.kv_layout)
-
-        def __init__(self, first: int):
-            self.first = first
-
-        def target(self, s):
-            return Wrapped(scr.target(s), False, self.first)
-
-        def draft(self):
-            return Wrapped(scr.draft(), True, self.first)
-
-    g = G.Generator(Engines(1), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
+    keys = (C.LOGITS, C.HEAD_HIDDEN, C.HEAD_NORMS)
+    g = G.Generator(RejectedWithNanRows(scr, j, int(ids[j]), keys, 1), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
     assert g.screen is not None and g.generate(prompt, 16) == ref
     assert g.telemetry.drafted > 0 and g.telemetry.accepted == 0, (g.telemetry.drafted, g.telemetry.accepted)
-    g = G.Generator(Engines(0), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
+    g = G.Generator(RejectedWithNanRows(scr, j, int(ids[j]), keys, 0), FixedGovernor(DEPTHS, 3), SamplingParams(), d2t)
     with pytest.raises(EngineFailure, match="logits in row 0 of its call, 1 token"):
         g.generate(prompt, 16)
 
