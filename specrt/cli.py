@@ -753,8 +753,9 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     does not fit alone, or is not UTF-8 text, is said and skipped (the conversation goes
     on); a system prompt that leaves no room for a turn is refused before the first. Ctrl-C
     during an answer stops it (what was printed stays in the conversation; before its first
-    token, the turn is dropped); an empty line (or one of spaces) or the end of input ends the
-    conversation."""
+    token, the turn is dropped); an engine failing an answer (NaN logits, ONNX Runtime's own
+    error) is said and the turn dropped, the conversation going on, and the chat exits 1 at
+    its end; an empty line (or one of spaces) or the end of input ends the conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
@@ -773,11 +774,12 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
         if n + 2 > ctx:
             raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
+        failed = answered = 0  # turns an engine failed; turns answered (in whole or stopped)
         while True:
             if _prompting():
                 click.echo("> ", nl=False, err=True)
             if sys.stdin is None:  # (closed, `<&-`: the end of input, not an AttributeError's traceback)
-                return
+                break
             raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()
             try:  # bytes decoded a line at a time: a bad line is skipped, the next ones still read
                 line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -785,7 +787,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo(f"[a turn that is not UTF-8 text ({e.reason} at byte {e.start}): skipped]", err=True)
                 continue
             if not line.strip():
-                return
+                break
             # the line's end, "\n" or a CRLF file's "\r\n", is not part of the turn
             turn = messages + [{"role": "user", "content": line.rstrip("\r\n")}]
             room = min(max_new_tokens, s.engines.max_context // 4)
@@ -815,7 +817,18 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 for piece in stream:
                     click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
                     answer.append(piece)
-            except UserError:  # (an engine's NaN logits mid-answer): the error on a line of its own, as in run
+            except EngineFailure as e:  # (NaN logits, ONNX Runtime's own error): said on a line of its own,
+                # as in run, and the turn dropped: the next may fare better (it ended the chat, the conversation lost)
+                if answer:
+                    click.echo()
+                messages = before
+                failed += 1
+                click.echo(f"error: {e}", err=True)
+                click.echo("[the turn is dropped" + (f" (the {dropped} older turn(s) dropped to fit it are back)"
+                                                     if dropped else "")
+                           + "; the conversation goes on, and the chat exits 1 at its end]", err=True)
+                continue
+            except UserError:
                 if answer:
                     click.echo()
                 raise
@@ -835,6 +848,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                            "input ends it]", err=True)
             else:
                 click.echo()
+            answered += 1
             messages.append({"role": "assistant", "content": "".join(answer)})
             if s.generator.finished is not None and s.generator.finished.reason == "context":
                 click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens]",
@@ -842,6 +856,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             st = s.stats()
             click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, tau {st['tau']:.2f}; "
                        f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)
+        if failed:
+            raise EngineFailure(f"the engines failed {failed} of {failed + answered} turn(s) (each one's error above)")
 
 
 def _register() -> None:

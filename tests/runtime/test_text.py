@@ -1060,6 +1060,28 @@ def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confiden
                     list(s.stream_ids([3, 1, 4], 6))
 
 
+def test_chat_drops_a_turn_the_engines_failed_and_goes_on(failing_verify, monkeypatch):
+    """An engine failure in `specrt chat` (here ONNX Runtime's own error at a prefill of 4 new
+    rows, which runs on verify.3: the second turn's, the first turn's 5 rows reused) is said, the turn is dropped (the conversation as
+    before it, the older turns dropped to fit it back), and the conversation goes on; the
+    chat exits 1 at its end, saying how many turns failed. It ended the chat, losing the
+    conversation, where the next turn may well be answered."""
+    convs = _ctrl_c_before_answer(monkeypatch, 0)  # (turn 0: records every conversation, stops none)
+    r = CliRunner().invoke(main, ["chat", str(failing_verify), "--governor", "off", "--max-new-tokens", "3"],
+                           input="w4\nw7\nw8 w9\n\n")  # (the third turn: 5 new rows, the prefill engine's)
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    lines = r.output.splitlines()
+    assert re.fullmatch(r"( w\d+){3}", lines[0]) and lines[1].startswith("[3 tokens, "), r.output
+    assert lines[2].startswith("error: engine 'verify.3' (target.onnx) failed in ONNX Runtime: ") and \
+        "0 token(s) into the answer" in lines[2], r.output
+    assert lines[3] == "[the turn is dropped; the conversation goes on, and the chat exits 1 at its end]", r.output
+    assert re.fullmatch(r"( w\d+){3}", lines[4]) and lines[5].startswith("[3 tokens, "), r.output
+    assert lines[6:] == ["error: the engines failed 1 of 3 turn(s) (each one's error above)"], r.output
+    first = [{"role": "user", "content": "w4"}, {"role": "assistant", "content": lines[0]}]
+    assert convs[1] == first + [{"role": "user", "content": "w7"}], convs
+    assert convs[2] == first + [{"role": "user", "content": "w8 w9"}], convs  # (no trace of the failed turn)
+
+
 def _fails_in_onnx_runtime(eng: Path, rows: int) -> None:
     """Edit ``eng``'s target graph as a hand (or a tool) might after the build, its hash in
     engines.json recorded anew as a build records it: the logits get + table[1 - min(|r -
@@ -1130,6 +1152,9 @@ def test_an_onnx_runtime_error_at_a_call_is_an_engine_failure(failing_verify):
         r = CliRunner().invoke(main, cmd + ["--governor", "fixed:3", "--max-new-tokens", "8"], **extra)
         assert r.exit_code == 1 and "Traceback" not in r.output and "onnxruntime" not in r.output, (cmd, r.output)
         lines = [x for x in r.output.splitlines() if not x.startswith("note: ")]  # (no receipt: built without one)
+        if cmd[0] == "chat":  # (the turn dropped, the chat going on to its end)
+            assert lines[-1] == "error: the engines failed 1 of 1 turn(s) (each one's error above)", r.output
+            lines = lines[:-2]
         assert re.fullmatch(r" w\d+", lines[0]), (cmd, r.output)  # (the prefill's token, then the error's line)
         assert lines[-1].startswith("error: engine 'verify.3' (target.onnx) failed in ONNX Runtime: "), r.output
         assert "1 token(s) into the answer" in lines[-1], r.output
@@ -1151,6 +1176,10 @@ def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(o
         r = CliRunner().invoke(main, cmd + ["--governor", "off", "--max-new-tokens", "20"], **extra)
         assert r.exit_code == 1 and "Traceback" not in r.output, (cmd, r.output)
         lines = r.output.splitlines()  # (run: its closing lines between, "[failed: ...]" and its counts)
+        if cmd[0] == "chat":  # (the turn dropped, the chat going on to its end, which says the failure again)
+            assert lines[2:] == ["[the turn is dropped; the conversation goes on, and the chat exits 1 at its end]",
+                                 "error: the engines failed 1 of 1 turn(s) (each one's error above)"], r.output
+            lines = lines[:2]
         assert re.fullmatch(r"( w\d+)+", lines[0]) and all(x.startswith("[") for x in lines[1:-1]), (cmd, r.output)
         assert len(lines) == (4 if cmd[0] == "run" else 2), (cmd, r.output)
         n = len(lines[0].split())  # (where it failed: after the tokens printed)
