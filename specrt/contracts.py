@@ -167,10 +167,6 @@ class GraphIO:
             d["aliases"] = {o: i for o, i in self.aliases}
         return d
 
-    @property
-    def kv_layout(self) -> str:
-        return "inplace" if self.aliases else "append"
-
 
 def kv_specs(num_layers: int, kv_heads: int, head_dim: int, dtype: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
     ins, outs = [], []

@@ -79,11 +79,6 @@ def with_thp(env: dict | None = None, on: bool = True, setting: Path = SETTING) 
     return env
 
 
-def enabled() -> bool:
-    """Whether this process runs with glibc's huge-page tunable."""
-    return TUNABLE in os.environ.get("GLIBC_TUNABLES", "")
-
-
 # entry(), not main(): the restarted process installs the SIGTERM handler too (with main() a
 # terminated build skipped its cleanup and left its partial folder wherever the kernel
 # gives huge pages on request); its own reexec_with_thp returns at once (the guard is set).

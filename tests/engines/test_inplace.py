@@ -52,15 +52,14 @@ def test_the_graph_io_json_is_the_manifests_record():
     """engines.json records the target's I/O as GraphIO.to_json and a load compares it
     exactly (engines/manifest.py): "optional" appears on an optional input only
     (logits_from), so engines recorded before the field existed still load; "aliases" maps
-    each output to the input whose buffer it is, and only in-place graphs have it; and
-    GraphIO.kv_layout names the flavour (mutants of each survived every test)."""
+    each output to the input whose buffer it is, and only in-place graphs have it (mutants
+    of each survived every test)."""
     inplace, append = (C.target_io(2, 2, 16, 100, 64, "float32", kv=kv) for kv in ("inplace", "append"))
     j = inplace.to_json()
     assert [t for t in j["inputs"] if "optional" in t] == [
         {"name": C.LOGITS_FROM, "dtype": "int64", "shape": [], "optional": True}]
     assert all(set(t) == {"name", "dtype", "shape"} for t in j["outputs"] + append.to_json()["inputs"])
     assert j["aliases"][C.cache_value_out(1)] == C.cache_value(1) and "aliases" not in append.to_json()
-    assert (inplace.kv_layout, append.kv_layout) == ("inplace", "append")
 
 
 def test_every_role_matches_the_export_graph_through_the_portable_view(tiny_engines, state):
