@@ -304,6 +304,28 @@ def test_warm_up_calls_every_engine_once(tiny_engines):
         w.close()
 
 
+def test_warm_up_calls_decode_where_its_governors_never_do(tmp_path_factory):
+    """A draft that accepts every round (the lag pair, on a stretch of its chain where it is
+    right) under fixed:1 makes 2 tokens a round and never verifies at depth 0 in a 7-token
+    answer, and with engines of depth 1 alone no other depth's warm-up runs: the warm-up
+    still calls the decode engine, by a step of its own (session 60's mutation round: its
+    depth-0 step could go unnoticed, every tiny pair's draft rejecting often enough, or a
+    deeper depth's warm-up ending at depth 0, to call decode anyway)."""
+    from specrt.cmd_bench import _SpecrtWorker
+    from tests.runtime.test_generate import _built_pair
+
+    root = _built_pair(tmp_path_factory, "llama", "peagle-lag", 16, 16, (1,))
+    prompt = [3 + i % 13 for i in range(15)]  # (its chain: the draft right at every position of the answer)
+    w = _SpecrtWorker({"kind": "specrt", "engines": str(root / "eng"), "governors": ["fixed:1"], "threads": 1})
+    try:
+        w.warmup(prompt, 7, [])
+        assert w.counters["decode"].calls > 0, {r: c.calls for r, c in w.counters.items()}
+        rec = w.run(prompt, 7, [])
+        assert rec["engine_calls"].get("decode", 0) == 0 and rec["engine_calls"]["verify.1"] == 3, rec["engine_calls"]
+    finally:
+        w.close()
+
+
 def test_a_specrt_prompt_is_timed_from_the_call_with_its_setup(tiny_engines, monkeypatch):
     """specrt's seconds cover the whole call, as a peer's do (onnxruntime-genai's Generator
     setup is timed): the stream's setup before its first engine call (here made 0.3 s
