@@ -526,6 +526,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true); so does an engine failure (NaN or +inf logits) once anything
     was decoded (the stats' "failed" holds the error)."""
+    import copy
+
     from specrt.paths import check_distinct, check_not_engines_file, check_output_file
     from specrt.runtime.governor import is_dspark
     from specrt.prompt_files import is_token_ids
@@ -636,8 +638,11 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     click.echo(f"[{where}stopped at the engines' context limit of {s.engines.max_context} tokens "
                                f"after {len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the "
                                "prompt); `specrt build --max-context` sets the limit]", err=True)
-                total.merge(s.generator.telemetry)
-                merged = i
+                # merged and marked so in one step: a stop landing between the two counted the answer's
+                # tokens twice (cut_short merged it again)
+                both = copy.deepcopy(total)
+                both.merge(s.generator.telemetry)
+                total, merged = both, i
                 per_prompt.append({"prompt": p, **st})
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cli._terminated): what was decoded is
             # kept, then "Aborted!" (exit 1) or "Terminated" (exit 143) as before

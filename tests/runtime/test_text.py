@@ -613,6 +613,66 @@ def test_an_interrupt_just_after_an_answer_ended_keeps_its_finish(worded, tmp_pa
     assert st["interrupted"] is True and [p["finish_reason"] for p in st["prompts"]] == ["length"], st["prompts"]
 
 
+def test_an_interrupt_as_an_answer_is_recorded_counts_its_tokens_once(worded, tmp_path, monkeypatch):
+    """A Ctrl-C landing after run merged a finished answer's telemetry into the run's, before
+    it recorded the answer (here: as the answer's stats are copied into its record, the first
+    time): the answer is recorded once, as it finished, and its tokens counted once (mutation
+    round: cut_short merging it again doubled the run's new_tokens)."""
+    from specrt.runtime.session import Session
+
+    class StoppedWhenCopied(dict):
+        def __iter__(self):  # (a dict's own __iter__ would let {**d} copy it without keys())
+            return super().__iter__()
+
+        def keys(self):
+            raise KeyboardInterrupt
+
+    stats_of, calls = Session.stats, []
+
+    def stats(self):
+        calls.append(1)
+        return StoppedWhenCopied(stats_of(self)) if len(calls) == 1 else stats_of(self)
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    monkeypatch.setattr(Session, "stats", stats)
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
+                                  "--governor", "fixed:1", "--stats", str(out)])
+    assert r.exit_code == 1 and "[interrupted: 1 of 2 prompts answered; --stats " in r.output, r.output
+    st = json.loads(out.read_text())
+    assert [(p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [("length", 3)], st
+    assert st["new_tokens"] == 3, st
+
+
+def test_an_interrupt_as_an_answer_is_merged_counts_its_tokens_once(worded, tmp_path, monkeypatch):
+    """A Ctrl-C landing right after run merged a finished answer's telemetry into the run's,
+    before it marked the answer merged (here: as the merge returns, the first time): its
+    tokens are counted once (the merge and its mark were two steps, and cut_short merged it
+    again: new_tokens 6 for one answer of 3; the merge goes into a copy now, which takes the
+    run's place with the mark in one step)."""
+    from specrt.runtime.telemetry import Telemetry
+
+    merge_of, calls = Telemetry.merge, []
+
+    def merge(self, other):
+        merge_of(self, other)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    monkeypatch.setattr(Telemetry, "merge", merge)
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
+                                  "--governor", "fixed:1", "--stats", str(out)])
+    assert r.exit_code == 1 and "[interrupted: 1 of 2 prompts answered; --stats " in r.output, r.output
+    st = json.loads(out.read_text())
+    assert [(p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [("length", 3)], st
+    assert st["new_tokens"] == 3 and len(calls) == 2, (st, calls)
+
+
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_an_interrupt_mid_answer_is_said_on_a_line_of_its_own_after_the_summary(worded, tmp_path, sig):
@@ -628,7 +688,7 @@ def test_an_interrupt_mid_answer_is_said_on_a_line_of_its_own_after_the_summary(
                                            subprocess.STDOUT)
     lines = out.decode().splitlines()
     code, said = (1, "Aborted!") if sig == "SIGINT" else (143, "Terminated")
-    assert rc == code and lines[-1] == said, lines[-6:]
+    assert rc == code and lines[-1] == said and lines[-2] == "", lines[-6:]  # (a line of its own, as click's)
     summary = [i for i, ln in enumerate(lines) if ln.startswith("[interrupted: ")]
     assert len(summary) == 1 and said not in "\n".join(lines[:-1]), lines[-6:]
 
@@ -702,6 +762,40 @@ def test_a_run_cut_short_and_interrupted_again_in_its_write_does_not_say_it_ende
                                   "--stats", str(stats)])
     assert r.exit_code == 1 and "[interrupted: 1 of 3 prompts answered" in r.output, r.output
     assert "after all" not in r.output and json.loads(stats.read_text())["interrupted"] is True, r.output
+
+
+def test_a_run_stopped_while_it_prints_an_answer_closes_its_stream_before_the_files(worded, tmp_path, monkeypatch):
+    """A Ctrl-C landing as run prints a piece of its second answer (the stream waiting at its
+    yield, not raising itself) closes the stream before --stats and --grow-file are written:
+    the growth holds the answer cut short besides the one before (mutation round: without the
+    close, the stream stayed open until the command returned, after the write, and the growth
+    lacked the answer)."""
+    import click
+
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"w3 w1 w{4 + i}"}) + "\n" for i in range(3)))
+    stats, grow = tmp_path / "s.json", tmp_path / "g.npz"
+    echo, ends, stopped = click.echo, [], []
+
+    def echo_stopping_the_second_answer(message=None, file=None, nl=True, err=False, color=None):
+        if message is None and not err:  # an answer's line ended, or the blank line between answers
+            ends.append(1)
+        elif not nl and not err and len(ends) == 2 and not stopped:  # the second answer's first piece
+            stopped.append(message)
+            raise KeyboardInterrupt
+        return echo(message, file, nl, err, color)
+
+    monkeypatch.setattr(click, "echo", echo_stopping_the_second_answer)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "6",
+                                  "--stats", str(stats), "--grow-file", str(grow)])
+    monkeypatch.undo()
+    assert r.exit_code == 1 and stopped and "[interrupted: 1 of 3 prompts answered, one cut short" in r.output, r.output
+    st = json.loads(stats.read_text())
+    assert [p["finish_reason"] for p in st["prompts"]] == ["length", "interrupted"], st["prompts"]
+    with Session(worded) as s:  # the first answer's sequence and the one cut short
+        assert s.load_growth(grow) == 2
 
 
 def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
@@ -845,7 +939,9 @@ def test_chat_stopped_before_the_first_token_drops_the_turn(worded, monkeypatch)
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
                                   "fixed:1"], input="w6 w7\nw8\n\n")
     assert r.exit_code == 0, r.output
-    assert "[stopped before the answer began: the turn is dropped" in r.output, r.output
+    # (no turns were dropped for it: none said to be back)
+    assert ("[stopped before the answer began: the turn is dropped; an empty line or the end of input ends the "
+            "conversation]") in r.output, r.output
     assert "[0 tokens" not in r.output and len([ln for ln in r.output.splitlines() if ln.startswith("[3 tokens")]) == 1
     assert convs[1] == [{"role": "system", "content": "w5"}, {"role": "user", "content": "w8"}]
 
@@ -864,6 +960,37 @@ def test_chat_stopped_before_the_first_token_gives_back_the_turns_dropped_for_it
     assert "the turn is dropped (the 2 older turn(s) dropped to fit it are back)" in r.output, r.output
     assert [m["content"] for m in convs[2] if m["role"] == "user"] == [f"{long} w7"]
     assert [m["content"] for m in convs[3] if m["role"] == "user"] == [long, f"{long} w6", "w8"]
+
+
+def test_chat_stopped_mid_answer_keeps_what_was_printed_and_goes_on(worded, monkeypatch):
+    """Ctrl-C in `specrt chat` after an answer's first piece was printed (here: as its second
+    is printed) stops that answer, not the chat: its line ends on stdout, with the answer's
+    text, the note goes to stderr, and the next turn's conversation holds the answer so far
+    as the assistant's (mutation round: the path had no test)."""
+    import click
+
+    convs = _ctrl_c_before_answer(monkeypatch, 0)  # (turn 0: records every conversation, stops none)
+    echo, pieces = click.echo, []
+
+    def echo_stopping_the_first_answer(message=None, file=None, nl=True, err=False, color=None):
+        if message and not nl and not err:  # a piece of an answer
+            pieces.append(message)
+            if len(pieces) == 2:
+                raise KeyboardInterrupt
+        return echo(message, file, nl, err, color)
+
+    monkeypatch.setattr(click, "echo", echo_stopping_the_first_answer)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "off"], input="w6 w7\nw8\n\n")
+    monkeypatch.undo()
+    assert r.exit_code == 0 and len(pieces) >= 3, r.output
+    assert "[stopped: the answer so far stays in the conversation" in r.stderr, r.stderr
+    assert r.stdout.splitlines() == [pieces[0], "".join(pieces[2:])], (r.stdout, pieces)
+    assert convs[1] == [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6 w7"},
+                        {"role": "assistant", "content": pieces[0]}, {"role": "user", "content": "w8"}], convs
+    # the stopped answer's stats line, then the next one's (its 4 tokens)
+    stats = [ln for ln in r.stderr.splitlines() if re.match(r"\[\d+ tokens, ", ln)]
+    assert len(stats) == 2 and stats[1].startswith("[4 tokens"), r.stderr
 
 
 def test_chat_refuses_before_its_first_prompt_what_no_turn_could_get_past(worded, tmp_path,  # noqa: F811
@@ -984,6 +1111,8 @@ def test_run_keeps_what_was_decoded_before_an_engine_failure(overflowing, tmp_pa
                                       str(n), "--stats", str(stats)])
         assert r.exit_code == 1 and "Traceback" not in r.output, r.output
         assert r.output.splitlines()[-1].startswith(f"error: {f}:{len(lines)}: target engine produced +inf"), r.output
+        # no line of its own ended where no answer began (a blank line between answers only)
+        assert not r.output.startswith("\n") and "\n\n\n" not in r.output, r.output
         return r.output
 
     out = run([mid, first], 1)  # the first answered in full (one token), the second failing at its prefill
@@ -995,6 +1124,7 @@ def test_run_keeps_what_was_decoded_before_an_engine_failure(overflowing, tmp_pa
     st = json.loads(stats.read_text())
     (p,) = st["prompts"]
     assert p["finish_reason"] == "error" and len(p["output_token_ids"]) == st["new_tokens"] >= 1, st
+    assert p["prompt"] == mid, p  # (the prompt as the file gives it, not the ids it was checked as)
     assert "[failed: 0 of 1 prompts answered, one cut short;" in out and st["failed"].startswith(f"{f}:1: "), out
     stats.unlink()
     run([first], 20)  # nothing decoded: nothing written
@@ -1185,6 +1315,11 @@ def test_run_and_chat_end_the_answers_line_before_an_engine_failure_mid_answer(o
         n = len(lines[0].split())  # (where it failed: after the tokens printed)
         assert lines[-1].startswith(f"error: target engine produced +inf logits in row 0 of its call, {n} token(s) "
                                    "into the answer (float32 engines: "), (cmd, r.output)
+    # failing before any of the answer was printed: the error alone, no empty line before it
+    for cmd, extra in ((["run", str(eng), "--prompt", prompts[False, False]], {}),
+                       (["chat", str(eng)], {"input": prompts[True, False] + "\n\n"})):
+        r = CliRunner().invoke(main, cmd + ["--governor", "off", "--max-new-tokens", "20"], **extra)
+        assert r.exit_code == 1 and r.output.startswith("error: target engine produced +inf"), (cmd, r.output)
 
 
 def test_chat_keeps_an_empty_system_prompt_when_it_drops_turns(worded, monkeypatch):
@@ -2852,6 +2987,9 @@ def test_byte_0x80_that_is_not_utf8_is_named_as_a_byte(tmp_path):
     _words(tmp_path)
     with pytest.raises(UserError, match=r"^the prompt is not valid UTF-8 text \(byte 0x80 after 'w6 '\)$"):
         Text(tmp_path).encode("w6 \udc80", False)
+    # (the code point below it is no surrogate escape, a lone surrogate: a JSON "\udc7f")
+    with pytest.raises(UserError, match=r"^the prompt holds a lone surrogate U\+DC7F \(after 'w6 '\)"):
+        Text(tmp_path).encode("w6 \udc7f", False)
 
 
 def test_a_rendered_chat_template_gets_no_second_bos(tmp_path):
@@ -2916,6 +3054,23 @@ def test_token_bytes_of_a_sentencepiece_piece_spell_its_space(tmp_path):
     ids = tok.encode("w1 w2s!").ids
     assert b"".join(text.token_bytes(i) for i in ids) == b" w1 w2s!"
     assert text.token_text(tok.token_to_id("\u2581w2")) == " w2"
+
+
+def test_token_bytes_of_a_sentencepiece_piece_like_a_byte_token_are_its_own(tmp_path):
+    """Mutation round (the length of a byte token <0xNN> left unchecked): a SentencePiece
+    piece that begins "<0x" and ends ">" but is longer is its own text, not the byte its
+    first two digits name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from specrt.runtime.text import Text
+
+    tok = Tokenizer(models.Unigram([("<unk>", 0.0), ("<0x41>", -1.0), ("<0x41x>", -1.0)], unk_id=0))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    assert text.token_bytes(tok.token_to_id("<0x41x>")) == b"<0x41x>"
+    assert text.token_bytes(tok.token_to_id("<0x41>")) == b"A"  # (a byte token's byte)
 
 
 def test_a_special_token_inside_a_run_of_byte_tokens_holds_the_run_back(tmp_path):
