@@ -613,6 +613,20 @@ def test_an_interrupt_just_after_an_answer_ended_keeps_its_finish(worded, tmp_pa
     assert st["interrupted"] is True and [p["finish_reason"] for p in st["prompts"]] == ["length"], st["prompts"]
 
 
+def _first_of_two_answered_then_stopped(worded, tmp_path) -> dict:
+    """`specrt run --prompts` of two prompts (3 tokens each, fixed:1) where the caller's patch
+    stops the run as the first answer ends: its --stats, which must hold that answer alone."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
+                                  "--governor", "fixed:1", "--stats", str(out)])
+    assert r.exit_code == 1 and "[interrupted: 1 of 2 prompts answered; --stats " in r.output, r.output
+    st = json.loads(out.read_text())
+    assert [(p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [("length", 3)], st
+    return st
+
+
 def test_an_interrupt_as_an_answer_is_recorded_counts_its_tokens_once(worded, tmp_path, monkeypatch):
     """A Ctrl-C landing after run merged a finished answer's telemetry into the run's, before
     it recorded the answer (here: as the answer's stats are copied into its record, the first
@@ -633,16 +647,8 @@ def test_an_interrupt_as_an_answer_is_recorded_counts_its_tokens_once(worded, tm
         calls.append(1)
         return StoppedWhenCopied(stats_of(self)) if len(calls) == 1 else stats_of(self)
 
-    f = tmp_path / "p.jsonl"
-    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
     monkeypatch.setattr(Session, "stats", stats)
-    out = tmp_path / "s.json"
-    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
-                                  "--governor", "fixed:1", "--stats", str(out)])
-    assert r.exit_code == 1 and "[interrupted: 1 of 2 prompts answered; --stats " in r.output, r.output
-    st = json.loads(out.read_text())
-    assert [(p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [("length", 3)], st
-    assert st["new_tokens"] == 3, st
+    assert _first_of_two_answered_then_stopped(worded, tmp_path)["new_tokens"] == 3
 
 
 def test_an_interrupt_as_an_answer_is_merged_counts_its_tokens_once(worded, tmp_path, monkeypatch):
@@ -661,16 +667,8 @@ def test_an_interrupt_as_an_answer_is_merged_counts_its_tokens_once(worded, tmp_
         if len(calls) == 1:
             raise KeyboardInterrupt
 
-    f = tmp_path / "p.jsonl"
-    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
     monkeypatch.setattr(Telemetry, "merge", merge)
-    out = tmp_path / "s.json"
-    r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "3",
-                                  "--governor", "fixed:1", "--stats", str(out)])
-    assert r.exit_code == 1 and "[interrupted: 1 of 2 prompts answered; --stats " in r.output, r.output
-    st = json.loads(out.read_text())
-    assert [(p["finish_reason"], len(p["output_token_ids"])) for p in st["prompts"]] == [("length", 3)], st
-    assert st["new_tokens"] == 3 and len(calls) == 2, (st, calls)
+    assert _first_of_two_answered_then_stopped(worded, tmp_path)["new_tokens"] == 3 and len(calls) == 2, calls
 
 
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/PID/wchan")
