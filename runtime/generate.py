@@ -400,7 +400,7 @@ class Generator:
         logits = out[C.LOGITS][0]
         # (a NaN or +inf row gave argmax's first such index: a wrong first token emitted before the
         # error the next step raised, session 59)
-        check_logits(logits[-1:])
+        check_logits(logits[-1:], first_row=len(logits) - 1)  # (the call's row: its last, or its only one)
         if self.screen is not None:
             return int(self.screen.argmax(logits, out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0],
                                           range(len(logits) - 1, len(logits)))[0])
@@ -804,8 +804,11 @@ class Generator:
                     if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
                         j = sib.index(int(v.tokens[0]))
                         row = d + 1 + j  # its row's argmax
-                        bonus = screen.argmax(logits, hid, nrm, range(row, row + 1))[0] if screen is not None else \
-                            verify_greedy(logits[row : row + 1], drafts[:0]).tokens[0]
+                        if screen is not None:
+                            bonus = screen.argmax(logits, hid, nrm, range(row, row + 1))[0]
+                        else:  # (the error names the call's row: verify_greedy on the slice named row 0)
+                            check_logits(logits[row : row + 1], first_row=row)
+                            bonus = int(logits[row].argmax())
                         v = Verdict(1, np.array([v.tokens[0], bonus], np.int64), j)
                 else:
                     m = logits.max(-1)

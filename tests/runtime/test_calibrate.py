@@ -438,6 +438,10 @@ def test_a_calibration_file_not_in_utf8_is_named_and_calibrate_replaces_it(small
         read_calibration_file(p)
     with pytest.raises(UserError, match="writes it again"):
         Session(eng, governor="dspark")
+    from specrt.engines import load_engines
+
+    with pytest.raises(UserError, match="writes it again"):  # (no governor named: refused as for DSpark)
+        load_calibration(load_engines(eng, verify=False))
     with Session(eng, governor="fixed:1") as s:
         assert s.calibration_note.startswith("calibration ignored")
     calibrate(eng, prompts(4, 8, seed=1), max_new_tokens=8, holdout=0.25)

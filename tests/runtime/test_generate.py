@@ -409,6 +409,19 @@ def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
         Session(tmp_path / "eng", governor="fixed:1:ngram")
 
 
+
+def test_runners_up_are_the_next_choices_after_the_drafted_one(pair):
+    """A token tree's runners-up for position 1: the draft's next tree_width - 1 choices in
+    target ids, most likely first, never the token its chain drafted there (a sibling
+    repeating a1 would spend a row on a token the chain verifies already)."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.tree_width = 3
+    row = np.linspace(0.0, 1.0, len(g.d2t) if g.d2t is not None else g.vocab)  # the last id most likely
+    ids = np.arange(len(row)) + (g.d2t if g.d2t is not None else 0)  # each draft id's target id
+    assert g._runners_up(row, int(ids[-1])) == [int(ids[-2]), int(ids[-3])]  # (the drafted one: the top)
+    assert g._runners_up(row, int(ids[-2])) == [int(ids[-1]), int(ids[-3])]  # (sampled: not the top)
+
 def test_token_trees_are_refused_where_they_cannot_run(pair):
     _, engines = pair
     gov = FixedGovernor(DEPTHS, 2)
@@ -904,6 +917,20 @@ def test_a_newer_stream_supersedes_an_unfinished_one(pair):
     assert g.generate(PROMPT, 10) == ref
 
 
+
+def test_a_stream_closed_unstarted_after_a_newer_one_started_leaves_that_one_live(pair):
+    """Closing a stream that never started ends it "interrupted" only while it is the latest:
+    once a newer stream has started, that one stays live, its finish its own."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    old = g.stream(PROMPT, 8)
+    new = g.stream(PROMPT[::-1], 8)
+    got = next(new)
+    old.close()
+    assert g.streaming and g.finished is None
+    got += [t for c in new for t in c]
+    assert len(got) == 8 and not g.streaming and g.finished.reason == "length"
+
 def test_each_stream_starts_unfinished_with_its_own_telemetry(pair):
     """A stream closed early, or refused, does not show the stream before it's finish reason
     or telemetry."""
@@ -981,13 +1008,13 @@ def test_nan_logits_are_a_clear_error(pair):
         def draft(self):
             return engines.draft()
 
-    with pytest.raises(UserError, match=r"target engine produced NaN logits in row 0 of its call, 0 token\(s\) into "
+    with pytest.raises(UserError, match=r"target engine produced NaN logits in row 7 of its call, 0 token\(s\) into "
                                         r"the answer \(float32 engines: weights whose sums overflow float32, or "
                                         r"engines changed since their build\? `specrt compare ENGINES` checks them "
                                         r"against the export\)$"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
     Broken.precision = "fp16"
-    with pytest.raises(UserError, match=r"logits in row 0 of its call, 0 token\(s\) into the answer \(an overflow in "
+    with pytest.raises(UserError, match=r"logits in row 7 of its call, 0 token\(s\) into the answer \(an overflow in "
                                         r"reduced precision\? try float32"):
         G.Generator(Broken(), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
 
@@ -1045,6 +1072,115 @@ def test_rows_past_the_first_rejection_are_not_looked_at(pair, params):
     g = G.Generator(RejectedWithNanRows(engines, j, int(ids[j])), FixedGovernor(DEPTHS, 3), params, d2t)
     assert g.generate(prompt, 16) == ref
     assert g.telemetry.drafted > 0 and g.telemetry.accepted == 0, (g.telemetry.drafted, g.telemetry.accepted)
+
+
+class _Hooked:
+    """``engines`` with each call's outputs passed through ``hook(feeds, out, is_draft)`` (its
+    logits a copy: the engine's buffer is left as it is; the in-place KV outputs its own)."""
+
+    def __init__(self, engines, hook):
+        self.inner, self.hook = engines, hook
+        self.export, self.max_context, self.precision = engines.export, engines.max_context, engines.precision
+        self.export_dir = engines.export_dir
+        self.kv_layout = engines.kv_layout
+
+    def _wrap(self, runner, is_draft: bool):
+        hook = self.hook
+
+        class Runner:
+            def infer(self, feeds):
+                out = dict(runner.infer(feeds))
+                logits = C.DRAFT_LOGITS if is_draft else C.LOGITS
+                out[logits] = np.array(out[logits])
+                return hook(feeds, out, is_draft)
+
+        return Runner()
+
+    def target(self, s):
+        return self._wrap(self.inner.target(s), False)
+
+    def draft(self):
+        return self._wrap(self.inner.draft(), True)
+
+
+def test_the_prefills_rows_before_its_last_are_not_looked_at(pair):
+    """The first token comes from the prefill's last row only: NaN in the rows before it
+    (a verify.S engine running a prompt as short as this one computes them all) fails
+    nothing, and the output is the one without them."""
+    rows = []
+    _, engines = pair
+    ref = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPT, 12)
+
+    def hook(feeds, out, is_draft):
+        if not is_draft and feeds[C.POSITION_IDS][0, 0] == 0:  # the prefill
+            out[C.LOGITS][:, :-1] = np.nan
+            rows.append(out[C.LOGITS].shape[1])
+        return out
+
+    assert _gen(_Hooked(engines, hook), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 12) == ref
+    assert rows == [len(PROMPT)]  # (one call, every row)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_k=1, seed=3),
+                                    SamplingParams(temperature=0.7, top_k=1, seed=3, coupled=True)],
+                         ids=["sampled-top1", "coupled-top1"])
+def test_a_sampled_round_names_the_row_it_failed_at(lag, params):
+    """Sampled verification checks each row as it uses it and names the call's row: with a
+    draft that accepts, the verify calls' rows 2.. NaN, the first round that accepts 2 drafts
+    (its row 2 then used) fails at row 2 of its call (row 0 of the slice it checked was said)."""
+    from specrt.errors import EngineFailure
+
+    def hook(feeds, out, is_draft):
+        if not is_draft and feeds[C.POSITION_IDS][0, 0] > 0:  # the verify calls
+            out[C.LOGITS][:, 2:] = np.nan
+        return out
+
+    g = _gen(_Hooked(lag, hook), FixedGovernor(DEPTHS, 3), params)
+    with pytest.raises(EngineFailure, match=r"^target engine produced NaN logits in row 2 of its call, \d+ token"):
+        g.generate(PROMPT, 40)
+    assert g.telemetry.accepted > 0
+
+
+def test_an_internal_error_inside_a_stream_is_not_called_an_engine_failure(pair):
+    """Only an engine's non-finite output (NonFiniteOutput) becomes an EngineFailure, the
+    user's engines blamed; any other InternalError (a bug of specrt's) goes out as it is."""
+    from specrt.errors import EngineFailure, InternalError
+
+    def hook(feeds, out, is_draft):
+        if not is_draft and feeds[C.POSITION_IDS][0, 0] > 0:
+            raise InternalError("engine output 'logits' has shape (1, 0): expected rows")
+        return out
+
+    with pytest.raises(InternalError, match=r"^engine output 'logits' has shape \(1, 0\): expected rows$") as e:
+        _gen(_Hooked(pair[1], hook), FixedGovernor(DEPTHS, 2)).generate(PROMPT, 4)
+    assert not isinstance(e.value, EngineFailure)
+
+
+def test_a_winning_runner_ups_row_is_named_by_its_row_in_the_call(pair):
+    """Greedy token trees: a runner-up that wins position 1 has its own row's argmax emitted
+    after it; a NaN there names that row of the verify call (d + 1 + j), as sampling's rows
+    do (it said row 0). Here the target's row 0 picks the first runner-up and the runners-up's
+    rows are NaN."""
+    from specrt.errors import EngineFailure
+    from specrt.runtime.governor import from_spec
+
+    _, engines = pair
+
+    def hook(feeds, out, is_draft):
+        pos, ids = feeds[C.POSITION_IDS][0], feeds[C.INPUT_IDS][0]
+        sib = np.flatnonzero(pos[2:] == pos[0] + 1) + 2 if not is_draft and pos[0] > 0 else []
+        if len(sib):  # a verify call with runners-up: row 0 picks the first, their rows NaN
+            out[C.LOGITS][0, 0] = out[C.LOGITS][0, 0].min()
+            out[C.LOGITS][0, 0, ids[sib[0]]] = out[C.LOGITS][0, 0].max() + 1
+            out[C.LOGITS][0, sib] = np.nan
+        return out
+
+    class Trees(_Hooked):
+        def verifies_trees(self):
+            return self.inner.verifies_trees()
+
+    with pytest.raises(EngineFailure, match=r"^target engine produced NaN logits in row 3 of its call, \d+ token"):
+        _gen(Trees(engines, hook), from_spec("fixed:2:tree=3", DEPTHS)).generate(PROMPT * 3, 40)
 
 
 @pytest.mark.parametrize("chunk", [10_000, 10])
@@ -1706,6 +1842,21 @@ def test_a_prompt_filling_the_context_can_be_scored(pair):
         g.generate(full, 1)
 
 
+def _dies_at_its_second_target_call(g):
+    """Replace ``g``'s target call by one that raises at its second call (a prefill's second
+    pass, with PREFILL_CHUNK small); returns the real one, for the caller to put back."""
+    real, calls = g._target, []
+
+    def dies(tokens, start, *args, **kw):
+        calls.append(start)
+        if len(calls) == 2:
+            raise RuntimeError("engine died mid-prefill")
+        return real(tokens, start, *args, **kw)
+
+    g._target = dies
+    return real
+
+
 def test_a_prefill_that_fails_midway_leaves_no_stale_prefix(pair, monkeypatch):
     """A prefill that raises after committing some rows of an unrelated prompt: the next
     stream must not take those rows for the earlier prompt's (a mutation round, session 56:
@@ -1716,19 +1867,36 @@ def test_a_prefill_that_fails_midway_leaves_no_stale_prefix(pair, monkeypatch):
     want = _gen(engines, OffGovernor(DEPTHS)).generate(a, 10)
     g = _gen(engines, FixedGovernor(DEPTHS, 2))
     assert g.generate(a, 10) == want
-    real, calls = g._target, []
-
-    def dies(tokens, start, *args, **kw):  # the second prefill pass of b
-        calls.append(start)
-        if len(calls) == 2:
-            raise RuntimeError("engine died mid-prefill")
-        return real(tokens, start, *args, **kw)
-
-    g._target = dies
+    real = _dies_at_its_second_target_call(g)  # the second prefill pass of b
     with pytest.raises(RuntimeError):
         g.generate(b, 10)
     g._target = real
     assert g.generate(a, 10) == want
+
+
+@pytest.mark.parametrize("shared", [24, 1])
+def test_a_prefill_that_fails_midway_keeps_only_the_rows_it_reused(pair, monkeypatch, shared):
+    """A prefill that shares a start with the last stream and raises after committing some
+    of its own rows: the rows it reused stay the prefix (a cut turn reused nothing next,
+    session 56), and only those: the rows it committed past them have no aux rows kept (the
+    next stream, sharing them all, recomputes them), and its tokens are the target's. The
+    rows stay their owner's (`specrt serve --isolate-clients`); one row shared is one kept."""
+    _, engines = pair
+    monkeypatch.setattr(G, "PREFILL_CHUNK", 10)
+    a = PROMPT * 3
+    b = a[:shared] + [(7 * i + 5) % 12 for i in range(24)]  # (a's first `shared` tokens only: a[1] is 1, not 5)
+    want = _gen(engines, OffGovernor(DEPTHS)).generate(b + [1], 10)
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.owner = "alice"
+    g.generate(a, 10)
+    real = _dies_at_its_second_target_call(g)  # b's second prefill pass, its first one's rows committed
+    with pytest.raises(RuntimeError):
+        g.generate(b, 10)
+    g._target = real
+    s0 = g.telemetry.prefix_reused
+    assert s0 >= min(shared, len(a) - 1) and g.tkv.length == s0 + 10, (s0, g.tkv.length)
+    assert g.generate(b + [1], 10) == want
+    assert g.telemetry.prefix_reused == s0
 
 
 def test_prefill_passes_never_end_with_one_row():
@@ -1738,6 +1906,11 @@ def test_prefill_passes_never_end_with_one_row():
     assert G._passes(0, 21, 10) == [(0, 10), (10, 19), (19, 21)]
     assert G._passes(0, 1, 10) == [(0, 1)]
     assert all(b - a >= 2 for a, b in G._passes(3, 260, 256))
+    for most in range(3, 12):  # (passes of 2 cannot: 3 rows are 2 + 1)
+        for n in range(2, 40):
+            passes = G._passes(0, n, most)
+            assert [a for a, _ in passes] == [0] + [b for _, b in passes[:-1]] and passes[-1][1] == n
+            assert all(2 <= b - a <= most for a, b in passes), (most, n, passes)
 
 
 def test_sampled_generation_with_seed_zero_repeats(pair):

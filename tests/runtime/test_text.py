@@ -177,6 +177,8 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
 
     assert resolve_spec("auto", NoDraft()) == "off:ngram:grow" and resolve_spec("fixed:2", NoDraft()) == "fixed:2"
     assert resolve_spec("auto:ngram", NoDraft()) == "off:ngram:grow" == resolve_spec("auto:grow", NoDraft())
+    # a cap kept however it is spelt (the spec's options are read without case)
+    assert resolve_spec("auto:grow=500", NoDraft()) == "off:ngram:grow=500" == resolve_spec("AUTO:GROW=500", NoDraft())
     stats = tmp_path / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
@@ -449,6 +451,13 @@ def test_the_python_api_names_its_own_parameters(worded, tmp_path):
     with Session(worded, governor="off") as s, pytest.raises(UserError) as e:
         s.load_growth(tmp_path / "g.npz")
     assert str(e.value).startswith(f"{tmp_path / 'g.npz'}: governor 'off' has no session growth"), e.value
+    with Session(worded, governor="off") as s:  # a numpy bool is a bool (ids and flags that came through numpy)
+        assert "".join(s.stream("w3", chat=np.True_, max_new_tokens=2)) == "".join(s.stream("w3", chat=True,
+                                                                                            max_new_tokens=2))
+    with Session(worded, governor="off:ngram") as s:  # prompt lookup without :grow: no growth to save or load
+        for io in (s.save_growth, s.load_growth):
+            with pytest.raises(UserError, match="governor 'off:ngram' has no session growth"):
+                io(tmp_path / "g.npz")
 
 
 def test_the_python_api_takes_numpy_ids_and_refuses_bad_arguments_as_the_callers(worded):
@@ -1148,13 +1157,14 @@ def test_a_stop_in_an_engine_failures_summary_keeps_the_failure(overflowing, tmp
     assert [p["finish_reason"] for p in st["prompts"]] == ["length"], st["prompts"]
 
 
-@pytest.mark.parametrize("confidence_head", [False, True])
-def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confidence_head):
+@pytest.mark.parametrize("kind, confidence_head", [("peagle", False), ("peagle", True), ("eagle3", False)])
+def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, kind, confidence_head):
     """A draft whose logits overflow (its lm_head +3e38 everywhere: finite, so the export takes
     it) is an EngineFailure naming the draft under every drafting governor, greedy or sampled,
-    with or without a confidence head. Greedy decoding at a fixed depth went on with the
-    garbage drafts (tau 1, numpy's RuntimeWarning printed) where DSpark and sampling raised;
-    decoding without speculation never runs the draft, and is unchanged."""
+    with or without a confidence head, P-EAGLE or EAGLE-3 (its steps take the maxima apart).
+    Greedy decoding at a fixed depth went on with the garbage drafts (tau 1, numpy's
+    RuntimeWarning printed) where DSpark and sampling raised; decoding without speculation
+    never runs the draft, and is unchanged."""
     import warnings
 
     from safetensors.numpy import load_file, save_file
@@ -1168,7 +1178,7 @@ def test_a_draft_giving_inf_logits_fails_under_every_governor(tmp_path, confiden
 
     t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
     _words(t)
-    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=12, mask_token_id=15,
+    d = write_tiny_draft(tmp_path / "d", t, kind=kind, num_layers=1, draft_vocab=12, mask_token_id=15,
                          confidence_head=confidence_head)
     w = load_file(str(d / "model.safetensors"))
     w["lm_head.weight"] = np.full_like(w["lm_head.weight"], 3e38)
@@ -1398,7 +1408,15 @@ def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
     with Session(worded, governor="off") as s:
         "".join(s.stream("w3 w1 w4", max_new_tokens=6, logprobs=2))
         want = s.stats()["output_logprobs"]
+        "".join(s.stream("w3 w1 w4", max_new_tokens=6, logprobs=0))  # (each token's own logprob, no alternatives)
+        zero = s.stats()["output_logprobs"]
+        "".join(s.stream("w3 w1 w4", max_new_tokens=2, prompt_logprobs=1))
+        st = s.stats()
+    # every prompt token an entry, the first one's without a logprob
+    assert [e["id"] for e in st["prompt_logprobs"]] == st["prompt_ids"] and len(st["prompt_ids"]) >= 3
+    assert st["prompt_logprobs"][0]["logprob"] is None and None not in [e["logprob"] for e in st["prompt_logprobs"][1:]]
     assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
+    assert [(e["id"], e["logprob"], e["top_logprobs"]) for e in zero] == [(e["id"], e["logprob"], []) for e in want]
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "2"])
     assert r.exit_code == 1 and "--logprobs N" in r.output and "--stats FILE" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "21", "--stats",
