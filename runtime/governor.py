@@ -883,8 +883,10 @@ class DSparkGovernor(Governor):
             k = len(r.confidences) if r.confidences is not None else self.depths[-1]
             t = _clip_outlier(r.t_draft, self.load_draft * self._profiled_draft(k))
             self.load_draft += a * (t / self._profiled_draft(k) - self.load_draft)
-        d = r.depth if not r.siblings else depth_at_least(self.depths, r.depth + r.siblings)  # the rows it ran
-        m = r.depth + r.siblings
+        # the rows it ran: verify.m where built; a tree cut to fit the context's end (generate.py
+        # trims its runners-up) may have run a length between the built depths on the prefill
+        # engine, which no depth's price is: it teaches nothing (it trained the next deeper depth)
+        d = m = r.depth + r.siblings
         if r.t_verify <= 0:  # no timing (a round that did not run the target): nothing to learn
             pass
         elif m > self.depths[-1] and self._p_chain:

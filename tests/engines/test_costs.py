@@ -26,6 +26,14 @@ def test_parse_costs_gives_integer_keys():
     assert t["verify"] == {1: 0.1, 8: 0.2} and t["by_past"][128]["verify"] == {1: 0.1}
     assert parse_costs(None) == {}
     assert parse_costs({"chain": {"9": "0.25"}, "decode": "0.5"})["chain"] == {9: 0.25}
+    # a chain's cost is checked as the others' are, flat and per past (DSpark and prompt lookup divide by it)
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="expected seconds > 0"):
+            parse_costs({"chain": {"9": bad}})
+        with pytest.raises(ValueError, match="expected seconds > 0"):
+            parse_costs({"by_past": {"128": {"verify": {"1": 0.1}, "chain": {"9": bad}}}})
+        with pytest.raises(ValueError, match="expected seconds > 0"):
+            parse_costs({"prefill": bad})
 
 
 def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_append):
@@ -230,3 +238,20 @@ def test_an_infinite_cost_is_refused(engines_copy):
     p.write_text(json.dumps(m))  # written as Infinity, which json reads back as inf
     with pytest.raises(UserError, match=r"engines.json: field 'costs' is malformed \(ValueError: a cost of inf"):
         load_engines(engines_copy, verify=False)
+
+
+def test_the_prefill_call_profiled_fits_the_context(tiny_engines_append):
+    """prefill_tokens past the engine's context is cut to it (a call of more would not run)."""
+    e = load_engines(tiny_engines_append, verify=False)
+    r = e.runners["prefill"]
+    sizes = role_sizes(r, 0, draft_depth=8, draft_accepted=2, prefill_tokens=r.max_context + 100, draft_kind="peagle")
+    assert sizes == {C.DIM_NEW: r.max_context, C.DIM_PAST: 0}
+
+
+def test_a_call_below_an_engines_smallest_length_does_not_fit(tiny_engines_append):
+    """fits() checks both ends of each dim's range: verify.1 takes 2 new tokens, never 1."""
+    from specrt.engines.costs import fits
+
+    e = load_engines(tiny_engines_append, verify=False)
+    r = e.runners["verify.1"]
+    assert fits(r, {C.DIM_NEW: 2, C.DIM_PAST: 10}) and not fits(r, {C.DIM_NEW: 1, C.DIM_PAST: 10})

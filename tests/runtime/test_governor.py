@@ -404,6 +404,8 @@ def test_ece():
     assert ece(np.full(10, 0.9), np.array([1] * 5 + [0] * 5)) == pytest.approx(0.4)
     assert ece(np.array([0.1, 0.9]), np.array([0, 1]), bins=2) == pytest.approx(0.1)
     assert ece(np.array([]), np.array([])) == 0.0
+    # a confidence of 1.0 is in the last bin [0.9, 1], with 0.95: |1.95 - 1| / 2
+    assert ece(np.array([0.95, 1.0]), np.array([1, 0])) == pytest.approx(0.475)
 
 
 def test_empty_calibration_is_identity():
@@ -712,7 +714,8 @@ def test_dspark_cost_learning_stays_true_under_noisy_timings():
     assert g.t_decode / costs[0] == pytest.approx(1.0, abs=0.12), g.t_decode / costs[0]
 
 
-def test_calibration_folds_without_groups_keep_each_round_whole(monkeypatch):
+@pytest.mark.parametrize("group", [None, 0, 1], ids=["no-groups", "all-even", "all-odd"])
+def test_calibration_folds_without_groups_keep_each_round_whole(monkeypatch, group):
     """Without groups (or with all in one fold) the 2-fold split alternates rounds, a round
     being a run of rising positions: no round has samples in both folds."""
     seen = []
@@ -727,7 +730,7 @@ def test_calibration_folds_without_groups_keep_each_round_whole(monkeypatch):
     rounds = [int(n) for n in rng.integers(1, 5, 40)]  # rounds reaching 1..4 positions
     pos = np.concatenate([np.arange(n) for n in rounds])
     conf, acc = rng.uniform(0, 1, pos.size), (rng.uniform(0, 1, pos.size) < 0.5).astype(int)
-    Calibration.fit(conf, pos, acc, kinds=("histogram",))
+    Calibration.fit(conf, pos, acc, kinds=("histogram",), groups=None if group is None else np.full(pos.size, group))
     train_a, train_b = seen[0], seen[1]  # the two folds' training sets, then the final fit
     assert len(train_a) + len(train_b) == pos.size
     for part in (train_a, train_b):  # each fold is whole rounds: every run starts at position 0
@@ -900,6 +903,9 @@ def test_adaptive_leaves_catch_up_passes_out_of_its_throughput():
     ("dspark:tree=3:ngram:bogus", r"^governor 'dspark:tree=3:ngram:bogus': unknown option 'bogus' \(expected auto"),
     ("fixed:1:tree=3:bogus", r"^governor 'fixed:1:tree=3:bogus': unknown option 'bogus'"),
     ("dspark:ngram:bogus", r"^governor 'dspark:ngram:bogus': unknown option 'bogus' \(expected auto"),
+    ("dspark:tree=3:bogus:deep", r"unknown option 'bogus' \(expected auto"),  # the first of several
+    ("dspark:profiled:profiled", re.escape("expected dspark[:block=K][:profiled], each once")),
+    ("dsparkx", r"^governor 'dsparkx': expected one of auto"),  # not DSpark: the name is 'dspark' alone
 ])
 def test_malformed_specs_name_the_problem(spec, words):
     """Non-ASCII digits raised a ValueError traceback (str.isdigit takes them); ':tree=W'
@@ -990,7 +996,9 @@ def test_the_upper_bound_reads_only_bins_with_three_rounds():
     ("OFF:grow:ngram", "off:ngram:grow"), ("dspark:profiled:block=02", "dspark:block=2:profiled"),
     ("dspark:block=2:profiled:tree=03:corpus:ngram=04", "dspark:block=2:profiled:tree=3:ngram=4:corpus"),
     ("auto:grow=32768", "auto:grow"), ("auto:grow=100", "auto:grow=100"), ("adaptive:tree=1", "adaptive"),
-    ("dspark:tree=3:ngram:grow", "dspark:tree=3:ngram:grow"), ("dspark:block=2:block=3", "dspark:block=2:block=3")])
+    ("dspark:tree=3:ngram:grow", "dspark:tree=3:ngram:grow"), ("dspark:block=2:block=3", "dspark:block=2:block=3"),
+    ("fixed:0:tree=3", "fixed:0:tree=3"),  # not 'off:tree=3', which the parser refuses
+    ("dspark:block=02:block=3", "dspark:block=02:block=3")])  # refused later: as written
 def test_canonical_spec_spells_each_governor_one_way(spec, want):
     """bench ran fixed:02 beside fixed:2 (and fixed:0 beside off) as separate configurations;
     what the parser would refuse later stays as written, lower-cased."""
@@ -1114,3 +1122,166 @@ def test_dspark_pinning_the_shapes_leaves_the_measured_prices_unchanged():
             assert g.t_verify[k] == pytest.approx(twin.t_verify[k], rel=1e-9), (i, k)
     assert g.t_verify[2] / g.t_verify[1] > 1.2  # (the shapes did learn the ratios)
     assert g.t_verify[4] / g.t_verify[1] < 1.3
+
+
+# ---- session 61's mutation round (runtime/governor.py) ------------------------------------
+
+CHAIN_COSTS = {0: 1.0, 1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06}
+CHAINS = {5: 1.08, 16: 1.52}  # chain.6 = 1.08 + 0.44 / 11 = 1.12
+
+
+def test_a_tree_round_past_the_deepest_depth_teaches_the_load_at_its_own_length_within_the_outlier_bounds():
+    """A round whose rows ran on the prefill engine is priced at its own length's chain
+    (interpolated), against the current load (load x chain), and clipped as any round:
+    at most OUTLIER times its price."""
+    from specrt.runtime.governor import OUTLIER
+
+    g = DSparkGovernor((1, 2, 3, 4), 1e-6, CHAIN_COSTS, t_chain=CHAINS, ema=1.0)
+    c = np.array([0.3, 0.9, 0.9, 0.9])
+    g.observe(RoundResult(4, 0, 1e-6, 2 * 1.12, confidences=c, siblings=2))  # 6 rows' chain at 2x
+    assert g.load_target == pytest.approx(2.0) and g.verify_cost(6) == pytest.approx(2 * 1.12)
+    g.observe(RoundResult(4, 0, 1e-6, 5 * 1.12, confidences=c, siblings=2))  # 2.5x its price now: taken
+    assert g.load_target == pytest.approx(5.0)
+    g.observe(RoundResult(4, 0, 1e-6, 100 * 1.12, confidences=c, siblings=2))  # a stall: OUTLIER x the price
+    assert g.load_target == pytest.approx(5.0 * OUTLIER)
+
+
+def test_a_tree_round_at_the_deepest_depth_is_that_depths_verify_chains_or_not():
+    """d + n == the deepest depth ran on its verify engine (priced as verify.D, not as a
+    chain, with chains profiled)."""
+    c = np.array([0.3, 0.9, 0.9, 0.9])
+    g = DSparkGovernor((1, 2, 3, 4), 1e-6, CHAIN_COSTS, t_chain=CHAINS, ema=1.0, shape_ema=0.0)
+    g.observe(RoundResult(3, 0, 1e-6, 2 * CHAIN_COSTS[4], confidences=c, siblings=1))
+    assert g.load_target == pytest.approx(2.0) and g.t_verify[4] == pytest.approx(2 * CHAIN_COSTS[4])
+
+
+def test_a_tree_round_of_rows_no_depth_was_built_for_teaches_no_depths_cost():
+    """A tree cut to fit the context's end (generate.py trims its runners-up to the room left)
+    can run a length between the built depths, or past the deepest with no chains profiled:
+    the prefill engine ran it, whose cost is no depth's, so no load or shape learns from it
+    (it trained the next deeper depth's shape and the load against that depth's profile:
+    the governor mutation round of session 61)."""
+    c = np.array([0.3, 0.9, 0.9, 0.9])
+    for depths, depth, sibs in (((1, 2, 4), 2, 1), ((1, 2, 3, 4), 3, 2)):
+        costs = {d: CHAIN_COSTS[d] for d in depths}
+        g = DSparkGovernor(depths, 1e-6, costs, ema=1.0, shape_ema=1.0)
+        g.observe(RoundResult(depth, 0, 1e-6, 5 * costs[4], confidences=c, siblings=sibs))
+        assert g.load_target == 1.0 and all(x == 1.0 for x in g.shape.values()), (g.load_target, g.shape)
+        assert g.t_verify == pytest.approx(costs), g.t_verify
+
+
+def test_a_chain_of_the_deepest_depth_is_left_out_of_the_tree_prices():
+    """A chain profiled at the deepest depth's length runs on that depth's engine: rows past
+    it are priced by the longer chains alone (not a line from it)."""
+    g = DSparkGovernor((1, 2, 4), 1e-6, {1: 1.0, 2: 1.02, 4: 1.06}, t_chain={4: 0.5, 6: 1.1})
+    assert g.verify_cost(4) == 1.06 and g.verify_cost(5) == pytest.approx(1.1)
+
+
+def test_a_tree_round_on_the_prefill_engine_leaves_the_shapes_pinning_window_as_it_stood():
+    """shape_window counts the rounds that measured a depth: a round on the prefill engine is
+    none of them, so a depth measured just before it stays pinned with the others."""
+    g = DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.0}, t_chain={3: 1.1, 16: 2.0}, shape_window=2, ema=0.5,
+                       shape_ema=0.5)
+    g.observe(RoundResult(1, 0, 0.0, 1.0))
+    g.observe(RoundResult(2, 0, 0.0, 1.5))  # depth 2 dearer than the table says: the shapes part
+    g.observe(RoundResult(2, 0, 0.0, 1.2, siblings=1))  # 3 rows on the prefill engine
+    g.observe(RoundResult(1, 0, 0.0, 1.0))  # depth 2 measured one (depth) round ago: still pinned
+    assert g.shape[2] > g.shape[1] and g.shape[1] * g.shape[2] == pytest.approx(1.0)
+
+
+def test_dspark_gives_a_shallower_calibrations_positions_their_own_identity_maps():
+    """A calibration fitted on engines of depth 2 meets depth 8: positions 3..8 start as the
+    identity (not position 2's map), each its own."""
+    cal = _calibrated([0.9, 0.05], rounds=2000)
+    g = dspark(calibration=cal.copy())
+    assert g.calibration.positions == 8
+    c = g.calibration([0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9])
+    assert c[1] < 0.2 and c[2:] == pytest.approx([0.9] * 6)
+
+
+def test_dspark_leaves_a_calibration_of_its_depth_as_it_stands():
+    """extend_to adds positions only: a calibration as deep as the engines keeps its map
+    until its own refit (an update pending is not folded in early)."""
+    cal = Calibration(positions=8, refit_every=32)
+    cal.update(np.full(8, 0.95), 8)
+    ys = cal.ys.copy()
+    DSparkGovernor(DEPTHS, 0.5, {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}, cal)
+    assert (cal.ys == ys).all() and cal._pending == 1
+
+
+def test_dspark_verifying_no_draft_verifies_no_runner_up():
+    """A round the decode step wins (depth 0 after drafting) has no tree, whatever the best
+    (d, n) was."""
+    g = DSparkGovernor((1, 2), 1e-6, {0: 0.1, 1: 1.0, 2: 1.0})
+    g.tree_width = 2
+    assert g.choose(conf(0.2, 0.1)) == 0 and g.round_siblings() == 0
+    g = DSparkGovernor((1, 2), 1e-6, {1: 1.0, 2: 1.0})  # no decode price: the tree of d = 1
+    g.tree_width = 2
+    assert g.choose(conf(0.2, 0.1)) == 1 and g.round_siblings() == 1
+
+
+def test_the_draft_block_counts_the_runners_up_of_every_depth():
+    """Under ceilings u = (0.3, 0.5, 0.01, 0.01) and verify costs 1, 1, 1, 2: depth 1's best
+    is two runners-up, (1.3 + 0.7 x 3/8) / 1 = 1.5625; depth 2 alone gives 1.45, with one
+    runner-up (1.45 + 0.7 / 4) / 1 = 1.625: the block is 2 (1 when only depth 1 had a tree)."""
+    g = DSparkGovernor((1, 2, 3, 4), 1e-6, {1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0})
+    g.tree_width = 3
+    g.ceiling = [0.3, 0.5, 0.01, 0.01]
+    assert g.draft_depth() == 2
+
+
+def test_the_ceilings_are_capped_by_each_positions_own_upper_bound():
+    """u_k <= Calibration.upper[k] position by position: a draft good at positions 1-7 and
+    hopeless at 8 still drafts the full block (positions 5-7 pay for verify.8; every
+    position capped at the last one's bound would draft 1)."""
+    g = dspark(calibration=_calibrated([0.95] * 7 + [0.03]))
+    assert g._ceilings() == pytest.approx(g.calibration.upper) and g.calibration.upper[0] > 0.9
+    assert g.draft_depth() == 8
+
+
+def test_the_upper_bound_counts_a_bin_of_exactly_three_rounds():
+    cal = Calibration(positions=1, bins=10)
+    cal.n[0, 9], cal.a[0, 9] = 3, 3
+    cal.n[0, 2], cal.a[0, 2] = 10, 1
+    cal.refit()
+    assert cal.upper[0] == pytest.approx((3 + 4 * 0.95) / (3 + 4))  # bin 10 (centre 0.95), not bin 3
+
+
+def test_an_online_update_with_a_non_finite_confidence_is_the_engines_failure():
+    """NonFiniteOutput (the generator's EngineFailure: the user's engines are broken), as
+    choose() raises it; a NaN counted would put the round in bin 0."""
+    from specrt.errors import NonFiniteOutput
+
+    cal = Calibration(positions=2)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(NonFiniteOutput, match="non-finite confidence .* at position 2"):
+            cal.update(np.array([0.5, bad]), 1)
+    with pytest.raises(NonFiniteOutput):
+        dspark().choose(conf(0.5, np.nan))
+
+
+def test_the_stopping_rule_sizes_the_tree_of_the_depth_it_stops_at():
+    """Under the stopping rule as under the full one: an unsure first draft, c = (0.2, 0.1, ..),
+    stops at depth 1 with both runners-up ((1.2 + 0.8 x 3/8) / 1.04 = 1.44; depth 2 gives
+    1.365 at best)."""
+    g = from_spec("dspark:tree=3", (1, 2, 3, 4), t_draft=1e-6, t_verify={1: 1.0, 2: 1.02, 3: 1.04, 4: 1.3})
+    assert g.choose(GovernorState(confidences=np.array([0.2, 0.1, 0.1, 0.1]), stopping=True)) == 1
+    assert g.round_siblings() == 2
+
+
+def test_a_round_that_verified_no_draft_is_no_calibration_round():
+    """DSpark may verify 0 after drafting: the round's confidences say nothing of acceptance
+    and it does not count towards the calibration's refit cadence."""
+    g = dspark(calibration=Calibration(positions=8, refit_every=2))
+    c = np.full(8, 0.9)
+    g.observe(RoundResult(1, 1, 0.5, 1.0, confidences=c))
+    ys = g.calibration.ys.copy()
+    g.observe(RoundResult(0, 0, 0.5, 1.0, confidences=c))
+    assert g.calibration.n.sum() == 1 and (g.calibration.ys == ys).all()
+
+
+def test_without_growth_drops_a_grow_option_with_or_without_its_cap():
+    from specrt.runtime.governor import without_growth
+
+    assert without_growth("dspark:tree=3:Grow=100:ngram") == "dspark:tree=3:ngram"
+    assert without_growth("auto:grow") == "auto" and without_growth("fixed:2:ngram") == "fixed:2:ngram"

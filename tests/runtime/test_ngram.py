@@ -238,3 +238,54 @@ def test_hindsight_stops_at_the_first_mismatch_and_ties_keep_the_route():
     q.route_rate = rate  # exactly as fast as the chain: the route stays
     assert q.choose_rate(8, 4, limit=100) == (0, rate)
     assert q.choose(8, 99, limit=100) == 0  # a key without rates: the route
+
+
+# ---- session 61's mutation round (runtime/ngram.py, engines/costs.py) ----------------------
+
+
+def test_positions_past_a_keys_rates_take_its_last_rate():
+    """Rates 1 at positions 1-7 and 1/2 at 8: a chain of 8 expects 1 + 7 + 1/2 tokens (the
+    8th position's own rate), and a longer one 1/2 for each position past the list."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002, chain=CHAIN)
+    p.route_rate = 0.0  # any chain pays
+    p.wins[2], p.tries[2] = [PRIOR_ROUNDS] * 7 + [PRIOR_ROUNDS / 2], [PRIOR_ROUNDS] * 8
+    assert p.choose_rate(8, 2, limit=8) == (8, pytest.approx(8.5 / (p.cost(9) + p.python)))
+    _, rate = p.choose_rate(9, 2, limit=9)
+    assert rate == pytest.approx(max(8.5 / (p.cost(9) + p.python), 8.75 / (p.cost(10) + p.python)))
+
+
+def test_a_single_verify_depths_chains_are_priced_flat_without_chain_costs():
+    """No chains profiled and one verify engine: a longer chain (':ngram=L') costs what the
+    deepest verify does (no slope to extrapolate; the decode step is another engine)."""
+    p = NgramPolicy((4,), {0: 0.010, 4: 0.012}, t_draft=0.002, max_len=8)
+    assert p.cost(9) == pytest.approx(0.012) and p.cost(5) == pytest.approx(0.012)
+
+
+def test_a_round_timed_below_its_target_call_teaches_no_negative_python_time():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.observe(5, t_verify=0.025, t_round=0.020, tokens=3, lookup=(4, 2))  # clocks read apart
+    assert p.python == pytest.approx(0.9 * 0.5e-3)
+
+
+def test_tally_counts_positions_up_to_the_first_mismatch():
+    from specrt.runtime.ngram import tally
+
+    tries, wins = [0] * 4, [0] * 4
+    tally([1, 2, 3, 4], [1, 5, 3], tries, wins)  # position 2 tried and lost; 3 never tried
+    assert tries == [1, 1, 0, 0] and wins == [1, 0, 0, 0]
+    tally([1, 2], [1, 2, 9], tries, wins)  # all matched, as far as the proposal goes
+    assert tries == [2, 2, 0, 0] and wins == [2, 1, 0, 0]
+
+
+def test_a_source_cannot_take_prompt_lookups_keys():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    for n in PRIORS:
+        with pytest.raises(ValueError, match=f"source key {n} is prompt lookup's"):
+            p.add_source({n: [0.5]})
+    assert p.wins[2] == [r * PRIOR_ROUNDS for r in PRIORS[2]]
+
+
+def test_a_round_without_timings_teaches_neither_load_nor_python_time():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.observe(5, t_verify=0.0, t_round=None, tokens=3, lookup=(4, 2))  # the target not timed, the round not either
+    assert p.load == 1.0 and p.python == 0.5e-3
