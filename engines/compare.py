@@ -825,8 +825,8 @@ def _own_temp_folder(key: str, engines_folder: Path | None = None) -> Path:
             if _recorded_engines(p) != str(engines_folder):
                 write_atomic(p / ENGINES_RECORD, {"engines": str(engines_folder)})
             _remove_orphans(p, uid)
-        except OSError:  # (the by-hand files matter more than the tidying)
-            pass
+        except (OSError, UserError):  # (the by-hand files matter more than the tidying; write_atomic
+            pass  # says an OSError as a UserError)
     return p
 
 

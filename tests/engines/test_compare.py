@@ -9,6 +9,7 @@ import importlib.util
 import json
 import shlex
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -1056,6 +1057,7 @@ def test_a_record_that_names_no_folder_is_left_alone(tmp_path):
     finally:
         tempfile.tempdir = old
     assert mine.parent == tmp_path and odd.is_dir()
+    assert mine.is_dir()  # its own record (an engines folder with no engines.json) is no orphan (mutant m36)
 
 
 def test_each_roles_inputs_have_the_documented_shapes(tiny_engines, tmp_path):
@@ -1215,6 +1217,10 @@ def test_the_same_overflow_in_engine_and_reference_is_set_aside_not_a_difference
     assert counts["prefill"][LAST_ROW] >= 1 and counts["verify.3"][TREE] >= 1, counts
     assert sum("NaN or inf in both, the same: set aside" in x for x in lines) == sum(map(len, counts.values()))
     assert any(x.startswith("  (polygraphy counts the ") for x in lines), lines
+    # the count the by-hand line fails on is its role's outputs' (mutant m30: its checks' counted too)
+    shown = r["polygraphy_role"]
+    assert TREE in counts[shown] and any(x.startswith(f"  (polygraphy counts the {counts[shown][C.LOGITS]} element(s) ")
+                                         for x in lines), (shown, counts, lines)
 
 
 def test_an_engine_failing_its_call_fails_its_role_and_the_others_are_compared(failing_verify, tmp_path):  # noqa: F811
@@ -1250,7 +1256,133 @@ def test_an_engine_nonfinite_where_its_reference_is_finite_fails(engines_copy, t
     weights, so only a changed engine has one): its NaN / inf logits where the reference's are
     finite fail, as any difference; only the same non-finite value on both sides is set aside."""
     corrupt_engine(engines_copy, delta=float("inf"))
-    r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
+    lines: list[str] = []
+    with warnings.catch_warnings(record=True) as said:  # (mutant m42: numpy's RuntimeWarnings on them printed)
+        warnings.simplefilter("always")
+        r = compare_engines(engines_copy, log=lines.append, inputs_file=tmp_path / "in.json")
+    assert not [w for w in said if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in said]
     assert not r["passed"]
     assert {f["output"] for f in r["failures"] if f["role"] == "decode"} == {C.LOGITS}, r["failures"]
     assert not any("shared_nonfinite" in o for x in r["roles"].values() for o in x["outputs"].values())
+    # nor said (mutant m31: the by-hand line said to fail on 0 such elements)
+    assert not any("NaN or inf in both" in x for x in lines), lines
+
+
+def test_token_ids_without_the_references_logits_are_judged_exactly():
+    """Mutant m03 (only the engine's draft_logits looked for): the engine gave its logits and
+    the reference none, and the tie check read the reference's (a KeyError out of compare)."""
+    eng = {C.DRAFT_TOKENS: np.array([[1, 2]]), C.DRAFT_LOGITS: np.zeros((1, 2, 4), np.float32)}
+    got = TokenCompare((1.0, 1.0))(eng, {C.DRAFT_TOKENS: np.array([[1, 3]])})[C.DRAFT_TOKENS]
+    assert (got.rows, got.agree, got.ties) == (2, 1, 0)
+
+
+def test_the_same_nonfinite_values_are_counted_over_iterations_and_made_0_on_both_sides():
+    """_set_aside_nonfinite on real polygraphy results of two iterations: the shared +inf /
+    NaN of each iteration counted and summed (mutant m10: the last iteration's count alone),
+    made 0 on both sides in the output's own dtype (mutant m11: made 1), a value non-finite
+    on one side only left as it was, and outputs with none not counted."""
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    from specrt.engines.compare import _set_aside_nonfinite
+
+    inf, nan = np.inf, np.nan
+
+    def run(name, rows):
+        outs = [{C.LOGITS: np.array(r, np.float32), C.AUX_HIDDEN: np.ones(2, np.float32)} for r in rows]
+        return (name, [IterationResult(outputs=o, runner_name=name) for o in outs])
+
+    results = RunResults([run("e", [[inf, 1.0, nan], [inf, -inf, 2.0]]), run("r", [[inf, 1.0, nan], [inf, -inf, inf]])])
+    out, counts = _set_aside_nonfinite(results, "e", "r", [C.LOGITS, C.AUX_HIDDEN])
+    assert counts == {C.LOGITS: 4}
+    for name in ("e", "r"):
+        assert [it[C.LOGITS].dtype for it in out[name]] == [np.float32, np.float32]
+    assert out["e"][0][C.LOGITS].tolist() == [0.0, 1.0, 0.0] and out["e"][1][C.LOGITS].tolist() == [0.0, 0.0, 2.0]
+    assert out["r"][1][C.LOGITS].tolist() == [0.0, 0.0, inf]
+
+
+def test_another_users_temporary_folder_is_not_removed(tmp_path, monkeypatch):
+    """_remove_orphans removes this user's folders only (mutant m38: the owner never checked):
+    a folder under this uid's name that another user owns (here: this run under another
+    uid than the folder's owner) stays though the engines folder it records is gone."""
+    import os
+    import tempfile
+
+    from specrt.engines.compare import _own_temp_folder
+
+    uid = os.getuid() + 1
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(os, "getuid", lambda: uid)
+    theirs = tmp_path / f"specrt-compare-{uid}-0123456789ab"
+    theirs.mkdir(mode=0o700)
+    (theirs / "compared.json").write_text(json.dumps({"engines": str(tmp_path / "gone")}))
+    mine = _own_temp_folder("fedcba987654", tmp_path)
+    assert mine != theirs and theirs.is_dir() and (theirs / "compared.json").is_file()
+
+
+
+def test_a_user_error_inside_a_role_ends_compare_not_only_that_role(tiny_engines, tmp_path, monkeypatch):
+    """Only an engine failing its call (EngineFailure) fails its role and lets compare go on
+    (mutant m21: any UserError, EngineFailure's base, caught there): another user error in a
+    role's checks (the torch reference refusing its positions is one) ends compare, said as
+    itself. The real ones need a torch reference fed out of order: the tree check made to
+    raise one here."""
+    from specrt.engines import compare as compare_module
+
+    def refused(*args, **kwargs):
+        raise UserError("a user error inside a role")
+
+    monkeypatch.setattr(compare_module, "tree_check", refused)
+    with pytest.raises(UserError, match="^a user error inside a role$"):
+        compare_engines(tiny_engines, log=quiet, inputs_file=tmp_path / "in.json")
+
+
+def test_a_record_that_is_a_link_is_no_record(tmp_path, monkeypatch):
+    """_recorded_engines reads a plain compared.json only (mutant m34: a link followed): a
+    folder whose record is a link (to a file naming an engines folder that is gone) is left."""
+    import os
+    import tempfile
+
+    from specrt.engines.compare import _own_temp_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    linked = tmp_path / f"specrt-compare-{os.getuid()}-0123456789ab"
+    linked.mkdir(mode=0o700)
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"engines": str(tmp_path / "gone")}))
+    (linked / "compared.json").symlink_to(tmp_path / "elsewhere.json")
+    _own_temp_folder("fedcba987654", tmp_path)
+    assert linked.is_dir() and (linked / "compared.json").is_symlink()
+
+
+def test_an_output_the_reference_never_gives_fails_as_a_row(tmp_path):
+    """compare_role sets aside shared NaN / inf only for outputs both sides gave (mutant m45:
+    the engine's alone looked for, a KeyError out of compare where the reference lacks one):
+    an output the engine gives and its reference does not fails its row."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    def runner(name, outs):
+        return OnnxrtRunner(SessionFromOnnx(str(_two_output_graph(tmp_path / f"{name}.onnx", outs))), name=name)
+
+    eng = runner("engine", {C.LOGITS: [1, 4], C.AUX_HIDDEN: [1, 4]})
+    r = compare_role("decode", eng, runner("reference", {C.AUX_HIDDEN: [1, 4]}), [{"x": np.ones((1, 4), np.float32)}],
+                     {C.LOGITS: (1e-4, 1e-4), C.AUX_HIDDEN: (1e-4, 1e-4)}, [C.LOGITS, C.AUX_HIDDEN])
+    assert not r["passed"] and r["outputs"][C.LOGITS]["error"].startswith("missing")
+    assert r["outputs"][C.AUX_HIDDEN]["passed"]
+
+
+def test_our_temporary_folder_survives_a_record_it_cannot_write(tmp_path, monkeypatch):
+    """_own_temp_folder: the record failing to be written (here compared.json a folder) leaves
+    the by-hand files' folder to be used, as its comment says (write_atomic says the OSError
+    as a UserError, which the tidying's `except OSError` let out: compare ended; found by a
+    mutation round's m41, `except ValueError` there, which no test told from the clean code)."""
+    import os
+    import tempfile
+
+    from specrt.engines.compare import _own_temp_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    p = tmp_path / f"specrt-compare-{os.getuid()}-0123456789ab"
+    p.mkdir(mode=0o700)
+    (p / "compared.json").mkdir()
+    assert _own_temp_folder("0123456789ab", tmp_path / "engines") == p
