@@ -1129,3 +1129,76 @@ def test_the_worse_fit_note_follows_the_survival_ece(small_vocab_engines, tmp_pa
     s, c = rep["ece"]["survival"], rep["ece"]["conditional"]
     assert c["after_all"] > c["before_all"] and s["after_all"] < s["before_all"]  # (the case tells them apart)
     assert not any(x.startswith("note:") for x in said), said
+
+
+# mutation round 5, C16 / C17 (calibrate.py _folder_lock): a shared lock, or none
+def test_the_folder_lock_is_exclusive(tmp_path):
+    """While calibrate holds the engines folder's lock no other holder, shared or exclusive,
+    gets it (tried without blocking: no timing), and it is free again after."""
+    import fcntl
+    import os
+
+    from specrt.runtime.calibrate import _folder_lock
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with _folder_lock(tmp_path):
+            for kind in (fcntl.LOCK_SH, fcntl.LOCK_EX):
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on leaving
+    finally:
+        os.close(fd)
+
+
+# mutation round 5, C19 (calibrate.py calibrate): a calibration.json removed meanwhile written back
+def test_a_calibration_file_removed_meanwhile_is_not_written_back(small_vocab_engines, tmp_path, monkeypatch):
+    """calibration.json removed after this calibrate read it (the user clearing the engines'
+    calibrations) and before it writes: only its own mode is written, nothing it had read."""
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 6, seed=1), max_new_tokens=8, holdout=0.25)  # greedy
+    real_note = C.worse_fit_note
+
+    def removed(*a, **k):  # after this run read the file, before it writes
+        (eng / CALIBRATION_FILE).unlink()
+        return real_note(*a, **k)
+
+    monkeypatch.setattr(C, "worse_fit_note", removed)
+    said: list[str] = []
+    hot = SamplingParams(0.9, 0, 1.0, seed=1)
+    calibrate(eng, prompts(4, 6, seed=3), max_new_tokens=8, holdout=0.25, sampling=hot, log=said.append)
+    assert list(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == [hot.mode]
+    assert not any("kept" in x for x in said), said
+
+
+# mutation round 5, C22 (calibrate.py worse_fit_note): a fit exactly as good said to be worse
+def test_no_worse_fit_note_for_a_fit_as_good_as_the_raw_confidences():
+    from specrt.runtime.calibrate import worse_fit_note
+
+    assert worse_fit_note({"before_all": 0.125, "after_all": 0.125}, "holdout", 9) is None
+    assert "(0.126) is worse than" in worse_fit_note({"before_all": 0.125, "after_all": 0.126}, "holdout", 9)
+
+
+# mutation round 5, C29 (calibrate.py _folder_lock): a folder that cannot be opened
+def test_a_folder_that_cannot_be_locked_is_written_without_a_lock(tmp_path):
+    from specrt.runtime.calibrate import _folder_lock
+
+    with _folder_lock(tmp_path / "absent"):  # (os.open fails: no lock, no error of its own)
+        pass
+
+
+# mutation round 5, C32 (calibrate.py calibrate): engines without a draft decoded before a word
+def test_calibrate_refuses_engines_without_a_draft(tmp_path):
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    export(t, None, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "eng", log=quiet, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    with pytest.raises(UserError, match="the engines have no draft; there is nothing to calibrate"):
+        calibrate(tmp_path / "eng", prompts(16, 2), max_new_tokens=8, holdout=0.0)
+    assert not (tmp_path / "eng" / CALIBRATION_FILE).exists()

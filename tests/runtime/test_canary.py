@@ -442,3 +442,23 @@ def test_canary_refuses_engines_without_a_draft(tmp_path):
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
     assert r.output == f"error: {tmp_path / 'eng'}: the engines have no draft; nothing to check\n", r.output
     assert not (tmp_path / "eng" / "acceptance_receipt.json").exists()
+
+
+def test_a_receipt_figure_of_zero_is_a_rate_and_short_values_are_quoted_whole():
+    """mutation round 5, K10 / K13: 0 is an acceptance rate from 0 to 1 (a draft that never
+    matched in training, compared with as such); a value of 60 characters is quoted whole."""
+    from specrt.runtime.canary import _short, expected_depth1
+
+    assert expected_depth1({"heldout": {"acceptance_at_pos": [0]}}) == (0.0, "heldout.acceptance_at_pos[0]")
+    assert _short("x" * 58) == '"' + "x" * 58 + '"' and _short("x" * 59) == '"' + "x" * 56 + "..."
+
+
+def test_measured_exactly_at_the_ratio_is_trusted(tmp_path, monkeypatch):
+    """mutation round 5, K04: trusted is measured >= UNTRUSTED_RATIO * expected, the edge
+    included (a receipt promising exactly what the canary measures, at a ratio of 1)."""
+    import specrt.runtime.canary as canary
+
+    m = _measure(_engines(tmp_path / "x", {"heldout": {"acceptance_at_pos": [0.9, 0.8]}}))["measured_depth1"]
+    monkeypatch.setattr(canary, "UNTRUSTED_RATIO", 1.0)
+    r = _measure(_engines(tmp_path / "y", {"heldout": {"acceptance_at_pos": [m, 0.0]}}))
+    assert r["measured_depth1"] == r["training_depth1"] == m and not r["inconclusive"] and r["trusted"] is True, r

@@ -205,3 +205,51 @@ def test_a_coupled_draw_over_a_draft_vocabulary_is_the_target_vocabularys_race()
     assert set(draws) <= set(ids[q > 0].tolist())
     seen = np.array([draws.count(int(t)) for t in ids[q > 0]])
     assert chi2_pvalue(seen, q[q > 0] * len(draws)) > 0.01
+
+
+def test_coupled_must_be_a_boolean():
+    """mutation round 5, S06: "no" (true to Python) would turn coupled sampling on."""
+    for bad in ("no", 1, None):
+        with pytest.raises(UserError, match="coupled="):
+            SamplingParams(temperature=0.7, coupled=bad)
+    assert SamplingParams(temperature=0.7, coupled=np.bool_(True)).coupled
+
+
+def test_coupled_sampling_is_a_mode_of_its_own_and_said_in_as_dict():
+    """mutation round 5, S07 / S08: a calibration fitted for rejection sampling is not coupled
+    sampling's (it accepts fewer drafts), and the answer's parameters say coupled."""
+    on, off = SamplingParams(0.7, coupled=True), SamplingParams(0.7)
+    assert on.mode == off.mode + ",coupled" and on.as_dict()["coupled"] is True and "coupled" not in off.as_dict()
+
+
+def test_non_finite_logits_name_the_calls_row_and_fail_greedy_rows_too():
+    """mutation round 5, S09 / S11: ``first_row`` offsets the row named; greedy probs checks
+    its rows as sampled probs does (a NaN row's argmax is its first NaN, no error without it)."""
+    x = np.zeros((3, 4))
+    x[2, 1] = np.nan
+    with pytest.raises(InternalError, match="NaN logits in row 7 of its call"):
+        check_logits(x, "target", first_row=5)
+    with pytest.raises(InternalError, match="NaN logits in row 2 of its call"):
+        probs(x, SamplingParams())
+    x[2, 1] = np.inf
+    with pytest.raises(InternalError, match=r"\+inf logits in row 2 of its call"):
+        probs(x, SamplingParams())
+
+
+def test_logprobs_of_a_non_finite_row_raise():
+    """mutation round 5, S29: a NaN row's logprobs would be NaN, sent to the client as such."""
+    from specrt.runtime.sampling import token_logprobs
+
+    for bad in (np.nan, np.inf):
+        x = np.zeros((1, 4), np.float32)
+        x[0, 2] = bad
+        with pytest.raises(InternalError, match="non-finite logits"):
+            token_logprobs(x, [0], top=2)
+
+
+def test_logprob_alternatives_past_the_vocabulary_are_all_of_it():
+    """mutation round 5, S30: top larger than the vocabulary gives every token, most likely first."""
+    from specrt.runtime.sampling import token_logprobs
+
+    (e,) = token_logprobs(np.log(np.array([[0.1, 0.4, 0.2, 0.3]], np.float32)), [0], top=6)
+    assert [i for i, _ in e.top] == [1, 3, 2, 0]

@@ -376,3 +376,107 @@ def test_token_tree_siblings_keep_the_first_tokens_law_and_take_their_own_bonus_
             assert v.tokens.tolist() == [3]  # neither sibling: what is left of the residual
     assert wins.min() > 1000  # both ranks win rounds
     assert chi2_pvalue(first, n * p[0]) > 1e-3, first / n
+
+
+# ---- mutation round 5 (each test names the mutant it kills) ----------------------------
+
+
+def test_greedy_rule_with_a_screens_argmaxes():
+    """``best`` given (a screened head): a -1 row (non-finite) fails the round only where it
+    is used, naming its row; a row past the first rejection is not looked at."""
+    best = np.array([1, 2, -1])
+    assert verify_greedy(None, np.array([1, 4]), best=best).tokens.tolist() == [1, 2]  # rejected at row 1
+    with pytest.raises(InternalError, match="in row 2 of its call"):
+        verify_greedy(None, np.array([1, 2]), best=best)  # both accepted: row 2 is the bonus
+    with pytest.raises(InternalError, match="in row 1 of its call"):
+        verify_greedy(None, np.array([1, 2]), best=np.array([1, -1, 3]))  # row 1 used, rejected there
+    assert verify_greedy(None, np.array([1, 2]), best=np.array([1, 2, 3])).tokens.tolist() == [1, 2, 3]
+    with pytest.raises(InternalError, match="3 argmaxes for 1 drafts"):
+        verify_greedy(None, np.array([1]), best=best)
+
+
+def test_scatter_draft_probs_refuses_ids_below_zero_and_a_width_that_is_not_d2ts():
+    with pytest.raises(InternalError, match="d2t"):  # draft id 0 -> target id -1 (numpy would take the last)
+        scatter_draft_probs(np.array([[1.0, 0.0, 0.0]]), np.array([-1, 0, 0]), V)
+    with pytest.raises(InternalError, match="d2t"):  # 1 column for 3 d2t entries (numpy would broadcast it)
+        scatter_draft_probs(np.array([[1.0]]), D2T, V)
+
+
+def test_lazy_rows_refuse_rows_past_either_end_even_where_make_would_give_one():
+    rows = LazyRows(lambda k: np.full(2, float(k)), 3, 2)
+    assert rows[2].tolist() == [2.0, 2.0] and rows[-3].tolist() == [0.0, 0.0]
+    for k in (3, -4):
+        with pytest.raises(IndexError):
+            rows[k]
+
+
+def test_residual_falls_back_to_p_itself_when_rounding_leaves_no_mass():
+    p, q = np.array([0.5, 0.5]), np.array([0.5, np.nextafter(0.5, 1.0)])  # p <= q everywhere, p != q
+    assert residual(p, q).tolist() == [0.5, 0.5]
+
+
+def test_coupled_rule_emits_each_positions_own_draw():
+    """verify_coupled, called directly: every emitted token is ``pick(row, position)`` of
+    the target-only run, the draft accepted while it is that draw; a runner-up counts at the
+    first position only, its bonus drawn from its own row at the next position."""
+    from specrt.runtime.sampling import CoupledNoise
+    from specrt.runtime.verify import verify_coupled
+    width, d = 6, 3
+    rng = np.random.default_rng(11)
+    for seed in range(12):
+        noise = CoupledNoise(seed, width)
+        p = rng.dirichlet(np.ones(width), d + 1)
+        base = int(rng.integers(0, 50))
+        draws = [noise.pick(p[k], base + k) for k in range(d + 1)]
+        v = verify_coupled(p, np.array(draws[:d]), noise.pick, base)  # every draft is the draw
+        assert (v.accepted, v.tokens.tolist(), v.sibling) == (d, draws, -1)
+        wrong = (draws[1] + 1) % width
+        v = verify_coupled(p, np.array([draws[0], wrong, 0]), noise.pick, base)
+        assert (v.accepted, v.tokens.tolist()) == (1, draws[:2])  # rejected at position 2: its draw
+        # a runner-up that is position 2's draw is no candidate there (runners-up are for position 1)
+        v = verify_coupled(p, np.array([draws[0], wrong, 0]), noise.pick, base, siblings=[draws[1]],
+                           p_sibling=lambda j: p[3])
+        assert (v.accepted, v.tokens.tolist(), v.sibling) == (1, draws[:2], -1)
+        row = rng.dirichlet(np.ones(width))
+        v = verify_coupled(p, np.array([(draws[0] + 1) % width]), noise.pick, base, siblings=[9, draws[0]],
+                           p_sibling=lambda j: row if j == 1 else None)
+        assert (v.accepted, v.tokens.tolist(), v.sibling) == (1, [draws[0], noise.pick(row, base + 1)], 1)
+
+
+def test_verify_sampling_refuses_too_few_target_rows_and_a_draft_width_that_is_not_the_targets():
+    p, q = np.full((2, 4), 0.25), np.full((2, 4), 0.25)
+    with pytest.raises(InternalError, match="expected"):  # d = 2 drafts need d + 1 = 3 target rows
+        verify_sampling(p, q, np.array([0, 1]), make_rng(0))
+    with pytest.raises(InternalError, match="expected"):  # q over 3 tokens for a target of 4
+        verify_sampling(p, q[:, :3], np.array([0]), make_rng(0))
+
+
+def test_verify_sampling_never_writes_into_the_callers_rows():
+    """Where rounding leaves the residual no mass it is p's own row (residual's fall back):
+    the runners-up's renormalisation must work on a copy, not on the caller's p. (q = 2 p
+    is no distribution; it reaches that fall back with the draft rejected half the time.)"""
+    p = np.array([[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    q, keep = 2 * p[:1], p.copy()
+    rng, tried = make_rng(4), 0
+    for _ in range(40):
+        v = verify_sampling(p, q, np.array([2]), rng, siblings=(0,), p_sibling=lambda j: p[1])
+        tried += v.accepted == 0  # draft and runner-up rejected: the runner-up's mass was taken out of r
+        assert np.array_equal(p, keep)
+    assert tried > 0
+
+
+def test_runners_up_are_candidates_for_the_first_position_only():
+    """The first draft accepted (p = 1 on it), the second rejected (p = 0 on it): the
+    runner-up, a first-position candidate, is not tried against position 2's residual."""
+    p = np.array([[0.0, 1.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0], [0.25] * 4])
+    q = one_hot(np.array([1, 0]), 4)
+    rng = make_rng(2)
+    for _ in range(30):
+        v = verify_sampling(p, q, np.array([1, 0]), rng, siblings=(2,), p_sibling=lambda j: p[2])
+        assert v.sibling == -1 and v.accepted == 1 and v.tokens[0] == 1 and v.tokens[1] in (1, 2)
+
+
+def test_runners_up_without_their_rows_are_refused_before_any_draw():
+    p, q = np.array([[0.0, 1.0], [0.5, 0.5]]), one_hot(np.array([0]), 2)
+    with pytest.raises(InternalError, match="p_sibling"):  # (else: a rejected draft calls None for the bonus row)
+        verify_sampling(p, q, np.array([1]), make_rng(0), siblings=(0,))
