@@ -973,7 +973,8 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
             continue
         if any("error" in x for x in rows):
             bad = next(n for n, x in zip(names, rows) if "error" in x)
-            lines.append(f"  {label:26s} " + ("" if bad == label else f"{bad}: ") + f"{r['outputs'][bad]['error']}  FAIL")
+            named = "" if bad == label else f"{bad}: "  # (the engine's call: its label says it)
+            lines.append(f"  {label:26s} {named}{r['outputs'][bad]['error']}  FAIL")
             continue
         worst = max(range(len(rows)), key=lambda i: (not rows[i]["passed"], rows[i]["tol_ratio"]))
         w = rows[worst]
