@@ -524,8 +524,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
-    say "interrupted": true); so does an engine failure (NaN or +inf logits) once anything
-    was decoded (the stats' "failed" holds the error)."""
+    say "interrupted": true); so does an engine failure (NaN or +inf logits, the backend's own
+    error at a call) once anything was decoded (the stats' "failed" holds the error)."""
     import copy
 
     from specrt.paths import check_distinct, check_not_engines_file, check_output_file
