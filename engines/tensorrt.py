@@ -50,6 +50,14 @@ from specrt.engines.plan import Role, TrtEngine, TrtPlan
 from specrt.errors import EngineFailure, UserError
 
 
+def _polygraphy_exception() -> type[BaseException]:
+    """polygraphy's own exception (what its TensorRT runner raises for a failed call), imported
+    only when one is being handled."""
+    from polygraphy.exception import PolygraphyException
+
+    return PolygraphyException
+
+
 def require_tensorrt() -> None:
     try:
         import tensorrt  # noqa: F401
@@ -216,11 +224,9 @@ class TrtRunner(Runner):
             raise
 
     def infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from polygraphy.exception import PolygraphyException
-
         try:
             out = self._runner.infer(feeds, check_inputs=False)
-        except PolygraphyException as e:  # its words for TensorRT's failed call (execute_async_v3, a shape):
+        except _polygraphy_exception() as e:  # its words for TensorRT's failed call (execute_async_v3, a shape):
             # an EngineFailure as ONNX Runtime's (onnxruntime.py; not run here: no TensorRT on these machines)
             raise EngineFailure(f"engine '{self.name}' ({self.file}) failed in TensorRT: "
                                 f"{' '.join(str(e).split())[:600]}") from None

@@ -877,19 +877,18 @@ class Generator:
             if self._epoch == mine and self.finished is None:
                 self.finished = Finished(ending or "interrupted")
             raise
-        except NonFiniteOutput as e:  # NaN/inf logits from an engine: the user's engines are broken
-            # (`specrt export` refuses non-finite weights: in float32 the rest are finite weights whose
-            # sums overflow, or engines changed since their build, which compare names)
+        except (NonFiniteOutput, EngineFailure) as e:  # NaN/inf logits, or the backend failing a call
+            # (ONNX Runtime's own error): the user's engines are broken. (`specrt export` refuses
+            # non-finite weights: in float32 the rest are finite weights whose sums overflow, or engines
+            # changed since their build, which compare names)
             folder = getattr(self.e, "folder", None) or "ENGINES"
-            why = ("an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
+            why = (f"short of memory, or engines changed since their build? `specrt compare {folder}` runs each "
+                   "of them" if isinstance(e, EngineFailure) else
+                   "an overflow in reduced precision? try float32 engines" if self.e.precision != "fp32" else
                    "float32 engines: weights whose sums overflow float32, or engines changed since their build? "
                    f"`specrt compare {folder}` checks them against the export")
             # (where in the answer: "row 0" of a decode call is any token's)
             raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
-        except EngineFailure as e:  # an engine's backend failed the call (ONNX Runtime's own error)
-            folder = getattr(self.e, "folder", None) or "ENGINES"
-            raise EngineFailure(f"{e}, {emitted} token(s) into the answer (short of memory, or engines changed "
-                                f"since their build? `specrt compare {folder}` runs each of them)") from None
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             superseded = self._epoch != mine

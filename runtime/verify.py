@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specrt.errors import InternalError, NonFiniteOutput
+from specrt.errors import InternalError
+from specrt.head import nonfinite_row
 
 from .sampling import check_logits, sample
 
@@ -52,7 +53,7 @@ def verify_greedy(logits: np.ndarray | None, draft: np.ndarray, best: np.ndarray
     if not given:  # (a non-finite row before a: its argmax "matched" or not, it is one of the rows used)
         check_logits(logits[: a + 1], "target", logits[np.arange(a + 1), best[: a + 1]])
     elif best[a] < 0:  # a screen's non-finite row (HeadScreen.argmax(nonfinite_ok=True): -1, never a draft)
-        raise NonFiniteOutput(f"target engine produced NaN or inf hidden states or logits in row {a} of its call")
+        raise nonfinite_row(a)
     return Verdict(a, best[: a + 1].astype(np.int64))
 
 

@@ -829,9 +829,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 messages = before
                 failed += 1
                 click.echo(f"error: {e}", err=True)
-                click.echo("[the turn is dropped" + (f" (the {dropped} older turn(s) dropped to fit it are back)"
-                                                     if dropped else "")
-                           + "; the conversation goes on, and the chat exits 1 at its end]", err=True)
+                click.echo(f"[the turn is dropped{_back(dropped)}; the conversation goes on, and the chat exits 1 "
+                           "at its end]", err=True)
                 continue
             except UserError:
                 if answer:
@@ -845,9 +844,8 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo(err=not answer)
                 if not answer:  # (its stats were a line of zeros, and an empty answer stayed in the conversation)
                     messages = before
-                    click.echo("[stopped before the answer began: the turn is dropped"
-                               + (f" (the {dropped} older turn(s) dropped to fit it are back)" if dropped else "")
-                               + "; an empty line or the end of input ends the conversation]", err=True)
+                    click.echo(f"[stopped before the answer began: the turn is dropped{_back(dropped)}; an empty line "
+                               "or the end of input ends the conversation]", err=True)
                     continue
                 click.echo("[stopped: the answer so far stays in the conversation; an empty line or the end of "
                            "input ends it]", err=True)
@@ -863,6 +861,11 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                        f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)
         if failed:
             raise EngineFailure(f"the engines failed {failed} of {failed + answered} turn(s) (each one's error above)")
+
+
+def _back(dropped: int) -> str:
+    """chat: what a dropped turn's message says of the older turns dropped to fit it."""
+    return f" (the {dropped} older turn(s) dropped to fit it are back)" if dropped else ""
 
 
 def _register() -> None:

@@ -140,8 +140,7 @@ class HeadScreen:
             (r_n, e_n), a_top, hn = nms[i], tops[i], hns[i]
             if not all(math.isfinite(x) for x in (r_n, e_n, a_top, hn)):
                 if not nonfinite_ok:
-                    raise NonFiniteOutput("target engine produced NaN or inf hidden states or logits in row "
-                                          f"{list(rows)[i]} of its call")
+                    raise nonfinite_row(list(rows)[i])
                 floors.append(math.nan)  # (no candidate: every comparison with NaN is false; the row stays -1)
                 pres.append(math.nan)
                 rns.append(0.0)
@@ -179,6 +178,12 @@ class HeadScreen:
         self.rows += m
         self.candidates += len(j)
         return np.array(out, np.int64)
+
+
+def nonfinite_row(row: int) -> NonFiniteOutput:
+    """The error for row ``row`` of a screened call holding NaN or inf: HeadScreen.argmax's, and
+    verify_greedy's for a row the screen gave -1 (``nonfinite_ok``)."""
+    return NonFiniteOutput(f"target engine produced NaN or inf hidden states or logits in row {row} of its call")
 
 
 class _Rows:
