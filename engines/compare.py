@@ -796,9 +796,28 @@ CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS)  # a role's ch
 
 def count_failures(fails: list[dict[str, Any]]) -> str:
     """"N output(s) and M check(s)" of ``failures``: outputs beyond tolerance, and the checks
-    beside them (CHECKS), which a count of "outputs" miscounted."""
+    beside them (CHECKS), which a count of "outputs" miscounted; an engine's failed call
+    (ENGINE_CALL) is neither (``failed_calls``)."""
+    fails = [f for f in fails if f["output"] != ENGINE_CALL]
     checks = sum(f["output"] in CHECKS for f in fails)
     return " and ".join(f"{n} {what}" for n, what in ((len(fails) - checks, "output(s)"), (checks, "check(s)")) if n)
+
+
+def failed_calls(fails: list[dict[str, Any]]) -> str:
+    """"engine 'verify.3' failed its call" for the roles of ``failures`` whose engine failed a
+    call (nothing of theirs compared, so no output of theirs "differs"); "" where none did."""
+    roles = [f"'{f['role']}'" for f in fails if f["output"] == ENGINE_CALL]
+    if len(roles) == 1:
+        return f"engine {roles[0]} failed its call"
+    return f"engines {', '.join(roles)} failed their calls" if roles else ""
+
+
+def what_failed(fails: list[dict[str, Any]], reference: str) -> str:
+    """"the engines differ from the onnxruntime reference in 2 output(s)", "engine 'verify.3'
+    failed its call", or both joined by "; ": the verdict of ``failures``, said once."""
+    differ = count_failures(fails)
+    return "; ".join(x for x in (differ and f"the engines differ from the {reference} reference in {differ}",
+                                    failed_calls(fails)) if x)
 
 
 def _add_check(role_out: dict[str, Any], name: str, result: dict[str, Any]) -> None:
@@ -1021,7 +1040,7 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
     # a weight named first: the cause of the outputs it moved (the 8 shown were those outputs)
     fails = sorted(fails, key=lambda f: f.get("kind") not in ("weights", TARGET_WEIGHTS))
     shown = "; ".join(one(f) for f in fails[:8]) + (f"; and {len(fails) - 8} more" if len(fails) > 8 else "")
-    return f"{count_failures(fails)} differ from the {reference} reference: {shown}"
+    return f"{what_failed(fails, reference)}: {shown}"
 
 
 def _tol_args(values: dict[str, float]) -> list[str]:

@@ -71,7 +71,7 @@ def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, 
                              log=click.echo, target_folder=target_folder, inputs_file=save_inputs,
                              prompt_tokens=prompt_tokens)
     if not result["passed"]:  # (the FAILED line above names each output; said once)
-        from specrt.engines.compare import count_failures
+        from specrt.engines.compare import what_failed
 
-        raise UserError(f"the engines differ from the {reference} reference in {count_failures(result['failures'])}"
+        raise UserError(what_failed(result['failures'], reference)
                         + (f" (report: {report})" if report else ""))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 import shlex
 import shutil
 import warnings
@@ -1157,9 +1158,27 @@ def test_the_summary_names_the_weight_first(engines_copy, tmp_path):
     (mutant p02: in role order, after prefill's logits and last row)."""
     corrupt_engine(engines_copy)
     r = compare_engines(engines_copy, log=quiet, inputs_file=tmp_path / "in.json")
-    head = r["summary"].split("differ from the onnxruntime reference: ", 1)[1]
+    assert re.match(r"the engines differ from the onnxruntime reference in \d+ output\(s\) and \d+ check\(s\): ",
+                    r["summary"]), r["summary"]
+    head = r["summary"].split(" check(s): ", 1)[1]
     assert head.startswith(f"prefill {TARGET_WEIGHTS} (1 of the target engine's weights differ from the export's: "
                            "'lm_head' element 0 is "), r["summary"]
+
+
+def test_a_failed_call_is_counted_apart_from_the_outputs_that_differ():
+    """The verdict (compare's error line and its report's summary) counts outputs beyond
+    tolerance and checks, and says a role whose engine failed its call as such: nothing of
+    that role's was compared, so it is no output that "differs" (it was counted as one)."""
+    from specrt.engines.compare import what_failed
+
+    out = {"role": "decode", "output": C.LOGITS, "max_abs": 1.0, "max_rel": 1.0, "atol": 0.1}
+    check = {"role": "prefill", "output": LAST_ROW, "error": "x"}
+    calls = [{"role": r, "output": ENGINE_CALL, "error": "x"} for r in ("verify.3", "verify.2")]
+    assert what_failed([out, check], "torch") == "the engines differ from the torch reference in 1 output(s) and 1 check(s)"
+    assert what_failed(calls[:1], "torch") == "engine 'verify.3' failed its call"
+    assert what_failed([out, *calls], "onnxruntime") == (
+        "the engines differ from the onnxruntime reference in 1 output(s); engines 'verify.3', 'verify.2' failed "
+        "their calls")
 
 
 def test_a_tolerance_for_an_output_no_graph_has_is_refused():
@@ -1241,8 +1260,10 @@ def test_an_engine_failing_its_call_fails_its_role_and_the_others_are_compared(f
     assert r["polygraphy_role"] == "draft" and (tmp_path / "in.json").is_file(), r
     res = CliRunner().invoke(cli(), ["compare", str(failing_verify), "--save-inputs", str(tmp_path / "c.json")])
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
-    assert res.output.splitlines()[-1].startswith("error: the engines differ from the onnxruntime reference"), \
-        res.output
+    # (no output of verify.3's was compared: its failed call is said as one, not as an output that differs)
+    assert res.output.splitlines()[-1] == "error: engine 'verify.3' failed its call", res.output
+    assert r["summary"].startswith("engine 'verify.3' failed its call: verify.3 the engine's call (engine "), \
+        r["summary"]
     res = CliRunner().invoke(cli(), ["compare", str(failing_verify), "--prompt-tokens", "4", "--save-inputs",
                                      str(tmp_path / "c.json")])
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
