@@ -178,8 +178,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
                 tok.append(file_record(tmp, n))
         if not (Path(target_dir) / "tokenizer.json").is_file():
             log(f"note: {target_dir} has no tokenizer.json: the engines will take token ids only ('prompt_ids' "
-                "in calibrate and bench); text prompts, --chat, specrt chat and text requests to specrt serve "
-                "need it. Save the target's fast tokenizer there (transformers: "
+                "in calibrate, run and bench); text prompts, --chat, specrt chat and specrt serve (its answers are "
+                "text) need it. Save the target's fast tokenizer there (transformers: "
                 "AutoTokenizer.from_pretrained(...).save_pretrained(TARGET)) and export again")
         manifest = {
             "format": EXPORT_FORMAT,

@@ -249,8 +249,8 @@ class Session:
         asked = governor
         governor = resolve_spec(governor, self.engines)  # the governor that runs: ``governor_spec``
         if self.engines.export.get("draft") is None and split_lookup(governor)[0] != "off":
-            raise UserError(f"{engines_dir}: the engines have no draft; only the governor off (or off:ngram, "
-                            f"prompt lookup) can run, not '{asked}'")
+            raise UserError(f"{engines_dir}: the engines have no draft; only the governor off can run (alone or "
+                            f"with prompt lookup: off:ngram, :corpus, :grow; `auto` picks them), not '{asked}'")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
         # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
@@ -401,10 +401,9 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
-    def _need_text(self) -> None:
+    def _need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
         if self.text is None:
-            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; text prompts need the target's "
-                            "tokenizer: put its tokenizer.json in the target's folder, then `specrt export` and "
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; {what}: put its tokenizer.json in the target's folder, then `specrt export` and "
                             "`specrt build` again")
 
     def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
@@ -499,7 +498,9 @@ class Session:
         called (a UserError before anything is read); the decoding starts when the first piece
         is asked for."""
         self._open()
-        self._need_text()
+        # (a prompt of token ids too: what it yields is text; it said "text prompts need" to one)
+        self._need_text("Session.stream yields text, which needs the target's tokenizer (Session.stream_ids "
+                        "takes and yields token ids)")
         check_flag("chat", chat)
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs)

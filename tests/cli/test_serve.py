@@ -2110,6 +2110,38 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
         app.close()
 
 
+def test_serve_refuses_engines_without_a_tokenizer_before_it_serves(tmp_path):
+    """Engines of a target with no tokenizer.json: `specrt serve` said it served, then answered
+    every request 400 "text prompts need the target's tokenizer", a completion of token ids too
+    (an answer is text), while `specrt export` had said only text requests to serve need it (an
+    audit's walk). It now refuses at the start, exit 1, naming the file, as `specrt chat` does."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    said: list[str] = []
+    export(target, None, tmp_path / "x", log=said.append)
+    assert [s for s in said if "no tokenizer.json" in s and "specrt serve (its answers are text) need it" in s], said
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "e"), "--port", "0"],
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECRT_THP": "0"})
+    err = ""
+    try:
+        while (line := p.stderr.readline()) and "serving" not in line:
+            err += line
+        assert not line, f"it served: {line}"
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=60)
+        p.stderr.close()
+    assert p.returncode == 1 and "Traceback" not in err, err
+    assert f"error: {tmp_path / 'e' / 'export'}: no tokenizer.json; specrt serve answers in text" in err, err
+
+
 def test_an_onnx_runtime_error_is_a_server_error(failing_verify):  # noqa: F811
     """ONNX Runtime's own error at an engine's call (the target edited so that a call of 4 rows
     fails: a 4-token prompt's prefill runs on verify.3) is a 500 server_error naming the engine

@@ -405,8 +405,16 @@ def test_prompt_lookup_alone_on_engines_without_a_draft(tmp_path, monkeypatch):
         assert s.generator.generate(REPEATING, 30) == ref
         lk = s.generator.telemetry.to_json()["lookup"]
         assert lk["rounds"] > 0 and s.generator.telemetry.draft_rounds == 0
-    with pytest.raises(UserError, match="no draft"):
+    with pytest.raises(UserError, match="no draft") as e:
         Session(tmp_path / "eng", governor="fixed:1:ngram")
+    # (the lookups that run without a draft said, `auto`'s among them: it said off and off:ngram only)
+    assert "only the governor off can run (alone or with prompt lookup: off:ngram, :corpus, :grow; `auto` picks " \
+        "them), not 'fixed:1:ngram'" in str(e.value), e.value
+    with Session(tmp_path / "eng") as s:  # (no tokenizer: a prompt of token ids is refused by stream, not as text)
+        with pytest.raises(UserError, match=r"no tokenizer.json; Session.stream yields text, which needs the "
+                           r"target's tokenizer \(Session.stream_ids takes and yields token ids\)"):
+            s.stream(REPEATING, max_new_tokens=2)
+        assert sum(len(x) for x in s.stream_ids(REPEATING, 2)) == 2
 
 
 
