@@ -587,3 +587,169 @@ def test_cli_corpus_bounds_are_inclusive(tiny_engines, tmp_path):
             assert r.exit_code == 0 and f"(n = {nmin}..{nmax})" in r.output, r.output
     finally:
         (tiny_engines / FILE).unlink(missing_ok=True)
+
+
+# ---- mutation round on runtime/corpus.py (mutants g01-g74; each test names those it kills) ----
+
+
+# mutant g07 (_aggregate: a share of exactly 0.95 put in the lower class, unlike evidence())
+def test_a_share_of_exactly_095_is_the_top_class_built_or_grown():
+    """19 continuations of 20 the same token: share 0.95, SHARES' ">= 0.95" class, in the
+    built table as in Growth and evidence() (the two tables' codes are made apart)."""
+    seqs = [[1, 2, 3, 4]] * 19 + [[1, 2, 3, 5]]
+    assert evidence(19, 20) == 1  # 2 * class 0 + seen >= 5 times
+    assert Corpus.build(seqs, nmin=3, nmax=3).next([1, 2, 3]) == (4, 1, 3) == _grown(seqs, 3, 3).next([1, 2, 3])
+
+
+# mutants g15 (n-grams across a sequence's separator kept), g16 (n-grams starting at a separator kept)
+def test_the_table_holds_only_n_grams_inside_one_sequence():
+    """Two sequences joined by a separator: only the 4 n-grams of 2..3 tokens followed
+    inside one sequence are keys. One that spans or starts at the separator can never match
+    a context (its hash holds the separator) but would cost memory in every corpus file."""
+    c = Corpus.build([[1, 2, 3, 4], [5, 6, 7]], nmin=2, nmax=3, prune=False)
+    assert len(c) == 4  # "1 2" -> 3, "2 3" -> 4, "1 2 3" -> 4, "5 6" -> 7
+    assert c.next([1, 2, 3]) == (4, evidence(1, 1), 3) and c.next([5, 6]) == (7, evidence(1, 1), 2)
+
+
+# mutant g22 (token 65536 stored as uint16: proposed as 0)
+def test_the_first_token_id_past_uint16_is_kept_as_int32():
+    """The next tokens are uint16 while the largest is 65535: 65536 needs int32 (as uint16, 0)."""
+    c = Corpus.build([[65533, 65534, 65535, 65536]], nmin=2, nmax=3)
+    assert c.tokens.dtype == np.int32 and c.propose([65533, 65534], 3)[0] == [65535, 65536]
+    assert Corpus.build([[65533, 65534, 65535]], nmin=2, nmax=3).tokens.dtype == np.uint16  # 65535 fits
+
+
+# mutant g29 (_chain's first step looks at nmax - 1 tokens: the longest match never found)
+def test_a_proposal_starts_from_the_longest_match():
+    """A context of nmax tokens matches the nmax-gram: the first step's bin is the long
+    one (n >= LONG), as Corpus.next says, not a shorter match's."""
+    c = Corpus.build([[1, 2, 3, 4, 5, 6, 7, 8]], nmin=3, nmax=6)
+    assert c.next([1, 2, 3, 4, 5, 6]) == (7, evidence(1, 1), 6)
+    assert c.propose([1, 2, 3, 4, 5, 6], 2) == ([7, 8], FINE_BINS["seen once, n>=6"])
+    assert _grown([[1, 2, 3, 4, 5, 6, 7, 8]], 3, 6).propose([1, 2, 3, 4, 5, 6], 2) == \
+        ([7, 8], FINE_BINS["seen once, n>=6"] + GROW_OFFSET)
+
+
+def _growth_file(path, tokens, lengths, meta):
+    with open(path, "wb") as f:
+        np.savez(f, tokens=np.array(tokens, np.int32), lengths=np.array(lengths, np.int64),
+                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    return path
+
+
+# mutants g47 (the format not checked), g48 (negative lengths accepted), g74 (the kind not checked)
+def test_a_growth_file_of_another_format_kind_or_negative_lengths_is_refused(tmp_path):
+    """Growth.load reads only what Growth.save writes: format 1, kind 'specrt growth', and
+    lengths that split the tokens (lengths 5 and -1 add up to 4 tokens, yet split them into
+    a sequence of 4 and an empty one)."""
+    grown = {"format": 1, "kind": "specrt growth"}
+    with pytest.raises(UserError, match="f2.npz: growth file format 2, expected 1"):
+        Growth.load(_growth_file(tmp_path / "f2.npz", [1, 2, 3, 4], [4], {**grown, "format": 2}), vocab_size=9)
+    with pytest.raises(UserError, match="neg.npz: inconsistent growth arrays"):
+        Growth.load(_growth_file(tmp_path / "neg.npz", [1, 2, 3, 4], [5, -1], grown), vocab_size=9)
+    with pytest.raises(UserError, match="kindless.npz: not a growth file"):
+        Growth.load(_growth_file(tmp_path / "kindless.npz", [1, 2, 3, 4], [4], {"format": 1}), vocab_size=9)
+    assert list(Growth.load(_growth_file(tmp_path / "ok.npz", [1, 2, 3, 4], [4], grown), vocab_size=9).seqs) == \
+        [[1, 2, 3, 4]]
+
+
+# mutant g49 (a learnt rate's negative wins accepted)
+def test_a_growth_file_rate_with_negative_wins_is_refused(tmp_path):
+    g = _grown([[1, 2, 3, 4, 5]], 3, 8)
+    g.save(tmp_path / "g.npz", rates={42: ([-1.0], [2.0])})
+    with pytest.raises(UserError, match="g.npz: learnt rates of key '42'"):
+        Growth.load(tmp_path / "g.npz", vocab_size=9)
+
+
+# mutants g50 (a negative token id accepted), g51 (an id equal to the vocabulary size accepted)
+def test_token_ids_must_lie_in_zero_to_the_vocabulary_size(tmp_path):
+    """A corpus or growth file's ids index the target's vocabulary: [0, vocab_size), its last
+    id (vocab_size - 1) taken, vocab_size and -1 refused naming the file."""
+    path = _saved(tmp_path, Corpus.build(SEQS, nmin=2, nmax=4))  # ids up to 9
+    assert len(Corpus.load(path, vocab_size=10)) == len(Corpus.build(SEQS, nmin=2, nmax=4))
+    with pytest.raises(UserError, match=r"outside the vocabulary \[0, 9\)"):
+        Corpus.load(path, vocab_size=9)
+    grown = {"format": 1, "kind": "specrt growth"}
+    Growth.load(_growth_file(tmp_path / "top.npz", [1, 2, 8], [3], grown), vocab_size=9)
+    with pytest.raises(UserError, match=r"minus.npz: token ids outside the vocabulary \[0, 9\)"):
+        Growth.load(_growth_file(tmp_path / "minus.npz", [1, -1, 2], [3], grown), vocab_size=9)
+    with open(tmp_path / "minus_c.npz", "wb") as f:
+        np.savez(f, keys=np.array([1, 2], np.uint64), tokens=np.array([-1, 3], np.int32), ev=np.zeros(2, np.uint8),
+                 meta=np.frombuffer(b'{"format": 2, "nmin": 3, "nmax": 8}', np.uint8))
+    with pytest.raises(UserError, match=r"minus_c.npz: token ids outside the vocabulary \[0, 9\)"):
+        Corpus.load(tmp_path / "minus_c.npz", vocab_size=9)
+
+
+# mutants g52 (a file naming no export refused), g53 (the message's two digests swapped)
+def test_another_exports_file_names_both_digests_and_a_file_naming_none_is_taken(tmp_path):
+    """The refusal says the file's digest, then these engines'; a file that names no export
+    (a growth file saved without one, a corpus built without info) is taken by any engines."""
+    g = _grown([[1, 2, 3, 4, 5]], 3, 8)
+    g.save(tmp_path / "g.npz", export_digest="ab" * 32)
+    with pytest.raises(UserError, match=r"g.npz: written for another export \(digest abababababab, these engines' "
+                                        r"cdcdcdcdcdcd\)"):
+        Growth.load(tmp_path / "g.npz", vocab_size=9, export_digest="cd" * 32)
+    g.save(tmp_path / "g.npz")
+    assert Growth.load(tmp_path / "g.npz", vocab_size=9, export_digest="cd" * 32).table == g.table
+    c = Corpus.load(_saved(tmp_path, Corpus.build(SEQS, nmin=2, nmax=4)), export_digest="cd" * 32)
+    assert c.next([2, 3, 4]) == Corpus.build(SEQS, nmin=2, nmax=4).next([2, 3, 4])
+
+
+# mutants g54 (evidence code 7 accepted: keys 33, 35, no bin), g55 (array lengths not compared)
+@pytest.mark.parametrize("tokens, ev", [([3, 4], [0, 7]), ([3], [0, 1])])
+def test_corpus_arrays_out_of_step_are_refused(tmp_path, tokens, ev):
+    """An evidence code is 0..6 (2 * share class + many, 'seen once' never many): 7 would
+    bin a first step under a key no policy has. And a token and a code per key."""
+    p = tmp_path / "c.npz"
+    np.savez(p, meta=np.frombuffer(b'{"format": 2, "nmin": 3, "nmax": 8}', np.uint8), keys=np.array([1, 2], np.uint64),
+             tokens=np.array(tokens, np.uint16), ev=np.array(ev, np.uint8))
+    with pytest.raises(UserError, match="c.npz: inconsistent corpus arrays"):
+        Corpus.load(p, 10)
+
+
+# mutant g56 (a negative prior rate accepted)
+def test_a_negative_prior_rate_is_refused(tmp_path):
+    p = tmp_path / "c.npz"
+    meta = {"format": 2, "nmin": 3, "nmax": 8, "priors": {"20": [0.5, -0.1]}}
+    np.savez(p, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), keys=np.array([1, 2], np.uint64),
+             tokens=np.array([3, 4], np.uint16), ev=np.array([0, 1], np.uint8))
+    with pytest.raises(UserError, match="c.npz: corpus priors malformed"):
+        Corpus.load(p, 10)
+
+
+# mutant g60 (a file that names no binning read as "fine")
+def test_a_corpus_file_naming_no_binning_is_the_share_binning(tmp_path):
+    """Files written before the "fine" binning hold no "binning": their priors are keyed by
+    the share bins (11-14), so they load as "share", and source_priors gives those keys."""
+    p = tmp_path / "c.npz"
+    meta = {"format": 2, "nmin": 3, "nmax": 8, "priors": {str(BINS["seen once"]): [0.4]}}
+    np.savez(p, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), keys=np.array([1, 2], np.uint64),
+             tokens=np.array([3, 4], np.uint16), ev=np.array([0, 1], np.uint8))
+    c = Corpus.load(p, 10)
+    assert c.binning == "share" and c.source_priors()[BINS["seen once"]] == [0.4]
+
+
+# mutant g65 (measure's max_new ignored: every position of a long answer measured)
+def test_measure_takes_the_first_max_new_tokens_of_each_answer():
+    c = Corpus.build([[5, 6, 1, 2, 3, 4]], nmin=2, nmax=3, binning="share")
+    stats = Corpus.measure(c, [([5, 6], [1, 2, 3, 4])], positions=4, max_new=2)
+    t, w = stats[BINS["seen once"]]  # answer positions 1 and 2 only: chains of 2, then 1
+    assert (t, w) == ([2, 1, 0, 0], [2, 1, 0, 0])
+
+
+# mutant g72 (a stats prompt's output_token_ids not checked)
+def test_run_stats_with_bad_output_ids_are_refused_naming_the_prompt(tmp_path):
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"prompts": [{"prompt_ids": [1, 2], "output_token_ids": [3, 4]},
+                                             {"prompt_ids": [1, 2], "output_token_ids": [3, "4"]}]}))
+    with pytest.raises(UserError, match=r"stats.json: prompts\[1\]: expected prompt_ids and output_token_ids"):
+        read_sequences([stats])
+
+
+# mutant g58 (Corpus.load refused nmax == NMAX_LIMIT, which `specrt corpus --nmax 64` writes)
+def test_a_corpus_of_the_longest_n_grams_allowed_loads(tmp_path):
+    """`specrt corpus --nmax 64` is taken (test_cli_corpus_bounds_are_inclusive), so a file of
+    nmax 64 must load: the limit is inclusive in both places."""
+    c = Corpus.build([list(range(70))], nmin=3, nmax=64)
+    d = Corpus.load(_saved(tmp_path, c), vocab_size=70)
+    assert d.nmax == 64 and d.next(list(range(64))) == c.next(list(range(64))) == (64, evidence(1, 1), 6)  # pruned

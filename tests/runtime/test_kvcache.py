@@ -164,3 +164,84 @@ def test_save_and_load_rows_restore_a_prefix(layout):
     with pytest.raises(InternalError, match="do not fit"):
         kv.load_rows(([k[:1] for k in saved[0]][:1], saved[1][:1]))
     assert kv.length == 7
+
+
+# ---- mutation round on runtime/kvcache.py (mutants v01-v47; each test names those it kills) ----
+
+
+# mutants v02 (a non-integer size accepted), v03 (num_layers not checked)
+@pytest.mark.parametrize("sizes, words", [((0, KVH, D, MAX), "num_layers=0"), ((L, 0, D, MAX), "kv_heads=0"),
+                                          ((L, KVH, 0, MAX), "head_dim=0"), ((L, KVH, D, 2.5), "max_len=2.5")])
+def test_every_size_must_be_a_positive_integer(sizes, words):
+    """Each of the four sizes is checked by name: a cache of no layer fed the graph nothing
+    (an engine's error far from the cause), a fractional length was numpy's TypeError."""
+    with pytest.raises(UserError, match=f"KV cache {words}: expected a positive integer"):
+        KVCache(*sizes)
+
+
+# mutant v11 (check_room's message: the cached and new counts swapped)
+def test_the_context_limit_message_says_what_is_cached_and_what_is_new():
+    """The user reads which number to shorten: 8 rows already cached, 3 asked for."""
+    c = KVCache(L, KVH, D, MAX)
+    c.commit(new_rows(8, 0), 8)
+    with pytest.raises(UserError, match=r"context limit reached: 8 cached \+ 3 new tokens > max_len 10"):
+        c.check_room(3)
+
+
+# mutants v14 (cache_value(i) fed the key buffer), v19 (an in-place commit sets n = count, not n + count);
+# test_inplace.py kills both through float16 engines, this without building any
+def test_inplace_feeds_each_value_buffer_and_commits_accumulate():
+    """In-place KV: cache_value(i) is layer i's own value buffer (the engine writes the new
+    values into it), and successive commits add up: a prefill of 4, then 2 accepted rows, is 6."""
+    kv = KVCache(2, 3, 4, 16, layout="inplace")
+    feeds = kv.past_feeds()
+    for i in range(2):
+        assert feeds[contracts.cache_value(i)] is kv.values[i] and feeds[contracts.cache_key(i)] is kv.keys[i]
+    outs = {contracts.cache_key_out(i): kv.keys[i] for i in range(2)}
+    kv.commit(outs, 4)
+    kv.commit(outs, 2)
+    assert kv.length == 6
+    with pytest.raises(UserError, match="6 cached"):
+        kv.commit(outs, 11)
+
+
+# mutants v28 (a negative dst accepted), v29 (a negative src accepted)
+def test_move_row_refuses_negative_slots():
+    """A negative slot is numpy's count from the end: row -1 is the buffer's last, a slot
+    no token tree writes. Refused as a bug, nothing moved."""
+    kv = KVCache(2, 3, 4, 16, layout="inplace")
+    kv.keys[0][0, :, 15] = 7.0
+    for src, dst in ((-1, 5), (5, -1)):
+        with pytest.raises(InternalError, match=f"move_row {src} -> {dst} outside the buffers"):
+            kv.move_row(src, dst)
+    assert (kv.keys[0][0, :, 5] == 0).all() and (kv.keys[0][0, :, 15] == 7.0).all()
+
+
+# mutant v33 (save_rows(-1) accepted: every row but the last)
+def test_save_rows_refuses_a_negative_count():
+    c = KVCache(L, KVH, D, MAX)
+    c.commit(new_rows(4, 0), 4)
+    with pytest.raises(InternalError, match=r"save_rows -1 outside \[0, 4\]"):
+        c.save_rows(-1)
+
+
+# mutant v37 (load_rows of a snapshot longer than the buffers: numpy's broadcast ValueError)
+def test_load_rows_refuses_a_snapshot_longer_than_the_buffers():
+    """A snapshot of another cache's 12 rows does not fit one of max_len 8: an InternalError
+    naming it, and the cache keeps its length."""
+    big, small = KVCache(L, KVH, D, 16), KVCache(L, KVH, D, 8)
+    big.commit(new_rows(12, 0), 12)
+    small.commit(new_rows(3, 0), 3)
+    with pytest.raises(InternalError, match="2 layers of 12 rows do not fit"):
+        small.load_rows(big.save_rows(12))
+    assert small.length == 3
+
+
+# mutant v44 (the value buffers float32 whatever the dtype; test_inplace.py kills it through float16 engines)
+@pytest.mark.parametrize("layout", ["append", "inplace"])
+def test_keys_and_values_take_the_cache_dtype(layout):
+    """The engines' past inputs are typed: a float16 engine fed float32 values is refused by
+    ONNX Runtime at the first call, so both buffers of every layer take the cache's dtype."""
+    c = KVCache(L, KVH, D, MAX, "float16", layout=layout)
+    assert {b.dtype for b in c.keys + c.values} == {np.dtype(np.float16)}
+    assert {f.dtype for f in c.past_feeds().values()} == {np.dtype(np.float16)}
