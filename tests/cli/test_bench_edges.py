@@ -778,3 +778,305 @@ def test_the_reports_machine_is_read_from_proc():
             "from specrt.machine import machine_info; print(machine_info(1)['cpus_in_affinity'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "1", (r.stdout, r.stderr)
+
+
+# ---- a second round (session 62): the summary's figures, identity rows, report folder ----
+
+
+def _two_round_record() -> dict:
+    """One prompt's run whose figures all differ: a round verifying 2 drafts (both accepted), one
+    verifying 2 (none accepted), one plain decode step; 3 draft passes, 3 rounds."""
+    from specrt.runtime.telemetry import RoundResult, Telemetry
+
+    t = Telemetry()
+    t.engine_time("prefill", 0.05)
+    t.record(RoundResult(depth=2, accepted=2, t_draft=0.01, t_verify=0.02))
+    t.record(RoundResult(depth=2, accepted=0, t_draft=0.01, t_verify=0.02))
+    t.record(RoundResult(depth=0, accepted=0, t_draft=0.01, t_verify=0.03))
+    t.finish(new_tokens=6, seconds=0.4)
+    return {**t.to_json(), "output_ids": [1] * 6, "draft_passes": 3, "mask_slots": 0, "drafting_rounds": 3,
+            "finish_reason": "length", "new_tokens_by_repeat": [6, 5], "process": 1}
+
+
+class _PastCosts:
+    """A cost table whose every price grows with the past length, so that a prediction read at
+    another past shows."""
+    depths = (1, 2)
+
+    def cost(self, role, past):
+        return {"draft": 0.001, "decode": 0.002, "verify.1": 0.003, "verify.2": 0.004}[role] * past
+
+
+def test_the_summary_takes_each_figure_from_its_own_field():
+    """D03 / D05-D08 / D12-D15 / D17 / D18 / D21-D23 / D25 / D26: every figure of a
+    configuration's summary is the worker's or the telemetry's own field (RSS after load not the
+    end's, peak RSS VmHWM not ru_maxrss, load average start and end in order, conditional
+    acceptance not the unconditional, every round not the drafting ones, drafted not accepted,
+    the decode steps' depth-0 count kept), each prompt's record keeps its finish reason and
+    repeat counts, and the prediction's seconds are the table's at the prompt's own mean past,
+    draft included, beside the measured decode phase."""
+    from specrt.cmd_bench import predict, summarise_config
+
+    rec = _two_round_record()
+    res = {"per_prompt": [rec], "peak_rss_bytes": 300, "ru_maxrss_bytes": 400, "rss_after_load_bytes": 100,
+           "rss_end_bytes": 200, "load_seconds": 1.5, "load_average_start": [1.0, 2.0, 3.0],
+           "load_average_end": [4.0, 5.0, 6.0], "ort_threads": 3, "priced_costs": {"0": 0.01}}
+    s = summarise_config("specrt:fixed:2", res, [[7, 8, 9, 10]], _PastCosts())
+    assert (s["peak_rss_bytes"], s["rss_after_load_bytes"], s["load_seconds"]) == (300, 100, 1.5)
+    assert s["load_average"] == {"start": [1.0, 2.0, 3.0], "end": [4.0, 5.0, 6.0]}
+    assert s["ort_threads"] == 3 and s["priced_costs"] == {"0": 0.01}
+    pp = s["per_prompt"][0]
+    assert pp["finish_reason"] == "length" and pp["new_tokens_by_repeat"] == [6, 5] and pp["process"] == 1
+    assert s["acceptance_by_position"] == [0.5, 0.5] and s["acceptance_conditional"] == [0.5, 1.0]
+    assert (s["rounds"], s["draft_rounds"], s["drafted"], s["accepted"]) == (3, 2, 4, 2)
+    assert s["depth_histogram"] == {"0": 1, "2": 2}  # (the plain decode step counted at depth 0)
+    pr = s["predicted"]
+    p = predict(_PastCosts(), rec, 4)
+    assert p["draft"] > 0 and pr["predicted_seconds"] == pytest.approx(p["draft"] + p["target"])
+    assert pr["decode_tokens"] == 5 and pr["measured_seconds"] == pytest.approx(0.4 - 0.05)
+    assert pr["engines_seconds"] == pytest.approx(0.03 + 0.07)
+
+
+def test_efficiency_takes_offs_figures_and_each_configurations_own():
+    """E01-E05: (a) holds specrt:off's python share and peak RSS and onnxruntime-genai's own
+    rate and peak RSS (each from its own configuration), and is absent when onnxruntime-genai
+    made no tokens (a ratio over 0 tok/s was a ZeroDivisionError after every run); (b) gives
+    each specrt configuration its own tau and python share."""
+    from specrt.cmd_bench import REFERENCE, efficiency
+
+    pred = {"predicted_tokens_per_s": 10.0}
+    off = {"tokens_per_s_median": 10.0, "python_share": 0.1, "peak_rss_bytes": 5, "peak_rss_of": [REFERENCE],
+           "tau": 1.0, "predicted": pred, "time_split_fraction": {"verify": 0.7}}
+    fx = {"tokens_per_s_median": 15.0, "python_share": 0.2, "peak_rss_bytes": 5, "tau": 2.5, "predicted": pred,
+          "time_split_fraction": {"verify": 0.5}}
+    og = {"tokens_per_s_median": 20.0, "python_share": 0.3, "peak_rss_bytes": 4}
+    e = efficiency({REFERENCE: off, "specrt:fixed:2": fx, "ortgenai": og})
+    a = e["a_off_vs_ortgenai"]
+    assert (a["specrt_off_tokens_per_s"], a["ortgenai_tokens_per_s"], a["ratio"]) == (10.0, 20.0, 0.5)
+    assert a["specrt_off_python_share"] == 0.1 and a["ortgenai_peak_rss_bytes"] == 4
+    assert e["b_predicted_vs_measured"]["specrt:fixed:2"] == {**pred, "tau": 2.5, "python_share": 0.2}
+    assert e["b_predicted_vs_measured"][REFERENCE]["python_share"] == 0.1 and "ortgenai" not in e[
+        "b_predicted_vs_measured"]
+    assert efficiency({REFERENCE: off, "ortgenai": {**og, "tokens_per_s_median": 0.0}})["a_off_vs_ortgenai"] is None
+
+
+def test_identity_rows_say_nothing_differs_where_nothing_does():
+    """I01 / I02 / I05 / I06 / I07: a prompt whose tokens match has no first difference (None, not its
+    length) and no tokens named; a differing row gives each side's own length; a variant's
+    prompts that match its own off are no failures; the pairwise counts hold each configuration
+    with itself (every prompt); and a variant whose own off failed (absent from the outputs) is
+    compared with nothing rather than raising."""
+    from specrt.cmd_bench import REFERENCE, identity
+
+    outs = {REFERENCE: [[1, 2, 3], [4, 5]], "hf": [[1, 2, 3], [4, 5, 6, 7]],
+            "specrt:off@q8": [[1, 2, 3], [4, 9]], "specrt:fixed:2@q8": [[1, 2, 3], [4, 8]]}
+    own = {"specrt:off@q8": "specrt:off@q8", "specrt:fixed:2@q8": "specrt:off@q8"}
+    ident = identity(outs, REFERENCE, own)
+    same, longer = ident["configs"]["hf"]["per_prompt"]
+    assert same == {"prompt": 0, "identical": True, "identical_prefix": 3, "first_diff": None, "len_reference": 3,
+                    "len": 3}
+    assert (longer["len_reference"], longer["len"], longer["first_diff"], longer["token"]) == (2, 4, 2, 6)
+    assert [(f["config"], f["prompt"], f["reference"]) for f in ident["failures"]] == [
+        ("specrt:fixed:2@q8", 1, "specrt:off@q8")]
+    assert ident["pairwise_identical_prompts"][REFERENCE] == {REFERENCE: 2, "hf": 1, "specrt:off@q8": 1,
+                                                              "specrt:fixed:2@q8": 1}
+    del outs["specrt:off@q8"]  # its worker failed: its configurations' rows are not made
+    assert identity(outs, REFERENCE, own)["failures"] == []
+
+
+def test_a_prompt_differing_in_its_first_and_a_later_repeat_is_taken_off_once():
+    """I10 / I11 / I12: identical_prompts already lacks a prompt whose first repeat differed (a
+    specrt failure or a peer's mismatch); a later repeat differing too takes nothing more off;
+    and a configuration whose later repeats all matched has no identical_prompts_first_repeat."""
+    from specrt.cmd_bench import count_every_repeat
+
+    def row(config, prompt, repeat=None):
+        return {"config": config, "prompt": prompt, "identical": False,
+                **({"reference": "repeat 1", "repeat": repeat} if repeat else {})}
+
+    ident = {"configs": {"specrt:fixed:2": {"identical_prompts": 2, "prompts": 3},
+                         "hf": {"identical_prompts": 2, "prompts": 3},
+                         "specrt:adaptive": {"identical_prompts": 3, "prompts": 3}},
+             "failures": [row("specrt:fixed:2", 1), row("specrt:fixed:2", 1, 2)],
+             "peer_mismatches": [row("hf", 0)], "repeat_mismatches": [row("hf", 0, 2)]}
+    count_every_repeat(ident)
+    assert ident["configs"] == {"specrt:fixed:2": {"identical_prompts": 2, "prompts": 3},
+                                "hf": {"identical_prompts": 2, "prompts": 3},
+                                "specrt:adaptive": {"identical_prompts": 3, "prompts": 3}}
+
+
+def test_a_repeat_without_a_first_token_time_leaves_the_firsts():
+    """R01: first_token_s is the median over repeats only when every repeat has one (a peer's
+    record has none): one missing keeps the first repeat's, rather than raising on None."""
+    from specrt.cmd_bench import combine_repeats
+
+    one = combine_repeats([{"new_tokens": 3, "seconds": 0.3, "first_token_s": 0.05},
+                           {"new_tokens": 3, "seconds": 0.1, "first_token_s": None},
+                           {"new_tokens": 3, "seconds": 0.2, "first_token_s": 0.01}])
+    assert one["first_token_s"] == 0.05 and one["seconds"] == pytest.approx(0.2)
+
+
+def test_a_processes_merge_ends_with_the_last_process_and_returns_a_skipped_one():
+    """P01 / P02 / P03 / P06: the merged load average at the end is the last process's; an RSS figure
+    one process lacks is left as the first's rather than a max over None; and a process whose
+    peer was skipped makes the worker's result that skip (not per-prompt records it lacks); processes
+    that ran fewer prompts than asked are said as such, naming those that ran."""
+    from specrt.cmd_bench import merge_process_results
+
+    parts = [{"ok": True, "prompt_indices": [k], "per_prompt": [{"x": k}], "load_seconds": 1.0,
+              "load_average_end": [float(k)], "peak_rss_bytes": 100 * (k + 1)} for k in range(3)]
+    parts[0]["rss_end_bytes"] = 7
+    got = merge_process_results(parts, 3)
+    assert got["load_average_end"] == [2.0] and got["peak_rss_bytes"] == 300 and got["rss_end_bytes"] == 7
+    skipped = {"ok": False, "skipped": "onnxruntime-genai not installed"}
+    assert merge_process_results([parts[0], skipped], 2) is skipped
+    with pytest.raises(RuntimeError, match=r"the processes ran prompts \[0, 2\] of 3"):  # P03: one lost its prompt
+        merge_process_results([parts[0], {**parts[2], "prompt_indices": [2]}], 3)
+
+
+def test_the_stale_table_hint_starts_past_ten_percent():
+    """X01: the summary's hint that the machine changed since the cost table was profiled is
+    said when off's engine calls ran more than 10% off the table (15% off: said; 5%: not)."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from specrt.cmd_bench import REFERENCE, print_summary
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                     .read_text())
+    rep["settings"]["prediction_costs"] = "the engines' stored cost tables"
+    for ratio, said in ((0.85, True), (0.95, False), (1.05, False), (1.15, True)):
+        r = copy.deepcopy(rep)
+        b = r["efficiency"]["b_predicted_vs_measured"][REFERENCE]
+        b["engines_tokens_per_s"] = ratio * b["predicted_tokens_per_s"]
+        lines: list[str] = []
+        print_summary(r, Path("out"), echo=lambda s="", **kw: lines.append(s))
+        assert any("specrt profile" in x for x in lines) == said, (ratio, lines)
+
+
+def test_the_python_apis_schedule_and_governor_costs_are_named_when_wrong(tmp_path):
+    """V08 / V09: run_bench's schedule and governor_costs (the CLI's choices check them there)
+    are refused before anything loads, naming the option and what it takes."""
+    from specrt.cmd_bench import run_bench
+    from specrt.errors import UserError
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_ids": [1]}\n')
+    with pytest.raises(UserError, match=r"^--schedule both: expected one of interleaved, sequential$"):
+        run_bench(tmp_path / "nothing", prompts, tmp_path / "r", schedule="both")
+    with pytest.raises(UserError, match=r"^--governor-costs 'fresh': expected stored or profiled$"):
+        run_bench(tmp_path / "nothing", prompts, tmp_path / "r", governor_costs="fresh")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_report_folder_with_many_foreign_files_names_five_then_dots(tiny_engines, prompts_file,  # noqa: F811
+                                                                      tmp_path):
+    """V01 / V02: a report folder holding files bench never writes is refused naming them: the
+    first five (sorted) and ", ..." when there are more, all of them when five."""
+    from specrt.cmd_bench import run_bench
+    from specrt.errors import UserError
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "bench.json").write_text("{}")
+    for name in "abcde":
+        (out / f"{name}.txt").write_text("mine")
+    kw = dict(peers="none", governors="off", force=True, quiet=True, profile=False)
+    with pytest.raises(UserError, match=r"holds a\.txt, b\.txt, c\.txt, d\.txt, e\.txt, which "):
+        run_bench(tiny_engines, prompts_file, out, **kw)
+    (out / "f.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"holds a\.txt, b\.txt, c\.txt, d\.txt, e\.txt, \.\.\., which "):
+        run_bench(tiny_engines, prompts_file, out, **kw)
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "b.txt", "bench.json", "c.txt", "d.txt", "e.txt",
+                                                      "f.txt"]
+
+
+def test_a_prompts_report_text_is_its_ids_or_its_conversation():
+    """S02 / S03: the report's text of a prompt_ids line is its first 60 ids; of a conversation,
+    its messages as JSON (not the empty 'prompt' it lacks)."""
+    from specrt.cmd_bench import _prompt_label
+
+    assert _prompt_label({"prompt_ids": list(range(100))}) == "ids: " + " ".join(map(str, range(60)))[:195]
+    msgs = [{"role": "user", "content": "héllo"}]
+    assert _prompt_label({"messages": msgs}) == '[{"role": "user", "content": "héllo"}]'
+    assert _prompt_label({"prompt": "x" * 300}) == "x" * 200
+
+
+def test_a_reports_settings_prompts_and_repeats_are_the_runs_own(tiny_engines, prompts_file, tmp_path):  # noqa: F811
+    """S01 / S04 / S07 / D07 / D09 / D10 / D11: the report's context limit is the engines', a greedy
+    run's settings name no sampling, each prompt's token count is its ids'; each prompt's record
+    says why it ended; and each repeat's entry under by_repeat holds its own accepted count,
+    accepted_at at every position (their sum) and its prompt-lookup rounds (none under fixed:2),
+    not its draft rounds."""
+    import json
+
+    from specrt.cmd_bench import run_bench
+    from specrt.engines.engine_set import load_engines
+
+    rep = run_bench(tiny_engines, prompts_file, tmp_path / "r", governors="fixed:2", peers="none", max_new_tokens=6,
+                    repeats=2, profile=False, warmup_tokens=0, threads=1, quiet=True)
+    assert rep == json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["settings"]["max_context"] == load_engines(tiny_engines, verify=False).max_context
+    assert rep["settings"]["greedy"] is True and rep["settings"]["sampling"] is None  # (sampling: a sampled run's)
+    ids = [json.loads(line)["prompt_ids"] for line in prompts_file.read_text().splitlines()]
+    assert [(p["index"], p["tokens"], p["kind"]) for p in rep["prompts"]] == [(i, len(x), "ids") for i, x in
+                                                                               enumerate(ids)]
+    c = rep["configs"]["specrt:fixed:2"]
+    assert c["draft_rounds"] > 0
+    for pp in c["per_prompt"]:
+        assert pp["finish_reason"] in ("length", "eos"), pp
+        assert len(pp["by_repeat"]) == 2
+        for x in pp["by_repeat"]:
+            assert x["lookup_rounds"] == 0 and sum(x["accepted_at"]) == x["accepted"], x
+            assert len(x["accepted_at"]) == len(c["acceptance_by_position"]) == 2, x  # (every position, the first too)
+    assert sum(x["accepted"] for pp in c["per_prompt"] for x in pp["by_repeat"]) == c["accepted"]
+
+
+def test_a_variant_whose_context_the_prompts_fill_exactly_is_taken(tiny_engines, prompts_file, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
+    """V05: a --variant's own context limit is checked as ENGINES' is: a prompt + --max-new-tokens
+    equal to it is taken (12 + 4 on a variant of 16), one more refused."""
+    import specrt.cmd_bench as cb
+    from specrt.engines.build import build_engines
+    from specrt.errors import UserError
+
+    build_engines(tiny_engines.parent / "export", "onnxruntime", (1, 2, 4), tmp_path / "short", profile_repeats=1,
+                  max_context=16, log=lambda m: None)
+
+    def checked(*a, **k):  # every check passed: the report folder would be made now
+        raise _Checked
+
+    monkeypatch.setattr(cb, "atomic_folder", checked)
+    args = dict(peers="none", governors="off", profile=False, warmup_tokens=0, threads=1,
+                variants={"short": tmp_path / "short"})
+    with pytest.raises(_Checked):
+        cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", max_new_tokens=4, **args)
+    with pytest.raises(UserError, match=r"--variant short: prompt 1 \(12 tokens\) \+ --max-new-tokens 5 exceeds"):
+        cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", max_new_tokens=5, **args)
+
+
+def test_a_run_of_no_measurable_time_gives_rates_of_zero():
+    """D01 / D02 / D16 / D19: a prompt timed at 0 seconds (a peer's clock, a run that made no
+    token) has a rate of 0, as has the total, rather than a ZeroDivisionError after every run;
+    a specrt configuration's python share is then 0, and a cost table of zeros predicts no rate
+    (None, which the summary leaves out) rather than 0 tok/s."""
+    from specrt.cmd_bench import summarise_config
+    from specrt.runtime.telemetry import Telemetry
+
+    s = summarise_config("hf", {"per_prompt": [{"new_tokens": 0, "seconds": 0.0, "output_ids": []}]}, [[1]], None)
+    assert s["tokens_per_s_per_prompt"] == [0.0] and s["tokens_per_s_median"] == 0.0
+    assert s["tokens_per_s_total"] == 0.0
+
+    class Free:
+        depths = (1,)
+
+        def cost(self, role, past):
+            return 0.0
+
+    t = Telemetry()
+    t.finish(new_tokens=1, seconds=0.0)
+    rec = {**t.to_json(), "output_ids": [1], "draft_passes": 0, "mask_slots": 0}
+    s = summarise_config("specrt:off", {"per_prompt": [rec]}, [[7]], Free())
+    assert s["tokens_per_s_median"] == 0.0 and s["python_share"] == 0.0
+    assert s["predicted"]["predicted_tokens_per_s"] is None and s["predicted"]["measured_over_predicted"] is None
