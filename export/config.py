@@ -391,7 +391,9 @@ def _rope(f: _Fields, head_dim: int, max_position_embeddings: int) -> RopeConfig
     if "factor" not in params.data:
         raise UserError(f"{params.where}: missing required field 'factor' (YaRN's scaling factor; null for "
                         "max_position_embeddings over original_max_position_embeddings)")
-    factor = params.float("factor", required=False) or max_position_embeddings / original
+    factor = params.float("factor", required=False)
+    if factor is None:  # (not `or`: a factor of 0 is refused below, not taken as the ratio)
+        factor = max_position_embeddings / original
     if factor < 1:
         raise UserError(f"{params.where}: field 'factor' must be >= 1 for YaRN, found {factor:g}")
 

@@ -21,6 +21,8 @@ BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_atte
     ("mistral", {"sliding_window": None}, None),
     ("mistral", {"sliding_window": 64}, 64),
     ("qwen2", {"sliding_window": 64}, None),  # use_sliding_window false by default
+    # mutant m2-C79: use_sliding_window true by default (the case above has no layer past max_window_layers)
+    ("qwen3", {"sliding_window": 64, "max_window_layers": 0}, None),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, None),  # max_window_layers 28 >= 4 layers
     ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, 64),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 4}, None),  # = the layers
@@ -129,6 +131,16 @@ YARN = [  # (model_type, config fields): Qwen3's own recipe at full size, and th
                                 "attention_factor": 1.25, "truncate": False}}),
     ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": None}, "original_max_position_embeddings": 64}),
     ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 3.0}}),  # original: max_position_embeddings
+    # mutant m2-C24: mscale without mscale_all_dim is transformers' plain mscale(factor), not their ratio
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                "mscale": 0.707}}),
+    # mutant m2-C16: both a top-level original_max_position_embeddings and the block's: transformers takes
+    # the top level's (it moves it into the block), which the mutant read second
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+               "original_max_position_embeddings": 64}),
+    # mutant m2-C26: beta_fast equal to beta_slow is read (transformers widens the empty ramp by 0.001)
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                "beta_fast": 4, "beta_slow": 4}}),
 ]
 
 
@@ -166,6 +178,10 @@ def test_rope_fields_of_other_types_export_as_before():
 
 @pytest.mark.parametrize("scaling, message", [
     ({"rope_type": "yarn", "factor": 0.5}, "field 'factor' must be >= 1 for YaRN, found 0.5"),
+    # a factor of 0 was taken as a null one (max_position_embeddings over the original length: 4 here),
+    # where transformers divides by it (NaN frequencies); refused as 0.5 is
+    ({"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 64},
+     "field 'factor' must be >= 1 for YaRN, found 0"),
     ({"rope_type": "yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 4}, "beta_fast 1 must not be below beta_slow 4"),
     ({"rope_type": "yarn", "factor": 2.0, "truncate": "yes"}, "field 'truncate' must be bool"),
     ({"rope_type": "longrope", "factor": 2.0}, "rope_type 'longrope' is not supported"),
@@ -185,6 +201,9 @@ def test_bad_yarn_fields_are_named(scaling, message):
      "field 'factor' must be a positive number"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "high_freq_factor 4 must be above low_freq_factor 4"),
+    # mutant m2-C06: the finiteness check dropped (an infinite theta or factor gives NaN frequencies)
+    ({"rope_theta": float("inf")}, "field 'rope_theta' must be a positive number, found inf"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": float("inf")}}, "field 'factor' must be a positive number"),
     ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' must be a small number >= 0, found nan"),
     ({"rms_norm_eps": -1e-6}, "field 'rms_norm_eps' must be a small number >= 0"),
 ])
@@ -864,3 +883,108 @@ def test_a_peagle_config_missing_its_mask_or_naming_another_algorithm_is_refused
     r = CliRunner().invoke(main, ["export", str(t), "--draft", str(d), "-o", str(tmp_path / "exp")])
     assert r.exit_code == 1 and "Traceback" not in r.output and not (tmp_path / "exp").exists(), r.output
     assert str(d / "config.json") in r.output, r.output
+
+
+def test_a_yarn_factor_of_one_and_an_epsilon_of_zero_are_read_as_transformers_reads_them():
+    """The edges of two range checks: YaRN's factor 1 (no interpolation: attention factor 1,
+    the default frequencies) and rms_norm_eps 0 are configs transformers runs, read the same
+    (mutant m2-C22 refused factor 1 as "must be >= 1", m2-C41 an epsilon of 0 as negative)."""
+    import numpy as np
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    data = {**BASE, "model_type": "llama", "rms_norm_eps": 0.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 256}}
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    cfg = parse_decoder(data, "config.json")
+    assert (cfg.rope.rope_type, cfg.rope.factor, cfg.rope.attention_factor, factor) == ("yarn", 1.0, 1.0, 1.0)
+    np.testing.assert_allclose(cfg.rope.inv_freq(), inv.numpy(), rtol=2e-6)
+    assert cfg.rms_norm_eps == hf.rms_norm_eps == 0.0
+
+
+@pytest.mark.parametrize("fields, message", [
+    # mutant m2-C43: the ids' lower bound dropped (a negative id indexes the logits from the end)
+    ({"eos_token_id": -1}, r"field 'eos_token_id' must be a token id or a list of them, found -1$"),
+    ({"bos_token_id": [3, -2]}, r"field 'bos_token_id' must be a token id or a list of them, found \[3, -2\]$"),
+    # mutant m2-C47: a class of another family than model_type taken (the weights are read by model_type)
+    ({"architectures": ["MistralForCausalLM"]},
+     r"architectures\[0\] is 'MistralForCausalLM', expected 'LlamaForCausalLM' for model_type 'llama'$"),
+])
+def test_a_target_config_naming_a_bad_token_id_or_another_class_is_refused_naming_the_file(tmp_path, fields, message):
+    """load_target_config refuses a negative EOS/BOS id and an architectures[0] that is not
+    model_type's class, naming config.json and the field; 0 is a token id like any other."""
+    from specrt.export.config import load_target_config
+
+    base = {**BASE, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path / 'config.json'}: ") + message):
+        load_target_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**base, "eos_token_id": 0, "bos_token_id": [0]}))
+    cfg = load_target_config(tmp_path)
+    assert (cfg.eos_token_ids, cfg.bos_token_id) == ((0,), 0)
+
+
+def test_a_peagle_mask_token_of_id_zero_and_an_empty_verifier_name_are_read(tmp_path):
+    """mask_token_id 0 is a token id (mutant m2-C60 refused it as below 1; -1 stays refused);
+    an empty verifier name_or_path is no name (mutant m2-C62 recorded "" in the receipt)."""
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", mask_token_id=0)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = ""
+    (d / "config.json").write_text(json.dumps(cfg))
+    dc = load_draft_config(d)
+    assert dc.mask_token_id == 0 and dc.verifier_name is None and "verifier_name" not in dc.to_json()
+    (d / "config.json").write_text(json.dumps({**cfg, "mask_token_id": -1}))
+    with pytest.raises(UserError, match=rf"^{d}/config.json: field 'mask_token_id' must be >= 0, found -1$"):
+        load_draft_config(d)
+
+
+@pytest.mark.parametrize("window", [0, None, True])
+def test_a_draft_layer_marked_sliding_without_a_window_attends_to_everything(tmp_path, window):
+    """layer_types marking a draft's layers sliding with a sliding_window that is no window
+    (0, null, a bool): no window is recorded or applied (mutant m2-C81 took any value: a
+    window of 0 tokens, or of True)."""
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="eagle3")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2, sliding_window=window)
+    (d / "config.json").write_text(json.dumps(cfg))
+    dc = load_draft_config(d)
+    assert dc.decoder.sliding_window is None and dc.attention_window is None
+
+
+def test_a_hand_edited_decoder_record_is_a_user_error():
+    """export.json's target.decoder read back (engines/build.py): an unknown or missing
+    field is a UserError naming the record and the remedy, not a traceback (mutant m2-C78
+    caught a missing key only: an unknown one raised TypeError out of the dataclass)."""
+    from specrt.export.config import DecoderConfig
+
+    d = parse_decoder({**BASE, "model_type": "llama"}, "config.json").to_json()
+    assert DecoderConfig.from_json(d).to_json() == d
+    for bad, error in (({**d, "colour": 1}, "TypeError"), ({**d, "rope": {**d["rope"], "kind": 2}}, "TypeError"),
+                       ({k: v for k, v in d.items() if k != "rope"}, "KeyError")):
+        with pytest.raises(UserError, match=rf"^export\.json: target\.decoder is malformed \({error}: .*make the "
+                                            r"export again with `specrt export`$"):
+            DecoderConfig.from_json(bad)
+
+
+def test_a_draft_reads_up_to_sixteen_aux_layers(tmp_path):
+    """eagle_aux_hidden_state_layer_ids of 1 to MAX_AUX (16) ids: 16 is read, 17 and none are
+    refused naming the file and the bound (mutant m2-C58 refused 16, the fc_norm slot table's size)."""
+    from specrt.export.config import MAX_AUX, load_draft_config
+
+    assert MAX_AUX == 16
+    d = _draft_with(tmp_path, eagle_aux_hidden_state_layer_ids=list(range(16)))
+    assert load_draft_config(d).aux_layer_ids == tuple(range(16))
+    for n, ids in enumerate(([], list(range(17)))):
+        d = _draft_with(tmp_path / str(n), eagle_aux_hidden_state_layer_ids=ids)
+        with pytest.raises(UserError, match=rf"^{d}/config.json: eagle_aux_hidden_state_layer_ids must be a list of 1 "
+                                            r"to 16 layer ids \(speculators' default is 3\), found \["):
+            load_draft_config(d)

@@ -325,6 +325,8 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(architectures=["LlamaForCausalLMEagle"]), (),  # an EAGLE-1/2 draft
      r"{d}/config.json: architectures \['LlamaForCausalLMEagle'\] is not a draft specrt reads \(expected "
      r"\[\"LlamaForCausalLMEagle3\"\]"),
+    # mutant m2-C64: a config told by draft_vocab_size alone, naming no class, read as EAGLE-3
+    (dict(architectures=None), (), r"{d}/config.json: architectures None is not a draft specrt reads"),
     (dict(pickle=True), (), r"{d}: only pickle weights \(pytorch_model.bin\) found; they are not read unless you "
                             r"pass --allow-draft-pickle"),
     (dict(ids=[1, 3, 4]), (), r"{d}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids is \[1, 3, 4\], and "
@@ -386,8 +388,9 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(extra={"midlayer.self_attn.v_proj.bias": "norm.weight"}), (),
      r"would go unused: EAGLE's draft format \(LlamaForCausalLMEagle3: one llama layer, no model_type to change\) "
      r"gives its layers no q/k/v biases .*\(remove the tensor\)\n"),
-], ids=["missing-tensor", "unknown-architecture", "pickle", "ids-uncounted", "option-without-ids", "fc-bias",
-        "quantized", "post-norm-twice", "post-norm-twice-nested-true", "both-fc-norms", "both-fc-norms-nested",
+], ids=["missing-tensor", "unknown-architecture", "no-architectures", "pickle", "ids-uncounted", "option-without-ids",
+        "fc-bias", "quantized", "post-norm-twice", "post-norm-twice-nested-true", "both-fc-norms",
+        "both-fc-norms-nested",
         "layer-named-twice", "two-layers",
         "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
         "ids-repeated", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",

@@ -386,3 +386,66 @@ def test_only_a_float16_export_refuses_weights_past_float16_s_range(hf_models, t
             t.get("final_norm")
     else:
         assert float(t.get("final_norm").max()) == value
+
+
+def test_a_target_only_export_records_the_targets_own_numbers(tmp_path):
+    """export.json of a target without a draft: the aux layers a later draft reads are
+    speculators' default (2, L//2, L-3) and the target graph's aux output is sized by them;
+    the EOS ids are generation_config.json's (every one), the context its config's. Mutants
+    no test noticed: m2-E06 (L-2 for L-3), m2-E16 (the first EOS id only)."""
+    import json
+
+    target = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8, max_position_embeddings=300)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    m = export_mod.export(target, None, tmp_path / "o")
+    assert m["draft"] is None and "draft" not in m["graphs"]
+    assert m["target"]["aux_layer_ids"] == [2, 4, 5]
+    assert m["target"]["eos_token_ids"] == [5, 6]
+    assert m["target"]["max_position_embeddings"] == m["target"]["decoder"]["max_position_embeddings"] == 300
+    model = onnx.load(str(tmp_path / "o" / "target.onnx"), load_external_data=False)
+    aux = [o for o in model.graph.output if o.name == "aux_hidden"]
+    assert [d.dim_value for d in aux[0].type.tensor_type.shape.dim][-1] == 3 * 64
+    assert load_export(tmp_path / "o")["target"]["aux_layer_ids"] == [2, 4, 5]
+
+
+def test_a_peagle_draft_of_two_aux_layers_has_io_of_two(tmp_path):
+    """A P-EAGLE draft whose fc reads two target layers: the draft graph's aux input and the
+    manifest's record of it are both two target widths wide (mutant m2-E19 recorded three in
+    export.json, a width the graph does not take, which the engines then bind by)."""
+    target = write_tiny_target(tmp_path / "t", "llama")
+    draft = write_tiny_draft(tmp_path / "d", target, kind="peagle", aux_layer_ids=(1, 3))
+    m = export_mod.export(target, draft, tmp_path / "o")
+    assert m["target"]["aux_layer_ids"] == [1, 3]
+    for g in ("target", "draft"):
+        model = onnx.load(str(tmp_path / "o" / f"{g}.onnx"), load_external_data=False)
+        io = m["graphs"][g]["io"]
+        got = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+               for v in (*model.graph.input, *model.graph.output)}
+        for t in (*io["inputs"], *io["outputs"]):  # (the fixed sizes; the symbolic ones are None in both)
+            assert got[t["name"]] == [n if isinstance(n, int) else None for n in t["shape"]], (g, t)
+    assert [t["shape"][-1] for t in m["graphs"]["draft"]["io"]["inputs"] if t["name"] == "aux_hidden"] == [2 * 64]
+
+
+def test_a_broken_tokenizer_file_beside_no_tokenizer_json_is_refused_naming_it(tmp_path):
+    """Without tokenizer.json (an export of token ids only) the other tokenizer files are
+    still copied, so each JSON one is read first: a broken tokenizer_config.json is refused
+    naming it, and no folder is written (mutant m2-E04 read none of them, and copied it)."""
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    (target / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(target / 'tokenizer_config.json'))}: "):
+        export_mod.export(target, None, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_tokenizer_of_one_token_past_the_vocabulary_is_said(tmp_path):
+    """The wider-tokenizer warning at its edge: 16 tokens over a vocabulary of 15 (the id 15
+    it can encode is refused at run time) is said; 16 over 16 is not (mutant m2-E03 said it
+    only from two tokens past)."""
+    from tests.runtime.test_text import _words
+
+    for vocab, warned in ((15, True), (16, False)):
+        target = write_tiny_target(tmp_path / f"t{vocab}", "llama", vocab_size=vocab)
+        _words(target)  # 16 words
+        said: list[str] = []
+        export_mod.export(target, None, tmp_path / f"o{vocab}", log=said.append)
+        assert any(f"holds 16 tokens, the model's vocabulary {vocab}" in s for s in said) == warned, said
