@@ -196,6 +196,11 @@ PROFILE_PASTS = (128, 512)  # the committed lengths the build profiles at (those
 DRAFT_ACCEPTED = 2  # the accepted tokens a profiled draft pass catches up on
 
 
+def _runs_bfloat16(settings) -> bool:
+    """Whether ONNX Runtime with these (resolved) settings has bfloat16 kernels: CUDA's, not the CPU provider's."""
+    return "CUDAExecutionProvider" in settings.providers
+
+
 def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: str | None = None,
                   force: bool = False, log: Callable[[str], None] = print, *, max_context: int | None = None,
                   ort_settings: dict[str, Any] | None = None, trt_layout: str = "profiles",
@@ -239,8 +244,12 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     depth_list = parse_depths(depths)
     prec = normalise_precision(precision, dtype)
     if backend == "onnxruntime" and PRECISIONS[prec] != dtype:
-        raise UserError(f"--precision {prec}: ONNX Runtime runs the graph in its exported dtype ({dtype}); "
-                        f"re-export with --dtype {PRECISIONS[prec]}")
+        advice = f"re-export with --dtype {PRECISIONS[prec]}"
+        if PRECISIONS[prec] == "bfloat16" and not _runs_bfloat16(OrtSettings.from_json(ort_settings or {}).resolved()):
+            # (a bfloat16 export is refused below on this provider: re-exporting led there)
+            advice = ("a bfloat16 graph does not run on ONNX Runtime's CPU provider (no bfloat16 kernels for its "
+                      "ops); build this export as it is, leaving --precision out")
+        raise UserError(f"--precision {prec}: ONNX Runtime runs the graph in its exported dtype ({dtype}); {advice}")
     limit = int(exp["target"]["max_position_embeddings"])
     window = exp["target"].get("decoder", {}).get("sliding_window")
     why = source = "the target's max_position_embeddings"
@@ -304,7 +313,7 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     else:
         plan = None
         settings = OrtSettings.from_json(ort_settings or {}).resolved()
-        if dtype == "bfloat16" and "CUDAExecutionProvider" not in settings.providers:
+        if dtype == "bfloat16" and not _runs_bfloat16(settings):
             raise UserError(f"{export_dir}: a bfloat16 export does not run on ONNX Runtime's CPU provider (no "
                             "bfloat16 kernels for its ops); re-export with --dtype float32 or float16")
     kv = _resolve_kv(ort_kv, backend, exp, settings, log)

@@ -12,6 +12,7 @@ Folder layout (every file hashed in the manifest):
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import time
 from pathlib import Path
@@ -61,6 +62,13 @@ def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
         if vocab is not None and text.vocab_size > vocab:
             log(f"warning: {tok} holds {text.vocab_size} tokens, the model's vocabulary {vocab} (config.json "
                 f"vocab_size): a prompt that encodes to an id of {vocab} or more is refused when run")
+        written = text.config.get("chat_template")
+        if text.chat_template is None and written is not None:  # (a dict, a number, named templates with no
+            # "default": read as no template, exported without a word, then "--chat: ... has no chat template")
+            raise UserError(f"{target_dir / 'tokenizer_config.json'}: chat_template is not a template (a string, or "
+                            f"transformers' list of named templates with a 'default' one) but "
+                            f"{json.dumps(written)[:80]}: a chat template must render a conversation of one user "
+                            "message; mend it, or remove it to take raw prompts only")
         if text.chat_template is not None:  # one that cannot render a user's message is refused now, not at
             # the build's canary (its engines written) or a first `run --chat`
             try:

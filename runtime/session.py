@@ -347,7 +347,8 @@ class Session:
             return None
         if self.acceptance is None:
             return (f"no acceptance receipt in {self.engines.folder}: nothing has checked the draft's binding "
-                    f"on these engines (built with --no-canary?); `specrt canary {self.engines.folder}` checks it")
+                    f"on these engines (built with --no-canary, or the build's canary failed?); "
+                    f"`specrt canary {self.engines.folder}` checks it")
         if self.acceptance.get("inconclusive") is True:
             return (f"the acceptance canary of {self.engines.folder} was inconclusive ({self.acceptance.get('drafts')} "
                     "drafts; its acceptance_receipt.json note says why): nothing has checked the draft's binding on "

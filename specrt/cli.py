@@ -463,10 +463,11 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
 
 
 # run's and chat's --seed
-SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed gives the same text with off and fixed:K "
-             "(fixed:K's for the same --max-new-tokens: the budget shortens its last rounds); "
+SEED_HELP = ("Seed of the sampling (default: fresh entropy). The same seed repeats its text run after run under off "
+             "and under a fixed:K (fixed:K's for the same --max-new-tokens: the budget shortens its last rounds), "
+             "but not off's text under fixed:K: rejection sampling's text depends on the drafts; "
              "governors that choose from measured times (adaptive, dspark, :ngram, auto) may draft differently and "
-             "give another sample of the same distribution, unless --reproducible.")
+             "give another sample of the same distribution. --reproducible gives off's text under every governor.")
 
 
 def _count(n: int, noun: str) -> str:

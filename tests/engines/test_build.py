@@ -622,6 +622,17 @@ def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_pa
     assert not (tmp_path / "e").exists() and not any("linked export" in c for c in calls)
 
 
+def test_precision_bf16_on_the_cpu_provider_does_not_send_the_user_to_a_bfloat16_export(tiny_export, tmp_path):
+    """--precision bf16 on a float32 export advised re-exporting with --dtype bfloat16, which the
+    next build then refused (the CPU provider has no bfloat16 kernels): say so at once."""
+    with pytest.raises(UserError, match="bfloat16 graph does not run on ONNX Runtime's CPU provider") as e:
+        build_engines(tiny_export, "onnxruntime", "1", tmp_path / "e", log=quiet, precision="bf16",
+                      ort_settings={"providers": ["CPUExecutionProvider"]})
+    assert "--dtype bfloat16" not in str(e.value) and not (tmp_path / "e").exists()
+    with pytest.raises(UserError, match="re-export with --dtype float16"):
+        build_engines(tiny_export, "onnxruntime", "1", tmp_path / "e", log=quiet, precision="fp16")
+
+
 @pytest.mark.parametrize("ctx", [10, 16])
 def test_a_small_context_gets_a_cost_table(tiny_export, tmp_path, ctx):
     """The smallest contexts make_roles accepts for depth 8 (>= 10): no default past fits,

@@ -210,6 +210,30 @@ def test_missing_tokenizer_is_said_at_export(tmp_path):
     assert said and not [s for s in said if "no tokenizer.json" in s]
 
 
+def test_a_chat_template_field_that_is_no_template_is_refused_at_export(tmp_path):
+    """A user walk: a tokenizer_config.json chat_template that is neither a string nor named
+    templates with a "default" one (an object, named templates without a default, which
+    transformers will not render unnamed) was read as no template: exported without a word,
+    then `run --chat` said the tokenizer "has no chat template". Export refuses it, naming the
+    file, as a template that cannot render."""
+    import json
+
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    for bad in ({"x": 1}, 3, [{"name": "tool_use", "template": good["chat_template"]}]):
+        cfg.write_text(json.dumps({**good, "chat_template": bad}))
+        with pytest.raises(UserError, match=rf"^{cfg}: chat_template is not a template .*: a chat template must "
+                                            "render a conversation of one user message; mend it, or remove it"):
+            export_mod.export(target, None, tmp_path / "o")
+        assert not (tmp_path / "o").exists()
+    cfg.write_text(json.dumps({**good, "chat_template": None}))  # null: no template, raw prompts only
+    export_mod.export(target, None, tmp_path / "o")
+
+
 def test_a_chat_template_that_cannot_render_is_refused_at_export_naming_its_file(tmp_path):
     """A user walk: a chat template that is not valid Jinja (or raises) exported without a
     word; the build then wrote its engines and failed at the canary with "chat template: not
