@@ -304,6 +304,13 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
     if ort_kv == "inplace" and backend != "onnxruntime":
         raise UserError(f"--ort-kv inplace applies to the onnxruntime backend, not {backend} "
                         "(TensorRT engines use the export's portable graphs)")
+    # (each was taken and ignored: a user asking for one engine per depth got one session per graph)
+    if trt_layout != "profiles" and backend != "tensorrt":
+        raise UserError(f"--trt-layout {trt_layout} applies to the tensorrt backend, not {backend}")
+    if ort_settings and backend != "onnxruntime":
+        named = {"intra_op_num_threads": "--threads", "sessions": "--sessions"}  # (the CLI's; else the API's keys)
+        given = ", ".join(named.get(k, f"ort_settings['{k}']") for k in ort_settings)
+        raise UserError(f"{given} (ONNX Runtime's settings) apply to the onnxruntime backend, not {backend}")
     if backend == "tensorrt":
         from specrt.engines.tensorrt import require_tensorrt
 

@@ -261,8 +261,9 @@ def _depths(ctx, param, value):
               show_default=True,
               help="ONNX Runtime: keep the draft's weights as exported, or quantize them to int8 for a faster draft "
                    "pass (output still lossless: the target verifies every token). int8 times both int8 forms on "
-                   "this machine and keeps the faster: blocks (MatMulNBits, blocks of 32, every weight) or dynamic "
-                   "(MatMulInteger, per-column codes, the MLP's gate/up and the head).")
+                   "this machine and keeps dynamic (MatMulInteger, per-column codes, the MLP's gate/up and the "
+                   "head) where its passes take under 97% of blocks' (MatMulNBits, blocks of 32, every weight), "
+                   "else blocks.")
 @click.option("--target-head", type=click.Choice(["full", "screened"]), default="full", show_default=True,
               help="ONNX Runtime, float32, in-place KV: 'screened' gives greedy decoding int8 logits (48 outlier "
                    "channels in fp32) and finds each token exactly from the fp32 head's rows that an error bound "

@@ -622,6 +622,28 @@ def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_pa
     assert not (tmp_path / "e").exists() and not any("linked export" in c for c in calls)
 
 
+def test_an_option_of_the_other_backend_is_refused_not_ignored(tiny_export, tmp_path):
+    """--trt-layout on an onnxruntime build, and ONNX Runtime's --threads / --sessions on a
+    tensorrt one, were taken and ignored (a README walk: one engine per depth asked for, one
+    session per graph built); each is refused naming the option, before any work (the
+    tensorrt build before it needs TensorRT), as --draft-weights and --ort-kv inplace are."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    with pytest.raises(UserError, match=r"^--trt-layout engines applies to the tensorrt backend, not onnxruntime$"):
+        build_engines(tiny_export, "onnxruntime", "1", tmp_path / "e", log=quiet, trt_layout="engines")
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--backend", "tensorrt", "--depths", "1", "--threads",
+                                  "2", "--sessions", "per-depth", "-o", str(tmp_path / "e")])
+    assert r.exit_code == 1 and r.output.splitlines()[-1] == (
+        "error: --threads, --sessions (ONNX Runtime's settings) apply to the onnxruntime backend, not tensorrt"), \
+        r.output
+    with pytest.raises(UserError, match=r"^ort_settings\['providers'\] \(ONNX Runtime's settings\) apply to the "):
+        build_engines(tiny_export, "tensorrt", "1", tmp_path / "e", log=quiet,
+                      ort_settings={"providers": ["CPUExecutionProvider"]})
+    assert not (tmp_path / "e").exists()
+
+
 def test_precision_bf16_on_the_cpu_provider_does_not_send_the_user_to_a_bfloat16_export(tiny_export, tmp_path):
     """--precision bf16 on a float32 export advised re-exporting with --dtype bfloat16, which the
     next build then refused (the CPU provider has no bfloat16 kernels): say so at once."""
