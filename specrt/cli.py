@@ -441,10 +441,12 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
 
 
-def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list) -> list[str]:
+def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list,
+              template_kwargs: dict | None = None) -> list[str]:
     """What `specrt run` says of options that will not do what they may seem to (a user walk):
-    --seed under a governor whose rounds follow measured times, --chat beside token ids."""
-    from specrt.prompt_files import is_token_ids
+    --seed under a governor whose rounds follow measured times, --chat beside token ids,
+    --chat-template-kwargs where no prompt goes through the template."""
+    from specrt.prompt_files import is_messages, is_token_ids
     from specrt.runtime.governor import split_lookup, split_tree
 
     notes = []
@@ -460,6 +462,9 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
     if chat and ids:
         notes.append(f"--chat: {ids} of the {len(prompts)} prompts are token ids ('prompt_ids'), used as given, "
                      "without the chat template")
+    if template_kwargs and not any(is_messages(p) or (chat and isinstance(p, str)) for p in prompts):
+        notes.append("--chat-template-kwargs: no prompt goes through the chat template (text without --chat, token "
+                     "ids), so its variables are not used")
     return notes
 
 
@@ -578,7 +583,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
         if is_dspark(governor):  # (said once the prompts are known good: it came before a bad prompt's error)
             click.echo(f"{governor}: {s.calibration_note}", err=True)
-        for note in run_notes(governor, params, seed, chat, prompts if prompts_file is not None else []):
+        for note in run_notes(governor, params, seed, chat, prompts, s.chat_template_kwargs):
             click.echo(f"note: {note}", err=True)
         total, per_prompt = Telemetry(), []
         # the prompt in flight: its index, its stream, whether it gave a piece (only then do

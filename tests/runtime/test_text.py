@@ -2794,6 +2794,16 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
     p.write_text(json.dumps({"prompt": "w5 w6"}) + "\n")
     r = CliRunner().invoke(main, [*base, "--chat", "--governor", "fixed:3"])
     assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
+    # --chat-template-kwargs where no prompt goes through the template (a README walk: taken without a word)
+    kw = ["--chat-template-kwargs", '{"x": 1}', "--governor", "fixed:3"]
+    said = "note: --chat-template-kwargs: no prompt"
+    one = ["run", str(worded), "--prompt", "w5", "--max-new-tokens", "2"]
+    for args, says in (([*base], True), ([*base, "--chat"], False), (one, True), ([*one, "--chat"], False)):
+        r = CliRunner().invoke(main, [*args, *kw])
+        assert r.exit_code == 0 and (said in r.output) == says, (args, r.output)
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "w5"}]}) + "\n")  # (always templated)
+    r = CliRunner().invoke(main, [*base, *kw])
+    assert r.exit_code == 0 and said not in r.output, r.output
 
 
 def test_a_prefill_cut_short_keeps_the_rows_it_reused(worded, monkeypatch):
