@@ -23,7 +23,7 @@ from specrt.export.export import export
 from specrt.runtime import generate as G
 from specrt.runtime.governor import AdaptiveGovernor, DSparkGovernor, FixedGovernor, OffGovernor
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.session import read_d2t
+from specrt.runtime.session import make_governor, read_d2t
 from tests.fixtures_models import (lag_pair_draft, load_hf, write_bigram_pair, write_lag_pair, write_tiny_draft,
                                    write_tiny_target)
 from tests.runtime.test_verify import chi2_pvalue
@@ -1233,8 +1233,9 @@ def small(tmp_path_factory):
     engines.deactivate()
 
 
-def _exact(engines, prompt, length, params):
-    """P(first `length` tokens) under target-only sampling, from the target engine itself."""
+def _exact(engines, prompt, length, params, eos=()):
+    """P(first `length` tokens) under target-only sampling, from the target engine itself
+    (a sequence reaching a token of ``eos`` ends there: its key is the shorter tuple)."""
     from specrt.runtime.sampling import probs
 
     V = engines.export["target"]["vocab_size"]
@@ -1253,14 +1254,15 @@ def _exact(engines, prompt, length, params):
             rows[prefix] = probs(logits[None], params)[0]
         return rows[prefix]
 
-    return {seq: float(np.prod([row(seq[:j])[seq[j]] for j in range(length)]))
-            for seq in product(range(V), repeat=length)}
+    cut = {seq: next((j + 1 for j, t in enumerate(seq) if t in eos), length)
+           for seq in product(range(V), repeat=length)}
+    return {seq[: cut[seq]]: float(np.prod([row(seq[:j])[seq[j]] for j in range(cut[seq])])) for seq in cut}
 
 
 def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, prompt=(1, 2, 3), lookup=False,
-            grow=False, budget=None, governor=None):
+            grow=False, budget=None, governor=None, eos=()):
     prompt, length = list(prompt), 3
-    want = _exact(engines, prompt, length, params)
+    want = _exact(engines, prompt, length, params, eos)
     keys = sorted(want)
     counts = np.zeros(len(keys))
     d2t = read_d2t(engines.export_dir, engines.export)
@@ -1273,7 +1275,7 @@ def _pvalue(engines, depth, params, n, verify=None, monkeypatch=None, tree=1, pr
         g.params = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=s,
                                   coupled=params.coupled)
         # budget 1 + depth + 1: the first verify round can use the whole depth
-        out = g.generate(prompt, budget or 1 + depth + 1)
+        out = g.generate(prompt, budget or 1 + depth + 1, eos)
         counts[keys.index(tuple(out[:length]))] += 1
     if grow:  # grown rounds ran (each adds a try at position 1 of its key, beyond the prior's)
         from specrt.runtime.ngram import PRIOR_ROUNDS
@@ -1532,6 +1534,125 @@ def test_coupled_sampling_matches_target_distribution(small):
     for params in (SamplingParams(temperature=1.0, coupled=True),
                    SamplingParams(temperature=0.7, top_k=4, top_p=0.9, coupled=True)):
         assert _pvalue(small, 4, params, n=1200) > 0.01, params
+
+
+# ---- sampling: configurations audit 8 found untested (each passed: kept covered here) ----------
+
+T1 = SamplingParams(temperature=1.0)
+TOPKP = SamplingParams(temperature=0.7, top_k=4, top_p=0.9)
+
+
+@pytest.mark.parametrize("spec, params", [("adaptive:tree=2", T1), ("fixed:4:tree=3", TOPKP)],
+                         ids=["adaptive-w2-T1", "fixed4-w3-T0.7-k4-p0.9"])
+def test_sampling_under_adaptive_and_a_tree_beside_the_deepest_chain_matches_target_distribution(small, spec, params):
+    """Rejection sampling under the adaptive governor (its depth learnt from the earlier
+    draws' rounds: one governor across them) and a token tree beside a depth-4 chain, both
+    made from their specs as a Session makes them: the sequences are the target's."""
+    gov = make_governor(spec, small)
+    assert _pvalue(small, 4, params, n=1200, tree=gov.tree_width, governor=gov) > 0.01
+
+
+def test_sampling_with_a_peagle_draft_under_dspark_with_a_tree_matches_target_distribution(small, monkeypatch):
+    """DSpark over a P-EAGLE draft (its confidences from one parallel pass, before any draft
+    is sampled), sizing a tree of width 3 from c_1: the target's distribution, with rounds
+    that verify runners-up among them (the EAGLE-3 test above was the only sampled DSpark one)."""
+    rounds = _recorded_rounds(monkeypatch)
+    assert _pvalue(small, 4, T1, n=1200, tree=3, governor=_confidence_led_dspark(3)) > 0.01
+    assert any(r.siblings for r in rounds) and len({r.depth for r in rounds if r.depth}) > 1  # trees, depths
+
+
+@pytest.mark.parametrize("depth, tree", [(4, 1), (2, 3)], ids=["d4", "d2-w3"])
+def test_sampling_where_the_targets_top_k_lies_outside_the_draft_vocabulary(small, depth, tree):
+    """top_k 2 on the V = 6 target: its two tokens after the prompt include one the reduced
+    draft vocabulary (d2t, 4 of 6) cannot propose, so q is 0 where p has its mass and the
+    residual must carry it (DESIGN.md §4); drafts the target's top-k drops are rejected."""
+    params = SamplingParams(temperature=1.0, top_k=2)
+    d2t = read_d2t(small.export_dir, small.export)
+    first = {s[0] for s, w in _exact(small, [1, 2, 3], 1, params).items() if w > 0}
+    assert len(first) == 2 and first - set((np.arange(len(d2t)) + d2t).tolist())
+    assert _pvalue(small, depth, params, n=1200, tree=tree) > 0.01
+
+
+@pytest.mark.parametrize("temperature", [0.2, 5.0], ids=["T0.2", "T5"])
+@pytest.mark.parametrize("engines", ["small", "small_eagle3"])
+def test_sampling_at_low_and_high_temperatures_matches_target_distribution(request, engines, temperature):
+    """Near-greedy (T 0.2: p and q almost one-hot, the residual's rounding fallback in
+    reach) and near-uniform (T 5: drafts almost always accepted) at depth 4, over both
+    draft kinds: the target's distribution."""
+    assert _pvalue(request.getfixturevalue(engines), 4, SamplingParams(temperature=temperature), n=1200) > 0.01
+
+
+@pytest.mark.parametrize("spec", ["off:ngram", "fixed:2:tree=3:ngram"])
+def test_sampling_with_lookup_alone_and_beside_a_tree_matches_target_distribution(small, spec, monkeypatch):
+    """Prompt lookup with no draft (``off:ngram``) and beside a token tree, taken in every
+    round it can be: one-hot proposals, and the tree's drafted rounds between them."""
+    _always_look_up(monkeypatch)
+    rounds = _recorded_rounds(monkeypatch)
+    gov = make_governor(spec, small)
+    assert _pvalue(small, 2, T1, n=1200, prompt=LOOKUP_PROMPT, lookup=True, tree=gov.tree_width,
+                   governor=gov) > 0.01
+    assert sum(r.lookup > 0 for r in rounds) > 600
+
+
+def test_sampling_with_corpus_lookup_matches_target_distribution(small, monkeypatch):
+    """Corpus lookup (``:corpus``) from a corpus of sequences after the prompt, taken in
+    every round it can be: its one-hot proposals keep the target's distribution."""
+    from specrt.runtime.corpus import FILE, build_with_priors
+
+    _always_look_up(monkeypatch)
+    r = np.random.default_rng(5)
+    corpus, _ = build_with_priors([([1, 2, 3], r.integers(0, 6, 8).tolist()) for _ in range(40)],
+                                  info={"export_digest": small.manifest["export"]["digest"]})
+    corpus.save(small.folder / FILE)
+    rounds = _recorded_rounds(monkeypatch)
+    try:
+        assert _pvalue(small, 2, T1, n=1200, lookup=True, governor=make_governor("fixed:2:corpus", small)) > 0.01
+    finally:
+        (small.folder / FILE).unlink()
+    assert sum(r.lookup > 0 for r in rounds) > 600  # the corpus's rounds ran (2177 when written)
+
+
+def test_sampling_that_stops_at_an_eos_matches_target_distribution(small, small_eagle3):
+    """A stream ending at an EOS (token 3, the target's likeliest after the prompt) keeps
+    the target's distribution of sequences cut after it, at depth 4 and under DSpark with
+    a tree over EAGLE-3 (accepted drafts past the EOS dropped)."""
+    assert _pvalue(small, 4, T1, n=1200, eos=(3,)) > 0.01
+    assert _pvalue(small_eagle3, 4, T1, n=1200, tree=3, governor=_confidence_led_dspark(3), eos=(2,)) > 0.01
+
+
+@pytest.mark.parametrize("spec", ["dspark:tree=3", "adaptive:tree=2", "fixed:2:corpus", "off:corpus:grow",
+                                  "dspark:tree=3:ngram:corpus:grow"])
+def test_coupled_sampling_gives_target_only_text_with_trees_corpus_and_growth(small, small_eagle3, spec,
+                                                                             monkeypatch):
+    """Coupled sampling (--reproducible) under the governors the test above leaves out
+    (DSpark and adaptive with trees, corpus lookup, session growth, all of them at once),
+    lookup taken in every round it can be: off's text with the same seed, on both draft
+    kinds, at T 1 and with top-k 2 (the target's mass partly outside the draft vocabulary)."""
+    from specrt.runtime.corpus import FILE, build_with_priors
+
+    _always_look_up(monkeypatch)
+    prompt = list(LOOKUP_PROMPT)
+    accepted = 0
+    for engines in (small, small_eagle3):
+        r = np.random.default_rng(5)
+        corpus, _ = build_with_priors([(prompt, r.integers(0, 6, 12).tolist()) for _ in range(40)],
+                                      info={"export_digest": engines.manifest["export"]["digest"]})
+        corpus.save(engines.folder / FILE)
+        d2t = read_d2t(engines.export_dir, engines.export)
+        try:
+            for params in (SamplingParams(temperature=1.0, coupled=True),
+                           SamplingParams(temperature=1.0, top_k=2, coupled=True)):
+                off = G.Generator(engines, OffGovernor((1, 2, 4)), params, d2t)
+                g = G.Generator(engines, make_governor(spec, engines), params, d2t)
+                for seed in range(8):
+                    off.params = g.params = SamplingParams(temperature=1.0, top_k=params.top_k, seed=seed,
+                                                           coupled=True)
+                    assert g.generate(prompt, 16) == off.generate(prompt, 16), (spec, params, seed)
+                    t = g.telemetry.to_json()
+                    accepted += t["accepted"] + sum(m["accepted"] for m in t["lookup"]["by_match"].values())
+        finally:
+            (engines.folder / FILE).unlink()
+    assert accepted > 0  # drafts or looked-up tokens
 
 
 def test_a_d2t_reaching_one_target_id_twice_is_refused(small, tmp_path):
