@@ -381,10 +381,12 @@ class OrtRunner(Runner):
         met ONNX Runtime's own errors mid-decoding."""
         sess = self._sess
         have = {v.name: v for v in (*sess.get_inputs(), *sess.get_outputs())}
-        overridable = {v.name for v in sess.get_overridable_initializers()}
         want = [*((t, True) for t in self.inputs), *((t, False) for t in self.outputs)]
-        bad = [t.name for t, is_in in want
-               if t.name not in have and not (is_in and (t.optional or t.name in overridable))]
+        # every one, optional inputs too: infer binds each input by name (an optional one's
+        # default when the caller leaves it out), and IOBinding cannot bind a name the graph
+        # lacks or has as an overridable initializer only (ONNX Runtime's RuntimeError
+        # "Failed to find NodeArg" at every call, outside the EngineFailure wrapping)
+        bad = [t.name for t, _ in want if t.name not in have]
         bad += [n for n in have if n not in {t.name for t, _ in want}]
         for t, _ in want:
             v = have.get(t.name)

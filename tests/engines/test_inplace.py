@@ -356,3 +356,22 @@ def test_prompt_rows_come_out_the_same_in_calls_of_any_length_from_two(tiny_engi
             np.testing.assert_array_equal(got[1], whole[1], err_msg=str(splits))
             for k in whole[2]:
                 np.testing.assert_array_equal(got[2][k], whole[2][k], err_msg=f"{splits} {k}")
+
+
+def test_a_prefills_cache_outputs_are_the_callers_buffers_beside_its_dynamic_logits(tiny_engines):
+    """Mutant O40 (the outputs ONNX Runtime allocated matched to every output, aliased ones
+    included): the prefill's logits are sized per call, so its outputs are read back from the
+    binding; its in-place cache outputs are still the caller's buffers (not copies of them,
+    a context-sized allocation per prompt), and its logits and aux hidden states their own."""
+    rng = np.random.default_rng(23)
+    with load_engines(tiny_engines) as engines:
+        C_ = engines.max_context
+        bufs = {n: np.zeros((1, 2, C_, 16), np.float32) for i in range(4) for n in (C.cache_key(i), C.cache_value(i))}
+        r = engines.target(13)
+        assert r is engines.runners["prefill"]
+        out = r.infer({C.INPUT_IDS: rng.integers(0, 999, (1, 13)), C.POSITION_IDS: np.arange(13)[None], **bufs})
+        for i in range(4):
+            assert out[C.cache_key_out(i)] is bufs[C.cache_key(i)]
+            assert out[C.cache_value_out(i)] is bufs[C.cache_value(i)]
+        assert np.abs(bufs[C.cache_key(0)][0, :, :13]).min() > 0  # (written)
+        assert out[C.LOGITS].shape == (1, 13, 1000) and out[C.AUX_HIDDEN].shape[:2] == (1, 13)

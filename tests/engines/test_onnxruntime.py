@@ -304,6 +304,35 @@ def test_sessions_and_shared_weights_go_with_the_last_runner(tiny_engines_append
     assert (target._sessions, target._users, target._weights, draft._sessions, draft._users) == ({}, {}, None, {}, {})
 
 
+def test_a_role_input_the_runner_could_not_bind_is_refused_at_activation(tmp_path):
+    """An input the role names that the graph lacks (optional or not) or has only as an
+    overridable initializer (found by mutation round 7, O31): IOBinding cannot bind it, so
+    the runner activated and every call raised ONNX Runtime's "Failed to find NodeArg" with a
+    traceback; the I/O check refuses it at activation, naming it, and gives the session back."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.onnxruntime import OrtGraph, OrtRunner, OrtSettings
+    from specrt.engines.plan import DimRange, Role
+
+    vi = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+        [vi("x", T.FLOAT, [1, "n", 4]), vi("bias", T.FLOAT, [4])], [vi("y", T.FLOAT, [1, "n", 4])],
+        [numpy_helper.from_array(np.full(4, 2.0, np.float32), "bias")]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "g.onnx")
+    graph = OrtGraph(tmp_path / "g.onnx", OrtSettings(intra_op_num_threads=1).resolved())
+    role = Role("decode", "target", {"n": DimRange(1, 1, 8)}, 8)
+    x, y = (C.TensorSpec(n, "float32", (1, "n", 4)) for n in "xy")
+    for extra in (C.TensorSpec("bias", "float32", (4,)), C.TensorSpec("bias", "float32", (4,), True),
+                  C.TensorSpec(C.LOGITS_FROM, "int64", (), True)):
+        with pytest.raises(UserError, match=rf"role 'decode' \({extra.name}\); the manifest or the graph was edited"):
+            OrtRunner(role, (x, extra), (y,), graph).activate()
+        assert graph._sessions == {} and graph._users == {}
+
+
 def test_providers_are_cuda_with_the_cpu_behind_it_where_cuda_is_offered():
     """The default providers (module doc): CUDA when ONNX Runtime offers it, with the CPU
     provider behind it for the ops CUDA has no kernel for (mutation round: CUDA alone
@@ -522,3 +551,96 @@ def test_a_graph_whose_io_is_not_the_roles_is_refused_naming_each_difference(tmp
                                                       f"those engines.json gives role 'decode' ({said}")):
             OrtRunner(role, ins, outs, graph).activate()
         assert graph._sessions == {} and graph._users == {}
+
+
+def test_explicit_settings_are_kept_by_resolved_and_applied_to_the_session():
+    """Mutants O02, O47 (prepacking off asked for a shared session taken as the default, or
+    prepacking keyed by the session mode), O05 (providers given explicitly replaced by the
+    default choice), O13 (the optimisation level not applied): an explicit setting
+    (engines.json, ``ort_overrides``) is what the session gets."""
+    from specrt.engines.onnxruntime import OrtSettings
+
+    s = OrtSettings(prepack=False, intra_op_num_threads=1).resolved()
+    assert (s.sessions, s.prepack) == ("shared", False)
+    assert s.session_options().get_session_config_entry("session.disable_prepacking") == "1"
+    both = ("CUDAExecutionProvider", "CPUExecutionProvider")  # (kept as given: availability is the load's)
+    assert OrtSettings(providers=both, intra_op_num_threads=1).resolved().providers == both
+    for level in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
+        so = OrtSettings(graph_optimization_level=level, intra_op_num_threads=1).resolved().session_options()
+        assert so.graph_optimization_level == getattr(ort.GraphOptimizationLevel, level)
+
+
+def test_settings_read_back_take_one_provider_name_as_one_provider():
+    """Mutant O17 (from_json taking a string's letters as providers): engines.json edited to
+    ``"providers": "CPUExecutionProvider"`` names one provider, and loads as that one."""
+    from specrt.engines.onnxruntime import OrtSettings
+
+    s = OrtSettings.from_json({"providers": "CPUExecutionProvider", "intra_op_num_threads": 1})
+    assert s.providers == ("CPUExecutionProvider",)
+    assert s.resolved().providers == ("CPUExecutionProvider",)
+    assert OrtSettings.from_json(s.to_json()) == s
+
+
+def test_the_draft_keeps_a_prepacked_shared_session_in_per_depth_mode(tiny_engines_append):
+    """Mutants O21, O22 (a graph with one role given per-depth settings, or shared without its
+    prepacking): per-depth sessions share the target's weights unpacked; the draft has one role,
+    no weights to share, and keeps the shared mode's prepacking (module doc: an int8 draft ran
+    30x slower without it)."""
+    with load_engines(tiny_engines_append, ort_overrides={"sessions": "per-depth"}) as engines:
+        draft, target = engines.draft().graph.settings, engines.runner("decode").graph.settings
+        assert (draft.sessions, draft.prepack) == ("shared", True)
+        assert (target.sessions, target.prepack) == ("per-depth", False)
+
+
+def _tiny_graph(path, nodes, inputs, outputs, inits=()):
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_graph_onnx_runtime_cannot_load_is_a_user_error_naming_it(tmp_path):
+    """Mutant O25 (ONNX Runtime's own exception let through): a graph file ONNX Runtime refuses
+    (cut short, hand-edited) is a user error naming the file, not onnxruntime's Fail or
+    InvalidProtobuf with its traceback."""
+    from specrt.engines.onnxruntime import OrtGraph, OrtRunner, OrtSettings
+    from specrt.engines.plan import DimRange, Role
+
+    path = tmp_path / "g.onnx"
+    path.write_bytes(b"not a graph")
+    graph = OrtGraph(path, OrtSettings(intra_op_num_threads=1).resolved())
+    x = C.TensorSpec("x", "float32", (1, "n", 4))
+    r = OrtRunner(Role("decode", "target", {"n": DimRange(1, 1, 8)}, 8), (x,), (x,), graph)
+    with pytest.raises(UserError, match=f"^{path}: ONNX Runtime could not load the graph "):
+        r.activate()
+    assert not r.is_active and graph._sessions == {}
+
+
+def test_an_engine_failing_in_onnx_runtime_is_an_engine_failure_naming_the_role(tmp_path):
+    """Mutants O38, O39 (the failure named by another field than the role, or raised as a plain
+    user error): a request the runner accepted that ONNX Runtime fails mid-run (here a Reshape
+    the new tokens' count cannot take) is an EngineFailure naming the role and its graph file
+    with ONNX Runtime's reason on one line; the runner stays usable for a call it can run."""
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.onnxruntime import OrtGraph, OrtRunner, OrtSettings
+    from specrt.engines.plan import DimRange, Role
+    from specrt.errors import EngineFailure
+
+    vi = helper.make_tensor_value_info
+    path = _tiny_graph(tmp_path / "g.onnx", [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                       [vi("x", T.FLOAT, [1, "n", 4])], [vi("y", T.FLOAT, ["a", "b"])],
+                       [numpy_helper.from_array(np.array([3, -1], np.int64), "shape")])
+    graph = OrtGraph(path, OrtSettings(intra_op_num_threads=1).resolved())
+    role = Role("verify.2", "target", {"n": DimRange(1, 1, 8)}, 8)
+    with OrtRunner(role, (C.TensorSpec("x", "float32", (1, "n", 4)),), (C.TensorSpec("y", "float32", ("a", "b")),),
+                   graph) as r:
+        with pytest.raises(EngineFailure, match=r"^engine 'verify\.2' \(g\.onnx\) failed in ONNX Runtime: "
+                                                r"[^\n]*cannot be reshaped[^\n]*$"):
+            r.infer({"x": np.ones((1, 2, 4), np.float32)})
+        assert r.infer({"x": np.ones((1, 3, 4), np.float32)})["y"].shape == (3, 4)

@@ -270,3 +270,87 @@ def test_drafted_counts_the_chains_drafts_not_the_runners_up():
     j = t.to_json()
     assert (j["drafted"], j["tree"]["runners_up"]) == (5, 3)
     assert j["tree"]["target_depth_histogram"] == {"3": 1, "5": 1}
+
+
+def test_verify_seconds_are_kept_per_verified_depth_not_the_trees_target_depth():
+    """Mutant T11 (verify seconds keyed by the target call's depth, runners-up included): the
+    mean verify seconds per depth sit beside depth_histogram, which counts the chain's verified
+    depth d; a token tree's round of d = 2 with 2 runners-up is a depth-2 round."""
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1, siblings=2, sibling=1, t_verify=0.030, t_round=0.040))
+    t.record(RoundResult(depth=2, accepted=0, t_verify=0.010, t_round=0.020))
+    m = t.mean_seconds()
+    assert m["verify_by_depth"] == pytest.approx({"2": 0.020})
+    assert m["round_by_depth"] == pytest.approx({"2": 0.030})
+
+
+def test_engine_time_outside_rounds_adds_up_per_engine():
+    """Mutant T24 (engine_time keeping the last call's seconds): a run that prefills more than
+    once (a prompt in passes, a prefix reused then extended) reports the sum of its prefills."""
+    t = Telemetry()
+    t.engine_time("prefill", 0.25)
+    t.engine_time("prefill", 0.5)
+    t.engine_time("draft", 0.125)  # (the draft's catch-up over the prompt, beside its rounds)
+    t.record(RoundResult(depth=1, accepted=1, t_draft=0.125, t_verify=0.25))
+    t.finish(new_tokens=2, seconds=2.0)
+    assert t.time_split() == pytest.approx({"draft": 0.25, "verify": 0.25, "prefill": 0.75, "python": 0.75})
+
+
+def test_merged_runs_add_their_lookup_counts_per_match_length_and_their_walls():
+    """Mutants T28, T32, T33 (merge taking the other run's lookup counts for a match length both
+    runs have, leaving out the wall seconds per depth, or the runs' seconds): the bench's several
+    prompts report every lookup round, each depth's mean wall time and tokens per second over all."""
+    runs = []
+    for i in range(2):
+        t = Telemetry()
+        t.record(RoundResult(depth=4, accepted=2 + i, t_verify=0.01, t_round=0.02, lookup=3))
+        t.record(RoundResult(depth=2, accepted=1, t_verify=0.01, t_round=0.01 + 0.02 * i))
+        t.finish(new_tokens=5 + i, seconds=1.0 + i)
+        runs.append(t)
+    both = Telemetry()
+    for t in runs:
+        both.merge(t)
+    j = json.loads(json.dumps(both.to_json()))
+    assert j["lookup"]["by_match"] == {"3": {"rounds": 2, "verified": 8, "accepted": 5}}
+    assert j["lookup"]["tokens_per_round"] == pytest.approx(3.5)
+    assert j["mean_seconds"]["round_by_depth"] == pytest.approx({"2": 0.02})
+    assert (j["new_tokens"], j["seconds"], j["tokens_per_s"]) == (11, 3.0, pytest.approx(11 / 3))
+
+
+def test_a_run_without_lookup_rounds_reports_no_lookup_tokens_per_round():
+    """Mutant T38 (1.0 tokens per lookup round where there were none): a run with no lookup
+    round reports 0.0, not the 1.0 of lookup rounds that all failed at their first token."""
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1))
+    assert t.to_json()["lookup"] == {"rounds": 0, "tokens_per_round": 0.0, "seconds": 0.0, "depth_histogram": {},
+                                     "by_match": {}}
+    t.record(RoundResult(depth=3, accepted=0, lookup=2))
+    assert t.to_json()["lookup"]["tokens_per_round"] == 1.0
+
+
+def test_rounds_the_counters_cannot_hold_are_refused():
+    """Mutants T55, T56 (RoundResult without its check that a runner-up's win accepted exactly
+    position 1, or that a lookup round carries no draft confidences): such a round is a
+    scheduler bug; counted, it would put a runner-up's round in acceptance past position 1, or a
+    lookup round's block in the draft's block histogram."""
+    for bad in (dict(depth=3, accepted=2, siblings=1, sibling=0), dict(depth=3, accepted=0, siblings=2, sibling=1),
+                dict(depth=2, accepted=1, lookup=2, confidences=np.ones(2))):
+        with pytest.raises(InternalError):
+            RoundResult(**bad)
+    RoundResult(depth=3, accepted=1, siblings=2, sibling=1)
+    RoundResult(depth=2, accepted=1, lookup=2)
+
+
+def test_a_report_from_before_prompt_counts_has_no_first_token_time():
+    """Mutant T59 (a report without prompt_count read as one prompt): a report written before
+    the prompts were counted had no first-token time either; merged into others it adds no
+    prompt and no time, so their mean first-token time stays theirs."""
+    t = Telemetry()
+    t.record(RoundResult(depth=2, accepted=1))
+    old = json.loads(json.dumps(t.to_json()))
+    for k in ("prompt_count", "first_token_s"):
+        del old[k]
+    new = Telemetry()
+    new.streams, new.first_token_s = 1, 0.5
+    new.merge(Telemetry.from_json(old))
+    assert (new.to_json()["prompt_count"], new.to_json()["first_token_s"]) == (1, 0.5)
