@@ -396,3 +396,170 @@ def test_a_multi_prompt_request_counts_every_prompts_reused_rows(worded):  # noq
     assert [code for code, _ in got] == [200, 200], got
     assert [r["specrt"]["prefix_reused"] for _, r in got] == [0, 2 * 38], got
     assert all(r["usage"]["prompt_tokens"] == 80 for _, r in got), got
+
+
+# A second mutation round of specrt/cmd_serve.py (R2.Nxx: each test fails on its mutant, passes on the code).
+
+def test_an_open_bound_is_named_as_open_in_the_400(served):  # noqa: F811
+    """R2.N04: top_p must be > 0 (0 would keep no token): the 400 says "> 0.0", not ">= 0.0",
+    which would tell the client the very value it sent is allowed."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_p": 0})
+    assert code == 400 and r["error"]["param"] == "top_p", r
+    assert r["error"]["message"] == "'top_p' must be a number > 0.0, <= 1.0; got 0", r
+
+
+def test_an_empty_list_of_prompts_is_refused(served):  # noqa: F811
+    """R2.N09: ``prompt: []`` holds no prompt: a 400 naming 'prompt', not an answer of no choices."""
+    url, _ = served
+    for extra in ({}, {"max_tokens": 2}):
+        code, r = _post(url, "/v1/completions", {"prompt": [], **extra})
+        assert code == 400 and r["error"]["param"] == "prompt", r
+        assert "non-empty" in r["error"]["message"], r
+
+
+def test_an_empty_or_roleless_conversation_gets_the_messages_400(served):  # noqa: F811
+    """R2.N10, N11: ``messages: []`` and a message without a string role are refused by the
+    request's own check, which says what a message must be (not left to the template, whose
+    error names no rule, or rendered with a role of None)."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": []})
+    assert code == 400 and r["error"]["param"] == "messages", r
+    assert r["error"]["message"] == "'messages' must be a non-empty list of {role, content} objects", r
+    for m in ({"content": "w1"}, {"role": 3, "content": "w1"}):
+        code, r = _post(url, "/v1/chat/completions", {"messages": [m], "max_tokens": 2})
+        assert code == 400 and r["error"]["param"] == "messages", (m, r)
+        assert r["error"]["message"].startswith("messages[0]: expected an object with a string 'role'"), (m, r)
+
+
+def test_echo_takes_booleans_only(served):  # noqa: F811
+    """R2.N12, N78: completions' echo "yes" (or 1) is a 400 naming 'echo', as stream "false" is:
+    a string that reads true was taken as echo on."""
+    url, _ = served
+    for v in ("yes", 1, "false"):
+        code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2, "echo": v})
+        assert code == 400 and r["error"]["param"] == "echo", (v, r)
+        assert r["error"]["message"] == f"'echo' must be true or false; got {v!r}", r
+
+
+def test_a_seed_below_minus_one_is_refused(served):  # noqa: F811
+    """R2.N15: seed -1 is vLLM's "none" and taken; -2 is no seed and no "none": a 400 naming 'seed'."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2, "seed": -2, "temperature": 1.0})
+    assert code == 400 and r["error"]["param"] == "seed" and "'seed' must be an integer >= -1" in r["error"]["message"]
+
+
+def test_a_prompt_past_the_context_is_the_prompts_error_even_with_max_tokens(served):  # noqa: F811
+    """R2.N25: a prompt with no room at all is the prompt's fault (the session's context error,
+    param 'messages'), whether or not max_tokens is given: not a 400 telling the client to
+    lower max_tokens, which no value of it would cure."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1 " * 500}],
+                                                  "max_tokens": 2})
+    assert code == 400 and r["error"]["param"] == "messages" and "context limit" in r["error"]["message"], r
+
+
+def test_an_answer_ended_by_eos_finishes_stop(served):  # noqa: F811
+    """R2.N31: OpenAI's finish_reason is "stop" for the model's own end (EOS), not only for a
+    stop string: sampled choices that end before max_tokens (the tiny model samples its EOS
+    often at temperature 2) say "stop", the one cut at max_tokens "length"."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 60, "n": 8, "temperature": 2.0,
+                                             "seed": 1, "logprobs": 0})
+    assert code == 200, r
+    ended = [len(c["logprobs"]["tokens"]) < 60 for c in r["choices"]]
+    assert any(ended), r
+    assert [c["finish_reason"] for c in r["choices"]] == ["stop" if e else "length" for e in ended], r
+
+
+def _metrics(url: str) -> tuple[dict[str, float], dict[str, str], bytes]:
+    """GET /metrics: its samples by name, its headers and its body."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        body, headers = r.read(), dict(r.headers)
+    samples = dict(line.rsplit(" ", 1) for line in body.decode().splitlines() if line and not line.startswith("#"))
+    return {k: float(v) for k, v in samples.items()}, headers, body
+
+
+def test_the_waiting_gauge_counts_a_request_queued_for_the_engines(worded):  # noqa: F811
+    """R2.N57: specrt_requests_waiting renders the requests queued behind the answer in flight
+    (what an autoscaler reads), 1 while one waits and 0 once it has been answered; with
+    /metrics' Content-Length the size of its body (R2.N77: HEAD answers it without the body)."""
+    import threading
+    import time
+
+    from tests.cli.test_serve import _in_process
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        app.lock.acquire()  # an answer in flight
+        got = {}
+        asker = threading.Thread(target=lambda: got.update(r=_post(url, "/v1/completions", {"prompt": "w1",
+                                                                                           "max_tokens": 2})))
+        asker.start()
+        deadline = time.time() + 30
+        while app.metrics.waiting < 1:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        waiting, headers, body = _metrics(url)
+        app.lock.release()
+        asker.join(timeout=60)
+        after, _, _ = _metrics(url)
+    assert waiting["specrt_requests_waiting"] == 1 and after["specrt_requests_waiting"] == 0, (waiting, after)
+    assert got["r"][0] == 200, got
+    assert int(headers["Content-Length"]) == len(body), headers
+
+
+def test_accepted_draft_tokens_are_fewer_than_verified_ones_where_drafts_were_rejected(worded):  # noqa: F811
+    """R2.N76: specrt_draft_tokens_accepted_total counts the accepted draft tokens, not the
+    verified ones: with rounds that ended at a rejected draft, fewer were accepted than put to
+    the target (acceptance = accepted / verified < 1)."""
+    from tests.cli.test_serve import _in_process
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        code, r = _post(url, "/v1/completions", {"prompt": "w3 w1 w4", "max_tokens": 8})
+        m, _, _ = _metrics(url)
+    assert code == 200 and m["specrt_draft_rejections_total"] > 0, m
+    assert m["specrt_draft_tokens_accepted_total"] < m["specrt_draft_tokens_verified_total"], m
+
+
+def test_a_stream_is_sent_uncached_as_server_sent_events(served):  # noqa: F811
+    """R2.N47: a stream's headers say text/event-stream and Cache-Control: no-cache (what an
+    SSE answer sends so that a proxy or browser neither caches nor holds it back), and its
+    body is "data: ..." events ending with "data: [DONE]"."""
+    import urllib.request
+
+    url, _ = served
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps({"prompt": "w1", "max_tokens": 2,
+                                                                            "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        headers, body = r.headers, r.read().decode()
+    assert headers["Content-Type"] == "text/event-stream" and headers["Cache-Control"] == "no-cache", dict(headers)
+    assert body.startswith("data: {") and body.endswith("\n\ndata: [DONE]\n\n"), body
+
+
+def test_an_observation_past_the_last_bucket_counts_in_inf_and_the_count():
+    """R2.N56: a request slower than the last bound (60 s) is in le="+Inf" alone and in
+    _count (Prometheus: _count equals the +Inf bucket), its seconds in _sum."""
+    from specrt.cmd_serve import Metrics
+
+    m = Metrics()
+    m.observe("request_seconds", 0.2)
+    m.observe("request_seconds", 61.0)
+    lines = m.render().splitlines()
+    assert 'specrt_request_seconds_bucket{le="60.0"} 1' in lines and 'specrt_request_seconds_bucket{le="+Inf"} 2' \
+        in lines, lines
+    assert "specrt_request_seconds_count 2" in lines and "specrt_request_seconds_sum 61.2" in lines, lines
+
+
+def test_top_logprobs_0_and_logprobs_0_are_taken(served):  # noqa: F811
+    """R2.N69 (N70, its completions twin, was caught already): the ranges are 0-20 on both
+    endpoints: chat's top_logprobs 0 (OpenAI's default) gives each token's logprob and no
+    alternatives; completions' logprobs 0 the sampled token's alone."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
+                                                  "logprobs": True, "top_logprobs": 0})
+    assert code == 200 and all(e["top_logprobs"] == [] for e in r["choices"][0]["logprobs"]["content"]), r
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2, "logprobs": 0})
+    lp = r["choices"][0]["logprobs"]
+    assert code == 200 and [list(t) for t in lp["top_logprobs"]] == [[t] for t in lp["tokens"]], r
