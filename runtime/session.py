@@ -402,14 +402,15 @@ class Session:
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
                            {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
 
-    def _need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
+    def need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
+        """UserError saying ``what`` needs the tokenizer where the export has none, and how to add it."""
         if self.text is None:
-            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; {what}: put its tokenizer.json in the target's folder, then `specrt export` and "
-                            "`specrt build` again")
+            raise UserError(f"{self.engines.export_dir}: no tokenizer.json; {what}: put its tokenizer.json in the "
+                            "target's folder, then `specrt export` and `specrt build` again")
 
     def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
         """A text prompt's or a conversation's token ids as ``stream`` makes them."""
-        self._need_text()
+        self.need_text()
         return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
                                                **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")},
                                 self.chat_option)
@@ -500,7 +501,7 @@ class Session:
         is asked for."""
         self._open()
         # (a prompt of token ids too: what it yields is text; it said "text prompts need" to one)
-        self._need_text("Session.stream yields text, which needs the target's tokenizer (Session.stream_ids "
+        self.need_text("Session.stream yields text, which needs the target's tokenizer (Session.stream_ids "
                         "takes and yields token ids)")
         check_flag("chat", chat)
         scan = StopScanner(stop)  # checks the stop strings before anything runs

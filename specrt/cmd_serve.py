@@ -1229,11 +1229,9 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     try:
         from specrt.cli import session_warnings
 
-        if app.session.text is None:  # (it served, and answered every request 400 "text prompts need the
-            # target's tokenizer", a completion of token ids too: an answer is text, its logprobs' tokens too)
-            raise UserError(f"{app.session.engines.export_dir}: no tokenizer.json; specrt serve answers in text "
-                            "and needs the target's tokenizer: put its tokenizer.json in the target's folder, then "
-                            "`specrt export` and `specrt build` again")
+        # (it served, and answered every request 400 "text prompts need the target's tokenizer", a
+        # completion of token ids too: an answer is text, its logprobs' tokens too)
+        app.session.need_text("specrt serve answers in text and needs the target's tokenizer")
         session_warnings(app.session)
         try:
             httpd = make_server(app, host, port)
