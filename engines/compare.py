@@ -794,30 +794,22 @@ def _num(x) -> str:
 CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS)  # a role's checks beside its outputs
 
 
-def count_failures(fails: list[dict[str, Any]]) -> str:
-    """"N output(s) and M check(s)" of ``failures``: outputs beyond tolerance, and the checks
-    beside them (CHECKS), which a count of "outputs" miscounted; an engine's failed call
-    (ENGINE_CALL) is neither (``failed_calls``)."""
-    fails = [f for f in fails if f["output"] != ENGINE_CALL]
-    checks = sum(f["output"] in CHECKS for f in fails)
-    return " and ".join(f"{n} {what}" for n, what in ((len(fails) - checks, "output(s)"), (checks, "check(s)")) if n)
-
-
-def failed_calls(fails: list[dict[str, Any]]) -> str:
-    """"engine 'verify.3' failed its call" for the roles of ``failures`` whose engine failed a
-    call (nothing of theirs compared, so no output of theirs "differs"); "" where none did."""
-    roles = [f"'{f['role']}'" for f in fails if f["output"] == ENGINE_CALL]
-    if len(roles) == 1:
-        return f"engine {roles[0]} failed its call"
-    return f"engines {', '.join(roles)} failed their calls" if roles else ""
-
-
 def what_failed(fails: list[dict[str, Any]], reference: str) -> str:
-    """"the engines differ from the onnxruntime reference in 2 output(s)", "engine 'verify.3'
-    failed its call", or both joined by "; ": the verdict of ``failures``, said once."""
-    differ = count_failures(fails)
-    return "; ".join(x for x in (differ and f"the engines differ from the {reference} reference in {differ}",
-                                    failed_calls(fails)) if x)
+    """The verdict of ``failures``, said once: "the engines differ from the onnxruntime
+    reference in N output(s) and M check(s)" (outputs beyond tolerance, and the checks beside
+    them, CHECKS, which a count of "outputs" miscounted), "engine 'verify.3' failed its call"
+    (ENGINE_CALL: nothing of that role's compared, so no output of its "differs"), or both
+    joined by "; "."""
+    calls = [f"'{f['role']}'" for f in fails if f["output"] == ENGINE_CALL]
+    compared = [f for f in fails if f["output"] != ENGINE_CALL]
+    checks = sum(f["output"] in CHECKS for f in compared)
+    differ = " and ".join(f"{n} {what}" for n, what in ((len(compared) - checks, "output(s)"), (checks, "check(s)"))
+                          if n)
+    said = [f"the engines differ from the {reference} reference in {differ}"] if differ else []
+    if calls:
+        said.append(f"engine {calls[0]} failed its call" if len(calls) == 1 else
+                    f"engines {', '.join(calls)} failed their calls")
+    return "; ".join(said)
 
 
 def _add_check(role_out: dict[str, Any], name: str, result: dict[str, Any]) -> None:
