@@ -389,7 +389,12 @@ class Growth:
                 and (lengths >= 0).all() and int(lengths.sum()) == len(tokens)):
             raise UserError(f"{path}: inconsistent growth arrays (lengths do not add up to the tokens)")
         _refuse_ids_outside(path, tokens, vocab_size)
-        g = cls(max_tokens=max_tokens)  # the tables are made again from the sequences, as add() makes them
+        nmin, nmax = meta.get("nmin", NMIN), meta.get("nmax", NMAX)
+        if not (type(nmin) is type(nmax) is int and 1 <= nmin <= nmax <= NMAX_LIMIT):
+            raise UserError(f"{path}: n-gram lengths nmin {nmin!r} / nmax {nmax!r}: expected integers, "
+                            f"1 <= nmin <= nmax <= {NMAX_LIMIT}")
+        # the tables are made again from the sequences, as add() makes them, with the file's n-gram lengths
+        g = cls(nmin, nmax, max_tokens=max_tokens)
         for q in np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []:
             g.add(q.tolist())  # oldest first: past the cap the oldest go again
         g.rates, grown, rates = {}, set(g.source_priors()), meta.get("rates") or {}

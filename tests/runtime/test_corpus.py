@@ -114,6 +114,21 @@ def test_growth_file_round_trip_and_refusals(tmp_path):
                  meta=np.frombuffer(b'{"format": 1, "kind": "specrt growth"}', np.uint8))
     with pytest.raises(UserError, match="bad.npz: inconsistent growth arrays"):
         Growth.load(tmp_path / "bad.npz", vocab_size=9)
+    # its n-gram lengths are the file's (the tables made again with them), checked like a corpus's
+    other = Growth(nmin=2, nmax=5)
+    for q in list(g.seqs):
+        other.add(q)
+    other.save(path)
+    back = Growth.load(path, vocab_size=9)
+    assert (back.nmin, back.nmax) == (2, 5) and back.table == other.table != g.table
+    for bad in ('"nmin": 0', '"nmax": 65', '"nmin": 6', '"nmin": "3"'):
+        meta = json.dumps({"format": 1, "kind": "specrt growth", "nmin": 3, "nmax": 5})
+        meta = meta.replace('"nmin": 3', bad) if "nmin" in bad else meta.replace('"nmax": 5', bad)
+        with open(tmp_path / "lengths.npz", "wb") as f:
+            np.savez(f, tokens=np.arange(4, dtype=np.int32), lengths=np.array([4]),
+                     meta=np.frombuffer(meta.encode(), np.uint8))
+        with pytest.raises(UserError, match=r"lengths.npz: n-gram lengths nmin .* expected integers, 1 <= nmin"):
+            Growth.load(tmp_path / "lengths.npz", vocab_size=9)
     empty = tmp_path / "empty.npz"
     Growth().save(empty)
     assert Growth.load(empty, vocab_size=9).table == {} and Growth.load(empty, vocab_size=9).rates == {}
