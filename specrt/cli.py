@@ -725,7 +725,8 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
              else "")
     lk = stats["lookup"]
     if lk["rounds"]:
-        trees += f", prompt lookup in {_count(lk['rounds'], 'round')}, {lk['tokens_per_round']:.2f} tokens a round"
+        trees += (f", {_lookup_words(governor)} in {_count(lk['rounds'], 'round')}, "
+                  f"{lk['tokens_per_round']:.2f} tokens a round")
     if stats["prefix_reused"]:
         trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
     rej = stats["rejections"]
@@ -735,6 +736,15 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
     click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
                f"first token after {stats['first_token_s']:.2f} s, tau {stats['tau']:.2f}, governor "
                f"{governor}{trees}]", err=True)
+
+
+def _lookup_words(governor: str) -> str:
+    """A governor's lookup rounds in words: prompt lookup searches the context alone;
+    ``:corpus`` and ``:grow`` search the corpus and the run's earlier answers beside it."""
+    from specrt.runtime.governor import wants_corpus, wants_grow
+
+    more = [w for w, on in (("the corpus", wants_corpus(governor)), ("earlier answers", wants_grow(governor))) if on]
+    return "prompt lookup" if not more else "lookup in the context, " + " and ".join(more)
 
 
 def _prompting() -> bool:

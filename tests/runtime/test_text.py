@@ -341,6 +341,8 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     assert r.exit_code == 0 and grow.is_file(), r.output
     r, second = run(again, "off:grow", "--grow-file", str(grow))
     assert r.exit_code == 0 and "session growth from" in r.output and "(2 sequences)" in r.output, r.output
+    # its closing line names where the lookup rounds looked: the context and the earlier answers
+    assert "lookup in the context, earlier answers in " in r.output and "prompt lookup" not in r.output, r.output
     assert second["prompts"][0]["output_token_ids"] == off["prompts"][0]["output_token_ids"]
     assert any(int(k) >= 40 for k in second["lookup"]["by_match"]), second["lookup"]  # grown at once
     r, fresh = run(again, "off:grow")  # without the file: nothing grown in a first prompt
@@ -362,6 +364,17 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     r, _ = run(again, "auto", "--grow-file", str(junk))
     assert r.exit_code == 1 and "junk.npz: not a growth file (not an .npz archive)" in r.output, r.output
     assert "allow_pickle" not in r.output
+
+
+def test_run_closing_line_names_where_lookup_looked():
+    """run's closing line says "prompt lookup" only where lookup searched the context alone
+    (:ngram); :corpus and :grow (each of which looks up in the context too) are named."""
+    from specrt.cli import _lookup_words
+
+    assert _lookup_words("dspark:tree=3:ngram") == _lookup_words("off:ngram=8") == "prompt lookup"
+    assert _lookup_words("off:corpus") == "lookup in the context, the corpus"
+    assert _lookup_words("fixed:2:grow=500") == "lookup in the context, earlier answers"
+    assert _lookup_words("dspark:ngram:corpus:grow") == "lookup in the context, the corpus and earlier answers"
 
 
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
