@@ -1345,10 +1345,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"--variant {label}: {ve.folder} is the folder of {seen[where]}; a variant is another "
                             "engines folder (copy it to compare a folder with itself)")
         seen[where] = f"--variant {label}"
-    # variants built at another precision or on another backend need not match ENGINES token for
-    # token: each must match its own off (their mismatches with specrt:off are listed as a peer's)
+    # variants built at another precision, on another backend or from another export's target graph
+    # (--dtype) need not match ENGINES token for token: each must match its own off (their
+    # mismatches with specrt:off are listed as a peer's)
     own_reference = {f"specrt:{g}@{label}": f"specrt:off@{label}" for label, ve in variant_engines.items()
-                     if (ve.precision, ve.backend) != (engines.precision, engines.backend) for g in govs}
+                     if (ve.precision, ve.backend, target_graph(ve))
+                     != (engines.precision, engines.backend, target_graph(engines)) for g in govs}
     peer_list = list(dict.fromkeys(_split(peers)))  # (hf,hf ran one hf: a bar stuck at 67%)
     unknown = [x for x in peer_list if x not in KNOWN_PEERS]
     if unknown:
@@ -1601,7 +1603,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                              "intra_op_num_threads"), "governors": govs, "peers": peer_list,
                          "variants": {label: {"engines": str(ve.folder), "draft_weights": ve.draft_weights,
                                               "depths": list(ve.depths), "precision": ve.precision,
-                                              "backend": ve.backend, "export_digest": ve.manifest["export"]["digest"],
+                                              "dtype": ve.export.get("dtype"), "backend": ve.backend,
+                                              "export_digest": ve.manifest["export"]["digest"],
                                               "identity_reference": ("specrt:off" if f"specrt:off@{label}" not in
                                                                      own_reference else f"specrt:off@{label}")}
                                       for label, ve in variant_engines.items()},
@@ -1715,9 +1718,34 @@ def hugepages_settings(peer_threading: str) -> dict:
             "specrt": on({"kind": "specrt"}), "peers": on({"kind": "peer", "hugepages": peer_threading == "matched"})}
 
 
+def target_graph(e) -> str | None:
+    """The sha256 of an engine set's target graph (its export.json record)."""
+    return next((r["sha256"] for r in e.export["graphs"]["target"]["files"] if r["file"].endswith(".onnx")), None)
+
+
+def _other_target(ve, engines) -> str | None:
+    """Why two engine sets' exports are not of one target checkpoint with one tokenizer (the
+    same token ids for the same text, so outputs compare), or None: their binding receipts'
+    target weights (per slot) and their tokenizer files' hashes."""
+    def weights(e):
+        slots = ((e.export.get("binding_receipt") or {}).get("target") or {}).get("slots") or {}
+        return {s: r.get("sha256") for s, r in slots.items()}
+
+    def tokenizer(e):
+        return sorted((r["file"], r["sha256"]) for r in e.export.get("tokenizer") or [])
+
+    if not weights(ve) or weights(ve) != weights(engines):
+        return "their binding receipts' target weights differ"
+    if tokenizer(ve) != tokenizer(engines):
+        return "their tokenizer files differ"
+    return None
+
+
 def check_variant(label: str, folder: Path, engines, govs: list[str]):
-    """The engine set of ``--variant LABEL=DIR``, loaded (hashes verified) and checked: built
-    from the same target graph as ENGINES, so its greedy output must be identical too."""
+    """The engine set of ``--variant LABEL=DIR``, loaded (hashes verified) and checked:
+    exported from the same target checkpoint with the same tokenizer as ENGINES. From the same
+    target graph its greedy output must be identical to ENGINES' too; an export at another
+    ``--dtype`` is checked against its own off (bench())."""
     from specrt.engines.engine_set import load_engines
 
     if not label.replace("-", "").replace("_", "").isalnum():
@@ -1725,13 +1753,10 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
     if not folder.is_dir():
         raise UserError(f"--variant {label}: {folder} is not an engines folder")
     ve = load_engines(folder)
-
-    def target_hash(e):
-        return next((r["sha256"] for r in e.export["graphs"]["target"]["files"] if r["file"].endswith(".onnx")), None)
-
-    if target_hash(ve) != target_hash(engines):
-        raise UserError(f"--variant {label}: {folder} was built from another target graph than "
-                        f"{engines.folder} (export.json target hashes differ); outputs could not be compared")
+    why = _other_target(ve, engines) if target_graph(ve) != target_graph(engines) else None
+    if why:
+        raise UserError(f"--variant {label}: {folder} was exported from another target than {engines.folder} "
+                        f"({why}); outputs could not be compared")
     for g in govs:
         check_governor(g, ve, label)
     return ve
@@ -1949,8 +1974,9 @@ def _parse_variants(values) -> dict[str, Path]:
               help="interleaved: every configuration loaded at once, taking turns prompt by prompt; "
                    "sequential: one configuration after another (less memory).")
 @click.option("--variant", "variants", multiple=True, metavar="LABEL=DIR",
-              help="Also run the governors on another engines folder built from the same target (e.g. "
-                   "--draft-weights int8), reported as specrt:<governor>@LABEL. Repeatable.")
+              help="Also run the governors on another engines folder of the same target checkpoint and "
+                   "tokenizer (e.g. built with --draft-weights int8, or exported at another --dtype: its outputs "
+                   "checked against its own off), reported as specrt:<governor>@LABEL. Repeatable.")
 @click.option("--processes", type=int, default=1, show_default=True,
               help="Interleaved schedule: run every worker as N processes, prompt i on process i mod N, so that "
                    "one process's memory placement (two identical processes have measured up to 8% apart) "

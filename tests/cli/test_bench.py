@@ -932,6 +932,57 @@ def test_variant_runs_the_governors_on_another_build(tiny_engines, prompts_file,
     assert rep["configs"]["specrt:fixed:2@q8"]["draft_passes"] > 0
 
 
+def test_variant_exported_at_another_dtype_is_checked_against_its_own_off(tiny_engines, prompts_file, tmp_path):
+    """--variant of an export of the same target checkpoint at --dtype float16 (another target
+    graph, refused as one until session 63): measured beside ENGINES, each configuration
+    identity-checked against the variant's own off (float16 may round another way), its dtype
+    in the report. Another tokenizer for the same weights is refused naming it."""
+    import shutil
+
+    from specrt.engines.build import build_engines
+    from specrt.export.export import export
+    from tests.runtime.test_text import _words
+
+    export(REFERENCE_PAIR.resolve() / "verifier", REFERENCE_PAIR.resolve() / "draft", tmp_path / "x16",
+           dtype="float16", log=_quiet)
+    build_engines(tmp_path / "x16", "onnxruntime", (1, 2), tmp_path / "f16", profile_repeats=1, log=_quiet)
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out),
+                                   "--max-new-tokens", "6", "--governors", "off,fixed:2", "--peers", "none",
+                                   "--threads", "1", "--warmup-tokens", "0", "--variant", f"h={tmp_path / 'f16'}",
+                                   "--quiet"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "bench.json").read_text())
+    assert set(rep["configs"]) == {"specrt:off", "specrt:fixed:2", "specrt:off@h", "specrt:fixed:2@h"}
+    assert rep["settings"]["variants"]["h"]["identity_reference"] == "specrt:off@h"
+    assert rep["settings"]["variants"]["h"]["dtype"] == "float16"
+    assert rep["identity"]["failures"] == []
+    assert rep["identity"]["configs"]["specrt:fixed:2@h"]["identical_prompts"] == 2
+    # the same target exported without the draft: another target graph (no auxiliary hidden
+    # states out) at the same precision, checked against its own off too
+    export(REFERENCE_PAIR.resolve() / "verifier", None, tmp_path / "x0", log=_quiet)
+    build_engines(tmp_path / "x0", "onnxruntime", (1,), tmp_path / "plain", profile_repeats=1, log=_quiet)
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r0"),
+                                   "--max-new-tokens", "4", "--governors", "off", "--peers", "none", "--threads", "1",
+                                   "--warmup-tokens", "0", "--variant", f"n={tmp_path / 'plain'}", "--quiet"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
+    assert rep["settings"]["variants"]["n"]["identity_reference"] == "specrt:off@n"
+    assert rep["settings"]["variants"]["n"]["precision"] == rep["settings"]["precision"] == "fp32"
+    # the same weights with a tokenizer beside them: other ids for the same text, refused
+    shutil.copytree(REFERENCE_PAIR / "verifier", tmp_path / "v")
+    _words(tmp_path / "v")
+    export(tmp_path / "v", None, tmp_path / "xt", log=_quiet)
+    build_engines(tmp_path / "xt", "onnxruntime", (1,), tmp_path / "tok", profile_repeats=1, log=_quiet)
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r2"),
+                                   "--peers", "none", "--governors", "off", "--variant", f"t={tmp_path / 'tok'}"])
+    assert isinstance(r.exception, UserError) and str(r.exception) == (
+        f"--variant t: {tmp_path / 'tok'} was exported from another target than {tiny_engines} (their tokenizer "
+        "files differ); outputs could not be compared"), r.exception
+    assert not (tmp_path / "r2").exists()
+
+
 def test_governor_costs_profiled_needs_the_profile(tiny_engines, prompts_file, tmp_path):
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                                    "--peers", "none", "--governor-costs", "profiled", "--no-profile", "--quiet"])
@@ -954,7 +1005,8 @@ def test_variant_errors(tiny_engines, prompts_file, tmp_path):
     export(write_tiny_target(tmp_path / "t", "llama"), None, tmp_path / "exp", log=_quiet)
     build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "other", profile_repeats=1, log=_quiet)
     r = runner.invoke(bench, [*base, "--variant", f"o={tmp_path / 'other'}"])
-    assert isinstance(r.exception, UserError) and "another target graph" in str(r.exception)
+    assert isinstance(r.exception, UserError) and "exported from another target than" in str(r.exception)
+    assert "(their binding receipts' target weights differ)" in str(r.exception)
 
 
 def test_governors_are_named_in_one_spelling_so_identity_is_checked(tiny_engines, prompts_file, tmp_path):
