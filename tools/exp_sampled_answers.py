@@ -1,6 +1,6 @@
 """Experiment: do the target's sampled answers teach a draft more than its greedy ones alone?
 
-Every answerable TRAIN prompt has its greedy answer (README, "Found in session 46"), and
+Every answerable TRAIN prompt has its greedy answer (NOTES.md, "Found in session 46"), and
 stage 8's draft fits its training answers at tau 2.39 against 2.12 held out: more text per
 prompt is the data a GPU session can still make (``gen_chat_data --temperature``). This
 probe asks, on this CPU and at small scale, whether such answers help at all:
