@@ -487,20 +487,13 @@ def _int8_draft(tmp: Path, src: str, name: str, dtype: str, draft_weights: str, 
             "timed_sizes": sizes}
 
 
-# A profile whose process had less of the CPU than this (its threads' CPU time over what they
-# asked for: spinning ONNX Runtime threads ask for all of it) was measured on a busy machine.
-# `specrt profile` of SmolLM2's engines on the 2-core host of 2026-12-05: 0.92 idle, 0.51
-# beside one busy loop (decode 62 against 18 ms), 0.48 beside two.
-BUSY_CPU_SHARE = 0.75
-
-
 def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: Callable[[str], None],
              where: str = "", folder: Path | None = None) -> dict[str, Any]:
     """``profile_costs`` on ``engines`` (activated for it, released after) at the ``pasts``
     that fit their context (else half of it), for the build and ``measure_costs`` alike.
     ONNX Runtime engines: the table's ``cpu_share`` is the CPU time this process had over
     what its threads asked for while profiling (spinning threads: ~1 on an idle machine);
-    below BUSY_CPU_SHARE the log says the machine was busy and names `specrt profile
+    below costs.BUSY_CPU_SHARE the log says the machine was busy and names `specrt profile
     FOLDER` (``folder``: the engines' final folder, by default theirs)."""
     depth_list = tuple(engines.depths)
     ctx = engines.max_context
@@ -520,7 +513,7 @@ def _profile(engines: EngineSet, pasts, draft_accepted: int, repeats: int, log: 
             # (the note says the share recorded: the unrounded one's percent could differ by one, a flaky test)
             share = round((time.process_time() - cpu0) / (max(time.perf_counter() - wall0, 1e-9) * threads), 3)
             table["cpu_share"] = share
-            if share < BUSY_CPU_SHARE:  # other processes took the cores: every time is inflated
+            if share < _costs.BUSY_CPU_SHARE:  # other processes took the cores: every time is inflated
                 log(f"note: this process had {share:.0%} of the CPU time its {threads} ONNX Runtime threads asked "
                     f"for while profiling: the machine was busy and these costs are inflated (DSpark and prompt "
                     f"lookup price their rounds from them): measure them again with `specrt profile "

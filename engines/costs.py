@@ -280,6 +280,21 @@ def profile_costs(runners: dict[str, Runner], *, vocab: dict[str, int], depths: 
     return table
 
 
+# A profile whose process had less of the CPU than this (its threads' CPU time over what they
+# asked for: spinning ONNX Runtime threads ask for all of it; the table's ``cpu_share``) was
+# measured on a busy machine. `specrt profile` of SmolLM2's engines on the 2-core host of
+# 2026-12-05: 0.92 idle, 0.51 beside one busy loop (decode 62 against 18 ms), 0.48 beside two.
+BUSY_CPU_SHARE = 0.75
+
+
+def busy_share(table: dict[str, Any] | None) -> float | None:
+    """A cost table's ``cpu_share`` where it says the profile ran on a busy machine (below
+    BUSY_CPU_SHARE: every cost inflated), else None (idle, or not recorded)."""
+    share = (table or {}).get("cpu_share")
+    ok = isinstance(share, (int, float)) and not isinstance(share, bool) and math.isfinite(share)
+    return float(share) if ok and 0 <= share < BUSY_CPU_SHARE else None
+
+
 def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
     """engines.json's table with integer depth and past keys; a cost that is not a positive
     finite number of seconds is a ValueError (typed by hand: a TypeError, or a governor

@@ -34,6 +34,7 @@ from typing import Iterator
 import numpy as np
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
+from specrt.engines.costs import busy_share
 from specrt.errors import UserError
 from specrt.limits import whole
 from specrt.paths import check_path_args
@@ -338,6 +339,20 @@ class Session:
                     f"{self.engines.folder} with no training receipt to compare with: "
                     "see its acceptance_receipt.json note")
         return None
+
+    @property
+    def busy_costs(self) -> str | None:
+        """A note when the governor prices its rounds from a cost table profiled on a busy
+        machine (its ``cpu_share`` below BUSY_CPU_SHARE: every cost inflated, which misled
+        DSpark for longer than a bench runs; the build said so once, and nothing re-profiles
+        by itself)."""
+        base, lookup = split_lookup(self.governor_spec)
+        share = busy_share(self.engines.manifest.get("costs"))
+        if share is None or not (lookup or is_dspark(base)):
+            return None
+        return (f"the cost table of {self.engines.folder} was profiled on a busy machine ({share:.0%} of the CPU "
+                f"time its threads asked for): its costs are inflated, and governor '{self.governor_spec}' prices "
+                f"its rounds from them; `specrt profile {self.engines.folder}` measures them again (when idle)")
 
     @property
     def unchecked(self) -> str | None:

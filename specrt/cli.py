@@ -432,13 +432,16 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
 
 def session_warnings(s) -> None:
     """What run, chat and serve say about the engines before they decode: the canary's
-    loud warning for a draft far below its training accuracy, a note for one never checked."""
+    loud warning for a draft far below its training accuracy, a note for one never checked;
+    a note for a cost table profiled on a busy machine that the governor prices from."""
     if s.untrusted:
         click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
     elif s.unchecked:
         click.echo(f"note: {s.unchecked}", err=True)
     elif s.low_acceptance:
         click.echo(f"note: {s.low_acceptance}", err=True)
+    if s.busy_costs:
+        click.echo(f"note: {s.busy_costs}", err=True)
 
 
 def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list,

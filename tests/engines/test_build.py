@@ -1236,13 +1236,13 @@ def test_a_context_past_the_draft_s_own_length_is_warned_once_and_recorded(tmp_p
 def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
     """Profiling records the CPU share this process had over what its ONNX Runtime threads
     asked for (``cpu_share``: 0.92 idle on the 2-core host, 0.51 beside one busy loop), and
-    below BUSY_CPU_SHARE says the costs are inflated, naming `specrt profile FOLDER`: a table
+    below costs.BUSY_CPU_SHARE says the costs are inflated, naming `specrt profile FOLDER`: a table
     measured 2.5-3.4x slow under load was written without a word (found by a new-user walk).
     The threshold is moved here, not the machine's load."""
     from specrt.engines import build
 
     for threshold, said in ((2.0, True), (0.0, False)):
-        monkeypatch.setattr(build, "BUSY_CPU_SHARE", threshold)
+        monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", threshold)
         lines: list[str] = []
         _, new = build.reprofile_engines(engines_copy, repeats=1, log=lines.append)
         # (the process's CPU time over wall time, per ONNX Runtime thread: ~1 when idle; other threads
@@ -1258,9 +1258,26 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
 
     from specrt.cli import main
 
-    monkeypatch.setattr(build, "BUSY_CPU_SHARE", 2.0)  # (said by `specrt profile` too)
+    monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", 2.0)  # (said by `specrt profile` too)
     cli = CliRunner().invoke(main, ["profile", str(engines_copy), "--repeats", "1"])
     assert cli.exit_code == 0 and "the machine was busy" in cli.output, cli.output
+    # and by run (chat and serve share its notes) where the governor prices its rounds from the
+    # table: DSpark and lookup, not fixed:K; the build said it once, and the table stays
+    share = json.loads((engines_copy / "engines.json").read_text())["costs"]["cpu_share"]
+    prompts = engines_copy.parent / "busy.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": [5, 6, 7, 5, 6]}) + "\n")
+    for gov, said in (("dspark", True), ("fixed:2:ngram", True), ("fixed:2", False), ("off", False)):
+        cli = CliRunner().invoke(main, ["run", str(engines_copy), "--prompts", str(prompts), "--max-new-tokens", "3",
+                                        "--governor", gov, "--quiet"])
+        assert cli.exit_code == 0, cli.output
+        note = (f"note: the cost table of {engines_copy} was profiled on a busy machine ({share:.0%} of the CPU time "
+                f"its threads asked for): its costs are inflated, and governor '{gov}' prices its rounds from them; "
+                f"`specrt profile {engines_copy}` measures them again (when idle)")
+        assert (note in cli.output) == said, (gov, cli.output)
+    monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", share)  # (the threshold itself is not busy)
+    cli = CliRunner().invoke(main, ["run", str(engines_copy), "--prompts", str(prompts), "--max-new-tokens", "3",
+                                    "--governor", "dspark", "--quiet"])
+    assert cli.exit_code == 0 and "busy machine" not in cli.output, cli.output
 
 
 def test_the_cpu_share_is_per_thread_asked_for(engines_copy):
