@@ -230,8 +230,6 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         raise UserError(f"--backend '{backend}' is not one of {', '.join(BACKENDS)}")
     if not export_dir.is_dir():
         raise UserError(f"{export_dir}: no such export folder (run `specrt export` first)")
-    if out.exists() and not force:
-        raise UserError(f"{out}: already exists (pass --force to replace it)")
     if (export_dir / "engines.json").is_file() and not (export_dir / "export.json").is_file():
         raise UserError(f"{export_dir}: is an engines folder, not an export; build from an export folder (this "
                         f"one's copy is {export_dir / EXPORT_SUBDIR})")

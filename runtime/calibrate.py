@@ -34,9 +34,6 @@ No torch, no transformers: engines and numpy only.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.errors import UserError
-from specrt.paths import check_path_args, write_atomic
+from specrt.paths import check_path_args, folder_lock as _folder_lock, write_atomic
 from specrt.prompt_files import is_messages
 
 from .governor import Calibration, FixedGovernor, auc, ece
@@ -126,25 +123,6 @@ def evaluate(rounds: Sequence[Round], cmap: Callable[[np.ndarray], Sequence[floa
             sp[k].append(surv[k])
             so[k].append(float(a > k))
     return {"conditional": _per_position(cp, co), "survival": _per_position(sp, so)}
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path):
-    """An exclusive flock on ``folder`` itself (no lock file left among the engines), held
-    while calibration.json is read and replaced; where the folder cannot be locked, none."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)  # (releases the lock)
 
 
 def chain_acceptance(rounds: Sequence[Round]) -> dict:

@@ -11,6 +11,8 @@ export.json's own values are checked against its binding receipt and the graph c
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -22,7 +24,7 @@ from typing import Any, Iterator
 
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.limits import whole
-from specrt.paths import check_output_folder, check_path_args, make_temporary, umask
+from specrt.paths import check_output_folder, check_path_args, folder_lock, make_temporary, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -70,13 +72,14 @@ def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str
             raise UserError(f"-o {out}: {how} the input folder {folder}; {why} (write elsewhere)")
     if out.is_symlink() and not out.exists():  # renaming the new folder onto it fails after all the work
         raise UserError(f"-o {out}: a symbolic link to {os.readlink(out)}, which does not exist; give a folder path")
-    if out.exists() and not force:
-        raise UserError(f"{out}: already exists (pass --force to replace it)")
+    # (said before "pass --force": a file or a folder of other things was told to pass it, then refused with it)
     if out.exists() and marker is not None and not (
             out.is_dir() and not out.is_symlink() and ((out / marker).is_file() or not any(out.iterdir()))):
         what = "a symbolic link" if out.is_symlink() else "a file" if not out.is_dir() else f"a folder without {marker}"
         raise UserError(f"-o {out}: is {what}; --force replaces only an earlier output of this command "
                         "(or an empty folder): write elsewhere, or remove it yourself")
+    if out.exists() and not force:
+        raise UserError(f"{out}: already exists (pass --force to replace it)")
     check_output_folder(out.parent, "-o", of=out)
     return out
 
@@ -91,16 +94,23 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     or holds one is refused, ``force`` or not: replacing it would delete the input. With
     ``marker`` (the manifest this kind of output holds, e.g. engines.json), ``force``
     replaces only an empty folder or one holding that manifest: not a file, not a folder of
-    other things (it deleted a project's sources).
+    other things (it deleted a project's sources). ``out`` is checked so again before the
+    rename (something made there meanwhile is refused, not replaced). The partial folders
+    that runs into ``out`` killed outright left beside it are removed (``_lock_folder``).
     """
     out = check_output(out, force, inputs, marker)
-    tmp = None
+    tmp = held = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp, _ = make_temporary(out.parent, f".{out.name}.partial-", is_folder=True)
+        with folder_lock(out.parent):  # (another run's sweep waits until this one's folder is locked)
+            _remove_stale_partials(out)
+            tmp, _ = make_temporary(out.parent, f".{out.name}.partial-", is_folder=True)
+            held = _lock_folder(tmp)
         mask = umask()
         os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
     except BaseException as e:  # (a Ctrl-C landing at the chmod left the empty folder)
+        if held is not None:
+            os.close(held)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
@@ -115,6 +125,11 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             st = f.lstat()
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and stat.S_IMODE(st.st_mode) == 0o600:
                 os.chmod(f, 0o666 & ~mask)
+        if out.exists() or out.is_symlink():
+            try:  # refused as at the start: what was made at OUT while this ran was replaced, --force or not
+                check_output(out, force, inputs, marker)  # (and a folder of other things deleted)
+            except UserError as e:
+                raise UserError(f"{e} (it appeared while this ran; this run's output was not kept)") from None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
@@ -140,6 +155,46 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             raise UserError(f"{describe_os_error(e).replace(str(tmp), str(out))}; {out} was not written"
                             + (" (the earlier one is kept)" if out.exists() else "")) from None
         raise
+    finally:
+        if held is not None:
+            os.close(held)  # (releases the lock: the folder is ``out`` now, or gone)
+
+
+# A run killed outright (SIGKILL, the OOM killer, a power cut) cannot remove its partial folder,
+# as big as the output (an export of a real model: GBs), and no later run did: it stayed hidden
+# beside OUT for good (a walk of session 63). Each run holds an flock on its partial folder, which
+# the kernel releases when the process dies however it dies: the next run into the same OUT
+# removes the partial folders it can lock, and leaves those a live run holds.
+def _lock_folder(folder: Path) -> int | None:
+    """An fd holding an exclusive flock on ``folder`` (released when closed or when this
+    process ends); None where the folder cannot be locked (a file system without flock)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # (held by a live run: EWOULDBLOCK; no flock here: ENOLCK, EINVAL)
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Remove the ``.OUT.partial-*`` folders beside ``out`` that no live run holds (see above),
+    saying so on stderr."""
+    for p in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        if p.is_symlink() or not p.is_dir():
+            continue
+        fd = _lock_folder(p)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not p.exists():
+            sys.stderr.write(f"note: removed {p}, the partial folder of an interrupted run\n")
 
 
 def write_json(path: Path, data: Any) -> None:

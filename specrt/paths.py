@@ -3,6 +3,7 @@ JSON written whole or not at all."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -270,3 +271,21 @@ def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
     """JSON to ``path``, whole or absent (``atomic_file``)."""
     with atomic_file(path) as f:
         f.write(json.dumps(data, indent=indent).encode("utf-8"))
+
+
+@contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``folder`` itself (no lock file left in it), held for the block:
+    calibrate's read and replacement of calibration.json, an output folder's sweep of dead
+    runs' partial folders (manifest.atomic_folder); where the folder cannot be locked, none."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)

@@ -278,7 +278,8 @@ def test_a_full_disk_or_an_unreadable_input_exits_1_without_traceback(tmp_path, 
 def test_export_refuses_its_output_before_binding(tmp_path, monkeypatch):
     """-o that exists, lies in the input or is a dangling link: said before the weights are
     bound and hashed (minutes on a large model), and the dangling link was a traceback after
-    the whole export."""
+    the whole export. A file there is refused as one, not with advice to pass --force, which
+    then refused it (a walk of session 63)."""
     import specrt.export.export as export_mod
 
     def no_binding(*a, **k):
@@ -287,7 +288,8 @@ def test_export_refuses_its_output_before_binding(tmp_path, monkeypatch):
     monkeypatch.setattr(export_mod, "bind_target", no_binding)
     (tmp_path / "afile").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
-    for out, message in ((tmp_path / "afile", "already exists"), (REFERENCE / "verifier" / "x", "lies inside the input"),
+    for out, message in ((tmp_path / "afile", "is a file; --force replaces only an earlier output"),
+                         (REFERENCE / "verifier" / "x", "lies inside the input"),
                          (tmp_path / "dangling", "a symbolic link to")):
         r = CliRunner().invoke(main, ["export", str(REFERENCE / "verifier"), "-o", str(out)])
         assert r.exit_code == 1 and message in r.output and isinstance(r.exception, SystemExit), (out, r.output)

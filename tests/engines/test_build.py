@@ -359,17 +359,84 @@ def test_sigterm_during_a_build_leaves_no_partial_folder(tiny_export, tmp_path, 
     assert list(tmp_path.iterdir()) == []  # neither the engines nor a partial folder
 
 
+def test_a_killed_builds_partial_folder_is_removed_by_the_next_build_and_a_live_ones_kept(tiny_export, tmp_path,
+                                                                                          capfd):
+    """A build killed outright (SIGKILL, the OOM killer) cannot remove its partial folder, as big
+    as the engines, and no later build did: it stayed hidden beside OUT (a walk of session 63).
+    The next build into the same OUT removes it, saying so; a partial folder a live build is
+    writing is left to it (each run holds an flock on its own)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "engines"
+
+    def start():  # a build that profiles for minutes
+        return subprocess.Popen([sys.executable, "-c", "from specrt.cli import entry; entry()", "build",
+                                 str(tiny_export), "-o", str(out), "--depths", "1,2", "--profile-repeats", "10000",
+                                 "--no-canary", "--force"], env={**os.environ, "SPECRT_THP": "0"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def partials():
+        return sorted(tmp_path.glob(".engines.partial-*"))
+
+    live = start()
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".engines.partial-*/export/export.json")) and time.time() < deadline \
+                and live.poll() is None:
+            time.sleep(0.05)
+        assert live.poll() is None and len(partials()) == 1, "the build ended before it profiled"
+        held = partials()
+        build_engines(tiny_export, "onnxruntime", (1, 2), out, log=quiet, profile_repeats=2)
+        assert partials() == held  # the live build's, left to it
+        live.send_signal(signal.SIGKILL)
+        live.wait(timeout=60)
+    finally:
+        live.kill()
+    assert partials() == held  # what a killed build leaves
+    capfd.readouterr()
+    build_engines(tiny_export, "onnxruntime", (1, 2), out, force=True, log=quiet, profile_repeats=2)
+    assert partials() == [] and sorted(p.name for p in tmp_path.iterdir()) == ["engines"]
+    assert f"note: removed {held[0]}, the partial folder of an interrupted run" in capfd.readouterr().err
+    load_engines(out)
+
+
+@pytest.mark.parametrize("made", ["a folder of other things", "another build's engines"])
+def test_what_is_made_at_out_while_a_build_runs_is_not_replaced(tiny_export, tmp_path, made):
+    """OUT was checked at the start only: a folder made there while the build ran (a user's, or a
+    second build's into the same OUT) was replaced at its end without --force, and a folder of
+    other things deleted (a walk of session 63). Refused as at the start; the build's own output
+    is not kept."""
+    out = tmp_path / "engines"
+
+    def make_out(_line):  # (the build's log: called while it works in its partial folder)
+        if not out.exists():
+            out.mkdir()
+            (out / ("a.py" if made == "a folder of other things" else "engines.json")).write_text("theirs")
+
+    match = "is a folder without engines.json" if made == "a folder of other things" else "already exists"
+    with pytest.raises(UserError, match=f"{match}.* \\(it appeared while this ran; this run's output was not kept\\)"):
+        build_engines(tiny_export, "onnxruntime", [1], out, log=make_out, profile_repeats=1)
+    assert [p.read_text() for p in out.iterdir()] == ["theirs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"]  # no partial folder left
+
+
 def test_force_replaces_only_an_earlier_output(tiny_export, tmp_path):
     """--force deleted whatever -o named: a folder of other things, or a file (found by review).
     A link to an earlier output is refused as a link (the new folder replaced the link, the
-    output it led to kept), and said as one (it was "a folder without engines.json")."""
+    output it led to kept), and said as one (it was "a folder without engines.json"). Without
+    --force too: it said "pass --force to replace it", which then refused it (a walk of session 63)."""
     proj = tmp_path / "proj"
     (proj / "src").mkdir(parents=True)
     (proj / "src" / "a.py").write_text("code")
     (tmp_path / "precious.txt").write_text("x")
     for target, what in ((proj, "a folder without engines.json"), (tmp_path / "precious.txt", "a file")):
-        with pytest.raises(UserError, match=f"is {what}; --force replaces only an earlier output"):
-            build_engines(tiny_export, "onnxruntime", [1], target, log=quiet, profile_repeats=1, force=True)
+        for force in (False, True):
+            with pytest.raises(UserError, match=f"is {what}; --force replaces only an earlier output"):
+                build_engines(tiny_export, "onnxruntime", [1], target, log=quiet, profile_repeats=1, force=force)
     assert (proj / "src" / "a.py").read_text() == "code" and (tmp_path / "precious.txt").read_text() == "x"
     empty = tmp_path / "empty"
     empty.mkdir()
