@@ -17,7 +17,8 @@ The run: ``--per-kind`` prompts of each kind from tools/data/heldout_prompts.jso
 ``--max-new-tokens`` each. One engine set (one Session); one governor object per spec
 (off, fixed:d for every built depth, adaptive, dspark) that lives for the whole run, as
 in a long-running ``specrt run --prompts``. For each prompt every governor runs in turn
-(order rotated from prompt to prompt, so machine noise spreads over all of them),
+(order rotated from prompt to prompt of a kind and from repeat to repeat, ``run_orders``, so
+machine noise spreads over all of them on every kind),
 ``--repeats`` times. Time per run is decode time: wall seconds minus prefill, for the
 tokens after the first (the first comes from prefill, the same for every governor);
 per prompt the median over repeats. tokens/s of a set = sum tokens / sum seconds.
@@ -108,6 +109,26 @@ def load_prompts(per_kind: int, offset: int = 0, path: Path = PROMPTS) -> list[d
             if i < len(by_kind[k]):
                 out.append({"kind": k, "prompt": by_kind[k][i]})
     return out
+
+
+def run_orders(specs: list[str], kinds: list[str], repeats: int) -> list[list[list[str]]]:
+    """[prompt][repeat] -> the order its governors run in: ``specs`` rotated by
+    (j * repeats + r + f) places for the j-th prompt of its kind (f: the kind's place among
+    the run's kinds, so the kinds start apart). A kind's prompts x repeats runs thus put every
+    governor at that many distinct places (all n of them once they number n or more) before
+    repeating one. Rotating by the interleaved prompt index i, (i * repeats + r) mod n, gave
+    every prompt of a kind the same orders whenever n was a multiple of the number of kinds
+    (10 governors with --ngram or one extra governor, 5 kinds): each kind's tokens/s then came
+    from one fixed order, what the rotation is there to spread."""
+    first = {k: f for f, k in enumerate(dict.fromkeys(kinds))}
+    seen: dict[str, int] = defaultdict(int)
+    orders = []
+    for k in kinds:
+        j, n = seen[k], len(specs)
+        seen[k] += 1
+        shifts = [(j * repeats + r + first[k]) % n for r in range(repeats)]
+        orders.append([specs[s:] + specs[:s] for s in shifts])
+    return orders
 
 
 def agg(runs: list[dict]) -> dict:
@@ -308,6 +329,29 @@ def bounds(accepted: list[int], costs: dict, depths) -> dict:
             "post_draft_oracle_vs_best_fixed": post / fixed[best], "pre_draft_oracle_vs_best_fixed": pre / fixed[best]}
 
 
+def judge(results: dict, fixed: list[str], adaptive: str, dspark: str) -> tuple[dict, dict]:
+    """(summary, verdicts) of issue 7's targets from ``results`` ({set: {spec: agg(...)}}, the
+    kinds and "mixed"): per set the best fixed depth (and the best of them and off) by that
+    set's own tokens/s, dspark's ratios to them, to adaptive and to off; the verdicts
+    dspark >= 1.05x the best fixed depth on the mixed set, >= 0.98x the kind's best fixed
+    depth on every kind (at least as strict as the mixed set's best depth there), and
+    strictly above adaptive on every set."""
+    summary, ok = {}, {}
+    for g, res in results.items():
+        best_fixed = max(fixed, key=lambda f: res[f]["tokens_per_s"])
+        best_static = max([*fixed, "off"], key=lambda f: res[f]["tokens_per_s"])
+        ds = res[dspark]["tokens_per_s"]
+        summary[g] = {"best_fixed": best_fixed, "best_static": best_static,
+                      "dspark_vs_best_fixed": ds / res[best_fixed]["tokens_per_s"],
+                      "dspark_vs_best_static": ds / res[best_static]["tokens_per_s"],
+                      "dspark_vs_adaptive": ds / res[adaptive]["tokens_per_s"],
+                      "dspark_vs_off": ds / res["off"]["tokens_per_s"]}
+        need = 1.05 if g == "mixed" else 0.98
+        ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
+        ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
+    return summary, ok
+
+
 def plot(results: dict, specs: list[str], depths, path: Path, tree: str = "") -> None:
     import matplotlib
 
@@ -432,11 +476,11 @@ def main() -> int:
         runs: dict[str, list[dict]] = {spec: [] for spec in specs}
         mismatches = []
         t0 = time.perf_counter()
+        orders = run_orders(specs, [m["kind"] for m in prompts], args.repeats)
         for i, (p, meta) in enumerate(zip(ids, prompts)):
             reps: dict[str, list[dict]] = defaultdict(list)
-            for r in range(args.repeats):
-                shift = (i * args.repeats + r) % len(specs)
-                for spec in specs[shift:] + specs[:shift]:
+            for order in orders[i]:
+                for spec in order:
                     reps[spec].append(once(spec, p, meta["kind"]))
             ref = reps["off"][0]["out"]
             for spec in specs:
@@ -448,7 +492,8 @@ def main() -> int:
                 secs = statistics.median(x["seconds"] for x in reps[spec])
                 runs[spec].append({"kind": meta["kind"], "prompt": i, "tokens": reps[spec][0]["tokens"],
                                    "seconds": secs, "telemetry": reps[spec][0]["telemetry"],
-                                   "all_seconds": [x["seconds"] for x in reps[spec]]})
+                                   "all_seconds": [x["seconds"] for x in reps[spec]],
+                                   "places": [order.index(spec) for order in orders[i]]})
             line = "  ".join(f"{spec}={runs[spec][-1]['tokens'] / max(runs[spec][-1]['seconds'], 1e-9):.1f}"
                              for spec in specs)
             log(f"prompt {i + 1}/{len(ids)} ({meta['kind']}, {len(p)} tokens): tok/s {line}")
@@ -457,20 +502,8 @@ def main() -> int:
     groups = [k for k in KINDS if any(m["kind"] == k for m in prompts)] + ["mixed"]
     results = {g: {spec: agg([r for r in runs[spec] if g == "mixed" or r["kind"] == g]) for spec in specs}
                for g in groups}
-    summary, ok = {}, {"lossless": not mismatches}
-    for g in groups:
-        res = results[g]
-        best_fixed = max(fixed, key=lambda f: res[f]["tokens_per_s"])
-        best_static = max([*fixed, "off"], key=lambda f: res[f]["tokens_per_s"])
-        ds = res[dspark]["tokens_per_s"]
-        summary[g] = {"best_fixed": best_fixed, "best_static": best_static,
-                      "dspark_vs_best_fixed": ds / res[best_fixed]["tokens_per_s"],
-                      "dspark_vs_best_static": ds / res[best_static]["tokens_per_s"],
-                      "dspark_vs_adaptive": ds / res[adaptive]["tokens_per_s"],
-                      "dspark_vs_off": ds / res["off"]["tokens_per_s"]}
-        need = 1.05 if g == "mixed" else 0.98
-        ok[f"{g}: dspark >= {need}x best fixed"] = summary[g]["dspark_vs_best_fixed"] >= need
-        ok[f"{g}: dspark > adaptive"] = summary[g]["dspark_vs_adaptive"] > 1.0
+    summary, verdicts = judge(results, fixed, adaptive, dspark)
+    ok = {"lossless": not mismatches, **verdicts}
     timed = govs[dspark]
     spent = sum(sum(r["all_seconds"]) for r in runs[dspark])  # every repeat's decode seconds
     share = timed.seconds / spent if spent > 0 else 0.0
