@@ -234,6 +234,24 @@ def test_other_backend_version_is_refused(engines_copy):
     # a user walk: an export outside the engines folder loaded and ran (role files are held inside)
     *[(lambda m, f=f: m["export"].update(folder=f), rf"export.folder '{re.escape(f)}'; expected a folder inside the "
                                                     "engines folder") for f in ("../../base/exp", "/tmp/exp", ".", "")],
+    # the mutation round of engines/build, plan and manifest (M-ids in its report): each check dropped loaded,
+    # or was refused by a later check whose message named another field
+    (lambda m: m.update(backend="tensorflow"), "unknown backend 'tensorflow'"),  # M43
+    (lambda m: m.update(depths=[0, *m["depths"]]),  # M48
+     r"max_context 256 and depths \[0, 1, 2, 4, 8\]; expected positive"),
+    (lambda m: m["graphs"].update(target="x"),  # M57 (an AttributeError traceback)
+     r"field 'graphs' is \{'target': 'x'.*; expected an object of graph name -> object"),
+    (lambda m: m["roles"].update({"verify.04": m["roles"].pop("verify.4")}),  # M63 (the runtime asks for verify.4)
+     "roles.verify.04: not a role specrt builds"),
+    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[0, 300, 255]),  # M65 (an InternalError traceback)
+     r"roles.decode.dims is .*; expected dimension name -> \[min, opt, max\] with 0 <= min <= opt <= max"),
+    (lambda m: m.update(max_context=257), "max_context 257 is past the target's max_position_embeddings 256"),  # M68
+    (lambda m: m["export"].update(dtype="float16"),  # M70
+     "precision fp32 and export.dtype float16, the export is float32"),
+    (lambda m: m["graphs"]["target"].pop("io"),  # M74 (a tree on the portable graph's mask: wrong tokens)
+     "field 'graphs.target.tree' is True; expected true only for the in-place target graph"),
+    (lambda m: m["graphs"].update(draft={"quantized": {"form": "blocks"}}),  # M75
+     r"field 'graphs.draft.quantized' is \{'form': 'blocks'\}; expected the build's record of the int8 draft"),
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
@@ -495,6 +513,11 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number in 1..10000"),
     # (specrt.limits.MAX_PROFILE_REPEATS, the CLI's IntRange: 2**40 passes ran for ever)
     (dict(profile_repeats=10_001), "--profile-repeats 10001: expected a whole number in 1..10000"),
+    # the option that rules the screened head out named before the KV layout is resolved (M126: "needs in-place
+    # KV, which these settings cannot have", naming no option)
+    (dict(target_head="screened", ort_kv="append"), r"^--target-head screened needs the onnxruntime backend, a float32 "
+                                                     r"export and in-place KV \(here: onnxruntime, float32, --ort-kv "
+                                                     r"append\)$"),
 ])
 def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     args = dict(backend="onnxruntime", depths="1,2")
@@ -1103,6 +1126,9 @@ def test_profile_measures_again_at_the_builds_pasts_and_draft_shape(tiny_export,
     out = tmp_path / "e"
     build_engines(tiny_export, "onnxruntime", "1,2", out, log=quiet, profile_repeats=1, profile_pasts=(16, 40),
                   draft_accepted=3, max_context=64)
+    # the draft role is tuned for that shape too: 3 accepted slots and the depth-2 block's 1 mask slot (M118)
+    dims = json.loads((out / "engines.json").read_text())["roles"]["draft"]["dims"]
+    assert dims[C.DIM_AUX] == [1, 3, 64] and dims[C.DIM_NEW] == [1, 3 + 1, 64 + 2]
     old, new = build.reprofile_engines(out, repeats=1, log=quiet)
     assert old["pasts"] == new["pasts"] == [16, 40] and old["draft_accepted"] == new["draft_accepted"] == 3
     assert sorted(new["by_past"], key=int) == ["16", "40"]
@@ -1513,6 +1539,19 @@ def test_a_verify_role_for_a_depth_not_built_is_refused(engines_copy):
         load_engines(engines_copy, verify=False)
 
 
+@pytest.mark.parametrize("digits", ["²", "4²"])
+def test_a_verify_role_named_with_a_digit_int_cannot_read_is_named(engines_copy, digits):
+    # a review of the mutation round of engines/build, plan and manifest: str.isdigit() is true of
+    # superscripts, which int() refuses; a role "verify.²" (a hand edit) was a ValueError traceback
+    from specrt.engines import load_engines
+    from specrt.errors import UserError
+
+    edit_manifest(engines_copy, lambda m: m["roles"].update({f"verify.{digits}": m["roles"]["verify.4"]}))
+    with pytest.raises(UserError, match=rf"^{engines_copy / 'engines.json'}: roles.verify.{digits}: not a role specrt "
+                                        "builds"):
+        load_engines(engines_copy, verify=False)
+
+
 def test_roles_of_one_graph_running_two_files_are_refused(engines_copy):
     # kills M9 (manifest.py:200 the one-file-per-graph check dropped: decode said it ran draft.onnx,
     # a recorded file, and the engine set silently ran target.onnx for it)
@@ -1605,3 +1644,28 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
     assert not (tmp_path / "n" / "acceptance_receipt.json").exists() and "acceptance canary" not in r.output
     m = json.loads((tmp_path / "n" / "engines.json").read_text())
     assert m["costs"]["repeats"] == 10 and m["onnxruntime"]["sessions"] == "shared", m["costs"]["repeats"]
+
+
+# ---- mutation round of engines/build, plan and manifest (M-ids in the round's report) ----
+
+
+def test_role_ranges_name_the_smallest_context_too_small_without_a_cli_option():
+    # kills M77 (manifest.py:304 `+ 2` -> `+ 1`: a context of the deepest depth + 1 met make_roles' own error,
+    # which names --max-context, an option never given to a command that reads engines.json)
+    from specrt.engines.manifest import check_role_ranges
+
+    with pytest.raises(UserError, match=r"^e/engines.json: max_context 9 is below the deepest depth 8 \+ 2 "):
+        check_role_ranges(Path("e/engines.json"), {"max_context": 9, "depths": [1, 8], "roles": {}}, "peagle")
+    check_role_ranges(Path("e/engines.json"), {"max_context": 10, "depths": [1, 8], "roles": {}}, "peagle")
+
+
+def test_a_graph_with_two_onnx_files_is_refused():
+    # kills M96 (build.py:157 `!= 1` -> `< 1`: a graph listing two .onnx files built from the first, unsaid)
+    from specrt.engines.build import _graph_file
+
+    files = [{"file": "target.onnx"}, {"file": "target.onnx.data"}]
+    assert _graph_file({"graphs": {"target": {"files": files}}}, "target") == "target.onnx"
+    two = {"graphs": {"target": {"files": [*files, {"file": "old.onnx"}]}}}
+    with pytest.raises(UserError, match=r"graph 'target' should have exactly one \.onnx file, found \['target\.onnx', "
+                                        r"'old\.onnx'\]"):
+        _graph_file(two, "target")

@@ -316,3 +316,32 @@ def test_cache_rows_are_a_target_dimension_only():
     rows = with_cache_rows(roles, 64)
     assert rows["draft"] == roles["draft"] and C.DIM_CACHE not in rows["draft"].dims
     assert all(rows[n].dims[C.DIM_CACHE] == DimRange.of(64) for n in roles if n != "draft")
+
+
+# ---- mutation round of engines/build, plan and manifest (M-ids in the round's report) ----
+
+
+def test_a_precision_is_named_in_any_case():
+    # kills M05 (plan.py:74 without .lower(): "FP16" and "Float32", as a user types them, refused)
+    assert normalise_precision("FP16", "float32") == "fp16"
+    assert normalise_precision("Float32", "float32") == "fp32"
+    with pytest.raises(UserError, match=r"--precision 'FP8' is not supported \(choose one of fp32, fp16, bf16\)"):
+        normalise_precision("FP8", "float32")
+    with pytest.raises(UserError, match="export dtype 'int8' is not one of float32, float16, bfloat16"):
+        normalise_precision(None, "int8")
+
+
+def test_a_range_whose_opt_is_outside_it_is_an_internal_error():
+    # kills M11 (plan.py:111 checking min <= max only: an opt past max, what TensorRT tunes for, passed)
+    from specrt.errors import InternalError
+
+    for lo, opt, hi in ((0, 5, 3), (3, 1, 5), (-1, 0, 0)):
+        with pytest.raises(InternalError, match="bad dimension range"):
+            DimRange(lo, opt, hi)
+    assert DimRange(2, 2, 2).fixed and not DimRange(1, 2, 2).fixed
+
+
+def test_an_unknown_draft_kind_has_no_engine():
+    # kills M25 (plan.py:197's error dropped: a draft kind specrt has no graph for built a target-only set)
+    with pytest.raises(UserError, match="draft kind 'medusa' has no engine \\(expected peagle or eagle3\\)"):
+        make_roles((1, 2), CTX, "medusa")

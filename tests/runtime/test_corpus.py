@@ -144,6 +144,13 @@ def test_growth_file_round_trip_and_refusals(tmp_path):
                  meta=np.frombuffer(b'{"format": 1, "kind": "specrt growth", "rates": [1, 2]}', np.uint8))
     with pytest.raises(UserError, match="listed.npz: learnt rates: expected an object"):
         Growth.load(tmp_path / "listed.npz", vocab_size=9)
+    # a key of digits int() refuses ('²' is one to str.isdigit): refused by name, not a ValueError traceback
+    meta = {"format": 1, "kind": "specrt growth", "rates": {"\u00b2": [[1.0], [2.0]]}}
+    with open(tmp_path / "super.npz", "wb") as f:
+        np.savez(f, tokens=np.arange(4, dtype=np.int32), lengths=np.array([4]),
+                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    with pytest.raises(UserError, match="super.npz: learnt rates of key '²'"):
+        Growth.load(tmp_path / "super.npz", vocab_size=9)
 
 
 def _grown(seqs, nmin=2, nmax=3):
