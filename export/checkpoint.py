@@ -240,7 +240,8 @@ def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict
     if not isinstance(state, dict) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         found = type(state).__name__ if not isinstance(state, dict) else next(
-            (f"'{k}': {type(v).__name__}" for k, v in state.items() if not isinstance(v, torch.Tensor)), "no tensors")
+            (f"key {k!r}" if not isinstance(k, str) else f"'{k}': {type(v).__name__}" for k, v in state.items()
+             if not isinstance(k, str) or not isinstance(v, torch.Tensor)), "no tensors")  # ("no tensors": {})
         raise UserError(f"{path}: expected a state dict of tensor names to tensors, found {found}")
     folder_tmp = Path(tempfile.mkdtemp(prefix="specrt-pickle-"))
     atexit.register(shutil.rmtree, folder_tmp, True)  # the reader maps it until then

@@ -233,7 +233,9 @@ def test_missing_shard(hf_models, tmp_path):
         bind_target(folder)
 
 
-@pytest.mark.parametrize("hostile", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", ".."])
+# mut1 C29: checkpoint.py:139  the NUL test dropped (a name with NUL said "missing", pathlib's is_file False)
+@pytest.mark.parametrize("hostile", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "..",
+                                     "outside.safetensors\x00"])
 def test_shard_outside_folder(hf_models, tmp_path, hostile):
     folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
     (tmp_path / "outside.safetensors").write_bytes((folder / sorted(folder.glob("model-*"))[0].name).read_bytes())
@@ -434,7 +436,8 @@ def test_bad_pickles_are_named_and_their_conversion_goes_at_exit(tmp_path):
     f = folder / "pytorch_model.bin"
     for content, message in ((b"not a pickle", "not a torch checkpoint that loads with weights_only"),
                              (torch.zeros(2), "expected a state dict of tensor names to tensors, found Tensor"),
-                             ({"a": [1, 2]}, "found 'a': list"), ({}, "found no tensors")):
+                             ({"a": [1, 2]}, "found 'a': list"), ({}, "found no tensors$"),
+                             ({"a": torch.ones(1), 2: torch.ones(1)}, "found key 2$")):  # (it said "no tensors")
         if isinstance(content, bytes):
             f.write_bytes(content)
         else:
@@ -1482,3 +1485,169 @@ def test_offsets_outside_the_data_region_are_named_as_such(tmp_path, offsets):
     with pytest.raises(UserError, match=rf"tensor 'x': malformed data_offsets \[{offsets[0]}, {offsets[1]}\] "
                                         r"\(expected 0 <= begin <= end, offsets into the data region\)$"):
         read_safetensors_index(tmp_path / "m.safetensors")
+
+
+# mutants of the mut1 round (export/checkpoint.py, slots.py, binding.py) that no test noticed
+
+# mut1 C05: checkpoint.py:75  `except OSError` -> `except FileNotFoundError` (a read error a traceback)
+def test_a_weights_path_that_cannot_be_read_is_named(tmp_path):
+    """An OSError other than a missing file (here: the path is a folder, which stat reads and
+    open refuses) is a UserError naming the path and the reason."""
+    from specrt.export.checkpoint import read_safetensors_index
+
+    (tmp_path / "m.safetensors").mkdir()
+    with pytest.raises(UserError, match=rf"^{tmp_path / 'm.safetensors'}: cannot read \(Is a directory\)$"):
+        read_safetensors_index(tmp_path / "m.safetensors")
+
+
+# mut1 C11: checkpoint.py:101  the `not isinstance(info, dict)` check dropped (AttributeError traceback)
+# mut1 C14: checkpoint.py:106  `isinstance(shape, list)` dropped (a number for a shape: TypeError traceback)
+# mut1 C15: checkpoint.py:108  `len(offs) == 2` dropped (three offsets: ValueError traceback)
+# mut1 C16: checkpoint.py:108  `whole(o)` -> `isinstance(o, int)` (false and true taken for offsets 0 and 1)
+@pytest.mark.parametrize("entry, words", [
+    ("F32", "malformed header entry"),
+    ([4], "malformed header entry"),
+    ({"dtype": "F32", "shape": 4, "data_offsets": [0, 16]}, "malformed shape 4"),
+    ({"dtype": "F32", "shape": "4", "data_offsets": [0, 16]}, "malformed shape '4'"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16, 16]}, r"malformed data_offsets \[0, 16, 16\]"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [False, 16]}, r"malformed data_offsets \[False, 16\]"),
+])
+def test_a_header_entry_of_the_wrong_kind_is_named(tmp_path, entry, words):
+    from specrt.export.checkpoint import read_safetensors_index
+
+    p = tmp_path / "m.safetensors"
+    _raw_safetensors(p, {"x": entry}, bytes(16))
+    with pytest.raises(UserError, match=rf"^{p}: tensor 'x': {words}$"):
+        read_safetensors_index(p)
+
+
+# mut1 C19: checkpoint.py:115  `e - b != expect` -> `<` (a span longer than the shape needs taken; reshape failed)
+@pytest.mark.parametrize("span", [12, 20])
+def test_a_tensor_whose_bytes_disagree_with_its_shape_is_named(tmp_path, span):
+    from specrt.export.checkpoint import read_safetensors_index
+
+    p = tmp_path / "m.safetensors"
+    _raw_safetensors(p, {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, span]}}, bytes(span))
+    with pytest.raises(UserError, match=rf"^{p}: tensor 'x': data_offsets \[0, {span}\] hold {span} bytes, shape \[4\] "
+                                        r"x F32 needs 16$"):
+        read_safetensors_index(p)
+
+
+# mut1 C25: checkpoint.py:123  tiling sorted by begin alone (an empty tensor listed after one at its offset "overlaps")
+def test_an_empty_tensor_at_another_s_offset_tiles_as_safetensors_reads_it(tmp_path):
+    """An empty tensor's span [b, b] before a tensor starting at b: the library's tiling check
+    (offsets sorted as pairs) takes it, whichever the header lists first; so does specrt."""
+    import safetensors.numpy
+
+    from specrt.export.checkpoint import read_safetensors_index
+
+    p = tmp_path / "m.safetensors"
+    _raw_safetensors(p, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                         "b": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}, bytes(16))
+    assert safetensors.numpy.load_file(str(p))["b"].shape == (0,)
+    entries = read_safetensors_index(p)
+    assert entries["a"].nbytes == 16 and entries["b"].nbytes == 0
+
+
+# mut1 C31: checkpoint.py:154  the folder check dropped (a file for a folder: "no model.safetensors ... found")
+def test_a_checkpoint_path_that_is_no_folder_is_said_as_such(tmp_path):
+    from specrt.export.checkpoint import scan_folder
+
+    for p in (tmp_path / "model.safetensors", tmp_path / "absent"):
+        if p.name == "model.safetensors":
+            p.write_bytes(bytes(8))
+        with pytest.raises(UserError, match=rf"^{p}: not a checkpoint folder \(not a directory\)$"):
+            scan_folder(p)
+
+
+# mut1 C35: checkpoint.py:169  UnicodeDecodeError not caught for the index (a traceback)
+def test_an_index_that_is_not_utf8_is_named(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    idx.write_bytes(b'{"weight_map": {"\xff": "x"}}')
+    with pytest.raises(UserError, match=rf"^{idx}: not valid JSON \("):
+        bind_target(folder)
+
+
+# mut1 C45: checkpoint.py:241  `isinstance(k, str)` dropped (a key that is no name: safetensors' own refusal)
+def test_a_pickle_keyed_by_other_than_names_is_no_state_dict(tmp_path):
+    import torch
+
+    folder = copy_tree(REFERENCE / "verifier", tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    torch.save({1: torch.ones(2)}, folder / "pytorch_model.bin")
+    with pytest.raises(UserError, match=rf"^{folder / 'pytorch_model.bin'}: expected a state dict of tensor names to "
+                                        "tensors, found "):
+        bind_target(folder, allow_pickle=True)
+
+
+# mut1 C51: checkpoint.py:314  F64 left float64 by TensorReader.array (no slot takes F64: its contract only)
+def test_a_tensor_is_read_as_float32_from_each_float_dtype(tmp_path):
+    """TensorReader.array: every float dtype widens (or narrows, F64) to float32, unless
+    as_float32=False (F16 and F64 kept; BF16 float32 always: numpy has none); ints and bools kept."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    from specrt.export.checkpoint import TensorReader, scan_folder
+
+    x = torch.tensor([[0.5, -1.25], [3.0, 1e-3]], dtype=torch.float64)
+    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    save_torch({**{k: x.to(v) for k, v in dtypes.items()}, "I64": torch.arange(3), "BOOL": torch.ones(2).bool()},
+               str(tmp_path / "model.safetensors"))
+    entries, reader = scan_folder(tmp_path), TensorReader()
+    for k, v in dtypes.items():
+        got = reader.array(entries[k])
+        assert got.dtype == np.float32 and got.shape == (2, 2), k
+        np.testing.assert_array_equal(got, x.to(v).float().numpy())
+    assert [reader.array(entries[k], as_float32=False).dtype for k in dtypes] == [np.float64, np.float32, np.float16,
+                                                                                   np.float32]
+    assert reader.array(entries["I64"]).dtype == np.int64 and reader.array(entries["BOOL"]).dtype == np.bool_
+    reader.close()
+
+
+# mut1 S05: slots.py:83  v_proj.bias sized [heads x head_dim] for [kv heads x head_dim] (no test bound a qwen2 target)
+def test_a_qwen2_target_binds_its_qkv_biases_each_of_its_width(tmp_path):
+    from tests.fixtures_models import write_tiny_target
+
+    folder = write_tiny_target(tmp_path / "m", "qwen2")
+    t, state = bind_target(folder), _state(folder)
+    assert t.config.decoder.qkv_bias
+    for s, n in (("q", 64), ("k", 32), ("v", 32)):
+        got = t.get(f"layers.3.{s}_bias")
+        assert got.shape == (n,), s
+        np.testing.assert_array_equal(got, state[f"model.layers.3.self_attn.{s}_proj.bias"])
+    assert {b.entry.name for b in t.slots.values()} == set(state)
+
+
+# mut1 S22: slots.py:159  d2t's dtypes widened to I32 as well (any int the map's addition takes)
+# mut1 S23: slots.py:161  t2d's dtypes widened to U8 as well
+@pytest.mark.parametrize("name, dtype, words", [("d2t", np.int32, "I32, expected one of I64"),
+                                                ("t2d", np.uint8, "U8, expected one of BOOL")])
+def test_a_vocabulary_map_of_another_dtype_is_refused(tmp_path, name, dtype, words):
+    """speculators saves d2t int64 and t2d bool (so do EAGLE and SpecForge): another dtype is refused."""
+    folder = write_eagle3(tmp_path / "e3")
+    rewrite(folder, change={name: load_file(str(folder / "model.safetensors"))[name].astype(dtype)})
+    with pytest.raises(UserError, match=rf"tensor '{name}' \(draft slot '{name}'\) has dtype {words}$"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+# mut1 B25: binding.py:202  fewer leftovers named (5 of them, not 10)
+# mut1 B26: binding.py:203  the count past the ten named dropped
+def test_many_leftover_tensors_are_named_ten_and_counted(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={f"extra.{k:02d}": np.ones(2, np.float32) for k in range(12)})
+    with pytest.raises(UserError) as e:
+        bind_target(folder)
+    shown = ", ".join(f"'extra.{k:02d}' (model.safetensors)" for k in range(10))
+    assert str(e.value) == (f"{folder}: target tensors that fill no slot and are not declared ignorable: {shown} "
+                            "and 2 more")
+
+
+
+# mut1 B61: binding.py:452  a confidence head's bias alone (no weight) not refused on a config without the head
+def test_a_confidence_head_bias_alone_is_refused_without_the_head_enabled(tmp_path):
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    rewrite(folder / "draft", add={"confidence_head.proj.bias": np.zeros(1, np.float32)})
+    with pytest.raises(UserError, match=r"draft tensor 'confidence_head\.proj\.bias' is a confidence head, but "
+                                        "config.json does not enable one"):
+        bind_draft(folder / "draft", bind_target(folder / "verifier"))
