@@ -640,8 +640,17 @@ class Generator:
             self._live = None
 
     def check_ids(self, prompt_ids) -> list[int]:
-        """A prompt's token ids as Python ints, refused when empty or outside the vocabulary."""
-        prompt = [int(i) for i in prompt_ids]
+        """A prompt's token ids as Python ints, refused when not integers (``int()`` took 1.7 as
+        1, "12" as 12 and True as 1, and stats() showed them as given), empty or outside the
+        vocabulary."""
+        if isinstance(prompt_ids, np.ndarray):
+            prompt_ids = prompt_ids.tolist()  # (numpy ints as Python's; a 2-D array's rows refused below)
+        if not isinstance(prompt_ids, (list, tuple)):
+            raise UserError(f"prompt token ids {prompt_ids!r:.80}: expected a list of integers")
+        prompt = [as_whole(i) for i in prompt_ids]
+        if None in prompt:
+            k = prompt.index(None)
+            raise UserError(f"prompt token id {prompt_ids[k]!r:.40} (at {k}): expected an integer")
         if not prompt:
             raise UserError("the prompt is empty")
         bad = [i for i in prompt if not 0 <= i < self.vocab]

@@ -233,6 +233,21 @@ def check_flag(name: str, value) -> None:
 
 
 class Session:
+    """The speculative decoder over the engines folder ``engines_dir`` (what ``specrt build``
+    wrote; an export folder is refused, naming the build that makes engines from it).
+
+    ``governor``: ``auto`` (the default), ``off``, ``fixed:K``, ``adaptive`` or ``dspark``,
+    with ``:tree=W``, ``:ngram``, ``:corpus``, ``:grow`` (module doc); ``governor_spec`` holds
+    the one that runs. ``sampling``: a SamplingParams (default greedy). ``ort_overrides``:
+    ONNX Runtime settings laid over the engines.json ones (its 'onnxruntime' fields).
+    ``reuse_prefix``: a prompt starting as the last stream's did reuses its KV rows.
+    ``prefix_snapshots``: how many other conversations' rows are kept aside (0: none).
+    ``chat_template_kwargs``: variables every chat prompt's template gets (a dict, or a JSON
+    object as text), a stream's own laid over them.
+
+    Close it (``close()``, or ``with Session(...) as s``) to release the engines' sessions;
+    it holds them, so it is not pickled or copied: open one in each process."""
+
     def __init__(self, engines_dir: str | Path, governor: str = "auto", sampling: SamplingParams = SamplingParams(),
                  ort_overrides: dict | None = None, reuse_prefix: bool = True, prefix_snapshots: int = 0,
                  chat_template_kwargs: dict | None = None):
@@ -371,6 +386,8 @@ class Session:
         return None
 
     def close(self) -> None:
+        """Release the engines' sessions; a stream read after it raises UserError (stats()
+        still describes the last stream). Closing twice does nothing more."""
         # said at once: a stream in another thread stops before its next round (set under the
         # lock, a stream taking its next round first could run on to its end)
         self.closed = True
@@ -382,6 +399,12 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __reduce_ex__(self, protocol):
+        # (pickle's own refusal named an ONNX Runtime InferenceSession; copy.copy made a second
+        # Session over the same engines and caches, closed with the first)
+        raise UserError("a Session cannot be pickled or copied (it holds the engines' ONNX Runtime sessions and "
+                        "KV caches): open Session(ENGINES) in each process")
 
     def new_governor(self) -> None:
         """A fresh governor state (e.g. between benchmark runs)."""
@@ -426,9 +449,19 @@ class Session:
     def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
         """A text prompt's or a conversation's token ids as ``stream`` makes them."""
         self.need_text()
-        return self.text.encode(prompt, chat, {**self.chat_template_kwargs,
-                                               **template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")},
-                                self.chat_option)
+        own = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
+        if isinstance(prompt, str) and not chat:
+            self._untemplated(own, "a text prompt without chat=True")
+        return self.text.encode(prompt, chat, {**self.chat_template_kwargs, **own}, self.chat_option)
+
+    @staticmethod
+    def _untemplated(own: dict, prompt: str) -> None:
+        """UserError where a call's own template variables were given for ``prompt``, which no
+        template renders (they were dropped without a word; the session's own go to every chat
+        prompt, and a raw one leaves them out)."""
+        if own:
+            raise UserError(f"chat_template_kwargs={own!r:.80}: {prompt} goes through no chat template (chat=True "
+                            "renders text through it; a conversation always goes through it)")
 
     def check_prompt(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                      chat_template_kwargs: dict | None = None) -> list[int]:
@@ -451,6 +484,8 @@ class Session:
         if isinstance(prompt, list):  # ([]: "the prompt is empty")
             ids = [as_whole(t) for t in prompt]
             if None not in ids:  # (before anything decodes them: the tokenizer overflows on -2)
+                own = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
+                self._untemplated(own, "a prompt of token ids")
                 return self.generator.check_ids(ids)
         return self.encode(prompt, chat, chat_template_kwargs)
 
@@ -460,6 +495,12 @@ class Session:
 
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
                    prompt_logprobs: int | None = None) -> Stream:
+        """``stream`` in token ids: ``ids`` a list, tuple or numpy array of ints (no template,
+        no tokenizer needed), each chunk yielded a list of the ids a round accepted; no stop
+        strings (``max_new_tokens``, the engines' EOS or their context end it). ``logprobs`` and
+        ``prompt_logprobs`` as ``stream``'s, read from ``stats()``. The arguments are checked
+        when called, and the call supersedes an unfinished stream at once (``stream`` does at
+        its first piece); the decoding starts when the first chunk is asked for."""
         self._open()
         out: list[int] = []
         # under the lock: another thread's stream would set these between, and stats() there
@@ -474,7 +515,8 @@ class Session:
                 if not self.generator.streaming:  # else none: the generator showed no earlier stream's
                     self.last_prompt_ids, self.last_output_ids = [], []
                 raise
-            self.last_prompt_ids, self.last_output_ids = list(ids), out  # stats() describes this stream
+            # stats() describes this stream (its ids as checked: Python ints)
+            self.last_prompt_ids, self.last_output_ids = self.generator.check_ids(ids), out
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
         lock = self.generator.lock
 
