@@ -624,6 +624,8 @@ def _edit_config(folder: Path, **changes) -> None:
 
 @pytest.mark.parametrize("change, message", [
     ({"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}, r"must lie in \[0, 3\]"),
+    # mut5 B34: binding.py:263  `0 <= i < L` -> `i < L` (a negative id, hidden_states[-1] in Python, let through)
+    ({"eagle_aux_hidden_state_layer_ids": [-1, 1, 2]}, r"ids \[-1, 1, 2\] must lie in \[0, 3\]"),
     # no ids named: the default (2, L // 2, L - 3) of a 4-layer target is (2, 2, 1)
     ({"eagle_aux_hidden_state_layer_ids": None}, r"the default \[2, 2, 1\] for a target of 4 layers is not distinct"),
     ({"mask_token_id": 1000}, r"mask_token_id 1000 is outside the target vocabulary"),
@@ -1044,6 +1046,21 @@ def test_a_draft_shorter_than_the_default_context_is_warned_once_and_recorded(tm
     said.clear()
     m = export(folder / "verifier", folder / "draft", tmp_path / "out2", log=said.append)
     assert not [s for s in said if "max_position_embeddings" in s] and "max_position_embeddings" not in m["draft"]
+
+
+# mut5 B47: binding.py:336  `sliding_window < max_position_embeddings` -> `<=` (a window as long as the context named)
+@pytest.mark.parametrize("window, ctx, what", [(None, 256, "max_position_embeddings"), (128, 128, "sliding window"),
+                                               (256, 256, "max_position_embeddings"),
+                                               (512, 256, "max_position_embeddings")])
+def test_the_default_context_is_the_sliding_window_only_where_it_is_shorter(window, ctx, what):
+    """A window as long as max_position_embeddings (or longer) bounds nothing: the context is
+    the target's max_position_embeddings, and the warning names that."""
+    from types import SimpleNamespace
+
+    from specrt.export.binding import default_context
+
+    got, said = default_context(SimpleNamespace(sliding_window=window, max_position_embeddings=256))
+    assert got == ctx and said.endswith(f"(the target's {what})")
 
 
 @pytest.mark.parametrize("rope, past", [("default", "its RoPE frequencies as they are"),
@@ -1511,6 +1528,9 @@ def test_a_weights_path_that_cannot_be_read_is_named(tmp_path):
     ({"dtype": "F32", "shape": "4", "data_offsets": [0, 16]}, "malformed shape '4'"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16, 16]}, r"malformed data_offsets \[0, 16, 16\]"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [False, 16]}, r"malformed data_offsets \[False, 16\]"),
+    # mut5 C12: checkpoint.py:104  `dtype not in _DTYPES` -> `dtype is None` (float8: a KeyError traceback)
+    ({"dtype": "F8_E4M3", "shape": [16], "data_offsets": [0, 16]},
+     r"unsupported dtype 'F8_E4M3' \(supported: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL\)"),
 ])
 def test_a_header_entry_of_the_wrong_kind_is_named(tmp_path, entry, words):
     from specrt.export.checkpoint import read_safetensors_index
@@ -1651,3 +1671,105 @@ def test_a_confidence_head_bias_alone_is_refused_without_the_head_enabled(tmp_pa
     with pytest.raises(UserError, match=r"draft tensor 'confidence_head\.proj\.bias' is a confidence head, but "
                                         "config.json does not enable one"):
         bind_draft(folder / "draft", bind_target(folder / "verifier"))
+
+
+# mut5 B09: binding.py:78  Bound.has ignoring the aliases (a tied target's lm_head said absent)
+# mut5 B12: binding.py:139  BoundDraft.has ignoring the target's embedding (a draft storing none said to have none)
+# mut5 B74: binding.py:97  Bound.sha ignoring the aliases (KeyError for a tied target's lm_head)
+def test_has_is_true_of_each_slot_get_serves(hf_models, tmp_path):
+    """has(slot) is true where get(slot) serves the slot: a tied target's lm_head (its embedding,
+    whose sha256 it has), the embedding a draft storing none reads from its target; false for a
+    slot left out."""
+    t = bind_target(hf_models["llama_tied"])
+    assert "lm_head" not in t.slots and t.has("lm_head") and t.has("embed") and not t.has("layers.0.q_bias")
+    assert t.sha("lm_head") == t.sha("embed") == t.slots["embed"].sha256
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    rewrite(folder / "draft", drop=("embed_tokens.weight",))
+    d = bind_draft(folder / "draft", bind_target(folder / "verifier"))
+    assert "embed" not in d.slots and d.has("embed") and not d.has("confidence_head")
+
+
+# mut5 B20: binding.py:185  F64 let through as a float slot's dtype (the check only refused ints and bools in tests)
+def test_a_float64_weight_is_refused_naming_the_dtypes_a_slot_takes(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, change={"model.norm.weight": np.ones(64, np.float64)})
+    with pytest.raises(UserError, match=r"'model.norm.weight' \(target slot 'final_norm'\) has dtype F64, expected "
+                                        r"one of F32, F16, BF16$"):
+        bind_target(folder)
+
+
+# mut5 B27: binding.py:212  `num_layers > len(entries)` -> `> 2 * len(entries)` (the cheap bound let slip by twice)
+@pytest.mark.parametrize("layers, words", [(40, r"num_hidden_layers is 40, but .* holds only 39 tensors"),
+                                           (39, r"target slot 'layers\.4\.attn_norm' is missing")])
+def test_a_layer_count_past_the_tensors_is_refused_before_the_table_from_one_past(hf_models, tmp_path, layers, words):
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=words):
+        bind_target(folder)
+
+
+# mut5 B43: binding.py:306  `|a - b| <= tol` -> `< tol` (an exact zero, a padding row, failed a tolerance of 0)
+def test_a_copied_embedding_with_a_zero_row_matches(tmp_path):
+    """A padding row of zeros (nn.Embedding's padding_idx) stays zero in bfloat16: equal where
+    the tolerance there is 0, so the copy is the target's."""
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    embed = _state(folder / "verifier")["model.embed_tokens.weight"].copy()
+    embed[0] = 0.0
+    rewrite(folder / "verifier", change={"model.embed_tokens.weight": embed})
+    _bf16_draft(folder / "draft", embed=embed)
+    t = bind_target(folder / "verifier")
+    d = bind_draft(folder / "draft", t)
+    assert (d.slots["embed"].entry.dtype, t.slots["embed"].entry.dtype) == ("BF16", "F32")
+    assert d.embed_matches_target is True
+
+
+# mut5 B49: binding.py:368  `tgt.max() >= V` -> `> V` (a target id of exactly V: an IndexError marking t2d)
+def test_a_d2t_reaching_one_past_the_vocabulary_is_named(tmp_path):
+    folder = write_eagle3(tmp_path / "e3")
+    d2t = load_file(str(folder / "model.safetensors"))["d2t"].copy()
+    d2t[499] = 1000 - 499  # draft id 499 -> target id 1000, the first past [0, 1000)
+    rewrite(folder, change={"d2t": d2t})
+    with pytest.raises(UserError, match=r"d2t maps draft id 499 to target id 1000, outside \[0, 1000\)$"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+# mut5 S28: slots.py:175  the confidence head's weight not required where config.json enables the head
+def test_a_confidence_head_enabled_without_its_weight_is_refused(tmp_path):
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=64, mask_token_id=63,
+                         confidence_head=True)
+    rewrite(d, drop=("confidence_head.proj.weight",))
+    with pytest.raises(UserError, match="draft slot 'confidence_head' is missing: expected one of "
+                                        "'confidence_head.proj.weight'$"):
+        bind_draft(d, bind_target(t))
+
+
+# mut5 C42: checkpoint.py:234  a sharded pickle's index handed to torch.load (said to be a bad pickle, not sharded)
+def test_a_sharded_pickle_checkpoint_is_refused_as_such(tmp_path):
+    from specrt.export.checkpoint import scan_folder
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "pytorch_model-00001-of-00001.bin"}}))
+    with pytest.raises(UserError, match=r"pytorch_model\.bin\.index\.json: sharded pickle checkpoints are not "
+                                        "supported; convert to safetensors$"):
+        scan_folder(folder, allow_pickle=True)
+
+
+# mut5 C38: checkpoint.py:181  the "mapped to a shard that does not contain it" check dropped (a KeyError traceback)
+def test_an_index_mapping_a_tensor_to_a_shard_without_it_is_named(hf_models, tmp_path):
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    shards = sorted(set(data["weight_map"].values()))
+    name = next(n for n, s in data["weight_map"].items() if s == shards[0])
+    data["weight_map"][name] = shards[1]
+    idx.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=rf"index\.json: tensor '{re.escape(name)}' is mapped to '{shards[1]}', which "
+                                        "does not contain it$"):
+        bind_target(folder)
