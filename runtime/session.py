@@ -487,6 +487,9 @@ class Session:
                 own = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
                 self._untemplated(own, "a prompt of token ids")
                 return self.generator.check_ids(ids)
+        elif not isinstance(prompt, str):  # (None said "the prompt is empty"; a number, a dict a TypeError)
+            raise UserError(f"prompt {prompt!r:.60}: expected text, a conversation (a list of messages) or token "
+                            "ids (a list of integers)")
         return self.encode(prompt, chat, chat_template_kwargs)
 
     def _open(self) -> None:

@@ -555,6 +555,10 @@ def test_stream_ids_takes_whole_token_ids_only(worded):
             assert [t for c in s.stream_ids(form, 5) for t in c] == want
             st = s.stats()
             assert st["prompt_ids"] == [3, 1, 4] and all(type(i) is int for i in st["prompt_ids"]), st["prompt_ids"]
+        # stream's prompt neither text, a conversation nor ids (None said "the prompt is empty")
+        for bad in (None, 5, {"role": "user"}):
+            with pytest.raises(UserError, match=rf"^prompt {re.escape(repr(bad))}: expected text, a conversation"):
+                next(s.stream(bad, max_new_tokens=3))
 
 
 def test_a_session_refuses_pickling_and_copying_and_documents_its_arguments(worded):
