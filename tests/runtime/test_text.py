@@ -3210,3 +3210,228 @@ def test_template_variables_must_be_names_and_not_the_ones_specrt_sets(tmp_path)
     _words(tmp_path)
     with pytest.raises(UserError, match="'add_generation_prompt' is set by specrt"):
         Text(tmp_path).render_chat("w6", {"add_generation_prompt": False})
+
+
+def test_no_tokenizer_json_names_the_folder_looked_in(tmp_path):
+    # mut6 M03: line 43 f"{folder}: no tokenizer.json" -> "no tokenizer.json" (the folder not named)
+    from specrt.runtime.text import Text
+
+    with pytest.raises(UserError, match=f"^{re.escape(str(tmp_path))}: no tokenizer.json "):
+        Text(tmp_path)
+
+
+def test_a_chat_template_that_is_not_text_is_no_chat_template(tmp_path):
+    # mut6 M12: line 61 isinstance(template, str) -> template or None (an object taken as the template)
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "obj", {"chat_template": {"template": CHAT}})
+    with pytest.raises(UserError, match="^chat=True: the exported tokenizer has no chat template"):
+        Text(f).render_chat("hi")
+
+
+def test_template_variables_win_over_the_special_tokens_as_in_transformers(tmp_path):
+    # mut6 M16: line 89 the special tokens laid over the template variables (a variable bos_token lost)
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "over", {"chat_template": CHAT, "bos_token": "<s>", "eos_token": "</s>"})
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True, bos_token="B")
+    assert Text(f).render_chat(conv, {"bos_token": "B"}) == want == "Buser: hi</s>assistant:"
+
+
+def test_a_template_raising_a_type_error_on_a_message_is_a_user_error(tmp_path):
+    # mut6 M19: line 101 TypeError left out of the errors caught (a traceback)
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "t", {"chat_template": "{% for m in messages %}{{ m.content + 1 }}{% endfor %}"})
+    with pytest.raises(UserError, match=f"^{re.escape(str(f / 'tokenizer_config.json'))}: chat template: TypeError"):
+        Text(f).render_chat("hi")
+
+
+def test_special_tokens_the_tokenizer_lacks_are_undefined_in_the_template(tmp_path):
+    # mut6 M23: line 113 every special token given, "" when absent (transformers 4.x's special_tokens_map gives
+    # bos and eos always, the others only when set; transformers 5 gives none unset, so no reference call here)
+    from specrt.runtime.text import Text
+
+    tpl = "{{ bos_token is defined }} {{ eos_token is defined }} {{ pad_token is defined }} {{ unk_token is defined }}"
+    f = _chat_folder(tmp_path / "u", {"chat_template": tpl, "unk_token": "<unk>"})
+    assert Text(f).render_chat("hi") == "True True False True"
+
+
+def test_an_empty_prompt_is_refused_before_a_chat_template_renders_it(tmp_path):
+    # mut6 M25: line 125 the empty-prompt check removed (the template rendered around an empty message)
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    for chat in (True, False):
+        with pytest.raises(UserError, match="^the prompt is empty$"):
+            Text(tmp_path).encode("", chat)
+
+
+def test_token_bytes_of_a_byte_level_piece_outside_gpt2s_alphabet_are_its_decoding(tmp_path):
+    # mut6 M34: line 162 every byte-level piece read through GPT-2's table (a KeyError for one that is not in it)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from specrt.runtime.text import Text
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "ab": 1, "\u4e2d": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    assert text.token_bytes(1) == b"ab" and text.token_bytes(2) == "\u4e2d".encode()
+
+
+def test_byte_like_pieces_without_a_byte_fallback_decoder_are_not_held_back(tmp_path):
+    # mut6 M39: line 182 the <0xNN> pieces taken whatever the decoder (their text held back as if a byte might follow)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = Tokenizer(models.Unigram([("<unk>", 0.0), ("\u2581w", -1.0), ("<0x41>", -1.0)], unk_id=0))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    assert text.byte_fallback_ids == frozenset()
+    d = Detokenizer(text)
+    assert d.push([tok.token_to_id("\u2581w"), tok.token_to_id("<0x41>")]) == "w<0x41>"
+
+
+def test_without_byte_fallback_no_token_is_held_back_and_the_context_keeps_a_last_special_token(tmp_path):
+    # mut6 M41: line 185 the special tokens in byte_fallback_ids without ByteFallback (left out of the context)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.runtime.text import Text, context_of
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(8)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["</s>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    end = tok.token_to_id("</s>")
+    assert text.byte_fallback_ids == frozenset()
+    assert context_of(text, [1, 2, 3, 4, 5, end]) == [3, 4, 5, end]
+
+
+def test_an_added_token_that_is_not_special_ends_a_run_of_byte_tokens(tmp_path):
+    # mut6 M42: line 184 every added token in byte_fallback_ids, special or not (its text held back)
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = _byte_fallback(tmp_path)
+    tok.add_tokens(["xyz"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = Text(tmp_path)
+    xyz = tok.token_to_id("xyz")
+    assert xyz not in text.byte_fallback_ids and 1 in text.byte_fallback_ids
+    d = Detokenizer(text)
+    assert d.push([3 + 0x41, xyz]) == text.decode([3 + 0x41, xyz]) != ""
+
+
+def test_token_text_of_bytes_that_are_not_utf8_gives_two_hex_digits_a_byte(tmp_path):
+    # mut6 M43: line 195 f"\\x{x:02x}" -> f"\\x{x:x}" (a byte below 0x10 written with one digit)
+    from tokenizers import Tokenizer, decoders, models
+
+    from specrt.runtime.text import Text
+
+    # GPT-2's byte-level characters: U+010A is byte 0x0A, U+00E4 byte 0xE4 (a lead byte with nothing after it)
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "\u010a\u00e4": 1}, unk_token="<unk>"))
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert Text(tmp_path).token_text(1) == "bytes:\\x0a\\xe4"
+
+
+def test_a_template_indented_for_reading_renders_as_transformers_renders_it(tmp_path):
+    # mut6 M48: line 251 lstrip_blocks=True -> False (the spaces before a block tag kept)
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    tpl = "{% for m in messages %}\n    {% if m.role == 'user' %}\n{{ m.content }}|\n    {% endif %}\n{% endfor %}"
+    f = _chat_folder(tmp_path / "i", {"chat_template": tpl})
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == "hi|\n"
+
+
+def test_a_template_that_is_not_valid_jinja_is_named_with_its_line(tmp_path):
+    # mut6 M53: line 258 "(line {e.lineno}: {e.message})" -> "({e.message})" (where in the template not said)
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "s", {"chat_template": "{{ bos_token }}\n{% if %}x{% endif %}"})
+    with pytest.raises(UserError, match=f"^{re.escape(str(f / 'tokenizer_config.json'))}: chat template: not valid "
+                                        r"Jinja \(line 2: "):
+        Text(f).render_chat("hi")
+
+
+def test_token_bytes_of_a_byte_fallback_tokenizer_without_metaspace_are_its_bytes(tmp_path):
+    # mut6 M55: line 281 a ByteFallback decoder without Metaspace (Llama 2's) read as "other" (a byte token's
+    # text, U+FFFD, for its byte)
+    from specrt.runtime.text import Text
+
+    tok = _byte_fallback(tmp_path)
+    text = Text(tmp_path)
+    assert text.token_bytes(3 + 0xE4) == b"\xe4" and text.token_text(3 + 0xE4) == "bytes:\\xe4"
+    assert text.token_bytes(tok.token_to_id("\u2581")) == b" "
+
+
+def test_a_mapping_of_stop_strings_is_refused_not_taken_as_its_keys():
+    # mut6 M75: line 413 dict left out of the types refused (a dict taken as its keys)
+    for bad in ({"c": 1}, b"c"):
+        with pytest.raises(UserError, match="expected a string or a list of strings"):
+            StopScanner(bad)
+
+
+def test_chat_template_jinja_is_read_as_utf8(tmp_path):
+    # mut6 M86: line 60 chat_template.jinja read as Latin-1 (its non-ASCII text mangled)
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "u", {})
+    (f / "chat_template.jinja").write_text("\u00e9\u4e2d {{ messages[0].content }}", encoding="utf-8")
+    assert Text(f).render_chat("hi") == "\u00e9\u4e2d hi"
+
+
+def test_a_tokenizer_json_tokenizers_refuses_is_said_with_tokenizers_reason(tmp_path):
+    # mut6 M88: line 34 "({why})" dropped (what tokenizers found wrong not said)
+    from specrt.runtime.text import Text
+
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
+    with pytest.raises(UserError, match=r"tokenizer.json: not a tokenizer the tokenizers library reads \(.+\)$"):
+        Text(tmp_path)
+
+
+def test_tojson_keeps_key_order_and_takes_an_indent_as_transformers_does(tmp_path):
+    # mut6 M97: line 249 sort_keys=True always (keys reordered); M98: line 249 indent ignored
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "j", {"chat_template": "{{ {'b': 1, 'a': [2]} | tojson(indent=2) }}"})
+    conv = [{"role": "user", "content": "hi"}]
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == '{\n  "b": 1,\n  "a": [\n    2\n  ]\n}'
+
+
+def test_a_folder_named_tokenizer_config_json_is_no_config(tmp_path):
+    # mut6 M87: line 46 cfg_path.is_file() -> cfg_path.exists() (a folder of that name read: an IsADirectoryError)
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "tokenizer_config.json").mkdir()
+    text = Text(tmp_path)
+    assert text.config == {} and text.chat_template is None
+
+
+def test_a_named_template_list_with_an_entry_that_is_no_object_takes_its_default_one(tmp_path):
+    # mut6 M101: line 56 isinstance(t, dict) dropped (an AttributeError traceback at loading)
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "n", {"bos_token": "<s>", "eos_token": "</s>",
+                                      "chat_template": ["junk", {"name": "default", "template": CHAT}]})
+    assert Text(f).render_chat("hi") == "<s>user: hi</s>assistant:"
