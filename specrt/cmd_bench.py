@@ -1745,7 +1745,7 @@ def check_variant(label: str, folder: Path, engines, govs: list[str]):
     """The engine set of ``--variant LABEL=DIR``, loaded (hashes verified) and checked:
     exported from the same target checkpoint with the same tokenizer as ENGINES. From the same
     target graph its greedy output must be identical to ENGINES' too; an export at another
-    ``--dtype`` is checked against its own off (bench())."""
+    ``--dtype`` is checked against its own off (run_bench's own_reference)."""
     from specrt.engines.engine_set import load_engines
 
     if not label.replace("-", "").replace("_", "").isalnum():
