@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import UserError
-from specrt.limits import whole
+from specrt.limits import digits, whole
 from specrt.manifest import load_export, read_manifest, require_fields, tool_versions, verify_files
 
 ENGINES_MANIFEST = "engines.json"
@@ -165,8 +165,7 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
                             "`specrt build`")
     # what the runtime takes from the roles must agree with the rest: a verify role per depth,
     # the draft block the deepest depth, and each role's engine file among the recorded ones
-    # (isascii and isdigit: str.isdigit() alone is true of "²", which int() refuses with a traceback)
-    verify = sorted(int(k[7:]) for k in m["roles"] if k.startswith("verify.") and k[7:].isascii() and k[7:].isdigit())
+    verify = sorted(int(k[7:]) for k in m["roles"] if k.startswith("verify.") and digits(k[7:]))
     if verify != sorted(set(m["depths"])) or not m["depths"]:
         raise UserError(f"{where}: depths {m['depths']} but verify roles for {verify}; re-run `specrt build`")
     if "draft" in m["roles"] and m["draft_depth"] != max(m["depths"]):
@@ -215,8 +214,7 @@ def check_role(where: Path, name: str, role: Any) -> None:
     from specrt.engines.plan import DRAFT, verify_role
 
     graph = "draft" if name == DRAFT else "target"
-    if not (name in ("prefill", "decode", DRAFT) or (name.startswith("verify.") and name[7:].isascii()
-                                                      and name[7:].isdigit()
+    if not (name in ("prefill", "decode", DRAFT) or (name.startswith("verify.") and digits(name[7:])
                                                       and verify_role(int(name[7:])) == name)):
         raise UserError(f"{where}: roles.{name}: not a role specrt builds (prefill, decode, verify.D, draft); re-run "
                         "`specrt build`")

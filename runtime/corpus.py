@@ -47,6 +47,7 @@ import numpy as np
 
 from specrt.contracts import CORPUS_FILE as FILE
 from specrt.errors import UserError
+from specrt.limits import digits
 from specrt.paths import atomic_file
 from specrt.prompt_files import is_token_ids, json_lines
 
@@ -403,7 +404,7 @@ class Growth:
         for key, wt in rates.items():
             ok = (isinstance(wt, list) and len(wt) == 2 and all(isinstance(v, list) for v in wt)
                   and len(wt[0]) == len(wt[1]) > 0 and all(isinstance(x, (int, float)) for x in wt[0] + wt[1]))
-            if not (ok and str(key).isascii() and str(key).isdigit() and int(key) in grown  # ('²': int() refuses)
+            if not (ok and digits(str(key)) and int(key) in grown
                     and all(0 <= w <= t for w, t in zip(*wt)) and all(t > 0 for t in wt[1])):
                 raise UserError(f"{path}: learnt rates of key {key!r}: expected [wins, tries] per position, "
                                 "0 <= wins <= tries, of a grown key")

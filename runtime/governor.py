@@ -38,6 +38,7 @@ import numpy as np
 
 from specrt.engines.costs import interpolate
 from specrt.errors import NonFiniteOutput, UserError
+from specrt.limits import digits
 
 from .telemetry import RoundResult
 
@@ -975,7 +976,7 @@ def _option_value(spec: str | int, opt: str, var: str, what: str) -> int | None:
     for p in str(spec).strip().lower().split(":")[1:]:
         if p.startswith(opt + "="):
             n = p[len(opt) + 1:]
-            if not _digits(n) or int(n) < 1:
+            if not digits(n) or int(n) < 1:
                 raise UserError(f"governor '{spec}': ':{opt}={var}' takes {what} {var} >= 1 ({SPECS})")
             return int(n)
     return None
@@ -1027,11 +1028,6 @@ def learnt_across_streams(spec: str | int) -> list[str]:
     return out
 
 
-def _digits(x: str) -> bool:
-    """ASCII digits only: str.isdigit() takes '²', which int() refuses (a ValueError traceback)."""
-    return x.isascii() and x.isdigit()
-
-
 def split_tree(spec: str | int, asked: str | int | None = None) -> tuple[str, int]:
     """(governor spec, token tree width): a trailing ``:tree=W`` (W >= 1) is the width of
     the token tree each round verifies (generate.py; 1, the default, is a chain). ``asked``:
@@ -1055,7 +1051,7 @@ def split_tree(spec: str | int, asked: str | int | None = None) -> tuple[str, in
             raise UserError(f"governor '{spec}': unknown option '{unknown[0]}' (expected {SPECS})")
         raise UserError(f"governor '{spec}': ':tree=W' goes after the governor's own options, e.g. "
                         "dspark:block=4:tree=3 (lookup options after it: dspark:tree=3:ngram)")
-    if not _digits(tail) or int(tail) < 1 or not head:
+    if not digits(tail) or int(tail) < 1 or not head:
         raise UserError(f"governor '{spec}': ':tree=W' takes a width W >= 1 after a speculative governor "
                         f"({SPECS})")
     return head, int(tail)
@@ -1073,12 +1069,12 @@ def canonical_spec(spec: str | int) -> str:
     base, lookup = split_lookup(spec)
     head, width = split_tree(base, spec)
     parts = head.split(":")
-    if parts[0] == "fixed" and len(parts) == 2 and _digits(parts[1]) or len(parts) == 1 and _digits(parts[0]):
+    if parts[0] == "fixed" and len(parts) == 2 and digits(parts[1]) or len(parts) == 1 and digits(parts[0]):
         k = int(parts[-1])
         head = "off" if k == 0 and width == 1 else f"fixed:{k}"
     elif parts[0] == "dspark":
         opts = parts[1:]
-        blocks = [o for o in opts if o.startswith("block=") and _digits(o[6:])]
+        blocks = [o for o in opts if o.startswith("block=") and digits(o[6:])]
         if len(blocks) + opts.count("profiled") == len(opts) and len(blocks) <= 1 and opts.count("profiled") <= 1:
             head = ":".join(["dspark", *(f"block={int(b[6:])}" for b in blocks), *(["profiled"] if "profiled" in opts
                                                                                    else [])])
@@ -1134,7 +1130,7 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
             raise UserError("governor 'dspark' needs the profiled cost table (t_draft, t_verify per depth)")
         kw: dict = {}
         for opt in s.split(":")[1:]:  # dspark[:block=K][:profiled]
-            if opt.startswith("block=") and _digits(opt[6:]) and "block" not in kw:
+            if opt.startswith("block=") and digits(opt[6:]) and "block" not in kw:
                 kw["block"] = int(opt[6:])
             elif opt == "profiled" and "ema" not in kw:  # costs stay the cost table's: no online factors
                 kw.update(ema=0.0, shape_ema=0.0)
@@ -1154,7 +1150,7 @@ def _from_spec(s: str, spec, depths, t_draft, t_verify, calibration, options: di
             if "block" not in kw or str(e).startswith("governor '"):
                 raise
             raise UserError(f"governor '{spec}': {e}") from None
-    if _digits(k):
+    if digits(k):
         try:
             return FixedGovernor(depths, int(k))
         except UserError as e:  # named as the other spec errors are

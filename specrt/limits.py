@@ -1,7 +1,8 @@
 """Upper bounds on the counts a user gives, each in one place: the CLI declares it with
 ``click.IntRange(max=...)`` where the option is declared, and the code a Python caller reaches
 checks the same constant; and ``whole``, the test of a whole number that every reader of
-user-given or stored counts applies (a bool is an int to Python, and JSON's true is 1 there).
+user-given or stored counts applies (a bool is an int to Python, and JSON's true is 1 there),
+and ``digits``, the test of a number written as text before int() reads it.
 Imports nothing: cli.py reads these when its options are declared."""
 
 # ONNX Runtime's SessionOptions take a C int: a larger thread count was pybind11's TypeError, a
@@ -24,3 +25,9 @@ def whole(value, lo: int | None = None, hi: int | None = None) -> bool:
     """``value`` is a Python int, not a bool, within [lo, hi] (each bound optional)."""
     return (isinstance(value, int) and not isinstance(value, bool) and (lo is None or value >= lo)
             and (hi is None or value <= hi))
+
+
+def digits(text: str) -> bool:
+    """``text`` is ASCII digits only, as int() reads them: str.isdigit() alone is true of '²',
+    which int() refuses (a ValueError traceback where a check had passed it)."""
+    return text.isascii() and text.isdigit()
