@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specrt.errors import UserError
 from specrt.paths import json_object, read_json_object, read_utf8
-from specrt.prompt_files import is_messages
+from specrt.prompt_files import CONVERSATION, conversation_problem, joined
 
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -124,9 +124,13 @@ class Text:
         error names what set ``chat`` (``render_chat``)."""
         if not prompt:
             raise UserError("the prompt is empty")
-        if not isinstance(prompt, str) and not is_messages(prompt):
-            raise UserError(f"a conversation must be a non-empty list of messages with string 'role' and 'content' "
-                            f"(text parts joined into one string); got {prompt!r:.80}")
+        problem = None if isinstance(prompt, str) else conversation_problem(prompt)
+        if problem == CONVERSATION:
+            raise UserError(f"{problem}; got {prompt!r:.80}")
+        if problem:  # (the message named: a long conversation's bad one was hard to find)
+            raise UserError(f"a conversation's {problem}")
+        if not isinstance(prompt, str):
+            prompt = joined(prompt)
         chat = chat or not isinstance(prompt, str)
         text = self.render_chat(prompt, template_kwargs, chat_option) if chat else prompt
         try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)

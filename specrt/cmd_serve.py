@@ -68,7 +68,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from specrt.errors import EngineFailure, UserError, describe_os_error
-from specrt.prompt_files import is_token_ids
+from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
 from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
@@ -187,20 +187,13 @@ def _messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(msgs):
-        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are "
-                                 "supported", "messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise BadRequest(f"messages[{i}]: expected an object with a string 'role' and a string (or text "
-                             "parts) 'content'", "messages")
-        out.append({"role": role, "content": content})
-    return out
+    problem = conversation_problem(msgs)
+    if problem == CONVERSATION:  # (a list of no objects: its first is named)
+        problem = ("messages[0]: expected an object with a string 'role' and a string (or text parts) 'content'; "
+                   f"got {msgs[0]!r:.60}")
+    if problem:
+        raise BadRequest(problem, "messages")
+    return [{"role": m["role"], "content": m["content"]} for m in joined(msgs)]
 
 
 def _chat_logprobs(entries: list[dict] | None) -> dict | None:

@@ -1,6 +1,7 @@
 """Prompt files: JSON lines, each an object with a string ``prompt``, a conversation
 ``messages`` (a non-empty list of ``{"role": ..., "content": ...}`` objects, rendered with
-the exported chat template: a system prompt, earlier turns) and/or a non-empty list of
+the exported chat template: a system prompt, earlier turns; a content may be OpenAI's text
+parts) and/or a non-empty list of
 token ids ``prompt_ids`` (other fields, such as ``kind``, are kept). Token ids come
 first, then messages, then the text. Read by ``specrt run --prompts``, ``specrt
 calibrate`` and ``specrt bench``."""
@@ -59,11 +60,39 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+CONVERSATION = ("a conversation must be a non-empty list of messages, objects with a string 'role' and a string "
+                "(or text parts) 'content'")
+
+
+def conversation_problem(v: Any) -> str | None:
+    """None where ``v`` is a conversation: a non-empty list of objects with a string ``role``
+    and a ``content`` that is a string or a list of text parts (OpenAI's ``{"type": "text",
+    "text": ...}``, joined by ``joined``); else what is wrong, naming the message by its
+    index (``messages[i]``), or CONVERSATION where ``v`` holds no object at all."""
+    if not isinstance(v, list) or not any(isinstance(m, dict) for m in v):
+        return CONVERSATION
+    for i, m in enumerate(v):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            for p in content:
+                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                    return (f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are "
+                            f"supported; got {p!r:.60}")
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(content, (str, list))):
+            return (f"messages[{i}]: expected an object with a string 'role' and a string (or text parts) "
+                    f"'content'; got {m!r:.60}")
+    return None
+
+
 def is_messages(v: Any) -> bool:
-    """Whether ``v`` is a conversation: a non-empty list of objects with string ``role``
-    and ``content``."""
-    return (isinstance(v, list) and bool(v) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                     and isinstance(m.get("content"), str) for m in v))
+    """Whether ``v`` is a conversation (``conversation_problem``)."""
+    return conversation_problem(v) is None
+
+
+def joined(messages: list[dict]) -> list[dict]:
+    """A conversation with each message's text parts joined into one string content."""
+    return [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m["content"], list) else m
+            for m in messages]
 
 
 def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None = None) -> list[dict[str, Any]]:
@@ -73,9 +102,9 @@ def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None
     index is not its line)."""
     items = []
     for n, obj in json_lines(path):
-        if isinstance(obj, dict) and "messages" in obj and not is_messages(obj["messages"]):
-            raise UserError(f"{path}:{n}: 'messages' must be a non-empty list of objects with string fields "
-                            "'role' and 'content'")
+        problem = conversation_problem(obj["messages"]) if isinstance(obj, dict) and "messages" in obj else None
+        if problem:
+            raise UserError(f"{path}:{n}: 'messages': {problem}")
         ok_text = isinstance(obj, dict) and (isinstance(obj.get("prompt"), str) or "messages" in obj)
         ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
         if allow_ids and ids is not None and not (ids and is_token_ids(ids)):  # (its ids come first: never passed over)

@@ -887,10 +887,12 @@ def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
     st = json.loads(s.read_text())["prompts"]
     assert [p["prompt_ids"] for p in st] == [[3, 5, 1, 6, 7, 2], [3, 5, 1, 6, 7, 2, 8, 9, 1, 10, 2], [4]]
     assert st[0]["prompt"] == conv and st[1]["prefix_reused"] == 6
-    for bad in ([], [{"role": "user"}], "w1", [{"role": 1, "content": "w1"}]):
+    for bad, said in (([], "a conversation must be a non-empty list"), ("w1", "a conversation must be"),
+                      ([{"role": "user"}], "messages[0]: expected an object with a string 'role' and a string"),
+                      ([{"role": "user", "content": "w1"}, {"role": 1, "content": "w1"}], "messages[1]: expected")):
         f.write_text(json.dumps({"prompt": "w1"}) + "\n" + json.dumps({"messages": bad}) + "\n")
         r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--quiet"])
-        assert r.exit_code == 1 and f"{f}:2: 'messages' must be a non-empty list" in r.output, (bad, r.output)
+        assert r.exit_code == 1 and f"{f}:2: 'messages': {said}" in r.output, (bad, r.output)
         assert "Traceback" not in r.output
 
 
@@ -1904,9 +1906,9 @@ def test_chat_skips_a_turn_that_fills_the_context_to_its_last_token(worded):
 
 
 def test_api_misuse_is_a_user_error(worded):
-    """Template variables that are not an object, a message whose content is not a string
-    (a list of parts), and a stream on a closed Session: UserErrors naming what was
-    expected (TypeError, a Jinja TypeError and an InternalError before)."""
+    """Template variables that are not an object, a message whose content is neither a string
+    nor text parts, and a stream on a closed Session: UserErrors naming what was expected
+    (TypeError, a Jinja TypeError and an InternalError before)."""
     from specrt.runtime.session import Session
 
     with pytest.raises(UserError, match="chat_template_kwargs: "):
@@ -1914,11 +1916,48 @@ def test_api_misuse_is_a_user_error(worded):
     s = Session(worded, governor="off")
     with pytest.raises(UserError, match="chat_template_kwargs: "):
         "".join(s.stream("w1", chat=True, max_new_tokens=2, chat_template_kwargs="x"))
-    with pytest.raises(UserError, match="string 'role' and 'content'"):
-        "".join(s.stream([{"role": "user", "content": [{"type": "text", "text": "w1"}]}], max_new_tokens=2))
+    with pytest.raises(UserError, match=r"^a conversation's messages\[0\]: expected an object with a string 'role' "
+                       r"and a string \(or text parts\) 'content'; got \{'role': 'user', 'content': 3\}$"):
+        "".join(s.stream([{"role": "user", "content": 3}], max_new_tokens=2))
     s.close()
     with pytest.raises(UserError, match="this Session is closed"):
         list(s.stream_ids([1, 2, 3], 2))
+
+
+def test_a_conversations_text_parts_are_its_content_and_a_bad_message_is_named(worded, tmp_path):
+    """OpenAI's content parts (``[{"type": "text", "text": ...}]``), which serve took and the
+    Python API and prompt files refused ("a conversation must be ..."), give the text joined
+    as the content; a part that is not text, or a message that is no message, is named by its
+    index in the API's, a prompt file's and serve's words (the API named no message: a long
+    conversation's bad one was hard to find)."""
+    from specrt.prompt_files import read_prompt_file
+    from specrt.runtime.session import Session
+
+    plain = [{"role": "system", "content": "w2 w3"}, {"role": "user", "content": "w1 w4"}]
+    parts = [{"role": "system", "content": [{"type": "text", "text": "w2 w3"}]},
+             {"role": "user", "content": [{"type": "text", "text": "w1"}, {"type": "text", "text": " w4"}]}]
+    with Session(worded, governor="off") as s:
+        assert s.encode(parts) == s.encode(plain)
+        assert "".join(s.stream(parts, max_new_tokens=4)) == "".join(s.stream(plain, max_new_tokens=4))
+        image = [plain[0], {"role": "user", "content": [{"type": "text", "text": "w1"}, {"type": "image_url"}]}]
+        with pytest.raises(UserError, match=r"^a conversation's messages\[1\]\.content: only text parts \("
+                           r"\{'type': 'text', 'text': \.\.\.\}\) are supported; got \{'type': 'image_url'\}$"):
+            s.encode(image)
+        for bad, i in (([plain[0], plain[1], {"role": 1, "content": "x"}], 2), ([plain[0], "w1"], 1),
+                       ([plain[0], {"content": "x"}], 1)):
+            with pytest.raises(UserError, match=rf"^a conversation's messages\[{i}\]: expected an object"):
+                s.encode(bad)
+        with pytest.raises(UserError, match=r"^a conversation must be a non-empty list of messages.*; got \['w1'\]"):
+            s.encode(["w1"])
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"messages": parts}) + "\n")
+    assert read_prompt_file(f)[0]["messages"] == parts
+    f.write_text(json.dumps({"messages": plain}) + "\n" + json.dumps({"messages": image}) + "\n")
+    with pytest.raises(UserError, match=r"p\.jsonl:2: 'messages': messages\[1\]\.content: only text parts"):
+        read_prompt_file(f)
+    f.write_text(json.dumps({"messages": []}) + "\n")
+    with pytest.raises(UserError, match=r"p\.jsonl:1: 'messages': a conversation must be a non-empty list"):
+        read_prompt_file(f)
 
 
 def test_a_refused_session_stream_leaves_the_running_ones_stats(worded):
