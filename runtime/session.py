@@ -408,6 +408,7 @@ class Session:
 
     def new_governor(self) -> None:
         """A fresh governor state (e.g. between benchmark runs)."""
+        self._open()  # (after close() it made a governor no stream could use)
         self.generator.governor = make_governor(self.governor_spec, self.engines, self.calibration)
 
     def _growth_policy(self, path: Path):
@@ -423,6 +424,7 @@ class Session:
         within the governor's cap). Returns how many it holds: 0 when there is no such file
         yet (an error, as for save_growth, when the governor has no ``:grow``)."""
         check_path_args("a file", path=path)
+        self._open()  # (after close() it loaded sequences no stream could use)
         policy = self._growth_policy(Path(path))
         if not Path(path).exists():
             return 0
@@ -435,6 +437,7 @@ class Session:
     def save_growth(self, path: str | Path) -> None:
         """The governor's grown sequences to ``path`` (atomically; corpus.Growth.save)."""
         check_path_args("a file", path=path)
+        self._open()  # (after close(): a closed Session saves nothing, as it streams nothing)
         policy = self._growth_policy(Path(path))
         grown = policy.growth.source_priors()
         policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],

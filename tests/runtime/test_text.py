@@ -2455,6 +2455,24 @@ def test_a_stream_of_a_session_closed_since_is_a_user_error(worded):
             list(stream)
 
 
+def test_a_closed_sessions_governor_and_growth_calls_are_user_errors(worded, tmp_path):
+    """new_governor, save_growth and load_growth after close(): "this Session is closed", as
+    a stream says (they made a governor, loaded sequences or wrote a file for a Session that
+    runs nothing more); a growth file saved before close() is left as it was."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "g.npz"
+    with Session(worded, governor="fixed:1:ngram:grow") as s:
+        "".join(s.stream("w3 w1 w4 w3 w1", max_new_tokens=6))
+        s.save_growth(grow)
+    saved = grow.read_bytes()
+    for call in (s.new_governor, lambda: s.save_growth(grow), lambda: s.load_growth(grow),
+                 lambda: s.save_growth(tmp_path / "new.npz")):
+        with pytest.raises(UserError, match="^this Session is closed"):
+            call()
+    assert grow.read_bytes() == saved and not (tmp_path / "new.npz").exists()
+
+
 def test_api_arguments_of_other_types_are_user_errors_or_taken(worded):
     """Session's ``sampling`` not a SamplingParams, SamplingParams' temperature / top_p not
     numbers, ``prefix_snapshots`` not an integer >= 0, ``stop`` neither strings nor None:
