@@ -69,7 +69,7 @@ import click
 
 from specrt.errors import EngineFailure, UserError, describe_os_error
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
-from specrt.sampling_options import PathArg, temperature_option, template_kwargs_option
+from specrt.sampling_options import existing_folder, temperature_option, template_kwargs_option
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -1166,7 +1166,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
 
 
 @click.command()
-@click.argument("engines_dir", type=PathArg("a folder"))
+@click.argument("engines_dir", type=existing_folder())
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
 @click.option("--governor", default="auto", show_default=True, help="As for `specrt run`.")
@@ -1201,8 +1201,6 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
 
-    if not engines_dir.is_dir():
-        raise UserError(f"{engines_dir}: no such engines folder")
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
     if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)

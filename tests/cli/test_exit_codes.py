@@ -91,7 +91,8 @@ from specrt.cli import main
             (["calibrate", f"{{tmp}}/{missing}", "--prompts", "{tmp}/p.jsonl"], "ENGINES_DIR"),
             (["export", f"{{tmp}}/{missing}", "-o", "{tmp}/out"], "TARGET"),
             (["inspect", "{tmp}", "--draft", f"{{tmp}}/{missing}"], "--draft"),
-            (["run", f"{{tmp}}/{missing}", "--prompt", "x"], "ENGINES_DIR"))))),
+            (["run", f"{{tmp}}/{missing}", "--prompt", "x"], "ENGINES_DIR"),
+            (["serve", f"{{tmp}}/{missing}"], "ENGINES_DIR"))))),  # (serve said "no such engines folder")
 ])
 def test_usage_errors_exit_1(tmp_path, args, message):
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')

@@ -698,7 +698,7 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         p.stderr.close()
     r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "none")], capture_output=True,
                        text=True, timeout=60)
-    assert r.returncode == 1 and "no such engines folder" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and f"{tmp_path / 'none'} is not a folder" in r.stderr and "Traceback" not in r.stderr
     for bad in ("0", "nan", "inf"):  # (a socket takes neither nan nor inf as its timeout)
         r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--write-timeout", bad],
                            capture_output=True, text=True, timeout=60)
