@@ -22,7 +22,8 @@ def test_the_readme_python_example_runs(worded, capsys):  # noqa: F811
     assert code.count('"out/engines"') == 2  # the folder the Pipeline commands build
     exec(compile(code.replace('"out/engines"', repr(str(worded))), "README.md", "exec"), {})
     out = capsys.readouterr().out
-    m = re.search(r"\n(\d+) tokens, [\d.]+ tok/s, tau ([\d.]+)\n", out)
-    assert m and int(m.group(1)) == 64 and float(m.group(2)) >= 1.0, out
+    m = re.search(r"\n(\d+) tokens, [\d.]+ tok/s, tau ([\d.]+) \(the draft's rounds\), ([\d.]+) tokens a target "
+                  r"call \(lookup's rounds too\)\n", out)
+    assert m and int(m.group(1)) == 64 and float(m.group(2)) >= 1.0 and float(m.group(3)) >= 1.0, out
     # the sampled conversation printed its text after the greedy one's stats line
     assert out[m.end():].strip(), out

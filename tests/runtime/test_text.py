@@ -343,6 +343,9 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     assert r.exit_code == 0 and "session growth from" in r.output and "(2 sequences)" in r.output, r.output
     # its closing line names where the lookup rounds looked: the context and the earlier answers
     assert "lookup in the context, earlier answers in " in r.output and "prompt lookup" not in r.output, r.output
+    # no draft ran: "no draft rounds", not "tau 1.00" (read as a draft that accepted nothing)
+    assert second["draft_rounds"] == 0 and ", no draft rounds, governor off:grow" in r.output, r.output
+    assert "tau" not in r.output, r.output
     assert second["prompts"][0]["output_token_ids"] == off["prompts"][0]["output_token_ids"]
     assert any(int(k) >= 40 for k in second["lookup"]["by_match"]), second["lookup"]  # grown at once
     r, fresh = run(again, "off:grow")  # without the file: nothing grown in a first prompt
@@ -447,7 +450,7 @@ def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
         firsts = [p["first_token_s"] for p in st["prompts"]]
         assert st["prompt_count"] == len(st["prompts"]) == 2 and all(0 < f <= p["seconds"] for f, p in zip(firsts, st["prompts"]))
         assert st["first_token_s"] == pytest.approx(sum(firsts) / 2)
-    assert "first token after " in lines[()]
+    assert "first token after " in lines[()] and f", tau {out[()]['tau']:.2f}, governor fixed:3" in lines[()]
     assert [p["output_token_ids"] for p in out[()]["prompts"]] == \
         [p["output_token_ids"] for p in out[("--no-prefix-reuse",)]["prompts"]]
 
@@ -1853,6 +1856,7 @@ def test_chat_takes_a_crlf_line_as_the_same_turn(controls):
         r = CliRunner().invoke(main, ["chat", str(controls), "--max-new-tokens", "3", "--governor", "off"],
                                input=f"w6 w7{end}w8{end}{end}")
         assert r.exit_code == 0, r.output
+        assert " tok/s, no draft rounds; 0 of 4 prompt tokens reused]" in r.output, r.output  # (off: no tau)
         # the answers, and each turn's prompt tokens (not its timing)
         out[end] = [ln.split("; ")[-1] if ln.startswith("[") else ln for ln in r.output.splitlines()
                     if not ln.startswith("note: ")]
