@@ -295,6 +295,14 @@ def busy_share(table: dict[str, Any] | None) -> float | None:
     return float(share) if ok and 0 <= share < BUSY_CPU_SHARE else None
 
 
+def busy_note(folder, share: float, who: str) -> str:
+    """The note that ``who`` (governors) price their rounds from the cost table of ``folder``,
+    profiled on a busy machine (``busy_share``): run's, chat's, serve's and bench's words."""
+    return (f"the cost table of {folder} was profiled on a busy machine ({share:.0%} of the CPU time its threads "
+            f"asked for): its costs are inflated, and {who} from them; `specrt profile {folder}` measures them "
+            "again (when idle)")
+
+
 def parse_costs(table: dict[str, Any] | None) -> dict[str, Any]:
     """engines.json's table with integer depth and past keys; a cost that is not a positive
     finite number of seconds is a ValueError (typed by hand: a TypeError, or a governor

@@ -34,7 +34,7 @@ from typing import Iterator
 import numpy as np
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
-from specrt.engines.costs import busy_share
+from specrt.engines.costs import busy_note, busy_share
 from specrt.errors import UserError
 from specrt.limits import whole
 from specrt.paths import check_path_args
@@ -365,9 +365,7 @@ class Session:
         share = busy_share(self.engines.manifest.get("costs"))
         if share is None or not (lookup or is_dspark(base)):
             return None
-        return (f"the cost table of {self.engines.folder} was profiled on a busy machine ({share:.0%} of the CPU "
-                f"time its threads asked for): its costs are inflated, and governor '{self.governor_spec}' prices "
-                f"its rounds from them; `specrt profile {self.engines.folder}` measures them again (when idle)")
+        return busy_note(self.engines.folder, share, f"governor '{self.governor_spec}' prices its rounds")
 
     @property
     def unchecked(self) -> str | None:

@@ -1508,6 +1508,12 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             + "; ".join(f"{n} ({', '.join(learnt)})" for n, learnt in learners)
                             + " (run --processes 1 to measure them as a session runs)")
             echo(f"warning: {warnings[-1]}", err=True)
+        for e in ({"": engines, **variant_engines}.values() if governor_costs == "stored" else ()):
+            note = _busy_table_note(e, [(n, j["governor"]) for n, j in jobs if j.get("kind") == "specrt"
+                                        and j.get("engines") == str(Path(e.folder).resolve())])
+            if note:
+                warnings.append(note)
+                echo(f"warning: {note}", err=True)
         predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
         profiled: dict[str, dict] = {}
         if profile:
@@ -1795,6 +1801,24 @@ def check_governor(g: str, e, variant: str | None) -> None:
     if wants_corpus(g) and not (Path(e.folder) / CORPUS_FILE).is_file():  # (a worker's traceback, and off's run lost)
         raise UserError(f"{where} {g}: ':corpus' needs {Path(e.folder) / CORPUS_FILE}: make it with `specrt corpus "
                         f"{e.folder} ANSWERS.jsonl`")
+
+
+def _busy_table_note(e, runs: list[tuple[str, str]]) -> str | None:
+    """A warning where the configurations ``runs`` (name, governor) that price their rounds from
+    a cost table (DSpark, lookup) run on engines ``e`` whose stored table was profiled on a busy
+    machine (--governor-costs stored: they price from it as run does, and run says so)."""
+    from specrt.engines.costs import busy_note, busy_share
+    from specrt.runtime.governor import is_dspark, split_lookup
+    from specrt.runtime.session import resolve_spec
+
+    share = busy_share(e.manifest.get("costs"))
+    pricing = [n for n, g in runs for spec in [resolve_spec(g, e)]
+               if split_lookup(spec)[1] or is_dspark(split_lookup(spec)[0])]
+    if share is None or not pricing:
+        return None
+    return busy_note(e.folder, share, f"the configurations {', '.join(pricing)} price their rounds (--governor-costs "
+                                     "stored)") + \
+        ", or pass --governor-costs profiled"
 
 
 def _mib(b) -> str:

@@ -1367,6 +1367,19 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
                 f"its threads asked for): its costs are inflated, and governor '{gov}' prices its rounds from them; "
                 f"`specrt profile {engines_copy}` measures them again (when idle)")
         assert (note in cli.output) == said, (gov, cli.output)
+    # and by bench, where its governors price from the stored table (they did without a word)
+    for govs, said in (("dspark,fixed:2:ngram,fixed:2,off", True), ("fixed:2,off", False)):
+        rep = engines_copy.parent / f"bench-{said}"
+        cli = CliRunner().invoke(main, ["bench", str(engines_copy), "--prompts", str(prompts), "-o", str(rep),
+                                        "--peers", "none", "--governors", govs, "--max-new-tokens", "2", "--threads",
+                                        "1", "--no-profile", "--warmup-tokens", "0", "--quiet"])
+        assert cli.exit_code == 0, cli.output
+        note = (f"the cost table of {engines_copy} was profiled on a busy machine ({share:.0%} of the CPU time its "
+                "threads asked for): its costs are inflated, and the configurations specrt:dspark, "
+                "specrt:fixed:2:ngram price their rounds (--governor-costs stored) from them; `specrt profile "
+                f"{engines_copy}` measures them again (when idle), or pass --governor-costs profiled")
+        assert (note in json.loads((rep / "bench.json").read_text())["warnings"]) == said, cli.output
+        assert (f"warning: {note}" in cli.output) == said, cli.output
     monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", share)  # (the threshold itself is not busy)
     cli = CliRunner().invoke(main, ["run", str(engines_copy), "--prompts", str(prompts), "--max-new-tokens", "3",
                                     "--governor", "dspark", "--quiet"])
