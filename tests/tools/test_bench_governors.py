@@ -434,3 +434,19 @@ def test_report_carries_calibration_ece_per_position_before_and_after(run_report
         assert len(ece[which]["before"]) == len(ece[which]["after"]) == 3  # positions of the deepest depth
         assert all(v is None or 0.0 <= v <= 1.0 for v in ece[which]["before"] + ece[which]["after"])
     assert "ECE" in stdout
+
+
+def test_differences_name_each_run_whose_output_is_not_offs(bg):
+    """G63: the lossless check names every governor's repeat whose greedy output differs from
+    `off`'s first run, and the first token where it does (where one ends early, its end); runs
+    equal to it are no difference (the check had no test: a bench with the comparison gone
+    reported every run lossless)."""
+    same, ref = {"out": [5, 6, 7, 8]}, {"out": [5, 6, 7, 8]}
+    reps = {"off": [ref, same], "fixed:3": [same, {"out": [5, 6, 9, 8]}], "dspark": [{"out": [5, 6]}, same],
+            "fixed:2": [{"out": [5, 6, 7, 8, 1]}]}
+    assert bg.differences(reps, 4, "code") == [
+        {"prompt": 4, "kind": "code", "governor": "fixed:3", "repeat": 1, "first_difference": 2},
+        {"prompt": 4, "kind": "code", "governor": "dspark", "repeat": 0, "first_difference": 2},
+        {"prompt": 4, "kind": "code", "governor": "fixed:2", "repeat": 0, "first_difference": 4}]
+    assert bg.differences({"off": [ref, same], "fixed:3": [same]}, 0, "chat") == []
+    assert bg.differences({"off": [ref, {"out": [5]}]}, 1, "chat")[0]["repeat"] == 1  # off's own repeats too
