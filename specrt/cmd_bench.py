@@ -557,7 +557,9 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
 
     Returns the worker's result: ``ok`` with ``per_prompt``, or ``skipped`` / ``error``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="specrt-bench-") as tmp:
+    # the job and result files beside the log, in the report's partial folder (a kill -9 left them
+    # in /tmp for good; the next bench into the report sweeps its partial folder)
+    with tempfile.TemporaryDirectory(prefix=".specrt-bench-", dir=log_path.parent) as tmp:
         jp, rp = Path(tmp) / "job.json", Path(tmp) / "result.json"
         jp.write_text(json.dumps(job))
         with open(log_path, "w") as log:
@@ -592,7 +594,7 @@ class InterleavedWorker:
 
     def __init__(self, job: dict, log_path: Path):
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = tempfile.TemporaryDirectory(prefix="specrt-bench-")
+        self.tmp = tempfile.TemporaryDirectory(prefix=".specrt-bench-", dir=log_path.parent)  # (as run_config's)
         jp, self.rp, self.log_path = Path(self.tmp.name) / "job.json", Path(self.tmp.name) / "result.json", log_path
         jp.write_text(json.dumps({**job, "interleaved": True}))
         self.log = open(log_path, "w")

@@ -273,9 +273,12 @@ def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_pa
     job = {"kind": "specrt", "engines": str(tiny_engines), "governor": "off", "threads": 1,
            "prompts": [[5, 6, 7]], "max_new_tokens": 3, "eos": [2], "warmup_tokens": 0,
            "check_modules": ["torch", "transformers", "onnxruntime_genai"]}
-    res = run_config(job, tmp_path / "w.log")
+    seen = []  # the worker's job files while it runs: beside its log (a kill -9 left them in /tmp)
+    res = run_config(job, tmp_path / "w.log", lambda m: seen.append(sorted(p.name for p in tmp_path.iterdir())))
     assert res["ok"], res
     assert res["modules_loaded"] == {"torch": False, "transformers": False, "onnxruntime_genai": False}
+    assert seen and all(len(s) == 2 and s[0].startswith(".specrt-bench-") and s[1] == "w.log" for s in seen), seen
+    assert [p.name for p in tmp_path.iterdir()] == ["w.log"]  # and gone after it
 
 
 def test_warm_up_calls_every_engine_once(tiny_engines):
