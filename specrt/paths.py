@@ -6,8 +6,11 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import stat
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -229,7 +232,10 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries(path)
         tmp, fd = make_temporary(path.parent, f".{path.name}.", ".tmp")
+        with contextlib.suppress(OSError):  # held until the file is closed, after its rename: a live write
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -242,7 +248,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # (still open, so still locked: no sweep takes it in between)
     except BaseException as e:  # (the temporary made inside: a Ctrl-C just after mkstemp left an empty one)
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -250,6 +256,37 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         if isinstance(e, OSError):  # disk full, a folder gone: said, not a traceback
             raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         raise
+
+
+TEMPORARY_AGE_S = 60.0  # a temporary this old that no write holds is a dead one's
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Remove the temporaries of ``atomic_file`` writes to ``path`` that were killed outright
+    (kill -9, a power cut: ``.NAME.<12 hex>.tmp``, as big as the file, were left for good): those
+    no live write holds (its flock) and older than TEMPORARY_AGE_S (one made a moment ago may
+    not be locked yet), saying so on stderr. Where files cannot be locked, none is removed."""
+    shape = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp")
+    try:
+        names = [n for n in os.listdir(path.parent) if shape.fullmatch(n)]
+    except OSError:
+        return
+    for name in names:
+        p = path.parent / name
+        try:
+            if not stat.S_ISREG(os.lstat(p).st_mode) or time.time() - os.lstat(p).st_mtime < TEMPORARY_AGE_S:
+                continue
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(p)
+        except OSError:  # held by a live write (EWOULDBLOCK), no flock here, or gone meanwhile
+            continue
+        finally:
+            os.close(fd)
+        sys.stderr.write(f"note: removed {p}, the temporary file of an interrupted write\n")
 
 
 def _keep_owner(fd: int, st: os.stat_result) -> None:

@@ -140,6 +140,52 @@ def test_write_atomic_keeps_old_file_on_failure(tmp_path):
     assert [q.name for q in tmp_path.iterdir()] == ["calibration.json"]  # no temp file left
 
 
+def test_write_atomic_removes_the_temporaries_of_writes_killed_outright(tmp_path, capfd):
+    """A write killed with SIGKILL inside its block left its ``.NAME.<hex>.tmp`` (as big as the
+    file) for good: the next write to that file removes those no live write holds (their flock)
+    once older than a minute (a temporary made a moment ago may not be locked yet), saying so;
+    a live write's, and another file's, are left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = tmp_path / "calibration.json"
+    code = ("import sys, time; from pathlib import Path; from specrt.paths import atomic_file\n"
+            "with atomic_file(Path(sys.argv[1])) as f:\n    f.write(b'x' * 1000); f.flush(); print('in', flush=True)"
+            "; time.sleep(60)\n")
+
+    def writer(target: Path) -> subprocess.Popen:
+        w = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE, text=True)
+        assert w.stdout.readline() == "in\n"
+        return w
+
+    def temps(name: str = "calibration.json") -> list[Path]:
+        return sorted(tmp_path.glob(f".{name}.*.tmp"))
+
+    dead, other = writer(p), writer(tmp_path / "other.json")
+    for w in (dead, other):
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+    [t_dead] = temps()
+    live = writer(p)
+    try:
+        [t_live] = set(temps()) - {t_dead}
+        write_atomic(p, {"a": 1})  # both a moment old: left
+        assert temps() == sorted([t_dead, t_live]) and "note: removed" not in capfd.readouterr().err
+        old = time.time() - 120
+        for t in (*temps(), *temps("other.json")):
+            os.utime(t, (old, old))
+        write_atomic(p, {"a": 2})
+        assert temps() == [t_live] and len(temps("other.json")) == 1, temps()
+        assert capfd.readouterr().err == f"note: removed {t_dead}, the temporary file of an interrupted write\n"
+        assert json.loads(p.read_text()) == {"a": 2}
+    finally:
+        live.kill()
+        live.wait()
+
+
 # ---- calibrate on engines ---------------------------------------------------------------
 
 
