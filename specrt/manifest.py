@@ -60,6 +60,7 @@ def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str
     out = Path(out)
     if out.name in ("", ".", ".."):  # "-o ." : the folder by its own name
         out = out.resolve()
+    _settle_moved_aside(out)
     real = out.resolve()
     for folder in inputs:
         if folder is None:
@@ -178,6 +179,39 @@ def _lock_folder(folder: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (EPERM: another user's live process)
+        pass
+    return True
+
+
+def _settle_moved_aside(out: Path) -> None:
+    """A run killed outright between a --force replacement's two renames left the earlier output
+    moved aside as ``.OUT.old-PID`` and no OUT (its own complete output in its partial folder,
+    swept as any), and one killed while removing it after them a half-removed ``.OUT.old-PID``
+    beside the new OUT; both stayed for good. Where PID is no live process, the first is put
+    back as OUT (the replacement undone, as an interrupted run leaves OUT as it was) and the
+    second removed, each said on stderr."""
+    for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
+        pid = p.name.rsplit("-", 1)[1]
+        if not (pid.isascii() and pid.isdigit()) or p.is_symlink() or not p.is_dir() or _pid_alive(int(pid)):
+            continue
+        try:
+            if out.exists() or out.is_symlink():
+                shutil.rmtree(p)
+                said = f"removed {p}, the earlier output a run killed while replacing {out} was removing"
+            else:
+                p.rename(out)
+                said = f"restored {out} from {p}, where a run killed while replacing it had moved it"
+        except OSError:  # (another run settled it first, or it cannot be touched: left)
+            continue
+        sys.stderr.write(f"note: {said}\n")
 
 
 def _remove_stale_partials(out: Path) -> None:

@@ -422,6 +422,39 @@ def test_a_killed_builds_partial_folder_is_removed_by_the_next_build_and_a_live_
     load_engines(out)
 
 
+def test_an_earlier_output_a_killed_replacement_moved_aside_is_put_back_or_removed(tiny_export, tmp_path, capfd):
+    """A --force replacement renames OUT to ``.OUT.old-PID``, its new folder to OUT, then removes
+    the old one: killed outright between the renames, it left the earlier engines moved aside and
+    no OUT; killed in the removal, a half-removed ``.OUT.old-PID`` beside the new OUT; both for
+    good (a walk of session 63). The next run into OUT puts the first back (the replacement
+    undone) and removes the second, saying so; one whose PID lives is left to it. (The states
+    are made here as those kills leave them: the window between two renames cannot be hit.)"""
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "engines"
+    build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a PID no process has now (the child has exited)
+    aside = tmp_path / f".engines.old-{dead}"
+    out.rename(aside)
+    live = tmp_path / f".engines.old-{os.getppid()}"  # a live run's, between its renames
+    shutil.copytree(aside, live)
+    capfd.readouterr()
+    with pytest.raises(UserError, match="already exists \\(pass --force"):  # the earlier engines are back
+        build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
+    assert f"note: restored {out} from {aside}, where a run killed while replacing it" in capfd.readouterr().err
+    assert not aside.exists() and live.is_dir()
+    load_engines(out)
+    shutil.copytree(out, aside)
+    (aside / "engines.json").unlink()  # half removed
+    build_engines(tiny_export, "onnxruntime", [1], out, force=True, log=quiet, profile_repeats=1)
+    assert f"note: removed {aside}, the earlier output a run killed while replacing {out}" in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["engines", live.name])
+    load_engines(out)
+
+
 @pytest.mark.parametrize("made", ["a folder of other things", "another build's engines"])
 def test_what_is_made_at_out_while_a_build_runs_is_not_replaced(tiny_export, tmp_path, made):
     """OUT was checked at the start only: a folder made there while the build ran (a user's, or a
