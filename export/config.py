@@ -713,8 +713,11 @@ def load_draft_config(folder: Path, aux_ids_count: str | None = None) -> DraftCo
 
 def _names_kind(architecture: str, kind: str) -> bool:
     """Whether a class name in a draft's ``architectures`` names the draft kind ``kind``
-    (PEagleDraftModel: peagle; Eagle3DraftModel, Eagle3Speculator: eagle3)."""
+    (PEagleDraftModel: peagle; Eagle3DraftModel, Eagle3Speculator, and EAGLE's own
+    LlamaForCausalLMEagle3, by its whole name: eagle3)."""
     a = architecture.lower()
+    if kind == "eagle3" and a == EAGLE_ARCHITECTURE.lower():
+        return True
     return a.startswith("peagle") if kind == "peagle" else a.startswith(kind)
 
 

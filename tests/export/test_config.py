@@ -487,7 +487,8 @@ def test_architectures_naming_the_other_kind_are_said(tmp_path):
     shutil.copytree(REFERENCE / "draft", d)
     cfg = json.loads((d / "config.json").read_text())
     for archs, said in ((["PEagleDraftModel"], False), (["Eagle3DraftModel"], True), (["Eagle3Speculator"], True),
-                        (["SomethingElse"], False), ("notalist", False)):
+                        (["LlamaForCausalLMEagle3"], True),  # (C63: EAGLE's own class, by its whole name)
+                        (["LlamaForCausalLMEagle3X"], False), (["SomethingElse"], False), ("notalist", False)):
         (d / "config.json").write_text(json.dumps({**cfg, "architectures": archs}))
         dc = load_draft_config(d)
         assert dc.kind == "peagle" and bool(dc.notes) == said, (archs, dc.notes)
