@@ -160,7 +160,7 @@ def read_engines_manifest(folder: Path) -> dict[str, Any]:
         require_fields(m, where, {"onnxruntime": dict})
     for i, r in enumerate(m["files"]):
         if not (isinstance(r.get("file"), str) and isinstance(r.get("sha256"), str)
-                and whole(r.get("bytes"))):
+                and whole(r.get("bytes"), 0)):
             raise UserError(f"{where}: files[{i}] is {r!r:.80}; expected {{'file', 'sha256', 'bytes'}}: re-run "
                             "`specrt build`")
     # what the runtime takes from the roles must agree with the rest: a verify role per depth,

@@ -444,7 +444,7 @@ def check_export(m: dict[str, Any], path: Path) -> None:
     for key, r in records:
         f = r.get("file")
         if not (isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts
-                and isinstance(r.get("sha256"), str) and whole(r.get("bytes"))):
+                and isinstance(r.get("sha256"), str) and whole(r.get("bytes"), 0)):
             raise UserError(f"{path}: field '{key}' is {r!r:.80}; expected {{'file': a name inside the folder, "
                             "'sha256', 'bytes'}}: make the export again")
     names = {f"graphs.{g}.files": ([r["file"] for r in m["graphs"][g]["files"] if r["file"].endswith(".onnx")],

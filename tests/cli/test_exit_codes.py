@@ -541,3 +541,33 @@ def test_a_prompts_file_without_a_usable_prompt_is_refused_before_the_engines_lo
     f.write_text(text)
     r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompts", str(f)])
     assert r.exit_code == 1 and r.output == f"error: {f}:{message}\n", r.output  # (the file, then its line)
+
+
+# ---- mutation round 4 of session 64 (specrt/manifest.py; S-ids in its report) ----
+
+
+def test_an_error_naming_the_partial_folder_names_the_output(tmp_path):
+    # kills S15 (manifest.py:152 dropped: a user error about a file being written named the hidden
+    # .OUT.partial-* folder, which is gone once the error is said)
+    from specrt.errors import UserError
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "o"
+    with pytest.raises(UserError) as e:
+        with atomic_folder(out) as tmp:
+            raise UserError(f"{tmp / 'target.onnx'}: cannot be read")
+    assert str(e.value) == f"{out / 'target.onnx'}: cannot be read" and not list(tmp_path.iterdir())
+
+
+def test_only_this_outputs_stale_partial_folders_are_removed_whatever_its_name(tmp_path, capsys):
+    # kills S17 (manifest.py:186 the output's name not escaped in the glob: for -o 'e[1]' the stale
+    # partial folder of 'e1' was removed, and e[1]'s own left)
+    from specrt.manifest import atomic_folder
+
+    mine, other = tmp_path / ".e[1].partial-old", tmp_path / ".e1.partial-old"  # (no live run holds them)
+    mine.mkdir()
+    other.mkdir()
+    with atomic_folder(tmp_path / "e[1]") as tmp:
+        (tmp / "f").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".e1.partial-old", "e[1]"]
+    assert capsys.readouterr().err == f"note: removed {mine}, the partial folder of an interrupted run\n"

@@ -252,6 +252,12 @@ def test_other_backend_version_is_refused(engines_copy):
      "field 'graphs.target.tree' is True; expected true only for the in-place target graph"),
     (lambda m: m["graphs"].update(draft={"quantized": {"form": "blocks"}}),  # M75
      r"field 'graphs.draft.quantized' is \{'form': 'blocks'\}; expected the build's record of the int8 draft"),
+    # mutation round 4 of session 64 (the same M-ids: those the round above left unrun)
+    (lambda m: m["files"][0].pop("sha256"), r"files\[0\] is .*; expected \{'file', 'sha256', 'bytes'\}"),  # M53
+    (lambda m: m["files"][0].update(bytes=-1),  # (said as a changed file, as export.json's was: session 64)
+     r"files\[0\] is .*; expected \{'file', 'sha256', 'bytes'\}"),
+    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[0, 128, 255, 300]),  # M66 (said as a TypeError)
+     r"roles.decode.dims is .*; expected dimension name -> \[min, opt, max\]"),
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
@@ -488,6 +494,9 @@ def test_force_replaces_only_an_earlier_output(tiny_export, tmp_path):
         for force in (False, True):
             with pytest.raises(UserError, match=f"is {what}; --force replaces only an earlier output"):
                 build_engines(tiny_export, "onnxruntime", [1], target, log=quiet, profile_repeats=1, force=force)
+    (proj / "engines.json").mkdir()  # a folder of that name is no manifest (S06 of session 64's mutation round 4)
+    with pytest.raises(UserError, match="is a folder without engines.json; --force replaces only an earlier output"):
+        build_engines(tiny_export, "onnxruntime", [1], proj, log=quiet, profile_repeats=1, force=True)
     assert (proj / "src" / "a.py").read_text() == "code" and (tmp_path / "precious.txt").read_text() == "x"
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -856,6 +865,14 @@ def _swap_graph_files(m):
     *[(lambda m, f=f: m["graphs"]["target"]["files"].append({**m["graphs"]["target"]["files"][0], "file": f}),
        rf"field 'graphs.target.files\[\d\]' is \{{'file': '{f}'.*; expected \{{'file': a name inside the folder")
       for f in ("../target.onnx", "/target.onnx")],
+    # mutation round 4 of session 64 (specrt/manifest.py, S-ids in its report)
+    (lambda m: m.update(dtype="float64"), "field 'dtype' is 'float64'; expected float32, float16 or bfloat16"),  # S36
+    (lambda m: m["tokenizer"][0].update(bytes="x"), r"field 'tokenizer\[0\]' is .*; expected \{'file': a name"),  # S38
+    # (a size below 0 was said as the file modified since it was written: found by S38)
+    (lambda m: m["tokenizer"][0].update(bytes=-1), r"field 'tokenizer\[0\]' is .*; expected \{'file': a name"),
+    (lambda m: m["graphs"].update(target=5), "field 'graphs.target.io' is missing"),  # S28 (a TypeError traceback)
+    (lambda m: m["graphs"]["target"]["io"]["outputs"].pop(),  # S46 (it named outputs[0], which agrees)
+     r"field 'graphs.target.io.outputs\[\d+\]' is None, the contract of the target and draft fields says \{"),
 ])
 def test_a_hand_edited_export_value_is_refused(tiny_export, tmp_path, change, message):
     """export.json's values are checked against what fixes them (the binding receipt, the
@@ -1715,3 +1732,81 @@ def test_a_graph_with_two_onnx_files_is_refused():
     with pytest.raises(UserError, match=r"graph 'target' should have exactly one \.onnx file, found \['target\.onnx', "
                                         r"'old\.onnx'\]"):
         _graph_file(two, "target")
+
+
+# ---- mutation round 4 of session 64: the 54 mutants session 63's round left unrun (M-ids of its report) ----
+
+
+@pytest.mark.parametrize("text, name, isa", [
+    ("processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu sse avx avx2 fma f16c avx512f avx512bw avx512vl "
+     "avx512_vnni amx_tile\n\nprocessor\t: 1\nmodel name\t: Other\nflags\t\t: fpu sse\n", "Intel Xeon",
+     ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile"]),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes asimddp sve sve2 i8mm bf16\n"
+     "CPU implementer\t: 0x41\n", None, ["asimd", "asimddp", "sve", "sve2", "bf16", "i8mm"]),
+])
+def test_the_device_records_every_instruction_set_of_x86_and_arm(monkeypatch, text, name, isa):
+    # kills M36 (manifest.py:66 without ARM's "Features" line: an ARM CPU recorded no instruction
+    # set, so engines built with NEON-only kernels loaded on an SVE machine of that name) and M37
+    # (:73 the list cut short). /proc/cpuinfo as an x86 and an ARM kernel write it (this host is one of them)
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/cpuinfo" else
+                        real(self, *a, **k))
+    got = cpu_info()
+    assert got["isa"] == isa and got["kind"] == "cpu" and got["name"]
+    assert name is None or got["name"] == name
+
+
+def test_a_failing_nvidia_smi_is_no_gpu_whatever_it_printed(tmp_path, monkeypatch):
+    # kills M38 (manifest.py:84 `returncode != 0 or not names` -> `and`: a name printed by an
+    # nvidia-smi that then failed, the driver not loaded, recorded as the device)
+    from specrt.engines.manifest import gpu_info
+
+    smi = tmp_path / "nvidia-smi"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for out, rc, found in (("NVIDIA H100 80GB HBM3", 0, "NVIDIA H100 80GB HBM3"), ("NVIDIA H100 80GB HBM3", 9, None),
+                           ("", 0, None)):
+        smi.write_text(f"#!/bin/sh\necho '{out}'\nexit {rc}\n")
+        smi.chmod(0o755)
+        if found:
+            assert gpu_info() == {"kind": "gpu", "name": found}
+        else:
+            with pytest.raises(UserError, match="nvidia-smi found no GPU"):
+                gpu_info()
+
+
+def test_an_absolute_export_folder_is_refused_even_where_it_points_inside(engines_copy):
+    # kills M44 (manifest.py:144 without `exp.is_absolute()`: export.folder written as the absolute
+    # path of the folder's own export loaded, and so did every copy of it, reading the original's export)
+    edit_manifest(engines_copy, lambda m: m["export"].update(folder=str(engines_copy / "export")))
+    with pytest.raises(UserError, match=f"export.folder '{engines_copy / 'export'}'; expected a folder inside the "
+                                        "engines folder"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_machine_with_room_for_one_token_is_told_that_context(tiny_export):
+    # kills M93 (build.py:142 the hint's `fits >= 1` -> `> 1`: room for exactly one token was said to
+    # be no room for a context at all)
+    from specrt.engines.build import check_memory_fits, kv_cache_bytes, rope_table_bytes
+
+    exp = load_export(tiny_export)
+    weights = sum(f["bytes"] for g in exp["graphs"].values() for f in g["files"])
+    ctx = 10 ** 6  # (its RoPE tables alone past the memory: refused, the hint said)
+    per_token = (sum(kv_cache_bytes(exp, ctx).values()) + rope_table_bytes(exp, ctx)) / ctx
+    available = int((weights + 1.5 * per_token) / 0.9) + 1  # 90% of it holds the weights and 1.5 tokens
+    with pytest.raises(UserError, match=r"--max-context N bounds it \(at most about 1 here\)$"):
+        check_memory_fits(exp, ctx, "--max-context", available=available)
+
+
+def test_a_bad_backend_and_an_output_in_the_way_are_said_before_the_export_is_read(tmp_path):
+    # kills M163 (build.py:229's backend check dropped: the export was read and hashed first, a missing
+    # one said instead) and M164 (:236 check_output dropped: an export that cannot be read was said
+    # before the output in the way, which atomic_folder refused only after the export was hashed)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "export.json").write_text("{")
+    with pytest.raises(UserError, match="^--backend 'onnx' is not one of onnxruntime, tensorrt$"):
+        build_engines(tmp_path / "nope", "onnx", "1", tmp_path / "e", log=quiet)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "engines.json").write_text("{}")
+    with pytest.raises(UserError, match=f"^{tmp_path / 'e'}: already exists \\(pass --force to replace it\\)$"):
+        build_engines(exp, "onnxruntime", "1", tmp_path / "e", log=quiet)

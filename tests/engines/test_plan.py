@@ -339,6 +339,9 @@ def test_a_range_whose_opt_is_outside_it_is_an_internal_error():
         with pytest.raises(InternalError, match="bad dimension range"):
             DimRange(lo, opt, hi)
     assert DimRange(2, 2, 2).fixed and not DimRange(1, 2, 2).fixed
+    # kills M12 (plan.py:116 `fixed` as min == opt: prefill's past range [0, 0, C - 1], whose opt is
+    # its min, taken as fixed, so ONNX Runtime pinned the dimension at 0)
+    assert not DimRange(0, 0, 5).fixed and not DimRange(0, 5, 5).fixed
 
 
 def test_an_unknown_draft_kind_has_no_engine():

@@ -300,6 +300,34 @@ def test_target_only_export_is_refused(tmp_path):
         build_engines(tmp_path / "exp", "onnxruntime", "1", tmp_path / "e", log=quiet, draft_weights="int8")
 
 
+def test_quantize_draft_refuses_a_graph_or_form_it_cannot_quantize(tiny_export, tmp_path):
+    # kills Q07 (quantize.py:117 refusing float16 only: a bfloat16 graph went to the quantizers) and
+    # Q08 (:119 the form unchecked: any other name built the dynamic form, recorded as such)
+    from specrt.engines.quantize import quantize_draft
+
+    src = tiny_export / "draft.onnx"
+    for dtype in ("float16", "bfloat16"):
+        with pytest.raises(UserError, match=f"int8 draft weights need a float32 graph, not {dtype}"):
+            quantize_draft(src, tmp_path / "q.onnx", dtype)
+    with pytest.raises(UserError, match="int8 form 'nibbles' is not one of blocks, dynamic"):
+        quantize_draft(src, tmp_path / "q.onnx", "float32", "nibbles")
+    assert not list(tmp_path.iterdir())
+    # kills Q13 (:143 `quantized == 0` -> `< 0`: a graph with no weight MatMul written as an "int8" draft)
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    nodes = [helper.make_node("Transpose", ["x"], ["x_t"]), helper.make_node("MatMul", ["x", "x_t"], ["y"])]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+                          [numpy_helper.from_array(np.ones(3, np.float32), "unused")])
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                    str(tmp_path / "plain.onnx"))
+    for form in ("blocks", "dynamic"):
+        with pytest.raises(UserError, match="plain.onnx: no MatMul with a constant weight to quantize"):
+            quantize_draft(tmp_path / "plain.onnx", tmp_path / f"{form}.onnx", "float32", form)
+    assert [f.name for f in tmp_path.iterdir()] == ["plain.onnx"]
+
+
 def test_dynamic_form_is_recorded_checked_and_lossless(dynamic_engines, tiny_engines, tmp_path):
     import onnx
 
@@ -381,6 +409,41 @@ def test_a_target_tolerance_leaves_the_int8_drafts_bounds_alone(int8_engines, tm
     assert "atol_row_std" not in r["roles"]["draft"]["outputs"][C.DRAFT_LOGITS]  # the user's own
 
 
+@pytest.mark.parametrize("dynamic_ms, kept", [((0.5, 0.5), "dynamic"), ((0.97, 0.97), "blocks"),
+                                              ((0.98, 0.98), "blocks")])
+def test_plain_int8_keeps_the_dynamic_form_only_when_its_passes_take_under_the_margin(tiny_export, tmp_path,
+                                                                                      monkeypatch, dynamic_ms, kept):
+    # kills Q19 (quantize.py:190 `<` -> `<=`: a tie at DYNAMIC_MARGIN kept dynamic), Q20 (the margin
+    # dropped: 2% faster kept dynamic) and Q22 (:186 each form recorded with the blocks form's times).
+    # The two forms are quantized for real; the times are given, a real timing cannot be set at a boundary
+    from specrt.engines import quantize
+
+    monkeypatch.setattr(quantize, "time_passes", lambda paths, *a, **k: {"blocks": [1.0, 1.0],
+                                                                         "dynamic": list(dynamic_ms)})
+    form, forms = quantize.choose_form(tiny_export / "draft.onnx", tmp_path, "draft.onnx", "float32", [{}, {}], 1)
+    assert DYNAMIC_MARGIN == 0.97 and form == kept
+    assert (forms["blocks"]["ms"], forms["dynamic"]["ms"]) == ([1.0, 1.0], list(dynamic_ms))
+    assert {f: v["record"]["form"] for f, v in forms.items()} == {"blocks": "blocks", "dynamic": "dynamic"}
+    assert all(v["path"] == tmp_path / f / "draft.onnx" and v["path"].is_file() for f, v in forms.items())
+
+
+def test_pass_times_are_milliseconds(tmp_path):
+    # kills Q21 (quantize.py:217 `* 1e3` -> `* 1e6`: the int8 forms' recorded times in microseconds,
+    # labelled ms): half of the timed passes took at least the median, and all of them less than the call
+    import time
+
+    import onnx
+
+    from specrt.engines.quantize import time_passes
+
+    onnx.save_model(_gemm_graph(), str(tmp_path / "g.onnx"))
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "a": rng.standard_normal((4, 4)).astype(np.float32)}
+    t = time.perf_counter()
+    (ms,) = time_passes({"g": tmp_path / "g.onnx"}, [feeds], threads=1, repeats=1000)["g"]
+    assert 0 < ms * 500 / 1e3 <= time.perf_counter() - t
+
+
 def test_per_depth_sessions_keep_the_int8_draft_prepacked(int8_engines):
     """--sessions per-depth turns prepacking off so that the target's sessions share one
     copy of its weights; the draft has one role, hence one session and nothing to share:
@@ -453,6 +516,39 @@ def test_gemms_to_matmul_rewrites_only_what_a_matmul_computes_alike():
     assert done == 1 and [n.op_type for n in rewritten.graph.node] == ["MatMul", "Gemm", "Gemm", "Gemm", "Gemm"]
 
 
+def test_gemms_to_matmul_keeps_a_gemm_s_own_orientation_scale_and_computed_weight():
+    # kills Q03 (quantize.py:100 transB read with default 1: a Gemm without the attribute, W already
+    # [K, N], transposed into a MatMul of the wrong shape), Q30 (:352 _plain_product without the alpha
+    # check: Gemm(alpha=2) became a MatMul of half its value) and Q01 (:95 without `input[1] in inits`:
+    # a Gemm whose weight is computed in the graph, a KeyError)
+    import copy
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.engines.quantize import gemms_to_matmul
+
+    rng = np.random.default_rng(2)
+    w = {n: rng.standard_normal(s).astype(np.float32) for n, s in (("w_kn", (4, 3)), ("w_scaled", (3, 4)))}
+    nodes = [helper.make_node("Gemm", ["x", "w_kn"], ["no_trans_b"]),  # transB absent: 0
+             helper.make_node("Gemm", ["x", "w_scaled"], ["scaled"], transB=1, alpha=2.0),
+             helper.make_node("Gemm", ["x", "w_in"], ["computed"], transB=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                       helper.make_tensor_value_info("w_in", TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])
+                           for n in ("no_trans_b", "scaled", "computed")],
+                          [numpy_helper.from_array(v, k) for k, v in w.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32),
+             "w_in": rng.standard_normal((3, 4)).astype(np.float32)}
+    before = _run(model, feeds)
+    rewritten = copy.deepcopy(model)
+    assert gemms_to_matmul(rewritten) == 1
+    assert [n.op_type for n in rewritten.graph.node] == ["MatMul", "Gemm", "Gemm"]
+    after = _run(rewritten, feeds)
+    for k in before:
+        np.testing.assert_allclose(after[k], before[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
 def test_the_int8_record_is_the_graphs_own_quantization(int8_engines):
     # kills Q5 (quantize.py:130 MatMulNBitsQuantizer(block_size=16) while the record still says 32:
     # the weight check reads the node's own attribute, so only the record was wrong)
@@ -510,6 +606,122 @@ def test_a_graph_with_nothing_quantized_does_not_pass_the_int8_check(tiny_export
     assert not w["passed"]
 
 
+def test_blocks_of_a_row_count_no_multiple_of_the_block_size_check_and_zero_points_are_refused(tmp_path):
+    # kills Q24 (quantize.py:307 the block count floored: a weight of K = 40 rows, two blocks of 32 the
+    # second padded, failed the check), Q23 (:299 without the zero-point input check: the check reads
+    # codes about 128 while ONNX Runtime dequantizes about the graph's zero points, so a zero point added
+    # passed) and, the weight a Gemm's without transB, Q37 (:372 every Gemm's weight read transposed).
+    # Found with Q24: the check failed every correct build of such a K, reading the padding codes (0)
+    # as weights 128 steps off (the drafts' K so far were all multiples of 32)
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.engines.quantize import quantize_draft
+
+    rng = np.random.default_rng(3)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          [numpy_helper.from_array(rng.standard_normal((40, 3)).astype(np.float32), "w")])
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                    str(tmp_path / "float.onnx"))
+    quantize_draft(tmp_path / "float.onnx", tmp_path / "q.onnx", "float32", "blocks")
+    w = check_int8_weights(tmp_path / "float.onnx", tmp_path / "q.onnx")
+    assert w["passed"] and (w["matmuls"], w["blocks"]) == (1, 3 * 2), w
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    (n,) = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    model.graph.initializer.append(numpy_helper.from_array(np.full(3 * 2, 100, np.uint8), "zero_points"))
+    n.input[:] = [*n.input[:3], "zero_points"]
+    onnx.save_model(model, str(tmp_path / "zp.onnx"))
+    w = check_int8_weights(tmp_path / "float.onnx", tmp_path / "zp.onnx")
+    assert not w["passed"] and [b["problem"] for b in w["bad"]] == \
+        ["bits 8, zero points ['zero_points']: expected 8 bits, symmetric (no zero-point input)"]
+
+
+def test_a_code_one_step_off_a_code_clipped_where_no_weight_is_and_an_unknown_matmul_are_named(tiny_export, tmp_path):
+    # kills Q26 (quantize.py:330 a plain weight allowed a whole step: a code one off, the outputs within
+    # their bounds, passed), Q27 (:330 the clipped weights' bound dropped: any code set to 255 passed)
+    # and Q28 (:295 a MatMulNBits that no float MatMul writes: a KeyError traceback)
+    import onnx
+    from onnx import numpy_helper
+
+    from specrt.engines.quantize import quantize_draft
+
+    quantize_draft(tiny_export / "draft.onnx", tmp_path / "q.onnx", "float32", "blocks")
+    fmodel = onnx.load(str(tiny_export / "draft.onnx"))
+    head = [n for n in onnx.load(str(tmp_path / "q.onnx")).graph.node if n.op_type == "MatMulNBits"][-1]
+    fnode = next(n for n in fmodel.graph.node if n.output[0] == head.output[0])
+    w = numpy_helper.to_array(next(t for t in fmodel.graph.initializer if t.name == fnode.input[1]))
+    w = w if any(a.name == "transB" and a.i for a in fnode.attribute) else w.T  # [N, K]
+
+    def edited(name, edit):
+        model = onnx.load(str(tmp_path / "q.onnx"))
+        edit(model, next(n for n in model.graph.node if n.output[0] == head.output[0]))
+        onnx.save_model(model, str(tmp_path / f"{name}.onnx"), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=f"{name}.onnx.data", size_threshold=1024)
+        return check_int8_weights(tiny_export / "draft.onnx", tmp_path / f"{name}.onnx")
+
+    def set_code(model, node, pick):
+        codes = next(t for t in model.graph.initializer if t.name == node.input[1])
+        step = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == node.input[2])).reshape(-1)
+        a = numpy_helper.to_array(codes).copy()  # [N, blocks, 32]
+        first = a[0, 0].astype(np.float64)
+        residual = (first - 128) - w[0, :32] / step[0]  # within half a step
+        j, code = pick(first, residual)
+        a[0, 0, j] = code
+        codes.CopyFrom(numpy_helper.from_array(a, codes.name))
+
+    def one_up(first, residual):  # a code whose weight lies below it: one up, 0.6 to 0.9 steps off
+        j = int(np.flatnonzero((residual > -0.4) & (residual < -0.1) & (first < 254))[0])
+        return j, first[j] + 1
+
+    def clipped(first, residual):  # the top code given to a weight far from the block's largest
+        return int(np.argmin(np.abs(first - 128))), 255
+
+    for name, pick in (("one_up", one_up), ("clipped", clipped)):
+        r = edited(name, lambda m, n, pick=pick: set_code(m, n, pick))
+        assert not r["passed"] and [b["matmul"] for b in r["bad"]] == [head.output[0]], name
+        assert "steps from the float one" in r["bad"][0]["problem"], name
+
+    def rename(model, node):
+        for n in model.graph.node:
+            n.input[:] = ["renamed" if i == node.output[0] else i for i in n.input]
+        node.output[0] = "renamed"
+
+    r = edited("renamed", rename)
+    assert {"matmul": "renamed", "problem": "no MatMul of draft.onnx with a constant weight writes it"} in r["bad"]
+    assert not r["passed"]
+
+
+def test_a_dynamic_code_one_step_off_is_named(tiny_export, tmp_path):
+    # kills Q35 (quantize.py:403 the dynamic form's codes allowed a whole step: one code one off passed)
+    import onnx
+    from onnx import numpy_helper
+
+    from specrt.engines.quantize import quantize_draft
+
+    quantize_draft(tiny_export / "draft.onnx", tmp_path / "q.onnx", "float32", "dynamic")
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    head = [n for n in model.graph.node if n.op_type == "MatMulInteger"][-1]
+    name = head.input[1][: -len("_quantized")]
+    fmodel = onnx.load(str(tiny_export / "draft.onnx"))
+    fnode = next(n for n in fmodel.graph.node if len(n.input) > 1 and n.input[1] == name)
+    w = numpy_helper.to_array(next(t for t in fmodel.graph.initializer if t.name == name))
+    w = w.T if any(a.name == "transB" and a.i for a in fnode.attribute) else w  # [K, N]
+    inits = {t.name: t for t in model.graph.initializer}
+    codes = numpy_helper.to_array(inits[head.input[1]]).copy()
+    step = numpy_helper.to_array(inits[name + "_scale"]).reshape(-1)
+    residual = codes[:, 0] - w[:, 0] / step[0]  # within half a step
+    k = int(np.flatnonzero((residual > -0.4) & (residual < -0.1) & (codes[:, 0] < 64))[0])
+    codes[k, 0] += 1  # 0.6 to 0.9 steps off its weight
+    inits[head.input[1]].CopyFrom(numpy_helper.from_array(codes, head.input[1]))
+    onnx.save_model(model, str(tmp_path / "bad.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="bad.onnx.data", size_threshold=1024)
+    r = check_int8_weights(tiny_export / "draft.onnx", tmp_path / "bad.onnx")
+    assert not r["passed"] and [b["matmul"] for b in r["bad"]] == [head.input[1]]
+    assert "steps from the float one (at most 0.5, codes within +-64)" in r["bad"][0]["problem"]
+
+
 def test_a_dynamic_zero_point_that_is_no_initializer_is_refused(tiny_export, tmp_path):
     # kills Q22 (quantize.py:387 `if zp is None or np.any(zp != 0)` -> `if zp is not None and ...`):
     # a weight zero point computed in the graph (a Constant of 5 here, not an initializer) is unchecked
@@ -533,6 +745,27 @@ def test_a_dynamic_zero_point_that_is_no_initializer_is_refused(tiny_export, tmp
     assert not w["passed"]
     assert [(b["matmul"], b["problem"]) for b in w["bad"]] == \
         [(head.input[1], "the weight's zero point is not 0: expected symmetric codes")]
+    # kills Q32 (quantize.py:384 without the `_scale` check: a weight's scale renamed, a KeyError traceback)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    scale = next(t for t in model.graph.initializer if t.name == head.input[1][: -len("_quantized")] + "_scale")
+    for n in model.graph.node:
+        n.input[:] = ["renamed_step" if i == scale.name else i for i in n.input]
+    scale.name = "renamed_step"
+    onnx.save_model(model, str(tmp_path / "scale.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="scale.onnx.data", size_threshold=1024)
+    w = check_int8_weights(tiny_export / "draft.onnx", tmp_path / "scale.onnx")
+    name = head.input[1][: -len("_quantized")]
+    assert not w["passed"] and {"matmul": head.input[1], "problem": f"weight {head.input[1]}: no float weight of that "
+                                f"name (without _quantized) with a {name}_scale beside it"} in w["bad"]
+    # kills Q33 (:392 the step count unchecked: one step for the whole weight, per tensor, read as a column's)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    scale = next(t for t in model.graph.initializer if t.name == name + "_scale")
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale).max(keepdims=True), scale.name))
+    onnx.save_model(model, str(tmp_path / "tensor.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="tensor.onnx.data", size_threshold=1024)
+    w = check_int8_weights(tiny_export / "draft.onnx", tmp_path / "tensor.onnx")
+    assert not w["passed"] and w["bad"] == [{"matmul": head.input[1], "problem": "codes [64, 1000] and 1 steps do not "
+                                                                        "fit a [64, 1000] weight by columns"}]
 
 
 def test_the_printed_command_repeats_the_int8_drafts_widened_bounds_output_by_output(tmp_path):

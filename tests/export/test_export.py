@@ -121,6 +121,24 @@ def test_eagle3_reduced_vocab_export(tmp_path):
     m = export_mod.export(target, draft, tmp_path / "o")
     assert m["draft"]["kind"] == "eagle3" and m["draft"]["vocab_map"]["file"] == "draft_vocab.safetensors"
     load_export(tmp_path / "o")
+    # kills S39 (manifest.py:420 the vocabulary map's file name unchecked: a record of another file
+    # of the export, its hash and size right, was read as the map) and S26 (:241 without
+    # UnicodeDecodeError: an export.json that is no UTF-8 text was a traceback)
+    import json
+
+    p = tmp_path / "o" / "export.json"
+    data = json.loads(p.read_text())
+    data["draft"]["vocab_map"] = dict(data["graphs"]["draft"]["files"][0])
+    p.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"field 'draft.vocab_map.file' names \['draft.onnx'\]; expected "
+                                        r"\['draft_vocab.safetensors'\], the file `specrt export` wrote"):
+        load_export(tmp_path / "o")
+    p.write_bytes(b'{"format": "\xff"}')
+    with pytest.raises(UserError, match=f"{p}: not valid JSON \\('utf-8' codec can't decode byte 0xff"):
+        load_export(tmp_path / "o")
+    p.write_text("[1]")  # kills S27 (:244 without the object check: an AttributeError traceback)
+    with pytest.raises(UserError, match=f"{p}: not an export manifest \\(expected format 'specrt-export/1'\\)"):
+        load_export(tmp_path / "o")
 
 
 @pytest.mark.parametrize("name, bad, why", [(name, bad, why) for name in ["target_dir", "draft_dir", "out"]
