@@ -694,6 +694,7 @@ def test_a_float16_export_refuses_weights_past_its_range():
     with pytest.raises(UserError, match="weight 'layers.3.down' holds 7e\\+04, past float16's range"):
         to_tensor("layers.3.down", np.array([1.0, -7e4, np.inf], np.float32), "float16")
     assert to_tensor("w", np.array([1.0, -6e4], np.float32), "float16").data_type == 10  # FLOAT16
+    assert to_tensor("w", np.array([-65504.0], np.float32), "float16").data_type == 10  # float16's largest
 
 
 def _draft_with(tmp_path, **changes):

@@ -72,7 +72,9 @@ TARGETS = {
     "llama_tied": dict(model_type="llama", tied=True),
     "qwen3": dict(model_type="qwen3"),
     "qwen3_tied": dict(model_type="qwen3", tied=True),
-    "qwen2_bias": dict(model_type="qwen2"),
+    # an eps of the order of the residual's mean square: a norm that drops it or takes a kernel's default
+    # (SkipSimplifiedLayerNormalization's, in the in-place flavour) shows; 1e-6 is lost below TOL
+    "qwen2_bias": dict(model_type="qwen2", rms_norm_eps=0.05),
     # YaRN, scaled down so that it matters at head_dim 16: its frequencies and its factor on cos/sin
     "qwen3_yarn": dict(model_type="qwen3", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                             "original_max_position_embeddings": 64}),
@@ -204,7 +206,7 @@ def test_target_kv_is_transformers_cache(targets, name):
         assert maxerr(bufs[C.cache_value(i)][:, :, :9].transpose(0, 2, 1, 3), ref_v[i]) <= TOL, (name, i)
 
 
-@pytest.mark.parametrize("dtype, cache_len", [("bfloat16", 16), ("float32", None), ("float32", 0)])
+@pytest.mark.parametrize("dtype, cache_len", [("bfloat16", 16), ("float32", None), ("float32", 0), ("float32", -1)])
 def test_inplace_target_refuses_what_its_kernel_cannot_run(targets, dtype, cache_len):
     """The in-place flavour is built for float32/float16 only (ONNX Runtime's CPU kernels,
     GroupQueryAttention's among them, have no bfloat16: such a graph would be written and fail
@@ -216,12 +218,60 @@ def test_inplace_target_refuses_what_its_kernel_cannot_run(targets, dtype, cache
         build_target_graph(t.config.decoder, t.get, AUX_IDS, dtype, kv="inplace", cache_len=cache_len)
 
 
+def test_the_target_graph_refuses_a_layout_a_head_or_a_dtype_it_has_no_form_for(targets):
+    """A KV layout, a head or a dtype not among the contract's, and a screened head on a float16 target
+    (its int8 products take float32 activations) or without its outlier channels: refused while
+    the graph is built, not written to fail later (the builds check first; these are the backstop)."""
+    from specrt.errors import InternalError
+
+    t = bind_target(targets["llama"])
+    d, outliers = t.config.decoder, np.array([3, 9])
+    with pytest.raises(InternalError, match="kv layout 'sideways' is not one of"):
+        build_target_graph(d, t.get, AUX_IDS, kv="sideways")
+    with pytest.raises(InternalError, match="head 'int4' is not one of"):
+        build_target_graph(d, t.get, AUX_IDS, head="int4")
+    with pytest.raises(UserError, match=r"^dtype 'int8' is not supported \(supported: float32, float16, bfloat16\)$"):
+        build_target_graph(d, t.get, AUX_IDS, "int8")
+    with pytest.raises(UserError, match=r"^a screened head needs a float32 target \(this one is float16\)$"):
+        build_target_graph(d, t.get, AUX_IDS, "float16", kv="inplace", cache_len=8, head="screened",
+                           outliers=outliers)
+    with pytest.raises(InternalError, match="a screened head needs its outlier channels"):
+        build_target_graph(d, t.get, AUX_IDS, kv="inplace", cache_len=8, head="screened")
+    build_target_graph(d, t.get, AUX_IDS, kv="inplace", cache_len=8, head="screened", outliers=outliers)
+
+
 def test_target_rejects_bad_aux_ids(targets):
     t = bind_target(targets["llama"])
     with pytest.raises(UserError, match="aux layer ids"):
         build_target_graph(t.config.decoder, t.get, ())
     with pytest.raises(UserError, match="aux layer ids"):
         build_target_graph(t.config.decoder, t.get, (1, 2, 9))
+    with pytest.raises(UserError, match=r"aux layer ids \[-1, 2\]: expected .* in \[0, 4\]"):
+        build_target_graph(t.config.decoder, t.get, (-1, 2))
+
+
+def test_aux_id_l_is_the_last_layers_output_before_the_final_norm(targets):
+    """The aux ids' range ends at L (4 here): that id's state is the residual leaving the
+    last layer, the input of transformers' final norm (read by a hook on it), in both
+    flavours; every other test's ids stop short of L."""
+    import torch
+
+    t = bind_target(targets["qwen3"])
+    d = t.config.decoder
+    ids = np.random.default_rng(7).integers(0, d.vocab_size, (1, 5))
+    model, seen = load_hf(targets["qwen3"]), []
+    model.model.norm.register_forward_pre_hook(lambda mod, args: seen.append(args[0].numpy()))
+    with torch.no_grad():
+        model(torch.tensor(ids))
+    feed = {C.INPUT_IDS: ids, C.POSITION_IDS: np.arange(5)[None]}
+    out = run(session(build_target_graph(d, t.get, (d.num_layers, 0))),
+              {**feed, **KV(d.num_layers, d.num_kv_heads, d.head_dim).feed()})
+    assert maxerr(out[C.AUX_HIDDEN][..., :d.hidden_size], seen[0]) <= TOL
+    shape = (1, d.num_kv_heads, 8, d.head_dim)
+    bufs = {f(i): np.zeros(shape, np.float32) for i in range(d.num_layers) for f in (C.cache_key, C.cache_value)}
+    out = run_inplace(session(build_target_graph(d, t.get, (d.num_layers, 0), kv="inplace", cache_len=8)),
+                      {**feed, C.LOGITS_FROM: np.array(0)}, bufs)
+    assert maxerr(out[C.AUX_HIDDEN][..., :d.hidden_size], seen[0]) <= TOL
 
 
 # ---- P-EAGLE against the speculators library ------------------------------------------
@@ -517,12 +567,38 @@ def test_a_sliding_window_draft_matches_speculators_mask(drafts, name):
     assert maxerr(got, full) > 100 * TOL  # (the window changed the answer: it was applied)
 
 
+@pytest.mark.parametrize("build", [build_eagle3_graph, build_peagle_graph])
+def test_a_draft_fc_of_another_shape_than_its_config_is_refused(drafts, build):
+    """fc must be [H, n * Ht] for the config's H and n aux states: a config 32 wide, or of 4 aux
+    states over fc's 3 * 64 inputs, is refused while the graph is built, naming both shapes."""
+    from dataclasses import replace
+
+    draft = drafts["peagle_llama_norms"]  # (a P-EAGLE draft builds as an EAGLE-3 step too: the test below)
+    dc = draft.config
+    with pytest.raises(UserError, match=r"^draft fc weight has shape \[64, 192\], expected \[32, 3 \* target hidden"):
+        build(replace(dc, decoder=replace(dc.decoder, hidden_size=32)), draft.get)
+    with pytest.raises(UserError, match=r"^draft fc weight has shape \[64, 192\], expected \[64, 5 \* target hidden"):
+        build(replace(dc, aux_layer_ids=(0, 1, 2, 3, 4)), draft.get)
+
+
+def test_a_peagle_graph_of_an_eagle3_draft_is_refused(drafts):
+    """An EAGLE-3 draft has no mask_hidden nor mask_token_id to fill the slots with."""
+    draft = drafts["eagle3_llama"]
+    with pytest.raises(UserError, match="^build_peagle_graph needs a P-EAGLE draft, got speculators_model_type "
+                                        "'eagle3'$"):
+        build_peagle_graph(draft.config, draft.get)
+
+
 def test_peagle_equals_eagle3_with_mask_hidden_as_aux(drafts):
     """The folded constant fc(norms(mask_hidden)) equals running mask_hidden through the
     graph's own aux path (input_norm, fc_norm, fc), and the logits rows are the last real
-    slot and the mask slots."""
+    slot and the mask slots. An eps as large as mask_hidden's mean square: the folded norm
+    must add it as the graph's does (1e-6 is lost below TOL)."""
+    from dataclasses import replace
+
     draft = drafts["peagle_llama_norms"]
-    dc, d = draft.config, draft.config.decoder
+    dc = replace(draft.config, decoder=replace(draft.config.decoder, rms_norm_eps=0.05))
+    d = dc.decoder
     rng = np.random.default_rng(5)
     kv = KV(d.num_layers, d.num_kv_heads, d.head_dim)
     A, M = 3, 2
@@ -603,6 +679,22 @@ def test_a_logit_scale_multiplies_the_draft_logits(drafts, name):
         if dtype == "float32":
             am = logits.argmax(-1)
             np.testing.assert_array_equal(out[C.DRAFT_TOKENS], am + draft.get("d2t")[am])
+
+
+def test_a_logit_scale_below_one_multiplies_the_draft_logits_too(drafts):
+    """vLLM multiplies by any logit_scale but 1 (0.5 here; the test above takes 2.0): the
+    logits are the unscaled graph's times it, the greedy ids the same."""
+    from dataclasses import replace
+
+    draft = drafts["eagle3_qwen3_norms"]
+    d = draft.config.decoder
+    feed = {**_eagle3_feed(np.random.default_rng(2), draft.config, 3, 2, 0),
+            **KV(d.num_layers, d.num_kv_heads, d.head_dim).feed()}
+    plain = run(session(build_eagle3_graph(draft.config, draft.get)), feed)
+    half = run(session(build_eagle3_graph(replace(draft.config, logit_scale=0.5), draft.get)), feed)
+    assert maxerr(half[C.DRAFT_LOGITS], 0.5 * plain[C.DRAFT_LOGITS]) <= 0.5 * TOL
+    assert maxerr(half[C.DRAFT_LOGITS], plain[C.DRAFT_LOGITS]) > 100 * TOL  # (it was applied)
+    np.testing.assert_array_equal(half[C.DRAFT_TOKENS], plain[C.DRAFT_TOKENS])
 
 
 # ---- reduced precision ------------------------------------------------------------------
@@ -791,6 +883,28 @@ def test_external_data_saved_again_replaces_the_old_file(reference, tmp_path):
     out = run(session(again), {C.INPUT_IDS: r["input_ids"], C.POSITION_IDS: r["position_ids"],
                                C.DRAFT_AUX_IN: r["aux_hidden_states"], **kv.feed()})
     assert maxerr(out[C.DRAFT_LOGITS], r["logits"][:, 4:]) <= TOL
+
+
+def test_a_model_under_the_threshold_is_one_file_that_reads_back_as_itself(reference, tmp_path, monkeypatch):
+    """save_model's default: under EXTERNAL_DATA_THRESHOLD bytes of tensors one streamed file
+    (no data file), parsed back to the very model; over it a data file beside. An initializer
+    with a field the stream does not copy (a doc string) is refused, not written short."""
+    from specrt.errors import InternalError
+    from specrt.export import graphs
+
+    draft = reference[0]
+    m = build_peagle_graph(draft.config, draft.get)
+    path = save_model(m, tmp_path / "one" / "peagle.onnx")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["peagle.onnx"]
+    assert onnx.load(str(path)) == m
+    odd = onnx.ModelProto()
+    odd.CopyFrom(m)
+    next(t for t in odd.graph.initializer if t.raw_data).doc_string = "a note"
+    with pytest.raises(InternalError, match="has fields besides name/dims/data_type/raw_data"):
+        save_model(odd, tmp_path / "odd" / "peagle.onnx")
+    monkeypatch.setattr(graphs, "EXTERNAL_DATA_THRESHOLD", graphs.tensor_bytes(m) - 1)
+    path = save_model(m, tmp_path / "two" / "peagle.onnx")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["peagle.onnx", "peagle.onnx.data"]
 
 
 # ---- the real model ---------------------------------------------------------------------
