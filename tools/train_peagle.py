@@ -1265,6 +1265,12 @@ def _per_depth(stats: np.ndarray) -> dict:
             for d, r in enumerate(stats)}
 
 
+def lr_factor(step: int, progress: float, warmup: int) -> float:
+    """The learning rate's share of its peak at ``step``: a linear warm-up over ``warmup`` steps,
+    times a cosine from 1 at ``progress`` 0 to a floor of 0.1 at 1 (of the steps or the time)."""
+    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the draft folder to write (the committed one is "
@@ -1550,7 +1556,7 @@ def main(argv: list[str] | None = None) -> int:
             if progress >= 1.0:
                 done = True
                 break
-            factor = min(1.0, (st["step"] + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            factor = lr_factor(st["step"], progress, warmup)
             # one batch for every draft: they differ only in their layers and learning rates
             b = build_batch(b_idx, seqs, feats, K, keep, nrng, aux_fp16=dev.type != "cpu").to(dev)
             for v in variants:

@@ -234,6 +234,7 @@ def test_init_refuses_a_folder_that_is_not_a_saved_draft(tmp_path):
                              ("--layers", "2,2", r"--layers 2,2: expected each count once"),
                              ("--loop-weight", "0", r"--loop-weight 0.0: expected a positive number"),
                              ("--loop-weight", "nan", r"--loop-weight nan: expected a positive number"),
+                             ("--depth-keep", "1,1,1,1,1", r"--depth-keep needs 4 values"),
                              ("--loop-depth", "5", r"--loop-depth 5: expected a depth from 1 to --K 4"),
                              ("--loop-depth", "0", r"--loop-depth 0: expected a depth from 1 to --K 4"),
                              ("--depth-weights", "1,1,1", r"--depth-weights 1,1,1: expected 4 comma-separated"),
@@ -384,7 +385,8 @@ def test_build_batch_equals_the_slot_by_slot_layout():
             assert idx.tolist() == [i for i, x in enumerate(b.loss_depth.tolist()) if x == d]
         half = tp.build_batch(order, seqs, feats, K, keep, np.random.default_rng(seed), aux_fp16=True)
         assert half.aux.dtype == torch.float16
-        assert torch.equal(half.to(torch.device("cpu")).aux, b.aux)
+        widened = half.to(torch.device("cpu")).aux
+        assert widened.dtype == torch.float32 and torch.equal(widened, b.aux)  # (torch.equal ignores dtypes)
         # features held as torch tensors (Features.to: on a GPU, gathered there): the same batch
         on_t = tp.build_batch(order, seqs, feats.to(torch.device("cpu")), K, keep, np.random.default_rng(seed))
         assert torch.equal(on_t.aux, b.aux) and torch.equal(on_t.tokens, b.tokens)
@@ -908,6 +910,12 @@ def test_recorded_features_are_used_only_for_the_tokens_they_were_recorded_for()
     swapped = [seqs[0], tp.Seq(other, 2, "chat"), seqs[2]]
     assert tp.stale_features(model, swapped, entries, s_fin) == [1]
     assert tp.stale_features(model, seqs, [entries[0], entries[2], entries[1]], s_fin) != []
+    # one token changed in the middle, the last one kept: the last position's row still gives it,
+    # the middle position's does not
+    s1 = seqs[1]
+    mid = (s1.prompt_len - 1 + len(s1.ids) - 2) // 2 + 1
+    edited = tp.Seq(s1.ids[:mid] + [(s1.ids[mid] + 1) % 300] + s1.ids[mid + 1:], s1.prompt_len, "chat")
+    assert tp.stale_features(model, [edited], [entries[1]], s_fin) == [0]
 
 
 def test_computed_features_are_kept_for_the_next_run_keyed_by_content(tmp_path, capsys):
@@ -951,8 +959,9 @@ def test_computed_features_are_kept_for_the_next_run_keyed_by_content(tmp_path, 
     assert cache._rows() == n_before + len(third.ids) - 1
     capsys.readouterr()
     # its index line went on a line of its own, after the cut one: it is read, not recomputed
-    assert tp.build_features(model, [third], [0, 1, 2], None, cache=cache).final.tobytes() \
-        == tp.build_features(model, [third], [0, 1, 2], None, cache=None).final.tobytes()
+    kept = tp.build_features(model, [third], [0, 1, 2], None, cache=cache)
+    fresh = tp.build_features(model, [third], [0, 1, 2], None, cache=None)
+    assert kept.final.tobytes() == fresh.final.tobytes() and kept.aux.tobytes() == fresh.aux.tobytes()
     assert capsys.readouterr().err.count("computing") == 1  # the cache=None call only
     # features of another target or other layers never mix with these
     assert tp.FeatureCache(tmp_path, "cd" * 32, [0, 1, 2], 64).dir != cache.dir
@@ -992,3 +1001,325 @@ def test_features_are_kept_as_they_are_computed(tmp_path, capsys, monkeypatch):
     assert "features of 2 sequences read from" in err and "computing features of 2 sequences" in err
     for a, b in zip((whole.aux, whole.final, whole.argmax), (again.aux, again.final, again.argmax)):
         assert np.array_equal(a, b)
+
+
+def test_answer_token_caps_count_answer_tokens_and_stop_where_met(tmp_path):
+    """--chat-tokens: load_chat stops at the answer that reaches the cap, load_chats spends the cap
+    on answer tokens only (prompts never count) across its files and reads no file once it is met."""
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    train = _tool("prompts").train_prompts()
+
+    def row(i, answer):
+        return {"idx": i, "kind": "chat", "prompt": train[i]["prompt"], "prompt_ids": [1, 2], "answer_ids": answer}
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in (row(0, [4, 5]), row(1, [6]), row(2, [7, 8]))))
+    b.write_text("".join(json.dumps(r) + "\n" for r in (row(3, [9]), row(4, [10, 11]))))
+    assert [q.ids[2:] for q in tp.load_chat(a, 3)] == [[4, 5], [6]]  # 3 answer tokens: the cap, met
+    seqs, files = tp.load_chats([a, b], 5)  # a's 5 answer tokens meet it: b is not read
+    assert [q.ids[2:] for q in seqs] == [[4, 5], [6], [7, 8]] and len(files) == 1
+    seqs, files = tp.load_chats([a, b], 6)  # one answer token left for b (its 9 prompt tokens do not count)
+    assert [q.ids[2:] for q in seqs] == [[4, 5], [6], [7, 8], [9]] and len(files) == 2
+
+
+def test_draft_vocabulary_counts_answer_tokens_only():
+    """select_draft_vocab counts the predicted positions (from prompt_len on), never the prompt's
+    last token."""
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    seqs = [tp.Seq([1, 7, 7, 9], 3, "chat"), tp.Seq([1, 3, 7, 9, 9], 3, "chat")]  # answers: 9, 9, 9
+    assert tp.select_draft_vocab(seqs, 12, 3).tolist() == [0, tp.EOS, 9]  # 0: the first of the uncounted
+
+
+def test_epochs_repeat_each_source_per_its_weight_packed_to_the_slots():
+    """make_batches: every sequence ``weights[source]`` times an epoch (others once), in batches of
+    at most ``slots`` tokens unless one sequence alone is longer; head(n): the first n sequences' rows."""
+    pytest.importorskip("torch")
+    import random
+
+    tp = _tool("train_peagle")
+    lens = [7, 3, 12, 5, 9, 30, 4]
+    seqs = [tp.Seq(list(range(n)), 1, "chat" if i % 2 else "text") for i, n in enumerate(lens)]
+    batches = tp.make_batches(seqs, {"chat": 3}, 16, random.Random(0))
+    flat = [j for b in batches for j in b]
+    assert sorted(flat) == sorted(j for j in range(len(seqs)) for _ in range(3 if j % 2 else 1))
+    for b in batches:
+        assert sum(lens[j] for j in b) <= 16 or len(b) == 1
+    assert all(sum(lens[j] for j in b) + lens[c[0]] > 16 for b, c in zip(batches, batches[1:]))  # packed
+    rows = [n - 1 for n in lens]
+    R = sum(rows)
+    feats = tp.Features(np.arange(R * 2, dtype=np.float16).reshape(-1, 2), np.zeros((R, 1), np.float16),
+                        np.arange(R, dtype=np.int32), np.concatenate([[0], np.cumsum(rows)]))
+    head = feats.head(3)
+    assert head.offsets.tolist() == [0, 6, 8, 19] and np.array_equal(head.aux, feats.aux[:19])
+    assert head.argmax.tolist() == list(range(19)) and len(head.final) == 19
+
+
+def _draft_vocab(torch, tp, m, Vd: int = 600):
+    """``m`` over a draft vocabulary of ``Vd`` sorted random target ids (not the first ones: d2t
+    counts), its head rows ``m``'s rows of those ids: (the new draft, the ids)."""
+    ids = torch.sort(torch.randperm(len(m.t2d), generator=torch.Generator().manual_seed(0))[:Vd]).values
+    d = tp.PEagleDraft(m.c, Vd, m.embed)
+    d.load_state_dict({k: v for k, v in m.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")},
+                      strict=False)
+    with torch.no_grad():
+        d.lm_head.weight.copy_(m.lm_head.weight[ids])
+        d.d2t.copy_(ids - torch.arange(Vd))
+        d.t2d[ids] = True
+    return d, ids
+
+
+def test_the_loss_is_kl_of_the_targets_distribution_against_the_drafts():
+    """output_losses by hand: per supervised output KL(p || q), p = softmax(final[t+d] @ head_w.T)
+    (the target's distribution over the draft vocabulary, no temperature), q = the draft's; its greedy
+    token as a TARGET id (draft id + d2t) against the target's; an empty depth weighs 0 of 1/K."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    cfg, m = _reference_draft(tp)
+    m, _ = _draft_vocab(torch, tp, m)
+    rng = np.random.default_rng(11)
+    K, H = 4, cfg["transformer_layer_config"]["hidden_size"]
+    seqs = [tp.Seq(rng.integers(0, 900, n).tolist(), p, "chat") for n, p in ((19, 4), (13, 2))]
+    rows = [len(s.ids) - 1 for s in seqs]
+    R = sum(rows)
+    feats = tp.Features(rng.standard_normal((R, 3 * H)).astype(np.float16),
+                        rng.standard_normal((R, H)).astype(np.float16), np.zeros(R, np.int32),
+                        np.concatenate([[0], np.cumsum(rows)]))
+    head_w = m.embed[m.target_ids]
+    b = tp.build_batch([0, 1], seqs, feats, K, [1.0] * K, np.random.default_rng(0))
+    with torch.no_grad():
+        logits = m(b.tokens, b.aux, b.is_mask, b.pos, b.segments)[b.loss_slot]
+        want_top = m.target_ids[logits.argmax(-1)]
+        one = b.loss_depth == 1  # depth 1's target rows: one each
+        feats.argmax[b.target_row[one].numpy()] = want_top[one].numpy()
+        kl, correct = tp.output_losses(m, b, feats, head_w)
+    logq = torch.log_softmax(logits, -1)
+    p = torch.softmax(torch.from_numpy(feats.final[b.target_row.numpy()].astype(np.float32)) @ head_w.T, -1)
+    torch.testing.assert_close(kl, (p * (p.log() - logq)).sum(-1), rtol=1e-4, atol=1e-5)
+    assert torch.equal(tp.draft_outputs(m, b)[1], want_top)
+    assert torch.equal(correct, (want_top == torch.from_numpy(feats.argmax[b.target_row.numpy()]).long()).float())
+    per_depth = tp.depth_losses(m, b, feats, head_w, K)  # each depth's sums, depth 1 first
+    for d, (k, c, n) in enumerate(per_depth, 1):
+        at = b.loss_depth == d
+        assert n == int(at.sum()) and c.item() == correct[at].sum().item()
+        torch.testing.assert_close(k, kl[at].sum(), rtol=1e-4, atol=1e-4)
+    assert correct[one].all() and 0 < correct.sum() < len(correct)
+    # evaluate: acc_k = the share of anchors P-1 .. N-2-K whose depths 1..k all hit; here the first
+    # anchor of each sequence hits at every depth
+    for j, sq in enumerate(seqs):
+        sel = b.anchor_row == int(feats.offsets[j]) + sq.prompt_len - 1
+        feats.argmax[b.target_row[sel].numpy()] = want_top[sel].numpy()
+    with torch.no_grad():
+        ok = tp.draft_outputs(m, b)[1] == torch.from_numpy(feats.argmax[b.target_row.numpy()]).long()
+    table = {(int(a), int(d)): bool(o) for a, d, o in zip(b.anchor_row, b.loss_depth, ok)}
+    n, acc = 0, np.zeros(K)
+    for j, sq in enumerate(seqs):
+        for t in range(sq.prompt_len - 1, len(sq.ids) - 1 - K):
+            n += 1
+            acc[:tp.run_of(table, int(feats.offsets[j]) + t, K)] += 1
+    r = tp.evaluate(m, seqs, feats, K)
+    assert r["anchors"] == n and r["acceptance_at_pos"] == [round(float(x / n), 4) for x in acc] and acc[-1] >= 2
+    assert r["tau"] == round(1 + sum(r["acceptance_at_pos"]), 4)
+    x = torch.tensor([1.0, 3.0, 5.0])
+    empty = SimpleNamespace(depth_index=[torch.tensor([0, 1]), torch.tensor([], dtype=torch.long), torch.tensor([2])])
+    assert tp.training_loss(x, empty, 3).item() == pytest.approx((2.0 + 5.0) / 3)
+
+
+def test_variants_keep_the_inits_layer_count_by_default():
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    init = [(v.layers, v.out) for v in tp.parse_variants(None, "1e-3", 2, Path("init"), Path("d"))]
+    same = [(v.layers, v.out) for v in tp.parse_variants("2", "1e-3", 2, Path("init"), Path("d"))]
+    assert init == same == [(2, Path("d"))]
+
+
+def test_saved_config_is_the_committed_drafts_and_the_folder_round_trips(tmp_path):
+    """speculators_config(draft_layer_config(SmolLM2's config)) is what the committed draft's
+    config.json holds (but the transformers version), K as given; save_draft writes fp16 tensors
+    (config.json's dtype), int64 d2t and bool t2d, replaces an older folder and leaves nothing
+    beside it; load_draft reads it back and refuses a folder missing a tensor."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    tp = _tool("train_peagle")
+    want = json.loads((committed_draft() / "config.json").read_text())
+    tc = json.loads((smollm2_folder() / "config.json").read_text())
+    layers = want["transformer_layer_config"]["num_hidden_layers"]
+    got = tp.speculators_config(tp.draft_layer_config(tc, layers), [2, 15, 27], 8192, 4,
+                                "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert {**got, "transformers_version": None} == {**want, "transformers_version": None}
+    k3 = tp.speculators_config(tp.draft_layer_config(tc), [8, 20, 29], 8192, 3, "v")
+    assert k3["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert k3["eagle_aux_hidden_state_layer_ids"] == [8, 20, 29]
+    cfg, m = _reference_draft(tp)
+    m, ids = _draft_vocab(torch, tp, m)
+    out = tmp_path / "d"
+    config = tp.speculators_config(m.c, [2, 15, 27], len(ids), 4, "v")
+    for step in range(2):
+        tp.save_draft(out, m, config, {"step": step})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert json.loads((out / "training_receipt.json").read_text()) == {"step": 1}
+    w = load_file(out / "model.safetensors")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    assert all(v.dtype == torch.float16 for k, v in w.items() if k not in ("d2t", "t2d"))
+    assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
+    assert torch.equal(torch.nonzero(w["t2d"]).flatten(), ids) and torch.equal(w["d2t"] + torch.arange(len(ids)), ids)
+    back = tp.load_draft(out, m.embed)
+    assert torch.equal(back.target_ids, m.target_ids)
+    assert torch.equal(back.fc.weight, m.fc.weight.half().float())
+    assert tp.saved_draft_config(out, "x") == config
+    del w["t2d"]
+    save_file(w, out / "model.safetensors")
+    with pytest.raises(SystemExit, match=r"missing \['t2d'\]"):
+        tp.load_draft(out, m.embed)
+    (out / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match=r"x: model.safetensors missing"):
+        tp.saved_draft_config(out, "x")
+    save_file(w, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**config, "speculators_model_type": "eagle"}))
+    with pytest.raises(SystemExit, match=r"speculators_model_type 'eagle', expected 'peagle'"):
+        tp.saved_draft_config(out, "x")
+
+
+def test_a_new_draft_starts_from_the_targets_head_rows_and_final_norm():
+    """init_draft: lm_head rows the target's embedding rows of the draft vocabulary (ids not the
+    first ones), d2t / t2d naming them, the final norm the target's, every other norm 1, the
+    matrices random (std initializer_range)."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    cfg, ref = _reference_draft(tp)
+    c = {**cfg["transformer_layer_config"], "initializer_range": 0.02}
+    V, H = c["vocab_size"], c["hidden_size"]
+    embed = torch.randn(V, H, generator=torch.Generator().manual_seed(0))
+    norm = torch.linspace(0.5, 1.5, H)
+    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=embed),
+                                                   norm=SimpleNamespace(weight=norm)))
+    ids = torch.sort(torch.randperm(V, generator=torch.Generator().manual_seed(1))[:600]).values  # of 1000
+    feats = tp.Features(np.ones((8, 3 * H), np.float16), None, None, np.array([0, 8]))
+    torch.manual_seed(0)
+    m = tp.init_draft(c, target, ids, feats)
+    assert torch.equal(m.target_ids, ids) and torch.equal(torch.nonzero(m.t2d).flatten(), ids)
+    assert torch.equal(m.lm_head.weight, embed[ids]) and torch.equal(m.norm.weight, norm)
+    for name, p in m.named_parameters():
+        if name.endswith("norm.weight") and name != "norm.weight":
+            assert torch.equal(p, torch.ones_like(p)), name
+    assert 0.015 < float(m.fc.weight.detach().std()) < 0.025
+    assert torch.equal(m.mask_hidden.flatten(), torch.ones(3 * H))  # the features' mean
+
+
+def test_recorded_features_are_the_rows_the_target_computes(tmp_path, capsys):
+    """build_features reads the generator's store (gen_chat_data.FeatureStore: the FEATURE_LAYERS
+    and the final hidden state) for an answer of its recorded length and greedy tokens: the
+    requested layers' columns, the final rows and the greedy tokens (token p+1 at row p) are what
+    the target computes; an answer of another length, or whose tokens the rows do not give, is
+    computed."""
+    torch = pytest.importorskip("torch")
+    smollm2_folder()
+    tp, gen = _tool("train_peagle"), _tool("gen_chat_data")
+    target = tp.smollm2_target(tp.default_cache())[3]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a busy 2-core machine stalls a second OpenMP thread (train_peagle --threads)
+    try:
+        _check_recorded_features(torch, tp, gen, target, tmp_path, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_recorded_features(torch, tp, gen, target, tmp_path, capsys):
+    store, seqs = gen.FeatureStore(tmp_path), []
+    with torch.no_grad():
+        for i, prompt in enumerate(([1, 9690, 198, 504], [1, 4093, 198, 2683, 359])):
+            x = torch.tensor([prompt])
+            for _ in range(6):  # the target's greedy answer, recorded as the generator records it
+                x = torch.cat([x, target(x).logits[:, -1:].argmax(-1)], 1)
+            hs = target.model(x, output_hidden_states=True).hidden_states
+            store.add(i, torch.cat([hs[k] for k in gen.FEATURE_LAYERS], -1)[0, :-1].numpy(), hs[-1][0, :-1].numpy())
+            seqs.append(tp.Seq(x[0].tolist(), len(prompt), "chat", "chat", i))
+    aux_ids = [2, 15, 27]
+    read = tp.build_features(target, seqs, aux_ids, tmp_path)
+    assert "features of 2 sequences read from" in capsys.readouterr().err
+    computed = tp.build_features(target, seqs, aux_ids, None)
+    for j, q in enumerate(seqs):
+        lo, hi, p0 = int(read.offsets[j]), int(read.offsets[j + 1]), q.prompt_len - 1
+        for a, b in ((read.aux, computed.aux), (read.final, computed.final)):
+            np.testing.assert_allclose(a[lo:hi].astype(np.float32), b[lo:hi].astype(np.float32), rtol=1e-2, atol=2e-2)
+        assert read.argmax[lo + p0:hi].tolist() == computed.argmax[lo + p0:hi].tolist() == q.ids[p0 + 1:]
+    # a shorter answer (its rows are a prefix of the recorded ones) and another last token
+    shorter = tp.Seq(seqs[0].ids[:-1], seqs[0].prompt_len, "chat", "chat", 0)
+    other = tp.Seq(seqs[1].ids[:-1] + [seqs[1].ids[-1] + 1], seqs[1].prompt_len, "chat", "chat", 1)
+    capsys.readouterr()
+    mixed = tp.build_features(target, [shorter, other], aux_ids, tmp_path)
+    err = capsys.readouterr().err
+    assert "belong to other tokens" in err and "computing features of 2 sequences" in err
+    fresh = tp.build_features(target, [shorter, other], aux_ids, None)
+    assert all(np.array_equal(a, b) for a, b in zip((mixed.aux, mixed.final, mixed.argmax),
+                                                    (fresh.aux, fresh.final, fresh.argmax)))
+
+
+def test_a_short_run_trains_on_its_answers_with_the_head_frozen(tmp_path):
+    """main() end to end in seconds (three answers, four steps, its own cache folder with the
+    converted target linked in): the draft vocabulary is the answers' most frequent tokens; without
+    --train-head the saved head is the target's rows of it and the final norm the target's;
+    --chat-weight 2 puts each answer twice in an epoch (six steps: the four fit in the first)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    hf = smollm2_folder()
+    tp = _tool("train_peagle")
+    cache = tmp_path / "cache"
+    (cache / "peagle-data").mkdir(parents=True)
+    (cache / hf.name).symlink_to(hf)
+    train = _tool("prompts").train_prompts()
+    rng = np.random.default_rng(0)
+    rows = [{"idx": i, "kind": "chat", "prompt": train[i]["prompt"], "prompt_ids": [1, 9690, 198, 504],
+             "answer_ids": rng.integers(200, 260, 24).tolist() + [tp.EOS]} for i in range(3)]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, threads = tmp_path / "draft", torch.get_num_threads()
+    try:
+        assert tp.main(["--out", str(out), "--cache", str(cache), "--chat", str(chat), "--chat-weight", "2",
+                        "--max-steps", "4", "--slots", "32", "--draft-vocab", "48", "--heldout-limit", "2",
+                        "--heldout-max-new", "16", "--precision", "fp32", "--threads", "1",
+                        "--eval-reserve-minutes", "0"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    receipt = check_draft_folder(out)
+    assert (receipt["steps"], receipt["epochs_started"], receipt["lm_head_trained"]) == (4, 1, False)
+    assert receipt["heldout"]["anchors"] > 0 and receipt["data"]["chat"]["answers"] == 3
+    w = load_file(out / "model.safetensors")
+    ids = w["d2t"] + torch.arange(48)
+    assert torch.equal(ids, tp.select_draft_vocab(tp.load_chat(chat, None), 49152, 48))
+    target = tp.smollm2_target(cache)[3]
+    assert torch.equal(w["lm_head.weight"], target.model.embed_tokens.weight.detach()[ids].half())
+    assert torch.equal(w["norm.weight"], target.model.norm.weight.detach().half())
+    assert not (cache / "peagle-data" / "train-state.pt").exists()
+
+
+def test_kept_features_a_file_lacks_rows_of_are_computed_again(tmp_path, capsys):
+    """FeatureCache: an index line whose rows one of the array files does not hold in full (a file
+    cut short) is ignored, its sequence computed again; the others are read."""
+    pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    model = _tiny_llama(3)
+    rng = np.random.default_rng(2)
+    seqs = [tp.Seq(rng.integers(3, 300, n).tolist(), 3, "chat", "chat", i) for i, n in enumerate([9, 13])]
+    cache = tp.FeatureCache(tmp_path, "ab" * 32, [0, 1, 2], 64)
+    first = tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache)
+    with open(cache.paths["final"], "r+b") as f:  # the last sequence's last row lost
+        f.truncate((cache._rows() - 1) * cache.width["final"])
+    capsys.readouterr()
+    again = tp.build_features(model, seqs, [0, 1, 2], None, tokens_per_batch=1, cache=cache)
+    err = capsys.readouterr().err
+    assert "features of 1 sequences read from" in err and "computing features of 1 sequences" in err
+    assert np.array_equal(again.final, first.final) and np.array_equal(again.aux, first.aux)
+
+
+def test_the_learning_rate_warms_up_then_falls_by_a_cosine_to_a_tenth():
+    """M82 (the 0.1 floor removed: the last steps trained at a learning rate of ~0) had no test:
+    the schedule was written out inside main()'s loop."""
+    tp = _tool("train_peagle")
+    assert tp.lr_factor(0, 0.0, 50) == pytest.approx(1 / 50) and tp.lr_factor(49, 0.0, 50) == 1.0
+    assert tp.lr_factor(100, 0.5, 50) == pytest.approx(0.55) and tp.lr_factor(100, 1.0, 50) == pytest.approx(0.1)
+    assert tp.lr_factor(9, 1.0, 10) == pytest.approx(0.1)  # (the floor under a warm-up not yet over too)
+    assert tp.lr_factor(4, 1.0, 10) == pytest.approx(0.05)
