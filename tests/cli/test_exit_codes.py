@@ -388,6 +388,108 @@ def test_temporaries_made_just_before_an_interrupt_go_with_it(tmp_path, monkeypa
         assert list(tmp_path.iterdir()) == [], (name, list(tmp_path.iterdir()))
 
 
+def test_the_sweep_of_dead_partial_folders_takes_only_outs_own_and_leaves_no_lock_held(tmp_path, capsys):
+    """Mutation round (session 64): the sweep read OUT's name as a glob pattern (``-o 'e[1]'``
+    removed the dead partial folders of an OUT named e1, and left its own), and an fd left
+    open held the flock on the new output (a calibrate into it in the same process then
+    waited for ever) or on the folder swept."""
+    import fcntl
+    import os
+
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "e[1]"
+    own, other = tmp_path / ".e[1].partial-dead", tmp_path / ".e1.partial-dead"
+    for dead in (own, other):
+        (dead / "sub").mkdir(parents=True)
+    fds = len(os.listdir("/proc/self/fd"))
+    with atomic_folder(out, marker="engines.json") as tmp:
+        (tmp / "engines.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".e1.partial-dead", "e[1]"]
+    assert f"note: removed {own}, the partial folder of an interrupted run" in capsys.readouterr().err
+    assert len(os.listdir("/proc/self/fd")) == fds
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while a lock on it is held)
+    finally:
+        os.close(fd)
+
+
+def test_a_dead_partial_folder_left_in_place_is_not_said_removed(tmp_path, monkeypatch, capsys):
+    """Mutation round (session 64): the sweep says "removed" only of a folder gone; one its
+    removal could not take (files another user owns, where this user is not root: rmtree's
+    errors ignored, as here) is left unsaid."""
+    import shutil
+
+    from specrt.manifest import atomic_folder
+
+    dead, rmtree = tmp_path / ".o.partial-dead", shutil.rmtree
+    dead.mkdir()
+
+    def not_dead(path, ignore_errors=False):  # (root removes anything: the failure made here)
+        if Path(path) != dead:
+            rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", not_dead)
+    with atomic_folder(tmp_path / "o") as tmp:
+        (tmp / "f").write_text("x")
+    assert dead.is_dir() and "note: removed" not in capsys.readouterr().err
+
+
+def test_an_error_naming_the_partial_folder_names_the_output(tmp_path):
+    """Mutation round (session 64): a UserError raised while the output is written names a
+    file of the partial folder, gone when it is said: it names the output's file instead."""
+    from specrt.errors import UserError
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "o"
+    with pytest.raises(UserError) as e:
+        with atomic_folder(out) as tmp:
+            raise UserError(f"{tmp / 'engines.json'}: not a manifest")
+    assert str(e.value) == f"{out / 'engines.json'}: not a manifest" and list(tmp_path.iterdir()) == []
+
+
+def test_an_output_named_by_dot_dot_is_the_folder_it_names(tmp_path):
+    """Mutation round (session 64): ``-o ENGINES/sub/..`` (``-o ..`` from inside an earlier
+    output) replaces ENGINES whole, as ``-o ENGINES`` does: its partial folder is made beside
+    ENGINES, not inside the folder it replaces, and ``..`` is never renamed."""
+    from specrt.manifest import atomic_folder
+
+    out = tmp_path / "o"
+    (out / "sub").mkdir(parents=True)
+    (out / "engines.json").write_text("{}")
+    with atomic_folder(out / "sub" / "..", force=True, marker="engines.json") as tmp:
+        (tmp / "engines.json").write_text('{"new": 1}')
+    assert [p.name for p in tmp_path.iterdir()] == ["o"] and [p.name for p in out.iterdir()] == ["engines.json"]
+    assert (out / "engines.json").read_text() == '{"new": 1}'
+
+
+def test_force_takes_a_folder_holding_the_manifest_not_a_folder_of_its_name(tmp_path):
+    """Mutation round (session 64): --force replaces an earlier output, one holding the
+    manifest as a file; a folder holding a folder of that name is a folder of other things."""
+    from specrt.errors import UserError
+    from specrt.manifest import check_output
+
+    out = tmp_path / "o"
+    (out / "engines.json").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"is a folder without engines.json; --force replaces only an earlier"):
+        check_output(out, force=True, marker="engines.json")
+
+
+def test_umask_reads_the_umask_and_leaves_it_as_it_was(tmp_path):
+    """Mutation round (session 64): paths.umask reads the umask by setting it; left at 0, every
+    file made after (engines, reports) was writable by everyone."""
+    import os
+
+    from specrt.paths import umask
+
+    was = os.umask(0o027)
+    try:
+        assert umask() == 0o027 and umask() == 0o027
+    finally:
+        os.umask(was)
+
+
 def test_reports_never_replace_a_file_of_the_engines_folder(tmp_path):
     """calibrate --report ENGINES/calibration.json before the first calibration wrote the
     calibration, then the report over it (DSpark then refused the engines); compare's
@@ -424,6 +526,7 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
     calibration, and every later command failed on it (a user walk, session 54); corpus.npz,
     the manifest, a recorded graph or the export's files likewise. A growth file of the user's
     own kept in the folder is still read and written."""
+    from specrt.errors import UserError
     from specrt.paths import check_not_engines_file
 
     engines = tmp_path / "e"
@@ -439,6 +542,10 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
     (engines / "mine.npz").write_bytes(b"x")
     check_not_engines_file(engines / "mine.npz", engines, "--grow-file", users_files=True)  # the user's own: taken
     check_not_engines_file(tmp_path / "g.npz", engines, "--grow-file", users_files=True)
+    alias = tmp_path / "alias"  # the export's files reached through another name of the folder (mutation round, P14)
+    alias.symlink_to(engines, target_is_directory=True)
+    with pytest.raises(UserError, match=f"^--grow-file {alias}/export/new.json: a file of the engines folder "):
+        check_not_engines_file(alias / "export" / "new.json", engines, "--grow-file", users_files=True)
     (engines / "engines.json").write_text('{"files": 5}')  # (a TypeError traceback; loading names the manifest)
     r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "x", "--grow-file", str(engines / "g.npz")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "engines.json" in r.output, r.output

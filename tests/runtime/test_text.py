@@ -397,9 +397,10 @@ def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
             g1.observe(RoundResult(2, 0, 0.001, 0.002, None, np.array([0.9, 0.9])))
         assert g1.calibration([0.9])[0] < 0.8  # it learnt: first drafts at 0.9 were all rejected
         assert g2.calibration([0.9])[0] == pytest.approx(0.9) and cal([0.9])[0] == pytest.approx(0.9)
-        s.calibration = cal
+        s.calibration = g1.calibration  # (a learnt one: new_governor starts from it, not the identity; S46)
         s.new_governor()
-        assert s.generator.governor.calibration is not cal
+        fresh = s.generator.governor.calibration
+        assert fresh is not g1.calibration and fresh([0.9])[0] < 0.8
 
 
 def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_loading(worded, tmp_path):
@@ -583,6 +584,39 @@ def test_a_session_refuses_pickling_and_copying_and_documents_its_arguments(word
         assert f"``{name}``" in Session.__doc__, name
     for method in ("stream", "stream_ids", "stats", "close"):
         assert getattr(Session, method).__doc__, method
+
+
+def test_a_session_refused_after_its_engines_started_releases_them(worded, monkeypatch):
+    """Mutation round (session 64): Session() refused after it activated the engines (here
+    ':corpus' asked for by name on engines without a corpus) releases them, as close() does:
+    a caller that catches the error holds no ONNX Runtime sessions."""
+    import specrt.engines.engine_set as engine_set
+    from specrt.runtime.session import Session
+
+    loaded, load = [], engine_set.load_engines
+    monkeypatch.setattr(engine_set, "load_engines", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    with pytest.raises(UserError, match="^':corpus' needs "):
+        Session(worded, governor="fixed:3:corpus")
+    assert len(loaded) == 1 and not loaded[0].is_active
+
+
+def test_a_growth_file_brings_back_the_grown_sequences_rates(worded, tmp_path):
+    """Mutation round (session 64): load_growth restores the rates the saving session's rounds
+    left for its grown sequences (save_growth writes them), not the priors a new session starts at."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "g.npz"
+    with Session(worded, governor="fixed:3:ngram:grow") as s:
+        for _ in range(3):  # (a prompt again: its earlier answer, grown, proposes)
+            list(s.stream_ids([3, 1, 4], 16))
+        s.save_growth(grow)
+        p = s.generator.resolve_lookup()
+        saved = {k: (list(p.wins[k]), list(p.tries[k])) for k in p.growth.source_priors() if k in p.wins}
+    with Session(worded, governor="fixed:3:ngram:grow") as s:
+        s.load_growth(grow)
+        p = s.generator.resolve_lookup()
+        fresh = {k: (list(p.wins[k]), list(p.tries[k])) for k in saved if k in p.wins}
+    assert saved and fresh == saved, (saved, fresh)
 
 
 def _blocked_writing(pid: int, timeout: float = 60) -> bool:
@@ -1482,6 +1516,7 @@ def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
     # every prompt token an entry, the first one's without a logprob
     assert [e["id"] for e in st["prompt_logprobs"]] == st["prompt_ids"] and len(st["prompt_ids"]) >= 3
     assert st["prompt_logprobs"][0]["logprob"] is None and None not in [e["logprob"] for e in st["prompt_logprobs"][1:]]
+    assert st["prompt_logprobs"][0]["top_logprobs"] is None  # (none, not the [] of logprobs=0: mutation round, S31)
     assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
     assert [(e["id"], e["logprob"], e["top_logprobs"]) for e in zero] == [(e["id"], e["logprob"], []) for e in want]
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "2"])
@@ -1924,8 +1959,10 @@ def test_api_misuse_is_a_user_error(worded):
                        r"and a string \(or text parts\) 'content'; got \{'role': 'user', 'content': 3\}$"):
         "".join(s.stream([{"role": "user", "content": 3}], max_new_tokens=2))
     s.close()
-    with pytest.raises(UserError, match="this Session is closed"):
-        list(s.stream_ids([1, 2, 3], 2))
+    before = s.stats()
+    with pytest.raises(UserError, match="this Session is closed"):  # when called, as stream's (mutation round, S10)
+        s.stream_ids([1, 2, 3], 2)
+    assert s.stats() == before  # (stats() still describes the last stream, not the refused one)
 
 
 def test_a_conversations_text_parts_are_its_content_and_a_bad_message_is_named(worded, tmp_path):
@@ -2487,7 +2524,8 @@ def test_api_arguments_of_other_types_are_user_errors_or_taken(worded):
     from specrt.runtime.session import Session
 
     for kw, name in (({"sampling": {"temperature": 0.7}}, "sampling="), ({"prefix_snapshots": "4"}, "prefix_snapshots="),
-                     ({"prefix_snapshots": -1}, "prefix_snapshots=")):
+                     ({"prefix_snapshots": -1}, "prefix_snapshots="),
+                     ({"prefix_snapshots": True}, r"^prefix_snapshots=True: expected an integer")):  # (S04)
         with pytest.raises(UserError, match=name):
             Session(worded, governor="off", **kw)
     for kw, name in (({"temperature": "0.7"}, "temperature="), ({"temperature": None}, "temperature="),
@@ -2902,11 +2940,14 @@ def test_stats_in_mid_stream_count_the_tokens_so_far_and_a_closed_stream_says_in
         assert mid["tokens_per_s"] > 0 and mid["finish_reason"] is None
         next(it)
         assert s.stats()["new_tokens"] == len(s.stats()["output_token_ids"]) > mid["new_tokens"]
+        assert len(mid["output_token_ids"]) == mid["new_tokens"]  # (stats() gave a copy: S49, mutation round)
         it.close()
         st = s.stats()
         assert st["finish_reason"] == "interrupted" and st["new_tokens"] == len(st["output_token_ids"]) < 12
         whole = "".join(s.stream([3, 1, 4], max_new_tokens=12))
         assert s.stats()["finish_reason"] in ("eos", "length")
+        # the answer's end could begin a stop string that never comes: held back, then given (mutation round, S27)
+        assert "".join(s.stream([3, 1, 4], max_new_tokens=12, stop=[whole[-2:] + "~"])) == whole
         stop = whole.split()[1]
         assert stop not in "".join(s.stream([3, 1, 4], max_new_tokens=12, stop=[stop]))  # (the answer ends before it)
         assert s.stats()["finish_reason"] == "stop"
