@@ -42,7 +42,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.paths import check_path_args, folder_lock as _folder_lock, write_atomic
-from specrt.prompt_files import is_messages
+from specrt.prompt_files import CONVERSATION, conversation_problem
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams
@@ -160,7 +160,8 @@ def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
 def _encode(session: Session, prompt, chat: bool, max_new_tokens: int) -> list[int]:
     """A prompt's token ids, refused as a stream would refuse them (empty, past the context,
     an id outside the vocabulary), before anything decodes."""
-    if isinstance(prompt, str) or is_messages(prompt):
+    # (a conversation with a bad message too: encode names it, where this said "expected text or ids")
+    if isinstance(prompt, str) or conversation_problem(prompt) != CONVERSATION:
         if session.text is None:
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
         ids = session.encode(prompt, chat)

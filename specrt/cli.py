@@ -737,14 +737,14 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
         trees += (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
                   "draft's vocabulary")
     click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
-               f"first token after {stats['first_token_s']:.2f} s, {_tau_words(stats)}, governor "
+               f"first token after {stats['first_token_s']:.2f} s, {tau_words(stats)}, governor "
                f"{governor}{trees}]", err=True)
 
 
-def _tau_words(stats: dict) -> str:
-    """tau (the draft's: its rounds' tokens) for a closing line, or "no draft rounds" where
-    none ran (`off`, a prompt lookup answered whole: "tau 1.00" read as a draft accepting
-    nothing)."""
+def tau_words(stats: dict) -> str:
+    """tau (the draft's: its rounds' tokens) for a closing line (run's, chat's, serve's log
+    line), or "no draft rounds" where none ran (`off`, a prompt lookup answered whole: "tau
+    1.00" read as a draft accepting nothing)."""
     return f"tau {stats['tau']:.2f}" if stats["draft_rounds"] else "no draft rounds"
 
 
@@ -884,7 +884,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens]",
                            err=True)
             st = s.stats()
-            click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, {_tau_words(st)}; "
+            click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, {tau_words(st)}; "
                        f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)
         if failed:
             raise EngineFailure(f"the engines failed {failed} of {failed + answered} turn(s) (each one's error above)")

@@ -1512,7 +1512,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             echo(f"warning: {warnings[-1]}", err=True)
         for e in ({"": engines, **variant_engines}.values() if governor_costs == "stored" else ()):
             note = _busy_table_note(e, [(n, j["governor"]) for n, j in jobs if j.get("kind") == "specrt"
-                                        and j.get("engines") == str(Path(e.folder).resolve())])
+                                        and j.get("engines") == str(Path(e.folder).resolve())], profile)
             if note:
                 warnings.append(note)
                 echo(f"warning: {note}", err=True)
@@ -1805,10 +1805,12 @@ def check_governor(g: str, e, variant: str | None) -> None:
                         f"{e.folder} ANSWERS.jsonl`")
 
 
-def _busy_table_note(e, runs: list[tuple[str, str]]) -> str | None:
+def _busy_table_note(e, runs: list[tuple[str, str]], profile: bool = True) -> str | None:
     """A warning where the configurations ``runs`` (name, governor) that price their rounds from
     a cost table (DSpark, lookup) run on engines ``e`` whose stored table was profiled on a busy
-    machine (--governor-costs stored: they price from it as run does, and run says so)."""
+    machine (--governor-costs stored: they price from it as run does, and run says so);
+    ``profile``: the run profiles (--governor-costs profiled needs it: under --no-profile the
+    advice was refused when taken)."""
     from specrt.engines.costs import busy_note, busy_share
     from specrt.runtime.governor import is_dspark, split_lookup
     from specrt.runtime.session import resolve_spec
@@ -1820,7 +1822,7 @@ def _busy_table_note(e, runs: list[tuple[str, str]]) -> str | None:
         return None
     return busy_note(e.folder, share, f"the configurations {', '.join(pricing)} price their rounds (--governor-costs "
                                      "stored)") + \
-        ", or pass --governor-costs profiled"
+        ", or pass --governor-costs profiled" + ("" if profile else " (and drop --no-profile)")
 
 
 def _mib(b) -> str:

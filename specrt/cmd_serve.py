@@ -624,6 +624,7 @@ class Server:
         almost nothing (prefix reuse). With ``echo`` (completions) each choice's first piece is
         the prompt, with its tokens' logprobs when asked for (the first token's null). The
         caller holds the lock for the whole of it."""
+        from specrt.cli import tau_words
         from specrt.runtime.telemetry import Telemetry
 
         s, params = self.session, req["params"]
@@ -656,7 +657,7 @@ class Server:
                 choices = "" if req["choices"] == 1 else f"in {req['choices']} choices "
                 self.log(f"[{prompt_tokens} prompt tokens ({reused} reused), {completion} new "
                          f"{choices}in {time.perf_counter() - t0:.2f} s, "
-                         f"{t['tokens_per_s']:.1f} tok/s, tau {t['tau']:.2f}, {t['tokens_per_call']:.2f} tokens a "
+                         f"{t['tokens_per_s']:.1f} tok/s, {tau_words(t)}, {t['tokens_per_call']:.2f} tokens a "
                          f"target call, {params.mode}, finish {done['reason']}]")
         yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                          "total_tokens": prompt_tokens + completion},

@@ -186,7 +186,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # (EPERM: another user's live process)
+    except (OSError, OverflowError):  # (EPERM: another user's live process; past any PID: no run's, left)
         pass
     return True
 
@@ -195,12 +195,17 @@ def _settle_moved_aside(out: Path) -> None:
     """A run killed outright between a --force replacement's two renames left the earlier output
     moved aside as ``.OUT.old-PID`` and no OUT (its own complete output in its partial folder,
     swept as any), and one killed while removing it after them a half-removed ``.OUT.old-PID``
-    beside the new OUT; both stayed for good. Where PID is no live process, the first is put
-    back as OUT (the replacement undone, as an interrupted run leaves OUT as it was) and the
-    second removed, each said on stderr."""
+    beside the new OUT; both stayed for good. Where PID is no live process (or this one's: a
+    killed run's, as a container's PID 1 is each run's), the first is put back as OUT (the
+    replacement undone, as an interrupted run leaves OUT as it was) and the second removed,
+    each said on stderr."""
     for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
-        pid = p.name.rsplit("-", 1)[1]
-        if not (pid.isascii() and pid.isdigit()) or p.is_symlink() or not p.is_dir() or _pid_alive(int(pid)):
+        pid = p.name[len(f".{out.name}.old-"):]  # (not the last "-"'s: OUT.old-x's own ".OUT.old-x.old-PID")
+        if not (pid.isascii() and pid.isdigit()) or p.is_symlink() or not p.is_dir():
+            continue
+        # (this process moves nothing aside before it settles these: its own PID on one is a killed
+        # run's, and its own rename onto that one failed, "Directory not empty")
+        if int(pid) != os.getpid() and _pid_alive(int(pid)):
             continue
         try:
             if out.exists() or out.is_symlink():

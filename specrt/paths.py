@@ -219,16 +219,17 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     private stays private), and its owner and group where this process may give them (root;
     a group of this user's), as GNU sed does; a new one gets the umask's mode."""
     path = Path(path)
-    if path.is_symlink():  # write where it points, keeping the link (os.replace put a file in its place)
-        path = path.resolve()
+    # /dev/stdout, /dev/null, a FIFO: written in place (replacing one put a file where the device was),
+    # before a link is resolved (/dev/stdout on a pipe resolved to /proc/PID/fd/pipe:[N], no such file)
     if path.exists() and not path.is_file() and not path.is_dir():
-        # /dev/stdout, /dev/null, a FIFO: written in place (replacing one put a file where the device was)
         try:
             with open(path, "wb") as f:
                 yield f
         except OSError as e:
             raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
         return
+    if path.is_symlink():  # write where it points, keeping the link (os.replace put a file in its place)
+        path = path.resolve()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

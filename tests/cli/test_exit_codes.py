@@ -242,6 +242,15 @@ def test_output_files_keep_symlinks_and_devices(tmp_path):
     finally:
         os.close(fd)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and json.loads(data) == {"a": 1}
+    r, w = os.pipe()  # a link to a pipe, as /dev/stdout is under `| jq`: resolved, it named no file
+    (tmp_path / "stdout").symlink_to(f"/proc/self/fd/{w}")
+    try:
+        write_atomic(tmp_path / "stdout", {"a": 2})
+        data = os.read(r, 4096)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert json.loads(data) == {"a": 2}
 
 
 REFERENCE = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "speculators-peagle-tiny"

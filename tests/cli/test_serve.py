@@ -1843,6 +1843,21 @@ def test_a_client_leaving_mid_answer_is_logged_with_its_prompt(worded):  # noqa:
     assert prompt >= 3 and logs[0].startswith(f"[{prompt} prompt tokens ("), (logs, prompt)
 
 
+def test_a_requests_log_line_says_no_draft_rounds_where_none_ran(worded):  # noqa: F811
+    """serve's log line of a request answered with no draft round (governor off) says so, as
+    run's and chat's closing lines do, not "tau 1.00" (read as a draft that accepted nothing)."""
+    from specrt.cmd_serve import Server
+
+    for governor, said in (("off", ", no draft rounds, "), ("fixed:1", ", tau ")):
+        logs: list[str] = []
+        app = Server(worded, governor, SamplingParams(), 8, "tiny", log=logs.append)
+        try:
+            list(app.complete(app.parse({"prompt": "w1 w2 w3", "max_tokens": 3}, False)))
+        finally:
+            app.close()
+        assert len(logs) == 1 and said in logs[0] and (governor != "off" or "tau" not in logs[0]), logs
+
+
 def test_a_request_refused_before_its_body_gets_its_answer(worded):  # noqa: F811
     """A POST of some MB refused before its body is read (a wrong API key, a path that takes
     GET, no such path) gets its 401 / 405 / 404: the body was left unread, the socket reset,

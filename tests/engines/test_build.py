@@ -461,6 +461,28 @@ def test_an_earlier_output_a_killed_replacement_moved_aside_is_put_back_or_remov
     load_engines(out)
 
 
+def test_an_earlier_output_moved_aside_under_this_runs_own_pid_is_settled(tiny_export, tmp_path, capfd):
+    """A killed run's ``.OUT.old-PID`` whose PID is this run's own (a container's PID 1, each
+    run's): taken for a live run's, the half-removed one was left for good, and this run's own
+    --force replacement then failed renaming OUT onto it ("Directory not empty"); a name past
+    any PID was an OverflowError's traceback, and another output's (``engines.old-x``'s
+    ``.engines.old-x.old-PID``) was taken for this one's. The first is removed as a dead run's;
+    the others, no run's into OUT, are left."""
+    out = tmp_path / "engines"
+    build_engines(tiny_export, "onnxruntime", [1], out, log=quiet, profile_repeats=1)
+    aside = tmp_path / f".engines.old-{os.getpid()}"
+    shutil.copytree(out, aside)
+    (aside / "engines.json").unlink()  # half removed
+    odd, other = tmp_path / f".engines.old-{2**64}", tmp_path / f".engines.old-x.old-{os.getpid()}"
+    odd.mkdir()
+    other.mkdir()
+    capfd.readouterr()
+    build_engines(tiny_export, "onnxruntime", [1], out, force=True, log=quiet, profile_repeats=1)
+    assert f"note: removed {aside}, the earlier output a run killed while replacing {out}" in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["engines", odd.name, other.name])
+    load_engines(out)
+
+
 @pytest.mark.parametrize("made", ["a folder of other things", "another build's engines"])
 def test_what_is_made_at_out_while_a_build_runs_is_not_replaced(tiny_export, tmp_path, made):
     """OUT was checked at the start only: a folder made there while the build ran (a user's, or a
@@ -1427,7 +1449,8 @@ def test_a_profile_on_a_busy_machine_says_so(engines_copy, monkeypatch):
         note = (f"the cost table of {engines_copy} was profiled on a busy machine ({share:.0%} of the CPU time its "
                 "threads asked for): its costs are inflated, and the configurations specrt:dspark, "
                 "specrt:fixed:2:ngram price their rounds (--governor-costs stored) from them; `specrt profile "
-                f"{engines_copy}` measures them again (when idle), or pass --governor-costs profiled")
+                f"{engines_copy}` measures them again (when idle), or pass --governor-costs profiled (and drop "
+                "--no-profile)")  # (which that option needs: the advice alone was refused when taken)
         assert (note in json.loads((rep / "bench.json").read_text())["warnings"]) == said, cli.output
         assert (f"warning: {note}" in cli.output) == said, cli.output
     monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", share)  # (the threshold itself is not busy)

@@ -1990,6 +1990,11 @@ def test_a_conversations_text_parts_are_its_content_and_a_bad_message_is_named(w
                 s.encode(bad)
         with pytest.raises(UserError, match=r"^a conversation must be a non-empty list of messages.*; got \['w1'\]"):
             s.encode(["w1"])
+    from specrt.runtime.calibrate import calibrate
+
+    with pytest.raises(UserError, match=r"^prompt 2: a conversation's messages\[1\]\.content: only text parts"):
+        calibrate(worded, [parts, image], max_new_tokens=3, holdout=0, write=False)  # (it said "expected text or
+        # a list of token ids", naming no message)
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"messages": parts}) + "\n")
     assert read_prompt_file(f)[0]["messages"] == parts
