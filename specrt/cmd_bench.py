@@ -1510,13 +1510,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             + "; ".join(f"{n} ({', '.join(learnt)})" for n, learnt in learners)
                             + " (run --processes 1 to measure them as a session runs)")
             echo(f"warning: {warnings[-1]}", err=True)
-        for e in ({"": engines, **variant_engines}.values() if governor_costs == "stored" else ()):
+        predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
+        for e in (predictors.values() if governor_costs == "stored" else ()):
             note = _busy_table_note(e, [(n, j["governor"]) for n, j in jobs if j.get("kind") == "specrt"
                                         and j.get("engines") == str(Path(e.folder).resolve())], profile)
             if note:
                 warnings.append(note)
                 echo(f"warning: {note}", err=True)
-        predictors = {"": engines, **variant_engines}  # variant label -> the costs (b) predicts from
         profiled: dict[str, dict] = {}
         if profile:
             import copy

@@ -11,7 +11,6 @@ export.json's own values are checked against its binding receipt and the graph c
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -24,7 +23,7 @@ from typing import Any, Iterator
 
 from specrt.errors import UserError, describe_os_error, environment_error
 from specrt.limits import whole
-from specrt.paths import check_output_folder, check_path_args, folder_lock, make_temporary, umask
+from specrt.paths import check_output_folder, check_path_args, folder_lock, make_temporary, try_lock, umask
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_FORMAT = "specrt-export/1"
@@ -97,7 +96,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
     replaces only an empty folder or one holding that manifest: not a file, not a folder of
     other things (it deleted a project's sources). ``out`` is checked so again before the
     rename (something made there meanwhile is refused, not replaced). The partial folders
-    that runs into ``out`` killed outright left beside it are removed (``_lock_folder``).
+    that runs into ``out`` killed outright left beside it are removed (``paths.try_lock``).
     """
     out = check_output(out, force, inputs, marker)
     tmp = held = None
@@ -106,7 +105,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
         with folder_lock(out.parent):  # (another run's sweep waits until this one's folder is locked)
             _remove_stale_partials(out)
             tmp, _ = make_temporary(out.parent, f".{out.name}.partial-", is_folder=True)
-            held = _lock_folder(tmp)
+            held = try_lock(tmp)
         mask = umask()
         os.chmod(tmp, 0o777 & ~mask)  # as mkdir would make it (mkdtemp's are 0700: no other user could read it)
     except BaseException as e:  # (a Ctrl-C landing at the chmod left the empty folder)
@@ -165,20 +164,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
 # as big as the output (an export of a real model: GBs), and no later run did: it stayed hidden
 # beside OUT for good (a walk of session 63). Each run holds an flock on its partial folder, which
 # the kernel releases when the process dies however it dies: the next run into the same OUT
-# removes the partial folders it can lock, and leaves those a live run holds.
-def _lock_folder(folder: Path) -> int | None:
-    """An fd holding an exclusive flock on ``folder`` (released when closed or when this
-    process ends); None where the folder cannot be locked (a file system without flock)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # (held by a live run: EWOULDBLOCK; no flock here: ENOLCK, EINVAL)
-        os.close(fd)
-        return None
-    return fd
+# removes the partial folders it can lock (paths.try_lock), and leaves those a live run holds.
 
 
 def _pid_alive(pid: int) -> bool:
@@ -225,7 +211,7 @@ def _remove_stale_partials(out: Path) -> None:
     for p in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
         if p.is_symlink() or not p.is_dir():
             continue
-        fd = _lock_folder(p)
+        fd = try_lock(p)
         if fd is None:
             continue
         try:

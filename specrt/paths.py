@@ -259,6 +259,23 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         raise
 
 
+def try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (a folder or file, not followed through a
+    link; released when closed or when this process ends); None where a live process holds it
+    or it cannot be locked (a file system without flock, gone): what tells a killed run's
+    leftovers (a partial folder, a temporary file) from a live run's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # (held by a live run: EWOULDBLOCK; no flock here: ENOLCK, EINVAL)
+        os.close(fd)
+        return None
+    return fd
+
+
 TEMPORARY_AGE_S = 60.0  # a temporary this old that no write holds is a dead one's
 
 
@@ -277,13 +294,14 @@ def _remove_dead_temporaries(path: Path) -> None:
         try:
             if not stat.S_ISREG(os.lstat(p).st_mode) or time.time() - os.lstat(p).st_mtime < TEMPORARY_AGE_S:
                 continue
-            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             continue
+        fd = try_lock(p)
+        if fd is None:  # held by a live write, no flock here, or gone meanwhile
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(p)
-        except OSError:  # held by a live write (EWOULDBLOCK), no flock here, or gone meanwhile
+        except OSError:
             continue
         finally:
             os.close(fd)

@@ -577,14 +577,11 @@ def differences(reps: dict[str, list[dict]], prompt: int, kind: str) -> list[dic
     """The runs of one prompt (governor -> its repeats' {"out": token ids}) whose greedy output
     is not ``off``'s first: governor, repeat and the first token that differs (a shorter
     output differs where it ends). Lossless decoding has none."""
+    from specrt.prompt_files import common_prefix
+
     ref = reps["off"][0]["out"]
-    found = []
-    for spec, runs in reps.items():
-        for r, x in enumerate(runs):
-            if x["out"] != ref:
-                j = next((j for j, (a, b) in enumerate(zip(x["out"], ref)) if a != b), min(len(x["out"]), len(ref)))
-                found.append({"prompt": prompt, "kind": kind, "governor": spec, "repeat": r, "first_difference": j})
-    return found
+    return [{"prompt": prompt, "kind": kind, "governor": spec, "repeat": r, "first_difference": common_prefix(x["out"], ref)}
+            for spec, runs in reps.items() for r, x in enumerate(runs) if x["out"] != ref]
 
 
 if __name__ == "__main__":
