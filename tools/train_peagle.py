@@ -13,8 +13,8 @@ speculators library's own one-pass reference before every run):
 * slot of target position t carries token t+1 and the target's aux hidden at t
   (``output_hidden_states`` entry i = residual entering layer i);
 * embeddings frozen to the target's and not saved; ``lm_head`` initialised from the
-  target's (tied) embedding rows of the draft vocabulary, ``norm`` from the target's
-  final norm; draft vocabulary = the most frequent target tokens of the training
+  target's head rows of the draft vocabulary (``target_head``: SmolLM2's tied embedding),
+  ``norm`` from the target's final norm; draft vocabulary = the most frequent target tokens of the training
   answers (``--vocab-answers FILE...``: of those files' answers instead),
   ``target_id = draft_id + d2t[draft_id]``. With ``--init`` the draft keeps its vocabulary;
   ``--grow-vocab N`` adds the next most frequent tokens (``grow_vocab``: their head rows
@@ -655,13 +655,19 @@ def build_features(target, seqs: list[Seq], aux_ids, store_dir: Path | None, tok
     return feats
 
 
+def target_head(target):
+    """The target's output head [V, H]: its embedding where the two are tied (SmolLM2), else its
+    lm_head. p_target comes from these rows, and a new draft's head starts from them."""
+    return target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight
+
+
 def stale_features(target, seqs: list[Seq], entries: list[dict], s_fin: np.ndarray, rows: int = 8192) -> list[int]:
     """Indices i whose recorded final hidden rows are not ``seqs[i]``'s: the store's answers are
     the target's greedy tokens, so at an answer position p the head's argmax of the recorded
     row must be token p+1. Checked at two positions per answer (its last and its middle); one
     disagreement marks it (a near-tie between the recording engine and this one costs only
     a recomputation)."""
-    W = (target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight).detach()
+    W = target_head(target).detach()
     picks = []  # (i, store row, expected token)
     for i, (s, e) in enumerate(zip(seqs, entries)):
         lo, last = max(s.prompt_len - 1, 0), len(s.ids) - 2
@@ -684,7 +690,7 @@ def _extract(target, seqs, which, aux_ids, offsets, aux, final, argmax, tokens_p
     sequences finished since its last call, every ``keep_every_s`` seconds and at the end."""
     order = sorted(which, key=lambda j: len(seqs[j].ids))
     kept, last_keep = 0, time.time()
-    W = target.model.embed_tokens.weight if target.config.tie_word_embeddings else target.lm_head.weight
+    W = target_head(target)
     t0, done, i, last = time.time(), 0, 0, time.time()
     with torch.inference_mode():
         while i < len(order):
@@ -871,6 +877,18 @@ def output_losses(model: PEagleDraft, b: Batch, feats: Features, head_w: torch.T
 
 
 # --- training ---------------------------------------------------------------------------
+
+MAX_GRAD_NORM = 1.0
+
+
+def train_step(v: "Variant", loss: torch.Tensor) -> torch.Tensor:
+    """One optimizer step of ``v`` on ``loss``, its gradients clipped to a norm of
+    MAX_GRAD_NORM; the norm before clipping, on the device (reading it would wait for the step)."""
+    v.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(v.params, MAX_GRAD_NORM)
+    v.opt.step()
+    return norm
 
 @dataclass
 class Variant:
@@ -1175,7 +1193,8 @@ def loop_visits(hits: np.ndarray, seqs: list[Seq], feats: Features, k: int) -> n
 
 
 def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features) -> PEagleDraft:
-    """Random decoder layer (std = initializer_range); head rows, final norm from the target."""
+    """Random decoder layer (std = initializer_range); head rows (``target_head``), final norm
+    from the target."""
     embed = target.model.embed_tokens.weight.detach().cpu().clone()
     Vd = len(draft_ids)
     model = PEagleDraft(layer_cfg, Vd, embed)
@@ -1183,7 +1202,7 @@ def init_draft(layer_cfg: dict, target, draft_ids: torch.Tensor, feats: Features
         for p in model.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=layer_cfg["initializer_range"])
-        model.lm_head.weight.copy_(embed[draft_ids])
+        model.lm_head.weight.copy_(target_head(target).detach().cpu()[draft_ids])
         model.norm.weight.copy_(target.model.norm.weight.cpu())
         model.d2t.copy_(draft_ids - torch.arange(Vd))
         model.t2d.zero_()
@@ -1485,7 +1504,7 @@ def main(argv: list[str] | None = None) -> int:
         v.params = [p for p in v.model.parameters() if p.requires_grad]
         v.opt = torch.optim.AdamW(v.params, lr=v.lr, betas=(0.9, 0.95), weight_decay=0.0)
         v.sums = StepSums(K, dev)
-    head_w = variants[0].model.embed[draft_ids.to(dev)]  # the target's head rows: p_target over the draft vocabulary
+    head_w = target_head(target).detach()[draft_ids.to(dev)]  # p_target over the draft vocabulary
     V = len(variants)
 
     weights = {"chat": args.chat_weight, "text": 1}
@@ -1569,11 +1588,7 @@ def main(argv: list[str] | None = None) -> int:
                 if v.visited is not None:
                     w = torch.from_numpy(np.where(v.visited[np.asarray(b.anchor_row)], args.loop_weight,
                                                   1.0).astype(np.float32)).to(kl.device)
-                loss = training_loss(kl, b, K, w, depth_weights)
-                v.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(v.params, 1.0)
-                v.opt.step()
+                train_step(v, training_loss(kl, b, K, w, depth_weights))
                 # the sums stay on the device until a log line or a save reads them (flush): the
                 # CPU goes on to the next batch while the device works
                 v.sums.add(per_depth)

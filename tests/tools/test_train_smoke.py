@@ -430,7 +430,8 @@ def test_depth_losses_are_the_same_from_features_on_a_device():
     assert tp.evaluate(m, seqs, feats, K) == tp.evaluate(m2, seqs, on_t, K)
     # a draft started from scratch reads the features too (its mask vector: their mean)
     cfg_l = {**cfg["transformer_layer_config"], "initializer_range": 0.02}
-    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=m.embed),
+    target = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=True),
+                             model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=m.embed),
                                                    norm=SimpleNamespace(weight=torch.ones(H))))
     inits = []
     for f in (feats, on_t):
@@ -577,6 +578,29 @@ def _one_pass(torch, tokens, aux_real):
     aux = torch.cat([aux_real, torch.zeros(S - A, aux_real.shape[-1])])
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     return tokens, aux, torch.arange(S) >= A, torch.arange(S), [(0, S, causal)]
+
+
+def test_a_training_step_clips_the_gradients_to_a_norm_of_one():
+    """train_step: zero the gradients, backward, clip their norm to MAX_GRAD_NORM (1.0), step;
+    it returns the norm before clipping, and a loss whose gradients are smaller is left as it is."""
+    torch = pytest.importorskip("torch")
+    tp = _tool("train_peagle")
+    _, m = _reference_draft(tp)
+    v = tp.Variant(layers=1, lr=1e-3, lr_text="1e-3", out=Path("unused"), model=m)
+    v.params = [p for p in m.parameters() if p.requires_grad]
+    v.opt = torch.optim.AdamW(v.params, lr=v.lr)
+    before = [p.detach().clone() for p in v.params]
+
+    def grad_norm():
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in v.params])))
+
+    args = _one_pass(torch, torch.arange(7) + 3, torch.randn(5, m.fc.in_features, generator=torch.Generator()
+                                                            .manual_seed(0)))
+    big = float(tp.train_step(v, 1e4 * m(*args).logsumexp(-1).sum()))
+    assert big > 10 and grad_norm() == pytest.approx(tp.MAX_GRAD_NORM, rel=1e-4)
+    assert any(not torch.equal(p, b) for p, b in zip(v.params, before))  # it stepped
+    small = float(tp.train_step(v, 1e-6 * m(*args).logsumexp(-1).sum()))
+    assert small < 1 and grad_norm() == pytest.approx(small, rel=1e-4)  # zeroed first, not clipped
 
 
 def test_grown_layers_start_as_the_identity_and_learn():
@@ -1193,7 +1217,8 @@ def test_a_new_draft_starts_from_the_targets_head_rows_and_final_norm():
     V, H = c["vocab_size"], c["hidden_size"]
     embed = torch.randn(V, H, generator=torch.Generator().manual_seed(0))
     norm = torch.linspace(0.5, 1.5, H)
-    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=embed),
+    target = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=True),
+                             model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=embed),
                                                    norm=SimpleNamespace(weight=norm)))
     ids = torch.sort(torch.randperm(V, generator=torch.Generator().manual_seed(1))[:600]).values  # of 1000
     feats = tp.Features(np.ones((8, 3 * H), np.float16), None, None, np.array([0, 8]))
@@ -1206,6 +1231,14 @@ def test_a_new_draft_starts_from_the_targets_head_rows_and_final_norm():
             assert torch.equal(p, torch.ones_like(p)), name
     assert 0.015 < float(m.fc.weight.detach().std()) < 0.025
     assert torch.equal(m.mask_hidden.flatten(), torch.ones(3 * H))  # the features' mean
+    # a target whose head is not its embedding: p_target's rows and the new head are the head's
+    head = torch.randn(V, H, generator=torch.Generator().manual_seed(2))
+    untied = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False), model=target.model,
+                             lm_head=SimpleNamespace(weight=head))
+    assert tp.target_head(target) is embed and tp.target_head(untied) is head
+    torch.manual_seed(0)
+    m2 = tp.init_draft(c, untied, ids, feats)
+    assert torch.equal(m2.lm_head.weight, head[ids]) and torch.equal(m2.embed, embed)
 
 
 def test_recorded_features_are_the_rows_the_target_computes(tmp_path, capsys):
