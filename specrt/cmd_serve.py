@@ -193,7 +193,10 @@ def _messages(body: dict) -> list[dict]:
                    f"got {msgs[0]!r:.60}")
     if problem:
         raise BadRequest(problem, "messages")
-    return [{"role": m["role"], "content": m["content"]} for m in joined(msgs)]
+    # every field of a message, text parts joined, as Session.stream and `specrt run --prompts` pass
+    # them to the template (OpenAI's name, an assistant's reasoning_content that Qwen3's reads):
+    # role and content alone made another prompt of the same conversation
+    return joined(msgs)
 
 
 def _chat_logprobs(entries: list[dict] | None) -> dict | None:

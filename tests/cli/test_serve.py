@@ -104,6 +104,20 @@ def test_chat_completions_answer_as_the_session_does_plain_and_streamed(served, 
     assert events[-1]["choices"] == [] and events[-1]["usage"] == r["usage"]
 
 
+def test_a_messages_other_fields_reach_the_template_as_in_the_python_api(served, worded):  # noqa: F811
+    """A message's fields besides role and content (OpenAI's ``name``; Qwen3's template reads an
+    assistant's ``reasoning_content``) reach the chat template as `Session.stream` and `specrt
+    run --prompts` pass them: the same prompt tokens and answer (serve kept role and content
+    only, so one conversation made two prompts)."""
+    url, _ = served
+    conv = [{"role": "user", "content": [{"type": "text", "text": "w6"}], "name": "w9"}]
+    want, st = _reference(worded, conv)
+    code, r = _post(url, "/v1/chat/completions", {"messages": conv, "max_tokens": 6})
+    assert code == 200, r
+    assert r["usage"]["prompt_tokens"] == st["prompt_tokens"] == 4  # w1 w6 w9 w2
+    assert r["choices"][0]["message"]["content"] == want
+
+
 def test_the_next_turn_reuses_the_conversations_rows(served, worded):  # noqa: F811
     url, _ = served
     conv = [{"role": "user", "content": "w4 w9 w4"}]

@@ -109,11 +109,13 @@ def _words(t) -> None:
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(t / "tokenizer.json"))
-    # a chat template in words: system w3, user w1, assistant w2 (and a variable ``cue``
-    # after the assistant's w2 when the template is given one)
+    # a chat template in words: system w3, user w1, assistant w2, a message's ``name`` after
+    # its content when it has one (and a variable ``cue`` after the assistant's w2 when the
+    # template is given one)
     roles = "{'system': 'w3', 'user': 'w1', 'assistant': 'w2'}"
     (t / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
-        "{% for m in messages %}{{ " + roles + "[m.role] }} {{ m.content }} {% endfor %}"
+        "{% for m in messages %}{{ " + roles + "[m.role] }} {{ m.content }} "
+        "{% if m.name is defined %}{{ m.name }} {% endif %}{% endfor %}"
         "{% if add_generation_prompt %}w2{% if cue is defined %} {{ cue }}{% endif %}{% endif %}")}))
 
 
