@@ -184,9 +184,8 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "note": inconclusive_note(drafted, engines.max_context, cramped) if inconclusive else None if expected is not None else (
             "no training receipt: nothing to compare with" + (f"; {low_note(measured, draft_verifier(exp))}" if low else "")),
     }
-    try:  # whole or absent, a temporary of its own (two canaries at once share none)
-        engines.check_still_here(ACCEPTANCE_FILE)
-        write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)
-    except OSError as e:
-        raise UserError(f"{Path(engines.folder) / ACCEPTANCE_FILE}: cannot write the acceptance receipt ({e})") from None
+    engines.check_still_here(ACCEPTANCE_FILE)
+    # whole or absent, a temporary of its own (two canaries at once share none); a failed write
+    # is atomic_file's UserError naming the file
+    write_atomic(Path(engines.folder) / ACCEPTANCE_FILE, result, indent=2)
     return result

@@ -103,6 +103,12 @@ def test_trusted_when_acceptance_matches(tmp_path):
         assert (r["measured_depth1"], r["training_depth1"], r["trusted"]) == (m, expected, trusted)
     assert r["drafts"] > 50 and r["training_source"] == "training_last_window.depth_1.accuracy"
     assert json.loads((eng / "acceptance_receipt.json").read_text())["binding_receipt_id"] == r["binding_receipt_id"]
+    # (mutants C12-C14, session 65) tied to exactly these weights: the draft's slots' hashes and the target
+    # tensors it relies on, as the binding receipt names them; and the answers' length it measured over
+    with load_engines(eng) as e:
+        rec = e.export["binding_receipt"]["draft"]
+    assert r["draft_slot_hashes"] == {s: v["sha256"] for s, v in rec["slots"].items()} != {}
+    assert r["draft_relies_on_target"] == rec["relies_on_target"] != [] and r["max_new_tokens"] == 24
     with Session(eng, governor="fixed:1") as s:
         assert s.untrusted is None
     # `specrt canary` says a trusted verdict in one line, with the receipt it compared with
@@ -124,6 +130,7 @@ def test_untrusted_far_below_receipt_and_run_warns(tmp_path):
     r = _measure(eng)
     assert r["training_depth1"] == 0.95 and r["training_source"] == "heldout.acceptance_at_pos[0]"
     assert r["measured_depth1"] < 0.5 * 0.95 and not r["trusted"]
+    assert r["note"] is None  # (mutant C04, session 65: a receipt compared with is no "no training receipt")
     with Session(eng, governor="fixed:1") as s:
         assert "UNTRUSTED DRAFT" in s.untrusted
     ids = tmp_path / "p.jsonl"
@@ -438,6 +445,8 @@ def test_canary_refuses_engines_without_a_draft(tmp_path):
     export(t, None, tmp_path / "exp")
     build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
                   profile_pasts=(16,), max_context=64)
+    with load_engines(tmp_path / "eng") as e:  # (mutant C05, session 65: run_canary itself measures nothing)
+        assert run_canary(e) == {}
     r = CliRunner().invoke(main, ["canary", str(tmp_path / "eng")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
     assert r.output == f"error: {tmp_path / 'eng'}: the engines have no draft; nothing to check\n", r.output
@@ -462,3 +471,75 @@ def test_measured_exactly_at_the_ratio_is_trusted(tmp_path, monkeypatch):
     monkeypatch.setattr(canary, "UNTRUSTED_RATIO", 1.0)
     r = _measure(_engines(tmp_path / "y", {"heldout": {"acceptance_at_pos": [m, 0.0]}}))
     assert r["measured_depth1"] == r["training_depth1"] == m and not r["inconclusive"] and r["trusted"] is True, r
+    assert r["untrusted_ratio"] == 1.0  # (mutant C15, session 65: the ratio the verdict used, not the default)
+
+
+def test_the_low_acceptance_note_names_a_verifier_only_where_the_draft_names_one():
+    """Mutants C06, B57 (session 65: a draft naming no verifier said "which names 'None'"; the
+    figure unrounded): the note points to the draft's speculators_config.verifier, naming it
+    only where there is one, and gives the acceptance to two places."""
+    from specrt.runtime.canary import low_note
+
+    assert "check that the draft was trained for this target (its speculators_config.verifier) and" in low_note(0.1)
+    assert low_note(0.1234).startswith("depth-1 acceptance 0.12 is below 0.2 that a trained draft reaches")
+    assert "(its speculators_config.verifier, which names 'T') and" in low_note(0.1, "T")
+
+
+def test_engines_without_depth_1_measure_position_1_of_their_shallowest_depth(tmp_path):
+    """Mutant C02 (session 65: the canary counting every draft of its rounds): engines built
+    without depth 1 are measured at their shallowest depth, and what is compared with the
+    receipt's depth-1 figure is position 1's acceptance there, over position 1's drafts."""
+    from specrt.runtime.canary import prompt_ids
+    from specrt.runtime.generate import Generator
+    from specrt.runtime.governor import FixedGovernor
+    from specrt.runtime.session import read_d2t
+
+    _engines(tmp_path / "x", None)
+    build_engines(tmp_path / "x" / "exp", "onnxruntime", (2,), tmp_path / "x" / "eng2", log=lambda s: None,
+                  profile_repeats=1, profile_pasts=(16,), max_context=128)
+    r = _measure(tmp_path / "x" / "eng2")
+    with load_engines(tmp_path / "x" / "eng2") as e:
+        exp = e.export
+        gen = Generator(e, FixedGovernor(e.depths, 2), d2t=read_d2t(e.export_dir, exp))
+        offered = accepted = drafted = 0
+        for ids in prompt_ids(e.export_dir, exp["target"]["vocab_size"]):
+            gen.generate(ids, 24, exp["target"]["eos_token_ids"])
+            t = gen.telemetry
+            offered, accepted, drafted = offered + t.offered_at[0], accepted + t.accepted_at[0], drafted + t.drafted
+    assert drafted > offered >= 10 and (r["drafts"], r["measured_depth1"]) == (offered, accepted / offered), r
+
+
+def test_a_training_receipt_the_canary_cannot_compare_with_is_named_by_its_file(tmp_path):
+    """Mutant B54 (session 65: the canary's receipt error naming "the training receipt"): export
+    refuses such a receipt and load_engines a changed one, but an export made before export
+    checked it can carry one: the canary names the file it read (here reached as the build's
+    canary is, its files not hashed again)."""
+    eng = _engines(tmp_path / "x", {"heldout": {"acceptance_at_pos": [0.9]}})
+    (eng / "export" / "training_receipt.json").write_text(json.dumps({"heldout": {"acceptance_at_pos": [61.4]}}))
+    with load_engines(eng, verify=False) as e:
+        with pytest.raises(UserError, match=f"^{eng / 'export' / 'training_receipt.json'}: heldout.acceptance_at_pos"
+                                            r"\[0\] must be an acceptance rate"):
+            run_canary(e, max_new_tokens=4)
+
+
+def test_one_prompt_left_out_for_the_context_is_blamed_on_the_context(tmp_path):
+    """Mutant B66 (session 65: the context blamed only where two prompts were left out): with a
+    word-level tokenizer the canary's first four prompts take 6 or 7 tokens; a context of 8
+    leaves out the one of 7 alone, and the answers end at once (every token an EOS): the note
+    names the context."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.runtime.canary import PROMPTS
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16, eos_token_id=list(range(16)))
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(t / "tokenizer.json"))
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(4,), max_context=8)
+    assert [len(p.split()) for p in PROMPTS[:4]] == [6, 7, 6, 6]
+    with load_engines(tmp_path / "eng") as e:
+        r = run_canary(e, max_new_tokens=24, prompts=PROMPTS[:4])
+    assert (r["prompts"], r["drafts"]) == (3, 0) and "the engines' context of 8 tokens" in r["note"], r

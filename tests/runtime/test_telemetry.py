@@ -354,3 +354,53 @@ def test_a_report_from_before_prompt_counts_has_no_first_token_time():
     new.streams, new.first_token_s = 1, 0.5
     new.merge(Telemetry.from_json(old))
     assert (new.to_json()["prompt_count"], new.to_json()["first_token_s"]) == (1, 0.5)
+
+
+def test_rounds_of_shapes_no_scheduler_makes_are_refused():
+    """Mutants T01-T04 (session 65: RoundResult taking runners-up on a plain decode step, a
+    runner-up's rank at its count, a lookup round of depth 0 or with runners-up): each is a
+    scheduler bug the counters would take in silence (a decode step counted as a tree round, a
+    win by a runner-up never verified, a lookup round beside the tree's or the decode steps')."""
+    for bad in (dict(depth=0, accepted=0, siblings=1), dict(depth=2, accepted=1, siblings=1, sibling=1),
+                dict(depth=0, accepted=0, lookup=2), dict(depth=2, accepted=1, lookup=2, siblings=1)):
+        with pytest.raises(InternalError):
+            RoundResult(**bad)
+    # (the edges next to them are rounds)
+    RoundResult(depth=1, accepted=0, siblings=1)
+    RoundResult(depth=2, accepted=1, siblings=2, sibling=1)
+    RoundResult(depth=1, accepted=0, lookup=2)
+
+
+def test_a_lookup_rounds_target_seconds_are_the_verify_engines_and_its_wall_counts_where_timed():
+    """Mutants T07, T08, T13, B68, F13 (session 65: a lookup round's target seconds left out of
+    the time split, its wall seconds taken from the target's where it carried none, a wall time
+    of 0.0 read as none, lookup rounds of one depth counted once, lookup rounds counted by match
+    length): the time split puts every target call under "verify", a lookup round without a
+    wall time adds none, a round timed at 0.0 is a timed round, and the lookup counts count
+    every round."""
+    t = Telemetry()
+    t.record(RoundResult(depth=4, accepted=2, t_verify=0.25, t_round=0.5, lookup=3))
+    t.record(RoundResult(depth=3, accepted=0, t_verify=0.25, lookup=2))  # no wall time
+    t.record(RoundResult(depth=2, accepted=1, t_verify=0.125, t_round=0.0))
+    t.record(RoundResult(depth=4, accepted=0, lookup=2))  # (untimed)
+    t.finish(new_tokens=7, seconds=1.0)
+    assert t.time_split() == {"draft": 0.0, "verify": 0.625, "python": 0.375}
+    j = t.to_json()
+    assert j["lookup"]["seconds"] == 0.5 and j["mean_seconds"]["round_by_depth"] == {"2": 0.0}
+    assert j["lookup"]["depth_histogram"] == {"3": 1, "4": 2} and j["lookup"]["rounds"] == 3  # (of 2 match lengths)
+
+
+def test_merged_runs_add_their_engine_and_verify_seconds_and_the_positions_reached():
+    """Mutants T20, T21, T23 (session 65: merge leaving out the engines' seconds, the verify
+    seconds per depth, or the positions each round reached): the bench's several prompts give
+    the time split, the mean verify seconds per depth and the conditional acceptance of them all."""
+    both = Telemetry()
+    for a in (0, 2):
+        t = Telemetry()
+        t.engine_time("prefill", 0.125)
+        t.record(RoundResult(depth=2, accepted=a, t_draft=0.125, t_verify=0.25))
+        t.finish(new_tokens=a + 1, seconds=1.0)
+        both.merge(t)
+    assert both.time_split() == {"draft": 0.25, "verify": 0.5, "prefill": 0.25, "python": 1.0}
+    assert both.mean_seconds()["verify_by_depth"] == {"2": 0.25}
+    assert both.acceptance_conditional == [0.5, 1.0]

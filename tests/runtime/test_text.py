@@ -3230,6 +3230,8 @@ def test_a_rendered_chat_template_gets_no_second_bos(tmp_path):
     got = text.encode(conv, chat=True)
     assert got == list(want) and got.count(0) == 1
     assert text.encode("hi", chat=False)[0] == 0
+    # (mutant B17, session 65) a conversation goes through the template with chat=False too, BOS once
+    assert text.encode(conv, chat=False) == got
 
 
 def test_decoded_text_leaves_special_tokens_out(tmp_path):
@@ -3314,6 +3316,9 @@ def test_template_variables_must_be_names_and_not_the_ones_specrt_sets(tmp_path)
 
     with pytest.raises(UserError, match="X: expected a JSON object of template variable names"):
         template_kwargs_of('{"a-b": 1}', "X")
+    # (mutant B22, session 65: a key that is no string, as the Python API may pass, an AttributeError)
+    with pytest.raises(UserError, match=r"X: expected a JSON object of template variable names .*\{1: True\}"):
+        template_kwargs_of({1: True}, "X")
     with pytest.raises(UserError, match="X: 'add_generation_prompt' is set by specrt, not a template variable"):
         template_kwargs_of({"add_generation_prompt": False}, "X")
     _words(tmp_path)
@@ -3544,3 +3549,70 @@ def test_a_named_template_list_with_an_entry_that_is_no_object_takes_its_default
     f = _chat_folder(tmp_path / "n", {"bos_token": "<s>", "eos_token": "</s>",
                                       "chat_template": ["junk", {"name": "default", "template": CHAT}]})
     assert Text(f).render_chat("hi") == "<s>user: hi</s>assistant:"
+
+
+def test_a_template_raising_a_value_error_on_a_message_is_a_user_error(tmp_path):
+    """Mutant X07 (session 65: ValueError left out of the errors caught, a traceback): a
+    template formatting a message's content as a number fails on text with a ValueError, a
+    UserError naming the file."""
+    from specrt.runtime.text import Text
+
+    tpl = "{% for m in messages %}{{ '{:d}'.format(m.content) }}{% endfor %}"
+    f = _chat_folder(tmp_path / "v", {"chat_template": tpl})
+    with pytest.raises(UserError, match=f"^{re.escape(str(f / 'tokenizer_config.json'))}: chat template: ValueError: "
+                                        "Unknown format code 'd'"):
+        Text(f).render_chat("hi")
+
+
+def test_additional_special_tokens_that_are_no_list_are_not_given_as_their_letters(tmp_path):
+    """Mutant X09 (session 65: any additional_special_tokens taken as a list): a hand-edited
+    tokenizer_config.json naming one token as a string gives the template none, not a list of
+    the string's letters."""
+    from specrt.runtime.text import Text
+
+    tpl = "{{ additional_special_tokens is defined }}|{{ bos_token }}"
+    f = _chat_folder(tmp_path / "s", {"chat_template": tpl, "bos_token": "<s>", "additional_special_tokens": "</s>"})
+    assert Text(f).render_chat("hi") == "False|<s>"
+
+
+def test_a_byte_that_is_not_utf8_is_named_after_the_20_characters_before_it(tmp_path):
+    """Mutant X11 (session 65: fewer characters of the prompt named before the bad byte): the
+    error quotes the 20 characters before it, enough to find it in a long prompt."""
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    with pytest.raises(UserError, match=r"\(byte 0xff after '1 w2 w3 w4 w5 w6 w7 '\)$"):
+        Text(tmp_path).encode("w0 w1 w2 w3 w4 w5 w6 w7 \udcff", False)
+
+
+def test_a_short_prompt_whose_only_whole_tail_is_all_of_it_is_the_context(tmp_path):
+    """Mutant X23 (session 65: context_of trying tails one token shorter than the prompt at
+    most): an emoji's four byte tokens then a letter decode whole only all five together, so
+    the context is the whole prompt, not none."""
+    from specrt.runtime.text import Text, context_of
+
+    tok = _byte_bpe(tmp_path)
+    ids = tok.encode("🙂a").ids
+    assert len(ids) == 5 and context_of(Text(tmp_path), ids) == ids
+
+
+def test_a_detokenizer_flushed_has_nothing_left_to_give(tmp_path):
+    """Mutant X31 (session 65: flush leaving what it gave as still to give): the text held
+    back at a cut character is given once, by the first flush; a second gives nothing."""
+    from specrt.runtime.text import Detokenizer, Text
+
+    tok = _byte_bpe(tmp_path)
+    ids = tok.encode("ab 🙂").ids
+    d = Detokenizer(Text(tmp_path))
+    assert d.push(ids[:-1]) == "ab " and d.flush() == "\ufffd" and d.flush() == ""
+
+
+def test_a_special_token_that_is_no_text_is_not_given_to_the_template(tmp_path):
+    """Mutant D13 (session 65: a special token's value given as it is, whatever its type): a
+    hand-edited tokenizer_config.json whose unk_token is a list gives the template none (bos
+    and eos, always given, as ""), not the list."""
+    from specrt.runtime.text import Text
+
+    tpl = "{{ unk_token is defined }}|{{ bos_token }}|"
+    f = _chat_folder(tmp_path / "u", {"chat_template": tpl, "unk_token": ["<unk>"], "bos_token": 7})
+    assert Text(f).render_chat("hi") == "False||"
