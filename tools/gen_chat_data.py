@@ -456,14 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     if sampling and args.engine == "ort":
         raise SystemExit("--temperature applies to --engine hf only (the ORT generator records greedy answers' "
                          "features into a store keyed by prompt index)")
+    cache = Path(args.cache) if args.cache else default_cache()
+    out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
     if args.merge:
-        out = Path(args.out) if args.out else default_cache() / "peagle-data" / "chat.jsonl"
         added, skipped = merge(args.merge, out)
         _log(f"merged {added} answers into {out} ({skipped} already there)")
         return 0
 
-    cache = Path(args.cache) if args.cache else default_cache()
-    out = Path(args.out) if args.out else cache / "peagle-data" / "chat.jsonl"
     todo = shard_prompts(args.limit, shard)
     rows = read_jsonl(out)
     check_mode(out, rows, sampling)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 
+from tests.real_model import ROOT, smollm2_folder
 from tests.real_model import tool as _tool
 from tests.runtime.test_verify import chi2_pvalue
 
@@ -14,7 +16,7 @@ from tests.runtime.test_verify import chi2_pvalue
 
 def test_shards_split_the_prompts_without_overlap():
     g, prompts = _tool("gen_chat_data"), _tool("prompts")
-    assert g.parse_shard(None) == (0, 1) and g.parse_shard("1/3") == (1, 3)
+    assert g.parse_shard(None) == (0, 1) == g.parse_shard("0/1") and g.parse_shard("1/3") == (1, 3)
     for bad in ("3/3", "1", "a/b", "0/0"):
         with pytest.raises(SystemExit, match="--shard"):
             g.parse_shard(bad)
@@ -55,6 +57,18 @@ def test_merge_appends_each_answer_with_its_feature_rows_once(tmp_path):
     assert g.merge([tmp_path / "a", tmp_path / "b", tmp_path / "c"], out) == (0, 5)  # again: nothing added
 
 
+def test_merge_writes_into_the_cache_that_cache_names(tmp_path, monkeypatch):
+    """--merge without --out: the answers go to --cache's peagle-data, as a generator run's
+    do (it wrote into $SPECRT_CACHE's, whatever --cache said)."""
+    g = _tool("gen_chat_data")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "env"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "chat.jsonl").write_text(json.dumps({"idx": 0, "prompt": "p", "answer_ids": [2]}) + "\n")
+    assert g.main(["--cache", str(tmp_path / "c"), "--merge", str(tmp_path / "a")]) == 0
+    assert [d["prompt"] for d in g.read_jsonl(tmp_path / "c" / "peagle-data" / "chat.jsonl")] == ["p"]
+    assert not (tmp_path / "env").exists()
+
+
 def test_a_line_cut_by_a_killed_write_does_not_swallow_the_next(tmp_path):
     """Answers and feature index lines are appended as they come: after a kill mid-line,
     the next entry goes on a line of its own instead of being glued to the cut one (which
@@ -73,6 +87,20 @@ def test_a_line_cut_by_a_killed_write_does_not_swallow_the_next(tmp_path):
     with g.open_append(tmp_path / "empty.jsonl") as f:  # a new file gets no blank first line
         f.write("{}\n")
     assert (tmp_path / "empty.jsonl").read_text() == "{}\n"
+    (tmp_path / "touched.jsonl").touch()  # nor does an empty one (a kill before the first write)
+    with g.open_append(tmp_path / "touched.jsonl") as f:
+        f.write("{}\n")
+    assert (tmp_path / "touched.jsonl").read_text() == "{}\n"
+
+
+def test_features_past_the_fp16_range_are_kept_at_its_limit(tmp_path):
+    """The target's hidden states reach 2.5e4 and the store is fp16: a value past 65504 is
+    stored as +-65504, not inf (an inf feature row would poison the trainer's loss)."""
+    g = _tool("gen_chat_data")
+    W = len(g.FEATURE_LAYERS) * g.HIDDEN
+    g.FeatureStore(tmp_path).add(0, np.full((2, W), 1e5, np.float32), np.full((2, g.HIDDEN), -1e6))
+    _, aux, fin = g.load_features(tmp_path)
+    assert (aux == g.FP16_MAX).all() and (fin == -g.FP16_MAX).all()
 
 
 def test_merge_knows_a_prompt_by_its_text_and_refuses_another_list(tmp_path):
@@ -94,12 +122,29 @@ def test_merge_knows_a_prompt_by_its_text_and_refuses_another_list(tmp_path):
         g.merge([folder("d", [(3, "epsilon")]), folder("c", [(2, "delta")])], out)
     assert out.read_text() == before  # nothing of either folder was written
     assert [d["prompt"] for d in g.read_jsonl(out)] == ["alpha", "beta", "gamma"]
+    # two folders that give one new index two texts are refused too
+    with pytest.raises(SystemExit, match=r"f/chat.jsonl: prompt index 7 is 'eta' there but 'zeta' in .* or an earlier"):
+        g.merge([folder("e", [(7, "zeta")]), folder("f", [(7, "eta")])], out)
+    assert out.read_text() == before
 
 
 def test_device_applies_to_the_hf_engine_only(tmp_path):
     g = _tool("gen_chat_data")
-    with pytest.raises(SystemExit, match="--device applies to --engine hf only"):
-        g.main(["--engine", "ort", "--device", "cuda", "--out", str(tmp_path / "chat.jsonl")])
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit, match="--device applies to --engine hf only"):
+            g.main(["--engine", "ort", "--device", device, "--limit", "1", "--out", str(tmp_path / "chat.jsonl")])
+
+
+def test_answers_on_cuda_are_made_in_fp32_not_tf32():
+    """--device cuda: TF32 matmuls would give other answers and features than the CPU's fp32."""
+    torch = pytest.importorskip("torch")
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        _tool("gen_chat_data").exact_fp32(torch)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
 
 
 def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
@@ -117,6 +162,10 @@ def test_skip_answered_leaves_out_prompts_another_folder_answers(tmp_path):
     assert g.answered_prompts(todo, g.read_jsonl(out), [other]) == {i0, i1, i2}
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere.*chat.jsonl"):
         g.answered_prompts(todo, g.read_jsonl(out), [tmp_path / "nowhere" / "chat.jsonl"])
+    with pytest.raises(SystemExit, match=r"--skip-answered: .*old is not a file \(expected a generator's chat.jsonl"):
+        g.answered_prompts(todo, g.read_jsonl(out), [other.parent])  # the folder, not its file
+    # an answer whose index this list gives another prompt does not answer that prompt
+    assert g.answered_prompts(todo, [{"idx": i0, "prompt": "another list's prompt"}]) == set()
     with pytest.raises(SystemExit, match="--skip-answered: .*nowhere"):  # checked before any model loads
         g.main(["--skip-answered", str(tmp_path / "nowhere" / "chat.jsonl"), "--out", str(out)])
 
@@ -140,7 +189,7 @@ def test_sampling_options_are_checked_before_anything_loads(tmp_path):
         with pytest.raises(SystemExit, match=what):
             g.sampling_mode(t, p, 0)
     with pytest.raises(SystemExit, match="--temperature applies to --engine hf only"):
-        g.main(["--engine", "ort", "--temperature", "0.7", "--out", str(tmp_path / "chat.jsonl")])
+        g.main(["--engine", "ort", "--temperature", "0.7", "--limit", "1", "--out", str(tmp_path / "chat.jsonl")])
     assert not (tmp_path / "chat.jsonl").exists()
 
 
@@ -162,6 +211,8 @@ def test_a_folder_holds_answers_of_one_mode(tmp_path):
         g.check_mode(out, sampled, None)
     with pytest.raises(SystemExit, match=r"\"seed\": 2"):
         g.check_mode(out, sampled, g.sampling_mode(0.7, 1, 2))
+    with pytest.raises(SystemExit, match=r"made \{.*\"seed\": 1.*, this run's would be greedy"):
+        g.check_mode(out, greedy + sampled, None)  # every answer counts, not the first
     (i0, p0), = prompts.answerable_train_prompts(1)
     out.write_text(json.dumps({"idx": i0, "prompt": p0["prompt"], "prompt_ids": [1], "answer_ids": [2]}) + "\n")
     with pytest.raises(SystemExit, match="write them to a folder of their own"):  # before the model loads
@@ -230,3 +281,49 @@ def test_sampled_answers_draw_from_the_whole_distribution_reproducibly():
     assert g.batch_seed(4, [0, 1]) != g.batch_seed(5, [0, 1]) != g.batch_seed(4, [1, 0])
     greedy = g.HfEngine(model=model, max_new=1).generate([prompt] * 3)
     assert [r[0] for r in greedy] == [int(logits.argmax())] * 3
+
+
+def test_the_hf_generator_answers_what_is_left_as_greedy_decoding_does(tmp_path, capsys):
+    """main --engine hf on the real target: the prompts the output file answers are skipped, the
+    rest go in batches of --batch (prompts of two lengths left-padded into one) and the leftover
+    at the end; each answer is cut after its first EOS and equals the committed greedy answer
+    (fixtures/peagle-data, the ORT engine's). --max-seconds 0 starts no batch. Three TRAIN
+    prompts with answers of 9 and 20 tokens keep it to seconds."""
+    pytest.importorskip("transformers")
+    smollm2_folder()
+    g, prompts = _tool("gen_chat_data"), _tool("prompts")
+    with gzip.open(ROOT / "fixtures" / "peagle-data" / "chat.jsonl.gz", "rt") as f:
+        committed = {d["idx"]: d for d in map(json.loads, f) if d["idx"] in (29, 390, 638) and "sampling" not in d}
+    todo = prompts.answerable_train_prompts(640)
+    assert set(committed) < {i for i, _ in todo}
+
+    def folder(name: str, mode: dict | None):  # every other prompt already answered
+        out = tmp_path / name / "chat.jsonl"
+        out.parent.mkdir()
+        out.write_text("".join(json.dumps({"idx": i, "prompt": d["prompt"], "sampling": mode}) + "\n"
+                               for i, d in todo if i not in committed))
+        return out
+
+    args = ["--engine", "hf", "--limit", "640", "--batch", "2"]
+    out = folder("greedy", None)
+    assert g.main([*args, "--out", str(out), "--max-seconds", "0"]) == 0
+    assert len(g.read_jsonl(out)) == len(todo) - 3 and "--max-seconds 0 spent" in capsys.readouterr().err
+    assert g.main([*args, "--out", str(out), "--max-seconds", "90"]) == 0  # (a regression stops, not hangs)
+    err = capsys.readouterr().err
+    assert f"{len(todo) - 3} of {len(todo)} prompts already done" in err
+    assert "+2 rows (len 38), session 2 rows 29 tokens" in err and "+1 rows (len 38), session 3 rows 38 tokens" in err
+    new = g.read_jsonl(out)[len(todo) - 3:]
+    assert [d["idx"] for d in new] == [29, 390, 638]
+    for d in new:
+        c = committed[d["idx"]]
+        assert {**d, "engine": "ort"} == c and d["engine"] == "hf"  # no "sampling"
+    # sampled at a temperature this low, the first two answers are the greedy ones (prompt 638's
+    # greedy EOS is a near tie), each line with its mode; a --device other than the CPU's
+    # batches the prompts by length (the shorter first) and names itself in "engine"
+    mode = g.sampling_mode(0.01, 1, 3)
+    out = folder("sampled", mode)
+    assert g.main([*args, "--out", str(out), "--temperature", "0.01", "--seed", "3", "--limit", "600",
+                   "--device", "cpu:0"]) == 0
+    new = g.read_jsonl(out)[len(todo) - 3:]
+    assert [(d["idx"], d["answer_ids"], d["sampling"], d["engine"]) for d in new] == [
+        (i, committed[i]["answer_ids"], mode, "hf-cpu:0") for i in (390, 29)]
