@@ -64,6 +64,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import unquote
 
 import click
 
@@ -836,8 +837,11 @@ class Handler(BaseHTTPRequestHandler):
         if route in ("/v1/models", "/models"):
             self._send_json(200, {"object": "list", "data": [model]})
         elif route.startswith(("/v1/models/", "/models/")):  # the OpenAI client's models.retrieve
-            name = route.split("/models/", 1)[1]
-            if name != self.app.model:
+            # the names a request's model may give (an org/name id, any case, a path; a client
+            # may send its slash as %2F): retrieve refused "HuggingFaceTB/SmolLM2-135M-Instruct",
+            # which chat completions took
+            name = unquote(route.split("/models/", 1)[1])
+            if not _names(name, self.app.model):
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
                                               "model", status=404, code="model_not_found"))
             self._send_json(200, model)

@@ -498,13 +498,13 @@ def test_isolated_clients_reuse_only_their_own_rows(worded, served):  # noqa: F8
     try:
         want = _reference(worded, conv, max_new_tokens=4)[0]
         reused = {}
-        for user in ("alice", "bob", "alice", None, "bob"):
-            body = {"messages": conv, "max_tokens": 4, **({"user": user} if user else {})}
+        for user in ("alice", "bob", "alice", None, "bob", ""):  # ("": no user, the anonymous one's rows: M65.62)
+            body = {"messages": conv, "max_tokens": 4, **({"user": user} if user is not None else {})}
             code, r = _post(url, "/v1/chat/completions", body)
             assert code == 200 and r["choices"][0]["message"]["content"] == want, r
             reused.setdefault(user, []).append(r["specrt"]["prefix_reused"])
         assert reused["alice"][0] == reused["bob"][0] == reused[None][0] == 0  # each one's first request
-        assert reused["alice"][1] > 30 and reused["bob"][1] > 30  # their own rows, kept aside meanwhile
+        assert reused["alice"][1] > 30 and reused["bob"][1] > 30 and reused[""][0] > 30  # their own rows, kept aside
         assert _post(url, "/v1/chat/completions", {"messages": conv, "user": 7})[0] == 400
     finally:
         httpd.shutdown()
@@ -668,6 +668,12 @@ def test_models_health_and_unknown_paths(served):
     assert code == 404 and "no such path" in r["error"]["message"] and r["error"]["code"] is None
     code, r = _get(url, "/v1/models/other")  # the OpenAI client's models.retrieve of a model not served
     assert code == 404 and r["error"]["param"] == "model" and r["error"]["code"] == "model_not_found", r
+    # retrieve takes the names a request's model may give: an org/name id (its slash as sent or
+    # as %2F), any case, a path; the model it answers is the served one
+    for name in ("tiny", "SomeOrg/Tiny", "SomeOrg%2FTINY", "data/models/tiny"):
+        code, r = _get(url, f"/v1/models/{name}")
+        assert code == 200 and r["id"] == "tiny" and r["created"] == created, (name, r)
+    assert _get(url, "/v1/models/SomeOrg%2Fother")[0] == 404
     code, r = _post(url, "/v1/embeddings", {"input": "w1"})
     assert code == 404
 
@@ -863,6 +869,8 @@ def test_the_http_layer_answers_every_malformed_request_and_frees_stalled_ones(w
             assert time.time() < deadline, counts
             time.sleep(0.05)
         assert counts["specrt_completion_tokens_total"] > 0
+        # the body cut short was not read as a request (whole JSON, it was parsed and counted 499: M65.123)
+        assert not any(k.startswith("specrt_requests_total") and 'status="499"' in k for k in counts), counts
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -1015,6 +1023,8 @@ def test_fields_that_would_change_the_output_or_are_unknown_are_refused(served, 
         assert code == 400 and r["error"]["param"] == field, (path, code, r)
         if field in ("max_token", "temprature"):
             assert r["error"]["message"] == f"Unrecognized request argument supplied: {field}"
+        else:  # (a field specrt knows and does not do is named as such, not as unknown: M65.09)
+            assert r["error"]["message"].startswith(f"'{field}' is not supported (got "), r
 
 
 def test_vllm_and_openai_defaults_and_nulls_are_accepted(served, worded):  # noqa: F811
@@ -1136,6 +1146,7 @@ def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(word
         code, r = _post(url, "/v1/completions", {"prompt": "w4", "max_tokens": 2})
         assert code == 200 and time.perf_counter() - t < 3.0, "the next request waited for the abandoned one"
         assert len(pieces) < 12, len(pieces)  # stopped early (2 pieces for this request included)
+        made = len(pieces)
         with app.lock:  # one that leaves while it waits for the engines
             c = socket.create_connection(("127.0.0.1", httpd.server_address[1]))
             c.sendall(req)
@@ -1155,6 +1166,7 @@ def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(word
         assert counts['specrt_requests_total{endpoint="completions",status="499"}'] == 2, counts
         assert counts['specrt_requests_total{endpoint="completions",status="200"}'] == 1, counts
         assert counts["specrt_request_seconds_count"] == 3, counts
+        assert len(pieces) == made, "the request whose client left while it waited was run"  # (M65.93)
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -1878,13 +1890,14 @@ def test_a_request_refused_before_its_body_gets_its_answer(worded):  # noqa: F81
     and the client, still sending, saw a broken pipe."""
     import http.client
 
-    from specrt.cmd_serve import Server, make_server
+    from specrt.cmd_serve import MAX_BODY, Server, make_server
 
     app = Server(worded, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
     app.api_key = "s3cret"
     httpd = make_server(app, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     big = json.dumps({"prompt": "w1 " * 4_000_000, "max_tokens": 1}).encode()  # 12 MB
+    big += b" " * (MAX_BODY - len(big))  # (padded to MAX_BODY, the most a body may hold, discarded too: M65.84)
     try:
         for path, key, status in (("/v1/completions", "wrong", 401), ("/v1/models", "s3cret", 405),
                                   ("/v1/embeddings", "s3cret", 404)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.test_serve import _post, served  # noqa: F401
+from tests.cli.test_serve import _get, _post, served  # noqa: F401
 from tests.runtime.test_text import worded  # noqa: F401
 
 
@@ -165,9 +165,10 @@ def test_top_logprobs_with_logprobs_false_is_refused(served):  # noqa: F811
     """M6.15: OpenAI: top_logprobs needs logprobs true; with logprobs false (not only left
     out) it is a 400 naming top_logprobs, not an answer without the logprobs asked for."""
     url, _ = served
-    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
-                                                  "logprobs": False, "top_logprobs": 2})
-    assert code == 400 and r["error"]["param"] == "top_logprobs", r
+    for top in (2, 0):  # (0 too, OpenAI's default when logprobs is true, given without it: M65.54)
+        code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                                                      "max_tokens": 2, "logprobs": False, "top_logprobs": top})
+        assert code == 400 and r["error"]["param"] == "top_logprobs", r
 
 
 def test_completions_logprobs_past_20_is_refused(served):  # noqa: F811
@@ -426,7 +427,7 @@ def test_an_empty_or_roleless_conversation_gets_the_messages_400(served):  # noq
     code, r = _post(url, "/v1/chat/completions", {"messages": []})
     assert code == 400 and r["error"]["param"] == "messages", r
     assert r["error"]["message"] == "'messages' must be a non-empty list of {role, content} objects", r
-    for m in ({"content": "w1"}, {"role": 3, "content": "w1"}):
+    for m in ({"content": "w1"}, {"role": 3, "content": "w1"}, "w1"):  # ("w1": a list of no objects, M65.20)
         code, r = _post(url, "/v1/chat/completions", {"messages": [m], "max_tokens": 2})
         assert code == 400 and r["error"]["param"] == "messages", (m, r)
         assert r["error"]["message"].startswith("messages[0]: expected an object with a string 'role'"), (m, r)
@@ -563,3 +564,121 @@ def test_top_logprobs_0_and_logprobs_0_are_taken(served):  # noqa: F811
     code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2, "logprobs": 0})
     lp = r["choices"][0]["logprobs"]
     assert code == 200 and [list(t) for t in lp["top_logprobs"]] == [[t] for t in lp["tokens"]], r
+
+
+def test_a_response_format_that_is_no_object_is_refused(served):  # noqa: F811
+    """M65.15: response_format "text" (a string, not OpenAI's {"type": "text"}) is a 400 naming
+    it: read as an object it raised in the request's parsing, and the client got no answer."""
+    url, _ = served
+    code, r = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
+                                                  "response_format": "text"})
+    assert code == 400 and r["error"]["param"] == "response_format", r
+
+
+def test_a_text_offset_of_part_of_a_character_is_where_its_text_would_start(tmp_path):
+    """M65.23: completions' text_offset of a token whose text does not end the text so far
+    (part of a character, 'bytes:\\xNN') is the length of the text before it: the first
+    token's is 0, not past the U+FFFD its half character decodes to."""
+    from specrt.cmd_serve import _CompletionLogprobs
+    from specrt.runtime.text import Text
+    from tests.runtime.test_text import _byte_bpe
+
+    tok = _byte_bpe(tmp_path)
+    text = Text(tmp_path)
+    ids = tok.encode("\u00e9 the").ids
+    entries = [{"id": i, "token": text.token_text(i), "logprob": -1.0, "top_logprobs": None} for i in ids]
+    assert [e["token"] for e in entries][:2] == ["bytes:\\xc3", "bytes:\\xa9"], entries
+    got = _CompletionLogprobs(text)(entries)["text_offset"]
+    whole = text.decode(ids)  # a whole token's offset: where its text starts
+    assert got[0] == 0 and got[-1] == whole.rindex(entries[-1]["token"]) > 0 and got == sorted(got), got
+
+
+def test_a_model_path_whose_last_part_is_the_served_name_is_taken(served):  # noqa: F811
+    """M65.33: a model named by a path (vLLM serves a local folder under its path: a client written
+    for it sends '/data/models/Tiny') is taken by its last part, as an 'org/name' id is, not after
+    its first slash."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "model": "/data/models/Tiny"})
+    assert code == 200 and r["model"] == "tiny", r
+
+
+def test_a_new_modes_governor_says_its_calibration_where_it_reads_one(worded):  # noqa: F811
+    """M65.42: a decoding mode's first request makes its governor with that mode's calibration;
+    the log line says which where the governor reads one (DSpark: here none is stored, the
+    identity map; fixed:3's says none, test_completions_stop_strings_and_sampling)."""
+    from specrt.cmd_serve import Server
+    from specrt.runtime.sampling import SamplingParams
+
+    logs = []
+    app = Server(worded, "dspark", SamplingParams(), 4, "tiny", log=logs.append)
+    try:
+        app._generator(SamplingParams(temperature=0.7, seed=1))
+    finally:
+        app.close()
+    said = "a governor of its own; no calibration stored: DSpark uses the identity map"
+    assert logs[-1].startswith(f"[{SamplingParams(temperature=0.7).mode}: {said}"), logs
+
+
+def test_a_requests_log_line_counts_its_choices_and_says_the_last_ones_finish(served):  # noqa: F811
+    """M65.68, M65.76: the log line of a request of several prompts says its choices (n is 1),
+    and its finish is the last choice's, as the line has always said: sampled until two
+    choices end differently (EOS is frequent at temperature 2, test_an_answer_ended_by_eos_finishes_stop)."""
+    url, logs = served
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1", "w2"], "max_tokens": 2})
+    assert code == 200 and " new in 2 choices in " in logs[-1], logs[-1]
+    for seed in range(1, 40):
+        code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 8, "n": 2, "temperature": 2.0,
+                                                 "seed": seed})
+        finish = [c["finish_reason"] for c in r["choices"]]
+        if finish[0] != finish[1]:
+            break
+    assert code == 200 and finish[0] != finish[1], finish
+    assert logs[-1].endswith(f", finish {finish[1]}]"), (finish, logs[-1])
+
+
+def test_the_paths_without_v1_and_with_a_trailing_slash_are_answered(served):  # noqa: F811
+    """M65.78, M65.89: /chat/completions and /completions (a client whose base URL lacks /v1)
+    and a path with a trailing slash are the /v1 endpoints, not a 405 or a 404."""
+    url, _ = served
+    chat, text = {"messages": [{"role": "user", "content": "w1"}]}, {"prompt": "w1"}
+    for path, body, kind in (("/chat/completions", chat, "chat.completion"),
+                             ("/v1/chat/completions/", chat, "chat.completion"),
+                             ("/completions", text, "text_completion"), ("/v1/completions/", text, "text_completion")):
+        code, r = _post(url, path, {**body, "max_tokens": 1})
+        assert code == 200 and r["object"] == kind, (path, r)
+    assert _get(url, "/v1/models/")[0] == 200 and _get(url, "/health/") == (200, {"status": "ok"})
+
+
+def test_a_request_left_in_a_later_prompts_first_choice_counts_that_prompt(worded):  # noqa: F811
+    """M65.73: a request of several prompts whose client leaves during the second prompt's first
+    choice counts that prompt's tokens in its log line (and /metrics), as one left in the first
+    prompt's does: each prompt's first choice prefills it, not only the request's first. M65.124:
+    one left between two choices counts the ended one once (no choice was being decoded)."""
+    from specrt.cmd_serve import Server
+    from specrt.runtime.sampling import SamplingParams
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:1", SamplingParams(), 8, "tiny", log=logs.append)
+    try:
+        body = {"prompt": ["w1 w2", "w3 w4 w5"], "max_tokens": 6}
+        whole = list(app.complete(app.parse(body, False)))
+        first = next(p["tokens"] for p in whole if "finish_reason" in p)  # choice 0's tokens
+        for ended, said in ((lambda p: p.get("index") == 1 and "text" in p,
+                             f"[{whole[-1]['usage']['prompt_tokens']} prompt tokens ("),
+                            (lambda p: "finish_reason" in p, f" reused), {first} new in 2 choices in ")):
+            pieces = app.complete(app.parse(body, False))
+            for piece in pieces:
+                if ended(piece):
+                    break
+            pieces.close()  # (the client left)
+            assert "finish none: the client left" in logs[-1] and said in logs[-1], (said, logs)
+    finally:
+        app.close()
+
+
+def test_a_model_that_is_no_string_is_answered_not_dropped(served):  # noqa: F811
+    """M65.111: a request's model 5 (no name at all) names no served model: the 404 naming 'model';
+    read as a string it raised in the request's parsing, and the client got no answer."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "model": 5})
+    assert code == 404 and r["error"]["param"] == "model" and r["error"]["code"] == "model_not_found", r
