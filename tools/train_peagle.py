@@ -890,6 +890,7 @@ def train_step(v: "Variant", loss: torch.Tensor) -> torch.Tensor:
     v.opt.step()
     return norm
 
+
 @dataclass
 class Variant:
     """One draft of a run: its layer count and peak learning rate (``lr_text`` as given), where
