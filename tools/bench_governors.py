@@ -580,7 +580,8 @@ def differences(reps: dict[str, list[dict]], prompt: int, kind: str) -> list[dic
     from specrt.prompt_files import common_prefix
 
     ref = reps["off"][0]["out"]
-    return [{"prompt": prompt, "kind": kind, "governor": spec, "repeat": r, "first_difference": common_prefix(x["out"], ref)}
+    return [{"prompt": prompt, "kind": kind, "governor": spec, "repeat": r,
+             "first_difference": common_prefix(x["out"], ref)}
             for spec, runs in reps.items() for r, x in enumerate(runs) if x["out"] != ref]
 
 
