@@ -839,9 +839,9 @@ class Handler(BaseHTTPRequestHandler):
         elif route.startswith(("/v1/models/", "/models/")):  # the OpenAI client's models.retrieve
             # the names a request's model may give (an org/name id, any case, a path; a client
             # may send its slash as %2F): retrieve refused "HuggingFaceTB/SmolLM2-135M-Instruct",
-            # which chat completions took
+            # which chat completions took; without --model-name any name, as a request's model
             name = unquote(route.split("/models/", 1)[1])
-            if not _names(name, self.app.model):
+            if self.app.model_strict and not _names(name, self.app.model):
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
                                               "model", status=404, code="model_not_found"))
             self._send_json(200, model)

@@ -710,6 +710,10 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         code, r = _post(url, "/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "w3"}],
                                                       "max_tokens": 3})
         assert code == 200 and r["model"] == "t"
+        # and so does retrieve (the OpenAI client's models.retrieve): the model it answers is the served one
+        for name in ("gpt-4", "t", "SomeOrg%2Fother"):
+            code, r = _get(url, f"/v1/models/{name}")
+            assert code == 200 and r["id"] == "t", (name, r)
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=60) == 0
