@@ -327,3 +327,33 @@ def test_the_hf_generator_answers_what_is_left_as_greedy_decoding_does(tmp_path,
     new = g.read_jsonl(out)[len(todo) - 3:]
     assert [(d["idx"], d["answer_ids"], d["sampling"], d["engine"]) for d in new] == [
         (i, committed[i]["answer_ids"], mode, "hf-cpu:0") for i in (390, 29)]
+
+
+def test_a_sampled_answer_is_drawn_from_its_prompts_own_seed(tmp_path):
+    """main --engine hf --temperature: each batch samples from the seed of the run's --seed and
+    its prompts' indices (batch_seed), so two batches of one size draw different streams and a
+    prompt's answer does not depend on which prompts came before it (session 65's G61: main
+    passed no indices, every batch of one size drew from one seed). One prompt, sampled at
+    temperature 1 (where seeds part at once), against HfEngine keyed with its index and with 0."""
+    pytest.importorskip("transformers")
+    hf_dir = smollm2_folder()
+    g, prompts = _tool("gen_chat_data"), _tool("prompts")
+    todo = prompts.answerable_train_prompts(40)
+    idx = 29
+    assert idx in {i for i, _ in todo}
+    out = tmp_path / "c" / "chat.jsonl"
+    out.parent.mkdir()
+    mode = g.sampling_mode(1.0, 1, 3)
+    out.write_text("".join(json.dumps({"idx": i, "prompt": d["prompt"], "sampling": mode}) + "\n"
+                           for i, d in todo if i != idx))
+    assert g.main(["--engine", "hf", "--limit", "40", "--batch", "1", "--temperature", "1", "--seed", "3",
+                   "--out", str(out)]) == 0
+    (new,) = g.read_jsonl(out)[len(todo) - 1:]
+    assert new["idx"] == idx and new["sampling"] == mode
+    from transformers import AutoTokenizer
+
+    ids = g.chat_ids(AutoTokenizer.from_pretrained(hf_dir), dict(todo)[idx]["prompt"])
+    engine = g.HfEngine(hf_dir, sampling=mode, max_new=len(new["answer_ids"]))
+    keyed = engine.generate([ids], [idx])[0]
+    assert new["answer_ids"] == g.cut_at_eos(keyed)[:len(new["answer_ids"])]
+    assert g.cut_at_eos(engine.generate([ids], [0])[0]) != new["answer_ids"]  # (the seed of another index)
