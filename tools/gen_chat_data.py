@@ -478,8 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     ort = args.engine == "ort"
-    if args.device.startswith("cuda"):
-        exact_fp32(torch)
+    exact_fp32(torch)  # (for any CUDA device, "cuda:1" too; nothing on the CPU)
     engine = OrtEngine(ensure_ort_model(hf_dir, cache)) if ort else HfEngine(hf_dir, device=args.device,
                                                                              sampling=sampling)
     store = FeatureStore(out.parent) if ort else None

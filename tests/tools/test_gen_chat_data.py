@@ -346,8 +346,16 @@ def test_a_sampled_answer_is_drawn_from_its_prompts_own_seed(tmp_path):
     mode = g.sampling_mode(1.0, 1, 3)
     out.write_text("".join(json.dumps({"idx": i, "prompt": d["prompt"], "sampling": mode}) + "\n"
                            for i, d in todo if i != idx))
-    assert g.main(["--engine", "hf", "--limit", "40", "--batch", "1", "--temperature", "1", "--seed", "3",
-                   "--out", str(out)]) == 0
+    torch = pytest.importorskip("torch")
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        assert g.main(["--engine", "hf", "--limit", "40", "--batch", "1", "--temperature", "1", "--seed", "3",
+                       "--out", str(out)]) == 0
+        # fp32 matmuls, not TF32, whatever the --device (session 65's X09: "cuda:0" was left TF32)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
     (new,) = g.read_jsonl(out)[len(todo) - 1:]
     assert new["idx"] == idx and new["sampling"] == mode
     from transformers import AutoTokenizer
