@@ -44,6 +44,8 @@ class Text:
         self.tokenizer = load_tokenizer(tok)
         cfg_path = folder / "tokenizer_config.json"
         self.config = read_json_object(cfg_path) if cfg_path.is_file() else {}
+        # split_special_tokens: a special token's text in a prompt is text, as transformers encodes it
+        self.tokenizer.encode_special_tokens = self.config.get("split_special_tokens") is True
         stm = folder / "special_tokens_map.json"
         if "added_tokens_decoder" not in self.config and stm.is_file():
             # a tokenizer saved before transformers 4.34: transformers lays special_tokens_map.json's
@@ -90,10 +92,7 @@ class Text:
                      **template_kwargs_of(template_kwargs, "chat template variables")}
         import jinja2
 
-        # keys whose value is null left out, as transformers leaves them out (an OpenAI
-        # message's "tool_calls": null is no tool call to a template testing 'tool_calls' in it)
-        messages = [{"role": "user", "content": user}] if isinstance(user, str) else \
-            [{k: v for k, v in m.items() if v is not None} for m in user]
+        messages = [{"role": "user", "content": user}] if isinstance(user, str) else [_message(m) for m in user]
         try:
             return _template(self.chat_template).render(
                 messages=messages,
@@ -107,11 +106,9 @@ class Text:
     def _special_tokens(self) -> dict:
         """tokenizer_config.json's special tokens (special_tokens_map.json's over them for a
         tokenizer saved before transformers 4.34) as transformers' ``special_tokens_map``
-        gives them to a chat template (those it names; bos and eos always, "" when absent)."""
-        out = {k: self._special(k) for k in SPECIAL_TOKENS[:2]}
-        for k in SPECIAL_TOKENS[2:]:
-            if self._special(k):
-                out[k] = self._special(k)
+        gives them to a chat template: those it names, each left undefined when absent (bos and
+        eos too, in transformers 4.57 and 5: Qwen3 names no bos_token)."""
+        out = {k: self._special(k) for k in SPECIAL_TOKENS if self._special(k)}
         extra = self.config.get("additional_special_tokens")
         if isinstance(extra, list):
             out["additional_special_tokens"] = [t.get("content") if isinstance(t, dict) else t for t in extra]
@@ -197,6 +194,22 @@ class Text:
             return b.decode("utf-8")
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
+
+
+# the names a message's reasoning comes under, the first the one chat templates read (Qwen3's);
+# gpt-oss's template reads "thinking", and vLLM's responses call it "reasoning"
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _message(m: dict) -> dict:
+    """A message as transformers' apply_chat_template gives it to the template: keys whose
+    value is null left out (an OpenAI message's "tool_calls": null is no tool call to a
+    template testing 'tool_calls' in it), and its reasoning, under any of REASONING_FIELDS,
+    also as ``reasoning_content`` and (unless it has its own) ``thinking``: an assistant's
+    "reasoning" that a client sends back reached no Qwen3 template."""
+    m = {k: v for k, v in m.items() if v is not None}
+    reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
+    return m if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning}
 
 
 def template_kwargs_of(value, where: str) -> dict:

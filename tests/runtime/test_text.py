@@ -2183,6 +2183,52 @@ def test_a_message_field_that_is_null_is_left_out_as_transformers_leaves_it_out(
     assert conv[1]["tool_calls"] is None  # the caller's messages are left as they were
 
 
+def test_a_messages_reasoning_reaches_the_template_under_each_name_as_in_transformers(tmp_path):
+    """An assistant's reasoning sent as "reasoning" (vLLM's responses name it so), "thinking"
+    (gpt-oss's template reads that) or "reasoning_content" (Qwen3's): the template sees it
+    under the names transformers' apply_chat_template gives it (it was dropped from a Qwen3
+    prompt unless sent as reasoning_content)."""
+    import transformers
+
+    from specrt.runtime.text import Text
+
+    template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.reasoning_content is defined %}"
+                " R={{ m.reasoning_content }}{% endif %}{% if m.thinking is defined %} T={{ m.thinking }}{% endif %};"
+                "{% endfor %}")
+    f = _chat_folder(tmp_path / "reasoning", {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template})
+    hf = transformers.AutoTokenizer.from_pretrained(f)
+    for fields in ({"reasoning": "r"}, {"thinking": "t"}, {"reasoning_content": "c"},
+                   {"reasoning": "r", "thinking": "t"}, {"reasoning_content": "c", "reasoning": "r"},
+                   {"reasoning": None, "thinking": "t"}):
+        conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **fields},
+                {"role": "user", "content": "more"}]
+        want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        assert Text(f).render_chat(conv) == want, fields
+    assert Text(f).render_chat(conv[:1] + [{"role": "assistant", "content": "a", "reasoning": "r"}]) == \
+        "user: q;assistant: a R=r T=r;"
+
+
+def test_split_special_tokens_encodes_a_special_tokens_text_as_text_as_transformers_does(tmp_path):
+    """tokenizer_config.json's split_special_tokens: true: "<|im_end|>" typed in a prompt is
+    text (here the unknown word), not the special token, as transformers encodes it (it was
+    the special token); without it, the special token."""
+    import transformers
+    from tokenizers import AddedToken
+
+    from specrt.runtime.text import Text
+
+    for split in (True, False):
+        f = _chat_folder(tmp_path / f"split-{split}", {"split_special_tokens": split, "chat_template": CHAT,
+                                                        "bos_token": "<s>", "eos_token": "</s>"})
+        tok = transformers.AutoTokenizer.from_pretrained(f).backend_tokenizer
+        tok.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+        tok.save(str(f / "tokenizer.json"))
+        hf = transformers.AutoTokenizer.from_pretrained(f)
+        want = hf("<s> <|im_end|> </s>", add_special_tokens=False)["input_ids"]
+        got = Text(f).encode("<s> <|im_end|> </s>", chat=False)
+        assert got == want == ([0, 2, 1] if split else [0, 3, 1]), (split, got, want)
+
+
 @pytest.mark.parametrize("gov", ["off", "fixed:3"])
 def test_streams_of_one_session_from_two_threads_take_turns(worded, gov, monkeypatch):
     """A stream started from another thread while one is inside a round: the newer stream's
@@ -3366,13 +3412,17 @@ def test_a_template_raising_a_type_error_on_a_message_is_a_user_error(tmp_path):
 
 
 def test_special_tokens_the_tokenizer_lacks_are_undefined_in_the_template(tmp_path):
-    # mut6 M23: line 113 every special token given, "" when absent (transformers 4.x's special_tokens_map gives
-    # bos and eos always, the others only when set; transformers 5 gives none unset, so no reference call here)
+    # mut6 M23: line 113 every special token given, "" when absent. transformers' special_tokens_map
+    # (4.57 and 5) names only the tokens that are set, bos and eos too (bos and eos were "" here)
+    import transformers
+
     from specrt.runtime.text import Text
 
     tpl = "{{ bos_token is defined }} {{ eos_token is defined }} {{ pad_token is defined }} {{ unk_token is defined }}"
     f = _chat_folder(tmp_path / "u", {"chat_template": tpl, "unk_token": "<unk>"})
-    assert Text(f).render_chat("hi") == "True True False True"
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template([{"role": "user", "content": "hi"}],
+                                                                              tokenize=False)
+    assert Text(f).render_chat("hi") == want == "False False False True"
 
 
 def test_an_empty_prompt_is_refused_before_a_chat_template_renders_it(tmp_path):
