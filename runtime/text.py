@@ -136,7 +136,7 @@ class Text:
             c, before = text[e.start], text[max(0, e.start - 20):e.start]
             if 0xDC80 <= ord(c) <= 0xDCFF:  # a byte that was not UTF-8, carried as Python carries it
                 raise UserError(f"the prompt is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} after "
-                                f"{before!r})") from None
+                                f"{before!r}; or a JSON \\u{ord(c):04x} escape, a UTF-16 half)") from None
             # a lone surrogate code point (JSON's "\ud800" escapes one): no text encodes it
             raise UserError(f"the prompt holds a lone surrogate U+{ord(c):04X} (after {before!r}), which is not "
                             f"text: a UTF-16 half without its pair (a JSON \\u{ord(c):04x} escape?)") from None

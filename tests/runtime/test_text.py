@@ -1658,7 +1658,8 @@ def test_a_prompt_that_is_not_utf8_is_refused(worded):
 
     bad = "w6 \udcff\udcfe"  # b"w6 \xff\xfe" as sys.argv and sys.stdin give it
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", bad, "--max-new-tokens", "2"])
-    assert r.exit_code == 1 and "the prompt is not valid UTF-8 text (byte 0xff after 'w6 ')" in r.output, r.output
+    assert r.exit_code == 1 and "the prompt is not valid UTF-8 text (byte 0xff after 'w6 '; or a JSON \\udcff escape" \
+        in r.output, r.output  # (serve's JSON may escape one)
     p = subprocess.run([sys.executable, "-c", "from specrt.cli import entry; entry()", "chat", str(worded)],
                        input=b"w6 \xff\xfe\nw3 w1\n", capture_output=True, timeout=120,
                        env={**os.environ, "SPECRT_THP": "0"})
@@ -3247,7 +3248,8 @@ def test_byte_0x80_that_is_not_utf8_is_named_as_a_byte(tmp_path):
     from specrt.runtime.text import Text
 
     _words(tmp_path)
-    with pytest.raises(UserError, match=r"^the prompt is not valid UTF-8 text \(byte 0x80 after 'w6 '\)$"):
+    with pytest.raises(UserError, match=r"^the prompt is not valid UTF-8 text \(byte 0x80 after 'w6 '; "
+                                        r"or a JSON \\udc80 escape, a UTF-16 half\)$"):
         Text(tmp_path).encode("w6 \udc80", False)
     # (the code point below it is no surrogate escape, a lone surrogate: a JSON "\udc7f")
     with pytest.raises(UserError, match=r"^the prompt holds a lone surrogate U\+DC7F \(after 'w6 '\)"):
@@ -3631,7 +3633,8 @@ def test_a_byte_that_is_not_utf8_is_named_after_the_20_characters_before_it(tmp_
     from specrt.runtime.text import Text
 
     _words(tmp_path)
-    with pytest.raises(UserError, match=r"\(byte 0xff after '1 w2 w3 w4 w5 w6 w7 '\)$"):
+    with pytest.raises(UserError,
+                       match=r"\(byte 0xff after '1 w2 w3 w4 w5 w6 w7 '; or a JSON \\udcff escape, a UTF-16 half\)$"):
         Text(tmp_path).encode("w0 w1 w2 w3 w4 w5 w6 w7 \udcff", False)
 
 
