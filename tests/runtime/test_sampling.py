@@ -253,3 +253,131 @@ def test_logprob_alternatives_past_the_vocabulary_are_all_of_it():
 
     (e,) = token_logprobs(np.log(np.array([[0.1, 0.4, 0.2, 0.3]], np.float32)), [0], top=6)
     assert [i for i, _ in e.top] == [1, 3, 2, 0]
+
+
+# ---- mutation round 6 (each test names the mutant it kills) ----------------------------
+
+
+def test_top_p_of_one_keeps_a_tail_that_rounding_hides_from_the_running_sum():
+    """S26: top_p 1.0 is off. Applied, token 1 here (p = 4e-18) would be dropped: the mass
+    before it, 1.0, is not < 1.0 * z once z = 1 + 4e-18 rounds to 1."""
+    p = probs(np.array([[0.0, -40.0]]), SamplingParams(temperature=1.0, top_p=1.0))[0]
+    assert p[1] == np.exp(-40.0) / (1 + np.exp(-40.0)) and p[0] > 0
+
+
+def test_top_p_just_below_one_falls_back_to_sorting_the_whole_row():
+    """S30: with top_p > 1 - 1e-9 no candidate threshold reaches top_p * z with the rounding
+    margin (need > z), so every token is a candidate; the rule is then the full sort's."""
+    for x in (np.array([[0.0, -40.0]]), np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))):
+        top_p = 1 - 1e-12
+        np.testing.assert_array_equal(probs(x, SamplingParams(1.0, 0, top_p)), reference_probs(x, 1.0, 0, top_p))
+    assert np.count_nonzero(probs(np.array([[0.0, -40.0]]), SamplingParams(1.0, 0, 1 - 1e-12))) == 1
+
+
+def test_top_p_candidates_summing_to_top_p_only_out_of_order_take_the_next_token():
+    """S27: the candidates above the first threshold (1e-4 of the heaviest) sum, in id order, to
+    at least top_p * z, but their heaviest-first running sum, the one the rule reads, stays
+    below it: the heaviest token below the threshold is then in the smallest prefix reaching
+    top_p, and only the margin on ``need`` lowers the threshold to reach it. (Rows and top_p
+    are searched for: which rows round so depends on numpy's summation order.)"""
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        x = np.concatenate([[0.0], rng.uniform(np.log(2e-4), 0.0, 70), rng.uniform(np.log(1e-7), np.log(5e-5), 50)])
+        rng.shuffle(x)
+        e = np.exp(x - x.max())
+        above = e >= 1e-4
+        in_order, running = e[above].sum(), np.cumsum(np.sort(e[above])[::-1])[-1]
+        top_p = in_order / e.sum()
+        for _ in range(8):  # top_p * z between the two sums, if rounding lets it
+            top_p = np.nextafter(top_p, 0.0 if top_p * e.sum() > in_order else 1.0)
+            if running < top_p * e.sum() <= in_order:
+                break
+        if running < top_p * e.sum() <= in_order:
+            break
+    assert running < top_p * e.sum() <= in_order, "no row at the edge"
+    got = probs(x[None], SamplingParams(1.0, 0, float(top_p)))[0]
+    assert np.count_nonzero(got) == above.sum() + 1 and got[np.flatnonzero(~above)[e[~above].argmax()]] > 0
+    order = np.argsort(-e, kind="stable")  # the rule over the whole row, sorted in full
+    whole = order[np.cumsum(e[order]) - e[order] < top_p * e.sum()]
+    assert np.flatnonzero(got).tolist() == sorted(whole.tolist())
+
+
+def test_a_draw_of_exactly_zero_takes_no_token_of_zero_mass():
+    """S38: u = 0.0 (which random() can return) must not take a zero-mass first token: the
+    first token whose cumulative mass exceeds u (searchsorted side='right')."""
+    from tests.runtime.test_verify import generator_drawing_zeros
+
+    assert sample(np.array([0.0, 0.0, 0.5, 0.5]), generator_drawing_zeros()) == 2
+
+
+def test_a_row_is_drawn_from_in_proportion_to_its_weights_whatever_their_total():
+    """S39 / S40: ``sample`` scales its uniform by the row's total: weights halved draw the
+    same tokens from the same seed, and a row whose total is the smallest subnormal, where
+    u * total rounds up to the total, still never draws a zero-mass token."""
+    p = np.array([0.1, 0.0, 0.6, 0.3])
+    assert [sample(p / 2, make_rng(s)) for s in range(50)] == [sample(p, make_rng(s)) for s in range(50)]
+    tiny, rng = np.array([0.0, 5e-324, 0.0]), make_rng(0)
+    assert {sample(tiny, rng) for _ in range(20)} == {1}
+
+
+def test_temperature_zero_alone_is_greedy():
+    """S11: a tiny but non-zero temperature samples (a tie is split, logits 1e-8 apart are
+    weighed by e); only 0 is the argmax."""
+    assert not SamplingParams(temperature=1e-8).greedy
+    p = probs(np.array([[0.0, 1e-8, 1e-8]]), SamplingParams(temperature=1e-8))[0]
+    np.testing.assert_allclose(p, np.array([1, np.e, np.e]) / (1 + 2 * np.e))
+
+
+def test_the_first_non_finite_row_is_the_one_named():
+    """S17 / S73: with several bad rows the error names the first (where the answer failed)."""
+    x = np.zeros((4, 3))
+    x[1, 0], x[3, 2] = np.nan, np.inf
+    with pytest.raises(InternalError, match="NaN logits in row 1 of its call"):
+        check_logits(x, "target")
+    y = np.zeros((4, 3))
+    y[1, 0], y[3, 2] = np.inf, np.nan  # S73: the first bad row, whatever its kind
+    with pytest.raises(InternalError, match=r"\+inf logits in row 1 of its call"):
+        check_logits(y, "target")
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):  # S18 / S19: the engine given is named
+        with pytest.raises(InternalError, match="^draft engine produced NaN logits in row 1 of"):
+            probs(x, params, engine="draft")
+
+
+def test_coupled_noise_seed_zero_is_a_seed():
+    """S41: seed 0 is a seed for coupled sampling too (not fresh entropy): the same noise twice."""
+    from specrt.runtime.sampling import CoupledNoise
+
+    assert CoupledNoise(0, 8).seed == 0
+    assert np.array_equal(CoupledNoise(0, 8).exp(3), CoupledNoise(0, 8).exp(3))
+
+
+def test_booleans_and_an_infinite_temperature_are_refused():
+    """S04 / S05 / S08 / S09: True is 1 to Python, but no temperature, top_p, top_k or seed; an
+    infinite temperature would make every row uniform (and a -inf logit NaN). The CLI and serve
+    check these themselves; the Python API has only SamplingParams."""
+    for kw, name in [({"temperature": float("inf")}, "temperature"), ({"temperature": True}, "temperature"),
+                     ({"top_p": True}, "top_p"), ({"top_k": True}, "top_k"), ({"top_k": False}, "top_k"),
+                     ({"seed": True}, "seed"), ({"seed": False}, "seed")]:
+        with pytest.raises(UserError, match=f"^{name}="):
+            SamplingParams(**kw)
+
+
+def test_numpy_integers_are_integers_to_the_sampling_options():
+    """S58: top_k and seed as numpy integers (a value read from an array) are taken as ints are."""
+    p = SamplingParams(0.7, np.int64(5), seed=np.int64(3))
+    assert p.mode == SamplingParams(0.7, 5).mode and p.as_dict()["seed"] == 3
+    assert SamplingParams(0.7, np.int64(-1)).top_k == 0
+
+
+def test_greedy_rows_are_each_their_own_argmax():
+    """S59: greedy probs over several rows puts each row's mass on its own argmax."""
+    p = probs(np.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]]), SamplingParams())
+    assert p.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+
+
+def test_the_mode_and_the_parameters_keep_what_was_asked():
+    """S64 / S65: no seed is said as none (not seed 0), and a temperature's mode is not rounded
+    to one decimal (0.75 and 0.8 are two calibrations)."""
+    assert SamplingParams(0.75).as_dict() == {"temperature": 0.75, "top_k": 0, "top_p": 1.0, "seed": None}
+    assert SamplingParams(0.75, seed=0).as_dict()["seed"] == 0
+    assert SamplingParams(0.75, 40, 0.9).mode == "temperature=0.75,top_k=40,top_p=0.9" != SamplingParams(0.8).mode

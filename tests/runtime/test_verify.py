@@ -480,3 +480,90 @@ def test_runners_up_without_their_rows_are_refused_before_any_draw():
     p, q = np.array([[0.0, 1.0], [0.5, 0.5]]), one_hot(np.array([0]), 2)
     with pytest.raises(InternalError, match="p_sibling"):  # (else: a rejected draft calls None for the bonus row)
         verify_sampling(p, q, np.array([1]), make_rng(0), siblings=(0,))
+
+
+# ---- mutation round 6 (each test names the mutant it kills) ----------------------------
+
+
+def generator_drawing_zeros():
+    """A real numpy Generator (PCG64) whose next two uniforms are exactly 0.0, a draw it makes
+    with probability 2**-53 each: its state is set one step before state 0, with increment 1
+    (states 0 and 1 give the outputs 0 and 1, below the 11 bits ``random()`` drops)."""
+    mult = 0x2360ED051FC65DA44385DF649FCCF645  # PCG64's 128-bit multiplier
+    rng = np.random.Generator(np.random.PCG64())
+    state = rng.bit_generator.state
+    state["state"] = {"state": -pow(mult, -1, 2**128) % 2**128, "inc": 1}
+    rng.bit_generator.state = state
+    return rng
+
+
+def test_a_uniform_of_exactly_zero_accepts_no_token_the_target_gives_no_mass():
+    """V29 / V33: a draft is accepted iff u < min(1, p/q) and a runner-up iff u < r(b), strictly:
+    u = 0.0 (which random() can return) with p(draft) = 0 or r(b) = 0 must reject, or the
+    target's distribution gets a token it never emits."""
+    rng = generator_drawing_zeros()
+    assert [rng.random(), rng.random()] == [0.0, 0.0] and rng.random() > 0.0
+    p = np.array([[0.0, 0.5, 0.5], [1 / 3] * 3])
+    v = verify_sampling(p, one_hot(np.array([0]), 3), np.array([0]), generator_drawing_zeros())
+    assert v.accepted == 0 and v.tokens[0] in (1, 2)
+    p = np.array([[0.0, 0.0, 0.6, 0.4], [0.25] * 4])  # the draft (1) and the runner-up (0) have p = 0
+    v = verify_sampling(p, one_hot(np.array([1]), 4), np.array([1]), generator_drawing_zeros(), siblings=(0,),
+                        p_sibling=lambda j: p[1])
+    assert (v.accepted, v.sibling) == (0, -1) and v.tokens[0] in (2, 3)
+
+
+def test_one_hot_puts_each_rows_mass_on_its_own_token():
+    """V13: greedy drafts' q, one row per draft (not every drafted token in every row)."""
+    assert one_hot(np.array([1, 3, 1]), 4).tolist() == [[0, 1, 0, 0], [0, 0, 0, 1], [0, 1, 0, 0]]
+
+
+def test_verify_sampling_refuses_fewer_draft_rows_than_drafts():
+    """V47: q needs a row per draft; one short is an InternalError, not an IndexError midway
+    (or no error at all when the round ends before it)."""
+    p, q = np.full((3, 4), 0.25), np.full((1, 4), 0.25)
+    for seed in range(4):
+        with pytest.raises(InternalError, match="expected"):
+            verify_sampling(p, q, np.array([0, 1]), make_rng(seed))
+
+
+def test_a_screens_argmax_of_token_zero_is_a_token():
+    """V04: only -1 marks a screen's non-finite row; token 0 is a real argmax, as draft and bonus."""
+    v = verify_greedy(None, np.array([0, 2]), best=np.array([0, 2, 0]))
+    assert (v.accepted, v.tokens.tolist()) == (2, [0, 2, 0])
+    assert verify_greedy(None, np.array([1]), best=np.array([0, 3])).tokens.tolist() == [0]
+
+
+def test_the_random_stream_is_one_uniform_per_tested_draft_and_one_for_the_last_token():
+    """V58: without runners-up verify_sampling draws u for each draft it tests and one inverse-CDF
+    uniform for the token it ends with, nothing more (its docstring; a chain draws as before
+    token trees came): replayed by hand from the same seed, the same verdict and the generator
+    left at the same place."""
+    rng, d, width = np.random.default_rng(8), 3, 5
+    seen = set()
+    for seed in range(40):
+        p, q = rng.dirichlet(np.ones(width), d + 1), rng.dirichlet(np.ones(width), d)
+        draft = rng.integers(0, width, d)
+        replay, k = make_rng(seed), 0
+        while k < d and replay.random() < accept_probability(float(p[k, draft[k]]), float(q[k, draft[k]])):
+            k += 1
+        last = sample(residual(p[k], q[k]) if k < d else p[d], replay)
+        used = make_rng(seed)
+        v = verify_sampling(p, q, draft, used)
+        assert (v.accepted, v.tokens.tolist()) == (k, [*draft[:k].tolist(), last])
+        assert used.random() == replay.random()
+        seen.add(k)
+    assert {0, d} <= seen
+
+
+def test_a_lone_runner_up_is_tried_too():
+    """V63: a tree of width 2 has one runner-up; holding all the residual's mass, it wins every
+    round the draft loses, with its own bonus row (not drawn from r as a plain correction)."""
+    p = np.array([[0.2, 0.8, 0.0], [0.0, 0.0, 1.0]])
+    q = one_hot(np.array([0]), 3)  # r = max(p - q, 0): all on token 1
+    rng, wins = make_rng(1), 0
+    for _ in range(20):
+        v = verify_sampling(p, q, np.array([0]), rng, siblings=(1,), p_sibling=lambda j: np.array([1.0, 0.0, 0.0]))
+        if v.tokens[0] != 0:
+            assert (v.accepted, v.tokens.tolist(), v.sibling) == (1, [1, 0], 0)
+            wins += 1
+    assert 0 < wins < 20
