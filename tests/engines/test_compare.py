@@ -84,6 +84,7 @@ def test_good_engines_pass_against_torch(tiny_engines, tmp_path):
     assert r["passed"], r["summary"]
     assert set(r["roles"]) == TARGET_ROLES
     assert "draft" in r["skipped"] and "target roles only" in r["skipped"]["draft"]
+    assert r["summary"] == "all 6 roles match the torch reference"  # (those compared, the draft skipped: mutant E47)
     assert any(line.startswith("draft: skipped") for line in lines)
     assert r["roles"]["prefill"]["outputs"][C.AUX_HIDDEN]["atol"] == 1e-3
     assert r["roles"]["verify.8"]["logits_argmax_agreement"] == 1.0
@@ -192,6 +193,7 @@ def test_the_printed_polygraphy_command_reproduces_the_comparison(tiny_engines, 
     assert argv[0] == "polygraphy" if shutil.which("polygraphy") else Path(argv[0]).is_file()
     assert argv[argv.index("--load-inputs") + 1] == r["inputs_file"]
     assert argv[argv.index("--load-outputs") + 1] == r["outputs_file"]
+    assert argv[-2:] == ["--check-error-stat", "elemwise"]  # (mutant E37: polygraphy's default stat)
     # the saved inputs load with polygraphy's load_json and are the verify.8 feeds
     feeds = load_json(r["inputs_file"])
     assert len(feeds) == 1 and feeds[0][C.INPUT_IDS].shape == (1, 9)
@@ -224,6 +226,15 @@ def test_eagle3_draft_is_compared(tmp_path):
     assert shapes[0][C.INPUT_IDS] == [1, 8] and shapes[1][C.INPUT_IDS] == [1, 1]  # A = 8; then one step, B = 1
     assert shapes[1][C.past_key(0)][1] == 8
     assert r["roles"]["draft"]["outputs"][C.DRAFT_HIDDEN_OUT]["passed"]
+    # the step: the first call's last token and hidden_out at position 8 (mutants E16, E17: its first row's)
+    from specrt.engines import load_engines
+    from specrt.engines.compare import RoleInputs
+
+    with load_engines(tmp_path / "engines") as e:
+        first, step = RoleInputs(e, 8).feeds("draft")
+        out = {k: np.array(v, copy=True) for k, v in e.portable("draft").infer(first).items()}
+    assert step[C.INPUT_IDS].tolist() == [[int(out[C.DRAFT_TOKENS][0, -1])]] and step[C.POSITION_IDS].tolist() == [[8]]
+    assert np.array_equal(step[C.DRAFT_PREV_HIDDEN], out[C.DRAFT_HIDDEN_OUT][:, -1:])
 
 
 def test_token_ids_pass_on_a_tie_only():
@@ -275,6 +286,11 @@ def test_the_worst_element_ratio_is_polygraphys_elemwise_verdict():
     assert not polygraphy_passes(two, one, 1e-4, 0.6) and polygraphy_passes(one, two, 1e-4, 0.6)
     assert tolerance_ratio(one + 5e-5, one, 1e-4, 0.0) == pytest.approx(0.5)  # within atol alone
     assert tolerance_ratio(np.array([np.nan, 1.0]), np.array([1.0, 1.0]), 1e-4, 1e-4) == np.inf
+    assert tolerance_ratio(np.zeros(0), np.zeros(0), 1e-4, 1e-4) == 0.0  # nothing off (mutant E85: 1)
+    # each element within one of the two, neither bound met by the worst of each (mutant E18: polygraphy's
+    # "max" statistic, which failed this)
+    a, b = np.array([100.5, 0.051]), np.array([100.0, 0.001])
+    assert tolerance_ratio(a, b, 0.1, 0.01) <= 1.0 and polygraphy_passes(a, b, 0.1, 0.01)
     rng = np.random.default_rng(0)
     b = rng.normal(0, 3, 2000)
     a = b + rng.normal(0, 1e-3, 2000) * rng.choice([0.01, 1.0, 30.0], 2000)
@@ -963,6 +979,7 @@ def test_a_token_tree_fails_on_its_second_sibling_alone(tiny_engines):
         assert tree_check(e.portable("verify.4"), ref, feeds, tol)["passed"]
         bad = tree_check(OffInTheLastRow(e.portable("verify.4")), ref, feeds, tol)
         assert not bad["passed"] and bad["worst_output"] == C.LOGITS and bad["tol_ratio"] > 1
+        assert (bad["atol"], bad["rtol"]) == tol[C.LOGITS]  # the worst output's (mutant E64: 0, 0)
 
 
 def test_a_depth_3_verify_runs_a_token_tree(tiny_export, tmp_path):
@@ -1120,9 +1137,12 @@ def test_the_printed_command_takes_the_widest_rows_atol_for_scaled_outputs(tmp_p
     save_file(w, str(f), metadata={"format": "pt"})
     d = write_tiny_draft(tmp_path / "draft", t, kind="eagle3")
     export(t, d, tmp_path / "export")
-    build_engines(tmp_path / "export", "onnxruntime", (1,), tmp_path / "engines", log=quiet, profile_repeats=1)
+    build_engines(tmp_path / "export", "onnxruntime", (1, 3), tmp_path / "engines", log=quiet, profile_repeats=1)
     r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
     assert r["passed"], r["summary"]
+    # verify.3's token tree compares its logits in units of the rows' scale too (mutant E45: as they are, and
+    # rows of spread ~1e3 failed atol 1e-4 where the chain's own logits passed)
+    assert r["roles"]["verify.3"]["outputs"][TREE]["passed"]
     widest = r["roles"][r["polygraphy_role"]]["outputs"][C.LOGITS]["atol_widest_row"]
     assert widest > 1e-2
     argv = shlex.split(r["polygraphy_command"])
@@ -1407,3 +1427,399 @@ def test_our_temporary_folder_survives_a_record_it_cannot_write(tmp_path, monkey
     p.mkdir(mode=0o700)
     (p / "compared.json").mkdir()
     assert _own_temp_folder("0123456789ab", tmp_path / "engines") == p
+
+
+def test_an_unwritable_report_or_inputs_path_is_refused_before_any_work(tiny_engines, tmp_path):
+    """cmd_compare checks --report and --save-inputs as output files before the engines load
+    (mutant C03: not checked, compare ran every role, then failed writing under a file)."""
+    f = tmp_path / "afile"
+    f.write_text("")
+    for option in ("--report", "--save-inputs"):
+        res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), option, str(f / "x" / "r.json")])
+        assert res.exit_code == 1 and f"{option} {f}/x/r.json: {f} is a file, not a folder" in res.output, res.output
+        assert "compare " not in res.output.split("error:")[0], res.output  # (nothing compared first)
+
+
+def test_a_mismatch_against_torch_names_the_torch_reference(engines_copy, tmp_path):
+    """The CLI's error line names the reference the run compared with (mutant C08: always
+    "onnxruntime"); a run's own words for the by-hand line with the torch reference, and no
+    row of the torch comparison in units of a row's scale (mutants E42, E73)."""
+    pytest.importorskip("transformers")
+    corrupt_engine(engines_copy)
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--reference", "torch", "--prompt-tokens", "8",
+                                     "--save-inputs", str(tmp_path / "in.json")])
+    assert res.exit_code == 1 and "error: the engines differ from the torch reference in " in res.output, res.output
+    assert "(at ONNX Runtime's tolerances; this run compared with transformers at its own):" in res.output
+    assert " /row " not in res.output and "logits /row" not in res.output, res.output
+
+
+def test_a_tolerance_by_name_wins_over_its_kind_and_zero_is_a_tolerance():
+    """resolve_tolerances looks for the output's name first, then its kind, then "" (mutant
+    E01: the kind first, so new_key:1 overrode new_key.3:2); a tolerance of 0 is an exact
+    comparison, not refused (mutant E02)."""
+    tol = resolve_tolerances([C.new_key(3), C.new_key(0)], "fp32", "onnxruntime",
+                             atol={"new_key": 1.0, "new_key.3": 2.0}, rtol=0.0)
+    assert tol == {C.new_key(3): (2.0, 0.0), C.new_key(0): (1.0, 0.0)}
+
+
+def test_token_ids_are_the_tokenizers_within_the_vocabulary_repeated_to_length(tmp_path):
+    """token_ids on an export with tokenizer.json: SAMPLE_TEXT's ids, those at or past the
+    target's vocabulary dropped (mutant E10: an id equal to it kept, out of the embedding),
+    repeated to n (mutant E11: cut short); the file is tokenizer.json (mutant E12)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.engines.compare import SAMPLE_TEXT, token_ids
+
+    words = SAMPLE_TEXT.split()
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
+    tok = Tokenizer(models.WordLevel({**vocab, "[UNK]": len(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    want = [vocab[w] for w in words]
+    n = 2 * len(want) + 3
+    ids, source = token_ids(tmp_path, len(vocab), n)
+    assert ids.tolist() == (want * 3)[:n] and source == "tokenizer.json on a fixed English text"
+    last = len(vocab) - 1  # the text's last new word ("faster."): at the vocabulary's size, dropped
+    ids, _ = token_ids(tmp_path, last, n)
+    kept = [i for i in want if i < last]
+    assert ids.tolist() == (kept * 3)[:n]
+    ids, source = token_ids(tmp_path / "nowhere", 50, 6, seed=3)
+    assert source == "pseudo-random ids in [0, 50) (seed 3)" and ids.tolist() == \
+        np.random.default_rng(3).integers(0, 50, 6).tolist()
+
+
+def test_the_peagle_drafts_later_round_continues_its_earlier_one(tiny_engines):
+    """RoleInputs' P-EAGLE later round: A = 2 real slots at positions n - 2.. (mutant E13: one
+    further), over the draft's own KV of an earlier pass on slots 0..n-3, which carries tokens
+    x[1..n-2] and the target's aux rows 0..n-3 (mutants E14, E15: shifted by one). The draft is
+    causal: that KV is the first pass's KV of the same slots."""
+    from specrt.engines import load_engines
+    from specrt.engines.compare import RoleInputs
+
+    with load_engines(tiny_engines) as e:
+        first, later = RoleInputs(e, 32).feeds("draft")
+        k = max(DEPTHS)
+        assert later[C.POSITION_IDS].tolist() == [list(range(30, 30 + 2 + k - 1))]
+        out = {n: np.array(v, copy=True) for n, v in e.portable("draft").infer(first).items()}
+        for i in range(int(e.export["draft"]["num_layers"])):
+            for past, new in ((C.past_key(i), C.new_key(i)), (C.past_value(i), C.new_value(i))):
+                assert later[past].shape[1] == 30
+                np.testing.assert_allclose(later[past], out[new][:, :30], atol=1e-5, err_msg=past)
+
+
+def test_runner_names_must_differ():
+    """compare_role looks results up by runner name: one name for both is an internal error
+    (mutant E20: compared the engine with itself, and passed)."""
+    from specrt.engines.compare import compare_role
+    from specrt.errors import InternalError
+
+    class Named:
+        name = "same"
+
+    with pytest.raises(InternalError, match="runner names must differ"):
+        compare_role("decode", Named(), Named(), [], {}, [])
+
+
+def test_a_row_std_bound_by_output_name_and_its_floor(tmp_path):
+    """compare_role's row_std_atol by an output's name (mutant E22: its kind only) and never
+    below the output's own atol (mutant E23: a row std of 0 made the atol 0)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    def runner(name):
+        return OnnxrtRunner(SessionFromOnnx(str(_two_output_graph(tmp_path / f"{name}.onnx", {C.new_key(0): [1, 4]}))),
+                            name=name)
+
+    x = [{"x": np.array([[4.0, -4.0, 4.0, -4.0]], np.float32)}]
+    r = compare_role("draft", runner("e"), runner("r"), x, {C.new_key(0): (0.5, 0.0)}, [C.new_key(0)],
+                     row_std_atol={C.new_key(0): 0.5})
+    assert r["outputs"][C.new_key(0)]["atol"] == pytest.approx(2.0)  # 0.5 x std 4
+    r = compare_role("draft", runner("e"), runner("r"), [{"x": np.zeros((1, 4), np.float32)}],
+                     {C.new_key(0): (0.5, 0.0)}, [C.new_key(0)], row_std_atol={C.new_key(0): 0.5})
+    assert r["outputs"][C.new_key(0)]["atol"] == 0.5 and r["outputs"][C.new_key(0)]["reference_row_std"] == 0.0
+
+
+def test_the_reports_statistics_are_the_worst_iterations_and_argmax_agreement_all_of_them(tmp_path):
+    """compare_role's max_abs / max_rel / mean_abs are the worst iteration's (mutants E24-E26:
+    the best's), and the argmax agreement counts every iteration's rows (mutant E27: the
+    first's only)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import compare_role
+
+    eng = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "e.onnx", 10.0))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_graph(tmp_path / "r.onnx", None))), name="reference")
+    small, large = np.zeros((1, 4), np.float32), np.full((1, 4), 20.0, np.float32)
+    o = compare_role("decode", eng, ref, [{"x": small}, {"x": large}], {C.LOGITS: (1e-4, 1e-4)}, [C.LOGITS])
+    o = o["outputs"][C.LOGITS]
+    assert (o["max_abs"], o["max_rel"], o["mean_abs"]) == pytest.approx((10.0, 0.5, 10.0))
+    eng = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "n.onnx", -1.0))), name="engine")
+    ref = OnnxrtRunner(SessionFromOnnx(str(_scaled_graph(tmp_path / "p.onnx", 1.0))), name="reference")
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]], np.float32)
+    r = compare_role("decode", eng, ref, [{"x": np.zeros_like(x)}, {"x": x}], {C.LOGITS: (1e-4, 1e-4)}, [C.LOGITS])
+    assert r["logits_argmax_agreement"] == 0.5  # the zeros' two rows agree (both 0), x's two do not
+
+
+def test_role_table_rows():
+    """role_table: a decode role's title has no depth (mutant E28: "depth 0"); the KV layers
+    fold into one row, failing when any layer fails (mutant E29), naming the worst layer
+    (mutant E30: the first); a row-scaled output marked /row (mutant E31); a token row with its
+    ties (mutant E33); the weight check's row says how many weights differ (mutant E32)."""
+    from specrt.engines.compare import role_table
+
+    def out(ratio, **kw):
+        return {"max_abs": ratio, "max_rel": ratio, "atol": 1.0, "rtol": 0.0, "tol_ratio": ratio,
+                "passed": ratio <= 1, **kw}
+
+    r = {"iterations": 1, "seconds": 0.5, "outputs": {
+        C.LOGITS: out(0.5, in_units_of_row_scale=True), C.new_key(0): out(0.5), C.new_key(1): out(2.0),
+        C.new_key(2): out(0.1), C.DRAFT_TOKENS: {"kind": "tokens", "rows": 4, "agree": 3, "ties": 1, "passed": True},
+        TARGET_WEIGHTS: {"kind": TARGET_WEIGHTS, "weights": 9, "passed": False,
+                         "bad": [{"weight": "lm_head", "problem": "element 0 is 2, the export's 1 (target.onnx)"}]}}}
+    lines = role_table("decode", r)
+    assert lines[0] == "decode: 1 iteration(s), 0.50 s"
+    row = {x.split()[0]: x for x in lines[2:]}
+    assert row[f"{C.LOGITS}"].split()[1] == "/row" and row[f"{C.LOGITS}"].endswith("  pass")
+    assert row["new_key.*"].startswith("  new_key.* (3, worst 1)") and row["new_key.*"].endswith("  FAIL")
+    assert row[C.DRAFT_TOKENS].endswith("exact 3/4, 1 tie(s)  pass")
+    assert row[TARGET_WEIGHTS].endswith("1 of 9 weights not the export's  FAIL")
+    assert lines[-1] == "    'lm_head': element 0 is 2, the export's 1 (target.onnx)"
+    assert role_table("verify.4", r)[0].startswith("verify.4 (depth 4): ")
+
+
+def test_the_summary_of_token_rows_and_of_many_failures():
+    """summary(): a token row says its ties (mutant E34); eight failures are all shown, a
+    ninth said as "and 1 more" (mutants E35, E36)."""
+    from specrt.engines.compare import summary
+
+    tok = {"role": "draft", "output": C.DRAFT_TOKENS, "kind": "tokens", "rows": 8, "agree": 5, "ties": 1}
+    assert summary([tok], "onnxruntime").endswith(": draft draft_token_ids (5/8 equal, 1 explained by ties)")
+    fails = [{"role": f"verify.{i}", "output": C.LOGITS, "max_abs": 1.0, "max_rel": 1.0, "atol": 0.1}
+             for i in range(9)]
+    eight = summary(fails[:8], "onnxruntime")
+    assert "verify.7 logits" in eight and "more" not in eight
+    nine = summary(fails, "onnxruntime")
+    assert "verify.7 logits" in nine and "verify.8 logits" not in nine and nine.endswith("; and 1 more")
+
+
+def test_an_int8_weight_checks_row_and_summary_name_its_matmuls():
+    """An int8 draft's weight check in the table lists the matmuls off their float weights
+    (mutant E59: only counted) and the summary counts them out of the matmuls checked (mutant
+    E60: out of the blocks)."""
+    from specrt.engines.compare import INT8_WEIGHTS, role_table, summary
+
+    bad = {"matmul": "/fc/MatMul_output_0", "weight": "fc.weight", "problem": "block 3's step is 2x its largest"}
+    w = {"kind": "weights", "matmuls": 12, "blocks": 340, "max_error_steps": 3.0, "max_clipped_error_steps": 1.0,
+         "max_step_error": 0.5, "passed": False, "bad": [bad]}
+    lines = role_table("draft", {"iterations": 2, "seconds": 1.0, "outputs": {INT8_WEIGHTS: w}})
+    assert lines[-1] == "    /fc/MatMul_output_0 (weight 'fc.weight'): block 3's step is 2x its largest", lines
+    assert summary([{"role": "draft", "output": INT8_WEIGHTS, **w}], "onnxruntime").endswith(
+        ": draft int8_weights (1 of 12 MatMulNBits off their float weights: /fc/MatMul_output_0 (weight "
+        "'fc.weight'): block 3's step is 2x its largest)")
+
+
+def test_the_tensorrt_plans_command_saves_its_outputs():
+    """polygraphy_trt_command runs the plan at its profile on the saved inputs and saves the
+    outputs the ONNX Runtime line then loads (mutant E38: loaded them)."""
+    from specrt.engines.compare import polygraphy_trt_command
+
+    argv = shlex.split(polygraphy_trt_command(Path("e/verify.4.plan"), 3, Path("in.json"), Path("in.outputs.json")))
+    assert argv[1:] == ["run", "e/verify.4.plan", "--model-type", "engine", "--trt", "--optimization-profile", "3",
+                        "--load-inputs", "in.json", "--save-outputs", "in.outputs.json"]
+
+
+def test_the_notes_of_in_place_onnxruntime_engines(tiny_engines, tmp_path):
+    """The in-place ONNX Runtime engines' note: the target re-lowered, compared through the
+    portable contract, and the (float) draft the same graph file as its reference (mutants
+    E40, E41), said (mutant F06: in the report only) after what is compared and on what
+    inputs; a tolerance for one output by its name (mutant F03: refused, the outputs' names
+    unknown); the report written in folders of its own and named last (mutant F14)."""
+    lines: list[str] = []
+    report = tmp_path / "a" / "b" / "r.json"
+    r = compare_engines(tiny_engines, log=lines.append, prompt_tokens=8, atol={C.new_key(3): 0.5}, report=report,
+                        inputs_file=tmp_path / "in.json")
+    assert len(r["notes"]) == 1 and r["notes"][0].startswith("the target engine is the export's target re-lowered "
+                                                             "with in-place KV") and \
+        r["notes"][0].endswith("; the draft runs the same graph file as this reference"), r["notes"]
+    assert f"note: {r['notes'][0]}" in lines and lines[-1] == f"report: {report}", lines
+    # what was compared, on what inputs, and the line that repeats it (mutants G02, G01, G03: not said)
+    assert lines[0].startswith("compare ") and " (onnxruntime, fp32) against onnxruntime: polygraphy OnnxrtRunner" \
+        in lines[0] and lines[1] == "inputs: 8 prompt tokens, pseudo-random ids in [0, 1000) (seed 0); past KV " \
+        "from the engines' prefill", lines
+    assert f"  {r['polygraphy_command']}" in lines
+    assert r["tolerances"]["decode"][C.new_key(3)] == [0.5, 1e-4] and r["tolerances"]["decode"][C.new_key(2)] == \
+        [1e-4, 1e-4]
+    assert json.loads(report.read_text())["passed"]
+
+
+def test_the_last_row_check_refuses_an_engine_that_gives_every_row(tiny_engines):
+    """last_row_check: an engine that ignores logits_from (every row back) fails with its
+    shape named (mutant E66: compared each row with the last, as broadcasting allows)."""
+    from specrt.engines import load_engines
+    from specrt.engines.compare import RoleInputs, last_row_check
+
+    class EveryRow:
+        def __init__(self, view):
+            self.view = view
+
+        def infer_impl(self, feeds):
+            return self.view.infer_impl({k: v for k, v in feeds.items() if k != C.LOGITS_FROM})
+
+    with load_engines(tiny_engines) as e:
+        from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+        feeds = RoleInputs(e, 8).feeds("prefill")[0]
+        ref = OnnxrtRunner(SessionFromOnnx(str(e.export_dir / "target.onnx"), providers=["cpu"])(), name="ref")
+        assert last_row_check(e.portable("prefill"), ref, feeds, (1e-4, 1e-4))["passed"]
+        r = last_row_check(EveryRow(e.portable("prefill")), ref, feeds, (1e-4, 1e-4))
+        assert r == {"passed": False, "error": "shape [1, 8, 1000], expected [1, 1, 1000]"}
+
+
+def test_target_weights_of_another_shape_dtype_or_the_engines_own(tmp_path):
+    """check_target_weights: a weight of another shape is named so (mutant E50: by its size, a
+    [3, 2] for a [2, 3] went on to its elements); an fp16 engine's weights are the export's
+    cast to fp16, equal (mutant E51: compared uncast, every one off); an initializer no export
+    weight makes is listed, not failed (mutant E52); an element's value is given to 9
+    significant digits (mutant E53: 6, which said 1.00000012 as 1)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.compare import check_target_weights
+
+    def graph(path, weights):
+        inits = [numpy_helper.from_array(w, n) for n, w in weights.items()]
+        ins = [helper.make_tensor_value_info(f"x{i}", onnx.TensorProto.FLOAT, None) for i in range(len(weights))]
+        nodes = [helper.make_node("Identity", [n], [f"y{i}"]) for i, n in enumerate(weights)]
+        outs = [helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.UNDEFINED, None) for i in range(len(weights))]
+        onnx.save(helper.make_model(helper.make_graph(nodes, "g", ins[:0], outs, inits)), path)
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3) / 10
+    graph(tmp_path / "x.onnx", {"q_proj": w, "norm": np.ones(3, np.float32)})
+    graph(tmp_path / "e.onnx", {"q_proj": w.astype(np.float16), "norm": np.ones(3, np.float16),
+                                "rope_cache": np.zeros(2, np.float32)})
+    r = check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")
+    assert r["passed"] and r["weights"] == 2 and r["engine_only"] == ["rope_cache"], r
+    graph(tmp_path / "e.onnx", {"q_proj": np.ascontiguousarray(w.reshape(3, 2)),
+                                "norm": np.array([1.0000001, 1, 1], np.float32)})
+    r = check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")
+    assert r["bad"] == [{"weight": "q_proj", "problem": "shape [3, 2], the export's makes [2, 3]"},
+                        {"weight": "norm", "problem": "element 0 is 1.00000012, the export's 1 (x.onnx)"}], r
+
+
+def test_a_bfloat16_weight_is_said_as_its_value():
+    """_num: a bfloat16 element (ml_dtypes', a numpy kind "V") said as a float (mutant E54:
+    taken for an integer, 1.5 said as 1)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from specrt.engines.compare import _num
+
+    assert _num(np.asarray(1.5, ml_dtypes.bfloat16)) == "1.5" and _num(np.int8(-3)) == "-3"
+
+
+def test_a_folder_whose_engines_folder_lost_its_manifest_is_removed(tmp_path, monkeypatch):
+    """_remove_orphans: a record naming a folder that is still there but holds no engines.json
+    (rebuilt elsewhere, emptied) is an orphan too (mutant E67: only a folder gone); a record
+    that is not JSON reads as no record, its folder left (mutant E79: a ValueError out of compare)."""
+    import os
+    import tempfile
+
+    from specrt.engines.compare import _own_temp_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "emptied").mkdir()
+    orphan = tmp_path / f"specrt-compare-{os.getuid()}-0123456789ab"
+    orphan.mkdir(mode=0o700)
+    (orphan / "compared.json").write_text(json.dumps({"engines": str(tmp_path / "emptied")}))
+    garbled = tmp_path / f"specrt-compare-{os.getuid()}-aaaaaaaaaaaa"
+    garbled.mkdir(mode=0o700)
+    (garbled / "compared.json").write_text("{not json")
+    mine = _own_temp_folder("fedcba987654", tmp_path)
+    assert mine.is_dir() and not orphan.exists() and garbled.is_dir()
+
+
+def test_the_torch_target_must_have_the_exports_layers(tmp_path):
+    """load_torch_target: a checkpoint the binding receipt cannot vouch for (no receipt) is
+    still refused when its layer count is not the export's (mutant E76), and transformers'
+    logging verbosity is left as it was (mutant E77: left at errors only)."""
+    transformers = pytest.importorskip("transformers")
+    from specrt.engines.compare import load_torch_target
+    from tests.engines.conftest import REFERENCE
+
+    before = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_info()
+    try:
+        model = load_torch_target(REFERENCE / "verifier", {"target": {"num_layers": 4}})
+        assert model.config.num_hidden_layers == 4
+        assert transformers.logging.get_verbosity() == transformers.logging.INFO
+        with pytest.raises(UserError, match="4 layers, but the export has 3: not the checkpoint"):
+            load_torch_target(REFERENCE / "verifier", {"target": {"num_layers": 3}})
+    finally:
+        transformers.logging.set_verbosity(before)
+
+
+def test_the_longest_prompt_that_fits_the_context_is_compared(tiny_export, tmp_path):
+    """--prompt-tokens up to C - K - 1 (C the context limit, K the deepest verify): verify.K
+    then scores K + 1 tokens over n of past, C in all, its plan's largest past (C - K - 1).
+    compare refused that n (2..C - K - 2: engines built at --max-context K + 3 could not be
+    compared at all; a mutation round's E39)."""
+    from specrt.engines import build_engines
+
+    build_engines(tiny_export, "onnxruntime", (1, 2), tmp_path / "engines", log=quiet, profile_repeats=1,
+                  max_context=24)
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=21, inputs_file=tmp_path / "in.json")
+    assert r["passed"] and r["roles"]["verify.2"]["input_shapes"][0][C.past_key(0)][1] == 21, r["summary"]
+    with pytest.raises(UserError, match=r"--prompt-tokens 22: expected 2\.\.21 for a context limit of 24"):
+        compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=22)
+
+
+
+def test_engines_on_the_exports_own_target_graph_skip_the_weight_check(tmp_path, monkeypatch):
+    """Engines whose target runs the export's own graph file (an export with external weights,
+    which the build keeps, the KV appended) hold its weights by construction: no weight check
+    is made (mutant E43: the graph checked against itself, a row that checks nothing)."""
+    from specrt.engines import build_engines
+    from specrt.export import graphs
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    monkeypatch.setattr(graphs, "EXTERNAL_DATA_THRESHOLD", 0)
+    t = write_tiny_target(tmp_path / "target")
+    export(t, write_tiny_draft(tmp_path / "draft", t, kind="eagle3"), tmp_path / "export")
+    build_engines(tmp_path / "export", "onnxruntime", (1,), tmp_path / "engines", log=quiet, profile_repeats=1,
+                  ort_kv="append")
+    manifest = json.loads((tmp_path / "engines" / "engines.json").read_text())
+    assert manifest["roles"]["decode"]["engine"]["onnx"] == "export/target.onnx"
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
+    assert r["passed"] and not any(TARGET_WEIGHTS in x["outputs"] for x in r["roles"].values()), r["summary"]
+
+
+def test_a_torch_target_missing_a_slot_of_the_export_is_refused():
+    """check_same_target: a checkpoint with every tensor the same but one slot of the export's
+    binding receipt missing (mutant E09: passed) is refused, the missing slot named (mutant
+    E08: the count of changed slots only, 0)."""
+    from specrt.engines.compare import check_same_target
+    from specrt.export.binding import bind_target
+    from tests.engines.conftest import REFERENCE
+
+    folder = REFERENCE / "verifier"
+    slots = dict(bind_target(folder).table())
+    check_same_target(folder, {"binding_receipt": {"target": {"slots": slots}}})
+    n = len(slots) + 1
+    with pytest.raises(UserError, match=rf"not the checkpoint these engines were exported from: 0 of the {n} target "
+                                        r"slots hold other tensors than the export's binding receipt records; 1 of "
+                                        r"them are missing \(first: 'layers\.9\.extra'\); pass the exported target"):
+        more = {**slots, "layers.9.extra": {"sha256": "0"}}
+        check_same_target(folder, {"binding_receipt": {"target": {"slots": more}}})
+
+
+def test_each_report_keeps_its_own_inputs_beside_it(tiny_engines, tmp_path):
+    """With --report and no --save-inputs, the by-hand files are named after the report (r.json:
+    r.inputs.json, r.outputs.json): two reports in one folder keep their own (mutant H05: one
+    inputs.json beside both, the first report's command then ran the second run's inputs)."""
+    from polygraphy.json import load_json
+
+    a = compare_engines(tiny_engines, log=quiet, prompt_tokens=8, report=tmp_path / "a.json")
+    b = compare_engines(tiny_engines, log=quiet, prompt_tokens=12, report=tmp_path / "b.json")
+    assert (a["inputs_file"], a["outputs_file"]) == (str(tmp_path / "a.inputs.json"), str(tmp_path / "a.outputs.json"))
+    assert b["inputs_file"] == str(tmp_path / "b.inputs.json")
+    assert np.array_equal(load_json(a["inputs_file"])[0][C.POSITION_IDS], np.arange(8, 17)[None])

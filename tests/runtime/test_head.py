@@ -532,6 +532,24 @@ def test_compare_runs_a_screened_build_greedy_path(small_screened, tmp_path, mon
     assert not any(r["roles"][k]["passed"] for k in checked)
 
 
+def test_the_screen_checks_count_is_its_own_calls_and_no_rows_is_no_pass(small_screened):
+    """screen_check's candidates_per_row counts its own calls' candidates (mutant E55: every
+    call's since the head loaded, growing with each role compared), and a check of no rows
+    does not pass (mutant E57)."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import RoleInputs, screen_check
+
+    e = small_screened
+    feeds = RoleInputs(e, 8).feeds("verify.2")
+    ref = OnnxrtRunner(SessionFromOnnx(str(e.export_dir / "target.onnx"), providers=["cpu"])(), name="ref")
+    first = screen_check(e.portable("verify.2"), e.head, ref, feeds, (1e-4, 1e-4))
+    again = screen_check(e.portable("verify.2"), e.head, ref, feeds, (1e-4, 1e-4))
+    assert first["passed"] and first["rows"] == 3 and first["candidates_per_row"] >= 1
+    assert again["candidates_per_row"] == first["candidates_per_row"]
+    assert not screen_check(e.portable("verify.2"), e.head, ref, [], (1e-4, 1e-4))["passed"]
+
+
 def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):
     """The head's bounds and fp32 rows are read at load, the target graph at every activate:
     a folder rebuilt in between (``specrt build --force`` renames a new folder into place)
@@ -637,3 +655,11 @@ def test_a_screened_tie_is_judged_in_units_of_the_rows_scale(tmp_path, monkeypat
         monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
         r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (atol, 0.0), scaled=True)
     assert r["passed"] and r["agree"] == 0 and r["ties"] == r["rows"] == 2
+    # ... and within rtol x |top| alone, unscaled (mutant E56: the rtol term dropped)
+    with load_engines(tmp_path / "scr") as e:
+        rtol = float(max((want.max(-1) - want[np.arange(len(s)), s]).max() / np.abs(want.max(-1)).min()
+                         for want, s in zip(wants, second))) * 1.01
+        picks = iter(second)
+        monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
+        r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (0.0, rtol))
+    assert r["passed"] and r["ties"] == r["rows"] == 2
