@@ -288,6 +288,109 @@ def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeyp
     assert not policy._pending
 
 
+def test_prompt_lookup_proposes_what_followed_the_contexts_last_ngram(pair, monkeypatch):
+    """Each round's prompt lookup proposal is the one an index of the whole sequence so far
+    (prompt, first token, every round's tokens) gives: what followed the latest earlier
+    occurrence of its longest matching last n-gram. Output is target-only whatever is
+    proposed, so only this sees tokens left out of the stream's index."""
+    from specrt.runtime.ngram import NgramIndex, NgramPolicy
+
+    _, engines = pair
+    _always_look_up(monkeypatch)
+    offered, real_note = [], NgramPolicy.note
+
+    def note(self, key, tokens, start, stream):
+        if tokens:
+            offered.append((key, list(tokens), start, stream))
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    g = _gen(engines, gov)
+    for prompt in (REPEATING, PROMPT, [7, 7, 2, 9, 4, 4, 1]):
+        g.generate(prompt, 30)
+    assert len(offered) >= 5
+    for key, tokens, start, stream in offered:
+        index = NgramIndex()
+        index.extend(stream[:start])
+        assert index.propose(len(tokens)) == (tokens, key), (start, stream)
+
+
+def test_lookup_proposals_offered_to_a_round_fit_what_it_can_verify(pair, monkeypatch):
+    """Each proposal offered to a round (prompt lookup's and the grown sequences', tallied
+    in hindsight whether chosen or not) is as long as the round could verify, no longer:
+    cut to the token budget left and the context's room (a longer one was tallied at
+    positions no round could have verified). Short budgets, then a prompt that nearly
+    fills the context."""
+    from specrt.runtime.corpus import GROW_OFFSET
+    from specrt.runtime.ngram import NgramPolicy
+
+    _, engines = pair
+    offered, real_note, case = [], NgramPolicy.note, {}
+
+    def note(self, key, tokens, start, stream):
+        if tokens:  # (the round's limit: the context's room, the budget left after its first token)
+            limit = min(engines.max_context - start, case["budget"] - (start - case["prompt"]) - 1, self.max_len)
+            offered.append((key, len(tokens), limit))
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = gov.grow = True
+    g = _gen(engines, gov)
+    for prompt, budget in [(REPEATING, 7), (REPEATING, 7), (REPEATING * 10, 20)]:
+        case.update(prompt=len(prompt), budget=budget)
+        g.generate(prompt, budget)
+    assert all(n <= limit for _, n, limit in offered), offered
+    assert any(n == limit and key >= GROW_OFFSET for key, n, limit in offered), offered  # (a grown one, cut)
+
+
+def test_a_round_verifies_the_proposal_that_promises_most(pair, monkeypatch):
+    """Of a round's proposals (prompt lookup's first, then the grown sequences'), the one
+    whose chosen length promises the highest rate is verified, the earlier one (prompt
+    lookup's) kept on a tie. Lookup forced (the deepest depth each proposal fills), rated
+    at its length, with the grown ones' rates then doubled: ties, then grown chains that
+    beat a prompt match."""
+    from specrt.runtime.corpus import GROW_OFFSET
+    from specrt.runtime.ngram import NgramPolicy
+
+    _, engines = pair
+    rounds = _recorded_rounds(monkeypatch)
+    offers, real_note, seen = [], NgramPolicy.note, set()
+
+    def note(self, key, tokens, start, stream):
+        offers.append((start, key, *(self.choose_rate(len(tokens), key, 10**6) if tokens else (0, 0.0))))
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
+    for bonus in (1.0, 2.0):
+        def choose_rate(self, proposal_len, n, limit):
+            d = max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
+            return d, d * (bonus if n >= GROW_OFFSET else 1.0)
+
+        monkeypatch.setattr(NgramPolicy, "choose_rate", choose_rate)
+        gov = OffGovernor(DEPTHS)
+        gov.lookup = gov.grow = True
+        g = _gen(engines, gov)
+        for prompt in LOOKUP_PROMPTS * 2:
+            offers.clear()
+            rounds.clear()
+            out = g.generate(prompt, 30)
+            pos = len(prompt) + 1
+            for r in rounds:
+                # (key, depth, rate) of each proposal this round, prompt lookup's first
+                cands = [(key, d, rate) for start, key, d, rate in offers if start == pos and d]
+                best = max([rate for *_, rate in cands], default=0.0)
+                want = next(((key, d) for key, d, rate in cands if rate == best), (0, 0))
+                assert (r.lookup, r.depth) == want, (bonus, prompt, pos, cands, r)
+                if len(cands) > 1 and cands[0][0] < GROW_OFFSET:
+                    seen.add("grown" if want[0] >= GROW_OFFSET else "tie" if cands[1][2] == best else "")
+                pos += r.accepted + 1
+            assert pos == len(prompt) + len(out)
+    assert seen & {"grown", "tie"}, seen  # (each of them on most pairs)
+
+
 LOOKUP_PROMPTS = [PROMPT, [7, 7, 2, 9, 4, 4, 1], [5, 3, 8, 1]]
 
 
@@ -357,6 +460,65 @@ def test_grow_keeps_greedy_identity(pair, forced, monkeypatch):
         assert len(gov.lookup_policy.growth.seqs) == 2 * len(LOOKUP_PROMPTS)
     if forced:
         assert rounds > 0 and accepted > 0
+
+
+def test_grow_keeps_each_streams_whole_sequence(pair):
+    """``:grow`` adds each finished stream's whole sequence, its prompt and every token it
+    emitted, for later streams to search."""
+    _, engines = pair
+    gov = OffGovernor(DEPTHS)
+    gov.lookup = gov.grow = True
+    g = _gen(engines, gov)
+    want = [p + g.generate(p, 12) for p in LOOKUP_PROMPTS]
+    assert [list(seq) for seq in gov.lookup_policy.growth.seqs] == want
+
+
+def test_lookup_rounds_teach_the_policy_not_the_governor(pair, monkeypatch):
+    """The governor observes its own rounds only (a lookup round's depth and acceptance are
+    the lookup's, not the draft's); the lookup policy observes every round as it ran: the
+    target call's rows (a tree's runners-up among them), its times, the tokens it emitted,
+    and for a lookup round its key and accepted count."""
+    from specrt.runtime.ngram import NgramPolicy
+
+    _, engines = pair
+    _always_look_up(monkeypatch)
+    rounds = _recorded_rounds(monkeypatch)
+    seen, real = [], NgramPolicy.observe
+    monkeypatch.setattr(NgramPolicy, "observe", lambda self, *a: seen.append(a) or real(self, *a))
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup, gov.tree_width = True, 3 if engines.verifies_trees() else 1
+    observed, own = [], gov.observe
+    monkeypatch.setattr(gov, "observe", lambda r: observed.append(r) or own(r))
+    g = _gen(engines, gov)
+    for prompt in (REPEATING, PROMPT):
+        g.generate(prompt, 30)
+    assert observed == [r for r in rounds if not r.lookup] and len(observed) < len(rounds)
+    assert len(seen) == len(rounds)
+    for (rows, t_verify, t_round, tokens, lookup), r in zip(seen, rounds):
+        assert (rows, t_verify, t_round, tokens) == (1 + r.depth + r.siblings, r.t_verify, r.t_round, r.accepted + 1)
+        assert lookup == ((r.lookup, r.accepted) if r.lookup else None)
+    assert any(r.siblings for r in rounds) == engines.verifies_trees()
+
+
+def test_lookup_proposals_are_settled_as_the_stream_decides_them(pair, monkeypatch):
+    """After each chunk the lookup policy holds pending only the proposals the stream has not
+    decided yet (every token so far matched, some positions still to come): the others were
+    tallied as the stream went, so later rounds choose from rates that include them."""
+    _, engines = pair
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.lookup = True
+    g = _gen(engines, gov)
+    grew = False
+    for prompt in (REPEATING, PROMPT):
+        s = g.stream(prompt, 30)
+        policy = gov.lookup_policy
+        before = sum(map(sum, policy.tries.values()))
+        for _ in s:
+            for key, start, prop, xs in policy._pending:
+                truth = xs[start : start + len(prop)]
+                assert len(truth) < len(prop) and truth == prop[: len(truth)], (prop, truth)
+            grew = grew or sum(map(sum, policy.tries.values())) > before  # (tallied before the stream ended)
+    assert grew
 
 
 def test_corpus_lookup_needs_its_file(pair):
@@ -429,6 +591,87 @@ def test_runners_up_are_the_next_choices_after_the_drafted_one(pair):
     ids = np.arange(len(row)) + (g.d2t if g.d2t is not None else 0)  # each draft id's target id
     assert g._runners_up(row, int(ids[-1])) == [int(ids[-2]), int(ids[-3])]  # (the drafted one: the top)
     assert g._runners_up(row, int(ids[-2])) == [int(ids[-1]), int(ids[-3])]  # (sampled: not the top)
+
+
+def test_each_tree_round_verifies_the_drafts_next_choices_for_its_first_position(pair):
+    """A tree round's runners-up (the verify call's rows after the chain, at position n + 1)
+    are the draft's next tree_width - 1 choices for the first position of that round's pass
+    (EAGLE-3: its first step), in target ids, most likely first, never the drafted token:
+    the output is the target's whatever the runners-up are, so only this sees them taken
+    from another position's row."""
+    _, engines = pair
+    if not engines.verifies_trees():
+        pytest.skip("these engines verify no token trees")
+    d2t = read_d2t(engines.export_dir, engines.export)
+    peagle = engines.export["draft"]["kind"] == "peagle"
+    first_row, after_target, checked = [None], [True], []
+
+    def hook(feeds, out, is_draft):
+        pos, ids = feeds[C.POSITION_IDS][0], feeds[C.INPUT_IDS][0]
+        if is_draft:
+            if after_target[0]:  # the round's pass (P-EAGLE) or first step (EAGLE-3)
+                first_row[0] = np.array(out[C.DRAFT_LOGITS][0, 0 if peagle else -1])
+            after_target[0] = False
+            return out
+        after_target[0] = True
+        sib = np.flatnonzero(pos[2:] == pos[0] + 1) + 2 if pos[0] > 0 else []
+        if len(sib):
+            row = first_row[0]
+            order = np.argsort(-row, kind="stable")
+            want = [int(t) for t in order + (d2t[order] if d2t is not None else 0) if t != ids[1]]
+            checked.append(([int(t) for t in ids[sib]], want[: len(sib)]))
+        return out
+
+    for k in (1, 3):
+        gov = FixedGovernor(DEPTHS, k)
+        gov.tree_width = 3
+        _gen(_Hooked(engines, hook), gov).generate(PROMPT, 24)
+    assert len(checked) >= 10 and all(len(got) == 2 for got, _ in checked)
+    for got, want in checked:
+        assert got == want
+
+
+def test_a_tree_near_the_context_limit_verifies_every_runner_up_that_fits(pair, monkeypatch):
+    """Near the context's end a tree round's runners-up are cut to the rows left after its
+    chain (its call's 1 + d + s rows in the max_context - n free): as many as fit, not
+    fewer; checked round by round over prompts that end the context at each offset."""
+    _, engines = pair
+    if not engines.verifies_trees():
+        pytest.skip("these engines verify no token trees")
+    rounds = _recorded_rounds(monkeypatch)
+    cut = 0
+    for length in (118, 119, 120, 121):
+        rounds.clear()
+        gov = FixedGovernor(DEPTHS, 2)
+        gov.tree_width = 3
+        g = _gen(engines, gov)
+        g.generate((list(range(5)) * 25)[:length], 50)
+        assert g.finished.reason == "context"
+        n = length  # the target's committed rows before the round
+        for r in rounds:
+            room = engines.max_context - n - 1
+            assert r.siblings == (min(2, room - r.depth) if r.depth else 0), (length, n, r)
+            cut += r.depth > 0 and 0 < room - r.depth <= 2
+            n += r.accepted + 1
+        assert n == engines.max_context
+    assert cut > 0
+
+
+def test_each_tree_round_verifies_the_runners_up_its_governor_picks(pair, monkeypatch):
+    """A governor may size each round's tree (round_siblings: DSpark picks 0..W-1 runners-up
+    from c_1); the round verifies that many, not the tree's full width. Here the picks
+    cycle 0, 1, 2 under a width of 3."""
+    _, engines = pair
+    if not engines.verifies_trees():
+        pytest.skip("these engines verify no token trees")
+    rounds = _recorded_rounds(monkeypatch)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.tree_width = 3
+    picked = []
+    monkeypatch.setattr(gov, "round_siblings", lambda: picked.append(len(picked) % 3) or picked[-1])
+    _gen(engines, gov).generate(PROMPT, 40)
+    assert len(picked) >= 6 and [r.siblings for r in rounds if r.depth] == picked  # (none cut: far from the end)
+
 
 def test_token_trees_are_refused_where_they_cannot_run(pair):
     _, engines = pair
@@ -827,6 +1070,18 @@ def test_logprobs_are_the_targets_own(pair, monkeypatch):
         g.generate(REPEATING, 7)
 
 
+def test_the_first_tokens_logprob_is_from_the_prefills_last_row(pair):
+    """A prompt short enough for a verify engine is prefilled there, every row's logits
+    returned (longer ones, on the prefill engine, return the last only): the first token's
+    logprob is still the last row's."""
+    root, engines = pair
+    g = _gen(engines, OffGovernor(DEPTHS))
+    g.logprobs = 2
+    out = g.generate(PROMPT, 3)  # (8 tokens: verify.7)
+    want = _hf_logprobs(root, PROMPT, out)
+    np.testing.assert_allclose([e.logprob for e in g.output_logprobs], want[np.arange(3), out], atol=2e-4)
+
+
 def test_prompt_logprobs_are_the_targets_own(pair, monkeypatch):
     """Generator.prompt_logprobs: each prompt token after the first gets transformers'
     log_softmax from the prefill's rows (passes of any length, the reused rows recomputed),
@@ -886,7 +1141,9 @@ def test_context_limit(pair):
     out = g.generate(list(range(5)) * 24, 50)  # 120 prompt tokens: stops at the limit, no crash
     # 8 more positions fit in the cache; the 9th token is emitted without being fed
     assert g.finished.reason == "context" and len(out) == 128 - 120 + 1
-    assert out == _gen(engines, OffGovernor(DEPTHS)).generate(list(range(5)) * 24, 9)
+    # a budget that ends where the context does ends "length" (as the stream closed there says)
+    off = _gen(engines, OffGovernor(DEPTHS))
+    assert out == off.generate(list(range(5)) * 24, 9) and off.finished.reason == "length"
     # a token tree's runners-up too fit only where the context has room for them
     gov = FixedGovernor(DEPTHS, 2)
     gov.tree_width = 3
@@ -1110,6 +1367,9 @@ class _Hooked:
     def draft(self):
         return self._wrap(self.inner.draft(), True)
 
+    def verifies_trees(self):
+        return self.inner.verifies_trees()
+
 
 def test_the_prefills_rows_before_its_last_are_not_looked_at(pair):
     """The first token comes from the prefill's last row only: NaN in the rows before it
@@ -1183,12 +1443,8 @@ def test_a_winning_runner_ups_row_is_named_by_its_row_in_the_call(pair):
             out[C.LOGITS][0, sib] = np.nan
         return out
 
-    class Trees(_Hooked):
-        def verifies_trees(self):
-            return self.inner.verifies_trees()
-
     with pytest.raises(EngineFailure, match=r"^target engine produced NaN logits in row 3 of its call, \d+ token"):
-        _gen(Trees(engines, hook), from_spec("fixed:2:tree=3", DEPTHS)).generate(PROMPT * 3, 40)
+        _gen(_Hooked(engines, hook), from_spec("fixed:2:tree=3", DEPTHS)).generate(PROMPT * 3, 40)
 
 
 @pytest.mark.parametrize("chunk", [10_000, 10])
@@ -1528,6 +1784,65 @@ def test_coupled_sampling_gives_target_only_text_whatever_the_governor(pair, par
     assert run(OffGovernor(DEPTHS), replace(params, seed=params.seed + 1))[0] != ref
 
 
+def test_coupled_drafts_are_drawn_with_the_noise_of_the_positions_they_propose(pair, monkeypatch):
+    """Coupled sampling: a round's draft k is drawn with the noise of the output position it
+    proposes (emitted + k), the position whose draw the target verifies it against: drawn
+    with another position's noise it is accepted only by chance (the text stays the
+    target's, so only this sees it). The picks between a round's first draft call and its
+    verify call are the draft's."""
+    from specrt.runtime.sampling import CoupledNoise
+
+    _, engines = pair
+    events, pick = [], CoupledNoise.pick
+    monkeypatch.setattr(CoupledNoise, "pick",
+                        lambda self, p, j, ids=None: events.append(("pick", j)) or pick(self, p, j, ids))
+    drafted = []
+    for k in (1, 4):
+        g = _gen(engines, FixedGovernor(DEPTHS, k), SamplingParams(temperature=1.0, seed=5, coupled=True))
+        run = g._run
+
+        def spy(runner, feeds, what):  # a verify call's first output position: emitted
+            pos = int(feeds[C.POSITION_IDS][0, 0])
+            events.append(("draft", 0) if what == "draft" else ("target", pos - len(PROMPT) + 1))
+            return run(runner, feeds, what)
+
+        g._run = spy
+        g.generate(PROMPT, 30)
+        phase, picks = None, []
+        for kind, j in events:
+            if kind == "draft" and phase != "draft":
+                picks = []
+            elif kind == "pick" and phase == "draft":
+                picks.append(j)
+            elif kind == "target" and phase == "draft":
+                assert picks == list(range(j, j + len(picks))) and 1 <= len(picks) <= k, (k, j, picks)
+                drafted.append(len(picks))
+            phase = kind if kind != "pick" else phase
+        events.clear()
+    assert drafted.count(1) >= 5 and drafted.count(4) >= 3
+
+
+def test_dsparks_stopping_rule_is_asked_for_only_under_rejection_sampling(pair, monkeypatch):
+    """EAGLE-3's later confidences follow its sampled drafts, so DSpark picks the depth by
+    its stopping rule under rejection sampling only: not when greedy, nor under coupled
+    sampling (its verification does not depend on the drafts' distributions), nor for a
+    P-EAGLE draft (its confidences come before any draft is drawn)."""
+    _, engines = pair
+    eagle3 = engines.export["draft"]["kind"] == "eagle3"
+    for params, want in [(SamplingParams(), False), (SamplingParams(temperature=1.0, seed=1), eagle3),
+                         (SamplingParams(temperature=1.0, seed=1, coupled=True), False)]:
+        gov, asked = _confidence_led_dspark(), []
+
+        def choose(state, real=gov.choose):
+            if state.confidences is not None:  # (the choice after the draft pass)
+                asked.append(state.stopping)
+            return real(state)
+
+        monkeypatch.setattr(gov, "choose", choose)
+        _gen(engines, gov, params).generate(PROMPT, 16)
+        assert asked and set(asked) == {want}, params
+
+
 def test_coupled_sampling_matches_target_distribution(small):
     """The coupled draws are the target's distribution (over seeds), at depth 4 with the
     reduced draft vocabulary, with and without top-k / top-p."""
@@ -1725,6 +2040,61 @@ def test_rejections_to_tokens_outside_the_draft_vocabulary_are_counted(pair, mon
     assert (marked > 0) == (d2t is not None)
 
 
+def test_a_round_rejected_at_an_eos_counts_as_a_rejection(pair, monkeypatch):
+    """A round whose first rejected draft's correction is an EOS ends the stream there and
+    still counts as a rejection, marked outside the draft's vocabulary where it is (only
+    accepted drafts cut at the EOS are not rejections): each round's correction taken as
+    the EOS in turn."""
+    _, engines = pair
+    rounds = _recorded_rounds(monkeypatch)
+    ref = _gen(engines, FixedGovernor(DEPTHS, 3)).generate(PROMPT, 30)
+    pos, ends = 1, []  # (the output index of each rejected round's correction, the rounds until then)
+    for i, r in enumerate(list(rounds)):
+        if r.rejected and ref[pos + r.accepted] not in ref[: pos + r.accepted]:
+            ends.append((pos + r.accepted, i + 1))
+        pos += r.accepted + 1
+    assert ends
+    for at, n in ends:
+        rounds.clear()
+        g = _gen(engines, FixedGovernor(DEPTHS, 3))
+        assert g.generate(PROMPT, 30, eos_ids=(ref[at],)) == ref[: at + 1]
+        last = rounds[-1]
+        assert len(rounds) == n and last.rejected and not last.cut_at_eos
+        rej = g.telemetry.to_json()["rejections"]
+        assert rej["rounds"] == sum(r.rejected for r in rounds)
+        assert rej["outside_draft_vocab"] == sum(r.outside_vocab for r in rounds)
+
+
+def test_a_runner_up_that_wins_as_an_eos_ends_the_stream(pair, monkeypatch):
+    """A token tree's runner-up that wins position 1 and is an EOS is emitted alone (its
+    bonus token cut) and the stream ends "eos"; the round counts no accepted draft and no
+    runner-up's win (the telemetry counts what was emitted)."""
+    _, engines = pair
+    if not engines.verifies_trees():
+        pytest.skip("these engines verify no token trees")
+    rounds = _recorded_rounds(monkeypatch)
+    gov = FixedGovernor(DEPTHS, 2)
+    gov.tree_width = 3
+    ends = []  # (a prompt, its output, the output index of a winning runner-up, the rounds until then)
+    for prompt in (PROMPT, PROMPT[::-1], [7, 7, 2, 5, 1], [0, 2, 4, 6, 8, 10], [11, 3, 3, 9]):
+        rounds.clear()
+        ref, pos = _gen(engines, gov).generate(prompt, 40), 1
+        for i, r in enumerate(list(rounds)):
+            if r.sibling >= 0 and ref[pos] not in ref[:pos]:
+                ends.append((prompt, ref, pos, i + 1))
+            pos += r.accepted + 1
+    if engines.export["target"]["vocab_size"] == 16:
+        assert ends
+    for prompt, ref, at, n in ends:
+        rounds.clear()
+        g = _gen(engines, gov)
+        assert g.generate(prompt, 40, eos_ids=(ref[at],)) == ref[: at + 1] and g.finished.reason == "eos"
+        assert len(rounds) == n and (rounds[-1].accepted, rounds[-1].sibling) == (0, -1)
+        t = g.telemetry.to_json()
+        assert t["tree"]["sibling_accepts"] == sum(r.sibling >= 0 for r in rounds[:-1])
+        assert t["new_tokens"] == 1 + t["rounds"] + t["accepted"]
+
+
 def test_a_stream_checks_its_arguments_when_called_and_times_the_runtime_only(pair):
     """Generator.stream refuses bad arguments at the call (it checked them at the first
     next()), and its telemetry's seconds leave out the time its consumer held it between
@@ -1753,6 +2123,44 @@ def test_a_stream_checks_its_arguments_when_called_and_times_the_runtime_only(pa
     time.sleep(0.1)
     s.close()
     assert g.telemetry.seconds < 0.05
+
+
+def test_the_first_tokens_time_spans_the_prefill(pair):
+    """Telemetry's first_token_s: the seconds from the stream's start to its first token,
+    the prefill's engine time within them and the stream's seconds beyond them."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.generate(PROMPT * 3, 8)
+    t = g.telemetry
+    assert t.streams == 1 and 0 < t.engine_s["prefill"] <= t.first_token_s < t.seconds
+
+
+def test_each_drafted_blocks_confidences_reach_the_telemetry(pair, monkeypatch):
+    """A round that ran the draft carries the confidences of the whole block drafted (DSpark
+    then verifies d of them): the telemetry's block histogram counts those blocks and its
+    unverified drafts are their lengths less the depths verified."""
+    _, engines = pair
+    rounds = _recorded_rounds(monkeypatch)
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    g = _gen(engines, DSparkGovernor(DEPTHS, 2e-4, costs))
+    method = "_draft_peagle" if engines.export["draft"]["kind"] == "peagle" else "_draft_eagle3"
+    inner, drafted = getattr(g, method), []
+
+    def spy(*args):
+        res = inner(*args)
+        drafted.append(np.array(res[2]))
+        return res
+
+    monkeypatch.setattr(g, method, spy)
+    g.generate(PROMPT, 40)
+    got = [r for r in rounds if r.confidences is not None]
+    assert len(got) == len(drafted) > 0
+    for r, conf in zip(got, drafted):
+        np.testing.assert_array_equal(r.confidences, conf)
+    t = g.telemetry.to_json()
+    blocks = sorted({len(c) for c in drafted})
+    assert t["draft_block_histogram"] == {str(b): sum(len(c) == b for c in drafted) for b in blocks}
+    assert t["drafted_unverified"] == sum(len(c) - r.depth for r, c in zip(got, drafted))
 
 
 def test_the_generator_starts_each_streams_governor_state(pair):
@@ -1880,9 +2288,19 @@ def test_a_refused_stream_leaves_the_running_one_running(pair):
 
 def test_a_superseded_stream_closed_later_keeps_the_live_streams_lookup_tallies(pair, monkeypatch):
     """The lookup policy's pending proposals of the live stream survive an older stream's
-    closing (its final settling dropped every stream's but its own)."""
+    closing (its final settling dropped every stream's but its own). A proposal for the
+    live stream's next positions is pending (its rounds' own are often decided by then)."""
+    from specrt.runtime.ngram import NgramPolicy
+
     _, engines = pair
     _always_look_up(monkeypatch)
+    seen, real_note = [], NgramPolicy.note
+
+    def note(self, key, tokens, start, stream):
+        seen.append(stream)
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = True
     g = _gen(engines, gov)
@@ -1891,10 +2309,12 @@ def test_a_superseded_stream_closed_later_keeps_the_live_streams_lookup_tallies(
     new = g.stream(REPEATING, 30)
     for _ in range(3):
         next(new)
-    policy = gov.lookup_policy
-    before = len(policy._pending)
+    policy, x = gov.lookup_policy, seen[-1]  # the live stream's sequence, as its rounds note it
+    policy.note(2, [0, 1], len(x), x)
+    before = list(policy._pending)
+    assert before
     old.close()
-    assert len(policy._pending) == before
+    assert policy._pending == before
 
 
 def test_scoring_a_prompt_twice_keeps_one_snapshot_of_it(pair):
