@@ -190,6 +190,20 @@ def test_token_trees_keep_greedy_identity(pair):
 REPEATING = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]  # lookups match from the first round
 
 
+def _on_note(monkeypatch, see) -> None:
+    """``see(policy, key, tokens, start, stream)`` called with every proposal NgramPolicy.note
+    records (offered to a round, chosen or not), before the policy's own note."""
+    from specrt.runtime.ngram import NgramPolicy
+
+    real_note = NgramPolicy.note
+
+    def note(self, key, tokens, start, stream):
+        see(self, key, tokens, start, stream)
+        real_note(self, key, tokens, start, stream)
+
+    monkeypatch.setattr(NgramPolicy, "note", note)
+
+
 def _always_look_up(monkeypatch, whole: bool = False):
     """Prompt lookup takes every round it can (the deepest built depth its tokens fill, or
     with ``whole`` all of them, up to the policy's longest chain: past the deepest depth
@@ -250,13 +264,7 @@ def test_lookup_rates_are_the_offered_proposals_against_the_output(pair, monkeyp
 
     _, engines = pair
     offered = []
-    real_note = NgramPolicy.note
-
-    def note(self, key, tokens, start, stream):
-        offered.append((key, list(tokens), start, stream))
-        real_note(self, key, tokens, start, stream)
-
-    monkeypatch.setattr(NgramPolicy, "note", note)
+    _on_note(monkeypatch, lambda _, key, tokens, start, stream: offered.append((key, list(tokens), start, stream)))
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = True
     g = _gen(engines, gov)
@@ -293,18 +301,13 @@ def test_prompt_lookup_proposes_what_followed_the_contexts_last_ngram(pair, monk
     (prompt, first token, every round's tokens) gives: what followed the latest earlier
     occurrence of its longest matching last n-gram. Output is target-only whatever is
     proposed, so only this sees tokens left out of the stream's index."""
-    from specrt.runtime.ngram import NgramIndex, NgramPolicy
+    from specrt.runtime.ngram import NgramIndex
 
     _, engines = pair
     _always_look_up(monkeypatch)
-    offered, real_note = [], NgramPolicy.note
-
-    def note(self, key, tokens, start, stream):
-        if tokens:
-            offered.append((key, list(tokens), start, stream))
-        real_note(self, key, tokens, start, stream)
-
-    monkeypatch.setattr(NgramPolicy, "note", note)
+    offered = []
+    _on_note(monkeypatch, lambda _, key, tokens, start, stream: tokens and offered.append((key, list(tokens), start,
+                                                                                          stream)))
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = True
     g = _gen(engines, gov)
@@ -324,18 +327,16 @@ def test_lookup_proposals_offered_to_a_round_fit_what_it_can_verify(pair, monkey
     positions no round could have verified). Short budgets, then a prompt that nearly
     fills the context."""
     from specrt.runtime.corpus import GROW_OFFSET
-    from specrt.runtime.ngram import NgramPolicy
 
     _, engines = pair
-    offered, real_note, case = [], NgramPolicy.note, {}
+    offered, case = [], {}
 
-    def note(self, key, tokens, start, stream):
+    def see(self, key, tokens, start, stream):
         if tokens:  # (the round's limit: the context's room, the budget left after its first token)
             limit = min(engines.max_context - start, case["budget"] - (start - case["prompt"]) - 1, self.max_len)
             offered.append((key, len(tokens), limit))
-        real_note(self, key, tokens, start, stream)
 
-    monkeypatch.setattr(NgramPolicy, "note", note)
+    _on_note(monkeypatch, see)
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = gov.grow = True
     g = _gen(engines, gov)
@@ -357,13 +358,9 @@ def test_a_round_verifies_the_proposal_that_promises_most(pair, monkeypatch):
 
     _, engines = pair
     rounds = _recorded_rounds(monkeypatch)
-    offers, real_note, seen = [], NgramPolicy.note, set()
-
-    def note(self, key, tokens, start, stream):
-        offers.append((start, key, *(self.choose_rate(len(tokens), key, 10**6) if tokens else (0, 0.0))))
-        real_note(self, key, tokens, start, stream)
-
-    monkeypatch.setattr(NgramPolicy, "note", note)
+    offers, seen = [], set()
+    _on_note(monkeypatch, lambda self, key, tokens, start, stream: offers.append(
+        (start, key, *(self.choose_rate(len(tokens), key, 10**6) if tokens else (0, 0.0)))))
     for bonus in (1.0, 2.0):
         def choose_rate(self, proposal_len, n, limit):
             d = max((d for d in self.depths if d <= min(proposal_len, limit)), default=0)
@@ -2290,17 +2287,11 @@ def test_a_superseded_stream_closed_later_keeps_the_live_streams_lookup_tallies(
     """The lookup policy's pending proposals of the live stream survive an older stream's
     closing (its final settling dropped every stream's but its own). A proposal for the
     live stream's next positions is pending (its rounds' own are often decided by then)."""
-    from specrt.runtime.ngram import NgramPolicy
 
     _, engines = pair
     _always_look_up(monkeypatch)
-    seen, real_note = [], NgramPolicy.note
-
-    def note(self, key, tokens, start, stream):
-        seen.append(stream)
-        real_note(self, key, tokens, start, stream)
-
-    monkeypatch.setattr(NgramPolicy, "note", note)
+    seen = []
+    _on_note(monkeypatch, lambda _, key, tokens, start, stream: seen.append(stream))
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = True
     g = _gen(engines, gov)
