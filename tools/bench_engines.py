@@ -235,7 +235,10 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
     rss_end = rss_bytes()
     if VARIANTS[variant] is not None:
         e.deactivate()
-    return {"variant": variant, "settings": VARIANTS[variant], "kv_layout": "inplace" if inplace else "append",
+    # the variant's settings as its sessions hold them (not as asked: one dropped on the way
+    # would have measured the defaults under the variant's name)
+    used = None if VARIANTS[variant] is None else {k: getattr(e.ort_settings, k) for k in VARIANTS[variant]}
+    return {"variant": variant, "settings": used, "kv_layout": "inplace" if inplace else "append",
             "weights": weights, "kv_bytes": kv_bytes,
             "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
             "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]),

@@ -107,6 +107,8 @@ def test_a_worker_fills_the_engines_context_exactly_and_refuses_one_position_mor
         assert (r["cache_tokens"], r["steps"], r["step_past"], r["kv_bytes"]) == (8 + 2 + 1 + n, n, [8, 8 + n], kv)
         assert r["settings"] == t.VARIANTS[variant] and r["weights"] == e.manifest["weight_bytes"]["target"]
         assert isinstance(r["rss_growth"], int) and r["alloc_per_step_max"] >= 0
+    for variant in ("sleeping", "per-depth", "basic"):  # the settings its sessions hold, as the variant asks
+        assert t.worker(eng, variant, [8], [1], 1, 1, 21)["settings"] == t.VARIANTS[variant], variant
     with pytest.raises(SystemExit, match=f"contexts \\+ depths \\+ steps need {MAX_CONTEXT + 1} positions; "
                                          f"the engines hold {MAX_CONTEXT}"):
         t.worker(eng, "shared", [8, 4], [2, 1], 1, 1, steps + 1)
