@@ -628,20 +628,25 @@ def test_each_tree_round_verifies_the_drafts_next_choices_for_its_first_position
         assert got == want
 
 
+def _tree_governor(engines, k: int = 2, width: int = 3) -> FixedGovernor:
+    """``fixed:k:tree=width``; the test skipped on engines that verify no token trees."""
+    if not engines.verifies_trees():
+        pytest.skip("these engines verify no token trees")
+    gov = FixedGovernor(DEPTHS, k)
+    gov.tree_width = width
+    return gov
+
+
 def test_a_tree_near_the_context_limit_verifies_every_runner_up_that_fits(pair, monkeypatch):
     """Near the context's end a tree round's runners-up are cut to the rows left after its
     chain (its call's 1 + d + s rows in the max_context - n free): as many as fit, not
     fewer; checked round by round over prompts that end the context at each offset."""
     _, engines = pair
-    if not engines.verifies_trees():
-        pytest.skip("these engines verify no token trees")
     rounds = _recorded_rounds(monkeypatch)
     cut = 0
     for length in (118, 119, 120, 121):
         rounds.clear()
-        gov = FixedGovernor(DEPTHS, 2)
-        gov.tree_width = 3
-        g = _gen(engines, gov)
+        g = _gen(engines, _tree_governor(engines))
         g.generate((list(range(5)) * 25)[:length], 50)
         assert g.finished.reason == "context"
         n = length  # the target's committed rows before the round
@@ -659,11 +664,8 @@ def test_each_tree_round_verifies_the_runners_up_its_governor_picks(pair, monkey
     from c_1); the round verifies that many, not the tree's full width. Here the picks
     cycle 0, 1, 2 under a width of 3."""
     _, engines = pair
-    if not engines.verifies_trees():
-        pytest.skip("these engines verify no token trees")
+    gov = _tree_governor(engines)
     rounds = _recorded_rounds(monkeypatch)
-    gov = FixedGovernor(DEPTHS, 2)
-    gov.tree_width = 3
     picked = []
     monkeypatch.setattr(gov, "round_siblings", lambda: picked.append(len(picked) % 3) or picked[-1])
     _gen(engines, gov).generate(PROMPT, 40)
@@ -2067,11 +2069,8 @@ def test_a_runner_up_that_wins_as_an_eos_ends_the_stream(pair, monkeypatch):
     bonus token cut) and the stream ends "eos"; the round counts no accepted draft and no
     runner-up's win (the telemetry counts what was emitted)."""
     _, engines = pair
-    if not engines.verifies_trees():
-        pytest.skip("these engines verify no token trees")
+    gov = _tree_governor(engines)
     rounds = _recorded_rounds(monkeypatch)
-    gov = FixedGovernor(DEPTHS, 2)
-    gov.tree_width = 3
     ends = []  # (a prompt, its output, the output index of a winning runner-up, the rounds until then)
     for prompt in (PROMPT, PROMPT[::-1], [7, 7, 2, 5, 1], [0, 2, 4, 6, 8, 10], [11, 3, 3, 9]):
         rounds.clear()
