@@ -120,9 +120,10 @@ def inconclusive_note(drafts: int, context: int, cramped: bool) -> str:
     """Why the canary proved nothing: too few drafts, the engines' context too small for its
     prompts (``cramped``: a prompt left out, or an answer cut at the context) or the target's
     answers ending at once."""
-    why = (f"the engines' context of {context} tokens leaving the canary's prompts too little room to draft" if cramped
-           else "the target's answers ending (EOS) before the draft could run")
-    return f"inconclusive: {drafts} drafts (at least {MIN_DRAFTS} decide), {why}; nothing has checked the draft's binding"
+    why = (f"the engines' context of {context} tokens leaving the canary's prompts too little room to draft"
+           if cramped else "the target's answers ending (EOS) before the draft could run")
+    return (f"inconclusive: {drafts} drafts (at least {MIN_DRAFTS} decide), {why}; "
+            "nothing has checked the draft's binding")
 
 
 def prompt_ids(export_dir: Path, vocab_size: int, prompts=PROMPTS) -> list[list[int]]:
@@ -165,6 +166,13 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     inconclusive = drafted < MIN_DRAFTS
     trusted = True if expected is None or inconclusive else measured >= UNTRUSTED_RATIO * expected
     low = expected is None and drafted >= LOW_MIN_DRAFTS and measured < LOW_WITHOUT_RECEIPT
+    if inconclusive:
+        note = inconclusive_note(drafted, engines.max_context, cramped)
+    elif expected is not None:
+        note = None
+    else:
+        note = "no training receipt: nothing to compare with" + (
+            f"; {low_note(measured, draft_verifier(exp))}" if low else "")
     rec = exp["binding_receipt"]
     result = {
         "format": "specrt-acceptance-receipt/1",
@@ -181,8 +189,7 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "trusted": bool(trusted),
         "low_without_receipt": bool(low),
         "inconclusive": inconclusive,
-        "note": inconclusive_note(drafted, engines.max_context, cramped) if inconclusive else None if expected is not None else (
-            "no training receipt: nothing to compare with" + (f"; {low_note(measured, draft_verifier(exp))}" if low else "")),
+        "note": note,
     }
     engines.check_still_here(ACCEPTANCE_FILE)
     # whole or absent, a temporary of its own (two canaries at once share none); a failed write
