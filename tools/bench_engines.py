@@ -54,7 +54,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from specrt.hugepages import with_thp  # noqa: E402
+from specrt.hugepages import TUNABLE, with_thp  # noqa: E402
 
 VARIANTS = {
     "shared": {},
@@ -70,6 +70,12 @@ VARIANTS = {
     "ortgenai": None,  # onnxruntime-genai's own decode of the same target: per-token time at each context
     "4k-pages": {},  # the default settings in a process without huge pages for the weights (specrt/hugepages.py)
 }
+
+
+def huge_pages() -> bool:
+    """Whether this process was started with the malloc tunable that gives large allocations
+    huge pages (specrt/hugepages.py): every child but 4k-pages is meant to be."""
+    return TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":")
 
 
 def rss_bytes() -> int:
@@ -179,7 +185,7 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
             lat[f"{c}/{k}"] = float(np.median(v))
     e.deactivate()
     return {"variant": "ortgenai", "settings": {"threads": threads, "spin": spin}, "kv_layout": "ortgenai",
-            "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model)}
+            "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model), "huge_pages": huge_pages()}
 
 
 def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[int], repeats: int, rounds: int,
@@ -241,12 +247,21 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
     return {"variant": variant, "settings": used, "kv_layout": "inplace" if inplace else "append",
             "weights": weights, "kv_bytes": kv_bytes,
             "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
-            "latency": lat, "cache_tokens": max_ctx, "alloc_per_step_max": max(per_step[5:]),
+            "latency": lat, "cache_tokens": max_ctx, "huge_pages": huge_pages(), "alloc_per_step_max": max(per_step[5:]),
             "alloc_per_step_median": float(np.median(per_step)),
             "rss_growth": rss_end - rss_20, "steps": steps, "step_past": [max(contexts), max(contexts) + steps]}
 
 
 # ---- parent ------------------------------------------------------------------------------
+
+def merge_passes(runs: list[dict]) -> dict:
+    """One variant's passes as one result: each latency the median over the passes' medians,
+    the peak RSS the highest of any pass, the rest (settings, sizes) the first pass's."""
+    res = dict(runs[0])
+    res["latency"] = {k: float(statistics.median(r["latency"][k] for r in runs)) for k in runs[0]["latency"]}
+    res["peak_rss"] = max(r["peak_rss"] for r in runs)
+    return res
+
 
 
 def prepare(depths: str, rebuild: bool, draft: Path | None, kv: str = "auto") -> Path:
@@ -269,11 +284,18 @@ def prepare(depths: str, rebuild: bool, draft: Path | None, kv: str = "auto") ->
     return out
 
 
+def pages_line(res: dict) -> str:
+    """The child's huge pages as its environment had them (4k-pages without; the others with,
+    where specrt/hugepages.py adds the tunable: not with SPECRT_THP=0, glibc < 2.35 or THP never)."""
+    return f"malloc huge pages: {'on (' + TUNABLE + ')' if res['huge_pages'] else 'off'}"
+
+
 def report(res: dict, contexts: list[int], depths: list[int]) -> None:
     mib = 2 ** 20
     if res["variant"] == "ortgenai":
         print(f"\n== ortgenai {json.dumps(res['settings'])} ({res['model']}); specrt's default engines "
               "called in turn with it in the same process")
+        print(pages_line(res))
         for c in contexts:
             t, d, v1 = (res["latency"][f"{c}/{k}"] for k in ("ortgenai", "decode", "1"))
             print(f"context {c:4d}: onnxruntime-genai {t * 1e3:.1f} ms per token; specrt decode {d * 1e3:.1f} ms "
@@ -282,6 +304,7 @@ def report(res: dict, contexts: list[int], depths: list[int]) -> None:
     w, kv = res["weights"], res["kv_bytes"]
     how = json.dumps(res["settings"]) if res["settings"] is not None else "(plain session.run)"
     print(f"\n== {res['variant']} {how}, {res['kv_layout']} KV")
+    print(pages_line(res))
     grown = res["rss_loaded"] - res["rss_before"]
     print(f"load {res['load_s']:.1f} s; engine weights {w / mib:.0f} MiB; RSS after activation "
           f"{res['rss_loaded'] / mib:.0f} MiB (+{grown / mib:.0f} MiB over the process before loading = "
@@ -387,9 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     for v, runs in results.items():
         if not runs:
             continue
-        res = dict(runs[0])
-        res["latency"] = {k: float(statistics.median(r["latency"][k] for r in runs)) for k in runs[0]["latency"]}
-        res["peak_rss"] = max(r["peak_rss"] for r in runs)
+        res = merge_passes(runs)
         report(res, contexts, depths)
         merged[v] = res
     checks = verdicts(merged, contexts)

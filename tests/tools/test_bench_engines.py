@@ -69,11 +69,12 @@ def test_the_report_divides_by_depth_1_and_by_the_weights_and_kv(capsys):
     res = {"variant": "plain", "settings": None, "kv_layout": "append", "weights": 100 * mib, "kv_bytes": 28 * mib,
            "rss_before": 50 * mib, "rss_loaded": 200 * mib, "peak_rss": 256 * mib, "load_s": 1.25,
            "latency": {"64/0": 0.004, "64/1": 0.005, "64/2": 0.006}, "steps": 30, "step_past": [64, 94],
-           "alloc_per_step_max": 96, "alloc_per_step_median": 80.0, "rss_growth": 8192}
+           "alloc_per_step_max": 96, "alloc_per_step_median": 80.0, "rss_growth": 8192, "huge_pages": False}
     t.report(res, [64], [1, 2])
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == [
         "== plain (plain session.run), append KV",
+        "malloc huge pages: off",
         "load 1.2 s; engine weights 100 MiB; RSS after activation 200 MiB (+150 MiB over the process before "
         "loading = 1.50x weights); peak RSS 256 MiB = 2.00x (weights + preallocated KV cache 28 MiB)",
         "context   64: decode 4.0 ms, d1 5.0 ms (1.00x), d2 6.0 ms (1.20x)",
@@ -81,11 +82,37 @@ def test_the_report_divides_by_depth_1_and_by_the_weights_and_kv(capsys):
         "RSS growth from step 20 to the end 8 KiB"]
     t.report({**res, "variant": "1-thread", "settings": {}}, [64], [2])
     assert capsys.readouterr().out.splitlines()[1] == "== 1-thread {}, append KV"
-    og = {"variant": "ortgenai", "settings": {"threads": 2}, "model": "m",
+    og = {"variant": "ortgenai", "settings": {"threads": 2}, "model": "m", "huge_pages": True,
           "latency": {"64/ortgenai": 0.004, "64/decode": 0.002, "64/1": 0.005}}
     t.report(og, [64], [1])
-    assert capsys.readouterr().out.splitlines()[-1] == ("context   64: onnxruntime-genai 4.0 ms per token; "
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "malloc huge pages: on (glibc.malloc.hugetlb=1)", out
+    assert out[-1] == ("context   64: onnxruntime-genai 4.0 ms per token; "
                                                         "specrt decode 2.0 ms (0.50x), depth 1 5.0 ms (1.25x)")
+
+
+def test_passes_merge_to_median_latencies_and_the_highest_peak_rss():
+    """Three passes of one variant: each latency the median of the three (not the first, the
+    mean or an extreme), the peak RSS the highest; the rest is the first pass's."""
+    t = tool("bench_engines")
+    runs = [{"variant": "shared", "settings": {}, "latency": {"8/1": a, "8/2": b}, "peak_rss": rss}
+            for a, b, rss in ((0.010, 0.030, 200), (0.050, 0.020, 300), (0.012, 0.090, 100))]
+    res = t.merge_passes(runs)
+    assert res["latency"] == {"8/1": 0.012, "8/2": 0.030} and res["peak_rss"] == 300, res
+    assert res["variant"] == "shared" and runs[0]["latency"] == {"8/1": 0.010, "8/2": 0.030}  # the runs untouched
+
+
+def test_each_child_reports_the_huge_pages_its_environment_gave_it(tiny_engines, capsys, monkeypatch):
+    """A tunable already in the environment: kept for shared, taken out for 4k-pages, and each
+    child says which it ran with (a 4k-pages child given huge pages measured nothing of them)."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    t, (eng, _) = tool("bench_engines"), tiny_engines
+    assert t.main(["--engines", str(eng), "--variants", "shared,4k-pages", "--contexts", "8", "--depths", "1",
+                   "--repeats", "1", "--rounds", "1", "--steps", "25"]) == 0
+    out = capsys.readouterr().out
+    shared, small = out.split("\n== shared {}, inplace KV\n")[1], out.split("\n== 4k-pages {}, inplace KV\n")[1]
+    assert shared.startswith("malloc huge pages: on (glibc.malloc.hugetlb=1)\n"), out
+    assert small.startswith("malloc huge pages: off\n"), out
 
 
 def test_a_worker_fills_the_engines_context_exactly_and_refuses_one_position_more(tiny_engines):
