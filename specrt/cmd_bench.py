@@ -177,6 +177,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_LIB = REPO_ROOT / "tools" / "bench_lib.py"
 
 
+def no_peers_reason() -> str:
+    """Why no peer runs where tools/bench_lib.py is absent: a wheel holds the package alone,
+    so the path above then points into site-packages, where nothing can put it."""
+    return (f"the peers are the specrt repository's tools/bench_lib.py, which an installed wheel does not hold "
+            f"(specrt here: {Path(__file__).resolve().parent}): run specrt bench from a checkout "
+            "(pip install -e '.[export,bench]') for the peers, or pass --peers none")
+
+
 # ---- helpers --------------------------------------------------------------------------
 
 
@@ -1449,7 +1457,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                                      "governor": g, "sampling": sampling}))
         for peer in peer_list:
             if lib is None:
-                skipped[peer] = f"{BENCH_LIB} is missing (peers live in the repository's tools/)"
+                skipped[peer] = no_peers_reason()
                 continue
             if sampled:
                 skipped[peer] = (f"--temperature {params.temperature:g}: the peers run greedy only; specrt without "
@@ -1980,7 +1988,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "configuration's growth holds the answers to the prompts before); without a draft off and "
                    "off:ngram).")
 @click.option("--peers", default=DEFAULT_PEERS, show_default=True,
-              help=f"Comma-separated peers of {', '.join(KNOWN_PEERS)}, or 'none'.")
+              help=f"Comma-separated peers of {', '.join(KNOWN_PEERS)}, or 'none'. The peers run from a "
+                   "checkout of the specrt repository (tools/bench_lib.py), not from an installed wheel.")
 @click.option("--threads", type=int, default=None, help="Threads for every configuration (default: physical cores).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--lookup-tokens", type=int, default=None,

@@ -1401,6 +1401,13 @@ def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_eng
     pp = rep["configs"]["specrt:fixed:2"]["per_prompt"]
     assert [r["process"] for r in pp] == [0, 1] and all(r["seconds"] > 0 and r["new_tokens"] > 0 for r in pp)
     assert rep["settings"]["processes"] == 2
+    # a peer asked for says why it cannot run and what to do: it named a path that cannot exist
+    # (site-packages/tools/bench_lib.py) and "the repository's tools/", no way on
+    rep = cb.run_bench(tiny_engines, prompts_file, tmp_path / "peers", max_new_tokens=4, governors="off",
+                       peers="ortgenai", threads=1, warmup_tokens=0, quiet=True)
+    why = rep["skipped"]["ortgenai"]
+    assert "installed wheel" in why and "from a checkout" in why and "--peers none" in why, why
+    assert str(cb.BENCH_LIB) not in why
     # a run that fails after starting leaves the earlier report folder as it was, and nothing beside it
     (out / "bench.json").write_text('{"stale": true}')
     monkeypatch.setattr(cb, "plots", lambda *a: 1 / 0)
@@ -1408,8 +1415,7 @@ def test_the_report_is_whole_without_the_tools_folder_and_says_what_ran(tiny_eng
         cb.run_bench(tiny_engines, prompts_file, out, max_new_tokens=4, governors="off", peers="none", threads=1,
                      warmup_tokens=0, quiet=True, force=True)
     assert (out / "bench.json").read_text() == '{"stale": true}'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-tools", "r"] or \
-        sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["peers", "r"]
     # one prompt with --processes 3 ran one process: said so
     one = tmp_path / "one.jsonl"
     one.write_text(prompts_file.read_text().splitlines()[0] + "\n")
