@@ -217,6 +217,27 @@ def test_help_and_version_exit_0():
         assert want in r.output, (args, r.output)
 
 
+@pytest.mark.parametrize("thp", ["0", "1"])
+def test_python_dash_m_specrt_is_the_command(tmp_path, thp):
+    """``python -m specrt`` (a venv whose bin is not on PATH) runs the command as ``specrt``
+    does: its version, and a bad folder's one-line error with exit 1; with huge pages wanted
+    (SPECRT_THP=1), through the restart that names the command ``specrt``."""
+    import os
+    import subprocess
+    import sys
+
+    from specrt import __version__
+
+    env = {**os.environ, "SPECRT_THP": thp}
+    r = subprocess.run([sys.executable, "-m", "specrt", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.endswith(f", version {__version__}\n"), (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "specrt", "run", str(tmp_path / "none"), "--prompt", "hi"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.startswith("error: "), r.stderr
+    assert str(tmp_path / "none") in r.stderr, r.stderr
+
+
 def test_output_files_keep_symlinks_and_devices(tmp_path):
     """--stats / --report / --grow-file through a symlink write where it points (os.replace
     put a file in the link's place); a device or FIFO is written in place (as root,
