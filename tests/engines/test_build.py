@@ -324,7 +324,9 @@ def test_a_context_edited_in_the_manifest_is_refused_by_the_graph(engines_copy):
     edit_manifest(engines_copy, shrink)
     engines = load_engines(engines_copy, verify=False)
     with pytest.raises(UserError, match=f"{engines_copy / 'target.onnx'}: built for a context of 256 tokens \\(its "
-                                        "cache rows and RoPE table\\), engines.json gives role 'prefill' 128"):
+                                        "cache rows and RoPE table\\), engines.json gives role 'prefill' 128; "
+                                        "engines.json or the graph was changed since the build: rebuild with "
+                                        "`specrt build`$"):  # (mutant N147: and what to do)
         engines.activate()
 
 

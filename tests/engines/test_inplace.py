@@ -170,6 +170,27 @@ def test_a_deactivated_runner_lets_go_of_the_callers_buffers(tiny_engines):
     gc.collect()
     assert all(ref() is None for ref in refs)
 
+
+def test_activation_allocates_no_buffer_for_an_output_written_in_place(tiny_engines):
+    """Mutant N68 (aliased outputs preallocated at activation like any fixed-shape one): an
+    in-place output (cache_key_out.{i}) is the caller's own cache buffer, bound at its call, so
+    activating a runner allocates its fixed-shape outputs (logits) and no second cache of the
+    context's size (SmolLM2-135M at 8192 tokens: 0.38 GB a runner)."""
+    import tracemalloc
+
+    engines = load_engines(tiny_engines, verify=False)
+    r = engines.verify(2)
+    cache = sum(np.prod(t.shape) * 4 for t in r.outputs if t.name in r.aliases)
+    tracemalloc.start()
+    try:
+        r.activate()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        r.deactivate()
+    assert peak < cache / 4, (peak, cache)
+
+
 def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
     with load_engines(tiny_engines) as engines:
         C_ = engines.max_context
@@ -201,12 +222,56 @@ def test_cost_table_feeds_are_valid_whole_buffers(tiny_engines):
     assert set(m["costs"]["verify"]) == {str(d) for d in DEPTHS}
 
 
-def test_probe_names_what_the_kernel_cannot_do():
+def test_probe_names_what_the_kernel_cannot_do(capfd):
     s = OrtSettings().resolved()
     for dtype in ("float32", "float16"):
         for packed in (True, False):  # q/k/v packed in one input, or three (qk-norm models)
             assert probe_inplace_gqa(s, 4, 2, 16, dtype, packed=packed) is None, (dtype, packed)
+    capfd.readouterr()
     assert "head_size" in probe_inplace_gqa(s, 4, 2, 8)  # the CPU kernel wants head_dim % 16 == 0
+    assert "head_size" not in capfd.readouterr().err  # (mutant N112: said once, by the build, not logged besides)
+    # (mutants N47, N105, N106, N110, N114) a dtype it has no reference for, and ONNX Runtime's refusal of the
+    # graph as it loads (its own Fail, no RuntimeError) are said in words, not raised
+    assert probe_inplace_gqa(s, 4, 2, 16, "bfloat16") == "GroupQueryAttention in place is not probed for bfloat16"
+    assert probe_inplace_gqa(s, 4, 0, 16).startswith(
+        "GroupQueryAttention in place or SkipSimplifiedLayerNormalization is unavailable (Fail: ")
+
+
+def test_re_lowering_names_a_weight_it_cannot_use(tiny_export, tmp_path):
+    """Mutants N116, N117: re-lowering the target with in-place KV reads the export's weights by
+    slot; a graph without one (here all: 'embed', the first read), or with one stored outside it
+    in a type other than float32/float16, is a user error naming the file and the weight."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specrt.engines.onnxruntime import write_inplace_target
+
+    t = json.loads((tiny_export / "export.json").read_text())["target"]
+    src = tmp_path / "t.onnx"
+    for inits, said in (([], "has no weight 'embed' to re-lower the target with in-place KV"),
+                        ([numpy_helper.from_array(np.zeros((t["vocab_size"], t["hidden_size"]), np.int32), "embed")],
+                         "weight 'embed' has ONNX type 6; in-place KV needs float32/float16")):
+        onnx.save_model(helper.make_model(helper.make_graph([], "g", [], [], inits)), str(src),
+                        save_as_external_data=True, location="t.onnx.data", size_threshold=0)
+        with pytest.raises(UserError, match=f"^{src}: {said}$"):
+            write_inplace_target(src, t["decoder"], t["aux_layer_ids"], "float32", 64, tmp_path / "out" / "target.onnx")
+
+
+def test_the_head_calibration_runs_quietly_and_leaves_nothing_behind(tiny_export, tmp_path, capfd):
+    """Mutants N121, N139: a screened build's calibration pass (the target's final hidden states
+    over the canary's prompts, to choose the head's fp32 channels) prints nothing of ONNX
+    Runtime's log and removes its scratch graph and the graph's data file."""
+    from specrt.engines.base import initializer_reader
+    from specrt.engines.onnxruntime import _head_states
+    from specrt.export.config import DecoderConfig
+
+    t = json.loads((tiny_export / "export.json").read_text())["target"]
+    cfg = DecoderConfig.from_json(t["decoder"])
+    capfd.readouterr()
+    states = _head_states(cfg, initializer_reader(tiny_export / "target.onnx")[1], t["aux_layer_ids"], "float32",
+                          tiny_export, tmp_path)
+    assert states.ndim == 2 and states.shape[1] == cfg.hidden_size and np.isfinite(states).all()
+    assert list(tmp_path.iterdir()) == [] and capfd.readouterr().err == ""
 
 
 def test_in_place_falls_back_or_refuses_with_the_reason(tiny_export, tmp_path):

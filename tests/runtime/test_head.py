@@ -337,6 +337,22 @@ def both(request, tmp_path_factory):
     scr.deactivate()
 
 
+def test_the_head_files_beside_screened_engines_are_the_graphs_head_and_bounds(both):
+    """Mutants N132, N133 (the re-lowering, engines/onnxruntime.py): the bounds saved beside the
+    screened engines are quantize_head's for the fp32 rows saved with them and the outlier
+    channels the graph keeps (bounds halved screened out tokens whose exact logit could be the
+    largest: the tiny pairs' wide margins decoded the same), and the graph keeps as many outlier
+    channels as n_outliers gives the target's width."""
+    from specrt.engines.base import initializer_reader
+    from specrt.head import BOUNDS_FILE, WEIGHT_FILE, n_outliers
+
+    scr = both[1]
+    w = np.load(scr.folder / WEIGHT_FILE)
+    outliers = initializer_reader(scr.runner("decode").graph.path)[1]("head_outlier_ids")
+    assert len(outliers) == n_outliers(w.shape[1])
+    np.testing.assert_array_equal(np.load(scr.folder / BOUNDS_FILE), quantize_head(w, outliers)[2])
+
+
 def _gen(engines, gov, params=SamplingParams()):
     return G.Generator(engines, gov, params, read_d2t(engines.export_dir, engines.export))
 
