@@ -157,6 +157,13 @@ def select_providers(available: list[str] | None = None) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def entry_value(v: str | int | float | bool) -> str:
+    """A session config entry's value as ONNX Runtime reads it: true / false as "1" / "0"
+    (its switches' spelling; str() gave "True", which no switch reads as on), a number as
+    written, a string as is."""
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
 @dataclass(frozen=True)
 class OrtSettings:
     sessions: str = "shared"
@@ -184,18 +191,22 @@ class OrtSettings:
                 ("intra_op_num_threads", count(self.intra_op_num_threads), f"a thread count in 0..{MAX_THREADS}"),
                 ("inter_op_num_threads", count(self.inter_op_num_threads), f"a thread count in 0..{MAX_THREADS}"),
                 ("providers", all(p in _known_providers() for p in self.providers), "ONNX Runtime provider names"),
-                ("prepack", self.prepack in (None, True, False), "true, false or null"),
+                ("prepack", self.prepack is None or isinstance(self.prepack, bool), "true, false or null"),
                 ("spin", isinstance(self.spin, bool), "true or false"),
                 ("extra", isinstance(self.extra, dict), "an object of session config entries")):
             if not ok:
                 raise UserError(f"onnxruntime {key} {getattr(self, key)!r:.80}: expected {want}")
+        for k, v in self.extra.items():  # ONNX Runtime reads strings: a JSON true went in as "True", not on
+            if not isinstance(k, str) or not isinstance(v, (str, int, float)):
+                raise UserError(f"onnxruntime extra {k!r:.80}: {v!r:.80}: expected a config entry's name and a "
+                                "string, number or true / false")
         return OrtSettings(
             sessions=self.sessions, graph_optimization_level=self.graph_optimization_level,
             intra_op_num_threads=self.intra_op_num_threads or physical_cores(),
             inter_op_num_threads=self.inter_op_num_threads, execution_mode=self.execution_mode,
             providers=tuple(self.providers) or tuple(select_providers()),
             prepack=(self.sessions == "shared") if self.prepack is None else bool(self.prepack),
-            spin=bool(self.spin), extra=dict(self.extra))
+            spin=bool(self.spin), extra={k: entry_value(v) for k, v in self.extra.items()})
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
