@@ -998,7 +998,10 @@ def test_the_upper_bound_reads_only_bins_with_three_rounds():
     ("auto:grow=32768", "auto:grow"), ("auto:grow=100", "auto:grow=100"), ("adaptive:tree=1", "adaptive"),
     ("dspark:tree=3:ngram:grow", "dspark:tree=3:ngram:grow"), ("dspark:block=2:block=3", "dspark:block=2:block=3"),
     ("fixed:0:tree=3", "fixed:0:tree=3"),  # not 'off:tree=3', which the parser refuses
-    ("dspark:block=02:block=3", "dspark:block=02:block=3")])  # refused later: as written
+    ("dspark:block=02:block=3", "dspark:block=02:block=3"),  # refused later: as written
+    # session 67's mutants S16-S18: refused later, as written (not 'dspark:profiled', 'dspark:block=2', a ValueError)
+    ("dspark:profiled:profiled", "dspark:profiled:profiled"), ("dspark:bogus:block=02", "dspark:bogus:block=02"),
+    ("dspark:block=x", "dspark:block=x"), ("fixed:2:bogus", "fixed:2:bogus")])  # (X13: not 'fixed:2')
 def test_canonical_spec_spells_each_governor_one_way(spec, want):
     """bench ran fixed:02 beside fixed:2 (and fixed:0 beside off) as separate configurations;
     what the parser would refuse later stays as written, lower-cased."""
@@ -1285,3 +1288,336 @@ def test_without_growth_drops_a_grow_option_with_or_without_its_cap():
 
     assert without_growth("dspark:tree=3:Grow=100:ngram") == "dspark:tree=3:ngram"
     assert without_growth("auto:grow") == "auto" and without_growth("fixed:2:ngram") == "fixed:2:ngram"
+
+
+# ---- session 67's mutation round (runtime/governor.py) ------------------------------------
+
+
+# mutants G02, G03, G04 (governor.py check_depths): a fractional depth taken as its floor; no depths, or one that
+# is no number, an IndexError / ValueError traceback instead of the UserError
+@pytest.mark.parametrize("depths", [(1, 2.5), (), ("x", 2), (None,)], ids=["fraction", "none", "word", "null"])
+def test_built_depths_that_are_not_positive_integers_are_named(depths):
+    from specrt.runtime.governor import check_depths
+
+    with pytest.raises(UserError, match=re.escape(f"built depths {depths!r}: expected one or more positive integers")):
+        check_depths(depths)
+    assert check_depths([4, 1.0, 2, 4]) == (1, 2, 4)
+
+
+# mutant G06 (governor.py depth_at_least): past the deepest depth of the table, the shallowest one's figure
+def test_a_block_deeper_than_the_draft_costs_profiled_is_priced_as_the_deepest_profiled():
+    from specrt.runtime.governor import depth_at_least
+
+    assert depth_at_least((1, 2, 4), 3) == 4 and depth_at_least((4, 1, 2), 8) == 4 and depth_at_least((2, 4), 1) == 2
+    g = dspark(t_draft={1: 0.1, 2: 0.2})
+    assert [g.draft_cost(k) for k in (1, 2, 3, 8)] == pytest.approx([0.1, 0.2, 0.2, 0.2])
+
+
+# mutant G11 (governor.py FixedGovernor): a depth given as 4.0 answered 4.0, where the scheduler slices by it
+def test_a_fixed_depth_is_answered_as_an_int():
+    d = FixedGovernor(DEPTHS, 4.0).choose(NONE)
+    assert d == 4 and type(d) is int
+
+
+# mutants A17, A18 (governor.py AdaptiveGovernor.start_stream): a probe running, or a cooldown, when the last stream
+# ended carried into the next one
+def test_adaptive_starts_a_stream_with_no_probe_running_and_no_cooldown():
+    g = AdaptiveGovernor(DEPTHS)
+    assert run(g, 3, 1.0) == [1, 1, 2] and g.origin == 1  # a stream ends while probing 2
+    g.start_stream()
+    assert g.origin == 0 and run(g, 3, 1.0) == [1, 1, 2]
+    g = AdaptiveGovernor(DEPTHS)
+    slow_two = lambda d: 1.0 if d == 1 else 10.0
+    assert run(g, 4, 1.0, slow_two) == [1, 1, 2, 1] and g.cooldown > 0  # reverted: cooling down
+    g.start_stream()
+    assert g.cooldown == 0 and run(g, 3, 1.0, slow_two) == [1, 1, 2]
+
+
+# mutant E01 (governor.py ece): a prediction below 0 not clipped into the first bin (a negative bin: ValueError)
+def test_ece_bins_a_prediction_outside_the_unit_interval_in_the_nearest_bin():
+    assert ece(np.array([-0.6, 0.5]), np.array([0, 1]), bins=2) == pytest.approx((0.6 + 0.5) / 2)
+    assert ece(np.array([1.5, 0.9]), np.array([1, 1]), bins=2) == pytest.approx(abs(2.4 - 2) / 2)
+
+
+# mutant P02 (governor.py _pav): a pooled block kept the weight of its last part, where a later pool needs the sum
+def test_isotonic_pools_a_pooled_block_again_with_its_summed_weight():
+    """Knots falling from the start pool step by step into one block: its value is the mean
+    of every knot weighted by n + m, whichever order the pools came in."""
+    cal = Calibration("isotonic", positions=1, bins=2, prior=4.0)
+    cal.n[:] = [[10.0, 20.0]]
+    cal.a[:] = [[10.0, 0.0]]
+    cal.refit()
+    # shrunk knots 10/14, 11/14, 3/24, 4/24 (weights 14, 14, 24, 24): all pooled, (10 + 11 + 3 + 4) / 76
+    assert cal.ys[0] == pytest.approx([28 / 76] * 4)
+
+
+# mutants C01-C05 (governor.py Calibration): zero positions or bins, a zero prior, window or refit cadence accepted
+@pytest.mark.parametrize("bad", [dict(positions=0), dict(bins=0), dict(prior=0.0), dict(window=0),
+                                 dict(refit_every=0)], ids=lambda d: next(iter(d)))
+def test_a_calibration_of_no_positions_bins_prior_window_or_cadence_is_refused(bad):
+    with pytest.raises(UserError, match=f"{next(iter(bad))}=0.*: expected positive values"):
+        Calibration(**bad)
+    d = Calibration().to_dict() | {k: v for k, v in bad.items() if k != "positions"}
+    if "positions" in bad:
+        d |= {"counts": [], "accepted": []}
+    with pytest.raises(UserError, match="expected positive values"):
+        Calibration.from_dict(d)
+
+
+# mutant C07 (governor.py _temperature_knots): among temperatures that fit equally, the grid's smallest, not 1
+def test_temperatures_that_fit_equally_well_resolve_to_the_identity():
+    """One bin: its centre 0.5 maps to 0.5 under every T, so every T of the grid fits the data
+    alike; the one nearest 1 is kept (the identity's), not the grid's end."""
+    cal = Calibration("temperature", positions=2, bins=1)
+    cal.n[0, 0], cal.a[0, 0] = 10, 9
+    cal.refit()
+    assert cal.temperatures == [1.0, 1.0]
+
+
+# mutants C14, C15, C16 (governor.py Calibration.predict / __call__): a confidence outside [0, 1] (a softmax's
+# rounding past 1) not read at the map's end: extrapolated past its knots
+def test_a_confidence_outside_the_unit_interval_is_read_at_the_maps_end():
+    rng = np.random.default_rng(5)
+    cal = Calibration.fit(*synthetic(rng, 4000), kinds=("histogram",))
+    ends = cal.predict(np.array([0.0, 1.0, 0.0, 1.0]), np.array([0, 0, 2, 2]))
+    assert ends[3] < 0.95  # a fitted map's ends (not the identity's)
+    np.testing.assert_allclose(cal.predict(np.array([-0.5, 1.5, -1e-9, 1 + 1e-7]), np.array([0, 0, 2, 2])), ends)
+    np.testing.assert_allclose(cal([-0.5, 1.5]), ends[:2])
+    np.testing.assert_allclose(cal([-1e-9, 1 + 1e-7, 1.5]), cal([0.0, 1.0, 1.0]))
+
+
+# mutants C19, C20 (governor.py Calibration._add / update): a confidence below 0 not clipped into the first bin
+# (a negative bin index: counted in a bin from the end)
+def test_a_confidence_outside_the_unit_interval_is_counted_in_the_nearest_bin():
+    conf, acc = np.array([-0.5, 1.5, 0.5]), np.array([0.0, 1.0, 1.0])
+    fitted = Calibration.fit(conf, np.zeros(3, int), acc, kinds=("histogram",))
+    online = Calibration(positions=1, bins=20)
+    for x, a in zip(conf, acc):
+        online.update(np.array([x]), int(a))
+    for cal in (fitted, online):
+        assert (cal.n[0, 0], cal.n[0, 10], cal.n[0, 19]) == (1, 1, 1) and cal.n.sum() == 3
+        assert (cal.a[0, 0], cal.a[0, 19]) == (0, 1)
+
+
+# mutants C24-C26 (governor.py Calibration.fit): no samples fitted a calibration of one position; 2-D arrays and
+# groups longer than the samples accepted
+def test_a_fit_checks_its_arrays_and_of_no_samples_is_the_default_calibration():
+    assert Calibration.fit(np.zeros(0), np.zeros(0, int), np.zeros(0)).positions == Calibration().positions
+    c, k, acc = np.full((2, 3), 0.5), np.zeros((2, 3), int), np.ones((2, 3))
+    with pytest.raises(UserError, match="1-D of equal length"):
+        Calibration.fit(c, k, acc)
+    with pytest.raises(UserError, match="groups must have one entry per sample"):
+        Calibration.fit(c[0], k[0], acc[0], groups=np.arange(4))
+
+
+# mutant C27 (governor.py Calibration.fit): cv_by_position's "identity" (the raw confidence's ECE) given as the fit's
+def test_the_fits_report_gives_the_raw_confidences_ece_beside_the_fitted_one():
+    rng = np.random.default_rng(6)
+    c, k, acc = synthetic(rng, 4000)
+    cal = Calibration.fit(c, k, acc, kinds=("histogram",))
+    for pos, v in cal.cv_by_position.items():
+        m = k == pos - 1
+        assert v["identity"] == pytest.approx(ece(c[m], acc[m])) and v["n"] == m.sum()
+        assert v["fitted"] < v["identity"]  # an overconfident draft: the fit helps every position
+
+
+# mutant C28 (governor.py Calibration.fit): kinds whose held-out ECE ties resolved to the last listed, not the first
+def test_kinds_that_score_alike_go_to_the_first_listed():
+    """Acceptance rising with the confidence, the same rounds in every bin: the histogram is
+    already non-decreasing in both folds, isotonic changes nothing, the scores are equal."""
+    cal = Calibration(bins=20)
+    c = np.repeat(cal.centres, 50)
+    k, acc = np.zeros(c.size, int), (c > 0.5).astype(float)
+    for kinds in (("histogram", "isotonic"), ("isotonic", "histogram")):
+        fit = Calibration.fit(c, k, acc, kinds=kinds)
+        assert fit.cv_ece["histogram"] == fit.cv_ece["isotonic"] and fit.kind == kinds[0]
+
+
+# mutants C29-C33 (governor.py Calibration.softened): a position under the cap halved, the accepted counts left
+# unscaled (rates above 1), the kind, prior or window reset to the defaults
+def test_softened_scales_each_positions_counts_alike_and_keeps_the_settings():
+    cal = Calibration("isotonic", positions=2, bins=10, prior=2.0, window=100, refit_every=4)
+    cal.n[0, 8], cal.a[0, 8] = 60, 45
+    cal.n[1, 3], cal.a[1, 3] = 10, 4
+    cal.refit()
+    soft = cal.softened(20)
+    assert (soft.kind, soft.bins, soft.prior, soft.window, soft.refit_every) == ("isotonic", 10, 2.0, 100, 4)
+    assert (soft.n[0, 8], soft.a[0, 8]) == pytest.approx((20, 15))  # 60 rounds down to 20, the rate 3/4 kept
+    assert (soft.n[1, 3], soft.a[1, 3]) == (10, 4)  # under the cap: as it was
+    assert Calibration.from_dict(soft.to_dict()).n.sum() == pytest.approx(30)
+
+
+# mutants C34-C36, C38-C41 (governor.py Calibration.from_dict): another format, negative or NaN accepted counts,
+# counts of another bin count, a scalar, an empty or negative runner-up record taken (or an IndexError traceback)
+@pytest.mark.parametrize("change, words", [
+    ({"format": "specrt.calibration/2"}, "calibration format 'specrt.calibration/2': expected 'specrt.calibration/1'"),
+    ({"accepted": [[-1.0] + [0.0] * 19] + [[0.0] * 20] * 7}, "inconsistent with 20 bins"),
+    ({"accepted": [[float("nan")] * 20] * 8}, "inconsistent with 20 bins"),
+    ({"counts": [[1.0] * 3] * 8, "accepted": [[0.0] * 3] * 8}, r"counts \(8, 3\) / accepted \(8, 3\) inconsistent"),
+    ({"counts": 5.0}, r"malformed \(IndexError"),
+    ({"runner_ups": {}}, r"runner_ups malformed \(KeyError"),
+    ({"runner_ups": {"wins": [-1.0], "tries": [4.0]}}, "expected 0 <= wins <= tries")],
+    ids=["format", "negative", "nan", "bins", "scalar", "empty-runner-ups", "negative-wins"])
+def test_a_malformed_calibration_is_named(change, words):
+    d = Calibration().to_dict()
+    d["counts"] = [[2.0] * 20] * 8
+    d["accepted"] = [[1.0] * 20] * 8
+    Calibration.from_dict(d)  # well formed as it stands
+    with pytest.raises(UserError, match=words):
+        Calibration.from_dict(d | change)
+
+
+# mutant C43 (governor.py Calibration.to_dict): a setting stored other than it is
+def test_a_calibration_round_trips_its_settings():
+    cal = Calibration("temperature", positions=3, bins=7, prior=2.5, window=300, refit_every=5)
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert (back.kind, back.positions, back.bins, back.prior, back.window, back.refit_every) == \
+        ("temperature", 3, 7, 2.5, 300, 5)
+
+
+# mutant C42 (governor.py Calibration.extend_to): a calibration one position short of the engines' depth not extended
+def test_dspark_extends_a_calibration_one_position_short():
+    g = dspark(calibration=_calibrated([0.9] * 6 + [0.05], rounds=500))
+    assert g.calibration.positions == 8 and g.calibration.n[7].sum() == 0
+    c = g.calibration([0.9] * 8)
+    assert c[6] < 0.2 and c[7] == pytest.approx(0.9)  # position 8: the identity, not position 7's map
+
+
+# mutant D01 (governor.py DSparkGovernor): an infinite cost taken (NaN was refused by `t > 0` alone)
+@pytest.mark.parametrize("where", ["draft", "verify", "chain"])
+def test_dspark_refuses_an_infinite_cost(where):
+    tv, td, chain = {1: 1.0, 2: 1.1}, {1: 0.1, 2: 0.2}, {3: 1.2}
+    {"draft": td, "verify": tv, "chain": chain}[where][2 if where != "chain" else 3] = float("inf")
+    with pytest.raises(UserError, match=r"= inf s: expected a positive number of seconds"):
+        DSparkGovernor((1, 2), td, tv, t_chain=chain)
+
+
+# mutant D04 (governor.py DSparkGovernor._profiled_draft): a block of 0 not clamped to 1 (a KeyError)
+def test_the_draft_cost_of_a_block_outside_the_built_depths_is_the_nearest_ones():
+    g = dspark(t_draft={1: 0.1, 2: 0.2, 4: 0.4, 8: 0.8})
+    assert [g.draft_cost(k) for k in (0, 1, 3, 8, 20)] == pytest.approx([0.1, 0.1, 0.4, 0.8, 0.8])
+
+
+# mutant D05 (governor.py DSparkGovernor._grow_ranks): a measured rank of no tries (which from_dict takes) divided
+# its wins by 0
+def test_a_measured_runner_up_rank_without_tries_takes_the_generic_prior():
+    cal = Calibration.from_dict(Calibration(positions=2).to_dict() | {"runner_ups": {"wins": [0.0, 3.0],
+                                                                                      "tries": [0.0, 12.0]}})
+    g = DSparkGovernor((1, 2), 1e-3, {1: 1.0, 2: 1.1}, cal)
+    g.tree_width = 3
+    assert g._win_rates() == pytest.approx([0.0, 0.25, 0.5]) and g.sib_tries == [8.0, 12.0]
+
+
+# mutant D15 (governor.py DSparkGovernor.draft_depth): the runners-up of depth k valued on u_k, not on u_1 (they
+# stand in for the first draft, whatever the depth)
+def test_the_draft_block_values_every_depths_runners_up_on_the_first_positions_ceiling():
+    """u = (0.2, 0.9, 0.9), every verify 1.0: depth 2 with a runner-up, (1.38 + 0.8 / 4) / 1 = 1.58, beats depth 3
+    alone, 1.542 (valued on u_2 = 0.9 the runner-up would add 0.025 and depth 3 would win)."""
+    g = DSparkGovernor((1, 2, 3), 1e-6, {1: 1.0, 2: 1.0, 3: 1.0})
+    g.tree_width = 2
+    g.ceiling = [0.2, 0.9, 0.9]
+    assert g.draft_depth() == 2
+
+
+# mutant D20 (governor.py DSparkGovernor.choose): a round whose limit left no built depth moved the pre-draft rate
+# towards the -1 of "no candidate"
+def test_a_round_with_no_depth_to_verify_leaves_the_predicted_rate():
+    g = dspark(tv={0: 0.5, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    assert g.choose(GovernorState(confidences=np.full(8, 0.9), limit=0)) == 0 and g.rate is None
+    g.choose(conf(*[0.9] * 8))
+    rate = g.rate
+    assert g.choose(GovernorState(confidences=np.full(8, 0.9), limit=0)) == 0 and g.rate == rate
+
+
+# mutant D29 (governor.py DSparkGovernor._stopping_depth): the pre-draft rate set by the first round only
+def test_the_stopping_rule_smooths_the_predicted_rate_as_the_full_rule_does():
+    g = DSparkGovernor((1, 2), 0.1, {1: 1.0, 2: 1.1}, learn=False)
+    g.choose(GovernorState(confidences=np.ones(2), stopping=True))
+    assert g.rate == pytest.approx(3 / 1.2)  # E(2) = 3 over 0.1 + 1.1
+    g.choose(GovernorState(confidences=np.zeros(2), stopping=True))
+    assert g.rate == pytest.approx(3 / 1.2 + g.RATE_EMA * (1 / 1.1 - 3 / 1.2))  # then 1 / (0.1 + 1.0)
+
+
+# mutant D30 (governor.py DSparkGovernor._stopping_depth): stopping at 0 after drafting priced without the draft
+def test_the_stopping_rule_prices_a_plain_step_after_drafting_with_the_draft_paid():
+    """t_draft 0.5, decode 1.0: a plain step now costs 1.5 (1 token: 0.667/s), depth 1 1.7 (E 1.3: 0.765/s); so the
+    round goes on to depth 1, as the full rule picks (against 1 / 1.0 it would stop at 0)."""
+    c = np.array([0.3, 0.1])
+    for stopping in (True, False):
+        g = DSparkGovernor((1, 2), 0.5, {0: 1.0, 1: 1.2, 2: 1.3}, learn=False)
+        assert g.choose(GovernorState(confidences=c, stopping=stopping)) == 1
+
+
+# mutant D31 (governor.py DSparkGovernor._draft_or_not): the periodic full block not capped by the round's limit
+def test_the_periodic_full_block_is_capped_by_the_limit():
+    g = dspark(full_every=1)
+    assert g.choose(GovernorState(limit=3)) == 2 and g.choose(GovernorState(limit=0)) == 0 and g.choose(NONE) == 8
+
+
+# mutant D37 (governor.py DSparkGovernor.observe): a stalled draft call taken whole into the draft's load factor
+def test_one_stalled_draft_call_moves_the_draft_load_at_most_outlier_times():
+    from specrt.runtime.governor import OUTLIER
+
+    g = dspark(t_draft={1: 0.1, 8: 0.8}, ema=1.0)
+    g.observe(RoundResult(1, 1, 40 * 0.1, 1.0, confidences=np.ones(1)))
+    assert g.load_draft == pytest.approx(OUTLIER)
+    g.observe(RoundResult(1, 1, 0.1 / 100, 1.0, confidences=np.ones(1)))
+    assert g.load_draft == pytest.approx(1.0)  # 1/OUTLIER of the price then (3.0 x 0.1 / 3)
+
+
+# mutant D38 (governor.py DSparkGovernor.observe): a round that ran no target call (t_verify 0) priced the target
+# at a third of its cost
+def test_a_round_without_a_target_timing_teaches_no_target_cost():
+    g = dspark(tv={0: 0.5, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}, ema=1.0)
+    before = dict(g.t_verify)
+    g.observe(RoundResult(1, 1, 0.5, 0.0, confidences=np.ones(1)))
+    assert g.load_target == 1.0 and g.t_verify == before and g.t_decode == 0.5
+
+
+# mutant D42 (governor.py DSparkGovernor.observe): the decode step priced without its own shape factor
+def test_dspark_learns_the_decode_steps_cost_against_the_depths():
+    """The table says a plain step costs what verify.1 does; the engines take half: the decode
+    step's shape factor learns it, as a depth's does."""
+    g = DSparkGovernor((1, 2), 0.01, {0: 1.0, 1: 1.0, 2: 1.0}, learn=False)
+    for i in range(400):
+        g.observe(RoundResult(0, 0, 0.0, 0.5) if i % 2 else RoundResult(1, 0, 0.01, 1.0))
+    assert g.t_decode == pytest.approx(0.5, rel=0.05) and g.t_verify[1] == pytest.approx(1.0, rel=0.05)
+
+
+# mutant S05 (governor.py has_lookup_option): an option in capitals ran prompt lookup without the corpus or growth
+def test_lookup_options_are_read_in_any_case():
+    g = from_spec("FIXED:2:NGRAM=6:CORPUS:GROW=100", DEPTHS)
+    assert (g.lookup, g.corpus, g.grow, g.grow_tokens, g.lookup_chain) == (True, True, True, 100, 6)
+    from specrt.runtime.governor import canonical_spec
+
+    assert canonical_spec("Off:Grow:Corpus") == "off:corpus:grow"
+
+
+# mutants S28, S31, S34 (governor.py _from_spec): a constructor argument given as an option (a TypeError), DSpark
+# without its draft costs (a TypeError deep in its checks), 'adaptive<anything>' read as 'adaptive'
+def test_specs_and_options_the_parser_cannot_take_are_named():
+    costs = dict(t_draft=1.0, t_verify={d: 1.0 for d in DEPTHS})
+    for name in ("calibration", "depths", "t_draft"):
+        with pytest.raises(UserError, match=re.escape(f"DSpark option(s) ['{name}']: expected some of")):
+            from_spec("dspark", DEPTHS, **costs, options={name: None})
+    with pytest.raises(UserError, match="governor 'dspark' needs the profiled cost table"):
+        from_spec("dspark", DEPTHS, t_verify=costs["t_verify"])
+    for bad in ("adaptive:2", "adaptively"):
+        with pytest.raises(UserError, match=f"^governor '{bad}': expected one of auto"):
+            from_spec(bad, DEPTHS)
+
+
+# mutant S30 (governor.py _from_spec): an unknown governor's error listed the depths as given, not as built
+def test_an_unknown_governor_lists_the_built_depths_in_order():
+    with pytest.raises(UserError, match=re.escape("(built depths: 1, 2, 4)")):
+        from_spec("fast", [4, 1, 2, 4])
+
+
+# mutant X01 (governor.py learnt_across_streams): ':corpus' or ':grow' without ':ngram' not named as prompt lookup
+def test_what_a_governor_learns_across_streams_counts_every_lookup_option():
+    from specrt.runtime.governor import learnt_across_streams
+
+    assert learnt_across_streams("off:corpus") == ["prompt lookup's rates"]
+    assert learnt_across_streams("fixed:2:grow=100") == ["prompt lookup's rates", ":grow's sequences"]
+    assert learnt_across_streams("dspark:profiled:tree=3") == ["DSpark's online calibration"]
+    assert learnt_across_streams("fixed:2:tree=3") == learnt_across_streams("adaptive") == []
