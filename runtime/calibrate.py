@@ -46,7 +46,7 @@ from specrt.prompt_files import CONVERSATION, conversation_problem
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams
-from .session import CALIBRATION_FILE, Session, prior_from, read_calibration_file
+from .session import CALIBRATION_FILE, Session, UnreadableFile, prior_from, read_calibration_file
 from .telemetry import RoundResult, Telemetry
 
 FILE_FORMAT = "specrt.calibration-file/2"  # {"export_digest", "modes": {SamplingParams.mode: entry}}
@@ -166,12 +166,8 @@ def _encode(session: Session, prompt, chat: bool, max_new_tokens: int) -> list[i
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
         ids = session.encode(prompt, chat)
     else:
-        try:
-            ids = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise UserError("expected text or a list of token ids") from None
-    session.generator.check_args(ids, max_new_tokens, session.eos, None, None)
-    return ids
+        ids = prompt  # (checked as a stream checks them: int() took 1.7 as 1, "12" as 12 and True as 1)
+    return session.generator.check_args(ids, max_new_tokens, session.eos, None, None)[0]
 
 
 def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], chat: bool = False,
@@ -272,11 +268,13 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     # of these engines, as a prior (session.load_calibration)
     path = engines_dir / CALIBRATION_FILE
     modes: dict[str, dict] = {}
+    replacing = False  # said unusable here: replaced when written, even if unreadable then
     if path.is_file():
         try:
             modes = read_calibration_file(path, digest) or {}
         except UserError as e:
             log(f"{path.name} is not usable ({e}); it will be replaced")
+            replacing = True
     others = {m: e for m, e in modes.items() if m != sampling.mode}
     other_mode = None
     if others:
@@ -337,6 +335,10 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             with _folder_lock(engines_dir):
                 try:  # (removed since the read above: none kept)
                     modes = (read_calibration_file(path, digest) or {}) if path.is_file() else {}
+                except UnreadableFile as e:  # (what it holds unknown: other modes, lost if replaced unseen)
+                    if not replacing:
+                        raise UserError(f"{e} when read again to write it; not written") from None
+                    modes = {}
                 except UserError:
                     modes = {}  # (said when read above, or broken since: replaced)
                 others = {m: e for m, e in modes.items() if m != sampling.mode}

@@ -86,6 +86,11 @@ def shallower_note(fitted_depth, depths) -> str:
             "them (`specrt calibrate` on these engines fits them)")
 
 
+class UnreadableFile(UserError):
+    """A file there that cannot be read (an OSError: no permission, a disk's EIO): unlike a
+    broken one, what it holds is unknown, so calibrate may not replace it unseen."""
+
+
 def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, dict] | None:
     """The calibrations stored in ``path`` by decoding mode (``SamplingParams.mode``):
     {mode: entry with 'calibration' (a Calibration), 'rounds', 'sampling', ...}. None when the file was
@@ -98,7 +103,7 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     except RecursionError:  # arrays or objects nested past Python's recursion limit
         raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
     except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise UnreadableFile(f"{path}: cannot read ({e.strerror or e})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
     if digest is not None and isinstance(data, dict) and isinstance(data.get("export_digest"), str) \
             and data["export_digest"] != digest:

@@ -76,6 +76,7 @@ from specrt.cli import main
         (["run", "{tmp}", "--prompt", "x", "--grow-file", "{tmp}"], "--grow-file", "File '{tmp}' is a directory"),
         (["run", "{tmp}", "--prompts", "{tmp}"], "--prompts", "File '{tmp}' is a directory"),
         (["corpus", "{tmp}", "{tmp}"], "ANSWERS...", "File '{tmp}' is a directory"),
+        (["calibrate", "{tmp}", "--prompts", "{tmp}"], "--prompts", "File '{tmp}' is a directory"),  # (M67 m17)
         (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--report", "{tmp}"], "--report",
          "File '{tmp}' is a directory"),
         (["calibrate", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--holdout-prompts", "{tmp}"], "--holdout-prompts",

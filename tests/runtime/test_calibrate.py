@@ -5,6 +5,7 @@ whatever the governor."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -103,6 +104,11 @@ def test_samples_and_evaluation_on_known_rounds():
     assert ece([1.0, 0.95], [0.0, 1.0]) == pytest.approx(0.475)  # a confidence of 1 falls in the top bin
     perfect = evaluate([(np.ones(2), 2, 2)], lambda c: c, 2)
     assert perfect["conditional"]["ece_all"] == 0.0 and perfect["survival"]["ece_all"] == 0.0
+    # the AUC of the map's values ranking the outcomes, and values past 1 clipped (mutants M67 c17, c18)
+    three = [(np.array([0.9]), 1, 1), (np.array([0.6]), 1, 0), (np.array([0.8]), 1, 1)]
+    assert evaluate(three, lambda c: c, 1)["conditional"]["auc"] == [1.0]
+    assert evaluate(three, lambda c: 1 - c, 1)["conditional"]["auc"] == [0.0]
+    assert evaluate(three, lambda c: 2 * c, 1)["survival"]["predicted"] == [1.0]
 
 
 def test_chain_acceptance_counts_only_the_verified_positions_as_reached():
@@ -125,6 +131,7 @@ def test_split_prompts():
     assert split_prompts(3, 0.0) == ([0, 1, 2], [])
     assert len(split_prompts(2, 0.9)[0]) == 1  # at least one training prompt
     assert len(split_prompts(7, 0.25)[1]) == 2  # the nearest count to the fraction (1.75)
+    assert len(split_prompts(4, 0.1)[1]) == 1  # a fraction > 0 holds out one at least (mutant M67 c36)
     with pytest.raises(UserError, match=r"--holdout 1.0: expected a fraction in \[0, 1\)"):
         split_prompts(4, 1.0)
     with pytest.raises(UserError, match="at least 2 prompts"):
@@ -337,6 +344,11 @@ def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):
     assert sorted(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == sorted([a["mode"], b["mode"]])
     with Session(eng, governor="dspark", sampling=rs) as s:
         assert s.calibration_note.endswith(f"rounds, {a['mode']})")
+    # that mode fitted again: said to replace its calibration, not greedy's (mutant M67 c93)
+    said: list[str] = []
+    calibrate(eng, prompts(16, 3, seed=4), max_new_tokens=16, holdout=0.0, sampling=rs, log=said.append)
+    assert f"; kept {b['mode']}; it replaces the {rs.mode} calibration of {a['rounds']['train']} rounds made " \
+        in said[-1], said
 
 
 def test_calibrate_measures_the_runner_ups_where_the_engines_verify_trees(small_vocab_engines, tmp_path):
@@ -594,7 +606,8 @@ def test_cli_calibrate_defaults_reach_the_report(small_vocab_engines, tmp_path):
     (['{"prompt_ids": [1, 2]}'], ["--holdout", "1.5"], "--holdout 1.5: expected a fraction"),
     (['{"prompt_ids": [1, 2]}'], ["--max-new-tokens", "2"], "--max-new-tokens 2: expected >= 3 (the prefill makes "
                                                             "the first token, and a draft round needs the next two)"),
-    (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json"),
+    # (calibrate's hint: its prompts may be ids; mutant M67 c41)
+    (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json; give token ids ('prompt_ids') instead of text"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1.0: expected a finite number"),
     (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
     # ids that are not ids beside a good text prompt: named (they were used, and failed later)
@@ -638,6 +651,17 @@ def test_the_report_may_not_replace_a_prompt_file(engines, tmp_path):
     assert r.exit_code == 1 and "--prompts and --holdout-prompts name the same file" in r.output, r.output
     assert pf.read_text() == '{"prompt_ids": [1, 2, 3]}\n' and not (engines / CALIBRATION_FILE).exists()
 
+
+
+# mutant M67 m05 (cmd_calibrate.py): --report's place found unwritable only after the work
+def test_a_report_that_cannot_be_written_is_refused_before_any_work(engines, tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n')
+    (tmp_path / "f").write_text("")
+    rep = tmp_path / "f" / "rep.json"
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl"), "--report",
+                                   str(rep)])
+    assert r.exit_code == 1 and f"--report {rep}: {tmp_path / 'f'} is a file, not a folder" in r.output, r.output
+    assert "prompt 1/" not in r.output and not (engines / CALIBRATION_FILE).exists()
 
 def test_governor_replay_prices_the_rule_against_fixed_depths_and_the_oracle(small_vocab_engines, tmp_path):
     """tools/governor_replay.py: DSpark's post-draft rule replayed on recorded full-depth rounds."""
@@ -1219,6 +1243,26 @@ def test_a_calibration_file_removed_meanwhile_is_not_written_back(small_vocab_en
     assert not any("kept" in x for x in said), said
 
 
+
+# mutant M67 c86 (calibrate.py calibrate): a calibration.json broken since the first read written back as read then
+def test_a_calibration_file_broken_meanwhile_is_replaced_not_restored(small_vocab_engines, tmp_path, monkeypatch):
+    """calibration.json broken (not JSON) after this calibrate read it and before it writes:
+    replaced by this mode's calibration alone, not by what the first read had seen."""
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 6, seed=1), max_new_tokens=8, holdout=0.25)  # greedy
+    real_note = C.worse_fit_note
+
+    def broken(*a, **k):  # after this run read the file, before it writes
+        (eng / CALIBRATION_FILE).write_text("{not json")
+        return real_note(*a, **k)
+
+    monkeypatch.setattr(C, "worse_fit_note", broken)
+    hot = SamplingParams(0.9, 0, 1.0, seed=1)
+    calibrate(eng, prompts(4, 6, seed=3), max_new_tokens=8, holdout=0.25, sampling=hot)
+    assert list(json.loads((eng / CALIBRATION_FILE).read_text())["modes"]) == [hot.mode]
+
 # mutation round 5, C22 (calibrate.py worse_fit_note): a fit exactly as good said to be worse
 def test_no_worse_fit_note_for_a_fit_as_good_as_the_raw_confidences():
     from specrt.runtime.calibrate import worse_fit_note
@@ -1248,3 +1292,175 @@ def test_calibrate_refuses_engines_without_a_draft(tmp_path):
     with pytest.raises(UserError, match="the engines have no draft; there is nothing to calibrate"):
         calibrate(tmp_path / "eng", prompts(16, 2), max_new_tokens=8, holdout=0.0)
     assert not (tmp_path / "eng" / CALIBRATION_FILE).exists()
+
+
+
+# M67 bug (calibrate.py calibrate): a calibration.json that cannot be read again under the lock was replaced
+def test_a_calibration_file_unreadable_when_read_again_is_not_replaced(small_vocab_engines, tmp_path, monkeypatch):
+    """calibration.json read when calibrate started, then unreadable when read again under the
+    folder's lock to write it (mode 000, or a disk's EIO): it was taken for a broken one and
+    replaced without a word, its other modes lost. An error naming it through the CLI (exit 1);
+    nothing written."""
+    import os
+    import pathlib
+
+    import specrt.runtime.calibrate as C
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 6, seed=1), max_new_tokens=8, holdout=0.25)  # greedy
+    p, real_note, real_read = eng / CALIBRATION_FILE, C.worse_fit_note, pathlib.Path.read_text
+    before = p.read_bytes()
+
+    def denied(self, *a, **k):  # what a read of a mode-000 file gets where the tests run as root
+        if self == p:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self, *a, **k)
+
+    def unreadable(*a, **k):  # after this run read the file, before it writes
+        p.chmod(0)
+        if os.geteuid() == 0:  # (root reads any file whatever its mode)
+            monkeypatch.setattr(pathlib.Path, "read_text", denied)
+        return real_note(*a, **k)
+
+    monkeypatch.setattr(C, "worse_fit_note", unreadable)
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("".join(json.dumps({"prompt_ids": x}) + "\n" for x in prompts(4, 6, seed=3)))
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "8",
+                                   "--temperature", "0.9"])
+    assert r.exit_code == 1 and f"error: {p}: cannot read (Permission denied) when read again" in r.output, r.output
+    p.chmod(0o644)
+    assert p.read_bytes() == before and "wrote" not in r.output
+    # unreadable from the start: said so when first read, and replaced, as a broken file is
+    monkeypatch.setattr(C, "worse_fit_note", real_note)
+    p.chmod(0)
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "8"])
+    assert r.exit_code == 0 and f"{CALIBRATION_FILE} is not usable ({p}: cannot read (Permission denied)); it will " \
+        "be replaced" in r.output and f"wrote {p}" in r.output, r.output
+    assert list(json.loads(p.read_bytes())["modes"]) == ["greedy"]
+
+
+# mutants c45, c47, c49, c50 (calibrate.py calibrate): a check of the arguments dropped or loosened
+def test_calibrate_refuses_arguments_it_cannot_use_before_any_work(tmp_path):
+    """No prompts, an empty held-out set, or labels that are not one per prompt: each refused
+    in its own words before the engines are opened (here there are none)."""
+    eng = tmp_path / "absent"
+    for ps, kw, message in [([], {}, "^no prompts to calibrate on$"),
+                            ([[1, 2, 3]], {"holdout_prompts": []}, "^the held-out prompt set is empty$"),
+                            ([[1, 2, 3]] * 2, {"labels": ["a", "b", "c"]}, "^labels: 3 given for 2 prompts$"),
+                            ([[1, 2, 3]] * 2, {"labels": []}, "^labels: 0 given for 2 prompts$")]:
+        with pytest.raises(UserError, match=message):
+            calibrate(eng, ps, **kw)
+    assert not any(tmp_path.iterdir())
+
+
+# mutants c97-c106 (calibrate.py format_report): columns swapped, a row or a line dropped, None as a number
+def test_the_report_table_puts_each_number_in_its_column():
+    c = {"n": [7, 3], "observed": [0.5, None], "before": [0.1, 0.2], "after": [0.05, None], "auc_before": [0.6, None],
+         "before_all": 0.12, "after_all": 0.07}
+    s = {"n": [7, 7], "observed": [0.4, 0.1], "before": [0.3, 0.25], "after": [0.2, 0.15], "auc_after": [0.7, 0.55],
+         "before_all": 0.3, "after_all": 0.2}
+    r = {"kind": "histogram", "mode": "greedy", "prompts": {"train": 3, "holdout": 1},
+         "rounds": {"train": 20, "holdout": 7}, "evaluated_on": "holdout", "depth": 2, "tau": 1.5,
+         "ece": {"conditional": c, "survival": s}, "cv_ece": {"histogram": 0.05, "isotonic": 0.06},
+         "temperatures": None, "other_mode": None,
+         "runner_ups": {"ranks": [2, 3], "rates": [0.25, None], "tries": [8.0, 0.0], "wins": [2.0, 0.0]}}
+    lines = format_report(r).splitlines()
+    assert lines[0].startswith("calibration (histogram, greedy) fitted on 3 prompts / 20 rounds; evaluated on holdout "
+                               "(1 prompts, 7 rounds); depth 2, chain tau 1.50 over all 4 prompts"), lines[0]
+    assert [x.replace("|", " ").split() for x in lines[2:5]] == [
+        ["1", "7", "0.500", "0.100", "0.050", "0.600", "7", "0.400", "0.300", "0.200", "0.700"],
+        ["2", "3", "-", "0.200", "-", "-", "7", "0.100", "0.250", "0.150", "0.550"],
+        ["all", "0.120", "0.070", "0.300", "0.200"]], lines
+    assert lines[5] == "  kind chosen by 2-fold held-out ECE: histogram 0.0500, isotonic 0.0600"
+    assert lines[6] == ("  token trees: when the first draft is rejected, the runner-up of rank 2 wins 0.250 "
+                        "(8 rounds), 3 wins - (0 rounds)")
+    assert len(lines) == 8
+
+
+# mutants c57, c59, c64, c69, c73, c75, c82, c83 (calibrate.py calibrate): numbers taken from the wrong rounds
+def test_the_held_out_numbers_are_the_held_out_rounds_and_the_fit_the_training_ones(small_vocab_engines, tmp_path):
+    """With a separate held-out set X the report's numbers before the fit, and the stored other
+    mode's as a prior, are X's rounds' (a calibrate of X alone, measured on its training
+    rounds, gives the same); tau, acceptance and new tokens are every prompt's (the same
+    whatever is held out); the fit and its stored entry are the training prompts'."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(16, 4, seed=7), max_new_tokens=16, holdout=0.0, sampling=SamplingParams(0.9, seed=1))
+    P, X = prompts(16, 4, seed=2), prompts(16, 3, seed=5)
+    a = calibrate(eng, P, max_new_tokens=16, holdout_prompts=X)
+    b = calibrate(eng, X, max_new_tokens=16, holdout=0.0, write=False)
+    assert a["other_mode"]["mode"] == b["other_mode"]["mode"] == SamplingParams(0.9).mode  # (not greedy's own)
+    for w in ("conditional", "survival"):
+        assert (a["ece"][w]["before"], a["ece"][w]["n"]) == (b["ece"][w]["before"], b["ece"][w]["n"])
+        assert a["other_mode"][w] == b["other_mode"][w]
+    c = calibrate(eng, P + X, max_new_tokens=16, holdout=0.0, write=False)
+    assert (a["tau"], a["acceptance_by_position"]) == (c["tau"], c["acceptance_by_position"])
+    assert a["new_tokens"] == c["new_tokens"] == 16 * 7
+    entry = json.loads((eng / CALIBRATION_FILE).read_text())["modes"]["greedy"]
+    assert entry["prompts"] == 4 and entry["rounds"] == a["rounds"]["train"] and entry["sampling"] is None
+    assert entry["heldout_ece"] == {w: {"before_all": a["ece"][w]["before_all"], "after_all": a["ece"][w]["after_all"]}
+                                    for w in ("conditional", "survival")}
+    assert Calibration.from_dict(entry["calibration"]).n[0].sum() == a["rounds"]["train"]  # every round reached 1
+
+
+# mutants m10, m11, m15 (cmd_calibrate.py): --reproducible or --top-p not passed on; the log on stdout
+def test_cli_json_is_stdout_alone_and_the_mode_asked_for(small_vocab_engines, tmp_path):
+    """`--json > FILE` is the report alone (the progress lines go to stderr), for the mode of
+    every sampling option given."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("\n".join(json.dumps({"prompt_ids": p}) for p in prompts(16, 2)) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--max-new-tokens", "8", "--holdout",
+                                   "0", "--temperature", "0.8", "--top-p", "0.9", "--reproducible", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["mode"] == SamplingParams(temperature=0.8, top_p=0.9, coupled=True).mode and rep["mode"].endswith(
+        ",coupled") and "top_p=0.9" in rep["mode"], rep["mode"]
+    assert "prompt 1/2" in r.stderr and f"wrote {eng / CALIBRATION_FILE}" in r.stderr, r.stderr
+
+
+# M67 bug (calibrate.py _encode): token ids taken by int(), a stream refusing them
+def test_calibrate_refuses_token_ids_that_are_not_integers(engines):
+    """A prompt's ids are checked as a stream checks them: int() took 1.7 as 1, "12" as 12 and
+    True as 1, and calibrate decoded the ids it made up without a word."""
+    for bad, said in (([1.7, 2, 3], "1.7 (at 0)"), ([1, "12", 3], "'12' (at 1)"), ([1, True, 3], "True (at 1)"),
+                      (["a", "b"], "'a' (at 0)")):
+        with pytest.raises(UserError, match=rf"^prompt 2: prompt token id {re.escape(said)}: expected an integer; "
+                                            "no prompt was decoded$"):
+            calibrate(engines, [[1, 2, 3], bad], holdout=0.0, write=False)
+
+
+
+# mutant M67 c62 (calibrate.py calibrate): runner-up counts made up for engines that verify no token trees
+def test_engines_without_token_trees_get_no_runner_up_counts(small_vocab_engines, tmp_path):
+    from specrt.engines import build_engines
+
+    eng = tmp_path / "eng"
+    build_engines(small_vocab_engines.parent / "export", "onnxruntime", (1, 2), eng, log=quiet, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64, ort_kv="append")  # (append KV: no token trees)
+    rep = calibrate(eng, prompts(16, 3, seed=2), max_new_tokens=12, holdout=0.0)
+    assert rep["runner_ups"] is None and "token trees" not in format_report(rep)
+    assert "runner_ups" not in json.loads((eng / CALIBRATION_FILE).read_text())["modes"]["greedy"]["calibration"]
+
+
+
+# mutants M67 c70, c71 (calibrate.py calibrate): the report's per-position numbers after the fit taken from before it
+def test_the_report_gives_the_fits_own_numbers_by_position(small_vocab_engines, tmp_path, monkeypatch):
+    """Per position, the report's ECE, AUC and mean prediction after the fit are the fitted map's
+    on the held-out rounds (evaluate's, kept as it runs), not the raw confidences'."""
+    import specrt.runtime.calibrate as C
+
+    seen, real = [], C.evaluate
+
+    def kept(rounds, cmap, depth):
+        seen.append((cmap, real(rounds, cmap, depth)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(C, "evaluate", kept)
+    rep = calibrate(copy(small_vocab_engines, tmp_path / "e"), prompts(16, 6, seed=2), max_new_tokens=24, holdout=0.5,
+                    write=False)
+    assert rep["file"] is None and not (tmp_path / "e" / CALIBRATION_FILE).exists()  # (write=False; mutant M67 c79)
+    [fit] = [e for cmap, e in seen if isinstance(cmap, Calibration)]
+    for w in ("conditional", "survival"):
+        e = rep["ece"][w]
+        assert (e["after"], e["auc_after"], e["predicted_after"]) == (fit[w]["ece"], fit[w]["auc"], fit[w]["predicted"])
+        assert e["after"] != e["before"]

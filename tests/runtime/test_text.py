@@ -1629,6 +1629,18 @@ def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tm
         assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, (bad, r.output)
 
 
+
+# mutant M67 m16 (cmd_calibrate.py): --chat-template-kwargs not passed on by `specrt calibrate`
+def test_calibrate_renders_its_prompts_with_the_template_variables(worded, tmp_path):
+    """calibrate's prompts go through the template with --chat-template-kwargs' variables: a cue
+    of 200 words makes the prompt too long for these engines (128 tokens), refused by its line."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w6"}\n')
+    r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(f), "--chat", "--holdout", "0",
+                                  "--max-new-tokens", "3", "--chat-template-kwargs", json.dumps({"cue": "w9 " * 200})])
+    assert r.exit_code == 1 and f"{f}:1: the prompt has 203 tokens; the engines' context limit is 128" in r.output, \
+        r.output
+
 def test_a_streams_template_variables_for_a_prompt_no_template_renders_are_refused(worded):
     """A user walk's finding: ``stream(text, chat_template_kwargs=...)`` without chat=True, or
     with token ids, dropped the variables without a word (the prompt decoded raw). The
