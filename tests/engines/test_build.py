@@ -1547,6 +1547,11 @@ def test_run_takes_token_id_prompts(tiny_engines, tmp_path):
         assert r.stdout == "\n\n".join(" ".join(map(str, a)) for a in ids) + "\n", r.stdout
         outs[gov] = ids
     assert outs["fixed:2"] == outs["off"] and all(len(a) == 5 for a in outs["off"])
+    st = tmp_path / "logprobs.json"  # --logprobs reaches the ids decoded without a tokenizer too
+    r = CliRunner().invoke(main, ["run", str(tiny_engines), "--prompts", str(f), "--max-new-tokens", "5",
+                                  "--governor", "off", "--logprobs", "1", "--stats", str(st)])
+    assert r.exit_code == 0, r.output
+    assert [[e["id"] for e in p["output_logprobs"]] for p in json.loads(st.read_text())["prompts"]] == outs["off"]
     r = CliRunner().invoke(main, ["run", str(tiny_engines), "--prompts", str(f), "--stop", "x"])
     assert r.exit_code == 1 and "--stop: stop strings need text" in r.output and "no tokenizer.json" in r.output
 

@@ -288,6 +288,12 @@ def test_low_acceptance_without_receipt_is_said(tmp_path, monkeypatch):
     assert r["trusted"] and r["low_without_receipt"] and r["note"].startswith("no training receipt")
     with Session(eng, governor="fixed:1") as s:
         assert s.untrusted is None and f"measured depth-1 acceptance {r['measured_depth1']:.2f}" in s.low_acceptance
+        low = s.low_acceptance
+    ids = tmp_path / "p.jsonl"
+    ids.write_text(json.dumps({"prompt": "x"}) + "\n")  # no tokenizer: run fails after its notes
+    out = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(ids), "--max-new-tokens", "2", "--governor",
+                                    "fixed:1"])
+    assert f"note: {low}" in out.output and "Traceback" not in out.output, out.output
     with Session(eng, governor="off") as s:
         assert s.low_acceptance is None
     # (the drafts of _measure's shorter run: the CLI's 48 tokens a prompt drafted more, so the

@@ -150,6 +150,10 @@ def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
             if got == full[:at]:
                 break
         assert s.stats()["finish_reason"] == "stop" and s.stats()["output_token_ids"] == ids[:need]
+    # and `specrt run --stop` prints the same text (and no word of the context limit: the stop ended it)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", prompt, "--max-new-tokens", "40", "--governor",
+                                  "fixed:3", "--stop", stop])
+    assert r.exit_code == 0 and r.stdout == full[:at] + "\n" and "context limit" not in r.output, r.output
 
 
 def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_path):
@@ -165,6 +169,7 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
         assert s.governor_spec == "dspark:tree=3:ngram:grow" and s.generator.governor.tree_width == 3
         assert s.generator.governor.lookup and s.generator.governor.grow
         text = "".join(s.stream("w3 w1 w4", max_new_tokens=12))
+        note = s.calibration_note
     old = tmp_path / "old"
     shutil.copytree(worded, old)
     m = json.loads((old / "engines.json").read_text())
@@ -186,6 +191,7 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
     assert json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram:grow"
+    assert f"dspark:tree=3:ngram:grow: {note}" in r.output, r.output  # (DSpark says which calibration it runs)
     # a tree's rounds are summed up on the closing line
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--governor", "fixed:1:tree=2", "--stats", str(stats)])
@@ -240,6 +246,11 @@ def test_run_checks_its_stats_path_before_decoding_and_writes_it_whole(worded, t
                                       "--stats", str(bad)])
         assert r.exit_code == 1 and f"--stats {bad}: " in r.output and message in r.output, r.output
         assert "Traceback" not in r.output and "tokens in" not in r.output, r.output
+    grow = tmp_path / "afile" / "g.npz"  # --grow-file too (it is written at the end, after every answer)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6",
+                                  "--grow-file", str(grow)])
+    assert r.exit_code == 1 and f"--grow-file {grow}: " in r.output and "is a file, not a folder" in r.output, r.output
+    assert "Traceback" not in r.output and "tokens in" not in r.output, r.output
     stats = tmp_path / "new" / "dir" / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
@@ -380,6 +391,26 @@ def test_run_closing_line_names_where_lookup_looked():
     assert _lookup_words("off:corpus") == "lookup in the context, the corpus"
     assert _lookup_words("fixed:2:grow=500") == "lookup in the context, earlier answers"
     assert _lookup_words("dspark:ngram:corpus:grow") == "lookup in the context, the corpus and earlier answers"
+
+
+def test_run_closing_line_gives_the_stats_figures_and_each_part_where_it_has_rounds(capsys):
+    """run's closing line states the stats' own figures (first token after first_token_s, tau
+    to two places); a tree's runners-up where it had a tree round, won or not, and lookup
+    where it took a round; a run stopped before its first token (no seconds) says zeros."""
+    from specrt.cli import _run_closing_lines
+    from specrt.runtime.telemetry import Telemetry
+
+    _run_closing_lines(Telemetry().to_json(), "off", [], "", None)
+    assert capsys.readouterr().err == ("[0 tokens in 0.00 s: 0.0 tok/s, first token after 0.00 s, no draft rounds, "
+                                       "governor off]\n")
+    st = Telemetry().to_json()
+    st.update(new_tokens=12, seconds=1.5, tokens_per_s=8.0, first_token_s=0.25, tau=2.4567, draft_rounds=4)
+    st["tree"].update(rounds=1, sibling_accepts=0)
+    st["lookup"].update(rounds=1, tokens_per_round=3.456)
+    _run_closing_lines(st, "fixed:3:tree=2:ngram", [], "", None)
+    assert capsys.readouterr().err == ("[12 tokens in 1.50 s: 8.0 tok/s, first token after 0.25 s, tau 2.46, governor "
+                                       "fixed:3:tree=2:ngram, runners-up in 1 round, 0 won, prompt lookup in 1 round, "
+                                       "3.46 tokens a round]\n")
 
 
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
@@ -1474,6 +1505,10 @@ def test_chat_drops_its_oldest_turns_to_fit_the_context(worded):
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
                                   "fixed:1"], input=f"{mid}\n{mid}\n{mid}\n\n")
     assert r.exit_code == 0 and "[dropped the oldest 2 turn(s) to fit the context of 128 tokens]" in r.output, r.output
+    # one turn dropped is said as well: a long turn, a short one, a long one (the first gone, 74 tokens of 96)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "4", "--governor",
+                                  "fixed:1"], input=f"{long}\n" + " ".join(["w4"] * 10) + f"\n{long}\n\n")
+    assert r.exit_code == 0 and "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]" in r.output, r.output
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "4"],
                            input=" ".join(["w4"] * 200) + "\nw3 w1\n\n")
     assert r.exit_code == 0 and "the engines' context limit is 128: skipped" in r.output, r.output
@@ -1521,8 +1556,9 @@ def test_run_logprobs_go_into_the_stats_and_need_them(worded, tmp_path):
     assert st["prompt_logprobs"][0]["top_logprobs"] is None  # (none, not the [] of logprobs=0: mutation round, S31)
     assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
     assert [(e["id"], e["logprob"], e["top_logprobs"]) for e in zero] == [(e["id"], e["logprob"], []) for e in want]
-    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "2"])
-    assert r.exit_code == 1 and "--logprobs N" in r.output and "--stats FILE" in r.output, r.output
+    for n in ("2", "0"):  # (0: each token's own logprob, which goes into --stats as well)
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", n])
+        assert r.exit_code == 1 and "--logprobs N" in r.output and "--stats FILE" in r.output, (n, r.output)
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--logprobs", "21", "--stats",
                                   str(stats)])
     assert r.exit_code == 1 and "--logprobs" in r.output and "0<=x<=20" in r.output, r.output
@@ -1618,6 +1654,10 @@ def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tm
                                   '{"cue": "w9"}'])
     assert r.exit_code == 0, r.output
     assert json.loads(s.read_text())["prompts"][0]["prompt_ids"] == [1, 6, 2, 9]
+    # and in `specrt chat`: the turn's prompt is w1 w6 w2 w9, 4 tokens (3 without the cue)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "2", "--governor", "fixed:1",
+                                  "--chat-template-kwargs", '{"cue": "w9"}'], input="w6\n")
+    assert r.exit_code == 0 and "; 0 of 4 prompt tokens reused]" in r.output, r.output
     with Session(worded, governor="fixed:1", chat_template_kwargs={"cue": "w9"}) as sess:
         assert sess.encode("w6", True) == [1, 6, 2, 9] and sess.encode("w6", True, {"cue": "w4"}) == [1, 6, 2, 4]
         "".join(sess.stream("w6", chat=True, max_new_tokens=2, chat_template_kwargs={"cue": "w5"}))
@@ -1785,6 +1825,12 @@ def test_run_reproducible_samples_the_target_only_text_of_its_seed(worded, tmp_p
         assert r.exit_code == 0, r.output
         got[gov] = [p["output_token_ids"] for p in json.loads(s.read_text())["prompts"]]
     assert got["fixed:3"] == got["off"] == got["auto"]
+    # and chat's --reproducible: a turn's answer under fixed:3 is off's
+    said = {gov: CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "24", "--temperature", "1.0",
+                                           "--seed", "5", "--reproducible", "--governor", gov], input="w6 w7\n")
+            for gov in ("off", "fixed:3")}
+    assert all(r.exit_code == 0 for r in said.values()), said
+    assert said["off"].stdout == said["fixed:3"].stdout and said["off"].stdout.strip(), said["off"].output
 
 
 def test_the_coupled_sampling_experiment_runs_and_checks_its_promise(worded, tmp_path, capsys):
@@ -3027,9 +3073,14 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
     p.write_text(json.dumps({"prompt_ids": [3, 1, 4]}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
     base = ["run", str(worded), "--prompts", str(p), "--max-new-tokens", "3"]
     seeded = ["--temperature", "1", "--seed", "7"]
-    for gov, said in (("fixed:3", False), ("off", False), ("3", False), ("fixed:3:ngram", True), ("adaptive", True)):
+    # ("1:tree=2" is fixed:1 with a tree: the tree's option is not read as the governor's name)
+    for gov, said in (("fixed:3", False), ("off", False), ("3", False), ("1:tree=2", False), ("fixed:3:ngram", True),
+                      ("adaptive", True)):
         r = CliRunner().invoke(main, [*base, *seeded, "--governor", gov])
         assert r.exit_code == 0 and ("note: --seed 7: under" in r.output) == said, (gov, r.output)
+    # greedy decoding samples nothing: its own note says the seed has no effect, not that it may not repeat
+    r = CliRunner().invoke(main, [*base, "--temperature", "0", "--seed", "7", "--governor", "adaptive"])
+    assert r.exit_code == 0 and "note: --seed 7: under" not in r.output and "no effect" in r.output, r.output
     r = CliRunner().invoke(main, [*base, "--temperature", "1", "--seed", "-1", "--governor", "adaptive"])
     assert r.exit_code == 0 and "note: --seed" not in r.output, r.output  # (-1: no seed)
     r = CliRunner().invoke(main, [*base, *seeded, "--governor", "adaptive", "--reproducible"])
@@ -3053,6 +3104,10 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
     p.write_text(json.dumps({"messages": [{"role": "user", "content": "w5"}]}) + "\n")  # (always templated)
     r = CliRunner().invoke(main, [*base, *kw])
     assert r.exit_code == 0 and said not in r.output, r.output
+    # token ids beside a text prompt that --chat templates: one prompt uses the variables, nothing to say
+    p.write_text(json.dumps({"prompt_ids": [3, 1, 4]}) + "\n" + json.dumps({"prompt": "w5 w6"}) + "\n")
+    r = CliRunner().invoke(main, [*base, "--chat", *kw])
+    assert r.exit_code == 0 and said not in r.output and "note: --chat: 1 of the 2" in r.output, r.output
 
 
 def test_a_prefill_cut_short_keeps_the_rows_it_reused(worded, monkeypatch):
