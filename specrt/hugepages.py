@@ -56,11 +56,13 @@ def honours_tunable(lib: tuple[int, int] | None) -> bool:
 def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
     """Whether a process started with ``env`` should get the tunable added: not where glibc
     is older than 2.35 (``glibc``, default this process's), which ignores it (a benchmark
-    report then claimed huge pages that no allocation got)."""
+    report then claimed huge pages that no allocation got), nor where ``env`` sets the
+    tunable itself (ours, or the user's 0 or 2, which ours after it would override)."""
     env = os.environ if env is None else env
+    own = [p for p in env.get("GLIBC_TUNABLES", "").split(":") if p.startswith(TUNABLE.split("=")[0] + "=")]
     return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
             and honours_tunable(glibc or glibc_version())
-            and thp_mode(setting) == "madvise" and TUNABLE not in env.get("GLIBC_TUNABLES", ""))
+            and thp_mode(setting) == "madvise" and not own)
 
 
 def with_thp(env: dict | None = None, on: bool = True, setting: Path = SETTING) -> dict:

@@ -774,10 +774,41 @@ def test_the_reports_machine_is_read_from_proc():
                                        "avx512_bf16", "amx_tile") if f in flags]
     assert info["versions"]["numpy"] == importlib.metadata.version("numpy")
     # a process held to one CPU (taskset, a batch job's cpuset) reports 1 in its affinity, not the machine's count
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from specrt.machine import machine_info; print(machine_info(1)['cpus_in_affinity'])")
+    # (and the machine's own count as its logical CPUs, not the affinity's)
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); from specrt.machine import "
+            "machine_info; i = machine_info(1); print(i['cpus_in_affinity'], i['logical_cpus'] == os.cpu_count())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "1", (r.stdout, r.stderr)
+    assert r.returncode == 0 and r.stdout.strip() == "1 True", (r.stdout, r.stderr)
+
+
+def test_the_reports_machine_names_its_platform_and_cpu_limit(monkeypatch):
+    """The rest of the report's machine (mutants of specrt/machine.py survived each): the
+    physical cores and the cgroup's CPU limit each as specrt.engines.onnxruntime reads them
+    (a limit here stands in for a container's), the OS, Python, the load at the start, every
+    package's version (None for one not installed), and /proc's model name where Python's
+    platform names only the architecture ("x86_64")."""
+    import importlib.metadata
+    import platform
+    from pathlib import Path
+
+    import specrt.engines.onnxruntime as ort
+    from specrt.machine import dist_version, machine_info
+
+    monkeypatch.setattr(ort, "cgroup_cpu_limit", lambda: 1.5)
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    info = machine_info(1)
+    assert info["physical_cores"] == ort.physical_cores() and info["cgroup_cpu_limit"] == 1.5
+    assert (info["os"], info["python"]) == (platform.platform(), platform.python_version())
+    load = info["load_average_at_start"]
+    assert len(load) == 3 and all(isinstance(x, float) and x >= 0 for x in load)
+    assert set(info["versions"]) == {"specrt", "numpy", "onnxruntime", "onnxruntime-genai", "llama-cpp-python",
+                                     "torch", "transformers", "tokenizers"}
+    assert info["versions"]["onnxruntime"] == importlib.metadata.version("onnxruntime")
+    assert dist_version("specrt-no-such-package") is None
+    names = [v.strip() for k, _, v in (ln.partition(":") for ln in Path("/proc/cpuinfo").read_text().splitlines())
+             if k.strip() == "model name"]
+    if names:
+        assert info["cpu_model"] == names[0]
 
 
 # ---- a second round (session 62): the summary's figures, identity rows, report folder ----

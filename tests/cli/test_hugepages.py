@@ -29,6 +29,8 @@ def test_thp_mode_reads_the_bracketed_choice(tmp_path):
     assert thp_mode(tmp_path / "missing") is None
 
     assert thp_mode(_setting(tmp_path, "madvise\n")) is None  # (no bracketed choice: unknown, nothing asked)
+    if Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():  # the kernel's own, read by default
+        assert thp_mode() in ("always", "madvise", "never")
 
 
 def test_glibc_version_and_the_first_one_that_reads_the_tunable():
@@ -48,6 +50,8 @@ def test_glibc_version_and_the_first_one_that_reads_the_tunable():
 
 @linux
 def test_tunable_added_only_where_it_helps(tmp_path):
+    # glibc's value 1 is transparent huge pages by madvise; 2 would map from the reserved hugetlbfs pool instead
+    assert TUNABLE == "glibc.malloc.hugetlb=1"
     madvise, always = _setting(tmp_path, "always [madvise] never"), tmp_path / "a"
     always.write_text("[always] madvise never")
     assert with_thp({}, setting=madvise)["GLIBC_TUNABLES"] == TUNABLE
@@ -55,9 +59,14 @@ def test_tunable_added_only_where_it_helps(tmp_path):
     env = with_thp({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, setting=madvise)
     assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
     assert with_thp(env, setting=madvise)["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]
+    # the user's own choice (0: none, 2: the hugetlbfs pool) is kept, not overridden by ours after it (glibc reads
+    # the tunables in order, the last one set wins)
+    for own in ("glibc.malloc.hugetlb=0", "a=1:glibc.malloc.hugetlb=2"):
+        assert with_thp({"GLIBC_TUNABLES": own}, setting=madvise)["GLIBC_TUNABLES"] == own
     assert "GLIBC_TUNABLES" not in with_thp({}, setting=always)  # the kernel does it anyway
     assert "GLIBC_TUNABLES" not in with_thp({"SPECRT_THP": "0"}, setting=madvise)  # the user said no
     assert not wanted({"SPECRT_THP": "0"}, setting=madvise)
+    assert wanted({"SPECRT_THP": "yes"}, setting=madvise)  # (only 0 turns it off)
     # glibc before 2.35 ignores the tunable: not added (a report claimed huge pages there)
     assert wanted({}, setting=madvise, glibc=(2, 35)) and not wanted({}, setting=madvise, glibc=(2, 31))
 
@@ -192,6 +201,9 @@ def test_the_environment_given_is_copied_not_changed(tmp_path, monkeypatch):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("SPECRT_THP", raising=False)
     assert TUNABLE in with_thp(setting=madvise)["GLIBC_TUNABLES"] and "GLIBC_TUNABLES" not in os.environ
+    # an empty environment given is the one judged, not this process's (here off: SPECRT_THP=0)
+    monkeypatch.setenv("SPECRT_THP", "0")
+    assert with_thp({}, setting=madvise) == {"GLIBC_TUNABLES": TUNABLE}
 
 
 

@@ -750,6 +750,8 @@ def test_the_memory_available_where_the_files_are_odd(tmp_path):
     assert cgroup_room(tmp_path) is None and mem_available(tmp_path) == 60 * gib
     (tmp_path / "proc/meminfo").write_text("MemTotal: 1 kB\nMemAvailable: lots kB\n")
     assert mem_available(tmp_path) is None
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1 kB\nMemAvailable:\n")  # (a value cut off)
+    assert mem_available(tmp_path) is None
     (tmp_path / "proc/self").mkdir()
     (tmp_path / "proc/self/cgroup").write_text("0::/box\n")
     group = tmp_path / "sys/fs/cgroup/box"
@@ -762,6 +764,24 @@ def test_the_memory_available_where_the_files_are_odd(tmp_path):
     (group / "memory.stat").write_text(f"anon {gib}\n")
     assert cgroup_room(tmp_path) == gib
 
+
+def test_the_memory_available_in_a_container_whose_own_group_is_the_mounts_root(tmp_path):
+    """A container sees its own group as the cgroup mount's root, while /proc/self/cgroup
+    names the host's path, which does not exist there: the groups above it (the root, which
+    holds the container's limit) are still read (a mutant stopping at the first unreadable
+    group survived)."""
+    from specrt.machine import cgroup_room, mem_available
+
+    gib = 2 ** 30
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text(f"MemAvailable: {60 * gib // 1024} kB\n")
+    (tmp_path / "proc/self/cgroup").write_text("0::/system.slice/docker-1234.scope\n")
+    root = tmp_path / "sys/fs/cgroup"
+    root.mkdir(parents=True)
+    (root / "memory.max").write_text(f"{4 * gib}\n")
+    (root / "memory.current").write_text(f"{gib}\n")
+    (root / "memory.stat").write_text(f"inactive_file {gib}\n")
+    assert cgroup_room(tmp_path) == 4 * gib and mem_available(tmp_path) == 4 * gib
 
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
     """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the

@@ -175,6 +175,7 @@ def test_build_sizes_activation_memory_per_call_where_tensorrt_can(monkeypatch):
         def set_preview_feature(self, feature, on):
             self.features[feature] = on
 
+    assert RUNTIME_RESIZE == "RUNTIME_ACTIVATION_RESIZE_10_10"  # (the enum's name in TensorRT 10.10)
     for have, want in ((True, {"resize": True}), (False, {})):  # TensorRT >= 10.10, then an older one
         features = SimpleNamespace(**({RUNTIME_RESIZE: "resize"} if have else {}), PROFILE_SHARING_0806="sharing")
         monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(PreviewFeature=features))
@@ -256,6 +257,34 @@ def test_a_rebuild_starts_from_the_timing_cache_of_this_environment(tmp_path):
     assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
 
 
+
+class PlanIO:
+    """A deserialised plan's I/O as TensorRT's ICudaEngine reports it (no TensorRT here): its
+    enums print as "DataType.FLOAT", "TensorIOMode.INPUT"."""
+
+    TRT_NAME = {"float32": "FLOAT", "int64": "INT64", "float16": "HALF", "bfloat16": "BF16"}
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+        self.num_io_tensors = len(tensors)
+
+    @classmethod
+    def of(cls, io, skip=()) -> dict:
+        """name -> (mode, TensorRT dtype) of a contract's tensors, its optional inputs left out."""
+        ins = [t for t in io.inputs if not t.optional]
+        return {**{t.name: ("INPUT", cls.TRT_NAME[t.dtype]) for t in ins if t.name not in skip},
+                **{t.name: ("OUTPUT", cls.TRT_NAME[t.dtype]) for t in io.outputs if t.name not in skip}}
+
+    def get_tensor_name(self, i):
+        return list(self.tensors)[i]
+
+    def get_tensor_mode(self, name):
+        return f"TensorIOMode.{self.tensors[name][0]}"
+
+    def get_tensor_dtype(self, name):
+        return f"DataType.{self.tensors[name][1]}"
+
+
 def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
     """With check_inputs off polygraphy copies a feed's raw bytes into the binding: an int64
     feed into an int32 one would decode garbage. A plan's tensors are checked against the
@@ -264,24 +293,7 @@ def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
     from specrt.engines.tensorrt import check_plan_io
 
     io = C.target_io(L, KVH, D, V, H, "float32")
-
-    class Plan:  # TensorRT's enums print as "DataType.FLOAT", "TensorIOMode.INPUT"
-        def __init__(self, tensors):
-            self.tensors = tensors
-            self.num_io_tensors = len(tensors)
-
-        def get_tensor_name(self, i):
-            return list(self.tensors)[i]
-
-        def get_tensor_mode(self, name):
-            return f"TensorIOMode.{self.tensors[name][0]}"
-
-        def get_tensor_dtype(self, name):
-            return f"DataType.{self.tensors[name][1]}"
-
-    trt_name = {"float32": "FLOAT", "int64": "INT64", "float16": "HALF"}
-    good = {**{t.name: ("INPUT", trt_name[t.dtype]) for t in io.inputs if not t.optional},
-            **{t.name: ("OUTPUT", trt_name[t.dtype]) for t in io.outputs}}
+    Plan, good = PlanIO, PlanIO.of(io)
     check_plan_io(Plan(good), io.inputs, io.outputs, "target.plan", "decode")
     for change, words in (({C.INPUT_IDS: ("INPUT", "INT32")}, f"{C.INPUT_IDS}: int32 in the plan, the contract's is int64"),
                           ({C.LOGITS: ("INPUT", "FLOAT")}, f"{C.LOGITS}: an input of the plan, expected an output")):
@@ -290,6 +302,123 @@ def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
     missing = {k: v for k, v in good.items() if k != C.POSITION_IDS}
     with pytest.raises(UserError, match=f"{C.POSITION_IDS}: missing.*rebuild it"):
         check_plan_io(Plan(missing), io.inputs, io.outputs, "target.plan", "decode")
+
+
+def test_the_plan_io_check_reads_every_export_dtype_and_names_what_differs():
+    """float16 and bfloat16 exports' plans (TensorRT's HALF, BF16) pass as the contract's, an
+    optional input the plan lacks (the in-place layout's logits_from) is no problem, a dtype
+    the table lacks is named in lower case, and the refusal names the first four problems, then
+    "..." (mutants of tensorrt.py's dtype table and message survived)."""
+    from specrt.engines.tensorrt import check_plan_io
+
+    for dtype in ("float16", "bfloat16"):
+        io = C.target_io(L, KVH, D, V, H, dtype)
+        check_plan_io(PlanIO(PlanIO.of(io)), io.inputs, io.outputs, "target.plan", "decode")
+    io = C.target_io(L, KVH, D, V, H, "float32", kv="inplace")
+    assert any(t.optional for t in io.inputs)
+    check_plan_io(PlanIO(PlanIO.of(io)), io.inputs, io.outputs, "target.plan", "decode")
+    odd = {**PlanIO.of(io), C.INPUT_IDS: ("INPUT", "INT4")}
+    with pytest.raises(UserError, match=f"{C.INPUT_IDS}: int4 in the plan, the contract's is int64"):
+        check_plan_io(PlanIO(odd), io.inputs, io.outputs, "target.plan", "decode")
+    renamed = {(k.upper() if k == C.INPUT_IDS else k): v for k, v in PlanIO.of(io).items()}  # (names are exact)
+    with pytest.raises(UserError, match=f"{C.INPUT_IDS}: missing"):
+        check_plan_io(PlanIO(renamed), io.inputs, io.outputs, "target.plan", "decode")
+    names = [t.name for t in io.inputs if not t.optional]
+    for n, tail in ((4, r"missing\); rebuild"), (5, r"missing; \.\.\.\); rebuild")):
+        with pytest.raises(UserError, match=tail) as e:
+            check_plan_io(PlanIO(PlanIO.of(io, skip=names[:n])), io.inputs, io.outputs, "target.plan", "decode")
+        assert [w for w in names if f"{w}: missing" in str(e.value)] == names[:4]
+
+
+def test_trt_runners_share_one_plan_and_the_last_one_frees_it(tmp_path, monkeypatch):
+    """Runners of one plan's roles share the deserialised engine (TrtEngines): each asks
+    polygraphy for its own profile, the plan stays loaded while any runner holds it and goes
+    with the last; a plan whose I/O is not the contract is refused before a runner starts, and
+    is not held. TensorRT is absent here: the engine is put in as loaded, and polygraphy's
+    TrtRunner (which needs TensorRT to activate) is a stand-in that records its arguments."""
+    import polygraphy.backend.trt as pg
+
+    from specrt.engines.tensorrt import TrtEngines, TrtRunner
+
+    made = []
+
+    class PgRunner:
+        def __init__(self, engine, name, optimization_profile, allocation_strategy):
+            made.append(self)
+            self.engine, self.profile, self.allocation = engine, optimization_profile, allocation_strategy
+            self.calls = []
+
+        def activate(self):
+            pass
+
+        def infer(self, feeds, check_inputs):
+            self.calls.append(check_inputs)
+            return {}
+
+        def deactivate(self):
+            pass
+
+    monkeypatch.setattr(pg, "TrtRunner", PgRunner)
+    roles = make_roles(DEPTHS, CTX, "peagle")
+    io = C.target_io(L, KVH, D, V, H, "float32")
+    engines, plan = TrtEngines(tmp_path), PlanIO(PlanIO.of(io))
+    engines._engines["target.plan"] = plan  # (deserialised: EngineFromBytes, which needs TensorRT)
+    runners = [TrtRunner(roles[r], io.inputs, io.outputs, engines, "target.plan", i)
+               for i, r in ((1, "decode"), (3, "verify.2"))]
+    for r in runners:
+        r.activate()
+    assert [(m.engine, m.profile, m.allocation) for m in made] == [(plan, 1, "runtime"), (plan, 3, "runtime")]
+    runners[0].infer_impl({})
+    assert made[0].calls == [False]  # (the feeds are checked by base.py's Runner, not again by polygraphy)
+    runners[0].deactivate()
+    assert engines._engines == {"target.plan": plan}
+    runners[1].deactivate()
+    assert engines._engines == {} and engines._users == {}
+    engines._engines["target.plan"] = PlanIO(PlanIO.of(io, skip=[C.LOGITS]))
+    r = TrtRunner(roles["decode"], io.inputs, io.outputs, engines, "target.plan", 1)
+    with pytest.raises(UserError, match=f"{C.LOGITS}: missing"):
+        r.activate()
+    assert len(made) == 2 and engines._engines == {} and not r.is_active
+
+
+def test_a_failed_tensorrt_call_is_an_engine_failure_in_one_line(tmp_path):
+    """polygraphy's exception for a failed TensorRT call becomes an EngineFailure naming the
+    engine, the plan and TensorRT, its words on one line and cut at 600 characters."""
+    from polygraphy.exception import PolygraphyException
+
+    from specrt.engines.tensorrt import TrtEngines, TrtRunner
+    from specrt.errors import EngineFailure
+
+    class Failing:
+        def infer(self, feeds, check_inputs):
+            raise PolygraphyException("execute_async_v3 failed:\n    out of memory " + "x" * 1000)
+
+    io = C.target_io(L, KVH, D, V, H, "float32")
+    r = TrtRunner(make_roles(DEPTHS, CTX, "peagle")["decode"], io.inputs, io.outputs, TrtEngines(tmp_path), "t.plan", 1)
+    r._runner = Failing()
+    with pytest.raises(EngineFailure, match=r"^engine 'decode' \(t\.plan\) failed in TensorRT: "
+                                            r"execute_async_v3 failed: out of memory x+$") as e:
+        r.infer_impl({})
+    assert len(str(e.value).split(": ", 1)[1]) == 600
+
+
+def test_a_broken_tensorrt_install_is_a_user_error(tmp_path, monkeypatch):
+    """A tensorrt package that is there but cannot load its libraries (libnvinfer missing: an
+    ImportError, not ModuleNotFoundError) is the same clear error as none, not a traceback,
+    for a build and for a plan loaded to run."""
+    import sys
+
+    from specrt.engines.tensorrt import TrtEngines, require_tensorrt
+
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.py").write_text(
+        "raise ImportError('libnvinfer.so.10: cannot open shared object file: No such file or directory')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    with pytest.raises(UserError, match="needs TensorRT"):
+        require_tensorrt()
+    with pytest.raises(UserError, match="needs TensorRT"):  # loading a plan to run says the same
+        TrtEngines(tmp_path).acquire("target.plan")
 
 
 def test_depths_reach_max_depth_inclusive():
