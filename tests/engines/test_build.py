@@ -755,14 +755,19 @@ def test_the_memory_available_where_the_files_are_odd(tmp_path):
     (tmp_path / "proc/self").mkdir()
     (tmp_path / "proc/self/cgroup").write_text("0::/box\n")
     group = tmp_path / "sys/fs/cgroup/box"
-    group.mkdir(parents=True)
-    (group / "memory.max").write_text(f"{2 * gib}\n")
-    (group / "memory.current").write_text(f"{3 * gib}\n")
-    (group / "memory.stat").write_text(f"inactive_file {gib // 2}\n")
+    _memory_group(group, limit=2 * gib, current=3 * gib, stat=f"inactive_file {gib // 2}")
     assert cgroup_room(tmp_path) == 0 and mem_available(tmp_path) == 0
     (group / "memory.current").write_text(f"{gib}\n")
     (group / "memory.stat").write_text(f"anon {gib}\n")
     assert cgroup_room(tmp_path) == gib
+
+
+def _memory_group(folder, limit: int, current: int, stat: str) -> None:
+    """A cgroup v2 group's memory files: its limit, its use and one memory.stat line."""
+    folder.mkdir(parents=True)
+    (folder / "memory.max").write_text(f"{limit}\n")
+    (folder / "memory.current").write_text(f"{current}\n")
+    (folder / "memory.stat").write_text(f"{stat}\n")
 
 
 def test_the_memory_available_in_a_container_whose_own_group_is_the_mounts_root(tmp_path):
@@ -776,12 +781,9 @@ def test_the_memory_available_in_a_container_whose_own_group_is_the_mounts_root(
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/meminfo").write_text(f"MemAvailable: {60 * gib // 1024} kB\n")
     (tmp_path / "proc/self/cgroup").write_text("0::/system.slice/docker-1234.scope\n")
-    root = tmp_path / "sys/fs/cgroup"
-    root.mkdir(parents=True)
-    (root / "memory.max").write_text(f"{4 * gib}\n")
-    (root / "memory.current").write_text(f"{gib}\n")
-    (root / "memory.stat").write_text(f"inactive_file {gib}\n")
+    _memory_group(tmp_path / "sys/fs/cgroup", limit=4 * gib, current=gib, stat=f"inactive_file {gib}")
     assert cgroup_room(tmp_path) == 4 * gib and mem_available(tmp_path) == 4 * gib
+
 
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
     """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the
