@@ -709,3 +709,22 @@ def test_only_this_outputs_stale_partial_folders_are_removed_whatever_its_name(t
         (tmp / "f").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".e1.partial-old", "e[1]"]
     assert capsys.readouterr().err == f"note: removed {mine}, the partial folder of an interrupted run\n"
+
+
+# ---- mutation round of session 67 (specrt/sampling_options.py; S-ids in its report) ----
+
+
+def test_a_path_argument_gives_a_pathlib_path(tmp_path):
+    # kills S07 (PathArg without path_type=Path: a str, where the commands join and test paths)
+    import click
+
+    from specrt.sampling_options import PathArg, existing_folder
+
+    @click.command()
+    @click.argument("folder", type=existing_folder())
+    @click.option("--out", type=PathArg("a file"))
+    def show(folder, out):
+        click.echo(f"{type(folder).__name__} {type(out).__name__}")
+
+    r = CliRunner().invoke(show, [str(tmp_path), "--out", str(tmp_path / "o.json")])
+    assert r.exit_code == 0 and r.output == f"{type(tmp_path).__name__} {type(tmp_path).__name__}\n", r.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -775,3 +776,20 @@ def test_a_corpus_of_the_longest_n_grams_allowed_loads(tmp_path):
     c = Corpus.build([list(range(70))], nmin=3, nmax=64)
     d = Corpus.load(_saved(tmp_path, c), vocab_size=70)
     assert d.nmax == 64 and d.next(list(range(64))) == c.next(list(range(64))) == (64, evidence(1, 1), 6)  # pruned
+
+
+def test_an_answers_file_that_cannot_be_read_is_named_as_the_answers(tmp_path):
+    # kills P07 (session 67: json_lines saying "the prompts" of every file it reads)
+    bad = tmp_path / "a.jsonl"
+    bad.write_bytes(json.dumps({"text": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(bad))}: cannot read the answers \("):
+        read_sequences([bad], encode=lambda s: [len(s)])
+
+
+def test_answers_whose_prompt_ids_are_no_list_are_refused(tmp_path):
+    # kills P14 (session 67: is_token_ids taking anything iterable: "" and {} as no ids)
+    bad = tmp_path / "a.jsonl"
+    for ids in ("", {}):
+        bad.write_text(json.dumps({"prompt_ids": ids, "answer_ids": [1]}) + "\n")
+        with pytest.raises(UserError, match=r"a.jsonl:1: prompt_ids / answer_ids must be lists of token ids"):
+            read_sequences([bad])

@@ -3736,3 +3736,115 @@ def test_a_special_token_that_is_no_text_is_not_given_to_the_template(tmp_path):
     tpl = "{{ unk_token is defined }}|{{ bos_token }}|"
     f = _chat_folder(tmp_path / "u", {"chat_template": tpl, "unk_token": ["<unk>"], "bos_token": 7})
     assert Text(f).render_chat("hi") == "False||"
+
+
+def test_a_prompt_files_null_ids_or_messages_and_a_long_bad_value_are_said_as_they_should(tmp_path):
+    """Mutants P32, P45, P48, P49 (session 67, prompt_files.py): a null 'prompt_ids' beside a
+    prompt is no ids (the text is the prompt, not None); a null 'messages' is no conversation
+    (refused, not read as the prompt None); a bad value is quoted cut to its first 60
+    characters, however long."""
+    from specrt.prompt_files import CONVERSATION, prompts_of, read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "a", "prompt_ids": None}) + "\n")
+    assert prompts_of(read_prompt_file(f)) == ["a"]
+    f.write_text(json.dumps({"prompt": "a", "messages": None}) + "\n")
+    with pytest.raises(UserError) as e:
+        read_prompt_file(f)
+    assert str(e.value) == f"{f}:1: 'messages': {CONVERSATION}"
+    ids = ["x"] * 100
+    f.write_text(json.dumps({"prompt_ids": ids}) + "\n")
+    with pytest.raises(UserError) as e:
+        read_prompt_file(f)
+    assert str(e.value) == f"{f}:1: 'prompt_ids' must be a non-empty list of integer token ids; got {repr(ids)[:60]}"
+    bad = {"role": "user", "content": 7, "note": "y" * 100}
+    f.write_text(json.dumps({"messages": [bad]}) + "\n")
+    with pytest.raises(UserError) as e:
+        read_prompt_file(f)
+    assert str(e.value).endswith(f"'content'; got {repr(bad)[:60]}"), str(e.value)
+
+
+def test_a_conversations_text_parts_are_joined_as_they_are_keeping_its_other_fields():
+    """Mutants P30, P31 (session 67): joined puts a message's text parts together with
+    nothing between them (the text as the client cut it) and keeps the message's other fields
+    (a name, as serve and `specrt run --prompts` pass every field to the template)."""
+    from specrt.prompt_files import joined
+
+    parts = [{"type": "text", "text": "a b"}, {"type": "text", "text": "c"}]
+    msgs = [{"role": "user", "name": "ann", "content": parts}, {"role": "assistant", "content": "d"}]
+    assert joined(msgs) == [{"role": "user", "name": "ann", "content": "a bc"}, {"role": "assistant", "content": "d"}]
+
+
+def test_the_sampling_options_say_their_note_on_stderr_and_their_edges_in_their_own_words(worded):
+    """Mutants S20, S22, S25, S33, S36, S37 (session 67, sampling_options.py): one sampling
+    option at --temperature 0 "has" no effect, said on stderr (stdout is the answers); --top-k
+    -2 and --seed -2 are refused by the options themselves, in their words, before anything
+    loads."""
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "2", "--seed", "3"])
+    said = "note: --seed has no effect at --temperature 0 (greedy decoding); give --temperature T > 0 to sample\n"
+    assert r.exit_code == 0 and r.stderr.startswith(said), r.stderr
+    assert "note:" not in r.stdout, r.stdout
+    for option, said in (("--top-k", "an integer >= -1 (0 or -1: off)"),
+                         ("--seed", "a non-negative integer (-1: none)")):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--temperature", "1", option, "-2"])
+        assert r.exit_code == 1 and r.output == f"error: {option} -2: expected {said}\n", r.output
+
+
+def test_the_sampling_options_are_listed_in_order_with_their_defaults():
+    """Mutants S23, S40, S44 (session 67): `specrt run --help` and `specrt calibrate --help`
+    list --temperature, --top-p, --top-k, --seed, --reproducible in that order, with the
+    defaults the options take (calibrate's seed 0; run's seed none, not shown)."""
+    for command, seed in (("run", None), ("calibrate", 0)):
+        r = CliRunner().invoke(main, [command, "--help"], terminal_width=200)
+        assert r.exit_code == 0, r.output
+        text = " ".join(r.output.split())
+        where = [text.index(o + " ") for o in ("--temperature", "--top-p", "--top-k", "--seed", "--reproducible")]
+        assert where == sorted(where), (command, text)
+        assert "--top-p FLOAT 1 = off. [default: 1.0]" in text, (command, text)
+        assert "--top-k INTEGER 0 (or -1) = off. [default: 0]" in text, (command, text)
+        seed_help = text[where[3]:where[4]]
+        assert ("[default: 0]" in seed_help) == (seed == 0), (command, seed_help)
+
+
+def test_a_prompt_file_not_in_utf8_or_a_gzip_cut_short_is_a_user_error(tmp_path):
+    """Mutants P05, P06 (session 67): a prompts file in another encoding (Latin-1's é) and a
+    .gz cut short (gzip's EOFError) are said naming the file, not a traceback."""
+    import gzip
+
+    from specrt.prompt_files import read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
+    g = tmp_path / "p.jsonl.gz"
+    g.write_bytes(gzip.compress(b'{"prompt": "hi"}\n' * 100)[:-20])
+    for path in (f, g):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(path))}: cannot read the prompts \("):
+            read_prompt_file(path)
+
+
+def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are_taken(tmp_path):
+    """Mutants P21, P22, P23, P34, P36, P42, P53, P54 (session 67): a line with no prompt is said
+    in full, naming token ids only where they are taken; a 'prompt' that is no string is no
+    prompt; ids are not looked at where they are not taken; a part is text only as an object
+    with type "text" and a string text (a bare string part was an AttributeError); a
+    conversation that is none is said in full."""
+    from specrt.prompt_files import read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": 3}) + "\n")
+    said = f"{f}:1: expected an object with a string field 'prompt' or a conversation 'messages'"
+    for allow_ids, tail in ((True, " (or a non-empty list of token ids 'prompt_ids')"), (False, "")):
+        with pytest.raises(UserError) as e:
+            read_prompt_file(f, allow_ids=allow_ids)
+        assert str(e.value) == said + tail
+    f.write_text(json.dumps({"prompt": "a", "prompt_ids": []}) + "\n")
+    assert read_prompt_file(f, allow_ids=False) == [{"prompt": "a", "prompt_ids": []}]
+    for part in ({"type": "image_url", "text": "x"}, {"type": "text", "text": 3}, {"type": "text"}, "x"):
+        f.write_text(json.dumps({"messages": [{"role": "user", "content": [part]}]}) + "\n")
+        with pytest.raises(UserError, match=r":1: 'messages': messages\[0\]\.content: only text parts"):
+            read_prompt_file(f)
+    f.write_text(json.dumps({"messages": []}) + "\n")
+    with pytest.raises(UserError) as e:
+        read_prompt_file(f)
+    assert str(e.value) == (f"{f}:1: 'messages': a conversation must be a non-empty list of messages, objects with "
+                            "a string 'role' and a string (or text parts) 'content'")
