@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from specrt.errors import UserError
+
+from .conftest import rewrite_byte
+
+
+def _edit(folder: Path, fn) -> None:
+    p = folder / "engines.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    p.write_text(json.dumps(m))
 
 
 def test_a_folder_whose_path_no_longer_leads_to_a_folder_is_said_removed(tiny_engines, tmp_path):
@@ -25,3 +36,76 @@ def test_a_folder_whose_path_no_longer_leads_to_a_folder_is_said_removed(tiny_en
         Path(tmp_path / "p").write_text("a file where the folder was")
         with pytest.raises(UserError, match=f"{eng}: removed while this ran; x not written$"):
             e.check_still_here("x")
+
+
+def test_verify_false_loads_engines_whose_files_no_longer_match_their_hashes(engines_copy):
+    """``verify=False`` skips re-hashing the files, as its callers ask (the default refuses
+    them): mutant E03, the flag ignored, re-hashed every file on every such load."""
+    from specrt.engines import load_engines
+
+    rewrite_byte(engines_copy / "target.onnx.data")
+    with pytest.raises(UserError, match=r"target\.onnx\.data: content differs"):
+        load_engines(engines_copy)
+    assert load_engines(engines_copy, verify=False).depths == (1, 2, 4, 8)
+
+
+def test_a_verify_depth_not_built_names_the_depths_built(tiny_engines):
+    """engines.verify(d) for a depth not built names the folder, the depth and the depths
+    built (mutant E27: the roles listed instead of the depths)."""
+    from specrt.engines import load_engines
+
+    e = load_engines(tiny_engines, verify=False)
+    with pytest.raises(UserError, match=f"^{re.escape(str(tiny_engines))}: no verify engine for depth 3 "
+                                        r"\(built depths: 1, 2, 4, 8\)$"):
+        e.verify(3)
+    assert e.verify(4) is e.runners["verify.4"] and e.target(5) is e.verify(4)
+
+
+def test_a_session_mode_given_at_load_re_derives_prepacking_unless_that_is_given_too(tiny_engines):
+    """ort_overrides' "sessions" alone re-derives prepacking from the new mode (per-depth:
+    off, so that the target's sessions share one copy of the weights); given beside it, the
+    caller's "prepack" is kept (mutant E13: replaced by the derived value, E14: the build's
+    kept)."""
+    from specrt.engines import load_engines
+
+    assert load_engines(tiny_engines, verify=False).ort_settings.prepack is True  # (built shared)
+    e = load_engines(tiny_engines, verify=False, ort_overrides={"sessions": "per-depth"})
+    assert (e.ort_settings.sessions, e.ort_settings.prepack) == ("per-depth", False)
+    e = load_engines(tiny_engines, verify=False, ort_overrides={"sessions": "per-depth", "prepack": True})
+    assert (e.ort_settings.sessions, e.ort_settings.prepack) == ("per-depth", True)
+
+
+def test_a_portable_view_lets_go_of_its_scratch_buffers_with_the_engine_set(tiny_engines):
+    """The portable view's scratch KV buffers (the engine's whole layout, O(context)) go
+    with the engine set's deactivation (mutant E60: kept for the life of the view); a view
+    of engines not activated is refused, naming what to do (E59: an InternalError at its
+    first call); asked again, the view is the same one, left active."""
+    import numpy as np
+
+    from specrt import contracts as C
+    from specrt.engines import load_engines
+
+    feeds = {C.INPUT_IDS: np.array([[5, 6, 7]]), C.POSITION_IDS: np.array([[0, 1, 2]]),
+             **{n: np.zeros((1, 0, 2, 16), np.float32) for i in range(4) for n in (C.past_key(i), C.past_value(i))}}
+    e = load_engines(tiny_engines, verify=False)
+    with pytest.raises(UserError, match="^engine 'verify.2': activate the engine set before using its portable view$"):
+        e.portable("verify.2")
+    with e:
+        assert e.is_active  # (E39: said inactive)
+        view = e.portable("verify.2")
+        assert view is not e.runners["verify.2"] and view.infer(feeds)[C.LOGITS].shape == (1, 3, 1000)
+        assert len(view._bufs) == 8
+        assert e.portable("verify.2") is view  # (E31: activated again, E32: another view each time)
+    assert not e.is_active and not view.is_active and view._bufs == {}
+
+
+@pytest.mark.parametrize("wb", [[1, 2], "1", None])
+def test_weight_bytes_of_another_type_are_named(engines_copy, wb):
+    """engines.json's 'weight_bytes' not an object of graph -> bytes is named with the fix
+    (mutant E51: the type check dropped, an AttributeError traceback from bench's memory check)."""
+    from specrt.engines import load_engines
+
+    _edit(engines_copy, lambda m: m.update(weight_bytes=wb))
+    e = load_engines(engines_copy, verify=False)
+    with pytest.raises(UserError, match=f"{re.escape(str(engines_copy / 'engines.json'))}: field 'weight_bytes' is "):
+        e.weight_bytes

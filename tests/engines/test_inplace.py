@@ -201,6 +201,8 @@ def test_positions_the_buffers_cannot_take_are_refused(tiny_engines):
             with pytest.raises(UserError, match=r"position_ids .* must be consecutive \(or a chain then siblings "
                                                 r"of its second token\) and the 3 new rows must fit"):
                 r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array(pos), **bufs})
+        with pytest.raises(UserError, match=r"'verify.2': position_ids \[5, 7, 8\] must be consecutive"):
+            r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[5, 7, 8]]), **bufs})  # (B45)
         r.infer({C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.array([[5, 6, 6]]), **bufs})  # a tree
         short = {**bufs, C.cache_key(1): np.zeros((1, 2, C_ - 1, 16), np.float32)}
         with pytest.raises(UserError, match="cache_key.1"):
@@ -388,11 +390,14 @@ def test_a_prefill_can_ask_for_its_last_rows_logits_only(tiny_engines):
                 np.testing.assert_allclose(kv[k][0, :, :s], whole_kv[k][0, :, :s], **TOL)
         r.infer({**feeds, **base, C.LOGITS_FROM: np.array(s - 1)})
         assert r.infer({**feeds, **base})[C.LOGITS].shape[1] == s  # left out again: every row
-        with pytest.raises(UserError, match=r"logits_from = 13 is not a row of the 13 new tokens"):
-            r.infer({**feeds, **base, C.LOGITS_FROM: np.array(s)})
+        for first in (s, -1):  # (-1 too: mutant B25 passed a negative row to the engine)
+            with pytest.raises(UserError, match=rf"logits_from = {first} is not a row of the 13 new tokens"):
+                r.infer({**feeds, **base, C.LOGITS_FROM: np.array(first)})
         three = {C.INPUT_IDS: np.ones((1, 3), np.int64), C.POSITION_IDS: np.arange(3)[None]}
-        with pytest.raises(UserError, match=r"verify.2'.*logits_from = 2: this engine's new_tokens is fixed at 3"):
-            engines.verify(2).infer({**three, **base, C.LOGITS_FROM: np.array(2)})
+        for first in (2, 1):  # (1 too: mutant B23 refused only values past 1)
+            with pytest.raises(UserError, match=rf"verify.2'.*logits_from = {first}: this engine's new_tokens is "
+                                                "fixed at 3"):
+                engines.verify(2).infer({**three, **base, C.LOGITS_FROM: np.array(first)})
 
 
 def test_prompt_rows_come_out_the_same_in_calls_of_any_length_from_two(tiny_engines):

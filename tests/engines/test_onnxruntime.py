@@ -212,6 +212,52 @@ def test_an_input_fed_again_still_meets_the_other_inputs_dims(tiny_engines_appen
             r.infer({**feeds, last: state.tkv[last][:, :state.n - 1]})
 
 
+def test_a_runner_refuses_a_second_activation_and_names_what_the_feeds_lack(tiny_engines_append, state):
+    """A runner activated twice is a bug of its caller (mutant B03: the session acquired again
+    over the first); feeds short of an input name every one missing (B07: only the first,
+    found later); an array fed again whose dtype was reinterpreted in place (same object, same
+    shape) is checked again (B10: passed by identity to the backend)."""
+    with load_engines(tiny_engines_append) as engines:
+        r = engines.verify(2)
+        with pytest.raises(InternalError, match="^runner verify.2 is already active$"):
+            r.activate()
+        feeds = state.target_feeds(np.arange(3), state.n)
+        short = {k: v for k, v in feeds.items() if k not in (C.past_key(1), C.past_value(3))}
+        with pytest.raises(UserError, match=rf"^engine 'verify.2': inputs do not match: missing "
+                                            rf"\['{C.past_key(1)}', '{C.past_value(3)}'\], unknown \[\]$"):
+            r.infer(short)
+        renamed = {("bogus" if k == C.past_value(3) else k): v for k, v in feeds.items()}
+        with pytest.raises(UserError, match=rf"^engine 'verify.2': input '{C.past_value(3)}' is missing$"):
+            r.infer(renamed)  # (as many feeds as inputs, one of another name: B39 named none)
+        with pytest.raises(UserError, match=r"input 'input_ids' has shape \[1, 4\], expected \[1, 3\]$"):
+            r.infer(state.target_feeds(np.arange(4), state.n))  # (B15: a fixed dim too large passed)
+        r.infer(feeds)
+        # another array of the shape and dtype of the one checked last: checked itself (B09: taken as
+        # the same, a strided view went to the backend)
+        strided = np.ascontiguousarray(np.repeat(feeds[C.past_key(0)], 2, axis=1))[:, ::2]
+        with pytest.raises(UserError, match=f"input '{C.past_key(0)}' must be C-contiguous"):
+            r.infer({**feeds, C.past_key(0): strided})
+        feeds[C.INPUT_IDS].dtype = np.float64  # (the same bytes, read as another type)
+        with pytest.raises(UserError, match="input 'input_ids' has dtype float64, expected int64"):
+            r.infer(feeds)
+
+
+def test_a_runner_deactivated_twice_releases_its_session_once(tiny_engines_append, state):
+    """deactivate() on an inactive runner does nothing (mutant B05: it released the shared
+    session again, and the engine set's own deactivation then failed with a KeyError). A
+    call records its time (``last_inference_time``, polygraphy's inference time in
+    `specrt compare`: None after every call with mutant B38)."""
+    with load_engines(tiny_engines_append) as engines:
+        r = engines.verify(2)
+        r.deactivate()
+        r.deactivate()
+        r4 = engines.verify(4)
+        assert r4.last_inference_time is None
+        assert r4.infer(state.target_feeds(np.arange(5), state.n))[C.LOGITS].shape[1] == 5
+        assert 0 < r4.last_inference_time < 60
+    assert all(x.graph._sessions == {} and x.graph._users == {} for x in engines.runners.values())
+
+
 def test_external_weights_are_read_whole_and_from_the_graphs_own_folder(tmp_path):
     """load_onnx and initializer_reader read a weight's external data by offset from the file
     beside the graph: a data file cut short is named with the weight (its bytes came out
@@ -247,6 +293,15 @@ def test_external_weights_are_read_whole_and_from_the_graphs_own_folder(tmp_path
     for read in (load_onnx, lambda p: initializer_reader(p)[1]("w")):
         with pytest.raises(UserError, match=rf"^{path}: weight 'w' points outside its folder \('../m.onnx.data'\)$"):
             read(path)
+    # offset and length left out (ONNX makes both optional): the weight's whole size from the file's start
+    # (mutants B35, B44: 0 bytes read, or from byte 1)
+    (tmp_path / "g" / "m.onnx.data").write_bytes(w.tobytes())
+    t = m.graph.initializer[0]
+    del t.external_data[:]
+    t.external_data.add(key="location", value="m.onnx.data")
+    onnx.save_model(m, str(path))
+    np.testing.assert_array_equal(initializer_reader(path)[1]("w"), w)
+    np.testing.assert_array_equal(numpy_helper.to_array(load_onnx(path).graph.initializer[0]), w)
 
 
 def test_a_runner_whose_engine_fails_to_load_stays_inactive(engines_copy):

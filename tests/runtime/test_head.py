@@ -679,3 +679,22 @@ def test_a_screened_tie_is_judged_in_units_of_the_rows_scale(tmp_path, monkeypat
         monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
         r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (0.0, rtol))
     assert r["passed"] and r["ties"] == r["rows"] == 2
+
+
+def test_a_screened_targets_portable_view_gives_the_exports_outputs(small_screened):
+    """The portable view of a screened target gives the export graph's outputs: the fp32
+    logits and no head_hidden or head_norms (mutant E58: head_norms kept beside them);
+    ``screened = True`` gives the greedy path's, both kept."""
+    from specrt.engines.compare import RoleInputs
+
+    e = small_screened
+    feeds = RoleInputs(e, 8).feeds("verify.2")[0]
+    v = e.portable("verify.2")
+    exported = {t["name"] for t in e.export["graphs"]["target"]["io"]["outputs"]}
+    out = v.infer(feeds)
+    assert set(out) == exported and out[C.LOGITS].dtype == np.float32, sorted(out)
+    v.screened = True
+    try:
+        assert {C.HEAD_HIDDEN, C.HEAD_NORMS} <= set(v.infer(feeds))
+    finally:
+        v.screened = False
