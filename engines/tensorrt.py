@@ -195,6 +195,9 @@ def check_plan_io(engine: Any, inputs: tuple[C.TensorSpec, ...], outputs: tuple[
                 problems.append(f"{t.name}: an {got[0].lower()} of the plan, expected an {kind.lower()}")
             elif got[1] != t.dtype:
                 problems.append(f"{t.name}: {got[1]} in the plan, the contract's is {t.dtype}")
+    known = {t.name for t in inputs}  # (an input no feed sets fails at the first call, not here)
+    problems += [f"{n}: an input of the plan the contract lacks" for n, (m, _) in io.items()
+                 if m == "INPUT" and n not in known]
     if problems:
         raise UserError(f"{file} (role {role}): its I/O is not the engines' contract ({'; '.join(problems[:4])}"
                         f"{'; ...' if len(problems) > 4 else ''}); rebuild it with `specrt build --backend tensorrt`")

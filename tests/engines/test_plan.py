@@ -321,8 +321,13 @@ def test_the_plan_io_check_reads_every_export_dtype_and_names_what_differs():
     with pytest.raises(UserError, match=f"{C.INPUT_IDS}: int4 in the plan, the contract's is int64"):
         check_plan_io(PlanIO(odd), io.inputs, io.outputs, "target.plan", "decode")
     renamed = {(k.upper() if k == C.INPUT_IDS else k): v for k, v in PlanIO.of(io).items()}  # (names are exact)
-    with pytest.raises(UserError, match=f"{C.INPUT_IDS}: missing"):
+    with pytest.raises(UserError, match=f"{C.INPUT_IDS}: missing; {C.INPUT_IDS.upper()}: an input of the plan the "
+                                        "contract lacks"):
         check_plan_io(PlanIO(renamed), io.inputs, io.outputs, "target.plan", "decode")
+    # an output the contract lacks is computed and dropped; an input no feed sets is refused
+    check_plan_io(PlanIO({**PlanIO.of(io), "spare": ("OUTPUT", "FLOAT")}), io.inputs, io.outputs, "t.plan", "decode")
+    with pytest.raises(UserError, match="spare: an input of the plan the contract lacks\\); rebuild"):
+        check_plan_io(PlanIO({**PlanIO.of(io), "spare": ("INPUT", "FLOAT")}), io.inputs, io.outputs, "t.plan", "d")
     names = [t.name for t in io.inputs if not t.optional]
     for n, tail in ((4, r"missing\); rebuild"), (5, r"missing; \.\.\.\); rebuild")):
         with pytest.raises(UserError, match=tail) as e:
