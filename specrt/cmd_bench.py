@@ -1722,13 +1722,13 @@ def run_record(started: float, engines, prompts_file: Path) -> dict:
 
 def hugepages_settings(peer_threading: str) -> dict:
     """Whether specrt's workers and the peers' get huge pages for their weights."""
-    from specrt.hugepages import TUNABLE, glibc_version, honours_tunable, thp_mode
+    from specrt.hugepages import glibc_version, has_tunable, honours_tunable, thp_mode
 
     lib = glibc_version()
     honoured = honours_tunable(lib)
 
     def on(job):
-        return (honoured and TUNABLE in worker_env(job).get("GLIBC_TUNABLES", "")) or thp_mode() == "always"
+        return (honoured and has_tunable(worker_env(job))) or thp_mode() == "always"
 
     return {"kernel_thp": thp_mode(), "glibc": ".".join(map(str, lib)) if lib else None,
             "specrt": on({"kind": "specrt"}), "peers": on({"kind": "peer", "hugepages": peer_threading == "matched"})}

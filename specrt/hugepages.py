@@ -53,13 +53,24 @@ def honours_tunable(lib: tuple[int, int] | None) -> bool:
     return lib is not None and lib >= (2, 35)
 
 
+def tunables(env: dict) -> list[str]:
+    """The entries of ``env``'s GLIBC_TUNABLES, in order (glibc reads the last of a name)."""
+    return [p for p in env.get("GLIBC_TUNABLES", "").split(":") if p]
+
+
+def has_tunable(env: dict | None = None) -> bool:
+    """Whether a process started with ``env`` (default os.environ) gets huge pages from
+    specrt's tunable: its entry among the GLIBC_TUNABLES."""
+    return TUNABLE in tunables(os.environ if env is None else env)
+
+
 def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
     """Whether a process started with ``env`` should get the tunable added: not where glibc
     is older than 2.35 (``glibc``, default this process's), which ignores it (a benchmark
     report then claimed huge pages that no allocation got), nor where ``env`` sets the
     tunable itself (ours, or the user's 0 or 2, which ours after it would override)."""
     env = os.environ if env is None else env
-    own = [p for p in env.get("GLIBC_TUNABLES", "").split(":") if p.startswith(TUNABLE.split("=")[0] + "=")]
+    own = [p for p in tunables(env) if p.startswith(TUNABLE.split("=")[0] + "=")]
     return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
             and honours_tunable(glibc or glibc_version())
             and thp_mode(setting) == "madvise" and not own)
@@ -69,7 +80,7 @@ def with_thp(env: dict | None = None, on: bool = True, setting: Path = SETTING) 
     """A copy of ``env`` (default os.environ) with the tunable added (``on``) when wanted,
     or removed (``on=False``: a peer run as shipped)."""
     env = dict(os.environ if env is None else env)
-    parts = [p for p in env.get("GLIBC_TUNABLES", "").split(":") if p]
+    parts = tunables(env)
     if on and wanted(env, setting):
         parts.append(TUNABLE)
     elif not on:

@@ -54,7 +54,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from specrt.hugepages import TUNABLE, with_thp  # noqa: E402
+from specrt.hugepages import TUNABLE, has_tunable, with_thp  # noqa: E402
 
 VARIANTS = {
     "shared": {},
@@ -70,12 +70,6 @@ VARIANTS = {
     "ortgenai": None,  # onnxruntime-genai's own decode of the same target: per-token time at each context
     "4k-pages": {},  # the default settings in a process without huge pages for the weights (specrt/hugepages.py)
 }
-
-
-def huge_pages() -> bool:
-    """Whether this process was started with the malloc tunable that gives large allocations
-    huge pages (specrt/hugepages.py): every child but 4k-pages is meant to be."""
-    return TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":")
 
 
 def rss_bytes() -> int:
@@ -185,7 +179,7 @@ def ortgenai_worker(engines_dir: Path, contexts: list[int], repeats: int, rounds
             lat[f"{c}/{k}"] = float(np.median(v))
     e.deactivate()
     return {"variant": "ortgenai", "settings": {"threads": threads, "spin": spin}, "kv_layout": "ortgenai",
-            "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model), "huge_pages": huge_pages()}
+            "latency": lat, "peak_rss": peak_rss_bytes(), "model": str(model), "huge_pages": has_tunable()}
 
 
 def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[int], repeats: int, rounds: int,
@@ -247,8 +241,8 @@ def worker(engines_dir: Path, variant: str, contexts: list[int], depths: list[in
     return {"variant": variant, "settings": used, "kv_layout": "inplace" if inplace else "append",
             "weights": weights, "kv_bytes": kv_bytes,
             "rss_before": rss0, "rss_loaded": rss_loaded, "peak_rss": peak_rss_bytes(), "load_s": load_s,
-            "latency": lat, "cache_tokens": max_ctx, "huge_pages": huge_pages(), "alloc_per_step_max": max(per_step[5:]),
-            "alloc_per_step_median": float(np.median(per_step)),
+            "latency": lat, "cache_tokens": max_ctx, "huge_pages": has_tunable(),
+            "alloc_per_step_max": max(per_step[5:]), "alloc_per_step_median": float(np.median(per_step)),
             "rss_growth": rss_end - rss_20, "steps": steps, "step_past": [max(contexts), max(contexts) + steps]}
 
 
