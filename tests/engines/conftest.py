@@ -3,6 +3,7 @@ transformers and speculators), exported once per session, and engines built from
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -52,6 +53,14 @@ def engines_copy(tiny_engines, tmp_path) -> Path:
     dst = tmp_path / "engines"
     shutil.copytree(tiny_engines, dst)
     return dst
+
+
+def edit_manifest(folder: Path, fn) -> None:
+    """Rewrite ``folder``'s engines.json with ``fn`` applied to its parsed contents."""
+    p = folder / "engines.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    p.write_text(json.dumps(m))
 
 
 def rewrite_byte(path: Path, offset: int | None = None) -> None:

@@ -19,14 +19,7 @@ from specrt.errors import UserError
 from specrt.manifest import load_export, manifest_digest
 from tests.bad_paths import bad_paths
 
-from .conftest import DEPTHS, quiet, rewrite_byte
-
-
-def edit_manifest(folder, fn):
-    p = folder / "engines.json"
-    m = json.loads(p.read_text())
-    fn(m)
-    p.write_text(json.dumps(m))
+from .conftest import DEPTHS, edit_manifest, quiet, rewrite_byte
 
 
 def test_manifest_records_what_the_runtime_trusts(tiny_engines, tiny_export):

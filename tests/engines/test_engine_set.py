@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -11,14 +10,7 @@ import pytest
 
 from specrt.errors import UserError
 
-from .conftest import rewrite_byte
-
-
-def _edit(folder: Path, fn) -> None:
-    p = folder / "engines.json"
-    m = json.loads(p.read_text())
-    fn(m)
-    p.write_text(json.dumps(m))
+from .conftest import edit_manifest, rewrite_byte
 
 
 def test_a_folder_whose_path_no_longer_leads_to_a_folder_is_said_removed(tiny_engines, tmp_path):
@@ -105,7 +97,7 @@ def test_weight_bytes_of_another_type_are_named(engines_copy, wb):
     (mutant E51: the type check dropped, an AttributeError traceback from bench's memory check)."""
     from specrt.engines import load_engines
 
-    _edit(engines_copy, lambda m: m.update(weight_bytes=wb))
+    edit_manifest(engines_copy, lambda m: m.update(weight_bytes=wb))
     e = load_engines(engines_copy, verify=False)
     with pytest.raises(UserError, match=f"{re.escape(str(engines_copy / 'engines.json'))}: field 'weight_bytes' is "):
         e.weight_bytes

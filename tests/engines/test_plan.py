@@ -293,15 +293,15 @@ def test_a_plan_whose_io_is_not_the_contract_is_refused_at_activation():
     from specrt.engines.tensorrt import check_plan_io
 
     io = C.target_io(L, KVH, D, V, H, "float32")
-    Plan, good = PlanIO, PlanIO.of(io)
-    check_plan_io(Plan(good), io.inputs, io.outputs, "target.plan", "decode")
+    good = PlanIO.of(io)
+    check_plan_io(PlanIO(good), io.inputs, io.outputs, "target.plan", "decode")
     for change, words in (({C.INPUT_IDS: ("INPUT", "INT32")}, f"{C.INPUT_IDS}: int32 in the plan, the contract's is int64"),
                           ({C.LOGITS: ("INPUT", "FLOAT")}, f"{C.LOGITS}: an input of the plan, expected an output")):
         with pytest.raises(UserError, match=f"target.plan \\(role decode\\): .*{words}"):
-            check_plan_io(Plan({**good, **change}), io.inputs, io.outputs, "target.plan", "decode")
+            check_plan_io(PlanIO({**good, **change}), io.inputs, io.outputs, "target.plan", "decode")
     missing = {k: v for k, v in good.items() if k != C.POSITION_IDS}
     with pytest.raises(UserError, match=f"{C.POSITION_IDS}: missing.*rebuild it"):
-        check_plan_io(Plan(missing), io.inputs, io.outputs, "target.plan", "decode")
+        check_plan_io(PlanIO(missing), io.inputs, io.outputs, "target.plan", "decode")
 
 
 def test_the_plan_io_check_reads_every_export_dtype_and_names_what_differs():
