@@ -80,34 +80,29 @@ from specrt.engines.base import Runner, np_dtype
 from specrt.engines.plan import Role
 from specrt.errors import EngineFailure, UserError
 from specrt.limits import MAX_THREADS, whole
+from specrt.machine import cgroup_levels, read_or_none
 
 SESSION_MODES = ("shared", "per-depth")
 OPT_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
 
 
-def cgroup_cpu_limit(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/cgroup")) -> float | None:
+def cgroup_cpu_limit(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/cgroup"),
+                     mountinfo: str | None = None) -> float | None:
     """The CPU bandwidth this process's cgroups allow, in CPUs (quota / period), or None when
     unlimited or unknown. cgroup v2 (cpu.max) and v1 (cpu.cfs_quota_us / cpu.cfs_period_us);
     every level from the process's own cgroup up to the mount's root is read and the smallest
     limit kept (a container sees its own cgroup as the root, or a path absent from its mount).
+    The mounts are /proc/self/mountinfo's (``mountinfo``; without it, the usual places under
+    ``root``): a v1 cpu controller co-mounted with others or mounted elsewhere is found there.
     A container given 2 CPUs on a 64-core host has 64 CPUs in its affinity mask: ONNX Runtime
     sized by those runs 32 spinning threads on 2 CPUs' time."""
-    try:
-        text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
-    except OSError:  # pragma: no cover - non-Linux
-        return None
-    places = []  # (mount folder, cgroup path, v2?)
-    for line in text.splitlines():
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":
-            places.append((root, path, True))
-        elif "cpu" in controllers.split(","):
-            places += [(root / name, path, False) for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]
+    if proc_cgroup is None:
+        proc_cgroup, mountinfo = read_or_none(Path("/proc/self/cgroup")), read_or_none(Path("/proc/self/mountinfo"))
+        if proc_cgroup is None:  # pragma: no cover - non-Linux
+            return None
     limits = []
-    for mount, path, v2 in places:
-        parts = [p for p in path.strip().split("/") if p]
-        for depth in range(len(parts), -1, -1):
-            folder = mount.joinpath(*parts[:depth])
+    for levels, v2 in cgroup_levels(proc_cgroup, "cpu", mountinfo, root, ("cpu", "cpu,cpuacct", "cpuacct,cpu")):
+        for folder in levels:
             try:
                 if v2:
                     quota, period = (folder / "cpu.max").read_text().split()[:2]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 from pathlib import Path
 
 
@@ -27,6 +28,58 @@ def mem_available(root: Path = Path("/")) -> int | None:
     return room if avail is None else avail if room is None else min(avail, room)
 
 
+def read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def cgroup_mounts(mountinfo: str, root: Path = Path("/")) -> list[tuple[Path, str, frozenset[str] | None]]:
+    """The cgroup file systems /proc/self/mountinfo lists: (mount point under ``root``, the
+    cgroup path the mount shows as its root, its v1 controllers; None for cgroup v2). A v1
+    controller may share a hierarchy with others (``memory,hugetlb``) or be mounted outside
+    /sys/fs/cgroup: only the mount table says where."""
+    mounts = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])  # (spaces are \040)
+        controllers = None if tail[0] == "cgroup2" else frozenset(tail[2].split(","))
+        mounts.append((root / point.lstrip("/"), fields[3], controllers))
+    return mounts
+
+
+def cgroup_levels(proc_cgroup: str, controller: str, mountinfo: str | None, fallback: Path,
+                  v1_names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[list[Path], bool]]:
+    """For each of this process's cgroups (``proc_cgroup``: /proc/self/cgroup) that holds
+    ``controller``: its folder and each above it up to its mount's root (the group first), and
+    whether it is cgroup v2. Mounts come from ``mountinfo`` (cgroup_mounts, under ``root``); where it is
+    unknown or lists none for a group, the usual places: ``fallback`` (/sys/fs/cgroup) for v2,
+    ``fallback``/NAME for each of ``v1_names`` for v1. A container sees its own group as the
+    mount's root, where the path /proc names may not exist: the levels above are still there."""
+    mounts = cgroup_mounts(mountinfo, root) if mountinfo is not None else []
+    found = []
+    for line in proc_cgroup.splitlines():
+        _, listed, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = listed == ""
+        if not v2 and controller not in listed.split(","):
+            continue
+        places = [(point, top) for point, top, held in mounts
+                  if (held is None if v2 else held is not None and controller in held)]
+        if not places:
+            places = [(fallback, "/")] if v2 else [(fallback / name, "/") for name in v1_names]
+        for mount, top in places:
+            top, shown = top.rstrip("/"), path.strip()
+            if top and (shown == top or shown.startswith(top + "/")):  # (the mount shows this part of the tree)
+                shown = shown[len(top):]
+            parts = [p for p in shown.split("/") if p]
+            found.append(([mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)], v2))
+    return found
+
+
 def cgroup_room(root: Path = Path("/")) -> int | None:
     """Bytes this process's memory cgroup (v2, or v1's memory controller) can still take: the
     least, over its group and each group above it up to the mount's root, of a limited group's
@@ -34,23 +87,16 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
     none can be read. (A limit on a parent binds too: a systemd slice's MemoryMax, a Slurm
     job's, a container's root with the processes in a child group.)"""
     try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
+        proc_cgroup = (root / "proc/self/cgroup").read_text()
     except OSError:
         return None
     rooms = []
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":  # v2: memory.max, memory.current, memory.stat's inactive_file
-            names, base = ("memory.max", "memory.current", "inactive_file"), root / "sys/fs/cgroup"
-        elif "memory" in controllers.split(","):  # v1 (its total_ counts the group's children too)
-            names, base = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), \
-                root / "sys/fs/cgroup/memory"
-        else:
-            continue
-        leaf = base / path.strip("/")
-        # the group and those above it; a container sees its own group as the mount's root,
-        # where the path /proc names may not exist
-        for folder in [leaf, *(base / p for p in leaf.relative_to(base).parents)]:
+    for levels, v2 in cgroup_levels(proc_cgroup, "memory", read_or_none(root / "proc/self/mountinfo"),
+                                    root / "sys/fs/cgroup", ("memory",), root):
+        # v2: memory.max, memory.current, memory.stat's inactive_file; v1's total_ counts the group's children too
+        names = ("memory.max", "memory.current", "inactive_file") if v2 else \
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        for folder in levels:
             try:
                 limit = (folder / names[0]).read_text().strip()
                 used = int((folder / names[1]).read_text())

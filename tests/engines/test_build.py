@@ -778,6 +778,42 @@ def test_the_memory_available_in_a_container_whose_own_group_is_the_mounts_root(
     assert cgroup_room(tmp_path) == 4 * gib and mem_available(tmp_path) == 4 * gib
 
 
+def test_the_memory_cgroup_is_found_where_the_mount_table_puts_it(tmp_path):
+    """cgroup v1 may mount the memory controller with others (``memory,hugetlb``: the folder
+    /sys/fs/cgroup/memory,hugetlb) or outside /sys/fs/cgroup (/cgroup/memory, older
+    distributions), and a mount may show only part of the tree (its root /docker/abc: the
+    group's own folder is the mount point): /proc/self/mountinfo says where. Each limit was
+    looked for under /sys/fs/cgroup/memory alone, not found, and a build past it was killed."""
+    from specrt.machine import cgroup_mounts, cgroup_room, mem_available
+
+    gib = 2 ** 30
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text(f"MemAvailable: {60 * gib // 1024} kB\n")
+    (tmp_path / "proc/self/cgroup").write_text("6:hugetlb,memory:/docker/abc\n1:name=systemd:/docker/abc\n")
+    for point, top, want in (("/sys/fs/cgroup/memory,hugetlb", "/", "sys/fs/cgroup/memory,hugetlb/docker/abc"),
+                             ("/cgroup/mem\\040ory", "/", "cgroup/mem ory/docker/abc"),
+                             ("/sys/fs/cgroup/memory,hugetlb", "/docker/abc", "sys/fs/cgroup/memory,hugetlb")):
+        (tmp_path / "proc/self/mountinfo").write_text(
+            "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+            f"35 31 0:32 {top} {point} rw,nosuid shared:7 - cgroup cgroup rw,hugetlb,memory\n"
+            "40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n")
+        group = tmp_path / want
+        group.mkdir(parents=True)
+        (group / "memory.limit_in_bytes").write_text(f"{8 * gib}\n")
+        (group / "memory.usage_in_bytes").write_text(f"{3 * gib}\n")
+        (group / "memory.stat").write_text(f"total_inactive_file {gib}\n")
+        assert cgroup_room(tmp_path) == 6 * gib and mem_available(tmp_path) == 6 * gib, point
+        shutil.rmtree(tmp_path / want.split("/")[0])
+    # a mount table that names no memory hierarchy leaves the usual place, /sys/fs/cgroup/memory
+    (tmp_path / "proc/self/mountinfo").write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n")
+    _memory_group(tmp_path / "sys/fs/cgroup/box", limit=2 * gib, current=gib, stat="inactive_file 0")
+    (tmp_path / "proc/self/cgroup").write_text("0::/box\n")
+    assert cgroup_room(tmp_path) == gib
+    # the mount table's lines that are no cgroup, or cut short, are passed over
+    assert cgroup_mounts("1 2 0:1 / /x rw - cgroup\n1 2 0:1 / rw - cgroup cgroup rw,cpu\ngarbage\n\n") == []
+    assert cgroup_mounts("1 2 0:1 /a /x rw - cgroup2 cgroup2 rw\n", tmp_path) == [(tmp_path / "x", "/a", None)]
+
+
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):
     """ONNX Runtime's CPU provider has no bfloat16 kernels: the build said so only when the
     profiling step loaded the graph, naming a file of the temporary folder it had removed."""

@@ -574,6 +574,35 @@ def test_cgroup_cpu_limits_are_read_from_v1_and_v2_files(tmp_path):
     assert cgroup_cpu_limit("garbage\n\n", tmp_path / "none") is None
 
 
+def test_the_cpu_cgroup_is_found_where_the_mount_table_puts_it(tmp_path):
+    """cgroup v1's cpu controller co-mounted with cpuset (``cpuset,cpu,cpuacct``), or cgroup v2
+    at /sys/fs/cgroup/unified beside v1 (a hybrid host): /proc/self/mountinfo says where the
+    folders are; the three usual names alone missed those limits (the build's default threads
+    then followed every CPU of the host)."""
+    from specrt.engines.onnxruntime import cgroup_cpu_limit
+
+    mounts = (f"32 31 0:29 / {tmp_path}/v1/cpuset,cpu,cpuacct rw - cgroup cgroup rw,cpuset,cpu,cpuacct\n"
+              f"41 31 0:38 /pod {tmp_path}/unified rw - cgroup2 cgroup2 rw,nsdelegate\n")
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box").mkdir(parents=True)
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box/cpu.cfs_quota_us").write_text("250000\n")
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box/cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit("3:cpuset,cpu,cpuacct:/box\n", tmp_path / "none", mounts) == 2.5
+    assert cgroup_cpu_limit("3:cpuset,cpu,cpuacct:/box\n", tmp_path / "none") is None  # (the usual names)
+    (tmp_path / "unified/c1").mkdir(parents=True)
+    (tmp_path / "unified/c1/cpu.max").write_text("50000 100000\n")
+    assert cgroup_cpu_limit("0::/pod/c1\n", tmp_path / "none", mounts) == 0.5  # (the mount shows /pod as its root)
+    assert cgroup_cpu_limit("3:cpuset,cpu,cpuacct:/box\n0::/pod/c1\n", tmp_path / "none", mounts) == 0.5
+    # only the mounts of the group's own hierarchy are read (decoy files no real hierarchy has show which)
+    mounts += f"36 31 0:33 / {tmp_path}/v1/devices rw - cgroup cgroup rw,devices\n"
+    (tmp_path / "v1/devices/box").mkdir(parents=True)
+    (tmp_path / "v1/devices/box/cpu.cfs_quota_us").write_text("10000\n")
+    (tmp_path / "v1/devices/box/cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "v1/cpuset,cpu,cpuacct/pod/c1").mkdir(parents=True)
+    (tmp_path / "v1/cpuset,cpu,cpuacct/pod/c1/cpu.max").write_text("10000 100000\n")
+    assert cgroup_cpu_limit("3:cpuset,cpu,cpuacct:/box\n", tmp_path / "none", mounts) == 2.5
+    assert cgroup_cpu_limit("0::/pod/c1\n", tmp_path / "none", mounts) == 0.5
+
+
 def test_physical_cores_follow_the_cgroup_limit_rounded_up(monkeypatch):
     """The build's default threads: no more than the cgroup's CPU quota, rounded up (1.5 CPUs
     of quota: 2 threads), at least 1, never more than the cores."""
