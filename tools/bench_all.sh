@@ -39,7 +39,7 @@ OUT=${1:-out/bench-all}
 PY=.venv/bin/python
 SPECRT=.venv/bin/specrt
 [ -x $SPECRT ] || { echo "error: $SPECRT missing: run bash tools/test.sh once (it creates the venv)" >&2; exit 1; }
-$PY -m pip install -q --disable-pip-version-check -e ".[export,bench]"
+$PY -m pip install -q --disable-pip-version-check -e ".[export,demo,bench]"
 TARGET=$($PY tools/smollm2.py)
 mkdir -p "$OUT" results
 stamp() { echo "[bench_all] $(date +%T) $*"; }

@@ -12,7 +12,7 @@ OUT=${SPECRT_DEMO_OUT:-out/demo}
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch pinned first: 2.13.0 is the CPU build on this machine's disk (only tools/ need it)
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[export]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[export,demo]"
 PY=.venv/bin/python
 SPECRT=.venv/bin/specrt
 TARGET=$($PY tools/smollm2.py)

