@@ -80,14 +80,15 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     assert "Traceback" not in r.output
 
 
-def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer) -> Path:
-    """A tiny random Llama of ``vocab`` tokens, ``with_tokenizer(folder)`` writing its
-    tokenizer files, and a random P-EAGLE draft, built for depths 1 and 3 (context 128)."""
+def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer, **target_config) -> Path:
+    """A tiny random Llama of ``vocab`` tokens (``target_config``: its config.json's other
+    values), ``with_tokenizer(folder)`` writing its tokenizer files, and a random P-EAGLE
+    draft, built for depths 1 and 3 (context 128)."""
     from specrt.engines import build_engines
     from specrt.export.export import export
     from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
-    t = write_tiny_target(root / "t", "llama", vocab_size=vocab)
+    t = write_tiny_target(root / "t", "llama", vocab_size=vocab, **target_config)
     with_tokenizer(t)
     d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=draft_vocab, mask_token_id=vocab - 1)
     export(t, d, root / "exp")
@@ -103,11 +104,12 @@ def worded(tmp_path_factory):
     return _tiny_text_pair(tmp_path_factory.mktemp("worded"), 16, 12, _words)
 
 
-def _words(t) -> None:
+def _words(t, special: tuple[str, ...] = ()) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(special))  # (an EOS as real tokenizers mark theirs: left out of the text)
     tok.save(str(t / "tokenizer.json"))
     # a chat template in words: system w3, user w1, assistant w2, a message's ``name`` after
     # its content when it has one (and a variable ``cue`` after the assistant's w2 when the
@@ -1981,6 +1983,19 @@ def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
                            input="w1 w2\n\n")
     assert r.exit_code == 0 and "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, \
         r.output
+
+
+def test_chat_says_nothing_of_the_context_when_an_answer_ends_at_eos(tmp_path):
+    """Mutant C22 (session 67): an answer that ends at the target's EOS (as a real model's
+    chat answers do) was not told from one cut at the context: the tiny engines never emit
+    their EOS, w2. The same weights with w8 as EOS (a special token, as real EOS tokens are),
+    which the answer to "w1 w2" reaches after 7 tokens (it runs to the context otherwise):
+    the answer ends there, EOS unprinted, no context line, and the conversation goes on."""
+    eng = _tiny_text_pair(tmp_path, 16, 12, lambda t: _words(t, special=("w8",)), eos_token_id=8)
+    r = CliRunner().invoke(main, ["chat", str(eng), "--max-new-tokens", "200", "--governor", "off"],
+                           input="w1 w2\nw4\n\n")
+    assert r.exit_code == 0 and r.stdout.startswith(" w7 w7 w7 w7 w7 w7 w0\n"), r.output
+    assert "context limit" not in r.output and len(r.stdout.splitlines()) == 2, r.output
 
 
 def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(worded):
