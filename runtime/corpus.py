@@ -239,6 +239,15 @@ def _npz_why(e: Exception) -> str:
     return "not an .npz archive" if "pickle" in str(e) else str(e) or type(e).__name__
 
 
+def _npz(path: Path):
+    """np.load of an .npz archive, never unpickling; ValueError for a .npy file, whose
+    array np.load returns instead (no context manager: a TypeError traceback)."""
+    z = np.load(path, allow_pickle=False)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError("a .npy array, not an .npz archive")
+    return z
+
+
 def _meta(z) -> dict:
     """The JSON object an .npz of this module keeps as its ``meta`` bytes (ValueError else)."""
     meta = json.loads(bytes(z["meta"]).decode())
@@ -375,7 +384,7 @@ class Growth:
         the vocabulary, naming the file."""
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with _npz(path) as z:
                 meta = _meta(z)
                 tokens, lengths = z["tokens"], z["lengths"]
             if meta.get("kind") != "specrt growth":
@@ -518,7 +527,7 @@ class Corpus:
         (its digest) or with token ids outside the vocabulary, naming the file."""
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with _npz(path) as z:
                 meta = _meta(z)
                 if meta.get("format") == FORMAT:
                     keys, tokens, ev = (z[k] for k in ("keys", "tokens", "ev"))

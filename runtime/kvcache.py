@@ -31,7 +31,7 @@ class KVCache:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype="float32",
                  layout: str = "append"):
         for name, v in (("num_layers", num_layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("max_len", max_len)):
-            if int(v) != v or v < 1:
+            if not isinstance(v, (int, np.integer)) or v < 1:  # (10.0 was numpy's TypeError at np.zeros)
                 raise UserError(f"KV cache {name}={v!r}: expected a positive integer")
         try:
             dt = np.dtype(dtype)
@@ -91,6 +91,8 @@ class KVCache:
             k0 = new_kv.get(contracts.cache_key_out(0))
             if k0 is None or k0.ctypes.data != self.keys[0].ctypes.data:
                 raise InternalError("commit: the outputs are not this in-place cache's buffers")
+            if count < 0:  # commit only appends (the append layout's shape check refuses it too)
+                raise InternalError(f"commit: cannot take {count} rows")
             self._n = n + count
             return
         for i, (k, v) in enumerate(zip(self.keys, self.values)):

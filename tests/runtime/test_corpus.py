@@ -475,6 +475,8 @@ def test_grow_learns_from_the_session_and_keeps_greedy_identity(tiny_engines, mo
     ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"20": []}}, [1, 2], "corpus priors malformed"),
     ({"format": 2, "nmin": 3, "nmax": 8, "priors": {"20": [0.5, 7.0]}}, [1, 2], "corpus priors malformed"),
     ({"format": 2, "nmin": 3, "nmax": 8}, [[1], [2]], "inconsistent corpus arrays"),  # 2-D keys: ValueError at lookup
+    # nmin > nmax: no n-gram length at all, every lookup silently found nothing (mutant C79 of session 68)
+    ({"format": 2, "nmin": 5, "nmax": 4}, [1, 2], "nmin 5 / nmax 4 or key order inconsistent"),
 ])
 def test_a_malformed_corpus_file_is_named(tmp_path, meta, keys, words):
     """Hand-made or damaged corpus files: a KeyError / ValueError traceback, or (unsorted keys:
@@ -793,3 +795,120 @@ def test_answers_whose_prompt_ids_are_no_list_are_refused(tmp_path):
         bad.write_text(json.dumps({"prompt_ids": ids, "answer_ids": [1]}) + "\n")
         with pytest.raises(UserError, match=r"a.jsonl:1: prompt_ids / answer_ids must be lists of token ids"):
             read_sequences([bad])
+
+
+# ---- mutation round of session 68 on runtime/corpus.py (mutants C01-C140; each test names those it kills) ----
+
+
+# mutant C55 (a growth file's tokens saved as int16: ids past 32,767 wrapped negative, the file then refused)
+def test_a_growth_file_keeps_the_token_ids_of_a_large_vocabulary(tmp_path):
+    """SmolLM2's vocabulary has 49,152 ids: a growth file holds its largest ones as they were."""
+    g = _grown([[40000, 49151, 3, 40000, 49151, 3, 40000]], 3, 8)
+    g.save(tmp_path / "g.npz")
+    back = Growth.load(tmp_path / "g.npz", vocab_size=49152)
+    assert list(back.seqs) == list(g.seqs) and back.table == g.table and back.next([40000, 49151, 3])[0] == 40000
+
+
+# mutants C58 (a growth file's float tokens taken: 1.5 read as 1), C76 (a corpus file's int64 keys taken:
+# searched against uint64 hashes as float64), C77 (a corpus file's float tokens taken: 3.5 proposed as 3)
+def test_files_whose_arrays_have_other_types_are_refused(tmp_path):
+    """What save writes: a growth file's tokens are integers, a corpus file's keys uint64 and
+    its tokens uint16 or int32; other types are refused naming the file, not read loosely."""
+    with open(tmp_path / "float.npz", "wb") as f:
+        np.savez(f, tokens=np.array([1.5, 2, 3, 4], np.float32), lengths=np.array([4]),
+                 meta=np.frombuffer(b'{"format": 1, "kind": "specrt growth"}', np.uint8))
+    with pytest.raises(UserError, match="float.npz: inconsistent growth arrays"):
+        Growth.load(tmp_path / "float.npz", vocab_size=9)
+    meta = np.frombuffer(b'{"format": 2, "nmin": 3, "nmax": 8}', np.uint8)
+    for name, keys, tokens in (("int_keys.npz", np.array([1, 2], np.int64), np.array([3, 4], np.uint16)),
+                               ("float_tokens.npz", np.array([1, 2], np.uint64), np.array([3.5, 4], np.float32))):
+        np.savez(tmp_path / name, meta=meta, keys=keys, tokens=tokens, ev=np.array([0, 1], np.uint8))
+        with pytest.raises(UserError, match=f"{name}: inconsistent corpus arrays"):
+            Corpus.load(tmp_path / name, 10)
+
+
+# mutants C59 (a growth file naming no n-gram lengths read with another nmin), C60 (a growth file of nmax 64,
+# the limit `specrt corpus --nmax` and Corpus.load take, refused)
+def test_a_growth_files_n_gram_lengths_default_to_nmin_nmax_and_reach_the_limit(tmp_path):
+    from specrt.runtime.corpus import NMAX, NMAX_LIMIT, NMIN
+
+    grown = {"format": 1, "kind": "specrt growth"}
+    g = Growth.load(_growth_file(tmp_path / "plain.npz", [1, 2, 3, 4, 5], [5], grown), vocab_size=9)
+    assert (g.nmin, g.nmax) == (NMIN, NMAX) and g.table == _grown([[1, 2, 3, 4, 5]], NMIN, NMAX).table
+    meta = {**grown, "nmin": 3, "nmax": NMAX_LIMIT}
+    g = Growth.load(_growth_file(tmp_path / "long.npz", list(range(70)), [70], meta), vocab_size=70)
+    assert g.nmax == 64 and g.next(list(range(64))) == (64, evidence(1, 1), 64)
+
+
+# mutants C62 (a learnt rate's parts not lists: len() of a number), C63 (its values not numbers: 0 <= "a")
+@pytest.mark.parametrize("wt", [[1, 2], [["a"], [2.0]], [[1.0], [None]]])
+def test_a_growth_file_rate_of_other_types_is_refused(tmp_path, wt):
+    """A TypeError traceback before: each learnt rate is [wins, tries], two lists of numbers."""
+    meta = {"format": 1, "kind": "specrt growth", "rates": {"42": wt}}
+    with pytest.raises(UserError, match="r.npz: learnt rates of key '42': expected"):
+        Growth.load(_growth_file(tmp_path / "r.npz", [1, 2, 3, 4], [4], meta), vocab_size=9)
+
+
+# mutant C81 (a JSON file without a 'prompts' list: a KeyError traceback, or a dict's keys read as prompts)
+@pytest.mark.parametrize("text", ['{"answers": []}', '{"prompts": {"a": 1}}', "[1]"])
+def test_a_json_file_that_is_no_run_stats_is_refused_naming_it(tmp_path, text):
+    p = tmp_path / "s.json"
+    p.write_text(text)
+    with pytest.raises(UserError, match=r"s.json: expected `specrt run --stats` JSON \(an object with a 'prompts' "):
+        read_sequences([p])
+
+
+# mutant C121 (a growth file's learnt rates taken only for the grown keys with a measured prior, GROW_PRIORS)
+def test_a_growth_file_keeps_the_rates_of_every_grown_key(tmp_path):
+    """Every grown key (a fine bin + GROW_OFFSET) is learnt, measured prior or not: key 41
+    (share>=0.95, n<6, seen>=5, grown) has none in GROW_PRIORS, yet its rates come back."""
+    key = FINE_BINS["share>=0.95, n<6, seen>=5"] + GROW_OFFSET
+    assert key not in GROW_PRIORS
+    g = _grown([[1, 2, 3, 4, 5]], 3, 8)
+    g.save(tmp_path / "g.npz", rates={key: ([3.0, 1.0], [4.0, 3.0])})
+    assert Growth.load(tmp_path / "g.npz", vocab_size=9).rates == {key: ([3.0, 1.0], [4.0, 3.0])}
+
+
+# mutant C83 (a stats prompt's ids and output swapped: the output read as the context, the priors measured
+# on the prompts)
+def test_run_stats_give_each_prompts_ids_then_its_output(tmp_path):
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"export_digest": "ab" * 32,
+                                 "prompts": [{"prompt_ids": [1, 2], "output_token_ids": [3, 4, 5]}]}))
+    assert read_sequences([stats], export_digest="ab" * 32) == [([1, 2], [3, 4, 5])]
+
+
+# mutant C86 (a text line read without a tokenizer: None called, a TypeError)
+def test_text_answers_without_a_tokenizer_are_refused_naming_the_line(tmp_path):
+    """read_sequences tokenizes text only with an ``encode`` (`specrt corpus` passes the
+    export's tokenizer); without one a text line is no answer it can read."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"answer_ids": [1, 2]}) + "\n" + json.dumps({"text": "hi"}) + "\n")
+    with pytest.raises(UserError, match=r"t.jsonl:2: expected an object with answer_ids \(and prompt_ids\) or text"):
+        read_sequences([p])
+
+
+# mutants C90 (the tries returned were the wins), C91 (a bin's tries and wins swapped: rates above 1)
+def test_priors_are_wins_over_tries_and_the_tries_are_returned():
+    """Held-back answers that leave the corpus at their third token: per answer the chains
+    from its first three positions try 3, 2, 1 tokens at positions 1-3 and win 2, 1, 0. Four
+    held back: tries 12, 8, 4; the rates 8/12 and 4/8, later positions (< 8 tries) the last."""
+    pairs = [([5, 6], [1, 2, 7, 4]) if i % PRIOR_HOLDOUT == PRIOR_HOLDOUT - 1 else ([5, 6], [1, 2, 3, 4])
+             for i in range(4 * PRIOR_HOLDOUT)]
+    c, tries = build_with_priors(pairs, nmin=2, nmax=3, binning="share")
+    key = BINS["share>=0.95"]
+    assert tries == {key: [12, 8, 4, 0, 0, 0, 0, 0]}
+    assert c.priors == {key: [0.6667] + [0.5] * 7}
+
+
+# a bug found in this round (mutants C118, C140 of its fix): a .npy file given as a corpus or growth file
+def test_a_npy_array_in_place_of_the_archive_is_refused_naming_the_file(tmp_path):
+    """np.load gives a .npy file's array, not an archive (no context manager: a TypeError
+    traceback before the fix): a corpus or growth path holding one is not ours, named."""
+    p = tmp_path / "a.npz"
+    with open(p, "wb") as f:
+        np.save(f, np.arange(4))
+    with pytest.raises(UserError, match=r"a.npz: not a corpus file \(a .npy array, not an .npz archive\)"):
+        Corpus.load(p)
+    with pytest.raises(UserError, match=r"a.npz: not a growth file \(a .npy array, not an .npz archive\)"):
+        Growth.load(p, vocab_size=9)

@@ -245,3 +245,71 @@ def test_keys_and_values_take_the_cache_dtype(layout):
     c = KVCache(L, KVH, D, MAX, "float16", layout=layout)
     assert {b.dtype for b in c.keys + c.values} == {np.dtype(np.float16)}
     assert {f.dtype for f in c.past_feeds().values()} == {np.dtype(np.float16)}
+
+
+# ---- mutation round of session 68 on runtime/kvcache.py (mutants K01-K68; each test names those it kills) ----
+
+
+# mutant K05 (a complex dtype taken: numpy's kind "c" beside "f")
+def test_a_complex_dtype_is_refused():
+    """The engines' past inputs are float16 or float32 tensors: complex64 is a numpy dtype but no KV dtype."""
+    with pytest.raises(UserError, match="KV cache dtype 'complex64': expected a numpy float dtype"):
+        KVCache(L, KVH, D, MAX, "complex64")
+
+
+# mutants K18 (a negative count returns as 0 does), K26 (a negative count taken: new[:, :-1] broadcast into
+# the empty rows [n, n - 1), the length shrunk by one); the in-place layout took it as a shrink (the fix)
+@pytest.mark.parametrize("layout", ["append", "inplace"])
+def test_a_negative_commit_count_is_refused(layout):
+    """A commit only appends (rollback shrinks): a negative count is a caller's bug, refused
+    in either layout with the length and the rows as they were."""
+    c = KVCache(L, KVH, D, MAX, layout=layout)
+    outs = new_rows(2, 0) if layout == "append" else {contracts.cache_key_out(i): c.keys[i] for i in range(L)}
+    c.commit(outs, 2)
+    before = [b.copy() for b in c.keys + c.values]
+    with pytest.raises(InternalError, match="cannot take -1 rows"):
+        c.commit(outs if layout == "inplace" else new_rows(2, 50), -1)
+    assert c.length == 2 and all((b == a).all() for b, a in zip(c.keys + c.values, before))
+
+
+# mutant K24 (the ndim check dropped: a 0-d output was numpy's IndexError, not the contract's error)
+def test_a_scalar_graph_output_is_an_internal_error():
+    c = KVCache(L, KVH, D, MAX)
+    with pytest.raises(InternalError, match=r"commit: .* has shape \(\), cannot take 1 rows"):
+        c.commit({k: np.zeros((), np.float32) for k in new_rows(1, 0)}, 1)
+    assert c.length == 0
+
+
+# mutant K42 (load_rows refused a snapshot of exactly max_len rows)
+@pytest.mark.parametrize("layout", ["append", "inplace"])
+def test_a_snapshot_of_a_full_cache_loads_back(layout):
+    """A prefix snapshot of every row the cache holds (n = max_len) fits it: it was saved from it."""
+    c = KVCache(L, KVH, D, MAX, layout=layout)
+    for buf in c.keys + c.values:
+        buf[...] = np.arange(buf.size, dtype=np.float32).reshape(buf.shape)
+    c._n = MAX
+    saved = c.save_rows(MAX)
+    want = [b.copy() for b in c.keys + c.values]
+    for buf in c.keys + c.values:
+        buf[...] = 0.0
+    c.rollback(2)
+    c.load_rows(saved)
+    assert c.length == MAX and all((b == w).all() for b, w in zip(c.keys + c.values, want))
+
+
+# mutant K53 (in-place outputs lacking cache_key_out(0): None.ctypes, an AttributeError)
+def test_inplace_outputs_without_the_first_layers_key_are_an_internal_error():
+    kv = KVCache(2, 3, 4, 16, layout="inplace")
+    with pytest.raises(InternalError, match="not this in-place cache's buffers"):
+        kv.commit({contracts.cache_key_out(1): kv.keys[1]}, 1)
+    assert kv.length == 0
+
+
+# a bug found in this round (mutants K02c, K02d of its fix): a whole float size passed the integer check
+def test_a_whole_float_size_is_a_user_error_and_a_numpy_integer_a_size():
+    """10.0 passed the integer check (int(10.0) == 10.0) and was numpy's TypeError at the
+    allocation; a numpy integer (a size read from an array's shape) is a size."""
+    with pytest.raises(UserError, match=r"KV cache max_len=10.0: expected a positive integer"):
+        KVCache(L, KVH, D, 10.0)
+    c = KVCache(np.int64(L), KVH, D, np.int64(MAX))
+    assert c.keys[1].shape == (1, MAX, KVH, D) and c.num_layers == L  # (mutant K68: keys and values counted)
