@@ -168,7 +168,8 @@ def carry_timing_cache(old: Path, tmp: Path, name: str, current: dict[str, Any],
     if not src.is_file():
         return False
     try:
-        check_environment(Path(old), json.loads((Path(old) / "engines.json").read_text())["environment"], current)
+        manifest = json.loads((Path(old) / "engines.json").read_text(encoding="utf-8"))
+        check_environment(Path(old), manifest["environment"], current)
     except (OSError, ValueError, KeyError, TypeError, UserError) as e:
         log(f"tensorrt: {src} not reused ({str(e).splitlines()[0][:200]})")
         return False

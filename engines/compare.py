@@ -887,8 +887,9 @@ def _private_folder(p: Path, uid: int | None) -> Path:
     except OSError:
         return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
     st = os.lstat(p)
-    uid = st.st_uid if uid is None else uid
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+    # uid None: Windows (no getuid), where every folder reads 0o777 and no owner: a fresh folder each
+    # run piled up in %TEMP%, which is the user's own there
+    if not stat.S_ISDIR(st.st_mode) or uid is not None and (st.st_uid != uid or st.st_mode & 0o022):
         return Path(tempfile.mkdtemp(prefix="specrt-compare-"))
     return p
 

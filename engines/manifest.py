@@ -58,7 +58,7 @@ _ISA = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512
 def cpu_info() -> dict[str, Any]:
     name, flags = None, set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             k, _, v = line.partition(":")
             k = k.strip()
             if k in ("model name", "Model name") and name is None:

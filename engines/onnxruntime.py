@@ -105,10 +105,10 @@ def cgroup_cpu_limit(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/
         for folder in levels:
             try:
                 if v2:
-                    quota, period = (folder / "cpu.max").read_text().split()[:2]
+                    quota, period = (folder / "cpu.max").read_text(encoding="utf-8").split()[:2]
                 else:
-                    quota = (folder / "cpu.cfs_quota_us").read_text().strip()
-                    period = (folder / "cpu.cfs_period_us").read_text().strip()
+                    quota = (folder / "cpu.cfs_quota_us").read_text(encoding="utf-8").strip()
+                    period = (folder / "cpu.cfs_period_us").read_text(encoding="utf-8").strip()
                 if quota not in ("max", "-1") and int(period) > 0 and int(quota) > 0:
                     limits.append(int(quota) / int(period))
             except (OSError, ValueError):
@@ -126,7 +126,7 @@ def physical_cores() -> int:
         allowed = set(range(os.cpu_count() or 1))
     cores, cpu, phys = set(), None, "0"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             k, _, v = line.partition(":")
             k, v = k.strip(), v.strip()
             if k == "processor":

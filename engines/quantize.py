@@ -127,8 +127,13 @@ def quantize_draft(src: Path, dst: Path, dtype: str, form: str = "blocks") -> di
         except ImportError as e:  # it imports onnx_ir, a dependency of specrt that an old install may lack
             raise UserError(f"--draft-weights int8 needs onnxruntime.quantization's MatMulNBits quantizer, which "
                             f"failed to import ({e}); pip install 'onnx-ir>=1.1'") from None
-        q = MatMulNBitsQuantizer(model, bits=BITS, block_size=BLOCK_SIZE, is_symmetric=True,
-                                 accuracy_level=ACCURACY_LEVEL)
+        blocks = dict(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL)
+        try:
+            q = MatMulNBitsQuantizer(model, bits=BITS, **blocks)
+        except TypeError:  # onnxruntime 1.23 (the last for Python 3.10 and Intel macOS) takes no bits here
+            from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
+
+            q = MatMulNBitsQuantizer(model, algo_config=DefaultWeightOnlyQuantConfig(bits=BITS, **blocks), **blocks)
         q.process()
         out = q.model.model
         record = {"weights": "int8", "form": "blocks", "op": "com.microsoft.MatMulNBits", "bits": BITS,

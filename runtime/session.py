@@ -316,7 +316,7 @@ class Session:
         if not p.is_file():
             return None
         try:
-            a = json.loads(p.read_text())
+            a = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
                             "writes it again") from None

@@ -98,6 +98,21 @@ def _terminated(signum, frame) -> None:
     raise _Terminated(128 + signum)
 
 
+def _replace_unencodable() -> None:
+    """Text stdout's encoding cannot hold is written as "?" (errors="replace"), not a
+    UnicodeEncodeError's traceback in the middle of an answer: Windows writes a redirected
+    stdout in its ANSI code page (cp1252: no CJK, no emoji, no U+FFFD), as a non-UTF-8 locale
+    does elsewhere; PYTHONUTF8=1 (or PYTHONIOENCODING=utf-8) writes it all as UTF-8. A UTF-8
+    stdout (Linux's and macOS's usual, a Windows console's) is left as it is."""
+    import codecs
+
+    try:
+        if not codecs.lookup(sys.stdout.encoding).name.startswith("utf-"):
+            sys.stdout.reconfigure(errors="replace")
+    except (AttributeError, LookupError, TypeError, ValueError):  # (no stdout, or not a TextIOWrapper)
+        pass
+
+
 def entry() -> None:
     """The ``specrt`` command: restarted once with huge pages for the weights where the
     kernel gives them on request (specrt/hugepages.py; SPECRT_THP=0 turns it off). SIGTERM
@@ -108,6 +123,7 @@ def entry() -> None:
     from specrt.hugepages import reexec_with_thp
 
     reexec_with_thp(sys.argv[1:])
+    _replace_unencodable()
     signal.signal(signal.SIGTERM, _terminated)
     try:
         main()

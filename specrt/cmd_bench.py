@@ -145,7 +145,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -163,6 +162,11 @@ from specrt.manifest import atomic_folder, check_output
 from specrt.paths import check_path_args, write_atomic
 from specrt.prompt_files import common_prefix
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
+
+try:
+    import resource
+except ImportError:  # Windows (every command imported this module and failed at start): no ru_maxrss there
+    resource = None
 
 REPORT_FILE = "bench.json"
 PROGRESS = "@@specrt-bench-progress "
@@ -198,24 +202,39 @@ def load_bench_lib():
     return mod
 
 
-def _rss_now() -> int:
+def _rss_now() -> int | None:
+    """This process's RSS (Linux's /proc); None elsewhere (it was 0 bytes in macOS's reports)."""
     try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(Path("/proc/self/statm").read_text(encoding="utf-8").split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
-        return 0
+        return None
 
 
-def _peak_rss() -> int:
+def _ru_maxrss() -> int | None:
+    """getrusage's peak RSS in bytes (macOS counts bytes, Linux KiB: macOS's figure was 1024x); None
+    without the resource module (Windows)."""
+    if resource is None:
+        return None
+    r = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def _peak_rss() -> int | None:
     """VmHWM, this process image's high-water RSS. Not ru_maxrss: Linux carries that across
     exec (the spawning parent's peak would show as the worker's)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     except OSError:  # pragma: no cover - non-Linux
         pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r) if sys.platform == "darwin" else int(r) * 1024
+    return _ru_maxrss()
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages; None where the OS has none (Windows: every worker
+    failed at its start, an AttributeError)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def _median(xs: list[float]) -> float | None:
@@ -433,22 +452,22 @@ def _run_failed(result: dict, result_path: str, e: Exception, where: str) -> int
     exit 1 (its traceback's last lines were all the report and the FAILED line showed, "worker
     exited 1" first); anything else is raised, its traceback kept in the log."""
     result["error"] = f"{type(e).__name__}: {e} ({where})"
-    Path(result_path).write_text(json.dumps(result))
+    Path(result_path).write_text(json.dumps(result), encoding="utf-8")
     if isinstance(e, UserError):
         return 1
     raise e
 
 
 def worker_main(job_path: str, result_path: str) -> int:
-    job = json.loads(Path(job_path).read_text())
-    result: dict[str, Any] = {"ok": False, "load_average_start": list(os.getloadavg())}
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
+    result: dict[str, Any] = {"ok": False, "load_average_start": _load_average()}
     t0 = time.perf_counter()
     try:
         w = _SpecrtWorker(job) if job["kind"] == "specrt" else _PeerWorker(job)
     except Exception as e:  # a skipped peer or a failure to load: reported, not raised
         kind = "skipped" if type(e).__name__ == "PeerSkipped" else "error"
         result[kind] = f"{type(e).__name__}: {e}" if kind == "error" else str(e)
-        Path(result_path).write_text(json.dumps(result))
+        Path(result_path).write_text(json.dumps(result), encoding="utf-8")
         if kind == "error":
             raise
         return 0
@@ -515,11 +534,10 @@ def worker_main(job_path: str, result_path: str) -> int:
                 print(f"{PROGRESS}{r * len(mine) + k + 1}", flush=True)
         per_prompt = [combine_repeats(by_prompt[i]) for i in mine]
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
-                  ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  rss_end_bytes=_rss_now(), load_average_end=list(os.getloadavg()),
+                  ru_maxrss_bytes=_ru_maxrss(), rss_end_bytes=_rss_now(), load_average_end=_load_average(),
                   modules_loaded={m: m in sys.modules for m in job.get("check_modules", ("torch", "transformers"))})
     w.close()
-    Path(result_path).write_text(json.dumps(result))
+    Path(result_path).write_text(json.dumps(result), encoding="utf-8")
     return 0
 
 
@@ -569,8 +587,8 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
     # in /tmp for good; the next bench into the report sweeps its partial folder)
     with tempfile.TemporaryDirectory(prefix=".specrt-bench-", dir=log_path.parent) as tmp:
         jp, rp = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        jp.write_text(json.dumps(job))
-        with open(log_path, "w") as log:
+        jp.write_text(json.dumps(job), encoding="utf-8")
+        with open(log_path, "w", encoding="utf-8") as log:
             p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(rp)],
                                  stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=worker_env(job))
             try:
@@ -588,9 +606,9 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
 
 
 def _finish_result(rp: Path, rc: int, log_path: Path) -> dict:
-    res = json.loads(rp.read_text()) if rp.is_file() else {"ok": False}
+    res = json.loads(rp.read_text(encoding="utf-8")) if rp.is_file() else {"ok": False}
     if not res.get("ok") and "skipped" not in res:
-        tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-8:])
+        tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-8:])
         res.setdefault("error", f"worker exited {rc}")
         res["error"] += f"\n{tail}" if tail else ""
     return res
@@ -604,8 +622,8 @@ class InterleavedWorker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = tempfile.TemporaryDirectory(prefix=".specrt-bench-", dir=log_path.parent)  # (as run_config's)
         jp, self.rp, self.log_path = Path(self.tmp.name) / "job.json", Path(self.tmp.name) / "result.json", log_path
-        jp.write_text(json.dumps({**job, "interleaved": True}))
-        self.log = open(log_path, "w")
+        jp.write_text(json.dumps({**job, "interleaved": True}), encoding="utf-8")
+        self.log = open(log_path, "w", encoding="utf-8")
         self.p = subprocess.Popen([sys.executable, "-m", "specrt.cmd_bench", "--worker", str(jp), str(self.rp)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                   bufsize=1, env=worker_env(job))
@@ -1436,7 +1454,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
         machine = machine_info(threads)
         warnings = list(same_notes)
-        load1, cpus = os.getloadavg()[0], os.cpu_count() or 1
+        load1, cpus = (_load_average() or [0.0])[0], os.cpu_count() or 1  # (unknown on Windows: no warning)
         if load1 > 0.5 * cpus:
             warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
                             "CPUs): other processes compete for the cores and the tokens/s are not clean")

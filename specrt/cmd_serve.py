@@ -939,9 +939,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.connection.fileno() < 0:  # closed on this side
             return True
         try:  # poll, not select: select refuses descriptors past 1024 (a server with many clients queued)
-            p = select.poll()
-            p.register(self.connection, select.POLLIN)
-            if not p.poll(0):
+            if hasattr(select, "poll"):
+                p = select.poll()
+                p.register(self.connection, select.POLLIN)
+                readable = p.poll(0)
+            else:  # Windows: no poll (every request failed, closed unanswered), and its select counts
+                readable = select.select([self.connection], [], [], 0)[0]  # sockets, not descriptor numbers
+            if not readable:
                 return False
             return self.connection.recv(1, socket.MSG_PEEK) == b""  # (a half-close reads as leaving too)
         except ConnectionError:  # reset under us

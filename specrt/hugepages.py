@@ -30,7 +30,7 @@ _GUARD = "SPECRT_THP_REEXEC"
 def thp_mode(setting: Path = SETTING) -> str | None:
     """The kernel's THP mode ("always", "madvise", "never"), None where unknown."""
     try:
-        text = setting.read_text()
+        text = setting.read_text(encoding="utf-8")
     except OSError:
         return None
     start, end = text.find("["), text.find("]")

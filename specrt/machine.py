@@ -19,7 +19,7 @@ def mem_available(root: Path = Path("/")) -> int | None:
     ``root``: where /proc and /sys are (tests)."""
     avail = None
     try:
-        for line in (root / "proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("MemAvailable:"):
                 avail = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -30,7 +30,7 @@ def mem_available(root: Path = Path("/")) -> int | None:
 
 def read_or_none(path: Path) -> str | None:
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     except OSError:
         return None
 
@@ -87,7 +87,7 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
     none can be read. (A limit on a parent binds too: a systemd slice's MemoryMax, a Slurm
     job's, a container's root with the processes in a child group.)"""
     try:
-        proc_cgroup = (root / "proc/self/cgroup").read_text()
+        proc_cgroup = (root / "proc/self/cgroup").read_text(encoding="utf-8")
     except OSError:
         return None
     rooms = []
@@ -98,9 +98,10 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
             ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         for folder in levels:
             try:
-                limit = (folder / names[0]).read_text().strip()
-                used = int((folder / names[1]).read_text())
-                stat = dict(ln.split() for ln in (folder / "memory.stat").read_text().splitlines() if ln.count(" ") == 1)
+                limit = (folder / names[0]).read_text(encoding="utf-8").strip()
+                used = int((folder / names[1]).read_text(encoding="utf-8"))
+                rows = (folder / "memory.stat").read_text(encoding="utf-8").splitlines()
+                stat = dict(ln.split() for ln in rows if ln.count(" ") == 1)
             except (OSError, ValueError):
                 continue
             if limit.isdigit() and int(limit) < 2 ** 60:  # ("max", or v1's "no limit" of ~2**63: none here)
@@ -119,7 +120,7 @@ def machine_info(threads: int) -> dict:
     """CPU model, cores, memory, load, OS and the versions that matter to the numbers."""
     cpu_model, flags = platform.processor() or "unknown", set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             k, _, v = line.partition(":")
             if k.strip() == "model name" and cpu_model in ("unknown", "", "x86_64"):
                 cpu_model = v.strip()
@@ -129,7 +130,7 @@ def machine_info(threads: int) -> dict:
         pass
     mem_total = None
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("MemTotal:"):
                 mem_total = int(line.split()[1]) * 1024
     except OSError:

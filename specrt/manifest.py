@@ -168,6 +168,8 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
 
 
 def _pid_alive(pid: int) -> bool:
+    if sys.platform == "win32":  # signal 0 is CTRL_C_EVENT there: os.kill(pid, 0) sends a Ctrl-C through the
+        return True  # console (GenerateConsoleCtrlEvent), no test of whether PID lives: left, as a live run's
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

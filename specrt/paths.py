@@ -3,7 +3,7 @@ JSON written whole or not at all."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import os
 import re
@@ -18,6 +18,11 @@ from typing import BinaryIO
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
 from specrt.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see _flock); every command imported this module and failed at start
+    fcntl = None
 
 
 PATH_TYPES = "a path (str or os.PathLike)"
@@ -182,7 +187,9 @@ def make_temporary(folder: Path, prefix: str, suffix: str = "", is_folder: bool 
             if is_folder:
                 os.mkdir(name, 0o700)
                 return name, None
-            return name, os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            # O_BINARY, as tempfile's: Windows opens in text mode without it, every "\n" written became "\r\n"
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+            return name, os.open(name, flags, 0o600)
         except FileExistsError:
             continue
         except BaseException:  # (raised as the call returned: what it made is this call's, by O_EXCL)
@@ -236,7 +243,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         _remove_dead_temporaries(path)
         tmp, fd = make_temporary(path.parent, f".{path.name}.", ".tmp")
         with contextlib.suppress(OSError):  # held until the file is closed, after its rename: a live write
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -244,12 +251,18 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         else:
             _keep_owner(fd, st)  # (before the mode: a chown may clear set-id bits)
             mode = stat.S_IMODE(st.st_mode)
-        os.fchmod(fd, mode)
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
+        else:  # Windows before Python 3.13 (an AttributeError's traceback): its read-only flag alone
+            os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-            os.replace(tmp, path)  # (still open, so still locked: no sweep takes it in between)
+            if fcntl is not None:
+                os.replace(tmp, path)  # (still open, so still locked: no sweep takes it in between)
+        if fcntl is None:  # Windows: a file open here cannot be renamed (WinError 32), and with no flock
+            os.replace(tmp, path)  # no sweep takes it meanwhile: closed first
     except BaseException as e:  # (the temporary made inside: a Ctrl-C just after mkstemp left an empty one)
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -269,11 +282,20 @@ def try_lock(path: Path) -> int | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock(fd)
     except OSError:  # (held by a live run: EWOULDBLOCK; no flock here: ENOLCK, EINVAL)
         os.close(fd)
         return None
     return fd
+
+
+def _flock(fd: int, wait: bool = False) -> None:
+    """An exclusive flock on ``fd`` (``wait``: until it is free); OSError ENOLCK where the OS
+    has no flock (Windows: no fcntl), which every caller takes as "cannot be locked": there a
+    killed run's partial folders and temporary files are left, not swept."""
+    if fcntl is None:
+        raise OSError(errno.ENOLCK, "no flock on this system")
+    fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
 
 
 TEMPORARY_AGE_S = 60.0  # a temporary this old that no write holds is a dead one's
@@ -341,7 +363,7 @@ def folder_lock(folder: Path) -> Iterator[None]:
         return
     try:
         with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock(fd, wait=True)
         yield
     finally:
         os.close(fd)  # (releases the lock)

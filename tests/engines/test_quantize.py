@@ -328,6 +328,28 @@ def test_quantize_draft_refuses_a_graph_or_form_it_cannot_quantize(tiny_export, 
     assert [f.name for f in tmp_path.iterdir()] == ["plain.onnx"]
 
 
+def test_a_quantizer_that_takes_no_bits_gives_the_same_blocks(tiny_export, tmp_path, monkeypatch):
+    """onnxruntime 1.23 (what pip installs for Python 3.10, and for Intel macOS on any Python)
+    has a MatMulNBitsQuantizer without ``bits`` (its config takes them): --draft-weights int8,
+    the demo's build, was a TypeError's traceback there. With that signature the same graph
+    and weights come out (checked by hand with 1.23.2: the int8 build, and its answers equal
+    to `off`'s)."""
+    from onnxruntime.quantization import matmul_nbits_quantizer
+
+    from specrt.engines.quantize import quantize_draft
+
+    class TakesNoBits(matmul_nbits_quantizer.MatMulNBitsQuantizer):
+        def __init__(self, model, **kwargs):
+            if "bits" in kwargs:
+                raise TypeError("__init__() got an unexpected keyword argument 'bits'")
+            super().__init__(model, **kwargs)
+
+    want = quantize_draft(tiny_export / "draft.onnx", tmp_path / "now.onnx", "float32")
+    monkeypatch.setattr(matmul_nbits_quantizer, "MatMulNBitsQuantizer", TakesNoBits)
+    assert quantize_draft(tiny_export / "draft.onnx", tmp_path / "old.onnx", "float32") == want
+    assert (tmp_path / "old.onnx.data").read_bytes() == (tmp_path / "now.onnx.data").read_bytes()
+
+
 def test_dynamic_form_is_recorded_checked_and_lossless(dynamic_engines, tiny_engines, tmp_path):
     import onnx
 
