@@ -482,3 +482,89 @@ def test_an_unknown_draft_kind_has_no_engine():
     # kills M25 (plan.py:197's error dropped: a draft kind specrt has no graph for built a target-only set)
     with pytest.raises(UserError, match="draft kind 'medusa' has no engine \\(expected peagle or eagle3\\)"):
         make_roles((1, 2), CTX, "medusa")
+
+
+# ---- mutation round 68 of contracts, head and plan (P-ids in the round's report) ----
+
+
+def test_every_role_round_trips_through_json_in_min_opt_max_order():
+    # kills P12 (plan.py:119 DimRange.to_json as [min, max, opt]: verify.2's ranges, whose opt is their
+    # max, read back the same; the prefill's new tokens [1, 128, C] did not)
+    roles = make_roles(DEPTHS, CTX, "peagle", opt_past=128, draft_accepted=2)
+    assert roles["prefill"].to_json()["dims"][C.DIM_NEW] == [1, 128, CTX]
+    for name, r in roles.items():
+        assert Role.from_json(name, json.loads(json.dumps(r.to_json()))) == r, name
+
+
+def test_typical_sizes_outside_a_range_are_clipped_into_it():
+    # kills P26 (plan.py:190 the accepted count clipped to C - 1) and P46 (plan.py:187 the draft's past
+    # opt clipped to C - 1, not its own C + K - 1): TensorRT tuned below the size the build asked for
+    roles = make_roles((1, 4), 16, "peagle", opt_past=999, opt_prompt=999, draft_accepted=999)
+    d = roles["draft"].dims
+    assert d[C.DIM_PAST] == DimRange(0, 19, 19) and d[C.DIM_AUX] == DimRange(1, 16, 16)
+    assert d[C.DIM_NEW] == DimRange(1, 16 + 3, 20)  # A + M slots, M = K - 1
+    assert roles["decode"].dims[C.DIM_PAST] == DimRange(0, 15, 15)
+    assert roles["verify.4"].dims[C.DIM_PAST] == DimRange(0, 11, 11)
+    assert roles["prefill"].dims[C.DIM_NEW] == DimRange(1, 16, 16)
+    # ... and below it to its minimum (P18: clip without its lower bound made opt < min, an InternalError)
+    low = make_roles((1, 4), 16, "peagle", opt_past=-1, opt_prompt=0, draft_accepted=0)
+    assert low["draft"].dims[C.DIM_AUX] == DimRange(1, 1, 16) and low["prefill"].dims[C.DIM_NEW] == DimRange(1, 1, 16)
+    assert low["decode"].dims[C.DIM_PAST] == DimRange(0, 0, 15)
+
+
+def test_a_drafts_limit_reaches_its_depth_past_the_context():
+    # kills P30 (plan.py:196 the EAGLE-3 draft's limit C, not C + K: its runner refused the passes of
+    # the last rounds before the context limit, which its own ranges allow)
+    for kind in ("peagle", "eagle3"):
+        roles = make_roles((1, 4), CTX, kind)
+        assert roles["draft"].limit == CTX + 4, kind
+        assert all(r.limit == CTX for n, r in roles.items() if n != "draft"), kind
+
+
+def test_an_input_dimension_without_a_range_is_an_internal_error():
+    # kills P15 (plan.py:145's check dropped: an AttributeError on None, naming neither role nor input)
+    from specrt.errors import InternalError
+
+    decode = make_roles((1,), CTX, None)["decode"]  # (no with_cache_rows: no cache_tokens range)
+    with pytest.raises(InternalError, match="role decode: input x has dim 'cache_tokens' with no range"):
+        decode.shapes([{"name": "x", "dtype": "float32", "shape": [1, 2, C.DIM_CACHE, 16]}])
+
+
+def test_a_depth_that_is_not_a_number_is_a_user_error():
+    # kills P39 (plan.py:90 catching the wrong exception: "1,two" ended in int()'s ValueError, a traceback)
+    with pytest.raises(UserError, match="--depths '1,two': expected comma-separated integers such as 1,2,4,8"):
+        parse_depths("1,two")
+
+
+def test_depths_given_as_numpy_integers_are_python_ints():
+    # kills P40 (plan.py:93 the depths kept as given: numpy's integers reached engines.json, which json cannot
+    # write, and a role name through str())
+    import numpy as np
+
+    depths = parse_depths(np.array([4, 1]))
+    assert depths == (1, 4) and all(type(d) is int for d in depths) and json.dumps(depths) == "[1, 4]"
+
+
+def test_the_symbolic_dimensions_are_distinct_names():
+    # kills C44 (contracts.py DIM_DEPTH spelled "new_tokens": a P-EAGLE pass's K output rows declared equal
+    # to its S = A + M input slots, true for A = 1 only; a role's ranges, keyed by these names, merge too)
+    dims = (C.DIM_NEW, C.DIM_PAST, C.DIM_AUX, C.DIM_PREV, C.DIM_DEPTH, C.DIM_CACHE)
+    assert len(set(dims)) == len(dims), dims
+    pe = {t.name: t.shape for t in C.peagle_io(1, KVH, D, V, H, "float32").outputs}
+    assert pe[C.DRAFT_TOKENS] == (1, C.DIM_DEPTH) and C.DIM_DEPTH != C.DIM_NEW
+
+
+def test_a_roles_depth_is_its_whole_number():
+    # kills P51 (plan.py:63 a verify role's depth read from its last character: verify.16 (MAX_DEPTH is 64)
+    # was depth 6 in the cost table and compare's rows)
+    from specrt.engines.plan import role_depth, verify_role
+
+    assert [role_depth(verify_role(d)) for d in (1, 8, 16, 64)] == [1, 8, 16, 64]
+    assert role_depth("decode") == 0 and role_depth("prefill") is None and role_depth("draft") is None
+
+
+def test_the_context_is_checked_against_the_deepest_depth_of_several():
+    # kills P52 (plan.py:169 the shallowest depth checked: depths 1,8 at context 9 passed, one token short)
+    with pytest.raises(UserError, match="--max-context 9 is too small for depth 8: expected at least 10"):
+        make_roles((1, 8), 9, None)
+    assert set(make_roles((1, 8), 10, None)) == {"prefill", "decode", "verify.1", "verify.8"}

@@ -813,6 +813,11 @@ def test_draft_io_widths_and_rows_are_the_contracts():
     Hd, Ht = 32, 64
     e3 = {t.name: t.shape for t in C.eagle3_io(1, 2, 16, 50, Hd, Ht, "float32", confidence=True, num_aux=2).inputs}
     assert e3[C.DRAFT_AUX_IN] == (1, C.DIM_AUX, 2 * Ht) and e3[C.DRAFT_PREV_HIDDEN] == (1, C.DIM_PREV, Hd)
+    # an EAGLE-3 step's outputs cover all its S positions, hidden_out the draft's own width (mutation round
+    # 68: C30, its confidences declared over K rows, and C33, hidden_out the target's width, passed)
+    e3o = {t.name: t.shape for t in C.eagle3_io(1, 2, 16, 50, Hd, Ht, "float32", confidence=True, num_aux=2).outputs}
+    assert e3o[C.DRAFT_CONFIDENCE] == e3o[C.DRAFT_TOKENS] == (1, C.DIM_NEW)
+    assert e3o[C.DRAFT_HIDDEN_OUT] == (1, C.DIM_NEW, Hd) and e3o[C.DRAFT_LOGITS] == (1, C.DIM_NEW, 50)
     pe = C.peagle_io(1, 2, 16, 50, Ht, "float32", confidence=True, num_aux=2)
     outs = {t.name: t.shape for t in pe.outputs}
     assert outs[C.DRAFT_CONFIDENCE] == outs[C.DRAFT_TOKENS] == (1, C.DIM_DEPTH)

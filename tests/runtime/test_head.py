@@ -163,14 +163,7 @@ def test_the_screen_is_exact_for_any_logits_within_its_bound():
     V, H, S = 200, 32, 6
     out = np.array([0, 7])
     rest = rest_channels(H, out)
-    h = rng.normal(0, 1, (S, H)).astype(np.float32)
-    h[3] *= 20.0  # rows of very different scales in one call
-    w = rng.normal(0, 0.05, (V, H))
-    dual = np.linalg.pinv(h.astype(np.float64))  # [H, S]: h @ dual = I
-    for r in range(S):
-        ids = 20 + 10 * r + np.arange(6)  # 6 near-tied leaders of row r
-        w[ids] = w[ids[0]] + 3.0 * dual[:, r] * max(1.0, float(np.abs(w @ h[r]).max()))
-        w[ids] += 1e-4 * rng.normal(0, 1, (6, H)) / np.linalg.norm(h[r])
+    h, w, dual = _near_tied_rows(rng, V, H, S)
     w = w.astype(np.float32)
     bounds = quantize_head(w, out)[2]
     screen = HeadScreen(w, bounds)
@@ -319,6 +312,109 @@ def test_the_screen_refuses_bounds_of_another_head(tmp_path):
     screen.close()
     np.testing.assert_array_equal(screen.weight[[5]], w[[5]])  # closed, then read again: reopened
     screen.close()
+
+
+# ---- mutation round 68 of contracts, head and plan (H-ids in the round's report) ----
+
+
+def test_the_head_weights_fit_seven_bits_and_the_fp32_channels_an_eighth():
+    # kills H01 (QMAX 127: ONNX Runtime's u8s8 kernel on AVX2 without VNNI adds pairs of u8 x s8 products in
+    # int16 with saturation, which only |q| <= 63 keeps exact, module doc; this host has VNNI, so the
+    # screens above stayed exact) and H03, H04, H05 (n_outliers: 48 channels at most, and at most H // 8)
+    from specrt.head import n_outliers
+
+    w = np.random.default_rng(0).normal(0, 0.05, (50, 16)).astype(np.float32)
+    q = quantize_head(w, np.array([2]))[0]
+    assert np.abs(q).max() == 63 and 2 * 255 * 63 < 2 ** 15
+    assert n_outliers(576) == 48 and n_outliers(64) == 8 and n_outliers(8000) == 48
+
+
+def test_outliers_are_the_largest_single_values_not_the_largest_averages():
+    # kills H11 (head.py:65 the channels of largest mean |h_i|: a channel that spikes on a few tokens, as
+    # SmolLM2's do, lost to one moderately large everywhere)
+    states = np.full((20, 6), 0.1, np.float32)
+    states[3, 4] = -50.0  # one spike: mean |h| 2.6
+    states[:, 1] = 5.0  # large everywhere: mean 5
+    np.testing.assert_array_equal(choose_outliers(states, 1), [4])
+    np.testing.assert_array_equal(choose_outliers(states, 2), [1, 4])
+
+
+def _near_tied_rows(rng, V: int, H: int, S: int):
+    """S hidden rows of very different scales in one call (row 3 20x), and a float64 head of V
+    tokens where each row r has 6 near-tied leaders (tokens 20 + 10 r ...); and h's pseudo-inverse."""
+    h = rng.normal(0, 1, (S, H)).astype(np.float32)
+    h[3] *= 20.0
+    w = rng.normal(0, 0.05, (V, H))
+    dual = np.linalg.pinv(h.astype(np.float64))  # [H, S]: h @ dual = I
+    for r in range(S):
+        ids = 20 + 10 * r + np.arange(6)  # 6 near-tied leaders of row r
+        w[ids] = w[ids[0]] + 3.0 * dual[:, r] * max(1.0, float(np.abs(w @ h[r]).max()))
+        w[ids] += 1e-4 * rng.normal(0, 1, (6, H)) / np.linalg.norm(h[r])
+    return h, w, dual
+
+
+@pytest.mark.parametrize("negative, H, e", [(False, 256, 1e-3), (True, 256, 1e-3), (True, 32, 0.02)])
+def test_the_screen_allows_the_rounding_its_module_doc_states(negative, H, e):
+    """The float rounding the screen allows for, written out as the module doc states it (REL_EPS =
+    1e-5 and 2 H float32 ulps of 2^-24, of |logit| + ||h|| max ||w_j||: the test above reads the
+    module's constants, so a smaller margin moved its errors with it, mutants H06, H07, H22), with
+    the graph's fp32 norms low by their own rounding (NORM_SLACK = 1e-4 relative: H08), on
+    rows whose logits are all positive or all negative (|logit|, not the logit: H28)."""
+    rng = np.random.default_rng(3)
+    V, S = 200, 6  # (H wide: 2 H ulps are most of the margin)
+    out = np.array([0, 7])
+    rest = rest_channels(H, out)
+    h, w, dual = _near_tied_rows(rng, V, H, S)
+    if negative:  # every logit of row r moved down by 4 times the row's largest
+        w -= (dual * 4.0 * np.abs(h.astype(np.float64) @ w.T).max(1)).sum(1)
+    w = w.astype(np.float32)
+    exact = h.astype(np.float64) @ w.T.astype(np.float64)  # [S, V]
+    assert (exact < 0).all() if negative else (exact.max(1) > 0).all()
+    want = exact.argmax(1)
+    bounds = quantize_head(w, out)[2]
+    r_n = np.linalg.norm(h[:, rest].astype(np.float64), axis=1)
+    e_n = e * r_n  # (e small: ||w_Rj - w'_Rj|| ||h_R|| is most of the bound)
+    b = bounds[0][None] * r_n[:, None] + bounds[1][None] * e_n[:, None]
+    hn = np.linalg.norm(h.astype(np.float64), axis=1)[:, None]
+    margin = 0.95 * (1e-5 + 2 * H * 2.0 ** -24) * (np.abs(exact) + hn * bounds[2].max())
+    sign = np.ones((S, V))
+    sign[np.arange(S), want] = -1.0
+    approx = (exact + sign * (b + margin)).astype(np.float32)
+    low = (np.stack([r_n, e_n], 1) * (1 - 0.9e-4)).astype(np.float32)  # the graph's norms, rounded down
+    screen = HeadScreen(w, bounds)
+    np.testing.assert_array_equal(screen.argmax(approx, h, low), want)
+    np.testing.assert_array_equal([int(screen.argmax(approx, h, low, [r])[0]) for r in range(S)], want)
+
+
+def test_rows_screened_together_or_alone_leave_the_same_candidates():
+    # kills H36 (head.py:167 a call of several rows bounding token j by ||w_Rj - w'_Rj|| ||h_R - h'_R|| +
+    # ||w'_Rj|| ||h_R||, the norms swapped: still exact, but each row rescored what its prefilter let
+    # through, where the same row alone rescored a few)
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.1, (500, 32)).astype(np.float32)
+    h = rng.normal(0, 2, (8, 32)).astype(np.float32)
+    out = choose_outliers(h, 4)
+    approx, hid, nrm = _head_session(w, out).run(h)
+    together, alone = HeadScreen(w, quantize_head(w, out)[2]), HeadScreen(w, quantize_head(w, out)[2])
+    got = together.argmax(approx[0], hid[0], nrm[0])
+    np.testing.assert_array_equal(got, [int(alone.argmax(approx[0], hid[0], nrm[0], [r])[0]) for r in range(8)])
+    assert together.rows == alone.rows == 8 and together.candidates == alone.candidates < 8 * 20
+
+
+def test_a_row_whose_logits_alone_are_not_finite_fails():
+    # kills H41 (head.py:141 checking the norms and the hidden state only: a row with an inf or NaN logit
+    # and a finite hidden state kept no candidate and came back -1, a token id, without nonfinite_ok)
+    rng = np.random.default_rng(4)
+    w = rng.normal(0, 0.1, (200, 32)).astype(np.float32)
+    h = rng.normal(0, 2, (5, 32)).astype(np.float32)
+    approx = (h.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+    screen = HeadScreen(w, quantize_head(w, np.array([0, 9]))[2])
+    for bad in (np.inf, np.nan):
+        a = approx.copy()
+        a[2, 17] = bad
+        with pytest.raises(InternalError, match="in row 2 of its call"):
+            screen.argmax(a, h, np.zeros((5, 2), np.float32))
+        assert screen.argmax(a, h, np.zeros((5, 2), np.float32), nonfinite_ok=True)[2] == -1
 
 
 @pytest.fixture(scope="module", params=[("llama", "peagle", 1000, 500), ("qwen3", "eagle3", 16, 16)],

@@ -27,3 +27,14 @@ def test_the_readme_python_example_runs(worded, capsys):  # noqa: F811
     assert m and int(m.group(1)) == 64 and float(m.group(2)) >= 1.0 and float(m.group(3)) >= 1.0, out
     # the sampled conversation printed its text after the greedy one's stats line
     assert out[m.end():].strip(), out
+
+
+def test_the_files_later_commands_add_are_those_the_readme_names():
+    # kills C39, C41 (mutation round 68: contracts.py's CALIBRATION_FILE or CORPUS_FILE renamed; every reader and
+    # writer spells the constant, so the suite passed, while the README sends users to these files and an
+    # engines folder calibrated or given a corpus before was read as having none)
+    from specrt import contracts as C
+
+    text = README.read_text()
+    for name in (C.CALIBRATION_FILE, C.CORPUS_FILE):
+        assert f"ENGINES/{name}" in text, name
