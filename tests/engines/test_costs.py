@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,10 @@ def test_interpolate_is_linear_between_points_and_careful_outside():
 def test_parse_costs_gives_integer_keys():
     t = parse_costs({"verify": {"1": 0.1, "8": 0.2}, "by_past": {"128": {"verify": {"1": 0.1}, "decode": 0.05}}})
     assert t["verify"] == {1: 0.1, 8: 0.2} and t["by_past"][128]["verify"] == {1: 0.1}
-    assert parse_costs(None) == {}
+    assert parse_costs(None) == {} and parse_costs({}) == {}
+    kept = {"verify": {"1": 0.1}, "pasts": [128], "reference_past": 128, "cpu_share": 0.5, "draft_kind": "peagle"}
+    # the rest of the table kept
+    assert {k: v for k, v in parse_costs(kept).items() if k != "by_past"} == {**kept, "verify": {1: 0.1}}
     assert parse_costs({"chain": {"9": "0.25"}, "decode": "0.5"})["chain"] == {9: 0.25}
     # a chain's cost is checked as the others' are, flat and per past (DSpark and prompt lookup divide by it)
     for bad in ("0", "-1", "nan", "inf"):
@@ -34,6 +39,8 @@ def test_parse_costs_gives_integer_keys():
             parse_costs({"by_past": {"128": {"verify": {"1": 0.1}, "chain": {"9": bad}}}})
         with pytest.raises(ValueError, match="expected seconds > 0"):
             parse_costs({"prefill": bad})
+        with pytest.raises(ValueError, match=f"a cost of '{bad}': expected seconds > 0"):  # as typed
+            parse_costs({"by_past": {"128": {"verify": {"1": 0.1}, "draft_by_depth": {"2": bad}}}})
 
 
 def test_synthetic_feeds_pass_validation_and_are_prefix_views(tiny_engines_append):
@@ -178,6 +185,10 @@ def test_cost_table_prices_lookup_chains_past_the_deepest_depth(tiny_engines):
     assert e.chain_costs(lo) == e.costs["by_past"][lo]["chain"]
     mid = e.chain_costs((lo + hi) // 2)  # linear in the past between the profiled ones
     assert mid == pytest.approx({L: 1.5 * v for L, v in e.costs["by_past"][lo]["chain"].items()})
+    m = (lo + hi) // 2  # the lookup's prices are the table's at the past it is given, the draft's too
+    pol = NgramPolicy.from_engines(e, m, max_len=12)
+    assert pol.chain == pytest.approx(mid) and pol.table == pytest.approx(e.target_costs(m)) and pol.max_len == 12
+    assert pol.route_guess == pytest.approx(1.5 / (e.cost("decode", m) + e.cost("draft", m)))
     del e.costs["by_past"][hi]
     pol = NgramPolicy.from_engines(e, lo)
     assert pol.max_len == CHAIN_TOKENS and pol.chain == e.chain_costs(lo)
@@ -200,6 +211,7 @@ def test_profile_keeps_the_pasts_where_every_depth_fits_and_the_first_as_referen
         t = profile_costs(e.runners, vocab={"target": 1000, "draft": 1000}, depths=e.depths, draft_kind="peagle",
                           pasts=(16, 64, e.max_context - 5), repeats=1, warmup=0)
     assert t["pasts"] == [16, 64] and sorted(t["by_past"]) == ["16", "64"]
+    assert all(sorted(map(int, row["chain"])) == [9, 16, 32] for row in t["by_past"].values())  # chains at each past
     assert t["reference_past"] == 16
     for k in ("verify", "decode", "draft", "draft_by_depth", "chain"):
         assert t[k] == t["by_past"]["16"][k], k
@@ -219,6 +231,8 @@ def test_calls_fit_the_context_to_the_last_row(tiny_engines):
         rng = np.random.default_rng(0)
         assert [k for k, _, _ in chain_calls(e.runners, C_ - 10, (1, 2, 4, 8), vocab, rng)] == [("prefill", 9)]
         assert chain_calls(e.runners, C_ - 9, (1, 2, 4, 8), vocab, rng) == []
+        # a profile of some roles without the prefill engine: no chains (they run on it)
+        assert chain_calls({n: r for n, r in e.runners.items() if n != "prefill"}, 16, (1, 2, 4, 8), vocab, rng) == []
 
 
 def test_an_infinite_cost_is_refused(engines_copy):
@@ -255,3 +269,149 @@ def test_a_call_below_an_engines_smallest_length_does_not_fit(tiny_engines_appen
     e = load_engines(tiny_engines_append, verify=False)
     r = e.runners["verify.1"]
     assert fits(r, {C.DIM_NEW: 2, C.DIM_PAST: 10}) and not fits(r, {C.DIM_NEW: 1, C.DIM_PAST: 10})
+
+
+# ---- session 68's mutation round (engines/costs.py) -----------------------------------------
+
+
+def test_profiled_feeds_keep_one_buffer_per_input_and_each_graphs_vocabulary(tiny_engines):
+    """The pool shares a buffer per input name (every role's past_key.0 is one cache), no
+    further: a key's and a value's caches, or two layers', are distinct tensors in the runtime
+    (mutation round: one buffer for every input of a shape timed the calls over a cache 2L
+    times smaller). Token ids are drawn below each graph's own input vocabulary, the loop's
+    draft passes of every depth (the draft's) and the chains (the target's) included."""
+    from specrt.engines.costs import chain_calls, loop_order
+
+    e = load_engines(tiny_engines, verify=False)
+    kw = dict(draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+    graph_of = {n: ("draft" if n == "draft" else "target") for n in e.runners}
+    with e:
+        for vocab in ({"target": 1000, "draft": 7}, {"target": 7, "draft": 1000}):
+            pool: dict = {}
+            calls = loop_order(e.runners, 100, e.depths, "peagle", vocab, graph_of, kw, np.random.default_rng(0), pool)
+            calls += chain_calls(e.runners, 100, e.depths, vocab, np.random.default_rng(0), pool)
+            f = calls[0][2]  # decode's: its caches, every layer's keys and values of one shape
+            big = [n for n, a in f.items() if a.dtype == np.float32 and a.size >= 1000]
+            assert len(big) == 8 and not any(np.shares_memory(f[a], f[b]) for a in big for b in big if a != b), big
+            for (name, k), _, feeds in calls:
+                assert feeds[C.INPUT_IDS].max() < vocab[graph_of[name]], (vocab, name, k)
+
+
+class _Counted:
+    """A real runner whose calls are noted, (role, largest token id fed, feeds): what the
+    profile's timing loops make of ``repeats`` and ``warmup``, which vocabulary each graph's
+    ids come from, and which buffers the roles share."""
+
+    def __init__(self, runner, seen: list):
+        self.runner, self.seen = runner, seen
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def infer(self, feeds):
+        self.seen.append((self.runner.name, int(feeds[C.INPUT_IDS].max()), feeds))
+        return self.runner.infer(feeds)
+
+
+def test_profile_calls_each_role_warmup_plus_repeats_times(tiny_engines):
+    """Each call of the loop and of the chains ``warmup`` untimed and ``repeats`` timed times;
+    the prefill, a slower call, a third of the repeats (at least one) after one warmup. The
+    draft's token ids are drawn below its own vocabulary, the target's below the target's; the
+    chains share the loop's KV cache (a cache of their own: more memory, other caches warm)."""
+    from collections import Counter
+
+    from specrt.engines.costs import profile_costs
+
+    e = load_engines(tiny_engines, verify=False)
+    seen: list[tuple[str, int, dict]] = []
+    with e:
+        profile_costs({n: _Counted(r, seen) for n, r in e.runners.items()}, vocab={"target": 1000, "draft": 7},
+                      depths=e.depths, draft_kind="peagle", pasts=(16,), repeats=2, warmup=1)
+    n = Counter(name for name, _, _ in seen)
+    assert n["decode"] == 3 and all(n[f"verify.{d}"] == 3 for d in e.depths), n
+    assert n["draft"] == 3 * len(e.depths), n  # a pass per built depth
+    assert n["prefill"] == 3 * 3 + (1 + 1), n  # three chains; the prefill: max(1, 2 // 3) after 1
+    top = {name: max(i for m, i, _ in seen if m == name) for name in n}
+    assert top["draft"] < 7 and 7 <= top["decode"] < 1000, top
+    first: dict[str, dict] = {}
+    for name, _, feeds in seen:
+        first.setdefault(name, feeds)  # the prefill's first: a chain's (timed before the prefill's own)
+    big = [k for k, a in first["decode"].items() if a.dtype == np.float32 and a.size >= 1000]
+    assert big and all(np.shares_memory(first["prefill"][k], first["decode"][k]) for k in big)
+
+
+class _Sleeper:
+    """A call that takes the given seconds in turn (the statistic over a role's repeats)."""
+
+    def __init__(self, seconds):
+        self.seconds = list(seconds)
+
+    def infer(self, feeds):
+        time.sleep(self.seconds.pop(0))
+
+
+def test_a_roles_time_is_the_median_of_its_repeats():
+    """One slow outlier (a burst of machine load) moves neither the median nor a fast one
+    the mean would (0.21 s here) or the minimum (0 s)."""
+    from specrt.engines.costs import time_round_robin
+
+    t = time_round_robin([("a", _Sleeper([0.0, 0.02, 0.02, 0.02, 1.0]), {})], repeats=5, warmup=0)
+    assert 0.02 <= t["a"] < 0.2, t
+
+
+def test_profile_records_its_settings_a_prefill_cut_to_the_context_and_logs_ms(tiny_engines):
+    """The table records the draft's depth and accepted slots it profiled with, the prefill's
+    time and its tokens as called (cut to the context); the log line gives milliseconds; no
+    past that fits is an InternalError naming the pasts asked for."""
+    from specrt.engines.costs import profile_costs
+    from specrt.errors import InternalError
+
+    e = load_engines(tiny_engines, verify=False)
+    said: list[str] = []
+    kw = dict(vocab={"target": 1000, "draft": 1000}, depths=e.depths, draft_kind="peagle", repeats=1, warmup=0)
+    with e:
+        t = profile_costs(e.runners, pasts=(16,), draft_accepted=3, prefill_tokens=e.max_context + 50, log=said.append,
+                          **kw)
+        with pytest.raises(InternalError, match=rf"no profiled past length in \[{e.max_context}\] fits the context"):
+            profile_costs(e.runners, pasts=(e.max_context,), **kw)
+    assert t["draft_depth"] == 8 and t["draft_accepted"] == 3
+    assert t["prefill_tokens"] == e.max_context and t["prefill"] > 0
+    (line,) = said
+    assert line.startswith(f"costs at past 16: decode {t['decode'] * 1e3:.2f} ms, verify.1 "), line
+    assert f", draft {t['draft'] * 1e3:.2f} ms, chain.9 {t['chain']['9'] * 1e3:.2f} ms" in line, line
+
+
+class _Inputs:
+    """What synthetic_feeds reads of a runner: its inputs' specs."""
+
+    def __init__(self, *inputs: C.TensorSpec):
+        self.inputs = inputs
+
+
+def test_synthetic_feeds_keep_each_inputs_dtype():
+    """A half-precision engine's hidden states (TensorRT fp16) are fed as float16, its KV cache too."""
+    r = _Inputs(C.TensorSpec(C.DRAFT_PREV_HIDDEN, "float16", (1, C.DIM_PREV, 4)),
+                C.TensorSpec(C.past_key(0), "float16", (1, C.DIM_PAST, 2, 4)))
+    f = synthetic_feeds(r, {C.DIM_PREV: 2, C.DIM_PAST: 3}, 10, np.random.default_rng(0))
+    assert f[C.DRAFT_PREV_HIDDEN].dtype == np.float16 and f[C.DRAFT_PREV_HIDDEN].shape == (1, 2, 4)
+    assert f[C.past_key(0)].dtype == np.float16 and f[C.past_key(0)].shape == (1, 3, 2, 4)
+
+
+def test_a_draft_pass_is_sized_by_its_accepted_slots_and_depth(tiny_engines_append):
+    """P-EAGLE's profiled pass: draft_accepted real slots (the aux rows) and draft_depth - 1
+    mask slots after them."""
+    e = load_engines(tiny_engines_append, verify=False)
+    sizes = role_sizes(e.draft(), 100, draft_depth=8, draft_accepted=2, prefill_tokens=128, draft_kind="peagle")
+    assert sizes == {C.DIM_NEW: 9, C.DIM_AUX: 2, C.DIM_PAST: 100}
+
+
+def test_busy_share_is_a_recorded_share_below_the_threshold():
+    """busy_share: the table's cpu_share where it is a number in [0, BUSY_CPU_SHARE) (0.75: the
+    2-core host gave 0.92 idle, 0.51 beside one busy loop), else None: idle, not recorded, or
+    not a share (a bool, a text, a negative number)."""
+    from specrt.engines.costs import busy_share
+
+    for share, want in ((0.51, 0.51), (0.7, 0.7), (0, 0.0), (0.75, None), (0.92, None), (-0.5, None), (False, None),
+                        (True, None), ("0.5", None), (float("nan"), None)):
+        assert busy_share({"cpu_share": share}) == want, share
+    assert busy_share(None) is None and busy_share({}) is None

@@ -502,6 +502,14 @@ def test_eagle3_draft_engine_matches_its_graph(tmp_path):
             C.DIM_NEW: 1, C.DIM_AUX: 0, C.DIM_PREV: 1, C.DIM_PAST: 13}
         for row in engines.costs["by_past"].values():
             assert row["draft_by_depth"] == {1: row["draft"], 2: pytest.approx(2 * row["draft"])}
+        # and its loop order: the one step's key before every verify, no pass per block depth
+        from specrt.engines.costs import loop_order
+
+        kw = dict(draft_depth=2, draft_accepted=2, prefill_tokens=128, draft_kind="eagle3")
+        calls = loop_order(engines.runners, 13, (1, 2), "eagle3", {"target": 1000, "draft": 1000},
+                           {n: ("draft" if n == "draft" else "target") for n in engines.runners}, kw, rng)
+        assert [k for k, _, _ in calls] == [("decode", None), ("draft", None), ("verify.1", None), ("draft", None),
+                                            ("verify.2", None)]
 
 
 def test_the_builds_default_threads_never_exceed_this_machines_cores(engines_copy):

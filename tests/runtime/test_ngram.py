@@ -289,3 +289,83 @@ def test_a_round_without_timings_teaches_neither_load_nor_python_time():
     p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
     p.observe(5, t_verify=0.0, t_round=None, tokens=3, lookup=(4, 2))  # the target not timed, the round not either
     assert p.load == 1.0 and p.python == 0.5e-3
+
+
+# ---- session 68's mutation round (runtime/ngram.py) ------------------------------------------
+
+
+def test_policy_takes_depths_in_any_order_and_prices_the_route_from_decode():
+    """Depths given unsorted make the same policy (the deepest is the longest verify engine);
+    the route's guess is priced on the decode step's cost even where a verify was timed
+    cheaper (a noisy table), and on the cheapest call where the table has no decode step."""
+    p = NgramPolicy((8, 2, 4, 1), COSTS, t_draft=0.002)
+    assert p.max_len == 8 and p.cost(9) == pytest.approx(COSTS[8]) and p.choose(8, 4, limit=100) == 8
+    assert NgramPolicy(DEPTHS, {**COSTS, 0: 0.024}, t_draft=None).route_guess == pytest.approx(1 / 0.024)
+    no_decode = {d: v for d, v in COSTS.items() if d}
+    assert NgramPolicy(DEPTHS, no_decode, t_draft=None).route_guess == pytest.approx(1 / COSTS[1])
+
+
+def test_a_one_token_chain_is_verified_when_it_pays():
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.route_rate = 1.0  # a slow route: any chain pays
+    assert p.choose(1, 4, limit=100) == 1 and p.choose(8, 4, limit=1) == 1
+
+
+def test_the_route_rate_is_a_moving_average_from_the_first_drafted_round():
+    """The governor's route: its first round's tokens per second, then an average moving by
+    EMA (0.1) a round; a round timed at 0 s teaches no rate, and drafted rounds do not teach
+    the lookup rounds' Python time."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.observe(3, t_verify=0.023, t_round=0.05, tokens=2)  # 40 tok/s
+    assert p.route_rate == pytest.approx(40.0) and p.python == 0.5e-3
+    p.observe(3, t_verify=0.023, t_round=0.02, tokens=2)  # 100 tok/s
+    assert p.route_rate == pytest.approx(40.0 + 0.1 * 60.0)
+    p.observe(3, t_verify=0.023, t_round=0.0, tokens=2)
+    assert p.route_rate == pytest.approx(46.0) and p.python == 0.5e-3
+
+
+def test_priors_weigh_as_sixteen_rounds_for_every_source():
+    """Prompt lookup's priors and a source's (add_source) count as 16 rounds: 16 misses halve
+    a first position's rate; a source's positions past its priors start from its last rate."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    p.hindsight = False  # the verified rounds' counts
+    p.add_source({100: [0.5]})
+    for _ in range(16):
+        p.observe(5, t_verify=0.025, t_round=0.026, tokens=1, lookup=(4, 0))
+        p.observe(5, t_verify=0.025, t_round=0.026, tokens=1, lookup=(100, 0))
+    assert p.rates(4)[0] == pytest.approx(PRIORS[4][0] / 2) and p.rates(100) == pytest.approx([0.25])
+    q = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    q.hindsight = False
+    q.add_source({100: [0.5]})
+    q.observe(3, t_verify=0.023, t_round=0.024, tokens=2, lookup=(100, 1))  # position 1 won, 2 lost
+    assert q.rates(100) == pytest.approx([9 / 17, 9 / 17 * 16 / 17])
+
+
+def test_a_proposal_is_tallied_as_offered_and_only_against_its_own_stream():
+    """A noted proposal is kept as offered (the caller's list may change after), and settling
+    a stream drops another stream's proposals even where that stream holds the same tokens."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    x = [1, 2]
+    offered = [3]
+    p.note(2, offered, len(x), x)
+    offered[0] = 9
+    x += [3]
+    p.settle(x)
+    assert p.tries[2][0] == PRIOR_ROUNDS + 1 and p.wins[2][0] == PRIORS[2][0] * PRIOR_ROUNDS + 1
+    y = list(x)  # another stream, equal so far
+    p.note(2, [4], len(y), y)
+    x += [4]
+    y += [4]
+    p.settle(x, final=True)
+    assert not p._pending and p.tries[2][0] == PRIOR_ROUNDS + 1
+
+
+def test_sources_are_the_corpus_then_the_growth():
+    """The generator asks the sources in this order, and a later one replaces an earlier
+    proposal only when it promises strictly more: on a tie the corpus's is verified."""
+    p = NgramPolicy(DEPTHS, COSTS, t_draft=0.002)
+    assert p.sources() == []
+    p.corpus, p.growth = "corpus", "growth"
+    assert p.sources() == ["corpus", "growth"]
+    p.corpus = None
+    assert p.sources() == ["growth"]
