@@ -1289,13 +1289,15 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
         outputs_file = outputs_file_for(Path(inputs_file))
         # each whole or as before (paths.atomic_file: beside itself, then renamed; links and
         # devices written through, a file's mode kept): an interrupt mid-write left a 0-byte
-        # outputs file the report names. (One landing between the two can still leave this
-        # run's outputs beside the last run's inputs: the report, written after, is the last's.)
+        # outputs file the report names. Both written before either is renamed: a disk full at
+        # the second left this run's outputs beside the last run's inputs. (An interrupt between
+        # the two renames still can: the report, written after, is the last's.)
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
             texts = (to_json(saved_outputs[0]), to_json(saved_feeds))  # (what .save / save_json write)
-        for final, text in zip((outputs_file, Path(inputs_file)), texts):
-            with atomic_file(final) as f:
+        with atomic_file(outputs_file) as fo, atomic_file(Path(inputs_file)) as fi:
+            for f, text in ((fo, texts[0]), (fi, texts[1])):
                 f.write(text.encode("utf-8"))
+                f.flush()  # (the disk's error here, before the inner file's rename)
         # the command checks against ONNX Runtime whatever this run's reference was
         int8 = show_role == DRAFT and engines.draft_weights == "int8"
         tol = resolve_tolerances([t.name for t in engines.portable(show_role, activate=False).get_output_metadata()],

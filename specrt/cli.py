@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import json
 import sys
 from pathlib import Path
@@ -57,8 +58,27 @@ class _Group(click.Group):
                 _reader_left()
             if not environment_error(e):
                 raise
-            click.echo(f"error: {describe_os_error(e)}", err=True)
+            named = _stdout_named(e)
+            click.echo(f"error: {named or describe_os_error(e)}", err=True)
+            if named is not None:  # (what it still holds, flushed at exit, failed again: "Exception ignored", exit 120)
+                _stdout_to_devnull()
             sys.exit(1)
+
+
+def _stdout_named(e: OSError) -> str | None:
+    """``e`` said as standard output's where it was raised writing there (in click.echo, to
+    file descriptor 1: `specrt run > FILE` on a full disk said "File too large" alone, naming
+    nothing); else None."""
+    tb, stream = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code is click.utils.echo.__code__:
+            stream = tb.tb_frame.f_locals.get("file")
+        tb = tb.tb_next
+    try:
+        named = e.filename is None and stream is not None and stream.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # (a stream without a file descriptor: click's test runner)
+        named = False
+    return f"standard output: {e.strerror or e}" if named else None
 
 
 @click.group(cls=_Group)
@@ -77,14 +97,22 @@ def _reader_left() -> None:
     import os
     import signal
 
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # (no stdout file descriptor)
-        pass
+    _stdout_to_devnull()
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGPIPE)
     sys.exit(1)  # (no SIGPIPE: Windows)
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output's file descriptor pointed at /dev/null: what its buffer still holds
+    goes there when Python flushes it at exit."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # (no stdout file descriptor)
+        pass
 
 
 class _Terminated(SystemExit):
@@ -125,12 +153,44 @@ def entry() -> None:
     reexec_with_thp(sys.argv[1:])
     _replace_unencodable()
     signal.signal(signal.SIGTERM, _terminated)
+    _whole_stdout_writes()
     try:
         main()
     except _Terminated:
         click.echo(err=True)  # (as click before its "Aborted!")
         click.echo("Terminated", err=True)
         raise
+
+
+def _whole_stdout_writes() -> None:
+    """Under PYTHONUNBUFFERED (python -u; container images often set it) sys.stdout's text
+    writes go straight to the file, and a write the kernel cuts short (a full disk) loses the
+    rest without an error: `specrt inspect --json > FILE` exited 0, FILE cut at the limit.
+    Written through _WholeWrites instead, unbuffered still (a Ctrl-C in a write leaves nothing
+    to be flushed after "Aborted!")."""
+    try:  # (a FileIO: not Windows' console, written as text by its own raw class)
+        unbuffered = type(sys.stdout.buffer) is io.FileIO
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # (no stdout, or one that is no file)
+        return
+    if unbuffered:
+        sys.stdout = io.TextIOWrapper(_WholeWrites(fd, "w", closefd=False), encoding=sys.stdout.encoding,
+                                      errors=sys.stdout.errors, write_through=True)
+
+
+class _WholeWrites(io.FileIO):
+    """A file written whole: the rest of a write the kernel cut short is written again, where
+    the OS says why it cannot be (FileIO.write returns the count written, which the text layer
+    of an unbuffered stdout does not look at)."""
+
+    def write(self, b) -> int:
+        view, done = memoryview(b).cast("B"), 0
+        while done < len(view):
+            n = super().write(view[done:])
+            if not n:  # (None: a non-blocking file that would block, said as FileIO says it)
+                return done or n
+            done += n
+        return done
 
 
 _DRAFT_HELP = ("A draft folder: speculators' format (P-EAGLE or EAGLE-3), or EAGLE-3 as EAGLE / SpecForge / ModelOpt "
@@ -717,18 +777,24 @@ def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | 
     """run's --stats and --grow-file, each whole or as before. A Ctrl-C or SIGTERM landing in
     one of them lets that one be written again, once (another in the same write stops it), and
     is returned once both are written: one landing just after the run's last answer left
-    neither written."""
+    neither written. One that cannot be written (a full disk) does not keep the other from
+    being written (the stats' error lost the run's growth, unsaid); its error is raised after."""
     from specrt.paths import write_atomic
 
-    pending = None
+    pending, failed = None, []
     writes = ([lambda: write_atomic(stats_file, stats)] if stats_file else []) + (
         [lambda: s.save_growth(grow_file)] if grow_file is not None else [])
     for write in writes:
         try:
-            write()
-        except (KeyboardInterrupt, SystemExit) as e:
-            pending = e
-            write()
+            try:
+                write()
+            except (KeyboardInterrupt, SystemExit) as e:
+                pending = e
+                write()
+        except UserError as e:
+            failed.append(str(e))
+    if failed:
+        raise UserError("; ".join(failed))
     return pending
 
 

@@ -142,6 +142,7 @@ own measured seconds, so the gap splits into "engines slower than profiled" and 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -155,7 +156,7 @@ from typing import Any, Callable
 
 import click
 
-from specrt.errors import UserError
+from specrt.errors import UserError, environment_error
 from specrt.limits import MAX_THREADS, whole
 from specrt.machine import machine_info, mem_available
 from specrt.manifest import atomic_folder, check_output
@@ -446,13 +447,31 @@ class _PeerWorker:
         pass
 
 
+# a worker that could not write its result (a full disk) exits WRITE_FAILED + the OSError's errno, for the
+# parent to say (_finish_result): its stderr, the log, lies on the same disk
+WRITE_FAILED = 64
+
+
+def _write_result(result_path: str, result: dict) -> None:
+    """The worker's result for the parent, whole or absent: the part a full disk let it write
+    was read as JSON by the parent, a JSONDecodeError's traceback (a full-disk walk)."""
+    try:
+        Path(result_path).write_text(json.dumps(result), encoding="utf-8")
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(result_path)
+        if not environment_error(e) or WRITE_FAILED + e.errno > 255:
+            raise
+        sys.exit(WRITE_FAILED + e.errno)
+
+
 def _run_failed(result: dict, result_path: str, e: Exception, where: str) -> int:
     """A run that raised: its error in the result (``where``: the prompt, governor and repeat),
     written for the parent. A UserError (a broken engine's NaN logits, ...) is said there alone,
     exit 1 (its traceback's last lines were all the report and the FAILED line showed, "worker
     exited 1" first); anything else is raised, its traceback kept in the log."""
     result["error"] = f"{type(e).__name__}: {e} ({where})"
-    Path(result_path).write_text(json.dumps(result), encoding="utf-8")
+    _write_result(result_path, result)
     if isinstance(e, UserError):
         return 1
     raise e
@@ -467,7 +486,7 @@ def worker_main(job_path: str, result_path: str) -> int:
     except Exception as e:  # a skipped peer or a failure to load: reported, not raised
         kind = "skipped" if type(e).__name__ == "PeerSkipped" else "error"
         result[kind] = f"{type(e).__name__}: {e}" if kind == "error" else str(e)
-        Path(result_path).write_text(json.dumps(result), encoding="utf-8")
+        _write_result(result_path, result)
         if kind == "error":
             raise
         return 0
@@ -537,7 +556,7 @@ def worker_main(job_path: str, result_path: str) -> int:
                   ru_maxrss_bytes=_ru_maxrss(), rss_end_bytes=_rss_now(), load_average_end=_load_average(),
                   modules_loaded={m: m in sys.modules for m in job.get("check_modules", ("torch", "transformers"))})
     w.close()
-    Path(result_path).write_text(json.dumps(result), encoding="utf-8")
+    _write_result(result_path, result)
     return 0
 
 
@@ -606,6 +625,10 @@ def run_config(job: dict, log_path: Path, on_progress: Callable[[str], None] = l
 
 
 def _finish_result(rp: Path, rc: int, log_path: Path) -> dict:
+    if rc > WRITE_FAILED and not rp.is_file():  # (_write_result: said as any OSError of the run, naming the file)
+        e = OSError(rc - WRITE_FAILED, os.strerror(rc - WRITE_FAILED), str(rp))
+        if environment_error(e):
+            raise e
     res = json.loads(rp.read_text(encoding="utf-8")) if rp.is_file() else {"ok": False}
     if not res.get("ok") and "skipped" not in res:
         tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-8:])
