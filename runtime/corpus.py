@@ -107,6 +107,15 @@ GROW_PRIORS: dict[int, tuple[float, ...]] = {
 }
 
 
+def _savez(f, **arrays: np.ndarray) -> None:
+    """np.savez(f, **arrays), its zip closed on an error too: numpy before 2.2 left it to the
+    garbage collector, whose close printed a traceback after specrt's one-line error (a full disk)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
+
+
 def match_name(key: int) -> str:
     """A lookup round's key in words: prompt lookup's match length n, a corpus bin, or a
     grown one (``:grow``)."""
@@ -372,9 +381,9 @@ class Growth:
         meta = {"format": GROW_FORMAT, "kind": "specrt growth", "nmin": self.nmin, "nmax": self.nmax,
                 "export_digest": export_digest, "rates": kept}
         with atomic_file(path) as f:
-            np.savez(f, tokens=np.array([t for q in seqs for t in q], dtype=np.int32),
-                     lengths=np.array([len(q) for q in seqs], dtype=np.int64),
-                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+            _savez(f, tokens=np.array([t for q in seqs for t in q], dtype=np.int32),
+                   lengths=np.array([len(q) for q in seqs], dtype=np.int64),
+                   meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
 
     @classmethod
     def load(cls, path: Path, vocab_size: int, export_digest: str | None = None,
@@ -518,8 +527,8 @@ class Corpus:
         meta = {"format": FORMAT, "nmin": self.nmin, "nmax": self.nmax, "binning": self.binning,
                 "priors": {str(k): v for k, v in self.priors.items()}, **self.info}
         with atomic_file(path) as f:
-            np.savez(f, keys=self.keys, tokens=self.tokens, ev=self.ev,
-                     meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+            _savez(f, keys=self.keys, tokens=self.tokens, ev=self.ev,
+                   meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
 
     @classmethod
     def load(cls, path: Path, vocab_size: int | None = None, export_digest: str | None = None) -> "Corpus":

@@ -12,6 +12,7 @@ refuses, when asked for in-place) with the reason when in-place KV is impossible
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -235,8 +236,9 @@ def test_probe_names_what_the_kernel_cannot_do(capfd):
     # (mutants N47, N105, N106, N110, N114) a dtype it has no reference for, and ONNX Runtime's refusal of the
     # graph as it loads (its own Fail, no RuntimeError) are said in words, not raised
     assert probe_inplace_gqa(s, 4, 2, 16, "bfloat16") == "GroupQueryAttention in place is not probed for bfloat16"
-    assert probe_inplace_gqa(s, 4, 0, 16).startswith(
-        "GroupQueryAttention in place or SkipSimplifiedLayerNormalization is unavailable (Fail: ")
+    # (onnxruntime 1.22 refuses it as the session starts: its RuntimeException)
+    assert re.match(r"GroupQueryAttention in place or SkipSimplifiedLayerNormalization is unavailable "
+                    r"\((Fail|RuntimeException): ", probe_inplace_gqa(s, 4, 0, 16))
 
 
 def test_re_lowering_names_a_weight_it_cannot_use(tiny_export, tmp_path):

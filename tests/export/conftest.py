@@ -87,6 +87,7 @@ def write_eagle3(path: Path, draft_vocab: int = 500, hidden: int = 64, target_vo
 def rewrite(folder: Path, rename: dict[str, str] | None = None, drop: tuple[str, ...] = (),
             add: dict[str, np.ndarray] | None = None, change: dict[str, np.ndarray] | None = None) -> None:
     """Rewrite a single-file checkpoint's tensors (rename, drop, add, replace)."""
+    import ml_dtypes  # noqa: F401  (safetensors.numpy names bf16 by its dtype; onnx 1.16 does not import it)
     from safetensors.numpy import load_file
 
     path = folder / "model.safetensors"
