@@ -158,7 +158,7 @@ import click
 
 from specrt.errors import UserError, environment_error
 from specrt.limits import MAX_THREADS, whole
-from specrt.machine import machine_info, mem_available
+from specrt.machine import load_average, machine_info, mem_available
 from specrt.manifest import atomic_folder, check_output
 from specrt.paths import check_path_args, write_atomic
 from specrt.prompt_files import common_prefix
@@ -230,12 +230,6 @@ def _peak_rss() -> int | None:
     except OSError:  # pragma: no cover - non-Linux
         pass
     return _ru_maxrss()
-
-
-def _load_average() -> list[float] | None:
-    """The 1, 5 and 15-minute load averages; None where the OS has none (Windows: every worker
-    failed at its start, an AttributeError)."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def _median(xs: list[float]) -> float | None:
@@ -479,7 +473,7 @@ def _run_failed(result: dict, result_path: str, e: Exception, where: str) -> int
 
 def worker_main(job_path: str, result_path: str) -> int:
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
-    result: dict[str, Any] = {"ok": False, "load_average_start": _load_average()}
+    result: dict[str, Any] = {"ok": False, "load_average_start": load_average()}
     t0 = time.perf_counter()
     try:
         w = _SpecrtWorker(job) if job["kind"] == "specrt" else _PeerWorker(job)
@@ -553,7 +547,7 @@ def worker_main(job_path: str, result_path: str) -> int:
                 print(f"{PROGRESS}{r * len(mine) + k + 1}", flush=True)
         per_prompt = [combine_repeats(by_prompt[i]) for i in mine]
     result.update(ok=True, per_prompt=per_prompt, **w.extra(), peak_rss_bytes=_peak_rss(),
-                  ru_maxrss_bytes=_ru_maxrss(), rss_end_bytes=_rss_now(), load_average_end=_load_average(),
+                  ru_maxrss_bytes=_ru_maxrss(), rss_end_bytes=_rss_now(), load_average_end=load_average(),
                   modules_loaded={m: m in sys.modules for m in job.get("check_modules", ("torch", "transformers"))})
     w.close()
     _write_result(result_path, result)
@@ -1477,7 +1471,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
         machine = machine_info(threads)
         warnings = list(same_notes)
-        load1, cpus = (_load_average() or [0.0])[0], os.cpu_count() or 1  # (unknown on Windows: no warning)
+        load1, cpus = (load_average() or [0.0])[0], os.cpu_count() or 1  # (unknown on Windows: no warning)
         if load1 > 0.5 * cpus:
             warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
                             "CPUs): other processes compete for the cores and the tokens/s are not clean")

@@ -109,6 +109,12 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
     return min(rooms) if rooms else None
 
 
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages; None where the OS has none (Windows: bench's
+    workers failed at their start, an AttributeError)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -156,7 +162,7 @@ def machine_info(threads: int) -> dict:
         "threads": threads,
         "isa": isa,
         "memory_bytes": mem_total,
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_at_start": load_average(),
         "os": platform.platform(),
         "python": platform.python_version(),
         "versions": {d: dist_version(d) for d in ("specrt", "numpy", "onnxruntime", "onnxruntime-genai",

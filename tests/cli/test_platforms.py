@@ -156,8 +156,13 @@ def test_an_answer_goes_to_a_stdout_that_cannot_hold_it(bytewise, tmp_path):  # 
 def _text_opens(tree: ast.AST) -> list[tuple[int, str]]:
     """The calls in ``tree`` that read or write text in the locale's encoding: read_text() and
     write_text(X) without encoding=, open() / os.fdopen() in a text mode without encoding= (a
-    mode given as a name is taken as text)."""
-    found = []
+    mode given as a name is taken as text). A zip archive's open (a name bound by ``with
+    zipfile.ZipFile(...) as NAME``) is binary whatever its mode, "r" or "w"."""
+    found, archives = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) and isinstance(
+                node.context_expr, ast.Call) and ast.unparse(node.context_expr.func) in ("zipfile.ZipFile", "ZipFile"):
+            archives.add(node.optional_vars.id)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -166,7 +171,7 @@ def _text_opens(tree: ast.AST) -> list[tuple[int, str]]:
         if "encoding" in kw or name not in ("read_text", "write_text", "open", "fdopen"):
             continue
         if name == "open" and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in (
-                "os", "gzip", "tarfile", "zipfile"):
+                "os", "gzip", "tarfile", "zipfile", *archives):
             continue  # (os.open: a descriptor; the archives' open: binary, or said by its mode)
         if name in ("open", "fdopen"):
             mode = node.args[1] if len(node.args) > 1 else next(
