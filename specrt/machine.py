@@ -86,9 +86,8 @@ def cgroup_room(root: Path = Path("/")) -> int | None:
     limit less its usage (inactive page cache counted free); None without a limit or where
     none can be read. (A limit on a parent binds too: a systemd slice's MemoryMax, a Slurm
     job's, a container's root with the processes in a child group.)"""
-    try:
-        proc_cgroup = (root / "proc/self/cgroup").read_text(encoding="utf-8")
-    except OSError:
+    proc_cgroup = read_or_none(root / "proc/self/cgroup")
+    if proc_cgroup is None:
         return None
     rooms = []
     for levels, v2 in cgroup_levels(proc_cgroup, "memory", read_or_none(root / "proc/self/mountinfo"),
