@@ -37,6 +37,12 @@ def _identity(folder: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _replaced(folder: Path) -> UserError:
+    return UserError(f"{folder}: replaced while its engines were being loaded (rebuilt: `specrt build --force` put "
+                     "another folder in its place), so what was read may mix the two builds' files; nothing was run: "
+                     "run the command again")
+
+
 class PortableView(Runner):
     """The portable past/new contract (contracts.py) over an in-place KV runner, for tools
     that feed or compare engines tensor by tensor (``specrt compare``, tests): the past
@@ -100,10 +106,11 @@ class EngineSet:
     """
 
     def __init__(self, folder: Path, manifest: dict[str, Any], export: dict[str, Any],
-                 ort_overrides: dict[str, Any] | None = None, costs: bool = True):
+                 ort_overrides: dict[str, Any] | None = None, costs: bool = True, identity: tuple | None = None):
         self.folder = Path(folder)
-        # the folder itself: `build --force` renames a new one into its place (check_still_here)
-        self.identity = _identity(self.folder)
+        # the folder itself: `build --force` renames a new one into its place (check_still_here,
+        # check_unchanged); ``identity``: load_engines' own, taken before it read the manifest
+        self.identity = identity if identity is not None else _identity(self.folder)
         self.manifest = manifest
         self.export = export
         self.export_dir = self.folder / manifest["export"]["folder"]
@@ -294,15 +301,28 @@ class EngineSet:
             raise UserError(f"{self.folder}: replaced while this ran (rebuilt: another folder is in its place now); "
                             f"{writes} not written, as it measured the engines loaded before: run the command again")
 
+    def check_unchanged(self) -> None:
+        """UserError where ``folder`` is no longer the folder these engines were loaded from:
+        `build --force` renamed a new one into its place while they were read (a `specrt run`
+        then ran the earlier engines.json with the new build's draft graph, without a word);
+        what was read may mix the two builds' files."""
+        if _identity(self.folder) != self.identity:
+            raise _replaced(self.folder)
+
     def activate(self) -> None:
         if self.head is not None and _file_ids(self.folder, self._head_files) != self._head_ids:
             raise UserError(f"{self.folder}: its target graph or screened head files changed since these engines "
                             "were loaded (rebuilt?): load them again")
         done = []
         try:
-            for r in self.runners.values():
-                r.activate()
-                done.append(r)
+            try:
+                for r in self.runners.values():
+                    r.activate()
+                    done.append(r)
+            except UserError:  # (a graph of the new build against this manifest: said as the rebuild it is)
+                self.check_unchanged()
+                raise
+            self.check_unchanged()  # (the graphs are read now: those of the folder the manifest came from)
         except BaseException:
             for r in reversed(done):
                 r.deactivate()
@@ -406,6 +426,12 @@ def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str
     folder = Path(engines_dir)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such engines folder (run `specrt build` first)")
-    manifest = read_engines_manifest(folder)
-    export = verify_engines(folder, manifest, verify=verify)
-    return EngineSet(folder, manifest, export, ort_overrides, costs)
+    identity = _identity(folder)  # (before any file is read: EngineSet.check_unchanged)
+    try:
+        manifest = read_engines_manifest(folder)
+        export = verify_engines(folder, manifest, verify=verify)
+        return EngineSet(folder, manifest, export, ort_overrides, costs, identity)
+    except UserError:  # (a file of the new build against the earlier manifest: "modified after it was written")
+        if identity is not None and _identity(folder) != identity:
+            raise _replaced(folder) from None
+        raise

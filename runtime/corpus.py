@@ -292,6 +292,7 @@ class Growth:
         self.table: dict[int, int | dict[int, int]] = {}
         self.seqs: deque[list[int]] = deque()
         self.rates: dict[int, tuple[list[float], list[float]]] = {}  # learnt rates a growth file held
+        self.added = 0  # sequences added since it was made, loaded or saved (own())
 
     def __len__(self) -> int:
         return len(self.table)
@@ -321,11 +322,16 @@ class Growth:
             else:
                 v[nxt] = v.get(nxt, 0) + 1
         self.seqs.append(seq)
+        self.added += 1
         self.tokens += len(seq)
         while self.tokens > self.max_tokens and len(self.seqs) > 1:
             old = self.seqs.popleft()
             self.tokens -= len(old)
             self._remove(old)
+
+    def own(self) -> list[list[int]]:
+        """The sequences added since it was made, loaded or saved that it still holds, oldest first."""
+        return list(self.seqs)[len(self.seqs) - min(self.added, len(self.seqs)):]
 
     def _remove(self, seq: list[int]) -> None:
         table = self.table
@@ -427,6 +433,7 @@ class Growth:
                 raise UserError(f"{path}: learnt rates of key {key!r}: expected [wins, tries] per position, "
                                 "0 <= wins <= tries, of a grown key")
             g.rates[int(key)] = ([float(x) for x in wt[0]], [float(x) for x in wt[1]])
+        g.added = 0  # (the file's own)
         return g
 
     @staticmethod

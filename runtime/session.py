@@ -37,7 +37,7 @@ from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (
 from specrt.engines.costs import busy_note, busy_share
 from specrt.errors import UserError
 from specrt.limits import whole
-from specrt.paths import check_path_args
+from specrt.paths import check_path_args, folder_lock
 
 from .corpus import Growth
 from .generate import Finished, Generator, Stream, as_whole
@@ -45,6 +45,16 @@ from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens,
                        wants_corpus)
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
+
+
+def _file_stamp(path: Path) -> tuple | None:
+    """(device, inode, mtime, size) of ``path``, None where there is none: a file replaced (an
+    atomic write) has another."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
@@ -278,6 +288,7 @@ class Session:
         # stream's own are laid over them
         self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
         self.closed = False
+        self._growth_read = None  # (path, _file_stamp) of the growth file as load_growth read it
         # how errors name the switch that asks for the chat template: the API's argument; a
         # front end sets its own (`specrt run`: --chat)
         self.chat_option = "chat=True"
@@ -306,6 +317,7 @@ class Session:
                     governor = governor.replace(":corpus", "")
                     self.generator.governor = make_governor(governor, self.engines, self.calibration)
                     self.calibration_note += f"; corpus lookup left out: {e}"
+            self.engines.check_unchanged()  # (every file read now: the tokenizer, calibration, corpus)
         except BaseException:  # (a MemoryError making the caches, Ctrl-C: the engines released all the same)
             self.engines.deactivate()
             raise
@@ -429,6 +441,7 @@ class Session:
         check_path_args("a file", path=path)
         self._open()  # (after close() it loaded sequences no stream could use)
         policy = self._growth_policy(Path(path))
+        self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
         if not Path(path).exists():
             return 0
         policy.growth = Growth.load(Path(path), self.generator.vocab, self.engines.manifest["export"]["digest"],
@@ -442,9 +455,23 @@ class Session:
         check_path_args("a file", path=path)
         self._open()  # (after close(): a closed Session saves nothing, as it streams nothing)
         policy = self._growth_policy(Path(path))
-        grown = policy.growth.source_priors()
-        policy.growth.save(Path(path), self.engines.manifest["export"]["digest"],
-                           {k: (policy.wins[k], policy.tries[k]) for k in grown if k in policy.wins})
+        grown, digest = policy.growth.source_priors(), self.engines.manifest["export"]["digest"]
+        # read again and written under a lock on its folder: another run with the same file
+        # (cron jobs, CI runners) wrote it since this one loaded it, and the last to write lost the
+        # other's answers without a word; now its sequences stay, this session's added after them
+        # (the learnt rates are this session's: it started from the same file's)
+        with folder_lock(Path(path).parent):
+            now = _file_stamp(Path(path))
+            if self._growth_read is not None and self._growth_read[0] == Path(path).resolve() \
+                    and now not in (None, self._growth_read[1]):
+                merged = Growth.load(Path(path), self.generator.vocab, digest, max_tokens=policy.growth.max_tokens)
+                for seq in policy.growth.own():
+                    merged.add(seq)
+                policy.growth = merged
+            policy.growth.save(Path(path), digest, {k: (policy.wins[k], policy.tries[k]) for k in grown
+                                                    if k in policy.wins})
+            policy.growth.added = 0
+            self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
 
     def need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
         """UserError saying ``what`` needs the tokenizer where the export has none, and how to add it."""

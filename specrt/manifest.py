@@ -52,14 +52,19 @@ def tool_versions() -> dict[str, str]:
             "numpy": numpy.__version__}
 
 
-def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None) -> Path:
+def check_output(out: Path, force: bool = False, inputs: tuple = (), marker: str | None = None,
+                 locked: bool = False) -> Path:
     """``atomic_folder``'s refusals of ``out`` (see there), made before it starts, so that
     export and build say them before their work (binding, hashing), not after. Returns
-    ``out`` as atomic_folder names it."""
+    ``out`` as atomic_folder names it. ``locked``: the caller holds folder_lock(out.parent)."""
     out = Path(out)
     if out.name in ("", ".", ".."):  # "-o ." : the folder by its own name
         out = out.resolve()
-    _settle_moved_aside(out)
+    if locked:
+        _settle_moved_aside(out)
+    else:  # (a live run replacing OUT holds this lock: its OUT moved aside is never taken for a killed run's)
+        with folder_lock(out.parent):
+            _settle_moved_aside(out)
     real = out.resolve()
     for folder in inputs:
         if folder is None:
@@ -117,6 +122,10 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             raise UserError(f"-o {out}: cannot write a folder here ({e.strerror}: {e.filename})") from None
         raise
     old = None
+    # the check and the renames below under a lock on OUT's folder: two runs into one OUT each
+    # checked, then renamed, in between the other's two renames (the second's rename onto the
+    # first's new OUT: "Directory not empty", a traceback, and the earlier OUT left moved aside)
+    swap = contextlib.ExitStack()
     try:
         yield tmp
         # files some writers make 0600 (onnx's external data, safetensors) get the umask's usual
@@ -125,9 +134,10 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
             st = f.lstat()
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and stat.S_IMODE(st.st_mode) == 0o600:
                 os.chmod(f, 0o666 & ~mask)
+        swap.enter_context(folder_lock(out.parent))
         if out.exists() or out.is_symlink():
             try:  # refused as at the start: what was made at OUT while this ran was replaced, --force or not
-                check_output(out, force, inputs, marker)  # (and a folder of other things deleted)
+                check_output(out, force, inputs, marker, locked=True)  # (and a folder of other things deleted)
             except UserError as e:
                 raise UserError(f"{e} (it appeared while this ran; this run's output was not kept)") from None
         if out.exists():
@@ -156,6 +166,7 @@ def atomic_folder(out: Path, force: bool = False, inputs: tuple = (), marker: st
                             + (" (the earlier one is kept)" if out.exists() else "")) from None
         raise
     finally:
+        swap.close()
         if held is not None:
             os.close(held)  # (releases the lock: the folder is ``out`` now, or gone)
 
@@ -186,7 +197,9 @@ def _settle_moved_aside(out: Path) -> None:
     beside the new OUT; both stayed for good. Where PID is no live process (or this one's: a
     killed run's, as a container's PID 1 is each run's), the first is put back as OUT (the
     replacement undone, as an interrupted run leaves OUT as it was) and the second removed,
-    each said on stderr."""
+    each said on stderr. Called under folder_lock(out.parent), which a live replacement holds
+    from its first rename to the removal: a run in another PID namespace (a container's PID 1
+    is each run's) took a live one's .OUT.old-PID for a killed run's and put it back as OUT."""
     for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
         pid = p.name[len(f".{out.name}.old-"):]  # (not the last "-"'s: OUT.old-x's own ".OUT.old-x.old-PID")
         if not (pid.isascii() and pid.isdigit()) or p.is_symlink() or not p.is_dir():
