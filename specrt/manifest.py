@@ -208,6 +208,8 @@ def _settle_moved_aside(out: Path) -> None:
         # run's, and its own rename onto that one failed, "Directory not empty")
         if int(pid) != os.getpid() and _pid_alive(int(pid)):
             continue
+        if out.is_symlink() and not out.exists():  # (a dangling link a user put at OUT: p may be the only output)
+            continue
         try:
             if out.exists() or out.is_symlink():
                 shutil.rmtree(p)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -720,3 +721,194 @@ def test_a_path_argument_gives_a_pathlib_path(tmp_path):
 
     r = CliRunner().invoke(show, [str(tmp_path), "--out", str(tmp_path / "o.json")])
     assert r.exit_code == 0 and r.output == f"{type(tmp_path).__name__} {type(tmp_path).__name__}\n", r.output
+
+
+# ---- mutation round of session 69 (specrt/paths.py, specrt/manifest.py; P- and S-ids in its report) ----
+
+
+def test_try_lock_takes_no_link_and_leaves_no_descriptor_open(tmp_path):
+    # kills P40 (a link followed: O_NOFOLLOW dropped, the sweeps' "not through a link" lost), P41 (an OSError
+    # other than FileNotFoundError raised from try_lock: a link's ELOOP) and P42 (the descriptor of a file a
+    # live run holds left open by each sweep that passed it)
+    import fcntl
+
+    from specrt.paths import try_lock
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    (tmp_path / "link").symlink_to(f)
+    fds = len(os.listdir("/proc/self/fd"))
+    assert try_lock(tmp_path / "link") is None and try_lock(tmp_path / "absent") is None
+    held = os.open(f, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # (as a live run holds it: another open file's flock conflicts)
+    try:
+        assert try_lock(f) is None and len(os.listdir("/proc/self/fd")) == fds + 1
+    finally:
+        os.close(held)
+    fd = try_lock(f)
+    assert fd is not None
+    os.close(fd)
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_temporaries_are_made_for_this_user_alone(tmp_path):
+    # kills P06 / P07 (make_temporary's folder made 0777, its file 0644, less the umask: another user could
+    # read a partial output or a temporary file, or write in the folder, before its mode was given)
+    import stat
+
+    from specrt.paths import make_temporary
+
+    was = os.umask(0)
+    try:
+        name, fd = make_temporary(tmp_path, ".f.", ".tmp")
+        os.close(fd)
+        folder, none = make_temporary(tmp_path, ".d.", is_folder=True)
+    finally:
+        os.umask(was)
+    assert none is None and name.name.startswith(".f.") and name.name.endswith(".tmp")
+    assert stat.S_IMODE(name.stat().st_mode) == 0o600 and stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_a_temporary_name_taken_is_passed_over_not_reused(tmp_path, monkeypatch):
+    # kills P08 (O_EXCL dropped: a file of the name drawn was opened and emptied), P11 (one draw only) and
+    # P12 (a name taken raised FileExistsError): the random part drawn twice the same here, as it may be
+    from specrt import paths
+
+    taken = tmp_path / ".x.000000000000"
+    taken.write_text("another's")
+    draws = iter(["000000000000", "000000000000", "111111111111"])
+    monkeypatch.setattr(paths.secrets, "token_hex", lambda n: next(draws))
+    name, fd = paths.make_temporary(tmp_path, ".x.")
+    os.close(fd)
+    assert name == tmp_path / ".x.111111111111" and taken.read_text() == "another's"
+
+
+def test_only_this_outputs_dead_moved_aside_folders_are_settled(tmp_path, capsys):
+    # kills S01 (OUT's name read as a glob pattern: OUT e[1] took .e1.old-00PID, an output e1's, as its own, from
+    # PID's tail), S02 (non-ASCII digits read as a PID: int() takes them), S03 (a link followed: OUT made a link
+    # to where it pointed) and S04 (a file of the name restored as OUT); PIDs past Linux's last: dead runs'
+    from specrt.manifest import check_output
+
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    cases = {"e[1]": lambda p: p.with_name(".e1.old-004194305").mkdir(),
+             "arabic": lambda p: p.with_name(".arabic.old-\u0664\u0661\u0669\u0664\u0663\u0660\u0665").mkdir(),
+             "link": lambda p: p.with_name(".link.old-4194305").symlink_to(target),
+             "file": lambda p: p.with_name(".file.old-4194305").write_text("x")}
+    for name, make in cases.items():
+        make(tmp_path / name)
+        before = sorted(p.name for p in tmp_path.iterdir())
+        check_output(tmp_path / name)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before and not (tmp_path / name).exists(), name
+    assert capsys.readouterr().err == ""
+
+
+def test_a_dead_runs_moved_aside_output_beside_a_dangling_link_at_out_is_kept(tmp_path, capsys):
+    # session 69's S07: a dangling link a user put at OUT, beside a killed run's complete earlier output moved aside,
+    # had that output removed ("the earlier output a run killed while replacing ... was removing"), the only copy
+    from specrt.errors import UserError
+    from specrt.manifest import check_output
+
+    out, aside = tmp_path / "engines", tmp_path / ".engines.old-4194305"
+    aside.mkdir()
+    (aside / "engines.json").write_text("{}")
+    out.symlink_to(tmp_path / "gone")
+    with pytest.raises(UserError, match="which does not exist"):
+        check_output(out, force=True)
+    assert (aside / "engines.json").read_text() == "{}" and out.is_symlink()
+    assert "removed" not in capsys.readouterr().err
+
+
+def test_the_folder_lock_waits_for_another_holder(tmp_path):
+    # kills P49 (folder_lock tried once, not waiting: a second sweep or calibrate ran beside the first unlocked)
+    import fcntl
+    import threading
+
+    from specrt.paths import folder_lock
+
+    fd, entered, leave = os.open(tmp_path, os.O_RDONLY), threading.Event(), threading.Event()
+
+    def second() -> None:
+        with folder_lock(tmp_path):
+            entered.set()
+            leave.wait(60)
+
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (another run's hold)
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    try:
+        assert not entered.wait(1.0)
+    finally:
+        os.close(fd)  # (released)
+    assert entered.wait(60)
+    leave.set()
+    t.join(60)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="making a device node needs root")
+def test_a_device_that_cannot_take_the_file_is_said_not_a_traceback(tmp_path):
+    # kills P17 (the OSError of a device written in place raised as it came: --stats /dev/full a traceback);
+    # a device node of this test's own, as /dev/full (never the machine's: a mutant may replace what it writes)
+    import stat
+
+    from specrt.errors import UserError
+    from specrt.paths import write_atomic
+
+    full = tmp_path / "full"
+    try:
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        os.close(os.open(full, os.O_WRONLY))
+    except PermissionError:  # (no CAP_MKNOD, or a file system mounted nodev)
+        pytest.skip("no device node can be made and opened here")
+    with pytest.raises(UserError, match=f"^{full}: cannot write it \\(No space left on device\\)$"):
+        write_atomic(full, {"a": 1})
+    assert stat.S_ISCHR(os.lstat(full).st_mode) and [p.name for p in tmp_path.iterdir()] == ["full"]
+
+
+def test_a_file_written_whole_makes_the_folders_above_it(tmp_path):
+    # kills P21 (only the last missing folder made: a --stats a/b/s.json, passed by check_output_file as
+    # "missing folders are fine", then failed with "No such file or directory" after the run)
+    import json
+
+    from specrt.paths import write_atomic
+
+    write_atomic(tmp_path / "a" / "b" / "s.json", {"a": 1})
+    assert json.loads((tmp_path / "a" / "b" / "s.json").read_text()) == {"a": 1}
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="running as another user needs root")
+def test_a_folder_that_cannot_be_entered_is_named_not_writable(tmp_path):
+    # kills P02 (os.access asked of W_OK alone: a folder its user may write but not enter, mode 0600, was
+    # refused by the probe's "Permission denied", not named as not writable); as nobody (root passes os.access)
+    import subprocess
+    import sys
+    import tempfile
+
+    code = ("import os, sys; from pathlib import Path; from specrt.paths import check_output_folder; "
+            "os.setgroups([]); os.setgid(65534); os.setuid(65534); check_output_folder(Path(sys.argv[1]), '-o')")
+    with tempfile.TemporaryDirectory() as d:  # (tmp_path's folders are root's alone)
+        os.chmod(d, 0o755)
+        folder = Path(d) / "w"
+        folder.mkdir()
+        os.chown(folder, 65534, 65534)
+        folder.chmod(0o600)
+        r = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and f"UserError: -o {folder}: {folder} is not writable\n" in r.stderr, r.stderr
+        assert os.listdir(folder) == []
+
+
+def test_a_file_written_whole_is_synced_whole_before_its_rename(tmp_path, monkeypatch):
+    # kills P30 (the write buffer flushed only at close, after the fsync: its tail synced by nothing) and P31 (no
+    # fsync: a power cut after the rename could leave the file renamed but empty); fsync itself is run, watched
+    from specrt import paths
+
+    out, synced, fsync = tmp_path / "s.json", [], os.fsync
+
+    def watched(fd: int) -> None:
+        synced.append((os.fstat(fd).st_size, out.exists()))
+        fsync(fd)
+
+    monkeypatch.setattr(paths.os, "fsync", watched)
+    paths.write_atomic(out, {"a": 1})
+    monkeypatch.undo()
+    assert synced == [(out.stat().st_size, False)] and out.stat().st_size > 0, synced

@@ -210,6 +210,32 @@ def test_a_killed_runs_moved_aside_output_is_left_on_windows(tmp_path, monkeypat
     assert calls == [] and aside.is_dir() and not (tmp_path / "out").exists()
 
 
+def test_without_flock_nothing_is_swept_and_files_are_still_written(tmp_path, monkeypatch, capsys):
+    """Windows has no flock (no fcntl): no lock tells a killed run's temporary files and
+    partial folders from a live run's, so none is removed, and the writes themselves go on
+    (mutation round of session 69, P45: a _flock that returned as if it had locked swept a
+    live run's temporary file and partial folder alike)."""
+    import time
+
+    from specrt import paths
+    from specrt.manifest import atomic_folder
+
+    temporary, partial = tmp_path / ".s.json.0123456789ab.tmp", tmp_path / ".o.partial-0123456789ab"
+    temporary.write_text("x")
+    old = time.time() - 120
+    os.utime(temporary, (old, old))
+    partial.mkdir()
+    monkeypatch.setattr(paths, "fcntl", None)
+    assert paths.try_lock(temporary) is None
+    paths.write_atomic(tmp_path / "s.json", {"a": 1})
+    with atomic_folder(tmp_path / "o") as tmp:
+        (tmp / "f").write_text("x")
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8")) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([temporary.name, partial.name, "o", "s.json"])
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_temporary_files_open_in_binary_mode(tmp_path, monkeypatch):
     """os.open opens in text mode on Windows unless given O_BINARY (tempfile's mkstemp gives it):
     atomic_file's temporary wrote every "\\n" as "\\r\\n" there (a corpus file, compare's saved

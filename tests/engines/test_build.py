@@ -478,6 +478,32 @@ def test_an_earlier_output_moved_aside_under_this_runs_own_pid_is_settled(tiny_e
     load_engines(out)
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="running as another user needs root")
+def test_a_moved_aside_output_another_user_holds_is_left_unsaid(tmp_path):
+    """Mutation round (session 69, S12, S08): run as nobody, a ``.OUT.old-PID`` whose PID is
+    another user's live process (PID 1, root's: os.kill says EPERM) is a live run's, left, not
+    a PermissionError's traceback; a dead run's this user cannot remove (a folder of root's in
+    it) is left and not said removed."""
+    import subprocess
+    import sys
+    import tempfile
+
+    code = ("import os, sys; from pathlib import Path; from specrt.manifest import check_output; "
+            "os.setgroups([]); os.setgid(65534); os.setuid(65534); check_output(Path(sys.argv[1]), force=True)")
+    with tempfile.TemporaryDirectory() as d:  # (tmp_path's folders are root's alone)
+        os.chmod(d, 0o777)
+        out, live, dead = Path(d) / "engines", Path(d) / ".engines.old-1", Path(d) / ".engines.old-4194305"
+        for folder in (out, live, dead):
+            folder.mkdir()
+            os.chown(folder, 65534, 65534)
+        (dead / "root's").mkdir()
+        (dead / "root's" / "f").write_text("x")
+        r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert sorted(p.name for p in Path(d).iterdir()) == sorted([out.name, live.name, dead.name])
+        assert (dead / "root's" / "f").is_file()
+
+
 @pytest.mark.parametrize("made", ["a folder of other things", "another build's engines"])
 def test_what_is_made_at_out_while_a_build_runs_is_not_replaced(tiny_export, tmp_path, made):
     """OUT was checked at the start only: a folder made there while the build ran (a user's, or a
@@ -812,6 +838,29 @@ def test_the_memory_cgroup_is_found_where_the_mount_table_puts_it(tmp_path):
     # the mount table's lines that are no cgroup, or cut short, are passed over
     assert cgroup_mounts("1 2 0:1 / /x rw - cgroup\n1 2 0:1 / rw - cgroup cgroup rw,cpu\ngarbage\n\n") == []
     assert cgroup_mounts("1 2 0:1 /a /x rw - cgroup2 cgroup2 rw\n", tmp_path) == [(tmp_path / "x", "/a", None)]
+
+
+def test_the_cgroup_files_read_where_they_are_odd_or_show_part_of_the_tree(tmp_path):
+    """Mutation round (session 69, specrt/machine.py; M-ids in its report): a mount line cut
+    off after its source (no super options) is passed over, not an IndexError (M08); a file
+    that cannot be read as text (a folder) is unknown, not an IsADirectoryError (M05); a
+    mount showing /docker/abc holds /docker/abc2 no more than any other group, and shows
+    /docker/abc itself as its root folder, not as a group docker/abc inside it (M22, M23:
+    their decoy limits, of groups of those names inside the mount, are not the process's); a
+    memory.stat line that is no pair is passed over, not the group with it (M37)."""
+    from specrt.machine import cgroup_mounts, cgroup_room, read_or_none
+
+    gib = 2 ** 30
+    assert cgroup_mounts("1 2 0:1 / /x rw - cgroup cgroup\n") == [] and read_or_none(tmp_path) is None
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/mountinfo").write_text("35 31 0:32 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    mount = tmp_path / "sys/fs/cgroup"
+    _memory_group(mount, limit=4 * gib, current=gib, stat="inactive_file 0\nno pair of fields")  # (passed over: M37)
+    for decoy in ("2", "docker/abc"):
+        _memory_group(mount / decoy, limit=2 * gib, current=gib, stat="inactive_file 0")
+    for group in ("/docker/abc", "/docker/abc2"):  # (the mount's root's limit binds both: 3 GiB of room)
+        (tmp_path / "proc/self/cgroup").write_text(f"0::{group}\n")
+        assert cgroup_room(tmp_path) == 3 * gib, group
 
 
 def test_a_bfloat16_export_on_the_cpu_provider_is_refused_before_any_work(tmp_path):

@@ -611,6 +611,25 @@ def test_the_cpu_cgroup_is_found_where_the_mount_table_puts_it(tmp_path):
     assert cgroup_cpu_limit("0::/pod/c1\n", tmp_path / "none", mounts) == 0.5
 
 
+def test_the_cpu_limit_read_by_default_is_this_processs_own(tmp_path, monkeypatch):
+    """Mutation round (session 69, C01 / C02): called with no arguments (the build's default
+    threads, bench's machine report), cgroup_cpu_limit reads /proc/self/cgroup as the groups
+    and /proc/self/mountinfo as the mounts (a limit co-mounted with cpuset is found only
+    there). This machine may have no limit: its reads are taken from files here instead."""
+    import specrt.engines.onnxruntime as O
+
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("3:cpuset,cpu,cpuacct:/box\n")
+    (tmp_path / "proc/self/mountinfo").write_text(
+        f"32 31 0:29 / {tmp_path}/v1/cpuset,cpu,cpuacct rw - cgroup cgroup rw,cpuset,cpu,cpuacct\n")
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box").mkdir(parents=True)
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box/cpu.cfs_quota_us").write_text("250000\n")
+    (tmp_path / "v1/cpuset,cpu,cpuacct/box/cpu.cfs_period_us").write_text("100000\n")
+    read = O.read_or_none
+    monkeypatch.setattr(O, "read_or_none", lambda path: read(tmp_path / str(path).lstrip("/")))
+    assert O.cgroup_cpu_limit() == 2.5
+
+
 def test_physical_cores_follow_the_cgroup_limit_rounded_up(monkeypatch):
     """The build's default threads: no more than the cgroup's CPU quota, rounded up (1.5 CPUs
     of quota: 2 threads), at least 1, never more than the cores."""

@@ -193,6 +193,44 @@ def test_write_atomic_removes_the_temporaries_of_writes_killed_outright(tmp_path
         live.wait()
 
 
+def test_the_sweep_of_dead_temporaries_takes_only_this_files_plain_unheld_ones(tmp_path, capfd):
+    """Mutation round (session 69, specrt/paths.py; P-ids in its report): the sweep of a file's
+    dead temporaries (``.NAME.<12 hex>.tmp``, a minute old, no flock held) takes no other
+    file's whose name the name's "." read as a pattern matches (P54), none whose name only
+    begins so (P55), no FIFO (whose open waits for a writer; P56), goes on past those a live
+    write holds (P59), and closes the descriptor of each it removed (P60)."""
+    import fcntl
+    import os
+    import time
+
+    p = tmp_path / "a.json"
+    old = time.time() - 120
+
+    def made(name: str, fifo: bool = False) -> Path:
+        t = tmp_path / name
+        os.mkfifo(t) if fifo else t.write_text("x")
+        os.utime(t, (old, old))
+        return t
+
+    dead = made(".a.json.0123456789ab.tmp")
+    others = [made(".aXjson.0123456789ab.tmp"), made(".a.json.0123456789ab.tmp.keep")]
+    fifo = made(".a.json.00000000ffff.tmp", fifo=True)
+    held = [made(f".a.json.{i:012x}.tmp") for i in range(1, 21)]
+    fds = [os.open(fifo, os.O_RDWR)]  # (a writer: the FIFO's open would not wait, so a mutant took it, not hung)
+    for t in held:
+        fds.append(os.open(t, os.O_RDONLY))
+        fcntl.flock(fds[-1], fcntl.LOCK_EX)  # (as a live write holds its temporary)
+    try:
+        open_fds = len(os.listdir("/proc/self/fd"))
+        write_atomic(p, {"a": 1})
+        assert len(os.listdir("/proc/self/fd")) == open_fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert not dead.exists() and all(t.exists() for t in (*others, fifo, *held))
+    assert capfd.readouterr().err == f"note: removed {dead}, the temporary file of an interrupted write\n"
+
+
 # ---- calibrate on engines ---------------------------------------------------------------
 
 
