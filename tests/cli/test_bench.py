@@ -837,6 +837,8 @@ def test_summary_gives_a_quantized_peer_one_line_not_one_a_prompt(tmp_path, caps
     for peer, n in (("ortgenai-int8", 2), ("ortgenai-int4", 0)):
         assert sum(line.startswith(f"{peer} decodes another model") for line in lines) == 1
         assert any(line.startswith(f"{peer} decodes another model") and f"on {n}/10 prompts" in line for line in lines)
+        pre = rep["identity"]["configs"][peer]["identical_prefix_per_prompt"]  # (M148: the shortest first)
+        assert any(f"{peer} decodes" in line and f"prefixes {min(pre)}-{max(pre)} tokens" in line for line in lines)
         assert f"MISMATCH {peer} " not in err
     assert "MISMATCH ortgenai vs specrt:off: prompt 3 differs at token 7" in err
 
@@ -964,15 +966,17 @@ def test_variant_exported_at_another_dtype_is_checked_against_its_own_off(tiny_e
     assert rep["identity"]["failures"] == []
     assert rep["identity"]["configs"]["specrt:fixed:2@h"]["identical_prompts"] == 2
     # the same target exported without the draft: another target graph (no auxiliary hidden
-    # states out) at the same precision, checked against its own off too
+    # states out) at the same precision, checked against its own off too; prompt lookup alone
+    # (off:ngram) needs no draft, so it runs there too (M161: refused as a drafting governor)
     export(REFERENCE_PAIR.resolve() / "verifier", None, tmp_path / "x0", log=_quiet)
     build_engines(tmp_path / "x0", "onnxruntime", (1,), tmp_path / "plain", profile_repeats=1, log=_quiet)
     r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r0"),
-                                   "--max-new-tokens", "4", "--governors", "off", "--peers", "none", "--threads", "1",
-                                   "--warmup-tokens", "0", "--variant", f"n={tmp_path / 'plain'}", "--quiet"],
-                           catch_exceptions=False)
+                                   "--max-new-tokens", "4", "--governors", "off,off:ngram", "--peers", "none",
+                                   "--threads", "1", "--warmup-tokens", "0", "--variant", f"n={tmp_path / 'plain'}",
+                                   "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
+    assert rep["identity"]["configs"]["specrt:off:ngram@n"]["identical_prompts"] == 2
     assert rep["settings"]["variants"]["n"]["identity_reference"] == "specrt:off@n"
     assert rep["settings"]["variants"]["n"]["precision"] == rep["settings"]["precision"] == "fp32"
     # the same weights with a tokenizer beside them: other ids for the same text, refused
@@ -1867,6 +1871,9 @@ def test_a_worker_shared_by_governors_names_the_run_that_raised(tiny_engines, pr
     failed = json.loads((out / "bench.json").read_text())["failed"]
     assert set(failed) == {"specrt:off", "specrt:fixed:2"}
     assert failed["specrt:off"].startswith("RuntimeError: injected (governor fixed:2, prompt 1)"), failed
+    # then the last 8 lines of its log, the traceback's end (M079: one line of it said nothing of where)
+    log = (out / "logs" / "specrt.log").read_text().strip().splitlines()
+    assert len(log) > 8 and failed["specrt:off"].split("\n", 1)[1] == "\n".join(log[-8:]), (log, failed)
     assert r.output.count("FAILED") == 1 and "FAILED specrt:off, specrt:fixed:2 (one worker process ran them): " \
         "RuntimeError: injected (governor fixed:2, prompt 1)" in r.output, r.output
 

@@ -174,7 +174,7 @@ def test_a_prompt_that_fills_the_context_exactly_is_taken(tiny_engines, tmp_path
         cb.run_bench(tiny_engines, p, tmp_path / "r", max_new_tokens=2, **args)
 
 
-@pytest.mark.parametrize("share, warned", [(0.75, True), (0.25, False)])
+@pytest.mark.parametrize("share, warned", [(0.75, True), (0.5, False), (0.25, False)])  # (M113: half is not past it)
 def test_a_busy_machine_is_warned_of_past_half_its_cpus(tiny_engines, prompts_file, tmp_path, monkeypatch,  # noqa: F811
                                                         share, warned):
     """B34: a 1-minute load past half the CPUs at the start is warned of in the report."""
@@ -1111,3 +1111,339 @@ def test_a_run_of_no_measurable_time_gives_rates_of_zero():
     s = summarise_config("specrt:off", {"per_prompt": [rec]}, [[7]], Free())
     assert s["tokens_per_s_median"] == 0.0 and s["python_share"] == 0.0
     assert s["predicted"]["predicted_tokens_per_s"] is None and s["predicted"]["measured_over_predicted"] is None
+
+
+# ---- a mutation round of session 69 (mutants M001-M180 of specrt/cmd_bench.py) ---------
+
+
+def test_a_prompts_first_token_time_is_the_median_of_its_repeats():
+    """M008: first_token_s over repeats is their median, not the last repeat's (the only test
+    had the median last)."""
+    from specrt.cmd_bench import combine_repeats
+
+    one = combine_repeats([{"new_tokens": 3, "seconds": 0.3, "first_token_s": 0.04},
+                           {"new_tokens": 3, "seconds": 0.1, "first_token_s": 0.02},
+                           {"new_tokens": 3, "seconds": 0.2, "first_token_s": 0.09}])
+    assert one["first_token_s"] == pytest.approx(0.04)
+
+
+def test_a_variants_configuration_is_summarised_as_its_governor():
+    """M027: a variant's configuration (specrt:GOVERNOR@LABEL) is summarised as its governor: a
+    DSpark one reports the calibration it started from, and a token tree's is read as a tree
+    (the label read as part of the spec lost the first and raised on the second)."""
+    from specrt.cmd_bench import summarise_config
+
+    res = {"per_prompt": [_rounds_record(0)], "calibration_note": "no calibration stored"}
+    s = summarise_config("specrt:dspark@q8", res, [[7, 8]], _FlatCosts())
+    assert s["calibration_note"] == "no calibration stored"
+    tree = summarise_config("specrt:fixed:2:tree=2@q8", res, [[7, 8]], _FlatCosts())
+    assert "calibration_note" not in tree and tree["predicted"]["predicted_seconds"] > 0
+
+
+def test_a_prompt_a_configuration_made_nothing_of_counts_in_its_paired_ratio():
+    """M038: a prompt the configuration ran at 0 tok/s is a ratio of 0 in its paired ratio (only
+    a reference's 0 tok/s, which no ratio can be taken over, is left out)."""
+    from specrt.cmd_bench import paired_ratio
+
+    assert paired_ratio([0.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == pytest.approx(2.0)
+
+
+def test_a_busy_tables_note_names_each_folders_own_pricing_configurations(tiny_engines, prompts_file,  # noqa: F811
+                                                                         tmp_path, monkeypatch):
+    """M123 / M124 / M166: with the stored tables (busy here: the threshold raised past any share), each
+    engines folder's note names the configurations that price from its own table (ENGINES' not
+    the variant's, and the variant's not ENGINES'); with --governor-costs profiled none prices
+    from a stored table, and off alone prices nothing: no note then."""
+    import shutil
+
+    import specrt.engines.costs as costs
+    from specrt.cmd_bench import run_bench
+
+    monkeypatch.setattr(costs, "BUSY_CPU_SHARE", 2.0)
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_engines, copy)
+    kw = dict(max_new_tokens=2, governors="off,dspark", peers="none", threads=1, warmup_tokens=0, quiet=True)
+    rep = run_bench(tiny_engines, prompts_file, tmp_path / "r", profile=False, variants={"c": copy}, **kw)
+    notes = [w for w in rep["warnings"] if "profiled on a busy machine" in w]
+    assert len(notes) == 2, rep["warnings"]
+    for note, folder, name in ((notes[0], tiny_engines, "specrt:dspark"), (notes[1], copy, "specrt:dspark@c")):
+        assert note.startswith(f"the cost table of {folder} ") and f"the configurations {name} price" in note, note
+    rep = run_bench(tiny_engines, prompts_file, tmp_path / "p", governor_costs="profiled", profile_repeats=1, **kw)
+    assert not [w for w in rep["warnings"] if "profiled on a busy machine" in w], rep["warnings"]
+    # M166: no configuration that prices its rounds (off alone): no note naming none
+    rep = run_bench(tiny_engines, prompts_file, tmp_path / "o", profile=False, **{**kw, "governors": "off"})
+    assert not [w for w in rep["warnings"] if "profiled on a busy machine" in w], rep["warnings"]
+
+
+def test_a_single_process_workers_records_name_no_process():
+    """M066: a worker run as one process (no --processes) is its own result: its prompts' records
+    name no process and the result no process count (the report's per-prompt "process" says
+    which of several processes ran a prompt)."""
+    from specrt.cmd_bench import merge_process_results
+
+    part = {"ok": True, "prompt_indices": [0, 1], "per_prompt": [{"x": 0}, {"x": 1}], "load_seconds": 1.0}
+    got = merge_process_results([part], 2)
+    assert got["per_prompt"] == [{"x": 0}, {"x": 1}] and "processes" not in got
+
+
+def test_each_peers_job_says_how_its_threads_wait_and_if_it_gets_huge_pages(tiny_engines, prompts_file,  # noqa: F811
+                                                                             tmp_path, monkeypatch):
+    """M115 / M117 / M118: the jobs handed to the peers' workers (captured, not run): under
+    --peer-threading matched the peers get huge pages, and sequentially (nothing else running)
+    spin as the engines do, told not to stop spinning between runs; under defaults they keep
+    their own wait policy (spin None) and no huge pages."""
+    import specrt.cmd_bench as cb
+    from tests.cli.test_bench import REFERENCE_PAIR
+
+    lib = cb.load_bench_lib()
+    why = lib.peer_unavailable("hf", REFERENCE_PAIR.resolve() / "verifier")
+    if why is not None:  # (torch and transformers are dev dependencies)
+        pytest.fail(why)
+    jobs: dict = {}
+
+    def captured(job, log_path, on_progress):
+        jobs[job.get("peer") or job["governor"]] = job
+        return {"ok": False, "skipped": "captured, not run"}
+
+    monkeypatch.setattr(cb, "run_config", captured)
+    monkeypatch.setattr(cb, "_run_interleaved", lambda js, *a, **k: jobs.update((n, j) for n, j in js))
+    kw = dict(max_new_tokens=2, governors="off", peers="hf", threads=1, warmup_tokens=0, quiet=True, profile=False)
+    for schedule, threading in (("sequential", "matched"), ("interleaved", "defaults"), ("sequential", "defaults")):
+        jobs.clear()
+        rep = cb.run_bench(tiny_engines, prompts_file, tmp_path / f"{schedule}-{threading}", schedule=schedule,
+                           peer_threading=threading, **kw)
+        hf = jobs["hf"]
+        matched = threading == "matched"
+        assert hf["spin"] == (rep["settings"]["engines_spin"] if matched else None) and hf["stop_spinning"] is False
+        assert hf["hugepages"] is matched and rep["settings"]["peer_spin"] == hf["spin"], (schedule, threading, hf)
+
+
+def test_a_run_that_raised_in_a_later_repeat_is_named_with_its_repeat(tiny_engines, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """M087: a worker's run that raised in repeat 2 (counted from 1, as the report counts them) is
+    named so, in either schedule's worker."""
+    import io
+    import json
+    import sys
+
+    from specrt.cmd_bench import _SpecrtWorker, worker_main
+    from specrt.errors import UserError
+
+    calls = []
+    run = _SpecrtWorker.run
+
+    def third_raises(self, *a, **k):  # repeat 2's first prompt (two prompts a repeat)
+        calls.append(1)
+        if len(calls) == 3:
+            raise UserError("injected")
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(_SpecrtWorker, "run", third_raises)
+    job = {"kind": "specrt", "engines": str(tiny_engines), "threads": 1, "prompts": [[5, 6, 7], [9, 10, 11]],
+           "max_new_tokens": 2, "eos": [2], "warmup_tokens": 0, "repeats": 2}
+    for extra, where in (({"governor": "off"}, "prompt 1, repeat 2"),
+                         ({"governors": ["off"], "interleaved": True}, "governor off, prompt 1, repeat 2")):
+        calls.clear()
+        (tmp_path / "job.json").write_text(json.dumps({**job, **extra}))
+        monkeypatch.setattr(sys, "stdin", io.StringIO("run 0 off\nrun 1 off\nrepeat 1\nrun 0 off\nrun 1 off\nend\n"))
+        assert worker_main(str(tmp_path / "job.json"), str(tmp_path / "result.json")) == 1
+        res = json.loads((tmp_path / "result.json").read_text())
+        assert res["error"] == f"UserError: injected ({where})", res
+
+
+def test_a_llamacpp_gguf_that_is_a_folder_is_refused_as_a_user_error(tiny_engines, prompts_file,  # noqa: F811
+                                                                     tmp_path):
+    """M096: run_bench's llamacpp_gguf naming a folder is refused as no such file (opened, it was
+    an IsADirectoryError's traceback)."""
+    from specrt.cmd_bench import run_bench
+    from specrt.errors import UserError
+
+    with pytest.raises(UserError, match=r": no such file \(expected a GGUF of the target\)"):
+        run_bench(tiny_engines, prompts_file, tmp_path / "r", peers="llamacpp", llamacpp_gguf=tmp_path, quiet=True)
+    assert not (tmp_path / "r").exists()
+
+
+def test_target_is_refused_where_only_a_given_gguf_is_read(tiny_engines, prompts_file, tmp_path):  # noqa: F811
+    """M104: --target names the checkpoint the peers read; llamacpp-gguf decodes the GGUF as given,
+    and llamacpp one given by --llamacpp-gguf, so with those alone --target is refused."""
+    from specrt.cmd_bench import run_bench
+    from specrt.errors import UserError
+    from tests.cli.test_bench import REFERENCE_PAIR
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(28))
+    target = REFERENCE_PAIR.resolve() / "verifier"
+    for peers, given in (("llamacpp-gguf", None), ("llamacpp,llamacpp-lookup", gguf)):
+        with pytest.raises(UserError, match=f"^--target {target}: the target checkpoint the peers read; --peers "
+                                            f"{peers} reads none$"):
+            run_bench(tiny_engines, prompts_file, tmp_path / "r", peers=peers, llamacpp_gguf=given,
+                      target_folder=target, quiet=True)
+    assert not (tmp_path / "r").exists()
+
+
+def test_governors_sharing_a_worker_count_once_in_the_memory_check(tiny_engines, prompts_file, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
+    """M120 / M135: the memory check counts worker processes: specrt's governors on one engines
+    folder share one, so off and fixed:2 with --processes 3 are three, which fit where six would
+    not; the report's processes are those that ran (two for two prompts), not those asked for."""
+    import specrt.cmd_bench as cb
+    from specrt.engines.engine_set import load_engines
+
+    w = load_engines(tiny_engines, verify=False).weight_bytes
+    monkeypatch.setattr(cb, "mem_available", lambda: int(3 * 1.5 * w / 0.8) + 4096)  # three workers fit, not six
+    rep = cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", max_new_tokens=2, governors="off,fixed:2",
+                       peers="none", threads=1, warmup_tokens=0, quiet=True, profile=False, processes=3)
+    assert (rep["settings"]["schedule"], rep["settings"]["processes"]) == ("interleaved", 2), rep["warnings"]
+
+def test_the_prediction_prices_from_each_folders_table_profiled_in_the_run(tiny_engines, prompts_file,  # noqa: F811
+                                                                           tmp_path, monkeypatch):
+    """M125 / M129: (b) predicts from the tables profiled at the start of the run (here each
+    folder's stored table scaled: 2x for ENGINES, 3x for the variant), each configuration from its
+    own folder's: the predicted seconds are 2x and 3x those the stored tables give."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import specrt.engines.build as build
+    from specrt.cmd_bench import run_bench
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_engines, copy)
+    factor = {tiny_engines.resolve(): 2.0, copy.resolve(): 3.0}
+
+    def scaled(x, f):
+        if isinstance(x, dict):
+            return {k: v if k == "cpu_share" else scaled(v, f) for k, v in x.items()}
+        return x * f if isinstance(x, float) else x
+
+    def measured(e, repeats, log=None):
+        stored = json.loads((Path(e.folder) / "engines.json").read_text())["costs"]
+        return scaled(stored, factor[Path(e.folder).resolve()])
+
+    monkeypatch.setattr(build, "measure_costs", measured)
+    kw = dict(max_new_tokens=4, governors="off,fixed:2", peers="none", threads=1, warmup_tokens=0, quiet=True,
+              variants={"c": copy})
+    stored = run_bench(tiny_engines, prompts_file, tmp_path / "s", profile=False, **kw)["configs"]
+    fresh = run_bench(tiny_engines, prompts_file, tmp_path / "p", **kw)["configs"]
+    for name, f in (("specrt:fixed:2", 2.0), ("specrt:fixed:2@c", 3.0)):
+        assert fresh[name]["predicted"]["predicted_seconds"] == pytest.approx(
+            f * stored[name]["predicted"]["predicted_seconds"]), name
+
+
+def test_the_summary_marks_the_reference_and_says_why_ortgenai_is_missing():
+    """M143 / M144 / M147 / M150: the table's identical column says "ref" on the reference's row,
+    and its passes/rd "-" where the draft never ran (off: not 0.00); line (a), when
+    onnxruntime-genai failed, says its error (not "no ortgenai run"); passes avoided are said
+    where some were."""
+    import json
+    from pathlib import Path
+
+    from specrt.cmd_bench import REFERENCE, print_summary
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / "results" / "quantized_targets" / "bench.json")
+                     .read_text())
+    lines: list[str] = []
+    print_summary(rep, Path("out"), echo=lambda s="", **kw: lines.append(s))
+    header = next(x for x in lines if x.startswith("configuration"))
+    off = next(x for x in lines if x.startswith(f"{REFERENCE} "))
+    end = header.index("passes/rd") + len("passes/rd")
+    assert off.endswith(" ref") and off[end - 9:end].strip() == "-", (header, off)
+    del rep["configs"]["ortgenai"]
+    rep["failed"]["ortgenai"] = "RuntimeError: boom"
+    rep["efficiency"]["a_off_vs_ortgenai"] = None
+    lines.clear()
+    print_summary(rep, Path("out"), echo=lambda s="", **kw: lines.append(s))
+    assert "(a) decode without speculation vs onnxruntime-genai: not measured (RuntimeError: boom)" in lines, lines
+    # M150: mask slots drafted (5) but no pass avoided (every round verified one draft): none said
+    rep["configs"]["specrt:fixed:1"].update(mask_slots_drafted=5, sequential_passes_avoided=0)
+    lines.clear()
+    print_summary(rep, Path("out"), echo=lambda s="", **kw: lines.append(s))
+    said = next(x for x in lines if x.startswith("  specrt:fixed:1: acceptance by position"))
+    assert "sequential passes avoided" not in said, said
+
+
+def test_a_variants_target_and_label_are_checked_as_said():
+    """M154 / M157: two engine sets whose binding receipts record no target weights are not taken
+    as one target (nothing says they are); a variant label may hold '-' and '_' beside letters and
+    digits (the check goes on to the folder), and nothing else."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specrt.cmd_bench import _other_target, check_variant
+    from specrt.errors import UserError
+
+    bare = SimpleNamespace(export={})
+    assert _other_target(bare, bare) == "their binding receipts' target weights differ"
+    with pytest.raises(UserError, match=r"^--variant int-8_a: missing is not an engines folder$"):
+        check_variant("int-8_a", Path("missing"), None, [])
+    with pytest.raises(UserError, match=r"the label must be letters, digits, - or _"):
+        check_variant("int.8", Path("missing"), None, [])
+
+
+def test_a_prompt_must_leave_the_engines_room_for_a_token():
+    """M167: a prompt as long as the engines' context leaves no room for a new token: refused
+    naming it as the prompts file's (one token shorter is taken)."""
+    from types import SimpleNamespace
+
+    from specrt.cmd_bench import tokenize_prompts
+    from specrt.errors import UserError
+
+    e = SimpleNamespace(max_context=4, export_dir=None)
+    assert tokenize_prompts([{"prompt_ids": [5, 6, 7]}], e, False) == [[5, 6, 7]]
+    with pytest.raises(UserError, match=r"^p\.jsonl: prompt 1 has 4 tokens; the engines hold 4$"):
+        tokenize_prompts([{"prompt_ids": [5, 6, 7, 8]}], e, False, source="p.jsonl")
+
+
+def test_a_peer_its_worker_cannot_make_is_skipped_not_failed(tmp_path):
+    """M083: a peer the worker finds it cannot run (bench_lib's PeerSkipped, here a peer it does
+    not know) is a skip with the reason, exit 0, not an error raised."""
+    import json
+
+    from specrt.cmd_bench import worker_main
+
+    (tmp_path / "job.json").write_text(json.dumps({"kind": "peer", "peer": "nonesuch", "threads": 1}))
+    assert worker_main(str(tmp_path / "job.json"), str(tmp_path / "result.json")) == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["skipped"] == "unknown peer 'nonesuch'" and not res["ok"] and "error" not in res, res
+
+
+def test_every_known_peer_passes_the_peers_check(tiny_engines, prompts_file, tmp_path, monkeypatch):  # noqa: F811
+    """M102: --peers takes every peer bench knows, those outside the default list too (the
+    quantized onnxruntime-genai and the llama.cpp ones), up to the point where the run starts."""
+    import specrt.cmd_bench as cb
+
+    def checked(*a, **k):  # every check passed: the report folder would be made now
+        raise _Checked
+
+    monkeypatch.setattr(cb, "atomic_folder", checked)
+    with pytest.raises(_Checked):
+        cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", peers=",".join(cb.KNOWN_PEERS), governors="off",
+                     profile=False, quiet=True)
+
+
+def test_each_run_counts_its_own_mask_slots(tiny_engines):  # noqa: F811
+    """M174: a worker's counters start again at each run: the same prompt run twice drafts the
+    same mask slots each time (the second counted the first's too)."""
+    from specrt.cmd_bench import _SpecrtWorker
+
+    w = _SpecrtWorker({"kind": "specrt", "engines": str(tiny_engines), "governors": ["fixed:4"], "threads": 1})
+    try:
+        first, second = (w.run([5, 6, 7, 8, 9, 10], 12, [2]) for _ in range(2))
+    finally:
+        w.close()
+    assert first["mask_slots"] == second["mask_slots"] > 0 and first["draft_passes"] == second["draft_passes"]
+
+
+def test_corpus_lookup_on_engines_without_a_corpus_is_refused_before_anything_runs(tiny_engines,  # noqa: F811
+                                                                                    prompts_file, tmp_path):
+    """M180: a governor asking for ':corpus' on engines without one is refused naming the file and
+    `specrt corpus` (it was a worker's traceback, failing off's runs with it), nothing written."""
+    from specrt.cmd_bench import run_bench
+    from specrt.contracts import CORPUS_FILE
+    from specrt.errors import UserError
+
+    with pytest.raises(UserError, match=rf"^--governors fixed:2:corpus: ':corpus' needs {tiny_engines / CORPUS_FILE}: "
+                                        r"make it with `specrt corpus "):
+        run_bench(tiny_engines, prompts_file, tmp_path / "r", governors="off,fixed:2:corpus", peers="none",
+                  quiet=True)
+    assert not (tmp_path / "r").exists()
