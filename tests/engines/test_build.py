@@ -131,12 +131,15 @@ def test_a_manifest_nested_too_deeply_is_named(engines_copy):
         load_engines(engines_copy)
 
 
-@pytest.mark.parametrize("change", [lambda m: m.update(environment=None),
-                                    lambda m: m["environment"].update(device="x")])
-def test_a_hand_edited_environment_is_another_one(engines_copy, change):
+@pytest.mark.parametrize("change, said", [
+    # (the backend named is this machine's: A09 of session 69's mutation round named the edited one, "None version")
+    (lambda m: m.update(environment=None), r"\(onnxruntime version: built with None, this machine has [^;]+; "),
+    (lambda m: m["environment"].update(device="x"), r"\(")])
+def test_a_hand_edited_environment_is_another_one(engines_copy, change, said):
     """(an AttributeError traceback before: found by the manifest mutation review)"""
     edit_manifest(engines_copy, change)
-    with pytest.raises(UserError, match="engines were built for another environment .*device: built on None 'None'"):
+    with pytest.raises(UserError, match=f"engines were built for another environment {said}device: built on None "
+                                        "'None'"):
         load_engines(engines_copy)
 
 
@@ -251,6 +254,27 @@ def test_other_backend_version_is_refused(engines_copy):
      r"files\[0\] is .*; expected \{'file', 'sha256', 'bytes'\}"),
     (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[0, 128, 255, 300]),  # M66 (said as a TypeError)
      r"roles.decode.dims is .*; expected dimension name -> \[min, opt, max\]"),
+    # the mutation round of session 69 (A-ids in its report): each loaded, was a traceback, or was said by a
+    # later check naming another field
+    (lambda m: m.update(depths=[]), r"depths \[\] but verify roles for \[1, 2, 4, 8\]"),  # A21
+    (lambda m: [m.update(depths=[])] + [m["roles"].pop(k) for k in list(m["roles"]) if k.startswith("verify.")],
+     r"depths \[\] but verify roles for \[\]"),  # A29 (a ValueError traceback from max())
+    (lambda m: m.update(precision="bf16"), "precision bf16 and export.dtype float32, the export is float32"),  # A23
+    (lambda m: m.update(depths=[1, 1, 2, 4, 8]), r"precision 'fp32' and depths \[1, 1, 2, 4, 8\]; expected "),  # A24
+    (lambda m: m["files"][0].pop("file"), r"files\[0\] is .*; expected \{'file', 'sha256', 'bytes'\}"),  # A26
+    (lambda m: m["roles"]["prefill"]["engine"].update(onnx=5),  # A36 (a TypeError traceback from pathlib)
+     "roles.prefill.engine.onnx is 5; expected an engine file name"),
+    (lambda m: m["roles"]["decode"]["dims"].update(past_tokens=[-1, 128, 255]),  # A49
+     r"roles.decode.dims is .*; expected dimension name -> \[min, opt, max\] with 0 <= min <= opt <= max"),
+    (lambda m: m["roles"]["decode"].update(limit=255),  # A50 (its cache_tokens range reaches 256)
+     "roles.decode.limit is 255; expected a token count no less than its dims' largest"),
+    *[(lambda m, h=h: m["graphs"]["target"].update(head=h), "field 'graphs.target.head' is not the in-place target "
+       "graph's I/O") for h in (None, "bogus")],  # A58, A59 (each loaded, run as the full head)
+    (lambda m: m["graphs"].update(draft={"quantized": {}}),  # A63
+     r"field 'graphs.draft.quantized' is \{\}; expected the build's"),
+    (lambda m: m["roles"]["decode"]["dims"].pop("cache_tokens"),  # A64 (loaded, and failed in the graph mid-decode)
+     r"roles.decode.dims has no range for \['cache_tokens'\]"),
+    (lambda m: m["graphs"]["target"].update(io=[]), "field 'graphs.target.io' is not the in-place"),  # A74
 ])
 def test_a_hand_edited_engines_manifest_is_named(engines_copy, change, message):
     """engines.json edited by hand (valid JSON, wrong fields): a UserError naming the file
@@ -709,6 +733,10 @@ def test_memory_that_exactly_fits_is_enough_and_float16_caches_take_half(tiny_ex
         check_memory_fits(exp, 100, "--max-context", available=weights)
     with pytest.raises(UserError, match="its weights alone do not fit$"):
         check_memory_fits(exp, 100, "--max-context", available=weights - 1)
+    # no room at all (a cgroup using its whole limit: machine.cgroup_room's 0) is refused, not taken for an
+    # unknown amount and left unchecked (B15 of session 69's mutation round)
+    with pytest.raises(UserError, match="its weights alone do not fit$"):
+        check_memory_fits(exp, 100, "--max-context", available=0)
     full = kv_cache_bytes(exp, 100)
     assert kv_cache_bytes({**exp, "dtype": "float16"}, 100) == {side: b // 2 for side, b in full.items()}
 
@@ -942,6 +970,17 @@ def test_an_engines_folder_given_as_the_export_is_named(tiny_engines, tmp_path):
         build_engines(tiny_engines, "onnxruntime", (1,), tmp_path / "e", log=quiet)
 
 
+def test_an_export_with_an_engines_json_beside_its_export_json_is_built(tiny_export, tmp_path):
+    """Only a folder with engines.json and without export.json is taken for an engines folder: an
+    export holding a file of that name too (not one of its records) is built (B24 of session 69's
+    mutation round: refused as an engines folder, its copy named as a folder that does not exist)."""
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    (exp / "engines.json").write_text("{}")
+    m = build_engines(exp, "onnxruntime", [1], tmp_path / "e", log=quiet, profile_repeats=1)
+    assert m["depths"] == [1] and not (tmp_path / "e" / "export" / "engines.json").exists()
+
+
 def _swap_graph_files(m):
     g = m["graphs"]
     g["target"]["files"], g["draft"]["files"] = g["draft"]["files"], g["target"]["files"]
@@ -1141,6 +1180,10 @@ def test_tensorrt_without_tensorrt_is_a_user_error(tiny_export, tmp_path):
         pass
     with pytest.raises(UserError, match="needs TensorRT"):
         build_engines(tiny_export, "tensorrt", "1,2", tmp_path / "e", log=quiet)
+    # TensorRT builds fp16 engines from a float32 export: not refused as ONNX Runtime's precision rule (B25 of
+    # session 69's mutation round)
+    with pytest.raises(UserError, match="needs TensorRT"):
+        build_engines(tiny_export, "tensorrt", "1,2", tmp_path / "e", log=quiet, precision="fp16")
     assert not (tmp_path / "e").exists()
 
 
@@ -1268,7 +1311,9 @@ def test_profile_prints_each_roles_time_before_and_now_and_their_ratio(engines_c
 
 
 @pytest.mark.parametrize("bad", ["x", {"draft_accepted": "two"}, {"pasts": "ab"}, {"pasts": 7}, {"pasts": [-5]},
-                                 {"pasts": []}, {"pasts": [0]}])  # ([0]: not a past the build profiles, mutation round)
+                                 {"pasts": []}, {"pasts": [0]},  # ([0]: not a past the build profiles, mutation round)
+                                 {"draft_accepted": 0},  # (no accepted token to catch up on: B64 of session 69)
+                                 {"verify": [1, 2]}])  # (parse_costs' AttributeError: B67 of session 69)
 def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     """A malformed 'costs' told the user to run `specrt profile`, which failed loading the same
     table with the same advice (a user walk), or on its pasts or draft shape, which the table's
@@ -1291,6 +1336,16 @@ def test_profile_mends_a_malformed_cost_table(engines_copy, bad):
     assert "costs_build" not in after and after["costs"]["repeats"] == 1
     with load_engines(engines_copy) as e:
         assert e.cost("verify.1", 128) > 0
+
+
+def test_a_build_on_a_busy_machine_names_its_own_folder_to_profile_again(tiny_export, tmp_path, monkeypatch):
+    """The build's busy-machine note names the folder the engines end in, not the partial folder
+    they are profiled in, which is gone when the note is read (B53 of session 69's mutation round)."""
+    monkeypatch.setattr(build._costs, "BUSY_CPU_SHARE", 2.0)  # (the threshold moved, not the machine's load)
+    said: list[str] = []
+    build_engines(tiny_export, "onnxruntime", [1], tmp_path / "e", log=said.append, profile_repeats=1)
+    (note,) = [x for x in said if "the machine was busy" in x]
+    assert note.endswith(f"measure them again with `specrt profile {tmp_path / 'e'}` when the machine is idle"), note
 
 
 def test_profile_measures_again_at_the_builds_pasts_and_draft_shape(tiny_export, tmp_path):
@@ -1714,6 +1769,43 @@ def test_another_instruction_set_is_another_device(engines_copy):
         load_engines(engines_copy, verify=False)
 
 
+def test_another_kind_of_device_of_that_name_is_another_device(engines_copy):
+    # kills A11 of session 69's round (manifest.py:128 the device compared by name and instruction sets only:
+    # engines recorded as built on a GPU of this CPU's name loaded here)
+    edit_manifest(engines_copy, lambda m: m["environment"]["device"].update(kind="gpu"))
+    with pytest.raises(UserError, match=r"engines were built for another environment \(device: built on gpu "
+                                        r"'[^']*'[^,]*, this machine is cpu '"):
+        load_engines(engines_copy, verify=False)
+
+
+def test_a_tensorrt_manifest_passes_the_checks_that_read_it(tiny_engines_append, tmp_path):
+    """engines.json as a TensorRT build writes it, made here from the portable ONNX Runtime engines
+    (the roles and ranges a TensorRT build shares; TensorRT cannot be installed here, and these
+    checks read no plan): roles naming plan files ('file', not 'onnx'), one plan per role
+    (--trt-layout engines), no weights file beside a plan, fp16 from a float32 export. Each was
+    refused by a mutant of session 69's round that no test without TensorRT saw (A35, A42, A40, A55)."""
+    from specrt.engines.manifest import check_against_export, read_engines_manifest
+
+    eng = tmp_path / "e"
+    shutil.copytree(tiny_engines_append, eng)
+
+    def as_tensorrt(m):
+        for k in ("onnxruntime", "onnxruntime_threads_default", "graphs"):
+            m.pop(k)
+        m.update(backend="tensorrt", precision="fp16", tensorrt={"layout": "engines"})
+        m["files"] = [{"file": f"{name}.plan", "sha256": "0" * 64, "bytes": 1} for name in m["roles"]]
+        for name, role in m["roles"].items():
+            role["engine"] = {"file": f"{name}.plan", "profile": 0}
+
+    edit_manifest(eng, as_tensorrt)
+    m = read_engines_manifest(eng)
+    check_against_export(eng / "engines.json", m, load_export(eng / "export"))
+    assert (m["backend"], m["precision"]) == ("tensorrt", "fp16")
+    edit_manifest(eng, lambda m: m["roles"]["decode"]["engine"].update(file="other.plan"))
+    with pytest.raises(UserError, match="roles.decode runs 'other.plan', which is not among the recorded files"):
+        read_engines_manifest(eng)
+
+
 def test_a_verify_role_for_a_depth_not_built_is_refused(engines_copy):
     # kills M5 (manifest.py:169 `verify != sorted(set(depths))` -> depths a subset of the verify
     # roles: an extra role, at odds with 'depths' the governor plans by, loaded)
@@ -1825,10 +1917,12 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
             in r.output), r.output
     assert not (tmp_path / "bad").exists()
     r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1,", "-o", str(tmp_path / "e"),
-                                  "--sessions", "per-depth", "--profile-repeats", "1"])
+                                  "--sessions", "per-depth", "--profile-repeats", "1", "--threads", "1"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "e" / "engines.json").read_text())
     assert m["depths"] == [1] and m["onnxruntime"]["sessions"] == "per-depth", m
+    # a --threads count is recorded as given, not the build's default, which loads cap (B50 of session 69's round)
+    assert m["onnxruntime"]["intra_op_num_threads"] == 1 and m["onnxruntime_threads_default"] is False, m
     assert (tmp_path / "e" / "acceptance_receipt.json").is_file()
     assert "acceptance canary: depth-1 acceptance " in r.output, r.output
     r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(tmp_path / "n"),
@@ -1837,6 +1931,7 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
     assert not (tmp_path / "n" / "acceptance_receipt.json").exists() and "acceptance canary" not in r.output
     m = json.loads((tmp_path / "n" / "engines.json").read_text())
     assert m["costs"]["repeats"] == 10 and m["onnxruntime"]["sessions"] == "shared", m["costs"]["repeats"]
+    assert m["onnxruntime_threads_default"] is True
 
 
 # ---- mutation round of engines/build, plan and manifest (M-ids in the round's report) ----
@@ -1862,6 +1957,9 @@ def test_a_graph_with_two_onnx_files_is_refused():
     with pytest.raises(UserError, match=r"graph 'target' should have exactly one \.onnx file, found \['target\.onnx', "
                                         r"'old\.onnx'\]"):
         _graph_file(two, "target")
+    # and one with none (B16 of session 69's round, `!= 1` -> `> 1`: an IndexError traceback)
+    with pytest.raises(UserError, match=r"graph 'target' should have exactly one \.onnx file, found \[\]"):
+        _graph_file({"graphs": {"target": {"files": files[1:]}}}, "target")
 
 
 # ---- mutation round 4 of session 64: the 54 mutants session 63's round left unrun (M-ids of its report) ----
@@ -1893,9 +1991,10 @@ def test_a_failing_nvidia_smi_is_no_gpu_whatever_it_printed(tmp_path, monkeypatc
 
     smi = tmp_path / "nvidia-smi"
     monkeypatch.setenv("PATH", str(tmp_path))
+    # (and of two GPUs the first visible, which CUDA runs on: A05 of session 69's round took the last)
     for out, rc, found in (("NVIDIA H100 80GB HBM3", 0, "NVIDIA H100 80GB HBM3"), ("NVIDIA H100 80GB HBM3", 9, None),
-                           ("", 0, None)):
-        smi.write_text(f"#!/bin/sh\necho '{out}'\nexit {rc}\n")
+                           ("", 0, None), ("NVIDIA H200\\n\\nNVIDIA L4", 0, "NVIDIA H200")):
+        smi.write_text(f"#!/bin/sh\nprintf '{out}\\n'\nexit {rc}\n")
         smi.chmod(0o755)
         if found:
             assert gpu_info() == {"kind": "gpu", "name": found}

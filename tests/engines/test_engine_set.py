@@ -39,6 +39,12 @@ def test_verify_false_loads_engines_whose_files_no_longer_match_their_hashes(eng
     with pytest.raises(UserError, match=r"target\.onnx\.data: content differs"):
         load_engines(engines_copy)
     assert load_engines(engines_copy, verify=False).depths == (1, 2, 4, 8)
+    # the embedded export's files too (A73 of session 69's round: the flag not passed on to load_export)
+    rewrite_byte(engines_copy / "target.onnx.data")  # (the byte flipped back)
+    rewrite_byte(engines_copy / "export" / "draft.onnx")
+    with pytest.raises(UserError, match=r"draft\.onnx: content differs"):
+        load_engines(engines_copy)
+    assert load_engines(engines_copy, verify=False).depths == (1, 2, 4, 8)
 
 
 def test_a_verify_depth_not_built_names_the_depths_built(tiny_engines):

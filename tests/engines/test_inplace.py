@@ -316,6 +316,25 @@ def test_tensorrt_engines_take_the_portable_kv_graph_without_a_probe(tiny_export
     assert _resolve_kv("auto", "onnxruntime", exp, OrtSettings().resolved(), said.append) == "inplace"
 
 
+def test_the_probe_runs_the_qkv_form_the_graph_will_use(tiny_export, monkeypatch):
+    """The in-place graph packs q/k/v into one GroupQueryAttention input unless the model has
+    qk-norm (Qwen3): the probe runs that same form (B06 of session 69's mutation round probed
+    the packed one for a qk-norm model, which this ONNX Runtime runs either way, so only the
+    form asked for is seen here; the real probe still runs)."""
+    import specrt.engines.onnxruntime as O
+    from specrt.engines.build import _resolve_kv
+    from specrt.manifest import load_export
+
+    asked: list[bool] = []
+    real = O.probe_inplace_gqa
+    monkeypatch.setattr(O, "probe_inplace_gqa", lambda *a, **k: asked.append(k["packed"]) or real(*a, **k))
+    exp = load_export(tiny_export)
+    for qk_norm in (False, True):
+        t = {**exp["target"], "decoder": {**exp["target"]["decoder"], "qk_norm": qk_norm}}
+        assert _resolve_kv("auto", "onnxruntime", {**exp, "target": t}, OrtSettings().resolved(), quiet) == "inplace"
+    assert asked == [True, False]
+
+
 def test_float16_in_place_engines_match_the_portable_graph(tmp_path):
     """GroupQueryAttention's float16 CPU kernel: the in-place fp16 target gives the portable
     fp16 graph's logits within fp16 rounding, and the same greedy tokens."""

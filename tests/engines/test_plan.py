@@ -253,8 +253,15 @@ def test_a_rebuild_starts_from_the_timing_cache_of_this_environment(tmp_path):
         assert not (new / "timing.cache").exists() and "not reused" in said[-1] and "another environment" in said[-1]
     (old / "engines.json").write_text("{broken")
     assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
+    # a manifest without its environment, a folder where the cache was (B18, B17 of session 69's mutation
+    # round: a KeyError traceback, IsADirectoryError from the copy)
+    (old / "engines.json").write_text("{}")
+    assert not carry_timing_cache(old, new, "timing.cache", env, said.append) and "not reused" in said[-1]
+    (old / "engines.json").write_text(json.dumps({"environment": env}))
     (old / "timing.cache").unlink()
     assert not carry_timing_cache(old, new, "timing.cache", env, said.append)
+    (old / "timing.cache").mkdir()
+    assert not carry_timing_cache(old, new, "timing.cache", env, said.append) and not (new / "timing.cache").exists()
 
 
 

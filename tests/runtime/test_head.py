@@ -729,6 +729,10 @@ def test_a_screened_heads_files_must_be_recorded(small_screened, tmp_path):
     with pytest.raises(UserError, match=f"{eng / 'engines.json'}: graphs.target.head is 'screened' but "
                                         "head_bounds.npy is not among the recorded files"):
         load_engines(eng, verify=False)
+    m["files"] = [r for r in m["files"] if r["file"] != "head_weight.npy"]  # (both named: A80 of session 69's round)
+    (eng / "engines.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="but head_weight.npy, head_bounds.npy are not among the recorded files"):
+        load_engines(eng, verify=False)
 
 
 def test_a_screened_tie_is_judged_in_units_of_the_rows_scale(tmp_path, monkeypatch):
