@@ -638,6 +638,8 @@ def _edit_config(folder: Path, **changes) -> None:
     ({"transformer_layer_config__logit_scale": 0}, r"transformer_layer_config: logit_scale 0.0: expected a positive"),
     ({"transformer_layer_config__logit_scale": float("inf")}, r"logit_scale inf: expected a positive number"),
     ({"transformer_layer_config__hidden_size": "64"}, "field 'hidden_size' must be int"),
+    # mutant m69c-M108: a target_hidden_size of 0 read (then named as a verifier of hidden size 0)
+    ({"target_hidden_size": 0}, r"config.json: field 'target_hidden_size' must be >= 1, found 0$"),
 ])
 def test_draft_config_disagreements(tmp_path, change, message):
     folder = copy_tree(REFERENCE, tmp_path / "ref")

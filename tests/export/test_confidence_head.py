@@ -151,3 +151,20 @@ def test_a_head_needs_its_config_flag_and_no_markov_head(tmp_path):
     with pytest.raises(UserError, match="draft slot 'confidence_head_bias' is missing: expected one of "
                                         "'confidence_head.proj.bias'"):
         bind_draft(d, target)
+
+
+def test_a_markov_flag_without_a_head_is_read(tmp_path):
+    """confidence_head_with_markov true where enable_confidence_head is false names no head:
+    the draft is read as one without (mutant m69c-M105 refused it as a Markov confidence head)."""
+    from specrt.export.config import load_draft_config
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=64)
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=64, mask_token_id=63)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "enable_confidence_head": False,
+                                               "confidence_head_with_markov": True}))
+    dc = load_draft_config(d)
+    # (mutant m69c-M023: the receipt's config then said confidence_head false, where drafts without a
+    # head have no such key, as before heads were read)
+    assert not dc.confidence_head and "confidence_head" not in dc.to_json()
+    assert not bind_draft(d, bind_target(t)).config.confidence_head

@@ -32,6 +32,14 @@ BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_atte
     ("qwen3", {"use_sliding_window": True, "sliding_window": 32, "layer_types": ["full_attention"] * 4}, None),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 9,
                "layer_types": ["full_attention"] * 3 + ["sliding_attention"]}, 32),
+    # mutant m69c-M065: only the last layer's kind read (here the first layer is the sliding one)
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64,
+               "layer_types": ["sliding_attention"] + ["full_attention"] * 3}, 64),
+    # mutant m69c-M067: max_window_layers' default 28 taken as 24 (26 layers: none from 28 on)
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "num_hidden_layers": 26}, None),
+    # mutant m69c-M075: layer_types checked against the attention heads (8 here), not the 4 layers
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 32, "num_attention_heads": 8,
+               "layer_types": ["full_attention", "sliding_attention"] * 2}, 32),
 ])
 def test_the_sliding_window_is_the_one_transformers_applies(model_type, fields, window):
     """Each case against transformers' own config class: the window one of its layers gets."""
@@ -112,6 +120,14 @@ def test_the_context_limit_stops_at_a_sliding_window(tmp_path):
     # the window is not the limit a --max-context build uses: not noted as one (M109 of session 64's
     # mutation round 4: build.py:258's note said whatever the option)
     assert not any("context limit" in m for m in logs), logs
+    # a window as long as the positions limits nothing: the positions are named (B27 of session 69's
+    # mutation round, `window < limit` -> `<=`: the sliding window named as the limit)
+    t = write_tiny_target(tmp_path / "t256", "mistral", sliding_window=256)
+    export(t, None, tmp_path / "exp256", log=logs.append)
+    with pytest.raises(UserError, match=r"^--max-context 257 must be in 4\.\.256 \(the target's "
+                                        r"max_position_embeddings\)$"):
+        build_engines(tmp_path / "exp256", "onnxruntime", (1, 2), tmp_path / "eng3", log=logs.append,
+                      max_context=257)
 
 
 @pytest.mark.parametrize("fields", [{"partial_rotary_factor": 0.5},
@@ -145,6 +161,10 @@ YARN = [  # (model_type, config fields): Qwen3's own recipe at full size, and th
     # mutant m2-C26: beta_fast equal to beta_slow is read (transformers widens the empty ramp by 0.001)
     ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                 "beta_fast": 4, "beta_slow": 4}}),
+    # mutant m69c-M017: that widening taken as 0.01; untruncated, the one correction dimension here is
+    # 3.995, so frequency 4 lies 0.005 past it: all kept by transformers' ramp, half by the mutant's
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                "beta_fast": 0.1024472, "beta_slow": 0.1024472, "truncate": False}}),
 ]
 
 
@@ -527,6 +547,11 @@ def test_a_drafts_sliding_window_is_recorded_and_said(tmp_path, model_type):
     build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=logs.append, profile_repeats=1,
                   profile_pasts=(4,), max_context=64)
     assert any("the draft attends to the last 16 tokens, its sliding window" in s for s in logs), logs
+    # a context within the window: nothing to say (B32 of session 69's mutation round said it whatever the context)
+    logs.clear()
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng16", log=logs.append, profile_repeats=1,
+                  profile_pasts=(4,), max_context=16)
+    assert not any("sliding window" in s for s in logs), logs
     # a mix of sliding and full layers: recorded, not applied, and said
     cfg["transformer_layer_config"].update(layer_types=["sliding_attention", "full_attention"])
     (d / "config.json").write_text(json.dumps(cfg))
@@ -758,6 +783,30 @@ def test_a_mistral_draft_layer_windows_every_layer(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     dc = load_draft_config(d)
     assert dc.decoder.sliding_window == dc.attention_window == 16
+    # layer_types marking a mix of kinds is what the layers get, Mistral or not: recorded, not applied
+    # (mutant m69c-M097 windowed every Mistral layer whatever layer_types said)
+    cfg["transformer_layer_config"]["layer_types"] = ["sliding_attention", "full_attention"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    dc = load_draft_config(d)
+    assert dc.decoder.sliding_window == 16 and dc.attention_window is None
+
+
+def test_layer_types_past_the_draft_layers_leave_every_layer_windowed(tmp_path):
+    """layer_types listing more kinds than the draft has layers (a verifier's list): the draft's
+    own layers' kinds decide, here both sliding, so the window is applied (mutant m69c-M096
+    read the kinds of layers the draft does not have and applied none)."""
+    from specrt.export.config import load_draft_config
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama")
+    d = write_tiny_draft(tmp_path / "d", t, kind="eagle3")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2 + ["full_attention"] * 2,
+                                           sliding_window=16)
+    (d / "config.json").write_text(json.dumps(cfg))
+    dc = load_draft_config(d)
+    assert dc.decoder.sliding_window == dc.attention_window == 16
 
 
 @pytest.mark.parametrize("scaling", [{"rope_type": "default", "rope_theta": 5e5},
@@ -795,6 +844,9 @@ def test_a_theta_inside_rope_scaling_is_the_one_transformers_runs(scaling, top_t
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     # mutant c14: rms_norm_eps' finiteness check dropped (an infinite eps zeroes every normed state)
     ({"rms_norm_eps": float("inf")}, "field 'rms_norm_eps' must be a small number >= 0, found inf"),
+    # mutant m69c-M032: counts' lower bound taken as 0 (a decoder of no layers, heads or vocabulary)
+    ({"num_hidden_layers": 0}, "field 'num_hidden_layers' must be >= 1, found 0"),
+    ({"vocab_size": 0}, "field 'vocab_size' must be >= 1, found 0"),
 ])
 def test_decoder_shapes_the_graphs_cannot_run_are_refused_naming_the_field(fields, message):
     """A head shape or activation the Llama-family graphs do not compute is refused, naming
@@ -849,6 +901,26 @@ def test_a_llama3_block_without_low_freq_factor_is_refused_as_transformers_refus
         parse_decoder(data, "config.json")
 
 
+@pytest.mark.parametrize("scaling, key", [
+    # mutant m69c-M048: llama3's high_freq_factor made optional (4.0 taken)
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 64},
+     "high_freq_factor"),
+    # mutant m69c-M050: linear's factor made optional (1.0 taken: no scaling at all)
+    ({"rope_type": "linear"}, "factor"),
+    ({"type": "dynamic"}, "factor"),
+])
+def test_a_rope_block_without_a_key_transformers_requires_is_refused(scaling, key):
+    """transformers raises on a RoPE block of a scaled type without its factor (or llama3's
+    band edges): specrt refuses it naming the block and the field, never taking a default."""
+    import transformers
+
+    data = {**BASE, "model_type": "llama", "rope_scaling": scaling}
+    with pytest.raises(KeyError, match=key):
+        transformers.AutoConfig.for_model(**json.loads(json.dumps(data)))
+    with pytest.raises(UserError, match=rf"^config\.json\.rope_scaling: missing required field '{key}'$"):
+        parse_decoder(data, "config.json")
+
+
 def test_rope_parameters_and_rope_scaling_saying_the_same_default_are_read():
     """mutant r23: the comparison's normalisation dropped (a block without rope_type is the
     default type; 'type' is 'rope_type'): two blocks that say the same were refused as differing."""
@@ -865,6 +937,9 @@ def test_rope_parameters_and_rope_scaling_saying_the_same_default_are_read():
     # mutant d08: an algorithm naming the other kind taken (only checked against the supported kinds)
     (lambda c: c["speculators_config"].update(algorithm="eagle3"),
      r"config\.json\.speculators_config: algorithm 'eagle3' disagrees with speculators_model_type 'peagle'$"),
+    # mutant m69c-M098: an empty proposal_methods let through (an IndexError traceback)
+    (lambda c: c["speculators_config"].update(proposal_methods=[]),
+     r"config\.json\.speculators_config: proposal_methods must be a non-empty list of objects$"),
 ])
 def test_a_peagle_config_missing_its_mask_or_naming_another_algorithm_is_refused(tmp_path, change, message):
     """A P-EAGLE config without mask_token_id, or whose speculators_config.algorithm names the
@@ -916,6 +991,12 @@ def test_a_yarn_factor_of_one_and_an_epsilon_of_zero_are_read_as_transformers_re
     # mutant m2-C47: a class of another family than model_type taken (the weights are read by model_type)
     ({"architectures": ["MistralForCausalLM"]},
      r"architectures\[0\] is 'MistralForCausalLM', expected 'LlamaForCausalLM' for model_type 'llama'$"),
+    # mutant m69c-M083: model_type's class taken anywhere in the list (the first is the one recorded)
+    ({"architectures": ["MistralForCausalLM", "LlamaForCausalLM"]},
+     r"architectures\[0\] is 'MistralForCausalLM', expected 'LlamaForCausalLM' for model_type 'llama'$"),
+    # mutants m69c-M081 / M082: an empty list (an IndexError traceback), a name that is no string
+    ({"architectures": []}, r"field 'architectures' must be a non-empty list of class names$"),
+    ({"architectures": ["LlamaForCausalLM", 7]}, r"field 'architectures' must be a non-empty list of class names$"),
 ])
 def test_a_target_config_naming_a_bad_token_id_or_another_class_is_refused_naming_the_file(tmp_path, fields, message):
     """load_target_config refuses a negative EOS/BOS id and an architectures[0] that is not
@@ -929,6 +1010,9 @@ def test_a_target_config_naming_a_bad_token_id_or_another_class_is_refused_namin
     (tmp_path / "config.json").write_text(json.dumps({**base, "eos_token_id": 0, "bos_token_id": [0]}))
     cfg = load_target_config(tmp_path)
     assert (cfg.eos_token_ids, cfg.bos_token_id) == ((0,), 0)
+    # a list of BOS ids: the first is the one recorded (mutant m69c-M086 took the last)
+    (tmp_path / "config.json").write_text(json.dumps({**base, "bos_token_id": [1, 5]}))
+    assert load_target_config(tmp_path).bos_token_id == 1
 
 
 def test_a_peagle_mask_token_of_id_zero_and_an_empty_verifier_name_are_read(tmp_path):
@@ -989,8 +1073,58 @@ def test_a_draft_reads_up_to_sixteen_aux_layers(tmp_path):
     assert MAX_AUX == 16
     d = _draft_with(tmp_path, eagle_aux_hidden_state_layer_ids=list(range(16)))
     assert load_draft_config(d).aux_layer_ids == tuple(range(16))
-    for n, ids in enumerate(([], list(range(17)))):
+    # (mutant m69c-M103: a JSON true taken as layer 1, a bool being an int)
+    for n, ids in enumerate(([], list(range(17)), [True, 2, 3])):
         d = _draft_with(tmp_path / str(n), eagle_aux_hidden_state_layer_ids=ids)
         with pytest.raises(UserError, match=rf"^{d}/config.json: eagle_aux_hidden_state_layer_ids must be a list of 1 "
                                             r"to 16 layer ids \(speculators' default is 3\), found \["):
             load_draft_config(d)
+
+
+def test_a_config_json_that_is_no_file_is_refused_naming_it(tmp_path):
+    """A folder whose config.json is a directory: refused as a missing config, naming it, for the
+    target and the draft alike (mutant m69c-M028 checked only that the path exists: an
+    IsADirectoryError traceback)."""
+    from specrt.export.config import load_draft_config, load_target_config
+
+    (tmp_path / "config.json").mkdir()
+    for load in (load_target_config, load_draft_config):
+        with pytest.raises(UserError, match=rf"^{tmp_path}/config.json: not found \(expected a JSON config file\)"):
+            load(tmp_path)
+
+
+def test_the_target_and_draft_folders_given_the_wrong_way_round_are_refused_saying_so(tmp_path):
+    """A speculators draft's folder read as the target, a transformers model's as the draft:
+    each refused saying which it is and where it goes (mutant m69c-M080 read the draft's config
+    as a target's: "missing required field 'model_type'", no word of the order)."""
+    from specrt.export.config import load_draft_config, load_target_config
+
+    from .conftest import REFERENCE
+
+    draft, target = REFERENCE / "draft" / "config.json", REFERENCE / "verifier" / "config.json"
+    with pytest.raises(UserError, match=rf"^{draft}: a speculators draft \(speculators_model_type 'peagle'\), not a "
+                                        r"target model: give the target's folder first and this one with --draft$"):
+        load_target_config(REFERENCE / "draft")
+    with pytest.raises(UserError, match=rf"^{target}: a transformers model \(model_type 'llama'\), not a speculators "
+                                        r"draft \(no speculators_model_type\): --draft takes the draft's folder"):
+        load_draft_config(REFERENCE / "verifier")
+
+
+def test_a_speculators_draft_leaving_out_its_norm_flags_reads_speculators_defaults(tmp_path):
+    """norm_before_residual, norm_output, norm_before_fc and fc_norm absent: each false, as
+    speculators' config classes default them and vLLM reads them (mutants m69c-M106 / M107
+    took a missing norm_before_residual / norm_output as true: another draft graph)."""
+    import shutil
+
+    from specrt.export.config import load_draft_config
+
+    from .conftest import REFERENCE
+
+    d = tmp_path / "d"
+    shutil.copytree(REFERENCE / "draft", d)
+    cfg = json.loads((d / "config.json").read_text())
+    flags = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm")
+    assert all(cfg[k] is False for k in flags)
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k not in flags}))
+    dc = load_draft_config(d)
+    assert [getattr(dc, k) for k in flags] == [False] * 4

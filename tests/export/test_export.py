@@ -31,6 +31,8 @@ def test_folder_and_manifest(exported):
     out, m = exported
     assert (out / "export.json").is_file() and (out / "target.onnx").is_file() and (out / "draft.onnx").is_file()
     assert m["draft"]["kind"] == "peagle" and m["draft"]["mask_token_id"] == 999
+    # the draft's own proposal depth, speculators_config's 4 (mutant m69c-E18 wrote EAGLE's 3 for every draft)
+    assert m["draft"]["speculative_tokens"] == 4
     assert m["target"]["aux_layer_ids"] == [1, 2, 3]
     assert m["binding_receipt"]["draft"]["aux_layer_ids"] == [1, 2, 3]
     names = [t["name"] for t in m["graphs"]["target"]["io"]["inputs"]]
@@ -113,6 +115,16 @@ def test_reduced_precision_exports_check(tmp_path, dtype):
     m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "o", dtype=dtype)
     assert m["dtype"] == dtype
     onnx.checker.check_model(str(tmp_path / "o" / "target.onnx"), full_check=True)
+    # each graph's inputs and outputs are of the types export.json records, the export's dtype (mutant
+    # m69c-E27 built a float32 target graph under a float16 record)
+    types = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+             "bfloat16": onnx.TensorProto.BFLOAT16, "int64": onnx.TensorProto.INT64}
+    for g in ("target", "draft"):
+        model = onnx.load(str(tmp_path / "o" / f"{g}.onnx"), load_external_data=False)
+        got = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.output)}
+        io = m["graphs"][g]["io"]
+        assert {t["name"]: types[t["dtype"]] for t in (*io["inputs"], *io["outputs"])} == got, g
+        assert dtype in {t["dtype"] for t in io["outputs"]}
 
 
 def test_eagle3_reduced_vocab_export(tmp_path):
@@ -491,3 +503,41 @@ def test_a_tokenizer_of_one_token_past_the_vocabulary_is_said(tmp_path):
         said: list[str] = []
         export_mod.export(target, None, tmp_path / f"o{vocab}", log=said.append)
         assert any(f"holds 16 tokens, the model's vocabulary {vocab}" in s for s in said) == warned, said
+
+
+def test_a_graph_with_external_data_lists_and_checks_its_data_file(tmp_path, monkeypatch):
+    """A graph over save_model's size threshold keeps its weights in <stem>.onnx.data: the
+    manifest lists that file too, so a changed weight is refused on load (mutant m69c-E01
+    listed target.onnx alone: the weights went unchecked)."""
+    from specrt.export import graphs
+
+    monkeypatch.setattr(graphs, "EXTERNAL_DATA_THRESHOLD", 0)
+    t = write_tiny_target(tmp_path / "t", "llama")
+    m = export_mod.export(t, None, tmp_path / "exp")
+    assert [f["file"] for f in m["graphs"]["target"]["files"]] == ["target.onnx", "target.onnx.data"]
+    data = bytearray((tmp_path / "exp" / "target.onnx.data").read_bytes())
+    data[-3] ^= 1
+    (tmp_path / "exp" / "target.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"target.onnx.data: content differs from the export manifest"):
+        load_export(tmp_path / "exp")
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_a_draft_narrower_than_its_target_has_io_of_both_widths(tmp_path, kind):
+    """A draft 32 wide on a 64-wide target (speculators' target_hidden_size): export.json's draft
+    I/O is the graph's, the aux input in the target's width and an EAGLE-3 draft's own hidden
+    state in the draft's (mutants m69c-E12 / E14 recorded the draft's width for the aux input,
+    widths the engines then bind by; every other export test's draft is as wide as its target)."""
+    target = write_tiny_target(tmp_path / "t", "llama")
+    draft = write_tiny_draft(tmp_path / "d", target, kind=kind, hidden_size=32)
+    m = export_mod.export(target, draft, tmp_path / "o")
+    model = onnx.load(str(tmp_path / "o" / "draft.onnx"), load_external_data=False)
+    got = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+           for v in (*model.graph.input, *model.graph.output)}
+    io = m["graphs"]["draft"]["io"]
+    for t in (*io["inputs"], *io["outputs"]):
+        assert got[t["name"]] == [n if isinstance(n, int) else None for n in t["shape"]], t
+    widths = {t["name"]: t["shape"][-1] for t in (*io["inputs"], *io["outputs"])}
+    assert widths["aux_hidden"] == 3 * 64 and m["draft"]["hidden_size"] == 32
+    if kind == "eagle3":
+        assert widths["prev_hidden"] == widths["hidden_out"] == 32
