@@ -13,6 +13,7 @@ The runtime never branches on the backend: every role is a ``Runner`` (base.py).
 from __future__ import annotations
 
 import os
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,18 @@ def _identity(folder: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _pin(folder: Path) -> int | None:
+    """An fd open on ``folder``, None where a folder cannot be opened (Windows): held as long as
+    the EngineSet, it keeps the folder's inode number, which `build --force` (check_unchanged,
+    check_still_here) is told by. Overlayfs over two file systems (xino off) numbers a directory
+    anew each time it comes back into the cache: memory pressure dropping an unused one between
+    a load and the check had the same folder taken for a rebuild (a bench's report refused)."""
+    try:
+        return os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
 
 
 def _replaced(folder: Path) -> UserError:
@@ -426,12 +439,19 @@ def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str
     folder = Path(engines_dir)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such engines folder (run `specrt build` first)")
+    pin = _pin(folder)
     identity = _identity(folder)  # (before any file is read: EngineSet.check_unchanged)
     try:
         manifest = read_engines_manifest(folder)
         export = verify_engines(folder, manifest, verify=verify)
-        return EngineSet(folder, manifest, export, ort_overrides, costs, identity)
-    except UserError:  # (a file of the new build against the earlier manifest: "modified after it was written")
-        if identity is not None and _identity(folder) != identity:
+        engines = EngineSet(folder, manifest, export, ort_overrides, costs, identity)
+    except BaseException as e:  # (a file of the new build against the earlier manifest: "modified after ...")
+        replaced = isinstance(e, UserError) and identity is not None and _identity(folder) != identity
+        if pin is not None:
+            os.close(pin)
+        if replaced:
             raise _replaced(folder) from None
         raise
+    if pin is not None:
+        weakref.finalize(engines, os.close, pin)
+    return engines

@@ -459,8 +459,10 @@ class Session:
         # read again and written under a lock on its folder: another run with the same file
         # (cron jobs, CI runners) wrote it since this one loaded it, and the last to write lost the
         # other's answers without a word; now its sequences stay, this session's added after them
-        # (the learnt rates are this session's: it started from the same file's)
-        with folder_lock(Path(path).parent):
+        # (the learnt rates are this session's: it started from the same file's); under the streams'
+        # lock too: a stream of another thread ending meanwhile added its answer to the Growth
+        # replaced, or after the write, as if saved (added = 0): lost from the file and the session
+        with folder_lock(Path(path).parent), self.generator.lock:
             now = _file_stamp(Path(path))
             if self._growth_read is not None and self._growth_read[0] == Path(path).resolve() \
                     and now not in (None, self._growth_read[1]):
@@ -468,10 +470,14 @@ class Session:
                 for seq in policy.growth.own():
                     merged.add(seq)
                 policy.growth = merged
-            policy.growth.save(Path(path), digest, {k: (policy.wins[k], policy.tries[k]) for k in grown
-                                                    if k in policy.wins})
-            policy.growth.added = 0
-            self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
+            try:
+                policy.growth.save(Path(path), digest, {k: (policy.wins[k], policy.tries[k]) for k in grown
+                                                        if k in policy.wins})
+            finally:  # replaced (by this write alone: the lock) is saved, though a Ctrl-C landed just after; unsaid,
+                # the write again (run's, once) took the file for another run's: each sequence merged in twice
+                if _file_stamp(Path(path)) != now:
+                    policy.growth.added = 0
+                    self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
 
     def need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
         """UserError saying ``what`` needs the tokenizer where the export has none, and how to add it."""

@@ -107,3 +107,37 @@ def test_weight_bytes_of_another_type_are_named(engines_copy, wb):
     e = load_engines(engines_copy, verify=False)
     with pytest.raises(UserError, match=f"{re.escape(str(engines_copy / 'engines.json'))}: field 'weight_bytes' is "):
         e.weight_bytes
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_loaded_engines_keep_their_folder_open_so_its_inode_number_holds(tiny_engines, tmp_path):
+    """Overlayfs over two file systems numbers a directory anew each time it comes back into the
+    cache: memory pressure dropping the unused folder between load and check_still_here (the end
+    of an hour's bench) had the same folder taken for a rebuild, the report refused (shown with a
+    tmpfs lower layer and drop_caches). An fd open on the folder, as long as the EngineSet, keeps
+    its inode; a rebuild is told as before, and a refused load keeps none open."""
+    import gc
+    import os
+
+    from specrt.engines import load_engines
+
+    def held() -> list[str]:
+        return [os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
+                if os.path.realpath(f"/proc/self/fd/{n}").startswith(str(eng))]
+
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_engines, eng)
+    e = load_engines(eng)
+    assert held() == [str(eng)]
+    shutil.copytree(eng, tmp_path / "new")
+    eng.rename(tmp_path / "old")
+    (tmp_path / "new").rename(eng)  # (a rebuild: another folder in its place)
+    with pytest.raises(UserError, match="replaced while this ran"):
+        e.check_still_here("x")
+    del e
+    gc.collect()
+    assert held() == []
+    (eng / "engines.json").write_text("{")
+    with pytest.raises(UserError):
+        load_engines(eng)
+    assert held() == []

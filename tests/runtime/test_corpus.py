@@ -912,3 +912,58 @@ def test_a_npy_array_in_place_of_the_archive_is_refused_naming_the_file(tmp_path
         Corpus.load(p)
     with pytest.raises(UserError, match=r"a.npz: not a growth file \(a .npy array, not an .npz archive\)"):
         Growth.load(p, vocab_size=9)
+
+
+def test_a_stream_finishing_while_the_growth_is_merged_keeps_its_answer(tiny_engines, tmp_path, monkeypatch):
+    """save_growth merges a growth file another run wrote meanwhile, then puts the merged Growth in
+    the policy's place: a stream of another thread (Streams may be driven from several threads)
+    finishing in between added its answer to the Growth being replaced, lost from the file and
+    from the session. The merge takes the streams' lock, as close() does."""
+    import threading
+
+    from specrt.runtime import corpus, session as session_mod
+
+    grow = tmp_path / "grow.npz"
+    with session_mod.Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        Growth(max_tokens=10**6).save(grow, s.engines.manifest["export"]["digest"])  # another run's, meanwhile
+        other = threading.Thread(target=s.generator.generate, args=([2, 7, 1, 8], 6))
+        mine, add = s.generator.governor.lookup_policy.growth, corpus.Growth.add
+
+        def add_while_a_stream_ends(self, seq):  # (the merge's adds: the other thread's stream ends now)
+            if self is not mine and not other.is_alive() and other.ident is None:
+                other.start()
+                other.join(2)  # (with the lock held by the merge: it waits for it)
+            return add(self, seq)
+
+        monkeypatch.setattr(corpus.Growth, "add", add_while_a_stream_ends)
+        s.save_growth(grow)
+        other.join()
+        assert [q[:4] for q in s.generator.governor.lookup_policy.growth.seqs] == [[3, 1, 4, 1], [2, 7, 1, 8]]
+
+
+def test_a_growth_save_interrupted_after_its_write_is_not_merged_into_itself(tiny_engines, tmp_path, monkeypatch):
+    """A Ctrl-C landing in save_growth just after the file was replaced (`specrt run` then writes
+    it again, once: cli._write_run_files): the file, changed since it was loaded, was taken for
+    another run's, and this session's sequences were merged into their own copy, each twice."""
+    from specrt.runtime import corpus
+    from specrt.runtime.session import Session
+
+    grow, save = tmp_path / "grow.npz", corpus.Growth.save
+
+    def save_then_interrupted(self, *a, **k):
+        save(self, *a, **k)
+        monkeypatch.setattr(corpus.Growth, "save", save)
+        raise KeyboardInterrupt
+
+    with Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        monkeypatch.setattr(corpus.Growth, "save", save_then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            s.save_growth(grow)
+        s.save_growth(grow)  # (written again, as run does)
+        assert len(s.generator.governor.lookup_policy.growth.seqs) == 1
+    with np.load(grow) as z:
+        assert len(z["lengths"]) == 1
