@@ -926,6 +926,7 @@ def test_a_lone_surrogate_in_a_prompt_gets_400(served, path, body):
     url, _ = served
     code, r = _post(url, path, body)
     assert code == 400 and "lone surrogate U+D" in r["error"]["message"], (code, r)
+    assert r["error"]["param"] == ("messages" if "messages" in body else "prompt"), r  # (M69e.M102)
     assert _post(url, path, {**body, "messages": [{"role": "user", "content": "w1"}]} if "messages" in body
                  else {**body, "prompt": "w1 w2"})[0] == 200
 
@@ -2147,6 +2148,7 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
         code, body = _post(url, "/v1/chat/completions", {"messages": [{"role": "system", "content": "w3"},
                                                                       {"role": "user", "content": "w4"}]})
         assert code == 400 and body["error"]["message"] == "chat template: no system prompt", body
+        assert body["error"]["param"] == "messages", body  # (the conversation's, not chat_template_kwargs: M69e.M79)
         assert str(tmp_path) not in json.dumps(body)
         code, body = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w4"}]})
         assert code == 200, body

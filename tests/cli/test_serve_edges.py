@@ -682,3 +682,61 @@ def test_a_model_that_is_no_string_is_answered_not_dropped(served):  # noqa: F81
     url, _ = served
     code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "model": 5})
     assert code == 404 and r["error"]["param"] == "model" and r["error"]["code"] == "model_not_found", r
+
+
+# Session 69's mutation round of specrt/cmd_serve.py (M69e.NN: the mutant each test kills).
+
+def test_a_chunked_transfer_encoding_in_any_case_is_a_411(served):  # noqa: F811
+    """M69e.M67: a header's value is case-insensitive here (RFC 9112 names "chunked" so, clients
+    send "Chunked" too): read as no body it got a 400 "expected a JSON body", not the 411 saying
+    to send a Content-Length."""
+    from tests.cli.test_serve import _raw
+
+    url, _ = served
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    out = _raw(url, (head + "Transfer-Encoding: Chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode())
+    assert out.startswith(b"HTTP/1.0 411") and b"a chunked body is not read here" in out, out[:300]
+
+
+def test_a_completions_id_is_a_cmpl_one(served):  # noqa: F811
+    """M69e.M72: a completion's id starts "cmpl-" (OpenAI's and vLLM's), a chat answer's
+    "chatcmpl-", whole or streamed."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2})
+    assert code == 200 and r["id"].startswith("cmpl-"), r
+    code, ev = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 2, "stream": True})
+    assert code == 200 and all(e["id"].startswith("cmpl-") and e["id"] == ev[0]["id"] for e in ev), ev
+    code, ev = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2,
+                                                   "stream": True})
+    assert code == 200 and all(e["id"].startswith("chatcmpl-") for e in ev), ev
+
+
+def test_every_neutral_value_and_ignored_field_is_taken_and_every_field_not_done_refused(served):  # noqa: F811
+    """M69e.M84-M91: each neutral value of a field specrt does not do (tool_choice none and
+    auto, parallel_tool_calls either, function_call none and auto, ...) is answered as without
+    it, the fields that change nothing here are ignored, and each field specrt does not do is
+    refused as such ("is not supported"), not as an unknown argument."""
+    url, _ = served
+    msg = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+    neutral = [("tool_choice", "none"), ("tool_choice", "auto"), ("function_call", "none"),
+               ("function_call", "auto"), ("parallel_tool_calls", True), ("parallel_tool_calls", False),
+               ("functions", []), ("tools", []), ("spaces_between_special_tokens", True),
+               ("return_tokens_as_token_ids", False), ("safety_identifier", "s"), ("request_id", "r"),
+               ("prompt_cache_key", "k"), ("metadata", {"a": "b"}), ("store", True), ("service_tier", "auto")]
+    for field, value in neutral:
+        code, r = _post(url, "/v1/chat/completions", {**msg, field: value})
+        assert code == 200 and r["usage"]["completion_tokens"] >= 1, (field, value, r)
+    for field in ("reasoning_effort", "verbosity", "web_search_options", "audio", "logits_processors",
+                  "mm_processor_kwargs", "documents", "vllm_xargs", "guided_regex", "guided_grammar",
+                  "guided_decoding_backend"):
+        code, r = _post(url, "/v1/chat/completions", {**msg, field: "x"})
+        assert code == 400 and r["error"]["param"] == field, (field, r)
+        assert r["error"]["message"].startswith(f"'{field}' is not supported (got 'x')"), r
+
+
+def test_a_user_that_is_no_string_gets_the_400_naming_user(served):  # noqa: F811
+    """M69e.M82: OpenAI's user is a string; another value is a 400 whose param names 'user'
+    (whether or not --isolate-clients reads it)."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 1, "user": 7})
+    assert code == 400 and r["error"]["param"] == "user" and "'user' must be a string; got 7" in r["error"]["message"]
