@@ -462,7 +462,8 @@ class Session:
         # (the learnt rates are this session's: it started from the same file's); under the streams'
         # lock too: a stream of another thread ending meanwhile added its answer to the Growth
         # replaced, or after the write, as if saved (added = 0): lost from the file and the session
-        with folder_lock(Path(path).parent), self.generator.lock:
+        # the folder the file is in: one run naming it through a symlink elsewhere locked another
+        with folder_lock(Path(path).resolve().parent), self.generator.lock:
             now = _file_stamp(Path(path))
             if self._growth_read is not None and self._growth_read[0] == Path(path).resolve() \
                     and now not in (None, self._growth_read[1]):

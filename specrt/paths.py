@@ -355,7 +355,9 @@ def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
 def folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive flock on ``folder`` itself (no lock file left in it), held for the block:
     calibrate's read and replacement of calibration.json, an output folder's sweep of dead
-    runs' partial folders (manifest.atomic_folder); where the folder cannot be locked, none."""
+    runs' partial folders (manifest.atomic_folder); where the folder cannot be locked, none.
+    Another process's lock is waited for, said on stderr (it may be held for long: a run
+    stopped with Ctrl-Z, a large earlier output being removed)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -363,7 +365,12 @@ def folder_lock(folder: Path) -> Iterator[None]:
         return
     try:
         with contextlib.suppress(OSError):
-            _flock(fd, wait=True)
+            try:
+                _flock(fd)
+            except BlockingIOError:  # (waited for without a word: behind a run stopped with Ctrl-Z, it hung)
+                sys.stderr.write(f"note: waiting for {folder}: another process holds its lock (a specrt run "
+                                 "writing into it); this one goes on when that one ends\n")
+                _flock(fd, wait=True)
         yield
     finally:
         os.close(fd)  # (releases the lock)

@@ -819,8 +819,9 @@ def test_a_dead_runs_moved_aside_output_beside_a_dangling_link_at_out_is_kept(tm
     assert "removed" not in capsys.readouterr().err
 
 
-def test_the_folder_lock_waits_for_another_holder(tmp_path):
-    # kills P49 (folder_lock tried once, not waiting: a second sweep or calibrate ran beside the first unlocked)
+def test_the_folder_lock_waits_for_another_holder(tmp_path, capsys):
+    # kills P49 (folder_lock tried once, not waiting: a second sweep or calibrate ran beside the first unlocked);
+    # the wait is said (it was silent: a run behind one stopped with Ctrl-Z seemed to hang), a free lock is not
     import fcntl
     import threading
 
@@ -833,11 +834,16 @@ def test_the_folder_lock_waits_for_another_holder(tmp_path):
             entered.set()
             leave.wait(60)
 
+    with folder_lock(tmp_path):
+        pass
+    assert capsys.readouterr().err == ""
     fcntl.flock(fd, fcntl.LOCK_EX)  # (another run's hold)
     t = threading.Thread(target=second, daemon=True)
     t.start()
     try:
         assert not entered.wait(1.0)
+        assert capsys.readouterr().err == f"note: waiting for {tmp_path}: another process holds its lock (a specrt " \
+            "run writing into it); this one goes on when that one ends\n"
     finally:
         os.close(fd)  # (released)
     assert entered.wait(60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 
 import numpy as np
@@ -941,6 +942,36 @@ def test_a_stream_finishing_while_the_growth_is_merged_keeps_its_answer(tiny_eng
         s.save_growth(grow)
         other.join()
         assert [q[:4] for q in s.generator.governor.lookup_policy.growth.seqs] == [[3, 1, 4, 1], [2, 7, 1, 8]]
+
+
+def test_a_growth_file_named_through_a_symlink_is_locked_in_its_own_folder(tiny_engines, tmp_path):
+    """Two runs sharing a grow file, one naming it through a symlink in another folder: each locked
+    the folder of the name it was given, so both could merge and write at once, the last writer
+    losing the other's answers. The lock is on the folder the file is in."""
+    import fcntl
+    import threading
+
+    from specrt.runtime.session import Session
+
+    (tmp_path / "real").mkdir(), (tmp_path / "links").mkdir()
+    grow = tmp_path / "links" / "grow.npz"
+    grow.symlink_to(tmp_path / "real" / "grow.npz")
+    with Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        fd = os.open(tmp_path / "real", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (another run's save, under way in the file's own folder)
+        t = threading.Thread(target=s.save_growth, args=(grow,), daemon=True)
+        t.start()
+        try:
+            t.join(1.0)
+            assert t.is_alive() and not (tmp_path / "real" / "grow.npz").exists()
+        finally:
+            os.close(fd)  # (released)
+        t.join(60)
+    assert grow.is_symlink()
+    with np.load(tmp_path / "real" / "grow.npz") as z:
+        assert len(z["lengths"]) == 1
 
 
 def test_a_growth_save_interrupted_after_its_write_is_not_merged_into_itself(tiny_engines, tmp_path, monkeypatch):
