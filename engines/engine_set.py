@@ -30,8 +30,12 @@ from specrt.paths import check_path_args
 
 
 def _identity(folder: Path) -> tuple[int, int] | None:
-    """(device, inode) of ``folder``, None where it cannot be read."""
+    """(device, inode) of ``folder``, None where it cannot be read: gone, or a relative path
+    while the working folder is gone (ENGINES "." rebuilt by `build --force`: stat(".") still
+    reads the removed folder, so its files were said "missing", not the folder replaced)."""
     try:
+        if not Path(folder).is_absolute():
+            os.getcwd()  # (FileNotFoundError where the working folder was removed)
         st = os.stat(folder)
     except OSError:
         return None
@@ -50,7 +54,12 @@ def _pin(folder: Path) -> int | None:
         return None
 
 
-def _replaced(folder: Path) -> UserError:
+def _replaced(folder: Path, now: tuple[int, int] | None) -> UserError:
+    """The error for ``folder`` no longer the one loaded: ``now`` its identity now (None: gone)."""
+    if now is None:
+        return UserError(f"{folder}: removed while its engines were being loaded (`specrt build --force` renaming "
+                         "another folder into its place, or by hand), so what was read may be partial; nothing was "
+                         "run: run the command again")
     return UserError(f"{folder}: replaced while its engines were being loaded (rebuilt: `specrt build --force` put "
                      "another folder in its place), so what was read may mix the two builds' files; nothing was run: "
                      "run the command again")
@@ -307,20 +316,25 @@ class EngineSet:
         meanwhile (`build --force` renames a new one into its place), the file would describe
         engines it never ran (session 55's walk: a calibration and a receipt of the old engines
         credited to the new ones)."""
-        now = _identity(self.folder)
-        if now is None:
+        if (state := self.folder_state()) == "removed":
             raise UserError(f"{self.folder}: removed while this ran; {writes} not written")
-        if now != self.identity:
+        if state == "replaced":
             raise UserError(f"{self.folder}: replaced while this ran (rebuilt: another folder is in its place now); "
                             f"{writes} not written, as it measured the engines loaded before: run the command again")
+
+    def folder_state(self) -> str:
+        """"loaded" while ``folder`` is the folder these engines were loaded from, "removed" where
+        it is gone, "replaced" where another folder is in its place (rebuilt)."""
+        now = _identity(self.folder)
+        return "loaded" if now == self.identity else "removed" if now is None else "replaced"
 
     def check_unchanged(self) -> None:
         """UserError where ``folder`` is no longer the folder these engines were loaded from:
         `build --force` renamed a new one into its place while they were read (a `specrt run`
         then ran the earlier engines.json with the new build's draft graph, without a word);
         what was read may mix the two builds' files."""
-        if _identity(self.folder) != self.identity:
-            raise _replaced(self.folder)
+        if (now := _identity(self.folder)) != self.identity:
+            raise _replaced(self.folder, now)
 
     def activate(self) -> None:
         if self.head is not None and _file_ids(self.folder, self._head_files) != self._head_ids:
@@ -446,11 +460,12 @@ def load_engines(engines_dir: Path, verify: bool = True, ort_overrides: dict[str
         export = verify_engines(folder, manifest, verify=verify)
         engines = EngineSet(folder, manifest, export, ort_overrides, costs, identity)
     except BaseException as e:  # (a file of the new build against the earlier manifest: "modified after ...")
-        replaced = isinstance(e, UserError) and identity is not None and _identity(folder) != identity
+        now = _identity(folder)
+        replaced = isinstance(e, UserError) and identity is not None and now != identity
         if pin is not None:
             os.close(pin)
         if replaced:
-            raise _replaced(folder) from None
+            raise _replaced(folder, now) from None
         raise
     if pin is not None:
         weakref.finalize(engines, os.close, pin)

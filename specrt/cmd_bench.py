@@ -1696,12 +1696,13 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             report["plots_note"] = note
         report["run"]["ended_at"] = _iso(time.time())
         for e in (engines, *variant_engines.values()):  # (each worker loads its folder again, by its path:
-            try:  # `build --force` meanwhile had later workers measure the new build, in a report of the earlier)
-                e.check_still_here(REPORT_FILE)
-            except UserError:
+            # `build --force` meanwhile had later workers measure the new build, in a report of the earlier)
+            if (state := e.folder_state()) == "replaced":
                 raise UserError(f"{e.folder}: replaced while this bench ran (rebuilt: another folder is in its place "
                                 f"now), so its configurations may have measured two builds; {final} not written: run "
-                                "the bench again") from None
+                                "the bench again")
+            if state == "removed":
+                raise UserError(f"{e.folder}: removed while this bench ran; {final} not written")
         write_atomic(out / REPORT_FILE, report, indent=2)
     out = final
     if not quiet:

@@ -197,6 +197,12 @@ def test_two_runs_with_one_grow_file_keep_both_runs_answers(pair, tmp_path):
     Growth.load(grow, 10**6)
 
 
+def _paused_bench(tmp_path: Path, at: str, eng: Path, prompts: Path, out: Path) -> Paused:
+    """A short `specrt bench` of ``eng`` (no peers, `off` alone) into ``out``, paused after ``at``."""
+    return Paused(tmp_path, at, "bench", str(eng), "--prompts", str(prompts), "--peers", "none", "--governors", "off",
+                  "--max-new-tokens", "4", "--threads", "1", "--no-profile", "-o", str(out), "--quiet")
+
+
 def test_a_bench_whose_engines_are_rebuilt_while_it_runs_writes_no_report(pair, tmp_path):
     """`specrt build --force` while `specrt bench` ran: each worker loads the engines again by
     their path, so the configurations after the rebuild measured the new build (an int8 draft)
@@ -205,9 +211,7 @@ def test_a_bench_whose_engines_are_rebuilt_while_it_runs_writes_no_report(pair, 
     export_dir, engines, prompts = pair
     eng, out = tmp_path / "engines", tmp_path / "report"
     shutil.copytree(engines, eng)
-    bench = Paused(tmp_path, "specrt.engines.engine_set:load_engines", "bench", str(eng), "--prompts", str(prompts),
-                   "--peers", "none", "--governors", "off", "--max-new-tokens", "4", "--threads", "1", "--no-profile",
-                   "-o", str(out), "--quiet")
+    bench = _paused_bench(tmp_path, "specrt.engines.engine_set:load_engines", eng, prompts, out)
     rc, err = _finish(_cli("build", str(export_dir), "-o", str(eng), "--force", "--depths", "1,2", "--max-context",
                            "64", "--profile-repeats", "1", "--draft-weights", "int8", "--no-canary", cwd=tmp_path))
     assert rc == 0, err
@@ -215,3 +219,17 @@ def test_a_bench_whose_engines_are_rebuilt_while_it_runs_writes_no_report(pair, 
     assert rc == 1 and "Traceback" not in err, err
     assert f"error: {eng}: replaced while this bench ran" in err and f"{out} not written" in err, err
     assert not out.exists() and _leftovers(tmp_path) == []
+
+
+def test_a_bench_whose_engines_are_removed_before_its_report_says_removed(pair, tmp_path):
+    """The engines folder removed (not rebuilt) after the last worker: said "removed", not
+    "replaced while this bench ran (rebuilt: ...)" as before; no report."""
+    _, engines, prompts = pair
+    eng, out = tmp_path / "engines", tmp_path / "report"
+    shutil.copytree(engines, eng)
+    bench = _paused_bench(tmp_path, "specrt.cmd_bench:efficiency", eng, prompts, out)
+    shutil.rmtree(eng)
+    rc, err = bench.resume()
+    assert rc == 1 and "Traceback" not in err, err
+    assert err.endswith(f"error: {eng}: removed while this bench ran; {out} not written\n"), err
+    assert not out.exists()

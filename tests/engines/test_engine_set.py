@@ -30,6 +30,55 @@ def test_a_folder_whose_path_no_longer_leads_to_a_folder_is_said_removed(tiny_en
             e.check_still_here("x")
 
 
+def test_a_folder_removed_while_loaded_is_said_removed_not_replaced(tiny_engines, tmp_path):
+    """check_unchanged: a folder gone (nothing in its place) is "removed", not "replaced" by a rebuild."""
+    from specrt.engines import load_engines
+
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_engines, eng)
+    with load_engines(eng, verify=False) as e:
+        e.check_unchanged()
+        eng.rename(tmp_path / "moved")
+        with pytest.raises(UserError, match=f"^{re.escape(str(eng))}: removed while its engines were being loaded "):
+            e.check_unchanged()
+
+
+def test_engines_given_as_the_working_folder_and_rebuilt_are_not_taken_as_unchanged(tiny_engines, tmp_path,
+                                                                                     monkeypatch):
+    """ENGINES "." while `build --force` renames a new folder into its place and removes the one
+    the process stands in: stat(".") still read the removed folder (its inode held), so the
+    rebuild went unseen and its files were said "missing". The working folder gone is said."""
+    from specrt.engines import load_engines
+
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_engines, eng)
+    monkeypatch.chdir(eng)
+    with load_engines(Path("."), verify=False) as e:
+        e.check_unchanged()
+        shutil.copytree(tiny_engines, tmp_path / ".engines.new")
+        eng.rename(tmp_path / ".engines.old")
+        (tmp_path / ".engines.new").rename(eng)
+        shutil.rmtree(tmp_path / ".engines.old")
+        with pytest.raises(UserError, match=r"^\.: removed while its engines were being loaded "):
+            e.check_unchanged()
+        with pytest.raises(UserError, match=r"^\.: removed while this ran; x not written$"):
+            e.check_still_here("x")
+    from specrt.engines import engine_set
+
+    read = engine_set.read_engines_manifest
+
+    def rebuilt_then_read(folder):  # (`build --force` finishing as the load begins)
+        eng.rename(tmp_path / ".engines.old2")
+        shutil.copytree(tiny_engines, eng)
+        shutil.rmtree(tmp_path / ".engines.old2")
+        return read(folder)
+
+    monkeypatch.chdir(eng)
+    monkeypatch.setattr(engine_set, "read_engines_manifest", rebuilt_then_read)
+    with pytest.raises(UserError, match=r"^\.: removed while its engines were being loaded "):
+        load_engines(Path("."), verify=False)
+
+
 def test_verify_false_loads_engines_whose_files_no_longer_match_their_hashes(engines_copy):
     """``verify=False`` skips re-hashing the files, as its callers ask (the default refuses
     them): mutant E03, the flag ignored, re-hashed every file on every such load."""
