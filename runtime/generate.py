@@ -317,8 +317,11 @@ class Generator:
                 raise UserError("a token tree needs a draft; these engines have none")
             if not (hasattr(self.e, "verifies_trees") and self.e.verifies_trees()):
                 if getattr(self.e, "backend", None) == "onnxruntime" and self.e.kv_layout("target") == "append":
-                    raise UserError("these engines do not verify token trees: they were built with `--ort-kv append`; "
-                                    "trees need the in-place KV (`specrt build` without --ort-kv append)")
+                    # (the build picks the portable layout by itself where in-place KV cannot run: a bfloat16
+                    # export on the CPU; its log said why, so "built with --ort-kv append" was not always true)
+                    raise UserError("these engines do not verify token trees: their target graph has the portable KV "
+                                    "(built with `--ort-kv append`, or where in-place KV cannot run: `specrt build` "
+                                    "said why); trees need the in-place KV (`specrt build --ort-kv inplace`)")
                 raise UserError("these engines do not verify token trees: rebuild them with `specrt build` "
                                 "(ONNX Runtime engines with in-place KV, built since trees were added)")
             vd = int((self.e.export.get("draft") or {}).get("draft_vocab_size") or self.vocab)

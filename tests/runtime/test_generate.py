@@ -694,7 +694,8 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
             return "append"
 
     Appended.backend = "onnxruntime"
-    with pytest.raises(UserError, match="built with `--ort-kv append`; trees need the in-place KV"):
+    with pytest.raises(UserError, match=r"the portable KV \(built with `--ort-kv append`, or where in-place KV cannot run: `specrt build` "
+                       r"said why\); trees need the in-place KV"):
         G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
     Appended.backend = "tensorrt"  # (its engines have the append contract and no --ort-kv option)
     with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
