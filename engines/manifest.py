@@ -273,6 +273,17 @@ def check_against_export(where: Path, m: dict[str, Any], export: dict[str, Any])
                    else "graphs.target.io" if not isinstance(io, dict)
                    else next((f"graphs.target.io.{k}" for k in ("inputs", "outputs", "aliases")
                               if io.get(k) != want.get(k)), "graphs.target.io"))
+            part = key[len("graphs.target.io."):] if key.startswith("graphs.target.io.") else None
+            got, need = (io.get(part), want.get(part)) if part else (None, None)
+            if isinstance(got, list) and isinstance(need, list) and len(got) < len(need) and \
+                    got == [x for x in need if x.get("name") in {g.get("name") for g in got if isinstance(g, dict)}]:
+                # (the contract's I/O as an earlier specrt built it, less what came since: logits_from
+                # came on 2026-12-02; the folder is whole, a rebuild here gives the new graph)
+                lacks = ", ".join(f"'{x['name']}'" for x in need if x not in got)
+                exp = where.parent / m["export"]["folder"]
+                raise UserError(f"{where}: field '{key}' lacks {lacks}, which this specrt's in-place target graph "
+                                "takes: the engines were built by an older specrt; rebuild them with this one "
+                                f"(`specrt build EXPORT -o NEW_ENGINES`: their export, {exp}, will do)")
             raise UserError(f"{where}: field '{key}' is not the in-place target graph's I/O for this export "
                             "(contracts.py); re-run `specrt build`")
     if own.get("tree", False) not in (True, False) or (own.get("tree") and "io" not in own):

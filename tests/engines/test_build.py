@@ -298,6 +298,20 @@ def test_an_engine_whose_io_differs_from_the_manifest_is_refused(engines_copy, c
     assert all(r.graph._sessions == {} and r.graph._users == {} for r in engines.runners.values())
 
 
+def test_engines_an_older_specrt_built_are_said_to_be_older(engines_copy):
+    """Engines built before the in-place target took logits_from (specrt before 2026-12-02, an
+    upgrade walk: its engines.json records the target's inputs without it) are refused as an
+    older specrt's, naming the input and the export to rebuild from; said before as a field
+    that "is not the in-place target graph's I/O for this export", as a hand edit is."""
+    edit_manifest(engines_copy, lambda m: m["graphs"]["target"]["io"].update(
+        inputs=[x for x in m["graphs"]["target"]["io"]["inputs"] if x["name"] != "logits_from"]))
+    with pytest.raises(UserError, match=re.escape(
+            f"{engines_copy / 'engines.json'}: field 'graphs.target.io.inputs' lacks 'logits_from', which this "
+            "specrt's in-place target graph takes: the engines were built by an older specrt; rebuild them with "
+            f"this one (`specrt build EXPORT -o NEW_ENGINES`: their export, {engines_copy / 'export'}, will do)")):
+        load_engines(engines_copy, verify=False)
+
+
 def test_role_ranges_name_a_context_too_small_for_the_depths_without_a_cli_option():
     """check_role_ranges wrapped the build plan's error, which names --max-context, an option
     never given to a command that reads engines.json (a review, session 54)."""
