@@ -1090,7 +1090,7 @@ def _graph_file(engines: EngineSet, graph: str) -> Path:
 def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: Path | None = None, atol=None,
                     rtol=None, log: Callable[[str], None] = print, *, verify: bool = True,
                     target_folder: Path | None = None, inputs_file: Path | None = None,
-                    prompt_tokens: int = 32) -> dict[str, Any]:
+                    prompt_tokens: int | None = None) -> dict[str, Any]:
     """Compare every role of ``engines_dir`` with ``reference``; print a table per role, write
     the JSON report (``report``) and the inputs of one comparison (``inputs_file``, default
     beside the report), and return the report (``passed``, ``failures``, ``summary``).
@@ -1098,6 +1098,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     atol/rtol: None (defaults for the engines' precision), a float for every output, or a
     dict keyed by output kind, output name or "" (see ``resolve_tolerances``).
     target_folder: the transformers checkpoint for ``torch`` (default: the binding receipt's).
+    prompt_tokens: the test prompt's length (default: 32, or the most the context leaves).
     """
     check_path_args("a folder", engines_dir=engines_dir, target_folder=target_folder,  # Path('') is the working folder
                     optional=("target_folder",))
@@ -1116,11 +1117,16 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     t_start = time.perf_counter()
     engines = load_engines(engines_dir, verify=verify)
     exp = engines.export
-    n = int(prompt_tokens)
     # verify.K scores K + 1 tokens over the n of the prompt: n + K + 1 <= C (its plan's past C - K - 1)
-    if not 2 <= n <= engines.max_context - max(engines.depths) - 1:
-        raise UserError(f"--prompt-tokens {n}: expected 2..{engines.max_context - max(engines.depths) - 1} "
-                        f"for a context limit of {engines.max_context}")
+    most = engines.max_context - max(engines.depths) - 1
+    if most < 2:  # (it said "--prompt-tokens 32: expected 2..1", of an option not given)
+        raise UserError(f"{engines_dir}: its context limit of {engines.max_context} tokens leaves verify."
+                        f"{max(engines.depths)} no room for a prompt of 2 tokens: compare needs engines built with "
+                        f"--max-context {max(engines.depths) + 3} or more")
+    # the default fits the engines' context (32 refused engines built with --max-context 32)
+    n = min(32, most) if prompt_tokens is None else int(prompt_tokens)
+    if not 2 <= n <= most:
+        raise UserError(f"--prompt-tokens {n}: expected 2..{most} for a context limit of {engines.max_context}")
     known = set(KINDS) | {o["name"] for g in exp["graphs"].values() for o in g["io"]["outputs"]}
     check_tolerance_keys(atol, known)
     check_tolerance_keys(rtol, known)

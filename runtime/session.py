@@ -41,8 +41,8 @@ from specrt.paths import check_path_args, folder_lock
 
 from .corpus import Growth
 from .generate import Finished, Generator, Stream, as_whole
-from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, split_lookup,
-                       wants_corpus)
+from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, lookup_chain,
+                       split_lookup, wants_corpus)
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
 
@@ -216,10 +216,13 @@ def resolve_spec(spec: str, engines) -> str:
     has_corpus = folder is not None and (Path(folder) / CORPUS_FILE).is_file()
     cap = grow_tokens(spec)  # auto:grow=N keeps its cap (a bad N named as the user wrote it)
     grow = f":grow={cap}" if cap is not None and "grow=" in str(spec).lower() else ":grow"
+    chain = lookup_chain(spec)  # auto:ngram=L keeps its chain length (it ran as a bare :ngram)
+    ngram = f":ngram={chain}" if chain is not None else ":ngram"
     extra = (":corpus" if wants_corpus(spec) or has_corpus else "") + grow
     if engines.export.get("draft") is None:
-        return "off:ngram" + extra
-    return (AUTO_TREE if getattr(engines, "verifies_trees", lambda: False)() else "dspark:ngram") + extra
+        return "off" + ngram + extra
+    trees = getattr(engines, "verifies_trees", lambda: False)()
+    return (AUTO_TREE.removesuffix(":ngram") if trees else "dspark") + ngram + extra
 
 
 def make_governor(spec: str, engines, calibration: Calibration | None = None, **options) -> Governor:

@@ -157,7 +157,7 @@ from typing import Any, Callable
 import click
 
 from specrt.errors import UserError, environment_error
-from specrt.limits import MAX_THREADS, whole
+from specrt.limits import MAX_BENCH_REPEATS, MAX_THREADS, whole
 from specrt.machine import load_average, machine_info, mem_available
 from specrt.manifest import atomic_folder, check_output
 from specrt.paths import check_path_args, write_atomic
@@ -1319,6 +1319,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         raise UserError(f"--processes {processes}: expected >= 1")
     if not whole(repeats, 1):
         raise UserError(f"--repeats {repeats}: expected an integer >= 1")
+    if repeats > MAX_BENCH_REPEATS:
+        raise UserError(f"--repeats {repeats}: expected at most {MAX_BENCH_REPEATS} (each repeat runs the whole "
+                        "prompt list again)")
     for option, value, least in (("--threads", threads, 1), ("--limit", limit, 1), ("--lookup-tokens", lookup_tokens, 1),
                                  ("--warmup-tokens", warmup_tokens, 0)):
         if value is not None and value < least:
@@ -1403,6 +1406,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                         "or none")
     if peer_list and "none" in [x.strip().lower() for x in (peers or "").split(",")]:
         raise UserError(f"--peers {peers!r}: 'none' goes alone (no peers), not beside {', '.join(peer_list)}")
+    if lookup_tokens is not None and not any(x in ("hf-lookup", "llamacpp-lookup") for x in peer_list):
+        # (dropped without a word, as --target is refused: specrt's own chains are a governor's :ngram=L)
+        raise UserError(f"--lookup-tokens {lookup_tokens}: the lookup peers' draft length; "
+                        + (f"--peers {peers} has no lookup peer (hf-lookup, llamacpp-lookup)" if peer_list
+                           else "no peer runs (--peers none)"))
     receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
     hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
     if target_folder is not None:  # (a checkpoint moved since the export: the peers' decodes are compared with off's)
@@ -1437,6 +1445,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                             "first, or remove the folder yourself")
     threads = int(threads) if threads else physical_cores()
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
+    if lookup > engines.max_context:  # (10**30 reached the peers: transformers' OverflowError, a traceback)
+        raise UserError(f"--lookup-tokens {lookup}: expected at most the engines' context limit of "
+                        f"{engines.max_context} tokens")
 
     items = read_prompts(prompts_file)[: limit or None]
     prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs, prompts_file)
@@ -1531,7 +1542,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         order = {REFERENCE: 0, "ortgenai": 1, **dict.fromkeys(OTHER_MODEL_PEERS, 1), "llamacpp": 1, "hf": 2,
                  "hf-lookup": 3, "llamacpp-lookup": 3}
         jobs.sort(key=lambda j: order.get(j[0], 4))
-        n_workers = len(group_jobs(jobs)) * processes
+        # the processes that will run: a worker starts none without a prompt (--processes 8 over 2 prompts
+        # counted 8 a worker, and ran sequentially where the 2 it would start fit)
+        n_workers = len(group_jobs(jobs)) * min(processes, len(prompts))
         available = mem_available()  # (read once: MemAvailable and the memory cgroups)
         if interleaved and not interleaved_fits(n_workers, engines.weight_bytes, available):
             each, avail = 1.5 * engines.weight_bytes / 2 ** 30, (available or 0) / 2 ** 30

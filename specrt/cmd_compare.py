@@ -47,7 +47,8 @@ def parse_tolerances(values: tuple[str, ...], option: str) -> float | dict[str, 
               help="Where to save the inputs of the polygraphy command (default: beside --report, else a temp folder).")
 @click.option("--target", "target_folder", type=existing_folder(),
               help="The target checkpoint for --reference torch (default: the one the export was bound from).")
-@click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Prompt length of the test inputs.")
+@click.option("--prompt-tokens", type=int, default=None,
+              help="Prompt length of the test inputs (default: 32, or the most the engines' context leaves).")
 def compare(engines_dir: Path, reference: str, report: Path | None, atol, rtol, save_inputs: Path | None,
             target_folder: Path | None, prompt_tokens: int) -> None:
     """Run every engine of ENGINES_DIR (prefill, decode, verify.{d}, draft) and a reference on the

@@ -1145,8 +1145,12 @@ class _HTTPServer(ThreadingHTTPServer):
     # (20 of 64 at once), where the README promises they queue; the kernel caps it (somaxconn)
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, app: Server, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, app: Server, address: tuple[str, int], *args, **kwargs):
+        # an IPv6 address (--host ::1) on an IPv6 socket: socketserver's is IPv4 alone ("Address
+        # family for hostname not supported"); a name (localhost) stays IPv4, as before
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, *args, **kwargs)
         self.app = app
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
 
@@ -1215,8 +1219,18 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
 
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key")
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and api_key == api_key.strip()):
+        # (the key itself not said: it is a secret) an HTTP header carries it: a line break there, or a
+        # space at its ends, no client sends; 'é' arrived as UTF-8 from curl and was read as Latin-1, so
+        # every request was refused 401
+        raise UserError("--api-key: expected printable ASCII characters without spaces at its ends (clients send "
+                        "the key in an HTTP header)")
     if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)
         raise UserError("--model-name: expected a non-empty name")
+    try:  # a byte that was not UTF-8 (`$'m\xe9'` from a Latin-1 terminal) was served as 'm\udce9', listed so
+        model_name is None or model_name.encode("utf-8")  # in /v1/models, and a request for "mé" was a 404
+    except UnicodeEncodeError:
+        raise UserError(f"--model-name {model_name!r}: not valid UTF-8 text (a byte that was not UTF-8)") from None
     if not 0 < write_timeout <= 3600:  # (nan and inf too: a socket takes neither)
         raise UserError(f"--write-timeout {write_timeout}: expected seconds, > 0 and at most 3600")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,
@@ -1241,6 +1255,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         except OSError as e:
             raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
         h, p = httpd.server_address[:2]
+        h = f"[{h}]" if ":" in h else h  # (an IPv6 address in a URL)
         # before the line that says it serves: a signal sent on reading it was ignored (SIGTERM
         # ended the process mid-answer, a stream cut without a word)
         old = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -16,6 +16,10 @@ MAX_THREADS = 2**31 - 1
 # running for ever.
 MAX_PROFILE_REPEATS = 10_000
 
+# Times `specrt bench --repeats` runs the whole prompt list (each repeat: minutes to hours for
+# SmolLM2's prompt files): a mistyped count (10**30) ran for ever, without a word under --quiet
+MAX_BENCH_REPEATS = 1000
+
 # The deepest verify depth (build --depths) and the most tokens a draft may say it proposes
 # (speculators_config's speculative_tokens: a P-EAGLE draft of 10**9 exported without a word)
 MAX_DEPTH = 64

@@ -666,7 +666,18 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     for extra, match in ((["--processes", "0"], "--processes 0: expected >= 1"),
                          (["--repeats", "0"], "--repeats 0: expected an integer >= 1"),
                          (["--repeats", "-2"], "--repeats -2: expected an integer >= 1"),
+                         # (10**30 ran for ever: the whole prompt list again and again; refused before
+                         # the later checks, --limit's here)
+                         (["--repeats", str(10**30), "--limit", "0"], f"--repeats {10**30}: expected at most 1000"),
                          (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),
+                         # (the peers' lookup length: 10**30 was hf-lookup's OverflowError traceback, the peer failed)
+                         (["--lookup-tokens", "257", "--peers", "hf-lookup"],
+                          "--lookup-tokens 257: expected at most the engines' context limit of 256 tokens"),
+                         # (without a lookup peer it was dropped without a word)
+                         (["--lookup-tokens", "4"], "--lookup-tokens 4: the lookup peers' draft length; no peer runs "
+                                                    "(--peers none)"),
+                         (["--lookup-tokens", "4", "--peers", "hf"], "--lookup-tokens 4: the lookup peers' draft "
+                                                                     "length; --peers hf has no lookup peer"),
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "none,hf"], "'none' goes alone (no peers), not beside hf"),

@@ -1295,6 +1295,22 @@ def test_governors_sharing_a_worker_count_once_in_the_memory_check(tiny_engines,
                        peers="none", threads=1, warmup_tokens=0, quiet=True, profile=False, processes=3)
     assert (rep["settings"]["schedule"], rep["settings"]["processes"]) == ("interleaved", 2), rep["warnings"]
 
+def test_the_memory_check_counts_the_processes_the_prompts_start(tiny_engines, prompts_file, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    """--processes past the prompts (the processes a worker starts: one a prompt at most) is
+    checked as the processes that run: --processes 3 over two prompts holds two, which fit (it was
+    counted three, and the run went sequential, "--processes 3 ignored")."""
+    import specrt.cmd_bench as cb
+    from specrt.engines.engine_set import load_engines
+
+    w = load_engines(tiny_engines, verify=False).weight_bytes
+    monkeypatch.setattr(cb, "mem_available", lambda: int(2 * 1.5 * w / 0.8) + 4096)  # two processes fit, not three
+    rep = cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", max_new_tokens=2, governors="off", peers="none",
+                       threads=1, warmup_tokens=0, quiet=True, profile=False, processes=3)
+    assert (rep["settings"]["schedule"], rep["settings"]["processes"]) == ("interleaved", 2), rep["warnings"]
+    assert not any("ran sequentially instead" in x for x in rep["warnings"]), rep["warnings"]
+
+
 def test_the_prediction_prices_from_each_folders_table_profiled_in_the_run(tiny_engines, prompts_file,  # noqa: F811
                                                                            tmp_path, monkeypatch):
     """M125 / M129: (b) predicts from the tables profiled at the start of the run (here each

@@ -458,6 +458,13 @@ def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
 
     r = CliRunner().invoke(main, ["serve", str(worded), "--api-key", " "])
     assert r.exit_code == 1 and "--api-key: expected a non-empty key" in r.output, r.output
+    # a key no client can send as typed, in an HTTP header, is refused (every request was a 401: a line
+    # break, a space at an end, or 'é', which curl sends in UTF-8 and the server read as Latin-1), the key
+    # not said (256.0.0.1: an address no socket binds, so a key taken fails there, not serving for ever)
+    for bad in ("s3cret\n", " s3cret", "s3cret ", "s\u00e9cret", "s3\tcret"):
+        r = CliRunner().invoke(main, ["serve", str(worded), "--api-key", bad, "--host", "256.0.0.1"])
+        assert r.exit_code == 1 and "--api-key: expected printable ASCII characters without spaces at its ends" \
+            in r.output and bad.strip() not in r.output, (bad, r.output)
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(served, worded):  # noqa: F811
@@ -727,6 +734,28 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--write-timeout", bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and f"--write-timeout {float(bad)}: expected seconds" in r.stderr, r.stderr
+
+
+def test_an_ipv6_address_is_served(worded):  # noqa: F811
+    """--host ::1 (IPv6's loopback) listens there, its URL said in brackets: socketserver's
+    IPv4 socket refused it ("cannot listen there (Address family for hostname not supported)")."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    p, line = _serving(worded, "--host", "::1")
+    try:
+        url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
+        assert url.startswith("http://[::1]:"), line
+        code, r = _get(url, "/v1/models")
+        assert code == 200 and r["data"][0]["id"] == "t", r
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+        p.stderr.close()
 
 
 def test_an_error_in_the_serving_loop_ends_serve_with_exit_1(worded):  # noqa: F811

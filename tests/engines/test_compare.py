@@ -1770,6 +1770,18 @@ def test_the_longest_prompt_that_fits_the_context_is_compared(tiny_export, tmp_p
     assert r["passed"] and r["roles"]["verify.2"]["input_shapes"][0][C.past_key(0)][1] == 21, r["summary"]
     with pytest.raises(UserError, match=r"--prompt-tokens 22: expected 2\.\.21 for a context limit of 24"):
         compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=22)
+    # without --prompt-tokens: the most that fits, where 32 does not (it said "--prompt-tokens 32: expected
+    # 2..21", an option not given)
+    res = CliRunner().invoke(cli(), ["compare", str(tmp_path / "engines"), "--report", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "r.json").read_text())["inputs"]["prompt_tokens"] == 21
+    # a context with no room for a prompt of 2 tokens is said as the engines' (it said "expected 2..1")
+    build_engines(tiny_export, "onnxruntime", (1, 2), tmp_path / "small", log=quiet, profile_repeats=1,
+                  max_context=4)
+    res = CliRunner().invoke(cli(), ["compare", str(tmp_path / "small")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert (f"{tmp_path / 'small'}: its context limit of 4 tokens leaves verify.2 no room for a prompt of 2 tokens: "
+            "compare needs engines built with --max-context 5 or more") in res.output, res.output
 
 
 

@@ -78,6 +78,11 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi", "--stop", ""])
     assert r.exit_code == 1 and "stop string '': expected a non-empty string" in r.output, r.output
     assert "Traceback" not in r.output
+    # a byte that was not UTF-8 (`--stop $'\xe9'`, Python's lone surrogate for it) or a JSON UTF-16 half:
+    # no answer holds it, and the stop never matched without a word
+    for bad in ("\udce9", "ok\ud800"):
+        r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi", "--stop", "x", "--stop", bad])
+        assert r.exit_code == 1 and f"stop string {bad!r}: not valid UTF-8 text" in r.output, r.output
 
 
 def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer, **target_config) -> Path:
@@ -165,6 +170,7 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     import json
     import shutil
 
+    from specrt.engines.engine_set import load_engines
     from specrt.runtime.session import Session, resolve_spec
 
     with Session(worded) as s:
@@ -188,12 +194,21 @@ def test_auto_is_dspark_with_a_tree_where_the_engines_verify_trees(worded, tmp_p
     assert resolve_spec("auto:ngram", NoDraft()) == "off:ngram:grow" == resolve_spec("auto:grow", NoDraft())
     # a cap kept however it is spelt (the spec's options are read without case)
     assert resolve_spec("auto:grow=500", NoDraft()) == "off:ngram:grow=500" == resolve_spec("AUTO:GROW=500", NoDraft())
+    # and a lookup chain's length (`--governor auto:ngram=4` ran as a bare :ngram, its length dropped unsaid)
+    assert resolve_spec("auto:ngram=4", NoDraft()) == "off:ngram=4:grow"
+    with load_engines(old) as engines:  # (no tree verify: dspark's chains)
+        assert resolve_spec("auto:ngram=4:grow=9", engines) == "dspark:ngram=4:grow=9"
+    with pytest.raises(UserError, match="'auto:ngram=0': ':ngram=L' takes"):  # (taken as a bare :ngram)
+        resolve_spec("auto:ngram=0", NoDraft())
     stats = tmp_path / "s.json"
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--stats", str(stats)])
     assert r.exit_code == 0, r.output
     assert json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram:grow"
     assert f"dspark:tree=3:ngram:grow: {note}" in r.output, r.output  # (DSpark says which calibration it runs)
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
+                                  "--governor", "auto:ngram=5", "--stats", str(stats)])
+    assert r.exit_code == 0 and json.loads(stats.read_text())["governor"] == "dspark:tree=3:ngram=5:grow", r.output
     # a tree's rounds are summed up on the closing line
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "6", "--quiet",
                                   "--governor", "fixed:1:tree=2", "--stats", str(stats)])
