@@ -41,6 +41,10 @@ class PathArg(click.Path):
 
     def convert(self, value, param, ctx):
         _check_path(value, self.expected)
+        if isinstance(value, str) and value == "-":  # (`--stats -` wrote a file named "-" in the working folder,
+            # `--prompts -` said "File '-' does not exist": other tools read it as standard input or output)
+            self.fail("'-' is not standard input or output here: give /dev/stdin or /dev/stdout, or ./- for a "
+                      "file of that name", param, ctx)
         if self.exists and not self.file_okay and not Path(value).is_dir():
             # one wording for every folder that must exist, missing or a file (click's: "Directory 'X'
             # does not exist." / "Directory 'X' is a file.")

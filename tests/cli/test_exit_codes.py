@@ -49,6 +49,8 @@ from specrt.cli import main
     (["inspect", "{tmp}", "--draft", ""], "Invalid value for '--draft': an empty path; expected a folder"),
     (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
     (["serve", "{tmp}", "--model-name", " "], "--model-name: expected a non-empty name"),  # served as the folder's
+    # a byte that was not UTF-8 (Python's lone surrogate for it): served as 'm\udce9', and "mé" was a 404
+    (["serve", "{tmp}", "--model-name", "m\udce9"], "--model-name 'm\\udce9': not valid UTF-8 text"),
     # every other path argument and option (sampling_options.PathArg): '' was '.', refused as the working
     # folder (`-o ""`: "holds the input folder", "--stats .: is a folder") or served (`serve ""`)
     *(([*args[:-1], ""], f"Invalid value for '{name}': an empty path; expected a {kind}") for args, name, kind in (
@@ -102,6 +104,24 @@ def test_usage_errors_exit_1(tmp_path, args, message):
     assert r.exit_code == 1, r.output
     assert message.format(tmp=tmp_path) in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["run", "{tmp}", "--prompt", "x", "--stats", "-"],
+                                  ["run", "{tmp}", "--prompts", "-"],
+                                  ["run", "{tmp}", "--prompt", "x", "--grow-file", "-"],
+                                  ["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "-o", "-"],
+                                  ["compare", "{tmp}", "--report", "-"]])
+def test_a_dash_path_is_refused_not_taken_for_a_file_named_dash(tmp_path, monkeypatch, args):
+    """'-' where a path is expected: `--stats -` wrote a file named "-" in the working folder,
+    `--prompts -` said "File '-' does not exist"; other tools read '-' as standard input or
+    output, so it is refused, naming /dev/stdin and /dev/stdout (which work) and ./-."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    r = CliRunner().invoke(main, [a.format(tmp=tmp_path) for a in args])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "'-' is not standard input or output here: give /dev/stdin or /dev/stdout, or ./- for a file of that " \
+        "name" in r.output, r.output
+    assert not (tmp_path / "-").exists()
 
 
 def test_the_thread_limit_is_one_constant(tmp_path):
