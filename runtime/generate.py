@@ -632,7 +632,7 @@ class Generator:
 
     def _full(self) -> str | None:
         """"context" where the next round would find no room (the stream's loop ends there)."""
-        return "context" if self.e.max_context - self.tkv.length - 1 < 0 else None
+        return "context" if self.e.max_context - self.tkv.length - 2 < 0 else None
 
     def _closed_unstarted(self, mine: int) -> None:
         """Stream ``mine`` was closed before it started: it ends "interrupted" and is no longer
@@ -760,7 +760,10 @@ class Generator:
                 return
             while emitted < max_new_tokens:
                 n = self.tkv.length
-                room = self.e.max_context - n - 1  # drafts that still fit after x[-1]
+                # drafts that still fit: the prompt and the answer together hold at most max_context
+                # tokens (as the prompt check, serve and bench count them; the last one is not fed),
+                # and a round of d drafts adds up to d + 1 to x's n + 1
+                room = self.e.max_context - n - 2
                 if room < 0:
                     self.finished = Finished("context")
                     return
@@ -800,9 +803,10 @@ class Generator:
                         # sampled drafts: rejection sampling then needs a stopping rule (governor.py)
                         stopping = self.draft_kind == "eagle3" and not self.params.greedy and self._noise is None
                         d = self.governor.choose(GovernorState(confidences=conf, limit=limit, stopping=stopping))
-                # a token tree: the draft's runners-up for the first position, where they fit
-                # (as many as the governor takes this round: DSpark sizes the tree from c_1)
-                sib = self._siblings[: max(0, min(room - d, self.governor.round_siblings()))] \
+                # a token tree: the draft's runners-up for the first position, where they fit (in the
+                # room + 1 rows left after x[-1]'s, past the chain's d; as many as the governor takes
+                # this round: DSpark sizes the tree from c_1)
+                sib = self._siblings[: max(0, min(room + 1 - d, self.governor.round_siblings()))] \
                     if self.tree_width > 1 and d >= 1 and not n_match else []
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib), exact=top is not None)
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]

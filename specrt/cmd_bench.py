@@ -1458,8 +1458,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         raise UserError(f"{prompts_file}: prompt {bad[0] + 1} has token id {bad[1]}, outside the vocabulary [0, {vocab})")
     over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > engines.max_context]
     if over:
-        raise UserError(f"prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens {max_new_tokens} "
-                        f"exceeds the engines' context limit {engines.max_context}")
+        raise UserError(f"{prompts_file}: prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens "
+                        f"{max_new_tokens} exceeds the engines' context limit {engines.max_context}")
     for label, ve in variant_engines.items():  # a variant cut at its context would "differ" from off
         over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > ve.max_context]
         if over:

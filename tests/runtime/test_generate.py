@@ -651,11 +651,11 @@ def test_a_tree_near_the_context_limit_verifies_every_runner_up_that_fits(pair, 
         assert g.finished.reason == "context"
         n = length  # the target's committed rows before the round
         for r in rounds:
-            room = engines.max_context - n - 1
+            room = engines.max_context - n - 1  # rows free after x[-1]'s
             assert r.siblings == (min(2, room - r.depth) if r.depth else 0), (length, n, r)
             cut += r.depth > 0 and 0 < room - r.depth <= 2
             n += r.accepted + 1
-        assert n == engines.max_context
+        assert n == engines.max_context - 1  # (the last token, the context's last, is not fed)
     assert cut > 0
 
 
@@ -1139,16 +1139,40 @@ def test_context_limit(pair):
     with pytest.raises(UserError, match="context limit is 128"):
         g.generate(list(range(5)) * 40, 4)
     out = g.generate(list(range(5)) * 24, 50)  # 120 prompt tokens: stops at the limit, no crash
-    # 8 more positions fit in the cache; the 9th token is emitted without being fed
-    assert g.finished.reason == "context" and len(out) == 128 - 120 + 1
+    # 8 more tokens fill the context (prompt + answer <= 128, as the prompt check counts them)
+    assert g.finished.reason == "context" and len(out) == 128 - 120
     # a budget that ends where the context does ends "length" (as the stream closed there says)
     off = _gen(engines, OffGovernor(DEPTHS))
-    assert out == off.generate(list(range(5)) * 24, 9) and off.finished.reason == "length"
+    assert out == off.generate(list(range(5)) * 24, 8) and off.finished.reason == "length"
     # a token tree's runners-up too fit only where the context has room for them
     gov = FixedGovernor(DEPTHS, 2)
     gov.tree_width = 3
     g = _gen(engines, gov)
     assert g.generate(list(range(5)) * 24, 50) == out and g.finished.reason == "context"
+
+
+def test_prompt_and_answer_together_fit_the_context(pair):
+    """The engines' context limit counts the prompt and the answer together, as the prompt
+    check ("a prompt of at most C - 1, leaving room for a new token"), serve's 400 (vLLM's)
+    and bench count them: a stream stops "context" once prompt + answer reach it, whatever
+    the governor and wherever the context's end falls in a round, its tokens the start of
+    target-only decoding's. (It emitted one token more: `specrt run` answered a 62-token
+    prompt with 3 tokens on 64-token engines, saying it stopped at their limit of 64, and
+    serve the same prompt with 2; a walk, session 70.)"""
+    _, engines = pair
+    ctx, long = engines.max_context, list(range(3, 8)) * 40
+    govs = [OffGovernor(DEPTHS), FixedGovernor(DEPTHS, 1), FixedGovernor(DEPTHS, 8)]
+    if engines.verifies_trees():
+        govs.append(FixedGovernor(DEPTHS, 2))
+        govs[-1].tree_width = 3
+    for length in range(ctx - 9, ctx):
+        ref = _gen(engines, OffGovernor(DEPTHS)).generate(long[:length], ctx - length)
+        for gov in govs:
+            g = _gen(engines, gov)
+            out, which = g.generate(long[:length], 50), (length, type(gov).__name__, getattr(gov, "k", 0))
+            assert (len(out), g.finished.reason) == (ctx - length, "context"), which
+            assert out == ref, which
+            assert g.tkv.length == ctx - 1  # the answer's last token is not fed: no row past the context
 
 
 @pytest.mark.parametrize("bad, message", [([], "the prompt is empty"), ([1, 2, 10**6], "outside the vocabulary"),

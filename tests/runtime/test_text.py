@@ -1743,7 +1743,7 @@ def test_run_says_when_the_context_limit_ends_an_answer(worded):
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", " ".join(["w6"] * 120), "--max-new-tokens", "40",
                                   "--governor", "fixed:1", "--quiet"])
     assert r.exit_code == 0, r.output
-    assert "stopped at the engines' context limit of 128 tokens after 9 new tokens (120 in the prompt)" in r.output
+    assert "stopped at the engines' context limit of 128 tokens after 8 new tokens (120 in the prompt)" in r.output
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--max-new-tokens", "4", "--quiet"])
     assert r.exit_code == 0 and "context limit" not in r.output, r.output
 
@@ -1756,7 +1756,7 @@ def test_run_names_the_prompt_of_a_file_that_the_context_limit_cut(worded, tmp_p
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "40",
                                   "--governor", "fixed:1", "--quiet"])
     assert r.exit_code == 0, r.output
-    assert ("[prompt 2: stopped at the engines' context limit of 128 tokens after 9 new tokens (120 in the prompt)"
+    assert ("[prompt 2: stopped at the engines' context limit of 128 tokens after 8 new tokens (120 in the prompt)"
             in r.output and "prompt 1:" not in r.output), r.output
 
 
