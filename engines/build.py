@@ -40,7 +40,7 @@ from specrt.head import BOUNDS_FILE as HEAD_BOUNDS_FILE, WEIGHT_FILE as HEAD_WEI
 from specrt.limits import MAX_PROFILE_REPEATS, whole
 from specrt.manifest import (EXPORT_MANIFEST, all_records, atomic_folder, check_output, file_record, load_export,
                              manifest_digest, write_json)
-from specrt.paths import check_path_args
+from specrt.paths import check_path_args, check_temp_folder
 
 # Seam for tests: the profiling step (monkeypatched to interrupt a build midway).
 profile_costs = _costs.profile_costs
@@ -295,6 +295,8 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if dtype != "float32":
             raise UserError(f"--draft-weights {draft_weights} needs a float32 export (this one is {dtype}): "
                             "ONNX Runtime's int8 CPU kernels take float32 activations")
+        if draft_weights != "int8:blocks":  # (ONNX Runtime's dynamic quantizer works in temporary files)
+            check_temp_folder(f"--draft-weights {draft_weights}")
     if target_head not in C.HEADS:
         raise UserError(f"--target-head '{target_head}' is not one of {', '.join(C.HEADS)}")
     if target_head != "full" and (backend != "onnxruntime" or dtype != "float32" or ort_kv == "append"):

@@ -57,7 +57,7 @@ from specrt.engines.engine_set import EngineSet, load_engines
 from specrt.engines.plan import DECODE, DRAFT, PREFILL, role_depth
 from specrt.engines.quantize import check_int8_weights
 from specrt.errors import EngineFailure, InternalError, UserError
-from specrt.paths import atomic_file, check_path_args, write_atomic
+from specrt.paths import atomic_file, check_path_args, check_temp_folder, write_atomic
 
 REFERENCES = ("onnxruntime", "torch")
 KINDS = (C.LOGITS, C.AUX_HIDDEN, C.NEW_KEY, C.NEW_VALUE, C.DRAFT_LOGITS, C.DRAFT_HIDDEN_OUT, C.DRAFT_CONFIDENCE)
@@ -1108,6 +1108,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     if target_folder is not None and reference != "torch":  # (it was ignored without a word)
         raise UserError(f"--target {target_folder}: the checkpoint of the torch reference; give --reference torch "
                         "with it")
+    if report is None and inputs_file is None:  # (the by-hand command's files go to a temporary folder then)
+        check_temp_folder("compare without --report or --save-inputs")
     _base_runner()
     _import_torch_first()
     from polygraphy.exception import PolygraphyException

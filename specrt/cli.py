@@ -23,11 +23,18 @@ from specrt.contracts import ACCEPTANCE_FILE, CORPUS_FILE, DRAFT_AUX_IDS, DRAFT_
 from specrt.errors import EngineFailure, UserError, cli_named, describe_os_error, environment_error
 from specrt.limits import MAX_PROFILE_REPEATS, MAX_THREADS
 from specrt.paths import check_engines_writable
-from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
+from specrt.sampling_options import PathArg, argv_text, existing_folder, sampling_options, template_kwargs_option
 
 
 class _Group(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        import os
+
+        # no colour where the user or the terminal says so (click colours a terminal's output
+        # whatever these say): NO_COLOR set and not empty (no-color.org), TERM=dumb (a terminal
+        # that shows escape sequences as text: Emacs' shell, some CI logs)
+        if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+            extra.setdefault("color", False)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:  # click's standalone handling, with exit 1 for its usage errors
@@ -568,7 +575,7 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 
 @main.command()
 @click.argument("engines_dir", type=existing_folder())
-@click.option("--prompt", help="One prompt.")
+@click.option("--prompt", callback=lambda ctx, param, v: argv_text(v), help="One prompt.")
 @click.option("--prompts", "prompts_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="JSON lines with a 'prompt' field or a conversation 'messages' (role/content objects: a "
                    "system prompt, earlier turns; rendered with the chat template), or token ids 'prompt_ids' "
@@ -591,7 +598,8 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
                    "of --prompts, with its answer, joins the search for the next ones; :grow=N keeps the "
                    "latest N tokens of them, 32768 without)")
 @sampling_options("0 = greedy", seed=None, seed_help=SEED_HELP)
-@click.option("--stop", "stops", multiple=True, help="A stop string (repeatable).")
+@click.option("--stop", "stops", multiple=True, callback=lambda ctx, param, v: tuple(map(argv_text, v)),
+              help="A stop string (repeatable).")
 @click.option("--stats", "stats_file", type=PathArg("a file"), help="Write telemetry JSON here.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Record each generated token's log-probability under the target (the model's own, before "
@@ -850,7 +858,8 @@ def _prompting() -> bool:
 
 @main.command()
 @click.argument("engines_dir", type=existing_folder())
-@click.option("--system", help="A system prompt for the conversation.")
+@click.option("--system", callback=lambda ctx, param, v: argv_text(v),
+              help="A system prompt for the conversation.")
 @template_kwargs_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="The longest answer, a turn.")

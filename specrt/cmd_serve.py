@@ -70,7 +70,7 @@ import click
 
 from specrt.errors import EngineFailure, UserError, describe_os_error
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
-from specrt.sampling_options import existing_folder, temperature_option, template_kwargs_option
+from specrt.sampling_options import argv_text, existing_folder, temperature_option, template_kwargs_option
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -1181,6 +1181,34 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
     return _HTTPServer(app, (host, port), handler)
 
 
+API_KEY_ENV = "SPECRT_API_KEY"
+
+
+def _check_api_key(key: str | None) -> None:
+    """Refuses a key no request could carry, naming where it came from (the option or the
+    variable): an empty SPECRT_API_KEY (click takes it as unset: the server ran open, without a
+    word, where a secret meant for it had not been filled in), a blank one, and one an HTTP
+    header cannot hold as written (a character outside printable ASCII: a UTF-8 one arrives as
+    its bytes read as Latin-1; spaces at its ends, a newline from a secret's file): every
+    request got 401."""
+    import os
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("api_key") if ctx is not None else None
+    named = API_KEY_ENV if source == click.core.ParameterSource.ENVIRONMENT else "--api-key"
+    if key is None:
+        if os.environ.get(API_KEY_ENV) == "":
+            raise UserError(f"{API_KEY_ENV} is set but empty: expected a key (unset it to serve without one)")
+        return
+    if not key.strip():
+        raise UserError(f"{named}: expected a non-empty key")
+    if not (key.isascii() and key.isprintable()) or key != key.strip():
+        raise UserError(f"{named}: expected a key of printable ASCII characters without spaces at either end, as an "
+                        "HTTP header carries it (clients send 'Authorization: Bearer KEY'); this one has "
+                        + ("spaces at an end" if key.isascii() and key.isprintable() else
+                           "a character outside printable ASCII"))
+
+
 @click.command()
 @click.argument("engines_dir", type=existing_folder())
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -1189,8 +1217,9 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="A request's max_tokens when it gives none.")
 @temperature_option("A request's temperature when it gives none (0 = greedy).")
-@click.option("--model-name", help="The model id /v1/models lists and responses carry (default: the name of the "
-                                   "target's folder the export was made from, e.g. smollm2-135m-instruct).")
+@click.option("--model-name", callback=lambda ctx, param, v: argv_text(v),
+              help="The model id /v1/models lists and responses carry (default: the name of the "
+                   "target's folder the export was made from, e.g. smollm2-135m-instruct).")
 @click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,
               help="Other conversations whose KV rows are kept aside for their next turn (a copy of their rows "
                    "each: on SmolLM2-135M ~46 KB a token); the oldest goes first.")
@@ -1207,7 +1236,7 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
                    "stream ends, logged as a client that left, and the next request gets the engines (a whole "
                    "answer, written once they are free, is dropped).")
 @template_kwargs_option
-@click.option("--api-key", envvar="SPECRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests "
+@click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
           isolate_clients, reproducible, write_timeout, chat_template_kwargs, api_key) -> None:
@@ -1217,14 +1246,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
 
-    if api_key is not None and not api_key.strip():
-        raise UserError("--api-key: expected a non-empty key")
-    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and api_key == api_key.strip()):
-        # (the key itself not said: it is a secret) an HTTP header carries it: a line break there, or a
-        # space at its ends, no client sends; 'é' arrived as UTF-8 from curl and was read as Latin-1, so
-        # every request was refused 401
-        raise UserError("--api-key: expected printable ASCII characters without spaces at its ends (clients send "
-                        "the key in an HTTP header)")
+    _check_api_key(api_key)
     if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)
         raise UserError("--model-name: expected a non-empty name")
     try:  # a byte that was not UTF-8 (`$'m\xe9'` from a Latin-1 terminal) was served as 'm\udce9', listed so

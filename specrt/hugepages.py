@@ -11,20 +11,24 @@ process pairs, every pair faster with it), ~300 MiB of the weights in huge pages
 
 A tunable is read when the process starts, so the ``specrt`` command re-executes itself
 once with it set (``reexec_with_thp``), and ``specrt bench`` starts its workers with it.
-``SPECRT_THP=0`` turns this off; with ``always`` or ``never`` in the kernel setting there
-is nothing to do. Library users (``specrt.runtime.session.Session``) set the variable in
-their own process environment.
+``SPECRT_THP=0`` (or ``false``, ``no``, ``off``) turns this off; with ``always`` or ``never``
+in the kernel setting there is nothing to do. Library users (``specrt.runtime.session.Session``)
+set the variable in their own process environment.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _GUARD = "SPECRT_THP_REEXEC"
+# what SPECRT_THP turns huge pages off with: 0 as documented, and the other ways users write "off"
+# (``SPECRT_THP=false`` restarted with the tunable, without a word)
+OFF = ("0", "false", "no", "off")
 
 
 def thp_mode(setting: Path = SETTING) -> str | None:
@@ -60,8 +64,11 @@ def tunables(env: dict) -> list[str]:
 
 def has_tunable(env: dict | None = None) -> bool:
     """Whether a process started with ``env`` (default os.environ) gets huge pages from
-    specrt's tunable: its entry among the GLIBC_TUNABLES."""
-    return TUNABLE in tunables(os.environ if env is None else env)
+    specrt's tunable: its entry the last of its name among the GLIBC_TUNABLES (glibc reads the
+    last: ``glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0`` gets none, which bench reported as
+    huge pages)."""
+    own = [p for p in tunables(os.environ if env is None else env) if p.startswith(TUNABLE.split("=")[0] + "=")]
+    return own[-1:] == [TUNABLE]
 
 
 def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
@@ -71,7 +78,7 @@ def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, i
     tunable itself (ours, or the user's 0 or 2, which ours after it would override)."""
     env = os.environ if env is None else env
     own = [p for p in tunables(env) if p.startswith(TUNABLE.split("=")[0] + "=")]
-    return (env.get("SPECRT_THP", "1") != "0" and sys.platform.startswith("linux")
+    return (env.get("SPECRT_THP", "1").strip().lower() not in OFF and sys.platform.startswith("linux")
             and honours_tunable(glibc or glibc_version())
             and thp_mode(setting) == "madvise" and not own)
 
@@ -116,10 +123,14 @@ def reexec_with_thp(argv: list[str], code: str = CLI_CODE) -> None:
         return
     env = with_thp()
     env[_GUARD] = "1"
+    # the interpreter's own options (-X utf8, -O, -B, -E, -I, -W ...), as multiprocessing's spawn
+    # passes them: `python -X utf8 -m specrt` restarted without them (UTF-8 mode lost) where the
+    # kernel gives huge pages on request, and kept them where it does not
+    flags = subprocess._args_from_interpreter_flags()
     try:
         for f in (sys.stdout, sys.stderr):
             if f is not None:  # (closed, `>&-`: None, an AttributeError's traceback in every command)
                 f.flush()
-        os.execve(sys.executable, [sys.executable, "-c", code, *argv], env)
+        os.execve(sys.executable, [sys.executable, *flags, "-c", code, *argv], env)
     except OSError:
         return  # run on without huge pages

@@ -175,6 +175,21 @@ def check_output_folder(folder: Path, option: str, of: Path | None = None) -> No
                 os.unlink(tmp)
 
 
+def check_temp_folder(what: str) -> None:
+    """UserError where no temporary folder can be written, for ``what`` (the command and option
+    that writes there): tempfile's choice, $TMPDIR, else /tmp, /var/tmp and the working folder,
+    none writable in a container with a read-only root and no /tmp of its own, or with TMPDIR
+    mistyped there. tempfile's FileNotFoundError was a traceback after the work before it (a
+    build's graphs); checked before that work, and tempfile keeps the folder it found."""
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError as e:
+        raise UserError(f"{what} writes temporary files, and no temporary folder can be written ({e.strerror}): "
+                        "set TMPDIR to a writable folder") from None
+
+
 def make_temporary(folder: Path, prefix: str, suffix: str = "", is_folder: bool = False) -> tuple[Path, int | None]:
     """A new file (and its fd, open for writing) or folder (fd None) named ``prefix`` + random +
     ``suffix`` in ``folder``, mode 0600 / 0700, made exclusively as tempfile's are. Unlike

@@ -135,3 +135,20 @@ def template_kwargs_option(f):
                         help="Variables for the chat template, a JSON object, as transformers' apply_chat_template "
                              "takes them: e.g. '{\"enable_thinking\": false}' for Qwen3 without its thinking "
                              "block.")(f)
+
+
+def argv_text(value: str | None) -> str | None:
+    """Text given on the command line as typed in UTF-8: where Python decodes arguments as
+    ASCII (the C or POSIX locale with PYTHONUTF8=0) every other byte arrives as a surrogate
+    escape, and `--prompt "Café"` was refused as "not valid UTF-8 text" (a --stop never
+    matched, `serve --model-name` served an id no client could name), though chat read the
+    same words from its input (as UTF-8 bytes). Its bytes are read as UTF-8 then; bytes that
+    are not UTF-8 stay escaped, and are said as before."""
+    import os
+
+    if value is None or not any("\udc80" <= c <= "\udcff" for c in value):
+        return value
+    try:
+        return os.fsencode(value).decode("utf-8")
+    except UnicodeDecodeError:
+        return value

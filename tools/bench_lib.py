@@ -77,8 +77,9 @@ class PeerSkipped(Exception):
 
 
 def specrt_cache() -> Path:
+    """``$SPECRT_CACHE`` (a ``~`` in it the home folder, as smollm2.default_cache) or ``~/.cache/specrt``."""
     env = os.environ.get("SPECRT_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specrt"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrt"
 
 
 def _has(module: str) -> bool:

@@ -46,9 +46,11 @@ REQUIRED = ("config.json", "generation_config.json", "model.safetensors",
 
 
 def default_cache() -> Path:
-    """The specrt cache root: ``$SPECRT_CACHE`` or ``~/.cache/specrt``."""
+    """The specrt cache root: ``$SPECRT_CACHE`` or ``~/.cache/specrt``. A ``~`` the shell left
+    (quoted, or from an env file or a container's environment) is the home folder, as HF_HOME's
+    and pip's are: it made a folder named ``~`` in the working folder and fetched the model again."""
     env = os.environ.get("SPECRT_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specrt"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrt"
 
 
 def _log(msg: str) -> None:

@@ -266,3 +266,52 @@ def test_the_restarted_command_names_itself_specrt(tmp_path):
     r = subprocess.run([sys.executable, "-c", CLI_CODE, "--help"], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "SPECRT_THP_REEXEC": "1"})
     assert r.returncode == 0 and r.stdout.startswith("Usage: specrt "), (r.stdout, r.stderr)
+
+
+@linux
+def test_the_restart_keeps_the_interpreters_options(tmp_path):
+    """An environment walk: ``python -X utf8 -O -B -m specrt ...`` was restarted as a bare
+    ``python -c``, without them (UTF-8 mode, which a user of a non-UTF-8 locale asks for so, a
+    prompt given on the command line then refused as "not valid UTF-8"), where the kernel gives
+    huge pages on request; kept where it does not. The restart passes them on."""
+    drop = ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC", "PYTHONUTF8", "PYTHONOPTIMIZE",
+            "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if not wanted(env):
+        pytest.skip("no restart here: the kernel gives huge pages always or never, or glibc ignores the tunable")
+    show = ("import os, sys; print(os.environ.get('SPECRT_THP_REEXEC'), sys.flags.utf8_mode, sys.flags.optimize, "
+            "sys.flags.dont_write_bytecode)")
+    r = subprocess.run([sys.executable, "-X", "utf8", "-O", "-B", "-c",
+                        f"from specrt.hugepages import reexec_with_thp; reexec_with_thp([], code={show!r})"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "1", "1", "1"], (r.stdout, r.stderr)
+
+
+@linux
+def test_specrt_thp_is_turned_off_as_users_write_off(tmp_path):
+    """``SPECRT_THP=false`` (or no, off, any case) restarted the command with the tunable, as
+    anything but 0 did, without a word; "yes" and "1" still leave it on."""
+    madvise = _setting(tmp_path, "always [madvise] never")
+    for v in ("0", "false", "False", "no", "OFF", " 0 "):
+        assert not wanted({"SPECRT_THP": v}, setting=madvise), v
+        assert "GLIBC_TUNABLES" not in with_thp({"SPECRT_THP": v}, setting=madvise), v
+    for v in ("1", "yes", "on", ""):
+        assert wanted({"SPECRT_THP": v}, setting=madvise, glibc=(2, 36)), v
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC")}
+    assert _reexec({**env, "SPECRT_THP": "false"}) == "parent"
+
+
+def test_a_later_hugetlb_entry_of_the_users_is_the_one_read(monkeypatch):
+    """glibc reads the last ``glibc.malloc.hugetlb`` of GLIBC_TUNABLES: a user's
+    ``glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0`` gets no huge pages (0 kB AnonHugePages
+    in a `specrt run`), which specrt bench's report said its workers and peers had."""
+    from specrt.cmd_bench import hugepages_settings
+    from specrt.hugepages import has_tunable
+
+    assert not has_tunable({"GLIBC_TUNABLES": f"{TUNABLE}:glibc.malloc.hugetlb=0"})
+    assert has_tunable({"GLIBC_TUNABLES": f"glibc.malloc.hugetlb=0:a=1:{TUNABLE}"})
+    assert not has_tunable({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}) and not has_tunable({})
+    monkeypatch.delenv("SPECRT_THP", raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", f"{TUNABLE}:glibc.malloc.hugetlb=0")
+    got = hugepages_settings("matched")
+    assert got["specrt"] is (got["kernel_thp"] == "always") and got["peers"] is (got["kernel_thp"] == "always"), got

@@ -17,6 +17,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.test_text import bytewise, worded  # noqa: F401  (fixtures: tiny pairs with a tokenizer)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -284,3 +286,82 @@ def test_a_workers_ru_maxrss_is_in_bytes_on_macos(worded, tmp_path, monkeypatch)
     monkeypatch.undo()
     res = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
     assert res["ok"] and res["ru_maxrss_bytes"] == 300 << 20, res
+
+
+def _on_a_terminal(args: list, **env) -> bytes:
+    """``python -m specrt ARGS`` with stdout and stderr on a terminal (a pty), ``env`` over this
+    process's environment less NO_COLOR and TERM; what the terminal got."""
+    import pty
+
+    e = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "specrt", *map(str, args)], stdout=slave, stderr=slave,
+                         env={**e, "SPECRT_THP": "0", **env})
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # (EIO: the process closed the terminal's last descriptor)
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.wait(timeout=300) == 0, out
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pty")
+def test_no_colour_where_the_user_or_the_terminal_says_so(pair):
+    """An environment walk: on a terminal the canary's warning came in yellow with NO_COLOR set
+    (no-color.org) and with TERM=dumb (a terminal that shows the escape sequences as text);
+    both now get it plain. An empty NO_COLOR is no request (no-color.org), and another terminal
+    keeps the colour."""
+    _, engines, _ = pair
+    assert b"\x1b[33m" in _on_a_terminal(["canary", engines], TERM="xterm")
+    assert b"\x1b[33m" in _on_a_terminal(["canary", engines], TERM="xterm", NO_COLOR="")
+    for env in ({"NO_COLOR": "1", "TERM": "xterm"}, {"TERM": "dumb"}):
+        out = _on_a_terminal(["canary", engines], **env)
+        assert b"WARNING: depth-1 acceptance" in out and b"\x1b[" not in out, (env, out)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C locale's ASCII arguments")
+def test_text_given_on_the_command_line_under_an_ascii_locale_is_read_as_utf8(bytewise):  # noqa: F811
+    """An environment walk: with PYTHONUTF8=0 in the C locale Python decodes the arguments as
+    ASCII, and `run --prompt "héllo"` (a terminal's UTF-8) was refused as "not valid UTF-8 text
+    (byte 0xc3 ...)" (a --stop never matched; chat's --system the same), where chat read the
+    same text from its input. They are read as UTF-8 now and answered as under a UTF-8 locale;
+    bytes that are not UTF-8 are still said so."""
+    ascii_locale = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    run = ["run", bytewise, "--prompt", "héllo", "--max-new-tokens", "12", "--governor", "fixed:3", "--stop", "ü"]
+    want = _specrt(run, None, PYTHONIOENCODING="utf-8")
+    got = _specrt(run, None, **ascii_locale)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr.decode()
+    assert got.stdout == want.stdout, (got.stdout, want.stdout)
+    bad = subprocess.run([sys.executable, "-m", "specrt", "run", str(bytewise), "--prompt", b"h\xffllo"],
+                         capture_output=True, env={**os.environ, "SPECRT_THP": "0", **ascii_locale}, timeout=300)
+    last = bad.stderr.splitlines()[-1]
+    assert bad.returncode == 1 and last.startswith(b"error: the prompt is not valid UTF-8 text (byte 0xff"), bad.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C locale's ASCII arguments")
+def test_a_model_name_given_under_an_ascii_locale_is_served_as_typed(bytewise):  # noqa: F811
+    """The same walk: `serve --model-name modèle` under the ASCII locale served the id
+    "mod\\udcc3\\udca8le" (lone surrogates in its JSON), and a request naming "modèle" got 404."""
+    import signal
+
+    env = {**os.environ, "SPECRT_THP": "0", "LC_ALL": "C", "PYTHONUTF8": "0"}
+    p = subprocess.Popen([sys.executable, "-m", "specrt", "serve", str(bytewise), "--port", "0", "--governor",
+                          "fixed:1", "--model-name", "modèle"], stderr=subprocess.PIPE, env=env)
+    try:
+        line = b""
+        while b"serving" not in line:
+            line = p.stderr.readline()
+            assert line, "the server exited before serving"
+        url = line.split(b" on ")[1].split(b" ")[0].decode()
+        with urllib.request.urlopen(url + "/models", timeout=60) as r:
+            assert [m["id"] for m in json.loads(r.read())["data"]] == ["modèle"]
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=120)

@@ -463,8 +463,35 @@ def test_an_api_key_guards_the_v1_paths(worded):  # noqa: F811
     # not said (256.0.0.1: an address no socket binds, so a key taken fails there, not serving for ever)
     for bad in ("s3cret\n", " s3cret", "s3cret ", "s\u00e9cret", "s3\tcret"):
         r = CliRunner().invoke(main, ["serve", str(worded), "--api-key", bad, "--host", "256.0.0.1"])
-        assert r.exit_code == 1 and "--api-key: expected printable ASCII characters without spaces at its ends" \
+        assert r.exit_code == 1 and "--api-key: expected a key of printable ASCII characters without spaces at either end" \
             in r.output and bad.strip() not in r.output, (bad, r.output)
+
+
+def test_a_key_no_request_could_carry_is_refused_naming_where_it_came_from(worded):  # noqa: F811
+    """An environment walk: ``SPECRT_API_KEY=`` (a secret not filled in) served every /v1 path
+    open, without a word (click takes an empty variable as unset), where ``--api-key ''`` is
+    refused; a key with a character outside printable ASCII (``clé``: curl sends its UTF-8
+    bytes, read back as Latin-1) or spaces or a newline at an end (a secret's file) started a
+    server that answered every request 401; and a blank SPECRT_API_KEY was said as --api-key.
+    Each is refused before the engines load, naming the option or the variable, and the key is
+    not printed."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    ascii_only = "error: SPECRT_API_KEY: expected a key of printable ASCII characters without spaces at either end"
+    for env, args, want in (({"SPECRT_API_KEY": "  "}, [], "error: SPECRT_API_KEY: expected a non-empty key"),
+                            ({"SPECRT_API_KEY": ""}, [], "error: SPECRT_API_KEY is set but empty: expected a key "
+                             "(unset it to serve without one)"),
+                            ({"SPECRT_API_KEY": "clé"}, [], ascii_only),
+                            ({"SPECRT_API_KEY": "s3cret\n"}, [], "this one has a character outside printable ASCII"),
+                            ({"SPECRT_API_KEY": ""}, ["--api-key", " s3cret"], "error: --api-key: expected a key of "
+                             "printable ASCII characters without spaces at either end, as an HTTP header carries it "
+                             "(clients send 'Authorization: Bearer KEY'); this one has spaces at an end")):
+        # (--write-timeout 0 is refused after the key: a key taken starts no server that the test would wait on)
+        r = CliRunner().invoke(main, ["serve", str(worded), "--write-timeout", "0", *args], env=env)
+        assert r.exit_code == 1 and want in r.output, (env, args, r.output)
+        assert "Traceback" not in r.output and "s3cret" not in r.output and "clé" not in r.output, r.output
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(served, worded):  # noqa: F811

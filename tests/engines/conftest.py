@@ -70,3 +70,35 @@ def rewrite_byte(path: Path, offset: int | None = None) -> None:
     data[i] ^= 0x01
     path.unlink()
     path.write_bytes(bytes(data))
+
+
+def _mount_namespaces() -> bool:
+    import subprocess
+
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode == 0
+
+
+needs_mount_namespace = pytest.mark.skipif(not _mount_namespaces(), reason="needs unshare(1) and mount namespaces")
+
+# /tmp and /var/tmp read-only (as a read-only root filesystem without a /tmp of its own), $KEEP writable
+_READ_ONLY_TMP = """set -e
+mount --bind "$KEEP" "$KEEP"
+for d in /tmp /var/tmp; do [ ! -d $d ] || { mount --bind $d $d; mount -o remount,bind,ro $d; }; done
+mount --bind "$KEEP" "$KEEP"; mount -o remount,bind,rw "$KEEP"
+cd /tmp
+exec "$@"
+"""
+
+
+def without_temp_folder(args: list[str], keep: Path):
+    """``python -m specrt ARGS`` where no temporary folder can be written: /tmp, /var/tmp and the
+    working folder read-only (unshare(1)'s mount namespace), TMPDIR a folder that does not
+    exist; ``keep`` (the test's own folder) stays writable. -> the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KEEP": str(keep), "TMPDIR": str(keep / "no-such-folder"), "SPECRT_THP": "0"}
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _READ_ONLY_TMP, "sh",
+                           sys.executable, "-m", "specrt", *args], env=env, capture_output=True, text=True, timeout=300)

@@ -19,7 +19,7 @@ from specrt.errors import UserError
 from specrt.manifest import load_export, manifest_digest
 from tests.bad_paths import bad_paths
 
-from .conftest import DEPTHS, edit_manifest, quiet, rewrite_byte
+from .conftest import DEPTHS, edit_manifest, needs_mount_namespace, quiet, rewrite_byte, without_temp_folder
 
 
 def test_manifest_records_what_the_runtime_trusts(tiny_engines, tiny_export):
@@ -2053,3 +2053,22 @@ def test_a_bad_backend_and_an_output_in_the_way_are_said_before_the_export_is_re
     (tmp_path / "e" / "engines.json").write_text("{}")
     with pytest.raises(UserError, match=f"^{tmp_path / 'e'}: already exists \\(pass --force to replace it\\)$"):
         build_engines(exp, "onnxruntime", "1", tmp_path / "e", log=quiet)
+
+
+@needs_mount_namespace
+def test_an_int8_draft_where_no_temporary_folder_can_be_written_is_refused_first(tiny_export, tmp_path):
+    """An environment walk: `build --draft-weights int8` (and int8:dynamic, whose ONNX Runtime
+    quantizer works in temporary files) with TMPDIR mistyped and /tmp read-only (a container's
+    read-only root) ended in tempfile's FileNotFoundError traceback after the target graphs were
+    written. Refused before any work, naming TMPDIR; int8:blocks needs no temporary folder."""
+    for weights in ("int8", "int8:dynamic"):
+        r = without_temp_folder(["build", str(tiny_export), "-o", str(tmp_path / "out"), "--depths", "1",
+                                 "--max-context", "64", "--draft-weights", weights, "--no-canary"], tmp_path)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"error: --draft-weights {weights} writes temporary files, and no temporary "
+                                   "folder can be written (No usable temporary directory found in ["), r.stderr
+        assert r.stderr.rstrip().endswith("]): set TMPDIR to a writable folder"), r.stderr
+        assert not (tmp_path / "out").exists() and not r.stdout, r.stdout
+    r = without_temp_folder(["build", str(tiny_export), "-o", str(tmp_path / "out"), "--depths", "1",
+                             "--max-context", "64", "--draft-weights", "int8:blocks", "--no-canary"], tmp_path)
+    assert r.returncode == 0 and (tmp_path / "out" / "engines.json").is_file(), r.stderr

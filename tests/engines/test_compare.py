@@ -25,7 +25,7 @@ from specrt.errors import UserError
 from tests.runtime.test_text import failing_verify  # noqa: F401  (a tiny pair whose verify.3 fails in ONNX Runtime)
 from tests.runtime.test_text import overflowing  # noqa: F401  (a tiny pair whose logits overflow to +inf)
 
-from .conftest import DEPTHS, quiet
+from .conftest import DEPTHS, needs_mount_namespace, quiet, without_temp_folder
 
 pytest.importorskip("polygraphy")
 
@@ -1835,3 +1835,18 @@ def test_each_report_keeps_its_own_inputs_beside_it(tiny_engines, tmp_path):
     assert (a["inputs_file"], a["outputs_file"]) == (str(tmp_path / "a.inputs.json"), str(tmp_path / "a.outputs.json"))
     assert b["inputs_file"] == str(tmp_path / "b.inputs.json")
     assert np.array_equal(load_json(a["inputs_file"])[0][C.POSITION_IDS], np.arange(8, 17)[None])
+
+
+@needs_mount_namespace
+def test_compare_where_no_temporary_folder_can_be_written_is_refused_first(tiny_engines, tmp_path):
+    """An environment walk: `specrt compare ENGINES` without --report keeps the by-hand
+    command's files in a temporary folder; with none writable (TMPDIR mistyped, /tmp read-only)
+    it compared every role and then ended in tempfile's traceback. Refused before any work,
+    naming TMPDIR; with --report (its files beside it) it runs."""
+    r = without_temp_folder(["compare", str(tiny_engines)], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and not r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: compare without --report or --save-inputs writes temporary files, and no "
+                               "temporary folder can be written (No usable temporary directory found in ["), r.stderr
+    assert r.stderr.rstrip().endswith("]): set TMPDIR to a writable folder"), r.stderr
+    r = without_temp_folder(["compare", str(tiny_engines), "--report", str(tmp_path / "r.json")], tmp_path)
+    assert r.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["passed"], (r.stdout, r.stderr)

@@ -92,6 +92,9 @@ def test_specrt_cache_is_the_environments_or_home(lib, tmp_path, monkeypatch):
     monkeypatch.delenv("SPECRT_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert lib.specrt_cache() == tmp_path / "home" / ".cache" / "specrt"
+    # a ~ the shell did not expand (SPECRT_CACHE="~/c", an env file): the home folder's, not a folder named ~ here
+    monkeypatch.setenv("SPECRT_CACHE", "~/c")
+    assert lib.specrt_cache() == tmp_path / "home" / "c"
 
 
 def test_builder_env_finds_onnx_ir_in_the_cache_or_says_how_to_install_it(lib, tmp_path, monkeypatch):

@@ -275,3 +275,16 @@ def test_the_cache_default_the_completeness_and_the_hash(tmp_path, monkeypatch):
     big = tmp_path / "big"
     big.write_bytes(bytes(range(256)) * (3 * 2**12 + 1))  # 3 MiB and 256 B: four blocks of 1 MiB
     assert smollm2.sha256_file(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_the_cache_named_with_a_tilde_the_shell_left_is_the_home_folders(tmp_path, monkeypatch):
+    """An environment walk: ``SPECRT_CACHE='~/.cache/specrt'`` (quoted, or from an env file)
+    made a folder named ``~`` in the working folder and fetched and converted the model again
+    beside the one in the user's cache; the ``~`` is the home folder, as HF_HOME's and pip's."""
+    smollm2 = _tool("smollm2")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECRT_CACHE", "~/.cache/specrt")
+    assert smollm2.default_cache() == tmp_path / "home" / ".cache" / "specrt"
+    monkeypatch.setenv("SPECRT_CACHE", "")
+    assert smollm2.default_cache() == tmp_path / "home" / ".cache" / "specrt"
