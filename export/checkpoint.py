@@ -25,6 +25,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.limits import whole
+from specrt.paths import check_temp_folder
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -233,6 +234,7 @@ def _scan_pickle(folder: Path, path: Path, flag: str = "--allow-pickle") -> dict
         raise UserError(f"{flag} needs torch: pip install 'specrt[export]'") from None
     if path.name.endswith(".index.json"):
         raise UserError(f"{path}: sharded pickle checkpoints are not supported; convert to safetensors")
+    check_temp_folder(flag)  # (its conversion goes to one: tempfile's FileNotFoundError was a traceback)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a bad file

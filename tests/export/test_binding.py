@@ -16,6 +16,7 @@ from specrt.export import slots as S
 from specrt.export.binding import bind_draft, bind_target, embed_note, receipt
 
 from tests.bad_paths import bad_paths
+from tests.engines.conftest import needs_mount_namespace, without_temp_folder
 
 from .conftest import REFERENCE, copy_tree, rewrite, write_eagle3
 
@@ -375,6 +376,24 @@ def test_pickle_only_without_opt_in(tmp_path):
     (folder / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(UserError, match="--allow-pickle"):
         bind_target(folder)
+
+
+@needs_mount_namespace
+def test_a_pickle_where_no_temporary_folder_can_be_written_is_refused_first(hf_models, tmp_path):
+    """`export --allow-pickle` converts the pickle in a temporary folder: with TMPDIR mistyped and
+    /tmp read-only (a container's read-only root), tempfile's FileNotFoundError was a traceback
+    (found by reading in the environment walk, session 70). Said as build's is, nothing written."""
+    import torch
+
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    state = _state(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, folder / "pytorch_model.bin")
+    r = without_temp_folder(["export", str(folder), "--allow-pickle", "-o", str(tmp_path / "out")], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: --allow-pickle writes temporary files, and no temporary folder can be "
+                               "written (No usable temporary directory found in ["), r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_pickle_with_opt_in(hf_models, tmp_path):
