@@ -152,6 +152,12 @@ def test_an_export_weight_no_engine_weight_reads_is_named(tmp_path):
     assert r["bad"] == [{"weight": "norm", "problem": "the export's weight is in no weight of e.onnx"}]
     graph(tmp_path / "e.onnx", {"embed": 1.0, "norm": 2.0})
     assert check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")["passed"]
+    # graph constants (const_N, numbered per graph) are no weights: neither compared nor the engine's own
+    # (mutant m70b-76: the engine's const_0 listed as a weight no export weight makes)
+    graph(tmp_path / "x.onnx", {"embed": 1.0, "norm": 2.0, "const_0": 5.0})
+    graph(tmp_path / "e.onnx", {"embed": 1.0, "norm": 2.0, "const_0": 3.0})
+    r = check_target_weights(tmp_path / "x.onnx", tmp_path / "e.onnx")
+    assert r["passed"] and r["engine_only"] == [] and r["weights"] == 2
 
 
 def test_a_loose_enough_tolerance_passes_the_outputs_not_the_weights(engines_copy, tmp_path):
@@ -343,6 +349,9 @@ def test_a_role_fails_when_one_iteration_fails_and_when_an_output_never_comes(tm
     assert r["passed"] and r["outputs"][C.LOGITS]["tol_ratio"] == 0  # the graphs agree below 10
     r = compare_role("decode", eng, ref, [{"x": small}, {"x": large}], tol, [C.LOGITS])
     assert not r["passed"] and not r["outputs"][C.LOGITS]["passed"]
+    # the first iteration failing alone fails too (mutant m70b-60: the last iteration's verdict)
+    r = compare_role("decode", eng, ref, [{"x": large}, {"x": small}], tol, [C.LOGITS])
+    assert not r["passed"] and not r["outputs"][C.LOGITS]["passed"]
     r = compare_role("draft", eng, ref, [{"x": small}], tol, [C.LOGITS, C.DRAFT_TOKENS])
     assert r["outputs"][C.LOGITS]["passed"] and not r["outputs"][C.DRAFT_TOKENS]["passed"] and not r["passed"]
 
@@ -356,6 +365,13 @@ def test_tolerance_options():
                              atol={"": 1e-3, "new_key.3": 2.0}, rtol=None)
     assert tol == {C.LOGITS: (1e-3, 1e-4), C.new_key(3): (2.0, 1e-4), C.new_key(0): (1e-3, 1e-4)}
     assert resolve_tolerances([C.LOGITS], "fp16", "torch")[C.LOGITS] == (5e-2, 1e-2)
+    # a user's tolerance covers an output by its name, its kind or "" (mutant m70b-48: the kind
+    # dropped, so --atol new_key:X left an int8 draft's KV bound widened by its rows' spread)
+    from specrt.engines.compare import user_covers
+
+    assert user_covers({"new_key": 1.0}, "new_key.3") and user_covers({"": 1.0}, "new_key.3")
+    assert user_covers({"new_key.3": 1.0}, "new_key.3") and user_covers(1.0, "new_key.3")
+    assert not user_covers({"new_value": 1.0}, "new_key.3") and not user_covers(None, "new_key.3")
 
 
 def test_user_errors(tiny_engines):
@@ -779,6 +795,12 @@ def test_a_token_tie_is_judged_by_the_references_logits():
     eng = {C.DRAFT_LOGITS: np.array([[[0.9, 0.8]]], np.float32), C.DRAFT_TOKENS: np.array([[0]])}
     m = TokenCompare((1.0, 0.0))(eng, ref)[C.DRAFT_TOKENS]
     assert not m and (m.agree, m.ties) == (0, 0)
+    # the gap's bound is atol + rtol |top|: 0.5 apart at 10 is a tie within (0.1, 0.1), beyond atol alone
+    # (mutant m70b-39: the gap bounded by atol only)
+    ref = {C.DRAFT_LOGITS: np.array([[[10.0, 9.5]]], np.float32), C.DRAFT_TOKENS: np.array([[0]])}
+    eng = {C.DRAFT_LOGITS: np.array([[[9.5, 10.0]]], np.float32), C.DRAFT_TOKENS: np.array([[1]])}
+    m = TokenCompare((0.1, 0.1))(eng, ref)[C.DRAFT_TOKENS]
+    assert m and (m.agree, m.ties) == (0, 1)
 
 
 def _draft_graph(path: Path, shift: list[float]) -> Path:
@@ -838,6 +860,8 @@ def test_the_row_scale_is_the_references_robust_spread():
     from specrt.engines.compare import _simple_compare, row_scale, scale_rows
 
     assert row_scale(np.array([[3.0, -3.0, 3.0], [0.1, 0.2, 0.3]])).reshape(-1).tolist() == pytest.approx([1.4826 * 3, 1.0])
+    # the median, not the mean: one huge value (a massive activation) does not loosen its row (mutant m70b-49)
+    assert row_scale(np.array([[2.0, -2.0, 2.0, 2000.0]])).reshape(-1).tolist() == pytest.approx([1.4826 * 2])
     rr = RunResults([("eng", [IterationResult({C.LOGITS: np.full((1, 3), 3.0)}, runner_name="eng")]),
                      ("ref", [IterationResult({C.LOGITS: np.zeros((1, 3))}, runner_name="ref")])])
     rr = scale_rows(rr, "ref", {C.LOGITS: True})
@@ -872,6 +896,21 @@ def test_compare_role_compares_scaled_rows_in_their_own_units(tmp_path):
     r = compare_role("decode", eng, ref, [{"x": x}], tol, [C.LOGITS], row_scaled={C.LOGITS: True})
     o = r["outputs"][C.LOGITS]
     assert r["passed"] and o["in_units_of_row_scale"] and o["atol_widest_row"] == pytest.approx(1e-4 * 1482.6)
+
+
+def test_the_last_row_and_tree_checks_compare_scaled_rows_in_their_own_units():
+    """_against, the elementwise check of last_row_check and tree_check: with ``scaled`` the
+    rows are in units of the reference row's scale, as compare_role's (the logits 1e-6 relative
+    off in a row of spread ~1500 pass atol 1e-4), without it as they are (mutant m70b-65: the
+    two swapped, every check of a row-scaled output failed on real models' logits)."""
+    from specrt.engines.compare import _against
+
+    want = np.array([[[1000.0, -1000.0, 1000.0, 0.5], [0.1, 0.2, 0.0, -0.1]]])
+    got = want * 1.000001
+    st = _against(got, want, 1e-4, 0.0, True)
+    assert st["tol_ratio"] <= 1 and st["max_abs"] == pytest.approx(1e-3 / 1482.6) and st["finite"]
+    st = _against(got, want, 1e-4, 0.0, False)
+    assert st["tol_ratio"] > 1 and st["max_abs"] == pytest.approx(1e-3)
 
 
 def _two_output_graph(path: Path, names: dict[str, list[int]]) -> Path:
@@ -982,6 +1021,29 @@ def test_a_token_tree_fails_on_its_second_sibling_alone(tiny_engines):
         assert (bad["atol"], bad["rtol"]) == tol[C.LOGITS]  # the worst output's (mutant E64: 0, 0)
 
 
+def test_a_token_tree_that_matches_exactly_names_its_output_and_tolerance(tmp_path):
+    """tree_check's report on a tree whose every row is exactly its chain's (each row's logits
+    its own token, over real ONNX Runtime runners): worst/tol 0, the worst output and its
+    tolerance still named (mutant m70b-71: none named, and an atol and rtol of 0 reported)."""
+    from onnx import TensorProto, helper
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from specrt.engines.compare import tree_check
+
+    ids = helper.make_tensor_value_info(C.INPUT_IDS, TensorProto.INT64, [1, "S"])
+    pos = helper.make_tensor_value_info(C.POSITION_IDS, TensorProto.INT64, [1, "S"])
+    y = helper.make_tensor_value_info(C.LOGITS, TensorProto.FLOAT, [1, "S", 1])
+    nodes = [helper.make_node("Cast", [C.INPUT_IDS], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["f", "axis"], [C.LOGITS])]
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [-1])
+    g = _save_graph(tmp_path / "g.onnx", nodes, [ids, pos], [y], [axis])
+    feeds = {C.INPUT_IDS: np.array([[5, 6, 7, 8, 9]]), C.POSITION_IDS: np.arange(10, 15)[None]}
+    with OnnxrtRunner(SessionFromOnnx(str(g)), name="engine") as eng:
+        r = tree_check(eng, OnnxrtRunner(SessionFromOnnx(str(g)), name="reference"), feeds, {C.LOGITS: (1e-4, 2e-4)})
+    assert r["passed"] and r["tol_ratio"] == 0 and (r["rows"], r["drafts"]) == (5, 2)
+    assert (r["worst_output"], r["atol"], r["rtol"]) == (C.LOGITS, 1e-4, 2e-4)
+
+
 def test_a_depth_3_verify_runs_a_token_tree(tiny_export, tmp_path):
     """The smallest tree (x, a1 and two siblings of a1) fits a depth-3 verify: verify.3 is
     compared as a tree too (mutant l07: from depth 4 only; the fixture's depths 1, 2, 4, 8
@@ -1090,6 +1152,23 @@ def test_each_roles_inputs_have_the_documented_shapes(tiny_engines, tmp_path):
     d = r["roles"]["draft"]["input_shapes"]
     assert d[0][C.INPUT_IDS] == [1, 32 + 7] and d[1][C.INPUT_IDS] == [1, 2 + 7]
     assert d[1][C.past_key(0)][1] == 30 and d[1][C.DRAFT_AUX_IN][1] == 2
+
+
+def test_decode_and_verify_continue_the_prompt(tiny_engines):
+    """RoleInputs (its docstring): decode is ids[n] at n, verify.d ids[n : n + d + 1] at n..,
+    both over the prefill's KV of the n prompt tokens (mutant m70b-29: verify fed ids[n - 1 :
+    n + d], the prompt's last token again, at n.., passed: both runners get the same feeds)."""
+    from specrt.engines import load_engines
+    from specrt.engines.compare import RoleInputs
+
+    with load_engines(tiny_engines) as e:
+        inputs = RoleInputs(e, 8)
+        ids = inputs.ids
+        for role, d in (("decode", 0), ("verify.2", 2), ("verify.8", 8)):
+            (f,) = inputs.feeds(role)
+            assert f[C.INPUT_IDS].tolist() == [ids[8 : 8 + d + 1].tolist()], role
+            assert f[C.POSITION_IDS].tolist() == [list(range(8, 8 + d + 1))], role
+            assert np.array_equal(f[C.past_key(0)], inputs.kv[C.new_key(0)][:, :8]), role
 
 
 def test_a_one_token_prompt_is_refused(tiny_engines):
@@ -1290,6 +1369,11 @@ def test_an_engine_failing_its_call_fails_its_role_and_the_others_are_compared(f
     assert res.output.splitlines()[-1].startswith(
         "error: the engines' prefill of 4 prompt tokens, where every role's inputs start, failed: engine 'prefill' "
         "(target.onnx) failed in ONNX Runtime: "), res.output
+    # an EngineFailure still (the engines' fault, not the caller's input: mutant m70b-111, a plain UserError)
+    from specrt.errors import EngineFailure
+
+    with pytest.raises(EngineFailure, match="the engines' prefill of 4 prompt tokens, where every role's inputs start"):
+        compare_engines(failing_verify, log=quiet, prompt_tokens=4, inputs_file=tmp_path / "d.json")
 
 
 def test_an_engine_nonfinite_where_its_reference_is_finite_fails(engines_copy, tmp_path):
@@ -1483,6 +1567,8 @@ def test_token_ids_are_the_tokenizers_within_the_vocabulary_repeated_to_length(t
     ids, _ = token_ids(tmp_path, last, n)
     kept = [i for i in want if i < last]
     assert ids.tolist() == (kept * 3)[:n]
+    (tmp_path / "folder" / "tokenizer.json").mkdir(parents=True)  # no file: the pseudo-random ids (mutant m70b-116)
+    assert token_ids(tmp_path / "folder", 50, 6, seed=3)[1] == "pseudo-random ids in [0, 50) (seed 3)"
     ids, source = token_ids(tmp_path / "nowhere", 50, 6, seed=3)
     assert source == "pseudo-random ids in [0, 50) (seed 3)" and ids.tolist() == \
         np.random.default_rng(3).integers(0, 50, 6).tolist()
@@ -1619,6 +1705,24 @@ def test_an_int8_weight_checks_row_and_summary_name_its_matmuls():
         "'fc.weight'): block 3's step is 2x its largest)")
 
 
+def test_the_printed_command_names_polygraphy_bare_where_the_shell_finds_it(tmp_path, monkeypatch):
+    """_polygraphy_exe: the bare name where PATH finds polygraphy (the line then runs on any
+    machine), the one beside this Python only where it does not (mutant m70b-89: that full path
+    printed whenever it exists)."""
+    import os
+    import sys
+
+    from specrt.engines.compare import _polygraphy_exe
+
+    beside = Path(sys.executable).parent / "polygraphy"
+    if not beside.is_file():
+        pytest.skip("no polygraphy script beside this Python")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _polygraphy_exe() == str(beside)
+    monkeypatch.setenv("PATH", f"{beside.parent}{os.pathsep}{tmp_path}")
+    assert _polygraphy_exe() == "polygraphy"
+
+
 def test_the_tensorrt_plans_command_saves_its_outputs():
     """polygraphy_trt_command runs the plan at its profile on the saved inputs and saves the
     outputs the ONNX Runtime line then loads (mutant E38: loaded them)."""
@@ -1753,6 +1857,9 @@ def test_the_torch_target_must_have_the_exports_layers(tmp_path):
         assert transformers.logging.get_verbosity() == transformers.logging.INFO
         with pytest.raises(UserError, match="4 layers, but the export has 3: not the checkpoint"):
             load_torch_target(REFERENCE / "verifier", {"target": {"num_layers": 3}})
+        # fewer layers than the export's too (mutant m70b-21: only more were refused)
+        with pytest.raises(UserError, match="4 layers, but the export has 5: not the checkpoint"):
+            load_torch_target(REFERENCE / "verifier", {"target": {"num_layers": 5}})
     finally:
         transformers.logging.set_verbosity(before)
 
@@ -1822,6 +1929,24 @@ def test_a_torch_target_missing_a_slot_of_the_export_is_refused():
                                         r"them are missing \(first: 'layers\.9\.extra'\); pass the exported target"):
         more = {**slots, "layers.9.extra": {"sha256": "0"}}
         check_same_target(folder, {"binding_receipt": {"target": {"slots": more}}})
+    # every slot of the receipt the same, but the checkpoint binds one more (mutant m70b-17: passed)
+    first = sorted(slots)[0]
+    fewer = {k: v for k, v in slots.items() if k != first}
+    with pytest.raises(UserError, match=rf"0 of the {n - 2} target slots hold other tensors than the export's "
+                                        rf"binding receipt records; 1 slots are not the export's "
+                                        rf"\(first: '{re.escape(first)}'\)"):
+        check_same_target(folder, {"binding_receipt": {"target": {"slots": fewer}}})
+
+
+def test_a_torch_target_whose_config_json_is_no_file_is_refused(tmp_path):
+    """load_torch_target: a folder whose config.json is a folder is no checkpoint (mutant
+    m70b-20: it passed the check and transformers failed with a traceback)."""
+    pytest.importorskip("transformers")
+    from specrt.engines.compare import load_torch_target
+
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(UserError, match="no config.json, not a transformers checkpoint"):
+        load_torch_target(tmp_path, {"target": {"num_layers": 4}})
 
 
 def test_each_report_keeps_its_own_inputs_beside_it(tiny_engines, tmp_path):

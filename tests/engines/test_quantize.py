@@ -429,6 +429,32 @@ def test_a_target_tolerance_leaves_the_int8_drafts_bounds_alone(int8_engines, tm
     assert r["tolerances"]["prefill"][C.LOGITS][0] == 2e-4
     r = compare_engines(int8_engines, log=quiet, inputs_file=tmp_path / "in2.json", atol={"draft_logits": 3.0})
     assert "atol_row_std" not in r["roles"]["draft"]["outputs"][C.DRAFT_LOGITS]  # the user's own
+    # an atol by kind covers each layer's output of that kind (mutant m70b-48: new_key.i kept its row-std bound)
+    r = compare_engines(int8_engines, log=quiet, inputs_file=tmp_path / "in3.json", atol={"new_key": 1.0})
+    out = r["roles"]["draft"]["outputs"]
+    assert "atol_row_std" not in out[C.new_key(0)] and out[C.new_key(0)]["atol"] == 1.0
+    assert "atol_row_std" in out[C.new_value(0)] and "atol_row_std" in out[C.DRAFT_LOGITS]
+
+
+def test_an_atol_for_one_layer_leaves_the_other_layers_row_std_bounds(tmp_path):
+    """BUG found by mutation round m70b (its m70b-96 survived): --atol new_key.0:X on an int8 draft
+    of two layers turned the row-spread bound off for every new_key output, so new_key.1, which
+    the user did not set, was held to the bare 0.5 (a real draft's KV, std ~5, then failed at its
+    second layer). Only the outputs the user's atol covers lose it."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "target")
+    export(t, write_tiny_draft(tmp_path / "draft", t, kind="eagle3", num_layers=2), tmp_path / "export")
+    build_engines(tmp_path / "export", "onnxruntime", (1,), tmp_path / "engines", log=quiet, profile_repeats=1,
+                  draft_weights="int8:blocks")
+    r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json",
+                        atol={C.new_key(0): 1.0})
+    out = r["roles"]["draft"]["outputs"]
+    assert "atol_row_std" not in out[C.new_key(0)] and out[C.new_key(0)]["atol"] == 1.0
+    assert out[C.new_key(1)]["atol_row_std"] == INT8_DRAFT_ROW_STD[C.NEW_KEY]
+    assert out[C.new_value(0)]["atol_row_std"] == INT8_DRAFT_ROW_STD[C.NEW_VALUE]
 
 
 @pytest.mark.parametrize("dynamic_ms, kept", [((0.5, 0.5), "dynamic"), ((0.97, 0.97), "blocks"),

@@ -779,6 +779,13 @@ def test_a_screened_tie_is_judged_in_units_of_the_rows_scale(tmp_path, monkeypat
         monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
         r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (0.0, rtol))
     assert r["passed"] and r["ties"] == r["rows"] == 2
+    # ... and a gap exactly at the bound is a tie (within: <=, as polygraphy's elemwise; mutant m70b-113: <)
+    with load_engines(tmp_path / "scr") as e:
+        exact = float(gaps.max())
+        picks = iter(second)
+        monkeypatch.setattr(HeadScreen, "argmax", lambda self, a, h, n, rows=None: next(picks))
+        r = screen_check(e.portable("verify.1"), e.head, ref, feeds, (exact, 0.0))
+    assert r["passed"] and r["ties"] == r["rows"] == 2
 
 
 def test_a_screened_targets_portable_view_gives_the_exports_outputs(small_screened):
