@@ -170,9 +170,9 @@ def test_loaded_engines_keep_their_folder_open_so_its_inode_number_holds(tiny_en
 
     from specrt.engines import load_engines
 
-    def held() -> list[str]:
+    def held() -> list[str]:  # (the folder loaded, wherever it was moved: m70a-35, its fd never closed)
         return [os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
-                if os.path.realpath(f"/proc/self/fd/{n}").startswith(str(eng))]
+                if os.path.realpath(f"/proc/self/fd/{n}").startswith(str(tmp_path))]
 
     eng = tmp_path / "engines"
     shutil.copytree(tiny_engines, eng)
@@ -187,6 +187,80 @@ def test_loaded_engines_keep_their_folder_open_so_its_inode_number_holds(tiny_en
     gc.collect()
     assert held() == []
     (eng / "engines.json").write_text("{")
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match=f"^{re.escape(str(eng / 'engines.json'))}: "):  # (not "replaced": m70a-38)
         load_engines(eng)
     assert held() == []
+
+
+def _rebuild_in_place(folder: Path, change=None) -> None:
+    """As `specrt build --force`: another folder renamed into ``folder``'s place (``change``
+    applied to it first: another build's files)."""
+    new = folder.parent / "new"
+    shutil.copytree(folder, new)
+    if change is not None:
+        change(new)
+    folder.rename(folder.parent / "old")
+    new.rename(folder)
+
+
+@pytest.mark.parametrize("then", ["a file differs", "Ctrl-C"])
+def test_engines_replaced_while_their_files_are_checked_are_said_replaced(engines_copy, monkeypatch, then):
+    """A rebuild landing after engines.json was read, while the files' hashes were checked
+    against it: the new build's weights "differ" from the earlier manifest; that is said as the
+    rebuild it is, naming the folder (mutant m70a-39: the branch dropped, "content differs";
+    m70a-54: the folder's identity taken after the manifest was read, the new folder's; m70a-40:
+    the folder named by its last part). A Ctrl-C meanwhile stays a Ctrl-C (m70a-37: a
+    KeyboardInterrupt said as the rebuild, a UserError)."""
+    from specrt.engines import engine_set
+
+    read = engine_set.read_engines_manifest
+
+    def read_then_rebuilt(folder):
+        manifest = read(folder)
+        _rebuild_in_place(folder, lambda new: rewrite_byte(new / "target.onnx.data"))
+        if then == "Ctrl-C":
+            raise KeyboardInterrupt
+        return manifest
+
+    monkeypatch.setattr(engine_set, "read_engines_manifest", read_then_rebuilt)
+    if then == "Ctrl-C":
+        with pytest.raises(KeyboardInterrupt):
+            engine_set.load_engines(engines_copy)
+        return
+    with pytest.raises(UserError, match=f"^{re.escape(str(engines_copy))}: replaced while its engines were being "
+                                        "loaded .*nothing was run: run the command again$"):
+        engine_set.load_engines(engines_copy)
+
+
+@pytest.mark.parametrize("rebuilt", ["the same files", "a graph that does not load"])
+def test_engines_whose_folder_was_replaced_after_loading_refuse_to_activate(engines_copy, rebuilt):
+    """A rebuild between load and activate: the graphs activate reads are the new folder's, the
+    manifest the earlier one's. Said as the rebuild, whether the new graphs load (m70a-47: the
+    check after activating dropped, the mix run) or not (m70a-46: the new graph's own error
+    said, not the rebuild), and every runner activated before is let go again (m70a-48)."""
+    from specrt.engines import load_engines
+
+    e = load_engines(engines_copy)
+    _rebuild_in_place(engines_copy, None if rebuilt == "the same files" else
+                      lambda new: (new / "target.onnx").write_bytes(b"not a graph"))
+    with pytest.raises(UserError, match=f"^{re.escape(str(engines_copy))}: replaced while its engines were being "
+                                        "loaded"):
+        e.activate()
+    assert not e.is_active and not any(r.is_active for r in e.runners.values())
+
+
+def test_a_ctrl_c_while_engines_activate_lets_go_of_those_activated(engines_copy):
+    """A KeyboardInterrupt (or MemoryError) activating the last runner: the runners activated
+    before it are deactivated again (m70a-49: only on a UserError; the sessions kept)."""
+    from specrt.engines import load_engines
+
+    e = load_engines(engines_copy)
+    last = list(e.runners.values())[-1]
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    last.activate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        e.activate()
+    assert not e.is_active and not any(r.is_active for r in e.runners.values())

@@ -998,3 +998,209 @@ def test_a_growth_save_interrupted_after_its_write_is_not_merged_into_itself(tin
         assert len(s.generator.governor.lookup_policy.growth.seqs) == 1
     with np.load(grow) as z:
         assert len(z["lengths"]) == 1
+
+
+# mutation round m70a: Growth.own and save_growth's merge of a file another run wrote since it was loaded
+def test_own_is_what_was_added_since_made_or_loaded_that_it_still_holds(tmp_path):
+    """own() is the newest ``added`` sequences still held (mutant m70a-62: past an eviction
+    `len(seqs) - added` went negative, and only the newest came back; m70a-63: the oldest). A
+    loaded Growth owns none of the file's (m70a-64), and the file's evicted ones leave ``added``
+    as it was (m70a-70)."""
+    g = Growth(max_tokens=10)
+    for q in ([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]):
+        g.add(q)
+    assert list(g.seqs) == [[5, 6, 7, 8], [9, 10, 11, 12]] and g.added == 3
+    assert g.own() == [[5, 6, 7, 8], [9, 10, 11, 12]]
+    g.save(tmp_path / "g.npz")
+    h = Growth.load(tmp_path / "g.npz", vocab_size=16, max_tokens=10)
+    assert h.own() == [] and h.added == 0
+    h.add([1, 2])
+    assert h.own() == [[1, 2]]
+    h.add([3, 4, 5])  # (13 tokens: the file's older one goes)
+    assert list(h.seqs) == [[9, 10, 11, 12], [1, 2], [3, 4, 5]] and h.own() == [[1, 2], [3, 4, 5]]
+
+
+def _other_run_writes(grow, digest, *seqs, vocab=16):
+    """Another run's save of ``grow``: what the file holds, then ``seqs``."""
+    g = Growth.load(grow, vocab, digest) if grow.exists() else Growth()
+    for q in seqs:
+        g.add(q)
+    g.save(grow, digest)
+
+
+def _file_seqs(grow) -> list[list[int]]:
+    with np.load(grow) as z:
+        return [q.tolist() for q in np.split(z["tokens"], np.cumsum(z["lengths"])[:-1])]
+
+
+def test_a_merge_adds_this_sessions_own_sequences_once_after_the_other_runs(tiny_engines, tmp_path, monkeypatch):
+    """A growth file with a sequence when loaded, given as a relative path; another run adds one
+    to it meanwhile: the save keeps the file's, then the other run's, then this session's two
+    answers, each once (m70a-11: every sequence held merged, the loaded one twice; m70a-26: an
+    answer left out; m70a-06: the relative path taken for another file, the other run's lost)."""
+    from specrt.runtime.session import Session
+
+    monkeypatch.chdir(tmp_path)
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow") as s:
+        digest = s.engines.manifest["export"]["digest"]
+        _other_run_writes(grow, digest, [9, 9, 9, 9])
+        assert s.load_growth("grow.npz") == 1
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        s.generator.generate([2, 7, 1, 8], 6)
+        _other_run_writes(grow, digest, [6, 6, 6])
+        s.save_growth("grow.npz")
+        held = [q[:4] for q in s.generator.governor.lookup_policy.growth.seqs]
+    want = [[9, 9, 9, 9], [6, 6, 6], [3, 1, 4, 1], [2, 7, 1, 8]]
+    assert held == want and [q[:4] for q in _file_seqs(grow)] == want
+
+
+def test_a_merge_keeps_the_sessions_growth_cap(tiny_engines, tmp_path):
+    """The merged Growth is read with the governor's own cap (``:grow=N``), and keeps it for the
+    rest of the session (m70a-13: read with the default cap, the other run's older sequence kept
+    past N tokens, and the session's later answers held past it too)."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow=12") as s:
+        digest = s.engines.manifest["export"]["digest"]
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)  # (11 tokens)
+        _other_run_writes(grow, digest, [6, 6, 6, 6])
+        s.save_growth(grow)
+        growth = s.generator.governor.lookup_policy.growth
+        assert growth.max_tokens == 12 and [q[:5] for q in growth.seqs] == [[3, 1, 4, 1, 5]]
+    assert [q[:5] for q in _file_seqs(grow)] == [[3, 1, 4, 1, 5]]
+
+
+
+def test_a_loaded_growth_file_keeps_the_sessions_growth_cap(tiny_engines, tmp_path):
+    """load_growth keeps the newest of the file's sequences within the governor's ``:grow=N``,
+    and the cap for the session (mutant m70a-71: the file read with the default cap, every
+    sequence held, and the session's cap lost)."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow=12") as s:
+        _other_run_writes(grow, s.engines.manifest["export"]["digest"], [9, 9, 9, 9], [6, 6, 6, 6], [5, 5, 5, 5, 5])
+        assert s.load_growth(grow) == 2
+        growth = s.generator.governor.lookup_policy.growth
+        assert growth.max_tokens == 12 and list(growth.seqs) == [[6, 6, 6, 6], [5, 5, 5, 5, 5]]
+
+def test_a_growth_file_removed_since_it_was_loaded_is_written_with_the_sessions_growth(tiny_engines, tmp_path):
+    """The file removed between load and save (a cleanup) is no other run's to merge: written
+    again with what the session holds (m70a-04 / m70a-08: a missing file taken for a changed
+    one, its read an error naming it, the session's growth unsaved)."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow") as s:
+        _other_run_writes(grow, s.engines.manifest["export"]["digest"], [9, 9, 9, 9])
+        assert s.load_growth(grow) == 1
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        grow.unlink()
+        s.save_growth(grow)
+    assert [q[:4] for q in _file_seqs(grow)] == [[9, 9, 9, 9], [3, 1, 4, 1]]
+
+
+@pytest.mark.parametrize("how", ["cp", "rsync -t", "cp -p"])
+def test_a_growth_file_rewritten_by_a_copy_is_merged(tiny_engines, tmp_path, how):
+    """Another run's file copied over the one loaded, of the same size: `cp` rewrites it in place
+    (the same inode; m70a-02, the time stamp dropped from the stamp: taken for unchanged, the
+    other run's sequence lost), `rsync -t` renames a copy with the loaded file's time stamp into
+    place (m70a-01: the inode dropped), `cp -p` rewrites it in place with that time stamp
+    (m70a-03: the size dropped; here the copy is a sequence longer)."""
+    import shutil
+
+    from specrt.runtime.session import Session
+
+    grow, theirs = tmp_path / "grow.npz", tmp_path / "theirs.npz"
+    with Session(tiny_engines, governor="off:grow") as s:
+        digest = s.engines.manifest["export"]["digest"]
+        _other_run_writes(grow, digest, [9, 9, 9, 9])
+        _other_run_writes(theirs, digest, *([[6, 6, 6, 6], [5, 5, 5, 5]] if how == "cp -p" else [[6, 6, 6, 6]]))
+        assert s.load_growth(grow) == 1
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        loaded = os.stat(grow)
+        if how == "cp":
+            assert theirs.stat().st_size == loaded.st_size
+            shutil.copyfile(theirs, grow)
+            assert os.stat(grow).st_ino == loaded.st_ino
+        else:
+            os.utime(theirs, ns=(loaded.st_atime_ns, loaded.st_mtime_ns))
+            if how == "rsync -t":
+                os.replace(theirs, grow)
+            else:
+                shutil.copyfile(theirs, grow)
+                os.utime(grow, ns=(loaded.st_atime_ns, loaded.st_mtime_ns))
+        s.save_growth(grow)
+    theirs_seqs = [[6, 6, 6, 6], [5, 5, 5, 5]] if how == "cp -p" else [[6, 6, 6, 6]]
+    assert [q[:4] for q in _file_seqs(grow)] == [*theirs_seqs, [3, 1, 4, 1]]
+
+
+@pytest.mark.parametrize("theirs, why", [({"digest": "0" * 64}, "written for another export"),
+                                         ({"seq": [3, 99]}, r"token ids outside the vocabulary \[0, 16\)")])
+def test_a_growth_file_another_run_made_unreadable_meanwhile_is_refused_at_the_save(tiny_engines, tmp_path, theirs,
+                                                                                     why):
+    """What another run wrote meanwhile is checked as a loaded file is: one of other engines
+    (another export digest: m70a-21, merged unchecked) or with ids past this vocabulary (m70a-22)
+    is refused naming the file, and kept as it is."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        g = Growth()
+        g.add(theirs.get("seq", [6, 6, 6]))
+        g.save(grow, theirs.get("digest", s.engines.manifest["export"]["digest"]))
+        before = grow.read_bytes()
+        with pytest.raises(UserError, match=f"^{re.escape(str(grow))}: {why}"):
+            s.save_growth(grow)
+    assert grow.read_bytes() == before
+
+
+def test_a_growth_save_that_failed_keeps_the_sessions_sequences_its_own(tiny_engines, tmp_path, monkeypatch):
+    """A save that fails (a full disk) wrote nothing: the session's answers are still its own to
+    add to what another run writes before the save is tried again (m70a-14: taken for saved,
+    the next merge left them out of the file)."""
+    import errno
+
+    from specrt.runtime import corpus
+    from specrt.runtime.session import Session
+
+    grow, save = tmp_path / "grow.npz", corpus.Growth.save
+
+    def full_disk(self, *a, **k):
+        monkeypatch.setattr(corpus.Growth, "save", save)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        monkeypatch.setattr(corpus.Growth, "save", full_disk)
+        with pytest.raises(OSError):
+            s.save_growth(grow)
+        assert not grow.exists()
+        _other_run_writes(grow, s.engines.manifest["export"]["digest"], [6, 6, 6])
+        s.save_growth(grow)
+    assert [q[:4] for q in _file_seqs(grow)] == [[6, 6, 6], [3, 1, 4, 1]]
+
+
+
+def test_a_session_saving_again_after_another_runs_save_adds_only_what_is_new(tiny_engines, tmp_path):
+    """Saved, then another run adds to the file, then saved again (an API caller saving after
+    each batch): the second save adds to the other run's file only the answers since the first
+    (mutant m70a-16: what the first save wrote still counted as this session's own, merged in
+    again after the other run's)."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    with Session(tiny_engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        s.save_growth(grow)
+        _other_run_writes(grow, s.engines.manifest["export"]["digest"], [6, 6, 6])
+        s.generator.generate([2, 7, 1, 8], 6)
+        s.save_growth(grow)
+    assert [q[:4] for q in _file_seqs(grow)] == [[3, 1, 4, 1], [6, 6, 6], [2, 7, 1, 8]]

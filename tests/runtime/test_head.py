@@ -686,6 +686,13 @@ def test_a_screened_set_refuses_to_activate_on_a_rebuilt_folder(tmp_path):
     fresh = load_engines(out)  # loaded again: fine
     fresh.activate()
     fresh.deactivate()
+    # the target graph's external weights alone written anew (mutation round m70a-51: only the
+    # .onnx and the head's files compared, these weights paired with the earlier head unseen)
+    from tests.engines.conftest import rewrite_byte
+
+    rewrite_byte(out / "target.onnx.data")
+    with pytest.raises(UserError, match="changed since these engines were loaded"):
+        fresh.activate()
 
 
 def test_deactivating_a_screened_set_closes_its_head_file(tmp_path):

@@ -2656,6 +2656,33 @@ def test_a_closed_sessions_governor_and_growth_calls_are_user_errors(worded, tmp
     assert grow.read_bytes() == saved and not (tmp_path / "new.npz").exists()
 
 
+def test_a_session_whose_engines_are_rebuilt_while_it_opens_says_so_and_lets_them_go(worded, tmp_path, monkeypatch):
+    """`specrt build --force` renaming a new folder into place after the engines were activated,
+    while the session made its generator (the corpus, read last): said as the rebuild, naming
+    the folder (mutation round m70a-24: the session's own check dropped, the session opened on a
+    mix of two builds' files), and the engines' sessions are let go (m70a-25: kept active)."""
+    import shutil
+
+    from specrt.runtime.generate import Generator
+    from specrt.runtime.session import Session
+
+    eng = tmp_path / "engines"
+    shutil.copytree(worded, eng)
+    made, resolve = [], Generator.resolve_tree_width
+
+    def then_rebuilt(self):
+        made.append(self.e)
+        shutil.copytree(eng, tmp_path / "new")
+        eng.rename(tmp_path / "old")
+        (tmp_path / "new").rename(eng)
+        return resolve(self)
+
+    monkeypatch.setattr(Generator, "resolve_tree_width", then_rebuilt)
+    with pytest.raises(UserError, match=f"^{re.escape(str(eng))}: replaced while its engines were being loaded"):
+        Session(eng)
+    assert made and not made[0].is_active and not any(r.is_active for r in made[0].runners.values())
+
+
 def test_api_arguments_of_other_types_are_user_errors_or_taken(worded):
     """Session's ``sampling`` not a SamplingParams, SamplingParams' temperature / top_p not
     numbers, ``prefix_snapshots`` not an integer >= 0, ``stop`` neither strings nor None:
