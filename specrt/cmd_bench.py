@@ -1766,8 +1766,9 @@ def run_record(started: float, engines, prompts_file: Path) -> dict:
     export digest and the prompts file's sha256 (a report read later says what it measured)."""
     import hashlib
 
-    try:
-        prompts_sha = hashlib.sha256(Path(prompts_file).read_bytes()).hexdigest()
+    try:  # (a pipe, `--prompts /dev/stdin`, was read once: read again, its sha256 was that of nothing)
+        prompts_sha = hashlib.sha256(Path(prompts_file).read_bytes()).hexdigest() \
+            if Path(prompts_file).is_file() else None
     except OSError:
         prompts_sha = None
     return {"started_at": _iso(started), "ended_at": None, "argv": list(sys.argv),

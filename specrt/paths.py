@@ -383,8 +383,10 @@ def folder_lock(folder: Path) -> Iterator[None]:
             try:
                 _flock(fd)
             except BlockingIOError:  # (waited for without a word: behind a run stopped with Ctrl-Z, it hung)
-                sys.stderr.write(f"note: waiting for {folder}: another process holds its lock (a specrt run "
-                                 "writing into it); this one goes on when that one ends\n")
+                # (stderr closed, `2>&-`: None; a broken pipe's OSError was taken as "cannot be locked": unlocked)
+                with contextlib.suppress(AttributeError, OSError, ValueError):
+                    sys.stderr.write(f"note: waiting for {folder}: another process holds its lock (a specrt run "
+                                     "writing into it); this one goes on when that one ends\n")
                 _flock(fd, wait=True)
         yield
     finally:

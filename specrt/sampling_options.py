@@ -129,7 +129,7 @@ def template_kwargs_option(f):
     def parse(ctx, param, value):
         from specrt.runtime.text import template_kwargs_of
 
-        return template_kwargs_of(value, "--chat-template-kwargs")
+        return template_kwargs_of(argv_text(value), "--chat-template-kwargs")  # (text of the command line)
 
     return click.option("--chat-template-kwargs", "chat_template_kwargs", callback=parse, metavar="JSON",
                         help="Variables for the chat template, a JSON object, as transformers' apply_chat_template "

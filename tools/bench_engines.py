@@ -264,7 +264,9 @@ def prepare(depths: str, rebuild: bool, draft: Path | None, kv: str = "auto") ->
     from specrt.manifest import load_export
     from tests.real_model import smollm2_folder
 
-    root = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "bench-engines"
+    import bench_lib
+
+    root = bench_lib.specrt_cache() / "bench-engines"  # (a ~ the shell left is the home folder)
     exp = root / "export"
     try:
         load_export(exp)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -36,7 +35,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "bench-engines" / "engines"
+    import bench_lib
+
+    default = bench_lib.specrt_cache() / "bench-engines" / "engines"  # (a ~ the shell left is the home folder)
     ap.add_argument("--engines", type=Path, default=default)
     ap.add_argument("--past", type=int, default=256)
     ap.add_argument("--depths", default="1,2,3,4")

@@ -1466,3 +1466,26 @@ def test_corpus_lookup_on_engines_without_a_corpus_is_refused_before_anything_ru
         run_bench(tiny_engines, prompts_file, tmp_path / "r", governors="off,fixed:2:corpus", peers="none",
                   quiet=True)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_prompts_file_read_from_a_pipe_is_not_recorded_with_the_empty_streams_sha256():
+    # r70: '-' is refused naming /dev/stdin; `--prompts /dev/stdin` from a pipe was read, then read again for
+    # the report's sha256, which recorded the sha256 of nothing (e3b0c442...) as the prompts measured
+    import hashlib
+    import os
+    import time
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specrt.cmd_bench import read_prompts, run_record
+
+    engines = SimpleNamespace(folder=".", manifest={"export": {"digest": "x"}})
+    r, w = os.pipe()
+    try:
+        os.write(w, b'{"prompt": "hi"}\n')
+        os.close(w)
+        path = Path(f"/dev/fd/{r}")
+        assert [x["prompt"] for x in read_prompts(path)] == ["hi"]
+        assert run_record(time.time(), engines, path)["prompts_sha256"] != hashlib.sha256(b"").hexdigest()
+    finally:
+        os.close(r)

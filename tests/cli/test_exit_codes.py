@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -871,6 +872,43 @@ def test_the_folder_lock_waits_for_another_holder(tmp_path, capsys):
     t.join(60)
 
 
+@pytest.mark.parametrize("stderr", ["closed", "broken"])
+def test_the_folder_lock_waits_with_stderr_closed_or_broken(tmp_path, monkeypatch, stderr):
+    # r70: the note of the wait written to sys.stderr as it came: closed (`2>&-`, None) an AttributeError out of
+    # the lock, a broken one (EPIPE) an OSError that the lock's own "cannot be locked" took: run on unlocked
+    import fcntl
+    import threading
+
+    from specrt.paths import folder_lock
+
+    class Broken:
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stderr", None if stderr == "closed" else Broken())
+    fd, entered = os.open(tmp_path, os.O_RDONLY), threading.Event()
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (another run's hold)
+    errors = []
+
+    def second() -> None:
+        try:
+            with folder_lock(tmp_path):
+                entered.set()
+        except BaseException as e:  # (the thread's error, for the test to see)
+            errors.append(e)
+            entered.set()
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    try:
+        assert not entered.wait(1.0), errors or "entered a folder another process holds locked"
+    finally:
+        os.close(fd)  # (released)
+    assert entered.wait(60)
+    t.join(60)
+    assert errors == []
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="making a device node needs root")
 def test_a_device_that_cannot_take_the_file_is_said_not_a_traceback(tmp_path):
     # kills P17 (the OSError of a device written in place raised as it came: --stats /dev/full a traceback);
@@ -938,3 +976,21 @@ def test_a_file_written_whole_is_synced_whole_before_its_rename(tmp_path, monkey
     paths.write_atomic(out, {"a": 1})
     monkeypatch.undo()
     assert synced == [(out.stat().st_size, False)] and out.stat().st_size > 0, synced
+
+
+def test_template_variables_given_under_an_ascii_locale_are_read_as_utf8():
+    # r70: the environment walk read --prompt, --system, --stop and --model-name as UTF-8 where Python decoded the
+    # arguments as ASCII (`LC_ALL=C PYTHONUTF8=0`: a byte above 127 a surrogate escape); --chat-template-kwargs,
+    # the same command line's text, kept the escapes: '{"name": "José"}' gave the template 'Jos\udcc3\udca9'
+    import click
+
+    from specrt.sampling_options import template_kwargs_option
+
+    @click.command()
+    @template_kwargs_option
+    def show(chat_template_kwargs):
+        click.echo(ascii(chat_template_kwargs))
+
+    escaped = '{"name": "Jos\udcc3\udca9"}'  # (what sys.argv holds for the UTF-8 bytes of 'José' then)
+    res = CliRunner().invoke(show, ["--chat-template-kwargs", escaped])
+    assert res.exit_code == 0 and res.output == ascii({"name": "José"}) + "\n", res.output

@@ -210,3 +210,23 @@ def test_the_synthetic_cache_feeds_new_tokens_after_the_past_in_either_layout(ti
     sess = ort.InferenceSession(str(e.export_dir / "target.onnx"), providers=["CPUExecutionProvider"])
     out = t.PlainRunner(sess).infer(f)
     assert list(out) == [o.name for o in sess.get_outputs()] and out[C.LOGITS].shape[:2] == (1, 2)
+
+
+def test_the_cache_named_with_a_tilde_the_shell_left_is_the_home_folders(tmp_path, monkeypatch):
+    """r70: ``SPECRT_CACHE='~/c'`` (quoted, an env file) is the home folder's, as smollm2.default_cache
+    and bench_lib.specrt_cache read it since the environment walk: prepare() built into a folder named
+    ``~`` in the working folder (and an empty SPECRT_CACHE into the working folder itself)."""
+    import specrt.engines
+    import specrt.manifest
+
+    t = tool("bench_engines")
+    built = []
+    monkeypatch.setattr(specrt.manifest, "load_export", lambda folder: {})  # (an export there: not exported again)
+    monkeypatch.setattr(specrt.engines, "build_engines", lambda exp, backend, depths, out, **kw: built.append(out))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for env in ("~/c", ""):
+        monkeypatch.setenv("SPECRT_CACHE", env)
+        t.prepare("1,2", False, None)
+    assert built == [tmp_path / "home" / "c" / "bench-engines" / "engines",
+                     tmp_path / "home" / ".cache" / "specrt" / "bench-engines" / "engines"]
