@@ -882,6 +882,12 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
 
+    try:  # (bytes that were not UTF-8 were said as "the prompt is not valid UTF-8 text ... after '<|im_start|>system")
+        system is None or system.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"--system: not valid UTF-8 text (byte 0x{ord(system[e.start]) - 0xDC00:02x} after "
+                        f"{system[max(0, e.start - 20):e.start]!r})" if 0xDC80 <= ord(system[e.start]) <= 0xDCFF
+                        else f"--system: holds a lone surrogate U+{ord(system[e.start]):04X}, which is not text") from None
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)

@@ -3219,6 +3219,15 @@ def test_chat_stopped_while_its_turn_is_tokenized_goes_on(worded, monkeypatch):
     assert "\n\n" not in r.stdout, repr(r.stdout)  # (the dropped turn printed an empty line)
 
 
+def test_a_system_prompt_that_is_not_utf8_is_named_as_the_system_prompt(worded):
+    """`chat --system $'\\xe9'` (a byte that was not UTF-8, Python's lone surrogate for it) was
+    refused as "the prompt is not valid UTF-8 text (byte 0xe9 after '<|im_start|>system\\n')", the
+    template's text, not the option (the CLI walk's L8, session 70)."""
+    r = CliRunner().invoke(main, ["chat", str(worded), "--system", "caf\udce9 au lait"], input="hi\n")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "error: --system: not valid UTF-8 text (byte 0xe9 after 'caf')" in r.output, r.output
+
+
 def test_chat_with_stdin_or_stdout_closed_and_an_empty_system_prompt(worded, tmp_path):
     """`specrt chat ... <&-` (stdin closed: sys.stdin None) was an AttributeError traceback,
     and so was every command with stdout closed (`>&-`) where it restarted for huge pages;
