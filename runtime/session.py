@@ -465,10 +465,10 @@ class Session:
         # (the learnt rates are this session's: it started from the same file's); under the streams'
         # lock too: a stream of another thread ending meanwhile added its answer to the Growth
         # replaced, or after the write, as if saved (added = 0): lost from the file and the session
-        # the folder the file is in: one run naming it through a symlink elsewhere locked another
-        with folder_lock(Path(path).resolve().parent), self.generator.lock:
+        real = Path(path).resolve()  # (the folder the file is in is locked: through a symlink, another was)
+        with folder_lock(real.parent), self.generator.lock:
             now = _file_stamp(Path(path))
-            if self._growth_read is not None and self._growth_read[0] == Path(path).resolve() \
+            if self._growth_read is not None and self._growth_read[0] == real \
                     and now not in (None, self._growth_read[1]):
                 merged = Growth.load(Path(path), self.generator.vocab, digest, max_tokens=policy.growth.max_tokens)
                 for seq in policy.growth.own():
@@ -481,7 +481,7 @@ class Session:
                 # the write again (run's, once) took the file for another run's: each sequence merged in twice
                 if _file_stamp(Path(path)) != now:
                     policy.growth.added = 0
-                    self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
+                    self._growth_read = real, _file_stamp(Path(path))
 
     def need_text(self, what: str = "text prompts need the target's tokenizer") -> None:
         """UserError saying ``what`` needs the tokenizer where the export has none, and how to add it."""

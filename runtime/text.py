@@ -34,6 +34,22 @@ def load_tokenizer(path: Path):
     raise UserError(f"{path}: not a tokenizer the tokenizers library reads ({why})")
 
 
+def not_text(text: str, subject: str) -> str | None:
+    """The error for ``text`` (said as ``subject``) where it is no UTF-8 text, else None: bytes
+    that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's), and a lone
+    surrogate code point (JSON's "\\ud800" escapes one) encodes as no text."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        c, before = text[e.start], text[max(0, e.start - 20):e.start]
+    if 0xDC80 <= ord(c) <= 0xDCFF:  # a byte that was not UTF-8, carried as Python carries it
+        return (f"{subject} is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} after {before!r}; or a JSON "
+                f"\\u{ord(c):04x} escape, a UTF-16 half)")
+    return (f"{subject} holds a lone surrogate U+{ord(c):04X} (after {before!r}), which is not text: a UTF-16 "
+            f"half without its pair (a JSON \\u{ord(c):04x} escape?)")
+
+
 class Text:
     def __init__(self, folder: Path):
 
@@ -130,16 +146,8 @@ class Text:
             prompt = joined(prompt)
         chat = chat or not isinstance(prompt, str)
         text = self.render_chat(prompt, template_kwargs, chat_option) if chat else prompt
-        try:  # bytes that were not UTF-8 reach Python as lone surrogates (a shell's, a pipe's)
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            c, before = text[e.start], text[max(0, e.start - 20):e.start]
-            if 0xDC80 <= ord(c) <= 0xDCFF:  # a byte that was not UTF-8, carried as Python carries it
-                raise UserError(f"the prompt is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} after "
-                                f"{before!r}; or a JSON \\u{ord(c):04x} escape, a UTF-16 half)") from None
-            # a lone surrogate code point (JSON's "\ud800" escapes one): no text encodes it
-            raise UserError(f"the prompt holds a lone surrogate U+{ord(c):04X} (after {before!r}), which is not "
-                            f"text: a UTF-16 half without its pair (a JSON \\u{ord(c):04x} escape?)") from None
+        if (problem := not_text(text, "the prompt")) is not None:
+            raise UserError(problem)
         # A rendered template already holds its special tokens.
         return self.tokenizer.encode(text, add_special_tokens=not chat).ids
 

@@ -881,13 +881,11 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     its end; an empty line (or one of spaces) or the end of input ends the conversation."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
+    from specrt.runtime.text import not_text
 
-    try:  # (bytes that were not UTF-8 were said as "the prompt is not valid UTF-8 text ... after '<|im_start|>system")
-        system is None or system.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise UserError(f"--system: not valid UTF-8 text (byte 0x{ord(system[e.start]) - 0xDC00:02x} after "
-                        f"{system[max(0, e.start - 20):e.start]!r})" if 0xDC80 <= ord(system[e.start]) <= 0xDCFF
-                        else f"--system: holds a lone surrogate U+{ord(system[e.start]):04X}, which is not text") from None
+    # (bytes that were not UTF-8 were said as "the prompt is not valid UTF-8 text ... after '<|im_start|>system")
+    if system is not None and (problem := not_text(system, "--system")) is not None:
+        raise UserError(problem)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)

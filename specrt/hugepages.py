@@ -62,13 +62,17 @@ def tunables(env: dict) -> list[str]:
     return [p for p in env.get("GLIBC_TUNABLES", "").split(":") if p]
 
 
+def hugetlb_entries(env: dict) -> list[str]:
+    """``env``'s GLIBC_TUNABLES entries of the tunable's name (``glibc.malloc.hugetlb=...``), in order."""
+    return [p for p in tunables(env) if p.startswith(TUNABLE.split("=")[0] + "=")]
+
+
 def has_tunable(env: dict | None = None) -> bool:
     """Whether a process started with ``env`` (default os.environ) gets huge pages from
     specrt's tunable: its entry the last of its name among the GLIBC_TUNABLES (glibc reads the
     last: ``glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0`` gets none, which bench reported as
     huge pages)."""
-    own = [p for p in tunables(os.environ if env is None else env) if p.startswith(TUNABLE.split("=")[0] + "=")]
-    return own[-1:] == [TUNABLE]
+    return hugetlb_entries(os.environ if env is None else env)[-1:] == [TUNABLE]
 
 
 def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, int] | None = None) -> bool:
@@ -77,10 +81,9 @@ def wanted(env: dict | None = None, setting: Path = SETTING, glibc: tuple[int, i
     report then claimed huge pages that no allocation got), nor where ``env`` sets the
     tunable itself (ours, or the user's 0 or 2, which ours after it would override)."""
     env = os.environ if env is None else env
-    own = [p for p in tunables(env) if p.startswith(TUNABLE.split("=")[0] + "=")]
     return (env.get("SPECRT_THP", "1").strip().lower() not in OFF and sys.platform.startswith("linux")
             and honours_tunable(glibc or glibc_version())
-            and thp_mode(setting) == "madvise" and not own)
+            and thp_mode(setting) == "madvise" and not hugetlb_entries(env))
 
 
 def with_thp(env: dict | None = None, on: bool = True, setting: Path = SETTING) -> dict:

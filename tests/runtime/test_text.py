@@ -3225,7 +3225,8 @@ def test_a_system_prompt_that_is_not_utf8_is_named_as_the_system_prompt(worded):
     template's text, not the option (the CLI walk's L8, session 70)."""
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "caf\udce9 au lait"], input="hi\n")
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-    assert "error: --system: not valid UTF-8 text (byte 0xe9 after 'caf')" in r.output, r.output
+    assert "error: --system is not valid UTF-8 text (byte 0xe9 after 'caf'; or a JSON \\udce9 escape, a UTF-16 " \
+        "half)\n" in r.output, r.output
 
 
 def test_chat_with_stdin_or_stdout_closed_and_an_empty_system_prompt(worded, tmp_path):
