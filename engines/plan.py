@@ -71,7 +71,7 @@ def normalise_precision(precision: str | None, export_dtype: str) -> str:
             if v == export_dtype:
                 return k
         raise UserError(f"export dtype '{export_dtype}' is not one of {', '.join(PRECISIONS.values())}")
-    p = precision.lower()
+    p = precision.strip().lower()  # (as --governor and --dtype: " fp16", "FP16" taken)
     for k, v in PRECISIONS.items():
         if p in (k, v):
             return k

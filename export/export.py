@@ -78,6 +78,16 @@ def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
                                 "or remove it to take raw prompts only") from None
 
 
+def export_dtype(dtype: str) -> str:
+    """--dtype as typed (float32, FLOAT32, fp32, " bf16") -> one of DTYPES, as build's
+    --precision takes its names; UserError naming the option otherwise."""
+    d = str(dtype).strip().lower()
+    d = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(d, d)
+    if d not in DTYPES:
+        raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
+    return d
+
+
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
            allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
            draft_aux_ids: str | None = None, draft_embeddings: str = "own") -> dict[str, Any]:
@@ -88,8 +98,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
 
     # (Path('') is the working folder)
     check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out, optional=("draft_dir",))
-    if dtype not in DTYPES:
-        raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
+    dtype = export_dtype(dtype)
     t0 = time.perf_counter()
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)

@@ -230,6 +230,8 @@ def template_kwargs_of(value, where: str) -> dict:
         except json.JSONDecodeError as e:
             raise UserError(f"{where}: not valid JSON ({e.msg}); expected an object such as "
                             '\'{"enable_thinking": false}\'') from None
+        if value is None:  # (typed "null": a request's null is "not given", a command line's a slip, as "[]" is)
+            raise UserError(f"{where}: expected a JSON object of template variable names to values, found null")
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):

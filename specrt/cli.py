@@ -296,7 +296,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 @click.argument("target", type=existing_folder())
 @click.option("--draft", type=existing_folder(), help=_DRAFT_HELP)
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Export folder to write.")
-@click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16.")
+@click.option("--dtype", default="float32", show_default=True, help="float32, float16 or bfloat16 (or fp32, fp16, bf16).")
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options

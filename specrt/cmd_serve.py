@@ -1275,7 +1275,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         try:
             httpd = make_server(app, host, port)
         except OSError as e:
-            raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+            raise UserError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror or e})") from None
         h, p = httpd.server_address[:2]
         h = f"[{h}]" if ":" in h else h  # (an IPv6 address in a URL)
         # before the line that says it serves: a signal sent on reading it was ignored (SIGTERM

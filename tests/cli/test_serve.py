@@ -763,6 +763,16 @@ def test_the_command_serves_until_interrupted(worded, tmp_path):  # noqa: F811
         assert r.returncode == 1 and f"--write-timeout {float(bad)}: expected seconds" in r.stderr, r.stderr
 
 
+def test_a_host_it_cannot_listen_on_is_quoted(worded):  # noqa: F811
+    """--host's value is quoted in the error: "--host 127.0.0.1  --port 0" hid the trailing space
+    that made it unresolvable. (192.0.2.1, a documentation address no host here owns: refused by
+    bind without a name lookup.)"""
+    r = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--host", "192.0.2.1", "--port",
+                        "0"], capture_output=True, text=True, timeout=120, env={**os.environ, "SPECRT_THP": "0"})
+    assert r.returncode == 1 and "error: --host '192.0.2.1' --port 0: cannot listen there (" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_an_ipv6_address_is_served(worded):  # noqa: F811
     """--host ::1 (IPv6's loopback) listens there, its URL said in brackets: socketserver's
     IPv4 socket refused it ("cannot listen there (Address family for hostname not supported)")."""

@@ -466,6 +466,8 @@ def test_a_precision_is_named_in_any_case():
     # kills M05 (plan.py:74 without .lower(): "FP16" and "Float32", as a user types them, refused)
     assert normalise_precision("FP16", "float32") == "fp16"
     assert normalise_precision("Float32", "float32") == "fp32"
+    # (a space around it, as --governor and --dtype take: "'fp32 '" was refused where "FP32" ran)
+    assert normalise_precision(" bf16 ", "float32") == normalise_precision("bfloat16\t", "float32") == "bf16"
     with pytest.raises(UserError, match=r"--precision 'FP8' is not supported \(choose one of fp32, fp16, bf16\)"):
         normalise_precision("FP8", "float32")
     with pytest.raises(UserError, match="export dtype 'int8' is not one of float32, float16, bfloat16"):

@@ -110,6 +110,18 @@ def test_cli_export_is_float32_unless_told_and_names_a_bad_dtype(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_dtype_is_named_as_build_names_a_precision():
+    """--dtype took only "float32" as typed where build's --precision took FP32, float32 and
+    fp32: "FLOAT32", "fp16" and "'float32 '" were refused (a walk of every option's spellings)."""
+    assert export_mod.export_dtype("FLOAT32") == export_mod.export_dtype(" float32") == "float32"
+    assert export_mod.export_dtype("fp16") == export_mod.export_dtype("Float16") == "float16"
+    assert export_mod.export_dtype("BF16 ") == "bfloat16"
+    for bad in ("int8", "fp 16", "float"):
+        with pytest.raises(UserError, match=f"^--dtype '{bad}' is not supported \\(choose one of float32, float16, "
+                                            "bfloat16\\)$"):
+            export_mod.export_dtype(bad)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_reduced_precision_exports_check(tmp_path, dtype):
     m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "o", dtype=dtype)

@@ -1681,6 +1681,9 @@ def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tm
         assert sess.last_prompt_ids == [1, 6, 2, 5]
     for bad, message in (("{nope", "--chat-template-kwargs: not valid JSON"),
                          ("[1]", "--chat-template-kwargs: expected a JSON object of template variable names"),
+                         # ("null" was taken as no variables where "[]" was refused: a walk's L9)
+                         ("null", "--chat-template-kwargs: expected a JSON object of template variable names to "
+                                  "values, found null"),
                          ('{"messages": 1}', "'messages' is set by specrt")):
         r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--chat", "--chat-template-kwargs", bad])
         assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, (bad, r.output)
