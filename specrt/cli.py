@@ -532,7 +532,7 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
     """What `specrt run` says of options that will not do what they may seem to (a user walk):
     --seed under a governor whose rounds follow measured times, --chat beside token ids,
     --chat-template-kwargs where no prompt goes through the template."""
-    from specrt.prompt_files import is_messages, is_token_ids
+    from specrt.prompt_files import template_notes
     from specrt.runtime.governor import split_lookup, split_tree
 
     notes = []
@@ -544,14 +544,7 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
         notes.append(f"--seed {seed}: under {governor} the rounds follow measured times, so the same seed may sample "
                      "another text (of the same distribution); off and fixed:K repeat it, and --reproducible "
                      "gives off's text under every governor")
-    ids = sum(is_token_ids(p) for p in prompts)
-    if chat and ids:
-        notes.append(f"--chat: {ids} of the {len(prompts)} prompts are token ids ('prompt_ids'), used as given, "
-                     "without the chat template")
-    if template_kwargs and not any(is_messages(p) or (chat and isinstance(p, str)) for p in prompts):
-        notes.append("--chat-template-kwargs: no prompt goes through the chat template (text without --chat, token "
-                     "ids), so its variables are not used")
-    return notes
+    return notes + template_notes(chat, prompts, template_kwargs)
 
 
 # run's and chat's --seed

@@ -1411,6 +1411,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         raise UserError(f"--lookup-tokens {lookup_tokens}: the lookup peers' draft length; "
                         + (f"--peers {peers} has no lookup peer (hf-lookup, llamacpp-lookup)" if peer_list
                            else "no peer runs (--peers none)"))
+    if peer_threading != "matched" and not peer_list:  # (taken without a word: it threads the peers only)
+        raise UserError(f"--peer-threading {peer_threading}: how the peers are threaded; no peer runs (--peers none)")
     receipt_target = (engines.export.get("binding_receipt") or {}).get("target") or {}
     hf_folder = Path(receipt_target["folder"]) if receipt_target.get("folder") else None
     if target_folder is not None:  # (a checkpoint moved since the export: the peers' decodes are compared with off's)
@@ -1451,6 +1453,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
 
     items = read_prompts(prompts_file)[: limit or None]
     prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs, prompts_file)
+    from specrt.prompt_files import prompts_of, template_notes
+
+    same_notes += template_notes(chat, prompts_of(items), chat_template_kwargs)  # (as `specrt run` says them)
     eos = [int(e) for e in engines.export["target"]["eos_token_ids"]]
     vocab = int(engines.export["target"]["vocab_size"])
     bad = next(((i, t) for i, p in enumerate(prompts) for t in p if not 0 <= t < vocab), None)

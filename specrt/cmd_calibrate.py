@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from specrt.contracts import CALIBRATION_FILE
-from specrt.prompt_files import prompts_of, read_prompt_file
+from specrt.prompt_files import prompts_of, read_prompt_file, template_notes
 from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
 
 
@@ -67,6 +67,8 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     held_lines: list[int] = []
     prompts = read_prompts(prompts_file, lines)
     held = read_prompts(holdout_file, held_lines) if holdout_file is not None else None
+    for note in template_notes(chat, prompts + (held or []), chat_template_kwargs):  # (as `specrt run` says them)
+        click.echo(f"note: {note}", err=True)
     labels = [f"{prompts_file}:{n}" for n in lines] + [f"{holdout_file}:{n}" for n in held_lines]
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
                            log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling,

@@ -121,6 +121,21 @@ def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None
     return items
 
 
+def template_notes(chat: bool, prompts: list, template_kwargs: dict | None) -> list[str]:
+    """What run, calibrate and bench say of --chat beside token ids and of
+    --chat-template-kwargs where no prompt goes through the template (``prompts`` as
+    ``prompts_of`` gives them)."""
+    notes = []
+    ids = sum(is_token_ids(p) for p in prompts)
+    if chat and ids:
+        notes.append(f"--chat: {ids} of the {len(prompts)} prompts are token ids ('prompt_ids'), used as given, "
+                     "without the chat template")
+    if template_kwargs and not any(is_messages(p) or (chat and isinstance(p, str)) for p in prompts):
+        notes.append("--chat-template-kwargs: no prompt goes through the chat template (text without --chat, token "
+                     "ids), so its variables are not used")
+    return notes
+
+
 def prompts_of(items: list[dict[str, Any]]) -> list[str | list[int] | list[dict]]:
     """Each item's token ids when it has them, else its conversation, else its text."""
     return [obj["prompt_ids"] if isinstance(obj.get("prompt_ids"), list) else text_of(obj) for obj in items]

@@ -678,6 +678,9 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                                                     "(--peers none)"),
                          (["--lookup-tokens", "4", "--peers", "hf"], "--lookup-tokens 4: the lookup peers' draft "
                                                                      "length; --peers hf has no lookup peer"),
+                         # (taken without a word: it threads the peers only)
+                         (["--peer-threading", "defaults"], "--peer-threading defaults: how the peers are threaded; "
+                                                            "no peer runs (--peers none)"),
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "none,hf"], "'none' goes alone (no peers), not beside hf"),
@@ -1060,6 +1063,21 @@ def test_auto_beside_the_governor_it_stands_for_runs_once(tiny_engines, prompts_
     rep = json.loads((out / "bench.json").read_text())
     assert set(rep["configs"]) == {REFERENCE, "specrt:auto", "specrt:fixed:1"}
     assert any(w.startswith(f"--governors: {same} is auto on {tiny_engines}") for w in rep["warnings"])
+
+
+def test_chat_options_beside_token_ids_are_said_as_run_says_them(tiny_engines, prompts_file, tmp_path):
+    """--chat and --chat-template-kwargs over a file of token ids (nothing goes through the
+    template) were taken without a word where `specrt run` notes each (the CLI walk's L5)."""
+    out = tmp_path / "r"
+    r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(out), "--peers", "none",
+                                   "--max-new-tokens", "2", "--governors", "off", "--threads", "1", "--warmup-tokens",
+                                   "0", "--quiet", "--no-profile", "--chat", "--chat-template-kwargs", '{"x": 1}'],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    warnings = json.loads((out / "bench.json").read_text())["warnings"]
+    assert "--chat: 2 of the 2 prompts are token ids ('prompt_ids'), used as given, without the chat template" \
+        in warnings, warnings
+    assert any(w.startswith("--chat-template-kwargs: no prompt goes through the chat template") for w in warnings)
 
 
 def test_a_variant_whose_context_the_prompts_overflow_is_refused(tiny_engines, prompts_file, tmp_path):

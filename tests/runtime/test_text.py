@@ -1701,6 +1701,23 @@ def test_calibrate_renders_its_prompts_with_the_template_variables(worded, tmp_p
     assert r.exit_code == 1 and f"{f}:1: the prompt has 203 tokens; the engines' context limit is 128" in r.output, \
         r.output
 
+
+def test_calibrate_says_chat_options_no_prompt_uses_as_run_does(worded, tmp_path):
+    """--chat and --chat-template-kwargs over token ids only were taken without a word by
+    calibrate where `specrt run` notes each (the CLI walk's L5). (The second prompt is too long
+    for these engines: refused after the notes, so nothing is written into the shared engines.)"""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt_ids": [3, 1, 4]}) + "\n" + json.dumps({"prompt_ids": [5] * 200}) + "\n")
+    r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(f), "--chat", "--holdout", "0",
+                                  "--max-new-tokens", "3", "--chat-template-kwargs", '{"x": 1}'])
+    assert r.exit_code == 1 and f"{f}:2: the prompt has 200 tokens" in r.output, r.output
+    assert "note: --chat: 2 of the 2 prompts are token ids ('prompt_ids'), used as given" in r.output, r.output
+    assert "note: --chat-template-kwargs: no prompt goes through the chat template" in r.output, r.output
+    r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(f), "--holdout", "0",
+                                  "--max-new-tokens", "3"])
+    assert r.exit_code == 1 and "note:" not in r.output, r.output
+
+
 def test_a_streams_template_variables_for_a_prompt_no_template_renders_are_refused(worded):
     """A user walk's finding: ``stream(text, chat_template_kwargs=...)`` without chat=True, or
     with token ids, dropped the variables without a word (the prompt decoded raw). The
