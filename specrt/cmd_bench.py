@@ -2086,7 +2086,7 @@ def _parse_variants(values) -> dict[str, Path]:
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Time every prompt N times: the whole prompt list N times over, each repeat from fresh governors "
                    "(what :grow or DSpark learnt in one repeat is not carried to the next); a prompt's seconds are "
-                   "the median of its repeats.")
+                   f"the median of its repeats. At most {MAX_BENCH_REPEATS}.")
 @sampling_options("> 0: sample (specrt's configurations only; the peers are skipped and no token identity is "
                   "checked, `off` is the baseline; with --reproducible every configuration is compared with `off` "
                   "token for token). 0: greedy.", seed=0,
