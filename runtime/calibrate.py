@@ -228,6 +228,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
                 raise UserError(f"{name}: {e}; no prompt was decoded") from None
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []
+        endings: list[str | None] = []  # how each answer ended (Finished.reason)
         width = RUNNER_UPS + 1 if s.engines.verifies_trees() else 1
         total = Telemetry()
         t0 = time.perf_counter()
@@ -240,14 +241,14 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             total.merge(tel)
             per_prompt.append(gov.rounds)
             per_prompt_ranks.append((gov.wins, gov.tries))
+            endings.append(s.generator.finished.reason if s.generator.finished else None)
             log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} tokens, {len(gov.rounds)} rounds, tau {tel.tau:.2f}")
         seconds = time.perf_counter() - t0
 
     train = [r for i in train_idx for r in per_prompt[i]]
     hold = [r for i in hold_idx for r in per_prompt[i]]
     if not train:
-        raise UserError("no draft rounds in the training prompts (each ended before a round could run): "
-                        "give longer generations (--max-new-tokens) or more prompts")
+        raise no_rounds("training", endings, train_idx, "give longer generations (--max-new-tokens) or more prompts")
     # samples per training prompt, and the prompt each came from: cross-validation folds
     # keep a prompt's rounds together (train is non-empty, so train_idx is too)
     per = [conditional_samples(per_prompt[i]) for i in train_idx]
@@ -261,7 +262,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     # (held-out prompts that ran no round are an error, not a silent fall back to the training rounds)
     eval_rounds, evaluated_on = (hold, "holdout") if hold_idx else (train, "train")
     if not eval_rounds:
-        raise UserError("no draft rounds in the held-out prompts: use a smaller --holdout or longer generations")
+        raise no_rounds("held-out", endings, hold_idx, "give other held-out prompts or longer generations"
+                        if holdout_prompts is not None else "use a smaller --holdout or longer generations")
     before = evaluate(eval_rounds, lambda c: c, K)
     after = evaluate(eval_rounds, cal, K)
     # what a run in this mode would start from without this fit: another mode's calibration
@@ -356,6 +358,18 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             + (f"; it replaces the {sampling.mode} calibration of {was.get('rounds', '?')} rounds made "
                f"{was.get('created', 'earlier')}" if was else "") + ")")
     return report
+
+
+def no_rounds(which: str, endings: Sequence[str | None], idx: Sequence[int], hint: str) -> UserError:
+    """The error for prompts ``idx`` that ran no draft round, saying how many answers ended at
+    EOS or the context, where more --max-new-tokens changes nothing (that was its only advice
+    for answers whose first token was EOS; and --holdout's, ignored beside --holdout-prompts)."""
+    said = {"eos": "the end-of-sequence token", "context": "the engines' context"}
+    parts = [f"{n} at {said[why]}" for why in said if (n := sum(endings[i] == why for i in idx))]
+    if all(endings[i] in said for i in idx):
+        hint = "give prompts whose answers go on (more --max-new-tokens does not change where these end)"
+    return UserError(f"no draft rounds in the {which} prompts (each of {len(idx)} answer{'s' * (len(idx) != 1)} ended "
+                     "before a round could run" + (f", {', '.join(parts)}" if parts else "") + f"): {hint}")
 
 
 def worse_fit_note(survival: dict, evaluated_on: str, rounds: int) -> str | None:

@@ -284,6 +284,11 @@ def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.repeat(vals, sizes)
 
 
+def _shape_error(n: np.ndarray, a: np.ndarray, bins: int) -> str:
+    """A stored calibration's counts / accepted of the wrong shape: one row of ``bins`` a position."""
+    return f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {bins} bins"
+
+
 class Calibration:
     """Per-position map from draft confidence to conditional acceptance c_k.
 
@@ -513,13 +518,22 @@ class Calibration:
             if d["format"] != "specrt.calibration/1":
                 raise UserError(f"calibration format {d['format']!r}: expected 'specrt.calibration/1'")
             n, a = np.asarray(d["counts"], float), np.asarray(d["accepted"], float)
-            cal = cls(d["kind"], positions=n.shape[0], bins=int(d["bins"]), prior=float(d["prior"]),
+            bins = int(d["bins"])
+            if n.ndim == 2 and 0 < bins != n.shape[1]:  # (before the map's [P, bins] arrays are made: a hand-edited
+                raise UserError(_shape_error(n, a, bins))  # bins of 10**9 was an out-of-memory error naming no file)
+            cal = cls(d["kind"], positions=n.shape[0], bins=bins, prior=float(d["prior"]),
                       window=int(d["window"]), refit_every=int(d["refit_every"]))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise UserError(f"calibration JSON is malformed ({type(e).__name__}: {e}); expected Calibration.to_dict() output") from None
-        if n.shape != cal.n.shape or a.shape != n.shape or not (np.isfinite(n).all() and np.isfinite(a).all()) \
-                or (a < 0).any() or (a > n).any():  # NaN passes every comparison: the map would say nan
-            raise UserError(f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {cal.bins} bins")
+        if n.shape != cal.n.shape or a.shape != n.shape:
+            raise UserError(_shape_error(n, a, cal.bins))
+        # (NaN passes every comparison: the map would say nan; said as "inconsistent with 20 bins"
+        # where the shapes were right and a count was not)
+        bad = ~(np.isfinite(n) & np.isfinite(a) & (a >= 0) & (a <= n))
+        if bad.any():
+            k, b = np.argwhere(bad)[0]
+            raise UserError(f"calibration JSON: position {k + 1}, bin {b + 1}: counts {n[k, b]:g} / accepted "
+                            f"{a[k, b]:g}: expected finite numbers with 0 <= accepted <= counts")
         cal.n, cal.a = n, a
         if d.get("runner_ups") is not None:
             try:

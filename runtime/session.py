@@ -142,6 +142,12 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
             e["calibration"] = Calibration.from_dict(e["calibration"])
         except UserError as err:
             raise UserError(f"{path}: mode {m!r}: {err}") from None
+        # calibrate fits a map for each position 1..K of the deepest verify depth K: a position missing
+        # (or one more) was taken without a word, the missing ones the identity map (no shallower_note)
+        positions = e["calibration"].positions
+        if "depth" in e and not (whole(e["depth"]) and e["depth"] == positions):
+            raise UserError(f"{path}: mode {m!r}: 'depth' {e['depth']!r} but {positions} positions in its "
+                            "calibration's 'counts': expected a row for each position 1..depth")
     if digest is not None and data.get("export_digest") != digest:  # well formed, but says for no engines
         return None
     return modes

@@ -364,9 +364,34 @@ def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_p
     says so (the training rounds' in-sample error was stored as the held-out one)."""
     eng = copy(small_vocab_engines, tmp_path / "engines")
     C = json.loads((eng / "engines.json").read_text())["max_context"]
-    with pytest.raises(UserError, match="no draft rounds in the held-out prompts"):
+    with pytest.raises(UserError, match="no draft rounds in the held-out prompts") as e:
         calibrate(eng, prompts(16, 3, seed=2), max_new_tokens=16, holdout_prompts=[[1, 2] * ((C - 1) // 2) + [3]])
     assert not (eng / CALIBRATION_FILE).exists()
+    # why, and advice that fits: it said "use a smaller --holdout or longer generations", --holdout
+    # being ignored beside held-out prompts and the answer ending at the context (a walk, session 71)
+    assert "(each of 1 answer ended before a round could run, 1 at the engines' context): give prompts whose " \
+           "answers go on (more --max-new-tokens does not change where these end)" in str(e.value)
+    assert "--holdout " not in str(e.value)
+
+
+def test_answers_ending_at_eos_at_once_are_said_to(tmp_path):
+    """Every answer ending at its first token (EOS): the error said "each ended before a round
+    could run: give longer generations (--max-new-tokens)", which changes nothing (a user
+    walk, session 71). Here every token is an EOS."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16, eos_token_id=list(range(16)))
+    d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
+    export(t, d, tmp_path / "exp")
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=quiet, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    with pytest.raises(UserError, match=re.escape(
+            "no draft rounds in the training prompts (each of 3 answers ended before a round could run, 3 at the "
+            "end-of-sequence token): give prompts whose answers go on (more --max-new-tokens does not change")):
+        calibrate(tmp_path / "eng", prompts(16, 3), max_new_tokens=64, holdout=0.0)
+    assert not (tmp_path / "eng" / CALIBRATION_FILE).exists()
 
 
 def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):
@@ -465,7 +490,7 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
                          ({"format": "specrt.calibration-file/2", "modes": {"greedy": {**entry, "calibration": {
                              **entry["calibration"], "counts": [[float("nan")] * len(r) for r in
                                                                 entry["calibration"]["counts"]]}}}},
-                          "calibration JSON: counts")]:
+                          "calibration JSON: position 1, bin 1: counts nan")]:
         (eng / CALIBRATION_FILE).write_text(json.dumps(bad))
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")
@@ -519,6 +544,35 @@ def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, 
         before = c.n[0].sum()
         c.update(np.full(deep, 0.9), deep - 1)
         assert c.n[0].sum() == before + 1 and c.n[1:].sum() == deep - 1
+
+
+@pytest.mark.parametrize("edit", ["a position less", "a position more", "depth", "depth not a number"])
+def test_a_calibration_whose_positions_are_not_its_depth_is_refused(small_vocab_engines, tmp_path, edit):
+    """calibrate stores a map for each position 1..depth: a hand-edited file with a position
+    missing was taken without a word (DSpark mapping it as the identity, no note), as was one
+    more or a 'depth' changed (a user walk, session 71). Refused by DSpark naming the file;
+    a governor that reads no calibration goes on, saying so."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(16, 4, seed=1), max_new_tokens=8, holdout=0.0)
+    data = json.loads((eng / CALIBRATION_FILE).read_text())
+    entry = data["modes"]["greedy"]
+    cal, deep = entry["calibration"], entry["depth"]
+    assert len(cal["counts"]) == deep  # as calibrate writes it
+    if edit == "a position less":
+        cal["counts"], cal["accepted"] = cal["counts"][:-1], cal["accepted"][:-1]
+        said = f"'depth' {deep} but {deep - 1} positions"
+    elif edit == "a position more":
+        cal["counts"], cal["accepted"] = cal["counts"] * 2, cal["accepted"] * 2
+        said = f"'depth' {deep} but {2 * deep} positions"
+    else:
+        entry["depth"] = deep + 1 if edit == "depth" else "four"
+        said = f"'depth' {entry['depth']!r} but {deep} positions"
+    (eng / CALIBRATION_FILE).write_text(json.dumps(data))
+    with pytest.raises(UserError, match=re.escape(f"{eng / CALIBRATION_FILE}: mode 'greedy': {said} in its "
+                                                  "calibration's 'counts': expected a row for each position 1..depth")):
+        Session(eng, governor="dspark")
+    with Session(eng, governor="fixed:1") as s:
+        assert s.calibration is None and s.calibration_note.startswith("calibration ignored (fixed:1 does not read it)")
 
 
 def test_a_calibration_file_not_in_utf8_is_named_and_calibrate_replaces_it(small_vocab_engines, tmp_path):

@@ -489,7 +489,7 @@ def test_calibration_json_round_trip_and_errors():
     with pytest.raises(UserError, match="malformed"):
         Calibration.from_dict({"format": "specrt.calibration/1"})
     bad = cal.to_dict() | {"accepted": (cal.n + 1).tolist()}
-    with pytest.raises(UserError, match="inconsistent"):
+    with pytest.raises(UserError, match="expected finite numbers with 0 <= accepted <= counts"):
         Calibration.from_dict(bad)
     with pytest.raises(UserError, match="kind"):
         Calibration("platt")
@@ -1451,13 +1451,18 @@ def test_softened_scales_each_positions_counts_alike_and_keeps_the_settings():
 # counts of another bin count, a scalar, an empty or negative runner-up record taken (or an IndexError traceback)
 @pytest.mark.parametrize("change, words", [
     ({"format": "specrt.calibration/2"}, "calibration format 'specrt.calibration/2': expected 'specrt.calibration/1'"),
-    ({"accepted": [[-1.0] + [0.0] * 19] + [[0.0] * 20] * 7}, "inconsistent with 20 bins"),
-    ({"accepted": [[float("nan")] * 20] * 8}, "inconsistent with 20 bins"),
+    # (said as "inconsistent with 20 bins", the shapes right: a walk, session 71)
+    ({"accepted": [[-1.0] + [0.0] * 19] + [[0.0] * 20] * 7},
+     r"position 1, bin 1: counts 2 / accepted -1: expected finite numbers with 0 <= accepted <= counts"),
+    ({"accepted": [[1.0] * 20] * 3 + [[1.0] * 6 + [float("nan")] * 14] + [[1.0] * 20] * 4},
+     r"position 4, bin 7: counts 2 / accepted nan: expected finite numbers"),
+    ({"counts": [[2.0] * 20] * 7 + [[2.0] * 19 + [float("inf")]]}, r"position 8, bin 20: counts inf / accepted 1"),
+    ({"accepted": [[3.0] * 20] * 8}, r"position 1, bin 1: counts 2 / accepted 3: expected"),
     ({"counts": [[1.0] * 3] * 8, "accepted": [[0.0] * 3] * 8}, r"counts \(8, 3\) / accepted \(8, 3\) inconsistent"),
     ({"counts": 5.0}, r"malformed \(IndexError"),
     ({"runner_ups": {}}, r"runner_ups malformed \(KeyError"),
     ({"runner_ups": {"wins": [-1.0], "tries": [4.0]}}, "expected 0 <= wins <= tries")],
-    ids=["format", "negative", "nan", "bins", "scalar", "empty-runner-ups", "negative-wins"])
+    ids=["format", "negative", "nan", "inf", "more-accepted", "bins", "scalar", "empty-runner-ups", "negative-wins"])
 def test_a_malformed_calibration_is_named(change, words):
     d = Calibration().to_dict()
     d["counts"] = [[2.0] * 20] * 8
@@ -1465,6 +1470,15 @@ def test_a_malformed_calibration_is_named(change, words):
     Calibration.from_dict(d)  # well formed as it stands
     with pytest.raises(UserError, match=words):
         Calibration.from_dict(d | change)
+
+
+def test_a_bin_count_the_stored_counts_do_not_have_is_refused_before_the_map_is_made():
+    """A hand-edited "bins" of 10**12: the map's [positions, bins] arrays were made before the
+    counts' shape was compared, a MemoryError (`specrt run`: "out of memory", naming no file;
+    a user walk, session 71)."""
+    d = Calibration(positions=8).to_dict() | {"bins": 10**12}
+    with pytest.raises(UserError, match=r"counts \(8, 20\) / accepted \(8, 20\) inconsistent with 1000000000000 bins"):
+        Calibration.from_dict(d)
 
 
 # mutant C43 (governor.py Calibration.to_dict): a setting stored other than it is
