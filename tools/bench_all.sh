@@ -34,6 +34,23 @@
 #      engines within its int8 bounds, and a copy with one weight changed
 #      (tools/corrupt_engine.py), which must fail (results/compare/).
 set -euo pipefail
+# (without these `--help` ran every benchmark into a folder named --help)
+usage="usage: bash tools/bench_all.sh [OUT]  (default out/bench-all, in the checkout; reports under results/)"
+case "${1:-}" in
+  -h|--help) echo "$usage"; exit 0 ;;
+  -*) printf 'error: %s is no option of it\n%s\n' "$1" "$usage" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { printf 'error: one OUT folder: got %s arguments\n%s\n' $# "$usage" >&2; exit 2; }
+# SPECRT_BENCH_ENGINES=0 skips the engine step; "off" or "false" ran it (as SPECRT_THP's
+# spellings are taken): those taken too, anything else refused before the work
+bench_engines=${SPECRT_BENCH_ENGINES:-1}
+bench_engines=${bench_engines// /}
+case "${bench_engines,,}" in
+  0|false|no|off) bench_engines=0 ;;
+  1|true|yes|on) bench_engines=1 ;;
+  *) printf 'error: SPECRT_BENCH_ENGINES=%s: expected 0 (or false, no, off) to skip the engine step, or 1\n' \
+       "$SPECRT_BENCH_ENGINES" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 OUT=${1:-out/bench-all}
 PY=.venv/bin/python
@@ -77,7 +94,7 @@ fi
 # the int8 draft's engines use the same calibration (same export; the runtime checks its digest)
 cp "$OUT/engines/calibration.json" "$OUT/engines-int8/calibration.json"
 
-if [ "${SPECRT_BENCH_ENGINES:-1}" = 0 ]; then
+if [ "$bench_engines" = 0 ]; then
   stamp "engines and MatMul rows skipped (SPECRT_BENCH_ENGINES=0): results/engines.txt and gemm_rows.txt kept"
 else
 settle

@@ -375,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.variants.split(","):
         if v not in VARIANTS:
             ap.error(f"unknown variant {v} (choose from {', '.join(VARIANTS)})")
+    for flag, folder in (("--engines", args.engines), ("--append-engines", args.append_engines)):
+        if folder is not None and not (folder / "engines.json").is_file():  # (a traceback at its read)
+            ap.error(f"{flag} {folder}: no engines.json (expected a folder `specrt build` wrote)")
     engines = args.engines or prepare(args.depths, True, args.draft)
     append_engines = None
     if "append" in args.variants.split(","):

@@ -418,6 +418,8 @@ def main() -> int:
     ap.add_argument("--no-chat", action="store_true", help="raw prompts instead of the chat template")
     ap.add_argument("--out", type=Path, default=None, help="where the JSON and PNG go (default: --work)")
     args = ap.parse_args()
+    if not args.prompts.is_file():
+        ap.error(f"--prompts {args.prompts}: no such file")
     from specrt.hugepages import reexec_with_thp, script_code
 
     reexec_with_thp(sys.argv[1:], script_code(__file__))  # huge pages for the weights, as the specrt command
@@ -586,4 +588,10 @@ def differences(reps: dict[str, list[dict]], prompt: int, kind: str) -> list[dic
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from specrt.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # a wrong --engines or governor spec, said as specrt says it (it was a traceback)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -10,8 +10,16 @@
 # new venvs, 1 min 15 s again). Not in CI: run it by hand after raising or adding a floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# pyproject.toml is read with tomllib, Python 3.11 or later: python3 where it is, else python3.11-3.13
+# (a python3 of 3.10, the floor, failed here with a traceback)
+toml_py=
+for c in python3 python3.13 python3.12 python3.11; do
+  if "$c" -c 'import tomllib' > /dev/null 2>&1; then toml_py=$c; break; fi
+done
+[ -n "$toml_py" ] || { echo "error: reading pyproject.toml needs Python 3.11 or later (tomllib); python3 here is" \
+  "$(python3 --version 2>&1): put python3.11 or later on PATH" >&2; exit 1; }
 pins() {  # pins() EXTRA...: "name==floor" per requirement of [project] (and the extras named)
-  python3 - "$@" <<'EOF'
+  "$toml_py" - "$@" <<'EOF'
 import re, sys, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = list(p["dependencies"]) + [r for x in sys.argv[1:] for r in p["optional-dependencies"][x]]
@@ -35,7 +43,7 @@ versions() {
   "$1/bin/pip" freeze | grep -iE '^(click|numpy|onnx|onnxruntime|onnx.ir|safetensors|tokenizers|jinja2)==|'\
 '^(torch|transformers|polygraphy|pytest|hypothesis)==' | tr '\n' ' '
 }
-floor_py=$(python3 -c 'import re, tomllib
+floor_py=$("$toml_py" -c 'import re, tomllib
 print(re.sub(r"[^0-9.]", "", tomllib.load(open("pyproject.toml", "rb"))["project"]["requires-python"]))')
 py=python3  # else python3.10 or pyenv's 3.10.x, where either runs
 for c in "python$floor_py" "$HOME"/.pyenv/versions/"$floor_py".*/bin/python; do

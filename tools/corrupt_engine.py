@@ -39,6 +39,9 @@ def corrupt(folder: Path, initializer: str, delta: float = 1.0, index: int = 0) 
     if init is None:
         raise UserError(f"{folder}: the target engine has no weight '{initializer}'")
     w = numpy_helper.to_array(init).copy()
+    if not -w.size <= index < w.size:
+        raise UserError(f"{folder}: --index {index} is outside the target engine's weight '{initializer}' "
+                        f"({w.size} elements)")
     old = float(w.flat[index])
     w.flat[index] += delta
     init.CopyFrom(numpy_helper.from_array(w, initializer))
@@ -70,11 +73,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"error: {args.out} exists")
+    # checked before the copy: a folder that is no build was copied whole (into itself when OUT
+    # lies inside it) and failed with a traceback, the copy left behind
+    try:
+        backend = json.loads((args.engines / "engines.json").read_text())["backend"]
+    except OSError as e:
+        raise SystemExit(f"error: {args.engines}: cannot read engines.json ({e.strerror}): expected a folder "
+                         "`specrt build` wrote")
+    except (ValueError, LookupError, TypeError) as e:
+        raise SystemExit(f"error: {args.engines}: engines.json is not a build's manifest ({type(e).__name__}: {e})")
+    if backend != "onnxruntime":
+        raise SystemExit(f"error: {args.engines}: a {backend} engine has no ONNX weights to change")
+    if args.out.resolve().is_relative_to(args.engines.resolve()):
+        raise SystemExit(f"error: {args.out} lies inside {args.engines}: give OUT outside the folder it copies")
+    from specrt.errors import UserError
+
     # the embedded export is hard-linked (never modified); the engine files are copied: onnx
     # refuses to read external weights from a file with several hard links
     shutil.copytree(args.engines, args.out, ignore=shutil.ignore_patterns("export"))
-    shutil.copytree(args.engines / "export", args.out / "export", copy_function=os.link)
-    old, new = corrupt(args.out, args.initializer, args.delta, args.index)
+    try:
+        shutil.copytree(args.engines / "export", args.out / "export", copy_function=os.link)
+        old, new = corrupt(args.out, args.initializer, args.delta, args.index)
+    except (UserError, OSError) as e:  # (a wrong --initializer or --index): no half-made copy left
+        shutil.rmtree(args.out)
+        raise SystemExit(f"error: {args.engines}: {str(e).removeprefix(f'{args.out}: ')} ({args.out} not written)")
     print(f"{args.out}: {args.initializer}[{args.index}] {old:.6g} -> {new:.6g}; target roles point at "
           f"{args.out / 'corrupt' / 'target.onnx'}")
     return 0

@@ -6,6 +6,10 @@
 # print the speed-up over decoding without speculation on the same engines, on that prompt and
 # on 10 held-out prompts of five kinds.
 set -euo pipefail
+# (without these the whole demo ran: `--help` answered as the prompt, an unquoted prompt cut to its first word)
+usage="usage: bash tools/demo.sh [PROMPT]  (SPECRT_DEMO_OUT=DIR for its files: default out/demo, in the checkout)"
+case "${1:-}" in -h|--help) echo "$usage"; exit 0 ;; esac
+[ $# -le 1 ] || { printf 'error: one prompt, in quotes: got %s arguments\n%s\n' $# "$usage" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 PROMPT=${1:-"Give me three tips for writing clear Python code."}
 OUT=${SPECRT_DEMO_OUT:-out/demo}

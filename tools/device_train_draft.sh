@@ -116,9 +116,24 @@ LIMIT=$((64 * 1024 * 1024))  # what one device call carries, working tree includ
 # reference there), 1.8 MB of a margin that was 0.47 MB in session 64 (the tree grows each session)
 SLIM=(results tests ':(exclude)tests/data' fixtures/peagle-smollm2/model.safetensors)
 DRAFT=fixtures/peagle-smollm2  # the committed draft: a copy travels in .dev0 for INIT
+case "${1:-}" in
+    ""|prepare|restore) ;;
+    -h|--help) sed -n '2,/^set -euo/p' tools/device_train_draft.sh | sed '$d'; exit 0 ;;
+    # (anything else ran the device job itself, which here fails after writing $OUT/device.log)
+    *) echo "usage: bash tools/device_train_draft.sh prepare|restore (here); OUT=DIR ... bash" \
+            "tools/device_train_draft.sh (the device job, no argument); --help for the steps" >&2
+       exit 2 ;;
+esac
 if [ "${1:-}" = restore ]; then
-    git checkout -- "${SLIM[@]}"
-    echo "restored: ${SLIM[*]}"
+    # only the files prepare emptied (changed, and empty now): a checkout of every tracked file there
+    # also dropped a contributor's own edits to the tests or results, without a word
+    emptied=() kept=0
+    while IFS= read -r -d '' f; do
+        if [ -f "$f" ] && [ ! -s "$f" ]; then emptied+=("$f"); else kept=$((kept + 1)); fi
+    done < <(git diff --name-only -z -- "${SLIM[@]}")
+    [ "${#emptied[@]}" = 0 ] || git checkout -- "${emptied[@]}"
+    echo "restored the ${#emptied[@]} emptied files of ${SLIM[*]}"
+    [ "$kept" = 0 ] || echo "left $kept files there with changes of their own (git status)"
     exit 0
 fi
 if [ "${1:-}" = prepare ]; then

@@ -56,6 +56,41 @@ def read_costs(engines: Path) -> dict:
     return costs
 
 
+def read_draft_config(folder: Path) -> dict:
+    """A draft folder's config.json, checked for what the evaluation reads: before the held-out
+    answers, which take minutes to make (a wrong folder failed after them, with a traceback)."""
+    path = folder / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        _ = cfg["eagle_aux_hidden_state_layer_ids"], cfg["speculators_config"]["proposal_methods"][0][
+            "speculative_tokens"]  # (what main reads)
+    except OSError as e:
+        raise SystemExit(f"{folder}: cannot read {path.name} ({e.strerror}; expected a P-EAGLE draft folder)")
+    except (ValueError, LookupError, TypeError) as e:
+        raise SystemExit(f"{folder}: {path.name} is not a P-EAGLE draft's config ({type(e).__name__}: {e})")
+    if not (folder / "model.safetensors").is_file():
+        raise SystemExit(f"{folder}: model.safetensors missing (expected a P-EAGLE draft folder)")
+    return cfg
+
+
+def read_subset(spec: str, n: int) -> list[int]:
+    """--subset FILE:KEY: the held-out prompt indices (of ``n``) listed under KEY in FILE's JSON object."""
+    path, sep, key = spec.rpartition(":")
+    if not sep or not path:
+        raise SystemExit(f"--subset {spec}: expected FILE:KEY")
+    try:
+        keep = json.loads(Path(path).read_text())[key]
+    except OSError as e:
+        raise SystemExit(f"--subset {spec}: cannot read {path} ({e.strerror})")
+    except ValueError as e:
+        raise SystemExit(f"--subset {spec}: {path} is not JSON ({e})")
+    except (LookupError, TypeError):
+        raise SystemExit(f"--subset {spec}: {path} has no key {key!r} (expected a JSON object)")
+    if not isinstance(keep, list) or not all(type(i) is int and 0 <= i < n for i in keep):
+        raise SystemExit(f"--subset {spec}: expected a list of held-out prompt indices 0..{n - 1}, got {keep!r}")
+    return keep
+
+
 def predicted_speedups(loop: dict, costs: dict) -> dict:
     """{k: loop tau at fixed:k x decode / (draft pass at depth k + verify.k)} for each k of
     ``loop`` (evaluate's) that the table has a verify cost for; the draft pass is the table's
@@ -81,21 +116,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="a build's folder: predict each fixed depth's decode speed-up from its cost table")
     args = ap.parse_args(argv)
     costs = read_costs(args.costs) if args.costs else None
+    configs = {folder: read_draft_config(folder) for folder in args.drafts}
+    for folder, cfg in configs.items():  # anchors t <= N - 2 - K (evaluate): none in answers of K tokens or fewer
+        K = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if args.max_new <= K:  # (it printed tau 1.0 over 0 anchors and speed-ups from it)
+            raise SystemExit(f"--max-new {args.max_new}: {folder} drafts {K} tokens a round, so answers of "
+                             f"{args.max_new} tokens hold no anchor to measure it at: give more than {K}")
+    n_held = sum(1 for line in tp.HELDOUT.read_text().splitlines() if line.strip())
+    keep = read_subset(args.subset, n_held) if args.subset else list(range(n_held))
+    if args.out and not args.out.parent.is_dir():
+        raise SystemExit(f"-o {args.out}: {args.out.parent} is not a folder")
     torch.set_num_threads(args.threads)
     cache = default_cache()
     _, source, tok, target = tp.smollm2_target(cache)
     held = tp.heldout_answers(target, tok, cache, None, args.max_new, source["sha256"])
-    keep = list(range(len(held)))
-    if args.subset:
-        path, key = args.subset.rsplit(":", 1)
-        keep = json.loads(Path(path).read_text())[key]
     held = [held[i] for i in keep]
     table = {"prompts": len(held), "subset": args.subset, "drafts": {},
              **({"costs": {"engines": str(args.costs), **costs}} if costs else {})}
     embed = target.model.embed_tokens.weight.detach().clone()
     feats = {}
     for folder in args.drafts:
-        cfg = json.loads((folder / "config.json").read_text())
+        cfg = configs[folder]
         aux = tuple(cfg["eagle_aux_hidden_state_layer_ids"])
         if aux not in feats:
             feats[aux] = tp.build_features(target, held, list(aux), None)

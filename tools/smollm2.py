@@ -204,7 +204,8 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=None,
+    # a ~ the shell left (--cache=~/x is not expanded) is the home folder, as in $SPECRT_CACHE
+    ap.add_argument("--cache", default=None, type=lambda v: Path(v).expanduser(),
                     help="cache root (default $SPECRT_CACHE or ~/.cache/specrt)")
     args = ap.parse_args(argv)
     try:

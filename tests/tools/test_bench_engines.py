@@ -230,3 +230,19 @@ def test_the_cache_named_with_a_tilde_the_shell_left_is_the_home_folders(tmp_pat
         t.prepare("1,2", False, None)
     assert built == [tmp_path / "home" / "c" / "bench-engines" / "engines",
                      tmp_path / "home" / ".cache" / "specrt" / "bench-engines" / "engines"]
+
+
+def test_an_engines_folder_that_is_no_build_is_refused_by_its_option(tiny_engines, tmp_path, capsys, monkeypatch):
+    """Before: a FileNotFoundError traceback reading its engines.json (--engines), or every append
+    child failing (--append-engines). (A cache of the test's own: a build without --engines goes there.)"""
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECRT_SMOLLM2_WHEEL", str(tmp_path / "nowhere.whl"))
+    t, (eng, _) = tool("bench_engines"), tiny_engines
+    for args, flag, folder in ((["--engines", str(tmp_path), "--variants", "shared"], "--engines", tmp_path),
+                               (["--engines", str(eng), "--append-engines", str(tmp_path / "a"), "--variants",
+                                 "shared,append"], "--append-engines", tmp_path / "a")):
+        with pytest.raises(SystemExit) as exc:
+            t.main([*args, "--contexts", "8", "--depths", "1", "--steps", "21"])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            f"error: {flag} {folder}: no engines.json (expected a folder `specrt build` wrote)")

@@ -450,3 +450,24 @@ def test_differences_name_each_run_whose_output_is_not_offs(bg):
         {"prompt": 4, "kind": "code", "governor": "fixed:2", "repeat": 0, "first_difference": 4}]
     assert bg.differences({"off": [ref, same], "fixed:3": [same]}, 0, "chat") == []
     assert bg.differences({"off": [ref, {"out": [5]}]}, 1, "chat")[0]["repeat"] == 1  # off's own repeats too
+
+
+def test_a_wrong_engines_folder_prompts_file_or_governor_is_one_error_line(tmp_path):
+    """Before: specrt's own UserError (no such engines folder, a governor spec it does not know) a
+    traceback, a missing --prompts file a FileNotFoundError traceback; now an error line naming
+    it, exit 1 (2 for the option argparse checks), nothing written."""
+    from tests.runtime.test_text import _tiny_text_pair, _words
+
+    eng = _tiny_text_pair(tmp_path / "pair", 16, 12, _words)
+    env = {**os.environ, "SPECRT_THP": "0", "OMP_NUM_THREADS": "1"}
+    for args, code, error in (
+            (["--engines", str(tmp_path / "nowhere")], 1, f"error: {tmp_path / 'nowhere'}: no such engines folder"),
+            (["--engines", str(eng), "--prompts", str(tmp_path / "none.jsonl")], 2,
+             f"error: --prompts {tmp_path / 'none.jsonl'}: no such file"),
+            (["--engines", str(eng), "--extra-governors", "fixed:9x"], 1, "error: governor 'fixed:9x': expected")):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), *args, "--per-kind", "1",
+                            "--max-new-tokens", "2", "--no-chat", "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+        assert error in r.stderr.splitlines()[-1], r.stderr
+        assert not (tmp_path / "out").exists()

@@ -97,3 +97,41 @@ def test_the_table_is_evaluate_on_the_subset_for_each_draft_with_its_predicted_s
     for r in table["drafts"].values():
         assert r == {**want, "predicted_speedup": ev.predicted_speedups(want["loop"], costs)}
         assert list(r["predicted_speedup"]) == ["1", "3", "4"]
+
+
+def test_wrong_drafts_subsets_and_outputs_are_refused_before_the_target_is_loaded(tmp_path, monkeypatch):
+    """What main reads after the held-out answers (minutes of the target's decoding) is checked
+    before them, each refused by name: here the target cannot even be made (an empty cache and
+    a wheel that is not there), so an input found wrong only after it would fail otherwise."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECRT_SMOLLM2_WHEEL", str(tmp_path / "no-wheel.whl"))
+    ev = tool("eval_draft")
+    draft = str(committed_draft())
+    (tmp_path / "split.json").write_text(json.dumps({"clean": [0, 2], "far": [80], "bad": "0,2"}))
+    (tmp_path / "not-json").write_text("{")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "config.json").write_text("{")
+    for args, match in (([str(tmp_path / "nowhere")], r"nowhere: cannot read config.json \(No such file"),
+                        ([draft, str(tmp_path / "empty")], r"empty: cannot read config.json"),
+                        ([str(tmp_path / "cut")], r"cut: config.json is not a P-EAGLE draft's config \(JSONDecode"),
+                        ([draft, "--subset", str(tmp_path / "split.json")], r"--subset .*json: expected FILE:KEY"),
+                        ([draft, "--subset", f"{tmp_path}/none.json:clean"], r"--subset .*: cannot read .*none.json"),
+                        ([draft, "--subset", f"{tmp_path}/not-json:clean"], r"--subset .*: .*not-json is not JSON"),
+                        ([draft, "--subset", f"{tmp_path}/split.json:other"], r"split.json has no key 'other'"),
+                        ([draft, "--subset", f"{tmp_path}/split.json:far"], r"indices 0..79, got \[80\]"),
+                        ([draft, "--subset", f"{tmp_path}/split.json:bad"], r"indices 0..79, got '0,2'"),
+                        ([draft, "-o", str(tmp_path / "no" / "t.json")], r"-o .*t.json: .*no is not a folder"),
+                        ([draft, "--max-new", "4"], r"--max-new 4: .*peagle-smollm2 drafts 4 tokens a round, so "
+                                                    r"answers of 4 tokens hold no anchor")):
+        with pytest.raises(SystemExit, match=match):
+            ev.main(args)
+    assert not (tmp_path / "cache").exists()  # the target was never asked for
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text((committed_draft() / "config.json").read_text())
+    with pytest.raises(SystemExit, match=r"draft: model.safetensors missing"):
+        ev.main([str(tmp_path / "draft")])
+    (tmp_path / "draft" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [2]}))
+    with pytest.raises(SystemExit, match=r"draft: config.json is not a P-EAGLE draft's config \(KeyError"):
+        ev.main([str(tmp_path / "draft")])

@@ -288,3 +288,18 @@ def test_the_cache_named_with_a_tilde_the_shell_left_is_the_home_folders(tmp_pat
     assert smollm2.default_cache() == tmp_path / "home" / ".cache" / "specrt"
     monkeypatch.setenv("SPECRT_CACHE", "")
     assert smollm2.default_cache() == tmp_path / "home" / ".cache" / "specrt"
+
+
+def test_a_cache_option_with_the_tilde_the_shell_left_is_the_home_folders(tmp_path, monkeypatch, capsys):
+    """`--cache=~/models` (bash expands no ~ after `--cache=`) made a folder named ``~`` in the
+    working folder and looked for (and would fetch) the model there."""
+    smollm2 = _tool("smollm2")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(smollm2.WHEEL_ENV, str(tmp_path / "nowhere.whl"))  # a build would fail: none needed
+    folder = tmp_path / "home" / "models" / smollm2.SUBFOLDER
+    folder.mkdir(parents=True)
+    for name in smollm2.REQUIRED:
+        (folder / name).write_text("{}")
+    assert smollm2.main(["--cache=~/models"]) == 0
+    assert capsys.readouterr().out == f"{folder}\n" and not (tmp_path / "~").exists()
