@@ -77,7 +77,7 @@ def _header(path: Path) -> tuple[dict, int]:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
     try:
         header = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
         raise UserError(f"{path}: malformed safetensors header (not JSON: {e})") from None
     if not isinstance(header, dict):
         raise UserError(f"{path}: malformed safetensors header (expected a JSON object)")
@@ -167,7 +167,7 @@ def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-p
     if index.is_file():
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
             raise UserError(f"{index}: not valid JSON ({e})") from None
         wmap = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wmap, dict) or not wmap:

@@ -581,7 +581,7 @@ def _run_stats(path: Path, export_digest: str | None = None) -> list[tuple[list[
     when it names another export's digest than ``export_digest`` (other engines' token ids)."""
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
         raise UserError(f"{path}: cannot read `specrt run --stats` JSON ({e})") from None
     if not isinstance(stats, dict) or not isinstance(stats.get("prompts"), list):
         raise UserError(f"{path}: expected `specrt run --stats` JSON (an object with a 'prompts' list)")

@@ -108,8 +108,8 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     calibration at the top level) reads as {'greedy': ...}."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (not UTF-8: a traceback in every command,
-        raise UserError(f"{path}: not valid JSON ({e})") from None  # calibrate's replacement of it too)
+    except ValueError as e:  # (not UTF-8: a traceback in every command, calibrate's replacement of it too;
+        raise UserError(f"{path}: not valid JSON ({e})") from None  # a number past Python's digit limit for int)
     except RecursionError:  # arrays or objects nested past Python's recursion limit
         raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
     except OSError as e:
@@ -338,7 +338,7 @@ class Session:
             return None
         try:
             a = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
             raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
                             "writes it again") from None
         again = f"`specrt canary {self.engines.folder}` writes it again"

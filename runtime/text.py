@@ -230,6 +230,10 @@ def template_kwargs_of(value, where: str) -> dict:
         except json.JSONDecodeError as e:
             raise UserError(f"{where}: not valid JSON ({e.msg}); expected an object such as "
                             '\'{"enable_thinking": false}\'') from None
+        except (ValueError, RecursionError) as e:  # (a number past Python's digit limit for int, or arrays
+            # nested past the recursion limit: tracebacks)
+            why = "nested too deeply to read" if isinstance(e, RecursionError) else e
+            raise UserError(f"{where}: not valid JSON ({why})") from None
         if value is None:  # (typed "null": a request's null is "not given", a command line's a slip, as "[]" is)
             raise UserError(f"{where}: expected a JSON object of template variable names to values, found null")
     if value is None:

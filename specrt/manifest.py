@@ -279,10 +279,10 @@ def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any
         raise UserError(f"{folder}: not a complete {what} folder (no {name}){specrt_folder_note(folder)}")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{p}: not valid JSON ({e})") from None
-    except RecursionError:  # arrays or objects nested past Python's recursion limit
-        raise UserError(f"{p}: not valid JSON (nested too deeply to read)") from None
+    except (ValueError, RecursionError) as e:  # (not UTF-8, not JSON; arrays or objects nested past Python's
+        # recursion limit, a number past its digit limit for int: tracebacks)
+        why = "nested too deeply to read" if isinstance(e, RecursionError) else e
+        raise UserError(f"{p}: not valid JSON ({why})") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise UserError(f"{p}: not {'an' if what[0] in 'aeiou' else 'a'} {what} manifest (expected format '{fmt}')")
     return data

@@ -82,8 +82,10 @@ def json_object(text: str, path: Path) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:  # arrays or objects nested past Python's recursion limit (a traceback)
-        raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
+    except (ValueError, RecursionError) as e:  # arrays or objects nested past Python's recursion limit, a
+        # number past its digit limit for int (tracebacks)
+        why = "nested too deeply to read" if isinstance(e, RecursionError) else e
+        raise UserError(f"{path}: not valid JSON ({why})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
     return data

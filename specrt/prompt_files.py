@@ -40,8 +40,10 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
             value = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
-        except RecursionError:  # arrays or objects nested past Python's recursion limit
-            raise UserError(f"{path}:{n}: not a JSON line (nested too deeply to read)") from None
+        except (ValueError, RecursionError) as e:  # nested past Python's recursion limit, a number past its
+            # digit limit for int (tracebacks)
+            why = "nested too deeply to read" if isinstance(e, RecursionError) else e
+            raise UserError(f"{path}:{n}: not a JSON line ({why})") from None
         yield n, value
 
 

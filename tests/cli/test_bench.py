@@ -669,6 +669,8 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                          # (10**30 ran for ever: the whole prompt list again and again; refused before
                          # the later checks, --limit's here)
                          (["--repeats", str(10**30), "--limit", "0"], f"--repeats {10**30}: expected at most 1000"),
+                         # (m71a-13: the bound itself, the first count past it)
+                         (["--repeats", "1001", "--limit", "0"], "--repeats 1001: expected at most 1000 (each repeat"),
                          (["--limit", "0"], "--limit 0: expected >= 1"), (["--threads", "-4"], "--threads -4: expected >= 1"),
                          # (the peers' lookup length: 10**30 was hf-lookup's OverflowError traceback, the peer failed)
                          (["--lookup-tokens", "257", "--peers", "hf-lookup"],

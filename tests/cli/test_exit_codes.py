@@ -642,6 +642,9 @@ def test_the_engines_files_check_needs_no_runtime(tmp_path):
     ("tokenizer.json", "[" * 100_000 + "]" * 100_000, "tokenizer.json: not valid JSON (nested too deeply to read)"),
     ("tokenizer_config.json", "[" * 100_000 + "]" * 100_000,
      "tokenizer_config.json: not valid JSON (nested too deeply to read)"),
+    # a number past Python's digit limit for int (4300): json's ValueError was a traceback
+    ("tokenizer_config.json", '{"model_max_length": ' + "9" * 5000 + "}",
+     "tokenizer_config.json: not valid JSON (Exceeds the limit (4300 digits)"),
 ])
 def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, text, message):
     """A broken tokenizer file was copied without a word and built; `specrt run` then ended in

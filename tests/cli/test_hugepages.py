@@ -213,11 +213,13 @@ def test_what_was_printed_before_the_restart_is_not_lost():
     pipe or file is block-buffered, unless PYTHONUNBUFFERED) went with it unless flushed."""
     drop = ("GLIBC_TUNABLES", "SPECRT_THP", "SPECRT_THP_REEXEC", "PYTHONUNBUFFERED")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    code = ("from specrt.hugepages import reexec_with_thp; print('before'); "
-            "reexec_with_thp([], code=\"print('child')\"); print('parent')")
+    code = ("import sys; from specrt.hugepages import reexec_with_thp; print('before'); sys.stderr.write('note: '); "
+            "reexec_with_thp([], code=\"import sys; print('child'); sys.stderr.write('said')\"); print('parent')")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     want = "child" if thp_mode() == "madvise" else "parent"
     assert r.returncode == 0 and r.stdout.split() == ["before", want], (r.stdout, r.stderr)
+    # (m71a-73: stderr too, a line not yet ended: stderr is line-buffered)
+    assert r.stderr == ("note: said" if want == "child" else "note: "), r.stderr
 
 
 @linux
@@ -315,3 +317,45 @@ def test_a_later_hugetlb_entry_of_the_users_is_the_one_read(monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", f"{TUNABLE}:glibc.malloc.hugetlb=0")
     got = hugepages_settings("matched")
     assert got["specrt"] is (got["kernel_thp"] == "always") and got["peers"] is (got["kernel_thp"] == "always"), got
+
+
+def test_a_peer_run_as_shipped_keeps_the_users_own_hugetlb_choice():
+    """m71a-25: a peer run as shipped (``on=False``) loses specrt's tunable alone: the user's own
+    ``glibc.malloc.hugetlb`` (0: none, 2: the hugetlbfs pool) is the user's setting, which the
+    peers then run with as any program the user starts would."""
+    for own in ("glibc.malloc.hugetlb=0", "glibc.malloc.hugetlb=2:a=1"):
+        assert with_thp({"GLIBC_TUNABLES": f"{own}:{TUNABLE}"}, on=False)["GLIBC_TUNABLES"] == own, own
+
+
+def test_a_c_library_version_that_cannot_be_read_is_none(monkeypatch):
+    """m71a-29: where ``os.confstr`` does not know CS_GNU_LIBC_VERSION (macOS and other
+    platforms without glibc: Python's ValueError "unrecognized configuration name") or glibc's
+    answer holds no minor number, glibc_version is None (no tunable; bench reports no glibc),
+    not a ValueError's traceback."""
+    import specrt.hugepages as h
+
+    def unknown(name):
+        raise ValueError("unrecognized configuration name")
+
+    monkeypatch.setattr(h.os, "confstr", unknown)
+    assert h.glibc_version() is None
+    monkeypatch.setattr(h.os, "confstr", lambda name: "glibc 2")
+    assert h.glibc_version() is None
+    monkeypatch.setattr(h.os, "confstr", lambda name: "glibc 2.36")
+    assert h.glibc_version() == (2, 36)
+
+
+def test_a_kernel_setting_that_cannot_be_read_is_unknown(tmp_path):
+    """m71a-55: a setting that is there but cannot be read as a file (a folder here; a /sys
+    file a sandbox refuses) is an unknown mode, nothing asked, as a missing one is: not an
+    OSError's traceback in every command."""
+    assert thp_mode(tmp_path) is None
+
+
+def test_an_empty_environment_given_is_the_one_judged_for_huge_pages(monkeypatch):
+    """m71a-57: has_tunable judges the environment it is given, an empty one too (a worker
+    started with no GLIBC_TUNABLES gets no huge pages from specrt), not this process's."""
+    from specrt.hugepages import has_tunable
+
+    monkeypatch.setenv("GLIBC_TUNABLES", TUNABLE)
+    assert has_tunable() and not has_tunable({})

@@ -129,6 +129,10 @@ def test_a_manifest_nested_too_deeply_is_named(engines_copy):
     (engines_copy / "engines.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(UserError, match="engines.json: not valid JSON \\(nested too deeply to read\\)"):
         load_engines(engines_copy)
+    # a number past Python's digit limit for int (4300): json's ValueError was a traceback
+    (engines_copy / "engines.json").write_text('{"format": ' + "9" * 5000 + "}")
+    with pytest.raises(UserError, match="engines.json: not valid JSON \\(Exceeds the limit \\(4300 digits\\)"):
+        load_engines(engines_copy)
 
 
 @pytest.mark.parametrize("change, said", [

@@ -1192,6 +1192,10 @@ def test_a_header_length_past_the_file_is_named_as_such(tmp_path):
     with pytest.raises(UserError, match=rf"^{p}: malformed safetensors header \(declares {len(text) + 8} header "
                                         rf"bytes, file has {len(text) + 8}\)$"):
         read_safetensors_index(p)
+    for text in (b'{"x": ' + b"9" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):  # (ValueError, RecursionError
+        p.write_bytes(len(text).to_bytes(8, "little") + text)  # tracebacks: past Python's digit limit for int,
+        with pytest.raises(UserError, match=rf"^{p}: malformed safetensors header \(not JSON: "):  # nested too deep)
+            read_safetensors_index(p)
 
 
 # mutant C3: checkpoint.py:72  the MAX_HEADER limit dropped (`if 8 + n > size:`)
@@ -1608,6 +1612,10 @@ def test_an_index_that_is_not_utf8_is_named(hf_models, tmp_path):
     idx.write_bytes(b'{"weight_map": {"\xff": "x"}}')
     with pytest.raises(UserError, match=rf"^{idx}: not valid JSON \("):
         bind_target(folder)
+    for text in ('{"weight_map": ' + "9" * 5000 + "}", "[" * 100000 + "]" * 100000):  # (ValueError, RecursionError
+        idx.write_text(text)  # tracebacks: past Python's digit limit for int, nested past its recursion limit)
+        with pytest.raises(UserError, match=rf"^{idx}: not valid JSON \("):
+            bind_target(folder)
 
 
 # mut1 C45: checkpoint.py:241  `isinstance(k, str)` dropped (a key that is no name: safetensors' own refusal)

@@ -509,6 +509,9 @@ def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
     p.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(UserError, match=f"{p}: not valid JSON \\(nested too deeply to read\\)"):
         read_calibration_file(p)
+    p.write_text('{"format": ' + "9" * 5000 + "}")  # past Python's digit limit for int: a ValueError traceback
+    with pytest.raises(UserError, match=f"{p}: not valid JSON \\(Exceeds the limit \\(4300 digits\\)"):
+        read_calibration_file(p)
 
 
 def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, tmp_path):

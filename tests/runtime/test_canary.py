@@ -225,7 +225,9 @@ def test_no_receipt_is_trusted_with_a_note(tmp_path):
     r = _measure(_engines(tmp_path / "c", None))
     assert r["trusted"] and r["training_depth1"] is None and "no training receipt" in r["note"]
     eng = tmp_path / "c" / "eng"
-    for text, what in (("{not json", "cannot read the acceptance receipt"), ("[1, 2]", "expected a JSON object")):
+    for text, what in (("{not json", "cannot read the acceptance receipt"), ("[1, 2]", "expected a JSON object"),
+                       # (a number past Python's digit limit for int: a ValueError traceback)
+                       ('{"a": ' + "9" * 5000 + "}", "cannot read the acceptance receipt")):
         (eng / "acceptance_receipt.json").write_text(text)
         with pytest.raises(UserError, match=f"acceptance_receipt.json: {what}.*specrt canary"):
             Session(eng, governor="fixed:1")

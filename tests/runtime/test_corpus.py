@@ -859,6 +859,16 @@ def test_a_json_file_that_is_no_run_stats_is_refused_naming_it(tmp_path, text):
         read_sequences([p])
 
 
+def test_a_stats_file_json_cannot_read_is_refused_naming_it(tmp_path):
+    """A number past Python's digit limit for int, or arrays nested past its recursion limit:
+    json's ValueError / RecursionError were tracebacks."""
+    p = tmp_path / "s.json"
+    for text in ('{"prompts": [' + "9" * 5000 + "]}", "[" * 100000 + "]" * 100000):
+        p.write_text(text)
+        with pytest.raises(UserError, match=r"s.json: cannot read `specrt run --stats` JSON \("):
+            read_sequences([p])
+
+
 # mutant C121 (a growth file's learnt rates taken only for the grown keys with a measured prior, GROW_PRIORS)
 def test_a_growth_file_keeps_the_rates_of_every_grown_key(tmp_path):
     """Every grown key (a fine bin + GROW_OFFSET) is learnt, measured prior or not: key 41

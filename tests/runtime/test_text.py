@@ -1042,6 +1042,10 @@ def test_a_json_line_nested_past_the_recursion_limit_is_a_user_error(tmp_path):
     f.write_text(json.dumps({"prompt": "hi"}) + "\n" + '{"prompt": "hi", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
     with pytest.raises(UserError, match=r"p.jsonl:2: not a JSON line \(nested too deeply"):
         read_prompt_file(f)
+    # a number past Python's digit limit for int (4300): json's ValueError was a traceback
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n" + '{"prompt_ids": [' + "9" * 5000 + "]}\n")
+    with pytest.raises(UserError, match=r"p.jsonl:2: not a JSON line \(Exceeds the limit \(4300 digits\)"):
+        read_prompt_file(f)
 
 
 def test_chat_keeps_the_conversation_and_reuses_it(worded):
@@ -1675,7 +1679,9 @@ def test_template_variables_reach_the_prompt_from_run_and_are_checked(worded, tm
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "2", "--governor", "fixed:1",
                                   "--chat-template-kwargs", '{"cue": "w9"}'], input="w6\n")
     assert r.exit_code == 0 and "; 0 of 4 prompt tokens reused]" in r.output, r.output
-    with Session(worded, governor="fixed:1", chat_template_kwargs={"cue": "w9"}) as sess:
+    given = {"cue": "w9"}
+    with Session(worded, governor="fixed:1", chat_template_kwargs=given) as sess:
+        given["cue"] = "w7"  # (m71a-80: the caller's dict changed later is not the session's defaults)
         assert sess.encode("w6", True) == [1, 6, 2, 9] and sess.encode("w6", True, {"cue": "w4"}) == [1, 6, 2, 4]
         "".join(sess.stream("w6", chat=True, max_new_tokens=2, chat_template_kwargs={"cue": "w5"}))
         assert sess.last_prompt_ids == [1, 6, 2, 5]
@@ -2308,7 +2314,9 @@ def test_a_messages_reasoning_reaches_the_template_under_each_name_as_in_transfo
     hf = transformers.AutoTokenizer.from_pretrained(f)
     for fields in ({"reasoning": "r"}, {"thinking": "t"}, {"reasoning_content": "c"},
                    {"reasoning": "r", "thinking": "t"}, {"reasoning_content": "c", "reasoning": "r"},
-                   {"reasoning": None, "thinking": "t"}):
+                   {"reasoning": None, "thinking": "t"},
+                   {"reasoning_content": "c", "thinking": "t"},  # (m71a-36: its own thinking kept)
+                   {"reasoning": ""}):  # (m71a-137: an empty one is one too)
         conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **fields},
                 {"role": "user", "content": "more"}]
         want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
@@ -3518,6 +3526,9 @@ def test_template_variables_must_be_names_and_not_the_ones_specrt_sets(tmp_path)
 
     with pytest.raises(UserError, match="X: expected a JSON object of template variable names"):
         template_kwargs_of('{"a-b": 1}', "X")
+    # (m71a-151: a list of two-letter names is no object: it was read as {"a": "b"})
+    with pytest.raises(UserError, match=r"^X: expected a JSON object of template variable names .*\['ab'\]$"):
+        template_kwargs_of('["ab"]', "X")
     # (mutant B22, session 65: a key that is no string, as the Python API may pass, an AttributeError)
     with pytest.raises(UserError, match=r"X: expected a JSON object of template variable names .*\{1: True\}"):
         template_kwargs_of({1: True}, "X")
@@ -3526,6 +3537,25 @@ def test_template_variables_must_be_names_and_not_the_ones_specrt_sets(tmp_path)
     _words(tmp_path)
     with pytest.raises(UserError, match="'add_generation_prompt' is set by specrt"):
         Text(tmp_path).render_chat("w6", {"add_generation_prompt": False})
+
+
+def test_template_variables_python_cannot_read_are_said_not_a_traceback():
+    """m71a-39 and the bug it found: --chat-template-kwargs' JSON is said in json's words
+    without its position; a number past Python's digit limit for int (ValueError, not a
+    JSONDecodeError) and arrays nested past the recursion limit were tracebacks, now said as
+    serve says them of a request's body and as the tokenizer files' reader says the nesting."""
+    import sys
+
+    from specrt.runtime.text import template_kwargs_of
+
+    with pytest.raises(UserError, match=r"^X: not valid JSON \(Expecting value\); expected an object such as "
+                                        r"'\{\"enable_thinking\": false\}'$"):
+        template_kwargs_of('{"a": }', "X")
+    with pytest.raises(UserError, match=r"^X: not valid JSON \(nested too deeply to read\)$"):
+        template_kwargs_of("[" * 100_000 + "]" * 100_000, "X")
+    if limit := sys.get_int_max_str_digits():  # (0: no limit in this interpreter)
+        with pytest.raises(UserError, match=r"^X: not valid JSON \(Exceeds the limit"):
+            template_kwargs_of('{"a": ' + "1" * (limit + 1) + "}", "X")
 
 
 def test_no_tokenizer_json_names_the_folder_looked_in(tmp_path):
@@ -3735,6 +3765,26 @@ def test_tojson_keeps_key_order_and_takes_an_indent_as_transformers_does(tmp_pat
     want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
                                                                               add_generation_prompt=True)
     assert Text(f).render_chat(conv) == want == '{\n  "b": 1,\n  "a": [\n    2\n  ]\n}'
+    # m71a-125: and its separators (compact JSON), as transformers' tojson takes them
+    f = _chat_folder(tmp_path / "s", {"chat_template": "{{ {'b': 1, 'a': [2]} | tojson(separators=(',', ':')) }}"})
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(conv, tokenize=False,
+                                                                              add_generation_prompt=True)
+    assert Text(f).render_chat(conv) == want == '{"b":1,"a":[2]}'
+
+
+def test_a_chat_template_is_rendered_in_the_immutable_sandbox(tmp_path):
+    """m71a-128 (a plain jinja2 Environment) and m71a-129 (the mutable sandbox): a chat
+    template is data from the checkpoint, never run as Python: it reaches no Python internals
+    and changes none of the values it is given (the messages), a UserError naming its file."""
+    from specrt.runtime.text import Text
+
+    for i, (body, attr, kind) in enumerate((("{{ ''.__class__.__mro__ }}", "__class__", "str"),
+                                            ("{{ messages.pop() }}", "pop", "list"))):
+        f = _chat_folder(tmp_path / str(i), {"chat_template": body})
+        where = re.escape(str(f / "tokenizer_config.json"))
+        with pytest.raises(UserError, match=rf"^{where}: chat template: SecurityError: access to attribute "
+                                            rf"'{attr}' of '{kind}' object is unsafe"):
+            Text(f).render_chat("hi")
 
 
 def test_a_folder_named_tokenizer_config_json_is_no_config(tmp_path):
@@ -3790,6 +3840,35 @@ def test_a_byte_that_is_not_utf8_is_named_after_the_20_characters_before_it(tmp_
     with pytest.raises(UserError,
                        match=r"\(byte 0xff after '1 w2 w3 w4 w5 w6 w7 '; or a JSON \\udcff escape, a UTF-16 half\)$"):
         Text(tmp_path).encode("w0 w1 w2 w3 w4 w5 w6 w7 \udcff", False)
+    # m71a-31: a bad byte among a long prompt's first 20 characters is named after all that comes before it (a
+    # window starting before the text's start quoted nothing, '')
+    for bad, before in (("\udcff", "w6 "), ("\ud800", "w6 ")):
+        with pytest.raises(UserError, match=rf"after '{before}'[;)]"):
+            Text(tmp_path).encode(f"w6 {bad}" + " w1" * 10, False)
+
+
+def test_a_prompt_that_is_no_conversation_is_quoted_short(tmp_path):
+    """m71a-83: a list that is no conversation (Session.encode given 10 000 token ids) is
+    refused quoting its first 80 characters, not all of it."""
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    ids = list(range(10_000))
+    with pytest.raises(UserError, match=r"'content'; got \[0, 1, 2, [0-9, ]*$") as e:
+        Text(tmp_path).encode(ids, True)
+    assert len(str(e.value).split("; got ")[1]) == 80, str(e.value)
+
+
+def test_an_empty_text_or_conversation_is_an_empty_prompt(tmp_path):
+    """m71a-32: Text.encode (Session.encode's) says "the prompt is empty" of an empty
+    conversation as of an empty text, as Session.stream says it of [], not that a
+    conversation must be a list of messages."""
+    from specrt.runtime.text import Text
+
+    _words(tmp_path)
+    for empty, chat in (("", False), ("", True), ([], True), ([], False)):
+        with pytest.raises(UserError, match="^the prompt is empty$"):
+            Text(tmp_path).encode(empty, chat)
 
 
 def test_a_short_prompt_whose_only_whole_tail_is_all_of_it_is_the_context(tmp_path):
@@ -3889,6 +3968,7 @@ def test_the_sampling_options_are_listed_in_order_with_their_defaults():
         assert where == sorted(where), (command, text)
         assert "--top-p FLOAT 1 = off. [default: 1.0]" in text, (command, text)
         assert "--top-k INTEGER 0 (or -1) = off. [default: 0]" in text, (command, text)
+        assert "[default: 0.0]" in text[where[0]:text.index("--top-p FLOAT")], (command, text)  # m71a-45
         seed_help = text[where[3]:where[4]]
         assert ("[default: 0]" in seed_help) == (seed == 0), (command, seed_help)
 
