@@ -52,6 +52,7 @@ with OpenAI's error object naming the field; the server keeps serving.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import signal
@@ -881,6 +882,15 @@ class Handler(BaseHTTPRequestHandler):
             if not 0 < size <= MAX_BODY:
                 raise BadRequest(f"expected a JSON body of 1 to {MAX_BODY} bytes (Content-Length {size})",
                                  status=413 if size > MAX_BODY else 400)
+            # an HTTP/1.1 client's "Expect: 100-continue" (curl's for a body past 1 MB, .NET Framework's
+            # for every POST) waits for the interim 100 before its body: the standard library sends it
+            # from an HTTP/1.1 server only, and each such request waited for nothing (curl: 1 s)
+            if self.headers.get("Expect", "").lower() == "100-continue" and self.request_version != "HTTP/1.0":
+                try:
+                    self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                except OSError:
+                    self.close_connection = True
+                    return
             try:
                 raw = self.rfile.read(size)
             except OSError:  # timed out or reset before the whole body came: no one to answer
@@ -1153,10 +1163,27 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(address, *args, **kwargs)
         self.app = app
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
+        self.starved_said = -math.inf  # when running out of descriptors was last said (get_request)
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self.began.set()
         super().serve_forever(poll_interval)
+
+    def get_request(self):
+        """accept(), said where it fails for want of descriptors (EMFILE, ENFILE: as many
+        connections open as ``ulimit -n`` allows), at most once a minute, with a pause: the
+        connections past the limit wait in the backlog until some close. socketserver drops the
+        error without a word, and its loop, the listening socket still readable, spun a core."""
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                if time.monotonic() - self.starved_said > 60:
+                    self.starved_said = time.monotonic()
+                    self.app.log(f"[out of file descriptors ({describe_os_error(e)}) with {self.app.replying} "
+                                 "connection(s) open: new ones wait until some close (`ulimit -n` raises the limit)]")
+                time.sleep(0.05)
+            raise
 
     # Every connection taken counts in Server.replying (drain waits for them) from the moment
     # it is accepted, on the serving thread, until it is closed after its answer: one counted

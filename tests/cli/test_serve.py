@@ -809,6 +809,79 @@ def test_an_error_in_the_serving_loop_ends_serve_with_exit_1(worded):  # noqa: F
     assert "stopped serving" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
+def test_running_out_of_file_descriptors_is_said_and_the_server_goes_on(worded):  # noqa: F811
+    """As many connections open as the descriptor limit allows (``ulimit -n``): accept fails
+    (EMFILE); the server says so once, the connections past it wait in the backlog, and once
+    some close it answers them. socketserver dropped the error without a word, and its loop,
+    the listening socket still readable, spun a core until a connection closed."""
+    import resource
+    import socket
+
+    limit = 64  # (the tiny engines' server holds about 10 descriptors of its own)
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(worded), "--port", "0", "--governor",
+                          "fixed:1"], stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECRT_THP": "0"},
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                               (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+    idle: list[socket.socket] = []
+    try:
+        line = ""
+        while "serving" not in line:
+            line = p.stderr.readline()
+            assert line, "the server exited before serving"
+        url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
+        port = int(url.rsplit(":", 1)[1])
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(limit + 5)]  # (past it: the backlog)
+        deadline = time.time() + 60
+        while not lines and time.time() < deadline:
+            time.sleep(0.1)
+        said = "".join(lines)
+        assert "out of file descriptors" in said and "Too many open files" in said and "ulimit -n" in said, said
+        got: dict = {}  # a request past the limit: answered once the idle connections close
+        waiting = threading.Thread(target=lambda: got.update(r=_post(url, "/v1/completions", {"prompt": "w1 w2",
+                                                                                            "max_tokens": 2})))
+        waiting.start()
+        for c in idle:
+            c.close()
+        waiting.join(120)
+        assert got["r"][0] == 200, got
+    finally:
+        for c in idle:
+            c.close()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+    said = "".join(lines)
+    assert "Traceback" not in said and said.count("out of file descriptors") == 1, said
+
+
+def test_a_client_expecting_100_continue_gets_it_before_sending_its_body(served):
+    """An HTTP/1.1 client's ``Expect: 100-continue`` (curl's for a body past 1 MB, .NET
+    Framework's, so Windows PowerShell's, for every POST) waits for the interim 100 before it
+    sends its body: the standard library sends it from an HTTP/1.1 server only, and this one
+    answers as HTTP/1.0, so each such request waited (curl: a second) for nothing. A body
+    refused by its Content-Length alone is refused before any 100."""
+    import socket
+
+    url, _ = served
+    body = json.dumps({"prompt": "w1 w2", "max_tokens": 2}).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as c:
+        c.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode())
+        try:  # (a client gives up waiting after a while and sends its body anyway: curl after 1 s)
+            interim = c.recv(65536)
+        except TimeoutError:
+            interim = b""
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        c.sendall(body)
+        out = b""
+        while chunk := c.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.0 200") and json.loads(out.split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"]
+    out = _raw(url, f"{head}Content-Length: {(16 << 20) + 1}\r\n\r\n".encode())
+    assert out.startswith(b"HTTP/1.0 413"), out
+
+
 def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noqa: F811
     """A chat request's ``chat_template_kwargs`` (vLLM's field) reach the template (the
     prompt's token count shows the variable's word) and answer as the session given them;
