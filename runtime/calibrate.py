@@ -242,7 +242,10 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             per_prompt.append(gov.rounds)
             per_prompt_ranks.append((gov.wins, gov.tries))
             endings.append(s.generator.finished.reason if s.generator.finished else None)
-            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} tokens, {len(gov.rounds)} rounds, tau {tel.tau:.2f}")
+            # (as run's closing line: "tau 1.00" where no round ran read as a draft accepting nothing)
+            tau = f"tau {tel.tau:.2f}" if tel.draft_rounds else "no draft rounds"
+            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {len(gov.rounds)} "
+                f"round{'s' * (len(gov.rounds) != 1)}, {tau}")
         seconds = time.perf_counter() - t0
 
     train = [r for i in train_idx for r in per_prompt[i]]

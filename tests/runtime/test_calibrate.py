@@ -387,11 +387,15 @@ def test_answers_ending_at_eos_at_once_are_said_to(tmp_path):
     export(t, d, tmp_path / "exp")
     build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=quiet, profile_repeats=1,
                   profile_pasts=(16,), max_context=64)
+    said: list[str] = []
     with pytest.raises(UserError, match=re.escape(
             "no draft rounds in the training prompts (each of 3 answers ended before a round could run, 3 at the "
             "end-of-sequence token): give prompts whose answers go on (more --max-new-tokens does not change")):
-        calibrate(tmp_path / "eng", prompts(16, 3), max_new_tokens=64, holdout=0.0)
+        calibrate(tmp_path / "eng", prompts(16, 3), max_new_tokens=64, holdout=0.0, log=said.append)
     assert not (tmp_path / "eng" / CALIBRATION_FILE).exists()
+    # each prompt's line says it ran no round ("1 tokens, 0 rounds, tau 1.00" read as a draft accepting nothing)
+    assert [x for x in said if x.startswith("prompt ")] == [f"prompt {i}/3: 1 token, 0 rounds, no draft rounds"
+                                                            for i in (1, 2, 3)], said
 
 
 def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):
