@@ -1922,7 +1922,7 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
          + (f"; {st['processes']} processes per worker" if (st.get("processes") or 1) > 1 else ""))
     w = max([18, *map(len, cfg)])  # (longer names pushed their rows' columns out of line)
     echo(f"{'configuration':{w}s} {'tok/s':>7s} {'vs ogenai':>9s} {'vs off':>7s} {'paired':>7s} {'tau':>5s} {'python':>6s} "
-         f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>9s}")
+         f"{'passes/rd':>9s} {'peakRSS':>8s} {'identical':>10s}")
     for n, c in cfg.items():
         idc = ident["configs"].get(n)
         same = f"{idc['identical_prompts']}/{idc['prompts']}" if idc else ("ref" if n == ident.get("reference") else "-")
@@ -1931,7 +1931,7 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
              f"{f(c.get('ratio_vs_off'), '%6.2fx')} {f(c.get('ratio_vs_off_paired'), '%6.3fx')} {f(c.get('tau'), '%5.2f')} "
              f"{f(c.get('python_share') and 100 * c['python_share'], '%5.1f%%')} "
              f"{f(c.get('draft_passes_per_round') if c.get('drafting_rounds') else None, '%9.2f')} "
-             f"{_mib(c.get('peak_rss_bytes')):>6s}Mi{'*' if len(c.get('peak_rss_of') or ()) > 1 else ' '}{same:>9s}")
+             f"{_mib(c.get('peak_rss_bytes')):>6s}Mi{'*' if len(c.get('peak_rss_of') or ()) > 1 else ' '} {same:>9s}")
     for names in dict.fromkeys(tuple(c["peak_rss_of"]) for c in cfg.values() if len(c.get("peak_rss_of") or ()) > 1):
         echo(f"  * peak RSS of one worker process that ran {', '.join(names)}: all their runs, not one's own")
     for n, c in cfg.items():

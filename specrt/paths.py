@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import re
@@ -363,9 +364,14 @@ def _keep_owner(fd: int, st: os.stat_result) -> None:
 
 
 def write_atomic(path: Path, data: dict, indent: int = 1) -> None:
-    """JSON to ``path``, whole or absent (``atomic_file``)."""
+    """JSON to ``path``, whole or absent (``atomic_file``), written as it is encoded: json.dumps
+    with an indent holds every piece of the text in a list first (74 MB at its peak for the 10 MB
+    --stats of 5000 prompts)."""
     with atomic_file(path) as f:
-        f.write(json.dumps(data, indent=indent).encode("utf-8"))
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="\n")  # ("\n" on Windows too, as before)
+        json.dump(data, text, indent=indent)
+        text.flush()
+        text.detach()  # (f stays open: atomic_file syncs and renames it)
 
 
 @contextmanager

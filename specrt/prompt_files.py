@@ -8,6 +8,7 @@ calibrate`` and ``specrt bench``."""
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import zlib
@@ -25,12 +26,20 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
     path = Path(path)
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8-sig") as f:  # (a BOM, as Windows tools write, read past)
-                text = f.read()
+            with gzip.open(path, "rb") as f:
+                data = f.read()
         else:
-            text = path.read_text(encoding="utf-8-sig")
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # zlib.error: a corrupt .gz
+            data = path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt .gz
         raise UserError(f"{path}: cannot read {what} ({e})") from None
+    data = data.removeprefix(codecs.BOM_UTF8)  # (a BOM, as Windows tools write, read past)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # named by its line, as a JSON error is (a byte offset into 5000 lines said little)
+        start = data.rfind(b"\n", 0, e.start) + 1
+        n = data.count(b"\n", 0, start) + 1
+        raise UserError(f"{path}:{n}: cannot read {what} (not UTF-8 text: {e.reason} at byte {e.start - start} of "
+                        "the line)") from None
     # lines end at "\n" alone (JSON Lines): str.splitlines() also splits at U+2028, U+0085
     # and other characters a JSON string may hold unescaped
     for n, line in enumerate(text.split("\n"), 1):

@@ -269,6 +269,28 @@ def test_summary_columns_stay_in_line_with_long_configuration_names(report):
         assert re.fullmatch(r"\s*(\d+\.\d|-)", x[end - 7:end]), (x, lines[head])
 
 
+def test_summary_keeps_the_identical_count_apart_from_the_peak_rss_at_thousands_of_prompts(report):
+    """`bench --prompts` of 1000 prompts printed "104Mi*1000/1000": a count of 9 characters
+    filled its column, so it ran into the peak RSS's marker. A space parts them at any count,
+    and the column still ends under its header."""
+    import copy
+
+    from specrt.cmd_bench import print_summary
+
+    rep, out, _ = report
+    for n in (1000, 10000):
+        r = copy.deepcopy(rep)
+        for c in r["identity"]["configs"].values():
+            c["prompts"] = c["identical_prompts"] = n
+        lines: list[str] = []
+        print_summary(r, out, echo=lambda s="", **kw: lines.append(s))
+        head = next(x for x in lines if x.startswith("configuration"))
+        rows = [x for x in lines if x.split(" ")[0] in r["identity"]["configs"]]
+        assert rows and all(x.split()[-2].endswith(("Mi", "Mi*")) and x.split()[-1] == f"{n}/{n}" for x in rows), rows
+        if n == 1000:
+            assert all(len(x) == len(head) for x in rows), (head, rows)
+
+
 def test_runtime_worker_does_not_import_torch(tiny_engines, prompts_file, tmp_path):
     from specrt.cmd_bench import run_config
 

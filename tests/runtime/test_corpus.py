@@ -785,7 +785,7 @@ def test_an_answers_file_that_cannot_be_read_is_named_as_the_answers(tmp_path):
     # kills P07 (session 67: json_lines saying "the prompts" of every file it reads)
     bad = tmp_path / "a.jsonl"
     bad.write_bytes(json.dumps({"text": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n")
-    with pytest.raises(UserError, match=rf"^{re.escape(str(bad))}: cannot read the answers \("):
+    with pytest.raises(UserError, match=rf"^{re.escape(str(bad))}:1: cannot read the answers \("):
         read_sequences([bad], encode=lambda s: [len(s)])
 
 

@@ -3984,9 +3984,33 @@ def test_a_prompt_file_not_in_utf8_or_a_gzip_cut_short_is_a_user_error(tmp_path)
     f.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
     g = tmp_path / "p.jsonl.gz"
     g.write_bytes(gzip.compress(b'{"prompt": "hi"}\n' * 100)[:-20])
-    for path in (f, g):
-        with pytest.raises(UserError, match=rf"^{re.escape(str(path))}: cannot read the prompts \("):
+    for path, line in ((f, ":1"), (g, "")):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(path))}{line}: cannot read the prompts \("):
             read_prompt_file(path)
+
+
+def test_a_byte_that_is_not_utf8_deep_in_a_prompts_file_is_named_by_its_line(tmp_path):
+    """A byte that is not UTF-8 on line 4000 of 5000 was said as "cannot read the prompts
+    ('utf-8' codec can't decode byte 0xff in position 224607: ...)": the file's byte offset,
+    which no editor goes to. Its line is named, as a JSON error's is, counted as an editor
+    counts it in a file with a BOM and CRLF line ends, plain or gzipped."""
+    import gzip
+
+    from specrt.prompt_files import read_prompt_file
+
+    lines = [json.dumps({"prompt_ids": [3 + i % 90, 4]}).encode() for i in range(5000)]
+    lines[3999] = b'{"prompt_ids": [5, 6], "kind": "x\xff"}'
+    data = b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n"
+    f, g = tmp_path / "p.jsonl", tmp_path / "p.jsonl.gz"
+    f.write_bytes(data)
+    g.write_bytes(gzip.compress(data))
+    for path in (f, g):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(path))}:4000: cannot read the prompts \(not UTF-8 "
+                                            r"text: invalid start byte at byte 33 of the line\)$"):
+            read_prompt_file(path)
+    lines[3999] = b'{"prompt_ids": [5, 6], "kind": "x"}'  # the same file whole: every line read
+    f.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines))
+    assert len(read_prompt_file(f)) == 5000
 
 
 def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are_taken(tmp_path):
