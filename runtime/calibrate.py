@@ -380,7 +380,8 @@ def worse_fit_note(survival: dict, evaluated_on: str, rounds: int) -> str | None
     draft's own confidences' on the rounds it was measured on (it was stored without a word:
     0.172 -> 0.204 on two training prompts)."""
     before, after = survival.get("before_all"), survival.get("after_all")
-    if before is None or after is None or after <= before:
+    # (compared as said, to 3 places: "(0.000) is worse than ... (0.000)" on engines that accept everything)
+    if before is None or after is None or round(after, 3) <= round(before, 3):
         return None
     return (f"note: fitted on {rounds} rounds, the calibration's survival ECE on the {evaluated_on} rounds "
             f"({after:.3f}) is worse than the draft's own confidences' ({before:.3f}): calibrate on more prompts or "
