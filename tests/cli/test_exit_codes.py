@@ -609,6 +609,20 @@ def test_run_grow_file_never_replaces_a_file_the_engines_folder_owns(tmp_path):
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "engines.json" in r.output, r.output
 
 
+def test_run_names_each_output_option_whose_path_cannot_be_written(tmp_path):
+    """run's --stats and --grow-file under a file: refused before the engines load, each
+    error naming its own option (mutant m71b-82: a --grow-file said as --stats)."""
+    engines = tmp_path / "e"
+    engines.mkdir()
+    f = tmp_path / "afile"
+    f.write_text("")
+    for option in ("--stats", "--grow-file"):
+        r = CliRunner().invoke(main, ["run", str(engines), "--prompt", "x", option, str(f / "x" / "g.npz")])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (option, r.output)
+        assert r.output == f"error: {option} {f}/x/g.npz: {f} is a file, not a folder\n", (option, r.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "e"]
+
+
 def test_the_engines_files_check_needs_no_runtime(tmp_path):
     """check_not_engines_file reads the names of the files later commands write (calibrate's,
     the canary's, corpus's) from specrt.contracts: it imported runtime.session (and with it

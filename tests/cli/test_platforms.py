@@ -141,18 +141,46 @@ def test_serve_answers_without_select_poll(worded, monkeypatch):  # noqa: F811
         app.close()
 
 
-def test_an_answer_goes_to_a_stdout_that_cannot_hold_it(bytewise, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("unbuffered", ["", "1"])  # ("": unset, as Python reads it)
+def test_an_answer_goes_to_a_stdout_that_cannot_hold_it(bytewise, tmp_path, unbuffered):  # noqa: F811
     """A redirected stdout on Windows writes its ANSI code page (cp1252, as PYTHONIOENCODING
     makes it here): the answer's first character it lacks (U+FFFD of a byte-level model's cut
-    character, a CJK one) was a UnicodeEncodeError's traceback; it is "?" now, the rest as it is."""
+    character, a CJK one) was a UnicodeEncodeError's traceback; it is "?" now, the rest as it is.
+    Under PYTHONUNBUFFERED too, where stdout is written through cli._WholeWrites (mutant
+    m71b-66: that wrapper's errors "strict", not stdout's "replace")."""
     args = ["run", bytewise, "--prompt", "héllo", "--max-new-tokens", "20"]
     full = _specrt(args, None, PYTHONIOENCODING="utf-8")
     assert full.returncode == 0, full.stderr.decode()
     text = full.stdout.decode("utf-8")
     assert any(ch not in "?" and ch.encode("cp1252", "replace") == b"?" for ch in text), text  # (a test)
-    r = _specrt(args, None, PYTHONIOENCODING="cp1252")
+    r = _specrt(args, None, PYTHONIOENCODING="cp1252", PYTHONUNBUFFERED=unbuffered)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode()
     assert r.stdout == text.encode("cp1252", "replace"), (r.stdout, text)
+
+
+def test_a_reader_that_leaves_ends_run_with_exit_1_where_there_is_no_sigpipe(worded, tmp_path):  # noqa: F811
+    """Windows has no SIGPIPE: `specrt run ... | head -1` there ends with exit 1 once the
+    reader has gone, saying nothing, and what stdout still held goes to the null device, not
+    to a flush at exit that fails again (mutant m71b-59: Python's "Exception ignored ...
+    BrokenPipeError", exit 120). Buffered stdout, as a pipe's is without PYTHONUNBUFFERED."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import signal\n\ndel signal.SIGPIPE\n", encoding="utf-8")
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w3 w1"}\n' * 5000, encoding="utf-8")
+    env = {**os.environ, "SPECRT_THP": "0", "PYTHONUNBUFFERED": "", "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    p = subprocess.Popen([sys.executable, "-m", "specrt", "run", str(worded), "--prompts", str(f), "--max-new-tokens",
+                          "100", "--governor", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert p.stdout.readline().strip()  # an answer
+        p.stdout.close()  # the reader leaves
+        code = p.wait(timeout=120)  # (what it wrote to stderr by then fits the pipe)
+    finally:
+        p.kill()
+    err = p.stderr.read().decode()
+    assert code == 1, (code, err)
+    assert "Traceback" not in err and "Exception ignored" not in err and "error" not in err, err
 
 
 def _text_opens(tree: ast.AST) -> list[tuple[int, str]]:

@@ -439,6 +439,9 @@ def test_a_tolerance_must_be_finite_and_not_negative(value):
 
     with pytest.raises(UserError, match="expected a finite tolerance >= 0"):
         parse_tolerances((value,), "--atol")
+    # said as the option it was given to (mutant m71b-97: every bad value said as --atol's)
+    with pytest.raises(UserError, match=f"^--rtol '{re.escape(value)}': expected a finite tolerance >= 0$"):
+        parse_tolerances((value,), "--rtol")
     with pytest.raises(UserError, match="atol nan for logits: expected a finite tolerance >= 0"):
         resolve_tolerances(["logits"], "fp32", "onnxruntime", atol=float("nan"))
     with pytest.raises(UserError, match="rtol inf for logits"):
@@ -453,6 +456,18 @@ def test_report_and_saved_inputs_need_files_of_their_own(tiny_engines, tmp_path)
                                          "--save-inputs", str(tmp_path / inputs)])
         assert res.exit_code == 1 and "name the same file" in res.output and "Traceback" not in res.output, res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_report_and_saved_inputs_named_two_ways_are_one_file(tiny_engines, tmp_path, monkeypatch):
+    """mutant m71b-09 (the paths compared as given, not resolved): --report r.json beside
+    --save-inputs DIR/r.json, or through DIR/sub/.., is one file, refused as one path is."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for report, inputs in (("r.json", tmp_path / "r.json"), (tmp_path / "sub" / ".." / "r.outputs.json", "r.json")):
+        res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--report", str(report),
+                                         "--save-inputs", str(inputs)])
+        assert res.exit_code == 1 and "name the same file" in res.output, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
 
 
 def test_outputs_are_compared_in_units_of_their_rows_scale():
@@ -736,6 +751,9 @@ def test_each_tolerance_option_is_named_and_passed_as_itself(tiny_engines, tmp_p
     way to compare_engines), k10 (--prompt-tokens' default not the 32 the help shows)."""
     res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--rtol", "logits=1"])
     assert res.exit_code == 1 and "--rtol 'logits=1': expected VALUE or OUTPUT:VALUE" in res.output, res.output
+    # (mutant m71b-10: a bad --atol reported as --rtol)
+    res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--atol", "logits=1"])
+    assert res.exit_code == 1 and "--atol 'logits=1': expected VALUE or OUTPUT:VALUE" in res.output, res.output
     res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), "--atol", "logits:0.5", "--rtol", "new_key:0.25",
                                      "--report", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output

@@ -399,6 +399,24 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     assert "allow_pickle" not in r.output
 
 
+def test_a_grow_file_holding_no_sequences_is_said_read(worded, tmp_path):
+    """mutant m71b-20 (the note keyed on the sequences read, not on the file existing): a
+    --grow-file that exists but holds none (a session that saved before any answer) is said
+    read, "(0 sequences)"; a file not there yet is not."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    args = ["run", str(worded), "--prompt", "w3 w1", "--max-new-tokens", "4", "--governor", "off:grow", "--quiet",
+            "--grow-file", str(grow)]
+    with Session(worded, governor="off:grow") as s:
+        s.save_growth(grow)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and f"off:grow: session growth from {grow} (0 sequences)" in r.output, r.output
+    grow.unlink()
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and "session growth from" not in r.output and grow.is_file(), r.output
+
+
 def test_run_closing_line_names_where_lookup_looked():
     """run's closing line says "prompt lookup" only where lookup searched the context alone
     (:ngram); :corpus and :grow (each of which looks up in the context too) are named."""
@@ -428,6 +446,15 @@ def test_run_closing_line_gives_the_stats_figures_and_each_part_where_it_has_rou
     assert capsys.readouterr().err == ("[12 tokens in 1.50 s: 8.0 tok/s, first token after 0.25 s, tau 2.46, governor "
                                        "fixed:3:tree=2:ngram, runners-up in 1 round, 0 won, prompt lookup in 1 round, "
                                        "3.46 tokens a round]\n")
+    # a part of one: one prompt token reused, one rejected draft outside the draft's vocabulary (mutant m71b-78:
+    # the rejections' part said from 2 on)
+    st = Telemetry().to_json()
+    st.update(new_tokens=5, seconds=1.0, tokens_per_s=5.0, first_token_s=0.5, prefix_reused=1, prompt_tokens=9)
+    st["rejections"].update(rounds=3, outside_draft_vocab=1)
+    _run_closing_lines(st, "off", [], "", None)
+    assert capsys.readouterr().err == ("[5 tokens in 1.00 s: 5.0 tok/s, first token after 0.50 s, no draft rounds, "
+                                       "governor off, 1 of 9 prompt tokens reused from the one before, 1 of 3 "
+                                       "rejected drafts to tokens outside the draft's vocabulary]\n")
 
 
 def test_each_governor_learns_on_its_own_copy_of_the_calibration(worded):
@@ -952,6 +979,53 @@ def test_a_run_stopped_while_it_prints_an_answer_closes_its_stream_before_the_fi
     assert [p["finish_reason"] for p in st["prompts"]] == ["length", "interrupted"], st["prompts"]
     with Session(worded) as s:  # the first answer's sequence and the one cut short
         assert s.load_growth(grow) == 2
+
+
+def test_a_run_stopped_inside_the_decoding_records_the_answer_interrupted(worded, tmp_path, monkeypatch):
+    """A Ctrl-C landing inside the decoding (in ONNX Runtime, where a run spends its time: the
+    KeyboardInterrupt leaves the generator ended with no finish of its own) after the first
+    piece: the answer so far is recorded with finish_reason "interrupted" (mutant m71b-30:
+    "error", as an engine failure's)."""
+    from specrt.runtime.generate import Generator
+
+    full, calls = Generator._full, []
+
+    def stopping(self):  # (asked as each round's chunk is yielded: the third, inside the decoding)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return full(self)
+
+    monkeypatch.setattr(Generator, "_full", stopping)
+    stats = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3 w1 w4", "--max-new-tokens", "20",
+                                  "--governor", "fixed:1", "--stats", str(stats)])
+    monkeypatch.undo()
+    assert r.exit_code == 1 and len(calls) == 3, r.output
+    assert "[interrupted: 0 of 1 prompts answered, one cut short" in r.output, r.output
+    st = json.loads(stats.read_text())
+    assert st["interrupted"] is True and [p["finish_reason"] for p in st["prompts"]] == ["interrupted"], st["prompts"]
+    assert 0 < len(st["prompts"][0]["output_token_ids"]) < 20
+
+
+def test_run_chat_wraps_each_text_prompt_of_a_prompts_file_as_it_wraps_prompt(worded, tmp_path):
+    """`run --prompts FILE --chat`: each text line goes through the chat template, as --prompt
+    TEXT --chat's does (the lines are checked and encoded before decoding, and those ids are
+    what is decoded: mutant m71b-107, the lines encoded without the template, decoded them bare)."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "w3 w1 w4"}) + "\n")
+
+    def first(*args):
+        stats = tmp_path / "s.json"
+        r = CliRunner().invoke(main, ["run", str(worded), *args, "--max-new-tokens", "4", "--governor", "off",
+                                      "--quiet", "--stats", str(stats)])
+        assert r.exit_code == 0, r.output
+        return json.loads(stats.read_text())["prompts"][0]
+
+    chat, bare = first("--prompt", "w3 w1 w4", "--chat"), first("--prompt", "w3 w1 w4")
+    assert chat["prompt_tokens"] > bare["prompt_tokens"]  # (the template's turn around the text)
+    got = first("--prompts", str(f), "--chat")
+    assert (got["prompt_tokens"], got["output_token_ids"]) == (chat["prompt_tokens"], chat["output_token_ids"])
 
 
 def test_a_conversation_goes_through_the_chat_template(worded, tmp_path):
@@ -2047,6 +2121,13 @@ def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(wo
                            input="w1 w2\nw3 w3 w3 w3 w3\n\n")  # (the second turn's prompt: 71 tokens)
     assert r.exit_code == 0 and "dropped" not in r.output, r.output
     assert "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, r.output
+    # the second turn's prompt at 91 tokens: a quarter (32) still fits beside it, a third (42) would not
+    # (mutant m71b-83: room a third of the context dropped the first turn)
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "60", "--governor", "off"],
+                           input="w1 w2\n" + " ".join(["w3"] * 25) + "\n\n")
+    assert r.exit_code == 0 and "dropped" not in r.output, r.output
+    assert "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, r.output
+    assert "91 prompt tokens reused]" in r.output, r.output
 
 
 def test_chat_skips_a_turn_that_fills_the_context_to_its_last_token(worded):
