@@ -243,9 +243,9 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             per_prompt_ranks.append((gov.wins, gov.tries))
             endings.append(s.generator.finished.reason if s.generator.finished else None)
             # (as run's closing line: "tau 1.00" where no round ran read as a draft accepting nothing)
-            tau = f"tau {tel.tau:.2f}" if tel.draft_rounds else "no draft rounds"
-            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {len(gov.rounds)} "
-                f"round{'s' * (len(gov.rounds) != 1)}, {tau}")
+            r = len(gov.rounds)
+            rounds = f"{r} round{'s' * (r != 1)}, tau {tel.tau:.2f}" if tel.draft_rounds else "no draft rounds"
+            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {rounds}")
         seconds = time.perf_counter() - t0
 
     train = [r for i in train_idx for r in per_prompt[i]]
@@ -371,8 +371,9 @@ def no_rounds(which: str, endings: Sequence[str | None], idx: Sequence[int], hin
     parts = [f"{n} at {said[why]}" for why in said if (n := sum(endings[i] == why for i in idx))]
     if all(endings[i] in said for i in idx):
         hint = "give prompts whose answers go on (more --max-new-tokens does not change where these end)"
-    return UserError(f"no draft rounds in the {which} prompts (each of {len(idx)} answer{'s' * (len(idx) != 1)} ended "
-                     "before a round could run" + (f", {', '.join(parts)}" if parts else "") + f"): {hint}")
+    each = f"each of {len(idx)} answers" if len(idx) > 1 else "its answer"
+    return UserError(f"no draft rounds in the {which} prompts ({each} ended before a round could run"
+                     + (f", {', '.join(parts)}" if parts else "") + f"): {hint}")
 
 
 def worse_fit_note(survival: dict, evaluated_on: str, rounds: int) -> str | None:

@@ -519,8 +519,10 @@ class Calibration:
                 raise UserError(f"calibration format {d['format']!r}: expected 'specrt.calibration/1'")
             n, a = np.asarray(d["counts"], float), np.asarray(d["accepted"], float)
             bins = int(d["bins"])
-            if n.ndim == 2 and 0 < bins != n.shape[1]:  # (before the map's [P, bins] arrays are made: a hand-edited
-                raise UserError(_shape_error(n, a, bins))  # bins of 10**9 was an out-of-memory error naming no file)
+            # (before the map's [P, bins] arrays are made: a hand-edited bins of 10**9 was an out-of-memory
+            # error naming no file, beside counts of one row or three levels too; none, or a scalar: said below)
+            if n.ndim and n.size and 0 < bins and n.shape[1:] != (bins,):
+                raise UserError(_shape_error(n, a, bins))
             cal = cls(d["kind"], positions=n.shape[0], bins=bins, prior=float(d["prior"]),
                       window=int(d["window"]), refit_every=int(d["refit_every"]))
         except (KeyError, TypeError, ValueError, IndexError) as e:

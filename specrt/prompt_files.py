@@ -33,6 +33,8 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
     except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt .gz
         raise UserError(f"{path}: cannot read {what} ({e})") from None
     data = data.removeprefix(codecs.BOM_UTF8)  # (a BOM, as Windows tools write, read past)
+    if b"\r" in data:  # line ends read as read_text and gzip's text mode read them (universal newlines): a
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")  # file of "\r" alone was one line, "Extra data"
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:  # named by its line, as a JSON error is (a byte offset into 5000 lines said little)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=int, default=0, help="flat element index")
     ap.add_argument("--delta", type=float, default=1.0)
     args = ap.parse_args(argv)
-    if args.out.exists():
+    if args.out.exists() or args.out.is_symlink():  # (a dead link too: the removal of a failed copy is never its)
         raise SystemExit(f"error: {args.out} exists")
     # checked before the copy: a folder that is no build was copied whole (into itself when OUT
     # lies inside it) and failed with a traceback, the copy left behind
@@ -90,13 +90,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # the embedded export is hard-linked (never modified); the engine files are copied: onnx
     # refuses to read external weights from a file with several hard links
-    shutil.copytree(args.engines, args.out, ignore=shutil.ignore_patterns("export"))
-    try:
+    try:  # (the first copy inside too: a full disk or a dead link part way left OUT half made, a traceback)
+        shutil.copytree(args.engines, args.out, ignore=shutil.ignore_patterns("export"))
         shutil.copytree(args.engines / "export", args.out / "export", copy_function=os.link)
         old, new = corrupt(args.out, args.initializer, args.delta, args.index)
     except (UserError, OSError) as e:  # (a wrong --initializer or --index): no half-made copy left
-        shutil.rmtree(args.out)
-        raise SystemExit(f"error: {args.engines}: {str(e).removeprefix(f'{args.out}: ')} ({args.out} not written)")
+        shutil.rmtree(args.out, ignore_errors=True)
+        # (shutil.Error: copytree's list of (source, copy, why), one for each file it could not copy)
+        why = "; ".join(w for *_, w in e.args[0]) if isinstance(e, shutil.Error) and isinstance(e.args[0], list) \
+            else str(e).removeprefix(f"{args.out}: ")
+        raise SystemExit(f"error: {args.engines}: {why} ({args.out} not written)")
     print(f"{args.out}: {args.initializer}[{args.index}] {old:.6g} -> {new:.6g}; target roles point at "
           f"{args.out / 'corrupt' / 'target.onnx'}")
     return 0

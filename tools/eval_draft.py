@@ -86,8 +86,10 @@ def read_subset(spec: str, n: int) -> list[int]:
         raise SystemExit(f"--subset {spec}: {path} is not JSON ({e})")
     except (LookupError, TypeError):
         raise SystemExit(f"--subset {spec}: {path} has no key {key!r} (expected a JSON object)")
-    if not isinstance(keep, list) or not all(type(i) is int and 0 <= i < n for i in keep):
-        raise SystemExit(f"--subset {spec}: expected a list of held-out prompt indices 0..{n - 1}, got {keep!r}")
+    # (an empty list measured no prompt: tau 1.0 over 0 anchors, as --max-new <= K did)
+    if not isinstance(keep, list) or not keep or not all(type(i) is int and 0 <= i < n for i in keep):
+        raise SystemExit(f"--subset {spec}: expected a non-empty list of held-out prompt indices 0..{n - 1}, "
+                         f"got {keep!r}")
     return keep
 
 

@@ -372,7 +372,7 @@ def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_p
     assert not (eng / CALIBRATION_FILE).exists()
     # why, and advice that fits: it said "use a smaller --holdout or longer generations", --holdout
     # being ignored beside held-out prompts and the answer ending at the context (a walk, session 71)
-    assert "(each of 1 answer ended before a round could run, 1 at the engines' context): give prompts whose " \
+    assert "(its answer ended before a round could run, 1 at the engines' context): give prompts whose " \
            "answers go on (more --max-new-tokens does not change where these end)" in str(e.value)
     assert "--holdout " not in str(e.value)
 
@@ -397,7 +397,7 @@ def test_answers_ending_at_eos_at_once_are_said_to(tmp_path):
         calibrate(tmp_path / "eng", prompts(16, 3), max_new_tokens=64, holdout=0.0, log=said.append)
     assert not (tmp_path / "eng" / CALIBRATION_FILE).exists()
     # each prompt's line says it ran no round ("1 tokens, 0 rounds, tau 1.00" read as a draft accepting nothing)
-    assert [x for x in said if x.startswith("prompt ")] == [f"prompt {i}/3: 1 token, 0 rounds, no draft rounds"
+    assert [x for x in said if x.startswith("prompt ")] == [f"prompt {i}/3: 1 token, no draft rounds"
                                                             for i in (1, 2, 3)], said
 
 

@@ -1481,6 +1481,19 @@ def test_a_bin_count_the_stored_counts_do_not_have_is_refused_before_the_map_is_
         Calibration.from_dict(d)
 
 
+def test_a_bin_count_beside_counts_of_another_shape_is_refused_before_the_map_is_made():
+    """The check above looked at 2-D counts only: counts of one row of 8 (or nested three deep)
+    beside a "bins" of 10**13 still had the map's [positions, bins] arrays made first, a
+    MemoryError traceback (a smaller bins that fits the address space: a process the kernel
+    kills for its memory), naming no file."""
+    d = Calibration(positions=8).to_dict() | {"counts": [2.0] * 8, "accepted": [1.0] * 8, "bins": 10**13}
+    with pytest.raises(UserError, match=r"counts \(8,\) / accepted \(8,\) inconsistent with 10000000000000 bins"):
+        Calibration.from_dict(d)
+    d |= {"counts": [[[2.0] * 20] * 8], "accepted": [[[1.0] * 20] * 8]}
+    with pytest.raises(UserError, match=r"counts \(1, 8, 20\) / accepted \(1, 8, 20\) inconsistent with 1000"):
+        Calibration.from_dict(d)
+
+
 # mutant C43 (governor.py Calibration.to_dict): a setting stored other than it is
 def test_a_calibration_round_trips_its_settings():
     cal = Calibration("temperature", positions=3, bins=7, prior=2.5, window=300, refit_every=5)

@@ -4094,6 +4094,30 @@ def test_a_byte_that_is_not_utf8_deep_in_a_prompts_file_is_named_by_its_line(tmp
     assert len(read_prompt_file(f)) == 5000
 
 
+def test_a_prompts_file_with_old_mac_line_ends_reads_as_before(tmp_path):
+    """Lines ended by "\r" alone (classic Mac OS, some exporters) were read line by line, as
+    read_text and gzip's text mode read them (universal newlines); when the file came to be
+    decoded from its bytes (to name a byte not UTF-8 by its line) the whole file became one
+    line: "p.jsonl:1: not a JSON line (Extra data ...)". Its lines, and a bad byte's line, are
+    counted as before, plain or gzipped."""
+    import gzip
+
+    from specrt.prompt_files import read_prompt_file
+
+    lines = [json.dumps({"prompt_ids": [3 + i, 4]}).encode() for i in range(3)]
+    f, g = tmp_path / "p.jsonl", tmp_path / "p.jsonl.gz"
+    for end in (b"\r", b"\r\n", b"\n"):
+        data = b"\xef\xbb\xbf" + end.join(lines) + end
+        f.write_bytes(data)
+        g.write_bytes(gzip.compress(data))
+        for path in (f, g):
+            assert [o["prompt_ids"] for o in read_prompt_file(path)] == [[3, 4], [4, 4], [5, 4]], (end, path)
+    f.write_bytes(b"\r".join([*lines[:2], b'{"prompt": "x\xff"}']))
+    with pytest.raises(UserError, match=rf"^{re.escape(str(f))}:3: cannot read the prompts \(not UTF-8 text: "
+                                        r"invalid start byte at byte 13 of the line\)$"):
+        read_prompt_file(f)
+
+
 def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are_taken(tmp_path):
     """Mutants P21, P22, P23, P34, P36, P42, P53, P54 (session 67): a line with no prompt is said
     in full, naming token ids only where they are taken; a 'prompt' that is no string is no

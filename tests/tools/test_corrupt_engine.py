@@ -60,3 +60,24 @@ def test_a_wrong_folder_weight_or_index_is_refused_by_name_with_nothing_written(
         assert "Traceback" not in r.stderr and r.stderr.startswith("error: "), r.stderr
         assert len(r.stderr.splitlines()) == 1 and re.search(match, r.stderr), r.stderr
         assert not (tmp_path / "out").exists() and not (engines / "out").exists()
+
+
+def test_a_copy_that_fails_part_way_is_said_and_removed(engines, tmp_path):
+    """The engine files' copy itself failing part way (a full disk; here a link in ENGINES to a
+    file since removed, which copytree cannot follow) was a shutil.Error traceback, the
+    half-made OUT left behind: it ran before the try that removes a failed copy."""
+    link = engines / "notes.txt"
+    link.symlink_to(tmp_path / "gone.txt")
+    try:
+        r = corrupt(engines, tmp_path / "out")
+    finally:
+        link.unlink()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert re.search(r"^error: .*engines: \[Errno 2\] No such file .*notes\.txt.* \(.*out not written\)$",
+                     r.stderr), r.stderr
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")  # OUT a dead link: refused as there, not followed
+    r = corrupt(engines, tmp_path / "out")
+    assert r.returncode == 1 and r.stderr == f"error: {tmp_path / 'out'} exists\n", r.stderr
+    assert (tmp_path / "out").is_symlink() and not (tmp_path / "elsewhere").exists()

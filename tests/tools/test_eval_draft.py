@@ -135,3 +135,19 @@ def test_wrong_drafts_subsets_and_outputs_are_refused_before_the_target_is_loade
     (tmp_path / "draft" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [2]}))
     with pytest.raises(SystemExit, match=r"draft: config.json is not a P-EAGLE draft's config \(KeyError"):
         ev.main([str(tmp_path / "draft")])
+
+
+def test_an_empty_subset_is_refused_before_the_target_is_loaded(tmp_path, monkeypatch):
+    """--subset FILE:KEY naming an empty list passed the subset's check: the table measured no
+    prompt, tau 1.0 over 0 anchors and speed-ups from it (what --max-new <= K is refused for),
+    after the held-out answers' minutes. Refused by name first, as a list out of range is."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECRT_SMOLLM2_WHEEL", str(tmp_path / "no-wheel.whl"))
+    ev = tool("eval_draft")
+    (tmp_path / "split.json").write_text(json.dumps({"none": [], "one": [0]}))
+    with pytest.raises(SystemExit, match=r"^--subset .*split.json:none: expected a non-empty list of held-out prompt "
+                                         r"indices 0..79, got \[\]$"):
+        ev.main([str(committed_draft()), "--subset", f"{tmp_path}/split.json:none"])
+    assert not (tmp_path / "cache").exists()  # the target was never asked for
+    assert ev.read_subset(f"{tmp_path}/split.json:one", 80) == [0]
