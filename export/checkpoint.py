@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 from specrt.limits import whole
 from specrt.paths import check_temp_folder
 
@@ -78,7 +78,7 @@ def _header(path: Path) -> tuple[dict, int]:
     try:
         header = json.loads(text.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
-        raise UserError(f"{path}: malformed safetensors header (not JSON: {e})") from None
+        raise UserError(f"{path}: malformed safetensors header (not JSON: {json_problem(e)})") from None
     if not isinstance(header, dict):
         raise UserError(f"{path}: malformed safetensors header (expected a JSON object)")
     return header, 8 + n
@@ -168,7 +168,7 @@ def scan_folder(folder: Path, allow_pickle: bool = False, flag: str = "--allow-p
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
         except (ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
-            raise UserError(f"{index}: not valid JSON ({e})") from None
+            raise UserError(f"{index}: not valid JSON ({json_problem(e)})") from None
         wmap = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wmap, dict) or not wmap:
             raise UserError(f"{index}: expected a non-empty 'weight_map' object")

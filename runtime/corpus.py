@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.contracts import CORPUS_FILE as FILE
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 from specrt.limits import digits
 from specrt.paths import atomic_file
 from specrt.prompt_files import is_token_ids, json_lines
@@ -582,7 +582,7 @@ def _run_stats(path: Path, export_digest: str | None = None) -> list[tuple[list[
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
-        raise UserError(f"{path}: cannot read `specrt run --stats` JSON ({e})") from None
+        raise UserError(f"{path}: cannot read `specrt run --stats` JSON ({json_problem(e)})") from None
     if not isinstance(stats, dict) or not isinstance(stats.get("prompts"), list):
         raise UserError(f"{path}: expected `specrt run --stats` JSON (an object with a 'prompts' list)")
     _refuse_other_export(path, stats, export_digest, "written by engines", "make the stats with these engines")

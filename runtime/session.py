@@ -35,7 +35,7 @@ import numpy as np
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE  # (importable from here too)
 from specrt.engines.costs import busy_note, busy_share
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 from specrt.limits import whole
 from specrt.paths import check_path_args, folder_lock
 
@@ -108,10 +108,8 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
     calibration at the top level) reads as {'greedy': ...}."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # (not UTF-8: a traceback in every command, calibrate's replacement of it too;
-        raise UserError(f"{path}: not valid JSON ({e})") from None  # a number past Python's digit limit for int)
-    except RecursionError:  # arrays or objects nested past Python's recursion limit
-        raise UserError(f"{path}: not valid JSON (nested too deeply to read)") from None
+    except (ValueError, RecursionError) as e:  # (not UTF-8: a traceback in every command, calibrate's
+        raise UserError(f"{path}: not valid JSON ({json_problem(e)})") from None  # replacement of it too)
     except OSError as e:
         raise UnreadableFile(f"{path}: cannot read ({e.strerror or e})") from None
     fmt = data.get("format") if isinstance(data, dict) else None
@@ -339,7 +337,7 @@ class Session:
         try:
             a = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:  # (ValueError: not UTF-8, not JSON, past the digit limit)
-            raise UserError(f"{p}: cannot read the acceptance receipt ({e}); `specrt canary {self.engines.folder}` "
+            raise UserError(f"{p}: cannot read the acceptance receipt ({json_problem(e)}); `specrt canary {self.engines.folder}` "
                             "writes it again") from None
         again = f"`specrt canary {self.engines.folder}` writes it again"
         if not isinstance(a, dict):

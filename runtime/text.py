@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 from specrt.paths import json_object, read_json_object, read_utf8
 from specrt.prompt_files import CONVERSATION, conversation_problem, joined
 
@@ -232,8 +232,7 @@ def template_kwargs_of(value, where: str) -> dict:
                             '\'{"enable_thinking": false}\'') from None
         except (ValueError, RecursionError) as e:  # (a number past Python's digit limit for int, or arrays
             # nested past the recursion limit: tracebacks)
-            why = "nested too deeply to read" if isinstance(e, RecursionError) else e
-            raise UserError(f"{where}: not valid JSON ({why})") from None
+            raise UserError(f"{where}: not valid JSON ({json_problem(e)})") from None
         if value is None:  # (typed "null": a request's null is "not given", a command line's a slip, as "[]" is)
             raise UserError(f"{where}: expected a JSON object of template variable names to values, found null")
     if value is None:

@@ -69,7 +69,7 @@ from urllib.parse import unquote
 
 import click
 
-from specrt.errors import EngineFailure, UserError, describe_os_error
+from specrt.errors import EngineFailure, UserError, describe_os_error, json_problem
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
 from specrt.sampling_options import argv_text, existing_folder, temperature_option, template_kwargs_option
 
@@ -903,8 +903,7 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
             except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (ValueError: a JSONDecodeError, or
                 # an integer past Python's digit limit for str -> int)
-                why = "nested too deeply" if isinstance(e, RecursionError) else e
-                raise BadRequest(f"the request body is not valid JSON ({why})") from None
+                raise BadRequest(f"the request body is not valid JSON ({json_problem(e)})") from None
             req = self.app.parse(body, chat)
         except BadRequest as e:
             if e.status == 413:

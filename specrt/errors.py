@@ -6,6 +6,7 @@ wrong (a bug); the CLI lets the traceback through.
 """
 
 import errno
+import re
 
 # OSErrors that say the machine or the user's files are in the way (a full disk, a file
 # this user cannot read or write, a read-only mount), not that specrt is wrong: said as
@@ -54,6 +55,17 @@ class NonFiniteOutput(InternalError):
 # how the runtime names a governor it refuses (governor.py, session.py): the Python API's
 # ``governor=`` as given; a command says it as its own option (``cli_named``)
 GOVERNOR_NAMED = "governor '"
+
+
+def json_problem(e: BaseException) -> str:
+    """What json.loads' error says of a file or text that cannot be read: its own message, or
+    for arrays nested past Python's recursion limit and a number past its digit limit for int
+    (tracebacks where only json.JSONDecodeError was caught) words a user can act on, not
+    Python's advice to call sys.set_int_max_str_digits()."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply to read"
+    m = re.match(r"Exceeds the limit \((\d+) digits\) for integer string conversion: value has (\d+) digits", str(e))
+    return f"a number of {m[2]} digits, past the {m[1]} Python reads" if m else str(e)
 
 
 def cli_named(e: BaseException, option: str) -> str:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from specrt.errors import UserError, describe_os_error, environment_error
+from specrt.errors import UserError, describe_os_error, environment_error, json_problem
 from specrt.limits import whole
 from specrt.paths import check_output_folder, check_path_args, folder_lock, make_temporary, try_lock, umask
 
@@ -281,8 +281,7 @@ def read_manifest(folder: Path, name: str, fmt: str, what: str) -> dict[str, Any
         data = json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as e:  # (not UTF-8, not JSON; arrays or objects nested past Python's
         # recursion limit, a number past its digit limit for int: tracebacks)
-        why = "nested too deeply to read" if isinstance(e, RecursionError) else e
-        raise UserError(f"{p}: not valid JSON ({why})") from None
+        raise UserError(f"{p}: not valid JSON ({json_problem(e)})") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise UserError(f"{p}: not {'an' if what[0] in 'aeiou' else 'a'} {what} manifest (expected format '{fmt}')")
     return data

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from specrt.contracts import ACCEPTANCE_FILE, CALIBRATION_FILE, CORPUS_FILE
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 
 try:
     import fcntl
@@ -85,8 +85,7 @@ def json_object(text: str, path: Path) -> dict:
         raise UserError(f"{path}: not valid JSON ({e})") from None
     except (ValueError, RecursionError) as e:  # arrays or objects nested past Python's recursion limit, a
         # number past its digit limit for int (tracebacks)
-        why = "nested too deeply to read" if isinstance(e, RecursionError) else e
-        raise UserError(f"{path}: not valid JSON ({why})") from None
+        raise UserError(f"{path}: not valid JSON ({json_problem(e)})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
     return data

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specrt.errors import UserError
+from specrt.errors import UserError, json_problem
 from specrt.limits import whole
 
 
@@ -53,8 +53,7 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
             raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
         except (ValueError, RecursionError) as e:  # nested past Python's recursion limit, a number past its
             # digit limit for int (tracebacks)
-            why = "nested too deeply to read" if isinstance(e, RecursionError) else e
-            raise UserError(f"{path}:{n}: not a JSON line ({why})") from None
+            raise UserError(f"{path}:{n}: not a JSON line ({json_problem(e)})") from None
         yield n, value
 
 

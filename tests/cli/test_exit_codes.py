@@ -658,7 +658,7 @@ def test_the_engines_files_check_needs_no_runtime(tmp_path):
      "tokenizer_config.json: not valid JSON (nested too deeply to read)"),
     # a number past Python's digit limit for int (4300): json's ValueError was a traceback
     ("tokenizer_config.json", '{"model_max_length": ' + "9" * 5000 + "}",
-     "tokenizer_config.json: not valid JSON (Exceeds the limit (4300 digits)"),
+     "tokenizer_config.json: not valid JSON (a number of 5000 digits, past the 4300 Python reads)"),
 ])
 def test_export_refuses_tokenizer_files_the_runtime_cannot_read(tmp_path, name, text, message):
     """A broken tokenizer file was copied without a word and built; `specrt run` then ended in

@@ -131,7 +131,7 @@ def test_a_manifest_nested_too_deeply_is_named(engines_copy):
         load_engines(engines_copy)
     # a number past Python's digit limit for int (4300): json's ValueError was a traceback
     (engines_copy / "engines.json").write_text('{"format": ' + "9" * 5000 + "}")
-    with pytest.raises(UserError, match="engines.json: not valid JSON \\(Exceeds the limit \\(4300 digits\\)"):
+    with pytest.raises(UserError, match="engines.json: not valid JSON \\(a number of 5000 digits, past the 4300 Python reads\\)$"):
         load_engines(engines_copy)
 
 

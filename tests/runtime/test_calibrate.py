@@ -517,7 +517,7 @@ def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
     with pytest.raises(UserError, match=f"{p}: not valid JSON \\(nested too deeply to read\\)"):
         read_calibration_file(p)
     p.write_text('{"format": ' + "9" * 5000 + "}")  # past Python's digit limit for int: a ValueError traceback
-    with pytest.raises(UserError, match=f"{p}: not valid JSON \\(Exceeds the limit \\(4300 digits\\)"):
+    with pytest.raises(UserError, match=f"{p}: not valid JSON \\(a number of 5000 digits, past the 4300 Python reads\\)$"):
         read_calibration_file(p)
 
 

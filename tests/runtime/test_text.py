@@ -1118,7 +1118,7 @@ def test_a_json_line_nested_past_the_recursion_limit_is_a_user_error(tmp_path):
         read_prompt_file(f)
     # a number past Python's digit limit for int (4300): json's ValueError was a traceback
     f.write_text(json.dumps({"prompt": "hi"}) + "\n" + '{"prompt_ids": [' + "9" * 5000 + "]}\n")
-    with pytest.raises(UserError, match=r"p.jsonl:2: not a JSON line \(Exceeds the limit \(4300 digits\)"):
+    with pytest.raises(UserError, match=r"p.jsonl:2: not a JSON line \(a number of 5000 digits, past the 4300 Python reads\)$"):
         read_prompt_file(f)
 
 
@@ -3635,7 +3635,8 @@ def test_template_variables_python_cannot_read_are_said_not_a_traceback():
     with pytest.raises(UserError, match=r"^X: not valid JSON \(nested too deeply to read\)$"):
         template_kwargs_of("[" * 100_000 + "]" * 100_000, "X")
     if limit := sys.get_int_max_str_digits():  # (0: no limit in this interpreter)
-        with pytest.raises(UserError, match=r"^X: not valid JSON \(Exceeds the limit"):
+        with pytest.raises(UserError, match=rf"^X: not valid JSON \(a number of {limit + 1} digits, past the {limit} "
+                                            r"Python reads\)$"):
             template_kwargs_of('{"a": ' + "1" * (limit + 1) + "}", "X")
 
 
