@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -116,10 +117,17 @@ def test_a_dtype_is_named_as_build_names_a_precision():
     assert export_mod.export_dtype("FLOAT32") == export_mod.export_dtype(" float32") == "float32"
     assert export_mod.export_dtype("fp16") == export_mod.export_dtype("Float16") == "float16"
     assert export_mod.export_dtype("BF16 ") == "bfloat16"
-    for bad in ("int8", "fp 16", "float"):
+    for bad in ("int8", "fp 16", "float", " INT8"):  # (named as typed: mutant m71c-61 said 'int8')
         with pytest.raises(UserError, match=f"^--dtype '{bad}' is not supported \\(choose one of float32, float16, "
                                             "bfloat16\\)$"):
             export_mod.export_dtype(bad)
+
+
+def test_export_takes_a_dtype_as_typed_and_records_its_name(tmp_path):
+    """export() itself reads --dtype's spellings (mutant m71c-49 checked "FP32" and went on with it)."""
+    m = export_mod.export(REFERENCE / "verifier", REFERENCE / "draft", tmp_path / "o", dtype=" FP32")
+    assert m["dtype"] == "float32"
+    assert json.loads((tmp_path / "o" / "export.json").read_text())["dtype"] == "float32"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -401,6 +401,34 @@ def test_answers_ending_at_eos_at_once_are_said_to(tmp_path):
                                                             for i in (1, 2, 3)], said
 
 
+def test_the_no_rounds_error_counts_the_endings_of_its_own_prompts():
+    """no_rounds counts the endings of the prompts it names only (mutant m71c-04 counted every
+    prompt's), and keeps the caller's advice unless every one of them ended at EOS or the
+    context, where more --max-new-tokens changes nothing (m71c-05: one such was enough)."""
+    from specrt.runtime.calibrate import no_rounds
+
+    endings = ["eos", "length", "context", "eos"]
+    e = no_rounds("training", endings, [0, 1], "give longer generations")
+    assert str(e) == ("no draft rounds in the training prompts (each of 2 answers ended before a round could run, "
+                      "1 at the end-of-sequence token): give longer generations")
+    e = no_rounds("held-out", endings, [2, 3], "give longer generations")
+    assert str(e) == ("no draft rounds in the held-out prompts (each of 2 answers ended before a round could run, "
+                      "1 at the end-of-sequence token, 1 at the engines' context): give prompts whose answers go on "
+                      "(more --max-new-tokens does not change where these end)")
+    e = no_rounds("training", [None], [0], "give longer generations")
+    assert str(e) == ("no draft rounds in the training prompts (its answer ended before a round could run): "
+                      "give longer generations")
+
+
+def test_a_prompt_line_says_one_round_as_one(small_vocab_engines, tmp_path):
+    """Each prompt's line: "3 tokens, 1 round" (mutant m71c-03: "1 rounds")."""
+    said: list[str] = []
+    calibrate(copy(small_vocab_engines, tmp_path / "e"), prompts(16, 3, seed=2), max_new_tokens=3, holdout=0.0,
+              write=False, log=said.append)
+    assert [x for x in said if x.startswith("prompt ")] == [f"prompt {i}/3: 3 tokens, 1 round, tau 1.00"
+                                                            for i in (1, 2, 3)], said
+
+
 def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):
     """Coupled sampling (--reproducible) accepts drafts at another rate than rejection sampling
     at the same temperature: its calibration neither replaces the rejection sampler's nor is
@@ -556,7 +584,8 @@ def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, 
         assert c.n[0].sum() == before + 1 and c.n[1:].sum() == deep - 1
 
 
-@pytest.mark.parametrize("edit", ["a position less", "a position more", "depth", "depth not a number"])
+@pytest.mark.parametrize("edit", ["a position less", "a position more", "depth", "depth not a number",
+                                  "depth a float", "depth zero"])
 def test_a_calibration_whose_positions_are_not_its_depth_is_refused(small_vocab_engines, tmp_path, edit):
     """calibrate stores a map for each position 1..depth: a hand-edited file with a position
     missing was taken without a word (DSpark mapping it as the identity, no note), as was one
@@ -575,7 +604,9 @@ def test_a_calibration_whose_positions_are_not_its_depth_is_refused(small_vocab_
         cal["counts"], cal["accepted"] = cal["counts"] * 2, cal["accepted"] * 2
         said = f"'depth' {deep} but {2 * deep} positions"
     else:
-        entry["depth"] = deep + 1 if edit == "depth" else "four"
+        # (a float equal to the positions: not a depth calibrate writes; mutant m71c-18 took it)
+        # (0: mutant m71c-59 read 'depth' by its truth and took it)
+        entry["depth"] = {"depth": deep + 1, "depth a float": float(deep), "depth zero": 0}.get(edit, "four")
         said = f"'depth' {entry['depth']!r} but {deep} positions"
     (eng / CALIBRATION_FILE).write_text(json.dumps(data))
     with pytest.raises(UserError, match=re.escape(f"{eng / CALIBRATION_FILE}: mode 'greedy': {said} in its "
@@ -1371,6 +1402,8 @@ def test_no_worse_fit_note_for_a_fit_as_good_as_the_raw_confidences():
 
     assert worse_fit_note({"before_all": 0.125, "after_all": 0.125}, "holdout", 9) is None
     assert "(0.126) is worse than" in worse_fit_note({"before_all": 0.125, "after_all": 0.126}, "holdout", 9)
+    # worse, but not as said to 3 places: no "(0.000) is worse than ... (0.000)" (mutant m71c-09)
+    assert worse_fit_note({"before_all": 0.0001, "after_all": 0.0004}, "holdout", 9) is None
 
 
 # mutation round 5, C29 (calibrate.py _folder_lock): a folder that cannot be opened

@@ -1459,10 +1459,13 @@ def test_softened_scales_each_positions_counts_alike_and_keeps_the_settings():
     ({"counts": [[2.0] * 20] * 7 + [[2.0] * 19 + [float("inf")]]}, r"position 8, bin 20: counts inf / accepted 1"),
     ({"accepted": [[3.0] * 20] * 8}, r"position 1, bin 1: counts 2 / accepted 3: expected"),
     ({"counts": [[1.0] * 3] * 8, "accepted": [[0.0] * 3] * 8}, r"counts \(8, 3\) / accepted \(8, 3\) inconsistent"),
+    # (each array's own shape: mutant m71c-17 said the counts' shape twice)
+    ({"accepted": [[0.0] * 20] * 7}, r"counts \(8, 20\) / accepted \(7, 20\) inconsistent with 20 bins"),
     ({"counts": 5.0}, r"malformed \(IndexError"),
     ({"runner_ups": {}}, r"runner_ups malformed \(KeyError"),
     ({"runner_ups": {"wins": [-1.0], "tries": [4.0]}}, "expected 0 <= wins <= tries")],
-    ids=["format", "negative", "nan", "inf", "more-accepted", "bins", "scalar", "empty-runner-ups", "negative-wins"])
+    ids=["format", "negative", "nan", "inf", "more-accepted", "bins", "accepted-rows", "scalar", "empty-runner-ups",
+         "negative-wins"])
 def test_a_malformed_calibration_is_named(change, words):
     d = Calibration().to_dict()
     d["counts"] = [[2.0] * 20] * 8

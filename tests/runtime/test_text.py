@@ -1791,11 +1791,21 @@ def test_calibrate_says_chat_options_no_prompt_uses_as_run_does(worded, tmp_path
     r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(f), "--chat", "--holdout", "0",
                                   "--max-new-tokens", "3", "--chat-template-kwargs", '{"x": 1}'])
     assert r.exit_code == 1 and f"{f}:2: the prompt has 200 tokens" in r.output, r.output
-    assert "note: --chat: 2 of the 2 prompts are token ids ('prompt_ids'), used as given" in r.output, r.output
-    assert "note: --chat-template-kwargs: no prompt goes through the chat template" in r.output, r.output
+    # (on stderr, as calibrate's other lines: mutant m71c-86 printed them on stdout)
+    assert "note: --chat: 2 of the 2 prompts are token ids ('prompt_ids'), used as given" in r.stderr, r.output
+    assert "note: --chat-template-kwargs: no prompt goes through the chat template" in r.stderr, r.output
+    assert "note:" not in r.stdout, r.stdout
     r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(f), "--holdout", "0",
                                   "--max-new-tokens", "3"])
     assert r.exit_code == 1 and "note:" not in r.output, r.output
+    # the held-out prompts counted too (mutant m71c-46 counted --prompts' only)
+    g, h = tmp_path / "text.jsonl", tmp_path / "held.jsonl"
+    g.write_text(json.dumps({"prompt": "w3 w1"}) + "\n")
+    h.write_text(json.dumps({"prompt_ids": [5] * 200}) + "\n")
+    r = CliRunner().invoke(main, ["calibrate", str(worded), "--prompts", str(g), "--holdout-prompts", str(h), "--chat",
+                                  "--max-new-tokens", "3"])
+    assert r.exit_code == 1 and f"{h}:1: the prompt has 200 tokens" in r.output, r.output
+    assert "note: --chat: 1 of the 2 prompts are token ids ('prompt_ids'), used as given" in r.output, r.output
 
 
 def test_a_streams_template_variables_for_a_prompt_no_template_renders_are_refused(worded):
