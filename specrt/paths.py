@@ -81,11 +81,8 @@ def json_object(text: str, path: Path) -> dict:
     """``text``, the file ``path``'s, parsed as a JSON object, errors naming the file."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
-    except (ValueError, RecursionError) as e:  # arrays or objects nested past Python's recursion limit, a
-        # number past its digit limit for int (tracebacks)
-        raise UserError(f"{path}: not valid JSON ({json_problem(e)})") from None
+    except (ValueError, RecursionError) as e:  # (not JSON; nested past Python's recursion limit, a number
+        raise UserError(f"{path}: not valid JSON ({json_problem(e)})") from None  # past its digit limit: tracebacks)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object at top level, found {type(data).__name__}")
     return data

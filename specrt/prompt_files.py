@@ -49,11 +49,8 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
             continue
         try:
             value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not a JSON line ({e})") from None
-        except (ValueError, RecursionError) as e:  # nested past Python's recursion limit, a number past its
-            # digit limit for int (tracebacks)
-            raise UserError(f"{path}:{n}: not a JSON line ({json_problem(e)})") from None
+        except (ValueError, RecursionError) as e:  # (not JSON; nested past Python's recursion limit, a number
+            raise UserError(f"{path}:{n}: not a JSON line ({json_problem(e)})") from None  # past its digit limit)
         yield n, value
 
 
