@@ -48,7 +48,7 @@ PREFILL, DECODE, DRAFT = "prefill", "decode", "draft"
 LAYOUTS = ("profiles", "engines")
 # precision name -> graph dtypes it can be built from (a lower precision from float32 lets
 # TensorRT pick fp16/bf16 kernels; ONNX Runtime runs the graph's own dtype only).
-PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+PRECISIONS = C.PRECISIONS
 
 
 def verify_role(d: int) -> str:

@@ -29,7 +29,7 @@ from specrt.manifest import (EXPORT_FORMAT, EXPORT_MANIFEST, TOKENIZER_FILES, at
                              tool_versions, write_json)
 from specrt.paths import check_path_args, read_json_object
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = tuple(C.PRECISIONS.values())  # float32, float16, bfloat16
 TRAINING_RECEIPT = "training_receipt.json"
 
 
@@ -82,7 +82,7 @@ def export_dtype(dtype: str) -> str:
     """--dtype as typed (float32, FLOAT32, fp32, " bf16") -> one of DTYPES, as build's
     --precision takes its names; UserError naming the option otherwise."""
     d = str(dtype).strip().lower()
-    d = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(d, d)
+    d = C.PRECISIONS.get(d, d)
     if d not in DTYPES:
         raise UserError(f"--dtype '{dtype}' is not supported (choose one of {', '.join(DTYPES)})")
     return d

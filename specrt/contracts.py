@@ -132,6 +132,9 @@ def cache_value_out(i: int) -> str:
     return f"cache_value_out.{i}"
 
 
+# a precision's short name -> the graph dtype of that name (build's --precision, export's --dtype take both)
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
 KV_LAYOUTS = ("append", "inplace")  # portable past/new contract; in-place GQA buffers
 
 # Symbolic dimension names used in the graphs' value infos.
