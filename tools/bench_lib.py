@@ -77,9 +77,19 @@ class PeerSkipped(Exception):
 
 
 def specrt_cache() -> Path:
-    """``$SPECRT_CACHE`` (a ``~`` in it the home folder, as smollm2.default_cache) or ``~/.cache/specrt``."""
-    env = os.environ.get("SPECRT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrt"
+    """``$SPECRT_CACHE`` (a ``~`` in it the home folder) or ``~/.cache/specrt``: smollm2.default_cache,
+    the rule the model's own conversion follows."""
+    return _smollm2().default_cache()
+
+
+def _smollm2():
+    """tools/smollm2.py, imported from this folder (bench runs this file from any working folder)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import smollm2
+
+    return smollm2
 
 
 def _has(module: str) -> bool:
@@ -222,9 +232,7 @@ def source_gguf(hf_folder: Path | None, given: Path | None, cache: Path) -> Path
         if not Path(given).is_file():
             raise PeerSkipped(f"--llamacpp-gguf {given}: no such file")
         return Path(given)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import smollm2
-
+    smollm2 = _smollm2()
     src = Path(hf_folder or "") / "source.json"
     try:
         info = json.loads(src.read_text()) if hf_folder and src.is_file() else {}
