@@ -38,7 +38,7 @@ import numpy as np
 
 from specrt.engines.costs import interpolate
 from specrt.errors import NonFiniteOutput, UserError
-from specrt.limits import digits
+from specrt.limits import digits, whole
 
 from .telemetry import RoundResult
 
@@ -284,6 +284,14 @@ def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.repeat(vals, sizes)
 
 
+def _numbers(x) -> bool:
+    """``x`` (a stored calibration's counts) is a number or nested lists of numbers, no string,
+    boolean or null among them (numpy reads "1" and true as 1.0)."""
+    if isinstance(x, list):
+        return all(_numbers(v) for v in x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _shape_error(n: np.ndarray, a: np.ndarray, bins: int) -> str:
     """A stored calibration's counts / accepted of the wrong shape: one row of ``bins`` a position."""
     return f"calibration JSON: counts {n.shape} / accepted {a.shape} inconsistent with {bins} bins"
@@ -517,14 +525,24 @@ class Calibration:
         try:
             if d["format"] != "specrt.calibration/1":
                 raise UserError(f"calibration format {d['format']!r}: expected 'specrt.calibration/1'")
+            # (hand edits were read loosely: "1" and true as counts, "bins" 20.7 as 20, "prior" "4" as 4)
+            for key in ("counts", "accepted"):
+                if not _numbers(d[key]):
+                    raise UserError(f"calibration JSON: {key!r} holds a value that is not a number (a string, "
+                                    "boolean or null): expected nested lists of numbers")
+            for key in ("bins", "window", "refit_every"):  # (0 or less: said by the constructor)
+                if not whole(d[key]):
+                    raise UserError(f"calibration JSON: {key!r} {d[key]!r}: expected a whole number")
+            if isinstance(d["prior"], bool) or not isinstance(d["prior"], (int, float)):
+                raise UserError(f"calibration JSON: 'prior' {d['prior']!r}: expected a number")
             n, a = np.asarray(d["counts"], float), np.asarray(d["accepted"], float)
-            bins = int(d["bins"])
+            bins = d["bins"]
             # (before the map's [P, bins] arrays are made: a hand-edited bins of 10**9 was an out-of-memory
             # error naming no file, beside counts of one row or three levels too; none, or a scalar: said below)
             if n.ndim and n.size and 0 < bins and n.shape[1:] != (bins,):
                 raise UserError(_shape_error(n, a, bins))
             cal = cls(d["kind"], positions=n.shape[0], bins=bins, prior=float(d["prior"]),
-                      window=int(d["window"]), refit_every=int(d["refit_every"]))
+                      window=d["window"], refit_every=d["refit_every"])
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise UserError(f"calibration JSON is malformed ({type(e).__name__}: {e}); expected Calibration.to_dict() output") from None
         if n.shape != cal.n.shape or a.shape != n.shape:

@@ -143,6 +143,8 @@ def read_calibration_file(path: Path, digest: str | None = None) -> dict[str, di
         # calibrate fits a map for each position 1..K of the deepest verify depth K: a position missing
         # (or one more) was taken without a word, the missing ones the identity map (no shallower_note)
         positions = e["calibration"].positions
+        if "rounds" in e and not whole(e["rounds"], 0):  # (shown in every run's note: "None rounds")
+            raise UserError(f"{path}: mode {m!r}: 'rounds' {e['rounds']!r}: expected a whole number >= 0")
         if "depth" in e and not (whole(e["depth"]) and e["depth"] == positions):
             raise UserError(f"{path}: mode {m!r}: 'depth' {e['depth']!r} but {positions} positions in its "
                             "calibration's 'counts': expected a row for each position 1..depth")
@@ -175,6 +177,8 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
     calibration (off, fixed, adaptive) goes on without it, the note saying why."""
     p = Path(engines.folder) / CALIBRATION_FILE
     if not p.is_file():
+        if p.is_dir():  # (said as "no calibration stored"; calibrate refuses to write over it)
+            return None, f"{p} is a folder, not a calibration: DSpark uses the identity map (remove it and run `specrt calibrate`)"
         return None, "no calibration stored: DSpark uses the identity map (run `specrt calibrate`)"
     try:
         modes = read_calibration_file(p, engines.manifest["export"]["digest"])
@@ -184,6 +188,12 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
                             "then starts from the identity map)") from None
         return None, f"calibration ignored ({governor} does not read it): {e}"
     if modes is None:
+        try:  # (a file without one was said as fitted for other engines, "export digest differs")
+            named = isinstance(json.loads(p.read_text(encoding="utf-8")).get("export_digest"), str)
+        except (OSError, ValueError, AttributeError, RecursionError):  # (changed since it was read)
+            named = True
+        if not named:
+            return None, f"{p} names no export digest (expected one written by `specrt calibrate`): using the identity map"
         return None, f"{p} was fitted for other engines (export digest differs): using the identity map"
     want = sampling.mode
     if want in modes:

@@ -530,10 +530,10 @@ def test_calibration_file_format_1_and_malformed_files(engines, tmp_path):
         with pytest.raises(UserError, match=message):
             Session(eng, governor="dspark")
     # a well-formed file that names no engines (no export digest) is used on none of them: it
-    # was used on any engines, as if fitted for them
+    # was used on any engines, as if fitted for them (and then said as "fitted for other engines")
     (eng / CALIBRATION_FILE).write_text(json.dumps({k: v for k, v in old.items() if k != "export_digest"}))
     with Session(eng, governor="dspark") as s:
-        assert s.calibration is None and "fitted for other engines" in s.calibration_note
+        assert s.calibration is None and "names no export digest" in s.calibration_note
 
 
 def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
@@ -547,6 +547,35 @@ def test_a_calibration_file_nested_too_deeply_is_named(tmp_path):
     p.write_text('{"format": ' + "9" * 5000 + "}")  # past Python's digit limit for int: a ValueError traceback
     with pytest.raises(UserError, match=f"{p}: not valid JSON \\(a number of 5000 digits, past the 4300 Python reads\\)$"):
         read_calibration_file(p)
+
+
+def test_a_calibration_hand_edited_or_misplaced_is_said_as_it_is(small_vocab_engines, tmp_path):
+    """What a user walk (session 71) found said untruly: "rounds": null shown as "(None rounds,
+    greedy)" in every run's note; a file without an export digest said as fitted for other
+    engines, "export digest differs"; a folder named calibration.json as "no calibration stored"."""
+    from specrt.engines import load_engines
+    from specrt.runtime.session import read_calibration_file
+
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    calibrate(eng, prompts(4, 8, seed=1), max_new_tokens=8, holdout=0.25)
+    p = eng / CALIBRATION_FILE
+    data = json.loads(p.read_text())
+    for rounds in (None, "12", 1.5, -1):
+        data["modes"]["greedy"]["rounds"] = rounds
+        p.write_text(json.dumps(data))
+        with pytest.raises(UserError, match=f"{p}: mode 'greedy': 'rounds' {re.escape(repr(rounds))}: expected a "
+                                            "whole number >= 0$"):
+            read_calibration_file(p)
+    del data["modes"]["greedy"]["rounds"], data["export_digest"]
+    p.write_text(json.dumps(data))
+    cal, note = load_calibration(load_engines(eng, verify=False))
+    assert cal is None and note == (f"{p} names no export digest (expected one written by `specrt calibrate`): "
+                                    "using the identity map")  # (format /2 here; /1 above)
+    p.unlink()
+    p.mkdir()
+    cal, note = load_calibration(load_engines(eng, verify=False))
+    assert cal is None and note == (f"{p} is a folder, not a calibration: DSpark uses the identity map (remove it "
+                                    "and run `specrt calibrate`)")
 
 
 def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, tmp_path):

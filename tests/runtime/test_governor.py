@@ -1463,9 +1463,19 @@ def test_softened_scales_each_positions_counts_alike_and_keeps_the_settings():
     ({"accepted": [[0.0] * 20] * 7}, r"counts \(8, 20\) / accepted \(7, 20\) inconsistent with 20 bins"),
     ({"counts": 5.0}, r"malformed \(IndexError"),
     ({"runner_ups": {}}, r"runner_ups malformed \(KeyError"),
-    ({"runner_ups": {"wins": [-1.0], "tries": [4.0]}}, "expected 0 <= wins <= tries")],
+    ({"runner_ups": {"wins": [-1.0], "tries": [4.0]}}, "expected 0 <= wins <= tries"),
+    # hand edits numpy or int() read loosely (a user walk, session 71: "1" and true as counts, 20.7 bins as 20)
+    ({"counts": [[2.0] * 20] * 7 + [[2.0] * 19 + ["2"]]},
+     r"'counts' holds a value that is not a number \(a string, boolean or null\): expected nested lists of numbers"),
+    ({"accepted": [[True] * 20] * 8}, r"'accepted' holds a value that is not a number"),
+    ({"accepted": [[1.0] * 20] * 7 + [[None] * 20]}, r"'accepted' holds a value that is not a number"),
+    ({"bins": 20.7}, r"'bins' 20.7: expected a whole number$"),
+    ({"window": True}, r"'window' True: expected a whole number$"),
+    ({"refit_every": "32"}, r"'refit_every' '32': expected a whole number$"),
+    ({"prior": "4"}, r"'prior' '4': expected a number$")],
     ids=["format", "negative", "nan", "inf", "more-accepted", "bins", "accepted-rows", "scalar", "empty-runner-ups",
-         "negative-wins"])
+         "negative-wins", "string-count", "boolean-accepted", "null-accepted", "fractional-bins", "boolean-window",
+         "string-refit", "string-prior"])
 def test_a_malformed_calibration_is_named(change, words):
     d = Calibration().to_dict()
     d["counts"] = [[2.0] * 20] * 8
