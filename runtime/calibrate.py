@@ -226,6 +226,13 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
                 ids.append(_encode(s, p, chat, max_new_tokens))
             except UserError as e:
                 raise UserError(f"{name}: {e}; no prompt was decoded") from None
+        if sampling.greedy:  # (a walk, session 71: 6 identical prompts, "held-out" ECE 0.025 on the training rounds)
+            seen = {tuple(ids[j]) for j in train_idx}
+            same = [names[i] for i in hold_idx if tuple(ids[i]) in seen]
+            if same:
+                log(f"note: {len(same)} of the {len(hold_idx)} held-out prompts repeat a training prompt ("
+                    + ", ".join(same[:3]) + (", ..." if len(same) > 3 else "") + "): greedy decoding repeats its "
+                    "rounds, so the held-out ECE is measured in part on the training rounds")
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []
         endings: list[str | None] = []  # how each answer ended (Finished.reason)
@@ -245,7 +252,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             # (as run's closing line: "tau 1.00" where no round ran read as a draft accepting nothing)
             r = len(gov.rounds)
             rounds = f"{r} round{'s' * (r != 1)}, tau {tel.tau:.2f}" if tel.draft_rounds else "no draft rounds"
-            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {rounds}")
+            cut = "; the answer reached the engines' context" if endings[-1] == "context" else ""  # (not said)
+            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {rounds}{cut}")
         seconds = time.perf_counter() - t0
 
     train = [r for i in train_idx for r in per_prompt[i]]

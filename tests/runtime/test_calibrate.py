@@ -377,6 +377,27 @@ def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_p
     assert "--holdout " not in str(e.value)
 
 
+def test_held_out_prompts_repeating_training_ones_and_answers_cut_at_the_context_are_said(small_vocab_engines,
+                                                                                          tmp_path):
+    """Two things a user walk (session 71) found unsaid: held-out prompts identical to training
+    ones (greedy decoding repeats their rounds: a "held-out" ECE measured on training rounds),
+    and an answer that stopped at the engines' context rather than at --max-new-tokens."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    C = json.loads((eng / "engines.json").read_text())["max_context"]
+    train = prompts(16, 3, seed=2)
+    said: list[str] = []
+    calibrate(eng, train, max_new_tokens=16, holdout_prompts=[train[1], [1, 2, 3], train[0]], log=said.append,
+              labels=["a:1", "a:2", "a:3", "b:1", "b:2", "b:3"], write=False)
+    assert ("note: 2 of the 3 held-out prompts repeat a training prompt (b:1, b:3): greedy decoding repeats its "
+            "rounds, so the held-out ECE is measured in part on the training rounds") in said, said
+    said.clear()
+    calibrate(eng, train, max_new_tokens=16, holdout_prompts=[[1, 2] * ((C - 8) // 2)], log=said.append, write=False)
+    assert not any(x.startswith("note:") for x in said), said
+    lines = [x for x in said if x.startswith("prompt ")]
+    assert lines[-1].startswith("prompt 4/4: ") and lines[-1].endswith("; the answer reached the engines' context")
+    assert not any("context" in x for x in lines[:-1]), lines
+
+
 def test_answers_ending_at_eos_at_once_are_said_to(tmp_path):
     """Every answer ending at its first token (EOS): the error said "each ended before a round
     could run: give longer generations (--max-new-tokens)", which changes nothing (a user
