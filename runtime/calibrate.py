@@ -336,7 +336,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     if note:
         log(note)
     if write:
-        entry = {"sampling": report["sampling"], "rounds": len(train), "depth": K,
+        entry = {"sampling": report["sampling"], "rounds": len(train), "depth": K, "draft_weights": engines.draft_weights,
                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "prompts": len(train_idx), "max_new_tokens": max_new_tokens, "chat": bool(chat),
                  "calibration": cal.to_dict(),

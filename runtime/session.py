@@ -96,6 +96,18 @@ def shallower_note(fitted_depth, depths) -> str:
             "them (`specrt calibrate` on these engines fits them)")
 
 
+def weights_note(fitted: object, these: str | None) -> str:
+    """"; fitted on engines of the int8 draft, ..." when a calibration copied across (README:
+    Build) was fitted on engines whose draft weights were of another precision than these
+    (`build --draft-weights`): the draft's confidences move with its weights (a user walk,
+    session 71, found it taken as theirs); else "" (the same, or a file from before
+    2026-12-07, which does not say)."""
+    if not isinstance(fitted, str) or these is None or fitted == these:
+        return ""
+    return (f"; fitted on engines of the {fitted} draft, these run the {these} one: its confidences differ a "
+            "little (`specrt calibrate` on these engines fits them)")
+
+
 class UnreadableFile(UserError):
     """A file there that cannot be read (an OSError: no permission, a disk's EIO): unlike a
     broken one, what it holds is unknown, so calibrate may not replace it unseen."""
@@ -199,7 +211,8 @@ def load_calibration(engines, sampling: SamplingParams = SamplingParams(),
     if want in modes:
         e = modes[want]
         return e["calibration"], (f"calibration from {p.name} ({e.get('rounds', '?')} rounds, {want})"
-                                  + shallower_note(e.get("depth"), getattr(engines, "depths", ())))
+                                  + shallower_note(e.get("depth"), getattr(engines, "depths", ()))
+                                  + weights_note(e.get("draft_weights"), getattr(engines, "draft_weights", None)))
     near, cal = prior_from(modes, sampling)
     how = "" if sampling.greedy else (f" --temperature {sampling.temperature:g} --top-p {sampling.top_p:g} "
                                       f"--top-k {sampling.top_k}" + (" --reproducible" if sampling.coupled else ""))

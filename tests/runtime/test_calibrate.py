@@ -599,6 +599,27 @@ def test_a_calibration_hand_edited_or_misplaced_is_said_as_it_is(small_vocab_eng
                                     "and run `specrt calibrate`)")
 
 
+def test_a_calibration_fitted_on_engines_of_another_draft_precision_says_so(small_vocab_engines, tmp_path):
+    """A calibration.json copied to engines rebuilt from the same export with another
+    --draft-weights was taken as theirs without a word (a user walk, session 71): the draft's
+    confidences move with its weights' precision."""
+    from specrt.engines import build_engines, load_engines
+
+    fp = copy(small_vocab_engines, tmp_path / "fp")
+    calibrate(fp, prompts(16, 4, seed=1), max_new_tokens=12, holdout=0.0)
+    assert json.loads((fp / CALIBRATION_FILE).read_text())["modes"]["greedy"]["draft_weights"] == "fp"
+    cal, note = load_calibration(load_engines(fp, verify=False))
+    assert cal is not None and note.endswith(" rounds, greedy)")
+    q = tmp_path / "q"  # (the same export)
+    build_engines(small_vocab_engines.parent / "export", "onnxruntime", DEPTHS, q, log=quiet, profile_repeats=1,
+                  draft_weights="int8:blocks")
+    shutil.copy(fp / CALIBRATION_FILE, q / CALIBRATION_FILE)
+    cal, note = load_calibration(load_engines(q, verify=False))
+    assert cal is not None and note.endswith(" rounds, greedy); fitted on engines of the fp draft, these run the int8 "
+                                             "one: its confidences differ a little (`specrt calibrate` on these "
+                                             "engines fits them)"), note
+
+
 def test_a_calibration_fitted_on_shallower_engines_says_so(small_vocab_engines, tmp_path):
     """A calibration fitted on depth-2 engines, used on deeper ones of the same export, was
     noted as any other ("calibration from calibration.json (23 rounds, greedy)") while DSpark
