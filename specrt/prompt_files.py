@@ -40,8 +40,8 @@ def json_lines(path: Path, what: str = "the prompts") -> Iterator[tuple[int, Any
     except UnicodeDecodeError as e:  # named by its line, as a JSON error is (a byte offset into 5000 lines said little)
         start = data.rfind(b"\n", 0, e.start) + 1
         n = data.count(b"\n", 0, start) + 1
-        raise UserError(f"{path}:{n}: cannot read {what} (not UTF-8 text: {e.reason} at byte {e.start - start} of "
-                        "the line)") from None
+        raise UserError(f"{path}:{n}: cannot read {what} (not UTF-8 text: {e.reason} at byte {e.start - start + 1} of "
+                        "the line)") from None  # (counted from 1, as JSON's columns are: it said 0 for the first)
     # lines end at "\n" alone (JSON Lines): str.splitlines() also splits at U+2028, U+0085
     # and other characters a JSON string may hold unescaped
     for n, line in enumerate(text.split("\n"), 1):

@@ -38,23 +38,34 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     a, b = (_load(x) for x in args)
-    try:
-        return _compare(a, b)
-    except (KeyError, TypeError, IndexError) as e:
-        print(f"error: a receipt lacks a figure ({type(e).__name__}: {e})", file=sys.stderr)
-        return 2
+    for path, r in zip(args, (a, b)):  # (each read whole first: the error named neither file)
+        try:
+            _figures(r)
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            print(f"error: {path}: the receipt lacks a figure ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+    return _compare(a, b)
+
+
+FIGURES = (
+    ("answers", lambda r: r["data"]["chat"]["answers"]),
+    ("answer tokens", lambda r: r["data"]["chat"]["answer_tokens"]),
+    ("steps", lambda r: r["steps"]),
+    ("training min", lambda r: round(r["wall_seconds"]["training"] / 60, 1)),
+    ("total min (training script)", lambda r: round(r["wall_seconds"]["total"] / 60, 1)),
+    ("held-out anchors", lambda r: r["heldout"]["anchors"]),
+)
+
+
+def _figures(r: dict) -> list:
+    """Every figure _compare reads of receipt ``r`` (a KeyError, TypeError... where one lacks)."""
+    held = r["heldout"]
+    return [get(r) for _, get in FIGURES] + [float(held["tau"]), _tau_se(held)]
 
 
 def _compare(a: dict, b: dict) -> int:
     rows = [("", "committed", "reproduced")]
-    for key, get in (
-        ("answers", lambda r: r["data"]["chat"]["answers"]),
-        ("answer tokens", lambda r: r["data"]["chat"]["answer_tokens"]),
-        ("steps", lambda r: r["steps"]),
-        ("training min", lambda r: round(r["wall_seconds"]["training"] / 60, 1)),
-        ("total min (training script)", lambda r: round(r["wall_seconds"]["total"] / 60, 1)),
-        ("held-out anchors", lambda r: r["heldout"]["anchors"]),
-    ):
+    for key, get in FIGURES:
         rows.append((key, str(get(a)), str(get(b))))
     ha, hb = a["heldout"], b["heldout"]
     for k, (x, y) in enumerate(zip(ha["acceptance_at_pos"], hb["acceptance_at_pos"])):

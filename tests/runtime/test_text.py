@@ -4098,7 +4098,7 @@ def test_a_byte_that_is_not_utf8_deep_in_a_prompts_file_is_named_by_its_line(tmp
     g.write_bytes(gzip.compress(data))
     for path in (f, g):
         with pytest.raises(UserError, match=rf"^{re.escape(str(path))}:4000: cannot read the prompts \(not UTF-8 "
-                                            r"text: invalid start byte at byte 33 of the line\)$"):
+                                            r"text: invalid start byte at byte 34 of the line\)$"):
             read_prompt_file(path)
     lines[3999] = b'{"prompt_ids": [5, 6], "kind": "x"}'  # the same file whole: every line read
     f.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines))
@@ -4125,7 +4125,11 @@ def test_a_prompts_file_with_old_mac_line_ends_reads_as_before(tmp_path):
             assert [o["prompt_ids"] for o in read_prompt_file(path)] == [[3, 4], [4, 4], [5, 4]], (end, path)
     f.write_bytes(b"\r".join([*lines[:2], b'{"prompt": "x\xff"}']))
     with pytest.raises(UserError, match=rf"^{re.escape(str(f))}:3: cannot read the prompts \(not UTF-8 text: "
-                                        r"invalid start byte at byte 13 of the line\)$"):
+                                        r"invalid start byte at byte 14 of the line\)$"):
+        read_prompt_file(f)
+    f.write_bytes(b"\n".join([lines[0], b'\xff{"prompt": "x"}']))  # (bytes counted from 1, as JSON's columns)
+    with pytest.raises(UserError, match=r":2: cannot read the prompts \(not UTF-8 text: invalid start byte at byte 1 "
+                                        r"of the line\)$"):
         read_prompt_file(f)
 
 
