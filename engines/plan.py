@@ -42,7 +42,7 @@ from typing import Any
 
 from specrt import contracts as C
 from specrt.errors import InternalError, UserError
-from specrt.limits import MAX_DEPTH
+from specrt.limits import MAX_DEPTH, digits
 
 PREFILL, DECODE, DRAFT = "prefill", "decode", "draft"
 LAYOUTS = ("profiles", "engines")
@@ -79,16 +79,26 @@ def normalise_precision(precision: str | None, export_dtype: str) -> str:
 
 
 def parse_depths(depths: Any) -> tuple[int, ...]:
-    """``"1,2,4,8"`` or an iterable of ints -> sorted unique positive depths."""
+    """``"1,2,4,8"`` (or with ranges, ``"1-4,8"``) or an iterable of ints -> sorted unique
+    positive depths."""
     if isinstance(depths, str):
         parts = [p.strip() for p in depths.split(",")]
         if "" in parts and any(parts):  # ("1,,2" was 1,2 without a word: a depth lost in typing?)
             raise UserError(f"--depths '{depths}': an empty entry; expected comma-separated integers such as 1,2,4,8")
-        parts = [p for p in parts if p]
-        try:
-            vals = [int(p) for p in parts]
-        except ValueError:
-            raise UserError(f"--depths '{depths}': expected comma-separated integers such as 1,2,4,8") from None
+        vals = []
+        for p in filter(None, parts):
+            lo, dash, hi = (x.strip() for x in p.partition("-"))
+            # ("1-4" was refused: a range, as a user types one; int() took "１" (a full-width digit) as 1)
+            if not digits(lo) or dash and not digits(hi):
+                raise UserError(f"--depths '{depths}': expected comma-separated integers such as 1,2,4,8 (or "
+                                "ranges such as 1-4)")
+            if len(lo.lstrip("0")) > 9 or len(hi.lstrip("0")) > 9:  # (past 4300 digits int() raises)
+                raise UserError(f"--depths: {p} out of range (each depth must be in 1..{MAX_DEPTH})")
+            a = int(lo)
+            b = int(hi) if dash else a
+            if b < a:
+                raise UserError(f"--depths '{depths}': the range {p} runs backwards; expected LOW-HIGH such as 1-4")
+            vals += range(a, b + 1) if b <= MAX_DEPTH else [b]  # (past MAX_DEPTH: said below)
     else:
         vals = [int(d) for d in depths]
     if not vals:

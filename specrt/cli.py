@@ -314,17 +314,21 @@ def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool,
 def _depths(ctx, param, value):
     if value is None:  # build_engines' default: from the export's draft
         return None
-    try:
-        return tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"'{value}': expected comma-separated integers such as 1,2,4,8") from None
+    from specrt.engines.plan import parse_depths
+
+    try:  # (its own parsing dropped empty entries: "1,,2" built 1,2 without a word, as the API no longer did)
+        return parse_depths(value)
+    except UserError as e:  # (click says "Invalid value for '--depths': " before it)
+        said = str(e)
+        raise click.BadParameter(f"'{value}': {said.removeprefix(f'--depths {value!r}: ')}"
+                                 if said.startswith(f"--depths {value!r}: ") else said.removeprefix("--depths: ")) from None
 
 
 @main.command()
 @click.argument("export_dir", type=existing_folder())
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
 @click.option("--depths", default=None, callback=_depths,
-              help="Verify depths to specialise, e.g. 1,2,4,8 (default: 1..K for a P-EAGLE draft trained to propose "
+              help="Verify depths to specialise, e.g. 1,2,4,8 or 1-4 (default: 1..K for a P-EAGLE draft trained to propose "
                    "K <= 8 tokens, 1,2,3,4 for K = 4; else 1,2,4,8).")
 @click.option("-o", "--out", type=PathArg("a folder"), required=True, help="Engines folder to write.")
 @click.option("--precision", default=None, help="fp32, fp16 or bf16 (default: the export's dtype).")

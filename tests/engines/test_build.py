@@ -1921,8 +1921,8 @@ def test_a_failed_activation_leaves_no_runner_active(engines_copy):
 
 
 def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
-    """`specrt build`'s own parsing: --depths takes a trailing comma and refuses a word naming
-    the option and an example (exit 1, no traceback); --sessions reaches engines.json;
+    """`specrt build`'s own parsing: --depths takes a range and refuses a word, and an empty
+    entry, naming the option and an example (exit 1, no traceback); --sessions reaches engines.json;
     --profile-repeats is 10 when not given; the acceptance canary runs and is reported
     after the build, and --no-canary skips it (no acceptance receipt, no line)."""
     from click.testing import CliRunner
@@ -1934,7 +1934,16 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
     assert ("error: Invalid value for '--depths': '1,two': expected comma-separated integers such as 1,2,4,8"
             in r.output), r.output
     assert not (tmp_path / "bad").exists()
-    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1,", "-o", str(tmp_path / "e"),
+    # (its own parsing dropped empty entries, where the Python API's refused them: "1,,2" built 1,2 unsaid)
+    for typo in ("1,,2", "1,"):
+        r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", typo, "-o", str(tmp_path / "bad")])
+        assert r.exit_code == 1 and (f"error: Invalid value for '--depths': '{typo}': an empty entry; expected "
+                                     "comma-separated integers such as 1,2,4,8") in r.output, r.output
+        assert not (tmp_path / "bad").exists()
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "0-2", "-o", str(tmp_path / "bad")])
+    assert r.exit_code == 1 and ("error: Invalid value for '--depths': [0] out of range (each depth must be in "
+                                 "1..64)") in r.output, r.output
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1-1", "-o", str(tmp_path / "e"),
                                   "--sessions", "per-depth", "--profile-repeats", "1", "--threads", "1"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "e" / "engines.json").read_text())

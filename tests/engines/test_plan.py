@@ -121,6 +121,26 @@ def test_depths_and_context_are_checked():
             parse_depths(typo)
 
 
+def test_depths_take_ranges_and_ascii_digits_only():
+    """"1-4" (a range, as users type one: the README's own walks did) was refused; int() took a
+    full-width "１" as 1; a depth of 5000 digits met int()'s digit limit, a ValueError."""
+    assert parse_depths("1-4") == (1, 2, 3, 4) and parse_depths("1-3, 6,8 - 8") == (1, 2, 3, 6, 8)
+    assert parse_depths("2-2,1") == (1, 2)
+    with pytest.raises(UserError, match=r"^--depths '4-1': the range 4-1 runs backwards; expected LOW-HIGH such as "
+                                        r"1-4$"):
+        parse_depths("4-1")
+    for typo in ("１", "-2", "2-", "1.0", "1-2-3", "a-4"):
+        with pytest.raises(UserError, match=rf"^--depths '{typo}': expected comma-separated integers such as "
+                                            r"1,2,4,8 \(or ranges such as 1-4\)$"):
+            parse_depths(typo)
+    with pytest.raises(UserError, match=r"^--depths: \[0\] out of range \(each depth must be in 1\.\.64\)$"):
+        parse_depths("0-2")
+    with pytest.raises(UserError, match=r"^--depths: \[65\] out of range"):
+        parse_depths("1-65")  # (a range past the limit: its end named, not 65 values)
+    with pytest.raises(UserError, match=r"^--depths: 1-9{5000} out of range \(each depth must be in 1\.\.64\)$"):
+        parse_depths("1-" + "9" * 5000)
+
+
 def test_role_json_round_trip():
     r = make_roles((2,), CTX, "peagle")["verify.2"]
     assert Role.from_json(r.name, json.loads(json.dumps(r.to_json()))) == r
