@@ -261,6 +261,14 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
         )
     aux = dc.resolved_aux_ids(tc.num_layers)
     bad = [i for i in aux if not 0 <= i < tc.num_layers]
+    written, count = dc.extra.get("aux_layer_ids_written"), dc.extra.get("aux_layer_ids_count")
+    if bad and written is not None and list(written) != list(aux):
+        # (EAGLE's format counted as layer outputs: id i is the state entering layer i + 1; the
+        # user wrote the ids, not the states they became)
+        raise UserError(f"{where}: the aux layer ids {list(written)} it names, counted as layer outputs "
+                        f"(--draft-aux-ids {count}), are the states entering layers {list(aux)}, which must lie in "
+                        f"[0, {tc.num_layers - 1}] for a target of {tc.num_layers} layers (as layer outputs: ids 0 "
+                        f"to {tc.num_layers - 2})")
     if bad:
         raise UserError(f"{where}: eagle_aux_hidden_state_layer_ids {list(aux)} must lie in [0, {tc.num_layers - 1}] "
                         f"for a target of {tc.num_layers} layers")

@@ -284,7 +284,13 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
                 same = {True: " (--draft-embeddings target; its own equals the target's)",
                         False: " (--draft-embeddings target; its own is NOT the target's)"}.get(
                     part.get("embed_matches_target"), " (--draft-embeddings target)")
-            click.echo(f"  aux layer ids: {part['aux_layer_ids']}; embeddings from target: {part['embed_from_target']}{same}")
+            extra = (part.get("config") or {}).get("extra") or {}
+            written = extra.get("aux_layer_ids_written")
+            counted = "" if written is None or written == part["aux_layer_ids"] else (
+                f" (the states entering those layers: the config's {written} counted as layer outputs, "
+                f"--draft-aux-ids {extra.get('aux_layer_ids_count')})")
+            click.echo(f"  aux layer ids: {part['aux_layer_ids']}{counted}; embeddings from target: "
+                       f"{part['embed_from_target']}{same}")
             click.echo(f"  relies on target: {', '.join(part['relies_on_target']) or 'none of its tensors'}")
             if part["config"].get("verifier_name"):
                 click.echo(f"  trained against: {part['config']['verifier_name']} (speculators_config.verifier.name_or_path)")

@@ -363,6 +363,11 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(ids=[True, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[True, 2, 3\]"),
     (dict(ids=[-1, 2, 3]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[-1, 2, 3\]"),
     (dict(ids=[1, 1, 2]), ("--draft-aux-ids", "layer-input"), r"distinct ascending layer ids .*found \[1, 1, 2\]"),
+    # layer 7's output (a target of 8 layers) enters no layer: the error names the ids as written and how
+    # they were counted, not the states [3, 6, 8] they became
+    (dict(ids=[2, 5, 7]), ("--draft-aux-ids", "layer-output"), r"{d}/config.json: the aux layer ids \[2, 5, 7\] it "
+     r"names, counted as layer outputs \(--draft-aux-ids layer-output\), are the states entering layers \[3, 6, 8\], "
+     r"which must lie in \[0, 7\] for a target of 8 layers \(as layer outputs: ids 0 to 6\)"),
     # d2t left out (ModelOpt leaves t2d out, which the binding derives from d2t)
     (dict(drop=("d2t",)), (), r"{d}: draft slot 'd2t' is missing: expected one of 'd2t'"),
     # P-EAGLE's and DSpark's tensors: no module for them in the format
@@ -393,7 +398,7 @@ def _export_cli(tmp_path, t, draft, *extra):
         "both-fc-norms-nested",
         "layer-named-twice", "two-layers",
         "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
-        "ids-repeated", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
+        "ids-repeated", "output-ids-past-the-last-layer", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
         "logit-scale-negative", "no-draft-vocab-size", "qk-norm", "v-bias"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re
@@ -562,7 +567,9 @@ def test_inspect_reads_an_eagle_draft_with_its_options(tmp_path, pair):
                                   "--allow-draft-pickle"])
     assert r.exit_code == 0, r.output
     assert "  format: eagle (LlamaForCausalLMEagle3), 10 tensors bound through declared renames\n" in r.output
-    assert "  aux layer ids: [2, 4, 5];" in r.output, r.output
+    # the states read, and the ids the config wrote that they came from (a user checks the one against the other)
+    assert "  aux layer ids: [2, 4, 5] (the states entering those layers: the config's [1, 3, 4] counted as layer " \
+           "outputs, --draft-aux-ids layer-output);" in r.output, r.output
     r = CliRunner().invoke(main, ["inspect", str(t), "--draft", str(d), "--draft-aux-ids", "layer-input",
                                   "--allow-draft-pickle", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["draft"]["aux_layer_ids"] == [1, 3, 4], r.output
