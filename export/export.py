@@ -88,6 +88,15 @@ def export_dtype(dtype: str) -> str:
     return d
 
 
+def check_training_receipt(draft_dir: Path) -> None:
+    """A training receipt beside the draft that the acceptance canary could not read: a
+    UserError naming it, here (export, inspect), not after the build."""
+    if (Path(draft_dir) / TRAINING_RECEIPT).is_file():
+        from specrt.runtime.canary import expected_depth1
+
+        expected_depth1(read_json_object(Path(draft_dir) / TRAINING_RECEIPT), str(Path(draft_dir) / TRAINING_RECEIPT))
+
+
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
            allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
            draft_aux_ids: str | None = None, draft_embeddings: str = "own") -> dict[str, Any]:
@@ -116,11 +125,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     short = draft is not None and (note := length_note(draft)) is not None
     if short:
         log(note)
-    if draft_dir is not None and (Path(draft_dir) / TRAINING_RECEIPT).is_file():
-        from specrt.runtime.canary import expected_depth1
-
-        # a receipt the acceptance canary could not read is refused here, not after the build
-        expected_depth1(read_json_object(Path(draft_dir) / TRAINING_RECEIPT), str(Path(draft_dir) / TRAINING_RECEIPT))
+    if draft_dir is not None:
+        check_training_receipt(Path(draft_dir))
 
     for bound in (target, draft):
         if bound is not None:

@@ -33,7 +33,7 @@ from specrt.paths import read_json_object, write_atomic
 
 from .generate import Generator
 from .governor import FixedGovernor
-from .session import ACCEPTANCE_FILE, read_d2t
+from .session import ACCEPTANCE_FILE, engine_files, read_d2t
 from .text import Text
 
 UNTRUSTED_RATIO = 0.5
@@ -179,6 +179,9 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
         "binding_receipt_id": rec["receipt_id"],
         "draft_relies_on_target": rec["draft"]["relies_on_target"],
         "draft_slot_hashes": {s: v["sha256"] for s, v in rec["draft"]["slots"].items()},
+        # the engine files measured (engines.json's hashes): a receipt copied beside another build of
+        # the export (other --draft-weights) vouched for a draft graph it never ran (session.py checks)
+        "engine_files": engine_files(engines.manifest),
         "measured_depth1": measured,
         "drafts": drafted,
         "prompts": len(token_prompts),

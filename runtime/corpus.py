@@ -576,7 +576,8 @@ class Corpus:
         return cls(keys, tokens, ev, nmin, nmax, priors, info, str(meta.get("binning", "share")))
 
 
-def _run_stats(path: Path, export_digest: str | None = None) -> list[tuple[list[int], list[int]]]:
+def _run_stats(path: Path, export_digest: str | None = None,
+               vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, output_token_ids) of each prompt of a ``specrt run --stats`` file; refused
     when it names another export's digest than ``export_digest`` (other engines' token ids)."""
     try:
@@ -592,29 +593,40 @@ def _run_stats(path: Path, export_digest: str | None = None) -> list[tuple[list[
         if not (isinstance(r, dict) and is_token_ids(ids) and is_token_ids(r.get("output_token_ids"))):
             raise UserError(f"{path}: prompts[{i}]: expected prompt_ids and output_token_ids, lists of token ids "
                             "(stats of `specrt run` since session growth; older ones lack prompt_ids)")
-        out.append((ids, r["output_token_ids"]))
+        out.append(_in_vocabulary((ids, r["output_token_ids"]), vocab_size, f"{path}: prompts[{i}]"))
     return out
 
 
-def read_sequences(paths: Sequence[Path], encode=None,
-                   export_digest: str | None = None) -> list[tuple[list[int], list[int]]]:
+def _in_vocabulary(pair: tuple[list[int], list[int]], vocab_size: int | None,
+                   where: str) -> tuple[list[int], list[int]]:
+    """``pair``, or a UserError naming ``where`` (its file and line) for a token id outside
+    [0, ``vocab_size``) (the corpus of `specrt corpus` named "answer 61 of A, B": neither
+    the file nor its line)."""
+    bad = next((t for t in pair[0] + pair[1] if not 0 <= t < vocab_size), None) if vocab_size is not None else None
+    if bad is not None:
+        raise UserError(f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return pair
+
+
+def read_sequences(paths: Sequence[Path], encode=None, export_digest: str | None = None,
+                   vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
     """(context, answer) token lists from JSON lines (.gz too): ``prompt_ids`` + ``answer_ids``
     (tools/gen_chat_data.py's format), or ``text`` (tokenized by ``encode``; the context
     empty); or from a ``.json`` file that ``specrt run --stats`` wrote (each prompt's
     ``prompt_ids`` and ``output_token_ids``: a deployment's own traffic; refused when written
-    by engines of another export than ``export_digest``). Anything else is an error naming
-    the file (and line)."""
+    by engines of another export than ``export_digest``). Anything else, and a token id
+    outside [0, ``vocab_size``), is an error naming the file (and line)."""
     out = []
     for p in paths:
         if Path(p).suffix == ".json":
-            out += _run_stats(Path(p), export_digest)
+            out += _run_stats(Path(p), export_digest, vocab_size)
             continue
         for no, r in json_lines(Path(p), "the answers"):
             if isinstance(r, dict) and isinstance(r.get("answer_ids"), list):
                 ids = r.get("prompt_ids", [])
                 if not (is_token_ids(ids) and is_token_ids(r["answer_ids"])):
                     raise UserError(f"{p}:{no}: prompt_ids / answer_ids must be lists of token ids")
-                out.append((ids, r["answer_ids"]))
+                out.append(_in_vocabulary((ids, r["answer_ids"]), vocab_size, f"{p}:{no}"))
             elif isinstance(r, dict) and isinstance(r.get("text"), str) and encode is not None:
                 out.append(([], encode(r["text"])))
             else:

@@ -57,6 +57,12 @@ def _file_stamp(path: Path) -> tuple | None:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
+def engine_files(manifest: dict) -> dict[str, str]:
+    """The sha256 of each file an engines manifest records, by name: the engines an acceptance
+    receipt was measured on (canary.py writes it, Session checks it)."""
+    return {r["file"]: r["sha256"] for r in manifest["files"]}
+
+
 def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
     vm = (export.get("draft") or {}).get("vocab_map")
     if not vm:
@@ -368,6 +374,11 @@ class Session:
         if a.get("binding_receipt_id") != self.engines.export.get("binding_receipt", {}).get("receipt_id"):
             raise UserError(f"{p}: measured for other weights (binding receipt {str(a.get('binding_receipt_id'))[:12]}, "
                             f"not these engines' export's); {again}")
+        # (receipts written before session 72 name no engine files: taken as before)
+        if "engine_files" in a and a["engine_files"] != engine_files(self.engines.manifest):
+            raise UserError(f"{p}: measured on other engines of this export (their files' hashes are not those "
+                            f"{self.engines.folder}/engines.json records: another build, e.g. other --draft-weights, "
+                            f"or the receipt copied across); {again}")
         if not isinstance(a.get("trusted"), bool) or (not a["trusted"] and not all(
                 isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool)
                 for k in ("measured_depth1", "training_depth1"))):

@@ -254,9 +254,18 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
     _check_draft_options(draft)
     from specrt.export.binding import bind_draft, bind_target, config_notes, embed_note, length_note, receipt
+    from specrt.export.export import check_training_receipt
 
     t = bind_target(target, allow_pickle=allow_pickle)
     d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids, draft_embeddings) if draft is not None else None
+    # what export refuses of the checkpoints, refused here too (inspect bound them, exit 0, and
+    # export then refused them): a weight's NaN or inf (each read as export reads it), a training
+    # receipt the acceptance canary cannot read
+    for bound in (t, d) if d is not None else (t,):
+        for slot in bound.slots:
+            bound.get(slot)
+    if draft is not None:
+        check_training_receipt(draft)
     r = receipt(t, d)
     for note in (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ():
         if note is not None:
@@ -478,6 +487,11 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
                         + ": expected --nmin <= --nmax")
     if nmax > NMAX_LIMIT:  # each lookup step searches nmax - nmin + 1 keys (Corpus.load refuses more)
         raise UserError(f"--nmax {nmax}: at most {NMAX_LIMIT}")
+    first = {}
+    for p in answers:  # (one file twice: each answer counted twice, the priors measured on copies the corpus holds)
+        if (q := first.setdefault(p.resolve(), p)) is not p:
+            raise UserError(f"{p}: given twice ({q} and {p}): its answers would count twice and their priors be "
+                            "measured on answers the corpus holds; give each answers file once")
     from specrt.engines.manifest import read_engines_manifest
     from specrt.manifest import load_export
 
@@ -498,12 +512,7 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
     def encode(text: str) -> list[int]:
         return tokenizer().encode(text, chat=False)
 
-    pairs = read_sequences(list(answers), encode, digest)
-    for where, (ctx, ans) in enumerate(pairs):
-        bad = next((t for t in ctx + ans if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise UserError(f"answer {where + 1} of {', '.join(map(str, answers))}: token id {bad} is outside "
-                            f"the vocabulary [0, {vocab})")
+    pairs = read_sequences(list(answers), encode, digest, vocab)  # (a token id outside it: named by file and line)
     if not pairs:
         raise UserError(f"{', '.join(map(str, answers))}: no answers")
     tokens = sum(len(c) + len(a) for c, a in pairs)

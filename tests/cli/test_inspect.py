@@ -103,3 +103,36 @@ def test_a_draft_option_declared_once_is_refused_without_a_draft(monkeypatch):
     assert isinstance(r.exception, cli.UserError), r.output
     assert str(r.exception) == "--allow-draft-pickle, --draft-fourth: apply to a draft, and no --draft was given"
     assert CliRunner().invoke(command, ["--draft-fourth", "--draft", "d"]).exit_code == 0
+
+
+@pytest.mark.parametrize("side", ["target", "draft"])
+def test_a_weight_export_refuses_as_non_finite_is_refused_by_inspect_too(tmp_path, side):
+    """A NaN in the draft's norm.weight (or an inf in the target's): inspect printed the table
+    and exited 0, then `specrt export` refused the same pair (a user walk, session 72; the
+    README has inspect give "every weight's slot, or the error"). Now the same error, exit 1;
+    so is a training receipt beside the draft that the acceptance canary cannot read."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / side
+    shutil.copytree(REF / ("verifier" if side == "target" else "draft"), folder)
+    w = load_file(str(folder / "model.safetensors"))
+    name = "model.norm.weight" if side == "target" else "norm.weight"
+    w[name] = w[name].copy()
+    w[name][1] = np.inf if side == "target" else np.nan
+    save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    target, draft = (folder, REF / "draft") if side == "target" else (REF / "verifier", folder)
+    for extra in ([], ["--json"]):
+        r = CliRunner().invoke(main, ["inspect", str(target), "--draft", str(draft), *extra])
+        assert r.exit_code == 1 and f"tensor '{name}' (slot 'final_norm') holds 1 non-finite value(s) " \
+            f"({'inf' if side == 'target' else 'NaN'}); a checkpoint's weights must be finite" in r.output, r.output
+        assert "bound" not in r.output and "Traceback" not in r.output
+    if side == "draft":
+        save_file(load_file(str(REF / "draft" / "model.safetensors")), str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (folder / "training_receipt.json").write_text(json.dumps({"heldout": {"acceptance_at_pos": [1.7]}}))
+        r = CliRunner().invoke(main, ["inspect", str(target), "--draft", str(draft)])
+        assert r.exit_code == 1 and f"{folder / 'training_receipt.json'}: heldout.acceptance_at_pos[0] must be an " \
+            "acceptance rate from 0 to 1" in r.output and "bound" not in r.output, r.output

@@ -551,3 +551,35 @@ def test_one_prompt_left_out_for_the_context_is_blamed_on_the_context(tmp_path):
     with load_engines(tmp_path / "eng") as e:
         r = run_canary(e, max_new_tokens=24, prompts=PROMPTS[:4])
     assert (r["prompts"], r["drafts"]) == (3, 0) and "the engines' context of 8 tokens" in r["note"], r
+
+
+def test_a_receipt_copied_beside_another_build_of_the_export_is_refused(tmp_path):
+    """A trusted receipt copied into engines built again from the same export with other
+    --draft-weights (a user walk, session 72: as a rebuild's calibration.json is copied across)
+    was taken, vouching for a draft graph the canary never ran (a broken one too: a draft
+    engine's fc rows shuffled measured 0.01 against 0.61, its copied receipt silenced that):
+    the receipt names the engine files it measured, and Session refuses it on others. A
+    receipt naming none (written before) is taken as before."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    eng = _engines(tmp_path / "a", {"heldout": {"acceptance_at_pos": [0.0]}})
+    _measure(eng)  # (what build's canary writes)
+    other = tmp_path / "int8"
+    build_engines(tmp_path / "a" / "exp", "onnxruntime", (1, 2), other, log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128, draft_weights="int8:dynamic")
+    rec = json.loads((eng / "acceptance_receipt.json").read_text())
+    (other / "acceptance_receipt.json").write_text(json.dumps(rec))
+    with pytest.raises(UserError, match=r"acceptance_receipt.json: measured on other engines of this export .*"
+                                        r"`specrt canary .*int8` writes it again"):
+        Session(other, governor="fixed:1")
+    with Session(eng, governor="fixed:1") as s:  # (where it was measured: taken)
+        assert s.acceptance["engine_files"] == {r["file"]: r["sha256"] for r in s.engines.manifest["files"]}
+    (other / "acceptance_receipt.json").write_text(json.dumps({k: v for k, v in rec.items() if k != "engine_files"}))
+    with Session(other, governor="fixed:1") as s:
+        assert s.acceptance is not None and s.untrusted is None
+    r = CliRunner().invoke(main, ["canary", str(other)])  # measured there: its own receipt
+    assert r.exit_code == 0, r.output
+    with Session(other, governor="fixed:1") as s:
+        assert s.acceptance["engine_files"] != rec["engine_files"]
