@@ -141,8 +141,11 @@ def resolve_tolerances(outputs, precision: str, reference: str, atol=None, rtol=
     return {n: (pick(atol, n, 0), pick(rtol, n, 1)) for n in names}
 
 
-def check_tolerance_keys(over, known: set[str]) -> None:
+def check_tolerance_keys(over, known: set[str], option: str = "tolerance") -> None:
     if isinstance(over, Mapping):
+        if C.DRAFT_TOKENS in over:  # (taken without a word and never used: TokenCompare has no tolerance)
+            raise UserError(f"{option} {C.DRAFT_TOKENS}:{over[C.DRAFT_TOKENS]:g}: token ids take no tolerance (they "
+                            f"must be equal, or a tie within {C.DRAFT_LOGITS}' tolerance): give {C.DRAFT_LOGITS}'s")
         # a name of a known kind is not enough: new_key.99 of a 4-layer target, or logits.x, names
         # no output, and its tolerance was never used (a mutation round, session 57)
         bad = sorted(k for k in over if k and k not in known)
@@ -314,6 +317,9 @@ def load_torch_target(folder: Path, exp: dict[str, Any]):
     except ImportError:
         raise UserError("--reference torch needs torch and transformers (pip install 'specrt[export]')") from None
     folder = Path(folder)
+    if not folder.is_dir():  # (it was said as "no config.json")
+        raise UserError(f"{folder}: no such folder (the target folder recorded in the export's binding receipt, moved "
+                        "or removed since? --target DIR gives the checkpoint)")
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder}: no config.json, not a transformers checkpoint (the torch reference loads the "
                         "target folder recorded in the export's binding receipt; --target DIR overrides it)")
@@ -728,17 +734,21 @@ def tree_check(engine, reference, feeds: dict, tol: dict[str, tuple[float, float
 
 
 TARGET_WEIGHTS = "target_weights"  # the first target role's: the engine's target weights against the export's
+DRAFT_WEIGHTS = "draft_weights"  # the float draft's, where the build rewrote its graph (weights in a file of their own)
+WEIGHT_CHECKS = {"target": TARGET_WEIGHTS, "draft": DRAFT_WEIGHTS}  # graph -> its check (check_target_weights)
 
 
-def check_target_weights(export_graph: Path, engine_graph: Path) -> dict[str, Any]:
+def check_target_weights(export_graph: Path, engine_graph: Path, kind: str = TARGET_WEIGHTS) -> dict[str, Any]:
     """Every weight of the target engine's graph against the export's, exactly: by its name,
     or, where the build re-lowered the graph (in-place KV), as export.onnx_ops.fusing_get makes
     it (``<slot>.T`` transposed, ``layers.{i}.qkv`` concatenated), cast to the engine's dtype;
     and every export weight read by one of them. The outputs' tolerances let a small change to
     one weight pass or name only the outputs it moved: this names the weight (issue 8: a
     corrupted engine "caught and named"). Graph constants (``const_N``, numbered per graph) are
-    not weights and not checked. Returns {"kind": "target_weights", "weights", "bad": [{"weight",
-    "problem"}], "engine_only" (initializers no export weight makes), "passed"}."""
+    not weights and not checked. The float draft's engine graph, the export's with its weights
+    moved to a file of their own, is checked the same way (``kind`` DRAFT_WEIGHTS). Returns
+    {"kind": kind, "weights", "bad": [{"weight", "problem"}], "engine_only" (initializers no
+    export weight makes), "passed"}."""
     import re
 
     from specrt.engines.base import initializer_reader
@@ -782,7 +792,7 @@ def check_target_weights(export_graph: Path, engine_graph: Path) -> dict[str, An
         del have, want
     for name in sorted(xweights - read):
         bad.append({"weight": name, "problem": f"the export's weight is in no weight of {engine_graph.name}"})
-    return {"kind": "target_weights", "weights": checked, "bad": bad, "engine_only": engine_only, "passed": not bad}
+    return {"kind": kind, "weights": checked, "bad": bad, "engine_only": engine_only, "passed": not bad}
 
 
 def _num(x) -> str:
@@ -791,7 +801,7 @@ def _num(x) -> str:
     return f"{float(x):.9g}" if dt.kind == "f" or "float" in dt.name else str(int(x))
 
 
-CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS)  # a role's checks beside its outputs
+CHECKS = (LAST_ROW, SCREENED, TREE, INT8_WEIGHTS, TARGET_WEIGHTS, DRAFT_WEIGHTS)  # a role's checks beside its outputs
 
 
 def what_failed(fails: list[dict[str, Any]], reference: str) -> str:
@@ -971,7 +981,7 @@ def role_table(role: str, r: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:26s} {note:>49s}  {verdict}")
             lines += [f"    {_matmul_name(b)}: {b['problem']}" for b in x["bad"][:4]]
             continue
-        if rows[0].get("kind") == TARGET_WEIGHTS:
+        if rows[0].get("kind") in (TARGET_WEIGHTS, DRAFT_WEIGHTS):
             x = rows[0]
             note = f"{x['weights']} weights, exactly the export's" if x["passed"] else \
                 f"{len(x['bad'])} of {x['weights']} weights not the export's"
@@ -1024,14 +1034,15 @@ def summary(fails: list[dict[str, Any]], reference: str) -> str:
                     f"weights: " + "; ".join(f"{_matmul_name(b)}: {b['problem']}" for b in f["bad"][:2]) + ")")
         if f.get("kind") == "tokens":
             return f"{f['role']} {f['output']} ({f['agree']}/{f['rows']} equal, {f['ties']} explained by ties)"
-        if f.get("kind") == TARGET_WEIGHTS:
-            return (f"{f['role']} {f['output']} ({len(f['bad'])} of the target engine's weights differ from the "
+        if f.get("kind") in (TARGET_WEIGHTS, DRAFT_WEIGHTS):
+            graph = "draft" if f["kind"] == DRAFT_WEIGHTS else "target"
+            return (f"{f['role']} {f['output']} ({len(f['bad'])} of the {graph} engine's weights differ from the "
                     "export's: " + "; ".join(f"'{b['weight']}' {b['problem']}" for b in f["bad"][:2]) + ")")
         return (f"{f['role']} {f['output']} (max abs {f['max_abs']:.3g} > atol {f['atol']:g}, "
                 f"max rel {f['max_rel']:.3g})")
 
     # a weight named first: the cause of the outputs it moved (the 8 shown were those outputs)
-    fails = sorted(fails, key=lambda f: f.get("kind") not in ("weights", TARGET_WEIGHTS))
+    fails = sorted(fails, key=lambda f: f.get("kind") not in ("weights", TARGET_WEIGHTS, DRAFT_WEIGHTS))
     shown = "; ".join(one(f) for f in fails[:8]) + (f"; and {len(fails) - 8} more" if len(fails) > 8 else "")
     return f"{what_failed(fails, reference)}: {shown}"
 
@@ -1087,6 +1098,17 @@ def _graph_file(engines: EngineSet, graph: str) -> Path:
     return engines.export_dir / files[0]
 
 
+def _rewritten(engines: EngineSet, role: str) -> Path | None:
+    """The ONNX file ``role``'s engine runs where it is not the export's graph file (the build's
+    in-place target, int8 draft, or a graph written with its weights in a file of their own),
+    else None (a TensorRT plan, or the export's own file)."""
+    onnx_file = engines.manifest["roles"][role]["engine"].get("onnx")
+    if not onnx_file:
+        return None
+    f = engines.folder / onnx_file
+    return None if f.resolve() == _graph_file(engines, engines.roles[role].graph).resolve() else f
+
+
 def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: Path | None = None, atol=None,
                     rtol=None, log: Callable[[str], None] = print, *, verify: bool = True,
                     target_folder: Path | None = None, inputs_file: Path | None = None,
@@ -1130,8 +1152,8 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     if not 2 <= n <= most:
         raise UserError(f"--prompt-tokens {n}: expected 2..{most} for a context limit of {engines.max_context}")
     known = set(KINDS) | {o["name"] for g in exp["graphs"].values() for o in g["io"]["outputs"]}
-    check_tolerance_keys(atol, known)
-    check_tolerance_keys(rtol, known)
+    check_tolerance_keys(atol, known, "--atol")
+    check_tolerance_keys(rtol, known, "--rtol")
 
     notes, skipped = [], {}
     if reference == "torch":
@@ -1143,11 +1165,16 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
     else:
         model, sessions = None, {}
         ref_detail = f"polygraphy OnnxrtRunner(SessionFromOnnx) on {engines.export_dir}, CPU"
+        # (the build rewrites an export's draft whose graph holds its weights, _external_weights: the note said
+        # "the same graph file" of that copy too)
+        draft_note = ("; the draft runs the export's draft graph, its weights moved to a file of their own (checked "
+                      "against the export's, weight by weight)" if DRAFT in engines.runners and
+                      _rewritten(engines, DRAFT) else "; the draft runs the same graph file as this reference")
         if engines.backend == "onnxruntime" and engines.kv_layout("target") == "inplace":
             notes.append("the target engine is the export's target re-lowered with in-place KV (ONNX Runtime "
                          "GroupQueryAttention, contracts.py); it is compared through the portable past/new contract "
-                         "with the export's own graph" + ("" if engines.draft_weights == "int8" else
-                                                          "; the draft runs the same graph file as this reference"))
+                         "with the export's own graph" + ("" if engines.draft_weights == "int8" or DRAFT not in
+                                                          engines.runners else draft_note))
         elif engines.backend == "onnxruntime" and engines.draft_weights == "int8":
             notes.append("the target engines run the same graph file as this reference: this checks their session "
                          "settings and bindings, not the export (use --reference torch for that)")
@@ -1181,7 +1208,7 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
 
     roles_out: dict[str, Any] = {}
     tolerances: dict[str, Any] = {}
-    weights_checked = False  # (check_target_weights, on the first target role compared)
+    weights_checked: set[str] = set()  # graphs whose weights were checked (check_target_weights), on their first role
     order = [r for r in (PREFILL, DECODE) if r in engines.runners]
     order += sorted((r for r in engines.runners if r.startswith("verify.")), key=role_depth)
     order += [DRAFT] if DRAFT in engines.runners else []
@@ -1233,13 +1260,13 @@ def compare_engines(engines_dir: Path, reference: str = "onnxruntime", report: P
                         w = check_int8_weights(_graph_file(engines, engines.roles[role].graph),
                                                engines.folder / engines.manifest["roles"][role]["engine"]["onnx"])
                         _add_check(roles_out[role], INT8_WEIGHTS, {"kind": "weights", **w})
-                    onnx_file = engines.manifest["roles"][role]["engine"].get("onnx")
-                    if onnx_file and engines.roles[role].graph == "target" and not weights_checked and \
-                            (engines.folder / onnx_file).resolve() != _graph_file(engines, "target").resolve():
-                        # the target engine's weights against the export's, exactly, once (its roles share one graph)
-                        weights_checked = True
-                        _add_check(roles_out[role], TARGET_WEIGHTS, check_target_weights(
-                            _graph_file(engines, "target"), engines.folder / onnx_file))
+                    graph, onnx_file = engines.roles[role].graph, _rewritten(engines, role)
+                    if onnx_file is not None and not int8 and graph not in weights_checked:
+                        # the engine's weights against the export's, exactly, once a graph (its roles share one):
+                        # the target's, and the float draft's (a weight no test input reads passed: an embedding row)
+                        weights_checked.add(graph)
+                        _add_check(roles_out[role], WEIGHT_CHECKS[graph], check_target_weights(
+                            _graph_file(engines, graph), onnx_file, WEIGHT_CHECKS[graph]))
                     if role == PREFILL and any(t.name == C.LOGITS_FROM for t in engines.runner(role).inputs):
                         # the runtime's prefill asks for its last row's logits only (contracts.py):
                         # that slicing is an engine path of its own, checked against the reference's last row

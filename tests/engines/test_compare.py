@@ -1753,8 +1753,9 @@ def test_the_tensorrt_plans_command_saves_its_outputs():
 
 def test_the_notes_of_in_place_onnxruntime_engines(tiny_engines, tmp_path):
     """The in-place ONNX Runtime engines' note: the target re-lowered, compared through the
-    portable contract, and the (float) draft the same graph file as its reference (mutants
-    E40, E41), said (mutant F06: in the report only) after what is compared and on what
+    portable contract, and the (float) draft the export's graph, its weights moved to a file of
+    their own by the build (mutants E40, E41; until w72b "the same graph file as this reference",
+    which it is not), said (mutant F06: in the report only) after what is compared and on what
     inputs; a tolerance for one output by its name (mutant F03: refused, the outputs' names
     unknown); the report written in folders of its own and named last (mutant F14)."""
     lines: list[str] = []
@@ -1763,7 +1764,9 @@ def test_the_notes_of_in_place_onnxruntime_engines(tiny_engines, tmp_path):
                         inputs_file=tmp_path / "in.json")
     assert len(r["notes"]) == 1 and r["notes"][0].startswith("the target engine is the export's target re-lowered "
                                                              "with in-place KV") and \
-        r["notes"][0].endswith("; the draft runs the same graph file as this reference"), r["notes"]
+        r["notes"][0].endswith("; the draft runs the export's draft graph, its weights moved to a file of their own "
+                               "(checked against the export's, weight by weight)"), r["notes"]
+    assert r["roles"]["draft"]["outputs"]["draft_weights"]["passed"]
     assert f"note: {r['notes'][0]}" in lines and lines[-1] == f"report: {report}", lines
     # what was compared, on what inputs, and the line that repeats it (mutants G02, G01, G03: not said)
     assert lines[0].startswith("compare ") and " (onnxruntime, fp32) against onnxruntime: polygraphy OnnxrtRunner" \
@@ -1928,6 +1931,8 @@ def test_engines_on_the_exports_own_target_graph_skip_the_weight_check(tmp_path,
     assert manifest["roles"]["decode"]["engine"]["onnx"] == "export/target.onnx"
     r = compare_engines(tmp_path / "engines", log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
     assert r["passed"] and not any(TARGET_WEIGHTS in x["outputs"] for x in r["roles"].values()), r["summary"]
+    # (nor the draft's, which runs the export's own file too: w72b)
+    assert "draft_weights" not in r["roles"]["draft"]["outputs"], r["roles"]["draft"]["outputs"]
 
 
 def test_a_torch_target_missing_a_slot_of_the_export_is_refused():
@@ -1993,3 +1998,74 @@ def test_compare_where_no_temporary_folder_can_be_written_is_refused_first(tiny_
     assert r.stderr.rstrip().endswith("]): set TMPDIR to a writable folder"), r.stderr
     r = without_temp_folder(["compare", str(tiny_engines), "--report", str(tmp_path / "r.json")], tmp_path)
     assert r.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["passed"], (r.stdout, r.stderr)
+
+
+def corrupt_draft_engine(folder: Path, initializer: str = "embed", index: int = 0, delta: float = 1.0) -> None:
+    """ONE weight element of the float draft engine changed (the build's copy of the export's
+    draft, its weights moved to draft.onnx.data), recorded in engines.json as a build would."""
+    import onnx
+    from onnx import numpy_helper
+
+    from specrt.manifest import file_record
+
+    m = json.loads((folder / "engines.json").read_text())
+    name = m["roles"]["draft"]["engine"]["onnx"]
+    model = onnx.load(str(folder / name))
+    t = next(t for t in model.graph.initializer if t.name == initializer)
+    w = numpy_helper.to_array(t).copy()
+    w.flat[index] += delta
+    t.CopyFrom(numpy_helper.from_array(w, initializer))
+    for f in (name, name + ".data"):
+        (folder / f).unlink()
+    onnx.save_model(model, str(folder / name), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=name + ".data", size_threshold=1024)
+    m["files"] = [r for r in m["files"] if r["file"] not in (name, name + ".data")] + [
+        file_record(folder, name), file_record(folder, name + ".data")]
+    (folder / "engines.json").write_text(json.dumps(m))
+
+
+def test_a_changed_weight_of_the_float_draft_engine_is_caught_even_where_no_input_reads_it(engines_copy, tmp_path):
+    """A walk of compare (w72b): the float draft engine is the build's copy of the export's draft
+    (its weights moved to draft.onnx.data), not the export's file, yet only its outputs were
+    compared and the note said it "runs the same graph file as this reference": one element of
+    its embedding row 0, a token the test prompt does not hold, changed, and compare passed
+    every role. The draft's weights are now checked against the export's as the target's are,
+    the weight named, and the note says what the draft runs."""
+    DRAFT_WEIGHTS = "draft_weights"  # (the check's report entry)
+    corrupt_draft_engine(engines_copy)
+    r = compare_engines(engines_copy, log=quiet, prompt_tokens=8, inputs_file=tmp_path / "in.json")
+    assert [(f["role"], f["output"]) for f in r["failures"]] == [("draft", DRAFT_WEIGHTS)], r["summary"]
+    assert [b["weight"] for b in r["failures"][0]["bad"]] == ["embed"]
+    assert r["summary"].startswith("the engines differ from the onnxruntime reference in 1 check(s): draft "
+                                   f"{DRAFT_WEIGHTS} (1 of the draft engine's weights differ from the export's: "
+                                   "'embed' element 0 is "), r["summary"]
+    assert r["notes"][0].endswith("; the draft runs the export's draft graph, its weights moved to a file of their "
+                                  "own (checked against the export's, weight by weight)"), r["notes"]
+    res = CliRunner().invoke(cli(), ["compare", str(engines_copy), "--prompt-tokens", "8",
+                                     "--save-inputs", str(tmp_path / "in.json")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "'embed': element 0 is " in res.output and "error: the engines differ from the onnxruntime reference " \
+        "in 1 check(s)" in res.output, res.output
+
+
+def test_a_tolerance_for_the_draft_token_ids_is_refused(tiny_engines):
+    """A walk of compare (w72b): `--atol draft_token_ids:1` (or --rtol) was taken without a word
+    and never used (token ids are exact, or a tie within draft_logits' tolerance)."""
+    for option in ("--atol", "--rtol"):
+        res = CliRunner().invoke(cli(), ["compare", str(tiny_engines), option, f"{C.DRAFT_TOKENS}:1"])
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        assert res.output.startswith(f"error: {option} {C.DRAFT_TOKENS}:1: token ids take no tolerance (they must be "
+                                     f"equal, or a tie within {C.DRAFT_LOGITS}' tolerance): give {C.DRAFT_LOGITS}'s"), \
+            res.output
+
+
+def test_a_torch_target_folder_that_is_gone_is_said_so(tmp_path):
+    """A walk of compare (w72b): the target folder the export was bound from, moved or removed,
+    was said as "no config.json, not a transformers checkpoint"."""
+    pytest.importorskip("transformers")
+    from specrt.engines.compare import load_torch_target
+
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path / 'gone'}: no such folder (the target folder recorded "
+                                                  "in the export's binding receipt, moved or removed since? --target "
+                                                  "DIR gives the checkpoint)")):
+        load_torch_target(tmp_path / "gone", {"target": {"num_layers": 4}})
