@@ -470,6 +470,24 @@ def test_grow_keeps_each_streams_whole_sequence(pair):
     assert [list(seq) for seq in gov.lookup_policy.growth.seqs] == want
 
 
+def test_grow_keeps_at_most_the_governors_cap_of_tokens(pair):
+    """``:grow=N`` (the governor's ``grow_tokens``) caps the session's own sequences at N
+    tokens, the oldest going first (the cap was dropped for the default, 200000, in a
+    mutant of round m72c); without it the default cap holds."""
+    _, engines = pair
+    gov = OffGovernor(DEPTHS)
+    gov.lookup = gov.grow = True
+    gov.grow_tokens = len(PROMPT) + 12 + 4  # the first sequence and a bit: each later one pushes the older out
+    g = _gen(engines, gov)
+    want = [p + g.generate(p, 12) for p in LOOKUP_PROMPTS]
+    growth = gov.lookup_policy.growth
+    assert growth.max_tokens == gov.grow_tokens and [list(seq) for seq in growth.seqs] == want[-1:]
+    gov = OffGovernor(DEPTHS)
+    gov.lookup = gov.grow = True
+    _gen(engines, gov).generate(PROMPT, 4)
+    assert gov.lookup_policy.growth.max_tokens == G.GROW_TOKENS
+
+
 def test_lookup_rounds_teach_the_policy_not_the_governor(pair, monkeypatch):
     """The governor observes its own rounds only (a lookup round's depth and acceptance are
     the lookup's, not the draft's); the lookup policy observes every round as it ran: the
@@ -522,8 +540,43 @@ def test_corpus_lookup_needs_its_file(pair):
     _, engines = pair
     gov = FixedGovernor(DEPTHS, 2)
     gov.lookup = gov.corpus = True
-    with pytest.raises(UserError, match="specrt corpus"):
+    with pytest.raises(UserError) as e:
         _gen(engines, gov).generate(PROMPT, 4)
+    # the file and the command for these engines, by their folder
+    assert str(e.value) == (f"':corpus' needs {engines.folder / 'corpus.npz'}: make it with "
+                            f"`specrt corpus {engines.folder} ANSWERS.jsonl ...`"), str(e.value)
+
+
+def test_a_corpus_file_rewritten_is_read_again(pair):
+    """The engines' corpus file is loaded once for every governor of a generator while it is
+    unchanged, and read again once it is rewritten (its mtime and size the key: a generator
+    kept the corpus it first loaded, mutation round m72c)."""
+    import os
+
+    from specrt.runtime.corpus import FILE, build_with_priors
+
+    _, engines = pair
+    path = engines.folder / FILE
+    g = _gen(engines, OffGovernor(DEPTHS))
+
+    def loaded():
+        gov = FixedGovernor(DEPTHS, 2)
+        gov.lookup = gov.corpus = True
+        g.governor = gov
+        return g.resolve_lookup().corpus
+
+    digest = {"export_digest": engines.manifest["export"]["digest"]}
+    try:
+        build_with_priors([(PROMPT, [2, 7, 1, 8])] * 4, info=digest)[0].save(path)
+        first = loaded()
+        assert loaded() is first  # unchanged: the one loaded
+        build_with_priors([(PROMPT, [2, 7, 1, 8]), ([5, 3, 8, 1], [9, 9, 4])] * 4, info=digest)[0].save(path)
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # (a later mtime, whatever the clock's grain)
+        again = loaded()
+        assert again is not first and loaded() is again
+    finally:
+        path.unlink()
 
 
 def test_catch_up_passes_are_marked(pair, monkeypatch):
@@ -695,7 +748,7 @@ def test_token_trees_are_refused_where_they_cannot_run(pair):
 
     Appended.backend = "onnxruntime"
     with pytest.raises(UserError, match=r"the portable KV \(built with `--ort-kv append`, or where in-place KV cannot run: `specrt build` "
-                       r"said why\); trees need the in-place KV"):
+                       r"said why\); trees need the in-place KV \(`specrt build --ort-kv inplace`\)$"):
         G.Generator(Appended(), gov, SamplingParams(), read_d2t(engines.export_dir, engines.export)).generate(PROMPT, 4)
     Appended.backend = "tensorrt"  # (its engines have the append contract and no --ort-kv option)
     with pytest.raises(UserError, match="do not verify token trees: rebuild them"):
@@ -866,6 +919,29 @@ def test_a_conversation_reuses_the_answers_rows_too(pair):
         assert out == _gen(engines, gov).generate(turn, 12), (type(gov).__name__, tree, n)
 
 
+def test_a_prompt_leaving_the_answer_mid_round_reuses_the_rows_up_to_there(pair):
+    """A next prompt that takes the last answer only up to some token and then goes its own
+    way (an answer edited, or regenerated from a point) reuses exactly the rows it shares,
+    wherever the cut falls: the aux rows are kept in one chunk a round, and a cut inside a
+    later round's chunk takes that chunk's first rows only (_first_rows; taking whole chunks
+    past the first ran over the cut: an InternalError, mutation round m72c). The output
+    equals a fresh generator's."""
+    _, engines = pair
+    g = _gen(engines, FixedGovernor(DEPTHS, 3))
+    answer = g.generate(PROMPT, 16)
+    ids = list(g._prefix[0])  # the committed rows' tokens: the prompt's, then each round's
+    sizes = [len(a) for a in g._prefix[1]]
+    cuts = range(len(PROMPT) + 1, len(ids))
+    for n in cuts:
+        g.generate(PROMPT, 16)
+        now = g._prefix[0]  # (the same rows again: this prompt's rows reused, the rest recomputed)
+        turn = now[:n] + [(now[n] + 1) % g.vocab, 2]
+        out = g.generate(turn, 4)
+        assert g.telemetry.prefix_reused == n, (n, sizes)
+        assert out == _gen(engines, FixedGovernor(DEPTHS, 3)).generate(turn, 4), (n, sizes)
+    assert ids[: len(PROMPT) + 1] == PROMPT + answer[:1] and sum(sizes) == len(ids)
+
+
 def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
     """Generator.prefix_snapshots: two conversations alternating on one generator each
     reuse their own rows (set aside when the other came in, swapped back when they
@@ -902,6 +978,49 @@ def test_prefix_snapshots_keep_conversations_that_take_turns(pair):
     out = g.generate(long + [2, 2], 4)  # back to the long one: swapped in from its snapshot
     assert g.telemetry.to_json()["prefix_reused"] == len(long)
     assert out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(long + [2, 2], 4)
+
+
+def test_prefix_snapshots_keep_at_most_their_number_the_oldest_going_first(pair):
+    """``prefix_snapshots`` = 1 with three conversations taking turns: the third's start sets
+    the second aside and drops the first's snapshot (one more was kept in a mutant of round
+    m72c), so the first comes back to nothing to reuse; the second's rows are reused."""
+    _, engines = pair
+    a = PROMPT * 3 + [7] * 12  # 36 tokens each, disjoint from the start
+    b = [5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 3
+    c = [9, 4, 6, 2] * 9
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 1
+    outs = {}
+    for k, conv in (("a", a), ("b", b), ("c", c)):
+        outs[k] = g.generate(conv, 4)
+    assert [sn.ids[: len(b)] for sn in g._snapshots] == [b]
+    g.generate(b + outs["b"] + [1], 4)  # b swapped in, c set aside in its place
+    assert g.telemetry.prefix_reused >= len(b) + len(outs["b"]) - 1
+    out = g.generate(a + outs["a"] + [1], 4)
+    assert g.telemetry.prefix_reused == 0 and out == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(
+        a + outs["a"] + [1], 4)
+
+
+def test_rows_set_aside_supersede_only_their_own_owners_snapshots(pair):
+    """Rows set aside drop the snapshots they start with of their own owner only: bob's rows
+    of the same conversation as alice's left alice's snapshot kept (it was dropped in a
+    mutant of round m72c: alice's next turn reused nothing)."""
+    _, engines = pair
+    conv = PROMPT * 3 + [7] * 12
+    other = [9, 4, 6, 2] * 9
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    g.prefix_snapshots = 2
+    g.owner = "alice"
+    out = g.generate(conv, 4)
+    g.owner = "bob"
+    assert g.generate(conv, 4) == out and g.telemetry.prefix_reused == 0  # alice's rows set aside
+    g.owner = "carol"
+    g.generate(other, 4)  # bob's set aside: they start with alice's snapshot's tokens
+    assert sorted(sn.owner for sn in g._snapshots) == ["alice", "bob"]
+    g.owner = "alice"
+    turn = conv + out + [1]
+    assert g.generate(turn, 4) == _gen(engines, FixedGovernor(DEPTHS, 2)).generate(turn, 4)
+    assert g.telemetry.prefix_reused >= len(conv) + len(out) - 1
 
 
 def test_a_snapshot_swapped_in_for_its_start_only_stays_kept(pair):
@@ -1207,6 +1326,63 @@ def test_a_newer_stream_supersedes_an_unfinished_one(pair):
 
 
 
+def test_streams_of_one_generator_from_two_threads_take_turns(pair, monkeypatch):
+    """Generator.stream from two threads (its own lock, not a Session's): a stream started
+    while another thread's is inside a round waits for that round, and its tokens are the
+    target's; the older is superseded or finishes first. Without the lock in Stream.__next__
+    the older round's rows went into the newer stream's caches (mutation round m72c). Thread
+    A is held just after the target call of its first round."""
+    import threading
+
+    _, engines = pair
+    run, held, go = G.Generator._run, threading.Event(), threading.Event()
+    calls = {"a": 0}
+
+    def run_holding_a(self, runner, feeds, what):
+        out = run(self, runner, feeds, what)
+        if threading.current_thread().name == "A" and what == "target":
+            calls["a"] += 1
+            if calls["a"] == 2:  # inside A's first round, its rows not committed yet
+                held.set()
+                go.wait(10)
+        return out
+
+    other = [7, 7, 2, 5, 1]
+    want_a, want_b = (_gen(engines, OffGovernor(DEPTHS)).generate(p, 12) for p in (PROMPT, other))
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    monkeypatch.setattr(G.Generator, "_run", run_holding_a)
+    got, b_started, b_go = {}, threading.Event(), threading.Event()
+
+    def a():
+        try:
+            got["a"] = g.generate(PROMPT, 12)
+        except UserError as e:
+            got["a"] = str(e)
+
+    def b():
+        try:
+            stream = g.stream(other, 12)
+            out = next(stream)
+            b_started.set()
+            b_go.wait(10)
+            got["b"] = out + [t for c in stream for t in c]
+        except Exception as e:  # noqa: BLE001 (the test reports it)
+            got["b"] = repr(e)
+
+    ta = threading.Thread(target=a, name="A")
+    ta.start()
+    assert held.wait(10)
+    tb = threading.Thread(target=b, name="B")
+    tb.start()
+    b_started.wait(1)  # (with turns, B waits for A's round: it cannot start while A is held)
+    go.set()
+    ta.join(10)
+    b_go.set()
+    tb.join(10)
+    assert got["b"] == want_b, got
+    assert got["a"] == want_a or "superseded" in got["a"], got
+
+
 def test_a_stream_closed_unstarted_after_a_newer_one_started_leaves_that_one_live(pair):
     """Closing a stream that never started ends it "interrupted" only while it is the latest:
     once a newer stream has started, that one stays live, its finish its own."""
@@ -1498,6 +1674,31 @@ def test_the_prefill_asks_for_its_last_rows_logits_only(pair, chunk, monkeypatch
     assert rows[:len(prefill)] == prefill and all(s == n for s, n in rows[len(prefill):]), rows
     monkeypatch.setattr(G, "PREFILL_CHUNK", 10_000)
     assert out == _gen(engines, OffGovernor(DEPTHS)).generate(prompt, 12)
+
+
+def test_a_two_row_prefill_on_the_dynamic_runner_asks_for_its_last_row_only(pair, monkeypatch):
+    """A prompt of two tokens on engines without a depth-1 verify graph runs on the prefill
+    engine, and asks for its last row's logits only, as longer prefills do (the bound was
+    ``s > 2`` in a mutant of round m72c: every row computed); later S = 2 calls there get
+    every row, and the output is target-only decoding's."""
+    from specrt.engines.plan import verify_role
+
+    _, engines = pair
+    monkeypatch.delitem(engines.runners, verify_role(1))
+    rows = []
+    g = _gen(engines, FixedGovernor(DEPTHS, 1))
+    run = g._run
+
+    def spy(runner, feeds, what):
+        out, dt = run(runner, feeds, what)
+        if what == "target":
+            rows.append((feeds[C.INPUT_IDS].shape[1], out[C.LOGITS].shape[1]))
+        return out, dt
+
+    g._run = spy
+    out = g.generate([3, 1], 8)
+    assert rows[0] == (2, 1) and all(s == n for s, n in rows[1:]) and (2, 2) in rows[1:], rows
+    assert out == _gen(engines, OffGovernor(DEPTHS)).generate([3, 1], 8)
 
 
 # ---- sampling: the generated sequences are distributed exactly as the target's ----------
