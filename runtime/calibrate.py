@@ -164,7 +164,8 @@ def _encode(session: Session, prompt, chat: bool, max_new_tokens: int) -> list[i
     if isinstance(prompt, str) or conversation_problem(prompt) != CONVERSATION:
         if session.text is None:
             raise UserError(f"{session.engines.export_dir}: no tokenizer.json; give token ids ('prompt_ids') instead of text")
-        ids = session.encode(prompt, chat)
+        ids = session.encode(prompt, chat, check_length=lambda n, least: session.generator.check_length(
+            n, max_new_tokens, None, least))  # (surely past the context: refused before it is tokenized)
     else:
         ids = prompt  # (checked as a stream checks them: int() took 1.7 as 1, "12" as 12 and True as 1)
     return session.generator.check_args(ids, max_new_tokens, session.eos, None, None)[0]

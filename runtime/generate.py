@@ -675,21 +675,32 @@ class Generator:
     def check_args(self, prompt_ids, max_new_tokens, eos_ids, logprobs, prompt_logprobs) -> tuple:
         """``_check`` with the logprobs settings given (Session.stream and check_prompt: before a
         stream sets them)."""
+        if isinstance(prompt_ids, (list, tuple, np.ndarray)) and len(prompt_ids) >= self.e.max_context \
+                and as_whole(prompt_ids[0]) is not None:  # (a row of a 2-D array is no id)
+            self.check_length(len(prompt_ids), max_new_tokens, prompt_logprobs)  # (before a pass over each id)
         prompt = self.check_ids(prompt_ids)
+        scored = self.check_length(len(prompt), max_new_tokens, prompt_logprobs)
+        eos = set(int(e) for e in eos_ids)
+        return (prompt, eos, scored, _alternatives("logprobs", logprobs), self.resolve_tree_width(),
+                self.resolve_lookup())
+
+    def check_length(self, n: int, max_new_tokens, prompt_logprobs, least: bool = False) -> int | None:
+        """UserError where a prompt of ``n`` tokens (``least``: of at least ``n``, a bound found
+        before tokenizing, ``Text.least_tokens``) leaves no room in the context for
+        ``max_new_tokens``, or those are not a count; else prompt_logprobs' alternatives."""
         scored = _alternatives("prompt_logprobs", prompt_logprobs)
         if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool):
             raise UserError(f"max_new_tokens={max_new_tokens!r}: expected an integer")
         if max_new_tokens < (0 if scored is not None else 1):
             raise UserError(f"max_new_tokens={max_new_tokens}: expected >= 1 (0 only with prompt_logprobs, scoring "
                             "the prompt)")
-        if max_new_tokens == 0 and len(prompt) > self.e.max_context:  # scored only: no new token's row
-            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context}")
-        if max_new_tokens > 0 and len(prompt) + 1 > self.e.max_context:
-            raise UserError(f"the prompt has {len(prompt)} tokens; the engines' context limit is {self.e.max_context} "
+        has = f"the prompt has {'at least ' if least else ''}{n} tokens"
+        if max_new_tokens == 0 and n > self.e.max_context:  # scored only: no new token's row
+            raise UserError(f"{has}; the engines' context limit is {self.e.max_context}")
+        if max_new_tokens > 0 and n + 1 > self.e.max_context:
+            raise UserError(f"{has}; the engines' context limit is {self.e.max_context} "
                             f"(a prompt of at most {self.e.max_context - 1}, leaving room for a new token)")
-        eos = set(int(e) for e in eos_ids)
-        return (prompt, eos, scored, _alternatives("logprobs", logprobs), self.resolve_tree_width(),
-                self.resolve_lookup())
+        return scored
 
     def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,
                 tel: Telemetry, clock: Held, me: object) -> Iterator[list[int]]:

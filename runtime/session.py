@@ -527,13 +527,25 @@ class Session:
             raise UserError(f"{self.engines.export_dir}: no tokenizer.json; {what}: put its tokenizer.json in the "
                             "target's folder, then `specrt export` and `specrt build` again")
 
-    def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
-        """A text prompt's or a conversation's token ids as ``stream`` makes them."""
+    def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None,
+               check_length=None) -> list[int]:
+        """A text prompt's or a conversation's token ids as ``stream`` makes them;
+        ``check_length`` as ``Text.encode``'s (a refusal before tokenizing)."""
+        variables = self._template_kwargs(prompt, chat, chat_template_kwargs)  # (first: no tokenizer said)
+        return self.text.encode(prompt, chat, variables, self.chat_option, check_length)
+
+    def least_tokens(self, prompt: str | list[dict], chat: bool = False) -> int:
+        """A lower bound on the tokens ``encode`` makes of ``prompt``, found without tokenizing
+        it (``Text.least_tokens``; 0 where the tokenizer gives none)."""
+        variables = self._template_kwargs(prompt, chat, None)
+        return self.text.least_tokens(self.text.prompt_text(prompt, chat, variables, self.chat_option))
+
+    def _template_kwargs(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> dict:
         self.need_text()
         own = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
         if isinstance(prompt, str) and not chat:
             self._untemplated(own, "a text prompt without chat=True")
-        return self.text.encode(prompt, chat, {**self.chat_template_kwargs, **own}, self.chat_option)
+        return {**self.chat_template_kwargs, **own}
 
     @staticmethod
     def _untemplated(own: dict, prompt: str) -> None:
@@ -551,17 +563,27 @@ class Session:
         ``max_new_tokens``. Nothing runs: `specrt run --prompts` checks every line first (a
         prompt too long on line 40 cost the 39 answers before it, and their --stats)."""
         check_flag("chat", chat)
-        ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
+        ids = self._prompt_ids(prompt, chat, chat_template_kwargs, max_new_tokens, None)
         self.generator.check_args(ids, max_new_tokens, self.eos, None, None)
         return ids
 
-    def _prompt_ids(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> list[int]:
+    def _prompt_ids(self, prompt, chat: bool, chat_template_kwargs: dict | None, max_new_tokens,
+                    prompt_logprobs) -> list[int]:
         """Token ids as given (a list, tuple or numpy array of ints, Python's or numpy's),
-        checked against the vocabulary, or a text prompt's or a conversation's through ``encode``."""
+        checked against the vocabulary, or a text prompt's or a conversation's through ``encode``;
+        refused first where surely past the context with ``max_new_tokens`` (ids by their count,
+        text by ``Text.least_tokens``: 1.2M ids took 46 s of checks to be refused, a 5 MB text a
+        minute of tokenizing)."""
+        def check_length(n: int, least: bool = False) -> None:
+            self.generator.check_length(n, max_new_tokens, prompt_logprobs, least)
+
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
         if isinstance(prompt, tuple):  # (a conversation as a tuple of messages too, as before session 52)
             prompt = list(prompt)
+        # ids (a conversation's first item is a message): their count is their tokens'
+        if isinstance(prompt, list) and len(prompt) >= self.engines.max_context and as_whole(prompt[0]) is not None:
+            check_length(len(prompt))
         if isinstance(prompt, list):  # ([]: "the prompt is empty")
             ids = [as_whole(t) for t in prompt]
             if None not in ids:  # (before anything decodes them: the tokenizer overflows on -2)
@@ -571,7 +593,7 @@ class Session:
         elif not isinstance(prompt, str):  # (None said "the prompt is empty"; a number, a dict a TypeError)
             raise UserError(f"prompt {prompt!r:.60}: expected text, a conversation (a list of messages) or token "
                             "ids (a list of integers)")
-        return self.encode(prompt, chat, chat_template_kwargs)
+        return self.encode(prompt, chat, chat_template_kwargs, check_length)
 
     def _open(self) -> None:
         if self.closed:
@@ -646,7 +668,7 @@ class Session:
                         "takes and yields token ids)")
         check_flag("chat", chat)
         scan = StopScanner(stop)  # checks the stop strings before anything runs
-        ids = self._prompt_ids(prompt, chat, chat_template_kwargs)
+        ids = self._prompt_ids(prompt, chat, chat_template_kwargs, max_new_tokens, prompt_logprobs)
         self.generator.check_args(ids, max_new_tokens, self.eos, logprobs, prompt_logprobs)
         return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs)
 

@@ -58,6 +58,11 @@ class Text:
         if not tok.is_file():
             raise UserError(f"{folder}: no tokenizer.json (export the target from a folder that has one)")
         self.tokenizer = load_tokenizer(tok)
+        # as transformers encodes a prompt: a tokenizer.json saved with truncation or padding on
+        # (saved after a call that asked for them) cut every prompt to its max_length, or padded
+        # it, without a word (transformers turns both off unless a call asks)
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
         cfg_path = folder / "tokenizer_config.json"
         self.config = read_json_object(cfg_path) if cfg_path.is_file() else {}
         # split_special_tokens: a special token's text in a prompt is text, as transformers encodes it
@@ -82,6 +87,7 @@ class Text:
         self.vocab_size = self.tokenizer.get_vocab_size()
         self._bytes: tuple | None = None  # token_bytes' table, made on first use
         self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
+        self._bound: tuple | None = None  # _token_bound's ((0, []): none known), found on first use
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
@@ -131,10 +137,23 @@ class Text:
         return out
 
     def encode(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
-               chat_option: str = "chat=True") -> list[int]:
+               chat_option: str = "chat=True", check_length=None) -> list[int]:
         """Token ids of a text prompt (through the chat template when ``chat``) or of a
         conversation (always through it, with ``template_kwargs``); ``chat_option``: how an
-        error names what set ``chat`` (``render_chat``)."""
+        error names what set ``chat`` (``render_chat``). ``check_length(n, True)``, where
+        given, is called before the text is tokenized with ``least_tokens`` of it, to refuse a
+        prompt surely past the context there (a 5 MB line took a minute and 1.5 GB to be
+        tokenized, then refused)."""
+        text = self.prompt_text(prompt, chat, template_kwargs, chat_option)
+        if check_length is not None:
+            check_length(self.least_tokens(text), True)
+        # A rendered template already holds its special tokens.
+        return self.tokenizer.encode(text, add_special_tokens=isinstance(prompt, str) and not chat).ids
+
+    def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
+                    chat_option: str = "chat=True") -> str:
+        """The text ``encode`` tokenizes: the prompt checked, and rendered through the chat
+        template where it goes through it."""
         if not prompt:
             raise UserError("the prompt is empty")
         problem = None if isinstance(prompt, str) else conversation_problem(prompt)
@@ -148,8 +167,19 @@ class Text:
         text = self.render_chat(prompt, template_kwargs, chat_option) if chat else prompt
         if (problem := not_text(text, "the prompt")) is not None:
             raise UserError(problem)
-        # A rendered template already holds its special tokens.
-        return self.tokenizer.encode(text, add_special_tokens=not chat).ids
+        return text
+
+    def least_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of ``text`` (the tokenizer's input, ``prompt_text``),
+        found without tokenizing it: its UTF-8 bytes that some token holds over the most bytes one
+        token stands for (``_token_bound``); 0 for a tokenizer where no such bound is known."""
+        if self._bound is None:
+            self._bound = _token_bound(json.loads(self.tokenizer.to_str())) or (0, [])
+        most, unheld = self._bound
+        if not most:
+            return 0
+        data = text.encode("utf-8")
+        return -(-(len(data) - sum(data.count(b) for b in unheld)) // most)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -302,6 +332,49 @@ def _decoder_kinds(spec: dict) -> set:
     return kinds
 
 
+def _token_bound(spec: dict) -> tuple[int, list[bytes]] | None:
+    """(the most UTF-8 bytes of a text that one token of the tokenizer ``spec``, its
+    tokenizer.json parsed, stands for; the bytes no token holds, which BPE drops or makes
+    unknown), from which a text of B bytes, D of them such bytes, has at least (B - D) / that
+    many tokens. Known only for byte-level BPE (SmolLM2, Llama 3) with nothing that can shorten
+    the text otherwise: no normalizer (NFC, say, makes 3 bytes of "e" and a combining accent 2),
+    pre-tokenizers that only split (a Split that removes what it matches drops text), no added
+    token that takes the spaces beside it (lstrip, rstrip), a post-processor that only adds
+    tokens. There each byte is one character of the byte-level alphabet and a vocabulary token
+    covers its length of them; an added token its content's bytes. Else None."""
+    model, pre, post = spec.get("model") or {}, spec.get("pre_tokenizer") or {}, spec.get("post_processor")
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    splits_only = all(isinstance(p, dict) and (p.get("type") == "ByteLevel" or p.get("type") == "Split"
+                                               and p.get("behavior") != "Removed") for p in steps or [None])
+    posts = (post.get("processors") if post.get("type") == "Sequence" else [post]) if isinstance(post, dict) else []
+    adds_only = all(isinstance(p, dict) and (p.get("type") == "ByteLevel" or p.get("type") == "TemplateProcessing"
+                                             and {"Sequence": {"id": "A", "type_id": 0}} in (p.get("single") or []))
+                    for p in posts or [])
+    vocab, added = model.get("vocab"), spec.get("added_tokens") or []
+    if (spec.get("normalizer") is not None or not splits_only or not any(p.get("type") == "ByteLevel" for p in steps)
+            or not adds_only or model.get("type") != "BPE" or not isinstance(vocab, dict) or not vocab
+            or any(t.get("lstrip") or t.get("rstrip") or not isinstance(t.get("content"), str) for t in added)):
+        return None
+    # (SmolLM2 holds no 0xc0, 0xc1, 0xf5-0xff, never in UTF-8, nor the control characters 0x04, 0x06, ...)
+    unheld = [bytes([b]) for b, c in enumerate(_byte_table_chars()) if c not in vocab]
+    return max([len(p) for p in vocab] + [len(t["content"].encode("utf-8")) for t in added]), unheld
+
+
+def _byte_table_chars() -> list[str]:
+    """GPT-2's byte-level alphabet in byte order: printable Latin-1 bytes stand for
+    themselves, the other 68 bytes for the characters from U+0100 on."""
+    direct = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+              *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    out, extra = [], 0
+    for b in range(256):
+        if b in direct:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
 def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
     """(kind, character -> byte of GPT-2's byte-level alphabet, added tokens' contents) of a
     tokenizer: kind "bytelevel" when its decoder is (or holds) ByteLevel, "metaspace" for
@@ -309,15 +382,7 @@ def _byte_table(tokenizer) -> tuple[str, dict[str, int], set[str]]:
     spec = json.loads(tokenizer.to_str())
     kinds = _decoder_kinds(spec)
     kind = "bytelevel" if "ByteLevel" in kinds else "metaspace" if kinds & {"Metaspace", "ByteFallback"} else "other"
-    # GPT-2's table: printable Latin-1 bytes stand for themselves, the other 68 bytes for
-    # the characters from U+0100 on, in byte order
-    direct = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-              *range(ord("\u00ae"), ord("\u00ff") + 1)]
-    table, extra = {chr(b): b for b in direct}, 0
-    for b in range(256):
-        if b not in table.values():
-            table[chr(256 + extra)] = b
-            extra += 1
+    table = {c: b for b, c in enumerate(_byte_table_chars())}
     added = {t["content"] for t in spec.get("added_tokens") or [] if isinstance(t.get("content"), str)}
     return kind, table, added
 

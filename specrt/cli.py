@@ -914,6 +914,14 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
         failed = answered = 0  # turns an engine failed; turns answered (in whole or stopped)
+
+        def tokens(conversation: list[dict]) -> tuple[int, bool]:
+            """(the conversation's tokens, False), or (a lower bound on them, True) where that is
+            already past the context: its tokenizing spared (a 1 MB line was tokenized once for each
+            turn dropped for it, then skipped). Either way the drops below go as the count has them."""
+            least = s.least_tokens(conversation, True)
+            return (least, True) if least + 1 > s.engines.max_context else (len(s.encode(conversation, True)), False)
+
         while True:
             if _prompting():
                 click.echo("> ", nl=False, err=True)
@@ -936,17 +944,18 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             # Ctrl-C while the turn is tokenized (each drop encodes the conversation again; a long
             # paste takes seconds) drops the turn as before its first token: it ended the chat
             try:
-                while len(s.encode(turn, True)) + room > limit and len(turn) > first + 1:
+                while tokens(turn)[0] + room > limit and len(turn) > first + 1:
                     del turn[first:first + 2]  # the oldest user turn and its answer
                     dropped += 1
                     # once dropping, a quarter of the context freed besides: one exchange at a time
                     # moved the conversation's start every turn, so no later turn reused more than the
                     # template's preamble (7-10 s a turn against 2.5-4.4 s: session 55's soak)
                     limit = s.engines.max_context - s.engines.max_context // 4
-                n = len(s.encode(turn, True))
+                n, least = tokens(turn)
                 if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
-                    click.echo(f"[this turn makes a prompt of {n} tokens; the engines' context limit is "
-                               f"{s.engines.max_context}: skipped, the conversation goes on]", err=True)
+                    click.echo(f"[this turn makes a prompt of {'at least ' if least else ''}{n} tokens; the engines' "
+                               f"context limit is {s.engines.max_context}: skipped, the conversation goes on]",
+                               err=True)
                     continue  # (with every earlier turn: nothing was dropped for a turn that is not taken)
                 messages = turn
                 if dropped:

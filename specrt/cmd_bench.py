@@ -254,6 +254,10 @@ def _prompt_label(item: dict[str, Any]) -> str:
     return str(item.get("prompt", ""))[:200]
 
 
+class _TooLong(UserError):
+    """tokenize_prompts' prompt past the engines' context, said in its own words."""
+
+
 def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None,
                      source: Path | None = None) -> list[list[int]]:
     """Each item's token ids; a UserError names ``source`` (the prompts file) and the prompt."""
@@ -263,7 +267,13 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
     text = None
     out = []
     for i, obj in enumerate(items):
+        def check_length(n: int, least: bool = False) -> None:  # (text surely too long: before it is tokenized)
+            if n + 1 > engines.max_context:
+                raise _TooLong(f"{source or 'the prompts'}: prompt {i + 1} has {'at least ' if least else ''}{n} "
+                               f"tokens; the engines hold {engines.max_context}")
+
         if isinstance(obj.get("prompt_ids"), list):
+            check_length(len(obj["prompt_ids"]))
             ids = [int(t) for t in obj["prompt_ids"]]
         else:
             if text is None:
@@ -272,12 +282,12 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
                                     "give 'prompt_ids' in the prompts file")
                 text = Text(engines.export_dir)
             try:  # an empty prompt, a template that fails on it: said of which prompt
-                ids = text.encode(text_of(obj), chat, template_kwargs, "--chat")
+                ids = text.encode(text_of(obj), chat, template_kwargs, "--chat", check_length)
+            except _TooLong:
+                raise
             except UserError as e:
                 raise UserError(f"{source or 'the prompts'}: prompt {i + 1}: {e}") from None
-        if len(ids) + 1 > engines.max_context:
-            raise UserError(f"{source or 'the prompts'}: prompt {i + 1} has {len(ids)} tokens; the engines hold "
-                            f"{engines.max_context}")
+        check_length(len(ids))
         out.append(ids)
     return out
 

@@ -746,6 +746,34 @@ def test_a_text_prompt_that_cannot_be_encoded_is_named_with_its_file(tmp_path):
         tokenize_prompts([{"prompt": "w1 " * 9}], engines, False, None, src)
 
 
+def test_bench_refuses_a_prompt_surely_past_the_context_before_it_is_tokenized(tmp_path, monkeypatch):
+    """A text prompt whose lower bound on its tokens (``Text.least_tokens``) is past the
+    engines' context is refused before the tokenizer sees it (session 71's F4), ids by their
+    count before each is read; the most that fit (63 of the longest token, context 64) pass."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from specrt.cmd_bench import tokenize_prompts
+    from tests.runtime.test_text import _bytewise
+
+    _bytewise(tmp_path)
+    engines, src = SimpleNamespace(export_dir=tmp_path, max_context=64), tmp_path / "p.jsonl"
+    assert [len(x) for x in tokenize_prompts([{"prompt": " xylophone" * 63}], engines, False)] == [63]
+    encode = Tokenizer.encode
+
+    def small(self, text, *a, **k):
+        assert len(text) < 10_000, "a huge prompt was tokenized"
+        return encode(self, text, *a, **k)
+
+    monkeypatch.setattr(Tokenizer, "encode", small)
+    for chat in (False, True):
+        with pytest.raises(UserError, match=rf"^{src}: prompt 2 has at least 1200\d\d tokens; the engines hold 64$"):
+            tokenize_prompts([{"prompt": "hello"}, {"prompt": "hello world " * 100_000}], engines, chat, None, src)
+    with pytest.raises(UserError, match=rf"^{src}: prompt 1 has 100000 tokens; the engines hold 64$"):
+        tokenize_prompts([{"prompt_ids": [1] * 99_999 + ["x"]}], engines, False, None, src)
+
+
 def test_a_prompt_ids_line_whose_prompt_is_not_text_keeps_the_report(tiny_engines, tmp_path):
     """{"prompt_ids": [...], "prompt": 3}: the ids ran, then the report was lost after the
     whole run to a TypeError traceback (its text field sliced the number; found by review)."""

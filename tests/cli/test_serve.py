@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -640,6 +641,47 @@ def test_completions_asking_past_the_context_get_400_as_from_vllm(served, worded
     for body in ({"prompt": ids, "max_tokens": 68}, {"prompt": ids}):
         code, r = _post(url, "/v1/completions", body)
         assert code == 200 and r["usage"]["prompt_tokens"] == 60 and r["usage"]["completion_tokens"] >= 1, r
+
+
+def test_a_request_surely_past_the_context_is_refused_before_its_prompt_is_tokenized(tmp_path_factory, monkeypatch):
+    """A chat or completion request whose text is surely past the context (a lower bound on its
+    tokens) answers the session's context error, 400, with "at least", without the tokenizer's
+    work (a 4 MB request took 32 s and kept +0.55 GB in the server: session 71's F4); a prompt
+    of the most tokens that fit (127 of the longest token) is answered."""
+    from tokenizers import Tokenizer
+
+    from specrt.cmd_serve import Server, make_server
+    from tests.runtime.test_text import _bytewise, _tiny_text_pair
+
+    eng = _tiny_text_pair(tmp_path_factory.mktemp("bytewise"), 288, 200, _bytewise)
+    app = Server(eng, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    encode = Tokenizer.encode
+
+    def small(self, text, *a, **k):
+        assert len(text) < 10_000, "a huge prompt was tokenized"
+        return encode(self, text, *a, **k)
+
+    monkeypatch.setattr(Tokenizer, "encode", small)
+    huge = "hello world " * 100_000
+    try:
+        many = [{"role": "user", "content": "hi"}] * 60_000  # (serve's 100 000 messages of session 71, smaller)
+        one = [{"role": "user", "content": huge}]
+        for path, body, param in (("/v1/chat/completions", {"messages": one}, "messages"),
+                                  ("/v1/chat/completions", {"messages": many, "max_tokens": 2}, "messages"),
+                                  ("/v1/completions", {"prompt": ["hello", huge]}, "prompt")):
+            code, r = _post(url, path, body)
+            assert code == 400 and r["error"]["param"] == param, r
+            assert re.match(r"the prompt has at least \d+ tokens; the engines' context limit is 128 \(a prompt of at "
+                            r"most 127", r["error"]["message"]), r
+        code, r = _post(url, "/v1/completions", {"prompt": " xylophone" * 127})
+        assert code == 200 and r["usage"]["prompt_tokens"] == 127 and r["choices"][0]["finish_reason"] == "length", r
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
 
 
 def test_the_default_max_tokens_stops_where_an_asked_for_one_would_be_refused(worded):  # noqa: F811

@@ -4159,3 +4159,180 @@ def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are
         read_prompt_file(f)
     assert str(e.value) == (f"{f}:1: 'messages': a conversation must be a non-empty list of messages, objects with "
                             "a string 'role' and a string (or text parts) 'content'")
+
+
+def _bytewise(t) -> None:
+    """A byte-level BPE (as SmolLM2's) whose longest token is " xylophone" (10 bytes; the
+    added <s> and </s> shorter), with a chat template in ChatML's manner."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the xylophone quartz", "hello world"] * 50, trainer)
+    tok.save(str(t / "tokenizer.json"))
+    (t / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": (
+        "{% for m in messages %}<s>{{ m.role }}\n{{ m.content }}</s>\n{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant\n{% endif %}")}))
+
+
+@pytest.fixture(scope="module")
+def bytewise(tmp_path_factory):
+    """A tiny Llama (288 tokens) with ``_bytewise``'s tokenizer and a random P-EAGLE draft,
+    built for depths 1 and 3 (context 128)."""
+    return _tiny_text_pair(tmp_path_factory.mktemp("bytewise"), 288, 200, _bytewise)
+
+
+def test_a_text_prompt_surely_past_the_context_is_refused_before_it_is_tokenized(bytewise, monkeypatch):
+    """A text prompt is refused for the context with a lower bound on its tokens (its bytes over
+    the longest token's, 10 here) where that is past the context, before the tokenizer sees it
+    (a 5 MB line took a minute and 1.5 GB to be tokenized, then refused; session 71's F4); the
+    bound never refuses a prompt that fits: 127 of the longest token (127 tokens, the most a
+    context of 128 takes) is answered, 128 of them refused, at least 128."""
+    from tokenizers import Tokenizer
+
+    from specrt.runtime.session import Session
+
+    longest = " xylophone"
+    with Session(bytewise, governor="fixed:3") as s:
+        assert len(s.check_prompt(longest * 127, max_new_tokens=4)) == 127
+        assert "".join(s.stream(longest * 127, max_new_tokens=4)) is not None and s.stats()["prompt_tokens"] == 127
+        with pytest.raises(UserError, match=r"^the prompt has at least 128 tokens; the engines' context limit is 128 "
+                                             r"\(a prompt of at most 127, leaving room for a new token\)$"):
+            s.check_prompt(longest * 128)
+        encode = Tokenizer.encode
+        monkeypatch.setattr(Tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+        huge = "hello world " * 100_000  # 1.2 MB
+        for call in (lambda: s.check_prompt(huge), lambda: s.stream(huge, max_new_tokens=1),
+                     lambda: s.stream([{"role": "user", "content": huge}], max_new_tokens=1),
+                     lambda: s.stream(huge, max_new_tokens=0, prompt_logprobs=0)):
+            with pytest.raises(UserError, match=r"^the prompt has at least 1200\d\d tokens; the engines' context "
+                                                 r"limit is 128"):
+                call()
+        monkeypatch.setattr(Tokenizer, "encode", encode)
+    f = Path(str(bytewise) + "-prompts.jsonl")
+    f.write_text(json.dumps({"prompt": "hello"}) + "\n" + json.dumps({"prompt": huge}) + "\n")
+    for cmd in (["run", str(bytewise), "--prompts", str(f)], ["run", str(bytewise), "--prompts", str(f), "--chat"],
+                ["calibrate", str(bytewise), "--prompts", str(f), "--holdout", "0"]):
+        r = CliRunner().invoke(main, cmd + ["--max-new-tokens", "4"])
+        assert r.exit_code == 1 and f"{f}:2: the prompt has at least 1200" in r.output, r.output
+        assert "Traceback" not in r.output and "context limit is 128" in r.output, r.output
+
+
+def test_least_tokens_bounds_the_count_and_is_none_where_text_can_shorten(bytewise, tmp_path):
+    """``Text.least_tokens`` is at most the tokenizer's count for any text (the longest token's
+    runs, the added tokens, characters of every width, through the chat template), and 0 (no
+    bound) for a tokenizer that could shorten the text: a normalizer (NFC makes 3 bytes 2), a
+    Split that removes what it matches, an added token taking the spaces beside it, a word-level
+    model; bytes no token holds are dropped by BPE, so not counted."""
+    import random
+
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers
+
+    from specrt.runtime.text import Text
+
+    text = Text(bytewise.parent / "exp")
+    rng = random.Random(0)
+    pieces = [" xylophone", "<s>", "</s>", "é", "中", "🙂", "\n", " ", "quartz", "\x00"]
+    for _ in range(300):
+        s = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 60)))
+        for chat in (False, True):
+            t = text.prompt_text(s, chat)
+            assert text.least_tokens(t) <= len(text.tokenizer.encode(t, add_special_tokens=not chat).ids), s
+    assert text.least_tokens(" xylophone" * 50) == 50
+
+    def saved(tok, name):
+        (tmp_path / name).mkdir()
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+        return Text(tmp_path / name)
+
+    spec = json.loads(text.tokenizer.to_str())
+    for name, change in (("nfc", lambda t: setattr(t, "normalizer", normalizers.NFC())),
+                         ("removed", lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Sequence(
+                             [pre_tokenizers.Split(Regex(" +"), "removed"), pre_tokenizers.ByteLevel()]))),
+                         ("lstrip", lambda t: t.add_special_tokens([AddedToken("<x>", lstrip=True)]))):
+        tok = Tokenizer.from_str(json.dumps(spec))
+        change(tok)
+        assert saved(tok, name).least_tokens(" xylophone" * 50) == 0, name
+    words = Tokenizer(models.WordLevel({"w0": 0, "w1": 1}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    assert saved(words, "words").least_tokens("w1 " * 50) == 0
+    # a byte-level BPE holding only the bytes it was trained on: a control character it lacks is dropped
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["hello world"] * 10)
+    narrow = saved(tok, "narrow")
+    assert tok.encode("\x04" * 100 + "hello").ids and narrow.least_tokens("\x04" * 100 + "hello") <= 5
+    assert len(tok.encode("\x04" * 100).ids) == narrow.least_tokens("\x04" * 100) == 0
+
+
+def test_chat_skips_a_turn_surely_past_the_context_before_it_is_tokenized(bytewise, monkeypatch):
+    """A chat turn past the context even with every earlier turn dropped is skipped on a lower
+    bound of its tokens, never tokenized (a 1 MB line was tokenized again for each earlier turn
+    dropped for it); the earlier turns stay, the next turn goes on with them."""
+    from tokenizers import Tokenizer
+
+    encode = Tokenizer.encode
+
+    def small(self, text, *a, **k):
+        assert len(text) < 10_000, "a huge turn was tokenized"
+        return encode(self, text, *a, **k)
+
+    monkeypatch.setattr(Tokenizer, "encode", small)
+    huge = "hello world " * 100_000
+    r = CliRunner().invoke(main, ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"],
+                           input=f"hello\n{huge}\nquartz\n\n")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"\[this turn makes a prompt of at least 1200\d\d tokens; the engines' context limit is 128: "
+                     r"skipped, the conversation goes on\]", r.output), r.output
+    assert "dropped" not in r.output and r.output.count(" prompt tokens reused]") == 2, r.output
+
+
+def test_token_ids_past_the_context_are_refused_by_their_count_first(worded):
+    """Token ids past the context are refused by their count before a pass over each id (1.2M
+    ids took 46 s of checks, then the context's refusal): an id outside the vocabulary at the
+    end of them is not what is said."""
+    from specrt.runtime.calibrate import _encode
+    from specrt.runtime.session import Session
+
+    ids = [1] * 100_000 + [10**9]
+    want = r"^the prompt has 100001 tokens; the engines' context limit is 128 \(a prompt of at most 127"
+    with Session(worded, governor="fixed:3") as s:
+        for call in (lambda: s.check_prompt(ids), lambda: s.stream(ids, max_new_tokens=1),
+                     lambda: s.stream_ids(ids, 1), lambda: s.stream_ids(np.array(ids), 1),
+                     lambda: _encode(s, ids, False, 4)):
+            with pytest.raises(UserError, match=want):
+                call()
+        with pytest.raises(UserError, match=r"^prompt token id 1000000000 is outside the vocabulary"):
+            s.check_prompt(ids[-100:])  # (fewer than the context: each id checked as before)
+        with pytest.raises(UserError, match=r"^prompt token id 'x' \(at 0\): expected an integer"):
+            s.stream_ids(["x"] * 200, 1)  # (not ids: said as before)
+
+
+def test_a_tokenizer_saved_with_truncation_or_padding_on_encodes_prompts_whole(tmp_path):
+    """A tokenizer.json saved with truncation or padding on (as a tokenizer used with
+    ``truncation=True, max_length=16`` and then saved writes it) cut every prompt to 16 tokens,
+    or padded it to 64, without a word; transformers encodes a prompt without either unless a
+    call asks, and so does specrt now (a prompt past the context is then refused, not cut)."""
+    from tokenizers import Tokenizer
+
+    from specrt.runtime.text import Text
+
+    _bytewise(tmp_path)
+    whole = Text(tmp_path).encode("hello world " * 20, False)
+    assert len(whole) == 60
+    for on in ("truncation", "padding"):
+        tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        tok.no_truncation()
+        tok.no_padding()
+        if on == "truncation":
+            tok.enable_truncation(16)
+        else:
+            tok.enable_padding(length=64, pad_id=1, pad_token="</s>")
+        tok.save(str(tmp_path / "tokenizer.json"))
+        cut = len(tok.encode("hello world " * 20).ids) == 16
+        assert cut if on == "truncation" else len(tok.encode("hello").ids) == 64
+        assert Text(tmp_path).encode("hello world " * 20, False) == whole, on
+        assert Text(tmp_path).encode("hello", False) == whole[:1], on
