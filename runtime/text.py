@@ -80,7 +80,11 @@ class Text:
                             None)
         jinja = folder / "chat_template.jinja"
         if jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+            try:
+                template = jinja.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:  # (a template saved in Latin-1: a traceback in every command)
+                raise UserError(f"{jinja}: not valid UTF-8 text ({e.reason} at byte {e.start}); a chat template "
+                                "is read as UTF-8") from None
         self.chat_template = template if isinstance(template, str) else None
         # the file it came from, named by its errors (a broken template said "chat template: ..." alone)
         self.template_file = jinja if jinja.is_file() else cfg_path
@@ -119,8 +123,9 @@ class Text:
             return _template(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=True, **variables)
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # (a message of other
-            # types than the template expects fails in it)
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, ArithmeticError, LookupError,
+                RecursionError) as e:  # (a message of other types than the template expects fails in it; a
+            # template's own sums, a macro calling itself and the sandbox's range limit were tracebacks)
             raise UserError(f"{self.template_file}: chat template: {type(e).__name__}: {e}") from None
         except UserError as e:  # not valid Jinja, or its raise_exception
             raise UserError(f"{self.template_file}: {e}") from None
@@ -148,7 +153,11 @@ class Text:
         if check_length is not None:
             check_length(self.least_tokens(text), True)
         # A rendered template already holds its special tokens.
-        return self.tokenizer.encode(text, add_special_tokens=isinstance(prompt, str) and not chat).ids
+        ids = self.tokenizer.encode(text, add_special_tokens=isinstance(prompt, str) and not chat).ids
+        if not ids and not (isinstance(prompt, str) and not chat):  # (said "the prompt is empty" of a
+            # conversation that was not, naming no template)
+            raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
+        return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
                     chat_option: str = "chat=True") -> str:

@@ -549,8 +549,8 @@ def session_warnings(s) -> None:
 def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list,
               template_kwargs: dict | None = None) -> list[str]:
     """What `specrt run` says of options that will not do what they may seem to (a user walk):
-    --seed under a governor whose rounds follow measured times, --chat beside token ids,
-    --chat-template-kwargs where no prompt goes through the template."""
+    --seed under a governor whose rounds follow measured times (`specrt chat` too), --chat
+    beside token ids, --chat-template-kwargs where no prompt goes through the template."""
     from specrt.prompt_files import template_notes
     from specrt.runtime.governor import split_lookup, split_tree
 
@@ -901,6 +901,10 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
     with Session(engines_dir, governor=governor, sampling=params, chat_template_kwargs=chat_template_kwargs) as s:
         session_warnings(s)
+        # run's note on --seed under a governor whose rounds follow measured times (the same seed gave each
+        # chat other answers, unsaid: a walk, w72c)
+        for note in run_notes(s.governor_spec, params, seed, True, []):
+            click.echo(f"note: {note}", err=True)
         # --system "" is an empty system prompt (the template's default one was used: a walk, session 56)
         messages = [{"role": "system", "content": system}] if system is not None else []
         # before the first prompt is shown: no tokenizer (it showed "> " and failed on the first line), and a

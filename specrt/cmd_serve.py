@@ -1303,6 +1303,14 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         # (it served, and answered every request 400 "text prompts need the target's tokenizer", a
         # completion of token ids too: an answer is text, its logprobs' tokens too)
         app.session.need_text("specrt serve answers in text and needs the target's tokenizer")
+        if chat_template_kwargs and app.session.text.chat_template is not None:
+            # (variables the template refuses: it served, and answered every chat request 400 blaming the
+            # client's 'messages', a walk, w72c; export renders a user's message so, without them)
+            try:
+                app.session.encode("Hello.", True)
+            except UserError as e:
+                raise UserError(f"--chat-template-kwargs: the chat template refuses a conversation of one user "
+                                f"message with these variables ({e})") from None
         session_warnings(app.session)
         try:
             httpd = make_server(app, host, port)

@@ -2380,6 +2380,53 @@ def test_serve_refuses_engines_without_a_tokenizer_before_it_serves(tmp_path):
     assert f"error: {tmp_path / 'e' / 'export'}: no tokenizer.json; specrt serve answers in text" in err, err
 
 
+def test_serve_refuses_template_variables_its_template_refuses_before_it_serves(tmp_path):
+    """A walk's (w72c): `specrt serve --chat-template-kwargs` with variables the chat template
+    refuses (its raise_exception) said it served, then answered every chat request 400
+    blaming the client's 'messages'. It now refuses at its start, exit 1, naming the option and
+    the template's file; variables the template takes serve."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**good, "chat_template": "{% if strict %}{{ raise_exception('strict: no user "
+                                                        "messages') }}{% endif %}" + good["chat_template"]}))
+    export(target, None, tmp_path / "x")
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+
+    def serve(variables: str) -> tuple[int | None, str]:
+        p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "e"), "--port", "0",
+                              "--chat-template-kwargs", variables], stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "SPECRT_THP": "0"})
+        err = ""
+        try:
+            while (line := p.stderr.readline()) and "serving" not in line:
+                err += line
+            if line:
+                return None, line
+            p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+            p.stderr.close()
+        return p.returncode, err
+
+    code, err = serve('{"strict": true}')
+    assert code == 1 and "Traceback" not in err, (code, err)
+    assert ("error: --chat-template-kwargs: the chat template refuses a conversation of one user message with these "
+            f"variables ({tmp_path / 'e' / 'export' / 'tokenizer_config.json'}: chat template: strict: no user "
+            "messages)") in err, err
+    code, line = serve('{"strict": false}')
+    assert code is None and "serving" in line, line
+
+
 def test_an_onnx_runtime_error_is_a_server_error(failing_verify):  # noqa: F811
     """ONNX Runtime's own error at an engine's call (the target edited so that a call of 4 rows
     fails: a 4-token prompt's prefill runs on verify.3) is a 500 server_error naming the engine

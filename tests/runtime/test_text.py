@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -3270,6 +3271,11 @@ def test_run_says_when_a_seed_may_not_repeat_and_when_chat_templates_nothing(wor
     p.write_text(json.dumps({"prompt": "w5 w6"}) + "\n")
     r = CliRunner().invoke(main, [*base, "--chat", "--governor", "fixed:3"])
     assert r.exit_code == 0 and "note: --chat" not in r.output, r.output
+    # and `specrt chat` says it too (a walk, w72c: the same --seed under auto gave other answers each chat, unsaid)
+    for gov, more, said in (("adaptive", [], True), ("fixed:3", [], False), ("adaptive", ["--reproducible"], False)):
+        r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "3", *seeded, "--governor", gov, *more],
+                               input="w5 w6\n")
+        assert r.exit_code == 0 and ("note: --seed 7: under" in r.output) == said, (gov, more, r.output)
     # --chat-template-kwargs where no prompt goes through the template (a README walk: taken without a word)
     kw = ["--chat-template-kwargs", '{"x": 1}', "--governor", "fixed:3"]
     said = "note: --chat-template-kwargs: no prompt"
@@ -3835,6 +3841,80 @@ def test_chat_template_jinja_is_read_as_utf8(tmp_path):
     f = _chat_folder(tmp_path / "u", {})
     (f / "chat_template.jinja").write_text("\u00e9\u4e2d {{ messages[0].content }}", encoding="utf-8")
     assert Text(f).render_chat("hi") == "\u00e9\u4e2d hi"
+
+
+def test_a_chat_template_jinja_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
+    """A walk's (w72c) hand-edited template saved in Latin-1: every command that loaded the
+    tokenizer ended in a UnicodeDecodeError's traceback; now a UserError naming the file."""
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "u", {})
+    (f / "chat_template.jinja").write_bytes(b"caf\xe9 {{ messages[0].content }}")
+    with pytest.raises(UserError, match=f"^{re.escape(str(f / 'chat_template.jinja'))}: not valid UTF-8 text "
+                                        r"\(invalid continuation byte at byte 3\)"):
+        Text(f)
+
+
+@pytest.mark.parametrize("tpl, error", [("{{ 1 / 0 }}", "ZeroDivisionError"),
+                                        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+                                        ("{% for i in range(1000000) %}{% endfor %}", "OverflowError: Range too big"),
+                                        ("{{ 10.0 ** 1000 }}", "OverflowError")])
+def test_a_template_failing_in_its_own_sums_or_recursion_is_a_user_error(tmp_path, tpl, error):
+    """A walk's (w72c) hand-written templates: a division by zero, a macro calling itself and
+    the sandbox's range limit were tracebacks (and at export, which renders the template
+    once); now a UserError naming the template's file, as its other errors are."""
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "a", {"chat_template": tpl})
+    with pytest.raises(UserError, match=f"^{re.escape(str(f / 'tokenizer_config.json'))}: chat template: "
+                                        f"{re.escape(error)}"):
+        Text(f).render_chat("hi")
+
+
+def test_a_template_rendering_no_tokens_is_named_not_said_as_an_empty_prompt(tmp_path):
+    """A walk's (w72c): a hand-written template that renders a conversation as nothing (here
+    where a variable asks it to) was said as "the prompt is empty" by run, chat and serve, of
+    a conversation that was not, naming no template; now each names the template's file, exit
+    1 (serve: 400, the file left out), no traceback."""
+    from specrt.cmd_serve import Server, make_server
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.text import Text
+    from tests.cli.test_serve import _post
+    from tests.fixtures_models import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**good, "chat_template": "{% if not blank %}" + good["chat_template"] + "{% endif %}"}))
+    assert Text(target).encode("w4", True) == [1, 4, 2]
+    with pytest.raises(UserError, match=f"^{re.escape(str(cfg))}: chat template: rendered the conversation as an "
+                                        "empty prompt$"):
+        Text(target).encode([{"role": "user", "content": "w4"}], True, {"blank": True})
+    export(target, None, tmp_path / "x")
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    said = f"{tmp_path / 'e' / 'export' / 'tokenizer_config.json'}: chat template: rendered the conversation as an " \
+           "empty prompt"
+    blank = ["--chat-template-kwargs", '{"blank": true}']
+    for args, given in ((["run", "--prompt", "w4", "--chat"], None), (["chat"], "w4\n")):
+        r = CliRunner().invoke(main, [args[0], str(tmp_path / "e"), *args[1:], "--governor", "off", *blank],
+                               input=given)
+        assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (args, r.output)
+    app = Server(tmp_path / "e", "off", SamplingParams(), 4, "tiny", log=lambda s: None)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        code, body = _post(f"http://127.0.0.1:{httpd.server_address[1]}", "/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "w4"}], "chat_template_kwargs": {"blank": True}})
+        assert code == 400 and body["error"]["message"] == "chat template: rendered the conversation as an empty " \
+                                                           "prompt", body
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
 
 
 def test_a_tokenizer_json_tokenizers_refuses_is_said_with_tokenizers_reason(tmp_path):
