@@ -2316,20 +2316,10 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
     conversation that the template refuses (its raise_exception) got that server path in its
     400 (a review). The client reads the template's words alone."""
     from specrt.cmd_serve import Server, make_server
-    from specrt.engines import build_engines
-    from specrt.export.export import export
-    from tests.fixtures_models import write_tiny_target
-    from tests.runtime.test_text import _words
+    from tests.runtime.test_text import templated_engines
 
-    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
-    _words(target)
-    cfg = target / "tokenizer_config.json"
-    good = json.loads(cfg.read_text())
-    cfg.write_text(json.dumps({**good, "chat_template": "{% if messages[0].role == 'system' %}{{ raise_exception("
-                                                        "'no system prompt') }}{% endif %}" + good["chat_template"]}))
-    export(target, None, tmp_path / "x")
-    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=64)
+    templated_engines(tmp_path, "{% if messages[0].role == 'system' %}{{ raise_exception('no system prompt') }}"
+                                "{% endif %}")
     app = Server(tmp_path / "e", "off", SamplingParams(), 4, "tiny", log=lambda s: None)
     httpd = make_server(app, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -2348,6 +2338,27 @@ def test_a_template_that_refuses_a_conversation_answers_400_without_the_servers_
         app.close()
 
 
+def start_serving(*args: str) -> tuple[int | None, str]:
+    """`specrt serve ARGS` in a process of its own, read until it says it serves: (None, that
+    line), the server then stopped; or (its exit code, what it wrote to stderr) where it
+    stopped first."""
+    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", *args], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "SPECRT_THP": "0"})
+    err = ""
+    try:
+        while (line := p.stderr.readline()) and "serving" not in line:
+            err += line
+        if line:
+            return None, line
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=60)
+        p.stderr.close()
+    return p.returncode, err
+
+
 def test_serve_refuses_engines_without_a_tokenizer_before_it_serves(tmp_path):
     """Engines of a target with no tokenizer.json: `specrt serve` said it served, then answered
     every request 400 "text prompts need the target's tokenizer", a completion of token ids too
@@ -2363,20 +2374,8 @@ def test_serve_refuses_engines_without_a_tokenizer_before_it_serves(tmp_path):
     assert [s for s in said if "no tokenizer.json" in s and "specrt serve (its answers are text) need it" in s], said
     build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
                   profile_pasts=(16,), max_context=64)
-    p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "e"), "--port", "0"],
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECRT_THP": "0"})
-    err = ""
-    try:
-        while (line := p.stderr.readline()) and "serving" not in line:
-            err += line
-        assert not line, f"it served: {line}"
-        p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=60)
-        p.stderr.close()
-    assert p.returncode == 1 and "Traceback" not in err, err
+    code, err = start_serving(str(tmp_path / "e"), "--port", "0")
+    assert code == 1 and "Traceback" not in err, err
     assert f"error: {tmp_path / 'e' / 'export'}: no tokenizer.json; specrt serve answers in text" in err, err
 
 
@@ -2385,38 +2384,12 @@ def test_serve_refuses_template_variables_its_template_refuses_before_it_serves(
     refuses (its raise_exception) said it served, then answered every chat request 400
     blaming the client's 'messages'. It now refuses at its start, exit 1, naming the option and
     the template's file; variables the template takes serve."""
-    from specrt.engines import build_engines
-    from specrt.export.export import export
-    from tests.fixtures_models import write_tiny_target
-    from tests.runtime.test_text import _words
+    from tests.runtime.test_text import templated_engines
 
-    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
-    _words(target)
-    cfg = target / "tokenizer_config.json"
-    good = json.loads(cfg.read_text())
-    cfg.write_text(json.dumps({**good, "chat_template": "{% if strict %}{{ raise_exception('strict: no user "
-                                                        "messages') }}{% endif %}" + good["chat_template"]}))
-    export(target, None, tmp_path / "x")
-    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=64)
+    templated_engines(tmp_path, "{% if strict %}{{ raise_exception('strict: no user messages') }}{% endif %}")
 
     def serve(variables: str) -> tuple[int | None, str]:
-        p = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(tmp_path / "e"), "--port", "0",
-                              "--chat-template-kwargs", variables], stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "SPECRT_THP": "0"})
-        err = ""
-        try:
-            while (line := p.stderr.readline()) and "serving" not in line:
-                err += line
-            if line:
-                return None, line
-            p.wait(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=60)
-            p.stderr.close()
-        return p.returncode, err
+        return start_serving(str(tmp_path / "e"), "--port", "0", "--chat-template-kwargs", variables)
 
     code, err = serve('{"strict": true}')
     assert code == 1 and "Traceback" not in err, (code, err)

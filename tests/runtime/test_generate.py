@@ -1326,16 +1326,15 @@ def test_a_newer_stream_supersedes_an_unfinished_one(pair):
 
 
 
-def test_streams_of_one_generator_from_two_threads_take_turns(pair, monkeypatch):
-    """Generator.stream from two threads (its own lock, not a Session's): a stream started
-    while another thread's is inside a round waits for that round, and its tokens are the
-    target's; the older is superseded or finishes first. Without the lock in Stream.__next__
-    the older round's rows went into the newer stream's caches (mutation round m72c). Thread
-    A is held just after the target call of its first round."""
+def two_threads(monkeypatch, a_tokens, b_stream) -> dict:
+    """Thread A runs ``a_tokens()`` (its tokens; a UserError's words) and is held just after
+    the target call of its first round (its second: the prefill's is the first); thread B then
+    opens ``b_stream()`` and takes its first chunk (it waits for A's round where the streams
+    take turns), A goes on, then B takes the rest. {"a": A's result, "b": B's tokens or its
+    error's repr} (for tests of streams from two threads)."""
     import threading
 
-    _, engines = pair
-    run, held, go = G.Generator._run, threading.Event(), threading.Event()
+    run, held, go, b_started, b_go = G.Generator._run, *(threading.Event() for _ in range(4))
     calls = {"a": 0}
 
     def run_holding_a(self, runner, feeds, what):
@@ -1347,21 +1346,18 @@ def test_streams_of_one_generator_from_two_threads_take_turns(pair, monkeypatch)
                 go.wait(10)
         return out
 
-    other = [7, 7, 2, 5, 1]
-    want_a, want_b = (_gen(engines, OffGovernor(DEPTHS)).generate(p, 12) for p in (PROMPT, other))
-    g = _gen(engines, FixedGovernor(DEPTHS, 2))
     monkeypatch.setattr(G.Generator, "_run", run_holding_a)
-    got, b_started, b_go = {}, threading.Event(), threading.Event()
+    got = {}
 
     def a():
         try:
-            got["a"] = g.generate(PROMPT, 12)
+            got["a"] = a_tokens()
         except UserError as e:
             got["a"] = str(e)
 
     def b():
         try:
-            stream = g.stream(other, 12)
+            stream = b_stream()
             out = next(stream)
             b_started.set()
             b_go.wait(10)
@@ -1379,6 +1375,21 @@ def test_streams_of_one_generator_from_two_threads_take_turns(pair, monkeypatch)
     ta.join(10)
     b_go.set()
     tb.join(10)
+    monkeypatch.setattr(G.Generator, "_run", run)
+    return got
+
+
+def test_streams_of_one_generator_from_two_threads_take_turns(pair, monkeypatch):
+    """Generator.stream from two threads (its own lock, not a Session's): a stream started
+    while another thread's is inside a round waits for that round, and its tokens are the
+    target's; the older is superseded or finishes first. Without the lock in Stream.__next__
+    the older round's rows went into the newer stream's caches (mutation round m72c). Thread
+    A is held just after the target call of its first round."""
+    _, engines = pair
+    other = [7, 7, 2, 5, 1]
+    want_a, want_b = (_gen(engines, OffGovernor(DEPTHS)).generate(p, 12) for p in (PROMPT, other))
+    g = _gen(engines, FixedGovernor(DEPTHS, 2))
+    got = two_threads(monkeypatch, lambda: g.generate(PROMPT, 12), lambda: g.stream(other, 12))
     assert got["b"] == want_b, got
     assert got["a"] == want_a or "superseded" in got["a"], got
 
@@ -1647,6 +1658,21 @@ def test_a_winning_runner_ups_row_is_named_by_its_row_in_the_call(pair):
         _gen(_Hooked(engines, hook), from_spec("fixed:2:tree=3", DEPTHS)).generate(PROMPT * 3, 40)
 
 
+def target_rows(g) -> list[tuple[int, int]]:
+    """A list that each later target call of generator ``g`` adds its (input rows, logits
+    rows) to."""
+    rows, run = [], g._run
+
+    def spy(runner, feeds, what):
+        out, dt = run(runner, feeds, what)
+        if what == "target":
+            rows.append((feeds[C.INPUT_IDS].shape[1], out[C.LOGITS].shape[1]))
+        return out, dt
+
+    g._run = spy
+    return rows
+
+
 @pytest.mark.parametrize("chunk", [10_000, 10])
 def test_the_prefill_asks_for_its_last_rows_logits_only(pair, chunk, monkeypatch):
     """A prompt longer than every verify length runs on the prefill engine, which returns
@@ -1656,17 +1682,8 @@ def test_the_prefill_asks_for_its_last_rows_logits_only(pair, chunk, monkeypatch
     every row's logits), the output unchanged."""
     _, engines = pair
     monkeypatch.setattr(G, "PREFILL_CHUNK", chunk)
-    rows = []
     g = _gen(engines, FixedGovernor(DEPTHS, 2))
-    run = g._run
-
-    def spy(runner, feeds, what):
-        out, dt = run(runner, feeds, what)
-        if what == "target":
-            rows.append((feeds[C.INPUT_IDS].shape[1], out[C.LOGITS].shape[1]))
-        return out, dt
-
-    g._run = spy
+    rows = target_rows(g)
     prompt = PROMPT * 3
     assert len(prompt) == 24 and len(prompt) > max(DEPTHS) + 1
     out = g.generate(prompt, 12)
@@ -1685,17 +1702,8 @@ def test_a_two_row_prefill_on_the_dynamic_runner_asks_for_its_last_row_only(pair
 
     _, engines = pair
     monkeypatch.delitem(engines.runners, verify_role(1))
-    rows = []
     g = _gen(engines, FixedGovernor(DEPTHS, 1))
-    run = g._run
-
-    def spy(runner, feeds, what):
-        out, dt = run(runner, feeds, what)
-        if what == "target":
-            rows.append((feeds[C.INPUT_IDS].shape[1], out[C.LOGITS].shape[1]))
-        return out, dt
-
-    g._run = spy
+    rows = target_rows(g)
     out = g.generate([3, 1], 8)
     assert rows[0] == (2, 1) and all(s == n for s, n in rows[1:]) and (2, 2) in rows[1:], rows
     assert out == _gen(engines, OffGovernor(DEPTHS)).generate([3, 1], 8)

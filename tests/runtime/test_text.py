@@ -127,6 +127,25 @@ def _words(t, special: tuple[str, ...] = ()) -> None:
         "{% if add_generation_prompt %}w2{% if cue is defined %} {{ cue }}{% endif %}{% endif %}")}))
 
 
+def templated_engines(tmp_path, before: str, after: str = "") -> Path:
+    """Engines (a tiny Llama with ``_words``' tokenizer, depth 1, context 64) in tmp_path/"e",
+    whose chat template is ``_words``' between ``before`` and ``after`` (a template that
+    refuses, or renders nothing, on some condition); its target in tmp_path/"t"."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    cfg = target / "tokenizer_config.json"
+    good = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps({**good, "chat_template": before + good["chat_template"] + after}))
+    export(target, None, tmp_path / "x")
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    return tmp_path / "e"
+
+
 def test_stop_strings_end_the_same_text_and_tokens_under_every_governor(worded):
     from specrt.runtime.session import Session
 
@@ -2444,55 +2463,13 @@ def test_streams_of_one_session_from_two_threads_take_turns(worded, gov, monkeyp
     tokens are the target's (the older round's rows were committed into its caches: other
     tokens under ``off``, an InternalError with a draft), the older one is superseded or
     finishes first. Thread A is held just after an engine call of its second round."""
-    import threading
-
-    from specrt.runtime import generate as G
     from specrt.runtime.session import Session
-
-    run, held, go, b_started, b_go = G.Generator._run, threading.Event(), threading.Event(), \
-        threading.Event(), threading.Event()
-    calls = {"a": 0}
-
-    def run_holding_a(self, runner, feeds, what):
-        out = run(self, runner, feeds, what)
-        if threading.current_thread().name == "A" and what == "target":
-            calls["a"] += 1
-            if calls["a"] == 2:  # inside A's first round, its rows not committed yet
-                held.set()
-                go.wait(10)
-        return out
+    from tests.runtime.test_generate import two_threads
 
     with Session(worded, governor=gov) as s:
         want_a, want_b = (list(t for c in s.stream_ids(p, 24) for t in c) for p in ([3, 1, 4], [5, 9, 2, 6, 5]))
-        monkeypatch.setattr(G.Generator, "_run", run_holding_a)
-        got = {}
-
-        def a():
-            try:
-                got["a"] = [t for c in s.stream_ids([3, 1, 4], 24) for t in c]
-            except UserError as e:
-                got["a"] = str(e)
-
-        def b():
-            try:
-                stream = s.stream_ids([5, 9, 2, 6, 5], 24)
-                out = next(stream)
-                b_started.set()
-                b_go.wait(10)
-                got["b"] = out + [t for c in stream for t in c]
-            except Exception as e:  # noqa: BLE001 (the test reports it)
-                got["b"] = repr(e)
-
-        ta = threading.Thread(target=a, name="A")
-        ta.start()
-        assert held.wait(10)
-        tb = threading.Thread(target=b, name="B")
-        tb.start()
-        b_started.wait(1)  # (with turns, B waits for A's round: it cannot start while A is held)
-        go.set()
-        ta.join(10)
-        b_go.set()
-        tb.join(10)
+        got = two_threads(monkeypatch, lambda: [t for c in s.stream_ids([3, 1, 4], 24) for t in c],
+                          lambda: s.stream_ids([5, 9, 2, 6, 5], 24))
     assert got["b"] == want_b, got
     assert got["a"] == want_a or "superseded" in got["a"], got
 
@@ -3877,25 +3854,16 @@ def test_a_template_rendering_no_tokens_is_named_not_said_as_an_empty_prompt(tmp
     a conversation that was not, naming no template; now each names the template's file, exit
     1 (serve: 400, the file left out), no traceback."""
     from specrt.cmd_serve import Server, make_server
-    from specrt.engines import build_engines
-    from specrt.export.export import export
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.text import Text
     from tests.cli.test_serve import _post
-    from tests.fixtures_models import write_tiny_target
 
-    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
-    _words(target)
-    cfg = target / "tokenizer_config.json"
-    good = json.loads(cfg.read_text())
-    cfg.write_text(json.dumps({**good, "chat_template": "{% if not blank %}" + good["chat_template"] + "{% endif %}"}))
-    assert Text(target).encode("w4", True) == [1, 4, 2]
+    templated_engines(tmp_path, "{% if not blank %}", "{% endif %}")
+    cfg = tmp_path / "t" / "tokenizer_config.json"
+    assert Text(tmp_path / "t").encode("w4", True) == [1, 4, 2]
     with pytest.raises(UserError, match=f"^{re.escape(str(cfg))}: chat template: rendered the conversation as an "
                                         "empty prompt$"):
-        Text(target).encode([{"role": "user", "content": "w4"}], True, {"blank": True})
-    export(target, None, tmp_path / "x")
-    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(16,), max_context=64)
+        Text(tmp_path / "t").encode([{"role": "user", "content": "w4"}], True, {"blank": True})
     said = f"{tmp_path / 'e' / 'export' / 'tokenizer_config.json'}: chat template: rendered the conversation as an " \
            "empty prompt"
     blank = ["--chat-template-kwargs", '{"blank": true}']
