@@ -48,7 +48,7 @@ class SamplingParams:
         if isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool) and self.seed == -1:
             object.__setattr__(self, "seed", None)  # vLLM's "no seed"
         real = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)  # noqa: E731
-        if not (real(self.temperature) and np.isfinite(self.temperature) and self.temperature >= 0):
+        if not (real(self.temperature) and _finite(self.temperature) and self.temperature >= 0):
             raise UserError(f"temperature={self.temperature!r}: expected a finite number >= 0 (0 = greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise UserError(f"top_k={self.top_k!r}: expected an integer >= -1 (0 or -1: off)")
@@ -80,6 +80,15 @@ class SamplingParams:
         if self.coupled:
             d["coupled"] = True
         return d
+
+
+def _finite(v) -> bool:
+    """Whether a real number is finite: an integer past a float's range (10**400) is not
+    (np.isfinite raised TypeError on it, not the option's UserError: w73c)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

@@ -549,8 +549,9 @@ def session_warnings(s) -> None:
 def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list,
               template_kwargs: dict | None = None) -> list[str]:
     """What `specrt run` says of options that will not do what they may seem to (a user walk):
-    --seed under a governor whose rounds follow measured times (`specrt chat` too), --chat
-    beside token ids, --chat-template-kwargs where no prompt goes through the template."""
+    --seed under a governor whose rounds follow measured times (`specrt chat` too), --reproducible
+    without a seed, --chat beside token ids, --chat-template-kwargs where no prompt goes through
+    the template."""
     from specrt.prompt_files import template_notes
     from specrt.runtime.governor import split_lookup, split_tree
 
@@ -563,6 +564,10 @@ def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list
         notes.append(f"--seed {seed}: under {governor} the rounds follow measured times, so the same seed may sample "
                      "another text (of the same distribution); off and fixed:K repeat it, and --reproducible "
                      "gives off's text under every governor")
+    if params.coupled and not params.greedy and params.seed is None:  # (a fresh seed each run: another text each
+        # run, unsaid, a walk, w73c)
+        notes.append("--reproducible without --seed draws a fresh seed each run, so the text is not repeated run "
+                     "after run; give --seed S to repeat it")
     return notes + template_notes(chat, prompts, template_kwargs)
 
 
@@ -890,7 +895,10 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
     during an answer stops it (what was printed stays in the conversation; before its first
     token, the turn is dropped); an engine failing an answer (NaN logits, ONNX Runtime's own
     error) is said and the turn dropped, the conversation going on, and the chat exits 1 at
-    its end; an empty line (or one of spaces) or the end of input ends the conversation."""
+    its end; an empty line (or one of spaces) or the end of input ends the conversation.
+    With --seed S the conversation's turn k (from 0) samples with seed S + k."""
+    from dataclasses import replace
+
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.text import not_text
@@ -917,7 +925,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
         if n + 2 > ctx:
             raise UserError(f"--system: with an empty turn the system prompt makes a prompt of {n} tokens; the "
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
-        failed = answered = 0  # turns an engine failed; turns answered (in whole or stopped)
+        failed = answered = asked = 0  # turns an engine failed; turns answered (in whole or stopped); streams begun
 
         def tokens(conversation: list[dict]) -> tuple[int, bool]:
             """(the conversation's tokens, False), or (a lower bound on them, True) where that is
@@ -965,6 +973,11 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                 if dropped:
                     click.echo(f"[dropped the oldest {dropped} turn(s) to fit the context of "
                                f"{s.engines.max_context} tokens]", err=True)
+                if params.seed is not None:  # turn k (from 0) samples with --seed + k, as serve's choice j with
+                    # seed + j: every turn drew the seed's same numbers (under --reproducible its same noise), so a
+                    # second turn's first token was the first's 164 times in 300, against 23 drawn apart (w73c)
+                    s.generator.params = replace(params, seed=params.seed + asked)
+                asked += 1
                 stream = s.stream(messages, max_new_tokens=max_new_tokens)
                 for piece in stream:
                     click.echo(piece, nl=False, color=True)  # escape sequences too, as in run

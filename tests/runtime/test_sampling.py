@@ -72,6 +72,14 @@ def test_bad_options_are_user_errors():
             SamplingParams(**kw)
 
 
+def test_a_temperature_past_a_floats_range_is_a_user_error():
+    """An integer temperature past a float's range (10**400, as Python's JSON or a script
+    gives it): np.isfinite raised TypeError, a traceback, not the option's error (walk w73c)."""
+    with pytest.raises(UserError, match="temperature=1000.*expected a finite number"):
+        SamplingParams(temperature=10**400)
+    assert SamplingParams(temperature=10**300).mode == "temperature=1e+300,top_k=0,top_p=1"  # a float's range: taken
+
+
 def test_nan_and_inf_logits_raise_naming_the_position():
     x = np.zeros((3, 4))
     x[2, 1] = np.nan

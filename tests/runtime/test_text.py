@@ -1980,6 +1980,42 @@ def test_run_reproducible_samples_the_target_only_text_of_its_seed(worded, tmp_p
     assert said["off"].stdout == said["fixed:3"].stdout and said["off"].stdout.strip(), said["off"].output
 
 
+def test_chat_samples_each_turn_with_a_seed_of_its_own(worded):
+    """`specrt chat --seed S`: turn k samples with S + k, so that under --reproducible it is the
+    text `--governor off` samples for that conversation with S + k. Every turn drew the seed's
+    same numbers (the same noise under --reproducible): a second turn's first token was the
+    first's 164 times in 300 against 23 drawn apart, the turns not sampled as the target
+    samples a conversation (walk w73c)."""
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "12", "--temperature", "1.0", "--seed", "5",
+                                  "--reproducible", "--governor", "fixed:3"], input="w6 w7\nw6 w7\nw3\n")
+    assert r.exit_code == 0, r.output
+    answers = r.stdout.split("\n")[:3]
+    conversation = []
+    for k, (turn, answer) in enumerate(zip(("w6 w7", "w6 w7", "w3"), answers)):
+        conversation.append({"role": "user", "content": turn})
+        with Session(worded, governor="off", sampling=SamplingParams(temperature=1.0, seed=5 + k, coupled=True)) as s:
+            assert "".join(s.stream(conversation, chat=True, max_new_tokens=12)) == answer, (k, r.output)
+        conversation.append({"role": "assistant", "content": answer})
+
+
+def test_reproducible_without_a_seed_is_said_to_repeat_nothing(worded):
+    """`specrt run --temperature 1 --reproducible` without --seed drew a fresh seed each run and
+    sampled another text each time, without a word (walk w73c); run and chat say so, and say
+    nothing with a seed or at temperature 0 (where the option's own note says it changes nothing)."""
+    said = "note: --reproducible without --seed draws a fresh seed each run"
+    for cmd, args, says in ((["run", "--prompt", "w1 w2"], ["--temperature", "1"], True),
+                            (["run", "--prompt", "w1 w2"], ["--temperature", "1", "--seed", "-1"], True),
+                            (["run", "--prompt", "w1 w2"], ["--temperature", "1", "--seed", "3"], False),
+                            (["run", "--prompt", "w1 w2"], [], False), (["chat"], ["--temperature", "1"], True),
+                            (["chat"], ["--temperature", "1", "--seed", "3"], False)):
+        r = CliRunner().invoke(main, [cmd[0], str(worded), *cmd[1:], "--max-new-tokens", "2", "--reproducible", *args],
+                               input="w1 w2\n")
+        assert r.exit_code == 0 and (said in r.output) == says, (cmd, args, r.output)
+
+
 def test_the_coupled_sampling_experiment_runs_and_checks_its_promise(worded, tmp_path, capsys):
     from tests.real_model import tool
 
