@@ -42,7 +42,7 @@ import numpy as np
 
 from specrt.errors import UserError
 from specrt.paths import check_path_args, folder_lock as _folder_lock, write_atomic
-from specrt.prompt_files import CONVERSATION, conversation_problem
+from specrt.prompt_files import CONVERSATION, check_each, conversation_problem
 
 from .governor import Calibration, FixedGovernor, auc, ece
 from .sampling import SamplingParams
@@ -199,6 +199,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected >= 3 (the prefill makes the first token, and "
                         "a draft round needs the next two)")
     names = [f"prompt {i + 1}" for i in range(len(prompts))]
+    split_problem: UserError | None = None
     if holdout_prompts is not None:
         extra = list(holdout_prompts)
         if not extra:
@@ -207,7 +208,12 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         prompts += extra
         names += [f"held-out prompt {j + 1}" for j in range(len(extra))]
     else:
-        train_idx, hold_idx = split_prompts(len(prompts), holdout)
+        try:
+            train_idx, hold_idx = split_prompts(len(prompts), holdout)
+        except UserError as e:  # one prompt under a --holdout: said once the prompts are checked, with their own
+            if len(prompts) > 1 or not 0.0 <= holdout < 1.0:  # problems (a prompt past the context was said only on
+                raise  # the next try, after --holdout 0: session 71's calibrate walk, 7)
+            split_problem, train_idx, hold_idx = e, [0], []
     if labels is not None:
         names = [str(x) for x in labels]
         if len(names) != len(prompts):
@@ -221,19 +227,24 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         digest = s.engines.manifest["export"]["digest"]
         engines = s.engines
         s.chat_option = "--chat"  # (said in `specrt calibrate`'s terms, as its other errors)
-        ids = []
-        for name, p in zip(names, prompts):  # every one before the first decodes (a bad line 9 cost 8 prompts' work)
-            try:
-                ids.append(_encode(s, p, chat, max_new_tokens))
-            except UserError as e:
-                raise UserError(f"{name}: {e}; no prompt was decoded") from None
+        try:  # every one before the first decodes (a bad line 9 cost 8 prompts' work)
+            ids = check_each(prompts, lambda p: _encode(s, p, chat, max_new_tokens), names)
+        except UserError as e:
+            if split_problem is None:
+                raise
+            raise UserError(f"{e}. Also: {split_problem}") from None
+        if split_problem is not None:
+            raise split_problem
         if sampling.greedy:  # (a walk, session 71: 6 identical prompts, "held-out" ECE 0.025 on the training rounds)
             seen = {tuple(ids[j]) for j in train_idx}
             same = [names[i] for i in hold_idx if tuple(ids[i]) in seen]
-            if same:
-                log(f"note: {len(same)} of the {len(hold_idx)} held-out prompts repeat a training prompt ("
-                    + ", ".join(same[:3]) + (", ..." if len(same) > 3 else "") + "): greedy decoding repeats its "
-                    "rounds, so the held-out ECE is measured in part on the training rounds")
+            if same:  # (all of them were said as "2 of the 2 ... measured in part on the training rounds": h73a)
+                k, h = len(same), len(hold_idx)
+                who = (f"{k} of the {h} held-out prompts {'repeats' if k == 1 else 'repeat'}" if k < h
+                       else "the held-out prompt repeats" if h == 1 else f"all {h} held-out prompts repeat")
+                log(f"note: {who} a training prompt (" + ", ".join(same[:3]) + (", ..." if k > 3 else "")
+                    + "): greedy decoding repeats its rounds, so the held-out ECE is measured "
+                    + ("in part " if k < h else "") + "on the training rounds")
         per_prompt: list[list[Round]] = []
         per_prompt_ranks: list[tuple[list[int], list[int]]] = []
         endings: list[str | None] = []  # how each answer ended (Finished.reason)
@@ -365,7 +376,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             raise UserError(f"{path}: cannot write the calibration ({e.strerror or e})") from None
         report["file"] = str(path)
         was = modes.get(sampling.mode)  # (replaced without a word: a fit of 8 rounds over one of 51)
-        log(f"wrote {path} ({sampling.mode}: {cal.kind}, {len(train)} rounds"
+        log(f"wrote {path} ({sampling.mode}: {KIND_WORDS[cal.kind]}, {len(train)} round{'s' * (len(train) != 1)}"
             + (f"; kept {', '.join(kept)}" if kept else "")
             + (f"; it replaces the {sampling.mode} calibration of {was.get('rounds', '?')} rounds made "
                f"{was.get('created', 'earlier')}" if was else "") + ")")
@@ -398,17 +409,29 @@ def worse_fit_note(survival: dict, evaluated_on: str, rounds: int) -> str | None
             "longer answers")
 
 
+# Calibration.KINDS in words, as the report and the log say them
+KIND_WORDS = {"histogram": "histogram binning", "isotonic": "isotonic regression", "temperature": "temperature scaling"}
+
+
 def format_report(r: dict) -> str:
     """A per-position table of the report, for the command line."""
     def f(v):
         return "   -  " if v is None else f"{v:6.3f}"
 
+    def n(k, noun):
+        return f"{k} {noun}{'s' * (k != 1)}"
+
     c, s = r["ece"]["conditional"], r["ece"]["survival"]
     ev = r["evaluated_on"]  # "holdout" or "train": the counts of the rounds the ECE is measured on
-    lines = [f"calibration ({r['kind']}, {r.get('mode', 'greedy')}) fitted on {r['prompts']['train']} prompts / {r['rounds']['train']} rounds; "
-             f"evaluated on {ev} ({r['prompts'][ev]} prompts, {r['rounds'][ev]} rounds); "
-             f"depth {r['depth']}, chain tau {r['tau']:.2f} over all {r['prompts']['train'] + r['prompts']['holdout']} "
-             "prompts (a token tree's runner-up wins not counted)",
+    every = r["prompts"]["train"] + r["prompts"]["holdout"]
+    # (it said "calibration (temperature, greedy)", the kind read as a sampling temperature; "evaluated on train"
+    # without a word that the fit's own rounds measure it; "1 prompts": a walk, h73a)
+    lines = [f"calibration by {KIND_WORDS.get(r['kind'], r['kind'])} for {r.get('mode', 'greedy')} decoding, fitted on "
+             f"{n(r['prompts']['train'], 'prompt')} / {n(r['rounds']['train'], 'round')}; evaluated on "
+             + ("the held-out prompts" if ev == "holdout" else "the training prompts, in-sample")
+             + f" ({n(r['prompts'][ev], 'prompt')}, {n(r['rounds'][ev], 'round')}); depth {r['depth']}, chain tau "
+             f"{r['tau']:.2f} over {'all ' * (every != 1)}{n(every, 'prompt')} (a token tree's runner-up wins not "
+             "counted)",
              "  pos |  n reach  accept  ECE c before  after  AUC c | n verif  surviv  ECE S before  after  AUC S"]
     for k in range(r["depth"]):
         lines.append(f"  {k + 1:3d} | {c['n'][k]:7d}  {f(c['observed'][k])}        {f(c['before'][k])} {f(c['after'][k])}"

@@ -524,11 +524,10 @@ class StopScanner:
         for s in stops:
             if not isinstance(s, str) or not s:
                 raise UserError(f"stop string {s!r}: expected a non-empty string")
-            try:  # bytes that were not UTF-8 (`--stop $'\xe9'` from a Latin-1 terminal) reach Python as lone
-                s.encode("utf-8")  # surrogates, which no decoded answer holds: the stop never matched, unsaid
-            except UnicodeEncodeError:
-                raise UserError(f"stop string {s!r}: not valid UTF-8 text (a byte that was not UTF-8, or a UTF-16 "
-                                "half from a JSON \\uXXXX escape), which no answer holds") from None
+            # bytes that were not UTF-8 (`--stop $'\xe9'` from a Latin-1 terminal) reach Python as lone
+            # surrogates, which no decoded answer holds: the stop never matched, unsaid
+            if (problem := not_text(s, f"stop string {s!r}")) is not None:
+                raise UserError(f"{problem}; no answer holds it")
         self.stops = stops
         self.keep = max((len(s) for s in stops), default=1) - 1
         self.held = ""

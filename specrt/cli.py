@@ -641,7 +641,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 
     from specrt.paths import check_distinct, check_not_engines_file, check_output_file
     from specrt.runtime.governor import is_dspark
-    from specrt.prompt_files import is_token_ids
+    from specrt.prompt_files import check_each, is_token_ids
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.session import Session
     from specrt.runtime.telemetry import Telemetry
@@ -679,12 +679,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             raise UserError(f"--stop: stop strings need text, and {s.engines.export_dir} has no tokenizer.json")
         inputs = prompts  # what is streamed: --prompts' lines as the ids checked here, encoded once
         if prompts_file is not None:  # every line before the first is decoded (a bad one cost the answers before it)
-            inputs = []
-            for i, p in enumerate(prompts):
-                try:
-                    inputs.append(s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens))
-                except UserError as e:
-                    raise UserError(f"{prompts_file}:{lines[i]}: {e}; no prompt was decoded") from None
+            inputs = check_each(prompts, lambda p: s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens),
+                                [f"{prompts_file}:{n}" for n in lines])
         if is_dspark(governor):  # (said once the prompts are known good: it came before a bad prompt's error)
             click.echo(f"{governor}: {s.calibration_note}", err=True)
         for note in run_notes(governor, params, seed, chat, prompts, s.chat_template_kwargs):
@@ -861,7 +857,11 @@ def _lookup_words(governor: str) -> str:
     from specrt.runtime.governor import wants_corpus, wants_grow
 
     more = [w for w, on in (("the corpus", wants_corpus(governor)), ("earlier answers", wants_grow(governor))) if on]
-    return "prompt lookup" if not more else "lookup in the context, " + " and ".join(more)
+    if not more:
+        return "prompt lookup"
+    # (a list: "lookup in the context, earlier answers in 7 rounds" read as two items of the closing line's)
+    where = ["the context", *more]
+    return f"lookup in {', '.join(where[:-1])} and {where[-1]}"
 
 
 def _prompting() -> bool:

@@ -62,6 +62,10 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
         check_output_file(report_file, "--report")
         check_not_engines_file(report_file, engines_dir, "--report")
     check_distinct(("--prompts", prompts_file), ("--holdout-prompts", holdout_file), ("--report", report_file))
+    source = click.get_current_context().get_parameter_source("holdout")
+    if holdout_file is not None and source not in (None, click.core.ParameterSource.DEFAULT):  # (ignored unsaid: h73a)
+        click.echo(f"note: --holdout {holdout:g} has no effect beside --holdout-prompts (every prompt of --prompts "
+                   "trains)", err=True)
 
     lines: list[int] = []
     held_lines: list[int] = []

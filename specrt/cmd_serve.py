@@ -1277,14 +1277,15 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.text import not_text
 
     _check_api_key(api_key)
     if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)
         raise UserError("--model-name: expected a non-empty name")
-    try:  # a byte that was not UTF-8 (`$'m\xe9'` from a Latin-1 terminal) was served as 'm\udce9', listed so
-        model_name is None or model_name.encode("utf-8")  # in /v1/models, and a request for "mé" was a 404
-    except UnicodeEncodeError:
-        raise UserError(f"--model-name {model_name!r}: not valid UTF-8 text (a byte that was not UTF-8)") from None
+    # a byte that was not UTF-8 (`$'m\xe9'` from a Latin-1 terminal) was served as 'm\udce9', listed so in
+    # /v1/models, and a request for "mé" was a 404
+    if model_name is not None and (problem := not_text(model_name, "--model-name")) is not None:
+        raise UserError(problem)
     if not 0 < write_timeout <= 3600:  # (nan and inf too: a socket takes neither)
         raise UserError(f"--write-timeout {write_timeout}: expected seconds, > 0 and at most 3600")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,

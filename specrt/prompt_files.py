@@ -130,6 +130,24 @@ def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None
     return items
 
 
+def check_each(prompts: list, check, names: list[str]) -> list:
+    """``check(p)`` of each prompt, every one checked before a UserError is raised: the first
+    refused prompt's error, named by its ``names`` entry, then which others were refused too
+    (a file's bad lines were said one run at a time), and that no prompt was decoded."""
+    out, bad = [], []
+    for name, p in zip(names, prompts):
+        try:
+            out.append(check(p))
+        except UserError as e:
+            bad.append((name, e))
+    if not bad:
+        return out
+    more = [name for name, _ in bad[1:]]
+    also = (f"; {len(more)} more {'is' if len(more) == 1 else 'are'} refused too ({', '.join(more[:3])}"
+            f"{', ...' if len(more) > 3 else ''})" if more else "")
+    raise UserError(f"{bad[0][0]}: {bad[0][1]}{also}; no prompt was decoded")
+
+
 def template_notes(chat: bool, prompts: list, template_kwargs: dict | None) -> list[str]:
     """What run, calibrate and bench say of --chat beside token ids and of
     --chat-template-kwargs where no prompt goes through the template (``prompts`` as

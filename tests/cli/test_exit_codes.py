@@ -51,7 +51,7 @@ from specrt.cli import main
     (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
     (["serve", "{tmp}", "--model-name", " "], "--model-name: expected a non-empty name"),  # served as the folder's
     # a byte that was not UTF-8 (Python's lone surrogate for it): served as 'm\udce9', and "mé" was a 404
-    (["serve", "{tmp}", "--model-name", "m\udce9"], "--model-name 'm\\udce9': not valid UTF-8 text"),
+    (["serve", "{tmp}", "--model-name", "m\udce9"], "--model-name is not valid UTF-8 text (byte 0xe9 after 'm'; "),
     # every other path argument and option (sampling_options.PathArg): '' was '.', refused as the working
     # folder (`-o ""`: "holds the input folder", "--stats .: is a folder") or served (`serve ""`)
     *(([*args[:-1], ""], f"Invalid value for '{name}': an empty path; expected a {kind}") for args, name, kind in (

@@ -306,8 +306,10 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     assert h["mode"] == "temperature=1.3,top_k=0,top_p=0.95" and h["sampling"]["temperature"] == 1.3
     # the report prices the calibration the sampled mode would otherwise start from
     assert g["other_mode"] is None and h["other_mode"]["mode"] == "greedy"
-    # no held-out prompts: the table names the rounds the ECE was measured on (it said "0 rounds")
-    assert f"evaluated on train ({g['prompts']['train']} prompts, {g['rounds']['train']} rounds)" in format_report(g)
+    # no held-out prompts: the table names the rounds the ECE was measured on (it said "0 rounds"), and says
+    # they are the fit's own (it said "evaluated on train": a walk, h73a)
+    assert f"evaluated on the training prompts, in-sample ({g['prompts']['train']} prompts, {g['rounds']['train']} " \
+        "rounds)" in format_report(g)
     # the summary's tau is the chains', over every prompt (a user walk: beside the per-prompt
     # lines' telemetry tau, which counts a tree's runner-up wins, it read as a second tau)
     assert f"chain tau {g['tau']:.2f} over all {g['prompts']['train'] + g['prompts']['holdout']} prompts (a token " \
@@ -360,6 +362,9 @@ def test_one_calibration_per_decoding_mode(small_vocab_engines, tmp_path):
     wrote = [x for x in said if x.startswith("wrote")]
     assert len(wrote) == 1 and f"{again['rounds']['train']} rounds; kept {h['mode']}; it replaces the greedy " \
         f"calibration of {g['rounds']['train']} rounds made {data['modes']['greedy']['created']})" in wrote[0], wrote
+    # (the kind in words: "(greedy: temperature, ...)" read as a sampling temperature; a walk, h73a)
+    words = {"histogram": "histogram binning", "isotonic": "isotonic regression", "temperature": "temperature scaling"}
+    assert f"(greedy: {words[again['kind']]}, {again['rounds']['train']} rounds;" in wrote[0], wrote
 
 
 def test_held_out_prompts_without_rounds_are_an_error(small_vocab_engines, tmp_path):
@@ -390,6 +395,14 @@ def test_held_out_prompts_repeating_training_ones_and_answers_cut_at_the_context
               labels=["a:1", "a:2", "a:3", "b:1", "b:2", "b:3"], write=False)
     assert ("note: 2 of the 3 held-out prompts repeat a training prompt (b:1, b:3): greedy decoding repeats its "
             "rounds, so the held-out ECE is measured in part on the training rounds") in said, said
+    # every held-out prompt a training one: not "in part" (a walk, h73a: "2 of the 2 ... in part")
+    for held, who in (([train[0]], "the held-out prompt repeats"),
+                      ([train[2], train[0]], "all 2 held-out prompts repeat")):
+        said.clear()
+        calibrate(eng, train, max_new_tokens=16, holdout_prompts=held, log=said.append, write=False)
+        notes = [x for x in said if x.startswith("note: ")]
+        assert len(notes) == 1 and notes[0].startswith(f"note: {who} a training prompt (held-out prompt 1") \
+            and notes[0].endswith("so the held-out ECE is measured on the training rounds"), said
     said.clear()
     calibrate(eng, train, max_new_tokens=16, holdout_prompts=[[1, 2] * ((C - 8) // 2)], log=said.append, write=False)
     assert not any(x.startswith("note:") for x in said), said
@@ -840,6 +853,38 @@ def test_cli_names_a_bad_held_out_prompt_by_its_file_and_line(engines, tmp_path)
         "vocabulary" in r.output and "; no prompt was decoded" in r.output, r.output
     with pytest.raises(UserError, match=r"^held-out prompt 2: prompt token id 10000000 .*; no prompt was decoded$"):
         calibrate(engines, [[1, 2, 3]], holdout_prompts=[[1, 2, 3], [4, 10000000]], write=False)
+
+
+def test_one_prompt_past_the_context_is_said_with_the_holdout_error(engines, tmp_path):
+    """Session 71's calibrate walk, 7 (h73a): one prompt past the context under the default
+    --holdout said "--holdout 0.25 needs at least 2 prompts (got 1)" alone, and only the next
+    try, with --holdout 0, said the prompt's length. Both are said in one run now, nothing
+    decoded; a good prompt alone still gets the --holdout error, before it is decoded."""
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"prompt_ids": [1] * 5000}) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf)])
+    assert r.exit_code == 1 and f"error: {pf}:1: the prompt has 5000 tokens; the engines' context limit is " in r.output \
+        and "; no prompt was decoded. Also: --holdout 0.25 needs at least 2 prompts (got 1); or pass --holdout 0" \
+        in r.output, r.output
+    pf.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf)])
+    assert r.exit_code == 1 and r.output == ("error: --holdout 0.25 needs at least 2 prompts (got 1); or pass "
+                                             "--holdout 0\n"), r.output
+    assert not (engines / CALIBRATION_FILE).exists()
+
+
+def test_holdout_given_beside_held_out_prompts_is_said_to_change_nothing(engines, tmp_path):
+    """A walk (h73a): `--holdout 0.5 --holdout-prompts H` ignored --holdout without a word (the
+    help says so, the run did not); a note says it, and only where --holdout was given."""
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [4, 5, 6]}\n')
+    (tmp_path / "h.jsonl").write_text('{"prompt_ids": [10000000]}\n')  # (refused: nothing decoded)
+    args = ["calibrate", str(engines), "--prompts", str(tmp_path / "p.jsonl"), "--holdout-prompts",
+            str(tmp_path / "h.jsonl")]
+    said = "note: --holdout 0.5 has no effect beside --holdout-prompts (every prompt of --prompts trains)\n"
+    r = CliRunner().invoke(cli(), [*args, "--holdout", "0.5"])
+    assert r.exit_code == 1 and r.output.startswith(said) and "h.jsonl:1: prompt token id" in r.output, r.output
+    r = CliRunner().invoke(cli(), args)
+    assert r.exit_code == 1 and "note:" not in r.output and "h.jsonl:1: prompt token id" in r.output, r.output
 
 
 def test_the_report_may_not_replace_a_prompt_file(engines, tmp_path):
@@ -1571,13 +1616,22 @@ def test_the_report_table_puts_each_number_in_its_column():
          "temperatures": None, "other_mode": None,
          "runner_ups": {"ranks": [2, 3], "rates": [0.25, None], "tries": [8.0, 0.0], "wins": [2.0, 0.0]}}
     lines = format_report(r).splitlines()
-    assert lines[0].startswith("calibration (histogram, greedy) fitted on 3 prompts / 20 rounds; evaluated on holdout "
-                               "(1 prompts, 7 rounds); depth 2, chain tau 1.50 over all 4 prompts"), lines[0]
+    assert lines[0].startswith("calibration by histogram binning for greedy decoding, fitted on 3 prompts / 20 rounds; "
+                               "evaluated on the held-out prompts (1 prompt, 7 rounds); depth 2, chain tau 1.50 over all "
+                               "4 prompts"), lines[0]
     assert [x.replace("|", " ").split() for x in lines[2:5]] == [
         ["1", "7", "0.500", "0.100", "0.050", "0.600", "7", "0.400", "0.300", "0.200", "0.700"],
         ["2", "3", "-", "0.200", "-", "-", "7", "0.100", "0.250", "0.150", "0.550"],
         ["all", "0.120", "0.070", "0.300", "0.200"]], lines
     assert lines[5] == "  kind chosen by 2-fold held-out ECE: histogram 0.0500, isotonic 0.0600"
+    # (a walk, h73a: "calibration (temperature, temperature=0.8,...)", the kind read as the sampling temperature;
+    # "1 prompts"; "evaluated on train" said nothing of the fit's own rounds measuring it)
+    one = {**r, "kind": "temperature", "mode": "temperature=0.8,top_k=0,top_p=1", "prompts": {"train": 1, "holdout": 0},
+           "rounds": {"train": 1, "holdout": 0}, "evaluated_on": "train"}
+    assert format_report(one).startswith(
+        "calibration by temperature scaling for temperature=0.8,top_k=0,top_p=1 decoding, fitted on 1 prompt / 1 round; "
+        "evaluated on the training prompts, in-sample (1 prompt, 1 round); depth 2, chain tau 1.50 over 1 prompt ("), \
+        format_report(one)
     assert lines[6] == ("  token trees: when the first draft is rejected, the runner-up of rank 2 wins 0.250 "
                         "(8 rounds), 3 wins - (0 rounds)")
     assert len(lines) == 8

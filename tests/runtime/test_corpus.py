@@ -4,6 +4,7 @@ over real engines (greedy identity) is in test_generate.py, `specrt corpus` in t
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -1026,26 +1027,40 @@ def test_a_growth_file_named_through_a_symlink_is_locked_in_its_own_folder(tiny_
         assert len(z["lengths"]) == 1
 
 
+@contextlib.contextmanager
+def _a_failed_growth_save(engines, grow, monkeypatch, fail, error):
+    """A session of ``engines`` growing ``grow``, one answer given, whose save_growth(grow)
+    raised ``error``: Growth.save was ``fail(save, self, ...)`` once (``save`` the real one,
+    put back before ``fail`` is called)."""
+    from specrt.runtime import corpus
+    from specrt.runtime.session import Session
+
+    save = corpus.Growth.save
+
+    def once(*a, **k):
+        monkeypatch.setattr(corpus.Growth, "save", save)
+        fail(save, *a, **k)
+
+    with Session(engines, governor="off:grow") as s:
+        assert s.load_growth(grow) == 0
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        monkeypatch.setattr(corpus.Growth, "save", once)
+        with pytest.raises(error):
+            s.save_growth(grow)
+        yield s
+
+
 def test_a_growth_save_interrupted_after_its_write_is_not_merged_into_itself(tiny_engines, tmp_path, monkeypatch):
     """A Ctrl-C landing in save_growth just after the file was replaced (`specrt run` then writes
     it again, once: cli._write_run_files): the file, changed since it was loaded, was taken for
     another run's, and this session's sequences were merged into their own copy, each twice."""
-    from specrt.runtime import corpus
-    from specrt.runtime.session import Session
+    grow = tmp_path / "grow.npz"
 
-    grow, save = tmp_path / "grow.npz", corpus.Growth.save
-
-    def save_then_interrupted(self, *a, **k):
-        save(self, *a, **k)
-        monkeypatch.setattr(corpus.Growth, "save", save)
+    def save_then_interrupted(save, *a, **k):
+        save(*a, **k)
         raise KeyboardInterrupt
 
-    with Session(tiny_engines, governor="off:grow") as s:
-        assert s.load_growth(grow) == 0
-        s.generator.generate([3, 1, 4, 1, 5], 6)
-        monkeypatch.setattr(corpus.Growth, "save", save_then_interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            s.save_growth(grow)
+    with _a_failed_growth_save(tiny_engines, grow, monkeypatch, save_then_interrupted, KeyboardInterrupt) as s:
         s.save_growth(grow)  # (written again, as run does)
         assert len(s.generator.governor.lookup_policy.growth.seqs) == 1
     with np.load(grow) as z:
@@ -1218,21 +1233,12 @@ def test_a_growth_save_that_failed_keeps_the_sessions_sequences_its_own(tiny_eng
     the next merge left them out of the file)."""
     import errno
 
-    from specrt.runtime import corpus
-    from specrt.runtime.session import Session
+    grow = tmp_path / "grow.npz"
 
-    grow, save = tmp_path / "grow.npz", corpus.Growth.save
-
-    def full_disk(self, *a, **k):
-        monkeypatch.setattr(corpus.Growth, "save", save)
+    def full_disk(save, *a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with Session(tiny_engines, governor="off:grow") as s:
-        assert s.load_growth(grow) == 0
-        s.generator.generate([3, 1, 4, 1, 5], 6)
-        monkeypatch.setattr(corpus.Growth, "save", full_disk)
-        with pytest.raises(OSError):
-            s.save_growth(grow)
+    with _a_failed_growth_save(tiny_engines, grow, monkeypatch, full_disk, OSError) as s:
         assert not grow.exists()
         _other_run_writes(grow, s.engines.manifest["export"]["digest"], [6, 6, 6])
         s.save_growth(grow)

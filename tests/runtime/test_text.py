@@ -80,10 +80,12 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     assert r.exit_code == 1 and "stop string '': expected a non-empty string" in r.output, r.output
     assert "Traceback" not in r.output
     # a byte that was not UTF-8 (`--stop $'\xe9'`, Python's lone surrogate for it) or a JSON UTF-16 half:
-    # no answer holds it, and the stop never matched without a word
-    for bad in ("\udce9", "ok\ud800"):
+    # no answer holds it, and the stop never matched without a word (said in not_text's words: h73a)
+    for bad, said in (("\udce9", "is not valid UTF-8 text (byte 0xe9 after ''; "),
+                      ("ok\ud800", "holds a lone surrogate U+D800 (after 'ok'), which is not text")):
         r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi", "--stop", "x", "--stop", bad])
-        assert r.exit_code == 1 and f"stop string {bad!r}: not valid UTF-8 text" in r.output, r.output
+        assert r.exit_code == 1 and f"error: stop string {bad!r} {said}" in r.output \
+            and r.output.endswith("; no answer holds it\n"), r.output
 
 
 def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer, **target_config) -> Path:
@@ -392,7 +394,7 @@ def test_grow_file_carries_growth_across_runs(worded, tmp_path, monkeypatch):
     r, second = run(again, "off:grow", "--grow-file", str(grow))
     assert r.exit_code == 0 and "session growth from" in r.output and "(2 sequences)" in r.output, r.output
     # its closing line names where the lookup rounds looked: the context and the earlier answers
-    assert "lookup in the context, earlier answers in " in r.output and "prompt lookup" not in r.output, r.output
+    assert "lookup in the context and earlier answers in " in r.output and "prompt lookup" not in r.output, r.output
     # no draft ran: "no draft rounds", not "tau 1.00" (read as a draft that accepted nothing)
     assert second["draft_rounds"] == 0 and ", no draft rounds, governor off:grow" in r.output, r.output
     assert "tau" not in r.output, r.output
@@ -439,12 +441,13 @@ def test_a_grow_file_holding_no_sequences_is_said_read(worded, tmp_path):
 
 def test_run_closing_line_names_where_lookup_looked():
     """run's closing line says "prompt lookup" only where lookup searched the context alone
-    (:ngram); :corpus and :grow (each of which looks up in the context too) are named."""
+    (:ngram); :corpus and :grow (each of which looks up in the context too) are named, as a list
+    ("lookup in the context, earlier answers in 7 rounds" read as two of the line's items: a walk, h73a)."""
     from specrt.cli import _lookup_words
 
     assert _lookup_words("dspark:tree=3:ngram") == _lookup_words("off:ngram=8") == "prompt lookup"
-    assert _lookup_words("off:corpus") == "lookup in the context, the corpus"
-    assert _lookup_words("fixed:2:grow=500") == "lookup in the context, earlier answers"
+    assert _lookup_words("off:corpus") == "lookup in the context and the corpus"
+    assert _lookup_words("fixed:2:grow=500") == "lookup in the context and earlier answers"
     assert _lookup_words("dspark:ngram:corpus:grow") == "lookup in the context, the corpus and earlier answers"
 
 
@@ -522,6 +525,37 @@ def test_run_names_the_prompt_line_that_fails_and_refuses_no_new_tokens_before_l
     assert r.exit_code == 1 and f"{f}:4: the prompt has 5000 tokens" in r.output, r.output
     r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w3", "--max-new-tokens", "0"])
     assert r.exit_code == 1 and "--max-new-tokens" in r.output and "calibration" not in r.output, r.output
+
+
+def test_run_and_calibrate_name_every_prompt_line_they_refuse(worded, tmp_path):
+    """A prompts file with several bad lines was said one line a run (session 71's calibrate walk,
+    7; h73a): the first refused line's error, then how many more are refused and which (3 at most
+    named), in run and calibrate alike; nothing decoded."""
+    import json
+
+    from specrt.prompt_files import check_each
+
+    f = tmp_path / "p.jsonl"
+    good, long = json.dumps({"prompt": "w3 w1 w4"}), json.dumps({"prompt": "w1 " * 5000})
+    f.write_text("\n".join([good, long, good, json.dumps({"prompt_ids": [1, 10000000]}), good]) + "\n")
+    for cmd in (["run", str(worded), "--prompts", str(f), "--max-new-tokens", "4"],
+                ["calibrate", str(worded), "--prompts", str(f), "--max-new-tokens", "4"]):
+        r = CliRunner().invoke(main, cmd)
+        assert r.exit_code == 1 and f"error: {f}:2: the prompt has 5000 tokens" in r.output \
+            and r.output.endswith(f"; 1 more is refused too ({f}:4); no prompt was decoded\n"), r.output
+        assert "w3" not in r.output and "prompt 1/" not in r.output, r.output  # (nothing decoded)
+    # past 3 more, the rest counted; one refused alone is said as before
+    def bad(p):
+        if p <= 0:
+            raise UserError(f"{p} is bad")
+        return p
+
+    with pytest.raises(UserError, match=r"^b: 0 is bad; 4 more are refused too \(c, d, e, \.\.\.\); no prompt was "
+                                        "decoded$"):
+        check_each([1, 0, 0, 0, 0, 0], bad, list("abcdef"))
+    with pytest.raises(UserError, match=r"^a: -1 is bad; no prompt was decoded$"):
+        check_each([-1, 1], bad, ["a", "b"])
+    assert check_each([1, 2], bad, ["a", "b"]) == [1, 2]
 
 
 def test_run_reuses_a_prompts_prefix_unless_told_not_to(worded, tmp_path):
