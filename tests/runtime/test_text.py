@@ -1001,6 +1001,49 @@ def test_a_run_cut_short_and_interrupted_again_in_its_write_does_not_say_it_ende
     assert "after all" not in r.output and json.loads(stats.read_text())["interrupted"] is True, r.output
 
 
+def test_run_without_stats_keeps_no_prompt_s_stats(worded, tmp_path, monkeypatch):
+    """`specrt run --prompts` without --stats kept every prompt's stats (its ids, histograms,
+    timings: 5-9 KB a prompt, 0.5-0.9 GB over 100k prompts) for nothing (session 71's F5, h73b):
+    without --stats the run keeps a prompt's finish alone, one shared record a finish, and
+    says the same closing counts; with --stats every prompt's whole stats, as before. A
+    Ctrl-C in the second answer still counts the one answered and the one cut short."""
+    import specrt.cli as cli
+    from specrt.runtime.session import Session
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"w3 w1 w{4 + i}"}) + "\n" for i in range(6)))
+    summary, kept = cli._run_summary, []
+
+    def keeping(s, engines_dir, governor, total, per_prompt, *args, **kwargs):  # (what the run kept, then its summary)
+        kept.append((total.new_tokens, list(per_prompt)))
+        return summary(s, engines_dir, governor, total, per_prompt, *args, **kwargs)
+
+    monkeypatch.setattr(cli, "_run_summary", keeping)
+    stats = tmp_path / "s.json"
+    args = ["run", str(worded), "--prompts", str(f), "--max-new-tokens", "5", "--governor", "fixed:1", "--quiet"]
+    for extra in (["--stats", str(stats)], []):
+        r = CliRunner().invoke(main, args + extra)
+        assert r.exit_code == 0 and f"[{kept[-1][0]} tokens in " in r.output, r.output
+    (n_whole, whole), (n_bare, bare) = kept
+    assert n_bare == n_whole == 30 and len(whole) == len(bare) == 6
+    assert [p["prompt"] for p in whole] == [f"w3 w1 w{4 + i}" for i in range(6)] and whole[0]["output_token_ids"]
+    assert [p["finish_reason"] for p in bare] == [p["finish_reason"] for p in whole] == ["length"] * 6
+    assert all(p == {"finish_reason": "length"} for p in bare) and len({id(p) for p in bare}) == 1, bare
+    stream, seen = Session.stream, []
+
+    def cut_in_the_second(self, *args, **kwargs):  # (after its first piece)
+        seen.append(1)
+        for piece in stream(self, *args, **kwargs):
+            yield piece
+            if len(seen) == 2:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "stream", cut_in_the_second)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and "[interrupted: 1 of 6 prompts answered, one cut short]" in r.output, r.output
+    assert kept[-1][1] == [{"finish_reason": "length"}, {"finish_reason": "interrupted"}], kept[-1]
+
+
 def test_a_run_stopped_while_it_prints_an_answer_closes_its_stream_before_the_files(worded, tmp_path, monkeypatch):
     """A Ctrl-C landing as run prints a piece of its second answer (the stream waiting at its
     yield, not raising itself) closes the stream before --stats and --grow-file are written:
