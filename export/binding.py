@@ -146,6 +146,9 @@ def _candidates(missing_names: tuple[str, ...], leftovers: list[str]) -> list[st
     return sorted(k for k in leftovers if ".".join(k.split(".")[-2:]) in tails)
 
 
+_ATTENTION_SLOTS = {"q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm"}  # sized by heads x head_dim
+
+
 def _bind(
     folder: Path,
     entries: dict[str, TensorEntry],
@@ -159,7 +162,7 @@ def _bind(
 ) -> dict[str, BoundTensor]:
     bound: dict[str, BoundTensor] = {}
     used: set[str] = set()
-    missing: list[tuple[str, tuple[str, ...]]] = []
+    missing: list[tuple[str, tuple[str, ...], str]] = []  # (slot, names, why the config asks for it)
     for slot, names, spec, i in rows:
         extra = extra_of(i)
         present = [n for n in names if n in entries]
@@ -168,7 +171,7 @@ def _bind(
             raise UserError(f"{folder}: {what} slot '{slot}' is filled by more than one tensor: {files}")
         if not present:
             if spec.required(cfg_decoder, extra):
-                missing.append((slot, names))
+                missing.append((slot, names, f"; {spec.needed(cfg_decoder, extra)}" if spec.needed else ""))
             continue
         e = entries[present[0]]
         if spec.unused is not None and not spec.required(cfg_decoder, extra):
@@ -179,8 +182,14 @@ def _bind(
                             f"trained with it ({fix})")
         want = tuple(spec.shape(cfg_decoder, extra))
         if e.shape != want:
+            # an attention slot's sizes and where they come from (a Qwen3 config naming no head_dim
+            # takes transformers' 128: [512, 64] was implied for a q_proj of [64, 64] unexplained, w73d)
+            heads = (f" ({cfg_decoder.num_heads} heads, {cfg_decoder.num_kv_heads} KV heads, head_dim "
+                     f"{cfg_decoder.head_dim}: a config naming no head_dim takes its family's transformers default)"
+                     if slot.split(".")[-1] in _ATTENTION_SLOTS else "")
             raise UserError(
-                f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') has shape {list(e.shape)}, the config implies {list(want)}"
+                f"{e.file}: tensor '{e.name}' ({what} slot '{slot}') has shape {list(e.shape)}, the config implies "
+                f"{list(want)}{heads}"
             )
         if e.dtype not in spec.dtypes:
             raise UserError(
@@ -191,13 +200,12 @@ def _bind(
     ignore = {t.format(i=i) for t in ignorable for i in range(num_layers)}
     leftovers = sorted(set(entries) - used - ignore)
     if missing:
-        slot, names = missing[0]
+        slot, names, why = missing[0]
         seen = _candidates(names, leftovers)
         hint = f"; similar tensors present but not declared for it: {', '.join(seen)}" if seen else ""
         more = f" ({len(missing) - 1} more slots missing)" if len(missing) > 1 else ""
-        raise UserError(
-            f"{folder}: {what} slot '{slot}' is missing: expected one of {', '.join(repr(n) for n in names)}{hint}{more}"
-        )
+        raise UserError(f"{folder}: {what} slot '{slot}' is missing: expected one of "
+                        f"{', '.join(repr(n) for n in names)}{hint}{more}{why}")
     if leftovers:
         shown = ", ".join(f"'{k}' ({entries[k].file.name})" for k in leftovers[:10])
         more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
@@ -245,19 +253,27 @@ def _check_agreement(draft_folder: Path, dc: DraftConfig, target: BoundTarget) -
     """Target/draft agreement; returns the resolved aux layer ids."""
     tc = target.config.decoder
     where = f"{draft_folder}/config.json"
-    th = dc.target_hidden_size or dc.decoder.hidden_size
-    if th != tc.hidden_size:
-        raise UserError(
-            f"{where}: draft was built for a verifier of hidden size {th}, the target {target.folder} has hidden size {tc.hidden_size}"
-        )
-    if dc.decoder.vocab_size != tc.vocab_size:
-        raise UserError(
-            f"{where}: draft was built for a verifier vocabulary of {dc.decoder.vocab_size}, the target has {tc.vocab_size}"
-        )
+    # the verifier the draft names (speculators' format), as inspect shows it: the first said of
+    # a draft for another model (a Llama draft's vocabulary differs from a Qwen3 target's too: w73d)
+    other = "a draft trained against another model" + (
+        f" ({dc.verifier_name!r}, its speculators_config.verifier.name_or_path)" if dc.verifier_name else "")
     if dc.source_format == "speculators" and target.config.architecture not in dc.verifier_architectures:
         raise UserError(
             f"{where}: speculators_config.verifier.architectures is {list(dc.verifier_architectures)}, "
-            f"the target is {target.config.architecture}"
+            f"the target is {target.config.architecture}: {other}"
+        )
+    layer = "transformer_layer_config." if dc.source_format == "speculators" else ""
+    th = dc.target_hidden_size or dc.decoder.hidden_size
+    if th != tc.hidden_size:
+        field = "target_hidden_size" if dc.target_hidden_size else f"{layer}hidden_size"
+        raise UserError(
+            f"{where}: draft was built for a verifier of hidden size {th} ({field}), the target {target.folder} "
+            f"has hidden size {tc.hidden_size}: {other}"
+        )
+    if dc.decoder.vocab_size != tc.vocab_size:
+        raise UserError(
+            f"{where}: draft was built for a verifier vocabulary of {dc.decoder.vocab_size} ({layer}vocab_size), "
+            f"the target {target.folder} has {tc.vocab_size}: {other}"
         )
     aux = dc.resolved_aux_ids(tc.num_layers)
     bad = [i for i in aux if not 0 <= i < tc.num_layers]

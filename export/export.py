@@ -78,6 +78,32 @@ def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
                                 "or remove it to take raw prompts only") from None
 
 
+def eos_note(target_dir: Path, eos: tuple[int, ...]) -> str | None:
+    """What export and inspect say of the target's EOS ids (generation_config.json's, else
+    config.json's eos_token_id: where answers end): none at all, or none that is the tokenizer's
+    eos_token, where vLLM would end an answer too and specrt, as transformers' generate, does not
+    (a walk, w73d: an export with no EOS id decoded every answer to --max-new-tokens, unsaid)."""
+    where = "generation_config.json's or config.json's eos_token_id"
+    tok = Path(target_dir) / "tokenizer.json"
+    named, i = None, None
+    if tok.is_file():
+        from specrt.runtime.text import Text
+
+        text = Text(Path(target_dir))
+        named = text.eos_token
+        i = text.tokenizer.token_to_id(named) if named else None
+    fix = "add it to generation_config.json's eos_token_id to end them there"
+    if not eos:
+        return (f"note: {target_dir}: no EOS id ({where}): answers end only at --max-new-tokens, a stop string "
+                "or the context limit" + (f" (vLLM's also at the tokenizer's eos_token {named!r}, id {i}: {fix})"
+                                          if i is not None else ""))
+    if i is not None and i not in eos:
+        return (f"note: {Path(target_dir) / 'tokenizer_config.json'}: eos_token {named!r} (id {i}) is not among the "
+                f"EOS ids {list(eos)} ({where}): answers do not end at it, as transformers' generate's do not "
+                f"(vLLM's do); {fix}")
+    return None
+
+
 def export_dtype(dtype: str) -> str:
     """--dtype as typed (float32, FLOAT32, fp32, " bf16") -> one of DTYPES, as build's
     --precision takes its names; UserError naming the option otherwise."""
@@ -118,6 +144,8 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
+    if (note := eos_note(Path(target_dir), target.config.eos_token_ids)) is not None:
+        log(note)
     for note in config_notes(draft) if draft is not None else ():
         log(note)
     if draft is not None and (note := embed_note(draft)) is not None:

@@ -39,6 +39,9 @@ class SlotSpec:
     # is false would go unused (binding refuses it: the graph would run a model other than the
     # one trained with it). None: a present tensor is used (or checked elsewhere).
     unused: Callable[..., str] | None = None
+    # (cfg, extra) -> why the config asks for the slot, said when its tensor is missing (w73d:
+    # a llama-layer draft whose layer config says qwen3 was told of a missing q_norm, not why)
+    needed: Callable[..., str] | None = None
 
 
 def _layer_type(c: DecoderConfig, e: dict) -> str:
@@ -55,6 +58,14 @@ def _no_bias(c: DecoderConfig, e: dict) -> str:
 
 def _no_qk_norm(c: DecoderConfig, e: dict) -> str:
     return f"{_layer_type(c, e)} gives its layers no q/k norms (a qwen3 layer has them)"
+
+
+def _bias(c: DecoderConfig, e: dict) -> str:
+    return f"{_layer_type(c, e)} gives its layers q/k/v biases (a llama layer has none)"
+
+
+def _qk_norm(c: DecoderConfig, e: dict) -> str:
+    return f"{_layer_type(c, e)} gives its layers q/k norms (a llama layer has none)"
 
 
 def _layer_specs(prefix: str, first_layer_in: Callable[[DecoderConfig], int] | None = None) -> list[SlotSpec]:
@@ -77,16 +88,16 @@ def _layer_specs(prefix: str, first_layer_in: Callable[[DecoderConfig], int] | N
         SlotSpec("layers.{i}.k", (p + "self_attn.k_proj.weight",), lambda c, e: (c.kv_size, qkv_in(c, e)), per_layer=True),
         SlotSpec("layers.{i}.v", (p + "self_attn.v_proj.weight",), lambda c, e: (c.kv_size, qkv_in(c, e)), per_layer=True),
         SlotSpec("layers.{i}.q_bias", (p + "self_attn.q_proj.bias",), lambda c, e: (c.q_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias, needed=_bias),
         SlotSpec("layers.{i}.k_bias", (p + "self_attn.k_proj.bias",), lambda c, e: (c.kv_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias, needed=_bias),
         SlotSpec("layers.{i}.v_bias", (p + "self_attn.v_proj.bias",), lambda c, e: (c.kv_size,), per_layer=True,
-                 required=lambda c, e: c.qkv_bias, unused=_no_bias),
+                 required=lambda c, e: c.qkv_bias, unused=_no_bias, needed=_bias),
         # Qwen3: per-head RMSNorm on q and k before RoPE.
         SlotSpec("layers.{i}.q_norm", (p + "self_attn.q_norm.weight",), lambda c, e: (c.head_dim,), per_layer=True,
-                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm),
+                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm, needed=_qk_norm),
         SlotSpec("layers.{i}.k_norm", (p + "self_attn.k_norm.weight",), lambda c, e: (c.head_dim,), per_layer=True,
-                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm),
+                 required=lambda c, e: c.qk_norm, unused=_no_qk_norm, needed=_qk_norm),
         SlotSpec("layers.{i}.o", (p + "self_attn.o_proj.weight",), lambda c, e: (H(c), c.q_size), per_layer=True),
         SlotSpec("layers.{i}.mlp_norm", (p + "post_attention_layernorm.weight",), lambda c, e: (H(c),), per_layer=True),
         SlotSpec("layers.{i}.gate", (p + "mlp.gate_proj.weight",), lambda c, e: (c.intermediate_size, H(c)), per_layer=True),

@@ -414,6 +414,12 @@ class Session:
         return None
 
     @property
+    def unread_template_kwargs(self) -> str | None:
+        """A note when the session's chat template variables name one its chat template never
+        reads (a misspelt enable_thinking changed nothing, unsaid: a walk, w73d)."""
+        return self.text.unread_note(self.chat_template_kwargs) if self.text is not None else None
+
+    @property
     def busy_costs(self) -> str | None:
         """A note when the governor prices its rounds from a cost table profiled on a busy
         machine (its ``cpu_share`` below BUSY_CPU_SHARE: every cost inflated, which misled

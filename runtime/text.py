@@ -130,6 +130,31 @@ class Text:
         except UserError as e:  # not valid Jinja, or its raise_exception
             raise UserError(f"{self.template_file}: {e}") from None
 
+    @property
+    def eos_token(self) -> str | None:
+        """tokenizer_config.json's eos_token (None: it names none)."""
+        return self._special("eos_token") or None
+
+    def unread_note(self, variables: dict) -> str | None:
+        """Which of ``variables`` the chat template reads nowhere (a variable it does not name
+        changes nothing: a misspelt one, or one of another model's template), and the ones of
+        its own it does read; None when it reads them all, or there is no template."""
+        if not variables or self.chat_template is None:
+            return None
+        import jinja2.meta
+
+        env = _template(self.chat_template).environment
+        read = jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+        unread = [k for k in variables if k not in read]
+        if not unread:
+            return None
+        given = {"messages", "add_generation_prompt", "tools", "documents", "additional_special_tokens",
+                 *SPECIAL_TOKENS, *env.globals}
+        own = sorted(read - given)
+        return (f"{', '.join(map(repr, unread))}: the chat template ({self.template_file}) reads no such variable, so "
+                f"{'it changes' if len(unread) == 1 else 'they change'} nothing (the variables of its own it reads: "
+                f"{', '.join(own) if own else 'none'})")
+
     def _special_tokens(self) -> dict:
         """tokenizer_config.json's special tokens (special_tokens_map.json's over them for a
         tokenizer saved before transformers 4.34) as transformers' ``special_tokens_map``

@@ -254,7 +254,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     """Bind TARGET (and --draft) to canonical slots and print the binding table."""
     _check_draft_options(draft)
     from specrt.export.binding import bind_draft, bind_target, config_notes, embed_note, length_note, receipt
-    from specrt.export.export import check_training_receipt
+    from specrt.export.export import check_training_receipt, eos_note
 
     t = bind_target(target, allow_pickle=allow_pickle)
     d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids, draft_embeddings) if draft is not None else None
@@ -267,7 +267,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     if draft is not None:
         check_training_receipt(draft)
     r = receipt(t, d)
-    for note in (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ():
+    notes = (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ()
+    for note in (eos_note(t.folder, t.config.eos_token_ids), *notes):
         if note is not None:
             click.secho(note, fg="yellow", err=True)
     if as_json:
@@ -535,7 +536,8 @@ def corpus(engines_dir: Path, answers: tuple[Path, ...], nmin: int, nmax: int) -
 def session_warnings(s) -> None:
     """What run, chat and serve say about the engines before they decode: the canary's
     loud warning for a draft far below its training accuracy, a note for one never checked;
-    a note for a cost table profiled on a busy machine that the governor prices from."""
+    a note for a cost table profiled on a busy machine that the governor prices from; a note
+    for a --chat-template-kwargs variable the chat template never reads."""
     if s.untrusted:
         click.secho(f"WARNING: {s.untrusted}", fg="red", err=True)
     elif s.unchecked:
@@ -544,6 +546,8 @@ def session_warnings(s) -> None:
         click.echo(f"note: {s.low_acceptance}", err=True)
     if s.busy_costs:
         click.echo(f"note: {s.busy_costs}", err=True)
+    if s.unread_template_kwargs:
+        click.echo(f"note: --chat-template-kwargs {s.unread_template_kwargs}", err=True)
 
 
 def run_notes(governor: str, params, seed: int | None, chat: bool, prompts: list,

@@ -648,7 +648,8 @@ def _edit_config(folder: Path, **changes) -> None:
     # no ids named: the default (2, L // 2, L - 3) of a 4-layer target is (2, 2, 1)
     ({"eagle_aux_hidden_state_layer_ids": None}, r"the default \[2, 2, 1\] for a target of 4 layers is not distinct"),
     ({"mask_token_id": 1000}, r"mask_token_id 1000 is outside the target vocabulary"),
-    ({"transformer_layer_config__vocab_size": 2000}, "vocabulary of 2000, the target has 1000"),
+    ({"transformer_layer_config__vocab_size": 2000},
+     r"vocabulary of 2000 \(transformer_layer_config.vocab_size\), the target .* has 1000: a draft trained against"),
     ({"speculators_config__verifier__architectures": ["Qwen3ForCausalLM"]}, "the target is LlamaForCausalLM"),
     ({"speculators_model_type": "medusa"}, "speculators_model_type 'medusa' is not supported"),
     ({"draft_vocab_size": None}, "missing required field 'draft_vocab_size'"),
@@ -1802,3 +1803,74 @@ def test_an_index_mapping_a_tensor_to_a_shard_without_it_is_named(hf_models, tmp
     with pytest.raises(UserError, match=rf"index\.json: tensor '{re.escape(name)}' is mapped to '{shards[1]}', which "
                                         "does not contain it$"):
         bind_target(folder)
+
+
+def test_a_draft_for_another_model_is_said_so_by_its_verifier_first(tmp_path):
+    """A Llama draft (its verifier Llama, of another vocabulary) given a Qwen3 target is refused by
+    the verifier it names, with that verifier's name_or_path, not by the vocabulary it also differs
+    in; a draft of another width or vocabulary is said by the config field that gave it (w73d: the
+    vocabulary came first, "draft was built for a verifier vocabulary of 48, the target has 32",
+    naming neither the field nor the verifier)."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    qwen3 = bind_target(write_tiny_target(tmp_path / "q", "qwen3", vocab_size=32))
+    llama = write_tiny_target(tmp_path / "l", "llama", vocab_size=48)
+    with pytest.raises(UserError, match=r"d/config.json: speculators_config.verifier.architectures is "
+                                        r"\['LlamaForCausalLM'\], the target is Qwen3ForCausalLM: a draft trained "
+                                        rf"against another model \('{re.escape(str(llama))}', its "
+                                        r"speculators_config.verifier.name_or_path\)$"):
+        bind_draft(write_tiny_draft(tmp_path / "d", llama, num_layers=1, draft_vocab=24), qwen3)
+    for name, config, said in (("w", dict(hidden_size=96), r"hidden size 96 \(transformer_layer_config.hidden_size\)"),
+                               ("v", dict(vocab_size=48), r"vocabulary of 48 \(transformer_layer_config.vocab_size\)")):
+        other = write_tiny_target(tmp_path / f"q{name}", "qwen3", **config)
+        with pytest.raises(UserError, match=rf"{said}, the target .* a draft trained against another model "
+                                            rf"\('{re.escape(str(other))}', its speculators_config.verifier"):
+            bind_draft(write_tiny_draft(tmp_path / f"d{name}", other, num_layers=1, draft_vocab=24), qwen3)
+
+
+def test_a_missing_qk_norm_says_which_config_field_asks_for_it(tmp_path):
+    """A draft of llama layers (no q/k norms) whose layer config says qwen3 (copied from its
+    Qwen3 target's) is told of its missing q_norm and why the config asks for it;
+    a Qwen3 target missing one layer's q_norm is told likewise (w73d: the slot was said missing,
+    not that transformer_layer_config.model_type asked for it)."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", "qwen3", vocab_size=32)
+    llama = write_tiny_target(tmp_path / "l", "llama", vocab_size=32)
+    draft = write_tiny_draft(tmp_path / "d", llama, num_layers=1, draft_vocab=24)
+    c = json.loads((draft / "config.json").read_text())
+    c["transformer_layer_config"]["model_type"] = "qwen3"
+    c["speculators_config"]["verifier"]["architectures"] = ["Qwen3ForCausalLM"]
+    (draft / "config.json").write_text(json.dumps(c))
+    with pytest.raises(UserError, match=r"draft slot 'layers.0.q_norm' is missing: expected one of "
+                                        r"'layers.0.self_attn.q_norm.weight' \(1 more slots missing\); "
+                                        r"transformer_layer_config.model_type 'qwen3' gives its layers q/k norms "
+                                        r"\(a llama layer has none\)$"):
+        bind_draft(draft, bind_target(target))
+    rewrite(target, drop=("model.layers.2.self_attn.k_norm.weight",))
+    with pytest.raises(UserError, match=r"target slot 'layers.2.k_norm' is missing: expected one of .*; "
+                                        r"model_type 'qwen3' gives its layers q/k norms \(a llama layer has none\)$"):
+        bind_target(target)
+
+
+def test_an_attention_shape_the_config_disagrees_with_says_the_heads_and_head_dim(tmp_path):
+    """A Qwen3 config naming no head_dim takes transformers' 128, whatever the hidden size: its
+    q_proj of [64, 64] was refused as "the config implies [512, 64]", not saying why (a walk,
+    w73d); the heads and the head_dim are said now, target and draft."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    target = write_tiny_target(tmp_path / "t", "qwen3", vocab_size=32)
+    draft = write_tiny_draft(tmp_path / "d", target, num_layers=1, draft_vocab=24)
+    said = r" \(4 heads, 2 KV heads, head_dim 128: a config naming no head_dim takes its family's transformers default\)$"
+    c = json.loads((draft / "config.json").read_text())
+    del c["transformer_layer_config"]["head_dim"]
+    (draft / "config.json").write_text(json.dumps(c))
+    with pytest.raises(UserError, match=r"draft slot 'layers.0.q'\) has shape \[64, 128\], the config implies "
+                                        r"\[512, 128\]" + said):
+        bind_draft(draft, bind_target(target))
+    c = json.loads((target / "config.json").read_text())
+    del c["head_dim"]
+    (target / "config.json").write_text(json.dumps(c))
+    with pytest.raises(UserError, match=r"target slot 'layers.0.q'\) has shape \[64, 64\], the config implies "
+                                        r"\[512, 64\]" + said):
+        bind_target(target)

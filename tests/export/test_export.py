@@ -561,3 +561,32 @@ def test_a_draft_narrower_than_its_target_has_io_of_both_widths(tmp_path, kind):
     assert widths["aux_hidden"] == 3 * 64 and m["draft"]["hidden_size"] == 32
     if kind == "eagle3":
         assert widths["prev_hidden"] == widths["hidden_out"] == 32
+
+
+def test_eos_ids_that_miss_the_tokenizers_eos_token_or_are_none_are_said(tmp_path):
+    """A Qwen3 target whose generation_config.json names EOS ids without the tokenizer's
+    eos_token (vLLM ends answers there too, transformers' generate and specrt do not), or no EOS
+    id at all (every answer then runs to --max-new-tokens), exported and inspected without a word
+    (a walk, w73d); its several EOS ids, the tokenizer's among them, say nothing."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "qwen3", vocab_size=16)
+    _words(target, special=("w15",))
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "w15"}))
+    gen = json.loads((target / "generation_config.json").read_text())
+    for n, (ids, said) in enumerate((([15, 14], None), ([14, 13], r"tokenizer_config.json: eos_token 'w15' \(id 15\) "
+                                                       r"is not among the EOS ids \[14, 13\] \(generation_config"),
+                                     (None, r"t: no EOS id \(generation_config.json's or config.json's eos_token_id\): "
+                                            r"answers end only at --max-new-tokens, a stop string or the context limit "
+                                            r"\(vLLM's also at the tokenizer's eos_token 'w15', id 15: add it to "))):
+        (target / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": ids}))
+        logs: list[str] = []
+        export_mod.export(target, None, tmp_path / f"o{n}", log=logs.append)
+        r = CliRunner().invoke(main, ["inspect", str(target)])
+        assert r.exit_code == 0, r.output
+        for out in ("\n".join(logs), r.output):
+            assert (re.search(said, out) is not None if said else "EOS id" not in out), (ids, out)

@@ -4497,3 +4497,21 @@ def test_a_tokenizer_saved_with_truncation_or_padding_on_encodes_prompts_whole(t
         assert cut if on == "truncation" else len(tok.encode("hello").ids) == 64
         assert Text(tmp_path).encode("hello world " * 20, False) == whole, on
         assert Text(tmp_path).encode("hello", False) == whole[:1], on
+
+
+def test_a_template_variable_the_chat_template_never_reads_is_said(worded):
+    """--chat-template-kwargs with a variable the chat template reads nowhere (a misspelt
+    enable_thinking: the thinking block stayed, unsaid; a walk, w73d) gets a note naming it, the
+    template's file and the variables of its own the template does read; one it reads gets none."""
+    for kwargs, said in (('{"cuee": "w5"}', "'cuee': the chat template"), ('{"cue": "w5"}', None),
+                         ('{"a": 1, "cue": "w5", "b": 2}', "'a', 'b': the chat template")):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w6", "--chat", "--chat-template-kwargs", kwargs,
+                                      "--max-new-tokens", "2", "--governor", "off"])
+        assert r.exit_code == 0, r.output
+        notes = [line for line in r.output.splitlines() if line.startswith("note: --chat-template-kwargs")]
+        if said is None:
+            assert notes == [], r.output
+        else:
+            assert notes == [f"note: --chat-template-kwargs {said} ({worded / 'export' / 'tokenizer_config.json'}) "
+                             f"reads no such variable, so {'it changes' if ',' not in said else 'they change'} "
+                             "nothing (the variables of its own it reads: cue)"], r.output
