@@ -1874,3 +1874,106 @@ def test_an_attention_shape_the_config_disagrees_with_says_the_heads_and_head_di
     with pytest.raises(UserError, match=r"target slot 'layers.0.q'\) has shape \[64, 64\], the config implies "
                                         r"\[512, 64\]" + said):
         bind_target(target)
+
+
+def test_a_rotary_buffer_of_a_layer_past_the_count_is_a_leftover(hf_models, tmp_path):
+    """mutant m73b-10: binding.py's ignorable names expanded for one layer past num_layers (a
+    buffer of a layer the config does not have dropped without a word). The declared ignorable
+    names are those of the config's layers only: the 4-layer model's layer 3 buffer is skipped,
+    a layer 4 one named."""
+    folder = copy_tree(hf_models["llama"], tmp_path / "m")
+    rewrite(folder, add={"model.layers.3.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    assert "layers.3.q" in bind_target(folder).slots
+    rewrite(folder, add={"model.layers.4.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
+    with pytest.raises(UserError, match=r"target tensors that fill no slot and are not declared ignorable: "
+                                        r"'model\.layers\.4\.self_attn\.rotary_emb\.inv_freq' \(model\.safetensors\)$"):
+        bind_target(folder)
+
+
+def test_a_draft_vocabulary_wider_than_the_target_s_is_refused(tmp_path):
+    """mutant m73b-34: the draft_vocab_size check dropped: a draft of 1001 ids for a target of
+    1000, its lm_head 1001 rows and no vocabulary map (none is required but below the target's
+    vocabulary), bound, its last id no token of the target."""
+    folder = write_eagle3(tmp_path / "e3", draft_vocab=1000)
+    rewrite(folder, drop=("d2t", "t2d"), change={"lm_head.weight": np.zeros((1001, 64), np.float32)})
+    _edit_config(folder, draft_vocab_size=1001)
+    with pytest.raises(UserError, match=r"config.json: draft_vocab_size 1001 exceeds the target vocabulary 1000$"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_a_bf16_draft_embedding_three_steps_off_the_target_s_differs(tmp_path):
+    """mutant m73b-37: bfloat16's copy tolerance made 2**-5 (four of its steps) in place of
+    2**-7 (one): a draft embedding whose weight lies three bfloat16 steps from the float32
+    target's (past any rounding or truncation) was said to be the target's."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+    from safetensors.torch import save_file as save_torch
+
+    folder = copy_tree(REFERENCE, tmp_path / "ref")
+    _bf16_draft(folder / "draft")
+    t = bind_target(folder / "verifier")
+    assert bind_draft(folder / "draft", t).embed_matches_target is True
+    path = folder / "draft" / "model.safetensors"
+    state = load_torch(str(path))
+    w = state["embed_tokens.weight"]
+    k = int(torch.argmax(w.abs().flatten()))  # (the largest: well away from zero)
+    w.view(torch.int16).flatten()[k] += 3
+    save_torch(state, str(path), metadata={"format": "pt"})
+    assert bind_draft(folder / "draft", t).embed_matches_target is False
+
+
+def test_a_t2d_over_the_full_vocabulary_marking_all_but_one_id_is_refused(tmp_path):
+    """mutant m73b-57: a full vocabulary's t2d accepted marking V - 1 ids (only all or none of
+    them can be a map beside such a head: binding._check_full_vocab_map)."""
+    folder = write_eagle3(tmp_path / "full", draft_vocab=1000)
+    t2d = np.ones(1000, bool)
+    t2d[7] = False
+    rewrite(folder, change={"t2d": t2d})
+    with pytest.raises(UserError, match=r"model\.safetensors: t2d of a draft over the full vocabulary \(1000\) marks "
+                                        r"999 target ids; expected all of them"):
+        bind_draft(folder, bind_target(REFERENCE / "verifier"))
+
+
+def test_the_receipt_records_the_default_aux_layer_ids_resolved(tmp_path):
+    """mutant m73b-96: the receipt's aux_layer_ids taken from the config as written: a draft
+    naming none (the default 2, L // 2, L - 3) recorded [] though its graph reads three target
+    states."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "llama", num_hidden_layers=8)
+    d = write_tiny_draft(tmp_path / "d", t, num_layers=1, aux_layer_ids=(2, 4, 5))
+    _edit_config(d, eagle_aux_hidden_state_layer_ids=None)
+    target = bind_target(t)
+    assert receipt(target, bind_draft(d, target))["draft"]["aux_layer_ids"] == [2, 4, 5]
+
+
+def test_two_names_of_one_slot_in_two_shards_are_each_named_with_its_own(hf_models, tmp_path):
+    """mutant m73b-81: a slot filled twice named the first name's shard for both names: each
+    is named with the shard that holds it."""
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    idx = folder / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    first = data["weight_map"]["model.norm.weight"]
+    other = next(s for s in sorted(set(data["weight_map"].values())) if s != first)
+    state = load_file(str(folder / other))
+    state["model.llm.norm.weight"] = np.ones(64, np.float32)
+    save_file(state, str(folder / other), metadata={"format": "pt"})
+    data["weight_map"]["model.llm.norm.weight"] = other
+    idx.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=rf"slot 'final_norm' is filled by more than one tensor: 'model\.norm\.weight' "
+                                        rf"in {re.escape(first)}, 'model\.llm\.norm\.weight' in {re.escape(other)}$"):
+        bind_target(folder)
+
+
+def test_a_shape_error_names_the_shard_that_holds_the_tensor(hf_models, tmp_path):
+    """mutant m73b-82: a tensor of the wrong shape named with the checkpoint's folder, not the
+    shard that holds it (one of nine here)."""
+    folder = copy_tree(hf_models["llama_sharded"], tmp_path / "m")
+    name = "model.layers.2.self_attn.k_proj.weight"
+    shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][name]
+    state = load_file(str(shard))
+    state[name] = np.zeros((64, 64), np.float32)
+    save_file(state, str(shard), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=rf"^{re.escape(str(shard))}: tensor '{re.escape(name)}' \(target slot "
+                                        r"'layers\.2\.k'\) has shape \[64, 64\], the config implies \[32, 64\]"):
+        bind_target(folder)

@@ -368,6 +368,10 @@ def _export_cli(tmp_path, t, draft, *extra):
     (dict(ids=[2, 5, 7]), ("--draft-aux-ids", "layer-output"), r"{d}/config.json: the aux layer ids \[2, 5, 7\] it "
      r"names, counted as layer outputs \(--draft-aux-ids layer-output\), are the states entering layers \[3, 6, 8\], "
      r"which must lie in \[0, 7\] for a target of 8 layers \(as layer outputs: ids 0 to 6\)"),
+    # mutant m73b-29: ids counted as inputs (as written) past the last layer are named as such, not as
+    # "counted as layer outputs"
+    (dict(ids=[2, 5, 8]), ("--draft-aux-ids", "layer-input"), r"{d}/config.json: eagle_aux_hidden_state_layer_ids "
+     r"\[2, 5, 8\] must lie in \[0, 7\] for a target of 8 layers\n"),
     # d2t left out (ModelOpt leaves t2d out, which the binding derives from d2t)
     (dict(drop=("d2t",)), (), r"{d}: draft slot 'd2t' is missing: expected one of 'd2t'"),
     # P-EAGLE's and DSpark's tensors: no module for them in the format
@@ -398,7 +402,8 @@ def _export_cli(tmp_path, t, draft, *extra):
         "both-fc-norms-nested",
         "layer-named-twice", "two-layers",
         "qwen3-layer", "tied", "ids-named-twice", "four-ids", "ids-descending", "id-true", "id-negative",
-        "ids-repeated", "output-ids-past-the-last-layer", "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
+        "ids-repeated", "output-ids-past-the-last-layer", "input-ids-past-the-last-layer",
+        "t2d-without-d2t", "tensors-of-no-module", "target-width", "logit-scale-zero",
         "logit-scale-negative", "no-draft-vocab-size", "qk-norm", "v-bias"])
 def test_bad_eagle_format_drafts_exit_1_naming_the_file(tmp_path, pair, change, extra, message):
     import re

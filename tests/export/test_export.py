@@ -405,6 +405,18 @@ def test_the_weight_scan_counts_a_chunk_at_a_time():
     assert _scan_values(np.full(5, np.nan, np.float32), True, 2) == (5, True, 0.0)
 
 
+def test_the_weight_scan_keeps_the_largest_value_of_every_chunk():
+    """mutant m73b-116: binding._scan_values kept the largest |value| of the last chunk alone (a
+    weight past float16's range anywhere but in a tensor's last 4M values exported in float16
+    without a word): the largest is the same wherever it lies."""
+    from specrt.export.binding import _scan_values
+
+    a = np.ones(100, np.float32)
+    a[3] = -7e4
+    for chunk in (1, 7, 50, 100):
+        assert _scan_values(a, True, chunk) == (0, False, 7e4)
+
+
 def test_every_tokenizer_file_of_the_target_is_copied_and_listed(tmp_path):
     """A target folder with each tokenizer file a Hugging Face tokenizer may save (the chat
     template in a file of its own, .jinja or .json, as newer transformers write it; the
