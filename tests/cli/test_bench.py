@@ -222,6 +222,36 @@ def test_summary_points_to_specrt_profile_when_the_table_is_stale(report):
             assert f"ran at {ratio:.2f}x the cost table's speed" in hint[0] and rep["settings"]["engines"] in hint[0]
 
 
+def test_prompt_lookups_tokens_are_said_beside_tau(report, tmp_path):
+    """tau counts the draft's rounds only: a lookup configuration showed tau 1.00 beside its
+    speed-up, and off:ngram (the default list's on engines without a draft), which drafts
+    nothing, had not a word of its lookup under the table (walk w73e). Each specrt
+    configuration's JSON gives tokens a target call over every round, as `specrt run --stats`
+    does, and the lookup line says it whether or not a draft ran, as does its (b) line beside tau."""
+    from specrt.cmd_bench import print_summary
+
+    rep = json.loads(json.dumps(report[0]))
+    for name, c in rep["configs"].items():
+        if name.startswith("specrt:"):
+            looked = sum(b["accepted"] for b in (c["lookup"] or {}).get("by_match", {}).values())
+            assert c["tokens_per_call"] == pytest.approx((c["rounds"] + c["accepted"] + looked) / c["rounds"]), name
+    by_match = {"2": {"rounds": 3, "verified": 6, "accepted": 4}, "4": {"rounds": 1, "verified": 2, "accepted": 2}}
+    rep["configs"]["specrt:off:ngram"] = {**rep["configs"][REFERENCE], "tau": 1.0, "tokens_per_call": 27 / 21,
+                                          "rounds": 21, "draft_rounds": 0, "drafting_rounds": 0,
+                                          "lookup": {"rounds": 4, "tokens_per_round": 2.5, "by_match": by_match}}
+    b = rep["efficiency"]["b_predicted_vs_measured"]
+    b["specrt:off:ngram"] = {**b[REFERENCE], "tau": 1.0, "tokens_per_call": 27 / 21}
+    lines: list[str] = []
+    print_summary(rep, tmp_path, echo=lambda s="", **kw: lines.append(s))
+    # (b) prices its rounds, lookup's too: said beside tau (off's line, without lookup, as it was)
+    said = "(tau 1.00, 1.29 tokens a target call, costs "
+    assert [x for x in lines if x.startswith("(b) specrt:off:ngram: ") and said in x], lines
+    assert [x for x in lines if x.startswith(f"(b) {REFERENCE}: ") and "(tau 1.00, costs " in x], lines
+    assert ("  specrt:off:ngram: prompt lookup in 4 of 4 rounds with verified tokens, 2.50 tokens a lookup round (by "
+            "match: 2-gram: 3 rounds, 4/6 accepted, 4-gram: 1 rounds, 2/2 accepted); 1.29 tokens a target call over "
+            "every round (no draft rounds: tau says nothing of them)") in lines, lines
+
+
 def test_rejections_are_reported_and_those_outside_the_draft_vocabulary_printed(report):
     """Each specrt configuration's report counts the draft rounds that ended at a rejected
     draft (the tiny draft, random, rejects often; its vocabulary is the target's, so none lie
@@ -708,6 +738,8 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
                          (["--warmup-tokens", "-1"], "--warmup-tokens -1: expected >= 0"),
                          (["--processes", "2", "--schedule", "sequential"], "needs --schedule interleaved"),
                          (["--peers", "none,hf"], "'none' goes alone (no peers), not beside hf"),
+                         # (commas alone ran no peer without a word, where '' is refused: walk w73e)
+                         (["--peers", " , "], "--peers ' , ': expected a comma-separated list of hf, hf-lookup"),
                          (["--peers", "ortgenai,hf-lokup"], "--peers 'hf-lokup': expected a comma-separated list of "
                                                             "hf, hf-lookup, ortgenai, ortgenai-int8, ortgenai-int4, "
                                                             "llamacpp, llamacpp-lookup, llamacpp-gguf, or none"),
@@ -723,6 +755,24 @@ def test_bad_inputs_are_user_errors(tiny_engines, prompts_file, tmp_path):
     assert isinstance(r.exception, UserError), r.output
     assert "prompt 2 has token id 999999, outside the vocabulary [0, 1000)" in str(r.exception)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_prompt_past_blank_lines_is_named_by_its_line(tiny_engines, tmp_path):
+    """A prompts file with blank lines between its prompts: a bad one on line 3 was "prompt 2"
+    alone, which the user read as line 2 (walk w73e); `specrt run --prompts` says FILE:3. Each
+    check that names a prompt (its ids past the vocabulary or the context, with
+    --max-new-tokens) names its line too, nothing written."""
+    runner = CliRunner()
+    for ids, extra, said in (([1, 999999], [], "prompt 2 has token id 999999, outside the vocabulary [0, 1000)"),
+                             ([1] * 300, [], "prompt 2 has 300 tokens; the engines hold 256"),
+                             ([1] * 20, ["--max-new-tokens", "240"], "prompt 2 (20 tokens) + --max-new-tokens 240 "
+                                                                     "exceeds the engines' context limit 256")):
+        p = tmp_path / "p.jsonl"
+        p.write_text('{"prompt_ids": [1, 2, 3]}\n\n' + json.dumps({"prompt_ids": ids}) + "\n")
+        r = runner.invoke(bench, [str(tiny_engines), "--prompts", str(p), "-o", str(tmp_path / "r"), "--peers", "none",
+                                  *extra])
+        assert isinstance(r.exception, UserError) and str(r.exception) == f"{p}:3: {said}", r.output
+        assert not (tmp_path / "r").exists()
 
 
 def test_a_text_prompt_that_cannot_be_encoded_is_named_with_its_file(tmp_path):
@@ -1056,6 +1106,41 @@ def test_variant_exported_at_another_dtype_is_checked_against_its_own_off(tiny_e
         f"--variant t: {tmp_path / 'tok'} was exported from another target than {tiny_engines} (their tokenizer "
         "files differ); outputs could not be compared"), r.exception
     assert not (tmp_path / "r2").exists()
+
+
+def test_a_busy_profile_at_the_start_of_the_run_is_said_in_the_report(tiny_engines, prompts_file, tmp_path,
+                                                                       monkeypatch, capsys):
+    """The table bench profiles before its workers start, measured on a busy machine: the
+    build's note went to stderr alone, saying that DSpark and prompt lookup price their rounds
+    from it (under --governor-costs stored they price from the stored table) and to run
+    `specrt profile` (which leaves this run's table as it is); the report said nothing of the
+    inflated costs its predictions (b) came from (walk w73e)."""
+    import specrt.engines.costs as costs
+    from specrt.cmd_bench import run_bench
+
+    monkeypatch.setattr(costs, "BUSY_CPU_SHARE", 100.0)  # every share a busy one
+    for governor_costs, priced in (("stored", "are"), ("profiled", "and the governors' rounds (--governor-costs "
+                                                                   "profiled) are")):
+        rep = run_bench(tiny_engines, prompts_file, tmp_path / governor_costs, governors="off,fixed:1", peers="none",
+                        max_new_tokens=2, warmup_tokens=0, profile_repeats=1, governor_costs=governor_costs,
+                        quiet=governor_costs == "profiled")  # (quiet: no progress, nor the profile's lines)
+        share = rep["profiled_costs"]["engines"]["cpu_share"]
+        said = [w for w in rep["warnings"] if "at the start of this run" in w]
+        assert said == [f"the cost table of {tiny_engines} profiled at the start of this run had {share:.0%} of the "
+                        f"CPU time its threads asked for (a busy machine): the predictions (b) {priced} priced "
+                        "from inflated costs"], rep["warnings"]
+        assert "price their rounds from them" not in capsys.readouterr().err
+
+
+def test_the_report_records_the_warm_up_that_ran(tiny_engines, prompts_file, tmp_path):
+    """Each worker's warm-up runs at most --max-new-tokens tokens; the report's settings said the
+    --warmup-tokens given (100000 where 6 ran: walk w73e)."""
+    from specrt.cmd_bench import run_bench
+
+    for warmup, ran in ((50, 3), (2, 2)):
+        rep = run_bench(tiny_engines, prompts_file, tmp_path / str(warmup), governors="off", peers="none",
+                        max_new_tokens=3, warmup_tokens=warmup, profile=False, quiet=True)
+        assert rep["settings"]["warmup_tokens"] == ran, warmup
 
 
 def test_governor_costs_profiled_needs_the_profile(tiny_engines, prompts_file, tmp_path):

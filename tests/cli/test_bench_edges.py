@@ -168,7 +168,7 @@ def test_a_prompt_that_fills_the_context_exactly_is_taken(tiny_engines, tmp_path
     with pytest.raises(_Checked):
         cb.run_bench(tiny_engines, p, tmp_path / "r", max_new_tokens=e.max_context - 3, **args)
     # (naming the prompts file, as the vocabulary's check below does: a walk, session 70)
-    said = re.escape(f"{p}: prompt 1 (3 tokens) + --max-new-tokens {e.max_context - 2} exceeds")
+    said = re.escape(f"{p}:1: prompt 1 (3 tokens) + --max-new-tokens {e.max_context - 2} exceeds")  # (and its line)
     with pytest.raises(UserError, match="^" + said):
         cb.run_bench(tiny_engines, p, tmp_path / "r", max_new_tokens=e.max_context - 2, **args)
     vocab = int(e.export["target"]["vocab_size"])
@@ -875,20 +875,21 @@ def test_efficiency_takes_offs_figures_and_each_configurations_own():
     """E01-E05: (a) holds specrt:off's python share and peak RSS and onnxruntime-genai's own
     rate and peak RSS (each from its own configuration), and is absent when onnxruntime-genai
     made no tokens (a ratio over 0 tok/s was a ZeroDivisionError after every run); (b) gives
-    each specrt configuration its own tau and python share."""
+    each specrt configuration its own tau, tokens a target call (w73e) and python share."""
     from specrt.cmd_bench import REFERENCE, efficiency
 
     pred = {"predicted_tokens_per_s": 10.0}
     off = {"tokens_per_s_median": 10.0, "python_share": 0.1, "peak_rss_bytes": 5, "peak_rss_of": [REFERENCE],
            "tau": 1.0, "predicted": pred, "time_split_fraction": {"verify": 0.7}}
     fx = {"tokens_per_s_median": 15.0, "python_share": 0.2, "peak_rss_bytes": 5, "tau": 2.5, "predicted": pred,
-          "time_split_fraction": {"verify": 0.5}}
+          "time_split_fraction": {"verify": 0.5}, "tokens_per_call": 3.0}
     og = {"tokens_per_s_median": 20.0, "python_share": 0.3, "peak_rss_bytes": 4}
     e = efficiency({REFERENCE: off, "specrt:fixed:2": fx, "ortgenai": og})
     a = e["a_off_vs_ortgenai"]
     assert (a["specrt_off_tokens_per_s"], a["ortgenai_tokens_per_s"], a["ratio"]) == (10.0, 20.0, 0.5)
     assert a["specrt_off_python_share"] == 0.1 and a["ortgenai_peak_rss_bytes"] == 4
-    assert e["b_predicted_vs_measured"]["specrt:fixed:2"] == {**pred, "tau": 2.5, "python_share": 0.2}
+    assert e["b_predicted_vs_measured"]["specrt:fixed:2"] == {**pred, "tau": 2.5, "tokens_per_call": 3.0,
+                                                               "python_share": 0.2}
     assert e["b_predicted_vs_measured"][REFERENCE]["python_share"] == 0.1 and "ortgenai" not in e[
         "b_predicted_vs_measured"]
     assert efficiency({REFERENCE: off, "ortgenai": {**og, "tokens_per_s_median": 0.0}})["a_off_vs_ortgenai"] is None
