@@ -89,8 +89,11 @@ def eos_note(target_dir: Path, eos: tuple[int, ...]) -> str | None:
     if tok.is_file():
         from specrt.runtime.text import Text
 
-        text = Text(Path(target_dir))
-        named = text.eos_token
+        try:
+            text = Text(Path(target_dir))
+        except UserError:  # (a note: the tokenizer's own errors are export's to say, inspect binds weights)
+            text = None
+        named = text.eos_token if text is not None else None
         i = text.tokenizer.token_to_id(named) if named else None
     fix = "add it to generation_config.json's eos_token_id to end them there"
     if not eos:

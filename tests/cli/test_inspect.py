@@ -136,3 +136,19 @@ def test_a_weight_export_refuses_as_non_finite_is_refused_by_inspect_too(tmp_pat
         r = CliRunner().invoke(main, ["inspect", str(target), "--draft", str(draft)])
         assert r.exit_code == 1 and f"{folder / 'training_receipt.json'}: heldout.acceptance_at_pos[0] must be an " \
             "acceptance rate from 0 to 1" in r.output and "bound" not in r.output, r.output
+
+
+def test_inspect_binds_a_target_whose_tokenizer_files_it_cannot_read(tmp_path):
+    """The EOS note (w73d) reads the tokenizer: a chat_template.jinja that is not UTF-8 (export's
+    to refuse) made `specrt inspect`, which binds weights, fail with the template's error; the note
+    is left out there, and a target with an EOS id its tokenizer names is bound without one."""
+    from tests.fixtures_models import write_tiny_target
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(target)
+    (target / "chat_template.jinja").write_bytes(b"caf\xe9 {{ messages[0].content }}")
+    r = CliRunner().invoke(main, ["inspect", str(target)])
+    assert r.exit_code == 0 and "bound" in r.output and "not valid UTF-8" not in r.output, r.output
+    r = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "chat_template.jinja: not valid UTF-8 text" in r.output, r.output
