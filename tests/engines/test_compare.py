@@ -2069,3 +2069,31 @@ def test_a_torch_target_folder_that_is_gone_is_said_so(tmp_path):
                                                   "in the export's binding receipt, moved or removed since? --target "
                                                   "DIR gives the checkpoint)")):
         load_torch_target(tmp_path / "gone", {"target": {"num_layers": 4}})
+
+
+def test_the_summary_names_the_draft_weights_first():
+    """summary(): a failed float-draft weight check (draft_weights) is named before the outputs
+    it moved, as the target's is (mutant m73y-42: after the draft's logits)."""
+    from specrt.engines.compare import summary
+
+    out = {"role": "draft", "output": C.DRAFT_LOGITS, "max_abs": 1.0, "max_rel": 1.0, "atol": 0.1}
+    weight = {"role": "draft", "output": "draft_weights", "kind": "draft_weights",
+              "bad": [{"weight": "embed", "problem": "element 0 is 1, not 0"}]}
+    head = summary([out, weight], "onnxruntime").split(" check(s): ", 1)[1]
+    assert head.startswith("draft draft_weights (1 of the draft engine's weights differ from the export's: 'embed' "
+                           "element 0 is 1, not 0); draft draft_logits (max abs 1 > atol 0.1"), head
+
+
+def test_target_only_engines_are_compared(tmp_path):
+    """Engines of an export without a draft: compare checks the target roles, the notes saying
+    nothing of a draft (mutant m73y-46 looked up the draft's engine whatever the roles, a
+    KeyError on these)."""
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import write_tiny_target
+
+    export(write_tiny_target(tmp_path / "t", "llama", vocab_size=16), None, tmp_path / "exp", log=quiet)
+    build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng", log=quiet, profile_repeats=1)
+    r = compare_engines(tmp_path / "eng", log=quiet, prompt_tokens=4, inputs_file=tmp_path / "in.json")
+    assert r["passed"] and "draft" not in r["roles"], r["summary"]
+    assert not any("the draft runs" in n for n in r["notes"]), r["notes"]

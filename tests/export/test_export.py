@@ -602,3 +602,19 @@ def test_eos_ids_that_miss_the_tokenizers_eos_token_or_are_none_are_said(tmp_pat
         assert r.exit_code == 0, r.output
         for out in ("\n".join(logs), r.output):
             assert (re.search(said, out) is not None if said else "EOS id" not in out), (ids, out)
+
+
+def test_a_tokenizer_naming_no_eos_token_gets_no_eos_token_note(tmp_path):
+    """eos_note where tokenizer_config.json names no eos_token: EOS ids say nothing (there is no
+    token to miss), none say only that answers end at --max-new-tokens (mutant m73y-58 said
+    "eos_token None (id -1) is not among the EOS ids")."""
+    from tests.runtime.test_text import _words
+
+    target = write_tiny_target(tmp_path / "t", "qwen3", vocab_size=16)
+    _words(target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "eos_token"}))
+    assert export_mod.eos_note(target, (14,)) is None
+    assert export_mod.eos_note(target, ()) == (f"note: {target}: no EOS id (generation_config.json's or config.json's "
+                                               "eos_token_id): answers end only at --max-new-tokens, a stop string "
+                                               "or the context limit")

@@ -1724,3 +1724,30 @@ def test_the_report_gives_the_fits_own_numbers_by_position(small_vocab_engines, 
         e = rep["ece"][w]
         assert (e["after"], e["auc_after"], e["predicted_after"]) == (fit[w]["ece"], fit[w]["auc"], fit[w]["predicted"])
         assert e["after"] != e["before"]
+
+
+def test_the_draft_weights_note_needs_both_precisions_named_and_different():
+    """weights_note says a calibration's draft precision differs only where the file names one
+    (a string: files from before 2026-12-07 name none, hand edits a number) and the engines
+    theirs (None: not said): mutants m73y-14 (a fitted precision of 5 said as "the 5 draft")
+    and m73y-15 (engines naming none said as "these run the None one")."""
+    from specrt.runtime.session import weights_note
+
+    assert weights_note("fp", "fp") == weights_note(None, "int8") == weights_note(5, "int8") == ""
+    assert weights_note("fp", None) == weights_note(True, "fp") == ""
+    assert weights_note("fp", "int8").startswith("; fitted on engines of the fp draft, these run the int8 one")
+
+
+def test_a_calibration_of_zero_rounds_is_read(tmp_path):
+    """'rounds' must be a whole number >= 0: 0 (a mode stored with no rounds of its own) is
+    one, taken as written; -1 is not (mutant m73y-17 refused 0)."""
+    from specrt.runtime.session import read_calibration_file
+
+    entry = {"calibration": Calibration(positions=2).to_dict(), "depth": 2, "rounds": 0}
+    p = tmp_path / CALIBRATION_FILE
+    p.write_text(json.dumps({"format": "specrt.calibration-file/2", "modes": {"greedy": entry}}))
+    assert read_calibration_file(p)["greedy"]["rounds"] == 0
+    entry["rounds"] = -1
+    p.write_text(json.dumps({"format": "specrt.calibration-file/2", "modes": {"greedy": entry}}))
+    with pytest.raises(UserError, match="'rounds' -1: expected a whole number >= 0$"):
+        read_calibration_file(p)

@@ -1262,3 +1262,15 @@ def test_a_session_saving_again_after_another_runs_save_adds_only_what_is_new(ti
         s.generator.generate([2, 7, 1, 8], 6)
         s.save_growth(grow)
     assert [q[:4] for q in _file_seqs(grow)] == [[3, 1, 4, 1], [6, 6, 6], [2, 7, 1, 8]]
+
+
+def test_token_ids_zero_and_the_last_of_the_vocabulary_are_read(tmp_path):
+    """read_sequences refuses ids outside [0, vocab_size): 0 and vocab_size - 1 lie inside it,
+    in answers and --stats files alike (mutant m73y-31 refused id 0)."""
+    answers = tmp_path / "a.jsonl"
+    answers.write_text(json.dumps({"prompt_ids": [0, 15], "answer_ids": [15, 0]}) + "\n")
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"prompts": [{"prompt_ids": [0], "output_token_ids": [0, 15]}]}))
+    assert read_sequences([answers, stats], vocab_size=16) == [([0, 15], [15, 0]), ([0], [0, 15])]
+    with pytest.raises(UserError, match=re.escape(f"{answers}:1: token id 15 is outside the vocabulary [0, 15)")):
+        read_sequences([answers], vocab_size=15)

@@ -1661,3 +1661,12 @@ def test_what_a_governor_learns_across_streams_counts_every_lookup_option():
     assert learnt_across_streams("fixed:2:grow=100") == ["prompt lookup's rates", ":grow's sequences"]
     assert learnt_across_streams("dspark:profiled:tree=3") == ["DSpark's online calibration"]
     assert learnt_across_streams("fixed:2:tree=3") == learnt_across_streams("adaptive") == []
+
+
+def test_a_calibration_prior_of_true_is_refused():
+    """A hand-edited "prior": true was read as 1.0 (a boolean is an int to isinstance): refused
+    as the string "4" is (mutant m73y-29)."""
+    d = Calibration(positions=2).to_dict()
+    Calibration.from_dict(d)  # well formed as it stands
+    with pytest.raises(UserError, match=r"'prior' True: expected a number$"):
+        Calibration.from_dict(d | {"prior": True})
