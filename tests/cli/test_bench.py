@@ -2056,3 +2056,19 @@ def test_a_later_repeat_that_differs_is_counted_in_the_json(tiny_engines, prompt
     c = json.loads((out / "bench.json").read_text())["identity"]["configs"]["specrt:fixed:2"]
     assert (c["identical_prompts"], c["identical_prompts_first_repeat"], c["prompts"]) == (1, 2, 2), c
     assert next(x for x in r.output.splitlines() if x.startswith("specrt:fixed:2 ")).endswith(" 1/2"), r.output
+
+
+def test_bench_refuses_a_prompt_of_exactly_the_context(tmp_path):
+    """Mutant m73x-55: a prompt of as many tokens as the context holds leaves no room for a new
+    token, so bench refuses it (text by its bound, ids by their count), as run does."""
+    from types import SimpleNamespace
+
+    from specrt.cmd_bench import tokenize_prompts
+    from tests.runtime.test_text import _bytewise
+
+    _bytewise(tmp_path)
+    engines, src = SimpleNamespace(export_dir=tmp_path, max_context=64), tmp_path / "p.jsonl"
+    with pytest.raises(UserError, match=rf"^{src}: prompt 1 has at least 64 tokens; the engines hold 64$"):
+        tokenize_prompts([{"prompt": " xylophone" * 64}], engines, False, None, src)
+    with pytest.raises(UserError, match=rf"^{src}: prompt 1 has 64 tokens; the engines hold 64$"):
+        tokenize_prompts([{"prompt_ids": [1] * 64}], engines, False, None, src)

@@ -647,7 +647,8 @@ def test_a_request_surely_past_the_context_is_refused_before_its_prompt_is_token
     """A chat or completion request whose text is surely past the context (a lower bound on its
     tokens) answers the session's context error, 400, with "at least", without the tokenizer's
     work (a 4 MB request took 32 s and kept +0.55 GB in the server: session 71's F4); a prompt
-    of the most tokens that fit (127 of the longest token) is answered."""
+    of the most tokens that fit (127 of the longest token) is answered; one bound at exactly the
+    context (128) is refused on the bound too (mutant m73x-50: it was tokenized first)."""
     from tokenizers import Tokenizer
 
     from specrt.cmd_serve import Server, make_server
@@ -671,7 +672,8 @@ def test_a_request_surely_past_the_context_is_refused_before_its_prompt_is_token
         one = [{"role": "user", "content": huge}]
         for path, body, param in (("/v1/chat/completions", {"messages": one}, "messages"),
                                   ("/v1/chat/completions", {"messages": many, "max_tokens": 2}, "messages"),
-                                  ("/v1/completions", {"prompt": ["hello", huge]}, "prompt")):
+                                  ("/v1/completions", {"prompt": ["hello", huge]}, "prompt"),
+                                  ("/v1/completions", {"prompt": " xylophone" * 128}, "prompt")):
             code, r = _post(url, path, body)
             assert code == 400 and r["error"]["param"] == param, r
             assert re.match(r"the prompt has at least \d+ tokens; the engines' context limit is 128 \(a prompt of at "

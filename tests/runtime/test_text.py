@@ -3948,11 +3948,13 @@ def test_a_chat_template_jinja_that_is_not_utf8_is_named_not_a_traceback(tmp_pat
 @pytest.mark.parametrize("tpl, error", [("{{ 1 / 0 }}", "ZeroDivisionError"),
                                         ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
                                         ("{% for i in range(1000000) %}{% endfor %}", "OverflowError: Range too big"),
-                                        ("{{ 10.0 ** 1000 }}", "OverflowError")])
+                                        ("{{ 10.0 ** 1000 }}", "OverflowError"),
+                                        ("{{ '%(a)s' % {} }}", "KeyError: 'a'")])
 def test_a_template_failing_in_its_own_sums_or_recursion_is_a_user_error(tmp_path, tpl, error):
     """A walk's (w72c) hand-written templates: a division by zero, a macro calling itself and
     the sandbox's range limit were tracebacks (and at export, which renders the template
-    once); now a UserError naming the template's file, as its other errors are."""
+    once); now a UserError naming the template's file, as its other errors are; a key a
+    format string lacks (a KeyError: LookupError, which mutant m73x-05 left out) too."""
     from specrt.runtime.text import Text
 
     f = _chat_folder(tmp_path / "a", {"chat_template": tpl})
@@ -4515,3 +4517,94 @@ def test_a_template_variable_the_chat_template_never_reads_is_said(worded):
             assert notes == [f"note: --chat-template-kwargs {said} ({worded / 'export' / 'tokenizer_config.json'}) "
                              f"reads no such variable, so {'it changes' if ',' not in said else 'they change'} "
                              "nothing (the variables of its own it reads: cue)"], r.output
+
+
+def test_the_unread_note_leaves_out_the_template_s_own_functions_and_says_none(tmp_path):
+    """Mutants m73x-12 and m73x-07: a template reading no variable of its own says "none", not
+    an empty list, and ``eos_token`` is None where tokenizer_config.json names none; the
+    functions its environment gives it (raise_exception, strftime_now) are no variable of its
+    own (jinja2.meta leaves them out already: m73x-11 is equivalent)."""
+    from specrt.runtime.text import Text
+
+    f = _chat_folder(tmp_path / "a", {"chat_template": "{{ raise_exception('no') if strict }}{{ bos_token }}"
+                                                       "{{ messages[0].content }}{{ strftime_now('%Y') if dated }}"})
+    assert Text(f).unread_note({"zz": 1}) == (f"'zz': the chat template ({f / 'tokenizer_config.json'}) reads no such "
+                                              "variable, so it changes nothing (the variables of its own it reads: "
+                                              "dated, strict)")
+    g = _chat_folder(tmp_path / "b", {"chat_template": "{{ messages[0].content }}"})
+    assert Text(g).unread_note({"zz": 1, "yy": 2}).endswith("so they change nothing (the variables of its own it "
+                                                            "reads: none)")
+    assert Text(g).eos_token is None
+
+
+def test_least_tokens_rounds_up_and_knows_no_bound_past_byte_level_bpe(bytewise, tmp_path):
+    """Mutants m73x-18, 23, 24, 25, 26, 27, 28 and 29 (``_token_bound``, ``least_tokens``): the
+    bound is the bytes over the longest token's rounded up (501 bytes of 10-byte tokens: 51, a
+    prompt refused before it is tokenized, not after); an added token longer than every
+    vocabulary token counts its UTF-8 bytes (a longer bound refused prompts that fit); and there
+    is no bound (0) where a token may stand for more of the text than its length says: a BPE
+    whose pre-tokenizer is no byte-level one (a character no token holds is dropped), a
+    word-level model under a byte-level pre-tokenizer (one unknown token for a whole word), a
+    post-processor that leaves the text out, an added token taking the spaces after it."""
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers, processors
+
+    from specrt.runtime.text import Text
+
+    text = Text(bytewise.parent / "exp")
+    assert text.least_tokens(" xylophone" * 50 + "q") == 51 == len(text.tokenizer.encode(" xylophone" * 50 + "q").ids)
+
+    def saved(tok, name):
+        (tmp_path / name).mkdir()
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+        return Text(tmp_path / name)
+
+    spec, long = json.loads(text.tokenizer.to_str()), "<|é" + "x" * 20 + "|>"  # (26 bytes, 25 characters)
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.add_tokens([long])
+    assert saved(tok, "long").least_tokens(long * 5) == len(tok.encode(long * 5).ids) == 5
+    first = text.tokenizer.token_to_id("<s>")
+    for name, change, said in (
+            ("split", lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Split(Regex(" "), "isolated")), "é" * 50),
+            ("drop", lambda t: setattr(t, "post_processor", processors.TemplateProcessing(
+                single="<s>", special_tokens=[("<s>", first)])), " xylophone" * 50),
+            ("rstrip", lambda t: t.add_special_tokens([AddedToken("<x>", rstrip=True)]), " xylophone" * 50)):
+        tok = Tokenizer.from_str(json.dumps(spec))
+        change(tok)
+        assert saved(tok, name).least_tokens(said) == 0, name
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", first)])
+    assert saved(tok, "kept").least_tokens(" xylophone" * 50) == 50  # (a post-processor that only adds: bound kept)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # (every byte held: none dropped)
+    words = Tokenizer(models.WordLevel({"w0": 0, **{c: i + 1 for i, c in enumerate(alphabet)}}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    said = "xylophones " * 50  # (one unknown token a word: 51 tokens of 550 bytes)
+    assert len(words.encode(said).ids) == 51 and saved(words, "words").least_tokens(said) == 0
+    empty = Tokenizer(models.BPE())  # (mutant m73x-32: a vocabulary of nothing has no longest token)
+    empty.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert saved(empty, "empty").least_tokens("hello") == 0
+
+
+def test_a_text_prompt_filling_the_context_is_scored_past_the_bound(bytewise):
+    """Mutant m73x-40: the bound before tokenizing is checked for the call's own
+    max_new_tokens and prompt_logprobs: a text of exactly the context's tokens (128 of the
+    longest token) is scored with 0 new tokens, as token ids are; with a new token it is
+    refused, at least 128."""
+    from specrt.runtime.session import Session
+
+    with Session(bytewise, governor="fixed:3") as s:
+        assert list(s.stream(" xylophone" * 128, max_new_tokens=0, prompt_logprobs=0)) == []
+        assert s.stats()["prompt_tokens"] == 128
+        with pytest.raises(UserError, match=r"^the prompt has at least 128 tokens; the engines' context limit is 128"):
+            s.stream(" xylophone" * 128, max_new_tokens=1, prompt_logprobs=0)
+
+
+def test_check_each_names_three_more_without_an_ellipsis():
+    """Mutant m73x-45: three more refused prompts are all named, with no ", ..." (that says
+    some were left out)."""
+    from specrt.prompt_files import check_each
+
+    def bad(p):
+        raise UserError(f"{p} is bad")
+
+    with pytest.raises(UserError, match=r"^a: 0 is bad; 3 more are refused too \(b, c, d\); no prompt was decoded$"):
+        check_each([0, 0, 0, 0], bad, list("abcd"))
