@@ -45,11 +45,12 @@ def _save(model, folder: Path, stem: str) -> list[dict[str, Any]]:
 
 
 def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
-                           log: Callable[[str], None] = lambda s: None) -> None:
+                           log: Callable[[str], None] = lambda s: None):
     """The tokenizer files export copies read as the runtime reads them (runtime/text.py), naming
     the target's file: a broken one was copied without a word, built, and raised only at
     `specrt run`, with a traceback. (generation_config.json: read with the target's config.)
-    ``vocab``: the model's vocabulary size, which a tokenizer of more tokens passes (said)."""
+    ``vocab``: the model's vocabulary size, which a tokenizer of more tokens passes (said).
+    Returns the target's runtime.text.Text (None without a tokenizer.json), for eos_note."""
     for n in TOKENIZER_FILES:
         path = target_dir / n
         if n.endswith(".json") and n != "tokenizer.json" and path.is_file():
@@ -76,25 +77,27 @@ def _check_tokenizer_files(target_dir: Path, vocab: int | None = None,
             except UserError as e:
                 raise UserError(f"{e}: a chat template must render a conversation of one user message; mend it, "
                                 "or remove it to take raw prompts only") from None
+        return text
+    return None
 
 
-def eos_note(target_dir: Path, eos: tuple[int, ...]) -> str | None:
+def eos_note(target_dir: Path, eos: tuple[int, ...], text=...) -> str | None:
     """What export and inspect say of the target's EOS ids (generation_config.json's, else
     config.json's eos_token_id: where answers end): none at all, or none that is the tokenizer's
     eos_token, where vLLM would end an answer too and specrt, as transformers' generate, does not
-    (a walk, w73d: an export with no EOS id decoded every answer to --max-new-tokens, unsaid)."""
+    (a walk, w73d: an export with no EOS id decoded every answer to --max-new-tokens, unsaid).
+    ``text``: the target's runtime.text.Text where the caller has loaded it (None: no tokenizer);
+    else it is loaded here, and left out where it cannot be read."""
     where = "generation_config.json's or config.json's eos_token_id"
-    tok = Path(target_dir) / "tokenizer.json"
-    named, i = None, None
-    if tok.is_file():
+    if text is ... and (Path(target_dir) / "tokenizer.json").is_file():
         from specrt.runtime.text import Text
 
         try:
             text = Text(Path(target_dir))
         except UserError:  # (a note: the tokenizer's own errors are export's to say, inspect binds weights)
             text = None
-        named = text.eos_token if text is not None else None
-        i = text.tokenizer.token_to_id(named) if named else None
+    named = text.eos_token if text not in (None, ...) else None
+    i = text.tokenizer.token_to_id(named) if named else None
     fix = "add it to generation_config.json's eos_token_id to end them there"
     if not eos:
         return (f"note: {target_dir}: no EOS id ({where}): answers end only at --max-new-tokens, a stop string "
@@ -140,14 +143,14 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     t0 = time.perf_counter()
     check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
-    _check_tokenizer_files(Path(target_dir), target.config.decoder.vocab_size, log)
+    text = _check_tokenizer_files(Path(target_dir), target.config.decoder.vocab_size, log)
     draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids, draft_embeddings) \
         if draft_dir is not None else None
     tc = target.config.decoder
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
-    if (note := eos_note(Path(target_dir), target.config.eos_token_ids)) is not None:
+    if (note := eos_note(Path(target_dir), target.config.eos_token_ids, text)) is not None:  # (its Text read once)
         log(note)
     for note in config_notes(draft) if draft is not None else ():
         log(note)
