@@ -802,21 +802,13 @@ def test_bench_refuses_a_prompt_surely_past_the_context_before_it_is_tokenized(t
     count before each is read; the most that fit (63 of the longest token, context 64) pass."""
     from types import SimpleNamespace
 
-    from tokenizers import Tokenizer
-
     from specrt.cmd_bench import tokenize_prompts
-    from tests.runtime.test_text import _bytewise
+    from tests.runtime.test_text import _bytewise, tokenize_small_texts_only
 
     _bytewise(tmp_path)
     engines, src = SimpleNamespace(export_dir=tmp_path, max_context=64), tmp_path / "p.jsonl"
     assert [len(x) for x in tokenize_prompts([{"prompt": " xylophone" * 63}], engines, False)] == [63]
-    encode = Tokenizer.encode
-
-    def small(self, text, *a, **k):
-        assert len(text) < 10_000, "a huge prompt was tokenized"
-        return encode(self, text, *a, **k)
-
-    monkeypatch.setattr(Tokenizer, "encode", small)
+    tokenize_small_texts_only(monkeypatch)
     for chat in (False, True):
         with pytest.raises(UserError, match=rf"^{src}: prompt 2 has at least 1200\d\d tokens; the engines hold 64$"):
             tokenize_prompts([{"prompt": "hello"}, {"prompt": "hello world " * 100_000}], engines, chat, None, src)

@@ -649,23 +649,15 @@ def test_a_request_surely_past_the_context_is_refused_before_its_prompt_is_token
     work (a 4 MB request took 32 s and kept +0.55 GB in the server: session 71's F4); a prompt
     of the most tokens that fit (127 of the longest token) is answered; one bound at exactly the
     context (128) is refused on the bound too (mutant m73x-50: it was tokenized first)."""
-    from tokenizers import Tokenizer
-
     from specrt.cmd_serve import Server, make_server
-    from tests.runtime.test_text import _bytewise, _tiny_text_pair
+    from tests.runtime.test_text import _bytewise, _tiny_text_pair, tokenize_small_texts_only
 
     eng = _tiny_text_pair(tmp_path_factory.mktemp("bytewise"), 288, 200, _bytewise)
     app = Server(eng, "fixed:3", SamplingParams(), 4, "tiny", log=lambda s: None)
     httpd = make_server(app, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    encode = Tokenizer.encode
-
-    def small(self, text, *a, **k):
-        assert len(text) < 10_000, "a huge prompt was tokenized"
-        return encode(self, text, *a, **k)
-
-    monkeypatch.setattr(Tokenizer, "encode", small)
+    tokenize_small_texts_only(monkeypatch)
     huge = "hello world " * 100_000
     try:
         many = [{"role": "user", "content": "hi"}] * 60_000  # (serve's 100 000 messages of session 71, smaller)

@@ -4324,6 +4324,20 @@ def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are
                             "a string 'role' and a string (or text parts) 'content'")
 
 
+def tokenize_small_texts_only(monkeypatch, what: str = "prompt") -> None:
+    """The tokenizer made to fail a test that tokenizes a text of 10 000 characters or more (a
+    huge ``what``, which a lower bound on its tokens must refuse first); shorter texts as before."""
+    from tokenizers import Tokenizer
+
+    encode = Tokenizer.encode
+
+    def small(self, text, *a, **k):
+        assert len(text) < 10_000, f"a huge {what} was tokenized"
+        return encode(self, text, *a, **k)
+
+    monkeypatch.setattr(Tokenizer, "encode", small)
+
+
 def _bytewise(t) -> None:
     """A byte-level BPE (as SmolLM2's) whose longest token is " xylophone" (10 bytes; the
     added <s> and </s> shorter), with a chat template in ChatML's manner."""
@@ -4435,15 +4449,7 @@ def test_chat_skips_a_turn_surely_past_the_context_before_it_is_tokenized(bytewi
     """A chat turn past the context even with every earlier turn dropped is skipped on a lower
     bound of its tokens, never tokenized (a 1 MB line was tokenized again for each earlier turn
     dropped for it); the earlier turns stay, the next turn goes on with them."""
-    from tokenizers import Tokenizer
-
-    encode = Tokenizer.encode
-
-    def small(self, text, *a, **k):
-        assert len(text) < 10_000, "a huge turn was tokenized"
-        return encode(self, text, *a, **k)
-
-    monkeypatch.setattr(Tokenizer, "encode", small)
+    tokenize_small_texts_only(monkeypatch, "turn")
     huge = "hello world " * 100_000
     r = CliRunner().invoke(main, ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"],
                            input=f"hello\n{huge}\nquartz\n\n")
