@@ -587,9 +587,7 @@ class Session:
             prompt = prompt.tolist()
         if isinstance(prompt, tuple):  # (a conversation as a tuple of messages too, as before session 52)
             prompt = list(prompt)
-        # ids (a conversation's first item is a message): their count is their tokens'
-        if isinstance(prompt, list) and len(prompt) >= self.engines.max_context and as_whole(prompt[0]) is not None:
-            check_length(len(prompt))
+        self.generator.check_count(prompt, max_new_tokens, prompt_logprobs)  # (ids: before each is read)
         if isinstance(prompt, list):  # ([]: "the prompt is empty")
             ids = [as_whole(t) for t in prompt]
             if None not in ids:  # (before anything decodes them: the tokenizer overflows on -2)
