@@ -32,7 +32,7 @@ from specrt.engines import costs as _costs
 from specrt.engines.engine_set import EngineSet
 from specrt.engines.manifest import (BACKENDS, ENGINES_FORMAT, ENGINES_MANIFEST, EXPORT_SUBDIR, check_environment,
                                      environment, read_engines_manifest)
-from specrt.engines.plan import (PRECISIONS, make_roles, normalise_precision, parse_depths, trt_plan,
+from specrt.engines.plan import (PRECISIONS, least_context, make_roles, normalise_precision, parse_depths, trt_plan,
                                  with_cache_rows)
 from specrt.engines.quantize import DRAFT_WEIGHTS, choose_form, quantize_draft
 from specrt.errors import UserError
@@ -259,10 +259,11 @@ def build_engines(export_dir: Path, backend: str, depths, out: Path, precision: 
         if max_context is None:
             log(f"note: context limit {limit}, the target's sliding window")
     ctx = limit if max_context is None else int(max_context)
-    low = max(depth_list) + 2  # a token, the deepest verify's drafts and its bonus (plan.make_roles)
+    low = least_context(depth_list)  # a prompt token, the first new token, the deepest verify's drafts and its bonus
     if not low <= ctx <= limit:  # (it said "must be in 1..256" of 0, and 1 was refused after)
         raise UserError(f"--max-context {ctx} must be in {low}..{limit} (" + (
-            f"at least the deepest verify depth {max(depth_list)} + 2" if ctx < low else why) + ")")
+            f"at least the deepest verify depth {max(depth_list)} + 3: a prompt token, the first new token, "
+            "the drafts and their bonus" if ctx < low else why) + ")")
     check_memory_fits(exp, ctx, source if max_context is None else "--max-context", log=log)
     draft_kind = (exp.get("draft") or {}).get("kind")
     draft_window = (exp.get("draft") or {}).get("sliding_window")

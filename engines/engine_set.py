@@ -324,16 +324,18 @@ class EngineSet:
 
     def folder_state(self) -> str:
         """"loaded" while ``folder`` is the folder these engines were loaded from, "removed" where
-        it is gone, "replaced" where another folder is in its place (rebuilt)."""
+        it is gone, "replaced" where another folder is in its place (rebuilt). Gone is said first:
+        a folder that could be stat'd neither at load (its stat in a rename's window) nor now
+        was "loaded", its identity None as the load's (h74d)."""
         now = _identity(self.folder)
-        return "loaded" if now == self.identity else "removed" if now is None else "replaced"
+        return "removed" if now is None else "loaded" if now == self.identity else "replaced"
 
     def check_unchanged(self) -> None:
         """UserError where ``folder`` is no longer the folder these engines were loaded from:
         `build --force` renamed a new one into its place while they were read (a `specrt run`
         then ran the earlier engines.json with the new build's draft graph, without a word);
         what was read may mix the two builds' files."""
-        if (now := _identity(self.folder)) != self.identity:
+        if (now := _identity(self.folder)) is None or now != self.identity:  # (gone: as folder_state)
             raise _replaced(self.folder, now)
 
     def activate(self) -> None:

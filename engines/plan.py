@@ -168,6 +168,15 @@ class Role:
         return cls(name, data["graph"], {k: DimRange(*v) for k, v in data["dims"].items()}, int(data["limit"]))
 
 
+def least_context(depths) -> int:
+    """The least context `specrt build` takes for ``depths``: a prompt token, the first new
+    token, the deepest verify's drafts and its bonus, as the prompt and the answer together
+    hold at most the context (generate.py's room). make_roles' shapes need one less: at
+    max(depths) + 2, which build took, the deepest verify never ran and compare refused the
+    engines (h74d); such engines, built before, still load."""
+    return max(depths) + 3
+
+
 def make_roles(depths: tuple[int, ...], max_context: int, draft_kind: str | None, *, opt_past: int = 512,
                opt_prompt: int = 128, draft_accepted: int = 2) -> dict[str, Role]:
     """Every role of an engine set, with its dimension ranges (see the module docstring).

@@ -143,12 +143,14 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     draft = exp.get("draft")
     if draft is None:
         return {}
-    # those with room for their first token and a round after it (a build with a tiny --max-context
-    # failed in the canary with the context error of a prompt the user never wrote)
-    every = prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
-    token_prompts = [p for p in every if len(p) + 2 <= engines.max_context]
-    cramped = len(token_prompts) < len(every)
+    # those with room for their first token and a round of `depth` drafts after it (a build with a tiny
+    # --max-context failed in the canary with the context error of a prompt the user never wrote); the
+    # prompt and the answer together hold at most max_context tokens (generate.py's room), and that round
+    # adds depth + 1 to the first: len + 2 kept prompts that could only decode, counted as measured (h74d)
     depth = 1 if 1 in engines.depths else engines.depths[0]  # position 1 is measured at any depth
+    every = prompt_ids(export_dir, exp["target"]["vocab_size"], prompts)
+    token_prompts = [p for p in every if len(p) + depth + 2 <= engines.max_context]
+    cramped = len(token_prompts) < len(every)
     gen = Generator(engines, FixedGovernor(engines.depths, depth), d2t=read_d2t(export_dir, exp))
     drafted = accepted = 0
     for ids in token_prompts:

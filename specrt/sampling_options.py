@@ -152,3 +152,10 @@ def argv_text(value: str | None) -> str | None:
         return os.fsencode(value).decode("utf-8")
     except UnicodeDecodeError:
         return value
+    except UnicodeEncodeError:  # (the C library decoded a byte Python's codec cannot give back: glibc's
+        # EUC-JP reads 0x82 as U+0082, which Python's euc_jp does not encode; `--prompt "café €"` was a traceback)
+        import sys
+
+        raise UserError(f"the argument {value!r} cannot be read back as the bytes typed under this locale's "
+                        f"encoding ({sys.getfilesystemencoding()}): run under a UTF-8 locale (LC_ALL=C.UTF-8) "
+                        "or with PYTHONUTF8=1") from None

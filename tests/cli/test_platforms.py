@@ -373,6 +373,31 @@ def test_text_given_on_the_command_line_under_an_ascii_locale_is_read_as_utf8(by
     assert bad.returncode == 1 and last.startswith(b"error: the prompt is not valid UTF-8 text (byte 0xff"), bad.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("localedef") is None
+                    or not Path("/usr/share/i18n/locales/ja_JP").is_file(), reason="glibc's localedef and ja_JP")
+def test_text_given_on_the_command_line_under_an_euc_jp_locale(bytewise, tmp_path):  # noqa: F811
+    """Under a multi-byte locale that is not UTF-8 (EUC-JP, made here with localedef) Python
+    decodes the arguments in it: `run --prompt 中` (UTF-8 E4 B8 AD: an EUC-JP character, then
+    a byte that is not one) is read as typed, as under a UTF-8 locale (m71a-81: the bytes taken
+    back as UTF-8, not as os.fsencode gives them, which no ASCII or UTF-8 locale tells apart).
+    `--prompt "café €"` was a traceback (h74d): glibc reads its 0x82 as U+0082, which Python's
+    euc_jp codec cannot encode back; said now, with what to do."""
+    subprocess.run(["localedef", "-i", "ja_JP", "-f", "EUC-JP", str(tmp_path / "ja_JP.eucjp")], capture_output=True,
+                   timeout=120)
+    if not (tmp_path / "ja_JP.eucjp").is_dir():
+        pytest.skip("localedef made no ja_JP.eucjp")
+    euc = {"LOCPATH": str(tmp_path), "LC_ALL": "ja_JP.eucjp", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    run = ["run", bytewise, "--prompt", "中", "--max-new-tokens", "12", "--governor", "fixed:3"]
+    want = _specrt(run, None, PYTHONIOENCODING="utf-8")
+    got = _specrt(run, None, **euc)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr.decode()
+    assert got.stdout == want.stdout, (got.stdout, want.stdout)
+    bad = _specrt(["run", bytewise, "--prompt", "café €"], None, **euc)
+    assert bad.returncode == 1 and b"Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.rstrip().endswith(b"under this locale's encoding (euc_jp): run under a UTF-8 locale "
+                                        b"(LC_ALL=C.UTF-8) or with PYTHONUTF8=1"), bad.stderr
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C locale's ASCII arguments")
 def test_a_model_name_given_under_an_ascii_locale_is_served_as_typed(bytewise):  # noqa: F811
     """The same walk: `serve --model-name modèle` under the ASCII locale served the id

@@ -632,10 +632,11 @@ def test_existing_output_needs_force(tiny_export, tmp_path):
     (dict(depths="0,2"), r"\[0\] out of range"),
     (dict(precision="fp16"), "ONNX Runtime runs the graph in its exported dtype"),
     (dict(precision="int8"), "--precision 'int8' is not supported"),
-    (dict(max_context=100_000), r"--max-context 100000 must be in 4..256 \(the target's max_position"),
+    (dict(max_context=100_000), r"--max-context 100000 must be in 5..256 \(the target's max_position"),
     # (it said "must be in 1..256" of 0, and refused 1 after, as too small for the depth: a user walk)
-    (dict(max_context=0), r"--max-context 0 must be in 4..256 \(at least the deepest verify depth 2 \+ 2\)"),
-    (dict(max_context=3), r"--max-context 3 must be in 4..256"),
+    (dict(max_context=0), r"--max-context 0 must be in 5..256 \(at least the deepest verify depth 2 \+ 3: a prompt "
+                          r"token, the first new token, the drafts and their bonus\)"),
+    (dict(max_context=4), r"--max-context 4 must be in 5..256"),  # (test_the_least_context_runs_the_deepest_depth)
     (dict(ort_settings={"sessions": "many"}), "sessions 'many' is not one of"),
     (dict(profile_repeats=0), "--profile-repeats 0: expected a whole number in 1..10000"),
     # (specrt.limits.MAX_PROFILE_REPEATS, the CLI's IntRange: 2**40 passes ran for ever)
@@ -652,6 +653,24 @@ def test_bad_arguments_are_user_errors(tiny_export, tmp_path, kwargs, message):
     with pytest.raises(UserError, match=message):
         build_engines(tiny_export, args.pop("backend"), args.pop("depths"), tmp_path / "e", log=quiet, **args)
     assert not (tmp_path / "e").exists()
+
+
+def test_the_least_context_runs_the_deepest_depth(tiny_export, tmp_path):
+    """The least --max-context build takes lets the deepest verify run (h74d, the review's note
+    of session 70): at max(depths) + 2, which it took, a one-token prompt and its first token
+    left room for depth 1 only (the prompt and the answer together hold at most the context),
+    so verify.2 never ran (offered_at [1]); at + 3 it runs."""
+    from specrt.engines.engine_set import load_engines
+    from specrt.runtime.generate import Generator
+    from specrt.runtime.governor import FixedGovernor
+
+    with pytest.raises(UserError, match=r"--max-context 4 must be in 5\.\.256 \(at least the deepest verify depth 2"):
+        build_engines(tiny_export, "onnxruntime", (1, 2), tmp_path / "e4", log=quiet, max_context=4)
+    build_engines(tiny_export, "onnxruntime", (1, 2), tmp_path / "e5", log=quiet, profile_repeats=1, max_context=5)
+    with load_engines(tmp_path / "e5") as e:
+        gen = Generator(e, FixedGovernor(e.depths, 2))
+        gen.generate([3], 10, [])
+        assert gen.finished.reason == "context" and len(gen.telemetry.offered_at) == 2  # (a second position)
 
 
 def test_an_export_folder_linked_out_of_the_engines_folder_is_refused(engines_copy, tmp_path):
@@ -957,9 +976,9 @@ def test_precision_bf16_on_the_cpu_provider_does_not_send_the_user_to_a_bfloat16
         build_engines(tiny_export, "onnxruntime", "1", tmp_path / "e", log=quiet, precision="fp16")
 
 
-@pytest.mark.parametrize("ctx", [10, 16])
+@pytest.mark.parametrize("ctx", [11, 16])
 def test_a_small_context_gets_a_cost_table(tiny_export, tmp_path, ctx):
-    """The smallest contexts make_roles accepts for depth 8 (>= 10): no default past fits,
+    """The smallest contexts build accepts for depth 8 (>= 11; 10 before h74d): no default past fits,
     and the fallback past (half the context) must still leave room for verify.8 (it raised
     InternalError with a traceback for 10..16, after the whole build)."""
     m = build_engines(tiny_export, "onnxruntime", "1,2,4,8", tmp_path / "e", log=quiet, profile_repeats=1,

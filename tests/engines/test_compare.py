@@ -1119,21 +1119,27 @@ def test_the_only_a_check_failed_note_is_not_said_when_outputs_failed(engines_co
     assert not any("failed only its" in line for line in lines), lines
 
 
-def test_a_folder_others_can_write_or_that_is_not_ours_is_not_reused(tmp_path):
+def test_a_folder_others_can_write_or_that_is_not_ours_is_not_reused(tmp_path, monkeypatch):
     """_private_folder: a folder the group can write (mutant f01: only others' write bit
     checked) or owned by another uid (mutant f02: the owner never checked; here the caller's
-    uid is another than the folder's) is passed over for a fresh mkdtemp folder."""
+    uid is another than the folder's) is passed over for a fresh mkdtemp folder, made in the
+    temporary directory: this test's own (it left two empty specrt-compare-XXXXXXXX folders in
+    the real /tmp a run, h74d)."""
     import os
+    import tempfile
 
     from specrt.engines.compare import _private_folder
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     p = tmp_path / "specrt-compare-x"
     p.mkdir()
     p.chmod(0o700)
     assert _private_folder(p, os.getuid()) == p
-    assert _private_folder(p, os.getuid() + 1) != p
+    assert _private_folder(p, os.getuid() + 1).parent == tmp_path / "tmp"
     p.chmod(0o770)
-    assert _private_folder(p, os.getuid()) != p
+    assert _private_folder(p, os.getuid()).parent == tmp_path / "tmp"
+    assert len(list((tmp_path / "tmp").glob("specrt-compare-*"))) == 2
 
 
 def test_a_record_that_names_no_folder_is_left_alone(tmp_path):
@@ -1885,7 +1891,7 @@ def test_the_torch_target_must_have_the_exports_layers(tmp_path):
         transformers.logging.set_verbosity(before)
 
 
-def test_the_longest_prompt_that_fits_the_context_is_compared(tiny_export, tmp_path):
+def test_the_longest_prompt_that_fits_the_context_is_compared(tiny_export, tmp_path, monkeypatch):
     """--prompt-tokens up to C - K - 1 (C the context limit, K the deepest verify): verify.K
     then scores K + 1 tokens over n of past, C in all, its plan's largest past (C - K - 1).
     compare refused that n (2..C - K - 2: engines built at --max-context K + 3 could not be
@@ -1903,7 +1909,11 @@ def test_the_longest_prompt_that_fits_the_context_is_compared(tiny_export, tmp_p
     res = CliRunner().invoke(cli(), ["compare", str(tmp_path / "engines"), "--report", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "r.json").read_text())["inputs"]["prompt_tokens"] == 21
-    # a context with no room for a prompt of 2 tokens is said as the engines' (it said "expected 2..1")
+    # a context with no room for a prompt of 2 tokens is said as the engines' (it said "expected 2..1"): engines
+    # built before build's least context was the deepest depth + 3 (h74d)
+    from specrt.engines import build as build_module
+
+    monkeypatch.setattr(build_module, "least_context", lambda depths: max(depths) + 2)
     build_engines(tiny_export, "onnxruntime", (1, 2), tmp_path / "small", log=quiet, profile_repeats=1,
                   max_context=4)
     res = CliRunner().invoke(cli(), ["compare", str(tmp_path / "small")])

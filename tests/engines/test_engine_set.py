@@ -43,6 +43,28 @@ def test_a_folder_removed_while_loaded_is_said_removed_not_replaced(tiny_engines
             e.check_unchanged()
 
 
+def test_a_folder_stat_d_neither_at_load_nor_now_is_said_removed(tiny_engines, tmp_path, monkeypatch):
+    """folder_state / check_unchanged: engines whose folder's stat failed at load (identity None:
+    the stat falling in a rename's window, `build --force`'s; made here by failing it) and that
+    is gone now are "removed"; folder_state said "loaded" (None == None) and check_unchanged
+    passed, so check_still_here let a write go on (session 70's review, h74d). A folder there now
+    stays "replaced": nothing vouches it is the one read."""
+    from specrt.engines import engine_set
+
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_engines, eng)
+    with monkeypatch.context() as m:
+        m.setattr(engine_set, "_identity", lambda folder: None)
+        e = engine_set.load_engines(eng, verify=False)
+    assert e.identity is None and e.folder_state() == "replaced"
+    eng.rename(tmp_path / "moved")
+    assert e.folder_state() == "removed"
+    with pytest.raises(UserError, match=f"^{re.escape(str(eng))}: removed while this ran; x not written$"):
+        e.check_still_here("x")
+    with pytest.raises(UserError, match=f"^{re.escape(str(eng))}: removed while its engines were being loaded "):
+        e.check_unchanged()
+
+
 def test_engines_given_as_the_working_folder_and_rebuilt_are_not_taken_as_unchanged(tiny_engines, tmp_path,
                                                                                      monkeypatch):
     """ENGINES "." while `build --force` renames a new folder into its place and removes the one

@@ -113,7 +113,7 @@ def test_the_context_limit_stops_at_a_sliding_window(tmp_path):
                            pad_token_id=0)[0, 3:].tolist()
     assert out == want
     logs = []
-    with pytest.raises(UserError, match=r"--max-context 9 must be in 4\.\.8 \(the target's sliding window"):
+    with pytest.raises(UserError, match=r"--max-context 9 must be in 5\.\.8 \(the target's sliding window"):
         build_engines(tmp_path / "exp", "onnxruntime", (1, 2), tmp_path / "eng2", log=logs.append,
                       profile_repeats=1, profile_pasts=(4,), max_context=9)
     assert not (tmp_path / "eng2").exists()
@@ -124,7 +124,7 @@ def test_the_context_limit_stops_at_a_sliding_window(tmp_path):
     # mutation round, `window < limit` -> `<=`: the sliding window named as the limit)
     t = write_tiny_target(tmp_path / "t256", "mistral", sliding_window=256)
     export(t, None, tmp_path / "exp256", log=logs.append)
-    with pytest.raises(UserError, match=r"^--max-context 257 must be in 4\.\.256 \(the target's "
+    with pytest.raises(UserError, match=r"^--max-context 257 must be in 5\.\.256 \(the target's "
                                         r"max_position_embeddings\)$"):
         build_engines(tmp_path / "exp256", "onnxruntime", (1, 2), tmp_path / "eng3", log=logs.append,
                       max_context=257)

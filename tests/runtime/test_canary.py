@@ -396,11 +396,15 @@ def test_drafts_exactly_at_min_drafts_decide(tmp_path, monkeypatch):
 def test_the_receipt_counts_only_the_prompts_with_room_for_a_round(tmp_path):
     """Mutant c07 (a prompt kept with room for its first token only): the 12-token prompts
     in a context of 13 leave no room for a round after the first token, so none is run and
-    the receipt says 0 prompts."""
+    the receipt says 0 prompts. Nor in a context of 14 (h74d: kept by `len + 2`, the receipt
+    said 6 prompts over 0 drafts, as the prompt and its answer, 12 + 1 + a draft and its bonus,
+    need 15); 15 drafts in each."""
     r = _measure(_engines(tmp_path / "x", None, max_context=13))
     assert (r["prompts"], r["drafts"], r["inconclusive"]) == (0, 0, True), r
     r = _measure(_engines(tmp_path / "y", None, max_context=14))
-    assert r["prompts"] == 6, r
+    assert (r["prompts"], r["drafts"], r["inconclusive"]) == (0, 0, True), r
+    r = _measure(_engines(tmp_path / "z", None, max_context=15))
+    assert (r["prompts"], r["drafts"]) == (6, 6), r
 
 
 def test_the_canary_measures_at_depth_1_whatever_depths_are_built(tmp_path):
@@ -532,9 +536,9 @@ def test_a_training_receipt_the_canary_cannot_compare_with_is_named_by_its_file(
 
 def test_one_prompt_left_out_for_the_context_is_blamed_on_the_context(tmp_path):
     """Mutant B66 (session 65: the context blamed only where two prompts were left out): with a
-    word-level tokenizer the canary's first four prompts take 6 or 7 tokens; a context of 8
-    leaves out the one of 7 alone, and the answers end at once (every token an EOS): the note
-    names the context."""
+    word-level tokenizer the canary's first four prompts take 6 or 7 tokens; a context of 9
+    (a prompt, its first token, a draft and its bonus) leaves out the one of 7 alone, and the
+    answers end at once (every token an EOS): the note names the context."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from specrt.runtime.canary import PROMPTS
@@ -546,11 +550,11 @@ def test_one_prompt_left_out_for_the_context_is_blamed_on_the_context(tmp_path):
     d = write_tiny_draft(tmp_path / "d", t, kind="peagle", num_layers=1, draft_vocab=16, mask_token_id=15)
     export(t, d, tmp_path / "exp")
     build_engines(tmp_path / "exp", "onnxruntime", (1,), tmp_path / "eng", log=lambda s: None, profile_repeats=1,
-                  profile_pasts=(4,), max_context=8)
+                  profile_pasts=(4,), max_context=9)
     assert [len(p.split()) for p in PROMPTS[:4]] == [6, 7, 6, 6]
     with load_engines(tmp_path / "eng") as e:
         r = run_canary(e, max_new_tokens=24, prompts=PROMPTS[:4])
-    assert (r["prompts"], r["drafts"]) == (3, 0) and "the engines' context of 8 tokens" in r["note"], r
+    assert (r["prompts"], r["drafts"]) == (3, 0) and "the engines' context of 9 tokens" in r["note"], r
 
 
 def test_a_receipt_copied_beside_another_build_of_the_export_is_refused(tmp_path):

@@ -4614,3 +4614,18 @@ def test_check_each_names_three_more_without_an_ellipsis():
 
     with pytest.raises(UserError, match=r"^a: 0 is bad; 3 more are refused too \(b, c, d\); no prompt was decoded$"):
         check_each([0, 0, 0, 0], bad, list("abcd"))
+
+
+def test_a_conversation_of_as_many_messages_as_the_context_is_rendered_before_it_is_counted(tmp_path):
+    """Mutant m73x-49 (the count check of token ids, Generator.check_count, without its guard
+    that the first item is an id): a conversation of 64 messages, in a context of 64, was
+    refused as "the prompt has 64 tokens" unrendered; a template keeping the last message only
+    (here) renders it as 3 tokens, answered."""
+    from specrt.runtime.session import Session
+
+    eng = templated_engines(tmp_path, "{% set messages = messages[-1:] %}")
+    turn = [{"role": "user", "content": "w4"}, {"role": "assistant", "content": "w5"}]
+    conversation = turn * 31 + [turn[0], {"role": "user", "content": "w6"}]  # (64 messages, the last w1 w6)
+    with Session(eng, governor="off") as s:
+        assert len(list(s.stream(conversation, max_new_tokens=2))) >= 1
+        assert s.stats()["prompt_tokens"] == 3
