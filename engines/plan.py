@@ -85,8 +85,8 @@ def parse_depths(depths: Any) -> tuple[int, ...]:
         parts = [p.strip() for p in depths.split(",")]
         if "" in parts and any(parts):  # ("1,,2" was 1,2 without a word: a depth lost in typing?)
             raise UserError(f"--depths '{depths}': an empty entry; expected comma-separated integers such as 1,2,4,8")
-        vals = []
-        for p in filter(None, parts):
+        vals, first = [], {}  # first: depth -> the entry that named it (each once: "1,2,2" a slip, as bench's lists)
+        for i, p in enumerate(filter(None, parts), 1):
             lo, dash, hi = (x.strip() for x in p.partition("-"))
             # ("1-4" was refused: a range, as a user types one; int() took "１" (a full-width digit) as 1)
             if not digits(lo) or dash and not digits(hi):
@@ -98,7 +98,12 @@ def parse_depths(depths: Any) -> tuple[int, ...]:
             b = int(hi) if dash else a
             if b < a:
                 raise UserError(f"--depths '{depths}': the range {p} runs backwards; expected LOW-HIGH such as 1-4")
-            vals += range(a, b + 1) if b <= MAX_DEPTH else [b]  # (past MAX_DEPTH: said below)
+            named = range(a, b + 1) if b <= MAX_DEPTH else [b]  # (past MAX_DEPTH: said below)
+            if (again := next((d for d in named if d in first), None)) is not None:
+                raise UserError(f"--depths '{depths}': depth {again} is named twice (entries {first[again]} and {i}); "
+                                "each depth is built once")
+            first.update(dict.fromkeys(named, i))
+            vals += named
     else:
         vals = [int(d) for d in depths]
     if not vals:

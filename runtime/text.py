@@ -188,7 +188,8 @@ class Text:
                     chat_option: str = "chat=True") -> str:
         """The text ``encode`` tokenizes: the prompt checked, and rendered through the chat
         template where it goes through it."""
-        if not prompt:
+        if not prompt and not (chat and isinstance(prompt, str)):  # ('' with --chat: a user turn with no text,
+            # rendered as a conversation of one empty message is, and as transformers and vLLM render it)
             raise UserError("the prompt is empty")
         problem = None if isinstance(prompt, str) else conversation_problem(prompt)
         if problem == CONVERSATION:

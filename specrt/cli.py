@@ -656,6 +656,9 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     lines: list[int] = []  # each prompt's line in --prompts (blank lines passed over)
     prompts = [prompt] if prompt is not None else _read_prompts(prompts_file, lines)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, coupled=reproducible)
+    if no_prefix_reuse and len(prompts) == 1:  # (taken without a word: session 70's CLI walk, L5)
+        click.echo("note: --no-prefix-reuse has no effect on one prompt: only a later prompt of --prompts reuses "
+                   "an earlier one's KV rows", err=True)
     StopScanner(stops)  # a bad stop string is refused before the engines load
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
@@ -1058,4 +1061,8 @@ def _register() -> None:
 _register()
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # `python -m specrt.cli` runs as the `specrt` command does (its SIGTERM handler, the huge-pages
+    # restart): main() alone had no handler, so `timeout` left bench's and build's partial folders (h74b)
+    from specrt.launch import entry as _entry
+
+    _entry()

@@ -1085,6 +1085,24 @@ def _split(value: str | None) -> list[str]:
     return [x.strip().lower() for x in (value or "").split(",") if x.strip() and x.strip().lower() != "none"]
 
 
+def _check_items(option: str, value: str | None) -> None:
+    """UserError for an empty item of a comma-separated option or one given twice, naming its
+    place: `--governors 'off,,fixed:1'` ran off and fixed:1 (a governor lost in typing?) and
+    `--peers hf,hf` one hf, each without a word (w73e). A list with no item at all is said by
+    its option's own check."""
+    typed = [x.strip() for x in (value or "").split(",")]
+    items = [x.lower() for x in typed]
+    if not any(items):
+        return
+    for i, x in enumerate(items):
+        if not x:
+            raise UserError(f"{option} {value!r}: item {i + 1} of {len(items)} is empty; expected a comma-separated "
+                            "list without empty items")
+        if x in items[:i]:
+            raise UserError(f"{option} {value!r}: item {i + 1} ({typed[i]}) repeats item {items.index(x) + 1}; each "
+                            "runs once (--repeats times every prompt again)")
+
+
 def _progress(total: int, quiet: bool):
     if quiet:
         return None
@@ -1352,11 +1370,27 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"{option} {value}: expected >= {least}")
     if threads is not None and threads > MAX_THREADS:  # before the engines load (OrtSettings checks it there)
         raise UserError(f"--threads {threads}: expected at most {MAX_THREADS}")
+    cores = physical_cores()  # (no more than the cgroup CPU limit, rounded up)
+    threads_note = (f"--threads {threads} exceeds the {cores} physical cores" if threads is not None and threads > cores
+                    else None)
+    if threads_note:  # said now, before the engines load and the workers start (--threads 100000 ran the whole
+        # bench and said it only under the closing table: w73e)
+        echo(f"warning: {threads_note}", err=True)
     if peers is not None and not peers.replace(",", "").strip():  # (an empty value ran no peer, where --governors
         # '' is refused; ',' too, a list that lost its names: w73e)
         raise UserError(f"--peers {peers!r}: expected a comma-separated list of "
                         f"{', '.join(KNOWN_PEERS)}, or 'none'")
-    if ortgenai_cache is not None and any(x.startswith("ortgenai") or x in LLAMACPP_PEERS for x in _split(peers)):
+    if governors is not None and not _split(governors):  # (an empty value ran the whole default list)
+        raise UserError(f"--governors {governors!r}: expected comma-separated governors, e.g. off,fixed:2,dspark "
+                        "(leave the option out for the default list)")
+    _check_items("--governors", governors)
+    _check_items("--peers", peers)
+    if ortgenai_cache is not None and not any(x.startswith("ortgenai") or x in LLAMACPP_PEERS for x in _split(peers)):
+        # (taken without a word, as --llamacpp-gguf and --target are refused: h74b)
+        raise UserError(f"--ortgenai-cache {ortgenai_cache}: where the onnxruntime-genai and llama.cpp peers' models "
+                        "are made; " + (f"--peers {peers} has none of them" if _split(peers)
+                                        else "no peer runs (--peers none)"))
+    if ortgenai_cache is not None:
         # a file or an unwritable folder there skipped the peer after the whole setup, exit 0
         from specrt.paths import check_output_folder
 
@@ -1383,9 +1417,6 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
     from specrt.runtime.governor import is_dspark
     from specrt.runtime.session import resolve_spec
 
-    if governors is not None and not _split(governors):  # (an empty value ran the whole default list)
-        raise UserError(f"--governors {governors!r}: expected comma-separated governors, e.g. off,fixed:2,dspark "
-                        "(leave the option out for the default list)")
     same_notes: list[str] = []
     govs = _split(governors) if governors else (
         ["off", *[f"fixed:{d}" for d in engines.depths], "adaptive", "dspark",
@@ -1470,7 +1501,7 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
             raise UserError(f"-o {out}: holds {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}, which "
                             "`specrt bench` does not write; --force replaces the report folder whole: move them out "
                             "first, or remove the folder yourself")
-    threads = int(threads) if threads else physical_cores()
+    threads = int(threads) if threads else cores
     lookup = int(lookup_tokens) if lookup_tokens else max(engines.depths)
     if lookup > engines.max_context:  # (10**30 reached the peers: transformers' OverflowError, a traceback)
         raise UserError(f"--lookup-tokens {lookup}: expected at most the engines' context limit of "
@@ -1518,8 +1549,8 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
         if load1 > 0.5 * cpus:
             warnings.append(f"the machine was busy when the benchmark started (1-minute load {load1:.1f} on {cpus} "
                             "CPUs): other processes compete for the cores and the tokens/s are not clean")
-        if threads > (machine.get("physical_cores") or threads):
-            warnings.append(f"--threads {threads} exceeds the {machine.get('physical_cores')} physical cores")
+        if threads_note:
+            warnings.append(threads_note)
         skipped: dict[str, str] = {}
         jobs: list[tuple[str, dict]] = []
         base = {"prompts": prompts, "max_new_tokens": max_new_tokens, "eos": eos, "threads": threads,
@@ -2190,4 +2221,9 @@ def bench(engines_dir, prompts_file, out, force, chat, chat_template_kwargs, max
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2], sys.argv[3]))
-    bench()
+    # `python -m specrt.cmd_bench ...` is `python -m specrt bench ...`: bench() alone printed a
+    # UserError's traceback, and without the SIGTERM handler `timeout` left its partial folder (h74b)
+    from specrt.launch import entry
+
+    sys.argv[:1] = [str(Path(__file__).with_name("__main__.py")), "bench"]  # (click names it python -m specrt)
+    entry()

@@ -12,7 +12,7 @@ import click
 
 from specrt.contracts import CALIBRATION_FILE
 from specrt.prompt_files import prompts_of, read_prompt_file, template_notes
-from specrt.sampling_options import PathArg, existing_folder, sampling_options, template_kwargs_option
+from specrt.sampling_options import Checked, PathArg, existing_folder, sampling_options, template_kwargs_option
 
 
 def read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[int]]:
@@ -31,7 +31,8 @@ def read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[
 @template_kwargs_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True,
               help="Tokens generated per prompt (at least 3).")
-@click.option("--holdout", type=float, default=0.25, show_default=True,
+@click.option("--holdout", default=0.25, show_default=True,
+              type=Checked(click.FLOAT, lambda v: 0 <= v < 1, "a fraction in [0, 1)"),  # (as split_prompts checks it)
               help="Fraction of the prompts held out to measure calibration error (0: none).")
 @click.option("--holdout-prompts", "holdout_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="A separate held-out prompt file (same format) to measure calibration error on; "

@@ -71,7 +71,7 @@ import click
 
 from specrt.errors import EngineFailure, UserError, describe_os_error, json_problem
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
-from specrt.sampling_options import argv_text, existing_folder, temperature_option, template_kwargs_option
+from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -1263,7 +1263,8 @@ def _check_api_key(key: str | None) -> None:
               help="Coupled sampling for every sampled request: the text a function of the request's seed alone "
                    "(the one target-only decoding samples with it), whatever this server decoded before; by default "
                    "rejection sampling, which accepts more drafts but whose text depends on them.")
-@click.option("--write-timeout", type=float, default=WRITE_TIMEOUT, show_default=True,
+@click.option("--write-timeout", default=WRITE_TIMEOUT, show_default=True,  # (nan and inf too: a socket takes neither)
+              type=Checked(click.FLOAT, lambda v: 0 < v <= 3600, "seconds, > 0 and at most 3600"),
               help="Seconds an answer's write waits for a client that has stopped reading (> 0, at most 3600); then a "
                    "stream ends, logged as a client that left, and the next request gets the engines (a whole "
                    "answer, written once they are free, is dropped).")
@@ -1286,8 +1287,6 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     # /v1/models, and a request for "mé" was a 404
     if model_name is not None and (problem := not_text(model_name, "--model-name")) is not None:
         raise UserError(problem)
-    if not 0 < write_timeout <= 3600:  # (nan and inf too: a socket takes neither)
-        raise UserError(f"--write-timeout {write_timeout}: expected seconds, > 0 and at most 3600")
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,
                  model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)

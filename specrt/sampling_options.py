@@ -58,19 +58,27 @@ def existing_folder() -> PathArg:
     return PathArg("a folder", exists=True, file_okay=False)
 
 
-def _checked(ok, expected: str):
-    def check(ctx, param, value):
-        if value is not None and not ok(value):
-            raise UserError(f"{param.opts[0]} {value}: expected {expected}")
-        return value
+class Checked(click.ParamType):
+    """click's FLOAT or INT (``base``) whose value ``ok`` takes, refused naming the option and
+    the value as the user typed it: `--temperature -1` was said as "-1.0", `1e999` as "inf",
+    `--top-p 1.50` as "1.5" (the parsed value; session 70's CLI walk, L4)."""
 
-    return check
+    def __init__(self, base: click.ParamType, ok, expected: str):
+        self.base, self.ok, self.expected, self.name = base, ok, expected, base.name
+
+    def convert(self, value, param, ctx):
+        v = self.base.convert(value, param, ctx)
+        if not self.ok(v):
+            typed = value if not isinstance(value, str) or value == value.strip() else repr(value)
+            raise UserError(f"{param.opts[0]} {typed}: expected {self.expected}")
+        return v
 
 
 def temperature_option(help_text: str):
     """--temperature (0 = greedy), checked as SamplingParams checks it, named as typed."""
-    return click.option("--temperature", type=float, default=0.0, show_default=True, help=help_text,
-                        callback=_checked(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 = greedy)"))
+    return click.option("--temperature", default=0.0, show_default=True, help=help_text,
+                        type=Checked(click.FLOAT, lambda v: math.isfinite(v) and v >= 0,
+                                     "a finite number >= 0 (0 = greedy)"))
 
 
 def sampling_options(temperature_help: str, seed: int | None, seed_help: str | None = None):
@@ -78,12 +86,12 @@ def sampling_options(temperature_help: str, seed: int | None, seed_help: str | N
     --reproducible (SamplingParams.coupled)."""
     opts = [
         temperature_option(temperature_help),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
-                     callback=_checked(lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 (or -1) = off.",
-                     callback=_checked(lambda v: v >= -1, "an integer >= -1 (0 or -1: off)")),
-        click.option("--seed", type=int, default=seed, show_default=seed is not None, help=seed_help,
-                     callback=_checked(lambda v: v >= -1, "a non-negative integer (-1: none)")),
+        click.option("--top-p", default=1.0, show_default=True, help="1 = off.",
+                     type=Checked(click.FLOAT, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")),
+        click.option("--top-k", default=0, show_default=True, help="0 (or -1) = off.",
+                     type=Checked(click.INT, lambda v: v >= -1, "an integer >= -1 (0 or -1: off)")),
+        click.option("--seed", default=seed, show_default=seed is not None, help=seed_help,
+                     type=Checked(click.INT, lambda v: v >= -1, "a non-negative integer (-1: none)")),
         click.option("--reproducible", is_flag=True,
                      help="Coupled sampling: each token the Gumbel-max draw of its position's noise, a function of "
                           "--seed alone, so the text is the one target-only decoding samples with that seed, whatever "

@@ -1350,8 +1350,8 @@ def test_trees_on_engines_that_cannot_verify_them_are_refused(tiny_engines, prom
 
 def test_bad_sampling_options_are_user_errors(tiny_engines, prompts_file, tmp_path):
     # named as typed (found by review: "top_p=0.0: ..." for --top-p 0)
-    for extra, match in ((["--temperature", "-1"], "--temperature -1.0: expected"),
-                         (["--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
+    for extra, match in ((["--temperature", "-1"], "--temperature -1: expected"),
+                         (["--top-p", "0"], "--top-p 0: expected a number in (0, 1]"),
                          (["--top-k", "-2"], "--top-k -2: expected"), (["--seed", "-2"], "--seed -2: expected")):
         r = CliRunner().invoke(bench, [str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"),
                                        "--peers", "none", *extra])

@@ -417,9 +417,9 @@ def test_threads_are_warned_of_past_the_physical_cores_only(tiny_engines, prompt
                                                             monkeypatch, threads, cores, warned):
     """C71: --threads equal to the physical cores is no warning; one more is."""
     import specrt.cmd_bench as cb
+    import specrt.engines.onnxruntime as ort
 
-    real = cb.machine_info
-    monkeypatch.setattr(cb, "machine_info", lambda t: {**real(t), "physical_cores": cores})
+    monkeypatch.setattr(ort, "physical_cores", lambda: cores)
     rep = cb.run_bench(tiny_engines, prompts_file, tmp_path / "r", max_new_tokens=2, governors="off", peers="none",
                        threads=threads, warmup_tokens=0, quiet=True, profile=False)
     said = [w for w in rep["warnings"] if w.startswith("--threads")]
@@ -1490,3 +1490,78 @@ def test_a_prompts_file_read_from_a_pipe_is_not_recorded_with_the_empty_streams_
         assert run_record(time.time(), engines, path)["prompts_sha256"] != hashlib.sha256(b"").hexdigest()
     finally:
         os.close(r)
+
+
+def test_an_empty_or_repeated_item_of_governors_or_peers_is_refused_naming_its_place(tmp_path):
+    """`--governors 'off,,fixed:1'` ran off and fixed:1, an empty item dropped without a word (a
+    governor lost in typing?), and `--peers none,none` or `hf,HF` were taken, the repeat run
+    once (walk w73e, NOTES sessions 72-73; h74b): each is refused before anything loads,
+    naming the option, the item's place and the item as typed; nothing written."""
+    from click.testing import CliRunner
+
+    from specrt.cmd_bench import bench
+    from specrt.errors import UserError
+
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    for extra, said in ((["--governors", "off,,fixed:1"], "--governors 'off,,fixed:1': item 2 of 3 is empty"),
+                        (["--governors", "off,fixed:1,"], "--governors 'off,fixed:1,': item 3 of 3 is empty"),
+                        (["--governors", "off, fixed:1,OFF"], "--governors 'off, fixed:1,OFF': item 3 (OFF) repeats "
+                                                              "item 1; each runs once"),
+                        (["--peers", "none,none"], "--peers 'none,none': item 2 (none) repeats item 1"),
+                        (["--peers", "hf,HF"], "--peers 'hf,HF': item 2 (HF) repeats item 1"),
+                        (["--peers", ",hf"], "--peers ',hf': item 1 of 2 is empty")):
+        # (tmp_path holds no engines: the option is refused before they load)
+        r = CliRunner().invoke(bench, [str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "-o",
+                                       str(tmp_path / "r"), *extra])
+        assert isinstance(r.exception, UserError) and said in str(r.exception), (extra, r.output)
+    assert not (tmp_path / "r").exists()
+
+
+def test_threads_past_the_cores_are_warned_of_before_anything_runs(tmp_path):
+    """`bench --threads 100000` on 2 cores ran on (unfinished after 120 s) and would have said
+    "exceeds the physical cores" only under its closing table (walk w73e; h74b): the warning
+    comes before the engines load (here none are there to load, and it is said before that
+    error)."""
+    from click.testing import CliRunner
+
+    from specrt.cmd_bench import bench
+    from specrt.engines.onnxruntime import physical_cores
+
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    r = CliRunner().invoke(bench, [str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "r"),
+                                   "--peers", "none", "--threads", "100000"])
+    assert r.exit_code != 0 and r.output.startswith(f"warning: --threads 100000 exceeds the {physical_cores()} "
+                                                    "physical cores\n"), r.output
+
+
+@pytest.mark.parametrize("module", ["specrt.cli", "specrt.cmd_bench"])
+def test_python_dash_m_of_a_commands_module_terminated_leaves_no_partial_folder(tiny_engines,  # noqa: F811
+                                                                                prompts_file, tmp_path, module):
+    """`python -m specrt.cli` (not the documented entry, but a module one runs) called main(),
+    and `python -m specrt.cmd_bench` bench(), without the `specrt` command's SIGTERM handler:
+    `timeout` ended bench at once, its .r.partial-* folder left beside -o (walk w73e;
+    h74b). Each is the command now: exit 143, "Terminated", what became of the report
+    said, no partial folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", module, *(["bench"] if module == "specrt.cli" else []),
+                          str(tiny_engines), "--prompts", str(prompts_file), "-o", str(tmp_path / "r"), "--peers",
+                          "none", "--governors", "off",
+                          "--max-new-tokens", "64", "--repeats", "1000", "--no-profile", "--quiet"],
+                         env={**os.environ, "SPECRT_THP": "0"}, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".r.partial-*/logs")) and time.time() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the worker's decoding
+        assert p.poll() is None and list(tmp_path.glob(".r.partial-*")), "the bench ended before it ran"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 143 and err.endswith("[interrupted: no report written]\n\nTerminated\n"), (p.returncode, err)
+    assert list(tmp_path.iterdir()) == []  # neither the report nor a partial folder

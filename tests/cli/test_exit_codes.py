@@ -43,9 +43,14 @@ from specrt.cli import main
       "{tmp}/p.jsonl/m", "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: {tmp}/p.jsonl is a file"),
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "llamacpp", "--llamacpp-gguf", "{tmp}/p.jsonl",
       "-o", "{tmp}/out"], "--llamacpp-gguf {tmp}/p.jsonl: not a GGUF file"),
-    # no ortgenai peer: the cache is not used, so not checked
+    # no peer that uses it: taken without a word (it was not checked either), now refused as --target and
+    # --llamacpp-gguf are (h74b)
     (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "hf", "--ortgenai-cache", "{tmp}/p.jsonl/m",
-      "-o", "{tmp}/out"], "{tmp}: not a complete engines folder (no engines.json)"),
+      "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/p.jsonl/m: where the onnxruntime-genai and llama.cpp peers' models "
+                          "are made; --peers hf has none of them"),
+    (["bench", "{tmp}", "--prompts", "{tmp}/p.jsonl", "--peers", "none", "--ortgenai-cache", "{tmp}/c",
+      "-o", "{tmp}/out"], "--ortgenai-cache {tmp}/c: where the onnxruntime-genai and llama.cpp peers' models are made; "
+                          "no peer runs (--peers none)"),
     # Path('') is '.': the working folder, named nowhere ("config.json: not found")
     (["inspect", "{tmp}", "--draft", ""], "Invalid value for '--draft': an empty path; expected a folder"),
     (["calibrate", "", "--prompts", "{tmp}/p.jsonl"], "Invalid value for 'ENGINES_DIR': an empty path"),
@@ -1034,3 +1039,23 @@ def test_template_variables_given_under_an_ascii_locale_are_read_as_utf8():
     escaped = '{"name": "Jos\udcc3\udca9"}'  # (what sys.argv holds for the UTF-8 bytes of 'José' then)
     res = CliRunner().invoke(show, ["--chat-template-kwargs", escaped])
     assert res.exit_code == 0 and res.output == ascii({"name": "José"}) + "\n", res.output
+
+
+def test_a_number_out_of_range_is_echoed_as_typed(tmp_path):
+    """Session 70's CLI walk, L4: a float option out of range was echoed as parsed (`--temperature
+    -1` as "-1.0", `1e999` as "inf", `--top-p 1.50` as "1.5", `--holdout 1.50` as "1.5"), not as
+    the user typed it (h74b). Refused before the folder is read (tmp_path holds no engines)."""
+    folder, prompts = str(tmp_path), str(tmp_path / "p.jsonl")
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    for args, said in ((["run", folder, "--prompt", "x", "--temperature", "-1"], "--temperature -1: expected a finite"),
+                       (["run", folder, "--prompt", "x", "--temperature", "1e999"], "--temperature 1e999: expected"),
+                       (["run", folder, "--prompt", "x", "--top-p", "1.50"], "--top-p 1.50: expected a number in"),
+                       (["run", folder, "--prompt", "x", "--top-p", " 2"], "--top-p ' 2': expected a number in"),
+                       (["run", folder, "--prompt", "x", "--top-k", "-02"], "--top-k -02: expected an integer >= -1"),
+                       (["bench", folder, "--prompts", prompts, "-o", str(tmp_path / "r"), "--temperature", "-0.50"],
+                        "--temperature -0.50: expected"),
+                       (["calibrate", folder, "--prompts", prompts, "--holdout", "1.50"],
+                        "--holdout 1.50: expected a fraction in [0, 1)"),
+                       (["serve", folder, "--write-timeout", "-1."], "--write-timeout -1.: expected seconds, > 0")):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and r.output.startswith(f"error: {said}"), (args, r.output)

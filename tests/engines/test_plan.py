@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_eagle3_draft_ranges():
 
 
 def test_depths_and_context_are_checked():
-    assert parse_depths("8, 1,2,2") == (1, 2, 8)
+    assert parse_depths("8, 1,2") == (1, 2, 8)
     assert parse_depths([4]) == (4,)
     with pytest.raises(UserError, match="at least one"):
         parse_depths("")
@@ -139,6 +140,13 @@ def test_depths_take_ranges_and_ascii_digits_only():
         parse_depths("1-65")  # (a range past the limit: its end named, not 65 values)
     with pytest.raises(UserError, match=r"^--depths: 1-9{5000} out of range \(each depth must be in 1\.\.64\)$"):
         parse_depths("1-" + "9" * 5000)
+    # a depth named twice, by entries or ranges ("1,2,2": 1,2 without a word, where 1,2,4 may have been meant; h74b,
+    # as bench's --governors and --peers refuse a repeated item)
+    for typo, said in (("8, 1,2,2", "depth 2 is named twice (entries 3 and 4)"),
+                       ("1-4,3", "depth 3 is named twice (entries 1 and 2)"),
+                       ("2, 1-2", "depth 2 is named twice (entries 1 and 2)")):
+        with pytest.raises(UserError, match=rf"^--depths '{typo}': {re.escape(said)}; each depth is built once$"):
+            parse_depths(typo)
 
 
 def test_role_json_round_trip():

@@ -825,8 +825,8 @@ def test_cli_calibrate_defaults_reach_the_report(small_vocab_engines, tmp_path):
                                                             "the first token, and a draft round needs the next two)"),
     # (calibrate's hint: its prompts may be ids; mutant M67 c41)
     (['{"prompt": "hello"}'], ["--holdout", "0"], "no tokenizer.json; give token ids ('prompt_ids') instead of text"),
-    (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1.0: expected a finite number"),
-    (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a number in (0, 1]"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "-1"], "--temperature -1: expected a finite number"),
+    (['{"prompt_ids": [1, 2]}'], ["--temperature", "1", "--top-p", "0"], "--top-p 0: expected a number in (0, 1]"),
     # ids that are not ids beside a good text prompt: named (they were used, and failed later)
     (['{"prompt": "hi", "prompt_ids": ["a", "b"]}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),
     (['{"prompt": "hi", "prompt_ids": []}'], [], ":1: 'prompt_ids' must be a non-empty list of integer"),

@@ -3800,13 +3800,14 @@ def test_special_tokens_the_tokenizer_lacks_are_undefined_in_the_template(tmp_pa
 
 
 def test_an_empty_prompt_is_refused_before_a_chat_template_renders_it(tmp_path):
-    # mut6 M25: line 125 the empty-prompt check removed (the template rendered around an empty message)
+    # mut6 M25: line 125 the empty-prompt check removed (the template rendered around an empty message).
+    # With chat an empty text is a user turn with no text, rendered as that conversation is (h74b: L7)
     from specrt.runtime.text import Text
 
     _words(tmp_path)
-    for chat in (True, False):
-        with pytest.raises(UserError, match="^the prompt is empty$"):
-            Text(tmp_path).encode("", chat)
+    with pytest.raises(UserError, match="^the prompt is empty$"):
+        Text(tmp_path).encode("", False)
+    assert Text(tmp_path).encode("", True) == Text(tmp_path).encode([{"role": "user", "content": ""}], True) != []
 
 
 def test_token_bytes_of_a_byte_level_piece_outside_gpt2s_alphabet_are_its_decoding(tmp_path):
@@ -4117,11 +4118,12 @@ def test_a_prompt_that_is_no_conversation_is_quoted_short(tmp_path):
 def test_an_empty_text_or_conversation_is_an_empty_prompt(tmp_path):
     """m71a-32: Text.encode (Session.encode's) says "the prompt is empty" of an empty
     conversation as of an empty text, as Session.stream says it of [], not that a
-    conversation must be a list of messages."""
+    conversation must be a list of messages. (An empty text with chat is a user turn with no
+    text: test_an_empty_prompt_is_refused_before_a_chat_template_renders_it.)"""
     from specrt.runtime.text import Text
 
     _words(tmp_path)
-    for empty, chat in (("", False), ("", True), ([], True), ([], False)):
+    for empty, chat in (("", False), ([], True), ([], False)):
         with pytest.raises(UserError, match="^the prompt is empty$"):
             Text(tmp_path).encode(empty, chat)
 
@@ -4629,3 +4631,34 @@ def test_a_conversation_of_as_many_messages_as_the_context_is_rendered_before_it
     with Session(eng, governor="off") as s:
         assert len(list(s.stream(conversation, max_new_tokens=2))) >= 1
         assert s.stats()["prompt_tokens"] == 3
+
+
+def test_run_chat_takes_an_empty_prompt_as_an_empty_user_turn(worded, tmp_path):
+    """Session 70's CLI walk, L7: `run --chat --prompt ''` (and a --prompts line {"prompt": ""}
+    under --chat) was refused as "the prompt is empty", where a conversation holding one empty
+    user message (serve's /v1/chat/completions, a 'messages' line) is rendered and answered, as
+    transformers' apply_chat_template and vLLM render it (SmolLM2's template makes
+    "<|im_start|>user\n<|im_end|>" of it). Each is now that conversation's answer (h74b);
+    without --chat an empty prompt is still refused."""
+    (tmp_path / "e.jsonl").write_text('{"prompt": ""}\n')
+    (tmp_path / "m.jsonl").write_text('{"messages": [{"role": "user", "content": ""}]}\n')
+    args = [str(worded), "--max-new-tokens", "4", "--governor", "fixed:1"]
+    said = [CliRunner().invoke(main, ["run", *args, *extra]) for extra in (
+        ["--prompts", str(tmp_path / "m.jsonl")], ["--chat", "--prompt", ""],
+        ["--chat", "--prompts", str(tmp_path / "e.jsonl")])]
+    assert all(r.exit_code == 0 for r in said) and said[0].stdout.strip(), [r.output for r in said]
+    assert said[1].stdout == said[2].stdout == said[0].stdout, [r.output for r in said]  # (the answers)
+    r = CliRunner().invoke(main, ["run", *args, "--prompt", ""])
+    assert r.exit_code == 1 and r.output.endswith("\nerror: the prompt is empty\n"), r.output
+
+
+def test_no_prefix_reuse_on_one_prompt_is_noted(worded, tmp_path):
+    """Session 70's CLI walk, L5: `run --prompt X --no-prefix-reuse` was taken without a word,
+    where one prompt has no earlier one whose KV rows it could reuse (h74b): a note, as run's
+    others; a --prompts file of two prompts gets none."""
+    (tmp_path / "two.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w1 w2 w3"}\n')
+    note = "note: --no-prefix-reuse has no effect on one prompt: only a later prompt of --prompts reuses"
+    for extra, noted in ((["--prompt", "w1 w2"], True), (["--prompts", str(tmp_path / "two.jsonl")], False)):
+        r = CliRunner().invoke(main, ["run", str(worded), *extra, "--no-prefix-reuse", "--max-new-tokens", "2",
+                                      "--quiet"])
+        assert r.exit_code == 0 and (note in r.output) == noted, (extra, r.output)
