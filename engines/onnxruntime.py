@@ -3,8 +3,9 @@ the session settings recorded in ``engines.json``; nothing is compiled ahead of 
 
 Settings (``OrtSettings``), and why:
 
-* execution providers: CUDA when ``onnxruntime.get_available_providers()`` offers it,
-  else CPU. The TensorRT EP is not used by this backend: it would build one TensorRT
+* execution providers: CUDA when ``onnxruntime.get_available_providers()`` offers it
+  and ``CUDA_VISIBLE_DEVICES`` (empty, or "-1") does not hide every device, else CPU
+  (``select_providers``). The TensorRT EP is not used by this backend: it would build one TensorRT
   engine per session (one device copy of the weights per depth); specialised TensorRT
   engines that share weights are what ``--backend tensorrt`` builds (plan.py).
 * ``graph_optimization_level = ORT_ENABLE_ALL``: on CPU this adds the layout and fusion
@@ -143,13 +144,29 @@ def physical_cores() -> int:
 
 
 def select_providers(available: list[str] | None = None) -> list[str]:
+    """CUDA with the CPU behind it where ONNX Runtime offers CUDA (``available``: its
+    providers) and ``CUDA_VISIBLE_DEVICES`` does not hide every device, else the CPU."""
     if available is None:
         import onnxruntime as ort
 
         available = ort.get_available_providers()
-    if "CUDAExecutionProvider" in available:
+    if "CUDAExecutionProvider" in available and not _no_cuda_device_visible():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def _no_cuda_device_visible() -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` hides every CUDA device: empty, or its first entry a
+    negative index ("-1"; CUDA takes the devices before the first invalid entry). ONNX Runtime
+    lists the providers compiled in (onnxruntime-gpu lists CUDA without a GPU), not the devices
+    visible, so a build told to see none picked and recorded CUDA (the environment walk's 16,
+    session 70, by reading). Other invalid entries (an index past the devices, a mistyped UUID)
+    are left to CUDA, which fails the session; onnxruntime-gpu has not run here."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return False
+    first = value.split(",")[0].strip()
+    return not first or first.startswith("-") and first[1:].isdigit()
 
 
 def entry_value(v: str | int | float | bool) -> str:

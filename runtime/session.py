@@ -543,8 +543,14 @@ class Session:
     def least_tokens(self, prompt: str | list[dict], chat: bool = False) -> int:
         """A lower bound on the tokens ``encode`` makes of ``prompt``, found without tokenizing
         it (``Text.least_tokens``; 0 where the tokenizer gives none)."""
+        return self.text.least_tokens(self.prompt_text(prompt, chat))
+
+    def prompt_text(self, prompt: str | list[dict], chat: bool = False) -> str:
+        """The text ``encode`` tokenizes (``Text.prompt_text``: the chat template rendered, with
+        the session's variables, where the prompt goes through it): ``Text.least_tokens`` and
+        ``Text.ids_of`` take it, one render for both."""
         variables = self._template_kwargs(prompt, chat, None)
-        return self.text.least_tokens(self.text.prompt_text(prompt, chat, variables, self.chat_option))
+        return self.text.prompt_text(prompt, chat, variables, self.chat_option)
 
     def _template_kwargs(self, prompt, chat: bool, chat_template_kwargs: dict | None) -> dict:
         self.need_text()
@@ -663,6 +669,8 @@ class Session:
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do, and its ``new_tokens`` counts those (a
         verify round may have accepted more: its acceptance counts what the round accepted).
+        The EOS that ends an answer is in its ``output_token_ids`` but not in its text, special
+        in the tokenizer or not (as vLLM's).
         The arguments are checked here, when
         called (a UserError before anything is read); the decoding starts when the first piece
         is asked for."""
@@ -689,9 +697,14 @@ class Session:
             self.last_context = detok.context  # (the prompt's tokens its text is decoded after)
         held, me = gen.clock, gen.clock.claim()  # detokenizing and stop strings are the runtime's time
 
+        eos = set(self.eos)
+
         def texts():  # each round's final text, then what an unfinished character held back
             for chunk in gen:
-                yield detok.push(chunk)
+                # the EOS that ended the answer (its chunk's last token) writes no text: an EOS the
+                # tokenizer does not mark special decoded into the answer's end (transformers prints it,
+                # vLLM does not); stats' output_token_ids and serve's logprobs still list it
+                yield detok.push(chunk[:-1] if chunk and chunk[-1] in eos else chunk)
             yield detok.flush()
 
         try:

@@ -177,10 +177,13 @@ class Text:
         text = self.prompt_text(prompt, chat, template_kwargs, chat_option)
         if check_length is not None:
             check_length(self.least_tokens(text), True)
-        # A rendered template already holds its special tokens.
-        ids = self.tokenizer.encode(text, add_special_tokens=isinstance(prompt, str) and not chat).ids
-        if not ids and not (isinstance(prompt, str) and not chat):  # (said "the prompt is empty" of a
-            # conversation that was not, naming no template)
+        return self.ids_of(text, isinstance(prompt, str) and not chat)
+
+    def ids_of(self, text: str, raw: bool) -> list[int]:
+        """Token ids of ``prompt_text``'s ``text``: a text prompt's where ``raw`` (the tokenizer's
+        special tokens added), else a rendered template's, which already holds its special tokens."""
+        ids = self.tokenizer.encode(text, add_special_tokens=raw).ids
+        if not ids and not raw:  # (said "the prompt is empty" of a conversation that was not, naming no template)
             raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
         return ids
 

@@ -148,6 +148,21 @@ def _replace_unencodable() -> None:
         pass
 
 
+def _escape_undecodable() -> None:
+    """Under an ASCII locale (LANG=C, Python's UTF-8 mode off) a path's bytes that are not ASCII
+    reach Python as lone surrogates, and click wrote them to stderr as "??" (it rewraps an ASCII
+    stream as UTF-8 with errors="replace"): an error naming /tmp/dé read "/tmp/d??" (the
+    environment walk's 17, session 70). Standard error is made the UTF-8 click would write, with
+    errors="backslashreplace" (Python's own for stderr), which click keeps: "/tmp/d\\udcc3\\udca9"."""
+    import codecs
+
+    try:
+        if codecs.lookup(sys.stderr.encoding).name == "ascii":
+            sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    except (AttributeError, LookupError, TypeError, ValueError):  # (no stderr, or not a TextIOWrapper)
+        pass
+
+
 def entry() -> None:
     """The ``specrt`` command: restarted once with huge pages for the weights where the
     kernel gives them on request (specrt/hugepages.py; SPECRT_THP=0 turns it off). SIGTERM
@@ -159,6 +174,7 @@ def entry() -> None:
 
     reexec_with_thp(sys.argv[1:])
     _replace_unencodable()
+    _escape_undecodable()
     signal.signal(signal.SIGTERM, _terminated)
     _whole_stdout_writes()
     try:
@@ -947,9 +963,12 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
         def tokens(conversation: list[dict]) -> tuple[int, bool]:
             """(the conversation's tokens, False), or (a lower bound on them, True) where that is
             already past the context: its tokenizing spared (a 1 MB line was tokenized once for each
-            turn dropped for it, then skipped). Either way the drops below go as the count has them."""
-            least = s.least_tokens(conversation, True)
-            return (least, True) if least + 1 > s.engines.max_context else (len(s.encode(conversation, True)), False)
+            turn dropped for it, then skipped). Either way the drops below go as the count has them.
+            The template is rendered once for both (it was rendered for the bound, again to be
+            tokenized, and both again for the same turn once the drops were done: h74c)."""
+            text = s.prompt_text(conversation, True)
+            least = s.text.least_tokens(text)
+            return (least, True) if least + 1 > s.engines.max_context else (len(s.text.ids_of(text, False)), False)
 
         while True:
             if _prompting():
@@ -973,14 +992,15 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             # Ctrl-C while the turn is tokenized (each drop encodes the conversation again; a long
             # paste takes seconds) drops the turn as before its first token: it ended the chat
             try:
-                while tokens(turn)[0] + room > limit and len(turn) > first + 1:
+                n, least = tokens(turn)
+                while n + room > limit and len(turn) > first + 1:
                     del turn[first:first + 2]  # the oldest user turn and its answer
                     dropped += 1
                     # once dropping, a quarter of the context freed besides: one exchange at a time
                     # moved the conversation's start every turn, so no later turn reused more than the
                     # template's preamble (7-10 s a turn against 2.5-4.4 s: session 55's soak)
                     limit = s.engines.max_context - s.engines.max_context // 4
-                n, least = tokens(turn)
+                    n, least = tokens(turn)
                 if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
                     click.echo(f"[this turn makes a prompt of {'at least ' if least else ''}{n} tokens; the engines' "
                                f"context limit is {s.engines.max_context}: skipped, the conversation goes on]",

@@ -45,12 +45,15 @@ esac
 # spellings are taken): those taken too, anything else refused before the work
 bench_engines=${SPECRT_BENCH_ENGINES:-1}
 bench_engines=${bench_engines// /}
-case "${bench_engines,,}" in
+# (in any case: nocasematch, bash 3.1's; ${var,,} needs bash 4, and macOS's bash 3.2 failed here)
+shopt -s nocasematch
+case "$bench_engines" in
   0|false|no|off) bench_engines=0 ;;
   1|true|yes|on) bench_engines=1 ;;
   *) printf 'error: SPECRT_BENCH_ENGINES=%s: expected 0 (or false, no, off) to skip the engine step, or 1\n' \
        "$SPECRT_BENCH_ENGINES" >&2; exit 2 ;;
 esac
+shopt -u nocasematch
 cd "$(dirname "$0")/.."
 OUT=${1:-out/bench-all}
 PY=.venv/bin/python

@@ -399,6 +399,24 @@ def test_text_given_on_the_command_line_under_an_euc_jp_locale(bytewise, tmp_pat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C locale's ASCII arguments")
+def test_an_error_under_an_ascii_locale_shows_a_non_ascii_path_escaped(tmp_path):
+    """The environment walk's 17 (session 70; h74c): under the ASCII locale (PYTHONIOENCODING
+    unset) an error naming /tmp/dé said "/tmp/d??" (the path's bytes are lone surrogates there,
+    which click wrote with errors="replace"), so the path could not be read back. They are
+    escaped now, as Python's own stderr escapes them: specrt's errors and click's alike."""
+    (tmp_path / "dé").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONIOENCODING"}
+    env.update(SPECRT_THP="0", LC_ALL="C", PYTHONUTF8="0")
+    for name, said in (("dé", "not a complete engines folder (no engines.json)"), ("nodé", None)):
+        r = subprocess.run([sys.executable, "-m", "specrt", "run", str(tmp_path / name), "--prompt", "hi"],
+                           capture_output=True, env=env, timeout=120)
+        path = f"{tmp_path}/{name[:-1]}\\udcc3\\udca9".encode()
+        want = (b"error: " + path + b": " + said.encode() if said else
+                b"error: Invalid value for 'ENGINES_DIR': " + path + b" is not a folder (see")
+        assert r.returncode == 1 and r.stderr.startswith(want) and b"?" not in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the C locale's ASCII arguments")
 def test_a_model_name_given_under_an_ascii_locale_is_served_as_typed(bytewise):  # noqa: F811
     """The same walk: `serve --model-name modèle` under the ASCII locale served the id
     "mod\\udcc3\\udca8le" (lone surrogates in its JSON), and a request naming "modèle" got 404."""

@@ -463,7 +463,9 @@ def test_a_prompt_past_the_context_is_the_prompts_error_even_with_max_tokens(ser
 def test_an_answer_ended_by_eos_finishes_stop(served):  # noqa: F811
     """R2.N31: OpenAI's finish_reason is "stop" for the model's own end (EOS), not only for a
     stop string: sampled choices that end before max_tokens (the tiny model samples its EOS
-    often at temperature 2) say "stop", the one cut at max_tokens "length"."""
+    often at temperature 2) say "stop", the one cut at max_tokens "length". The EOS (w2, a word
+    its tokenizer does not mark special) ends the tokens listed but not the text (it ended it,
+    " ... w2", as transformers' decode does: h74c)."""
     url, _ = served
     code, r = _post(url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 60, "n": 8, "temperature": 2.0,
                                              "seed": 1, "logprobs": 0})
@@ -471,6 +473,9 @@ def test_an_answer_ended_by_eos_finishes_stop(served):  # noqa: F811
     ended = [len(c["logprobs"]["tokens"]) < 60 for c in r["choices"]]
     assert any(ended), r
     assert [c["finish_reason"] for c in r["choices"]] == ["stop" if e else "length" for e in ended], r
+    for c, e in zip(r["choices"], ended):
+        tokens = c["logprobs"]["tokens"]
+        assert (tokens[-1] == "w2") == e and c["text"].split() == (tokens[:-1] if e else tokens), c
 
 
 def _metrics(url: str) -> tuple[dict[str, float], dict[str, str], bytes]:
@@ -653,14 +658,16 @@ def test_a_request_left_in_a_later_prompts_first_choice_counts_that_prompt(worde
     """M65.73: a request of several prompts whose client leaves during the second prompt's first
     choice counts that prompt's tokens in its log line (and /metrics), as one left in the first
     prompt's does: each prompt's first choice prefills it, not only the request's first. M65.124:
-    one left between two choices counts the ended one once (no choice was being decoded)."""
+    one left between two choices counts the ended one once (no choice was being decoded). (The
+    second prompt's answer has text: "w3 w4 w5"'s is its EOS alone, whose text it no longer
+    writes: h74c.)"""
     from specrt.cmd_serve import Server
     from specrt.runtime.sampling import SamplingParams
 
     logs: list[str] = []
     app = Server(worded, "fixed:1", SamplingParams(), 8, "tiny", log=logs.append)
     try:
-        body = {"prompt": ["w1 w2", "w3 w4 w5"], "max_tokens": 6}
+        body = {"prompt": ["w1 w2", "w3 w4 w6"], "max_tokens": 6}
         whole = list(app.complete(app.parse(body, False)))
         first = next(p["tokens"] for p in whole if "finish_reason" in p)  # choice 0's tokens
         for ended, said in ((lambda p: p.get("index") == 1 and "text" in p,

@@ -389,15 +389,35 @@ def test_a_role_input_the_runner_could_not_bind_is_refused_at_activation(tmp_pat
         assert graph._sessions == {} and graph._users == {}
 
 
-def test_providers_are_cuda_with_the_cpu_behind_it_where_cuda_is_offered():
+def test_providers_are_cuda_with_the_cpu_behind_it_where_cuda_is_offered(monkeypatch):
     """The default providers (module doc): CUDA when ONNX Runtime offers it, with the CPU
     provider behind it for the ops CUDA has no kernel for (mutation round: CUDA alone
     survived), else the CPU; the TensorRT provider is never chosen."""
     from specrt.engines.onnxruntime import select_providers
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # (one hiding every device: the CPU's, below)
+
     assert select_providers(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]) == \
         ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert select_providers(["TensorrtExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+
+
+def test_providers_are_the_cpus_where_cuda_visible_devices_hides_every_device(monkeypatch):
+    """The environment walk's 16 (session 70, by reading; h74c): ONNX Runtime lists the providers
+    compiled in, not the devices visible, so with onnxruntime-gpu and CUDA_VISIBLE_DEVICES=''
+    (or -1) a build picked and recorded CUDA. Those values (CUDA's "no device": its list ends at
+    the first invalid entry) choose the CPU; a device named, or the variable unset, CUDA."""
+    from specrt.engines.onnxruntime import select_providers
+
+    offered = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    for hidden in ("", " ", "-1", "-1,0"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert select_providers(offered) == ["CPUExecutionProvider"], hidden
+    for shown in ("0", "1,0", "GPU-8f2c6a52"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", shown)
+        assert select_providers(offered) == offered, shown
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert select_providers(offered) == offered
 
 
 def test_session_options_carry_the_settings():

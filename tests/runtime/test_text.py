@@ -2256,6 +2256,28 @@ def test_chat_says_nothing_of_the_context_when_an_answer_ends_at_eos(tmp_path):
     assert "context limit" not in r.output and len(r.stdout.splitlines()) == 2, r.output
 
 
+def test_an_eos_the_tokenizer_does_not_mark_special_ends_the_answer_unprinted(tmp_path):
+    """Sessions 68-73's leftover (h74c): an EOS id the tokenizer does not mark special (w8 here,
+    a plain word of the vocabulary) was printed at the answer's end, " ... w0 w8", by run, chat
+    and serve's text (transformers' decode prints it, vLLM's does not). The EOS ends the answer
+    and writes none of its text; the stats' output ids (and so serve's logprobs) still end with
+    it, and the finish is the EOS's."""
+    from specrt.runtime.session import Session
+
+    eng = _tiny_text_pair(tmp_path, 16, 12, _words, eos_token_id=8)  # (no special tokens at all)
+    for gov in ("off", "fixed:3"):
+        with Session(eng, governor=gov) as s:
+            text = "".join(s.stream("w1 w1 w2 w2", max_new_tokens=200))
+            st = s.stats()
+        assert text == " w7 w7 w7 w7 w7 w7 w0", (gov, text)
+        assert st["output_token_ids"] == [7] * 6 + [0, 8] and st["finish_reason"] == "eos", (gov, st)
+    r = CliRunner().invoke(main, ["run", str(eng), "--prompt", "w1 w1 w2 w2", "--max-new-tokens", "200"])
+    assert r.exit_code == 0 and r.stdout == " w7 w7 w7 w7 w7 w7 w0\n", r.output
+    r = CliRunner().invoke(main, ["chat", str(eng), "--max-new-tokens", "200", "--governor", "off"],
+                           input="w1 w2\n\n")  # (rendered: "w1 w1 w2 w2")
+    assert r.exit_code == 0 and r.stdout == " w7 w7 w7 w7 w7 w7 w0\n", r.output
+
+
 def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(worded):
     """The room chat keeps for the next answer is --max-new-tokens or a quarter of the context,
     whichever is less: a --max-new-tokens past the quarter (60 of 128 here) does not drop the
@@ -3417,15 +3439,15 @@ def test_chat_stopped_while_its_turn_is_tokenized_goes_on(worded, monkeypatch):
     empty line is left among the answers, and the chat goes on (a walk, session 56)."""
     from specrt.runtime import session
 
-    real, calls = session.Session.encode, []
+    real, calls = session.Session.prompt_text, []
 
-    def encode(self, prompt, *a, **k):
+    def prompt_text(self, prompt, *a, **k):  # (what chat measures a turn with: h74c)
         calls.append(prompt)
         if isinstance(prompt, list) and prompt and prompt[-1].get("content") == "w8":
             raise KeyboardInterrupt  # the second turn's tokenizing
         return real(self, prompt, *a, **k)
 
-    monkeypatch.setattr(session.Session, "encode", encode)
+    monkeypatch.setattr(session.Session, "prompt_text", prompt_text)
     r = CliRunner().invoke(main, ["chat", str(worded), "--system", "w5", "--max-new-tokens", "3", "--governor",
                                   "fixed:1"], input="w6 w7\nw8\nw9\n\n")
     assert r.exit_code == 0, r.output
@@ -4459,6 +4481,38 @@ def test_chat_skips_a_turn_surely_past_the_context_before_it_is_tokenized(bytewi
     assert re.search(r"\[this turn makes a prompt of at least 1200\d\d tokens; the engines' context limit is 128: "
                      r"skipped, the conversation goes on\]", r.output), r.output
     assert "dropped" not in r.output and r.output.count(" prompt tokens reused]") == 2, r.output
+
+
+def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise, monkeypatch):
+    """Session 73's leftover (h74c): chat rendered the chat template for a turn's token bound, again
+    to tokenize it, and both again for the same turn once the drops were done, before the stream
+    rendered and tokenized it: 5 renders and 3 tokenizings a turn (10 and 6 for 2 turns). Now each
+    conversation measured is rendered and tokenized once, besides the stream's: 2 turns, 4 of
+    each; a turn that drops the earlier one measures 2 conversations, 5 of each. The answers
+    and the counts said are those of before."""
+    import jinja2
+    from tokenizers import Tokenizer
+
+    calls = {"render": 0, "encode": 0}
+
+    def counted(name, real):
+        def call(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(jinja2.Template, "render", counted("render", jinja2.Template.render))
+    monkeypatch.setattr(Tokenizer, "encode", counted("encode", Tokenizer.encode))
+    chat = ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"]
+    r = CliRunner().invoke(main, chat, input="hello\nquartz\n\n")
+    assert r.exit_code == 0 and r.output.count(" prompt tokens reused]") == 2, r.output
+    assert calls == {"render": 4, "encode": 4}, calls
+    calls.update(render=0, encode=0)
+    r = CliRunner().invoke(main, chat, input=" xylophone" * 100 + "\nhello\n\n")
+    assert r.exit_code == 0 and "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]" in r.output, \
+        r.output
+    assert re.search(r"\[3 tokens, .* 6 of 20 prompt tokens reused\]\n$", r.output), r.output
+    assert calls == {"render": 5, "encode": 5}, calls
 
 
 def test_token_ids_past_the_context_are_refused_by_their_count_first(worded):
