@@ -45,9 +45,10 @@ requests. A conversation's next turn reuses the rows of its earlier turns and an
 the tokens only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows are kept set aside
 (Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session
 growth are shared by every request unless ``--isolate-clients``: then rows are reused
-only within one ``user`` and growth is off. The standard library's HTTP server: for a
-local endpoint or behind a proxy, not for untrusted networks. Bad requests get HTTP 400
-with OpenAI's error object naming the field; the server keeps serving.
+only within one ``user`` and growth is off. The standard library's HTTP server, speaking
+HTTP/1.1 (a connection kept KEEP_ALIVE seconds, 5, for its next request; a stream ends its
+connection): for a local endpoint or behind a proxy, not for untrusted networks. Bad
+requests get HTTP 400 with OpenAI's error object naming the field; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ MAX_N = 16  # choices a request may ask for (decoded one after another)
 MAX_CHOICES = 64  # prompts x n, a request
 WRITE_TIMEOUT = 5.0  # seconds an answer's write may wait for a client that reads nothing (--write-timeout)
 WRITE_PIECE = 1 << 16  # bytes of a whole answer written at a time, each within WRITE_TIMEOUT
+KEEP_ALIVE = 5.0  # seconds a kept-alive connection waits for its next request (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
 SETTLE_SECONDS = 5.0  # at the stop, how long the connections taken may take to get their answers (drain)
 LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
@@ -739,10 +741,72 @@ POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "specrt"
+    # persistent connections, as vLLM's and llama.cpp's servers keep them (keep-alive clients:
+    # httpx, so the OpenAI SDK, nginx's upstream keepalive): every answer carries its
+    # Content-Length, a stream ends its connection ("Connection: close"), an HTTP/1.0 client's
+    # connection closes after its answer. It spoke HTTP/1.0, one request a connection: a second
+    # request pipelined on one went unanswered (session 71's N1).
+    protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: on a kept connection an answer's headers and body, two writes, waited for the
+    # client's delayed ACK (Nagle): 47 ms a request, where a fresh connection took 0.6 ms
+    disable_nagle_algorithm = True
     app: Server  # set on the subclass serve() makes
     # seconds a socket read or write may wait: a client that sends less than its
     # Content-Length, or stalls, frees its thread (the lock is not held while reading)
     timeout = 60
+
+    def handle(self) -> None:
+        """The connection's requests, one after another while it is kept alive."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection and self._next_request():
+            self.handle_one_request()
+
+    def _next_request(self) -> bool:
+        """Waits up to KEEP_ALIVE seconds for a kept-alive connection's next request (one
+        pipelined is in the read buffer already); False, to close it, at its close, past the
+        wait, or once the server is stopping. Meanwhile the connection is idle: not counted in
+        Server.replying, so the stop (drain) does not wait for it."""
+        if self.app.stopping:
+            return False
+        self.app.replying_to(-1)
+        try:
+            self.connection.settimeout(KEEP_ALIVE)
+            came = self.rfile.peek(1)
+        except (OSError, ValueError):  # timed out, reset
+            came = b""
+        finally:
+            self.app.replying_to(1)  # (closing, shutdown_request takes it off)
+        if not came or self.app.stopping:
+            return False
+        self.connection.settimeout(self.timeout)  # (an answer's writes set write_timeout)
+        return True
+
+    def parse_request(self) -> bool:
+        """The standard library's, and whether the connection is kept after the answer: for an
+        HTTP/1.1 client that did not ask to close it, and for a request with a body only once
+        that body has been read whole (do_POST, _discard_body): a body left unread would be
+        read as the next request."""
+        self._endpoint = None  # (a POST's, set by do_POST: not the next request's on a kept connection)
+        if not super().parse_request():
+            return False
+        asked = {t.strip().lower() for t in self.headers.get("Connection", "").split(",")}
+        self.keep = self.request_version >= "HTTP/1.1" and "close" not in asked
+        self.close_connection = not self.keep or bool(self.headers.get("Transfer-Encoding")) or \
+            self.headers.get("Content-Length", "0").strip() != "0"
+        return True
+
+    def handle_expect_100(self) -> bool:
+        return True  # (do_POST sends the 100 once the head is taken: a refusal by Content-Length gets none)
+
+    def end_headers(self) -> None:
+        """Says "Connection: close" where the connection closes after this answer (a client
+        of HTTP/1.1 would otherwise send its next request on it)."""
+        if self.app.stopping:  # (the stop closes connections after their answer: _next_request)
+            self.close_connection = True
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        super().end_headers()
 
     @property
     def route(self) -> str:
@@ -813,7 +877,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if 0 < size <= MAX_BODY and "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
             try:
-                self.rfile.read(size)
+                if len(self.rfile.read(size)) == size:
+                    self.close_connection = not self.keep  # (its body read: parse_request)
             except OSError:
                 self.close_connection = True
 
@@ -905,6 +970,7 @@ class Handler(BaseHTTPRequestHandler):
             if len(raw) < size:  # the client closed early: nothing is run for it
                 self.close_connection = True
                 return
+            self.close_connection = not self.keep  # (its body read: parse_request)
             try:
                 body = json.loads(raw)
             except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (ValueError: a JSONDecodeError, or
@@ -1055,6 +1121,7 @@ class Handler(BaseHTTPRequestHandler):
         # read timeout (60 s), then as long again for the error event, while every other
         # request waited for the engines. Past write_timeout it is taken for gone.
         self.connection.settimeout(app.write_timeout)
+        self.close_connection = True  # (no Content-Length: its end is the connection's)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -1155,6 +1222,26 @@ def drain(app: Server, httpd: ThreadingHTTPServer, serving: threading.Thread | N
         httpd.server_close()
 
 
+WSAEMFILE = 10024  # Windows' "too many open sockets" (accept's EMFILE there; errno has no name for it off Windows)
+
+
+def _listen_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """The socket family --host listens with, and the address it binds: an IPv6 address
+    (``::1``) on IPv6; a name with an IPv4 address on IPv4, as before (localhost: 127.0.0.1
+    whatever order the resolver gives ::1 in); a name with IPv6 addresses only on the first
+    of them (socketserver's IPv4 socket refused one: "Name or service not known"). "" (every
+    interface) and IPv4 addresses stay IPv4, unresolved."""
+    if ":" in host:
+        return socket.AF_INET6, host
+    if not host or all(part.isdigit() for part in host.split(".")):
+        return socket.AF_INET, host
+    found = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)  # (none: its gaierror, said by serve)
+    six = [info[4][0] for info in found if info[0] == socket.AF_INET6]
+    if six and not any(info[0] == socket.AF_INET for info in found):
+        return socket.AF_INET6, six[0]
+    return socket.AF_INET, host
+
+
 class _HTTPServer(ThreadingHTTPServer):
     # connections waiting to be accepted: socketserver's 5 reset the 6th of a burst of clients
     # (20 of 64 at once), where the README promises they queue; the kernel caps it (somaxconn)
@@ -1162,10 +1249,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, app: Server, address: tuple[str, int], *args, **kwargs):
         # an IPv6 address (--host ::1) on an IPv6 socket: socketserver's is IPv4 alone ("Address
-        # family for hostname not supported"); a name (localhost) stays IPv4, as before
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, *args, **kwargs)
+        # family for hostname not supported"); a name as it resolves (_listen_family)
+        self.address_family, host = _listen_family(address[0], address[1])
+        super().__init__((host, address[1]), *args, **kwargs)
         self.app = app
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
         self.starved_said = -math.inf  # when running out of descriptors was last said (get_request)
@@ -1182,7 +1268,8 @@ class _HTTPServer(ThreadingHTTPServer):
         try:
             return super().get_request()
         except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
+            # (Windows: WSAEMFILE, 10024, its winerror; errno 24 where Python maps it, PC/errmap.h, else 10024)
+            if e.errno in (errno.EMFILE, errno.ENFILE, WSAEMFILE) or getattr(e, "winerror", None) == WSAEMFILE:
                 if time.monotonic() - self.starved_said > 60:
                     self.starved_said = time.monotonic()
                     self.app.log(f"[out of file descriptors ({describe_os_error(e)}) with {self.app.replying} "
@@ -1192,8 +1279,8 @@ class _HTTPServer(ThreadingHTTPServer):
 
     # Every connection taken counts in Server.replying (drain waits for them) from the moment
     # it is accepted, on the serving thread, until it is closed after its answer: one counted
-    # only when its handler thread began could be missed by a stop right after the accept. The
-    # handler speaks HTTP/1.0, one request a connection (a kept-alive one would count while idle).
+    # only when its handler thread began could be missed by a stop right after the accept. A
+    # kept-alive connection waiting for its next request does not count (Handler._next_request).
     # socketserver closes each connection it hands to process_request with one shutdown_request
     # (after its handler, or after process_request failed); verify_request, which would close one
     # unprocessed, is not overridden.

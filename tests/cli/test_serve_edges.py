@@ -71,9 +71,9 @@ def test_a_body_past_max_body_is_a_413(served):  # noqa: F811
     url, _ = served
     head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
     out = _raw(url, (head + f"Content-Length: {MAX_BODY + 1}\r\n\r\n").encode() + b"{")
-    assert out.startswith(b"HTTP/1.0 413") and b"expected a JSON body of 1 to" in out, out[:200]
+    assert out.startswith(b"HTTP/1.1 413") and b"expected a JSON body of 1 to" in out, out[:200]
     out = _raw(url, (head + "Content-Length: 0\r\n\r\n").encode())
-    assert out.startswith(b"HTTP/1.0 400"), out[:200]
+    assert out.startswith(b"HTTP/1.1 400"), out[:200]
 
 
 def test_an_engine_failure_is_a_500_server_error(worded):  # noqa: F811
@@ -702,7 +702,7 @@ def test_a_chunked_transfer_encoding_in_any_case_is_a_411(served):  # noqa: F811
     url, _ = served
     head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
     out = _raw(url, (head + "Transfer-Encoding: Chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode())
-    assert out.startswith(b"HTTP/1.0 411") and b"a chunked body is not read here" in out, out[:300]
+    assert out.startswith(b"HTTP/1.1 411") and b"a chunked body is not read here" in out, out[:300]
 
 
 def test_a_completions_id_is_a_cmpl_one(served):  # noqa: F811
