@@ -415,3 +415,34 @@ def test_busy_share_is_a_recorded_share_below_the_threshold():
                         (True, None), ("0.5", None), (float("nan"), None)):
         assert busy_share({"cpu_share": share}) == want, share
     assert busy_share(None) is None and busy_share({}) is None
+
+
+class _RowPriced(_Counted):
+    """A real runner that also sleeps ``per_row`` seconds a row of its input ids: calls of
+    known, different costs (the tiny engines' own take ~0.1 ms)."""
+
+    def __init__(self, runner, per_row: float):
+        super().__init__(runner, [])
+        self.per_row = per_row
+
+    def infer(self, feeds):
+        time.sleep(self.per_row * feeds[C.INPUT_IDS].shape[1])
+        return self.runner.infer(feeds)
+
+
+def test_a_peagle_blocks_draft_cost_is_its_own_pass(tiny_engines):
+    """P-EAGLE's draft_by_depth gives each block depth k the time of its own pass (2 + k - 1
+    rows here), profiled at every built depth, not the full block's: with a draft that takes
+    10 ms a row, the block of 1 costs ~20 ms, that of 8 ~90 ms (mutant m74a-122: every block
+    priced as the full one, so DSpark saw no saving in drafting shallower)."""
+    from specrt.engines.costs import profile_costs
+
+    e = load_engines(tiny_engines, verify=False)
+    with e:
+        runners = {n: (_RowPriced(r, 0.010) if n == "draft" else r) for n, r in e.runners.items()}
+        table = profile_costs(runners, vocab={"target": 1000, "draft": 1000}, depths=e.depths, draft_kind="peagle",
+                              pasts=(16,), repeats=3, warmup=1)
+    by = {int(k): v for k, v in table["by_past"]["16"]["draft_by_depth"].items()}
+    assert e.depths == (1, 2, 4, 8) and by[8] == table["draft"]
+    assert by[1] < 0.5 * by[8] and by[4] < 0.8 * by[8], by  # 20 / 50 / 90 ms of sleep
+    assert all(by[k] >= 0.010 * (k + 1) for k in e.depths), by

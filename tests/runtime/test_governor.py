@@ -1,4 +1,5 @@
 import json
+import math
 import re
 
 import numpy as np
@@ -1670,3 +1671,200 @@ def test_a_calibration_prior_of_true_is_refused():
     Calibration.from_dict(d)  # well formed as it stands
     with pytest.raises(UserError, match=r"'prior' True: expected a number$"):
         Calibration.from_dict(d | {"prior": True})
+
+
+# ---- session 74's mutation round (m74a: runtime/governor.py) -----------------------------
+
+
+def test_adaptive_weighs_a_new_round_25_percent_and_probes_up_at_exactly_75():
+    """onnxruntime-genai's rule (DESIGN.md §5): a new round weighs 25% of the estimate, and an
+    acceptance at or above 75% probes K+1. One round of 1/1 then one of 0/1 leave 75%: a probe
+    up (mutant m74a-05: a new round weighing 50% left 50%, no probe; mutant m74a-06: K+1 only
+    above 75%, no probe)."""
+    g = AdaptiveGovernor(DEPTHS)
+    g.observe(RoundResult(1, 1, 0.0, 1.0))  # 2 tokens in 1 s, acceptance 1
+    g.observe(RoundResult(1, 0, 0.0, 2.0))  # 1 token in 2 s, acceptance 0
+    assert g.est[1] == [1.75, 1.25, 0.75, 2]
+    assert g.k == 2 and g.probes == 1
+
+
+def _probe_up_at(seconds: float) -> list[int]:
+    """Depth 1 at 2 tokens/s for 2 rounds, then the probe of depth 2 at 3 tokens per ``seconds``:
+    the depths of 5 rounds, everything accepted."""
+    g = AdaptiveGovernor(DEPTHS)
+    trace = []
+    for _ in range(5):
+        k = g.choose(NONE)
+        trace.append(k)
+        g.observe(RoundResult(k, k, 0.0, 1.0 if k == 1 else seconds))
+    return trace
+
+
+def test_adaptive_keeps_a_probe_at_exactly_97_percent_of_the_throughput():
+    """A probe is kept at a throughput >= 97% of the origin's (DESIGN.md §5): exactly 97% is
+    kept (mutant m74a-08: kept only above 97%, reverted to 1)."""
+    sec = 1.5463917525773196
+    assert 3.0 / sec == 2.0 * AdaptiveGovernor.KEEP  # the probe's throughput is 97% of depth 1's, to the bit
+    assert _probe_up_at(sec) == [1, 1, 2, 2, 2]
+    assert _probe_up_at(math.nextafter(sec, math.inf)) == [1, 1, 2, 2, 1]  # a hair below 97%: reverted
+
+
+def test_adaptive_reverts_at_once_only_below_80_percent():
+    """A probe is dropped at once below 80% of the origin's throughput (DESIGN.md §5): exactly
+    80% runs its 2 rounds and is then reverted for missing 97% (mutant m74a-09: reverted at
+    once at 80%)."""
+    sec = 1.875
+    assert 3.0 / sec == 2.0 * AdaptiveGovernor.SEVERE  # 80% of depth 1's throughput, to the bit
+    assert _probe_up_at(sec) == [1, 1, 2, 2, 1]
+    assert _probe_up_at(math.nextafter(sec, math.inf)) == [1, 1, 2, 1, 1]  # a hair below 80%: at once
+
+
+def test_adaptive_waits_a_round_after_a_kept_probe_down():
+    """After a kept probe the rule waits 1 round before the next (the class docstring): a kept
+    probe from 4 down to 2 at acceptance 0 waits one round at 2 before probing 1 (mutant
+    m74a-14: no wait after a kept probe, which going up the 2 stable rounds hid)."""
+    g = AdaptiveGovernor(DEPTHS)
+    g.k = 4  # as after climbing
+    # 2 rounds to qualify, the probe's 2 (kept), 1 waiting, then the probe of 1
+    assert run(g, 8, 0.0) == [4, 4, 2, 2, 2, 2, 1, 1]
+
+
+def test_a_measured_runner_up_rate_keeps_its_rate_when_its_tries_are_capped():
+    """A calibration's measured runner-up rates start DSpark's token tree weighted as at most
+    SIBLING_PRIOR_MAX tries, at the rate measured: 50 wins of 200 tries are 16 of 64, a rate
+    of 1/4 (mutant m74a-104: the 50 wins kept over the capped 64 tries, a rate of 0.78 that
+    verified runners-up which do not pay)."""
+    cal = Calibration.from_dict(Calibration(positions=2).to_dict() | {"runner_ups": {"wins": [50.0],
+                                                                                      "tries": [200.0]}})
+    g = DSparkGovernor((1, 2), 1e-3, {1: 1.0, 2: 1.1}, cal)
+    g.tree_width = 2
+    assert g._win_rates() == pytest.approx([0.0, 0.25])
+    assert (g.sib_wins, g.sib_tries) == (pytest.approx([16.0]), [DSparkGovernor.SIBLING_PRIOR_MAX])
+
+
+def test_a_round_is_clipped_against_its_depths_learnt_price(monkeypatch):
+    """The outlier bounds are OUTLIER times the round's current price, load x profiled x the
+    depth's shape: where the table priced verify.2 at half its cost (shape ~1.4 once learnt), a
+    slow round at 2.9x verify.2's learnt price is taken whole, as without any bound (mutant
+    m74a-95: bounded at 3x load x profiled, without the shape, it was cut to ~2.1x and taught
+    no shape)."""
+    import copy as copying
+
+    from specrt.runtime import governor
+
+    g = DSparkGovernor((1, 2), 0.1, {1: 1.0, 2: 1.0}, learn=False)
+    for i in range(400):  # verify.2 really costs twice verify.1
+        d = 1 + i % 2
+        g.observe(RoundResult(d, 0, t_draft=0.1, t_verify=float(d)))
+    assert g.shape[2] / g.shape[1] == pytest.approx(2.0, rel=0.05) and g.t_verify[2] == pytest.approx(2.0, rel=0.05)
+    slow = 2.9 * g.t_verify[2]  # within OUTLIER of its price
+    twin = copying.deepcopy(g)
+    g.observe(RoundResult(2, 0, t_draft=0.1, t_verify=slow))
+    with monkeypatch.context() as m:
+        m.setattr(governor, "OUTLIER", math.inf)  # no bound at all
+        twin.observe(RoundResult(2, 0, t_draft=0.1, t_verify=slow))
+    assert g.t_verify == pytest.approx(twin.t_verify, rel=1e-12) and g.shape == pytest.approx(twin.shape, rel=1e-12)
+
+
+def test_adaptive_keeps_an_upward_probe_at_exactly_75_percent_acceptance():
+    """Going up, a probe is kept only at an acceptance of at least 75% (the class docstring):
+    rounds of 2/2 then 0/1 at depth 2 leave exactly 75%, at a throughput above the origin's:
+    kept (mutant m74a-142: kept only above 75%, reverted)."""
+    g = AdaptiveGovernor(DEPTHS)
+    for _ in range(2):
+        g.observe(RoundResult(1, 1, 0.0, 1.0))  # 2 tokens/s, all accepted: probe 2
+    assert g.k == 2
+    g.observe(RoundResult(2, 2, 0.0, 1.0))  # acceptance 1
+    g.observe(RoundResult(2, 0, 0.0, 1.0))  # acceptance 0: 1 - 0.25 = 0.75; 2.5 tokens/s
+    assert g.est[2][2] == 0.75 and g.throughput(2) == 2.5
+    assert g.k == 2 and g.origin == 0 and g.decreases == 0
+
+
+def test_dspark_with_learn_off_keeps_its_calibration():
+    """``learn=False`` (tools' replays of a fixed calibration) leaves the calibration as
+    given: its rounds still price the costs (mutant m74a-136: the calibration learnt anyway)."""
+    for learn, counts in ((True, 2.0), (False, 0.0)):
+        g = dspark(learn=learn)
+        g.observe(RoundResult(4, 1, t_draft=0.5, t_verify=1.2, confidences=np.array([0.9, 0.2, 0.9, 0.9])))
+        assert g.calibration.n.sum() == counts, learn
+
+
+def test_dspark_smooths_the_predicted_rate_a_tenth_a_round():
+    """The pre-draft rate is an EWMA of each decided round's best predicted rate, a round
+    weighing 0.1 (RATE_EMA; mutant m74a-138: 0.2)."""
+    g = dspark()  # identity calibration, t_draft 0.5, verify 1.0 / 1.1 / 1.2 / 1.6
+    assert g.choose(conf(*[1.0] * 8)) == 8 and g.rate == pytest.approx(9 / 2.1)
+    assert g.choose(conf(*[0.0] * 8)) == 1  # E = 1 at every depth: the cheapest
+    assert g.rate == pytest.approx(9 / 2.1 + 0.1 * (1 / 1.5 - 9 / 2.1))
+
+
+def test_dspark_drafts_after_16_plain_steps_by_default():
+    """Where the predicted rate says drafting does not pay, the 17th pre-draft call in a row
+    drafts anyway (``probe_every`` 16 by default; mutant m74a-139: 15)."""
+    g = dspark(tv={0: 0.1, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    g.rate = 1.0  # < 1 / 0.1
+    assert [g.choose(NONE) for _ in range(18)] == [0] * 16 + [8, 0]
+
+
+def test_dspark_drafts_the_full_block_every_64th_call_by_default():
+    """Every 64th pre-draft call drafts the full block so that every position's ceiling stays
+    measured (``full_every`` 64 by default, measured against 16 in results/draft_block;
+    mutant m74a-150: 32)."""
+    g = dspark(calibration=_calibrated([0.45] + [0.03] * 7, rounds=2000))
+    blocks = [g.choose(NONE) for _ in range(128)]
+    assert [i for i, b in enumerate(blocks) if b == 8] == [63, 127] and set(blocks) == {1, 8}
+
+
+def test_one_round_moves_a_load_factor_by_at_most_three_times_its_price():
+    """A round is taken as at most OUTLIER = 3 times its price, or 1/3 of it: a verify at 40x
+    moves a fresh load of 1 to 1.5 (0.25 of the way to 3: the "1.5x a round" a lasting change
+    takes), one at 1/40 to 5/6 (mutant m74a-148: OUTLIER 4, to 1.75 and 13/16)."""
+    for t, load in ((40.0, 1.5), (1 / 40, 1 + 0.25 * (1 / 3 - 1))):
+        g = dspark(learn=False)
+        g.observe(RoundResult(1, 0, t_draft=0.5, t_verify=t))
+        assert g.load_target == pytest.approx(load), t
+        g.observe(RoundResult(8, 0, t_draft=0.5 * t, t_verify=1.6))  # the draft's load alike
+        assert g.load_draft == pytest.approx(load), t
+
+
+def test_the_shapes_of_depths_measured_within_200_rounds_keep_a_geometric_mean_of_1():
+    """SHAPE_WINDOW: a depth whose shape was measured within the last 200 rounds is one of the
+    shapes kept at a geometric mean of 1; at 200 rounds it leaves them (mutant m74a-149: after
+    100 rounds)."""
+    g = DSparkGovernor((1, 2, 4), 0.1, {1: 1.0, 2: 1.0, 4: 1.0}, learn=False)
+    for d, t in ((1, 1.0), (2, 1.3), (4, 1.6)):
+        g.observe(RoundResult(d, 0, t_draft=0.1, t_verify=t))
+    for i in range(1, 201):  # depth 4 measured 1, ..., 200 rounds ago
+        d = 1 + i % 2
+        g.observe(RoundResult(d, 0, t_draft=0.1, t_verify={1: 1.0, 2: 1.3}[d]))
+        three = g.shape[1] * g.shape[2] * g.shape[4]
+        if i < 200:
+            assert three == pytest.approx(1.0, rel=1e-9), i
+    assert g.shape[1] * g.shape[2] == pytest.approx(1.0, rel=1e-9) and abs(three - 1.0) > 1e-3
+
+
+def test_a_stopping_round_feeds_the_pre_draft_rate_the_full_rules_prediction():
+    """A round decided by the stopping rule still gives the pre-draft rate the full rule's
+    prediction on every confidence of the block: here the pre-round ceiling of position 4
+    (0.01) stops it at 2, while its confidences make 4 the best, 4.095 / 1.7 (mutant
+    m74a-151: E(k) cut at the depth it stopped at, 2.71 / 1.15, an understated rate that
+    can switch drafting off)."""
+    import copy as copying
+
+    g = DSparkGovernor((1, 2, 4), 0.1, {1: 1.0, 2: 1.05, 4: 1.6}, learn=False)
+    g.ceiling = [1.0, 1.0, 1.0, 0.01]  # as after rounds whose fourth drafts were hopeless
+    twin = copying.deepcopy(g)
+    c = np.full(4, 0.9)
+    assert g.choose(GovernorState(confidences=c, stopping=True)) == 2
+    assert twin.choose(GovernorState(confidences=c)) == 4
+    assert g.rate == pytest.approx(twin.rate) and g.rate == pytest.approx((1 + 0.9 + 0.81 + 0.729 + 0.6561) / 1.7)
+
+
+def test_a_round_the_limit_leaves_nothing_to_draft_is_no_plain_step_of_the_probe_cadence():
+    """The pre-draft 0s that count towards ``probe_every`` are the rate's decisions: calls
+    whose limit leaves no built depth (a stream's last token) do not bring the next probe
+    nearer (mutant m74a-155: they counted, and the probe came after 13 plain steps)."""
+    g = dspark(tv={0: 0.1, 1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
+    g.rate = 1.0  # < 1 / 0.1: drafting does not pay
+    assert [g.choose(GovernorState(limit=0)) for _ in range(20)] == [0] * 20
+    assert [g.choose(NONE) for _ in range(18)] == [0] * 16 + [8, 0]
