@@ -143,15 +143,17 @@ def chain_acceptance(rounds: Sequence[Round]) -> dict:
             "acceptance_conditional": (acc / np.maximum(reach, 1)).tolist()}
 
 
-def split_prompts(n: int, holdout: float) -> tuple[list[int], list[int]]:
+def split_prompts(n: int, holdout: float, holdout_text: str | None = None) -> tuple[list[int], list[int]]:
     """(train, held-out) prompt indices: a fixed-seed shuffle, so prompt files grouped by
-    kind still give a mixed held-out part. holdout = 0: everything trains."""
+    kind still give a mixed held-out part. holdout = 0: everything trains. ``holdout_text``:
+    how an error names ``holdout`` (`specrt calibrate`'s --holdout as typed)."""
+    said = holdout if holdout_text is None else holdout_text
     if not 0.0 <= holdout < 1.0:
-        raise UserError(f"--holdout {holdout}: expected a fraction in [0, 1)")
+        raise UserError(f"--holdout {said}: expected a fraction in [0, 1)")
     if holdout == 0.0:
         return list(range(n)), []
     if n < 2:
-        raise UserError(f"--holdout {holdout} needs at least 2 prompts (got {n}); or pass --holdout 0")
+        raise UserError(f"--holdout {said} needs at least 2 prompts (got {n}); or pass --holdout 0")
     k = min(max(int(round(holdout * n)), 1), n - 1)
     perm = np.random.default_rng(SPLIT_SEED).permutation(n)
     return sorted(perm[k:].tolist()), sorted(perm[:k].tolist())
@@ -175,7 +177,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
               max_new_tokens: int = 128, holdout: float = 0.25, log: Callable[[str], None] = lambda s: None,
               *, write: bool = True, holdout_prompts: Sequence[str | Sequence[int]] | None = None,
               sampling: SamplingParams = SamplingParams(), chat_template_kwargs: dict | None = None,
-              labels: Sequence[str] | None = None) -> dict:
+              labels: Sequence[str] | None = None, holdout_text: str | None = None) -> dict:
     """Collect rounds, fit on the training prompts, evaluate on the held-out ones, store.
 
     ``sampling``: the decoding mode to calibrate for (greedy by default; a temperature > 0
@@ -188,7 +190,8 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
     ``prompts`` trains and ``holdout`` is ignored); otherwise a ``holdout`` fraction of
     ``prompts`` is held out. Every prompt is checked before any decodes, an error naming it
     by ``labels`` (one per prompt of ``prompts``, then of ``holdout_prompts``: `specrt
-    calibrate`'s FILE:LINE), else "prompt N" / "held-out prompt N". Returns the report (see the module docstring);
+    calibrate`'s FILE:LINE), else "prompt N" / "held-out prompt N"; ``holdout_text``: how they name
+    ``holdout`` (the CLI's --holdout as typed). Returns the report (see the module docstring);
     ``report["file"]`` is the calibration written (``write=False``: nothing written)."""
     check_path_args("a folder", engines_dir=engines_dir)  # Path('') is the working folder
     engines_dir = Path(engines_dir)
@@ -209,7 +212,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         names += [f"held-out prompt {j + 1}" for j in range(len(extra))]
     else:
         try:
-            train_idx, hold_idx = split_prompts(len(prompts), holdout)
+            train_idx, hold_idx = split_prompts(len(prompts), holdout, holdout_text)
         except UserError as e:  # one prompt under a --holdout: said once the prompts are checked, with their own
             if len(prompts) > 1 or not 0.0 <= holdout < 1.0:  # problems (a prompt past the context was said only on
                 raise  # the next try, after --holdout 0: session 71's calibrate walk, 7)

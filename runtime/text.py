@@ -92,6 +92,7 @@ class Text:
         self._bytes: tuple | None = None  # token_bytes' table, made on first use
         self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
         self._bound: tuple | None = None  # _token_bound's ((0, []): none known), found on first use
+        self._last_ids: tuple | None = None  # ids_of's last (raw, text, ids)
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
@@ -181,10 +182,16 @@ class Text:
 
     def ids_of(self, text: str, raw: bool) -> list[int]:
         """Token ids of ``prompt_text``'s ``text``: a text prompt's where ``raw`` (the tokenizer's
-        special tokens added), else a rendered template's, which already holds its special tokens."""
+        special tokens added), else a rendered template's, which already holds its special tokens.
+        The last text's ids are kept: `specrt chat` measures a turn with them and its stream then
+        tokenized the same text again (a long paste: seconds a turn; h74e)."""
+        last = self._last_ids
+        if last is not None and last[0] == raw and last[1] == text:
+            return list(last[2])
         ids = self.tokenizer.encode(text, add_special_tokens=raw).ids
         if not ids and not raw:  # (said "the prompt is empty" of a conversation that was not, naming no template)
             raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
+        self._last_ids = (raw, text, tuple(ids))
         return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,

@@ -1085,11 +1085,12 @@ def _split(value: str | None) -> list[str]:
     return [x.strip().lower() for x in (value or "").split(",") if x.strip() and x.strip().lower() != "none"]
 
 
-def _check_items(option: str, value: str | None) -> None:
+def _check_items(option: str, value: str | None, once: str = "each runs once (--repeats times every prompt again)"
+                 ) -> None:
     """UserError for an empty item of a comma-separated option or one given twice, naming its
     place: `--governors 'off,,fixed:1'` ran off and fixed:1 (a governor lost in typing?) and
     `--peers hf,hf` one hf, each without a word (w73e). A list with no item at all is said by
-    its option's own check."""
+    its option's own check. ``once``: what a repeat is told (the tools' lists say their own)."""
     typed = [x.strip() for x in (value or "").split(",")]
     items = [x.lower() for x in typed]
     if not any(items):
@@ -1099,8 +1100,7 @@ def _check_items(option: str, value: str | None) -> None:
             raise UserError(f"{option} {value!r}: item {i + 1} of {len(items)} is empty; expected a comma-separated "
                             "list without empty items")
         if x in items[:i]:
-            raise UserError(f"{option} {value!r}: item {i + 1} ({typed[i]}) repeats item {items.index(x) + 1}; each "
-                            "runs once (--repeats times every prompt again)")
+            raise UserError(f"{option} {value!r}: item {i + 1} ({typed[i]}) repeats item {items.index(x) + 1}; {once}")
 
 
 def _progress(total: int, quiet: bool):

@@ -12,7 +12,8 @@ import click
 
 from specrt.contracts import CALIBRATION_FILE
 from specrt.prompt_files import prompts_of, read_prompt_file, template_notes
-from specrt.sampling_options import Checked, PathArg, existing_folder, sampling_options, template_kwargs_option
+from specrt.sampling_options import (Checked, PathArg, existing_folder, sampling_options, template_kwargs_option,
+                                     typed_value)
 
 
 def read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list[int]]:
@@ -64,8 +65,9 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
         check_not_engines_file(report_file, engines_dir, "--report")
     check_distinct(("--prompts", prompts_file), ("--holdout-prompts", holdout_file), ("--report", report_file))
     source = click.get_current_context().get_parameter_source("holdout")
+    holdout_text = typed_value("holdout", holdout)  # (as typed: h74e)
     if holdout_file is not None and source not in (None, click.core.ParameterSource.DEFAULT):  # (ignored unsaid: h73a)
-        click.echo(f"note: --holdout {holdout:g} has no effect beside --holdout-prompts (every prompt of --prompts "
+        click.echo(f"note: --holdout {holdout_text} has no effect beside --holdout-prompts (every prompt of --prompts "
                    "trains)", err=True)
 
     lines: list[int] = []
@@ -77,7 +79,7 @@ def calibrate(engines_dir: Path, prompts_file: Path, chat: bool, chat_template_k
     labels = [f"{prompts_file}:{n}" for n in lines] + [f"{holdout_file}:{n}" for n in held_lines]
     report = run_calibrate(engines_dir, prompts, chat=chat, max_new_tokens=max_new_tokens, holdout=holdout,
                            log=lambda s: click.echo(s, err=True), holdout_prompts=held, sampling=sampling,
-                           chat_template_kwargs=chat_template_kwargs, labels=labels)
+                           chat_template_kwargs=chat_template_kwargs, labels=labels, holdout_text=holdout_text)
     if report_file is not None:
         write_atomic(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

@@ -65,7 +65,7 @@ import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import unquote
 
 import click
@@ -215,12 +215,13 @@ class _CompletionLogprobs:
     with ``logprobs`` 0 the sampled one alone), text_offset (where
     each token's text starts in the completion)}, chunk by chunk; ``context``: the prompt's
     tokens the completion's text is decoded after (Session.last_context; none with echo, whose
-    entries start with the prompt's)."""
+    entries start with the prompt's: ``echoed`` of them); ``eos``: the ids an answer ends at."""
 
-    def __init__(self, text, context: list[int] = ()):
+    def __init__(self, text, context: list[int] = (), eos: Sequence[int] = (), echoed: int = 0):
         self.text, self.ids, self.decoded = text, [], ""  # decoded: the text of ids
         self.context = list(context)
         self.before = text.decode(self.context) if self.context else ""  # the context's text, decoded once
+        self.eos, self.echoed, self.seen = set(eos), echoed, 0  # seen: the entries taken so far
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
         from specrt.runtime.text import completion_text
@@ -230,6 +231,13 @@ class _CompletionLogprobs:
         offsets = []
         for e in entries:
             before = self.decoded
+            self.seen += 1
+            if self.seen > self.echoed and e["id"] in self.eos:
+                # the EOS that ends the answer writes no text (Session.stream), special or not: the
+                # text's end, as a special one's (one the tokenizer does not mark special was where
+                # its text would start, past the end: h74e); an echoed prompt's EOS is the prompt's text
+                offsets.append(len(before))
+                continue
             self.ids.append(e["id"])
             # where the token's own text ends, when it does (a word-level decoder puts a space
             # between tokens; half a character has no text)
@@ -1052,7 +1060,8 @@ class Handler(BaseHTTPRequestHandler):
             if req["logprobs"] is None:
                 return None
             if i not in formats:
-                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(app.session.text, context)
+                formats[i] = _chat_logprobs if chat else _CompletionLogprobs(
+                    app.session.text, context, app.session.eos, len(req["ids"][i // req["n"]]) if req["echo"] else 0)
             return formats[i](entries or [])
 
         try:

@@ -68,10 +68,20 @@ class Checked(click.ParamType):
 
     def convert(self, value, param, ctx):
         v = self.base.convert(value, param, ctx)
+        typed = value if not isinstance(value, str) or value == value.strip() else repr(value)
         if not self.ok(v):
-            typed = value if not isinstance(value, str) or value == value.strip() else repr(value)
             raise UserError(f"{param.opts[0]} {typed}: expected {self.expected}")
+        if ctx is not None and isinstance(value, str):  # (for an error the command says later: typed_value)
+            ctx.meta[f"{__name__}.typed.{param.name}"] = typed
         return v
+
+
+def typed_value(name: str, value) -> str:
+    """A Checked option's value as the user typed it (``value``, the parsed one, where it was
+    not typed: its default), for a check the command makes later: calibrate's "--holdout 0.50
+    needs at least 2 prompts" said 0.5 (h74e)."""
+    ctx = click.get_current_context(silent=True)
+    return str((ctx.meta if ctx is not None else {}).get(f"{__name__}.typed.{name}", value))
 
 
 def temperature_option(help_text: str):

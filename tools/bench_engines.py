@@ -361,8 +361,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps <= 20:  # RSS growth is measured from step 20 to the end
         ap.error(f"--steps {args.steps}: at least 21 (RSS growth is measured from decode step 20 to the end)")
+    from specrt.cmd_bench import _check_items
+    from specrt.engines.plan import parse_depths
+    from specrt.errors import UserError
+    from specrt.limits import digits
+
+    try:  # ("1,,2" was an int('') traceback: refused as specrt bench's lists and build's --depths are, h74e)
+        _check_items("--contexts", args.contexts, "each context is timed once a round")
+        if not all(digits(x.strip()) for x in args.contexts.split(",")):
+            raise UserError(f"--contexts {args.contexts!r}: expected comma-separated integers such as 128,512")
+        depths = list(parse_depths(args.depths))
+    except UserError as e:
+        ap.error(str(e))
     contexts = [int(x) for x in args.contexts.split(",")]
-    depths = [int(x) for x in args.depths.split(",")]
     if args.worker == "ortgenai":
         sys.path.insert(0, str(ROOT / "tools"))
         res = ortgenai_worker(args.engines, contexts, args.repeats, args.rounds)

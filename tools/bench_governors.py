@@ -390,6 +390,15 @@ def plot(results: dict, specs: list[str], depths, path: Path, tree: str = "") ->
     plt.close(fig)
 
 
+def extra_governors(value: str) -> list[str]:
+    """--extra-governors' specs: an empty item or one given twice refused by its place, as specrt
+    bench's --governors (`a,,b` ran a and b without a word: h74e)."""
+    from specrt.cmd_bench import _check_items
+
+    _check_items("--extra-governors", value, "each runs once beside the standard set")
+    return [g.strip() for g in value.split(",") if g.strip()]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
@@ -407,7 +416,7 @@ def main() -> int:
     ap.add_argument("--corpus", action="store_true",
                     help="every speculative governor (and off:ngram) with corpus lookup too (:corpus; the engines need "
                          "a corpus.npz from `specrt corpus`)")
-    ap.add_argument("--extra-governors", default=[], type=lambda v: [g for g in v.split(",") if g],
+    ap.add_argument("--extra-governors", default=[], type=extra_governors,
                     help="more governor specs to run beside the standard set (e.g. dspark:block=4)")
     ap.add_argument("--prompts", type=Path, default=PROMPTS,
                     help="JSON lines with 'prompt' and 'kind' (default: the held-out prompts)")

@@ -478,6 +478,37 @@ def test_an_answer_ended_by_eos_finishes_stop(served):  # noqa: F811
         assert (tokens[-1] == "w2") == e and c["text"].split() == (tokens[:-1] if e else tokens), c
 
 
+def test_the_text_offset_of_the_eos_that_ends_an_answer_is_the_texts_end(served):  # noqa: F811
+    """h74e (h74c's leftover): the EOS that ends an answer writes no text, but a completions'
+    text_offset gave one the tokenizer does not mark special (w2 here) where its text would
+    start, one past the text's end (a special one got the end); the end now, streamed or not,
+    with echo too, where the prompt's own w2 keeps its place in the echoed text."""
+    url, _ = served
+    for echo in (False, True):
+        body = {"prompt": "w1 w2", "max_tokens": 60, "n": 8, "temperature": 2.0, "seed": 1, "logprobs": 0,
+                "echo": echo}
+        answers = []
+        for stream in (False, True):
+            code, r = _post(url, "/v1/completions", {**body, "stream": stream})
+            assert code == 200, r
+            got: dict[int, dict] = {}
+            for chunk in r if stream else [r]:
+                for c in chunk["choices"]:
+                    a = got.setdefault(c["index"], {"text": "", "tokens": [], "offsets": []})
+                    a["text"] += c["text"]
+                    a["tokens"] += (c["logprobs"] or {}).get("tokens", [])
+                    a["offsets"] += (c["logprobs"] or {}).get("text_offset", [])
+            answers.append(got)
+        assert answers[0] == answers[1], answers
+        ended = [a for a in answers[0].values() if len(a["tokens"]) < 60 + 2 * echo]
+        assert ended, answers
+        for a in ended:
+            text, tokens, offsets = a["text"], a["tokens"], a["offsets"]
+            assert tokens[-1] == "w2" and offsets[-1] == len(text), a
+            assert all(text[o:].startswith(t) for o, t in zip(offsets[:-1], tokens[:-1])), a
+            assert not echo or (text.startswith("w1 w2") and offsets[:2] == [0, 3]), a
+
+
 def _metrics(url: str) -> tuple[dict[str, float], dict[str, str], bytes]:
     """GET /metrics: its samples by name, its headers and its body."""
     import urllib.request

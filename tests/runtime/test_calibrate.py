@@ -873,6 +873,26 @@ def test_one_prompt_past_the_context_is_said_with_the_holdout_error(engines, tmp
     assert not (engines / CALIBRATION_FILE).exists()
 
 
+def test_the_holdout_a_later_check_refuses_is_echoed_as_typed(engines, tmp_path):
+    """h74e (h74b's leftover of L4): the number options are echoed as typed when refused, but
+    the later "--holdout 0.50 needs at least 2 prompts" (one prompt; and its "Also:" beside a
+    prompt past the context) said the parsed 0.5, and the note beside --holdout-prompts too."""
+    pf, hf = tmp_path / "p.jsonl", tmp_path / "h.jsonl"
+    hf.write_text('{"prompt_ids": [10000000]}\n')  # (refused: nothing decoded)
+    for typed, said in (("0.50", "0.50"), (".5", ".5"), (" 0.5", "' 0.5'")):
+        pf.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n")
+        r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), "--holdout", typed])
+        assert r.exit_code == 1 and r.output == (f"error: --holdout {said} needs at least 2 prompts (got 1); or pass "
+                                                 "--holdout 0\n"), r.output
+        pf.write_text(json.dumps({"prompt_ids": [1] * 5000}) + "\n")
+        r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), "--holdout", typed])
+        assert r.exit_code == 1 and f". Also: --holdout {said} needs at least 2 prompts (got 1)" in r.output, r.output
+        r = CliRunner().invoke(cli(), ["calibrate", str(engines), "--prompts", str(pf), "--holdout", typed,
+                                       "--holdout-prompts", str(hf)])
+        assert r.exit_code == 1 and r.output.startswith(f"note: --holdout {said} has no effect beside "), r.output
+    assert not (engines / CALIBRATION_FILE).exists()
+
+
 def test_holdout_given_beside_held_out_prompts_is_said_to_change_nothing(engines, tmp_path):
     """A walk (h73a): `--holdout 0.5 --holdout-prompts H` ignored --holdout without a word (the
     help says so, the run did not); a note says it, and only where --holdout was given."""

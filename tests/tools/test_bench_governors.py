@@ -471,3 +471,19 @@ def test_a_wrong_engines_folder_prompts_file_or_governor_is_one_error_line(tmp_p
         assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
         assert error in r.stderr.splitlines()[-1], r.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_or_repeated_extra_governor_is_refused_by_its_place(tmp_path):
+    """h74e (h74b's leftover): `--extra-governors 'dspark:block=4,,fixed:1'` ran both without a
+    word (the empty item dropped); refused now as specrt bench's --governors is (the same check),
+    before any engines load, and a spec given twice too (any case)."""
+    env = {**os.environ, "SPECRT_THP": "0", "OMP_NUM_THREADS": "1"}
+    for extra, error in (
+            ("dspark:block=4,,fixed:1", "item 2 of 3 is empty; expected a comma-separated list without empty items"),
+            ("fixed:1, FIXED:1", "item 2 (FIXED:1) repeats item 1; each runs once beside the standard set")):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), "--engines",
+                            str(tmp_path / "nowhere"), "--extra-governors", extra, "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.splitlines()[-1] == f"error: --extra-governors {extra!r}: {error}", r.stderr
+        assert not (tmp_path / "out").exists()
