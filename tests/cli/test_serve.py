@@ -994,6 +994,22 @@ def test_a_client_expecting_100_continue_gets_it_before_sending_its_body(served)
     assert out.startswith(b"HTTP/1.1 200") and json.loads(out.split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"]
 
 
+def test_a_refused_request_expecting_100_continue_is_answered_without_its_body(served):
+    """A request refused before its body (no such path 404, a method the path does not take
+    405; a wrong API key's 401 goes by the same _discard_body) whose client waits for "100
+    Continue" before sending that body (curl's for a body past 1 MB) is answered at once,
+    "Connection: close", the body never sent: the server waited for the body, so curl waited
+    its second for the interim and then uploaded the body to be thrown away (walk w74f: 1.02 s
+    a refusal, as before HTTP/1.1)."""
+    url, _ = served
+    for line, status in (("POST /v1/embeddings", b"404"), ("POST /v1/models", b"405")):
+        t = time.perf_counter()
+        out = _raw(url, f"{line} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                        f"Content-Length: 1200000\r\n\r\n".encode(), timeout=3)
+        assert out.startswith(b"HTTP/1.1 " + status) and b"\r\nConnection: close\r\n" in out, (line, out)
+        assert b"100 Continue" not in out and time.perf_counter() - t < 2, line
+
+
 def _answers(c, n: int) -> list[tuple[bytes, bytes]]:
     """The next ``n`` answers (head, body) read from socket ``c``, each by its Content-Length."""
     got, out = b"", []
@@ -1122,6 +1138,56 @@ def test_an_idle_kept_connection_is_closed_and_not_waited_for(worded, monkeypatc
         cmd_serve.drain(app, httpd)
         assert time.perf_counter() - t < 2 and not any("unanswered" in x for x in logs), logs
         c.close()
+
+
+def test_a_stream_asks_a_proxy_not_to_buffer_it(served):
+    """A stream says "X-Accel-Buffering: no": nginx in front (proxy_buffering on, its default)
+    held the events back and passed them on in 4-8 KB batches (walk w74f: a 100-token stream
+    came in 4 reads, the first 87 ms in, up to 22 events in one; 30-62 reads, the first 9 ms in,
+    with it). A whole answer does not say it (nginx buffers that as it likes)."""
+    import http.client
+
+    url, _ = served
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    for stream in (True, False):
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "w1", "max_tokens": 2, "stream": stream}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("X-Accel-Buffering") == ("no" if stream else None), stream
+    c.close()
+
+
+def test_a_request_on_a_kept_connection_while_stopping_is_answered_503(worded):  # noqa: F811
+    """A request that comes on a kept-alive connection once the stop has begun (drain: an
+    answer still in flight, the server listening) is answered as on a new connection, 503
+    with "Connection: close": /health "stopping" (what a load balancer's probe reads: nginx's
+    upstream keepalive, any keep-alive probe), a completion "the server is shutting down".
+    It was closed unanswered (the client read RemoteDisconnected), where a new connection got
+    its 503 (walk w74f: SIGTERM with a stream in flight)."""
+    import socket
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        port = httpd.server_address[1]
+        kept = []
+        for _ in range(2):
+            c = socket.create_connection(("127.0.0.1", port), timeout=30)
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            _answers(c, 1)
+            kept.append(c)
+        time.sleep(0.2)  # (both idle, waiting for their next request)
+        app.stopping = True  # (drain's first step)
+        body = json.dumps({"prompt": "w1", "max_tokens": 2}).encode()
+        kept[0].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept[1].sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        for c, want in zip(kept, ({"status": "stopping"}, "the server is shutting down")):
+            (head, got), = _answers(c, 1)
+            assert head.startswith(b"HTTP/1.1 503") and b"\r\nConnection: close" in head, head
+            assert json.loads(got) == want or json.loads(got)["error"]["message"] == want, got
+            assert c.recv(1) == b""  # (then closed)
+            c.close()
 
 
 def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noqa: F811
