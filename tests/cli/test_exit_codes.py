@@ -1059,3 +1059,56 @@ def test_a_number_out_of_range_is_echoed_as_typed(tmp_path):
                        (["serve", folder, "--write-timeout", "-1."], "--write-timeout -1.: expected seconds, > 0")):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 1 and r.output.startswith(f"error: {said}"), (args, r.output)
+
+
+def test_a_checked_number_at_its_bounds_is_taken_or_refused_as_its_help_says(tmp_path):
+    """Mutants m74b-21 (`--holdout 1` taken: "[0, 1)") and m74b-22 (`--write-timeout 3600` refused:
+    "at most 3600"); m74b-23 (`--write-timeout 0` taken) here too, in a second, not only in
+    test_the_command_serves_until_interrupted's served commands: each bound of a Checked option
+    (h74b) as its help and its error say. A value taken goes on to the folder, which holds no
+    engines here; one refused is said first, as typed."""
+    folder, prompts = str(tmp_path), str(tmp_path / "p.jsonl")
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    no_engines = f"error: {folder}: not a complete engines folder (no engines.json)"
+    for args, said in ((["calibrate", folder, "--prompts", prompts, "--holdout", "0"], no_engines),
+                       (["calibrate", folder, "--prompts", prompts, "--holdout", "1"],
+                        "error: --holdout 1: expected a fraction in [0, 1)"),
+                       (["serve", folder, "--write-timeout", "3600"], no_engines),
+                       (["serve", folder, "--write-timeout", "0"], "error: --write-timeout 0: expected seconds, > 0"),
+                       (["serve", folder, "--write-timeout", "3600.5"], "error: --write-timeout 3600.5: expected"),
+                       (["run", folder, "--prompt", "x", "--temperature", "1", "--top-p", "1", "--top-k", "-1",
+                         "--seed", "-1"], no_engines)):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and r.output.startswith(said), (args, r.output)
+
+
+def test_a_checked_number_is_shown_by_its_kind_in_the_help():
+    """Mutant m74b-19 (Checked's name not its base's): the help shows each checked option by the
+    kind of value it takes, "--top-p FLOAT", "--top-k INTEGER", as click shows a plain float or int
+    option (h74b made them Checked types, whose metavar is their name)."""
+    r = CliRunner().invoke(main, ["run", "--help"])
+    assert r.exit_code == 0, r.output
+    for option, kind in (("--temperature", "FLOAT"), ("--top-p", "FLOAT"), ("--top-k", "INTEGER"),
+                         ("--seed", "INTEGER")):
+        assert f"{option} {kind}" in r.output, (option, r.output)
+
+
+def test_a_number_typed_with_a_space_at_either_end_is_echoed_quoted():
+    """Mutant m74b-69 (only a leading space quoted): a value typed with a space at its end, as at
+    its start, is echoed quoted (h74b's Checked), so the space the user typed shows."""
+    for typed in (" 2", "2 ", " 2 "):
+        r = CliRunner().invoke(main, ["run", ".", "--prompt", "x", "--top-p", typed])
+        assert r.exit_code == 1 and r.output.startswith(f"error: --top-p {typed!r}: expected a number in"), \
+            (typed, r.output)
+
+
+def test_the_command_runs_with_standard_error_closed():
+    """Mutant m74b-62 (no AttributeError taken where standard error is closed): `specrt ... 2>&-`
+    leaves Python's sys.stderr None, whose encoding h74c's _escape_undecodable reads first; the
+    command runs as before (`--version` exit 0, printed), not ended by that AttributeError
+    (exit 1, its traceback written nowhere)."""
+    import subprocess
+
+    r = subprocess.run(["sh", "-c", 'exec "$0" -m specrt --version 2>&-', sys.executable], capture_output=True,
+                       text=True, env={**os.environ, "SPECRT_THP": "0"}, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("specrt, version "), (r.returncode, r.stdout)

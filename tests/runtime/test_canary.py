@@ -420,6 +420,18 @@ def test_the_canary_measures_at_depth_1_whatever_depths_are_built(tmp_path):
     assert (both["measured_depth1"], both["drafts"]) == (one["measured_depth1"], one["drafts"]), (both, one)
 
 
+def test_engines_without_depth_1_measure_at_their_shallowest_depth(tmp_path):
+    """Mutant m74b-15 (the canary run at the deepest depth where depth 1 is not built): engines
+    built for depths 2 and 4 measure position 1 at depth 2, whose round after a 12-token prompt's
+    first token fits a context of 16 (12 + 1 + 2 drafts and their bonus, h74d's room): one round,
+    one draft at position 1, each; at depth 4 no prompt had room, and the receipt said 0 prompts."""
+    _engines(tmp_path / "x", None)  # (for its export)
+    build_engines(tmp_path / "x" / "exp", "onnxruntime", (2, 4), tmp_path / "x" / "eng24", log=lambda s: None,
+                  profile_repeats=1, profile_pasts=(4,), max_context=16)
+    r = _measure(tmp_path / "x" / "eng24")
+    assert (r["prompts"], r["drafts"]) == (6, 6), r
+
+
 def test_canary_prompts_go_through_the_exports_chat_template(tmp_path):
     """Mutant c16 (the canary's prompts encoded as plain text): an export whose tokenizer has a
     chat template gets the canary's prompts through it, as chat prompts, the way `specrt

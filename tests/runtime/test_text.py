@@ -2295,6 +2295,18 @@ def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(wo
     assert "91 prompt tokens reused]" in r.output, r.output
 
 
+def test_chat_keeps_an_earlier_turn_that_leaves_the_room_exactly(worded):
+    """Mutant m74b-61 (a turn dropped where its prompt and the room just fill the context): the
+    second turn's prompt at 96 tokens (66 + 30 words) leaves the room for an answer, a quarter of
+    the context (32), to the context's last token, so the first turn is kept; at 97 it is dropped.
+    (h74c's measured count, taken once before the drops.)"""
+    for words, dropped, said in ((30, False, "96 prompt tokens reused]"),
+                                 (31, True, "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]")):
+        r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "60", "--governor", "off"],
+                               input="w1 w2\n" + " ".join(["w3"] * words) + "\n\n")
+        assert r.exit_code == 0 and ("dropped" in r.output) == dropped and said in r.output, (words, r.output)
+
+
 def test_chat_skips_a_turn_that_fills_the_context_to_its_last_token(worded):
     """A turn whose prompt is exactly the context (128 tokens: no room for one token of
     answer) is skipped and said, the conversation going on; one token shorter is answered."""
@@ -4483,6 +4495,19 @@ def test_chat_skips_a_turn_surely_past_the_context_before_it_is_tokenized(bytewi
     assert "dropped" not in r.output and r.output.count(" prompt tokens reused]") == 2, r.output
 
 
+def test_chat_skips_a_turn_whose_bound_is_the_context_untokenized(bytewise):
+    """Mutants m74b-42 (chat's turn tokenized unless its lower bound passed the context) and
+    m74b-60 (the bound said one more than it is): a turn
+    whose bound is the context itself (125 " xylophone" rendered: at least 128 tokens, 144 in
+    fact) already leaves no room for the answer's first token, so it is skipped on the bound, "at
+    least 128", as a prompt is refused on it (Session's check_length); the mutants tokenized it
+    and said 144, or said at least 129."""
+    r = CliRunner().invoke(main, ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"],
+                           input=" xylophone" * 125 + "\n\n")
+    assert r.exit_code == 0 and "[this turn makes a prompt of at least 128 tokens; the engines' context limit is " \
+        "128: skipped" in r.output, r.output
+
+
 def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise, monkeypatch):
     """Session 73's leftover (h74c): chat rendered the chat template for a turn's token bound, again
     to tokenize it, and both again for the same turn once the drops were done, before the stream
@@ -4718,3 +4743,80 @@ def test_no_prefix_reuse_on_one_prompt_is_noted(worded, tmp_path):
         r = CliRunner().invoke(main, ["run", str(worded), *extra, "--no-prefix-reuse", "--max-new-tokens", "2",
                                       "--quiet"])
         assert r.exit_code == 0 and (note in r.output) == noted, (extra, r.output)
+
+
+def test_one_prompt_without_no_prefix_reuse_gets_no_note(worded):
+    """Mutant m74b-38 (the note said of every run of one prompt): `run --prompt X` without
+    --no-prefix-reuse says nothing of it (h74b's note is for the option given to no effect)."""
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "2", "--quiet"])
+    assert r.exit_code == 0 and "prefix-reuse" not in r.output, r.output
+
+
+def test_a_text_that_tokenizes_to_nothing_is_an_empty_prompt_not_a_templates(worded):
+    """Mutant m74b-48 (Text.ids_of's template error for any prompt of no tokens): `run --prompt ' '`
+    without --chat, a text the tokenizer makes no token of, is "the prompt is empty", as before
+    h74c split encode; no chat template rendered it, and none is named."""
+    for blank in (" ", "\t"):
+        r = CliRunner().invoke(main, ["run", str(worded), "--prompt", blank, "--max-new-tokens", "2"])
+        assert r.exit_code == 1 and r.output.endswith("\nerror: the prompt is empty\n"), (blank, r.output)
+
+
+def test_an_answer_ended_by_any_of_the_eos_ids_leaves_it_out_of_the_text(tmp_path):
+    """Mutant m74b-52 (only the first of the target's EOS ids left out of the text): a target with
+    two EOS ids, neither special (w9 and w8), whose answer ends at the second (w8) writes none of
+    it, as test_an_eos_the_tokenizer_does_not_mark_special_ends_the_answer_unprinted's single EOS
+    (h74c); its output ids still end with it."""
+    from specrt.runtime.session import Session
+
+    eng = _tiny_text_pair(tmp_path, 16, 12, _words, eos_token_id=[9, 8])
+    with Session(eng, governor="fixed:3") as s:
+        assert s.eos == (9, 8)
+        text = "".join(s.stream("w1 w1 w2 w2", max_new_tokens=200))
+        st = s.stats()
+    assert text == " w7 w7 w7 w7 w7 w7 w0", text
+    assert st["output_token_ids"] == [7] * 6 + [0, 8] and st["finish_reason"] == "eos", st
+
+
+def test_chat_counts_a_turn_with_its_template_variables(worded):
+    """Mutant m74b-53 (Session.prompt_text rendered without the session's template variables):
+    chat measures a turn by the text its stream tokenizes, --chat-template-kwargs' variables
+    rendered in (``cue`` w9 after the assistant's w2 here): a turn of 130 words is 133 tokens,
+    said so where it is skipped (132 without the cue, a prompt the engines never get)."""
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "2", "--governor", "off",
+                                  "--chat-template-kwargs", '{"cue": "w9"}'], input="w5 " * 130 + "\n\n")
+    assert r.exit_code == 0 and "[this turn makes a prompt of 133 tokens; the engines' context limit is 128: " \
+        "skipped" in r.output, r.output
+
+
+def test_the_no_prefix_reuse_note_goes_to_standard_error(worded):
+    """Mutant m74b-67 (the note echoed to standard output): run's note of --no-prefix-reuse on one
+    prompt (h74b) is said on standard error, as its others; standard output is the answer alone."""
+    args = ["run", str(worded), "--prompt", "w1 w2", "--max-new-tokens", "2", "--quiet", "--governor", "off"]
+    want = CliRunner().invoke(main, args)
+    r = CliRunner().invoke(main, [*args, "--no-prefix-reuse"])
+    assert r.exit_code == want.exit_code == 0 and r.stdout == want.stdout, (r.stdout, want.stdout)
+    assert r.stderr.startswith("note: --no-prefix-reuse has no effect on one prompt"), r.stderr
+
+
+def _words_with_bos(t) -> None:
+    """``_words``' tokenizer whose post-processor puts w14 (special) before a text, as Llama's
+    adds its BOS; its chat template writes none."""
+    from tokenizers import Tokenizer, processors
+
+    _words(t, ("w14",))
+    tok = Tokenizer.from_file(str(t / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="w14 $A", special_tokens=[("w14", 14)])
+    tok.save(str(t / "tokenizer.json"))
+
+
+def test_chat_counts_a_turn_as_its_prompt_is_tokenized(tmp_path):
+    """Mutant m74b-43 (chat's count of a turn tokenized with the tokenizer's special tokens): a
+    rendered template is tokenized without them (Text.ids_of), so a tokenizer whose post-processor
+    adds a BOS (w14 here, as Llama's) does not add it to chat's prompt, nor to its count: a turn
+    of 130 words renders as 132 tokens ("w1 ... w2"), said so where it is skipped; the count said
+    133, one the prompt does not hold (and so dropped turns for a conversation that fit)."""
+    eng = _tiny_text_pair(tmp_path, 16, 12, _words_with_bos)
+    r = CliRunner().invoke(main, ["chat", str(eng), "--max-new-tokens", "2", "--governor", "off"],
+                           input="w5 " * 130 + "\n\n")
+    assert r.exit_code == 0 and "[this turn makes a prompt of 132 tokens; the engines' context limit is 128: " \
+        "skipped" in r.output, r.output
