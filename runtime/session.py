@@ -540,11 +540,6 @@ class Session:
         variables = self._template_kwargs(prompt, chat, chat_template_kwargs)  # (first: no tokenizer said)
         return self.text.encode(prompt, chat, variables, self.chat_option, check_length)
 
-    def least_tokens(self, prompt: str | list[dict], chat: bool = False) -> int:
-        """A lower bound on the tokens ``encode`` makes of ``prompt``, found without tokenizing
-        it (``Text.least_tokens``; 0 where the tokenizer gives none)."""
-        return self.text.least_tokens(self.prompt_text(prompt, chat))
-
     def prompt_text(self, prompt: str | list[dict], chat: bool = False) -> str:
         """The text ``encode`` tokenizes (``Text.prompt_text``: the chat template rendered, with
         the session's variables, where the prompt goes through it): ``Text.least_tokens`` and

@@ -158,7 +158,7 @@ def test_the_command_reports_each_variant_on_its_own_engines_and_checks_the_targ
     assert "\n== shared {}, inplace KV\n" in out and "\n== append {}, append KV\n" in out, out
     assert out.count("context    8: decode ") == 2 and out.count(" ms (1.00x), d2 ") == 2, out
     assert out.count("per decode step over 25 steps (past 8->33)") == 2 and "passes over" not in out, out
-    lines = re.findall(r"\[(PASS|FAIL)\] context 8: depth (\d) (\d\.\d\d)x depth 1 \(target <= 1\.20x\)", out)
+    lines = re.findall(r"\[(PASS|FAIL)\] context 8: depth (\d) (\d+\.\d\d)x depth 1 \(target <= 1\.20x\)", out)
     assert len(lines) == 1 and lines[0][1] == "4" and "depth 8" not in out, out
     verdict, _, ratio = lines[0]
     assert verdict == "PASS" if float(ratio) < 1.2 else verdict == "FAIL" if float(ratio) > 1.2 else True, out
