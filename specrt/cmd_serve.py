@@ -788,6 +788,9 @@ class Handler(BaseHTTPRequestHandler):
         if not came:
             return False
         self.connection.settimeout(self.timeout)  # (an answer's writes set write_timeout)
+        # a POST's endpoint (do_POST) is not the next request's: reset here, not in parse_request, which
+        # a request line past 64 KiB never reaches (its 414 was counted as the completion's before it: r74)
+        self._endpoint = None
         return True
 
     def parse_request(self) -> bool:
@@ -795,7 +798,6 @@ class Handler(BaseHTTPRequestHandler):
         HTTP/1.1 client that did not ask to close it, and for a request with a body only once
         that body has been read whole (do_POST, _discard_body): a body left unread would be
         read as the next request."""
-        self._endpoint = None  # (a POST's, set by do_POST: not the next request's on a kept connection)
         if not super().parse_request():
             return False
         asked = {t.strip().lower() for t in self.headers.get("Connection", "").split(",")}

@@ -399,13 +399,21 @@ def extra_governors(value: str) -> list[str]:
     return [g.strip() for g in value.split(",") if g.strip()]
 
 
+def depths_arg(value: str) -> tuple[int, ...]:
+    """--depths as `specrt build --depths` (and bench_engines') take it: ranges, an empty entry or a
+    depth named twice refused (`1,,2` was argparse's "invalid <lambda> value", `2,2` taken: r74)."""
+    from specrt.engines.plan import parse_depths
+
+    return parse_depths(value)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--draft", type=Path, help=f"P-EAGLE draft folder (default {DEFAULT_DRAFT})")
     src.add_argument("--random-draft", action="store_true", help="a random P-EAGLE draft (acceptance ~ 0)")
     src.add_argument("--engines", type=Path, help="an engines folder already built")
-    ap.add_argument("--depths", default="1,2,3,4,6,8", type=lambda s: tuple(int(x) for x in s.split(",")))
+    ap.add_argument("--depths", default="1,2,3,4,6,8", type=depths_arg)
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help="export / engines cache")
     ap.add_argument("--per-kind", type=int, default=4)
     ap.add_argument("--tree", type=int, default=1,

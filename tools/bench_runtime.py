@@ -182,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated governor specs: only the peak RSS of `specrt run` with each")
     ap.add_argument("-o", "--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.depths is not None:  # (as build's and bench_engines': "1,,2" was int('')'s traceback, after the load: r74)
+        from specrt.engines.plan import parse_depths
+        from specrt.errors import UserError
+
+        try:
+            args.depths = list(parse_depths(args.depths))
+        except UserError as e:
+            ap.error(str(e))
     if args.rss_governors:
         return rss_only(args)
 
@@ -194,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = load_engines(args.engines)
     if engines.export.get("draft") is None:
         raise SystemExit(f"{args.engines}: the engines have no draft: nothing to speculate with")
-    depths = [int(d) for d in args.depths.split(",")] if args.depths else list(engines.depths)
+    depths = args.depths or list(engines.depths)
     threads = args.threads or physical_cores()
     items = read_prompts(args.prompts)[: args.n]
     prompts = tokenize_prompts(items, engines, chat)

@@ -1026,6 +1026,13 @@ def _answers(c, n: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
+
+def _request_counts(url: str) -> dict[str, float]:
+    """/metrics' specrt_requests_total lines: {the series: its count}."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in r.read().decode().splitlines()
+                                         if ln.startswith("specrt_requests_total{"))}
+
 def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     """HTTP/1.1 persistent connections (N1, sessions 71-73; vLLM and llama.cpp's server keep
     them, and so expect httpx, the OpenAI SDK and nginx's upstream keepalive): one
@@ -1040,14 +1047,9 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     import http.client
     import socket
 
-    def counts() -> dict[str, float]:
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-            return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in r.read().decode().splitlines()
-                                             if ln.startswith("specrt_requests_total{"))}
-
     url, _ = served
     host, port = url.split("//")[1].split(":")
-    before = counts()
+    before = _request_counts(url)
     c = http.client.HTTPConnection(host, int(port), timeout=30)
     sockets = set()
     for method, path, body, status in (
@@ -1062,7 +1064,7 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
         assert int(r.getheader("Content-Length")) == len(data) and json.loads(data), path
         sockets.add(id(c.sock))
     assert len(sockets) == 1 and c.sock is not None  # (one connection carried them all)
-    after = counts()
+    after = _request_counts(url)
     assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {
         'specrt_requests_total{endpoint="completions",status="200"}': 1,
         'specrt_requests_total{endpoint="completions",status="400"}': 1}, (before, after)
@@ -1090,6 +1092,33 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     for head in (b"GET /health HTTP/1.0\r\n\r\n", b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"):
         out = _raw(url, head, timeout=3)  # (read to the end: the server closes at once, not after a wait)
         assert out.startswith(b"HTTP/1.1 200") and b"\r\nConnection: close\r\n" in out, out
+
+
+def test_a_request_line_too_long_after_a_post_is_not_counted_as_its_endpoint(served):
+    """r74 (fresh-eyes review of h74a's keep-alive): the endpoint a POST set on its connection's
+    handler was reset in parse_request, but a request line past 64 KiB is refused 414 before
+    parse_request runs (the standard library's handle_one_request), so on a kept connection
+    the 414 after a completion was counted in /metrics as specrt_requests_total{endpoint=
+    "completions",status="414"}. Counted as no endpoint's now, as on a fresh connection."""
+    import socket
+
+    url, _ = served
+    host, port = url.split("//")[1].split(":")
+    before = _request_counts(url)
+    body = json.dumps({"prompt": "w1 w2", "max_tokens": 2}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        (h1, b1), = _answers(s, 1)
+        assert h1.startswith(b"HTTP/1.1 200") and json.loads(b1)["usage"]["completion_tokens"], (h1, b1)
+        s.sendall(b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        assert out.startswith(b"HTTP/1.1 414") or out.startswith(b"HTTP/1.0 414"), out[:200]
+    after = _request_counts(url)
+    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {
+        'specrt_requests_total{endpoint="completions",status="200"}': 1}, (before, after)
 
 
 def test_an_idle_kept_connection_is_closed_and_not_waited_for(worded, monkeypatch):  # noqa: F811

@@ -487,3 +487,20 @@ def test_an_empty_or_repeated_extra_governor_is_refused_by_its_place(tmp_path):
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.splitlines()[-1] == f"error: --extra-governors {extra!r}: {error}", r.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_depths_are_parsed_as_build_parses_them(tmp_path, bg):
+    """r74 (h74e's leftover: bench_engines' --depths went through parse_depths, this tool's did
+    not): `--depths 1,,2` was argparse's "invalid <lambda> value", `--depths 2,2` taken (built
+    1 depth into a folder named for 2,2), `--depths 1-4` refused; now as `specrt build --depths`
+    (the same parse_depths), said before any engines load."""
+    env = {**os.environ, "SPECRT_THP": "0", "OMP_NUM_THREADS": "1"}
+    for depths, error in (("1,,2", "--depths '1,,2': an empty entry; expected comma-separated integers"),
+                          ("2,2", "--depths '2,2': depth 2 is named twice (entries 1 and 2); each depth is built once")):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), "--engines",
+                            str(tmp_path / "nowhere"), "--depths", depths, "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.splitlines()[-1].startswith(f"error: {error}"), r.stderr
+        assert not (tmp_path / "out").exists()
+    assert bg.depths_arg("1-4,8") == (1, 2, 3, 4, 8)  # (a range, as build takes it)

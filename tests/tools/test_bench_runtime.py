@@ -27,3 +27,16 @@ def test_a_child_s_peak_rss_is_its_own_not_its_parent_s():
     peak, rc = t.child_peak_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert rc == 3
     del hold
+
+
+def test_depths_are_parsed_as_build_parses_them_before_the_engines_load(tmp_path, capsys):
+    """r74 (h74e made bench_engines' --depths go through parse_depths; this tool's did not):
+    `--depths 1,,2` was a ValueError traceback once the engines had loaded, `--depths 2,2` ran
+    fixed:2 twice; now said as `specrt build --depths` says it (the same parse_depths), before
+    the engines load (here a folder that does not exist), argparse's exit 2."""
+    bench_runtime = tool("bench_runtime")
+    for depths, error in (("1,,2", "--depths '1,,2': an empty entry; expected comma-separated integers"),
+                          ("2,2", "--depths '2,2': depth 2 is named twice (entries 1 and 2)")):
+        with pytest.raises(SystemExit) as e:
+            bench_runtime.main([str(tmp_path / "nowhere"), "--depths", depths])
+        assert e.value.code == 2 and error in capsys.readouterr().err, depths
