@@ -50,6 +50,10 @@ def not_text(text: str, subject: str) -> str | None:
             f"half without its pair (a JSON \\u{ord(c):04x} escape?)")
 
 
+
+KEEP_IDS = 1 << 17  # token ids Text.ids_of keeps of its last text (1 MB packed; past 131072: none)
+
+
 class Text:
     def __init__(self, folder: Path):
 
@@ -184,14 +188,18 @@ class Text:
         """Token ids of ``prompt_text``'s ``text``: a text prompt's where ``raw`` (the tokenizer's
         special tokens added), else a rendered template's, which already holds its special tokens.
         The last text's ids are kept: `specrt chat` measures a turn with them and its stream then
-        tokenized the same text again (a long paste: seconds a turn; h74e)."""
+        tokenized the same text again (a long paste: seconds a turn; h74e). Kept packed, and only
+        up to KEEP_IDS of them: a prompt of 2M tokens refused by serve held 79.5 MB of Python
+        ints until the next request (r74); one past any context is never streamed after."""
+        import array
+
         last = self._last_ids
         if last is not None and last[0] == raw and last[1] == text:
-            return list(last[2])
+            return last[2].tolist()
         ids = self.tokenizer.encode(text, add_special_tokens=raw).ids
         if not ids and not raw:  # (said "the prompt is empty" of a conversation that was not, naming no template)
             raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
-        self._last_ids = (raw, text, tuple(ids))
+        self._last_ids = (raw, text, array.array("q", ids)) if len(ids) <= KEEP_IDS else None
         return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,

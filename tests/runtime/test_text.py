@@ -4542,6 +4542,30 @@ def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise,
     assert calls == {"render": 5, "encode": 3}, calls
 
 
+def test_the_last_texts_ids_are_kept_packed_and_only_up_to_keep_ids(bytewise, monkeypatch):
+    """The session review (r74): Text.ids_of kept its last text's ids as a tuple of Python ints,
+    so a 2M-token prompt serve refused held 79.5 MB until the next request. Now they are kept
+    packed and only up to KEEP_IDS; a kept text's ids come back equal and as a list of the
+    caller's own (changing it changes nothing kept)."""
+    from tokenizers import Tokenizer
+
+    from specrt.runtime import text as T
+
+    calls = []
+    real = Tokenizer.encode
+    monkeypatch.setattr(Tokenizer, "encode", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    monkeypatch.setattr(T, "KEEP_IDS", 12)
+    tx = T.Text(bytewise / "export")
+    short, long = " xylophone" * 3, " xylophone" * 20
+    first = tx.ids_of(short, True)
+    first.append(-1)  # the caller's own list
+    again = tx.ids_of(short, True)
+    assert len(calls) == 1 and again == first[:-1] and len(again) <= 12, (calls, again)
+    assert tx.ids_of(short, False) and len(calls) == 2  # (another raw: tokenized)
+    assert len(tx.ids_of(long, True)) > 12 and len(tx.ids_of(long, True)) > 12 and len(calls) == 4  # (not kept)
+    assert tx._last_ids is None
+
+
 def test_token_ids_past_the_context_are_refused_by_their_count_first(worded):
     """Token ids past the context are refused by their count before a pass over each id (1.2M
     ids took 46 s of checks, then the context's refusal): an id outside the vocabulary at the
