@@ -46,9 +46,10 @@ the tokens only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows a
 (Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session
 growth are shared by every request unless ``--isolate-clients``: then rows are reused
 only within one ``user`` and growth is off. The standard library's HTTP server, speaking
-HTTP/1.1 (a connection kept KEEP_ALIVE seconds, 5, for its next request; a stream ends its
-connection): for a local endpoint or behind a proxy, not for untrusted networks. Bad
-requests get HTTP 400 with OpenAI's error object naming the field; the server keeps serving.
+HTTP/1.1 (a connection kept KEEP_ALIVE seconds, 5, for its next request; a stream sent
+chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint or behind a
+proxy, not for untrusted networks. Bad requests get HTTP 400 with OpenAI's error object
+naming the field; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -751,8 +752,8 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "specrt"
     # persistent connections, as vLLM's and llama.cpp's servers keep them (keep-alive clients:
     # httpx, so the OpenAI SDK, nginx's upstream keepalive): every answer carries its
-    # Content-Length, a stream ends its connection ("Connection: close"), an HTTP/1.0 client's
-    # connection closes after its answer. It spoke HTTP/1.0, one request a connection: a second
+    # Content-Length, or is a stream sent chunked (_respond), an HTTP/1.0 client's connection
+    # closes after its answer. It spoke HTTP/1.0, one request a connection: a second
     # request pipelined on one went unanswered (session 71's N1).
     protocol_version = "HTTP/1.1"
     # TCP_NODELAY: on a kept connection an answer's headers and body, two writes, waited for the
@@ -811,11 +812,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def end_headers(self) -> None:
         """Says "Connection: close" where the connection closes after this answer (a client
-        of HTTP/1.1 would otherwise send its next request on it)."""
+        of HTTP/1.1 would otherwise send its next request on it), and elsewhere for how long it
+        is kept ("Keep-Alive: timeout=5", as uvicorn and nginx say it): Node's http.Agent, whose
+        idle sockets time out at 5 s as well, sent its next request as the server closed (h74g);
+        it closes its own a second before the hint, undici (Node's fetch) too."""
         if self.app.stopping:  # (the stop closes connections after their answer)
             self.close_connection = True
         if self.close_connection:
             self.send_header("Connection", "close")
+        else:
+            self.send_header("Keep-Alive", f"timeout={KEEP_ALIVE:.0f}")
         super().end_headers()
 
     @property
@@ -1137,10 +1143,22 @@ class Handler(BaseHTTPRequestHandler):
         # read timeout (60 s), then as long again for the error event, while every other
         # request waited for the engines. Past write_timeout it is taken for gone.
         self.connection.settimeout(app.write_timeout)
-        self.close_connection = True  # (no Content-Length: its end is the connection's)
+        # no Content-Length: to an HTTP/1.1 client each write is a chunk, the zero-length one its end,
+        # and the connection is kept (it was closed after every stream: httpx, requests, AsyncOpenAI
+        # opened 20 connections for 20 streams and 20 whole answers, 1 now; OpenAI's sync client
+        # closes its own after [DONE] unread to the end all the same; h74g); an HTTP/1.0 one's ends it
+        chunked = self.request_version >= "HTTP/1.1"
+        self.close_connection = self.close_connection or not chunked
+
+        def write(data: bytes, end: bool = False) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n%s" % (len(data), data, b"0\r\n\r\n" if end else b"") if chunked else data)
+            self.wfile.flush()
+
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
         # nginx buffers a proxied answer by default (proxy_buffering on), unless it says not to: the
         # events came in 4-8 KB batches (a 100-token stream in 4 reads, the first 87 ms on; w74f)
         self.send_header("X-Accel-Buffering", "no")
@@ -1157,8 +1175,7 @@ class Handler(BaseHTTPRequestHandler):
                 usage = {"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens}
             payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
                        **({"usage": usage} if req["usage_chunk"] else {}), **extra}
-            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-            self.wfile.flush()
+            write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
         try:
             item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
@@ -1179,10 +1196,9 @@ class Handler(BaseHTTPRequestHandler):
             event(held["index"], None, held["finish_reason"], entries=held["logprobs"], context=held["context"],
                   tokens=held["tokens"], specrt=item["specrt"])
             if req["usage_chunk"]:
-                self.wfile.write(b"data: " + json.dumps({**head, "object": obj, "choices": [],
-                                                         "usage": item["usage"]}).encode() + b"\n\n")
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                write(b"data: " + json.dumps({**head, "object": obj, "choices": [], "usage": item["usage"]}).encode()
+                      + b"\n\n")
+            write(b"data: [DONE]\n\n", end=True)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left (or read nothing
             pieces.close()  # for write_timeout): stop generating; logged as a client that left
             self.close_connection = True
@@ -1195,10 +1211,11 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
                                    "code": e.code if isinstance(e, BadRequest) else None}}
-                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")
-                self.wfile.flush()
+                write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n", end=True)
             except OSError:
-                pass
+                self.close_connection = True
+        if app.stopping:  # (the stop closes connections after their answer: end_headers)
+            self.close_connection = True
 
 
 def _clients_fault(e: BaseException) -> bool:

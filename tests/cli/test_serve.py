@@ -385,9 +385,15 @@ def test_metrics_count_what_the_requests_did(worded):  # noqa: F811
                                                         "stream": True, "stream_options": {"include_usage": True}})
         rs.append(events[-1])
         assert _post(url, "/v1/chat/completions", {"messages": []})[0] == 400
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-            assert r.headers.get("Content-Type").startswith("text/plain; version=0.0.4")
-            text = r.read().decode()
+        deadline = time.time() + 10
+        while True:  # (a request's seconds are observed once its answer is sent: a client reads a whole answer by
+            # its Content-Length, a stream to its last chunk (h74g), and may ask for /metrics before that)
+            with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+                assert r.headers.get("Content-Type").startswith("text/plain; version=0.0.4")
+                text = r.read().decode()
+            if "specrt_request_seconds_count 3" in text.splitlines() or time.time() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -1039,8 +1045,9 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     http.client connection carries several requests (GET, POST, a 400 and a 404 whose bodies
     were read), each answer with its Content-Length; two requests pipelined on one socket are
     answered in order (the second went unanswered: the server spoke HTTP/1.0, one request a
-    connection); a stream (no Content-Length) ends its connection with "Connection: close"
-    and the client's next request opens another; an HTTP/1.0 client's connection, and one
+    connection); a stream (no Content-Length) is sent chunked and keeps the connection for the
+    next request (it ended it: a client mixing streams and whole answers opened a connection
+    after every stream, w74f; h74g); an HTTP/1.0 client's connection, and one
     whose client says "Connection: close", close after the answer, said so. Each request on a
     kept connection is counted in /metrics as its own (a POST's endpoint stayed on the
     connection's handler: the GET and the 404 after it were counted as completions)."""
@@ -1072,11 +1079,12 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     c.request("POST", "/v1/chat/completions", body=json.dumps(stream), headers={"Content-Type": "application/json"})
     r = c.getresponse()
     events = [e for e in r.read().decode().split("\n\n") if e]
-    assert r.getheader("Connection") == "close" and events[-1] == "data: [DONE]" and len(events) > 3, events
-    assert c.sock is None  # (the stream's end was its connection's)
-    c.request("GET", "/health")  # (http.client opens the next one)
+    assert r.getheader("Connection") is None and r.getheader("Transfer-Encoding") == "chunked", r.getheaders()
+    assert events[-1] == "data: [DONE]" and len(events) > 3, events
+    assert id(c.sock) in sockets  # (the stream's end was not its connection's)
+    c.request("GET", "/health")  # (on the same connection)
     r = c.getresponse()
-    assert r.status == 200 and json.loads(r.read()) == {"status": "ok"}
+    assert r.status == 200 and json.loads(r.read()) == {"status": "ok"} and id(c.sock) in sockets
     c.close()
     # pipelined: a completion and a models list sent at once, answered in order on the connection
     body = json.dumps({"prompt": "w4 w6", "max_tokens": 3}).encode()
@@ -1092,6 +1100,102 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     for head in (b"GET /health HTTP/1.0\r\n\r\n", b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"):
         out = _raw(url, head, timeout=3)  # (read to the end: the server closes at once, not after a wait)
         assert out.startswith(b"HTTP/1.1 200") and b"\r\nConnection: close\r\n" in out, out
+
+
+def _chunked(c, head: bytes = b"") -> tuple[bytes, list[bytes]]:
+    """A chunked answer read from socket ``c`` (after ``head``, what came of it already) to its
+    zero-length chunk, each chunk checked as RFC 9112 frames it (its size in hex, no extension,
+    CRLF after the size and after the data): (the head, each chunk's data); nothing is read past
+    the last chunk's CRLF."""
+    got = head
+    while b"\r\n\r\n" not in got:
+        more = c.recv(1)
+        assert more, got
+        got += more
+    head, _, got = got.partition(b"\r\n\r\n")
+    assert b"\r\nTransfer-Encoding: chunked\r\n" in head + b"\r\n", head
+
+    def exactly(n: int) -> bytes:
+        nonlocal got
+        while len(got) < n:
+            more = c.recv(n - len(got))
+            assert more, got
+            got += more
+        out, got = got[:n], got[n:]
+        return out
+
+    chunks = []
+    while True:
+        line = b""
+        while not line.endswith(b"\r\n"):
+            line += exactly(1)
+        assert re.fullmatch(rb"[0-9a-f]+\r\n", line), (line, chunks)
+        size = int(line, 16)
+        data = exactly(size + 2)
+        assert data.endswith(b"\r\n"), (line, data)
+        if not size:
+            return head, chunks
+        chunks.append(data[:-2])
+
+
+def test_a_stream_to_an_http_1_1_client_is_chunked_and_its_connection_kept(served):
+    """h74g (w74f: a client mixing streams and whole answers opened a connection after every
+    stream, which ended it): a stream to an HTTP/1.1 client says "Transfer-Encoding:
+    chunked", each event one chunk (its size in hex, CRLFs), "data: [DONE]" the last before
+    the zero-length chunk, and its connection takes the next request (a stream again, then a
+    whole answer); to an HTTP/1.0 client it is as it was: the events unframed, no
+    Transfer-Encoding, "Connection: close", the connection ended."""
+    import socket
+
+    url, _ = served
+    host, port = url.split("//")[1].split(":")
+    req = json.dumps({"prompt": "w1 w2", "max_tokens": 3, "stream": True,
+                      "stream_options": {"include_usage": True}}).encode()
+    post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(req), req)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        for _ in range(2):
+            s.sendall(post)
+            head, chunks = _chunked(s)
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection:" not in head and b"Content-Length" not in head
+            assert all(re.fullmatch(rb"data: [^\n]+\n\n", x) for x in chunks) and chunks[-1] == b"data: [DONE]\n\n"
+            events = [json.loads(x[len(b"data: "):]) for x in chunks[:-1]]
+            assert [e["choices"][0]["text"] for e in events[:-1]] != [] and events[-1]["usage"]["completion_tokens"] == 3
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        (h, b), = _answers(s, 1)
+        assert h.startswith(b"HTTP/1.1 200") and json.loads(b) == {"status": "ok"}, (h, b)
+    out = _raw(url, post.replace(b"HTTP/1.1", b"HTTP/1.0"), timeout=10)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert b"\r\nConnection: close" in head and b"Transfer-Encoding" not in head, head
+    assert body.startswith(b"data: {") and body.endswith(b"\n\ndata: [DONE]\n\n") and b"\r\n" not in body, body
+
+
+def test_a_kept_connections_answer_says_how_long_it_is_kept(served):
+    """h74g (w74f's note: a client idle for about the 5 s the server keeps a connection sent its
+    next request as the server closed it): an answer whose connection is kept says "Keep-Alive:
+    timeout=5" (as uvicorn and nginx say it), a stream's too; one that ends its connection says
+    "Connection: close" only. Node's http.Agent (idle sockets closed at 5 s, Node 20's global
+    agent) then closes its own at 4 s: 11 of 720 requests after 4.992-5.004 s idle failed
+    ECONNRESET without it, none with it. Python's clients (urllib3, httpx, http.client) do not
+    read it."""
+    import http.client
+
+    url, _ = served
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    for method, path, body in (("GET", "/health", None), ("POST", "/v1/completions", {"prompt": "w1", "max_tokens": 2}),
+                               ("POST", "/v1/completions", {"prompt": "w1", "max_tokens": 2, "stream": True})):
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Keep-Alive") == "timeout=5" and r.getheader("Connection") is None, path
+    c.request("GET", "/health", headers={"Connection": "close"})
+    r = c.getresponse()
+    r.read()
+    assert r.getheader("Connection") == "close" and r.getheader("Keep-Alive") is None, r.getheaders()
+    c.close()
+    out = _raw(url, b"GET /health HTTP/1.0\r\n\r\n", timeout=3)
+    assert b"\r\nConnection: close\r\n" in out and b"Keep-Alive" not in out, out
 
 
 def test_a_request_line_too_long_after_a_post_is_not_counted_as_its_endpoint(served):
@@ -1772,11 +1876,12 @@ def test_closing_lets_the_answer_in_progress_end(worded):  # noqa: F811
             while got.count(b"data: ") < 1:
                 got += c.recv(1)
             closer.start()  # mid-answer
-            while chunk := c.recv(65536):
-                got += chunk
+            _, chunks = _chunked(c, got)
+            c.settimeout(3)  # (then closed at once, the stop's: not kept for KEEP_ALIVE, 5 s)
+            assert c.recv(1) == b""
         closer.join(timeout=60)
         assert not closer.is_alive()
-        events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
+        events = [e[len("data: "):] for e in b"".join(chunks).decode().split("\n\n") if e]
         assert events[-1] == "[DONE]" and not any("error" in e for e in events), events[-3:]
         texts = lambda evs: [(e["choices"][0]["index"], e["choices"][0]["text"]) for e in evs]  # noqa: E731
         assert texts(json.loads(e) for e in events[:-1]) == texts(want), "not the answer it would have had"
@@ -2187,9 +2292,8 @@ def test_an_answer_cut_by_a_second_ctrl_c_is_a_503(worded):  # noqa: F811
             while got.count(b"data: ") < 1:
                 got += c.recv(1)
             app.cutting = True  # mid-answer
-            while chunk := c.recv(65536):
-                got += chunk
-        events = [e[len("data: "):] for e in got.decode().split("\r\n\r\n", 1)[1].split("\n\n") if e]
+            _, chunks = _chunked(c, got)  # (the error event framed as every other, then the last chunk)
+        events = [e[len("data: "):] for e in b"".join(chunks).decode().split("\n\n") if e]
         assert events[-1] == "[DONE]" and json.loads(events[-2]) == {"error": {
             "message": "the server is shutting down", "type": "server_error", "param": None, "code": None}}
         app.cutting = False
@@ -2700,6 +2804,28 @@ def test_an_onnx_runtime_error_is_a_server_error(failing_verify):  # noqa: F811
         assert code == 200 and r["usage"]["completion_tokens"] == 4, r
         with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
             assert "specrt_engine_failures_total 1" in m.read().decode().splitlines()
+
+
+def test_a_stream_ended_by_an_error_event_is_framed_whole_and_keeps_its_connection(overflowing):  # noqa: F811
+    """h74g: a stream to an HTTP/1.1 client is chunked (its connection kept), so its error
+    event (an engine's +inf logits mid-answer) is a chunk too, followed by the zero-length
+    one, and the connection takes the next request; a stream cut by the client (it closes
+    mid-way) frees the engines as before (test_the_http_layer_answers_every_malformed_...)."""
+    import socket
+
+    eng, prompts = overflowing
+    with _in_process(eng, "off") as (app, httpd, url, logs):
+        req = json.dumps({"prompt": prompts[False, True], "max_tokens": 20, "stream": True}).encode()
+        with socket.create_connection(httpd.server_address, timeout=30) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(req), req))
+            head, chunks = _chunked(c)
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection:" not in head, head
+            assert chunks[-1] == b"data: [DONE]\n\n" or chunks[-1].endswith(b"\n\ndata: [DONE]\n\n"), chunks[-2:]
+            events = [e[len("data: "):] for e in b"".join(chunks).decode().split("\n\n") if e]
+            assert "+inf logits" in json.loads(events[-2])["error"]["message"] and len(events) >= 3, events
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            (h, b), = _answers(c, 1)
+            assert h.startswith(b"HTTP/1.1 200") and json.loads(b) == {"status": "ok"}, (h, b)
 
 
 def test_an_engine_failure_is_a_server_error_not_the_clients(overflowing):  # noqa: F811
