@@ -467,8 +467,13 @@ def main() -> int:
         tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "") + corpus
         fixed = [f"fixed:{d}{tree}" for d in depths]
         dspark, adaptive, full = f"dspark{tree}", f"adaptive{tree}", fixed[-1]
-        specs = ["off", *([f"off:ngram{corpus}"] if args.ngram or corpus else []), *fixed, adaptive, dspark,
-                 *args.extra_governors]
+        specs = ["off", *([f"off:ngram{corpus}"] if args.ngram or corpus else []), *fixed, adaptive, dspark]
+        for g in args.extra_governors:  # (`--extra-governors dspark` ran dspark twice in every order: m74d)
+            if g.lower() in specs:
+                from specrt.errors import UserError
+
+                raise UserError(f"--extra-governors: {g} is in the standard set already ({', '.join(specs)})")
+        specs += args.extra_governors
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
         log(f"dspark: {s.calibration_note}")

@@ -320,4 +320,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from specrt.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # an engines folder that is not one, said as specrt says it (a traceback: m74d)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

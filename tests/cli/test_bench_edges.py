@@ -1505,8 +1505,10 @@ def test_an_empty_or_repeated_item_of_governors_or_peers_is_refused_naming_its_p
     (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
     for extra, said in ((["--governors", "off,,fixed:1"], "--governors 'off,,fixed:1': item 2 of 3 is empty"),
                         (["--governors", "off,fixed:1,"], "--governors 'off,fixed:1,': item 3 of 3 is empty"),
+                        # (mutant m74d-72: the repeat's hint lost from _check_items' default)
                         (["--governors", "off, fixed:1,OFF"], "--governors 'off, fixed:1,OFF': item 3 (OFF) repeats "
-                                                              "item 1; each runs once"),
+                                                              "item 1; each runs once (--repeats times every prompt "
+                                                              "again)"),
                         (["--peers", "none,none"], "--peers 'none,none': item 2 (none) repeats item 1"),
                         (["--peers", "hf,HF"], "--peers 'hf,HF': item 2 (HF) repeats item 1"),
                         (["--peers", ",hf"], "--peers ',hf': item 1 of 2 is empty"),

@@ -1016,6 +1016,30 @@ def test_a_refused_request_expecting_100_continue_is_answered_without_its_body(s
         assert b"100 Continue" not in out and time.perf_counter() - t < 2, line
 
 
+def test_a_refused_request_s_expect_is_read_as_any_case_and_an_http_1_0_body_is_still_discarded(served):
+    """Mutants m74d-30 (only "100-continue" in lower case taken: "Expect: 100-Continue", the
+    same expectation by RFC 9110's case-insensitive token, waited for its body as before w74f)
+    and m74d-31 (an HTTP/1.0 client's Expect taken too: it knows no interim answer and sends its
+    body with its head, so the body was left unread, the socket reset under the client still
+    sending some MB, not its 404)."""
+    from specrt.cmd_serve import MAX_BODY
+
+    url, _ = served
+    t = time.perf_counter()
+    out = _raw(url, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Expect: 100-Continue\r\nContent-Length: 1200000\r\n\r\n", timeout=3)
+    assert out.startswith(b"HTTP/1.1 404") and b"\r\nConnection: close\r\n" in out, out
+    assert time.perf_counter() - t < 2
+    body = b" " * MAX_BODY
+    try:
+        out = _raw(url, b"POST /v1/embeddings HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    except OSError as e:  # (a broken pipe or a reset while sending)
+        out = repr(e).encode()
+    assert out.startswith(b"HTTP/1.1 404") and json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["message"], \
+        out[:200]
+
+
 def _answers(c, n: int) -> list[tuple[bytes, bytes]]:
     """The next ``n`` answers (head, body) read from socket ``c``, each by its Content-Length."""
     got, out = b"", []

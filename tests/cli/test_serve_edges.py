@@ -509,6 +509,30 @@ def test_the_text_offset_of_the_eos_that_ends_an_answer_is_the_texts_end(served)
             assert not echo or (text.startswith("w1 w2") and offsets[:2] == [0, 3]), a
 
 
+def test_each_choice_s_echoed_prompt_is_its_own_and_an_answer_s_eos_is_not_skipped_without_echo(served):  # noqa: F811
+    """Mutants m74d-24 (every choice's echoed count taken from the first prompt's), m74d-27 (from
+    the prompt of index % prompts, not index // n) and m74d-25 (a prompt's count of entries
+    passed over without echo too): a batch's second prompt's own w2 (the EOS), echoed, was taken
+    for the EOS that ends the answer (its offset the text before it, its text dropped from the
+    next tokens' offsets); an EOS that ended an unechoed answer within its prompt's length of
+    tokens got the offset past the text's end again (h74e's mend undone)."""
+    url, _ = served
+    code, r = _post(url, "/v1/completions", {"prompt": ["w1", "w1 w2 w1"], "max_tokens": 1, "n": 2, "echo": True,
+                                             "logprobs": 0})
+    assert code == 200 and len(r["choices"]) == 4, r
+    for c in r["choices"]:  # (choices 2 and 3: the second prompt's, m74d-27 counted by index % prompts)
+        if c["index"] >= 2:
+            assert c["logprobs"]["tokens"][:3] == ["w1", "w2", "w1"] and c["text"].startswith("w1 w2 w1"), c
+            assert c["logprobs"]["text_offset"][:3] == [0, 3, 6], c
+    code, r = _post(url, "/v1/completions", {"prompt": " ".join(["w1"] * 30), "max_tokens": 30, "n": 8,
+                                             "temperature": 2.0, "seed": 1, "logprobs": 0})
+    assert code == 200, r
+    ended = [c for c in r["choices"] if c["finish_reason"] == "stop"]
+    assert ended, r
+    for c in ended:
+        assert c["logprobs"]["tokens"][-1] == "w2" and c["logprobs"]["text_offset"][-1] == len(c["text"]), c
+
+
 def _metrics(url: str) -> tuple[dict[str, float], dict[str, str], bytes]:
     """GET /metrics: its samples by name, its headers and its body."""
     import urllib.request

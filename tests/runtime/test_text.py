@@ -4566,6 +4566,42 @@ def test_the_last_texts_ids_are_kept_packed_and_only_up_to_keep_ids(bytewise, mo
     assert tx._last_ids is None
 
 
+def test_the_kept_ids_are_a_text_s_own_and_kept_up_to_keep_ids_itself(bytewise, monkeypatch):
+    """Mutants m74d-15 (the kept ids taken for another text of the same length: its tokens
+    streamed in place of the prompt's, losslessness gone) and m74d-16 (a text of KEEP_IDS ids
+    exactly not kept: "only up to KEEP_IDS" keeps it, as the note's "past 131072: none" says)."""
+    from tokenizers import Tokenizer
+
+    from specrt.runtime import text as T
+
+    calls = []
+    real = Tokenizer.encode
+    monkeypatch.setattr(Tokenizer, "encode", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    tx = T.Text(bytewise / "export")
+    one, other = " xylophone quartz", " quartz xylophone"  # (as long, tokenized otherwise)
+    first, second = tx.ids_of(one, True), tx.ids_of(other, True)
+    assert len(calls) == 2 and second == tx.tokenizer.encode(other, add_special_tokens=True).ids != first, \
+        (first, second)
+    monkeypatch.setattr(T, "KEEP_IDS", len(first))
+    calls.clear()
+    assert tx.ids_of(one, True) == first and tx.ids_of(one, True) == first and len(calls) == 1, calls
+
+
+def test_the_kept_ids_hold_a_large_vocabulary_s_ids(tmp_path):
+    """Mutant m74d-67 (kept as 16-bit, "H"): a vocabulary past 65535 ids (Llama 3's 128256) made
+    ids_of's keeping raise OverflowError, a traceback for every prompt holding such a token;
+    the ids come back whole, kept or tokenized again."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.runtime.text import Text
+
+    words = Tokenizer(models.WordLevel({"w0": 0, "far": 128255}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.save(str(tmp_path / "tokenizer.json"))
+    tx = Text(tmp_path)
+    assert tx.ids_of("far w0 far", True) == [128255, 0, 128255] == tx.ids_of("far w0 far", True)
+
+
 def test_token_ids_past_the_context_are_refused_by_their_count_first(worded):
     """Token ids past the context are refused by their count before a pass over each id (1.2M
     ids took 46 s of checks, then the context's refusal): an id outside the vocabulary at the

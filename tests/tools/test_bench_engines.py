@@ -265,3 +265,15 @@ def test_an_empty_or_repeated_item_of_contexts_or_depths_is_refused_by_its_optio
                     "--steps", "21"])
         assert exc.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1].endswith("error: " + error)
+
+
+def test_contexts_typed_with_spaces_are_taken(capsys):
+    """Mutant m74d-41 (each context checked as digits before its spaces are stripped): `--contexts
+    '128, 512'`, as a list is typed and as int() reads it, was refused "expected comma-separated
+    integers"; it is taken (here the unknown variant is what is said next, before anything runs)."""
+    t = tool("bench_engines")
+    with pytest.raises(SystemExit) as exc:
+        t.main(["--variants", "nosuch", "--contexts", "128, 512", "--depths", "1, 2", "--steps", "21"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: unknown variant nosuch (choose from "
+                                                             f"{', '.join(t.VARIANTS)})")

@@ -455,7 +455,8 @@ def test_differences_name_each_run_whose_output_is_not_offs(bg):
 def test_a_wrong_engines_folder_prompts_file_or_governor_is_one_error_line(tmp_path):
     """Before: specrt's own UserError (no such engines folder, a governor spec it does not know) a
     traceback, a missing --prompts file a FileNotFoundError traceback; now an error line naming
-    it, exit 1 (2 for the option argparse checks), nothing written."""
+    it, exit 1 (2 for the option argparse checks), nothing written; an extra governor of the
+    standard set is refused (it ran twice)."""
     from tests.runtime.test_text import _tiny_text_pair, _words
 
     eng = _tiny_text_pair(tmp_path / "pair", 16, 12, _words)
@@ -464,7 +465,10 @@ def test_a_wrong_engines_folder_prompts_file_or_governor_is_one_error_line(tmp_p
             (["--engines", str(tmp_path / "nowhere")], 1, f"error: {tmp_path / 'nowhere'}: no such engines folder"),
             (["--engines", str(eng), "--prompts", str(tmp_path / "none.jsonl")], 2,
              f"error: --prompts {tmp_path / 'none.jsonl'}: no such file"),
-            (["--engines", str(eng), "--extra-governors", "fixed:9x"], 1, "error: governor 'fixed:9x': expected")):
+            (["--engines", str(eng), "--extra-governors", "fixed:9x"], 1, "error: governor 'fixed:9x': expected"),
+            # (m74d's finding: one of the standard set ran twice in every order)
+            (["--engines", str(eng), "--extra-governors", "DSpark"], 1,
+             "error: --extra-governors: DSpark is in the standard set already (off, fixed:")):
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), *args, "--per-kind", "1",
                             "--max-new-tokens", "2", "--no-chat", "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
@@ -504,3 +508,13 @@ def test_depths_are_parsed_as_build_parses_them(tmp_path, bg):
         assert r.stderr.splitlines()[-1].startswith(f"error: {error}"), r.stderr
         assert not (tmp_path / "out").exists()
     assert bg.depths_arg("1-4,8") == (1, 2, 3, 4, 8)  # (a range, as build takes it)
+
+
+def test_extra_governors_typed_with_spaces_are_the_specs_themselves(bg):
+    """Mutants m74d-44 (the items kept as typed): `--extra-governors 'dspark:block=4, fixed:1'`
+    ran a governor named " fixed:1" (the report's and the plot's label), where the repeat check
+    beside it had compared the stripped spec; m74d-73 (no item dropped): `--extra-governors ''`
+    (an unset shell variable), no extra governor as the default, was a governor spec "" refused
+    only once the engines had loaded."""
+    assert bg.extra_governors("dspark:block=4, fixed:1 ") == ["dspark:block=4", "fixed:1"]
+    assert bg.extra_governors("") == bg.extra_governors(" ") == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.real_model import tool
+from tests.runtime.test_corpus import tiny_engines  # noqa: F401
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
@@ -40,3 +41,38 @@ def test_depths_are_parsed_as_build_parses_them_before_the_engines_load(tmp_path
         with pytest.raises(SystemExit) as e:
             bench_runtime.main([str(tmp_path / "nowhere"), "--depths", depths])
         assert e.value.code == 2 and error in capsys.readouterr().err, depths
+
+
+def test_empty_depths_are_refused_not_read_as_every_built_depth(tmp_path, capsys):
+    """Mutant m74d-48 (the check skipped for a falsy --depths): `--depths ''` (an unset shell
+    variable) ran every depth the engines hold, as no --depths does, without a word; it is
+    refused as build refuses it, before the engines load."""
+    bench_runtime = tool("bench_runtime")
+    with pytest.raises(SystemExit) as e:
+        bench_runtime.main([str(tmp_path / "nowhere"), "--depths", ""])
+    assert e.value.code == 2 and "--depths: at least one verify depth is needed" in capsys.readouterr().err
+
+
+def test_the_depths_parsed_are_the_depths_run(tiny_engines, tmp_path, capsys):  # noqa: F811
+    """Mutant m74d-47 (--depths checked by parse_depths, the string then kept): `--depths 1-2`
+    passed the check and then asked for the governors fixed:1, "fixed:-" and fixed:2: "fixed:-"
+    refused in the worker once the engines had loaded, the run "failed" with every configuration
+    (one worker runs them); a range runs the depths it names, each once, beside off."""
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2, 3]}\n')
+    rc = tool("bench_runtime").main([str(tiny_engines), "--prompts", str(tmp_path / "p.jsonl"), "--n", "1",
+                                     "--max-new-tokens", "2", "--depths", "1-2", "--threads", "1"])
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("specrt:")]
+    assert rc == 0 and rows == ["specrt:off", "specrt:fixed:1", "specrt:fixed:2"], rows
+
+
+def test_an_engines_folder_that_is_not_one_is_an_error_line_not_a_traceback(tmp_path):
+    """m74d's finding: `tools/bench_runtime.py /tmp/nowhere` printed load_engines' UserError as a
+    traceback; now one "error:" line and exit 1, as tools/bench_governors.py says it."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "tools" / "bench_runtime.py"), str(tmp_path / "nowhere")],
+                       capture_output=True, text=True, cwd=root, env={**os.environ, "SPECRT_THP": "0"}, timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    assert str(tmp_path / "nowhere") in r.stderr, r.stderr
