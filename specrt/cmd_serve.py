@@ -883,13 +883,18 @@ class Handler(BaseHTTPRequestHandler):
                                status=401, code="invalid_api_key"))
         return False
 
+    def _expects_continue(self) -> bool:
+        """Whether the client waits for "100 Continue" before sending its body (an HTTP/1.1
+        client's "Expect: 100-continue"; an HTTP/1.0 one sends it anyway)."""
+        return self.headers.get("Expect", "").lower() == "100-continue" and self.request_version != "HTTP/1.0"
+
     def _discard_body(self) -> None:
         """Reads the body of a request refused before it (up to MAX_BODY bytes): a socket closed
         on unread data is reset, and a client still sending a body of some MB got a broken pipe,
         not its 401 / 404 / 405. A client waiting for "100 Continue" before its body (curl's for
         a body past 1 MB) is answered at once and its connection closed, the body unsent: the body
         was waited for, the client waited 1 s for the interim (curl's wait) and then sent it (w74f)."""
-        if self.headers.get("Expect", "").lower() == "100-continue" and self.request_version != "HTTP/1.0":
+        if self._expects_continue():
             self.close_connection = True
             return
         try:
@@ -977,7 +982,7 @@ class Handler(BaseHTTPRequestHandler):
             # an HTTP/1.1 client's "Expect: 100-continue" (curl's for a body past 1 MB, .NET Framework's
             # for every POST) waits for the interim 100 before its body: the standard library sends it
             # from an HTTP/1.1 server only, and each such request waited for nothing (curl: 1 s)
-            if self.headers.get("Expect", "").lower() == "100-continue" and self.request_version != "HTTP/1.0":
+            if self._expects_continue():
                 try:
                     self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 except OSError:
