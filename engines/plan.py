@@ -81,11 +81,14 @@ def normalise_precision(precision: str | None, export_dtype: str) -> str:
 def parse_depths(depths: Any) -> tuple[int, ...]:
     """``"1,2,4,8"`` (or with ranges, ``"1-4,8"``) or an iterable of ints -> sorted unique
     positive depths."""
+    twice = None  # a depth named twice, said after an out-of-range one ("70,70" was "named twice": r74)
     if isinstance(depths, str):
         parts = [p.strip() for p in depths.split(",")]
         if "" in parts and any(parts):  # ("1,,2" was 1,2 without a word: a depth lost in typing?)
-            raise UserError(f"--depths '{depths}': an empty entry; expected comma-separated integers such as 1,2,4,8")
-        vals, first = [], {}  # first: depth -> the entry that named it (each once: "1,2,2" a slip, as bench's lists)
+            # (by its place, as specrt bench's lists say theirs: bench_engines' --contexts beside it, r74)
+            raise UserError(f"--depths '{depths}': item {parts.index('') + 1} of {len(parts)} is empty; expected "
+                            "comma-separated integers such as 1,2,4,8")
+        vals, first = [], {}  # first: depth -> the item that named it (each once: "1,2,2" a slip, as bench's lists)
         for i, p in enumerate(filter(None, parts), 1):
             lo, dash, hi = (x.strip() for x in p.partition("-"))
             # ("1-4" was refused: a range, as a user types one; int() took "１" (a full-width digit) as 1)
@@ -99,18 +102,20 @@ def parse_depths(depths: Any) -> tuple[int, ...]:
             if b < a:
                 raise UserError(f"--depths '{depths}': the range {p} runs backwards; expected LOW-HIGH such as 1-4")
             named = range(a, b + 1) if b <= MAX_DEPTH else [b]  # (past MAX_DEPTH: said below)
-            if (again := next((d for d in named if d in first), None)) is not None:
-                raise UserError(f"--depths '{depths}': depth {again} is named twice (entries {first[again]} and {i}); "
-                                "each depth is built once")
+            if twice is None and (again := next((d for d in named if d in first), None)) is not None:
+                twice = f"--depths '{depths}': depth {again} is named twice (items {first[again]} and {i}); each " \
+                    "depth is built once"
             first.update(dict.fromkeys(named, i))
             vals += named
     else:
         vals = [int(d) for d in depths]
     if not vals:
         raise UserError("--depths: at least one verify depth is needed")
-    bad = [d for d in vals if not 1 <= d <= MAX_DEPTH]
+    bad = list(dict.fromkeys(d for d in vals if not 1 <= d <= MAX_DEPTH))  # ("70,70": [70] once)
     if bad:
         raise UserError(f"--depths: {bad} out of range (each depth must be in 1..{MAX_DEPTH})")
+    if twice is not None:
+        raise UserError(twice)
     return tuple(sorted(set(vals)))
 
 

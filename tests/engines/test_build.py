@@ -1956,8 +1956,9 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
     # (its own parsing dropped empty entries, where the Python API's refused them: "1,,2" built 1,2 unsaid)
     for typo in ("1,,2", "1,"):
         r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", typo, "-o", str(tmp_path / "bad")])
-        assert r.exit_code == 1 and (f"error: Invalid value for '--depths': '{typo}': an empty entry; expected "
-                                     "comma-separated integers such as 1,2,4,8") in r.output, r.output
+        assert r.exit_code == 1 and (f"error: Invalid value for '--depths': '{typo}': item 2 of "
+                                     f"{len(typo.split(','))} is empty; expected comma-separated integers such as "
+                                     "1,2,4,8") in r.output, r.output
         assert not (tmp_path / "bad").exists()
     r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "0-2", "-o", str(tmp_path / "bad")])
     assert r.exit_code == 1 and ("error: Invalid value for '--depths': [0] out of range (each depth must be in "

@@ -117,9 +117,23 @@ def test_depths_and_context_are_checked():
         parse_depths("")
     with pytest.raises(UserError, match="too small for depth 8: expected at least 10 "):
         make_roles((8,), 9, None)
-    for typo in ("1,,2", "1,2,", ",4"):  # (a user walk: "1,,2" was 1,2 without a word)
-        with pytest.raises(UserError, match=f"--depths '{typo}': an empty entry"):
+    # (a user walk: "1,,2" was 1,2 without a word; said by its place, as bench's lists say theirs: r74)
+    for typo, said in (("1,,2", "item 2 of 3"), ("1,2,", "item 3 of 3"), (",4", "item 1 of 2")):
+        with pytest.raises(UserError, match=rf"^--depths '{typo}': {said} is empty; expected comma-separated "
+                                            r"integers such as 1,2,4,8$"):
             parse_depths(typo)
+
+
+def test_a_depth_out_of_range_is_said_before_one_named_twice():
+    """Session 74's leftover (r74): `--depths 70,70` said "depth 70 is named twice", then, the
+    repeat mended, "out of range": the range is said first, each bad depth once, as build and
+    the tools that take --depths (bench_engines, bench_governors, bench_runtime) parse them."""
+    for typo, bad in (("70,70", "[70]"), ("2,2,70", "[70]"), ("0,1-3,3", "[0]"), ("65-66,65", "[66, 65]")):
+        with pytest.raises(UserError, match=rf"^--depths: {re.escape(bad)} out of range \(each depth must be in "
+                                            r"1\.\.64\)$"):
+            parse_depths(typo)
+    with pytest.raises(UserError, match=r"^--depths '2,2,3': depth 2 is named twice \(items 1 and 2\)"):
+        parse_depths("2,2,3")  # (in range: the repeat still said)
 
 
 def test_depths_take_ranges_and_ascii_digits_only():
@@ -140,11 +154,11 @@ def test_depths_take_ranges_and_ascii_digits_only():
         parse_depths("1-65")  # (a range past the limit: its end named, not 65 values)
     with pytest.raises(UserError, match=r"^--depths: 1-9{5000} out of range \(each depth must be in 1\.\.64\)$"):
         parse_depths("1-" + "9" * 5000)
-    # a depth named twice, by entries or ranges ("1,2,2": 1,2 without a word, where 1,2,4 may have been meant; h74b,
+    # a depth named twice, by items or ranges ("1,2,2": 1,2 without a word, where 1,2,4 may have been meant; h74b,
     # as bench's --governors and --peers refuse a repeated item)
-    for typo, said in (("8, 1,2,2", "depth 2 is named twice (entries 3 and 4)"),
-                       ("1-4,3", "depth 3 is named twice (entries 1 and 2)"),
-                       ("2, 1-2", "depth 2 is named twice (entries 1 and 2)")):
+    for typo, said in (("8, 1,2,2", "depth 2 is named twice (items 3 and 4)"),
+                       ("1-4,3", "depth 3 is named twice (items 1 and 2)"),
+                       ("2, 1-2", "depth 2 is named twice (items 1 and 2)")):
         with pytest.raises(UserError, match=rf"^--depths '{typo}': {re.escape(said)}; each depth is built once$"):
             parse_depths(typo)
 

@@ -251,13 +251,14 @@ def test_an_engines_folder_that_is_no_build_is_refused_by_its_option(tiny_engine
 def test_an_empty_or_repeated_item_of_contexts_or_depths_is_refused_by_its_option(tiny_engines, capsys):
     """h74e (h74b's leftover): `--contexts 1,,2` or `--depths 1,,2` was an int('') traceback;
     refused now as specrt bench's lists and build's --depths are (the same checks), before any
-    child; so is a context that is no integer or is named twice."""
+    child; so is a context that is no integer or is named twice. Both say an empty item by its
+    place (--depths' was "an empty entry", worded apart from --contexts' beside it: r74)."""
     t, (eng, _) = tool("bench_engines"), tiny_engines
     for contexts, depths, error in (
             ("8,,16", "1", "--contexts '8,,16': item 2 of 3 is empty; expected a comma-separated list without "
                            "empty items"),
-            ("8", "1,,2", "--depths '1,,2': an empty entry; expected comma-separated integers such as 1,2,4,8"),
-            ("8", "1,2,2", "--depths '1,2,2': depth 2 is named twice (entries 2 and 3); each depth is built once"),
+            ("8", "1,,2", "--depths '1,,2': item 2 of 3 is empty; expected comma-separated integers such as 1,2,4,8"),
+            ("8", "1,2,2", "--depths '1,2,2': depth 2 is named twice (items 2 and 3); each depth is built once"),
             ("8, 8", "1", "--contexts '8, 8': item 2 (8) repeats item 1; each context is timed once a round"),
             ("8,x", "1", "--contexts '8,x': expected comma-separated integers such as 128,512")):
         with pytest.raises(SystemExit) as exc:
