@@ -400,11 +400,43 @@ def extra_governors(value: str) -> list[str]:
 
 
 def depths_arg(value: str) -> tuple[int, ...]:
-    """--depths as `specrt build --depths` (and bench_engines') take it: ranges, an empty entry or a
+    """--depths as `specrt build --depths` (and bench_engines') take it: ranges, an empty item or a
     depth named twice refused (`1,,2` was argparse's "invalid <lambda> value", `2,2` taken: r74)."""
     from specrt.engines.plan import parse_depths
 
     return parse_depths(value)
+
+
+def standard_set(depths, args) -> tuple[str, list[str]]:
+    """The governors every run compares on ``depths``: off, fixed:d for each depth, adaptive and
+    dspark, each speculative one with the suffix --tree, --ngram and --corpus give it (and
+    off:ngram beside off with either lookup): (that suffix, the specs)."""
+    # with --tree W every speculative governor verifies a token tree (``:tree=W``)
+    # and with --ngram prompt lookup (``:ngram``): the suffix names every speculative one
+    corpus = ":corpus" if args.corpus else ""
+    tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "") + corpus
+    return tree, ["off", *([f"off:ngram{corpus}"] if args.ngram or corpus else []),
+                  *(f"fixed:{d}{tree}" for d in depths), f"adaptive{tree}", f"dspark{tree}"]
+
+
+def refuse_standard(args) -> None:
+    """UserError for an --extra-governors spec of the standard set (it ran twice in every order:
+    m74d), before any engines load or --calibrate-per-kind calibrates (it was said after both:
+    r74): the set's depths are the engines folder's manifest's, or --depths where the engines
+    are built here. An --engines that is no engines folder is said by its load, as before."""
+    from specrt.engines.manifest import read_engines_manifest
+    from specrt.errors import UserError
+
+    depths = args.depths
+    if args.engines is not None and args.extra_governors:
+        try:
+            depths = read_engines_manifest(args.engines)["depths"]
+        except UserError:
+            return
+    specs = standard_set(depths, args)[1]
+    for g in args.extra_governors:
+        if g.lower() in specs:
+            raise UserError(f"--extra-governors: {g} is in the standard set already ({', '.join(specs)})")
 
 
 def main() -> int:
@@ -437,6 +469,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.prompts.is_file():
         ap.error(f"--prompts {args.prompts}: no such file")
+    refuse_standard(args)
     from specrt.hugepages import reexec_with_thp, script_code
 
     reexec_with_thp(sys.argv[1:], script_code(__file__))  # huge pages for the weights, as the specrt command
@@ -461,18 +494,9 @@ def main() -> int:
     prompts = load_prompts(args.per_kind, path=args.prompts)
     with Session(eng, governor="off") as s:
         depths = s.engines.depths
-        # with --tree W every speculative governor verifies a token tree (``:tree=W``)
-        # and with --ngram prompt lookup (``:ngram``): the suffix names every speculative one
-        corpus = ":corpus" if args.corpus else ""
-        tree = (f":tree={args.tree}" if args.tree > 1 else "") + (":ngram" if args.ngram else "") + corpus
+        tree, specs = standard_set(depths, args)  # (an extra governor of it refused before the load)
         fixed = [f"fixed:{d}{tree}" for d in depths]
         dspark, adaptive, full = f"dspark{tree}", f"adaptive{tree}", fixed[-1]
-        specs = ["off", *([f"off:ngram{corpus}"] if args.ngram or corpus else []), *fixed, adaptive, dspark]
-        for g in args.extra_governors:  # (`--extra-governors dspark` ran dspark twice in every order: m74d)
-            if g.lower() in specs:
-                from specrt.errors import UserError
-
-                raise UserError(f"--extra-governors: {g} is in the standard set already ({', '.join(specs)})")
         specs += args.extra_governors
         report.update(depths=list(depths), governors=specs, calibration_note=s.calibration_note,
                       costs=s.engines.manifest.get("costs"))
@@ -610,10 +634,6 @@ def differences(reps: dict[str, list[dict]], prompt: int, kind: str) -> list[dic
 
 
 if __name__ == "__main__":
-    from specrt.errors import UserError
+    from bench_lib import run_tool
 
-    try:
-        sys.exit(main())
-    except UserError as e:  # a wrong --engines or governor spec, said as specrt says it (it was a traceback)
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_tool(main)  # (a wrong --engines or governor spec: an error line, not a traceback)

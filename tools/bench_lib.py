@@ -72,6 +72,19 @@ BUILDER_DEPS = "ort-builder-deps"
 ONNX_IR = "onnx-ir==1.1.0"
 
 
+def run_tool(main) -> None:
+    """Exit with ``main()``'s code, a specrt UserError said as specrt says it (an error line,
+    exit 1, no traceback): the ``__main__`` of the tools that take engines folders and governor
+    specs (bench_runtime, bench_governors; each wrote this block out: a traceback before, m74d)."""
+    from specrt.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
 class PeerSkipped(Exception):
     """A peer that does not apply here; the message is the reason printed and reported."""
 

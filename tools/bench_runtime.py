@@ -320,10 +320,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specrt.errors import UserError
+    from bench_lib import run_tool
 
-    try:
-        sys.exit(main())
-    except UserError as e:  # an engines folder that is not one, said as specrt says it (a traceback: m74d)
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_tool(main)  # (an engines folder that is not one: an error line, not a traceback)

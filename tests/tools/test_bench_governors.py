@@ -499,8 +499,8 @@ def test_depths_are_parsed_as_build_parses_them(tmp_path, bg):
     1 depth into a folder named for 2,2), `--depths 1-4` refused; now as `specrt build --depths`
     (the same parse_depths), said before any engines load."""
     env = {**os.environ, "SPECRT_THP": "0", "OMP_NUM_THREADS": "1"}
-    for depths, error in (("1,,2", "--depths '1,,2': an empty entry; expected comma-separated integers"),
-                          ("2,2", "--depths '2,2': depth 2 is named twice (entries 1 and 2); each depth is built once")):
+    for depths, error in (("1,,2", "--depths '1,,2': item 2 of 3 is empty; expected comma-separated integers"),
+                          ("2,2", "--depths '2,2': depth 2 is named twice (items 1 and 2); each depth is built once")):
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), "--engines",
                             str(tmp_path / "nowhere"), "--depths", depths, "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
@@ -518,3 +518,33 @@ def test_extra_governors_typed_with_spaces_are_the_specs_themselves(bg):
     only once the engines had loaded."""
     assert bg.extra_governors("dspark:block=4, fixed:1 ") == ["dspark:block=4", "fixed:1"]
     assert bg.extra_governors("") == bg.extra_governors(" ") == []
+
+
+def test_an_extra_governor_of_the_standard_set_is_refused_before_the_engines_load(tmp_path, bg):
+    """Session 74's leftover (r74): `--extra-governors DSpark` was refused only once the engines
+    had loaded, and after `--calibrate-per-kind` had calibrated them (ENG/calibration.json
+    written, then the error); the standard set's depths are read from the engines folder's
+    manifest (or are --depths, where the engines are built here), so it is refused first."""
+    from argparse import Namespace
+
+    from specrt.errors import UserError
+    from tests.runtime.test_text import _tiny_text_pair, _words
+
+    eng = _tiny_text_pair(tmp_path / "pair", 16, 12, _words)
+    env = {**os.environ, "SPECRT_THP": "0", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_governors.py"), "--engines", str(eng),
+                        "--extra-governors", "fixed:2,DSpark", "--calibrate-per-kind", "1", "--per-kind", "1",
+                        "--max-new-tokens", "3", "--no-chat", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    # (fixed:2 is not of it: the engines' depths are 1 and 3, not --depths' default)
+    assert r.stderr.splitlines() == ["error: --extra-governors: DSpark is in the standard set already (off, "
+                                     "fixed:1, fixed:3, adaptive, dspark)"], r.stderr
+    assert not (eng / "calibration.json").exists() and not (tmp_path / "out").exists()
+    # engines to be built here: the set is --depths' (here with --tree's suffix)
+    args = Namespace(engines=None, depths=(1, 2), extra_governors=["fixed:1", "Fixed:2:tree=2"], tree=2,
+                     ngram=False, corpus=False)
+    with pytest.raises(UserError, match=r"^--extra-governors: Fixed:2:tree=2 is in the standard set already \(off, "
+                                        r"fixed:1:tree=2, fixed:2:tree=2, adaptive:tree=2, dspark:tree=2\)$"):
+        bg.refuse_standard(args)
+    bg.refuse_standard(Namespace(**{**vars(args), "extra_governors": ["fixed:1"]}))  # (without the tree: taken)

@@ -36,8 +36,8 @@ def test_depths_are_parsed_as_build_parses_them_before_the_engines_load(tmp_path
     fixed:2 twice; now said as `specrt build --depths` says it (the same parse_depths), before
     the engines load (here a folder that does not exist), argparse's exit 2."""
     bench_runtime = tool("bench_runtime")
-    for depths, error in (("1,,2", "--depths '1,,2': an empty entry; expected comma-separated integers"),
-                          ("2,2", "--depths '2,2': depth 2 is named twice (entries 1 and 2)")):
+    for depths, error in (("1,,2", "--depths '1,,2': item 2 of 3 is empty; expected comma-separated integers"),
+                          ("2,2", "--depths '2,2': depth 2 is named twice (items 1 and 2)")):
         with pytest.raises(SystemExit) as e:
             bench_runtime.main([str(tmp_path / "nowhere"), "--depths", depths])
         assert e.value.code == 2 and error in capsys.readouterr().err, depths
