@@ -320,6 +320,8 @@ class Session:
                             f"with prompt lookup: off:ngram, :corpus, :grow; `auto` picks them), not '{asked}'")
         # Token-id callers (tests, benchmarks) need no tokenizer; text prompts do.
         self.text = Text(self.engines.export_dir) if (self.engines.export_dir / "tokenizer.json").is_file() else None
+        if self.text is not None:
+            self.text.context = self.engines.max_context  # (a prompt past it is not kept by ids_of)
         # variables every chat prompt's template gets (e.g. {"enable_thinking": False}); a
         # stream's own are laid over them
         self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")

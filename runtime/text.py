@@ -97,6 +97,9 @@ class Text:
         self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
         self._bound: tuple | None = None  # _token_bound's ((0, []): none known), found on first use
         self._last_ids: tuple | None = None  # ids_of's last (raw, text, ids)
+        # the engines' context, where a Session sets it: a text of as many ids is refused, never streamed
+        # after, so not kept (serve held the last prompt it refused, 13 MB of text: r74)
+        self.context: int | None = None
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
@@ -187,10 +190,12 @@ class Text:
     def ids_of(self, text: str, raw: bool) -> list[int]:
         """Token ids of ``prompt_text``'s ``text``: a text prompt's where ``raw`` (the tokenizer's
         special tokens added), else a rendered template's, which already holds its special tokens.
-        The last text's ids are kept: `specrt chat` measures a turn with them and its stream then
-        tokenized the same text again (a long paste: seconds a turn; h74e). Kept packed, and only
-        up to KEEP_IDS of them: a prompt of 2M tokens refused by serve held 79.5 MB of Python
-        ints until the next request (r74); one past any context is never streamed after."""
+        The last text's ids are kept: a caller that measures a prompt and then streams it tokenized
+        the same text again (`specrt chat`'s turns did, a long paste seconds a turn: h74e; its
+        stream now takes the ids it measured, r74). Kept packed, and only up to KEEP_IDS of them:
+        a prompt of 2M tokens refused by serve held 79.5 MB of Python ints until the next request
+        (r74); and none of a prompt that fills the ``context`` a Session sets: it is refused,
+        never streamed after (serve held such a prompt's text, 13 MB: r74)."""
         import array
 
         last = self._last_ids
@@ -199,7 +204,9 @@ class Text:
         ids = self.tokenizer.encode(text, add_special_tokens=raw).ids
         if not ids and not raw:  # (said "the prompt is empty" of a conversation that was not, naming no template)
             raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
-        self._last_ids = (raw, text, array.array("q", ids)) if len(ids) <= KEEP_IDS else None
+        # (a prompt of the whole context leaves no room for the answer's first token: refused too)
+        keep = len(ids) <= KEEP_IDS and (self.context is None or len(ids) < self.context)
+        self._last_ids = (raw, text, array.array("q", ids)) if keep else None
         return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,

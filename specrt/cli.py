@@ -65,27 +65,28 @@ class _Group(click.Group):
                 _reader_left()
             if not environment_error(e):
                 raise
-            named = _stdout_named(e)
-            click.echo(f"error: {named or describe_os_error(e)}", err=True)
-            if named is not None:  # (what it still holds, flushed at exit, failed again: "Exception ignored", exit 120)
+            fd = _echoed_to(e)
+            named = {1: "standard output", 2: "standard error"}.get(fd)
+            click.echo(f"error: {f'{named}: {e.strerror or e}' if named else describe_os_error(e)}", err=True)
+            if fd == 1:  # (what it still holds, flushed at exit, failed again: "Exception ignored", exit 120)
                 _stdout_to_devnull()
             sys.exit(1)
 
 
-def _stdout_named(e: OSError) -> str | None:
-    """``e`` said as standard output's where it was raised writing there (in click.echo, to
-    file descriptor 1: `specrt run > FILE` on a full disk said "File too large" alone, naming
-    nothing); else None."""
+def _echoed_to(e: OSError) -> int | None:
+    """The file descriptor ``e`` was raised writing to in click.echo, where it names no file:
+    1 (`specrt run > FILE` on a full disk said "File too large" alone, naming nothing) or 2 (a
+    write to standard error that failed, then the error's own did not: "Input/output error"
+    alone, m71b-56); else None."""
     tb, stream = e.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code is click.utils.echo.__code__:
             stream = tb.tb_frame.f_locals.get("file")
         tb = tb.tb_next
     try:
-        named = e.filename is None and stream is not None and stream.fileno() == 1
+        return stream.fileno() if e.filename is None and stream is not None else None
     except (AttributeError, OSError, ValueError):  # (a stream without a file descriptor: click's test runner)
-        named = False
-    return f"standard output: {e.strerror or e}" if named else None
+        return None
 
 
 @click.group(cls=_Group)
@@ -960,15 +961,19 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                             f"engines' context of {ctx} tokens leaves no room for a turn and its answer")
         failed = answered = asked = 0  # turns an engine failed; turns answered (in whole or stopped); streams begun
 
-        def tokens(conversation: list[dict]) -> tuple[int, bool]:
-            """(the conversation's tokens, False), or (a lower bound on them, True) where that is
-            already past the context: its tokenizing spared (a 1 MB line was tokenized once for each
-            turn dropped for it, then skipped). Either way the drops below go as the count has them.
-            The template is rendered once for both (it was rendered for the bound, again to be
-            tokenized, and both again for the same turn once the drops were done: h74c)."""
+        def tokens(conversation: list[dict]) -> tuple[int, bool, list[int] | None]:
+            """(the conversation's tokens, False, its ids), or (a lower bound on them, True, None)
+            where that is already past the context: its tokenizing spared (a 1 MB line was tokenized
+            once for each turn dropped for it, then skipped). Either way the drops below go as the
+            count has them. The template is rendered once for both (it was rendered for the bound,
+            again to be tokenized, and both again for the same turn once the drops were done: h74c),
+            and the stream takes the ids (it rendered the turn once more: r74)."""
             text = s.prompt_text(conversation, True)
             least = s.text.least_tokens(text)
-            return (least, True) if least + 1 > s.engines.max_context else (len(s.text.ids_of(text, False)), False)
+            if least + 1 > s.engines.max_context:
+                return least, True, None
+            ids = s.text.ids_of(text, False)
+            return len(ids), False, ids
 
         while True:
             if _prompting():
@@ -992,7 +997,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             # Ctrl-C while the turn is tokenized (each drop encodes the conversation again; a long
             # paste takes seconds) drops the turn as before its first token: it ended the chat
             try:
-                n, least = tokens(turn)
+                n, least, ids = tokens(turn)
                 while n + room > limit and len(turn) > first + 1:
                     del turn[first:first + 2]  # the oldest user turn and its answer
                     dropped += 1
@@ -1000,7 +1005,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                     # moved the conversation's start every turn, so no later turn reused more than the
                     # template's preamble (7-10 s a turn against 2.5-4.4 s: session 55's soak)
                     limit = s.engines.max_context - s.engines.max_context // 4
-                    n, least = tokens(turn)
+                    n, least, ids = tokens(turn)
                 if n + 1 > s.engines.max_context:  # this turn alone (and the system prompt) cannot fit
                     click.echo(f"[this turn makes a prompt of {'at least ' if least else ''}{n} tokens; the engines' "
                                f"context limit is {s.engines.max_context}: skipped, the conversation goes on]",
@@ -1015,7 +1020,7 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
                     # second turn's first token was the first's 164 times in 300, against 23 drawn apart (w73c)
                     s.generator.params = replace(params, seed=params.seed + asked)
                 asked += 1
-                stream = s.stream(messages, max_new_tokens=max_new_tokens)
+                stream = s.stream(ids, max_new_tokens=max_new_tokens)  # (the turn measured: its ids)
                 for piece in stream:
                     click.echo(piece, nl=False, color=True)  # escape sequences too, as in run
                     answer.append(piece)

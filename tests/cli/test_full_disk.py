@@ -180,3 +180,52 @@ def test_standard_output_on_a_full_disk_is_named(pair, tmp_path, command, unbuff
     assert r.returncode == 0 and len(r.stdout) > 1024, r.stderr  # (a pipe: whole)
     if command == "inspect":
         assert json.loads(r.stdout)["target"]["slots"]
+
+
+def _failing_long_stderr_writes(least: int) -> None:
+    """A seccomp filter on this process (a preexec_fn: the command's child, inherited by its
+    re-exec): write(2) to file descriptor 2 of ``least`` bytes or more fails with EIO, shorter
+    ones succeed; every other call as before. (x86_64 Linux: its audit arch and write's number.)"""
+    import ctypes
+    import errno
+    import struct
+
+    def op(code: int, jt: int, jf: int, k: int) -> bytes:  # a classic BPF instruction
+        return struct.pack("HBBI", code, jt, jf, k)
+
+    load, eq, ge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    code = b"".join([op(load, 0, 0, 4), op(eq, 0, 7, 0xC000003E),  # seccomp_data.arch: x86_64, else allow
+                     op(load, 0, 0, 0), op(eq, 0, 5, 1),  # nr: write
+                     op(load, 0, 0, 16), op(eq, 0, 3, 2),  # args[0]: fd 2
+                     op(load, 0, 0, 32), op(ge, 0, 1, least),  # args[2]: the byte count
+                     op(ret, 0, 0, 0x00050000 | errno.EIO), op(ret, 0, 0, 0x7FFF0000)])  # ERRNO(EIO), ALLOW
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # PR_SET_NO_NEW_PRIVS (38), then PR_SET_SECCOMP (22) with SECCOMP_MODE_FILTER (2)
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(Program(len(code) // 8, ctypes.addressof(buf))),
+                                                0, 0):
+        raise OSError(ctypes.get_errno(), "prctl")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86_64 Linux's seccomp")
+def test_a_failed_write_to_standard_error_is_named_as_standard_error(pair, tmp_path):
+    """Mutant m71b-56 (session 71, left in 71-74: "no test without a transient condition"): a
+    write to standard error that failed (EIO) was said as standard output's, and stdout sent to
+    /dev/null; the code itself said "error: Input/output error", naming nothing. Shown where a
+    stderr write fails and the error's own then succeeds: the kernel fails every write of 60
+    bytes or more to fd 2 (the run's closing line, after its answers), the error line is shorter,
+    and the answers are whole on stdout. (Unbuffered, as
+    containers often run: a buffered stderr keeps the failed note and writes it again with the
+    error line, which fails too.)"""
+    _, engines, prompts = pair
+    r = subprocess.run([sys.executable, "-m", "specrt", "run", engines, "--prompts", prompts, "--max-new-tokens", "4",
+                        "--governor", "off"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "SPECRT_THP": "0", "PYTHONUNBUFFERED": "1"},
+                       preexec_fn=lambda: _failing_long_stderr_writes(60))
+    assert one_error(r) == "error: standard error: Input/output error"
+    assert r.stderr == "error: standard error: Input/output error\n", r.stderr
+    assert [len(a.split()) for a in r.stdout.split("\n\n")] == [4] * 4, r.stdout  # (4 answers of 4 token ids)

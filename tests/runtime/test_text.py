@@ -1242,13 +1242,21 @@ def test_chat_keeps_the_conversation_and_reuses_it(worded):
 
 def _ctrl_c_before_answer(monkeypatch, turn: int) -> list[list[dict]]:
     """Session.stream raising KeyboardInterrupt where the ``turn``-th (from 1) answer's first
-    token would be read; returns the conversations streamed, filled as they come."""
+    token would be read; returns the conversations streamed, filled as they come. (Chat streams
+    the ids of the conversation it measured last, r74: that conversation is recorded, its ids
+    checked to be those streamed.)"""
     from specrt.runtime import session
 
-    real, convs = session.Session.stream, []
+    real, convs, text, measured = session.Session.stream, [], session.Session.prompt_text, []
+
+    def prompt_text(self, prompt, *a, **k):
+        measured[:] = [prompt]
+        return text(self, prompt, *a, **k)
 
     def stream(self, prompt, *a, **k):
-        convs.append([dict(m) for m in prompt])
+        conversation = measured[0]
+        assert self.encode(conversation, True) == list(prompt)
+        convs.append([dict(m) for m in conversation])
         it = real(self, prompt, *a, **k)
         if len(convs) != turn:
             return it
@@ -1260,6 +1268,7 @@ def _ctrl_c_before_answer(monkeypatch, turn: int) -> list[list[dict]]:
         return cut()
 
     monkeypatch.setattr(session.Session, "stream", stream)
+    monkeypatch.setattr(session.Session, "prompt_text", prompt_text)
     return convs
 
 
@@ -4512,11 +4521,11 @@ def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise,
     """Session 73's leftover (h74c): chat rendered the chat template for a turn's token bound, again
     to tokenize it, and both again for the same turn once the drops were done, before the stream
     rendered and tokenized it: 5 renders and 3 tokenizings a turn (10 and 6 for 2 turns). Now each
-    conversation measured is rendered and tokenized once, besides the stream's render: 2 turns,
-    4 renders; a turn that drops the earlier one measures 2 conversations, 5 renders. The stream
-    takes the ids measured (Text.ids_of keeps the last text's: it tokenized the turn again, h74e):
-    a tokenizing a conversation measured, 2 and 3. The answers and the counts said are those of
-    before."""
+    conversation measured is rendered and tokenized once, and the stream takes the ids measured
+    (it tokenized the turn again, h74e, then rendered it once more, r74: 4 renders for 2 turns,
+    5 for a turn that drops the earlier one): 2 turns, 2 renders and 2 tokenizings; a turn that
+    drops the earlier one measures 2 conversations, 3 and 3. The answers and the counts said are
+    those of before."""
     import jinja2
     from tokenizers import Tokenizer
 
@@ -4533,13 +4542,13 @@ def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise,
     chat = ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"]
     r = CliRunner().invoke(main, chat, input="hello\nquartz\n\n")
     assert r.exit_code == 0 and r.output.count(" prompt tokens reused]") == 2, r.output
-    assert calls == {"render": 4, "encode": 2}, calls
+    assert calls == {"render": 2, "encode": 2}, calls
     calls.update(render=0, encode=0)
     r = CliRunner().invoke(main, chat, input=" xylophone" * 100 + "\nhello\n\n")
     assert r.exit_code == 0 and "[dropped the oldest 1 turn(s) to fit the context of 128 tokens]" in r.output, \
         r.output
     assert re.search(r"\[3 tokens, .* 6 of 20 prompt tokens reused\]\n$", r.output), r.output
-    assert calls == {"render": 5, "encode": 3}, calls
+    assert calls == {"render": 3, "encode": 3}, calls
 
 
 def test_the_last_texts_ids_are_kept_packed_and_only_up_to_keep_ids(bytewise, monkeypatch):
@@ -4564,6 +4573,26 @@ def test_the_last_texts_ids_are_kept_packed_and_only_up_to_keep_ids(bytewise, mo
     assert tx.ids_of(short, False) and len(calls) == 2  # (another raw: tokenized)
     assert len(tx.ids_of(long, True)) > 12 and len(tx.ids_of(long, True)) > 12 and len(calls) == 4  # (not kept)
     assert tx._last_ids is None
+
+
+def test_a_prompt_refused_past_the_context_is_not_kept(worded):
+    """Session 74's leftover (r74): with a tokenizer that has no token bound (word-level here,
+    as r74's), a prompt past the context is tokenized whole before it is refused, and Text kept
+    its text and ids until the next prompt (serve held a refused prompt's 13 MB of text). A
+    Session's Text keeps none past the engines' context (no stream follows its refusal); a
+    prompt within it is still kept for the stream that follows its measuring."""
+    from specrt.runtime.session import Session
+
+    with Session(worded, governor="off") as s:
+        assert s.text.least_tokens("w1 " * 500) == 0  # (no bound: it is tokenized)
+        with pytest.raises(UserError, match="context"):
+            s.stream("w1 " * 500, max_new_tokens=3)
+        assert s.text._last_ids is None, len(s.text._last_ids[1])
+        with pytest.raises(UserError, match="context"):
+            s.check_prompt("w1 " * 128, max_new_tokens=1)  # (the whole context: no room for a token)
+        assert s.text._last_ids is None
+        s.check_prompt("w1 w2", max_new_tokens=3)
+        assert s.text._last_ids[1] == "w1 w2"  # (within the context: kept)
 
 
 def test_the_kept_ids_are_a_text_s_own_and_kept_up_to_keep_ids_itself(bytewise, monkeypatch):
