@@ -1040,3 +1040,135 @@ def test_another_windows_accept_failure_is_not_said_as_running_out_of_descriptor
         with pytest.raises(OSError):
             httpd.get_request()
         assert not any("out of file descriptors" in x for x in logs), logs
+
+
+def test_pipelined_requests_whose_client_then_half_closes_are_all_answered(worded, monkeypatch):  # noqa: F811
+    """w75c: a client that pipelines its requests and then closes its sending side
+    (shutdown(SHUT_WR), as `printf ... | nc -N` does) has sent them all and reads their
+    answers (RFC 9112 9.6: a half-close "does not imply that the client is no longer
+    interested in a response"): each is answered in order, the stream's too, and the
+    connection then ends at once (not after KEEP_ALIVE, 30 s here). The half-close read as the
+    client leaving: neither of two completions was answered."""
+    import re
+    import socket
+    import time
+
+    from specrt import cmd_serve
+    from tests.cli.test_serve import _in_process
+
+    monkeypatch.setattr(cmd_serve, "KEEP_ALIVE", 30.0)
+
+    def post(body: dict) -> bytes:
+        data = json.dumps(body).encode()
+        return b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        for sent, tokens in (
+                (post({"prompt": "w1 w2", "max_tokens": 3}) + post({"prompt": "w4", "max_tokens": 2})
+                 + post({"prompt": "w4 w6", "max_tokens": 2, "stream": True}), [3, 2]),
+                # (pipelining seen as the GET's answer ends, the completion's own look finding nothing behind it)
+                (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + post({"prompt": "w1 w2", "max_tokens": 3}), [3])):
+            with socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=10) as c:
+                c.sendall(sent)
+                c.shutdown(socket.SHUT_WR)
+                t, out = time.perf_counter(), b""
+                while chunk := c.recv(65536):
+                    out += chunk
+                took = time.perf_counter() - t
+            assert re.findall(rb"HTTP/1\.1 (\d{3}) ", out) == [b"200"] * sent.count(b" HTTP/1.1\r\n"), out[:600]
+            usage = [json.loads(u) for u in re.findall(rb'"usage": (\{[^}]*\})', out)]
+            assert [u["completion_tokens"] for u in usage] == tokens and took < 5, (out[:1200], took)
+        assert len(logs) == 4, logs  # (each completion run once, to its end)
+
+
+def test_a_refused_body_sent_without_waiting_for_100_continue_is_read_until_its_404_is_had(served):  # noqa: F811
+    """w75c: a request refused before its body (404 here) whose client said "Expect:
+    100-continue" but sent its body at once (RFC 9110 10.1.1 lets it) is answered at once and
+    its connection closed; closed on the body's unread bytes, the socket was reset while the
+    client still sent them, and a client that stops at a failed send (as `_raw`, http.client)
+    met a broken pipe, not its 404: on loopback 20 of 20 for a body of 4 MB or 16 MB, none
+    for 1 MB (the sockets' buffers took it whole). What comes after the answer is read and
+    dropped for a moment (Handler._linger)."""
+    from specrt.cmd_serve import MAX_BODY
+    from tests.cli.test_serve import _raw
+
+    url, _ = served
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % MAX_BODY)
+    for _ in range(3):
+        try:
+            out = _raw(url, head + b" " * MAX_BODY)
+        except OSError as e:  # (a broken pipe or a reset while sending)
+            out = repr(e).encode()
+        assert out.startswith(b"HTTP/1.1 404") and b"\r\nConnection: close\r\n" in out, out[:200]
+
+
+def test_a_streams_error_event_that_cannot_be_written_ends_its_connection_quietly(worded, capfd):  # noqa: F811
+    """w75c: a stream ending in an error event (here cut by a second Ctrl-C, Server.cutting,
+    mid-answer) whose client has reset its connection meanwhile: the event's own write fails,
+    and the connection is closed as a client's that left, without a traceback on stderr
+    (socketserver's "Exception occurred during processing of request"); the server goes on.
+    The generator is held after its second piece until the client has reset (a stream of the
+    tiny engines ends before a client could fill the sockets' buffers)."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    from tests.cli.test_serve import _get, _in_process
+
+    with _in_process(worded) as (app, httpd, url, logs):
+        real, written, gone = app.session.stream, threading.Event(), threading.Event()
+
+        def held(*a, **k):
+            for n, piece in enumerate(real(*a, **k)):
+                if n == 2:  # (the events of pieces 0 and 1 are written by now)
+                    written.set()
+                    gone.wait(30)
+                yield piece
+
+        app.session.stream = held
+        req = json.dumps({"prompt": "w1 w2", "max_tokens": 20, "stream": True}).encode()
+        c = socket.create_connection(httpd.server_address, timeout=30)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(req), req))
+        assert written.wait(30) and c.recv(65536).startswith(b"HTTP/1.1 200")
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()  # (a reset)
+        time.sleep(0.2)
+        app.cutting = True
+        gone.set()
+        deadline = time.time() + 30
+        while not any("finish none: cut" in x for x in logs) and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        app.cutting = False
+        app.session.stream = real
+        assert _get(url, "/health") == (200, {"status": "ok"})
+    err = capfd.readouterr().err
+    assert any("finish none: cut" in x for x in logs) and "Traceback" not in err, (logs, err)
+
+
+def test_once_the_stop_has_settled_a_kept_connection_is_closed_before_its_next_one(worded, monkeypatch):  # noqa: F811
+    """w75c: a kept connection waiting for its next request is not among those the stop waits
+    for; it stayed open until the process ended, so a request sent on it in the 75-130 ms
+    between the settle and the end was read by no one and reset (a load balancer's probe, a
+    client's POST: 90 of 450 probes on `serve` under SIGTERM; 1 of 450 now, the rest seeing
+    the close before sending). Once the stop has settled (Server.settle, as drain calls it)
+    the connection is closed at once (not after KEEP_ALIVE, 30 s here), so its client sees
+    the close before it sends (urllib3 and httpx look before reusing a connection); no
+    request is begun after it."""
+    import socket
+    import time
+
+    from specrt import cmd_serve
+    from tests.cli.test_serve import _answers, _in_process
+
+    monkeypatch.setattr(cmd_serve, "KEEP_ALIVE", 30.0)
+    with _in_process(worded) as (app, httpd, url, logs):
+        with socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=5) as c:
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            _answers(c, 1)
+            time.sleep(0.2)  # (its handler waiting for the next request)
+            app.stopping = True
+            assert app.settle(5)
+            assert c.recv(1) == b""  # (closed, not kept for 30 s: the socket's 5 s timeout)
