@@ -1057,8 +1057,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"the request body is not valid JSON ({json_problem(e)})") from None
             req = self.app.parse(body, chat)
         except BadRequest as e:
-            if e.status == 413:
-                self.close_connection = True  # its body is not read
+            if e.status in (411, 413):  # its body is not read, and may come all the same (_linger: a client
+                # sending a body past MAX_BODY met a reset, not its 413, as a refused 100-continue's: w75c)
+                self.close_connection = self.unread = True
             return self._error(e)
         except UserError as e:
             return self._error(BadRequest(str(e)))
