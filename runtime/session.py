@@ -536,11 +536,12 @@ class Session:
                             "target's folder, then `specrt export` and `specrt build` again")
 
     def encode(self, prompt: str | list[dict], chat: bool = False, chat_template_kwargs: dict | None = None,
-               check_length=None) -> list[int]:
+               check_length=None, tools: list[dict] | None = None) -> list[int]:
         """A text prompt's or a conversation's token ids as ``stream`` makes them;
-        ``check_length`` as ``Text.encode``'s (a refusal before tokenizing)."""
+        ``check_length`` as ``Text.encode``'s (a refusal before tokenizing); ``tools``: function
+        definitions for the chat template (``Text.render_chat``; `specrt serve` passes a request's)."""
         variables = self._template_kwargs(prompt, chat, chat_template_kwargs)  # (first: no tokenizer said)
-        return self.text.encode(prompt, chat, variables, self.chat_option, check_length)
+        return self.text.encode(prompt, chat, variables, self.chat_option, check_length, tools)
 
     def prompt_text(self, prompt: str | list[dict], chat: bool = False) -> str:
         """The text ``encode`` tokenizes (``Text.prompt_text``: the chat template rendered, with

@@ -79,9 +79,10 @@ class Text:
             self.config = {**self.config, **{k: v for k, v in named.items()
                                              if k in SPECIAL_TOKENS or k == "additional_special_tokens"}}
         template = self.config.get("chat_template")
-        if isinstance(template, list):  # transformers' named templates: the "default" one (tools are never passed)
-            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                            None)
+        named = template if isinstance(template, list) else []  # transformers' named templates: the "default"
+        template = next((t.get("template") for t in named if isinstance(t, dict) and t.get("name") == "default"),
+                        template)  # one, and "tool_use" where tools are passed (render_chat)
+        tool_use = next((t.get("template") for t in named if isinstance(t, dict) and t.get("name") == "tool_use"), None)
         jinja = folder / "chat_template.jinja"
         if jinja.is_file():
             try:
@@ -90,6 +91,7 @@ class Text:
                 raise UserError(f"{jinja}: not valid UTF-8 text ({e.reason} at byte {e.start}); a chat template "
                                 "is read as UTF-8") from None
         self.chat_template = template if isinstance(template, str) else None
+        self.tool_template = tool_use if isinstance(tool_use, str) and not jinja.is_file() else self.chat_template
         # the file it came from, named by its errors (a broken template said "chat template: ..." alone)
         self.template_file = jinja if jinja.is_file() else cfg_path
         self.vocab_size = self.tokenizer.get_vocab_size()
@@ -108,27 +110,30 @@ class Text:
         return v if isinstance(v, str) else ""
 
     def render_chat(self, user: str | list[dict], template_kwargs: dict | None = None,
-                    chat_option: str = "chat=True") -> str:
+                    chat_option: str = "chat=True", tools: list[dict] | None = None) -> str:
         """The chat template over one user message, or a conversation (``messages``:
         role/content objects, a system prompt and earlier turns included), then the
         assistant's turn. Rendered as transformers' ``apply_chat_template`` renders it
         (its Jinja environment: loop controls, ``{% generation %}`` blocks, its ``tojson``,
         ``strftime_now`` and ``raise_exception``; the tokenizer's special tokens, ``tools``
-        and ``documents`` none), ``template_kwargs`` passed to the template as variables
-        (e.g. Qwen3's ``enable_thinking``). Without a chat template, a UserError naming what
+        (function definitions, OpenAI's {"type": "function", "function": {...}} objects, as
+        transformers passes them; with them a named "tool_use" template where there is one,
+        as transformers picks it) and ``documents`` none), ``template_kwargs`` passed to the
+        template as variables (e.g. Qwen3's ``enable_thinking``). Without a chat template, a UserError naming what
         asked for it: ``chat_option`` for a text (the API's ``chat=True``, the CLI's
         ``--chat``), or the conversation."""
         if self.chat_template is None:
             asked = chat_option if isinstance(user, str) else "a conversation (a list of messages)"
             raise UserError(f"{asked}: the exported tokenizer has no chat template (tokenizer_config.json "
                             "chat_template)")
-        variables = {**self._special_tokens(), "tools": None, "documents": None,
+        variables = {**self._special_tokens(), "tools": tools, "documents": None,
                      **template_kwargs_of(template_kwargs, "chat template variables")}
         import jinja2
 
-        messages = [{"role": "user", "content": user}] if isinstance(user, str) else [_message(m) for m in user]
+        messages = [{"role": "user", "content": user}] if isinstance(user, str) else \
+            [_message(m, i) for i, m in enumerate(user)]
         try:
-            return _template(self.chat_template).render(
+            return _template(self.chat_template if tools is None else self.tool_template).render(
                 messages=messages,
                 add_generation_prompt=True, **variables)
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, ArithmeticError, LookupError,
@@ -175,14 +180,14 @@ class Text:
         return out
 
     def encode(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
-               chat_option: str = "chat=True", check_length=None) -> list[int]:
+               chat_option: str = "chat=True", check_length=None, tools: list[dict] | None = None) -> list[int]:
         """Token ids of a text prompt (through the chat template when ``chat``) or of a
         conversation (always through it, with ``template_kwargs``); ``chat_option``: how an
         error names what set ``chat`` (``render_chat``). ``check_length(n, True)``, where
         given, is called before the text is tokenized with ``least_tokens`` of it, to refuse a
         prompt surely past the context there (a 5 MB line took a minute and 1.5 GB to be
-        tokenized, then refused)."""
-        text = self.prompt_text(prompt, chat, template_kwargs, chat_option)
+        tokenized, then refused). ``tools``: the template's (``render_chat``)."""
+        text = self.prompt_text(prompt, chat, template_kwargs, chat_option, tools)
         if check_length is not None:
             check_length(self.least_tokens(text), True)
         return self.ids_of(text, isinstance(prompt, str) and not chat)
@@ -210,7 +215,7 @@ class Text:
         return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
-                    chat_option: str = "chat=True") -> str:
+                    chat_option: str = "chat=True", tools: list[dict] | None = None) -> str:
         """The text ``encode`` tokenizes: the prompt checked, and rendered through the chat
         template where it goes through it."""
         if not prompt and not (chat and isinstance(prompt, str)):  # ('' with --chat: a user turn with no text,
@@ -224,7 +229,7 @@ class Text:
         if not isinstance(prompt, str):
             prompt = joined(prompt)
         chat = chat or not isinstance(prompt, str)
-        text = self.render_chat(prompt, template_kwargs, chat_option) if chat else prompt
+        text = self.render_chat(prompt, template_kwargs, chat_option, tools) if chat else prompt
         if (problem := not_text(text, "the prompt")) is not None:
             raise UserError(problem)
         return text
@@ -299,15 +304,36 @@ class Text:
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-def _message(m: dict) -> dict:
+def _message(m: dict, i: int = 0) -> dict:
     """A message as transformers' apply_chat_template gives it to the template: keys whose
     value is null left out (an OpenAI message's "tool_calls": null is no tool call to a
     template testing 'tool_calls' in it), and its reasoning, under any of REASONING_FIELDS,
     also as ``reasoning_content`` and (unless it has its own) ``thinking``: an assistant's
-    "reasoning" that a client sends back reached no Qwen3 template."""
+    "reasoning" that a client sends back reached no Qwen3 template. Its tool calls'
+    ``arguments``, a JSON string as OpenAI sends them, as the object they hold (vLLM's, and
+    what tool-use templates expect: Llama 3.1's writes ``arguments | tojson``; "" or null: {}),
+    and an empty ``tool_calls`` left out (the template's plain assistant turn); ``i``: the
+    message's index, for errors."""
     m = {k: v for k, v in m.items() if v is not None}
+    if m.get("tool_calls") == []:
+        del m["tool_calls"]
+    if isinstance(m.get("tool_calls"), list):
+        m["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m["tool_calls"])]
     reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
     return m if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning}
+
+
+def _tool_call(c, where: str):
+    """An assistant's tool call with its function's JSON ``arguments`` parsed (``_message``)."""
+    f = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("arguments"), (str, type(None))):
+        return c
+    try:
+        args = json.loads(f["arguments"]) if f.get("arguments") else {}
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{where}.function.arguments: not valid JSON ({json_problem(e)}); expected the call's "
+                        "arguments as a JSON string") from None
+    return {**c, "function": {**f, "arguments": args}}
 
 
 def template_kwargs_of(value, where: str) -> dict:

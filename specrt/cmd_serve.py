@@ -1,6 +1,7 @@
 """``specrt serve``: the engines behind an OpenAI-compatible HTTP endpoint.
 
     specrt serve ENGINES [--host 127.0.0.1] [--port 8000] [--governor auto] [--max-new-tokens 256]
+                         [--tool-call-parser hermes|llama3_json]
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
@@ -18,20 +19,25 @@ distribution before temperature / top-k / top-p, as vLLM reports by default) and
 text whatever the server decoded before only with ``--reproducible``: rejection sampling's
 draws follow the drafts, which follow the server's state); chat also takes
 ``chat_template_kwargs`` (the template's variables, e.g. ``{"enable_thinking": false}``, over
-``--chat-template-kwargs``); completions also take
+``--chat-template-kwargs``) and ``tools`` (function definitions, rendered by the template; with
+``--tool-call-parser`` and ``tool_choice`` auto the answer's calls come back as ``tool_calls``,
+whole or streamed: specrt/tool_calls.py; without it such a request is a 400, as vLLM's without
+--enable-auto-tool-choice); completions also take
 a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
 most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
 for log-likelihoods). Fields that would change the output and that specrt does not do
-(penalties, min_p, logit_bias, echo on chat, best_of, suffix, tools, a JSON response
-format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
+(penalties, min_p, logit_bias, echo on chat, best_of, suffix, tool_choice required or a named
+function, a JSON response format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
 with 400 unless they hold their neutral value; fields that change nothing here (metadata,
 store, service_tier, cache keys; ``user`` too but under ``--isolate-clients``) are
 ignored; any other field is refused as OpenAI refuses it ("Unrecognized request argument
 supplied"), so a misspelt one is not dropped; a null is a field left out, whatever its name. Each response carries a
 ``specrt`` object beside ``usage``: tau (the draft's), tokens a target call (every round's,
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
-reused.
+reused. With ``--reasoning-parser`` (specrt/reasoning.py) a thinking model's chat answer comes
+with its ``<think>`` text apart from the answer, as ``reasoning`` and ``reasoning_content``
+(message and stream deltas), as vLLM's parsers give it.
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
 the order they arrive (TurnLock); a client that reads nothing of its answer for
@@ -74,6 +80,9 @@ import click
 from specrt.errors import EngineFailure, UserError, describe_os_error, json_problem
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
 from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
+from specrt.reasoning import PARSERS as REASONING_PARSERS
+from specrt.tool_calls import PARSERS, Streamed, ToolsRefused, parser_problem, request_tools, tools_unread
+from specrt.tool_calls import message as tool_message
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
 SNAPSHOTS = 4  # other conversations' rows a generator keeps by default (Generator.prefix_snapshots)
@@ -417,9 +426,11 @@ class Server:
         self.lock = TurnLock()  # one request on the engines at a time, in the order they asked
         self.metrics = Metrics()
         self.api_key: str | None = None  # --api-key: /v1 requests must carry it (Handler._authorised)
+        self.tool_call_parser: str | None = None  # --tool-call-parser: chat answers' tool calls parsed (tool_calls.py)
         self.write_timeout = WRITE_TIMEOUT  # --write-timeout: a stalled answer's client is let go after it
         self.model_strict = True  # another model's name is a 404 (serve: with --model-name only)
         self.created = int(time.time())  # /v1/models' "created": when this server loaded its model
+        self.reasoning: str | None = None  # --reasoning-parser: chat answers' thinking apart (specrt.reasoning)
         self.stopping = False  # closing: requests not yet begun are answered 503
         self.closed = False  # close() has begun
         self.cutting = False  # closing at once: the request being answered ends at its next round
@@ -543,7 +554,11 @@ class Server:
         echo = False if echo is None else echo  # (nullable in OpenAI's schema)
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
-        _unsupported(body, chat, allowed=("echo",) if not chat else ())
+        _unsupported(body, chat, allowed=("echo",) if not chat else ("tools", "tool_choice"))
+        try:  # (chat: function tools rendered by the template, calls parsed with --tool-call-parser)
+            tools, tool_parser = request_tools(body, self.tool_call_parser) if chat else (None, None)
+        except ToolsRefused as e:
+            raise BadRequest(str(e), e.param) from None
         model = body.get("model")
         if model is not None and self.model_strict and not _names(model, self.model):  # (left out or null: this server's one, as vLLM takes it)
             # vLLM and OpenAI answer 404 for a model they do not serve: a client pointed at the
@@ -615,7 +630,7 @@ class Server:
 
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
-                prompts = [self.session.encode(prompts[0], True, template, check_length)]
+                prompts = [self.session.encode(prompts[0], True, template, check_length, tools)]
             except UserError as e:  # (the template's file is the server's, not the client's to read)
                 msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
                 raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
@@ -629,7 +644,7 @@ class Server:
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
-                "params": params, "stop": tuple(stop),
+                "params": params, "stop": tuple(stop), "tool_parser": tool_parser,
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
                 "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
 
@@ -652,6 +667,19 @@ class Server:
                              f"{longest + max_new} tokens ({longest} in the {'messages' if chat else 'prompt'}, "
                              f"{max_new} in the completion). Please reduce the length of the "
                              f"{'messages' if chat else 'prompt'} or completion.", name)
+
+    def thinking(self, req: dict, body: dict) -> bool | None:
+        """With --reasoning-parser, whether a chat request's answers start inside their think
+        block (reasoning.begins_thinking: the prompt's end; the template variables, the
+        request's over the server's); else None (no parser, or a completion)."""
+        from specrt import reasoning
+        from specrt.runtime.text import template_kwargs_of
+
+        if self.reasoning is None or not req["chat"]:
+            return None
+        s = self.session
+        variables = {**s.chat_template_kwargs, **template_kwargs_of(body.get("chat_template_kwargs"), "chat_template_kwargs")}
+        return reasoning.begins_thinking(self.reasoning, reasoning.prompt_tail(s.text, req["ids"][0]), variables)
 
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
@@ -1056,6 +1084,7 @@ class Handler(BaseHTTPRequestHandler):
                 # an integer past Python's digit limit for str -> int)
                 raise BadRequest(f"the request body is not valid JSON ({json_problem(e)})") from None
             req = self.app.parse(body, chat)
+            req["thinking"] = self.app.thinking(req, body)  # (--reasoning-parser)
         except BadRequest as e:
             if e.status in (411, 413):  # its body is not read, and may come all the same (_linger: a client
                 # sending a body past MAX_BODY met a reset, not its 413, as a refused 100-continue's: w75c)
@@ -1150,6 +1179,10 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
         pieces = app.complete(req)
+        if req.get("thinking") is not None:  # (--reasoning-parser: each piece's thinking apart, reasoning.Apart)
+            from specrt import reasoning
+
+            pieces = reasoning.Apart(pieces, req["thinking"])
         formats: dict[int, Any] = {}  # choice -> its logprobs format (completions count text offsets a choice)
 
         def lp(i: int, entries: list[dict] | None, context: list[int] = ()):
@@ -1208,11 +1241,14 @@ class Handler(BaseHTTPRequestHandler):
             choices = []
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
-                choice = ({"index": i, "message": {"role": "assistant", "content": content}, "logprobs": logprobs}
+                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"))  # (its tool calls)
+                choice = ({"index": i, "message": msg, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
             answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": choices,
                       "usage": last["usage"], "specrt": last["specrt"]}
+            if req.get("thinking") is not None:  # (each message's thinking, kept apart from its content)
+                pieces.fill(choices)
 
             def send() -> None:  # sent once the engines are free (do_POST)
                 # a client that reads nothing holds this thread, and close (Ctrl-C), for
@@ -1249,6 +1285,8 @@ class Handler(BaseHTTPRequestHandler):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(i: int, delta: dict | None, finish=None, entries=None, context=(), tokens=0, **extra) -> None:
+            if req.get("thinking") is not None:  # (--reasoning-parser: the choice's thinking since its last chunk)
+                delta = pieces.delta(i, delta)
             choice = ({"index": i, "delta": delta or {}} if chat else {"index": i, "text": (delta or {}).get("content", "")})
             if req["logprobs"] is not None:
                 choice["logprobs"] = lp(i, entries, context)
@@ -1260,6 +1298,7 @@ class Handler(BaseHTTPRequestHandler):
                        **({"usage": usage} if req["usage_chunk"] else {}), **extra}
             write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
+        calls = Streamed(req.get("tool_parser"))  # (text that may begin a tool call held, the calls sent at the end)
         try:
             item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
             while "usage" not in item:
@@ -1268,9 +1307,18 @@ class Handler(BaseHTTPRequestHandler):
                     started.add(i)
                     event(i, {"role": "assistant", "content": ""})
                 if "text" in item:
-                    event(i, {"content": item["text"]}, entries=item["logprobs"], context=item.get("context", ()),
-                          tokens=item["tokens"])
-                elif i < req["choices"] - 1:
+                    piece = calls.push(i, item["text"])
+                    # (no empty chunk for text held back, unless it carries logprobs or reasoning: reasoning.Apart)
+                    if piece or item["logprobs"] or (req.get("thinking") is not None and pieces.unsent.get(i)):
+                        event(i, {"content": piece}, entries=item["logprobs"], context=item.get("context", ()),
+                              tokens=item["tokens"])
+                    item = next(pieces)
+                    continue
+                deltas, finish = calls.end(i, item["finish_reason"])
+                for delta in deltas:
+                    event(i, delta, tokens=item["tokens"])
+                item = {**item, "finish_reason": finish}
+                if i < req["choices"] - 1:
                     event(i, None, item["finish_reason"], entries=item["logprobs"], context=item["context"],
                           tokens=item["tokens"])
                 else:
@@ -1458,6 +1506,11 @@ def _check_api_key(key: str | None) -> None:
 @click.option("--model-name", callback=lambda ctx, param, v: argv_text(v),
               help="The model id /v1/models lists and responses carry (default: the name of the "
                    "target's folder the export was made from, e.g. smollm2-135m-instruct).")
+@click.option("--reasoning-parser", type=click.Choice(REASONING_PARSERS),
+              help="Split a thinking model's chat answers as vLLM's parser of that name does: the text in "
+                   "<think>...</think> as the message's 'reasoning' and 'reasoning_content', the rest as its "
+                   "'content' (qwen3: Qwen3; deepseek_r1: DeepSeek-R1 and its distills, QwQ). Default: none, the "
+                   "answer as the model wrote it.")
 @click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,
               help="Other conversations whose KV rows are kept aside for their next turn (a copy of their rows "
                    "each: on SmolLM2-135M ~46 KB a token); the oldest goes first.")
@@ -1475,10 +1528,16 @@ def _check_api_key(key: str | None) -> None:
                    "stream ends, logged as a client that left, and the next request gets the engines (a whole "
                    "answer, written once they are free, is dropped).")
 @template_kwargs_option
+@click.option("--tool-call-parser", type=click.Choice(PARSERS),
+              help="Parse the tool calls in chat answers to requests with 'tools' into OpenAI's tool_calls, as "
+                   "the model writes them (hermes: <tool_call> blocks, Qwen2.5 / Qwen3; llama3_json: a JSON call, "
+                   "Llama 3.1-3.3), as vLLM's --enable-auto-tool-choice --tool-call-parser. Default: none (such a "
+                   "request with tool_choice auto is a 400; tools are still rendered with tool_choice none).")
 @click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, reproducible, write_timeout, chat_template_kwargs, api_key) -> None:
+          isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser, reasoning_parser,
+          api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
@@ -1496,10 +1555,11 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     app = Server(engines_dir, governor, SamplingParams(temperature=temperature, coupled=reproducible), max_new_tokens,
                  model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
-    app.api_key, app.write_timeout = api_key, write_timeout
+    app.api_key, app.write_timeout, app.tool_call_parser = api_key, write_timeout, tool_call_parser
     # a request's model is checked against a name given with --model-name only: the default
     # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
     app.model_strict = bool(model_name)
+    app.reasoning = reasoning_parser
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
         folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
         app.model = Path(folder).name if folder else engines_dir.resolve().name
@@ -1509,6 +1569,10 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         # (it served, and answered every request 400 "text prompts need the target's tokenizer", a
         # completion of token ids too: an answer is text, its logprobs' tokens too)
         app.session.need_text("specrt serve answers in text and needs the target's tokenizer")
+        if tool_call_parser and (problem := parser_problem(app.session.text, tool_call_parser)):
+            raise UserError(problem)
+        if tool_call_parser and (note := tools_unread(app.session.text)):
+            click.echo(f"note: {note}", err=True)
         if chat_template_kwargs and app.session.text.chat_template is not None:
             # (variables the template refuses: it served, and answered every chat request 400 blaming the
             # client's 'messages', a walk, w72c; export renders a user's message so, without them)

@@ -77,11 +77,15 @@ def conversation_problem(v: Any) -> str | None:
     """None where ``v`` is a conversation: a non-empty list of objects with a string ``role``
     and a ``content`` that is a string or a list of text parts (OpenAI's ``{"type": "text",
     "text": ...}``, joined by ``joined``); else what is wrong, naming the message by its
-    index (``messages[i]``), or CONVERSATION where ``v`` holds no object at all."""
+    index (``messages[i]``), or CONVERSATION where ``v`` holds no object at all. An assistant
+    message that calls tools (a non-empty ``tool_calls`` list) may have no content, or a null
+    one, as OpenAI's clients send it (the template gets "", as vLLM gives it)."""
     if not isinstance(v, list) or not any(isinstance(m, dict) for m in v):
         return CONVERSATION
     for i, m in enumerate(v):
         content = m.get("content") if isinstance(m, dict) else None
+        if content is None and isinstance(m, dict) and isinstance(m.get("tool_calls"), list) and m["tool_calls"]:
+            content = ""
         if isinstance(content, list):
             for p in content:
                 if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
@@ -99,9 +103,10 @@ def is_messages(v: Any) -> bool:
 
 
 def joined(messages: list[dict]) -> list[dict]:
-    """A conversation with each message's text parts joined into one string content."""
-    return [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m["content"], list) else m
-            for m in messages]
+    """A conversation with each message's text parts joined into one string content (a tool
+    calling message's missing or null content: "")."""
+    return [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m.get("content"), list) else
+            {**m, "content": ""} if m.get("content") is None else m for m in messages]
 
 
 def read_prompt_file(path: Path, allow_ids: bool = True, lines: list[int] | None = None) -> list[dict[str, Any]]:

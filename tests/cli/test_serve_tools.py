@@ -1,0 +1,395 @@
+"""`specrt serve --tool-call-parser`: function calling (h75a). A request's ``tools`` reach
+the chat template, the tool calls the model writes come back as OpenAI's ``tool_calls``
+(whole and streamed), as vLLM's hermes and llama3_json parsers read them.
+
+The end-to-end tests run real engines of the bigram target (fixtures_models: its greedy
+next token a fixed function of the current one, the chain 3 -> 4 -> ... -> 15 -> 3) under a
+word-level tokenizer whose words along the chain spell a tool call, and a chat template of
+its own in Qwen3's hermes style: the last word of the prompt (the template's ``cue``)
+picks where on the chain the answer starts, a stop string where it ends."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from specrt.runtime.sampling import SamplingParams
+from specrt.tool_calls import Streamed, parse
+from tests.cli.test_serve import _post
+
+CALL = '{"name":"get_weather","arguments":{"city":"Paris"}}'  # hermes' call, one word
+LLAMA_CALL = '{"name":"get_weather","parameters":{"city":"Paris"}}'
+# the words by id: 3 .. 15 the bigram chain (after 15: 3 again); the answer after <|assistant|> (3)
+# is "Sure. <tool_call> CALL </tool_call> done ...", after "done" (8) LLAMA_CALL, after "end" (10) text
+WORDS = ["<unk>", "<|user|>", "<|tools|>", "<|assistant|>", "Sure.", "<tool_call>", CALL, "</tool_call>", "done",
+         LLAMA_CALL, "end", "Hello", "world", "!", "bye", "<|end|>"]
+# a tools-aware template written for these tests in the manner of Qwen3's (hermes): the tools' JSON
+# after <|tools|>, an assistant's calls as <tool_call> blocks, a tool's result in the user's turn
+TEMPLATE = (
+    "{%- if tools %}<|tools|> {% for t in tools %}{{ t | tojson }} {% endfor %}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls is defined %}<|assistant|> {{ m.content }} "
+    "{%- for c in m.tool_calls %}<tool_call> "
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+    " </tool_call> {% endfor %}"
+    "{%- elif m.role == 'tool' %}<|user|> <tool_response> {{ m.content }} </tool_response> "
+    "{%- else %}<|{{ m.role }}|> {{ m.content }} {% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ cue if cue is defined else '<|assistant|>' }}{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "weather in Paris?"}]
+
+
+def _calling(root, special: tuple[str, ...] = (), template: str = TEMPLATE, words: list[str] = WORDS):
+    """Engines in ``root``/"e" of the bigram target (no draft, depth 1, context 256) with ``words``'
+    tokenizer (``special``: words it marks special tokens) and ``template``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specrt.engines import build_engines
+    from specrt.export.export import export
+    from tests.fixtures_models import _bigram_target
+
+    t, _, _ = _bigram_target(root / "t", "llama", 1e-3)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(special))
+    tok.save(str(t / "tokenizer.json"))
+    (t / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    export(t, None, root / "x")
+    build_engines(root / "x", "onnxruntime", (1,), root / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=256)
+    return root / "e"
+
+
+@pytest.fixture(scope="module")
+def calling(tmp_path_factory):
+    return _calling(tmp_path_factory.mktemp("calling"))
+
+
+@pytest.fixture(scope="module")
+def servers(calling):
+    """Two servers of those engines: --tool-call-parser hermes and llama3_json ({name: url})."""
+    from specrt.cmd_serve import Server, make_server
+
+    out, stops = {}, []
+    for parser in ("hermes", "llama3_json"):
+        app = Server(calling, "off", SamplingParams(), 16, "tiny", log=lambda s: None)
+        app.tool_call_parser = parser
+        httpd = make_server(app, "127.0.0.1", 0)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        out[parser] = f"http://127.0.0.1:{httpd.server_address[1]}"
+        stops.append((httpd, app))
+    yield out
+    for httpd, app in stops:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
+
+
+def _chat(url: str, **body) -> tuple[int, dict | list]:
+    return _post(url, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, **body})
+
+
+def test_the_tools_reach_the_template_as_transformers_passes_them(calling):
+    """A request's tools are the template's ``tools`` (serve rendered every template with
+    none): the prompt holds their JSON, as transformers' apply_chat_template renders it; an
+    assistant's tool calls, arguments a JSON string as OpenAI sends them (content null), reach
+    the template as objects (vLLM's), and a tool's result with its tool_call_id."""
+    import transformers
+
+    from specrt.runtime.session import Session
+
+    hf = transformers.AutoTokenizer.from_pretrained(calling.parent / "t")
+    conv = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    as_objects = [*conv[:1], {**conv[1], "content": "", "tool_calls": [
+        {**conv[1]["tool_calls"][0], "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, conv[2]]
+    want = hf.apply_chat_template(as_objects, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert '<|tools|> {"type": "function", "function": {"name": "get_weather"' in want
+    assert '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>' in want
+    with Session(calling, governor="off") as s:
+        assert s.text.prompt_text(conv, True, tools=TOOLS) == want
+        assert s.text.prompt_text(conv, True) == hf.apply_chat_template(as_objects, tokenize=False,
+                                                                        add_generation_prompt=True)
+        ids = s.encode(conv, True, tools=TOOLS)
+    assert ids == s.text.ids_of(want, False) and len(ids) > len(s.text.ids_of(s.text.prompt_text(conv, True), False))
+
+
+def test_named_templates_render_the_tool_use_one_with_tools_as_transformers_does(tmp_path):
+    """tokenizer_config.json's named templates (Hermes 2 Pro's "default" and "tool_use"):
+    with tools the "tool_use" one renders, as transformers picks it; without, "default"."""
+    import transformers
+
+    from specrt.runtime.text import Text
+    from tests.runtime.test_text import _chat_folder
+
+    default = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}"
+    f = _chat_folder(tmp_path / "named", {"chat_template": [{"name": "default", "template": default},
+                                                             {"name": "tool_use", "template": TEMPLATE}]})
+    hf, text = transformers.AutoTokenizer.from_pretrained(f), Text(f)
+    for tools in (TOOLS, None):
+        want = hf.apply_chat_template(ASK, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert text.render_chat(ASK, tools=tools) == want
+    assert want == "user: weather in Paris? " and text.render_chat(ASK, tools=TOOLS).startswith("<|tools|> ")
+
+
+def test_an_answer_that_calls_a_tool_comes_back_as_tool_calls(servers):
+    """hermes: the model's <tool_call> block is a tool call (its arguments a JSON string),
+    the text before it the content, finish_reason "tool_calls"; the tools reached the prompt
+    (more prompt tokens than without them)."""
+    code, r = _chat(servers["hermes"], stop="done")
+    assert code == 200, r
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    assert ch["message"]["content"] == " Sure. "  # (a word-level decoder: a space before each word)
+    [call] = ch["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_") and len(call["id"]) > 10
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    code, plain = _post(servers["hermes"], "/v1/chat/completions", {"messages": ASK, "stop": "done"})
+    assert code == 200 and r["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 10
+    # without tools nothing is parsed: the same words are the content
+    assert plain["choices"][0]["message"] == {"role": "assistant",
+                                              "content": f" Sure. <tool_call> {CALL} </tool_call> "}
+    assert plain["choices"][0]["finish_reason"] == "stop"
+    # tool_choice none: the tools rendered (the same prompt), the answer not parsed
+    code, none = _chat(servers["hermes"], stop="done", tool_choice="none")
+    assert none["usage"]["prompt_tokens"] == r["usage"]["prompt_tokens"]
+    assert none["choices"][0] == {**plain["choices"][0], "index": 0}
+    # cut by max_tokens (the block whole, its end not reached): not a call, finish "length"
+    code, cut = _chat(servers["hermes"], max_tokens=3)
+    assert cut["choices"][0]["finish_reason"] == "length" and "tool_calls" not in cut["choices"][0]["message"]
+    assert cut["choices"][0]["message"]["content"] == f" Sure. <tool_call> {CALL}"
+
+
+def test_llama3_json_and_an_answer_without_a_call(servers):
+    """llama3_json: an answer that is a JSON call ("parameters") is a tool call, content null;
+    an answer of text keeps its content and finish_reason, no tool_calls."""
+    code, r = _chat(servers["llama3_json"], stop="end", chat_template_kwargs={"cue": "done"})
+    assert code == 200, r
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    assert [c["function"] for c in ch["message"]["tool_calls"]] == [{"name": "get_weather",
+                                                                     "arguments": '{"city": "Paris"}'}]
+    for url in servers.values():
+        code, r = _chat(url, stop="bye", chat_template_kwargs={"cue": "end"})
+        assert r["choices"][0]["message"] == {"role": "assistant", "content": " Hello world ! "}
+        assert r["choices"][0]["finish_reason"] == "stop"
+    # hermes' answer is no llama3_json call: text
+    code, r = _chat(servers["llama3_json"], stop="done")
+    assert r["choices"][0]["message"]["content"].startswith(" Sure. <tool_call>") and \
+        r["choices"][0]["finish_reason"] == "stop"
+
+
+def _streamed(events: list[dict], n: int = 1) -> list[dict]:
+    """Each choice's streamed content, tool calls (arguments joined by index, as OpenAI's
+    clients accumulate them) and finish_reason."""
+    out = [{"content": "", "tool_calls": {}, "finish_reason": None} for _ in range(n)]
+    for e in events:
+        for ch in e["choices"]:
+            o, d = out[ch["index"]], ch["delta"]
+            o["content"] += d.get("content") or ""
+            for c in d.get("tool_calls") or ():
+                have = o["tool_calls"].setdefault(c["index"], {"id": c.get("id"), "name": "", "arguments": ""})
+                have["name"] += c.get("function", {}).get("name") or ""
+                have["arguments"] += c.get("function", {}).get("arguments") or ""
+            o["finish_reason"] = ch["finish_reason"] or o["finish_reason"]
+    return out
+
+
+def test_a_streamed_tool_call_comes_as_tool_calls_deltas(servers):
+    """Streamed, n 2: the content until the block, never the block's text, then each choice's
+    call in a delta.tool_calls with its index and id, finish_reason "tool_calls"; llama3_json
+    sends no content at all for a call."""
+    code, events = _chat(servers["hermes"], stop="done", stream=True, n=2)
+    assert code == 200
+    for o in _streamed(events, 2):
+        assert o["content"] == " Sure. " and o["finish_reason"] == "tool_calls"
+        assert [(c["name"], c["arguments"]) for c in o["tool_calls"].values()] == [("get_weather", '{"city": "Paris"}')]
+        assert o["tool_calls"][0]["id"].startswith("call_")
+    assert not any("<tool" in (ch["delta"].get("content") or "") for e in events for ch in e["choices"])
+    code, events = _chat(servers["llama3_json"], stop="end", stream=True, chat_template_kwargs={"cue": "done"})
+    [o] = _streamed(events)
+    assert o["content"] == "" and o["finish_reason"] == "tool_calls" and len(o["tool_calls"]) == 1
+    code, events = _chat(servers["llama3_json"], stop="bye", stream=True, chat_template_kwargs={"cue": "end"})
+    assert _streamed(events) == [{"content": " Hello world ! ", "tool_calls": {}, "finish_reason": "stop"}]
+
+
+def test_the_openai_client_reads_the_tool_calls(servers):
+    """OpenAI's own client (where installed) parses the answer and accumulates the streamed
+    call."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=servers["hermes"] + "/v1", api_key="x")
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, stop="done")
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    with client.chat.completions.stream(model="tiny", messages=ASK, tools=TOOLS, stop="done") as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert final.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"tools": TOOLS}, "tool_choice", '"auto" tool choice requires --tool-call-parser'),
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", '"auto" tool choice requires --tool-call-parser'),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "required needs guided decoding"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "a named function needs guided decoding"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "'tool_choice' must be"),
+    ({"tools": {"type": "function"}}, "tools", "'tools' must be a list"),
+    ({"tools": [TOOLS[0], {"type": "code"}]}, "tools", "tools[1]: expected a function tool"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools", "tools[0].function.name: expected a non"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools",
+     "tools[0].function.parameters: expected a JSON Schema object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": 3}}], "tool_choice": "none"}, "tools",
+     "tools[0].function.description: expected a string"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "{nope"}}]}]}, "messages", "messages[1].tool_calls[0].function.arguments: not valid"),
+])
+def test_tools_a_server_cannot_honour_are_refused_naming_the_field(calling, body, param, words):
+    """Without --tool-call-parser, tools with tool_choice auto (the default with tools) are a
+    400 saying which option enables them (vLLM's answer); required / a named function need
+    guided decoding; a bad tool is named by its index; an assistant's call with arguments that
+    are not JSON named too."""
+    from specrt.cmd_serve import BadRequest, Server
+
+    app = Server(calling, "off", SamplingParams(), 4, "tiny", log=lambda s: None)
+    try:
+        with pytest.raises(BadRequest) as e:
+            app.parse({"messages": ASK, **body}, chat=True)
+        assert e.value.param == param and words in str(e.value), str(e.value)
+        app.parse({"messages": ASK, "tools": TOOLS, "tool_choice": "none"}, chat=True)  # (rendered, not parsed)
+    finally:
+        app.close()
+
+
+def test_the_parsers_over_texts():
+    """Both parsers over answers: several calls, text before, unicode, a last block cut
+    before its end tag, malformed JSON (all the text stays content, as vLLM's), a cut call."""
+    ids = set()
+
+    def calls(text, parser):
+        content, got = parse(text, parser)
+        ids.update(c["id"] for c in got)
+        assert all(c["type"] == "function" and c["id"].startswith("call_") for c in got)
+        return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got]
+
+    two = ('Let me look.\n<tool_call>\n{"name": "a", "arguments": {"q": "café ☕"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>')
+    assert calls(two, "hermes") == ("Let me look.\n", [("a", {"q": "café ☕"}), ("b", {})])
+    assert '"café ☕"' in parse(two, "hermes")[1][0]["function"]["arguments"]  # (not \\u escapes)
+    assert calls('<tool_call>{"name": "a", "arguments": {"x": 1}}', "hermes") == (None, [("a", {"x": 1})])
+    assert calls('<tool_call>{"name": "a"}</tool_call>', "hermes") == (None, [("a", {})])
+    for bad in ('ok <tool_call>{"name": "a", "arguments": {"x": 1</tool_call>',  # malformed
+                '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call><tool_call>{"arguments": {}}</tool_call>',
+                '<tool_call>{"name": "a", "arguments": {"x": ',  # cut
+                '<tool_call>["a"]</tool_call>', "no call here"):
+        assert parse(bad, "hermes") == (bad, []), bad
+    assert calls('<|python_tag|>{"name": "a", "parameters": {"x": "é"}}; {"name": "b", "arguments": {"y": [1]}}',
+                 "llama3_json") == (None, [("a", {"x": "é"}), ("b", {"y": [1]})])
+    assert calls(' {"name": "a", "parameters": {}} ', "llama3_json") == (None, [("a", {})])
+    for bad in ('{"name": "a", "parameters": {"x": 1}} and then text', 'Sure: {"name": "a", "parameters": {}}',
+                '{"name": "a", "parameters": {"x": 1}', '{"parameters": {}}', '{"name": "a", "parameters": 3}',
+                '{"name": "a", "parameters": {}, "arguments": {}}', "plain text", ""):
+        assert parse(bad, "llama3_json") == (bad, []), bad
+    assert len(ids) == 7  # (each call an id of its own)
+
+
+def test_streamed_text_is_held_only_where_a_call_may_begin():
+    """Streaming: text goes out as it comes except what may begin a call (a piece of
+    '<tool_call>' at the end; llama3_json: an answer starting with '{' or <|python_tag|>),
+    and the end sends the held text back where there was no call (malformed, or cut)."""
+    s = Streamed("hermes")
+    assert [s.push(0, p) for p in ("Hi <", "b> <tool", "_call>{\"name\": ", "\"f\"}</tool_call> x")] == \
+        ["Hi ", "<b> ", "", ""]
+    deltas, finish = s.end(0, "stop")
+    assert finish == "tool_calls" and deltas[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+    assert len(deltas) == 1 and deltas[0]["tool_calls"][0]["index"] == 0
+    s = Streamed("hermes")
+    assert [s.push(1, p) for p in ("a", "<tool_call>{bad", "</tool_call>")] == ["a", "", ""]
+    assert s.end(1, "stop") == ([{"content": "<tool_call>{bad</tool_call>"}], "stop")
+    s = Streamed("hermes")  # cut by max_tokens: what was held is content
+    assert s.push(0, 'x<tool_call>{"name": "f"}') == "x" and s.end(0, "length") == (
+        [{"content": '<tool_call>{"name": "f"}'}], "length")
+    s = Streamed("llama3_json")
+    assert [s.push(0, p) for p in (" ", "<|python", "_tag|>", '{"name": "f", "parameters": {}}')] == ["", "", "", ""]
+    deltas, finish = s.end(0, "stop")
+    assert finish == "tool_calls" and [list(d) for d in deltas] == [["tool_calls"]]
+    s = Streamed("llama3_json")
+    assert [s.push(0, p) for p in (" ", "The", " {answer}")] == ["", " The", " {answer}"]
+    assert s.end(0, "stop") == ([], "stop")
+    s = Streamed(None)  # no parser: as it comes
+    assert s.push(0, "<tool_call>") == "<tool_call>" and s.end(0, "length") == ([], "length")
+
+
+def test_hermes_is_refused_at_the_start_where_its_tags_are_special_tokens(tmp_path, monkeypatch):
+    """A tokenizer that marks <tool_call> special (an answer's text leaves special tokens out):
+    `serve --tool-call-parser hermes` refuses at its start, saying why, rather than serving
+    calls that would come back as bare JSON text; llama3_json is not concerned. A template
+    that reads no ``tools`` (SmolLM2's) is said at the start: the model never sees them."""
+    from click.testing import CliRunner
+
+    from specrt import cmd_serve
+    from specrt.cli import main
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+
+    eng = _calling(tmp_path, ("<tool_call>",), "{% for m in messages %}{{ m.content }} {% endfor %}<|assistant|>")
+    assert Text(eng / "export").decode([3, 4, 5]) == "<|assistant|> Sure."  # (the tag left out)
+
+    def make_server(*args):
+        raise UserError("it served")
+
+    monkeypatch.setattr(cmd_serve, "make_server", make_server)
+    r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off", "--tool-call-parser",
+                                  "hermes"])
+    assert r.exit_code == 1 and "--tool-call-parser hermes: the tokenizer marks <tool_call> as special tokens" \
+        in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off", "--tool-call-parser",
+                                  "llama3_json"])
+    assert r.exit_code == 1 and "it served" in r.output, r.output
+    assert "note: --tool-call-parser: the chat template (" in r.output and "reads no 'tools'" in r.output
+    r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off"])
+    assert r.exit_code == 1 and "it served" in r.output and "note" not in r.output, r.output  # (no parser: no note)
+
+
+def test_with_a_reasoning_parser_the_calls_are_parsed_from_the_answer_after_its_thinking(tmp_path):
+    """--reasoning-parser and --tool-call-parser together (session 75's two features, merged):
+    the thinking is taken out first and the calls parsed from what follows ``</think>``, as
+    vLLM orders its parsers; whole and streamed. The chain's "!" is ``</think>`` here: cued at
+    "end", the answer is " Hello world </think> bye ... Sure. <tool_call> CALL </tool_call> ";
+    without the reasoning parser its thinking was hermes' content before the call."""
+    from specrt.cmd_serve import Server, make_server
+
+    words = [("</think>" if w == "!" else w) for w in WORDS]
+    eng = _calling(tmp_path, words=words)
+    app = Server(eng, "off", SamplingParams(), 16, "tiny", log=lambda s: None)
+    app.tool_call_parser, app.reasoning = "hermes", "qwen3"
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        code, r = _chat(url, stop="done", chat_template_kwargs={"cue": "end"})
+        assert code == 200, r
+        ch = r["choices"][0]
+        assert ch["message"]["reasoning_content"] == " Hello world "
+        assert ch["message"]["content"] == " bye <|end|> <|assistant|> Sure. "
+        assert [c["function"]["name"] for c in ch["message"]["tool_calls"]] == ["get_weather"]
+        assert ch["finish_reason"] == "tool_calls"
+        code, events = _chat(url, stop="done", stream=True, chat_template_kwargs={"cue": "end"})
+        [o] = _streamed(events)
+        assert o["content"] == " bye <|end|> <|assistant|> Sure. " and o["finish_reason"] == "tool_calls"
+        assert [c["name"] for c in o["tool_calls"].values()] == ["get_weather"]
+        assert "".join(ch["delta"].get("reasoning_content") or "" for e in events for ch in e["choices"]) == \
+            " Hello world "
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
