@@ -254,6 +254,7 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
         width = RUNNER_UPS + 1 if s.engines.verifies_trees() else 1
         total = Telemetry()
         t0 = time.perf_counter()
+        held = set(hold_idx)
         for i, p in enumerate(ids):
             gov = RecordingGovernor(depths, K, width)
             s.generator.governor = gov
@@ -268,7 +269,12 @@ def calibrate(engines_dir: str | Path, prompts: Sequence[str | Sequence[int]], c
             r = len(gov.rounds)
             rounds = f"{r} round{'s' * (r != 1)}, tau {tel.tau:.2f}" if tel.draft_rounds else "no draft rounds"
             cut = "; the answer reached the engines' context" if endings[-1] == "context" else ""  # (not said)
-            log(f"prompt {i + 1}/{len(ids)}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, {rounds}{cut}")
+            # which prompt (`specrt calibrate`'s FILE:LINE) and whether held out: "prompt 5/6" alone named
+            # neither (h73a)
+            which = ([names[i]] if labels is not None else []) + (["held out"] if i in held else [])
+            which_said = f" ({', '.join(which)})" if which else ""
+            log(f"prompt {i + 1}/{len(ids)}{which_said}: {tel.new_tokens} token{'s' * (tel.new_tokens != 1)}, "
+                f"{rounds}{cut}")
         seconds = time.perf_counter() - t0
 
     train = [r for i in train_idx for r in per_prompt[i]]

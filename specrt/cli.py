@@ -410,7 +410,11 @@ def build(export_dir: Path, backend: str, depths, out: Path, precision, max_cont
                       draft_weights=draft_weights, target_head=target_head, profile_repeats=profile_repeats,
                       log=lambda s: click.echo(s, err=True))
     if not no_canary and m.get("draft_depth") and _has_draft(out):
-        _canary(out, verify=False)
+        try:
+            _canary(out, verify=False)
+        except UserError as e:  # (after "engines complete": an unwritable receipt read as a failed build, s68)
+            raise UserError(f"{e}; the engines in {out} are complete, without an acceptance receipt: "
+                            f"`specrt canary {out}` runs the canary again") from None
 
 
 def _has_draft(engines_dir: Path) -> bool:
@@ -777,8 +781,9 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 if st.get("finish_reason") == "context":
                     where = f"prompt {i + 1}: " if prompts_file is not None else ""
                     click.echo(f"[{where}stopped at the engines' context limit of {s.engines.max_context} tokens "
-                               f"after {len(st['output_token_ids'])} new tokens ({st['prompt_tokens']} in the "
-                               "prompt); `specrt build --max-context` sets the limit]", err=True)
+                               f"after {_count(len(st['output_token_ids']), 'new token')} "
+                               f"({st['prompt_tokens']} in the prompt); `specrt build --max-context` sets the limit]",
+                               err=True)
                 # merged and marked so in one step: a stop landing between the two counted the answer's
                 # tokens twice (cut_short merged it again)
                 both = copy.deepcopy(total)
@@ -873,9 +878,9 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
     if rej["outside_draft_vocab"]:  # a draft trained on other text than these prompts' shows it here
         trees += (f", {rej['outside_draft_vocab']} of {rej['rounds']} rejected drafts to tokens outside the "
                   "draft's vocabulary")
-    click.echo(f"[{stats['new_tokens']} tokens in {stats['seconds']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
-               f"first token after {stats['first_token_s']:.2f} s, {tau_words(stats)}, governor "
-               f"{governor}{trees}]", err=True)
+    click.echo(f"[{_count(stats['new_tokens'], 'token')} in {stats['seconds']:.2f} s: "
+               f"{stats['tokens_per_s']:.1f} tok/s, first token after {stats['first_token_s']:.2f} s, "
+               f"{tau_words(stats)}, governor {governor}{trees}]", err=True)
 
 
 def tau_words(stats: dict) -> str:
@@ -1056,10 +1061,11 @@ def chat(engines_dir: Path, system, chat_template_kwargs, max_new_tokens, govern
             answered += 1
             messages.append({"role": "assistant", "content": "".join(answer)})
             if s.generator.finished is not None and s.generator.finished.reason == "context":
-                click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens]",
-                           err=True)
+                # (with run's hint: chat's line said the limit only, session 70's context walk)
+                click.echo(f"[the answer stopped at the engines' context limit of {s.engines.max_context} tokens; "
+                           "`specrt build --max-context` sets the limit]", err=True)
             st = s.stats()
-            click.echo(f"[{st['new_tokens']} tokens, {st['tokens_per_s']:.1f} tok/s, {tau_words(st)}; "
+            click.echo(f"[{_count(st['new_tokens'], 'token')}, {st['tokens_per_s']:.1f} tok/s, {tau_words(st)}; "
                        f"{st['prefix_reused']} of {st['prompt_tokens']} prompt tokens reused]", err=True)
         if failed:
             raise EngineFailure(f"the engines failed {failed} of {failed + answered} turn(s) (each one's error above)")

@@ -1981,6 +1981,42 @@ def test_cli_build_options_reach_the_engines(tiny_export, tmp_path):
     assert m["onnxruntime_threads_default"] is True
 
 
+def test_a_build_whose_canary_receipt_cannot_be_written_says_the_engines_are_complete(tiny_export, tmp_path,
+                                                                                       monkeypatch):
+    """NOTES s68 (the full-disk walk, w68b): a disk filling after "engines complete: OUT", at
+    the canary's acceptance_receipt.json, said only "OUT/acceptance_receipt.json: cannot write
+    it (...)", exit 1, read as a failed build though the engines were whole and usable. The
+    file limit (RLIMIT_FSIZE, as w68b's ulimit) is set around the receipt's write alone: exit 1
+    still, the line now says the engines are complete and how to run the canary again."""
+    import resource
+
+    from click.testing import CliRunner
+
+    import specrt.runtime.canary as canary
+    from specrt.cli import main
+
+    write = canary.write_atomic
+
+    def full_disk(*args, **kwargs):
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, limits[1]))  # (SIGXFSZ is ignored: the write gets EFBIG)
+        try:
+            write(*args, **kwargs)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+
+    monkeypatch.setattr(canary, "write_atomic", full_disk)
+    out = tmp_path / "e"
+    r = CliRunner().invoke(main, ["build", str(tiny_export), "--depths", "1", "-o", str(out), "--profile-repeats", "1"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert (f"error: {out / 'acceptance_receipt.json'}: cannot write it (File too large); the engines in {out} are "
+            f"complete, without an acceptance receipt: `specrt canary {out}` runs the canary again") in r.output, r.output
+    assert not (out / "acceptance_receipt.json").exists() and (out / "engines.json").is_file()
+    monkeypatch.undo()
+    r = CliRunner().invoke(main, ["canary", str(out)])  # (as the line says: the engines load, the receipt is written)
+    assert r.exit_code == 0 and (out / "acceptance_receipt.json").is_file(), r.output
+
+
 # ---- mutation round of engines/build, plan and manifest (M-ids in the round's report) ----
 
 

@@ -407,7 +407,8 @@ def test_held_out_prompts_repeating_training_ones_and_answers_cut_at_the_context
     calibrate(eng, train, max_new_tokens=16, holdout_prompts=[[1, 2] * ((C - 8) // 2)], log=said.append, write=False)
     assert not any(x.startswith("note:") for x in said), said
     lines = [x for x in said if x.startswith("prompt ")]
-    assert lines[-1].startswith("prompt 4/4: ") and lines[-1].endswith("; the answer reached the engines' context")
+    assert lines[-1].startswith("prompt 4/4 (held out): ") and lines[-1].endswith("; the answer reached the engines' "
+                                                                               "context")
     assert not any("context" in x for x in lines[:-1]), lines
 
 
@@ -461,6 +462,28 @@ def test_a_prompt_line_says_one_round_as_one(small_vocab_engines, tmp_path):
               write=False, log=said.append)
     assert [x for x in said if x.startswith("prompt ")] == [f"prompt {i}/3: 3 tokens, 1 round, tau 1.00"
                                                             for i in (1, 2, 3)], said
+
+
+def test_a_prompt_line_names_the_prompt_s_file_line_and_whether_it_is_held_out(small_vocab_engines, tmp_path):
+    """NOTES s72-73 (h73a): each prompt's progress line said "prompt 5/6" only, neither the
+    FILE:LINE its errors name it by nor whether it was held out. `specrt calibrate` with a
+    held-out file: every line names its file and line, the held-out ones said so."""
+    eng = copy(small_vocab_engines, tmp_path / "engines")
+    pf, hf = tmp_path / "p.jsonl", tmp_path / "h.jsonl"
+    ps = prompts(16, 3, seed=1)
+    pf.write_text("\n".join(json.dumps({"prompt_ids": p}) for p in ps[:2]) + "\n")
+    hf.write_text(json.dumps({"prompt_ids": ps[2]}) + "\n")
+    r = CliRunner().invoke(cli(), ["calibrate", str(eng), "--prompts", str(pf), "--holdout-prompts", str(hf),
+                                   "--max-new-tokens", "16"])
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.startswith("prompt ")]
+    assert [x.split(": ")[0] for x in lines] == [f"prompt 1/3 ({pf}:1)", f"prompt 2/3 ({pf}:2)",
+                                                 f"prompt 3/3 ({hf}:1, held out)"], r.stderr
+    # the Python API, without labels: "prompt N" is already its name; the held-out ones said
+    said: list[str] = []
+    calibrate(eng, prompts(16, 4, seed=1), max_new_tokens=16, holdout=0.25, write=False, log=said.append)
+    lines = [x for x in said if x.startswith("prompt ")]
+    assert len(lines) == 4 and sum(" (held out): " in x for x in lines) == 1, said
 
 
 def test_coupled_sampling_is_a_mode_of_its_own(small_vocab_engines, tmp_path):

@@ -1964,6 +1964,19 @@ def test_run_says_when_the_context_limit_ends_an_answer(worded):
     assert r.exit_code == 0 and "context limit" not in r.output, r.output
 
 
+def test_the_context_limits_line_counts_one_new_token_as_one(worded):
+    """NOTES s70 (the context walk's F3): a prompt one short of the context (127 of 128) gets
+    one new token, said "after 1 new token", not "after 1 new tokens"; run's and chat's closing
+    lines count one token so too ("[1 tokens in ...", "[1 tokens, ...")."""
+    r = CliRunner().invoke(main, ["run", str(worded), "--prompt", " ".join(["w6"] * 127), "--max-new-tokens", "40",
+                                  "--governor", "off", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "context limit of 128 tokens after 1 new token (127 in the prompt)" in r.output, r.output
+    assert "[1 token in " in r.output, r.output
+    r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "1"], input="w1 w2\n\n")
+    assert r.exit_code == 0 and "[1 token, " in r.output, r.output
+
+
 def test_run_names_the_prompt_of_a_file_that_the_context_limit_cut(worded, tmp_path):
     """With --prompts the context line names which prompt was cut, counted from 1 as a
     person counts them (the second of two here: the first ends at --max-new-tokens)."""
@@ -2245,11 +2258,16 @@ def test_run_prints_the_text_of_the_tokens_into_a_pipe_too(controls, tmp_path):
     assert r.stdout == " " + Text(controls / "export").decode(ids) + "\n"  # (the text after the prompt's)
 
 
+# chat's line at the context (128 here), with run's hint since NOTES s70 (the context walk's F3:
+# chat's line said the limit only)
+CHAT_AT_CONTEXT = ("[the answer stopped at the engines' context limit of 128 tokens; `specrt build --max-context` "
+                   "sets the limit]")
+
+
 def test_chat_says_when_an_answer_stops_at_the_context_limit(worded):
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "200", "--governor", "off"],
                            input="w1 w2\n\n")
-    assert r.exit_code == 0 and "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, \
-        r.output
+    assert r.exit_code == 0 and CHAT_AT_CONTEXT in r.output, r.output
 
 
 def test_chat_says_nothing_of_the_context_when_an_answer_ends_at_eos(tmp_path):
@@ -2294,13 +2312,13 @@ def test_chat_keeps_a_quarter_of_the_context_for_an_answer_not_max_new_tokens(wo
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "60", "--governor", "off"],
                            input="w1 w2\nw3 w3 w3 w3 w3\n\n")  # (the second turn's prompt: 71 tokens)
     assert r.exit_code == 0 and "dropped" not in r.output, r.output
-    assert "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, r.output
+    assert CHAT_AT_CONTEXT in r.output, r.output
     # the second turn's prompt at 91 tokens: a quarter (32) still fits beside it, a third (42) would not
     # (mutant m71b-83: room a third of the context dropped the first turn)
     r = CliRunner().invoke(main, ["chat", str(worded), "--max-new-tokens", "60", "--governor", "off"],
                            input="w1 w2\n" + " ".join(["w3"] * 25) + "\n\n")
     assert r.exit_code == 0 and "dropped" not in r.output, r.output
-    assert "[the answer stopped at the engines' context limit of 128 tokens]" in r.output, r.output
+    assert CHAT_AT_CONTEXT in r.output, r.output
     assert "91 prompt tokens reused]" in r.output, r.output
 
 
@@ -2325,7 +2343,7 @@ def test_chat_skips_a_turn_that_fills_the_context_to_its_last_token(worded):
     assert r.exit_code == 0, r.output
     assert ("[this turn makes a prompt of 128 tokens; the engines' context limit is 128: skipped, the conversation "
             "goes on]") in r.output, r.output
-    assert r.output.count("[the answer stopped at the engines' context limit of 128 tokens]") == 1, r.output
+    assert r.output.count(CHAT_AT_CONTEXT) == 1, r.output
 
 
 def test_api_misuse_is_a_user_error(worded):
