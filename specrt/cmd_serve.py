@@ -81,6 +81,7 @@ from specrt.errors import EngineFailure, UserError, describe_os_error, json_prob
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
 from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
 from specrt.reasoning import PARSERS as REASONING_PARSERS
+from specrt.reasoning import tags_problem as reasoning_tags_problem
 from specrt.tool_calls import PARSERS, Streamed, ToolsRefused, parser_problem, request_tools, tools_unread
 from specrt.tool_calls import message as tool_message
 
@@ -155,7 +156,7 @@ SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "s
                  "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params",
                  "response_format"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                                 "add_special_tokens"},
+                                 "add_special_tokens", "include_reasoning"},
           False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
 
 
@@ -164,7 +165,7 @@ def _unsupported(body: dict, chat: bool, allowed=()) -> None:
         if v is None:  # null is the field left out, as vLLM's and OpenAI's request models read it
             continue
         if name in NOT_DONE:
-            raise BadRequest(f"'{name}' is not supported (got {v!r})", name)
+            raise BadRequest(f"'{name}' is not supported (got {v!r:.80})", name)
         if name not in FIELDS[chat] and name not in NEUTRAL:
             raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
     # vLLM's add_special_tokens: its defaults are what specrt does (chat: the template adds
@@ -176,7 +177,7 @@ def _unsupported(body: dict, chat: bool, allowed=()) -> None:
     for name, neutral in NEUTRAL.items():
         v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
-            raise BadRequest(f"'{name}' is not supported (got {v!r}; only {neutral[0]!r} or leaving it out)", name)
+            raise BadRequest(f"'{name}' is not supported (got {v!r:.80}; only {neutral[0]!r} or leaving it out)", name)
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise BadRequest(f"'response_format' {fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
@@ -555,6 +556,9 @@ class Server:
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
         _unsupported(body, chat, allowed=("echo",) if not chat else ("tools", "tool_choice"))
+        reasoned = body.get("include_reasoning")  # (vLLM's, default true: false drops --reasoning-parser's reasoning)
+        if reasoned is not None and not isinstance(reasoned, bool):
+            raise BadRequest(f"'include_reasoning' must be true or false; got {reasoned!r:.60}", "include_reasoning")
         try:  # (chat: function tools rendered by the template, calls parsed with --tool-call-parser)
             tools, tool_parser = request_tools(body, self.tool_call_parser) if chat else (None, None)
         except ToolsRefused as e:
@@ -645,6 +649,8 @@ class Server:
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop), "tool_parser": tool_parser,
+                "parallel": body.get("parallel_tool_calls") is not False,  # (false: the first call alone)
+                "include_reasoning": reasoned is not False,
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
                 "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
 
@@ -1182,7 +1188,7 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("thinking") is not None:  # (--reasoning-parser: each piece's thinking apart, reasoning.Apart)
             from specrt import reasoning
 
-            pieces = reasoning.Apart(pieces, req["thinking"])
+            pieces = reasoning.Apart(pieces, req["thinking"], req["include_reasoning"])
         formats: dict[int, Any] = {}  # choice -> its logprobs format (completions count text offsets a choice)
 
         def lp(i: int, entries: list[dict] | None, context: list[int] = ()):
@@ -1241,7 +1247,8 @@ class Handler(BaseHTTPRequestHandler):
             choices = []
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
-                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"))  # (its tool calls)
+                # (its tool calls)
+                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"), req.get("parallel", True))
                 choice = ({"index": i, "message": msg, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
@@ -1298,7 +1305,8 @@ class Handler(BaseHTTPRequestHandler):
                        **({"usage": usage} if req["usage_chunk"] else {}), **extra}
             write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
-        calls = Streamed(req.get("tool_parser"))  # (text that may begin a tool call held, the calls sent at the end)
+        # (text that may begin a tool call held, the calls sent at the end)
+        calls = Streamed(req.get("tool_parser"), req.get("parallel", True))
         try:
             item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
             while "usage" not in item:
@@ -1571,6 +1579,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
         app.session.need_text("specrt serve answers in text and needs the target's tokenizer")
         if tool_call_parser and (problem := parser_problem(app.session.text, tool_call_parser)):
             raise UserError(problem)
+        if reasoning_parser and (problem := reasoning_tags_problem(app.session.text, reasoning_parser)):
+            raise UserError(problem)  # (it served, and every answer came as reasoning, content null: w75f)
         if tool_call_parser and (note := tools_unread(app.session.text)):
             click.echo(f"note: {note}", err=True)
         if chat_template_kwargs and app.session.text.chat_template is not None:

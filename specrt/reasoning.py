@@ -48,6 +48,18 @@ def begins_thinking(parser: str, prompt_tail: str, template_kwargs: dict) -> boo
     return not (parser == "qwen3" and template_kwargs.get("enable_thinking") is False)
 
 
+def tags_problem(text, parser: str) -> str | None:
+    """Why ``parser`` could never find where the thinking ends in answers decoded by ``text``
+    (runtime.text.Text), or None: ``</think>`` made a special token, which an answer's text
+    leaves out (Text.decode), so every answer would be all reasoning, its content null (a
+    ``<think>`` special alone is harmless: the answer starts inside the block)."""
+    if not any(t.special and t.content == END for t in text.tokenizer.get_added_tokens_decoder().values()):
+        return None
+    return (f"--reasoning-parser {parser}: the tokenizer marks {END} as a special token, which an answer's text "
+            "leaves out, so the thinking's end could never be found and every answer would be all reasoning, "
+            "its content null (Qwen3's, DeepSeek-R1's and QwQ's tokenizers keep it as text)")
+
+
 def prompt_tail(text, ids: list[int]) -> str:
     """The text of a prompt's last tokens with its special ones (a template's ``<think>`` may
     be one; ``Text.decode`` leaves them out): enough for ``<think>\\n\\n</think>\\n\\n``."""
@@ -108,11 +120,12 @@ class Apart:
     whole answer's message (``fill``). A piece with nothing in either part (a tag, text held
     back) is not passed on; its logprob entries go with the choice's next item, so each
     token's entry is passed on once, in order. A choice's end passes on what was held back
-    first (text that began a tag none finished). An iterator of items; ``close`` closes
-    ``items``."""
+    first (text that began a tag none finished). ``include`` false (a request's
+    include_reasoning false, vLLM's): the reasoning is taken out and sent in neither. An
+    iterator of items; ``close`` closes ``items``."""
 
-    def __init__(self, items: Generator[dict, None, None], thinking: bool):
-        self.items, self.thinking = items, thinking
+    def __init__(self, items: Generator[dict, None, None], thinking: bool, include: bool = True):
+        self.items, self.thinking, self.include = items, thinking, include
         self.splitters: dict[int, Splitter] = {}
         self.unsent: dict[int, str] = {}  # choice -> reasoning not yet in a stream chunk
         self.reasoning: dict[int, str] = {}  # choice -> its reasoning so far
@@ -144,7 +157,7 @@ class Apart:
                 s = self.splitters.setdefault(i, Splitter(self.thinking))
                 reasoning, content = s.push(item["text"]) if "text" in item else s.flush()
                 self.reasoning[i] = self.reasoning.get(i, "") + reasoning
-                self.unsent[i] = self.unsent.get(i, "") + reasoning
+                self.unsent[i] = self.unsent.get(i, "") + (reasoning if self.include else "")
                 if "text" in item:
                     if reasoning or content:
                         yield {**item, "text": content, "logprobs": entries(i, item["logprobs"])}
@@ -174,6 +187,7 @@ class Apart:
         think block, content null where nothing followed ``</think>`` (or it never came)."""
         for c in choices:
             m = c["message"]
-            m["reasoning"] = m["reasoning_content"] = self.reasoning.get(c["index"], "") if self.thinking else None
+            m["reasoning"] = m["reasoning_content"] = (self.reasoning.get(c["index"], "") if self.thinking
+                                                       and self.include else None)
             if self.thinking and m.get("content") == "":
                 m["content"] = None

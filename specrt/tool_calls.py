@@ -5,7 +5,9 @@ OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
     hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Qwen2.5,
                  Qwen3, Hermes): the text before the first block is the content (null when
                  empty), the text after the last one is dropped; a last block cut before its
-                 </tool_call> counts where its JSON is whole
+                 </tool_call> counts where its JSON is whole; a block ends at the first
+                 </tool_call> after which its JSON is whole (one inside a string is text; vLLM's
+                 regex ends it at the first, and the answer is all content)
     llama3_json  an answer that is a JSON object {"name": ..., "parameters" (or "arguments"):
                  {...}}, or several joined by ";", optionally after <|python_tag|> (Llama 3.1-3.3
                  with their JSON tool-calling prompt): content null
@@ -134,11 +136,13 @@ def _hermes(text: str) -> list[dict] | None:
     if at < 0:
         return None
     while at >= 0:
-        end = text.find(END, at)
-        body = text[at + len(START):end if end >= 0 else len(text)]
-        call = _call(_json(body), "arguments")
-        if call is None:
-            return None
+        end, call = at, None
+        while call is None:  # the block ends at the first </tool_call> after which it is a call (the tag may be
+            # text inside one of its strings: "use </tool_call> to end"), or, last, at the text's end
+            end = text.find(END, end + 1) if end >= 0 else None
+            if end is None:
+                return None
+            call = _call(_json(text[at + len(START):end if end >= 0 else len(text)]), "arguments")
         calls.append(call)
         at = text.find(START, end) if end >= 0 else -1
     return calls
@@ -190,11 +194,13 @@ def _call(obj, *keys: str) -> dict | None:
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def message(content: str, finish: str, parser: str | None) -> tuple[dict, str]:
+def message(content: str, finish: str, parser: str | None, parallel: bool = True) -> tuple[dict, str]:
     """A whole chat answer's message and finish_reason: with ``parser``, its tool calls
     parsed out ("tool_calls" where there are some and the answer ended, not cut by
-    max_tokens); else the text as content."""
+    max_tokens; the first alone where not ``parallel``, the request's parallel_tool_calls
+    false, as vLLM drops the others); else the text as content."""
     content_of, calls = parse(content, parser) if parser is not None and finish == "stop" else (content, [])
+    calls = calls if parallel else calls[:1]
     if not calls:
         return {"role": "assistant", "content": content}, finish
     return {"role": "assistant", "content": content_of, "tool_calls": calls}, "tool_calls"
@@ -210,8 +216,8 @@ class Streamed:
     ``push`` a choice's piece, get the content to send now; ``end`` with its finish_reason,
     get the deltas still to send and the finish_reason to send."""
 
-    def __init__(self, parser: str | None):
-        self.parser = parser
+    def __init__(self, parser: str | None, parallel: bool = True):
+        self.parser, self.parallel = parser, parallel  # (parallel: message's)
         self.text: dict[int, str] = {}  # choice -> its answer so far
         self.sent: dict[int, int] = {}  # choice -> characters of it sent as content
         self.plain: set[int] = set()  # llama3_json: choices known not to be calls (they start otherwise)
@@ -238,7 +244,7 @@ class Streamed:
         if self.parser is None:
             return [], finish
         text, sent = self.text.get(i, ""), self.sent.get(i, 0)
-        msg, finish = message(text, finish, None if i in self.plain else self.parser)
+        msg, finish = message(text, finish, None if i in self.plain else self.parser, self.parallel)
         rest = (msg["content"] or "")[sent:]
         deltas = [{"content": rest}] if rest else []
         deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg.get("tool_calls", ()))]

@@ -301,3 +301,53 @@ def test_the_command_takes_the_option(thinking):
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=60) == 0
         p.stderr.close()
+
+
+def test_include_reasoning_false_drops_the_reasoning(thinking):
+    """vLLM's ``include_reasoning`` (default true; OpenRouter's and Groq's clients send it):
+    false takes the thinking out and sends it in neither field, whole (both null) nor streamed
+    (no reasoning delta, no empty chunk for its tokens), the content as with it; true or null
+    as left out; not a boolean: a 400 naming it. specrt refused the field as unrecognized (a
+    walk, w75f)."""
+    url, app = thinking
+    app.reasoning = "qwen3"
+    try:
+        want = _chat(url)["choices"][0]["message"]
+        assert want["reasoning"] and want["content"]
+        assert _chat(url, include_reasoning=True)["choices"][0]["message"] == want
+        m = _chat(url, include_reasoning=False)["choices"][0]["message"]
+        assert m == {**want, "reasoning": None, "reasoning_content": None}
+        deltas, last = _streamed(url, include_reasoning=False)
+        assert all(set(d) == {"content"} for d in deltas) and "".join(d["content"] for d in deltas) == want["content"]
+        assert last["choices"][0]["finish_reason"] == "length"
+        code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "include_reasoning": "no"})
+        assert code == 400 and r["error"]["param"] == "include_reasoning", r
+        app.reasoning = None  # (no parser: taken, nothing to drop)
+        assert _chat(url, include_reasoning=False)["choices"][0]["message"]["content"].startswith(" w7")
+    finally:
+        app.reasoning = None
+
+
+def test_a_tokenizer_whose_end_tag_is_special_is_refused_at_the_start(tmp_path, monkeypatch):
+    """A tokenizer that marks ``</think>`` special (an answer's text leaves special tokens out):
+    `serve --reasoning-parser` refuses at its start, saying why; it served, and every answer
+    came back all reasoning, its content null (a walk, w75f: " Hello world bye <|end|> " as
+    reasoning). Without the option it serves (the answer as written)."""
+    from specrt import cmd_serve
+    from specrt.cli import main
+    from specrt.errors import UserError
+    from tests.cli.test_serve_tools import WORDS, _calling
+
+    eng = _calling(tmp_path, ("</think>",), words=[("</think>" if w == "!" else w) for w in WORDS])
+
+    def make_server(*args):
+        raise UserError("it served")
+
+    monkeypatch.setattr(cmd_serve, "make_server", make_server)
+    for parser in ("qwen3", "deepseek_r1"):
+        r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off", "--reasoning-parser",
+                                      parser])
+        assert r.exit_code == 1 and f"--reasoning-parser {parser}: the tokenizer marks </think> as a special" \
+            in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off"])
+    assert r.exit_code == 1 and "it served" in r.output, r.output

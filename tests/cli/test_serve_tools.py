@@ -393,3 +393,54 @@ def test_with_a_reasoning_parser_the_calls_are_parsed_from_the_answer_after_its_
         httpd.shutdown()
         httpd.server_close()
         app.close()
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(servers):
+    """``parallel_tool_calls: false`` (LangGraph's and OpenAI's agents send it): the answer's
+    first call alone, whole and streamed, as vLLM drops the others (vllm-project/vllm#26233);
+    specrt took the field and sent every call (a walk, w75f). True or left out: all of them."""
+    from specrt.tool_calls import message
+
+    two = f'a <tool_call>{CALL}</tool_call> <tool_call>{LLAMA_CALL.replace("parameters", "arguments")}</tool_call>'
+    assert len(message(two, "stop", "hermes")[0]["tool_calls"]) == 2
+    msg, finish = message(two, "stop", "hermes", parallel=False)
+    assert finish == "tool_calls" and msg["content"] == "a " and len(msg["tool_calls"]) == 1
+    s = Streamed("hermes", parallel=False)
+    assert s.push(0, two) == "a "
+    deltas, finish = s.end(0, "stop")
+    assert finish == "tool_calls" and [d["tool_calls"][0]["index"] for d in deltas] == [0]
+    code, r = _chat(servers["hermes"], stop="done", parallel_tool_calls=False)  # (one call: the same answer)
+    assert code == 200 and r["choices"][0]["finish_reason"] == "tool_calls", r
+    assert len(r["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def test_a_refused_field_is_not_sent_back_whole(servers):
+    """A refused field's value is shown cut, not whole: 1 MB of tools sent to /v1/completions
+    (tools are chat's) or as chat's legacy ``functions`` came back as a 1 MB error message
+    (a walk, w75f: 1,093,039 bytes)."""
+    big = [{"type": "function", "function": {"name": f"f{i}", "description": "x " * 200}} for i in range(2000)]
+    assert len(json.dumps(big)) > 800_000
+    for path, body in (("/v1/completions", {"prompt": "hi", "tools": big}),
+                       ("/v1/chat/completions", {"messages": ASK, "functions": [t["function"] for t in big]})):
+        code, r = _post(servers["hermes"], path, body)
+        assert code == 400 and "is not supported (got [{" in r["error"]["message"], r
+        assert len(r["error"]["message"]) < 300, len(r["error"]["message"])
+
+
+def test_a_call_whose_arguments_hold_the_end_tag_is_a_call():
+    """hermes: a call whose JSON holds "</tool_call>" inside a string (an agent writing about the
+    format, code that parses it) ends at the first end tag after which its JSON is whole, whole
+    and streamed, the next block read after it; the whole answer came back as text, no call (a
+    walk, w75f). A block that no end tag makes whole stays malformed: all text."""
+    body = '{"name": "write", "arguments": {"text": "end a call with </tool_call>, then stop"}}'
+    text = f"ok <tool_call>\n{body}\n</tool_call>\n<tool_call>{CALL}</tool_call>"
+    content, calls = parse(text, "hermes")
+    assert content == "ok " and [json.loads(c["function"]["arguments"]) for c in calls] == [
+        {"text": "end a call with </tool_call>, then stop"}, {"city": "Paris"}]
+    s = Streamed("hermes")
+    assert s.push(0, text[:20]) + s.push(0, text[20:]) == "ok "
+    deltas, finish = s.end(0, "stop")
+    assert finish == "tool_calls" and [d["tool_calls"][0]["function"]["name"] for d in deltas] == ["write",
+                                                                                                     "get_weather"]
+    bad = '<tool_call>{"name": "a", "arguments": {"x": "</tool_call> y</tool_call>'
+    assert parse(bad, "hermes") == (bad, [])
