@@ -1,7 +1,7 @@
 """``specrt serve``: the engines behind an OpenAI-compatible HTTP endpoint.
 
     specrt serve ENGINES [--host 127.0.0.1] [--port 8000] [--governor auto] [--max-new-tokens 256]
-                         [--tool-call-parser hermes|llama3_json]
+                         [--tool-call-parser hermes|llama3_json] [--reasoning-parser qwen3|deepseek_r1]
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
@@ -855,7 +855,6 @@ class Handler(BaseHTTPRequestHandler):
         new connection (/health and POSTs 503, end_headers' "Connection: close"): closed
         unanswered, a load balancer's probe on a kept connection read no "stopping" (w74f). Once
         the stop has settled (Server.settle) the wait ends and no request is begun."""
-        self._sent_ahead()  # (the next request already here as the answer ends: pipelined)
         app = self.app
         with app.sent:
             if app.settled:  # (the stop no longer waits for an answer: none is begun)
@@ -905,6 +904,7 @@ class Handler(BaseHTTPRequestHandler):
         it closes its own a second before the hint, undici (Node's fetch) too."""
         if self.app.stopping:  # (the stop closes connections after their answer)
             self.close_connection = True
+        self._sent_ahead()  # (the next request here before this answer is: pipelined)
         if self.close_connection:
             self.send_header("Connection", "close")
         else:
@@ -1126,8 +1126,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _sent_ahead(self) -> bool:
         """Whether the client has pipelined: sent a request (part of one) before the answer to
-        the one before it, found read already behind the request being answered or waiting as
-        an answer ends (a look that does not wait). Once seen, kept for the connection."""
+        the one before it, found read already behind the request being answered or waiting
+        before an answer's head or a stream's last chunk is written (a look that does not wait;
+        looked for as the answer had ended, in _next_request, a request its client sent on
+        having the answer, before the thread got there, was taken for pipelined: r75i). Once
+        seen, kept for the connection."""
         if not self.pipelined:
             timeout = self.connection.gettimeout()
             try:
@@ -1277,6 +1280,8 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = self.close_connection or not chunked
 
         def write(data: bytes, end: bool = False) -> None:
+            if end:  # (a request sent while the stream went on, before its end: pipelined)
+                self._sent_ahead()
             self.wfile.write(b"%x\r\n%s\r\n%s" % (len(data), data, b"0\r\n\r\n" if end else b"") if chunked else data)
             self.wfile.flush()
 

@@ -114,7 +114,12 @@ def tools_unread(text) -> str | None:
 
     if text.tool_template is None:
         return None
-    env = _template(text.tool_template).environment
+    try:
+        env = _template(text.tool_template).environment
+    except UserError as e:  # (a named "tool_use" one, which export never renders: it said no file, r75i)
+        which = '"tool_use" chat template' if text.tool_template != text.chat_template else "chat template"
+        raise UserError(f"--tool-call-parser: {text.template_file}: the {which}, which requests with tools go "
+                        f"through: {str(e).removeprefix('chat template: ')}") from None
     if "tools" in jinja2.meta.find_undeclared_variables(env.parse(text.tool_template)):
         return None
     return (f"--tool-call-parser: the chat template ({text.template_file}) reads no 'tools': a request's tools "

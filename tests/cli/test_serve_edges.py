@@ -1195,3 +1195,43 @@ def test_a_body_refused_as_too_large_or_chunked_is_read_until_its_answer_is_had(
             except OSError as e:  # (a broken pipe or a reset while sending)
                 out = repr(e).encode()
             assert out.startswith(b"HTTP/1.1 " + status) and b"\r\nConnection: close\r\n" in out, out[:200]
+
+
+def test_a_request_sent_after_its_answer_is_not_taken_for_pipelined(worded, monkeypatch):  # noqa: F811
+    """r75i: a client that sends its next request only once it has its answer has not
+    pipelined, however soon it sends it: pipelining was looked for as the answer ended, in
+    _next_request, and a request that came before the server's thread got there (descheduled
+    after its write: with one other client on the engines, a kept connection's requests were
+    all taken for pipelined from its 3rd on, 200 of 200) marked the connection pipelined for
+    good, so a client closing it was no longer seen to leave (_client_gone): its request, left
+    while it waited for the engines, was run to its end. Looked for before the answer is
+    written now (end_headers; a stream's last chunk). The thread is held here after its answer
+    for 0.3 s, as a busy machine holds it."""
+    import socket
+    import time
+
+    from specrt import cmd_serve
+    from tests.cli.test_serve import _answers, _in_process
+
+    real = cmd_serve.Handler._next_request
+
+    def late(self):  # (the handler's thread descheduled as its answer ends)
+        time.sleep(0.3)
+        return real(self)
+
+    monkeypatch.setattr(cmd_serve.Handler, "_next_request", late)
+    body = json.dumps({"prompt": "w4 w2", "max_tokens": 40}).encode()
+    with _in_process(worded) as (app, httpd, url, logs):
+        with socket.create_connection(httpd.server_address, timeout=10) as c:
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            _answers(c, 1)
+            with app.lock:  # an answer in flight: the POST waits for the engines, and its client leaves
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                          % (len(body), body))
+                deadline = time.time() + 30
+                while app.metrics.waiting < 1 and time.time() < deadline:
+                    time.sleep(0.01)
+                c.close()
+        while not app.metrics.requests and time.time() < deadline + 30:
+            time.sleep(0.01)
+        assert app.metrics.requests == {("completions", 499): 1} and not logs, (app.metrics.requests, logs)

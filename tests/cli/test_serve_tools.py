@@ -444,3 +444,21 @@ def test_a_call_whose_arguments_hold_the_end_tag_is_a_call():
                                                                                                      "get_weather"]
     bad = '<tool_call>{"name": "a", "arguments": {"x": "</tool_call> y</tool_call>'
     assert parse(bad, "hermes") == (bad, [])
+
+
+def test_a_tool_use_template_that_is_not_jinja_is_said_at_the_start_naming_its_file(tmp_path, monkeypatch):
+    """r75i: a named "tool_use" template (which export does not render: it renders the default
+    one) that is not valid Jinja: `serve --tool-call-parser` refused at its start with "chat
+    template: not valid Jinja (line 1: ...)" alone, naming neither the option, the file nor
+    the template; now all three."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    broken = "{% for m in messages %}{{ m.content }{% endfor %}"
+    eng = _calling(tmp_path, (), [{"name": "default", "template": TEMPLATE}, {"name": "tool_use", "template": broken}])
+    r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off", "--tool-call-parser",
+                                  "hermes"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"error: --tool-call-parser: {eng / 'export' / 'tokenizer_config.json'}: the \"tool_use\" chat template, " \
+        "which requests with tools go through: not valid Jinja (line 1: " in r.output, r.output
