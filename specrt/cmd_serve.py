@@ -226,13 +226,22 @@ class _CompletionLogprobs:
     with ``logprobs`` 0 the sampled one alone), text_offset (where
     each token's text starts in the completion)}, chunk by chunk; ``context``: the prompt's
     tokens the completion's text is decoded after (Session.last_context; none with echo, whose
-    entries start with the prompt's: ``echoed`` of them); ``eos``: the ids an answer ends at."""
+    entries start with the prompt's: ``echoed`` of them); ``eos``: the ids an answer ends at;
+    ``echo_text``: an echoed text prompt as the request gave it, which the answer's text starts
+    with (its tokens' offsets are the tokenizer's into it, and the completion's count from its
+    end: they counted through the prompt's tokens' decoding, which differs from the text given
+    where it had two spaces, or a leading one: m75e's F2)."""
 
-    def __init__(self, text, context: list[int] = (), eos: Sequence[int] = (), echoed: int = 0):
+    def __init__(self, text, context: list[int] = (), eos: Sequence[int] = (), echoed: int = 0,
+                 echo_text: str | None = None):
         self.text, self.ids, self.decoded = text, [], ""  # decoded: the text of ids
         self.context = list(context)
         self.before = text.decode(self.context) if self.context else ""  # the context's text, decoded once
         self.eos, self.echoed, self.seen = set(eos), echoed, 0  # seen: the entries taken so far
+        self.echo_text, self.shift, self.starts = echo_text, 0, None  # shift: the completion's offsets' (echo_text)
+        if echo_text is not None:  # (the ids serve made of it: Text.ids_of, a raw prompt's)
+            enc = text.tokenizer.encode(echo_text, add_special_tokens=True)
+            self.starts = [a for a, _ in enc.offsets] if len(enc.ids) == echoed else None
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
         from specrt.runtime.text import completion_text
@@ -254,6 +263,13 @@ class _CompletionLogprobs:
             # between tokens; half a character has no text)
             upto = self.decoded = completion_text(self.text, self.ids, self.context, self.before)
             offsets.append(len(upto) - len(e["token"]) if upto.endswith(e["token"]) else len(before))
+            if self.echo_text is not None and self.seen <= self.echoed:
+                if self.starts is not None:
+                    offsets[-1] = self.starts[self.seen - 1]
+                if self.seen == self.echoed:
+                    self.shift = len(self.echo_text) - len(upto)
+            else:
+                offsets[-1] += self.shift
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 # logprobs 0 too: the sampled token's alone ("up to logprobs+1 elements", as vLLM's;
                 # it was null); a prompt token without a logprob (echo's first) null
@@ -753,8 +769,11 @@ class Server:
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
             done["partial"], done["first"] = True, i % req["n"] == 0
+            # (max_tokens 0 with echo, no logprobs: the prompt scored, its entries not sent; the stream's
+            # "0 only with prompt_logprobs" was the 400, naming prompt: m75e's F1)
+            scored = pl if pl is not None or req["max_new_tokens"][k] > 0 else 0
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl)
+                           logprobs=lp, prompt_logprobs=scored)
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
@@ -1198,8 +1217,10 @@ class Handler(BaseHTTPRequestHandler):
             if req["logprobs"] is None:
                 return None
             if i not in formats:
+                prompt = req["prompts"][i // req["n"]]
                 formats[i] = _chat_logprobs if chat else _CompletionLogprobs(
-                    app.session.text, context, app.session.eos, len(req["ids"][i // req["n"]]) if req["echo"] else 0)
+                    app.session.text, context, app.session.eos, len(req["ids"][i // req["n"]]) if req["echo"] else 0,
+                    prompt if req["echo"] and isinstance(prompt, str) else None)
             return formats[i](entries or [])
 
         try:

@@ -121,3 +121,38 @@ def test_a_waiter_that_waited_again_behind_a_later_one_still_gets_its_turn():
     first.join(timeout=10)
     later.join(timeout=10)
     assert order == ["first", "later"], order
+
+
+def test_echo_with_max_tokens_0_and_no_logprobs_answers_the_prompt(served):  # noqa: F811
+    """m75e's F1: the README has echo take max_tokens 0; without logprobs it was a 400 naming
+    'prompt' in the runtime's words ("max_new_tokens=0: expected >= 1"). It answers the prompt
+    alone, no logprobs, finish "length", 0 completion tokens (vLLM's)."""
+    url, _ = served
+    for stream in (False, True):
+        code, r = _post(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 0, "echo": True,
+                                                 "stream": stream})
+        assert code == 200, r
+        if stream:
+            text = "".join(c["text"] for e in r for c in e["choices"])
+            assert text == "w4 w2" and all(c.get("logprobs") is None for e in r for c in e["choices"])
+        else:
+            ch = r["choices"][0]
+            assert ch["text"] == "w4 w2" and ch["logprobs"] is None and ch["finish_reason"] == "length"
+            assert r["usage"]["completion_tokens"] == 0
+
+
+def test_echoed_text_offsets_point_into_the_text_as_sent(served):  # noqa: F811
+    """m75e's F2: with echo and logprobs, text_offset counted through the prompt's tokens'
+    decoding, which is not the prompt as sent where it had two spaces or a leading one: the
+    offsets from its second token on were one character out. Each token's text now starts at
+    its offset in the answer's text, the prompt's and the completion's."""
+    url, _ = served
+    for prompt in ("w4  w2", " w4 w2", "w4 w2"):
+        code, r = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 0})
+        assert code == 200, r
+        ch = r["choices"][0]
+        assert ch["text"].startswith(prompt)
+        lp = ch["logprobs"]
+        assert lp["tokens"] == ["w4", "w2", "w5", "w1"]  # (the word-level tokenizer's words)
+        for tok, at in zip(lp["tokens"], lp["text_offset"]):  # (before: [0, 3, 6, 9] for all three)
+            assert ch["text"][at:at + len(tok)] == tok, (prompt, tok, at, ch["text"])
