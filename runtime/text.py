@@ -110,7 +110,7 @@ class Text:
         return v if isinstance(v, str) else ""
 
     def render_chat(self, user: str | list[dict], template_kwargs: dict | None = None,
-                    chat_option: str = "chat=True", tools: list[dict] | None = None) -> str:
+                    chat_option: str = "chat=True", tools: list[dict] | None = None, generation: bool = True) -> str:
         """The chat template over one user message, or a conversation (``messages``:
         role/content objects, a system prompt and earlier turns included), then the
         assistant's turn. Rendered as transformers' ``apply_chat_template`` renders it
@@ -119,7 +119,9 @@ class Text:
         (function definitions, OpenAI's {"type": "function", "function": {...}} objects, as
         transformers passes them; with them a named "tool_use" template where there is one,
         as transformers picks it) and ``documents`` none), ``template_kwargs`` passed to the
-        template as variables (e.g. Qwen3's ``enable_thinking``). Without a chat template, a UserError naming what
+        template as variables (e.g. Qwen3's ``enable_thinking``); ``generation`` False leaves the
+        assistant's turn out (add_generation_prompt, `specrt serve`'s /tokenize). Without a chat
+        template, a UserError naming what
         asked for it: ``chat_option`` for a text (the API's ``chat=True``, the CLI's
         ``--chat``), or the conversation."""
         if self.chat_template is None:
@@ -135,7 +137,7 @@ class Text:
         try:
             return _template(self.chat_template if tools is None else self.tool_template).render(
                 messages=messages,
-                add_generation_prompt=True, **variables)
+                add_generation_prompt=generation, **variables)
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, ArithmeticError, LookupError,
                 RecursionError) as e:  # (a message of other types than the template expects fails in it; a
             # template's own sums, a macro calling itself and the sandbox's range limit were tracebacks)
@@ -215,9 +217,9 @@ class Text:
         return ids
 
     def prompt_text(self, prompt: str | list[dict], chat: bool, template_kwargs: dict | None = None,
-                    chat_option: str = "chat=True", tools: list[dict] | None = None) -> str:
+                    chat_option: str = "chat=True", tools: list[dict] | None = None, generation: bool = True) -> str:
         """The text ``encode`` tokenizes: the prompt checked, and rendered through the chat
-        template where it goes through it."""
+        template where it goes through it (``generation``: ``render_chat``'s)."""
         if not prompt and not (chat and isinstance(prompt, str)):  # ('' with --chat: a user turn with no text,
             # rendered as a conversation of one empty message is, and as transformers and vLLM render it)
             raise UserError("the prompt is empty")
@@ -229,7 +231,7 @@ class Text:
         if not isinstance(prompt, str):
             prompt = joined(prompt)
         chat = chat or not isinstance(prompt, str)
-        text = self.render_chat(prompt, template_kwargs, chat_option, tools) if chat else prompt
+        text = self.render_chat(prompt, template_kwargs, chat_option, tools, generation) if chat else prompt
         if (problem := not_text(text, "the prompt")) is not None:
             raise UserError(problem)
         return text

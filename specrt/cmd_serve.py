@@ -1,14 +1,17 @@
 """``specrt serve``: the engines behind an OpenAI-compatible HTTP endpoint.
 
     specrt serve ENGINES [--host 127.0.0.1] [--port 8000] [--governor auto] [--max-new-tokens 256]
-                         [--tool-call-parser hermes|llama3_json] [--reasoning-parser qwen3|deepseek_r1]
+                         [--tool-call-parser hermes|llama3_json [--enable-auto-tool-choice]]
+                         [--reasoning-parser qwen3|deepseek_r1]
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
+    POST /tokenize, /detokenize vLLM's: a prompt's or a conversation's token ids; ids -> their text
     GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits); HEAD too
+    GET  /version, /ping        vLLM's: specrt's version; /health's answer (/ping: POST too)
 
 Requests take ``max_tokens`` (or ``max_completion_tokens``; with the prompt past the
-engines' context: 400, as vLLM answers), ``temperature``, ``top_p``,
+engines' context: 400, as vLLM answers, a chat's tools' share said), ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop`` (a string or a list), ``stream`` (server-sent events, as
 OpenAI's, ending with ``data: [DONE]``; ``stream_options.include_usage`` adds the usage
 chunk, and with vLLM's ``continuous_usage_stats`` every chunk carries its choice's counts
@@ -22,7 +25,7 @@ draws follow the drafts, which follow the server's state); chat also takes
 ``--chat-template-kwargs``) and ``tools`` (function definitions, rendered by the template; with
 ``--tool-call-parser`` and ``tool_choice`` auto the answer's calls come back as ``tool_calls``,
 whole or streamed: specrt/tool_calls.py; without it such a request is a 400, as vLLM's without
---enable-auto-tool-choice); completions also take
+--enable-auto-tool-choice, a flag taken with --tool-call-parser and refused alone, as vLLM's); completions also take
 a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
 most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
@@ -55,7 +58,8 @@ only within one ``user`` and growth is off. The standard library's HTTP server, 
 HTTP/1.1 (a connection kept KEEP_ALIVE seconds, 5, for its next request; a stream sent
 chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint or behind a
 proxy, not for untrusted networks. Bad requests get HTTP 400 with OpenAI's error object
-naming the field; the server keeps serving.
+naming the field; the server keeps serving. /tokenize and /detokenize (Server.tokenize) use the
+tokenizer and the chat template alone, in the request's own thread: they wait for no answer.
 """
 
 from __future__ import annotations
@@ -160,14 +164,28 @@ FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logpr
           False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
 
 
-def _unsupported(body: dict, chat: bool, allowed=()) -> None:
+# /tokenize's and /detokenize's fields (vLLM's; its chat_template and processor kwargs refused as NOT_DONE)
+CHAT_ONLY = ("add_generation_prompt", "chat_template_kwargs", "tools")
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "return_token_strs",
+                   *CHAT_ONLY}
+DETOKENIZE_FIELDS = {"model", "tokens"}
+
+
+def _refuse_others(body, fields) -> None:
+    """400 for a body that is not an object, and for a field not in ``fields``: one specrt does
+    not do (NOT_DONE) or an unknown one, as OpenAI refuses it."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
     for name, v in body.items():
-        if v is None:  # null is the field left out, as vLLM's and OpenAI's request models read it
+        if v is None or name in fields:  # null is the field left out, as vLLM's and OpenAI's request models read it
             continue
         if name in NOT_DONE:
             raise BadRequest(f"'{name}' is not supported (got {v!r:.80})", name)
-        if name not in FIELDS[chat] and name not in NEUTRAL:
-            raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
+        raise BadRequest(f"Unrecognized request argument supplied: {name}", name)
+
+
+def _unsupported(body: dict, chat: bool, allowed=()) -> None:
+    _refuse_others(body, FIELDS[chat] | NEUTRAL.keys())
     # vLLM's add_special_tokens: its defaults are what specrt does (chat: the template adds
     # them, completions: the tokenizer), anything else is refused
     special = body.get("add_special_tokens")
@@ -579,12 +597,7 @@ class Server:
             tools, tool_parser = request_tools(body, self.tool_call_parser) if chat else (None, None)
         except ToolsRefused as e:
             raise BadRequest(str(e), e.param) from None
-        model = body.get("model")
-        if model is not None and self.model_strict and not _names(model, self.model):  # (left out or null: this server's one, as vLLM takes it)
-            # vLLM and OpenAI answer 404 for a model they do not serve: a client pointed at the
-            # wrong server or model learns it, rather than getting another model's answer
-            raise BadRequest(f"The model `{model}` does not exist (this server serves '{self.model}').", "model",
-                             status=404, code="model_not_found")
+        self._check_model(body)
         n = _number(body, "n", 1, int, 1, MAX_N)
         if len(prompts) * n > MAX_CHOICES:
             raise BadRequest(f"{len(prompts)} prompts x n {n} = {len(prompts) * n} choices; at most {MAX_CHOICES} a "
@@ -646,18 +659,28 @@ class Server:
 
         def check_length(n: int, least: bool) -> None:  # (a prompt surely past the context: the stream's error,
             if n >= limit:  # before the tokenizer's work, which took 32 s and 0.5 GB for a 4 MB request)
-                self.session.generator.check_length(n, max_new, logprobs if echo else None, least)
+                try:
+                    self.session.generator.check_length(n, max_new, logprobs if echo else None, least)
+                except UserError as e:  # (tools that pushed it past: "the prompt" blamed the messages alone)
+                    if not tools:
+                        raise
+                    raise UserError(str(e).replace("the prompt has", "the prompt (the messages and the tools' "
+                                                   "definitions) has", 1)) from None
 
+        messages = prompts[0]
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
-                prompts = [self.session.encode(prompts[0], True, template, check_length, tools)]
-            except UserError as e:  # (the template's file is the server's, not the client's to read)
-                msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
-                raise BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages") from None
+                prompts = [self.session.encode(messages, True, template, check_length, tools)]
+                if tools:  # (its count, past the bound: said with the tools, not left to the stream)
+                    check_length(len(prompts[0]), False)
+            except UserError as e:
+                raise self._template_refusal(e) from None
         ids = self._token_ids(prompts, check_length)  # (encoded once: the choices decode these)
         lengths = [len(x) for x in ids]
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
-            self._check_room(max(lengths), max_new, chat, name)
+            # (with tools: their share, found only for the refusal)
+            share = (lambda: lengths[0] - len(self.session.encode(messages, True, template))) if tools else None
+            self._check_room(max(lengths), max_new, chat, name, share)
             caps = [max_new] * len(prompts)
         else:  # the server's default, cut for each prompt where an asked-for one would be refused (it gave one
             caps = [min(max_new, limit - n) if n < limit else max_new for n in lengths]  # more)
@@ -678,17 +701,27 @@ class Server:
         except UserError as e:
             raise BadRequest(str(e), "prompt") from None
 
-    def _check_room(self, longest: int, max_new: int, chat: bool, name: str) -> None:
+    def _check_room(self, longest: int, max_new: int, chat: bool, name: str, tools_share=None) -> None:
         """400 when the longest prompt and the asked-for tokens exceed the engines' context
         (vLLM's and OpenAI's answer; a request that leaves max_tokens out gets the server's
         default, cut to the context with finish 'length'). A prompt with no room at all is
-        left to the session's own error."""
+        left to the session's own error. ``tools_share``: a chat request's tools' tokens, found
+        when called (the messages alone were blamed, where its tools took most of it)."""
         limit = self.session.engines.max_context
         if longest < limit and longest + max_new > limit:
+            where = "messages" if chat else "prompt"
+            counts = f"{longest} in the {where}"
+            if tools_share is not None:
+                try:
+                    share = tools_share()
+                except UserError:  # (the template refused the messages without their tools)
+                    share = 0
+                counts = f"{longest} in the messages and tools" + (
+                    f", {share} of them the tools' definitions" if share > 0 else "")
+                where = "messages, tools"
             raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
-                             f"{longest + max_new} tokens ({longest} in the {'messages' if chat else 'prompt'}, "
-                             f"{max_new} in the completion). Please reduce the length of the "
-                             f"{'messages' if chat else 'prompt'} or completion.", name)
+                             f"{longest + max_new} tokens ({counts}, {max_new} in the completion). Please reduce the "
+                             f"length of the {where} or completion.", name)
 
     def thinking(self, req: dict, body: dict) -> bool | None:
         """With --reasoning-parser, whether a chat request's answers start inside their think
@@ -702,6 +735,90 @@ class Server:
         s = self.session
         variables = {**s.chat_template_kwargs, **template_kwargs_of(body.get("chat_template_kwargs"), "chat_template_kwargs")}
         return reasoning.begins_thinking(self.reasoning, reasoning.prompt_tail(s.text, req["ids"][0]), variables)
+
+    def tokenize(self, body: Any) -> dict:
+        """POST /tokenize, vLLM's: a text ``prompt`` (the tokenizer's special tokens added unless
+        ``add_special_tokens`` false) or a conversation's ``messages`` through the chat template
+        (``add_generation_prompt``, ``chat_template_kwargs``, ``tools`` as a chat request's; no
+        special tokens added unless asked) -> its token ids, their count, the engines' context
+        and, with ``return_token_strs``, each token's piece. The tokenizer alone: no engines' lock."""
+        from specrt.runtime.text import not_text, template_kwargs_of
+
+        _refuse_others(body, TOKENIZE_FIELDS)
+        chat = body.get("messages") is not None
+        if chat == (body.get("prompt") is not None):
+            raise BadRequest("expected 'prompt' (a text) or 'messages' (a conversation), one of them", "prompt")
+        for k in CHAT_ONLY if not chat else ():
+            if body.get(k) is not None:
+                raise BadRequest(f"'{k}' applies to 'messages' (a 'prompt' goes through no chat template)", k)
+        self._check_model(body)
+        flags = {k: body.get(k) for k in ("add_special_tokens", "add_generation_prompt", "continue_final_message",
+                                          "return_token_strs")}
+        for k, v in flags.items():
+            if v is not None and not isinstance(v, bool):
+                raise BadRequest(f"'{k}' must be true or false; got {v!r:.60}", k)
+        if flags["continue_final_message"]:
+            raise BadRequest("'continue_final_message' is not supported (got True; only False or leaving it out)",
+                             "continue_final_message")
+        s, special = self.session, flags["add_special_tokens"]
+        special = (not chat) if special is None else special
+        if chat:
+            try:  # (checked as a chat request's, rendered as with tool_choice none)
+                tools = request_tools({"tools": body.get("tools"), "tool_choice": "none"}, None)[0]
+            except ToolsRefused as e:
+                raise BadRequest(str(e), e.param) from None
+            messages = _messages(body)
+            try:
+                variables = {**s.chat_template_kwargs,
+                             **template_kwargs_of(body.get("chat_template_kwargs"), "chat_template_kwargs")}
+            except UserError as e:
+                raise BadRequest(str(e), "chat_template_kwargs") from None
+            try:
+                text = s.text.prompt_text(messages, True, variables, tools=tools,
+                                          generation=flags["add_generation_prompt"] is not False)
+            except UserError as e:
+                raise self._template_refusal(e) from None
+        else:
+            text = body["prompt"]
+            if not isinstance(text, str):
+                raise BadRequest(f"'prompt' must be a string; got {text!r:.60}", "prompt")
+            if (problem := not_text(text, "'prompt'")) is not None:
+                raise BadRequest(problem, "prompt")
+        # (encode_batch lets the GIL go, encode held it: a 4 MB prompt stopped every other thread, an
+        # answer being made among them, for 4 s; the same ids)
+        ids = s.text.tokenizer.encode_batch([text], add_special_tokens=special)[0].ids
+        pieces = [s.text.tokenizer.id_to_token(i) for i in ids] if flags["return_token_strs"] else None
+        return {"count": len(ids), "max_model_len": s.engines.max_context, "tokens": ids, "token_strs": pieces}
+
+    def detokenize(self, body: Any) -> dict:
+        """POST /detokenize, vLLM's: ``tokens`` (ids of the tokenizer's vocabulary) -> their text
+        as ``prompt``, special tokens kept (as vLLM decodes it: /tokenize's ids of a conversation
+        give its template's text back)."""
+        _refuse_others(body, DETOKENIZE_FIELDS)
+        self._check_model(body)
+        ids, tok = body.get("tokens"), self.session.text.tokenizer
+        if not isinstance(ids, list):
+            raise BadRequest(f"'tokens' must be a list of token ids; got {ids!r:.60}", "tokens")
+        for i, t in enumerate(ids):
+            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 32 and tok.id_to_token(t)):
+                raise BadRequest(f"tokens[{i}]: {t!r:.40} is not a token id of the tokenizer's vocabulary (0 to "
+                                 f"{tok.get_vocab_size() - 1})", "tokens")
+        return {"prompt": tok.decode_batch([ids], skip_special_tokens=False)[0]}  # (the GIL let go, as tokenize's)
+
+    def _check_model(self, body: dict) -> None:
+        """A request's ``model`` where it names another than the served one (with --model-name): 404,
+        as vLLM and OpenAI answer (left out or null: this server's one, as vLLM takes it)."""
+        model = body.get("model")
+        if model is not None and self.model_strict and not _names(model, self.model):
+            # a client pointed at the wrong server or model learns it, rather than getting another model's answer
+            raise BadRequest(f"The model `{model}` does not exist (this server serves '{self.model}').", "model",
+                             status=404, code="model_not_found")
+
+    def _template_refusal(self, e: UserError) -> BadRequest:
+        """A chat template's refusal of a conversation, as the client's 400 on ``messages`` (the
+        template's file is the server's, not the client's to read)."""
+        msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
+        return BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages")
 
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
@@ -813,8 +930,10 @@ class Server:
                    "tokens": n_out}
 
 
-GET_PATHS = ("/v1/models", "/models", "/health", "/metrics")
-POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+GET_PATHS = ("/v1/models", "/models", "/health", "/metrics", "/version", "/ping")
+POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/tokenize",
+              "/detokenize", "/ping")
+OPEN_PATHS = ("/health", "/ping", "/version", "/metrics")  # answered without --api-key's key
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -974,9 +1093,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorised(self) -> bool:
         """With ``--api-key`` (Server.api_key), the /v1 paths need ``Authorization: Bearer KEY``
-        (as OpenAI's clients send it); /health and /metrics stay open."""
+        (as OpenAI's clients send it), /tokenize and /detokenize too (vLLM's key guards only /v1:
+        they were open there); OPEN_PATHS stay open."""
         key = self.app.api_key
-        if not key or self.route in ("/health", "/metrics"):
+        if not key or self.route in OPEN_PATHS:
             return True
         import hmac
 
@@ -1018,9 +1138,10 @@ class Handler(BaseHTTPRequestHandler):
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
         self._discard_body()
         route = self.route
-        allow = ("GET, HEAD" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else
-                 "POST" if route in POST_PATHS else None)
-        if allow is None:
+        got = ("GET, HEAD" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else "",
+               "POST" if route in POST_PATHS else "")
+        allow = ", ".join(m for m in got if m)
+        if not allow:
             return self._error(BadRequest(f"no such path: {self.command} {self.path}", status=404))
         method = "GET" if self.command == "HEAD" else self.command  # (HEAD: GET's answer, Content-Length too)
         self._send_json(405, {"error": {"message": f"{method} {route}: this path takes {allow}",
@@ -1049,10 +1170,14 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
                                               "model", status=404, code="model_not_found"))
             self._send_json(200, model)
+        elif route in ("/health", "/ping"):  # (vLLM's /ping, SageMaker's probe: /health's answer)
+            self._health()
+        elif route == "/version":  # (vLLM's: which server this is)
+            from specrt import __version__
+
+            self._send_json(200, {"version": __version__})
         elif route in POST_PATHS:
             self._not_allowed()
-        elif route == "/health":  # (503 while stopping: a load balancer sends no more requests here)
-            self._send_json(*((503, {"status": "stopping"}) if self.app.stopping else (200, {"status": "ok"})))
         elif route == "/metrics":
             data = self.app.metrics.render().encode()
             self.send_response(200)
@@ -1064,15 +1189,23 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._error(BadRequest(f"no such path: GET {self.path}", status=404))
 
+    def _health(self) -> None:
+        """/health's answer (503 while stopping: a load balancer sends no more requests here)."""
+        self._send_json(*((503, {"status": "stopping"}) if self.app.stopping else (200, {"status": "ok"})))
+
     def do_POST(self):
         self._arrived = time.perf_counter()
         if not self._authorised():
             return
         path = self.route
+        if path == "/ping":  # (vLLM takes a POST too)
+            self._discard_body()
+            return self._health()
         chat = path in ("/v1/chat/completions", "/chat/completions")
-        if not chat and path not in ("/v1/completions", "/completions"):
+        tokens = path in ("/tokenize", "/detokenize")  # (vLLM's, at the root as there)
+        if not chat and not tokens and path not in ("/v1/completions", "/completions"):
             return self._not_allowed()
-        self._endpoint = "chat" if chat else "completions"
+        self._endpoint = path[1:] if tokens else "chat" if chat else "completions"
         try:
             if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
                 raise BadRequest("a chunked body is not read here: send the JSON body with a Content-Length",
@@ -1108,6 +1241,11 @@ class Handler(BaseHTTPRequestHandler):
             except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (ValueError: a JSONDecodeError, or
                 # an integer past Python's digit limit for str -> int)
                 raise BadRequest(f"the request body is not valid JSON ({json_problem(e)})") from None
+            if tokens:  # the tokenizer alone, in this request's thread: no wait behind an answer being made
+                if self.app.stopping:
+                    raise BadRequest("the server is shutting down", status=503)
+                return self._send_json(200, self.app.tokenize(body) if path == "/tokenize" else
+                                       self.app.detokenize(body))
             req = self.app.parse(body, chat)
             req["thinking"] = self.app.thinking(req, body)  # (--reasoning-parser)
         except BadRequest as e:
@@ -1567,19 +1705,28 @@ def _check_api_key(key: str | None) -> None:
                    "the model writes them (hermes: <tool_call> blocks, Qwen2.5 / Qwen3; llama3_json: a JSON call, "
                    "Llama 3.1-3.3), as vLLM's --enable-auto-tool-choice --tool-call-parser. Default: none (such a "
                    "request with tool_choice auto is a 400; tools are still rendered with tool_choice none).")
+@click.option("--enable-auto-tool-choice", is_flag=True,
+              help="vLLM's flag, taken so that its command lines serve: --tool-call-parser alone turns auto tool "
+                   "choice on here, and with it this flag changes nothing; without --tool-call-parser it is refused, "
+                   "as vLLM refuses it.")
 @click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on /v1 requests "
-              "(default: $SPECRT_API_KEY; none: open). /health and /metrics stay open.")
+              "and /tokenize, /detokenize (default: $SPECRT_API_KEY; none: open). /health, /ping, /version "
+              "and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser, reasoning_parser,
-          api_key) -> None:
+          isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser, enable_auto_tool_choice,
+          reasoning_parser, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
-    /v1/completions, /v1/models; /metrics for Prometheus), one stream at a time, each conversation's next turn
+    /v1/completions, /v1/models; /metrics for Prometheus; vLLM's /tokenize, /detokenize, /version,
+    /ping), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.text import not_text
 
     _check_api_key(api_key)
+    if enable_auto_tool_choice and not tool_call_parser:  # (as vLLM answers; the flag was "no such option")
+        raise UserError(f"--enable-auto-tool-choice needs --tool-call-parser ({' or '.join(PARSERS)}, as the "
+                        "model writes its calls), as vLLM's does")
     if model_name is not None and not model_name.strip():  # (it served as the folder's name, unchecked)
         raise UserError("--model-name: expected a non-empty name")
     # a byte that was not UTF-8 (`$'m\xe9'` from a Latin-1 terminal) was served as 'm\udce9', listed so in

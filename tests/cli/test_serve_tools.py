@@ -462,3 +462,54 @@ def test_a_tool_use_template_that_is_not_jinja_is_said_at_the_start_naming_its_f
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert f"error: --tool-call-parser: {eng / 'export' / 'tokenizer_config.json'}: the \"tool_use\" chat template, " \
         "which requests with tools go through: not valid Jinja (line 1: " in r.output, r.output
+
+
+def _wordy(words: int) -> list[dict]:
+    """TOOLS with a description of ``words`` words (a token each: the test tokenizer's <unk>)."""
+    return [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": "x " * words}}]
+
+
+def test_tools_that_push_the_prompt_past_the_context_are_said_with_the_messages(servers, calling):
+    """A chat request whose tools take the prompt past the context (w75f): its 400 blamed the
+    messages alone ("the prompt has 300 tokens", "240 in the messages"), where the client's
+    messages were a few words and its tools' definitions the rest; now the tools are named, with
+    their share where the prompt was counted (param as before: messages, OpenAI's for the
+    prompt; max_tokens for the room asked)."""
+    from specrt.runtime.session import Session
+
+    url = servers["hermes"]
+    code, r = _chat(url, tools=_wordy(300))
+    assert code == 400 and r["error"]["param"] == "messages", r
+    assert "the prompt (the messages and the tools' definitions) has" in r["error"]["message"], r
+    tools = _wordy(150)
+    with Session(calling, governor="off") as s:
+        whole, alone = len(s.encode(ASK, True, tools=tools)), len(s.encode(ASK, True))
+    assert alone < 20 < whole - alone and whole < 256 - 16
+    code, r = _chat(url, tools=tools, max_tokens=256 - whole + 1)
+    assert code == 400 and r["error"]["param"] == "max_tokens", r
+    assert f"({whole} in the messages and tools, {whole - alone} of them the tools' definitions, " \
+           f"{256 - whole + 1} in the completion). Please reduce the length of the messages, tools or completion." \
+        in r["error"]["message"], r
+    # /tokenize counts what the request would (the tools rendered), for a client to fit it first
+    code, r = _post(url, "/tokenize", {"messages": ASK, "tools": tools})
+    assert code == 200 and r["count"] == whole and r["max_model_len"] == 256, r
+
+
+def test_vllms_enable_auto_tool_choice_is_taken_with_a_parser_and_refused_alone(calling):
+    """`--enable-auto-tool-choice`, copied from a vLLM command line with --tool-call-parser: was
+    "No such option" (exit 1); now it changes nothing there (the run goes on to the listen, which
+    fails on an address no socket takes), and alone it is refused naming --tool-call-parser, as
+    vLLM refuses it."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(calling), "--enable-auto-tool-choice"])
+    assert r.exit_code == 1 and "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json" \
+        in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", str(calling), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+                                  "--host", "256.0.0.1"])
+    assert r.exit_code == 1 and "--host '256.0.0.1'" in r.output and "cannot listen there" in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--help"])
+    assert "--enable-auto-tool-choice" in r.output and "without --tool-call-parser it is refused" in \
+        " ".join(r.output.split()), r.output
