@@ -208,7 +208,9 @@ class Text:
         last = self._last_ids
         if last is not None and last[0] == raw and last[1] == text:
             return last[2].tolist()
-        ids = self.tokenizer.encode(text, add_special_tokens=raw).ids
+        # (encode_batch lets the interpreter's lock go, encode held it: serve's other threads, an answer
+        # being made among them, stopped while a long prompt was tokenized; the same ids)
+        ids = self.tokenizer.encode_batch([text], add_special_tokens=raw)[0].ids
         if not ids and not raw:  # (said "the prompt is empty" of a conversation that was not, naming no template)
             raise UserError(f"{self.template_file}: chat template: rendered the conversation as an empty prompt")
         # (a prompt of the whole context leaves no room for the answer's first token: refused too)

@@ -200,3 +200,36 @@ def test_a_long_prompt_tokenized_stops_no_other_thread(app_url):
     assert code == 200 and r["count"] == 1 << 20 and r["tokens"][:3] == [0, 1, 2]
     print(f"[/tokenize of {len(words)} bytes: {took:.2f} s, the longest another thread waited {max(gaps):.3f} s]")
     assert max(gaps) < took / 2, (max(gaps), took)
+
+
+def test_a_long_completion_prompt_tokenized_stops_no_other_thread(app_url):
+    """h75j's leftover: a completion's or chat's prompt was tokenized with ``encode``
+    (Text.ids_of), which holds the interpreter's lock: a long prompt (one the context then
+    refuses, where the tokenizer gives no bound to refuse it before) stopped every other
+    thread, an answer being made among them, while it was tokenized. ``encode_batch`` lets
+    it go, as /tokenize's (the same ids)."""
+    _, url = app_url
+    words = " ".join(f"w{i % 16}" for i in range(1 << 20))
+    gaps, done = [], threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    t = threading.Thread(target=tick)
+    t.start()
+    t0 = time.perf_counter()
+    try:
+        code, r = _post(url, "/v1/completions", {"prompt": words, "max_tokens": 1})
+    finally:
+        took = time.perf_counter() - t0
+        done.set()
+        t.join()
+    assert code == 400 and "context" in r["error"]["message"], r  # (tokenized, then refused)
+    print(f"[a completion of {len(words)} bytes refused in {took:.2f} s, the longest another thread waited "
+          f"{max(gaps):.3f} s]")
+    assert max(gaps) < took / 2, (max(gaps), took)
