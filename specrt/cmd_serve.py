@@ -656,11 +656,14 @@ class Server:
         except UserError as e:
             raise BadRequest(str(e), "chat_template_kwargs") from None
         limit = self.session.engines.max_context
+        # (the prompt's scoring as complete() asks for it: echo with max_tokens 0 and no logprobs scores it too;
+        # None here said "max_new_tokens=0: expected >= 1" of a prompt of the whole context or past it: r75l)
+        scored = (logprobs if logprobs is not None or max_new > 0 else 0) if echo else None
 
         def check_length(n: int, least: bool) -> None:  # (a prompt surely past the context: the stream's error,
             if n >= limit:  # before the tokenizer's work, which took 32 s and 0.5 GB for a 4 MB request)
                 try:
-                    self.session.generator.check_length(n, max_new, logprobs if echo else None, least)
+                    self.session.generator.check_length(n, max_new, scored, least)
                 except UserError as e:  # (tools that pushed it past: "the prompt" blamed the messages alone)
                     if not tools:
                         raise

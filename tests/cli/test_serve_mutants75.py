@@ -3,7 +3,7 @@ found unpinned (session 75, m75e: each test fails on its mutant, passes on the c
 from __future__ import annotations
 
 from tests.cli.test_serve import _post, served  # noqa: F401
-from tests.runtime.test_text import worded  # noqa: F401
+from tests.runtime.test_text import bytewise, worded  # noqa: F401
 
 
 def test_an_empty_string_prompt_is_refused_as_an_empty_list_is(served):  # noqa: F811
@@ -156,3 +156,22 @@ def test_echoed_text_offsets_point_into_the_text_as_sent(served):  # noqa: F811
         assert lp["tokens"] == ["w4", "w2", "w5", "w1"]  # (the word-level tokenizer's words)
         for tok, at in zip(lp["tokens"], lp["text_offset"]):  # (before: [0, 3, 6, 9] for all three)
             assert ch["text"][at:at + len(tok)] == tok, (prompt, tok, at, ch["text"])
+
+
+def test_echo_with_max_tokens_0_and_no_logprobs_takes_a_prompt_of_the_whole_context(bytewise):  # noqa: F811
+    """A review (r75l) of m75e's F1 mend: with a tokenizer whose prompts are bounded before they
+    are tokenized (byte-level BPE, ``Text.least_tokens``), echo with max_tokens 0 and no logprobs
+    still said "max_new_tokens=0: expected >= 1" of a prompt of the whole context (128 tokens,
+    answered with logprobs 0) and of one past it. The prompt of 128 is answered, the one of 129
+    refused for the context, as with logprobs."""
+    from tests.cli.test_serve_tokenize import _server
+
+    with _server(bytewise) as (_, url):
+        for lp in ({}, {"logprobs": 0}):
+            code, r = _post(url, "/v1/completions", {"prompt": " xylophone" * 128, "max_tokens": 0, "echo": True,
+                                                     **lp})
+            assert code == 200 and r["usage"]["prompt_tokens"] == 128, (lp, r)
+            assert r["choices"][0]["text"] == " xylophone" * 128
+            code, r = _post(url, "/v1/completions", {"prompt": " xylophone" * 129, "max_tokens": 0, "echo": True,
+                                                     **lp})
+            assert code == 400 and "context limit is 128" in r["error"]["message"], (lp, r)

@@ -4387,18 +4387,34 @@ def test_a_prompt_files_bad_line_is_said_in_full_and_only_text_parts_of_text_are
                             "a string 'role' and a string (or text parts) 'content'")
 
 
+def on_tokenizing(monkeypatch, seen) -> None:
+    """``seen(text)`` called for each text the tokenizer is asked for, through ``encode`` or
+    ``encode_batch`` (Text.ids_of's since e8be517: the guards and counts that patched ``encode``
+    alone saw none of its texts, three failing and the rest unable to fail: r75l)."""
+    from tokenizers import Tokenizer
+
+    encode, batch = Tokenizer.encode, Tokenizer.encode_batch
+
+    def one(self, text, *a, **k):
+        seen(text)
+        return encode(self, text, *a, **k)
+
+    def many(self, texts, *a, **k):
+        for text in texts:
+            seen(text)
+        return batch(self, texts, *a, **k)
+
+    monkeypatch.setattr(Tokenizer, "encode", one)
+    monkeypatch.setattr(Tokenizer, "encode_batch", many)
+
+
 def tokenize_small_texts_only(monkeypatch, what: str = "prompt") -> None:
     """The tokenizer made to fail a test that tokenizes a text of 10 000 characters or more (a
     huge ``what``, which a lower bound on its tokens must refuse first); shorter texts as before."""
-    from tokenizers import Tokenizer
-
-    encode = Tokenizer.encode
-
-    def small(self, text, *a, **k):
+    def small(text) -> None:
         assert len(text) < 10_000, f"a huge {what} was tokenized"
-        return encode(self, text, *a, **k)
 
-    monkeypatch.setattr(Tokenizer, "encode", small)
+    on_tokenizing(monkeypatch, small)
 
 
 def _bytewise(t) -> None:
@@ -4431,8 +4447,6 @@ def test_a_text_prompt_surely_past_the_context_is_refused_before_it_is_tokenized
     (a 5 MB line took a minute and 1.5 GB to be tokenized, then refused; session 71's F4); the
     bound never refuses a prompt that fits: 127 of the longest token (127 tokens, the most a
     context of 128 takes) is answered, 128 of them refused, at least 128."""
-    from tokenizers import Tokenizer
-
     from specrt.runtime.session import Session
 
     longest = " xylophone"
@@ -4442,16 +4456,15 @@ def test_a_text_prompt_surely_past_the_context_is_refused_before_it_is_tokenized
         with pytest.raises(UserError, match=r"^the prompt has at least 128 tokens; the engines' context limit is 128 "
                                              r"\(a prompt of at most 127, leaving room for a new token\)$"):
             s.check_prompt(longest * 128)
-        encode = Tokenizer.encode
-        monkeypatch.setattr(Tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
         huge = "hello world " * 100_000  # 1.2 MB
-        for call in (lambda: s.check_prompt(huge), lambda: s.stream(huge, max_new_tokens=1),
-                     lambda: s.stream([{"role": "user", "content": huge}], max_new_tokens=1),
-                     lambda: s.stream(huge, max_new_tokens=0, prompt_logprobs=0)):
-            with pytest.raises(UserError, match=r"^the prompt has at least 1200\d\d tokens; the engines' context "
-                                                 r"limit is 128"):
-                call()
-        monkeypatch.setattr(Tokenizer, "encode", encode)
+        with monkeypatch.context() as m:
+            on_tokenizing(m, lambda text: pytest.fail("tokenized"))
+            for call in (lambda: s.check_prompt(huge), lambda: s.stream(huge, max_new_tokens=1),
+                         lambda: s.stream([{"role": "user", "content": huge}], max_new_tokens=1),
+                         lambda: s.stream(huge, max_new_tokens=0, prompt_logprobs=0)):
+                with pytest.raises(UserError, match=r"^the prompt has at least 1200\d\d tokens; the engines' "
+                                                     r"context limit is 128"):
+                    call()
     f = Path(str(bytewise) + "-prompts.jsonl")
     f.write_text(json.dumps({"prompt": "hello"}) + "\n" + json.dumps({"prompt": huge}) + "\n")
     for cmd in (["run", str(bytewise), "--prompts", str(f)], ["run", str(bytewise), "--prompts", str(f), "--chat"],
@@ -4545,7 +4558,6 @@ def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise,
     drops the earlier one measures 2 conversations, 3 and 3. The answers and the counts said are
     those of before."""
     import jinja2
-    from tokenizers import Tokenizer
 
     calls = {"render": 0, "encode": 0}
 
@@ -4556,7 +4568,7 @@ def test_chat_renders_and_tokenizes_each_conversation_it_measures_once(bytewise,
         return call
 
     monkeypatch.setattr(jinja2.Template, "render", counted("render", jinja2.Template.render))
-    monkeypatch.setattr(Tokenizer, "encode", counted("encode", Tokenizer.encode))
+    on_tokenizing(monkeypatch, lambda text: calls.update(encode=calls["encode"] + 1))
     chat = ["chat", str(bytewise), "--governor", "off", "--max-new-tokens", "3"]
     r = CliRunner().invoke(main, chat, input="hello\nquartz\n\n")
     assert r.exit_code == 0 and r.output.count(" prompt tokens reused]") == 2, r.output
@@ -4574,13 +4586,10 @@ def test_the_last_texts_ids_are_kept_packed_and_only_up_to_keep_ids(bytewise, mo
     so a 2M-token prompt serve refused held 79.5 MB until the next request. Now they are kept
     packed and only up to KEEP_IDS; a kept text's ids come back equal and as a list of the
     caller's own (changing it changes nothing kept)."""
-    from tokenizers import Tokenizer
-
     from specrt.runtime import text as T
 
     calls = []
-    real = Tokenizer.encode
-    monkeypatch.setattr(Tokenizer, "encode", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    on_tokenizing(monkeypatch, calls.append)
     monkeypatch.setattr(T, "KEEP_IDS", 12)
     tx = T.Text(bytewise / "export")
     short, long = " xylophone" * 3, " xylophone" * 20
@@ -4617,13 +4626,10 @@ def test_the_kept_ids_are_a_text_s_own_and_kept_up_to_keep_ids_itself(bytewise, 
     """Mutants m74d-15 (the kept ids taken for another text of the same length: its tokens
     streamed in place of the prompt's, losslessness gone) and m74d-16 (a text of KEEP_IDS ids
     exactly not kept: "only up to KEEP_IDS" keeps it, as the note's "past 131072: none" says)."""
-    from tokenizers import Tokenizer
-
     from specrt.runtime import text as T
 
     calls = []
-    real = Tokenizer.encode
-    monkeypatch.setattr(Tokenizer, "encode", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    on_tokenizing(monkeypatch, calls.append)
     tx = T.Text(bytewise / "export")
     one, other = " xylophone quartz", " quartz xylophone"  # (as long, tokenized otherwise)
     first, second = tx.ids_of(one, True), tx.ids_of(other, True)
