@@ -504,7 +504,8 @@ def test_vllms_enable_auto_tool_choice_is_taken_with_a_parser_and_refused_alone(
 
     from specrt.cli import main
 
-    r = CliRunner().invoke(main, ["serve", str(calling), "--enable-auto-tool-choice"])
+    # (an address no socket takes: were the flag taken alone, the run fails at the listen, not serves on: m75k)
+    r = CliRunner().invoke(main, ["serve", str(calling), "--enable-auto-tool-choice", "--host", "256.0.0.1"])
     assert r.exit_code == 1 and "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json" \
         in r.output, r.output
     r = CliRunner().invoke(main, ["serve", str(calling), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
