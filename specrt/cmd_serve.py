@@ -258,7 +258,8 @@ class _CompletionLogprobs:
         self.eos, self.echoed, self.seen = set(eos), echoed, 0  # seen: the entries taken so far
         self.echo_text, self.shift, self.starts = echo_text, 0, None  # shift: the completion's offsets' (echo_text)
         if echo_text is not None:  # (the ids serve made of it: Text.ids_of, a raw prompt's)
-            enc = text.tokenizer.encode(echo_text, add_special_tokens=True)
+            # (encode_batch: the interpreter's lock let go, as Text.ids_of's)
+            enc = text.tokenizer.encode_batch([echo_text], add_special_tokens=True)[0]
             self.starts = [a for a, _ in enc.offsets] if len(enc.ids) == echoed else None
 
     def __call__(self, entries: list[dict] | None) -> dict | None:
