@@ -171,13 +171,12 @@ def test_an_api_key_guards_tokenize_and_leaves_version_and_ping_open(worded):  #
         assert _call(url, "GET", "/ping")[0] == 503
 
 
-def test_a_long_prompt_tokenized_stops_no_other_thread(app_url):
-    """A long /tokenize (a 4 MB prompt) lets the interpreter's lock go while the tokenizer works
-    (encode_batch; encode held it: on the demo's engines a 4 MB prompt stopped every other
-    thread, an answer being made among them, for 4.8 s of the request's 5.6 s; 0.21 s now): another
-    thread here waits for a small part of the request's time, not the whole of it."""
-    _, url = app_url
-    words = " ".join(f"w{i % 16}" for i in range(1 << 20))  # (3.7 MB, a token a word)
+WORDS_4MB = " ".join(f"w{i % 16}" for i in range(1 << 20))  # (3.7 MB, a token a word)
+
+
+def _stalled(call) -> tuple[tuple[int, dict], float, float]:
+    """``call()``'s answer, its seconds, and the longest another thread (one that sleeps 1 ms
+    at a time) waited meanwhile: how long the interpreter's lock was held."""
     gaps, done = [], threading.Event()
 
     def tick() -> None:
@@ -192,14 +191,24 @@ def test_a_long_prompt_tokenized_stops_no_other_thread(app_url):
     t.start()
     t0 = time.perf_counter()
     try:
-        code, r = _post(url, "/tokenize", {"prompt": words})
+        answer = call()
     finally:
         took = time.perf_counter() - t0
         done.set()
         t.join()
+    return answer, took, max(gaps)
+
+
+def test_a_long_prompt_tokenized_stops_no_other_thread(app_url):
+    """A long /tokenize (a 4 MB prompt) lets the interpreter's lock go while the tokenizer works
+    (encode_batch; encode held it: on the demo's engines a 4 MB prompt stopped every other
+    thread, an answer being made among them, for 4.8 s of the request's 5.6 s; 0.21 s now): another
+    thread here waits for a small part of the request's time, not the whole of it."""
+    _, url = app_url
+    (code, r), took, gap = _stalled(lambda: _post(url, "/tokenize", {"prompt": WORDS_4MB}))
     assert code == 200 and r["count"] == 1 << 20 and r["tokens"][:3] == [0, 1, 2]
-    print(f"[/tokenize of {len(words)} bytes: {took:.2f} s, the longest another thread waited {max(gaps):.3f} s]")
-    assert max(gaps) < took / 2, (max(gaps), took)
+    print(f"[/tokenize of {len(WORDS_4MB)} bytes: {took:.2f} s, the longest another thread waited {gap:.3f} s]")
+    assert gap < took / 2, (gap, took)
 
 
 def test_a_long_completion_prompt_tokenized_stops_no_other_thread(app_url):
@@ -209,27 +218,8 @@ def test_a_long_completion_prompt_tokenized_stops_no_other_thread(app_url):
     thread, an answer being made among them, while it was tokenized. ``encode_batch`` lets
     it go, as /tokenize's (the same ids)."""
     _, url = app_url
-    words = " ".join(f"w{i % 16}" for i in range(1 << 20))
-    gaps, done = [], threading.Event()
-
-    def tick() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    t = threading.Thread(target=tick)
-    t.start()
-    t0 = time.perf_counter()
-    try:
-        code, r = _post(url, "/v1/completions", {"prompt": words, "max_tokens": 1})
-    finally:
-        took = time.perf_counter() - t0
-        done.set()
-        t.join()
+    (code, r), took, gap = _stalled(lambda: _post(url, "/v1/completions", {"prompt": WORDS_4MB, "max_tokens": 1}))
     assert code == 400 and "context" in r["error"]["message"], r  # (tokenized, then refused)
-    print(f"[a completion of {len(words)} bytes refused in {took:.2f} s, the longest another thread waited "
-          f"{max(gaps):.3f} s]")
-    assert max(gaps) < took / 2, (max(gaps), took)
+    print(f"[a completion of {len(WORDS_4MB)} bytes refused in {took:.2f} s, the longest another thread waited "
+          f"{gap:.3f} s]")
+    assert gap < took / 2, (gap, took)
