@@ -578,6 +578,14 @@ class Detokenizer:
         return completion_text(self.text, self.ids, self.context, self.before)
 
 
+def tag_start_at_end(text: str, *tags: str) -> int:
+    """How many characters at the end of ``text`` could begin one of ``tags`` (a tag cut
+    across two decoded pieces): what a parser of tags in a stream holds back until the next
+    piece settles it (serve's tool-call and reasoning parsers)."""
+    return max((next((n for n in range(min(len(t) - 1, len(text)), 0, -1) if t.startswith(text[-n:])), 0)
+                for t in tags), default=0)
+
+
 class StopScanner:
     """Stop strings over streamed text: ``push(piece)`` returns the text that is safe to
     emit now, ``hit`` turns True at the first stop string (which, and what follows it,

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Generator, Iterator
 
+from specrt.runtime.text import tag_start_at_end
+
 PARSERS = ("qwen3", "deepseek_r1")
 START, END = "<think>", "</think>"
 
@@ -85,8 +87,7 @@ class Splitter:
             tags = (END,) if self.opened else (START, END)
             found = [(text.find(t), t) for t in tags if t in text]
             if not found:  # hold back the longest end that a tag begins with
-                k = next((k for k in range(min(len(text), len(END) - 1), 0, -1)
-                          if any(t.startswith(text[-k:]) for t in tags)), 0)
+                k = tag_start_at_end(text, *tags)
                 self.held = text[len(text) - k:]
                 return reasoning + text[:len(text) - k], ""
             at, tag = min(found)

@@ -26,6 +26,7 @@ import json
 import uuid
 
 from specrt.errors import UserError
+from specrt.runtime.text import tag_start_at_end
 
 PARSERS = ("hermes", "llama3_json")
 START = "<tool_call>"  # hermes' block
@@ -211,11 +212,6 @@ def message(content: str, finish: str, parser: str | None, parallel: bool = True
     return {"role": "assistant", "content": content_of, "tool_calls": calls}, "tool_calls"
 
 
-def _held(text: str, token: str) -> int:
-    """How many characters at the end of ``text`` could begin ``token``."""
-    return next((n for n in range(min(len(token) - 1, len(text)), 0, -1) if token.startswith(text[-n:])), 0)
-
-
 class Streamed:
     """A streamed chat answer's choices through ``parser`` (None: text passes as it comes):
     ``push`` a choice's piece, get the content to send now; ``end`` with its finish_reason,
@@ -234,7 +230,7 @@ class Streamed:
         sent = self.sent.get(i, 0)
         if self.parser == "hermes":  # up to a block's start, or text that could begin one
             at = text.find(START, max(0, sent - len(START)))
-            upto = at if at >= 0 else len(text) - _held(text, START)
+            upto = at if at >= 0 else len(text) - tag_start_at_end(text, START)
         else:  # all of it once it cannot be a call: it starts otherwise than { or <|python_tag|>
             head = text.lstrip()
             if i not in self.plain and (not head or head.startswith(("{", PYTHON_TAG)) or PYTHON_TAG.startswith(head)):
