@@ -691,7 +691,7 @@ class Server:
         return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
-                "params": params, "stop": tuple(stop), "tool_parser": tool_parser,
+                "params": params, "stop": tuple(stop), "tool_parser": tool_parser, "template": template,
                 "parallel": body.get("parallel_tool_calls") is not False,  # (false: the first call alone)
                 "include_reasoning": reasoned is not False,
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
@@ -727,17 +727,16 @@ class Server:
                              f"{longest + max_new} tokens ({counts}, {max_new} in the completion). Please reduce the "
                              f"length of the {where} or completion.", name)
 
-    def thinking(self, req: dict, body: dict) -> bool | None:
+    def thinking(self, req: dict) -> bool | None:
         """With --reasoning-parser, whether a chat request's answers start inside their think
         block (reasoning.begins_thinking: the prompt's end; the template variables, the
-        request's over the server's); else None (no parser, or a completion)."""
+        request's, as ``parse`` read them, over the server's); else None (no parser, or a completion)."""
         from specrt import reasoning
-        from specrt.runtime.text import template_kwargs_of
 
         if self.reasoning is None or not req["chat"]:
             return None
         s = self.session
-        variables = {**s.chat_template_kwargs, **template_kwargs_of(body.get("chat_template_kwargs"), "chat_template_kwargs")}
+        variables = {**s.chat_template_kwargs, **req["template"]}
         return reasoning.begins_thinking(self.reasoning, reasoning.prompt_tail(s.text, req["ids"][0]), variables)
 
     def tokenize(self, body: Any) -> dict:
@@ -1251,7 +1250,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, self.app.tokenize(body) if path == "/tokenize" else
                                        self.app.detokenize(body))
             req = self.app.parse(body, chat)
-            req["thinking"] = self.app.thinking(req, body)  # (--reasoning-parser)
+            req["thinking"] = self.app.thinking(req)  # (--reasoning-parser)
         except BadRequest as e:
             if e.status in (411, 413):  # its body is not read, and may come all the same (_linger: a client
                 # sending a body past MAX_BODY met a reset, not its 413, as a refused 100-continue's: w75c)
