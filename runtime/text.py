@@ -293,6 +293,13 @@ class Text:
             self._fallback = frozenset(fallback | special if fallback else ())
         return self._fallback
 
+    def special_among(self, *contents: str) -> list[str]:
+        """Which of ``contents`` the tokenizer marks as special tokens, sorted: an answer's text
+        (``decode``) leaves them out, so a parser that looks for them there never sees them
+        (serve's tool-call and reasoning parsers refuse such a tokenizer at the start)."""
+        return sorted(t.content for t in self.tokenizer.get_added_tokens_decoder().values()
+                      if t.special and t.content in contents)
+
     def token_text(self, i: int) -> str:
         """Token ``i`` as text, or OpenAI's ``bytes:\\xNN...`` when its bytes are not whole
         UTF-8 characters."""

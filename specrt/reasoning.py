@@ -55,7 +55,7 @@ def tags_problem(text, parser: str) -> str | None:
     (runtime.text.Text), or None: ``</think>`` made a special token, which an answer's text
     leaves out (Text.decode), so every answer would be all reasoning, its content null (a
     ``<think>`` special alone is harmless: the answer starts inside the block)."""
-    if not any(t.special and t.content == END for t in text.tokenizer.get_added_tokens_decoder().values()):
+    if not text.special_among(END):
         return None
     return (f"--reasoning-parser {parser}: the tokenizer marks {END} as a special token, which an answer's text "
             "leaves out, so the thinking's end could never be found and every answer would be all reasoning, "

@@ -96,8 +96,7 @@ def parser_problem(text, parser: str) -> str | None:
     vLLM decodes them for this parser, specrt's answers never hold special tokens)."""
     if parser != "hermes":  # (llama3_json's <|python_tag|> is special in Llama 3: left out, the JSON read alone)
         return None
-    special = sorted(t.content for t in text.tokenizer.get_added_tokens_decoder().values()
-                     if t.special and t.content in (START, END))
+    special = text.special_among(START, END)
     if not special:
         return None
     return (f"--tool-call-parser hermes: the tokenizer marks {' and '.join(special)} as special tokens, which "
