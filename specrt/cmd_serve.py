@@ -657,8 +657,9 @@ class Server:
         except UserError as e:
             raise BadRequest(str(e), "chat_template_kwargs") from None
         limit = self.session.engines.max_context
-        # (the prompt's scoring as complete() asks for it: echo with max_tokens 0 and no logprobs scores it too;
-        # None here said "max_new_tokens=0: expected >= 1" of a prompt of the whole context or past it: r75l)
+        # (the prompt's scoring as complete() asks for it; echo with max_tokens 0 and no logprobs, which complete()
+        # answers with nothing run, is checked as scored: None here said "max_new_tokens=0: expected >= 1" of a
+        # prompt of the whole context or past it: r75l)
         scored = (logprobs if logprobs is not None or max_new > 0 else 0) if echo else None
 
         def check_length(n: int, least: bool) -> None:  # (a prompt surely past the context: the stream's error,
@@ -837,13 +838,14 @@ class Server:
 
         s, params = self.session, req["params"]
         t0, total = time.perf_counter(), Telemetry()
-        done = {"completion": 0, "prompt_tokens": 0, "reused": 0, "partial": False, "reason": None}
+        done = {"completion": 0, "prompt_tokens": 0, "reused": 0, "partial": False, "bare": 0, "reason": None}
         try:
             yield from self._choices(req, total, done)
         except (GeneratorExit, BadRequest) as e:  # the caller stopped reading (the client left), or
             # a second Ctrl-C cut the answer (its 503, Server.cutting): counted as far as it went
             done["reason"] = "none: " + ("the client left" if isinstance(e, GeneratorExit) else
                                          "cut, the server is stopping")
+            done["prompt_tokens"] += done["bare"]  # (an echo that ran nothing, left at its echo)
             if done["partial"]:  # what the choice being decoded had made by then
                 total.merge(s.generator.telemetry)
                 done["completion"] += len(getattr(s, "last_output_ids", None) or [])
@@ -888,17 +890,18 @@ class Server:
             self._generator(replace(params, seed=None if params.seed is None else params.seed + i % req["n"]))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
-            done["partial"], done["first"] = True, i % req["n"] == 0
-            # (max_tokens 0 with echo, no logprobs: the prompt scored, its entries not sent; the stream's
-            # "0 only with prompt_logprobs" was the 400, naming prompt: m75e's F1)
-            scored = pl if pl is not None or req["max_new_tokens"][k] > 0 else 0
+            # max_tokens 0 with echo, no logprobs: the prompt's own text is the answer, sent with nothing run
+            # (it was scored, its entries not sent: a prefill for nothing, NOTES s75; checked at the request)
+            bare = req["echo"] and pl is None and req["max_new_tokens"][k] == 0
+            done["partial"], done["first"] = not bare, i % req["n"] == 0
+            done["bare"] = len(req["ids"][k]) if bare and done["first"] else 0  # (its prompt, if its client leaves)
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=scored)
+                           logprobs=lp, prompt_logprobs=pl) if not bare else (p for p in ())
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
-                text = prompt if isinstance(prompt, str) else s.text.decode(s.last_prompt_ids)
+                text = prompt if isinstance(prompt, str) else s.text.decode(req["ids"][k])
                 return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None,
                         "tokens": 0}
 
@@ -917,15 +920,17 @@ class Server:
                 gen.close()
             if not echoed:  # nothing generated (max_tokens 0, or an answer without text)
                 yield echo()
-            st = s.stats()
-            total.merge(s.generator.telemetry)
+            st = ({"prompt_tokens": len(req["ids"][k]), "output_token_ids": [], "finish_reason": "length"} if bare
+                  else s.stats())
+            if not bare:
+                total.merge(s.generator.telemetry)
             n_out = len(st["output_token_ids"])
             if i % req["n"] == 0:  # each prompt counted once, and what an earlier request left it (the
                 prompt_tokens += st["prompt_tokens"]  # other choices reuse its rows: 9 "reused" of 5)
-                reused += s.generator.telemetry.prefix_reused
+                reused += 0 if bare else s.generator.telemetry.prefix_reused
             completion += n_out
             reason = {"eos": "stop", "stop": "stop"}.get(st["finish_reason"], "length")
-            done.update(completion=completion, prompt_tokens=prompt_tokens, reused=reused, partial=False)
+            done.update(completion=completion, prompt_tokens=prompt_tokens, reused=reused, partial=False, bare=0)
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
             yield {"index": i, "finish_reason": reason,

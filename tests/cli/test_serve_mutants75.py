@@ -175,3 +175,37 @@ def test_echo_with_max_tokens_0_and_no_logprobs_takes_a_prompt_of_the_whole_cont
             code, r = _post(url, "/v1/completions", {"prompt": " xylophone" * 129, "max_tokens": 0, "echo": True,
                                                      **lp})
             assert code == 400 and "context limit is 128" in r["error"]["message"], (lp, r)
+
+
+def test_echo_with_max_tokens_0_and_no_logprobs_runs_nothing(worded):  # noqa: F811
+    """NOTES s75: echo: with max_tokens 0 and no logprobs the answer is the prompt's own text,
+    yet a scoring prefill ran for it, its entries not sent (a request of a 128-token prompt took
+    4.4-5.7 ms on the tiny engines, 1.2-1.3 ms without). Nothing runs now (the session's last
+    stream is still the request's before), and the answers, their usage, the log line and
+    /metrics' prompt tokens are as they were, for text and ids prompts, two of them with n 2,
+    and for a client that leaves at its echo (its prompt counted, as a stream's is)."""
+    from specrt.cmd_serve import Server
+    from specrt.runtime.sampling import SamplingParams
+
+    logs: list[str] = []
+    app = Server(worded, "fixed:1", SamplingParams(), 8, "tiny", log=logs.append)
+    try:
+        list(app.complete(app.parse({"prompt": "w1 w2", "max_tokens": 3}, False)))
+        assert app.session.stats()["prompt_ids"] == [1, 2]
+        before = app.metrics.counts["prompt_tokens"]
+        out = list(app.complete(app.parse({"prompt": [[4, 2, 5], "w3"], "n": 2, "max_tokens": 0, "echo": True},
+                                          False)))
+        assert app.session.stats()["prompt_ids"] == [1, 2]  # (the request before's: nothing ran)
+        assert [(o["index"], o["text"]) for o in out if "text" in o] == [(0, "w4 w2 w5"), (1, "w4 w2 w5"),
+                                                                         (2, "w3"), (3, "w3")]
+        assert [o["finish_reason"] for o in out if "finish_reason" in o] == ["length"] * 4
+        assert out[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
+        assert logs[-1].startswith("[4 prompt tokens (0 reused), 0 new in 4 choices in "), logs
+        assert app.metrics.counts["prompt_tokens"] - before == 4
+        pieces = app.complete(app.parse({"prompt": "w4 w2 w5", "max_tokens": 0, "echo": True}, False))
+        assert next(pieces)["text"] == "w4 w2 w5"
+        pieces.close()  # (the client left)
+        assert logs[-1].startswith("[3 prompt tokens (0 reused), 0 new in ") and "the client left" in logs[-1], logs
+        assert app.metrics.counts["prompt_tokens"] - before == 7 and app.session.stats()["prompt_ids"] == [1, 2]
+    finally:
+        app.close()
