@@ -150,21 +150,30 @@ class Text:
         """tokenizer_config.json's eos_token (None: it names none)."""
         return self._special("eos_token") or None
 
+    def template_reads(self, template: str) -> set[str]:
+        """The names ``template`` (the chat template, or the "tool_use" one) reads without setting
+        them itself (jinja2.meta's undeclared variables; its environment's functions are none of
+        them): ``unread_note``'s and tool_calls.tools_unread's, which each asked jinja2 themselves
+        (NOTES s75). UserError naming the file where it is not valid Jinja."""
+        import jinja2.meta
+
+        try:
+            return jinja2.meta.find_undeclared_variables(_template(template).environment.parse(template))
+        except UserError as e:  # (unread_note's said "chat template: not valid Jinja", no file)
+            raise UserError(f"{self.template_file}: {e}") from None
+
     def unread_note(self, variables: dict) -> str | None:
         """Which of ``variables`` the chat template reads nowhere (a variable it does not name
         changes nothing: a misspelt one, or one of another model's template), and the ones of
         its own it does read; None when it reads them all, or there is no template."""
         if not variables or self.chat_template is None:
             return None
-        import jinja2.meta
-
-        env = _template(self.chat_template).environment
-        read = jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+        read = self.template_reads(self.chat_template)
         unread = [k for k in variables if k not in read]
         if not unread:
             return None
         given = {"messages", "add_generation_prompt", "tools", "documents", "additional_special_tokens",
-                 *SPECIAL_TOKENS, *env.globals}
+                 *SPECIAL_TOKENS}  # (its environment's functions: none of the names read, m73x-11)
         own = sorted(read - given)
         return (f"{', '.join(map(repr, unread))}: the chat template ({self.template_file}) reads no such variable, so "
                 f"{'it changes' if len(unread) == 1 else 'they change'} nothing (the variables of its own it reads: "

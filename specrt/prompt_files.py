@@ -103,9 +103,10 @@ def is_messages(v: Any) -> bool:
 
 
 def joined(messages: list[dict]) -> list[dict]:
-    """A conversation with each message's text parts joined into one string content (a tool
-    calling message's missing or null content: "")."""
-    return [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m.get("content"), list) else
+    """A conversation with each message's text parts joined into one string content, a newline
+    between two parts as vLLM joins them for a template that reads its content as a string (a
+    tool calling message's missing or null content: "")."""
+    return [{**m, "content": "\n".join(p["text"] for p in m["content"])} if isinstance(m.get("content"), list) else
             {**m, "content": ""} if m.get("content") is None else m for m in messages]
 
 

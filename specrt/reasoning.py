@@ -23,7 +23,10 @@ most clients read it), the same text under both, and the text after ``</think>``
 Where this differs from vLLM: a whole answer is split as a stream is (vLLM's non-streamed
 qwen3 ignores a block the prompt closed unless ``enable_thinking`` false was given, and
 gives the whole answer as reasoning: vllm-project/vllm#53284), and text before a ``<think>``
-the model writes is kept as reasoning (vLLM's drops it).
+the model writes is kept as reasoning, streamed or not (vLLM's non-streamed parsers drop it;
+its streamed ones send it as reasoning where it came in an earlier delta than the ``<think>``,
+and qwen3's drops it from the ``<think>``'s own delta: here what is sent never depends on
+where the pieces were cut, and no text the model wrote is lost).
 
 Streamed, a piece that ends in what may be the start of a tag (``</th``) holds that back
 until the next piece settles it, so a tag split across decoded pieces is never sent as

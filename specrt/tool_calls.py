@@ -108,19 +108,15 @@ def tools_unread(text) -> str | None:
     """A note where the chat template a request's tools go through (Text.tool_template) reads
     no ``tools`` (SmolLM2's, Llama 2's): the model is never shown them; None where it reads
     them, or there is no template."""
-    import jinja2.meta
-
-    from specrt.runtime.text import _template
-
     if text.tool_template is None:
         return None
     try:
-        env = _template(text.tool_template).environment
+        read = text.template_reads(text.tool_template)
     except UserError as e:  # (a named "tool_use" one, which export never renders: it said no file, r75i)
         which = '"tool_use" chat template' if text.tool_template != text.chat_template else "chat template"
         raise UserError(f"--tool-call-parser: {text.template_file}: the {which}, which requests with tools go "
-                        f"through: {str(e).removeprefix('chat template: ')}") from None
-    if "tools" in jinja2.meta.find_undeclared_variables(env.parse(text.tool_template)):
+                        f"through: {str(e).removeprefix(f'{text.template_file}: chat template: ')}") from None
+    if "tools" in read:
         return None
     return (f"--tool-call-parser: the chat template ({text.template_file}) reads no 'tools': a request's tools "
             "never reach the model, which then calls none")

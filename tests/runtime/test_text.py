@@ -4248,15 +4248,16 @@ def test_a_prompt_files_null_ids_or_messages_and_a_long_bad_value_are_said_as_th
     assert str(e.value).endswith(f"'content'; got {repr(bad)[:60]}"), str(e.value)
 
 
-def test_a_conversations_text_parts_are_joined_as_they_are_keeping_its_other_fields():
-    """Mutants P30, P31 (session 67): joined puts a message's text parts together with
-    nothing between them (the text as the client cut it) and keeps the message's other fields
-    (a name, as serve and `specrt run --prompts` pass every field to the template)."""
+def test_a_conversations_text_parts_are_joined_by_newlines_keeping_its_other_fields():
+    """Mutants P30, P31 (session 67): joined puts a message's text parts together and keeps the
+    message's other fields (a name, as serve and `specrt run --prompts` pass every field to the
+    template). NOTES s75: text parts: a newline between two parts, as vLLM joins them for a
+    template that reads its content as a string (they were joined with nothing between)."""
     from specrt.prompt_files import joined
 
     parts = [{"type": "text", "text": "a b"}, {"type": "text", "text": "c"}]
     msgs = [{"role": "user", "name": "ann", "content": parts}, {"role": "assistant", "content": "d"}]
-    assert joined(msgs) == [{"role": "user", "name": "ann", "content": "a bc"}, {"role": "assistant", "content": "d"}]
+    assert joined(msgs) == [{"role": "user", "name": "ann", "content": "a b\nc"}, {"role": "assistant", "content": "d"}]
 
 
 def test_the_sampling_options_say_their_note_on_stderr_and_their_edges_in_their_own_words(worded):
@@ -4737,6 +4738,29 @@ def test_the_unread_note_leaves_out_the_template_s_own_functions_and_says_none(t
     assert Text(g).unread_note({"zz": 1, "yy": 2}).endswith("so they change nothing (the variables of its own it "
                                                             "reads: none)")
     assert Text(g).eos_token is None
+
+
+def test_template_reads_is_what_both_notes_ask_and_a_broken_template_is_named_by_its_file(tmp_path):
+    """NOTES s75: tools_unread and unread_note each compiled a template and asked jinja2 which
+    variables it reads; Text.template_reads answers both: the names a template reads and does not
+    set itself (a ``set`` one, a loop's, is none), of the template it is given (the "tool_use" one
+    reads ``tools`` here, the default none). A template that is not valid Jinja is refused naming
+    its file, where unread_note's said "chat template: not valid Jinja" alone."""
+    from specrt.runtime.text import Text
+    from specrt.tool_calls import tools_unread
+
+    named = [{"name": "default", "template": "{% set n = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}"
+                                             "{{ cue if n }}"},
+             {"name": "tool_use", "template": "{{ tools | tojson }}{{ messages[0].content }}"}]
+    t = Text(_chat_folder(tmp_path / "a", {"chat_template": named}))
+    assert t.template_reads(t.chat_template) == {"messages", "cue"}
+    assert t.template_reads(t.tool_template) == {"messages", "tools"}
+    assert tools_unread(t) is None and t.unread_note({"cue": 1}) is None
+    assert t.unread_note({"tools": 1}).startswith("'tools': the chat template")
+    f = _chat_folder(tmp_path / "b", {"chat_template": "{{ messages[0].content }"})
+    with pytest.raises(UserError) as e:
+        Text(f).unread_note({"zz": 1})
+    assert str(e.value).startswith(f"{f / 'tokenizer_config.json'}: chat template: not valid Jinja (line 1: "), e.value
 
 
 def test_least_tokens_rounds_up_and_knows_no_bound_past_byte_level_bpe(bytewise, tmp_path):
