@@ -1,6 +1,6 @@
 """A ready-to-run speculative decoder over one engines folder: the Python API of ``specrt run``.
 
-    with Session("ENGINES") as s:                # governor "auto": dspark:tree=3:ngram where it can
+    with Session("ENGINES") as s:                # governor "auto": dspark:tree=3:ngram:grow where it can
         for piece in s.stream("Write a haiku", chat=True, max_new_tokens=64):
             print(piece, end="")
         print(s.stats())                         # telemetry of the last prompt

@@ -38,3 +38,36 @@ def test_the_files_later_commands_add_are_those_the_readme_names():
     text = README.read_text()
     for name in (C.CALIBRATION_FILE, C.CORPUS_FILE):
         assert f"ENGINES/{name}" in text, name
+
+
+def test_the_python_names_the_readme_cites_inline_exist():
+    """The API the README's prose shows outside its example (r76e's audit: no test read them):
+    every keyword of a `Session(...)`, `Session.stream(..., k=...)` or `SamplingParams(...)` it
+    writes is a parameter, every `Session.X` / `Generator.X` it names exists, and so do the
+    module-level names it sends a reader to. A README keyword misspelt (`prompt_logprob=N`) or a
+    name renamed in the code without the README (Generator.owner) fails it."""
+    import inspect
+
+    from specrt import cmd_serve, errors
+    from specrt.export import config, slots
+    from specrt.runtime import generate, text, verify
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.session import Session
+
+    readme = " ".join(README.read_text().split())  # a call may wrap across lines
+    calls = {"Session": Session.__init__, "Session.stream": Session.stream, "SamplingParams": SamplingParams}
+    seen = 0
+    for m in re.finditer(r"`(Session|Session\.stream|SamplingParams)\(([^`)]*)\)", readme):
+        for kw in re.findall(r"(\w+)=", m.group(2)):
+            assert kw in inspect.signature(calls[m.group(1)]).parameters, m.group(0)
+            seen += 1
+    gen_source = inspect.getsource(generate.Generator)
+    for cls, name in re.findall(r"`(Session|Generator)\.(\w+)`", readme):
+        assert hasattr(Session if cls == "Session" else generate.Generator, name) or \
+            re.search(rf"self\.{name}\b[^=\n]*=", gen_source), f"{cls}.{name}"  # an attribute __init__ sets
+        seen += 1
+    assert seen >= 12, seen
+    for mod, name in ((generate, "PREFILL_CHUNK"), (generate, "DRAFT_CHUNK"), (text, "REASONING_FIELDS"),
+                      (config, "load_eagle_config"), (slots, "eagle_rows"), (verify, "verify_coupled"),
+                      (errors, "UserError"), (errors, "EngineFailure"), (cmd_serve, "MAX_MODES")):
+        assert hasattr(mod, name) and re.search(rf"\b{name}\b", readme), name
