@@ -135,9 +135,19 @@ class Text:
         messages = [{"role": "user", "content": user}] if isinstance(user, str) else \
             [_message(m, i) for i, m in enumerate(user)]
         try:
-            return _template(self.chat_template if tools is None else self.tool_template).render(
-                messages=messages,
-                add_generation_prompt=generation, **variables)
+            template = _template(self.chat_template if tools is None else self.tool_template)
+            try:
+                return template.render(messages=messages, add_generation_prompt=generation, **variables)
+            except TypeError as e:  # a template that joins a call's arguments to text (DeepSeek-R1's and V3's
+                # '...' + tool['function']['arguments']) failed on the parsed object, a second turn a 400: it gets
+                # them as sent, as transformers passes them (w76c); its other type errors stay errors
+                sent = None if isinstance(user, str) else [_message(m, i, False) for i, m in enumerate(user)]
+                if sent is None or sent == messages:
+                    raise
+                try:
+                    return template.render(messages=sent, add_generation_prompt=generation, **variables)
+                except TypeError:
+                    raise e from None
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, ArithmeticError, LookupError,
                 RecursionError) as e:  # (a message of other types than the template expects fails in it; a
             # template's own sums, a macro calling itself and the sandbox's range limit were tracebacks)
@@ -174,7 +184,7 @@ class Text:
             return None
         given = {"messages", "add_generation_prompt", "tools", "documents", "additional_special_tokens",
                  *SPECIAL_TOKENS}  # (its environment's functions: none of the names read, m73x-11)
-        own = sorted(read - given)
+        own = sorted(read - given - _set_untested(self.chat_template))
         return (f"{', '.join(map(repr, unread))}: the chat template ({self.template_file}) reads no such variable, so "
                 f"{'it changes' if len(unread) == 1 else 'they change'} nothing (the variables of its own it reads: "
                 f"{', '.join(own) if own else 'none'})")
@@ -324,7 +334,7 @@ class Text:
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-def _message(m: dict, i: int = 0) -> dict:
+def _message(m: dict, i: int = 0, parse: bool = True) -> dict:
     """A message as transformers' apply_chat_template gives it to the template: keys whose
     value is null left out (an OpenAI message's "tool_calls": null is no tool call to a
     template testing 'tool_calls' in it), and its reasoning, under any of REASONING_FIELDS,
@@ -333,11 +343,11 @@ def _message(m: dict, i: int = 0) -> dict:
     ``arguments``, a JSON string as OpenAI sends them, as the object they hold (vLLM's, and
     what tool-use templates expect: Llama 3.1's writes ``arguments | tojson``; "" or null: {}),
     and an empty ``tool_calls`` left out (the template's plain assistant turn); ``i``: the
-    message's index, for errors."""
+    message's index, for errors; ``parse`` False: the arguments as sent (``render_chat``)."""
     m = {k: v for k, v in m.items() if v is not None}
     if m.get("tool_calls") == []:
         del m["tool_calls"]
-    if isinstance(m.get("tool_calls"), list):
+    if isinstance(m.get("tool_calls"), list) and parse:
         m["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m["tool_calls"])]
     reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
     return m if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning}
@@ -354,6 +364,20 @@ def _tool_call(c, where: str):
         raise UserError(f"{where}.function.arguments: not valid JSON ({json_problem(e)}); expected the call's "
                         "arguments as a JSON string") from None
     return {**c, "function": {**f, "arguments": args}}
+
+
+def _set_untested(source: str) -> set[str]:
+    """The names a chat template sets itself and never tests ``is defined`` nor gives a
+    ``default``: jinja2.meta finds one set in a branch "undeclared", so ``unread_note`` named
+    Llama 3.1's system_message and tool_call, Qwen3's content, as variables of its own (w76c);
+    Llama's date_string, tested before it is set, is one."""
+    from jinja2 import nodes
+
+    tree = _template(source).environment.parse(source)
+    tested = {n.node.name for n in tree.find_all((nodes.Test, nodes.Filter)) if isinstance(n.node, nodes.Name)
+              and n.name in (("defined", "undefined") if isinstance(n, nodes.Test) else ("default", "d"))}
+    return {n.name for a in tree.find_all((nodes.Assign, nodes.AssignBlock))
+            for n in (a.target, *a.target.find_all(nodes.Name)) if isinstance(n, nodes.Name)} - tested
 
 
 def template_kwargs_of(value, where: str) -> dict:

@@ -120,6 +120,39 @@ def test_the_tools_reach_the_template_as_transformers_passes_them(calling):
     assert ids == s.text.ids_of(want, False) and len(ids) > len(s.text.ids_of(s.text.prompt_text(conv, True), False))
 
 
+# DeepSeek-R1's (its distills', V3's) template joins a call's arguments to its text as a string (an excerpt)
+R1_CALLS = ("{% for m in messages %}{% if m.tool_calls %}{% for tool in m.tool_calls %}"
+            "{{ '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n```json\\n'"
+            " + tool['function']['arguments'] + '\\n```<｜tool▁call▁end｜>' }}{% endfor %}"
+            "{% else %}{{ m.role }}: {{ m.content }} {% endif %}{% endfor %}")
+
+
+def test_a_template_that_joins_the_arguments_as_text_gets_them_as_sent(tmp_path):
+    """w76c: a second turn with the assistant's tool call through DeepSeek-R1-Distill's real
+    template was a 400 ("TypeError: can only concatenate str (not "dict") to str": it writes
+    ``'...' + tool['function']['arguments']``, and serve gives templates the parsed object, as
+    vLLM does). Such a template gets the arguments as the client sent them, as transformers
+    passes them: the prompt transformers renders; one that reads the object (Qwen3's, Llama
+    3.1's ``| tojson``) still gets the object, and a template's other type errors stay errors."""
+    import transformers
+
+    from specrt.errors import UserError
+    from specrt.runtime.text import Text
+    from tests.runtime.test_text import _chat_folder
+
+    conv = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    f = _chat_folder(tmp_path / "r1", {"chat_template": R1_CALLS})
+    want = transformers.AutoTokenizer.from_pretrained(f).apply_chat_template(
+        [*conv[:1], {**conv[1], "content": ""}, conv[2]], tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert '<｜tool▁sep｜>get_weather\n```json\n{"city":"Paris"}\n```' in want
+    assert Text(f).prompt_text(conv, True, tools=TOOLS) == want
+    broken = _chat_folder(tmp_path / "broken", {"chat_template": R1_CALLS.replace("tool['type']", "1")})
+    with pytest.raises(UserError, match="TypeError"):
+        Text(broken).prompt_text(conv, True, tools=TOOLS)
+
+
 def test_named_templates_render_the_tool_use_one_with_tools_as_transformers_does(tmp_path):
     """tokenizer_config.json's named templates (Hermes 2 Pro's "default" and "tool_use"):
     with tools the "tool_use" one renders, as transformers picks it; without, "default"."""

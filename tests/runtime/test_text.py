@@ -4763,6 +4763,24 @@ def test_template_reads_is_what_both_notes_ask_and_a_broken_template_is_named_by
     assert str(e.value).startswith(f"{f / 'tokenizer_config.json'}: chat template: not valid Jinja (line 1: "), e.value
 
 
+def test_the_unread_note_names_no_variable_the_template_sets_itself_before_reading(tmp_path):
+    """w76c: a misspelt variable on Llama 3.1's real template was told "the variables of its
+    own it reads: builtin_tools, custom_tools, date_string, first_user_message, system_message,
+    tool_call, tools_in_user_message", and on Qwen3's "content, enable_thinking,
+    reasoning_content" (jinja2.meta finds a variable set in a branch "undeclared"): the
+    template's own {% set %} variables are none to pass, unless it tests them ``is defined``
+    (date_string) or gives them a ``default``. Excerpts of Llama 3.1's template."""
+    from specrt.runtime.text import Text
+
+    llama = ("{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
+             "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
+             "{%- else %}{%- set system_message = '' %}{%- endif %}{{ 'Today Date: ' + date_string }}"
+             "{{ system_message }}{% set tag = tag | default('x') %}{{ tag }}{{ plain }}")
+    f = _chat_folder(tmp_path / "a", {"chat_template": llama})
+    assert Text(f).unread_note({"zz": 1}).endswith("(the variables of its own it reads: date_string, plain, tag)")
+    assert Text(f).unread_note({"system_message": 1}) is None  # (read before it is set where no branch set it)
+
+
 def test_least_tokens_rounds_up_and_knows_no_bound_past_byte_level_bpe(bytewise, tmp_path):
     """Mutants m73x-18, 23, 24, 25, 26, 27, 28 and 29 (``_token_bound``, ``least_tokens``): the
     bound is the bytes over the longest token's rounded up (501 bytes of 10-byte tokens: 51, a
