@@ -99,6 +99,7 @@ class Text:
         self._fallback: frozenset | None = None  # byte_fallback_ids, made on first use
         self._bound: tuple | None = None  # _token_bound's ((0, []): none known), found on first use
         self._last_ids: tuple | None = None  # ids_of's last (raw, text, ids)
+        self._dropped: frozenset | None = None  # decode's special tokens left out, where keep_special keeps some
         # the engines' context, where a Session sets it: a text of as many ids is refused, never streamed
         # after, so not kept (serve held the last prompt it refused, 13 MB of text: r74)
         self.context: int | None = None
@@ -270,7 +271,18 @@ class Text:
         return -(-(len(data) - sum(data.count(b) for b in unheld)) // most)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        if self._dropped is None:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode([i for i in ids if i not in self._dropped], skip_special_tokens=False)
+
+    def keep_special(self, *contents: str) -> None:
+        """Make ``decode`` keep the special tokens ``contents`` in its text (every other special
+        token still left out, as skip_special_tokens leaves them): serve's mistral tool-call
+        parser reads Mistral's [TOOL_CALLS], a special token, in an answer, as vLLM decodes its
+        answers with special tokens for that parser."""
+        special = {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        self._dropped = frozenset(i for i, c in special.items() if c not in contents)
+        self._fallback = None  # (byte_fallback_ids: a kept one is text)
 
     def token_bytes(self, i: int) -> bytes:
         """The bytes token ``i`` stands for (logprobs' ``bytes``): a byte-level BPE piece
@@ -309,6 +321,8 @@ class Text:
             vocab = self.tokenizer.get_vocab(with_added_tokens=False) if "ByteFallback" in kinds else {}
             fallback = {i for p, i in vocab.items() if len(p) == 6 and p.startswith("<0x") and p.endswith(">")}
             special = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+            if self._dropped is not None:  # (keep_special's are text: they end a run)
+                special &= self._dropped
             self._fallback = frozenset(fallback | special if fallback else ())
         return self._fallback
 

@@ -1,7 +1,8 @@
 """``specrt serve``: the engines behind an OpenAI-compatible HTTP endpoint.
 
     specrt serve ENGINES [--host 127.0.0.1] [--port 8000] [--governor auto] [--max-new-tokens 256]
-                         [--tool-call-parser hermes|llama3_json [--enable-auto-tool-choice]]
+                         [--tool-call-parser hermes|llama3_json|pythonic|qwen3_coder|mistral|...
+                          [--enable-auto-tool-choice]]
                          [--reasoning-parser qwen3|deepseek_r1]
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
@@ -694,6 +695,7 @@ class Server:
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop), "tool_parser": tool_parser, "template": template,
                 "parallel": body.get("parallel_tool_calls") is not False,  # (false: the first call alone)
+                "tools": tools,  # (qwen3_coder types a call's values by its tool's schema)
                 "include_reasoning": reasoned is not False,
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
                 "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
@@ -1418,7 +1420,8 @@ class Handler(BaseHTTPRequestHandler):
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
                 # (its tool calls)
-                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"), req.get("parallel", True))
+                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"), req.get("parallel", True),
+                                             req.get("tools"))
                 choice = ({"index": i, "message": msg, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
@@ -1478,7 +1481,7 @@ class Handler(BaseHTTPRequestHandler):
             write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
         # (text that may begin a tool call held, the calls sent at the end)
-        calls = Streamed(req.get("tool_parser"), req.get("parallel", True))
+        calls = Streamed(req.get("tool_parser"), req.get("parallel", True), req.get("tools"))
         try:
             item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
             while "usage" not in item:
@@ -1711,7 +1714,9 @@ def _check_api_key(key: str | None) -> None:
 @click.option("--tool-call-parser", type=click.Choice(PARSERS),
               help="Parse the tool calls in chat answers to requests with 'tools' into OpenAI's tool_calls, as "
                    "the model writes them (hermes: <tool_call> blocks, Qwen2.5 / Qwen3; llama3_json: a JSON call, "
-                   "Llama 3.1-3.3), as vLLM's --enable-auto-tool-choice --tool-call-parser. Default: none (such a "
+                   "Llama 3.1-3.3; pythonic, llama4_pythonic: [f(x=1)], Llama 3.2 / 4; qwen3_coder: <function=...> "
+                   "XML, Qwen3-Coder; mistral: [TOOL_CALLS]), as vLLM's --enable-auto-tool-choice "
+                   "--tool-call-parser. Default: none (such a "
                    "request with tool_choice auto is a 400; tools are still rendered with tool_choice none).")
 @click.option("--enable-auto-tool-choice", is_flag=True,
               help="vLLM's flag, taken so that its command lines serve: --tool-call-parser alone turns auto tool "
