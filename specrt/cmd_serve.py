@@ -87,7 +87,7 @@ from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids
 from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
 from specrt.reasoning import PARSERS as REASONING_PARSERS
 from specrt.reasoning import tags_problem as reasoning_tags_problem
-from specrt.tool_calls import PARSERS, Streamed, ToolsRefused, parser_problem, request_tools, tools_unread
+from specrt.tool_calls import PARSERS, Streamed, ToolsRefused, parser_problem, rendered, request_tools, tools_unread
 from specrt.tool_calls import message as tool_message
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
@@ -676,7 +676,7 @@ class Server:
         messages = prompts[0]
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
-                prompts = [self.session.encode(messages, True, template, check_length, tools)]
+                prompts = [rendered(lambda t: self.session.encode(messages, True, template, check_length, t), tools)]
                 if tools:  # (its count, past the bound: said with the tools, not left to the stream)
                     check_length(len(prompts[0]), False)
             except UserError as e:
@@ -780,8 +780,8 @@ class Server:
             except UserError as e:
                 raise BadRequest(str(e), "chat_template_kwargs") from None
             try:
-                text = s.text.prompt_text(messages, True, variables, tools=tools,
-                                          generation=flags["add_generation_prompt"] is not False)
+                text = rendered(lambda t: s.text.prompt_text(messages, True, variables, tools=t, generation=flags[
+                    "add_generation_prompt"] is not False), tools)
             except UserError as e:
                 raise self._template_refusal(e) from None
         else:

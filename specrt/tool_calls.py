@@ -27,17 +27,17 @@ OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
                  text kept a string: vLLM's makes it false), object/array JSON (else a Python
                  literal), "null" null where the type is not a string or the schema admits null,
                  a parameter the schema does not name a string; a </parameter> ends a value only
-                 where the next parameter, </function> or </tool_call> follows it (one in the
-                 value, code quoting the format, is text); the text before the first block is
-                 the content
+                 where the next parameter, </function> or </tool_call> follows it and it closes
+                 no <parameter= opened on a line of the value (one in the value, code quoting
+                 the format, is text); the text before the first block is the content
     mistral      [TOOL_CALLS] followed by a JSON array of {"name", "arguments"} (Mistral 7B v0.3,
                  Nemo, Small 3.1), or the newer [TOOL_CALLS]NAME[ARGS]{...} a call (tokenizer v11+:
-                 Mistral Small 3.2, Magistral, Devstral); the text before the first is the content;
-                 call ids of 9 letters and digits, as Mistral's chat templates and mistral_common
-                 refuse any other when the calls come back in the conversation. [TOOL_CALLS] and
-                 [ARGS] are special tokens, which an answer's text leaves out: with this parser
-                 the answers' text keeps those two (Text.keep_special), as vLLM decodes special
-                 tokens for it
+                 Mistral Small 3.2, Magistral, Devstral; a [CALL_ID]ID after the name dropped);
+                 the text before the first is the content; call ids of 9 letters and digits, as
+                 Mistral's chat templates and mistral_common refuse any other when the calls come
+                 back in the conversation. [TOOL_CALLS], [ARGS] and [CALL_ID] are special tokens,
+                 which an answer's text leaves out: with this parser the answers' text keeps
+                 those three (Text.keep_special), as vLLM decodes special tokens for it
 
 A call that is malformed (bad JSON or Python, no name, arguments not an object) leaves the
 whole answer as content: a client gets text, never a 500. An answer cut by max_tokens gives
@@ -71,6 +71,7 @@ PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4's, ar
 FUNCTION, PARAMETER = "<function=", "<parameter="  # qwen3_coder's, inside a <tool_call> block
 FUNCTION_END, PARAMETER_END = "</function>", "</parameter>"
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"  # mistral's (special tokens: kept in its answers' text)
+CALL_ID = "[CALL_ID]"  # v11+ tokenizers': NAME[CALL_ID]ID[ARGS]{...}, as templates that write the ids render a call
 HELD = {"hermes": (START,), "qwen3_coder": (START, FUNCTION), "mistral": (TOOL_CALLS,)}  # where a call may begin
 LEADING = {"pythonic": ("[",), "llama4_pythonic": ("[", PYTHON_START)}  # an answer that is a call starts so
 NAME_START = re.compile(r'\{\s*"name"\s*:')  # llama3_json: where a call may begin after text
@@ -117,6 +118,26 @@ def request_tools(body: dict, parser: str | None) -> tuple[list[dict] | None, st
     return tools, parser if choice == "auto" and tools else None
 
 
+def rendered(render, tools: list[dict] | None):
+    """``render(tools)``; where that fails (a UserError) and a tool gives no "parameters" (OpenAI's
+    way to say it takes none), ``render`` of the tools with an empty parameter list, as a template
+    that reads each tool's parameters then renders: Qwen3-Coder's (``tool.parameters.properties``)
+    refused such a request, a 400, which vLLM renders (its tools' parameters null, w76g); the
+    first error stands if that fails too. The tools as given where they render (transformers')."""
+    try:
+        return render(tools)
+    except UserError as e:
+        empty = {"type": "object", "properties": {}}
+        filled = [t if "parameters" in t["function"] else {**t, "function": {**t["function"], "parameters": empty}}
+                  for t in tools or ()]
+        if filled == (tools or []):
+            raise
+        try:
+            return render(filled)
+        except UserError:
+            raise e from None
+
+
 def _tool_problem(t) -> str | None:
     """What is wrong with one of ``tools`` (its index's suffix first), or None."""
     if not isinstance(t, dict) or t.get("type") != "function":
@@ -138,12 +159,12 @@ def parser_problem(text, parser: str) -> str | None:
     or None: hermes' and qwen3_coder's tags made special tokens, which an answer's text leaves
     out (Text.decode; vLLM decodes them for these parsers, specrt's answers never hold special
     tokens); mistral's [TOOL_CALLS] not a token at all (vLLM's refuses such a tokenizer too).
-    For mistral it makes ``text`` keep [TOOL_CALLS] and [ARGS] in answers (Text.keep_special)."""
+    For mistral it makes ``text`` keep [TOOL_CALLS], [ARGS] and [CALL_ID] in answers (Text.keep_special)."""
     if parser == "mistral":
         if text.tokenizer.token_to_id(TOOL_CALLS) is None:
             return (f"--tool-call-parser mistral: the tokenizer has no {TOOL_CALLS} token, which Mistral's models "
                     "write before their calls (not a Mistral tokenizer?)")
-        text.keep_special(TOOL_CALLS, ARGS)
+        text.keep_special(TOOL_CALLS, ARGS, CALL_ID)
         return None
     if parser not in ("hermes", "qwen3_coder"):  # (llama3_json's <|python_tag|>, Llama 4's <|python_start|>: special,
         return None  # left out, the call read alone)
@@ -320,7 +341,9 @@ def _literal(node):
 
 def _qwen3_coder(text: str, tools, cut: bool) -> tuple[str, list] | None:
     schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
-    at, calls, content = text.find(FUNCTION), [], None
+    start = text.find(START)  # (the first block's <function=: one in the text before it is text, as vLLM's, w76g)
+    at, calls, content = text.find(FUNCTION, start) if start >= 0 else -1, [], None
+    at = at if at >= 0 else text.find(FUNCTION)
     while at >= 0:
         if content is None:  # (the text before the first call's <tool_call>, or its <function= where it has none)
             before = text[:at].rstrip()
@@ -368,10 +391,24 @@ def _function(text: str, at: int, schemas: dict, cut: bool) -> tuple[str, str, i
 def _value(text: str, at: int, cut: bool) -> tuple[str | None, int]:
     """A parameter's value starting at ``at`` and where the text after it resumes: it ends at the
     first </parameter> followed by the next parameter, </function>, </tool_call> or the text's
-    end; without one (not in a cut answer), at the next parameter, </function> or the end."""
-    end = text.find(PARAMETER_END, at)
-    while end >= 0 and not VALUE_END.match(text, end + len(PARAMETER_END)):
-        end = text.find(PARAMETER_END, end + 1)
+    end, past those that close a <parameter= opened on a line of the value (a call quoted in it,
+    as vLLM's counts them; where they do not pair up, the first); without one (not in a cut
+    answer), at the next parameter, </function> or the end."""
+    end, first, depth, pos = -1, -1, 0, at
+    close = text.find(PARAMETER_END, pos)
+    while close >= 0:
+        opened = text.find("\n" + PARAMETER, pos, close)
+        if opened >= 0:  # (a file the call writes that quotes a call: its </parameter> is text, w76g)
+            depth, pos = depth + 1, opened + 1 + len(PARAMETER)
+            continue
+        if VALUE_END.match(text, close + len(PARAMETER_END)):
+            if not depth:
+                end = close
+                break
+            first = close if first < 0 else first
+        depth, pos = max(0, depth - 1), close + len(PARAMETER_END)
+        close = text.find(PARAMETER_END, pos)
+    end = end if end >= 0 else first
     if end >= 0:
         resume = end + len(PARAMETER_END)
     elif cut:
@@ -443,7 +480,8 @@ def _mistral(text: str) -> tuple[str, list] | None:
     calls = []
     for part in parts:  # [TOOL_CALLS]NAME[ARGS]{...}: v11 and later, a call each
         brace = part.find("{")
-        name = part[:brace].replace(ARGS, "").strip() if brace >= 0 else ""
+        # (a [CALL_ID]ID after the name dropped: left out of the text, the id was glued to the name, w76g)
+        name = part[:brace].split(CALL_ID)[0].replace(ARGS, "").strip() if brace >= 0 else ""
         try:
             args = decoder.raw_decode(part, brace)[0] if name and not any(c.isspace() for c in name) else None
         except (ValueError, RecursionError):

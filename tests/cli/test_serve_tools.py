@@ -616,6 +616,64 @@ def test_qwen3_coder_types_each_value_by_its_tools_schema():
         assert parse(bad, "qwen3_coder", tools) == (bad, []), bad
 
 
+def test_a_qwen3_coder_value_that_quotes_a_call_is_the_whole_value():
+    """w76g: a coding agent's Qwen3-Coder call writing a file that quotes a call in its own
+    format (docs, a test of a parser): the quoted <parameter=>...</parameter> then </function>
+    ended the value at the quoted </parameter>, the file cut and the call's other parameters
+    lost, silently; the </parameter>s that close a <parameter= opened on a line of the value
+    are text (vLLM's counts them so). Where the value's opens do not pair up, the first
+    </parameter> that may end it still does. The text before a call that names <function=
+    (the call explained first) left the whole answer text: it is content, as vLLM's reads it."""
+    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
+        "content": {"type": "string"}, "path": {"type": "string"}}}}}]
+    quoted = "Call it so:\n<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"
+    text = f"<tool_call>\n<function=write_file>\n<parameter=content>\n{quoted}\n</parameter>\n" \
+           "<parameter=path>\na.md\n</parameter>\n</function>\n</tool_call>"
+    assert _calls(text, "qwen3_coder", tools) == (None, [("write_file", {"content": quoted, "path": "a.md"})])
+    assert _calls(text, "qwen3_coder", tools, cut=True)[1] == [("write_file", {"content": quoted, "path": "a.md"})]
+    odd = "<tool_call>\n<function=write_file>\n<parameter=content>\nsee\n<parameter=\n</parameter>\n" \
+          "<parameter=path>\na.md\n</parameter>\n</function>\n</tool_call>"
+    assert _calls(odd, "qwen3_coder", tools) == (None, [("write_file", {"content": "see\n<parameter=", "path": "a.md"})])
+    # the text before the call names the format: it is content, and the call is the <tool_call> block's
+    said = "I will write <function=write_file> with the path.\n<tool_call>\n<function=write_file>\n<parameter=path>\n" \
+           "a.md\n</parameter>\n</function>\n</tool_call>"
+    assert _calls(said, "qwen3_coder", tools) == ("I will write <function=write_file> with the path.\n",
+                                                  [("write_file", {"path": "a.md"})])
+
+
+# Qwen3-Coder's template reads every tool's parameters.properties (an excerpt, in the test engines' words)
+READS_PARAMETERS = ("{% for t in tools %}{% set t = t.function %}<|tools|> {{ t.name }} "
+                    "{% for p, f in t.parameters.properties|items %}{{ p }} {% endfor %}{% endfor %}"
+                    "{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %}<|assistant|>")
+
+
+def test_a_tool_without_parameters_renders_where_the_template_reads_them(calling, monkeypatch):
+    """w76g: an agent's tool that takes no arguments (OpenAI lets "parameters" be left out) through
+    Qwen3-Coder's real template was a 400 ("UndefinedError: 'dict object' has no attribute
+    'parameters'"; transformers fails so too), which vLLM renders (its tools' parameters null):
+    now rendered with an empty parameter list (its name, no parameters; get_weather's "city"
+    after it), chat and /tokenize alike."""
+    from specrt.runtime.text import Text
+
+    init = Text.__init__
+
+    def reads_parameters(self, folder):
+        init(self, folder)
+        self.chat_template = self.tool_template = READS_PARAMETERS
+
+    monkeypatch.setattr(Text, "__init__", reads_parameters)
+    bare = [{"type": "function", "function": {"name": "now", "description": "The time"}}, *TOOLS]
+    servers = _serving(calling, ("hermes",))
+    url = next(servers)["hermes"]
+    try:
+        code, r = _chat(url, tools=bare, max_tokens=2)
+        assert code == 200 and r["choices"][0]["message"]["content"], r
+        code, r = _post(url, "/tokenize", {"messages": ASK, "tools": bare, "return_token_strs": True})
+        assert code == 200 and r["token_strs"][:6] == ["<|tools|>", "<unk>", "<|tools|>", "<unk>", "<unk>", "<|user|>"]
+    finally:
+        next(servers, None)
+
+
 def test_mistral_reads_both_forms_with_nine_character_ids():
     """mistral: [TOOL_CALLS] then a JSON array (tokenizers before v11) or NAME[ARGS]{...} a call
     (v11+), the text before the content; each id 9 letters and digits, as Mistral's templates
@@ -765,6 +823,23 @@ def test_mistral_is_refused_at_the_start_without_its_token(calling):
     assert text.decode(ids) == "Sure. Hello"
     assert parser_problem(text, "mistral") is None
     assert text.decode(ids) == "Sure. [TOOL_CALLS] Hello [ARGS]"
+
+
+def test_a_mistral_call_with_its_call_id_keeps_its_name(calling):
+    """w76g: v11+ Mistral tokenizers (Mistral Small 3.2's has [CALL_ID], id 33) and the templates
+    that write ids render a call [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}; a model that writes one so
+    had its [CALL_ID], a special token, left out of the text and the id glued to the name
+    ("get_weathera1B2c3D4e", a call to no tool). [CALL_ID] is kept, and the name ends at it."""
+    from specrt.runtime.text import Text
+    from specrt.tool_calls import parser_problem
+
+    text = Text(calling / "export")
+    text.tokenizer.add_special_tokens(["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"])
+    assert parser_problem(text, "mistral") is None
+    said = text.decode(text.tokenizer.encode('[TOOL_CALLS] get_weather [CALL_ID] a1B2c3D4e [ARGS] {"city":"Paris"}').ids)
+    assert "[CALL_ID]" in said
+    assert _calls('[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}', "mistral") == \
+        (None, [("get_weather", {"city": "Paris"}), ("f", {})])
 
 
 def test_a_kept_special_token_ends_a_run_of_byte_tokens(tmp_path):
