@@ -297,13 +297,16 @@ class Generator:
         self._from0 = ({C.LOGITS_FROM: np.array(0, np.int64)}
                        if any(t.name == C.LOGITS_FROM for t in getattr(engines.target(1), "inputs", ())) else {})
 
-    def _screen_for(self, params: SamplingParams) -> None:
+    def _screen_for(self, params: SamplingParams, guided: bool = False) -> None:
         """The screen and the head_exact feeds for these params: set at every stream, since
         callers change ``params`` between streams (a seed, or greedy to sampled, which must
-        not go on screening int8 logits it would sample from)."""
+        not go on screening int8 logits it would sample from). A guided stream (grammar.py)
+        takes the fp32 rows: the screen finds the argmax of the whole row, not of the
+        grammar's allowed tokens."""
         head = self._head
-        self.screen = head if head is not None and params.greedy else None
-        self._head_feeds = ({C.HEAD_EXACT: np.array(not params.greedy)}, {C.HEAD_EXACT: np.array(True)}) \
+        self.screen = head if head is not None and params.greedy and not guided else None
+        exact = not params.greedy or guided
+        self._head_feeds = ({C.HEAD_EXACT: np.array(exact)}, {C.HEAD_EXACT: np.array(True)}) \
             if head is not None else ({}, {})
 
     def resolve_tree_width(self) -> int:
@@ -396,14 +399,16 @@ class Generator:
         ids = top + (self.d2t[top] if self.d2t is not None else 0)
         return [int(t) for t in ids if t != first][: w - 1]
 
-    def _first_token(self, out: dict, rng) -> int:
+    def _first_token(self, out: dict, rng, guide=None) -> int:
         """The token after the prompt, from the prefill's last row (a screened head's fp32 row:
         zero norms, so the screen only rescores the tokens within float rounding of the top,
-        and the tie rule stays the one every later step follows)."""
+        and the tie rule stays the one every later step follows; a guide's mask laid over it)."""
         logits = out[C.LOGITS][0]
         # (a NaN or +inf row gave argmax's first such index: a wrong first token emitted before the
         # error the next step raised, session 59)
         check_logits(logits[-1:], first_row=len(logits) - 1)  # (the call's row: its last, or its only one)
+        if guide is not None:
+            return self._pick(guide.masked(logits[-1]), rng)
         if self.screen is not None:
             return int(self.screen.argmax(logits, out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0],
                                           range(len(logits) - 1, len(logits)))[0])
@@ -603,7 +608,7 @@ class Generator:
 
     # ---- the loop -------------------------------------------------------------------
 
-    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> Stream:
+    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None) -> Stream:
         """The new tokens of each round, as lists of token ids. One stream at a time: the
         caches are the Generator's, so a stream started while an earlier one is unfinished
         supersedes it (resuming the earlier one raises UserError instead of going on over
@@ -611,24 +616,30 @@ class Generator:
         chunk is asked for (a refused call leaves a running stream running); the telemetry's
         ``seconds`` leave out the time the consumer holds the stream between chunks
         (``Stream.clock``). Streams may be driven from several threads: they take turns
-        (``lock``), a round at a time."""
+        (``lock``), a round at a time. ``grammar``: a grammar.Grammar the answer is held to
+        (structured output; its first mask is made here: a grammar no token can start is refused)."""
         with self.lock:
             try:
                 checked = self._check(prompt_ids, max_new_tokens, eos_ids)
+                guide = grammar.guide() if grammar is not None else None
+                if guide is not None:
+                    guide.allowed()
             except UserError:
                 if self._live is None:  # a refused stream shows no earlier stream's finish or telemetry
                     self.finished, self.telemetry = None, Telemetry()
                 raise
             prompt, eos, scored, top, tree_width, lookup = checked
             self._epoch = mine = self._live = self._epoch + 1
-            self._screen_for(self.params)
+            self._screen_for(self.params, guide is not None)
             # this stream's, from its start: a stream closed early leaves no other's
             self.finished, self.telemetry = None, Telemetry()
-            self.tree_width = tree_width
+            # (a guided stream verifies chains: a token tree's runners-up would each need the mask
+            # of their own position, and verify_sampling's residual for them the masked p)
+            self.tree_width = 1 if guide is not None else tree_width
             self.governor.start_stream()
             clock = Held()
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
-                                       clock.claim()), clock, self.lock, lambda: self._closed_unstarted(mine))
+                                       clock.claim(), guide), clock, self.lock, lambda: self._closed_unstarted(mine))
 
     def _full(self) -> str | None:
         """"context" where the next round would find no room (the stream's loop ends there)."""
@@ -709,7 +720,7 @@ class Generator:
         return scored
 
     def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,
-                tel: Telemetry, clock: Held, me: object) -> Iterator[list[int]]:
+                tel: Telemetry, clock: Held, me: object, guide=None) -> Iterator[list[int]]:
         self._still_mine(mine)  # (a stream asked for its first chunk after a newer one started)
         rng = make_rng(self.params.seed)
         # coupled sampling: each position's draw a function of the seed and the position
@@ -751,7 +762,11 @@ class Generator:
                 tel.streams = 1
                 self.finished = Finished("length")
                 return
-            first = self._first_token(out, rng)
+            first = self._first_token(out, rng, guide)
+            if guide is not None:
+                guide.take(first)
+            # the grammar complete: the answer ends at this token (finish "stop")
+            done = guide is not None and guide.stopped and first not in eos
             tel.streams, tel.first_token_s = 1, time.perf_counter() - t_start
             x = prompt + [first]
             if top is not None:
@@ -768,12 +783,13 @@ class Generator:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)  # (stats() in mid-stream: so far)
             # how the stream ends if this is its last chunk: a caller closing it once it has them all
             # (after the EOS, or max_new_tokens) ends it so, not "interrupted"
-            ending = "eos" if first in eos else "length" if emitted >= max_new_tokens else self._full()
+            ending = "eos" if first in eos else "stop" if done else "length" if emitted >= max_new_tokens \
+                else self._full()
             with clock.at(me):
                 yield [first]
             self._still_mine(mine)
-            if first in eos:
-                self.finished = Finished("eos")
+            if first in eos or done:
+                self.finished = Finished(ending)
                 return
             while emitted < max_new_tokens:
                 n = self.tkv.length
@@ -828,7 +844,12 @@ class Generator:
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib), exact=top is not None)
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
                 screen = self.screen  # a screened head: greedy logits approximate (specrt/head.py)
-                if self.params.greedy:
+                if self.params.greedy and guide is not None:
+                    # the masked rows' argmaxes up to the first that ends the round (grammar.py): the
+                    # drafts after it are never accepted, so they are not verified
+                    best = guide.argmaxes(logits, drafts[:d], lambda k: check_logits(logits[k : k + 1], first_row=k))
+                    v = verify_greedy(None, drafts[: len(best) - 1], best=best)
+                elif self.params.greedy:
                     hid, nrm = (out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0]) if screen is not None else (None, None)
                     # (a screen's non-finite rows come back -1: verify_greedy fails only the rows it uses)
                     best = screen.argmax(logits, hid, nrm, range(d + 1), nonfinite_ok=True) if screen is not None \
@@ -850,6 +871,8 @@ class Generator:
                         # each row checked as it is used: rows past the first rejection are not looked at,
                         # as greedy's are not (one failed the round, and the answer's failure hung on the depth)
                         check_logits(logits[k : k + 1], rowmax=m[k : k + 1], first_row=k)
+                        if guide is not None:  # masked after drafts 1..k (asked for in order: LazyRows)
+                            return guide.row_probs(logits[k], drafts, k, self.params)
                         return probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0]
 
                     p = LazyRows(row, d + 1 + len(sib), self.vocab)  # the siblings' rows after the chain's
@@ -859,6 +882,8 @@ class Generator:
                     else:
                         v = verify_sampling(p, q if q is not None else one_hot(drafts[:d], self.vocab), drafts[:d],
                                             rng, sib, lambda j: p[d + 1 + j])
+                if guide is not None:  # the matcher holds the round's tokens; a round past the grammar's end cut
+                    v = guide.settle(v)
                 rows = [0, d + 1 + v.sibling] if v.sibling >= 0 else slice(0, v.accepted + 1)  # x's, then the accepted
                 if v.sibling >= 0:
                     self.tkv.move_row(n + rows[1], n + 1)  # the runner-up's K/V row to the slot after x's
@@ -880,6 +905,8 @@ class Generator:
                 stop = next((j for j, t in enumerate(new) if t in eos), None)
                 if stop is not None:
                     new = new[: stop + 1]
+                # the grammar complete at the round's last token (settle cut it there)
+                done = guide is not None and guide.stopped and stop is None and len(new) == len(v.tokens)
                 # the telemetry counts what was emitted: drafts accepted past an EOS are not
                 # (governors and the lookup policy still learn the round as the target judged it)
                 tel.record(r if stop is None or stop >= r.accepted else  # (ended by the EOS, not a rejection)
@@ -898,12 +925,13 @@ class Generator:
                     lookup.settle(x)
                 emitted += len(new)
                 tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
-                ending = "eos" if stop is not None else "length" if emitted >= max_new_tokens else self._full()
+                ending = "eos" if stop is not None else "stop" if done else "length" if emitted >= max_new_tokens \
+                    else self._full()
                 with clock.at(me):
                     yield new
                 self._still_mine(mine)
-                if stop is not None:
-                    self.finished = Finished("eos")
+                if stop is not None or done:
+                    self.finished = Finished(ending)
                     return
             self.finished = Finished("length")
         except GeneratorExit:  # closed by its caller before it ended (a stream since started keeps its finish)
@@ -937,8 +965,8 @@ class Generator:
             raise UserError("this stream was superseded: a newer stream started on the same Session (its caches "
                             "hold one stream at a time; finish or close a stream before starting the next)")
 
-    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=()) -> list[int]:
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None) -> list[int]:
         out: list[int] = []
-        for chunk in self.stream(prompt_ids, max_new_tokens, eos_ids):
+        for chunk in self.stream(prompt_ids, max_new_tokens, eos_ids, grammar):
             out += chunk
         return out

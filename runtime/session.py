@@ -28,6 +28,7 @@ with one made for other engines, the identity map is used. ``calibration_note`` 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -43,6 +44,7 @@ from .corpus import Growth
 from .generate import Finished, Generator, Stream, as_whole
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, lookup_chain,
                        split_lookup, wants_corpus)
+from .grammar import Constraint, Grammar, compile_constraint
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
 
@@ -88,6 +90,7 @@ def read_d2t(export_dir: Path, export: dict) -> np.ndarray | None:
 # map over-predicts the sampled first position by 0.05), and a full calibration's counts
 # (thousands of rounds) would outweigh a run's own rounds for good.
 PRIOR_ROUNDS = 64
+GRAMMARS_KEPT = 16  # compiled grammars a Session keeps (Session.grammar_of)
 
 
 def shallower_note(fitted_depth, depths) -> str:
@@ -326,6 +329,8 @@ class Session:
         # stream's own are laid over them
         self.chat_template_kwargs = template_kwargs_of(chat_template_kwargs, "chat_template_kwargs")
         self.closed = False
+        self._grammars: dict[str, Grammar] = {}  # grammar_of's, by Constraint.key, the newest last
+        self._grammar_lock = threading.Lock()
         self._growth_read = None  # (path, _file_stamp) of the growth file as load_growth read it
         # how errors name the switch that asks for the chat template: the API's argument; a
         # front end sets its own (`specrt run`: --chat)
@@ -607,15 +612,33 @@ class Session:
         if self.closed:
             raise UserError("this Session is closed (its engines' sessions are released): open a new one")
 
+    def grammar_of(self, constraint: Constraint | None) -> Grammar | None:
+        """``constraint`` compiled for these engines' tokenizer (grammar.py), the last few kept
+        (a server's clients send the same schema again: compiling one costs milliseconds)."""
+        if constraint is None:
+            return None
+        if not isinstance(constraint, Constraint):
+            return compile_constraint(constraint, self.text, self.generator.vocab, self.eos)  # (refused there)
+        key = constraint.key()
+        with self._grammar_lock:  # (serve's request threads compile before they wait for the engines)
+            got = self._grammars.pop(key, None) or compile_constraint(constraint, self.text, self.generator.vocab,
+                                                                      self.eos)
+            self._grammars[key] = got  # the newest last; the oldest past GRAMMARS_KEPT go
+            while len(self._grammars) > GRAMMARS_KEPT:
+                del self._grammars[next(iter(self._grammars))]
+        return got
+
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
-                   prompt_logprobs: int | None = None) -> Stream:
+                   prompt_logprobs: int | None = None, grammar: Constraint | None = None) -> Stream:
         """``stream`` in token ids: ``ids`` a list, tuple or numpy array of ints (no template,
         no tokenizer needed), each chunk yielded a list of the ids a round accepted; no stop
         strings (``max_new_tokens``, the engines' EOS or their context end it). ``logprobs`` and
         ``prompt_logprobs`` as ``stream``'s, read from ``stats()``. The arguments are checked
         when called, and the call supersedes an unfinished stream at once (``stream`` does at
-        its first piece); the decoding starts when the first chunk is asked for."""
+        its first piece); the decoding starts when the first chunk is asked for. ``grammar``:
+        structured output, as ``stream``'s."""
         self._open()
+        compiled = self.grammar_of(grammar)
         out: list[int] = []
         # under the lock: another thread's stream would set these between, and stats() there
         # would read this stream's telemetry (Generator.stream resets it) with the older ids
@@ -623,7 +646,7 @@ class Session:
             before = self.generator.logprobs, self.generator.prompt_logprobs
             self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
             try:
-                gen = self.generator.stream(ids, max_new_tokens, self.eos)
+                gen = self.generator.stream(ids, max_new_tokens, self.eos, compiled)
             except UserError:  # refused: a running stream's stats() stay its own
                 self.generator.logprobs, self.generator.prompt_logprobs = before
                 if not self.generator.streaming:  # else none: the generator showed no earlier stream's
@@ -652,7 +675,8 @@ class Session:
 
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
-               prompt_logprobs: int | None = None, chat_template_kwargs: dict | None = None) -> Iterator[str]:
+               prompt_logprobs: int | None = None, chat_template_kwargs: dict | None = None,
+               grammar: Constraint | None = None) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
         ``logprobs`` N: ``stats()['output_logprobs']`` then holds each output token's
         log-probability under the target with its N most likely alternatives
@@ -664,6 +688,10 @@ class Session:
         ``prompt``: text (through the chat template when ``chat``), or a conversation of
         role/content objects (always through it: runtime/text.py), the template given
         ``chat_template_kwargs`` over the session's.
+        ``grammar``: a grammar.Constraint (``Constraint.json_schema(schema)``, ``.json()``,
+        ``.regex(pattern)``, ``.choice([...])``, ``.lark(text)``) the answer is held to, losslessly
+        relative to the target masked by it; it ends where the grammar is complete (finish
+        "stop"). Needs llguidance (``pip install 'specrt[structured]'``).
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do, and its ``new_tokens`` counts those (a
         verify round may have accepted more: its acceptance counts what the round accepted).
@@ -680,15 +708,16 @@ class Session:
         scan = StopScanner(stop)  # checks the stop strings before anything runs
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs, max_new_tokens, prompt_logprobs)
         self.generator.check_args(ids, max_new_tokens, self.eos, logprobs, prompt_logprobs)
-        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs)
+        self.grammar_of(grammar)  # (refused now, not at the first piece; kept compiled for it)
+        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs, grammar)
 
     def _texts(self, ids: list[int], scan: StopScanner, max_new_tokens: int, logprobs: int | None,
-               prompt_logprobs: int | None) -> Iterator[str]:
+               prompt_logprobs: int | None, grammar: Constraint | None = None) -> Iterator[str]:
         """``stream``'s pieces of text (its arguments checked)."""
         detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
         lock = self.generator.lock
         with lock:  # (another thread's stream starts before these are set or after them, not between)
-            gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs)
+            gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs, grammar)
             # stream_ids' list, each round's tokens added with its telemetry (the detokenizer's
             # gets them after the lock is let go); the same tokens as the detokenizer's between pieces
             out = self.last_output_ids

@@ -655,13 +655,28 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
                    "the previous one's tokens (a chat's growing history, a document asked about again, the chat "
                    "template's system prompt) reuses their KV cache rows, computed the same way, and prefills "
                    "only the rest.")
+@click.option("--json-schema", "json_schema", type=PathArg("a file", exists=True, dir_okay=False),
+              help="Structured output: each answer is JSON matching this JSON schema file (needs llguidance: "
+                   "pip install 'specrt[structured]'). --json-schema, --json, --regex, --choice and --grammar "
+                   "exclude each other.")
+@click.option("--json", "json_any", is_flag=True, help="Structured output: each answer is a JSON object.")
+@click.option("--regex", callback=lambda ctx, param, v: argv_text(v),
+              help="Structured output: each answer matches this regular expression (Rust regex syntax).")
+@click.option("--choice", "choices", multiple=True, callback=lambda ctx, param, v: tuple(map(argv_text, v)),
+              help="Structured output: each answer is one of these strings (repeatable).")
+@click.option("--grammar", "grammar_file", type=PathArg("a file", exists=True, dir_okay=False),
+              help="Structured output: each answer is a sentence of this Lark grammar file (llguidance's Lark).")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
-        reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, quiet) -> None:
+        reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, json_schema, json_any, regex, choices,
+        grammar_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true); so does an engine failure (NaN or +inf logits, the backend's own
-    error at a call) once anything was decoded (the stats' "failed" holds the error)."""
+    error at a call) once anything was decoded (the stats' "failed" holds the error).
+    With --json-schema, --json, --regex, --choice or --grammar each answer is held to it
+    (structured output: lossless relative to the target with the tokens the grammar refuses
+    masked; an answer ends where the grammar is complete)."""
     import copy
 
     from specrt.paths import check_distinct, check_not_engines_file, check_output_file
@@ -681,6 +696,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         click.echo("note: --no-prefix-reuse has no effect on one prompt: only a later prompt of --prompts reuses "
                    "an earlier one's KV rows", err=True)
     StopScanner(stops)  # a bad stop string is refused before the engines load
+    constraint = _constraint(json_schema, json_any, regex, choices, grammar_file)  # (a bad file: before loading)
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
         check_not_engines_file(stats_file, engines_dir, "--stats")
@@ -705,6 +721,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 click.echo(f"{governor}: session growth from {grow_file} ({n} sequences)", err=True)
         if s.text is None and stops:
             raise UserError(f"--stop: stop strings need text, and {s.engines.export_dir} has no tokenizer.json")
+        s.grammar_of(constraint)  # compiled once (kept by the session), a bad one refused before any decoding
         inputs = prompts  # what is streamed: --prompts' lines as the ids checked here, encoded once
         if prompts_file is not None:  # every line before the first is decoded (a bad one cost the answers before it)
             inputs = check_each(prompts, lambda p: s.check_prompt(p, chat=chat, max_new_tokens=max_new_tokens),
@@ -748,7 +765,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 try:
                     if s.text is None and is_token_ids(q):  # no tokenizer: ids in, ids out
                         sep = ""
-                        stream = s.stream_ids(q, max_new_tokens, logprobs)
+                        stream = s.stream_ids(q, max_new_tokens, logprobs, grammar=constraint)
                         for chunk in stream:
                             printed = True
                             if not quiet and chunk:
@@ -756,7 +773,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                                 sep = " "
                     else:
                         stream = s.stream(q, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
-                                          logprobs=logprobs)
+                                          logprobs=logprobs, grammar=constraint)
                         for piece in stream:
                             printed = True
                             if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
@@ -801,6 +818,30 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts))
             raise
         _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file)
+
+
+def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, choices: tuple, grammar_file: Path | None):
+    """run's structured output option as a grammar.Constraint (None without one), each named
+    as given: one at most, a file read (a bad one named) before the engines load."""
+    from specrt.paths import read_json_object
+    from specrt.runtime.grammar import Constraint
+
+    given = [o for o, v in (("--json-schema", json_schema), ("--json", json_any or None), ("--regex", regex),
+                            ("--choice", choices or None), ("--grammar", grammar_file)) if v is not None]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)}: give one structured output option at most")
+    if json_schema is not None:
+        try:
+            return Constraint.json_schema(read_json_object(json_schema), f"--json-schema {json_schema}")
+        except UserError as e:
+            raise UserError(f"--json-schema {e}") from None
+    if grammar_file is not None:
+        try:
+            return Constraint.lark(grammar_file.read_text(encoding="utf-8"), f"--grammar {grammar_file}")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--grammar {grammar_file}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+    return (Constraint.json("--json") if json_any else Constraint.regex(regex, "--regex") if regex is not None
+            else Constraint.choice(list(choices), "--choice") if choices else None)
 
 
 def _run_summary(s, engines_dir: Path, governor: str, total, per_prompt: list[dict], stats_file: Path | None,

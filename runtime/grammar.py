@@ -1,0 +1,280 @@
+"""Structured output (guided decoding): the answer held to a JSON schema, any JSON object, a
+regular expression, a list of choices or a Lark grammar, through llguidance (an optional
+dependency: ``pip install 'specrt[structured]'``; imported when a constraint is first asked for).
+
+The target's distribution at each position is its logits with the tokens the grammar refuses
+there set to -inf (given the tokens before it), and decoding stays lossless relative to that
+masked target (generate.py): greedy emits the masked rows' argmaxes; rejection sampling tests
+each draft against the masked, renormalised p (the draft's q unmasked: a refused draft has
+p = 0 and is rejected, its correction drawn from max(0, p - q)). Row k of a round is masked
+after drafts 1..k, which the matcher consumes as the rows are asked for (a row past the first
+refused draft is never asked for); after the round the matcher holds exactly the emitted
+tokens. An EOS is allowed only where the grammar accepts (llguidance puts the EOS ids in the
+mask there); once the grammar can take nothing more (the matcher stopped) the answer ends
+there, finish "stop", without an EOS.
+
+    Constraint.json_schema(schema) / .json() / .regex(re) / .choice([...]) / .lark(text)
+    grammar = compile_constraint(constraint, text, vocab, eos)   # a UserError naming a bad one
+    guide = grammar.guide()                                      # one a stream
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.errors import InternalError, UserError
+
+from .sampling import SamplingParams, probs
+from .verify import Verdict
+
+EXTRA = "pip install 'specrt[structured]'"  # (the llguidance package)
+KINDS = ("json_schema", "json", "regex", "choice", "lark")
+# JSON is written as json.dumps writes it (", " and ": ", no other whitespace): llguidance's
+# default allows any run of whitespace between tokens, where a model may loop until its budget
+# ends (a tiny model's answers did: 60 tokens of "\r\t"); a schema's own "x-guidance" options
+# are laid over these
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _llguidance(what: str = ""):
+    """llguidance, or a UserError naming ``what`` asked for it and the extra that installs it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise UserError(f"{what}{': ' if what else ''}structured output needs the llguidance package: {EXTRA}") \
+            from None
+    return llguidance
+
+
+@dataclass(frozen=True, eq=False)
+class Constraint:
+    """What the answer must match: ``kind`` one of KINDS, ``value`` the schema (a dict), the
+    pattern (Rust's regex syntax, llguidance's), the choices (a list of strings) or the grammar
+    (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field)."""
+
+    kind: str
+    value: object = None
+    name: str = ""
+
+    @classmethod
+    def json_schema(cls, schema: dict, name: str = "json_schema") -> "Constraint":
+        return cls("json_schema", schema, name)
+
+    @classmethod
+    def json(cls, name: str = "json_object") -> "Constraint":
+        return cls("json", None, name)
+
+    @classmethod
+    def regex(cls, pattern: str, name: str = "regex") -> "Constraint":
+        return cls("regex", pattern, name)
+
+    @classmethod
+    def choice(cls, options: list[str], name: str = "choice") -> "Constraint":
+        return cls("choice", options, name)
+
+    @classmethod
+    def lark(cls, grammar: str, name: str = "grammar") -> "Constraint":
+        return cls("lark", grammar, name)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+    def key(self) -> str:
+        """The constraint as text, for a cache of compiled grammars."""
+        return json.dumps([self.kind, self.value], sort_keys=True)
+
+    def source(self) -> str:
+        """The llguidance grammar, its value checked (a UserError naming ``label``)."""
+        llg, v, what = _llguidance(self.label), self.value, self.label
+        if self.kind == "json_schema":
+            if not isinstance(v, dict):
+                raise UserError(f"{what}: expected a JSON schema (a JSON object), got {type(v).__name__}")
+            try:
+                return llg.LLMatcher.grammar_from_json_schema(json.dumps(v), JSON_LAYOUT)
+            except (ValueError, TypeError) as e:
+                raise UserError(f"{what}: not a JSON schema llguidance reads ({e})") from None
+        if self.kind == "json":
+            return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', JSON_LAYOUT)
+        if self.kind == "regex":
+            if not isinstance(v, str) or not v:
+                raise UserError(f"{what}: expected a non-empty regular expression, got {v!r:.60}")
+            return llg.LLMatcher.grammar_from_regex(v)
+        if self.kind == "choice":
+            if not isinstance(v, (list, tuple)) or not v or not all(isinstance(c, str) and c for c in v):
+                raise UserError(f"{what}: expected a non-empty list of non-empty strings, got {v!r:.60}")
+            # a Lark rule of string literals (JSON's escapes are Lark's)
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in v))
+        if self.kind == "lark":
+            if not isinstance(v, str) or not v.strip():
+                raise UserError(f"{what}: expected a Lark or GBNF grammar (text), got {v!r:.60}")
+            try:  # (llguidance's "grammar" format: its Lark, or llama.cpp's GBNF converted to it)
+                return llg.grammar_from("grammar", v)
+            except ValueError as e:
+                raise UserError(f"{what}: {_first_lines(str(e))}") from None
+        raise UserError(f"{what}: unknown kind of constraint {self.kind!r} (expected one of {', '.join(KINDS)})")
+
+
+# llguidance's tokenizer of a Text (its tokenizer.json), by (vocabulary, EOS ids): built once
+# (0.1-0.3 s on a 49152-token vocabulary), kept while the Text lives
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tokenizer_of(text, vocab: int, eos: tuple[int, ...]):
+    """llguidance's LLTokenizer of ``text``'s tokenizer.json (what runtime/text.py read), with
+    the engines' vocabulary ``vocab`` (ids past the tokenizer's are never allowed) and their
+    EOS ids (the tokens the mask allows where the grammar accepts)."""
+    llg = _llguidance()
+    kept = _TOKENIZERS.setdefault(text, {})
+    key = (int(vocab), tuple(int(e) for e in eos))
+    if key not in kept:
+        try:
+            kept[key] = llg.LLTokenizer(text.tokenizer.to_str(), n_vocab=key[0], eos_token=list(key[1]) or None)
+        except Exception as e:  # (llguidance raises ValueError / RuntimeError for a tokenizer it cannot take)
+            raise UserError(f"structured output: llguidance cannot read this tokenizer.json ({e})") from None
+    return kept[key]
+
+
+class Grammar:
+    """A constraint compiled against one tokenizer (``compile_constraint``): ``guide()``
+    makes each stream's matcher."""
+
+    def __init__(self, constraint: Constraint, source: str, tokenizer, vocab: int, eos: tuple[int, ...]):
+        self.constraint, self.source, self.tokenizer, self.vocab = constraint, source, tokenizer, vocab
+        self.eos = frozenset(eos)
+
+    def guide(self) -> "Guide":
+        return Guide(self, _llguidance().LLMatcher(self.tokenizer, self.source, log_level=0))
+
+
+def compile_constraint(constraint: Constraint, text, vocab: int, eos: tuple[int, ...]) -> Grammar:
+    """``constraint`` checked and compiled for ``text``'s tokenizer: a UserError naming it
+    where llguidance refuses it (an invalid schema, regex or grammar)."""
+    if not isinstance(constraint, Constraint):
+        raise UserError(f"grammar={constraint!r:.80}: expected a specrt.runtime.grammar.Constraint "
+                        "(Constraint.json_schema(...), .json(), .regex(...), .choice([...]), .lark(...))")
+    if text is None:
+        raise UserError(f"{constraint.label}: structured output needs the target's tokenizer (tokenizer.json)")
+    source = constraint.source()
+    tok = tokenizer_of(text, vocab, eos)
+    failed, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(source, tok)
+    if failed:
+        raise UserError(f"{constraint.label}: {_first_lines(messages[0] if messages else 'refused')}")
+    return Grammar(constraint, source, tok, vocab, tuple(eos))
+
+
+def _first_lines(message: str) -> str:
+    """llguidance's error: its first line and its "error:" lines, without the grammar's listing
+    and the carets it draws under it."""
+    lines = [s.strip() for s in str(message).strip().splitlines() if s.strip()]
+    return "; ".join(lines[:1] + [s for s in lines[1:] if s.lower().startswith("error")])
+
+
+class Guide:
+    """One stream's matcher over ``grammar``: the masks of its rows and the tokens it holds.
+    ``pending``: drafts consumed for a round's masks, given back by ``settle``; an EOS is
+    never consumed (the rows after it are cut: ``ended``)."""
+
+    def __init__(self, grammar: Grammar, matcher):
+        self.grammar, self.m = grammar, matcher
+        self.vocab, self.eos = grammar.vocab, grammar.eos
+        self._bits = np.zeros((self.vocab + 31) // 32, np.int32)  # llguidance's bitmask, bit t of word t // 32
+        self.pending, self.ended = 0, False
+        self.position = 0  # output tokens held (for errors)
+        self._fail()
+
+    def _fail(self) -> None:
+        if self.m.is_error():
+            why = self.m.get_error()
+            if "NoExtension" in why:  # (llguidance's word where no token can continue: made when it starts too)
+                self._none_allowed()
+            raise UserError(f"{self.grammar.constraint.label}: {_first_lines(why)}")
+
+    def _none_allowed(self):
+        raise UserError(f"{self.grammar.constraint.label}: no token of the vocabulary can continue the answer "
+                        f"{self.position + self.pending} token(s) in (the grammar needs text these engines' "
+                        "tokenizer cannot write)")
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar takes no more tokens (the answer ends here)."""
+        return self.m.is_stopped()
+
+    def allowed(self) -> np.ndarray:
+        """bool [V]: the tokens the grammar allows next (every token once it has stopped: rows
+        after the stop are cut, never emitted). A grammar that allows none (it needs text the
+        vocabulary cannot spell) is a UserError, not a hang."""
+        if self.ended or self.m.is_stopped():
+            return np.ones(self.vocab, bool)
+        self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        ok = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
+        if not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
+            self._none_allowed()
+        self._fail()
+        return ok
+
+    def masked(self, row: np.ndarray) -> np.ndarray:
+        """row [V] with the refused tokens -inf (a copy)."""
+        return np.where(self.allowed(), row, np.float32(-np.inf))
+
+    def take(self, token: int) -> None:
+        """The first token (the prefill's), held unless it is an EOS."""
+        if int(token) not in self.eos:
+            self.consume(token)
+            self.position += 1
+
+    def consume(self, token: int) -> None:
+        if not self.m.consume_token(int(token)):
+            raise InternalError(f"guided decoding: the matcher refused token {token} it allowed "
+                                f"({self.m.get_error()})")
+
+    def advance(self, drafts, k: int) -> None:
+        """A round's row k is asked for: drafts[:k] consumed (each accepted, so allowed)."""
+        while self.pending < k and not self.ended and not self.m.is_stopped():  # (the rows past a stop: cut)
+            if int(drafts[self.pending]) in self.eos:
+                self.ended = True
+                return
+            self.consume(drafts[self.pending])
+            self.pending += 1
+
+    def row_probs(self, logits_row: np.ndarray, drafts, k: int, params: SamplingParams) -> np.ndarray:
+        """Sampling: row k's processed p [V] float64 over the allowed tokens (asked for in order,
+        k only while drafts[:k] were accepted: verify.LazyRows)."""
+        self.advance(drafts, k)
+        return probs(self.masked(logits_row)[None], params)[0]
+
+    def argmaxes(self, logits: np.ndarray, drafts, check) -> np.ndarray:
+        """Greedy: the masked argmaxes of rows 0.. of a round (logits [d+1, V]) up to the first
+        that differs from its draft, or is an EOS, or stops the grammar (the rows after it are
+        never used: the answer ends or the draft is rejected there) -> int64 [j+1], j <= d;
+        ``check(k)`` checks row k's finiteness first."""
+        best = []
+        for k in range(len(drafts) + 1):
+            self.advance(drafts, k)
+            check(k)
+            best.append(int(self.masked(logits[k]).argmax()))
+            if k == len(drafts) or best[-1] != int(drafts[k]) or best[-1] in self.eos:
+                break
+            self.consume(best[-1])
+            self.pending += 1
+            if self.m.is_stopped():
+                break
+        return np.asarray(best, np.int64)
+
+    def settle(self, v: Verdict) -> Verdict:
+        """After a round: the matcher holds its emitted tokens (up to an EOS, which it does not
+        take); a verdict whose token stopped the grammar before its last is cut after it."""
+        self.m.rollback(self.pending)
+        self.pending, self.ended = 0, False
+        for j, t in enumerate(int(t) for t in v.tokens):
+            if t in self.eos:
+                break
+            self.consume(t)
+            self.position += 1
+            if self.m.is_stopped():
+                return v if j >= v.accepted else Verdict(j, v.tokens[: j + 1].copy())
+        return v

@@ -1,0 +1,370 @@
+"""Structured output (runtime/grammar.py, h76a): the answer held to a JSON schema, a regex, a
+choice or a Lark grammar, losslessly relative to the target masked by the grammar.
+
+Real engines: a tiny random Llama whose tokenizer is a byte-level BPE (as SmolLM2's) trained on
+JSON-like text, with a random P-EAGLE draft; every speculative configuration's guided greedy
+output equals guided target-only decoding token for token, and satisfies its grammar. The
+masked rejection step's exactness is checked against the analytic masked distribution."""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import product
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance")
+
+from specrt.engines import build_engines  # noqa: E402
+from specrt.engines.engine_set import load_engines  # noqa: E402
+from specrt.errors import UserError  # noqa: E402
+from specrt.export.export import export  # noqa: E402
+from specrt.runtime import generate as G  # noqa: E402
+from specrt.runtime.governor import DSparkGovernor, FixedGovernor, OffGovernor  # noqa: E402
+from specrt.runtime.grammar import Constraint, compile_constraint  # noqa: E402
+from specrt.runtime.sampling import SamplingParams, make_rng, probs  # noqa: E402
+from specrt.runtime.session import read_d2t  # noqa: E402
+from specrt.runtime.text import Text  # noqa: E402
+from specrt.runtime.verify import LazyRows, verify_sampling  # noqa: E402
+from tests.runtime.test_verify import chi2_pvalue  # noqa: E402
+
+DEPTHS = (1, 2, 3, 4)
+CORPUS = ['{"color": "red", "ok": true, "n": 12}', '{"name": "Paris", "age": 42}', "abc-123 xyz 7",
+          '["a", "b", "c"]', "yes no maybe"]
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+          "required": ["color", "ok"], "additionalProperties": False}
+SCHEMA_NUM = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "name": {"type": "string", "maxLength": 6}},
+              "required": ["n", "name"], "additionalProperties": False}
+REGEX = r"[0-9]{3}-[a-z]{2}"
+CONSTRAINTS = [Constraint.json_schema(SCHEMA), Constraint.json_schema(SCHEMA_NUM), Constraint.regex(REGEX),
+               Constraint.choice(["yes", "no", "maybe"]), Constraint.regex("(ab){6}"),
+               Constraint.lark('start: "[" item ("," item)? ("," item)? "]"\nitem: "a" | "b"')]
+
+
+def _bpe(folder) -> None:
+    """A byte-level BPE tokenizer.json (all 256 bytes, merges of CORPUS) with an EOS <|end|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def guided_engines(root):
+    """Engines in ``root``/"eng" of a tiny random Llama with _bpe's tokenizer (EOS <|end|>), a
+    chat template of role lines, and a random P-EAGLE draft, depths 1-4, context 256."""
+    from tests.fixtures_models import write_tiny_draft, write_tiny_target
+
+    (root / "tok").mkdir()
+    _bpe(root / "tok")
+    text = Text(root / "tok")
+    vocab, eos = text.vocab_size, text.tokenizer.token_to_id("<|end|>")
+    t = write_tiny_target(root / "t", "llama", vocab_size=vocab, eos_token_id=eos, bos_token_id=None)
+    (t / "tokenizer.json").write_bytes((root / "tok" / "tokenizer.json").read_bytes())
+    (t / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>", "chat_template": (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}")}))
+    d = write_tiny_draft(root / "d", t, kind="peagle", num_layers=1, draft_vocab=vocab, mask_token_id=vocab - 1)
+    export(t, d, root / "exp")
+    build_engines(root / "exp", "onnxruntime", DEPTHS, root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=256)
+    return root / "eng"
+
+
+@pytest.fixture(scope="module")
+def guided(tmp_path_factory):
+    """(engines, Text, eos ids) of guided_engines."""
+    folder = guided_engines(tmp_path_factory.mktemp("guided"))
+    engines = load_engines(folder)
+    engines.activate()
+    yield engines, Text(engines.export_dir), tuple(engines.export["target"]["eos_token_ids"])
+    engines.deactivate()
+
+
+@pytest.fixture(scope="module")
+def engines_dir(guided):
+    return guided[0].folder
+
+
+def _gen(engines, governor, params=SamplingParams()):
+    return G.Generator(engines, governor, params, read_d2t(engines.export_dir, engines.export))
+
+
+def _governors(engines):
+    costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
+    out = [("fixed:2", FixedGovernor(DEPTHS, 2)), ("fixed:4", FixedGovernor(DEPTHS, 4)),
+           ("dspark", DSparkGovernor(DEPTHS, 2e-4, costs))]
+    if engines.verifies_trees():  # (a guided stream verifies a chain: the tree is left out)
+        tree = FixedGovernor(DEPTHS, 2)
+        tree.tree_width = 3
+        out.append(("fixed:2:tree=3", tree))
+    for name, gov in [("fixed:2:ngram", FixedGovernor(DEPTHS, 2)), ("off:ngram", OffGovernor(DEPTHS))]:
+        gov.lookup = True
+        out.append((name, gov))
+    return out
+
+
+def _satisfies(c: Constraint, s: str) -> None:
+    if c.kind == "json_schema":
+        obj = json.loads(s)
+        assert set(obj) == set(c.value["required"]), s
+        for k, v in obj.items():
+            spec = c.value["properties"][k]
+            if "enum" in spec:
+                assert v in spec["enum"], s
+            elif spec["type"] == "boolean":
+                assert isinstance(v, bool), s
+            elif spec["type"] == "integer":
+                assert isinstance(v, int) and spec["minimum"] <= v <= spec["maximum"], s
+            else:
+                assert isinstance(v, str) and len(v) <= spec["maxLength"], s
+    elif c.kind == "regex":
+        assert re.fullmatch(c.value, s), s
+    elif c.kind == "choice":
+        assert s in c.value, s
+    else:
+        assert re.fullmatch(r"\[[ab](,[ab]){0,2}\]", s), s
+
+
+PROMPTS = [[5, 9, 2, 6, 5, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 7, 7, 7]]
+
+
+def test_guided_speculation_equals_guided_target_only_decoding(guided, monkeypatch):
+    """For each grammar and prompt, greedy output under every speculative configuration (fixed
+    depths, DSpark, prompt lookup forced into every round it can take) equals the masked
+    target-only output token for token, ends where the grammar is complete (finish "stop" or an
+    EOS where it accepts) and its text matches the grammar. Guards the masks of the verify rows
+    (after the accepted drafts) and the matcher's rollback: without them the output is the
+    unconstrained one, which no grammar here matches."""
+    from tests.runtime.test_generate import _always_look_up
+
+    engines, text, eos = guided
+    _always_look_up(monkeypatch)
+    accepted = 0
+    for c, prompt in product(CONSTRAINTS, PROMPTS):
+        g = compile_constraint(c, text, engines.export["target"]["vocab_size"], eos)
+        ref_gen = _gen(engines, OffGovernor(DEPTHS))
+        ref = ref_gen.generate(prompt, 60, eos, g)
+        assert ref_gen.finished.reason in ("stop", "eos"), (c.kind, ref_gen.finished, text.decode(ref))
+        body = ref[:-1] if ref[-1] in eos else ref
+        _satisfies(c, text.decode(body))
+        for name, gov in _governors(engines):
+            gen = _gen(engines, gov)
+            assert gen.generate(prompt, 60, eos, g) == ref, f"{name} {c.label} {prompt}: output differs"
+            assert gen.finished.reason == ref_gen.finished.reason
+            t = gen.telemetry.to_json()
+            accepted += t["accepted"] + sum(m["accepted"] for m in t["lookup"]["by_match"].values())
+    assert accepted > 0  # drafts were accepted under the masks (the forced grammars' lookups)
+
+
+def test_guided_coupled_sampling_is_target_only_samplings_text(guided, monkeypatch):
+    """Coupled sampling (each position's Gumbel draw a function of the seed and the position)
+    under a grammar: every speculative configuration gives guided target-only sampling's tokens
+    for the seed, and sampled answers (rejection sampling's too) match their grammar. Guards the sampled rows' masks after
+    the accepted drafts (verify_coupled reads them through row_probs)."""
+    from tests.runtime.test_generate import _always_look_up
+
+    engines, text, eos = guided
+    _always_look_up(monkeypatch)
+    vocab = engines.export["target"]["vocab_size"]
+    for c, seed in product(CONSTRAINTS, (1, 2)):
+        g = compile_constraint(c, text, vocab, eos)
+        params = SamplingParams(temperature=0.8, seed=seed, coupled=True)
+        ref_gen = _gen(engines, OffGovernor(DEPTHS), params)
+        ref = ref_gen.generate(PROMPTS[0], 60, eos, g)
+        if ref_gen.finished.reason != "length":
+            _satisfies(c, text.decode(ref[:-1] if ref[-1] in eos else ref))
+        for name, gov in _governors(engines):
+            assert _gen(engines, gov, params).generate(PROMPTS[0], 60, eos, g) == ref, f"{name} {c.label} {seed}"
+            # rejection sampling (its text follows the drafts): each answer matches the grammar too
+            gen = _gen(engines, gov, SamplingParams(temperature=0.8, seed=seed))
+            out = gen.generate(PROMPTS[0], 60, eos, g)
+            if gen.finished.reason != "length":
+                _satisfies(c, text.decode(out[:-1] if out[-1] in eos else out))
+
+
+def test_a_guided_stream_verifies_chains_not_trees(guided, monkeypatch):
+    """Under a grammar a tree governor verifies a chain: a runner-up's row would be read unmasked
+    (and past the drafts the matcher holds). The draft's runners-up made the grammar's own next
+    tokens, so that one would win position 1: greedy and coupled sampling give target-only
+    decoding's tokens. Fails with the tree left on (coupled sampling reads a runner-up's row)."""
+    engines, text, eos = guided
+    if not engines.verifies_trees():
+        pytest.skip("these engines do not verify token trees")
+    g = compile_constraint(Constraint.regex("(ab){6}"), text, engines.export["target"]["vocab_size"], eos)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)):
+        ref = _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[0], 40, eos, g)
+        grammar_tokens = sorted({t for t in ref if t not in eos})
+        monkeypatch.setattr(G.Generator, "_runners_up", lambda self, row, first: [t for t in grammar_tokens
+                                                                                   if t != first])
+        tree = FixedGovernor(DEPTHS, 2)
+        tree.tree_width = 3
+        assert _gen(engines, tree, params).generate(PROMPTS[0], 40, eos, g) == ref, params
+
+
+def test_a_guided_stream_ends_where_the_grammar_is_complete(guided):
+    """A choice's answer is the choice alone, finish "stop" (no EOS after it), even with room for more."""
+    engines, text, eos = guided
+    g = compile_constraint(Constraint.choice(["yes", "no", "maybe"]), text, engines.export["target"]["vocab_size"], eos)
+    gen = _gen(engines, FixedGovernor(DEPTHS, 3))
+    out = gen.generate([1, 2, 3], 50, eos, g)
+    assert text.decode(out) in ("yes", "no", "maybe") and gen.finished.reason == "stop"
+
+
+@pytest.mark.parametrize("bad, said", [(Constraint.regex("[0-9]{3"), "regex: .*unclosed counted repetition"),
+                                       (Constraint.json_schema({"type": "wat"}), "json_schema: .*wat"),
+                                       (Constraint.json_schema([1]), "json_schema: expected a JSON schema"),
+                                       (Constraint.choice([]), "choice: expected a non-empty list"),
+                                       (Constraint.lark("start: nothere"), "grammar: .*nothere"),
+                                       (Constraint.regex("", name="--regex"), "--regex: expected a non-empty")])
+def test_a_bad_grammar_is_a_user_error_naming_it(guided, bad, said):
+    engines, text, eos = guided
+    with pytest.raises(UserError, match=said):
+        compile_constraint(bad, text, engines.export["target"]["vocab_size"], eos)
+
+
+def test_a_grammar_no_token_can_start_is_refused_not_a_hang(guided, tmp_path):
+    """A tokenizer without the bytes a grammar needs (a byte-level BPE whose alphabet is the
+    letters of "hello world": no token spells "7"): the stream is refused when asked for,
+    naming the grammar, before any decoding; a tokenizer llguidance cannot read (a word-level
+    one, which has no byte-level decoder) is a UserError saying so."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    engines, _, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["hello world"] * 5, trainers.BpeTrainer(vocab_size=40))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    g = compile_constraint(Constraint.regex("7+", name="--regex"), Text(tmp_path), vocab, eos)
+    with pytest.raises(UserError, match="--regex: no token of the vocabulary can continue the answer 0 token"):
+        _gen(engines, FixedGovernor(DEPTHS, 2)).stream([1, 2, 3], 20, eos, g)
+    words = Tokenizer(models.WordLevel({"hello": 0, "world": 1}, unk_token="hello"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "w").mkdir()
+    words.save(str(tmp_path / "w" / "tokenizer.json"))
+    with pytest.raises(UserError, match="structured output: llguidance cannot read this tokenizer.json"):
+        compile_constraint(Constraint.regex("7+"), Text(tmp_path / "w"), vocab, eos)
+
+
+def _masked_p(guide, logits_row, params):
+    return probs(guide.masked(logits_row)[None], params)[0]
+
+
+def test_masked_rejection_sampling_is_the_masked_targets_distribution(guided):
+    """One verify round of two drafts drawn from an unmasked q, through the guide's rows (row k
+    masked after drafts 1..k, as generate.py asks for them) and verify_sampling, then the
+    grammar's second token drawn target-only where the round gave one: the first two tokens'
+    joint distribution equals masked target-only sampling's, computed exactly (chi-square).
+    Guards row_probs' advance: rows masked before the drafts (the first row's mask at every
+    position) put mass on tokens the grammar refuses after the first."""
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    c = Constraint.regex("[abc][0-9xyz]")
+    g = compile_constraint(c, text, vocab, eos)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1.0)
+    base = rng.normal(0, 1.0, (3, vocab)).astype(np.float32)  # rows by position (the prefix only shifts them)
+
+    def logits(prefix: tuple) -> np.ndarray:
+        return base[len(prefix)] + 0.5 * np.float32(sum(prefix) % 3)
+
+    # exact: P(t1) P(t2 | t1) under the masked rows
+    ref = g.guide()
+    p0 = _masked_p(ref, logits(()), params)
+    exact = {}
+    for t1 in np.flatnonzero(p0):
+        gd = g.guide()
+        gd.consume(t1)
+        if gd.stopped:
+            exact[(int(t1),)] = p0[t1]
+            continue
+        p1 = _masked_p(gd, logits((int(t1),)), params)
+        for t2 in np.flatnonzero(p1):
+            exact[(int(t1), int(t2))] = p0[t1] * p1[t2]
+    q = np.abs(rng.normal(0, 1, (2, vocab))) ** 3
+    q /= q.sum(-1, keepdims=True)  # unmasked: most of its mass on tokens the grammar refuses
+    keys = sorted(exact)
+    counts = np.zeros(len(keys))
+    draws = make_rng(1)
+    n = 20000
+    for _ in range(n):
+        drafts = np.array([draws.choice(vocab, p=q[0]), draws.choice(vocab, p=q[1])])
+        gd = g.guide()
+        p = LazyRows(lambda k: gd.row_probs(logits(tuple(int(t) for t in drafts[:k])), drafts, k, params), 3, vocab)
+        v = gd.settle(verify_sampling(p, q, drafts, draws))
+        seq = tuple(int(t) for t in v.tokens[:2])
+        if len(seq) == 1 and not gd.stopped:  # the grammar's second token, target-only
+            p1 = _masked_p(gd, logits(seq), params)
+            seq += (int(draws.choice(vocab, p=p1)),)
+        counts[keys.index(seq)] += 1
+    assert chi2_pvalue(counts, n * np.array([exact[k] for k in keys])) > 1e-3
+
+
+
+def _run(*args):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    return CliRunner().invoke(main, ["run", *map(str, args)])
+
+
+def test_run_holds_each_answer_to_the_structured_output_option(engines_dir, tmp_path):
+    """`specrt run --json-schema / --json / --regex / --choice / --grammar`: the answer matches
+    (each but --json one of the grammars the identity test decodes), and --governor off gives the
+    same text as the default governor (the draft, lookup and trees left to chains)."""
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "g.lark").write_text(CONSTRAINTS[-1].value)
+    for opts, c in [(["--json-schema", tmp_path / "s.json"], CONSTRAINTS[0]), (["--regex", REGEX], CONSTRAINTS[2]),
+                    (["--choice", "yes", "--choice", "no", "--choice", "maybe"], CONSTRAINTS[3]),
+                    (["--grammar", tmp_path / "g.lark"], CONSTRAINTS[-1]), (["--json"], None)]:
+        texts = set()
+        for gov in ("off", "fixed:3:ngram"):
+            r = _run(engines_dir, "--prompt", "hello", "--max-new-tokens", 60, "--governor", gov, *opts)
+            assert r.exit_code == 0, r.output
+            texts.add(r.stdout.split("\n")[0])
+        assert len(texts) == 1, (opts, texts)
+        answer = texts.pop()
+        if c is None:  # (a random model's object is cut by the budget: its start)
+            assert answer.startswith("{"), answer
+        else:
+            _satisfies(c, answer)
+
+
+@pytest.mark.parametrize("opts, said", [
+    (["--regex", "[0-9"], "--regex: "), (["--regex", ""], "--regex: expected a non-empty regular expression"),
+    (["--choice", "a", "--choice", ""], "--choice: expected a non-empty list of non-empty strings"),
+    (["--json", "--regex", "a"], "--json and --regex: give one structured output option at most"),
+    (["--json-schema", "BAD"], "--json-schema BAD: not valid JSON"),
+    (["--json-schema", "WAT"], "--json-schema WAT: .*wat"),
+    (["--grammar", "LARK"], "--grammar LARK: .*nothere")])
+def test_run_refuses_a_bad_structured_output_option_naming_it(engines_dir, tmp_path, opts, said):
+    files = {"BAD": ("bad.json", "{not json"), "WAT": ("wat.json", '{"type": "wat"}'),
+             "LARK": ("g.lark", "start: nothere")}
+    for k, (name, body) in files.items():
+        (tmp_path / name).write_text(body)
+        opts = [str(tmp_path / name) if o == k else o for o in opts]
+        said = said.replace(k, re.escape(str(tmp_path / name)))
+    r = _run(engines_dir, "--prompt", "hello", "--max-new-tokens", 8, *opts)
+    assert r.exit_code == 1 and re.search("error: " + said, r.output), r.output
+    assert "Traceback" not in r.output
+
+
+def test_without_llguidance_structured_output_names_the_extra(guided, monkeypatch):
+    """llguidance is optional: without it a constraint is a UserError naming the extra to install."""
+    import sys
+
+    engines, text, eos = guided
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # (import then raises ImportError)
+    with pytest.raises(UserError, match=r"regex: structured output needs the llguidance package: "
+                                        r"pip install 'specrt\[structured\]'"):
+        compile_constraint(Constraint.regex("a"), text, engines.export["target"]["vocab_size"], eos)
