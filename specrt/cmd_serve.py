@@ -31,9 +31,8 @@ a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 c
 most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
 for log-likelihoods). Fields that would change the output and that specrt does not do
-(penalties, min_p, logit_bias, echo on chat, best_of, suffix, tool_choice required or a named
-function, a JSON response format, vLLM's min_tokens / ignore_eos / stop_token_ids / guided decoding, ...) are refused
-with 400 unless they hold their neutral value; fields that change nothing here (metadata,
+(penalties, min_p, logit_bias, echo on chat, best_of, suffix, vLLM's min_tokens / ignore_eos /
+stop_token_ids, ...) are refused with 400 unless they hold their neutral value; fields that change nothing here (metadata,
 store, service_tier, cache keys; ``user`` too but under ``--isolate-clients``) are
 ignored; any other field is refused as OpenAI refuses it ("Unrecognized request argument
 supplied"), so a misspelt one is not dropped; a null is a field left out, whatever its name. Each response carries a
@@ -41,7 +40,11 @@ supplied"), so a misspelt one is not dropped; a null is a field left out, whatev
 prompt lookup's included), tokens/s, the time to the first token and the prompt tokens
 reused. With ``--reasoning-parser`` (specrt/reasoning.py) a thinking model's chat answer comes
 with its ``<think>`` text apart from the answer, as ``reasoning`` and ``reasoning_content``
-(message and stream deltas), as vLLM's parsers give it.
+(message and stream deltas), as vLLM's parsers give it. Structured output (runtime/grammar.py,
+with llguidance): ``response_format`` json_object or json_schema, vLLM's guided_json / guided_regex
+/ guided_choice / guided_grammar and structured_outputs hold the answer to a grammar (``structured``;
+one a request), and tool_choice "required" or a named function hold a chat answer to vLLM's JSON
+schema of the calls, which come back as ``tool_calls`` (``forced_tools``, ``forced_message``).
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
 the order they arrive (TurnLock); a client that reads nothing of its answer for
@@ -144,9 +147,10 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
            "continue_final_message": (False,), "use_beam_search": (False,), "length_penalty": (1, 1.0),
            "modalities": (["text"],), "parallel_tool_calls": (True, False), "priority": (0,),
            "return_token_ids": (False,), "return_tokens_as_token_ids": (False,)}
+# vLLM's structured output fields (before its 0.12: structured_outputs' json, regex, choice, grammar since)
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
-NOT_DONE = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-            "structured_outputs", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
+NOT_DONE = ("allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
             "mm_processor_kwargs", "documents", "vllm_xargs")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
@@ -159,7 +163,9 @@ STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stat
 SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
                  "seed", "logprobs", "user", "metadata", "store", "service_tier", "prompt_cache_key",
                  "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params",
-                 "response_format"}
+                 # structured output (Server.structured); vLLM's guided_decoding_backend names its backend, taken
+                 # and ignored (llguidance here, whichever is named: the allowed tokens are the grammar's)
+                 "response_format", *GUIDED, "structured_outputs", "guided_decoding_backend"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
                                  "add_special_tokens", "include_reasoning"},
           False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
@@ -197,9 +203,145 @@ def _unsupported(body: dict, chat: bool, allowed=()) -> None:
         v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
             raise BadRequest(f"'{name}' is not supported (got {v!r:.80}; only {neutral[0]!r} or leaving it out)", name)
+
+
+def _guided(field: str, kind: str, v):
+    """One structured output field's Constraint (``kind`` as structured_outputs names it;
+    a schema may come as JSON text, as vLLM takes guided_json); its value is checked when compiled."""
+    from specrt.runtime.grammar import Constraint
+
+    if kind == "json":
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise BadRequest(f"'{field}': a JSON schema given as text must be JSON ({json_problem(e)})",
+                                 field.split(".")[0]) from None
+        return Constraint.json_schema(v, field)
+    if kind == "json_object":
+        if v is not True:
+            raise BadRequest(f"'{field}' must be true; got {v!r:.60}", field.split(".")[0])
+        return Constraint.json(field)
+    return {"regex": Constraint.regex, "choice": Constraint.choice, "grammar": Constraint.lark}[kind](v, field)
+
+
+def structured(body: dict) -> tuple[str, Any] | None:
+    """A request's structured output as (the field that asked for it, its grammar.Constraint):
+    ``response_format`` json_object (any JSON object) or json_schema ({"name", "schema",
+    "strict"}: the schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar
+    (a Lark grammar, llguidance's) or its structured_outputs {json | regex | choice | grammar |
+    json_object}; None without one; two are a 400 naming both."""
+    given = []
     fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise BadRequest(f"'response_format' {fmt!r} is not supported (only {{'type': 'text'}})", "response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise BadRequest(f"'response_format' must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}; got "
+                             f"{fmt!r:.80}", "response_format")
+        if kind == "json_object":
+            given.append(("response_format", _guided("response_format", "json_object", True)))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise BadRequest("'response_format' json_schema: expected {'type': 'json_schema', 'json_schema': "
+                                 f"{{'name': ..., 'schema': {{...}}}}}}; got {fmt!r:.80}", "response_format")
+            given.append(("response_format", _guided("response_format.json_schema.schema", "json", spec["schema"])))
+    for field, kind in GUIDED.items():
+        if body.get(field) is not None:
+            given.append((field, _guided(field, kind, body[field])))
+    so = body.get("structured_outputs")
+    if so is not None:
+        kinds = ("json", "regex", "choice", "grammar", "json_object")
+        asked = [k for k in kinds if isinstance(so, dict) and so.get(k) is not None]
+        if not isinstance(so, dict) or len(asked) != 1 or any(k not in kinds and v is not None for k, v in so.items()):
+            raise BadRequest(f"'structured_outputs' must be an object of one of {', '.join(kinds)}; got {so!r:.80}",
+                             "structured_outputs")
+        given.append(("structured_outputs", _guided(f"structured_outputs.{asked[0]}", asked[0], so[asked[0]])))
+    if len(given) > 1:
+        raise BadRequest(f"{' and '.join(repr(f) for f, _ in given)}: one structured output a request",
+                         given[1][0])
+    return given[0] if given else None
+
+
+def forced_tools(choice, tools: list[dict], parallel: bool = True) -> tuple[str, Any]:
+    """tool_choice "required" or a named function as vLLM makes them: the answer held to a JSON
+    array of at least one {"name", "parameters"} of ``tools`` (required; of one alone where not
+    ``parallel``, parallel_tool_calls false, whose other calls would be dropped), or to the named
+    function's parameters schema (its answer: that call's arguments) -> (its name, or
+    "required"; the Constraint)."""
+    from specrt.runtime.grammar import Constraint
+
+    def params(f: dict) -> dict:  # (a function without parameters takes an object)
+        return f.get("parameters") or {"type": "object", "properties": {}}
+
+    if choice == "required":
+        # (no other key beside the two: vLLM's schema allows any, where a model may write on until max_tokens)
+        anyof = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                                   "parameters": params(t["function"])},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": anyof}, **({} if parallel else {"maxItems": 1})}
+        return "required", Constraint.json_schema(calls, "tool_choice")
+    f = choice.get("function") if choice.get("type") == "function" else None
+    name = f.get("name") if isinstance(f, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or {'type': 'function', 'function': "
+                         f"{{'name': ...}}}}; got {choice!r:.80}", "tool_choice")
+    named = [t["function"] for t in tools if t["function"]["name"] == name]
+    if not named:
+        raise BadRequest(f"'tool_choice' names the function {name!r:.60}, which 'tools' has not", "tool_choice")
+    return name, Constraint.json_schema(params(named[0]), "tool_choice")
+
+
+def _whole_items(text: str) -> list:
+    """The items of a JSON array cut short that are whole (``[`` and the items before the cut)."""
+    dec, items, at = json.JSONDecoder(), [], text.find("[") + 1
+    while 0 < at < len(text):
+        at += len(text[at:]) - len(text[at:].lstrip(" ,\n\t\r"))
+        try:
+            item, at = dec.raw_decode(text, at)
+        except ValueError:
+            break
+        items.append(item)
+    return items
+
+
+def forced_message(content: str, finish: str, forced: str, parallel: bool = True) -> tuple[dict, str]:
+    """A forced tool choice's answer as vLLM gives it: content "" and the calls (required: the
+    array's, finish "tool_calls"; a named function: one call whose arguments are the answer,
+    finish "stop"). Cut by max_tokens (finish "length"): required's whole calls, as the parsers
+    give them (tool_calls.message), else the text."""
+    try:
+        items = json.loads(content) if finish == "stop" else \
+            (_whole_items(content) or None) if forced == "required" else None
+    except ValueError:
+        items = None
+    if items is None:
+        return {"role": "assistant", "content": content}, finish
+    made = lambda name, args: {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",  # noqa: E731
+                               "function": {"name": name, "arguments": args}}
+    if forced != "required":
+        return {"role": "assistant", "content": "", "tool_calls": [made(forced, content)]}, finish
+    calls = [made(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+    return {"role": "assistant", "content": "", "tool_calls": calls if parallel else calls[:1]}, \
+        "tool_calls" if finish == "stop" else finish
+
+
+class ForcedCalls:
+    """A streamed forced tool choice (Streamed's interface): the text held, the calls sent at
+    each choice's end (one delta a call, as Streamed sends a parser's)."""
+
+    def __init__(self, forced: str, parallel: bool = True):
+        self.forced, self.parallel, self.text = forced, parallel, {}
+
+    def push(self, i: int, piece: str) -> str:
+        self.text[i] = self.text.get(i, "") + piece
+        return ""
+
+    def end(self, i: int, finish: str) -> tuple[list[dict], str]:
+        msg, finish = forced_message(self.text.get(i, ""), finish, self.forced, self.parallel)
+        if "tool_calls" not in msg:
+            return ([{"content": msg["content"]}] if msg["content"] else []), finish
+        return [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg["tool_calls"])], finish
 
 
 def _prompts(v) -> list[str | list[int]]:
@@ -599,6 +741,18 @@ class Server:
             tools, tool_parser = request_tools(body, self.tool_call_parser) if chat else (None, None)
         except ToolsRefused as e:
             raise BadRequest(str(e), e.param) from None
+        guided, forced = structured(body), None
+        choice = body.get("tool_choice") if chat and tools else None
+        if choice == "required" or isinstance(choice, dict):  # (a JSON schema of the calls: vLLM's)
+            if guided is not None:
+                raise BadRequest(f"'tool_choice' {choice!r:.60} and {guided[0]!r}: one structured output a request",
+                                 "tool_choice")
+            forced, constraint = forced_tools(choice, tools, body.get("parallel_tool_calls") is not False)
+            guided = ("tool_choice", constraint)
+        try:  # compiled now (kept by the session for the stream): a bad one is a 400 naming its field
+            self.session.grammar_of(guided[1] if guided else None)
+        except UserError as e:
+            raise BadRequest(str(e), guided[0]) from None
         self._check_model(body)
         n = _number(body, "n", 1, int, 1, MAX_N)
         if len(prompts) * n > MAX_CHOICES:
@@ -694,6 +848,7 @@ class Server:
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop), "tool_parser": tool_parser, "template": template,
+                "grammar": guided[1] if guided else None, "forced": forced,
                 "parallel": body.get("parallel_tool_calls") is not False,  # (false: the first call alone)
                 "tools": tools,  # (qwen3_coder types a call's values by its tool's schema)
                 "include_reasoning": reasoned is not False,
@@ -898,7 +1053,7 @@ class Server:
             done["partial"], done["first"] = not bare, i % req["n"] == 0
             done["bare"] = len(req["ids"][k]) if bare and done["first"] else 0  # (its prompt, if its client leaves)
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl) if not bare else (p for p in ())
+                           logprobs=lp, prompt_logprobs=pl, grammar=req.get("grammar")) if not bare else (p for p in ())
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
@@ -1420,8 +1575,9 @@ class Handler(BaseHTTPRequestHandler):
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
                 # (its tool calls)
-                msg, finish[i] = tool_message(content, finish[i], req.get("tool_parser"), req.get("parallel", True),
-                                             req.get("tools"))
+                parallel = req.get("parallel", True)
+                msg, finish[i] = forced_message(content, finish[i], req["forced"], parallel) if req.get("forced") \
+                    else tool_message(content, finish[i], req.get("tool_parser"), parallel, req.get("tools"))
                 choice = ({"index": i, "message": msg, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
                 choices.append({**choice, "finish_reason": finish[i]})
@@ -1481,7 +1637,8 @@ class Handler(BaseHTTPRequestHandler):
             write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
         # (text that may begin a tool call held, the calls sent at the end)
-        calls = Streamed(req.get("tool_parser"), req.get("parallel", True), req.get("tools"))
+        calls = ForcedCalls(req["forced"], req.get("parallel", True)) if req.get("forced") else \
+            Streamed(req.get("tool_parser"), req.get("parallel", True), req.get("tools"))
         try:
             item, started, held = first, set(), None  # held: the last choice's finish, sent with specrt
             while "usage" not in item:

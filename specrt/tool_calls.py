@@ -91,7 +91,8 @@ def request_tools(body: dict, parser: str | None) -> tuple[list[dict] | None, st
     """A chat request's ``tools`` checked (None where it gives none) and the parser its answer
     goes through (None: the answer is not parsed): ``tool_choice`` "auto" (the default with
     tools) needs ``--tool-call-parser``; "none" renders the tools but parses nothing (vLLM's
-    default); "required" and a named function need guided decoding, which specrt does not do."""
+    default); "required" and a named function render the tools and parse nothing: serve holds the
+    answer to their JSON schema (guided decoding, cmd_serve.forced_tools) and reads its calls from it."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is not None:
         if not isinstance(tools, list):
@@ -103,11 +104,10 @@ def request_tools(body: dict, parser: str | None) -> tuple[list[dict] | None, st
     tools = tools or None  # ([]: none, as OpenAI and vLLM take it)
     if choice is None:
         choice = "auto" if tools else "none"
-    if isinstance(choice, dict) or choice == "required":
-        named = isinstance(choice, dict)
-        raise ToolsRefused(f"'tool_choice' {choice!r:.80} is not supported: "
-                           f"{'a named function' if named else 'required'} needs guided decoding, which specrt does "
-                           "not do (only \"auto\", with --tool-call-parser, or \"none\")", "tool_choice")
+    if isinstance(choice, dict) or choice == "required":  # (guided decoding: cmd_serve.forced_tools)
+        if not tools:
+            raise ToolsRefused(f"'tool_choice' {choice!r:.80} needs 'tools' to call", "tool_choice")
+        return tools, None
     if choice not in ("auto", "none"):
         raise ToolsRefused(f"'tool_choice' must be \"none\", \"auto\", \"required\" or a named function; got "
                            f"{choice!r:.60}", "tool_choice")

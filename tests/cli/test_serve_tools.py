@@ -285,9 +285,13 @@ def test_the_openai_client_reads_the_tool_calls(servers):
 @pytest.mark.parametrize("body, param, words", [
     ({"tools": TOOLS}, "tool_choice", '"auto" tool choice requires --tool-call-parser'),
     ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", '"auto" tool choice requires --tool-call-parser'),
-    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "required needs guided decoding"),
+    # (required and a named function are guided decoding: this word-level tokenizer is none llguidance reads)
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "llguidance cannot read this tokenizer.json"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "a named function needs guided decoding"),
+     "llguidance cannot read this tokenizer.json"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, "tool_choice",
+     "names the function 'nowhere', which 'tools' has not"),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools' to call"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "'tool_choice' must be"),
     ({"tools": {"type": "function"}}, "tools", "'tools' must be a list"),
     ({"tools": [TOOLS[0], {"type": "code"}]}, "tools", "tools[1]: expected a function tool"),
@@ -301,8 +305,9 @@ def test_the_openai_client_reads_the_tool_calls(servers):
 ])
 def test_tools_a_server_cannot_honour_are_refused_naming_the_field(calling, body, param, words):
     """Without --tool-call-parser, tools with tool_choice auto (the default with tools) are a
-    400 saying which option enables them (vLLM's answer); required / a named function need
-    guided decoding; a bad tool is named by its index; an assistant's call with arguments that
+    400 saying which option enables them (vLLM's answer); required / a named function are
+    guided decoding (h76a: refused where llguidance cannot read the tokenizer, a function
+    that is not among the tools named); a bad tool is named by its index; an assistant's call with arguments that
     are not JSON named too."""
     from specrt.cmd_serve import BadRequest, Server
 

@@ -1,0 +1,144 @@
+"""`specrt serve`'s structured output (h76a): response_format json_object / json_schema, vLLM's
+guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs, and
+tool_choice "required" or a named function held to their JSON schemas, as vLLM answers them,
+on /v1/chat/completions and /v1/completions, whole and streamed, through the OpenAI SDK.
+
+Real engines: tests/runtime/test_grammar.py's tiny Llama with a byte-level BPE tokenizer and a
+random P-EAGLE draft, served with a speculative governor (fixed:2 with prompt lookup)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("llguidance")
+openai = pytest.importorskip("openai")
+
+from tests.cli.test_serve import _in_process, _post  # noqa: E402
+from tests.runtime.test_grammar import REGEX, SCHEMA, guided_engines  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "paint", "description": "Paint it", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "stop"}}]
+ASK = [{"role": "user", "content": "paint it"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(url, app) of a server of guided_engines, governor fixed:2:ngram."""
+    with _in_process(guided_engines(tmp_path_factory.mktemp("structured")), "fixed:2:ngram") as (app, _, url, _):
+        yield url, app
+
+
+def _client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+
+
+def _matches_schema(text: str) -> bool:
+    obj = json.loads(text)
+    assert set(obj) == {"color", "ok"} and obj["color"] in ("red", "green", "blue") and isinstance(obj["ok"], bool)
+    return True
+
+
+def test_a_json_schema_response_format_holds_the_answer_whole_and_streamed(server):
+    """The SDK's response_format json_schema: the message is JSON of the schema, finish "stop";
+    streamed, the deltas join to the same text. Fails without the feature (a 400)."""
+    url, _ = server
+    c = _client(url)
+    fmt = {"type": "json_schema", "json_schema": {"name": "paint", "schema": SCHEMA, "strict": True}}
+    r = c.chat.completions.create(model="tiny", messages=ASK, response_format=fmt, max_tokens=60)
+    _matches_schema(r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
+    chunks = c.chat.completions.create(model="tiny", messages=ASK, response_format=fmt, max_tokens=60, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == r.choices[0].message.content
+    r = c.chat.completions.create(model="tiny", messages=ASK, response_format={"type": "json_object"}, max_tokens=60)
+    assert r.choices[0].message.content.startswith("{")  # (any object: a random model's is cut by max_tokens)
+
+
+@pytest.mark.parametrize("extra, check", [
+    ({"guided_regex": REGEX}, lambda s: re.fullmatch(REGEX, s)),
+    ({"guided_choice": ["yes", "no", "maybe"]}, lambda s: s in ("yes", "no", "maybe")),
+    ({"guided_json": SCHEMA}, _matches_schema), ({"guided_json": json.dumps(SCHEMA)}, _matches_schema),
+    ({"guided_grammar": 'start: "[" item ("," item)? "]"\nitem: "a" | "b"'},
+     lambda s: re.fullmatch(r"\[[ab](,[ab])?\]", s)),
+    ({"guided_grammar": 'root ::= "yes" | "no"'}, lambda s: s in ("yes", "no")),  # (GBNF, llama.cpp's)
+    ({"structured_outputs": {"regex": REGEX}}, lambda s: re.fullmatch(REGEX, s)),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, lambda s: s in ("yes", "no"))])
+def test_vllms_guided_fields_hold_completions_and_chats(server, extra, check):
+    """vLLM's guided_* and structured_outputs, on completions and chats, whole and streamed:
+    the text matches, finish "stop"."""
+    url, _ = server
+    c = _client(url)
+    r = c.completions.create(model="tiny", prompt="hello", max_tokens=60, extra_body=extra)
+    assert check(r.choices[0].text), r.choices[0].text
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="tiny", prompt="hello", max_tokens=60, extra_body=extra, stream=True) if ch.choices)
+    assert streamed == r.choices[0].text
+    m = c.chat.completions.create(model="tiny", messages=ASK, max_tokens=60, extra_body=extra).choices[0].message
+    assert check(m.content), m.content
+
+
+@pytest.mark.parametrize("parser", [None, "hermes"])
+def test_tool_choice_required_and_named_come_back_as_tool_calls(server, parser):
+    """tool_choice "required": the answer is held to vLLM's array of {name, parameters} and comes
+    back as tool_calls (content "", finish "tool_calls"; with parallel_tool_calls false an
+    array of one call; cut by max_tokens its whole calls, finish "length"); a named function: one call of it whose
+    arguments are the answer, held to its parameters (finish "stop", as vLLM's); streamed, one
+    delta a call. With --tool-call-parser on or off. Fails without the feature (a 400)."""
+    url, app = server
+    app.tool_call_parser = parser
+    try:
+        c = _client(url)
+        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120,
+                                      parallel_tool_calls=False)  # (one call: this random model writes on)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content == "" and len(ch.message.tool_calls) == 1
+        call = ch.message.tool_calls[0]
+        assert call.id.startswith("call_") and call.function.name in ("paint", "stop")
+        assert _matches_schema(call.function.arguments) if call.function.name == "paint" else \
+            call.function.arguments == "{}"
+        # an array cut by max_tokens: its whole calls, finish "length" (as the parsers give them); none whole: text
+        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60)
+        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content == ""
+        assert [t.function.name for t in r.choices[0].message.tool_calls] == ["paint"]
+        assert _matches_schema(r.choices[0].message.tool_calls[0].function.arguments)
+        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
+        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith('[{"name": ')
+        assert not r.choices[0].message.tool_calls
+        named = {"type": "function", "function": {"name": "paint"}}
+        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=60)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop" and ch.message.content == "" and len(ch.message.tool_calls) == 1
+        assert ch.message.tool_calls[0].function.name == "paint"
+        _matches_schema(ch.message.tool_calls[0].function.arguments)
+        code, events = _post(url, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": named,
+                                                           "max_tokens": 60, "stream": True})
+        deltas = [c["delta"] for e in events for c in e["choices"]]
+        calls = [t for d in deltas for t in d.get("tool_calls") or ()]
+        assert code == 200 and len(calls) == 1 and calls[0]["function"] == ch.message.tool_calls[0].function.to_dict()
+        assert not any(d.get("content") for d in deltas) and events[-1]["choices"][0]["finish_reason"] == "stop"
+    finally:
+        app.tool_call_parser = None
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"guided_regex": "[0-9"}, "guided_regex", "guided_regex: "),
+    ({"guided_json": "{nope"}, "guided_json", "a JSON schema given as text must be JSON"),
+    ({"guided_json": {"type": "wat"}}, "guided_json", "guided_json: "),
+    ({"guided_choice": []}, "guided_choice", "expected a non-empty list"),
+    ({"guided_grammar": "start: nothere"}, "guided_grammar", "guided_grammar: "),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "expected {'type': 'json_schema'"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "'response_format' must be"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex",
+     "'response_format' and 'guided_regex': one structured output a request"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "an object of one of"),
+    ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "one structured output"),
+])
+def test_a_bad_structured_output_is_a_400_naming_its_field(server, body, param, words):
+    url, _ = server
+    code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **body})
+    assert code == 400 and r["error"]["param"] == param and words in r["error"]["message"], r
+    code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2})  # (the server goes on)
+    assert code == 200
