@@ -676,8 +676,10 @@ class Session:
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
                prompt_logprobs: int | None = None, chat_template_kwargs: dict | None = None,
-               grammar: Constraint | None = None) -> Iterator[str]:
+               grammar: Constraint | None = None, keep_special: bool = False) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
+        ``keep_special``: decoded with the special tokens ``Text.keep_special`` keeps (serve's
+        answers to requests with tools under its mistral tool-call parser).
         ``logprobs`` N: ``stats()['output_logprobs']`` then holds each output token's
         log-probability under the target with its N most likely alternatives
         (``logprob_entries``; the model's own distribution, before temperature, top-k and
@@ -709,12 +711,13 @@ class Session:
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs, max_new_tokens, prompt_logprobs)
         self.generator.check_args(ids, max_new_tokens, self.eos, logprobs, prompt_logprobs)
         self.grammar_of(grammar)  # (refused now, not at the first piece; kept compiled for it)
-        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs, grammar)
+        decoding = self.text.kept if keep_special and self.text.kept is not None else self.text
+        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs, decoding, grammar)
 
     def _texts(self, ids: list[int], scan: StopScanner, max_new_tokens: int, logprobs: int | None,
-               prompt_logprobs: int | None, grammar: Constraint | None = None) -> Iterator[str]:
-        """``stream``'s pieces of text (its arguments checked)."""
-        detok = Detokenizer(self.text, context_of(self.text, ids))  # the text the answer adds after the prompt's
+               prompt_logprobs: int | None, decoding, grammar: Constraint | None = None) -> Iterator[str]:
+        """``stream``'s pieces of text (its arguments checked), decoded by ``decoding`` (a Text)."""
+        detok = Detokenizer(decoding, context_of(decoding, ids))  # the text the answer adds after the prompt's
         lock = self.generator.lock
         with lock:  # (another thread's stream starts before these are set or after them, not between)
             gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs, grammar)
@@ -740,7 +743,7 @@ class Session:
                 if scan.hit:  # settled before the last piece goes out: a caller may stop at it
                     with lock:  # (a stream another thread started since keeps its own finish)
                         gen.close()
-                        k = tokens_through(self.text, detok.ids, scan.stop_end, detok.context)
+                        k = tokens_through(decoding, detok.ids, scan.stop_end, detok.context)
                         del detok.ids[k:], out[k:]
                         if self.last_output_ids is out:
                             self.generator.finished = Finished("stop")

@@ -7,6 +7,7 @@ never executed as Python.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class Text:
         self._bound: tuple | None = None  # _token_bound's ((0, []): none known), found on first use
         self._last_ids: tuple | None = None  # ids_of's last (raw, text, ids)
         self._dropped: frozenset | None = None  # decode's special tokens left out, where keep_special keeps some
+        self.kept: Text | None = None  # keep_special's view
         # the engines' context, where a Session sets it: a text of as many ids is refused, never streamed
         # after, so not kept (serve held the last prompt it refused, 13 MB of text: r74)
         self.context: int | None = None
@@ -275,14 +277,19 @@ class Text:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode([i for i in ids if i not in self._dropped], skip_special_tokens=False)
 
-    def keep_special(self, *contents: str) -> None:
-        """Make ``decode`` keep the special tokens ``contents`` in its text (every other special
-        token still left out, as skip_special_tokens leaves them): serve's mistral tool-call
-        parser reads Mistral's [TOOL_CALLS], a special token, in an answer, as vLLM decodes its
-        answers with special tokens for that parser."""
+    def keep_special(self, *contents: str) -> Text:
+        """A view of this text (also kept as ``kept``) whose ``decode`` keeps the special tokens
+        ``contents`` in its text (every other special token still left out, as
+        skip_special_tokens leaves them); this text's own is unchanged: serve's mistral tool-call
+        parser reads Mistral's [TOOL_CALLS], a special token, in the answers to requests with
+        tools, which vLLM decodes with special tokens for that parser, and those alone (every
+        answer kept it, requests without tools, /detokenize and echo too: h76b's note, h76f)."""
+        view = copy.copy(self)
         special = {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
-        self._dropped = frozenset(i for i, c in special.items() if c not in contents)
-        self._fallback = None  # (byte_fallback_ids: a kept one is text)
+        view._dropped = frozenset(i for i, c in special.items() if c not in contents)
+        view._fallback, view.kept = None, None  # (byte_fallback_ids: a kept one is text)
+        self.kept = view
+        return view
 
     def token_bytes(self, i: int) -> bytes:
         """The bytes token ``i`` stands for (logprobs' ``bytes``): a byte-level BPE piece

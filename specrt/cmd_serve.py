@@ -333,9 +333,9 @@ class ForcedCalls:
     def __init__(self, forced: str, parallel: bool = True):
         self.forced, self.parallel, self.text = forced, parallel, {}
 
-    def push(self, i: int, piece: str) -> str:
+    def push(self, i: int, piece: str) -> dict:
         self.text[i] = self.text.get(i, "") + piece
-        return ""
+        return {}
 
     def end(self, i: int, finish: str) -> tuple[list[dict], str]:
         msg, finish = forced_message(self.text.get(i, ""), finish, self.forced, self.parallel)
@@ -1052,8 +1052,10 @@ class Server:
             bare = req["echo"] and pl is None and req["max_new_tokens"][k] == 0
             done["partial"], done["first"] = not bare, i % req["n"] == 0
             done["bare"] = len(req["ids"][k]) if bare and done["first"] else 0  # (its prompt, if its client leaves)
+            # (keep_special: mistral's [TOOL_CALLS] kept in answers to requests with tools, Text.keep_special)
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl, grammar=req.get("grammar")) if not bare else (p for p in ())
+                           logprobs=lp, prompt_logprobs=pl, grammar=req.get("grammar"),
+                           keep_special=req.get("tool_parser") is not None) if not bare else (p for p in ())
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 
@@ -1636,7 +1638,8 @@ class Handler(BaseHTTPRequestHandler):
                        **({"usage": usage} if req["usage_chunk"] else {}), **extra}
             write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
-        # (text that may begin a tool call held, the calls sent at the end)
+        # (text that may begin a tool call held; a call's header sent once its name is whole, then its arguments;
+        # a forced call's whole at the end)
         calls = ForcedCalls(req["forced"], req.get("parallel", True)) if req.get("forced") else \
             Streamed(req.get("tool_parser"), req.get("parallel", True), req.get("tools"))
         try:
@@ -1647,10 +1650,10 @@ class Handler(BaseHTTPRequestHandler):
                     started.add(i)
                     event(i, {"role": "assistant", "content": ""})
                 if "text" in item:
-                    piece = calls.push(i, item["text"])
+                    delta = calls.push(i, item["text"])
                     # (no empty chunk for text held back, unless it carries logprobs or reasoning: reasoning.Apart)
-                    if piece or item["logprobs"] or (req.get("thinking") is not None and pieces.unsent.get(i)):
-                        event(i, {"content": piece}, entries=item["logprobs"], context=item.get("context", ()),
+                    if delta or item["logprobs"] or (req.get("thinking") is not None and pieces.unsent.get(i)):
+                        event(i, delta or {"content": ""}, entries=item["logprobs"], context=item.get("context", ()),
                               tokens=item["tokens"])
                     item = next(pieces)
                     continue

@@ -183,6 +183,7 @@ class Apart:
             return delta
         reasoning, content = self.unsent.pop(i, ""), (delta or {}).get("content")
         d = {"reasoning": reasoning, "reasoning_content": reasoning} if reasoning else {}
+        d.update((k, v) for k, v in (delta or {}).items() if k != "content")  # (tool_calls: tool_calls.Streamed)
         return {**d, "content": content} if content else d or delta
 
     def fill(self, choices: list[dict]) -> None:

@@ -36,17 +36,20 @@ OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
                  the text before the first is the content; call ids of 9 letters and digits, as
                  Mistral's chat templates and mistral_common refuse any other when the calls come
                  back in the conversation. [TOOL_CALLS], [ARGS] and [CALL_ID] are special tokens,
-                 which an answer's text leaves out: with this parser the answers' text keeps
-                 those three (Text.keep_special), as vLLM decodes special tokens for it
+                 which an answer's text leaves out: with this parser the answers to requests with
+                 tools keep those three (Text.keep_special), as vLLM decodes special tokens for it
+                 there (every other text, /detokenize's, echo's, an answer to a request without
+                 tools, leaves them out)
 
-A call that is malformed (bad JSON or Python, no name, arguments not an object) leaves the
+A call that is malformed (bad JSON or Python, no name, arguments not an object, a JSON key or a
+qwen3_coder parameter twice: which is meant is unclear, and streamed the first went) leaves the
 whole answer as content: a client gets text, never a 500. An answer cut by max_tokens gives
 its calls where each is whole (its JSON or Python list complete; qwen3_coder's values closed by
 their </parameter>), with finish_reason "length" (vLLM gives the calls with "tool_calls", which hides the cut: an
 agent then runs a call whose answer was cut after it); else it stays content. Streaming
-(``Streamed``) sends text as it comes until a call may begin, holds the rest (vLLM sends the
-arguments piece by piece; here each call comes whole in one delta, which OpenAI's clients
-accumulate all the same), and at the end sends the held text or the calls.
+(``Streamed``) sends text as it comes until a call may begin, then each call as vLLM does: its
+header (index, id, type, name) once the name is whole, its arguments in pieces as they are read,
+which join into the whole answer's arguments string exactly (pythonic's calls whole at the end).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ LEADING = {"pythonic": ("[",), "llama4_pythonic": ("[", PYTHON_START)}  # an ans
 NAME_START = re.compile(r'\{\s*"name"\s*:')  # llama3_json: where a call may begin after text
 VALUE_END = re.compile(r"\s*(?:<parameter=|</function>|</tool_call>|$)")  # qwen3_coder: what follows a value's end
 BLANK = re.compile(r"\s*")
+JSON_BLANK = re.compile(r"[ \t\n\r]*")  # (JSON's whitespace alone)
 
 
 class ToolsRefused(UserError):
@@ -159,7 +163,8 @@ def parser_problem(text, parser: str) -> str | None:
     or None: hermes' and qwen3_coder's tags made special tokens, which an answer's text leaves
     out (Text.decode; vLLM decodes them for these parsers, specrt's answers never hold special
     tokens); mistral's [TOOL_CALLS] not a token at all (vLLM's refuses such a tokenizer too).
-    For mistral it makes ``text`` keep [TOOL_CALLS], [ARGS] and [CALL_ID] in answers (Text.keep_special)."""
+    For mistral it makes a view of ``text`` that keeps [TOOL_CALLS], [ARGS] and [CALL_ID]
+    (Text.keep_special: the answers to requests with tools decode through it)."""
     if parser == "mistral":
         if text.tokenizer.token_to_id(TOOL_CALLS) is None:
             return (f"--tool-call-parser mistral: the tokenizer has no {TOOL_CALLS} token, which Mistral's models "
@@ -262,7 +267,7 @@ def _llama3_json(text: str) -> tuple[str, list] | None:
 def _json_calls(text: str, at: int, named: bool) -> list | None:
     """The calls of ``text[at:]``: JSON call objects joined by ";", up to its end (blanks around
     them); ``named``: each names its "parameters" or "arguments"."""
-    calls, decoder = [], json.JSONDecoder()
+    calls, decoder = [], DECODER
     at = len(text) - len(text[at:].lstrip())
     while at < len(text):
         try:
@@ -378,7 +383,7 @@ def _function(text: str, at: int, schemas: dict, cut: bool) -> tuple[str, str, i
             return None
         close = text.find(">", at)
         key = text[at + len(PARAMETER):close] if close >= 0 else ""
-        if not key or "<" in key:
+        if not key or "<" in key or key in args:  # (a parameter twice: which is meant is unclear)
             return None
         value, at = _value(text, close + 1, cut)
         if value is None:
@@ -424,14 +429,20 @@ def _value(text: str, at: int, cut: bool) -> tuple[str | None, int]:
 STRINGS = ("string", "str", "text", "varchar", "char", "enum")  # vLLM's names of a string type
 
 
-def _typed(value: str, schema):
-    """A qwen3_coder parameter's value (text) as its JSON schema's type says, as vLLM's parser
-    converts it; the text itself where the schema says no type or it does not convert."""
+def _kinds(schema) -> tuple[str, list[str]]:
+    """A qwen3_coder parameter's JSON schema's type (the first not null; "string" where it says
+    none) and all of its types."""
     kinds = schema.get("type") if isinstance(schema, dict) else None
     if kinds is None and isinstance(schema, dict) and isinstance(schema.get("anyOf"), list):
         kinds = [o.get("type") for o in schema["anyOf"] if isinstance(o, dict)]
     kinds = [k.strip().lower() for k in (kinds if isinstance(kinds, list) else [kinds]) if isinstance(k, str)]
-    kind = next((k for k in kinds if k != "null"), "null" if kinds else "string")
+    return next((k for k in kinds if k != "null"), "null" if kinds else "string"), kinds
+
+
+def _typed(value: str, schema):
+    """A qwen3_coder parameter's value (text) as its JSON schema's type says, as vLLM's parser
+    converts it; the text itself where the schema says no type or it does not convert."""
+    kind, kinds = _kinds(schema)
     if value.lower() in ("null", "none") and ("null" in kinds or kind not in STRINGS):
         return None
     if kind in STRINGS:
@@ -467,7 +478,7 @@ def _mistral(text: str) -> tuple[str, list] | None:
     at = text.find(TOOL_CALLS)
     if at < 0:
         return None
-    parts, decoder = text[at + len(TOOL_CALLS):].split(TOOL_CALLS), json.JSONDecoder()
+    parts, decoder = text[at + len(TOOL_CALLS):].split(TOOL_CALLS), DECODER
     body = parts[0].strip()
     if body.startswith(("[", "{")):  # ([TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]: tokenizers before v11)
         try:
@@ -493,9 +504,20 @@ def _mistral(text: str) -> tuple[str, list] | None:
     return text[:at], calls
 
 
+def _unique(pairs: list) -> dict:
+    """A JSON object's members, where no key comes twice (which value is meant is unclear, and a
+    streamed call's arguments sent the first: ``_Reader``)."""
+    if len({k for k, _ in pairs}) < len(pairs):
+        raise ValueError("a key twice")
+    return dict(pairs)
+
+
+DECODER = json.JSONDecoder(object_pairs_hook=_unique)
+
+
 def _json(body: str):
     try:
-        return json.loads(body)
+        return DECODER.decode(body)
     except (ValueError, RecursionError):
         return None
 
@@ -540,28 +562,65 @@ def message(content: str, finish: str, parser: str | None, parallel: bool = True
         "tool_calls" if finish == "stop" else finish
 
 
+class _Answer:
+    """A streamed choice's state (Streamed's)."""
+
+    def __init__(self):
+        self.text, self.sent = "", 0  # the answer so far; its characters sent as content
+        # text (content, until a call may begin) | call | close | after (between calls) | name (mistral's) | param
+        # (qwen3_coder's) | held (nothing more sent before the end); where the calls' reading resumes
+        self.phase, self.at = "text", 0
+        self.reader: _Reader | None = None  # the JSON being read (hermes, llama3_json, mistral)
+        self.calls: list[list] = []  # the calls whose headers went: [id, name, arguments sent, reader, its call, piece]
+        self.name: str | None = None  # mistral's [TOOL_CALLS]NAME[ARGS]: the name before the arguments
+        self.keys: set = set()  # qwen3_coder: the call's parameters read
+        self.partial = 0  # qwen3_coder: the characters of a string value sent before its end
+
+
 class Streamed:
     """A streamed chat answer's choices through ``parser`` (None: text passes as it comes):
-    ``push`` a choice's piece, get the content to send now; ``end`` with its finish_reason,
-    get the deltas still to send and the finish_reason to send."""
+    ``push`` a choice's piece, get the delta to send now (its content, its calls' headers and
+    arguments' pieces; {}: nothing yet); ``end`` with its finish_reason, get the deltas still
+    to send and the finish_reason to send. A call's header (index, id, type, name, arguments
+    "") goes as soon as its name is whole, then its arguments as they are read, so that they
+    join into the whole answer's arguments string (``message``; vLLM's sent the model's text,
+    spaced as written, and its hermes parser's partial-JSON diffs went wrong: issues 9693,
+    10395): hermes', llama3_json's and mistral's JSON through ``_Reader``, qwen3_coder's a
+    parameter at a time (a string's characters as they come, other values once closed and
+    typed); pythonic's calls whole at the end. A
+    call found malformed after its header went (or cut by max_tokens before its end) stops
+    there: the rest of the answer comes as content at the end, which then equals the whole
+    answer's, and finish_reason is stop (or length), not tool_calls; what was sent of the
+    call stays with the client (vLLM's goes on, and ends with tool_calls)."""
 
     def __init__(self, parser: str | None, parallel: bool = True, tools: list[dict] | None = None):
         self.parser, self.parallel, self.tools = parser, parallel, tools  # (parallel, tools: message's)
-        self.text: dict[int, str] = {}  # choice -> its answer so far
-        self.sent: dict[int, int] = {}  # choice -> characters of it sent as content
+        self.answers: dict[int, _Answer] = {}
         self.plain: set[int] = set()  # pythonic: choices known not to be calls (they start otherwise)
+        self.keys = ("parameters", "arguments") if parser == "llama3_json" else ("arguments",)
+        self.schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools or ()}
 
-    def push(self, i: int, piece: str) -> str:
+    def push(self, i: int, piece: str) -> dict:
         if self.parser is None:
-            return piece
-        text = self.text[i] = self.text.get(i, "") + piece
-        sent = self.sent.get(i, 0)
-        if self.parser in HELD:  # up to a block's start, or text that could begin one
+            return {"content": piece} if piece else {}
+        a = self.answers.setdefault(i, _Answer())
+        text = a.text = a.text + piece
+        sent = a.sent
+        if a.phase != "text":
+            upto = sent
+        elif self.parser in HELD:  # up to a block's start, or text that could begin one
             tags = HELD[self.parser]
             at = min((k for k in (text.find(t, max(0, sent - len(t))) for t in tags) if k >= 0), default=-1)
             upto = at if at >= 0 else len(text) - tag_start_at_end(text, *tags)
+            if at >= 0:
+                a.phase, a.at = "after", at
         elif self.parser == "llama3_json":  # up to where a call may begin: {"name": (or the start of one), or the
             upto = _json_call_start(text, sent)  # answer's start ({, <|python_tag|>); blank text held before it
+            head = text.lstrip()
+            if head.startswith(("{", PYTHON_TAG)):
+                a.phase, a.at = "call", len(text) - len(head) + (len(PYTHON_TAG) if head[0] == "<" else 0)
+            elif upto < len(text) and NAME_START.match(text, upto):
+                a.phase, a.at = "call", upto
             upto = 0 if not text[:upto].strip() else upto
         else:  # all of it once it cannot be a call: it starts otherwise than [ (or <|python_start|>)
             head, starts = text.lstrip(), LEADING[self.parser]
@@ -570,18 +629,445 @@ class Streamed:
             else:
                 self.plain.add(i)
                 upto = len(text)
-        self.sent[i] = max(sent, upto)
-        return text[sent:self.sent[i]]
+        a.sent = max(sent, upto)
+        delta = {"content": text[sent:a.sent]} if a.sent > sent else {}
+        calls = self._read(a) if a.phase not in ("text", "held") else []
+        return {**delta, "tool_calls": calls} if calls else delta
+
+    def _read(self, a: _Answer) -> list[dict]:
+        """Choice ``a``'s calls read on from where it stopped: the tool_calls items to send."""
+        if self.parser == "qwen3_coder":
+            return self._read_xml(a)
+        text, items, tag = a.text, [], TOOL_CALLS if self.parser == "mistral" else START
+        while a.phase != "held":
+            if a.phase == "after":  # before a call (the text between calls dropped)
+                at = text.find(tag, a.at)
+                if at < 0:
+                    a.at = max(a.at, len(text) - len(tag) + 1)
+                    return items
+                if a.calls and not self.parallel:
+                    a.phase = "held"  # (the first call alone: the others are never sent)
+                    return items
+                a.phase, a.at, a.reader = "call", at, None
+            if a.phase == "call" and a.reader is None and not self._begin(a):
+                return items
+            if a.phase == "call":
+                a.at = a.reader.feed(text, a.at)
+                items += self._sent(a)
+                if a.reader.bad or a.reader.done and sum(c[3] is a.reader for c in a.calls) < len(a.reader.calls):
+                    a.phase = "held"  # (malformed; or a call whose header never went: the calls after it come whole)
+                if a.phase == "held" or not a.reader.done:
+                    return items
+                a.phase = "close"
+            at = (JSON_BLANK if self.parser == "hermes" else BLANK).match(text, a.at).end()  # (what follows a JSON)
+            if self.parser == "hermes" and text.startswith(END, at):
+                a.phase, a.at = "after", at + len(END)
+            elif self.parser == "llama3_json" and text.startswith(";", at):
+                a.phase, a.at, a.reader = "call", at + 1, None
+            elif self.parser == "mistral":  # (text after the JSON dropped; [TOOL_CALLS]NAME[ARGS]: the next call's)
+                a.phase = "after" if a.reader.bare else "held"
+            elif at == len(text) or self.parser == "hermes" and END.startswith(text[at:]):
+                return items  # (what follows is yet to come)
+            else:
+                a.phase = "held"
+        return items
+
+    def _begin(self, a: _Answer) -> bool:
+        """A call's JSON begins at ``a.at`` (hermes': <tool_call> there): its reader made, or False
+        where more text must come first."""
+        text = a.text
+        if self.parser == "hermes":
+            a.reader, a.at = _Reader(), a.at + len(START)
+        elif self.parser == "llama3_json":
+            a.reader = _Reader()
+        else:  # mistral: [TOOL_CALLS] then [...] or {...}, or NAME[ARGS]{...}
+            at = _blank_end(text, a.at + len(TOOL_CALLS))
+            if at == len(text):
+                return False
+            if text[at] in "[{":
+                a.reader, a.at = _Reader(base=int(text[at] == "[")), at
+                return True
+            brace, nxt = text.find("{", at), text.find(TOOL_CALLS, at)
+            if brace < 0 or 0 <= nxt < brace:
+                a.phase = "held" if nxt >= 0 else a.phase
+                return False
+            a.name = text[at:brace].split(CALL_ID)[0].replace(ARGS, "").strip()
+            if not a.name or any(c.isspace() for c in a.name):
+                a.phase = "held"
+                return False
+            a.reader, a.at = _Reader(bare=True), brace
+        return True
+
+    def _sent(self, a: _Answer) -> list[dict]:
+        """The tool_calls items of ``a.reader``'s calls not yet sent: headers where a name is
+        whole (llama3_json's with its arguments begun too), their arguments written since."""
+        r, items = a.reader, []
+        for k in range(sum(c[3] is r for c in a.calls), len(r.calls)):
+            name = a.name if r.bare else r.name(k)
+            if name is None or (a.calls and not self.parallel) or (self.parser == "llama3_json" and not r.done
+                                                                  and not any(key in r.calls[k] for key in self.keys)):
+                break
+            a.calls.append([(_mistral_id if self.parser == "mistral" else _call_id)(), name, "", r, k, 0])
+            items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
+                          "function": {"name": name, "arguments": ""}})
+        for index, c in enumerate(a.calls):
+            if c[3] is r:
+                piece, c[5] = r.arguments(c[4], self.keys, c[5])
+                if piece:
+                    c[2] += piece
+                    if items and items[-1]["index"] == index:
+                        items[-1]["function"]["arguments"] += piece
+                    else:
+                        items.append({"index": index, "function": {"arguments": piece}})
+        return items
+
+    def _read_xml(self, a: _Answer) -> list[dict]:
+        """qwen3_coder's calls read on from ``a.at``: a header once <function=NAME> is whole, then
+        a parameter at a time once its value is closed (typed by its schema; a string's
+        characters as they come: ``_string_known``), } at </function>."""
+        text, items = a.text, []
+        while True:
+            if a.phase == "after":  # (the first call's <function= after the first <tool_call>: one before it is text)
+                if not a.calls:
+                    a.at = max(a.at, text.find(START, a.at))
+                    if not text.startswith(START, a.at):
+                        return items  # (a <function= without <tool_call>: its call whole at the end)
+                at = text.find(FUNCTION, a.at)
+                if at < 0:
+                    a.at = max(a.at, len(text) - len(FUNCTION) + 1) if a.calls else a.at
+                    return items
+                if a.calls and not self.parallel:
+                    a.phase = "held"
+                    return items
+                a.phase, a.at = "call", at
+            if a.phase == "call":
+                close = text.find(">", a.at)
+                if close < 0:
+                    return items
+                name = text[a.at + len(FUNCTION):close]
+                if not name or any(c in name for c in "{}<>\"' \t\r\n"):
+                    a.phase = "held"
+                    return items
+                a.calls.append([_call_id(), name, "", None, 0, 0])
+                items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
+                              "function": {"name": name, "arguments": ""}})
+                a.phase, a.at, a.keys = "param", close + 1, set()
+            at, call = _blank_end(text, a.at), a.calls[-1]
+            if text.startswith(FUNCTION_END, at):
+                piece = "}" if call[2] else "{}"
+                a.phase, a.at = "after", at + len(FUNCTION_END)
+            elif text.startswith(PARAMETER, at):
+                close = text.find(">", at)
+                key = text[at + len(PARAMETER):close] if close >= 0 else ""
+                if close >= 0 and (not key or "<" in key or key in a.keys):
+                    a.phase = "held"
+                if close < 0 or a.phase == "held":
+                    return items
+                end = _value_closed(text, close + 1, a.partial)
+                schema = self.schemas.get(call[1])
+                props = schema.get("properties") if isinstance(schema, dict) else None
+                schema = (props if isinstance(props, dict) else {}).get(key)
+                head = ("{" if not call[2] else ", ") + json.dumps(key, ensure_ascii=False) + ': "'
+                if end is None:  # (a string's characters as they come: _string_known)
+                    known = _string_known(text, close + 1, schema, a.partial)
+                    if not known:
+                        return items
+                    piece = ("" if a.partial else head) + json.dumps(known, ensure_ascii=False)[1:-1]
+                    a.partial += len(known)
+                else:
+                    value = text[close + 1:end]
+                    value = value[1:] if value.startswith("\n") else value
+                    typed = _typed(value[:-1] if value.endswith("\n") else value, schema)
+                    try:  # (a string begun: the rest of its characters and its closing quote)
+                        piece = json.dumps(typed[a.partial:], ensure_ascii=False)[1:] if a.partial else \
+                            head[:-1] + json.dumps(typed, ensure_ascii=False, allow_nan=False)
+                    except (ValueError, TypeError, RecursionError):
+                        a.phase = "held"
+                        return items
+                    a.keys.add(key)
+                    a.at, a.partial = end + len(PARAMETER_END), 0
+            else:
+                if not any(t.startswith(text[at:]) for t in (FUNCTION_END, PARAMETER)):
+                    a.phase = "held"
+                return items
+            call[2] += piece
+            if items and items[-1]["index"] == len(a.calls) - 1:
+                items[-1]["function"]["arguments"] += piece
+            else:
+                items.append({"index": len(a.calls) - 1, "function": {"arguments": piece}})
 
     def end(self, i: int, finish: str) -> tuple[list[dict], str]:
         if self.parser is None:
             return [], finish
-        text, sent = self.text.get(i, ""), self.sent.get(i, 0)
-        msg, finish = message(text, finish, None if i in self.plain else self.parser, self.parallel, self.tools)
+        a = self.answers.get(i) or _Answer()
+        text, sent = a.text, a.sent
+        msg, final = message(text, finish, None if i in self.plain else self.parser, self.parallel, self.tools)
+        calls = msg.get("tool_calls", [])
+        if len(a.calls) > len(calls) or any(c[1] != f["function"]["name"] or not f["function"]["arguments"].startswith(
+                c[2]) for c, f in zip(a.calls, calls)):  # (a call sent turned out malformed, or cut)
+            return ([{"content": text[sent:]}] if text[sent:] else []), finish
         rest = (msg["content"] or "")[sent:]
         deltas = [{"content": rest}] if rest else []
-        deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg.get("tool_calls", ()))]
-        return deltas, finish
+        for k, call in enumerate(calls):
+            if k >= len(a.calls):
+                deltas.append({"tool_calls": [{"index": k, **call}]})
+            elif len(call["function"]["arguments"]) > len(a.calls[k][2]):
+                deltas.append({"tool_calls": [{"index": k, "function": {
+                    "arguments": call["function"]["arguments"][len(a.calls[k][2]):]}}]})
+        return deltas, final
+
+
+def _blank_end(text: str, at: int) -> int:
+    return BLANK.match(text, at).end()
+
+
+def _string_known(text: str, at: int, schema, sent: int) -> str | None:
+    """qwen3_coder: the characters of the value starting at ``at`` known to be its first, past
+    the ``sent`` of them (its schema a string's: ``_typed`` keeps the text; the text before any
+    </parameter>, <parameter= on a new line or </function>, less a last character that may be
+    the newline dropped before its end, and less what may be "null"), or None where its type is
+    no string."""
+    kind, kinds = _kinds(schema)
+    if kind not in STRINGS or at == len(text):
+        return None
+    start = at + (text[at] == "\n")
+    since = at + sent  # (no tag begins in what was sent)
+    ends = [k for k in (text.find(PARAMETER_END, since), text.find("\n" + PARAMETER, since),
+                        text.find(FUNCTION_END, since)) if k >= 0]
+    end = min(ends) if ends else len(text) - tag_start_at_end(text[-len(END):], PARAMETER_END, "\n" + PARAMETER,
+                                                              FUNCTION_END)
+    if "null" in kinds and end - 1 - start < 5 and any(w.startswith(text[start:end - 1].lower()) for w in ("null", "none")):
+        return None  # (the value "null" is null where the schema admits it)
+    return text[start + sent:end - 1]
+
+
+def _value_closed(text: str, at: int, sent: int = 0) -> int | None:
+    """qwen3_coder: where the value starting at ``at`` ends, its </parameter> followed by the
+    next parameter, </function> or </tool_call> and closing no <parameter= opened in the value
+    (``_value``), or None until that is known (one past such a quoted call: at the answer's end);
+    ``sent``: its first characters streamed (``_string_known``: no tag begins there)."""
+    depth, pos, tags = 0, at + sent, (PARAMETER, FUNCTION_END, END)
+    close = text.find(PARAMETER_END, pos)
+    while close >= 0:
+        opened = text.find("\n" + PARAMETER, pos, close)
+        if opened >= 0:
+            depth, pos = depth + 1, opened + 1 + len(PARAMETER)
+            continue
+        after = _blank_end(text, close + len(PARAMETER_END))
+        if text.startswith(tags, after):
+            return None if depth else close
+        if len(text) - after < len(END) and any(t.startswith(text[after:]) for t in tags):
+            return None  # (what follows is yet to come)
+        depth, pos = max(0, depth - 1), close + len(PARAMETER_END)
+        close = text.find(PARAMETER_END, pos)
+    return None
+
+
+PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a JSON string's characters that stand for themselves
+NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class _Reader:
+    """One JSON value read as its text comes (``feed``), written as it is known the way
+    ``json.dumps(json.loads(text), ensure_ascii=False)`` writes it (``out``: its pieces), so
+    that what is written of a call's arguments is a prefix of the arguments string the whole
+    answer gives (``_arguments``): numbers and true/false/null once whole, a string's
+    characters as they come (an escape once whole, a surrogate pair's half held), a member's
+    key once whole (a key twice in an object is malformed: ``DECODER``). ``base``: the calls
+    are the value itself (0) or an array's items (1, mistral's); ``bare``: the value is one
+    call's arguments (mistral's [ARGS]{...}). ``bad``: the text can be no JSON."""
+
+    def __init__(self, base: int = 0, bare: bool = False):
+        self.base, self.bare, self.out, self.stack, self.keys = base, bare, [], [], []
+        self.state, self.token, self.key, self.high = "value", "", None, None
+        self.bad = self.done = False
+        # the calls read: their members (key -> [first piece, piece after it or None, its first character])
+        self.calls: list[dict] = [{"arguments": [0, None, "{"]}] if bare else []
+        self.member: str | None = None  # the call's member whose value is being read
+
+    def feed(self, text: str, at: int = 0) -> int:
+        """Read ``text[at:]`` up to the value's end; where it stopped."""
+        n = len(text)
+        while at < n and not (self.bad or self.done):
+            c, state = text[at], self.state
+            if state == "string":
+                m = PLAIN.match(text, at)
+                if m:
+                    self._chars(m.group())
+                    at = m.end()
+                elif c == '"':
+                    self._string_end()
+                    at += 1
+                elif c == "\\":
+                    self.state, self.token = "escape", ""
+                    at += 1
+                else:  # (a control character: JSON's strings escape them, Python's json refuses them)
+                    self.bad = True
+                continue
+            if state == "escape":
+                self.token += c
+                at += 1
+                if self.token[0] in ESCAPES:
+                    self._char(ESCAPES[self.token[0]])
+                elif self.token[0] != "u" or (len(self.token) > 1 and c not in string.hexdigits):
+                    self.bad = True
+                elif len(self.token) == 5:
+                    self._char(chr(int(self.token[1:], 16)))
+                continue
+            if state in ("number", "literal"):
+                if c in ("0123456789+-.eE" if state == "number" else string.ascii_letters):
+                    self.token += c
+                    at += 1
+                    if state == "literal" and self.token in JSON_NAMES:
+                        self._put(self.token)
+                        self._after()
+                    elif state == "literal" and not any(w.startswith(self.token) for w in JSON_NAMES):
+                        self.bad = True
+                    continue
+                if state == "literal":
+                    self.bad = True
+                    continue
+                self._number()
+                continue
+            if c in " \t\r\n":
+                at += 1
+                continue
+            at += 1
+            if state in ("value", "item"):
+                if state == "item" and c == "]":
+                    self._close("]")
+                else:
+                    self._value(c)
+            elif state in ("key", "first key"):
+                if c == '"':
+                    self.state, self.key = "string", ""
+                elif state == "first key" and c == "}":
+                    self._close("}")
+                else:
+                    self.bad = True
+            elif state == "colon":
+                self.bad = c != ":"
+                self._put(": ")
+                self.state = "value"
+            elif state == "next" and c == ",":
+                self._put(", ")
+                self.state = "key" if self.stack[-1] == "{" else "value"
+            elif state == "next" and c == "}]"[self.stack[-1] == "["]:
+                self._close(c)
+            else:
+                self.bad = True
+        return at
+
+    def _value(self, c: str) -> None:
+        depth = len(self.stack)
+        if self.bare:
+            pass
+        elif depth == self.base and c == "{":
+            self.calls.append({})  # (a call object starts)
+        elif depth == self.base + 1 and self.stack[-1] == "{" and self.calls:  # (a call's member's value)
+            self.calls[-1][self.member] = [len(self.out), None, c]
+        if c in "{[":
+            self.stack.append(c)
+            self.keys.append(set()) if c == "{" else None
+            self._put(c)
+            self.state = "first key" if c == "{" else "item"
+        elif c == '"':
+            self._put('"')
+            self.state = "string"
+        elif c == "-" or c.isdigit():
+            self.state, self.token = "number", c
+        elif c in "tfn":
+            self.state, self.token = "literal", c
+        else:  # (NaN, Infinity: Python's json reads them, and no call's arguments hold them)
+            self.bad = True
+
+    def _close(self, c: str) -> None:
+        if self.stack.pop() == "{":
+            self.keys.pop()
+        self._put(c)
+        self._after()
+
+    def _after(self) -> None:
+        """A value ended."""
+        depth = len(self.stack)
+        if not self.bare and depth == self.base + 1 and self.stack[-1] == "{" and self.member in self.calls[-1]:
+            self.calls[-1][self.member][1] = len(self.out)
+        if not depth:
+            self.done = True
+            if self.bare:  # (the arguments are the value)
+                self.calls[0]["arguments"][1] = len(self.out)
+        self.state = "next"
+
+    def _number(self) -> None:
+        try:
+            number = json.loads(self.token) if NUMBER.fullmatch(self.token) else None
+        except ValueError:  # (an integer past Python's digits limit)
+            number = None
+        if number is None or not math.isfinite(number):
+            self.bad = True
+            return
+        self._put(json.dumps(number))
+        self._after()
+
+    def _char(self, ch: str) -> None:
+        """An escape's character: a surrogate pair's first half waits for its second."""
+        self.state = "string"
+        high, self.high = self.high, None
+        if high is not None and "\udc00" <= ch <= "\udfff":
+            ch = (high + ch).encode("utf-16", "surrogatepass").decode("utf-16")
+        elif high is not None:
+            self._chars(high)
+        if "\ud800" <= ch <= "\udbff":
+            self.high = ch
+        else:
+            self._chars(ch)
+
+    def _chars(self, s: str) -> None:
+        if self.high is not None:
+            s, self.high = self.high + s, None
+        if self.key is not None:
+            self.key += s
+        else:
+            self._put(s if PLAIN.fullmatch(s) else json.dumps(s, ensure_ascii=False)[1:-1])
+
+    def _string_end(self) -> None:
+        if self.high is not None:
+            self._chars("")
+        if self.key is None:
+            self._put('"')
+            self._after()
+            return
+        key, self.key = self.key, None
+        if key in self.keys[-1]:  # (which value is meant is unclear: DECODER refuses it too)
+            self.bad = True
+            return
+        self.keys[-1].add(key)
+        if len(self.stack) == self.base + 1:
+            self.member = key
+        self._put(json.dumps(key, ensure_ascii=False))
+        self.state = "colon"
+
+    def _put(self, s: str) -> None:
+        self.out.append(s)
+
+    def name(self, k: int) -> str | None:
+        """Call ``k``'s name where it is whole (a non-empty string), else None."""
+        span = self.calls[k].get("name")
+        if span is None or span[1] is None or span[2] != '"':
+            return None
+        return json.loads("".join(self.out[span[0]:span[1]])) or None
+
+    def arguments(self, k: int, keys: tuple[str, ...], start: int) -> tuple[str, int]:
+        """Call ``k``'s arguments (an object, its member one of ``keys``) written from piece
+        ``start`` on, and the piece it reached ("" where they are no object, or not begun)."""
+        spans = [self.calls[k][key] for key in keys if key in self.calls[k]]
+        if len(spans) != 1 or spans[0][2] != "{":
+            return "", start
+        first, end, _ = spans[0]
+        end = len(self.out) if end is None else end
+        start = max(start, first)
+        return "".join(self.out[start:end]), end
 
 
 def _json_call_start(text: str, sent: int) -> int:
