@@ -2,12 +2,13 @@
 checked, and the tool calls a model writes in its answer parsed out of the text into
 OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
 
-    hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Qwen2.5,
-                 Qwen3, Hermes): the text before the first block is the content (null when
-                 empty), the text after the last one is dropped; a last block cut before its
-                 </tool_call> counts where its JSON is whole; a block ends at the first
-                 </tool_call> after which its JSON is whole (one inside a string is text; vLLM's
-                 regex ends it at the first, and the answer is all content)
+    hermes       <tool_call>{"name": ..., "arguments" (or "parameters"): {...}}</tool_call>
+                 blocks (Qwen2.5, Qwen3, Hermes): the text before the first block is the
+                 content (null when empty), the text after the last one is dropped; a last
+                 block cut before its </tool_call> counts where its JSON is whole; a block
+                 ends at the first </tool_call> after which its JSON is whole (one inside a
+                 string is text; vLLM's regex ends it at the first, and the answer is all
+                 content)
     llama3_json  JSON objects {"name": ..., "parameters" (or "arguments"): {...}} joined by ";"
                  that end the answer, optionally after <|python_tag|> (Llama 3.1-3.3 with their
                  JSON tool-calling prompt); the text before them is the content (null where it is
@@ -243,7 +244,8 @@ def _hermes(text: str) -> tuple[str, list] | None:
             end = text.find(END, end + 1) if end >= 0 else None
             if end is None:
                 return None
-            call = _call(_json(text[at + len(START):end if end >= 0 else len(text)]), "arguments")
+            call = _call(_json(text[at + len(START):end if end >= 0 else len(text)]), "arguments", "parameters")
+            # ("parameters" as llama3_json's: the call f with {} had dropped them unsaid, m76h-T7)
         calls.append(call)
         at = text.find(START, end) if end >= 0 else -1
     return content, calls
@@ -597,7 +599,7 @@ class Streamed:
         self.parser, self.parallel, self.tools = parser, parallel, tools  # (parallel, tools: message's)
         self.answers: dict[int, _Answer] = {}
         self.plain: set[int] = set()  # pythonic: choices known not to be calls (they start otherwise)
-        self.keys = ("parameters", "arguments") if parser == "llama3_json" else ("arguments",)
+        self.keys = ("parameters", "arguments") if parser in ("llama3_json", "hermes") else ("arguments",)
         self.schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools or ()}
 
     def push(self, i: int, piece: str) -> dict:
