@@ -16,6 +16,11 @@ there, finish "stop", without an EOS.
     Constraint.json_schema(schema) / .json() / .regex(re) / .choice([...]) / .lark(text)
     grammar = compile_constraint(constraint, text, vocab, eos)   # a UserError naming a bad one
     guide = grammar.guide()                                      # one a stream
+
+A constraint ``after`` a text (serve's --reasoning-parser: ``</think>``, as vLLM's structured
+output with a reasoning parser) holds nothing until the answer has spelled that text's tokens,
+and its grammar from the next token on (``Deferred``): a thinking model thinks freely, then
+answers in the grammar; lossless relative to the target masked from there on.
 """
 
 from __future__ import annotations
@@ -54,11 +59,13 @@ def _llguidance(what: str = ""):
 class Constraint:
     """What the answer must match: ``kind`` one of KINDS, ``value`` the schema (a dict), the
     pattern (Rust's regex syntax, llguidance's), the choices (a list of strings) or the grammar
-    (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field)."""
+    (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field).
+    ``after``: text whose tokens the answer spells before the grammar holds ("": from its first token)."""
 
     kind: str
     value: object = None
     name: str = ""
+    after: str = ""
 
     @classmethod
     def json_schema(cls, schema: dict, name: str = "json_schema") -> "Constraint":
@@ -86,7 +93,7 @@ class Constraint:
 
     def key(self) -> str:
         """The constraint as text, for a cache of compiled grammars."""
-        return json.dumps([self.kind, self.value], sort_keys=True)
+        return json.dumps([self.kind, self.value] + ([self.after] if self.after else []), sort_keys=True)
 
     def source(self) -> str:
         """The llguidance grammar, its value checked (a UserError naming ``label``)."""
@@ -143,12 +150,15 @@ class Grammar:
     """A constraint compiled against one tokenizer (``compile_constraint``): ``guide()``
     makes each stream's matcher."""
 
-    def __init__(self, constraint: Constraint, source: str, tokenizer, vocab: int, eos: tuple[int, ...]):
+    def __init__(self, constraint: Constraint, source: str, tokenizer, vocab: int, eos: tuple[int, ...],
+                 tag: tuple[int, ...] = ()):
         self.constraint, self.source, self.tokenizer, self.vocab = constraint, source, tokenizer, vocab
         self.eos = frozenset(eos)
+        self.tag = tag  # the tokens after which the grammar holds (Constraint.after's), or () from the start
 
     def guide(self) -> "Guide":
-        return Guide(self, _llguidance().LLMatcher(self.tokenizer, self.source, log_level=0))
+        guide = Guide(self, _llguidance().LLMatcher(self.tokenizer, self.source, log_level=0))
+        return Deferred(guide, self.tag) if self.tag else guide
 
 
 def compile_constraint(constraint: Constraint, text, vocab: int, eos: tuple[int, ...]) -> Grammar:
@@ -164,7 +174,9 @@ def compile_constraint(constraint: Constraint, text, vocab: int, eos: tuple[int,
     failed, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(source, tok)
     if failed:
         raise UserError(f"{constraint.label}: {_first_lines(messages[0] if messages else 'refused')}")
-    return Grammar(constraint, source, tok, vocab, tuple(eos))
+    # (the tag's tokens: the ids its text encodes to alone)
+    tag = tuple(text.tokenizer.encode(constraint.after, add_special_tokens=False).ids) if constraint.after else ()
+    return Grammar(constraint, source, tok, vocab, tuple(eos), tag)
 
 
 def _first_lines(message: str) -> str:
@@ -278,3 +290,89 @@ class Guide:
             if self.m.is_stopped():
                 return v if j >= v.accepted else Verdict(j, v.tokens[: j + 1].copy())
         return v
+
+
+class Deferred:
+    """A Guide that holds nothing until the answer has spelled ``tag`` (token ids: a think
+    block's end, Constraint.after's), then ``guide``'s grammar from the next token on, as
+    vLLM's structured output with a reasoning parser (its rows before the tag unmasked, the
+    tag's own included; an EOS before it ends the answer). A round's rows after the tag
+    within it are masked (after the drafts from the tag's end on: ``guide`` sees those
+    alone); before, the rows are the target's own. The first time the tag is spelled counts
+    (a tag written again later is the grammar's text)."""
+
+    def __init__(self, guide: Guide, tag: tuple[int, ...]):
+        self.g, self.tag, self.eos = guide, tuple(int(t) for t in tag), guide.eos
+        self.vocab = guide.vocab
+        self.tail: list[int] = []  # the answer's last tokens while the tag has not come
+        self.active = False  # the tag came: the grammar holds
+
+    @property
+    def stopped(self) -> bool:
+        return self.active and self.g.stopped
+
+    def allowed(self) -> np.ndarray:
+        """As Guide's (every token before the tag); the grammar's first mask made at once, so a
+        grammar no token can start is refused before the answer starts."""
+        ok = self.g.allowed()
+        return ok if self.active else np.ones(self.vocab, bool)
+
+    def masked(self, row: np.ndarray) -> np.ndarray:
+        return self.g.masked(row) if self.active else row
+
+    def _start(self, tokens) -> int | None:
+        """Where the grammar starts in a round of ``tokens`` (the first ones emitted or
+        drafted): 0 once active, j where tokens[:j] complete the tag (no EOS before), else None."""
+        if self.active:
+            return 0
+        seen = self.tail[-len(self.tag):]
+        for j, t in enumerate(int(t) for t in tokens):
+            if t in self.eos:
+                return None
+            seen = (seen + [t])[-len(self.tag):]
+            if tuple(seen) == self.tag:
+                return j + 1
+        return None
+
+    def take(self, token: int) -> None:
+        """The first token (the prefill's): the grammar's, or one more toward the tag."""
+        if self.active:
+            return self.g.take(token)
+        self.active = self._start([token]) == 1
+        self.tail = (self.tail + [int(token)])[-len(self.tag):]
+
+    def row_probs(self, logits_row: np.ndarray, drafts, k: int, params: SamplingParams) -> np.ndarray:
+        a = self._start(drafts[:k])
+        if a is None:
+            return probs(logits_row[None], params)[0]
+        return self.g.row_probs(logits_row, drafts[a:], k - a, params)
+
+    def argmaxes(self, logits: np.ndarray, drafts, check) -> np.ndarray:
+        """Guide's, the rows up to the tag's end unmasked (a round's first row that differs from
+        its draft, or is an EOS, ends it as there)."""
+        a = self._start(drafts)
+        best = []
+        for k in range(len(drafts) + 1):
+            if k == a:  # drafts[:k] end in the tag: the grammar holds from row k
+                rest = self.g.argmaxes(logits[k:], drafts[k:], lambda i: check(k + i))
+                return np.asarray(best + [int(t) for t in rest], np.int64)
+            check(k)
+            best.append(int(logits[k].argmax()))
+            if k == len(drafts) or best[-1] != int(drafts[k]) or best[-1] in self.eos:
+                break
+        return np.asarray(best, np.int64)
+
+    def settle(self, v: Verdict) -> Verdict:
+        """Guide's: the grammar's matcher holds the round's tokens after the tag (a verdict
+        whose token stopped the grammar before its last cut after it)."""
+        a = self._start(v.tokens)
+        if a is None or a == len(v.tokens):  # (the tag not come, or its last token the round's last)
+            self.g.settle(Verdict(0, v.tokens[:0]))  # (the matcher's drafts given back)
+            self.active = a is not None
+            self.tail = (self.tail + [int(t) for t in v.tokens])[-len(self.tag):]
+            return v
+        self.active = True
+        rest = self.g.settle(Verdict(v.accepted - a, v.tokens[a:]))
+        if len(rest.tokens) == len(v.tokens) - a:
+            return v
+        return Verdict(a + rest.accepted, v.tokens[: a + len(rest.tokens)])

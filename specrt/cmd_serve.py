@@ -1037,8 +1037,13 @@ class Server:
         finish reason as they settle."""
         from dataclasses import replace
 
+        from specrt import reasoning
+
         s, lp, params = self.session, req["logprobs"], req["params"]
         completion, prompt_tokens, reused = 0, 0, 0
+        grammar = req.get("grammar")
+        if grammar is not None and req.get("thinking"):  # --reasoning-parser: held after </think> (vLLM's)
+            grammar = replace(grammar, after=reasoning.END)
         for i in range(req["choices"]):  # prompt i // n, its choice i % n
             k = i // req["n"]
             prompt = req["prompts"][k]
@@ -1054,7 +1059,7 @@ class Server:
             done["bare"] = len(req["ids"][k]) if bare and done["first"] else 0  # (its prompt, if its client leaves)
             # (keep_special: mistral's [TOOL_CALLS] kept in answers to requests with tools, Text.keep_special)
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
-                           logprobs=lp, prompt_logprobs=pl, grammar=req.get("grammar"),
+                           logprobs=lp, prompt_logprobs=pl, grammar=grammar,
                            keep_special=req.get("tool_parser") is not None) if not bare else (p for p in ())
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)

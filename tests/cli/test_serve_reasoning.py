@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from contextlib import contextmanager
 
 import pytest
 from click.testing import CliRunner
@@ -99,6 +100,14 @@ def thinking(tmp_path_factory):
     tokenizer spells token 0 ``</think>`` and token 13 ``<think>`` (the others w1 .. w15 by number), with
     THINK_TEMPLATE; served (one Server, its parser set by each test), as a URL and the app.
     Greedy, "w8" answers 7 x w7, then </think>, then w5 ... and, 10 tokens on, <think>."""
+    with think_server(tmp_path_factory.mktemp("thinking"), {0: "</think>", 13: "<think>"}) as served:
+        yield served
+
+
+@contextmanager
+def think_server(root, words: dict, decoder=None, governor: str = "off"):
+    """``thinking``'s engines and server in ``root``, the tokenizer's words ``words`` by id (the
+    others w1 .. w15) and its ``decoder`` (tokenizers.decoders'; None: none)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from specrt.cmd_serve import Server, make_server
@@ -106,23 +115,25 @@ def thinking(tmp_path_factory):
     from specrt.export.export import export
     from tests.fixtures_models import write_tiny_target
 
-    root = tmp_path_factory.mktemp("thinking")
     target = write_tiny_target(root / "t", "llama", vocab_size=16)
-    vocab = {f"w{i}": i for i in range(1, 16) if i != 13}
-    tok = Tokenizer(models.WordLevel({**vocab, "</think>": 0, "<think>": 13}, unk_token="w15"))
+    tok = Tokenizer(models.WordLevel({words.get(i, f"w{i}"): i for i in range(16)}, unk_token="w15"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if decoder is not None:
+        tok.decoder = decoder
     tok.save(str(target / "tokenizer.json"))
     (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": THINK_TEMPLATE}))
     export(target, None, root / "x")
     build_engines(root / "x", "onnxruntime", (1,), root / "e", log=lambda s: None, profile_repeats=1,
                   profile_pasts=(16,), max_context=64)
-    app = Server(root / "e", "off", SamplingParams(), 8, "tiny", log=lambda s: None)
+    app = Server(root / "e", governor, SamplingParams(), 8, "tiny", log=lambda s: None)
     httpd = make_server(app, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", app
-    httpd.shutdown()
-    httpd.server_close()
-    app.close()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", app
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.close()
 
 
 ASK = [{"role": "user", "content": "w8"}]
@@ -351,3 +362,101 @@ def test_a_tokenizer_whose_end_tag_is_special_is_refused_at_the_start(tmp_path, 
             in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(main, ["serve", str(eng), "--port", "0", "--governor", "off"])
     assert r.exit_code == 1 and "it served" in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def thinking_json(tmp_path_factory):
+    """``thinking``'s engines (the same random model, the same ids) with words a grammar can
+    hold: token 6 ``true``, 9 ``false``, decoded byte-level (llguidance reads the tokenizer),
+    so the answer's text is its words joined: greedy, "w8" answers w7 x 7, </think>, w5 ..."""
+    from tokenizers import decoders
+
+    pytest.importorskip("llguidance")
+    with think_server(tmp_path_factory.mktemp("thinking_json"), {0: "</think>", 13: "<think>", 6: "true", 9: "false"},
+                      decoders.ByteLevel()) as served:
+        yield served
+
+
+BOOLEAN = {"response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}}}
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_a_grammar_holds_after_the_thinking(thinking_json, parser):
+    """With --reasoning-parser, a request's structured output holds from the token after
+    </think> (vLLM's, its reasoner's is_reasoning_end): the thinking is the target's own (the
+    unguided answer's), the content JSON of the schema, finish "stop"; streamed, the deltas
+    join to the whole answer's fields. Without a parser, or where the prompt closed the block,
+    the grammar holds from the first token (no thinking: reasoning null). Fails without the
+    mend (h76k): the grammar held from the first token, so the answer never thought (reasoning
+    "", content "true")."""
+    url, app = thinking_json
+    try:
+        app.reasoning = parser
+        free = _chat(url)["choices"][0]["message"]
+        assert free["reasoning"] == "w7" * 7 and free["content"].startswith("w5"), free
+        r = _chat(url, **BOOLEAN)
+        m = r["choices"][0]["message"]
+        assert m == {"role": "assistant", "reasoning": free["reasoning"], "reasoning_content": free["reasoning"],
+                     "content": "true"}, m
+        assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 7 + 1 + 1
+        deltas, last = _streamed(url, **BOOLEAN)
+        assert "".join(d.get("reasoning", "") for d in deltas) == m["reasoning"]
+        assert "".join(d.get("content") or "" for d in deltas) == "true"
+        assert last["choices"][0]["finish_reason"] == "stop"
+        # the block closed in the prompt: the grammar from the first token, the answer all content
+        m = _chat(url, chat_template_kwargs={"closed": True}, **BOOLEAN)["choices"][0]["message"]
+        assert m == {"role": "assistant", "content": "true", "reasoning": None, "reasoning_content": None}, m
+        app.reasoning = None
+        m = _chat(url, **BOOLEAN)["choices"][0]["message"]
+        assert m == {"role": "assistant", "content": "true"}, m
+    finally:
+        app.reasoning = None
+
+
+def test_a_thinking_that_never_ends_never_starts_the_grammar(thinking_json):
+    """max_tokens before </think>: the grammar never starts, the answer all reasoning (the
+    target's own tokens), content null, finish "length", whole and streamed; qwen3 with
+    enable_thinking false (the template ignoring it) starts outside the block: the grammar
+    holds from the first token, deepseek_r1 (which reads no such variable) thinks first. Fails
+    without the mend (h76k: content "true", reasoning "")."""
+    url, app = thinking_json
+    try:
+        app.reasoning = "qwen3"
+        r = _chat(url, max_tokens=5, **BOOLEAN)
+        m = r["choices"][0]["message"]
+        assert m["content"] is None and m["reasoning"] == "w7" * 5 and r["choices"][0]["finish_reason"] == "length"
+        deltas, last = _streamed(url, max_tokens=5, **BOOLEAN)
+        assert [d["reasoning"] for d in deltas] == ["w7"] * 5 and last["choices"][0]["finish_reason"] == "length"
+        off = {"chat_template_kwargs": {"enable_thinking": False}}
+        m = _chat(url, **off, **BOOLEAN)["choices"][0]["message"]
+        assert m == {"role": "assistant", "content": "true", "reasoning": None, "reasoning_content": None}, m
+        app.reasoning = "deepseek_r1"
+        m = _chat(url, **off, **BOOLEAN)["choices"][0]["message"]
+        assert m["reasoning"] == "w7" * 7 and m["content"] == "true", m
+    finally:
+        app.reasoning = None
+
+
+def test_a_grammar_after_the_thinking_is_lossless_under_prompt_lookup(thinking_json, monkeypatch):
+    """Speculative (prompt lookup taking every round it can, drafts accepted) gives the
+    target-only answer token for token: the thinking unmasked, the grammar's from the token
+    after </think> (guided greedy under a reasoning parser; h76k). Fails without the mend (the
+    grammar held from the first token: no thinking)."""
+    from tests.cli.test_serve import _in_process
+    from tests.runtime.test_generate import _always_look_up
+
+    url, app = thinking_json
+    _always_look_up(monkeypatch, whole=True)
+    body = {**BOOLEAN, "logprobs": True}
+    app.reasoning = "deepseek_r1"
+    try:
+        want = _chat(url, **body)["choices"][0]
+        with _in_process(app.session.engines.folder, "off:ngram") as (fast, _, fast_url, _):
+            fast.reasoning = "deepseek_r1"
+            r = _chat(fast_url, **body)
+        got = r["choices"][0]
+        assert [e["id"] for e in got["logprobs"]["content"]] == [e["id"] for e in want["logprobs"]["content"]]
+        assert got["message"] == want["message"] and want["message"]["reasoning"] == "w7" * 7
+        assert r["specrt"]["tokens_per_call"] > 1, r["specrt"]  # (lookup drafts were accepted)
+    finally:
+        app.reasoning = None
