@@ -149,10 +149,11 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
            "return_token_ids": (False,), "return_tokens_as_token_ids": (False,)}
 # vLLM's structured output fields (before its 0.12: structured_outputs' json, regex, choice, grammar since)
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+SO_TAKEN = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
 NOT_DONE = ("allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
-            "mm_processor_kwargs", "documents", "vllm_xargs")
+            "mm_processor_kwargs", "documents", "vllm_xargs", "guided_whitespace_pattern")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
 # here, taken and ignored); vLLM's continuous_usage_stats: with include_usage (as vLLM reads it),
 # every chunk's usage is its choice's prompt and completion tokens so far, not null
@@ -253,7 +254,12 @@ def structured(body: dict) -> tuple[str, Any] | None:
     if so is not None:
         kinds = ("json", "regex", "choice", "grammar", "json_object")
         asked = [k for k in kinds if isinstance(so, dict) and so.get(k) is not None]
-        if not isinstance(so, dict) or len(asked) != 1 or any(k not in kinds and v is not None for k, v in so.items()):
+        # (vLLM's options that leave the answer valid JSON: specrt's is compact, its objects closed, w76j)
+        other = [k for k, v in so.items() if k not in kinds + SO_TAKEN and v is not None] if isinstance(so, dict) else []
+        if other:
+            raise BadRequest(f"'structured_outputs.{other[0]}' is not supported (got {so[other[0]]!r:.60})",
+                             "structured_outputs")
+        if not isinstance(so, dict) or len(asked) != 1:
             raise BadRequest(f"'structured_outputs' must be an object of one of {', '.join(kinds)}; got {so!r:.80}",
                              "structured_outputs")
         given.append(("structured_outputs", _guided(f"structured_outputs.{asked[0]}", asked[0], so[asked[0]])))
@@ -1539,8 +1545,10 @@ class Handler(BaseHTTPRequestHandler):
             app.log(f"[error: {type(e).__name__}: {e}]")  # (as every engine failure is logged)
             app.metrics.add(engine_failures=1)
             return self._error(BadRequest(str(e), status=500))
-        except UserError as e:
-            return self._error(BadRequest(str(e), "messages" if chat else "prompt"))
+        except UserError as e:  # (the grammar's, named by its field: a limit of llguidance's met at its start, w76j)
+            named = req.get("grammar") is not None and str(e).startswith(req["grammar"].label + ":")
+            return self._error(BadRequest(str(e), req["grammar"].label.split(".")[0] if named else
+                                          "messages" if chat else "prompt"))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
             return self._error(BadRequest("no output", status=500))
         except BadRequest as e:  # cut by a second Ctrl-C (Server.cutting): its 503, not an engine failure

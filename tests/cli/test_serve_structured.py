@@ -142,3 +142,42 @@ def test_a_bad_structured_output_is_a_400_naming_its_field(server, body, param, 
     assert code == 400 and r["error"]["param"] == param and words in r["error"]["message"], r
     code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2})  # (the server goes on)
     assert code == 200
+
+
+def test_a_schema_past_llguidances_parser_limits_is_a_400_not_a_500(server):
+    """w76j: an object of 600 optional properties (a pydantic model's Optional fields) compiles,
+    then its first token passes llguidance's 2000 items a row: the answer was a 500 "InternalError:
+    guided decoding: the matcher refused token 261 it allowed", carrying llguidance's parser state,
+    and counted as an engine failure. It is the request's schema: a 400 naming it and the limit
+    (its param the field, not "messages")."""
+    url, app = server
+    props = {f"f{i}": {"enum": ["a", "b"]} for i in range(600)}
+    fmt = {"type": "json_schema", "json_schema": {"name": "wide", "schema": {"type": "object", "properties": props}}}
+    failures = app.metrics.counts["engine_failures"]
+    for stream in (False, True):
+        code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "response_format": fmt,
+                                                      "stream": stream})
+        assert code == 400 and r["error"]["param"] == "response_format", r
+        said = r["error"]["message"]
+        assert said.startswith("response_format.json_schema.schema: too large or ambiguous for llguidance's parser")
+        assert said.count("max is 2000") == 1 and "<state>" not in said and "InternalError" not in said
+    assert app.metrics.counts["engine_failures"] == failures
+
+
+def test_vllms_structured_outputs_options_are_taken_and_its_whitespace_pattern_named(server):
+    """w76j: vLLM's structured_outputs options disable_any_whitespace, disable_additional_properties
+    and disable_fallback (its answer stays valid JSON: specrt's is compact, its objects closed)
+    were a 400 "'structured_outputs' must be an object of one of json, ..." that named none of
+    them; now taken. whitespace_pattern and guided_whitespace_pattern, which specrt does not do,
+    are a 400 saying so (the latter was "Unrecognized request argument")."""
+    url, _ = server
+    so = {"json": SCHEMA, "disable_any_whitespace": True, "disable_additional_properties": True,
+          "disable_fallback": False}
+    code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 60, "structured_outputs": so})
+    assert code == 200 and _matches_schema(r["choices"][0]["message"]["content"]), r
+    for body, said in [({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " "}},
+                        "'structured_outputs.whitespace_pattern' is not supported"),
+                       ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "},
+                        "'guided_whitespace_pattern' is not supported")]:
+        code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **body})
+        assert code == 400 and r["error"]["message"].startswith(said), r

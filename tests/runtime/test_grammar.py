@@ -230,6 +230,95 @@ def test_a_bad_grammar_is_a_user_error_naming_it(guided, bad, said):
         compile_constraint(bad, text, engines.export["target"]["vocab_size"], eos)
 
 
+def test_an_object_schema_without_additional_properties_takes_only_its_own_keys(guided):
+    """w76j: a schema as pydantic's model_json_schema() writes it (no "additionalProperties")
+    let the model write keys of its own after the schema's: SmolLM2 asked to "Describe Paris."
+    under a five-key City model went on with "city", "language", ... until max_tokens, invalid
+    JSON (vLLM's default backend, xgrammar, holds such an object to its keys, as OpenAI's strict
+    schemas do). Now after the last key the object closes; nested objects too; a schema that
+    says "additionalProperties": true keeps them open, and so do objects whose keys come from
+    several schemas (allOf, properties beside anyOf)."""
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    inner = {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}
+    loose = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "in": inner},
+             "required": ["color", "in"]}
+    ends = {t: text.decode([t]) for t in range(vocab)}
+    comma = [t for t, s in ends.items() if s.startswith(",")]
+    brace = [t for t, s in ends.items() if s.startswith("}")]
+
+    def after(schema, prefix):
+        guide = compile_constraint(Constraint.json_schema(schema), text, vocab, eos).guide()
+        for t in text.tokenizer.encode(prefix, add_special_tokens=False).ids:
+            assert guide.allowed()[t], (prefix, t)
+            guide.consume(t)
+        ok = guide.allowed()
+        return ok[comma].any(), ok[brace].any()
+
+    assert after(loose, '{"color": "red", "in": {"x": true') == (False, True)
+    assert after(loose, '{"color": "red", "in": {"x": true}') == (False, True)
+    assert after({**loose, "additionalProperties": True}, '{"color": "red", "in": {"x": true}') == (True, True)
+    # keys from several schemas stay open (closing each part made these unsatisfiable, a 400)
+    mixed = {"type": "object", "properties": {"kind": {"const": "x"}}, "required": ["kind"],
+             "anyOf": [{"properties": {"a": {"type": "boolean"}}, "required": ["a"]}]}
+    parts = {"type": "object", "allOf": [{"properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+                                         {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}]}
+    assert after(mixed, '{"kind": "x", "a": true')[1] and after(parts, '{"a": true, "b": true')[1]
+
+
+def test_digit_and_word_classes_are_ascii_as_vllm_and_json_schema_read_them(guided):
+    """w76j: llguidance reads \\d and \\w as Unicode's classes: SmolLM2 asked for a date under
+    guided_regex \\d{4}-\\d{2}-\\d{2} wrote "🯸🯸🯸🯸-🯸🯸-" (U+1FBF8), where vLLM's default backend
+    (xgrammar) and JSON Schema's patterns (ECMA-262) allow 0-9 alone. Now no token that starts
+    outside ASCII is allowed, in a regex, a class holding \\d or \\w, and a schema's pattern; an
+    escaped backslash before a d stays a backslash and a d."""
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    starts_ascii = np.array([text.decode([t]).isascii() for t in range(vocab)])
+
+    def first(c, prefix=""):
+        guide = compile_constraint(c, text, vocab, eos).guide()
+        for t in text.tokenizer.encode(prefix, add_special_tokens=False).ids:
+            guide.consume(t)
+        return guide.allowed()
+
+    for c, prefix in [(Constraint.regex(r"\d{4}-\d{2}"), ""), (Constraint.regex(r"[\w.]+"), ""),
+                      (Constraint.regex(r"a[^\W]"), "a"),
+                      (Constraint.json_schema({"type": "string", "pattern": r"^\d+$"}), '"')]:
+        ok = first(c, prefix)
+        assert ok.any() and not ok[~starts_ascii].any(), c
+    ok = first(Constraint.regex(r"\\d"))
+    assert ok.any() and all(text.decode([t]).startswith("\\") for t in ok.nonzero()[0])
+
+
+def test_a_kept_grammar_starts_each_stream_without_building_its_parser_again(guided):
+    """w76j: a kept grammar (Session.grammar_of: a server's clients send the same schema again)
+    built llguidance's parser again for every stream (LLMatcher, as long as compiling: 2 s a
+    request for a 730 KB schema); each guide now copies a matcher built once (under 10 ms), and
+    each starts where the answer starts, whatever the guides before it took."""
+    import time
+
+    import llguidance
+
+    engines, text, eos = guided
+    props = {f"field_{i:05d}": {"enum": [f"value_{i}_a", f"value_{i}_b"]} for i in range(2000)}
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    g = compile_constraint(Constraint.json_schema(schema), text, engines.export["target"]["vocab_size"], eos)
+    t = time.perf_counter()
+    llguidance.LLMatcher(g.tokenizer, g.source, log_level=0)
+    build = time.perf_counter() - t
+    first = g.guide()
+    start = first.allowed()
+    first.consume(int(start.nonzero()[0][0]))
+    took = []
+    for _ in range(3):
+        t = time.perf_counter()
+        guide = g.guide()
+        took.append(time.perf_counter() - t)
+        assert guide.position == 0 and np.array_equal(guide.allowed(), start)
+    assert min(took) < build / 10, (took, build)
+
+
 def test_a_grammar_no_token_can_start_is_refused_not_a_hang(guided, tmp_path):
     """A tokenizer without the bytes a grammar needs (a byte-level BPE whose alphabet is the
     letters of "hello world": no token spells "7"): the stream is refused when asked for,
