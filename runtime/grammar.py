@@ -137,8 +137,9 @@ class Constraint:
         return self.name or self.kind
 
     def key(self) -> str:
-        """The constraint as text, for a cache of compiled grammars."""
-        return json.dumps([self.kind, self.value] + ([self.after] if self.after else []), sort_keys=True)
+        """The constraint as text, for a cache of compiled grammars (a schema's keys in their
+        order: llguidance writes its properties in it, m76i)."""
+        return json.dumps([self.kind, self.value] + ([self.after] if self.after else []))
 
     def source(self) -> str:
         """The llguidance grammar, its value checked (a UserError naming ``label``)."""

@@ -131,10 +131,20 @@ def test_tool_choice_required_and_named_come_back_as_tool_calls(server, parser):
     ({"guided_grammar": "start: nothere"}, "guided_grammar", "guided_grammar: "),
     ({"response_format": {"type": "json_schema"}}, "response_format", "expected {'type': 'json_schema'"),
     ({"response_format": {"type": "yaml"}}, "response_format", "'response_format' must be"),
+    # m76i-13: a response_format without its type (or not an object) is refused, not taken as text
+    ({"response_format": {"json_schema": {"name": "x", "schema": SCHEMA}}}, "response_format",
+     "'response_format' must be"),
+    ({"response_format": "json_object"}, "response_format", "'response_format' must be"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex",
      "'response_format' and 'guided_regex': one structured output a request"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "an object of one of"),
+    # m76i-11: a named function 'tools' has not is a 400 naming tool_choice (an IndexError, a 500, without the check)
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'tool_choice' names the function 'nope', which 'tools' has not"),
     ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "one structured output"),
+    # m76i-8: structured_outputs' json_object is true or left out (false held the answer to JSON)
+    ({"structured_outputs": {"json_object": False}}, "structured_outputs",
+     "'structured_outputs.json_object' must be true; got False"),
 ])
 def test_a_bad_structured_output_is_a_400_naming_its_field(server, body, param, words):
     url, _ = server
@@ -181,3 +191,45 @@ def test_vllms_structured_outputs_options_are_taken_and_its_whitespace_pattern_n
                         "'guided_whitespace_pattern' is not supported")]:
         code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **body})
         assert code == 400 and r["error"]["message"].startswith(said), r
+
+
+def test_tool_choice_required_holds_the_answer_to_one_call_at_least(server):
+    """m76i-9: tool_choice "required" calls a function: its array is never empty (vLLM's schema,
+    minItems 1): after "[" only an object may come, "]" never. Mutant: minItems left out (an
+    empty array allowed: an answer of no call, finish "tool_calls")."""
+    from specrt.cmd_serve import forced_tools
+
+    _, app = server
+    text = app.session.text
+    guide = app.session.grammar_of(forced_tools("required", TOOLS)[1]).guide()
+    for t in text.tokenizer.encode("[").ids:
+        guide.consume(t)
+    starts = {text.decode([int(t)])[:1] for t in guide.allowed().nonzero()[0]}
+    assert starts == {"{"}, starts
+
+
+def test_a_forced_answer_streamed_is_the_whole_ones_calls_and_text(server):
+    """m76i-12: streamed forced tool choices give what the whole answer gives: "required" with
+    parallel calls, its calls one delta each, indexed 0, 1, ... (the whole answer's calls, in
+    order); cut by max_tokens before a call is whole, its text as content, finish "length"; a
+    named function without parameters, an object of arguments. Mutants: every streamed call
+    indexed 0, a cut answer's text dropped from the stream, a parameterless function's schema
+    left empty (any JSON value: this model's answer is then no object)."""
+    url, _ = server
+    for extra in ({"tool_choice": "required", "max_tokens": 120}, {"tool_choice": "required", "max_tokens": 8},
+                  {"tool_choice": {"type": "function", "function": {"name": "stop"}}, "max_tokens": 30}):
+        body = {"messages": ASK, "tools": TOOLS, **extra}
+        code, whole = _post(url, "/v1/chat/completions", body)
+        assert code == 200, whole
+        msg, finish = whole["choices"][0]["message"], whole["choices"][0]["finish_reason"]
+        code, events = _post(url, "/v1/chat/completions", {**body, "stream": True})
+        deltas = [ch["delta"] for e in events for ch in e["choices"]]
+        calls = [t for d in deltas for t in d.get("tool_calls") or ()]
+        assert code == 200 and events[-1]["choices"][0]["finish_reason"] == finish
+        assert [t["index"] for t in calls] == list(range(len(msg.get("tool_calls") or ())))
+        assert [t["function"] for t in calls] == [t["function"] for t in msg.get("tool_calls") or ()]
+        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        if extra["tool_choice"] != "required":  # (its object's keys run on to max_tokens: left as text)
+            assert (msg["content"] or msg["tool_calls"][0]["function"]["arguments"]).startswith("{"), msg
+        elif extra["max_tokens"] == 8:
+            assert finish == "length" and msg["content"].startswith('[{"name": ') and not msg.get("tool_calls")

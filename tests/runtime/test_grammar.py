@@ -223,7 +223,12 @@ def test_a_guided_stream_ends_where_the_grammar_is_complete(guided):
                                        (Constraint.json_schema([1]), "json_schema: expected a JSON schema"),
                                        (Constraint.choice([]), "choice: expected a non-empty list"),
                                        (Constraint.lark("start: nothere"), "grammar: .*nothere"),
-                                       (Constraint.regex("", name="--regex"), "--regex: expected a non-empty")])
+                                       (Constraint.regex("", name="--regex"), "--regex: expected a non-empty"),
+                                       # m76i-18: a blank grammar is named so, not by llguidance's parse error
+                                       (Constraint.lark(" \n"), "grammar: expected a Lark or GBNF grammar"),
+                                       # m76i-19: a GBNF grammar llguidance cannot convert (a ValueError there)
+                                       (Constraint.lark("root ::= ("), "grammar: Failed to convert the grammar from "
+                                                                       "GBNF to Lark: Expected '\\)'")])
 def test_a_bad_grammar_is_a_user_error_naming_it(guided, bad, said):
     engines, text, eos = guided
     with pytest.raises(UserError, match=said):
@@ -435,12 +440,14 @@ def test_run_holds_each_answer_to_the_structured_output_option(engines_dir, tmp_
     (["--json", "--regex", "a"], "--json and --regex: give one structured output option at most"),
     (["--json-schema", "BAD"], "--json-schema BAD: not valid JSON"),
     (["--json-schema", "WAT"], "--json-schema WAT: .*wat"),
-    (["--grammar", "LARK"], "--grammar LARK: .*nothere")])
+    (["--grammar", "LARK"], "--grammar LARK: .*nothere"),
+    # m76i-14: a grammar file that is not UTF-8 is named (a traceback without the check)
+    (["--grammar", "BIN"], "--grammar BIN: not valid UTF-8 text")])
 def test_run_refuses_a_bad_structured_output_option_naming_it(engines_dir, tmp_path, opts, said):
     files = {"BAD": ("bad.json", "{not json"), "WAT": ("wat.json", '{"type": "wat"}'),
-             "LARK": ("g.lark", "start: nothere")}
+             "LARK": ("g.lark", "start: nothere"), "BIN": ("bin.lark", b'start: "\xff"')}
     for k, (name, body) in files.items():
-        (tmp_path / name).write_text(body)
+        (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
         opts = [str(tmp_path / name) if o == k else o for o in opts]
         said = said.replace(k, re.escape(str(tmp_path / name)))
     r = _run(engines_dir, "--prompt", "hello", "--max-new-tokens", 8, *opts)
