@@ -286,6 +286,7 @@ class Generator:
         self.prompt_logprobs_out: list[TokenLogprob | None] = []
         self.tree_width = 1  # the governor's (``tree_width``), read at every stream
         self._siblings: list[int] = []  # the last draft's runners-up for its first position
+        self._sib_allowed: np.ndarray | None = None  # a guided round's: the tokens its first position allows
         self._corpus: tuple[tuple, Corpus] | None = None  # the loaded corpus file, by (path, mtime, size)
         # a screened target head (specrt/head.py): greedy decoding screens its int8 logits for
         # the exact argmax; sampling and the prefill (its many rows' int8 temporaries would
@@ -393,11 +394,14 @@ class Generator:
     def _runners_up(self, row: np.ndarray, first: int) -> list[int]:
         """The draft's next tree_width - 1 choices after ``first`` for one position, in
         target ids, most likely first (row: the draft's logits there [Vd])."""
-        w = self.tree_width
+        w, ok = self.tree_width, self._sib_allowed
+        if ok is not None:  # a guided round's: among the tokens the grammar allows there (the masked row)
+            ok = ok[np.arange(len(row)) + self.d2t] if self.d2t is not None else ok[: len(row)]
+            row = np.where(ok, row, -np.inf)
         top = np.argpartition(-row, w)[: w + 1] if len(row) > w + 1 else np.arange(len(row))
         top = top[np.argsort(-row[top], kind="stable")]
         ids = top + (self.d2t[top] if self.d2t is not None else 0)
-        return [int(t) for t in ids if t != first][: w - 1]
+        return [int(t) for t, i in zip(ids, top) if t != first and (ok is None or ok[i])][: w - 1]
 
     def _first_token(self, out: dict, rng, guide=None) -> int:
         """The token after the prompt, from the prefill's last row (a screened head's fp32 row:
@@ -633,9 +637,7 @@ class Generator:
             self._screen_for(self.params, guide is not None)
             # this stream's, from its start: a stream closed early leaves no other's
             self.finished, self.telemetry = None, Telemetry()
-            # (a guided stream verifies chains: a token tree's runners-up would each need the mask
-            # of their own position, and verify_sampling's residual for them the masked p)
-            self.tree_width = 1 if guide is not None else tree_width
+            self.tree_width = tree_width
             self.governor.start_stream()
             clock = Held()
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
@@ -829,6 +831,8 @@ class Generator:
                     fn = self._draft_peagle if self.draft_kind == "peagle" else self._draft_eagle3
                     aux = pend_aux[0] if len(pend_aux) == 1 else np.concatenate(pend_aux)
                     self._draft_pos = emitted  # draft k proposes output position emitted + k
+                    # (a guided tree's runners-up: tokens the grammar allows at the first position)
+                    self._sib_allowed = guide.allowed() if guide is not None and self.tree_width > 1 else None
                     drafts, q, conf, t_draft = fn(pend_tok, aux, pend_start, d, rng)
                     pend_tok, pend_aux, pend_start = [], [], n
                     catch_up, behind = behind, False
@@ -844,25 +848,28 @@ class Generator:
                 out, t_verify = self._target([x[-1], *drafts[:d], *sib], n, len(sib), exact=top is not None)
                 logits = out[C.LOGITS][0]  # [d+1 (+ siblings), V]
                 screen = self.screen  # a screened head: greedy logits approximate (specrt/head.py)
-                if self.params.greedy and guide is not None:
-                    # the masked rows' argmaxes up to the first that ends the round (grammar.py): the
-                    # drafts after it are never accepted, so they are not verified
-                    best = guide.argmaxes(logits, drafts[:d], lambda k: check_logits(logits[k : k + 1], first_row=k))
-                    v = verify_greedy(None, drafts[: len(best) - 1], best=best)
-                elif self.params.greedy:
-                    hid, nrm = (out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0]) if screen is not None else (None, None)
-                    # (a screen's non-finite rows come back -1: verify_greedy fails only the rows it uses)
-                    best = screen.argmax(logits, hid, nrm, range(d + 1), nonfinite_ok=True) if screen is not None \
-                        else None
-                    v = verify_greedy(logits[: d + 1], drafts[:d], best=best)
+                if self.params.greedy:
+                    if guide is not None:
+                        # the masked rows' argmaxes up to the first that ends the round (grammar.py): the
+                        # drafts after it are never accepted, so they are not verified
+                        best = guide.argmaxes(logits, drafts[:d],
+                                              lambda k: check_logits(logits[k : k + 1], first_row=k))
+                        v = verify_greedy(None, drafts[: len(best) - 1], best=best)
+                    else:
+                        hid, nrm = (out[C.HEAD_HIDDEN][0], out[C.HEAD_NORMS][0]) if screen is not None else (None, None)
+                        # (a screen's non-finite rows come back -1: verify_greedy fails only the rows it uses)
+                        best = screen.argmax(logits, hid, nrm, range(d + 1), nonfinite_ok=True) \
+                            if screen is not None else None
+                        v = verify_greedy(logits[: d + 1], drafts[:d], best=best)
                     if sib and v.accepted == 0 and int(v.tokens[0]) in sib:  # a runner-up won position 1
                         j = sib.index(int(v.tokens[0]))
-                        row = d + 1 + j  # its row's argmax
+                        row = d + 1 + j  # its row's argmax (a guide's: masked after the runner-up)
                         if screen is not None:
                             bonus = screen.argmax(logits, hid, nrm, range(row, row + 1))[0]
                         else:  # (the error names the call's row: verify_greedy on the slice named row 0)
                             check_logits(logits[row : row + 1], first_row=row)
-                            bonus = int(logits[row].argmax())
+                            bonus = int((guide.sibling_row(logits[row], sib[j]) if guide is not None
+                                         else logits[row]).argmax())
                         v = Verdict(1, np.array([v.tokens[0], bonus], np.int64), j)
                 else:
                     m = logits.max(-1)
@@ -871,6 +878,8 @@ class Generator:
                         # each row checked as it is used: rows past the first rejection are not looked at,
                         # as greedy's are not (one failed the round, and the answer's failure hung on the depth)
                         check_logits(logits[k : k + 1], rowmax=m[k : k + 1], first_row=k)
+                        if guide is not None and k > d:  # a runner-up's: masked after it (grammar.py)
+                            return probs(guide.sibling_row(logits[k], sib[k - d - 1])[None], self.params)[0]
                         if guide is not None:  # masked after drafts 1..k (asked for in order: LazyRows)
                             return guide.row_probs(logits[k], drafts, k, self.params)
                         return probs(logits[k : k + 1], self.params, rowmax=m[k : k + 1])[0]

@@ -101,10 +101,12 @@ def _governors(engines):
     costs = {d: 1e-3 * (1 + 0.05 * d) for d in (0, *DEPTHS)}
     out = [("fixed:2", FixedGovernor(DEPTHS, 2)), ("fixed:4", FixedGovernor(DEPTHS, 4)),
            ("dspark", DSparkGovernor(DEPTHS, 2e-4, costs))]
-    if engines.verifies_trees():  # (a guided stream verifies a chain: the tree is left out)
+    if engines.verifies_trees():  # (token trees under the grammar, h76l; auto is dspark:tree=3:ngram:grow)
         tree = FixedGovernor(DEPTHS, 2)
-        tree.tree_width = 3
-        out.append(("fixed:2:tree=3", tree))
+        dtree, auto = (DSparkGovernor(DEPTHS, 2e-4, costs) for _ in range(2))
+        tree.tree_width = dtree.tree_width = auto.tree_width = 3
+        auto.lookup = auto.grow = True
+        out += [("fixed:2:tree=3", tree), ("dspark:tree=3", dtree), ("auto", auto)]
     for name, gov in [("fixed:2:ngram", FixedGovernor(DEPTHS, 2)), ("off:ngram", OffGovernor(DEPTHS))]:
         gov.lookup = True
         out.append((name, gov))
@@ -138,16 +140,18 @@ PROMPTS = [[5, 9, 2, 6, 5, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 7, 7, 7]]
 
 def test_guided_speculation_equals_guided_target_only_decoding(guided, monkeypatch):
     """For each grammar and prompt, greedy output under every speculative configuration (fixed
-    depths, DSpark, prompt lookup forced into every round it can take) equals the masked
+    depths, DSpark, token trees, prompt lookup forced into every round it can take) equals the masked
     target-only output token for token, ends where the grammar is complete (finish "stop" or an
     EOS where it accepts) and its text matches the grammar. Guards the masks of the verify rows
     (after the accepted drafts) and the matcher's rollback: without them the output is the
-    unconstrained one, which no grammar here matches."""
+    unconstrained one, which no grammar here matches; and a tree's runner-up's row, masked after
+    it (h76l: the tree governors' runners-up win rounds; fails with trees off under a grammar, and
+    with the runners-up's rows unmasked)."""
     from tests.runtime.test_generate import _always_look_up
 
     engines, text, eos = guided
     _always_look_up(monkeypatch)
-    accepted = 0
+    accepted, wins = 0, {}
     for c, prompt in product(CONSTRAINTS, PROMPTS):
         g = compile_constraint(c, text, engines.export["target"]["vocab_size"], eos)
         ref_gen = _gen(engines, OffGovernor(DEPTHS))
@@ -161,7 +165,10 @@ def test_guided_speculation_equals_guided_target_only_decoding(guided, monkeypat
             assert gen.finished.reason == ref_gen.finished.reason
             t = gen.telemetry.to_json()
             accepted += t["accepted"] + sum(m["accepted"] for m in t["lookup"]["by_match"].values())
+            wins[name] = wins.get(name, 0) + t["tree"]["sibling_accepts"]
     assert accepted > 0  # drafts were accepted under the masks (the forced grammars' lookups)
+    if engines.verifies_trees():  # each tree governor's runners-up won rounds (h76l: fails with trees off)
+        assert all(wins[name] > 0 for name in ("fixed:2:tree=3", "dspark:tree=3", "auto")), wins
 
 
 def test_guided_coupled_sampling_is_target_only_samplings_text(guided, monkeypatch):
@@ -190,15 +197,30 @@ def test_guided_coupled_sampling_is_target_only_samplings_text(guided, monkeypat
                 _satisfies(c, text.decode(out[:-1] if out[-1] in eos else out))
 
 
-def test_a_guided_stream_verifies_chains_not_trees(guided, monkeypatch):
-    """Under a grammar a tree governor verifies a chain: a runner-up's row would be read unmasked
-    (and past the drafts the matcher holds). The draft's runners-up made the grammar's own next
-    tokens, so that one would win position 1: greedy and coupled sampling give target-only
-    decoding's tokens. Fails with the tree left on (coupled sampling reads a runner-up's row)."""
+def test_a_guided_trees_runners_up_are_allowed_and_win_with_their_rows_masked(guided, monkeypatch):
+    """Under a grammar a tree governor's runners-up are drawn among the tokens the grammar allows
+    at the round's first position (the draft's masked row), and the row after a winning one is
+    masked after it. Greedy and coupled sampling give target-only decoding's tokens, with the
+    runners-up made the grammar's own tokens so that they win rounds (h76l: until then a guided
+    stream verified a chain; fails with trees off under a grammar, with a runner-up's row read
+    unmasked, and with runners-up the grammar refuses drawn)."""
     engines, text, eos = guided
     if not engines.verifies_trees():
         pytest.skip("these engines do not verify token trees")
-    g = compile_constraint(Constraint.regex("(ab){6}"), text, engines.export["target"]["vocab_size"], eos)
+    vocab = engines.export["target"]["vocab_size"]
+    g = compile_constraint(Constraint.regex("(ab){6}"), text, vocab, eos)
+    drawn, runners_up = [], G.Generator._runners_up
+
+    def spy(self, row, first):  # the draft's own runners-up: each one allowed at its position
+        out = runners_up(self, row, first)
+        drawn.append(self._sib_allowed is not None and len(out) > 0 and bool(self._sib_allowed[out].all()))
+        return out
+
+    monkeypatch.setattr(G.Generator, "_runners_up", spy)
+    gen = _gen(engines, FixedGovernor(DEPTHS, 2))
+    gen.governor.tree_width = 3
+    assert gen.generate(PROMPTS[0], 40, eos, g) == _gen(engines, OffGovernor(DEPTHS)).generate(PROMPTS[0], 40, eos, g)
+    assert drawn and all(drawn)
     for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)):
         ref = _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[0], 40, eos, g)
         grammar_tokens = sorted({t for t in ref if t not in eos})
@@ -206,7 +228,9 @@ def test_a_guided_stream_verifies_chains_not_trees(guided, monkeypatch):
                                                                                    if t != first])
         tree = FixedGovernor(DEPTHS, 2)
         tree.tree_width = 3
-        assert _gen(engines, tree, params).generate(PROMPTS[0], 40, eos, g) == ref, params
+        gen = _gen(engines, tree, params)
+        assert gen.generate(PROMPTS[0], 40, eos, g) == ref, params
+        assert gen.telemetry.to_json()["tree"]["sibling_accepts"] > 0, params  # a runner-up won a round
 
 
 def test_a_guided_stream_ends_where_the_grammar_is_complete(guided):
@@ -464,3 +488,35 @@ def test_without_llguidance_structured_output_names_the_extra(guided, monkeypatc
     with pytest.raises(UserError, match=r"regex: structured output needs the llguidance package: "
                                         r"pip install 'specrt\[structured\]'"):
         compile_constraint(Constraint.regex("a"), text, engines.export["target"]["vocab_size"], eos)
+
+
+def test_a_new_grammars_first_stream_builds_its_parser_once(guided, monkeypatch):
+    """h76l: the first request with a new schema built llguidance's parser twice (the check,
+    validate_grammar_with_warnings, then the streams' matcher: 0.18 s and 0.24 s for a 2000-field
+    schema); now the checked matcher is the one the streams copy, and a refused grammar is still a
+    UserError naming it. Fails with the check and the matcher built apart."""
+    import llguidance
+
+    real, built = llguidance.LLMatcher, []
+
+    class Counting:  # llguidance's LLMatcher, counting the parsers built
+        def __call__(self, *args, **kwargs):
+            built.append(args[1])
+            return real(*args, **kwargs)
+
+        def validate_grammar_with_warnings(self, *args):
+            built.append(args[0])
+            return real.validate_grammar_with_warnings(*args)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    g = compile_constraint(Constraint.json_schema(SCHEMA_NUM), text, vocab, eos)
+    out = _gen(engines, FixedGovernor(DEPTHS, 2)).generate(PROMPTS[0], 60, eos, g)
+    _satisfies(g.constraint, text.decode(out[:-1] if out[-1] in eos else out))
+    assert len(built) == 1, len(built)
+    with pytest.raises(UserError, match="regex: .*unclosed counted repetition"):
+        compile_constraint(Constraint.regex("[0-9]{3"), text, vocab, eos)

@@ -102,3 +102,36 @@ def test_a_rounds_rows_after_the_tag_are_masked_within_it(guided):
     # a sampled round accepted past the grammar's end (drafts after "yes"): cut after it, counted from the round's start
     v = g.guide().settle(Verdict(4, np.array([40, 41, yes[0], 7, 8], np.int64)))
     assert v.accepted == 2 and v.tokens.tolist() == [40, 41, yes[0]]
+
+
+def test_a_tree_rounds_runner_up_row_is_masked_where_the_grammar_holds_after_it(guided):
+    """A token tree's runner-up at a round's first position, over made-up logits: before the tag
+    and where the runner-up does not end it, the row after it is the target's own (any token);
+    where it ends the tag, the grammar's first row (masked); after the tag, masked after the
+    runner-up, the matcher given it back; a verdict whose runner-up won settles the matcher on
+    the tokens after the tag. Fails with the row after a runner-up that ends the tag read
+    unmasked, and without Deferred's runner-up rows (h76l: trees were off under a grammar)."""
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    ids = {w: text.tokenizer.encode(w, add_special_tokens=False).ids for w in ("yes", "7")}
+    assert all(len(t) == 1 for t in ids.values())  # (one token each)
+    yes, seven = ids["yes"][0], ids["7"][0]
+    g = compile_constraint(Constraint.regex("(yes|no)[0-9]"), text, vocab, eos)
+    g.tag = (40, 41)
+    bad = 50  # the target's favourite: refused by the grammar everywhere
+    row = np.zeros(vocab, np.float32)
+    row[bad], row[yes], row[seven] = 9.0, 1.0, 0.5
+    d = g.guide()
+    assert d.sibling_row(row, 41).argmax() == bad  # before the tag: 41 alone does not end it
+    d.take(40)
+    assert d.sibling_row(row, 41).argmax() == yes  # 41 ends the tag: the grammar's first row
+    assert d.sibling_row(row, 7).argmax() == bad and not d.active  # another runner-up: the target's own
+    v = d.settle(Verdict(1, np.array([41, yes], np.int64), 0))  # the runner-up 41 won, its bonus "yes"
+    assert v.tokens.tolist() == [41, yes] and v.sibling == 0 and d.active and not d.stopped
+    d2 = g.guide()
+    d2.take(40)
+    d2.settle(Verdict(0, np.array([41], np.int64)))  # the tag complete: a round after it
+    assert d2.active and d2.sibling_row(row, yes).argmax() == seven  # masked after "yes": a digit
+    assert d2.masked(row).argmax() == yes  # (the matcher given "yes" back)
+    d2.settle(Verdict(1, np.array([yes, seven], np.int64), 0))
+    assert d2.stopped
