@@ -44,7 +44,7 @@ with its ``<think>`` text apart from the answer, as ``reasoning`` and ``reasonin
 with llguidance): ``response_format`` json_object or json_schema, vLLM's guided_json / guided_regex
 / guided_choice / guided_grammar and structured_outputs hold the answer to a grammar (``structured``;
 one a request), and tool_choice "required" or a named function hold a chat answer to vLLM's JSON
-schema of the calls, which come back as ``tool_calls`` (``forced_tools``, ``forced_message``).
+schema of the calls, which come back as ``tool_calls`` (``forced_tools``; tool_calls.forced_message).
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
 the order they arrive (TurnLock); a client that reads nothing of its answer for
@@ -90,7 +90,8 @@ from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids
 from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
 from specrt.reasoning import PARSERS as REASONING_PARSERS
 from specrt.reasoning import tags_problem as reasoning_tags_problem
-from specrt.tool_calls import PARSERS, Streamed, ToolsRefused, parser_problem, rendered, request_tools, tools_unread
+from specrt.tool_calls import (NO_PARAMETERS, PARSERS, ForcedCalls, Streamed, ToolsRefused, forced_message,
+                               parser_problem, rendered, request_tools, tools_unread)
 from specrt.tool_calls import message as tool_message
 
 MAX_MODES = 8  # governors kept, one per decoding mode (the generator and its KV caches are one)
@@ -278,7 +279,7 @@ def forced_tools(choice, tools: list[dict], parallel: bool = True) -> tuple[str,
     from specrt.runtime.grammar import Constraint
 
     def params(f: dict) -> dict:  # (a function without parameters takes an object)
-        return f.get("parameters") or {"type": "object", "properties": {}}
+        return f.get("parameters") or NO_PARAMETERS
 
     if choice == "required":
         # (no other key beside the two: vLLM's schema allows any, where a model may write on until max_tokens)
@@ -296,58 +297,6 @@ def forced_tools(choice, tools: list[dict], parallel: bool = True) -> tuple[str,
     if not named:
         raise BadRequest(f"'tool_choice' names the function {name!r:.60}, which 'tools' has not", "tool_choice")
     return name, Constraint.json_schema(params(named[0]), "tool_choice")
-
-
-def _whole_items(text: str) -> list:
-    """The items of a JSON array cut short that are whole (``[`` and the items before the cut)."""
-    dec, items, at = json.JSONDecoder(), [], text.find("[") + 1
-    while 0 < at < len(text):
-        at += len(text[at:]) - len(text[at:].lstrip(" ,\n\t\r"))
-        try:
-            item, at = dec.raw_decode(text, at)
-        except ValueError:
-            break
-        items.append(item)
-    return items
-
-
-def forced_message(content: str, finish: str, forced: str, parallel: bool = True) -> tuple[dict, str]:
-    """A forced tool choice's answer as vLLM gives it: content "" and the calls (required: the
-    array's, finish "tool_calls"; a named function: one call whose arguments are the answer,
-    finish "stop"). Cut by max_tokens (finish "length"): required's whole calls, as the parsers
-    give them (tool_calls.message), else the text."""
-    try:
-        items = json.loads(content) if finish == "stop" else \
-            (_whole_items(content) or None) if forced == "required" else None
-    except ValueError:
-        items = None
-    if items is None:
-        return {"role": "assistant", "content": content}, finish
-    made = lambda name, args: {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",  # noqa: E731
-                               "function": {"name": name, "arguments": args}}
-    if forced != "required":
-        return {"role": "assistant", "content": "", "tool_calls": [made(forced, content)]}, finish
-    calls = [made(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
-    return {"role": "assistant", "content": "", "tool_calls": calls if parallel else calls[:1]}, \
-        "tool_calls" if finish == "stop" else finish
-
-
-class ForcedCalls:
-    """A streamed forced tool choice (Streamed's interface): the text held, the calls sent at
-    each choice's end (one delta a call, as Streamed sends a parser's)."""
-
-    def __init__(self, forced: str, parallel: bool = True):
-        self.forced, self.parallel, self.text = forced, parallel, {}
-
-    def push(self, i: int, piece: str) -> dict:
-        self.text[i] = self.text.get(i, "") + piece
-        return {}
-
-    def end(self, i: int, finish: str) -> tuple[list[dict], str]:
-        msg, finish = forced_message(self.text.get(i, ""), finish, self.forced, self.parallel)
-        if "tool_calls" not in msg:
-            return ([{"content": msg["content"]}] if msg["content"] else []), finish
-        return [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg["tool_calls"])], finish
 
 
 def _prompts(v) -> list[str | list[int]]:

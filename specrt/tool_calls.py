@@ -66,6 +66,8 @@ import uuid
 from specrt.errors import UserError
 from specrt.runtime.text import tag_start_at_end
 
+NO_PARAMETERS = {"type": "object", "properties": {}}  # a tool's that gives none (OpenAI's: it takes none)
+
 PARSERS = ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder")
 START = "<tool_call>"  # hermes' block (qwen3_coder's too)
 END = "</tool_call>"
@@ -132,7 +134,7 @@ def rendered(render, tools: list[dict] | None):
     try:
         return render(tools)
     except UserError as e:
-        empty = {"type": "object", "properties": {}}
+        empty = NO_PARAMETERS
         filled = [t if "parameters" in t["function"] else {**t, "function": {**t["function"], "parameters": empty}}
                   for t in tools or ()]
         if filled == (tools or []):
@@ -1086,3 +1088,56 @@ def _json_call_start(text: str, sent: int) -> int:
     if brace >= 0 and re.fullmatch(r'\{\s*("(n(a(m(e("\s*)?)?)?)?)?)?', text[brace:]):
         return brace
     return len(text)
+
+
+def _whole_items(text: str) -> list:
+    """The items of a JSON array cut short that are whole (``[`` and the items before the cut)."""
+    dec, items, at = json.JSONDecoder(), [], text.find("[") + 1
+    while 0 < at < len(text):
+        at += len(text[at:]) - len(text[at:].lstrip(" ,\n\t\r"))
+        try:
+            item, at = dec.raw_decode(text, at)
+        except ValueError:
+            break
+        items.append(item)
+    return items
+
+
+def forced_message(content: str, finish: str, forced: str, parallel: bool = True) -> tuple[dict, str]:
+    """A forced tool choice's answer (serve's forced_tools: the answer held to vLLM's JSON schema of
+    the calls) as vLLM gives it: content "" and the calls (required: the
+    array's, finish "tool_calls"; a named function: one call whose arguments are the answer,
+    finish "stop"). Cut by max_tokens (finish "length"): required's whole calls, as the parsers
+    give them (tool_calls.message), else the text."""
+    try:
+        items = json.loads(content) if finish == "stop" else \
+            (_whole_items(content) or None) if forced == "required" else None
+    except ValueError:
+        items = None
+    if items is None:
+        return {"role": "assistant", "content": content}, finish
+    made = lambda name, args: {"id": _call_id(), "type": "function",  # noqa: E731
+                               "function": {"name": name, "arguments": args}}
+    if forced != "required":
+        return {"role": "assistant", "content": "", "tool_calls": [made(forced, content)]}, finish
+    calls = [made(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+    return {"role": "assistant", "content": "", "tool_calls": calls if parallel else calls[:1]}, \
+        "tool_calls" if finish == "stop" else finish
+
+
+class ForcedCalls:
+    """A streamed forced tool choice (Streamed's interface): the text held, the calls sent at
+    each choice's end (one delta a call, as Streamed sends a parser's)."""
+
+    def __init__(self, forced: str, parallel: bool = True):
+        self.forced, self.parallel, self.text = forced, parallel, {}
+
+    def push(self, i: int, piece: str) -> dict:
+        self.text[i] = self.text.get(i, "") + piece
+        return {}
+
+    def end(self, i: int, finish: str) -> tuple[list[dict], str]:
+        msg, finish = forced_message(self.text.get(i, ""), finish, self.forced, self.parallel)
+        if "tool_calls" not in msg:
+            return ([{"content": msg["content"]}] if msg["content"] else []), finish
+        return [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg["tool_calls"])], finish
