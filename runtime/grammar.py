@@ -255,6 +255,7 @@ class Guide:
         self.grammar, self.m = grammar, matcher
         self.vocab, self.eos = grammar.vocab, grammar.eos
         self._bits = np.zeros((self.vocab + 31) // 32, np.int32)  # llguidance's bitmask, bit t of word t // 32
+        self._ok: np.ndarray | None = None  # allowed()'s for the matcher's tokens now (None: not made since they moved)
         self.pending, self.ended = 0, False
         self.position = 0  # output tokens held (for errors)
         self._fail()
@@ -279,15 +280,18 @@ class Guide:
     def allowed(self) -> np.ndarray:
         """bool [V]: the tokens the grammar allows next (every token once it has stopped: rows
         after the stop are cut, never emitted). A grammar that allows none (it needs text the
-        vocabulary cannot spell) is a UserError, not a hang."""
+        vocabulary cannot spell) is a UserError, not a hang. Made once for the tokens the matcher
+        holds (a tree round asked for its first position's twice: its runners-up, then row 0)."""
         if self.ended or self.m.is_stopped():
             return np.ones(self.vocab, bool)
-        self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        ok = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
-        if not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
-            self._none_allowed()
-        self._fail()
-        return ok
+        if self._ok is None:
+            self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            ok = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
+            if not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
+                self._none_allowed()
+            self._fail()
+            self._ok = ok
+        return self._ok
 
     def masked(self, row: np.ndarray) -> np.ndarray:
         """row [V] with the refused tokens -inf (a copy)."""
@@ -300,6 +304,7 @@ class Guide:
             self.position += 1
 
     def consume(self, token: int) -> None:
+        self._ok = None  # (the matcher's tokens move)
         if not self.m.consume_token(int(token)):
             why = self.m.get_error()
             if "doesn't satisfy the grammar" not in why:  # (a limit of llguidance's: the grammar's, w76j)
@@ -354,11 +359,13 @@ class Guide:
             return self.masked(row)
         finally:
             self.m.rollback(1)
+            self._ok = None
 
     def settle(self, v: Verdict) -> Verdict:
         """After a round: the matcher holds its emitted tokens (up to an EOS, which it does not
         take); a verdict whose token stopped the grammar before its last is cut after it."""
         self.m.rollback(self.pending)
+        self._ok = None
         self.pending, self.ended = 0, False
         for j, t in enumerate(int(t) for t in v.tokens):
             if t in self.eos:
