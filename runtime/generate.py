@@ -119,7 +119,9 @@ class Snapshot:
 
 @dataclass
 class Finished:
-    reason: str  # "eos" | "length" | "context" | "stop" | "interrupted" (closed by its caller first)
+    # "eos" | "length" | "context" | "stop" | "interrupted" (closed by its caller first) | "error" (ended
+    # by an error it raised: a grammar no token can continue, an engine failure; vLLM's FinishReason.ERROR)
+    reason: str
 
 
 def as_whole(value) -> int | None:
@@ -916,6 +918,8 @@ class Generator:
                     new = new[: stop + 1]
                 # the grammar complete at the round's last token (settle cut it there)
                 done = guide is not None and guide.stopped and stop is None and len(new) == len(v.tokens)
+                if done and r.rejected and int(v.tokens[-1]) == int(drafts[v.accepted]):  # at an accepted draft:
+                    r = dataclasses.replace(r, cut_at_eos=True)  # the answer's end, as an EOS's, no rejection (m76i)
                 # the telemetry counts what was emitted: drafts accepted past an EOS are not
                 # (governors and the lookup policy still learn the round as the target judged it)
                 tel.record(r if stop is None or stop >= r.accepted else  # (ended by the EOS, not a rejection)
@@ -948,6 +952,7 @@ class Generator:
                 self.finished = Finished(ending or "interrupted")
             raise
         except (NonFiniteOutput, EngineFailure) as e:  # NaN/inf logits, or the backend failing a call
+            self._failed(mine)
             # (ONNX Runtime's own error): the user's engines are broken. (`specrt export` refuses
             # non-finite weights: in float32 the rest are finite weights whose sums overflow, or engines
             # changed since their build, which compare names)
@@ -959,6 +964,9 @@ class Generator:
                    f"`specrt compare {folder}` checks them against the export")
             # (where in the answer: "row 0" of a decode call is any token's)
             raise EngineFailure(f"{e}, {emitted} token(s) into the answer ({why})") from None
+        except UserError:  # (a grammar no token can continue: the tokens before it were given, stats() say so)
+            self._failed(mine)
+            raise
         finally:
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
             superseded = self._epoch != mine
@@ -968,6 +976,12 @@ class Generator:
                 lookup.settle(x, final=True)
                 if lookup.growth is not None and emitted:
                     lookup.growth.add(x)  # ':grow': later streams of this governor search it
+
+    def _failed(self, mine: int) -> None:
+        """The stream ``mine`` ended by an error: finish "error" (it had none: stats() said null),
+        unless a newer stream has started since (a superseded one's error is its own)."""
+        if self._epoch == mine and self.finished is None:
+            self.finished = Finished("error")
 
     def _still_mine(self, epoch: int) -> None:
         if self._epoch != epoch:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -138,7 +139,13 @@ class Constraint:
 
     def key(self) -> str:
         """The constraint as text, for a cache of compiled grammars (a schema's keys in their
-        order: llguidance writes its properties in it, m76i)."""
+        order: llguidance writes its properties in it, m76i). Made once, at the first call (serve
+        asked for it at the request, then stream and stream_ids: three dumps of a 1.7 MB schema,
+        ~60 ms a request): the value as it was then (a schema changed later needs a new Constraint)."""
+        return self._key
+
+    @cached_property
+    def _key(self) -> str:  # (a frozen dataclass: cached_property writes the instance's __dict__ itself)
         return json.dumps([self.kind, self.value] + ([self.after] if self.after else []))
 
     def source(self) -> str:

@@ -54,8 +54,9 @@ class RoundResult:
     # the round's first rejected position went to a token outside the draft's vocabulary (a
     # reduced one, d2t): a token the draft can never propose
     outside_vocab: bool = False
-    # the round's tokens were cut at an EOS before its last accepted draft (accepted counts
-    # what was emitted): it ended there, not at a rejection
+    # the round's tokens were cut at an EOS before its last accepted draft, or at the accepted
+    # draft that completed a grammar (structured output; accepted counts what was emitted, the
+    # draft ending the answer its + 1): it ended there, not at a rejection
     cut_at_eos: bool = False
 
     def __post_init__(self):

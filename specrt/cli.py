@@ -673,7 +673,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true); so does an engine failure (NaN or +inf logits, the backend's own
-    error at a call) once anything was decoded (the stats' "failed" holds the error).
+    error at a call) or a grammar no token can continue, once anything was decoded (the stats'
+    "failed" holds the error).
     With --json-schema, --json, --regex, --choice or --grammar each answer is held to it
     (structured output: lossless relative to the target with the tokens the grammar refuses
     masked; an answer ends where the grammar is complete)."""
@@ -782,7 +783,9 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                     if printed and not quiet:  # the answer's line ends before the error (it ran on after the text)
                         click.echo()
                     said = str(e) if prompts_file is None else f"{prompts_file}:{lines[i]}: {e}"
-                    if isinstance(e, EngineFailure) and (per_prompt or printed):
+                    ended = s.generator.finished  # ("error": the stream failed mid-answer, a grammar's dead end too)
+                    if (isinstance(e, EngineFailure) or ended is not None and ended.reason == "error") \
+                            and (per_prompt or printed):
                         # what was decoded is kept, as a stop keeps it (a failure at prompt 60 of 80 lost 59
                         # answers' stats), the prompt cut short with finish_reason "error"
                         cut_short("error")
@@ -823,7 +826,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
 def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, choices: tuple, grammar_file: Path | None):
     """run's structured output option as a grammar.Constraint (None without one), each named
     as given: one at most, a file read (a bad one named) before the engines load."""
-    from specrt.paths import read_json_object
+    from specrt.paths import read_json_object, read_utf8
     from specrt.runtime.grammar import Constraint
 
     given = [o for o, v in (("--json-schema", json_schema), ("--json", json_any or None), ("--regex", regex),
@@ -837,9 +840,10 @@ def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, cho
             raise UserError(f"--json-schema {e}") from None
     if grammar_file is not None:
         try:
-            return Constraint.lark(grammar_file.read_text(encoding="utf-8"), f"--grammar {grammar_file}")
-        except UnicodeDecodeError as e:
-            raise UserError(f"--grammar {grammar_file}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+            return Constraint.lark(read_utf8(grammar_file, "expected a Lark or GBNF grammar in UTF-8 text"),
+                                   f"--grammar {grammar_file}")
+        except UserError as e:
+            raise UserError(f"--grammar {e}") from None
     return (Constraint.json("--json") if json_any else Constraint.regex(regex, "--regex") if regex is not None
             else Constraint.choice(list(choices), "--choice") if choices else None)
 

@@ -1495,9 +1495,7 @@ class Handler(BaseHTTPRequestHandler):
             app.metrics.add(engine_failures=1)
             return self._error(BadRequest(str(e), status=500))
         except UserError as e:  # (the grammar's, named by its field: a limit of llguidance's met at its start, w76j)
-            named = req.get("grammar") is not None and str(e).startswith(req["grammar"].label + ":")
-            return self._error(BadRequest(str(e), req["grammar"].label.split(".")[0] if named else
-                                          "messages" if chat else "prompt"))
+            return self._error(BadRequest(str(e), _grammar_field(req, e) or ("messages" if chat else "prompt")))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
             return self._error(BadRequest("no output", status=500))
         except BadRequest as e:  # cut by a second Ctrl-C (Server.cutting): its 503, not an engine failure
@@ -1534,7 +1532,7 @@ class Handler(BaseHTTPRequestHandler):
                 app.log(f"[error: {type(e).__name__}: {e}]")
                 bad = _clients_fault(e)
                 app.metrics.add(engine_failures=0 if bad else 1)
-                return self._error(BadRequest(str(e), status=400 if bad else 500))
+                return self._error(BadRequest(str(e), _grammar_field(req, e), status=400 if bad else 500))
             choices = []
             for i in range(req["choices"]):
                 content, logprobs = "".join(text.get(i, [])), lp(i, entries.get(i, []), contexts.get(i, ()))
@@ -1645,13 +1643,22 @@ class Handler(BaseHTTPRequestHandler):
             kind = "invalid_request_error" if bad else "server_error"
             app.metrics.add(engine_failures=0 if bad or isinstance(e, BadRequest) else 1)
             try:
-                event = {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None),
+                event = {"error": {"message": str(e), "type": kind,
+                                   "param": getattr(e, "param", _grammar_field(req, e)),
                                    "code": e.code if isinstance(e, BadRequest) else None}}
                 write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n", end=True)
             except OSError:
                 self.close_connection = True
         if app.stopping:  # (the stop closes connections after their answer: end_headers)
             self.close_connection = True
+
+
+def _grammar_field(req: dict, e: BaseException) -> str | None:
+    """The request's field whose grammar ``e`` is the error of (its message starts with the
+    constraint's label: "response_format.json_schema: ..."; a grammar no token can continue
+    mid-answer, h77b), else None."""
+    g = req.get("grammar")
+    return g.label.split(".")[0] if g is not None and str(e).startswith(g.label + ":") else None
 
 
 def _clients_fault(e: BaseException) -> bool:

@@ -69,12 +69,14 @@ def read_json_object(path: Path) -> dict:
     return json_object(read_utf8(path), path)
 
 
-def read_utf8(path: Path) -> str:
-    """The text of a JSON file (UTF-8, as JSON must be), read_json_object's error naming it."""
+def read_utf8(path: Path, problem: str = "not valid JSON") -> str:
+    """The text of a UTF-8 file: a JSON file's (UTF-8, as JSON must be), read_json_object's
+    error naming it; ``problem`` says what else a file that is not UTF-8 fails to be (run's
+    --grammar: "expected a Lark or GBNF grammar in UTF-8 text")."""
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{path}: {problem} ({e})") from None
 
 
 def json_object(text: str, path: Path) -> dict:

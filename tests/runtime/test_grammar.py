@@ -57,13 +57,14 @@ def _bpe(folder) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
-def guided_engines(root):
+def guided_engines(root, tokenizer=_bpe):
     """Engines in ``root``/"eng" of a tiny random Llama with _bpe's tokenizer (EOS <|end|>), a
-    chat template of role lines, and a random P-EAGLE draft, depths 1-4, context 256."""
+    chat template of role lines, and a random P-EAGLE draft, depths 1-4, context 256
+    (``tokenizer``: another writer of a tokenizer.json with <|end|> into a folder)."""
     from tests.fixtures_models import write_tiny_draft, write_tiny_target
 
     (root / "tok").mkdir()
-    _bpe(root / "tok")
+    tokenizer(root / "tok")
     text = Text(root / "tok")
     vocab, eos = text.vocab_size, text.tokenizer.token_to_id("<|end|>")
     t = write_tiny_target(root / "t", "llama", vocab_size=vocab, eos_token_id=eos, bos_token_id=None)
@@ -169,6 +170,36 @@ def test_guided_speculation_equals_guided_target_only_decoding(guided, monkeypat
     assert accepted > 0  # drafts were accepted under the masks (the forced grammars' lookups)
     if engines.verifies_trees():  # each tree governor's runners-up won rounds (h76l: fails with trees off)
         assert all(wins[name] > 0 for name in ("fixed:2:tree=3", "dspark:tree=3", "auto")), wins
+
+
+@pytest.fixture(scope="module")
+def screened(guided, tmp_path_factory):
+    """guided's export built with a screened head (`specrt build --target-head screened`), activated."""
+    folder = tmp_path_factory.mktemp("screened") / "eng"
+    build_engines(guided[0].export_dir, "onnxruntime", DEPTHS, folder, log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=256, target_head="screened")
+    engines = load_engines(folder)
+    assert engines.head is not None
+    engines.activate()
+    yield engines
+    engines.deactivate()
+
+
+def test_guided_greedy_on_screened_head_engines_is_the_full_heads(guided, screened):
+    """h77b (session 76's gap: m76i's M61, h76a's "Left"; the fixtures built no screened head):
+    engines with a screened head under a grammar give the full head's guided target-only output
+    token for token, under off, fixed:3 and a tree (fixed:2:tree=3), 6 grammars x 3 prompts.
+    Mutants: the fp32 rows not asked for under a grammar (the masked argmax of the int8 rows: 3
+    answers differ), the screen kept on under a grammar (a tree's winning runner-up read through
+    it: 16 answers differ or fail)."""
+    engines, text, eos = guided
+    for c, prompt in product(CONSTRAINTS, PROMPTS):
+        g = compile_constraint(c, text, engines.export["target"]["vocab_size"], eos)
+        ref = _gen(engines, OffGovernor(DEPTHS)).generate(prompt, 24, eos, g)
+        tree = FixedGovernor(DEPTHS, 2)
+        tree.tree_width = 3 if screened.verifies_trees() else 1
+        for gov in (OffGovernor(DEPTHS), FixedGovernor(DEPTHS, 3), tree):
+            assert _gen(screened, gov).generate(prompt, 24, eos, g) == ref, (c.kind, prompt, gov)
 
 
 def test_guided_coupled_sampling_is_target_only_samplings_text(guided, monkeypatch):
@@ -465,8 +496,10 @@ def test_run_holds_each_answer_to_the_structured_output_option(engines_dir, tmp_
     (["--json-schema", "BAD"], "--json-schema BAD: not valid JSON"),
     (["--json-schema", "WAT"], "--json-schema WAT: .*wat"),
     (["--grammar", "LARK"], "--grammar LARK: .*nothere"),
-    # m76i-14: a grammar file that is not UTF-8 is named (a traceback without the check)
-    (["--grammar", "BIN"], "--grammar BIN: not valid UTF-8 text")])
+    # m76i-14: a grammar file that is not UTF-8 is named (a traceback without the check); h77b: with
+    # what it should hold (session 76's words were JSON's in paths.read_utf8, so run read it itself)
+    (["--grammar", "BIN"], r"--grammar BIN: expected a Lark or GBNF grammar in UTF-8 text \('utf-8' codec can't "
+                           r"decode byte 0xff in position 8")])
 def test_run_refuses_a_bad_structured_output_option_naming_it(engines_dir, tmp_path, opts, said):
     files = {"BAD": ("bad.json", "{not json"), "WAT": ("wat.json", '{"type": "wat"}'),
              "LARK": ("g.lark", "start: nothere"), "BIN": ("bin.lark", b'start: "\xff"')}
@@ -477,6 +510,15 @@ def test_run_refuses_a_bad_structured_output_option_naming_it(engines_dir, tmp_p
     r = _run(engines_dir, "--prompt", "hello", "--max-new-tokens", 8, *opts)
     assert r.exit_code == 1 and re.search("error: " + said, r.output), r.output
     assert "Traceback" not in r.output
+
+
+def test_a_constraints_key_is_made_once():
+    """h77b (NOTES, session 76): Session.grammar_of asked Constraint.key() (json.dumps of the
+    schema) at each call, and serve calls it at the request, then stream and stream_ids: three
+    dumps of a 1.7 MB schema a request (~60 ms; ~20 ms kept). The key is made once, the
+    schema's key order kept (m76i). Fails with the key dumped at each call (a new str each)."""
+    c = Constraint.json_schema({"type": "object", "properties": {"b": {}, "a": {}}})
+    assert c.key() is c.key() and c.key() == '["json_schema", {"type": "object", "properties": {"b": {}, "a": {}}}]'
 
 
 def test_without_llguidance_structured_output_names_the_extra(guided, monkeypatch):

@@ -153,7 +153,10 @@ def test_a_grammar_that_stops_mid_round_ends_the_answer_there(guided, monkeypatc
     the draft writing those n tokens and then the target's own unguided continuation (each
     accepted but for the grammar's stop): the answer is the n tokens, finish "stop", as guided
     `off`'s. Mutants: argmaxes going on past the stop (the next draft, the target's pick there,
-    consumed by a stopped matcher: an InternalError), settle not cutting the round there."""
+    consumed by a stopped matcher: an InternalError), settle not cutting the round there.
+    h77b (m76i's observation): the round ended there is no rejection (it counted the draft that
+    completed the grammar as refused), and the telemetry counts the tokens taken (1 + rounds +
+    accepted, the draft ending the answer the round's + 1, as an EOS draft is)."""
     engines, text, eos = guided
     long = _gen(engines, OffGovernor(DEPTHS), params).generate(
         PROMPTS[1], 12, eos, _compiled(guided, Constraint.regex("[a-z]{12}")))
@@ -168,6 +171,8 @@ def test_a_grammar_that_stops_mid_round_ends_the_answer_there(guided, monkeypatc
         gen = _gen(engines, FixedGovernor(DEPTHS, 4), params)
         assert gen.generate(PROMPTS[1], 12, eos, g) == ref and gen.finished.reason == "stop", n
         assert gen.telemetry.drafted > 0 or n == 1  # (one token: the prefill's)
+        t = gen.telemetry  # (every draft the target's own pick: none refused)
+        assert t.rejections == 0 and t.new_tokens == n == 1 + t.rounds + t.accepted, (n, t.to_json())
 
 
 def test_two_schemas_differing_in_property_order_keep_their_own_orders(guided):

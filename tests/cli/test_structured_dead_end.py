@@ -1,0 +1,90 @@
+"""A grammar no token can continue in the middle of an answer (h77b; session 76 left its stream's
+finish null): the tokens before the dead end are given, then a UserError naming the grammar and
+how far in it stopped, and the stream's finish is "error" (vLLM V1's FinishReason.ERROR). Through
+the Python API (stats()), `specrt run` (exit 1; its --stats keep what was decoded, as an engine
+failure's do) and `specrt serve` (a 400 naming the field; streamed, the pieces, then an error
+event naming it). vLLM's llguidance backend ends such an answer with the EOS that llguidance's
+error-state mask allows (finish "stop", a warning in its log): its answer then breaks the grammar
+unsaid.
+
+Real engines: tests/runtime/test_grammar.py's tiny Llama, its byte-level BPE tokenizer's
+alphabet the letters of "hello world" (no token spells "7")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llguidance")
+openai = pytest.importorskip("openai")
+
+from specrt.errors import UserError  # noqa: E402
+from specrt.runtime.grammar import Constraint  # noqa: E402
+from specrt.runtime.session import Session  # noqa: E402
+from tests.cli.test_serve import _in_process  # noqa: E402
+from tests.runtime.test_grammar import _run, guided_engines  # noqa: E402
+
+DEAD_END = "hello world 7"  # (the answer "hello world " in 3 tokens, then no token writes "7")
+SAID = "no token of the vocabulary can continue the answer 3 token(s) in"
+
+
+def _letters(folder) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["hello world"] * 5, trainers.BpeTrainer(vocab_size=40, special_tokens=["<|end|>"]))
+    tok.save(str(folder / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    return guided_engines(tmp_path_factory.mktemp("dead_end"), _letters)
+
+
+def test_the_python_api_gives_the_answer_so_far_then_the_error_finish_error(engines):
+    """Session.stream: "hello", " world", " ", then the UserError; stats() say finish "error"
+    (null before) with the 3 tokens given; the next stream is whole (finish "stop")."""
+    with Session(engines, "fixed:2") as s:
+        pieces = []
+        with pytest.raises(UserError, match=r"^--regex: " + SAID.replace("(", r"\(").replace(")", r"\)")):
+            for p in s.stream("hello", max_new_tokens=20, grammar=Constraint.regex(DEAD_END, "--regex")):
+                pieces.append(p)
+        st = s.stats()
+        assert "".join(pieces) == "hello world " and st["finish_reason"] == "error"
+        assert s.text.decode(st["output_token_ids"]) == "hello world " and st["new_tokens"] == 3
+        assert "".join(s.stream("hello", max_new_tokens=20, grammar=Constraint.regex("hello"))) == "hello"
+        assert s.stats()["finish_reason"] == "stop"
+
+
+def test_run_keeps_what_was_decoded_and_says_the_error(engines, tmp_path):
+    """`specrt run --regex`: the answer so far printed, exit 1 with the error; --stats written
+    as an engine failure's (the prompt's finish "error", "failed" the error). Without the mend
+    the run ended without its stats."""
+    stats = tmp_path / "s.json"
+    r = _run(engines, "--prompt", "hello", "--max-new-tokens", 20, "--governor", "fixed:2", "--regex", DEAD_END,
+             "--stats", stats)
+    assert r.exit_code == 1 and r.stdout.startswith("hello world \n") and f"error: --regex: {SAID}" in r.output
+    assert "Traceback" not in r.output
+    st = json.loads(stats.read_text())
+    assert SAID in st["failed"] and st["prompts"][0]["finish_reason"] == "error"
+    assert len(st["prompts"][0]["output_token_ids"]) == 3
+
+
+def test_serve_answers_a_400_naming_the_field_and_streams_the_pieces_then_the_error(engines):
+    """serve: a 400 invalid_request_error naming guided_regex (param null before); streamed, the
+    pieces "hello world " and then an error event naming it (the OpenAI SDK raises APIError)."""
+    with _in_process(engines, "fixed:2") as (_, _, url, _):
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        ask = dict(model="tiny", prompt="hello", max_tokens=20, extra_body={"guided_regex": DEAD_END})
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**ask)
+        assert e.value.body["param"] == "guided_regex" and SAID in e.value.body["message"]
+        texts = []
+        with pytest.raises(openai.APIError) as e:
+            for ch in c.completions.create(**ask, stream=True):
+                texts.append(ch.choices[0].text)
+        assert "".join(texts) == "hello world " and e.value.body["param"] == "guided_regex"
+        assert e.value.body["type"] == "invalid_request_error" and SAID in e.value.body["message"]
