@@ -26,11 +26,12 @@ OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
                  typed by the tool's JSON schema for P, as vLLM's: string types kept, integer and
                  number parsed (kept a string where they do not parse), boolean true/false (other
                  text kept a string: vLLM's makes it false), object/array JSON (else a Python
-                 literal), "null" null where the type is not a string or the schema admits null,
-                 a parameter the schema does not name a string; a </parameter> ends a value only
-                 where the next parameter, </function> or </tool_call> follows it and it closes
-                 no <parameter= opened on a line of the value (one in the value, code quoting
-                 the format, is text); the text before the first block is the content
+                 literal; a string that holds one, "{'k': 1}", read again, as vLLM's), "null"
+                 null where the type is not a string or the schema admits null, a parameter the
+                 schema does not name a string; a </parameter> ends a value only where the next
+                 parameter, </function> or </tool_call> follows it and it closes no <parameter=
+                 opened at the value's start or a line's (one in the value, code quoting the
+                 format, is text; ``_value_end``); the text before the first block is the content
     mistral      [TOOL_CALLS] followed by a JSON array of {"name", "arguments"} (Mistral 7B v0.3,
                  Nemo, Small 3.1), or the newer [TOOL_CALLS]NAME[ARGS]{...} a call (tokenizer v11+:
                  Mistral Small 3.2, Magistral, Devstral; a [CALL_ID]ID after the name dropped);
@@ -42,21 +43,26 @@ OpenAI's ``tool_calls``, as vLLM's parsers of the same names read them.
                  there (every other text, /detokenize's, echo's, an answer to a request without
                  tools, leaves them out)
 
-A call that is malformed (bad JSON or Python, no name, arguments not an object, a JSON key or a
-qwen3_coder parameter twice: which is meant is unclear, and streamed the first went) leaves the
-whole answer as content: a client gets text, never a 500. An answer cut by max_tokens gives
+A call that is malformed (bad JSON or Python, no name, arguments not an object, a call object's
+own key twice: which name is meant is unclear, and streamed the first went) leaves the whole
+answer as content: a client gets text, never a 500. An arguments' key (or a qwen3_coder
+parameter) given twice stays twice in the arguments string, as written, which a client's JSON
+reader (json.loads, JSON.parse) reads as the last value, as vLLM's (json.loads, then dumps
+again: the key once, at its first place) gives it: so the pieces streamed before the second
+join into the same string. An answer cut by max_tokens gives
 its calls where each is whole (its JSON or Python list complete; qwen3_coder's values closed by
 their </parameter>), with finish_reason "length" (vLLM gives the calls with "tool_calls", which hides the cut: an
 agent then runs a call whose answer was cut after it); else it stays content. Streaming
 (``Streamed``) sends text as it comes until a call may begin, then each call as vLLM does: its
 header (index, id, type, name) once the name is whole, its arguments in pieces as they are read,
-which join into the whole answer's arguments string exactly (pythonic's calls whole at the end).
+which join into the whole answer's arguments string exactly.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import keyword
 import math
 import re
 import secrets
@@ -81,7 +87,6 @@ CALL_ID = "[CALL_ID]"  # v11+ tokenizers': NAME[CALL_ID]ID[ARGS]{...}, as templa
 HELD = {"hermes": (START,), "qwen3_coder": (START, FUNCTION), "mistral": (TOOL_CALLS,)}  # where a call may begin
 LEADING = {"pythonic": ("[",), "llama4_pythonic": ("[", PYTHON_START)}  # an answer that is a call starts so
 NAME_START = re.compile(r'\{\s*"name"\s*:')  # llama3_json: where a call may begin after text
-VALUE_END = re.compile(r"\s*(?:<parameter=|</function>|</tool_call>|$)")  # qwen3_coder: what follows a value's end
 BLANK = re.compile(r"\s*")
 JSON_BLANK = re.compile(r"[ \t\n\r]*")  # (JSON's whitespace alone)
 
@@ -308,7 +313,7 @@ def _pythonic(text: str, parser: str) -> tuple[str, list] | None:
             return None
         name = _dotted(node.func)
         try:
-            args = _arguments({k.arg: _literal(k.value) for k in node.keywords})
+            args = _arguments(_Pairs([(k.arg, _literal(k.value)) for k in node.keywords]))  # (a keyword twice: both)
         except (ValueError, RecursionError):
             return None
         if name is None or args is None:
@@ -375,7 +380,7 @@ def _function(text: str, at: int, schemas: dict, cut: bool) -> tuple[str, str, i
     schema = schemas.get(name)
     props = schema.get("properties") if isinstance(schema, dict) else None
     props = props if isinstance(props, dict) else {}
-    args, at = {}, close + 1
+    pairs, at = [], close + 1
     while True:
         at = BLANK.match(text, at).end()
         if text.startswith(FUNCTION_END, at):
@@ -387,38 +392,22 @@ def _function(text: str, at: int, schemas: dict, cut: bool) -> tuple[str, str, i
             return None
         close = text.find(">", at)
         key = text[at + len(PARAMETER):close] if close >= 0 else ""
-        if not key or "<" in key or key in args:  # (a parameter twice: which is meant is unclear)
+        if not key or "<" in key:
             return None
         value, at = _value(text, close + 1, cut)
         if value is None:
             return None
-        args[key] = _typed(value, props.get(key))
-    args = _arguments(args)
+        pairs.append((key, _typed(value, props.get(key))))  # (a parameter twice: both kept, _Pairs)
+    args = _arguments(_Pairs(pairs))
     return None if args is None else (name, args, at)
 
 
 def _value(text: str, at: int, cut: bool) -> tuple[str | None, int]:
-    """A parameter's value starting at ``at`` and where the text after it resumes: it ends at the
-    first </parameter> followed by the next parameter, </function>, </tool_call> or the text's
-    end, past those that close a <parameter= opened on a line of the value (a call quoted in it,
-    as vLLM's counts them; where they do not pair up, the first); without one (not in a cut
-    answer), at the next parameter, </function> or the end."""
-    end, first, depth, pos = -1, -1, 0, at
-    close = text.find(PARAMETER_END, pos)
-    while close >= 0:
-        opened = text.find("\n" + PARAMETER, pos, close)
-        if opened >= 0:  # (a file the call writes that quotes a call: its </parameter> is text, w76g)
-            depth, pos = depth + 1, opened + 1 + len(PARAMETER)
-            continue
-        if VALUE_END.match(text, close + len(PARAMETER_END)):
-            if not depth:
-                end = close
-                break
-            first = close if first < 0 else first
-        depth, pos = max(0, depth - 1), close + len(PARAMETER_END)
-        close = text.find(PARAMETER_END, pos)
-    end = end if end >= 0 else first
-    if end >= 0:
+    """A parameter's value starting at ``at`` and where the text after it resumes: it ends at
+    ``_value_end``'s </parameter>; without one (not in a cut answer), at the next parameter,
+    </function> or the end."""
+    end = _value_end(text, at)
+    if end is not None:
         resume = end + len(PARAMETER_END)
     elif cut:
         return None, at
@@ -428,6 +417,35 @@ def _value(text: str, at: int, cut: bool) -> tuple[str | None, int]:
     value = text[at:end]
     value = value[1:] if value.startswith("\n") else value
     return (value[:-1] if value.endswith("\n") else value), resume
+
+
+def _value_end(text: str, at: int, sent: int = 0, whole: bool = True) -> int | None:
+    """qwen3_coder: where the value starting at ``at`` ends, the one scanner of a whole answer
+    (``_value``) and a streamed one (``whole`` False: ``Streamed._read_xml``), so that both end
+    a value at the same </parameter>: the first followed by the next parameter, </function>,
+    </tool_call> (or, ``whole``, the text's end) that closes no <parameter= opened in the value
+    at its start or a line's (a call quoted in it, as vLLM's counts them; a file the call
+    writes that quotes a call: its </parameter> is text, w76g); where they do not pair up, the
+    first that may end it (``whole``: streamed, None until the end); None where there is none
+    (streamed: or what follows it is yet to come). ``sent``: the value's first characters
+    streamed (``_string_known``: no tag begins there)."""
+    depth, pos, first, tags = int(text.startswith(PARAMETER, at)), at + sent, None, (PARAMETER, FUNCTION_END, END)
+    close = text.find(PARAMETER_END, pos)
+    while close >= 0:
+        opened = text.find("\n" + PARAMETER, pos, close)
+        if opened >= 0:
+            depth, pos = depth + 1, opened + 1 + len(PARAMETER)
+            continue
+        after = _blank_end(text, close + len(PARAMETER_END))
+        if text.startswith(tags, after) or whole and after == len(text):
+            if not depth:
+                return close
+            first = close if first is None else first
+        elif not whole and len(text) - after < len(END) and any(t.startswith(text[after:]) for t in tags):
+            return None  # (what follows is yet to come)
+        depth, pos = max(0, depth - 1), close + len(PARAMETER_END)
+        close = text.find(PARAMETER_END, pos)
+    return first if whole else None
 
 
 STRINGS = ("string", "str", "text", "varchar", "char", "enum")  # vLLM's names of a string type
@@ -460,13 +478,29 @@ def _typed(value: str, schema):
         if kind in ("boolean", "bool", "binary"):
             return {"true": True, "false": False}.get(value.strip().lower(), value)
         if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
-            try:
-                return _finite(json.loads(value), value)
-            except (ValueError, RecursionError):
-                pass
+            return _finite(_container(value), value)
         return _finite(ast.literal_eval(value), value)  # (a Python literal, never evaluated beyond)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return value
+
+
+def _container(value: str, quoted: bool = True):
+    """An object or array parameter's value: JSON, else a Python literal; where that is a string
+    (``quoted``), the object or array it holds, read so: a model trained on a template that
+    wrote json.dumps(str(d)) writes "{'k': 'v'}" (vLLM's reads that string again, with
+    ``ast.literal_eval`` alone and whatever it holds; here JSON too, and only an object or array:
+    "5" stays a string)."""
+    try:
+        obj = json.loads(value)
+    except (ValueError, RecursionError):
+        obj = ast.literal_eval(value)
+    if quoted and isinstance(obj, str):
+        try:
+            inner = _container(obj, False)
+            return inner if isinstance(inner, (dict, list)) else obj
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            pass
+    return obj
 
 
 def _finite(obj, value: str):
@@ -508,15 +542,25 @@ def _mistral(text: str) -> tuple[str, list] | None:
     return text[:at], calls
 
 
-def _unique(pairs: list) -> dict:
-    """A JSON object's members, where no key comes twice (which value is meant is unclear, and a
-    streamed call's arguments sent the first: ``_Reader``)."""
-    if len({k for k, _ in pairs}) < len(pairs):
-        raise ValueError("a key twice")
-    return dict(pairs)
+class _Pairs(dict):
+    """A JSON object read (``DECODER``) or a qwen3_coder call's parameters: its members by key,
+    the last where a key comes twice (json.loads's), and written by json.dumps as they came
+    (``items``: its members in order, a key twice written twice, so that the arguments string
+    of a whole answer is what the streamed pieces join into, ``_Reader``'s; json's encoder
+    writes a dict that is not exactly a dict through its ``items``)."""
+
+    def __init__(self, pairs: list):
+        super().__init__(pairs)
+        self.pairs = pairs
+
+    def items(self):
+        return self.pairs
+
+    def twice(self) -> bool:
+        return len(self.pairs) > len(self)
 
 
-DECODER = json.JSONDecoder(object_pairs_hook=_unique)
+DECODER = json.JSONDecoder(object_pairs_hook=_Pairs)
 
 
 def _json(body: str):
@@ -540,6 +584,8 @@ def _call(obj, *keys: str) -> tuple[str, str] | None:
     object (arguments absent: {}; given as a JSON string of an object: that object); None
     where it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    if isinstance(obj, _Pairs) and obj.twice():  # (the call's own key twice: "name" twice, which is meant?)
         return None
     given = [k for k in keys if k in obj]
     if len(given) > 1:  # (both parameters and arguments: which is meant is unclear)
@@ -577,8 +623,11 @@ class _Answer:
         self.reader: _Reader | None = None  # the JSON being read (hermes, llama3_json, mistral)
         self.calls: list[list] = []  # the calls whose headers went: [id, name, arguments sent, reader, its call, piece]
         self.name: str | None = None  # mistral's [TOOL_CALLS]NAME[ARGS]: the name before the arguments
-        self.keys: set = set()  # qwen3_coder: the call's parameters read
         self.partial = 0  # qwen3_coder: the characters of a string value sent before its end
+        # pythonic: the value being read (its keyword, where it starts, where its scan resumes, the brackets and
+        # the string open there, how much of the string its characters went to, the JSON of it sent)
+        self.value: list = [None, 0, 0, [], None, 0, ""]
+        self.view: tuple[int, str] | None = None  # llama4_pythonic's text read (_py_view): how much, as read
 
 
 class Streamed:
@@ -591,7 +640,7 @@ class Streamed:
     spaced as written, and its hermes parser's partial-JSON diffs went wrong: issues 9693,
     10395): hermes', llama3_json's and mistral's JSON through ``_Reader``, qwen3_coder's a
     parameter at a time (a string's characters as they come, other values once closed and
-    typed); pythonic's calls whole at the end. A
+    typed), pythonic's a keyword argument at a time (``_read_py``). A
     call found malformed after its header went (or cut by max_tokens before its end) stops
     there: the rest of the answer comes as content at the end, which then equals the whole
     answer's, and finish_reason is stop (or length), not tool_calls; what was sent of the
@@ -630,6 +679,9 @@ class Streamed:
             head, starts = text.lstrip(), LEADING[self.parser]
             if i not in self.plain and (not head or head.startswith(starts) or any(t.startswith(head) for t in starts)):
                 upto = 0
+                view = _py_view(a, self.parser) if a.phase == "text" else ""
+                if view.startswith("[", _blank_end(view, 0)):
+                    a.phase, a.at = "call", _blank_end(view, 0) + 1  # (past the list's [)
             else:
                 self.plain.add(i)
                 upto = len(text)
@@ -642,6 +694,8 @@ class Streamed:
         """Choice ``a``'s calls read on from where it stopped: the tool_calls items to send."""
         if self.parser == "qwen3_coder":
             return self._read_xml(a)
+        if self.parser in LEADING:
+            return self._read_py(a)
         text, items, tag = a.text, [], TOOL_CALLS if self.parser == "mistral" else START
         while a.phase != "held":
             if a.phase == "after":  # before a call (the text between calls dropped)
@@ -752,10 +806,8 @@ class Streamed:
                 if not name or any(c in name for c in "{}<>\"' \t\r\n"):
                     a.phase = "held"
                     return items
-                a.calls.append([_call_id(), name, "", None, 0, 0])
-                items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
-                              "function": {"name": name, "arguments": ""}})
-                a.phase, a.at, a.keys = "param", close + 1, set()
+                _header(a, items, name)
+                a.phase, a.at = "param", close + 1
             at, call = _blank_end(text, a.at), a.calls[-1]
             if text.startswith(FUNCTION_END, at):
                 piece = "}" if call[2] else "{}"
@@ -763,11 +815,11 @@ class Streamed:
             elif text.startswith(PARAMETER, at):
                 close = text.find(">", at)
                 key = text[at + len(PARAMETER):close] if close >= 0 else ""
-                if close >= 0 and (not key or "<" in key or key in a.keys):
+                if close >= 0 and (not key or "<" in key):
                     a.phase = "held"
                 if close < 0 or a.phase == "held":
                     return items
-                end = _value_closed(text, close + 1, a.partial)
+                end = _value_end(text, close + 1, a.partial, False)
                 schema = self.schemas.get(call[1])
                 props = schema.get("properties") if isinstance(schema, dict) else None
                 schema = (props if isinstance(props, dict) else {}).get(key)
@@ -788,17 +840,69 @@ class Streamed:
                     except (ValueError, TypeError, RecursionError):
                         a.phase = "held"
                         return items
-                    a.keys.add(key)
                     a.at, a.partial = end + len(PARAMETER_END), 0
             else:
                 if not any(t.startswith(text[at:]) for t in (FUNCTION_END, PARAMETER)):
                     a.phase = "held"
                 return items
-            call[2] += piece
-            if items and items[-1]["index"] == len(a.calls) - 1:
-                items[-1]["function"]["arguments"] += piece
-            else:
-                items.append({"index": len(a.calls) - 1, "function": {"arguments": piece}})
+            _piece(a, items, piece)
+
+    def _read_py(self, a: _Answer) -> list[dict]:
+        """pythonic's calls read on from ``a.at`` (in ``_py_view``): a header once NAME( is read,
+        then a keyword argument at a time once its value is closed (read as ``_pythonic`` reads
+        it, ``_literal``; a string's characters as they come: ``_py_value``), } at its ). What
+        the usual form leaves out (a comment, a name not ASCII, a dotted name spaced ...) holds
+        the rest to the end, which then sends it (``end``)."""
+        text, items = _py_view(a, self.parser), []
+        while True:
+            at = _blank_end(text, a.at)
+            if at == len(text) and a.phase != "value":
+                return items
+            piece, call = "", a.calls[-1] if a.calls else None
+            if a.phase in ("call", "after") and text[at] == "]":
+                a.phase = "held"  # (the list's end: what follows is checked at the end)
+            elif a.phase == "after":
+                a.phase, a.at = ("call", at + 1) if text[at] == "," else ("held", at)
+                continue
+            elif a.phase == "call":  # a call's NAME(
+                m = PY_NAME.match(text, at)
+                after = _blank_end(text, m.end()) if m else at
+                if m and (after == len(text) or text[m.end():] == "."):
+                    return items
+                name = m.group() if m and text[after] == "(" else None
+                if name is None or any(keyword.iskeyword(w) for w in name.split(".")) or (a.calls and not self.parallel):
+                    a.phase = "held"
+                    return items
+                _header(a, items, name)
+                a.phase, a.at = "param", after + 1
+                continue
+            elif a.phase == "param" and text[at] == ")":
+                piece, a.phase, a.at = "}" if call[2] else "{}", "after", at + 1
+            elif a.phase == "param":  # a keyword=
+                m = PY_KEYWORD.match(text, at)
+                if not m and re.fullmatch(r"[A-Za-z_]\w*\s*", text[at:], re.ASCII):
+                    return items
+                if not m or keyword.iskeyword(m.group(1)):
+                    a.phase = "held"
+                    return items
+                a.phase, a.value = "value", [m.group(1), m.end(), m.end(), [], None, 0, ""]
+                continue
+            else:  # the value, as it comes (_py_value)
+                found, end = _py_value(text, a.value)
+                if end == -1:
+                    a.phase = "held"
+                    return items
+                if found:
+                    head = ("{" if not call[2] else ", ") + json.dumps(a.value[0], ensure_ascii=False) + ": "
+                    piece = (head if len(a.value[6]) == len(found) else "") + found
+                if end is not None:
+                    a.phase, a.at = ("param", end + 1) if text[end] == "," else ("after", end + 1)
+                    piece += "}" if text[end] == ")" else ""
+                elif not piece:
+                    return items
+            if not piece:
+                return items
+            _piece(a, items, piece)
 
     def end(self, i: int, finish: str) -> tuple[list[dict], str]:
         if self.parser is None:
@@ -819,6 +923,22 @@ class Streamed:
                 deltas.append({"tool_calls": [{"index": k, "function": {
                     "arguments": call["function"]["arguments"][len(a.calls[k][2]):]}}]})
         return deltas, final
+
+
+def _header(a: _Answer, items: list, name: str) -> None:
+    """qwen3_coder, pythonic: a call's header sent (its id made), named ``name``."""
+    a.calls.append([_call_id(), name, "", None, 0, 0])
+    items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
+                  "function": {"name": name, "arguments": ""}})
+
+
+def _piece(a: _Answer, items: list, piece: str) -> None:
+    """qwen3_coder, pythonic: ``piece`` of the last call's arguments sent (joined to its item)."""
+    a.calls[-1][2] += piece
+    if items and items[-1]["index"] == len(a.calls) - 1:
+        items[-1]["function"]["arguments"] += piece
+    else:
+        items.append({"index": len(a.calls) - 1, "function": {"arguments": piece}})
 
 
 def _blank_end(text: str, at: int) -> int:
@@ -845,26 +965,118 @@ def _string_known(text: str, at: int, schema, sent: int) -> str | None:
     return text[start + sent:end - 1]
 
 
-def _value_closed(text: str, at: int, sent: int = 0) -> int | None:
-    """qwen3_coder: where the value starting at ``at`` ends, its </parameter> followed by the
-    next parameter, </function> or </tool_call> and closing no <parameter= opened in the value
-    (``_value``), or None until that is known (one past such a quoted call: at the answer's end);
-    ``sent``: its first characters streamed (``_string_known``: no tag begins there)."""
-    depth, pos, tags = 0, at + sent, (PARAMETER, FUNCTION_END, END)
-    close = text.find(PARAMETER_END, pos)
-    while close >= 0:
-        opened = text.find("\n" + PARAMETER, pos, close)
-        if opened >= 0:
-            depth, pos = depth + 1, opened + 1 + len(PARAMETER)
+PY_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)  # pythonic, streamed: a call's name (others wait)
+PY_KEYWORD = re.compile(r"([A-Za-z_]\w*)\s*=", re.ASCII)  # and a keyword=
+
+
+def _py_view(a, parser: str) -> str:
+    """pythonic, streamed: the text ``_pythonic`` reads of answer ``a`` (an _Answer), as far as it
+    is known: the answer itself; llama4_pythonic's after <|python_start|>, its <|python_end|>s
+    dropped (a last one's start held back), made as the answer grows (``a.view``)."""
+    head = _blank_end(a.text, 0)
+    if parser != "llama4_pythonic" or not a.text.startswith(PYTHON_START, head):
+        return a.text
+    if not a.view:
+        a.view = (head + len(PYTHON_START), "")
+    raw, view = a.view
+    chunk = a.text[raw:]
+    chunk = chunk[:len(chunk) - tag_start_at_end(chunk, PYTHON_END)]  # (a tag is never cut in two: replace's as
+    a.view = (raw + len(chunk), view + chunk.replace(PYTHON_END, ""))  # the whole text's)
+    return a.view[1]
+
+
+def _py_value(text: str, v: list) -> tuple[str, int | None]:
+    r"""pythonic, streamed: the JSON of a keyword's value newly known (``v``: Streamed._read_py's
+    ``a.value``, updated) and where the value ends (its , or the call's ), outside brackets and
+    strings), None while it is open, -1 where it is no literal or not what was sent of it. A
+    value that opens with a string on one line sends its characters as they come (a whole
+    escape at a time: ``_escape_end``; the closing quote with the value's end: "a" "b" is one
+    string); any other once whole, read as ``_pythonic`` reads it (``_literal``). Comments and
+    \ line ends outside strings give -1 (the rest then goes at the end)."""
+    n, sent = len(text), len(v[6])
+    if v[2] == v[1]:  # (the value's first character, after blanks)
+        v[1] = v[2] = _blank_end(text, v[1])
+        if n - v[1] < 2:
+            return "", None
+        if text[v[1]] in "\"'" and text[v[1] + 1] != text[v[1]]:  # (a string, not "" nor """)
+            v[2] = v[5] = v[1] + 1
+            v[4] = (text[v[1]], False)
+    at, stack, quote, end, closed = v[2], v[3], v[4], None, None
+    while at < n and end is None:
+        c = text[at]
+        if quote:
+            q = quote[0] * (3 if quote[1] else 1)
+            if c == "\\" and at + 1 == n or quote[1] and n - at < 3 and q.startswith(text[at:]):
+                break  # (an escape, or a closing triple quote, cut)
+            if c == "\n" and not quote[1]:
+                return "", -1
+            if text.startswith(q, at):
+                closed = at if v[5] > 0 and closed is None else closed
+                at, quote = at + len(q), None
+            else:
+                at += 2 if c == "\\" else 1
             continue
-        after = _blank_end(text, close + len(PARAMETER_END))
-        if text.startswith(tags, after):
-            return None if depth else close
-        if len(text) - after < len(END) and any(t.startswith(text[after:]) for t in tags):
-            return None  # (what follows is yet to come)
-        depth, pos = max(0, depth - 1), close + len(PARAMETER_END)
-        close = text.find(PARAMETER_END, pos)
-    return None
+        if c in "\"'":
+            if n - at < 3 and text[at:] == c * (n - at):
+                break  # ("" at the end: a triple quote may begin)
+            quote = (c, text.startswith(c * 3, at))
+            at += 3 if quote[1] else 1
+        elif c in "([{":
+            stack.append(c)
+            at += 1
+        elif c in ")]}" and stack:
+            if stack.pop() != "([{"[")]}".index(c)]:
+                return "", -1
+            at += 1
+        elif c == ")" or c == "," and not stack:
+            end = at
+        elif c in ")]}#\\":
+            return "", -1
+        else:
+            at += 1
+    v[2], v[4] = at, quote
+    if v[5] > 0:  # the string's characters known
+        raw = text[v[5]:closed if closed is not None else at]
+        k = _escape_end(raw)
+        try:
+            chars = ast.literal_eval(text[v[1]] + raw[:k] + text[v[1]]) if "\\" in raw[:k] else raw[:k]
+        except (SyntaxError, ValueError, MemoryError):
+            return "", -1
+        v[6] += ("" if v[6] else '"') + json.dumps(chars, ensure_ascii=False)[1:-1]
+        v[5] = -1 if closed is not None else v[5] + k
+    if end is not None:
+        try:
+            if not text[v[1]:end].strip():
+                raise ValueError("no value")
+            full = json.dumps(_literal(ast.parse("(" + text[v[1]:end] + "\n)", mode="eval").body),
+                              ensure_ascii=False, allow_nan=False)
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            return "", -1
+        if not full.startswith(v[6]):
+            return "", -1
+        v[6] = full
+    return v[6][sent:], end
+
+
+def _escape_end(raw: str) -> int:
+    r"""How much of a Python string's body ``raw`` ends at a whole escape: all of it, or up to
+    its last escape, still cut (\x4, \u00e, \N{LATI, an octal \1 more digits may follow)."""
+    at = raw.find("\\")
+    while at >= 0:
+        c = raw[at + 1:at + 2]
+        if c and c in "xuU":
+            need = {"x": 4, "u": 6, "U": 10}[c]
+        elif c == "N":
+            need = raw.find("}", at) + 1 - at if "}" in raw[at:] else len(raw) + 1 - at
+        elif c and c in "01234567":
+            digits = len(re.match("[0-7]{0,3}", raw[at + 1:at + 4]).group())
+            need = 1 + digits if digits == 3 or at + 1 + digits < len(raw) else len(raw) + 1 - at
+        else:
+            need = 2
+        if at + need > len(raw):
+            return at
+        at = raw.find("\\", at + need)
+    return len(raw)
 
 
 PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a JSON string's characters that stand for themselves
@@ -878,7 +1090,8 @@ class _Reader:
     that what is written of a call's arguments is a prefix of the arguments string the whole
     answer gives (``_arguments``): numbers and true/false/null once whole, a string's
     characters as they come (an escape once whole, a surrogate pair's half held), a member's
-    key once whole (a key twice in an object is malformed: ``DECODER``). ``base``: the calls
+    key once whole (a key twice written twice, ``_Pairs``; in a call object malformed:
+    ``_call``). ``base``: the calls
     are the value itself (0) or an array's items (1, mistral's); ``bare``: the value is one
     call's arguments (mistral's [ARGS]{...}). ``bad``: the text can be no JSON."""
 
@@ -1043,8 +1256,8 @@ class _Reader:
             self._after()
             return
         key, self.key = self.key, None
-        if key in self.keys[-1]:  # (which value is meant is unclear: DECODER refuses it too)
-            self.bad = True
+        if key in self.keys[-1] and len(self.stack) == self.base + 1 and not self.bare:
+            self.bad = True  # (a call object's own key twice: _call refuses it too)
             return
         self.keys[-1].add(key)
         if len(self.stack) == self.base + 1:

@@ -660,6 +660,35 @@ def test_a_qwen3_coder_value_that_quotes_a_call_is_the_whole_value():
                                                   [("write_file", {"path": "a.md"})])
 
 
+def test_a_qwen3_coder_value_opening_with_a_quoted_call_and_a_quoted_dict_are_read_as_vllm_reads_them():
+    """Session 76's notes (h77c): a value whose first line quotes a parameter (no newline after
+    its <parameter=NAME>) ended at that quoted </parameter>, the value cut and the call's other
+    parameters misread (vLLM's counts a <parameter= at the value's start as at a line's:
+    vllm/tool_parsers/qwen3coder_tool_parser.py, ``_next_structural_param_start``); an object
+    or array value written as a quoted Python dict (a model trained on json.dumps(str(d)))
+    stayed a string (vLLM's reads the string again). Streamed, a value past a quoted call that
+    pairs up was held to the answer's end (the streamed scanner waited where the whole one
+    went on): it goes once the next parameter begins."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "content": {"type": "string"}, "path": {"type": "string"}, "o": {"type": "object"},
+        "a": {"type": "array"}}}}}]
+    quoted = "<parameter=city>Paris</parameter>\n<parameter=n>2</parameter>"
+    text = f"<tool_call>\n<function=f>\n<parameter=content>{quoted}</parameter>\n<parameter=path>\na.md\n" \
+           "</parameter>\n</function>\n</tool_call>"
+    assert _calls(text, "qwen3_coder", tools) == (None, [("f", {"content": quoted, "path": "a.md"})])
+    dicts = "<tool_call>\n<function=f>\n<parameter=o>\n\"{'k': [1, 'é']}\"\n</parameter>\n<parameter=a>\n" \
+            "'[{\"x\": true}]'\n</parameter>\n<parameter=path>\n\"5\"\n</parameter>\n</function>\n</tool_call>"
+    assert _calls(dicts, "qwen3_coder", tools) == (None, [("f", {"o": {"k": [1, "é"]}, "a": [{"x": True}],
+                                                                 "path": '"5"'})])
+    assert _calls(dicts.replace("'[{", "'[{{"), "qwen3_coder", tools)[1][0][1]["a"] == '[{{"x": true}]'
+    # streamed: the value past the quoted call goes whole once the next parameter begins
+    said = ANSWERS["qwen3_coder"][3]
+    s = Streamed("qwen3_coder", tools=SCHEMAS)
+    items = [c for k in range(said.index("\n2\n")) for c in s.push(0, said[k]).get("tool_calls", ())]
+    assert "".join(c["function"]["arguments"] for c in items) == \
+        json.dumps({"s": said[said.index("<tool_call>\n<function=g"):said.index("\n</parameter>\n<parameter=n")]})[:-1]
+
+
 # Qwen3-Coder's template reads every tool's parameters.properties (an excerpt, in the test engines' words)
 READS_PARAMETERS = ("{% for t in tools %}{% set t = t.function %}<|tools|> {{ t.name }} "
                     "{% for p, f in t.parameters.properties|items %}{{ p }} {% endfor %}{% endfor %}"
@@ -764,10 +793,10 @@ def test_the_new_parsers_stream_text_until_a_call_may_begin():
     s = Streamed("mistral")
     assert _content(s, 0, "a [TOOL_CALLS] oops") == "a " and s.end(0, "stop") == ([{"content": "[TOOL_CALLS] oops"}],
                                                                                 "stop")
-    s = Streamed("pythonic")  # (pythonic's calls whole at the end)
-    assert [s.push(0, p) for p in (" ", "[f(x=", "'é')]")] == [{}, {}, {}]
-    deltas, finish = s.end(0, "stop")
-    assert finish == "tool_calls" and deltas[0]["tool_calls"][0]["function"]["arguments"] == '{"x": "é"}'
+    s = Streamed("pythonic")  # (pythonic's header once its name is whole, then its arguments: h77c)
+    deltas = [s.push(0, p) for p in (" ", "[f(x=", "'é')]")]
+    assert deltas[0] == {} and deltas[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
+    assert deltas[2]["tool_calls"][0]["function"]["arguments"] == '{"x": "é"}' and s.end(0, "stop") == ([], "tool_calls")
     s = Streamed("pythonic")
     assert [_content(s, 0, p) for p in (" [", "1, 2]")] == ["", ""] and s.end(0, "stop") == ([{"content": " [1, 2]"}],
                                                                                        "stop")
@@ -881,8 +910,8 @@ def test_a_kept_special_token_ends_a_run_of_byte_tokens(tmp_path):
 
 # answers each parser's streaming reads (h76f): unicode, escapes (a surrogate pair's), strings holding the end
 # tag or braces, nested values, numbers Python's json rewrites (2.50, 1E2, -0), several calls, a call after
-# text, the name after the arguments, and malformed ones (a key twice, text after the JSON, a control
-# character in a string, NaN, a cut)
+# text, the name after the arguments, a key twice (h77c), and malformed ones (a call's own key twice, text after
+# the JSON, a control character in a string, NaN, a cut)
 ANSWERS = {
     "hermes": [
         'Sure. <tool_call>\n{"name": "write", "arguments": {"path": "a é.py", "text": "x = \\"}\\"\\n</tool_call>'
@@ -890,6 +919,7 @@ ANSWERS = {
         '<tool_call>{"arguments":{"q":"Paris"},"name":"get_weather"}</tool_call>\n<tool_call>\n'
         '{"name": "now", "arguments": "{\\"tz\\": \\"UTC\\"}"}\n</tool_call> after',
         '<tool_call>{"name": "f", "arguments": {"a": 1, "a": 2}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a": {"b": 1, "b": [2]}}, "arguments": {}}</tool_call>',
         '<tool_call>{"name": "f", "arguments": {"a": 1}} x</tool_call>',
         '<tool_call>{"name": "f", "arguments": {"s": "a\nb"}}</tool_call>',
         '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>',
@@ -916,10 +946,21 @@ ANSWERS = {
         'write <function=x> so: <tool_call>\n<function=f>\n<parameter=s>\n<tool_call>\n<function=g>\n<parameter=p>'
         '\n1\n</parameter>\n</function>\n</tool_call>\n</parameter>\n<parameter=n>\n2\n</parameter>\n</function>',
         '<tool_call>\n<function=f>\n<parameter=s>\n<parameter=p>\n1\n</parameter>\n</function>\n',
+        '<tool_call>\n<function=f>\n<parameter=s><parameter=p>1</parameter>\n<parameter=q>2</parameter></parameter>\n'
+        '<parameter=o>\n"{\'k\': 1}"\n</parameter>\n</function>',
         '<tool_call>\n<function=f>\n<parameter=t>\nNone\n</parameter>\n<parameter=s>\n\nnull\n\n</parameter>\n'
         '</function><tool_call>\n<function=f>\n<parameter=t>\nnullable\n</parameter>\n</function>',
     ],
 }
+ANSWERS["pythonic"] = [  # (h77c: streamed piece by piece now) escapes of every kind, a string in parts, a keyword twice
+    '[get_weather(city="Paris", days=3), a.b(x=[1, (2, 3)], y={"k": null, 1: "z"}, z=None, w=True)]',
+    " \n[f(q='caf\\u00e9 \\N{HOT BEVERAGE} \\x41\\101\\1 \"x\"', r=r\"\\d\", t=\"\"\"tri\npple\"\"\", e=\"\","
+    " c=\"a\" \"b\", n=-1.5e3)]\n",
+    '[f(x=1,), g()]', '[f(x=1, x=2)]', '[f(x=g())]', '[f(x=1)] done', '[f(s="abc"[1:])]', '[f(s="line\nbreak")]',
+    '[f(x=1, # c\n y=2)]', '[f (x=1)]', '[f(s="\\ud83d\\ude00", t="\\\\")]', '[f(x=)]', '[f(None=1)]', '[f(x=1e999)]',
+]
+ANSWERS["llama4_pythonic"] = ['<|python_start|>[f(s="a<|python_end|>b"), g(n=[1])]<|python_end|>', '[f(x=1)]',
+                              '<|python_start|>[f(x="<|python_e")]']
 SCHEMAS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
     "n": {"type": "integer"}, "s": {"type": "string"}, "o": {"type": "object"}, "t": {"type": ["string", "null"]}}}}}]
 
@@ -983,14 +1024,36 @@ def test_a_long_call_streams_its_arguments_as_they_come():
     assert len(items) > 100 and sent == whole["function"]["arguments"]
 
 
+def test_a_pythonic_call_streams_its_arguments_as_they_come():
+    """Session 76's notes (h77c): pythonic and llama4_pythonic calls came whole at the
+    answer's end; vLLM's streams them as they parse (vllm/tool_parsers/pythonic_tool_parser.py:
+    its partial list closed and parsed again at each piece). Streamed, a call's header goes
+    once NAME( is read, then its keyword arguments, each once its value is closed, a string's
+    characters as they come: every piece a prefix of the whole answer's arguments."""
+    from specrt.tool_calls import message
+
+    body = "".join(f"line {i}: \\u00e9 \\\"q\\\"\\n" for i in range(40))
+    text = f'[write(path="a.txt", content="{body}", n=2), done()]'
+    whole = message(text, "stop", "pythonic")[0]["tool_calls"]
+    s, sent = Streamed("pythonic"), ""
+    items = [c for k in range(0, len(text), 4) for c in s.push(0, text[k:k + 4]).get("tool_calls", ())]
+    assert items[0]["function"] == {"name": "write", "arguments": ""}
+    for c in items:
+        if c["index"] == 0:
+            sent += c["function"]["arguments"]
+            assert whole[0]["function"]["arguments"].startswith(sent)
+    assert len(items) > 100 and sent == whole[0]["function"]["arguments"] and items[-1]["index"] == 1
+    assert s.end(0, "stop") == ([], "tool_calls")
+
+
 def test_a_call_found_malformed_after_its_header_went_ends_as_text():
-    """A call whose header went and which then turns out malformed (a key twice, text after its
+    """A call whose header went and which then turns out malformed (its own key twice, text after its
     JSON) or is cut by max_tokens inside its arguments: nothing more of it is sent, the rest
     of the answer comes as content at the end (the content then equals the whole answer's:
     all of it) and finish_reason is stop or length, never tool_calls (vLLM's goes on and ends
     with tool_calls, an agent then runs a broken call); h76f."""
-    for text, finish, sent in (('a <tool_call>{"name": "f", "arguments": {"x": 1, "x": 2}}</tool_call>', "stop",
-                                '{"x": 1, '),
+    for text, finish, sent in (('a <tool_call>{"name": "f", "arguments": {"x": 1}, "name": "g"}</tool_call>', "stop",
+                                '{"x": 1}'),
                                ('a <tool_call>{"name": "f", "arguments": {"x": 1}} oops</tool_call>', "stop",
                                 '{"x": 1}'),
                                ('a <tool_call>{"name": "f", "arguments": {"x": "long', "length", '{"x": "long')):
@@ -998,6 +1061,33 @@ def test_a_call_found_malformed_after_its_header_went_ends_as_text():
         assert early and calls[0][2:] == ("f", sent)
         assert content == text and got == finish
 
+
+def test_a_key_given_twice_keeps_both_and_reads_as_the_last_whole_and_streamed():
+    """Session 76's notes (h77c): a JSON key given twice in a call's arguments (or a qwen3_coder
+    parameter twice) made the call malformed, the answer text; vLLM's keeps the last, as
+    json.loads reads it (vllm/tool_parsers/hermes_tool_parser.py: json.loads then json.dumps).
+    The arguments string keeps both as written, so a client's json.loads reads the last, and
+    the pieces streamed before the second join into the same string; a call object's own key
+    twice ("name" twice: which tool?) stays malformed."""
+    from specrt.tool_calls import message
+
+    for text, parser, want in (
+            ('<tool_call>{"name": "f", "arguments": {"a": 1, "b": {"c": 1, "c": [2]}, "a": 2}}</tool_call>', "hermes",
+             '{"a": 1, "b": {"c": 1, "c": [2]}, "a": 2}'),
+            ('{"name": "f", "parameters": {"a": 1, "a": "x"}}', "llama3_json", '{"a": 1, "a": "x"}'),
+            ('[TOOL_CALLS]f[ARGS]{"a": 1, "a": 2}', "mistral", '{"a": 1, "a": 2}'),
+            ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1, "a": 2}}]', "mistral", '{"a": 1, "a": 2}'),
+            ("<tool_call>\n<function=f>\n<parameter=n>\n1\n</parameter>\n<parameter=n>\n2\n</parameter>\n</function>"
+             "\n</tool_call>", "qwen3_coder", '{"n": 1, "n": 2}')):
+        msg, finish = message(text, "stop", parser, tools=SCHEMAS)
+        assert finish == "tool_calls" and msg["tool_calls"][0]["function"]["arguments"] == want, text
+        assert json.loads(want) == json.loads(want.replace('"a": 1, ', "").replace('"n": 1, ', "").replace(
+            '"c": 1, ', ""))
+        _, calls, got, early = _through(Streamed(parser, tools=SCHEMAS), [text[k:k + 3] for k in range(0, len(text), 3)])
+        assert got == "tool_calls" and calls[0][2:] == ("f", want) and early, text
+    for own in ('<tool_call>{"name": "f", "arguments": {}, "name": "g"}</tool_call>',
+                '<tool_call>{"name": "f", "arguments": {}, "arguments": {"a": 1}}</tool_call>'):
+        assert message(own, "stop", "hermes")[0] == {"role": "assistant", "content": own}
 
 # the words of engines whose answer spells a hermes call a piece at a time (h76f), by id; 3 .. 15 the chain:
 # after <|assistant|> " Sure. <tool_call> {"name": "write", "arguments": {"path": "é.txt", "text": "a</tool_call>}
