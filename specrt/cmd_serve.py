@@ -7,6 +7,7 @@
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
+    POST /v1/responses          OpenAI's Responses API: its request as a chat completion's (specrt/responses.py)
     POST /tokenize, /detokenize vLLM's: a prompt's or a conversation's token ids; ids -> their text
     GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits); HEAD too
     GET  /version, /ping        vLLM's: specrt's version; /health's answer (/ping: POST too)
@@ -64,6 +65,11 @@ chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint o
 proxy, not for untrusted networks. Bad requests get HTTP 400 with OpenAI's error object
 naming the field; the server keeps serving. /tokenize and /detokenize (Server.tokenize) use the
 tokenizer and the chat template alone, in the request's own thread: they wait for no answer.
+/v1/responses (specrt/responses.py) maps its request onto a chat completion's, so all the above
+holds for it (the template, sampling, stop, seed, limits, tools, reasoning, structured output,
+the key, metrics and the log), and gives the answer as a response object or its stream's events;
+what it does not do (built-in tools, background, previous_response_id: no response is stored)
+is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ class BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
         self.param, self.status, self.code = param, status, code
+
+    named = False  # its param is a response request's own field (Handler._named renames chat's)
 
 
 def _number(body: dict, name: str, default, kind, lo=None, hi=None, lo_open=False):
@@ -936,6 +944,23 @@ class Server:
         msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
         return BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages")
 
+    def respond_to(self, body: Any) -> dict:
+        """POST /v1/responses: the request as a chat completion's (responses.chat_body), parsed as
+        one, with its response's skeleton (``responses``) and its reasoning's token count."""
+        from specrt import responses
+
+        try:
+            chat = responses.chat_body(body)
+        except responses.Refused as e:
+            refused = BadRequest(str(e), e.param)
+            refused.named = True
+            raise refused from None
+        req = self.parse(chat, True)
+        req["responses"] = responses.skeleton(body, "resp_" + uuid.uuid4().hex, self.model, req["params"])
+        tok = self.session.text.tokenizer
+        req["count"] = lambda text: len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+        return req
+
     def complete(self, req: dict) -> Iterator[dict]:
         """The request's n choices in turn (batch 1): for choice i, {'index': i, 'text': piece,
         'logprobs': the entries of the tokens since its last piece, or None} as tokens are
@@ -1058,8 +1083,8 @@ class Server:
 
 
 GET_PATHS = ("/v1/models", "/models", "/health", "/metrics", "/version", "/ping")
-POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/tokenize",
-              "/detokenize", "/ping")
+POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/responses",
+              "/responses", "/tokenize", "/detokenize", "/ping")
 OPEN_PATHS = ("/health", "/ping", "/version", "/metrics")  # answered without --api-key's key
 
 
@@ -1206,7 +1231,17 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, e: BadRequest) -> None:
         kind = "invalid_request_error" if e.status < 500 else "server_error"
         kind = "authentication_error" if e.status == 401 else kind
-        self._send_json(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.code}})
+        message, param = self._named(e)
+        self._send_json(e.status, {"error": {"message": message, "type": kind, "param": param, "code": e.code}})
+
+    def _named(self, e: BadRequest) -> tuple[str, str | None]:
+        """An error's message and field, in a response request's names where it is one (the chat's
+        names that Server.parse and the stream gave: max_tokens, messages, response_format)."""
+        if getattr(self, "_endpoint", None) != "responses" or e.named:
+            return str(e), e.param
+        from specrt.responses import renamed
+
+        return renamed(str(e), e.param)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The standard library's own refusals (a request line or header it cannot parse or
@@ -1328,11 +1363,12 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/ping":  # (vLLM takes a POST too)
             self._discard_body()
             return self._health()
-        chat = path in ("/v1/chat/completions", "/chat/completions")
+        responses = path in ("/v1/responses", "/responses")  # (a chat completion, its answer a response)
+        chat = responses or path in ("/v1/chat/completions", "/chat/completions")
         tokens = path in ("/tokenize", "/detokenize")  # (vLLM's, at the root as there)
         if not chat and not tokens and path not in ("/v1/completions", "/completions"):
             return self._not_allowed()
-        self._endpoint = path[1:] if tokens else "chat" if chat else "completions"
+        self._endpoint = path[1:] if tokens else "responses" if responses else "chat" if chat else "completions"
         try:
             if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
                 raise BadRequest("a chunked body is not read here: send the JSON body with a Content-Length",
@@ -1373,7 +1409,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise BadRequest("the server is shutting down", status=503)
                 return self._send_json(200, self.app.tokenize(body) if path == "/tokenize" else
                                        self.app.detokenize(body))
-            req = self.app.parse(body, chat)
+            req = self.app.respond_to(body) if responses else self.app.parse(body, chat)
             req["thinking"] = self.app.thinking(req)  # (--reasoning-parser)
         except BadRequest as e:
             if e.status in (411, 413):  # its body is not read, and may come all the same (_linger: a client
@@ -1469,6 +1505,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        shaped = req.get("responses")  # (/v1/responses: the chat answer made a response, responses.py)
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
         pieces = app.complete(req)
@@ -1547,6 +1584,10 @@ class Handler(BaseHTTPRequestHandler):
                       "usage": last["usage"], "specrt": last["specrt"]}
             if req.get("thinking") is not None:  # (each message's thinking, kept apart from its content)
                 pieces.fill(choices)
+            if shaped is not None:
+                from specrt.responses import whole
+
+                answer = whole(shaped, answer, req["count"])
 
             def send() -> None:  # sent once the engines are free (do_POST)
                 # a client that reads nothing holds this thread, and close (Ctrl-C), for
@@ -1583,6 +1624,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Accel-Buffering", "no")
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
+        from specrt.responses import Events
+
+        events = None if shaped is None else Events(shaped, req["count"])  # (a response's events, not chunks)
+        if events is not None:
+            write(events.begin())
+
+        def send(payload: dict, end: bool = False) -> None:  # a chunk: its data line, or its response events
+            data = b"data: " + json.dumps(payload).encode() + b"\n\n" if events is None else events.feed(payload)
+            if data:  # (none for the role's chunk of a response)
+                write(data, end)
 
         def event(i: int, delta: dict | None, finish=None, entries=None, context=(), tokens=0, **extra) -> None:
             if req.get("thinking") is not None:  # (--reasoning-parser: the choice's thinking since its last chunk)
@@ -1594,9 +1645,8 @@ class Handler(BaseHTTPRequestHandler):
             if req["usage_every"]:  # (vLLM's continuous_usage_stats: choice i's counts so far)
                 p = len(req["ids"][i // req["n"]])
                 usage = {"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens}
-            payload = {**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
-                       **({"usage": usage} if req["usage_chunk"] else {}), **extra}
-            write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            send({**head, "object": obj, "choices": [{**choice, "finish_reason": finish}],
+                  **({"usage": usage} if req["usage_chunk"] else {}), **extra})
 
         # (text that may begin a tool call held; a call's header sent once its name is whole, then its arguments;
         # a forced call's whole at the end)
@@ -1629,10 +1679,12 @@ class Handler(BaseHTTPRequestHandler):
                 item = next(pieces)
             event(held["index"], None, held["finish_reason"], entries=held["logprobs"], context=held["context"],
                   tokens=held["tokens"], specrt=item["specrt"])
-            if req["usage_chunk"]:
-                write(b"data: " + json.dumps({**head, "object": obj, "choices": [], "usage": item["usage"]}).encode()
-                      + b"\n\n")
-            write(b"data: [DONE]\n\n", end=True)
+            if events is not None:  # (its last event, response.completed, carries the usage; no [DONE])
+                send({"choices": [], "usage": item["usage"]}, end=True)
+            else:
+                if req["usage_chunk"]:
+                    send({**head, "object": obj, "choices": [], "usage": item["usage"]})
+                write(b"data: [DONE]\n\n", end=True)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left (or read nothing
             pieces.close()  # for write_timeout): stop generating; logged as a client that left
             self.close_connection = True
@@ -1646,7 +1698,8 @@ class Handler(BaseHTTPRequestHandler):
                 event = {"error": {"message": str(e), "type": kind,
                                    "param": getattr(e, "param", _grammar_field(req, e)),
                                    "code": e.code if isinstance(e, BadRequest) else None}}
-                write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n", end=True)
+                write(events.error(event["error"]) if events is not None else  # (a response's: responses.Events)
+                      b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n", end=True)
             except OSError:
                 self.close_connection = True
         if app.stopping:  # (the stop closes connections after their answer: end_headers)
@@ -1858,8 +1911,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
           isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser, enable_auto_tool_choice,
           reasoning_parser, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
-    /v1/completions, /v1/models; /metrics for Prometheus; vLLM's /tokenize, /detokenize, /version,
-    /ping), one stream at a time, each conversation's next turn
+    /v1/completions, /v1/responses, /v1/models; /metrics for Prometheus; vLLM's /tokenize,
+    /detokenize, /version, /ping), one stream at a time, each conversation's next turn
     reusing the KV rows of the turns before it. Ctrl-C (or SIGTERM) stops it once the answer being
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
@@ -1932,7 +1985,8 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 serving.start()
                 click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
                            f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
-                           f"/v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops", err=True)
+                           f"/v1/responses, /v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops",
+                           err=True)
                 sys.stderr.flush()
                 while serving.is_alive():
                     serving.join(0.5)

@@ -1,0 +1,450 @@
+"""OpenAI's Responses API for `specrt serve` (POST /v1/responses): a request mapped onto a chat
+completion's (``chat_body``: what ``Server.parse`` reads, so the template, sampling, stop, seed,
+the limits, the tool-call and reasoning parsers and structured output are the chat path's), and
+the chat answer made a response (``whole``) or its stream's chunks made the response's events
+(``Events``), as OpenAI gives them and vLLM's serving_responses does.
+
+    input               a string (one user message) or a list of items: messages {role
+                        user | system | developer (rendered as system, as a chat template knows
+                        no developer) | assistant, content a string or input_text / output_text
+                        parts}, function_call items (an assistant message's tool_calls, those in a
+                        row and an assistant message before them one message) and
+                        function_call_output items (a tool message), reasoning items (the next
+                        assistant message's reasoning_content, as a chat client sends it back)
+    instructions        a system message before the input
+    max_output_tokens   max_tokens; a response cut by it: status "incomplete",
+                        incomplete_details.reason "max_output_tokens" (streamed: response.incomplete)
+    tools               function tools in the flat form {type, name, description, parameters, strict};
+                        tool_choice "none" | "auto" | "required" | {type: function, name}; the
+                        answer's calls as function_call items {id, call_id, name, arguments}
+    text.format         text | json_object | json_schema {name, schema, strict}: response_format's
+    reasoning           --reasoning-parser's thinking as a reasoning item before the message
+    include             ["message.output_text.logprobs"]: chat's logprobs (``top_logprobs`` 0-20
+                        alternatives), every output token's entry in the message's output_text
+                        (streamed: each with the text delta it came with, or the next one), as vLLM
+                        gives them only with this include (top_logprobs alone: none)
+    temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
+                        chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
+                        stop, chat_template_kwargs
+
+Refused (400 naming the field): built-in tools (web_search, file_search, code_interpreter,
+mcp, ...: nothing here runs them), ``background`` true (vLLM's refusal without a store),
+``previous_response_id`` and ``conversation`` (nothing is stored: vLLM stores responses only
+with VLLM_ENABLE_RESPONSES_API_STORE, in memory and never freed; the client sends the whole
+conversation as input, as a chat client does), ``item_reference`` items (the same), ``include``
+but "message.output_text.logprobs", ``truncation`` "auto", ``max_tool_calls``, ``prompt``,
+``reasoning.effort`` / ``summary`` (as chat's reasoning_effort), ``text.verbosity`` and input
+other than text. ``store`` is taken and nothing stored (false in the response), as vLLM's
+default takes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+# fields read (mapped onto chat's, or echoed); PASSED: passed on as they are, the chat path's extra
+# fields (seed, top_k, stop, chat_template_kwargs) and those that change nothing here (cmd_serve's SHARED_FIELDS)
+READ = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
+        "tools", "tool_choice", "text", "parallel_tool_calls", "store", "metadata", "user", "reasoning", "background",
+        "previous_response_id", "conversation", "include", "top_logprobs", "truncation", "max_tool_calls", "prompt")
+PASSED = ("seed", "top_k", "stop", "chat_template_kwargs", "service_tier", "prompt_cache_key",
+          "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params")
+LOGPROBS = "message.output_text.logprobs"  # the include that asks for the output's logprobs (the one taken)
+TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text parts (any role's: clients replay either)
+# a chat request's names in parse's errors -> the response request's (Handler._error)
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+WORDS = (("response_format.json_schema.schema", "text.format.schema"), ("'response_format'", "'text.format'"),
+         ("'max_tokens'", "'max_output_tokens'"), ("the messages and the tools", "the input and the tools"),
+         ("in the messages", "in the input"), ("length of the messages", "length of the input"))
+
+
+class Refused(ValueError):
+    """A response request's field refused: the message and the field's name (serve's 400)."""
+
+    def __init__(self, message: str, param: str | None):
+        super().__init__(message)
+        self.param = param
+
+
+def renamed(message: str, param: str | None) -> tuple[str, str | None]:
+    """A chat request's error (Server.parse's, the stream's) in the response request's names."""
+    for chat, ours in WORDS:
+        message = message.replace(chat, ours)
+    return message, PARAMS.get(param, param)
+
+
+def _text_of(content, where: str, kinds: tuple[str, ...]) -> str | list[dict]:
+    """A message's content: a string, or its text parts (``kinds``) as chat's text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise Refused(f"{where}: expected a string or a non-empty list of text parts; got {content!r:.60}", "input")
+    parts = []
+    for k, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind not in kinds or not isinstance(p.get("text"), str):
+            raise Refused(f"{where}[{k}]: only text parts ({' or '.join(kinds)}, with a string 'text') are supported; "
+                          f"got {p!r:.60}", "input")
+        parts.append({"type": "text", "text": p["text"]})
+    return parts
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item's text sent back: its reasoning_text content, else its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise Refused(f"{where}: a reasoning item's content and summary are lists of {{'type', 'text'}}; "
+                      f"got {item!r:.60}", "input")
+    return "\n".join(p["text"] for p in parts)
+
+
+def messages(body: dict) -> list[dict]:
+    """``instructions`` and ``input`` as chat messages (the module's docstring)."""
+    out: list[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise Refused(f"'instructions' must be a string; got {instructions!r:.60}", "instructions")
+        out.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if isinstance(items, str):
+        return out + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise Refused("'input' must be a string or a non-empty list of input items (messages, function_call, "
+                      f"function_call_output); got {items!r:.60}", "input")
+    thought = None  # a reasoning item's text, for the next assistant message
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and isinstance(item, dict) and "role" in item:
+            role = item["role"]
+            if role not in ("user", "system", "developer", "assistant"):
+                raise Refused(f"{where}.role must be user, system, developer or assistant; got {role!r:.40}", "input")
+            msg = {"role": "system" if role == "developer" else role,
+                   "content": _text_of(item.get("content"), f"{where}.content", TEXT_PARTS)}
+            if role == "assistant" and thought is not None:
+                msg["reasoning_content"], thought = thought, None
+            out.append(msg)
+        elif kind == "function_call":
+            call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
+            if not all(isinstance(v, str) for v in (call_id, name, args)):
+                raise Refused(f"{where}: a function_call item has a string 'call_id', 'name' and 'arguments'; got "
+                              f"{item!r:.80}", "input")
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and thought is None:  # (the same turn's)
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if thought is not None:
+                    out[-1]["reasoning_content"], thought = thought, None
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str):
+                raise Refused(f"{where}: a function_call_output item has a string 'call_id'; got {item!r:.80}", "input")
+            output = _text_of(output, f"{where}.output", TEXT_PARTS)
+            out.append({"role": "tool", "tool_call_id": call_id,
+                        "content": output if isinstance(output, str) else "\n".join(p["text"] for p in output)})
+        elif kind == "reasoning":
+            thought = _reasoning_text(item, where)
+        elif kind == "item_reference":
+            raise Refused(f"{where}: an item_reference names a stored item, and this server stores none (send the "
+                          "item itself)", "input")
+        else:
+            raise Refused(f"{where}: expected a message ({{'role', 'content'}}), a function_call or a "
+                          f"function_call_output item; got {item!r:.80}", "input")
+    return out
+
+
+def _tools(tools) -> list[dict] | None:
+    """The flat function tools as chat's ({type, function: {name, description, parameters, strict}})."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise Refused(f"'tools' must be a list of function tools; got {tools!r:.60}", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind != "function":
+            raise Refused(f"tools[{i}]: only function tools are served here (nothing runs the built-in "
+                          f"{kind!r:.40} tool); got {t!r:.60}", "tools")
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            nested = (" (the Responses API's tools are flat: {'type': 'function', 'name': ..., 'parameters': ...}, "
+                      "not chat's {'function': {...}})") if "function" in t else ""
+            raise Refused(f"tools[{i}]: a function tool needs a non-empty string 'name'{nested}; got {t!r:.60}",
+                          "tools")
+        for k, kind in (("description", str), ("parameters", dict)):  # (chat's checks name them under 'function')
+            if t.get(k) is not None and not isinstance(t[k], kind):
+                raise Refused(f"tools[{i}].{k}: expected {'a string' if kind is str else 'a JSON Schema object'}; "
+                              f"got {t[k]!r:.60}", "tools")
+        out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type" and v is not None}})
+    return out
+
+
+def _tool_choice(choice):
+    if choice is None or isinstance(choice, str):
+        return choice  # (none, auto, required; another string is chat's 400)
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise Refused("'tool_choice' must be \"none\", \"auto\", \"required\" or {'type': 'function', 'name': ...}; got "
+                  f"{choice!r:.80}", "tool_choice")
+
+
+def _format(text) -> dict | None:
+    """``text.format`` as chat's response_format (None: plain text)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise Refused(f"'text' must be an object {{'format': {{...}}}}; got {text!r:.60}", "text")
+    for k, v in text.items():
+        if k != "format" and v is not None:
+            raise Refused(f"'text.{k}' is not supported (got {v!r:.60})", "text")
+    fmt = text.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    raise Refused("'text.format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+                  f"'name': ..., 'schema': {{...}}}}; got {fmt!r:.80}", "text")
+
+
+def chat_body(body) -> dict:
+    """A response request as the chat completion request ``Server.parse`` reads."""
+    from specrt.cmd_serve import NOT_DONE  # (refused as chat refuses them; cmd_serve imports this module when used)
+
+    if not isinstance(body, dict):
+        raise Refused("the request body must be a JSON object", None)
+    for name, v in body.items():
+        if v is None or name in READ or name in PASSED:
+            continue
+        if name in NOT_DONE:
+            raise Refused(f"'{name}' is not supported (got {v!r:.80})", name)
+        raise Refused(f"Unrecognized request argument supplied: {name}", name)
+    if body.get("background"):  # (vLLM's 400 without its store)
+        raise Refused("'background' is not supported: this server stores no responses to run later", "background")
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            raise Refused(f"'{name}' is not supported: this server stores no responses (send the whole conversation "
+                          "as 'input')", name)
+    include, top = body.get("include"), body.get("top_logprobs")
+    if include is not None and (not isinstance(include, list) or set(map(str, include)) - {LOGPROBS}):
+        raise Refused(f"'include' takes {LOGPROBS!r} alone here; got {include!r:.80}", "include")
+    if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= 20):
+        raise Refused(f"'top_logprobs' must be an integer from 0 to 20; got {top!r:.40}", "top_logprobs")
+    for name, neutral in (("truncation", ("disabled",)), ("max_tool_calls", ()), ("prompt", ())):
+        v = body.get(name)
+        if v is not None and v not in neutral:
+            raise Refused(f"'{name}' is not supported (got {v!r:.80})", name)
+    reasoning = body.get("reasoning")
+    if reasoning is not None and (not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())):
+        raise Refused(f"'reasoning' is not supported but as {{}} (got {reasoning!r:.80}): a thinking model's reasoning "
+                      "comes with --reasoning-parser", "reasoning")
+    for name, kind in (("metadata", dict), ("store", bool)):
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise Refused(f"'{name}' must be {'an object' if kind is dict else 'true or false'}; got "
+                          f"{body[name]!r:.60}", name)
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_obfuscation"}):
+        raise Refused(f"'stream_options' takes include_obfuscation alone; got {opts!r:.60}", "stream_options")
+    chat = {k: body[k] for k in ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", *PASSED)
+            if body.get(k) is not None}
+    chat["messages"] = messages(body)
+    for name, v in (("max_tokens", body.get("max_output_tokens")), ("tools", _tools(body.get("tools"))),
+                    ("tool_choice", _tool_choice(body.get("tool_choice"))),
+                    ("response_format", _format(body.get("text")))):
+        if v is not None:
+            chat[name] = v
+    if include:  # (the output's logprobs: chat's)
+        chat["logprobs"], chat["top_logprobs"] = True, top
+    return chat
+
+
+def skeleton(body: dict, rid: str, model: str, params) -> dict:
+    """The response object without its output, status and usage: what the request asked for
+    (its sampling values as served: the server's defaults where it gave none)."""
+    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+            "background": False, "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": None, "model": model, "output": [],
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": params.temperature,
+            "text": {"format": text.get("format") or {"type": "text"}},
+            "tool_choice": body.get("tool_choice") or ("auto" if body.get("tools") else "none"),
+            "tools": body.get("tools") or [], "top_p": params.top_p, "top_logprobs": body.get("top_logprobs") or 0,
+            "truncation": "disabled", "usage": None,
+            "user": body.get("user"), "metadata": body.get("metadata") or {}}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _message(text: str, status: str) -> dict:
+    return {"type": "message", "id": _id("msg"), "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call(call: dict) -> dict:
+    """A chat tool call (tool_calls.message's) as a function_call item."""
+    f = call["function"]
+    return {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": f["name"],
+            "arguments": f["arguments"], "status": "completed"}
+
+
+def _reasoning(text: str, status: str) -> dict:
+    return {"type": "reasoning", "id": _id("rs"), "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def finished(response: dict, finish: str, usage: dict, specrt: dict, reasoning_tokens: int) -> dict:
+    """``response`` ended with chat's ``finish`` reason and ``usage`` (its specrt beside it)."""
+    cut = finish == "length"
+    return {**response, "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                      "total_tokens": usage["total_tokens"],
+                      "input_tokens_details": {"cached_tokens": specrt.get("prefix_reused", 0)},
+                      "output_tokens_details": {"reasoning_tokens": reasoning_tokens}},
+            "specrt": specrt}
+
+
+def whole(response: dict, answer: dict, count) -> dict:
+    """A whole chat answer (its one choice) as the response: a reasoning item (--reasoning-parser),
+    a message where there is text, a function_call item a call. ``count(text)``: its tokens."""
+    choice = answer["choices"][0]
+    msg = choice["message"]
+    output = [_reasoning(msg["reasoning"], "completed")] if msg.get("reasoning") else []
+    if msg.get("content"):
+        output.append(_message(msg["content"], "completed"))
+        output[-1]["content"][0]["logprobs"] = (choice.get("logprobs") or {}).get("content") or []
+    output += [_call(c) for c in msg.get("tool_calls") or ()]
+    if choice["finish_reason"] == "length" and output and output[-1]["type"] != "function_call":
+        output[-1]["status"] = "incomplete"  # (the text cut; a call given is whole: tool_calls.message)
+    return {**finished(response, choice["finish_reason"], answer["usage"], answer["specrt"],
+                       count(msg.get("reasoning") or "")), "output": output}
+
+
+class Events:
+    """A streamed chat answer's chunks (``feed``: each payload serve would send as ``data:``)
+    as the response's server-sent events, OpenAI's: response.created and response.in_progress
+    first; each output item opened (response.output_item.added, with its content part's
+    response.content_part.added) when its first text comes, written to in deltas
+    (response.reasoning_text.delta, response.output_text.delta,
+    response.function_call_arguments.delta), closed (its .done events, response.output_item.done)
+    when the next one opens or the answer ends; last response.completed, or response.incomplete
+    for an answer cut by max_output_tokens, carrying the whole response and its usage. Every
+    event with its sequence_number, from 0, and an ``event:`` line naming its type.
+    ``count(text)``: the reasoning's tokens."""
+
+    def __init__(self, response: dict, count):
+        self.response, self.count = response, count
+        self.seq = 0
+        self.output: list[dict] = []  # the items opened so far
+        self.open: dict | None = None  # the item being written
+        self.calls: dict[int, int] = {}  # a tool call's index -> its item's place in output
+        self.finish, self.specrt = "stop", {}  # (the last chunk's)
+        self.reasoned = ""  # the reasoning streamed
+        self.entries: list[dict] = []  # logprob entries, all; the first ``sent`` went with a text delta
+        self.sent = 0
+
+    def _event(self, kind: str, **data) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), json.dumps(data).encode())
+
+    def begin(self) -> bytes:
+        return self._event("response.created", response=self.response) + \
+            self._event("response.in_progress", response=self.response)
+
+    def _place(self, item: dict) -> dict:
+        return {"item_id": item["id"], "output_index": self.output.index(item)}
+
+    def _close(self, status: str = "completed") -> bytes:
+        item, self.open = self.open, None
+        if item is None:
+            return b""
+        out = b""
+        if item["type"] == "function_call":
+            out += self._event("response.function_call_arguments.done", **self._place(item), name=item["name"],
+                               arguments=item["arguments"])
+        else:
+            item["status"] = status
+            part = item["content"][0]
+            kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
+            extra = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
+            out += self._event(kind, **self._place(item), content_index=0, text=part["text"], **extra)
+            out += self._event("response.content_part.done", **self._place(item), content_index=0, part=part)
+        return out + self._event("response.output_item.done", output_index=self.output.index(item), item=item)
+
+    def _opening(self, item: dict) -> bytes:
+        out = self._close()
+        self.output.append(item)
+        self.open = item
+        added = {**item, "status": "in_progress"}
+        if item["type"] == "function_call":
+            return out + self._event("response.output_item.added", output_index=len(self.output) - 1,
+                                     item={**added, "arguments": ""})
+        part = {**item["content"][0], "text": ""}
+        out += self._event("response.output_item.added", output_index=len(self.output) - 1,
+                           item={**added, "content": []})
+        return out + self._event("response.content_part.added", **self._place(item), content_index=0, part=part)
+
+    def _text(self, kind: str, text: str) -> bytes:
+        """``text`` added to the open item of ``kind`` (message or reasoning), opened if need be."""
+        out = b""
+        if self.open is None or self.open["type"] != kind:
+            out += self._opening(_message("", "in_progress") if kind == "message" else _reasoning("", "in_progress"))
+        self.open["content"][0]["text"] += text
+        name = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+        extra = {}
+        if kind == "message":  # (the entries not sent yet: a reasoning's or a held text's too)
+            extra["logprobs"], self.sent = self.entries[self.sent:], len(self.entries)
+            self.open["content"][0]["logprobs"] += extra["logprobs"]
+        return out + self._event(name, **self._place(self.open), content_index=0, delta=text, **extra)
+
+    def feed(self, payload: dict) -> bytes:
+        """A chat chunk's events (b"" where it has none: the role's chunk, text held back)."""
+        out = b""
+        if "usage" in payload and not payload.get("choices"):  # (the last: the usage chunk)
+            return out + self._end(payload["usage"])
+        choice = payload["choices"][0]
+        delta = choice.get("delta") or {}
+        self.entries += (choice.get("logprobs") or {}).get("content") or []
+        if delta.get("reasoning"):
+            self.reasoned += delta["reasoning"]
+            out += self._text("reasoning", delta["reasoning"])
+        if delta.get("content"):
+            out += self._text("message", delta["content"])
+        for call in delta.get("tool_calls") or ():
+            if "id" in call:  # its header: a new item
+                item = _call({**call, "function": {**call["function"], "arguments": ""}})
+                out += self._opening(item)
+                self.calls[call["index"]] = len(self.output) - 1
+            args = (call.get("function") or {}).get("arguments")
+            if args:
+                item = self.output[self.calls[call["index"]]]
+                item["arguments"] += args
+                out += self._event("response.function_call_arguments.delta", **self._place(item), delta=args)
+        if choice.get("finish_reason") is not None:
+            self.finish, self.specrt = choice["finish_reason"], payload.get("specrt", {})
+        return out
+
+    def _end(self, usage: dict) -> bytes:
+        cut = self.finish == "length"
+        for item in self.output:  # (every entry in the message, as the whole answer's: those after its text too)
+            if item["type"] == "message":
+                item["content"][0]["logprobs"] = self.entries
+        out = self._close("incomplete" if cut else "completed")
+        done = {**finished(self.response, self.finish, usage, self.specrt, self.count(self.reasoned)),
+                "output": self.output}
+        return out + self._event("response.incomplete" if cut else "response.completed", response=done)
+
+    def error(self, error: dict) -> bytes:
+        """An error mid-answer (serve's error object, in chat's names) as the stream's error event."""
+        message, param = renamed(error["message"], error.get("param"))
+        return self._event("error", code=error.get("code"), message=message, param=param)

@@ -1,0 +1,348 @@
+"""`specrt serve`'s POST /v1/responses (h77a): OpenAI's Responses API mapped onto the chat path
+(specrt/responses.py), read through the real OpenAI SDK's ``client.responses.create`` and
+``client.responses.stream``, which build the response objects and events from what is sent
+(an event out of order, a delta for an item never added, is their RuntimeError).
+
+Real engines: test_serve_tools.py's bigram target under its word-level tokenizer and tools
+template (--tool-call-parser hermes, governor off), test_serve_structured.py's tiny Llama with a
+byte-level BPE tokenizer and a P-EAGLE draft (fixed:2:ngram, llguidance), and
+test_serve_reasoning.py's thinking model (--reasoning-parser qwen3). Every test here fails
+without the route (a 404)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from tests.cli.test_serve import _in_process, _post  # noqa: E402
+from tests.cli.test_serve_tools import ASK, TOOLS, _calling, _serving  # noqa: E402
+from tests.runtime.test_text import overflowing  # noqa: E402, F401  (a fixture: an engine failure mid-answer)
+
+FLAT = [{"type": "function", **TOOLS[0]["function"]}]  # the Responses API's flat function tool
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    """The URL of a server of the tools engines with --tool-call-parser hermes (governor off)."""
+    gen = _serving(_calling(tmp_path_factory.mktemp("calling")), ("hermes",))
+    yield next(gen)["hermes"]
+    next(gen, None)
+
+
+@pytest.fixture(scope="module")
+def guided(tmp_path_factory):
+    """(url, app) of a server of the structured output engines, governor fixed:2:ngram."""
+    pytest.importorskip("llguidance")
+    from tests.runtime.test_grammar import guided_engines
+
+    with _in_process(guided_engines(tmp_path_factory.mktemp("responses")), "fixed:2:ngram") as (app, _, url, _):
+        yield url, app
+
+
+def _client(url: str):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+
+
+def _events(url: str, body: dict) -> list[tuple[str, dict]]:
+    """A streamed response's events as sent: (the ``event:`` line's name, the data)."""
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/responses", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers.get("Content-Type") == "text/event-stream"
+        text = r.read().decode()
+    out = []
+    for block in text.split("\n\n")[:-1]:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), block
+        out.append((name[len("event: "):], json.loads(data[len("data: "):])))
+    assert text.endswith("\n\n") and "[DONE]" not in text  # (OpenAI's responses stream ends at its last event)
+    return out
+
+
+def _same_output(a: list, b: list) -> None:
+    """Two responses' output items equal but for their ids (made anew each response; the SDK's
+    parsed text and arguments, None, aside)."""
+    def drop(item: dict) -> dict:
+        return {k: [{n: w for n, w in p.items() if n != "parsed"} for p in v] if k == "content" else v
+                for k, v in item.items() if k not in ("id", "call_id", "parsed_arguments")}
+
+    assert [drop(x) for x in a] == [drop(x) for x in b]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "top_p": 0.9, "seed": 7}], ids=["greedy", "sampled"])
+def test_a_response_is_the_chat_answer_whole_and_streamed(hermes, sampling):
+    """``instructions`` and ``input`` are the chat's system and user messages: a response's text
+    is the chat completion's for the same messages, sampling and seed (the SDK's output_text),
+    its usage the chat's counts, status completed; streamed, the SDK's events (sequence numbers
+    0, 1, ... with their ``event:`` lines, no [DONE]) join their deltas to the same text, and
+    their response.completed carries the same output. Counted under its own endpoint in /metrics."""
+    c = _client(hermes)
+    counted = 3 if sampling else 0  # (the greedy case's requests, before)
+    extra = {k: v for k, v in sampling.items() if k == "seed"}
+    sampled = {k: v for k, v in sampling.items() if k != "seed"}
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"}, *ASK],
+                                     max_tokens=8, extra_body=extra, **sampled)
+    r = c.responses.create(model="tiny", instructions="be brief", input=ASK[0]["content"], max_output_tokens=8,
+                           extra_body=extra, **sampled)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.output_text == chat.choices[0].message.content and r.output[0].role == "assistant"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    with c.responses.stream(model="tiny", instructions="be brief", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": ASK[0]["content"]}]}], max_output_tokens=8, extra_body=extra,
+            **sampled) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == chat.choices[0].message.content and len(deltas) > 1
+    events = _events(hermes, {"model": "tiny", "instructions": "be brief", "input": ASK, "max_output_tokens": 8,
+                              **sampling})
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(name == d["type"] for name, d in events)
+    assert [n for n, _ in events[:4]] == ["response.created", "response.in_progress", "response.output_item.added",
+                                          "response.content_part.added"]
+    _same_output(events[-1][1]["response"]["output"], r.model_dump(exclude_unset=True)["output"])
+    import urllib.request
+
+    with urllib.request.urlopen(hermes + "/metrics", timeout=30) as m:
+        assert f'specrt_requests_total{{endpoint="responses",status="200"}} {counted + 3}' in m.read().decode()
+
+
+def test_the_output_logprobs_are_the_chats(hermes):
+    """include ["message.output_text.logprobs"] with top_logprobs: the message's output_text
+    carries chat's logprobs entries for the same messages (each token's, its alternatives), whole;
+    streamed, the text deltas' logprobs join to the same entries, each once, and the completed
+    response holds them all. Without the include, none (vLLM's: top_logprobs alone gives none)."""
+    c = _client(hermes)
+    chat = c.chat.completions.create(model="tiny", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=2)
+    want = [e.model_dump() for e in chat.choices[0].logprobs.content]
+    body = {"model": "tiny", "input": ASK, "max_output_tokens": 6, "include": ["message.output_text.logprobs"],
+            "top_logprobs": 2}
+    code, r = _post(hermes, "/v1/responses", body)
+    got = r["output"][0]["content"][0]["logprobs"]
+    assert code == 200 and [{k: e[k] for k in ("token", "logprob", "bytes")} for e in got] == \
+        [{k: e[k] for k in ("token", "logprob", "bytes")} for e in want] and len(got) == 6
+    assert all(len(e["top_logprobs"]) == 2 for e in got)
+    events = _events(hermes, body)
+    streamed = [e for n, d in events if n == "response.output_text.delta" for e in d["logprobs"]]
+    assert streamed == got and events[-1][1]["response"]["output"][0]["content"][0]["logprobs"] == got
+    r = c.responses.create(model="tiny", input=ASK, max_output_tokens=6, top_logprobs=2)
+    assert r.output[0].content[0].logprobs == []
+
+
+def test_max_output_tokens_leaves_a_response_incomplete(guided):
+    """An answer cut by max_output_tokens: status "incomplete", incomplete_details.reason
+    "max_output_tokens", the message's status "incomplete", output_tokens the cap; streamed, the
+    last event is response.incomplete (OpenAI's) with the same response, the message's item
+    done "incomplete"."""
+    url, _ = guided
+    c = _client(url)
+    r = c.responses.create(model="tiny", input="paint it", max_output_tokens=5)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5 and r.usage.total_tokens == r.usage.input_tokens + 5
+    assert r.output[-1].status == "incomplete"
+    events = _events(url, {"model": "tiny", "input": "paint it", "max_output_tokens": 5})
+    name, last = events[-1]
+    assert name == "response.incomplete" and last["response"]["status"] == "incomplete"
+    assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    _same_output(last["response"]["output"], r.model_dump(exclude_unset=True)["output"])
+    assert [d["item"]["status"] for n, d in events if n == "response.output_item.done"] == ["incomplete"]
+
+
+def test_function_calls_go_out_and_their_outputs_come_back_in(hermes):
+    """With flat function tools and --tool-call-parser hermes: the model's <tool_call> block is a
+    function_call item (name, arguments, a call_id), after a message of the text before it, whole
+    and streamed (the arguments' deltas join to them). Sent back as input, that output and a
+    function_call_output reach the template as the chat's assistant tool_calls and tool message:
+    the prompt is the equivalent chat conversation's (its token count) and the answer the same."""
+    c = _client(hermes)
+    r = c.responses.create(model="tiny", input=ASK[0]["content"], tools=FLAT, max_output_tokens=12,
+                           extra_body={"stop": ["done"]})
+    calls = [x for x in r.output if x.type == "function_call"]
+    assert [(x.name, json.loads(x.arguments)) for x in calls] == [("get_weather", {"city": "Paris"})]
+    assert r.output[0].type == "message" and r.output_text.strip() == "Sure." and r.status == "completed"
+    with c.responses.stream(model="tiny", input=ASK[0]["content"], tools=FLAT, max_output_tokens=12,
+                            extra_body={"stop": ["done"]}) as s:
+        args = "".join(e.delta for e in s if e.type == "response.function_call_arguments.delta")
+        final = s.get_final_response()
+    assert args == calls[0].arguments
+    _same_output([x.model_dump(exclude_unset=True) for x in final.output],
+                 [x.model_dump(exclude_unset=True) for x in r.output])
+    back = [{"role": "user", "content": ASK[0]["content"]}, *[x.model_dump(exclude_none=True) for x in r.output],
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}]
+    r2 = c.responses.create(model="tiny", input=back, tools=FLAT, max_output_tokens=4)
+    conv = [*ASK, {"role": "assistant", "content": r.output_text, "tool_calls": [
+        {"id": calls[0].call_id, "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": calls[0].arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].call_id, "content": "sunny"}]
+    chat = c.chat.completions.create(model="tiny", messages=conv, tools=TOOLS, max_tokens=4)
+    code, tok = _post(hermes, "/tokenize", {"messages": conv, "tools": TOOLS})
+    assert code == 200 and r2.usage.input_tokens == tok["count"] == chat.usage.prompt_tokens
+    assert r2.output_text == chat.choices[0].message.content
+    assert tok["count"] > r.usage.input_tokens + 3  # (the call and its output rendered: <tool_response> sunny ...)
+
+
+def test_developer_messages_and_text_parts_render_as_the_chats(guided):
+    """A developer message is rendered as a system one (OpenAI's meaning; a chat template knows
+    no developer role), input_text / output_text parts as chat's text parts joined: the prompt is
+    the chat conversation's, as /tokenize counts it."""
+    url, _ = guided
+    items = [{"role": "developer", "content": "be brief"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "paint"},
+                                                             {"type": "input_text", "text": "it"}]},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "red", "annotations": []}]},
+             {"role": "user", "content": "again"}]
+    conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "paint\nit"},
+            {"role": "assistant", "content": "red"}, {"role": "user", "content": "again"}]
+    code, tok = _post(url, "/tokenize", {"messages": conv})
+    code, r = _post(url, "/v1/responses", {"input": items, "max_output_tokens": 2})
+    assert code == 200 and r["usage"]["input_tokens"] == tok["count"], r
+
+
+def test_text_format_json_schema_holds_the_answer(guided):
+    """text.format json_schema (the Responses API's place for response_format): the answer is JSON
+    of the schema, whole and streamed; json_object an object."""
+    from tests.runtime.test_grammar import SCHEMA
+
+    url, _ = guided
+    c = _client(url)
+    fmt = {"format": {"type": "json_schema", "name": "paint", "schema": SCHEMA, "strict": True}}
+    r = c.responses.create(model="tiny", input="paint it", text=fmt, max_output_tokens=60)
+    obj = json.loads(r.output_text)
+    assert set(obj) == {"color", "ok"} and obj["color"] in ("red", "green", "blue") and r.status == "completed"
+    with c.responses.stream(model="tiny", input="paint it", text=fmt, max_output_tokens=60) as s:
+        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+    assert text == r.output_text
+    r = c.responses.create(model="tiny", input="paint it", text={"format": {"type": "json_object"}},
+                           max_output_tokens=60)
+    assert r.output_text.startswith("{")
+
+
+def test_a_forced_tool_choice_gives_function_call_items(guided):
+    """tool_choice "required" and {type: function, name} take chat's forced path (the answer held to
+    the calls' JSON schema): function_call items, no message; the named one's arguments JSON of its
+    parameters, whole and streamed alike (one arguments delta, the call whole at the end)."""
+    from tests.runtime.test_grammar import SCHEMA
+
+    url, _ = guided
+    c = _client(url)
+    tools = [{"type": "function", "name": "paint", "description": "Paint it", "parameters": SCHEMA},
+             {"type": "function", "name": "stop"}]
+    r = c.responses.create(model="tiny", input="paint it", tools=tools, tool_choice="required",
+                           parallel_tool_calls=False, max_output_tokens=120)
+    assert [x.type for x in r.output] == ["function_call"] and r.output[0].name in ("paint", "stop")
+    assert r.status == "completed" and r.output[0].call_id.startswith("call_")
+    named = {"type": "function", "name": "paint"}
+    r = c.responses.create(model="tiny", input="paint it", tools=tools, tool_choice=named, max_output_tokens=60)
+    assert [(x.type, x.name) for x in r.output] == [("function_call", "paint")]
+    obj = json.loads(r.output[0].arguments)
+    assert set(obj) == {"color", "ok"} and r.tool_choice.name == "paint"
+    with c.responses.stream(model="tiny", input="paint it", tools=tools, tool_choice=named,
+                            max_output_tokens=60) as s:
+        args = [e.delta for e in s if e.type == "response.function_call_arguments.delta"]
+        final = s.get_final_response()
+    assert args == [r.output[0].arguments]
+    _same_output([x.model_dump(exclude_unset=True) for x in final.output],
+                 [x.model_dump(exclude_unset=True) for x in r.output])
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"input": None}, "input", "'input' must be a string or a non-empty list"),
+    ({"input": []}, "input", "'input' must be a string or a non-empty list"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
+     "input[0].content[0]: only text parts"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "stores none"),
+    ({"tools": [{"type": "web_search"}]}, "tools", "only function tools"),
+    ({"tools": TOOLS}, "tools", "the Responses API's tools are flat"),
+    ({"tools": [{**FLAT[0], "parameters": "city"}]}, "tools", "tools[0].parameters: expected a JSON Schema object"),
+    ({"tools": FLAT, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "{'type': 'function', 'name': ...}"),
+    ({"tools": FLAT, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "which 'tools' has not"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be an integer >= 1"),
+    ({"max_output_tokens": 5000}, "max_output_tokens", "length of the input or completion"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "'text.format' must be"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text",
+     "text.format.schema"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"background": True}, "background", "not supported"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools", "'file_search'"),
+    ({"reasoning": {"effort": "high"}}, "reasoning", "--reasoning-parser"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "'include' takes 'message.output_text.logprobs' alone"),
+    ({"top_logprobs": 21}, "top_logprobs", "an integer from 0 to 20"),
+    ({"messages": ASK}, "messages", "Unrecognized request argument supplied: messages"),
+    ({"temperature": -1}, "temperature", "'temperature' must be a number >= 0.0"),
+])
+def test_a_bad_response_request_is_a_400_naming_its_field(guided, body, param, words):
+    """What the route does not do, or a malformed request, is a 400 naming the response request's
+    own field (not the chat request's it maps onto: max_tokens, messages, response_format)."""
+    url, _ = guided
+    code, r = _post(url, "/v1/responses", {"model": "tiny", "input": "paint it", **body})
+    assert code == 400 and r["error"]["param"] == param and words in r["error"]["message"], r
+
+
+def test_the_api_key_guards_the_route(guided):
+    """--api-key: /v1/responses needs it, as every /v1 path."""
+    url, app = guided
+    app.api_key = "k"
+    try:
+        code, r = _post(url, "/v1/responses", {"input": "paint it"})
+        assert code == 401 and r["error"]["code"] == "invalid_api_key"
+        ok = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0).responses.create(
+            input="paint it", model="tiny", max_output_tokens=3)
+        assert ok.usage.output_tokens == 3
+    finally:
+        app.api_key = None
+
+
+def test_the_reasoning_parser_gives_a_reasoning_item(tmp_path):
+    """--reasoning-parser qwen3: the thinking before </think> is a reasoning item (its
+    reasoning_text the chat's ``reasoning``) before the message of the chat's content, whole and
+    streamed (response.reasoning_text.delta joining to it); a reasoning item sent back is the next
+    assistant message's reasoning_content, as the template renders a chat client's."""
+    from tests.cli.test_serve_reasoning import think_server
+
+    with think_server(tmp_path, {0: "</think>", 13: "<think>"}) as (url, app):
+        app.reasoning = "qwen3"
+        c = _client(url)
+        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w8"}], max_tokens=12)
+        m = chat.choices[0].message.model_dump()
+        r = c.responses.create(model="tiny", input="w8", max_output_tokens=12)
+        assert [x.type for x in r.output] == ["reasoning", "message"]
+        assert r.output[0].content[0].text == m["reasoning"] and r.output_text == m["content"]
+        assert r.usage.output_tokens_details.reasoning_tokens > 0
+        events = _events(url, {"model": "tiny", "input": "w8", "max_output_tokens": 12})
+        names = [n for n, _ in events]
+        assert "".join(d["delta"] for n, d in events if n == "response.reasoning_text.delta") == m["reasoning"]
+        assert names.index("response.reasoning_text.done") < names.index("response.output_text.delta")
+        _same_output(events[-1][1]["response"]["output"], r.model_dump(exclude_unset=True)["output"])
+        back = [{"role": "user", "content": "w8"}, *[x.model_dump(exclude_none=True) for x in r.output],
+                {"role": "user", "content": "w1"}]
+        conv = [{"role": "user", "content": "w8"},
+                {"role": "assistant", "content": m["content"], "reasoning_content": m["reasoning"]},
+                {"role": "user", "content": "w1"}]
+        code, tok = _post(url, "/tokenize", {"messages": conv})
+        r2 = c.responses.create(model="tiny", input=back, max_output_tokens=2)
+        assert r2.usage.input_tokens == tok["count"]
+
+
+def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overflowing):  # noqa: F811
+    """An engine's +inf logits after some text (test_text.py's overflowing pair): whole, a 500
+    server_error, as chat's; streamed, the events so far then OpenAI's ``error`` event (type,
+    message, code, param, its sequence_number), the stream's end, not a chat error chunk or
+    [DONE]; the server goes on."""
+    eng, prompts = overflowing
+    with _in_process(eng, "off") as (app, httpd, url, logs):
+        body = {"model": "tiny", "input": prompts[True, True], "max_output_tokens": 20}
+        code, r = _post(url, "/v1/responses", body)
+        assert code == 500 and r["error"]["type"] == "server_error" and "+inf logits" in r["error"]["message"], r
+        events = _events(url, body)
+        name, last = events[-1]
+        assert name == "error" and last["type"] == "error" and "+inf logits" in last["message"], events[-2:]
+        assert last["sequence_number"] == len(events) - 1 and last["code"] is None and last["param"] is None
+        assert "response.output_text.delta" in [n for n, _ in events]  # (failed mid-answer)
+        code, r = _post(url, "/v1/responses", {"input": prompts[True, True], "max_output_tokens": 1})
+        assert code == 200 and r["usage"]["output_tokens"] == 1
