@@ -335,7 +335,41 @@ def load_torch_target(folder: Path, exp: dict[str, Any]):
     if int(model.config.num_hidden_layers) != int(exp["target"]["num_layers"]):
         raise UserError(f"{folder}: {model.config.num_hidden_layers} layers, but the export has "
                         f"{exp['target']['num_layers']}: not the checkpoint these engines were exported from")
+    _merge_lora(model, folder, exp)
     return model
+
+
+def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
+    """The LoRA adapter the export merged (its binding receipt's target.lora) merged into the
+    torch reference too, as export merged it (lora.py; W + scale * B @ A): without it the
+    reference was the base model, and every comparison of a fine-tuned export failed."""
+    want = exp.get("binding_receipt", {}).get("target", {}).get("lora")
+    if not want:
+        return
+    import torch
+
+    from specrt.export.binding import bind_target
+    from specrt.export.lora import bind_lora
+
+    try:
+        target = bind_target(folder)
+        lora = bind_lora(Path(want["folder"]), target)
+    except UserError as e:
+        raise UserError(f"{want['folder']}: the LoRA adapter the export merged cannot be merged into the torch "
+                        f"reference ({e})") from None
+    if lora.to_json() != want:
+        raise UserError(f"{want['folder']}: not the LoRA adapter the export merged (it differs from the binding "
+                        "receipt's target.lora: changed since the export?)")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for slot in lora.modules:
+            name = target.slots[slot].entry.name
+            if name not in params:
+                raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
+                                "changes), so the torch reference cannot merge it")
+            params[name].add_(torch.from_numpy(lora.delta(slot)))
+    lora.reader.close()
+    target.reader.close()
 
 
 # ---- inputs -----------------------------------------------------------------------------

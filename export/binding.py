@@ -82,7 +82,7 @@ class Bound:
         if slot not in self.slots:
             raise KeyError(slot)
         e = self.slots[slot].entry
-        a = self.reader.array(e)
+        a = self._array(slot, e)
         if a.dtype.kind == "f":
             bad, nan, big = _scan_values(a, self.export_dtype == "float16")
             if bad:  # (an export took them, and its engines made NaN logits)
@@ -92,6 +92,9 @@ class Bound:
                 raise UserError(f"{e.file}: tensor '{e.name}' (slot '{slot}') holds {big:.4g}, past float16's range "
                                 "(65504); export it in float32 or bfloat16")
         return a
+
+    def _array(self, slot: str, e: TensorEntry) -> np.ndarray:
+        return self.reader.array(e)
 
     def sha(self, slot: str) -> str:
         return self.slots[self.aliases.get(slot, slot)].sha256
@@ -108,6 +111,14 @@ class Bound:
 @dataclass
 class BoundTarget(Bound):
     config: TargetConfig = None  # type: ignore[assignment]
+    # a LoRA adapter merged into its linear weights as each is read (lora.BoundLora; export --lora)
+    lora: Any = None
+
+    def _array(self, slot: str, e: TensorEntry) -> np.ndarray:
+        a = self.reader.array(e)
+        if self.lora is not None and slot in self.lora.modules:
+            a += self.lora.delta(slot)  # W' = W + scale * B @ A, in float32 (lora.py; the reader's copy is ours)
+        return a
 
 
 @dataclass
@@ -489,6 +500,8 @@ def receipt(target: BoundTarget, draft: BoundDraft | None = None) -> dict[str, A
         "format": RECEIPT_FORMAT,
         "target": {"folder": str(Path(target.folder).resolve()), "config": target.config.to_json(), "slots": target.table()},
     }
+    if target.lora is not None:  # the adapter merged into the slots' weights (receipts without one read as before)
+        r["target"]["lora"] = target.lora.to_json()
     if draft is not None:
         # the target tensors the draft's graph reads: its embedding where it has none of its own
         # or runs the target's (its final norm and LM head are its own: norm.weight, lm_head.weight)

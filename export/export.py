@@ -131,25 +131,38 @@ def check_training_receipt(draft_dir: Path) -> None:
 
 def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "float32", force: bool = False,
            allow_pickle: bool = False, log: Callable[[str], None] = lambda s: None, allow_draft_pickle: bool = False,
-           draft_aux_ids: str | None = None, draft_embeddings: str = "own") -> dict[str, Any]:
+           draft_aux_ids: str | None = None, draft_embeddings: str = "own", lora_dir: Path | None = None,
+           allow_lora_pickle: bool = False) -> dict[str, Any]:
     """Export target (and draft) to ``out``; returns the manifest. ``allow_draft_pickle``,
     ``draft_aux_ids`` and ``draft_embeddings``: bind_draft's ``allow_pickle``, ``aux_ids_count``
-    and ``embeddings`` (the receipt records which embedding the draft graph runs)."""
+    and ``embeddings`` (the receipt records which embedding the draft graph runs). ``lora_dir``:
+    a PEFT LoRA adapter merged into the target's weights (lora.py; ``allow_lora_pickle``: its
+    adapter_model.bin), recorded in the receipt's target.lora."""
     from specrt.export import graphs
 
     # (Path('') is the working folder)
-    check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out, optional=("draft_dir",))
+    check_path_args("a folder", target_dir=target_dir, draft_dir=draft_dir, out=out, lora_dir=lora_dir,
+                    optional=("draft_dir", "lora_dir"))
     dtype = export_dtype(dtype)
     t0 = time.perf_counter()
-    check_output(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json")  # before binding
+    inputs = (target_dir, draft_dir, lora_dir)
+    check_output(Path(out), force=force, inputs=inputs, marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
+    if lora_dir is not None:  # (bound whole, before anything is written: a refusal leaves no folder)
+        from specrt.export.lora import base_note, bind_lora, fan_in_fan_out_note
+
+        target.lora = bind_lora(lora_dir, target, allow_lora_pickle)
+        for note in (base_note(target.lora, Path(target_dir)), fan_in_fan_out_note(target.lora)):
+            if note is not None:
+                log(note)
     text = _check_tokenizer_files(Path(target_dir), target.config.decoder.vocab_size, log)
     draft: BoundDraft | None = bind_draft(draft_dir, target, allow_draft_pickle, draft_aux_ids, draft_embeddings) \
         if draft_dir is not None else None
     tc = target.config.decoder
     aux = draft.aux_layer_ids if draft is not None else default_aux_layer_ids(tc.num_layers)
     rec = receipt(target, draft)
-    log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else ""))
+    log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else "")
+        + (f"; merging a LoRA adapter into {len(target.lora.modules)} of them" if target.lora is not None else ""))
     if (note := eos_note(Path(target_dir), target.config.eos_token_ids, text)) is not None:  # (its Text read once)
         log(note)
     for note in config_notes(draft) if draft is not None else ():
@@ -165,12 +178,14 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     for bound in (target, draft):
         if bound is not None:
             bound.export_dtype = dtype
-    with atomic_folder(Path(out), force=force, inputs=(target_dir, draft_dir), marker="export.json") as tmp:
+    with atomic_folder(Path(out), force=force, inputs=inputs, marker="export.json") as tmp:
         model = graphs.build_target_graph(tc, target.get, aux, dtype=dtype)
         # The graph now owns copies of the weights: drop the checkpoint's mappings before
         # serialising (peak RSS 2.1x instead of 2.55x the fp32 weights on SmolLM2; since the
         # reader unmaps each tensor's pages once read, TensorReader.release, 1.49x with the draft).
         target.reader.close()
+        if target.lora is not None:
+            target.lora.reader.close()
         io = C.target_io(tc.num_layers, tc.num_kv_heads, tc.head_dim, tc.vocab_size, tc.hidden_size, dtype,
                          num_aux=len(aux))
         target_files = _save(model, tmp, "target")

@@ -105,6 +105,18 @@ def draft_verifier(export: dict) -> str | None:
     return export["binding_receipt"]["draft"]["config"].get("verifier_name")
 
 
+def lora_cause(export: dict) -> str | None:
+    """Why acceptance may fall with no weight mis-bound: the target merges a LoRA adapter
+    (`specrt export --lora`) that the draft, trained on the base model, never saw (None: it
+    merges none). Decoding stays lossless; only acceptance drops."""
+    lora = export["binding_receipt"]["target"].get("lora")
+    if not lora:
+        return None
+    return (f"the target merges the LoRA adapter {lora['folder']} (export --lora), which the draft's training did not "
+            "see: a draft trained on the base model accepts less on the fine-tuned one (the output is the target's "
+            "either way); train the draft on the merged target to win it back")
+
+
 def low_note(measured: float, verifier: str | None = None) -> str:
     """What a low depth-1 acceptance with no training receipt means and what to check;
     ``verifier``: the model the draft names as the one it was trained against."""
@@ -171,10 +183,12 @@ def run_canary(engines, max_new_tokens: int = 48, prompts=PROMPTS) -> dict:
     if inconclusive:
         note = inconclusive_note(drafted, engines.max_context, cramped)
     elif expected is not None:
-        note = None
+        note = None if trusted else lora_cause(exp)
     else:
         note = "no training receipt: nothing to compare with" + (
             f"; {low_note(measured, draft_verifier(exp))}" if low else "")
+        if low and lora_cause(exp):
+            note += f"; or {lora_cause(exp)}"
     rec = exp["binding_receipt"]
     result = {
         "format": "specrt-acceptance-receipt/1",

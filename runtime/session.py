@@ -403,9 +403,13 @@ class Session:
         """A loud warning when the acceptance canary found the draft far below its training accuracy."""
         a = self.acceptance
         if a is not None and not a.get("trusted", True):
+            from specrt.runtime.canary import lora_cause
+
+            lora = lora_cause(self.engines.export)
             return (f"UNTRUSTED DRAFT: measured depth-1 acceptance {a['measured_depth1']:.2f} is far below the "
                     f"training receipt's {a['training_depth1']:.2f} (binding receipt {a['binding_receipt_id'][:12]}): "
-                    "a weight is probably bound to the wrong slot")
+                    + (f"{lora}; else a weight is bound to the wrong slot" if lora else
+                       "a weight is probably bound to the wrong slot"))
         return None
 
     @property

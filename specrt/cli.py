@@ -333,15 +333,24 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
+@click.option("--lora", "lora", type=existing_folder(),
+              help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) to merge into the "
+                   "target's weights (W + scale * B @ A); the receipt records it.")
+@click.option("--allow-lora-pickle", is_flag=True, help="Read the adapter's adapter_model.bin pickle (unpickling can "
+                                                          "run code).")
 def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool,
-           allow_draft_pickle: bool, draft_aux_ids: str | None, draft_embeddings: str) -> None:
+           allow_draft_pickle: bool, draft_aux_ids: str | None, draft_embeddings: str, lora: Path | None,
+           allow_lora_pickle: bool) -> None:
     """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
     _check_draft_options(draft)
+    if allow_lora_pickle and lora is None:  # (ignored otherwise, as a draft option without --draft)
+        raise UserError("--allow-lora-pickle: applies to a LoRA adapter, and no --lora was given")
     from specrt.export.export import export as run_export
 
     run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,
                log=lambda s: click.echo(s, err=True), allow_draft_pickle=allow_draft_pickle,
-               draft_aux_ids=draft_aux_ids, draft_embeddings=draft_embeddings)
+               draft_aux_ids=draft_aux_ids, draft_embeddings=draft_embeddings, lora_dir=lora,
+               allow_lora_pickle=allow_lora_pickle)
 
 
 def _depths(ctx, param, value):
@@ -428,23 +437,26 @@ def _canary(engines_dir: Path, verify: bool = True) -> None:
     files just now) skips re-hashing them: `specrt canary` vouched for a graph swapped in
     from another build, which run then refused."""
     from specrt.engines.engine_set import load_engines
-    from specrt.runtime.canary import draft_verifier, low_note, run_canary
+    from specrt.runtime.canary import draft_verifier, lora_cause, low_note, run_canary
 
     with load_engines(engines_dir, verify=verify) as engines:
         r = run_canary(engines)
         verifier = draft_verifier(engines.export)  # (its callers run it on engines with a draft: _has_draft)
+        lora = lora_cause(engines.export)  # (a fine-tuned target lowers acceptance: said before a mis-bound weight)
     line = (f"acceptance canary: depth-1 acceptance {r['measured_depth1']:.2f} over {r['drafts']} drafts"
             + (f", training receipt {r['training_depth1']:.2f} ({r['training_source']})" if r["training_depth1"] is not None
                else " (no training receipt to compare with)"))
     if r.get("inconclusive"):
         click.secho(f"acceptance canary: {r['note']}", fg="yellow", err=True)
     elif r["trusted"] and r.get("low_without_receipt"):
-        click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'], verifier)}", fg="yellow", err=True)
+        click.secho(f"{line}\nWARNING: {low_note(r['measured_depth1'], verifier)}" + (f"; or {lora}" if lora else ""),
+                    fg="yellow", err=True)
     elif r["trusted"]:
         click.echo(line, err=True)
     else:
-        click.secho(f"{line}\nUNTRUSTED: measured acceptance is far below the training receipt; a weight is probably "
-                    f"bound to the wrong slot (binding receipt {r['binding_receipt_id'][:12]}). "
+        why = f"{lora}; else a weight is bound" if lora else "a weight is probably bound"
+        click.secho(f"{line}\nUNTRUSTED: measured acceptance is far below the training receipt; {why} to the wrong "
+                    f"slot (binding receipt {r['binding_receipt_id'][:12]}). "
                     f"{engines_dir}/acceptance_receipt.json records it and `specrt run` will warn.", fg="red", err=True)
 
 

@@ -1573,6 +1573,11 @@ def run_bench(engines_dir: Path, prompts_file: Path, out: Path, *, chat: bool = 
                                  "speculation (off) is the sampled baseline")
                 continue
             reason = lib.peer_unavailable(peer, hf_folder)
+            if reason is None and receipt_target.get("lora") and peer != "llamacpp-gguf" \
+                    and not (peer in LLAMACPP_PEERS and llamacpp_gguf):
+                # (it decodes the checkpoint folder: the base model, not the export's merge)
+                reason = (f"the export merges a LoRA adapter ({receipt_target['lora']['folder']}, export --lora); "
+                          f"this peer would decode the base model in {hf_folder}, not the merged one")
             spin = peer_spin
             if interleaved and spin and (peer in ("hf", "hf-lookup") or peer in LLAMACPP_PEERS):
                 # OMP_WAIT_POLICY=ACTIVE would keep an idle worker's threads spinning while the
@@ -1880,8 +1885,12 @@ def _other_target(ve, engines) -> str | None:
     same token ids for the same text, so outputs compare), or None: their binding receipts'
     target weights (per slot) and their tokenizer files' hashes."""
     def weights(e):
-        slots = ((e.export.get("binding_receipt") or {}).get("target") or {}).get("slots") or {}
-        return {s: r.get("sha256") for s, r in slots.items()}
+        target = (e.export.get("binding_receipt") or {}).get("target") or {}
+        slots = target.get("slots") or {}
+        w = {s: r.get("sha256") for s, r in slots.items()}
+        if target.get("lora"):  # (and the LoRA adapter merged into them: one base with two adapters is two targets)
+            w["lora"] = target["lora"]
+        return w
 
     def tokenizer(e):
         return sorted((r["file"], r["sha256"]) for r in e.export.get("tokenizer") or [])

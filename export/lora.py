@@ -1,0 +1,322 @@
+"""A PEFT LoRA adapter merged into the target's weights at export (``specrt export --lora``).
+
+The adapter folder is what PEFT's ``save_pretrained`` writes: ``adapter_config.json`` and
+``adapter_model.safetensors`` (``adapter_model.bin``, a pickle, only with
+``--allow-lora-pickle``). Each merged linear weight becomes
+
+    W' = W + scale * B @ A        A: lora_A [r, in], B: lora_B [out, r], W: [out, in]
+    scale = alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's LoraLayer.update_layer)
+
+with r and alpha per module from rank_pattern / alpha_pattern where one of their keys matches
+the module's name (PEFT's get_pattern_key: the first key K, in the file's order, for which
+``(.*\\.)?(K)$`` matches the module's full name, e.g. ``model.layers.3.mlp.down_proj``).
+
+Binding is as the checkpoint's (binding.py): exact names only. The tensors of the module
+whose weight the target binds as ``model.layers.3.self_attn.q_proj.weight`` must be named
+``base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`` and ``.lora_B.weight``
+(PEFT's names: its PeftModel's prefix, the adapter's name taken out); every tensor of the
+adapter must bind so, or the export stops naming it. Only the decoder layers' linear weights
+(q, k, v, o, gate, up, down) take an adapter: what changes the model any other way (DoRA,
+trained biases, modules_to_save, trainable tokens, an embedding or LM-head LoRA, an
+initialisation that rewrote the base weights, PEFT's other LoRA variants) is refused,
+naming the field or the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specrt.errors import UserError
+from specrt.export.checkpoint import TensorReader, _scan_pickle, read_safetensors_index
+from specrt.export.slots import FLOAT
+from specrt.manifest import sha256_file
+from specrt.paths import check_path_args, read_json_object
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_PICKLE = "adapter_model.bin"
+PREFIX = "base_model.model."  # PeftModel's prefix before the base model's own module names
+# the target slots an adapter may change: the decoder layers' linear weights (slots.py)
+LINEAR_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")
+
+# init_lora_weights whose initialisation leaves the base weights as they were (PEFT's
+# LoraLayer.update_layer): pissa*, corda*, astra*, olora, mica, loftq, lora_ga and nora rewrite
+# (or read) them, so the adapter is trained against a residual base, not base_model_name_or_path's
+UNTOUCHED_INITS = (True, False, "gaussian", "eva", "orthogonal")
+
+# fields of adapter_config.json that change nothing merged here: dropout is off at inference; which
+# modules got an adapter (target_modules, exclude_modules) is what the tensors hold; the others
+# are bookkeeping or the settings of an initialisation (init_lora_weights is checked)
+IGNORED = ("task_type", "inference_mode", "revision", "auto_mapping", "peft_version", "lora_dropout",
+           "target_modules", "exclude_modules", "megatron_core", "qalora_group_size", "loftq_config", "eva_config",
+           "corda_config", "astra_config", "lora_ga_config", "runtime_config", "ensure_weight_tying")
+
+# fields that must hold their default (None, false, empty): what each one would change
+OFF = {
+    "use_dora": "DoRA (a magnitude vector rescales each merged weight's columns)",
+    "lora_bias": "a bias on lora_B",
+    "use_qalora": "QALoRA (the adapter reads pooled inputs)",
+    "alora_invocation_tokens": "activated LoRA (applied only after its invocation tokens: no merge can run it)",
+    "velora_config": "VeLoRA", "monteclora_config": "MonteCLoRA", "arrow_config": "Arrow routing",
+    "kasa_config": "KaSA", "use_bdlora": "block-diagonal LoRA",
+    "layer_replication": "layer replication (a model of other layers than the target's)",
+    "target_parameters": "LoRA on parameters rather than linear modules",
+    "modules_to_save": "full copies of modules trained beside the adapter",
+    "trainable_token_indices": "trainable token embeddings",
+    "megatron_config": "Megatron's parallel layers",
+}
+TAKEN = ("peft_type", "r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern", "fan_in_fan_out", "bias",
+         "base_model_name_or_path", "layers_to_transform", "layers_pattern", "init_lora_weights")
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """One merged module: its A [rank, in] and B [out, rank] and scale (W' = W + scale * B @ A)."""
+
+    slot: str
+    a: Any  # BoundTensor
+    b: Any
+    rank: int
+    alpha: float
+    scale: float
+
+
+@dataclass
+class BoundLora:
+    """An adapter bound to a target's slots; ``delta(slot)`` is scale * B @ A in float32."""
+
+    folder: Path
+    config: dict[str, Any]
+    modules: dict[str, LoraModule]
+    reader: TensorReader
+    config_sha256: str = ""
+
+    def delta(self, slot: str) -> np.ndarray:
+        from specrt.export.binding import _scan_values
+
+        m = self.modules[slot]
+        ab = []
+        for t in (m.a, m.b):
+            x = self.reader.array(t.entry)
+            bad, nan, _ = _scan_values(x, False)
+            if bad:
+                raise UserError(f"{t.entry.file}: tensor '{t.entry.name}' holds {bad} non-finite value(s) "
+                                f"({'NaN' if nan else 'inf'}); an adapter's weights must be finite")
+            ab.append(x)
+        a, b = ab
+        d = b @ a  # [out, r] @ [r, in]; scaled after the product, as PEFT's get_delta_weight does
+        d *= np.float32(m.scale)
+        return d
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "folder": str(Path(self.folder).resolve()),
+            "config": {"file": ADAPTER_CONFIG, "sha256": self.config_sha256},
+            "base_model_name_or_path": c.get("base_model_name_or_path"),
+            "r": c["r"], "lora_alpha": c["lora_alpha"], "use_rslora": bool(c.get("use_rslora")),
+            "rank_pattern": c.get("rank_pattern") or {}, "alpha_pattern": c.get("alpha_pattern") or {},
+            "modules": {s: {"rank": m.rank, "alpha": m.alpha, "scale": m.scale,
+                            "lora_A": m.a.to_json(self.folder), "lora_B": m.b.to_json(self.folder)}
+                        for s, m in self.modules.items()},
+        }
+
+
+def _number(v: Any, positive_int: bool = False) -> bool:
+    if isinstance(v, bool):
+        return False
+    if positive_int:
+        return isinstance(v, int) and v > 0
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    """adapter_config.json, every field checked: what it takes, what it ignores, what it
+    refuses (a UserError naming the file and the field)."""
+    path = folder / ADAPTER_CONFIG
+    if not path.is_file():
+        raise UserError(f"{path}: not found (expected a PEFT LoRA adapter folder: {ADAPTER_CONFIG} and "
+                        f"{ADAPTER_WEIGHTS}, as PEFT's save_pretrained writes them)")
+    c = read_json_object(path)
+    where = lambda k: f"{path}: '{k}'"  # noqa: E731
+    if c.get("peft_type") != "LORA":
+        raise UserError(f"{where('peft_type')} is {c.get('peft_type')!r}; expected \"LORA\" (only LoRA adapters merge)")
+    for k in ("r", "lora_alpha"):
+        if k not in c:
+            raise UserError(f"{where(k)} is missing; expected it as PEFT writes it")
+    if not _number(c["r"], positive_int=True):
+        raise UserError(f"{where('r')} is {c['r']!r}; expected a positive integer (the adapter's rank)")
+    if not _number(c["lora_alpha"]):
+        raise UserError(f"{where('lora_alpha')} is {c['lora_alpha']!r}; expected a number")
+    for k, positive in (("rank_pattern", True), ("alpha_pattern", False)):
+        p = c.get(k) or {}
+        if not isinstance(p, dict):
+            raise UserError(f"{where(k)} is {p!r:.60}; expected an object of module patterns to numbers")
+        for key, v in p.items():
+            if not _number(v, positive_int=positive):
+                raise UserError(f"{where(k)}['{key}'] is {v!r}; expected "
+                                f"{'a positive integer' if positive else 'a number'}")
+            try:
+                re.compile(key)
+            except re.error as e:
+                raise UserError(f"{where(k)}: key '{key}' is not a regular expression PEFT can match ({e})") from None
+    for k in ("use_rslora", "fan_in_fan_out"):
+        if c.get(k) not in (None, True, False):
+            raise UserError(f"{where(k)} is {c[k]!r}; expected true or false")
+    if c.get("bias", "none") != "none":
+        raise UserError(f"{where('bias')} is {c['bias']!r}; expected \"none\" (an adapter that trained the biases "
+                        "(\"all\", \"lora_only\") changes tensors a merge of B @ A does not carry)")
+    init = c.get("init_lora_weights", True)
+    if not any(init is u or (isinstance(u, str) and init == u) for u in UNTOUCHED_INITS):
+        raise UserError(f"{where('init_lora_weights')} is {init!r}: such an initialisation rewrites the base weights "
+                        "(PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA, ...), so the adapter was trained against a residual "
+                        "model, not its base; save it with PEFT's save_pretrained(..., "
+                        "path_initial_model_for_weight_conversion=...) to make a plain LoRA of the base (expected "
+                        f"one of {', '.join(str(u).lower() if isinstance(u, bool) else u for u in UNTOUCHED_INITS)})")
+    for k, what in OFF.items():
+        if c.get(k) not in (None, False, [], {}):
+            raise UserError(f"{where(k)} is {c[k]!r:.60}: {what}, which `specrt export --lora` does not merge; "
+                            f"expected it unset (null or false), a plain LoRA of the decoder layers' linear weights")
+    unknown = [k for k in c if k not in (*TAKEN, *IGNORED, *OFF) and c[k] not in (None, False, [], {})]
+    if unknown:
+        raise UserError(f"{where(unknown[0])} is {c[unknown[0]]!r:.60}: a field specrt does not know (from a newer "
+                        "PEFT?), which may change what the adapter computes; expected it unset")
+    lt = c.get("layers_to_transform")
+    index = lambda i: isinstance(i, int) and not isinstance(i, bool) and i >= 0  # noqa: E731
+    if lt is not None and not (index(lt) or (isinstance(lt, list) and all(index(i) for i in lt))):
+        raise UserError(f"{where('layers_to_transform')} is {lt!r:.60}; expected a layer index or a list of them")
+    lp = c.get("layers_pattern")
+    if lp not in (None, [], "layers") and not (isinstance(lp, list) and "layers" in lp):
+        raise UserError(f"{where('layers_pattern')} is {lp!r:.60}: the target's decoder layers are "
+                        "'model.layers.<i>', which it does not name; expected null or \"layers\"")
+    return c
+
+
+def _pattern(patterns: dict, module: str) -> str | None:
+    """The key of ``patterns`` PEFT's get_pattern_key takes for ``module`` (None: none matches)."""
+    return next((k for k in patterns if re.match(rf"(.*\.)?({k})$", module)), None)
+
+
+def _classify(key: str) -> str:
+    """Why an adapter tensor that binds to no slot is not taken (the error's words)."""
+    if "lora_magnitude_vector" in key:
+        return "DoRA's magnitude vector (use_dora)"
+    if "lora_embedding_" in key or ".embed_tokens." in key:
+        return "a LoRA on the embeddings, which export does not merge"
+    if ".lm_head." in key:
+        return "a LoRA on the LM head, which export does not merge"
+    if "modules_to_save" in key or "trainable_tokens" in key or "token_adapter" in key:
+        return "a module trained in full beside the adapter (modules_to_save, trainable tokens)"
+    if key.endswith(".bias"):
+        return "a trained bias (bias, lora_bias), which export does not merge"
+    return ("it fills no target slot: expected 'base_model.model.<the target's tensor name without .weight>"
+            ".lora_A.weight' or '.lora_B.weight' for a decoder layer's q/k/v/o/gate/up/down projection")
+
+
+def _weights(folder: Path, allow_pickle: bool) -> dict:
+    st, pk = folder / ADAPTER_WEIGHTS, folder / ADAPTER_PICKLE
+    if st.is_file():
+        return read_safetensors_index(st)
+    if pk.is_file():
+        if not allow_pickle:
+            raise UserError(f"{folder}: only pickle weights ({ADAPTER_PICKLE}) found; they are not read unless you "
+                            "pass --allow-lora-pickle (unpickling can execute code). Convert to safetensors if you can.")
+        return _scan_pickle(folder, pk, "--allow-lora-pickle")
+    raise UserError(f"{folder}: no {ADAPTER_WEIGHTS} (or {ADAPTER_PICKLE}) found beside {ADAPTER_CONFIG}")
+
+
+def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLora:
+    """The adapter at ``folder`` bound to ``target``'s (a BoundTarget) linear slots, checked whole:
+    every tensor binds by its exact name, in pairs, of the shapes the rank and the weight imply."""
+    from specrt.export.binding import BoundTensor
+
+    check_path_args("a folder", lora=folder)
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a LoRA adapter folder (not a directory)")
+    c = read_adapter_config(folder)
+    entries = _weights(folder, allow_pickle)
+    lt = c.get("layers_to_transform")
+    layers = None if lt is None else {lt} if isinstance(lt, int) else set(lt)
+    rank_p, alpha_p = c.get("rank_pattern") or {}, c.get("alpha_pattern") or {}
+    reader, modules, used = TensorReader(), {}, set()
+    for slot, bound in target.slots.items():
+        if slot.split(".")[-1] not in LINEAR_SLOTS or not bound.entry.name.endswith(".weight"):
+            continue
+        module = bound.entry.name[: -len(".weight")]
+        names = {ab: f"{PREFIX}{module}.lora_{ab}.weight" for ab in "AB"}
+        have = {ab: entries[n] for ab, n in names.items() if n in entries}
+        if not have:
+            continue
+        if len(have) == 1:
+            (ab, e), = have.items()
+            other = "B" if ab == "A" else "A"
+            raise UserError(f"{e.file}: tensor '{e.name}' has no '{names[other]}' beside it; expected both halves of "
+                            "each module's adapter")
+        i = int(slot.split(".")[1])
+        if layers is not None and i not in layers:
+            raise UserError(f"{have['A'].file}: tensor '{have['A'].name}' adapts layer {i}, which "
+                            f"{folder / ADAPTER_CONFIG}'s layers_to_transform {lt} leaves out (PEFT would not load it)")
+        rk, ak = _pattern(rank_p, module), _pattern(alpha_p, module)
+        r = rank_p[rk] if rk is not None else c["r"]
+        alpha = alpha_p[ak] if ak is not None else c["lora_alpha"]
+        out, inp = bound.entry.shape
+        said = f"rank_pattern['{rk}'] {r}" if rk is not None else f"r {r}"
+        for ab, want in (("A", (r, inp)), ("B", (out, r))):
+            e = have[ab]
+            if e.dtype not in FLOAT:
+                raise UserError(f"{e.file}: tensor '{e.name}' has dtype {e.dtype}, expected one of "
+                                f"{', '.join(FLOAT)}")
+            if tuple(e.shape) != want:
+                raise UserError(f"{e.file}: tensor '{e.name}' has shape {list(e.shape)}; expected {list(want)} "
+                                f"({folder / ADAPTER_CONFIG}'s {said}, and the target's '{bound.entry.name}' of "
+                                f"shape {list(bound.entry.shape)}: an adapter for another model?)")
+        scale = alpha / math.sqrt(r) if c.get("use_rslora") else alpha / r
+        a, b = (BoundTensor(slot, have[ab], reader.sha256(have[ab])) for ab in "AB")
+        modules[slot] = LoraModule(slot, a, b, r, alpha, scale)
+        used.update(names.values())
+    leftovers = sorted(set(entries) - used)
+    if leftovers:
+        k = leftovers[0]
+        more = f" ({len(leftovers) - 1} more tensors bind to no slot)" if len(leftovers) > 1 else ""
+        raise UserError(f"{entries[k].file}: adapter tensor '{k}' is not taken: {_classify(k)}{more}")
+    if not modules:
+        raise UserError(f"{folder}: the adapter holds no tensors")
+    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG))
+
+
+def fan_in_fan_out_note(lora: BoundLora) -> str | None:
+    """fan_in_fan_out true is for weights stored [in, out] (GPT-2's Conv1D); the targets specrt
+    takes are transformers' nn.Linear, for which PEFT sets it false (with a warning) and merges
+    B @ A untransposed, as here."""
+    if lora.config.get("fan_in_fan_out"):
+        return (f"note: {lora.folder / ADAPTER_CONFIG}: fan_in_fan_out is true, which is for weights stored "
+                "[in, out] (GPT-2's Conv1D); the target's projections are nn.Linear [out, in], for which PEFT sets "
+                "it false and merges B @ A as it is, as export does")
+    return None
+
+
+def base_note(lora: BoundLora, target_folder: Path) -> str | None:
+    """A warning where base_model_name_or_path does not name the target: a hub id's model name
+    (or a path's last folder) that is no folder name of the target's path nor of its Hugging Face
+    cache form (models--ORG--NAME). A warning, not an error: the name cannot be checked against
+    the weights (a local copy, a snapshot folder named by its hash, a renamed folder all name the
+    same base), and an adapter for a model of another shape is refused by its tensors' shapes."""
+    base = lora.config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base.strip():
+        return None
+    parts = [p.lower() for p in Path(target_folder).resolve().parts]
+    b = base.strip().rstrip("/")
+    name = b.split("/")[-1].lower()
+    hub = "models--" + b.replace("/", "--").lower()
+    if name in parts or hub in parts or Path(b).expanduser().resolve() == Path(target_folder).resolve():
+        return None
+    return (f"warning: {lora.folder / ADAPTER_CONFIG}: base_model_name_or_path is {base!r}, which does not name the "
+            f"target {target_folder}: an adapter trained on another base model (of the same shapes) merges into a "
+            "model it was not trained for; export it against its own base if this is not a copy of it")

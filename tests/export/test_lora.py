@@ -1,0 +1,369 @@
+"""`specrt export --lora`: a PEFT LoRA adapter merged into the target's weights.
+
+The adapters are PEFT's own (get_peft_model on the tiny transformers targets, lora_B made
+random and non-zero so that the merge matters, save_pretrained); the reference is PEFT's
+merge_and_unload model in torch. Session 77's task (h77e): none of this existed before.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specrt import contracts as C
+from specrt.cli import main
+from specrt.manifest import load_export
+from tests.fixtures_models import load_hf, write_tiny_draft, write_tiny_target
+
+from .test_graph_parity import KV, TOL, maxerr, run, session
+
+pytest.importorskip("peft")
+
+IDS = np.random.default_rng(7).integers(0, 1000, (1, 9))
+MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def write_adapter(target: Path, out: Path, seed: int = 3, **lora) -> tuple[Path, np.ndarray]:
+    """PEFT's adapter of ``target`` (LoraConfig ``lora``, lora_B random) saved at ``out``, and the
+    logits of its merge_and_unload model over IDS."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_hf(target), LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": MODULES, **lora}))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:  # (B starts at zeros: the merge would change nothing)
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(out)
+    with torch.no_grad():
+        logits = model.merge_and_unload()(torch.tensor(IDS)).logits.numpy()
+    return out, logits
+
+
+def onnx_logits(export_dir: Path) -> np.ndarray:
+    """The exported target graph's logits over IDS (ONNX Runtime, one prefill)."""
+    m = json.loads((export_dir / "export.json").read_text())["target"]
+    kv = KV(m["num_layers"], m["num_kv_heads"], m["head_dim"])
+    s = session(export_dir / "target.onnx")
+    return run(s, {C.INPUT_IDS: IDS, C.POSITION_IDS: np.arange(IDS.shape[1])[None], **kv.feed()})[C.LOGITS]
+
+
+def export_cli(*args) -> object:
+    return CliRunner().invoke(main, ["export", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora_targets")
+    return {"llama": write_tiny_target(root / "llama", "llama", seed=1),
+            "qwen3": write_tiny_target(root / "qwen3", "qwen3", seed=2)}
+
+
+@pytest.fixture(scope="module")
+def adapter(targets, tmp_path_factory) -> Path:
+    """A plain adapter of the Llama target, copied by the refusal tests to be spoilt."""
+    return write_adapter(targets["llama"], tmp_path_factory.mktemp("lora") / "a")[0]
+
+
+CASES = {
+    "llama": ("llama", {}),
+    "qwen3": ("qwen3", {}),
+    "qwen3_rslora": ("qwen3", {"use_rslora": True, "r": 8, "lora_alpha": 4}),
+    # per-module ranks and alphas, their keys regular expressions matched on the module's full name
+    "llama_patterns": ("llama", {"rank_pattern": {"down_proj": 2, r"layers\.[13]\.self_attn\.q_proj": 6},
+                                 "alpha_pattern": {"layers.2.mlp.up_proj": 3, "v_proj": 32}}),
+    "llama_rslora_patterns": ("llama", {"use_rslora": True, "rank_pattern": {"o_proj": 2}, "alpha_pattern": {"k_proj": 1}}),
+    "llama_some_modules": ("llama", {"target_modules": ["q_proj", "v_proj"], "layers_to_transform": [1, 3]}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_merged_export_equals_peft_merge_and_unload(targets, tmp_path, case):
+    """The exported target's logits (ONNX Runtime) equal PEFT's merge_and_unload model's (torch)
+    within the export tests' tolerance, and differ from the base's: W + scale * B @ A with
+    scale alpha / r (alpha / sqrt(r) with use_rslora), rank_pattern / alpha_pattern per module."""
+    name, lora = CASES[case]
+    a, ref = write_adapter(targets[name], tmp_path / "a", **lora)
+    r = export_cli(targets[name], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert "merging a LoRA adapter into" in r.output
+    got = onnx_logits(tmp_path / "e")
+    assert maxerr(got, ref) <= TOL, (case, maxerr(got, ref))
+    base = export_cli(targets[name], "-o", tmp_path / "b")
+    assert base.exit_code == 0, base.output
+    assert maxerr(onnx_logits(tmp_path / "b"), got) > 100 * TOL  # (the merge changed the model)
+
+
+def test_fan_in_fan_out_is_false_for_linear_weights(targets, adapter, tmp_path):
+    """fan_in_fan_out true (GPT-2's Conv1D layout) on a target of nn.Linear projections: PEFT sets
+    it false and merges B @ A untransposed; export does the same, and says so."""
+    import torch
+    from peft import PeftModel
+
+    a = shutil.copytree(adapter, tmp_path / "a")
+    cfg = json.loads((a / "adapter_config.json").read_text())
+    (a / "adapter_config.json").write_text(json.dumps({**cfg, "fan_in_fan_out": True}))
+    with pytest.warns(UserWarning, match="fan_in_fan_out is set to True"):
+        model = PeftModel.from_pretrained(load_hf(targets["llama"]), a)
+    with torch.no_grad():
+        ref = model.merge_and_unload()(torch.tensor(IDS)).logits.numpy()
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0 and "fan_in_fan_out is true" in r.output, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
+
+
+def test_receipt_records_the_adapter(targets, adapter, tmp_path):
+    """The binding receipt's target.lora: the folder, adapter_config.json's hash, r, alpha, and
+    each merged module's rank, alpha, scale and its A and B (key, file, shape, dtype, sha256 of
+    the bytes, as the receipt records a slot); the target's slots stay the base's."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    r = export_cli(targets["llama"], "--lora", adapter, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    rec = load_export(tmp_path / "e")["binding_receipt"]
+    lora = rec["target"]["lora"]
+    assert lora["folder"] == str(adapter.resolve()) and lora["r"] == 4 and lora["lora_alpha"] == 8
+    assert lora["config"]["sha256"] == hashlib.sha256((adapter / "adapter_config.json").read_bytes()).hexdigest()
+    assert lora["base_model_name_or_path"] == str(targets["llama"])
+    assert sorted(lora["modules"]) == sorted(f"layers.{i}.{s}" for i in range(4)
+                                             for s in ("q", "k", "v", "o", "gate", "up", "down"))
+    m = lora["modules"]["layers.2.down"]
+    assert (m["rank"], m["alpha"], m["scale"]) == (4, 8, 2.0)
+    key = "base_model.model.model.layers.2.mlp.down_proj.lora_B.weight"
+    assert m["lora_B"]["key"] == key and m["lora_B"]["file"] == "adapter_model.safetensors"
+    assert m["lora_B"]["shape"] == [64, 4] and m["lora_B"]["dtype"] == "F32"
+    with safe_open(str(adapter / "adapter_model.safetensors"), "np") as f:
+        assert m["lora_B"]["sha256"] == hashlib.sha256(f.get_tensor(key).tobytes()).hexdigest()
+    # the base's slots as without an adapter; the receipt (and its id) is another
+    assert export_cli(targets["llama"], "-o", tmp_path / "b").exit_code == 0
+    base = load_export(tmp_path / "b")["binding_receipt"]
+    assert base["target"]["slots"] == rec["target"]["slots"] and "lora" not in base["target"]
+    assert base["receipt_id"] != rec["receipt_id"]
+
+
+def _spoil_config(a: Path, **fields) -> None:
+    cfg = json.loads((a / "adapter_config.json").read_text())
+    (a / "adapter_config.json").write_text(json.dumps({**cfg, **fields}))
+
+
+def _spoil_tensors(a: Path, rename=None, drop=(), add=()) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    t = load_file(str(a / "adapter_model.safetensors"))
+    t.update({k: np.ones(64, np.float32) for k in add})
+    for k in drop:
+        del t[k]
+    for old, new in (rename or {}).items():
+        t[new] = t.pop(old)
+    save_file(t, str(a / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
+REFUSALS = {
+    "peft_type": (dict(peft_type="LOHA"), None, r"adapter_config.json: 'peft_type' is 'LOHA'; expected \"LORA\""),
+    "dora": (dict(use_dora=True), None, r"'use_dora' is True: DoRA"),
+    "bias": (dict(bias="all"), None, r"'bias' is 'all'; expected \"none\""),
+    "lora_bias": (dict(lora_bias=True), None, r"'lora_bias' is True: a bias on lora_B"),
+    "modules_to_save": (dict(modules_to_save=["lm_head"]), None, r"'modules_to_save' is \['lm_head'\]: full copies"),
+    "trainable_tokens": (dict(trainable_token_indices=[1, 2]), None, r"'trainable_token_indices' is \[1, 2\]"),
+    "layers_to_transform": (dict(layers_to_transform=[0, 1]), None,
+                            r"adapts layer 2, which .*layers_to_transform \[0, 1\] leaves out"),
+    "layers_pattern": (dict(layers_pattern="h"), None, r"'layers_pattern' is 'h'"),
+    "pissa": (dict(init_lora_weights="pissa"), None, r"'init_lora_weights' is 'pissa': such an initialisation rewrites"),
+    "alora": (dict(alora_invocation_tokens=[5]), None, r"'alora_invocation_tokens' is \[5\]: activated LoRA"),
+    "unknown_field": (dict(future_variant={"on": True}), None, r"'future_variant' is .*a field specrt does not know"),
+    "rank": (dict(rank_pattern={"q_proj": 2}), None,
+             rf"'{Q0}.lora_A.weight' has shape \[4, 64\]; expected \[2, 64\] .*rank_pattern\['q_proj'\] 2"),
+    "r_not_int": (dict(r="4"), None, r"'r' is '4'; expected a positive integer"),
+    "half": ({}, dict(drop=(f"{Q0}.lora_B.weight",)), rf"'{Q0}.lora_A.weight' has no '{Q0}.lora_B.weight' beside it"),
+    # PEFT's names with the adapter's name left in: no suffix matching takes them
+    "adapter_name_in_key": ({}, dict(rename={f"{Q0}.lora_A.weight": f"{Q0}.lora_A.default.weight",
+                                             f"{Q0}.lora_B.weight": f"{Q0}.lora_B.default.weight"}),
+                            rf"adapter tensor '{Q0}.lora_A.default.weight' is not taken: it fills no target slot"),
+    "magnitude": ({}, dict(add=(f"{Q0}.lora_magnitude_vector",)),
+                  r"lora_magnitude_vector' is not taken: DoRA's magnitude vector"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refused_adapters(targets, adapter, tmp_path, case):
+    """What export does not merge is refused: a UserError naming the file and the field or the
+    tensor, exit 1, no traceback, nothing written."""
+    fields, tensors, said = REFUSALS[case]
+    a = shutil.copytree(adapter, tmp_path / "a")
+    if fields:
+        _spoil_config(a, **fields)
+    if tensors:
+        _spoil_tensors(a, **tensors)
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert str(a) in r.output, r.output  # (the file named)
+    assert __import__("re").search(said, r.output), r.output
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("module", ["embed_tokens", "lm_head"])
+def test_embedding_and_head_lora_refused(targets, tmp_path, module):
+    """PEFT's LoRA on the embeddings (lora_embedding_A/B) or on the LM head is refused, naming
+    the tensor (export merges the decoder layers' projections only)."""
+    a, _ = write_adapter(targets["qwen3"], tmp_path / "a", target_modules=["q_proj", module])
+    r = export_cli(targets["qwen3"], "--lora", a, "-o", tmp_path / "e")
+    what = "the embeddings" if module == "embed_tokens" else "the LM head"
+    assert r.exit_code == 1 and f"a LoRA on {what}, which export does not merge" in r.output, r.output
+    assert f"base_model.model.{'model.' if module == 'embed_tokens' else ''}{module}." in r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_adapter_of_another_shape_refused(targets, tmp_path):
+    """An adapter written for a model of other shapes (intermediate size 96): refused on the
+    first tensor whose shape disagrees, naming both shapes."""
+    other = write_tiny_target(tmp_path / "other", "llama", intermediate_size=96)
+    a, _ = write_adapter(other, tmp_path / "a", target_modules=["gate_proj"])
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 1, r.output
+    assert ("lora_B.weight' has shape [96, 4]; expected [128, 4]" in r.output
+            and "an adapter for another model?" in r.output), r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_pickle_adapter_only_with_its_flag(targets, adapter, tmp_path):
+    """adapter_model.bin (a pickle) is read only with --allow-lora-pickle, then merged as the
+    safetensors one (the receipt naming the .bin); the flag without --lora is refused."""
+    import torch
+    from safetensors.torch import load_file
+
+    a = tmp_path / "a"
+    a.mkdir()
+    shutil.copyfile(adapter / "adapter_config.json", a / "adapter_config.json")
+    torch.save(load_file(str(adapter / "adapter_model.safetensors")), a / "adapter_model.bin")
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "only pickle weights (adapter_model.bin) found" in r.output, r.output
+    assert "--allow-lora-pickle" in r.output and not (tmp_path / "e").exists()
+    r = export_cli(targets["llama"], "--lora", a, "--allow-lora-pickle", "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert export_cli(targets["llama"], "--lora", adapter, "-o", tmp_path / "s").exit_code == 0
+    assert maxerr(onnx_logits(tmp_path / "e"), onnx_logits(tmp_path / "s")) == 0
+    mod = load_export(tmp_path / "e")["binding_receipt"]["target"]["lora"]["modules"]["layers.0.q"]
+    assert mod["lora_A"]["file"] == "adapter_model.bin"
+    r = export_cli(targets["llama"], "--allow-lora-pickle", "-o", tmp_path / "x")
+    assert r.exit_code == 1 and "--allow-lora-pickle: applies to a LoRA adapter, and no --lora" in r.output
+
+
+def test_adapter_of_another_base_is_a_warning(targets, adapter, tmp_path):
+    """base_model_name_or_path naming another model is a warning, not an error: the name cannot
+    be checked against the weights (a copy, a hub snapshot named by its hash), and an adapter
+    of other shapes is refused by them. A hub id whose name is a folder of the target's path,
+    or its cache form, says nothing."""
+    a = shutil.copytree(adapter, tmp_path / "a")
+    _spoil_config(a, base_model_name_or_path="Qwen/Qwen3-8B")
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert "base_model_name_or_path is 'Qwen/Qwen3-8B', which does not name the target" in r.output, r.output
+    snap = tmp_path / "models--org--tiny-llama" / "snapshots" / "0123abc"
+    shutil.copytree(targets["llama"], snap)
+    for base in ("org/tiny-llama", str(snap)):
+        _spoil_config(a, base_model_name_or_path=base)
+        r = export_cli(snap, "--lora", a, "-o", tmp_path / "e", "--force")
+        assert r.exit_code == 0 and "base_model_name_or_path" not in r.output, (base, r.output)
+
+
+def test_missing_config_refused(adapter, targets, tmp_path):
+    """A folder without adapter_config.json (a checkpoint given as --lora, say) is refused."""
+    r = export_cli(targets["llama"], "--lora", targets["qwen3"], "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "adapter_config.json: not found (expected a PEFT LoRA adapter folder" in r.output
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.fixture(scope="module")
+def merged_engines(targets, adapter, tmp_path_factory) -> tuple[Path, Path]:
+    """ONNX Runtime engines (depths 1, 3) of the Llama target with the adapter merged and a draft
+    written for the base, beside a training receipt that promises 0.99; and the adapter's copy."""
+    from specrt.engines import build_engines
+
+    root = tmp_path_factory.mktemp("merged")
+    a = shutil.copytree(adapter, root / "a")
+    d = write_tiny_draft(root / "d", targets["llama"], kind="eagle3", num_layers=1)
+    (d / "training_receipt.json").write_text(json.dumps({"heldout": {"acceptance_at_pos": [0.99]}}))
+    r = export_cli(targets["llama"], "--draft", d, "--lora", a, "-o", root / "e")
+    assert r.exit_code == 0, r.output
+    build_engines(root / "e", "onnxruntime", (1, 3), root / "eng", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=128)
+    return root / "eng", a
+
+
+def test_greedy_run_of_a_merged_export_is_lossless(merged_engines, tmp_path):
+    """Speculative decoding on the merged export (its draft trained on, here written for, the
+    base) gives the tokens of --governor off: the merge changes the target, never the invariant.
+    The acceptance canary, finding acceptance far below the draft's training receipt, names the
+    adapter as a cause before a mis-bound weight (it blamed a mis-bound weight alone)."""
+    eng, adapter = merged_engines
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"prompt_ids": [int(i) for i in row]}) + "\n"
+                         for row in np.random.default_rng(5).integers(0, 1000, (3, 6))))
+    outs = {}
+    for gov in ("off", "fixed:3", "auto"):
+        r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(p), "--max-new-tokens", "24",
+                                      "--governor", gov])
+        assert r.exit_code == 0, (gov, r.output)
+        outs[gov] = r.stdout
+    assert outs["fixed:3"] == outs["off"] and outs["auto"] == outs["off"] and outs["off"].strip()
+    r = CliRunner().invoke(main, ["canary", str(eng)])
+    assert r.exit_code == 0 and "UNTRUSTED" in r.output, r.output
+    assert f"the target merges the LoRA adapter {adapter.resolve()} (export --lora)" in r.output, r.output
+    assert "else a weight is bound to the wrong slot" in r.output
+    r = CliRunner().invoke(main, ["run", str(eng), "--prompts", str(p), "--max-new-tokens", "2"])
+    assert r.exit_code == 0 and "UNTRUSTED DRAFT" in r.output and "merges the LoRA adapter" in r.output, r.output
+
+
+def test_compare_torch_reference_merges_the_adapter(merged_engines):
+    """`specrt compare --reference torch` on a merged export: transformers' model gets the
+    adapter the receipt records merged too (it ran the base model, and every target role
+    failed), and an adapter changed since the export is refused, naming it."""
+    from specrt.engines.compare import compare_engines
+    from specrt.errors import UserError
+
+    eng, adapter = merged_engines
+    r = compare_engines(eng, reference="torch", log=lambda s: None, prompt_tokens=8)
+    assert r["passed"], r["summary"]
+    written = (adapter / "adapter_config.json").read_bytes()
+    (adapter / "adapter_config.json").write_text(json.dumps({**json.loads(written), "lora_alpha": 9}))
+    try:
+        with pytest.raises(UserError, match=rf"{adapter.resolve()}: not the LoRA adapter the export merged"):
+            compare_engines(eng, reference="torch", log=lambda s: None, prompt_tokens=8)
+    finally:
+        (adapter / "adapter_config.json").write_bytes(written)
+
+
+def test_bench_skips_the_peers_that_decode_the_base(merged_engines, tmp_path):
+    """`specrt bench` on a merged export: the peers that read the target checkpoint folder (hf,
+    onnxruntime-genai, llama.cpp converting it) would decode the base model, not the merge, and
+    are skipped saying so (hf's greedy tokens were counted against specrt's as a mismatch); two
+    exports of one base with other adapters are other targets to --variant."""
+    from types import SimpleNamespace
+
+    from specrt.cmd_bench import _other_target, bench
+
+    eng, adapter = merged_engines
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt_ids": [5, 6, 7, 8]}) + "\n")
+    r = CliRunner().invoke(bench, [str(eng), "--prompts", str(p), "-o", str(tmp_path / "b"), "--max-new-tokens", "4",
+                                   "--governors", "off", "--threads", "1", "--warmup-tokens", "2", "--no-profile",
+                                   "--peers", "hf"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert rep["skipped"]["hf"].startswith(f"the export merges a LoRA adapter ({adapter.resolve()}, export --lora); "
+                                           "this peer would decode the base model in "), rep["skipped"]
+    slots = {"slots": {"embed": {"sha256": "x"}}}
+    one = SimpleNamespace(export={"binding_receipt": {"target": {**slots, "lora": {"folder": "/a", "r": 4}}}})
+    two = SimpleNamespace(export={"binding_receipt": {"target": {**slots, "lora": {"folder": "/a", "r": 8}}}})
+    base = SimpleNamespace(export={"binding_receipt": {"target": slots}})
+    assert _other_target(one, two) == _other_target(one, base) == "their binding receipts' target weights differ"
+    assert _other_target(one, one) is None and _other_target(base, base) is None
