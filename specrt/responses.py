@@ -10,7 +10,9 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         parts}, function_call items (an assistant message's tool_calls, those in a
                         row and an assistant message before them one message) and
                         function_call_output items (a tool message), reasoning items (the next
-                        assistant message's reasoning_content, as a chat client sends it back)
+                        assistant message's reasoning_content, as a chat client sends it back; an
+                        assistant message of its own, content "", where no message or call of its
+                        answer follows it: an answer cut in its thinking)
     instructions        a system message before the input
     max_output_tokens   max_tokens; a response cut by it: status "incomplete",
                         incomplete_details.reason "max_output_tokens" (streamed: response.incomplete)
@@ -114,10 +116,18 @@ def messages(body: dict) -> list[dict]:
     if not isinstance(items, list) or not items:
         raise Refused("'input' must be a string or a non-empty list of input items (messages, function_call, "
                       f"function_call_output); got {items!r:.60}", "input")
-    thought = None  # a reasoning item's text, for the next assistant message
-    for i, item in enumerate(items):
+    thought, end = None, object()  # a reasoning item's text, for the next assistant message; the input's end
+    for i, item in enumerate([*items, end]):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
+        if thought is not None and kind not in ("function_call", "reasoning") and \
+                not (kind == "message" and item.get("role") == "assistant"):
+            # (a reasoning item no message or call of its answer follows, an answer cut in its thinking: that
+            # answer, as a chat client sends it back, not dropped)
+            out.append({"role": "assistant", "content": "", "reasoning_content": thought})
+            thought = None
+        if item is end:
+            break
         if kind == "message" and isinstance(item, dict) and "role" in item:
             role = item["role"]
             if role not in ("user", "system", "developer", "assistant"):
@@ -232,7 +242,9 @@ def chat_body(body) -> dict:
             raise Refused(f"'{name}' is not supported: this server stores no responses (send the whole conversation "
                           "as 'input')", name)
     include, top = body.get("include"), body.get("top_logprobs")
-    if include is not None and (not isinstance(include, list) or set(map(str, include)) - {LOGPROBS}):
+    if include is not None and not isinstance(include, list):  # (a string, as the SDK lets through)
+        raise Refused(f"'include' must be a list, as [{LOGPROBS!r}]; got {include!r:.80}", "include")
+    if include is not None and set(map(str, include)) - {LOGPROBS}:
         raise Refused(f"'include' takes {LOGPROBS!r} alone here; got {include!r:.80}", "include")
     if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= 20):
         raise Refused(f"'top_logprobs' must be an integer from 0 to 20; got {top!r:.40}", "top_logprobs")
@@ -248,6 +260,8 @@ def chat_body(body) -> dict:
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise Refused(f"'{name}' must be {'an object' if kind is dict else 'true or false'}; got "
                           f"{body[name]!r:.60}", name)
+    if not all(isinstance(v, str) for v in (body.get("metadata") or {}).values()):  # (echoed: the SDK's str -> str)
+        raise Refused(f"'metadata' values must be strings; got {body['metadata']!r:.60}", "metadata")
     opts = body.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_obfuscation"}):
         raise Refused(f"'stream_options' takes include_obfuscation alone; got {opts!r:.60}", "stream_options")
@@ -306,9 +320,11 @@ def finished(response: dict, finish: str, usage: dict, specrt: dict, reasoning_t
     cut = finish == "length"
     return {**response, "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "completed_at": None if cut else int(time.time()),  # (OpenAI's: only a completed response's)
             "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                      "total_tokens": usage["total_tokens"],
-                      "input_tokens_details": {"cached_tokens": specrt.get("prefix_reused", 0)},
+                      "total_tokens": usage["total_tokens"],  # (cache_write_tokens: the SDK's type requires it)
+                      "input_tokens_details": {"cached_tokens": specrt.get("prefix_reused", 0),
+                                               "cache_write_tokens": 0},
                       "output_tokens_details": {"reasoning_tokens": reasoning_tokens}},
             "specrt": specrt}
 

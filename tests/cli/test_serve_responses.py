@@ -272,6 +272,8 @@ def test_a_forced_tool_choice_gives_function_call_items(guided):
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools", "'file_search'"),
     ({"reasoning": {"effort": "high"}}, "reasoning", "--reasoning-parser"),
     ({"include": ["reasoning.encrypted_content"]}, "include", "'include' takes 'message.output_text.logprobs' alone"),
+    ({"include": "message.output_text.logprobs"}, "include", "'include' must be a list, as ['message.output"),  # w77f
+    ({"metadata": {"run": 1}}, "metadata", "'metadata' values must be strings"),  # w77f: echoed, the SDK's str -> str
     ({"top_logprobs": 21}, "top_logprobs", "an integer from 0 to 20"),
     ({"messages": ASK}, "messages", "Unrecognized request argument supplied: messages"),
     ({"temperature": -1}, "temperature", "'temperature' must be a number >= 0.0"),
@@ -346,3 +348,48 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
         assert "response.output_text.delta" in [n for n, _ in events]  # (failed mid-answer)
         code, r = _post(url, "/v1/responses", {"input": prompts[True, True], "max_output_tokens": 1})
         assert code == 200 and r["usage"]["output_tokens"] == 1
+
+
+def test_the_response_and_its_events_are_the_sdks_types_validated(hermes):
+    """Every field the openai SDK's types require, in the response and in each streamed event
+    (pydantic's validation, which the SDK's own parse skips: a field missing there is None to
+    the user): usage.input_tokens_details.cache_write_tokens was missing (w77f); completed_at a
+    completed response's time, None for one cut by max_output_tokens (OpenAI's: "only present
+    when the status is completed"; w77f: None for both)."""
+    from pydantic import TypeAdapter
+
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for cap, status in ((12, "completed"), (2, "incomplete")):
+        body = {"model": "tiny", "input": ASK[0]["content"], "max_output_tokens": cap, "stop": ["done"],
+                "include": ["message.output_text.logprobs"], "top_logprobs": 1}
+        code, r = _post(hermes, "/v1/responses", body)
+        assert code == 200 and Response.model_validate(r).status == status, r
+        events = _events(hermes, body)
+        for _, d in events:
+            adapter.validate_python(d)
+        for got in (r, events[-1][1]["response"]):
+            assert (got["completed_at"] is None) == (status == "incomplete"), got
+            assert status == "incomplete" or abs(got["completed_at"] - got["created_at"]) <= 60
+
+
+def test_a_reasoning_item_cut_before_its_message_is_sent_back_as_its_turn(tmp_path):
+    """An answer cut by max_output_tokens in its thinking is a reasoning item alone; sent back
+    before the next user message (``input += response.output``), it is that assistant turn, as a
+    chat client sends the cut answer back (content "", its reasoning_content): the prompt is that
+    conversation's, as /tokenize counts it. It was dropped, the two user turns run together (w77f)."""
+    from tests.cli.test_serve_reasoning import think_server
+
+    with think_server(tmp_path, {0: "</think>", 13: "<think>"}) as (url, app):
+        app.reasoning = "qwen3"
+        c = _client(url)
+        r = c.responses.create(model="tiny", input="w8", max_output_tokens=3)
+        assert [x.type for x in r.output] == ["reasoning"] and r.status == "incomplete"
+        thought = r.output[0].content[0].text
+        back = [{"role": "user", "content": "w8"}, *r.output, {"role": "user", "content": "w1"}]
+        conv = [{"role": "user", "content": "w8"}, {"role": "assistant", "content": "", "reasoning_content": thought},
+                {"role": "user", "content": "w1"}]
+        code, tok = _post(url, "/tokenize", {"messages": conv})
+        r2 = c.responses.create(model="tiny", input=back, max_output_tokens=2)
+        assert code == 200 and r2.usage.input_tokens == tok["count"]
