@@ -349,11 +349,15 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
     import torch
 
     from specrt.export.binding import bind_target
-    from specrt.export.lora import bind_lora
+    from specrt.export.lora import ADAPTER_PICKLE, bind_lora
 
+    # (pickles as the export read them: the target's, which transformers has just loaded, and the
+    # adapter's adapter_model.bin the receipt names, read at export with --allow-lora-pickle; both
+    # torch.load weights_only. compare has neither flag: it told the user to pass one, r77i)
+    pickled = any(m["lora_A"]["file"] == ADAPTER_PICKLE for m in want["modules"].values())
     try:
-        target = bind_target(folder)
-        lora = bind_lora(Path(want["folder"]), target)
+        target = bind_target(folder, allow_pickle=True)
+        lora = bind_lora(Path(want["folder"]), target, allow_pickle=pickled)
     except UserError as e:
         raise UserError(f"{want['folder']}: the LoRA adapter the export merged cannot be merged into the torch "
                         f"reference ({e})") from None

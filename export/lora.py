@@ -141,8 +141,12 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     refuses (a UserError naming the file and the field)."""
     path = folder / ADAPTER_CONFIG
     if not path.is_file():
+        # (PEFT's save_pretrained writes an adapter named other than "default" to a subfolder of that name)
+        named = sorted(p.parent for p in folder.glob(f"*/{ADAPTER_CONFIG}") if p.is_file())
         raise UserError(f"{path}: not found (expected a PEFT LoRA adapter folder: {ADAPTER_CONFIG} and "
-                        f"{ADAPTER_WEIGHTS}, as PEFT's save_pretrained writes them)")
+                        f"{ADAPTER_WEIGHTS}, as PEFT's save_pretrained writes them)"
+                        + (f"; it saves an adapter not named 'default' in a subfolder: give --lora "
+                           f"{' or '.join(map(str, named[:3]))}" if named else ""))
     c = read_json_object(path)
     where = lambda k: f"{path}: '{k}'"  # noqa: E731
     if c.get("peft_type") != "LORA":

@@ -918,7 +918,9 @@ class Generator:
                     new = new[: stop + 1]
                 # the grammar complete at the round's last token (settle cut it there)
                 done = guide is not None and guide.stopped and stop is None and len(new) == len(v.tokens)
-                if done and r.rejected and int(v.tokens[-1]) == int(drafts[v.accepted]):  # at an accepted draft:
+                # at an accepted draft, or at a tree's winning runner-up (settle cut its bonus: r77i):
+                if done and r.rejected and (int(v.tokens[-1]) == int(drafts[v.accepted])
+                                            or v.accepted == 0 and int(v.tokens[0]) in sib):
                     r = dataclasses.replace(r, cut_at_eos=True)  # the answer's end, as an EOS's, no rejection (m76i)
                 # the telemetry counts what was emitted: drafts accepted past an EOS are not
                 # (governors and the lookup policy still learn the round as the target judged it)

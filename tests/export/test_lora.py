@@ -367,3 +367,44 @@ def test_bench_skips_the_peers_that_decode_the_base(merged_engines, tmp_path):
     base = SimpleNamespace(export={"binding_receipt": {"target": slots}})
     assert _other_target(one, two) == _other_target(one, base) == "their binding receipts' target weights differ"
     assert _other_target(one, one) is None and _other_target(base, base) is None
+
+
+def test_compare_torch_reference_merges_pickled_weights(targets, tmp_path):
+    """r77i (the review of h77e): an export of a pickled target (--allow-pickle) with a pickled
+    adapter (--allow-lora-pickle) is compared with torch too: the reference merges the adapter
+    read as the export read it (torch.load weights_only), giving PEFT's merge_and_unload logits.
+    Without the mend compare refused it, telling the user to pass --allow-lora-pickle (or
+    --allow-pickle), which compare does not take."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specrt.engines.compare import _merge_lora
+
+    sa, ref = write_adapter(targets["llama"], tmp_path / "sa")
+    a, t = tmp_path / "a", tmp_path / "t"
+    a.mkdir()
+    shutil.copyfile(sa / "adapter_config.json", a / "adapter_config.json")
+    torch.save(load_file(str(sa / "adapter_model.safetensors")), a / "adapter_model.bin")
+    shutil.copytree(targets["llama"], t, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(load_file(str(targets["llama"] / "model.safetensors")), t / "pytorch_model.bin")
+    r = export_cli(t, "--allow-pickle", "--lora", a, "--allow-lora-pickle", "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    model = load_hf(t)
+    _merge_lora(model, t, load_export(tmp_path / "e"))
+    with torch.no_grad():
+        assert maxerr(model(torch.tensor(IDS)).logits.numpy(), ref) <= TOL
+
+
+def test_an_adapter_saved_under_its_name_is_pointed_at(targets, tmp_path):
+    """r77i (the review of h77e): PEFT's save_pretrained writes an adapter whose name is not
+    "default" to OUT/<name>/; --lora OUT was refused as "adapter_config.json: not found" without
+    a word of where it is. The refusal names the subfolder, which exports."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_hf(targets["llama"]), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]),
+                           adapter_name="mine")
+    model.save_pretrained(tmp_path / "a")
+    r = export_cli(targets["llama"], "--lora", tmp_path / "a", "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "adapter_config.json: not found" in r.output, r.output
+    assert f"not named 'default' in a subfolder: give --lora {tmp_path / 'a' / 'mine'}" in r.output, r.output
+    assert export_cli(targets["llama"], "--lora", tmp_path / "a" / "mine", "-o", tmp_path / "e").exit_code == 0

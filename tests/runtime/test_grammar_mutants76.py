@@ -175,6 +175,45 @@ def test_a_grammar_that_stops_mid_round_ends_the_answer_there(guided, monkeypatc
         assert t.rejections == 0 and t.new_tokens == n == 1 + t.rounds + t.accepted, (n, t.to_json())
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)],
+                         ids=["greedy", "coupled"])
+def test_a_grammar_completed_at_a_winning_runner_up_is_no_rejection(guided, monkeypatch, params):
+    """r77i (the review of h77b's m76i-6 mend, its tree case): a token tree whose runner-up wins
+    every round (each chain draft wrong, the target's own pick the runner-up), the grammar the
+    literal text of the answer's first n tokens: where it completes at a round's runner-up,
+    settle cuts the round's bonus and the round was counted a rejection (n even: 1), though a
+    runner-up's win is none and a chain's draft completing it is not counted one since h77b
+    (nor a runner-up EOS). The tokens are the answer's either way; the telemetry counts the
+    tokens taken (1 + rounds + accepted)."""
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    long = _gen(engines, OffGovernor(DEPTHS), params).generate(
+        PROMPTS[1], 12, eos, _compiled(guided, Constraint.regex("[a-z]{12}")))
+    answers = [long]
+    real = G.Generator._draft_peagle
+
+    def draft(self, *args):  # the right token a runner-up, the chain's first draft the next id
+        drafts, q, conf, t = real(self, *args)
+        a, at = answers[0], self._draft_pos
+        right = [a[min(at + k, len(a) - 1)] for k in range(len(drafts))]
+        self._siblings = [int(right[0])]
+        return np.asarray([(right[0] + 1) % vocab, *right[1:]], np.int64), q, conf, t
+
+    monkeypatch.setattr(G.Generator, "_draft_peagle", draft)
+    assert engines.verifies_trees()
+    for n in range(2, 7):
+        g = _compiled(guided, Constraint.choice([text.decode(long[:n])]))
+        ref = _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1], 12, eos, g)
+        answers[0] = ref + _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1] + ref, 8, eos)
+        tree = FixedGovernor(DEPTHS, 2)
+        tree.tree_width = 3
+        gen = _gen(engines, tree, params)
+        assert gen.generate(PROMPTS[1], 12, eos, g) == ref and gen.finished.reason == "stop", n
+        t = gen.telemetry
+        assert t.rounds > 0 and t.rejections == 0 and t.new_tokens == n == 1 + t.rounds + t.accepted, \
+            (n, t.to_json())
+
+
 def test_two_schemas_differing_in_property_order_keep_their_own_orders(guided):
     """m76i-7: a Session keeps its compiled grammars by the constraint's text (grammar_of): a
     schema's properties come in its own order (llguidance writes them so, as OpenAI's strict
