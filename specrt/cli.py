@@ -260,20 +260,40 @@ def _check_draft_options(draft: Path | None) -> None:
                         "--draft was given")
 
 
+def _lora_options(f):
+    """--lora and --allow-lora-pickle (export's, and inspect's to show what it would merge)."""
+    f = click.option("--allow-lora-pickle", is_flag=True, help="Read the adapter's adapter_model.bin pickle "
+                                                                 "(unpickling can run code).")(f)
+    return click.option("--lora", "lora", type=existing_folder(),
+                        help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) to merge "
+                             "into the target's weights (W + scale * B @ A); the receipt records it.")(f)
+
+
+def _check_lora_options(lora: Path | None, allow_lora_pickle: bool) -> None:
+    if allow_lora_pickle and lora is None:  # (ignored otherwise, as a draft option without --draft)
+        raise UserError("--allow-lora-pickle: applies to a LoRA adapter, and no --lora was given")
+
+
 @main.command()
 @click.argument("target", type=existing_folder())
 @click.option("--draft", type=existing_folder(), help=_DRAFT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the binding receipt as JSON.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
+@_lora_options
 def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool, allow_draft_pickle: bool,
-            draft_aux_ids: str | None, draft_embeddings: str) -> None:
-    """Bind TARGET (and --draft) to canonical slots and print the binding table."""
+            draft_aux_ids: str | None, draft_embeddings: str, lora: Path | None, allow_lora_pickle: bool) -> None:
+    """Bind TARGET (and --draft) to canonical slots and print the binding table (with --lora, what
+    export --lora would merge)."""
     _check_draft_options(draft)
+    _check_lora_options(lora, allow_lora_pickle)
     from specrt.export.binding import bind_draft, bind_target, config_notes, embed_note, length_note, receipt
     from specrt.export.export import check_training_receipt, eos_note
+    from specrt.export.lora import LINEAR_SLOTS, base_note, bind_lora, fan_in_fan_out_note
 
     t = bind_target(target, allow_pickle=allow_pickle)
+    # bound as export binds it (its refusals here too), and merged as each weight is read below
+    t.lora = bind_lora(lora, t, allow_lora_pickle) if lora is not None else None
     d = bind_draft(draft, t, allow_draft_pickle, draft_aux_ids, draft_embeddings) if draft is not None else None
     # what export refuses of the checkpoints, refused here too (inspect bound them, exit 0, and
     # export then refused them): a weight's NaN or inf (each read as export reads it), a training
@@ -285,6 +305,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
         check_training_receipt(draft)
     r = receipt(t, d)
     notes = (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ()
+    if t.lora is not None:
+        notes = (base_note(t.lora, target), fan_in_fan_out_note(t.lora), *notes)
     for note in (eos_note(t.folder, t.config.eos_token_ids), *notes):
         if note is not None:
             click.secho(note, fg="yellow", err=True)
@@ -301,6 +323,8 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
                 click.echo(f"  {slot:28s} <- tied to {info['tied_to']}")
             else:
                 click.echo(f"  {slot:28s} <- {info['key']:52s} {info['dtype']:5s} {info['shape']}  {info['sha256'][:12]}")
+        if side == "target" and "lora" in part:
+            _echo_lora(part["lora"], sum(s.split(".")[-1] in LINEAR_SLOTS for s in t.slots))
         if side == "draft":
             if "format" in part:
                 click.echo(f"  format: {part['format']['name']} ({part['format']['architecture']}), "
@@ -325,6 +349,16 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     click.echo(f"bound {n} slots; receipt {r['receipt_id'][:16]}")
 
 
+def _echo_lora(lora: dict, linear: int) -> None:
+    """inspect's lines for the receipt's target.lora: what export --lora merges, by slot."""
+    click.echo(f"lora: {lora['folder']} (r {lora['r']}, lora_alpha {lora['lora_alpha']}, use_rslora "
+               f"{str(lora['use_rslora']).lower()}; base_model_name_or_path {lora['base_model_name_or_path']!r})")
+    for slot, m in lora["modules"].items():
+        click.echo(f"  {slot:28s} <- {m['lora_A']['key'][: -len('.lora_A.weight')] + '.lora_A/B':68s} "
+                   f"rank {m['rank']:<4d} alpha {m['alpha']:<6g} scale {m['scale']:.6g}")
+    click.echo(f"  changes {len(lora['modules'])} of the target's {linear} linear weights (W + scale * B @ A)")
+
+
 @main.command()
 @click.argument("target", type=existing_folder())
 @click.option("--draft", type=existing_folder(), help=_DRAFT_HELP)
@@ -333,18 +367,13 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
 @click.option("--force", is_flag=True, help="Replace an existing export folder.")
 @click.option("--allow-pickle", is_flag=True, help="Read the target's pytorch_model.bin pickle (unpickling can run code).")
 @_draft_options
-@click.option("--lora", "lora", type=existing_folder(),
-              help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) to merge into the "
-                   "target's weights (W + scale * B @ A); the receipt records it.")
-@click.option("--allow-lora-pickle", is_flag=True, help="Read the adapter's adapter_model.bin pickle (unpickling can "
-                                                          "run code).")
+@_lora_options
 def export(target: Path, draft: Path | None, out: Path, dtype: str, force: bool, allow_pickle: bool,
            allow_draft_pickle: bool, draft_aux_ids: str | None, draft_embeddings: str, lora: Path | None,
            allow_lora_pickle: bool) -> None:
     """Bind TARGET (and --draft) and lower them to ONNX in OUT, with export.json."""
     _check_draft_options(draft)
-    if allow_lora_pickle and lora is None:  # (ignored otherwise, as a draft option without --draft)
-        raise UserError("--allow-lora-pickle: applies to a LoRA adapter, and no --lora was given")
+    _check_lora_options(lora, allow_lora_pickle)
     from specrt.export.export import export as run_export
 
     run_export(target, draft, out, dtype=dtype, force=force, allow_pickle=allow_pickle,

@@ -152,3 +152,97 @@ def test_inspect_binds_a_target_whose_tokenizer_files_it_cannot_read(tmp_path):
     assert r.exit_code == 0 and "bound" in r.output and "not valid UTF-8" not in r.output, r.output
     r = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "x")])
     assert r.exit_code == 1 and "chat_template.jinja: not valid UTF-8 text" in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def lora_pair(tmp_path_factory):
+    """A tiny Llama target and PEFT's adapter of it on q, v and down of layers 1 and 3, down's rank 2
+    (rank_pattern), v's alpha 32 (alpha_pattern): tests/export/test_lora.py's write_adapter."""
+    pytest.importorskip("peft")
+    from tests.export.test_lora import write_adapter
+    from tests.fixtures_models import write_tiny_target
+
+    root = tmp_path_factory.mktemp("inspect_lora")
+    target = write_tiny_target(root / "t", "llama", seed=1)
+    adapter, _ = write_adapter(target, root / "a", target_modules=["q_proj", "v_proj", "down_proj"],
+                               layers_to_transform=[1, 3], rank_pattern={"down_proj": 2}, alpha_pattern={"v_proj": 32})
+    return target, adapter
+
+
+def test_inspect_lora_shows_what_export_would_merge(lora_pair, tmp_path):
+    """h77e left it undone (h77j): `inspect --lora` shows the adapter export --lora merges (its folder,
+    r, alpha, rslora, base_model_name_or_path; each module by slot with its rank, alpha and scale; how
+    many of the target's linear weights it changes); --json the receipt export writes (its target.lora
+    and receipt_id the export's)."""
+    from specrt.manifest import load_export
+
+    target, adapter = lora_pair
+    r = CliRunner().invoke(main, ["inspect", str(target), "--lora", str(adapter)])
+    assert r.exit_code == 0, r.output
+    assert (f"lora: {adapter.resolve()} (r 4, lora_alpha 8, use_rslora false; base_model_name_or_path "
+            f"'{target}')") in r.output
+    rows = [s.split() for s in r.output.splitlines() if ".lora_A/B" in s]
+    assert [(w[0], w[2].split(".")[5], w[4], w[6], w[8]) for w in rows] == [
+        ("layers.1.q", "self_attn", "4", "8", "2"), ("layers.3.q", "self_attn", "4", "8", "2"),
+        ("layers.1.v", "self_attn", "4", "32", "8"), ("layers.3.v", "self_attn", "4", "32", "8"),
+        ("layers.1.down", "mlp", "2", "8", "4"), ("layers.3.down", "mlp", "2", "8", "4")]
+    assert "  changes 6 of the target's 28 linear weights" in r.output and "warning" not in r.output
+    r = CliRunner().invoke(main, ["inspect", str(target), "--lora", str(adapter), "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    e = CliRunner().invoke(main, ["export", str(target), "--lora", str(adapter), "-o", str(tmp_path / "e")])
+    assert e.exit_code == 0, e.output
+    written = load_export(tmp_path / "e")["binding_receipt"]
+    assert shown["target"]["lora"] == written["target"]["lora"] and shown["receipt_id"] == written["receipt_id"]
+    assert shown["target"]["lora"]["modules"]["layers.3.down"]["scale"] == 4.0
+
+
+def test_inspect_lora_refuses_as_export_refuses(lora_pair, tmp_path):
+    """h77j: what export --lora refuses, inspect --lora refuses with the same UserError, exit 1, no
+    traceback: a DoRA config, a tensor of another rank, a NaN in a lora_B (read as export reads it),
+    a pickle without --allow-lora-pickle, that flag without --lora; base_model_name_or_path naming
+    another model is export's warning."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    target, adapter = lora_pair
+    q = "base_model.model.model.layers.1.self_attn.q_proj"
+
+    def config(a, **fields):
+        (a / "adapter_config.json").write_text(json.dumps({**json.loads((a / "adapter_config.json").read_text()),
+                                                           **fields}))
+
+    def nan(a):
+        w = load_file(str(a / "adapter_model.safetensors"))
+        w[f"{q}.lora_B.weight"][2, 1] = np.nan
+        save_file(w, str(a / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    def pickle(a):
+        import torch
+        from safetensors.torch import load_file as load_torch
+
+        torch.save(load_torch(str(a / "adapter_model.safetensors")), a / "adapter_model.bin")
+        (a / "adapter_model.safetensors").unlink()
+
+    for spoil, said in ((lambda a: config(a, use_dora=True), "'use_dora' is True: DoRA"),
+                        (lambda a: config(a, rank_pattern={"q_proj": 2}), f"'{q}.lora_A.weight' has shape [4, 64]; "
+                                                                          "expected [2, 64]"),
+                        (nan, f"tensor '{q}.lora_B.weight' holds 1 non-finite value(s) (NaN)"),
+                        (pickle, "only pickle weights (adapter_model.bin) found")):
+        a = shutil.copytree(adapter, tmp_path / "a", dirs_exist_ok=True)
+        spoil(a)
+        errors = []
+        for cmd in (["inspect", str(target)], ["export", str(target), "-o", str(tmp_path / "e")]):
+            r = CliRunner().invoke(main, [*cmd, "--lora", str(a)])
+            assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (cmd, r.output)
+            errors.append([s for s in r.output.splitlines() if s.startswith("error: ")])
+        assert errors[0] == errors[1] and len(errors[0]) == 1 and not (tmp_path / "e").exists()
+        shutil.rmtree(a)
+    r = CliRunner().invoke(main, ["inspect", str(target), "--allow-lora-pickle"])
+    assert r.exit_code == 1 and "--allow-lora-pickle: applies to a LoRA adapter, and no --lora" in r.output
+    a = shutil.copytree(adapter, tmp_path / "a")
+    config(a, base_model_name_or_path="Qwen/Qwen3-8B")
+    r = CliRunner().invoke(main, ["inspect", str(target), "--lora", str(a)])
+    assert r.exit_code == 0 and "base_model_name_or_path is 'Qwen/Qwen3-8B', which does not name the target" in r.output

@@ -13,6 +13,7 @@ alphabet the letters of "hello world" (no token spells "7")."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -20,7 +21,7 @@ pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
 
 from specrt.errors import UserError  # noqa: E402
-from specrt.runtime.grammar import Constraint  # noqa: E402
+from specrt.runtime.grammar import Constraint, compile_constraint  # noqa: E402
 from specrt.runtime.session import Session  # noqa: E402
 from tests.cli.test_serve import _in_process  # noqa: E402
 from tests.runtime.test_grammar import _run, guided_engines  # noqa: E402
@@ -88,3 +89,51 @@ def test_serve_answers_a_400_naming_the_field_and_streams_the_pieces_then_the_er
                 texts.append(ch.choices[0].text)
         assert "".join(texts) == "hello world " and e.value.body["param"] == "guided_regex"
         assert e.value.body["type"] == "invalid_request_error" and SAID in e.value.body["message"]
+
+
+FORCED = "no token of the vocabulary can continue the answer {} token(s) in"  # (the dead end's words)
+
+
+def test_forced_text_the_vocabulary_cannot_spell_is_the_dead_end_error(engines):
+    """r77i/h77j: a grammar that forces text with a byte no token writes ('"hello': no token holds
+    the quote) made llguidance's mask its forced text tokenized without that byte ("hello"), which its
+    parser then refused: an InternalError ("the matcher refused token 16 it allowed"), at the start
+    and 3 tokens in. Now the dead end's UserError, finish "error"; a token its mask refused (a
+    specrt bug) stays an InternalError."""
+    from specrt.errors import InternalError
+
+    with Session(engines, "fixed:2") as s:
+        for regex, said, n in (('"hello', "", 0), ('hello world "hello', "hello world ", 3)):
+            pieces = []
+            with pytest.raises(UserError, match=rf"^--regex: {re.escape(FORCED.format(n))}"):
+                for p in s.stream("hello", max_new_tokens=20, grammar=Constraint.regex(regex, "--regex")):
+                    pieces.append(p)
+            assert "".join(pieces) == said and s.stats()["finish_reason"] == "error"
+        tok = s.text.tokenizer
+        guide = compile_constraint(Constraint.regex('"hello'), s.text, s.text.vocab_size, (0,)).guide()
+    assert guide.allowed().nonzero()[0].tolist() == [tok.token_to_id("hello")]
+    with pytest.raises(InternalError, match=f"refused token {tok.token_to_id('h')} its mask refused"):
+        guide.consume(tok.token_to_id("h"))
+
+
+def test_forced_text_the_vocabulary_cannot_spell_is_a_400_in_serve_and_exit_1_in_run(engines):
+    """r77i/h77j: a JSON schema whose const no token spells (its quote) was a 500 "InternalError:
+    guided decoding: the matcher refused token 16 it allowed" on /v1/chat/completions and
+    /v1/responses, counted an engine failure; `specrt run --regex '"hello'` exited 1 with it. Now
+    a 400 naming the field, no failure counted; run's error the dead end's, without a traceback."""
+    from tests.cli.test_serve import _post
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": {"const": "hello"}}}
+    with _in_process(engines, "fixed:2") as (app, _, url, _):
+        failures = app.metrics.counts["engine_failures"]
+        for path, body, param in (
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}],
+                                          "response_format": fmt}, "response_format"),
+                ("/v1/responses", {"input": "hello", "text": {"format": {"type": "json_schema", "name": "c",
+                                                                         "schema": {"const": "hello"}}}}, "text")):
+            code, r = _post(url, path, {"model": "tiny", "max_tokens" if "messages" in body else
+                                        "max_output_tokens": 8, **body})
+            assert code == 400 and r["error"]["param"] == param and FORCED.format(0) in r["error"]["message"], r
+        assert app.metrics.counts["engine_failures"] == failures
+    r = _run(engines, "--prompt", "hello", "--max-new-tokens", 8, "--regex", '"hello')
+    assert r.exit_code == 1 and f"error: --regex: {FORCED.format(0)}" in r.output and "Traceback" not in r.output
