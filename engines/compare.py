@@ -354,7 +354,8 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
     # (pickles as the export read them: the target's, which transformers has just loaded, and the
     # adapter's adapter_model.bin the receipt names, read at export with --allow-lora-pickle; both
     # torch.load weights_only. compare has neither flag: it told the user to pass one, r77i)
-    pickled = any(m["lora_A"]["file"] == ADAPTER_PICKLE for m in want["modules"].values())
+    pickled = ADAPTER_PICKLE in [*(m["lora_A"]["file"] for m in want["modules"].values()),
+                                 *(t["file"] for t in want.get("modules_to_save", {}).values())]
     try:
         target = bind_target(folder, allow_pickle=True)
         lora = bind_lora(Path(want["folder"]), target, allow_pickle=pickled)
@@ -372,6 +373,12 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
                 raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
                                 "changes), so the torch reference cannot merge it")
             params[name].add_(torch.from_numpy(lora.delta(slot)))
+        for slot in lora.replaced:  # modules_to_save's copies (a tied head follows its embeddings')
+            name = target.slots[slot].entry.name
+            if name not in params:
+                raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
+                                "replaces), so the torch reference cannot take it")
+            params[name].copy_(torch.from_numpy(lora.replacement(slot)))
     lora.reader.close()
     target.reader.close()
 

@@ -115,6 +115,8 @@ class BoundTarget(Bound):
     lora: Any = None
 
     def _array(self, slot: str, e: TensorEntry) -> np.ndarray:
+        if self.lora is not None and slot in self.lora.replaced:
+            return self.lora.replacement(slot)  # modules_to_save's full copy (lora.py)
         a = self.reader.array(e)
         if self.lora is not None and slot in self.lora.modules:
             a += self.lora.delta(slot)  # W' = W + scale * B @ A, in float32 (lora.py; the reader's copy is ours)

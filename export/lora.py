@@ -16,17 +16,21 @@ whose weight the target binds as ``model.layers.3.self_attn.q_proj.weight`` must
 ``base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`` and ``.lora_B.weight``
 (PEFT's names: its PeftModel's prefix, the adapter's name taken out); every tensor of the
 adapter must bind so, or the export stops naming it. Only the decoder layers' linear weights
-(q, k, v, o, gate, up, down) take an adapter: what changes the model any other way (DoRA,
-trained biases, modules_to_save, trainable tokens, an embedding or LM-head LoRA, an
-initialisation that rewrote the base weights, PEFT's other LoRA variants) is refused,
-naming the field or the tensor.
+(q, k, v, o, gate, up, down) take an adapter. ``modules_to_save`` of ``embed_tokens`` and
+``lm_head`` (the chat fine-tune's form: full copies trained beside the adapter) replace the
+target's embeddings and LM head, bound as ``base_model.model.model.embed_tokens.weight`` and
+``base_model.model.lm_head.weight`` (PEFT's names, ``modules_to_save.<adapter>`` taken out), of the
+target's shapes; a target whose head is tied to its embeddings takes them only where they stay
+tied. What changes the model any other way (DoRA, trained biases, other modules_to_save,
+trainable tokens, an embedding or LM-head LoRA, a resized vocabulary, an initialisation that
+rewrote the base weights, PEFT's other LoRA variants) is refused, naming the field or the tensor.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,8 @@ ADAPTER_PICKLE = "adapter_model.bin"
 PREFIX = "base_model.model."  # PeftModel's prefix before the base model's own module names
 # the target slots an adapter may change: the decoder layers' linear weights (slots.py)
 LINEAR_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")
+# modules_to_save it takes: PEFT's module name -> the target slot its full copy replaces
+SAVED_SLOTS = {"embed_tokens": "embed", "lm_head": "lm_head"}
 
 # init_lora_weights whose initialisation leaves the base weights as they were (PEFT's
 # LoraLayer.update_layer): pissa*, corda*, astra*, olora, mica, loftq, lora_ga and nora rewrite
@@ -67,11 +73,11 @@ OFF = {
     "kasa_config": "KaSA", "use_bdlora": "block-diagonal LoRA",
     "layer_replication": "layer replication (a model of other layers than the target's)",
     "target_parameters": "LoRA on parameters rather than linear modules",
-    "modules_to_save": "full copies of modules trained beside the adapter",
     "trainable_token_indices": "trainable token embeddings",
     "megatron_config": "Megatron's parallel layers",
 }
-TAKEN = ("peft_type", "r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern", "fan_in_fan_out", "bias",
+TAKEN = ("modules_to_save", "peft_type", "r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern",
+         "fan_in_fan_out", "bias",
          "base_model_name_or_path", "layers_to_transform", "layers_pattern", "init_lora_weights")
 
 
@@ -96,27 +102,35 @@ class BoundLora:
     modules: dict[str, LoraModule]
     reader: TensorReader
     config_sha256: str = ""
+    # modules_to_save: target slot -> the adapter's full copy that replaces its weight (BoundTensor)
+    replaced: dict[str, Any] = field(default_factory=dict)
 
-    def delta(self, slot: str) -> np.ndarray:
+    def replacement(self, slot: str) -> np.ndarray:
+        """The adapter's copy of ``slot`` (modules_to_save), float32, checked finite."""
+        return self._finite(self.replaced[slot].entry)
+
+    def _finite(self, e) -> np.ndarray:
         from specrt.export.binding import _scan_values
 
+        x = self.reader.array(e)
+        bad, nan, _ = _scan_values(x, False)
+        if bad:
+            raise UserError(f"{e.file}: tensor '{e.name}' holds {bad} non-finite value(s) "
+                            f"({'NaN' if nan else 'inf'}); an adapter's weights must be finite")
+        return x
+
+    def delta(self, slot: str) -> np.ndarray:
         m = self.modules[slot]
-        ab = []
-        for t in (m.a, m.b):
-            x = self.reader.array(t.entry)
-            bad, nan, _ = _scan_values(x, False)
-            if bad:
-                raise UserError(f"{t.entry.file}: tensor '{t.entry.name}' holds {bad} non-finite value(s) "
-                                f"({'NaN' if nan else 'inf'}); an adapter's weights must be finite")
-            ab.append(x)
-        a, b = ab
+        a, b = (self._finite(t.entry) for t in (m.a, m.b))
         d = b @ a  # [out, r] @ [r, in]; scaled after the product, as PEFT's get_delta_weight does
         d *= np.float32(m.scale)
         return d
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
-        return {
+        saved = ({"modules_to_save": {s: t.to_json(self.folder) for s, t in self.replaced.items()}}
+                 if self.replaced else {})  # (receipts without them read as before)
+        return {**saved,
             "folder": str(Path(self.folder).resolve()),
             "config": {"file": ADAPTER_CONFIG, "sha256": self.config_sha256},
             "base_model_name_or_path": c.get("base_model_name_or_path"),
@@ -183,6 +197,13 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
                         "model, not its base; save it with PEFT's save_pretrained(..., "
                         "path_initial_model_for_weight_conversion=...) to make a plain LoRA of the base (expected "
                         f"one of {', '.join(str(u).lower() if isinstance(u, bool) else u for u in UNTOUCHED_INITS)})")
+    saved = c.get("modules_to_save")
+    if saved not in (None, []) and not (isinstance(saved, list)
+                                        and all(isinstance(m, str) and m.split(".")[-1] in SAVED_SLOTS for m in saved)):
+        raise UserError(f"{where('modules_to_save')} is {saved!r:.60}: full copies of modules trained beside the "
+                        "adapter, "
+                        "of which `specrt export --lora` takes only \"embed_tokens\" and \"lm_head\" (the embeddings "
+                        "and the LM head, PEFT's exact names); expected a list of those, or null")
     for k, what in OFF.items():
         if c.get(k) not in (None, False, [], {}):
             raise UserError(f"{where(k)} is {c[k]!r:.60}: {what}, which `specrt export --lora` does not merge; "
@@ -209,6 +230,10 @@ def _pattern(patterns: dict, module: str) -> str | None:
 
 def _classify(key: str) -> str:
     """Why an adapter tensor that binds to no slot is not taken (the error's words)."""
+    if re.search(r"(^|\.)(embed_tokens|lm_head)\.weight$", key) and "modules_to_save" not in key:
+        return ("a full copy of the embeddings or the LM head, which PEFT saves for modules_to_save or for a "
+                "vocabulary resized for added tokens (save_embedding_layers); export takes it only where "
+                "modules_to_save names it, of the target's shape")
     if "lora_magnitude_vector" in key:
         return "DoRA's magnitude vector (use_dora)"
     if "lora_embedding_" in key or ".embed_tokens." in key:
@@ -285,14 +310,72 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         a, b = (BoundTensor(slot, have[ab], reader.sha256(have[ab])) for ab in "AB")
         modules[slot] = LoraModule(slot, a, b, r, alpha, scale)
         used.update(names.values())
+    replaced = _saved_modules(folder, c, entries, target, reader, used)
     leftovers = sorted(set(entries) - used)
     if leftovers:
         k = leftovers[0]
         more = f" ({len(leftovers) - 1} more tensors bind to no slot)" if len(leftovers) > 1 else ""
-        raise UserError(f"{entries[k].file}: adapter tensor '{k}' is not taken: {_classify(k)}{more}")
-    if not modules:
+        why, shape, want = _classify(k), entries[k].shape, target.slots["embed"].entry.shape
+        if why.startswith("a full copy") and tuple(shape) != tuple(want):
+            why += f"; it has shape {list(shape)}, {_resized(shape, want)}"
+        raise UserError(f"{entries[k].file}: adapter tensor '{k}' is not taken: {why}{more}")
+    if not modules and not replaced:
         raise UserError(f"{folder}: the adapter holds no tensors")
-    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG))
+    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG), replaced)
+
+
+def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> dict:
+    """modules_to_save's embed_tokens / lm_head bound to the slots they replace (slot -> BoundTensor),
+    their names added to ``used``: each of the target's [vocab, hidden] shape; a tied head takes
+    them only where it stays tied (both given, equal), as PEFT's merged model has it."""
+    from specrt.export.binding import BoundTensor
+
+    saved = c.get("modules_to_save") or []
+    embed = target.slots["embed"].entry
+    stem = embed.name[: -len("model.embed_tokens.weight")] if embed.name.endswith("model.embed_tokens.weight") else ""
+    names = {"embed": f"{PREFIX}{embed.name}", "lm_head": f"{PREFIX}{stem}lm_head.weight"}
+    bound = {}
+    for module in saved:
+        slot = SAVED_SLOTS[module.split(".")[-1]]
+        name = names[slot]
+        if "." in module and f"{PREFIX}{module}.weight" != name:  # (a full name, as PEFT writes one for a tie)
+            raise UserError(f"{folder / ADAPTER_CONFIG}: 'modules_to_save' names '{module}', which is not the target's "
+                            f"module '{name[len(PREFIX):-len('.weight')]}'; expected PEFT's exact names")
+        if slot in bound:
+            continue
+        if name not in entries:
+            raise UserError(f"{folder / ADAPTER_WEIGHTS}: no tensor '{name}', which {folder / ADAPTER_CONFIG}'s "
+                            f"modules_to_save {saved} promises (PEFT's name for its full copy of {module})")
+        e = entries[name]
+        if e.dtype not in FLOAT:
+            raise UserError(f"{e.file}: tensor '{e.name}' has dtype {e.dtype}, expected one of {', '.join(FLOAT)}")
+        if tuple(e.shape) != tuple(embed.shape):
+            raise UserError(f"{e.file}: tensor '{e.name}' has shape {list(e.shape)}; expected {list(embed.shape)}, the "
+                            f"target's '{embed.name}' ({_resized(e.shape, embed.shape)})")
+        bound[slot] = BoundTensor(slot, e, reader.sha256(e))
+        used.add(name)
+    if bound and "lm_head" in target.aliases:  # (tied: one matrix serves both, the embeddings' slot)
+        if "lm_head" not in bound and names["lm_head"] in entries:  # (ensure_weight_tying lists one, saves both)
+            e = entries[names["lm_head"]]
+            bound["lm_head"] = BoundTensor("lm_head", e, reader.sha256(e))
+            used.add(names["lm_head"])
+        if len(bound) == 1 or bound["embed"].sha256 != bound["lm_head"].sha256:
+            e = next(iter(bound.values())).entry
+            raise UserError(
+                f"{e.file}: the target's LM head is tied to its embeddings (tie_word_embeddings), and the adapter's "
+                f"modules_to_save {saved} {'trains only one of them' if len(bound) == 1 else 'holds them apart'} "
+                "(PEFT unties them without ensure_weight_tying): expected both, equal; or export the merged model "
+                "(PEFT's merge_and_unload, then save_pretrained, with tie_word_embeddings false in its config.json)")
+        bound.pop("lm_head")
+    return bound
+
+
+def _resized(shape, want) -> str:
+    if len(shape) == 2 and shape[1] == want[1] and shape[0] != want[0]:
+        return (f"a vocabulary of {shape[0]} tokens, not the target's {want[0]}: one resized for added tokens, which "
+                "export cannot take with the base's config and tokenizer; export the merged model (PEFT's "
+                "merge_and_unload, then save_pretrained with the fine-tune's tokenizer) instead")
+    return "an adapter for another model?"
 
 
 def fan_in_fan_out_note(lora: BoundLora) -> str | None:

@@ -356,6 +356,8 @@ def _echo_lora(lora: dict, linear: int) -> None:
     for slot, m in lora["modules"].items():
         click.echo(f"  {slot:28s} <- {m['lora_A']['key'][: -len('.lora_A.weight')] + '.lora_A/B':68s} "
                    f"rank {m['rank']:<4d} alpha {m['alpha']:<6g} scale {m['scale']:.6g}")
+    for slot, t in lora.get("modules_to_save", {}).items():  # (w77g: its full copies, replacing the slot)
+        click.echo(f"  {slot:28s} <- {t['key']:68s} modules_to_save: replaced")
     click.echo(f"  changes {len(lora['modules'])} of the target's {linear} linear weights (W + scale * B @ A)")
 
 

@@ -38,7 +38,7 @@ def write_adapter(target: Path, out: Path, seed: int = 3, **lora) -> tuple[Path,
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_" in name:  # (B starts at zeros: the merge would change nothing)
+            if p.requires_grad:  # lora_A/B (B starts at zeros: the merge would change nothing), modules_to_save
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
     model.save_pretrained(out)
     with torch.no_grad():
@@ -172,7 +172,9 @@ REFUSALS = {
     "dora": (dict(use_dora=True), None, r"'use_dora' is True: DoRA"),
     "bias": (dict(bias="all"), None, r"'bias' is 'all'; expected \"none\""),
     "lora_bias": (dict(lora_bias=True), None, r"'lora_bias' is True: a bias on lora_B"),
-    "modules_to_save": (dict(modules_to_save=["lm_head"]), None, r"'modules_to_save' is \['lm_head'\]: full copies"),
+    "modules_to_save": (dict(modules_to_save=["score"]), None, r"'modules_to_save' is \['score'\]: full copies"),
+    "modules_to_save_missing": (dict(modules_to_save=["lm_head"]), None,
+                                r"no tensor 'base_model.model.lm_head.weight', which .*modules_to_save \['lm_head'\]"),
     "trainable_tokens": (dict(trainable_token_indices=[1, 2]), None, r"'trainable_token_indices' is \[1, 2\]"),
     "layers_to_transform": (dict(layers_to_transform=[0, 1]), None,
                             r"adapts layer 2, which .*layers_to_transform \[0, 1\] leaves out"),
@@ -408,3 +410,94 @@ def test_an_adapter_saved_under_its_name_is_pointed_at(targets, tmp_path):
     assert r.exit_code == 1 and "adapter_config.json: not found" in r.output, r.output
     assert f"not named 'default' in a subfolder: give --lora {tmp_path / 'a' / 'mine'}" in r.output, r.output
     assert export_cli(targets["llama"], "--lora", tmp_path / "a" / "mine", "-o", tmp_path / "e").exit_code == 0
+
+
+SAVED = {
+    "untied_both": ("llama", False, dict(modules_to_save=["embed_tokens", "lm_head"])),
+    "untied_head": ("qwen3", False, dict(modules_to_save=["lm_head"])),
+    "tied_kept_tied": ("llama", True, dict(modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVED))
+def test_modules_to_save_embeddings_and_head_taken(tmp_path, case):
+    """The chat fine-tune's adapter: LoRA plus modules_to_save ["embed_tokens", "lm_head"] (full
+    copies, trained): their copies replace the target's embeddings and head, as in PEFT's
+    merge_and_unload model (ONNX Runtime's logits within TOL of it), recorded in the receipt, and
+    the torch reference of compare takes them too. w77g's walk: refused, though common."""
+    from specrt.engines.compare import _merge_lora
+    from specrt.export.binding import bind_target
+    import torch
+
+    kind, tied, lora = SAVED[case]
+    t = write_tiny_target(tmp_path / "t", kind, tied=tied, seed=4)
+    a, ref = write_adapter(t, tmp_path / "a", **lora)
+    r = export_cli(t, "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert "its modules_to_save replacing " in r.output, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
+    rec = load_export(tmp_path / "e")["binding_receipt"]["target"]["lora"]
+    slots = {"embed_tokens": "embed", "lm_head": "lm_head"}
+    want = {"embed"} if tied else {slots[m] for m in lora["modules_to_save"]}
+    assert set(rec["modules_to_save"]) == want, rec["modules_to_save"]
+    for s, e in rec["modules_to_save"].items():
+        assert e["key"] == f"base_model.model.{'model.embed_tokens' if s == 'embed' else 'lm_head'}.weight", e
+    model = load_hf(t)
+    _merge_lora(model, t, {"binding_receipt": {"target": {"lora": rec}}})
+    with torch.no_grad():
+        assert maxerr(model(torch.tensor(IDS)).logits.numpy(), ref) <= TOL
+    assert bind_target(t).slots["embed"].sha256 != rec["modules_to_save"].get("embed", {}).get("sha256")
+    r = CliRunner().invoke(main, ["inspect", str(t), "--lora", str(a)])  # (what export would take, shown)
+    assert r.exit_code == 0 and all(f"{e['key']} modules_to_save: replaced" in " ".join(r.output.split())
+                                    for e in rec["modules_to_save"].values()), r.output
+    if case == "untied_both":  # the same adapter as a pickle (--allow-lora-pickle): compare reads it as export did
+        from safetensors.torch import load_file
+
+        (tmp_path / "p").mkdir()
+        shutil.copyfile(a / "adapter_config.json", tmp_path / "p" / "adapter_config.json")
+        torch.save({k: v for k, v in load_file(str(a / "adapter_model.safetensors")).items() if "lora_" not in k},
+                   tmp_path / "p" / "adapter_model.bin")
+        _spoil_config(tmp_path / "p", target_modules=[])
+        r = export_cli(t, "--lora", tmp_path / "p", "--allow-lora-pickle", "-o", tmp_path / "pe")
+        assert r.exit_code == 0, r.output
+        rec = load_export(tmp_path / "pe")["binding_receipt"]["target"]["lora"]
+        assert rec["modules"] == {} and rec["modules_to_save"]["lm_head"]["file"] == "adapter_model.bin"
+        _merge_lora(load_hf(t), t, {"binding_receipt": {"target": {"lora": rec}}})
+
+
+@pytest.mark.parametrize("saved", [["embed_tokens", "lm_head"], ["embed_tokens"]])
+def test_tied_head_trained_apart_refused(tmp_path, saved):
+    """A tied target (SmolLM2's form) whose adapter's modules_to_save trains the embeddings and the
+    head apart (PEFT's default, ensure_weight_tying false) or only one of them: PEFT's merged
+    model unties them, which the tied export cannot hold; refused saying so (w77g's walk)."""
+    t = write_tiny_target(tmp_path / "t", "llama", tied=True, seed=4)
+    a, _ = write_adapter(t, tmp_path / "a", modules_to_save=saved)
+    r = export_cli(t, "--lora", a, "-o", tmp_path / "e")
+    said = "holds them apart" if len(saved) == 2 else "trains only one of them"
+    assert r.exit_code == 1 and "the target's LM head is tied to its embeddings" in r.output, r.output
+    assert said in r.output and str(a) in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_resized_vocabulary_refused_naming_it(tmp_path):
+    """An adapter of a model whose vocabulary was resized for added tokens (PEFT saves the resized
+    embeddings and head, save_embedding_layers): refused naming the vocabulary sizes, not called
+    a LoRA on the LM head (w77g's walk: it was)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    t = write_tiny_target(tmp_path / "t", "llama", seed=4)
+    m = load_hf(t)
+    m.resize_token_embeddings(m.config.vocab_size + 2)
+    model = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=MODULES))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    with pytest.warns(UserWarning, match="resized"):
+        model.save_pretrained(tmp_path / "a")
+    r = export_cli(t, "--lora", tmp_path / "a", "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "a LoRA on the LM head" not in r.output, r.output
+    assert "a full copy of the embeddings or the LM head" in r.output, r.output
+    assert f"a vocabulary of {m.config.vocab_size} tokens, not the target's {m.config.vocab_size - 2}" in r.output
+    assert not (tmp_path / "e").exists()
