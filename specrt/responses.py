@@ -58,6 +58,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text parts (an
 # a chat request's names in parse's errors -> the response request's (Handler._error)
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
 WORDS = (("response_format.json_schema.schema", "text.format.schema"), ("'response_format'", "'text.format'"),
+         ("response_format:", "text.format:"),  # (json_object's grammar's label: its dead end, h77b; m77h)
          ("'max_tokens'", "'max_output_tokens'"), ("the messages and the tools", "the input and the tools"),
          ("in the messages", "in the input"), ("length of the messages", "length of the input"))
 
@@ -413,6 +414,9 @@ class Events:
     def _text(self, kind: str, text: str) -> bytes:
         """``text`` added to the open item of ``kind`` (message or reasoning), opened if need be."""
         out = b""
+        for item in self.output if kind == "message" else ():  # (text after a call's header: the calls taken
+            if item["type"] == "function_call":  # back as the answer's text, malformed or cut: Streamed.end; m77h)
+                item["status"] = "incomplete"
         if self.open is None or self.open["type"] != kind:
             out += self._opening(_message("", "in_progress") if kind == "message" else _reasoning("", "in_progress"))
         self.open["content"][0]["text"] += text
