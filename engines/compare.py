@@ -366,19 +366,17 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
         raise UserError(f"{want['folder']}: not the LoRA adapter the export merged (it differs from the binding "
                         "receipt's target.lora: changed since the export?)")
     params = dict(model.named_parameters())
+    # each merged slot's delta added, modules_to_save's copies taken (a tied head follows its embeddings')
     with torch.no_grad():
-        for slot in lora.modules:
+        for slot, replaces in [*((s, False) for s in lora.modules), *((s, True) for s in lora.replaced)]:
             name = target.slots[slot].entry.name
             if name not in params:
                 raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
-                                "changes), so the torch reference cannot merge it")
-            params[name].add_(torch.from_numpy(lora.delta(slot)))
-        for slot in lora.replaced:  # modules_to_save's copies (a tied head follows its embeddings')
-            name = target.slots[slot].entry.name
-            if name not in params:
-                raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
-                                "replaces), so the torch reference cannot take it")
-            params[name].copy_(torch.from_numpy(lora.replacement(slot)))
+                                f"{'replaces' if replaces else 'changes'}), so the torch reference cannot merge it")
+            if replaces:
+                params[name].copy_(torch.from_numpy(lora.replacement(slot)))
+            else:
+                params[name].add_(torch.from_numpy(lora.delta(slot)))
     lora.reader.close()
     target.reader.close()
 
