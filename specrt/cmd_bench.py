@@ -1888,8 +1888,8 @@ def _other_target(ve, engines) -> str | None:
         target = (e.export.get("binding_receipt") or {}).get("target") or {}
         slots = target.get("slots") or {}
         w = {s: r.get("sha256") for s, r in slots.items()}
-        if target.get("lora"):  # (and the LoRA adapter merged into them: one base with two adapters is two targets)
-            w["lora"] = target["lora"]
+        if target.get("lora"):  # (and the LoRA adapter merged into them: one base with two adapters is two targets;
+            w["lora"] = {k: v for k, v in target["lora"].items() if k != "folder"}  # one copied elsewhere is one, r77i)
         return w
 
     def tokenizer(e):

@@ -369,6 +369,9 @@ def test_bench_skips_the_peers_that_decode_the_base(merged_engines, tmp_path):
     base = SimpleNamespace(export={"binding_receipt": {"target": slots}})
     assert _other_target(one, two) == _other_target(one, base) == "their binding receipts' target weights differ"
     assert _other_target(one, one) is None and _other_target(base, base) is None
+    # r77i: the same adapter in another folder (copied, or another mount) is the same target: its hashes decide
+    moved = SimpleNamespace(export={"binding_receipt": {"target": {**slots, "lora": {"folder": "/b", "r": 4}}}})
+    assert _other_target(one, moved) is None
 
 
 def test_compare_torch_reference_merges_pickled_weights(targets, tmp_path):
