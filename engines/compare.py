@@ -284,17 +284,19 @@ def torch_target_runner(model, inputs, aux_layer_ids, name: str):
     return TorchTargetRunner()
 
 
-def check_same_target(folder: Path, exp: dict[str, Any]) -> None:
+def check_same_target(folder: Path, exp: dict[str, Any]):
     """UserError unless ``folder`` binds to the tensors the export's binding receipt records
     (slot by slot, by sha256): a torch reference from another checkpoint fails every
-    comparison, or crashes on its shapes, and says nothing of the engines."""
+    comparison, or crashes on its shapes, and says nothing of the engines. Returns the target
+    bound (its tensors hashed once: _merge_lora binds no second time), or None where unchecked."""
     from specrt.export.binding import bind_target
 
     want = exp.get("binding_receipt", {}).get("target", {}).get("slots")
     if not want or not any(folder.glob("*.safetensors")):
-        return  # (an export without a receipt, or from pickles, which only transformers loads here: unchecked)
+        return None  # (an export without a receipt, or from pickles, which only transformers loads here: unchecked)
     try:
-        have = bind_target(folder).table()
+        bound = bind_target(folder)
+        have = bound.table()
     except UserError as e:
         raise UserError(f"{folder}: not the checkpoint these engines were exported from ({e})") from None
     changed = sorted(s for s in set(want) & set(have) if want[s].get("sha256") != have[s].get("sha256"))
@@ -306,6 +308,7 @@ def check_same_target(folder: Path, exp: dict[str, Any]) -> None:
         how += [f"{len(extra)} slots are not the export's (first: '{extra[0]}')"] if extra else []
         raise UserError(f"{folder}: not the checkpoint these engines were exported from: {'; '.join(how)}; pass the "
                         "exported target with --target")
+    return bound
 
 
 def load_torch_target(folder: Path, exp: dict[str, Any]):
@@ -323,7 +326,7 @@ def load_torch_target(folder: Path, exp: dict[str, Any]):
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder}: no config.json, not a transformers checkpoint (the torch reference loads the "
                         "target folder recorded in the export's binding receipt; --target DIR overrides it)")
-    check_same_target(folder, exp)
+    bound = check_same_target(folder, exp)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -335,14 +338,15 @@ def load_torch_target(folder: Path, exp: dict[str, Any]):
     if int(model.config.num_hidden_layers) != int(exp["target"]["num_layers"]):
         raise UserError(f"{folder}: {model.config.num_hidden_layers} layers, but the export has "
                         f"{exp['target']['num_layers']}: not the checkpoint these engines were exported from")
-    _merge_lora(model, folder, exp)
+    _merge_lora(model, folder, exp, bound)
     return model
 
 
-def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
+def _merge_lora(model, folder: Path, exp: dict[str, Any], target=None) -> None:
     """The LoRA adapter the export merged (its binding receipt's target.lora) merged into the
     torch reference too, as export merged it (lora.py; W + scale * B @ A): without it the
-    reference was the base model, and every comparison of a fine-tuned export failed."""
+    reference was the base model, and every comparison of a fine-tuned export failed.
+    ``target``: ``folder`` bound already (check_same_target's), else bound here."""
     want = exp.get("binding_receipt", {}).get("target", {}).get("lora")
     if not want:
         return
@@ -357,7 +361,7 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any]) -> None:
     pickled = ADAPTER_PICKLE in [*(m["lora_A"]["file"] for m in want["modules"].values()),
                                  *(t["file"] for t in want.get("modules_to_save", {}).values())]
     try:
-        target = bind_target(folder, allow_pickle=True)
+        target = target if target is not None else bind_target(folder, allow_pickle=True)
         lora = bind_lora(Path(want["folder"]), target, allow_pickle=pickled)
     except UserError as e:
         raise UserError(f"{want['folder']}: the LoRA adapter the export merged cannot be merged into the torch "
