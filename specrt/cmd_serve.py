@@ -1624,10 +1624,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Accel-Buffering", "no")
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
-        from specrt.responses import Events
+        events = None  # (a response's events, not chunks: /v1/responses)
+        if shaped is not None:
+            from specrt.responses import Events
 
-        events = None if shaped is None else Events(shaped, req["count"])  # (a response's events, not chunks)
-        if events is not None:
+            events = Events(shaped, req["count"])
             write(events.begin())
 
         def send(payload: dict, end: bool = False) -> None:  # a chunk: its data line, or its response events
