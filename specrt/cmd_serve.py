@@ -8,6 +8,7 @@
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
     POST /v1/responses          OpenAI's Responses API: its request as a chat completion's (specrt/responses.py)
+    GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items: a response kept (--responses-store)
     POST /tokenize, /detokenize vLLM's: a prompt's or a conversation's token ids; ids -> their text
     GET  /v1/models, /health, /metrics (Prometheus text: requests, tokens, acceptance, waits); HEAD too
     GET  /version, /ping        vLLM's: specrt's version; /health's answer (/ping: POST too)
@@ -68,8 +69,9 @@ tokenizer and the chat template alone, in the request's own thread: they wait fo
 /v1/responses (specrt/responses.py) maps its request onto a chat completion's, so all the above
 holds for it (the template, sampling, stop, seed, limits, tools, reasoning, structured output,
 the key, metrics and the log), and gives the answer as a response object or its stream's events;
-what it does not do (built-in tools, background, previous_response_id: no response is stored)
-is a 400 naming the field.
+the ``--responses-store`` most recent responses (RESPONSES_STORE; 0: none) are kept in memory for
+previous_response_id and the GET / DELETE routes (responses.Store); what it does not do
+(built-in tools, background, conversation) is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ WRITE_TIMEOUT = 5.0  # seconds an answer's write may wait for a client that read
 WRITE_PIECE = 1 << 16  # bytes of a whole answer written at a time, each within WRITE_TIMEOUT
 KEEP_ALIVE = 5.0  # seconds a kept-alive connection waits for its next request (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
 SETTLE_SECONDS = 5.0  # at the stop, how long the connections taken may take to get their answers (drain)
+RESPONSES_STORE = 64  # /v1/responses kept for previous_response_id and GET (--responses-store; responses.Store)
 LEFT = 499  # requests_total's status for a client that left before its answer (nginx's "client closed request")
 
 
@@ -547,6 +550,7 @@ class Server:
         from specrt.runtime.session import Session
 
         self.snapshots = snapshots
+        self.responses_store, self.kept = RESPONSES_STORE, None  # --responses-store; its Store (respond_to)
         # chat_template_kwargs: --chat-template-kwargs, every chat request's template variables
         # unless its own chat_template_kwargs set them
         self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=snapshots,
@@ -945,20 +949,32 @@ class Server:
         return BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages")
 
     def respond_to(self, body: Any) -> dict:
-        """POST /v1/responses: the request as a chat completion's (responses.chat_body), parsed as
-        one, with its response's skeleton (``responses``) and its reasoning's token count."""
+        """POST /v1/responses: the request as a chat completion's (responses.chat_body, after its
+        previous_response_id's items), parsed as one, with its response's skeleton (``responses``),
+        its reasoning's token count and ``keep``, which stores the response made (responses.Store)."""
         from specrt import responses
 
+        if self.kept is None:  # (--responses-store: made at the first response)
+            self.kept = responses.Store(self.responses_store)
         try:
-            chat = responses.chat_body(body)
+            items = responses.context(body, self.kept) if isinstance(body, dict) else None
+            chat = responses.chat_body(body, items)
         except responses.Refused as e:
-            refused = BadRequest(str(e), e.param)
+            refused = BadRequest(str(e), e.param, code=e.code)
             refused.named = True
             raise refused from None
         req = self.parse(chat, True)
-        req["responses"] = responses.skeleton(body, "resp_" + uuid.uuid4().hex, self.model, req["params"])
+        keep = bool(self.kept.size) and body.get("store") is not False  # (OpenAI's default: kept)
+        req["responses"] = responses.skeleton(body, "resp_" + uuid.uuid4().hex, self.model, req["params"], keep)
+        req["keep"] = (lambda response: self.kept.put(response, items)) if keep else (lambda response: None)
         tok = self.session.text.tokenizer
-        req["count"] = lambda text: len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+        def count(text: str) -> int:  # (the reasoning's tokens, called as the answer ends: its ids are the session's)
+            decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+            n = responses.reasoning_tokens(decode, list(self.session.last_output_ids), text)
+            return len(tok.encode(text, add_special_tokens=False).ids) if n is None else n
+
+        req["count"] = count
         return req
 
     def complete(self, req: dict) -> Iterator[dict]:
@@ -1300,8 +1316,9 @@ class Handler(BaseHTTPRequestHandler):
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
         self._discard_body()
         route = self.route
-        got = ("GET, HEAD" if route in GET_PATHS or route.startswith(("/v1/models/", "/models/")) else "",
-               "POST" if route in POST_PATHS else "")
+        kept = route.startswith(("/v1/responses/", "/responses/"))  # (a kept response's: Handler._stored)
+        got = ("GET, HEAD" if route in GET_PATHS or kept or route.startswith(("/v1/models/", "/models/")) else "",
+               "DELETE" if kept else "", "POST" if route in POST_PATHS else "")
         allow = ", ".join(m for m in got if m)
         if not allow:
             return self._error(BadRequest(f"no such path: {self.command} {self.path}", status=404))
@@ -1310,7 +1327,27 @@ class Handler(BaseHTTPRequestHandler):
                                         "type": "invalid_request_error", "param": None, "code": None}},
                         {"Allow": allow})
 
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+    do_PUT = do_PATCH = do_OPTIONS = _not_allowed
+
+    def do_DELETE(self):
+        if not self.route.startswith(("/v1/responses/", "/responses/")):
+            return self._not_allowed()
+        if self._authorised():
+            self._stored()
+
+    def _stored(self) -> None:
+        """GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (responses.stored)."""
+        from urllib.parse import parse_qs
+
+        from specrt import responses
+
+        self._discard_body()
+        try:
+            query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
+            self._send_json(200, responses.stored(self.app.kept, self.command.replace("HEAD", "GET"),
+                                                  unquote(self.route), query))
+        except responses.Refused as e:
+            self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
 
     def do_HEAD(self):
         """What GET answers, without its body (_send_json)."""
@@ -1332,6 +1369,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
                                               "model", status=404, code="model_not_found"))
             self._send_json(200, model)
+        elif route.startswith(("/v1/responses/", "/responses/")):  # (a response kept: responses.stored)
+            self._stored()
         elif route in ("/health", "/ping"):  # (vLLM's /ping, SageMaker's probe: /health's answer)
             self._health()
         elif route == "/version":  # (vLLM's: which server this is)
@@ -1588,6 +1627,7 @@ class Handler(BaseHTTPRequestHandler):
                 from specrt.responses import whole
 
                 answer = whole(shaped, answer, req["count"])
+                req["keep"](answer)
 
             def send() -> None:  # sent once the engines are free (do_POST)
                 # a client that reads nothing holds this thread, and close (Ctrl-C), for
@@ -1628,7 +1668,7 @@ class Handler(BaseHTTPRequestHandler):
         if shaped is not None:
             from specrt.responses import Events
 
-            events = Events(shaped, req["count"])
+            events = Events(shaped, req["count"], req["keep"])
             write(events.begin())
 
         def send(payload: dict, end: bool = False) -> None:  # a chunk: its data line, or its response events
@@ -1880,6 +1920,10 @@ def _check_api_key(key: str | None) -> None:
 @click.option("--prefix-snapshots", type=click.IntRange(min=0), default=SNAPSHOTS, show_default=True,
               help="Other conversations whose KV rows are kept aside for their next turn (a copy of their rows "
                    "each: on SmolLM2-135M ~46 KB a token); the oldest goes first.")
+@click.option("--responses-store", type=click.IntRange(min=0), default=RESPONSES_STORE, show_default=True,
+              help="/v1/responses kept in memory (the oldest dropped first) for previous_response_id and GET / "
+                   "DELETE /v1/responses/{id}, .../input_items; 0: none kept (store true is then taken and "
+                   "nothing kept, as vLLM's default). A response with store false is never kept.")
 @click.option("--isolate-clients", is_flag=True,
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
@@ -1909,8 +1953,8 @@ def _check_api_key(key: str | None) -> None:
               "and /tokenize, /detokenize (default: $SPECRT_API_KEY; none: open). /health, /ping, /version "
               "and /metrics stay open.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
-          isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser, enable_auto_tool_choice,
-          reasoning_parser, api_key) -> None:
+          responses_store, isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser,
+          enable_auto_tool_choice, reasoning_parser, api_key) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/responses, /v1/models; /metrics for Prometheus; vLLM's /tokenize,
     /detokenize, /version, /ping), one stream at a time, each conversation's next turn
@@ -1933,6 +1977,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                  model_name or "",
                  isolate=isolate_clients, snapshots=prefix_snapshots, chat_template_kwargs=chat_template_kwargs)
     app.api_key, app.write_timeout, app.tool_call_parser = api_key, write_timeout, tool_call_parser
+    app.responses_store = responses_store
     # a request's model is checked against a name given with --model-name only: the default
     # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
     app.model_strict = bool(model_name)

@@ -25,26 +25,39 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         alternatives), every output token's entry in the message's output_text
                         (streamed: each with the text delta it came with, or the next one), as vLLM
                         gives them only with this include (top_logprobs alone: none)
+    store               kept (``Store``, serve's --responses-store N most recent, the oldest
+                        dropped; OpenAI's default true) unless false; with N 0 nothing is kept
+                        (store true taken, false in the response: vLLM's default)
+    previous_response_id a kept response's input items and output items before the input (its
+                        instructions not carried over: OpenAI's), rendered as if sent whole;
+                        one not kept: 400 previous_response_not_found (OpenAI's; vLLM's a 404)
     temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
                         chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
                         stop, chat_template_kwargs
 
+A function_call_output item whose call_id no function_call before it has (the previous
+response's included) is a 400 naming it, as OpenAI's. ``stored``: GET /v1/responses/{id} (the
+response as sent), DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (its input
+items, the previous responses' included, as OpenAI's list with limit / order / after), 404 for
+an id not kept. Usage's reasoning_tokens counts the generated tokens the reasoning parser put in
+the reasoning (``reasoning_tokens``).
+
 Refused (400 naming the field): built-in tools (web_search, file_search, code_interpreter,
-mcp, ...: nothing here runs them), ``background`` true (vLLM's refusal without a store),
-``previous_response_id`` and ``conversation`` (nothing is stored: vLLM stores responses only
-with VLLM_ENABLE_RESPONSES_API_STORE, in memory and never freed; the client sends the whole
-conversation as input, as a chat client does), ``item_reference`` items (the same), ``include``
-but "message.output_text.logprobs", ``truncation`` "auto", ``max_tool_calls``, ``prompt``,
-``reasoning.effort`` / ``summary`` (as chat's reasoning_effort), ``text.verbosity`` and input
-other than text. ``store`` is taken and nothing stored (false in the response), as vLLM's
-default takes it.
+mcp, ...: nothing here runs them), ``background`` true (nothing runs later: vLLM's refusal
+without its store), ``conversation`` (no conversation objects: chain with previous_response_id,
+or send the whole conversation as input, as a chat client does), ``item_reference`` items (a
+stored item by its id: send the item), ``include`` but "message.output_text.logprobs",
+``truncation`` "auto", ``max_tool_calls``, ``prompt``, ``reasoning.effort`` / ``summary`` (as
+chat's reasoning_effort), ``text.verbosity`` and input other than text.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from collections import OrderedDict
 
 # fields read (mapped onto chat's, or echoed); PASSED: passed on as they are, the chat path's extra
 # fields (seed, top_k, stop, chat_template_kwargs) and those that change nothing here (cmd_serve's SHARED_FIELDS)
@@ -64,11 +77,12 @@ WORDS = (("response_format.json_schema.schema", "text.format.schema"), ("'respon
 
 
 class Refused(ValueError):
-    """A response request's field refused: the message and the field's name (serve's 400)."""
+    """A response request's field refused: the message, the field's name, OpenAI's code where it
+    gives one and the HTTP status (serve's 400; 404 for a response not kept)."""
 
-    def __init__(self, message: str, param: str | None):
+    def __init__(self, message: str, param: str | None, code: str | None = None, status: int = 400):
         super().__init__(message)
-        self.param = param
+        self.param, self.code, self.status = param, code, status
 
 
 def renamed(message: str, param: str | None) -> tuple[str, str | None]:
@@ -118,6 +132,7 @@ def messages(body: dict) -> list[dict]:
         raise Refused("'input' must be a string or a non-empty list of input items (messages, function_call, "
                       f"function_call_output); got {items!r:.60}", "input")
     thought, end = None, object()  # a reasoning item's text, for the next assistant message; the input's end
+    called: set[str] = set()  # the function_call items' call_ids so far (an output must answer one)
     for i, item in enumerate([*items, end]):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -144,6 +159,7 @@ def messages(body: dict) -> list[dict]:
                 raise Refused(f"{where}: a function_call item has a string 'call_id', 'name' and 'arguments'; got "
                               f"{item!r:.80}", "input")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            called.add(call_id)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and thought is None:  # (the same turn's)
                 last.setdefault("tool_calls", []).append(call)
@@ -155,14 +171,17 @@ def messages(body: dict) -> list[dict]:
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str):
                 raise Refused(f"{where}: a function_call_output item has a string 'call_id'; got {item!r:.80}", "input")
+            if call_id not in called:  # (OpenAI's 400: an output answering no call; h78a)
+                raise Refused(f"{where}: No tool call found for function call output with call_id {call_id!r:.80} (no "
+                              "function_call item before it has that call_id)", "input")
             output = _text_of(output, f"{where}.output", TEXT_PARTS)
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": output if isinstance(output, str) else "\n".join(p["text"] for p in output)})
         elif kind == "reasoning":
             thought = _reasoning_text(item, where)
         elif kind == "item_reference":
-            raise Refused(f"{where}: an item_reference names a stored item, and this server stores none (send the "
-                          "item itself)", "input")
+            raise Refused(f"{where}: an item_reference names a stored item, and this server finds none by id (send "
+                          "the item itself, or chain with previous_response_id)", "input")
         else:
             raise Refused(f"{where}: expected a message ({{'role', 'content'}}), a function_call or a "
                           f"function_call_output item; got {item!r:.80}", "input")
@@ -224,8 +243,68 @@ def _format(text) -> dict | None:
                   f"'name': ..., 'schema': {{...}}}}; got {fmt!r:.80}", "text")
 
 
-def chat_body(body) -> dict:
-    """A response request as the chat completion request ``Server.parse`` reads."""
+class Store:
+    """The responses kept (``--responses-store``: the ``size`` most recent, the oldest dropped
+    first; 0: none), each with its input items (``context``'s: the previous response's input and
+    output items first): for ``previous_response_id`` and GET / DELETE /v1/responses/{id},
+    GET .../input_items. In memory, one server's; a process's threads share it (its lock)."""
+
+    def __init__(self, size: int):
+        self.size, self.kept, self.lock = size, OrderedDict(), threading.Lock()
+
+    def put(self, response: dict, items: list[dict]) -> None:
+        with self.lock:
+            self.kept[response["id"]] = (response, items)
+            while len(self.kept) > self.size:
+                self.kept.popitem(last=False)
+
+    def get(self, rid: str) -> tuple[dict, list[dict]] | None:
+        with self.lock:
+            return self.kept.get(rid)
+
+    def pop(self, rid: str) -> tuple[dict, list[dict]] | None:
+        with self.lock:
+            return self.kept.pop(rid, None)
+
+    def missing(self, rid: str) -> str:
+        """Why ``rid`` is not here: the words after "... with id '...' not found"."""
+        if not self.size:
+            return " (this server keeps no responses: --responses-store 0)"
+        return (f" (never made here, made with store false, deleted, or dropped: this server keeps the {self.size} "
+                "most recent, --responses-store)")
+
+
+PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def context(body: dict, store: Store | None) -> list | object:
+    """The request's input as items, each with an ``id`` (made for those sent without one, as
+    OpenAI gives them in input_items), after its ``previous_response_id``'s stored input and
+    output items: the conversation rendered, and kept with the response. (Input neither a
+    string nor a list is given back as it is: ``messages``' 400.)"""
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    if isinstance(items, list):
+        items = [{**x, "id": _id(PREFIXES.get(x.get("type", "message"), "item"))}
+                 if isinstance(x, dict) and not isinstance(x.get("id"), str) else x for x in items]
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return items
+    if not isinstance(prev, str):
+        raise Refused(f"'previous_response_id' must be a string; got {prev!r:.60}", "previous_response_id")
+    kept = store.get(prev) if store is not None else None
+    if kept is None:  # (OpenAI's 400 and code; vLLM's is a 404)
+        raise Refused(f"Previous response with id '{prev:.80}' not found" +
+                      (store.missing(prev) if store is not None else "") + ".", "previous_response_id",
+                      "previous_response_not_found")
+    response, before = kept
+    return [*before, *response["output"], *items] if isinstance(items, list) else items
+
+
+def chat_body(body, items: list | None = None) -> dict:
+    """A response request as the chat completion request ``Server.parse`` reads; ``items``: its
+    input as ``context`` gives it (the previous response's items first)."""
     from specrt.cmd_serve import NOT_DONE  # (refused as chat refuses them; cmd_serve imports this module when used)
 
     if not isinstance(body, dict):
@@ -237,11 +316,10 @@ def chat_body(body) -> dict:
             raise Refused(f"'{name}' is not supported (got {v!r:.80})", name)
         raise Refused(f"Unrecognized request argument supplied: {name}", name)
     if body.get("background"):  # (vLLM's 400 without its store)
-        raise Refused("'background' is not supported: this server stores no responses to run later", "background")
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name) is not None:
-            raise Refused(f"'{name}' is not supported: this server stores no responses (send the whole conversation "
-                          "as 'input')", name)
+        raise Refused("'background' is not supported: this server runs no response later", "background")
+    if body.get("conversation") is not None:
+        raise Refused("'conversation' is not supported: this server keeps no conversations (chain the turns with "
+                      "'previous_response_id', or send the whole conversation as 'input')", "conversation")
     include, top = body.get("include"), body.get("top_logprobs")
     if include is not None and not isinstance(include, list):  # (a string, as the SDK lets through)
         raise Refused(f"'include' must be a list, as [{LOGPROBS!r}]; got {include!r:.80}", "include")
@@ -268,7 +346,7 @@ def chat_body(body) -> dict:
         raise Refused(f"'stream_options' takes include_obfuscation alone; got {opts!r:.60}", "stream_options")
     chat = {k: body[k] for k in ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", *PASSED)
             if body.get(k) is not None}
-    chat["messages"] = messages(body)
+    chat["messages"] = messages({**body, "input": context(body, None) if items is None else items})
     for name, v in (("max_tokens", body.get("max_output_tokens")), ("tools", _tools(body.get("tools"))),
                     ("tool_choice", _tool_choice(body.get("tool_choice"))),
                     ("response_format", _format(body.get("text")))):
@@ -279,20 +357,95 @@ def chat_body(body) -> dict:
     return chat
 
 
-def skeleton(body: dict, rid: str, model: str, params) -> dict:
+def skeleton(body: dict, rid: str, model: str, params, store: bool = False) -> dict:
     """The response object without its output, status and usage: what the request asked for
-    (its sampling values as served: the server's defaults where it gave none)."""
+    (its sampling values as served: the server's defaults where it gave none); ``store``:
+    whether it will be kept."""
     text = body.get("text") if isinstance(body.get("text"), dict) else {}
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "background": False, "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
             "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": None, "model": model, "output": [],
-            "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": params.temperature,
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None}, "store": store, "temperature": params.temperature,
             "text": {"format": text.get("format") or {"type": "text"}},
-            "tool_choice": body.get("tool_choice") or ("auto" if body.get("tools") else "none"),
+            "tool_choice": body.get("tool_choice") or "auto",  # (OpenAI's, tools or none; h78a)
             "tools": body.get("tools") or [], "top_p": params.top_p, "top_logprobs": body.get("top_logprobs") or 0,
             "truncation": "disabled", "usage": None,
             "user": body.get("user"), "metadata": body.get("metadata") or {}}
+
+
+def reasoning_tokens(decode, ids: list[int], reasoning: str) -> int:
+    """The generated tokens (``ids``; ``decode(ids[:k])``: the first k's text) that the reasoning
+    parser put in ``reasoning``: those whose text ends within it (its tags' tokens, and the
+    answer's after them, not), counted on the ids the model wrote, not on the text encoded
+    again (a byte-level tokenizer's words joined encoded as one: w77f's note). Where the text
+    is not found in the ids' (a stop string's cut), the text encoded again is the fallback:
+    ``None``."""
+    if not reasoning:
+        return 0
+    at = decode(ids).find(reasoning)
+    if at < 0:
+        return None
+
+    def within(end: int) -> int:  # the tokens whose text ends at or before ``end`` (binary search)
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if len(decode(ids[:mid])) <= end else (lo, mid - 1)
+        return lo
+
+    return within(at + len(reasoning)) - within(at)
+
+
+def _listed(item: dict) -> dict:
+    """An input item as input_items lists it (OpenAI's: a message's content as parts, a status)."""
+    item = {"status": "completed", **item}
+    if item.get("type", "message") == "message":
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        text = item.get("content")
+        item = {**item, "type": "message", "content": [{"type": kind, "text": text, **(
+            {"annotations": []} if kind == "output_text" else {})}] if isinstance(text, str) else text}
+    return item
+
+
+def stored(store: Store | None, method: str, route: str, query: dict[str, list[str]]) -> dict:
+    """GET /v1/responses/{id} (the response as it was sent), DELETE /v1/responses/{id}, GET
+    /v1/responses/{id}/input_items (OpenAI's list: ``data``, first_id, last_id, has_more; ``limit``
+    1-100, 20; ``order`` desc (the last item first) or asc; ``after`` an item's id): the answer's
+    body, or Refused (404 for an id not kept, 400 for a bad query)."""
+    rest = route.split("/responses/", 1)[1]
+    items = rest.endswith("/input_items") and method == "GET"
+    rid = rest[:-len("/input_items")] if items else rest
+    kept = store.get(rid) if store is not None and "/" not in rid else None
+    if kept is None:
+        raise Refused(f"Response with id '{rid:.80}' not found" + (store.missing(rid) if store is not None else
+                      Store(0).missing(rid)) + ".", "response_id", status=404)
+    take = ("limit", "order", "after") if items else ()
+    for name in query:
+        if name not in take:
+            raise Refused(f"query parameter {name!r:.40} is not supported here" + (
+                f" (takes {', '.join(take)})" if take else ""), name)
+    if method == "DELETE":
+        store.pop(rid)
+        return {"id": rid, "object": "response", "deleted": True}
+    response, listed = kept
+    if not items:
+        return response
+    limit, order, after = (query.get(k, [d])[-1] for k, d in (("limit", "20"), ("order", "desc"), ("after", None)))
+    if not (limit.isdigit() and 1 <= int(limit) <= 100):
+        raise Refused(f"'limit' must be an integer from 1 to 100; got {limit!r:.40}", "limit")
+    if order not in ("asc", "desc"):
+        raise Refused(f"'order' must be 'asc' or 'desc'; got {order!r:.40}", "order")
+    data = [_listed(x) for x in (listed if order == "asc" else reversed(listed))]
+    if after is not None:
+        at = [k for k, x in enumerate(data) if x.get("id") == after]
+        if not at:
+            raise Refused(f"'after': no input item with id {after!r:.80} in response '{rid:.80}'", "after")
+        data = data[at[0] + 1:]
+    page = data[:int(limit)]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(data) > len(page)}
 
 
 def _id(prefix: str) -> str:
@@ -356,10 +509,11 @@ class Events:
     when the next one opens or the answer ends; last response.completed, or response.incomplete
     for an answer cut by max_output_tokens, carrying the whole response and its usage. Every
     event with its sequence_number, from 0, and an ``event:`` line naming its type.
-    ``count(text)``: the reasoning's tokens."""
+    ``count(text)``: the reasoning's tokens; ``keep(response)``: the response completed (or
+    incomplete), kept (``Store``), as a whole one is."""
 
-    def __init__(self, response: dict, count):
-        self.response, self.count = response, count
+    def __init__(self, response: dict, count, keep=lambda response: None):
+        self.response, self.count, self.keep = response, count, keep
         self.seq = 0
         self.output: list[dict] = []  # the items opened so far
         self.open: dict | None = None  # the item being written
@@ -462,6 +616,7 @@ class Events:
         out = self._close("incomplete" if cut else "completed")
         done = {**finished(self.response, self.finish, usage, self.specrt, self.count(self.reasoned)),
                 "output": self.output}
+        self.keep(done)
         return out + self._event("response.incomplete" if cut else "response.completed", response=done)
 
     def error(self, error: dict) -> bytes:

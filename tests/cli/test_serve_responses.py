@@ -17,9 +17,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from tests.cli.test_serve import _in_process, _post  # noqa: E402
+from tests.cli.test_serve import _get, _in_process, _post  # noqa: E402
 from tests.cli.test_serve_tools import ASK, TOOLS, _calling, _serving  # noqa: E402
-from tests.runtime.test_text import overflowing  # noqa: E402, F401  (a fixture: an engine failure mid-answer)
+from tests.runtime.test_text import overflowing, worded  # noqa: E402, F401  (fixtures: an engine failure mid-answer;
+# word-level engines)
 
 FLAT = [{"type": "function", **TOOLS[0]["function"]}]  # the Responses API's flat function tool
 
@@ -255,7 +256,7 @@ def test_a_forced_tool_choice_gives_function_call_items(guided):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
      "input[0].content[0]: only text parts"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "stores none"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "finds none by id"),
     ({"tools": [{"type": "web_search"}]}, "tools", "only function tools"),
     ({"tools": TOOLS}, "tools", "the Responses API's tools are flat"),
     ({"tools": [{**FLAT[0], "parameters": "city"}]}, "tools", "tools[0].parameters: expected a JSON Schema object"),
@@ -267,7 +268,9 @@ def test_a_forced_tool_choice_gives_function_call_items(guided):
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "'text.format' must be"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text",
      "text.format.schema"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "Previous response with id 'resp_1' not found"),
+    ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, "input",  # h78a: OpenAI's 400
+     "input[0]: No tool call found for function call output with call_id 'call_9'"),
     ({"background": True}, "background", "not supported"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools", "'file_search'"),
     ({"reasoning": {"effort": "high"}}, "reasoning", "--reasoning-parser"),
@@ -393,3 +396,183 @@ def test_a_reasoning_item_cut_before_its_message_is_sent_back_as_its_turn(tmp_pa
         code, tok = _post(url, "/tokenize", {"messages": conv})
         r2 = c.responses.create(model="tiny", input=back, max_output_tokens=2)
         assert code == 200 and r2.usage.input_tokens == tok["count"]
+
+
+def _sampled(**extra) -> dict:
+    return {"max_output_tokens": 6, "temperature": 1.0, "top_p": 0.9, "extra_body": {"seed": 7},
+            "include": ["message.output_text.logprobs"], **extra}
+
+
+def _tokens(r) -> list[str]:
+    return [e.token for x in r.output if x.type == "message" for e in x.content[0].logprobs]
+
+
+def test_previous_response_id_continues_the_stored_conversation(guided):
+    """h78a: previous_response_id puts the stored response's input items and output items before
+    the request's input (its instructions not carried over: OpenAI's), rendered through the
+    same chat template path: the chained turn's prompt is the one of the same conversation sent
+    whole (its token count, as /tokenize counts the chat conversation without the first turn's
+    system message), and the tokens sampled with the same seed are the same; a chain of three
+    turns too, whole and streamed (a streamed response is kept as a whole one is). Refused
+    before (400: nothing stored)."""
+    url, _ = guided
+    c = _client(url)
+    r1 = c.responses.create(model="tiny", instructions="be brief", input="paint it", max_output_tokens=5)
+    assert r1.store is True and r1.previous_response_id is None
+    r2 = c.responses.create(model="tiny", previous_response_id=r1.id, input="again", **_sampled())
+    assert r2.previous_response_id == r1.id and r2.store is True
+    sent = [{"role": "user", "content": "paint it"}, *[x.model_dump(exclude_none=True) for x in r1.output],
+            {"role": "user", "content": "again"}]
+    whole = c.responses.create(model="tiny", input=sent, store=False, **_sampled())
+    conv = [{"role": "user", "content": "paint it"}, {"role": "assistant", "content": r1.output_text},
+            {"role": "user", "content": "again"}]
+    code, tok = _post(url, "/tokenize", {"messages": conv})
+    _, system = _post(url, "/tokenize", {"messages": [{"role": "system", "content": "be brief"}, *conv]})
+    assert code == 200 and r2.usage.input_tokens == whole.usage.input_tokens == tok["count"] < system["count"]
+    assert _tokens(r2) == _tokens(whole) and r2.output_text == whole.output_text and len(_tokens(r2)) == 6
+    with c.responses.stream(model="tiny", previous_response_id=r2.id, input="more", **_sampled()) as s:
+        r3 = [e.response for e in s if e.type in ("response.completed", "response.incomplete")][0]  # (cut: no final)
+    sent += [*[x.model_dump(exclude_none=True) for x in r2.output], {"role": "user", "content": "more"}]
+    whole = c.responses.create(model="tiny", input=sent, store=False, **_sampled())
+    assert r3.usage.input_tokens == whole.usage.input_tokens > r2.usage.input_tokens
+    assert _tokens(r3) == _tokens(whole) and r3.output_text == whole.output_text
+    assert c.responses.retrieve(r3.id).output_text == r3.output_text  # (the stream's, kept)
+
+
+def test_a_stored_response_is_retrieved_listed_and_deleted(guided):
+    """h78a: GET /v1/responses/{id} (the SDK's retrieve) gives the response as it was sent;
+    input_items.list its input items (ids made for those sent without: OpenAI's list, newest
+    first by default, order asc, limit and after paging through them, has_more), a chained
+    response's the whole conversation's; DELETE (the SDK's delete), then a 404 naming the id
+    for retrieve and a 400 previous_response_not_found for previous_response_id; store false
+    keeps nothing. Each was a 404 (no such path) or a 405 before."""
+    url, _ = guided
+    c = _client(url)
+    items = [{"role": "developer", "content": "be brief"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "paint it"}]}]
+    r = c.responses.create(model="tiny", input=items, max_output_tokens=3)
+    got = c.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.output_text == r.output_text
+    listed = c.responses.input_items.list(r.id)
+    assert [(x.type, x.role, x.content[0].text) for x in listed.data] == [
+        ("message", "user", "paint it"), ("message", "developer", "be brief")]
+    assert all(x.id.startswith("msg_") for x in listed.data) and not listed.has_more
+    asc = [x.id for x in c.responses.input_items.list(r.id, order="asc", limit=1)]  # (the SDK pages with after)
+    assert asc == [x.id for x in reversed(listed.data)]
+    r2 = c.responses.create(model="tiny", previous_response_id=r.id, input="again", max_output_tokens=2)
+    chained = c.responses.input_items.list(r2.id, order="asc").data
+    assert [x.id for x in chained] == [*asc, r.output[0].id, chained[-1].id] and chained[-1].content[0].text == "again"
+    assert c.responses.delete(r.id) is None
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.retrieve(r.id)
+    assert f"Response with id '{r.id}' not found" in e.value.message and e.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        c.responses.delete(r.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="tiny", previous_response_id=r.id, input="again", max_output_tokens=2)
+    assert e.value.code == "previous_response_not_found" and e.value.param == "previous_response_id"
+    assert r.id in e.value.message
+    assert c.responses.retrieve(r2.id).previous_response_id == r.id  # (kept: its items its own)
+    unkept = c.responses.create(model="tiny", input="paint it", max_output_tokens=2, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(unkept.id)
+    for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_x", "after"), ("x=1", "x")):
+        code, body = _get(url, f"/v1/responses/{r2.id}/input_items?{query}")
+        assert code == 400 and body["error"]["param"] == param, (query, body)
+    code, body = _post(url, f"/v1/responses/{r2.id}", {})  # (405 naming the methods the path takes)
+    assert code == 405 and "takes GET, HEAD, DELETE" in body["error"]["message"], body
+
+
+def test_the_store_keeps_the_most_recent_and_none_with_0(guided):
+    """h78a: --responses-store N keeps the N most recent responses, the oldest dropped first (a
+    404 saying why); 0 keeps none: store true is taken (false in the response, vLLM's default)
+    and previous_response_id is a 400 naming --responses-store 0."""
+    url, app = guided
+    c = _client(url)
+    c.responses.create(model="tiny", input="paint it", max_output_tokens=1)  # (the store made)
+    size = app.kept.size
+    try:
+        app.kept.size = 2
+        made = [c.responses.create(model="tiny", input="paint it", max_output_tokens=1).id for _ in range(3)]
+        assert len(app.kept.kept) == 2
+        with pytest.raises(openai.NotFoundError) as e:
+            c.responses.retrieve(made[0])
+        assert "the 2 most recent" in e.value.message
+        assert [c.responses.retrieve(m).id for m in made[1:]] == made[1:]
+        app.kept.size = 0
+        r = c.responses.create(model="tiny", input="paint it", max_output_tokens=1, store=True)
+        assert r.store is False and len(app.kept.kept) == 2
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="tiny", input="x", previous_response_id=r.id, max_output_tokens=1)
+        assert "--responses-store 0" in e.value.message
+    finally:
+        app.kept.size = size
+
+
+def test_a_function_call_output_answers_the_previous_responses_call(hermes):
+    """h78a: a function_call_output sent with previous_response_id answers the stored response's
+    call (its call_id found there, as OpenAI finds it): the answer is the whole conversation's;
+    one whose call_id no call has is a 400 naming the call_id (it was taken, a tool message
+    answering nothing rendered)."""
+    c = _client(hermes)
+    r = c.responses.create(model="tiny", input=ASK[0]["content"], tools=FLAT, max_output_tokens=12,
+                           extra_body={"stop": ["done"]})
+    call = [x for x in r.output if x.type == "function_call"][0]
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    r2 = c.responses.create(model="tiny", previous_response_id=r.id, input=[out], tools=FLAT, max_output_tokens=4)
+    back = [{"role": "user", "content": ASK[0]["content"]}, *[x.model_dump(exclude_none=True) for x in r.output], out]
+    whole = c.responses.create(model="tiny", input=back, tools=FLAT, max_output_tokens=4, store=False)
+    assert r2.usage.input_tokens == whole.usage.input_tokens and r2.output_text == whole.output_text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="tiny", previous_response_id=r.id, input=[{**out, "call_id": "call_nope"}],
+                           tools=FLAT, max_output_tokens=4)
+    assert "call_id 'call_nope'" in e.value.message and e.value.param == "input"
+
+
+def test_reasoning_tokens_are_the_tokens_generated_in_the_thinking(tmp_path):
+    """h78a: usage.output_tokens_details.reasoning_tokens counts the tokens the model generated
+    before </think> (the chat answer's logprob entries before the </think> one), whole and
+    streamed. Under a byte-level decoder the thinking "w7" x 7 is one word of text: encoded
+    again (how it was counted) it was 1 token (the unknown word), not the 7 generated."""
+    from tokenizers import decoders
+
+    from tests.cli.test_serve_reasoning import think_server
+
+    with think_server(tmp_path, {0: "</think>", 13: "<think>"}, decoders.ByteLevel()) as (url, app):
+        app.reasoning = "qwen3"
+        c = _client(url)
+        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w8"}], max_tokens=12,
+                                         logprobs=True)
+        tokens = [e.token for e in chat.choices[0].logprobs.content]
+        assert chat.choices[0].message.model_dump()["reasoning"] == "w7" * 7 and tokens.index("</think>") == 7
+        r = c.responses.create(model="tiny", input="w8", max_output_tokens=12)
+        assert r.output[0].content[0].text == "w7" * 7 and r.usage.output_tokens_details.reasoning_tokens == 7
+        events = _events(url, {"model": "tiny", "input": "w8", "max_output_tokens": 12})
+        assert events[-1][1]["response"]["usage"]["output_tokens_details"]["reasoning_tokens"] == 7
+        cut = c.responses.create(model="tiny", input="w8", max_output_tokens=3)  # (cut in its thinking)
+        assert cut.usage.output_tokens_details.reasoning_tokens == 3
+
+
+def test_the_responses_store_option_reaches_the_server(worded, monkeypatch):  # noqa: F811
+    """h78a: `specrt serve --responses-store 3` sizes the server's store (the server stopped as
+    it would listen); the default is RESPONSES_STORE; a negative size is refused naming it."""
+    from click.testing import CliRunner
+
+    from specrt import cmd_serve
+    from specrt.cli import main
+    from specrt.errors import UserError
+
+    sizes = []
+
+    def make_server(app, host, port):
+        sizes.append(app.responses_store)
+        raise UserError("stopped before listening")
+
+    monkeypatch.setattr(cmd_serve, "make_server", make_server)
+    for extra in (["--responses-store", "3"], []):
+        r = CliRunner().invoke(main, ["serve", str(worded), "--port", "0", "--governor", "off", *extra])
+        assert r.exit_code == 1 and "stopped before listening" in r.output, r.output
+    assert sizes == [3, cmd_serve.RESPONSES_STORE]
+    r = CliRunner().invoke(main, ["serve", str(worded), "--responses-store", "-1"])
+    assert r.exit_code == 1 and "--responses-store" in r.output and "Traceback" not in r.output, r.output
