@@ -1690,7 +1690,7 @@ class Handler(BaseHTTPRequestHandler):
                   **({"usage": usage} if req["usage_chunk"] else {}), **extra})
 
         # (text that may begin a tool call held; a call's header sent once its name is whole, then its arguments;
-        # a forced call's whole at the end)
+        # a forced call's too: ForcedCalls)
         calls = ForcedCalls(req["forced"], req.get("parallel", True)) if req.get("forced") else \
             Streamed(req.get("tool_parser"), req.get("parallel", True), req.get("tools"))
         try:

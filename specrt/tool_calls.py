@@ -656,7 +656,7 @@ class Streamed:
     def push(self, i: int, piece: str) -> dict:
         if self.parser is None:
             return {"content": piece} if piece else {}
-        a = self.answers.setdefault(i, _Answer())
+        a = self.answers.get(i) or self.answers.setdefault(i, _Answer())  # (none made a piece: h78d)
         text = a.text = a.text + piece
         sent = a.sent
         if a.phase != "text":
@@ -892,24 +892,31 @@ class Streamed:
                 if end == -1:
                     a.phase = "held"
                     return items
-                if found:
-                    head = ("{" if not call[2] else ", ") + json.dumps(a.value[0], ensure_ascii=False) + ": "
-                    piece = (head if len(a.value[6]) == len(found) else "") + found
+                if found:  # (the keyword's head with the value's first piece)
+                    piece = (("{" if not call[2] else ", ") + json.dumps(a.value[0], ensure_ascii=False) + ": "
+                             if len(a.value[6]) == len(found) else "") + found
                 if end is not None:
                     a.phase, a.at = ("param", end + 1) if text[end] == "," else ("after", end + 1)
                     piece += "}" if text[end] == ")" else ""
                 elif not piece:
                     return items
+                else:  # (the value still open: the text is read to its end, no second scan of it; h78d)
+                    _piece(a, items, piece)
+                    return items
             if not piece:
                 return items
             _piece(a, items, piece)
+
+    def _message(self, i: int, text: str, finish: str) -> tuple[dict, str]:
+        """The whole answer's message and finish_reason, which the pieces sent join into."""
+        return message(text, finish, None if i in self.plain else self.parser, self.parallel, self.tools)
 
     def end(self, i: int, finish: str) -> tuple[list[dict], str]:
         if self.parser is None:
             return [], finish
         a = self.answers.get(i) or _Answer()
         text, sent = a.text, a.sent
-        msg, final = message(text, finish, None if i in self.plain else self.parser, self.parallel, self.tools)
+        msg, final = self._message(i, text, finish)
         calls = msg.get("tool_calls", [])
         if len(a.calls) > len(calls) or any(c[1] != f["function"]["name"] or not f["function"]["arguments"].startswith(
                 c[2]) for c, f in zip(a.calls, calls)):  # (a call sent turned out malformed, or cut)
@@ -926,7 +933,7 @@ class Streamed:
 
 
 def _header(a: _Answer, items: list, name: str) -> None:
-    """qwen3_coder, pythonic: a call's header sent (its id made), named ``name``."""
+    """qwen3_coder, pythonic, a named forced call: a call's header sent (its id made), named ``name``."""
     a.calls.append([_call_id(), name, "", None, 0, 0])
     items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
                   "function": {"name": name, "arguments": ""}})
@@ -980,7 +987,8 @@ def _py_view(a, parser: str) -> str:
         a.view = (head + len(PYTHON_START), "")
     raw, view = a.view
     chunk = a.text[raw:]
-    chunk = chunk[:len(chunk) - tag_start_at_end(chunk, PYTHON_END)]  # (a tag is never cut in two: replace's as
+    if "<" in chunk:  # (a tag's start held back: without a <, none; h78d)
+        chunk = chunk[:len(chunk) - tag_start_at_end(chunk, PYTHON_END)]  # (a tag is never cut in two: replace's as
     a.view = (raw + len(chunk), view + chunk.replace(PYTHON_END, ""))  # the whole text's)
     return a.view[1]
 
@@ -1039,7 +1047,8 @@ def _py_value(text: str, v: list) -> tuple[str, int | None]:
         raw = text[v[5]:closed if closed is not None else at]
         k = _escape_end(raw)
         try:
-            chars = ast.literal_eval(text[v[1]] + raw[:k] + text[v[1]]) if "\\" in raw[:k] else raw[:k]
+            chars = raw[:k] if "\\" not in raw[:k] else raw[:k].encode().decode("unicode_escape") if raw[:k].isascii() \
+                else ast.literal_eval(text[v[1]] + raw[:k] + text[v[1]])  # (ASCII: the decoder of Python's literals)
         except (SyntaxError, ValueError, MemoryError):
             return "", -1
         v[6] += ("" if v[6] else '"') + json.dumps(chars, ensure_ascii=False)[1:-1]
@@ -1304,14 +1313,15 @@ def _json_call_start(text: str, sent: int) -> int:
 
 
 def _whole_items(text: str) -> list:
-    """The items of a JSON array cut short that are whole (``[`` and the items before the cut)."""
-    dec, items, at = json.JSONDecoder(), [], text.find("[") + 1
+    """The items of a JSON array cut short (``[`` and the items before the cut), where the cut is
+    between them; [] where it is inside one (a call that may be cut: the answer is text)."""
+    items, at = [], text.find("[") + 1
     while 0 < at < len(text):
         at += len(text[at:]) - len(text[at:].lstrip(" ,\n\t\r"))
         try:
-            item, at = dec.raw_decode(text, at)
-        except ValueError:
-            break
+            item, at = DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            return items if at == len(text) or text.startswith("]", at) else []
         items.append(item)
     return items
 
@@ -1319,38 +1329,56 @@ def _whole_items(text: str) -> list:
 def forced_message(content: str, finish: str, forced: str, parallel: bool = True) -> tuple[dict, str]:
     """A forced tool choice's answer (serve's forced_tools: the answer held to vLLM's JSON schema of
     the calls) as vLLM gives it: content "" and the calls (required: the
-    array's, finish "tool_calls"; a named function: one call whose arguments are the answer,
-    finish "stop"). Cut by max_tokens (finish "length"): required's whole calls, as the parsers
-    give them (tool_calls.message), else the text."""
-    try:
-        items = json.loads(content) if finish == "stop" else \
-            (_whole_items(content) or None) if forced == "required" else None
-    except ValueError:
-        items = None
-    if items is None:
-        return {"role": "assistant", "content": content}, finish
-    made = lambda name, args: {"id": _call_id(), "type": "function",  # noqa: E731
-                               "function": {"name": name, "arguments": args}}
+    array's, its items' parameters written as the parsers write a call's arguments, a key twice
+    twice, ``_Pairs``; finish "tool_calls"; a named function: one call whose arguments are the
+    answer, finish "stop"). Cut by max_tokens (finish "length"): required's whole calls where the
+    cut is between them, as the parsers give them (tool_calls.message), else the text (a call that
+    may be cut; streamed, what went of it stays sent: ForcedCalls)."""
     if forced != "required":
-        return {"role": "assistant", "content": "", "tool_calls": [made(forced, content)]}, finish
-    calls = [made(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+        if finish != "stop" or _json(content) is None:
+            return {"role": "assistant", "content": content}, finish
+        return {"role": "assistant", "content": "", "tool_calls": [_made(forced, content)]}, finish
+    items = _json(content) if finish == "stop" else _whole_items(content)
+    calls = [(c["name"], _arguments(c["parameters"])) for c in items or ()]
+    if not calls or any(args is None for _, args in calls):  # (1e999: no JSON of it, Streamed's too)
+        return {"role": "assistant", "content": content}, finish
+    calls = [_made(name, args) for name, args in calls]
     return {"role": "assistant", "content": "", "tool_calls": calls if parallel else calls[:1]}, \
         "tool_calls" if finish == "stop" else finish
 
 
-class ForcedCalls:
-    """A streamed forced tool choice (Streamed's interface): the text held, the calls sent at
-    each choice's end (one delta a call, as Streamed sends a parser's)."""
+def _made(name: str, args: str) -> dict:
+    return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+class ForcedCalls(Streamed):
+    """A streamed forced tool choice (Streamed's interface, and its pieces joining into the whole
+    answer's calls, ``forced_message``): a named function's header with the answer's first text,
+    then the text as its arguments as it comes; required's calls read from the array as the
+    parsers' JSON is (``_Reader``), a header once an item's name is whole, then its parameters as
+    they are read. No content before the end; ``end`` is Streamed's (an answer cut by max_tokens
+    inside a call: what went of it stays sent, the text comes as content, finish "length", as the
+    whole answer gives it). vLLM's sends the parameters' text as the model spaced it, its whole
+    answer's json.dumps of them."""
 
     def __init__(self, forced: str, parallel: bool = True):
-        self.forced, self.parallel, self.text = forced, parallel, {}
+        super().__init__("forced", parallel)
+        self.forced, self.keys = forced, ("parameters",)
 
     def push(self, i: int, piece: str) -> dict:
-        self.text[i] = self.text.get(i, "") + piece
-        return {}
+        a = self.answers.get(i) or self.answers.setdefault(i, _Answer())
+        a.text, items = a.text + piece, []
+        if self.forced != "required" and piece:  # (the header alone, its arguments "", then the first piece)
+            if not a.calls:
+                _header(a, items, self.forced)
+            a.calls[0][2] += piece
+            items.append({"index": 0, "function": {"arguments": piece}})
+        elif self.forced == "required" and a.phase != "held":
+            a.reader = a.reader or _Reader(base=1)
+            a.at = a.reader.feed(a.text, a.at)
+            items = self._sent(a)
+            a.phase = "held" if a.reader.bad or a.reader.done else a.phase
+        return {"tool_calls": items} if items else {}
 
-    def end(self, i: int, finish: str) -> tuple[list[dict], str]:
-        msg, finish = forced_message(self.text.get(i, ""), finish, self.forced, self.parallel)
-        if "tool_calls" not in msg:
-            return ([{"content": msg["content"]}] if msg["content"] else []), finish
-        return [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(msg["tool_calls"])], finish
+    def _message(self, i: int, text: str, finish: str) -> tuple[dict, str]:
+        return forced_message(text, finish, self.forced, self.parallel)

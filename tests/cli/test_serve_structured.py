@@ -17,6 +17,7 @@ pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
 
 from tests.cli.test_serve import _in_process, _post  # noqa: E402
+from tests.cli.test_serve_tools import _streamed  # noqa: E402
 from tests.runtime.test_grammar import REGEX, SCHEMA, guided_engines  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "paint", "description": "Paint it", "parameters": SCHEMA}},
@@ -85,8 +86,10 @@ def test_tool_choice_required_and_named_come_back_as_tool_calls(server, parser):
     """tool_choice "required": the answer is held to vLLM's array of {name, parameters} and comes
     back as tool_calls (content "", finish "tool_calls"; with parallel_tool_calls false an
     array of one call; cut by max_tokens its whole calls, finish "length"); a named function: one call of it whose
-    arguments are the answer, held to its parameters (finish "stop", as vLLM's); streamed, one
-    delta a call. With --tool-call-parser on or off. Fails without the feature (a 400)."""
+    arguments are the answer, held to its parameters (finish "stop", as vLLM's); streamed, a
+    call's header then its arguments piece by piece (h78d: one delta a call at the end), joined
+    the whole answer's; cut inside a call, streamed or not, the text, finish "length". With
+    --tool-call-parser on or off. Fails without the feature (a 400)."""
     url, app = server
     app.tool_call_parser = parser
     try:
@@ -99,28 +102,43 @@ def test_tool_choice_required_and_named_come_back_as_tool_calls(server, parser):
         assert call.id.startswith("call_") and call.function.name in ("paint", "stop")
         assert _matches_schema(call.function.arguments) if call.function.name == "paint" else \
             call.function.arguments == "{}"
-        # an array cut by max_tokens: its whole calls, finish "length" (as the parsers give them); none whole: text
-        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60)
-        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content == ""
-        assert [t.function.name for t in r.choices[0].message.tool_calls] == ["paint"]
-        assert _matches_schema(r.choices[0].message.tool_calls[0].function.arguments)
-        r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
-        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith('[{"name": ')
-        assert not r.choices[0].message.tool_calls
+        _streams_as_whole(url, r.choices[0], tool_choice="required", max_tokens=120, parallel_tool_calls=False)
+        # an array cut by max_tokens inside a call (its whole calls where it is cut between them, finish "length", as
+        # the parsers give them: unit tests): the text; streamed, the calls went before it (a second call's header)
+        for cut in (60, 8):
+            r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                          max_tokens=cut)
+            assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith('[{"name": ')
+            assert not r.choices[0].message.tool_calls
+            calls = _streams_as_whole(url, r.choices[0], tool_choice="required", max_tokens=cut)
+            assert [(c["name"], bool(c["arguments"])) for c in calls.values()] == \
+                ([("paint", True), ("paint", False)] if cut == 60 else [])
         named = {"type": "function", "function": {"name": "paint"}}
         r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=60)
         ch = r.choices[0]
         assert ch.finish_reason == "stop" and ch.message.content == "" and len(ch.message.tool_calls) == 1
         assert ch.message.tool_calls[0].function.name == "paint"
         _matches_schema(ch.message.tool_calls[0].function.arguments)
-        code, events = _post(url, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": named,
-                                                           "max_tokens": 60, "stream": True})
-        deltas = [c["delta"] for e in events for c in e["choices"]]
-        calls = [t for d in deltas for t in d.get("tool_calls") or ()]
-        assert code == 200 and len(calls) == 1 and calls[0]["function"] == ch.message.tool_calls[0].function.to_dict()
-        assert not any(d.get("content") for d in deltas) and events[-1]["choices"][0]["finish_reason"] == "stop"
+        _streams_as_whole(url, ch, tool_choice=named, max_tokens=60)
     finally:
         app.tool_call_parser = None
+
+
+def _streams_as_whole(url: str, whole, **body) -> dict:
+    """``body`` streamed: content, calls (ids aside) and finish_reason joined are ``whole``'s (the
+    choice of the same request, not streamed), each call's header first (arguments ""), then its
+    arguments in pieces; the calls joined."""
+    code, events = _post(url, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "stream": True, **body})
+    [o] = _streamed(events)
+    items = [t for e in events for ch in e["choices"] for t in ch["delta"].get("tool_calls") or ()]
+    assert code == 200 and o["finish_reason"] == whole.finish_reason and o["content"] == whole.message.content
+    assert [(c["name"], c["arguments"]) for c in o["tool_calls"].values()] == \
+        [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or ()] or not whole.message.tool_calls
+    for k in o["tool_calls"]:
+        mine = [t for t in items if t["index"] == k]
+        assert mine[0]["function"]["arguments"] == "" and mine[0]["id"].startswith("call_")
+        assert len(mine) > 2 or not o["tool_calls"][k]["arguments"]  # (a header alone: cut before its arguments)
+    return o["tool_calls"]
 
 
 @pytest.mark.parametrize("body, param, words", [
@@ -210,8 +228,8 @@ def test_tool_choice_required_holds_the_answer_to_one_call_at_least(server):
 
 def test_a_forced_answer_streamed_is_the_whole_ones_calls_and_text(server):
     """m76i-12: streamed forced tool choices give what the whole answer gives: "required" with
-    parallel calls, its calls one delta each, indexed 0, 1, ... (the whole answer's calls, in
-    order); cut by max_tokens before a call is whole, its text as content, finish "length"; a
+    parallel calls, its calls' deltas joined by index 0, 1, ... (the whole answer's calls, in
+    order; in pieces since h78d); cut by max_tokens inside a call, its text as content, finish "length"; a
     named function without parameters, an object of arguments. Mutants: every streamed call
     indexed 0, a cut answer's text dropped from the stream, a parameterless function's schema
     left empty (any JSON value: this model's answer is then no object)."""
@@ -223,12 +241,12 @@ def test_a_forced_answer_streamed_is_the_whole_ones_calls_and_text(server):
         assert code == 200, whole
         msg, finish = whole["choices"][0]["message"], whole["choices"][0]["finish_reason"]
         code, events = _post(url, "/v1/chat/completions", {**body, "stream": True})
-        deltas = [ch["delta"] for e in events for ch in e["choices"]]
-        calls = [t for d in deltas for t in d.get("tool_calls") or ()]
-        assert code == 200 and events[-1]["choices"][0]["finish_reason"] == finish
-        assert [t["index"] for t in calls] == list(range(len(msg.get("tool_calls") or ())))
-        assert [t["function"] for t in calls] == [t["function"] for t in msg.get("tool_calls") or ()]
-        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        [o] = _streamed(events)
+        assert code == 200 and events[-1]["choices"][0]["finish_reason"] == finish and o["content"] == msg["content"]
+        if msg.get("tool_calls"):  # (a call cut after its header went stays with the client: tool_calls.Streamed)
+            assert list(o["tool_calls"]) == list(range(len(msg["tool_calls"])))
+            assert [(c["name"], c["arguments"]) for c in o["tool_calls"].values()] == \
+                [(t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]]
         if extra["tool_choice"] != "required":  # (its object's keys run on to max_tokens: left as text)
             assert (msg["content"] or msg["tool_calls"][0]["function"]["arguments"]).startswith("{"), msg
         elif extra["max_tokens"] == 8:

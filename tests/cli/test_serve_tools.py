@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from specrt.runtime.sampling import SamplingParams
-from specrt.tool_calls import Streamed, parse
+from specrt.tool_calls import ForcedCalls, Streamed, forced_message, message, parse
 from tests.cli.test_serve import _post
 
 CALL = '{"name":"get_weather","arguments":{"city":"Paris"}}'  # hermes' call, one word
@@ -958,6 +958,7 @@ ANSWERS["pythonic"] = [  # (h77c: streamed piece by piece now) escapes of every 
     " c=\"a\" \"b\", n=-1.5e3)]\n",
     '[f(x=1,), g()]', '[f(x=1, x=2)]', '[f(x=g())]', '[f(x=1)] done', '[f(s="abc"[1:])]', '[f(s="line\nbreak")]',
     '[f(x=1, # c\n y=2)]', '[f (x=1)]', '[f(s="\\ud83d\\ude00", t="\\\\")]', '[f(x=)]', '[f(None=1)]', '[f(x=1e999)]',
+    '[f(s="é\\t\\x41\\N{BULLET}", t=\'a\\tb\\\'\\"\')]',  # (h78d: escapes after a character not ASCII, and without)
 ]
 ANSWERS["llama4_pythonic"] = ['<|python_start|>[f(s="a<|python_end|>b"), g(n=[1])]<|python_end|>', '[f(x=1)]',
                               '<|python_start|>[f(x="<|python_e")]']
@@ -979,15 +980,67 @@ def test_streamed_calls_join_into_the_whole_answers_calls_cut_anywhere(parser):
     for text in ANSWERS[parser]:
         for finish in ("stop", "length"):
             for parallel in (True, False):
-                msg, want = message(text, finish, parser, parallel, SCHEMAS)
-                calls = [(k, c["function"]["name"], c["function"]["arguments"])
-                         for k, c in enumerate(msg.get("tool_calls", ()))]
-                for cuts in [[k] for k in range(len(text) + 1)] + [list(range(1, len(text)))]:
-                    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-                    content, got, finish_got, _ = _through(Streamed(parser, parallel, SCHEMAS), pieces, finish)
-                    assert finish_got == want and content == (msg["content"] or ""), (text, cuts)
-                    if calls:
-                        assert [(k, name, args) for k, _, name, args in got] == calls, (text, cuts)
+                _joins_cut_anywhere(lambda: Streamed(parser, parallel, SCHEMAS), text, finish,
+                                    *message(text, finish, parser, parallel, SCHEMAS))
+
+
+def _joins_cut_anywhere(make, text: str, finish: str, msg: dict, want: str,
+                        cuts_all: bool = True) -> int:
+    """``text`` streamed through ``make()`` (a Streamed) cut at every place (``cuts_all``), and a
+    character at a time, ended with ``finish``: its content, finish_reason and (where it has
+    some) calls' names and arguments joined are the whole answer's, ``msg`` and ``want``; the
+    fewest tool_calls items sent before the end."""
+    calls = [(k, c["function"]["name"], c["function"]["arguments"]) for k, c in enumerate(msg.get("tool_calls", ()))]
+    early = []
+    for cuts in [[k] for k in range(len(text) + 1) if cuts_all] + [list(range(1, len(text)))]:
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        content, got, finish_got, n = _through(make(), pieces, finish)
+        assert finish_got == want and content == (msg["content"] or ""), (text, cuts)
+        if calls:
+            assert [(k, name, args) for k, _, name, args in got] == calls, (text, cuts)
+        early.append(n)
+    return min(early)
+
+
+# forced tool choices' answers (h78d), as the grammar lets a model write them: required's array (unicode, escapes, a
+# surrogate pair, numbers Python's json rewrites, the name after the parameters, spaced as a model may space it, a key
+# twice, a number no JSON holds) and a named function's parameters
+FORCED = {
+    "required": [
+        ' [{"name": "paint", "parameters": {"color": "r\\u00e9d \\ud83d\\ude00 \\"q\\"", "ok": true, "n": [1, 2.50, '
+        '1E2, -0, {"deep": [null, {}]}]}}, {"name": "stop", "parameters": {}}]',
+        '[\n  {"parameters": {"x": "é}]"},\n   "name": "f"},{"name":"g","parameters":{"a":1,"a":[2]}}\n]',
+        '[{"name": "f", "parameters": {"x": 1e999}}]'],
+    "paint": ['{"color": "red", "ok": true}', ' {"s": "a\\n\\u00e9}", "n": [1.50]} ']}
+
+
+@pytest.mark.parametrize("forced", sorted(FORCED))
+def test_forced_calls_stream_and_join_into_the_whole_answers_cut_anywhere(forced):
+    """tool_choice "required" or a named function, streamed: their calls came whole at the
+    answer's end (README "Not done", h78d); vLLM's stream them as they are written
+    (serving_chat: a named call's header with the first text, then the text; required's
+    parsed again at each piece, the parameters' text sent as the model spaced it, where its
+    whole answer json.dumps them). Now a call's header goes once its name is known (a named
+    one's before any text, arguments ""), then its arguments as they are read: cut at every
+    place and a character at a time, parallel or not, finish stop, and length for every
+    prefix (max_tokens anywhere), the content, calls and finish_reason joined are exactly
+    the whole answer's (``forced_message``; one cut inside a call: its text, finish length;
+    cut between whole calls: those, finish length), and the calls went before the end."""
+    for text in FORCED[forced]:
+        for parallel in (True, False):
+            for finish in ("stop", "length"):
+                msg, want = forced_message(text, finish, forced, parallel)
+                early = _joins_cut_anywhere(lambda: ForcedCalls(forced, parallel), text, finish, msg, want)
+                assert early if "tool_calls" in msg else True, text
+            for k in range(len(text)):  # (cut by max_tokens at k)
+                _joins_cut_anywhere(lambda: ForcedCalls(forced, parallel), text[:k], "length",
+                                    *forced_message(text[:k], "length", forced, parallel), cuts_all=False)
+    text = FORCED["required"][1]
+    for cut in (text.index("},{") + 1, text.index("},{") + 2):  # (between whole calls: those, finish length)
+        assert [c["function"]["name"] for c in forced_message(text[:cut], "length", "required")[0]["tool_calls"]] == ["f"]
+    first = ForcedCalls("paint").push(0, '{"')["tool_calls"]
+    assert first[0]["function"] == {"name": "paint", "arguments": ""} and first[0]["id"].startswith("call_")
+    assert first[1:] == [{"index": 0, "function": {"arguments": '{"'}}]
 
 
 def test_a_long_call_streams_its_arguments_as_they_come():
@@ -1044,6 +1097,28 @@ def test_a_pythonic_call_streams_its_arguments_as_they_come():
             assert whole[0]["function"]["arguments"].startswith(sent)
     assert len(items) > 100 and sent == whole[0]["function"]["arguments"] and items[-1]["index"] == 1
     assert s.end(0, "stop") == ([], "tool_calls")
+
+
+def test_a_pythonic_strings_pieces_are_read_once(monkeypatch):
+    """Session 77's notes: the pythonic stream's CPU cost (a 99 KB call 0.09 -> 0.53 s, 0.97 s
+    llama4_pythonic). Profiled (h78d), each piece of an open string value was scanned twice
+    (``_py_value`` again after its piece, finding nothing new) and a piece's escapes decoded
+    by compiling it (``ast.literal_eval``, 12,000 compiles for the 99 KB call); now once, and an
+    ASCII piece's escapes through unicode_escape, the decoder of Python's literals (the cuts
+    above check the values)."""
+    import ast
+
+    import specrt.tool_calls as tc
+
+    body = "".join(f"line {i}: \\u00e9 \\\"q\\\"\\n" for i in range(50))
+    text = f'[write(path="a.txt", content="{body}", n=2)]'
+    pieces, scans, compiles = [text[k:k + 4] for k in range(0, len(text), 4)], [], []
+    scan, literal = tc._py_value, ast.literal_eval
+    monkeypatch.setattr(tc, "_py_value", lambda *a: scans.append(1) or scan(*a))
+    monkeypatch.setattr(ast, "literal_eval", lambda *a: compiles.append(1) or literal(*a))
+    _, [call], _, _ = _through(Streamed("pythonic"), pieces)
+    assert call[3] == message(text, "stop", "pythonic")[0]["tool_calls"][0]["function"]["arguments"]
+    assert len(scans) < len(pieces) + 5 and not compiles, (len(scans), len(pieces), len(compiles))
 
 
 def test_a_call_found_malformed_after_its_header_went_ends_as_text():
