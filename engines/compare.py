@@ -359,7 +359,8 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any], target=None) -> None:
     # adapter's adapter_model.bin the receipt names, read at export with --allow-lora-pickle; both
     # torch.load weights_only. compare has neither flag: it told the user to pass one, r77i)
     pickled = ADAPTER_PICKLE in [*(m["lora_A"]["file"] for m in want["modules"].values()),
-                                 *(t["file"] for t in want.get("modules_to_save", {}).values())]
+                                 *(t["file"] for t in want.get("modules_to_save", {}).values()),
+                                 *(t["file"] for t in want.get("trainable_tokens", {}).values())]
     try:
         target = target if target is not None else bind_target(folder, allow_pickle=True)
         lora = bind_lora(Path(want["folder"]), target, allow_pickle=pickled)
@@ -370,14 +371,19 @@ def _merge_lora(model, folder: Path, exp: dict[str, Any], target=None) -> None:
         raise UserError(f"{want['folder']}: not the LoRA adapter the export merged (it differs from the binding "
                         "receipt's target.lora: changed since the export?)")
     params = dict(model.named_parameters())
-    # each merged slot's delta added, modules_to_save's copies taken (a tied head follows its embeddings')
+    # each merged slot's delta added, modules_to_save's copies taken, trainable tokens' rows replaced (None; a tied
+    # head follows its embeddings')
     with torch.no_grad():
-        for slot, replaces in [*((s, False) for s in lora.modules), *((s, True) for s in lora.replaced)]:
+        for slot, replaces in [*((s, False) for s in lora.modules), *((s, True) for s in lora.replaced),
+                               *((s, None) for s in lora.tokens)]:
             name = target.slots[slot].entry.name
             if name not in params:
                 raise UserError(f"{folder}: transformers names no parameter '{name}' (the slot {slot} the adapter "
                                 f"{'replaces' if replaces else 'changes'}), so the torch reference cannot merge it")
-            if replaces:
+            if replaces is None:
+                ids, rows = lora.token_rows(slot)
+                params[name][ids] = torch.from_numpy(rows).to(params[name].dtype)
+            elif replaces:
                 params[name].copy_(torch.from_numpy(lora.replacement(slot)))
             else:
                 params[name].add_(torch.from_numpy(lora.delta(slot)))

@@ -120,6 +120,9 @@ class BoundTarget(Bound):
         a = self.reader.array(e)
         if self.lora is not None and slot in self.lora.modules:
             a += self.lora.delta(slot)  # W' = W + scale * B @ A, in float32 (lora.py; the reader's copy is ours)
+        if self.lora is not None and slot in self.lora.tokens:
+            ids, rows = self.lora.token_rows(slot)
+            a[ids] = rows  # trainable_token_indices: those rows replaced (lora.py)
         return a
 
 

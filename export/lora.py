@@ -21,8 +21,11 @@ adapter must bind so, or the export stops naming it. Only the decoder layers' li
 target's embeddings and LM head, bound as ``base_model.model.model.embed_tokens.weight`` and
 ``base_model.model.lm_head.weight`` (PEFT's names, ``modules_to_save.<adapter>`` taken out), of the
 target's shapes; a target whose head is tied to its embeddings takes them only where they stay
-tied. What changes the model any other way (DoRA, trained biases, other modules_to_save,
-trainable tokens, an embedding or LM-head LoRA, a resized vocabulary, an initialisation that
+tied. ``trainable_token_indices`` (PEFT's trainable tokens) replace those rows of the embeddings
+(and so of a head tied to them). A tensor of a module that target_modules / exclude_modules /
+layers_to_transform leaves out, as PEFT's loader reads them, is refused (PEFT drops it). What
+changes the model any other way (DoRA, trained biases, other modules_to_save, other trainable
+tokens, an embedding or LM-head LoRA, a resized vocabulary, an initialisation that
 rewrote the base weights, PEFT's other LoRA variants) is refused, naming the field or the tensor.
 """
 
@@ -56,11 +59,10 @@ SAVED_SLOTS = {"embed_tokens": "embed", "lm_head": "lm_head"}
 # (or read) them, so the adapter is trained against a residual base, not base_model_name_or_path's
 UNTOUCHED_INITS = (True, False, "gaussian", "eva", "orthogonal")
 
-# fields of adapter_config.json that change nothing merged here: dropout is off at inference; which
-# modules got an adapter (target_modules, exclude_modules) is what the tensors hold; the others
-# are bookkeeping or the settings of an initialisation (init_lora_weights is checked)
+# fields of adapter_config.json that change nothing merged here: dropout is off at inference; the
+# others are bookkeeping or the settings of an initialisation (init_lora_weights is checked)
 IGNORED = ("task_type", "inference_mode", "revision", "auto_mapping", "peft_version", "lora_dropout",
-           "target_modules", "exclude_modules", "megatron_core", "qalora_group_size", "loftq_config", "eva_config",
+           "megatron_core", "qalora_group_size", "loftq_config", "eva_config",
            "corda_config", "astra_config", "lora_ga_config", "runtime_config", "ensure_weight_tying")
 
 # fields that must hold their default (None, false, empty): what each one would change
@@ -73,12 +75,15 @@ OFF = {
     "kasa_config": "KaSA", "use_bdlora": "block-diagonal LoRA",
     "layer_replication": "layer replication (a model of other layers than the target's)",
     "target_parameters": "LoRA on parameters rather than linear modules",
-    "trainable_token_indices": "trainable token embeddings",
     "megatron_config": "Megatron's parallel layers",
 }
 TAKEN = ("modules_to_save", "peft_type", "r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern",
          "fan_in_fan_out", "bias",
-         "base_model_name_or_path", "layers_to_transform", "layers_pattern", "init_lora_weights")
+         "base_model_name_or_path", "layers_to_transform", "layers_pattern", "init_lora_weights",
+         "target_modules", "exclude_modules", "trainable_token_indices")
+# PEFT's target_modules where adapter_config.json has none (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+# of llama, mistral, qwen2 and qwen3, the families specrt takes); "all-linear" is every nn.Linear but the head
+DEFAULT_TARGETS = ["q_proj", "v_proj"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class BoundLora:
     config_sha256: str = ""
     # modules_to_save: target slot -> the adapter's full copy that replaces its weight (BoundTensor)
     replaced: dict[str, Any] = field(default_factory=dict)
+    # trainable_token_indices: target slot -> (its token ids, the adapter's rows for them: BoundTensor)
+    tokens: dict[str, tuple[list[int], Any]] = field(default_factory=dict)
 
     def replacement(self, slot: str) -> np.ndarray:
         """The adapter's copy of ``slot`` (modules_to_save), float32, checked finite."""
@@ -119,6 +126,12 @@ class BoundLora:
                             f"({'NaN' if nan else 'inf'}); an adapter's weights must be finite")
         return x
 
+    def token_rows(self, slot: str) -> tuple[list[int], np.ndarray]:
+        """trainable_token_indices' ids and their trained rows (float32, checked finite), which
+        replace the slot's rows at those ids, as PEFT's TrainableTokensLayer.merge (index_copy) does."""
+        ids, t = self.tokens[slot]
+        return ids, self._finite(t.entry)
+
     def delta(self, slot: str) -> np.ndarray:
         m = self.modules[slot]
         a, b = (self._finite(t.entry) for t in (m.a, m.b))
@@ -130,6 +143,8 @@ class BoundLora:
         c = self.config
         saved = ({"modules_to_save": {s: t.to_json(self.folder) for s, t in self.replaced.items()}}
                  if self.replaced else {})  # (receipts without them read as before)
+        if self.tokens:
+            saved["trainable_tokens"] = {s: {"indices": i, **t.to_json(self.folder)} for s, (i, t) in self.tokens.items()}
         return {**saved,
             "folder": str(Path(self.folder).resolve()),
             "config": {"file": ADAPTER_CONFIG, "sha256": self.config_sha256},
@@ -212,6 +227,30 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     if unknown:
         raise UserError(f"{where(unknown[0])} is {c[unknown[0]]!r:.60}: a field specrt does not know (from a newer "
                         "PEFT?), which may change what the adapter computes; expected it unset")
+    for k in ("target_modules", "exclude_modules"):
+        v = c.get(k)
+        if v is not None and not (isinstance(v, str) or isinstance(v, list) and all(isinstance(m, str) for m in v)):
+            raise UserError(f"{where(k)} is {v!r:.60}; expected a list of module names, a regular expression or null")
+        try:
+            re.compile(v) if isinstance(v, str) else None
+        except re.error as e:
+            raise UserError(f"{where(k)} is {v!r:.60}, not a regular expression PEFT can match ({e})") from None
+    for k in ("layers_to_transform", "layers_pattern"):  # (PeftConfig's and LoraConfig's own checks)
+        if isinstance(c.get("target_modules"), str) and c.get(k) is not None:
+            raise UserError(f"{where(k)} is {c[k]!r:.60} with target_modules a string ({c['target_modules']!r:.60}), "
+                            "which PEFT refuses to load; expected null, or target_modules a list of module names")
+    tt = c.get("trainable_token_indices")
+    ids = next(iter(tt.values()), None) if isinstance(tt, dict) and len(tt) == 1 else tt
+    if tt is not None and not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                   and i >= 0 for i in ids)
+                               and len(set(ids)) == len(ids)
+                               and (not isinstance(tt, dict) or next(iter(tt)).split(".")[-1] == "embed_tokens")):
+        raise UserError(f"{where('trainable_token_indices')} is {tt!r:.60}; expected a list of token ids, each once "
+                        "(or {\"embed_tokens\": that list}): the embeddings' rows trained (`specrt export --lora` takes "
+                        "no other module's)")
+    if tt is not None and "embed_tokens" in [m.split(".")[-1] for m in saved or []]:  # (PEFT refuses it too)
+        raise UserError(f"{where('trainable_token_indices')} is {tt!r:.60} beside modules_to_save {saved}, which trains "
+                        "the whole embeddings; expected one of them")
     lt = c.get("layers_to_transform")
     index = lambda i: isinstance(i, int) and not isinstance(i, bool) and i >= 0  # noqa: E731
     if lt is not None and not (index(lt) or (isinstance(lt, list) and all(index(i) for i in lt))):
@@ -226,6 +265,25 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
 def _pattern(patterns: dict, module: str) -> str | None:
     """The key of ``patterns`` PEFT's get_pattern_key takes for ``module`` (None: none matches)."""
     return next((k for k in patterns if re.match(rf"(.*\.)?({k})$", module)), None)
+
+
+def _left_out(c: dict, module: str, layer: int) -> str | None:
+    """The field of ``c`` for which PEFT's loader gives ``module`` (the base model's name, e.g.
+    ``model.layers.3.mlp.down_proj``, of decoder layer ``layer``) no adapter, read as its
+    check_target_module_exists reads them; None where it gives it one."""
+    ex = c.get("exclude_modules")
+    if ex and (re.fullmatch(ex, module) if isinstance(ex, str) else
+               module in ex or module.endswith(tuple(f".{k}" for k in ex))):
+        return "exclude_modules"
+    tm = DEFAULT_TARGETS if c.get("target_modules") is None else c["target_modules"]
+    if isinstance(tm, str):  # (no layers_to_transform beside it: read_adapter_config)
+        return None if tm.lower() == "all-linear" or re.fullmatch(tm, module) else "target_modules"
+    if not (module in tm or module.endswith(tuple(f".{k}" for k in tm))):
+        return "target_modules"
+    lt = c.get("layers_to_transform")
+    if lt not in (None, []) and layer not in ({lt} if isinstance(lt, int) else set(lt)):
+        return "layers_to_transform"
+    return None
 
 
 def _classify(key: str) -> str:
@@ -271,8 +329,6 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         raise UserError(f"{folder}: not a LoRA adapter folder (not a directory)")
     c = read_adapter_config(folder)
     entries = _weights(folder, allow_pickle)
-    lt = c.get("layers_to_transform")
-    layers = None if lt is None else {lt} if isinstance(lt, int) else set(lt)
     rank_p, alpha_p = c.get("rank_pattern") or {}, c.get("alpha_pattern") or {}
     reader, modules, used = TensorReader(), {}, set()
     for slot, bound in target.slots.items():
@@ -289,9 +345,14 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
             raise UserError(f"{e.file}: tensor '{e.name}' has no '{names[other]}' beside it; expected both halves of "
                             "each module's adapter")
         i = int(slot.split(".")[1])
-        if layers is not None and i not in layers:
-            raise UserError(f"{have['A'].file}: tensor '{have['A'].name}' adapts layer {i}, which "
-                            f"{folder / ADAPTER_CONFIG}'s layers_to_transform {lt} leaves out (PEFT would not load it)")
+        if (why := _left_out(c, module, i)) is not None:  # (w78c: merged, where PEFT's merged model has none of it)
+            said = (f"layers_to_transform {c[why]}" if why == "layers_to_transform" else
+                    f"{why} {c[why]!r:.80}" if c.get(why) is not None else f"{why} null (PEFT's default {DEFAULT_TARGETS})")
+            raise UserError(f"{have['A'].file}: tensor '{have['A'].name}' adapts "
+                            f"{f'layer {i}' if why == 'layers_to_transform' else repr(module)}, which "
+                            f"{folder / ADAPTER_CONFIG}'s {said} leaves out: PEFT's loader drops such a tensor "
+                            "(warning of \"unexpected adapter keys\"), and its merged model has none of it; expected "
+                            f"the adapter's tensors and its {why} to agree (list the module, or remove the tensor)")
         rk, ak = _pattern(rank_p, module), _pattern(alpha_p, module)
         r = rank_p[rk] if rk is not None else c["r"]
         alpha = alpha_p[ak] if ak is not None else c["lora_alpha"]
@@ -311,6 +372,7 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         modules[slot] = LoraModule(slot, a, b, r, alpha, scale)
         used.update(names.values())
     replaced = _saved_modules(folder, c, entries, target, reader, used)
+    tokens = _token_rows(folder, c, entries, target, reader, used)
     leftovers = sorted(set(entries) - used)
     if leftovers:
         k = leftovers[0]
@@ -319,9 +381,38 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         if why.startswith("a full copy") and tuple(shape) != tuple(want):
             why += f"; it has shape {list(shape)}, {_resized(shape, want)}"
         raise UserError(f"{entries[k].file}: adapter tensor '{k}' is not taken: {why}{more}")
-    if not modules and not replaced:
+    if not modules and not replaced and not tokens:
         raise UserError(f"{folder}: the adapter holds no tensors")
-    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG), replaced)
+    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG), replaced, tokens)
+
+
+def _token_rows(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> dict:
+    """trainable_token_indices (PEFT's TrainableTokens beside a LoRA) bound: {"embed": (its ids, the
+    BoundTensor of their trained rows)}, its name added to ``used``. PEFT's merge replaces those rows
+    of the embeddings (the rows saved are whole rows, not deltas, despite its name); a head tied to
+    them follows, as here, where the tied head is the embeddings' slot; an untied head is kept."""
+    from specrt.export.binding import BoundTensor
+
+    tt = c.get("trainable_token_indices")
+    if tt is None:
+        return {}
+    ids = next(iter(tt.values())) if isinstance(tt, dict) else tt
+    embed = target.slots["embed"].entry
+    name = f"{PREFIX}{embed.name[: -len('.weight')]}.token_adapter.trainable_tokens_delta"
+    if name not in entries:
+        raise UserError(f"{folder / ADAPTER_WEIGHTS}: no tensor '{name}', which {folder / ADAPTER_CONFIG}'s "
+                        f"trainable_token_indices {ids!r:.60} promises (PEFT's name for the trained rows)")
+    e, want = entries[name], [len(ids), embed.shape[1]]
+    if e.dtype not in FLOAT:
+        raise UserError(f"{e.file}: tensor '{e.name}' has dtype {e.dtype}, expected one of {', '.join(FLOAT)}")
+    if max(ids) >= embed.shape[0]:
+        raise UserError(f"{folder / ADAPTER_CONFIG}: trainable_token_indices holds the id {max(ids)}, past the target's "
+                        f"vocabulary of {embed.shape[0]} ('{embed.name}'); expected ids of its tokens")
+    if list(e.shape) != want:
+        raise UserError(f"{e.file}: tensor '{e.name}' has shape {list(e.shape)}; expected {want}, a row for each of "
+                        f"trainable_token_indices' {len(ids)} ids, as wide as the target's '{embed.name}'")
+    used.add(name)
+    return {"embed": (ids, BoundTensor("embed", e, reader.sha256(e)))}
 
 
 def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> dict:

@@ -1911,7 +1911,8 @@ def _check_api_key(key: str | None) -> None:
 @temperature_option("A request's temperature when it gives none (0 = greedy).")
 @click.option("--model-name", callback=lambda ctx, param, v: argv_text(v),
               help="The model id /v1/models lists and responses carry (default: the name of the "
-                   "target's folder the export was made from, e.g. smollm2-135m-instruct).")
+                   "target's folder the export was made from, e.g. smollm2-135m-instruct; of an export with "
+                   "--lora, the adapter's folder, as vLLM's --lora-modules NAME=PATH serves it as NAME).")
 @click.option("--reasoning-parser", type=click.Choice(REASONING_PARSERS),
               help="Split a thinking model's chat answers as vLLM's parser of that name does: the text in "
                    "<think>...</think> as the message's 'reasoning' and 'reasoning_content', the rest as its "
@@ -1982,8 +1983,10 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
     app.model_strict = bool(model_name)
     app.reasoning = reasoning_parser
-    if not app.model:  # the target checkpoint's folder name, as the binding receipt has it
-        folder = ((app.session.engines.export.get("binding_receipt") or {}).get("target") or {}).get("folder")
+    if not app.model:  # the target checkpoint's folder name, as the binding receipt has it; a LoRA export's, the
+        # adapter's (w78c: it served the fine-tune under the base's name, which vLLM serves the base as)
+        target = (app.session.engines.export.get("binding_receipt") or {}).get("target") or {}
+        folder = (target.get("lora") or {}).get("folder") or target.get("folder")
         app.model = Path(folder).name if folder else engines_dir.resolve().name
     try:
         from specrt.cli import session_warnings

@@ -42,7 +42,7 @@ def write_adapter(target: Path, out: Path, seed: int = 3, **lora) -> tuple[Path,
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
     model.save_pretrained(out)
     with torch.no_grad():
-        logits = model.merge_and_unload()(torch.tensor(IDS)).logits.numpy()
+        logits = model.merge_and_unload()(torch.tensor(IDS)).logits.float().numpy()  # (a bfloat16 base: w78c)
     return out, logits
 
 
@@ -175,10 +175,16 @@ REFUSALS = {
     "modules_to_save": (dict(modules_to_save=["score"]), None, r"'modules_to_save' is \['score'\]: full copies"),
     "modules_to_save_missing": (dict(modules_to_save=["lm_head"]), None,
                                 r"no tensor 'base_model.model.lm_head.weight', which .*modules_to_save \['lm_head'\]"),
-    "trainable_tokens": (dict(trainable_token_indices=[1, 2]), None, r"'trainable_token_indices' is \[1, 2\]"),
+    "trainable_tokens": (dict(trainable_token_indices=[1, 2]), None,  # (w78c: taken, its rows where PEFT saves them)
+                         r"no tensor '.*embed_tokens.token_adapter.trainable_tokens_delta', which .*\[1, 2\] promises"),
     "layers_to_transform": (dict(layers_to_transform=[0, 1]), None,
                             r"adapts layer 2, which .*layers_to_transform \[0, 1\] leaves out"),
     "layers_pattern": (dict(layers_pattern="h"), None, r"'layers_pattern' is 'h'"),
+    # w78c: PEFT refuses to load these (PeftConfig.__post_init__); a tensor of layer 2 was refused instead
+    "layers_with_regex": (dict(target_modules=".*_proj", layers_to_transform=[0, 1, 2, 3]), None,
+                          r"'layers_to_transform' is \[0, 1, 2, 3\] with target_modules a string \('\.\*_proj'\), "
+                          "which PEFT refuses to load"),
+    "target_modules_type": (dict(target_modules=5), None, r"'target_modules' is 5; expected a list of module names"),
     "pissa": (dict(init_lora_weights="pissa"), None, r"'init_lora_weights' is 'pissa': such an initialisation rewrites"),
     "alora": (dict(alora_invocation_tokens=[5]), None, r"'alora_invocation_tokens' is \[5\]: activated LoRA"),
     "unknown_field": (dict(future_variant={"on": True}), None, r"'future_variant' is .*a field specrt does not know"),
@@ -504,3 +510,189 @@ def test_resized_vocabulary_refused_naming_it(tmp_path):
     assert "a full copy of the embeddings or the LM head" in r.output, r.output
     assert f"a vocabulary of {m.config.vocab_size} tokens, not the target's {m.config.vocab_size - 2}" in r.output
     assert not (tmp_path / "e").exists()
+
+
+def _peft_merged(target: Path, a: Path) -> tuple[np.ndarray, list[str]]:
+    """PEFT's own load of the adapter at ``a`` (PeftModel.from_pretrained): its merge_and_unload
+    model's logits over IDS, and the warnings it gave."""
+    import warnings
+
+    import torch
+    from peft import PeftModel
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(load_hf(target), a)
+    with torch.no_grad():
+        return model.merge_and_unload()(torch.tensor(IDS)).logits.numpy(), [str(w.message) for w in said]
+
+
+LEFT_OUT = {  # adapter_config.json's fields (the tensors: all seven projections of every layer) -> what is refused
+    "list": (dict(target_modules=MODULES[:6]), "model.layers.0.mlp.down_proj", r"target_modules \['q_proj', "),
+    "regex": (dict(target_modules=r".*\.self_attn\.[qkvo]_proj"), "model.layers.0.mlp.gate_proj",
+              r"target_modules '\.\*\\\\\.self_attn"),
+    "null": (dict(target_modules=None), "model.layers.0.self_attn.k_proj",
+             r"target_modules null \(PEFT's default \['q_proj', 'v_proj'\]\)"),
+    "exclude_list": (dict(exclude_modules=["o_proj"]), "model.layers.0.self_attn.o_proj", r"exclude_modules \['o_proj'\]"),
+    "exclude_regex": (dict(exclude_modules=r"model\.layers\.[23]\..*"), "model.layers.2.self_attn.q_proj",
+                      r"exclude_modules 'model"),
+}
+
+
+@pytest.mark.parametrize("case", list(LEFT_OUT))
+def test_tensor_of_a_module_not_targeted_refused(targets, adapter, tmp_path, case):
+    """w78c: a tensor of a module that adapter_config.json's target_modules (a list, a regular
+    expression, or null: PEFT's default for the family) or exclude_modules leaves out was merged;
+    PEFT's loader gives that module no adapter and drops the tensor (its warning "unexpected
+    adapter keys", checked here), so its merged model has none of it. Refused, naming the tensor,
+    the module and the field (the adapter's file and its config disagree: the user decides)."""
+    fields, module, said = LEFT_OUT[case]
+    a = shutil.copytree(adapter, tmp_path / "a")
+    _spoil_config(a, **fields)
+    tensor = f"base_model.model.{module}.lora_A.weight"
+    _, warned = _peft_merged(targets["llama"], a)
+    assert any("unexpected adapter keys" in w and tensor in w for w in warned), warned
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"tensor '{tensor}' adapts '{module}', which {a / 'adapter_config.json'}'s " in r.output, r.output
+    assert __import__("re").search(said + r".* leaves out: PEFT's loader drops such a tensor", r.output), r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_target_modules_as_peft_reads_them(targets, adapter, tmp_path):
+    """w78c: target_modules as PEFT's check_target_module_exists reads it: "all-linear" (every
+    projection), a regular expression matched whole, and an empty layers_to_transform restricting
+    nothing (every tensor was refused: "adapts layer 0, which ... [] leaves out"). Each export's
+    logits equal PEFT's own load's merge_and_unload."""
+    for i, fields in enumerate([dict(target_modules="all-linear", exclude_modules=["lm_head"]),
+                                dict(target_modules=r".*\.(self_attn|mlp)\.\w+_proj"),
+                                dict(layers_to_transform=[])]):
+        a = shutil.copytree(adapter, tmp_path / f"a{i}")
+        _spoil_config(a, **fields)
+        ref, _ = _peft_merged(targets["llama"], a)
+        r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / f"e{i}")
+        assert r.exit_code == 0 and "merging a LoRA adapter into 28 of them" in r.output, (fields, r.output)
+        assert maxerr(onnx_logits(tmp_path / f"e{i}"), ref) <= TOL, fields
+
+
+TOKENS = [int(i) for i in dict.fromkeys(IDS[0, :4])] + [998]  # (rows read by the prompt, and one only the head has)
+
+
+@pytest.mark.parametrize("tied,indices", [(False, TOKENS), (True, TOKENS), (True, {"embed_tokens": TOKENS})],
+                         ids=["untied", "tied", "tied_dict"])
+def test_trainable_tokens_taken(tmp_path, tied, indices):
+    """w78c (session 77 refused it): trainable_token_indices beside the LoRA, PEFT's TrainableTokens
+    (`...embed_tokens.token_adapter.trainable_tokens_delta`, whole rows despite its name): its
+    merge replaces those rows of the embeddings (index_copy), and of a head tied to them; an
+    untied head is kept. The export's logits (ONNX Runtime) equal PEFT's merge_and_unload's within
+    TOL, the receipt records the rows, compare's torch reference takes them, inspect shows them."""
+    import torch
+
+    from specrt.engines.compare import _merge_lora
+
+    t = write_tiny_target(tmp_path / "t", "llama", tied=tied, seed=4)
+    a, ref = write_adapter(t, tmp_path / "a", target_modules=["q_proj", "down_proj"], trainable_token_indices=indices)
+    r = export_cli(t, "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert f"its trainable tokens replacing {len(TOKENS)} rows of embed" in r.output, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
+    rec = load_export(tmp_path / "e")["binding_receipt"]["target"]["lora"]
+    tt = rec["trainable_tokens"]["embed"]
+    assert tt["indices"] == TOKENS and tt["key"].endswith("model.embed_tokens.token_adapter.trainable_tokens_delta")
+    assert tt["shape"] == [len(TOKENS), 64], tt
+    model = load_hf(t)
+    _merge_lora(model, t, {"binding_receipt": {"target": {"lora": rec}}})
+    with torch.no_grad():
+        assert maxerr(model(torch.tensor(IDS)).logits.numpy(), ref) <= TOL
+    r = CliRunner().invoke(main, ["inspect", str(t), "--lora", str(a)])
+    assert r.exit_code == 0 and f"trainable tokens: {len(TOKENS)} rows replaced" in r.output, r.output
+
+
+@pytest.mark.parametrize("indices,said", [
+    ([5, 5], r"'trainable_token_indices' is \[5, 5\]; expected a list of token ids, each once"),
+    ({"lm_head": [5]}, r"'trainable_token_indices' is \{'lm_head': \[5\]\}; expected"),
+    ([5, 1000], r"trainable_token_indices holds the id 1000, past the target's vocabulary of 1000"),
+    ([5, 6, 7], r"trainable_tokens_delta' has shape \[2, 64\]; expected \[3, 64\], a row for each of"),
+], ids=["twice", "lm_head", "past_vocab", "rows"])
+def test_trainable_tokens_refused(targets, adapter, tmp_path, indices, said):
+    """w78c: trainable_token_indices that PEFT's merge would not make as export makes it (an id twice,
+    another module's rows, an id past the vocabulary) refused, naming the field or the tensor."""
+    from safetensors.numpy import load_file, save_file
+
+    a = shutil.copytree(adapter, tmp_path / "a")
+    _spoil_config(a, trainable_token_indices=indices)
+    t = load_file(str(a / "adapter_model.safetensors"))
+    t["base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"] = np.ones((2, 64), np.float32)
+    save_file(t, str(a / "adapter_model.safetensors"), metadata={"format": "pt"})
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 1 and "Traceback" not in r.output and str(a) in r.output, r.output
+    assert __import__("re").search(said, r.output), r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_bf16_base_merges_as_peft_does(tmp_path):
+    """w78c (session 77 never tried one): an adapter (float32, as PEFT keeps it) on a bfloat16 base
+    checkpoint. The float32 export's logits equal PEFT's merge_and_unload of the base read in
+    float32 within TOL (1.3e-5 measured), and PEFT's bfloat16 run within that run's own bfloat16
+    error (its distance from the float32 one: 0.18 on logits up to 3.5 measured); a bfloat16
+    export holds PEFT's bfloat16 merged weights bit for bit (both round W + scale * B @ A once:
+    PEFT adds the float32 delta into the bfloat16 weight in place). Its graph is not run: ONNX
+    Runtime's CPU provider has no bfloat16 Mul."""
+    import onnx
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    t = tmp_path / "t"
+    load_hf(write_tiny_target(tmp_path / "t32", "llama", seed=4)).to(torch.bfloat16).save_pretrained(t)
+    a, _ = write_adapter(t, tmp_path / "a")
+    merged = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        base = transformers.AutoModelForCausalLM.from_pretrained(t, attn_implementation="eager", dtype=dtype).eval()
+        merged[dtype] = PeftModel.from_pretrained(base, a).merge_and_unload()
+    with torch.no_grad():
+        ref32, ref16 = (merged[d](torch.tensor(IDS)).logits.float().numpy() for d in (torch.float32, torch.bfloat16))
+    r = export_cli(t, "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    got = onnx_logits(tmp_path / "e")
+    assert maxerr(got, ref32) <= TOL and maxerr(got, ref16) <= 1.5 * maxerr(ref32, ref16), (maxerr(got, ref32),
+                                                                                            maxerr(got, ref16))
+    assert export_cli(t, "--lora", a, "-o", tmp_path / "b", "--dtype", "bfloat16").exit_code == 0
+    init = {i.name: i for i in onnx.load(str(tmp_path / "b" / "target.onnx")).graph.initializer}
+    sd = merged[torch.bfloat16].state_dict()
+    for slot, name in [("q", "self_attn.q_proj"), ("down", "mlp.down_proj")]:
+        for i in range(4):
+            w = init[f"layers.{i}.{slot}"]
+            assert w.data_type == onnx.TensorProto.BFLOAT16
+            want = sd[f"model.layers.{i}.{name}.weight"].view(torch.int16).numpy().tobytes()
+            assert w.raw_data == want, (slot, i)
+
+
+def test_serve_names_the_adapter(tmp_path):
+    """w78c: `specrt serve` of a LoRA export listed (and answered as) the base's folder name, the
+    name vLLM serves the base model under, where `--lora-modules NAME=PATH` serves the fine-tune as
+    NAME. Its default id is now the adapter's folder name (the receipt's target.lora.folder);
+    --model-name still comes first."""
+    from peft import LoraConfig, get_peft_model
+
+    from specrt.engines import build_engines
+    from tests.cli.test_serve import _get, _serving
+    from tests.runtime.test_text import _words
+
+    t = write_tiny_target(tmp_path / "t", "llama", vocab_size=16)
+    _words(t)  # (serve needs a tokenizer: a word-level one)
+    a = tmp_path / "my-sql-lora"
+    get_peft_model(load_hf(t), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(a)
+    assert export_cli(t, "--lora", a, "-o", tmp_path / "x").exit_code == 0
+    build_engines(tmp_path / "x", "onnxruntime", (1,), tmp_path / "e", log=lambda s: None, profile_repeats=1,
+                  profile_pasts=(16,), max_context=64)
+    for options, want in (((), "my-sql-lora"), (("--model-name", "chosen"), "chosen")):
+        p, line = _serving(tmp_path / "e", "--governor", "off", *options)  # (no draft: the last --governor counts)
+        try:
+            url = line.split(" on ")[1].split(" ")[0].removesuffix("/v1")
+            code, listed = _get(url, "/v1/models")
+            assert code == 200 and [m["id"] for m in listed["data"]] == [want], listed
+        finally:
+            p.kill()
+            p.wait(timeout=60)
+            p.stderr.close()
