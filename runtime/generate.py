@@ -918,17 +918,24 @@ class Generator:
                     new = new[: stop + 1]
                 # the grammar complete at the round's last token (settle cut it there)
                 done = guide is not None and guide.stopped and stop is None and len(new) == len(v.tokens)
-                # at an accepted draft, or at a tree's winning runner-up (settle cut its bonus: r77i):
-                if done and r.rejected and (int(v.tokens[-1]) == int(drafts[v.accepted])
-                                            or v.accepted == 0 and int(v.tokens[0]) in sib):
-                    r = dataclasses.replace(r, cut_at_eos=True)  # the answer's end, as an EOS's, no rejection (m76i)
+                # at an accepted draft, or at a tree's winning runner-up (settle cut its bonus: r77i): the
+                # answer's end, as an EOS's, no rejection (m76i). Governors learn the round as the target
+                # judged it: the draft taken, the positions after it not judged (cut_at_eos: DSpark's
+                # calibration read the draft as refused, h78b); the runner-up's win, its bonus cut
+                learnt = r
+                if done and r.rejected and int(v.tokens[-1]) == int(drafts[v.accepted]):
+                    r = learnt = dataclasses.replace(r, cut_at_eos=True)
+                elif done and r.rejected and v.accepted == 0 and int(v.tokens[0]) in sib:
+                    learnt = dataclasses.replace(r, accepted=1, sibling=sib.index(int(v.tokens[0])),
+                                                 outside_vocab=False)
+                    r = dataclasses.replace(r, cut_at_eos=True)
                 # the telemetry counts what was emitted: drafts accepted past an EOS are not
                 # (governors and the lookup policy still learn the round as the target judged it)
                 tel.record(r if stop is None or stop >= r.accepted else  # (ended by the EOS, not a rejection)
                            dataclasses.replace(r, accepted=stop, sibling=r.sibling if stop else -1,
                                                outside_vocab=False, cut_at_eos=True))
                 if not n_match:  # governors learn from their own rounds
-                    self.governor.observe(r)
+                    self.governor.observe(learnt)
                 if lookup is not None:
                     lookup.observe(d + 1 + len(sib), t_verify, r.t_round, v.accepted + 1,
                                    (n_match, v.accepted) if n_match else None)

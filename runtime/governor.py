@@ -187,7 +187,8 @@ class AdaptiveGovernor(Governor):
         if r.depth != self.k or r.depth == 0 or r.catch_up or not np.isfinite(total) or total <= 0:
             return
         e = self.est[self.k]
-        sample = (float(r.emitted), total, r.accepted / min(r.accepted + 1, r.depth))
+        # (a round the grammar ended at an accepted draft, cut_at_eos: that draft taken, none after judged)
+        sample = (float(r.emitted), total, (r.accepted + r.cut_at_eos) / min(r.accepted + 1, r.depth))
         if e[3] == 0:
             e[:3] = sample
         else:
@@ -953,15 +954,20 @@ class DSparkGovernor(Governor):
         self.t_verify = {k: self.load_target * p * self.shape[k] for k, p in self._p_verify.items()}
         if self._p_decode is not None:
             self.t_decode = self.load_target * self._p_decode * self.shape[0]
-        if r.siblings and (r.sibling >= 0 or r.accepted == 0):  # the first draft was rejected
+        if r.siblings and (r.sibling >= 0 or r.accepted == 0) and not r.cut_at_eos:  # the first draft was rejected
             self._grow_ranks()
             for j in range(min(r.siblings, len(self.sib_tries))):  # every rank verified: won or not
                 self.sib_tries[j] += 1.0
                 self.sib_wins[j] += float(r.sibling == j)
         if r.depth and self.learn and r.confidences is not None:
             # a runner-up's win is the chain's first draft rejected: the calibration maps the
-            # draft's confidence in its own first choice
-            self.calibration.update(r.confidences[: r.depth], 0 if r.sibling >= 0 else r.accepted)
+            # draft's confidence in its own first choice. A round the grammar ended at an accepted
+            # draft (cut_at_eos: no other round a governor sees has it, generate.py) took that draft;
+            # the positions after it were never judged
+            if r.cut_at_eos:
+                self.calibration.update(r.confidences[: r.accepted + 1], r.accepted + 1)
+            else:
+                self.calibration.update(r.confidences[: r.depth], 0 if r.sibling >= 0 else r.accepted)
 
 
 SPECS = ("auto | off | fixed:K | adaptive | dspark[:block=K][:profiled], each but auto and off [:tree=W], "

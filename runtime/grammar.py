@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import weakref
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -106,7 +105,9 @@ class Constraint:
     """What the answer must match: ``kind`` one of KINDS, ``value`` the schema (a dict), the
     pattern (Rust's regex syntax, llguidance's), the choices (a list of strings) or the grammar
     (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field).
-    ``after``: text whose tokens the answer spells before the grammar holds ("": from its first token)."""
+    ``after``: text whose tokens the answer spells before the grammar holds ("": from its first token).
+    The value as it was when the Constraint was made is the constraint (a copy of it as text):
+    one changed in place later is not seen (make a new Constraint)."""
 
     kind: str
     value: object = None
@@ -137,20 +138,27 @@ class Constraint:
     def label(self) -> str:
         return self.name or self.kind
 
+    def __post_init__(self):
+        # the constraint as text, made once, here: the value as it is now is the constraint (what
+        # key() and source() read), a schema changed in place later changes neither (it kept the key
+        # of its first use while a Session's cache miss compiled the changed one: session 77)
+        try:
+            key = json.dumps([self.kind, self.value] + ([self.after] if self.after else []))
+        except (TypeError, ValueError) as e:  # (a set of choices, a schema holding a Python object)
+            raise UserError(f"{self.label}: expected JSON data ({e})") from None
+        object.__setattr__(self, "_key", key)  # (a frozen dataclass)
+
     def key(self) -> str:
         """The constraint as text, for a cache of compiled grammars (a schema's keys in their
-        order: llguidance writes its properties in it, m76i). Made once, at the first call (serve
-        asked for it at the request, then stream and stream_ids: three dumps of a 1.7 MB schema,
-        ~60 ms a request): the value as it was then (a schema changed later needs a new Constraint)."""
+        order: llguidance writes its properties in it, m76i). Made once, when the Constraint is
+        made (serve asked for it at the request, then stream and stream_ids: three dumps of a
+        1.7 MB schema, ~60 ms a request)."""
         return self._key
 
-    @cached_property
-    def _key(self) -> str:  # (a frozen dataclass: cached_property writes the instance's __dict__ itself)
-        return json.dumps([self.kind, self.value] + ([self.after] if self.after else []))
-
     def source(self) -> str:
-        """The llguidance grammar, its value checked (a UserError naming ``label``)."""
-        llg, v, what = _llguidance(self.label), self.value, self.label
+        """The llguidance grammar, its value (as it was when the Constraint was made) checked (a
+        UserError naming ``label``)."""
+        llg, v, what = _llguidance(self.label), json.loads(self._key)[1], self.label
         if self.kind == "json_schema":
             if not isinstance(v, dict):
                 raise UserError(f"{what}: expected a JSON schema (a JSON object), got {type(v).__name__}")
@@ -253,16 +261,65 @@ def _first_lines(message: str) -> str:
     return "; ".join(lines[:1] + [s for s in lines[1:] if s.lower().startswith("error")])
 
 
+class _Matcher:
+    """A stream's LLMatcher, the tokens it holds and the mask made for them (``ok``, Guide.allowed's):
+    each move (consume, rollback) goes through here and forgets the mask, so no move leaves it
+    stale (Guide reset it by hand at each of its three moves until session 78). Only what Guide
+    asks of the matcher."""
+
+    def __init__(self, grammar: Grammar, matcher):
+        self.grammar, self._m = grammar, matcher
+        self.held: list[int] = []  # the tokens consumed
+        self.ok: np.ndarray | None = None  # bool [V] for them (None: not made since they moved)
+
+    def try_consume(self, token: int) -> bool:
+        """``token`` consumed where the grammar takes it (one refused leaves the matcher as it was)."""
+        self.ok = None
+        took = bool(self._m.try_consume_tokens([token]))
+        self.held += [token] * took
+        return took
+
+    def consume(self, token: int) -> None:
+        """``token`` consumed whatever it is (a refused one: the matcher's error state, its words)."""
+        self.ok = None
+        self._m.consume_token(token)
+
+    def rollback(self, n: int) -> None:
+        self.ok = None
+        if n:
+            self._m.rollback(n)
+            del self.held[-n:]
+
+    def compute_mask(self, bits: np.ndarray) -> None:
+        self._m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+
+    def is_error(self) -> bool:
+        return self._m.is_error()
+
+    def get_error(self) -> str:
+        return self._m.get_error()
+
+    def is_stopped(self) -> bool:
+        return self._m.is_stopped()
+
+    def forced(self) -> bytes:
+        """The text the grammar forces after the tokens held (llguidance's forced bytes; b"" where
+        it forces none), read from a fresh matcher given them: a matcher at its dead end is in
+        its error state, where it says none."""
+        fresh = self.grammar._matcher()
+        fresh.consume_tokens(self.held)
+        return fresh.compute_ff_bytes() if not fresh.is_error() else b""
+
+
 class Guide:
     """One stream's matcher over ``grammar``: the masks of its rows and the tokens it holds.
     ``pending``: drafts consumed for a round's masks, given back by ``settle``; an EOS is
     never consumed (the rows after it are cut: ``ended``)."""
 
     def __init__(self, grammar: Grammar, matcher):
-        self.grammar, self.m = grammar, matcher
+        self.grammar, self.m = grammar, _Matcher(grammar, matcher)
         self.vocab, self.eos = grammar.vocab, grammar.eos
         self._bits = np.zeros((self.vocab + 31) // 32, np.int32)  # llguidance's bitmask, bit t of word t // 32
-        self._ok: np.ndarray | None = None  # allowed()'s for the matcher's tokens now (None: not made since they moved)
         self.pending, self.ended = 0, False
         self.position = 0  # output tokens held (for errors)
         self._fail()
@@ -275,9 +332,10 @@ class Guide:
             raise UserError(f"{self.grammar.constraint.label}: {_first_lines(why)}")
 
     def _none_allowed(self):
+        forced = self.m.forced().decode("utf-8", "replace")  # (what llguidance says it needs next, if it knows)
         raise UserError(f"{self.grammar.constraint.label}: no token of the vocabulary can continue the answer "
                         f"{self.position + self.pending} token(s) in (the grammar needs text these engines' "
-                        "tokenizer cannot write)")
+                        "tokenizer cannot write" + (f": {forced!r:.80}" if forced else "") + ")")
 
     @property
     def stopped(self) -> bool:
@@ -291,14 +349,14 @@ class Guide:
         holds (a tree round asked for its first position's twice: its runners-up, then row 0)."""
         if self.ended or self.m.is_stopped():
             return np.ones(self.vocab, bool)
-        if self._ok is None:
-            self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self.m.ok is None:
+            self.m.compute_mask(self._bits)
             ok = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
             if not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
                 self._none_allowed()
             self._fail()
-            self._ok = ok
-        return self._ok
+            self.m.ok = ok
+        return self.m.ok
 
     def masked(self, row: np.ndarray) -> np.ndarray:
         """row [V] with the refused tokens -inf (a copy)."""
@@ -311,13 +369,11 @@ class Guide:
             self.position += 1
 
     def consume(self, token: int) -> None:
-        self._ok = None  # (the matcher's tokens move)
-        if self.m.try_consume_tokens([int(token)]):  # (one refused leaves the matcher as it was: 0.4 us a token more)
+        if self.m.try_consume(int(token)):  # (one refused leaves the matcher as it was: 0.4 us a token more)
             return
         allowed = not self.m.is_error() and bool(self.allowed()[int(token)])
-        self._ok = None
         if not self.m.is_error():
-            self.m.consume_token(int(token))  # (for llguidance's words)
+            self.m.consume(int(token))  # (for llguidance's words)
         why = self.m.get_error()
         if "doesn't satisfy the grammar" not in why:  # (a limit of llguidance's: the grammar's, w76j)
             raise UserError(f"{self.grammar.constraint.label}: too large or ambiguous for llguidance's parser "
@@ -351,7 +407,10 @@ class Guide:
         for k in range(len(drafts) + 1):
             self.advance(drafts, k)
             check(k)
-            best.append(int(self.masked(logits[k]).argmax()))
+            # the row's argmax where the grammar allows it (its first max is then the allowed tokens'
+            # first): no masked copy of the row (0.03 of a row's 0.055 ms on SmolLM2's 49,152 tokens)
+            top = int(logits[k].argmax())
+            best.append(top if self.allowed()[top] else int(self.masked(logits[k]).argmax()))
             if k == len(drafts) or best[-1] != int(drafts[k]) or best[-1] in self.eos:
                 break
             self.consume(best[-1])
@@ -373,13 +432,11 @@ class Guide:
             return self.masked(row)
         finally:
             self.m.rollback(1)
-            self._ok = None
 
     def settle(self, v: Verdict) -> Verdict:
         """After a round: the matcher holds its emitted tokens (up to an EOS, which it does not
         take); a verdict whose token stopped the grammar before its last is cut after it."""
         self.m.rollback(self.pending)
-        self._ok = None
         self.pending, self.ended = 0, False
         for j, t in enumerate(int(t) for t in v.tokens):
             if t in self.eos:

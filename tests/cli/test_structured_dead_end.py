@@ -137,3 +137,19 @@ def test_forced_text_the_vocabulary_cannot_spell_is_a_400_in_serve_and_exit_1_in
         assert app.metrics.counts["engine_failures"] == failures
     r = _run(engines, "--prompt", "hello", "--max-new-tokens", 8, "--regex", '"hello')
     assert r.exit_code == 1 and f"error: --regex: {FORCED.format(0)}" in r.output and "Traceback" not in r.output
+
+
+def test_the_dead_end_names_the_text_the_grammar_forces(engines):
+    """Session 77's leftover (NOTES): the dead end's error said the grammar needs text the tokenizer
+    cannot write, not which: now llguidance's forced bytes after the tokens held (read from a fresh
+    matcher given them: the matcher at its dead end is in its error state, where it says none), in
+    the Python API's error and run's; none where the grammar forces nothing (a choice of two)."""
+    with Session(engines, "fixed:2") as s:
+        for regex, forced in ((DEAD_END, "'7'"), ('"hello', "'\"hello'"), ("hello world (7|8)", "")):
+            with pytest.raises(UserError) as e:
+                for _ in s.stream("hello", max_new_tokens=20, grammar=Constraint.regex(regex, "--regex")):
+                    pass
+            assert str(e.value).endswith("cannot write" + (": " + forced if forced else "") + ")"), str(e.value)
+    r = _run(engines, "--prompt", "hello", "--max-new-tokens", 20, "--regex", DEAD_END)
+    assert r.exit_code == 1 and f"error: --regex: {SAID} (the grammar needs text these engines' tokenizer cannot " \
+        "write: '7')" in r.output

@@ -562,3 +562,73 @@ def test_a_new_grammars_first_stream_builds_its_parser_once(guided, monkeypatch)
     assert len(built) == 1, len(built)
     with pytest.raises(UserError, match="regex: .*unclosed counted repetition"):
         compile_constraint(Constraint.regex("[0-9]{3"), text, vocab, eos)
+
+
+def test_each_move_of_the_matcher_leaves_no_stale_mask(guided):
+    """Session 77's final read: Guide keeps the mask made for the tokens its matcher holds, and
+    reset it by hand at each of the matcher's moves (consume, settle's rollback, sibling_row's
+    rollback); now every move goes through one wrapper (grammar._Matcher) that forgets it. Each
+    path below makes the mask, moves, and must then give the mask a fresh guide gives for the
+    tokens it holds: take, advance, argmaxes (consumes), sibling_row (consume and rollback),
+    settle (rollback alone, and rollback and consume). Mutants: the wrapper's try_consume or
+    rollback keeping the mask (and, before it, each of Guide's three resets left out) fail it."""
+    from specrt.runtime.verify import Verdict
+
+    engines, text, eos = guided
+    g = compile_constraint(Constraint.regex(REGEX), text, engines.export["target"]["vocab_size"], eos)
+    t = [text.tokenizer.token_to_id(c) for c in "123"]  # (a digit's mask allows every digit)
+
+    def fresh(tokens):
+        other = g.guide()
+        for x in tokens:
+            other.take(x)
+        return other.allowed().copy()
+
+    def same(guide, tokens, what):
+        got = guide.allowed()
+        assert np.array_equal(got, fresh(tokens)), f"{what}: a stale mask ({got.sum()} tokens allowed)"
+
+    guide = g.guide()
+    guide.allowed()
+    guide.take(t[0])  # consumes
+    same(guide, t[:1], "take")
+    logits = np.zeros((3, guide.vocab), np.float32)
+    sib = int(np.flatnonzero(guide.allowed() & (np.arange(guide.vocab) != t[1]))[0])
+    guide.sibling_row(logits[0], sib)  # consumes the runner-up, rolls it back
+    same(guide, t[:1], "sibling_row")
+    guide.advance(t[1:], 1)  # consumes a draft
+    same(guide, t[:2], "advance")
+    guide.settle(Verdict(0, np.asarray(t[1:1], np.int64)))  # rolls the draft back, consumes nothing
+    same(guide, t[:1], "settle (a rollback)")
+    logits[0, t[1]] = logits[1, t[2]] = 1.0
+    guide.argmaxes(logits, t[1:3], lambda k: None)  # consumes the drafts it accepts
+    same(guide, t[:3], "argmaxes")
+    guide.settle(Verdict(1, np.asarray(t[1:3], np.int64)))  # rolls back, consumes the round's tokens
+    same(guide, t[:3], "settle")
+
+
+def test_a_schema_changed_in_place_after_its_constraint_is_made_is_not_seen(guided):
+    """Session 77's leftover (NOTES): Constraint.key was made at its first use, source() read the
+    schema when compiled: a schema dict changed in place after the key was asked for (serve asks
+    at the request) was compiled as changed under the first key, so a Session's next constraint
+    of the first schema got the changed grammar ('{"color": "green"}' for an enum of "red"). Now
+    the value as it was when the Constraint was made is the constraint (its text, made then)."""
+    from specrt.runtime.session import Session
+
+    engines, _, _ = guided
+    text = '{"type": "object", "properties": {"color": {"enum": ["red"]}}, "required": ["color"]}'
+    schema = json.loads(text)
+    c = Constraint.json_schema(schema)
+    c.key()
+    schema["properties"]["color"]["enum"] = ["green"]
+    with Session(engines.folder, "off") as s:
+        first = "".join(s.stream("hello", max_new_tokens=20, grammar=c))
+        again = "".join(s.stream("hello", max_new_tokens=20, grammar=Constraint.json_schema(json.loads(text))))
+    assert first == again == '{"color": "red"}', (first, again)
+
+
+def test_a_constraint_of_what_json_cannot_write_is_refused_naming_it():
+    """A value json cannot write (a set of choices) is refused when the Constraint is made, naming
+    it (its text is made then: it was a TypeError from Session.grammar_of's key)."""
+    with pytest.raises(UserError, match=r"^--choice: expected JSON data \(Object of type set is not JSON"):
+        Constraint.choice({"yes", "no"}, "--choice")

@@ -131,17 +131,38 @@ def test_engines_whose_vocabulary_is_padded_past_the_tokenizers_allow_none_of_th
     assert allowed.shape == (vocab + 13,) and allowed[:vocab].any() and not allowed[vocab:].any()
 
 
-def _drafting(monkeypatch, answers) -> None:
+def _drafting(monkeypatch, answers, runner_up_in: int = 0) -> None:
     """The P-EAGLE draft's tokens replaced by ``answers[0]``'s next ones (its pass still run: its
-    KV as it keeps it; past the list's end its last token)."""
+    KV as it keeps it; past the list's end its last token). ``runner_up_in`` (the vocabulary): the
+    right first token a runner-up instead, the chain's first draft the next id (wrong)."""
     real = G.Generator._draft_peagle
 
     def draft(self, *args):
         drafts, q, conf, t = real(self, *args)
         a, at = answers[0], self._draft_pos
-        return np.asarray([a[min(at + k, len(a) - 1)] for k in range(len(drafts))], np.int64), q, conf, t
+        right = [a[min(at + k, len(a) - 1)] for k in range(len(drafts))]
+        if runner_up_in:
+            self._siblings = [int(right[0])]
+            right[0] = (right[0] + 1) % runner_up_in
+        return np.asarray(right, np.int64), q, conf, t
 
     monkeypatch.setattr(G.Generator, "_draft_peagle", draft)
+
+
+def _ending_grammars(guided, monkeypatch, params, runner_up: bool = False):
+    """m76i-6's answers (r77i's with ``runner_up``): for n = 2..6, (n, the grammar the literal text
+    of the guided answer's first n tokens, the answer under it), the draft writing that answer
+    and then the target's own unguided continuation (_drafting)."""
+    engines, text, eos = guided
+    long = _gen(engines, OffGovernor(DEPTHS), params).generate(
+        PROMPTS[1], 12, eos, _compiled(guided, Constraint.regex("[a-z]{12}")))
+    answers = [long]
+    _drafting(monkeypatch, answers, engines.export["target"]["vocab_size"] if runner_up else 0)
+    for n in range(2, 7):
+        g = _compiled(guided, Constraint.choice([text.decode(long[:n])]))
+        ref = _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1], 12, eos, g)
+        answers[0] = ref + _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1] + ref, 8, eos)
+        yield n, g, ref
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)],
@@ -185,26 +206,9 @@ def test_a_grammar_completed_at_a_winning_runner_up_is_no_rejection(guided, monk
     runner-up's win is none and a chain's draft completing it is not counted one since h77b
     (nor a runner-up EOS). The tokens are the answer's either way; the telemetry counts the
     tokens taken (1 + rounds + accepted)."""
-    engines, text, eos = guided
-    vocab = engines.export["target"]["vocab_size"]
-    long = _gen(engines, OffGovernor(DEPTHS), params).generate(
-        PROMPTS[1], 12, eos, _compiled(guided, Constraint.regex("[a-z]{12}")))
-    answers = [long]
-    real = G.Generator._draft_peagle
-
-    def draft(self, *args):  # the right token a runner-up, the chain's first draft the next id
-        drafts, q, conf, t = real(self, *args)
-        a, at = answers[0], self._draft_pos
-        right = [a[min(at + k, len(a) - 1)] for k in range(len(drafts))]
-        self._siblings = [int(right[0])]
-        return np.asarray([(right[0] + 1) % vocab, *right[1:]], np.int64), q, conf, t
-
-    monkeypatch.setattr(G.Generator, "_draft_peagle", draft)
+    engines, _, eos = guided
     assert engines.verifies_trees()
-    for n in range(2, 7):
-        g = _compiled(guided, Constraint.choice([text.decode(long[:n])]))
-        ref = _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1], 12, eos, g)
-        answers[0] = ref + _gen(engines, OffGovernor(DEPTHS), params).generate(PROMPTS[1] + ref, 8, eos)
+    for n, g, ref in _ending_grammars(guided, monkeypatch, params, runner_up=True):
         tree = FixedGovernor(DEPTHS, 2)
         tree.tree_width = 3
         gen = _gen(engines, tree, params)
@@ -279,3 +283,75 @@ def test_session_stream_refuses_a_bad_grammar_when_called(guided):
     with Session(engines.folder, "off") as s:
         with pytest.raises(UserError, match=r"regex: .*unclosed"):
             s.stream("hello", max_new_tokens=4, grammar=Constraint.regex("[0-9"))
+
+
+def _dspark(tree_width: int = 1):
+    """A DSpark whose deeper verify calls cost next to nothing (it verifies deep and, with a tree,
+    its runners-up: rounds a grammar can end mid-way)."""
+    from specrt.runtime.governor import Calibration, DSparkGovernor
+
+    conf = np.tile(np.linspace(0.0, 1.0, 100), len(DEPTHS))  # (a calibration where every draft is taken)
+    cal = Calibration.fit(conf, np.repeat(np.arange(len(DEPTHS)), 100), np.ones(conf.size), kinds=("histogram",),
+                          positions=len(DEPTHS))
+    gov = DSparkGovernor(DEPTHS, 1e-6, {d: 1e-3 * (1 + 1e-3 * d) for d in (0, *DEPTHS)}, cal)
+    gov.tree_width = tree_width
+    return gov
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)],
+                         ids=["greedy", "coupled"])
+def test_dsparks_calibration_learns_a_draft_that_completed_the_grammar_as_taken(guided, monkeypatch, params):
+    """Session 77's leftover (NOTES; h77b mended the telemetry alone): DSpark's online calibration
+    (Calibration.update from observe) read a round the grammar ended at an accepted draft as that
+    draft refused. m76i-6's answers (every draft the target's own pick, the grammar the text of
+    the first n tokens): every position the calibration learnt is accepted; the ending draft's is
+    learnt taken and the positions after it not at all (it learnt the first as refused).
+    h78b."""
+    engines, _, eos = guided
+    for n, g, ref in _ending_grammars(guided, monkeypatch, params):
+        gov = _dspark()
+        gen = _gen(engines, gov, params)
+        assert gen.generate(PROMPTS[1], 12, eos, g) == ref and gen.telemetry.rejections == 0, n
+        assert gen.telemetry.depths == {4: 1}, n  # (one round: the prefill's token, then n - 1 drafts taken)
+        cal = gov.calibration  # (its 400 fitted samples, then the round's: a draft the grammar ended at taken)
+        assert cal.n.sum() == 400 + min(n - 1, 4) and (cal.a == cal.n).all(), (n, cal.n.sum(), cal.a.sum())
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)],
+                         ids=["greedy", "coupled"])
+def test_dspark_learns_a_runner_up_that_completed_the_grammar_as_its_win(guided, monkeypatch, params):
+    """r77i's answers (each chain draft wrong, the target's own pick the runner-up), DSpark sizing
+    its tree: where the grammar completes at a round's winning runner-up (its bonus cut), DSpark
+    learns the round as the target judged it, the runner-up's win (it learnt a chain draft of
+    rank 1 lost with no runner-up winning; a round cut_at_eos alone would read as the chain's
+    draft taken, h78b): no chain draft learnt taken, every runner-up of rank 2 a win."""
+    engines, _, eos = guided
+    for n, g, ref in _ending_grammars(guided, monkeypatch, params, runner_up=True):
+        gov = _dspark(3)
+        w0, t0 = gov.SIBLING_PRIOR_TRIES / 4, gov.SIBLING_PRIOR_TRIES  # (rank 2's starting counts)
+        gen = _gen(engines, gov, params)
+        assert gen.generate(PROMPTS[1], 12, eos, g) == ref, n
+        rounds = gen.telemetry.to_json()["tree"]["rounds"]  # (each with one runner-up, the round's winner)
+        assert rounds == gen.telemetry.draft_rounds > 0 and gov.sib_wins[0] - w0 == gov.sib_tries[0] - t0 == rounds, n
+        cal = gov.calibration  # (its 400 fitted samples, then each round's chain draft refused)
+        assert cal.n.sum() == 400 + rounds and cal.a.sum() == 400, (n, cal.n.sum(), cal.a.sum())
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=1, coupled=True)],
+                         ids=["greedy", "coupled"])
+def test_adaptive_learns_a_draft_that_completed_the_grammar_as_taken(guided, monkeypatch, params):
+    """h78b (beside DSpark's calibration): the adaptive governor's acceptance estimate read a round
+    the grammar ended at an accepted draft as that draft refused (0 of 1 at its first depth, where
+    every draft of m76i-6's answers is the target's own pick): it is 1."""
+    from specrt.runtime.governor import AdaptiveGovernor
+
+    engines, _, eos = guided
+    learnt = 0
+    for n, g, ref in _ending_grammars(guided, monkeypatch, params):
+        gov = AdaptiveGovernor(DEPTHS)
+        gen = _gen(engines, gov, params)
+        assert gen.generate(PROMPTS[1], 12, eos, g) == ref and gen.telemetry.rejections == 0, n
+        seen = [e for e in gov.est.values() if e[3]]  # (a stream's first round, a catch-up pass, is not learnt)
+        assert all(e[2] == 1.0 for e in seen), (n, gov.est)
+        learnt += len(seen)
+    assert learnt  # (n 4 and 6: the round after the first, the grammar ending at its draft)
