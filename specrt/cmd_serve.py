@@ -1104,6 +1104,14 @@ POST_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/
 OPEN_PATHS = ("/health", "/ping", "/version", "/metrics")  # answered without --api-key's key
 
 
+def kept_path(route: str) -> str | None:
+    """What a kept response's path names (Handler._stored): "response" (/v1/responses/{id}: GET,
+    DELETE), "items" (its /input_items: GET), None for any other (.../cancel: no such path)."""
+    rest = route.split("/responses/", 1)[1] if route.startswith(("/v1/responses/", "/responses/")) else ""
+    rid, _, tail = rest.partition("/")
+    return None if not rid else "response" if not tail else "items" if tail == "input_items" else None
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "specrt"
     # persistent connections, as vLLM's and llama.cpp's servers keep them (keep-alive clients:
@@ -1316,9 +1324,9 @@ class Handler(BaseHTTPRequestHandler):
         """A method a path does not take: 405 naming the ones it does (404 for no such path)."""
         self._discard_body()
         route = self.route
-        kept = route.startswith(("/v1/responses/", "/responses/"))  # (a kept response's: Handler._stored)
+        kept = kept_path(route)  # (a kept response's: Handler._stored)
         got = ("GET, HEAD" if route in GET_PATHS or kept or route.startswith(("/v1/models/", "/models/")) else "",
-               "DELETE" if kept else "", "POST" if route in POST_PATHS else "")
+               "DELETE" if kept == "response" else "", "POST" if route in POST_PATHS else "")
         allow = ", ".join(m for m in got if m)
         if not allow:
             return self._error(BadRequest(f"no such path: {self.command} {self.path}", status=404))
@@ -1330,7 +1338,7 @@ class Handler(BaseHTTPRequestHandler):
     do_PUT = do_PATCH = do_OPTIONS = _not_allowed
 
     def do_DELETE(self):
-        if not self.route.startswith(("/v1/responses/", "/responses/")):
+        if kept_path(self.route) != "response":
             return self._not_allowed()
         if self._authorised():
             self._stored()
@@ -1344,8 +1352,9 @@ class Handler(BaseHTTPRequestHandler):
         self._discard_body()
         try:
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
-            self._send_json(200, responses.stored(self.app.kept, self.command.replace("HEAD", "GET"),
-                                                  unquote(self.route), query))
+            kept = self.app.kept or responses.Store(self.app.responses_store)  # (none made yet: an empty one, its size)
+            self._send_json(200, responses.stored(kept, self.command.replace("HEAD", "GET"), unquote(self.route),
+                                                  query))
         except responses.Refused as e:
             self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
 
@@ -1369,7 +1378,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(BadRequest(f"no model '{name}' here (this server serves '{self.app.model}')",
                                               "model", status=404, code="model_not_found"))
             self._send_json(200, model)
-        elif route.startswith(("/v1/responses/", "/responses/")):  # (a response kept: responses.stored)
+        elif kept_path(route):  # (a response kept: responses.stored)
             self._stored()
         elif route in ("/health", "/ping"):  # (vLLM's /ping, SageMaker's probe: /health's answer)
             self._health()

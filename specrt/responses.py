@@ -29,18 +29,20 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         dropped; OpenAI's default true) unless false; with N 0 nothing is kept
                         (store true taken, false in the response: vLLM's default)
     previous_response_id a kept response's input items and output items before the input (its
-                        instructions not carried over: OpenAI's), rendered as if sent whole;
+                        instructions not carried over: OpenAI's), rendered as if sent whole
+                        (an empty answer, no output item: an assistant message, content "");
                         one not kept: 400 previous_response_not_found (OpenAI's; vLLM's a 404)
     temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
                         chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
                         stop, chat_template_kwargs
 
-A function_call_output item whose call_id no function_call before it has (the previous
-response's included) is a 400 naming it, as OpenAI's. ``stored``: GET /v1/responses/{id} (the
-response as sent), DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (its input
-items, the previous responses' included, as OpenAI's list with limit / order / after), 404 for
-an id not kept. Usage's reasoning_tokens counts the generated tokens the reasoning parser put in
-the reasoning (``reasoning_tokens``).
+A function_call_output item whose call_id no function_call before it has (the previous response's
+included) is a 400 naming it, as OpenAI's, and so is an item sent again (its id the previous
+response's conversation's, or twice in the input: "Duplicate item found"). ``stored``: GET
+/v1/responses/{id} (the response as sent), DELETE /v1/responses/{id} and GET
+/v1/responses/{id}/input_items (its input items, the previous responses' included, as OpenAI's list
+with limit / order / after), 404 for an id not kept. Usage's reasoning_tokens counts the generated
+tokens the reasoning parser put in the reasoning (``reasoning_tokens``).
 
 Refused (400 naming the field): built-in tools (web_search, file_search, code_interpreter,
 mcp, ...: nothing here runs them), ``background`` true (nothing runs later: vLLM's refusal
@@ -270,8 +272,9 @@ class Store:
         """Why ``rid`` is not here: the words after "... with id '...' not found"."""
         if not self.size:
             return " (this server keeps no responses: --responses-store 0)"
-        return (f" (never made here, made with store false, deleted, or dropped: this server keeps the {self.size} "
-                "most recent, --responses-store)")
+        return (" (never made here, made with store false, never finished (a stream ended by an error event or by "
+                f"its client leaving), deleted, or dropped: this server keeps the {self.size} most recent, "
+                "--responses-store)")
 
 
 PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -290,7 +293,7 @@ def context(body: dict, store: Store | None) -> list | object:
                  if isinstance(x, dict) and not isinstance(x.get("id"), str) else x for x in items]
     prev = body.get("previous_response_id")
     if prev is None:
-        return items
+        return _once(items, [])
     if not isinstance(prev, str):
         raise Refused(f"'previous_response_id' must be a string; got {prev!r:.60}", "previous_response_id")
     kept = store.get(prev) if store is not None else None
@@ -299,7 +302,28 @@ def context(body: dict, store: Store | None) -> list | object:
                       (store.missing(prev) if store is not None else "") + ".", "previous_response_id",
                       "previous_response_not_found")
     response, before = kept
-    return [*before, *response["output"], *items] if isinstance(items, list) else items
+    # (an empty answer, no output item, is its turn all the same: a chat client sends back its assistant
+    # message, content "", where the two user turns ran together; w78f)
+    answer = response["output"] or [{"type": "message", "role": "assistant", "content": "", "id": _id("msg")}]
+    return _once(items, [*before, *answer])
+
+
+def _once(items, chain: list[dict]) -> list | object:
+    """``chain`` and the input ``items`` after it, each id once: an item of the chain sent again
+    is OpenAI's 400 (a client chaining by id and sending the previous output too: its turns were
+    rendered twice, and input_items' ``after`` paged through that id for ever; w78f)."""
+    if not isinstance(items, list):
+        return items
+    seen = {x["id"] for x in chain}
+    for i, x in enumerate(items):
+        if not isinstance(x, dict):  # (messages' 400)
+            continue
+        if x["id"] in seen:
+            raise Refused(f"input[{i}]: Duplicate item found with id {x['id']!r:.80}; remove duplicate items from "
+                          "your input" + (" (its 'previous_response_id' conversation, input and output, comes before "
+                                          "it: send the new items alone)" if chain else ""), "input")
+        seen.add(x["id"])
+    return [*chain, *items]
 
 
 def chat_body(body, items: list | None = None) -> dict:
@@ -409,7 +433,7 @@ def _listed(item: dict) -> dict:
     return item
 
 
-def stored(store: Store | None, method: str, route: str, query: dict[str, list[str]]) -> dict:
+def stored(store: Store, method: str, route: str, query: dict[str, list[str]]) -> dict:
     """GET /v1/responses/{id} (the response as it was sent), DELETE /v1/responses/{id}, GET
     /v1/responses/{id}/input_items (OpenAI's list: ``data``, first_id, last_id, has_more; ``limit``
     1-100, 20; ``order`` desc (the last item first) or asc; ``after`` an item's id): the answer's
@@ -417,10 +441,9 @@ def stored(store: Store | None, method: str, route: str, query: dict[str, list[s
     rest = route.split("/responses/", 1)[1]
     items = rest.endswith("/input_items") and method == "GET"
     rid = rest[:-len("/input_items")] if items else rest
-    kept = store.get(rid) if store is not None and "/" not in rid else None
+    kept = store.get(rid) if "/" not in rid else None
     if kept is None:
-        raise Refused(f"Response with id '{rid:.80}' not found" + (store.missing(rid) if store is not None else
-                      Store(0).missing(rid)) + ".", "response_id", status=404)
+        raise Refused(f"Response with id '{rid:.80}' not found{store.missing(rid)}.", "response_id", status=404)
     take = ("limit", "order", "after") if items else ()
     for name in query:
         if name not in take:
@@ -433,7 +456,7 @@ def stored(store: Store | None, method: str, route: str, query: dict[str, list[s
     if not items:
         return response
     limit, order, after = (query.get(k, [d])[-1] for k, d in (("limit", "20"), ("order", "desc"), ("after", None)))
-    if not (limit.isdigit() and 1 <= int(limit) <= 100):
+    if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 100):  # ("²".isdigit(), int's ValueError: w78f)
         raise Refused(f"'limit' must be an integer from 1 to 100; got {limit!r:.40}", "limit")
     if order not in ("asc", "desc"):
         raise Refused(f"'order' must be 'asc' or 'desc'; got {order!r:.40}", "order")

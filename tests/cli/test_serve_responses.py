@@ -345,7 +345,8 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
     """An engine's +inf logits after some text (test_text.py's overflowing pair): whole, a 500
     server_error, as chat's; streamed, the events so far then OpenAI's ``error`` event (type,
     message, code, param, its sequence_number), the stream's end, not a chat error chunk or
-    [DONE]; the server goes on."""
+    [DONE]; the server goes on. The failed response is not kept (store true in its
+    response.created): GET of its id is a 404 saying so (w78f)."""
     eng, prompts = overflowing
     with _in_process(eng, "off") as (app, httpd, url, logs):
         body = {"model": "tiny", "input": prompts[True, True], "max_output_tokens": 20}
@@ -356,6 +357,8 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
         assert name == "error" and last["type"] == "error" and "+inf logits" in last["message"], events[-2:]
         assert last["sequence_number"] == len(events) - 1 and last["code"] is None and last["param"] is None
         assert "response.output_text.delta" in [n for n, _ in events]  # (failed mid-answer)
+        code, r = _get(url, f"/v1/responses/{events[0][1]['response']['id']}")  # (it said "never made here": w78f)
+        assert code == 404 and "never finished (a stream ended by an error event" in r["error"]["message"], r
         code, r = _post(url, "/v1/responses", {"input": prompts[True, True], "max_output_tokens": 1})
         assert code == 200 and r["usage"]["output_tokens"] == 1
 
@@ -583,3 +586,84 @@ def test_the_responses_store_option_reaches_the_server(worded, monkeypatch):  # 
     assert sizes == [3, cmd_serve.RESPONSES_STORE]
     r = CliRunner().invoke(main, ["serve", str(worded), "--responses-store", "-1"])
     assert r.exit_code == 1 and "--responses-store" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_fresh_servers_404_names_its_store_and_an_odd_limit_is_a_400(guided):
+    """w78f: GET /v1/responses/{id} before any response was made here (a server just started:
+    its store not made yet) said "this server keeps no responses: --responses-store 0" though it
+    keeps 64; its 404 says why as a made store's does. ?limit=² (a digit to str.isdigit, not to
+    int) dropped the connection on a traceback; a 400 naming limit."""
+    url, app = guided
+    c = _client(url)
+    r = c.responses.create(model="tiny", input="paint it", max_output_tokens=1)
+    kept = app.kept
+    try:
+        app.kept = None  # (as a server just started)
+        with pytest.raises(openai.NotFoundError) as e:
+            c.responses.retrieve(r.id)
+        assert f"keeps the {app.responses_store} most recent" in e.value.message and "store 0" not in e.value.message
+    finally:
+        app.kept = kept
+    code, body = _get(url, f"/v1/responses/{r.id}/input_items?limit=%C2%B2")
+    assert code == 400 and body["error"]["param"] == "limit", body
+
+
+def test_an_item_sent_again_with_previous_response_id_is_a_400(guided):
+    """w78f: a client mixing the two ways of keeping a conversation (previous_response_id and
+    ``input = [*r1.output, new]``) had r1's answer rendered twice (its prompt 4 tokens longer
+    than the chained one's) and input_items listing its id twice, which the SDK's auto-paging
+    (``after`` that id) went through for ever; OpenAI's 400 "Duplicate item found with id",
+    naming input and the id, as for an id twice in one input. Nothing is kept for it."""
+    url, app = guided
+    c = _client(url)
+    r1 = c.responses.create(model="tiny", input="paint it", max_output_tokens=2)
+    n = len(app.kept.kept)
+    again = {"role": "user", "content": "again"}
+    for extra, sent in (({"previous_response_id": r1.id}, [*r1.output, again]), ({}, [*r1.output, *r1.output, again])):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="tiny", input=sent, max_output_tokens=2, **extra)
+        assert e.value.param == "input" and f"Duplicate item found with id '{r1.output[0].id}'" in e.value.message
+    assert len(app.kept.kept) == n
+    r2 = c.responses.create(model="tiny", previous_response_id=r1.id, input="again", max_output_tokens=2)
+    assert [x.id for x in c.responses.input_items.list(r2.id, limit=1)][1] == r1.output[0].id  # (once: pages end)
+
+
+def test_cancel_is_no_such_path_and_input_items_takes_get_alone(guided):
+    """w78f: the SDK's ``client.responses.cancel(id)`` (POST .../cancel) was a 405 "this path
+    takes GET, HEAD, DELETE" (README: a 404; a GET there a 404 too): no background response
+    runs here, so no such path; POST or DELETE .../input_items named DELETE among its methods
+    (a DELETE there a 404 for a response 'X/input_items'): a 405 allowing GET, HEAD."""
+    url, _ = guided
+    c = _client(url)
+    r = c.responses.create(model="tiny", input="paint it", max_output_tokens=1)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.cancel(r.id)
+    assert "no such path: POST" in e.value.message
+    import urllib.error
+    import urllib.request
+
+    for method in ("POST", "DELETE"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/v1/responses/{r.id}/input_items", b"{}",
+                                                          method=method), timeout=30)
+        assert e.value.code == 405 and e.value.headers["Allow"] == "GET, HEAD", (method, e.value.read())
+    assert c.responses.retrieve(r.id).id == r.id and c.responses.input_items.list(r.id).data
+
+
+def test_an_empty_answer_chained_is_its_assistant_turn(guided):
+    """w78f: an answer with no text (a stop string at its first character) has no output item;
+    chained by previous_response_id its turn was dropped, the two user turns run together (35
+    prompt tokens against the 46 of the chat conversation a chat client sends back, its
+    assistant message content ""). Its turn is an assistant message, content "", as the chat's."""
+    url, _ = guided
+    c = _client(url)
+    first = c.responses.create(model="tiny", input="paint it", max_output_tokens=3).output_text[0]
+    r1 = c.responses.create(model="tiny", input="paint it", max_output_tokens=3, extra_body={"stop": [first]})
+    assert r1.output == [] and r1.status == "completed"
+    r2 = c.responses.create(model="tiny", previous_response_id=r1.id, input="again", max_output_tokens=1)
+    conv = [{"role": "user", "content": "paint it"}, {"role": "assistant", "content": ""},
+            {"role": "user", "content": "again"}]
+    code, tok = _post(url, "/tokenize", {"messages": conv})
+    assert code == 200 and r2.usage.input_tokens == tok["count"]
+    items = c.responses.input_items.list(r2.id, order="asc").data
+    assert [(x.role, x.content[0].text) for x in items] == [("user", "paint it"), ("assistant", ""), ("user", "again")]
