@@ -280,8 +280,11 @@ def _left_out(c: dict, module: str, layer: int) -> str | None:
         return None if tm.lower() == "all-linear" or re.fullmatch(tm, module) else "target_modules"
     if not (module in tm or module.endswith(tuple(f".{k}" for k in tm))):
         return "target_modules"
+    # (a module named whole in the list: PEFT's takes it in any layer, r78g; but from 20 names on its inject_adapter
+    # condenses the list into suffixes, which layers_to_transform restricts)
     lt = c.get("layers_to_transform")
-    if lt not in (None, []) and layer not in ({lt} if isinstance(lt, int) else set(lt)):
+    if (module not in tm or len(tm) >= 20) and lt not in (None, []) and \
+            layer not in ({lt} if isinstance(lt, int) else set(lt)):
         return "layers_to_transform"
     return None
 

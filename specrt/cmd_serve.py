@@ -1885,6 +1885,17 @@ def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
 API_KEY_ENV = "SPECRT_API_KEY"
 
 
+def served_name(folder: str) -> str:
+    """A checkpoint folder's name as serve lists it by default: its last folder's; a snapshot in the
+    Hugging Face hub cache (models--ORG--NAME/snapshots/HASH), the repository's id ORG/NAME, as the
+    hub names it (its commit hash named nothing; r78g)."""
+    p = Path(folder)
+    repo = p.parent.parent.name
+    if p.parent.name == "snapshots" and repo.startswith("models--") and len(repo) > len("models--"):
+        return repo[len("models--"):].replace("--", "/", 1)
+    return p.name
+
+
 def _check_api_key(key: str | None) -> None:
     """Refuses a key no request could carry, naming where it came from (the option or the
     variable): an empty SPECRT_API_KEY (click takes it as unset: the server ran open, without a
@@ -1989,14 +2000,14 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     app.api_key, app.write_timeout, app.tool_call_parser = api_key, write_timeout, tool_call_parser
     app.responses_store = responses_store
     # a request's model is checked against a name given with --model-name only: the default
-    # (the target folder's name; a commit hash in the Hugging Face hub cache) is a guess
+    # (the target folder's name; in the Hugging Face hub cache its ORG/NAME: served_name) is a guess
     app.model_strict = bool(model_name)
     app.reasoning = reasoning_parser
     if not app.model:  # the target checkpoint's folder name, as the binding receipt has it; a LoRA export's, the
         # adapter's (w78c: it served the fine-tune under the base's name, which vLLM serves the base as)
         target = (app.session.engines.export.get("binding_receipt") or {}).get("target") or {}
         folder = (target.get("lora") or {}).get("folder") or target.get("folder")
-        app.model = Path(folder).name if folder else engines_dir.resolve().name
+        app.model = served_name(folder) if folder else engines_dir.resolve().name
     try:
         from specrt.cli import session_warnings
 

@@ -639,7 +639,10 @@ class Events:
         out = self._close("incomplete" if cut else "completed")
         done = {**finished(self.response, self.finish, usage, self.specrt, self.count(self.reasoned)),
                 "output": self.output}
-        self.keep(done)
+        # (kept as the whole answer's response is: a call taken back, its text the message's, left out; sent back
+        # by previous_response_id, its cut arguments were a 400, r78g)
+        self.keep({**done, "output": [i for i in self.output if i["type"] != "function_call"
+                                      or i.get("status") != "incomplete"]})
         return out + self._event("response.incomplete" if cut else "response.completed", response=done)
 
     def error(self, error: dict) -> bytes:

@@ -1047,8 +1047,9 @@ def _py_value(text: str, v: list) -> tuple[str, int | None]:
         raw = text[v[5]:closed if closed is not None else at]
         k = _escape_end(raw)
         try:
-            chars = raw[:k] if "\\" not in raw[:k] else raw[:k].encode().decode("unicode_escape") if raw[:k].isascii() \
-                else ast.literal_eval(text[v[1]] + raw[:k] + text[v[1]])  # (ASCII: the decoder of Python's literals)
+            # (ASCII without a CR: the decoder of Python's literals; a \ before a CR is a line's end there, r78g)
+            chars = raw[:k] if "\\" not in raw[:k] else raw[:k].encode().decode("unicode_escape") \
+                if raw[:k].isascii() and "\r" not in raw[:k] else ast.literal_eval(text[v[1]] + raw[:k] + text[v[1]])
         except (SyntaxError, ValueError, MemoryError):
             return "", -1
         v[6] += ("" if v[6] else '"') + json.dumps(chars, ensure_ascii=False)[1:-1]

@@ -449,6 +449,28 @@ def test_previous_response_id_continues_the_stored_conversation(guided):
     assert c.responses.retrieve(r3.id).output_text == r3.output_text  # (the stream's, kept)
 
 
+def test_a_streamed_call_cut_is_kept_as_the_whole_responses_text(guided):
+    """r78g: a forced call streamed (h78d) and cut by max_output_tokens goes out as a function_call
+    item, then taken back (status incomplete, its text as the message: Streamed.end). It was kept
+    too, so previous_response_id sent its cut arguments back as a call: a 400 ("not valid JSON").
+    The stream's response is kept as the whole one is (its message alone): the next turn's
+    prompt is the one after the same response made whole."""
+    from tests.runtime.test_grammar import SCHEMA
+
+    url, _ = guided
+    c = _client(url)
+    body = dict(model="tiny", input="paint it", max_output_tokens=4, tool_choice={"type": "function", "name": "paint"},
+                tools=[{"type": "function", "name": "paint", "description": "Paint it", "parameters": SCHEMA}])
+    with c.responses.stream(**body) as s:
+        cut = [e.response for e in s if e.type == "response.incomplete"][0]
+    whole = c.responses.create(**body)
+    assert [x.type for x in whole.output] == ["message"] and "function_call" in [x.type for x in cut.output]
+    after = [c.responses.create(model="tiny", previous_response_id=r.id, input="again", max_output_tokens=2)
+             for r in (cut, whole)]
+    assert after[0].usage.input_tokens == after[1].usage.input_tokens
+    assert [x.type for x in c.responses.retrieve(cut.id).output] == ["message"]
+
+
 def test_a_stored_response_is_retrieved_listed_and_deleted(guided):
     """h78a: GET /v1/responses/{id} (the SDK's retrieve) gives the response as it was sent;
     input_items.list its input items (ids made for those sent without: OpenAI's list, newest

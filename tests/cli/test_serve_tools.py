@@ -959,6 +959,7 @@ ANSWERS["pythonic"] = [  # (h77c: streamed piece by piece now) escapes of every 
     '[f(x=1,), g()]', '[f(x=1, x=2)]', '[f(x=g())]', '[f(x=1)] done', '[f(s="abc"[1:])]', '[f(s="line\nbreak")]',
     '[f(x=1, # c\n y=2)]', '[f (x=1)]', '[f(s="\\ud83d\\ude00", t="\\\\")]', '[f(x=)]', '[f(None=1)]', '[f(x=1e999)]',
     '[f(s="é\\t\\x41\\N{BULLET}", t=\'a\\tb\\\'\\"\')]',  # (h78d: escapes after a character not ASCII, and without)
+    '[f(s="a\\\rb", t="\\t\\\r\nc")]',  # (r78g: a \ before a CR or CRLF, a line's end in Python's literal)
 ]
 ANSWERS["llama4_pythonic"] = ['<|python_start|>[f(s="a<|python_end|>b"), g(n=[1])]<|python_end|>', '[f(x=1)]',
                               '<|python_start|>[f(x="<|python_e")]']

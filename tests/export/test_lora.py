@@ -575,6 +575,26 @@ def test_target_modules_as_peft_reads_them(targets, adapter, tmp_path):
         assert maxerr(onnx_logits(tmp_path / f"e{i}"), ref) <= TOL, fields
 
 
+def test_a_module_named_whole_is_taken_in_any_layer(targets, tmp_path):
+    """r78g: target_modules naming a module whole (its full path) beside layers_to_transform: PEFT's
+    check_target_module_exists takes it whatever layer it is in (get_peft_model adapts it, its
+    load keeps it), and export refused it ("adapts layer 1, which ... layers_to_transform [0]
+    leaves out"). From 20 names on PEFT condenses the list into suffixes (every layer's 28
+    projections: the 7 names), which the layers then restrict (its load drops the tensor, with
+    "unexpected adapter keys"): still refused."""
+    a, ref = write_adapter(targets["llama"], tmp_path / "a", target_modules=["model.layers.1.self_attn.q_proj", "k_proj"],
+                           layers_to_transform=[0])
+    assert not any("unexpected adapter keys" in w for w in _peft_merged(targets["llama"], a)[1])
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    assert r.exit_code == 0 and "merging a LoRA adapter into 2 of them" in r.output, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
+    _spoil_config(a, target_modules=[f"model.layers.{i}.{'mlp' if m in MODULES[4:] else 'self_attn'}.{m}"
+                                     for i in range(4) for m in MODULES])
+    assert any("unexpected adapter keys" in w for w in _peft_merged(targets["llama"], a)[1])
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e2")
+    assert r.exit_code == 1 and "adapts layer 1, which" in r.output and "layers_to_transform [0]" in r.output, r.output
+
+
 TOKENS = [int(i) for i in dict.fromkeys(IDS[0, :4])] + [998]  # (rows read by the prompt, and one only the head has)
 
 
@@ -696,3 +716,19 @@ def test_serve_names_the_adapter(tmp_path):
             p.kill()
             p.wait(timeout=60)
             p.stderr.close()
+
+
+def test_serve_names_a_hub_snapshot_by_its_repository():
+    """r78g: an adapter (or a target) in the Hugging Face hub cache is a snapshot folder named by its
+    commit hash, which serve listed as the model id (`specrt export --lora
+    ~/.cache/huggingface/hub/models--me--sql-lora/snapshots/0123abc/` served "0123abc"); it is
+    listed as the repository's id, as the hub names it. A trailing slash, and any other folder,
+    its last folder's name (the receipt's folder is resolved)."""
+    from specrt.cmd_serve import served_name
+
+    hub = "/root/.cache/huggingface/hub"
+    assert served_name(f"{hub}/models--me--sql-lora/snapshots/0123abc") == "me/sql-lora"
+    assert served_name(f"{hub}/models--gpt2/snapshots/0123abc") == "gpt2"
+    assert served_name(f"{hub}/models--me--sql-lora/snapshots/0123abc/") == "me/sql-lora"
+    assert served_name("/data/my-sql-lora/") == served_name("/data/my-sql-lora") == "my-sql-lora"
+    assert served_name("/data/snapshots/x") == "x"
