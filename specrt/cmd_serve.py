@@ -963,7 +963,10 @@ class Server:
             refused = BadRequest(str(e), e.param, code=e.code)
             refused.named = True
             raise refused from None
-        req = self.parse(chat, True)
+        try:
+            req = self.parse(chat, True)
+        except BadRequest as e:  # (a chain past the context: its earlier turns named, responses.chained)
+            raise BadRequest(responses.chained(str(e), body), e.param, e.status, e.code) from None
         keep = bool(self.kept.size) and body.get("store") is not False  # (OpenAI's default: kept)
         req["responses"] = responses.skeleton(body, "resp_" + uuid.uuid4().hex, self.model, req["params"], keep)
         req["keep"] = (lambda response: self.kept.put(response, items)) if keep else (lambda response: None)
@@ -1350,6 +1353,9 @@ class Handler(BaseHTTPRequestHandler):
         from specrt import responses
 
         self._discard_body()
+        # (counted in requests_total as the SDK's calls, as a POST's answer is: they were not, w78f / h78j)
+        self._endpoint = "responses_" + ("input_items" if kept_path(self.route) == "items" else
+                                         "delete" if self.command == "DELETE" else "retrieve")
         try:
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
             kept = self.app.kept or responses.Store(self.app.responses_store)  # (none made yet: an empty one, its size)
@@ -1554,6 +1560,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         shaped = req.get("responses")  # (/v1/responses: the chat answer made a response, responses.py)
+        if shaped is not None:
+            from specrt.responses import chained
         created = int(time.time())
         head = {"id": rid, "created": created, "model": app.model}
         pieces = app.complete(req)
@@ -1580,7 +1588,8 @@ class Handler(BaseHTTPRequestHandler):
             app.metrics.add(engine_failures=1)
             return self._error(BadRequest(str(e), status=500))
         except UserError as e:  # (the grammar's, named by its field: a limit of llguidance's met at its start, w76j)
-            return self._error(BadRequest(str(e), _grammar_field(req, e) or ("messages" if chat else "prompt")))
+            message = str(e) if shaped is None else chained(str(e), shaped)  # (a response's chain past the context)
+            return self._error(BadRequest(message, _grammar_field(req, e) or ("messages" if chat else "prompt")))
         except StopIteration:  # pragma: no cover - complete always ends with its dict
             return self._error(BadRequest("no output", status=500))
         except BadRequest as e:  # cut by a second Ctrl-C (Server.cutting): its 503, not an engine failure
@@ -1738,6 +1747,8 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left (or read nothing
             pieces.close()  # for write_timeout): stop generating; logged as a client that left
             self.close_connection = True
+            if events is not None:  # (a response's: kept cancelled, responses.Events.ended)
+                events.ended("cancelled")
         except Exception as e:  # mid-answer, after the headers: an error event ends the stream
             if not isinstance(e, BadRequest):  # (cut by a second Ctrl-C: said in the event only)
                 app.log(f"[error: {type(e).__name__}: {e}]")

@@ -27,18 +27,22 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         gives them only with this include (top_logprobs alone: none)
     store               kept (``Store``, serve's --responses-store N most recent, the oldest
                         dropped; OpenAI's default true) unless false; with N 0 nothing is kept
-                        (store true taken, false in the response: vLLM's default)
+                        (store true taken, false in the response: vLLM's default); a stream ended
+                        by an error event kept "failed" (its ``error``), one whose client left
+                        "cancelled" (``Events.ended``)
     previous_response_id a kept response's input items and output items before the input (its
                         instructions not carried over: OpenAI's), rendered as if sent whole
                         (an empty answer, no output item: an assistant message, content "");
-                        one not kept: 400 previous_response_not_found (OpenAI's; vLLM's a 404)
+                        one not kept: 400 previous_response_not_found (OpenAI's; vLLM's a 404);
+                        a failed or cancelled one: 400
     temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
                         chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
                         stop, chat_template_kwargs
 
 A function_call_output item whose call_id no function_call before it has (the previous response's
-included) is a 400 naming it, as OpenAI's, and so is an item sent again (its id the previous
-response's conversation's, or twice in the input: "Duplicate item found"). ``stored``: GET
+included) is a 400 naming it, as OpenAI's, and so is a message after a function_call before its
+output ("No tool output found for function call"; vLLM takes it), and an item sent again (its id
+the previous response's conversation's, or twice in the input: "Duplicate item found"). ``stored``: GET
 /v1/responses/{id} (the response as sent), DELETE /v1/responses/{id} and GET
 /v1/responses/{id}/input_items (its input items, the previous responses' included, as OpenAI's list
 with limit / order / after), 404 for an id not kept. Usage's reasoning_tokens counts the generated
@@ -135,6 +139,7 @@ def messages(body: dict) -> list[dict]:
                       f"function_call_output); got {items!r:.60}", "input")
     thought, end = None, object()  # a reasoning item's text, for the next assistant message; the input's end
     called: set[str] = set()  # the function_call items' call_ids so far (an output must answer one)
+    unanswered: list[str] = []  # those no output has answered yet (a message must not come before them)
     for i, item in enumerate([*items, end]):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -150,6 +155,9 @@ def messages(body: dict) -> list[dict]:
             role = item["role"]
             if role not in ("user", "system", "developer", "assistant"):
                 raise Refused(f"{where}.role must be user, system, developer or assistant; got {role!r:.40}", "input")
+            if unanswered:  # (OpenAI's 400: a call left without its output, the conversation gone on; h78j)
+                raise Refused(f"{where}: No tool output found for function call {unanswered[0]!r:.80} (a "
+                              "function_call_output item with its call_id comes before the next message)", "input")
             msg = {"role": "system" if role == "developer" else role,
                    "content": _text_of(item.get("content"), f"{where}.content", TEXT_PARTS)}
             if role == "assistant" and thought is not None:
@@ -162,6 +170,7 @@ def messages(body: dict) -> list[dict]:
                               f"{item!r:.80}", "input")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             called.add(call_id)
+            unanswered.append(call_id)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and thought is None:  # (the same turn's)
                 last.setdefault("tool_calls", []).append(call)
@@ -176,6 +185,7 @@ def messages(body: dict) -> list[dict]:
             if call_id not in called:  # (OpenAI's 400: an output answering no call; h78a)
                 raise Refused(f"{where}: No tool call found for function call output with call_id {call_id!r:.80} (no "
                               "function_call item before it has that call_id)", "input")
+            unanswered = [c for c in unanswered if c != call_id]
             output = _text_of(output, f"{where}.output", TEXT_PARTS)
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": output if isinstance(output, str) else "\n".join(p["text"] for p in output)})
@@ -272,9 +282,8 @@ class Store:
         """Why ``rid`` is not here: the words after "... with id '...' not found"."""
         if not self.size:
             return " (this server keeps no responses: --responses-store 0)"
-        return (" (never made here, made with store false, never finished (a stream ended by an error event or by "
-                f"its client leaving), deleted, or dropped: this server keeps the {self.size} most recent, "
-                "--responses-store)")
+        return (" (never made here, made with store false, deleted, or dropped: this server keeps the "
+                f"{self.size} most recent, --responses-store)")
 
 
 PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -302,6 +311,11 @@ def context(body: dict, store: Store | None) -> list | object:
                       (store.missing(prev) if store is not None else "") + ".", "previous_response_id",
                       "previous_response_not_found")
     response, before = kept
+    if response["status"] in ("failed", "cancelled"):  # (its answer cut short: Events.ended)
+        raise Refused(f"Previous response with id '{prev:.80}' is {response['status']} (" + (
+            "its stream ended by an error" if response["status"] == "failed" else "its client left mid-stream") +
+            "): it has no whole answer to continue from; chain from an earlier response, or send the conversation "
+            "as input", "previous_response_id")
     # (an empty answer, no output item, is its turn all the same: a chat client sends back its assistant
     # message, content "", where the two user turns ran together; w78f)
     answer = response["output"] or [{"type": "message", "role": "assistant", "content": "", "id": _id("msg")}]
@@ -422,6 +436,16 @@ def reasoning_tokens(decode, ids: list[int], reasoning: str) -> int:
     return within(at + len(reasoning)) - within(at)
 
 
+def chained(message: str, body: dict) -> str:
+    """An error's ``message`` for a request (or its response) with ``previous_response_id``: the
+    context's limit said to count the chain's earlier turns (a user sending "again" read of a
+    prompt of 282 tokens it never wrote; h78j). Other errors, and requests not chained, as they are."""
+    if body.get("previous_response_id") is None or not any(w in message for w in ("context limit", "context length")):
+        return message
+    return (f"{message} (the prompt holds the 'previous_response_id' conversation before this input: its earlier "
+            "turns, input and output items, count; chain from an earlier response or start a new conversation)")
+
+
 def _listed(item: dict) -> dict:
     """An input item as input_items lists it (OpenAI's: a message's content as parts, a status)."""
     item = {"status": "completed", **item}
@@ -434,7 +458,8 @@ def _listed(item: dict) -> dict:
 
 
 def stored(store: Store, method: str, route: str, query: dict[str, list[str]]) -> dict:
-    """GET /v1/responses/{id} (the response as it was sent), DELETE /v1/responses/{id}, GET
+    """GET /v1/responses/{id} (the response as it was sent; ``include`` LOGPROBS where it has them,
+    ``stream`` false), DELETE /v1/responses/{id}, GET
     /v1/responses/{id}/input_items (OpenAI's list: ``data``, first_id, last_id, has_more; ``limit``
     1-100, 20; ``order`` desc (the last item first) or asc; ``after`` an item's id): the answer's
     body, or Refused (404 for an id not kept, 400 for a bad query)."""
@@ -444,7 +469,7 @@ def stored(store: Store, method: str, route: str, query: dict[str, list[str]]) -
     kept = store.get(rid) if "/" not in rid else None
     if kept is None:
         raise Refused(f"Response with id '{rid:.80}' not found{store.missing(rid)}.", "response_id", status=404)
-    take = ("limit", "order", "after") if items else ()
+    take = ("limit", "order", "after") if items else ("include", "include[]", "stream") if method == "GET" else ()
     for name in query:
         if name not in take:
             raise Refused(f"query parameter {name!r:.40} is not supported here" + (
@@ -453,7 +478,19 @@ def stored(store: Store, method: str, route: str, query: dict[str, list[str]]) -
         store.pop(rid)
         return {"id": rid, "object": "response", "deleted": True}
     response, listed = kept
-    if not items:
+    if not items:  # (OpenAI's GET takes include and stream too; h78j)
+        for name in ("include", "include[]"):
+            for v in query.get(name, ()):
+                if v != LOGPROBS:
+                    raise Refused(f"'include' takes {LOGPROBS!r} alone here; got {v!r:.80}", "include")
+                if any(x["type"] == "message" and x["content"][0]["text"] and not x["content"][0]["logprobs"]
+                       for x in response["output"]):  # (kept as made: asked for at its POST, or not there)
+                    raise Refused(f"Response '{rid:.80}' was made without include {LOGPROBS!r}: its logprobs were "
+                                  "not kept (ask for them when creating it)", "include")
+        stream = query.get("stream", ["false"])[-1]
+        if stream != "false":  # (a background response's events replayed, OpenAI's and vLLM's: none runs here)
+            raise Refused("'stream' true replays a background response's events, and this server runs none in the "
+                          f"background (GET without it gives the whole response); got {stream!r:.40}", "stream")
         return response
     limit, order, after = (query.get(k, [d])[-1] for k, d in (("limit", "20"), ("order", "desc"), ("after", None)))
     if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= 100):  # ("²".isdigit(), int's ValueError: w78f)
@@ -545,6 +582,7 @@ class Events:
         self.reasoned = ""  # the reasoning streamed
         self.entries: list[dict] = []  # logprob entries, all; the first ``sent`` went with a text delta
         self.sent = 0
+        self.kept = False  # (its response kept, at its last event or ``ended``: once)
 
     def _event(self, kind: str, **data) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **data}
@@ -641,11 +679,27 @@ class Events:
                 "output": self.output}
         # (kept as the whole answer's response is: a call taken back, its text the message's, left out; sent back
         # by previous_response_id, its cut arguments were a 400, r78g)
+        self.kept = True
         self.keep({**done, "output": [i for i in self.output if i["type"] != "function_call"
                                       or i.get("status") != "incomplete"]})
         return out + self._event("response.incomplete" if cut else "response.completed", response=done)
 
     def error(self, error: dict) -> bytes:
-        """An error mid-answer (serve's error object, in chat's names) as the stream's error event."""
+        """An error mid-answer (serve's error object, in chat's names) as the stream's error event;
+        the response kept ``failed`` with it (``ended``)."""
         message, param = renamed(error["message"], error.get("param"))
+        self.ended("failed", {"code": error.get("code") or (
+            "server_error" if error.get("type") == "server_error" else "invalid_prompt"), "message": message})
         return self._event("error", code=error.get("code"), message=message, param=param)
+
+    def ended(self, status: str, error: dict | None = None) -> None:
+        """A stream that ended before its last event: by an error event (``failed``, OpenAI's
+        status, with its ``error`` {code, message}) or by its client leaving (``cancelled``),
+        kept as far as it went (an item being written: incomplete), so that GET finds it, as
+        OpenAI keeps a failed response, and previous_response_id refuses it (``context``)."""
+        if self.kept:
+            return
+        self.kept = True
+        if self.open is not None:
+            self.open["status"] = "incomplete"
+        self.keep({**self.response, "status": status, "error": error, "output": list(self.output)})

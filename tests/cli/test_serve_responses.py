@@ -345,8 +345,10 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
     """An engine's +inf logits after some text (test_text.py's overflowing pair): whole, a 500
     server_error, as chat's; streamed, the events so far then OpenAI's ``error`` event (type,
     message, code, param, its sequence_number), the stream's end, not a chat error chunk or
-    [DONE]; the server goes on. The failed response is not kept (store true in its
-    response.created): GET of its id is a 404 saying so (w78f)."""
+    [DONE]; the server goes on. The failed response is kept (store true in its
+    response.created; it was a 404, w78f / h78j): GET gives it as OpenAI keeps one, status
+    "failed", its ``error`` {code, message}, the text so far incomplete; previous_response_id
+    naming it is a 400 (no whole answer to continue from)."""
     eng, prompts = overflowing
     with _in_process(eng, "off") as (app, httpd, url, logs):
         body = {"model": "tiny", "input": prompts[True, True], "max_output_tokens": 20}
@@ -357,8 +359,14 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
         assert name == "error" and last["type"] == "error" and "+inf logits" in last["message"], events[-2:]
         assert last["sequence_number"] == len(events) - 1 and last["code"] is None and last["param"] is None
         assert "response.output_text.delta" in [n for n, _ in events]  # (failed mid-answer)
-        code, r = _get(url, f"/v1/responses/{events[0][1]['response']['id']}")  # (it said "never made here": w78f)
-        assert code == 404 and "never finished (a stream ended by an error event" in r["error"]["message"], r
+        rid = events[0][1]["response"]["id"]
+        code, r = _get(url, f"/v1/responses/{rid}")  # (a 404: w78f)
+        assert code == 200 and r["status"] == "failed" and r["error"]["code"] == "server_error", r
+        assert "+inf logits" in r["error"]["message"] and r["usage"] is None
+        assert [(x["type"], x["status"]) for x in r["output"]] == [("message", "incomplete")], r["output"]
+        assert r["output"][0]["content"][0]["text"] and _get(url, f"/v1/responses/{rid}/input_items")[0] == 200
+        code, r = _post(url, "/v1/responses", {"input": "again", "previous_response_id": rid, "max_output_tokens": 1})
+        assert code == 400 and r["error"]["param"] == "previous_response_id" and "is failed" in r["error"]["message"]
         code, r = _post(url, "/v1/responses", {"input": prompts[True, True], "max_output_tokens": 1})
         assert code == 200 and r["usage"]["output_tokens"] == 1
 
@@ -689,3 +697,127 @@ def test_an_empty_answer_chained_is_its_assistant_turn(guided):
     assert code == 200 and r2.usage.input_tokens == tok["count"]
     items = c.responses.input_items.list(r2.id, order="asc").data
     assert [(x.role, x.content[0].text) for x in items] == [("user", "paint it"), ("assistant", ""), ("user", "again")]
+
+
+def test_a_stream_whose_client_left_is_kept_cancelled(worded):  # noqa: F811
+    """h78j: a response streamed to a client that leaves mid-answer (a slow model, 0.2 s a
+    piece; the client reads response.created and closes) was not kept: GET of the id its
+    response.created gave was a 404. It is kept as far as it went, status "cancelled" (its
+    text so far incomplete), and previous_response_id naming it is a 400, as for a failed one."""
+    import socket
+    import time
+
+    with _in_process(worded, "off") as (app, httpd, url, logs):
+        real = app.session.stream
+
+        def slow(*a, **k):
+            for piece in real(*a, **k):
+                time.sleep(0.2)
+                yield piece
+
+        app.session.stream = slow
+        body = json.dumps({"model": "tiny", "input": "w4 w2", "max_output_tokens": 40, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=30) as c:
+            c.sendall(("POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            got = b""
+            while b"response.output_text.delta" not in got:
+                got += c.recv(4096)
+        rid = got.split(b'"id": "', 1)[1].split(b'"', 1)[0].decode()
+        deadline = time.time() + 30
+        while not any("the client left" in line for line in logs) and time.time() < deadline:
+            time.sleep(0.05)
+        app.session.stream = real
+        code, r = _get(url, f"/v1/responses/{rid}")
+        assert code == 200 and r["status"] == "cancelled" and r["error"] is None, r
+        assert [(x["type"], x["status"]) for x in r["output"]] == [("message", "incomplete")], r["output"]
+        code, r = _post(url, "/v1/responses", {"input": "w1", "previous_response_id": rid, "max_output_tokens": 1})
+        assert code == 400 and r["error"]["param"] == "previous_response_id" and "is cancelled" in r["error"]["message"]
+
+
+def test_a_chain_past_the_context_says_its_earlier_turns_count(guided):
+    """h78j (w78f's left): "again" chained after a long turn was a 400 "the prompt has 282
+    tokens; the engines' context limit is 256 ...", and a chain that fits but for its
+    max_output_tokens "This model's maximum context length is 256 ...": the user sent 2 tokens
+    and read of a prompt it never wrote. Both name previous_response_id's conversation as in the
+    prompt; the same input unchained does not."""
+    url, _ = guided
+    c = _client(url)
+    r1 = c.responses.create(model="tiny", input="paint it " * 24, max_output_tokens=2)  # (232 prompt tokens)
+    for extra in ({"input": "again " * 6}, {"input": "again", "max_output_tokens": 40}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="tiny", previous_response_id=r1.id, **{"max_output_tokens": 2, **extra})
+        assert "context l" in e.value.message and "'previous_response_id' conversation" in e.value.message, extra
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="tiny", input="paint it " * 30, max_output_tokens=2)
+    assert "context l" in e.value.message and "previous_response_id" not in e.value.message
+
+
+def test_a_kept_responses_routes_are_counted_in_metrics(guided):
+    """h78j (w78f's left): GET / DELETE /v1/responses/{id} and GET .../input_items were not in
+    /metrics' specrt_requests_total (a POST's answer alone was counted), so a dashboard saw
+    none of a chain's retrievals nor its 404s (a response dropped from the store). Each is
+    counted as the SDK's call, by status."""
+    url, _ = guided
+    c = _client(url)
+    r = c.responses.create(model="tiny", input="paint it", max_output_tokens=1)
+    c.responses.retrieve(r.id)
+    c.responses.input_items.list(r.id)
+    c.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+        text = m.read().decode()
+    counts = {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith("specrt_req"))}
+    for series in ('endpoint="responses_retrieve",status="200"', 'endpoint="responses_input_items",status="200"',
+                   'endpoint="responses_delete",status="200"', 'endpoint="responses_retrieve",status="404"'):
+        assert counts.get(f"specrt_requests_total{{{series}}}", 0) >= 1, (series, counts)
+
+
+def test_a_call_left_without_its_output_before_a_message_is_a_400(hermes):
+    """h78j (w78f's left): a response's function_call chained by previous_response_id with a
+    user message instead of its function_call_output (a client whose loop forgot to run the
+    tool) was taken: the model read a call answered by nothing. OpenAI's 400 "No tool output
+    found for function call call_X" (param input; openai-agents-python#673), the same in one
+    input; the call's output first, or an input that ends at the call, taken."""
+    c = _client(hermes)
+    r = c.responses.create(model="tiny", input=ASK[0]["content"], tools=FLAT, max_output_tokens=12,
+                           extra_body={"stop": ["done"]})
+    call = [x for x in r.output if x.type == "function_call"][0]
+    user = {"role": "user", "content": "and now?"}
+    back = [{"role": "user", "content": ASK[0]["content"]}, *[x.model_dump(exclude_none=True) for x in r.output]]
+    for extra, sent in (({"previous_response_id": r.id}, [user]), ({"store": False}, [*back, user])):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="tiny", input=sent, tools=FLAT, max_output_tokens=2, **extra)
+        assert e.value.param == "input" and f"No tool output found for function call '{call.call_id}'" in \
+            e.value.message, e.value.message
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    assert c.responses.create(model="tiny", previous_response_id=r.id, input=[out, user], tools=FLAT,
+                              max_output_tokens=2).status in ("completed", "incomplete")
+    assert c.responses.create(model="tiny", input=back, tools=FLAT, max_output_tokens=2, store=False).id
+
+
+def test_retrieve_takes_include_logprobs_and_stream_false(guided):
+    """h78j (w78f's left): ``client.responses.retrieve(id, include=[...])`` and ``stream=False``
+    were 400s ("query parameter 'include[]' is not supported here"), though OpenAI's GET takes
+    both. include 'message.output_text.logprobs' gives the response as kept where it was made
+    with that include (its logprobs there); made without it, a 400 saying the logprobs were not
+    kept, not the same response without them. stream true (a background response's events
+    replayed: none runs here) stays a 400 naming stream, saying why."""
+    url, _ = guided
+    c = _client(url)
+    lp = "message.output_text.logprobs"
+    r = c.responses.create(model="tiny", input="paint it", max_output_tokens=3, include=[lp], top_logprobs=2)
+    assert r.output[0].content[0].logprobs
+    got = c.responses.retrieve(r.id, include=[lp])
+    assert got.model_dump() == c.responses.retrieve(r.id).model_dump() == c.responses.retrieve(r.id, stream=False) \
+        .model_dump()
+    plain = c.responses.create(model="tiny", input="paint it", max_output_tokens=3)
+    for bad, param in (({"include": [lp]}, "include"), ({"include": ["reasoning.encrypted_content"]}, "include")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.retrieve(plain.id, **bad)
+        assert e.value.param == param, e.value.message
+    code, body = _get(url, f"/v1/responses/{r.id}?stream=true")
+    assert code == 400 and body["error"]["param"] == "stream" and "background" in body["error"]["message"], body
