@@ -149,10 +149,11 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     check_output(Path(out), force=force, inputs=inputs, marker="export.json")  # before binding
     target: BoundTarget = bind_target(target_dir, allow_pickle=allow_pickle)
     if lora_dir is not None:  # (bound whole, before anything is written: a refusal leaves no folder)
-        from specrt.export.lora import base_note, bind_lora, fan_in_fan_out_note
+        from specrt.export.lora import base_note, bind_lora, fan_in_fan_out_note, others_note
 
         target.lora = bind_lora(lora_dir, target, allow_lora_pickle)
-        for note in (base_note(target.lora, Path(target_dir)), fan_in_fan_out_note(target.lora)):
+        for note in (base_note(target.lora, Path(target_dir)), fan_in_fan_out_note(target.lora),
+                     others_note(target.lora)):
             if note is not None:
                 log(note)
     text = _check_tokenizer_files(Path(target_dir), target.config.decoder.vocab_size, log)

@@ -429,7 +429,14 @@ def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorR
     stem = embed.name[: -len("model.embed_tokens.weight")] if embed.name.endswith("model.embed_tokens.weight") else ""
     names = {"embed": f"{PREFIX}{embed.name}", "lm_head": f"{PREFIX}{stem}lm_head.weight"}
     bound = {}
-    for module in saved:
+    # save_embedding_layers (true, or PEFT's "auto" where the embeddings are targeted) writes the full
+    # embeddings and head beside the adapter, modules_to_save naming neither; PEFT's load takes them into
+    # the model (load_state_dict, strict=False), so they replace the slots as its copies do (w78h); of
+    # another shape (a resized vocabulary) they stay unbound, refused below naming it
+    listed = {SAVED_SLOTS[m.split(".")[-1]] for m in saved}
+    unlisted = [m for m, s in SAVED_SLOTS.items() if s not in listed and names[s] in entries
+                and tuple(entries[names[s]].shape) == tuple(embed.shape)]
+    for module in [*saved, *unlisted]:
         slot = SAVED_SLOTS[module.split(".")[-1]]
         name = names[slot]
         if "." in module and f"{PREFIX}{module}.weight" != name:  # (a full name, as PEFT writes one for a tie)
@@ -501,3 +508,15 @@ def base_note(lora: BoundLora, target_folder: Path) -> str | None:
     return (f"warning: {lora.folder / ADAPTER_CONFIG}: base_model_name_or_path is {base!r}, which does not name the "
             f"target {target_folder}: an adapter trained on another base model (of the same shapes) merges into a "
             "model it was not trained for; export it against its own base if this is not a copy of it")
+
+
+def others_note(lora: BoundLora) -> str | None:
+    """A note where the adapter's folder holds other adapters in subfolders (PEFT's save_pretrained of a
+    model with several adapters: "default" at the top, each other name in OUT/<name>/): the one at the
+    top is merged, as PeftModel.from_pretrained(OUT) loads it, and the others are not (w78h: said nowhere)."""
+    others = sorted(p.parent.name for p in Path(lora.folder).glob(f"*/{ADAPTER_CONFIG}") if p.is_file())
+    if not others:
+        return None
+    return (f"note: {lora.folder} also holds the adapter(s) {', '.join(others[:5])} in subfolders (PEFT's save of "
+            "several adapters); merging only the one at its top ('default'), as PEFT's from_pretrained loads it: "
+            f"give --lora {Path(lora.folder) / others[0]} to merge another")

@@ -289,7 +289,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     _check_lora_options(lora, allow_lora_pickle)
     from specrt.export.binding import bind_draft, bind_target, config_notes, embed_note, length_note, receipt
     from specrt.export.export import check_training_receipt, eos_note
-    from specrt.export.lora import LINEAR_SLOTS, base_note, bind_lora, fan_in_fan_out_note
+    from specrt.export.lora import LINEAR_SLOTS, base_note, bind_lora, fan_in_fan_out_note, others_note
 
     t = bind_target(target, allow_pickle=allow_pickle)
     # bound as export binds it (its refusals here too), and merged as each weight is read below
@@ -306,7 +306,7 @@ def inspect(target: Path, draft: Path | None, as_json: bool, allow_pickle: bool,
     r = receipt(t, d)
     notes = (*config_notes(d), embed_note(d), length_note(d)) if d is not None else ()
     if t.lora is not None:
-        notes = (base_note(t.lora, target), fan_in_fan_out_note(t.lora), *notes)
+        notes = (base_note(t.lora, target), fan_in_fan_out_note(t.lora), others_note(t.lora), *notes)
     for note in (eos_note(t.folder, t.config.eos_token_ids), *notes):
         if note is not None:
             click.secho(note, fg="yellow", err=True)

@@ -732,3 +732,52 @@ def test_serve_names_a_hub_snapshot_by_its_repository():
     assert served_name(f"{hub}/models--me--sql-lora/snapshots/0123abc/") == "me/sql-lora"
     assert served_name("/data/my-sql-lora/") == served_name("/data/my-sql-lora") == "my-sql-lora"
     assert served_name("/data/snapshots/x") == "x"
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_saved_embedding_layers_taken(tmp_path, tied):
+    """w78h's walk: save_pretrained(..., save_embedding_layers=True) (tutorials pass it; PEFT's "auto"
+    does too where the embeddings are targeted) writes the full embeddings and LM head beside the
+    adapter, modules_to_save listing neither; PEFT's load takes them into the model (load_state_dict,
+    strict=False). Export refused them ("a full copy of the embeddings or the LM head ... is not
+    taken") though of the target's shape; now they replace the slots as modules_to_save's copies do
+    (here trained apart from the base's: PEFT's merged logits within TOL), a tied head where equal."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    t = write_tiny_target(tmp_path / "t", "llama", tied=tied, seed=4)
+    model = get_peft_model(load_hf(t), LoraConfig(r=4, lora_alpha=8, target_modules=MODULES))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+        model.base_model.model.model.embed_tokens.weight.mul_(1.5)  # (a base embedding trained too)
+        if not tied:
+            model.base_model.model.lm_head.weight.mul_(0.5)
+    model.save_pretrained(tmp_path / "a", save_embedding_layers=True)
+    with torch.no_grad():
+        ref = PeftModel.from_pretrained(load_hf(t), tmp_path / "a").merge_and_unload()(torch.tensor(IDS)).logits.numpy()
+    r = export_cli(t, "--lora", tmp_path / "a", "-o", tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
+    rec = load_export(tmp_path / "e")["binding_receipt"]["target"]["lora"]
+    assert set(rec["modules_to_save"]) == ({"embed"} if tied else {"embed", "lm_head"}), rec["modules_to_save"]
+
+
+def test_a_folder_of_several_adapters_says_which_is_merged(targets, tmp_path):
+    """w78h's walk: PEFT's save_pretrained of a model with two adapters ("default" and "second")
+    writes default's files at the top and second's in OUT/second/; --lora OUT merged default and
+    said nothing of second (PEFT's from_pretrained(OUT) loads default too). Export and inspect now
+    note the other adapter and how to merge it."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_hf(targets["llama"]), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    model.add_adapter("second", LoraConfig(r=2, lora_alpha=8, target_modules=["v_proj"]))
+    model.save_pretrained(tmp_path / "a")
+    said = "also holds the adapter(s) second in subfolders"
+    r = export_cli(targets["llama"], "--lora", tmp_path / "a", "-o", tmp_path / "e")
+    assert r.exit_code == 0 and said in r.output and f"give --lora {tmp_path / 'a' / 'second'}" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", str(targets["llama"]), "--lora", str(tmp_path / "a")])
+    assert r.exit_code == 0 and said in r.output, r.output
+    r = export_cli(targets["llama"], "--lora", tmp_path / "a" / "second", "-o", tmp_path / "e2")
+    assert r.exit_code == 0 and "also holds" not in r.output, r.output
