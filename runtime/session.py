@@ -502,8 +502,13 @@ class Session:
         self._growth_read = Path(path).resolve(), _file_stamp(Path(path))
         if not Path(path).exists():
             return 0
-        policy.growth = Growth.load(Path(path), self.generator.vocab, self.engines.manifest["export"]["digest"],
-                                    max_tokens=policy.growth.max_tokens)
+        try:
+            policy.growth = Growth.load(Path(path), self.generator.vocab, self.engines.manifest["export"]["digest"],
+                                        max_tokens=policy.growth.max_tokens)
+        except UserError:  # none of its sequences held: save_growth reads it again, refused as here (a caller
+            # going on after this refusal had its save write over the file: session 70's growth API note)
+            self._growth_read = Path(path).resolve(), None
+            raise
         for key, (w, t) in policy.growth.rates.items():  # where the last run's rounds left them
             policy.wins[key], policy.tries[key] = list(w), list(t)
         return len(policy.growth.seqs)

@@ -44,10 +44,12 @@ def not_text(text: str, subject: str) -> str | None:
         return None
     except UnicodeEncodeError as e:
         c, before = text[e.start], text[max(0, e.start - 20):e.start]
+    # (one at the start was said "after ''": h73a's report, session 73)
+    where = f"after {before!r}" if before else "at its start"
     if 0xDC80 <= ord(c) <= 0xDCFF:  # a byte that was not UTF-8, carried as Python carries it
-        return (f"{subject} is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} after {before!r}; or a JSON "
+        return (f"{subject} is not valid UTF-8 text (byte 0x{ord(c) - 0xDC00:02x} {where}; or a JSON "
                 f"\\u{ord(c):04x} escape, a UTF-16 half)")
-    return (f"{subject} holds a lone surrogate U+{ord(c):04X} (after {before!r}), which is not text: a UTF-16 "
+    return (f"{subject} holds a lone surrogate U+{ord(c):04X} ({where}), which is not text: a UTF-16 "
             f"half without its pair (a JSON \\u{ord(c):04x} escape?)")
 
 

@@ -215,6 +215,9 @@ def _unsupported(body: dict, chat: bool, allowed=()) -> None:
     for name, neutral in NEUTRAL.items():
         v = body.get(name) if name not in allowed else None
         if v is not None and not any(isinstance(v, bool) == isinstance(x, bool) and v == x for x in neutral):
+            if not chat and name in ("tools", "tool_choice"):  # (said "not supported ... only []": chat takes them, w75f)
+                raise BadRequest(f"'{name}' applies to /v1/chat/completions (function tools go through the chat "
+                                 "template; a completion's prompt is not templated)", name)
             raise BadRequest(f"'{name}' is not supported (got {v!r:.80}; only {neutral[0]!r} or leaving it out)", name)
 
 

@@ -1386,6 +1386,21 @@ def test_chat_template_kwargs_per_request_and_by_default(served, worded):  # noq
         app.close()
 
 
+def test_function_tools_on_completions_are_said_as_chat_s(served):
+    """`tools` or `tool_choice` "required" sent to /v1/completions was a 400 saying "'tools' is not
+    supported (...; only [] or leaving it out)", though /v1/chat/completions takes them (w75f's
+    walk, session 75, left; h78k). Said as chat_template_kwargs is: they apply to chat."""
+    url, _ = served
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for body, param in (({"prompt": "w6", "tools": tools}, "tools"),
+                        ({"prompt": "w6", "tool_choice": "required"}, "tool_choice")):
+        code, r = _post(url, "/v1/completions", body)
+        assert code == 400 and r["error"]["param"] == param, r
+        assert r["error"]["message"].startswith(f"'{param}' applies to /v1/chat/completions (function tools"), r
+    code, r = _post(url, "/v1/completions", {"prompt": "w6", "tools": [], "tool_choice": "none", "max_tokens": 1})
+    assert code == 200, r  # (their neutral values, as before)
+
+
 def _raw(url: str, data: bytes, read: bool = True, timeout: float = 30) -> bytes:
     """``data`` as it is on one connection; the answer as it comes (b"" when none)."""
     import socket

@@ -1227,6 +1227,27 @@ def test_a_growth_file_another_run_made_unreadable_meanwhile_is_refused_at_the_s
     assert grow.read_bytes() == before
 
 
+def test_a_growth_file_whose_load_was_refused_is_not_written_over_at_the_save(tiny_engines, tmp_path):
+    """A Python caller that goes on after load_growth refused a file (another export's) and then
+    saves to it: the save wrote over that file without a word, its sequences lost (the read
+    stamp was set before the refused read; session 70's note on m70a, NOTES s70's growth API
+    notes; h78k). Refused at the save as at the load, the file kept."""
+    from specrt.runtime.session import Session
+
+    grow = tmp_path / "grow.npz"
+    g = Growth()
+    g.add([6, 6, 6])
+    g.save(grow, "0" * 64)
+    before = grow.read_bytes()
+    with Session(tiny_engines, governor="off:grow") as s:
+        with pytest.raises(UserError, match="written for another export"):
+            s.load_growth(grow)
+        s.generator.generate([3, 1, 4, 1, 5], 6)
+        with pytest.raises(UserError, match=f"^{re.escape(str(grow))}: written for another export"):
+            s.save_growth(grow)
+    assert grow.read_bytes() == before
+
+
 def test_a_growth_save_that_failed_keeps_the_sessions_sequences_its_own(tiny_engines, tmp_path, monkeypatch):
     """A save that fails (a full disk) wrote nothing: the session's answers are still its own to
     add to what another run writes before the save is tried again (m70a-14: taken for saved,

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from specrt.cli import main
 from specrt.errors import UserError
-from specrt.runtime.text import StopScanner
+from specrt.runtime.text import StopScanner, not_text
 
 
 def scan(pieces, stops) -> tuple[str, bool]:
@@ -81,11 +81,21 @@ def test_the_cli_refuses_an_empty_stop_string_before_loading(tmp_path):
     assert "Traceback" not in r.output
     # a byte that was not UTF-8 (`--stop $'\xe9'`, Python's lone surrogate for it) or a JSON UTF-16 half:
     # no answer holds it, and the stop never matched without a word (said in not_text's words: h73a)
-    for bad, said in (("\udce9", "is not valid UTF-8 text (byte 0xe9 after ''; "),
+    for bad, said in (("\udce9", "is not valid UTF-8 text (byte 0xe9 at its start; "),
                       ("ok\ud800", "holds a lone surrogate U+D800 (after 'ok'), which is not text")):
         r = CliRunner().invoke(main, ["run", str(tmp_path), "--prompt", "hi", "--stop", "x", "--stop", bad])
         assert r.exit_code == 1 and f"error: stop string {bad!r} {said}" in r.output \
             and r.output.endswith("; no answer holds it\n"), r.output
+
+
+def test_a_bad_byte_or_lone_surrogate_at_the_start_is_said_at_its_start():
+    """A text that begins with a byte not UTF-8 (`--prompt $'\\xe9t\\xe9'`) or a lone surrogate was
+    said "... after ''": the empty text before it quoted (h73a's report, session 73, left there;
+    h78k). Said as at its start; one later keeps the text before it."""
+    assert not_text("\udce9t\u00e9", "the prompt") == ("the prompt is not valid UTF-8 text (byte 0xe9 at its start; "
+                                                     "or a JSON \\udce9 escape, a UTF-16 half)")
+    assert not_text("\ud800ok", "--system").startswith("--system holds a lone surrogate U+D800 (at its start), ")
+    assert "(byte 0xe9 after 'caf';" in not_text("caf\udce9", "the prompt")
 
 
 def _tiny_text_pair(root, vocab: int, draft_vocab: int, with_tokenizer, **target_config) -> Path:
