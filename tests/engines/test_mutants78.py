@@ -298,3 +298,42 @@ def test_edited_kv_aliases_are_named_as_the_field_that_differs(engines_copy):
     with pytest.raises(UserError, match=f"^{re.escape(str(engines_copy / 'engines.json'))}: field "
                                         "'graphs.target.io.aliases' is not the in-place target graph's I/O"):
         load_engines(engines_copy, verify=False)
+
+
+def test_a_drafts_attention_window_edited_is_refused(tiny_export, tmp_path):
+    """m78e's sm26, left at its stop (specrt/manifest.py check_export: draft.attention_window left
+    out of the fields held to the binding receipt): export.json's draft window changed by hand loaded,
+    and a build would size the draft's attention from it."""
+    import json
+    import re
+    import shutil
+
+    from specrt.errors import UserError
+    from specrt.manifest import load_export
+
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    m = json.loads((exp / "export.json").read_text())
+    was = m["draft"].get("attention_window")
+    m["draft"]["attention_window"] = 7 if was != 7 else 9
+    (exp / "export.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match=f"^{re.escape(str(exp / 'export.json'))}: field 'draft.attention_window'"):
+        load_export(exp)
+
+
+def test_a_folder_in_place_of_the_manifest_is_said_as_an_incomplete_folder(tiny_export, tmp_path):
+    """m78e's sm29, left at its stop (specrt/manifest.py read_manifest: `is_file` -> `exists`): a folder
+    named export.json (a copy gone wrong) is not the manifest; said as a folder without it, not read
+    (an IsADirectoryError traceback on the mutant)."""
+    import re
+    import shutil
+
+    from specrt.errors import UserError
+    from specrt.manifest import load_export
+
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_export, exp)
+    (exp / "export.json").unlink()
+    (exp / "export.json").mkdir()
+    with pytest.raises(UserError, match=f"^{re.escape(str(exp))}: not a complete .* folder \\(no export.json\\)"):
+        load_export(exp)
