@@ -765,19 +765,28 @@ class Streamed:
             if name is None or (a.calls and not self.parallel) or (self.parser == "llama3_json" and not r.done
                                                                   and not any(key in r.calls[k] for key in self.keys)):
                 break
+            if any(c[3] is not None and not c[3].streams(c[4], self.keys) for c in a.calls):
+                break  # (a call before it whose arguments come at the end, {} where none or a JSON string: this one too)
+            # the calls before it: their arguments ahead of its header (OpenAI's SDK takes an index's change as
+            # the last call's end, its arguments.done: w78l)
+            self._pieces(a, items)
             a.calls.append([(_mistral_id if self.parser == "mistral" else _call_id)(), name, "", r, k, 0])
             items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
                           "function": {"name": name, "arguments": ""}})
+        self._pieces(a, items)
+        return items
+
+    def _pieces(self, a: _Answer, items: list) -> None:
+        """The arguments of ``a.reader``'s calls written since, joined to ``items``."""
         for index, c in enumerate(a.calls):
-            if c[3] is r:
-                piece, c[5] = r.arguments(c[4], self.keys, c[5])
+            if c[3] is a.reader:
+                piece, c[5] = a.reader.arguments(c[4], self.keys, c[5])
                 if piece:
                     c[2] += piece
                     if items and items[-1]["index"] == index:
                         items[-1]["function"]["arguments"] += piece
                     else:
                         items.append({"index": index, "function": {"arguments": piece}})
-        return items
 
     def _read_xml(self, a: _Answer) -> list[dict]:
         """qwen3_coder's calls read on from ``a.at``: a header once <function=NAME> is whole, then
@@ -1285,13 +1294,17 @@ class _Reader:
             return None
         return json.loads("".join(self.out[span[0]:span[1]])) or None
 
+    def streams(self, k: int, keys: tuple[str, ...]) -> bool:
+        """Whether call ``k``'s arguments are read as they come: its one member of ``keys`` an object."""
+        spans = [self.calls[k][key] for key in keys if key in self.calls[k]]
+        return len(spans) == 1 and spans[0][2] == "{"
+
     def arguments(self, k: int, keys: tuple[str, ...], start: int) -> tuple[str, int]:
         """Call ``k``'s arguments (an object, its member one of ``keys``) written from piece
         ``start`` on, and the piece it reached ("" where they are no object, or not begun)."""
-        spans = [self.calls[k][key] for key in keys if key in self.calls[k]]
-        if len(spans) != 1 or spans[0][2] != "{":
+        if not self.streams(k, keys):
             return "", start
-        first, end, _ = spans[0]
+        first, end, _ = [self.calls[k][key] for key in keys if key in self.calls[k]][0]
         end = len(self.out) if end is None else end
         start = max(start, first)
         return "".join(self.out[start:end]), end
