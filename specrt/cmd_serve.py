@@ -554,6 +554,7 @@ class Server:
 
         self.snapshots = snapshots
         self.responses_store, self.kept = RESPONSES_STORE, None  # --responses-store; its Store (respond_to)
+        self.kept_made = threading.Lock()  # (two first requests at once made one Store each, one's response lost)
         # chat_template_kwargs: --chat-template-kwargs, every chat request's template variables
         # unless its own chat_template_kwargs set them
         self.session = Session(engines_dir, governor=governor, sampling=defaults, prefix_snapshots=snapshots,
@@ -957,8 +958,9 @@ class Server:
         its reasoning's token count and ``keep``, which stores the response made (responses.Store)."""
         from specrt import responses
 
-        if self.kept is None:  # (--responses-store: made at the first response)
-            self.kept = responses.Store(self.responses_store)
+        with self.kept_made:  # (--responses-store: made at the first response, by one request's thread)
+            if self.kept is None:
+                self.kept = responses.Store(self.responses_store)
         try:
             items = responses.context(body, self.kept) if isinstance(body, dict) else None
             chat = responses.chat_body(body, items)

@@ -821,3 +821,34 @@ def test_retrieve_takes_include_logprobs_and_stream_false(guided):
         assert e.value.param == param, e.value.message
     code, body = _get(url, f"/v1/responses/{r.id}?stream=true")
     assert code == 400 and body["error"]["param"] == "stream" and "background" in body["error"]["message"], body
+
+
+def test_two_first_responses_at_once_make_one_store(guided, monkeypatch):
+    """The final read of session 78: the store is made at the first /v1/responses request, in that
+    request's own thread (parsed before the engines' lock); two first requests at once each saw none,
+    made a Store each, and the one made first was replaced, with the response kept in it lost (a 404
+    for an id the server had answered with). One Store is made, under its lock. The Store's making is
+    slowed here so that the two threads meet there, as they can on a loaded server."""
+    import threading
+    import time
+
+    from specrt import responses
+
+    url, app = guided
+    made = []
+
+    class Slow(responses.Store):
+        def __init__(self, size):
+            made.append(size)
+            time.sleep(0.3)
+            super().__init__(size)
+
+    monkeypatch.setattr(responses, "Store", Slow)
+    monkeypatch.setattr(app, "kept", None)
+    body = {"model": "tiny", "input": "paint it", "max_output_tokens": 2}
+    threads = [threading.Thread(target=app.respond_to, args=(dict(body),)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == [app.responses_store] and isinstance(app.kept, Slow)
