@@ -685,21 +685,25 @@ class Events:
         return out + self._event("response.incomplete" if cut else "response.completed", response=done)
 
     def error(self, error: dict) -> bytes:
-        """An error mid-answer (serve's error object, in chat's names) as the stream's error event;
-        the response kept ``failed`` with it (``ended``)."""
+        """An error mid-answer (serve's error object, in chat's names) as the stream's error event
+        then response.failed (OpenAI's order) carrying the response ``failed`` with it, as kept
+        (``ended``)."""
         message, param = renamed(error["message"], error.get("param"))
-        self.ended("failed", {"code": error.get("code") or (
+        failed = self.ended("failed", {"code": error.get("code") or (
             "server_error" if error.get("type") == "server_error" else "invalid_prompt"), "message": message})
-        return self._event("error", code=error.get("code"), message=message, param=param)
+        return self._event("error", code=error.get("code"), message=message, param=param) + \
+            self._event("response.failed", response=failed)
 
-    def ended(self, status: str, error: dict | None = None) -> None:
+    def ended(self, status: str, error: dict | None = None) -> dict:
         """A stream that ended before its last event: by an error event (``failed``, OpenAI's
         status, with its ``error`` {code, message}) or by its client leaving (``cancelled``),
         kept as far as it went (an item being written: incomplete), so that GET finds it, as
-        OpenAI keeps a failed response, and previous_response_id refuses it (``context``)."""
-        if self.kept:
-            return
-        self.kept = True
+        OpenAI keeps a failed response, and previous_response_id refuses it (``context``); the
+        response so ended returned (response.failed's)."""
         if self.open is not None:
             self.open["status"] = "incomplete"
-        self.keep({**self.response, "status": status, "error": error, "output": list(self.output)})
+        ended = {**self.response, "status": status, "error": error, "output": list(self.output)}
+        if not self.kept:
+            self.kept = True
+            self.keep(ended)
+        return ended

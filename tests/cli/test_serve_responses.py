@@ -355,9 +355,9 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
         code, r = _post(url, "/v1/responses", body)
         assert code == 500 and r["error"]["type"] == "server_error" and "+inf logits" in r["error"]["message"], r
         events = _events(url, body)
-        name, last = events[-1]
+        name, last = events[-2]  # (then response.failed: test_a_failed_stream_ends_with_response_failed)
         assert name == "error" and last["type"] == "error" and "+inf logits" in last["message"], events[-2:]
-        assert last["sequence_number"] == len(events) - 1 and last["code"] is None and last["param"] is None
+        assert last["sequence_number"] == len(events) - 2 and last["code"] is None and last["param"] is None
         assert "response.output_text.delta" in [n for n, _ in events]  # (failed mid-answer)
         rid = events[0][1]["response"]["id"]
         code, r = _get(url, f"/v1/responses/{rid}")  # (a 404: w78f)
@@ -369,6 +369,42 @@ def test_an_engine_failure_mid_answer_ends_the_stream_with_an_error_event(overfl
         assert code == 400 and r["error"]["param"] == "previous_response_id" and "is failed" in r["error"]["message"]
         code, r = _post(url, "/v1/responses", {"input": prompts[True, True], "max_output_tokens": 1})
         assert code == 200 and r["usage"]["output_tokens"] == 1
+
+
+def test_a_failed_stream_ends_with_response_failed(overflowing):  # noqa: F811
+    """A stream failing mid-answer ends as OpenAI's does: its ``error`` event, then
+    ``response.failed`` carrying the response (status "failed", its ``error``, the text so far an
+    incomplete message), both with their sequence numbers in order. It ended at the ``error``
+    event (h78j's "left"): the openai SDK's raw iterator never saw the response fail, its
+    ``responses.stream`` helper's snapshot no failed response. With the SDK: the raw events are
+    its types (pydantic-validated); the helper yields ResponseFailedEvent with the same output,
+    and get_final_response raises (the SDK's RuntimeError: no response.completed), not hangs."""
+    from pydantic import TypeAdapter
+
+    from openai.types.responses import ResponseStreamEvent
+
+    eng, prompts = overflowing
+    with _in_process(eng, "off") as (app, httpd, url, logs):
+        c = _client(url)
+        body = {"model": "tiny", "input": prompts[True, True], "max_output_tokens": 20}
+        raw = list(c.responses.create(stream=True, **body))
+        for e in raw:
+            TypeAdapter(ResponseStreamEvent).validate_python(e.to_dict())
+        assert [e.type for e in raw[-2:]] == ["error", "response.failed"], [e.type for e in raw[-3:]]
+        assert [e.sequence_number for e in raw] == list(range(len(raw)))
+        failed = raw[-1].response
+        assert failed.id == raw[0].response.id and failed.status == "failed" and failed.usage is None
+        assert failed.error.code == "server_error" and failed.error.message == raw[-2].message
+        assert [(x.type, x.status) for x in failed.output] == [("message", "incomplete")]
+        said = "".join(e.delta for e in raw if e.type == "response.output_text.delta")
+        assert said and failed.output[0].content[0].text == said
+        assert c.responses.retrieve(failed.id).model_dump() == failed.model_dump()  # (as kept)
+        with c.responses.stream(**body) as stream:
+            seen = list(stream)
+            assert [e.type for e in seen[-2:]] == ["error", "response.failed"]
+            assert seen[-1].response.status == "failed" and seen[-1].response.output[0].content[0].text
+            with pytest.raises(RuntimeError, match="response.completed"):
+                stream.get_final_response()
 
 
 def test_the_response_and_its_events_are_the_sdks_types_validated(hermes):
