@@ -164,8 +164,7 @@ def export(target_dir: Path, draft_dir: Path | None, out: Path, dtype: str = "fl
     rec = receipt(target, draft)
     log(f"bound {len(rec['target']['slots'])} target slots" + (f", {len(rec['draft']['slots'])} draft slots" if draft else "")
         + (f"; merging a LoRA adapter into {len(target.lora.modules)} of them" if target.lora is not None else "")
-        + (f", its modules_to_save replacing {', '.join(target.lora.replaced)}" if target.lora and target.lora.replaced
-           else "")
+        + (target.lora.replaced_words() if target.lora else "")
         + "".join(f", its trainable tokens replacing {len(ids)} rows of {s}" for s, (ids, _) in
                   (target.lora.tokens.items() if target.lora else ())))
     if (note := eos_note(Path(target_dir), target.config.eos_token_ids, text)) is not None:  # (its Text read once)

@@ -111,6 +111,20 @@ class BoundLora:
     replaced: dict[str, Any] = field(default_factory=dict)
     # trainable_token_indices: target slot -> (its token ids, the adapter's rows for them: BoundTensor)
     tokens: dict[str, tuple[list[int], Any]] = field(default_factory=dict)
+    # the slots of ``replaced`` whose copies save_pretrained's save_embedding_layers wrote, not modules_to_save (w78h)
+    embedding_layers: frozenset = frozenset()
+
+    def saved_by(self, slot: str) -> str:
+        """What wrote ``slot``'s copy in ``replaced``: "modules_to_save" or "save_embedding_layers"."""
+        return "save_embedding_layers" if slot in self.embedding_layers else "modules_to_save"
+
+    def replaced_words(self) -> str:
+        """Export's words for ``replaced``, by what wrote the copies (", its modules_to_save replacing embed")."""
+        by: dict[str, list[str]] = {}
+        for s in self.replaced:
+            by.setdefault(self.saved_by(s), []).append(s)
+        return "".join(f", its {'full copies saved by ' if b == 'save_embedding_layers' else ''}{b} replacing "
+                       f"{', '.join(ss)}" for b, ss in by.items())
 
     def replacement(self, slot: str) -> np.ndarray:
         """The adapter's copy of ``slot`` (modules_to_save), float32, checked finite."""
@@ -141,8 +155,11 @@ class BoundLora:
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
-        saved = ({"modules_to_save": {s: t.to_json(self.folder) for s, t in self.replaced.items()}}
-                 if self.replaced else {})  # (receipts without them read as before)
+        # (receipts without them read as before; "saved_by" only on save_embedding_layers' copies, so a receipt
+        # of modules_to_save's written before it was kept compares equal: compare, bench --variant)
+        saved = ({"modules_to_save": {s: {**t.to_json(self.folder), **({"saved_by": by} if (
+            by := self.saved_by(s)) != "modules_to_save" else {})} for s, t in self.replaced.items()}}
+                 if self.replaced else {})
         if self.tokens:
             saved["trainable_tokens"] = {s: {"indices": i, **t.to_json(self.folder)} for s, (i, t) in self.tokens.items()}
         return {**saved,
@@ -267,10 +284,49 @@ def _pattern(patterns: dict, module: str) -> str | None:
     return next((k for k in patterns if re.match(rf"(.*\.)?({k})$", module)), None)
 
 
+def _module_names(target) -> list[str]:
+    """The target's module names as transformers' named_modules() gives them for the families specrt
+    takes (Llama, Mistral, Qwen2, Qwen3; the root is ''). (A multimodal wrapper's other modules, a
+    vision tower's, are not among them.)"""
+    d = target.config.decoder
+    m = target.slots["embed"].entry.name[: -len(".embed_tokens.weight")]  # model, model.llm, language_model.model
+    stem = m.rpartition("model")[0]
+    layer = ["", ".self_attn", *(f".self_attn.{k}_proj" for k in "qkvo"),
+             *((".self_attn.q_norm", ".self_attn.k_norm") if d.qk_norm else ()), ".mlp",
+             *(f".mlp.{k}_proj" for k in ("gate", "up", "down")), ".mlp.act_fn", ".input_layernorm",
+             ".post_attention_layernorm"]
+    return ["", *(m[:i] for i in range(1, len(m)) if m[i] == "."), m, f"{m}.embed_tokens",
+            f"{m}.layers", *(f"{m}.layers.{i}{k}" for i in range(d.num_layers) for k in layer), f"{m}.norm",
+            f"{m}.rotary_emb", f"{stem}lm_head"]
+
+
+def _condensed(tm, names: list[str]):
+    """``tm`` as PEFT's inject_adapter matches it against the base model's module ``names``: a list of
+    MIN_TARGET_MODULES_FOR_OPTIMIZATION (20) names or more condensed by its _find_minimal_target_modules
+    into the shortest suffixes no other module has, where that makes it shorter (r78g, m78i)."""
+    if isinstance(tm, str) or len(set(tm)) < 20 or "" in tm:
+        return tm
+    tm = set(tm)
+    ends = tuple(f".{k}" for k in tm)
+    others = {".".join(p[i:]) for n in names if n not in tm and not n.endswith(ends)
+              for p in [n.split(".")] for i in range(len(p))}
+    short = set()
+    for item, suffixes in sorted(((t, [".".join(t.split(".")[i:]) for i in range(t.count("."), -1, -1)]) for t in tm),
+                                 key=lambda t: t[1]):
+        for suffix in suffixes:
+            if suffix in short or suffix in others:
+                continue
+            if not any(item.endswith(f".{k}") for k in short):
+                short.add(suffix)
+                break
+    return sorted(short) if short and len(short) < len(tm) else sorted(tm)
+
+
 def _left_out(c: dict, module: str, layer: int) -> str | None:
     """The field of ``c`` for which PEFT's loader gives ``module`` (the base model's name, e.g.
     ``model.layers.3.mlp.down_proj``, of decoder layer ``layer``) no adapter, read as its
-    check_target_module_exists reads them; None where it gives it one."""
+    check_target_module_exists reads them (target_modules as _condensed leaves it); None where it
+    gives it one."""
     ex = c.get("exclude_modules")
     if ex and (re.fullmatch(ex, module) if isinstance(ex, str) else
                module in ex or module.endswith(tuple(f".{k}" for k in ex))):
@@ -280,10 +336,9 @@ def _left_out(c: dict, module: str, layer: int) -> str | None:
         return None if tm.lower() == "all-linear" or re.fullmatch(tm, module) else "target_modules"
     if not (module in tm or module.endswith(tuple(f".{k}" for k in tm))):
         return "target_modules"
-    # (a module named whole in the list: PEFT's takes it in any layer, r78g; but from 20 names on its inject_adapter
-    # condenses the list into suffixes, which layers_to_transform restricts)
+    # (a module named whole in the list: PEFT's takes it in any layer, r78g)
     lt = c.get("layers_to_transform")
-    if (module not in tm or len(tm) >= 20) and lt not in (None, []) and \
+    if module not in tm and lt not in (None, []) and \
             layer not in ({lt} if isinstance(lt, int) else set(lt)):
         return "layers_to_transform"
     return None
@@ -334,6 +389,8 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
     entries = _weights(folder, allow_pickle)
     rank_p, alpha_p = c.get("rank_pattern") or {}, c.get("alpha_pattern") or {}
     reader, modules, used = TensorReader(), {}, set()
+    read = {**c, "target_modules": _condensed(c["target_modules"], _module_names(target))} \
+        if isinstance(c.get("target_modules"), list) else c
     for slot, bound in target.slots.items():
         if slot.split(".")[-1] not in LINEAR_SLOTS or not bound.entry.name.endswith(".weight"):
             continue
@@ -348,7 +405,7 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
             raise UserError(f"{e.file}: tensor '{e.name}' has no '{names[other]}' beside it; expected both halves of "
                             "each module's adapter")
         i = int(slot.split(".")[1])
-        if (why := _left_out(c, module, i)) is not None:  # (w78c: merged, where PEFT's merged model has none of it)
+        if (why := _left_out(read, module, i)) is not None:  # (w78c: merged, where PEFT's merged model has none of it)
             said = (f"layers_to_transform {c[why]}" if why == "layers_to_transform" else
                     f"{why} {c[why]!r:.80}" if c.get(why) is not None else f"{why} null (PEFT's default {DEFAULT_TARGETS})")
             raise UserError(f"{have['A'].file}: tensor '{have['A'].name}' adapts "
@@ -374,7 +431,7 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         a, b = (BoundTensor(slot, have[ab], reader.sha256(have[ab])) for ab in "AB")
         modules[slot] = LoraModule(slot, a, b, r, alpha, scale)
         used.update(names.values())
-    replaced = _saved_modules(folder, c, entries, target, reader, used)
+    replaced, layers = _saved_modules(folder, c, entries, target, reader, used)
     tokens = _token_rows(folder, c, entries, target, reader, used)
     leftovers = sorted(set(entries) - used)
     if leftovers:
@@ -386,7 +443,7 @@ def bind_lora(folder: str | Path, target, allow_pickle: bool = False) -> BoundLo
         raise UserError(f"{entries[k].file}: adapter tensor '{k}' is not taken: {why}{more}")
     if not modules and not replaced and not tokens:
         raise UserError(f"{folder}: the adapter holds no tensors")
-    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG), replaced, tokens)
+    return BoundLora(folder, c, modules, reader, sha256_file(folder / ADAPTER_CONFIG), replaced, tokens, layers)
 
 
 def _token_rows(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> dict:
@@ -418,17 +475,18 @@ def _token_rows(folder: Path, c: dict, entries: dict, target, reader: TensorRead
     return {"embed": (ids, BoundTensor("embed", e, reader.sha256(e)))}
 
 
-def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> dict:
+def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorReader, used: set) -> tuple:
     """modules_to_save's embed_tokens / lm_head bound to the slots they replace (slot -> BoundTensor),
-    their names added to ``used``: each of the target's [vocab, hidden] shape; a tied head takes
-    them only where it stays tied (both given, equal), as PEFT's merged model has it."""
+    and the slots of them save_embedding_layers wrote; their names added to ``used``: each of the
+    target's [vocab, hidden] shape; a tied head takes them only where it stays tied (both given,
+    equal), as PEFT's merged model has it."""
     from specrt.export.binding import BoundTensor
 
     saved = c.get("modules_to_save") or []
     embed = target.slots["embed"].entry
     stem = embed.name[: -len("model.embed_tokens.weight")] if embed.name.endswith("model.embed_tokens.weight") else ""
     names = {"embed": f"{PREFIX}{embed.name}", "lm_head": f"{PREFIX}{stem}lm_head.weight"}
-    bound = {}
+    bound, layers = {}, frozenset()
     # save_embedding_layers (true, or PEFT's "auto" where the embeddings are targeted) writes the full
     # embeddings and head beside the adapter, modules_to_save naming neither; PEFT's load takes them into
     # the model (load_state_dict, strict=False), so they replace the slots as its copies do (w78h); of
@@ -455,6 +513,7 @@ def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorR
                             f"target's '{embed.name}' ({_resized(e.shape, embed.shape)})")
         bound[slot] = BoundTensor(slot, e, reader.sha256(e))
         used.add(name)
+        layers |= {slot} if module in unlisted else set()
     if bound and "lm_head" in target.aliases:  # (tied: one matrix serves both, the embeddings' slot)
         if "lm_head" not in bound and names["lm_head"] in entries:  # (ensure_weight_tying lists one, saves both)
             e = entries[names["lm_head"]]
@@ -468,7 +527,7 @@ def _saved_modules(folder: Path, c: dict, entries: dict, target, reader: TensorR
                 "(PEFT unties them without ensure_weight_tying): expected both, equal; or export the merged model "
                 "(PEFT's merge_and_unload, then save_pretrained, with tie_word_embeddings false in its config.json)")
         bound.pop("lm_head")
-    return bound
+    return bound, layers
 
 
 def _resized(shape, want) -> str:

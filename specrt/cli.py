@@ -357,7 +357,7 @@ def _echo_lora(lora: dict, linear: int) -> None:
         click.echo(f"  {slot:28s} <- {m['lora_A']['key'][: -len('.lora_A.weight')] + '.lora_A/B':68s} "
                    f"rank {m['rank']:<4d} alpha {m['alpha']:<6g} scale {m['scale']:.6g}")
     for slot, t in lora.get("modules_to_save", {}).items():  # (w77g: its full copies, replacing the slot)
-        click.echo(f"  {slot:28s} <- {t['key']:68s} modules_to_save: replaced")
+        click.echo(f"  {slot:28s} <- {t['key']:68s} {t.get('saved_by', 'modules_to_save')}: replaced")
     for slot, t in lora.get("trainable_tokens", {}).items():  # (w78c: trainable_token_indices' rows)
         click.echo(f"  {slot:28s} <- {t['key']:68s} trainable tokens: {len(t['indices'])} rows replaced")
     click.echo(f"  changes {len(lora['modules'])} of the target's {linear} linear weights (W + scale * B @ A)")

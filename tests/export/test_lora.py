@@ -451,6 +451,9 @@ def test_modules_to_save_embeddings_and_head_taken(tmp_path, case):
     assert set(rec["modules_to_save"]) == want, rec["modules_to_save"]
     for s, e in rec["modules_to_save"].items():
         assert e["key"] == f"base_model.model.{'model.embed_tokens' if s == 'embed' else 'lm_head'}.weight", e
+        # (no "saved_by", save_embedding_layers' alone: a receipt written before it compares equal in compare and
+        # bench --variant; the final read of session 78)
+        assert "saved_by" not in e, e
     model = load_hf(t)
     _merge_lora(model, t, {"binding_receipt": {"target": {"lora": rec}}})
     with torch.no_grad():
@@ -741,7 +744,8 @@ def test_saved_embedding_layers_taken(tmp_path, tied):
     adapter, modules_to_save listing neither; PEFT's load takes them into the model (load_state_dict,
     strict=False). Export refused them ("a full copy of the embeddings or the LM head ... is not
     taken") though of the target's shape; now they replace the slots as modules_to_save's copies do
-    (here trained apart from the base's: PEFT's merged logits within TOL), a tied head where equal."""
+    (here trained apart from the base's: PEFT's merged logits within TOL), a tied head where equal.
+    Export's log, inspect and the receipt name them save_embedding_layers' (w78h: "modules_to_save")."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -762,6 +766,12 @@ def test_saved_embedding_layers_taken(tmp_path, tied):
     assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
     rec = load_export(tmp_path / "e")["binding_receipt"]["target"]["lora"]
     assert set(rec["modules_to_save"]) == ({"embed"} if tied else {"embed", "lm_head"}), rec["modules_to_save"]
+    said = f"its full copies saved by save_embedding_layers replacing {'embed' if tied else 'embed, lm_head'}"
+    assert said in r.output and "modules_to_save" not in r.output, r.output
+    assert {e["saved_by"] for e in rec["modules_to_save"].values()} == {"save_embedding_layers"}, rec["modules_to_save"]
+    r = CliRunner().invoke(main, ["inspect", str(t), "--lora", str(tmp_path / "a")])
+    assert r.exit_code == 0 and "save_embedding_layers: replaced" in r.output and "modules_to_save" not in r.output, \
+        r.output
 
 
 def test_a_folder_of_several_adapters_says_which_is_merged(targets, tmp_path):

@@ -128,7 +128,7 @@ def test_twenty_modules_named_whole_are_condensed_as_peft_condenses_them(targets
     then restricts (its load drops the layer-1 tensor, warning "unexpected adapter keys"); at
     exactly 20 the mutant took the tensor of layer 1 as named whole, merging what PEFT's merged
     model has none of. Refused, naming the layer (test_lora.py's case has 28 names). (PEFT keeps
-    the list as it is where condensing would not shorten it: see the report's finding.)"""
+    the list as it is where condensing would not shorten it: the "kept" case below.)"""
     from .test_lora import MODULES, _peft_merged, write_adapter
 
     a, _ = write_adapter(targets["llama"], tmp_path / "a", target_modules=["model.layers.1.self_attn.q_proj", "k_proj"],
@@ -138,3 +138,51 @@ def test_twenty_modules_named_whole_are_condensed_as_peft_condenses_them(targets
     assert any("unexpected adapter keys" in w for w in _peft_merged(targets["llama"], a)[1])
     r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
     assert r.exit_code == 1 and "adapts layer 1, which" in r.output and "layers_to_transform [0]" in r.output, r.output
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_module_names_are_the_base_models_and_condensed_as_peft_condenses(targets, family):  # noqa: F811
+    """m78i's finding: _left_out condenses target_modules as PEFT's inject_adapter does, against the
+    base model's module names: _module_names equals transformers' named_modules() of the tiny
+    target, and _condensed equals PEFT's own _find_minimal_target_modules where it shortens the list."""
+    from peft.tuners.tuners_utils import _find_minimal_target_modules
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specrt.export.binding import bind_target
+    from specrt.export.lora import _condensed, _module_names
+
+    from .test_lora import MODULES
+
+    names = _module_names(bind_target(targets[family]))
+    assert names == [n for n, _ in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(targets[family]))
+                     .named_modules()]
+    full = [f"model.layers.{i}.{'mlp' if m in MODULES[4:] else 'self_attn'}.{m}" for i in range(4) for m in MODULES]
+    for tm in (full[:20], [n for n in full if n.split(".")[-1] in MODULES[:5]] + full[5:6], full):  # (kept, condensed)
+        others = [n for n in names if n not in tm and not n.endswith(tuple(f".{k}" for k in tm))]
+        peft = _find_minimal_target_modules(tm, others)
+        assert _condensed(tm, names) == sorted(peft if len(peft) < len(tm) else tm), tm
+
+
+@pytest.mark.parametrize("case", ["kept", "condensed"])
+def test_twenty_names_restricted_by_layer_only_where_peft_condenses_them(targets, tmp_path, case):  # noqa: F811
+    """m78i's finding (bug20): `len(tm) >= 20` restricted 20 full names by layers_to_transform [0]
+    though PEFT keeps such a list whole (condensing would not shorten it: layers 0 and 1 whole, 6 of
+    layer 2's) and loads layer 1's tensors; export refused the adapter. Now it merges them as PEFT
+    does (its load warns of no "unexpected adapter keys"; logits equal its merge_and_unload's), and
+    still refuses where PEFT condenses the list (q, k, v, o, gate of every layer -> five suffixes)."""
+    from .test_graph_parity import TOL, maxerr
+    from .test_lora import MODULES, _peft_merged, onnx_logits, write_adapter
+
+    full = [f"model.layers.{i}.{'mlp' if m in MODULES[4:] else 'self_attn'}.{m}" for i in range(4) for m in MODULES]
+    names = full[:20] if case == "kept" else [n for n in full if n.split(".")[-1] in MODULES[:5]]
+    a, _ = write_adapter(targets["llama"], tmp_path / "a", target_modules=names)
+    _spoil_config(a, target_modules=names, layers_to_transform=[0])
+    ref, warned = _peft_merged(targets["llama"], a)
+    r = export_cli(targets["llama"], "--lora", a, "-o", tmp_path / "e")
+    if case == "condensed":
+        assert any("unexpected adapter keys" in w for w in warned), warned
+        assert r.exit_code == 1 and "adapts layer 1, which" in r.output, r.output
+        return
+    assert not any("unexpected adapter keys" in w for w in warned), warned
+    assert r.exit_code == 0 and "merging a LoRA adapter into 20 of them" in r.output, r.output
+    assert maxerr(onnx_logits(tmp_path / "e"), ref) <= TOL
