@@ -348,8 +348,8 @@ def _classify(key: str) -> str:
     """Why an adapter tensor that binds to no slot is not taken (the error's words)."""
     if re.search(r"(^|\.)(embed_tokens|lm_head)\.weight$", key) and "modules_to_save" not in key:
         return ("a full copy of the embeddings or the LM head, which PEFT saves for modules_to_save or for a "
-                "vocabulary resized for added tokens (save_embedding_layers); export takes it only where "
-                "modules_to_save names it, of the target's shape")
+                "vocabulary resized for added tokens (save_embedding_layers); export takes such a copy only "
+                "of the target's shape")
     if "lora_magnitude_vector" in key:
         return "DoRA's magnitude vector (use_dora)"
     if "lora_embedding_" in key or ".embed_tokens." in key:
