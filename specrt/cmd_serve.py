@@ -952,15 +952,23 @@ class Server:
         msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
         return BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages")
 
+    def store(self):
+        """The responses kept (responses.Store, --responses-store), made at its first use, once: by one
+        request's thread (two first requests at once made a Store each, one's response lost)."""
+        from specrt import responses
+
+        with self.kept_made:
+            if self.kept is None:
+                self.kept = responses.Store(self.responses_store)
+        return self.kept
+
     def respond_to(self, body: Any) -> dict:
         """POST /v1/responses: the request as a chat completion's (responses.chat_body, after its
         previous_response_id's items), parsed as one, with its response's skeleton (``responses``),
         its reasoning's token count and ``keep``, which stores the response made (responses.Store)."""
         from specrt import responses
 
-        with self.kept_made:  # (--responses-store: made at the first response, by one request's thread)
-            if self.kept is None:
-                self.kept = responses.Store(self.responses_store)
+        self.store()
         try:
             items = responses.context(body, self.kept) if isinstance(body, dict) else None
             chat = responses.chat_body(body, items)
@@ -1363,9 +1371,8 @@ class Handler(BaseHTTPRequestHandler):
                                          "delete" if self.command == "DELETE" else "retrieve")
         try:
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
-            kept = self.app.kept or responses.Store(self.app.responses_store)  # (none made yet: an empty one, its size)
-            self._send_json(200, responses.stored(kept, self.command.replace("HEAD", "GET"), unquote(self.route),
-                                                  query))
+            self._send_json(200, responses.stored(self.app.store(), self.command.replace("HEAD", "GET"),
+                                                  unquote(self.route), query))
         except responses.Refused as e:
             self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
 
