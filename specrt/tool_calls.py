@@ -1294,9 +1294,12 @@ class _Reader:
             return None
         return json.loads("".join(self.out[span[0]:span[1]])) or None
 
+    def _spans(self, k: int, keys: tuple[str, ...]) -> list:
+        return [self.calls[k][key] for key in keys if key in self.calls[k]]
+
     def streams(self, k: int, keys: tuple[str, ...]) -> bool:
         """Whether call ``k``'s arguments are read as they come: its one member of ``keys`` an object."""
-        spans = [self.calls[k][key] for key in keys if key in self.calls[k]]
+        spans = self._spans(k, keys)
         return len(spans) == 1 and spans[0][2] == "{"
 
     def arguments(self, k: int, keys: tuple[str, ...], start: int) -> tuple[str, int]:
@@ -1304,7 +1307,7 @@ class _Reader:
         ``start`` on, and the piece it reached ("" where they are no object, or not begun)."""
         if not self.streams(k, keys):
             return "", start
-        first, end, _ = [self.calls[k][key] for key in keys if key in self.calls[k]][0]
+        first, end, _ = self._spans(k, keys)[0]
         end = len(self.out) if end is None else end
         start = max(start, first)
         return "".join(self.out[start:end]), end
