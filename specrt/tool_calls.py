@@ -621,7 +621,8 @@ class _Answer:
         # (qwen3_coder's) | held (nothing more sent before the end); where the calls' reading resumes
         self.phase, self.at = "text", 0
         self.reader: _Reader | None = None  # the JSON being read (hermes, llama3_json, mistral)
-        self.calls: list[list] = []  # the calls whose headers went: [id, name, arguments sent, reader, its call, piece]
+        self.calls: list[list] = []  # the calls whose headers went: [id, name, arguments sent (their pieces, none
+        # empty: a string grown a piece at a time would be copied whole each piece), reader, its call, piece]
         self.name: str | None = None  # mistral's [TOOL_CALLS]NAME[ARGS]: the name before the arguments
         self.partial = 0  # qwen3_coder: the characters of a string value sent before its end
         # pythonic: the value being read (its keyword, where it starts, where its scan resumes, the brackets and
@@ -770,7 +771,7 @@ class Streamed:
             # the calls before it: their arguments ahead of its header (OpenAI's SDK takes an index's change as
             # the last call's end, its arguments.done: w78l)
             self._pieces(a, items)
-            a.calls.append([(_mistral_id if self.parser == "mistral" else _call_id)(), name, "", r, k, 0])
+            a.calls.append([(_mistral_id if self.parser == "mistral" else _call_id)(), name, [], r, k, 0])
             items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
                           "function": {"name": name, "arguments": ""}})
         self._pieces(a, items)
@@ -782,7 +783,7 @@ class Streamed:
             if c[3] is a.reader:
                 piece, c[5] = a.reader.arguments(c[4], self.keys, c[5])
                 if piece:
-                    c[2] += piece
+                    c[2].append(piece)
                     if items and items[-1]["index"] == index:
                         items[-1]["function"]["arguments"] += piece
                     else:
@@ -928,29 +929,29 @@ class Streamed:
         msg, final = self._message(i, text, finish)
         calls = msg.get("tool_calls", [])
         if len(a.calls) > len(calls) or any(c[1] != f["function"]["name"] or not f["function"]["arguments"].startswith(
-                c[2]) for c, f in zip(a.calls, calls)):  # (a call sent turned out malformed, or cut)
+                "".join(c[2])) for c, f in zip(a.calls, calls)):  # (a call sent turned out malformed, or cut)
             return ([{"content": text[sent:]}] if text[sent:] else []), finish
         rest = (msg["content"] or "")[sent:]
         deltas = [{"content": rest}] if rest else []
         for k, call in enumerate(calls):
             if k >= len(a.calls):
                 deltas.append({"tool_calls": [{"index": k, **call}]})
-            elif len(call["function"]["arguments"]) > len(a.calls[k][2]):
-                deltas.append({"tool_calls": [{"index": k, "function": {
-                    "arguments": call["function"]["arguments"][len(a.calls[k][2]):]}}]})
+            elif len(call["function"]["arguments"]) > (n := sum(map(len, a.calls[k][2]))):
+                deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"][n:]}}]})
         return deltas, final
 
 
 def _header(a: _Answer, items: list, name: str) -> None:
     """qwen3_coder, pythonic, a named forced call: a call's header sent (its id made), named ``name``."""
-    a.calls.append([_call_id(), name, "", None, 0, 0])
+    a.calls.append([_call_id(), name, [], None, 0, 0])
     items.append({"index": len(a.calls) - 1, "id": a.calls[-1][0], "type": "function",
                   "function": {"name": name, "arguments": ""}})
 
 
 def _piece(a: _Answer, items: list, piece: str) -> None:
     """qwen3_coder, pythonic: ``piece`` of the last call's arguments sent (joined to its item)."""
-    a.calls[-1][2] += piece
+    if piece:
+        a.calls[-1][2].append(piece)
     if items and items[-1]["index"] == len(a.calls) - 1:
         items[-1]["function"]["arguments"] += piece
     else:
@@ -1388,7 +1389,7 @@ class ForcedCalls(Streamed):
         if self.forced != "required" and piece:  # (the header alone, its arguments "", then the first piece)
             if not a.calls:
                 _header(a, items, self.forced)
-            a.calls[0][2] += piece
+            a.calls[0][2].append(piece)
             items.append({"index": 0, "function": {"arguments": piece}})
         elif self.forced == "required" and a.phase != "held":
             a.reader = a.reader or _Reader(base=1)
