@@ -60,9 +60,9 @@ requests. A conversation's next turn reuses the rows of its earlier turns and an
 the tokens only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows are kept set aside
 (Generator.prefix_snapshots), so clients taking turns keep theirs. Those rows and session
 growth are shared by every request unless ``--isolate-clients``: then rows are reused
-only within one ``user`` and growth is off. The standard library's HTTP server, speaking
-HTTP/1.1 (a connection kept KEEP_ALIVE seconds, 5, for its next request; a stream sent
-chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint or behind a
+only within one ``user``, growth is off and a kept response is its ``user``'s (Server.owner).
+The standard library's HTTP server, speaking HTTP/1.1 (a connection kept KEEP_ALIVE seconds,
+5, for its next request; a stream sent chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint or behind a
 proxy, not for untrusted networks. Bad requests get HTTP 400 with OpenAI's error object
 naming the field; the server keeps serving. /tokenize and /detokenize (Server.tokenize) use the
 tokenizer and the chat template alone, in the request's own thread: they wait for no answer.
@@ -754,9 +754,7 @@ class Server:
             logprobs = (top or 0) if want else None
         else:
             logprobs = _number(body, "logprobs", None, int, 0, 20)
-        user = body.get("user")
-        if user is not None and not isinstance(user, str):
-            raise BadRequest(f"'user' must be a string; got {user!r}", "user")
+        owner = self.owner(body.get("user"))
         opts = body.get("stream_options")
         stream = body.get("stream", False)
         if stream is None:
@@ -815,7 +813,7 @@ class Server:
             caps = [max_new] * len(prompts)
         else:  # the server's default, cut for each prompt where an asked-for one would be refused (it gave one
             caps = [min(max_new, limit - n) if n < limit else max_new for n in lengths]  # more)
-        return {"owner": (user or "") if self.isolate else None, "n": n, "choices": len(prompts) * n, "echo": echo,
+        return {"owner": owner, "n": n, "choices": len(prompts) * n, "echo": echo,
                 "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop), "tool_parser": tool_parser, "template": template,
@@ -952,14 +950,23 @@ class Server:
         msg, file = str(e), f"{getattr(self.session.text, 'template_file', '')}: "
         return BadRequest(msg[len(file):] if msg.startswith(file) else msg, "messages")
 
+    def owner(self, user) -> str | None:
+        """Whose a request is under --isolate-clients: its ``user`` ("" for none, one anonymous
+        client), whose KV rows it may reuse (Generator.owner) and whose kept responses it may read,
+        chain, reference, list and delete (responses.Store); None without the flag (one client)."""
+        if user is not None and not isinstance(user, str):
+            raise BadRequest(f"'user' must be a string; got {user!r}", "user")
+        return (user or "") if self.isolate else None
+
     def store(self):
-        """The responses kept (responses.Store, --responses-store), made at its first use, once: by one
-        request's thread (two first requests at once made a Store each, one's response lost)."""
+        """The responses kept (responses.Store, --responses-store; each its owner's under
+        --isolate-clients), made at its first use, once: by one request's thread (two first requests
+        at once made a Store each, one's response lost)."""
         from specrt import responses
 
         with self.kept_made:
             if self.kept is None:
-                self.kept = responses.Store(self.responses_store)
+                self.kept = responses.Store(self.responses_store, scoped=self.isolate)
         return self.kept
 
     def respond_to(self, body: Any) -> dict:
@@ -969,11 +976,12 @@ class Server:
         from specrt import responses
 
         self.store()
-        try:
-            items = responses.context(body, self.kept) if isinstance(body, dict) else None
+        owner = self.owner(body.get("user")) if isinstance(body, dict) else None
+        try:  # (its previous response and referenced items looked up among its owner's)
+            items = responses.context(body, self.kept, owner) if isinstance(body, dict) else None
             chat = responses.chat_body(body, items)
-        except responses.Refused as e:
-            refused = BadRequest(str(e), e.param, code=e.code)
+        except responses.Refused as e:  # (an item_reference not found: OpenAI's 404)
+            refused = BadRequest(str(e), e.param, e.status, e.code)
             refused.named = True
             raise refused from None
         try:
@@ -982,7 +990,7 @@ class Server:
             raise BadRequest(responses.chained(str(e), body), e.param, e.status, e.code) from None
         keep = bool(self.kept.size) and body.get("store") is not False  # (OpenAI's default: kept)
         req["responses"] = responses.skeleton(body, "resp_" + uuid.uuid4().hex, self.model, req["params"], keep)
-        req["keep"] = (lambda response: self.kept.put(response, items)) if keep else (lambda response: None)
+        req["keep"] = (lambda response: self.kept.put(response, items, owner)) if keep else (lambda response: None)
         tok = self.session.text.tokenizer
 
         def count(text: str) -> int:  # (the reasoning's tokens, called as the answer ends: its ids are the session's)
@@ -1369,10 +1377,11 @@ class Handler(BaseHTTPRequestHandler):
         # (counted in requests_total as the SDK's calls, as a POST's answer is: they were not, w78f / h78j)
         self._endpoint = "responses_" + ("input_items" if kept_path(self.route) == "items" else
                                          "delete" if self.command == "DELETE" else "retrieve")
-        try:
+        try:  # (no body: the client's ``user`` is the query's, ?user=, under --isolate-clients; Server.owner)
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
+            owner = self.app.owner(query.get("user", [None])[-1])
             self._send_json(200, responses.stored(self.app.store(), self.command.replace("HEAD", "GET"),
-                                                  unquote(self.route), query))
+                                                  unquote(self.route), query, owner))
         except responses.Refused as e:
             self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
 
@@ -1971,7 +1980,8 @@ def _check_api_key(key: str | None) -> None:
 @click.option("--isolate-clients", is_flag=True,
               help="Reuse KV rows only between requests with the same OpenAI 'user' field (none: one anonymous "
                    "user), and keep no session growth (:grow): clients then cannot learn of each other's text "
-                   "from what reuse or lookup saves. By default all requests share both, as one client's.")
+                   "from what reuse or lookup saves. A kept /v1/responses response is then its user's too (GET and "
+                   "DELETE give theirs as ?user=). By default all requests share these, as one client's.")
 @click.option("--reproducible", is_flag=True,
               help="Coupled sampling for every sampled request: the text a function of the request's seed alone "
                    "(the one target-only decoding samples with it), whatever this server decoded before; by default "

@@ -35,6 +35,11 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         (an empty answer, no output item: an assistant message, content "");
                         one not kept: 400 previous_response_not_found (OpenAI's; vLLM's a 404);
                         a failed or cancelled one: 400
+    item_reference      an input item {"type": "item_reference", "id": ...} (type optional, as
+                        the SDK's): the kept item of that id in its place (an output item of a
+                        kept response or one of its input items, the latest response's first;
+                        ``Store.items``); none: OpenAI's 404 "Item with id '...' not found", param
+                        input (the message naming input[k].id)
     temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
                         chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
                         stop, chat_template_kwargs
@@ -45,16 +50,19 @@ output ("No tool output found for function call"; vLLM takes it), and an item se
 the previous response's conversation's, or twice in the input: "Duplicate item found"). ``stored``: GET
 /v1/responses/{id} (the response as sent), DELETE /v1/responses/{id} and GET
 /v1/responses/{id}/input_items (its input items, the previous responses' included, as OpenAI's list
-with limit / order / after), 404 for an id not kept. Usage's reasoning_tokens counts the generated
-tokens the reasoning parser put in the reasoning (``reasoning_tokens``).
+with limit / order / after), 404 for an id not kept. Under serve's --isolate-clients a kept
+response is the ``user``'s that made it (Store's owner; GET and DELETE, which have no body, give
+theirs as ``?user=``): another user's request finds it, and its items, as one never made.
+Usage's reasoning_tokens counts the generated tokens the reasoning parser put in the reasoning
+(``reasoning_tokens``).
 
 Refused (400 naming the field): built-in tools (web_search, file_search, code_interpreter,
 mcp, ...: nothing here runs them), ``background`` true (nothing runs later: vLLM's refusal
 without its store), ``conversation`` (no conversation objects: chain with previous_response_id,
-or send the whole conversation as input, as a chat client does), ``item_reference`` items (a
-stored item by its id: send the item), ``include`` but "message.output_text.logprobs",
-``truncation`` "auto", ``max_tool_calls``, ``prompt``, ``reasoning.effort`` / ``summary`` (as
-chat's reasoning_effort), ``text.verbosity`` and input other than text.
+or send the whole conversation as input, as a chat client does), ``include`` but
+"message.output_text.logprobs", ``truncation`` "auto", ``max_tool_calls``, ``prompt``,
+``reasoning.effort`` / ``summary`` (as chat's reasoning_effort), ``text.verbosity`` and input
+other than text.
 """
 
 from __future__ import annotations
@@ -191,9 +199,6 @@ def messages(body: dict) -> list[dict]:
                         "content": output if isinstance(output, str) else "\n".join(p["text"] for p in output)})
         elif kind == "reasoning":
             thought = _reasoning_text(item, where)
-        elif kind == "item_reference":
-            raise Refused(f"{where}: an item_reference names a stored item, and this server finds none by id (send "
-                          "the item itself, or chain with previous_response_id)", "input")
         else:
             raise Refused(f"{where}: expected a message ({{'role', 'content'}}), a function_call or a "
                           f"function_call_output item; got {item!r:.80}", "input")
@@ -258,46 +263,98 @@ def _format(text) -> dict | None:
 class Store:
     """The responses kept (``--responses-store``: the ``size`` most recent, the oldest dropped
     first; 0: none), each with its input items (``context``'s: the previous response's input and
-    output items first): for ``previous_response_id`` and GET / DELETE /v1/responses/{id},
-    GET .../input_items. In memory, one server's; a process's threads share it (its lock)."""
+    output items first) and its owner: for ``previous_response_id``, ``item_reference`` items and
+    GET / DELETE /v1/responses/{id}, GET .../input_items. In memory, one server's; a process's
+    threads share it (its lock).
 
-    def __init__(self, size: int):
-        self.size, self.kept, self.lock = size, OrderedDict(), threading.Lock()
+    ``scoped`` (serve's --isolate-clients): a response is its owner's (the ``user`` of the request
+    that made it, "" for none; Server.owner), and a request of another owner finds it as one never
+    made, the same answer word for word, so that a client learns nothing of another's ids. Unscoped,
+    every owner is None: one client's."""
 
-    def put(self, response: dict, items: list[dict]) -> None:
+    def __init__(self, size: int, scoped: bool = False):
+        self.size, self.scoped, self.kept, self.lock = size, scoped, OrderedDict(), threading.Lock()
+
+    def put(self, response: dict, items: list[dict], owner: str | None = None) -> None:
         with self.lock:
-            self.kept[response["id"]] = (response, items)
+            self.kept[response["id"]] = (response, items, owner)
             while len(self.kept) > self.size:
                 self.kept.popitem(last=False)
 
-    def get(self, rid: str) -> tuple[dict, list[dict]] | None:
+    def get(self, rid: str, owner: str | None = None) -> tuple[dict, list[dict]] | None:
+        """Response ``rid`` and its input items, where ``owner``'s."""
         with self.lock:
-            return self.kept.get(rid)
+            kept = self.kept.get(rid)
+        return kept[:2] if kept is not None and kept[2] == owner else None
 
-    def pop(self, rid: str) -> tuple[dict, list[dict]] | None:
+    def pop(self, rid: str, owner: str | None = None) -> tuple[dict, list[dict]] | None:
         with self.lock:
-            return self.kept.pop(rid, None)
+            kept = self.kept.get(rid)
+            return self.kept.pop(rid)[:2] if kept is not None and kept[2] == owner else None
+
+    def items(self, owner: str | None = None) -> dict[str, dict]:
+        """The kept items by id, what an item_reference names: the output items of ``owner``'s
+        responses and their input items, the most recent response's where two have an id (ids made
+        here are random; one a client sent, "msg_1", may be in two responses). Made once a request:
+        a lookup each reference scanned the store (64 responses of 200 items: 0.16 ms each, and a
+        body may hold thousands of references)."""
+        with self.lock:
+            kept = [(r, items) for r, items, o in self.kept.values() if o == owner]
+        found = {}
+        for response, items in kept:  # (oldest first: a later response's item replaces an earlier one's)
+            for x in (*items, *response["output"]):
+                found[x.get("id")] = x
+        return found
 
     def missing(self, rid: str) -> str:
-        """Why ``rid`` is not here: the words after "... with id '...' not found"."""
+        """Why ``rid`` is not here: the words after "... with id '...' not found" (the same
+        whoever asks: another owner's response is not told apart from one never made)."""
         if not self.size:
             return " (this server keeps no responses: --responses-store 0)"
-        return (" (never made here, made with store false, deleted, or dropped: this server keeps the "
+        scoped = ", or another user's: --isolate-clients, GET and DELETE name theirs as ?user=" if self.scoped else ""
+        return (f" (never made here, made with store false, deleted, or dropped{scoped}; this server keeps the "
                 f"{self.size} most recent, --responses-store)")
 
 
 PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
-def context(body: dict, store: Store | None) -> list | object:
+def _reference(item) -> bool:
+    """Whether an input item is an item_reference: ``{"type": "item_reference", "id": ...}``, or an
+    id with neither type nor role (the SDK's ItemReference has its type optional)."""
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and "id" in item and "role" not in item)
+
+
+def _referenced(item: dict, i: int, found: dict[str, dict], store: Store | None) -> dict:
+    """The kept item (``found``: ``Store.items``) input item ``i``, an item_reference, names:
+    OpenAI's 404 "Item with id '...' not found" (param input) where none has its id."""
+    iid = item.get("id")
+    if not isinstance(iid, str):
+        raise Refused(f"input[{i}].id: an item_reference names a kept item by its string id; got {iid!r:.60}",
+                      "input")
+    if iid not in found:
+        raise Refused(f"input[{i}].id: Item with id {iid!r:.80} not found among the kept responses' output and "
+                      f"input items{store.missing(iid) if store is not None else ''}.", "input", status=404)
+    return dict(found[iid])
+
+
+def context(body: dict, store: Store | None, owner: str | None = None) -> list | object:
     """The request's input as items, each with an ``id`` (made for those sent without one, as
-    OpenAI gives them in input_items), after its ``previous_response_id``'s stored input and
-    output items: the conversation rendered, and kept with the response. (Input neither a
-    string nor a list is given back as it is: ``messages``' 400.)"""
+    OpenAI gives them in input_items), an item_reference replaced by the kept item it names
+    (``_referenced``), after its ``previous_response_id``'s stored input and output items: the
+    conversation rendered, and kept with the response. ``owner``: whose responses the request
+    may read (Store). (Input neither a string nor a list is given back as it is: ``messages``'
+    400.)"""
     items = body.get("input")
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
     if isinstance(items, list):
+        if any(map(_reference, items)):  # (``owner``'s kept items looked up)
+            found = store.items(owner) if store is not None else {}
+            items = [_referenced(x, i, found, store) if _reference(x) else x for i, x in enumerate(items)]
         items = [{**x, "id": _id(PREFIXES.get(x.get("type", "message"), "item"))}
                  if isinstance(x, dict) and not isinstance(x.get("id"), str) else x for x in items]
     prev = body.get("previous_response_id")
@@ -305,7 +362,7 @@ def context(body: dict, store: Store | None) -> list | object:
         return _once(items, [])
     if not isinstance(prev, str):
         raise Refused(f"'previous_response_id' must be a string; got {prev!r:.60}", "previous_response_id")
-    kept = store.get(prev) if store is not None else None
+    kept = store.get(prev, owner) if store is not None else None
     if kept is None:  # (OpenAI's 400 and code; vLLM's is a 404)
         raise Refused(f"Previous response with id '{prev:.80}' not found" +
                       (store.missing(prev) if store is not None else "") + ".", "previous_response_id",
@@ -457,25 +514,26 @@ def _listed(item: dict) -> dict:
     return item
 
 
-def stored(store: Store, method: str, route: str, query: dict[str, list[str]]) -> dict:
+def stored(store: Store, method: str, route: str, query: dict[str, list[str]], owner: str | None = None) -> dict:
     """GET /v1/responses/{id} (the response as it was sent; ``include`` LOGPROBS where it has them,
     ``stream`` false), DELETE /v1/responses/{id}, GET
     /v1/responses/{id}/input_items (OpenAI's list: ``data``, first_id, last_id, has_more; ``limit``
     1-100, 20; ``order`` desc (the last item first) or asc; ``after`` an item's id): the answer's
-    body, or Refused (404 for an id not kept, 400 for a bad query)."""
+    body, or Refused (404 for an id not kept, or not ``owner``'s: Store, 400 for a bad query).
+    ``user`` in the query is the client's (Server.owner's; read by the caller)."""
     rest = route.split("/responses/", 1)[1]
     items = rest.endswith("/input_items") and method == "GET"
     rid = rest[:-len("/input_items")] if items else rest
-    kept = store.get(rid) if "/" not in rid else None
+    kept = store.get(rid, owner) if "/" not in rid else None
     if kept is None:
         raise Refused(f"Response with id '{rid:.80}' not found{store.missing(rid)}.", "response_id", status=404)
     take = ("limit", "order", "after") if items else ("include", "include[]", "stream") if method == "GET" else ()
     for name in query:
-        if name not in take:
-            raise Refused(f"query parameter {name!r:.40} is not supported here" + (
-                f" (takes {', '.join(take)})" if take else ""), name)
+        if name not in (*take, "user"):
+            raise Refused(f"query parameter {name!r:.40} is not supported here (takes {', '.join((*take, 'user'))})",
+                          name)
     if method == "DELETE":
-        store.pop(rid)
+        store.pop(rid, owner)
         return {"id": rid, "object": "response", "deleted": True}
     response, listed = kept
     if not items:  # (OpenAI's GET takes include and stream too; h78j)

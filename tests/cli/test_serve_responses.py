@@ -263,7 +263,7 @@ def _streams_as_whole(c, r, **body) -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
      "input[0].content[0]: only text parts"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "finds none by id"),
+    ({"input": [{"type": "item_reference", "id": 7}]}, "input", "input[0].id: an item_reference names a kept item"),
     ({"tools": [{"type": "web_search"}]}, "tools", "only function tools"),
     ({"tools": TOOLS}, "tools", "the Responses API's tools are flat"),
     ({"tools": [{**FLAT[0], "parameters": "city"}]}, "tools", "tools[0].parameters: expected a JSON Schema object"),
@@ -874,10 +874,10 @@ def test_two_first_responses_at_once_make_one_store(guided, monkeypatch):
     made = []
 
     class Slow(responses.Store):
-        def __init__(self, size):
+        def __init__(self, size, **kw):
             made.append(size)
             time.sleep(0.3)
-            super().__init__(size)
+            super().__init__(size, **kw)
 
     monkeypatch.setattr(responses, "Store", Slow)
     monkeypatch.setattr(app, "kept", None)
@@ -888,3 +888,102 @@ def test_two_first_responses_at_once_make_one_store(guided, monkeypatch):
     for t in threads:
         t.join()
     assert made == [app.responses_store] and isinstance(app.kept, Slow)
+
+
+def test_an_item_reference_is_the_kept_item_it_names(guided):
+    """h79b: an item_reference input item ({"type": "item_reference", "id": ...}, or the id alone:
+    the SDK's ItemReference has its type optional) is the kept item of that id, an output item of
+    a kept response or one of its input items: the response is the one to the same conversation
+    sent whole (its prompt's tokens, the tokens sampled with the same seed), and input_items lists
+    the items named, under their ids. An id no kept response has is OpenAI's 404 "Item with id
+    '...' not found" (param input), naming input[k].id; with --responses-store 0 it says so. Each
+    was a 400 "this server finds none by id" before."""
+    from specrt import responses
+
+    url, app = guided
+    c = _client(url)
+    r1 = c.responses.create(model="tiny", input="paint it", max_output_tokens=3)
+    asked = c.responses.input_items.list(r1.id).data[0].id
+    again = {"role": "user", "content": "again"}
+    r2 = c.responses.create(model="tiny", input=[{"type": "item_reference", "id": asked}, {"id": r1.output[0].id},
+                                                 again], **_sampled())
+    whole = c.responses.create(model="tiny", input=[{"role": "user", "content": "paint it"},
+                                                    *[x.model_dump(exclude_none=True) for x in r1.output], again],
+                               store=False, **_sampled())
+    assert r2.usage.input_tokens == whole.usage.input_tokens and len(_tokens(r2)) == 6
+    assert _tokens(r2) == _tokens(whole) and r2.output_text == whole.output_text
+    listed = c.responses.input_items.list(r2.id, order="asc").data
+    assert [x.id for x in listed[:2]] == [asked, r1.output[0].id] and listed[1].content[0].text == r1.output_text
+    assert c.responses.retrieve(r1.id, extra_query={"user": "bob"}).id == r1.id  # (one client: ?user= ignored)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.create(model="tiny", input=[again, {"type": "item_reference", "id": "msg_nope"}],
+                           max_output_tokens=1)
+    assert e.value.param == "input" and e.value.body["message"].startswith(
+        "input[1].id: Item with id 'msg_nope' not found")
+    kept = app.kept
+    try:
+        app.kept = responses.Store(0)  # (as --responses-store 0 keeps them: none)
+        with pytest.raises(openai.NotFoundError) as e:
+            c.responses.create(model="tiny", input=[{"type": "item_reference", "id": asked}], max_output_tokens=1)
+        assert "input[0].id" in e.value.message and "--responses-store 0" in e.value.message
+    finally:
+        app.kept = kept
+
+
+@pytest.fixture(scope="module")
+def isolated(worded):  # noqa: F811
+    """The URL of a server of the word-level engines with --isolate-clients."""
+    import threading
+
+    from specrt.cmd_serve import Server, make_server
+    from specrt.runtime.sampling import SamplingParams
+
+    app = Server(worded, "fixed:3", SamplingParams(), 8, "tiny", log=lambda s: None, isolate=True)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    app.close()
+
+
+def test_isolated_clients_keep_their_own_responses(isolated):
+    """h79b: under --isolate-clients a kept response is the ``user``'s that made it (as the KV rows
+    are): another user (or none) can neither retrieve it, list its input items, delete it, chain
+    from it nor reference its items, and each is answered word for word as for an id never made
+    (the same status, param, code and message, the id aside), so that ids do not leak. GET and
+    DELETE, which have no body, name their user as ?user= (the SDK's extra_query). Its own user
+    does all of these. Bob read, chained from and deleted Alice's response before."""
+    c = _client(isolated)
+    mine = {"extra_query": {"user": "alice"}}
+    ra = c.responses.create(model="tiny", input="w3 w1", max_output_tokens=3, user="alice")
+    never = "resp_" + "0" * 32
+
+    def refused(call, rid: str, *args, **kw) -> tuple:
+        with pytest.raises(openai.APIStatusError) as e:
+            call(rid, *args, **kw)
+        return e.value.status_code, e.value.body["param"], e.value.body["code"], e.value.message.replace(rid, "ID")
+
+    for who in ({"extra_query": {"user": "bob"}}, {}):  # (bob; a client giving no user, the anonymous one)
+        for call in (c.responses.retrieve, c.responses.input_items.list, c.responses.delete):
+            assert refused(call, ra.id, **who) == refused(call, never, **who), call
+        user = who.get("extra_query", {}).get("user")
+        chain = lambda rid: c.responses.create(model="tiny", input="w4", previous_response_id=rid,  # noqa: E731
+                                               max_output_tokens=1, user=user)
+        assert refused(chain, ra.id)[:3] == (400, "previous_response_id", "previous_response_not_found")
+        assert refused(chain, ra.id) == refused(chain, never)
+        ref = lambda iid: c.responses.create(model="tiny", input=[{"type": "item_reference", "id": iid}],  # noqa: E731
+                                             max_output_tokens=1, user=user)
+        assert refused(ref, ra.output[0].id)[:2] == (404, "input")
+        assert refused(ref, ra.output[0].id) == refused(ref, "msg_" + "0" * 32)
+    assert c.responses.retrieve(ra.id, **mine).output_text == ra.output_text  # (not deleted by bob)
+    assert [x.content[0].text for x in c.responses.input_items.list(ra.id, **mine)] == ["w3 w1"]
+    r2 = c.responses.create(model="tiny", input="w4", previous_response_id=ra.id, max_output_tokens=1, user="alice")
+    r3 = c.responses.create(model="tiny", input=[{"type": "item_reference", "id": ra.output[0].id}],
+                            max_output_tokens=1, user="alice")
+    assert r2.usage.input_tokens > r3.usage.input_tokens > 0
+    assert c.responses.delete(ra.id, **mine) is None
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(ra.id, **mine)
+    anon = c.responses.create(model="tiny", input="w3 w1", max_output_tokens=1)  # (no user: the anonymous one's)
+    assert c.responses.retrieve(anon.id).id == c.responses.retrieve(anon.id, extra_query={"user": ""}).id == anon.id
