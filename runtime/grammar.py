@@ -14,6 +14,7 @@ mask there); once the grammar can take nothing more (the matcher stopped) the an
 there, finish "stop", without an EOS.
 
     Constraint.json_schema(schema) / .json() / .regex(re) / .choice([...]) / .lark(text)
+    Constraint.structural_tag({"structures": [{"begin", "schema", "end"}], "triggers": [...]})
     grammar = compile_constraint(constraint, text, vocab, eos)   # a UserError naming a bad one
     guide = grammar.guide()                                      # one a stream
 
@@ -37,12 +38,38 @@ from .sampling import SamplingParams, probs
 from .verify import Verdict
 
 EXTRA = "pip install 'specrt[structured]'"  # (the llguidance package)
-KINDS = ("json_schema", "json", "regex", "choice", "lark")
+KINDS = ("json_schema", "json", "regex", "choice", "lark", "structural_tag")
 # JSON is written as json.dumps writes it (", " and ": ", no other whitespace): llguidance's
 # default allows any run of whitespace between tokens, where a model may loop until its budget
 # ends (a tiny model's answers did: 60 tokens of "\r\t"); a schema's own "x-guidance" options
-# are laid over these
+# are laid over these (and over json_layout's)
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON's whitespace (RFC 8259: space, tab, line feed, carriage return): what \s is in a whitespace
+# pattern (Rust's \s, llguidance's, is Unicode's: U+00A0 between two tokens is not JSON)
+JSON_SPACE = r"[\x20\x09\x0A\x0D]"
+
+
+def json_layout(whitespace: str | None) -> dict:
+    """llguidance's JSON options: json.dumps's layout (``whitespace`` None), or "," and ":" with
+    the text ``whitespace`` matches (a regex, Rust's syntax) allowed, at most once, around each of
+    JSON's tokens, as outlines' whitespace_pattern (vLLM's guided_whitespace_pattern) is read:
+    "" none at all ({"a":1}, vLLM's disable_any_whitespace), "[ ]?" one space or none. Its \\s is
+    JSON_SPACE; other text the pattern matches is written as it is (not JSON: the pattern's)."""
+    if whitespace is None:
+        return JSON_LAYOUT
+    pattern = ascii_classes(whitespace, {"s": JSON_SPACE, "S": "[^" + JSON_SPACE[1:]})
+    return {"whitespace_pattern": pattern, "item_separator": ",", "key_separator": ":"}
+
+
+def whitespace_problem(pattern) -> str:
+    """Why ``pattern`` is no whitespace pattern json_layout takes ("" where it is one)."""
+    if not isinstance(pattern, str):
+        return f"expected a regular expression (text), got {pattern!r:.60}"
+    if not pattern:
+        return ""
+    llg = _llguidance("whitespace pattern")
+    return _first_lines(llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_regex(json_layout(pattern)[
+        "whitespace_pattern"])) or "")
 
 
 # keywords whose value maps names to schemas, and those whose value is data, not a schema
@@ -79,13 +106,13 @@ def closed(schema, part: bool = False):
 ASCII_CLASSES = {"d": "[0-9]", "D": "[^0-9]", "w": "[0-9A-Za-z_]", "W": "[^0-9A-Za-z_]"}
 
 
-def ascii_classes(pattern: str) -> str:
-    """``pattern`` with \\d \\D \\w \\W written as ASCII classes (nested in a class too, as
-    Rust's regex syntax takes them); other escapes, an escaped backslash among them, kept."""
+def ascii_classes(pattern: str, classes: dict = ASCII_CLASSES) -> str:
+    """``pattern`` with \\d \\D \\w \\W (``classes``' escapes) written as ASCII classes (nested in
+    a class too, as Rust's regex syntax takes them); other escapes, an escaped backslash among them, kept."""
     out, i = [], 0
     while i < len(pattern):
         two = pattern[i: i + 2]
-        out.append(ASCII_CLASSES.get(two[1:], two) if two[:1] == "\\" else pattern[i])
+        out.append(classes.get(two[1:], two) if two[:1] == "\\" else pattern[i])
         i += 2 if two[:1] == "\\" else 1
     return "".join(out)
 
@@ -106,21 +133,23 @@ class Constraint:
     pattern (Rust's regex syntax, llguidance's), the choices (a list of strings) or the grammar
     (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field).
     ``after``: text whose tokens the answer spells before the grammar holds ("": from its first token).
-    The value as it was when the Constraint was made is the constraint (a copy of it as text):
-    one changed in place later is not seen (make a new Constraint)."""
+    ``whitespace``: JSON's whitespace (json_layout's pattern; None: json.dumps's), for the JSON kinds
+    and a structural tag's schemas. The value as it was when the Constraint was made is the
+    constraint (a copy of it as text): one changed in place later is not seen (make a new Constraint)."""
 
     kind: str
     value: object = None
     name: str = ""
     after: str = ""
+    whitespace: str | None = None
 
     @classmethod
-    def json_schema(cls, schema: dict, name: str = "json_schema") -> "Constraint":
-        return cls("json_schema", schema, name)
+    def json_schema(cls, schema: dict, name: str = "json_schema", whitespace: str | None = None) -> "Constraint":
+        return cls("json_schema", schema, name, whitespace=whitespace)
 
     @classmethod
-    def json(cls, name: str = "json_object") -> "Constraint":
-        return cls("json", None, name)
+    def json(cls, name: str = "json_object", whitespace: str | None = None) -> "Constraint":
+        return cls("json", None, name, whitespace=whitespace)
 
     @classmethod
     def regex(cls, pattern: str, name: str = "regex") -> "Constraint":
@@ -134,6 +163,12 @@ class Constraint:
     def lark(cls, grammar: str, name: str = "grammar") -> "Constraint":
         return cls("lark", grammar, name)
 
+    @classmethod
+    def structural_tag(cls, tag: dict, name: str = "structural_tag", whitespace: str | None = None) -> "Constraint":
+        """vLLM's structural tag: free text, where each of ``tag``'s "triggers" starts the structure whose
+        "begin" it begins: its begin, JSON of its "schema", its "end", then free text again."""
+        return cls("structural_tag", tag, name, whitespace=whitespace)
+
     @property
     def label(self) -> str:
         return self.name or self.kind
@@ -143,7 +178,8 @@ class Constraint:
         # key() and source() read), a schema changed in place later changes neither (it kept the key
         # of its first use while a Session's cache miss compiled the changed one: session 77)
         try:
-            key = json.dumps([self.kind, self.value] + ([self.after] if self.after else []))
+            key = json.dumps([self.kind, self.value] + ([self.after] if self.after else [])
+                             + ([{"whitespace": self.whitespace}] if self.whitespace is not None else []))
         except (TypeError, ValueError) as e:  # (a set of choices, a schema holding a Python object)
             raise UserError(f"{self.label}: expected JSON data ({e})") from None
         object.__setattr__(self, "_key", key)  # (a frozen dataclass)
@@ -155,19 +191,23 @@ class Constraint:
         1.7 MB schema, ~60 ms a request)."""
         return self._key
 
-    def source(self) -> str:
+    def source(self, specials: dict[str, int] | None = None) -> str:
         """The llguidance grammar, its value (as it was when the Constraint was made) checked (a
-        UserError naming ``label``)."""
+        UserError naming ``label``). ``specials``: the tokenizer's special tokens (text -> id), a
+        structural tag's triggers among them written as that token (structural_tag_lark)."""
         llg, v, what = _llguidance(self.label), json.loads(self._key)[1], self.label
+        layout = json_layout(self.whitespace)
         if self.kind == "json_schema":
             if not isinstance(v, dict):
                 raise UserError(f"{what}: expected a JSON schema (a JSON object), got {type(v).__name__}")
             try:
-                return llg.LLMatcher.grammar_from_json_schema(json.dumps(closed(v)), JSON_LAYOUT)
+                return llg.LLMatcher.grammar_from_json_schema(json.dumps(closed(v)), layout)
             except (ValueError, TypeError) as e:
                 raise UserError(f"{what}: not a JSON schema llguidance reads ({e})") from None
         if self.kind == "json":
-            return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', JSON_LAYOUT)
+            return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', layout)
+        if self.kind == "structural_tag":
+            return llg.LLMatcher.grammar_from_lark(structural_tag_lark(v, layout, specials or {}, what))
         if self.kind == "regex":
             if not isinstance(v, str) or not v:
                 raise UserError(f"{what}: expected a non-empty regular expression, got {v!r:.60}")
@@ -185,6 +225,52 @@ class Constraint:
             except ValueError as e:
                 raise UserError(f"{what}: {_first_lines(str(e))}") from None
         raise UserError(f"{what}: unknown kind of constraint {self.kind!r} (expected one of {', '.join(KINDS)})")
+
+
+STRUCTURE_KEYS = ("begin", "schema", "end")
+
+
+def structural_tag_lark(tag, layout: dict, specials: dict[str, int], what: str) -> str:
+    """vLLM's structural tag {"structures": [{"begin", "schema", "end"}], "triggers": [...]} as
+    llguidance's Lark, as vLLM's llguidance backend builds it (llguidance.StructTag.to_grammar):
+    free text, in which a trigger (a lazy lexeme: the first place the text spells it) starts the
+    structure whose begin starts with it (the first trigger that begins it, as vLLM picks it):
+    the rest of its begin, JSON of its schema (``layout``'s, closed as a json_schema's), its end,
+    then free text again; the answer may end in free text. A trigger that is a special token of
+    the tokenizer (``specials``) is that token, not its text. vLLM's backend gives llguidance the
+    schema's compiled grammar where a schema is read, which llguidance takes for a schema of one
+    unknown keyword: any JSON there (llguidance 1.9.1); here it is the schema. A UserError
+    naming ``what`` and the part for a shape it is not."""
+    if not isinstance(tag, dict) or not isinstance(tag.get("structures"), list) or not tag["structures"] \
+            or not isinstance(tag.get("triggers"), list) or not tag["triggers"]:
+        raise UserError(f"{what}: expected {{'structures': [{{'begin', 'schema', 'end'}}, ...], 'triggers': "
+                        f"[...]}}, both non-empty; got {tag!r:.80}")
+    triggers = tag["triggers"]
+    bad = [t for t in triggers if not isinstance(t, str) or not t]
+    if bad:
+        raise UserError(f"{what}.triggers: expected non-empty strings, got {bad[0]!r:.60}")
+    rules = []
+    for i, s in enumerate(tag["structures"]):
+        at = f"{what}.structures[{i}]"
+        if not isinstance(s, dict) or set(s) - set(STRUCTURE_KEYS) or not all(k in s for k in STRUCTURE_KEYS):
+            raise UserError(f"{at}: expected {{'begin': text, 'schema': {{...}}, 'end': text}}, got {s!r:.80}")
+        if not isinstance(s["begin"], str) or not isinstance(s["end"], str):
+            raise UserError(f"{at}: 'begin' and 'end' must be text, got {s['begin']!r:.40} and {s['end']!r:.40}")
+        if not isinstance(s["schema"], dict):
+            raise UserError(f"{at}.schema: expected a JSON schema (a JSON object), got {s['schema']!r:.60}")
+        trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+        if trigger is None:
+            raise UserError(f"{at}.begin: {s['begin']!r:.60} starts with none of the triggers {triggers!r:.80}")
+        schema = closed(s["schema"])
+        schema["x-guidance"] = {**layout, **(schema.get("x-guidance") or {})}  # (the schema's own over them)
+        rest, end = (json.dumps(x) if x else "" for x in (s["begin"][len(trigger):], s["end"]))  # (Lark's strings)
+        body = f"{rest} %json {json.dumps(schema)} {end}"
+        if trigger in specials:
+            rules.append(f"tag_{i}: TEXT <[{specials[trigger]}]> {body}")
+        else:
+            rules += [f"tag_{i}_trigger[lazy]: TEXT {json.dumps(trigger)}", f"tag_{i}: tag_{i}_trigger {body}"]
+    tags = " | ".join(f"tag_{i}" for i in range(len(tag["structures"])))
+    return "\n".join(["%llguidance {}", f"start: ({tags})* TEXT", r"TEXT: /(.|\n)*/", *rules])
 
 
 # llguidance's tokenizer of a Text (its tokenizer.json), by (vocabulary, EOS ids): built once
@@ -239,7 +325,9 @@ def compile_constraint(constraint: Constraint, text, vocab: int, eos: tuple[int,
                         "(Constraint.json_schema(...), .json(), .regex(...), .choice([...]), .lark(...))")
     if text is None:
         raise UserError(f"{constraint.label}: structured output needs the target's tokenizer (tokenizer.json)")
-    source = constraint.source()
+    specials = {t.content: i for i, t in text.tokenizer.get_added_tokens_decoder().items() if t.special} \
+        if constraint.kind == "structural_tag" else {}
+    source = constraint.source(specials)
     tok = tokenizer_of(text, vocab, eos)
     # the grammar's parser built once, checked and kept as its streams' fresh matcher (h76l: checked
     # by validate_grammar_with_warnings first, which built it too: 0.18 s of a 2000-field schema's 0.42)

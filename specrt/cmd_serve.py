@@ -43,9 +43,10 @@ prompt lookup's included), tokens/s, the time to the first token and the prompt 
 reused. With ``--reasoning-parser`` (specrt/reasoning.py) a thinking model's chat answer comes
 with its ``<think>`` text apart from the answer, as ``reasoning`` and ``reasoning_content``
 (message and stream deltas), as vLLM's parsers give it. Structured output (runtime/grammar.py,
-with llguidance): ``response_format`` json_object or json_schema, vLLM's guided_json / guided_regex
-/ guided_choice / guided_grammar and structured_outputs hold the answer to a grammar (``structured``;
-one a request), and tool_choice "required" or a named function hold a chat answer to vLLM's JSON
+with llguidance): ``response_format`` json_object, json_schema or structural_tag, vLLM's guided_json /
+guided_regex / guided_choice / guided_grammar and structured_outputs hold the answer to a grammar
+(``structured``; one a request; JSON's whitespace as guided_whitespace_pattern / whitespace_pattern /
+disable_any_whitespace say), and tool_choice "required" or a named function hold a chat answer to vLLM's JSON
 schema of the calls, which come back as ``tool_calls`` (``forced_tools``; tool_calls.forced_message).
 
 One stream at a time (batch 1, as the engines are built): requests wait on a lock, in
@@ -161,11 +162,11 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
            "return_token_ids": (False,), "return_tokens_as_token_ids": (False,)}
 # vLLM's structured output fields (before its 0.12: structured_outputs' json, regex, choice, grammar since)
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
-SO_TAKEN = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
+SO_TAKEN = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
 NOT_DONE = ("allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
             "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
-            "mm_processor_kwargs", "documents", "vllm_xargs", "guided_whitespace_pattern")
+            "mm_processor_kwargs", "documents", "vllm_xargs")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
 # here, taken and ignored); vLLM's continuous_usage_stats: with include_usage (as vLLM reads it),
 # every chunk's usage is its choice's prompt and completion tokens so far, not null
@@ -178,7 +179,8 @@ SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "s
                  "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params",
                  # structured output (Server.structured); vLLM's guided_decoding_backend names its backend, taken
                  # and ignored (llguidance here, whichever is named: the allowed tokens are the grammar's)
-                 "response_format", *GUIDED, "structured_outputs", "guided_decoding_backend"}
+                 "response_format", *GUIDED, "structured_outputs", "guided_decoding_backend",
+                 "guided_whitespace_pattern"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
                                  "add_special_tokens", "include_reasoning"},
           False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
@@ -241,19 +243,93 @@ def _guided(field: str, kind: str, v):
     return {"regex": Constraint.regex, "choice": Constraint.choice, "grammar": Constraint.lark}[kind](v, field)
 
 
+def _structural_tag(field: str, v):
+    """vLLM's structural tag as a Constraint: {"structures": [{"begin", "schema", "end"}],
+    "triggers": [...]} (response_format's, with its "type"; structured_outputs.structural_tag's,
+    as JSON text or an object), or xgrammar's {"format": {"type": "triggered_tags", "triggers",
+    "tags": [{"begin", "content": {"type": "json_schema", "json_schema"}, "end"}]}} read as those;
+    its other formats, and at_least_one or stop_after_first, are a 400 naming the part."""
+    from specrt.runtime.grammar import Constraint
+
+    param = field.split(".")[0]
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as e:
+            raise BadRequest(f"'{field}': a structural tag given as text must be JSON ({json_problem(e)})",
+                             param) from None
+    if not isinstance(v, dict):
+        raise BadRequest(f"'{field}' must be a structural tag {{'structures': [...], 'triggers': [...]}}; got "
+                         f"{v!r:.80}", param)
+    tag = {k: x for k, x in v.items() if k != "type" and x is not None}
+    if "format" in tag:
+        fmt = tag.pop("format")
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if tag or kind != "triggered_tags":
+            raise BadRequest(f"'{field}.format': only xgrammar's {{'type': 'triggered_tags', ...}} of JSON schema tags "
+                             f"is supported (or 'structures' and 'triggers'); got {v!r:.80}", param)
+        for k in ("at_least_one", "stop_after_first"):
+            if fmt.get(k) not in (None, False):
+                raise BadRequest(f"'{field}.format.{k}' is not supported (got {fmt[k]!r:.40}; only false)", param)
+        other = sorted(set(fmt) - {"type", "triggers", "tags", "at_least_one", "stop_after_first"})
+        tags = fmt.get("tags")
+        if other or not isinstance(tags, list):
+            raise BadRequest(f"'{field}.format': expected {{'type': 'triggered_tags', 'triggers': [...], 'tags': "
+                             f"[...]}}; got {fmt!r:.80}", param)
+        structures = []
+        for i, t in enumerate(tags):
+            content = t.get("content") if isinstance(t, dict) else None
+            schema_tag = isinstance(content, dict) and content.get("type") == "json_schema" \
+                and set(content) == {"type", "json_schema"} and t.get("type", "tag") == "tag" \
+                and not set(t) - {"type", "begin", "content", "end"}
+            if not schema_tag:
+                raise BadRequest(f"'{field}.format.tags[{i}]': only {{'begin', 'content': {{'type': 'json_schema', "
+                                 f"'json_schema': {{...}}}}, 'end'}} is supported; got {t!r:.80}", param)
+            structures.append({"begin": t.get("begin"), "schema": content["json_schema"], "end": t.get("end")})
+        tag = {"structures": structures, "triggers": fmt.get("triggers")}
+    return Constraint.structural_tag(tag, field)
+
+
+def _whitespace(body: dict, so) -> tuple[str, str] | None:
+    """The request's JSON whitespace as (the field that asked for it, json_layout's pattern):
+    guided_whitespace_pattern, structured_outputs.whitespace_pattern, or its disable_any_whitespace
+    true (none: "", as vLLM's llguidance backend writes JSON under its --structured-outputs-config
+    option); None without one; two are a 400 naming both."""
+    from specrt.runtime.grammar import whitespace_problem
+
+    so = so if isinstance(so, dict) else {}
+    asked = (("guided_whitespace_pattern", body.get("guided_whitespace_pattern")),
+             ("structured_outputs.whitespace_pattern", so.get("whitespace_pattern")))
+    given = [(f, v) for f, v in asked if v is not None]
+    flag = so.get("disable_any_whitespace")
+    if flag is not None and not isinstance(flag, bool):
+        raise BadRequest(f"'structured_outputs.disable_any_whitespace' must be true or false; got {flag!r:.40}",
+                         "structured_outputs")
+    given += [("structured_outputs.disable_any_whitespace", "")] if flag else []
+    if len(given) > 1:
+        raise BadRequest(f"{' and '.join(repr(f) for f, _ in given)}: one JSON whitespace option a request",
+                         given[1][0].split(".")[0])
+    for field, pattern in given:
+        why = whitespace_problem(pattern)
+        if why:
+            raise BadRequest(f"'{field}': {why}", field.split(".")[0])
+    return given[0] if given else None
+
+
 def structured(body: dict) -> tuple[str, Any] | None:
     """A request's structured output as (the field that asked for it, its grammar.Constraint):
-    ``response_format`` json_object (any JSON object) or json_schema ({"name", "schema",
-    "strict"}: the schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar
-    (a Lark grammar, llguidance's) or its structured_outputs {json | regex | choice | grammar |
-    json_object}; None without one; two are a 400 naming both."""
+    ``response_format`` json_object (any JSON object), json_schema ({"name", "schema", "strict"}:
+    the schema) or structural_tag (_structural_tag), vLLM's guided_json / guided_regex / guided_choice /
+    guided_grammar (a Lark grammar, llguidance's) or its structured_outputs {json | regex | choice |
+    grammar | json_object | structural_tag}; its JSON's whitespace (_whitespace: a JSON kind's, or a
+    structural tag's schemas'); None without one; two are a 400 naming both."""
     given = []
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind not in ("text", "json_object", "json_schema"):
-            raise BadRequest(f"'response_format' must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}; got "
-                             f"{fmt!r:.80}", "response_format")
+        if kind not in ("text", "json_object", "json_schema", "structural_tag"):
+            raise BadRequest("'response_format' must be {'type': 'text' | 'json_object' | 'json_schema' | "
+                             f"'structural_tag', ...}}; got {fmt!r:.80}", "response_format")
         if kind == "json_object":
             given.append(("response_format", _guided("response_format", "json_object", True)))
         elif kind == "json_schema":
@@ -262,26 +338,44 @@ def structured(body: dict) -> tuple[str, Any] | None:
                 raise BadRequest("'response_format' json_schema: expected {'type': 'json_schema', 'json_schema': "
                                  f"{{'name': ..., 'schema': {{...}}}}}}; got {fmt!r:.80}", "response_format")
             given.append(("response_format", _guided("response_format.json_schema.schema", "json", spec["schema"])))
+        elif kind == "structural_tag":
+            given.append(("response_format", _structural_tag("response_format", fmt)))
     for field, kind in GUIDED.items():
         if body.get(field) is not None:
             given.append((field, _guided(field, kind, body[field])))
     so = body.get("structured_outputs")
     if so is not None:
-        kinds = ("json", "regex", "choice", "grammar", "json_object")
+        kinds = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
         asked = [k for k in kinds if isinstance(so, dict) and so.get(k) is not None]
-        # (vLLM's options that leave the answer valid JSON: specrt's is compact, its objects closed, w76j)
+        # (vLLM's options that leave the answer valid JSON: specrt's objects are closed, w76j)
         other = [k for k, v in so.items() if k not in kinds + SO_TAKEN and v is not None] if isinstance(so, dict) else []
         if other:
             raise BadRequest(f"'structured_outputs.{other[0]}' is not supported (got {so[other[0]]!r:.60})",
                              "structured_outputs")
-        if not isinstance(so, dict) or len(asked) != 1:
+        # (options alone, beside another field's structured output, are that one's: vLLM lays response_format
+        # over structured_outputs)
+        if not isinstance(so, dict) or len(asked) > 1 or not asked and not given:
             raise BadRequest(f"'structured_outputs' must be an object of one of {', '.join(kinds)}; got {so!r:.80}",
                              "structured_outputs")
-        given.append(("structured_outputs", _guided(f"structured_outputs.{asked[0]}", asked[0], so[asked[0]])))
+        if asked:
+            field = f"structured_outputs.{asked[0]}"
+            given.append(("structured_outputs", _structural_tag(field, so[asked[0]]) if asked[0] == "structural_tag"
+                          else _guided(field, asked[0], so[asked[0]])))
     if len(given) > 1:
         raise BadRequest(f"{' and '.join(repr(f) for f, _ in given)}: one structured output a request",
                          given[1][0])
-    return given[0] if given else None
+    space = _whitespace(body, so)
+    if space is None:
+        return given[0] if given else None
+    if not given or given[0][1].kind not in ("json_schema", "json", "structural_tag"):
+        asked = f"the answer is held to a {given[0][1].kind}" if given else "no structured output is asked for"
+        if space[0] == "structured_outputs.disable_any_whitespace" and given:
+            return given[0]  # (vLLM's server option: its JSON's, nothing to a regex's or a grammar's whitespace)
+        raise BadRequest(f"'{space[0]}' applies to JSON (a JSON schema, json_object, a structural tag's schemas); "
+                         f"{asked}", space[0].split(".")[0])
+    from dataclasses import replace
+
+    return given[0][0], replace(given[0][1], whitespace=space[1])
 
 
 def forced_tools(choice, tools: list[dict], parallel: bool = True) -> tuple[str, Any]:

@@ -163,6 +163,31 @@ def _streams_as_whole(url: str, whole, **body) -> dict:
     # m76i-8: structured_outputs' json_object is true or left out (false held the answer to JSON)
     ({"structured_outputs": {"json_object": False}}, "structured_outputs",
      "'structured_outputs.json_object' must be true; got False"),
+    # h79e: structural tags and JSON whitespace options of shapes specrt does not take
+    ({"response_format": {"type": "structural_tag", "structures": [{"begin": "<g>", "schema": {}, "end": "</g>"}],
+                          "triggers": ["<f"]}}, "response_format",
+     "response_format.structures[0].begin: '<g>' starts with none of the triggers"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f"]}}, "response_format",
+     "response_format: expected {'structures'"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                               "content": {"type": "any_text"}}}},
+     "response_format", "'response_format.format': only xgrammar's {'type': 'triggered_tags', ...}"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"],
+                                                               "tags": [], "stop_after_first": True}}},
+     "response_format", "'response_format.format.stop_after_first' is not supported"),
+    ({"structured_outputs": {"structural_tag": "{nope"}}, "structured_outputs",
+     "'structured_outputs.structural_tag': a structural tag given as text must be JSON"),
+    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs",
+     "'structured_outputs.whitespace_pattern' applies to JSON (a JSON schema, json_object, a structural tag's "
+     "schemas); the answer is held to a regex"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "no structured output is asked for"),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "["}, "guided_whitespace_pattern",
+     "'guided_whitespace_pattern': "),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "", "structured_outputs": {"disable_any_whitespace": True}},
+     "structured_outputs", "'guided_whitespace_pattern' and 'structured_outputs.disable_any_whitespace': one JSON "
+                           "whitespace option a request"),
+    ({"guided_json": SCHEMA, "structured_outputs": {"disable_any_whitespace": "yes"}}, "structured_outputs",
+     "'structured_outputs.disable_any_whitespace' must be true or false"),
 ])
 def test_a_bad_structured_output_is_a_400_naming_its_field(server, body, param, words):
     url, _ = server
@@ -192,23 +217,82 @@ def test_a_schema_past_llguidances_parser_limits_is_a_400_not_a_500(server):
     assert app.metrics.counts["engine_failures"] == failures
 
 
-def test_vllms_structured_outputs_options_are_taken_and_its_whitespace_pattern_named(server):
+def test_vllms_structured_outputs_options_are_taken_and_its_whitespace_options_held(server):
     """w76j: vLLM's structured_outputs options disable_any_whitespace, disable_additional_properties
-    and disable_fallback (its answer stays valid JSON: specrt's is compact, its objects closed)
-    were a 400 "'structured_outputs' must be an object of one of json, ..." that named none of
-    them; now taken. whitespace_pattern and guided_whitespace_pattern, which specrt does not do,
-    are a 400 saying so (the latter was "Unrecognized request argument")."""
+    and disable_fallback were a 400 "'structured_outputs' must be an object of one of json, ..."
+    that named none of them; taken since. h79e: the JSON's whitespace is theirs:
+    disable_any_whitespace true writes it compact ({"color":"red","ok":true}, as vLLM's llguidance
+    backend under its server option; it was json.dumps's ", " and ": "), and so does a whitespace
+    pattern "" (guided_whitespace_pattern, structured_outputs.whitespace_pattern: a 400 "not
+    supported" until h79e); options alone in structured_outputs go with response_format's
+    constraint (vLLM lays response_format over them); json.dumps's layout without them."""
     url, _ = server
     so = {"json": SCHEMA, "disable_any_whitespace": True, "disable_additional_properties": True,
           "disable_fallback": False}
-    code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 60, "structured_outputs": so})
-    assert code == 200 and _matches_schema(r["choices"][0]["message"]["content"]), r
-    for body, said in [({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " "}},
-                        "'structured_outputs.whitespace_pattern' is not supported"),
-                       ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "},
-                        "'guided_whitespace_pattern' is not supported")]:
-        code, r = _post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **body})
-        assert code == 400 and r["error"]["message"].startswith(said), r
+    compact = lambda s: s == json.dumps(json.loads(s), separators=(",", ":"))  # noqa: E731
+    fmt = {"type": "json_schema", "json_schema": {"name": "paint", "schema": SCHEMA}}
+    for body, layout in [({"structured_outputs": so}, compact),
+                         ({"guided_json": SCHEMA, "guided_whitespace_pattern": ""}, compact),
+                         ({"response_format": fmt, "structured_outputs": {"whitespace_pattern": ""}}, compact),
+                         ({"response_format": fmt, "structured_outputs": {"disable_any_whitespace": True}}, compact),
+                         ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": "[ ]?"}},
+                          lambda s: not re.search(r"\s\s|[\n\r\t]", s)),
+                         ({"response_format": fmt}, lambda s: s == json.dumps(json.loads(s))),
+                         ({"response_format": {"type": "json_object"},
+                           "structured_outputs": {"whitespace_pattern": ""}},
+                          lambda s: s.startswith("{") and not re.search(r"[\n\r\t]|[,:] ", s))]:
+        for path, ask in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions", {"prompt": "hello"})):
+            code, r = _post(url, path, {**ask, "max_tokens": 60, **body})
+            assert code == 200, r
+            said = r["choices"][0]["message"]["content"] if "messages" in ask else r["choices"][0]["text"]
+            if "response_format" not in body or body["response_format"]["type"] != "json_object":
+                assert _matches_schema(said), said
+            assert layout(said), (body, said)
+
+
+def _tokens(url, **body) -> list[str]:
+    """The greedy chat answer's tokens (their text, from logprobs) under ``body``."""
+    r = _client(url).chat.completions.create(model="tiny", messages=ASK, max_tokens=30, temperature=0, logprobs=True,
+                                             **body)
+    return [t.token for t in r.choices[0].logprobs.content]
+
+
+def _tag(trigger: str) -> dict:
+    return {"structures": [{"begin": trigger + "=paint>", "schema": SCHEMA, "end": "</t>"}], "triggers": [trigger]}
+
+
+def test_a_structural_tag_holds_the_structure_its_trigger_starts(server):
+    """vLLM's response_format structural_tag (through the SDK), structured_outputs.structural_tag
+    (its JSON text) and xgrammar's triggered_tags format: free text up to a trigger (two tokens
+    the answer writes in free text), then the rest of the begin, JSON of the schema (compact
+    with disable_any_whitespace) and the end; the three give the same answer, finish "length"
+    or "stop", streamed as whole. Fails without structural tags (a 400)."""
+    url, _ = server
+    c = _client(url)
+    free = _tokens(url, response_format={"type": "structural_tag", **_tag("\x01q")})  # (never triggered)
+    at = next(k for k in range(len(free) - 1) if (free[k] + free[k + 1]).isascii()
+              and (free[k] + free[k + 1]).strip() and "".join(free[:k + 2]).find(free[k] + free[k + 1]) == len(
+                  "".join(free[:k])))
+    trig, head = free[at] + free[at + 1], "".join(free[:at + 2]) + "=paint>"
+    fmt = {"type": "structural_tag", **_tag(trig)}
+    xgr = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [trig], "tags": [
+        {"begin": trig + "=paint>", "content": {"type": "json_schema", "json_schema": SCHEMA}, "end": "</t>"}]}}
+    answers = []
+    for extra, sep in [({"response_format": fmt}, (", ", ": ")),
+                       ({"extra_body": {"structured_outputs": {"structural_tag": json.dumps(fmt)}}}, (", ", ": ")),
+                       ({"response_format": xgr}, (", ", ": ")),
+                       ({"response_format": fmt,
+                         "extra_body": {"structured_outputs": {"disable_any_whitespace": True}}}, (",", ":"))]:
+        r = c.chat.completions.create(model="tiny", messages=ASK, max_tokens=60, temperature=0, **extra)
+        said = r.choices[0].message.content
+        assert said.startswith(head) and "</t>" in said[len(head):], said
+        body = said[len(head): said.index("</t>", len(head))]
+        assert _matches_schema(body) and body == json.dumps(json.loads(body), separators=sep), body
+        chunks = c.chat.completions.create(model="tiny", messages=ASK, max_tokens=60, temperature=0, stream=True,
+                                           **extra)
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == said
+        answers.append(said)
+    assert answers[0] == answers[1] == answers[2] != answers[3]
 
 
 def test_tool_choice_required_holds_the_answer_to_one_call_at_least(server):
