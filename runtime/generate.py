@@ -755,7 +755,7 @@ class Generator:
                 tel.engine_time("prefill", dt)
                 if scored is not None:  # row j's logits score token j + 1
                     nxt = prompt[at + 1 : end + 1]
-                    plps += token_logprobs(out[C.LOGITS][0][: len(nxt)], nxt, scored)
+                    plps += token_logprobs(out[C.LOGITS][0][: len(nxt)], nxt, scored, ranks=True)
                 self.tkv.commit(out, end - at)
                 new_aux.append(out[C.AUX_HIDDEN][0].copy())
             aux = new_aux[0] if len(new_aux) == 1 and not s0 else np.concatenate(([saved] if s0 else []) + new_aux)

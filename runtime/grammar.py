@@ -22,6 +22,12 @@ A constraint ``after`` a text (serve's --reasoning-parser: ``</think>``, as vLLM
 output with a reasoning parser) holds nothing until the answer has spelled that text's tokens,
 and its grammar from the next token on (``Deferred``): a thinking model thinks freely, then
 answers in the grammar; lossless relative to the target masked from there on.
+
+A constraint's ``only`` (token ids: vLLM's ``allowed_token_ids``) holds every token of the
+answer, from the first (a thinking one's too), to those ids besides the grammar: each row's
+mask is the grammar's and theirs (an EOS only where it is among them). ``Constraint.tokens(ids)``
+is that set alone, with no grammar (kind "any": llguidance is not needed); the masked verify is
+the grammar's, so speculation stays lossless relative to the target masked by them.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from .sampling import SamplingParams, probs
 from .verify import Verdict
 
 EXTRA = "pip install 'specrt[structured]'"  # (the llguidance package)
-KINDS = ("json_schema", "json", "regex", "choice", "lark", "structural_tag")
+KINDS = ("json_schema", "json", "regex", "choice", "lark", "structural_tag", "any")  # (any: no grammar, ``only`` alone)
 # JSON is written as json.dumps writes it (", " and ": ", no other whitespace): llguidance's
 # default allows any run of whitespace between tokens, where a model may loop until its budget
 # ends (a tiny model's answers did: 60 tokens of "\r\t"); a schema's own "x-guidance" options
@@ -134,7 +140,8 @@ class Constraint:
     (llguidance's Lark, or GBNF; None for ``json``: any JSON object). ``name`` is how errors name it (an option, a request field).
     ``after``: text whose tokens the answer spells before the grammar holds ("": from its first token).
     ``whitespace``: JSON's whitespace (json_layout's pattern; None: json.dumps's), for the JSON kinds
-    and a structural tag's schemas. The value as it was when the Constraint was made is the
+    and a structural tag's schemas. ``only``: token ids every token of the answer is one of, besides
+    the grammar (() for any token). The value as it was when the Constraint was made is the
     constraint (a copy of it as text): one changed in place later is not seen (make a new Constraint)."""
 
     kind: str
@@ -142,6 +149,7 @@ class Constraint:
     name: str = ""
     after: str = ""
     whitespace: str | None = None
+    only: tuple[int, ...] = ()
 
     @classmethod
     def json_schema(cls, schema: dict, name: str = "json_schema", whitespace: str | None = None) -> "Constraint":
@@ -169,6 +177,11 @@ class Constraint:
         "begin" it begins: its begin, JSON of its "schema", its "end", then free text again."""
         return cls("structural_tag", tag, name, whitespace=whitespace)
 
+    @classmethod
+    def tokens(cls, ids, name: str = "allowed_token_ids") -> "Constraint":
+        """Every token of the answer one of ``ids`` (no grammar; vLLM's allowed_token_ids)."""
+        return cls("any", None, name, only=tuple(ids))
+
     @property
     def label(self) -> str:
         return self.name or self.kind
@@ -178,8 +191,14 @@ class Constraint:
         # key() and source() read), a schema changed in place later changes neither (it kept the key
         # of its first use while a Session's cache miss compiled the changed one: session 77)
         try:
-            key = json.dumps([self.kind, self.value] + ([self.after] if self.after else [])
-                             + ([{"whitespace": self.whitespace}] if self.whitespace is not None else []))
+            only = tuple(self.only)  # (a list or an array given: kept as a tuple of ints, the dataclass frozen)
+            if any(isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) for t in only):
+                raise UserError(f"{self.label}: the allowed token ids must be integers; got {list(only)!r:.80}")
+            only = tuple(int(t) for t in only)
+            object.__setattr__(self, "only", only)
+            key = json.dumps([self.kind, self.value] + ([self.after] if self.after else []) +
+                             ([{"whitespace": self.whitespace}] if self.whitespace is not None else []) +
+                             ([list(only)] if only else []))
         except (TypeError, ValueError) as e:  # (a set of choices, a schema holding a Python object)
             raise UserError(f"{self.label}: expected JSON data ({e})") from None
         object.__setattr__(self, "_key", key)  # (a frozen dataclass)
@@ -193,8 +212,11 @@ class Constraint:
 
     def source(self, specials: dict[str, int] | None = None) -> str:
         """The llguidance grammar, its value (as it was when the Constraint was made) checked (a
-        UserError naming ``label``). ``specials``: the tokenizer's special tokens (text -> id), a
-        structural tag's triggers among them written as that token (structural_tag_lark)."""
+        UserError naming ``label``); None for kind "any" (no grammar). ``specials``: the tokenizer's
+        special tokens (text -> id), a structural tag's triggers among them written as that token
+        (structural_tag_lark)."""
+        if self.kind == "any":
+            return None
         llg, v, what = _llguidance(self.label), json.loads(self._key)[1], self.label
         layout = json_layout(self.whitespace)
         if self.kind == "json_schema":
@@ -295,16 +317,20 @@ def tokenizer_of(text, vocab: int, eos: tuple[int, ...]):
 
 class Grammar:
     """A constraint compiled against one tokenizer (``compile_constraint``): ``guide()``
-    makes each stream's matcher."""
+    makes each stream's matcher. ``source`` None: no grammar (kind "any", ``only`` alone)."""
 
-    def __init__(self, constraint: Constraint, source: str, tokenizer, vocab: int, eos: tuple[int, ...],
+    def __init__(self, constraint: Constraint, source: str | None, tokenizer, vocab: int, eos: tuple[int, ...],
                  tag: tuple[int, ...] = ()):
         self.constraint, self.source, self.tokenizer, self.vocab = constraint, source, tokenizer, vocab
         self.eos = frozenset(eos)
         self.tag = tag  # the tokens after which the grammar holds (Constraint.after's), or () from the start
+        self.only: np.ndarray | None = None  # bool [V]: Constraint.only's ids (None: every token)
+        if constraint.only:
+            self.only = np.zeros(vocab, bool)
+            self.only[list(constraint.only)] = True
 
     def guide(self) -> "Guide":
-        guide = Guide(self, self._matcher())
+        guide = Guide(self, _Matcher(self, self._matcher()) if self.source is not None else _Free())
         return Deferred(guide, self.tag) if self.tag else guide
 
     _fresh = None  # a matcher at the answer's start, built once, which each stream's copies
@@ -323,6 +349,12 @@ def compile_constraint(constraint: Constraint, text, vocab: int, eos: tuple[int,
     if not isinstance(constraint, Constraint):
         raise UserError(f"grammar={constraint!r:.80}: expected a specrt.runtime.grammar.Constraint "
                         "(Constraint.json_schema(...), .json(), .regex(...), .choice([...]), .lark(...))")
+    bad = [t for t in constraint.only if not 0 <= t < vocab]
+    if bad or (constraint.kind == "any" and not constraint.only):
+        raise UserError(f"{constraint.label}: " + (f"token id {bad[0]} is not in the vocabulary (0 to {vocab - 1})"
+                                                   if bad else "expected at least one allowed token id"))
+    if constraint.kind == "any":  # (no grammar: no tokenizer, no llguidance)
+        return Grammar(constraint, None, None, vocab, tuple(eos))
     if text is None:
         raise UserError(f"{constraint.label}: structured output needs the target's tokenizer (tokenizer.json)")
     specials = {t.content: i for i, t in text.tokenizer.get_added_tokens_decoder().items() if t.special} \
@@ -378,8 +410,11 @@ class _Matcher:
             self._m.rollback(n)
             del self.held[-n:]
 
-    def compute_mask(self, bits: np.ndarray) -> None:
+    def mask(self, bits: np.ndarray) -> np.ndarray:
+        """bool [V]: the tokens the grammar allows after those held (``bits`` llguidance's bitmask,
+        written over)."""
         self._m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        return np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.grammar.vocab].view(bool)
 
     def is_error(self) -> bool:
         return self._m.is_error()
@@ -399,13 +434,45 @@ class _Matcher:
         return fresh.compute_ff_bytes() if not fresh.is_error() else b""
 
 
+class _Free(_Matcher):
+    """No grammar (kind "any"): every token taken, never stopped; the mask is Grammar.only's alone."""
+
+    def __init__(self):
+        self.held, self.ok = [], None
+
+    def try_consume(self, token: int) -> bool:
+        self.ok = None
+        self.held.append(token)
+        return True
+
+    def rollback(self, n: int) -> None:
+        self.ok = None
+        if n:
+            del self.held[-n:]
+
+    def mask(self, bits: np.ndarray) -> None:
+        return None
+
+    def is_error(self) -> bool:
+        return False
+
+    def get_error(self) -> str:
+        return ""
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def forced(self) -> bytes:
+        return b""
+
+
 class Guide:
     """One stream's matcher over ``grammar``: the masks of its rows and the tokens it holds.
     ``pending``: drafts consumed for a round's masks, given back by ``settle``; an EOS is
     never consumed (the rows after it are cut: ``ended``)."""
 
-    def __init__(self, grammar: Grammar, matcher):
-        self.grammar, self.m = grammar, _Matcher(grammar, matcher)
+    def __init__(self, grammar: Grammar, matcher: _Matcher):
+        self.grammar, self.m = grammar, matcher  # (a _Matcher, or _Free: no grammar)
         self.vocab, self.eos = grammar.vocab, grammar.eos
         self._bits = np.zeros((self.vocab + 31) // 32, np.int32)  # llguidance's bitmask, bit t of word t // 32
         self.pending, self.ended = 0, False
@@ -419,7 +486,11 @@ class Guide:
                 self._none_allowed()
             raise UserError(f"{self.grammar.constraint.label}: {_first_lines(why)}")
 
-    def _none_allowed(self):
+    def _none_allowed(self, only: bool = False):
+        if only:  # (the grammar allows some, none of them among Constraint.only's)
+            raise UserError(f"{self.grammar.constraint.label}: none of the {len(self.grammar.constraint.only)} allowed "
+                            f"token ids can continue the answer {self.position + self.pending} token(s) in (the "
+                            "grammar allows other tokens there)")
         forced = self.m.forced().decode("utf-8", "replace")  # (what llguidance says it needs next, if it knows)
         raise UserError(f"{self.grammar.constraint.label}: no token of the vocabulary can continue the answer "
                         f"{self.position + self.pending} token(s) in (the grammar needs text these engines' "
@@ -431,18 +502,22 @@ class Guide:
         return self.m.is_stopped()
 
     def allowed(self) -> np.ndarray:
-        """bool [V]: the tokens the grammar allows next (every token once it has stopped: rows
-        after the stop are cut, never emitted). A grammar that allows none (it needs text the
-        vocabulary cannot spell) is a UserError, not a hang. Made once for the tokens the matcher
+        """bool [V]: the tokens the grammar allows next, among Grammar.only's where it has them
+        (every token once it has stopped: rows after the stop are cut, never emitted). A grammar
+        that allows none (it needs text the vocabulary cannot spell, or none of the ids) is a
+        UserError, not a hang. Made once for the tokens the matcher
         holds (a tree round asked for its first position's twice: its runners-up, then row 0)."""
         if self.ended or self.m.is_stopped():
             return np.ones(self.vocab, bool)
         if self.m.ok is None:
-            self.m.compute_mask(self._bits)
-            ok = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
-            if not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
+            ok, only = self.m.mask(self._bits), self.grammar.only  # (ok None: no grammar)
+            if ok is not None and not ok.any():  # (llguidance's matcher is then in its error state, "NoExtensionBias")
                 self._none_allowed()
             self._fail()
+            if only is not None:
+                ok = only if ok is None else ok & only
+                if not ok.any():
+                    self._none_allowed(only=True)
             self.m.ok = ok
         return self.m.ok
 
@@ -543,11 +618,12 @@ class Deferred:
     tag's own included; an EOS before it ends the answer). A round's rows after the tag
     within it are masked (after the drafts from the tag's end on: ``guide`` sees those
     alone); before, the rows are the target's own. The first time the tag is spelled counts
-    (a tag written again later is the grammar's text)."""
+    (a tag written again later is the grammar's text). Grammar.only's ids hold the rows
+    before the tag too (vLLM's allowed_token_ids hold every token: ``_own``)."""
 
     def __init__(self, guide: Guide, tag: tuple[int, ...]):
         self.g, self.tag, self.eos = guide, tuple(int(t) for t in tag), guide.eos
-        self.vocab = guide.vocab
+        self.vocab, self.only = guide.vocab, guide.grammar.only
         self.tail: list[int] = []  # the answer's last tokens while the tag has not come
         self.active = False  # the tag came: the grammar holds
 
@@ -559,10 +635,14 @@ class Deferred:
         """As Guide's (every token before the tag); the grammar's first mask made at once, so a
         grammar no token can start is refused before the answer starts."""
         ok = self.g.allowed()
-        return ok if self.active else np.ones(self.vocab, bool)
+        return ok if self.active else np.ones(self.vocab, bool) if self.only is None else self.only
 
     def masked(self, row: np.ndarray) -> np.ndarray:
-        return self.g.masked(row) if self.active else row
+        return self.g.masked(row) if self.active else self._own(row)
+
+    def _own(self, row: np.ndarray) -> np.ndarray:
+        """A row before the tag: the target's own, Grammar.only's ids alone where it has them."""
+        return row if self.only is None else np.where(self.only, row, np.float32(-np.inf))
 
     def _start(self, tokens) -> int | None:
         """Where the grammar starts in a round of ``tokens`` (the first ones emitted or
@@ -588,14 +668,14 @@ class Deferred:
     def row_probs(self, logits_row: np.ndarray, drafts, k: int, params: SamplingParams) -> np.ndarray:
         a = self._start(drafts[:k])
         if a is None:
-            return probs(logits_row[None], params)[0]
+            return probs(self._own(logits_row)[None], params)[0]
         return self.g.row_probs(logits_row, drafts[a:], k - a, params)
 
     def sibling_row(self, row: np.ndarray, token: int) -> np.ndarray:
         """Guide's: the row after a runner-up at the round's first position masked when the
         grammar holds after it (active, or the runner-up ends the tag), else the target's own."""
         a = self._start([token])
-        return row if a is None else self.g.sibling_row(row, token) if a == 0 else self.g.masked(row)
+        return self._own(row) if a is None else self.g.sibling_row(row, token) if a == 0 else self.g.masked(row)
 
     def argmaxes(self, logits: np.ndarray, drafts, check) -> np.ndarray:
         """Guide's, the rows up to the tag's end unmasked (a round's first row that differs from
@@ -607,7 +687,7 @@ class Deferred:
                 rest = self.g.argmaxes(logits[k:], drafts[k:], lambda i: check(k + i))
                 return np.asarray(best + [int(t) for t in rest], np.int64)
             check(k)
-            best.append(int(logits[k].argmax()))
+            best.append(int(self._own(logits[k]).argmax()))
             if k == len(drafts) or best[-1] != int(drafts[k]) or best[-1] in self.eos:
                 break
         return np.asarray(best, np.int64)

@@ -214,18 +214,21 @@ class TokenLogprob(NamedTuple):
     """An emitted token's log-probability under the target (``Generator.logprobs``): the
     model's own distribution, log_softmax of its logits before temperature, top-k or
     top-p (as vLLM's default raw logprobs), with the ``top`` most likely tokens' (id,
-    logprob), most likely first (ties by id)."""
+    logprob), most likely first (ties by id). ``rank``: where asked for (a prompt token's,
+    vLLM's prompt_logprobs), how many tokens are at least as likely as it (1: the most likely)."""
 
     id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
-def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]:
+def token_logprobs(rows: np.ndarray, tokens, top: int = 0, ranks: bool = False) -> list[TokenLogprob]:
     """rows [n, V] (the target's logits for each token's position), tokens [n] -> one
-    TokenLogprob each: exp in float32 on one temporary after the max is subtracted, summed
-    in float64 (1e-10 from a float64 log-sum-exp on SmolLM2's rows). ~0.15 ms a row of 49152
-    on the AVX2 host, 0.25 ms with 5 alternatives (a partition), against ~19 ms a token."""
+    TokenLogprob each (with its rank where ``ranks``: vLLM's, the count of logits >= its own):
+    exp in float32 on one temporary after the max is subtracted, summed in float64 (1e-10 from
+    a float64 log-sum-exp on SmolLM2's rows). ~0.15 ms a row of 49152 on the AVX2 host, 0.25 ms
+    with 5 alternatives (a partition), against ~19 ms a token."""
     out = []
     for row, t in zip(np.atleast_2d(rows), tokens):
         x = np.asarray(row, np.float32)
@@ -242,5 +245,6 @@ def token_logprobs(rows: np.ndarray, tokens, top: int = 0) -> list[TokenLogprob]
             idx = np.flatnonzero(x >= kth)  # every token tied at the cut too, so that ties go by id
             idx = idx[np.lexsort((idx, -x[idx]))][:k]
             best = tuple((int(i), float(x[i]) - lse) for i in idx)
-        out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best))
+        rank = int(np.count_nonzero(x >= x[int(t)])) if ranks else None
+        out.append(TokenLogprob(int(t), float(x[int(t)]) - lse, best, rank))
     return out

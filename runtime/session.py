@@ -787,11 +787,12 @@ class Session:
 
     def prompt_logprob_entries(self) -> list[dict]:
         """The last stream's prompt tokens as ``logprob_entries`` gives output tokens
-        (``stream(..., prompt_logprobs=N)``); the first token's logprob and top_logprobs None."""
+        (``stream(..., prompt_logprobs=N)``), each with its ``rank`` (how many tokens are at least
+        as likely: vLLM's); the first token's logprob, top_logprobs and rank None."""
         ids = list(getattr(self, "last_prompt_ids", []))
         out = self.generator.prompt_logprobs_out
-        return [self._entry(ids[0], None, None)] + [self._entry(t.id, t.logprob, t.top) for t in out[1:]] \
-            if out else []
+        return [{**self._entry(ids[0], None, None), "rank": None}] + [
+            {**self._entry(t.id, t.logprob, t.top), "rank": t.rank} for t in out[1:]] if out else []
 
     def logprob_entries(self, start: int, end: int) -> list[dict]:
         """The last stream's output tokens start..end-1 with their logprobs (``stream(...,

@@ -164,9 +164,8 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 SO_TAKEN = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
-NOT_DONE = ("allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "chat_template",
-            "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options", "verbosity",
-            "mm_processor_kwargs", "documents", "vllm_xargs")
+NOT_DONE = ("chat_template", "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options",
+            "verbosity", "mm_processor_kwargs", "documents", "vllm_xargs")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
 # here, taken and ignored); vLLM's continuous_usage_stats: with include_usage (as vLLM reads it),
 # every chunk's usage is its choice's prompt and completion tokens so far, not null
@@ -180,7 +179,11 @@ SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "s
                  # structured output (Server.structured); vLLM's guided_decoding_backend names its backend, taken
                  # and ignored (llguidance here, whichever is named: the allowed tokens are the grammar's)
                  "response_format", *GUIDED, "structured_outputs", "guided_decoding_backend",
-                 "guided_whitespace_pattern"}
+                 "guided_whitespace_pattern",
+                 # vLLM's: the answer's tokens held to a set (Server._allowed_ids), the prompt's logprobs
+                 # (Server._choices, vllm_prompt_logprobs), the prompt cut to its last (or first) tokens
+                 # (Server._truncation)
+                 "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "truncation_side"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
                                  "add_special_tokens", "include_reasoning"},
           False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
@@ -436,6 +439,28 @@ def _messages(body: dict) -> list[dict]:
     # them to the template (OpenAI's name, an assistant's reasoning_content that Qwen3's reads):
     # role and content alone made another prompt of the same conversation
     return joined(msgs)
+
+
+def _tops(entries: list[dict], n: int) -> list[dict]:
+    """Logprob entries with their ``n`` most likely tokens alone (a prompt scored for more than asked:
+    echo's logprobs beside prompt_logprobs)."""
+    return [e if e["top_logprobs"] is None or len(e["top_logprobs"]) <= n else
+            {**e, "top_logprobs": e["top_logprobs"][:n]} for e in entries]
+
+
+def vllm_prompt_logprobs(entries: list[dict] | None) -> list[dict | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token, None for the first, else {token id: {logprob,
+    rank, decoded_token}} of the token itself (its rank among the vocabulary's) and then its most
+    likely alternatives (ranks 1..n; the token itself among them takes its place there)."""
+    if entries is None:
+        return None
+    out: list[dict | None] = [None]
+    for e in entries[1:]:
+        d = {str(e["id"]): {"logprob": e["logprob"], "rank": e["rank"], "decoded_token": e.get("token")}}
+        for r, t in enumerate(e["top_logprobs"] or (), 1):
+            d[str(t["id"])] = {"logprob": t["logprob"], "rank": r, "decoded_token": t.get("token")}
+        out.append(d)
+    return out
 
 
 def _chat_logprobs(entries: list[dict] | None) -> dict | None:
@@ -814,6 +839,14 @@ class Server:
                                  "tool_choice")
             forced, constraint = forced_tools(choice, tools, body.get("parallel_tool_calls") is not False)
             guided = ("tool_choice", constraint)
+        allowed = self._allowed_ids(body)
+        if allowed is not None:  # each token one of them, and the grammar's where one is asked for (vLLM applies both)
+            from dataclasses import replace
+
+            from specrt.runtime.grammar import Constraint
+
+            guided = ("allowed_token_ids", Constraint.tokens(allowed)) if guided is None else \
+                (guided[0], replace(guided[1], only=allowed))
         try:  # compiled now (kept by the session for the stream): a bad one is a 400 naming its field
             self.session.grammar_of(guided[1] if guided else None)
         except UserError as e:
@@ -848,6 +881,10 @@ class Server:
             logprobs = (top or 0) if want else None
         else:
             logprobs = _number(body, "logprobs", None, int, 0, 20)
+        if body.get("prompt_logprobs") == -1:  # (vLLM's "the whole vocabulary", past its default max_logprobs 20 too)
+            raise BadRequest("'prompt_logprobs' -1 (every token of the vocabulary) is not supported: at most 20",
+                             "prompt_logprobs")
+        prompt_logprobs = _number(body, "prompt_logprobs", None, int, 0, 20)
         owner = self.owner(body.get("user"))
         opts = body.get("stream_options")
         stream = body.get("stream", False)
@@ -859,6 +896,8 @@ class Server:
             raise BadRequest(f"'stream_options' must be an object; got {opts!r}", "stream_options")
         if opts is not None and not stream:  # OpenAI: only with stream true; vLLM answers 400
             raise BadRequest("'stream_options' can only be given with 'stream': true", "stream_options")
+        if stream and prompt_logprobs:  # (vLLM's 400: a stream's chunks have no place for them)
+            raise BadRequest("'prompt_logprobs' are not available when 'stream' is true", "prompt_logprobs")
         opts = {k: v for k, v in (opts or {}).items() if v is not None}  # (a null is a field left out)
         for k, v in opts.items():  # ("yes" was taken as true, an unknown key dropped without a word)
             if k not in STREAM_OPTIONS:
@@ -890,6 +929,9 @@ class Server:
                     raise UserError(str(e).replace("the prompt has", "the prompt (the messages and the tools' "
                                                    "definitions) has", 1)) from None
 
+        keep, side = self._truncation(body, max_new, body.get(name) is not None, name)
+        if keep is not None:  # (the prompt is cut to fit once tokenized: nothing refused for its length before)
+            check_length = lambda n, least: None  # noqa: E731
         messages = prompts[0]
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
@@ -899,6 +941,11 @@ class Server:
             except UserError as e:
                 raise self._template_refusal(e) from None
         ids = self._token_ids(prompts, check_length)  # (encoded once: the choices decode these)
+        if keep is not None:  # vLLM's truncate_prompt_tokens: the tokenized prompt's last (or first) tokens, a
+            # chat's after its template; a prompt cut is echoed as its tokens' text
+            cut = [x[len(x) - keep:] if side == "left" else x[:keep] for x in ids]
+            prompts = [p if len(x) == len(y) else y for p, x, y in zip(prompts, ids, cut)]
+            ids = cut
         lengths = [len(x) for x in ids]
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
             # (with tools: their share, found only for the refusal)
@@ -908,7 +955,9 @@ class Server:
         else:  # the server's default, cut for each prompt where an asked-for one would be refused (it gave one
             caps = [min(max_new, limit - n) if n < limit else max_new for n in lengths]  # more)
         return {"owner": owner, "n": n, "choices": len(prompts) * n, "echo": echo,
-                "logprobs": logprobs, "prompts": prompts, "ids": ids, "chat": chat,
+                "logprobs": logprobs, "prompts": prompts,
+                "prompt_logprobs": None if stream else prompt_logprobs,  # (0 on a stream: nowhere to give them)
+                "ids": ids, "chat": chat,
                 "max_new_tokens": caps,  # (one a prompt)
                 "params": params, "stop": tuple(stop), "tool_parser": tool_parser, "template": template,
                 "grammar": guided[1] if guided else None, "forced": forced,
@@ -917,6 +966,46 @@ class Server:
                 "include_reasoning": reasoned is not False,
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
                 "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
+
+    def _allowed_ids(self, body: dict) -> tuple[int, ...] | None:
+        """vLLM's allowed_token_ids: ids of the model's vocabulary (its logits' width), at least one."""
+        v, vocab = body.get("allowed_token_ids"), self.session.generator.vocab
+        if v is None:
+            return None
+        if not is_token_ids(v) or not v:
+            raise BadRequest(f"'allowed_token_ids' must be a non-empty list of token ids; got {v!r:.60}",
+                             "allowed_token_ids")
+        bad = [t for t in v if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"'allowed_token_ids': {bad[0]} is not a token id of the model's vocabulary (0 to "
+                             f"{vocab - 1})", "allowed_token_ids")
+        return tuple(v)
+
+    def _truncation(self, body: dict, max_new: int, asked: bool, name: str) -> tuple[int | None, str]:
+        """vLLM's truncate_prompt_tokens k and truncation_side: the prompt's tokens kept (its last k, or
+        its first with "right"), -1 as many as the context leaves beside max_tokens (the server's
+        default where none is asked for) -> (k, side); (None, side) where it is not given."""
+        side = body.get("truncation_side") or "left"
+        if side not in ("left", "right"):
+            raise BadRequest(f"'truncation_side' must be 'left' or 'right'; got {side!r:.40}", "truncation_side")
+        k = _number(body, "truncate_prompt_tokens", None, int, -1)
+        if k is None:
+            return None, side
+        if k == 0:  # (vLLM cuts to an empty prompt, which its engine then refuses)
+            raise BadRequest("'truncate_prompt_tokens' must be -1 (as many as the context leaves) or >= 1; got 0",
+                             "truncate_prompt_tokens")
+        limit = self.session.engines.max_context
+        room = limit - max_new if asked else limit - 1  # (no max_tokens: the default is cut to what is left)
+        if room < 1:
+            raise BadRequest(f"'{name}' {max_new} leaves no room in the model's context of {limit} tokens for a "
+                             "prompt", name)
+        if k == -1:
+            return (room if asked else limit - min(max_new, limit - 1)), side
+        if k > room:  # (vLLM's words)
+            less = f"{name} = {limit} - {max_new}" if asked else f"1 (a token of answer) = {limit} - 1"
+            raise BadRequest(f"truncate_prompt_tokens={k} cannot be greater than max_model_len - {less} = {room}. "
+                             "Please request a smaller truncation size.", "truncate_prompt_tokens")
+        return k, side
 
     def _token_ids(self, prompts: list, check_length) -> list[list[int]]:
         """Each prompt's token ids (as given, or text encoded without a template; ``check_length``
@@ -1156,8 +1245,10 @@ class Server:
         s, lp, params = self.session, req["logprobs"], req["params"]
         completion, prompt_tokens, reused = 0, 0, 0
         grammar = req.get("grammar")
-        if grammar is not None and req.get("thinking"):  # --reasoning-parser: held after </think> (vLLM's)
+        # --reasoning-parser: held after </think> (vLLM's); allowed_token_ids hold the thinking too (Deferred)
+        if grammar is not None and req.get("thinking"):
             grammar = replace(grammar, after=reasoning.END)
+        scored = None  # the prompt's logprob entries (prompt_logprobs), its first choice's for the others
         for i in range(req["choices"]):  # prompt i // n, its choice i % n
             k = i // req["n"]
             prompt = req["prompts"][k]
@@ -1166,6 +1257,9 @@ class Server:
             self._generator(replace(params, seed=None if params.seed is None else params.seed + i % req["n"]))
             s.generator.owner = req["owner"]
             pl = lp if req["echo"] else None  # echo with logprobs: the prompt's too
+            asked = req.get("prompt_logprobs") if i % req["n"] == 0 else None  # (vLLM's: each prompt scored once)
+            if asked is not None:
+                pl = asked if pl is None else max(pl, asked)
             # max_tokens 0 with echo, no logprobs: the prompt's own text is the answer, sent with nothing run
             # (it was scored, its entries not sent: a prefill for nothing, NOTES s75; checked at the request)
             bare = req["echo"] and pl is None and req["max_new_tokens"][k] == 0
@@ -1180,8 +1274,8 @@ class Server:
 
             def echo() -> dict:  # the prompt as the completion's first piece (its rows are in by now)
                 text = prompt if isinstance(prompt, str) else s.text.decode(req["ids"][k])
-                return {"index": i, "text": text, "logprobs": s.prompt_logprob_entries() if pl is not None else None,
-                        "tokens": 0}
+                return {"index": i, "text": text, "tokens": 0,
+                        "logprobs": _tops(s.prompt_logprob_entries(), lp) if lp is not None else None}
 
             try:
                 for piece in gen:
@@ -1211,7 +1305,9 @@ class Server:
             done.update(completion=completion, prompt_tokens=prompt_tokens, reused=reused, partial=False, bare=0)
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
-            yield {"index": i, "finish_reason": reason,
+            if asked is not None:
+                scored = _tops(s.prompt_logprob_entries(), asked)
+            yield {"index": i, "finish_reason": reason, "prompt_logprobs": scored,
                    "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None, "context": context(),
                    "tokens": n_out}
 
@@ -1719,6 +1815,7 @@ class Handler(BaseHTTPRequestHandler):
             entries: dict[int, list[dict]] = {}
             finish: dict[int, str] = {}
             contexts: dict[int, list[int]] = {}  # the prompt tokens each choice's text follows
+            scored: dict[int, list[dict] | None] = {}  # each choice's prompt's logprob entries (prompt_logprobs)
             last = first
             try:
                 while "usage" not in last:
@@ -1731,7 +1828,7 @@ class Handler(BaseHTTPRequestHandler):
                     if "text" in last:
                         text.setdefault(i, []).append(last["text"])
                     else:
-                        finish[i] = last["finish_reason"]
+                        finish[i], scored[i] = last["finish_reason"], last["prompt_logprobs"]
                     entries.setdefault(i, []).extend(last["logprobs"] or [])
                     contexts.setdefault(i, last.get("context", ()))
                     last = next(pieces)
@@ -1751,9 +1848,13 @@ class Handler(BaseHTTPRequestHandler):
                     else tool_message(content, finish[i], req.get("tool_parser"), parallel, req.get("tools"))
                 choice = ({"index": i, "message": msg, "logprobs": logprobs}
                           if chat else {"index": i, "text": content, "logprobs": logprobs})
+                if req["prompt_logprobs"] is not None and not chat:  # (vLLM's: a completion's on each choice)
+                    choice["prompt_logprobs"] = vllm_prompt_logprobs(scored.get(i))
                 choices.append({**choice, "finish_reason": finish[i]})
             answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": choices,
                       "usage": last["usage"], "specrt": last["specrt"]}
+            if req["prompt_logprobs"] is not None and chat:  # (vLLM's: a chat's beside its choices, its one prompt's)
+                answer["prompt_logprobs"] = vllm_prompt_logprobs(scored.get(0))
             if req.get("thinking") is not None:  # (each message's thinking, kept apart from its content)
                 pieces.fill(choices)
             if shaped is not None:

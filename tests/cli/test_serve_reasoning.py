@@ -460,3 +460,24 @@ def test_a_grammar_after_the_thinking_is_lossless_under_prompt_lookup(thinking_j
         assert r["specrt"]["tokens_per_call"] > 1, r["specrt"]  # (lookup drafts were accepted)
     finally:
         app.reasoning = None
+
+
+def test_allowed_token_ids_hold_the_thinking_too(thinking_json):
+    """allowed_token_ids under --reasoning-parser hold every token of the answer, its thinking's too
+    (vLLM's are a logits mask, not a structured output held after </think>; h79d): without w7, the
+    free answer's thinking word, the thinking is other words; beside a grammar, the grammar holds
+    after </think> and the ids throughout. Fails with the rows before </think> left free
+    (grammar.Deferred's: the thinking "w7" x 7)."""
+    url, app = thinking_json
+    try:
+        app.reasoning = "qwen3"
+        vocab, w7 = app.session.generator.vocab, app.session.text.tokenizer.token_to_id("w7")
+        others = [i for i in range(vocab) if i != w7]
+        free = _chat(url)["choices"][0]["message"]
+        assert free["reasoning"] == "w7" * 7, free
+        m = _chat(url, allowed_token_ids=others)["choices"][0]["message"]
+        assert w7 not in app.session.last_output_ids and m["reasoning"] and "w7" not in m["reasoning"], m
+        m = _chat(url, allowed_token_ids=others, **BOOLEAN)["choices"][0]["message"]
+        assert w7 not in app.session.last_output_ids and m["content"] in ("true", "false", None), m
+    finally:
+        app.reasoning = None

@@ -1221,6 +1221,9 @@ def test_prompt_logprobs_are_the_targets_own(pair, monkeypatch):
         np.testing.assert_allclose([e.logprob for e in got[1:]], want[np.arange(len(prompt) - 1), prompt[1:]],
                                    atol=2e-4)
         assert all(len(e.top) == 2 and e.top[0][1] >= e.top[1][1] for e in got[1:])
+        # each token's rank: how many of transformers' logprobs are at least its own (vLLM's rank)
+        rows = want[np.arange(len(prompt) - 1)]
+        assert [e.rank for e in got[1:]] == [int((r >= r[t] - 1e-6).sum()) for r, t in zip(rows, prompt[1:])]
     assert g.finished.reason == "length"
     g.prompt_logprobs = None
     g.generate(prompt, 4)

@@ -530,6 +530,14 @@ def test_without_llguidance_structured_output_names_the_extra(guided, monkeypatc
     with pytest.raises(UserError, match=r"regex: structured output needs the llguidance package: "
                                         r"pip install 'specrt\[structured\]'"):
         compile_constraint(Constraint.regex("a"), text, engines.export["target"]["vocab_size"], eos)
+    # allowed token ids alone need no grammar (h79d): held without it, and their ids checked
+    g = compile_constraint(Constraint.tokens([5, 7]), None, engines.export["target"]["vocab_size"], eos)
+    assert set(_gen(engines, FixedGovernor(DEPTHS, 2)).generate(PROMPTS[0], 6, eos, g)) <= {5, 7}
+    for ids, said in (([], "expected at least one allowed token id"), ([5, 10**6], "token id 1000000 is not in the "
+                                                                                  "vocabulary"),
+                      ([True], "the allowed token ids must be integers")):
+        with pytest.raises(UserError, match=f"allowed_token_ids: {said}"):
+            compile_constraint(Constraint.tokens(ids), None, engines.export["target"]["vocab_size"], eos)
 
 
 def test_a_new_grammars_first_stream_builds_its_parser_once(guided, monkeypatch):
@@ -632,3 +640,43 @@ def test_a_constraint_of_what_json_cannot_write_is_refused_naming_it():
     it (its text is made then: it was a TypeError from Session.grammar_of's key)."""
     with pytest.raises(UserError, match=r"^--choice: expected JSON data \(Object of type set is not JSON"):
         Constraint.choice({"yes", "no"}, "--choice")
+
+
+def test_allowed_token_ids_alone_and_beside_a_grammar_hold_every_token_losslessly(guided, monkeypatch):
+    """h79d: Constraint.tokens(ids) (vLLM's allowed_token_ids: no grammar, no llguidance matcher),
+    a regex with ``only`` ids (both masks held) and one deferred after a tag (the ids hold the rows
+    before it too): under every speculative configuration (trees, lookup forced into every round)
+    greedy and coupled sampling give the masked target-only tokens, every token among the ids (an
+    EOS not among them: the answer runs to its length). Fails with ``only`` dropped from the masks
+    (the free answer's first token is not among them), and with the rows before a tag left free."""
+    from dataclasses import replace
+
+    from tests.runtime.test_generate import _always_look_up
+
+    engines, text, eos = guided
+    _always_look_up(monkeypatch)
+    vocab = engines.export["target"]["vocab_size"]
+    single = {c: text.tokenizer.encode(c, add_special_tokens=False).ids for c in "ab7x "}
+    assert all(len(v) == 1 for v in single.values())
+    free = _gen(engines, OffGovernor(DEPTHS)).generate(PROMPTS[0], 30, eos)
+    some = sorted(set(range(3, 80)) - {free[0]} - set(eos))
+    letters = tuple(single["a"] + single["b"])
+    cases = [(Constraint.tokens(some), set(some)),
+             (replace(Constraint.regex("[ab]{8}"), only=letters), set(letters)),
+             (replace(Constraint.regex("[ab]{6}"), after="7", only=letters + tuple(single["7"] + single["x"])),
+              set(letters) | {single["7"][0], single["x"][0]})]
+    tagged = 0
+    for (c, ids), params in product(cases, (SamplingParams(), SamplingParams(temperature=0.8, seed=3, coupled=True))):
+        g = compile_constraint(c, text, vocab, eos)
+        ref_gen = _gen(engines, OffGovernor(DEPTHS), params)
+        ref = ref_gen.generate(PROMPTS[0], 30, eos, g)
+        assert set(ref) <= ids, (c, ref)
+        if c.kind == "any":
+            assert len(ref) == 30 and ref_gen.finished.reason == "length" and ref[0] != free[0]
+        elif not c.after:  # (single letters: the grammar's own "ab" refused)
+            assert re.fullmatch("[ab]{8}", text.decode(ref)) and len(ref) == 8
+        else:  # (the tag spelled from the ids: the grammar after it)
+            tagged += "7" in text.decode(ref) and bool(re.fullmatch("[ab7x ]*7[ab]{6}", text.decode(ref)))
+        for name, gov in _governors(engines):
+            assert _gen(engines, gov, params).generate(PROMPTS[0], 30, eos, g) == ref, f"{name} {c} {params}"
+    assert tagged  # (a sampled answer spelled the tag)
