@@ -39,6 +39,7 @@ from .kvcache import KVCache
 from .corpus import FILE as CORPUS_FILE
 from .corpus import GROW_TOKENS, Corpus, Growth
 from .ngram import NgramIndex, NgramPolicy
+from .prediction import Prediction
 from .sampling import CoupledNoise, SamplingParams, TokenLogprob, check_logits, make_rng, probs, sample, token_logprobs
 from .telemetry import RoundResult, Telemetry
 from .verify import LazyRows, Verdict, one_hot, scatter_draft_probs, verify_coupled, verify_greedy, verify_sampling
@@ -353,6 +354,31 @@ class Generator:
             self.governor.lookup_policy = policy
         return self.governor.lookup_policy
 
+    def resolve_prediction(self, prediction) -> tuple[list[int] | None, NgramPolicy | None]:
+        """A stream's predicted output (prediction.py) as token ids, checked as a prompt's (None:
+        none), and the lookup policy that sizes its rounds: the governor's (``:ngram``), else
+        one for predictions alone, made once per governor (no prompt lookup: the governor was
+        not asked for it; the prediction was)."""
+        if prediction is None:
+            return None, None
+        if isinstance(prediction, np.ndarray):
+            prediction = prediction.tolist()
+        if not isinstance(prediction, (list, tuple)):
+            raise UserError(f"prediction {prediction!r:.80}: expected a list of token ids")
+        ids = [as_whole(i) for i in prediction]
+        bad = next((k for k, i in enumerate(ids) if i is None or not 0 <= i < self.vocab), None)
+        if bad is not None:
+            raise UserError(f"prediction token id {prediction[bad]!r:.40} (at {bad}): expected an integer in "
+                            f"[0, {self.vocab})")
+        policy = self.resolve_lookup()
+        if policy is None:
+            if getattr(self.governor, "prediction_policy", None) is None:
+                self.governor.prediction_policy = NgramPolicy.from_engines(self.e, COST_PAST)
+            policy = self.governor.prediction_policy
+        if not all(k in policy.wins for k in Prediction.source_priors()):
+            policy.add_source(Prediction.source_priors())
+        return ids, policy
+
     def _load_corpus(self) -> Corpus:
         """``ENGINES/corpus.npz`` (corpus.py), made by ``specrt corpus`` for these engines."""
         folder = getattr(self.e, "folder", None)
@@ -614,7 +640,7 @@ class Generator:
 
     # ---- the loop -------------------------------------------------------------------
 
-    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None) -> Stream:
+    def stream(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None, prediction=None) -> Stream:
         """The new tokens of each round, as lists of token ids. One stream at a time: the
         caches are the Generator's, so a stream started while an earlier one is unfinished
         supersedes it (resuming the earlier one raises UserError instead of going on over
@@ -623,10 +649,13 @@ class Generator:
         ``seconds`` leave out the time the consumer holds the stream between chunks
         (``Stream.clock``). Streams may be driven from several threads: they take turns
         (``lock``), a round at a time. ``grammar``: a grammar.Grammar the answer is held to
-        (structured output; its first mask is made here: a grammar no token can start is refused)."""
+        (structured output; its first mask is made here: a grammar no token can start is refused).
+        ``prediction``: token ids the answer is expected to largely repeat (OpenAI's predicted
+        output, prediction.py), proposed beside the draft; the answer is the target's all the same."""
         with self.lock:
             try:
                 checked = self._check(prompt_ids, max_new_tokens, eos_ids)
+                predicted, policy = self.resolve_prediction(prediction)
                 guide = grammar.guide() if grammar is not None else None
                 if guide is not None:
                     guide.allowed()
@@ -635,6 +664,7 @@ class Generator:
                     self.finished, self.telemetry = None, Telemetry()
                 raise
             prompt, eos, scored, top, tree_width, lookup = checked
+            lookup = lookup if lookup is not None else policy
             self._epoch = mine = self._live = self._epoch + 1
             self._screen_for(self.params, guide is not None)
             # this stream's, from its start: a stream closed early leaves no other's
@@ -643,7 +673,8 @@ class Generator:
             self.governor.start_stream()
             clock = Held()
             return Stream(self._decode(prompt, max_new_tokens, eos, lookup, scored, top, mine, self.telemetry, clock,
-                                       clock.claim(), guide), clock, self.lock, lambda: self._closed_unstarted(mine))
+                                       clock.claim(), guide, predicted), clock, self.lock,
+                          lambda: self._closed_unstarted(mine))
 
     def _full(self) -> str | None:
         """"context" where the next round would find no room (the stream's loop ends there)."""
@@ -724,7 +755,7 @@ class Generator:
         return scored
 
     def _decode(self, prompt: list[int], max_new_tokens: int, eos: set[int], lookup, scored, top, mine: int,
-                tel: Telemetry, clock: Held, me: object, guide=None) -> Iterator[list[int]]:
+                tel: Telemetry, clock: Held, me: object, guide=None, predicted=None) -> Iterator[list[int]]:
         self._still_mine(mine)  # (a stream asked for its first chunk after a newer one started)
         rng = make_rng(self.params.seed)
         # coupled sampling: each position's draw a function of the seed and the position
@@ -781,9 +812,12 @@ class Generator:
             emitted = 1
             behind = True  # pending rows come from steps the draft did not run in (here: the prompt)
             index = None
-            if lookup is not None:
+            if lookup is not None and getattr(self.governor, "lookup", False):  # (else a prediction's alone)
                 index = NgramIndex()
                 index.extend(x)
+            # the request's predicted output: a source of this stream's only (its rates the policy's)
+            sources = ([] if lookup is None else lookup.sources()) + \
+                ([Prediction(predicted, len(prompt))] if predicted else [])
             tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)  # (stats() in mid-stream: so far)
             # how the stream ends if this is its last chunk: a caller closing it once it has them all
             # (after the EOS, or max_new_tokens) ends it so, not "interrupted"
@@ -810,11 +844,11 @@ class Generator:
                 # never verify more than fits the context or the token budget (d drafts + 1)
                 limit = min(room, max_new_tokens - emitted - 1)
                 found, n_match, d = [], 0, 0
-                if index is not None:  # prompt lookup: its tokens instead of the governor's route?
-                    found, n_match = index.propose(min(limit, lookup.max_len))
+                if lookup is not None:  # prompt lookup: its tokens instead of the governor's route?
+                    found, n_match = index.propose(min(limit, lookup.max_len)) if index is not None else ([], 0)
                     d, rate = lookup.choose_rate(len(found), n_match, limit) if found else (0, 0.0)
                     lookup.note(n_match, found, len(x), x)  # learnt in hindsight, chosen or not
-                    for source in lookup.sources():  # and the corpus's, the grown one's, where they promise more
+                    for source in sources:  # the corpus's, the grown one's, a prediction's, where they promise more
                         c_found, c_key = source.propose(x, min(limit, lookup.max_len))
                         c_d, c_rate = lookup.choose_rate(len(c_found), c_key, limit) if c_found else (0, 0.0)
                         lookup.note(c_key, c_found, len(x), x)
@@ -944,6 +978,7 @@ class Generator:
                 x += new
                 if index is not None:
                     index.extend(new)
+                if lookup is not None:
                     lookup.settle(x)
                 emitted += len(new)
                 tel.finish(emitted, time.perf_counter() - t_start - clock.seconds)
@@ -997,8 +1032,8 @@ class Generator:
             raise UserError("this stream was superseded: a newer stream started on the same Session (its caches "
                             "hold one stream at a time; finish or close a stream before starting the next)")
 
-    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None) -> list[int]:
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), grammar=None, prediction=None) -> list[int]:
         out: list[int] = []
-        for chunk in self.stream(prompt_ids, max_new_tokens, eos_ids, grammar):
+        for chunk in self.stream(prompt_ids, max_new_tokens, eos_ids, grammar, prediction):
             out += chunk
         return out

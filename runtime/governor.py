@@ -83,6 +83,9 @@ class Governor(abc.ABC):
     corpus = False  # True: the lookup also searches the engines' corpus (':corpus', corpus.py)
     grow = False  # True: ... and the session's own finished sequences (':grow', corpus.Growth)
     lookup_chain = None  # ':ngram=L': the longest lookup chain verified (None: ngram.NgramPolicy's default)
+    # the lookup policy of predicted outputs (prediction.py) under a governor without lookup: made at
+    # the first stream given one, its rates learnt across them
+    prediction_policy = None
 
     def __init__(self, depths: Sequence[int]):
         self.depths = check_depths(depths)

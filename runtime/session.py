@@ -45,6 +45,7 @@ from .generate import Finished, Generator, Stream, as_whole
 from .governor import (COST_PAST, Calibration, Governor, from_spec, grow_tokens, is_dspark, lookup_chain,
                        split_lookup, wants_corpus)
 from .grammar import Constraint, Grammar, compile_constraint
+from .prediction import usage as prediction_usage
 from .sampling import SamplingParams
 from .text import Detokenizer, StopScanner, Text, context_of, template_kwargs_of, tokens_through
 
@@ -637,17 +638,28 @@ class Session:
                 del self._grammars[next(iter(self._grammars))]
         return got
 
+    def prediction_ids(self, prediction: str | list[int] | None) -> list[int] | None:
+        """A predicted output (``stream``'s ``prediction``) as token ids: text tokenized as an
+        answer's text is (no special tokens added), ids as given (the generator checks them)."""
+        if not isinstance(prediction, str):
+            return prediction
+        self.need_text("a prediction given as text needs the target's tokenizer (give token ids)")
+        # (encode_batch lets the interpreter's lock go, as Text.ids_of's; the same ids)
+        return self.text.tokenizer.encode_batch([prediction], add_special_tokens=False)[0].ids
+
     def stream_ids(self, ids: list[int], max_new_tokens: int, logprobs: int | None = None,
-                   prompt_logprobs: int | None = None, grammar: Constraint | None = None) -> Stream:
+                   prompt_logprobs: int | None = None, grammar: Constraint | None = None,
+                   prediction: str | list[int] | None = None) -> Stream:
         """``stream`` in token ids: ``ids`` a list, tuple or numpy array of ints (no template,
         no tokenizer needed), each chunk yielded a list of the ids a round accepted; no stop
         strings (``max_new_tokens``, the engines' EOS or their context end it). ``logprobs`` and
         ``prompt_logprobs`` as ``stream``'s, read from ``stats()``. The arguments are checked
         when called, and the call supersedes an unfinished stream at once (``stream`` does at
         its first piece); the decoding starts when the first chunk is asked for. ``grammar``:
-        structured output, as ``stream``'s."""
+        structured output, as ``stream``'s; ``prediction`` as ``stream``'s."""
         self._open()
         compiled = self.grammar_of(grammar)
+        predicted = self.prediction_ids(prediction)
         out: list[int] = []
         # under the lock: another thread's stream would set these between, and stats() there
         # would read this stream's telemetry (Generator.stream resets it) with the older ids
@@ -655,7 +667,7 @@ class Session:
             before = self.generator.logprobs, self.generator.prompt_logprobs
             self.generator.logprobs, self.generator.prompt_logprobs = logprobs, prompt_logprobs
             try:
-                gen = self.generator.stream(ids, max_new_tokens, self.eos, compiled)
+                gen = self.generator.stream(ids, max_new_tokens, self.eos, compiled, predicted)
             except UserError:  # refused: a running stream's stats() stay its own
                 self.generator.logprobs, self.generator.prompt_logprobs = before
                 if not self.generator.streaming:  # else none: the generator showed no earlier stream's
@@ -663,6 +675,7 @@ class Session:
                 raise
             # stats() describes this stream (its ids as checked: Python ints)
             self.last_prompt_ids, self.last_output_ids = self.generator.check_ids(ids), out
+            self.last_predicted = predicted is not None
         me = gen.clock.claim()  # this layer's caller's holds are left out of the telemetry's seconds
         lock = self.generator.lock
 
@@ -685,7 +698,8 @@ class Session:
     def stream(self, prompt: str | list[dict] | list[int], chat: bool = False, max_new_tokens: int = 128,
                stop: tuple[str, ...] = (), logprobs: int | None = None,
                prompt_logprobs: int | None = None, chat_template_kwargs: dict | None = None,
-               grammar: Constraint | None = None, keep_special: bool = False) -> Iterator[str]:
+               grammar: Constraint | None = None, keep_special: bool = False,
+               prediction: str | list[int] | None = None) -> Iterator[str]:
         """Yield text as tokens are accepted; ``stop`` strings end generation (not included).
         ``keep_special``: decoded with the special tokens ``Text.keep_special`` keeps (serve's
         answers to requests with tools under its mistral tool-call parser).
@@ -703,6 +717,11 @@ class Session:
         ``.regex(pattern)``, ``.choice([...])``, ``.lark(text)``) the answer is held to, losslessly
         relative to the target masked by it; it ends where the grammar is complete (finish
         "stop"). Needs llguidance (``pip install 'specrt[structured]'``).
+        ``prediction``: a predicted output (OpenAI's Predicted Outputs), text or token ids the
+        answer is expected to largely repeat (a file being edited): its tokens are proposed
+        beside the draft (runtime/prediction.py), the answer the target's all the same (greedy:
+        the same tokens as without it); ``stats()['prediction']`` then counts its
+        accepted_prediction_tokens and rejected_prediction_tokens (prediction.usage).
         ``stats()['output_token_ids']`` then end with the token that completed the stop
         string, as transformers' ``stop_strings`` do, and its ``new_tokens`` counts those (a
         verify round may have accepted more: its acceptance counts what the round accepted).
@@ -720,16 +739,19 @@ class Session:
         ids = self._prompt_ids(prompt, chat, chat_template_kwargs, max_new_tokens, prompt_logprobs)
         self.generator.check_args(ids, max_new_tokens, self.eos, logprobs, prompt_logprobs)
         self.grammar_of(grammar)  # (refused now, not at the first piece; kept compiled for it)
+        predicted = self.prediction_ids(prediction)
+        self.generator.resolve_prediction(predicted)  # (refused now, as the prompt is)
         decoding = self.text.kept if keep_special and self.text.kept is not None else self.text
-        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs, decoding, grammar)
+        return self._texts(ids, scan, max_new_tokens, logprobs, prompt_logprobs, decoding, grammar, predicted)
 
     def _texts(self, ids: list[int], scan: StopScanner, max_new_tokens: int, logprobs: int | None,
-               prompt_logprobs: int | None, decoding, grammar: Constraint | None = None) -> Iterator[str]:
+               prompt_logprobs: int | None, decoding, grammar: Constraint | None = None,
+               predicted: list[int] | None = None) -> Iterator[str]:
         """``stream``'s pieces of text (its arguments checked), decoded by ``decoding`` (a Text)."""
         detok = Detokenizer(decoding, context_of(decoding, ids))  # the text the answer adds after the prompt's
         lock = self.generator.lock
         with lock:  # (another thread's stream starts before these are set or after them, not between)
-            gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs, grammar)
+            gen = self.stream_ids(ids, max_new_tokens, logprobs, prompt_logprobs, grammar, predicted)
             # stream_ids' list, each round's tokens added with its telemetry (the detokenizer's
             # gets them after the lock is let go); the same tokens as the detokenizer's between pieces
             out = self.last_output_ids
@@ -779,6 +801,8 @@ class Session:
             s["prompt_ids"] = list(getattr(self, "last_prompt_ids", []))  # what `specrt corpus` reads back
             s["output_token_ids"] = list(getattr(self, "last_output_ids", []))
             s["finish_reason"] = self.generator.finished.reason if self.generator.finished else None
+            if getattr(self, "last_predicted", False):  # (a stream given a predicted output)
+                s["prediction"] = prediction_usage(s["lookup"]["by_match"])
             if self.generator.logprobs is not None:
                 s["output_logprobs"] = self.logprob_entries(0, len(s["output_token_ids"]))
             if self.generator.prompt_logprobs is not None:

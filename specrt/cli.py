@@ -711,10 +711,15 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
               help="Structured output: each answer is one of these strings (repeatable).")
 @click.option("--grammar", "grammar_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="Structured output: each answer is a sentence of this Lark grammar file (llguidance's Lark).")
+@click.option("--prediction", "prediction_file", type=PathArg("a file", exists=True, dir_okay=False),
+              help="A predicted output (OpenAI's Predicted Outputs): a UTF-8 text file the answer to --prompt is "
+                   "expected to largely repeat (a file being edited). Its tokens are proposed beside the draft; "
+                   "the answer stays the target's own. The closing line and --stats ('prediction') count its "
+                   "accepted and rejected tokens.")
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, json_schema, json_any, regex, choices,
-        grammar_file, quiet) -> None:
+        grammar_file, prediction_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true); so does an engine failure (NaN or +inf logits, the backend's own
@@ -743,6 +748,13 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                    "an earlier one's KV rows", err=True)
     StopScanner(stops)  # a bad stop string is refused before the engines load
     constraint = _constraint(json_schema, json_any, regex, choices, grammar_file)  # (a bad file: before loading)
+    prediction = None
+    if prediction_file is not None:  # (read before the engines load)
+        if prompts_file is not None:
+            raise UserError("--prediction predicts one answer: give it with --prompt, not --prompts")
+        from specrt.paths import read_utf8
+
+        prediction = read_utf8(prediction_file, "expected a predicted output in UTF-8 text")
     if stats_file is not None:
         check_output_file(stats_file, "--stats")
         check_not_engines_file(stats_file, engines_dir, "--stats")
@@ -811,7 +823,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                 try:
                     if s.text is None and is_token_ids(q):  # no tokenizer: ids in, ids out
                         sep = ""
-                        stream = s.stream_ids(q, max_new_tokens, logprobs, grammar=constraint)
+                        stream = s.stream_ids(q, max_new_tokens, logprobs, grammar=constraint,
+                                              prediction=_prediction_ids(prediction, prediction_file))
                         for chunk in stream:
                             printed = True
                             if not quiet and chunk:
@@ -819,7 +832,7 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
                                 sep = " "
                     else:
                         stream = s.stream(q, chat=chat, max_new_tokens=max_new_tokens, stop=tuple(stops),
-                                          logprobs=logprobs, grammar=constraint)
+                                          logprobs=logprobs, grammar=constraint, prediction=prediction)
                         for piece in stream:
                             printed = True
                             if not quiet:  # color=True: click.echo strips escape sequences from output that is not a terminal
@@ -866,6 +879,18 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
             _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file, len(prompts))
             raise
         _run_summary(s, engines_dir, governor, total, per_prompt, stats_file, grow_file)
+
+
+def _prediction_ids(prediction: str | None, path: Path | None) -> list[int] | None:
+    """--prediction's text as token ids where the engines have no tokenizer: the file must hold
+    token ids then (whitespace-separated integers), as such a run prints its answers."""
+    if prediction is None:
+        return None
+    try:
+        return [int(t) for t in prediction.split()]
+    except ValueError:
+        raise UserError(f"--prediction {path}: these engines have no tokenizer, so the prediction must be token ids "
+                        "(whitespace-separated integers)") from None
 
 
 def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, choices: tuple, grammar_file: Path | None):
@@ -950,6 +975,9 @@ def _write_run_files(s, stats: dict, stats_file: Path | None, grow_file: Path | 
 
 def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved: str,
                        interrupted_of: int | None, failed: bool = False) -> None:
+    from specrt.runtime.prediction import KEYS as PREDICTION_KEYS
+    from specrt.runtime.prediction import usage as prediction_usage
+
     if interrupted_of is not None:
         done = sum(st["finish_reason"] not in ("interrupted", "error") for st in per_prompt)  # (answered in full)
         click.echo(f"[{'failed' if failed else 'interrupted'}: {done} of {interrupted_of} prompts answered"
@@ -959,9 +987,18 @@ def _run_closing_lines(stats: dict, governor: str, per_prompt: list[dict], saved
     trees = (f", runners-up in {_count(tree['rounds'], 'round')}, {tree['sibling_accepts']} won" if tree["rounds"]
              else "")
     lk = stats["lookup"]
-    if lk["rounds"]:
-        trees += (f", {_lookup_words(governor)} in {_count(lk['rounds'], 'round')}, "
-                  f"{lk['tokens_per_round']:.2f} tokens a round")
+    # (a predicted output's rounds are lookup rounds under keys of their own: said apart)
+    pred = prediction_usage(lk["by_match"])
+    rounds, per_round = lk["rounds"] - pred["prediction_rounds"], lk["tokens_per_round"]
+    if pred["prediction_rounds"] and rounds:
+        looked = [c for k, c in lk["by_match"].items() if int(k) not in PREDICTION_KEYS]
+        per_round = 1 + sum(c["accepted"] for c in looked) / rounds
+    if rounds:
+        trees += f", {_lookup_words(governor)} in {_count(rounds, 'round')}, {per_round:.2f} tokens a round"
+    if pred["prediction_rounds"]:
+        trees += (f", the prediction in {_count(pred['prediction_rounds'], 'round')}: "
+                  f"{pred['accepted_prediction_tokens']} of its tokens accepted, "
+                  f"{pred['rejected_prediction_tokens']} rejected")
     if stats["prefix_reused"]:
         trees += f", {stats['prefix_reused']} of {stats['prompt_tokens']} prompt tokens reused from the one before"
     rej = stats["rejections"]

@@ -28,7 +28,9 @@ draws follow the drafts, which follow the server's state); chat also takes
 ``--chat-template-kwargs``) and ``tools`` (function definitions, rendered by the template; with
 ``--tool-call-parser`` and ``tool_choice`` auto the answer's calls come back as ``tool_calls``,
 whole or streamed: specrt/tool_calls.py; without it such a request is a 400, as vLLM's without
---enable-auto-tool-choice, a flag taken with --tool-call-parser and refused alone, as vLLM's); completions also take
+--enable-auto-tool-choice, a flag taken with --tool-call-parser and refused alone, as vLLM's) and OpenAI's
+``prediction`` (Predicted Outputs: text the answer is expected to repeat, its tokens proposed beside the
+draft, runtime/prediction.py; usage's ``completion_tokens_details`` counts them); completions also take
 a prompt of token ids, a list of prompts (n choices each, prompt by prompt, 64 choices at
 most) and ``echo`` (the prompt first, its tokens' logprobs with
 ``logprobs``, ``max_tokens`` 0 allowed: a prompt scored only, as lm-evaluation-harness asks
@@ -164,7 +166,7 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetit
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 SO_TAKEN = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 # Fields with no neutral value that specrt does not do: refused whenever given (null aside)
-NOT_DONE = ("chat_template", "logits_processors", "prediction", "audio", "reasoning_effort", "web_search_options",
+NOT_DONE = ("chat_template", "logits_processors", "audio", "reasoning_effort", "web_search_options",
             "verbosity", "mm_processor_kwargs", "documents", "vllm_xargs")
 # OpenAI's: include_usage, and include_obfuscation (padding against a side channel: nothing to pad
 # here, taken and ignored); vLLM's continuous_usage_stats: with include_usage (as vLLM reads it),
@@ -185,8 +187,9 @@ SHARED_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "s
                  # (Server._truncation)
                  "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "truncation_side"}
 FIELDS = {True: SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                                 "add_special_tokens", "include_reasoning"},
-          False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens"}}  # (the latter: its own 400)
+                                 "add_special_tokens", "include_reasoning", "prediction"},
+          # (the latter two: their own 400)
+          False: SHARED_FIELDS | {"prompt", "echo", "chat_template_kwargs", "add_special_tokens", "prediction"}}
 
 
 # /tokenize's and /detokenize's fields (vLLM's; its chat_template and processor kwargs refused as NOT_DONE)
@@ -461,6 +464,38 @@ def vllm_prompt_logprobs(entries: list[dict] | None) -> list[dict | None] | None
             d[str(t["id"])] = {"logprob": t["logprob"], "rank": r, "decoded_token": t.get("token")}
         out.append(d)
     return out
+
+
+def _prediction(body: dict, chat: bool) -> str | None:
+    """OpenAI's Predicted Outputs: ``prediction`` {"type": "content", "content": text or text
+    parts} -> its text (parts joined, as a message's), None without one. Refused where OpenAI
+    refuses it: on /v1/completions (chat completions' only), and beside n > 1, logprobs,
+    max_completion_tokens and tools, in its guide's words (presence / frequency penalties,
+    audio and modalities other than text are refused here whatever the prediction)."""
+    v = body.get("prediction")
+    if v is None:
+        return None
+    if not chat:
+        raise BadRequest("'prediction' applies to /v1/chat/completions (Predicted Outputs are a chat completion's)",
+                         "prediction")
+    content = v.get("content") if isinstance(v, dict) and v.get("type") == "content" and set(v) == {"type", "content"} \
+        else None
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and set(p) == {"type", "text"}
+                                         and isinstance(p["text"], str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise BadRequest("'prediction' must be {'type': 'content', 'content': a string or a list of "
+                         f"{{'type': 'text', 'text': ...}} parts}}; got {v!r:.80}", "prediction")
+    for name, refused, why in (("n", isinstance(body.get("n"), (int, float)) and body["n"] > 1,
+                                "values higher than 1 are not supported"),
+                               ("logprobs", body.get("logprobs") is True, "not supported"),
+                               ("max_completion_tokens", body.get("max_completion_tokens") is not None,
+                                "not supported (max_tokens is)"),
+                               ("tools", bool(body.get("tools")),
+                                "Function calling is not currently supported with Predicted Outputs")):
+        if refused:
+            raise BadRequest(f"'{name}' with 'prediction': {why} (OpenAI's Predicted Outputs)", name)
+    return content
 
 
 def _chat_logprobs(entries: list[dict] | None) -> dict | None:
@@ -824,6 +859,7 @@ class Server:
         if not isinstance(echo, bool):
             raise BadRequest(f"'echo' must be true or false; got {echo!r}", "echo")
         _unsupported(body, chat, allowed=("echo",) if not chat else ("tools", "tool_choice"))
+        predicted = _prediction(body, chat)
         reasoned = body.get("include_reasoning")  # (vLLM's, default true: false drops --reasoning-parser's reasoning)
         if reasoned is not None and not isinstance(reasoned, bool):
             raise BadRequest(f"'include_reasoning' must be true or false; got {reasoned!r:.60}", "include_reasoning")
@@ -946,6 +982,9 @@ class Server:
             cut = [x[len(x) - keep:] if side == "left" else x[:keep] for x in ids]
             prompts = [p if len(x) == len(y) else y for p, x, y in zip(prompts, ids, cut)]
             ids = cut
+        if predicted is not None:  # (tokenized here, not under the engines' lock; the answer is never longer
+            # than the context, so the prediction's tokens past it would never be proposed)
+            predicted = self.session.prediction_ids(predicted)[:limit]
         lengths = [len(x) for x in ids]
         if body.get(name) is not None:  # asked for: prompt + completion must fit, as vLLM answers
             # (with tools: their share, found only for the refusal)
@@ -964,6 +1003,7 @@ class Server:
                 "parallel": body.get("parallel_tool_calls") is not False,  # (false: the first call alone)
                 "tools": tools,  # (qwen3_coder types a call's values by its tool's schema)
                 "include_reasoning": reasoned is not False,
+                "prediction": predicted,  # (token ids; None: none)
                 "stream": stream, "usage_chunk": bool(opts.get("include_usage")),
                 "usage_every": bool(opts.get("include_usage") and opts.get("continuous_usage_stats"))}
 
@@ -1194,6 +1234,7 @@ class Server:
         the prompt, with its tokens' logprobs when asked for (the first token's null). The
         caller holds the lock for the whole of it."""
         from specrt.cli import tau_words
+        from specrt.runtime.prediction import usage as prediction_usage
         from specrt.runtime.telemetry import Telemetry
 
         s, params = self.session, req["params"]
@@ -1229,11 +1270,18 @@ class Server:
                          f"{choices}in {time.perf_counter() - t0:.2f} s, "
                          f"{t['tokens_per_s']:.1f} tok/s, {tau_words(t)}, {t['tokens_per_call']:.2f} tokens a "
                          f"target call, {params.mode}, finish {done['reason']}]")
-        yield {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                         "total_tokens": prompt_tokens + completion},
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion}
+        if req.get("prediction") is not None:  # (OpenAI's counts: runtime/prediction.py's usage says which tokens)
+            counts = prediction_usage(t["lookup"]["by_match"])
+            usage["completion_tokens_details"] = {k: counts[k] for k in ("accepted_prediction_tokens",
+                                                                         "rejected_prediction_tokens")}
+        extra = {"prediction": {"tokens": len(req["prediction"]), "rounds": counts["prediction_rounds"],
+                                "target_calls": t["rounds"]}} if req.get("prediction") is not None else {}
+        yield {"usage": usage,
                "specrt": {"tau": t["tau"], "tokens_per_call": t["tokens_per_call"], "tokens_per_s": t["tokens_per_s"],
                           "first_token_s": t["first_token_s"], "prefix_reused": reused,
-                          "rejections": t["rejections"], "governor": s.governor_spec, "mode": params.mode}}
+                          "rejections": t["rejections"], "governor": s.governor_spec, "mode": params.mode, **extra}}
 
     def _choices(self, req: dict, total, done: dict) -> Iterator[dict]:
         """complete's choices, one after another; ``done`` gets the counts and the last
@@ -1268,7 +1316,8 @@ class Server:
             # (keep_special: mistral's [TOOL_CALLS] kept in answers to requests with tools, Text.keep_special)
             gen = s.stream(req["ids"][k], chat=req["chat"], max_new_tokens=req["max_new_tokens"][k], stop=req["stop"],
                            logprobs=lp, prompt_logprobs=pl, grammar=grammar,
-                           keep_special=req.get("tool_parser") is not None) if not bare else (p for p in ())
+                           keep_special=req.get("tool_parser") is not None,
+                           prediction=req.get("prediction")) if not bare else (p for p in ())
             sent, echoed = 0, not req["echo"]
             context = lambda: [] if req["echo"] else s.last_context  # noqa: E731 (text offsets count from there)
 

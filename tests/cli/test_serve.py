@@ -1635,7 +1635,7 @@ def test_the_temperature_option_is_named(worded):  # noqa: F811
     ("min_tokens", 5), ("ignore_eos", True), ("stop_token_ids", [1]),
     ("include_stop_str_in_output", True), ("add_generation_prompt", False), ("continue_final_message", True),
     ("chat_template", "{{ 'x' }}"), ("bad_words", ["w1"]),
-    ("use_beam_search", True), ("prediction", {"type": "content", "content": "w1"}),
+    ("use_beam_search", True), ("logits_processors", ["x"]),
     ("max_token", 2), ("temprature", 0.0)])
 def test_fields_that_would_change_the_output_or_are_unknown_are_refused(served, field, value):  # noqa: F811
     """vLLM's extra parameters (guided decoding, min_tokens, ignore_eos, stop_token_ids, ...)
