@@ -64,7 +64,9 @@ def json_problem(e: BaseException) -> str:
     Python's advice to call sys.set_int_max_str_digits()."""
     if isinstance(e, RecursionError):
         return "nested too deeply to read"
-    m = re.match(r"Exceeds the limit \((\d+) digits\) for integer string conversion: value has (\d+) digits", str(e))
+    # Python 3.10 says "the limit (4300)", 3.11 on "the limit (4300 digits)"
+    m = re.match(r"Exceeds the limit \((\d+)(?: digits)?\) for integer string conversion: value has (\d+) digits",
+                 str(e))
     return f"a number of {m[2]} digits, past the {m[1]} Python reads" if m else str(e)
 
 

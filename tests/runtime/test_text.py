@@ -1229,6 +1229,21 @@ def test_a_json_line_nested_past_the_recursion_limit_is_a_user_error(tmp_path):
         read_prompt_file(f)
 
 
+def test_the_digit_limit_is_said_in_words_in_either_pythons_wording():
+    """h79f: Python 3.10 says "Exceeds the limit (4300) ...", 3.11 on "the limit (4300 digits)";
+    json_problem read only the latter, so on 3.10 the user got Python's advice to call
+    sys.set_int_max_str_digits(). Both messages as the interpreters word them (the one this
+    interpreter gives is the real json.loads error, the other its text)."""
+    from specrt.errors import json_problem
+
+    with pytest.raises(ValueError) as real:
+        json.loads("[" + "9" * 5000 + "]")
+    tail = " for integer string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit"
+    for e in (real.value, ValueError("Exceeds the limit (4300)" + tail),
+              ValueError("Exceeds the limit (4300 digits)" + tail)):
+        assert json_problem(e) == "a number of 5000 digits, past the 4300 Python reads", str(e)
+
+
 def test_chat_keeps_the_conversation_and_reuses_it(worded):
     """`specrt chat`: each input line is a user turn after the system prompt and the turns
     before (their answers included), which the next turn's prompt reuses; the answers are
