@@ -4,6 +4,7 @@
                          [--tool-call-parser hermes|llama3_json|pythonic|qwen3_coder|mistral|...
                           [--enable-auto-tool-choice]]
                          [--reasoning-parser qwen3|deepseek_r1]
+                         [--ssl-certfile CERT --ssl-keyfile KEY [--ssl-ca-certs CAS --ssl-cert-reqs 0|1|2]]
 
     POST /v1/chat/completions   messages -> an answer through the exported chat template
     POST /v1/completions        a text prompt, no template
@@ -65,8 +66,10 @@ the tokens only); SNAPSHOTS (``--prefix-snapshots``) other conversations' rows a
 growth are shared by every request unless ``--isolate-clients``: then rows are reused
 only within one ``user``, growth is off and a kept response is its ``user``'s (Server.owner).
 The standard library's HTTP server, speaking HTTP/1.1 (a connection kept KEEP_ALIVE seconds,
-5, for its next request; a stream sent chunked, or to an HTTP/1.0 client ending its connection): for a local endpoint or behind a
-proxy, not for untrusted networks. Bad requests get HTTP 400 with OpenAI's error object
+5, for its next request; a stream sent chunked, or to an HTTP/1.0 client ending its connection),
+over TLS with vLLM's --ssl-* options (specrt/tls.py; the handshake in the connection's own thread,
+Handler._handshake): for a local endpoint or behind a proxy, not for untrusted networks. Bad
+requests get HTTP 400 with OpenAI's error object
 naming the field; the server keeps serving. /tokenize and /detokenize (Server.tokenize) use the
 tokenizer and the chat template alone, in the request's own thread: they wait for no answer.
 /v1/responses (specrt/responses.py) maps its request onto a chat completion's, so all the above
@@ -84,6 +87,7 @@ import json
 import math
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -98,9 +102,11 @@ import click
 
 from specrt.errors import EngineFailure, UserError, describe_os_error, json_problem
 from specrt.prompt_files import CONVERSATION, conversation_problem, is_token_ids, joined
-from specrt.sampling_options import Checked, argv_text, existing_folder, temperature_option, template_kwargs_option
+from specrt.sampling_options import (Checked, PathArg, argv_text, existing_folder, temperature_option,
+                                     template_kwargs_option)
 from specrt.reasoning import PARSERS as REASONING_PARSERS
 from specrt.reasoning import tags_problem as reasoning_tags_problem
+from specrt.tls import CERT_REQS, close_notify, plain_http_answer
 from specrt.tool_calls import (NO_PARAMETERS, PARSERS, ForcedCalls, Streamed, ToolsRefused, forced_message,
                                parser_problem, rendered, request_tools, tools_unread)
 from specrt.tool_calls import message as tool_message
@@ -955,8 +961,13 @@ class Server:
         # prompt of the whole context or past it: r75l)
         scored = (logprobs if logprobs is not None or max_new > 0 else 0) if echo else None
 
-        def check_length(n: int, least: bool) -> None:  # (a prompt surely past the context: the stream's error,
-            if n >= limit:  # before the tokenizer's work, which took 32 s and 0.5 GB for a 4 MB request)
+        # vLLM's truncate_prompt_tokens: the prompt is cut to fit once tokenized (nothing refused for its length before)
+        keep, side = self._truncation(body, max_new, body.get(name) is not None, name)
+
+        # a prompt surely past the context: the stream's error, before the tokenizer's work, which took 32 s and
+        # 0.5 GB for a 4 MB request (none where it is to be cut)
+        def check_length(n: int, least: bool) -> None:
+            if keep is None and n >= limit:
                 try:
                     self.session.generator.check_length(n, max_new, scored, least)
                 except UserError as e:  # (tools that pushed it past: "the prompt" blamed the messages alone)
@@ -965,9 +976,6 @@ class Server:
                     raise UserError(str(e).replace("the prompt has", "the prompt (the messages and the tools' "
                                                    "definitions) has", 1)) from None
 
-        keep, side = self._truncation(body, max_new, body.get(name) is not None, name)
-        if keep is not None:  # (the prompt is cut to fit once tokenized: nothing refused for its length before)
-            check_length = lambda n, least: None  # noqa: E731
         messages = prompts[0]
         if chat:  # rendered once, now: a template that refuses the conversation answers 400 before
             try:  # anything runs, and the choices decode these token ids
@@ -1398,11 +1406,35 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.pipelined = False  # the client sent a request before the answer to the one before it (_sent_ahead)
         self.unread = False  # a refused body left unread, perhaps coming all the same (_linger)
-        self.handle_one_request()
-        while not self.close_connection and self._next_request():
+        if self._handshake():
             self.handle_one_request()
+            while not self.close_connection and self._next_request():
+                self.handle_one_request()
         if self.unread:
             self._linger()
+
+    def _handshake(self) -> bool:
+        """The TLS handshake of a connection taken over TLS (--ssl-certfile), here in its own
+        thread under the read timeout (_HTTPServer.get_request wraps the socket without it: done
+        there, a client that connected and sent nothing held every other one's accept); False
+        where it failed (a client refusing the certificate, or without the one asked for) or
+        timed out: the connection closes unanswered. A plain HTTP request on the port is
+        answered 400 in plain text, saying to use https:// (plain_http_answer)."""
+        if not isinstance(self.connection, ssl.SSLSocket):
+            return True
+        try:
+            self.connection.do_handshake()
+            return True
+        except ssl.SSLError as e:
+            if e.reason == "HTTP_REQUEST":  # (OpenSSL read the request's first bytes: "GET ", "POST ", ...)
+                try:  # (the socket's own sendall: the TLS one would encrypt it)
+                    socket.socket.sendall(self.connection, plain_http_answer())
+                    self.unread = True  # (the rest of the request unread: _linger, or the client met a reset)
+                except OSError:
+                    pass
+        except (OSError, ValueError):  # timed out, reset, closed
+            pass
+        return False
 
     def _linger(self) -> None:
         """Once the answer is sent, its end said (shutdown(SHUT_WR)), reads and drops what the
@@ -1413,7 +1445,8 @@ class Handler(BaseHTTPRequestHandler):
         loopback: 20 of 20 for a body of 4 MB or 16 MB, none for 1 MB, which the sockets'
         buffers took whole; nginx's lingering_close, Apache's lingering close)."""
         try:
-            self.connection.shutdown(socket.SHUT_WR)
+            close_notify(self.connection)  # (over TLS its end said first; shutdown drops the TLS layer:
+            self.connection.shutdown(socket.SHUT_WR)  # what still comes is read and dropped as raw bytes)
             end, got = time.monotonic() + self.linger_most, 0
             while got < MAX_BODY and (left := end - time.monotonic()) > 0:
                 self.connection.settimeout(min(left, self.linger_wait))
@@ -1789,9 +1822,9 @@ class Handler(BaseHTTPRequestHandler):
         answer it). Its half-close reads, at the socket, as any close: a lone request's client
         closing is still taken as leaving (a client's timeout, Ctrl-C; Go's and hyper's servers
         take any close so), but a pipelined request's is not (w75c: of three requests pipelined
-        and half-closed, none was answered in 19 tries of 20)."""
+        and half-closed, none was answered in 19 tries of 20). Over TLS the socket's bytes are
+        records, not the request: its end is read through the TLS layer (_ended)."""
         import select
-        import socket
 
         if self.connection.fileno() < 0:  # closed on this side
             return True
@@ -1802,13 +1835,30 @@ class Handler(BaseHTTPRequestHandler):
                 readable = p.poll(0)
             else:  # Windows: no poll (every request failed, closed unanswered), and its select counts
                 readable = select.select([self.connection], [], [], 0)[0]  # sockets, not descriptor numbers
-            if not readable:
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b"" and not self._sent_ahead()
-        except ConnectionError:  # reset under us
+            if not readable:  # (over TLS, data the TLS layer holds already read (pending()) is not
+                return False  # seen here: data, so not gone either way)
+            return self._ended() and not self._sent_ahead()
+        except (ConnectionError, ssl.SSLError):  # reset under us; a TLS stream broken (no answer could be read)
             return True
         except (OSError, ValueError):  # cannot tell: go on as if it were there
             return False
+
+    def _ended(self) -> bool:
+        """Whether the client's side has ended (closed or half-closed), looked at without
+        waiting and without taking what it sent. A TLS socket takes no MSG_PEEK (a ValueError:
+        _client_gone took every client for there): the look is the read buffer's peek, its record
+        read through the TLS layer, where a record not yet whole is SSLWantReadError, not the
+        empty read of a plain socket that has nothing yet."""
+        if not isinstance(self.connection, ssl.SSLSocket):
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        timeout = self.connection.gettimeout()
+        try:
+            self.connection.settimeout(0)
+            return self.rfile.peek(1) == b""  # (b"": its close_notify, or its close without one)
+        except ssl.SSLWantReadError:  # (a record begun, or one that held no data: a TLS 1.3 key update)
+            return False
+        finally:
+            self.connection.settimeout(timeout)
 
     def _respond(self, req: dict, chat: bool) -> Callable[[], None] | None:
         """Runs ``req`` under the engines' lock: a stream is written as it comes; a whole
@@ -2009,8 +2059,9 @@ class Handler(BaseHTTPRequestHandler):
                 if req["usage_chunk"]:
                     send({**head, "object": obj, "choices": [], "usage": item["usage"]})
                 write(b"data: [DONE]\n\n", end=True)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left (or read nothing
-            pieces.close()  # for write_timeout): stop generating; logged as a client that left
+        # the client left (or read nothing for write_timeout; over TLS, a record cut): stop generating; logged
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, ssl.SSLError):  # as a client that left
+            pieces.close()
             self.close_connection = True
             if events is not None:  # (a response's: kept cancelled, responses.Events.ended)
                 events.ended("cancelled")
@@ -2111,6 +2162,7 @@ class _HTTPServer(ThreadingHTTPServer):
         self.address_family, host = _listen_family(address[0], address[1])
         super().__init__((host, address[1]), *args, **kwargs)
         self.app = app
+        self.tls: ssl.SSLContext | None = None  # --ssl-certfile's context: connections taken over TLS (make_server)
         self.began = threading.Event()  # serve_forever has started (drain: no second loop)
         self.starved_said = -math.inf  # when running out of descriptors was last said (get_request)
 
@@ -2124,7 +2176,7 @@ class _HTTPServer(ThreadingHTTPServer):
         connections past the limit wait in the backlog until some close. socketserver drops the
         error without a word, and its loop, the listening socket still readable, spun a core."""
         try:
-            return super().get_request()
+            request, address = super().get_request()
         except OSError as e:
             # (Windows: WSAEMFILE, 10024, its winerror; errno 24 where Python maps it, PC/errmap.h, else 10024)
             if e.errno in (errno.EMFILE, errno.ENFILE, WSAEMFILE) or getattr(e, "winerror", None) == WSAEMFILE:
@@ -2134,6 +2186,9 @@ class _HTTPServer(ThreadingHTTPServer):
                                  "connection(s) open: new ones wait until some close (`ulimit -n` raises the limit)]")
                 time.sleep(0.05)
             raise
+        if self.tls is not None:  # (no handshake here: the connection's thread does it, Handler._handshake)
+            request = self.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        return request, address
 
     # Every connection taken counts in Server.replying (drain waits for them) from the moment
     # it is accepted, on the serving thread, until it is closed after its answer: one counted
@@ -2148,14 +2203,18 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def shutdown_request(self, request) -> None:
         try:
+            close_notify(request)  # (over TLS: the end said before the socket's own)
             super().shutdown_request(request)
         finally:
             self.app.replying_to(-1)
 
 
-def make_server(app: Server, host: str, port: int) -> ThreadingHTTPServer:
+def make_server(app: Server, host: str, port: int, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
+    """The server on ``host``:``port``; with ``tls`` (specrt.tls.context) it speaks HTTPS."""
     handler = type("BoundHandler", (Handler,), {"app": app})
-    return _HTTPServer(app, (host, port), handler)
+    httpd = _HTTPServer(app, (host, port), handler)
+    httpd.tls = tls
+    return httpd
 
 
 API_KEY_ENV = "SPECRT_API_KEY"
@@ -2250,9 +2309,21 @@ def _check_api_key(key: str | None) -> None:
 @click.option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on /v1 requests "
               "and /tokenize, /detokenize (default: $SPECRT_API_KEY; none: open). /health, /ping, /version "
               "and /metrics stay open.")
+@click.option("--ssl-certfile", type=PathArg("a file"),
+              help="Serve HTTPS with this certificate (PEM, its chain after it), as vLLM's option of that name; its "
+                   "key in --ssl-keyfile, or in this file after it. Default: plain HTTP.")
+@click.option("--ssl-keyfile", type=PathArg("a file"), help="The certificate's private key (PEM, unencrypted).")
+@click.option("--ssl-ca-certs", type=PathArg("a file"),
+              help="The CAs (PEM) a client's certificate is checked against, with --ssl-cert-reqs 1 or 2.")
+@click.option("--ssl-cert-reqs", default=0, show_default=True,
+              type=Checked(click.INT, lambda v: v in CERT_REQS, "0, 1 or 2 (ssl.CERT_NONE, CERT_OPTIONAL, "
+                                                                "CERT_REQUIRED)"),
+              help="Client certificates, as Python's ssl.VerifyMode and vLLM's option: 0 none asked for, 1 checked "
+                   "against --ssl-ca-certs where sent, 2 required.")
 def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, model_name, prefix_snapshots,
           responses_store, isolate_clients, reproducible, write_timeout, chat_template_kwargs, tool_call_parser,
-          enable_auto_tool_choice, reasoning_parser, api_key) -> None:
+          enable_auto_tool_choice, reasoning_parser, api_key, ssl_certfile, ssl_keyfile, ssl_ca_certs,
+          ssl_cert_reqs) -> None:
     """ENGINES_DIR behind an OpenAI-compatible HTTP endpoint (/v1/chat/completions,
     /v1/completions, /v1/responses, /v1/models; /metrics for Prometheus; vLLM's /tokenize,
     /detokenize, /version, /ping), one stream at a time, each conversation's next turn
@@ -2260,8 +2331,14 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
     sent has ended; a second Ctrl-C cuts that answer at its next round."""
     from specrt.runtime.sampling import SamplingParams
     from specrt.runtime.text import not_text
+    from specrt.tls import context
 
     _check_api_key(api_key)
+    # before the engines load: a wrong file is said at once (and the context is whole before the port listens)
+    tls = context(ssl_keyfile, ssl_certfile, ssl_ca_certs, ssl_cert_reqs)
+    if ssl_ca_certs is not None and not ssl_cert_reqs:  # (as vLLM and uvicorn take it: loaded, asked for by none)
+        click.echo("note: --ssl-ca-certs without --ssl-cert-reqs 1 or 2: clients are not asked for a certificate",
+                   err=True)
     if enable_auto_tool_choice and not tool_call_parser:  # (as vLLM answers; the flag was "no such option")
         raise UserError(f"--enable-auto-tool-choice needs --tool-call-parser ({' or '.join(PARSERS)}, as the "
                         "model writes its calls), as vLLM's does")
@@ -2307,11 +2384,12 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                                 f"message with these variables ({e})") from None
         session_warnings(app.session)
         try:
-            httpd = make_server(app, host, port)
+            httpd = make_server(app, host, port, tls)
         except OSError as e:
             raise UserError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror or e})") from None
         h, p = httpd.server_address[:2]
         h = f"[{h}]" if ":" in h else h  # (an IPv6 address in a URL)
+        scheme = "https" if tls is not None else "http"
         # before the line that says it serves: a signal sent on reading it was ignored (SIGTERM
         # ended the process mid-answer, a stream cut without a word)
         old = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -2329,7 +2407,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 # between its accept and its handing the connection on (the client got no answer)
                 serving = threading.Thread(target=serve_loop, daemon=True)
                 serving.start()
-                click.echo(f"serving {engines_dir} as '{app.model}' on http://{h}:{p}/v1 (governor "
+                click.echo(f"serving {engines_dir} as '{app.model}' on {scheme}://{h}:{p}/v1 (governor "
                            f"{app.session.governor_spec}; OpenAI-compatible: /v1/chat/completions, /v1/completions, "
                            f"/v1/responses, /v1/models{'; an API key required' if api_key else ''}); Ctrl-C stops",
                            err=True)
@@ -2344,7 +2422,7 @@ def serve(engines_dir: Path, host, port, governor, max_new_tokens, temperature, 
                 if isinstance(crashed[0], OSError):
                     raise UserError(f"serving stopped: {describe_os_error(crashed[0])}") from None
                 raise crashed[0]
-            click.echo(f"stopped serving on http://{h}:{p}/v1", err=True)
+            click.echo(f"stopped serving on {scheme}://{h}:{p}/v1", err=True)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

@@ -2403,8 +2403,8 @@ def test_the_write_timeout_option_reaches_the_answers_writes(worded, monkeypatch
 
     make, seen, up, got = cmd_serve.make_server, [], threading.Event(), {}
 
-    def make_server(app, host, port):  # the real one, its handlers telling their socket's timeout
-        httpd = make(app, host, port)
+    def make_server(app, host, port, tls=None):  # the real one, its handlers telling their socket's timeout
+        httpd = make(app, host, port, tls)
         bound = httpd.RequestHandlerClass
 
         def finish(self):

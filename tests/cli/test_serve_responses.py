@@ -641,7 +641,7 @@ def test_the_responses_store_option_reaches_the_server(worded, monkeypatch):  # 
 
     sizes = []
 
-    def make_server(app, host, port):
+    def make_server(app, host, port, tls=None):
         sizes.append(app.responses_store)
         raise UserError("stopped before listening")
 
