@@ -2113,17 +2113,17 @@ def test_a_whole_answer_is_written_whole_in_pieces_of_any_size(worded, monkeypat
 
 
 @contextlib.contextmanager
-def _in_process(engines, governor: str = "fixed:3"):
+def _in_process(engines, governor: str = "fixed:3", tls=None):
     """A Server on ENGINES behind make_server on a free port, in this process: (app, httpd,
-    url, its log lines); shut down and closed after."""
+    url, its log lines); shut down and closed after. ``tls``: an ssl.SSLContext (https)."""
     from specrt.cmd_serve import Server, make_server
 
     logs: list[str] = []
     app = Server(engines, governor, SamplingParams(), 8, "tiny", log=logs.append)
-    httpd = make_server(app, "127.0.0.1", 0)
+    httpd = make_server(app, "127.0.0.1", 0, tls)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        yield app, httpd, f"http://127.0.0.1:{httpd.server_address[1]}", logs
+        yield app, httpd, f"{'https' if tls else 'http'}://127.0.0.1:{httpd.server_address[1]}", logs
     finally:
         httpd.shutdown()
         httpd.server_close()

@@ -4,7 +4,6 @@ vLLM's): certificates made here by `openssl`, the real server on the tiny engine
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -22,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specrt.runtime.sampling import SamplingParams
-from tests.cli.test_serve import _answers, _chunked, _reference, _serving
+from tests.cli.test_serve import _answers, _chunked, _in_process, _reference, _serving
 from tests.runtime.test_text import worded  # noqa: F401  (fixture: a word-level tiny pair)
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -71,23 +69,12 @@ def _client_context(certs: Path, who: str | None = None) -> ssl.SSLContext:
     return ctx
 
 
-@contextlib.contextmanager
 def _tls_server(engines, certs: Path, cert_reqs: int = 0):
     """A Server on ENGINES over TLS on a free port in this process: (app, httpd, url, its log)."""
-    from specrt.cmd_serve import Server, make_server
     from specrt.tls import context
 
-    logs: list[str] = []
-    app = Server(engines, "fixed:3", SamplingParams(), 8, "tiny", log=logs.append)
     tls = context(certs / "server.key", certs / "server.pem", certs / "ca.pem" if cert_reqs else None, cert_reqs)
-    httpd = make_server(app, "127.0.0.1", 0, tls)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield app, httpd, f"https://127.0.0.1:{httpd.server_address[1]}", logs
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        app.close()
+    return _in_process(engines, tls=tls)
 
 
 def _connect(port: int, ctx: ssl.SSLContext, **kw) -> ssl.SSLSocket:
