@@ -1641,8 +1641,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stored(self) -> None:
         """GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (responses.stored)."""
-        from urllib.parse import parse_qs
-
         from specrt import responses
 
         self._discard_body()
@@ -1650,12 +1648,33 @@ class Handler(BaseHTTPRequestHandler):
         self._endpoint = "responses_" + ("input_items" if kept_path(self.route) == "items" else
                                          "delete" if self.command == "DELETE" else "retrieve")
         try:  # (no body: the client's ``user`` is the query's, ?user=, under --isolate-clients; Server.owner)
-            query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
+            query = self._query()
             owner = self.app.owner(query.get("user", [None])[-1])
             self._send_json(200, responses.stored(self.app.store(), self.command.replace("HEAD", "GET"),
                                                   unquote(self.route), query, owner))
         except responses.Refused as e:
             self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
+
+    def _query(self) -> dict:
+        """The path's query string, each name's values in a list (urllib.parse.parse_qs)."""
+        from urllib.parse import parse_qs
+
+        return parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "", keep_blank_values=True)
+
+    def _query_user(self, body: dict) -> None:
+        """A POST's ?user= (an SDK client's default_query, which GET and DELETE need under
+        --isolate-clients) is its body's ``user`` where the body gives none: taken for the body's
+        alone, a client that set it once for all its calls made its responses the anonymous
+        user's, which its own GETs could not read and any client without a user could. A body's
+        ``user`` that differs from it is a 400."""
+        users = self._query().get("user")
+        if not users:
+            return
+        if body.get("user") is None:
+            body["user"] = users[-1]
+        elif body["user"] != users[-1]:
+            raise BadRequest(f"'user' {body['user']!r:.60} differs from the query's ?user={users[-1]!r:.60}: "
+                             "give one, or the same in both", "user")
 
     def do_HEAD(self):
         """What GET answers, without its body (_send_json)."""
@@ -1756,6 +1775,8 @@ class Handler(BaseHTTPRequestHandler):
                     raise BadRequest("the server is shutting down", status=503)
                 return self._send_json(200, self.app.tokenize(body) if path == "/tokenize" else
                                        self.app.detokenize(body))
+            if isinstance(body, dict):
+                self._query_user(body)
             req = self.app.respond_to(body) if responses else self.app.parse(body, chat)
             req["thinking"] = self.app.thinking(req)  # (--reasoning-parser)
         except BadRequest as e:

@@ -987,3 +987,21 @@ def test_isolated_clients_keep_their_own_responses(isolated):
         c.responses.retrieve(ra.id, **mine)
     anon = c.responses.create(model="tiny", input="w3 w1", max_output_tokens=1)  # (no user: the anonymous one's)
     assert c.responses.retrieve(anon.id).id == c.responses.retrieve(anon.id, extra_query={"user": ""}).id == anon.id
+
+
+def test_a_clients_default_query_user_is_its_posts_user_too(isolated):
+    """w79h: a client that names its user once, as the query's ?user= on every call (the SDK's
+    default_query, which GET and DELETE need), makes its responses its user's: its POST's query
+    was ignored, so the response was the anonymous user's, a 404 to the client's own GET and read
+    by any client giving no user. A body's ``user`` other than the query's is a 400 naming it."""
+    alice = openai.OpenAI(base_url=isolated + "/v1", api_key="x", default_query={"user": "alice"})
+    r = alice.responses.create(model="tiny", input="w3 w1", max_output_tokens=2)
+    assert alice.responses.retrieve(r.id).id == r.id
+    with pytest.raises(openai.NotFoundError):
+        _client(isolated).responses.retrieve(r.id)
+    assert alice.responses.create(model="tiny", input="w4", previous_response_id=r.id, max_output_tokens=1,
+                                  user="alice").status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError) as e:
+        alice.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w3"}], max_tokens=1,
+                                      user="bob")
+    assert e.value.body["param"] == "user" and "?user='alice'" in e.value.body["message"]
