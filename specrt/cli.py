@@ -711,6 +711,15 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
               help="Structured output: each answer is one of these strings (repeatable).")
 @click.option("--grammar", "grammar_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="Structured output: each answer is a sentence of this Lark grammar file (llguidance's Lark).")
+@click.option("--structural-tag", "tag_file", type=PathArg("a file", exists=True, dir_okay=False),
+              help="Structured output: vLLM's structural tag in this JSON file, {\"structures\": [{\"begin\", "
+                   "\"schema\", \"end\"}], \"triggers\": [...]} (or xgrammar's triggered_tags format): free "
+                   "text, where each trigger starts the structure whose begin it begins (its begin, JSON of its "
+                   "schema, its end).")
+@click.option("--json-whitespace", "json_whitespace", callback=lambda ctx, param, v: argv_text(v),
+              help="The whitespace JSON may have around its tokens under --json-schema, --json or "
+                   "--structural-tag (vLLM's whitespace_pattern, a regular expression: \"\" none, compact "
+                   "JSON; \"[ ]?\" a space or none). By default JSON is written as json.dumps writes it.")
 @click.option("--prediction", "prediction_file", type=PathArg("a file", exists=True, dir_okay=False),
               help="A predicted output (OpenAI's Predicted Outputs): a UTF-8 text file the answer to --prompt is "
                    "expected to largely repeat (a file being edited). Its tokens are proposed beside the draft; "
@@ -719,13 +728,13 @@ def _read_prompts(path: Path, lines: list[int] | None = None) -> list[str | list
 @click.option("--quiet", is_flag=True, help="Do not print the generated text.")
 def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max_new_tokens, governor, temperature, top_p, top_k, seed,
         reproducible, stops, stats_file, logprobs, grow_file, no_prefix_reuse, json_schema, json_any, regex, choices,
-        grammar_file, prediction_file, quiet) -> None:
+        grammar_file, tag_file, json_whitespace, prediction_file, quiet) -> None:
     """Speculative decoding on ENGINES_DIR, streaming text as it is accepted. Ctrl-C or
     SIGTERM stops it with --stats and --grow-file written for what was decoded (the stats
     say "interrupted": true); so does an engine failure (NaN or +inf logits, the backend's own
     error at a call) or a grammar no token can continue, once anything was decoded (the stats'
     "failed" holds the error).
-    With --json-schema, --json, --regex, --choice or --grammar each answer is held to it
+    With --json-schema, --json, --regex, --choice, --grammar or --structural-tag each answer is held to it
     (structured output: lossless relative to the target with the tokens the grammar refuses
     masked; an answer ends where the grammar is complete)."""
     import copy
@@ -747,7 +756,8 @@ def run(engines_dir: Path, prompt, prompts_file, chat, chat_template_kwargs, max
         click.echo("note: --no-prefix-reuse has no effect on one prompt: only a later prompt of --prompts reuses "
                    "an earlier one's KV rows", err=True)
     StopScanner(stops)  # a bad stop string is refused before the engines load
-    constraint = _constraint(json_schema, json_any, regex, choices, grammar_file)  # (a bad file: before loading)
+    constraint = _constraint(json_schema, json_any, regex, choices, grammar_file, tag_file,  # (a bad file:
+                             json_whitespace)  # before loading)
     prediction = None
     if prediction_file is not None:  # (read before the engines load)
         if prompts_file is not None:
@@ -893,16 +903,46 @@ def _prediction_ids(prediction: str | None, path: Path | None) -> list[int] | No
                         "(whitespace-separated integers)") from None
 
 
-def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, choices: tuple, grammar_file: Path | None):
+def _constraint(json_schema: Path | None, json_any: bool, regex: str | None, choices: tuple, grammar_file: Path | None,
+                tag_file: Path | None = None, whitespace: str | None = None):
     """run's structured output option as a grammar.Constraint (None without one), each named
-    as given: one at most, a file read (a bad one named) before the engines load."""
+    as given: one at most, a file read (a bad one named) before the engines load; ``whitespace``
+    (--json-whitespace) its JSON's, for the JSON kinds and a structural tag's schemas."""
+    from dataclasses import replace
+
+    from specrt.runtime.grammar import whitespace_problem
+
+    c = _structured(json_schema, json_any, regex, choices, grammar_file, tag_file)
+    if whitespace is None:
+        return c
+    if c is None or c.kind not in ("json_schema", "json", "structural_tag"):
+        raise UserError("--json-whitespace applies to JSON (--json-schema, --json, --structural-tag's schemas); " + (
+            f"the answer is held to {c.label}" if c is not None else "give one of them"))
+    why = whitespace_problem(whitespace)
+    if why:
+        raise UserError(f"--json-whitespace: {why}")
+    return replace(c, whitespace=whitespace)
+
+
+def _structured(json_schema, json_any, regex, choices, grammar_file, tag_file):
+    """The one structured output option given, as a Constraint (None without one)."""
     from specrt.paths import read_json_object, read_utf8
     from specrt.runtime.grammar import Constraint
 
     given = [o for o, v in (("--json-schema", json_schema), ("--json", json_any or None), ("--regex", regex),
-                            ("--choice", choices or None), ("--grammar", grammar_file)) if v is not None]
+                            ("--choice", choices or None), ("--grammar", grammar_file),
+                            ("--structural-tag", tag_file)) if v is not None]
     if len(given) > 1:
         raise UserError(f"{' and '.join(given)}: give one structured output option at most")
+    if tag_file is not None:  # (read as serve reads response_format's: vLLM's form or xgrammar's triggered_tags)
+        from specrt.cmd_serve import BadRequest, _structural_tag
+
+        try:
+            return _structural_tag(f"--structural-tag {tag_file}", read_json_object(tag_file))
+        except UserError as e:
+            raise UserError(f"--structural-tag {e}") from None
+        except BadRequest as e:
+            raise UserError(str(e)) from None
     if json_schema is not None:
         try:
             return Constraint.json_schema(read_json_object(json_schema), f"--json-schema {json_schema}")

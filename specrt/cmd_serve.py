@@ -596,6 +596,10 @@ class Metrics:
         "draft_tokens_verified": "Draft tokens put to the target.",
         "draft_tokens_accepted": "Draft tokens the target accepted.",
         "lookup_rounds": "Rounds that verified prompt lookup's tokens instead of drafts.",
+        "prediction_tokens_accepted": "Tokens of a request's predicted output (Predicted Outputs) verified and "
+                                      "accepted (usage's accepted_prediction_tokens).",
+        "prediction_tokens_rejected": "Tokens of a request's predicted output verified and rejected (usage's "
+                                      "rejected_prediction_tokens).",
         "draft_rejections": "Draft rounds that ended at a rejected draft.",
         "draft_rejections_outside_vocab": "Of those, the rounds whose correction the draft's vocabulary lacks (a "
                                           "token it can never propose: many say the traffic is not the draft's text).",
@@ -1266,10 +1270,13 @@ class Server:
             if done["reason"] is not None:
                 completion, prompt_tokens, t = done["completion"], done["prompt_tokens"], total.to_json()
                 reused = done["reused"]  # (each prompt once, as usage counts it)
+                counts = prediction_usage(t["lookup"]["by_match"])  # (zeros without a prediction)
                 self.metrics.add(prompt_tokens=prompt_tokens, prompt_tokens_reused=reused,
                                  completion_tokens=completion, target_calls=t["rounds"],
                                  draft_rounds=t["draft_rounds"], draft_tokens_verified=t["drafted"],
                                  draft_tokens_accepted=t["accepted"], lookup_rounds=t["lookup"]["rounds"],
+                                 prediction_tokens_accepted=counts["accepted_prediction_tokens"],
+                                 prediction_tokens_rejected=counts["rejected_prediction_tokens"],
                                  draft_rejections=t["rejections"]["rounds"],
                                  draft_rejections_outside_vocab=t["rejections"]["outside_draft_vocab"],
                                  generation_seconds=time.perf_counter() - t0)
@@ -1277,11 +1284,13 @@ class Server:
                 self.log(f"[{prompt_tokens} prompt tokens ({reused} reused), {completion} new "
                          f"{choices}in {time.perf_counter() - t0:.2f} s, "
                          f"{t['tokens_per_s']:.1f} tok/s, {tau_words(t)}, {t['tokens_per_call']:.2f} tokens a "
-                         f"target call, {params.mode}, finish {done['reason']}]")
+                         f"target call, {params.mode}, " + ("" if req.get("prediction") is None else
+                                                            f"prediction {counts['accepted_prediction_tokens']} "
+                                                            f"accepted {counts['rejected_prediction_tokens']} "
+                                                            "rejected, ") + f"finish {done['reason']}]")
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                  "total_tokens": prompt_tokens + completion}
         if req.get("prediction") is not None:  # (OpenAI's counts: runtime/prediction.py's usage says which tokens)
-            counts = prediction_usage(t["lookup"]["by_match"])
             usage["completion_tokens_details"] = {k: counts[k] for k in ("accepted_prediction_tokens",
                                                                          "rejected_prediction_tokens")}
         extra = {"prediction": {"tokens": len(req["prediction"]), "rounds": counts["prediction_rounds"],
@@ -1650,10 +1659,17 @@ class Handler(BaseHTTPRequestHandler):
         try:  # (no body: the client's ``user`` is the query's, ?user=, under --isolate-clients; Server.owner)
             query = self._query()
             owner = self.app.owner(query.get("user", [None])[-1])
-            self._send_json(200, responses.stored(self.app.store(), self.command.replace("HEAD", "GET"),
-                                                  unquote(self.route), query, owner))
+            answer = responses.stored(self.app.store(), self.command.replace("HEAD", "GET"), unquote(self.route),
+                                      query, owner)
         except responses.Refused as e:
+            status = e.status
             self._error(BadRequest(str(e), e.param, status=e.status, code=e.code))
+        else:
+            status = 200
+            self._send_json(200, answer)
+        # (logged as a POST's answer is, Server.complete's line: a chain's retrievals and their 404s were not; the
+        # path as sent, still quoted: a %0A unquoted would start a line of the client's in the log)
+        self.app.log(f"[{self.command} {self.route[:200]}: {status}]")
 
     def _query(self) -> dict:
         """The path's query string, each name's values in a list (urllib.parse.parse_qs)."""
@@ -1684,6 +1700,10 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         route = self.route
+        # (counted in requests_total as a POST's answer is: a client's model listing and the probes, /health's
+        # 503s while stopping among them; /metrics' own scrape not, as vLLM leaves it out)
+        listing = route in ("/v1/models", "/models") or route.startswith(("/v1/models/", "/models/"))
+        self._endpoint = "models" if listing else route[1:] if route in ("/health", "/ping", "/version") else None
         model = {"id": self.app.model, "object": "model", "owned_by": "specrt", "created": self.app.created}
         if route in ("/v1/models", "/models"):
             self._send_json(200, {"object": "list", "data": [model]})

@@ -19,7 +19,12 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
     tools               function tools in the flat form {type, name, description, parameters, strict};
                         tool_choice "none" | "auto" | "required" | {type: function, name}; the
                         answer's calls as function_call items {id, call_id, name, arguments}
-    text.format         text | json_object | json_schema {name, schema, strict}: response_format's
+    text.format         text | json_object | json_schema {name, schema, strict}: response_format's (a
+                        structural tag not: OpenAI's types have none, nor does vLLM's text.format)
+    structured_outputs  vLLM's (its ResponsesRequest's extra field; sent by extra_body) as chat's: json,
+                        regex, choice, grammar, json_object or structural_tag, its whitespace options
+                        (whitespace_pattern, disable_any_whitespace: text.format's JSON's where given
+                        alone beside it); with a text.format of JSON too, a 400 naming both (vLLM's)
     reasoning           --reasoning-parser's thinking as a reasoning item before the message
     include             ["message.output_text.logprobs"]: chat's logprobs (``top_logprobs`` 0-20
                         alternatives), every output token's entry in the message's output_text
@@ -40,6 +45,11 @@ the chat answer made a response (``whole``) or its stream's chunks made the resp
                         kept response or one of its input items, the latest response's first;
                         ``Store.items``); none: OpenAI's 404 "Item with id '...' not found", param
                         input (the message naming input[k].id)
+    truncation          "disabled" (a prompt past the context: 400) or "auto": chat's truncate_prompt_tokens
+                        -1, as vLLM maps it: the rendered prompt's last tokens, as many as the context
+                        leaves beside max_output_tokens (the server's default where none is given), so
+                        the oldest tokens go, the instructions' and the template's start with them
+                        (OpenAI drops whole input items from the start; usage counts the tokens kept)
     temperature, top_p, parallel_tool_calls, user, metadata (echoed), stream; and as on the
                         chat path (outside OpenAI's API, sent by a client's extra_body) seed, top_k,
                         stop, chat_template_kwargs
@@ -60,7 +70,7 @@ Refused (400 naming the field): built-in tools (web_search, file_search, code_in
 mcp, ...: nothing here runs them), ``background`` true (nothing runs later: vLLM's refusal
 without its store), ``conversation`` (no conversation objects: chain with previous_response_id,
 or send the whole conversation as input, as a chat client does), ``include`` but
-"message.output_text.logprobs", ``truncation`` "auto", ``max_tool_calls``, ``prompt``,
+"message.output_text.logprobs", ``max_tool_calls``, ``prompt``,
 ``reasoning.effort`` / ``summary`` (as chat's reasoning_effort), ``text.verbosity`` and input
 other than text.
 """
@@ -74,11 +84,12 @@ import uuid
 from collections import OrderedDict
 
 # fields read (mapped onto chat's, or echoed); PASSED: passed on as they are, the chat path's extra
-# fields (seed, top_k, stop, chat_template_kwargs) and those that change nothing here (cmd_serve's SHARED_FIELDS)
+# fields (seed, top_k, stop, chat_template_kwargs, vLLM's structured_outputs) and those that change nothing here
+# (cmd_serve's SHARED_FIELDS)
 READ = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
         "tools", "tool_choice", "text", "parallel_tool_calls", "store", "metadata", "user", "reasoning", "background",
         "previous_response_id", "conversation", "include", "top_logprobs", "truncation", "max_tool_calls", "prompt")
-PASSED = ("seed", "top_k", "stop", "chat_template_kwargs", "service_tier", "prompt_cache_key",
+PASSED = ("seed", "top_k", "stop", "chat_template_kwargs", "structured_outputs", "service_tier", "prompt_cache_key",
           "prompt_cache_retention", "safety_identifier", "request_id", "cache_salt", "kv_transfer_params")
 LOGPROBS = "message.output_text.logprobs"  # the include that asks for the output's logprobs (the one taken)
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text parts (any role's: clients replay either)
@@ -422,10 +433,12 @@ def chat_body(body, items: list | None = None) -> dict:
         raise Refused(f"'include' takes {LOGPROBS!r} alone here; got {include!r:.80}", "include")
     if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= 20):
         raise Refused(f"'top_logprobs' must be an integer from 0 to 20; got {top!r:.40}", "top_logprobs")
-    for name, neutral in (("truncation", ("disabled",)), ("max_tool_calls", ()), ("prompt", ())):
-        v = body.get(name)
-        if v is not None and v not in neutral:
-            raise Refused(f"'{name}' is not supported (got {v!r:.80})", name)
+    truncation = body.get("truncation")
+    if truncation is not None and truncation not in ("auto", "disabled"):
+        raise Refused(f"'truncation' must be 'auto' or 'disabled'; got {truncation!r:.40}", "truncation")
+    for name in ("max_tool_calls", "prompt"):
+        if body.get(name) is not None:
+            raise Refused(f"'{name}' is not supported (got {body[name]!r:.80})", name)
     reasoning = body.get("reasoning")
     if reasoning is not None and (not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())):
         raise Refused(f"'reasoning' is not supported but as {{}} (got {reasoning!r:.80}): a thinking model's reasoning "
@@ -447,6 +460,8 @@ def chat_body(body, items: list | None = None) -> dict:
                     ("response_format", _format(body.get("text")))):
         if v is not None:
             chat[name] = v
+    if truncation == "auto":  # (vLLM's: the rendered prompt's last tokens, as many as the context leaves beside
+        chat["truncate_prompt_tokens"] = -1  # max_output_tokens; not OpenAI's whole oldest items)
     if include:  # (the output's logprobs: chat's)
         chat["logprobs"], chat["top_logprobs"] = True, top
     return chat
@@ -466,7 +481,7 @@ def skeleton(body: dict, rid: str, model: str, params, store: bool = False) -> d
             "text": {"format": text.get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or "auto",  # (OpenAI's, tools or none; h78a)
             "tools": body.get("tools") or [], "top_p": params.top_p, "top_logprobs": body.get("top_logprobs") or 0,
-            "truncation": "disabled", "usage": None,
+            "truncation": body.get("truncation") or "disabled", "usage": None,
             "user": body.get("user"), "metadata": body.get("metadata") or {}}
 
 

@@ -1066,6 +1066,29 @@ def _request_counts(url: str) -> dict[str, float]:
         return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in r.read().decode().splitlines()
                                          if ln.startswith("specrt_requests_total{"))}
 
+def test_the_models_listing_and_the_probes_are_counted_in_metrics(served):
+    """h79j (session 78's left): GET /v1/models (and models.retrieve, a 404 for another model
+    too), /health, /ping and /version are counted in specrt_requests_total under their own
+    endpoint by status, HEAD as GET; /metrics' own scrape is not (vLLM leaves it out too), nor
+    is a GET of no such path."""
+    url, _ = served
+    before = _request_counts(url)
+    for path in ("/v1/models", "/models/tiny", "/v1/models/nope", "/health", "/ping", "/version", "/metrics",
+                 "/v1/nothing"):
+        try:
+            urllib.request.urlopen(url + path, timeout=30).read()
+        except urllib.error.HTTPError as e:
+            e.read()
+    urllib.request.urlopen(urllib.request.Request(url + "/health", method="HEAD"), timeout=30).read()
+    after = _request_counts(url)
+    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {
+        'specrt_requests_total{endpoint="models",status="200"}': 2,
+        'specrt_requests_total{endpoint="models",status="404"}': 1,
+        'specrt_requests_total{endpoint="health",status="200"}': 2,
+        'specrt_requests_total{endpoint="ping",status="200"}': 1,
+        'specrt_requests_total{endpoint="version",status="200"}': 1}, (before, after)
+
+
 def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     """HTTP/1.1 persistent connections (N1, sessions 71-73; vLLM and llama.cpp's server keep
     them, and so expect httpx, the OpenAI SDK and nginx's upstream keepalive): one
@@ -1101,7 +1124,9 @@ def test_a_connection_is_kept_for_the_next_request_as_http_1_1_keeps_it(served):
     after = _request_counts(url)
     assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {
         'specrt_requests_total{endpoint="completions",status="200"}': 1,
-        'specrt_requests_total{endpoint="completions",status="400"}': 1}, (before, after)
+        'specrt_requests_total{endpoint="completions",status="400"}': 1,
+        'specrt_requests_total{endpoint="health",status="200"}': 2,  # (h79j: the GETs counted as theirs)
+        'specrt_requests_total{endpoint="models",status="200"}': 1}, (before, after)
     stream = {"messages": [{"role": "user", "content": "w3"}], "max_tokens": 3, "stream": True}
     c.request("POST", "/v1/chat/completions", body=json.dumps(stream), headers={"Content-Type": "application/json"})
     r = c.getresponse()
@@ -2900,5 +2925,6 @@ def test_an_engine_failure_is_a_server_error_not_the_clients(overflowing):  # no
         assert counts == ['specrt_requests_total{endpoint="chat",status="200"} 1',
                           'specrt_requests_total{endpoint="chat",status="500"} 1',
                           'specrt_requests_total{endpoint="completions",status="200"} 1',
-                          'specrt_requests_total{endpoint="completions",status="500"} 3'], counts
+                          'specrt_requests_total{endpoint="completions",status="500"} 3',
+                          'specrt_requests_total{endpoint="health",status="200"} 1'], counts
         assert "specrt_engine_failures_total 6" in text.splitlines(), text  # (the stream begun, too)

@@ -184,3 +184,36 @@ def test_run_takes_a_prediction_file(worded, tmp_path):  # noqa: F811
     r = CliRunner().invoke(main, ["run", str(worded), "--prompts", str(prompts), "--prediction",
                                   str(tmp_path / "p.txt")])
     assert r.exit_code == 1 and "--prediction predicts one answer: give it with --prompt" in r.output, r.output
+
+
+def test_prediction_tokens_are_counted_in_metrics_and_the_log(worded):  # noqa: F811
+    """h79j (h79c's left): /metrics' specrt_prediction_tokens_accepted_total and
+    ..._rejected_total add up the usage counts of every answer with a prediction (whole and
+    streamed), and its log line says them; an answer without one adds nothing and says none."""
+    import urllib.request
+
+    from tests.cli.test_serve import _in_process
+
+    def counted(url: str) -> dict[str, float]:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            lines = m.read().decode().splitlines()
+        return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in lines if ln.startswith("specrt_prediction_"))}
+
+    with _in_process(worded, "fixed:3") as (app, _, url, logs):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        conv = CONVS[0]
+        answer = client.chat.completions.create(model="tiny", messages=conv, max_tokens=48).choices[0].message.content
+        assert counted(url) == {"specrt_prediction_tokens_accepted_total": 0,
+                                "specrt_prediction_tokens_rejected_total": 0}
+        assert "prediction" not in logs[-1], logs[-1]
+        body = dict(model="tiny", messages=conv, max_tokens=48, prediction={"type": "content", "content": _edited(
+            answer)})
+        d = client.chat.completions.create(**body).usage.completion_tokens_details
+        assert f"prediction {d.accepted_prediction_tokens} accepted {d.rejected_prediction_tokens} rejected" in \
+            logs[-1], logs[-1]
+        chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+        s = chunks[-1].usage.completion_tokens_details
+        assert d.accepted_prediction_tokens > 0 and d.rejected_prediction_tokens > 0, d
+        assert counted(url) == {
+            "specrt_prediction_tokens_accepted_total": d.accepted_prediction_tokens + s.accepted_prediction_tokens,
+            "specrt_prediction_tokens_rejected_total": d.rejected_prediction_tokens + s.rejected_prediction_tokens}

@@ -222,6 +222,41 @@ def test_text_format_json_schema_holds_the_answer(guided):
     assert r.output_text.startswith("{")
 
 
+def test_vllms_structured_outputs_hold_a_response_as_a_chats_answer(guided):
+    """vLLM's structured_outputs (its Responses request's extra field; "Unrecognized request
+    argument" before h79j) as chat's: a structural tag (its trigger two tokens the free answer
+    writes), JSON under a whitespace pattern, and whitespace options beside text.format's schema
+    give chat's answer for the same messages, the JSON compact; text.format and
+    structured_outputs both asking for JSON: a 400 naming both, in the Responses API's names."""
+    from tests.cli.test_serve_structured import _tag, _tokens
+    from tests.runtime.test_grammar import SCHEMA
+
+    url, _ = guided
+    c = _client(url)
+    free = _tokens(url, response_format={"type": "structural_tag", **_tag("\x01q")})  # (never triggered)
+    at = next(k for k in range(len(free) - 1) if (free[k] + free[k + 1]).isascii()
+              and (free[k] + free[k + 1]).strip() and "".join(free[:k + 2]).find(free[k] + free[k + 1]) == len(
+                  "".join(free[:k])))
+    trig = free[at] + free[at + 1]
+    compact = lambda s: s == json.dumps(json.loads(s), separators=(",", ":"))  # noqa: E731
+    fmt = {"type": "json_schema", "name": "paint", "schema": SCHEMA}
+    for so, text, held in [({"structural_tag": json.dumps({"type": "structural_tag", **_tag(trig)})}, None,
+                            lambda s: s.startswith("".join(free[:at + 2]) + "=paint>") and "</t>" in s),
+                           ({"json": SCHEMA, "whitespace_pattern": ""}, None, compact),
+                           ({"disable_any_whitespace": True}, {"format": fmt}, compact)]:
+        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "paint it"}],
+                                         max_tokens=30, extra_body={"structured_outputs": so}, **({
+                                             "response_format": {"type": "json_schema", "json_schema": fmt}}
+                                             if text else {}))
+        r = c.responses.create(model="tiny", input="paint it", max_output_tokens=30, extra_body={
+            "structured_outputs": so}, **({"text": text} if text else {}))
+        assert r.output_text == chat.choices[0].message.content and held(r.output_text), (so, r.output_text)
+    code, body = _post(url, "/v1/responses", {"model": "tiny", "input": "paint it", "text": {"format": fmt},
+                                              "structured_outputs": {"json": SCHEMA}})
+    assert code == 400 and body["error"]["param"] == "structured_outputs" and \
+        "'text.format' and 'structured_outputs': one structured output" in body["error"]["message"], body
+
+
 def test_a_forced_tool_choice_gives_function_call_items(guided):
     """tool_choice "required" and {type: function, name} take chat's forced path (the answer held to
     the calls' JSON schema): function_call items, no message; the named one's arguments JSON of its
@@ -789,6 +824,42 @@ def test_a_chain_past_the_context_says_its_earlier_turns_count(guided):
     assert "context l" in e.value.message and "previous_response_id" not in e.value.message
 
 
+def test_truncation_auto_keeps_the_prompts_last_tokens_as_chats_truncate_prompt_tokens(guided):
+    """truncation "auto" (it was a 400) is vLLM's mapping, chat's truncate_prompt_tokens -1: an input
+    past the context is answered from the rendered prompt's last tokens, as many as the context
+    (256) leaves beside max_output_tokens (the server's default, 8, where none is given): the
+    answer and usage are chat's for the same messages cut so, whole and streamed, the response
+    echoes "auto"; a chain past the context is answered too; "disabled" is the 400 it was, and
+    another value a 400 naming 'truncation'."""
+    url, _ = guided
+    c = _client(url)
+    long = "paint it " * 30
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="tiny", input=long, max_output_tokens=4, truncation="disabled")
+    assert "context l" in e.value.message
+    for asked, kept in (({"max_output_tokens": 4}, 252), ({}, 248)):
+        r = c.responses.create(model="tiny", input=long, truncation="auto", **asked)
+        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}],
+                                         extra_body={"truncate_prompt_tokens": -1},
+                                         **({"max_tokens": asked["max_output_tokens"]} if asked else {}))
+        assert r.truncation == "auto" and r.usage.input_tokens == chat.usage.prompt_tokens == kept, asked
+        assert r.output_text == chat.choices[0].message.content and r.usage.output_tokens == \
+            chat.usage.completion_tokens
+        with c.responses.stream(model="tiny", input=long, truncation="auto", **asked) as s:
+            events = list(s)
+        done = events[-1].response  # (response.completed, or .incomplete: get_final_response raises on that)
+        assert "".join(x.delta for x in events if x.type == "response.output_text.delta") == r.output_text
+        assert (done.status, done.usage.input_tokens, done.truncation) == (r.status, kept, "auto")
+    r1 = c.responses.create(model="tiny", input="paint it " * 24, max_output_tokens=2)
+    r2 = c.responses.create(model="tiny", previous_response_id=r1.id, input="again " * 6, max_output_tokens=2,
+                            truncation="auto")
+    assert r2.usage.input_tokens == 254 and r2.truncation == "auto"
+    assert c.responses.create(model="tiny", input="paint it", max_output_tokens=1).truncation == "disabled"
+    code, body = _post(url, "/v1/responses", {"model": "tiny", "input": "paint it", "truncation": "middle"})
+    assert code == 400 and body["error"]["param"] == "truncation" and "'auto' or 'disabled'" in \
+        body["error"]["message"], body
+
+
 def test_a_kept_responses_routes_are_counted_in_metrics(guided):
     """h78j (w78f's left): GET / DELETE /v1/responses/{id} and GET .../input_items were not in
     /metrics' specrt_requests_total (a POST's answer alone was counted), so a dashboard saw
@@ -810,6 +881,22 @@ def test_a_kept_responses_routes_are_counted_in_metrics(guided):
     for series in ('endpoint="responses_retrieve",status="200"', 'endpoint="responses_input_items",status="200"',
                    'endpoint="responses_delete",status="200"', 'endpoint="responses_retrieve",status="404"'):
         assert counts.get(f"specrt_requests_total{{{series}}}", 0) >= 1, (series, counts)
+
+
+def test_a_kept_responses_get_and_delete_are_logged(worded):  # noqa: F811
+    """h79j (session 78's left): GET / DELETE /v1/responses/{id} and GET .../input_items each log
+    a line with the method, the path and the status sent (a POST's answer alone was logged), a
+    404 too."""
+    with _in_process(worded) as (_, _, url, logs):
+        c = _client(url)
+        rid = c.responses.create(model="tiny", input="w1 w2", max_output_tokens=1).id
+        c.responses.retrieve(rid)
+        c.responses.input_items.list(rid)
+        c.responses.delete(rid)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(rid)
+        assert logs[-4:] == [f"[GET /v1/responses/{rid}: 200]", f"[GET /v1/responses/{rid}/input_items: 200]",
+                             f"[DELETE /v1/responses/{rid}: 200]", f"[GET /v1/responses/{rid}: 404]"], logs
 
 
 def test_a_call_left_without_its_output_before_a_message_is_a_400(hermes):

@@ -203,3 +203,63 @@ def test_a_structural_tag_holds_the_structure_after_the_models_trigger_losslessl
         assert body == json.dumps(obj, ensure_ascii=False, separators=(", ", ": ") if ws is None else (",", ":"))
         for name, gov in _governors(engines):
             assert _gen(engines, gov).generate(prompt, 80, eos, g) == ref, f"{name} {trig!r}: output differs"
+
+
+def test_run_takes_a_structural_tag_file_and_a_json_whitespace_pattern(guided, tmp_path):
+    """h79j: `specrt run --structural-tag FILE` (vLLM's form, as serve's response_format) holds the
+    answer to free text up to the trigger (two tokens the free answer writes), then the begin,
+    JSON of the schema and the end, and --json-whitespace is that JSON's whitespace ("" compact;
+    with --json-schema "[ ]?": never two spaces); governor off and fixed:3:ngram give the same
+    text. Both options were "No such option" before."""
+    from tests.runtime.test_grammar import _run
+
+    engines, text, eos = guided
+    vocab = engines.export["target"]["vocab_size"]
+    never = compile_constraint(Constraint.structural_tag(_tag("\x01q")), text, vocab, eos)
+    free = _gen(engines, OffGovernor(DEPTHS)).generate(text.encode("hello", False), 30, eos, never)
+    trig, n = _trigger(text, free)
+    (tmp_path / "tag.json").write_text(json.dumps({"type": "structural_tag", **_tag(trig)}))
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    head = text.decode(free[:n]) + "=paint>"
+    for opts, held in [(["--structural-tag", tmp_path / "tag.json"], (", ", ": ")),
+                       (["--structural-tag", tmp_path / "tag.json", "--json-whitespace", ""], (",", ":")),
+                       (["--json-schema", tmp_path / "s.json", "--json-whitespace", "[ ]?"], None)]:
+        said = set()
+        for gov in ("off", "fixed:3:ngram"):
+            r = _run(engines.folder, "--prompt", "hello", "--max-new-tokens", 80, "--governor", gov, *opts)
+            assert r.exit_code == 0, r.output
+            said.add(r.stdout.rsplit("\n", 1)[0] if r.stdout.endswith("\n") else r.stdout)
+        assert len(said) == 1, (opts, said)
+        answer = said.pop()
+        if held is None:
+            _satisfies(Constraint.json_schema(SCHEMA), answer)
+            assert "  " not in answer and not re.search(r"[\n\r\t]", answer), answer
+            continue
+        assert answer.startswith(head) and "</t>" in answer[len(head):], answer
+        body = answer[len(head): answer.index("</t>", len(head))]
+        assert body == json.dumps(json.loads(body), separators=held), body
+
+
+@pytest.mark.parametrize("opts, said", [
+    (["--json-whitespace", ""], "--json-whitespace applies to JSON .*; give one of them"),
+    (["--regex", "a+", "--json-whitespace", ""], "--json-whitespace applies to JSON .*; the answer is held to --regex"),
+    (["--json", "--json-whitespace", "[ "], "--json-whitespace: "),
+    (["--json", "--structural-tag", "TAG"], "--json and --structural-tag: give one structured output option"),
+    (["--structural-tag", "BAD"], "--structural-tag BAD: not valid JSON"),
+    (["--structural-tag", "ARR"], "--structural-tag ARR: expected a JSON object"),
+    (["--structural-tag", "XGR"], "'--structural-tag XGR.format.tags\\[0\\]': only"),
+    (["--structural-tag", "TAG"], "--structural-tag TAG: .*triggers"),
+])
+def test_run_refuses_a_bad_structural_tag_or_whitespace_naming_it(guided, tmp_path, opts, said):
+    from tests.runtime.test_grammar import _run
+
+    files = {"BAD": "{nope", "ARR": "[1]", "TAG": json.dumps({"structures": [], "triggers": ["<f"]}),
+             "XGR": json.dumps({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
+                 {"begin": "<f>", "content": {"type": "regex", "pattern": "a"}, "end": "</f>"}]}})}
+    for k, body in files.items():
+        (tmp_path / f"{k}.json").write_text(body)
+        opts = [str(tmp_path / f"{k}.json") if o == k else o for o in opts]
+        said = said.replace(k, re.escape(str(tmp_path / f"{k}.json")))
+    r = _run(guided[0].folder, "--prompt", "hello", "--max-new-tokens", 8, *opts)
+    assert r.exit_code == 1 and re.search("error: " + said, r.output), r.output
+    assert "Traceback" not in r.output
