@@ -1371,8 +1371,8 @@ class Server:
             done.update(completion=completion, prompt_tokens=prompt_tokens, reused=reused, partial=False, bare=0)
             if i == req["choices"] - 1:
                 done["reason"] = reason  # (the last choice's, as the log has always said)
-            if asked is not None:
-                scored = _tops(s.prompt_logprob_entries(), asked)
+            if asked is not None:  # (stats() made them: the stream was asked for pl >= asked, never bare)
+                scored = _tops(st["prompt_logprobs"], asked)
             yield {"index": i, "finish_reason": reason, "prompt_logprobs": scored,
                    "logprobs": s.logprob_entries(sent, n_out) if lp is not None else None, "context": context(),
                    "tokens": n_out}
