@@ -1801,10 +1801,7 @@ def test_a_non_streaming_request_whose_client_left_stops_and_frees_the_lock(word
         with app.lock:  # one that leaves while it waits for the engines
             c = socket.create_connection(("127.0.0.1", httpd.server_address[1]))
             c.sendall(req)
-            deadline = time.time() + 30
-            while app.metrics.waiting < 1:
-                assert time.time() < deadline
-                time.sleep(0.01)
+            _until_queued(app)
             c.close()
         deadline = time.time() + 30
         while True:
@@ -2135,6 +2132,14 @@ def test_a_whole_answer_is_written_whole_in_pieces_of_any_size(worded, monkeypat
             assert code == 200, r
             got.append((r["choices"], r["usage"], _get(url, "/health")))
     assert got[0][2] == (200, {"status": "ok"}) and got[0] == got[1] == got[2], got
+
+
+def _until_queued(app) -> None:
+    """Waits (30 s at most) until a request waits on ``app``'s engines (its metrics' waiting)."""
+    deadline = time.time() + 30
+    while app.metrics.waiting < 1:
+        assert time.time() < deadline
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -2631,10 +2636,7 @@ def test_requests_waiting_for_the_engines_get_them_in_arrival_order(worded):  # 
             t = threading.Thread(target=_post, args=(url, "/v1/completions", {"prompt": "w4 w2", "max_tokens": 2}),
                                  daemon=True)
             t.start()
-            deadline = time.time() + 30
-            while app.metrics.waiting < 1:
-                assert time.time() < deadline
-                time.sleep(0.01)
+            _until_queued(app)
             time.sleep(0.2)  # (in the lock's acquire by now)
             app.lock.release()
             with app.lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.test_serve import _get, _post, served  # noqa: F401
+from tests.cli.test_serve import _get, _post, _until_queued, served  # noqa: F401
 from tests.runtime.test_text import worded  # noqa: F401
 
 
@@ -331,12 +331,10 @@ def test_a_request_queued_before_the_stop_is_answered_503(worded):  # noqa: F811
         got = {}
         asker = threading.Thread(target=lambda: got.update(r=_post(url, "/v1/completions", {"prompt": "w1"})))
         asker.start()
-        deadline = time.time() + 30
-        while app.metrics.waiting < 1:  # queued behind the answer in flight
-            assert time.time() < deadline
-            time.sleep(0.01)
+        _until_queued(app)  # queued behind the answer in flight
         closer = threading.Thread(target=app.close)
         closer.start()
+        deadline = time.time() + 30
         while len(app.lock.queue) < 3:  # close() waits behind it
             assert time.time() < deadline
             time.sleep(0.01)
@@ -550,7 +548,6 @@ def test_the_waiting_gauge_counts_a_request_queued_for_the_engines(worded):  # n
     (what an autoscaler reads), 1 while one waits and 0 once it has been answered; with
     /metrics' Content-Length the size of its body (R2.N77: HEAD answers it without the body)."""
     import threading
-    import time
 
     from tests.cli.test_serve import _in_process
 
@@ -560,10 +557,7 @@ def test_the_waiting_gauge_counts_a_request_queued_for_the_engines(worded):  # n
         asker = threading.Thread(target=lambda: got.update(r=_post(url, "/v1/completions", {"prompt": "w1",
                                                                                            "max_tokens": 2})))
         asker.start()
-        deadline = time.time() + 30
-        while app.metrics.waiting < 1:
-            assert time.time() < deadline
-            time.sleep(0.01)
+        _until_queued(app)
         waiting, headers, body = _metrics(url)
         app.lock.release()
         asker.join(timeout=60)

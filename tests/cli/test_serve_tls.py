@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_serve import _answers, _chunked, _in_process, _reference, _serving
+from tests.cli.test_serve import _answers, _chunked, _in_process, _reference, _serving, _until_queued
 from tests.runtime.test_text import worded  # noqa: F401  (fixture: a word-level tiny pair)
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -259,10 +259,7 @@ def test_a_tls_client_that_left_while_waiting_is_not_run_and_counted_499(worded,
         with app.lock:
             s = _connect(httpd.server_address[1], _client_context(certs))
             s.sendall(_post({"prompt": "w4 w2", "max_tokens": 4}))
-            deadline = time.time() + 30
-            while app.metrics.waiting < 1:
-                assert time.time() < deadline
-                time.sleep(0.01)
+            _until_queued(app)
             s.close()
         deadline = time.time() + 30
         while not app.metrics.requests and time.time() < deadline:
